@@ -1,0 +1,36 @@
+# Two entry points for a new user:
+#   make simulate   - run `hami simulate` on its bundled example (creates .venv on first use)
+#   make test       - run every test (installs Python deps, builds native/, installs the
+#                     Kubernetes binaries into the cache; the first run takes a while)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: simulate test unit native kube bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+simulate: $(STAMP)
+	$(BIN)/hami simulate
+
+native:
+	$(MAKE) -C native
+
+kube:
+	scripts/install-kube.sh
+
+test: $(STAMP) native kube
+	$(BIN)/python -m pytest -q -ra tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: $(STAMP) native
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) native/build .pytest_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from hami.cli import main
+
+sys.exit(main())

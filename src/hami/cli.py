@@ -1,0 +1,66 @@
+"""The `hami` command: one entry point, one sub-command per component.
+
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``. Only the module of the chosen sub-command is imported, so
+``hami simulate`` does not pay for gRPC or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": ("hami.sim.command", "place pods on nodes read from YAML files and report the result"),
+    "scheduler": ("hami.scheduler.command", "run the scheduler extender and admission webhook"),
+    "explain": ("hami.scheduler.explain", "explain why a pod is pending, from the live cluster"),
+    "device-plugin": ("hami.deviceplugin.command", "run the kubelet device plugin for NVIDIA GPUs"),
+    "monitor": ("hami.monitor.command", "export per-container GPU usage as Prometheus metrics"),
+    "exec": ("hami.execcmd", "run a command under libvgpu with memory and compute limits"),
+    "dev": ("hami.dev.command", "developer tools: a local control plane (`hami dev cluster up|down|env`)"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hami",
+        description="Share GPUs between Kubernetes pods with hard memory limits and compute shares.",
+    )
+    parser.add_argument("--version", action="version", version=f"hami {__import__('hami').__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        parser = _top_parser()
+        if not argv:
+            parser.print_help()
+            return 2
+        parser.parse_args(argv)  # prints help/version or an error and exits
+        return 2
+    name = argv[0]
+    module_name, help_text = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"hami: the '{name}' command is not available in this build", file=sys.stderr)
+            return 2
+        raise
+    parser = argparse.ArgumentParser(prog=f"hami {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
