@@ -1,0 +1,240 @@
+"""Wire formats, byte-compatible with HAMi (§4.2, §5.5).
+
+* Node registration, JSON form (``hami.io/node-nvidia-register``): a JSON array of device
+  objects with Go ``omitempty`` semantics (a missing ``health`` is false, a missing ``index`` 0).
+* Node registration, legacy colon form (Hygon, Iluvatar): ``id,count,devmem,devcore,type,numa,
+  health[,index,mode]:`` per device, every device terminated by ``:``.
+* Pod allocation (``hami.io/vgpu-devices-allocated``): ``UUID,TYPE,MEM,CORES:`` per device,
+  ``;`` after every container (init containers first), empty containers kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Sequence
+
+from .errors import CodecError
+from .types import ContainerDevice, DeviceInfo, MigProfile, PodSingleDevice
+
+_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_GO_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+
+
+# --------------------------------------------------------------------- node registration: JSON
+
+
+def _int_field(obj: dict, key: str, where: str) -> int:
+    value = obj.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise CodecError(f"{where}: field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _str_field(obj: dict, key: str, where: str) -> str:
+    value = obj.get(key, "")
+    if not isinstance(value, str):
+        raise CodecError(f"{where}: field {key!r} must be a string, got {value!r}")
+    return value
+
+
+def _mig_profiles(raw: Any, where: str) -> tuple[MigProfile, ...]:
+    if raw in (None, []):
+        return ()
+    if not isinstance(raw, list):
+        raise CodecError(f"{where}: field 'migProfiles' must be a list, got {raw!r}")
+    out = []
+    for i, p in enumerate(raw):
+        w = f"{where} migProfiles[{i}]"
+        if not isinstance(p, dict):
+            raise CodecError(f"{w}: must be an object, got {p!r}")
+        places = tuple(
+            (_int_field(pl, "start", w), _int_field(pl, "size", w)) for pl in p.get("placements") or ()
+        )
+        out.append(
+            MigProfile(
+                name=_str_field(p, "name", w),
+                memory_mb=_int_field(p, "memoryMB", w),
+                core=_int_field(p, "core", w),
+                slice_count=_int_field(p, "sliceCount", w),
+                placements=places,
+            )
+        )
+    return tuple(out)
+
+
+def _device_from_json(obj: Any, i: int, vendor: str) -> DeviceInfo:
+    where = f"device[{i}]"
+    if not isinstance(obj, dict):
+        raise CodecError(f"{where}: must be a JSON object, got {obj!r}")
+    health = obj.get("health", False)
+    if not isinstance(health, bool):
+        raise CodecError(f"{where}: field 'health' must be a boolean, got {health!r}")
+    custom = obj.get("custominfo")
+    if custom is not None and not isinstance(custom, dict):
+        raise CodecError(f"{where}: field 'custominfo' must be an object, got {custom!r}")
+    dev = DeviceInfo(
+        id=_str_field(obj, "id", where),
+        index=_int_field(obj, "index", where),
+        count=_int_field(obj, "count", where),
+        devmem=_int_field(obj, "devmem", where),
+        devcore=_int_field(obj, "devcore", where),
+        type=_str_field(obj, "type", where),
+        numa=_int_field(obj, "numa", where),
+        mode=_str_field(obj, "mode", where),
+        health=health,
+        vendor=vendor,
+        mig_profiles=_mig_profiles(obj.get("migProfiles"), where),
+        custominfo=custom or None,
+    )
+    if not dev.id:
+        raise CodecError(f"{where}: field 'id' is missing or empty")
+    for key in ("count", "devmem", "devcore", "index"):
+        if getattr(dev, key) < 0:
+            raise CodecError(f"{where} ({dev.id}): field {key!r} must be >= 0, got {getattr(dev, key)}")
+    return dev
+
+
+def decode_node_devices_json(text: str, vendor: str = "") -> tuple[DeviceInfo, ...]:
+    """Parse a JSON registration annotation. Raises :class:`CodecError` naming the device/field."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CodecError(f"not valid JSON ({exc})") from None
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise CodecError(f"must be a JSON array of devices, got {type(data).__name__}")
+    return tuple(_device_from_json(obj, i, vendor) for i, obj in enumerate(data))
+
+
+def _go_json(obj: Any) -> str:
+    """``json.Marshal`` output: compact, non-ASCII kept, ``<>&`` HTML-escaped as Go does."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _device_to_json(d: DeviceInfo) -> dict:
+    obj: dict[str, Any] = {}
+    for key, value in (
+        ("id", d.id), ("index", d.index), ("count", d.count), ("devmem", d.devmem),
+        ("devcore", d.devcore), ("type", d.type), ("numa", d.numa), ("mode", d.mode),
+        ("health", d.health),
+    ):
+        if value:  # Go omitempty: zero values are left out
+            obj[key] = value
+    if d.mig_profiles:
+        obj["migProfiles"] = [
+            {
+                "name": p.name, "memoryMB": p.memory_mb, "core": p.core, "sliceCount": p.slice_count,
+                "placements": [{"start": s, "size": z} for s, z in p.placements],
+            }
+            for p in d.mig_profiles
+        ]
+    if d.custominfo:
+        obj["custominfo"] = dict(d.custominfo)
+    return obj
+
+
+def encode_node_devices_json(devices: Iterable[DeviceInfo]) -> str:
+    """The registration annotation value a device plugin writes (HAMi ``MarshalNodeDevices``)."""
+    return _go_json([_device_to_json(d) for d in devices])
+
+
+# --------------------------------------------------------------- node registration: legacy colon
+
+
+def _go_parse_bool(text: str, where: str) -> bool:
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise CodecError(f"{where}: field 'health' must be a boolean, got {text!r}")
+
+
+def _go_int(text: str, where: str, name: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise CodecError(f"{where}: field {name!r} must be an integer, got {text!r}") from None
+
+
+def decode_node_devices_legacy(text: str, vendor: str = "") -> tuple[DeviceInfo, ...]:
+    """Parse the colon form (7 or 9 comma-separated fields per device)."""
+    if ":" not in text:
+        raise CodecError(f"legacy device list {text!r} has no ':' separator")
+    out = []
+    for i, chunk in enumerate(p for p in text.split(":") if p):
+        where = f"device[{i}]"
+        f = chunk.split(",")
+        if len(f) not in (7, 9):
+            raise CodecError(f"{where}: expected 7 or 9 comma-separated fields, got {len(f)} in {chunk!r}")
+        out.append(
+            DeviceInfo(
+                id=f[0],
+                count=_go_int(f[1], where, "count"),
+                devmem=_go_int(f[2], where, "devmem"),
+                devcore=_go_int(f[3], where, "devcore"),
+                type=f[4],
+                numa=_go_int(f[5], where, "numa"),
+                health=_go_parse_bool(f[6], where),
+                index=_go_int(f[7], where, "index") if len(f) == 9 else 0,
+                mode=f[8] if len(f) == 9 else "hami-core",
+                vendor=vendor,
+            )
+        )
+    return tuple(out)
+
+
+def encode_node_devices_legacy(devices: Iterable[DeviceInfo]) -> str:
+    """HAMi ``EncodeNodeDevices`` (9-field form)."""
+    return "".join(
+        f"{d.id},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{'true' if d.health else 'false'},"
+        f"{d.index},{d.mode}:"
+        for d in devices
+    )
+
+
+# ------------------------------------------------------------------------ pod allocation strings
+
+
+def encode_container_devices(devices: Sequence[ContainerDevice]) -> str:
+    return "".join(f"{d.uuid},{d.type},{d.usedmem},{d.usedcores}:" for d in devices)
+
+
+def encode_pod_devices(per_container: PodSingleDevice | Sequence[Sequence[ContainerDevice]]) -> str:
+    """HAMi ``EncodePodSingleDevice``: one ``;``-terminated entry per container."""
+    return "".join(encode_container_devices(c) + ";" for c in per_container)
+
+
+def decode_container_devices(text: str, where: str = "container") -> tuple[ContainerDevice, ...]:
+    out = []
+    for piece in text.split(":"):
+        if not piece:
+            continue
+        f = piece.split(",")
+        if len(f) < 4:
+            raise CodecError(
+                f"{where}: device entry {piece!r} has {len(f)} fields, expected UUID,TYPE,MEM,CORES "
+                "(do not set nodeName on pods that request devices)"
+            )
+        out.append(
+            ContainerDevice(
+                uuid=f[0], type=f[1],
+                usedmem=_go_int(f[2], where, "usedmem"), usedcores=_go_int(f[3], where, "usedcores"),
+            )
+        )
+    return tuple(out)
+
+
+def decode_pod_devices(text: str) -> PodSingleDevice:
+    """Inverse of :func:`encode_pod_devices`; empty container entries are kept (index alignment).
+
+    ``decode_pod_devices(encode_pod_devices(x)) == x`` and, for every well-formed value ``s``,
+    ``encode_pod_devices(decode_pod_devices(s)) == s``.
+    """
+    if not text:
+        return ()
+    body = text[:-1] if text.endswith(";") else text
+    return tuple(decode_container_devices(seg, f"container[{i}]") for i, seg in enumerate(body.split(";")))

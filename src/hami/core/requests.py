@@ -1,0 +1,69 @@
+"""Pods (plain dicts) -> :class:`PodRequest`: admission defaults, request parsing, container kinds.
+
+* :func:`admit_pod` applies every vendor's admission defaults/validation to a deep copy of the
+  pod (what the mutating webhook does) and returns it.
+* :func:`pod_request` reads an admitted pod into a :class:`PodRequest` (init containers first,
+  native sidecars recognised by ``restartPolicy: Always``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import RequestError
+from .types import ContainerKind, ContainerRequest, PodRequest
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("metadata") or {}
+
+
+def pod_name(pod: Mapping[str, Any]) -> str:
+    m = _meta(pod)
+    return f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
+
+
+def ordered_containers(pod: Mapping[str, Any]) -> list[tuple[dict, ContainerKind]]:
+    """Containers in allocation-annotation order: init containers, then regular ones."""
+    spec = pod.get("spec") or {}
+    out: list[tuple[dict, ContainerKind]] = []
+    for c in spec.get("initContainers") or ():
+        kind = ContainerKind.SIDECAR if c.get("restartPolicy") == "Always" else ContainerKind.INIT
+        out.append((c, kind))
+    out.extend((c, ContainerKind.APP) for c in spec.get("containers") or ())
+    return out
+
+
+def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, bool]:
+    """Return ``(mutated deep copy, uses_any_vendor)``. Raises :class:`RequestError`."""
+    out = copy.deepcopy(dict(pod))
+    spec = out.get("spec") or {}
+    if not spec.get("containers"):
+        raise RequestError(f"pod {pod_name(pod)}: spec.containers: pod has no containers")
+    uses = False
+    for container, _ in ordered_containers(out):
+        for vendor in vendors:
+            try:
+                uses = vendor.admit_container(container, out) or uses
+            except RequestError as exc:
+                raise RequestError(f"pod {pod_name(pod)}: {exc}") from None
+    return out, uses
+
+
+def pod_request(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodRequest:
+    """Per-container, per-vendor device requests of an (admitted) pod. Raises :class:`RequestError`."""
+    vendors = tuple(vendors)
+    meta = _meta(pod)
+    containers = []
+    for i, (c, kind) in enumerate(ordered_containers(pod)):
+        where = f"pod {pod_name(pod)} container {c.get('name') or i!r}"
+        reqs = tuple(r for r in (v.container_request(c, where) for v in vendors) if r is not None)
+        containers.append(ContainerRequest(name=str(c.get("name") or i), kind=kind, requests=reqs))
+    return PodRequest(
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        containers=tuple(containers),
+        annotations=dict(meta.get("annotations") or {}),
+    )

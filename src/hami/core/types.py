@@ -1,0 +1,153 @@
+"""Plain data types shared by the core, the vendors and every adapter.
+
+All types are frozen dataclasses (immutable, hashable where useful) except the ledger's
+own mutable usage records. Units: memory in MiB, cores in percent of one device (a device
+with ``deviceCoreScaling: 2`` has ``devcore == 200``), slots = concurrent tasks per device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+#: ``MemPercentagereq`` sentinel meaning "no percentage given" (HAMi uses 101).
+PERCENT_UNSET = 101
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One MIG profile a device can host (only transported; MIG placement is not implemented)."""
+
+    name: str
+    memory_mb: int
+    core: int
+    slice_count: int
+    placements: tuple[tuple[int, int], ...] = ()  # (start, size)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One physical device as registered by a node (HAMi ``DeviceInfo``, §4.2)."""
+
+    id: str  # UUID, e.g. "GPU-0fc3..."
+    index: int = 0
+    count: int = 0  # slots (deviceSplitCount)
+    devmem: int = 0  # MiB, after deviceMemoryScaling
+    devcore: int = 0  # 100 x deviceCoreScaling
+    type: str = ""  # model, e.g. "NVIDIA-Tesla V100-PCIE-32GB"
+    numa: int = 0
+    mode: str = ""  # "hami-core" | "mig" | "mps"; "" read as hami-core
+    health: bool = False  # Go omitempty: a missing field is false
+    vendor: str = ""  # backend key ("NVIDIA"); set by the reader, never transported
+    mig_profiles: tuple[MigProfile, ...] = ()
+    custominfo: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevices:
+    """Everything the core knows about one node: its devices (all vendors) and node-side knobs."""
+
+    name: str
+    devices: tuple[DeviceInfo, ...]
+    cordoned: frozenset[str] = frozenset()  # UUIDs from hami.io/device-cordon
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDeviceRequest:
+    """What one container asks of one vendor (HAMi ``ContainerDeviceRequest``)."""
+
+    vendor: str  # backend key, e.g. "NVIDIA"
+    nums: int  # number of physical devices
+    type: str  # request type string written in the allocation annotation, e.g. "NVIDIA"
+    memreq: int = 0  # MiB per device (after memoryFactor); 0 = see mem_percentage
+    mem_percentage: int = PERCENT_UNSET  # 0..100, or PERCENT_UNSET
+    coresreq: int = 0  # percent of one device
+
+
+class ContainerKind(str, Enum):
+    INIT = "init"  # classic init container: runs alone, before the next one
+    SIDECAR = "sidecar"  # init container with restartPolicy: Always: runs until the pod ends
+    APP = "app"  # regular container
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """One container, in annotation order (init containers first), with its per-vendor requests."""
+
+    name: str
+    kind: ContainerKind
+    requests: tuple[ContainerDeviceRequest, ...] = ()  # at most one per vendor
+
+    def for_vendor(self, vendor: str) -> ContainerDeviceRequest | None:
+        for req in self.requests:
+            if req.vendor == vendor:
+                return req
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """A pod reduced to what scheduling needs. ``containers``: init containers, then regular."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerRequest, ...]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.uid or f"{self.namespace}/{self.name}"
+
+    @property
+    def has_devices(self) -> bool:
+        return any(c.requests for c in self.containers)
+
+    def vendors(self) -> tuple[str, ...]:
+        return tuple(sorted({r.vendor for c in self.containers for r in c.requests}))
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevice:
+    """One device granted to one container (serialised as ``UUID,TYPE,USEDMEM,USEDCORES``)."""
+
+    uuid: str
+    type: str
+    usedmem: int
+    usedcores: int
+    index: int = -1  # device index on the node when known (not serialised)
+
+
+#: Per container (annotation order), the devices of one vendor. ``()`` = no device.
+PodSingleDevice = tuple[tuple[ContainerDevice, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """Collapsed usage of one device by one pod: what the ledger, quota and metrics count."""
+
+    uuid: str
+    vendor: str
+    slots: int
+    mem: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """A pod's placement: node, raw per-vendor container devices, and collapsed usage."""
+
+    key: str  # uid, or "namespace/name" when there is no uid
+    namespace: str
+    name: str
+    node: str
+    devices: Mapping[str, PodSingleDevice]  # vendor -> per container
+    kinds: tuple[ContainerKind, ...]  # per container, same order
+    usage: tuple[DeviceUse, ...]  # collapsed, sorted by uuid
+
+    def memory(self) -> int:
+        return sum(u.mem for u in self.usage)
+
+    def cores(self) -> int:
+        return sum(u.cores for u in self.usage)

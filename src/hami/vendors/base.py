@@ -1,0 +1,220 @@
+"""The vendor protocol: what differs between accelerator backends, and nothing else.
+
+The core owns ONE generic fit loop (``hami.core.fit``), scoring, the ledger and the wire
+formats. A vendor module only supplies data (resource names, annotation keys) and a few hooks.
+Most vendors subclass :class:`BaseVendor`, set class attributes and override one or two hooks.
+
+How to add a vendor (e.g. Hygon DCU)
+------------------------------------
+1. Add its config section model to ``hami/config.py`` (HAMi key names, §7.1) if it has knobs.
+2. Create ``hami/vendors/hygon.py`` with ``class HygonVendor(BaseVendor)`` setting:
+   ``name`` (HAMi CommonWord / backend key: ``"DCU"``), ``request_type`` (type string written in
+   the allocation annotation), ``config_section`` (``"hygon"``), ``resources`` (a
+   :class:`ResourceNames` built from the config in ``__init__``), ``register_annotation``
+   (``hami.io/node-dcu-register``), ``register_format`` (``"json"`` or ``"legacy"``),
+   ``handshake_annotation``, ``allocated_annotation``/``to_allocate_annotation`` (§8.2),
+   ``lock_annotation``, and the pod selection keys (``use_type_annotation`` ...).
+   Then override only what really differs:
+   * ``admit_container`` - webhook defaults/validation for one container (mutates a copy);
+   * ``container_request`` - container resources -> :class:`ContainerDeviceRequest` (units!);
+   * ``device_filter`` - static per-device checks (type/mode/uuid) returning a ``Reason``;
+   * ``resolve_memory`` / ``capacity_check`` - when capacity rules differ from NVIDIA's;
+   * ``node_devices`` - when devices come from ``status.capacity`` instead of an annotation;
+   * ``pod_annotations`` - extra annotations the device plugin needs.
+3. Add one entry to ``hami.vendors.VENDORS`` (section name -> class). Nothing registers itself
+   at import time; ``build_vendors(config)`` instantiates the vendors whose section is set.
+4. Add table-driven tests in ``tests/unit/test_vendor_<name>.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy, encode_pod_devices
+from hami.core.errors import CodecError
+from hami.core.quantity import container_resources, parse_int_quantity
+from hami.core.reasons import Reason
+from hami.core.types import (
+    PERCENT_UNSET,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    PodSingleDevice,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNames:
+    """Extended-resource names of one vendor (HAMi ``ResourceNames``). Empty = not supported."""
+
+    count: str
+    memory: str = ""
+    memory_percentage: str = ""
+    cores: str = ""
+    priority: str = ""
+    memory_factor: int = 1  # quota limits and requests are multiplied by it
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A pod's device-selection annotations for one vendor, parsed once per pod."""
+
+    use_types: tuple[str, ...] = ()  # lowercased, substring match against the model
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: frozenset[str] = frozenset()
+    nouse_uuids: frozenset[str] = frozenset()
+    modes: str | None = None  # raw mode annotation, e.g. "hami-core" or "mig,hami-core"
+    numa_bind: bool = False
+
+
+def _split_list(value: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (value or "").split(",") if p.strip())
+
+
+class BaseVendor:
+    """Defaults shared by the HAMi backends that use the NVIDIA-style skeleton."""
+
+    # ---- identity and wire names (class attributes; override in subclasses)
+    name: ClassVar[str] = ""  # backend key (HAMi CommonWord), e.g. "NVIDIA"
+    request_type: ClassVar[str] = ""  # TYPE written in allocation annotations
+    config_section: ClassVar[str] = ""  # device-config.yaml top-level key
+    register_annotation: ClassVar[str] = ""
+    register_format: ClassVar[str] = "json"  # "json" | "legacy"
+    handshake_annotation: ClassVar[str | None] = None
+    allocated_annotation: ClassVar[str] = ""
+    to_allocate_annotation: ClassVar[str | None] = None
+    lock_annotation: ClassVar[str | None] = "hami.io/mutex.lock"
+    cordon_annotation: ClassVar[str] = "hami.io/device-cordon"
+    use_type_annotation: ClassVar[str | None] = None
+    nouse_type_annotation: ClassVar[str | None] = None
+    use_uuid_annotation: ClassVar[str | None] = None
+    nouse_uuid_annotation: ClassVar[str | None] = None
+    mode_annotation: ClassVar[str | None] = None
+    numa_bind_annotation: ClassVar[str | None] = None
+    #: True when ``node_score`` always returns 0, which lets the core rank nodes from summaries.
+    node_score_neutral: ClassVar[bool] = True
+
+    resources: ResourceNames
+
+    def __init__(self, resources: ResourceNames) -> None:
+        self.resources = resources
+
+    # ------------------------------------------------------------------ node registration
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        """Devices this vendor registered on ``node`` (a Node dict). ``()`` when none.
+
+        Raises :class:`CodecError` (message names the annotation) when the value is malformed.
+        """
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(self.register_annotation)
+        if not text:
+            return ()
+        decode = decode_node_devices_legacy if self.register_format == "legacy" else decode_node_devices_json
+        try:
+            return decode(text, self.name)
+        except CodecError as exc:
+            raise CodecError(f"annotation {self.register_annotation}: {exc}") from None
+
+    # ------------------------------------------------------------------ admission (webhook)
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        """Apply admission defaults/validation to ``container`` IN PLACE (callers pass a copy).
+
+        Returns whether the container uses this vendor. Raises ``RequestError`` on bad values.
+        """
+        limits, requests = container_resources(container)
+        return self.resources.count in limits or self.resources.count in requests
+
+    # ------------------------------------------------------------------ requests
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        """Translate one (admitted) container into a request; ``None`` when it asks for nothing."""
+        res = _lookup(container, where)
+        nums = res(self.resources.count)
+        if not nums:
+            return None
+        mem = res(self.resources.memory) * self.resources.memory_factor
+        return ContainerDeviceRequest(
+            vendor=self.name, nums=nums, type=self.request_type, memreq=mem,
+            mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(res(self.resources.cores), 100),
+        )
+
+    # ------------------------------------------------------------------ fit hooks
+    def selection(self, annotations: Mapping[str, str]) -> Selection:
+        get = annotations.get
+        return Selection(
+            use_types=tuple(t.lower() for t in _split_list(get(self.use_type_annotation or ""))),
+            nouse_types=tuple(t.lower() for t in _split_list(get(self.nouse_type_annotation or ""))),
+            use_uuids=frozenset(_split_list(get(self.use_uuid_annotation or ""))),
+            nouse_uuids=frozenset(_split_list(get(self.nouse_uuid_annotation or ""))),
+            modes=get(self.mode_annotation) if self.mode_annotation else None,
+            numa_bind=(get(self.numa_bind_annotation or "") or "").strip().lower() == "true",
+        )
+
+    def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
+        """Static checks that do not depend on usage (type, mode, UUID lists)."""
+        model = device.type.lower()
+        if sel.use_types and not any(t in model for t in sel.use_types):
+            return Reason.CARD_TYPE_MISMATCH
+        if any(t in model for t in sel.nouse_types):
+            return Reason.CARD_TYPE_MISMATCH
+        if sel.use_uuids and device.id not in sel.use_uuids:
+            return Reason.CARD_UUID_MISMATCH
+        if device.id in sel.nouse_uuids:
+            return Reason.CARD_UUID_MISMATCH
+        return None
+
+    def resolve_memory(self, device: DeviceInfo, request: ContainerDeviceRequest) -> int:
+        """MiB this request takes on ``device`` (absolute, or a percentage of its memory)."""
+        if request.memreq > 0:
+            return request.memreq
+        if request.mem_percentage != PERCENT_UNSET:
+            return device.devmem * request.mem_percentage // 100
+        return 0
+
+    def capacity_check(
+        self, device: DeviceInfo, used: int, usedmem: int, usedcores: int,
+        request: ContainerDeviceRequest, mem: int, mutex: bool,
+    ) -> Reason | None:
+        """HAMi's NVIDIA capacity rules (§5.4 steps 6-14), in HAMi's order."""
+        if device.count <= used:
+            return Reason.CARD_TIME_SLICING_EXHAUSTED
+        if mutex and used > 0:
+            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        if device.devmem - usedmem < mem:
+            return Reason.CARD_INSUFFICIENT_MEMORY
+        cores = request.coresreq
+        if device.devcore - usedcores < cores:
+            return Reason.CARD_INSUFFICIENT_CORE
+        if device.devcore == 100 and cores == 100 and used > 0:
+            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        if device.devcore != 0 and usedcores == device.devcore and cores == 0:
+            return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
+        return None
+
+    def node_score(self, node: str, devices: PodSingleDevice, policy: str) -> float:
+        """Vendor-specific node score added to the generic one (0 for neutral vendors)."""
+        return 0.0
+
+    # ------------------------------------------------------------------ decision annotations
+    def pod_annotations(self, devices: PodSingleDevice) -> dict[str, str]:
+        """Annotations recording this vendor's decision on the pod (§5.5)."""
+        value = encode_pod_devices(devices)
+        out = {self.allocated_annotation: value}
+        if self.to_allocate_annotation:
+            out[self.to_allocate_annotation] = value
+        return out
+
+
+def _lookup(container: Mapping[str, Any], where: str):
+    """``res(name)`` -> int from limits, else requests (HAMi: limits first); 0 when absent."""
+    limits, requests = container_resources(container)
+
+    def res(name: str) -> int:
+        if not name:
+            return 0
+        if name in limits:
+            return parse_int_quantity(limits[name], f"{where} limits.{name}")
+        if name in requests:
+            return parse_int_quantity(requests[name], f"{where} requests.{name}")
+        return 0
+
+    return res
