@@ -9,7 +9,10 @@ Public API (import from here):
   ``encode_pod_devices``/``decode_pod_devices`` (``hami.io/vgpu-devices-allocated``)
 * requests: ``admit_pod`` (webhook defaults), ``pod_request``
 * reasons: :class:`Reason`, :class:`NodeFailure`
-* ledger, scheduling entry point: see ``hami.core.ledger`` and ``hami.core.schedule``
+* ledger: :class:`Ledger` (set_node/remove_node, add_pod/reserve/remove_pod, set_quota),
+  ``node_devices_from_object``, ``allocation_from_pod``, ``rebuild``
+* scheduling: :class:`SchedulerConfig`, ``filter_pod`` (pure decision), ``schedule_pod``
+  (drop old reservation + decide + reserve), :class:`FilterResult`
 """
 
 from .codec import (
@@ -22,7 +25,10 @@ from .codec import (
 )
 from .errors import CodecError, ConfigError, CoreError, RequestError
 from .reasons import NodeFailure, Reason, parse_reason
+from .ledger import Ledger, allocation_from_pod, make_allocation, node_devices_from_object, pod_key, rebuild
 from .requests import admit_pod, pod_request
+from .schedule import FilterResult, SchedulerConfig, filter_pod, schedule_pod
+from .usage import collapse
 from .types import (
     PERCENT_UNSET,
     ContainerDevice,

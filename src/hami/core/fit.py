@@ -1,0 +1,177 @@
+"""The one generic fit loop: can this pod go on this node, and on which devices? (§5.3-§5.4)
+
+Vendors only supply hooks (``device_filter``, ``resolve_memory``, ``capacity_check``); the walk,
+NUMA binding, quota, reason counting and container phases (init / sidecar / regular) are here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .reasons import NodeFailure, Reason, ReasonCounter
+from .score import DevicePolicy, Weights, device_score, device_sort_key
+from .types import ContainerDevice, ContainerDeviceRequest, ContainerKind, DeviceInfo, PodRequest
+from .usage import Pick, collapse_picks
+
+
+@dataclass(slots=True)
+class NodeView:
+    """A mutable working copy of one node's device usage (index-aligned with ``devices``)."""
+
+    name: str
+    devices: tuple[DeviceInfo, ...]
+    used: list[int]
+    usedmem: list[int]
+    usedcores: list[int]
+    cordoned: frozenset[str] = frozenset()
+
+    def copy(self) -> "NodeView":
+        return NodeView(self.name, self.devices, self.used[:], self.usedmem[:], self.usedcores[:], self.cordoned)
+
+    def take(self, i: int, mem: int, cores: int, slots: int = 1) -> None:
+        self.used[i] += slots
+        self.usedmem[i] += mem
+        self.usedcores[i] += cores
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRoom:
+    """What the pod's namespace may still allocate per vendor: ``(mem, cores)``; None = no limit."""
+
+    room: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
+
+    def allows(self, picks: Sequence[Pick], kinds: Sequence[ContainerKind], vendor: str) -> bool:
+        mem_room, core_room = self.room.get(vendor, (None, None))
+        if mem_room is None and core_room is None:
+            return True
+        uses = [u for u in collapse_picks(picks, kinds) if u.vendor == vendor]
+        if mem_room is not None and sum(u.mem for u in uses) > mem_room:
+            return False
+        return core_room is None or sum(u.cores for u in uses) <= core_room
+
+
+@dataclass(frozen=True, slots=True)
+class FitContext:
+    """Per-pod inputs, computed once and shared by every node."""
+
+    pod: PodRequest
+    vendors: Mapping[str, Any]  # vendor name -> vendor
+    selections: Mapping[str, Any]  # vendor name -> Selection
+    policy: DevicePolicy
+    weights: Weights
+    quota: QuotaRoom | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    node: str
+    devices: Mapping[str, tuple[tuple[ContainerDevice, ...], ...]]  # vendor -> per container
+    picks: tuple[Pick, ...]
+
+
+def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: FitContext,
+                  picks: list[Pick]) -> tuple[ContainerDevice, ...] | NodeFailure:
+    """Choose ``req.nums`` devices for container ``ci`` on ``view`` (does not modify ``view``)."""
+    vendor = ctx.vendors[req.vendor]
+    sel = ctx.selections[req.vendor]
+    idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor]
+    if req.nums > len(idxs):
+        return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
+                           container=ci, vendor=req.vendor)
+    mems = {i: vendor.resolve_memory(view.devices[i], req) for i in idxs}
+    w = ctx.weights
+    ranked = sorted(
+        ((device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
+                       req.coresreq, mems[i], w), d.numa, d.index, view.used[i], i)
+         for i, d in ((i, view.devices[i]) for i in idxs)),
+        key=lambda t, k=device_sort_key(ctx.policy, sel.numa_bind): k(t[:4]),
+    )
+    kinds = [c.kind for c in ctx.pod.containers]
+    reasons = ReasonCounter(total=len(idxs))
+    chosen: list[tuple[int, int]] = []  # (device position, mem)
+    prev_numa: int | None = None
+    for _score, numa, _index, _used, i in ranked:
+        d = view.devices[i]
+        if not d.health:
+            reasons.add(Reason.CARD_NOT_HEALTH, d.id)
+            continue
+        if d.id in view.cordoned:
+            reasons.add(Reason.CARD_CORDONED, d.id)
+            continue
+        bad = vendor.device_filter(d, req, sel)
+        if bad is not None:
+            reasons.add(bad, d.id)
+            continue
+        if sel.numa_bind and prev_numa is not None and numa != prev_numa:
+            for j, _ in chosen:
+                reasons.add(Reason.NUMA_NOT_FIT, view.devices[j].id)
+            chosen = []
+        prev_numa = numa
+        mem = mems[i]
+        bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem, ctx.policy.mutex)
+        if bad is not None:
+            reasons.add(bad, d.id)
+            continue
+        if ctx.quota is not None:
+            trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
+            trial.append((ci, req.vendor, d.id, mem, req.coresreq))
+            if not ctx.quota.allows(trial, kinds, req.vendor):
+                reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, d.id)
+                continue
+        chosen.append((i, mem))
+        if len(chosen) == req.nums:
+            return tuple(
+                ContainerDevice(uuid=view.devices[j].id, type=req.type, usedmem=m, usedcores=req.coresreq,
+                                index=view.devices[j].index)
+                for j, m in chosen
+            )
+    if chosen:
+        for j, _ in chosen:
+            reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
+    return reasons.failure(ci, req.vendor)
+
+
+def _apply(view: NodeView, devices: Sequence[ContainerDevice], index_of: Mapping[str, int]) -> None:
+    for cd in devices:
+        view.take(index_of[cd.uuid], cd.usedmem, cd.usedcores)
+
+
+def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
+    """Fit every container of the pod on one node, phase by phase. ``view`` is not modified.
+
+    Classic init containers are each fitted on a copy holding the sidecars declared before them;
+    sidecars and regular containers accumulate on one copy (they run together).
+    """
+    containers = ctx.pod.containers
+    vendors = ctx.pod.vendors()
+    index_of = {d.id: i for i, d in enumerate(view.devices)}
+    running = view.copy()
+    out: dict[str, list[tuple[ContainerDevice, ...]]] = {v: [] for v in vendors}
+    picks: list[Pick] = []
+    for ci, c in enumerate(containers):
+        target = running.copy() if c.kind is ContainerKind.INIT else running
+        got: dict[str, tuple[ContainerDevice, ...]] = {}
+        for req in c.requests:
+            res = fit_container(target, ci, req, ctx, picks)
+            if isinstance(res, NodeFailure):
+                return res
+            got[req.vendor] = res
+            _apply(target, res, index_of)
+            picks.extend((ci, req.vendor, d.uuid, d.usedmem, d.usedcores) for d in res)
+        for v in vendors:
+            out[v].append(got.get(v, ()))
+    return NodeFit(node=view.name, devices={v: tuple(cs) for v, cs in out.items()}, picks=tuple(picks))
+
+
+def make_context(pod: PodRequest, vendors: Sequence[Any], policy: DevicePolicy, weights: Weights,
+                 quota: QuotaRoom | None = None) -> FitContext:
+    by_name = {v.name: v for v in vendors}
+    used = pod.vendors()
+    return FitContext(
+        pod=pod, vendors=by_name, selections={n: by_name[n].selection(pod.annotations) for n in used},
+        policy=policy, weights=weights, quota=quota,
+    )
+
+
+FitFn = Callable[[NodeView, FitContext], "NodeFit | NodeFailure"]

@@ -1,0 +1,341 @@
+"""The allocation ledger: who holds what, per device, per node and per namespace quota.
+
+Everything in it can be rebuilt from Kubernetes objects: node registration annotations
+(:func:`node_devices_from_object`) and pod allocation annotations
+(:func:`allocation_from_pod`). Per-node summaries are kept up to date incrementally so the
+scheduler can rank and reject most nodes without visiting their devices.
+
+The ledger is a plain in-memory object; it does no I/O and is not thread-safe (adapters
+serialise access).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from .errors import CodecError, CoreError
+from .codec import decode_pod_devices
+from .fit import NodeView, QuotaRoom
+from .quantity import parse_int_quantity
+from .requests import ordered_containers, pod_name
+from .types import DeviceInfo, NodeDevices, PodAllocation, PodSingleDevice
+from .usage import collapse
+
+NODE_ANNOTATION = "hami.io/vgpu-node"
+CORDON_ANNOTATION = "hami.io/device-cordon"
+
+
+@dataclass(slots=True)
+class VendorSummary:
+    """Fast-reject data for one vendor's schedulable (healthy, uncordoned) devices on a node."""
+
+    devices: int = 0
+    free_slot: int = 0  # devices with used < count
+    idle: int = 0  # devices that can take an exclusive (100-core) request: used == 0 or devcore != 100
+    max_free_mem: int = 0
+    max_free_cores: int = 0
+    max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
+
+
+@dataclass(slots=True)
+class NodeSummary:
+    count: int = 0
+    used: int = 0
+    totalcore: int = 0
+    usedcores: int = 0
+    totalmem: int = 0
+    usedmem: int = 0
+    vendors: dict[str, VendorSummary] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class NodeState:
+    node: NodeDevices
+    used: list[int]
+    usedmem: list[int]
+    usedcores: list[int]
+    index_of: dict[str, int]
+    summary: NodeSummary = field(default_factory=NodeSummary)
+
+    def resummarise(self) -> None:
+        s = NodeSummary()
+        for i, d in enumerate(self.node.devices):
+            u, m, c = self.used[i], self.usedmem[i], self.usedcores[i]
+            s.count += d.count
+            s.used += u
+            s.totalcore += d.devcore
+            s.usedcores += c
+            s.totalmem += d.devmem
+            s.usedmem += m
+            v = s.vendors.get(d.vendor)
+            if v is None:
+                v = s.vendors[d.vendor] = VendorSummary()
+            if not d.health or d.id in self.node.cordoned:
+                continue
+            v.devices += 1
+            v.free_slot += u < d.count
+            v.idle += u == 0 or d.devcore != 100
+            v.max_free_mem = max(v.max_free_mem, d.devmem - m)
+            if d.devmem > 0:
+                v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
+            v.max_free_cores = max(v.max_free_cores, d.devcore - c)
+        self.summary = s
+
+
+class Ledger:
+    """Nodes' devices and usage, pods' allocations, namespace quota usage and limits."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeState] = {}
+        self._pods: dict[str, PodAllocation] = {}
+        self._pods_by_node: dict[str, set[str]] = {}
+        self._reserved: set[str] = set()
+        self._quota: dict[str, dict[str, dict[str, int]]] = {}  # ns -> quota name -> resource -> limit
+        self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
+
+    # ------------------------------------------------------------------ nodes
+    def set_node(self, node: NodeDevices) -> None:
+        """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
+        n = len(node.devices)
+        self._nodes[node.name] = NodeState(
+            node=node, used=[0] * n, usedmem=[0] * n, usedcores=[0] * n,
+            index_of={d.id: i for i, d in enumerate(node.devices)},
+        )
+        for key in sorted(self._pods_by_node.get(node.name, ())):
+            self._apply(self._pods[key], +1, resummarise=False)
+        self._nodes[node.name].resummarise()
+
+    def remove_node(self, name: str) -> None:
+        self._nodes.pop(name, None)
+
+    def node_names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def has_node(self, name: str) -> bool:
+        return name in self._nodes
+
+    def node(self, name: str) -> NodeDevices:
+        return self._nodes[name].node
+
+    def summary(self, name: str) -> NodeSummary:
+        return self._nodes[name].summary
+
+    def view(self, name: str) -> NodeView:
+        st = self._nodes[name]
+        return NodeView(name, st.node.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned)
+
+    def device_usage(self, name: str) -> Iterator[tuple[DeviceInfo, int, int, int]]:
+        """``(device, used slots, used MiB, used cores)`` for every device of the node, by index order."""
+        st = self._nodes[name]
+        for i in sorted(range(len(st.node.devices)), key=lambda i: (st.node.devices[i].index, st.node.devices[i].id)):
+            yield st.node.devices[i], st.used[i], st.usedmem[i], st.usedcores[i]
+
+    # ------------------------------------------------------------------ pods
+    def add_pod(self, alloc: PodAllocation) -> None:
+        """Record (or replace) a pod's allocation."""
+        self.remove_pod(alloc.key)
+        self._pods[alloc.key] = alloc
+        self._pods_by_node.setdefault(alloc.node, set()).add(alloc.key)
+        self._apply(alloc, +1)
+
+    def reserve(self, alloc: PodAllocation) -> None:
+        """Record a decision taken by Filter before the pod is patched (roll back with remove_pod)."""
+        self.add_pod(alloc)
+        self._reserved.add(alloc.key)
+
+    def is_reserved(self, key: str) -> bool:
+        return key in self._reserved
+
+    def remove_pod(self, key: str) -> PodAllocation | None:
+        alloc = self._pods.pop(key, None)
+        self._reserved.discard(key)
+        if alloc is None:
+            return None
+        keys = self._pods_by_node.get(alloc.node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._pods_by_node[alloc.node]
+        self._apply(alloc, -1)
+        return alloc
+
+    def pod(self, key: str) -> PodAllocation | None:
+        return self._pods.get(key)
+
+    def pods(self) -> list[PodAllocation]:
+        return [self._pods[k] for k in sorted(self._pods)]
+
+    def _apply(self, alloc: PodAllocation, sign: int, resummarise: bool = True) -> None:
+        ns = self._ns_used.setdefault(alloc.namespace, {})
+        for u in alloc.usage:
+            acc = ns.setdefault(u.vendor, [0, 0])
+            acc[0] += sign * u.mem
+            acc[1] += sign * u.cores
+        st = self._nodes.get(alloc.node)
+        if st is None:
+            return
+        for u in alloc.usage:
+            i = st.index_of.get(u.uuid)
+            if i is None:
+                continue
+            st.used[i] += sign * u.slots
+            st.usedmem[i] += sign * u.mem
+            st.usedcores[i] += sign * u.cores
+        if resummarise:
+            st.resummarise()
+
+    # ------------------------------------------------------------------ quota (§10.1)
+    def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any], vendors: Sequence[Any]) -> None:
+        """Replace one ResourceQuota's limits atomically. Only ``limits.<memory|cores resource>``."""
+        tracked = {}
+        for v in vendors:
+            r = v.resources
+            if r.memory:
+                tracked[f"limits.{r.memory}"] = r.memory_factor
+            if r.cores:
+                tracked[f"limits.{r.cores}"] = 1
+        limits = {
+            key[len("limits."):]: parse_int_quantity(val, f"ResourceQuota {namespace}/{name} spec.hard.{key}") * tracked[key]
+            for key, val in hard.items() if key in tracked
+        }
+        self._quota.setdefault(namespace, {})[name] = limits
+
+    def remove_quota(self, namespace: str, name: str) -> None:
+        self._quota.get(namespace, {}).pop(name, None)
+
+    def namespace_usage(self, namespace: str, vendor: str) -> tuple[int, int]:
+        mem, cores = self._ns_used.get(namespace, {}).get(vendor, (0, 0))
+        return mem, cores
+
+    def quota_room(self, namespace: str, vendors: Sequence[Any]) -> QuotaRoom | None:
+        """Remaining ``(mem, cores)`` per vendor for ``namespace``; None when it has no quota."""
+        quotas = self._quota.get(namespace)
+        if not quotas:
+            return None
+        room: dict[str, tuple[int | None, int | None]] = {}
+        for v in vendors:
+            mem_used, core_used = self.namespace_usage(namespace, v.name)
+            mem_lim = _min_limit(quotas, v.resources.memory)
+            core_lim = _min_limit(quotas, v.resources.cores)
+            room[v.name] = (
+                None if mem_lim is None else mem_lim - mem_used,
+                None if core_lim is None else core_lim - core_used,
+            )
+        if all(r == (None, None) for r in room.values()):
+            return None
+        return QuotaRoom(room)
+
+
+def _min_limit(quotas: Mapping[str, Mapping[str, int]], resource: str) -> int | None:
+    values = [q[resource] for q in quotas.values() if resource and resource in q]
+    return min(values) if values else None
+
+
+# ---------------------------------------------------------------------- from Kubernetes objects
+
+
+def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) -> NodeDevices:
+    """A Node dict -> :class:`NodeDevices` (every vendor's registration). Raises CodecError."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        raise CodecError("node without metadata.name")
+    devices: list[DeviceInfo] = []
+    for v in vendors:
+        try:
+            devices.extend(v.node_devices(node))
+        except CoreError as exc:
+            raise CodecError(f"node {name}: {exc}") from None
+    seen: set[str] = set()
+    for d in devices:
+        if d.id in seen:
+            raise CodecError(f"node {name}: device id {d.id!r} is registered twice")
+        seen.add(d.id)
+    cordon = (meta.get("annotations") or {}).get(CORDON_ANNOTATION, "")
+    return NodeDevices(
+        name=name, devices=tuple(devices),
+        cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
+    )
+
+
+def init_containers_done(pod: Mapping[str, Any]) -> bool:
+    """True when every classic init container terminated with exit code 0 (usage may shrink)."""
+    spec = pod.get("spec") or {}
+    classic = [c.get("name") for c in spec.get("initContainers") or () if c.get("restartPolicy") != "Always"]
+    if not classic:
+        return False
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or ()}
+    for name in classic:
+        term = ((statuses.get(name) or {}).get("state") or {}).get("terminated") or {}
+        if term.get("exitCode") != 0 or not term:
+            return False
+    return True
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def make_allocation(pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice]) -> PodAllocation:
+    meta = pod.get("metadata") or {}
+    kinds = tuple(k for _, k in ordered_containers(pod))
+    return PodAllocation(
+        key=pod_key(pod), namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+        node=node, devices=dict(devices), kinds=kinds,
+        usage=collapse(devices, kinds, app_only=init_containers_done(pod)),
+    )
+
+
+def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAllocation | None:
+    """Rebuild a pod's allocation from its annotations; None when it holds nothing.
+
+    Pods in phase Succeeded/Failed hold nothing. Raises CodecError on a malformed annotation.
+    """
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    node = annotations.get(NODE_ANNOTATION)
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    devices: dict[str, PodSingleDevice] = {}
+    for v in vendors:
+        text = annotations.get(v.allocated_annotation)
+        if text is None:
+            continue
+        try:
+            devices[v.name] = decode_pod_devices(text)
+        except CodecError as exc:
+            raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
+    if not devices:
+        return None
+    return make_allocation(pod, node, devices)
+
+
+def rebuild(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], vendors: Sequence[Any],
+            quotas: Iterable[Mapping[str, Any]] = ()) -> tuple[Ledger, list[str]]:
+    """A ledger from Kubernetes objects. Returns ``(ledger, warnings)``; bad objects are skipped."""
+    ledger = Ledger()
+    warnings: list[str] = []
+    for node in nodes:
+        try:
+            ledger.set_node(node_devices_from_object(node, vendors))
+        except CoreError as exc:
+            warnings.append(f"skipping node: {exc}")
+    for pod in pods:
+        try:
+            alloc = allocation_from_pod(pod, vendors)
+        except CoreError as exc:
+            warnings.append(f"skipping pod: {exc}")
+            continue
+        if alloc is not None:
+            ledger.add_pod(alloc)
+    for q in quotas:
+        meta = q.get("metadata") or {}
+        try:
+            ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
+                             (q.get("spec") or {}).get("hard") or {}, vendors)
+        except CoreError as exc:
+            warnings.append(f"skipping quota: {exc}")
+    return ledger, warnings
+

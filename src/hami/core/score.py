@@ -1,0 +1,111 @@
+"""Scheduling policies and scores (§5.6), with deterministic ties.
+
+* Node policy: ``binpack`` (default; fullest node first) or ``spread`` (emptiest first).
+  Node score = ``10 * (slots/ΣCount + cores/ΣTotalcore + mem/ΣTotalmem)`` over every device of
+  the node, where each term is existing usage PLUS this pod's request (HAMi leaves the request
+  out). Ties: node name ascending.
+* GPU policy: ``binpack`` / ``spread`` (default) / ``numa`` / a comma chain of those, plus the
+  filters ``mutex`` and ``topology-aware``. Device score = ``10 * (wSlot*(1+Used)/Count +
+  wCore*(cores+Usedcores)/Totalcore + wMem*(mem+Usedmem)/Totalmem)`` including the request.
+  Ties: NUMA ascending, then device index ascending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import RequestError
+
+NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
+GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
+
+NODE_POLICIES = ("binpack", "spread")
+GPU_SORT_KEYS = ("binpack", "spread", "numa")
+GPU_FILTERS = ("mutex", "topology-aware")
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePolicy:
+    keys: tuple[str, ...]  # sort keys in order, from GPU_SORT_KEYS
+    mutex: bool = False
+    topology_aware: bool = False
+    raw: str = "spread"
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    slot: int = 1
+    core: int = 1
+    memory: int = 1
+
+
+DEFAULT_WEIGHTS = Weights()
+
+
+def parse_node_policy(text: str, where: str = "node policy") -> str:
+    value = (text or "").strip()
+    if value not in NODE_POLICIES:
+        raise RequestError(f"{where}: unknown node policy {text!r} (expected binpack or spread)")
+    return value
+
+
+def parse_gpu_policy(text: str, where: str = "gpu policy") -> DevicePolicy:
+    parts = [p.strip() for p in (text or "").split(",") if p.strip()]
+    if not parts:
+        raise RequestError(f"{where}: empty GPU policy")
+    unknown = [p for p in parts if p not in GPU_SORT_KEYS + GPU_FILTERS]
+    if unknown:
+        raise RequestError(
+            f"{where}: unknown GPU policy {unknown[0]!r} in {text!r} "
+            f"(expected binpack, spread, numa, mutex, topology-aware or a comma chain)"
+        )
+    keys = tuple(p for p in parts if p in GPU_SORT_KEYS) or ("spread",)
+    return DevicePolicy(keys=keys, mutex="mutex" in parts, topology_aware="topology-aware" in parts, raw=text)
+
+
+def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
+    """``"slot=1,core=1,memory=3"``: all three keys, non-negative integers, at least one > 0."""
+    values: dict[str, int] = {}
+    for item in (text or "").split(","):
+        key, sep, val = item.strip().partition("=")
+        if not sep or key not in ("slot", "core", "memory") or not val.strip().isdigit():
+            raise RequestError(f"{where}: invalid item {item.strip()!r} in {text!r} (expected slot=N,core=N,memory=N)")
+        values[key] = int(val)
+    if set(values) != {"slot", "core", "memory"}:
+        raise RequestError(f"{where}: {text!r} must set all of slot, core and memory")
+    if not any(values.values()):
+        raise RequestError(f"{where}: {text!r}: at least one weight must be > 0")
+    return Weights(**values)
+
+
+def device_score(count: int, totalcore: int, totalmem: int, used: int, usedcores: int, usedmem: int,
+                 cores: int, mem: int, w: Weights) -> float:
+    if not count or not totalcore or not totalmem:
+        return 0.0
+    return 10.0 * (w.slot * (1 + used) / count + w.core * (cores + usedcores) / totalcore
+                   + w.memory * (mem + usedmem) / totalmem)
+
+
+def device_sort_key(policy: DevicePolicy, numa_bind: bool):
+    """Key function over ``(score, numa, index, used)`` tuples: smaller = tried first."""
+    keys = policy.keys
+    if numa_bind and keys[0] != "numa":
+        keys = ("numa",) + keys
+
+    def key(t: tuple[float, int, int, int]):
+        score, numa, index, used = t
+        out = [used] if policy.mutex else []
+        for k in keys:
+            out.append(-score if k == "binpack" else score if k == "spread" else numa)
+        out.extend((numa, index))
+        return tuple(out)
+
+    return key
+
+
+def node_score(used: float, count: int, usedcores: float, totalcore: int, usedmem: float, totalmem: int) -> float:
+    """HAMi ``ComputeDefaultScore`` form; callers pass usage already including the request."""
+    if not count or not totalcore or not totalmem:
+        return 0.0
+    return 10.0 * (used / count + usedcores / totalcore + usedmem / totalmem)

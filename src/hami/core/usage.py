@@ -1,0 +1,70 @@
+"""Effective usage of a pod per device, by Kubernetes container semantics (§5.5, §10.5).
+
+Containers are in annotation order (init containers first). A classic init container runs
+alone, next to the native sidecars (init containers with ``restartPolicy: Always``) declared
+before it. Regular containers run together with every sidecar. So, per device:
+
+* init phase i:   usage(init i) + Σ usage(sidecars declared before i)
+* steady phase:   Σ usage(sidecars) + Σ usage(regular containers)
+
+and the pod holds, per device, the maximum over phases of memory, cores and container count
+(slots, at least 1). HAMi counts sidecars as classic init containers (a peak, not a sum), which
+under-accounts; this module is the fix. ``app_only=True`` gives the usage after every classic init
+container has finished (the "shrink").
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from .types import ContainerKind, DeviceUse, PodSingleDevice
+
+#: (container index, vendor, uuid, mem, cores)
+Pick = tuple[int, str, str, int, int]
+
+
+def picks_of(devices: Mapping[str, PodSingleDevice]) -> list[Pick]:
+    out: list[Pick] = []
+    for vendor in sorted(devices):
+        for ci, cds in enumerate(devices[vendor]):
+            out.extend((ci, vendor, d.uuid, d.usedmem, d.usedcores) for d in cds)
+    return out
+
+
+def collapse_picks(picks: Iterable[Pick], kinds: Sequence[ContainerKind], app_only: bool = False) -> tuple[DeviceUse, ...]:
+    # per uuid: vendor, steady [slots, mem, cores], sidecar running [slots, mem, cores] by index,
+    # and the per-init-phase peaks
+    per: dict[str, dict] = {}
+    for ci, vendor, uuid, mem, cores in sorted(picks):
+        kind = kinds[ci] if ci < len(kinds) else ContainerKind.APP
+        st = per.setdefault(uuid, {"vendor": vendor, "steady": [0, 0, 0], "side": [], "init": []})
+        if kind is ContainerKind.INIT:
+            if not app_only:
+                st["init"].append((ci, mem, cores))
+            continue
+        st["steady"][0] += 1
+        st["steady"][1] += mem
+        st["steady"][2] += cores
+        if kind is ContainerKind.SIDECAR:
+            st["side"].append((ci, mem, cores))
+    out = []
+    for uuid in sorted(per):
+        st = per[uuid]
+        slots, mem, cores = st["steady"]
+        for ci, imem, icores in st["init"]:
+            before = [s for s in st["side"] if s[0] < ci]
+            slots = max(slots, 1 + len(before))
+            mem = max(mem, imem + sum(s[1] for s in before))
+            cores = max(cores, icores + sum(s[2] for s in before))
+        out.append(DeviceUse(uuid=uuid, vendor=st["vendor"], slots=max(slots, 1), mem=mem, cores=cores))
+    return tuple(out)
+
+
+def collapse(devices: Mapping[str, PodSingleDevice], kinds: Sequence[ContainerKind], app_only: bool = False) -> tuple[DeviceUse, ...]:
+    """Collapsed per-device usage of one pod's allocation."""
+    return collapse_picks(picks_of(devices), kinds, app_only)
+
+
+def container_count(devices: Mapping[str, PodSingleDevice]) -> int:
+    return max((len(v) for v in devices.values()), default=0)
+
