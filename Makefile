@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube bench clean
+.PHONY: simulate test unit native kube bench clean proto
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,13 +20,20 @@ simulate: $(STAMP)
 native:
 	$(MAKE) -C native
 
+# gRPC stubs of the kubelet device plugin API (generated, git-ignored)
+PROTO_STUB := src/hami/deviceplugin/api/api_pb2.py
+$(PROTO_STUB): src/hami/deviceplugin/api/api.proto $(STAMP)
+	$(BIN)/python -c 'from hami.deviceplugin.api import generate; generate(force=True)'
+
+proto: $(PROTO_STUB)
+
 kube:
 	scripts/install-kube.sh
 
-test: $(STAMP) native kube
+test: $(STAMP) proto native kube
 	$(BIN)/python -m pytest -q -ra tests
 
-unit: $(STAMP)
+unit: $(STAMP) proto
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: $(STAMP) native

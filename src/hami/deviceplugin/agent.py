@@ -1,0 +1,90 @@
+"""The node agent: gRPC server + kubelet registration + registration annotation + XID watcher.
+
+``NodeAgent`` is what ``hami device-plugin`` runs; tests run it in-process against the fake
+NVML, a kubelet stand-in and the real API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from .allocate import HookPaths
+from .allocator import Allocator, prepare_hook_dir
+from .devices import DeviceState
+from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
+from .kube import Kube
+from .nodeconfig import NodeSettings
+from .register import Registrar
+from .server import PluginServer
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: NodeSettings,
+        gpus: list[PhysicalGPU],
+        plugin_dir: str | Path,
+        paths: HookPaths,
+        register_interval: float = 30.0,
+        poll: float = 1.0,
+        ignored_xids: frozenset[int] | None = IGNORED_XIDS,
+        xid_wait_ms: int = 1000,
+    ) -> None:
+        self.kube = kube
+        self.state = DeviceState(gpus, settings)
+        self.paths = paths
+        self.allocator = Allocator(kube, settings, paths)
+        self.registrar = Registrar(kube, self.state, interval=register_interval)
+        self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
+        self.ignored_xids = ignored_xids
+        self.xid_wait_ms = xid_wait_ms
+        self._tasks: list[asyncio.Task] = []
+        self._watcher: XidWatcher | None = None
+
+    def _start_watcher(self) -> None:
+        if self.ignored_xids is None:
+            log.warning("health checks disabled by DP_DISABLE_HEALTHCHECKS")
+            return
+        loop = asyncio.get_running_loop()
+
+        def report(uuids: list[str]) -> None:
+            asyncio.run_coroutine_threadsafe(self.state.mark_unhealthy(uuids), loop)
+
+        self._watcher = XidWatcher(self.state.uuids, report, self.ignored_xids, self.xid_wait_ms)
+        self._watcher.start()
+
+    async def start(self) -> None:
+        prepare_hook_dir(self.paths)
+        try:  # the node says what it has before the kubelet is told; the loop retries on error
+            await self.registrar.sync_once()
+        except Exception as exc:  # noqa: BLE001 - logged, retried by Registrar.run
+            log.error("first registration write failed: %s", exc)
+        self._start_watcher()
+        self._tasks = [
+            asyncio.create_task(self.registrar.run(), name="hami-registrar"),
+            asyncio.create_task(self.server.run(), name="hami-grpc"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._watcher is not None:
+            await asyncio.to_thread(self._watcher.stop)
+            self._watcher = None
+
+    async def run_forever(self) -> None:
+        await self.start()
+        try:
+            await asyncio.gather(*self._tasks)
+        finally:
+            await self.stop()

@@ -1,0 +1,243 @@
+"""What ``Allocate`` decides, without I/O: which pod, which container, which env and mounts.
+
+The adapter (``server``) reads the node and the pod from the API server, calls these
+functions, then writes the results back. Everything here is deterministic: the cache file
+name is derived from the pod UID and the container name, not drawn at random.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Mapping, Sequence
+
+from hami.core.codec import decode_pod_devices, encode_pod_devices
+from hami.core.errors import CodecError
+from hami.core.types import ContainerDevice, PodSingleDevice
+from hami.vendors.nvidia import NvidiaVendor
+
+from .nodeconfig import NodeSettings
+
+# Annotation keys (§4.3, §5.5, §5.8).
+TO_ALLOCATE = NvidiaVendor.to_allocate_annotation
+ALLOCATED = NvidiaVendor.allocated_annotation
+NODE_LOCK = NvidiaVendor.lock_annotation
+NVIDIA_TYPE = NvidiaVendor.request_type
+VGPU_NODE = "hami.io/vgpu-node"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+
+
+class AllocationError(Exception):
+    """Allocate cannot proceed; the message names the pod (when known) and the reason."""
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    name: str
+    limits: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # literal values only
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of a pod that Allocate needs. ``containers``: init containers, then regular."""
+
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str]
+    containers: tuple[ContainerView, ...]
+    node_name: str = ""
+    phase: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class NodeLock:
+    time: str
+    namespace: str
+    name: str
+
+
+def parse_node_lock(value: str | None) -> NodeLock | None:
+    """``"<RFC3339>,<ns>,<name>"`` -> NodeLock; a legacy bare timestamp or garbage -> None."""
+    if not value:
+        return None
+    parts = value.split(",")
+    if len(parts) != 3 or not all(parts):
+        return None
+    try:
+        datetime.fromisoformat(parts[0].replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return NodeLock(*parts)
+
+
+def lock_owned_by(value: str | None, pod: PodView) -> bool:
+    lock = parse_node_lock(value)
+    return lock is not None and (lock.namespace, lock.name) == (pod.namespace, pod.name)
+
+
+def is_pending_candidate(pod: PodView, node: str) -> bool:
+    """HAMi's fallback test (§5.9): Pending, bind-time set, phase allocating/success, vgpu-node=node."""
+    a = pod.annotations
+    return (
+        pod.phase == "Pending"
+        and bool(a.get(BIND_TIME))
+        and a.get(BIND_PHASE) in ("allocating", "success")
+        and a.get(VGPU_NODE) == node
+        and bool(a.get(TO_ALLOCATE, "").strip(";"))
+    )
+
+
+def choose_pending(candidates: Sequence[PodView], node: str) -> PodView:
+    """The single pod mid-allocation on ``node``; refuses to guess between several."""
+    pods = sorted((p for p in candidates if is_pending_candidate(p, node)), key=lambda p: p.ref)
+    if not pods:
+        raise AllocationError(f"no pod is waiting for GPU allocation on node {node} (no node lock, no candidate pod)")
+    if len(pods) > 1:
+        names = ", ".join(p.ref for p in pods)
+        raise AllocationError(
+            f"node {node} has no node lock and {len(pods)} pods waiting for GPU allocation ({names}); "
+            "refusing to guess which one the kubelet is admitting"
+        )
+    return pods[0]
+
+
+def pending_devices(pod: PodView) -> list[list[ContainerDevice]]:
+    """Decode the pod's to-allocate annotation (kept per container, empty entries included)."""
+    raw = pod.annotations.get(TO_ALLOCATE)
+    if raw is None:
+        raise AllocationError(f"pod {pod.ref}: annotation {TO_ALLOCATE} is missing (was it placed by hami scheduler?)")
+    try:
+        decoded: PodSingleDevice = decode_pod_devices(raw)
+    except CodecError as exc:
+        raise AllocationError(f"pod {pod.ref}: annotation {TO_ALLOCATE}={raw!r} is invalid: {exc}") from None
+    if len(decoded) > len(pod.containers):
+        raise AllocationError(
+            f"pod {pod.ref}: annotation {TO_ALLOCATE} has {len(decoded)} container entries "
+            f"but the pod has {len(pod.containers)} containers"
+        )
+    return [list(c) for c in decoded]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One container's devices, chosen by popping the first non-empty annotation entry."""
+
+    index: int
+    container: ContainerView
+    devices: tuple[ContainerDevice, ...]
+
+
+def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int) -> Grant:
+    """Take (and blank) the first non-empty container entry; its size must equal ``requested``."""
+    for index, devs in enumerate(pending):
+        nvidia = [d for d in devs if d.type.startswith(NVIDIA_TYPE)]
+        if not nvidia:
+            continue
+        if len(nvidia) != requested:
+            raise AllocationError(
+                f"pod {pod.ref}: container {pod.containers[index].name!r} has {len(nvidia)} GPU(s) in "
+                f"{TO_ALLOCATE} but the kubelet asked for {requested} (device number not matched)"
+            )
+        pending[index] = [d for d in devs if d not in nvidia]
+        return Grant(index, pod.containers[index], tuple(nvidia))
+    raise AllocationError(
+        f"pod {pod.ref}: the kubelet asked for {requested} GPU(s) but {TO_ALLOCATE} has no container left to allocate"
+    )
+
+
+def remainder(pending: list[list[ContainerDevice]]) -> str:
+    return encode_pod_devices(pending)
+
+
+def all_done(pending: list[list[ContainerDevice]]) -> bool:
+    return not any(d.type.startswith(NVIDIA_TYPE) for devs in pending for d in devs)
+
+
+# ------------------------------------------------------------------------------- the response
+
+
+@dataclass(frozen=True)
+class HookPaths:
+    """Where libvgpu lives. ``hook_path`` is the same on the host and in the container (§6.4)."""
+
+    hook_path: str = "/usr/local"
+    lock_dir: str = "/tmp/vgpulock"
+
+    @property
+    def vgpu_dir(self) -> str:
+        return f"{self.hook_path.rstrip('/')}/vgpu"
+
+    @property
+    def library(self) -> str:
+        return f"{self.vgpu_dir}/libvgpu.so"
+
+    @property
+    def preload_file(self) -> str:
+        return f"{self.vgpu_dir}/ld.so.preload"
+
+    def cache_dir(self, pod_uid: str, container: str) -> str:
+        return f"{self.vgpu_dir}/containers/{pod_uid}_{container}"
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerResponse:
+    envs: dict[str, str]
+    mounts: tuple[MountSpec, ...]
+    cache_dir: str  # host directory to (re)create before answering
+
+
+def cache_file_name(pod_uid: str, container: str) -> str:
+    return f"{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami:{pod_uid}/{container}')}.cache"
+
+
+def core_policy(settings: NodeSettings) -> str | None:
+    if settings.disable_core_limit:
+        return "disable"
+    return settings.gpu_core_policy if settings.gpu_core_policy != "default" else None
+
+
+def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths) -> ContainerResponse:
+    """Env and mounts for one container (§6.4 tables)."""
+    devs = grant.devices
+    ctr = grant.container
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devs)}
+    cache_dir = paths.cache_dir(pod.uid, ctr.name)
+    if settings.operating_mode != "hami-core":
+        return ContainerResponse(envs, (), "")
+    for i, d in enumerate(devs):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(devs[0].usedcores)
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{paths.vgpu_dir}/{cache_file_name(pod.uid, ctr.name)}"
+    if settings.device_memory_scaling > 1:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
+    if settings.libcuda_log_level:
+        envs["LIBCUDA_LOG_LEVEL"] = settings.libcuda_log_level
+    priority = ctr.limits.get(settings.priority_resource)
+    if priority is not None:
+        envs["CUDA_TASK_PRIORITY"] = str(priority)
+    policy = core_policy(settings)
+    if policy:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = policy
+    mounts = [
+        MountSpec(paths.library, paths.library, True),
+        MountSpec(paths.vgpu_dir, cache_dir, False),
+        MountSpec("/tmp/vgpulock", paths.lock_dir, False),
+    ]
+    if str(ctr.env.get("CUDA_DISABLE_CONTROL", "")).lower() != "true":
+        mounts.append(MountSpec("/etc/ld.so.preload", paths.preload_file, True))
+    return ContainerResponse(envs, tuple(mounts), cache_dir)

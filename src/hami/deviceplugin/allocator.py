@@ -1,0 +1,171 @@
+"""The Allocate flow against the API server (§6.4), serialised per plugin.
+
+find the pod (node lock first; the fallback never guesses between two pods) -> pop one
+annotation entry per kubelet container request -> build env and mounts -> patch the
+remainder (and ``bind-phase=success`` when nothing is left) -> release the node lock.
+Any failure patches ``bind-phase=failed`` and releases the lock before the error goes back
+to the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from . import allocate as A
+from .devices import physical_id
+from .kube import Kube
+from .nodeconfig import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def prepare_hook_dir(paths: A.HookPaths) -> None:
+    """Create the containers dir and lock dir, and write ld.so.preload naming *this* library path.
+
+    The preload file's content follows ``hook_path`` so one setting moves the library end to
+    end (A13). A read-only host path is reported, not fatal: Allocate will fail per pod.
+    """
+    try:
+        Path(paths.vgpu_dir, "containers").mkdir(parents=True, exist_ok=True)
+        for d in (paths.lock_dir,):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o777)
+        preload = Path(paths.preload_file)
+        wanted = paths.library + "\n"
+        if not preload.exists() or preload.read_text() != wanted:
+            preload.write_text(wanted)
+    except OSError as exc:
+        log.error("cannot prepare hook directory %s: %s", paths.vgpu_dir, exc)
+    if not Path(paths.library).exists():
+        log.warning("%s does not exist yet; containers will start without libvgpu", paths.library)
+
+
+def reset_cache_dir(path: str) -> None:
+    """Recreate a container's cache dir, empty and world-writable (any UID in the container)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+
+
+class Allocator:
+    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.paths = paths
+        self.node = kube.node_name
+        self._lock = asyncio.Lock()
+
+    async def find_pod(self) -> tuple[A.PodView | None, str | None]:
+        """(pod, stale lock value). The lock names the pod; without one, exactly one candidate."""
+        annotations, _ = await self.kube.node_annotations()
+        raw = annotations.get(A.NODE_LOCK)
+        lock = A.parse_node_lock(raw)
+        if lock is not None:
+            pod = await self.kube.get_pod(lock.namespace, lock.name)
+            if pod is None:
+                return None, raw
+            return pod, None
+        return A.choose_pending(await self.kube.pods_on_node(), self.node), None
+
+    async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
+        async with self._lock:
+            pod: A.PodView | None = None
+            try:
+                pod, stale = await self.find_pod()
+                if pod is None:
+                    await self._drop_stale_lock(stale)
+                    raise A.AllocationError(
+                        f"node {self.node}: the node lock {stale!r} names a pod that no longer exists; "
+                        "lock released, the kubelet will retry"
+                    )
+                return await self._allocate_pod(pod, requests)
+            except A.AllocationError as exc:
+                await self._fail(pod, str(exc))
+                raise
+            except (ApiException, aiohttp.ClientError, OSError) as exc:
+                what = f"pod {pod.ref}" if pod else f"node {self.node}"
+                msg = f"{what}: allocation failed: {_brief(exc)}"
+                await self._fail(pod, msg)
+                raise A.AllocationError(msg) from None
+
+    async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int]) -> list[A.ContainerResponse]:
+        pending = A.pending_devices(pod)
+        grants = [A.pop_next(pod, pending, n) for n in requests]
+        responses = [A.build_response(pod, g, self.settings, self.paths) for g in grants]
+        for r in responses:
+            if r.cache_dir:
+                reset_cache_dir(r.cache_dir)
+        done = A.all_done(pending)
+        patch = {A.TO_ALLOCATE: A.remainder(pending)}
+        if done:
+            patch[A.BIND_PHASE] = "success"
+        await self.kube.patch_pod_annotations(pod, patch)
+        names = ", ".join(g.container.name for g in grants)
+        log.info("pod %s: allocated container(s) %s%s", pod.ref, names, " (pod complete)" if done else "")
+        if done:
+            await self.kube.release_lock(pod)
+        return responses
+
+    async def _fail(self, pod: A.PodView | None, msg: str) -> None:
+        log.error("Allocate failed: %s", msg)
+        if pod is None:
+            return
+        try:
+            await self.kube.patch_pod_annotations(pod, {A.BIND_PHASE: "failed"})
+        except ApiException as exc:
+            log.error("pod %s: cannot set %s=failed: %s", pod.ref, A.BIND_PHASE, _brief(exc))
+        try:
+            await self.kube.release_lock(pod)
+        except ApiException as exc:
+            log.error("node %s: cannot release the node lock: %s", self.node, _brief(exc))
+
+    async def _drop_stale_lock(self, value: str | None) -> None:
+        annotations, rv = await self.kube.node_annotations()
+        if value is not None and annotations.get(A.NODE_LOCK) == value:
+            try:
+                await self.kube.patch_node_annotations({A.NODE_LOCK: None}, rv)
+            except ApiException as exc:
+                log.error("node %s: cannot release stale lock: %s", self.node, _brief(exc))
+
+
+def _brief(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"API server answered {exc.status} {exc.reason}"
+    return str(exc)
+
+
+def preferred_ids(available: Sequence[str], must: Sequence[str], size: int, uuids: Sequence[str]) -> list[str]:
+    """Kubelet IDs for one container: ``must`` first, then one ID on each annotated GPU, then any."""
+    chosen = list(dict.fromkeys(must))[:size]
+    for uuid in uuids:
+        if len(chosen) >= size or any(physical_id(c) == uuid for c in chosen):
+            continue
+        match = next((a for a in available if physical_id(a) == uuid and a not in chosen), None)
+        if match:
+            chosen.append(match)
+    chosen += [a for a in available if a not in chosen][: size - len(chosen)]
+    return chosen
+
+
+async def preferred_allocation(allocator: Allocator, requests: Sequence[tuple[Sequence[str], Sequence[str], int]]):
+    """GetPreferredAllocation: align kubelet IDs with the pending pod's annotated GPUs (read-only)."""
+    try:
+        pod, _ = await allocator.find_pod()
+        pending = A.pending_devices(pod) if pod else []
+    except (A.AllocationError, ApiException, aiohttp.ClientError) as exc:
+        log.info("GetPreferredAllocation without a pending pod (%s); plain order", exc)
+        pending = []
+    entries = [[d.uuid for d in devs] for devs in pending if devs]
+    out = []
+    for i, (available, must, size) in enumerate(requests):
+        uuids = entries[i] if i < len(entries) else []
+        out.append(preferred_ids(available, must, size, uuids))
+    return out

@@ -1,0 +1,117 @@
+"""``hami device-plugin``: run the NVIDIA node agent (or, with ``--dry-run``, just show it)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from hami.core.codec import encode_node_devices_json
+
+from .allocate import HookPaths
+from .devices import DeviceState
+from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
+from .nodeconfig import NodeConfigError, NodeSettings, load_settings
+from .preflight import PreflightError, check_other_plugins
+from .register import REGISTER
+
+log = logging.getLogger("hami.deviceplugin")
+
+EXIT_CONFIG, EXIT_NVML, EXIT_PREFLIGHT = 2, 3, 4
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config when unset")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet device-plugin directory")
+    p.add_argument("--config-file", default=env("CONFIG_FILE"), help="device-config.yaml (env CONFIG_FILE)")
+    p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
+    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)")
+    p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
+    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)")
+    p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between kubelet socket checks")
+    p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
+    p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def describe(settings: NodeSettings, state: DeviceState) -> dict:
+    return {
+        "resource": settings.resource_name,
+        "socket": settings.socket_name,
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "busId": g.bus_id, "numa": g.numa}
+            for g in state.gpus
+        ],
+        "kubeletDevices": len(state.kubelet_devices()),
+        "annotations": {REGISTER: encode_node_devices_json(state.registration())},
+    }
+
+
+async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState) -> int:
+    from .agent import NodeAgent
+    from .kube import Kube, api_client
+
+    kube = Kube(await api_client(args.kubeconfig), args.node_name)
+    agent = NodeAgent(
+        kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir),
+        register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.start()
+    try:
+        done, _ = await asyncio.wait(
+            [asyncio.create_task(stop.wait()), *agent._tasks], return_when=asyncio.FIRST_COMPLETED
+        )
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            log.error("device plugin stopped: %s", failed[0].exception())
+            return 1
+    finally:
+        await agent.stop()
+        await kube.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose or not args.dry_run else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.node_name and not args.dry_run:
+        print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        settings = load_settings(args.node_name, args.config_file, args.node_config)
+    except NodeConfigError as exc:
+        print(f"hami device-plugin: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        open_nvml(args.nvml_library)
+    except NvmlUnavailable as exc:
+        print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_NVML
+    try:
+        state = DeviceState(discover(settings, args.sysfs_root), settings)
+        if args.dry_run:
+            print(json.dumps(describe(settings, state), indent=2))
+            return 0
+        if not args.skip_preflight:
+            try:
+                asyncio.run(check_other_plugins(args.device_plugin_dir, settings.socket_name, state.uuids, settings.resource_name))
+            except PreflightError as exc:
+                print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+                return EXIT_PREFLIGHT
+        return asyncio.run(_serve(args, settings, state))
+    finally:
+        close_nvml()

@@ -1,0 +1,115 @@
+"""The plugin's few API-server calls (kubernetes_asyncio), translated to plain data.
+
+Writes are JSON merge patches. Node-annotation writes that must not race (lock release)
+carry ``metadata.resourceVersion`` and are retried on conflict (§13 pitfall 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from .allocate import NODE_LOCK, ContainerView, PodView, lock_owned_by
+
+log = logging.getLogger(__name__)
+MERGE = "application/merge-patch+json"
+
+
+async def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """A client from ``kubeconfig`` when given, else the in-cluster service account."""
+    if kubeconfig:
+        return await config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    return client.ApiClient()
+
+
+def _limits(ctr: Any) -> dict[str, str]:
+    res = ctr.resources
+    return {k: str(v) for k, v in ((res.limits or {}) if res else {}).items()}
+
+
+def _env(ctr: Any) -> dict[str, str]:
+    return {e.name: e.value for e in (ctr.env or []) if e.value is not None}
+
+
+def pod_view(pod: Any) -> PodView:
+    spec = pod.spec
+    ctrs = list(spec.init_containers or []) + list(spec.containers or [])
+    return PodView(
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        uid=pod.metadata.uid or "",
+        annotations=dict(pod.metadata.annotations or {}),
+        containers=tuple(ContainerView(c.name, _limits(c), _env(c)) for c in ctrs),
+        node_name=spec.node_name or "",
+        phase=(pod.status.phase if pod.status else "") or "",
+    )
+
+
+class Kube:
+    """Node- and pod-level operations the device plugin needs."""
+
+    def __init__(self, api: client.ApiClient, node_name: str) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.node_name = node_name
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def node(self) -> Any:
+        return await self.core.read_node(self.node_name)
+
+    async def node_annotations(self) -> tuple[dict[str, str], str]:
+        node = await self.node()
+        return dict(node.metadata.annotations or {}), node.metadata.resource_version
+
+    async def patch_node_annotations(self, values: Mapping[str, str | None], resource_version: str | None = None) -> None:
+        meta: dict[str, Any] = {"annotations": dict(values)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        await self.core.patch_node(self.node_name, {"metadata": meta}, _content_type=MERGE)
+
+    async def get_pod(self, namespace: str, name: str) -> PodView | None:
+        try:
+            return pod_view(await self.core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def pods_on_node(self) -> list[PodView]:
+        pods = await self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
+        return [pod_view(p) for p in pods.items]
+
+    async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None]) -> None:
+        body = {"metadata": {"annotations": dict(values)}}
+        await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
+
+    async def release_lock(self, pod: PodView | None, attempts: int = 5) -> bool:
+        """Remove the node lock if ``pod`` holds it (any lock when ``pod`` is None).
+
+        Returns True when the lock is gone afterwards (or belonged to another pod and is left).
+        """
+        delay = 0.05
+        for _ in range(attempts):
+            annotations, rv = await self.node_annotations()
+            value = annotations.get(NODE_LOCK)
+            if value is None:
+                return True
+            if pod is not None and not lock_owned_by(value, pod):
+                log.info("node lock %r belongs to another pod; left in place", value)
+                return True
+            try:
+                await self.patch_node_annotations({NODE_LOCK: None}, rv)
+                return True
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        return False

@@ -1,0 +1,191 @@
+"""Settings of the device plugin on this node (§7.1 node defaults, §7.2 ``config.json``).
+
+Precedence, lowest first: built-in defaults (the chart's values), the ``nvidia`` section of
+``device-config.yaml``, then the ``config.json`` entry whose ``name`` equals this node's name.
+Every value is validated once here; a bad value is one error naming the file, the field and
+the value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hami.config import NvidiaConfig, load_device_config
+from hami.core.errors import ConfigError
+
+
+class NodeConfigError(ValueError):
+    """A configuration file or value is invalid (the message names file, field and value)."""
+
+
+OperatingMode = Literal["hami-core", "mig", "mps"]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Everything the plugin needs to know about how to present this node's GPUs."""
+
+    resource_name: str = "nvidia.com/gpu"
+    priority_resource: str = "nvidia.com/priority"
+    device_split_count: int = 10
+    device_memory_scaling: float = 1.0
+    device_core_scaling: float = 1.0
+    preconfigured_device_memory: int = 0  # MiB; used when NVML cannot report memory
+    libcuda_log_level: str = ""  # "" = do not set LIBCUDA_LOG_LEVEL
+    enable_numa_topology: bool = False
+    operating_mode: str = "hami-core"
+    filter_uuids: frozenset[str] = field(default_factory=frozenset)
+    filter_indexes: frozenset[int] = field(default_factory=frozenset)
+    enable_preferred_allocation: bool = False
+    disable_core_limit: bool = False
+    gpu_core_policy: str = "default"
+
+    @property
+    def socket_name(self) -> str:
+        """``nvidia-<resource suffix>.sock``, e.g. ``nvidia-gpu.sock`` (§1.5)."""
+        return f"nvidia-{self.resource_name.rsplit('/', 1)[-1]}.sock"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
+
+
+class _FilterDevices(_Strict):
+    uuid: list[str] = Field(default_factory=list)
+    index: list[int] = Field(default_factory=list)
+
+
+class _NodeEntry(_Strict):
+    """One ``nodeconfig`` entry of config.json (lower-case keys, as HAMi reads them)."""
+
+    name: str
+    operatingmode: OperatingMode | None = None
+    devicememoryscaling: float | None = Field(default=None, gt=0)
+    devicecorescaling: float | None = Field(default=None, gt=0)
+    devicesplitcount: int | None = Field(default=None, ge=1, le=1024)
+    preconfigureddevicememory: int | None = Field(default=None, ge=0)
+    libcudaloglevel: str | int | None = None
+    enablenumatopology: bool | None = None
+    migstrategy: str | None = None
+    filterdevices: _FilterDevices | None = None
+    enablegetpreferredallocation: bool | None = None
+
+
+def _describe(exc: ValidationError, where: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{where}: field {loc!r}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+_JSON_MAP = {
+    "operatingmode": "operating_mode",
+    "devicememoryscaling": "device_memory_scaling",
+    "devicecorescaling": "device_core_scaling",
+    "devicesplitcount": "device_split_count",
+    "preconfigureddevicememory": "preconfigured_device_memory",
+    "libcudaloglevel": "libcuda_log_level",
+    "enablenumatopology": "enable_numa_topology",
+    "enablegetpreferredallocation": "enable_preferred_allocation",
+}
+
+
+def _overlay(base: NodeSettings, model: BaseModel, mapping: Mapping[str, str]) -> NodeSettings:
+    changes: dict[str, Any] = {}
+    for key, attr in mapping.items():
+        value = getattr(model, key)
+        if value is not None:
+            changes[attr] = str(value) if attr == "libcuda_log_level" else value
+    return replace(base, **changes)
+
+
+def apply_device_config(base: NodeSettings, nvidia: NvidiaConfig | None) -> NodeSettings:
+    """Overlay the ``nvidia`` section of device-config.yaml (parsed by :mod:`hami.config`)."""
+    if nvidia is None:
+        return base
+    return replace(
+        base,
+        resource_name=nvidia.resource_count_name,
+        priority_resource=nvidia.resource_priority_name,
+        device_split_count=nvidia.device_split_count,
+        device_memory_scaling=nvidia.device_memory_scaling,
+        device_core_scaling=nvidia.device_core_scaling,
+        preconfigured_device_memory=nvidia.pre_configured_device_memory,
+        libcuda_log_level=str(nvidia.lib_cuda_log_level),
+        enable_numa_topology=nvidia.enable_numa_topology,
+        disable_core_limit=nvidia.disable_core_limit,
+        gpu_core_policy=nvidia.gpu_core_policy,
+    )
+
+
+def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) -> NodeSettings:
+    """Overlay the ``config.json`` entry named ``node_name`` (other entries are not validated)."""
+    if doc is None:
+        return base
+    entries = doc.get("nodeconfig") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise NodeConfigError(f"{where}: field 'nodeconfig' must be a list of node entries, got {entries!r}")
+    mine = [(i, e) for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == node_name]
+    if len(mine) > 1:
+        raise NodeConfigError(f"{where}: node {node_name!r} has {len(mine)} entries in 'nodeconfig'; keep one")
+    if not mine:
+        return base
+    i, raw = mine[0]
+    try:
+        entry = _NodeEntry.model_validate(raw)
+    except ValidationError as exc:
+        raise NodeConfigError(_describe(exc, f"{where} nodeconfig[{i}] (node {node_name!r})")) from None
+    out = _overlay(base, entry, _JSON_MAP)
+    if entry.filterdevices is not None:
+        out = replace(
+            out,
+            filter_uuids=frozenset(entry.filterdevices.uuid),
+            filter_indexes=frozenset(entry.filterdevices.index),
+        )
+    return out
+
+
+def _read(path: Path, loader, what: str) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NodeConfigError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    try:
+        return loader(text)
+    except json.JSONDecodeError as exc:
+        raise NodeConfigError(f"{what} {path}: not valid ({exc})") from None
+
+
+def load_settings(
+    node_name: str,
+    device_config: str | Path | None = None,
+    node_config: str | Path | None = None,
+    base: NodeSettings | None = None,
+) -> NodeSettings:
+    """Defaults <- device-config.yaml ``nvidia`` <- config.json entry for ``node_name``.
+
+    Missing files are fine (the chart defaults of :class:`hami.config.NvidiaConfig` apply);
+    unreadable or invalid ones are errors.
+    """
+    nvidia = NvidiaConfig()
+    if device_config:
+        path = Path(device_config)
+        text = _read(path, str, "device-config")
+        if text is not None:
+            try:
+                nvidia = load_device_config(text, str(path)).nvidia or nvidia
+            except ConfigError as exc:
+                raise NodeConfigError(str(exc)) from None
+    settings = apply_device_config(base or NodeSettings(), nvidia)
+    if node_config:
+        path = Path(node_config)
+        settings = apply_node_config(settings, _read(path, json.loads, "config.json"), node_name, f"config.json {path}")
+    return settings

@@ -1,0 +1,87 @@
+"""Keeps ``hami.io/node-nvidia-register`` equal to what this node has (§4.3, §4.4).
+
+The annotation is rewritten only when its text would change (a health change, a config
+change, a restart with different GPUs, someone editing it). With every rewrite, and whenever
+the handshake reads ``Deleted_…`` (a stale verdict of an old scheduler, A3), the plugin writes
+``hami.io/node-handshake: Reported <time>`` so that any HAMi-compatible scheduler re-reads
+the node's devices. The loop runs every ``interval`` seconds, after ``retry`` seconds on an
+error, and at once when a device's health changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+from typing import Callable
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from hami.core.codec import encode_node_devices_json
+from hami.vendors.nvidia import NvidiaVendor
+
+from .devices import DeviceState
+from .kube import Kube
+
+log = logging.getLogger(__name__)
+
+REGISTER = NvidiaVendor.register_annotation
+HANDSHAKE = NvidiaVendor.handshake_annotation
+
+
+def handshake_value(now: datetime) -> str:
+    return f"Reported {now.strftime('%Y-%m-%d %H:%M:%S')}"
+
+
+def registration_patch(
+    state: DeviceState, annotations: dict[str, str], now: datetime
+) -> dict[str, str] | None:
+    """The annotations to write, or None when the node already says the right thing."""
+    value = encode_node_devices_json(state.registration())
+    patch: dict[str, str] = {}
+    if annotations.get(REGISTER) != value:
+        patch[REGISTER] = value
+    if patch or annotations.get(HANDSHAKE, "").startswith("Deleted"):
+        patch[HANDSHAKE] = handshake_value(now)
+    return patch or None
+
+
+class Registrar:
+    def __init__(
+        self,
+        kube: Kube,
+        state: DeviceState,
+        interval: float = 30.0,
+        retry: float = 5.0,
+        clock: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        self.kube = kube
+        self.state = state
+        self.interval = interval
+        self.retry = retry
+        self.clock = clock
+        self.writes = 0
+
+    async def sync_once(self) -> bool:
+        """Write the annotation if needed; True when something was written."""
+        annotations, _ = await self.kube.node_annotations()
+        patch = registration_patch(self.state, annotations, self.clock())
+        if patch is None:
+            return False
+        await self.kube.patch_node_annotations(patch)
+        self.writes += 1
+        log.info("node %s: wrote %s", self.kube.node_name, ", ".join(sorted(patch)))
+        return True
+
+    async def run(self) -> None:
+        seen = -1
+        while True:
+            delay = self.interval
+            try:
+                seen = self.state.version
+                await self.sync_once()
+            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                log.error("node %s: registration failed (%s); retrying in %.0fs", self.kube.node_name, exc, self.retry)
+                delay = self.retry
+            await self.state.wait_change(seen, timeout=delay)

@@ -1,0 +1,133 @@
+"""Allocate decisions without I/O: pod choice, container popping, env and mounts."""
+
+import pytest
+
+from hami.core.codec import encode_pod_devices
+from hami.core.types import ContainerDevice
+from hami.deviceplugin import allocate as A
+from hami.deviceplugin.nodeconfig import NodeSettings
+
+U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+
+def dev(uuid, mem, cores=0):
+    return ContainerDevice(uuid, "NVIDIA", mem, cores)
+
+
+def pod(annotation, containers=("main",), name="p", **extra):
+    ann = {A.TO_ALLOCATE: annotation} if annotation is not None else {}
+    ann.update(extra.pop("annotations", {}))
+    ctrs = tuple(c if isinstance(c, A.ContainerView) else A.ContainerView(c) for c in containers)
+    return A.PodView("ns", name, "uid-" + name, ann, ctrs, **extra)
+
+
+def test_parse_node_lock_forms():
+    assert A.parse_node_lock("2026-01-02T03:04:05Z,ns,p") == A.NodeLock("2026-01-02T03:04:05Z", "ns", "p")
+    assert A.parse_node_lock("2026-01-02T03:04:05Z") is None  # legacy: names no pod
+    assert A.parse_node_lock("garbage,ns,p") is None
+    assert A.parse_node_lock(None) is None
+
+
+def test_lock_owner_check():
+    p = pod("")
+    assert A.lock_owned_by("2026-01-02T03:04:05Z,ns,p", p)
+    assert not A.lock_owned_by("2026-01-02T03:04:05Z,ns,other", p)
+
+
+def candidate(name, **ann):
+    base = {A.BIND_TIME: "1", A.BIND_PHASE: "allocating", A.VGPU_NODE: "n1"}
+    base.update(ann)
+    return pod(encode_pod_devices([[dev(U0, 10)]]), name=name, annotations=base, phase="Pending")
+
+
+def test_choose_pending_single_candidate():
+    assert A.choose_pending([candidate("a"), candidate("b", **{A.VGPU_NODE: "n2"})], "n1").name == "a"
+
+
+def test_choose_pending_refuses_to_guess():
+    with pytest.raises(A.AllocationError, match=r"2 pods waiting .*\(ns/a, ns/b\); refusing to guess"):
+        A.choose_pending([candidate("b"), candidate("a")], "n1")
+
+
+def test_choose_pending_none():
+    with pytest.raises(A.AllocationError, match="no pod is waiting"):
+        A.choose_pending([candidate("a", **{A.BIND_PHASE: "failed"})], "n1")
+
+
+def test_pop_skips_empty_entries_and_blanks_the_taken_one():
+    p = pod(encode_pod_devices([[], [dev(U0, 3000)], [dev(U1, 5000)]]), containers=("init", "a", "b"))
+    pending = A.pending_devices(p)
+    g = A.pop_next(p, pending, 1)
+    assert (g.index, g.container.name, g.devices) == (1, "a", (dev(U0, 3000),))
+    assert A.remainder(pending) == f";;{U1},NVIDIA,5000,0:;"
+    assert not A.all_done(pending)
+    g2 = A.pop_next(p, pending, 1)
+    assert g2.container.name == "b" and A.all_done(pending) and A.remainder(pending) == ";;;"
+
+
+def test_pop_count_mismatch_names_pod_and_container():
+    p = pod(encode_pod_devices([[dev(U0, 1), dev(U1, 1)]]))
+    with pytest.raises(A.AllocationError, match=r"pod ns/p: container 'main' has 2 GPU\(s\).*asked for 1"):
+        A.pop_next(p, A.pending_devices(p), 1)
+
+
+def test_pop_when_nothing_left():
+    p = pod(";")
+    with pytest.raises(A.AllocationError, match="no container left"):
+        A.pop_next(p, A.pending_devices(p), 1)
+
+
+@pytest.mark.parametrize("value", ["GPU-x,NVIDIA;", "GPU-x,NVIDIA,lots,0:;"])
+def test_garbled_annotation_is_a_clear_error(value):
+    with pytest.raises(A.AllocationError, match=f"pod ns/p: annotation {A.TO_ALLOCATE}=.* is invalid"):
+        A.pending_devices(pod(value))
+
+
+def test_missing_annotation():
+    with pytest.raises(A.AllocationError, match="is missing"):
+        A.pending_devices(pod(None))
+
+
+def test_more_entries_than_containers():
+    with pytest.raises(A.AllocationError, match="2 container entries but the pod has 1"):
+        A.pending_devices(pod(encode_pod_devices([[dev(U0, 1)], [dev(U1, 1)]])))
+
+
+def test_response_env_and_mounts():
+    paths = A.HookPaths("/opt/h", "/tmp/vl")
+    settings = NodeSettings(device_memory_scaling=2.0, libcuda_log_level="1", gpu_core_policy="force")
+    ctr = A.ContainerView("main", limits={"nvidia.com/priority": "0"})
+    p = pod("", containers=(ctr,))
+    r = A.build_response(p, A.Grant(0, ctr, (dev(U0, 3000, 30), dev(U1, 4000, 50))), settings, paths)
+    cache = A.cache_file_name("uid-p", "main")
+    assert r.envs == {
+        "NVIDIA_VISIBLE_DEVICES": f"{U0},{U1}",
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1": "4000m",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"/opt/h/vgpu/{cache}",
+        "CUDA_OVERSUBSCRIBE": "true",
+        "LIBCUDA_LOG_LEVEL": "1",
+        "CUDA_TASK_PRIORITY": "0",
+        "GPU_CORE_UTILIZATION_POLICY": "force",
+    }
+    assert r.cache_dir == "/opt/h/vgpu/containers/uid-p_main"
+    assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == [
+        ("/opt/h/vgpu/libvgpu.so", "/opt/h/vgpu/libvgpu.so", True),
+        ("/opt/h/vgpu", "/opt/h/vgpu/containers/uid-p_main", False),
+        ("/tmp/vgpulock", "/tmp/vl", False),
+        ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True),
+    ]
+
+
+def test_response_defaults_and_disable_control():
+    ctr = A.ContainerView("c", env={"CUDA_DISABLE_CONTROL": "true"})
+    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(disable_core_limit=True), A.HookPaths())
+    assert "CUDA_OVERSUBSCRIBE" not in r.envs and "CUDA_TASK_PRIORITY" not in r.envs and "LIBCUDA_LOG_LEVEL" not in r.envs
+    assert r.envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    assert "/etc/ld.so.preload" not in [m.container_path for m in r.mounts]
+
+
+def test_cache_file_is_deterministic_and_per_container():
+    assert A.cache_file_name("u", "a") == A.cache_file_name("u", "a") != A.cache_file_name("u", "b")
