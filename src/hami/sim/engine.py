@@ -1,0 +1,168 @@
+"""The simulation: Kubernetes objects in, placement report out (no I/O here).
+
+Pods go through the same admission defaults (:func:`hami.core.admit_pod`) and the same
+:func:`hami.core.schedule_pod` the extender uses. A pod document with
+``metadata.deletionTimestamp`` deletes that pod; a pod that already carries
+``hami.io/vgpu-node`` and allocation annotations is taken as already placed; a ResourceQuota
+document sets namespace quota from that point on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from hami.core import (
+    CoreError,
+    Ledger,
+    SchedulerConfig,
+    admit_pod,
+    allocation_from_pod,
+    node_devices_from_object,
+    pod_key,
+    schedule_pod,
+)
+from hami.core.requests import pod_name
+
+
+class SimulationError(Exception):
+    """Bad input that stops the run; the message is the one line to print."""
+
+
+@dataclass
+class PodOutcome:
+    namespace: str
+    name: str
+    status: str  # "scheduled" | "pending" | "no-devices" | "pre-placed" | "deleted"
+    node: str | None = None
+    containers: list[dict] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SimResult:
+    pods: list[PodOutcome]
+    devices: list[dict]
+    warnings: list[str]
+
+
+def _objects(docs: Iterable[Any], source: str) -> list[dict]:
+    out: list[dict] = []
+    for i, doc in enumerate(docs):
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            raise SimulationError(f"{source}: document {i + 1} is not a Kubernetes object (got {type(doc).__name__})")
+        if doc.get("kind") == "List" or ("items" in doc and "kind" not in doc) or str(doc.get("kind", "")).endswith("List"):
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                raise SimulationError(f"{source}: document {i + 1}: items must be a list")
+            out.extend(_objects(items, source))
+        else:
+            out.append(doc)
+    return out
+
+
+def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict]:
+    from hami.core.requests import ordered_containers
+
+    out = []
+    for ci, (c, _) in enumerate(ordered_containers(pod)):
+        devs = []
+        for vendor in sorted(devices):
+            per = devices[vendor]
+            if ci < len(per):
+                devs.extend({"uuid": d.uuid, "type": d.type, "usedmem": d.usedmem, "usedcores": d.usedcores} for d in per[ci])
+        out.append({"name": c.get("name") or str(ci), "devices": devs})
+    return out
+
+
+def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
+    ledger = Ledger()
+    warnings: list[str] = []
+    for obj in _objects(node_docs, source):
+        name = (obj.get("metadata") or {}).get("name") or "?"
+        if obj.get("kind", "Node") != "Node":
+            warnings.append(f"{source}: skipping {obj.get('kind')} {name}: not a Node")
+            continue
+        try:
+            nd = node_devices_from_object(obj, config.vendors)
+        except CoreError as exc:
+            warnings.append(f"skipping node {name}: {exc}")
+            continue
+        if not nd.devices:
+            keys = ", ".join(v.register_annotation for v in config.vendors)
+            warnings.append(f"skipping node {name}: no device registration annotation ({keys})")
+            continue
+        ledger.set_node(nd)
+    if not ledger.node_names():
+        raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation)")
+    return ledger, warnings
+
+
+def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: SchedulerConfig,
+             now: float = 0.0, sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
+    ledger, warnings = load_nodes(node_docs, config, sources[0])
+    outcomes: dict[str, PodOutcome] = {}
+    for obj in _objects(pod_docs, sources[1]):
+        kind = obj.get("kind", "Pod")
+        meta = obj.get("metadata") or {}
+        if kind == "ResourceQuota":
+            try:
+                ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
+                                 (obj.get("spec") or {}).get("hard") or {}, config.vendors)
+            except CoreError as exc:
+                raise SimulationError(f"{sources[1]}: {exc}") from None
+            continue
+        if kind != "Pod":
+            warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod")
+            continue
+        key = pod_key(obj)
+        if meta.get("deletionTimestamp"):
+            ledger.remove_pod(key)
+            if key in outcomes:
+                outcomes[key].status = "deleted"
+            else:
+                warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
+            continue
+        outcomes.pop(key, None)
+        outcomes[key] = _place(obj, ledger, config, now, sources[1])
+    return SimResult(pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings)
+
+
+def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, source: str) -> PodOutcome:
+    meta = pod.get("metadata") or {}
+    out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
+    try:
+        existing = allocation_from_pod(pod, config.vendors)
+        if existing is not None:
+            ledger.add_pod(existing)
+            out.status, out.node = "pre-placed", existing.node
+            out.containers = _containers(pod, existing.devices)
+            return out
+        admitted, _ = admit_pod(pod, config.vendors)
+        result = schedule_pod(admitted, None, ledger, config, now)
+    except CoreError as exc:
+        raise SimulationError(f"{source}: {exc}") from None
+    if not result.needs_devices:
+        out.status = "no-devices"
+        out.containers = _containers(admitted, {})
+    elif result.node is None:
+        out.reasons = result.reasons()
+        out.containers = _containers(admitted, {})
+    else:
+        out.status, out.node = "scheduled", result.node
+        out.containers = _containers(admitted, result.allocation.devices)
+    return out
+
+
+def _devices(ledger: Ledger) -> list[dict]:
+    rows = []
+    for node in ledger.node_names():
+        for d, used, usedmem, usedcores in ledger.device_usage(node):
+            rows.append({
+                "node": node, "uuid": d.id, "index": d.index, "type": d.type, "used": used, "count": d.count,
+                "usedmem": usedmem, "totalmem": d.devmem, "usedcores": usedcores, "totalcore": d.devcore,
+                "health": d.health, "cordoned": d.id in ledger.node(node).cordoned,
+            })
+    return rows

@@ -1,0 +1,75 @@
+"""Render a :class:`~hami.sim.engine.SimResult` as JSON or as a table for a person."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from .engine import SimResult
+
+
+def to_json(result: SimResult) -> str:
+    pods = [
+        {"namespace": p.namespace, "name": p.name, "node": p.node, "status": p.status,
+         "containers": p.containers, "reasons": p.reasons}
+        for p in result.pods
+    ]
+    return json.dumps({"pods": pods, "devices": result.devices, "warnings": result.warnings}, indent=2)
+
+
+def _bar(used: int, total: int, width: int = 10) -> str:
+    filled = 0 if total <= 0 else min(width, round(width * used / total))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}G"
+
+
+def to_table(result: SimResult) -> str:
+    lines: list[str] = []
+    lines.append("DEVICES")
+    lines.append(f"  {'NODE':<14} {'IDX':>3} {'TYPE':<24} {'TASKS':>6}  {'MEMORY':<28} {'CORES':<22} NOTE")
+    for d in result.devices:
+        note = "unhealthy" if not d["health"] else "cordoned" if d["cordoned"] else ""
+        mem = f"{_bar(d['usedmem'], d['totalmem'])} {_gib(d['usedmem'])}/{_gib(d['totalmem'])}"
+        cores = f"{_bar(d['usedcores'], d['totalcore'])} {d['usedcores']}/{d['totalcore']}"
+        lines.append(
+            f"  {d['node']:<14} {d['index']:>3} {d['type'][:24]:<24} {str(d['used']) + '/' + str(d['count']):>6}  "
+            f"{mem:<28} {cores:<22} {note}".rstrip()
+        )
+    lines.append("")
+    lines.append("PODS")
+    lines.append(f"  {'POD':<34} {'STATUS':<10} {'NODE':<14} DEVICES")
+    for p in result.pods:
+        devs = "; ".join(
+            f"{c['name']}: " + ", ".join(f"{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%" for d in c["devices"])
+            for c in p.containers if c["devices"]
+        )
+        lines.append(f"  {p.namespace + '/' + p.name:<34} {p.status:<10} {p.node or '-':<14} {devs}".rstrip())
+    lines.append("")
+    lines.extend(_summary(result))
+    return "\n".join(lines)
+
+
+def _summary(result: SimResult) -> list[str]:
+    devs = result.devices
+    used = sum(1 for d in devs if d["used"] > 0)
+    mem = sum(d["usedmem"] for d in devs)
+    total_mem = sum(d["totalmem"] for d in devs)
+    cores = sum(d["usedcores"] for d in devs)
+    total_cores = sum(d["totalcore"] for d in devs)
+    pending = [p for p in result.pods if p.status == "pending"]
+    counts = Counter(p.status for p in result.pods)
+    out = [
+        "SUMMARY",
+        f"  GPUs in use:      {used}/{len(devs)}",
+        f"  memory allocated: {_gib(mem)} of {_gib(total_mem)} ({100 * mem / total_mem if total_mem else 0:.0f}%)",
+        f"  cores allocated:  {cores} of {total_cores} ({100 * cores / total_cores if total_cores else 0:.0f}%)",
+        "  pods:             " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+    ]
+    for p in pending:
+        out.append(f"  pending {p.namespace}/{p.name}:")
+        for node, reason in p.reasons.items():
+            out.append(f"    {node}: {reason}")
+    return out
