@@ -1,0 +1,1 @@
+"""Developer tools: the local Kubernetes control plane used by the integration tests."""
