@@ -30,6 +30,13 @@ command -v go >/dev/null || die "go is not on PATH; install Go to build the Kube
 command -v python3 >/dev/null || die "python3 is not on PATH"
 mkdir -p "$BIN" "$WORK"
 
+# One install at a time per cache (several checkouts may run `make test` at once).
+exec 9>"$CACHE/kube/.install.lock"
+if ! flock -n 9; then
+    log "another install-kube.sh is running on $CACHE/kube; waiting for it"
+    flock 9
+fi
+
 # Copies the replace directives of an upstream go.mod into the current throwaway module.
 # Replacements by another module are kept as they are; replacements by a local directory
 # (Kubernetes staging, etcd sibling modules) become the published module at $2.
