@@ -1,0 +1,89 @@
+"""The device plugin's NVML code against the project's fake libnvidia-ml.so.1 (subprocesses:
+the fake reads its GPU list once per process, from the environment)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+DEVICES = "name=Tesla T4,memory=16G,pci=0000:3b:00.0;name=NVIDIA A100-SXM4-40GB,memory=40G,pci=0000:5e:00.0"
+G0 = "GPU-f00dfeed-0000-4000-8000-000000000000"
+G1 = "GPU-f00dfeed-0000-4000-8000-000000000001"
+
+
+@pytest.fixture(autouse=True)
+def _need_fake():
+    if not FAKE_NVML.exists():
+        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
+
+
+def env(tmp_path, **extra):
+    return {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src"), **extra}
+
+
+def hami(*args, tmp_path, **kw):
+    return subprocess.run([sys.executable, "-m", "hami", "device-plugin", *args], env=env(tmp_path), capture_output=True,
+                          text=True, timeout=60, **kw)
+
+
+def test_dry_run_discovers_fake_gpus_with_config_and_numa(tmp_path):
+    d = tmp_path / "sys/bus/pci/devices/0000:5e:00.0"
+    d.mkdir(parents=True)
+    (d / "numa_node").write_text("1\n")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 3, "devicememoryscaling": 2,
+                                               "filterdevices": {"index": [0]}}]}))
+    out = hami("--dry-run", "--node-name", "n1", "--node-config", str(cfg), "--sysfs-root", str(tmp_path / "sys"),
+               "--nvml-library", str(FAKE_NVML), tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [(g["uuid"], g["model"], g["memoryMiB"], g["busId"], g["numa"]) for g in doc["gpus"]] == [
+        (G1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1)]
+    assert doc["kubeletDevices"] == 3
+    reg = json.loads(doc["annotations"]["hami.io/node-nvidia-register"])
+    assert reg == [{"id": G1, "index": 1, "count": 3, "devmem": 81920, "devcore": 100, "type": "NVIDIA A100-SXM4-40GB",
+                    "numa": 1, "mode": "hami-core", "health": True}]
+
+
+def test_refuses_without_nvml(tmp_path):
+    out = hami("--node-name", "n1", "--nvml-library", str(tmp_path / "missing.so"), tmp_path=tmp_path)
+    assert out.returncode == 3
+    assert "refusing to start: NVML could not be loaded" in out.stderr and "NVIDIA driver" in out.stderr
+
+
+def test_bad_node_config_is_one_clear_line(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": "many"}]}))
+    out = hami("--node-name", "n1", "--node-config", str(cfg), "--nvml-library", str(FAKE_NVML), tmp_path=tmp_path)
+    assert out.returncode == 2 and "field 'devicesplitcount'" in out.stderr and "'many'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_xid_watcher_reports_critical_xids_only(tmp_path):
+    script = textwrap.dedent(f"""
+        import time
+        from hami.deviceplugin.discovery import open_nvml, XidWatcher
+        open_nvml({str(FAKE_NVML)!r})
+        got = []
+        w = XidWatcher([{G0!r}, {G1!r}], got.append, wait_ms=100)
+        w.start()
+        time.sleep(0.3)
+        open({str(tmp_path / 'xid')!r}, "w").write("0 13\\n{G1} 79\\n")
+        deadline = time.time() + 10
+        while not got and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        w.stop()
+        print(got)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([[G1]])
