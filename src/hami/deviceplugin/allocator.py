@@ -72,6 +72,13 @@ class Allocator:
             pod = await self.kube.get_pod(lock.namespace, lock.name)
             if pod is None:
                 return None, raw
+            if pod.node_name != self.node:
+                # The kubelet only admits pods bound to it: the lock's pod is not the one being
+                # admitted (its Bind is still in flight). Fail this call, touch nothing of that pod.
+                raise _NotThisPod(
+                    f"node {self.node}: the node lock names pod {pod.ref}, which is not bound to this node yet; "
+                    "the pod being admitted is not known, the kubelet will retry"
+                )
             return pod, None
         return A.choose_pending(await self.kube.pods_on_node(), self.node), None
 
@@ -79,7 +86,11 @@ class Allocator:
         async with self._lock:
             pod: A.PodView | None = None
             try:
-                pod, stale = await self.find_pod()
+                try:
+                    pod, stale = await self.find_pod()
+                except _NotThisPod as exc:
+                    log.error("Allocate failed: %s", exc)
+                    raise A.AllocationError(str(exc)) from None
                 if pod is None:
                     await self._drop_stale_lock(stale)
                     raise A.AllocationError(
@@ -111,8 +122,16 @@ class Allocator:
         names = ", ".join(g.container.name for g in grants)
         log.info("pod %s: allocated container(s) %s%s", pod.ref, names, " (pod complete)" if done else "")
         if done:
-            await self.kube.release_lock(pod)
+            await self._release_after_success(pod)
         return responses
+
+    async def _release_after_success(self, pod: A.PodView) -> None:
+        """The pod is allocated whatever happens here; a failed release is logged, not fatal."""
+        try:
+            if not await self.kube.release_lock(pod):
+                log.error("node %s: node lock of pod %s still held after retries", self.node, pod.ref)
+        except (ApiException, aiohttp.ClientError) as exc:
+            log.error("node %s: cannot release the node lock of pod %s: %s", self.node, pod.ref, _brief(exc))
 
     async def _fail(self, pod: A.PodView | None, msg: str) -> None:
         log.error("Allocate failed: %s", msg)
@@ -134,6 +153,10 @@ class Allocator:
                 await self.kube.patch_node_annotations({A.NODE_LOCK: None}, rv)
             except ApiException as exc:
                 log.error("node %s: cannot release stale lock: %s", self.node, _brief(exc))
+
+
+class _NotThisPod(Exception):
+    """The lock names a pod the kubelet cannot be admitting (not bound here)."""
 
 
 def _brief(exc: Exception) -> str:
