@@ -1,0 +1,1925 @@
+/* Fake libcuda.so.1: a CUDA driver API without a GPU, for tests.
+ *
+ * Devices come from the fake GPU configuration (fg.h). Device memory is bookkeeping only
+ * (no backing store): every allocation is charged, rounded to the driver granularity, to
+ * the calling process in the shared state file, so over-allocating the device fails with
+ * CUDA_ERROR_OUT_OF_MEMORY across processes, and the fake NVML sees per-process usage.
+ * Kernels "run" for a time derived from the kernel name and the grid; the device executes
+ * one kernel at a time (across all processes), streams and events wait for completion.
+ * Prototypes are checked against NVIDIA's cuda.h (all API versions declared). */
+#define _GNU_SOURCE
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include "../common/ptrmap.h"
+#include "fg.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { M_CTX = 0x43545831, M_STREAM, M_EVENT, M_MODULE, M_FUNC, M_GRAPH, M_EXEC, M_POOL, M_ARRAY,
+       M_MIPMAP, M_VMM, M_NODE };
+enum { K_DEVICE = 1, K_MANAGED, K_PITCH, K_ASYNC, K_HOST, K_HOSTREG, K_VMM_MAP };
+
+struct CUctx_st {
+    unsigned magic;
+    int dev;       /* CUDA ordinal */
+    int primary;
+    int refcount;
+    unsigned flags;
+    unsigned long long busy_until;
+};
+
+struct CUstream_st {
+    unsigned magic;
+    struct CUctx_st *ctx;
+    unsigned flags;
+    unsigned long long busy_until;
+};
+
+struct CUevent_st {
+    unsigned magic;
+    unsigned flags;
+    unsigned long long time;
+    int recorded;
+};
+
+struct CUmod_st {
+    unsigned magic;
+};
+
+struct CUfunc_st {
+    unsigned magic;
+    unsigned long long ns_per_wave;
+    char name[128];
+};
+
+typedef struct {
+    struct CUfunc_st *f;
+    unsigned gx, gy, gz;
+} fg_knode;
+
+struct CUgraphNode_st {
+    unsigned magic;
+};
+
+struct CUgraph_st {
+    unsigned magic;
+    int n, cap;
+    fg_knode *nodes;
+};
+
+struct CUgraphExec_st {
+    unsigned magic;
+    int n;
+    fg_knode *nodes;
+};
+
+struct CUmemPoolHandle_st {
+    unsigned magic;
+    int dev;
+    unsigned long long reserved, used, reserved_high, used_high, threshold;
+};
+
+struct CUarray_st {
+    unsigned magic;
+    int dev;
+    unsigned long long size;
+};
+
+struct CUmipmappedArray_st {
+    unsigned magic;
+    int dev;
+    unsigned long long size;
+};
+
+typedef struct {
+    unsigned magic;
+    int dev;
+    int refs; /* 1 for the handle + 1 per mapping */
+    unsigned long long size;
+} fg_vmm;
+
+/* ---- process-local state ---- */
+static int g_inited;
+static int g_nvis;
+static int g_vis[FG_MAX_DEV]; /* CUDA ordinal -> fake device index */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static ptrmap g_allocs; /* device pointer -> record (under g_mu) */
+static unsigned long long g_next_va = 0x7f0000000000ULL;
+static struct CUctx_st g_primary[FG_MAX_DEV];
+static struct CUmemPoolHandle_st g_default_pool[FG_MAX_DEV];
+static struct CUmemPoolHandle_st *g_cur_pool[FG_MAX_DEV];
+static struct CUstream_st g_null_stream[FG_MAX_DEV];
+static __thread struct CUstream_st t_pt_stream[FG_MAX_DEV];
+static __thread struct CUctx_st *t_ctx[16];
+static __thread int t_depth;
+
+static const fg_dev_cfg *devcfg(int cuda_dev)
+{
+    return &fg_cfg()->dev[g_vis[cuda_dev]];
+}
+
+static int valid_dev(CUdevice d)
+{
+    return d >= 0 && d < g_nvis;
+}
+
+static struct CUctx_st *cur_ctx(void)
+{
+    return t_depth ? t_ctx[t_depth - 1] : NULL;
+}
+
+#define NEED_INIT()                                                                                \
+    do {                                                                                           \
+        if (!__atomic_load_n(&g_inited, __ATOMIC_ACQUIRE))                                         \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
+
+#define NEED_CTX(c)                                                                                \
+    NEED_INIT();                                                                                   \
+    struct CUctx_st *c = cur_ctx();                                                                \
+    if (!c || c->magic != M_CTX)                                                                   \
+        return CUDA_ERROR_INVALID_CONTEXT;
+
+/* Charge (delta > 0) or release (delta < 0) device memory of this process. */
+static CUresult charge(int cuda_dev, long long delta, int ctx_delta)
+{
+    int dev = g_vis[cuda_dev];
+    unsigned long long cap = fg_cfg()->dev[dev].memory;
+    CUresult r = CUDA_SUCCESS;
+    fg_lock();
+    fg_proc *p = fg_proc_slot(getpid(), 1);
+    if (!p) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (delta > 0) {
+        unsigned long long used = fg_dev_used(dev);
+        if (used + (unsigned long long)delta > cap) {
+            fg_reap();
+            used = fg_dev_used(dev);
+        }
+        if (used + (unsigned long long)delta > cap)
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            p->used[dev] += (unsigned long long)delta;
+    } else {
+        unsigned long long d = (unsigned long long)(-delta);
+        p->used[dev] = p->used[dev] > d ? p->used[dev] - d : 0;
+    }
+    if (r == CUDA_SUCCESS && p) {
+        if (ctx_delta > 0 || p->contexts[dev] > 0)
+            p->contexts[dev] += (unsigned long long)(long long)ctx_delta;
+    }
+    fg_unlock();
+    return r;
+}
+
+static unsigned long long new_va(unsigned long long size)
+{
+    unsigned long long a = size >= FG_LARGE_ALIGN ? FG_LARGE_ALIGN : FG_SMALL_ALIGN;
+    unsigned long long r = fg_round_alloc(size ? size : 1);
+    pthread_mutex_lock(&g_mu);
+    g_next_va = (g_next_va + a - 1) / a * a;
+    unsigned long long p = g_next_va;
+    g_next_va += r + a; /* guard gap */
+    pthread_mutex_unlock(&g_mu);
+    return p;
+}
+
+static CUresult alloc_dev(CUdeviceptr *dptr, unsigned long long size, int kind, int cuda_dev,
+                          unsigned long long aux, unsigned long long charged)
+{
+    CUresult r = charged ? charge(cuda_dev, (long long)charged, 0) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    unsigned long long p = new_va(size);
+    ptrmap_val v = {.size = charged, .aux = aux, .dev = cuda_dev, .kind = kind};
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_allocs, p, v);
+    pthread_mutex_unlock(&g_mu);
+    *dptr = (CUdeviceptr)p;
+    return CUDA_SUCCESS;
+}
+
+/* ---- init, version, errors ---- */
+
+static void parse_visible(void)
+{
+    const fg_config *c = fg_cfg();
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    g_nvis = 0;
+    if (!v) {
+        for (int i = 0; i < c->count; i++)
+            g_vis[g_nvis++] = i;
+        return;
+    }
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && g_nvis < FG_MAX_DEV; t = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*t))
+            t++;
+        int found = -1;
+        if (!strncmp(t, "GPU-", 4)) {
+            for (int i = 0; i < c->count; i++)
+                if (!strncmp(c->dev[i].uuid, t, strlen(t)))
+                    found = i;
+        } else {
+            char *end;
+            long n = strtol(t, &end, 10);
+            if (end != t && !*end && n >= 0 && n < c->count)
+                found = (int)n;
+        }
+        if (found < 0)
+            break; /* like the real driver: an invalid entry ends the list */
+        g_vis[g_nvis++] = found;
+    }
+}
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (!g_inited) {
+        fg_cfg();
+        fg_st();
+        parse_visible();
+        for (int i = 0; i < g_nvis; i++) {
+            g_primary[i] = (struct CUctx_st){.magic = M_CTX, .dev = i, .primary = 1};
+            g_default_pool[i] = (struct CUmemPoolHandle_st){.magic = M_POOL, .dev = i};
+            g_cur_pool[i] = &g_default_pool[i];
+            g_null_stream[i] = (struct CUstream_st){.magic = M_STREAM, .ctx = &g_primary[i]};
+        }
+        __atomic_store_n(&g_inited, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return g_nvis ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v)
+{
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 12040;
+    return CUDA_SUCCESS;
+}
+
+static const struct { CUresult code; const char *name, *text; } g_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+     "too many blocks in cooperative launch"},
+};
+
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+        if (g_errors[i].code == e) {
+            *s = g_errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+        if (g_errors[i].code == e) {
+            *s = g_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *s = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id)
+{
+    (void)id;
+    if (table)
+        *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- devices ---- */
+
+EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    NEED_INIT();
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = g_nvis;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    NEED_INIT();
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    NEED_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "%s", devcfg(dev)->name);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    NEED_INIT();
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, devcfg(dev)->uuid_bytes, 16);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev)
+{
+    NEED_INIT();
+    if (!bus || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    const fg_dev_cfg *d = devcfg(dev);
+    snprintf(bus, (size_t)len, "%04X:%02X:%02X.0", d->domain, d->bus, d->device);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus)
+{
+    NEED_INIT();
+    if (!dev || !bus)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned dom = 0, b, d, f;
+    if (sscanf(bus, "%x:%x:%x.%x", &dom, &b, &d, &f) != 4 &&
+        (dom = 0, sscanf(bus, "%x:%x.%x", &b, &d, &f) != 3))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < g_nvis; i++) {
+        const fg_dev_cfg *c = devcfg(i);
+        if (c->domain == dom && c->bus == b && c->device == d) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    NEED_INIT();
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = devcfg(dev)->memory;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t b;
+    CUresult r = cuDeviceTotalMem_v2(&b, dev);
+    if (r == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffULL ? 0xffffffffU : (unsigned)b;
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    NEED_INIT();
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    const fg_dev_cfg *d = devcfg(dev);
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = d->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = (int)FG_BLOCKS_PER_SM * 2; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = d->cc_major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = d->cc_minor; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = (int)d->bus; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = (int)d->device; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = (int)d->domain; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1980000; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+        *pi = 1;
+        break;
+    default: *pi = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    NEED_INIT();
+    if (!can)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev) || !valid_dev(peer))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+static void push_ctx(struct CUctx_st *c)
+{
+    if (t_depth < 16)
+        t_ctx[t_depth++] = c;
+    else
+        t_ctx[15] = c;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct CUctx_st *c = &g_primary[dev];
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (c->refcount == 0)
+        r = charge(dev, (long long)fg_cfg()->ctx_mem, 1);
+    if (r == CUDA_SUCCESS)
+        c->refcount++;
+    pthread_mutex_unlock(&g_mu);
+    if (r == CUDA_SUCCESS)
+        *pctx = c;
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct CUctx_st *c = &g_primary[dev];
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (c->refcount == 0)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--c->refcount == 0)
+        charge(dev, -(long long)fg_cfg()->ctx_mem, -1);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    NEED_INIT();
+    if (!flags || !active)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *flags = g_primary[dev].flags;
+    *active = g_primary[dev].refcount > 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    g_primary[dev].flags = flags;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags)
+{
+    return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = charge(dev, (long long)fg_cfg()->ctx_mem, 1);
+    if (r != CUDA_SUCCESS) {
+        free(c);
+        return r;
+    }
+    *c = (struct CUctx_st){.magic = M_CTX, .dev = dev, .flags = flags, .refcount = 1};
+    push_ctx(c);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return ctx_create(pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags,
+                               CUdevice dev)
+{
+    (void)p;
+    (void)n;
+    return ctx_create(pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev)
+{
+    (void)p;
+    return ctx_create(pctx, flags, dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    if (!ctx || ctx->magic != M_CTX || ctx->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; i < t_depth; i++)
+        if (t_ctx[i] == ctx) {
+            memmove(&t_ctx[i], &t_ctx[i + 1], sizeof t_ctx[0] * (size_t)(t_depth - i - 1));
+            t_depth--;
+            i--;
+        }
+    charge(ctx->dev, -(long long)fg_cfg()->ctx_mem, -1);
+    ctx->magic = 0;
+    free(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = cur_ctx();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    NEED_INIT();
+    if (ctx && ctx->magic != M_CTX)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx) {
+        if (t_depth)
+            t_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (t_depth)
+        t_ctx[t_depth - 1] = ctx;
+    else
+        push_ctx(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    NEED_INIT();
+    if (!ctx || ctx->magic != M_CTX)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    push_ctx(ctx);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!t_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = t_ctx[--t_depth];
+    if (pctx)
+        *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    NEED_CTX(c);
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dev = c->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void)
+{
+    NEED_CTX(c);
+    fg_sleep_until(__atomic_load_n(&c->busy_until, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
+{
+    NEED_CTX(c);
+    if (!free_b || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = g_vis[c->dev];
+    unsigned long long cap = fg_cfg()->dev[dev].memory;
+    fg_lock();
+    fg_reap();
+    unsigned long long used = fg_dev_used(dev);
+    fg_unlock();
+    *total = cap;
+    *free_b = used > cap ? 0 : cap - used;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total)
+{
+    size_t f, t;
+    CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (r == CUDA_SUCCESS) {
+        *free_b = f > 0xffffffffULL ? 0xffffffffU : (unsigned)f;
+        *total = t > 0xffffffffULL ? 0xffffffffU : (unsigned)t;
+    }
+    return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    NEED_CTX(c);
+    if (!dptr || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_dev(dptr, size, K_DEVICE, c->dev, 0, fg_round_alloc(size));
+}
+
+EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int size)
+{
+    (void)dptr;
+    (void)size;
+    return CUDA_ERROR_NOT_SUPPORTED; /* 32-bit pointers cannot hold our addresses */
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    NEED_CTX(c);
+    if (!dptr || size == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_dev(dptr, size, K_MANAGED, c->dev, 0, fg_round_alloc(size));
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int elem)
+{
+    NEED_CTX(c);
+    if (!dptr || !pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) / 512 * 512;
+    CUresult r = alloc_dev(dptr, p * height, K_PITCH, c->dev, 0, fg_round_alloc(p * height));
+    if (r == CUDA_SUCCESS)
+        *pitch = p;
+    return r;
+}
+
+static CUresult free_dev(CUdeviceptr dptr, int want_async)
+{
+    ptrmap_val v = {0};
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *pv = ptrmap_get(&g_allocs, dptr);
+    int ok = pv && pv->kind != K_HOST && pv->kind != K_HOSTREG && pv->kind != K_VMM_MAP;
+    if (ok)
+        ptrmap_del(&g_allocs, dptr, &v);
+    pthread_mutex_unlock(&g_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (v.kind == K_ASYNC) {
+        struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)(uintptr_t)v.aux;
+        pthread_mutex_lock(&g_mu);
+        pool->used -= v.size;
+        unsigned long long keep = pool->used + pool->threshold;
+        long long rel = pool->reserved > keep ? (long long)(pool->reserved - keep) : 0;
+        rel = rel / (long long)FG_LARGE_ALIGN * (long long)FG_LARGE_ALIGN;
+        pool->reserved -= (unsigned long long)rel;
+        pthread_mutex_unlock(&g_mu);
+        if (rel)
+            charge(v.dev, -rel, 0);
+        return CUDA_SUCCESS;
+    }
+    (void)want_async;
+    if (v.size)
+        charge(v.dev, -(long long)v.size, 0);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    NEED_INIT();
+    if (!dptr)
+        return CUDA_SUCCESS;
+    return free_dev(dptr, 0);
+}
+
+EXPORT CUresult cuMemFree(unsigned int dptr) { return cuMemFree_v2(dptr); }
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(&g_allocs, dptr);
+    ptrmap_val copy = v ? *v : (ptrmap_val){0};
+    pthread_mutex_unlock(&g_mu);
+    if (!v)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = dptr;
+    if (size)
+        *size = copy.size;
+    return CUDA_SUCCESS;
+}
+
+static CUresult host_alloc(void **pp, size_t size, int kind)
+{
+    NEED_CTX(c);
+    if (!pp || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_allocs, (uint64_t)(uintptr_t)p, (ptrmap_val){.size = size, .dev = c->dev, .kind = kind});
+    pthread_mutex_unlock(&g_mu);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return host_alloc(pp, size, K_HOST); }
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+    (void)flags;
+    return host_alloc(pp, size, K_HOST);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    NEED_INIT();
+    ptrmap_val v = {0};
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *pv = ptrmap_get(&g_allocs, (uint64_t)(uintptr_t)p);
+    int ok = pv && pv->kind == K_HOST;
+    if (ok)
+        ptrmap_del(&g_allocs, (uint64_t)(uintptr_t)p, &v);
+    pthread_mutex_unlock(&g_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
+{
+    NEED_CTX(c);
+    (void)flags;
+    if (!p || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_allocs, (uint64_t)(uintptr_t)p, (ptrmap_val){.size = size, .dev = c->dev, .kind = K_HOSTREG});
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    NEED_INIT();
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *pv = ptrmap_get(&g_allocs, (uint64_t)(uintptr_t)p);
+    int ok = pv && pv->kind == K_HOSTREG;
+    if (ok)
+        ptrmap_del(&g_allocs, (uint64_t)(uintptr_t)p, NULL);
+    pthread_mutex_unlock(&g_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
+{
+    NEED_INIT();
+    if (!dptr || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+/* Copies and sets move no data (device memory has no backing store); they validate
+ * arguments and, for async variants, order behind the stream. */
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    NEED_CTX(c);
+    (void)n;
+    return dst && src ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX(c);
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(dst, 0, n);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    NEED_CTX(c);
+    (void)n;
+    return dst && src ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n)
+{
+    NEED_CTX(c);
+    (void)v;
+    (void)n;
+    return dst ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n)
+{
+    NEED_CTX(c);
+    (void)v;
+    (void)n;
+    return dst ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+    NEED_INIT();
+    if (!data)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(&g_allocs, ptr);
+    ptrmap_val copy = v ? *v : (ptrmap_val){0};
+    pthread_mutex_unlock(&g_mu);
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = copy.dev; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned *)data = copy.kind == K_MANAGED; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned *)data = (copy.kind == K_HOST || copy.kind == K_HOSTREG) ? CU_MEMORYTYPE_HOST
+                                                                             : CU_MEMORYTYPE_DEVICE;
+        break;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- arrays ---- */
+
+static unsigned long long format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+    }
+}
+
+static unsigned long long array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
+{
+    unsigned long long e = format_bytes(f);
+    if (!e || !w || (ch != 1 && ch != 2 && ch != 4))
+        return 0;
+    return (unsigned long long)w * (h ? h : 1) * (d ? d : 1) * e * ch;
+}
+
+static CUresult array_new(int kind_magic, unsigned long long bytes, void **out)
+{
+    NEED_CTX(c);
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long charged = fg_round_alloc(bytes);
+    CUresult r = charge(c->dev, (long long)charged, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct CUarray_st *a = calloc(1, sizeof *a);
+    *a = (struct CUarray_st){.magic = (unsigned)kind_magic, .dev = c->dev, .size = charged};
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(M_ARRAY, array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(M_ARRAY, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                     (void **)arr);
+}
+
+static CUresult array_free(void *h, unsigned magic)
+{
+    NEED_INIT();
+    struct CUarray_st *a = h;
+    if (!a || a->magic != magic)
+        return CUDA_ERROR_INVALID_HANDLE;
+    charge(a->dev, -(long long)a->size, 0);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray arr) { return array_free(arr, M_ARRAY); }
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned int levels)
+{
+    if (!arr || !d || !levels)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned long long total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
+        total += array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                             d->Format, d->NumChannels);
+    }
+    return array_new(M_MIPMAP, total, (void **)arr);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) { return array_free(arr, M_MIPMAP); }
+
+/* ---- stream-ordered allocation and pools ---- */
+
+static struct CUstream_st *stream_of(CUstream s, int per_thread)
+{
+    struct CUctx_st *c = cur_ctx();
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        if (!c)
+            return NULL;
+        if (per_thread || s == CU_STREAM_PER_THREAD) {
+            struct CUstream_st *t = &t_pt_stream[c->dev];
+            t->magic = M_STREAM;
+            t->ctx = c;
+            return t;
+        }
+        g_null_stream[c->dev].ctx = c;
+        return &g_null_stream[c->dev];
+    }
+    return s->magic == M_STREAM ? s : NULL;
+}
+
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct CUmemPoolHandle_st *pool)
+{
+    if (!dptr || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || pool->magic != M_POOL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    unsigned long long need = fg_round_alloc(size) < FG_LARGE_ALIGN ? (size + 511) / 512 * 512
+                                                                    : fg_round_alloc(size);
+    pthread_mutex_lock(&g_mu);
+    unsigned long long cached = pool->reserved - pool->used, grow = 0;
+    if (cached < need)
+        grow = (need - cached + FG_LARGE_ALIGN - 1) / FG_LARGE_ALIGN * FG_LARGE_ALIGN;
+    CUresult r = grow ? charge(pool->dev, (long long)grow, 0) : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        pool->reserved += grow;
+        pool->used += need;
+        if (pool->reserved > pool->reserved_high)
+            pool->reserved_high = pool->reserved;
+        if (pool->used > pool->used_high)
+            pool->used_high = pool->used;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (r != CUDA_SUCCESS)
+        return r;
+    unsigned long long p = new_va(size);
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_allocs, p,
+               (ptrmap_val){.size = need, .aux = (uint64_t)(uintptr_t)pool, .dev = pool->dev, .kind = K_ASYNC});
+    pthread_mutex_unlock(&g_mu);
+    *dptr = p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
+{
+    NEED_CTX(c);
+    if (!stream_of(s, pt))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return pool_alloc(dptr, size, g_cur_pool[c->dev]);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, 0); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, 1); }
+
+static CUresult from_pool(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s, int pt)
+{
+    NEED_CTX(c);
+    if (!stream_of(s, pt))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return pool_alloc(d, n, pool);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    return from_pool(d, n, p, s, 0);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    return from_pool(d, n, p, s, 1);
+}
+
+static CUresult free_async(CUdeviceptr d, CUstream s, int pt)
+{
+    NEED_CTX(c);
+    if (!stream_of(s, pt))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return free_dev(d, 1);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return free_async(d, s, 0); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return free_async(d, s, 1); }
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    NEED_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pool = &g_default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    NEED_INIT();
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pool = g_cur_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!pool || pool->magic != M_POOL || pool->dev != dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    g_cur_pool[dev] = pool;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    NEED_INIT();
+    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(props->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    p->magic = M_POOL;
+    p->dev = props->location.id;
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+static void pool_trim(struct CUmemPoolHandle_st *p, unsigned long long keep)
+{
+    pthread_mutex_lock(&g_mu);
+    unsigned long long floor_ = p->used > keep ? p->used : keep;
+    unsigned long long rel = p->reserved > floor_ ? p->reserved - floor_ : 0;
+    rel = rel / FG_LARGE_ALIGN * FG_LARGE_ALIGN;
+    p->reserved -= rel;
+    pthread_mutex_unlock(&g_mu);
+    if (rel)
+        charge(p->dev, -(long long)rel, 0);
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    NEED_INIT();
+    if (!pool || pool->magic != M_POOL || pool == &g_default_pool[pool->dev])
+        return CUDA_ERROR_INVALID_VALUE;
+    /* Outstanding allocations are freed with the pool (as the driver does at destroy). */
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < g_allocs.cap; i++) {
+        ptrmap_slot *s = &g_allocs.slots[i];
+        if (s->key > PTRMAP_TOMB && s->val.kind == K_ASYNC && s->val.aux == (uint64_t)(uintptr_t)pool) {
+            pool->used -= s->val.size;
+            ptrmap_del(&g_allocs, s->key, NULL);
+        }
+    }
+    if (g_cur_pool[pool->dev] == pool)
+        g_cur_pool[pool->dev] = &g_default_pool[pool->dev];
+    pthread_mutex_unlock(&g_mu);
+    pool_trim(pool, 0);
+    if (pool->reserved)
+        charge(pool->dev, -(long long)pool->reserved, 0);
+    pool->magic = 0;
+    free(pool);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    NEED_INIT();
+    if (!pool || pool->magic != M_POOL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pool_trim(pool, keep);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    NEED_INIT();
+    if (!pool || pool->magic != M_POOL || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    cuuint64_t *v = value;
+    pthread_mutex_lock(&g_mu);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *v = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *v = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *v = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *v = pool->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *v = pool->used_high; break;
+    default: *(int *)value = 1; break;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    NEED_INIT();
+    if (!pool || pool->magic != M_POOL || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        pool->threshold = *(cuuint64_t *)value;
+    else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+        pool->reserved_high = pool->reserved;
+    else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        pool->used_high = pool->used;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management ---- */
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option)
+{
+    NEED_INIT();
+    (void)option;
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = FG_LARGE_ALIGN;
+    return CUDA_SUCCESS;
+}
+
+static void vmm_unref(fg_vmm *h)
+{
+    pthread_mutex_lock(&g_mu);
+    int left = --h->refs;
+    pthread_mutex_unlock(&g_mu);
+    if (left == 0) {
+        charge(h->dev, -(long long)h->size, 0);
+        h->magic = 0;
+        free(h);
+    }
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    NEED_INIT();
+    if (!handle || !prop || flags || !size || size % FG_LARGE_ALIGN ||
+        prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(prop->location.id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = charge(prop->location.id, (long long)size, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    fg_vmm *h = calloc(1, sizeof *h);
+    *h = (fg_vmm){.magic = M_VMM, .dev = prop->location.id, .refs = 1, .size = size};
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
+static fg_vmm *vmm_of(CUmemGenericAllocationHandle handle)
+{
+    fg_vmm *h = (fg_vmm *)(uintptr_t)handle;
+    return h && h->magic == M_VMM ? h : NULL;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    NEED_INIT();
+    fg_vmm *h = vmm_of(handle);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmm_unref(h);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags)
+{
+    NEED_INIT();
+    (void)align;
+    (void)addr;
+    if (!ptr || !size || size % FG_LARGE_ALIGN || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ptr = new_va(size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags)
+{
+    NEED_INIT();
+    fg_vmm *h = vmm_of(handle);
+    if (!h || !ptr || !size || flags || offset + size > h->size)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int busy = ptrmap_get(&g_allocs, ptr) != NULL;
+    if (!busy) {
+        h->refs++;
+        ptrmap_put(&g_allocs, ptr,
+                   (ptrmap_val){.size = size, .aux = (uint64_t)(uintptr_t)h, .dev = h->dev, .kind = K_VMM_MAP});
+    }
+    pthread_mutex_unlock(&g_mu);
+    return busy ? CUDA_ERROR_ALREADY_MAPPED : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    NEED_INIT();
+    (void)size;
+    ptrmap_val v = {0};
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *pv = ptrmap_get(&g_allocs, ptr);
+    int ok = pv && pv->kind == K_VMM_MAP;
+    if (ok)
+        ptrmap_del(&g_allocs, ptr, &v);
+    pthread_mutex_unlock(&g_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmm_unref((fg_vmm *)(uintptr_t)v.aux);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    NEED_INIT();
+    return ptr && size && desc && count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemExportToShareableHandle(void *sh, CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType type, unsigned long long flags)
+{
+    (void)sh;
+    (void)handle;
+    (void)type;
+    (void)flags;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *sh,
+                                               CUmemAllocationHandleType type)
+{
+    (void)handle;
+    (void)sh;
+    (void)type;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- modules, kernels, streams, events ---- */
+
+EXPORT CUresult cuModuleLoadData(CUmodule *mod, const void *image)
+{
+    NEED_CTX(c);
+    if (!mod || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    m->magic = M_MODULE;
+    *mod = m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleLoad(CUmodule *mod, const char *fname)
+{
+    return cuModuleLoadData(mod, fname);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int n, CUjit_option *o,
+                                   void **v)
+{
+    (void)n;
+    (void)o;
+    (void)v;
+    return cuModuleLoadData(mod, image);
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule mod)
+{
+    NEED_INIT();
+    if (!mod || mod->magic != M_MODULE)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mod->magic = 0;
+    free(mod);
+    return CUDA_SUCCESS;
+}
+
+/* Kernel time per wave from the name: a trailing "_<number><unit>" with unit ns/us/ms/s
+ * ("busy_2000us"); otherwise FAKEGPU_KERNEL_NS. */
+static unsigned long long name_ns(const char *name)
+{
+    const char *u = strrchr(name, '_');
+    if (u) {
+        char *end;
+        double v = strtod(u + 1, &end);
+        static const struct { const char *s; double mul; } units[] = {
+            {"ns", 1}, {"us", 1e3}, {"ms", 1e6}, {"s", 1e9}};
+        if (end != u + 1)
+            for (size_t i = 0; i < 4; i++)
+                if (!strcmp(end, units[i].s))
+                    return (unsigned long long)(v * units[i].mul);
+    }
+    return fg_cfg()->kernel_ns;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name)
+{
+    NEED_INIT();
+    if (!f || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!mod || mod->magic != M_MODULE)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *fn = calloc(1, sizeof *fn);
+    fn->magic = M_FUNC;
+    fn->ns_per_wave = name_ns(name);
+    snprintf(fn->name, sizeof fn->name, "%s", name);
+    *f = fn;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    NEED_CTX(c);
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = calloc(1, sizeof *st);
+    *st = (struct CUstream_st){.magic = M_STREAM, .ctx = c, .flags = flags};
+    *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int prio)
+{
+    (void)prio;
+    return cuStreamCreate(s, flags);
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s)
+{
+    NEED_INIT();
+    if (!s || s->magic != M_STREAM || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    s->magic = 0;
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
+
+static CUresult stream_sync(CUstream s, int pt)
+{
+    NEED_INIT();
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fg_sleep_until(__atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream s) { return stream_sync(s, 0); }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return stream_sync(s, 1); }
+
+static CUresult stream_query(CUstream s, int pt)
+{
+    NEED_INIT();
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return fg_now_ns() >= __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                                              : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream s) { return stream_query(s, 0); }
+EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, 1); }
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    NEED_CTX(c);
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *ev = calloc(1, sizeof *ev);
+    *ev = (struct CUevent_st){.magic = M_EVENT, .flags = flags};
+    *e = ev;
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent e, CUstream s, int pt)
+{
+    NEED_INIT();
+    if (!e || e->magic != M_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    unsigned long long now = fg_now_ns(), b = __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE);
+    e->time = b > now ? b : now;
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) { return event_record(e, s, 0); }
+EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return event_record(e, s, 1); }
+
+EXPORT CUresult cuEventSynchronize(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != M_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fg_sleep_until(e->time);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != M_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return fg_now_ns() >= e->time ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b)
+{
+    NEED_INIT();
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!a || !b || a->magic != M_EVENT || b->magic != M_EVENT || !a->recorded || !b->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (fg_now_ns() < b->time || fg_now_ns() < a->time)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)b->time - (double)a->time) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime(ms, a, b); }
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e)
+{
+    NEED_INIT();
+    if (!e || e->magic != M_EVENT)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+
+/* Schedule `n` kernels back to back on `st`: the device runs one kernel at a time across
+ * all processes; each kernel's interval is recorded for NVML utilization. */
+static CUresult run_kernels(struct CUstream_st *st, const fg_knode *k, int n)
+{
+    struct CUctx_st *c = st->ctx ? st->ctx : cur_ctx();
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    int dev = g_vis[c->dev];
+    const fg_config *cfg = fg_cfg();
+    unsigned long long per_wave_blocks = (unsigned long long)cfg->dev[dev].sms * FG_BLOCKS_PER_SM;
+    unsigned long long now = fg_now_ns(), end = 0;
+    fg_state *S = fg_st();
+    fg_lock();
+    unsigned long long t = __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE);
+    if (t < now)
+        t = now;
+    if (t < S->dev_busy_until[dev])
+        t = S->dev_busy_until[dev];
+    for (int i = 0; i < n; i++) {
+        unsigned long long blocks = (unsigned long long)k[i].gx * k[i].gy * k[i].gz;
+        unsigned long long waves = (blocks + per_wave_blocks - 1) / per_wave_blocks;
+        unsigned long long dur = (unsigned long long)((double)(k[i].f->ns_per_wave * waves) * cfg->time_scale);
+        if (dur == 0)
+            dur = 1;
+        fg_record_busy(dev, getpid(), t, t + dur);
+        t += dur;
+    }
+    end = t;
+    S->dev_busy_until[dev] = end;
+    fg_unlock();
+    __atomic_store_n(&st->busy_until, end, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&c->busy_until, __ATOMIC_ACQUIRE) < end)
+        __atomic_store_n(&c->busy_until, end, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, CUstream s, int pt, int cooperative)
+{
+    NEED_CTX(c);
+    if (!f || f->magic != M_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (unsigned long long)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (cooperative) {
+        unsigned long long max = (unsigned long long)devcfg(c->dev)->sms * FG_BLOCKS_PER_SM;
+        if ((unsigned long long)gx * gy * gz > max)
+            return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+    fg_knode k = {f, gx, gy, gz};
+    return run_kernels(st, &k, 1);
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                               void **extra)
+{
+    (void)shm;
+    (void)params;
+    (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz, s, 0, 0);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                    void **extra)
+{
+    (void)shm;
+    (void)params;
+    (void)extra;
+    return launch(f, gx, gy, gz, bx, by, bz, s, 1, 0);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *cfg, CUfunction f, int pt)
+{
+    if (!cfg)
+        return CUDA_ERROR_INVALID_VALUE;
+    int coop = 0;
+    for (unsigned i = 0; i < cfg->numAttrs; i++)
+        if (cfg->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && cfg->attrs[i].value.cooperative)
+            coop = 1;
+    return launch(f, cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY,
+                  cfg->blockDimZ, cfg->hStream, pt, coop);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    return launch_ex(cfg, f, 0);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    (void)params;
+    (void)extra;
+    return launch_ex(cfg, f, 1);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                          CUstream s, void **params)
+{
+    (void)shm;
+    (void)params;
+    return launch(f, gx, gy, gz, bx, by, bz, s, 0, 1);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                               CUstream s, void **params)
+{
+    (void)shm;
+    (void)params;
+    return launch(f, gx, gy, gz, bx, by, bz, s, 1, 1);
+}
+
+/* ---- graphs (kernel nodes only, executed in insertion order) ---- */
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
+{
+    NEED_INIT();
+    if (!g || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *gr = calloc(1, sizeof *gr);
+    gr->magic = M_GRAPH;
+    *g = gr;
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_knode(CUgraphNode *node, CUgraph g, CUfunction f, unsigned gx, unsigned gy, unsigned gz)
+{
+    NEED_INIT();
+    if (!node || !g || g->magic != M_GRAPH || !f || f->magic != M_FUNC || !gx || !gy || !gz)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g->n == g->cap) {
+        int ncap = g->cap ? g->cap * 2 : 8;
+        fg_knode *nn = realloc(g->nodes, sizeof *nn * (size_t)ncap);
+        if (!nn)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->nodes = nn;
+        g->cap = ncap;
+    }
+    g->nodes[g->n++] = (fg_knode){f, gx, gy, gz};
+    *node = (CUgraphNode)(uintptr_t)(0x1000 + (uintptr_t)g->n);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                        const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    (void)deps;
+    (void)n;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_knode(node, g, p->func, p->gridDimX, p->gridDimY, p->gridDimZ);
+}
+
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                     const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    (void)deps;
+    (void)n;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_knode(node, g, p->func, p->gridDimX, p->gridDimY, p->gridDimZ);
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    NEED_INIT();
+    (void)flags;
+    if (!e || !g || g->magic != M_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    x->magic = M_EXEC;
+    x->n = g->n;
+    x->nodes = malloc(sizeof *x->nodes * (size_t)(g->n ? g->n : 1));
+    memcpy(x->nodes, g->nodes, sizeof *x->nodes * (size_t)g->n);
+    *e = x;
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s, int pt)
+{
+    NEED_CTX(c);
+    if (!e || e->magic != M_EXEC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return e->n ? run_kernels(st, e->nodes, e->n) : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s, 0); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s, 1); }
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    NEED_INIT();
+    if (!e || e->magic != M_EXEC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = 0;
+    free(e->nodes);
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    NEED_INIT();
+    if (!g || g->magic != M_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    g->magic = 0;
+    free(g->nodes);
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+typedef struct {
+    const char *base;
+    int since;      /* first CUDA version that returns this variant */
+    int per_thread; /* 1 = _ptsz/_ptds variant */
+    void *fn;
+} proc_entry;
+
+#define E(base, since, fn) {base, since, 0, (void *)fn}
+#define PT(base, since, fn) {base, since, 1, (void *)fn}
+static const proc_entry g_procs[] = {
+    E("cuInit", 2000, cuInit), E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    E("cuGetErrorString", 6000, cuGetErrorString), E("cuGetErrorName", 6000, cuGetErrorName),
+    E("cuGetExportTable", 3000, cuGetExportTable),
+    E("cuDeviceGetCount", 2000, cuDeviceGetCount), E("cuDeviceGet", 2000, cuDeviceGet),
+    E("cuDeviceGetName", 2000, cuDeviceGetName), E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2), E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
+    E("cuDeviceTotalMem", 2000, cuDeviceTotalMem), E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    E("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState),
+    E("cuDevicePrimaryCtxSetFlags", 7000, cuDevicePrimaryCtxSetFlags),
+    E("cuDevicePrimaryCtxSetFlags", 11000, cuDevicePrimaryCtxSetFlags_v2),
+    E("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    E("cuCtxCreate", 2000, cuCtxCreate), E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3), E("cuCtxCreate", 12050, cuCtxCreate_v4),
+    E("cuCtxDestroy", 2000, cuCtxDestroy), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2), E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    E("cuMemAlloc", 2000, cuMemAlloc), E("cuMemAlloc", 3020, cuMemAlloc_v2),
+    E("cuMemFree", 2000, cuMemFree), E("cuMemFree", 3020, cuMemFree_v2),
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged), E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
+    E("cuMemAllocHost", 3020, cuMemAllocHost_v2), E("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    E("cuMemFreeHost", 2000, cuMemFreeHost), E("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    E("cuMemHostUnregister", 4000, cuMemHostUnregister),
+    E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2), E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2), E("cuMemsetD8", 3020, cuMemsetD8_v2),
+    E("cuMemsetD32", 3020, cuMemsetD32_v2), E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2), E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    E("cuMemAllocAsync", 11020, cuMemAllocAsync), PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+    E("cuMemFreeAsync", 11020, cuMemFreeAsync), PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool), E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate), E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo), E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve), E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap), E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemSetAccess", 10020, cuMemSetAccess),
+    E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    E("cuModuleLoad", 2000, cuModuleLoad), E("cuModuleLoadData", 2000, cuModuleLoadData),
+    E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx), E("cuModuleUnload", 2000, cuModuleUnload),
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    E("cuLaunchKernel", 4000, cuLaunchKernel), PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
+    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+    E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    E("cuStreamSynchronize", 2000, cuStreamSynchronize), PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    E("cuStreamQuery", 2000, cuStreamQuery), PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
+    E("cuEventCreate", 2000, cuEventCreate), E("cuEventRecord", 2000, cuEventRecord),
+    PT("cuEventRecord", 7000, cuEventRecord_ptsz), E("cuEventSynchronize", 2000, cuEventSynchronize),
+    E("cuEventQuery", 2000, cuEventQuery), E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2), E("cuEventDestroy", 4000, cuEventDestroy_v2),
+    E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
+    E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", 10000, cuGraphLaunch), PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy), E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGetProcAddress", 11030, cuGetProcAddress), E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+/* Highest variant of `sym` with since <= version; per-thread variants when asked for and
+ * present. Returns the status the _v2 API reports. */
+static CUdriverProcAddressQueryResult find_proc(const char *sym, int version, cuuint64_t flags, void **out)
+{
+    int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, any = 0;
+    int has_pt = 0;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++)
+        if (!strcmp(g_procs[i].base, sym) && g_procs[i].per_thread)
+            has_pt = 1;
+    int pt = want_pt && has_pt;
+    const proc_entry *best = NULL;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const proc_entry *e = &g_procs[i];
+        if (strcmp(e->base, sym) || e->per_thread != pt)
+            continue;
+        any = 1;
+        if (e->since <= version && (!best || e->since > best->since))
+            best = e;
+    }
+    *out = best ? best->fn : NULL;
+    if (best)
+        return CU_GET_PROC_ADDRESS_SUCCESS;
+    return any ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdriverProcAddressQueryResult st = find_proc(symbol, version, flags, pfn);
+    if (status)
+        *status = st;
+    return st == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}

@@ -1,0 +1,98 @@
+/* Shared internals of the fake GPU (fake libcuda.so.1 and fake libnvidia-ml.so.1).
+ *
+ * Both libraries read the same device configuration (environment or config file) and
+ * share one state file per "machine" (FAKEGPU_STATE_DIR): per-process device memory,
+ * kernel busy intervals (for NVML utilization samples) and injected XID events.
+ * Everything here is hidden (not exported) from the shared objects. */
+#ifndef FAKEGPU_FG_H
+#define FAKEGPU_FG_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define FG_MAX_DEV 16
+#define FG_MAX_PROC 512
+#define FG_RING 4096
+#define FG_MAX_XID 256
+#define FG_MAGIC 0x46414b45u /* "FAKE" */
+#define FG_VERSION 1u
+#define FG_BLOCKS_PER_SM 16ULL
+#define FG_SMALL_ALIGN 512ULL
+#define FG_LARGE_ALIGN (2ULL << 20)
+
+#define FG_HIDDEN __attribute__((visibility("hidden")))
+
+typedef struct {
+    char name[96];
+    char uuid[96];      /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    unsigned char uuid_bytes[16];
+    char pci[32];       /* "00000000:18:00.0" (NVML form, 8-digit domain) */
+    unsigned domain, bus, device;
+    unsigned pci_device_id; /* e.g. 0x233010de */
+    unsigned long long memory;
+    int sms;
+    int numa;
+    int cc_major, cc_minor;
+} fg_dev_cfg;
+
+typedef struct {
+    int count;
+    fg_dev_cfg dev[FG_MAX_DEV];
+    unsigned long long ctx_mem;     /* device memory charged per context */
+    unsigned long long kernel_ns;   /* default kernel time per wave */
+    double time_scale;              /* multiplies every kernel duration */
+    int hostpid_offset;             /* NVML reports getpid()+offset */
+    unsigned sample_period_us;      /* NVML utilization sample period */
+} fg_config;
+
+typedef struct {
+    int32_t pid;   /* 0 = free */
+    int32_t pad;
+    unsigned long long used[FG_MAX_DEV];
+    unsigned long long contexts[FG_MAX_DEV];
+} fg_proc;
+
+typedef struct {
+    int32_t pid;
+    int32_t pad;
+    unsigned long long start_ns, end_ns; /* CLOCK_REALTIME ns */
+} fg_busy;
+
+typedef struct {
+    unsigned long long seq; /* 1-based, monotonically increasing */
+    int32_t dev;
+    int32_t pad;
+    unsigned long long xid;
+} fg_xid;
+
+typedef struct {
+    uint32_t magic, version;
+    pthread_mutex_t lock; /* process-shared, robust */
+    fg_proc procs[FG_MAX_PROC];
+    unsigned long long dev_busy_until[FG_MAX_DEV];
+    unsigned long long busy_count[FG_MAX_DEV];
+    fg_busy busy[FG_MAX_DEV][FG_RING];
+    unsigned long long xid_seq;
+    fg_xid xids[FG_MAX_XID];
+} fg_state;
+
+FG_HIDDEN const fg_config *fg_cfg(void);      /* parsed once; exits on bad config */
+FG_HIDDEN fg_state *fg_st(void);              /* mapped once */
+FG_HIDDEN void fg_lock(void);
+FG_HIDDEN void fg_unlock(void);
+FG_HIDDEN unsigned long long fg_now_ns(void);
+FG_HIDDEN void fg_sleep_until(unsigned long long t_ns);
+FG_HIDDEN int fg_pid_alive(int pid);
+/* Under fg_lock: the slot of `pid` (created if create != 0), NULL if none/full. */
+FG_HIDDEN fg_proc *fg_proc_slot(int pid, int create);
+/* Under fg_lock: drop records of dead processes (their memory is released). */
+FG_HIDDEN void fg_reap(void);
+FG_HIDDEN unsigned long long fg_dev_used(int dev); /* under fg_lock */
+FG_HIDDEN int fg_parse_size(const char *s, unsigned long long *out);
+/* Under fg_lock: record a busy interval of `pid` on `dev`. */
+FG_HIDDEN void fg_record_busy(int dev, int pid, unsigned long long start, unsigned long long end);
+FG_HIDDEN void fg_inject_xid_locked(int dev, unsigned long long xid);
+FG_HIDDEN void fg_poll_xid_file(void);
+FG_HIDDEN unsigned long long fg_round_alloc(unsigned long long size);
+
+#endif

@@ -1,0 +1,534 @@
+/* Fake GPU: configuration parsing and the cross-process state file. */
+#define _GNU_SOURCE
+#include "fg.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static fg_config g_cfg;
+static pthread_once_t g_cfg_once = PTHREAD_ONCE_INIT;
+static fg_state *g_st;
+static pthread_once_t g_st_once = PTHREAD_ONCE_INIT;
+
+static void die(const char *what, const char *value)
+{
+    fprintf(stderr, "fakegpu: invalid configuration: %s = '%s'\n", what, value ? value : "");
+    exit(2);
+}
+
+unsigned long long fg_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+void fg_sleep_until(unsigned long long t_ns)
+{
+    for (;;) {
+        unsigned long long now = fg_now_ns();
+        if (now >= t_ns)
+            return;
+        unsigned long long d = t_ns - now;
+        struct timespec ts = {(time_t)(d / 1000000000ULL), (long)(d % 1000000000ULL)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int fg_pid_alive(int pid)
+{
+    if (pid <= 0)
+        return 0;
+    if (kill(pid, 0) == 0 || errno == EPERM) {
+        char path[64], buf[256];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return 1;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        char *p = strrchr(buf, ')');
+        return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+    }
+    return 0;
+}
+
+/* Sizes: plain bytes, or a number (may be fractional) with K/M/G/T, Ki/Mi/Gi/Ti,
+ * KiB.. (binary) or KB/MB/GB/TB (decimal). */
+int fg_parse_size(const char *s, unsigned long long *out)
+{
+    char *end;
+    if (!s || !*s)
+        return -1;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -1;
+    static const struct { const char *suf; double mul; } tab[] = {
+        {"", 1}, {"B", 1},
+        {"K", 1024.0}, {"Ki", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3},
+        {"M", 1048576.0}, {"Mi", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
+        {"G", 1073741824.0}, {"Gi", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
+        {"T", 1099511627776.0}, {"Ti", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+    };
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
+        if (strcasecmp(end, tab[i].suf) == 0) {
+            *out = (unsigned long long)(v * tab[i].mul);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int parse_uuid(const char *s, unsigned char out[16])
+{
+    if (strncmp(s, "GPU-", 4) != 0)
+        return -1;
+    s += 4;
+    int n = 0;
+    for (; *s && n < 32; s++) {
+        if (*s == '-')
+            continue;
+        if (!isxdigit((unsigned char)*s))
+            return -1;
+        char c = (char)tolower((unsigned char)*s);
+        int v = isdigit((unsigned char)c) ? c - '0' : c - 'a' + 10;
+        if (n % 2 == 0)
+            out[n / 2] = (unsigned char)(v << 4);
+        else
+            out[n / 2] |= (unsigned char)v;
+        n++;
+    }
+    return (n == 32 && *s == 0) ? 0 : -1;
+}
+
+static void set_default_dev(fg_config *c, int i, int count)
+{
+    fg_dev_cfg *d = &c->dev[i];
+    const char *name = getenv("FAKEGPU_NAME");
+    snprintf(d->name, sizeof d->name, "%s", name && *name ? name : "NVIDIA H100 80GB HBM3");
+    snprintf(d->uuid, sizeof d->uuid, "GPU-f00dfeed-0000-4000-8000-%012d", i);
+    d->memory = 80ULL << 30;
+    d->sms = 132;
+    d->domain = 0;
+    d->bus = 0x18 + 0x10 * (unsigned)i;
+    d->device = 0;
+    d->numa = (count > 1 && i >= (count + 1) / 2) ? 1 : 0;
+    d->cc_major = 9;
+    d->cc_minor = 0;
+    d->pci_device_id = 0x233010de;
+}
+
+static void apply_dev_key(fg_dev_cfg *d, const char *key, const char *val)
+{
+    char what[64];
+    snprintf(what, sizeof what, "device key '%s'", key);
+    char *end;
+    if (!strcmp(key, "name")) {
+        snprintf(d->name, sizeof d->name, "%s", val);
+    } else if (!strcmp(key, "uuid")) {
+        unsigned char b[16];
+        if (parse_uuid(val, b))
+            die(what, val);
+        snprintf(d->uuid, sizeof d->uuid, "%s", val);
+    } else if (!strcmp(key, "memory") || !strcmp(key, "mem")) {
+        if (fg_parse_size(val, &d->memory) || d->memory == 0)
+            die(what, val);
+    } else if (!strcmp(key, "sms")) {
+        long v = strtol(val, &end, 10);
+        if (*end || v <= 0 || v > 100000)
+            die(what, val);
+        d->sms = (int)v;
+    } else if (!strcmp(key, "numa")) {
+        long v = strtol(val, &end, 10);
+        if (*end || v < -1 || v > 1024)
+            die(what, val);
+        d->numa = (int)v;
+    } else if (!strcmp(key, "pci")) {
+        unsigned dom = 0, bus, dev, fn;
+        if (sscanf(val, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4 &&
+            (dom = 0, sscanf(val, "%x:%x.%x", &bus, &dev, &fn) != 3))
+            die(what, val);
+        d->domain = dom;
+        d->bus = bus;
+        d->device = dev;
+    } else if (!strcmp(key, "cc")) {
+        if (sscanf(val, "%d.%d", &d->cc_major, &d->cc_minor) != 2)
+            die(what, val);
+    } else if (!strcmp(key, "pci_device_id")) {
+        unsigned long v = strtoul(val, &end, 0);
+        if (*end)
+            die(what, val);
+        d->pci_device_id = (unsigned)v;
+    } else {
+        die("unknown device key", key);
+    }
+}
+
+/* spec: "key=value,key=value" */
+static void parse_dev_spec(fg_dev_cfg *d, const char *spec)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*kv))
+            kv++;
+        if (!*kv)
+            continue;
+        char *eq = strchr(kv, '=');
+        if (!eq)
+            die("device spec entry (want key=value)", kv);
+        *eq = 0;
+        char *v = eq + 1, *e = v + strlen(v);
+        while (e > v && isspace((unsigned char)e[-1]))
+            *--e = 0;
+        apply_dev_key(d, kv, v);
+    }
+}
+
+static void apply_global(fg_config *c, const char *key, const char *val)
+{
+    char *end;
+    if (!strcmp(key, "context_mem")) {
+        if (fg_parse_size(val, &c->ctx_mem))
+            die("context_mem", val);
+    } else if (!strcmp(key, "kernel_ns")) {
+        if (fg_parse_size(val, &c->kernel_ns))
+            die("kernel_ns", val);
+    } else if (!strcmp(key, "time_scale")) {
+        c->time_scale = strtod(val, &end);
+        if (*end || c->time_scale < 0)
+            die("time_scale", val);
+    } else if (!strcmp(key, "hostpid_offset")) {
+        c->hostpid_offset = (int)strtol(val, &end, 10);
+        if (*end)
+            die("hostpid_offset", val);
+    } else if (!strcmp(key, "sample_period_us")) {
+        long v = strtol(val, &end, 10);
+        if (*end || v < 1000 || v > 10000000)
+            die("sample_period_us", val);
+        c->sample_period_us = (unsigned)v;
+    } else {
+        die("unknown config key", key);
+    }
+}
+
+static void add_devices(fg_config *c, char *text, const char *sep)
+{
+    char *save = NULL;
+    for (char *spec = strtok_r(text, sep, &save); spec; spec = strtok_r(NULL, sep, &save)) {
+        while (isspace((unsigned char)*spec))
+            spec++;
+        if (!*spec || *spec == '#')
+            continue;
+        if (c->count >= FG_MAX_DEV)
+            die("device count (max 16)", spec);
+        set_default_dev(c, c->count, FG_MAX_DEV);
+        parse_dev_spec(&c->dev[c->count], spec);
+        c->count++;
+    }
+}
+
+static void load_config_file(fg_config *c, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        die("FAKEGPU_CONFIG (cannot open)", path);
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        char *p = line;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (!*p || *p == '#')
+            continue;
+        if (!strncmp(p, "device ", 7) || !strncmp(p, "device\t", 7)) {
+            add_devices(c, p + 7, "\n");
+        } else {
+            char *eq = strchr(p, '=');
+            if (!eq)
+                die("FAKEGPU_CONFIG line", p);
+            *eq = 0;
+            apply_global(c, p, eq + 1);
+        }
+    }
+    fclose(f);
+}
+
+static void env_global(fg_config *c, const char *env, const char *key)
+{
+    const char *v = getenv(env);
+    if (v && *v)
+        apply_global(c, key, v);
+}
+
+static void cfg_init(void)
+{
+    fg_config *c = &g_cfg;
+    memset(c, 0, sizeof *c);
+    c->kernel_ns = 10000;
+    c->time_scale = 1.0;
+    c->sample_period_us = 166667;
+    const char *path = getenv("FAKEGPU_CONFIG");
+    if (path && *path)
+        load_config_file(c, path);
+    const char *devs = getenv("FAKEGPU_DEVICES");
+    if (devs && *devs) {
+        char *copy = strdup(devs);
+        c->count = 0;
+        add_devices(c, copy, ";\n");
+        free(copy);
+    }
+    if (c->count == 0) {
+        const char *n = getenv("FAKEGPU_COUNT");
+        char *end = NULL;
+        long count = n && *n ? strtol(n, &end, 10) : 2;
+        if ((end && *end) || count < 0 || count > FG_MAX_DEV)
+            die("FAKEGPU_COUNT", n);
+        c->count = (int)count;
+        const char *mem = getenv("FAKEGPU_MEMORY");
+        const char *sms = getenv("FAKEGPU_SMS");
+        for (int i = 0; i < c->count; i++) {
+            set_default_dev(c, i, c->count);
+            if (mem && *mem)
+                apply_dev_key(&c->dev[i], "memory", mem);
+            if (sms && *sms)
+                apply_dev_key(&c->dev[i], "sms", sms);
+        }
+    }
+    /* Re-derive NUMA defaults for the actual count, fill derived fields. */
+    for (int i = 0; i < c->count; i++) {
+        fg_dev_cfg *d = &c->dev[i];
+        parse_uuid(d->uuid, d->uuid_bytes);
+        snprintf(d->pci, sizeof d->pci, "%08X:%02X:%02X.0", d->domain, d->bus, d->device);
+    }
+    env_global(c, "FAKEGPU_CONTEXT_MEM", "context_mem");
+    env_global(c, "FAKEGPU_KERNEL_NS", "kernel_ns");
+    env_global(c, "FAKEGPU_TIME_SCALE", "time_scale");
+    env_global(c, "FAKEGPU_HOSTPID_OFFSET", "hostpid_offset");
+    env_global(c, "FAKEGPU_SAMPLE_PERIOD_US", "sample_period_us");
+}
+
+const fg_config *fg_cfg(void)
+{
+    pthread_once(&g_cfg_once, cfg_init);
+    return &g_cfg;
+}
+
+static void init_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static fg_state *map_anonymous(void)
+{
+    void *p = mmap(NULL, sizeof(fg_state), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("fakegpu: mmap");
+        exit(2);
+    }
+    fg_state *s = p;
+    init_mutex(&s->lock);
+    s->magic = FG_MAGIC;
+    s->version = FG_VERSION;
+    return s;
+}
+
+static void st_init(void)
+{
+    char dir[512], path[600];
+    const char *d = getenv("FAKEGPU_STATE_DIR");
+    if (d && *d)
+        snprintf(dir, sizeof dir, "%s", d);
+    else
+        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    mkdir(dir, 0777);
+    snprintf(path, sizeof path, "%s/state", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "fakegpu: cannot open state file %s: %s (state is process-local)\n", path,
+                strerror(errno));
+        g_st = map_anonymous();
+        return;
+    }
+    fchmod(fd, 0666);
+    flock(fd, LOCK_EX);
+    struct stat sb;
+    fstat(fd, &sb);
+    int fresh = sb.st_size != (off_t)sizeof(fg_state);
+    if (fresh && ftruncate(fd, 0) == 0 && ftruncate(fd, sizeof(fg_state)) != 0) {
+        perror("fakegpu: ftruncate");
+        exit(2);
+    }
+    void *p = mmap(NULL, sizeof(fg_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        perror("fakegpu: mmap state");
+        exit(2);
+    }
+    fg_state *s = p;
+    if (fresh || s->magic != FG_MAGIC || s->version != FG_VERSION) {
+        memset(s, 0, sizeof *s);
+        init_mutex(&s->lock);
+        s->version = FG_VERSION;
+        __atomic_store_n(&s->magic, FG_MAGIC, __ATOMIC_RELEASE);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    g_st = s;
+}
+
+fg_state *fg_st(void)
+{
+    pthread_once(&g_st_once, st_init);
+    return g_st;
+}
+
+void fg_lock(void)
+{
+    fg_state *s = fg_st();
+    int r = pthread_mutex_lock(&s->lock);
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&s->lock);
+}
+
+void fg_unlock(void)
+{
+    pthread_mutex_unlock(&fg_st()->lock);
+}
+
+fg_proc *fg_proc_slot(int pid, int create)
+{
+    fg_state *s = fg_st();
+    fg_proc *free_slot = NULL;
+    for (int i = 0; i < FG_MAX_PROC; i++) {
+        if (s->procs[i].pid == pid)
+            return &s->procs[i];
+        if (!free_slot && s->procs[i].pid == 0)
+            free_slot = &s->procs[i];
+    }
+    if (!create)
+        return NULL;
+    if (!free_slot) {
+        fg_reap();
+        for (int i = 0; i < FG_MAX_PROC && !free_slot; i++)
+            if (s->procs[i].pid == 0)
+                free_slot = &s->procs[i];
+        if (!free_slot)
+            return NULL;
+    }
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->pid = pid;
+    return free_slot;
+}
+
+void fg_reap(void)
+{
+    fg_state *s = fg_st();
+    for (int i = 0; i < FG_MAX_PROC; i++)
+        if (s->procs[i].pid && !fg_pid_alive(s->procs[i].pid))
+            memset(&s->procs[i], 0, sizeof s->procs[i]);
+}
+
+unsigned long long fg_dev_used(int dev)
+{
+    fg_state *s = fg_st();
+    unsigned long long sum = 0;
+    for (int i = 0; i < FG_MAX_PROC; i++)
+        if (s->procs[i].pid)
+            sum += s->procs[i].used[dev];
+    return sum;
+}
+
+void fg_record_busy(int dev, int pid, unsigned long long start, unsigned long long end)
+{
+    fg_state *s = fg_st();
+    unsigned long long n = s->busy_count[dev];
+    if (n) {
+        fg_busy *last = &s->busy[dev][(n - 1) % FG_RING];
+        if (last->pid == pid && last->end_ns == start) {
+            last->end_ns = end;
+            return;
+        }
+    }
+    fg_busy *b = &s->busy[dev][n % FG_RING];
+    b->pid = pid;
+    b->start_ns = start;
+    b->end_ns = end;
+    s->busy_count[dev] = n + 1;
+}
+
+void fg_inject_xid_locked(int dev, unsigned long long xid)
+{
+    fg_state *s = fg_st();
+    unsigned long long seq = ++s->xid_seq;
+    fg_xid *x = &s->xids[seq % FG_MAX_XID];
+    x->seq = seq;
+    x->dev = dev;
+    x->xid = xid;
+}
+
+/* "$FAKEGPU_STATE_DIR/xid" holds lines "<device index or UUID> <xid>"; each line becomes
+ * one event, then the file is removed (rename first so a concurrent writer is not lost). */
+void fg_poll_xid_file(void)
+{
+    char dir[512], path[600], tmp[640];
+    const char *d = getenv("FAKEGPU_STATE_DIR");
+    if (d && *d)
+        snprintf(dir, sizeof dir, "%s", d);
+    else
+        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    snprintf(path, sizeof path, "%s/xid", dir);
+    snprintf(tmp, sizeof tmp, "%s/xid.%d.reading", dir, (int)getpid());
+    if (access(path, F_OK) != 0 || rename(path, tmp) != 0)
+        return;
+    FILE *f = fopen(tmp, "r");
+    if (!f)
+        return;
+    const fg_config *c = fg_cfg();
+    char who[128];
+    unsigned long long xid;
+    fg_lock();
+    while (fscanf(f, "%127s %llu", who, &xid) == 2) {
+        int dev = -1;
+        for (int i = 0; i < c->count; i++)
+            if (!strcmp(who, c->dev[i].uuid))
+                dev = i;
+        if (dev < 0) {
+            char *end;
+            long v = strtol(who, &end, 10);
+            if (!*end && v >= 0 && v < c->count)
+                dev = (int)v;
+        }
+        if (dev >= 0)
+            fg_inject_xid_locked(dev, xid);
+        else
+            fprintf(stderr, "fakegpu: xid file: unknown device '%s'\n", who);
+    }
+    fg_unlock();
+    fclose(f);
+    unlink(tmp);
+}
+
+unsigned long long fg_round_alloc(unsigned long long size)
+{
+    unsigned long long a = size >= FG_LARGE_ALIGN ? FG_LARGE_ALIGN : FG_SMALL_ALIGN;
+    return (size + a - 1) / a * a;
+}

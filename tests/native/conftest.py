@@ -1,0 +1,40 @@
+"""Shared fixtures for the native tests: build native/ once, give each test its own fake
+machine (FAKEGPU_STATE_DIR) and a helper to run probe programs in a fresh process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "native" / "build"
+FAKE = BUILD / "fakegpu"
+
+
+@pytest.fixture(scope="session")
+def native_build() -> Path:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native")], check=True)
+    return BUILD
+
+
+@pytest.fixture
+def fake_env(native_build, tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAKEGPU_", "CUDA_", "LIBCUDA_", "LD_PRELOAD"))}
+    env["LD_LIBRARY_PATH"] = str(FAKE)
+    env["FAKEGPU_STATE_DIR"] = str(tmp_path / "machine")
+    env["PYTHONPATH"] = str(Path(__file__).parent)
+    return env
+
+
+def run_py(code: str, env: dict[str, str], timeout: float = 60, check: bool = True):
+    """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"probe failed rc={proc.returncode}\nstdout:\n{proc.stdout}\n"
+                             f"stderr:\n{proc.stderr}")
+    return proc

@@ -1,0 +1,171 @@
+"""The fake GPU itself: devices, memory bookkeeping across processes, kernels, NVML."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import run_py
+
+pytestmark = pytest.mark.native
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def test_pynvml_sees_configured_devices(fake_env):
+    fake_env["FAKEGPU_DEVICES"] = ("name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108,numa=0,pci=0000:3b:00.0;"
+                                   "memory=24GB,uuid=GPU-11111111-2222-3333-4444-555555555555,numa=1")
+    out = run_py("""
+import pynvml as n
+n.nvmlInit()
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    m = n.nvmlDeviceGetMemoryInfo(h)
+    print(n.nvmlDeviceGetName(h), n.nvmlDeviceGetUUID(h), m.total, m.used,
+          n.nvmlDeviceGetPciInfo(h).busId, n.nvmlDeviceGetNumaNodeId(h),
+          n.nvmlDeviceGetAttributes(h).multiprocessorCount)
+h = n.nvmlDeviceGetHandleByUUID("GPU-11111111-2222-3333-4444-555555555555")
+print(n.nvmlDeviceGetIndex(h), n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId("0000:3b:00.0")))
+n.nvmlShutdown()
+""", fake_env).stdout.splitlines()
+    assert out[0].split() == ["NVIDIA", "A100-SXM4-40GB", "GPU-f00dfeed-0000-4000-8000-000000000000",
+                              str(40 * GiB), "0", "00000000:3B:00.0", "0", "108"]
+    assert out[1].split()[-6:] == ["GPU-11111111-2222-3333-4444-555555555555", str(24 * 10**9), "0",
+                                   "00000000:28:00.0", "1", "132"]
+    assert out[2] == "1 0"
+
+
+def test_bad_config_is_one_clear_error(fake_env):
+    fake_env["FAKEGPU_DEVICES"] = "memory=lots"
+    p = run_py("import pynvml as n; n.nvmlInit()", fake_env, check=False)
+    assert p.returncode == 2
+    assert "fakegpu: invalid configuration: device key 'memory' = 'lots'" in p.stderr
+
+
+def test_over_allocation_fails_across_processes_and_dead_memory_is_released(fake_env):
+    fake_env["FAKEGPU_COUNT"] = "1"
+    fake_env["FAKEGPU_MEMORY"] = "1Gi"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", """
+import sys, cuda_probe as c
+c.init(); rc, p = c.alloc(700 << 20); assert rc == 0
+print("ready", flush=True); sys.stdin.read()
+"""], env=fake_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        code = """
+import cuda_probe as c, pynvml as n
+c.init()
+print(c.alloc(400 << 20)[0], c.alloc(300 << 20)[0])
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+print(sorted(p.usedGpuMemory >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)))
+"""
+        out = run_py(code, fake_env).stdout.split("\n")
+        assert out[0] == "2 0"      # 700+400 > 1024 MiB fails; 700+300 fits
+        assert out[1] == "[300, 700]"
+    finally:
+        holder.kill()
+        holder.wait()
+    out = run_py("import cuda_probe as c; c.init(); print(c.alloc(1000 << 20)[0])", fake_env).stdout
+    assert out.strip() == "0"
+
+
+def test_rounding_contexts_and_mem_info(fake_env):
+    fake_env["FAKEGPU_MEMORY"] = "8Gi"
+    fake_env["FAKEGPU_CONTEXT_MEM"] = "500Mi"
+    out = run_py("""
+import cuda_probe as c
+c.init()
+f0, t = c.mem_info()
+rc, p = c.alloc(3 << 20)           # rounded to 4 MiB
+f1, _ = c.mem_info()
+rc2, q = c.alloc(100)              # rounded to 512 B
+f2, _ = c.mem_info()
+print(t, t - f0, f0 - f1, f1 - f2, c.free(p), c.free(p), c.free(0))
+""", fake_env).stdout.split()
+    assert out == [str(8 * GiB), str(500 * MiB), str(4 * MiB), "512", "0", "1", "0"]
+
+
+def test_kernels_take_time_and_show_up_in_process_utilization(fake_env):
+    out = run_py("""
+import time, os, cuda_probe as c, pynvml as n
+c.init()
+fn = c.function(b"busy_20ms")
+t0 = time.monotonic()
+for _ in range(20):
+    assert c.launch(fn) == 0
+enq = time.monotonic() - t0
+assert c.cu.cuStreamQuery(None) == 600        # CUDA_ERROR_NOT_READY
+c.check(c.cu.cuCtxSynchronize())
+took = time.monotonic() - t0
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+s = n.nvmlDeviceGetProcessUtilization(h, 0)
+print(enq < 0.05, 0.38 < took < 1.5, [(x.pid == os.getpid(), x.smUtil) for x in s])
+""", fake_env).stdout.strip()
+    assert out == "True True [(True, 100)]"
+
+
+def test_big_grid_takes_more_waves_and_cooperative_limit(fake_env):
+    fake_env["FAKEGPU_SMS"] = "2"   # one wave = 2 SMs x 16 blocks = 32 blocks
+    out = run_py("""
+import time, cuda_probe as c
+c.init()
+fn = c.function(b"k_10ms")
+t0 = time.monotonic(); c.launch(fn, grid=64); c.check(c.cu.cuCtxSynchronize()); t = time.monotonic() - t0
+print(0.019 < t < 0.2, c.cu.cuLaunchCooperativeKernel(fn, 33, 1, 1, 1, 1, 1, 0, None, None))
+""", fake_env).stdout.split()
+    assert out == ["True", "720"]
+
+
+def test_get_proc_address_honours_version_and_per_thread_flag(fake_env):
+    out = run_py("""
+import ctypes as C, cuda_probe as c
+cu = c.cu
+def addr(name): return C.cast(getattr(cu, name), C.c_void_p).value
+def q(sym, ver, flags):
+    p, st = C.c_void_p(), C.c_int()
+    rc = cu.cuGetProcAddress_v2(sym, C.byref(p), ver, C.c_uint64(flags), C.byref(st))
+    return rc, st.value, p.value
+print(q(b"cuMemAlloc", 3000, 0)[2] == addr("cuMemAlloc"), q(b"cuMemAlloc", 12000, 0)[2] == addr("cuMemAlloc_v2"))
+print(q(b"cuLaunchKernel", 12000, 2)[2] == addr("cuLaunchKernel_ptsz"), q(b"cuLaunchKernel", 12000, 0)[2] == addr("cuLaunchKernel"))
+print(q(b"cuCtxCreate", 12080, 0)[2] == addr("cuCtxCreate_v4"), q(b"cuCtxCreate", 11040, 0)[2] == addr("cuCtxCreate_v3"))
+print(q(b"cuNoSuchThing", 12000, 0)[:2], q(b"cuMemAllocAsync", 11000, 0)[:2])
+""", fake_env).stdout.splitlines()
+    assert out == ["True True", "True True", "True True", "(500, 1) (500, 2)"]
+
+
+def test_xid_events_from_file_and_from_call(fake_env, tmp_path):
+    out = run_py("""
+import ctypes as C, os, pynvml as n
+n.nvmlInit()
+h1 = n.nvmlDeviceGetHandleByIndex(1)
+es = n.nvmlEventSetCreate()
+n.nvmlDeviceRegisterEvents(h1, n.nvmlEventTypeXidCriticalError, es)
+open(os.environ["FAKEGPU_STATE_DIR"] + "/xid", "w").write("0 31\\nGPU-f00dfeed-0000-4000-8000-000000000001 79\\n")
+e = n.nvmlEventSetWait(es, 2000)
+print(e.eventType, e.eventData, n.nvmlDeviceGetIndex(e.device))
+C.CDLL("libnvidia-ml.so.1").fakegpu_inject_xid(1, 48)
+print(n.nvmlEventSetWait(es, 2000).eventData)
+try:
+    n.nvmlEventSetWait(es, 50)
+except n.NVMLError_Timeout:
+    print("timeout")
+""", fake_env).stdout.split("\n")
+    assert out[:3] == ["8 79 1", "48", "timeout"]
+
+
+def test_visible_devices_filter_and_order(fake_env):
+    fake_env["FAKEGPU_COUNT"] = "4"
+    fake_env["CUDA_VISIBLE_DEVICES"] = "2,GPU-f00dfeed-0000-4000-8000-000000000000,9,1"
+    out = run_py("""
+import ctypes as C, cuda_probe as c
+c.check(c.cu.cuInit(0))
+n = C.c_int(); c.cu.cuDeviceGetCount(C.byref(n))
+ids = []
+for i in range(n.value):
+    b = C.create_string_buffer(32); c.cu.cuDeviceGetPCIBusId(b, 32, i); ids.append(b.value.decode())
+print(n.value, ids)
+""", fake_env).stdout.strip()
+    assert out == "2 ['0000:38:00.0', '0000:18:00.0']"
