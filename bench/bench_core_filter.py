@@ -1,6 +1,7 @@
 """Fit+score latency of one 1-GPU pod against 1000 nodes x 8 GPUs with 5000 pods placed.
 
-Prints p50/p99 of ``hami.core.filter_pod`` (pure decision, ledger untouched) and, as an
+Prints p50/p99 of ``hami.core.filter_pod`` (pure decision, ledger untouched) for the target
+case and two harder ones (a type-restricted pod, a pod that fits nowhere), and, as an
 in-process baseline, the time of a trivial loop touching each node once (a dict lookup and a
 float compare), so figures can be compared across machines. Run: ``make bench`` or
 ``.venv/bin/python bench/bench_core_filter.py [--nodes N] [--pods P] [--runs R]``.
@@ -37,10 +38,14 @@ def build(n_nodes: int, n_pods: int, config: SchedulerConfig, seed: int = 7) -> 
     return ledger
 
 
-def make_pod(name: str, gpus: int, mem: int, cores: int) -> dict:
-    return {"metadata": {"name": name, "namespace": "bench", "uid": name},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {
-                "nvidia.com/gpu": gpus, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores}}}]}}
+def make_pod(name: str, gpus: int, mem: int | None, cores: int | None, annotations: dict | None = None) -> dict:
+    limits = {"nvidia.com/gpu": gpus}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = mem
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = cores
+    return {"metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -59,14 +64,14 @@ def main() -> None:
     t0 = time.perf_counter()
     ledger = build(args.nodes, args.pods, config)
     setup = time.perf_counter() - t0
-    pod, _ = admit_pod(make_pod("probe", 1, 3000, 30), config.vendors)
     names = ledger.node_names()
-    samples = []
-    for _ in range(args.runs):
-        t = time.perf_counter()
-        result = filter_pod(pod, names, ledger, config, 0.0)
-        samples.append(time.perf_counter() - t)
-    assert result.node is not None
+    probes = [
+        ("1-GPU pod (target case)", make_pod("probe", 1, 3000, 30), args.runs),
+        ("1-GPU pod, use-gputype L4", make_pod("probe-l4", 1, 3000, 30, {"nvidia.com/use-gputype": "L4"}), args.runs),
+        ("8-GPU exclusive pod", make_pod("probe-8x", 8, None, None), args.runs),
+        ("1-GPU 100 GB pod, fits nowhere (reasons for every node)", make_pod("probe-big", 1, 102400, 10),
+         max(5, args.runs // 20)),
+    ]
     summaries = {n: ledger.summary(n) for n in names}
     base = []
     for _ in range(args.runs):
@@ -77,13 +82,22 @@ def main() -> None:
             if best is None or s.used > best:
                 best = s.used
         base.append(time.perf_counter() - t)
-    p50, p99 = percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3
     b50 = percentile(base, 50) * 1e3
     print(f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} pods placed (setup {setup:.1f}s), node policy {args.node_policy}")
-    print(f"filter_pod 1-GPU pod: p50 {p50:.3f} ms  p99 {p99:.3f} ms  over {args.runs} runs -> node {result.node}")
-    print(f"baseline (one dict lookup + compare per node): p50 {b50:.3f} ms; filter p50 / baseline p50 = {p50 / b50:.1f}x")
-    print(f"target p99 < 10 ms: {'met' if p99 < 10 else 'NOT met'}")
-
+    print(f"baseline (one dict lookup + compare per node): p50 {b50:.3f} ms")
+    for label, raw, runs in probes:
+        pod, _ = admit_pod(raw, config.vendors)
+        samples = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            result = filter_pod(pod, names, ledger, config, 0.0)
+            samples.append(time.perf_counter() - t)
+        p50, p99 = percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3
+        print(f"filter_pod, {label}: p50 {p50:.3f} ms  p99 {p99:.3f} ms  ({p50 / b50:.0f}x baseline) "
+              f"over {runs} runs -> {result.node or 'pending on %d nodes' % len(result.failed)}")
+        if label.endswith("(target case)"):
+            target = p99
+    print(f"target (1-GPU pod) p99 < 10 ms: {'met' if target < 10 else 'NOT met'} ({target:.3f} ms)")
 
 if __name__ == "__main__":
     main()

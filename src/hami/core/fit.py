@@ -109,16 +109,12 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             chosen = []
         prev_numa = numa
         mem = mems[i]
-        bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem, ctx.policy.mutex)
+        quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, chosen, view, ci, req, d, mem, kinds)
+        bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem,
+                                    ctx.policy.mutex, quota_fits)
         if bad is not None:
             reasons.add(bad, d.id)
             continue
-        if ctx.quota is not None:
-            trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
-            trial.append((ci, req.vendor, d.id, mem, req.coresreq))
-            if not ctx.quota.allows(trial, kinds, req.vendor):
-                reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, d.id)
-                continue
         chosen.append((i, mem))
         if len(chosen) == req.nums:
             return tuple(
@@ -130,6 +126,21 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
         for j, _ in chosen:
             reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
     return reasons.failure(ci, req.vendor)
+
+
+def _always() -> bool:
+    return True
+
+
+def _quota_probe(quota: QuotaRoom, picks: list[Pick], chosen: list[tuple[int, int]], view: NodeView, ci: int,
+                 req: ContainerDeviceRequest, d: DeviceInfo, mem: int, kinds: list[ContainerKind]) -> Callable[[], bool]:
+    """Would the pod's collapsed usage, with this device added, still fit the namespace quota?"""
+    def probe() -> bool:
+        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
+        trial.append((ci, req.vendor, d.id, mem, req.coresreq))
+        return quota.allows(trial, kinds, req.vendor)
+
+    return probe
 
 
 def _apply(view: NodeView, devices: Sequence[ContainerDevice], index_of: Mapping[str, int]) -> None:

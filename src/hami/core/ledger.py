@@ -36,6 +36,7 @@ class VendorSummary:
     max_free_mem: int = 0
     max_free_cores: int = 0
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
+    types: frozenset[str] = frozenset()  # models of the schedulable devices
 
 
 @dataclass(slots=True)
@@ -74,6 +75,8 @@ class NodeState:
             if not d.health or d.id in self.node.cordoned:
                 continue
             v.devices += 1
+            if d.type not in v.types:
+                v.types = v.types | {d.type}
             v.free_slot += u < d.count
             v.idle += u == 0 or d.devcore != 100
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
@@ -120,6 +123,9 @@ class Ledger:
 
     def summary(self, name: str) -> NodeSummary:
         return self._nodes[name].summary
+
+    def has_device(self, name: str, uuid: str) -> bool:
+        return uuid in self._nodes[name].index_of
 
     def view(self, name: str) -> NodeView:
         st = self._nodes[name]

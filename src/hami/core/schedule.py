@@ -112,11 +112,27 @@ def _demand(pod: PodRequest) -> _Demand:
     return _Demand(slots=total[0], cores=total[1], mem=total[2], pct=total[3], checks=checks)
 
 
-def _quick_reject(s: NodeSummary, demand: _Demand) -> bool:
+class _TypeGate:
+    """Per pod: does a node have at least one device model the pod's selection accepts?"""
+
+    def __init__(self, ctx: FitContext) -> None:
+        self._ctx = ctx
+        self._memo: dict[tuple[str, frozenset[str]], bool] = {}
+
+    def admits(self, vendor: str, types: frozenset[str]) -> bool:
+        key = (vendor, types)
+        hit = self._memo.get(key)
+        if hit is None:
+            v, sel = self._ctx.vendors[vendor], self._ctx.selections[vendor]
+            hit = self._memo[key] = any(v.type_admits(t, sel) for t in types)
+        return hit
+
+
+def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate) -> bool:
     """Necessary conditions from the summary; True means the pod certainly does not fit."""
     for vendor, nums, memreq, pct, cores in demand.checks:
         v = s.vendors.get(vendor)
-        if v is None or v.free_slot < nums:
+        if v is None or v.free_slot < nums or not gate.admits(vendor, v.types):
             return True
         if memreq and v.max_free_mem < memreq:
             return True
@@ -162,9 +178,10 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     demand = _demand(req)
     lazy = all(v.node_score_neutral for v in used_vendors)
     ranked, skipped = [], []
+    gate = _TypeGate(ctx)
     for n in names:
         s = ledger.summary(n)
-        if _quick_reject(s, demand):
+        if _quick_reject(s, demand, gate):
             skipped.append(n)
         else:
             ranked.append((_score(s, demand, len(ledger.node(n).devices)), n))

@@ -29,7 +29,7 @@ How to add a vendor (e.g. Hygon DCU)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy, encode_pod_devices
 from hami.core.errors import CodecError
@@ -151,16 +151,22 @@ class BaseVendor:
 
     def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
         """Static checks that do not depend on usage (type, mode, UUID lists)."""
-        model = device.type.lower()
-        if sel.use_types and not any(t in model for t in sel.use_types):
-            return Reason.CARD_TYPE_MISMATCH
-        if any(t in model for t in sel.nouse_types):
+        if not self.type_admits(device.type, sel):
             return Reason.CARD_TYPE_MISMATCH
         if sel.use_uuids and device.id not in sel.use_uuids:
             return Reason.CARD_UUID_MISMATCH
         if device.id in sel.nouse_uuids:
             return Reason.CARD_UUID_MISMATCH
         return None
+
+    def type_admits(self, model: str, sel: Selection) -> bool:
+        """Whether the pod's type selection accepts a device model. The core also uses it to skip
+        whole nodes (from the set of models in the node summary), so it must depend only on
+        ``model`` and ``sel``."""
+        model = model.lower()
+        if sel.use_types and not any(t in model for t in sel.use_types):
+            return False
+        return not any(t in model for t in sel.nouse_types)
 
     def resolve_memory(self, device: DeviceInfo, request: ContainerDeviceRequest) -> int:
         """MiB this request takes on ``device`` (absolute, or a percentage of its memory)."""
@@ -172,13 +178,18 @@ class BaseVendor:
 
     def capacity_check(
         self, device: DeviceInfo, used: int, usedmem: int, usedcores: int,
-        request: ContainerDeviceRequest, mem: int, mutex: bool,
+        request: ContainerDeviceRequest, mem: int, mutex: bool, quota_fits: Callable[[], bool],
     ) -> Reason | None:
-        """HAMi's NVIDIA capacity rules (§5.4 steps 6-14), in HAMi's order."""
+        """HAMi's NVIDIA capacity rules (§5.4 steps 6-14), in HAMi's order.
+
+        ``quota_fits()`` tells whether taking this device keeps the namespace within quota.
+        """
         if device.count <= used:
             return Reason.CARD_TIME_SLICING_EXHAUSTED
         if mutex and used > 0:
             return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        if not quota_fits():
+            return Reason.RESOURCE_QUOTA_NOT_FIT
         if device.devmem - usedmem < mem:
             return Reason.CARD_INSUFFICIENT_MEMORY
         cores = request.coresreq
