@@ -77,8 +77,9 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     sel = ctx.selections[req.vendor]
     idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor]
     if req.nums > len(idxs):
+        # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
         return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
-                           container=ci, vendor=req.vendor)
+                           container=ci, vendor=req.vendor, bare=True)
     mems = {i: vendor.resolve_memory(view.devices[i], req) for i in idxs}
     w = ctx.weights
     ranked = sorted(

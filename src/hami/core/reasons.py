@@ -48,10 +48,11 @@ class NodeFailure:
     devices: tuple[tuple[Reason, tuple[str, ...]], ...] = ()  # UUIDs per reason
     container: int = -1  # index (annotation order) of the container that failed; -1 = node-level
     vendor: str = ""
+    bare: bool = False  # node-level reason: HAMi prints the code alone, without counts
 
     def render(self) -> str:
-        if self.counts and self.counts[0][0] is Reason.NODE_UNREGISTERED:
-            return Reason.NODE_UNREGISTERED.value
+        if self.bare:
+            return ", ".join(r.value for r, _ in self.counts)
         items = sorted(f"{n}/{self.total} {r.value}" for r, n in self.counts)
         return ", ".join(items)
 
@@ -83,7 +84,7 @@ class ReasonCounter:
         )
 
 
-UNREGISTERED = NodeFailure(total=0, counts=((Reason.NODE_UNREGISTERED, 1),))
+UNREGISTERED = NodeFailure(total=0, counts=((Reason.NODE_UNREGISTERED, 1),), bare=True)
 
 
 def parse_reason(text: str) -> dict[str, tuple[int, int]]:
