@@ -257,3 +257,39 @@ def test_reason_codes_render_like_hami():
     assert Reason.CARD_INSUFFICIENT_MEMORY.value == "CardInsufficientMemory"
     assert parse_reason("1/4 CardInsufficientMemory, 3/4 CardUuidMismatch") == {
         "CardInsufficientMemory": (1, 4), "CardUuidMismatch": (3, 4)}
+
+
+# ---------------------------------------------------------------- topology-aware
+
+def _topology_ledger():
+    from hami.core import encode_node_devices_json, node_devices_from_object
+    from hami.core.codec import encode_pair_scores
+
+    devs = [gpu("n", i) for i in range(4)]
+    links = {(0, 1): 200, (2, 3): 100}
+    scores = {f"GPU-n-{a}": {f"GPU-n-{b}": links.get((min(a, b), max(a, b)), 10) for b in range(4) if b != a}
+              for a in range(4)}
+    obj = {"metadata": {"name": "n", "annotations": {
+        "hami.io/node-nvidia-register": encode_node_devices_json(devs),
+        "hami.io/node-nvidia-score": encode_pair_scores(scores)}}}
+    return ledger(node_devices_from_object(obj, CONFIG.vendors))
+
+
+def test_topology_aware_picks_the_best_connected_pair():
+    p = pod(containers=[ctr(gpu=2, mem=100, cores=5)], annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    (devs,) = filter_pod(p, None, _topology_ledger(), CONFIG, 0).allocation.devices["NVIDIA"]
+    assert sorted(d.uuid for d in devs) == ["GPU-n-0", "GPU-n-1"]
+
+
+def test_topology_aware_single_gpu_keeps_well_connected_groups_free():
+    p = pod(containers=[ctr(gpu=1, mem=100, cores=5)], annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    (devs,) = filter_pod(p, None, _topology_ledger(), CONFIG, 0).allocation.devices["NVIDIA"]
+    assert [d.uuid for d in devs] == ["GPU-n-2"]
+
+
+def test_malformed_pair_scores_name_the_annotation():
+    from hami.core import CodecError, node_devices_from_object
+
+    obj = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-score": "[{\"uuid\": 3}]"}}}
+    with pytest.raises(CodecError, match="hami.io/node-nvidia-score"):
+        node_devices_from_object(obj, CONFIG.vendors)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import CodecError
 from .types import ContainerDevice, DeviceInfo, MigProfile, PodSingleDevice
@@ -140,6 +140,30 @@ def _device_to_json(d: DeviceInfo) -> dict:
 def encode_node_devices_json(devices: Iterable[DeviceInfo]) -> str:
     """The registration annotation value a device plugin writes (HAMi ``MarshalNodeDevices``)."""
     return _go_json([_device_to_json(d) for d in devices])
+
+
+def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[str, int]]:
+    """Topology annotation (``hami.io/node-nvidia-score``) -> ``{uuid: {uuid: score}}``."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CodecError(f"annotation {where}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise CodecError(f"annotation {where}: must be a JSON array, got {type(data).__name__}")
+    out: dict[str, dict[str, int]] = {}
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or not isinstance(item.get("uuid"), str) or not isinstance(item.get("score", {}), dict):
+            raise CodecError(f"annotation {where}: entry {i} must be {{\"uuid\": str, \"score\": {{uuid: int}}}}")
+        scores = item.get("score") or {}
+        bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise CodecError(f"annotation {where}: entry {i} ({item['uuid']}): score for {bad[0]!r} must be an integer")
+        out[item["uuid"]] = dict(scores)
+    return out
+
+
+def encode_pair_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
+    return _go_json([{"uuid": u, "score": dict(s)} for u, s in scores.items()])
 
 
 # --------------------------------------------------------------- node registration: legacy colon

@@ -7,6 +7,7 @@ NUMA binding, quota, reason counting and container phases (init / sidecar / regu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 from typing import Any, Callable, Mapping, Sequence
 
 from .reasons import NodeFailure, Reason, ReasonCounter
@@ -25,9 +26,11 @@ class NodeView:
     usedmem: list[int]
     usedcores: list[int]
     cordoned: frozenset[str] = frozenset()
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def copy(self) -> "NodeView":
-        return NodeView(self.name, self.devices, self.used[:], self.usedmem[:], self.usedcores[:], self.cordoned)
+        return NodeView(self.name, self.devices, self.used[:], self.usedmem[:], self.usedcores[:], self.cordoned,
+                        self.pair_scores)
 
     def take(self, i: int, mem: int, cores: int, slots: int = 1) -> None:
         self.used[i] += slots
@@ -110,23 +113,68 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             chosen = []
         prev_numa = numa
         mem = mems[i]
-        quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, chosen, view, ci, req, d, mem, kinds)
+        prior = [] if ctx.policy.topology_aware else chosen  # topology: combinations are checked jointly later
+        quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, prior, view, ci, req, d, mem, kinds)
         bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem,
                                     ctx.policy.mutex, quota_fits)
         if bad is not None:
             reasons.add(bad, d.id)
             continue
         chosen.append((i, mem))
-        if len(chosen) == req.nums:
-            return tuple(
-                ContainerDevice(uuid=view.devices[j].id, type=req.type, usedmem=m, usedcores=req.coresreq,
-                                index=view.devices[j].index)
-                for j, m in chosen
-            )
+        if len(chosen) == req.nums and not ctx.policy.topology_aware:
+            return _granted(view, req, chosen)
+    if ctx.policy.topology_aware and len(chosen) >= req.nums:
+        best = _best_topology(view, req, chosen, ctx, picks, ci, kinds, sel.numa_bind)
+        if best is not None:
+            return _granted(view, req, best)
+        for j, _ in chosen:
+            reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, view.devices[j].id)
+        return reasons.failure(ci, req.vendor)
     if chosen:
         for j, _ in chosen:
             reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
     return reasons.failure(ci, req.vendor)
+
+
+def _granted(view: NodeView, req: ContainerDeviceRequest, chosen: Sequence[tuple[int, int]]) -> tuple[ContainerDevice, ...]:
+    return tuple(
+        ContainerDevice(uuid=view.devices[j].id, type=req.type, usedmem=m, usedcores=req.coresreq,
+                        index=view.devices[j].index)
+        for j, m in chosen
+    )
+
+
+def _pair(view: NodeView, a: int, b: int) -> int:
+    ua, ub = view.devices[a].id, view.devices[b].id
+    return view.pair_scores.get(ua, {}).get(ub, 0)
+
+
+def _best_topology(view: NodeView, req: ContainerDeviceRequest, cands: list[tuple[int, int]], ctx: FitContext,
+                   picks: list[Pick], ci: int, kinds: list[ContainerKind],
+                   numa_bind: bool) -> list[tuple[int, int]] | None:
+    """HAMi's topology-aware choice among all fitting devices (§5.4), ties to the earlier-ranked.
+
+    One device: the candidate least connected to the others (keeps well-connected groups free).
+    Several: the combination with the highest sum of pairwise link scores.
+    """
+    def quota_ok(combo) -> bool:
+        if ctx.quota is None:
+            return True
+        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        return ctx.quota.allows(trial, kinds, req.vendor)
+
+    if req.nums == 1:
+        order = sorted(range(len(cands)), key=lambda k: (
+            sum(_pair(view, cands[k][0], o[0]) for o in cands if o[0] != cands[k][0]), k))
+        return next(([cands[k]] for k in order if quota_ok([cands[k]])), None)
+    best, best_score = None, -1
+    for combo in combinations(cands, req.nums):
+        if numa_bind and len({view.devices[j].numa for j, _ in combo}) > 1:
+            continue
+        score = sum(_pair(view, a[0], b[0]) for a, b in combinations(combo, 2))
+        if score > best_score and quota_ok(combo):
+            best, best_score = list(combo), score
+    return best
 
 
 def _always() -> bool:

@@ -129,7 +129,8 @@ class Ledger:
 
     def view(self, name: str) -> NodeView:
         st = self._nodes[name]
-        return NodeView(name, st.node.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned)
+        return NodeView(name, st.node.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned,
+                        st.node.pair_scores)
 
     def device_usage(self, name: str) -> Iterator[tuple[DeviceInfo, int, int, int]]:
         """``(device, used slots, used MiB, used cores)`` for every device of the node, by index order."""
@@ -248,9 +249,11 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
     if not name:
         raise CodecError("node without metadata.name")
     devices: list[DeviceInfo] = []
+    pairs: dict[str, dict[str, int]] = {}
     for v in vendors:
         try:
             devices.extend(v.node_devices(node))
+            pairs.update(v.pair_scores(node))
         except CoreError as exc:
             raise CodecError(f"node {name}: {exc}") from None
     seen: set[str] = set()
@@ -262,6 +265,7 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
     return NodeDevices(
         name=name, devices=tuple(devices),
         cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
+        pair_scores=pairs,
     )
 
 

@@ -51,6 +51,8 @@ class NodeDevices:
     name: str
     devices: tuple[DeviceInfo, ...]
     cordoned: frozenset[str] = frozenset()  # UUIDs from hami.io/device-cordon
+    #: uuid -> uuid -> link score (hami.io/node-nvidia-score); used by the topology-aware policy
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,6 +115,10 @@ class BaseVendor:
         except CodecError as exc:
             raise CodecError(f"annotation {self.register_annotation}: {exc}") from None
 
+    def pair_scores(self, node: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+        """Device-to-device link scores for the topology-aware policy; ``{}`` when not published."""
+        return {}
+
     # ------------------------------------------------------------------ admission (webhook)
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
         """Apply admission defaults/validation to ``container`` IN PLACE (callers pass a copy).

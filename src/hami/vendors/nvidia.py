@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hami.config import NvidiaConfig
+from hami.core.codec import decode_pair_scores
 from hami.core.errors import RequestError
 from hami.core.quantity import container_resources
 from hami.core.reasons import Reason
@@ -51,6 +52,11 @@ class NvidiaVendor(BaseVendor):
                 priority=c.resource_priority_name, memory_factor=c.memory_factor,
             )
         )
+
+    def pair_scores(self, node: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+        """``hami.io/node-nvidia-score``: ``[{"uuid": "GPU-a", "score": {"GPU-b": 200}}, ...]``."""
+        text = ((node.get("metadata") or {}).get("annotations") or {}).get(self.score_annotation)
+        return decode_pair_scores(text, self.score_annotation) if text else {}
 
     # ------------------------------------------------------------------ admission (§3.3)
     def admit_container(self, container: dict, pod: dict) -> bool:
