@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod, filter_pod, schedule_pod

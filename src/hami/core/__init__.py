@@ -41,3 +41,13 @@ from .types import (
     PodAllocation,
     PodRequest,
 )
+
+__all__ = [
+    "PERCENT_UNSET", "CodecError", "ConfigError", "ContainerDevice", "ContainerDeviceRequest", "ContainerKind",
+    "ContainerRequest", "CoreError", "DeviceInfo", "DeviceUse", "FilterResult", "Ledger", "NodeDevices",
+    "NodeFailure", "PodAllocation", "PodRequest", "Reason", "RequestError", "SchedulerConfig", "admit_pod",
+    "allocation_from_pod", "collapse", "decode_node_devices_json", "decode_node_devices_legacy",
+    "decode_pod_devices", "encode_node_devices_json", "encode_node_devices_legacy", "encode_pod_devices",
+    "filter_pod", "make_allocation", "node_devices_from_object", "parse_reason", "pod_key", "pod_request",
+    "rebuild", "schedule_pod",
+]

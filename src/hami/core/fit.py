@@ -85,11 +85,12 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
                            container=ci, vendor=req.vendor, bare=True)
     mems = {i: vendor.resolve_memory(view.devices[i], req) for i in idxs}
     w = ctx.weights
+    order = device_sort_key(ctx.policy, sel.numa_bind)
     ranked = sorted(
         ((device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
                        req.coresreq, mems[i], w), d.numa, d.index, view.used[i], i)
          for i, d in ((i, view.devices[i]) for i in idxs)),
-        key=lambda t, k=device_sort_key(ctx.policy, sel.numa_bind): k(t[:4]),
+        key=lambda t: order(t[:4]),
     )
     kinds = [c.kind for c in ctx.pod.containers]
     reasons = ReasonCounter(total=len(idxs))
@@ -233,5 +234,3 @@ def make_context(pod: PodRequest, vendors: Sequence[Any], policy: DevicePolicy, 
         policy=policy, weights=weights, quota=quota,
     )
 
-
-FitFn = Callable[[NodeView, FitContext], "NodeFit | NodeFailure"]
