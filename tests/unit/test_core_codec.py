@@ -112,3 +112,17 @@ def test_pod_allocation_with_missing_fields_is_an_error():
 
 def test_registration_json_is_a_json_array():
     assert json.loads(encode_node_devices_json([])) == []
+
+
+def test_nvidia_registration_accepts_the_legacy_colon_form_too():
+    from hami.vendors import NvidiaVendor
+
+    v = NvidiaVendor()
+    node = {"metadata": {"name": "n", "annotations": {v.register_annotation: LEGACY9}}}
+    assert [d.id for d in v.node_devices(node)] == ["GPU-0055", "GPU-0056"]
+    node["metadata"]["annotations"][v.register_annotation] = "garbage"
+    with pytest.raises(CodecError, match="hami.io/node-nvidia-register: neither a JSON device list nor the legacy"):
+        v.node_devices(node)
+    node["metadata"]["annotations"][v.register_annotation] = "[{oops"
+    with pytest.raises(CodecError, match="not valid JSON"):
+        v.node_devices(node)

@@ -109,9 +109,8 @@ class BaseVendor:
         text = annotations.get(self.register_annotation)
         if not text:
             return ()
-        decode = decode_node_devices_legacy if self.register_format == "legacy" else decode_node_devices_json
         try:
-            return decode(text, self.name)
+            return decode_registration(text, self.register_format, self.name)
         except CodecError as exc:
             raise CodecError(f"annotation {self.register_annotation}: {exc}") from None
 
@@ -217,6 +216,19 @@ class BaseVendor:
         if self.to_allocate_annotation:
             out[self.to_allocate_annotation] = value
         return out
+
+
+def decode_registration(text: str, fmt: str, vendor: str) -> tuple[DeviceInfo, ...]:
+    """A registration value in ``fmt`` ("json" or "legacy"). A JSON-format vendor also accepts
+    the legacy colon form (older plugins, HAMi's protocol doc): JSON values start with ``[``."""
+    if fmt == "legacy" or not text.lstrip().startswith(("[", "{", "null")):
+        try:
+            return decode_node_devices_legacy(text, vendor)
+        except CodecError as exc:
+            if fmt == "legacy":
+                raise
+            raise CodecError(f"neither a JSON device list nor the legacy colon form ({exc})") from None
+    return decode_node_devices_json(text, vendor)
 
 
 def _lookup(container: Mapping[str, Any], where: str):
