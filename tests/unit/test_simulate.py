@@ -111,7 +111,8 @@ def test_malformed_node_is_skipped_with_a_warning(tmp_path, capsys):
      "pod default/pct: container 'main': nvidia.com/gpumem-percentage must be an integer in 0..100, got 150"),
     ([pod_doc("pol", {"nvidia.com/gpu": 1}, annotations={"hami.io/gpu-scheduler-policy": "fastest"})], [],
      "unknown GPU policy 'fastest'"),
-    ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--node-policy", "random"], "--node-scheduler-policy: unknown node policy"),
+    ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--node-policy", "random"], "--node-policy: unknown node policy 'random'"),
+    ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--gpu-policy", "best"], "--gpu-policy: unknown GPU policy 'best'"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, capsys, pods, extra, needle):
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1")])

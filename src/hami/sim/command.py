@@ -16,6 +16,7 @@ import yaml
 
 from hami.config import default_device_config, load_device_config
 from hami.core import CoreError, SchedulerConfig
+from hami.core.score import parse_gpu_policy, parse_node_policy
 
 from .engine import SimulationError, simulate
 from .report import to_json, to_table
@@ -60,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             device_config = load_device_config(text, src)
         else:
             device_config = default_device_config()
+        parse_node_policy(args.node_policy, "--node-policy")
+        parse_gpu_policy(args.gpu_policy, "--gpu-policy")
         config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy)
         result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
                           sources=(nodes_src, pods_src))
