@@ -162,3 +162,11 @@ def test_pre_placed_pods_and_quota_documents(tmp_path, capsys):
     data = json.loads(out)
     assert data["pods"][0]["status"] == "pre-placed" and data["devices"][0]["usedmem"] == 4000
     assert data["pods"][1]["reasons"] == {"n1": "1/1 ResourceQuotaNotFit"}
+
+
+def test_pod_with_node_name_is_only_fitted_there(tmp_path, capsys):
+    nodes = write(tmp_path, "nodes.yaml", [node_doc("n1"), node_doc("n2")])
+    p = pod_doc("pinned", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100, "nvidia.com/gpucores": 1})
+    p["spec"]["nodeName"] = "n2"
+    code, out, _ = sim(capsys, "--nodes", nodes, "--pods", write(tmp_path, "pods.yaml", [p]), "-o", "json")
+    assert code == 0 and json.loads(out)["pods"][0]["node"] == "n2"

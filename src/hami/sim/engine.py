@@ -3,7 +3,8 @@
 Pods go through the same admission defaults (:func:`hami.core.admit_pod`) and the same
 :func:`hami.core.schedule_pod` the extender uses. A pod document with
 ``metadata.deletionTimestamp`` deletes that pod; a pod that already carries
-``hami.io/vgpu-node`` and allocation annotations is taken as already placed; a ResourceQuota
+``hami.io/vgpu-node`` and allocation annotations is taken as already placed, one with only
+``spec.nodeName`` is fitted on that node alone; a ResourceQuota
 document sets namespace quota from that point on.
 """
 
@@ -141,7 +142,8 @@ def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, sourc
             out.containers = _containers(pod, existing.devices)
             return out
         admitted, _ = admit_pod(pod, config.vendors)
-        result = schedule_pod(admitted, None, ledger, config, now)
+        bound = (pod.get("spec") or {}).get("nodeName")  # already bound: only that node is a candidate
+        result = schedule_pod(admitted, [bound] if bound else None, ledger, config, now)
     except CoreError as exc:
         raise SimulationError(f"{source}: {exc}") from None
     if not result.needs_devices:
