@@ -20,7 +20,11 @@ How to add a vendor (e.g. Hygon DCU)
    * ``device_filter`` - static per-device checks (type/mode/uuid) returning a ``Reason``;
    * ``resolve_memory`` / ``capacity_check`` - when capacity rules differ from NVIDIA's;
    * ``node_devices`` - when devices come from ``status.capacity`` instead of an annotation;
-   * ``pod_annotations`` - extra annotations the device plugin needs.
+   * ``grant`` - what one chosen device records (type string, cores in the vendor's unit);
+   * ``choose`` (with ``chooses = True``) - pick ``nums`` devices among ALL fitting candidates
+     (topology groups, module pairs, one-card-per-pod rules) instead of the first ``nums``;
+   * ``node_score`` (with ``node_score_neutral = False``) - a vendor term added to the node score;
+   * ``pod_annotations`` - extra annotations the device plugin needs (gets node, now, pod).
 3. Add one entry to ``hami.vendors.VENDORS`` (section name -> class). Nothing registers itself
    at import time; ``build_vendors(config)`` instantiates the vendors whose section is set.
 4. Add table-driven tests in ``tests/unit/test_vendor_<name>.py``.
@@ -29,14 +33,17 @@ How to add a vendor (e.g. Hygon DCU)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from datetime import datetime
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy, encode_pod_devices
-from hami.core.errors import CodecError
+from hami.core.errors import CodecError, CoreError
+from hami.core.health import HealthMemo, HealthVerdict, handshake_health
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import (
     PERCENT_UNSET,
+    ContainerDevice,
     ContainerDeviceRequest,
     DeviceInfo,
     PodSingleDevice,
@@ -93,6 +100,12 @@ class BaseVendor:
     numa_bind_annotation: ClassVar[str | None] = None
     #: True when ``node_score`` always returns 0, which lets the core rank nodes from summaries.
     node_score_neutral: ClassVar[bool] = True
+    #: True: the fit loop collects every fitting device and calls :meth:`choose`.
+    chooses: ClassVar[bool] = False
+    #: Node lock value: ``"owner"`` = ``<RFC3339>,<ns>,<pod>`` (hami.io/mutex.lock), ``"time"`` = bare RFC3339.
+    lock_format: ClassVar[str] = "owner"
+    #: Lock expiry in seconds; None = the scheduler's ``--node-lock-timeout``.
+    lock_expiry_seconds: ClassVar[float | None] = None
 
     resources: ResourceNames
 
@@ -113,6 +126,23 @@ class BaseVendor:
             return decode_registration(text, self.register_format, self.name)
         except CodecError as exc:
             raise CodecError(f"annotation {self.register_annotation}: {exc}") from None
+
+    def check_health(self, node: Mapping[str, Any], now: datetime, memo: HealthMemo) -> HealthVerdict:
+        """Registration-loop liveness (§4.4). Default: the generic handshake, or always healthy
+        (re-read every pass) for vendors without a handshake annotation."""
+        if not self.handshake_annotation:
+            return HealthVerdict(True, True)
+        meta = node.get("metadata") or {}
+        value = (meta.get("annotations") or {}).get(self.handshake_annotation)
+        return handshake_health(value, self.allocatable(node), now)
+
+    def allocatable(self, node: Mapping[str, Any]) -> int:
+        """``status.allocatable[<count resource>]`` as an int (0 when absent or unparsable)."""
+        raw = ((node.get("status") or {}).get("allocatable") or {}).get(self.resources.count, 0)
+        try:
+            return parse_int_quantity(raw, "allocatable")
+        except CoreError:
+            return 0
 
     def pair_scores(self, node: Mapping[str, Any]) -> dict[str, dict[str, int]]:
         """Device-to-device link scores for the topology-aware policy; ``{}`` when not published."""
@@ -204,13 +234,33 @@ class BaseVendor:
             return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
         return None
 
-    def node_score(self, node: str, devices: PodSingleDevice, policy: str) -> float:
-        """Vendor-specific node score added to the generic one (0 for neutral vendors)."""
+    def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
+        """The record of one chosen device (serialised in the allocation annotation)."""
+        return ContainerDevice(uuid=device.id, type=request.type, usedmem=mem, usedcores=request.coresreq,
+                               index=device.index)
+
+    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
+               prior: Sequence[str]) -> Sequence[int] | Reason:
+        """Pick ``request.nums`` of ``candidates`` (positions in ``devices``, best-ranked first, all of
+        which passed every check). ``prior``: UUIDs of this vendor already granted to earlier containers
+        of the pod. Return the chosen positions, or the :class:`Reason` counted against every candidate.
+        Only called when ``chooses`` is True and there are at least ``nums`` candidates."""
+        return list(candidates[: request.nums])
+
+    def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
+        """Vendor-specific node score added to the generic one (0 for neutral vendors).
+
+        ``view`` (non-neutral vendors only): the node's :class:`~hami.core.fit.NodeView` BEFORE this
+        pod's allocation (devices with their custominfo, and usage)."""
         return 0.0
 
     # ------------------------------------------------------------------ decision annotations
-    def pod_annotations(self, devices: PodSingleDevice) -> dict[str, str]:
-        """Annotations recording this vendor's decision on the pod (§5.5)."""
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None) -> dict[str, str]:
+        """Annotations recording this vendor's decision on the pod (§5.5).
+
+        ``node``: the chosen node; ``now``: unix seconds of the decision; ``pod``: the
+        :class:`~hami.core.types.PodRequest` (container names, the pod's annotations)."""
         value = encode_pod_devices(devices)
         out = {self.allocated_annotation: value}
         if self.to_allocate_annotation:

@@ -7,11 +7,13 @@ names and defaults from ``device-config.yaml`` (§3.3, §5.4), the type/mode/UUI
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Mapping
 
 from hami.config import NvidiaConfig
 from hami.core.codec import decode_pair_scores
 from hami.core.errors import RequestError
+from hami.core.health import HealthMemo, HealthVerdict, nvidia_health
 from hami.core.quantity import container_resources
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
@@ -52,6 +54,13 @@ class NvidiaVendor(BaseVendor):
                 priority=c.resource_priority_name, memory_factor=c.memory_factor,
             )
         )
+
+    def check_health(self, node: Mapping[str, Any], now: datetime, memo: HealthMemo) -> HealthVerdict:
+        """NVIDIA: liveness = allocatable ``nvidia.com/gpu`` > 0; refresh = registration changed."""
+        generic = super().check_health(node, now, memo)
+        meta = node.get("metadata") or {}
+        text = (meta.get("annotations") or {}).get(self.register_annotation, "")
+        return nvidia_health(memo, meta.get("name", ""), self.allocatable(node), text, generic)
 
     def pair_scores(self, node: Mapping[str, Any]) -> dict[str, dict[str, int]]:
         """``hami.io/node-nvidia-score``: ``[{"uuid": "GPU-a", "score": {"GPU-b": 200}}, ...]``."""
