@@ -95,6 +95,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     kinds = [c.kind for c in ctx.pod.containers]
     reasons = ReasonCounter(total=len(idxs))
     chosen: list[tuple[int, int]] = []  # (device position, mem)
+    collect = ctx.policy.topology_aware or vendor.chooses  # gather every fitting device, choose after
     prev_numa: int | None = None
     for _score, numa, _index, _used, i in ranked:
         d = view.devices[i]
@@ -114,7 +115,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             chosen = []
         prev_numa = numa
         mem = mems[i]
-        prior = [] if ctx.policy.topology_aware else chosen  # topology: combinations are checked jointly later
+        prior = [] if collect else chosen  # collecting: combinations are checked jointly later
         quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, prior, view, ci, req, d, mem, kinds)
         bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem,
                                     ctx.policy.mutex, quota_fits)
@@ -122,12 +123,19 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             reasons.add(bad, d.id)
             continue
         chosen.append((i, mem))
-        if len(chosen) == req.nums and not ctx.policy.topology_aware:
-            return _granted(view, req, chosen)
+        if len(chosen) == req.nums and not collect:
+            return _granted(view, vendor, req, chosen)
+    if vendor.chooses and len(chosen) >= req.nums:
+        got = _vendor_choice(view, vendor, req, chosen, picks, ctx, ci, kinds)
+        if not isinstance(got, Reason):
+            return _granted(view, vendor, req, got)
+        for j, _ in chosen:
+            reasons.add(got, view.devices[j].id)
+        return reasons.failure(ci, req.vendor)
     if ctx.policy.topology_aware and len(chosen) >= req.nums:
         best = _best_topology(view, req, chosen, ctx, picks, ci, kinds, sel.numa_bind)
         if best is not None:
-            return _granted(view, req, best)
+            return _granted(view, vendor, req, best)
         for j, _ in chosen:
             reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, view.devices[j].id)
         return reasons.failure(ci, req.vendor)
@@ -137,12 +145,28 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     return reasons.failure(ci, req.vendor)
 
 
-def _granted(view: NodeView, req: ContainerDeviceRequest, chosen: Sequence[tuple[int, int]]) -> tuple[ContainerDevice, ...]:
-    return tuple(
-        ContainerDevice(uuid=view.devices[j].id, type=req.type, usedmem=m, usedcores=req.coresreq,
-                        index=view.devices[j].index)
-        for j, m in chosen
-    )
+def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
+             chosen: Sequence[tuple[int, int]]) -> tuple[ContainerDevice, ...]:
+    return tuple(vendor.grant(view.devices[j], req, m) for j, m in chosen)
+
+
+def _vendor_choice(view: NodeView, vendor: Any, req: ContainerDeviceRequest, cands: list[tuple[int, int]],
+                   picks: list[Pick], ctx: FitContext, ci: int,
+                   kinds: list[ContainerKind]) -> list[tuple[int, int]] | Reason:
+    """The vendor's own pick among all fitting devices (``vendor.choose``), then the joint quota check."""
+    mem_of = dict(cands)
+    prior = [p[2] for p in picks if p[1] == req.vendor]
+    got = vendor.choose(view.devices, req, [j for j, _ in cands], prior)
+    if isinstance(got, Reason):
+        return got
+    if len(got) != req.nums or len(set(got)) != req.nums or any(j not in mem_of for j in got):
+        raise ValueError(f"vendor {req.vendor}: choose() must return {req.nums} of the candidates, got {list(got)}")
+    combo = [(j, mem_of[j]) for j in got]
+    if ctx.quota is not None:
+        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        if not ctx.quota.allows(trial, kinds, req.vendor):
+            return Reason.RESOURCE_QUOTA_NOT_FIT
+    return combo
 
 
 def _pair(view: NodeView, a: int, b: int) -> int:

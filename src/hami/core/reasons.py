@@ -32,6 +32,10 @@ class Reason(str, Enum):
     NODE_FIT_POD = "NodeFitPod"
     RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
     MODE_NOT_FIT = "ModeNotFit"
+    # MetaX sGPU's own codes
+    CARD_UNHEALTHY = "CardUnhealthy"
+    CARD_QOS_POLICY_MISMATCH = "CardQosPolicyMismatch"
+    CARD_APP_CLASS_MISMATCH = "CardAppClassMismatch"
     # node-level, not from a device walk
     NODE_UNREGISTERED = "node unregistered"
 

@@ -194,7 +194,7 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
         if isinstance(res, NodeFailure):
             failed[n] = res
             continue
-        score += sum(ledger_vendor_score(v, n, res, node_policy) for v in used_vendors)
+        score += sum(ledger_vendor_score(v, n, res, node_policy, ledger) for v in used_vendors)
         scores[n] = score
         if best is None or (sign * score, n) < (sign * best[0], best[1].node):
             best = (score, res)
@@ -208,15 +208,18 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
-        annotations.update(v.pod_annotations(fit.devices[v.name]))
+        annotations.update(v.pod_annotations(fit.devices[v.name], node=fit.node, now=now, pod=req))
     return FilterResult(
         pod=req, node=fit.node, allocation=make_allocation(pod, fit.node, fit.devices),
         failed=dict(sorted(failed.items())), scores=scores, annotations=annotations,
     )
 
 
-def ledger_vendor_score(vendor: Any, node: str, fit: NodeFit, policy: str) -> float:
-    return vendor.node_score(node, fit.devices.get(vendor.name, ()), policy)
+def ledger_vendor_score(vendor: Any, node: str, fit: NodeFit, policy: str, ledger: Ledger | None = None) -> float:
+    if vendor.node_score_neutral:
+        return vendor.node_score(node, fit.devices.get(vendor.name, ()), policy)
+    view = ledger.view(node) if ledger is not None else None
+    return vendor.node_score(node, fit.devices.get(vendor.name, ()), policy, view=view)
 
 
 def schedule_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, ledger: Ledger,

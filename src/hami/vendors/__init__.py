@@ -22,8 +22,17 @@ VENDORS: tuple[tuple[str, Callable[..., BaseVendor]], ...] = (
 
 
 def build_vendors(config: DeviceConfig | None = None) -> tuple[BaseVendor, ...]:
+    """A factory returns one vendor, or a tuple of them (one section may define several backends,
+    e.g. ``vnpus`` -> one per Ascend chip, ``metax`` -> MetaX GPU and sGPU)."""
     config = config or default_device_config()
-    return tuple(factory(config.section(section)) for section, factory in VENDORS if config.section(section))
+    out: list[BaseVendor] = []
+    for section, factory in VENDORS:
+        value = config.section(section)
+        if not value:
+            continue
+        made = factory(value)
+        out.extend(made if isinstance(made, tuple) else (made,))
+    return tuple(out)
 
 
 __all__ = ["VENDORS", "BaseVendor", "NvidiaVendor", "ResourceNames", "Selection", "build_vendors"]
