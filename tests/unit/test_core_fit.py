@@ -293,3 +293,19 @@ def test_malformed_pair_scores_name_the_annotation():
     obj = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-score": "[{\"uuid\": 3}]"}}}
     with pytest.raises(CodecError, match="hami.io/node-nvidia-score"):
         node_devices_from_object(obj, CONFIG.vendors)
+
+
+
+def test_quota_admission_check_counts_init_peak_and_sidecars():
+    from hami.core import pod_request, quota_admission_check
+
+    led = ledger(node("n", n=2))
+    assert quota_admission_check(led, pod_request(pod(ns="team"), CONFIG.vendors), CONFIG.vendors) is None
+    led.set_quota("team", "q", {"limits.nvidia.com/gpumem": "6000"}, CONFIG.vendors)
+    ok = pod(ns="team", containers=[ctr("app", mem=3000)], init=[ctr("init", mem=6000)])
+    assert quota_admission_check(led, pod_request(ok, CONFIG.vendors), CONFIG.vendors) is None
+    side = pod(ns="team", containers=[ctr("app", mem=3000)], init=[ctr("side", mem=3500, sidecar=True)])
+    msg = quota_admission_check(led, pod_request(side, CONFIG.vendors), CONFIG.vendors)
+    assert msg == "exceeding resource quota: namespace team nvidia.com/gpumem request 6500 > remaining 6000"
+    pct = pod(ns="team", containers=[ctr("app", pct=100)])
+    assert quota_admission_check(led, pod_request(pct, CONFIG.vendors), CONFIG.vendors) is None

@@ -25,7 +25,15 @@ from .codec import (
 )
 from .errors import CodecError, ConfigError, CoreError, RequestError
 from .reasons import NodeFailure, Reason, parse_reason
-from .ledger import Ledger, allocation_from_pod, make_allocation, node_devices_from_object, pod_key, rebuild
+from .ledger import (
+    Ledger,
+    allocation_from_pod,
+    make_allocation,
+    node_devices_from_object,
+    pod_key,
+    quota_admission_check,
+    rebuild,
+)
 from .requests import admit_pod, pod_request
 from .schedule import FilterResult, SchedulerConfig, filter_pod, schedule_pod
 from .usage import collapse
@@ -49,5 +57,5 @@ __all__ = [
     "allocation_from_pod", "collapse", "decode_node_devices_json", "decode_node_devices_legacy",
     "decode_pod_devices", "encode_node_devices_json", "encode_node_devices_legacy", "encode_pod_devices",
     "filter_pod", "make_allocation", "node_devices_from_object", "parse_reason", "pod_key", "pod_request",
-    "rebuild", "schedule_pod",
+    "quota_admission_check", "rebuild", "schedule_pod",
 ]

@@ -19,7 +19,7 @@ from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
 from .requests import ordered_containers, pod_name
-from .types import DeviceInfo, NodeDevices, PodAllocation, PodSingleDevice
+from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice
 from .usage import collapse
 
 NODE_ANNOTATION = "hami.io/vgpu-node"
@@ -232,6 +232,36 @@ class Ledger:
         if all(r == (None, None) for r in room.values()):
             return None
         return QuotaRoom(room)
+
+
+def quota_admission_check(ledger: Ledger, pod: PodRequest, vendors: Sequence[Any]) -> str | None:
+    """The webhook's ``fitResourceQuota`` (§10.1): None when the pod's effective request fits
+    the namespace quota, else a message naming the resource. Per vendor, the request is
+    max(Σ regular + sidecar containers, max over classic init containers of init + earlier
+    sidecars) of ``memreq × nums`` and ``coresreq × nums``; percentage memory counts as 0."""
+    for v in vendors:
+        room = ledger.quota_room(pod.namespace, [v])
+        if room is None:
+            continue
+        mem_room, core_room = room.room.get(v.name, (None, None))
+        steady, side, peak = [0, 0], [0, 0], [0, 0]
+        for c in pod.containers:
+            r = c.for_vendor(v.name)
+            amount = [r.memreq * r.nums, r.coresreq * r.nums] if r else [0, 0]
+            if c.kind is ContainerKind.INIT:
+                peak = [max(p, a + s) for p, a, s in zip(peak, amount, side)]
+                continue
+            steady = [x + a for x, a in zip(steady, amount)]
+            if c.kind is ContainerKind.SIDECAR:
+                side = [x + a for x, a in zip(side, amount)]
+        mem, cores = (max(x, y) for x, y in zip(steady, peak))
+        if mem_room is not None and mem > mem_room:
+            return (f"exceeding resource quota: namespace {pod.namespace} {v.resources.memory} "
+                    f"request {mem} > remaining {mem_room}")
+        if core_room is not None and cores > core_room:
+            return (f"exceeding resource quota: namespace {pod.namespace} {v.resources.cores} "
+                    f"request {cores} > remaining {core_room}")
+    return None
 
 
 def _min_limit(quotas: Mapping[str, Mapping[str, int]], resource: str) -> int | None:
