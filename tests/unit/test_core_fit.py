@@ -309,3 +309,20 @@ def test_quota_admission_check_counts_init_peak_and_sidecars():
     assert msg == "exceeding resource quota: namespace team nvidia.com/gpumem request 6500 > remaining 6000"
     pct = pod(ns="team", containers=[ctr("app", pct=100)])
     assert quota_admission_check(led, pod_request(pct, CONFIG.vendors), CONFIG.vendors) is None
+
+
+def test_summary_prefilter_only_for_vendors_that_declare_it():
+    from hami.vendors import NvidiaVendor
+
+    class Lenient(NvidiaVendor):  # a vendor whose capacity rule ignores memory
+        summary_prefilter = False
+
+        def capacity_check(self, *args, **kwargs):
+            return None
+
+    cfg = SchedulerConfig(vendors=(Lenient(),))
+    led = ledger(node("a", n=1, mem=1000), node("b", n=1, mem=100000))
+    occupy(led, "a", 0, 900, 10)
+    p = pod(containers=[ctr(mem=5000, cores=5)])
+    assert filter_pod(p, None, led, cfg, 0).node == "a"  # binpack: fuller node, not pre-rejected
+    assert filter_pod(p, None, led, CONFIG, 0).node == "b"  # NVIDIA rules: a has no room

@@ -128,11 +128,18 @@ class _TypeGate:
         return hit
 
 
-def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate) -> bool:
-    """Necessary conditions from the summary; True means the pod certainly does not fit."""
+def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: Mapping[str, bool]) -> bool:
+    """Necessary conditions from the summary; True means the pod certainly does not fit.
+
+    The capacity conditions mirror the generic capacity rules, so they apply only to vendors
+    that declare ``summary_prefilter`` (their ``capacity_check`` is at least as strict)."""
     for vendor, nums, memreq, pct, cores in demand.checks:
         v = s.vendors.get(vendor)
-        if v is None or v.free_slot < nums or not gate.admits(vendor, v.types):
+        if v is None or v.devices < nums:
+            return True
+        if not prefilter.get(vendor):
+            continue
+        if v.free_slot < nums or not gate.admits(vendor, v.types):
             return True
         if memreq and v.max_free_mem < memreq:
             return True
@@ -177,33 +184,35 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     names = [n for n in names if n not in failed]
     demand = _demand(req)
     lazy = all(v.node_score_neutral for v in used_vendors)
-    ranked, skipped = [], []
+    kept, skipped = [], []
     gate = _TypeGate(ctx)
+    prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
     for n in names:
-        s = ledger.summary(n)
-        if _quick_reject(s, demand, gate):
-            skipped.append(n)
-        else:
-            ranked.append((_score(s, demand, len(ledger.node(n).devices)), n))
+        (skipped if _quick_reject(ledger.summary(n), demand, gate, prefilter) else kept).append(n)
     sign = -1.0 if node_policy == "binpack" else 1.0
-    ranked.sort(key=lambda t: (sign * t[0], t[1]))
-    best: tuple[float, NodeFit] | None = None
     scores: dict[str, float] = {}
-    for score, n in ranked:
-        res = fit_pod(ledger.view(n), ctx)
-        if isinstance(res, NodeFailure):
-            failed[n] = res
-            continue
-        score += sum(ledger_vendor_score(v, n, res, node_policy, ledger) for v in used_vendors)
-        scores[n] = score
-        if best is None or (sign * score, n) < (sign * best[0], best[1].node):
-            best = (score, res)
-        if lazy:
-            break
-    if best is None:
-        for n in skipped:
+
+    def search(group: list[str]) -> tuple[float, NodeFit] | None:
+        ranked = sorted(((_score(ledger.summary(n), demand, len(ledger.node(n).devices)), n) for n in group),
+                        key=lambda t: (sign * t[0], t[1]))
+        best: tuple[float, NodeFit] | None = None
+        for score, n in ranked:
             res = fit_pod(ledger.view(n), ctx)
-            failed[n] = res if isinstance(res, NodeFailure) else failed.get(n, UNREGISTERED)
+            if isinstance(res, NodeFailure):
+                failed[n] = res
+                continue
+            score += sum(ledger_vendor_score(v, n, res, node_policy, ledger) for v in used_vendors)
+            scores[n] = score
+            if best is None or (sign * score, n) < (sign * best[0], best[1].node):
+                best = (score, res)
+            if lazy:
+                break
+        return best
+
+    # skipped nodes are searched only when nothing else fits: that yields their exact reasons,
+    # and keeps the result right even if a vendor's prefilter were too strict
+    best = search(kept) or search(skipped)
+    if best is None:
         return FilterResult(pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=scores)
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}

@@ -100,6 +100,11 @@ class BaseVendor:
     numa_bind_annotation: ClassVar[str | None] = None
     #: True when ``node_score`` always returns 0, which lets the core rank nodes from summaries.
     node_score_neutral: ClassVar[bool] = True
+    #: True when :meth:`capacity_check` is at least as strict as the generic NVIDIA rules (free slot,
+    #: free memory >= memreq, free cores >= cores, 100 cores needs an idle 100-core device) in the
+    #: request's own units and :meth:`type_admits` is the type rule: the core may then skip whole
+    #: nodes from their summaries. Leave False when units or rules differ.
+    summary_prefilter: ClassVar[bool] = False
     #: True: the fit loop collects every fitting device and calls :meth:`choose`.
     chooses: ClassVar[bool] = False
     #: Node lock value: ``"owner"`` = ``<RFC3339>,<ns>,<pod>`` (hami.io/mutex.lock), ``"time"`` = bare RFC3339.

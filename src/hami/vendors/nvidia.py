@@ -43,6 +43,7 @@ class NvidiaVendor(BaseVendor):
     mode_annotation = "nvidia.com/vgpu-mode"
     numa_bind_annotation = "nvidia.com/numa-bind"
     score_annotation = "hami.io/node-nvidia-score"
+    summary_prefilter = True
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
