@@ -1,0 +1,248 @@
+"""``hami monitor``: export every GPU container's usage on this node as Prometheus metrics.
+
+Flags and environment follow HAMi's vGPUmonitor (reference §7.5): ``HOOK_PATH`` (regions under
+``$HOOK_PATH/containers``), ``NODE_NAME``, ``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``,
+``--metrics-bind-address`` (``:9394``), ``--legacy-metrics``. A refresh loop (``--interval``)
+keeps the pod map, removes the regions of pods gone from the node and runs the feedback loop;
+metrics are read at scrape time. Exit codes: 2 bad flags, 3 NVML requested but unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+from .containers import remove, scan, stale
+from .exporter import MonitorCollector, PodRef
+from .feedback import Reading, Writes, decide, release
+from .region import RegionError, read_region, write_int32
+
+log = logging.getLogger("hami.monitor")
+EXIT_USAGE, EXIT_NVML = 2, 3
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Go-style ``5m``, ``30s``, ``1h30m`` or plain seconds -> seconds."""
+    t = text.strip()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    m = _DURATION.match(t)
+    if not t or not m or not any(m.groups()):
+        raise UsageError(f"{flag}: invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+def parse_bind(text: str, flag: str = "--metrics-bind-address") -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"{flag}: invalid address {text!r} (use host:port or :port)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node (env NODE_NAME)")
+    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local/vgpu"),
+                   help="regions are read from <hook-path>/containers (env HOOK_PATH)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset")
+    p.add_argument("--metrics-bind-address", default=":9394", help="where /metrics is served")
+    p.add_argument("--legacy-metrics", action="store_true", help="also export HAMi's pre-2.5 metric names")
+    p.add_argument("--resync-interval", default=env("HAMI_RESYNC_INTERVAL", "5m"),
+                   help="a gone pod's directory is removed once unchanged this long (env HAMI_RESYNC_INTERVAL)")
+    p.add_argument("--interval", default="5s", help="refresh and feedback period")
+    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="libnvidia-ml.so.1 to load (env HAMI_NVML_LIBRARY)")
+    p.add_argument("--no-nvml", action="store_true", help="no host GPU metrics (and no drift)")
+    p.add_argument("--standalone", action="store_true",
+                   help="no API server: label containers by pod UID, never remove directories")
+    p.add_argument("--no-feedback", action="store_true", help="do not write the utilisation switch into regions")
+    p.add_argument("--priority-blocking", action="store_true",
+                   help="let high-priority containers block low-priority ones (HAMi-core only; see docs/metrics.md)")
+    p.add_argument("--once", action="store_true", help="print the metrics once (text format) and exit")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not args.standalone and not args.once and not args.node_name:
+        raise UsageError("--node-name (or NODE_NAME) is required unless --standalone")
+    args.resync_s = parse_duration(args.resync_interval, "--resync-interval")
+    args.interval_s = parse_duration(args.interval, "--interval")
+    if args.interval_s <= 0:
+        raise UsageError(f"--interval: must be positive (got {args.interval!r})")
+    args.bind = parse_bind(args.metrics_bind_address)
+    args.containers_dir = str(Path(args.hook_path) / "containers")
+
+
+class PodMap:
+    """The latest successful pod list for this node; thread-safe swap."""
+
+    def __init__(self) -> None:
+        self._pods: Mapping[str, PodRef] = {}
+        self.ok = False
+
+    def get(self) -> Mapping[str, PodRef]:
+        return self._pods
+
+    def set(self, pods: Mapping[str, PodRef]) -> None:
+        self._pods, self.ok = dict(pods), True
+
+
+def _host_reader(args: argparse.Namespace):
+    if args.no_nvml:
+        return None
+    from hami.deviceplugin.discovery import NvmlUnavailable, open_nvml
+
+    from .nvml import read_host
+
+    try:
+        open_nvml(args.nvml_library)
+    except NvmlUnavailable as exc:
+        if args.nvml_library:
+            raise
+        log.warning("%s; host GPU metrics are off", exc)
+        return None
+    lock = threading.Lock()
+
+    def read():
+        with lock:  # scrapes may overlap; NVML handles are not shared between them
+            return read_host()
+
+    return read
+
+
+def build_collector(args: argparse.Namespace, pods: PodMap | None) -> MonitorCollector:
+    return MonitorCollector(
+        node=args.node_name, containers_dir=args.containers_dir,
+        pods=None if pods is None else pods.get, host=_host_reader(args), legacy=args.legacy_metrics,
+    )
+
+
+def readings(containers_dir: str) -> list[tuple[Reading, str]]:
+    """Feedback inputs for every valid region: ``(reading, layout)``."""
+    out = []
+    for d in scan(containers_dir):
+        if d.region is None:
+            continue
+        try:
+            r = read_region(d.region)
+        except RegionError:
+            continue  # already warned about by the exporter
+        out.append((Reading(d.region, r.uuids, r.priority, r.recent_kernel, r.utilization_switch), r.layout))
+    return out
+
+
+def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
+    for path, w in sorted(writes.items()):
+        for field in ("recent_kernel", "utilization_switch"):
+            value = getattr(w, field)
+            if value is None:
+                continue
+            try:
+                write_int32(path, field, value, layouts.get(path, "v1"))
+            except (OSError, RegionError) as exc:
+                log.warning("feedback: cannot write %s of %s: %s", field, path, exc)
+
+
+def feedback_once(containers_dir: str, blocking: bool) -> dict[str, Writes]:
+    items = readings(containers_dir)
+    writes = decide([r for r, _ in items], blocking=blocking)
+    apply(writes, {r.key: lay for r, lay in items})
+    return writes
+
+
+def release_all(containers_dir: str) -> None:
+    items = readings(containers_dir)
+    apply(release([r for r, _ in items]), {r.key: lay for r, lay in items})
+
+
+async def _refresh(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.Event) -> None:
+    api = None
+    if pods is not None:
+        from .kube import api_client
+
+        api = await api_client(args.kubeconfig)
+    try:
+        while not stop.is_set():
+            await _refresh_once(args, pods, api)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=args.interval_s)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        if api is not None:
+            await api.close()
+
+
+async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> None:
+    if pods is not None:
+        from .kube import node_pods
+
+        try:
+            pods.set(await node_pods(api, args.node_name))
+        except Exception as exc:  # API trouble: keep the last map, remove nothing
+            log.warning("cannot list the pods of node %s: %s", args.node_name, exc)
+        else:
+            gone = stale(scan(args.containers_dir), set(pods.get()), time.time(), args.resync_s)
+            remove(gone)
+    if not args.no_feedback:
+        feedback_once(args.containers_dir, args.priority_blocking)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    pods = None if args.standalone else PodMap()
+    registry = CollectorRegistry()
+    registry.register(build_collector(args, pods))
+    httpd, _ = start_http_server(args.bind[1], args.bind[0], registry=registry)
+    log.info("serving metrics on %s:%d/metrics (regions under %s)", args.bind[0], httpd.server_port, args.containers_dir)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await _refresh(args, pods, stop)
+    finally:
+        httpd.shutdown()
+        if not args.no_feedback:
+            release_all(args.containers_dir)  # leave no container blocked or unthrottled behind us
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        _check(args)
+        if args.once:
+            registry = CollectorRegistry()
+            registry.register(build_collector(args, None))
+            sys.stdout.write(generate_latest(registry).decode())
+            return 0
+        return asyncio.run(_serve(args))
+    except UsageError as exc:
+        print(f"hami monitor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:
+        from hami.deviceplugin.discovery import NvmlUnavailable
+
+        if isinstance(exc, NvmlUnavailable):
+            print(f"hami monitor: {exc}", file=sys.stderr)
+            return EXIT_NVML
+        raise

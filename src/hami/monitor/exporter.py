@@ -1,0 +1,238 @@
+"""The monitor's Prometheus collector: host GPUs from NVML, containers from their regions.
+
+Everything is read at scrape time: the containers directory is listed, each region file is read
+(:mod:`.region`) and each directory ``<podUID>_<container>`` is named after its pod through a
+pod map the refresh loop keeps (``pods()``; ``None`` = standalone, label the pod by its UID).
+A region that fails validation is skipped with one warning per file and problem, and counted in
+``hami_monitor_regions{state="invalid"}``; it never fails the scrape.
+
+Metric names and labels are HAMi's (reference hami-control-plane §9.2); every metric carries
+``zone="vGPU"``. With ``legacy=True`` the old names are exported as well.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+import hami
+
+from .containers import ContainerDir, scan
+from .nvml import HostGPU
+from .region import Region, RegionError, read_region
+
+log = logging.getLogger(__name__)
+ZONE = "vGPU"
+
+HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
+HOST_MC_LABELS = ("device_index", "device_uuid", "device_type")
+CTR_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+BUILD_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")
+LEGACY_HOST_LABELS = ("deviceidx", "deviceuuid", "devicetype")
+LEGACY_CTR_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerReading:
+    dir: ContainerDir
+    pod: PodRef | None
+    region: Region
+
+
+# name -> (help, value of (region, dev, now) or None to leave the series out)
+_CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]] = {
+    "hami_vgpu_memory_used_bytes": ("Device memory the container's processes hold (library ledger)", lambda r, d, _: r.used(d).total),
+    "hami_vgpu_memory_limit_bytes": ("Device memory limit of the container", lambda r, d, _: r.limits[d]),
+    "hami_container_device_memory_bytes": ("Same value as hami_vgpu_memory_used_bytes (HAMi name)", lambda r, d, _: r.used(d).total),
+    "hami_container_device_utilization_ratio": ("SM utilisation of the container's processes, percent (0-100 per device)", lambda r, d, _: r.sm_util(d)),
+    "hami_container_last_kernel_elapsed_seconds": (
+        "Seconds since the container last launched a kernel",
+        lambda r, d, now: max(now - r.last_kernel_time, 0.0) if r.last_kernel_time > 0 else None),
+    "hami_vgpu_memory_context_bytes": ("Context memory of the container's processes", lambda r, d, _: r.used(d).context),
+    "hami_vgpu_memory_module_bytes": ("Module (code) memory of the container's processes", lambda r, d, _: r.used(d).module),
+    "hami_vgpu_memory_buffer_bytes": ("Data buffer memory of the container's processes", lambda r, d, _: r.used(d).buffer),
+}
+_CTR_LEGACY = {
+    "hami_vgpu_memory_used_bytes": "vGPU_device_memory_usage_in_bytes",
+    "hami_vgpu_memory_limit_bytes": "vGPU_device_memory_limit_in_bytes",
+    "hami_container_device_utilization_ratio": "Device_utilization_desc_of_container",
+    "hami_container_last_kernel_elapsed_seconds": "Device_last_kernel_of_container",
+}
+DRIFT = "hami_vgpu_memory_drift_bytes"
+REGIONS = "hami_monitor_regions"
+
+#: Every metric this collector can export, with its labels (zone included) — checked by tests
+#: against the reference and used to validate the dashboard.
+METRICS: dict[str, tuple[str, ...]] = {
+    "hami_build_info": BUILD_LABELS + ("zone",),
+    "hami_host_gpu_memory_used_bytes": HOST_LABELS + ("zone",),
+    "hami_host_gpu_utilization_ratio": HOST_LABELS + ("zone",),
+    "hami_host_gpu_memory_controller_utilization_ratio": HOST_MC_LABELS + ("zone",),
+    **{name: CTR_LABELS + ("zone",) for name in _CTR_VALUES},
+    DRIFT: CTR_LABELS + ("zone",),
+    REGIONS: ("node", "state", "zone"),
+}
+LEGACY_METRICS: dict[str, tuple[str, ...]] = {
+    "HostGPUMemoryUsage": LEGACY_HOST_LABELS + ("zone",),
+    "HostCoreUtilization": LEGACY_HOST_LABELS + ("zone",),
+    **{legacy: LEGACY_CTR_LABELS + ("zone",) for legacy in _CTR_LEGACY.values()},
+    "Device_memory_desc_of_container": LEGACY_CTR_LABELS + ("context", "module", "data", "offset", "zone"),
+}
+
+
+def build_info_values() -> tuple[str, ...]:
+    """``hami_build_info`` label values; ``go_version`` is kept for HAMi dashboards and says "none"."""
+    return (hami.__version__, "", "", "none", f"{platform.python_implementation().lower()}-{platform.python_version()}",
+            f"{platform.system().lower()}/{platform.machine()}")
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+class MonitorCollector(Collector):
+    """``registry.register(MonitorCollector(...))``; see the module docstring."""
+
+    def __init__(
+        self,
+        node: str,
+        containers_dir: str,
+        pods: Callable[[], Mapping[str, PodRef]] | None = None,
+        host: Callable[[], Sequence[HostGPU]] | None = None,
+        legacy: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.containers_dir = containers_dir
+        self.pods = pods
+        self.host = host
+        self.legacy = legacy
+        self.clock = clock
+        self._warned: set[tuple[str, str]] = set()
+
+    # ------------------------------------------------------------------ reading
+    def read_containers(self) -> tuple[list[ContainerReading], dict[str, int]]:
+        """Valid, matched regions plus counts per state (ok, invalid, waiting, unmatched)."""
+        states = {"ok": 0, "invalid": 0, "waiting": 0, "unmatched": 0}
+        pods = self.pods() if self.pods is not None else None
+        out: list[ContainerReading] = []
+        for d in scan(self.containers_dir):
+            if d.problem:
+                self._warn(d.path, d.problem)
+            if d.region is None:
+                states["waiting"] += 1
+                continue
+            try:
+                region = read_region(d.region)
+            except RegionError as exc:
+                self._warn(d.region, str(exc))
+                states["invalid"] += 1
+                continue
+            pod = pods.get(d.pod_uid) if pods is not None else PodRef("", d.pod_uid, d.pod_uid)
+            if pod is None:
+                states["unmatched"] += 1
+                continue
+            states["ok"] += 1
+            out.append(ContainerReading(d, pod, region))
+        return out, states
+
+    def _warn(self, path: str, message: str) -> None:
+        if (path, message) not in self._warned:
+            self._warned.add((path, message))
+            log.warning("skipping region: %s", message)
+
+    def _host(self) -> Sequence[HostGPU]:
+        if self.host is None:
+            return ()
+        try:
+            return self.host()
+        except Exception as exc:  # NVML trouble must not fail the container metrics
+            log.warning("host GPU metrics unavailable: %s", exc)
+            return ()
+
+    # ------------------------------------------------------------------ metrics
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected on demand; no fixed series to describe
+
+    def collect(self) -> Iterator[Metric]:
+        fams: dict[str, GaugeMetricFamily] = {}
+
+        def fam(name: str, doc: str = "", labels: Sequence[str] | None = None) -> GaugeMetricFamily:
+            if name not in fams:
+                table = METRICS if name in METRICS else LEGACY_METRICS
+                fams[name] = _gauge(name, doc or name, labels or table[name])
+            return fams[name]
+
+        fam("hami_build_info", "hami build information").add_metric(list(build_info_values()) + [ZONE], 1)
+        gpus = self._host()
+        self._host_metrics(gpus, fam)
+        containers, states = self.read_containers()
+        self._container_metrics(containers, {g.uuid: g for g in gpus}, fam)
+        regions = fam(REGIONS, "Container directories seen by the monitor, by state")
+        for state, n in sorted(states.items()):
+            regions.add_metric([self.node, state, ZONE], n)
+        yield from fams.values()
+
+    def _host_metrics(self, gpus: Sequence[HostGPU], fam: Callable[..., GaugeMetricFamily]) -> None:
+        for g in sorted(gpus, key=lambda g: g.index):
+            full = [self.node, str(g.index), g.uuid, g.device_type, ZONE]
+            legacy = [str(g.index), g.uuid, g.device_type, ZONE]
+            if g.memory_used is not None:
+                fam("hami_host_gpu_memory_used_bytes", "Device memory used on the GPU (NVML)").add_metric(full, g.memory_used)
+                if self.legacy:
+                    fam("HostGPUMemoryUsage", "Legacy name of hami_host_gpu_memory_used_bytes").add_metric(legacy, g.memory_used)
+            if g.utilization is not None:
+                fam("hami_host_gpu_utilization_ratio", "GPU utilisation, percent (NVML)").add_metric(full, g.utilization)
+                if self.legacy:
+                    fam("HostCoreUtilization", "Legacy name of hami_host_gpu_utilization_ratio").add_metric(legacy, g.utilization)
+            if g.memory_utilization is not None:
+                fam("hami_host_gpu_memory_controller_utilization_ratio", "Memory controller utilisation, percent (NVML)").add_metric(
+                    full[1:], g.memory_utilization)
+
+    def _container_metrics(self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU],
+                           fam: Callable[..., GaugeMetricFamily]) -> None:
+        now = self.clock()
+        for c in containers:
+            r = c.region
+            for dev, uuid in enumerate(r.uuids):
+                if not uuid:
+                    continue
+                labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
+                for name, (doc, value_of) in _CTR_VALUES.items():
+                    value = value_of(r, dev, now)
+                    if value is None:
+                        continue
+                    fam(name, doc).add_metric(labels, value)
+                    if self.legacy and name in _CTR_LEGACY:
+                        fam(_CTR_LEGACY[name], f"Legacy name of {name}").add_metric(labels, value)
+                if self.legacy:
+                    u = r.used(dev)
+                    fam("Device_memory_desc_of_container", "Legacy: memory breakdown of the container").add_metric(
+                        labels[:-1] + [str(u.context), str(u.module), str(u.buffer), "0", ZONE], u.total)
+                drift = memory_drift(r, dev, gpus.get(uuid))
+                if drift is not None:
+                    fam(DRIFT, "NVML per-process memory of the container's processes minus the library ledger").add_metric(labels, drift)
+
+
+def memory_drift(region: Region, dev: int, gpu: HostGPU | None) -> int | None:
+    """NVML's usage of the container's host PIDs on the device minus the ledger's; None if unknowable."""
+    if gpu is None:
+        return None
+    pids = [p.hostpid for p in region.procs if p.hostpid > 0]
+    if not pids or len(pids) != len(region.procs):
+        return None  # a process whose host PID is unknown would show up as false drift
+    nvml = sum(gpu.process_memory.get(pid, 0) for pid in set(pids))
+    return nvml - region.used(dev).total

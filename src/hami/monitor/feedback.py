@@ -1,0 +1,84 @@
+"""Priority and utilisation-switch feedback for the in-container library (HAMi's vGPUmonitor loop).
+
+Every period, for every container region (reference hami-core §6.5):
+
+1. ``recent_kernel > 0`` is decremented; a container whose value is still > 0 is *active* at
+   its ``priority`` (0 = high, 1 = low; lower number wins) on each of its devices.
+2. ``utilization_switch`` = 1 (SM limit enforced) when a higher-priority container, or another
+   container of the same priority, is active on one of its devices; 0 otherwise (a container
+   alone on its GPU runs unthrottled).
+3. Blocking (``recent_kernel = -1``, which makes HAMi-core's limiter sleep) when a
+   higher-priority container is active on one of its devices; only when ``blocking`` is on.
+
+Blocking is off by default: a container blocked by a monitor that then dies would stay blocked
+until a monitor comes back (HAMi-core honours -1 with no expiry). ``hami``'s own libvgpu never
+blocks on it. When the loop stops, :func:`release` puts every region back to switch 1 (enforce)
+and un-blocks it, so a dead monitor leaves limits on and nothing blocked.
+
+:func:`decide` is pure: it takes readings and returns the writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    key: str  # the container's region path
+    uuids: tuple[str, ...]  # devices of the container ("" entries are ignored)
+    priority: int
+    recent_kernel: int
+    utilization_switch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    recent_kernel: int | None = None  # None = leave as is
+    utilization_switch: int | None = None
+
+
+def decide(readings: Iterable[Reading], blocking: bool = False) -> dict[str, Writes]:
+    """The writes for one feedback period, keyed like the readings (only changed fields)."""
+    readings = list(readings)
+    recent: dict[str, int] = {}
+    active: dict[str, list[tuple[str, int]]] = {}  # uuid -> [(key, priority)] of active containers
+    for r in readings:
+        rk = r.recent_kernel - 1 if r.recent_kernel > 0 else r.recent_kernel
+        recent[r.key] = rk
+        if rk > 0:
+            for uuid in set(u for u in r.uuids if u):
+                active.setdefault(uuid, []).append((r.key, r.priority))
+    out: dict[str, Writes] = {}
+    for r in readings:
+        higher = same = False
+        for uuid in set(u for u in r.uuids if u):
+            acts = active.get(uuid, ())
+            higher = higher or any(p < r.priority for k, p in acts if k != r.key)
+            same = same or sum(1 for _, p in acts if p == r.priority) > 1  # this one included when active
+        rk = recent[r.key]
+        if blocking and higher and rk >= 0:
+            rk = -1
+        elif rk < 0 and not (blocking and higher):
+            rk = 0
+        switch = 1 if (higher or same) else 0
+        w = Writes(
+            recent_kernel=rk if rk != r.recent_kernel else None,
+            utilization_switch=switch if switch != r.utilization_switch else None,
+        )
+        if w != Writes():
+            out[r.key] = w
+    return out
+
+
+def release(readings: Iterable[Reading]) -> dict[str, Writes]:
+    """Writes that leave every region safe without a monitor: limiter on, nothing blocked."""
+    out = {}
+    for r in readings:
+        w = Writes(recent_kernel=0 if r.recent_kernel < 0 else None,
+                   utilization_switch=1 if r.utilization_switch != 1 else None)
+        if w != Writes():
+            out[r.key] = w
+    return out
+

@@ -1,0 +1,258 @@
+"""Reading HAMi's per-container shared region (the file libvgpu / HAMi-core writes).
+
+Two layouts are understood (reference hami-control-plane §9.3, hami-core §4.2):
+
+- **v1** (``shared_region_t`` of HAMi-core 1.x and of our ``native/libvgpu``): 2,008,952 bytes,
+  header ``magic, major, minor``; the file is one byte longer than the struct.
+- **v0** (older HAMi-core): 1,197,896 bytes, no version fields, 1,168-byte process slots.
+
+Nothing in a file is trusted before it is checked: the magic (19920718), the version and the
+size come first; ``device_num`` and ``proc_num`` are clamped to 16 and 1024; a UUID that is not
+UTF-8 is dropped. The file is read with ``pread`` rather than ``mmap``: a region truncated
+while we hold it then gives a short read (an error we report) instead of a SIGBUS that would
+kill the exporter. The only writes (the feedback loop's two ``int32`` fields) go through
+``pwrite`` at fixed offsets, which the library sees through its own ``MAP_SHARED`` mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+MAGIC = 19920718
+MAX_DEVICES = 16
+MAX_PROCS = 1024
+UUID_LEN = 96
+
+
+class RegionError(ValueError):
+    """A region file that cannot be trusted; the message names the file and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Byte offsets of one shared-region version (x86-64 natural alignment)."""
+
+    name: str
+    size: int
+    device_num: int
+    uuids: int
+    limit: int
+    sm_limit: int
+    procs: int
+    slot_size: int
+    slot_used_stride: int  # bytes per used[dev] entry
+    slot_monitorused: int
+    slot_util: int
+    slot_util_stride: int
+    slot_status: int
+    slot_seqlock: int | None
+    proc_num: int
+    utilization_switch: int
+    recent_kernel: int
+    priority: int
+    last_kernel_time: int | None
+
+
+V1 = Layout(
+    name="v1", size=2008952, device_num=56, uuids=64, limit=1600, sm_limit=1728, procs=1856,
+    slot_size=1960, slot_used_stride=64, slot_monitorused=1032, slot_util=1160, slot_util_stride=48,
+    slot_status=1928, slot_seqlock=1936,
+    proc_num=2008896, utilization_switch=2008900, recent_kernel=2008904, priority=2008908,
+    last_kernel_time=2008912,
+)
+V0 = Layout(
+    name="v0", size=1197896, device_num=48, uuids=56, limit=1592, sm_limit=1720, procs=1848,
+    slot_size=1168, slot_used_stride=40, slot_monitorused=648, slot_util=776, slot_util_stride=24,
+    slot_status=1160, slot_seqlock=None,
+    proc_num=1197880, utilization_switch=1197884, recent_kernel=1197888, priority=1197892,
+    last_kernel_time=None,
+)
+HEADER_SIZE = 12  # magic, major, minor
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One process's usage of one device, bytes (HAMi-core's ``used[dev]``)."""
+
+    context: int = 0
+    module: int = 0
+    buffer: int = 0  # HAMi-core's data_size
+    total: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSlot:
+    pid: int
+    hostpid: int
+    status: int  # 1 running, 2 suspended (0 = exited; such slots are not returned)
+    used: tuple[DeviceMemory, ...]  # per region device
+    monitorused: tuple[int, ...]  # NVML usedGpuMemory written by the library's watcher
+    sm_util: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A consistent-enough reading of one region file."""
+
+    path: str
+    layout: str  # "v0" | "v1"
+    major: int
+    minor: int
+    uuids: tuple[str, ...]  # per region device; "" when the field is not valid UTF-8
+    limits: tuple[int, ...]  # bytes, 0 = none
+    sm_limits: tuple[int, ...]
+    procs: tuple[ProcessSlot, ...]
+    utilization_switch: int
+    recent_kernel: int
+    priority: int
+    last_kernel_time: int  # Unix seconds, 0 = never / unknown
+    proc_num_raw: int  # as found in the file, before clamping
+
+    def used(self, dev: int) -> DeviceMemory:
+        """Sum over live processes of ``used[dev]``."""
+        c = m = b = t = 0
+        for p in self.procs:
+            u = p.used[dev]
+            c, m, b, t = c + u.context, m + u.module, b + u.buffer, t + u.total
+        return DeviceMemory(c, m, b, t)
+
+    def sm_util(self, dev: int) -> int:
+        return sum(p.sm_util[dev] for p in self.procs)
+
+    def hostpids(self) -> tuple[int, ...]:
+        return tuple(sorted({p.hostpid for p in self.procs if p.hostpid > 0}))
+
+
+def _u64s(buf: bytes, off: int, n: int) -> tuple[int, ...]:
+    return struct.unpack_from(f"<{n}Q", buf, off)
+
+
+def _uuid(raw: bytes) -> str:
+    raw = raw.split(b"\0", 1)[0]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    return text if text.isprintable() else ""
+
+
+def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise RegionError(f"{path}: truncated while reading (wanted {size} bytes at offset {offset}, got {len(data)})")
+    return data
+
+
+def choose_layout(size: int, major: int, path: str = "region") -> Layout:
+    """Version selection as HAMi's monitor does it: by file size, then ``major``."""
+    if size >= V1.size:
+        if major != 1:
+            raise RegionError(f"{path}: unsupported major version {major} (size {size} bytes; expected 1)")
+        return V1
+    if size >= V0.size:
+        return V0
+    raise RegionError(f"{path}: {size} bytes is smaller than any known layout (v0 needs {V0.size}, v1 {V1.size})")
+
+
+def _devmem(buf: bytes, off: int) -> DeviceMemory:
+    context, module, data, _offset, total = struct.unpack_from("<5Q", buf, off)
+    return DeviceMemory(context, module, data, total)
+
+
+def _slot(buf: bytes, base: int, lay: Layout, ndev: int) -> tuple[int, int, int, tuple]:
+    pid, hostpid = struct.unpack_from("<ii", buf, base)
+    (status,) = struct.unpack_from("<i", buf, base + lay.slot_status)
+    used = tuple(_devmem(buf, base + 8 + d * lay.slot_used_stride) for d in range(ndev))
+    monitorused = _u64s(buf, base + lay.slot_monitorused, ndev)
+    # device_util[d] = {dec_util, enc_util, sm_util, ...}: sm_util is the third u64
+    util = tuple(_u64s(buf, base + lay.slot_util + d * lay.slot_util_stride + 16, 1)[0] for d in range(ndev))
+    return pid, hostpid, status, (used, monitorused, util)
+
+
+def read_region(path: str) -> Region:
+    """Read and validate one region file. Raises :class:`RegionError` (never anything else for bad content)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        return _read_fd(fd, path)
+    except OSError as exc:
+        raise RegionError(f"{path}: read failed: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, path: str) -> Region:
+    size = os.fstat(fd).st_size
+    if size < HEADER_SIZE:
+        raise RegionError(f"{path}: {size} bytes is smaller than the {HEADER_SIZE}-byte header")
+    magic, major, minor = struct.unpack("<iii", _pread_exact(fd, HEADER_SIZE, 0, path))
+    if magic != MAGIC:
+        raise RegionError(f"{path}: bad magic {magic} (expected {MAGIC}; not initialised or not a region)")
+    lay = choose_layout(size, major, path)
+    if lay is V0:
+        major, minor = 0, 0
+    head = _pread_exact(fd, lay.procs, 0, path)
+    ndev = min(max(_u64s(head, lay.device_num, 1)[0], 0), MAX_DEVICES)
+    uuids = tuple(_uuid(head[lay.uuids + i * UUID_LEN: lay.uuids + (i + 1) * UUID_LEN]) for i in range(ndev))
+    limits = _u64s(head, lay.limit, ndev)
+    sm_limits = _u64s(head, lay.sm_limit, ndev)
+    tail_len = (lay.last_kernel_time + 8 if lay.last_kernel_time else lay.priority + 4) - lay.proc_num
+    tail = _pread_exact(fd, tail_len, lay.proc_num, path)
+    proc_num_raw, switch, recent, priority = struct.unpack_from("<iiii", tail, 0)
+    last_kernel = struct.unpack_from("<q", tail, 16)[0] if lay.last_kernel_time else 0
+    nproc = min(max(proc_num_raw, 0), MAX_PROCS)
+    procs = _read_slots(fd, path, lay, ndev, nproc)
+    # the header may have been re-initialised under us: the magic must still be there
+    if struct.unpack("<i", _pread_exact(fd, 4, 0, path))[0] != MAGIC:
+        raise RegionError(f"{path}: magic changed while reading")
+    return Region(
+        path=path, layout=lay.name, major=major, minor=minor, uuids=uuids, limits=limits,
+        sm_limits=sm_limits, procs=procs, utilization_switch=switch, recent_kernel=recent,
+        priority=priority, last_kernel_time=max(last_kernel, 0), proc_num_raw=proc_num_raw,
+    )
+
+
+def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, retries: int = 3) -> tuple[ProcessSlot, ...]:
+    if nproc == 0:
+        return ()
+    buf = _pread_exact(fd, nproc * lay.slot_size, lay.procs, path)
+    out = []
+    for i in range(nproc):
+        base = i * lay.slot_size
+        pid, hostpid, status, parts = _slot(buf, base, lay, ndev)
+        if lay.slot_seqlock is not None:
+            for _ in range(retries):  # a writer mid-update leaves the sequence odd: read that slot again
+                (seq,) = struct.unpack_from("<Q", buf, base + lay.slot_seqlock)
+                if seq % 2 == 0:
+                    break
+                one = _pread_exact(fd, lay.slot_size, lay.procs + base, path)
+                pid, hostpid, status, parts = _slot(one, 0, lay, ndev)
+                buf = buf[:base] + one + buf[base + lay.slot_size:]
+        if status == 0 or pid == 0:
+            continue
+        used, monitorused, util = parts
+        out.append(ProcessSlot(pid=pid, hostpid=hostpid, status=status, used=used,
+                               monitorused=tuple(monitorused), sm_util=util))
+    return tuple(out)
+
+
+def write_int32(path: str, field: str, value: int, layout: str = "v1") -> None:
+    """Write ``utilization_switch`` or ``recent_kernel`` of a region (the feedback loop's only writes).
+
+    The magic and size are checked again first, so a file replaced by something else is not touched.
+    """
+    lay = V1 if layout == "v1" else V0
+    offset = {"utilization_switch": lay.utilization_switch, "recent_kernel": lay.recent_kernel}[field]
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size < lay.size:
+            raise RegionError(f"{path}: shrank below the {lay.name} size; not writing {field}")
+        if struct.unpack("<i", os.pread(fd, 4, 0))[0] != MAGIC:
+            raise RegionError(f"{path}: bad magic; not writing {field}")
+        os.pwrite(fd, struct.pack("<i", value), offset)
+    finally:
+        os.close(fd)

@@ -1,0 +1,253 @@
+"""hami.monitor.exporter / containers / feedback: what a scrape shows, cleanup, feedback decisions."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami.monitor.containers import remove, scan, split_name, stale
+from hami.monitor.exporter import LEGACY_METRICS, METRICS, MonitorCollector, PodRef, memory_drift
+from hami.monitor.feedback import Reading, Writes, decide, release
+from hami.monitor.nvml import HostGPU
+from hami.monitor.region import read_region
+
+from . import _regionkit as kit
+
+MiB = 1 << 20
+UID_A = "0b6f3b4e-1111-4d7e-9a8e-aaaaaaaaaaaa"
+UID_B = "0b6f3b4e-2222-4d7e-9a8e-bbbbbbbbbbbb"
+
+#: reference hami-control-plane §9.2, copied literally: metric -> labels (zone="vGPU" on all)
+REFERENCE_MONITOR = {
+    "hami_host_gpu_memory_used_bytes": {"node", "device_index", "device_uuid", "device_type"},
+    "hami_host_gpu_utilization_ratio": {"node", "device_index", "device_uuid", "device_type"},
+    "hami_host_gpu_memory_controller_utilization_ratio": {"device_index", "device_uuid", "device_type"},
+    "hami_vgpu_memory_used_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_vgpu_memory_limit_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_container_device_memory_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_container_device_utilization_ratio": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_container_last_kernel_elapsed_seconds": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_vgpu_memory_context_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_vgpu_memory_module_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_vgpu_memory_buffer_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
+    "hami_build_info": {"version", "revision", "build_date", "go_version", "compiler", "platform"},
+}
+REFERENCE_MONITOR_LEGACY = {
+    "HostGPUMemoryUsage", "HostCoreUtilization", "vGPU_device_memory_usage_in_bytes",
+    "vGPU_device_memory_limit_in_bytes", "Device_memory_desc_of_container",
+    "Device_utilization_desc_of_container", "Device_last_kernel_of_container",
+}
+OURS = {"hami_vgpu_memory_drift_bytes", "hami_monitor_regions"}  # additions, documented in docs/metrics.md
+
+
+def test_metric_names_and_labels_match_the_reference():
+    for name, labels in REFERENCE_MONITOR.items():
+        assert set(METRICS[name]) == labels | {"zone"}, name
+    assert set(METRICS) - set(REFERENCE_MONITOR) == OURS
+    assert set(LEGACY_METRICS) == REFERENCE_MONITOR_LEGACY  # MigInfo / hami_mig_device_info: MIG not supported
+
+
+def _scrape(collector) -> dict[str, list]:
+    reg = CollectorRegistry()
+    reg.register(collector)
+    text = generate_latest(reg).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _values(samples, **match):
+    return [s.value for s in samples if all(s.labels.get(k) == v for k, v in match.items())]
+
+
+@pytest.fixture
+def node_dir(tmp_path):
+    root = tmp_path / "containers"
+    kit.write(root / f"{UID_A}_main" / "x.cache", uuids=("GPU-a", "GPU-b"), limits=(3000 * MiB, 1000 * MiB),
+              procs=[kit.Proc(pid=7, hostpid=70, used={0: (10 * MiB, 5 * MiB, 85 * MiB, 100 * MiB), 1: (0, 0, 7, 7)},
+                              sm_util={0: 40}),
+                     kit.Proc(pid=8, hostpid=80, used={0: (0, 0, 50 * MiB, 50 * MiB)}, sm_util={0: 15})],
+              last_kernel_time=1000)
+    kit.write(root / f"{UID_B}_side" / "y.cache", uuids=("GPU-a",), limits=(500 * MiB,),
+              procs=[kit.Proc(pid=9, hostpid=0, used={0: (0, 0, 1, 1)})])
+    return root
+
+
+def _collector(root, pods=None, host=None, legacy=False):
+    return MonitorCollector("node-1", str(root), pods=pods, host=host, legacy=legacy, clock=lambda: 1030.0)
+
+
+def test_container_metrics_carry_pod_labels_and_the_right_numbers(node_dir):
+    pods = {UID_A: PodRef("team-a", "train-0", UID_A), UID_B: PodRef("team-b", "infer", UID_B)}
+    got = _scrape(_collector(node_dir, pods=lambda: pods))
+    used = got["hami_vgpu_memory_used_bytes"]
+    assert _values(used, pod="train-0", namespace="team-a", container="main", vdevice_index="0", device_uuid="GPU-a") == [150 * MiB]
+    assert _values(used, pod="train-0", vdevice_index="1", device_uuid="GPU-b") == [7]
+    assert _values(used, pod="infer", container="side") == [1]
+    assert all(s.labels["zone"] == "vGPU" for s in used)
+    assert _values(got["hami_vgpu_memory_limit_bytes"], pod="train-0", vdevice_index="0") == [3000 * MiB]
+    assert _values(got["hami_container_device_memory_bytes"], pod="train-0", vdevice_index="0") == [150 * MiB]
+    assert _values(got["hami_container_device_utilization_ratio"], pod="train-0", vdevice_index="0") == [55]
+    assert _values(got["hami_container_last_kernel_elapsed_seconds"], pod="train-0", vdevice_index="0") == [30]
+    assert _values(got["hami_container_last_kernel_elapsed_seconds"], pod="infer") == []  # never launched
+    assert _values(got["hami_vgpu_memory_context_bytes"], pod="train-0", vdevice_index="0") == [10 * MiB]
+    assert _values(got["hami_vgpu_memory_module_bytes"], pod="train-0", vdevice_index="0") == [5 * MiB]
+    assert _values(got["hami_vgpu_memory_buffer_bytes"], pod="train-0", vdevice_index="0") == [135 * MiB]
+    assert _values(got["hami_monitor_regions"], state="ok") == [2]
+    assert "vGPU_device_memory_usage_in_bytes" not in got
+
+
+def test_directories_of_unknown_pods_are_counted_not_exported(node_dir):
+    pods = {UID_A: PodRef("team-a", "train-0", UID_A)}
+    got = _scrape(_collector(node_dir, pods=lambda: pods))
+    assert {s.labels["pod"] for s in got["hami_vgpu_memory_used_bytes"]} == {"train-0"}
+    assert _values(got["hami_monitor_regions"], state="unmatched") == [1]
+
+
+def test_standalone_labels_pods_by_uid(node_dir):
+    got = _scrape(_collector(node_dir))
+    assert {(s.labels["namespace"], s.labels["pod"]) for s in got["hami_vgpu_memory_used_bytes"]} == {("", UID_A), ("", UID_B)}
+
+
+def test_corrupt_and_truncated_regions_are_skipped_with_one_warning(node_dir, caplog):
+    bad = node_dir / "0b6f3b4e-3333-4d7e-9a8e-cccccccccccc_bad" / "z.cache"
+    bad.parent.mkdir()
+    bad.write_bytes(kit.build(magic=12345))
+    short = node_dir / "0b6f3b4e-4444-4d7e-9a8e-dddddddddddd_short" / "z.cache"
+    short.parent.mkdir()
+    short.write_bytes(kit.build()[:5000])
+    (node_dir / "0b6f3b4e-5555-4d7e-9a8e-eeeeeeeeeeee_starting").mkdir()  # no region yet
+    (node_dir / "not-a-container-dir").mkdir()
+    collector = _collector(node_dir)
+    with caplog.at_level(logging.WARNING, logger="hami.monitor.exporter"):
+        got = _scrape(collector)
+        _scrape(collector)
+    assert _values(got["hami_monitor_regions"], state="invalid") == [2]
+    assert _values(got["hami_monitor_regions"], state="waiting") == [1]
+    assert _values(got["hami_monitor_regions"], state="ok") == [2]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings  # once per file, not once per scrape
+    assert any("bad magic 12345" in w for w in warnings) and any("smaller than any known layout" in w for w in warnings)
+
+
+def test_region_replaced_by_garbage_after_a_good_scrape_is_skipped(node_dir):
+    collector = _collector(node_dir)
+    assert len(_scrape(collector)["hami_vgpu_memory_used_bytes"]) == 3
+    (node_dir / f"{UID_A}_main" / "x.cache").write_bytes(b"\0" * 100)
+    got = _scrape(collector)
+    assert {s.labels["pod"] for s in got["hami_vgpu_memory_used_bytes"]} == {UID_B}
+
+
+def test_host_metrics_drift_and_legacy_names(node_dir):
+    gpus = [HostGPU(0, "GPU-a", "Tesla T4", memory_used=9 * MiB, utilization=70, memory_utilization=20,
+                    process_memory={70: 120 * MiB, 80: 50 * MiB, 999: 1}),
+            HostGPU(1, "GPU-b", "NVIDIA H100", memory_used=1, utilization=0, memory_utilization=0)]
+    got = _scrape(_collector(node_dir, host=lambda: gpus, legacy=True))
+    assert _values(got["hami_host_gpu_memory_used_bytes"], node="node-1", device_index="0", device_uuid="GPU-a",
+                   device_type="NVIDIA-Tesla T4") == [9 * MiB]
+    assert _values(got["hami_host_gpu_utilization_ratio"], device_uuid="GPU-a") == [70]
+    assert _values(got["hami_host_gpu_memory_controller_utilization_ratio"], device_type="NVIDIA H100") == [0]
+    assert "node" not in got["hami_host_gpu_memory_controller_utilization_ratio"][0].labels
+    # 170 MiB by NVML for PIDs 70+80 vs 150 MiB in the ledger; GPU-b has none of their memory
+    assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_A, device_uuid="GPU-a") == [20 * MiB]
+    assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_A, device_uuid="GPU-b") == [-7]
+    assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_B) == []  # host PID unknown: no guess
+    assert _values(got["HostGPUMemoryUsage"], deviceuuid="GPU-a", deviceidx="0") == [9 * MiB]
+    assert _values(got["vGPU_device_memory_usage_in_bytes"], podname=UID_A, ctrname="main", vdeviceid="0") == [150 * MiB]
+    assert _values(got["Device_memory_desc_of_container"], podname=UID_A, vdeviceid="0", context=str(10 * MiB)) == [150 * MiB]
+    for name, samples in got.items():
+        table = METRICS if name in METRICS else LEGACY_METRICS
+        for s in samples:
+            assert set(s.labels) == set(table[name]), name
+
+
+def test_nvml_failure_keeps_container_metrics(node_dir):
+    def broken():
+        raise RuntimeError("NVML gone")
+    got = _scrape(_collector(node_dir, host=broken))
+    assert "hami_host_gpu_memory_used_bytes" not in got and len(got["hami_vgpu_memory_used_bytes"]) == 3
+
+
+def test_memory_drift_needs_every_host_pid(tmp_path):
+    path = kit.write(tmp_path / "r.cache", procs=[kit.Proc(1, 11, used={0: (0, 0, 0, 5)}), kit.Proc(2, 0, used={0: (0, 0, 0, 5)})])
+    gpu = HostGPU(0, "GPU-a", "x", process_memory={11: 100})
+    assert memory_drift(read_region(path), 0, gpu) is None
+    assert memory_drift(read_region(path), 0, None) is None
+
+
+# ---------------------------------------------------------------------- containers directory
+
+def test_split_name():
+    assert split_name(f"{UID_A}_main") == (UID_A, "main")
+    assert split_name("nounderscore") is None and split_name("_x") is None and split_name("a_b_c") is None
+
+
+def test_stale_directories_of_gone_pods_are_removed_after_the_grace(node_dir):
+    dirs = scan(str(node_dir))
+    now = time.time()
+    assert stale(dirs, {UID_A, UID_B}, now, 0) == []
+    assert stale(dirs, {UID_A}, now, 300) == []  # B is gone but changed recently
+    old = now - 600
+    for p in (node_dir / f"{UID_B}_side", node_dir / f"{UID_B}_side" / "y.cache"):
+        os.utime(p, (old, old))
+    gone = stale(dirs, {UID_A}, now, 300)
+    assert [d.pod_uid for d in gone] == [UID_B]
+    assert remove(gone) == [str(node_dir / f"{UID_B}_side")]
+    assert [d.pod_uid for d in scan(str(node_dir))] == [UID_A]
+
+
+def test_scan_of_a_missing_directory_is_empty(tmp_path):
+    assert scan(str(tmp_path / "none")) == []
+
+
+def test_two_region_files_in_one_directory_are_reported(tmp_path):
+    d = tmp_path / f"{UID_A}_main"
+    kit.write(d / "a.cache")
+    kit.write(d / "b.cache")
+    (entry,) = scan(str(tmp_path))
+    assert entry.region.endswith("a.cache") and "2 region files" in entry.problem
+
+
+# ---------------------------------------------------------------------- feedback (hami-core §6.5)
+
+def R(key, uuids=("GPU-a",), priority=1, recent=0, switch=1):
+    return Reading(key, tuple(uuids), priority, recent, switch)
+
+
+def test_alone_on_a_gpu_runs_unthrottled_and_recent_kernel_decays():
+    assert decide([R("a", recent=2, switch=1)]) == {"a": Writes(recent_kernel=1, utilization_switch=0)}
+
+
+def test_two_active_containers_of_the_same_priority_keep_the_limit():
+    out = decide([R("a", recent=2, switch=0), R("b", recent=3, switch=0)])
+    assert out == {"a": Writes(1, 1), "b": Writes(2, 1)}
+
+
+def test_only_still_active_containers_count():
+    # b decays 1 -> 0 this period and is no longer active; a is alone
+    assert decide([R("a", recent=3, switch=1), R("b", recent=1, switch=0)]) == {
+        "a": Writes(2, 0), "b": Writes(recent_kernel=0)}
+
+
+def test_a_higher_priority_peer_throttles_and_blocks_only_when_enabled():
+    readings = [R("hi", priority=0, recent=3, switch=1), R("lo", priority=1, recent=3, switch=0)]
+    assert decide(readings) == {"hi": Writes(2, 0), "lo": Writes(2, 1)}
+    assert decide(readings, blocking=True) == {"hi": Writes(2, 0), "lo": Writes(-1, 1)}
+
+
+def test_blocked_container_is_released_when_the_high_priority_one_is_idle():
+    readings = [R("hi", priority=0, recent=0), R("lo", priority=1, recent=-1, switch=1)]
+    assert decide(readings, blocking=True) == {"hi": Writes(utilization_switch=0), "lo": Writes(0, 0)}
+
+
+def test_different_gpus_do_not_interact():
+    out = decide([R("a", uuids=("GPU-a",), recent=3), R("b", uuids=("GPU-b",), priority=0, recent=3)], blocking=True)
+    assert out == {"a": Writes(2, 0), "b": Writes(2, 0)}
+
+
+def test_release_leaves_limits_on_and_nothing_blocked():
+    out = release([R("a", recent=-1, switch=0), R("b", recent=2, switch=1), R("c", recent=0, switch=0)])
+    assert out == {"a": Writes(0, 1), "c": Writes(utilization_switch=1)}
