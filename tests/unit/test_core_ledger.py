@@ -1,0 +1,60 @@
+from hami.core import Ledger, encode_node_devices_json, rebuild
+
+from ._corekit import CONFIG, gpu, node, pod
+
+
+def node_obj(name, n=2, **annotations):
+    ann = {"hami.io/node-nvidia-register": encode_node_devices_json([gpu(name, i) for i in range(n)]), **annotations}
+    return {"metadata": {"name": name, "annotations": ann}}
+
+
+def placed(name, node_name, value, ns="default", **extra):
+    p = pod(name, ns=ns, admit=False)
+    p["metadata"]["annotations"] = {"hami.io/vgpu-node": node_name, "hami.io/vgpu-devices-allocated": value}
+    p.update(extra)
+    return p
+
+
+def test_rebuild_from_objects_with_warnings():
+    nodes = [node_obj("a"), node_obj("b", **{"hami.io/device-cordon": "GPU-b-1"}),
+             {"metadata": {"name": "bad", "annotations": {"hami.io/node-nvidia-register": "[{"}}}]
+    pods = [placed("p1", "a", "GPU-a-0,NVIDIA,3000,30:;"),
+            placed("p2", "a", "GPU-a-0,NVIDIA,1000,10:;"),
+            placed("broken", "a", "GPU-a-0,NVIDIA:;"),
+            placed("done", "a", "GPU-a-1,NVIDIA,1000,10:;", status={"phase": "Succeeded"})]
+    quotas = [{"metadata": {"name": "q", "namespace": "default"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "x"}}}]
+    led, warnings = rebuild(nodes, pods, CONFIG.vendors, quotas)
+    assert led.node_names() == ["a", "b"]
+    assert led.node("b").cordoned == frozenset({"GPU-b-1"})
+    assert [u[1:] for u in led.device_usage("a")] == [(2, 4000, 40), (0, 0, 0)]
+    assert len(warnings) == 3
+    assert "skipping node: node bad: annotation hami.io/node-nvidia-register" in warnings[0]
+    assert "pod default/broken: annotation hami.io/vgpu-devices-allocated" in warnings[1]
+    assert "ResourceQuota default/q spec.hard.limits.nvidia.com/gpumem" in warnings[2]
+    assert led.namespace_usage("default", "NVIDIA") == (4000, 40)
+
+
+def test_pods_seen_before_their_node_count_once_it_registers():
+    from hami.core import allocation_from_pod, node_devices_from_object
+
+    led = Ledger()
+    led.add_pod(allocation_from_pod(placed("p", "late", "GPU-late-1,NVIDIA,500,5:;"), CONFIG.vendors))
+    led.set_node(node_devices_from_object(node_obj("late"), CONFIG.vendors))
+    assert [u[1:] for u in led.device_usage("late")] == [(0, 0, 0), (1, 500, 5)]
+    led.remove_node("late")
+    assert led.node_names() == []
+    led.set_node(node("late", n=2))
+    assert [u[1:] for u in led.device_usage("late")][1] == (1, 500, 5)
+
+
+def test_summary_tracks_free_capacity():
+    led = Ledger()
+    led.set_node(node("n", n=2, mem=1000, count=2))
+    from hami.core import allocation_from_pod
+
+    led.add_pod(allocation_from_pod(placed("p", "n", "GPU-n-0,NVIDIA,1000,100:;"), CONFIG.vendors))
+    led.add_pod(allocation_from_pod(placed("q", "n", "GPU-n-0,NVIDIA,0,0:;"), CONFIG.vendors))
+    s = led.summary("n").vendors["NVIDIA"]
+    assert (s.devices, s.free_slot, s.idle, s.max_free_mem, s.max_free_cores) == (2, 1, 1, 1000, 100)
+    led.remove_pod("uid-default-q")
+    assert led.summary("n").vendors["NVIDIA"].free_slot == 2
