@@ -1,0 +1,270 @@
+"""Scheduler metrics on ``--metrics-bind-address`` (``:9395``): HAMi's allocation metrics plus SLIs.
+
+Allocation metrics (reference hami-control-plane §9.1, names and labels as HAMi's, every one
+with ``zone="vGPU"``) are computed at scrape time from the ledger: no API calls, nothing cached
+between scrapes. The scheduler's own signals, which HAMi lacks (A20), are recorded as they happen:
+
+=================================================  ======================================================
+``hami_scheduler_filter_duration_seconds``         histogram, label ``outcome`` (``scheduled``,
+                                                   ``unschedulable``, ``no_devices``, ``error``)
+``hami_scheduler_filter_rejections_total``         counter, label ``reason`` (reason code, §5.7): +1 per
+                                                   unschedulable Filter for each code among its nodes
+``hami_scheduler_bind_duration_seconds``           histogram, label ``outcome`` (``bound``, ``error``)
+``hami_scheduler_node_lock_wait_seconds``          histogram, label ``outcome`` (``acquired``, ``timeout``)
+``hami_scheduler_cache_age_seconds``               gauge, label ``resource``: seconds since that watch
+                                                   last delivered anything (event, bookmark or relist)
+=================================================  ======================================================
+
+Integration (what ``hami scheduler`` calls)::
+
+    from hami.scheduler.metrics import SchedulerMetrics, snapshot_of
+
+    metrics = SchedulerMetrics(lambda: snapshot_of(state), legacy=opts.legacy_metrics)
+    runner = await metrics.serve(host, port)            # aiohttp on the scheduler's event loop
+    ...
+    t0 = time.perf_counter()
+    result = ...                                        # Filter
+    metrics.observe_filter(time.perf_counter() - t0, "unschedulable", reasons=result.failed.values())
+    metrics.observe_bind(seconds, "bound")              # or "error"
+    metrics.observe_lock_wait(seconds, "acquired")      # or "timeout"
+    metrics.cache_touched("pods")                       # from the watch handlers (and "nodes", ...)
+    await runner.cleanup()
+
+``reasons`` accepts :class:`hami.core.reasons.NodeFailure` objects, :class:`Reason` values or
+plain strings. Serve from the event loop that mutates the ledger (``serve``), so a scrape never
+sees the ledger half-updated; :meth:`render` gives the text for any other server.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from hami.core.ledger import Ledger
+
+ZONE = "vGPU"
+MIB = 1024 * 1024
+
+DEV = ("node", "device_uuid", "device_index", "device_type")
+DEV_CORES = ("node", "device_uuid", "device_index", "device_cores", "device_type")
+OVERVIEW = ("node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type")
+POD = ("namespace", "node", "pod", "container_index", "device_uuid")
+BUILD = ("version", "revision", "build_date", "go_version", "compiler", "platform")
+
+#: name -> (labels without zone, legacy name, legacy labels, help)
+ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] = {
+    "hami_gpu_memory_limit_bytes": (DEV, "GPUDeviceMemoryLimit", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+                                    "Registered device memory"),
+    "hami_gpu_core_limit_ratio": (DEV, "GPUDeviceCoreLimit", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+                                  "Registered device cores (100 per GPU x deviceCoreScaling)"),
+    "hami_gpu_memory_allocated_bytes": (DEV_CORES, "GPUDeviceMemoryAllocated",
+                                        ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype"),
+                                        "Device memory allocated to pods"),
+    "hami_gpu_shared_count": (DEV, "GPUDeviceSharedNum", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+                              "Tasks sharing the device"),
+    "hami_gpu_core_allocated_ratio": (DEV, "GPUDeviceCoreAllocated", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+                                      "Device cores allocated to pods"),
+    "hami_node_gpu_overview": (OVERVIEW, "nodeGPUOverview",
+                               ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicememorylimit", "devicetype"),
+                               "Device memory allocated (MiB), with cores and memory limit as labels"),
+    "hami_node_gpu_memory_allocated_ratio": (DEV, "nodeGPUMemoryPercentage", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+                                             "Allocated / registered device memory"),
+    "hami_resource_quota_used": (("namespace", "quota_name", "limit"), "QuotaUsed", ("quotanamespace", "quotaName", "limit"),
+                                 "Namespace usage of a quota-tracked resource"),
+    "hami_resource_quota_limit": (("namespace", "quota_name"), None, (), "Namespace limit of a quota-tracked resource"),
+    "hami_vgpu_memory_allocated_bytes": (POD, "vGPUMemoryAllocated",
+                                         ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
+                                         "Device memory allocated to a pod (collapsed over its containers)"),
+    "hami_vgpu_core_allocated_ratio": (POD, "vGPUCoreAllocated",
+                                       ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
+                                       "Device cores allocated to a pod (collapsed over its containers)"),
+}
+
+FILTER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BIND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LOCK_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: our additions: name -> labels (histograms export _bucket/_sum/_count, counters _total)
+SIGNALS: dict[str, tuple[str, ...]] = {
+    "hami_scheduler_filter_duration_seconds": ("outcome",),
+    "hami_scheduler_filter_rejections_total": ("reason",),
+    "hami_scheduler_bind_duration_seconds": ("outcome",),
+    "hami_scheduler_node_lock_wait_seconds": ("outcome",),
+    "hami_scheduler_cache_age_seconds": ("resource",),
+}
+
+
+def metric_names(legacy: bool = False) -> dict[str, tuple[str, ...]]:
+    """Every metric family this module exports, with its labels (zone included where present)."""
+    out = {"hami_build_info": BUILD + ("zone",)}
+    for name, (labels, old, old_labels, _) in ALLOCATION.items():
+        out[name] = labels + ("zone",)
+        if legacy and old:
+            out[old] = old_labels + ("zone",)
+    out.update(SIGNALS)
+    return out
+
+
+@dataclass(frozen=True)
+class AllocationSnapshot:
+    """What the allocation metrics are computed from; take it on the ledger's own thread/loop."""
+
+    ledger: Ledger
+    vendors: Sequence[Any] = ()  # to name quota resources (vendor.resources.memory / .cores, .name)
+    quota_namespaces: Iterable[str] = ()
+
+
+def snapshot_of(state: Any) -> AllocationSnapshot:
+    """From a ``hami.scheduler.state.ClusterState`` (``ledger``, ``vendors``, ``quotas`` "ns/name")."""
+    namespaces = sorted({key.split("/", 1)[0] for key in getattr(state, "quotas", {})})
+    return AllocationSnapshot(state.ledger, tuple(state.vendors), namespaces)
+
+
+def _quota_rows(snap: AllocationSnapshot) -> Iterator[tuple[str, str, int, int]]:
+    """``(namespace, resource, used, limit)`` for every limited quota resource."""
+    for ns in sorted(set(snap.quota_namespaces)):
+        room = snap.ledger.quota_room(ns, snap.vendors)
+        if room is None:
+            continue
+        for v in snap.vendors:
+            mem_room, core_room = room.room.get(v.name, (None, None))
+            used_mem, used_cores = snap.ledger.namespace_usage(ns, v.name)
+            for resource, left, used in ((v.resources.memory, mem_room, used_mem), (v.resources.cores, core_room, used_cores)):
+                if resource and left is not None:
+                    yield ns, resource, used, left + used
+
+
+class AllocationCollector(Collector):
+    """HAMi's §9.1 metrics from ``snapshot()`` at every scrape."""
+
+    def __init__(self, snapshot: Callable[[], AllocationSnapshot], legacy: bool = False) -> None:
+        self.snapshot = snapshot
+        self.legacy = legacy
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from hami.monitor.exporter import build_info_values
+
+        snap = self.snapshot()
+        fams: dict[str, GaugeMetricFamily] = {}
+
+        def add(name: str, values: Sequence[Any], value: float) -> None:
+            labels, old, old_labels, doc = ALLOCATION[name]
+            names = [(name, labels, doc)] + ([(old, old_labels, f"Legacy name of {name}")] if self.legacy and old else [])
+            for n, ls, d in names:
+                if n not in fams:
+                    fams[n] = GaugeMetricFamily(n, d, labels=list(ls) + ["zone"])
+                fams[n].add_metric([str(x) for x in values] + [ZONE], value)
+
+        info = GaugeMetricFamily("hami_build_info", "hami build information", labels=list(BUILD) + ["zone"])
+        info.add_metric(list(build_info_values()) + [ZONE], 1)
+        yield info
+        self._devices(snap.ledger, add)
+        for ns, resource, used, limit in _quota_rows(snap):
+            add("hami_resource_quota_used", (ns, resource, limit), used)
+            add("hami_resource_quota_limit", (ns, resource), limit)
+        for alloc in snap.ledger.pods():
+            for u in alloc.usage:
+                add("hami_vgpu_memory_allocated_bytes", (alloc.namespace, alloc.node, alloc.name, 0, u.uuid), u.mem * MIB)
+                add("hami_vgpu_core_allocated_ratio", (alloc.namespace, alloc.node, alloc.name, 0, u.uuid), u.cores)
+        yield from fams.values()
+
+    @staticmethod
+    def _devices(ledger: Ledger, add: Callable[[str, Sequence[Any], float], None]) -> None:
+        for node in ledger.node_names():
+            for d, used, usedmem, usedcores in ledger.device_usage(node):
+                dev = (node, d.id, d.index, d.type)
+                add("hami_gpu_memory_limit_bytes", dev, d.devmem * MIB)
+                add("hami_gpu_core_limit_ratio", dev, d.devcore)
+                add("hami_gpu_memory_allocated_bytes", (node, d.id, d.index, usedcores, d.type), usedmem * MIB)
+                add("hami_gpu_shared_count", dev, used)
+                add("hami_gpu_core_allocated_ratio", dev, usedcores)
+                add("hami_node_gpu_overview", (node, d.id, d.index, usedcores, d.devmem, d.type), usedmem)
+                add("hami_node_gpu_memory_allocated_ratio", dev, usedmem / d.devmem if d.devmem else 0.0)
+
+
+class _CacheAge(Collector):
+    def __init__(self, touched: dict[str, float], clock: Callable[[], float]) -> None:
+        self.touched, self.clock = touched, clock
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily("hami_scheduler_cache_age_seconds",
+                                "Seconds since the watch of this resource last delivered anything", labels=["resource"])
+        now = self.clock()
+        for resource, at in sorted(self.touched.items()):
+            fam.add_metric([resource], max(now - at, 0.0))
+        yield fam
+
+
+def _reason_codes(reasons: Iterable[Any]) -> set[str]:
+    codes: set[str] = set()
+    for r in reasons:
+        if hasattr(r, "codes"):
+            codes.update(c.value for c in r.codes())
+        else:
+            codes.add(getattr(r, "value", str(r)))
+    return codes
+
+
+class SchedulerMetrics:
+    """One registry with the allocation collector and the scheduler's own signals."""
+
+    def __init__(self, snapshot: Callable[[], AllocationSnapshot] | None = None, legacy: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry()
+        if snapshot is not None:
+            self.registry.register(AllocationCollector(snapshot, legacy))
+        self.filter_duration = Histogram("hami_scheduler_filter_duration_seconds", "Extender Filter latency",
+                                         ["outcome"], buckets=FILTER_BUCKETS, registry=self.registry)
+        self.filter_rejections = Counter("hami_scheduler_filter_rejections", "Unschedulable Filter calls by reason code",
+                                         ["reason"], registry=self.registry)
+        self.bind_duration = Histogram("hami_scheduler_bind_duration_seconds", "Extender Bind latency",
+                                       ["outcome"], buckets=BIND_BUCKETS, registry=self.registry)
+        self.lock_wait = Histogram("hami_scheduler_node_lock_wait_seconds", "Time Bind waited for the node lock",
+                                   ["outcome"], buckets=LOCK_BUCKETS, registry=self.registry)
+        self._touched: dict[str, float] = {}
+        self.clock = clock
+        self.registry.register(_CacheAge(self._touched, clock))
+
+    def observe_filter(self, seconds: float, outcome: str, reasons: Iterable[Any] = ()) -> None:
+        self.filter_duration.labels(outcome).observe(max(seconds, 0.0))
+        for code in sorted(_reason_codes(reasons)):
+            self.filter_rejections.labels(code).inc()
+
+    def observe_bind(self, seconds: float, outcome: str) -> None:
+        self.bind_duration.labels(outcome).observe(max(seconds, 0.0))
+
+    def observe_lock_wait(self, seconds: float, outcome: str = "acquired") -> None:
+        self.lock_wait.labels(outcome).observe(max(seconds, 0.0))
+
+    def cache_touched(self, resource: str) -> None:
+        self._touched[resource] = self.clock()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, host: str, port: int):
+        """Serve ``GET /metrics`` with aiohttp on the running loop; returns the ``AppRunner`` (``cleanup()`` it)."""
+        from aiohttp import web
+
+        async def handler(_request: web.Request) -> web.Response:
+            return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host or None, port)
+        await site.start()
+        return runner
