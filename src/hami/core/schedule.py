@@ -217,7 +217,8 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
-        annotations.update(v.pod_annotations(fit.devices[v.name], node=fit.node, now=now, pod=req))
+        annotations.update(v.pod_annotations(fit.devices[v.name], node=fit.node, now=now, pod=req,
+                                             view=ledger.view(fit.node)))
     return FilterResult(
         pod=req, node=fit.node, allocation=make_allocation(pod, fit.node, fit.devices),
         failed=dict(sorted(failed.items())), scores=scores, annotations=annotations,

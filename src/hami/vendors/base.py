@@ -261,11 +261,12 @@ class BaseVendor:
 
     # ------------------------------------------------------------------ decision annotations
     def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None) -> dict[str, str]:
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
         """Annotations recording this vendor's decision on the pod (§5.5).
 
         ``node``: the chosen node; ``now``: unix seconds of the decision; ``pod``: the
-        :class:`~hami.core.types.PodRequest` (container names, the pod's annotations)."""
+        :class:`~hami.core.types.PodRequest` (container names, the pod's annotations); ``view``: the
+        node's :class:`~hami.core.fit.NodeView` before this pod (device custominfo, usage)."""
         value = encode_pod_devices(devices)
         out = {self.allocated_annotation: value}
         if self.to_allocate_annotation:
