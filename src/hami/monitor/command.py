@@ -81,14 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not args.standalone and not args.once and not args.node_name:
-        raise UsageError("--node-name (or NODE_NAME) is required unless --standalone")
     args.resync_s = parse_duration(args.resync_interval, "--resync-interval")
     args.interval_s = parse_duration(args.interval, "--interval")
     if args.interval_s <= 0:
         raise UsageError(f"--interval: must be positive (got {args.interval!r})")
     args.bind = parse_bind(args.metrics_bind_address)
     args.containers_dir = str(Path(args.hook_path) / "containers")
+    if not args.standalone and not args.once and not args.node_name:
+        raise UsageError("--node-name (or NODE_NAME) is required unless --standalone")
 
 
 class PodMap:
