@@ -3,9 +3,9 @@
 ``load_device_config(text)`` / ``device_config_from_dict(data)`` return a :class:`DeviceConfig`
 or raise :class:`hami.core.errors.ConfigError` with one line naming the key, e.g.
 ``device-config.yaml: nvidia.defaultMemory: Input should be a valid integer (got 'lots')``.
-Only the ``nvidia`` section is modelled field by field today; the other vendors' sections are
-kept as plain mappings (``DeviceConfig.section(name)``) until their vendor module lands: a new
-vendor adds its own pydantic model here and one entry in ``hami.vendors.VENDORS``.
+Every implemented vendor section has its pydantic model here (defaults = the Helm chart's);
+``vastai`` and ``biren`` are kept as plain mappings. A new vendor adds its model here and one
+entry in ``hami.vendors.VENDORS``. ``chart_device_config()`` enables every implemented vendor.
 """
 
 from __future__ import annotations
@@ -67,24 +67,166 @@ class NvidiaConfig(_Model):
         return v
 
 
+class _Names(_Model):
+    """Resource names shared by the simple vendors (count / memory / core)."""
+
+    resource_count_name: str = Field(alias="resourceCountName")
+    resource_memory_name: str = Field("", alias="resourceMemoryName")
+    resource_core_name: str = Field("", alias="resourceCoreName")
+
+
+class CambriconConfig(_Names):
+    resource_count_name: str = Field("cambricon.com/vmlu", alias="resourceCountName")
+    resource_memory_name: str = Field("cambricon.com/mlu.smlu.vmemory", alias="resourceMemoryName")
+    resource_core_name: str = Field("cambricon.com/mlu.smlu.vcore", alias="resourceCoreName")
+
+
+class HygonConfig(_Names):
+    resource_count_name: str = Field("hygon.com/dcunum", alias="resourceCountName")
+    resource_memory_name: str = Field("hygon.com/dcumem", alias="resourceMemoryName")
+    resource_core_name: str = Field("hygon.com/dcucores", alias="resourceCoreName")
+    memory_factor: int = Field(1, alias="memoryFactor", ge=1)
+
+
+class MetaxConfig(_Model):
+    resource_count_name: str = Field("metax-tech.com/gpu", alias="resourceCountName")
+    resource_vcount_name: str = Field("metax-tech.com/sgpu", alias="resourceVCountName")
+    resource_vmemory_name: str = Field("metax-tech.com/vmemory", alias="resourceVMemoryName")
+    resource_vcore_name: str = Field("metax-tech.com/vcore", alias="resourceVCoreName")
+    sgpu_topology_aware: bool = Field(False, alias="sgpuTopologyAware")
+
+
+class MthreadsConfig(_Names):
+    resource_count_name: str = Field("mthreads.com/vgpu", alias="resourceCountName")
+    resource_memory_name: str = Field("mthreads.com/sgpu-memory", alias="resourceMemoryName")
+    resource_core_name: str = Field("mthreads.com/sgpu-core", alias="resourceCoreName")
+
+
+class IluvatarChip(_Names):
+    """One entry of ``iluvatars:`` (one backend per chip)."""
+
+    chip_name: str = Field(alias="chipName", min_length=1)
+    common_word: str = Field(alias="commonWord", min_length=1)
+
+
+class EnflameConfig(_Model):
+    resource_name_gcu: str = Field("enflame.com/gcu", alias="resourceNameGCU")
+    resource_name_drs_gcu: str = Field("enflame.com/drs-gcu", alias="resourceNameDRSGCU")
+    resource_name_gcu_memory: str = Field("enflame.com/gcu-memory", alias="resourceNameGCUMemory")
+    resource_name_gcu_core: str = Field("enflame.com/gcu-core", alias="resourceNameGCUCore")
+    resource_name_vgcu: str = Field("enflame.com/vgcu", alias="resourceNameVGCU")
+    resource_name_vgcu_percentage: str = Field("enflame.com/vgcu-percentage", alias="resourceNameVGCUPercentage")
+
+
+class KunlunConfig(_Model):
+    resource_count_name: str = Field("kunlunxin.com/xpu", alias="resourceCountName")
+    resource_vcount_name: str = Field("kunlunxin.com/vxpu", alias="resourceVCountName")
+    resource_vmemory_name: str = Field("kunlunxin.com/vxpu-memory", alias="resourceVMemoryName")
+
+
+class AwsNeuronConfig(_Names):
+    resource_count_name: str = Field("aws.amazon.com/neuron", alias="resourceCountName")
+    resource_core_name: str = Field("aws.amazon.com/neuroncore", alias="resourceCoreName")
+    #: our extension: NeuronCores per device, used by admission (HAMi hard-codes 2)
+    cores_per_device: int = Field(2, alias="coresPerDevice", ge=1)
+
+
+class AmdConfig(_Names):
+    resource_count_name: str = Field("amd.com/gpu", alias="resourceCountName")
+    resource_memory_name: str = Field("amd.com/gpumem", alias="resourceMemoryName")
+    resource_core_name: str = Field("amd.com/gpucores", alias="resourceCoreName")
+
+
+class VnpuTemplate(_Model):
+    name: str = Field(min_length=1)
+    memory: int = Field(gt=0)
+    ai_core: int = Field(0, alias="aiCore", ge=0)
+    ai_cpu: int = Field(0, alias="aiCPU", ge=0)
+
+
+class VnpuChip(_Model):
+    """One entry of ``vnpus.configs`` (one Ascend backend per chip)."""
+
+    chip_name: str = Field("", alias="chipName")
+    common_word: str = Field(alias="commonWord", min_length=1)
+    resource_name: str = Field(alias="resourceName", min_length=1)
+    resource_memory_name: str = Field("", alias="resourceMemoryName")
+    resource_core_name: str = Field("", alias="resourceCoreName")
+    memory_allocatable: int = Field(alias="memoryAllocatable", gt=0)
+    memory_capacity: int = Field(alias="memoryCapacity", gt=0)
+    memory_factor: int = Field(1, alias="memoryFactor", ge=1)
+    ai_core: int = Field(0, alias="aiCore", ge=0)
+    ai_cpu: int = Field(0, alias="aiCPU", ge=0)
+    runtime_class_name: str = Field("", alias="runtimeClassName")
+    overwrite_env: bool = Field(False, alias="overwriteEnv")
+    super_pod: bool = Field(False, alias="superPod")
+    templates: list[VnpuTemplate] = Field(default_factory=list)
+
+
+def _chip(cw: str, chip: str, alloc: int, cap: int, ai_core: int, ai_cpu: int,
+          templates: list[tuple[str, int, int, int]], super_pod: bool = False) -> VnpuChip:
+    return VnpuChip(
+        chipName=chip, commonWord=cw, resourceName=f"huawei.com/{cw}", resourceMemoryName=f"huawei.com/{cw}-memory",
+        resourceCoreName=f"huawei.com/{cw}-core", memoryAllocatable=alloc, memoryCapacity=cap, aiCore=ai_core,
+        aiCPU=ai_cpu, superPod=super_pod,
+        templates=[VnpuTemplate(name=n, memory=m, aiCore=c, aiCPU=u) for n, m, c, u in templates],
+    )
+
+
+def default_vnpu_chips() -> list[VnpuChip]:
+    """The Helm chart's ``vnpus.configs`` (reference §7.1)."""
+    b3 = [("vir05_1c_16g", 16384, 5, 1), ("vir10_3c_32g", 32768, 10, 3)]
+    return [
+        _chip("Ascend910A", "910A", 32768, 32768, 30, 0,
+              [("vir02", 2184, 2, 0), ("vir04", 4369, 4, 0), ("vir08", 8738, 8, 0), ("vir16", 17476, 16, 0)]),
+        _chip("Ascend910B2", "910B2", 65536, 65536, 24, 6,
+              [("vir03_1c_8g", 8192, 3, 1), ("vir06_1c_16g", 16384, 6, 1), ("vir12_3c_32g", 32768, 12, 3)]),
+        _chip("Ascend910B3", "910B3", 65536, 65536, 20, 7, b3),
+        _chip("Ascend910B4-1", "910B4-1", 65536, 65536, 20, 7, b3),
+        _chip("Ascend910B4", "910B4", 32768, 32768, 20, 7, [("vir05_1c_8g", 8192, 5, 1), ("vir10_3c_16g", 16384, 10, 3)]),
+        _chip("Ascend310P", "310P3", 21527, 24576, 8, 7,
+              [("vir01", 3072, 1, 1), ("vir02", 6144, 2, 2), ("vir04", 12288, 4, 4)]),
+        _chip("Ascend910C", "Ascend910", 65536, 65536, 20, 7, b3, super_pod=True),
+    ]
+
+
+class VnpusConfig(_Model):
+    """``vnpus:`` (Ascend). An absent or empty ``configs`` means the chart's chips."""
+
+    hami_vnpu_core: bool = Field(False, alias="hamiVnpuCore")
+    configs: list[VnpuChip] = Field(default_factory=list)
+
+    def chips(self) -> list[VnpuChip]:
+        return self.configs or default_vnpu_chips()
+
+
+def default_iluvatar_chips() -> list[IluvatarChip]:
+    """The Helm chart's ``iluvatars`` list."""
+    return [
+        IluvatarChip(chipName=c, commonWord=c, resourceCountName=f"iluvatar.ai/{c}-vgpu",
+                     resourceMemoryName=f"iluvatar.ai/{c}.vMem", resourceCoreName=f"iluvatar.ai/{c}.vCore")
+        for c in ("MR-V100", "MR-V50", "BI-V150", "BI-V100")
+    ]
+
+
 class DeviceConfig(_Model):
     """The whole file. Unknown top-level keys are ignored, as HAMi does."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
     nvidia: NvidiaConfig | None = None
-    cambricon: dict[str, Any] | None = None
-    hygon: dict[str, Any] | None = None
-    metax: dict[str, Any] | None = None
-    mthreads: dict[str, Any] | None = None
-    iluvatars: list[dict[str, Any]] | None = None
-    enflame: dict[str, Any] | None = None
-    kunlun: dict[str, Any] | None = None
-    awsneuron: dict[str, Any] | None = None
-    amd: dict[str, Any] | None = None
+    cambricon: CambriconConfig | None = None
+    hygon: HygonConfig | None = None
+    metax: MetaxConfig | None = None
+    mthreads: MthreadsConfig | None = None
+    iluvatars: list[IluvatarChip] | None = None
+    enflame: EnflameConfig | None = None
+    kunlun: KunlunConfig | None = None
+    awsneuron: AwsNeuronConfig | None = None
+    amd: AmdConfig | None = None
     vastai: dict[str, Any] | None = None
     biren: dict[str, Any] | None = None
-    vnpus: Any = None
+    vnpus: VnpusConfig | None = None
 
     def section(self, name: str) -> Any:
         return getattr(self, name)
@@ -93,6 +235,15 @@ class DeviceConfig(_Model):
 def default_device_config() -> DeviceConfig:
     """The configuration used when no file is given: NVIDIA with HAMi's chart defaults."""
     return DeviceConfig(nvidia=NvidiaConfig())
+
+
+def chart_device_config() -> DeviceConfig:
+    """Every vendor section this project implements, at the Helm chart's defaults."""
+    return DeviceConfig(
+        nvidia=NvidiaConfig(), cambricon=CambriconConfig(), hygon=HygonConfig(), metax=MetaxConfig(),
+        mthreads=MthreadsConfig(), iluvatars=default_iluvatar_chips(), enflame=EnflameConfig(),
+        kunlun=KunlunConfig(), awsneuron=AwsNeuronConfig(), amd=AmdConfig(), vnpus=VnpusConfig(),
+    )
 
 
 def _describe(err: dict) -> str:

@@ -12,12 +12,32 @@ from typing import Callable
 
 from hami.config import DeviceConfig, default_device_config
 
+from .amd import AmdVendor
+from .ascend import AscendVendor, make_ascend
+from .awsneuron import AwsNeuronVendor
 from .base import BaseVendor, ResourceNames, Selection
+from .cambricon import CambriconVendor
+from .enflame import EnflameDrsVendor, EnflameGcuVendor, make_enflame
+from .hygon import HygonVendor
+from .iluvatar import IluvatarVendor, make_iluvatars
+from .kunlun import KunlunVendor, KunlunVxpuVendor, make_kunlun
+from .metax import MetaxGpuVendor, MetaxSgpuVendor, make_metax
+from .mthreads import MthreadsVendor
 from .nvidia import NvidiaVendor
 
-#: device-config.yaml section -> factory taking that section's parsed value.
-VENDORS: tuple[tuple[str, Callable[..., BaseVendor]], ...] = (
+#: device-config.yaml section -> factory taking that section's parsed value (one vendor or a tuple).
+VENDORS: tuple[tuple[str, Callable[..., BaseVendor | tuple[BaseVendor, ...]]], ...] = (
     ("nvidia", NvidiaVendor),
+    ("vnpus", make_ascend),
+    ("cambricon", CambriconVendor),
+    ("hygon", HygonVendor),
+    ("iluvatars", make_iluvatars),
+    ("metax", make_metax),
+    ("mthreads", MthreadsVendor),
+    ("enflame", make_enflame),
+    ("kunlun", make_kunlun),
+    ("amd", AmdVendor),
+    ("awsneuron", AwsNeuronVendor),
 )
 
 
@@ -35,4 +55,8 @@ def build_vendors(config: DeviceConfig | None = None) -> tuple[BaseVendor, ...]:
     return tuple(out)
 
 
-__all__ = ["VENDORS", "BaseVendor", "NvidiaVendor", "ResourceNames", "Selection", "build_vendors"]
+__all__ = [
+    "VENDORS", "AmdVendor", "AscendVendor", "AwsNeuronVendor", "BaseVendor", "CambriconVendor", "EnflameDrsVendor",
+    "EnflameGcuVendor", "HygonVendor", "IluvatarVendor", "KunlunVendor", "KunlunVxpuVendor", "MetaxGpuVendor",
+    "MetaxSgpuVendor", "MthreadsVendor", "NvidiaVendor", "ResourceNames", "Selection", "build_vendors",
+]

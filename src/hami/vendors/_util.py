@@ -1,0 +1,105 @@
+"""Small helpers shared by the vendor modules (no fit logic here)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from hami.core.errors import CodecError, CoreError, RequestError
+from hami.core.quantity import container_resources, parse_int_quantity
+from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+
+from .base import BaseVendor, _lookup
+
+
+def present(container: Mapping[str, Any]) -> set[str]:
+    """Resource names set in limits or requests."""
+    limits, requests = container_resources(container)
+    return set(limits) | set(requests)
+
+
+def in_limits(container: Mapping[str, Any], name: str) -> bool:
+    return bool(name) and name in container_resources(container)[0]
+
+
+def set_both(container: dict, name: str, value: int) -> None:
+    """Write ``value`` to limits and requests (what HAMi's webhooks do when they normalise)."""
+    res = container.setdefault("resources", {})
+    res.setdefault("limits", {})[name] = value
+    res.setdefault("requests", {})[name] = value
+
+
+def set_limit(container: dict, name: str, value: int) -> None:
+    container.setdefault("resources", {}).setdefault("limits", {})[name] = value
+
+
+def env_append(container: dict, name: str, value: str) -> None:
+    container.setdefault("env", []).append({"name": name, "value": value})
+
+
+def where_of(container: Mapping[str, Any]) -> str:
+    return f"container {container.get('name', '?')!r}"
+
+
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def capacity(node: Mapping[str, Any], name: str) -> int:
+    """``status.capacity[name]`` as an int; 0 when absent. Raises CodecError when malformed."""
+    raw = ((node.get("status") or {}).get("capacity") or {}).get(name)
+    if raw is None:
+        return 0
+    try:
+        return parse_int_quantity(raw, f"status.capacity[{name}]")
+    except CoreError as exc:
+        raise CodecError(str(exc)) from None
+
+
+def node_name(node: Mapping[str, Any]) -> str:
+    return (node.get("metadata") or {}).get("name") or ""
+
+
+def synth_cards(node: Mapping[str, Any], vendor: str, word: str, cards: int, *, count: int, devmem: int,
+                devcore: int, type_: str, numa_split: bool = False,
+                custominfo: Mapping[str, Any] | None = None) -> tuple[DeviceInfo, ...]:
+    """Per-card devices synthesised from node capacity, IDs ``<node>-<word>-<i>`` (§4.1 path b)."""
+    name = node_name(node)
+    return tuple(
+        DeviceInfo(id=f"{name}-{word}-{i}", index=i, count=count, devmem=devmem, devcore=devcore, type=type_,
+                   numa=1 if numa_split and i >= cards // 2 else 0, health=True, vendor=vendor,
+                   custominfo=dict(custominfo) if custominfo else None)
+        for i in range(cards)
+    )
+
+
+def go_json(obj: Any) -> str:
+    """Compact JSON as Go's ``json.Marshal`` writes it (``<>&`` escaped)."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def pod_annotation(pod: Any, key: str) -> str | None:
+    """An annotation of the PodRequest passed to ``pod_annotations`` (None when absent)."""
+    if pod is None:
+        return None
+    return (getattr(pod, "annotations", None) or {}).get(key)
+
+
+def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *, default_cores: int,
+                    unit: int = 1) -> ContainerDeviceRequest | None:
+    """Count + absolute memory (``unit`` MiB per resource unit, times memoryFactor) + core percent.
+    No memory means the whole card's memory (percentage 100)."""
+    r = vendor.resources
+    res = _lookup(container, where)
+    nums = res(r.count)
+    if nums == 0:
+        return None
+    mem = res(r.memory)
+    cores = res(r.cores) if r.cores in present(container) else default_cores
+    for name, value in ((r.count, nums), (r.memory, mem), (r.cores, cores)):
+        if value < 0:
+            raise RequestError(f"{where}: {name} must not be negative, got {value}")
+    mem *= unit * r.memory_factor
+    return ContainerDeviceRequest(vendor=vendor.name, nums=nums, type=vendor.request_type, memreq=mem,
+                                  mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))

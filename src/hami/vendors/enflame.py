@@ -1,0 +1,227 @@
+"""Enflame GCUs: DRS slices (HAMi backend ``Enflame``) and whole GCUs (HAMi backend ``GCU``).
+
+Facts: §3.4, §4.1, §4.5, §7.1 ``enflame``, §8.2, §8.3.
+
+DRS: the node annotation ``enflame.com/gcu-drs-capacity`` is
+``{"devices":[{"index":0,"minor":0,"capacity":6}],"profiles":{"1g.8gb":1,"2g.16gb":2,...}}``:
+``capacity`` slices per GCU, profiles named ``<slices>g.<memory>gb`` with their profile IDs.
+A container asks for slices directly (``enflame.com/drs-gcu: n``) or for ``enflame.com/gcu-memory``
+(GiB) plus ``enflame.com/gcu-core`` (percent of a GCU), which is mapped, per GCU, to the smallest
+profile that covers both. One device per container. In our model a DRS GCU has ``count =
+devcore = capacity`` (slices) and ``devmem = capacity x`` the memory of one slice; a grant records
+the slices as cores. Device IDs: ``<node>-enflame-drs-<index>``.
+
+Whole GCU: ``enflame.com/gcu`` from node capacity, one slot per card, IDs ``<node>-enflame-gcu-<i>``.
+Neither backend locks the node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hami.config import EnflameConfig
+from hami.core.errors import CodecError, RequestError
+from hami.core.reasons import Reason
+from hami.core.types import PERCENT_UNSET, ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+
+from ._util import annotations_of, capacity, go_json, node_name, present, synth_cards, where_of
+from .base import BaseVendor, ResourceNames, _lookup
+
+CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
+_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
+
+
+@dataclass(frozen=True, slots=True)
+class DrsRequest(ContainerDeviceRequest):
+    """A DRS request: ``slices`` directly, or ``mem_gib`` + ``core_pct`` mapped to a profile per GCU."""
+
+    slices: int = 0
+    mem_gib: int = 0
+    core_pct: int = 0
+
+
+def _profiles(device: DeviceInfo) -> list[tuple[int, int, str, Any]]:
+    """(slices, GiB, name, id) sorted by slices then memory."""
+    out = []
+    for name, pid in ((device.custominfo or {}).get("profiles") or {}).items():
+        m = _PROFILE.match(name)
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), name, pid))
+    return sorted(out)
+
+
+class EnflameDrsVendor(BaseVendor):
+    name = "Enflame"
+    request_type = "Enflame"
+    config_section = "enflame"
+    register_annotation = CAPACITY_ANNOTATION
+    allocated_annotation = "hami.io/enflame-vgpu-devices-allocated"
+    to_allocate_annotation = None
+    lock_annotation = None
+    use_uuid_annotation = "enflame.com/use-gpuuuid"
+    nouse_uuid_annotation = "enflame.com/nouse-gpuuuid"
+
+    def __init__(self, config: EnflameConfig | None = None) -> None:
+        c = self.config = config or EnflameConfig()
+        super().__init__(ResourceNames(count=c.resource_name_drs_gcu, memory=c.resource_name_gcu_memory,
+                                       cores=c.resource_name_gcu_core))
+
+    # ------------------------------------------------------------------ registration
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        text = annotations_of(node).get(CAPACITY_ANNOTATION)
+        if not text:
+            return ()
+        where = f"annotation {CAPACITY_ANNOTATION}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CodecError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+            raise CodecError(f"{where}: must be an object with a 'devices' list")
+        profiles = data.get("profiles") or {}
+        if not isinstance(profiles, dict):
+            raise CodecError(f"{where}: 'profiles' must map profile names to IDs")
+        per_slice = max((int(m.group(2)) * 1024 // int(m.group(1)) for m in map(_PROFILE.match, profiles) if m), default=0)
+        out = []
+        for i, d in enumerate(data["devices"]):
+            vals = {k: d.get(k) if isinstance(d, dict) else None for k in ("index", "minor", "capacity")}
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in vals.values()):
+                raise CodecError(f"{where}: devices[{i}] needs non-negative integers index, minor, capacity; got {d!r}")
+            out.append(DeviceInfo(
+                id=f"{node_name(node)}-enflame-drs-{vals['index']}", index=vals["index"], count=vals["capacity"],
+                devmem=vals["capacity"] * per_slice, devcore=vals["capacity"], type=self.name, health=True,
+                vendor=self.name, custominfo={"minor": vals["minor"], "profiles": dict(profiles)},
+            ))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ admission (§3.4)
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        r = self.resources
+        has = present(container)
+        if not has & {r.count, r.memory, r.cores}:
+            return False
+        where = where_of(container)
+        res = _lookup(container, where)
+        if r.count in has:
+            if res(r.count) <= 0:
+                raise RequestError(f"{where}: {r.count} must be greater than 0, got {res(r.count)}")
+        elif not (res(r.memory) > 0 and 0 < res(r.cores) <= 100):
+            raise RequestError(f"{where}: give {r.count} > 0, or {r.memory} > 0 with {r.cores} in 1..100 "
+                               f"(got {r.memory}={res(r.memory)}, {r.cores}={res(r.cores)})")
+        res_map = container.setdefault("resources", {})
+        requests = res_map.setdefault("requests", {})
+        for name, value in (res_map.get("limits") or {}).items():
+            if name in (r.count, r.memory, r.cores):
+                requests[name] = value
+        return True
+
+    # ------------------------------------------------------------------ requests
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        r = self.resources
+        res = _lookup(container, where)
+        slices, mem, core = res(r.count), res(r.memory), res(r.cores)
+        if not (slices or mem or core):
+            return None
+        if min(slices, mem, core) < 0:
+            raise RequestError(f"{where}: {r.count}, {r.memory} and {r.cores} must not be negative")
+        return DrsRequest(vendor=self.name, nums=1, type=self.request_type, slices=slices, mem_gib=mem,
+                          core_pct=core)
+
+    def slices_for(self, device: DeviceInfo, request: ContainerDeviceRequest) -> tuple[int, str, Any] | None:
+        """(slices, profile name, profile id) this request takes on ``device``; None = no profile fits."""
+        profiles = _profiles(device)
+        assert isinstance(request, DrsRequest)
+        if request.slices:
+            match = [p for p in profiles if p[0] == request.slices]
+            if match:
+                return request.slices, match[0][2], match[0][3]
+            return (request.slices, "", None) if not profiles else None
+        for s, gib, name, pid in profiles:
+            if gib * 1024 >= request.mem_gib * 1024 and s * 100 >= request.core_pct * max(device.devcore, 1):
+                return s, name, pid
+        return None
+
+    def resolve_memory(self, device: DeviceInfo, request: ContainerDeviceRequest) -> int:
+        got = self.slices_for(device, request)
+        return got[0] * (device.devmem // device.devcore) if got and device.devcore else 0
+
+    def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
+        got = self.slices_for(device, request)
+        if got is None:
+            return Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+        if device.count <= used:
+            return Reason.CARD_TIME_SLICING_EXHAUSTED
+        if mutex and used > 0:
+            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        if not quota_fits():
+            return Reason.RESOURCE_QUOTA_NOT_FIT
+        if device.devcore - usedcores < got[0]:
+            return Reason.CARD_INSUFFICIENT_CORE
+        return None
+
+    def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
+        got = self.slices_for(device, request)
+        return ContainerDevice(uuid=device.id, type=self.request_type, usedmem=mem, usedcores=got[0] if got else 0,
+                               index=device.index)
+
+    # ------------------------------------------------------------------ decision annotations
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
+        out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
+        by_id = {d.id: d for d in (view.devices if view is not None else ())}
+        names = [c.name for c in pod.containers] if pod is not None else [str(i) for i in range(len(devices))]
+        assigned: dict[str, Any] = {}
+        first = None
+        for name, ctr in zip(names, devices):
+            for cd in ctr:
+                dev = by_id.get(cd.uuid)
+                prof = [p for p in (_profiles(dev) if dev else []) if p[0] == cd.usedcores]
+                entry = {"allocated": cd.uuid, "request": cd.usedcores,
+                         "profileID": prof[0][3] if prof else None, "profileName": prof[0][2] if prof else ""}
+                assigned[name] = entry
+                first = first or (cd, dev, entry)
+        if first is None:
+            return out
+        cd, dev, entry = first
+        out.update({
+            "enflame.com/gcu-request-size": str(cd.usedcores),
+            "enflame.com/gcu-assigned-id": "" if entry["profileID"] is None else str(entry["profileID"]),
+            "enflame.com/gcu-assigned": "false",
+            "enflame.com/gcu-assigned-index": str(cd.index),
+            "enflame.com/gcu-assigned-minor": str((dev.custominfo or {}).get("minor", cd.index) if dev else cd.index),
+            "enflame.com/gcu-assigned-time": str(int(now * 1_000_000_000)),
+            "enflame.com/assigned-containers": go_json(assigned),
+        })
+        return out
+
+
+class EnflameGcuVendor(BaseVendor):
+    name = "GCU"
+    request_type = "GCU"
+    config_section = "enflame"
+    allocated_annotation = "hami.io/enflame-gcu-devices-allocated"
+    to_allocate_annotation = "hami.io/enflame-gcu-devices-to-allocate"
+    lock_annotation = None
+
+    def __init__(self, config: EnflameConfig | None = None) -> None:
+        c = self.config = config or EnflameConfig()
+        super().__init__(ResourceNames(count=c.resource_name_gcu))
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        cards = capacity(node, self.resources.count)
+        return synth_cards(node, self.name, "enflame-gcu", cards, count=1, devmem=0, devcore=100,
+                           type_=self.name) if cards > 0 else ()
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        n = _lookup(container, where)(self.resources.count)
+        if n < 0:
+            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
+                                      coresreq=100) if n else None
+
+
+def make_enflame(config: EnflameConfig) -> tuple[BaseVendor, ...]:
+    return (EnflameDrsVendor(config), EnflameGcuVendor(config))

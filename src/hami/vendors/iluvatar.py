@@ -1,0 +1,56 @@
+"""Iluvatar CoreX GPUs, one HAMi backend per chip (``MR-V100``, ``MR-V50``, ``BI-V150``, ``BI-V100``).
+
+Facts: §3.4, §4.2, §4.5, §7.1 ``iluvatars``, §8.3. Registration ``hami.io/node-<chip>-register`` in
+the legacy colon form; memory (``iluvatar.ai/<chip>.vMem``) in units of 256 MiB; cores
+(``iluvatar.ai/<chip>.vCore``) a percentage, default 0. Admission: a request of more than one GPU
+takes whole GPUs (``vCore = 100 x count``) and every container holding the chip gets
+``SOL_CONTINER_NAME=<container name>`` (HAMi's spelling, which the Iluvatar plugin reads).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from hami.config import IluvatarChip
+from hami.core.types import ContainerDeviceRequest
+
+from ._util import env_append, percent_request, present, set_limit, where_of
+from .base import BaseVendor, ResourceNames, _lookup
+
+UNIT_MIB = 256
+CONTAINER_ENV = "SOL_CONTINER_NAME"
+
+
+class IluvatarVendor(BaseVendor):
+    config_section = "iluvatars"
+    register_format = "legacy"
+
+    def __init__(self, chip: IluvatarChip) -> None:
+        self.chip = chip
+        cw = chip.common_word
+        self.name = self.request_type = cw
+        self.register_annotation = f"hami.io/node-{cw}-register"
+        self.handshake_annotation = f"hami.io/node-handshake-{cw}"
+        self.allocated_annotation = f"hami.io/{cw}-devices-allocated"
+        self.to_allocate_annotation = f"hami.io/{cw}-devices-to-allocate"
+        self.use_uuid_annotation = f"hami.io/use-{cw}-uuid"
+        self.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
+        super().__init__(ResourceNames(count=chip.resource_count_name, memory=chip.resource_memory_name,
+                                       cores=chip.resource_core_name, memory_factor=UNIT_MIB))
+
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        r = self.resources
+        if r.count not in present(container):
+            return False
+        n = _lookup(container, where_of(container))(r.count)
+        if n > 1 and r.cores:
+            set_limit(container, r.cores, 100 * n)
+        env_append(container, CONTAINER_ENV, str(container.get("name", "")))
+        return True
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        return percent_request(self, container, where, default_cores=0)
+
+
+def make_iluvatars(chips: list[IluvatarChip]) -> tuple[IluvatarVendor, ...]:
+    return tuple(IluvatarVendor(c) for c in chips)

@@ -1,0 +1,143 @@
+"""Kunlunxin XPUs: whole cards (HAMi backend ``kunlun``) and vXPU slices (HAMi backend ``XPU``).
+
+Facts: §3.4, §4.1, §4.5, §7.1 ``kunlun``, §8.2, §8.3.
+
+Whole cards: ``kunlunxin.com/xpu`` from node capacity (IDs ``<node>-kunlun-<i>``, 98304 MiB; cards
+with index >= cards/2 are on NUMA 1). A card is never shared. Cards are wired in fixed groups of
+four (``0-1-4-5``, ``2-3-6-7``, then the same pattern for each further eight): a request of up to
+four cards takes them from ONE group, the group with the fewest fitting cards that still holds the
+request (least fragmentation), else the best-ranked cards. Decision annotation
+``BAIDU_COM_DEVICE_IDX`` lists the card indexes. No node lock.
+
+vXPU: registration ``hami.io/node-register-xpu`` (JSON); ``kunlunxin.com/vxpu-memory`` is rounded
+up to 24576, 49152 or 98304 MiB (admission writes the rounded value to limits and requests) and
+takes ``memory x 100 / 98304`` percent of the cores; no memory means the whole card.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from hami.config import KunlunConfig
+from hami.core.errors import RequestError
+from hami.core.reasons import Reason
+from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+
+from ._util import capacity, present, set_both, synth_cards, where_of
+from .base import BaseVendor, ResourceNames, _lookup
+
+CARD_MEMORY = 98304
+VXPU_SIZES = (24576, 49152, 98304)
+INDEX_ANNOTATION = "BAIDU_COM_DEVICE_IDX"
+
+
+def interconnect_group(index: int) -> int:
+    """0-1-4-5 -> 0, 2-3-6-7 -> 1, 8-9-12-13 -> 2, ..."""
+    return (index // 2) % 2 + 2 * (index // 8)
+
+
+class KunlunVendor(BaseVendor):
+    name = "kunlun"
+    request_type = "kunlun"
+    config_section = "kunlun"
+    allocated_annotation = "hami.io/kunlun-allocated"
+    to_allocate_annotation = None
+    lock_annotation = None
+    use_uuid_annotation = "baidu.com/use-gpuuuid"
+    nouse_uuid_annotation = "baidu.com/nouse-gpuuuid"
+    chooses = True
+
+    def __init__(self, config: KunlunConfig | None = None) -> None:
+        c = self.config = config or KunlunConfig()
+        super().__init__(ResourceNames(count=c.resource_count_name))
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        cards = capacity(node, self.resources.count)
+        return synth_cards(node, self.name, "kunlun", cards, count=100, devmem=CARD_MEMORY, devcore=100,
+                           type_=self.name, numa_split=True) if cards > 0 else ()
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        n = _lookup(container, where)(self.resources.count)
+        if n < 0:
+            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
+                                      coresreq=100) if n else None
+
+    def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
+        if used > 0:  # whole cards only
+            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        return super().capacity_check(device, used, usedmem, usedcores, request, mem, mutex, quota_fits)
+
+    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
+               prior: Sequence[str]) -> Sequence[int] | Reason:
+        n = request.nums
+        groups: dict[int, list[int]] = {}
+        for j in candidates:
+            groups.setdefault(interconnect_group(devices[j].index), []).append(j)
+        fitting = [g for g in groups.values() if len(g) >= n]
+        if n <= 4 and fitting:
+            return min(fitting, key=len)[:n]  # min keeps the best-ranked group among equals
+        return list(candidates[:n])
+
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
+        out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
+        indexes = list(dict.fromkeys(cd.index for ctr in devices for cd in ctr))
+        if indexes:
+            out[INDEX_ANNOTATION] = ",".join(map(str, indexes))
+        return out
+
+
+def round_vxpu(mib: int) -> int:
+    """The smallest vXPU size >= ``mib``; 0 when larger than a card."""
+    return next((s for s in VXPU_SIZES if mib <= s), 0)
+
+
+class KunlunVxpuVendor(BaseVendor):
+    name = "XPU"
+    request_type = "XPU"
+    config_section = "kunlun"
+    register_annotation = "hami.io/node-register-xpu"
+    register_format = "json"
+    handshake_annotation = "hami.io/node-handshake-xpu"
+    allocated_annotation = "hami.io/xpu-devices-allocated"
+    to_allocate_annotation = "hami.io/xpu-devices-to-allocate"
+    lock_annotation = "hami.io/mutex.lock"
+    use_uuid_annotation = "hami.io/use-xpu-uuid"
+    nouse_uuid_annotation = "hami.io/no-use-xpu-uuid"
+
+    def __init__(self, config: KunlunConfig | None = None) -> None:
+        c = self.config = config or KunlunConfig()
+        super().__init__(ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name))
+
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        r = self.resources
+        has = present(container)
+        if r.count not in has:
+            return False
+        if r.memory in has:
+            where = where_of(container)
+            raw = _lookup(container, where)(r.memory)
+            size = round_vxpu(raw)
+            if raw <= 0 or not size:
+                raise RequestError(f"{where}: {r.memory} must be in 1..{CARD_MEMORY} MiB, got {raw}")
+            set_both(container, r.memory, size)
+        return True
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        r = self.resources
+        res = _lookup(container, where)
+        n = res(r.count)
+        if n == 0:
+            return None
+        raw = res(r.memory) if r.memory in present(container) else CARD_MEMORY
+        mem = round_vxpu(raw)
+        if n < 0 or raw <= 0 or not mem:
+            raise RequestError(f"{where}: {r.count} must be positive and {r.memory} in 1..{CARD_MEMORY} "
+                               f"(got {n} and {raw})")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
+                                      coresreq=mem * 100 // CARD_MEMORY)
+
+
+def make_kunlun(config: KunlunConfig) -> tuple[BaseVendor, ...]:
+    return (KunlunVendor(config), KunlunVxpuVendor(config))

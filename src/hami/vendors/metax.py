@@ -1,0 +1,248 @@
+"""MetaX GPUs: whole cards (HAMi ``Metax-GPU``) and shared sGPUs (HAMi ``Metax-SGPU``).
+
+Facts: §3.4, §4.1, §4.5, §5.6, §7.1 ``metax``, §8.2, §8.3.
+
+MetaX GPU: ``metax-tech.com/gpu`` whole cards synthesised from node capacity (1 slot, 65536 MiB,
+100 cores each, IDs ``<node>-metax-gpu-<i>``). The node score reads the node annotations
+``metax-tech.com/gpu.topology.losses`` (binpack: ``2000 - losses[n]``) and
+``metax-tech.com/gpu.topology.scores`` (spread: ``2000 - scores[n]``), JSON maps from the number of
+cards the pod takes on the node to a value. No node lock.
+
+MetaX sGPU: devices from ``metax-tech.com/node-gpu-devices`` (MetaX's own JSON list). Memory
+``metax-tech.com/vmemory`` is GiB when a plain number and bytes when it has a unit; ``vcore`` is a
+percentage, default 100. Admission: ``metax-tech.com/sgpu-app-class`` must be ``online`` or
+``offline`` and such a pod asks for exactly one sGPU; non-online pods get
+``metax-tech.com/sgpu-qos-policy: best-effort`` by default, and the policy must be ``best-effort``,
+``fixed-share`` or ``burst-share``. A device whose ``qosPolicy`` is set only takes pods of the same
+policy (``CardQosPolicyMismatch``). Online pods take no compute share. The node score is
+policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs after placement
+(binpack keeps the highest node score, spread the lowest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hami.config import MetaxConfig
+from hami.core.errors import CodecError, RequestError
+from hami.core.quantity import container_resources, parse_int_quantity
+from hami.core.reasons import Reason
+from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+
+from ._util import annotations_of, capacity, go_json, present, set_both, synth_cards, where_of
+from .base import BaseVendor, ResourceNames, Selection, _lookup
+
+LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
+SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
+APP_CLASS_ANNOTATION = "metax-tech.com/sgpu-app-class"
+QOS_ANNOTATION = "metax-tech.com/sgpu-qos-policy"
+QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
+APP_CLASSES = ("online", "offline")
+CARD_MEMORY = 65536
+
+
+class MetaxGpuVendor(BaseVendor):
+    name = "Metax-GPU"
+    request_type = "Metax-GPU"
+    config_section = "metax"
+    allocated_annotation = "hami.io/metax-gpu-devices-allocated"
+    to_allocate_annotation = "hami.io/metax-gpu-devices-to-allocate"
+    lock_annotation = None
+    node_score_neutral = False
+
+    def __init__(self, config: MetaxConfig | None = None) -> None:
+        c = self.config = config or MetaxConfig()
+        super().__init__(ResourceNames(count=c.resource_count_name))
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        cards = capacity(node, self.resources.count)
+        if cards <= 0:
+            return ()
+        a = annotations_of(node)
+        topo = {key: _count_map(a[ann], ann) for key, ann in (("losses", LOSSES_ANNOTATION), ("scores", SCORES_ANNOTATION))
+                if a.get(ann)}
+        return synth_cards(node, self.name, "metax-gpu", cards, count=1, devmem=CARD_MEMORY, devcore=100,
+                           type_=self.name, custominfo=topo or None)
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        n = _lookup(container, where)(self.resources.count)
+        if n < 0:
+            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
+                                      coresreq=100) if n else None
+
+    def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
+        n = sum(len(ctr) for ctr in devices)
+        mine = [d for d in (view.devices if view is not None else ()) if d.vendor == self.name]
+        if not n or not mine or not mine[0].custominfo:
+            return 0.0
+        table = mine[0].custominfo.get("losses" if policy == "binpack" else "scores")
+        if not table or n not in table:
+            return 0.0
+        return float(2000 - table[n])
+
+
+def _count_map(text: str, where: str) -> dict[int, int]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CodecError(f"annotation {where}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CodecError(f"annotation {where}: must be a JSON object from card count to value")
+    out = {}
+    for k, v in data.items():
+        if not str(k).isdigit() or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise CodecError(f"annotation {where}: entry {k!r}: {v!r} must map a card count to a number")
+        out[int(k)] = int(v)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SgpuSelection(Selection):
+    qos: str = "best-effort"
+    app_class: str = ""
+
+
+_PLAIN = re.compile(r"^\s*\d+\s*$")
+
+
+class MetaxSgpuVendor(BaseVendor):
+    name = "Metax-SGPU"
+    request_type = "Metax-SGPU"
+    config_section = "metax"
+    register_annotation = "metax-tech.com/node-gpu-devices"
+    allocated_annotation = "hami.io/metax-sgpu-devices-allocated"
+    to_allocate_annotation = "hami.io/metax-sgpu-devices-to-allocate"
+    lock_annotation = "hami.io/mutex.lock"
+    use_uuid_annotation = "metax-tech.com/use-gpuuuid"
+    nouse_uuid_annotation = "metax-tech.com/nouse-gpuuuid"
+    node_score_neutral = False
+
+    def __init__(self, config: MetaxConfig | None = None) -> None:
+        c = self.config = config or MetaxConfig()
+        super().__init__(ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name,
+                                       cores=c.resource_vcore_name))
+
+    # ------------------------------------------------------------------ registration
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        text = annotations_of(node).get(self.register_annotation)
+        if not text:
+            return ()
+        where = f"annotation {self.register_annotation}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CodecError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, list):
+            raise CodecError(f"{where}: must be a JSON array of devices")
+        return tuple(self._device(obj, i, where) for i, obj in enumerate(data))
+
+    def _device(self, obj: Any, i: int, where: str) -> DeviceInfo:
+        if not isinstance(obj, dict) or not isinstance(obj.get("uuid"), str) or not obj["uuid"]:
+            raise CodecError(f"{where}: device[{i}] must be an object with a non-empty 'uuid'")
+        ints = {}
+        for key in ("totalDevCount", "totalCompute", "totalVRam", "numa"):
+            v = obj.get(key, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise CodecError(f"{where}: device[{i}] ({obj['uuid']}): field {key!r} must be a non-negative integer, got {v!r}")
+            ints[key] = v
+        return DeviceInfo(
+            id=obj["uuid"], index=i, count=ints["totalDevCount"], devmem=ints["totalVRam"],
+            devcore=ints["totalCompute"], type=str(obj.get("model") or self.name), numa=ints["numa"],
+            health=obj.get("healthy") is True, vendor=self.name,
+            custominfo={k: obj[k] for k in ("qosPolicy", "linkZone", "bdf") if obj.get(k) not in (None, "")} or None,
+        )
+
+    # ------------------------------------------------------------------ admission
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        r = self.resources
+        if r.count not in present(container):
+            return False
+        where = where_of(container)
+        annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})  # type: ignore[union-attr]
+        app = annotations.get(APP_CLASS_ANNOTATION)
+        if app is not None:
+            if app not in APP_CLASSES:
+                raise RequestError(f"annotation {APP_CLASS_ANNOTATION}: must be online or offline, got {app!r}")
+            n = _lookup(container, where)(r.count)
+            if n != 1:
+                raise RequestError(f"{where}: {r.count} must be 1 for a pod with {APP_CLASS_ANNOTATION}, got {n}")
+        if app == "online":
+            if r.cores:
+                set_both(container, r.cores, 0)
+            return True
+        qos = annotations.setdefault(QOS_ANNOTATION, "best-effort")
+        if qos not in QOS_POLICIES:
+            raise RequestError(f"annotation {QOS_ANNOTATION}: must be one of {', '.join(QOS_POLICIES)}, got {qos!r}")
+        return True
+
+    # ------------------------------------------------------------------ requests
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        r = self.resources
+        res = _lookup(container, where)
+        n = res(r.count)
+        if n == 0:
+            return None
+        mem = self._memory(container, where)
+        cores = res(r.cores) if r.cores in present(container) else 100
+        for name, value in ((r.count, n), (r.memory, mem), (r.cores, cores)):
+            if value < 0:
+                raise RequestError(f"{where}: {name} must not be negative, got {value}")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
+                                      mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
+
+    def _memory(self, container: Mapping[str, Any], where: str) -> int:
+        """vmemory: a plain number is GiB; a quantity with a unit is bytes (-> MiB)."""
+        name = self.resources.memory
+        limits, requests = container_resources(container)
+        raw = limits.get(name, requests.get(name))
+        if raw is None:
+            return 0
+        if isinstance(raw, int) or (isinstance(raw, str) and _PLAIN.match(raw)):
+            return parse_int_quantity(raw, f"{where} {name}") * 1024
+        return parse_int_quantity(raw, f"{where} {name}") // (1024 * 1024)
+
+    # ------------------------------------------------------------------ fit hooks
+    def selection(self, annotations: Mapping[str, str]) -> SgpuSelection:
+        base = super().selection(annotations)
+        return SgpuSelection(use_uuids=base.use_uuids, nouse_uuids=base.nouse_uuids,
+                             qos=annotations.get(QOS_ANNOTATION) or "best-effort",
+                             app_class=annotations.get(APP_CLASS_ANNOTATION) or "")
+
+    def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
+        bad = super().device_filter(device, request, sel)
+        if bad is not None:
+            return bad
+        policy = (device.custominfo or {}).get("qosPolicy")
+        if policy and isinstance(sel, SgpuSelection) and sel.app_class != "online" and policy != sel.qos:
+            return Reason.CARD_QOS_POLICY_MISMATCH
+        return None
+
+    def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
+        if view is None:
+            return 0.0
+        pos = {d.id: i for i, d in enumerate(view.devices)}
+        added: dict[str, int] = {}
+        for ctr in devices:
+            for cd in ctr:
+                added[cd.uuid] = added.get(cd.uuid, 0) + cd.usedcores
+        utils = [(view.usedcores[pos[u]] + c) / view.devices[pos[u]].devcore
+                 for u, c in added.items() if u in pos and view.devices[pos[u]].devcore]
+        return 10000.0 * sum(utils) / len(utils) if utils else 0.0
+
+    # ------------------------------------------------------------------ decision annotations
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
+        out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
+        if any(devices):
+            out["metax-tech.com/gpu-devices-allocated"] = go_json(
+                [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices])
+            out["metax-tech.com/predicate-time"] = str(int(now))
+        return out
+
+
+def make_metax(config: MetaxConfig) -> tuple[BaseVendor, ...]:
+    return (MetaxGpuVendor(config), MetaxSgpuVendor(config))

@@ -1,0 +1,112 @@
+"""Moore Threads GPUs (HAMi backend ``Mthreads``): cards from node capacity (§3.4, §4.1 b, §8.3).
+
+* ``mthreads.com/sgpu-memory`` is in units of 512 MiB and must be one of 2, 4, 8, 16, 32, 64, 96;
+  ``mthreads.com/sgpu-core`` counts cores, 16 per GPU. Both are per pod container and are divided
+  by the GPU count to get per-GPU values.
+* Admission: count must be > 0; a count n > 1 takes n whole GPUs (``sgpu-core = 16n``,
+  ``sgpu-memory = 96n`` and the pod annotation ``mthreads.com/request-gpu-num = n``); a count of 1
+  without memory takes a whole GPU.
+* Cards: ``capacity(sgpu-core) / 16``, each ``capacity(sgpu-memory) * 512 / cards`` MiB, 100 slots.
+* Single-card rule: all shared (count 1) containers of a pod land on the same GPU.
+* Decision annotations: ``hami.io/mthreads-vgpu-devices-allocated``, ``mthreads.com/gpu-index``,
+  ``mthreads.com/predicate-time`` (unix ns) and ``mthreads.com/predicate-node``. No node lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from hami.config import MthreadsConfig
+from hami.core.errors import RequestError
+from hami.core.reasons import Reason
+from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+
+from ._util import capacity, present, set_both, synth_cards, where_of
+from .base import BaseVendor, ResourceNames, _lookup
+
+UNIT_MIB = 512
+CORES_PER_GPU = 16
+FULL_MEMORY_UNITS = 96
+LEGAL_MEMORY = (2, 4, 8, 16, 32, 64, 96)
+GPU_NUM_ANNOTATION = "mthreads.com/request-gpu-num"
+
+
+class MthreadsVendor(BaseVendor):
+    name = "Mthreads"
+    request_type = "Mthreads"
+    config_section = "mthreads"
+    allocated_annotation = "hami.io/mthreads-vgpu-devices-allocated"
+    to_allocate_annotation = None  # HAMi maps hami.io/mthreads-vgpu-devices-to-allocate but never writes it
+    lock_annotation = None
+    use_uuid_annotation = "mthreads.ai/use-gpuuuid"
+    nouse_uuid_annotation = "mthreads.ai/nouse-gpuuuid"
+    chooses = True
+
+    def __init__(self, config: MthreadsConfig | None = None) -> None:
+        c = self.config = config or MthreadsConfig()
+        super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
+                                       cores=c.resource_core_name, memory_factor=UNIT_MIB))
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        cards = capacity(node, self.resources.cores) // CORES_PER_GPU
+        if cards <= 0:
+            return ()
+        mem = capacity(node, self.resources.memory) * UNIT_MIB // cards
+        return synth_cards(node, self.name, "mthreads", cards, count=100, devmem=mem, devcore=CORES_PER_GPU,
+                           type_=self.name)
+
+    def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
+        r = self.resources
+        if r.count not in present(container):
+            return False
+        where = where_of(container)
+        res = _lookup(container, where)
+        n = res(r.count)
+        if n <= 0:
+            raise RequestError(f"{where}: {r.count} must be greater than 0, got {n}")
+        if n > 1:
+            set_both(container, r.cores, CORES_PER_GPU * n)
+            set_both(container, r.memory, FULL_MEMORY_UNITS * n)
+            pod.setdefault("metadata", {}).setdefault("annotations", {})[GPU_NUM_ANNOTATION] = str(n)  # type: ignore[union-attr]
+            return True
+        if r.memory not in present(container):
+            set_both(container, r.memory, FULL_MEMORY_UNITS)
+            set_both(container, r.cores, CORES_PER_GPU)
+            return True
+        mem = res(r.memory)
+        if mem not in LEGAL_MEMORY:
+            raise RequestError(f"{where}: {r.memory} must be one of {', '.join(map(str, LEGAL_MEMORY))} "
+                               f"(units of 512 MiB), got {mem}")
+        return True
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        r = self.resources
+        res = _lookup(container, where)
+        n = res(r.count)
+        if n == 0:
+            return None
+        mem, cores = res(r.memory), res(r.cores)
+        for name, value in ((r.count, n), (r.memory, mem), (r.cores, cores)):
+            if value < 0:
+                raise RequestError(f"{where}: {name} must not be negative, got {value}")
+        mem = mem * UNIT_MIB // n
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
+                                      mem_percentage=PERCENT_UNSET if mem else 100,
+                                      coresreq=min(cores // n, CORES_PER_GPU))
+
+    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
+               prior: Sequence[str]) -> Sequence[int] | Reason:
+        if request.nums == 1 and prior:
+            same = [j for j in candidates if devices[j].id in prior]
+            return same[:1] if same else Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+        return list(candidates[: request.nums])
+
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
+        out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
+        indexes = list(dict.fromkeys(cd.index for ctr in devices for cd in ctr))
+        if indexes:
+            out["mthreads.com/gpu-index"] = ",".join(map(str, indexes))
+            out["mthreads.com/predicate-time"] = str(int(now * 1_000_000_000))
+            out["mthreads.com/predicate-node"] = node
+        return out
