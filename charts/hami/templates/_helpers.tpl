@@ -1,0 +1,108 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "hami.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "hami.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hami.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "hami.scheduler" -}}{{ include "hami.fullname" . }}-scheduler{{- end -}}
+{{- define "hami.device-plugin" -}}{{ include "hami.fullname" . }}-device-plugin{{- end -}}
+{{- define "hami.scheduler.tls" -}}{{ include "hami.scheduler" . }}-tls{{- end -}}
+
+{{- define "hami.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.global.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "hami.scheduler.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hami-scheduler
+{{- end -}}
+
+{{- define "hami.device-plugin.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hami-device-plugin
+{{- end -}}
+
+{{/* image: registry/repository:tag with global overrides. Call with (dict "image" .x "root" $) */}}
+{{- define "hami.image" -}}
+{{- $registry := default .image.registry .root.Values.global.imageRegistry -}}
+{{- $tag := .image.tag | default .root.Values.global.imageTag | default .root.Chart.AppVersion -}}
+{{- if $registry -}}{{ printf "%s/%s:%s" $registry .image.repository $tag }}{{- else -}}{{ printf "%s:%s" .image.repository $tag }}{{- end -}}
+{{- end -}}
+
+{{- define "hami.kubeSchedulerImage" -}}
+{{- $img := .Values.scheduler.kubeScheduler.image -}}
+{{- $tag := $img.tag | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
+{{- $registry := default $img.registry .Values.global.imageRegistry -}}
+{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- end -}}
+
+{{- define "hami.imagePullSecrets" -}}
+{{- with .Values.global.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Every HAMi resource name the extender manages (kube-scheduler ignores them). */}}
+{{- define "hami.managedResources" -}}
+{{- list .Values.resourceName .Values.resourceMem .Values.resourceCores .Values.resourceMemPercentage .Values.resourcePriority | toJson -}}
+{{- end -}}
+
+{{- define "hami.webhookHost" -}}
+{{- printf "%s.%s.svc" (include "hami.scheduler" .) (include "hami.namespace" .) -}}
+{{- end -}}
+
+{{/*
+The webhook/extender certificate, made once per render and shared by every template that needs
+it (Secret, webhook caBundle, kube-scheduler's tlsConfig). On upgrade the existing Secret is
+reused (lookup), so the CA does not change under running pods. Not used with cert-manager.
+*/}}
+{{- define "hami.tls.generate" -}}
+{{- if not (hasKey .Values "__hamiTLS") -}}
+{{- $secret := lookup "v1" "Secret" (include "hami.namespace" .) (include "hami.scheduler.tls" .) -}}
+{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") -}}
+{{- $_ := set .Values "__hamiTLS" (dict "ca" (index $secret.data "ca.crt" | b64dec) "crt" (index $secret.data "tls.crt" | b64dec) "key" (index $secret.data "tls.key" | b64dec)) -}}
+{{- else -}}
+{{- $days := int .Values.scheduler.tls.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "hami.scheduler" .)) $days -}}
+{{- $svc := include "hami.scheduler" . -}}
+{{- $ns := include "hami.namespace" . -}}
+{{- $ips := list "127.0.0.1" -}}
+{{- $dns := list "localhost" $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
+{{- $custom := .Values.scheduler.admissionWebhook.customURL -}}
+{{- if and $custom.enabled (ne $custom.host "127.0.0.1") -}}
+{{- if regexMatch "^[0-9.]+$" $custom.host -}}{{- $ips = append $ips $custom.host -}}{{- else -}}{{- $dns = append $dns $custom.host -}}{{- end -}}
+{{- end -}}
+{{- $cert := genSignedCert $svc $ips $dns $days $ca -}}
+{{- $_ := set .Values "__hamiTLS" (dict "ca" $ca.Cert "crt" $cert.Cert "key" $cert.Key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

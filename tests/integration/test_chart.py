@@ -1,0 +1,312 @@
+"""The Helm chart `charts/hami` against the real test control plane.
+
+- `helm lint`;
+- `helm template` with default and non-default values, every object applied with
+  `kubectl apply --dry-run=server` (ServiceMonitor and cert-manager kinds get minimal CRDs);
+- `helm install`, then the chart's own scheduler configuration run for real: kube-scheduler
+  with the rendered KubeSchedulerConfiguration and `hami scheduler` with the Deployment's
+  arguments, the chart's certificate and device-config.yaml (processes instead of containers:
+  kwok runs no containers), the webhook reached through the chart's MutatingWebhookConfiguration
+  (customURL), and a GPU pod created without a schedulerName scheduled through all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hami.config import load_device_config
+from hami.core.codec import encode_node_devices_json
+from hami.core.types import DeviceInfo
+from hami.dev.cluster import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hami"
+KUBE_VERSION = "1.34.4"
+
+NON_DEFAULT_VALUES = {
+    "schedulerName": "hami-alt",
+    "resourceMem": "nvidia.com/gpu-memory",
+    "legacyMetrics": True,
+    "global": {"imageRegistry": "registry.example.com"},
+    "prometheus": {"enabled": True},
+    "scheduler": {
+        "certManager": {"enabled": True},
+        "leaderElect": False,
+        "replicas": 3,
+        "nodeLabelSelector": {"gpu": "on"},
+        "service": {"type": "NodePort"},
+        "admissionWebhook": {"customURL": {"enabled": True}, "whitelistNamespaces": ["kube-system", "monitoring"]},
+    },
+    "devicePlugin": {
+        "createRuntimeClass": True,
+        "runtimeClassName": "nvidia-hami",
+        "service": {"type": "ClusterIP"},
+        "monitor": {"priorityBlocking": True},
+        "nodeConfiguration": {"config": json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 4}]})},
+    },
+}
+NON_DEFAULT = ["-f", "<written by the helm fixture>"]
+
+# Minimal CRDs so the server can dry-run the optional kinds (schema left open on purpose).
+CRDS = [("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+        ("cert-manager.io", "Issuer", "issuers"), ("cert-manager.io", "Certificate", "certificates")]
+
+
+def _crd(group: str, kind: str, plural: str) -> dict:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {"type": "object",
+                                                                  "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture(scope="module")
+def helm(kube_cluster, tmp_path_factory):
+    home = tmp_path_factory.mktemp("helm")
+    env = {**os.environ, **kube_cluster.env(), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    binary = str(kube_cluster.binaries["helm"])
+    NON_DEFAULT[1] = str(home / "non-default-values.yaml")
+    Path(NON_DEFAULT[1]).write_text(yaml.safe_dump(NON_DEFAULT_VALUES))
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([binary, *args], env=env, text=True, capture_output=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def crds(kube_cluster):
+    for group, kind, plural in CRDS:
+        name = f"{plural}.{group}"
+        kube_cluster.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd(group, kind, plural),
+                         expect=(201, 409))
+        kube_cluster.wait_for(
+            lambda: any(c.get("type") == "Established" and c.get("status") == "True" for c in
+                        (kube_cluster.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                         .get("status", {}).get("conditions") or [])), f"CRD {name}")
+    kube_cluster.wait_for(lambda: kube_cluster.kubectl("get", "servicemonitors", "-A", check=False).returncode == 0,
+                          "ServiceMonitor served")
+
+
+def test_helm_lint(helm):
+    out = helm("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+    helm("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION, *NON_DEFAULT)
+
+
+def _render(helm, ns: str, *values: str) -> list[dict]:
+    out = helm("template", "hami", str(CHART), "--namespace", ns, "--kube-version", KUBE_VERSION, *values).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize("values", [[], NON_DEFAULT], ids=["defaults", "non-defaults"])
+def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kube_namespace, values):
+    docs = _render(helm, kube_namespace, *values)
+    kinds = sorted({d["kind"] for d in docs})
+    expected = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment",
+                "MutatingWebhookConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount"}
+    assert expected <= set(kinds), kinds
+    result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(docs)
+    # the device-config.yaml the chart writes is one our own loader accepts
+    device = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler-device"))
+    config = load_device_config(device["data"]["device-config.yaml"])
+    assert config is not None
+
+
+def test_non_default_values_are_honoured(helm):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", *NON_DEFAULT)}
+    assert ("RuntimeClass", "nvidia-hami") in docs
+    assert ("ServiceMonitor", "hami-scheduler") in docs and ("ServiceMonitor", "hami-device-plugin-monitor") in docs
+    assert ("Certificate", "hami-scheduler-serving") in docs and ("Secret", "hami-scheduler-tls") not in docs
+    hook = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"][0]
+    assert hook["clientConfig"]["url"] == "https://127.0.0.1:31998/webhook" and "caBundle" not in hook["clientConfig"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "monitoring"]} in \
+        hook["namespaceSelector"]["matchExpressions"]
+    deploy = docs[("Deployment", "hami-scheduler")]
+    assert deploy["spec"]["replicas"] == 1  # replicas only count with leader election
+    ext = deploy["spec"]["template"]["spec"]["containers"][1]
+    assert ext["image"].startswith("registry.example.com/")
+    assert "--scheduler-name=hami-alt" in ext["command"] and "--node-label-selector=gpu=on" in ext["command"]
+    assert "--legacy-metrics=true" in ext["command"]
+    sched_cfg = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])
+    assert sched_cfg["profiles"] == [{"schedulerName": "hami-alt"}]
+    assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0]["managedResources"]
+    device = yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])
+    assert device["nvidia"]["resourceMemoryName"] == "nvidia.com/gpu-memory"
+    node_cfg = json.loads(docs[("ConfigMap", "hami-device-plugin")]["data"]["config.json"])
+    assert node_cfg["nodeconfig"][0]["devicesplitcount"] == 4
+    ds = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+    monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
+    assert "--legacy-metrics" in monitor["command"] and "--priority-blocking" in monitor["command"]
+    assert docs[("Service", "hami-device-plugin-monitor")]["spec"]["clusterIP"] == "None"
+
+
+def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
+    text = (CHART / "templates" / "scheduler" / "rbac.yaml").read_text() + \
+        (CHART / "templates" / "device-plugin" / "rbac.yaml").read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("- apiGroups:"):
+            assert lines[i - 1].strip().startswith("#"), f"rule without a comment: {line.strip()} (line {i + 1})"
+    docs = _render(helm, "gpu")
+    for d in docs:
+        for rule in d.get("rules") or ():
+            assert "*" not in rule.get("verbs", []) and "*" not in rule.get("resources", []), (d["metadata"]["name"], rule)
+            assert "secrets" not in rule.get("resources", []), (d["metadata"]["name"], rule)
+        for c in (d.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or ()):
+            sc = c.get("securityContext") or {}
+            assert not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, c["name"]
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert ds["hostPID"] is False
+
+
+# ---------------------------------------------------------------------------------------------
+# helm install + the chart's scheduler configuration running for real
+
+
+def _gpu_node(kube_cluster, name: str) -> list[DeviceInfo]:
+    devices = [DeviceInfo(id=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}-{i}')}", index=i, count=10, devmem=16384,
+                          devcore=100, type="NVIDIA-Tesla T4", numa=0, mode="hami-core", health=True) for i in range(2)]
+    kube_cluster.create_node(name, gpus=2, labels={"gpu": "on"},
+                             annotations={"hami.io/node-nvidia-register": encode_node_devices_json(devices)})
+    return devices
+
+
+class _Procs:
+    def __init__(self, logdir: Path) -> None:
+        self.logdir, self.procs = logdir, []
+
+    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "ab")
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n" + (self.logdir / f"{n}.log").read_text()[-3000:] for n, _, _ in self.procs)
+
+    def stop(self) -> None:
+        for _, proc, log in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
+            log.close()
+
+
+def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port: int, metrics_port: int) -> list[str]:
+    """The Deployment's extender command, with in-pod paths mapped to local files."""
+    ext = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
+    assert ext["command"][:2] == ["hami", "scheduler"]
+    out = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={kubeconfig}"]
+    for arg in ext["command"][2:]:
+        flag, _, value = arg.partition("=")
+        if flag == "--http_bind":
+            value = f"127.0.0.1:{port}"
+        elif flag == "--metrics-bind-address":
+            value = f"127.0.0.1:{metrics_port}"
+        else:
+            value = str(files.get(value, value))
+        out.append(f"{flag}={value}" if value or "=" in arg else flag)
+    return out
+
+
+def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, helm, kube_namespace, tmp_path):
+    ns, release = kube_namespace, f"h{uuid.uuid4().hex[:6]}"
+    sched_name = f"hami-{release}"
+    port, metrics_port = free_port(), free_port()
+    helm("install", release, str(CHART), "--namespace", ns,
+         "--set", f"schedulerName={sched_name}",
+         "--set", f"scheduler.service.httpTargetPort={port}",
+         "--set", "scheduler.admissionWebhook.customURL.enabled=true",
+         "--set", f"scheduler.admissionWebhook.customURL.port={port}",
+         "--set", f"scheduler.metricsBindAddress=:{metrics_port}",
+         "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
+         "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
+         "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
+         "--set", "devicePlugin.nvidiaNodeSelector.hami-chart-test=none")
+    procs = _Procs(tmp_path)
+    node = f"chart-{release}"
+    try:
+        full = f"{release}-hami"
+        secret = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-tls")
+        files = {}
+        for key, local in (("tls.crt", "tls.crt"), ("tls.key", "tls.key")):
+            path = tmp_path / local
+            path.write_bytes(__import__("base64").b64decode(secret["data"][key]))
+            files[f"/tls/{key}"] = path
+        device_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler-device")
+        (tmp_path / "device-config.yaml").write_text(device_cm["data"]["device-config.yaml"])
+        files["/device-config.yaml"] = tmp_path / "device-config.yaml"
+        sched_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
+        config = yaml.safe_load(sched_cm["data"]["config.yaml"])
+        config["clientConnection"] = {"kubeconfig": str(kube_cluster.kubeconfig)}
+        (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(config))
+        deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
+
+        ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port),
+                          env={"PYTHONPATH": str(ROOT / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
+        ca = ssl.create_default_context(cadata=__import__("base64").b64decode(secret["data"]["ca.crt"]).decode())
+
+        def ready() -> bool:
+            assert ext.poll() is None, procs.logs()
+            try:
+                return urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ca, timeout=2).status == 200
+            except OSError:
+                return False
+
+        ks_port = free_port()
+        procs.start("kube-scheduler", [str(kube_cluster.binaries["kube-scheduler"]), f"--config={tmp_path / 'kube-scheduler.yaml'}",
+                                       f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
+                                       f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
+                                       "--bind-address=127.0.0.1", f"--secure-port={ks_port}", "--v=2"])
+        kube_cluster.wait_for(ready, "hami scheduler (chart arguments) ready", timeout=60)
+        devices = _gpu_node(kube_cluster, node)
+
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "gpu", "namespace": ns, "labels": {"hami-chart-test": release}},
+               "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"kubernetes.io/hostname": node},
+                        "containers": [{"name": "main", "image": "busybox",
+                                        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}}}]}}
+        created = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        assert created["spec"]["schedulerName"] == sched_name, "the chart's webhook did not route the pod"
+        bound = kube_cluster.wait_for(
+            lambda: (p := kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/gpu"))["spec"].get("nodeName") and p,
+            "GPU pod bound through the chart's scheduler", timeout=60)
+        ann = bound["metadata"]["annotations"]
+        assert bound["spec"]["nodeName"] == node and ann["hami.io/vgpu-node"] == node
+        assert any(d.id in ann["hami.io/vgpu-devices-allocated"] for d in devices)
+        assert ",3000," in ann["hami.io/vgpu-devices-allocated"]
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop()
+        kube_cluster.delete_node(node)
+        helm("uninstall", release, "--namespace", ns, check=False)
