@@ -1,0 +1,99 @@
+"""Kunlunxin: whole-card interconnect groups and vXPU memory rounding."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hami.core.errors import RequestError
+from hami.vendors import KunlunVendor
+from hami.vendors.kunlun import interconnect_group
+
+from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
+
+CFG = config()
+XPU, VXPU, VMEM = "kunlunxin.com/xpu", "kunlunxin.com/vxpu", "kunlunxin.com/vxpu-memory"
+
+
+def xpu_node(name: str = "kl", cards: int = 8) -> dict:
+    return node(name, capacity={XPU: cards})
+
+
+def taken(node_name: str, *indexes: int) -> dict:
+    p = pod(f"old-{'-'.join(map(str, indexes))}", [ctr(limits={XPU: len(indexes)})])
+    value = "".join(f"{node_name}-kunlun-{i},kunlun,98304,100:" for i in indexes) + ";"
+    p["metadata"]["annotations"].update({"hami.io/vgpu-node": node_name, "hami.io/kunlun-allocated": value})
+    return p
+
+
+def test_groups_and_numa():
+    assert [interconnect_group(i) for i in range(16)] == [0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 3, 3]
+    assert [d.numa for d in KunlunVendor().node_devices(xpu_node())] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_annotations_exact():
+    r = one([xpu_node()], pod("p", [ctr(limits={XPU: 1})]))
+    assert r.annotations == {"hami.io/vgpu-node": "kl", "hami.io/vgpu-time": str(int(NOW)),
+                             "hami.io/kunlun-allocated": "kl-kunlun-0,kunlun,98304,100:;",
+                             "BAIDU_COM_DEVICE_IDX": "0"}
+
+
+@pytest.mark.parametrize("used,nums,expected", [
+    ((0,), 2, "1,4"),        # group 0-1-4-5 has 3 free, 2-3-6-7 has 4: the tighter group
+    ((0,), 4, "2,3,6,7"),    # only group 2-3-6-7 holds four
+    ((0, 2), 4, None),       # no group holds four: best-ranked cards
+    ((), 8, "0,1,2,3,4,5,6,7"),
+])
+def test_group_selection(used, nums, expected):
+    r = place([xpu_node()], [pod("p", [ctr(limits={XPU: nums})])], placed=[taken("kl", *used)] if used else ())[0]
+    assert r.node == "kl"
+    idx = r.annotations["BAIDU_COM_DEVICE_IDX"].split(",")
+    if expected is None:
+        assert len(idx) == nums and not {"0", "2"} & set(idx)
+    else:
+        assert r.annotations["BAIDU_COM_DEVICE_IDX"] == expected
+
+
+def test_cards_are_never_shared():
+    r = place([xpu_node(cards=2)], [pod("p", [ctr(limits={XPU: 1})])], placed=[taken("kl", 0, 1)])[0]
+    assert r.reasons() == {"kl": "2/2 ExclusiveDeviceAllocateConflict"}
+
+
+# ---------------------------------------------------------------- vXPU
+
+
+def vxpu_node(name: str = "vx") -> dict:
+    devs = [{"id": f"xpu-{i}", "index": i, "count": 4, "devmem": 98304, "devcore": 100, "type": "P800", "health": True}
+            for i in range(2)]
+    return node(name, {"hami.io/node-register-xpu": json.dumps(devs)})
+
+
+@pytest.mark.parametrize("asked,rounded", [(1, 24576), (24576, 24576), (30000, 49152), (98304, 98304)])
+def test_vxpu_memory_rounding(asked, rounded):
+    p = admit(pod("p", [ctr(limits={VXPU: 1, VMEM: asked})]), CFG)
+    res = p["spec"]["containers"][0]["resources"]
+    assert res["limits"][VMEM] == rounded and res["requests"][VMEM] == rounded
+
+
+def test_vxpu_rejects_more_than_a_card():
+    with pytest.raises(RequestError, match=re.escape("kunlunxin.com/vxpu-memory must be in 1..98304 MiB, got 100000")):
+        admit(pod("p", [ctr(limits={VXPU: 1, VMEM: 100000})]), CFG)
+
+
+@pytest.mark.parametrize("limits,allocated", [
+    ({VXPU: 1, VMEM: 30000}, "xpu-0,XPU,49152,50:;"),
+    ({VXPU: 1}, "xpu-0,XPU,98304,100:;"),
+])
+def test_vxpu_annotations(limits, allocated):
+    r = one([vxpu_node()], pod("p", [ctr(limits=limits)]))
+    assert r.annotations == {"hami.io/vgpu-node": "vx", "hami.io/vgpu-time": str(int(NOW)),
+                             "hami.io/xpu-devices-allocated": allocated, "hami.io/xpu-devices-to-allocate": allocated}
+
+
+def test_vxpu_misfit():
+    pods = [pod(f"p{i}", [ctr(limits={VXPU: 1, VMEM: 49152})]) for i in range(5)]
+    results = place([vxpu_node()], pods)
+    assert [r.node for r in results] == ["vx"] * 4 + [None]
+    assert results[4].reasons() == {"vx": "2/2 CardInsufficientMemory"}

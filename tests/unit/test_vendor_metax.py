@@ -1,0 +1,134 @@
+"""MetaX GPU (whole cards, topology node scores) and MetaX sGPU (QoS, app class, memory units)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hami.core import rebuild
+from hami.core.errors import RequestError
+
+from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
+
+CFG = config()
+GPU = "metax-tech.com/gpu"
+SGPU, VMEM, VCORE = "metax-tech.com/sgpu", "metax-tech.com/vmemory", "metax-tech.com/vcore"
+
+
+def gpu_node(name: str, cards: int = 4, losses: dict | None = None, scores: dict | None = None) -> dict:
+    ann = {}
+    if losses is not None:
+        ann["metax-tech.com/gpu.topology.losses"] = json.dumps(losses)
+    if scores is not None:
+        ann["metax-tech.com/gpu.topology.scores"] = json.dumps(scores)
+    return node(name, ann, {GPU: cards})
+
+
+def sgpu(uuid: str, qos: str = "", healthy: bool = True) -> dict:
+    d = {"uuid": uuid, "bdf": "0000:0a:00.0", "model": "MXC500", "totalDevCount": 16, "totalCompute": 100,
+         "totalVRam": 65536, "availableDevCount": 16, "availableCompute": 100, "availableVRam": 65536,
+         "numa": 0, "healthy": healthy, "linkZone": 1}
+    if qos:
+        d["qosPolicy"] = qos
+    return d
+
+
+def sgpu_node(name: str, devices: list[dict]) -> dict:
+    return node(name, {"metax-tech.com/node-gpu-devices": json.dumps(devices)})
+
+
+# ---------------------------------------------------------------- MetaX GPU
+
+
+def test_whole_cards_exact_annotations():
+    r = one([gpu_node("mx")], pod("p", [ctr(limits={GPU: 2})]))
+    value = "mx-metax-gpu-0,Metax-GPU,65536,100:mx-metax-gpu-1,Metax-GPU,65536,100:;"
+    assert r.annotations == {"hami.io/vgpu-node": "mx", "hami.io/vgpu-time": str(int(NOW)),
+                             "hami.io/metax-gpu-devices-allocated": value,
+                             "hami.io/metax-gpu-devices-to-allocate": value}
+
+
+def test_a_card_is_never_shared():
+    results = place([gpu_node("mx", cards=1)], [pod("a", [ctr(limits={GPU: 1})]), pod("b", [ctr(limits={GPU: 1})])])
+    assert results[1].reasons() == {"mx": "1/1 CardTimeSlicingExhausted"}
+
+
+@pytest.mark.parametrize("policy,winner,vendor_terms", [
+    ("binpack", "b", {"a": 1700.0, "b": 1900.0}),  # 2000 - losses[2]
+    ("spread", "b", {"a": 1950.0, "b": 1600.0}),   # 2000 - scores[2]; spread keeps the lowest
+])
+def test_topology_node_scores(policy, winner, vendor_terms):
+    nodes = [gpu_node("a", losses={"2": 300}, scores={"2": 50}), gpu_node("b", losses={"2": 100}, scores={"2": 400})]
+    r = one(nodes, pod("p", [ctr(limits={GPU: 2})], {"hami.io/node-scheduler-policy": policy}))
+    assert r.node == winner
+    base = r.scores["a"] - vendor_terms["a"]  # the generic node score, equal on both idle nodes
+    assert r.scores == pytest.approx({n: base + t for n, t in vendor_terms.items()})
+
+
+def test_bad_topology_annotation_is_reported():
+    bad = node("mx", {"metax-tech.com/gpu.topology.losses": '{"two": 1}'}, {GPU: 2})
+    _, warnings = rebuild([bad], [], CFG.vendors)
+    assert warnings == ["skipping node: node mx: annotation metax-tech.com/gpu.topology.losses: "
+                        "entry 'two': 1 must map a card count to a number"]
+
+
+# ---------------------------------------------------------------- MetaX sGPU
+
+
+@pytest.mark.parametrize("annotations,limits,message", [
+    ({"metax-tech.com/sgpu-app-class": "batch"}, {SGPU: 1}, "must be online or offline, got 'batch'"),
+    ({"metax-tech.com/sgpu-app-class": "online"}, {SGPU: 2}, "metax-tech.com/sgpu must be 1 for a pod with"),
+    ({"metax-tech.com/sgpu-qos-policy": "greedy"}, {SGPU: 1}, "must be one of best-effort, fixed-share, burst-share"),
+])
+def test_sgpu_admission_rejects(annotations, limits, message):
+    with pytest.raises(RequestError, match=re.escape(message)):
+        admit(pod("bad", [ctr(limits=limits)], annotations), CFG)
+
+
+def test_sgpu_admission_defaults():
+    p = admit(pod("p", [ctr(limits={SGPU: 1})]), CFG)
+    assert p["metadata"]["annotations"]["metax-tech.com/sgpu-qos-policy"] == "best-effort"
+    online = admit(pod("o", [ctr(limits={SGPU: 1, VCORE: 40})], {"metax-tech.com/sgpu-app-class": "online"}), CFG)
+    assert online["spec"]["containers"][0]["resources"]["limits"][VCORE] == 0
+    assert "metax-tech.com/sgpu-qos-policy" not in online["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("annotations,limits,expected", [
+    ({}, {SGPU: 1, VMEM: 4, VCORE: 30}, "sgpu-0,Metax-SGPU,4096,30:;"),           # plain number: GiB
+    ({}, {SGPU: 1, VMEM: "2Gi"}, "sgpu-0,Metax-SGPU,2048,100:;"),                 # with a unit: bytes
+    ({"metax-tech.com/sgpu-qos-policy": "fixed-share"}, {SGPU: 1, VMEM: 1}, "sgpu-1,Metax-SGPU,1024,100:;"),
+    ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1}, "1/3 CardNotHealth, 2/3 CardQosPolicyMismatch"),
+])
+def test_sgpu_fit_table(annotations, limits, expected):
+    n = sgpu_node("sg", [sgpu("sgpu-0", "best-effort"), sgpu("sgpu-1", "fixed-share"), sgpu("sgpu-2", healthy=False)])
+    r = one([n], pod("p", [ctr(limits=limits)], annotations))
+    if r.node is None:
+        assert r.reasons() == {"sg": expected}
+    else:
+        assert r.annotations["hami.io/metax-sgpu-devices-allocated"] == expected
+
+
+def test_sgpu_annotations_exact():
+    n = sgpu_node("sg", [sgpu("sgpu-0")])
+    r = one([n], pod("p", [ctr("a", limits={SGPU: 1, VMEM: 4, VCORE: 30}), ctr("b", limits={"cpu": 1})]))
+    assert r.annotations == {
+        "hami.io/vgpu-node": "sg", "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/metax-sgpu-devices-allocated": "sgpu-0,Metax-SGPU,4096,30:;;",
+        "hami.io/metax-sgpu-devices-to-allocate": "sgpu-0,Metax-SGPU,4096,30:;;",
+        "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-0","compute":30,"vRam":4096}],[]]',
+        "metax-tech.com/predicate-time": str(int(NOW)),
+    }
+
+
+@pytest.mark.parametrize("policy,winner", [("binpack", "busy"), ("spread", "idle")])
+def test_sgpu_policy_neutral_score(policy, winner):
+    nodes = [sgpu_node("busy", [sgpu("b-0")]), sgpu_node("idle", [sgpu("i-0")])]
+    placed = pod("old", [ctr(limits={SGPU: 1})])
+    placed["metadata"]["annotations"].update({"hami.io/vgpu-node": "busy",
+                                              "hami.io/metax-sgpu-devices-allocated": "b-0,Metax-SGPU,1024,50:;"})
+    r = place(nodes, [pod("p", [ctr(limits={SGPU: 1, VMEM: 1, VCORE: 10})], {"hami.io/node-scheduler-policy": policy})],
+              placed=[placed])[0]
+    assert r.node == winner
+    assert r.scores["busy"] - r.scores["idle"] == pytest.approx(5000.0, abs=20)  # 10000 x (60% - 10%) + base
