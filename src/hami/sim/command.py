@@ -22,10 +22,20 @@ from .engine import SimulationError, simulate
 from .report import to_json, to_table
 
 
+#: bundled examples: name -> (nodes file, pods file, device-config file or None for the default config)
+EXAMPLES: dict[str, tuple[str, str, str | None]] = {
+    "default": ("nodes.yaml", "pods.yaml", None),
+    "mixed": ("mixed-nodes.yaml", "mixed-pods.yaml", "mixed-device-config.yaml"),
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", metavar="NODES.yaml", help="Node objects (kubectl get nodes -o yaml)")
     parser.add_argument("--pods", metavar="PODS.yaml", help="Pod objects, scheduled in file order")
     parser.add_argument("--config", metavar="device-config.yaml", help="HAMi device configuration")
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default=None,
+                        help="run a bundled example: default (NVIDIA cluster, the no-argument run) or mixed "
+                             "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml)")
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
@@ -54,10 +64,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if (args.nodes is None) != (args.pods is None):
             raise SimulationError("--nodes and --pods go together (give both, or neither for the bundled example)")
-        nodes_text, nodes_src = _read(args.nodes, "nodes.yaml")
-        pods_text, pods_src = _read(args.pods, "pods.yaml")
-        if args.config:
-            text, src = _read(args.config, "")
+        example = getattr(args, "example", None)
+        if example and args.nodes is not None:
+            raise SimulationError("--example runs a bundled example; it does not go with --nodes/--pods")
+        nodes_file, pods_file, config_file = EXAMPLES[example or "default"]
+        nodes_text, nodes_src = _read(args.nodes, nodes_file)
+        pods_text, pods_src = _read(args.pods, pods_file)
+        if args.config or config_file:
+            text, src = _read(args.config, config_file or "")
             device_config = load_device_config(text, src)
         else:
             device_config = default_device_config()
