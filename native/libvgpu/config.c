@@ -1,0 +1,146 @@
+/* Environment contract (same names and defaults as HAMi-core) and logging. */
+#include "vgpu.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+vgpu_config vgpu_cfg = {.log_level = 2, .priority = 1, .context_size = -1};
+
+void vgpu_log(int level, const char *fmt, ...)
+{
+    if (level > vgpu_cfg.log_level)
+        return;
+    static const char *names[] = {"ERROR", "ERROR", "WARN", "INFO", "DEBUG"};
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf, "[libvgpu %s pid=%d] ", names[level > 4 ? 4 : level], (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(buf);
+    if (len + 1 < sizeof buf)
+        buf[len++] = '\n';
+    ssize_t w = write(2, buf, len);
+    (void)w;
+}
+
+/* Sizes: plain bytes ("1073741824", "0x40000000"), HAMi-core's one-letter binary suffixes
+ * (k/m/g/t = 1024^n, any case), IEC suffixes (Ki/Mi/Gi/Ti, KiB/MiB/GiB/TiB = 1024^n) and SI
+ * suffixes (KB/MB/GB/TB = 1000^n). A fractional number is allowed with a suffix ("1.5g").
+ * Anything else is an error. */
+int vgpu_parse_size(const char *s, uint64_t *out)
+{
+    if (!s)
+        return -1;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!*s || *s == '-' || *s == '+')
+        return -1;
+    char *end;
+    errno = 0;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        unsigned long long v = strtoull(s, &end, 16);
+        if (errno || *end || end == s + 2)
+            return -1;
+        *out = v;
+        return 0;
+    }
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || !(v < 1.8e19))
+        return -1;
+    static const struct { const char *suffix; double mul; } units[] = {
+        {"", 1.0}, {"b", 1.0},
+        {"k", 1024.0}, {"ki", 1024.0}, {"kib", 1024.0}, {"kb", 1e3},
+        {"m", 1048576.0}, {"mi", 1048576.0}, {"mib", 1048576.0}, {"mb", 1e6},
+        {"g", 1073741824.0}, {"gi", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
+        {"t", 1099511627776.0}, {"ti", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            if (i < 2 && v != (double)(uint64_t)v)
+                return -1; /* fractional bytes */
+            double bytes = v * units[i].mul;
+            if (!(bytes < 1.8e19))
+                return -1;
+            *out = (uint64_t)bytes;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static void bad(const char *name, const char *value, const char *expect)
+{
+    vgpu_log(0, "invalid %s='%s' (expected %s); refusing to run without the configured limit",
+             name, value, expect);
+    _exit(78);
+}
+
+static uint64_t env_size(const char *name, uint64_t dflt)
+{
+    const char *v = getenv(name);
+    uint64_t out;
+    if (!v || !*v)
+        return dflt;
+    if (vgpu_parse_size(v, &out))
+        bad(name, v, "bytes or a size such as 4096m, 4g, 4Gi, 4GB");
+    return out;
+}
+
+static long env_int(const char *name, long dflt, long lo, long hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || n < lo || n > hi) {
+        char expect[64];
+        snprintf(expect, sizeof expect, "an integer in [%ld, %ld]", lo, hi);
+        bad(name, v, expect);
+    }
+    return n;
+}
+
+static int env_bool(const char *name)
+{
+    const char *v = getenv(name);
+    return v && (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes"));
+}
+
+void vgpu_config_load(void)
+{
+    vgpu_config *c = &vgpu_cfg;
+    c->log_level = (int)env_int("LIBCUDA_LOG_LEVEL", 2, 0, 5);
+    uint64_t all = env_size("CUDA_DEVICE_MEMORY_LIMIT", 0);
+    long sm_all = env_int("CUDA_DEVICE_SM_LIMIT", 0, 0, 100000);
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        c->limit[i] = env_size(name, all);
+        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
+        long sm = env_int(name, sm_all, 0, 100000);
+        c->sm_limit[i] = sm <= 0 ? 100 : (uint64_t)sm;
+    }
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    snprintf(c->cache_path, sizeof c->cache_path, "%s", path && *path ? path : "/tmp/cudevshr.cache");
+    c->oversubscribe = env_bool("CUDA_OVERSUBSCRIBE");
+    c->priority = (int)env_int("CUDA_TASK_PRIORITY", 1, -1000, 1000);
+    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
+    c->core_policy = !pol ? 0 : !strcasecmp(pol, "force") ? 1 : !strcasecmp(pol, "disable") ? 2 : 0;
+    const char *cs = getenv("LIBVGPU_CONTEXT_SIZE");
+    uint64_t csv;
+    if (cs && *cs) {
+        if (vgpu_parse_size(cs, &csv))
+            bad("LIBVGPU_CONTEXT_SIZE", cs, "bytes or a size such as 300m");
+        c->context_size = (long long)csv;
+    }
+    c->test_stall_ms = (unsigned)env_int("LIBVGPU_TEST_STALL_IN_LOCK_MS", 0, 0, 600000);
+}

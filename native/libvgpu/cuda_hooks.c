@@ -1,0 +1,903 @@
+/* libvgpu: CUDA driver hooks, initialization, the hook table and cuGetProcAddress. */
+#include "vgpu.h"
+
+#include "../common/ptrmap.h"
+
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+HIDDEN extern __thread int vgpu_in_init;
+vgpu_launch_gate_fn vgpu_launch_gate;
+int vgpu_inited;
+
+/* ---- hooked CUDA functions: name, cuGetProcAddress base, since, per-thread ---- */
+#define CUDA_HOOKS(X)                                                                              \
+    X(cuInit, "cuInit", 2000, 0)                                                                   \
+    X(cuGetProcAddress, "cuGetProcAddress", 11030, 0)                                              \
+    X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                                           \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)                               \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0)                             \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0)                         \
+    X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                      \
+    X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0)                                                     \
+    X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                                     \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                    \
+    X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                        \
+    X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                                             \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                              \
+    X(cuMemFree_v2, "cuMemFree", 3020, 0)                                                          \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0)                                                  \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0)                                              \
+    X(cuArrayDestroy, "cuArrayDestroy", 2000, 0)                                                   \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0)                                   \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0)                                 \
+    X(cuMemCreate, "cuMemCreate", 10020, 0)                                                        \
+    X(cuMemRelease, "cuMemRelease", 10020, 0)                                                      \
+    X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0)                                                \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                                           \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0)                                \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)                           \
+    X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0)                                                  \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                             \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                    \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                            \
+    X(cuLaunchKernel, "cuLaunchKernel", 4000, 0)                                                   \
+    X(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1)                                              \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0)                                              \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                                         \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)                             \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)                        \
+    X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                                                    \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
+
+/* Real functions used internally without being hooked. */
+#define CUDA_PLAIN(X) X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuMemFreeAsync)
+
+#define NVML_HOOKS(X)                                                                              \
+    X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
+    X(nvmlInit_v2, "nvmlInit_v2", 0, 0)                                                            \
+    X(nvmlInitWithFlags, "nvmlInitWithFlags", 0, 0)                                                \
+    X(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0)                                    \
+    X(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0)
+
+#define DECL_REAL(name, ...) static __typeof__(&name) r_##name;
+CUDA_HOOKS(DECL_REAL)
+#define DECL_PLAIN(name) static __typeof__(&name) p_##name;
+CUDA_PLAIN(DECL_PLAIN)
+#define DECL_NVML_REAL(name, ...) HIDDEN __typeof__(&name) vgpu_real_##name;
+NVML_HOOKS(DECL_NVML_REAL)
+
+#define ENTRY(name, base, since, pt) {#name, base, since, pt, (void *)name, (void **)&r_##name},
+#define NVML_ENTRY(name, base, since, pt) {#name, base, since, pt, (void *)name, (void **)&vgpu_real_##name},
+const vgpu_hook vgpu_hooks[] = {CUDA_HOOKS(ENTRY) NVML_HOOKS(NVML_ENTRY)};
+const int vgpu_nhooks = (int)(sizeof vgpu_hooks / sizeof vgpu_hooks[0]);
+
+const vgpu_hook *vgpu_hook_by_name(const char *name)
+{
+    for (int i = 0; i < vgpu_nhooks; i++)
+        if (!strcmp(vgpu_hooks[i].name, name))
+            return &vgpu_hooks[i];
+    return NULL;
+}
+
+/* ---- process-local tracking ---- */
+enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX };
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static ptrmap g_ptrs;    /* device pointer -> charged bytes */
+static ptrmap g_handles; /* arrays, VMM handles, created contexts */
+static int g_cuda2reg[VGPU_MAX_DEV];
+static int g_ndev = -1;
+static int g_ctx_refs[VGPU_MAX_DEV];
+static uint64_t g_ctx_size[VGPU_MAX_DEV];
+static int g_ctx_measured[VGPU_MAX_DEV];
+static void *g_nvml;
+
+static void track(ptrmap *m, uint64_t key, uint64_t bytes, int dev, int kind)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(m, key, (ptrmap_val){.size = bytes, .dev = dev, .kind = kind});
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int untrack(ptrmap *m, uint64_t key, ptrmap_val *out)
+{
+    pthread_mutex_lock(&g_mu);
+    int found = ptrmap_del(m, key, out);
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+static uint64_t round_alloc(uint64_t size)
+{
+    uint64_t a = size >= (2ULL << 20) ? (2ULL << 20) : 512;
+    return (size + a - 1) / a * a;
+}
+
+/* ---- initialization ---- */
+
+void *vgpu_nvml_sym(const char *name)
+{
+    if (!g_nvml)
+        return NULL;
+    return vgpu_real_dlsym_fn(g_nvml, name);
+}
+
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&g_mu, NULL);
+    free(g_ptrs.slots);
+    free(g_handles.slots);
+    memset(&g_ptrs, 0, sizeof g_ptrs);
+    memset(&g_handles, 0, sizeof g_handles);
+    memset(g_ctx_refs, 0, sizeof g_ctx_refs);
+    vgpu_region_after_fork();
+}
+
+static void init_once(void)
+{
+    vgpu_in_init = 1;
+    vgpu_config_load();
+    LOG_INFO("initializing (cache %s)", vgpu_cfg.cache_path);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
+    g_nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NODELETE);
+    if (!cuda)
+        LOG_INFO("libcuda.so.1 not loadable: %s", dlerror());
+    if (vgpu_region_open() != 0) {
+        LOG_ERROR("no shared region; aborting");
+        _exit(78);
+    }
+    for (int i = 0; cuda && i < vgpu_nhooks; i++)
+        if (vgpu_hooks[i].name[0] == 'c')
+            *vgpu_hooks[i].real = vgpu_real_dlsym_fn(cuda, vgpu_hooks[i].name);
+    for (int i = 0; g_nvml && i < vgpu_nhooks; i++)
+        if (vgpu_hooks[i].name[0] == 'n')
+            *vgpu_hooks[i].real = vgpu_real_dlsym_fn(g_nvml, vgpu_hooks[i].name);
+#define RESOLVE_PLAIN(name) p_##name = cuda ? (__typeof__(p_##name))vgpu_real_dlsym_fn(cuda, #name) : NULL;
+    CUDA_PLAIN(RESOLVE_PLAIN)
+    pthread_atfork(NULL, NULL, after_fork_child);
+    __atomic_store_n(&vgpu_inited, 1, __ATOMIC_RELEASE);
+    vgpu_in_init = 0;
+}
+
+void vgpu_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    if (LIKELY(__atomic_load_n(&vgpu_inited, __ATOMIC_ACQUIRE)))
+        return;
+    if (vgpu_in_init)
+        return;
+    pthread_once(&once, init_once);
+}
+
+static void uuid_string(const CUuuid *u, char *out, size_t len)
+{
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(out, len,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
+
+/* CUDA ordinal -> region index, by UUID (built once after cuInit succeeded). */
+static void devmap_build(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    int n = 0;
+    if (g_ndev < 0 && p_cuDeviceGetCount && p_cuDeviceGetCount(&n) == CUDA_SUCCESS) {
+        for (int i = 0; i < n && i < VGPU_MAX_DEV; i++) {
+            CUuuid u;
+            char s[VGPU_UUID_LEN];
+            g_cuda2reg[i] = -1;
+            if (p_cuDeviceGetUuid_v2 && p_cuDeviceGetUuid_v2(&u, i) == CUDA_SUCCESS) {
+                uuid_string(&u, s, sizeof s);
+                g_cuda2reg[i] = vgpu_region_dev_for_uuid(s, 1);
+            }
+        }
+        __atomic_store_n(&g_ndev, n < VGPU_MAX_DEV ? n : VGPU_MAX_DEV, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+int vgpu_cuda_dev(int ordinal)
+{
+    if (UNLIKELY(__atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE) < 0))
+        devmap_build();
+    return ordinal >= 0 && ordinal < g_ndev ? g_cuda2reg[ordinal] : -1;
+}
+
+int vgpu_current_dev(void)
+{
+    CUdevice d;
+    if (!p_cuCtxGetDevice || p_cuCtxGetDevice(&d) != CUDA_SUCCESS)
+        return -1;
+    return vgpu_cuda_dev(d);
+}
+
+#define READY_OR(realfn, err)                                                                      \
+    do {                                                                                           \
+        if (UNLIKELY(!realfn)) {                                                                   \
+            vgpu_init();                                                                           \
+            if (!realfn)                                                                           \
+                return err;                                                                        \
+        }                                                                                          \
+    } while (0)
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    READY_OR(r_cuInit, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuInit(flags);
+    if (r == CUDA_SUCCESS)
+        vgpu_cuda_dev(0);
+    return r;
+}
+
+/* ---- contexts: charge the measured per-context footprint ---- */
+
+typedef struct {
+    nvmlDevice_t dev;
+    unsigned long long used;
+    unsigned pids[64];
+    unsigned npids;
+} nvml_snap;
+
+static int nvml_ready(void)
+{
+    static int state; /* 0 unknown, 1 ok, -1 unavailable */
+    if (state == 0) {
+        __typeof__(&nvmlInit_v2) init = vgpu_real_nvmlInit_v2;
+        state = init && init() == NVML_SUCCESS ? 1 : -1;
+    }
+    return state == 1;
+}
+
+static void nvml_snapshot(int reg, nvml_snap *s)
+{
+    memset(s, 0, sizeof *s);
+    if (reg < 0 || !nvml_ready())
+        return;
+    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3) procs =
+        vgpu_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!by_uuid || by_uuid(vgpu_reg->uuids[reg], &s->dev) != NVML_SUCCESS) {
+        s->dev = NULL;
+        return;
+    }
+    nvmlMemory_t m;
+    if (vgpu_real_nvmlDeviceGetMemoryInfo && vgpu_real_nvmlDeviceGetMemoryInfo(s->dev, &m) == NVML_SUCCESS)
+        s->used = m.used;
+    nvmlProcessInfo_t info[64];
+    unsigned n = 64;
+    if (procs && procs(s->dev, &n, info) == NVML_SUCCESS)
+        for (unsigned i = 0; i < n && i < 64; i++)
+            s->pids[s->npids++] = info[i].pid;
+}
+
+/* Create a context through `create` and charge its footprint to device `cuda_dev`.
+ * The first context of the process on a device is measured (NVML used before/after,
+ * under the region lock so the container's own processes do not disturb the figure) and
+ * the host PID is learnt from the NVML process list difference. */
+static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), void *arg)
+{
+    int reg = vgpu_cuda_dev(cuda_dev);
+    if (reg < 0)
+        return create(arg);
+    int measure = !__atomic_load_n(&g_ctx_measured[reg], __ATOMIC_ACQUIRE);
+    nvml_snap before, after;
+    if (measure) {
+        vgpu_region_lock();
+        nvml_snapshot(reg, &before);
+    }
+    CUresult r = create(arg);
+    if (measure) {
+        if (r == CUDA_SUCCESS) {
+            nvml_snapshot(reg, &after);
+            uint64_t size = after.used > before.used ? after.used - before.used : 0;
+            if (size > (4ULL << 30))
+                size = 0;
+            g_ctx_size[reg] = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : size;
+            for (unsigned i = 0; i < after.npids && vgpu_my_slot && !vgpu_my_slot->hostpid; i++) {
+                int seen = 0;
+                for (unsigned j = 0; j < before.npids; j++)
+                    seen |= before.pids[j] == after.pids[i];
+                if (!seen)
+                    __atomic_store_n(&vgpu_my_slot->hostpid, (int32_t)after.pids[i], __ATOMIC_RELEASE);
+            }
+            __atomic_store_n(&g_ctx_measured[reg], 1, __ATOMIC_RELEASE);
+            LOG_INFO("device %d: context footprint %llu bytes, host pid %d", reg,
+                     (unsigned long long)g_ctx_size[reg], vgpu_my_slot ? vgpu_my_slot->hostpid : 0);
+        }
+        vgpu_region_unlock();
+    }
+    return r;
+}
+
+static void ctx_ref(int cuda_dev, int delta, int primary)
+{
+    int reg = vgpu_cuda_dev(cuda_dev);
+    if (reg < 0)
+        return;
+    pthread_mutex_lock(&g_mu);
+    int before = g_ctx_refs[reg];
+    g_ctx_refs[reg] += delta;
+    if (g_ctx_refs[reg] < 0)
+        g_ctx_refs[reg] = 0;
+    int after = g_ctx_refs[reg];
+    pthread_mutex_unlock(&g_mu);
+    /* primary contexts are charged once while retained; created contexts each time.
+     * Charged without a limit check: the context exists already. */
+    if ((primary && before == 0 && after > 0) || (!primary && delta > 0))
+        vgpu_charge(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+    else if ((primary && before > 0 && after == 0) || (!primary && delta < 0))
+        vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+}
+
+typedef struct {
+    CUcontext *pctx;
+    CUdevice dev;
+} retain_args;
+
+static CUresult do_retain(void *a)
+{
+    retain_args *x = a;
+    return r_cuDevicePrimaryCtxRetain(x->pctx, x->dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    READY_OR(r_cuDevicePrimaryCtxRetain, CUDA_ERROR_NOT_INITIALIZED);
+    retain_args a = {pctx, dev};
+    CUresult r = with_context_charge(dev, do_retain, &a);
+    if (r == CUDA_SUCCESS)
+        ctx_ref(dev, 1, 1);
+    return r;
+}
+
+static CUresult primary_release(CUdevice dev, __typeof__(&cuDevicePrimaryCtxRelease_v2) real)
+{
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS)
+        ctx_ref(dev, -1, 1);
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    vgpu_init();
+    return primary_release(dev, r_cuDevicePrimaryCtxRelease_v2);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    vgpu_init();
+    return primary_release(dev, r_cuDevicePrimaryCtxRelease);
+}
+
+typedef struct {
+    int version;
+    CUcontext *pctx;
+    unsigned flags;
+    CUdevice dev;
+    void *p1;
+    int n;
+} create_args;
+
+static CUresult do_create(void *a)
+{
+    create_args *x = a;
+    switch (x->version) {
+    case 2: return r_cuCtxCreate_v2(x->pctx, x->flags, x->dev);
+    case 3: return r_cuCtxCreate_v3(x->pctx, x->p1, x->n, x->flags, x->dev);
+    default: return r_cuCtxCreate_v4(x->pctx, x->p1, x->flags, x->dev);
+    }
+}
+
+static CUresult ctx_create(create_args *a, void *real)
+{
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = with_context_charge(a->dev, do_create, a);
+    if (r == CUDA_SUCCESS && a->pctx) {
+        track(&g_handles, (uint64_t)(uintptr_t)*a->pctx, 0, a->dev, T_CTX);
+        ctx_ref(a->dev, 1, 0);
+    }
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    vgpu_init();
+    create_args a = {2, pctx, flags, dev, NULL, 0};
+    return ctx_create(&a, (void *)r_cuCtxCreate_v2);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev)
+{
+    vgpu_init();
+    create_args a = {3, pctx, flags, dev, p, n};
+    return ctx_create(&a, (void *)r_cuCtxCreate_v3);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev)
+{
+    vgpu_init();
+    create_args a = {4, pctx, flags, dev, p, 0};
+    return ctx_create(&a, (void *)r_cuCtxCreate_v4);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    READY_OR(r_cuCtxDestroy_v2, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuCtxDestroy_v2(ctx);
+    ptrmap_val v;
+    if (r == CUDA_SUCCESS && untrack(&g_handles, (uint64_t)(uintptr_t)ctx, &v))
+        ctx_ref(v.dev, -1, 0);
+    return r;
+}
+
+/* ---- allocations ---- */
+
+/* Reserve `bytes` on region device `reg`, run the driver call, roll back on failure. */
+#define CHARGED_CALL(reg, bytes, call)                                                             \
+    ({                                                                                             \
+        CUresult _r;                                                                               \
+        if (vgpu_reserve((reg), (bytes), VGPU_MEM_DATA) != 0) {                                    \
+            _r = CUDA_ERROR_OUT_OF_MEMORY;                                                         \
+        } else {                                                                                   \
+            _r = (call);                                                                           \
+            if (_r != CUDA_SUCCESS)                                                                \
+                vgpu_release((reg), (bytes), VGPU_MEM_DATA);                                       \
+        }                                                                                          \
+        _r;                                                                                        \
+    })
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
+{
+    READY_OR(r_cuMemAlloc_v2, CUDA_ERROR_NOT_INITIALIZED);
+    int reg = vgpu_current_dev();
+    if (reg < 0 || !dptr || !size)
+        return r_cuMemAlloc_v2(dptr, size);
+    uint64_t bytes = round_alloc(size);
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAlloc_v2(dptr, size));
+    if (r == CUDA_SUCCESS)
+        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+    return r;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    READY_OR(r_cuMemAllocManaged, CUDA_ERROR_NOT_INITIALIZED);
+    int reg = vgpu_current_dev();
+    if (reg < 0 || !dptr || !size || vgpu_cfg.oversubscribe)
+        return r_cuMemAllocManaged(dptr, size, flags);
+    uint64_t bytes = round_alloc(size);
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAllocManaged(dptr, size, flags));
+    if (r == CUDA_SUCCESS)
+        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+    return r;
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned int elem)
+{
+    READY_OR(r_cuMemAllocPitch_v2, CUDA_ERROR_NOT_INITIALIZED);
+    int reg = vgpu_current_dev();
+    if (reg < 0 || !dptr || !pitch || !w || !h)
+        return r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
+    /* Reserve the estimate (width rounded to 512 B), then settle on the driver's pitch. */
+    uint64_t est = round_alloc((uint64_t)((w + 511) / 512 * 512) * h);
+    CUresult r = CHARGED_CALL(reg, est, r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem));
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t real = round_alloc((uint64_t)*pitch * h);
+    if (real > est && vgpu_reserve(reg, real - est, VGPU_MEM_DATA) != 0) {
+        r_cuMemFree_v2(*dptr);
+        vgpu_release(reg, est, VGPU_MEM_DATA);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (real < est)
+        vgpu_release(reg, est - real, VGPU_MEM_DATA);
+    track(&g_ptrs, *dptr, real, reg, T_DATA);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    READY_OR(r_cuMemFree_v2, CUDA_ERROR_NOT_INITIALIZED);
+    ptrmap_val v;
+    int found = dptr && untrack(&g_ptrs, dptr, &v);
+    CUresult r = r_cuMemFree_v2(dptr);
+    if (found) {
+        if (r == CUDA_SUCCESS)
+            vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+        else
+            track(&g_ptrs, dptr, v.size, v.dev, (int)v.kind);
+    }
+    return r;
+}
+
+/* Bytes per element of a CUDA array format (0 = unknown: charged as 16 bytes). */
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 16;
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
+{
+    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (ch ? ch : 1);
+}
+
+static CUresult array_charged(uint64_t est, void **handle, CUresult (*call)(void *), void *arg)
+{
+    int reg = vgpu_current_dev();
+    if (reg < 0 || !est)
+        return call(arg);
+    uint64_t bytes = round_alloc(est);
+    CUresult r = CHARGED_CALL(reg, bytes, call(arg));
+    if (r == CUDA_SUCCESS)
+        track(&g_handles, (uint64_t)(uintptr_t)*handle, bytes, reg, T_ARRAY);
+    return r;
+}
+
+typedef struct {
+    CUarray *arr;
+    const void *desc;
+    unsigned levels;
+    CUmipmappedArray *mip;
+} array_args;
+
+static CUresult do_array(void *a)
+{
+    array_args *x = a;
+    return r_cuArrayCreate_v2(x->arr, x->desc);
+}
+
+static CUresult do_array3d(void *a)
+{
+    array_args *x = a;
+    return r_cuArray3DCreate_v2(x->arr, x->desc);
+}
+
+static CUresult do_mipmap(void *a)
+{
+    array_args *x = a;
+    return r_cuMipmappedArrayCreate(x->mip, x->desc, x->levels);
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    READY_OR(r_cuArrayCreate_v2, CUDA_ERROR_NOT_INITIALIZED);
+    if (!arr || !d)
+        return r_cuArrayCreate_v2(arr, d);
+    array_args a = {arr, d, 0, NULL};
+    return array_charged(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr,
+                         do_array, &a);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    READY_OR(r_cuArray3DCreate_v2, CUDA_ERROR_NOT_INITIALIZED);
+    if (!arr || !d)
+        return r_cuArray3DCreate_v2(arr, d);
+    array_args a = {arr, d, 0, NULL};
+    return array_charged(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                         (void **)arr, do_array3d, &a);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *mip, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned int levels)
+{
+    READY_OR(r_cuMipmappedArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
+    if (!mip || !d)
+        return r_cuMipmappedArrayCreate(mip, d, levels);
+    uint64_t est = 0;
+    for (unsigned l = 0; l < levels && l < 64; l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
+        est += array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                           d->Format, d->NumChannels);
+    }
+    array_args a = {NULL, d, levels, mip};
+    return array_charged(est, (void **)mip, do_mipmap, &a);
+}
+
+static CUresult handle_free(uint64_t key, CUresult r)
+{
+    ptrmap_val v;
+    if (r == CUDA_SUCCESS && untrack(&g_handles, key, &v))
+        vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+    return r;
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray arr)
+{
+    READY_OR(r_cuArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    return handle_free((uint64_t)(uintptr_t)arr, r_cuArrayDestroy(arr));
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray mip)
+{
+    READY_OR(r_cuMipmappedArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    return handle_free((uint64_t)(uintptr_t)mip, r_cuMipmappedArrayDestroy(mip));
+}
+
+/* VMM (NCCL, PyTorch expandable segments): physical memory is charged at cuMemCreate. */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    READY_OR(r_cuMemCreate, CUDA_ERROR_NOT_INITIALIZED);
+    if (!handle || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return r_cuMemCreate(handle, size, prop, flags);
+    int reg = vgpu_cuda_dev(prop->location.id);
+    if (reg < 0)
+        return r_cuMemCreate(handle, size, prop, flags);
+    uint64_t bytes = (size + (2ULL << 20) - 1) / (2ULL << 20) * (2ULL << 20);
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(handle, size, prop, flags));
+    if (r == CUDA_SUCCESS)
+        track(&g_handles, *handle, bytes, reg, T_VMM);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    READY_OR(r_cuMemRelease, CUDA_ERROR_NOT_INITIALIZED);
+    return handle_free(handle, r_cuMemRelease(handle));
+}
+
+/* Stream-ordered allocations are charged per allocation, at the requested size. */
+static CUresult async_charged(CUdeviceptr *dptr, size_t size, CUresult (*call)(void *), void *arg)
+{
+    int reg = vgpu_current_dev();
+    if (reg < 0 || !dptr || !size)
+        return call(arg);
+    uint64_t bytes = round_alloc(size);
+    CUresult r = CHARGED_CALL(reg, bytes, call(arg));
+    if (r == CUDA_SUCCESS)
+        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+    return r;
+}
+
+typedef struct {
+    CUdeviceptr *dptr;
+    size_t size;
+    CUmemoryPool pool;
+    CUstream s;
+    int pt;
+} async_args;
+
+static CUresult do_async(void *a)
+{
+    async_args *x = a;
+    return x->pt ? r_cuMemAllocAsync_ptsz(x->dptr, x->size, x->s) : r_cuMemAllocAsync(x->dptr, x->size, x->s);
+}
+
+static CUresult do_pool(void *a)
+{
+    async_args *x = a;
+    return x->pt ? r_cuMemAllocFromPoolAsync_ptsz(x->dptr, x->size, x->pool, x->s)
+                 : r_cuMemAllocFromPoolAsync(x->dptr, x->size, x->pool, x->s);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
+{
+    READY_OR(r_cuMemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
+    async_args a = {d, n, NULL, s, 0};
+    return async_charged(d, n, do_async, &a);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
+{
+    READY_OR(r_cuMemAllocAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    async_args a = {d, n, NULL, s, 1};
+    return async_charged(d, n, do_async, &a);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    READY_OR(r_cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_INITIALIZED);
+    async_args a = {d, n, p, s, 0};
+    return async_charged(d, n, do_pool, &a);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
+{
+    READY_OR(r_cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    async_args a = {d, n, p, s, 1};
+    return async_charged(d, n, do_pool, &a);
+}
+
+static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
+{
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    ptrmap_val v;
+    int found = d && untrack(&g_ptrs, d, &v);
+    CUresult r = real(d, s);
+    if (found) {
+        if (r == CUDA_SUCCESS)
+            vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+        else
+            track(&g_ptrs, d, v.size, v.dev, (int)v.kind);
+    }
+    return r;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
+{
+    vgpu_init();
+    return free_async(d, s, r_cuMemFreeAsync);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
+{
+    vgpu_init();
+    return free_async(d, s, r_cuMemFreeAsync_ptsz);
+}
+
+/* ---- memory queries: total = limit, used = the container's ledger ---- */
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
+{
+    READY_OR(r_cuMemGetInfo_v2, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemGetInfo_v2(free_b, total);
+    int reg = vgpu_current_dev();
+    if (r != CUDA_SUCCESS || reg < 0 || !vgpu_reg->limit[reg])
+        return r;
+    uint64_t lim = vgpu_reg->limit[reg], used = vgpu_region_used(reg);
+    uint64_t t = lim < *total ? lim : *total;
+    uint64_t f = used < t ? t - used : 0;
+    *total = t;
+    *free_b = f < *free_b ? f : *free_b;
+    return r;
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    READY_OR(r_cuDeviceTotalMem_v2, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuDeviceTotalMem_v2(bytes, dev);
+    int reg = vgpu_cuda_dev(dev);
+    if (r == CUDA_SUCCESS && reg >= 0 && vgpu_reg->limit[reg] && vgpu_reg->limit[reg] < *bytes)
+        *bytes = vgpu_reg->limit[reg];
+    return r;
+}
+
+/* ---- launches: the fast path. No lock, no syscall; the compute-share gate is a single
+ * predictable branch while no limiter is installed. ---- */
+
+#define GATE(kind_, gx, gy, gz, s, pt)                                                             \
+    if (UNLIKELY(vgpu_launch_gate != NULL)) {                                                      \
+        vgpu_launch_info _i = {kind_, gx, gy, gz, s, pt};                                          \
+        CUresult _g = vgpu_launch_gate(&_i);                                                       \
+        if (_g != CUDA_SUCCESS)                                                                    \
+            return _g;                                                                             \
+    }                                                                                              \
+    vgpu_note_kernel();
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                               void **extra)
+{
+    READY_OR(r_cuLaunchKernel, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_KERNEL, gx, gy, gz, s, 0);
+    return r_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                    void **extra)
+{
+    READY_OR(r_cuLaunchKernel_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_KERNEL, gx, gy, gz, s, 1);
+    return r_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    READY_OR(r_cuLaunchKernelEx, CUDA_ERROR_NOT_INITIALIZED);
+    if (c) {
+        GATE(VGPU_LAUNCH_EX, c->gridDimX, c->gridDimY, c->gridDimZ, c->hStream, 0);
+    }
+    return r_cuLaunchKernelEx(c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    READY_OR(r_cuLaunchKernelEx_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    if (c) {
+        GATE(VGPU_LAUNCH_EX, c->gridDimX, c->gridDimY, c->gridDimZ, c->hStream, 1);
+    }
+    return r_cuLaunchKernelEx_ptsz(c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                          CUstream s, void **params)
+{
+    READY_OR(r_cuLaunchCooperativeKernel, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_COOPERATIVE, gx, gy, gz, s, 0);
+    return r_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                               CUstream s, void **params)
+{
+    READY_OR(r_cuLaunchCooperativeKernel_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_COOPERATIVE, gx, gy, gz, s, 1);
+    return r_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    READY_OR(r_cuGraphLaunch, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_GRAPH, 0, 0, 0, s, 0);
+    return r_cuGraphLaunch(g, s);
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    READY_OR(r_cuGraphLaunch_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_GRAPH, 0, 0, 0, s, 1);
+    return r_cuGraphLaunch_ptsz(g, s);
+}
+
+/* ---- cuGetProcAddress: ask the real driver (which honours cudaVersion and the
+ * per-thread-default-stream flag), then swap the function it chose for our hook of the
+ * same variant. If the driver returns an address we cannot match, fall back to picking
+ * our variant by name, version and flag. ---- */
+
+static void *to_hook(const char *sym, void *fn, int version, cuuint64_t flags)
+{
+    for (int i = 0; i < vgpu_nhooks; i++)
+        if (vgpu_hooks[i].name[0] == 'c' && *vgpu_hooks[i].real == fn)
+            return vgpu_hooks[i].hook;
+    int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, has_pt = 0;
+    for (int i = 0; i < vgpu_nhooks; i++)
+        if (!strcmp(vgpu_hooks[i].base, sym) && vgpu_hooks[i].per_thread && *vgpu_hooks[i].real)
+            has_pt = 1;
+    const vgpu_hook *best = NULL;
+    for (int i = 0; i < vgpu_nhooks; i++) {
+        const vgpu_hook *h = &vgpu_hooks[i];
+        if (h->name[0] != 'c' || strcmp(h->base, sym) || h->per_thread != (want_pt && has_pt) ||
+            !*h->real || h->since > version)
+            continue;
+        if (!best || h->since > best->since)
+            best = h;
+    }
+    return best ? best->hook : fn;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status)
+{
+    READY_OR(r_cuGetProcAddress_v2, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuGetProcAddress_v2(symbol, pfn, version, flags, status);
+    if (r == CUDA_SUCCESS && symbol && pfn && *pfn)
+        *pfn = to_hook(symbol, *pfn, version, flags);
+    return r;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
+{
+    READY_OR(r_cuGetProcAddress, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuGetProcAddress(symbol, pfn, version, flags);
+    if (r == CUDA_SUCCESS && symbol && pfn && *pfn)
+        *pfn = to_hook(symbol, *pfn, version, flags);
+    return r;
+}

@@ -1,0 +1,463 @@
+/* Compute shares: a closed-loop launch-admission controller per device.
+ *
+ * Model. Every admitted launch (plain, Ex, cooperative, graph, and their _ptsz forms, all
+ * through vgpu_launch_gate) costs this process some device time; the watcher thread
+ * learns that cost per device, tau = achieved share x sample period / launches admitted
+ * in the period, from NVML's per-process utilization samples of our own host PID. To hold
+ * a target share L the gate then admits launches at the rate L / tau, paced by a GCRA
+ * (a virtual-time token bucket that forgives oversleeping up to a small burst).
+ * Because the rate comes from a fitted ratio rather than from integrating an error,
+ * the loop settles in about two sample periods and has nothing to wind up, so it does
+ * not oscillate; tau is smoothed so that one noisy sample moves it half-way at most.
+ *
+ * Container share. L is the container's limit (the region's sm_limit, shared by all its
+ * processes). Each process aims at its current share plus an equal part of the
+ * container's remaining error, pulled slowly towards an equal split, so the processes'
+ * targets always add up to L.
+ *
+ * Policies (GPU_CORE_UTILIZATION_POLICY): force = always capped; disable = never;
+ * default = capped only while some process outside the container runs on the device
+ * (seen in the same NVML samples; held 1 s after it goes quiet), i.e. work-conserving.
+ *
+ * Priority: a launch pauses while (a) HAMi's monitor marks the region blocked
+ * (recent_kernel < 0), or (b) the watcher saw a higher-priority peer launch on one of our
+ * devices within HAMI_PRIORITY_QUIET_MS (priority.c).
+ *
+ * Fast path (limit not binding): one call through the gate pointer, two loads and a
+ * branch when no limit is configured; plus the current device and one relaxed atomic
+ * add while a limit exists but does not bind (to keep tau fresh). */
+#include "vgpu.h"
+#include "limiter.h"
+
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+HIDDEN extern __typeof__(&nvmlInit_v2) vgpu_real_nvmlInit_v2;
+
+enum { F_SETUP = 1, F_COUNT = 2, F_PUBLISH = 4, F_PAUSE = 8 };
+#define SNAPS 512
+#define MAX_SAMPLES 512
+#define MAX_PIDS 64
+#define ALPHA 0.25 /* pull towards an equal split inside a container */
+#define SMOOTH 0.5 /* weight of a new tau estimate */
+
+typedef struct {
+    uint64_t t_us, n;
+} snap;
+
+typedef struct {
+    /* shared with the launch path */
+    uint64_t launches;   /* admitted launches, cumulative */
+    int64_t tat_ns;      /* GCRA theoretical arrival time, CLOCK_MONOTONIC */
+    int64_t interval_ns; /* pacing interval; 0 = not binding */
+    int used;            /* this process launched on the device */
+    /* watcher only */
+    nvmlDevice_t nvml;
+    int nvml_state; /* 0 unknown, 1 ok, -1 unavailable */
+    unsigned long long last_seen_us, prev_stamp_us, period_us;
+    double tau; /* seconds of device time per launch */
+    int have_tau;
+    uint64_t others_until_ms;
+    int binding;
+    snap snaps[SNAPS];
+    unsigned snap_n;
+} lim_dev;
+
+static lim_dev g_dev[VGPU_MAX_DEV];
+static unsigned g_flags = F_SETUP;
+static pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_started;
+static unsigned g_tick_ms = 10;
+static unsigned g_quiet_ms = 200;
+static unsigned g_hold_ms = 1000;
+static uint64_t g_last_publish_ms;
+static int g_warned_pid;
+
+/* ---------- small helpers ---------- */
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static uint64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+static void sleep_ns(int64_t ns)
+{
+    if (ns <= 0)
+        return;
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static unsigned env_ms(const char *name, unsigned dflt, unsigned lo, unsigned hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (errno || *end || n < (long)lo || n > (long)hi) {
+        vgpu_log(0, "invalid %s='%s' (expected an integer number of milliseconds in [%u, %u])",
+                 name, v, lo, hi);
+        _exit(78);
+    }
+    return (unsigned)n;
+}
+
+static void slot_state(unsigned bit, int on)
+{
+    vgpu_slot *s = vgpu_my_slot;
+    if (!s)
+        return;
+    if (on)
+        __atomic_fetch_or(&s->unused[LIM_SLOT_STATE], (uint64_t)bit, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_and(&s->unused[LIM_SLOT_STATE], ~(uint64_t)bit, __ATOMIC_RELAXED);
+}
+
+static int limit_of(int d)
+{
+    uint64_t l = vgpu_reg->sm_limit[d];
+    return l == 0 || l >= 100 ? 100 : (int)l;
+}
+
+/* ---------- launch path ---------- */
+
+/* GCRA: each launch takes the next slot `iv` after the previous one; a slot that lies in
+ * the past by more than the burst tolerance is moved up to now - burst, so an oversleep
+ * is made up for without allowing long bursts after idle periods. */
+static void pace(lim_dev *D, int64_t iv)
+{
+    int64_t burst = iv * 2 > 5000000 ? iv * 2 : 5000000;
+    int64_t now = mono_ns();
+    int64_t tat = __atomic_load_n(&D->tat_ns, __ATOMIC_RELAXED), start;
+    do
+        start = tat > now - burst ? tat : now - burst;
+    while (!__atomic_compare_exchange_n(&D->tat_ns, &tat, start + iv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    if (start > now) {
+        slot_state(LIM_STATE_THROTTLED, 1);
+        sleep_ns(start - now);
+    }
+}
+
+static void wait_priority(void)
+{
+    slot_state(LIM_STATE_PAUSED, 1);
+    LOG_DEBUG("paused: a higher-priority task is using the GPU");
+    while ((__atomic_load_n(&g_flags, __ATOMIC_ACQUIRE) & F_PAUSE) ||
+           __atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0)
+        sleep_ns(1000000);
+    slot_state(LIM_STATE_PAUSED, 0);
+}
+
+static void setup(void);
+
+static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
+{
+    (void)info;
+    if (UNLIKELY(f & F_SETUP)) {
+        setup();
+        f = __atomic_load_n(&g_flags, __ATOMIC_ACQUIRE);
+    }
+    if (f & F_PUBLISH) {
+        uint64_t ms = lim_wall_ms();
+        if (ms != __atomic_load_n(&g_last_publish_ms, __ATOMIC_RELAXED) && vgpu_my_slot) {
+            __atomic_store_n(&g_last_publish_ms, ms, __ATOMIC_RELAXED);
+            __atomic_store_n(&vgpu_my_slot->unused[LIM_SLOT_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
+        }
+    }
+    if (f & F_PAUSE)
+        wait_priority();
+    if (f & F_COUNT) {
+        int d = vgpu_current_dev();
+        if (d < 0 || d >= VGPU_MAX_DEV)
+            return CUDA_SUCCESS;
+        lim_dev *D = &g_dev[d];
+        if (UNLIKELY(!__atomic_load_n(&D->used, __ATOMIC_RELAXED)))
+            __atomic_store_n(&D->used, 1, __ATOMIC_RELAXED);
+        int64_t iv = __atomic_load_n(&D->interval_ns, __ATOMIC_RELAXED);
+        if (iv > 0)
+            pace(D, iv);
+        __atomic_fetch_add(&D->launches, 1, __ATOMIC_RELAXED);
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult gate(const vgpu_launch_info *info)
+{
+    if (UNLIKELY(__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0))
+        wait_priority();
+    unsigned f = __atomic_load_n(&g_flags, __ATOMIC_ACQUIRE);
+    if (LIKELY(f == 0))
+        return CUDA_SUCCESS;
+    return gate_slow(info, f);
+}
+
+/* ---------- the controller (watcher thread) ---------- */
+
+static void snapshot(lim_dev *D, uint64_t t_us)
+{
+    snap *s = &D->snaps[D->snap_n % SNAPS];
+    s->t_us = t_us;
+    s->n = __atomic_load_n(&D->launches, __ATOMIC_RELAXED);
+    D->snap_n++;
+}
+
+/* Admitted launches up to wall time t (interpolated between snapshots); -1 if unknown. */
+static double launches_at(const lim_dev *D, uint64_t t)
+{
+    unsigned have = D->snap_n < SNAPS ? D->snap_n : SNAPS;
+    const snap *later = NULL;
+    for (unsigned k = 0; k < have; k++) {
+        const snap *s = &D->snaps[(D->snap_n - 1 - k) % SNAPS];
+        if (s->t_us <= t) {
+            if (!later || later->t_us == s->t_us)
+                return (double)s->n;
+            double w = (double)(t - s->t_us) / (double)(later->t_us - s->t_us);
+            return (double)s->n + w * (double)(later->n - s->n);
+        }
+        later = s;
+    }
+    return -1;
+}
+
+typedef struct {
+    unsigned pid;
+    double sum;
+    int n;
+} pid_util;
+
+static int container_pid(unsigned pid)
+{
+    int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+        const vgpu_slot *s = &vgpu_reg->procs[i];
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) &&
+            (unsigned)__atomic_load_n(&s->hostpid, __ATOMIC_ACQUIRE) == pid)
+            return 1;
+    }
+    return 0;
+}
+
+static int nvml_handle(int d, lim_dev *D)
+{
+    if (D->nvml_state)
+        return D->nvml_state > 0;
+    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    D->nvml_state = -1;
+    if (vgpu_real_nvmlInit_v2 && vgpu_real_nvmlInit_v2() == NVML_SUCCESS && by_uuid &&
+        by_uuid(vgpu_reg->uuids[d], &D->nvml) == NVML_SUCCESS)
+        D->nvml_state = 1;
+    else
+        LOG_WARN("device %d: NVML utilization unavailable; compute share not enforced", d);
+    return D->nvml_state > 0;
+}
+
+/* Per-PID mean smUtil over the new samples; returns rows, fills the newest stamp. */
+static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
+{
+    static __typeof__(&nvmlDeviceGetProcessUtilization) get;
+    if (!get)
+        get = vgpu_nvml_sym("nvmlDeviceGetProcessUtilization");
+    nvmlProcessUtilizationSample_t buf[MAX_SAMPLES];
+    unsigned n = MAX_SAMPLES;
+    if (!get || get(D->nvml, buf, &n, D->last_seen_us) != NVML_SUCCESS)
+        return -1;
+    int rows_n = 0;
+    *newest = 0;
+    for (unsigned i = 0; i < n && i < MAX_SAMPLES; i++) {
+        if (buf[i].timeStamp <= D->last_seen_us)
+            continue;
+        if (buf[i].timeStamp > *newest)
+            *newest = buf[i].timeStamp;
+        int j = 0;
+        while (j < rows_n && rows[j].pid != buf[i].pid)
+            j++;
+        if (j == rows_n) {
+            if (rows_n == MAX_PIDS)
+                continue;
+            rows[rows_n++] = (pid_util){buf[i].pid, 0, 0};
+        }
+        rows[j].sum += buf[i].smUtil;
+        rows[j].n++;
+    }
+    return *newest ? rows_n : -1;
+}
+
+static void set_interval(int d, lim_dev *D, int64_t iv)
+{
+    int64_t old = __atomic_exchange_n(&D->interval_ns, iv, __ATOMIC_RELAXED);
+    if ((old > 0) != (iv > 0)) {
+        LOG_INFO("device %d: compute share %s (limit %d%%)", d, iv > 0 ? "enforced" : "not binding",
+                 limit_of(d));
+        if (iv > 0) /* start pacing from now, not from a stale slot */
+            __atomic_store_n(&D->tat_ns, mono_ns(), __ATOMIC_RELAXED);
+    }
+}
+
+static void control(int d, lim_dev *D, uint64_t now_ms)
+{
+    if (!nvml_handle(d, D))
+        return;
+    pid_util rows[MAX_PIDS];
+    unsigned long long newest;
+    int n = read_samples(D, rows, &newest);
+    if (n < 0)
+        return;
+    unsigned me = (unsigned)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE);
+    if (!me && !g_warned_pid++)
+        LOG_WARN("host PID unknown: compute share not enforced for this process");
+    double u_me = 0, u_cont = 0, u_other = 0;
+    int n_act = 1;
+    for (int i = 0; i < n; i++) {
+        double u = rows[i].sum / rows[i].n;
+        if (me && rows[i].pid == me)
+            u_me = u;
+        else if (container_pid(rows[i].pid))
+            u_cont += u, n_act += u >= 1;
+        else
+            u_other += u;
+    }
+    if (D->prev_stamp_us && newest > D->prev_stamp_us) {
+        unsigned long long gap = newest - D->prev_stamp_us;
+        D->period_us = !D->period_us || gap < D->period_us ? gap : D->period_us;
+    }
+    D->prev_stamp_us = newest;
+    D->last_seen_us = newest;
+    if (vgpu_my_slot)
+        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)u_me, __ATOMIC_RELAXED);
+    if (D->period_us) {
+        double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
+        double launches = a >= 0 && b >= 0 ? b - a : 0;
+        if (launches >= 2 && u_me >= 1) {
+            double t = u_me / 100.0 * (double)D->period_us / 1e6 / launches;
+            D->tau = D->have_tau ? D->tau + SMOOTH * (t - D->tau) : t;
+            D->have_tau = 1;
+        }
+    }
+    if (u_other >= 1)
+        D->others_until_ms = now_ms + g_hold_ms;
+    int policy = vgpu_cfg.core_policy, L = limit_of(d);
+    int binding = L < 100 && (policy == 1 || (policy == 0 && now_ms < D->others_until_ms));
+    if (binding != D->binding)
+        slot_state(LIM_STATE_THROTTLED, binding);
+    D->binding = binding;
+    if (!binding || !D->have_tau) {
+        set_interval(d, D, 0);
+        return;
+    }
+    double total = u_me + u_cont;
+    double target = u_me + (L - total) * (1 - ALPHA) / n_act + ALPHA * ((double)L / n_act - u_me);
+    if (target > L)
+        target = L;
+    if (target < 0.5)
+        target = 0.5;
+    double iv = D->tau / (target / 100.0) * 1e9;
+    set_interval(d, D, (int64_t)(iv < 1 ? 1 : iv));
+    LOG_DEBUG("device %d: me %.0f%% container %.0f%% others %.0f%% tau %.0fus target %.1f%%", d, u_me,
+              total, u_other, D->tau * 1e6, target);
+}
+
+static void publish_flags(int pause)
+{
+    unsigned f = __atomic_load_n(&g_flags, __ATOMIC_RELAXED) & ~(unsigned)F_PAUSE;
+    __atomic_store_n(&g_flags, f | (pause ? F_PAUSE : 0), __ATOMIC_RELEASE);
+}
+
+static void *watcher(void *arg)
+{
+    (void)arg;
+    int counting = (__atomic_load_n(&g_flags, __ATOMIC_RELAXED) & F_COUNT) != 0;
+    int prio = vgpu_reg->priority, paused = 0;
+    for (;;) {
+        uint64_t now_ms = lim_wall_ms(), now_us = wall_us();
+        for (int d = 0; counting && d < VGPU_MAX_DEV; d++) {
+            lim_dev *D = &g_dev[d];
+            if (!__atomic_load_n(&D->used, __ATOMIC_RELAXED))
+                continue;
+            snapshot(D, now_us);
+            if (limit_of(d) < 100)
+                control(d, D, now_ms);
+        }
+        int block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
+        if (block != paused)
+            LOG_INFO("%s by a higher-priority task", block ? "pausing launches" : "resuming launches");
+        paused = block;
+        publish_flags(block);
+        sleep_ns((int64_t)g_tick_ms * 1000000LL);
+    }
+    return NULL;
+}
+
+static void after_fork_child(void)
+{
+    memset(g_dev, 0, sizeof g_dev);
+    pthread_mutex_init(&g_setup_mu, NULL);
+    g_started = 0;
+    g_last_publish_ms = 0;
+    __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);
+}
+
+static void setup(void)
+{
+    pthread_mutex_lock(&g_setup_mu);
+    if (g_started) {
+        pthread_mutex_unlock(&g_setup_mu);
+        return;
+    }
+    g_started = 1;
+    g_tick_ms = env_ms("HAMI_LIMITER_TICK_MS", 10, 1, 1000);
+    g_quiet_ms = env_ms("HAMI_PRIORITY_QUIET_MS", 200, 10, 60000);
+    g_hold_ms = env_ms("HAMI_CONTENTION_HOLD_MS", 1000, 0, 60000);
+    int pid = lim_host_pid();
+    if (pid && vgpu_my_slot)
+        __atomic_store_n(&vgpu_my_slot->hostpid, pid, __ATOMIC_RELEASE);
+    int any = 0;
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        any |= limit_of(d) < 100;
+    unsigned f = 0;
+    if (any && vgpu_cfg.core_policy != 2 && vgpu_my_slot)
+        f |= F_COUNT;
+    if (lim_peers_configured() && vgpu_my_slot)
+        f |= F_PUBLISH;
+    LOG_INFO("compute share: %s, policy %s, priority %d, host pid %d%s", any ? "limited" : "no limit",
+             vgpu_cfg.core_policy == 1 ? "force" : vgpu_cfg.core_policy == 2 ? "disable" : "default",
+             vgpu_reg->priority, pid, f & F_PUBLISH ? ", peers watched" : "");
+    __atomic_store_n(&g_flags, f, __ATOMIC_RELEASE);
+    if (f) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, watcher, NULL) != 0) {
+            LOG_ERROR("cannot start the compute-share watcher: %s", strerror(errno));
+            __atomic_store_n(&g_flags, f & F_PUBLISH, __ATOMIC_RELEASE);
+        }
+        pthread_attr_destroy(&a);
+    }
+    pthread_mutex_unlock(&g_setup_mu);
+}
+
+__attribute__((constructor)) static void limiter_install(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_child);
+    vgpu_launch_gate = gate;
+}

@@ -1,0 +1,36 @@
+/* Compute shares (CUDA_DEVICE_SM_LIMIT) and task priority (CUDA_TASK_PRIORITY).
+ *
+ * limiter.c plugs into libvgpu's launch gate (vgpu_launch_gate, called on every launch
+ * path) and runs one watcher thread per process that closes the loop on NVML's
+ * per-process utilization samples; priority.c decides, from peer regions, whether a
+ * higher-priority task is active on one of our devices; hostpid.c finds this process's
+ * PID as NVML reports it. See docs/compute-shares.md. */
+#ifndef VGPU_LIMITER_H
+#define VGPU_LIMITER_H
+
+#include <stdint.h>
+
+/* Slot fields of the v1 region that HAMi leaves unused and we give a meaning to
+ * (the HAMi monitor ignores them, so the layout stays compatible):
+ *   procs[i].unused[0]  wall-clock ms of this process's latest kernel launch
+ *   procs[i].unused[1]  compute-share state of this process (bit 0: throttled,
+ *                       bit 1: paused by priority), for `hami` tools and tests */
+#define LIM_SLOT_LAST_LAUNCH_MS 0
+#define LIM_SLOT_STATE 1
+#define LIM_STATE_THROTTLED 1u
+#define LIM_STATE_PAUSED 2u
+
+/* hostpid.c: this process's PID in the initial (host) PID namespace, or 0 if it cannot be
+ * known from inside (then a node agent must write it into the slot). */
+int lim_host_pid(void);
+
+/* priority.c */
+uint64_t lim_wall_ms(void);
+/* Refresh the peer list (every `rescan_ms`) and say whether a task of higher priority
+ * (numerically lower CUDA_TASK_PRIORITY) sharing one of our devices launched a kernel in
+ * the last `quiet_ms`. Called from the watcher thread only. */
+int lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms);
+/* Whether a peer-region directory is configured (HAMI_PEER_REGIONS). */
+int lim_peers_configured(void);
+
+#endif

@@ -1,0 +1,105 @@
+/* libvgpu: NVML hooks. Only initialization and the memory queries are hooked; every other
+ * NVML function resolves straight to the real library. */
+#include "vgpu.h"
+
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
+#include <string.h>
+
+#define NVML_REAL(name) HIDDEN extern __typeof__(&name) vgpu_real_##name;
+NVML_REAL(nvmlInit)
+NVML_REAL(nvmlInit_v2)
+NVML_REAL(nvmlInitWithFlags)
+NVML_REAL(nvmlDeviceGetMemoryInfo)
+NVML_REAL(nvmlDeviceGetMemoryInfo_v2)
+
+/* Register the devices NVML sees (by UUID) so NVML-only processes map onto the region. */
+static nvmlReturn_t after_init(nvmlReturn_t r)
+{
+    if (r != NVML_SUCCESS)
+        return r;
+    __typeof__(&nvmlDeviceGetCount_v2) count = vgpu_nvml_sym("nvmlDeviceGetCount_v2");
+    __typeof__(&nvmlDeviceGetHandleByIndex_v2) by_index = vgpu_nvml_sym("nvmlDeviceGetHandleByIndex_v2");
+    __typeof__(&nvmlDeviceGetUUID) get_uuid = vgpu_nvml_sym("nvmlDeviceGetUUID");
+    unsigned n = 0;
+    if (!count || !by_index || !get_uuid || count(&n) != NVML_SUCCESS)
+        return r;
+    for (unsigned i = 0; i < n && i < VGPU_MAX_DEV; i++) {
+        nvmlDevice_t d;
+        char uuid[VGPU_UUID_LEN];
+        if (by_index(i, &d) == NVML_SUCCESS && get_uuid(d, uuid, sizeof uuid) == NVML_SUCCESS)
+            vgpu_region_dev_for_uuid(uuid, 1);
+    }
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    vgpu_init();
+    if (!vgpu_real_nvmlInit_v2)
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
+    return after_init(vgpu_real_nvmlInit_v2());
+}
+
+EXPORT nvmlReturn_t nvmlInit(void)
+{
+    vgpu_init();
+    if (!vgpu_real_nvmlInit)
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
+    return after_init(vgpu_real_nvmlInit());
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    vgpu_init();
+    if (!vgpu_real_nvmlInitWithFlags)
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
+    return after_init(vgpu_real_nvmlInitWithFlags(flags));
+}
+
+int vgpu_nvml_dev(void *device)
+{
+    __typeof__(&nvmlDeviceGetUUID) get_uuid = vgpu_nvml_sym("nvmlDeviceGetUUID");
+    char uuid[VGPU_UUID_LEN];
+    if (!get_uuid || get_uuid((nvmlDevice_t)device, uuid, sizeof uuid) != NVML_SUCCESS)
+        return -1;
+    return vgpu_region_dev_for_uuid(uuid, 0);
+}
+
+/* total = min(limit, physical), used = the container's ledger, free = total - used (>= 0). */
+static int virtualize(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
+                      unsigned long long *free_b)
+{
+    int reg = vgpu_nvml_dev(device);
+    if (reg < 0 || !vgpu_reg->limit[reg])
+        return 0;
+    unsigned long long lim = vgpu_reg->limit[reg], u = vgpu_region_used(reg);
+    unsigned long long t = lim < *total ? lim : *total;
+    *total = t;
+    *used = u;
+    *free_b = u < t ? t - u : 0;
+    return 1;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
+{
+    vgpu_init();
+    if (!vgpu_real_nvmlDeviceGetMemoryInfo)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = vgpu_real_nvmlDeviceGetMemoryInfo(device, m);
+    if (r == NVML_SUCCESS)
+        virtualize(device, &m->total, &m->used, &m->free);
+    return r;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *m)
+{
+    vgpu_init();
+    if (!vgpu_real_nvmlDeviceGetMemoryInfo_v2)
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = vgpu_real_nvmlDeviceGetMemoryInfo_v2(device, m);
+    if (r == NVML_SUCCESS && virtualize(device, &m->total, &m->used, &m->free))
+        m->reserved = 0;
+    return r;
+}

@@ -1,0 +1,162 @@
+/* Task priority without a node agent: peer regions.
+ *
+ * HAMI_PEER_REGIONS names a directory holding other tasks' shared regions (`*.cache`
+ * directly in it or one level down, the layout of HAMi's containers directory, which is
+ * also what `hami exec` uses). The watcher thread maps them read-only and looks, for
+ * every peer with a numerically lower `priority` that shares a device UUID with us,
+ * whether one of its processes launched a kernel recently (slot field
+ * unused[LIM_SLOT_LAST_LAUNCH_MS], written by the launch gate). Nothing is written into
+ * peers' regions, so a crashed task can never leave another one blocked.
+ *
+ * With HAMi's host monitor the same decision arrives through our own region instead
+ * (recent_kernel = -1), which the launch gate also honours. */
+#include "vgpu.h"
+#include "limiter.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_PEERS 64
+
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    const vgpu_region *r;
+    int seen; /* generation of the last scan that found it */
+} peer;
+
+static peer g_peers[MAX_PEERS];
+static int g_npeers;
+static int g_gen;
+static uint64_t g_next_scan_ms;
+
+uint64_t lim_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
+}
+
+int lim_peers_configured(void)
+{
+    const char *d = getenv("HAMI_PEER_REGIONS");
+    return d && *d;
+}
+
+static int is_self(const struct stat *st)
+{
+    struct stat me;
+    return stat(vgpu_cfg.cache_path, &me) == 0 && me.st_dev == st->st_dev && me.st_ino == st->st_ino;
+}
+
+static void consider(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) || !S_ISREG(st.st_mode) || st.st_size != VGPU_REGION_SIZE + 1 || is_self(&st))
+        return;
+    for (int i = 0; i < g_npeers; i++)
+        if (g_peers[i].dev == st.st_dev && g_peers[i].ino == st.st_ino) {
+            g_peers[i].seen = g_gen;
+            return;
+        }
+    if (g_npeers == MAX_PEERS)
+        return;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return;
+    g_peers[g_npeers++] = (peer){st.st_dev, st.st_ino, p, g_gen};
+    LOG_INFO("priority: watching peer region %s", path);
+}
+
+static int ends_with_cache(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 6 && !strcmp(name + n - 6, ".cache");
+}
+
+static void scan_dir(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (ends_with_cache(e->d_name))
+            consider(path);
+        else if (depth > 0 && (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN))
+            scan_dir(path, depth - 1);
+    }
+    closedir(d);
+}
+
+static void rescan(void)
+{
+    g_gen++;
+    scan_dir(getenv("HAMI_PEER_REGIONS"), 1);
+    for (int i = 0; i < g_npeers;) { /* drop regions whose files are gone */
+        if (g_peers[i].seen != g_gen) {
+            munmap((void *)g_peers[i].r, sizeof(vgpu_region));
+            g_peers[i] = g_peers[--g_npeers];
+        } else {
+            i++;
+        }
+    }
+}
+
+static int shares_device(const vgpu_region *r)
+{
+    int mine = (int)__atomic_load_n(&vgpu_reg->device_num, __ATOMIC_ACQUIRE);
+    int theirs = (int)__atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < mine && i < VGPU_MAX_DEV; i++)
+        for (int j = 0; j < theirs && j < VGPU_MAX_DEV; j++)
+            if (vgpu_reg->uuids[i][0] && !strncmp(vgpu_reg->uuids[i], r->uuids[j], VGPU_UUID_LEN))
+                return 1;
+    return 0;
+}
+
+static int recently_launched(const vgpu_region *r, uint64_t now_ms, uint64_t quiet_ms)
+{
+    int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+        const vgpu_slot *s = &r->procs[i];
+        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            continue;
+        uint64_t t = __atomic_load_n(&s->unused[LIM_SLOT_LAST_LAUNCH_MS], __ATOMIC_ACQUIRE);
+        if (t && t + quiet_ms >= now_ms)
+            return 1;
+    }
+    return 0;
+}
+
+int lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
+{
+    if (!lim_peers_configured())
+        return 0;
+    if (now_ms >= g_next_scan_ms) {
+        rescan();
+        g_next_scan_ms = now_ms + 100;
+    }
+    for (int i = 0; i < g_npeers; i++) {
+        const vgpu_region *r = g_peers[i].r;
+        if (__atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
+            continue;
+        if (r->priority < my_priority && shares_device(r) && recently_launched(r, now_ms, quiet_ms))
+            return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,355 @@
+/* The shared region: create/attach, process slots, the cross-process lock, accounting.
+ *
+ * Lock: an open-file-description (OFD) record lock on the byte just past the struct (the
+ * file's padding byte), plus a process-local mutex because OFD locks do not exclude
+ * threads sharing one open file. The kernel drops the lock when its holder dies, even by
+ * SIGKILL, so no waiter can be stuck behind a dead process and no PID liveness guessing
+ * is needed; it works for any UID that can open the file (mode 0666). The lock is held
+ * across check-and-add, so concurrent allocations never overshoot the limit together. */
+#include "vgpu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+vgpu_region *vgpu_reg;
+vgpu_slot *vgpu_my_slot;
+static int g_fd = -1;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_last_kernel_sec;
+
+static int ofd_lock(int fd, short type)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = VGPU_REGION_SIZE, .l_len = 1};
+    int r;
+    do
+        r = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl);
+    while (r < 0 && errno == EINTR);
+    return r;
+}
+
+void vgpu_region_lock(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_fd >= 0 && ofd_lock(g_fd, F_WRLCK) < 0)
+        LOG_ERROR("region lock failed: %s", strerror(errno));
+    __atomic_store_n(&vgpu_reg->owner_pid, (uint64_t)getpid(), __ATOMIC_RELAXED);
+}
+
+void vgpu_region_unlock(void)
+{
+    __atomic_store_n(&vgpu_reg->owner_pid, 0, __ATOMIC_RELAXED);
+    if (g_fd >= 0)
+        ofd_lock(g_fd, F_UNLCK);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int pid_alive(int pid)
+{
+    if (pid <= 0)
+        return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1; /* EPERM etc.: assume alive */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+static void slot_clear(vgpu_slot *s)
+{
+    __atomic_store_n(&s->status, 0, __ATOMIC_RELAXED);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        memset(&s->used[d], 0, sizeof s->used[d]);
+        s->monitorused[d] = 0;
+        memset(&s->device_util[d], 0, sizeof s->device_util[d]);
+    }
+    s->hostpid = 0;
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+}
+
+/* Under the lock: free the slots of dead processes (their driver memory died with them).
+ * Live slots never move, so no process's cached slot pointer goes stale. */
+static int reap_locked(void)
+{
+    int reaped = 0;
+    int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+        vgpu_slot *s = &vgpu_reg->procs[i];
+        int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+        if (pid && s != vgpu_my_slot && !pid_alive(pid)) {
+            LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
+            slot_clear(s);
+            reaped++;
+        }
+    }
+    while (n > 0 && __atomic_load_n(&vgpu_reg->procs[n - 1].pid, __ATOMIC_ACQUIRE) == 0 &&
+           &vgpu_reg->procs[n - 1] != vgpu_my_slot)
+        n--;
+    __atomic_store_n(&vgpu_reg->proc_num, n, __ATOMIC_RELEASE);
+    return reaped;
+}
+
+static vgpu_slot *register_locked(void)
+{
+    int pid = getpid(), n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    vgpu_slot *slot = NULL;
+    for (int i = 0; i < n && !slot; i++)
+        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid)
+            slot = &vgpu_reg->procs[i]; /* a stale slot of a previous process with our PID */
+    for (int i = 0; i < n && !slot; i++)
+        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == 0)
+            slot = &vgpu_reg->procs[i];
+    if (!slot && n < VGPU_MAX_PROC) {
+        slot = &vgpu_reg->procs[n];
+        __atomic_store_n(&vgpu_reg->proc_num, n + 1, __ATOMIC_RELEASE);
+    }
+    if (!slot)
+        return NULL;
+    slot_clear(slot);
+    __atomic_store_n(&slot->status, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->pid, pid, __ATOMIC_RELEASE);
+    return slot;
+}
+
+static void init_header(vgpu_region *r)
+{
+    memset(r, 0, sizeof *r);
+    r->major_version = VGPU_MAJOR;
+    r->minor_version = VGPU_MINOR;
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        r->limit[i] = vgpu_cfg.limit[i];
+        r->sm_limit[i] = vgpu_cfg.sm_limit[i];
+    }
+    sem_init((sem_t *)(void *)r->sem, 1, 1);
+    sem_init((sem_t *)(void *)r->sem_postinit, 1, 1);
+    r->utilization_switch = 1;
+    r->recent_kernel = 2;
+    r->priority = vgpu_cfg.priority;
+    __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
+}
+
+static void check_header(vgpu_region *r)
+{
+    if (r->major_version != VGPU_MAJOR)
+        LOG_WARN("shared region %s has version %u.%u, expected %d.%d", vgpu_cfg.cache_path,
+                 r->major_version, r->minor_version, VGPU_MAJOR, VGPU_MINOR);
+    for (int i = 0; i < VGPU_MAX_DEV; i++)
+        if (r->limit[i] != vgpu_cfg.limit[i])
+            LOG_WARN("limit inconsistency on device %d: region has %llu, environment says %llu; the "
+                     "region (first process) wins", i, (unsigned long long)r->limit[i],
+                     (unsigned long long)vgpu_cfg.limit[i]);
+}
+
+static void on_exit_release(void)
+{
+    vgpu_slot *s = vgpu_my_slot;
+    if (s && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == getpid())
+        slot_clear(s);
+}
+
+static int map_fallback(void)
+{
+    void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    vgpu_reg = p;
+    init_header(vgpu_reg);
+    return 0;
+}
+
+int vgpu_region_open(void)
+{
+    const char *path = vgpu_cfg.cache_path;
+    mode_t old = umask(0);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    umask(old);
+    if (fd < 0) {
+        LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path,
+                  strerror(errno));
+        if (map_fallback())
+            return -1;
+    } else {
+        g_fd = fd;
+        pthread_mutex_lock(&g_mu);
+        ofd_lock(fd, F_WRLCK);
+        struct stat st;
+        fstat(fd, &st);
+        if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
+            LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
+                     (long long)st.st_size, VGPU_REGION_SIZE + 1);
+        int fresh = st.st_size != VGPU_REGION_SIZE + 1;
+        if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1))) {
+            LOG_ERROR("cannot size shared region %s: %s", path, strerror(errno));
+            ofd_lock(fd, F_UNLCK);
+            pthread_mutex_unlock(&g_mu);
+            close(fd);
+            g_fd = -1;
+            return map_fallback();
+        }
+        void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            LOG_ERROR("cannot map shared region %s: %s", path, strerror(errno));
+            ofd_lock(fd, F_UNLCK);
+            pthread_mutex_unlock(&g_mu);
+            close(fd);
+            g_fd = -1;
+            return map_fallback();
+        }
+        vgpu_reg = p;
+        if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
+            init_header(vgpu_reg);
+        else
+            check_header(vgpu_reg);
+        ofd_lock(fd, F_UNLCK);
+        pthread_mutex_unlock(&g_mu);
+    }
+    vgpu_region_lock();
+    reap_locked();
+    vgpu_my_slot = register_locked();
+    vgpu_region_unlock();
+    if (!vgpu_my_slot)
+        LOG_ERROR("no free process slot in %s (%d in use)", path, VGPU_MAX_PROC);
+    atexit(on_exit_release);
+    LOG_INFO("attached shared region %s", path);
+    return 0;
+}
+
+/* Child after fork: own lock description, own slot (the parent's allocations stay the
+ * parent's). */
+void vgpu_region_after_fork(void)
+{
+    pthread_mutex_init(&g_mu, NULL);
+    if (!vgpu_reg)
+        return;
+    if (g_fd >= 0) {
+        int fd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
+        close(g_fd);
+        g_fd = fd;
+    }
+    vgpu_my_slot = NULL;
+    vgpu_region_lock();
+    vgpu_my_slot = register_locked();
+    vgpu_region_unlock();
+}
+
+uint64_t vgpu_region_used(int dev)
+{
+    uint64_t sum = 0;
+    int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+        vgpu_slot *s = &vgpu_reg->procs[i];
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            sum += __atomic_load_n(&s->used[dev].total, __ATOMIC_ACQUIRE);
+    }
+    return sum;
+}
+
+static void slot_add(int dev, uint64_t bytes, int type, int sign)
+{
+    vgpu_slot *s = vgpu_my_slot;
+    if (!s)
+        return;
+    uint64_t *field = type == VGPU_MEM_CONTEXT ? &s->used[dev].context_size
+                      : type == VGPU_MEM_MODULE ? &s->used[dev].module_size
+                                                : &s->used[dev].data_size;
+    __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+    if (sign > 0) {
+        __atomic_add_fetch(field, bytes, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&s->used[dev].total, bytes, __ATOMIC_RELEASE);
+    } else {
+        uint64_t *fs[2] = {field, &s->used[dev].total};
+        for (int k = 0; k < 2; k++) { /* saturating subtract: never wrap to ~16 EiB */
+            uint64_t cur = __atomic_load_n(fs[k], __ATOMIC_RELAXED), next;
+            do
+                next = cur > bytes ? cur - bytes : 0;
+            while (!__atomic_compare_exchange_n(fs[k], &cur, next, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+        }
+    }
+    __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+}
+
+int vgpu_reserve(int dev, uint64_t bytes, int type)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV)
+        return 0;
+    uint64_t limit = vgpu_reg->limit[dev];
+    if (limit == 0) {
+        slot_add(dev, bytes, type, 1);
+        return 0;
+    }
+    vgpu_region_lock();
+    if (UNLIKELY(vgpu_cfg.test_stall_ms)) {
+        struct timespec ts = {vgpu_cfg.test_stall_ms / 1000, (long)(vgpu_cfg.test_stall_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    uint64_t used = vgpu_region_used(dev);
+    if (used + bytes > limit && reap_locked())
+        used = vgpu_region_used(dev);
+    int ok = used + bytes <= limit;
+    if (ok)
+        slot_add(dev, bytes, type, 1);
+    vgpu_region_unlock();
+    if (!ok)
+        LOG_WARN("device %d: out of memory: %llu used + %llu requested > limit %llu", dev,
+                 (unsigned long long)used, (unsigned long long)bytes, (unsigned long long)limit);
+    return ok ? 0 : -1;
+}
+
+void vgpu_charge(int dev, uint64_t bytes, int type)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !bytes)
+        return;
+    slot_add(dev, bytes, type, 1);
+}
+
+void vgpu_release(int dev, uint64_t bytes, int type)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !bytes)
+        return;
+    slot_add(dev, bytes, type, -1);
+}
+
+int vgpu_region_dev_for_uuid(const char *uuid, int add)
+{
+    int found = -1;
+    vgpu_region_lock();
+    int n = (int)vgpu_reg->device_num;
+    for (int i = 0; i < n && i < VGPU_MAX_DEV && found < 0; i++)
+        if (!strncmp(vgpu_reg->uuids[i], uuid, VGPU_UUID_LEN))
+            found = i;
+    if (found < 0 && add && n < VGPU_MAX_DEV) {
+        snprintf(vgpu_reg->uuids[n], VGPU_UUID_LEN, "%s", uuid);
+        vgpu_reg->device_num = (uint64_t)(n + 1);
+        found = n;
+    }
+    vgpu_region_unlock();
+    return found;
+}
+
+void vgpu_note_kernel(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec;
+    if (LIKELY(now == __atomic_load_n(&g_last_kernel_sec, __ATOMIC_RELAXED)))
+        return;
+    __atomic_store_n(&g_last_kernel_sec, now, __ATOMIC_RELAXED);
+    __atomic_store_n(&vgpu_reg->last_kernel_time, now, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) >= 0)
+        __atomic_store_n(&vgpu_reg->recent_kernel, 2, __ATOMIC_RELAXED);
+}

@@ -1,0 +1,94 @@
+/* libvgpu internals shared by its source files (all hidden). */
+#ifndef VGPU_VGPU_H
+#define VGPU_VGPU_H
+
+#define _GNU_SOURCE
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "region.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ---- configuration (environment, HAMi-core contract) ---- */
+typedef struct {
+    uint64_t limit[VGPU_MAX_DEV];    /* CUDA_DEVICE_MEMORY_LIMIT[_i], bytes, 0 = none */
+    uint64_t sm_limit[VGPU_MAX_DEV]; /* CUDA_DEVICE_SM_LIMIT[_i], percent (100 = none) */
+    char cache_path[4096];           /* CUDA_DEVICE_MEMORY_SHARED_CACHE */
+    int oversubscribe;               /* CUDA_OVERSUBSCRIBE */
+    int log_level;                   /* LIBCUDA_LOG_LEVEL */
+    int priority;                    /* CUDA_TASK_PRIORITY */
+    int core_policy;                 /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    long long context_size;          /* LIBVGPU_CONTEXT_SIZE, -1 = measure */
+    unsigned test_stall_ms;          /* LIBVGPU_TEST_STALL_IN_LOCK_MS (tests only) */
+} vgpu_config;
+
+HIDDEN extern vgpu_config vgpu_cfg;
+HIDDEN void vgpu_config_load(void);            /* exits with a clear message on bad input */
+HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
+
+HIDDEN void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define LOG_ERROR(...) vgpu_log(0, __VA_ARGS__)
+#define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
+#define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)
+#define LOG_DEBUG(...) vgpu_log(4, __VA_ARGS__)
+
+/* ---- the shared region ---- */
+HIDDEN extern vgpu_region *vgpu_reg;
+HIDDEN extern vgpu_slot *vgpu_my_slot;
+HIDDEN int vgpu_region_open(void);        /* create or attach, register this process */
+HIDDEN void vgpu_region_lock(void);
+HIDDEN void vgpu_region_unlock(void);
+HIDDEN uint64_t vgpu_region_used(int dev); /* sum over live slots */
+/* Check-and-add under the region lock: 0 on success, -1 when over the limit. */
+HIDDEN int vgpu_reserve(int dev, uint64_t bytes, int type);
+HIDDEN void vgpu_release(int dev, uint64_t bytes, int type);
+HIDDEN void vgpu_charge(int dev, uint64_t bytes, int type); /* add without a limit check */
+HIDDEN int vgpu_region_dev_for_uuid(const char *uuid, int add); /* -1 if unknown/full */
+HIDDEN void vgpu_region_after_fork(void);
+HIDDEN void vgpu_note_kernel(void);        /* launch bookkeeping (last_kernel_time) */
+
+/* ---- real driver / NVML ---- */
+HIDDEN void *vgpu_real_dlsym_fn(void *handle, const char *name);
+HIDDEN void vgpu_init(void);               /* idempotent, cheap after the first call */
+HIDDEN extern int vgpu_inited;
+HIDDEN void *vgpu_nvml_sym(const char *name); /* real NVML function or NULL */
+HIDDEN int vgpu_cuda_dev(int cuda_ordinal); /* region index, -1 if unknown */
+HIDDEN int vgpu_current_dev(void);          /* region index of the current context */
+HIDDEN int vgpu_nvml_dev(void *nvml_device); /* region index for an NVML handle */
+
+/* Hook table: every exported CUDA/NVML function, its real counterpart, and the data
+ * cuGetProcAddress needs to pick the variant. */
+typedef struct {
+    const char *name;
+    const char *base;  /* cuGetProcAddress name */
+    int since;         /* first CUDA version that returns this variant */
+    int per_thread;
+    void *hook;
+    void **real;
+} vgpu_hook;
+
+HIDDEN extern const vgpu_hook vgpu_hooks[];
+HIDDEN extern const int vgpu_nhooks;
+HIDDEN const vgpu_hook *vgpu_hook_by_name(const char *name);
+
+/* ---- compute-share hook point (issue 7 plugs its limiter in here) ----
+ * Called on every kernel launch path (cuLaunchKernel[_ptsz], cuLaunchKernelEx[_ptsz],
+ * cuLaunchCooperativeKernel[_ptsz], cuGraphLaunch[_ptsz]) before the real launch, only
+ * when non-NULL. A non-CUDA_SUCCESS return is returned to the caller without launching. */
+typedef enum { VGPU_LAUNCH_KERNEL, VGPU_LAUNCH_EX, VGPU_LAUNCH_COOPERATIVE, VGPU_LAUNCH_GRAPH } vgpu_launch_kind;
+typedef struct {
+    vgpu_launch_kind kind;
+    unsigned grid_x, grid_y, grid_z; /* 0 for graph launches */
+    CUstream stream;
+    int per_thread;
+} vgpu_launch_info;
+typedef CUresult (*vgpu_launch_gate_fn)(const vgpu_launch_info *info);
+HIDDEN extern vgpu_launch_gate_fn vgpu_launch_gate;
+
+#endif
