@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from hami.config import EnflameConfig
 from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
-from hami.core.types import PERCENT_UNSET, ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
 from ._util import annotations_of, capacity, go_json, node_name, present, synth_cards, where_of
 from .base import BaseVendor, ResourceNames, _lookup
@@ -133,14 +133,15 @@ class EnflameDrsVendor(BaseVendor):
     def slices_for(self, device: DeviceInfo, request: ContainerDeviceRequest) -> tuple[int, str, Any] | None:
         """(slices, profile name, profile id) this request takes on ``device``; None = no profile fits."""
         profiles = _profiles(device)
-        assert isinstance(request, DrsRequest)
-        if request.slices:
-            match = [p for p in profiles if p[0] == request.slices]
+        slices = getattr(request, "slices", 0)
+        if slices:
+            match = [p for p in profiles if p[0] == slices]
             if match:
-                return request.slices, match[0][2], match[0][3]
-            return (request.slices, "", None) if not profiles else None
-        for s, gib, name, pid in profiles:
-            if gib * 1024 >= request.mem_gib * 1024 and s * 100 >= request.core_pct * max(device.devcore, 1):
+                return slices, match[0][2], match[0][3]
+            return (slices, "", None) if not profiles else None
+        mem_gib, core_pct = getattr(request, "mem_gib", 0), getattr(request, "core_pct", 0)
+        for s, gib, name, pid in profiles:  # smallest profile covering memory and the core share
+            if gib >= mem_gib and s * 100 >= core_pct * max(device.devcore, 1):
                 return s, name, pid
         return None
 
