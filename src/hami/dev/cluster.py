@@ -754,8 +754,20 @@ class KubeCluster:
         self.api("PATCH", f"/api/v1/nodes/{name}/status", {"status": manifest["status"]},
                  content_type="application/merge-patch+json")
         if wait_ready:
-            return self.wait_for(lambda: self._ready_node(name), f"node {name} Ready")
+            self.wait_for(lambda: self._ready_node(name), f"node {name} Ready")
+            return self._untaint_not_ready(name)
         return self.api("GET", f"/api/v1/nodes/{name}")
+
+    def _untaint_not_ready(self, name: str) -> dict[str, Any]:
+        """Drop the ``node.kubernetes.io/not-ready`` taint that admission puts on new nodes: the
+        node-lifecycle controller, which would remove it once the node is Ready, is off here."""
+        node = self.api("GET", f"/api/v1/nodes/{name}")
+        taints = node.get("spec", {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+        if kept == taints:
+            return node
+        return self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
+                        content_type="application/merge-patch+json")
 
     def _ready_node(self, name: str) -> dict[str, Any] | None:
         node = self.api("GET", f"/api/v1/nodes/{name}")
