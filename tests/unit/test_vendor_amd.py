@@ -53,3 +53,11 @@ def test_type_selection():
     assert r.reasons() == {"mi": "2/2 CardTypeMismatch"}
     r = one([amd_node()], pod("p", [ctr(limits={GPU: 1})], {"amd.com/use-gpu-uuid": "amd-1"}))
     assert r.annotations["hami.io/amd-devices-allocated"].startswith("amd-1,")
+
+
+def test_health_follows_capacity():
+    from hami.vendors import AmdVendor
+
+    v = AmdVendor()
+    assert v.check_health(node("mi", capacity={GPU: 2}), None, None).healthy
+    assert not v.check_health(amd_node(), None, None).healthy  # registered but the kubelet advertises none

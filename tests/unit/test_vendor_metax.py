@@ -132,3 +132,14 @@ def test_sgpu_policy_neutral_score(policy, winner):
               placed=[placed])[0]
     assert r.node == winner
     assert r.scores["busy"] - r.scores["idle"] == pytest.approx(5000.0, abs=20)  # 10000 x (60% - 10%) + base
+
+
+def test_health_rules():
+    from hami.vendors import MetaxGpuVendor, MetaxSgpuVendor
+
+    gpu, sg = MetaxGpuVendor(), MetaxSgpuVendor()
+    assert gpu.check_health(gpu_node("mx", cards=2), None, None).healthy
+    assert not gpu.check_health(gpu_node("mx", cards=0), None, None).healthy
+    assert sg.check_health(sgpu_node("sg", [sgpu("a")]), None, None).healthy
+    assert not sg.check_health(sgpu_node("sg", []), None, None).healthy
+    assert not sg.check_health(node("sg", {"metax-tech.com/node-gpu-devices": "{"}), None, None).healthy

@@ -6,6 +6,7 @@ import json
 from typing import Any, Mapping
 
 from hami.core.errors import CodecError, CoreError, RequestError
+from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 
@@ -103,3 +104,12 @@ def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str
     mem *= unit * r.memory_factor
     return ContainerDeviceRequest(vendor=vendor.name, nums=nums, type=vendor.request_type, memreq=mem,
                                   mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
+
+
+def capacity_health(vendor: BaseVendor, node: Mapping[str, Any]) -> HealthVerdict:
+    """HAMi's rule for MetaX GPU and AMD (§4.4): healthy while ``capacity[count] > 0``; re-read every pass."""
+    try:
+        healthy = capacity(node, vendor.resources.count) > 0
+    except CoreError:
+        healthy = False
+    return HealthVerdict(healthy, True)

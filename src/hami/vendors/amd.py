@@ -17,7 +17,7 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo
 
-from ._util import percent_request, present, where_of
+from ._util import capacity_health, percent_request, present, where_of
 from .base import BaseVendor, ResourceNames, _lookup
 
 
@@ -43,6 +43,9 @@ class AmdVendor(BaseVendor):
         c = self.config = config or AmdConfig()
         super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
                                        cores=c.resource_core_name))
+
+    def check_health(self, node: Mapping[str, Any], now: Any, memo: Any) -> Any:
+        return capacity_health(self, node)
 
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
         r = self.resources

@@ -28,11 +28,12 @@ from typing import Any, Mapping
 
 from hami.config import MetaxConfig
 from hami.core.errors import CodecError, RequestError
+from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import annotations_of, capacity, go_json, present, set_both, synth_cards, where_of
+from ._util import annotations_of, capacity, capacity_health, go_json, present, set_both, synth_cards, where_of
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
@@ -56,6 +57,9 @@ class MetaxGpuVendor(BaseVendor):
     def __init__(self, config: MetaxConfig | None = None) -> None:
         c = self.config = config or MetaxConfig()
         super().__init__(ResourceNames(count=c.resource_count_name))
+
+    def check_health(self, node: Mapping[str, Any], now: Any, memo: Any) -> Any:
+        return capacity_health(self, node)
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         cards = capacity(node, self.resources.count)
@@ -155,6 +159,13 @@ class MetaxSgpuVendor(BaseVendor):
             health=obj.get("healthy") is True, vendor=self.name,
             custominfo={k: obj[k] for k in ("qosPolicy", "linkZone", "bdf") if obj.get(k) not in (None, "")} or None,
         )
+
+    def check_health(self, node: Mapping[str, Any], now: Any, memo: Any) -> Any:
+        """HAMi: healthy when the annotation parses to at least one device (§4.4)."""
+        try:
+            return HealthVerdict(bool(self.node_devices(node)), True)
+        except CodecError:
+            return HealthVerdict(False, True)
 
     # ------------------------------------------------------------------ admission
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
