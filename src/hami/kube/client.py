@@ -1,0 +1,95 @@
+"""A small JSON client over kubernetes_asyncio's transport (auth, TLS, connection pool).
+
+Objects are plain dicts as the API server sends them: no model (de)serialisation, which is
+both faster and what the pure core wants. Non-2xx answers raise :class:`KubeError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from kubernetes_asyncio import client, config
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class KubeError(Exception):
+    """An API request failed; ``status`` is the HTTP status (0 when no answer came back)."""
+
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        self.status = status
+        self.body = body
+        try:
+            message = json.loads(body).get("message") or body
+        except (ValueError, AttributeError):
+            message = body
+        super().__init__(f"{method} {path}: HTTP {status}: {str(message)[:300]}")
+
+
+async def load_api_client(kubeconfig: str | None = None, qps_pool: int = 100) -> client.ApiClient:
+    """An ApiClient from ``kubeconfig``, else ``$KUBECONFIG``/``~/.kube/config``, else in-cluster."""
+    configuration = client.Configuration()
+    try:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except (config.ConfigException, FileNotFoundError, TypeError):
+        if kubeconfig:
+            raise
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = qps_pool
+    return client.ApiClient(configuration)
+
+
+class KubeClient:
+    """``await kube.request("GET", "/api/v1/nodes")`` -> dict. One shared connection pool."""
+
+    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+        self.api = api
+        self.timeout = timeout
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | None = None, timeout: float = 30.0) -> "KubeClient":
+        return cls(await load_api_client(kubeconfig), timeout)
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def open(self, method: str, path: str, query: Iterable[tuple[str, Any]] = (), body: Any = None,
+                   content_type: str = "application/json", timeout: float | None = None) -> Any:
+        """The raw aiohttp response (for watches); the caller reads and releases it."""
+        return await self.api.call_api(
+            path, method, query_params=[(k, v) for k, v in query],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"], _preload_content=False,
+            _request_timeout=timeout if timeout is not None else self.timeout,
+        )
+
+    async def request(self, method: str, path: str, query: Iterable[tuple[str, Any]] = (), body: Any = None,
+                      content_type: str = "application/json", timeout: float | None = None) -> Any:
+        resp = await self.open(method, path, query, body, content_type, timeout)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            raise KubeError(method, path, resp.status, data.decode(errors="replace"))
+        return json.loads(data) if data else None
+
+    # -- conveniences -----------------------------------------------------------------------
+    async def get(self, path: str, **query: Any) -> Any:
+        return await self.request("GET", path, query.items())
+
+    async def merge_patch(self, path: str, body: Any) -> Any:
+        return await self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+
+    async def post(self, path: str, body: Any) -> Any:
+        return await self.request("POST", path, body=body)
+
+
+def pod_path(namespace: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/pods" + (f"/{name}" if name else "")
+
+
+def node_path(name: str = "") -> str:
+    return "/api/v1/nodes" + (f"/{name}" if name else "")

@@ -1,0 +1,64 @@
+"""``hami scheduler``: the extender + webhook process (flags: :mod:`hami.scheduler.options`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from hami.core.errors import ConfigError
+
+from .options import Options, add_arguments as _add_arguments, options_from_args
+
+log = logging.getLogger("hami.scheduler")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_arguments(parser)
+
+
+async def main(opts: Options) -> int:
+    from hami.kube.client import KubeClient
+
+    from .server import CertReloader, SchedulerService, serve
+
+    kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout)
+    service = SchedulerService(opts, kube)
+    reloader = CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval) if opts.tls else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    try:
+        service.start_background()
+        if reloader:
+            service.tasks.append(loop.create_task(reloader.run()))
+        runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None)
+        scheme = "https" if reloader else "http"
+        log.info("hami scheduler %s listening on %s://%s:%d (leader election %s)", opts.scheduler_name, scheme,
+                 opts.host, opts.port, "on" if opts.leader_elect else "off")
+        await stop.wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await service.stop()
+        await kube.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.debug or args.verbosity >= 5 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        opts = options_from_args(args)
+    except ConfigError as exc:
+        print(f"hami scheduler: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(main(opts))
+    except OSError as exc:
+        print(f"hami scheduler: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,127 @@
+"""``hami explain POD``: why a pod is (or would be) pending, per node and per device.
+
+It reads the live cluster (nodes, pods, ResourceQuotas, the pod's events), rebuilds the ledger
+the way the scheduler does (:class:`hami.scheduler.state.ClusterState`), removes the pod's own
+allocation, and runs the same core filter on every node (no laziness: each node gets its
+verdict). Read-only: it patches nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from hami.config import load_device_config
+from hami.core import CoreError, SchedulerConfig, admit_pod, filter_pod, pod_key
+from hami.core.errors import ConfigError
+from hami.core.fit import fit_pod, make_context
+from hami.core.reasons import NodeFailure
+from hami.core.requests import pod_request
+
+from .state import ClusterState
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pod", help="POD or NAMESPACE/POD")
+    parser.add_argument("-n", "--namespace", default="default", help="namespace when POD has none (default %(default)s)")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--device-config-file", default="", help="the scheduler's device-config.yaml")
+    parser.add_argument("--node-scheduler-policy", default="binpack")
+    parser.add_argument("--gpu-scheduler-policy", default="spread")
+    parser.add_argument("--scheduler-name", default="hami-scheduler")
+
+
+def _why_devices(failure: NodeFailure) -> dict[str, str]:
+    return {uuid: reason.value for reason, uuids in failure.devices for uuid in uuids}
+
+
+def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> str:
+    meta = pod["metadata"]
+    ref = f"{meta['namespace']}/{meta['name']}"
+    lines = [f"Pod {ref}: phase {pod.get('status', {}).get('phase', '?')}, "
+             f"node {pod.get('spec', {}).get('nodeName') or '-'}, scheduler {pod.get('spec', {}).get('schedulerName')}"]
+    ledger = state.ledger
+    ledger.remove_pod(pod_key(pod))
+    admitted, _ = admit_pod(pod, state.vendors)
+    req = pod_request(admitted, state.vendors)
+    for c in req.containers:
+        asks = "; ".join(f"{r.vendor} x{r.nums} mem={r.memreq or (str(r.mem_percentage) + '%')}MiB cores={r.coresreq}"
+                         for r in c.requests) or "no device"
+        lines.append(f"  container {c.name} ({c.kind.value}): {asks}")
+    if not req.has_devices:
+        lines.append("It requests no device: hami scheduler passes it through.")
+        return "\n".join(lines)
+    result = filter_pod(admitted, None, ledger, state.config, now)
+    if result.node:
+        lines.append(f"It fits now: the scheduler would choose node {result.node} (kube-scheduler retries pending pods).")
+    else:
+        lines.append(f"It fits on none of the {len(ledger.node_names())} nodes with devices:")
+    from hami.core.schedule import _policies
+
+    node_policy, gpu_policy, weights = _policies(req, state.config)
+    used = [v for v in state.vendors if v.name in req.vendors()]
+    ctx = make_context(req, state.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used))
+    for name in ledger.node_names():
+        res = fit_pod(ledger.view(name), ctx)
+        if not isinstance(res, NodeFailure):
+            lines.append(f"  node {name}: fits")
+            continue
+        where = f" (container #{res.container})" if res.container >= 0 else ""
+        lines.append(f"  node {name}: {res.render()}{where}")
+        why = _why_devices(res)
+        for d, slots, mem, cores in ledger.device_usage(name):
+            reason = why.get(d.id, "ok")
+            lines.append(f"    gpu {d.index} {d.id} {d.type}: slots {slots}/{d.count}, mem {mem}/{d.devmem} MiB, "
+                         f"cores {cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'} -> {reason}")
+    missing = sorted(set(state.nodes) - set(ledger.node_names()))
+    if missing:
+        lines.append(f"  nodes without registered devices (ignored): {', '.join(missing[:20])}"
+                     + (" ..." if len(missing) > 20 else ""))
+    recent = [e for e in events if e.get("reason") in ("FilteringFailed", "FailedScheduling", "BindingFailed")][-5:]
+    if recent:
+        lines.append("Recent events:")
+        lines += [f"  {e.get('reason')}: {e.get('message')}" for e in recent]
+    return "\n".join(lines)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from hami.kube.client import KubeClient, KubeError
+
+    ns, _, name = args.pod.rpartition("/")
+    ns = ns or args.namespace
+    device_config = None
+    if args.device_config_file:
+        with open(args.device_config_file) as fh:
+            device_config = load_device_config(fh.read(), args.device_config_file)
+    config = SchedulerConfig.from_device_config(device_config, args.node_scheduler_policy, args.gpu_scheduler_policy)
+    kube = await KubeClient.connect(args.kubeconfig)
+    try:
+        try:
+            pod = await kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        except KubeError as exc:
+            print(f"hami explain: pod {ns}/{name}: {exc}", file=sys.stderr)
+            return 1
+        state = ClusterState(config, args.scheduler_name)
+        nodes = await kube.get("/api/v1/nodes")
+        state.node_handler.replace(nodes["items"])
+        state.pod_handler.replace((await kube.get("/api/v1/pods"))["items"])
+        state.quota_handler.replace((await kube.get("/api/v1/resourcequotas"))["items"])
+        evs = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events",
+                                  [("fieldSelector", f"involvedObject.name={name}")]))["items"]
+        evs.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        import time
+
+        print(render(pod, state, evs, time.time()))
+        return 0
+    finally:
+        await kube.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (CoreError, ConfigError, OSError) as exc:
+        print(f"hami explain: {exc}", file=sys.stderr)
+        return 1

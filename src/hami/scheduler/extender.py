@@ -1,0 +1,299 @@
+"""``/filter`` and ``/bind`` (the kube-scheduler extender protocol, §5.1, §5.3, §5.8).
+
+Filter takes the decision with the same core entry point as ``hami simulate``
+(:func:`hami.core.schedule_pod`, after the same admission defaults), reserves it in the ledger,
+then patches the pod; a failed patch rolls the reservation back. Bind takes the node lock,
+marks the pod ``bind-phase=allocating`` and creates the Binding; every failure releases the
+lock. Requests and answers use the Go field names kube-scheduler sends (``Pod``,
+``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping
+
+from hami.core import CoreError, admit_pod, filter_pod, pod_key, pod_request, rebuild, schedule_pod
+from hami.core.reasons import NodeFailure, Reason
+from hami.kube import nodelock
+from hami.kube.client import KubeClient, KubeError, node_path, pod_path
+
+from .events import EventRecorder
+from .state import VGPU_NODE, ClusterState
+
+log = logging.getLogger(__name__)
+
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
+
+
+def failed_maps(failed: Mapping[str, NodeFailure]) -> tuple[dict[str, str], dict[str, str]]:
+    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
+    by preemption, so kube-scheduler should not try."""
+    resolvable, unresolvable = {}, {}
+    for node, f in sorted(failed.items()):
+        codes = set(f.codes())
+        (unresolvable if codes and codes <= UNRESOLVABLE else resolvable)[node] = f.render()
+    return resolvable, unresolvable
+
+
+def failure_summary(failed: Mapping[str, NodeFailure]) -> list[str]:
+    """One line per reason: ``"3 nodes CardInsufficientMemory(n1,n2,n3)"`` (HAMi's event text)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, f in sorted(failed.items()):
+        for code in f.codes():
+            by_reason.setdefault(code.value, []).append(node)
+    return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
+
+
+def _error(message: str) -> dict:
+    return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
+
+
+class Extender:
+    def __init__(self, state: ClusterState, kube: KubeClient | None, events: EventRecorder, *,
+                 is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
+                 lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
+                 clock=time.time) -> None:
+        self.state = state
+        self.kube = kube
+        self.events = events
+        self.is_ready = is_ready
+        self.ready_changed = ready_changed
+        self.lock_timeout = lock_timeout
+        self.lock_retry_timeout = lock_retry_timeout
+        self.ready_wait = ready_wait
+        self.clock = clock
+        self._node_locks: dict[str, asyncio.Lock] = {}
+        self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
+
+    async def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.ready_wait
+        while not self.is_ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(0.1, left))
+        return True
+
+    # ------------------------------------------------------------------ filter
+    async def filter(self, args: Mapping[str, Any]) -> dict:
+        pod = args.get("Pod") or args.get("pod")
+        if not isinstance(pod, dict) or not (pod.get("metadata") or {}).get("name"):
+            return _error("ExtenderArgs.Pod is missing or has no metadata.name")
+        names = args.get("NodeNames", args.get("nodenames"))
+        nodes = args.get("Nodes", args.get("nodes"))
+        if names is None and nodes:
+            return self._simulate(pod, (nodes or {}).get("items") or [])
+        if not await self._wait_ready():
+            return _error("hami scheduler is not ready (caches not synced, or this replica is not the leader)")
+        self.stats["filter"] += 1
+        try:
+            admitted, _ = admit_pod(pod, self.state.vendors)
+            result = schedule_pod(admitted, names or [], self.state.ledger, self.state.config, self.clock())
+        except CoreError as exc:
+            self.events.record(pod, "FilteringFailed", str(exc), "Warning")
+            return _error(str(exc))
+        if not result.needs_devices:
+            return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        failed, unresolvable = failed_maps(result.failed)
+        if result.node is None:
+            for line in failure_summary(result.failed) or ["no candidate node"]:
+                self.events.record(pod, "FilteringFailed", line, "Warning")
+            return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        meta = pod["metadata"]
+        key = result.allocation.key
+        try:
+            await self._record_decision(meta, result.annotations, result.node)
+        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+            self.state.restore_pod(key, meta.get("namespace") or "default", meta["name"])
+            msg = f"cannot record the decision on pod {meta.get('namespace')}/{meta['name']}: {exc}"
+            self.events.record(pod, "FilteringFailed", msg, "Warning")
+            return _error(msg)
+        fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
+        self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
+                           f"{len(result.scores)} nodes fit({fits})")
+        return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    async def _record_decision(self, meta: Mapping[str, Any], annotations: Mapping[str, str], node: str) -> None:
+        body = {"metadata": {"annotations": dict(annotations), "labels": {VGPU_NODE: node}}}
+        patched = await self.kube.merge_patch(pod_path(meta.get("namespace") or "default", meta["name"]), body)
+        self.state.put_pod(patched)
+
+    def _simulate(self, pod: dict, nodes: list) -> dict:
+        """``Nodes`` given (nodeCacheCapable false / Cluster Autoscaler): read-only, zero usage (§5.11)."""
+        try:
+            ledger, _ = rebuild(nodes, [], self.state.vendors)
+            admitted, _ = admit_pod(pod, self.state.vendors)
+            result = filter_pod(admitted, None, ledger, self.state.config, self.clock())
+        except CoreError as exc:
+            return {"Nodes": None, "FailedNodes": {}, "Error": str(exc)}
+        by_name = {(n.get("metadata") or {}).get("name"): n for n in nodes}
+        if not result.needs_devices:
+            return {"Nodes": {"items": nodes}, "FailedNodes": {}, "Error": ""}
+        failed, unresolvable = failed_maps(result.failed)
+        chosen = [by_name[result.node]] if result.node else []
+        return {"Nodes": {"items": chosen}, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    # ------------------------------------------------------------------ bind
+    async def bind(self, args: Mapping[str, Any]) -> dict:
+        ns = args.get("PodNamespace") or args.get("podNamespace") or "default"
+        name = args.get("PodName") or args.get("podName") or ""
+        uid = args.get("PodUID") or args.get("podUID") or ""
+        node = args.get("Node") or args.get("node") or ""
+        if not name or not node:
+            return {"Error": f"ExtenderBindingArgs needs PodName and Node (got {name!r}, {node!r})"}
+        if not await self._wait_ready():
+            return {"Error": "hami scheduler is not ready (caches not synced, or this replica is not the leader)"}
+        self.stats["bind"] += 1
+        pod = self.state.pod(ns, name) or await self._get_pod(ns, name)
+        if pod is None:
+            self.state.ledger.remove_pod(uid or f"{ns}/{name}")
+            return {"Error": f"pod {ns}/{name} not found"}
+        locked = False
+        try:
+            if self._needs_lock(pod):
+                await self.acquire_lock(node, ns, name)
+                locked = True
+            now = self.clock()
+            patched = await self.kube.merge_patch(pod_path(ns, name), {"metadata": {"annotations": {
+                BIND_PHASE: "allocating", BIND_TIME: str(int(now))}}})
+            self.state.put_pod(patched)
+            await self.kube.post(f"{pod_path(ns, name)}/binding", {
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {})},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        except (KubeError, nodelock.LockContention, OSError, asyncio.TimeoutError) as exc:
+            if locked:
+                await self._release_quietly(node, ns, name)
+            msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
+            self.events.record(pod, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
+        self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
+        return {"Error": ""}
+
+    def _needs_lock(self, pod: Mapping[str, Any]) -> bool:
+        try:
+            req = pod_request(pod, self.state.vendors)
+        except CoreError:
+            return False
+        locking = {v.name for v in self.state.vendors if v.lock_annotation}
+        # every container counts (HAMi: regular ones only): the device plugin finds the pod
+        # through the lock, whichever container asks first
+        return any(r.vendor in locking for c in req.containers for r in c.requests)
+
+    async def _get_pod(self, ns: str, name: str) -> dict | None:
+        try:
+            return await self.kube.get(pod_path(ns, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _owner(self, value: str) -> Any:
+        lock = nodelock.parse_node_lock(value)
+        if lock is None:
+            return None
+        pod = self.state.pod(lock.namespace, lock.name) or await self._get_pod(lock.namespace, lock.name)
+        return nodelock.MISSING if pod is None else pod
+
+    async def _node(self, name: str, fresh: bool) -> dict:
+        node = None if fresh else self.state.nodes.get(name)
+        if node is None:
+            node = await self.kube.get(node_path(name))
+            self.state.put_node(node)
+        return node
+
+    async def acquire_lock(self, node: str, ns: str, name: str) -> None:
+        """Take ``hami.io/mutex.lock`` on ``node`` for ``ns/name``; waits (up to the retry
+        timeout) while another live pod holds it; reclaims a stale one at once."""
+        deadline = time.monotonic() + self.lock_retry_timeout
+        guard = self._node_locks.setdefault(node, asyncio.Lock())
+        async with guard:
+            fresh = False
+            while True:
+                obj = await self._node(node, fresh)
+                meta = obj.get("metadata") or {}
+                value = (meta.get("annotations") or {}).get(nodelock.NODE_LOCK)
+                if value and nodelock.owned_by(value, ns, name):
+                    return
+                if value:
+                    now = datetime.fromtimestamp(self.clock(), timezone.utc)
+                    why = nodelock.stale_reason(value, node, now, self.lock_timeout, await self._owner(value))
+                    if why is None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise nodelock.LockContention(node, value)
+                        self.stats["lock_waits"] += 1
+                        await self.state.node_changed(node, min(left, 1.0))
+                        fresh = time.monotonic() >= deadline
+                        continue
+                    log.info("node %s: taking over lock %r: %s", node, value, why)
+                    self.stats["lock_reclaims"] += 1
+                stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
+                body = {"metadata": {"annotations": {nodelock.NODE_LOCK: nodelock.lock_value(stamp, ns, name)},
+                                     "resourceVersion": meta.get("resourceVersion")}}
+                try:
+                    self.state.put_node(await self.kube.merge_patch(node_path(node), body))
+                    return
+                except KubeError as exc:
+                    if exc.status != 409:
+                        raise
+                    fresh = True
+
+    async def release_lock(self, node: str, ns: str, name: str) -> bool:
+        async def read():
+            obj = await self._node(node, True)
+            meta = obj.get("metadata") or {}
+            return meta.get("annotations") or {}, meta.get("resourceVersion")
+
+        async def write(annotations, rv):
+            self.state.put_node(await self.kube.merge_patch(
+                node_path(node), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
+
+        return await nodelock.release(read, write, (ns, name))
+
+    async def _release_quietly(self, node: str, ns: str, name: str) -> None:
+        try:
+            if not await self.release_lock(node, ns, name):
+                log.error("node %s: lock of %s/%s still held after retries", node, ns, name)
+        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+            log.error("node %s: cannot release the lock of %s/%s: %s", node, ns, name, exc)
+
+    async def sweep_locks(self) -> int:
+        """Release every lock whose owner can no longer use it (leader pass). Returns how many."""
+        released = 0
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        for name, obj in list(self.state.nodes.items()):
+            value = ((obj.get("metadata") or {}).get("annotations") or {}).get(nodelock.NODE_LOCK)
+            if not value:
+                continue
+            why = nodelock.stale_reason(value, name, now, self.lock_timeout, await self._owner(value))
+            if why is None:
+                continue
+            async def read(name=name):
+                o = await self._node(name, True)
+                m = o.get("metadata") or {}
+                return m.get("annotations") or {}, m.get("resourceVersion")
+
+            async def write(annotations, rv, name=name):
+                self.state.put_node(await self.kube.merge_patch(
+                    node_path(name), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
+
+            lock = nodelock.parse_node_lock(value)
+            try:
+                # release only the very lock judged stale (owner check), never a newer one
+                owner = (lock.namespace, lock.name) if lock else None
+                current, _ = await read()
+                if current.get(nodelock.NODE_LOCK) != value:
+                    continue
+                if await nodelock.release(read, write, owner):
+                    log.info("node %s: released stale lock %r: %s", name, value, why)
+                    released += 1
+            except (KubeError, OSError, asyncio.TimeoutError) as exc:
+                log.warning("node %s: cannot release stale lock: %s", name, exc)
+        return released

@@ -1,0 +1,171 @@
+"""Scheduler flags (HAMi's names, reference §7.3) and their validation.
+
+Every bad value stops the start with one line naming the flag (or the device-config.yaml key)
+and the value; see :func:`options_from_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hami.config import DeviceConfig, default_device_config, load_device_config
+from hami.core import SchedulerConfig
+from hami.core.errors import ConfigError, CoreError
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+DISABLE_CONTROL_LABEL = "hami.io/allow-disable-control"
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """Go-style duration (``5m``, ``28s``, ``1m30s``, ``250ms``) -> seconds; ``0`` is allowed."""
+    value = str(text).strip()
+    if value == "0":
+        return 0.0
+    if not _DURATION.match(value):
+        raise ConfigError(f"{flag}: expected a duration like 5m, 28s or 250ms, got {text!r}")
+    return sum(float(n) * _UNIT[u] for n, u in _PART.findall(value))
+
+
+def parse_selector(text: str, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{flag}: expected k=v[,k=v...], got {text!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_bind(text: str, flag: str = "--http_bind") -> tuple[str, int]:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{flag}: expected host:port, got {text!r}")
+    return host or "0.0.0.0", int(port)
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cert_file: str = ""
+    key_file: str = ""
+    scheduler_name: str = "hami-scheduler"
+    node_policy: str = "binpack"
+    gpu_policy: str = "spread"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    node_lock_timeout: float = 300.0
+    node_lock_retry_timeout: float = 28.0
+    force_overwrite_default_scheduler: bool = True
+    leader_elect: bool = False
+    lease_name: str = "hami-scheduler"
+    lease_namespace: str = "kube-system"
+    identity: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    kubeconfig: str | None = None
+    kube_timeout: float = 30.0
+    resync_interval: float = 15.0
+    cert_reload_interval: float = 1.0
+    disable_control_label: str = DISABLE_CONTROL_LABEL
+    device_config: DeviceConfig = field(default_factory=default_device_config)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert_file and self.key_file)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig.from_device_config(self.device_config, self.node_policy, self.gpu_policy)
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "t", "true", "yes", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--http_bind", default="127.0.0.1:8080", help="listen address host:port (default %(default)s)")
+    a("--cert_file", default="", help="TLS certificate (PEM); reloaded when the file changes")
+    a("--key_file", default="", help="TLS private key (PEM); reloaded when the file changes")
+    a("--scheduler-name", default="hami-scheduler", help="scheduler name set on GPU pods (default %(default)s)")
+    a("--node-scheduler-policy", default="binpack", help="binpack | spread (default %(default)s)")
+    a("--gpu-scheduler-policy", default="spread", help="binpack | spread | ... (default %(default)s)")
+    a("--metrics-bind-address", default=":9395", help="accepted for compatibility; metrics are not served yet")
+    a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
+    a("--kube-qps", type=float, default=0, help="accepted for compatibility")
+    a("--kube-burst", type=int, default=0, help="accepted for compatibility")
+    a("--kube-timeout", default="30s", help="API request timeout (default %(default)s)")
+    a("--profiling", type=_bool, nargs="?", const=True, default=False, help="accepted; no pprof in Python")
+    a("--node-lock-timeout", default=os.environ.get("HAMI_NODELOCK_EXPIRE", "5m"),
+      help="node lock expiry (default $HAMI_NODELOCK_EXPIRE or 5m; the flag wins)")
+    a("--node-lock-retry-timeout", default="28s",
+      help="how long Bind waits for a busy node lock (every pod, not only pod groups; 0 = fail at once)")
+    a("--force-overwrite-default-scheduler", type=_bool, nargs="?", const=True, default=True,
+      help="webhook also takes pods aimed at default-scheduler (default true)")
+    a("--leader-elect", type=_bool, nargs="?", const=True, default=False,
+      help="follow the kube-scheduler Lease; only the leader filters and binds")
+    a("--leader-elect-resource-name", default="hami-scheduler", help="Lease name (default %(default)s)")
+    a("--leader-elect-resource-namespace", default="", help="Lease namespace (default $POD_NAMESPACE or kube-system)")
+    a("--leader-elect-identity", default="",
+      help="leader when the Lease holderIdentity starts with this (default $POD_NAME, else the hostname)")
+    a("--legacy-metrics", type=_bool, nargs="?", const=True, default=False, help="accepted for compatibility")
+    a("--device-config-file", default="", help="device-config.yaml (default: NVIDIA with chart defaults)")
+    a("--debug", type=_bool, nargs="?", const=True, default=False, help="verbose logging")
+    a("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (klog style)")
+    a("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")
+    a("--resync-interval", default="15s", help="leader pass: handshakes, stale locks, node health (default %(default)s)")
+    a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
+      help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Validate the parsed flags and read device-config.yaml. Raises ConfigError naming the key."""
+    host, port = parse_bind(args.http_bind)
+    if bool(args.cert_file) != bool(args.key_file):
+        raise ConfigError(f"--cert_file and --key_file go together (got {args.cert_file!r} and {args.key_file!r})")
+    for flag, path in (("--cert_file", args.cert_file), ("--key_file", args.key_file)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag}: no such file {path!r}")
+    if args.device_config_file:
+        path = Path(args.device_config_file)
+        if not path.is_file():
+            raise ConfigError(f"--device-config-file: no such file {args.device_config_file!r}")
+        device_config = load_device_config(path.read_text(), str(path))
+    else:
+        device_config = default_device_config()
+    pod_name = os.environ.get("POD_NAME", "")
+    pod_namespace = os.environ.get("POD_NAMESPACE", "")
+    opts = Options(
+        host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
+        scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
+        gpu_policy=args.gpu_scheduler_policy,
+        node_selector=parse_selector(args.node_label_selector, "--node-label-selector"),
+        node_lock_timeout=parse_duration(args.node_lock_timeout, "--node-lock-timeout"),
+        node_lock_retry_timeout=parse_duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout"),
+        force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
+        leader_elect=args.leader_elect, lease_name=args.leader_elect_resource_name,
+        lease_namespace=args.leader_elect_resource_namespace or pod_namespace or "kube-system",
+        identity=args.leader_elect_identity or pod_name or socket.gethostname(),
+        pod_name=pod_name, pod_namespace=pod_namespace, kubeconfig=args.kubeconfig,
+        kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
+        resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
+        disable_control_label=args.disable_control_label, device_config=device_config,
+    )
+    if opts.node_lock_timeout <= 0:
+        raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
+    try:
+        opts.scheduler_config()  # validates the policies (the message names the flag)
+    except CoreError as exc:
+        raise ConfigError(str(exc)) from None
+    return opts

@@ -1,0 +1,203 @@
+"""The HTTP(S) server and the service that ties watches, leadership and handlers together.
+
+Routes: ``POST /filter``, ``POST /bind``, ``POST /webhook``, ``GET /healthz`` (alive),
+``GET /readyz`` (200 only once every watch has listed and, with leader election, while
+leader). Bad request bodies get HTTP 400 with one line; handler answers are always 200 with
+the error in the protocol's ``Error`` field (as kube-scheduler expects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import ssl
+import time
+from typing import Any
+
+from aiohttp import web
+
+from hami.kube.client import KubeClient, KubeError
+from hami.kube.reflector import Reflector
+from hami.webhook.admission import AdmissionSettings, review, uses_disable_control
+
+from .events import EventRecorder
+from .extender import Extender
+from .leader import Leadership
+from .options import Options
+from .state import ClusterState, handshake_value
+
+log = logging.getLogger(__name__)
+MAX_BODY = 4 << 20
+
+
+class CertReloader:
+    """Keeps one SSLContext serving the current files: polls their mtime/size and reloads."""
+
+    def __init__(self, cert: str, key: str, interval: float = 1.0) -> None:
+        self.cert, self.key, self.interval = cert, key, interval
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self._stamp = self._current()
+        self.reloads = 0
+
+    def _current(self) -> tuple:
+        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(self.cert), os.stat(self.key)))
+
+    def check(self) -> bool:
+        try:
+            stamp = self._current()
+            if stamp == self._stamp:
+                return False
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("TLS certificate not reloaded (will retry): %s", exc)
+            return False
+        self._stamp = stamp
+        self.reloads += 1
+        log.info("TLS certificate reloaded from %s", self.cert)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.check()
+
+
+class SchedulerService:
+    """Everything ``hami scheduler`` runs. ``kube=None`` gives a cache-only service (benchmarks)."""
+
+    def __init__(self, opts: Options, kube: KubeClient | None) -> None:
+        self.opts = opts
+        self.kube = kube
+        self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
+        self.events = EventRecorder(kube, opts.scheduler_name)
+        self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
+                                 opts.pod_name, opts.pod_namespace)
+        self.reflectors: list[Reflector] = []
+        if kube is not None:
+            self.reflectors = [
+                Reflector(kube, "/api/v1/nodes", self.state.node_handler, name="nodes"),
+                Reflector(kube, "/api/v1/pods", self.state.pod_handler, name="pods"),
+                Reflector(kube, "/api/v1/resourcequotas", self.state.quota_handler, name="resourcequotas"),
+            ]
+        self.extender = Extender(self.state, kube, self.events, is_ready=self.ready,
+                                 lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout)
+        self.admission = AdmissionSettings(self.state.vendors, opts.scheduler_name,
+                                           opts.force_overwrite_default_scheduler, opts.disable_control_label)
+        self.leader.on_elected.append(self.resync)
+        self.tasks: list[asyncio.Task] = []
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    def ready(self) -> bool:
+        return self.synced() and self.leader.is_leader
+
+    # ------------------------------------------------------------------ leader pass
+    async def resync(self) -> None:
+        """Leader pass: node health re-check, handshake writes, stale lock release."""
+        if not self.synced() or not self.leader.is_leader or self.kube is None:
+            return
+        self.state.recheck_nodes()
+        now = time.time()
+        for name, node in list(self.state.nodes.items()):
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+            updates = {}
+            for v in self.state.vendors:
+                key = v.handshake_annotation
+                if key and v.register_annotation in annotations and "Requesting" not in annotations.get(key, ""):
+                    updates[key] = handshake_value(now)
+            if updates:
+                try:
+                    self.state.put_node(await self.kube.merge_patch(f"/api/v1/nodes/{name}",
+                                                                    {"metadata": {"annotations": updates}}))
+                except KubeError as exc:
+                    log.warning("node %s: handshake not written: %s", name, exc)
+        await self.extender.sweep_locks()
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.resync_interval)
+            try:
+                await self.resync()
+            except Exception:  # noqa: BLE001 - the loop must survive one bad pass
+                log.exception("leader pass failed")
+
+    async def _first_pass(self) -> None:
+        await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
+        log.info("caches synced: %d nodes with devices, %d pods holding devices",
+                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()))
+        await self.resync()
+
+    def start_background(self) -> None:
+        spawn = asyncio.get_running_loop().create_task
+        self.tasks += [spawn(r.run()) for r in self.reflectors]
+        if self.kube is not None:
+            self.tasks += [spawn(self.events.run()), spawn(self.leader.run()), spawn(self._first_pass()),
+                           spawn(self._resync_loop())]
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.tasks.clear()
+
+    # ------------------------------------------------------------------ HTTP
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.add_routes([
+            web.post("/filter", self._filter), web.post("/bind", self._bind), web.post("/webhook", self._webhook),
+            web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
+        ])
+        return app
+
+    async def _json(self, request: web.Request) -> Any:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(text=f"request body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(text=f"request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _filter(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.extender.filter(await self._json(request)))
+
+    async def _bind(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.extender.bind(await self._json(request)))
+
+    async def _webhook(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        req = body.get("request") or {}
+        pod = req.get("object") if isinstance(req.get("object"), dict) else {}
+        labels = None
+        if uses_disable_control(pod) and self.kube is not None:
+            ns = req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+            try:
+                labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
+            except KubeError as exc:
+                log.warning("namespace %s labels unreadable: %s", ns, exc)
+        return web.json_response(review(body, self.admission, labels, self.state.ledger.quota_room))
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if not self.synced():
+            return web.Response(status=503, text="caches not synced")
+        if not self.leader.is_leader:
+            return web.Response(status=503, text=f"not the leader ({self.opts.identity})")
+        return web.Response(text="ok")
+
+
+async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
+    await site.start()
+    return runner

@@ -1,0 +1,264 @@
+"""What the scheduler knows, fed by watches: nodes' devices, pods' allocations, quotas.
+
+The ledger (``hami.core.Ledger``) is rebuilt from the API server: node registration
+annotations and pod allocation annotations. Handlers are level-triggered (a relist replaces
+everything); the only state that exists nowhere else is a Filter reservation whose pod patch
+has not come back through the watch yet (kept until the pod's annotations arrive, rolled
+back by the extender when the patch fails).
+
+Node health follows HAMi's handshake semantics per vendor (§4.4): a node's devices count
+while the kubelet advertises the vendor's count resource (``status.allocatable``), or while
+its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime
+from typing import Any, Iterable, Mapping
+
+from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
+from hami.core.quantity import parse_int_quantity
+from hami.core.types import NodeDevices
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 60.0
+REQUESTING = "Requesting_"
+HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4.3)
+VGPU_NODE = "hami.io/vgpu-node"
+
+
+def handshake_value(now: float) -> str:
+    return REQUESTING + datetime.fromtimestamp(now).strftime(HANDSHAKE_TIME_FORMAT)
+
+
+def _allocatable(node: Mapping[str, Any], resource: str) -> int:
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
+    try:
+        return parse_int_quantity(value, resource) if value is not None else 0
+    except CoreError:
+        return 0
+
+
+def vendor_alive(node: Mapping[str, Any], vendor: Any, now: float) -> bool:
+    """HAMi's CheckHealth outcome for one vendor on one node (see the module docstring)."""
+    if _allocatable(node, vendor.resources.count) > 0:
+        return True
+    key = vendor.handshake_annotation
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(key or "", "")
+    if not key or REQUESTING not in value:
+        return True
+    try:
+        written = datetime.strptime(value.split("_", 1)[1], HANDSHAKE_TIME_FORMAT).timestamp()
+    except (IndexError, ValueError):
+        return True
+    return now - written < HANDSHAKE_TIMEOUT_S
+
+
+def schedulable_node(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> NodeDevices:
+    """A Node dict -> its devices, without the vendors whose node side is not alive. Raises CodecError."""
+    alive = [v for v in vendors if vendor_alive(node, v, now)]
+    return node_devices_from_object(node, alive)
+
+
+def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> tuple:
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    keys = sorted(k for k in annotations if k.startswith(("hami.io/node-", "hami.io/device-cordon")))
+    return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors))
+
+
+def selector_matches(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class ClusterState:
+    """Caches + ledger. Not thread-safe: everything runs on one asyncio loop."""
+
+    def __init__(self, config: SchedulerConfig, scheduler_name: str = "hami-scheduler",
+                 node_selector: Mapping[str, str] | None = None, clock=time.time) -> None:
+        self.config = config
+        self.vendors = config.vendors
+        self.scheduler_name = scheduler_name
+        self.node_selector = dict(node_selector or {})
+        self.clock = clock
+        self.ledger = Ledger()
+        self.nodes: dict[str, dict] = {}  # name -> Node (all nodes, selector applied in the ledger)
+        self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
+        self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
+        self._fingerprints: dict[str, tuple] = {}
+        self._node_changed: dict[str, asyncio.Event] = {}
+        self.warnings: list[str] = []
+
+    # ------------------------------------------------------------------ nodes
+    @property
+    def node_handler(self) -> "_Handler":
+        return _Handler(self._replace_nodes, self._apply_node)
+
+    def _replace_nodes(self, items: list[dict]) -> None:
+        names = {(n.get("metadata") or {}).get("name") for n in items}
+        for name in list(self.nodes):
+            if name not in names:
+                self._apply_node("DELETED", self.nodes[name])
+        for n in items:
+            self._apply_node("MODIFIED", n)
+
+    def _apply_node(self, kind: str, node: dict) -> None:
+        name = (node.get("metadata") or {}).get("name") or ""
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self._fingerprints.pop(name, None)
+            self.ledger.remove_node(name)
+        else:
+            self.nodes[name] = node
+            self._refresh_node(name, node)
+        self._wake(name)
+
+    def _refresh_node(self, name: str, node: dict, force: bool = False) -> None:
+        now = self.clock()
+        if not selector_matches(node, self.node_selector):
+            self._fingerprints.pop(name, None)
+            self.ledger.remove_node(name)
+            return
+        fp = _node_fingerprint(node, self.vendors, now)
+        if not force and self._fingerprints.get(name) == fp:
+            return
+        self._fingerprints[name] = fp
+        try:
+            devices = schedulable_node(node, self.vendors, now)
+        except CoreError as exc:
+            log.warning("node %s: ignoring its devices: %s", name, exc)
+            self.ledger.remove_node(name)
+            return
+        if devices.devices:
+            self.ledger.set_node(devices)
+        else:
+            self.ledger.remove_node(name)
+
+    def recheck_nodes(self) -> None:
+        """Re-evaluate time-dependent node health (handshake expiry)."""
+        for name, node in self.nodes.items():
+            self._refresh_node(name, node)
+
+    def _wake(self, name: str) -> None:
+        ev = self._node_changed.pop(name, None)
+        if ev is not None:
+            ev.set()
+
+    async def node_changed(self, name: str, timeout: float) -> None:
+        """Wait until the node's object changes (or ``timeout``)."""
+        ev = self._node_changed.setdefault(name, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def put_node(self, node: dict) -> None:
+        """Store a node object we just wrote (fresher than the watch), if it is newer."""
+        name = (node.get("metadata") or {}).get("name") or ""
+        old = self.nodes.get(name)
+        if old is None or _rv(node) >= _rv(old):
+            self._apply_node("MODIFIED", node)
+
+    # ------------------------------------------------------------------ pods
+    @property
+    def pod_handler(self) -> "_Handler":
+        return _Handler(self._replace_pods, self.apply_pod)
+
+    def _interesting(self, pod: Mapping[str, Any]) -> bool:
+        meta = pod.get("metadata") or {}
+        return (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name or \
+            VGPU_NODE in (meta.get("annotations") or {})
+
+    def _replace_pods(self, items: list[dict]) -> None:
+        keys = {pod_key(p) for p in items}
+        for alloc in self.ledger.pods():
+            if alloc.key not in keys:
+                self.ledger.remove_pod(alloc.key)
+        self.pods.clear()
+        for p in items:
+            self.apply_pod("MODIFIED", p)
+
+    def apply_pod(self, kind: str, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        ref = f"{meta.get('namespace')}/{meta.get('name')}"
+        key = pod_key(pod)
+        if kind == "DELETED":
+            old = self.pods.get(ref)
+            if old is None or pod_key(old) == key:
+                self.pods.pop(ref, None)
+            self.ledger.remove_pod(key)
+            return
+        if not self._interesting(pod):
+            return
+        self.pods[ref] = pod
+        try:
+            alloc = allocation_from_pod(pod, self.vendors)
+        except CoreError as exc:
+            log.warning("%s; the pod is counted as holding nothing", exc)
+            alloc = None
+        if alloc is not None:
+            if self.ledger.pod(key) != alloc:
+                self.ledger.add_pod(alloc)
+        elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            self.ledger.remove_pod(key)
+
+    def put_pod(self, pod: dict) -> None:
+        """Apply a pod object we just wrote, unless the cache already has a newer one."""
+        meta = pod.get("metadata") or {}
+        old = self.pods.get(f"{meta.get('namespace')}/{meta.get('name')}")
+        if old is None or _rv(pod) >= _rv(old):
+            self.apply_pod("MODIFIED", pod)
+
+    def pod(self, namespace: str, name: str) -> dict | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def restore_pod(self, key: str, namespace: str, name: str) -> None:
+        """Make the ledger match the cached pod again (after a failed decision patch)."""
+        self.ledger.remove_pod(key)
+        cached = self.pod(namespace, name)
+        if cached is not None and pod_key(cached) == key:
+            self.apply_pod("MODIFIED", cached)
+
+    # ------------------------------------------------------------------ quotas
+    @property
+    def quota_handler(self) -> "_Handler":
+        return _Handler(self._replace_quotas, self._apply_quota)
+
+    def _replace_quotas(self, items: list[dict]) -> None:
+        for ref in list(self.quotas):
+            ns, name = ref.split("/", 1)
+            self.ledger.remove_quota(ns, name)
+        self.quotas.clear()
+        for q in items:
+            self._apply_quota("MODIFIED", q)
+
+    def _apply_quota(self, kind: str, quota: dict) -> None:
+        meta = quota.get("metadata") or {}
+        ns, name = meta.get("namespace") or "default", meta.get("name") or ""
+        if kind == "DELETED":
+            self.quotas.pop(f"{ns}/{name}", None)
+            self.ledger.remove_quota(ns, name)
+            return
+        self.quotas[f"{ns}/{name}"] = quota
+        try:
+            self.ledger.set_quota(ns, name, (quota.get("spec") or {}).get("hard") or {}, self.vendors)
+        except CoreError as exc:
+            log.warning("ignoring %s", exc)
+            self.ledger.remove_quota(ns, name)
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+class _Handler:
+    def __init__(self, replace, apply) -> None:
+        self.replace = replace
+        self.apply = apply

@@ -1,0 +1,215 @@
+"""Admission rules for pods (reference §3.2-§3.3), in order:
+
+1. a pod with no containers is denied;
+2. (security, beyond HAMi) a pod that sets an internal allocation annotation or label at
+   creation (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ...) is
+   denied, whatever its scheduler: the scheduler trusts these to rebuild its ledger;
+3. (security) ``CUDA_DISABLE_CONTROL`` in a container's env is denied unless the namespace
+   carries the opt-in label (``hami.io/allow-disable-control: "true"``), which only someone who
+   may edit namespaces can set;
+4. scheduler-name gate: only pods with no scheduler, ``default-scheduler`` (when
+   ``--force-overwrite-default-scheduler``) or ours are mutated;
+5. every vendor's admission defaults and validation (the core's :func:`hami.core.admit_pod`);
+6. a privileged container in a pod with device resources is denied;
+7. a pod with device resources gets ``spec.schedulerName``; if it already has ``spec.nodeName``
+   it is denied (it would bypass the extender);
+8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request.
+
+The answer carries a JSON patch from the original pod to the mutated one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from hami.core import CoreError, admit_pod, pod_request
+from hami.core.types import ContainerKind
+
+INTERNAL_ANNOTATIONS = frozenset({
+    "hami.io/vgpu-node", "hami.io/vgpu-time", "hami.io/bind-phase", "hami.io/bind-time",
+    "hami.io/vgpu-mig-allocations",
+})
+INTERNAL_PREFIXES = ("hami.io/vgpu-devices-",)
+INTERNAL_LABELS = frozenset({"hami.io/vgpu-node"})
+DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    vendors: Sequence[Any]
+    scheduler_name: str = "hami-scheduler"
+    force_overwrite_default_scheduler: bool = True
+    disable_control_label: str = "hami.io/allow-disable-control"
+    extra_internal: frozenset[str] = field(default_factory=frozenset)
+
+    def internal_annotation(self, key: str) -> bool:
+        if key in INTERNAL_ANNOTATIONS or key in self.extra_internal or key.startswith(INTERNAL_PREFIXES):
+            return True
+        return any(key in (v.allocated_annotation, v.to_allocate_annotation) for v in self.vendors)
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    message: str = ""
+    pod: dict | None = None  # the mutated pod when allowed
+    code: int = 200
+
+
+def _containers(pod: Mapping[str, Any]) -> list[dict]:
+    spec = pod.get("spec") or {}
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+def uses_disable_control(pod: Mapping[str, Any]) -> list[str]:
+    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value)."""
+    return [c.get("name") or "?" for c in _containers(pod)
+            if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())]
+
+
+def _deny(message: str, code: int = 403) -> Decision:
+    return Decision(False, message, None, code)
+
+
+def _gate_passes(pod: Mapping[str, Any], s: AdmissionSettings) -> bool:
+    name = (pod.get("spec") or {}).get("schedulerName") or ""
+    if not name:
+        return True
+    if name == "default-scheduler" and s.force_overwrite_default_scheduler:
+        return True
+    return bool(s.scheduler_name) and name == s.scheduler_name
+
+
+def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[str, Sequence[Any]], Any]) -> str:
+    """Admission-time quota (§10.1): max(sum over apps, max over inits) of memreq*nums and cores*nums."""
+    ns = (pod.get("metadata") or {}).get("namespace") or "default"
+    quota = room(ns, s.vendors)
+    if quota is None:
+        return ""
+    req = pod_request(pod, s.vendors)
+    for v in s.vendors:
+        app, init = [0, 0], [0, 0]
+        for c in req.containers:
+            r = c.for_vendor(v.name)
+            if r is None:
+                continue
+            amounts = (r.memreq * r.nums, r.coresreq * r.nums)
+            if c.kind is ContainerKind.INIT:
+                init = [max(a, b) for a, b in zip(init, amounts)]
+            else:
+                app = [a + b for a, b in zip(app, amounts)]
+        need = [max(a, b) for a, b in zip(app, init)]
+        mem_room, core_room = quota.room.get(v.name, (None, None))
+        for what, n, left, res in (("memory", need[0], mem_room, v.resources.memory),
+                                   ("cores", need[1], core_room, v.resources.cores)):
+            if left is not None and n > left:
+                return f"exceeding resource quota: {res} requests {n}, namespace {ns} has {max(left, 0)} left"
+    return ""
+
+
+def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
+           quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> Decision:
+    """Apply the rules to a pod being created. ``namespace_labels`` is needed only when
+    :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room."""
+    meta = pod.get("metadata") or {}
+    if not (pod.get("spec") or {}).get("containers"):
+        return _deny("pod has no containers", 400)
+    forged = sorted(k for k in (meta.get("annotations") or {}) if s.internal_annotation(k))
+    forged += sorted(f"label {k}" for k in (meta.get("labels") or {}) if k in INTERNAL_LABELS)
+    if forged:
+        return _deny(f"pod sets internal annotations that only hami scheduler may write: {', '.join(forged)}")
+    disablers = uses_disable_control(pod)
+    if disablers and (namespace_labels or {}).get(s.disable_control_label) != "true":
+        return _deny(f"container {disablers[0]!r} sets {DISABLE_CONTROL_ENV}, which switches GPU isolation off; "
+                     f"allowed only in namespaces labelled {s.disable_control_label}=true")
+    if not _gate_passes(pod, s):
+        return Decision(True, "", dict(pod))
+    try:
+        mutated, uses = admit_pod(pod, s.vendors)
+    except CoreError as exc:
+        return _deny(str(exc), 400)
+    if uses:
+        for c in _containers(mutated):
+            if ((c.get("securityContext") or {}).get("privileged")) is True:
+                return _deny(f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
+                             "so it cannot be given a GPU share")
+        if s.scheduler_name:
+            spec = mutated.setdefault("spec", {})
+            if spec.get("nodeName"):
+                return _deny(f"pod has node assigned (spec.nodeName={spec['nodeName']}): "
+                             "a GPU pod must be placed by the scheduler")
+            spec["schedulerName"] = s.scheduler_name
+        if quota_room is not None:
+            try:
+                excess = _quota_excess(mutated, s, quota_room)
+            except CoreError as exc:
+                return _deny(str(exc), 400)
+            if excess:
+                return _deny(excess)
+    return Decision(True, "", mutated)
+
+
+# ---------------------------------------------------------------------- JSON patch (RFC 6902)
+
+
+def _ptr(token: Any) -> str:
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def json_patch(old: Any, new: Any, path: str = "") -> list[dict]:
+    """A patch turning ``old`` into ``new``: recursive on objects, whole-value on lists that
+    differ in length, element-wise on lists of equal length."""
+    if old == new:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        ops: list[dict] = []
+        for k in old:
+            if k not in new:
+                ops.append({"op": "remove", "path": f"{path}/{_ptr(k)}"})
+        for k, v in new.items():
+            if k not in old:
+                ops.append({"op": "add", "path": f"{path}/{_ptr(k)}", "value": v})
+            else:
+                ops.extend(json_patch(old[k], v, f"{path}/{_ptr(k)}"))
+        return ops
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [op for i, (a, b) in enumerate(zip(old, new)) for op in json_patch(a, b, f"{path}/{i}")]
+    return [{"op": "replace", "path": path or "", "value": new}]
+
+
+def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
+           quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> dict:
+    """AdmissionReview request -> AdmissionReview response (same apiVersion as the request)."""
+    request = body.get("request") or {}
+    uid = request.get("uid", "")
+    pod = request.get("object")
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if request.get("operation", "CREATE") != "CREATE" or (request.get("kind") or {}).get("kind", "Pod") != "Pod":
+        pass
+    elif not isinstance(pod, dict):
+        response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
+    else:
+        if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
+            pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
+        d = decide(pod, s, namespace_labels, quota_room)
+        if not d.allowed:
+            response = {"uid": uid, "allowed": False, "status": {"code": d.code, "message": d.message, "reason": "Forbidden" if d.code == 403 else "BadRequest"}}
+        else:
+            ops = json_patch(request.get("object"), _strip_ns(d.pod, request.get("object")))
+            if ops:
+                response["patchType"] = "JSONPatch"
+                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    return {"apiVersion": body.get("apiVersion") or "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _strip_ns(mutated: dict, original: Any) -> dict:
+    """Undo the namespace we filled in for decisions (the API server sets it itself)."""
+    if isinstance(original, dict) and not (original.get("metadata") or {}).get("namespace"):
+        meta = dict(mutated.get("metadata") or {})
+        meta.pop("namespace", None)
+        if "metadata" in original or meta:
+            return {**mutated, "metadata": meta}
+    return mutated

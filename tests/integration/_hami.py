@@ -1,0 +1,251 @@
+"""Helpers for `hami scheduler` integration tests: a scheduler subprocess, GPU nodes, and a
+stand-in for the node side of the bind handoff.
+
+kwok nodes run no kubelet device plugin, so :class:`PluginStandIn` plays that part honestly
+through the real API server, exactly as `hami device-plugin` does after the kubelet's
+Allocate: it finds the pod named by the node lock (``hami.io/mutex.lock``), waits until the pod
+is bound to that node, removes ``hami.io/vgpu-devices-to-allocate``, sets
+``hami.io/bind-phase=success`` and releases the lock (owner- and resourceVersion-checked).
+It reads the allocation only from annotations; it never talks to the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import zlib
+import time
+from pathlib import Path
+from typing import Any
+
+from hami.core.codec import decode_pod_devices, encode_node_devices_json
+from hami.core.types import DeviceInfo
+from hami.dev.cluster import ApiError, ExtenderConfig, KubeCluster, free_port
+from hami.kube import nodelock
+
+ROOT = Path(__file__).resolve().parents[2]
+REGISTER = "hami.io/node-nvidia-register"
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+MERGE = "application/merge-patch+json"
+
+
+def gpu_uuid(node: str, i: int) -> str:
+    return f"GPU-{zlib.crc32(node.encode()):08x}-0000-4000-8000-{i:012d}"
+
+
+def gpu_devices(node: str, gpus: int = 8, mem: int = 16384, model: str = "NVIDIA-Tesla T4",
+                split: int = 10, numa_split: int = 4) -> list[DeviceInfo]:
+    return [DeviceInfo(id=gpu_uuid(node, i), index=i, count=split, devmem=mem, devcore=100, type=model,
+                       numa=i // numa_split, mode="hami-core", health=True) for i in range(gpus)]
+
+
+def make_gpu_node(cluster: KubeCluster, name: str, gpus: int = 8, labels: dict | None = None, **kw: Any) -> list[DeviceInfo]:
+    devices = gpu_devices(name, gpus, **kw)
+    cluster.create_node(name, labels=labels, gpus=gpus, split_count=kw.get("split", 10),
+                        annotations={REGISTER: encode_node_devices_json(devices)})
+    return devices
+
+
+def gpu_pod(name: str, ns: str, *, gpus: int = 1, mem: int | None = None, cores: int | None = None,
+            annotations: dict | None = None, node_selector: dict | None = None, extra: dict | None = None) -> dict:
+    limits: dict[str, Any] = {"nvidia.com/gpu": gpus}
+    if mem is not None:
+        limits["nvidia.com/gpumem"] = mem
+    if cores is not None:
+        limits["nvidia.com/gpucores"] = cores
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+           "spec": {"schedulerName": "hami-scheduler", "terminationGracePeriodSeconds": 0,
+                    "nodeSelector": node_selector or {},
+                    "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}}
+    for k, v in (extra or {}).items():
+        pod["spec"][k] = v
+    return pod
+
+
+class SchedulerProcess:
+    """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
+
+    def __init__(self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True) -> None:
+        self.cluster = cluster
+        self.port = port or free_port()
+        self.extra = extra
+        self.tls = tls
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(cluster.workdir) / "logs" / f"hami-extender-{self.port}.log"
+        if tls:
+            self.cert, self.key = cluster.issue_server_cert(f"hami-extender-{self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def start(self, wait_ready: bool = True) -> "SchedulerProcess":
+        argv = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--http_bind=127.0.0.1:{self.port}", "--resync-interval=1s", "--node-lock-retry-timeout=20s",
+                *self.extra]
+        if self.tls:
+            argv += [f"--cert_file={self.cert}", f"--key_file={self.key}"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        env.pop("POD_NAME", None)
+        env.pop("POD_NAMESPACE", None)
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def get(self, path: str) -> int:
+        import ssl
+        import urllib.error
+        import urllib.request
+
+        ctx = ssl.create_default_context(cadata=self.cluster.ca_pem.decode()) if self.tls else None
+        try:
+            with urllib.request.urlopen(self.url + path, context=ctx, timeout=2) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        self.cluster.wait_for(lambda: self.get("/readyz") == 200 or self._died(), "hami scheduler ready", timeout)
+        assert self.proc.poll() is None, f"hami scheduler exited: {self.logs()[-3000:]}"
+
+    def _died(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if getattr(self, "log", None):
+            self.log.close()
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def extender(self, **kw: Any) -> ExtenderConfig:
+        return ExtenderConfig(url_prefix=self.url, **kw)
+
+
+class PluginStandIn:
+    """Plays the device plugin's side of the handoff for kwok nodes (see the module docstring)."""
+
+    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, interval: float = 0.05) -> None:
+        self.cluster = cluster
+        self.nodes = nodes
+        self.interval = interval
+        self.allocated: list[tuple[str, str, str]] = []  # (node, ns/name, allocated annotation)
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PluginStandIn":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for node in self.cluster.api("GET", "/api/v1/nodes")["items"]:
+                    name = node["metadata"]["name"]
+                    if self.nodes is None or name in self.nodes:
+                        self._serve(node)
+            except (ApiError, OSError) as exc:
+                self.errors.append(str(exc))
+            self._stop.wait(self.interval)
+
+    def _serve(self, node: dict) -> None:
+        name = node["metadata"]["name"]
+        lock = nodelock.parse_node_lock((node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK))
+        if lock is None:
+            return
+        try:
+            pod = self.cluster.api("GET", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # the scheduler reclaims locks of vanished pods; a real plugin would too
+            raise
+        if pod["spec"].get("nodeName") != name:
+            return  # not bound yet: the kubelet would not call Allocate before that
+        ann = pod["metadata"].get("annotations") or {}
+        if ann.get("hami.io/bind-phase") != "success":
+            decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
+            self.cluster.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
+                             {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                             content_type=MERGE)
+            self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
+        self._release(name, lock)
+
+    def _release(self, node: str, lock: nodelock.NodeLock) -> None:
+        for _ in range(5):
+            cur = self.cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"]
+            value = (cur.get("annotations") or {}).get(nodelock.NODE_LOCK)
+            if not nodelock.owned_by(value, lock.namespace, lock.name):
+                return
+            try:
+                self.cluster.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {
+                    "annotations": {nodelock.NODE_LOCK: None}, "resourceVersion": cur["resourceVersion"]}},
+                    content_type=MERGE)
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+
+
+def pods(cluster: KubeCluster, ns: str) -> list[dict]:
+    return cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+
+
+def events(cluster: KubeCluster, ns: str, reason: str | None = None) -> list[dict]:
+    items = cluster.api("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if reason is None or e.get("reason") == reason]
+
+
+def device_usage(all_pods: list[dict]) -> dict[str, list[int]]:
+    """uuid -> [slots, mem, cores] summed from the pods' allocation annotations (the test's own
+    accounting, independent of the scheduler's memory)."""
+    use: dict[str, list[int]] = {}
+    for p in all_pods:
+        text = (p["metadata"].get("annotations") or {}).get(ALLOCATED)
+        if not text or p.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for ctr in decode_pod_devices(text):
+            for d in ctr:
+                u = use.setdefault(d.uuid, [0, 0, 0])
+                u[0] += 1
+                u[1] += d.usedmem
+                u[2] += d.usedcores
+    return use
+
+
+def wait_pods(cluster: KubeCluster, ns: str, probe, what: str, timeout: float = 120.0):
+    return cluster.wait_for(lambda: probe(pods(cluster, ns)), what, timeout, interval=0.5)
+
+
+def placed(p: dict) -> bool:
+    return bool(p["spec"].get("nodeName")) and ALLOCATED in (p["metadata"].get("annotations") or {})
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)[:4000]

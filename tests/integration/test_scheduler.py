@@ -1,0 +1,325 @@
+"""`hami scheduler` on the real control plane: kube-apiserver + kube-scheduler (profile
+`hami-scheduler`, our extender over HTTPS) + kwok nodes, our webhook registered for the test
+namespaces. kwok runs no device plugin, so `PluginStandIn` (tests/integration/_hami.py) plays
+the node side of the handoff (pod named by the node lock -> bind-phase=success -> lock
+released), through the API server, from annotations only. Every check reads the pods'
+annotations from the API server, never the scheduler's memory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from hami.core.codec import decode_pod_devices
+from hami.dev.cluster import ApiError, SchedulerConfig
+
+from ._hami import (
+    ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, device_usage, events, gpu_pod, gpu_uuid, make_gpu_node,
+    placed, pods, wait_pods,
+)
+
+pytestmark = pytest.mark.integration
+WEBHOOK_LABEL = "hami.io/webhook-test"
+
+
+def _register_webhook(cluster, url: str, name: str) -> None:
+    cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
+            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                       "scope": "*"}],
+            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
+        }]})
+
+
+@pytest.fixture(scope="module")
+def hami(kube_cluster):
+    proc = SchedulerProcess(kube_cluster).start()
+    webhook = f"hami-test-{uuid.uuid4().hex[:6]}"
+    kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
+    _register_webhook(kube_cluster, proc.url, webhook)
+    try:
+        yield proc
+    finally:
+        kube_cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}",
+                         expect=(200, 202, 404))
+        kube_cluster.configure_hami_scheduler(SchedulerConfig())
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def standin(kube_cluster):
+    with PluginStandIn(kube_cluster) as s:
+        yield s
+
+
+@pytest.fixture
+def ns(kube_cluster, kube_namespace):
+    kube_cluster.api("PATCH", f"/api/v1/namespaces/{kube_namespace}", {"metadata": {"labels": {WEBHOOK_LABEL: "on"}}},
+                     content_type="application/merge-patch+json")
+    return kube_namespace
+
+
+def _group(kube_cluster, prefix: str, n: int, **kw) -> tuple[dict, list[str]]:
+    group = f"{prefix}-{uuid.uuid4().hex[:5]}"
+    names = [f"{group}-{i}" for i in range(n)]
+    for name in names:
+        make_gpu_node(kube_cluster, name, labels={"hami-group": group}, **kw)
+    return {"hami-group": group}, names
+
+
+def _create(cluster, ns: str, pod: dict) -> dict:
+    return cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+
+
+def _containers(p: dict) -> list:
+    return decode_pod_devices(p["metadata"]["annotations"][ALLOCATED])
+
+
+def _check_capacity(all_pods: list[dict], mem: int = 16384, split: int = 10) -> None:
+    for uuid_, (slots, used_mem, used_cores) in device_usage(all_pods).items():
+        assert slots <= split and used_mem <= mem and used_cores <= 100, (uuid_, slots, used_mem, used_cores)
+
+
+def _cleanup_nodes(cluster, names):
+    for n in names:
+        cluster.delete_node(n)
+
+
+# ------------------------------------------------------------------------------------------
+def test_deployment_of_30_mixed_pods_on_4_nodes(kube_cluster, hami, standin, ns):
+    selector, nodes = _group(kube_cluster, "dep", 4)
+    try:
+        template = gpu_pod("x", ns, mem=2000, cores=10, node_selector=selector)
+        template["spec"]["containers"].append(
+            {"name": "side", "image": "busybox", "resources": {"limits": {
+                "nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 15}}})
+        template["spec"].pop("schedulerName")  # the webhook sets it
+        kube_cluster.api("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mix"},
+            "spec": {"replicas": 30, "selector": {"matchLabels": {"app": "mix"}},
+                     "template": {"metadata": {"labels": {"app": "mix"}}, "spec": template["spec"]}}})
+        done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 30 and all(
+            p.get("status", {}).get("phase") == "Running" and placed(p) for p in ps) else None,
+            "30 Running pods", 180)
+        for p in done:
+            node = p["spec"]["nodeName"]
+            ann = p["metadata"]["annotations"]
+            assert node in nodes and ann["hami.io/vgpu-node"] == node
+            assert p["metadata"]["labels"]["hami.io/vgpu-node"] == node
+            assert p["spec"]["schedulerName"] == "hami-scheduler"
+            assert ann["hami.io/bind-phase"] == "success" and ann["hami.io/bind-time"].isdigit()
+            (a,), (b,) = _containers(p)
+            assert (a.usedmem, a.usedcores, b.usedmem, b.usedcores) == (2000, 10, 3000, 15)
+            assert {a.uuid, b.uuid} <= {gpu_uuid(node, i) for i in range(8)}
+        _check_capacity(done)
+    finally:
+        kube_cluster.api("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mix", expect=(200, 202, 404))
+        _cleanup_nodes(kube_cluster, nodes)
+
+
+def _place(kube_cluster, ns, pods_, timeout=60):
+    for p in pods_:
+        _create(kube_cluster, ns, p)
+    names = {p["metadata"]["name"] for p in pods_}
+    return {p["metadata"]["name"]: p for p in wait_pods(
+        kube_cluster, ns, lambda ps: ps if all(placed(p) for p in ps if p["metadata"]["name"] in names)
+        and names <= {p["metadata"]["name"] for p in ps} else None, f"pods {sorted(names)} placed", timeout)}
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread"])
+def test_node_and_gpu_policies(kube_cluster, hami, standin, ns, policy):
+    selector, nodes = _group(kube_cluster, f"pol-{policy[:4]}", 2, gpus=2)
+    try:
+        ann = {"hami.io/node-scheduler-policy": policy, "hami.io/gpu-scheduler-policy": policy}
+        first = _place(kube_cluster, ns, [gpu_pod("a", ns, mem=1000, cores=10, annotations=ann, node_selector=selector)])
+        got = _place(kube_cluster, ns, [gpu_pod("b", ns, mem=1000, cores=10, annotations=ann, node_selector=selector)])
+        a, b = first["a"], got["b"]
+        same_node = a["spec"]["nodeName"] == b["spec"]["nodeName"]
+        same_gpu = _containers(a)[0][0].uuid == _containers(b)[0][0].uuid
+        assert (same_node, same_gpu) == ((True, True) if policy == "binpack" else (False, False))
+        # GPU level alone: same node forced by the selector, GPU policy decides the card
+        host = {"kubernetes.io/hostname": nodes[0]}
+        gpu_ann = {"hami.io/gpu-scheduler-policy": policy}
+        c = _place(kube_cluster, ns, [gpu_pod("c", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])["c"]
+        d = _place(kube_cluster, ns, [gpu_pod("d", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])["d"]
+        same = _containers(c)[0][0].uuid == _containers(d)[0][0].uuid
+        if policy == "spread":  # node 0 may hold a/b: spread still avoids the busier card
+            assert not same
+        else:
+            assert same
+    finally:
+        _cleanup_nodes(kube_cluster, nodes)
+
+
+def test_type_uuid_numa_and_exclusive_selection(kube_cluster, hami, standin, ns):
+    selector, (t4,) = _group(kube_cluster, "t4", 1, gpus=4, numa_split=2)
+    group = selector["hami-group"]
+    a100 = f"{group}-a100"
+    make_gpu_node(kube_cluster, a100, gpus=4, labels=selector, model="NVIDIA-A100-SXM4-40GB", mem=40960)
+    try:
+        want = gpu_uuid(t4, 3)
+        got = _place(kube_cluster, ns, [
+            gpu_pod("want-a100", ns, mem=1000, annotations={"nvidia.com/use-gputype": "A100"}, node_selector=selector),
+            gpu_pod("no-a100", ns, mem=1000, annotations={"nvidia.com/nouse-gputype": "a100"}, node_selector=selector),
+            gpu_pod("by-uuid", ns, mem=1000, annotations={"nvidia.com/use-gpuuuid": want}, node_selector=selector),
+            gpu_pod("numa", ns, gpus=2, mem=1000, annotations={"nvidia.com/numa-bind": "true"},
+                    node_selector={"kubernetes.io/hostname": t4}),
+            gpu_pod("whole", ns, node_selector={"kubernetes.io/hostname": a100}),
+        ])
+        assert got["want-a100"]["spec"]["nodeName"] == a100
+        assert got["no-a100"]["spec"]["nodeName"] == t4
+        assert _containers(got["by-uuid"])[0][0].uuid == want
+        numa = {int(d.uuid[-12:]) // 2 for d in _containers(got["numa"])[0]}
+        assert len(_containers(got["numa"])[0]) == 2 and len(numa) == 1
+        (whole,), = _containers(got["whole"])
+        assert (whole.usedmem, whole.usedcores) == (40960, 100)  # plain nvidia.com/gpu: 1 is a whole card
+        # a 3-GPU numa-bound pod cannot fit 2+2 NUMA groups; a type nobody has is unresolvable
+        _create(kube_cluster, ns, gpu_pod("numa3", ns, gpus=3, mem=100, annotations={"nvidia.com/numa-bind": "true"},
+                                          node_selector={"kubernetes.io/hostname": t4}))
+        _create(kube_cluster, ns, gpu_pod("h100", ns, mem=100, annotations={"nvidia.com/use-gputype": "H100"},
+                                          node_selector=selector))
+        msgs = kube_cluster.wait_for(lambda: [e["message"] for e in events(kube_cluster, ns, "FilteringFailed")
+                                              if e["involvedObject"]["name"] in ("numa3", "h100")] or None,
+                                     "FilteringFailed events", 30)
+        assert any("NumaNotFit" in m for m in msgs) or any("NumaNotFit" in e["message"] for e in events(kube_cluster, ns))
+        kube_cluster.wait_for(lambda: any("CardTypeMismatch" in e["message"] and e["involvedObject"]["name"] == "h100"
+                                          for e in events(kube_cluster, ns)), "CardTypeMismatch event", 30)
+    finally:
+        _cleanup_nodes(kube_cluster, [t4, a100])
+
+
+def test_init_containers_and_sidecars_accounting(kube_cluster, hami, standin, ns):
+    selector, (node,) = _group(kube_cluster, "init", 1, gpus=1, mem=10000)
+    try:
+        pod = gpu_pod("mixed", ns, mem=3000, cores=10, node_selector=selector)
+        lim = lambda m: {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": m, "nvidia.com/gpucores": 10}}  # noqa: E731
+        pod["spec"]["initContainers"] = [
+            {"name": "init", "image": "busybox", "resources": lim(5000)},
+            {"name": "sidecar", "image": "busybox", "restartPolicy": "Always", "resources": lim(3000)},
+        ]
+        got = _place(kube_cluster, ns, [pod])["mixed"]
+        init, side, app = _containers(got)  # annotation order: init containers first
+        assert [c[0].usedmem for c in (init, side, app)] == [5000, 3000, 3000]
+        # held: max(init peak 5000, sidecar + app 6000) = 6000 MiB -> 4000 left on the card
+        _create(kube_cluster, ns, gpu_pod("too-big", ns, mem=4001, cores=10, node_selector=selector))
+        fits = _place(kube_cluster, ns, [gpu_pod("fits", ns, mem=4000, cores=10, node_selector=selector)])["fits"]
+        assert fits["spec"]["nodeName"] == node
+        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "too-big" and "CardInsufficientMemory" in e["message"]
+                                          for e in events(kube_cluster, ns, "FilteringFailed")), "too-big rejected", 30)
+    finally:
+        _cleanup_nodes(kube_cluster, [node])
+
+
+def test_quota_at_admission_and_at_schedule_time(kube_cluster, hami, standin, ns, kube_namespace):
+    selector, (node,) = _group(kube_cluster, "quota", 1, gpus=2)
+    try:
+        for space in (ns,):
+            kube_cluster.api("POST", f"/api/v1/namespaces/{space}/resourcequotas", {
+                "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+        time.sleep(1.0)  # the quota reaches the scheduler through its watch
+        _place(kube_cluster, ns, [gpu_pod("q1", ns, mem=3000, node_selector=selector)])
+        with pytest.raises(ApiError) as denied:
+            _create(kube_cluster, ns, gpu_pod("q2", ns, mem=3000, node_selector=selector))
+        assert "exceeding resource quota" in str(denied.value)
+        # without the webhook (label off), the extender's own check keeps the pod Pending
+        kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: None}}},
+                         content_type="application/merge-patch+json")
+        _create(kube_cluster, ns, gpu_pod("q3", ns, mem=3000, cores=0, node_selector=selector))
+        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "q3" and "ResourceQuotaNotFit" in e["message"]
+                                          for e in events(kube_cluster, ns, "FilteringFailed")), "ResourceQuotaNotFit", 30)
+    finally:
+        _cleanup_nodes(kube_cluster, [node])
+
+
+def test_impossible_pod_events_and_explain(kube_cluster, hami, standin, ns):
+    selector, nodes = _group(kube_cluster, "imp", 2, gpus=2)
+    try:
+        _create(kube_cluster, ns, gpu_pod("huge", ns, mem=99999, cores=10, node_selector=selector))
+        kube_cluster.wait_for(lambda: any("CardInsufficientMemory" in e["message"]
+                                          for e in events(kube_cluster, ns, "FilteringFailed")), "FilteringFailed", 30)
+        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "huge" for e in events(kube_cluster, ns, "FailedScheduling")),
+                              "FailedScheduling", 30)
+        assert pods(kube_cluster, ns)[0]["status"]["phase"] == "Pending"
+        out = subprocess.run([sys.executable, "-m", "hami", "explain", f"{ns}/huge", f"--kubeconfig={kube_cluster.kubeconfig}"],
+                             capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+        assert out.returncode == 0, out.stderr
+        for node in nodes:
+            assert node in out.stdout
+        assert "2/2 CardInsufficientMemory" in out.stdout
+        assert gpu_uuid(nodes[0], 1) in out.stdout and "99999" in out.stdout
+    finally:
+        _cleanup_nodes(kube_cluster, nodes)
+
+
+def test_webhook_denials_and_mutations(kube_cluster, hami, ns):
+    def deny(pod: dict, text: str) -> None:
+        with pytest.raises(ApiError) as err:
+            _create(kube_cluster, ns, pod)
+        assert text in str(err.value), str(err.value)
+
+    priv = gpu_pod("priv", ns, mem=100)
+    priv["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    deny(priv, "privileged")
+    pinned = gpu_pod("pinned", ns, mem=100)
+    pinned["spec"]["nodeName"] = "somewhere"
+    deny(pinned, "pod has node assigned")
+    deny(gpu_pod("forged", ns, mem=100, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;"}),
+         "internal annotations")
+    pct = gpu_pod("pct", ns)
+    pct["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = 150
+    deny(pct, "0..100")
+    off = gpu_pod("off", ns, mem=100)
+    off["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    deny(off, "CUDA_DISABLE_CONTROL")
+    # mutations: schedulerName, whole-card default, priority env
+    plain = gpu_pod("plain", ns)
+    plain["spec"]["schedulerName"] = "default-scheduler"
+    plain["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = 0
+    created = _create(kube_cluster, ns, plain)
+    assert created["spec"]["schedulerName"] == "hami-scheduler"
+    c = created["spec"]["containers"][0]
+    assert str(c["resources"]["limits"]["nvidia.com/gpucores"]) == "100"
+    assert {"name": "CUDA_TASK_PRIORITY", "value": "0"} in c["env"]
+    other = gpu_pod("volcano", ns, mem=100)
+    other["spec"]["schedulerName"] = "volcano"
+    assert _create(kube_cluster, ns, other)["spec"]["schedulerName"] == "volcano"
+    # the admin opt-in label allows the switch
+    kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"hami.io/allow-disable-control": "true"}}},
+                     content_type="application/merge-patch+json")
+    assert _create(kube_cluster, ns, off)["metadata"]["name"] == "off"
+
+
+def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
+    selector, nodes = _group(kube_cluster, "burst", 4)
+    try:
+        burst = [gpu_pod(f"p{i:03d}", ns, mem=1500 + 100 * (i % 7), cores=5 + i % 4, node_selector=selector)
+                 for i in range(100)]
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(_create, kube_cluster, ns, p) for p in burst]
+            kube_cluster.wait_for(lambda: sum(placed(p) for p in pods(kube_cluster, ns)) >= 20, "20 placed", 120, 0.2)
+            hami.kill()
+            for f in futures:
+                f.result()
+        hami.start()
+        done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 100 and all(
+            placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps) else None,
+            "100 pods placed after the restart", 240)
+        for p in done:
+            assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
+        _check_capacity(done)
+        kube_cluster.wait_for(lambda: not [n for n in nodes if "hami.io/mutex.lock" in (
+            kube_cluster.api("GET", f"/api/v1/nodes/{n}")["metadata"].get("annotations") or {})], "no node lock left", 30)
+    finally:
+        _cleanup_nodes(kube_cluster, nodes)
