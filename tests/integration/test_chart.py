@@ -194,10 +194,6 @@ def _gpu_node(kube_cluster, name: str) -> list[DeviceInfo]:
                           devcore=100, type="NVIDIA-Tesla T4", numa=0, mode="hami-core", health=True) for i in range(2)]
     kube_cluster.create_node(name, gpus=2, labels={"gpu": "on"},
                              annotations={"hami.io/node-nvidia-register": encode_node_devices_json(devices)})
-    # the harness runs no node-lifecycle controller, so nothing lifts the not-ready taint the API
-    # server puts on a new node: lift it as that controller would once the node is Ready
-    kube_cluster.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": None}},
-                     content_type="application/merge-patch+json")
     return devices
 
 
