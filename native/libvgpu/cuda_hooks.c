@@ -759,7 +759,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
     int reg = vgpu_current_dev();
     if (r != CUDA_SUCCESS || reg < 0 || !vgpu_reg->limit[reg])
         return r;
-    uint64_t lim = vgpu_reg->limit[reg], used = vgpu_region_used(reg);
+    uint64_t lim = vgpu_reg->limit[reg], used = vgpu_region_used_reaped(reg);
     uint64_t t = lim < *total ? lim : *total;
     uint64_t f = used < t ? t - used : 0;
     *total = t;

@@ -74,7 +74,7 @@ static int virtualize(nvmlDevice_t device, unsigned long long *total, unsigned l
     int reg = vgpu_nvml_dev(device);
     if (reg < 0 || !vgpu_reg->limit[reg])
         return 0;
-    unsigned long long lim = vgpu_reg->limit[reg], u = vgpu_region_used(reg);
+    unsigned long long lim = vgpu_reg->limit[reg], u = vgpu_region_used_reaped(reg);
     unsigned long long t = lim < *total ? lim : *total;
     *total = t;
     *used = u;

@@ -259,6 +259,15 @@ uint64_t vgpu_region_used(int dev)
     return sum;
 }
 
+uint64_t vgpu_region_used_reaped(int dev)
+{
+    vgpu_region_lock();
+    reap_locked();
+    uint64_t used = vgpu_region_used(dev);
+    vgpu_region_unlock();
+    return used;
+}
+
 static void slot_add(int dev, uint64_t bytes, int type, int sign)
 {
     vgpu_slot *s = vgpu_my_slot;

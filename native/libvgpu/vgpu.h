@@ -45,6 +45,7 @@ HIDDEN int vgpu_region_open(void);        /* create or attach, register this pro
 HIDDEN void vgpu_region_lock(void);
 HIDDEN void vgpu_region_unlock(void);
 HIDDEN uint64_t vgpu_region_used(int dev); /* sum over live slots */
+HIDDEN uint64_t vgpu_region_used_reaped(int dev); /* same, after reclaiming dead slots */
 /* Check-and-add under the region lock: 0 on success, -1 when over the limit. */
 HIDDEN int vgpu_reserve(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_release(int dev, uint64_t bytes, int type);

@@ -1,0 +1,157 @@
+"""`hami exec`: run one command under libvgpu with a memory limit (and a compute share),
+without Kubernetes: `hami exec --gpumem 4G [--gpucores 30] [--devices 0,1] -- CMD ...`.
+
+It finds libvgpu.so, sets the same environment the device plugin gives a container
+(CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE,
+CUDA_VISIBLE_DEVICES), prepends the library to LD_PRELOAD and replaces itself with CMD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Same grammar as libvgpu (native/libvgpu/config.c): bytes, k/m/g/t and Ki/Mi/Gi/Ti(B)
+# binary, KB/MB/GB/TB decimal, fractions allowed with a suffix.
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
+INSTALLED_LIB = Path("/usr/local/vgpu/libvgpu.so")
+
+
+class ExecError(ValueError):
+    """A bad option value; the message names the option and the value."""
+
+
+def parse_size(text: str, option: str = "--gpumem") -> int:
+    m = _SIZE.match(text or "")
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS or ("." in m.group(1) and unit in ("", "b")):
+        raise ExecError(f"{option}: invalid size {text!r} (expected bytes or e.g. 4096m, 4g, 4Gi, 4GB)")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ExecError(f"{option}: size must be positive, got {text!r}")
+    return value
+
+
+def parse_devices(text: str) -> list[str]:
+    items = [d.strip() for d in text.split(",")]
+    for d in items:
+        if not (d.isdigit() or _UUID.match(d)):
+            raise ExecError(f"--devices: invalid device {d!r} in {text!r} (expected indices or UUIDs, e.g. 0,1)")
+    if len(items) != len(set(items)):
+        raise ExecError(f"--devices: duplicate device in {text!r}")
+    if len(items) > 16:
+        raise ExecError(f"--devices: at most 16 devices, got {len(items)}")
+    return items
+
+
+def find_library(explicit: str | None) -> Path:
+    candidates = [Path(explicit)] if explicit else []
+    if not explicit:
+        if os.environ.get("HAMI_LIBVGPU"):
+            candidates.append(Path(os.environ["HAMI_LIBVGPU"]))
+        candidates.append(INSTALLED_LIB)
+        candidates.append(Path(__file__).resolve().parents[2] / "native" / "build" / "libvgpu.so")
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    looked = ", ".join(str(c) for c in candidates)
+    raise ExecError(f"--lib: libvgpu.so not found (looked in {looked}); build it with `make -C native`")
+
+
+@dataclass(frozen=True)
+class Plan:
+    env: dict[str, str]
+    argv: list[str]
+
+
+def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ExecError("CMD: missing command to run (usage: hami exec --gpumem 4G -- CMD ...)")
+    limit = parse_size(args.gpumem)
+    if args.gpucores is not None and not 0 < args.gpucores <= 100:
+        raise ExecError(f"--gpucores: expected a percentage in 1..100, got {args.gpucores}")
+    lib = find_library(args.lib)
+    env = dict(environ)
+    devices = parse_devices(args.devices) if args.devices else None
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        for i in range(len(devices)):
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(limit)
+    env["CUDA_DEVICE_MEMORY_LIMIT"] = str(limit)
+    if args.gpucores is not None:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(args.gpucores)
+    if args.cache:
+        cache = Path(args.cache)
+        if not cache.parent.is_dir():
+            raise ExecError(f"--cache: directory {str(cache.parent)!r} does not exist")
+    else:
+        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache")
+        os.close(fd)
+        os.chmod(name, 0o666)
+        cache = Path(name)
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(cache)
+    if args.log_level is not None:
+        env["LIBCUDA_LOG_LEVEL"] = str(args.log_level)
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != "libvgpu.so"]
+    env["LD_PRELOAD"] = ":".join([str(lib), *preload])
+    return Plan(env=env, argv=command)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpumem", required=True, help="memory limit per device, e.g. 4G, 4096m, 4Gi, 4GB")
+    parser.add_argument("--gpucores", type=int, default=None, help="compute share in percent (1..100)")
+    parser.add_argument("--devices", default=None, help="devices to expose, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES)")
+    parser.add_argument("--cache", default=None,
+                        help="shared region file (default: a new file under the temp dir); "
+                             "reuse one path to share a limit between several commands")
+    parser.add_argument("--lib", default=None, help="path to libvgpu.so (default: installed or native/build)")
+    parser.add_argument("--log-level", type=int, choices=range(0, 5), default=None,
+                        help="LIBCUDA_LOG_LEVEL for the library (0..4)")
+    parser.add_argument("--dry-run", action="store_true", help="print the environment and command, do not run")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
+          "CUDA_DEVICE_MEMORY_SHARED_CACHE", "LIBCUDA_LOG_LEVEL", "LD_PRELOAD")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = build_plan(args, dict(os.environ))
+    except ExecError as exc:
+        print(f"hami exec: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for key in sorted(plan.env):
+            if key.startswith(_SHOWN):
+                print(f"{key}={plan.env[key]}")
+        print("exec " + " ".join(plan.argv))
+        return 0
+    if shutil.which(plan.argv[0], path=plan.env.get("PATH")) is None and "/" not in plan.argv[0]:
+        print(f"hami exec: CMD: command not found: {plan.argv[0]!r}", file=sys.stderr)
+        return 127
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(plan.argv[0], plan.argv, plan.env)
+    except OSError as exc:
+        print(f"hami exec: CMD: cannot run {plan.argv[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 126
+    return 0  # not reached

@@ -1,0 +1,79 @@
+"""The v1 shared-region layout, written down from the reference (hami-core.md §4.2), and
+readers for the file libvgpu writes. Offsets are absolute bytes (x86-64, glibc)."""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+REGION_SIZE = 2_008_952          # file length is this + 1
+MAGIC = 19920718
+MAX_DEV, MAX_PROC, SLOT_SIZE, UUID_LEN = 16, 1024, 1960, 96
+
+# (field, offset, struct format) of the header
+HEADER = [
+    ("initialized_flag", 0, "i"),
+    ("major_version", 4, "I"),
+    ("minor_version", 8, "I"),
+    ("sm_init_flag", 12, "i"),
+    ("owner_pid", 16, "Q"),
+    ("sem", 24, "32s"),
+    ("device_num", 56, "Q"),
+    ("uuids", 64, f"{MAX_DEV * UUID_LEN}s"),
+    ("limit", 1600, f"{MAX_DEV}Q"),
+    ("sm_limit", 1728, f"{MAX_DEV}Q"),
+    ("procs", 1856, f"{MAX_PROC * SLOT_SIZE}s"),
+    ("proc_num", 2_008_896, "i"),
+    ("utilization_switch", 2_008_900, "i"),
+    ("recent_kernel", 2_008_904, "i"),
+    ("priority", 2_008_908, "i"),
+    ("last_kernel_time", 2_008_912, "Q"),
+    ("sem_postinit", 2_008_920, "32s"),
+]
+# offsets inside one process slot
+SLOT = [
+    ("pid", 0, "i"),
+    ("hostpid", 4, "i"),
+    ("used", 8, f"{MAX_DEV * 8}Q"),          # per device: context, module, data, offset, total, 3 unused
+    ("monitorused", 1032, f"{MAX_DEV}Q"),
+    ("device_util", 1160, f"{MAX_DEV * 6}Q"),  # per device: dec, enc, sm, 3 unused
+    ("status", 1928, "i"),
+    ("seqlock", 1936, "Q"),
+    ("unused", 1944, "2Q"),
+]
+DEVMEM = ["context_size", "module_size", "data_size", "offset", "total"]
+
+
+def _unpack(buf: bytes, base: int, table) -> dict:
+    out = {}
+    for name, off, fmt in table:
+        vals = struct.unpack_from("<" + fmt, buf, base + off)
+        out[name] = vals[0] if len(vals) == 1 else list(vals)
+    return out
+
+
+def parse_slot(buf: bytes, base: int) -> dict:
+    s = _unpack(buf, base, SLOT)
+    s["used"] = [dict(zip(DEVMEM, s["used"][d * 8:d * 8 + 5])) for d in range(MAX_DEV)]
+    s["device_util"] = [dict(zip(("dec_util", "enc_util", "sm_util"), s["device_util"][d * 6:d * 6 + 3]))
+                        for d in range(MAX_DEV)]
+    return s
+
+
+def read_region(path) -> dict:
+    buf = Path(path).read_bytes()
+    r = _unpack(buf, 0, HEADER)
+    r["file_size"] = len(buf)
+    r["uuids"] = [r["uuids"][i * UUID_LEN:(i + 1) * UUID_LEN].split(b"\0")[0].decode()
+                  for i in range(MAX_DEV)]
+    n = max(0, min(r["proc_num"], MAX_PROC))
+    r["slots"] = [parse_slot(buf, 1856 + i * SLOT_SIZE) for i in range(n)]
+    del r["procs"]
+    return r
+
+
+def poke_slot_total(path, slot: int, dev: int, value: int) -> None:
+    """Overwrite used[dev].total of a slot (to simulate a corrupted/over-limit ledger)."""
+    off = 1856 + slot * SLOT_SIZE + 8 + dev * 64 + 32
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack("<Q", value))

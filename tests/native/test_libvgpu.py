@@ -1,0 +1,248 @@
+"""libvgpu against the fake GPU: limits, every allocation path, virtualized queries, entry
+points (dlsym, cuGetProcAddress), multi-process sharing and robustness to SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import BUILD, run_py
+from .region_layout import read_region
+
+pytestmark = pytest.mark.native
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@pytest.fixture
+def vgpu_env(fake_env, tmp_path):
+    fake_env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
+    fake_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
+    fake_env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    fake_env["LIBCUDA_LOG_LEVEL"] = "0"
+    return fake_env
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("1g", GiB), ("1G", GiB), ("1024m", GiB), ("1048576k", GiB), ("1073741824", GiB),
+    ("1Gi", GiB), ("1GiB", GiB), ("1GB", 10**9), ("1000MB", 10**9), ("0x40000000", GiB),
+    ("1.5g", 3 * GiB // 2), ("512Mi", 512 * MiB),
+])
+def test_limit_parsing(vgpu_env, value, expected):
+    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"] = value
+    out = run_py("import cuda_probe as c; c.init(); print(c.mem_info()[1])", vgpu_env).stdout
+    assert int(out) == expected
+
+
+@pytest.mark.parametrize("name,value", [
+    ("CUDA_DEVICE_MEMORY_LIMIT", "lots"), ("CUDA_DEVICE_MEMORY_LIMIT", "1x"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "-1g"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "1.5"),
+    ("CUDA_DEVICE_SM_LIMIT", "thirty"),
+])
+def test_bad_limits_are_rejected_loudly(vgpu_env, name, value):
+    vgpu_env[name] = value
+    p = run_py("import cuda_probe as c; c.init()", vgpu_env, check=False)
+    assert p.returncode == 78
+    assert f"invalid {name}='{value}'" in p.stderr
+
+
+def test_per_device_limit_wins_and_sm_limit_is_stored(vgpu_env, tmp_path):
+    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT_1"] = "256m"
+    vgpu_env["CUDA_DEVICE_SM_LIMIT"] = "30"
+    out = run_py("""
+import cuda_probe as c
+c.init(0); t0 = c.mem_info()[1]
+c.init(1); t1 = c.mem_info()[1]
+print(t0, t1)
+""", vgpu_env).stdout.split()
+    assert out == [str(GiB), str(256 * MiB)]
+    r = read_region(tmp_path / "vgpu.cache")
+    assert r["limit"][:3] == [GiB, 256 * MiB, GiB]
+    assert r["sm_limit"][:2] == [30, 30]
+
+
+def test_allocate_up_to_limit_then_oom(vgpu_env):
+    out = run_py("""
+import cuda_probe as c
+c.init()
+ptrs = [c.alloc(256 << 20) for _ in range(4)]
+print([rc for rc, _ in ptrs], c.alloc(256 << 20)[0], c.alloc(1)[0])
+print(c.free(ptrs[0][1]), c.alloc(256 << 20)[0])
+""", vgpu_env).stdout.splitlines()
+    assert out == ["[0, 0, 0, 0] 2 2", "0 0"]   # equality with the limit is allowed
+
+
+def test_every_allocation_api_is_counted(vgpu_env):
+    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"] = "64m"
+    p = subprocess.run([str(BUILD / "tests" / "vgpu_apis")], env=vgpu_env, capture_output=True,
+                       text=True, timeout=60)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [ln.split()[1] for ln in lines] == [
+        "cuMemAlloc_v2", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuArrayCreate_v2",
+        "cuArray3DCreate_v2", "cuMipmappedArrayCreate", "cuMemCreate", "cuMemAllocAsync",
+        "cuMemAllocFromPoolAsync", "unknown-free", "double-free"]
+    assert all(ln.startswith("ok ") for ln in lines)
+
+
+def test_oversubscribe_lets_managed_memory_through(vgpu_env):
+    vgpu_env["CUDA_OVERSUBSCRIBE"] = "true"
+    out = run_py("""
+import ctypes as C, cuda_probe as c
+c.init()
+p = C.c_uint64()
+print(c.cu.cuMemAllocManaged(C.byref(p), C.c_size_t(1536 << 20), 1), c.alloc(1536 << 20)[0])
+""", vgpu_env).stdout.split()
+    assert out == ["0", "2"]
+
+
+def test_mem_info_total_mem_and_nvml_show_the_slice(vgpu_env):
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "100m"
+    out = run_py("""
+import ctypes as C, cuda_probe as c, pynvml as n
+c.init()
+rc, p = c.alloc(300 << 20)
+f, t = c.mem_info()
+tm = C.c_size_t(); c.cu.cuDeviceTotalMem_v2(C.byref(tm), 0)
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+m1 = n.nvmlDeviceGetMemoryInfo(h); m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+h1 = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(1))
+print(t, f, tm.value, m1.total, m1.used, m1.free, m2.total, m2.used, m2.free, h1.total, h1.used)
+""", vgpu_env).stdout.split()
+    used = 400 * MiB   # 100 MiB context (measured through NVML) + 300 MiB data
+    assert [int(x) for x in out] == [GiB, GiB - used, GiB, GiB, used, GiB - used, GiB, used, GiB - used,
+                                     GiB, 0]
+
+
+def test_queries_never_underflow_when_over_the_limit(vgpu_env, tmp_path):
+    """A region whose usage exceeds the limit (e.g. limit lowered by hand) reports free = 0."""
+    out = run_py("""
+import cuda_probe as c, sys
+sys.path.insert(0, ".")
+from region_layout import poke_slot_total
+c.init()
+poke_slot_total(__import__("os").environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], 0, 0, 3 << 30)
+import pynvml as n
+n.nvmlInit(); m = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0))
+print(c.mem_info(), m.free, m.used)
+""", vgpu_env).stdout.strip()
+    assert out == f"(0, {GiB}) 0 {3 * GiB}"
+
+
+def test_entry_points_return_the_hooks(vgpu_env):
+    """dlsym on the driver's handle, cuGetProcAddress (_v2, by version, per-thread flag,
+    self lookup) all lead to libvgpu, and an allocation through such a pointer is counted."""
+    out = run_py(f"""
+import ctypes as C, cuda_probe as c
+vg = C.CDLL({str(BUILD / 'libvgpu.so')!r})
+def addr(lib, name): return C.cast(getattr(lib, name), C.c_void_p).value
+def gpa(sym, ver, flags, fn="cuGetProcAddress_v2"):
+    p, st = C.c_void_p(), C.c_int()
+    args = (sym, C.byref(p), ver, C.c_uint64(flags)) + ((C.byref(st),) if fn.endswith("_v2") else ())
+    rc = getattr(c.cu, fn)(*args)
+    return rc, p.value
+print(addr(c.cu, "cuMemAlloc_v2") == addr(vg, "cuMemAlloc_v2"))
+print(gpa(b"cuMemAlloc", 12000, 0)[1] == addr(vg, "cuMemAlloc_v2"),
+      gpa(b"cuMemAlloc", 3000, 0)[1] == addr(c.cu, "cuMemAlloc"))
+print(gpa(b"cuLaunchKernel", 12000, 2)[1] == addr(vg, "cuLaunchKernel_ptsz"),
+      gpa(b"cuLaunchKernel", 12000, 0)[1] == addr(vg, "cuLaunchKernel"),
+      gpa(b"cuMemAllocAsync", 12000, 2)[1] == addr(vg, "cuMemAllocAsync_ptsz"))
+p = gpa(b"cuGetProcAddress", 12000, 0)[1]
+print(p == addr(vg, "cuGetProcAddress_v2"), gpa(b"cuMemFree", 12000, 0, "cuGetProcAddress")[1] == addr(vg, "cuMemFree_v2"))
+c.init()
+alloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_uint64), C.c_size_t)(gpa(b"cuMemAlloc", 12000, 0)[1])
+d = C.c_uint64()
+print(alloc(C.byref(d), 1 << 30), alloc(C.byref(d), 1))
+""", vgpu_env).stdout.splitlines()
+    assert out == ["True", "True True", "True True True", "True True", "0 2"]
+
+
+def test_sixteen_racing_processes_never_exceed_the_limit(vgpu_env, tmp_path):
+    p = subprocess.run([str(BUILD / "tests" / "vgpu_race"), "16", "20"], env=vgpu_env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    fields = dict(kv.split("=") for kv in p.stdout.split())
+    total, smallest = int(fields["sum"]), 20 * MiB
+    assert total <= GiB
+    assert GiB - total < smallest        # everyone stopped only when nothing fit any more
+    # the children left with _exit (no atexit): their slots are reaped by the next allocation
+    out = run_py("import cuda_probe as c; c.init(); print(c.alloc(1 << 30)[0])", vgpu_env).stdout
+    assert out.strip() == "0"
+
+
+def _holder(env, code):
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    assert line == "ready", line
+    return proc
+
+
+def test_sigkill_while_holding_memory_reclaims_it(vgpu_env, tmp_path):
+    holder = _holder(vgpu_env, """
+import sys, cuda_probe as c
+c.init(); assert c.alloc(700 << 20)[0] == 0
+print("ready", flush=True); sys.stdin.read()
+""")
+    pid = holder.pid
+    r = read_region(tmp_path / "vgpu.cache")
+    assert any(s["pid"] == pid and s["used"][0]["total"] == 700 * MiB for s in r["slots"])
+    os.kill(pid, signal.SIGKILL)
+    holder.wait()
+    out = run_py("import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.mem_info()[0] >> 20)",
+                 vgpu_env).stdout.split()
+    assert out == ["0", "424"]
+    r = read_region(tmp_path / "vgpu.cache")
+    assert all(s["pid"] != pid for s in r["slots"])
+
+
+def test_sigkill_while_holding_the_lock_does_not_block_others(vgpu_env, tmp_path):
+    env = dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="30000")
+    holder = _holder(env, """
+import sys, cuda_probe as c
+c.init(); print("ready", flush=True)
+c.alloc(1 << 20)      # takes the region lock and stalls inside it
+""")
+    cache = tmp_path / "vgpu.cache"
+    deadline = time.monotonic() + 10
+    while read_region(cache)["owner_pid"] != holder.pid:
+        assert time.monotonic() < deadline, "holder never took the lock"
+        time.sleep(0.02)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    t0 = time.monotonic()
+    out = run_py("import cuda_probe as c; c.init(); print(c.alloc(512 << 20)[0])", vgpu_env, timeout=20).stdout
+    assert out.strip() == "0"
+    assert time.monotonic() - t0 < 10
+
+
+def test_fork_child_gets_its_own_slot(vgpu_env, tmp_path):
+    out = run_py("""
+import os, cuda_probe as c
+c.init(); c.alloc(100 << 20)
+pid = os.fork()
+if pid == 0:
+    import ctypes as C
+    c.init(); rc, p = c.alloc(200 << 20)
+    os._exit(0 if rc == 0 else 1)
+_, st = os.waitpid(pid, 0)
+print(st, c.mem_info()[0] >> 20)
+""", vgpu_env).stdout.split()
+    assert out == ["0", str(1024 - 100)]   # the exited child's 200 MiB is gone again
+
+
+def test_launch_updates_last_kernel_time(vgpu_env, tmp_path):
+    run_py("""
+import cuda_probe as c
+c.init(); fn = c.function(b"k_1us")
+assert c.launch(fn) == 0
+c.check(c.cu.cuCtxSynchronize())
+""", vgpu_env)
+    r = read_region(tmp_path / "vgpu.cache")
+    assert abs(r["last_kernel_time"] - time.time()) < 5
+    assert r["recent_kernel"] == 2
