@@ -183,3 +183,12 @@ def test_910c_takes_whole_modules_only():
     devs[3]["health"] = False
     r = one([ascend_node("sp", devs, cw)], pod("m", [ctr(limits={"huawei.com/Ascend910C": 2})]))
     assert r.reasons() == {"sp": "2/4 AllocatedCardsInsufficientRequest, 2/4 CardNotHealth"}
+
+
+def test_hami_core_without_cores_keeps_raw_memory_end_to_end():
+    n = ascend_node("npu-soft", [npu(0)], soft=True)
+    p = pod("soft", [ctr(limits={B3: 1, B3MEM: 3000})], {"huawei.com/vnpu-mode": "hami-core"})
+    assert limits_of(admit(p, CFG))[B3CORE] == 0
+    r = one([n], p)
+    assert r.annotations["hami.io/Ascend910B3-devices-allocated"] == "Ascend910B3-npu-0,Ascend910B3,3000,0:;"
+    assert r.annotations["huawei.com/Ascend910B3"] == '[{"UUID":"Ascend910B3-npu-0","memory":3000}]'

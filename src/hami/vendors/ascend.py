@@ -112,6 +112,8 @@ class AscendVendor(BaseVendor):
                                f"ask for one device or whole cards")
         if r.memory:
             set_both(container, r.memory, mem)
+        if soft and r.cores and r.cores not in present(container):
+            set_both(container, r.cores, 0)  # marks the soft split for the scheduler: memory stays raw
         if c.runtime_class_name:
             spec = pod.setdefault("spec", {})  # type: ignore[union-attr]
             if not spec.get("runtimeClassName"):
