@@ -38,6 +38,7 @@ class CambriconVendor(BaseVendor):
     nouse_type_annotation = "cambricon.com/nouse-mlutype"
     use_uuid_annotation = "cambricon.com/use-gpuuuid"
     nouse_uuid_annotation = "cambricon.com/nouse-gpuuuid"
+    summary_prefilter = True  # generic capacity rules: the summary checks are safe
 
     def __init__(self, config: CambriconConfig | None = None) -> None:
         c = self.config = config or CambriconConfig()

@@ -29,6 +29,7 @@ class HygonVendor(BaseVendor):
     nouse_type_annotation = "hygon.com/nouse-dcutype"
     use_uuid_annotation = "hygon.com/use-gpuuuid"
     nouse_uuid_annotation = "hygon.com/nouse-gpuuuid"
+    summary_prefilter = True  # generic capacity rules: the summary checks are safe
 
     def __init__(self, config: HygonConfig | None = None) -> None:
         c = self.config = config or HygonConfig()

@@ -24,6 +24,7 @@ CONTAINER_ENV = "SOL_CONTINER_NAME"
 class IluvatarVendor(BaseVendor):
     config_section = "iluvatars"
     register_format = "legacy"
+    summary_prefilter = True  # generic capacity rules: the summary checks are safe
 
     def __init__(self, chip: IluvatarChip) -> None:
         self.chip = chip
