@@ -139,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami exec: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
+        if not args.cache:
+            Path(plan.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).unlink(missing_ok=True)
         for key in sorted(plan.env):
             if key.startswith(_SHOWN):
                 print(f"{key}={plan.env[key]}")
@@ -146,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if shutil.which(plan.argv[0], path=plan.env.get("PATH")) is None and "/" not in plan.argv[0]:
         print(f"hami exec: CMD: command not found: {plan.argv[0]!r}", file=sys.stderr)
+        if not args.cache:
+            Path(plan.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).unlink(missing_ok=True)
         return 127
     sys.stdout.flush()
     sys.stderr.flush()
