@@ -40,7 +40,7 @@ NON_DEFAULT_VALUES = {
     "schedulerName": "hami-alt",
     "resourceMem": "nvidia.com/gpu-memory",
     "legacyMetrics": True,
-    "global": {"imageRegistry": "registry.example.com"},
+    "global": {"imageRegistry": "registry.example.com", "gpuHookPath": "/opt/gpu"},
     "prometheus": {"enabled": True},
     "grafana": {"dashboard": {"enabled": True}},
     "scheduler": {
@@ -162,6 +162,10 @@ def test_non_default_values_are_honoured(helm):
     ds = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
     monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
     assert "--legacy-metrics" in monitor["command"] and "--priority-blocking" in monitor["command"]
+    assert {"name": "HOOK_PATH", "value": "/opt/gpu/vgpu"} in monitor["env"]  # follows gpuHookPath (A13)
+    assert monitor["volumeMounts"] == [{"name": "containers", "mountPath": "/opt/gpu/vgpu/containers"}]
+    plugin = next(c for c in ds["containers"] if c["name"] == "device-plugin")
+    assert "--hook-path=/opt/gpu" in plugin["command"]
     assert docs[("Service", "hami-device-plugin-monitor")]["spec"]["clusterIP"] == "None"
 
 
