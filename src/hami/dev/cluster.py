@@ -7,7 +7,8 @@
   RBAC, the ``MutatingAdmissionWebhook`` admission plugin, the admission-registration and
   coordination APIs);
 - ``kube-controller-manager`` when its binary is installed (namespaces are cleaned up, service
-  accounts and Deployments work; the node lifecycle and node IPAM controllers are off);
+  accounts and Deployments work, the node lifecycle controller lifts the ``not-ready`` taint of
+  new nodes once kwok reports them Ready; node IPAM is off);
 - two ``kube-scheduler`` processes: ``default-scheduler`` as in any cluster, and the one HAMi
   deploys, whose only profile is ``hami-scheduler`` and which calls the extender described by
   :class:`ExtenderConfig` (the extender list of a ``KubeSchedulerConfiguration`` applies to
@@ -590,7 +591,7 @@ class KubeCluster:
             f"--service-account-private-key-file={pki('sa.key')}", f"--root-ca-file={pki('ca.crt')}",
             f"--cluster-signing-cert-file={pki('ca.crt')}", f"--cluster-signing-key-file={pki('ca.key')}",
             "--use-service-account-credentials=false",
-            "--controllers=*,-node-ipam-controller,-node-lifecycle-controller",
+            "--controllers=*,-node-ipam-controller",
             "--v=1",
         ])
         return lambda: self._wait_ready(component, self._healthy("kube-controller-manager"))
@@ -770,10 +771,22 @@ class KubeCluster:
                         content_type="application/merge-patch+json")
 
     def _ready_node(self, name: str) -> dict[str, Any] | None:
+        """The node once Ready and free of the ``not-ready`` taint that admission puts on new nodes.
+
+        The node lifecycle controller lifts that taint; without a controller manager, we do.
+        """
         node = self.api("GET", f"/api/v1/nodes/{name}")
         conditions = node.get("status", {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        return node if ready else None
+        if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            return None
+        taints = node["spec"].get("taints") or []
+        kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+        if len(kept) == len(taints):
+            return node
+        if "kube-controller-manager" not in self.components:
+            self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
+                     content_type="application/merge-patch+json")
+        return None
 
     def delete_node(self, name: str) -> None:
         self.api("DELETE", f"/api/v1/nodes/{name}", expect=(200, 202, 404))
