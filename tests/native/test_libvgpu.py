@@ -246,3 +246,22 @@ c.check(c.cu.cuCtxSynchronize())
     r = read_region(tmp_path / "vgpu.cache")
     assert abs(r["last_kernel_time"] - time.time()) < 5
     assert r["recent_kernel"] == 2
+
+
+def test_dlsym_rtld_next_keeps_the_callers_meaning(vgpu_env):
+    """dlsym(RTLD_NEXT, "which") from libnext_a must find libnext_b's symbol; a naive C
+    interposer calling glibc's dlsym would resolve it relative to libvgpu (-> "A")."""
+    p = subprocess.run([str(BUILD / "tests" / "vgpu_next")], env=vgpu_env, capture_output=True, text=True,
+                       timeout=30)
+    assert p.stdout.strip() == "B"
+
+
+def test_nvml_only_process_sees_the_limit(vgpu_env):
+    """nvidia-smi-like: no CUDA call at all, NVML alone shows total = limit."""
+    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT_1"] = "3g"
+    out = run_py("""
+import pynvml as n
+n.nvmlInit()
+print([n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(i)).total >> 20 for i in range(2)])
+""", vgpu_env).stdout.strip()
+    assert out == "[1024, 3072]"
