@@ -97,3 +97,16 @@ def test_vxpu_misfit():
     results = place([vxpu_node()], pods)
     assert [r.node for r in results] == ["vx"] * 4 + [None]
     assert results[4].reasons() == {"vx": "2/2 CardInsufficientMemory"}
+
+
+@pytest.mark.parametrize("policy,winner", [("binpack", "a-filling"), ("spread", "b-empty")])
+def test_fragmentation_node_score(policy, winner):
+    # a-filling has card 0 in use (one bubble); taking card 1 keeps it at one bubble (2000), while
+    # b-empty goes from zero bubbles to one (1000)
+    nodes = [xpu_node("a-filling"), xpu_node("b-empty")]
+    r = place(nodes, [pod("p", [ctr(limits={XPU: 1})], {"hami.io/node-scheduler-policy": policy})],
+              placed=[taken("a-filling", 0)])[0]
+    assert r.node == winner
+    base = {"a-filling": 2000.0, "b-empty": 1000.0}
+    generic = {n: r.scores[n] - base[n] for n in r.scores}
+    assert all(0 <= g < 100 for g in generic.values()), r.scores

@@ -6,7 +6,8 @@ Whole cards: ``kunlunxin.com/xpu`` from node capacity (IDs ``<node>-kunlun-<i>``
 with index >= cards/2 are on NUMA 1). A card is never shared. Cards are wired in fixed groups of
 four (``0-1-4-5``, ``2-3-6-7``, then the same pattern for each further eight): a request of up to
 four cards takes them from ONE group, the group with the fewest fitting cards that still holds the
-request (least fragmentation), else the best-ranked cards. Decision annotation
+request (least fragmentation), else the best-ranked cards. The node score adds 3000 / 2000 / 1000 / 0 when the pod removes / keeps /
+adds one / adds several "bubbles" (groups left partly used). Decision annotation
 ``BAIDU_COM_DEVICE_IDX`` lists the card indexes. No node lock.
 
 vXPU: registration ``hami.io/node-register-xpu`` (JSON); ``kunlunxin.com/vxpu-memory`` is rounded
@@ -46,6 +47,7 @@ class KunlunVendor(BaseVendor):
     use_uuid_annotation = "baidu.com/use-gpuuuid"
     nouse_uuid_annotation = "baidu.com/nouse-gpuuuid"
     chooses = True
+    node_score_neutral = False
 
     def __init__(self, config: KunlunConfig | None = None) -> None:
         c = self.config = config or KunlunConfig()
@@ -79,6 +81,18 @@ class KunlunVendor(BaseVendor):
             return min(fitting, key=len)[:n]  # min keeps the best-ranked group among equals
         return list(candidates[:n])
 
+    def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
+        """3000 / 2000 / 1000 / 0 when the pod removes / keeps / adds one / adds several "bubbles"
+        (interconnect groups left partly used)."""
+        if view is None:
+            return 0.0
+        mine = [(d, view.used[i] > 0) for i, d in enumerate(view.devices) if d.vendor == self.name]
+        taken = {cd.uuid for ctr in devices for cd in ctr}
+        before = _bubbles([(d, busy) for d, busy in mine])
+        after = _bubbles([(d, busy or d.id in taken) for d, busy in mine])
+        delta = after - before
+        return 3000.0 if delta < 0 else 2000.0 if delta == 0 else 1000.0 if delta == 1 else 0.0
+
     def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
                         pod: Any = None, view: Any = None) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
@@ -86,6 +100,14 @@ class KunlunVendor(BaseVendor):
         if indexes:
             out[INDEX_ANNOTATION] = ",".join(map(str, indexes))
         return out
+
+
+def _bubbles(cards: list[tuple[DeviceInfo, bool]]) -> int:
+    """Interconnect groups with some but not all cards in use."""
+    groups: dict[int, list[bool]] = {}
+    for d, busy in cards:
+        groups.setdefault(interconnect_group(d.index), []).append(busy)
+    return sum(1 for g in groups.values() if any(g) and not all(g))
 
 
 def round_vxpu(mib: int) -> int:
