@@ -265,3 +265,28 @@ n.nvmlInit()
 print([n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(i)).total >> 20 for i in range(2)])
 """, vgpu_env).stdout.strip()
     assert out == "[1024, 3072]"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process under another UID")
+def test_processes_of_different_uids_share_one_region(vgpu_env):
+    import shutil
+    import tempfile
+    shared = tempfile.mkdtemp(prefix="hami-uid-test-", dir="/tmp")
+    try:
+        os.chmod(shared, 0o777)
+        env = dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}/vgpu.cache",
+                   FAKEGPU_STATE_DIR=f"{shared}/machine", HOME=shared)
+        holder = _holder(env, """
+import sys, cuda_probe as c
+c.init(); assert c.alloc(600 << 20)[0] == 0
+print("ready", flush=True); sys.stdin.read()
+""")
+        try:
+            p = subprocess.run([str(BUILD / "tests" / "vgpu_alloc"), "600", "400"], env=env, capture_output=True, text=True, timeout=60,
+                               preexec_fn=lambda: (os.setgid(65534), os.setuid(65534)))
+            assert p.stdout.split() == ["65534", "2", "0"], p.stderr
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
