@@ -3,9 +3,8 @@
 ``load_device_config(text)`` / ``device_config_from_dict(data)`` return a :class:`DeviceConfig`
 or raise :class:`hami.core.errors.ConfigError` with one line naming the key, e.g.
 ``device-config.yaml: nvidia.defaultMemory: Input should be a valid integer (got 'lots')``.
-Every implemented vendor section has its pydantic model here (defaults = the Helm chart's);
-``vastai`` and ``biren`` are kept as plain mappings. A new vendor adds its model here and one
-entry in ``hami.vendors.VENDORS``. ``chart_device_config()`` enables every implemented vendor.
+Every vendor section has its pydantic model here (defaults = the Helm chart's). A new vendor
+adds its model here and one entry in ``hami.vendors.VENDORS``. ``chart_device_config()`` enables every implemented vendor.
 """
 
 from __future__ import annotations
@@ -137,6 +136,20 @@ class AmdConfig(_Names):
     resource_core_name: str = Field("amd.com/gpucores", alias="resourceCoreName")
 
 
+class WholeDeviceConfig(_Model):
+    """``vastai:`` / ``biren:`` (count resource only)."""
+
+    resource_count_name: str = Field(alias="resourceCountName", min_length=1)
+
+
+class VastaiConfig(WholeDeviceConfig):
+    resource_count_name: str = Field("vastaitech.com/va", alias="resourceCountName", min_length=1)
+
+
+class BirenConfig(WholeDeviceConfig):
+    resource_count_name: str = Field("birentech.com/gpu", alias="resourceCountName", min_length=1)
+
+
 class VnpuTemplate(_Model):
     name: str = Field(min_length=1)
     memory: int = Field(gt=0)
@@ -224,8 +237,8 @@ class DeviceConfig(_Model):
     kunlun: KunlunConfig | None = None
     awsneuron: AwsNeuronConfig | None = None
     amd: AmdConfig | None = None
-    vastai: dict[str, Any] | None = None
-    biren: dict[str, Any] | None = None
+    vastai: VastaiConfig | None = None
+    biren: BirenConfig | None = None
     vnpus: VnpusConfig | None = None
 
     def section(self, name: str) -> Any:
@@ -242,7 +255,8 @@ def chart_device_config() -> DeviceConfig:
     return DeviceConfig(
         nvidia=NvidiaConfig(), cambricon=CambriconConfig(), hygon=HygonConfig(), metax=MetaxConfig(),
         mthreads=MthreadsConfig(), iluvatars=default_iluvatar_chips(), enflame=EnflameConfig(),
-        kunlun=KunlunConfig(), awsneuron=AwsNeuronConfig(), amd=AmdConfig(), vnpus=VnpusConfig(),
+        kunlun=KunlunConfig(), awsneuron=AwsNeuronConfig(), amd=AmdConfig(), vastai=VastaiConfig(),
+        biren=BirenConfig(), vnpus=VnpusConfig(),
     )
 
 

@@ -15,7 +15,7 @@ def test_every_backend_is_built_from_the_chart_config():
     assert [v.name for v in ALL] == [
         "NVIDIA", "Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4-1", "Ascend910B4", "Ascend310P",
         "Ascend910C", "MLU", "DCU", "MR-V100", "MR-V50", "BI-V150", "BI-V100", "Metax-GPU", "Metax-SGPU",
-        "Mthreads", "Enflame", "GCU", "kunlun", "XPU", "AMD", "AWSNeuron"]
+        "Mthreads", "Enflame", "GCU", "kunlun", "XPU", "AMD", "AWSNeuron", "Vastai", "Biren"]
 
 
 @pytest.mark.parametrize("attr", ["allocated_annotation", "register_annotation", "to_allocate_annotation"])

@@ -16,6 +16,7 @@ from .amd import AmdVendor
 from .ascend import AscendVendor, make_ascend
 from .awsneuron import AwsNeuronVendor
 from .base import BaseVendor, ResourceNames, Selection
+from .biren import BirenVendor
 from .cambricon import CambriconVendor
 from .enflame import EnflameDrsVendor, EnflameGcuVendor, make_enflame
 from .hygon import HygonVendor
@@ -24,6 +25,7 @@ from .kunlun import KunlunVendor, KunlunVxpuVendor, make_kunlun
 from .metax import MetaxGpuVendor, MetaxSgpuVendor, make_metax
 from .mthreads import MthreadsVendor
 from .nvidia import NvidiaVendor
+from .vastai import VastaiVendor
 
 #: device-config.yaml section -> factory taking that section's parsed value (one vendor or a tuple).
 VENDORS: tuple[tuple[str, Callable[..., BaseVendor | tuple[BaseVendor, ...]]], ...] = (
@@ -38,6 +40,8 @@ VENDORS: tuple[tuple[str, Callable[..., BaseVendor | tuple[BaseVendor, ...]]], .
     ("kunlun", make_kunlun),
     ("amd", AmdVendor),
     ("awsneuron", AwsNeuronVendor),
+    ("vastai", VastaiVendor),
+    ("biren", BirenVendor),
 )
 
 
@@ -56,7 +60,8 @@ def build_vendors(config: DeviceConfig | None = None) -> tuple[BaseVendor, ...]:
 
 
 __all__ = [
-    "VENDORS", "AmdVendor", "AscendVendor", "AwsNeuronVendor", "BaseVendor", "CambriconVendor", "EnflameDrsVendor",
-    "EnflameGcuVendor", "HygonVendor", "IluvatarVendor", "KunlunVendor", "KunlunVxpuVendor", "MetaxGpuVendor",
-    "MetaxSgpuVendor", "MthreadsVendor", "NvidiaVendor", "ResourceNames", "Selection", "build_vendors",
+    "VENDORS", "AmdVendor", "AscendVendor", "AwsNeuronVendor", "BaseVendor", "BirenVendor", "CambriconVendor",
+    "EnflameDrsVendor", "EnflameGcuVendor", "HygonVendor", "IluvatarVendor", "KunlunVendor", "KunlunVxpuVendor",
+    "MetaxGpuVendor", "MetaxSgpuVendor", "MthreadsVendor", "NvidiaVendor", "ResourceNames", "Selection",
+    "VastaiVendor", "build_vendors",
 ]

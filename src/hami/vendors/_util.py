@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Mapping
 
 from hami.core.errors import CodecError, CoreError, RequestError
@@ -113,3 +114,20 @@ def capacity_health(vendor: BaseVendor, node: Mapping[str, Any]) -> HealthVerdic
     except CoreError:
         healthy = False
     return HealthVerdict(healthy, True)
+
+
+class WholeDeviceVendor(BaseVendor):
+    """Vendors whose devices are never split (Vastai, Biren): JSON registration with ``devcore``
+    forced to 100, a request takes the whole memory (percentage 100) and no core share."""
+
+    summary_prefilter = True
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        return tuple(replace(d, devcore=100) for d in super().node_devices(node))
+
+    def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
+        n = _lookup(container, where)(self.resources.count)
+        if n < 0:
+            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
+        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
+                                      coresreq=0) if n else None
