@@ -21,7 +21,7 @@ and un-blocks it, so a dead monitor leaves limits on and nothing blocked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable
 
 
 @dataclass(frozen=True, slots=True)
