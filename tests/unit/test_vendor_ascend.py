@@ -192,3 +192,15 @@ def test_hami_core_without_cores_keeps_raw_memory_end_to_end():
     r = one([n], p)
     assert r.annotations["hami.io/Ascend910B3-devices-allocated"] == "Ascend910B3-npu-0,Ascend910B3,3000,0:;"
     assert r.annotations["huawei.com/Ascend910B3"] == '[{"UUID":"Ascend910B3-npu-0","memory":3000}]'
+
+
+def test_hami_core_containers_start_the_limiter_unless_they_have_a_post_start():
+    p = pod("soft", [ctr(limits={B3: 1, B3MEM: 3000}), ctr("own", limits={B3: 1, B3MEM: 3000})],
+            {"huawei.com/vnpu-mode": "hami-core"})
+    p["spec"]["containers"][1]["lifecycle"] = {"postStart": {"exec": {"command": ["true"]}}}
+    first, second = admit(p, CFG)["spec"]["containers"]
+    assert first["lifecycle"]["postStart"]["exec"]["command"] == [
+        "sh", "-c", "RUST_LOG=info /hami-vnpu-core/limiter > /tmp/limiter_manager.log 2>&1 &"]
+    assert second["lifecycle"]["postStart"]["exec"]["command"] == ["true"]
+    hard = admit(pod("hard", [ctr(limits={B3: 1, B3MEM: 3000})]), CFG)
+    assert "lifecycle" not in hard["spec"]["containers"][0]

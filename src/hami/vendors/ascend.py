@@ -32,6 +32,8 @@ HAMI_CORE = "hami-core"
 NODE_SOFT_ANNOTATION = "hami-vnpu-core"
 PREDICATE_TIME = "predicate-time"
 NETWORK_WEIGHT = 10
+#: soft split: the container starts the hami-vnpu-core limiter shipped in the Ascend runtime image
+LIMITER_START = ("sh", "-c", "RUST_LOG=info /hami-vnpu-core/limiter > /tmp/limiter_manager.log 2>&1 &")
 
 
 class AscendVendor(BaseVendor):
@@ -114,6 +116,9 @@ class AscendVendor(BaseVendor):
             set_both(container, r.memory, mem)
         if soft and r.cores and r.cores not in present(container):
             set_both(container, r.cores, 0)  # marks the soft split for the scheduler: memory stays raw
+        if soft:
+            lifecycle = container.setdefault("lifecycle", {})
+            lifecycle.setdefault("postStart", {"exec": {"command": list(LIMITER_START)}})
         if c.runtime_class_name:
             spec = pod.setdefault("spec", {})  # type: ignore[union-attr]
             if not spec.get("runtimeClassName"):
