@@ -169,3 +169,83 @@ for i in range(n.value):
 print(n.value, ids)
 """, fake_env).stdout.strip()
     assert out == "2 ['0000:38:00.0', '0000:18:00.0']"
+
+
+def test_config_file_devices_and_globals(fake_env, tmp_path):
+    cfg = tmp_path / "gpus.conf"
+    cfg.write_text("# two small GPUs\ncontext_mem=10Mi\n"
+                   "device name=Tesla T4,memory=16GB,sms=40,numa=-1\n"
+                   "device name=Tesla T4,memory=16GB,sms=40,pci=0000:af:00.0\n")
+    fake_env["FAKEGPU_CONFIG"] = str(cfg)
+    out = run_py("""
+import cuda_probe as c, pynvml as n
+c.init(1)
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+print([n.nvmlDeviceGetName(h) for h in hs], [n.nvmlDeviceGetMemoryInfo(h).used >> 20 for h in hs],
+      n.nvmlDeviceGetPciInfo(hs[1]).busId)
+try:
+    n.nvmlDeviceGetNumaNodeId(hs[0])
+except n.NVMLError_NotSupported:
+    print("numa not supported")
+""", fake_env).stdout.splitlines()
+    assert out == ["['Tesla T4', 'Tesla T4'] [0, 10] 00000000:AF:00.0", "numa not supported"]
+
+
+def test_graphs_launch_ex_and_pools(fake_env):
+    out = run_py("""
+import ctypes as C, time, cuda_probe as c
+cu = c.cu
+c.init()
+fn = c.function(b"k_5ms")
+class Params(C.Structure):   # CUDA_KERNEL_NODE_PARAMS (v2 layout prefix + kern/ctx)
+    _fields_ = [("func", C.c_void_p), ("gx", C.c_uint), ("gy", C.c_uint), ("gz", C.c_uint),
+                ("bx", C.c_uint), ("by", C.c_uint), ("bz", C.c_uint), ("shm", C.c_uint),
+                ("params", C.c_void_p), ("extra", C.c_void_p), ("kern", C.c_void_p), ("ctx", C.c_void_p)]
+g, node, ex = C.c_void_p(), C.c_void_p(), C.c_void_p()
+c.check(cu.cuGraphCreate(C.byref(g), 0))
+p = Params(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None, None)
+for _ in range(4):
+    c.check(cu.cuGraphAddKernelNode_v2(C.byref(node), g, None, C.c_size_t(0), C.byref(p)))
+c.check(cu.cuGraphInstantiateWithFlags(C.byref(ex), g, C.c_ulonglong(0)))
+t0 = time.monotonic(); c.check(cu.cuGraphLaunch(ex, None)); c.check(cu.cuCtxSynchronize())
+graph_s = time.monotonic() - t0
+class Cfg(C.Structure):
+    _fields_ = [("gx", C.c_uint), ("gy", C.c_uint), ("gz", C.c_uint), ("bx", C.c_uint), ("by", C.c_uint),
+                ("bz", C.c_uint), ("shm", C.c_uint), ("stream", C.c_void_p), ("attrs", C.c_void_p), ("n", C.c_uint)]
+t0 = time.monotonic(); c.check(cu.cuLaunchKernelEx(C.byref(Cfg(1, 1, 1, 1, 1, 1, 0, None, None, 0)), fn, None, None))
+c.check(cu.cuCtxSynchronize()); ex_s = time.monotonic() - t0
+pool = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(pool), 0))
+def attr(a):
+    v = C.c_uint64(); c.check(cu.cuMemPoolGetAttribute(pool, a, C.byref(v))); return v.value >> 20
+thr = C.c_uint64(64 << 20); c.check(cu.cuMemPoolSetAttribute(pool, 4, C.byref(thr)))
+d = C.c_uint64(); c.check(cu.cuMemAllocAsync(C.byref(d), C.c_size_t(10 << 20), None))
+held = attr(5), attr(7)
+c.check(cu.cuMemFreeAsync(d, None))
+cached = attr(5), attr(7), c.mem_info()[1] - c.mem_info()[0] >> 20
+c.check(cu.cuMemPoolTrimTo(pool, C.c_size_t(0)))
+print(0.019 < graph_s < 0.5, 0.004 < ex_s < 0.3, held, cached, attr(5))
+""", fake_env).stdout.strip()
+    assert out == "True True (10, 10) (10, 0, 10) 0"
+
+
+def test_vmm_memory_lives_until_released_and_unmapped(fake_env):
+    fake_env["FAKEGPU_MEMORY"] = "1Gi"
+    out = run_py("""
+import ctypes as C, cuda_probe as c
+cu = c.cu
+c.init()
+class Loc(C.Structure): _fields_ = [("type", C.c_int), ("id", C.c_int)]
+class Prop(C.Structure):
+    _fields_ = [("type", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p), ("flags", C.c_uint64)]
+prop = Prop(1, 0, Loc(1, 0), None, 0)
+gran = C.c_size_t(); c.check(cu.cuMemGetAllocationGranularity(C.byref(gran), C.byref(prop), 0))
+h, va = C.c_uint64(), C.c_uint64()
+c.check(cu.cuMemCreate(C.byref(h), C.c_size_t(256 << 20), C.byref(prop), C.c_ulonglong(0)))
+c.check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(256 << 20), C.c_size_t(0), C.c_uint64(0), C.c_ulonglong(0)))
+c.check(cu.cuMemMap(va, C.c_size_t(256 << 20), C.c_size_t(0), h, C.c_ulonglong(0)))
+used = lambda: (c.mem_info()[1] - c.mem_info()[0]) >> 20
+a = used(); c.check(cu.cuMemRelease(h)); b = used()
+c.check(cu.cuMemUnmap(va, C.c_size_t(256 << 20))); print(gran.value >> 20, a, b, used())
+""", fake_env).stdout.strip()
+    assert out == "2 256 256 0"

@@ -155,11 +155,17 @@ print(gpa(b"cuLaunchKernel", 12000, 2)[1] == addr(vg, "cuLaunchKernel_ptsz"),
 p = gpa(b"cuGetProcAddress", 12000, 0)[1]
 print(p == addr(vg, "cuGetProcAddress_v2"), gpa(b"cuMemFree", 12000, 0, "cuGetProcAddress")[1] == addr(vg, "cuMemFree_v2"))
 c.init()
+legacy = (("cuLaunchKernelEx", "cuLaunchKernelEx"), ("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel"),
+          ("cuGraphLaunch", "cuGraphLaunch"), ("cuMemCreate", "cuMemCreate"), ("cuMemGetInfo", "cuMemGetInfo_v2"),
+          ("cuCtxCreate", "cuCtxCreate_v4"), ("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"))
+per_thread = ("cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemAllocFromPoolAsync")
+print([gpa(s.encode(), 12080, 0)[1] == addr(vg, name) for s, name in legacy]
+      + [gpa(s.encode(), 12080, 2)[1] == addr(vg, s + "_ptsz") for s in per_thread])
 alloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_uint64), C.c_size_t)(gpa(b"cuMemAlloc", 12000, 0)[1])
 d = C.c_uint64()
 print(alloc(C.byref(d), 1 << 30), alloc(C.byref(d), 1))
 """, vgpu_env).stdout.splitlines()
-    assert out == ["True", "True True", "True True True", "True True", "0 2"]
+    assert out == ["True", "True True", "True True True", "True True", str([True] * 11), "0 2"]
 
 
 def test_sixteen_racing_processes_never_exceed_the_limit(vgpu_env, tmp_path):
