@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from hami.config import load_device_config
 from hami.core.codec import encode_node_devices_json
@@ -311,6 +312,17 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         assert bound["spec"]["nodeName"] == node and ann["hami.io/vgpu-node"] == node
         assert any(d.id in ann["hami.io/vgpu-devices-allocated"] for d in devices)
         assert ",3000," in ann["hami.io/vgpu-devices-allocated"]
+        # the scheduler serves its metrics where the chart's --metrics-bind-address says
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        got = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        assert [s.value for s in got["hami_vgpu_memory_allocated_bytes"]
+                if s.labels["pod"] == "gpu" and s.labels["namespace"] == ns] == [3000 * 1024 * 1024]
+        assert any(s.labels["node"] == node for s in got["hami_gpu_memory_limit_bytes"])
+        counts = {(s.name, s.labels.get("outcome")): s.value for f in ("hami_scheduler_filter_duration_seconds",
+                  "hami_scheduler_bind_duration_seconds") for s in got[f] if s.name.endswith("_count")}
+        assert counts[("hami_scheduler_filter_duration_seconds_count", "scheduled")] >= 1
+        assert counts[("hami_scheduler_bind_duration_seconds_count", "bound")] >= 1
+        assert {s.labels["resource"] for s in got["hami_scheduler_cache_age_seconds"]} >= {"nodes", "pods"}
     except BaseException:
         print(procs.logs())
         raise

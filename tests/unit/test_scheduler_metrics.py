@@ -147,3 +147,31 @@ async def test_serves_metrics_over_http():
                 assert "hami_gpu_memory_limit_bytes{" in await r.text()
     finally:
         await runner.cleanup()
+
+
+def test_filter_answers_become_outcomes_and_reason_codes():
+    from hami.scheduler.server import filter_outcome, reason_codes
+
+    assert reason_codes("1/8 CardInsufficientMemory, 7/8 CardTypeMismatch") == ["CardInsufficientMemory", "CardTypeMismatch"]
+    assert reason_codes("NodeInsufficientDevice") == ["NodeInsufficientDevice"]
+    assert reason_codes("node unregistered") == ["node unregistered"]
+    answer = {"NodeNames": [], "Error": "", "FailedNodes": {"a": "1/2 CardNotHealth, 1/2 CardInsufficientMemory"},
+              "FailedAndUnresolvableNodes": {"b": "2/2 CardTypeMismatch"}}
+    assert filter_outcome(answer) == ("unschedulable", ["CardInsufficientMemory", "CardNotHealth", "CardTypeMismatch"])
+    assert filter_outcome({"NodeNames": ["a"], "Error": ""}) == ("scheduled", [])
+    assert filter_outcome({"NodeNames": None, "Error": "not ready"}) == ("error", [])
+
+
+def test_scheduler_options_parse_the_metrics_flags():
+    import argparse
+
+    from hami.core.errors import ConfigError
+    from hami.scheduler.options import add_arguments, options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    opts = options_from_args(parser.parse_args(["--metrics-bind-address=127.0.0.1:9999", "--legacy-metrics=true"]))
+    assert (opts.metrics_host, opts.metrics_port, opts.legacy_metrics) == ("127.0.0.1", 9999, True)
+    assert options_from_args(parser.parse_args(["--metrics-bind-address="])).metrics_port is None
+    with pytest.raises(ConfigError, match="--metrics-bind-address"):
+        options_from_args(parser.parse_args(["--metrics-bind-address=nope"]))

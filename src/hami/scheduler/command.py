@@ -31,17 +31,26 @@ async def main(opts: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = None
+    runner = metrics_runner = None
     try:
         service.start_background()
         if reloader:
             service.tasks.append(loop.create_task(reloader.run()))
         runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None)
+        if opts.metrics_port is not None:
+            try:  # scheduling matters more than its metrics: a busy port is reported, not fatal
+                metrics_runner = await service.metrics.serve(opts.metrics_host, opts.metrics_port)
+                log.info("metrics on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
+            except OSError as exc:
+                log.error("metrics are NOT served: --metrics-bind-address %s:%d: %s",
+                          opts.metrics_host, opts.metrics_port, exc)
         scheme = "https" if reloader else "http"
         log.info("hami scheduler %s listening on %s://%s:%d (leader election %s)", opts.scheduler_name, scheme,
                  opts.host, opts.port, "on" if opts.leader_elect else "off")
         await stop.wait()
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         if runner is not None:
             await runner.cleanup()
         await service.stop()

@@ -6,7 +6,7 @@ between scrapes. The scheduler's own signals, which HAMi lacks (A20), are record
 
 =================================================  ======================================================
 ``hami_scheduler_filter_duration_seconds``         histogram, label ``outcome`` (``scheduled``,
-                                                   ``unschedulable``, ``no_devices``, ``error``)
+                                                   ``unschedulable``, ``error``)
 ``hami_scheduler_filter_rejections_total``         counter, label ``reason`` (reason code, §5.7): +1 per
                                                    unschedulable Filter for each code among its nodes
 ``hami_scheduler_bind_duration_seconds``           histogram, label ``outcome`` (``bound``, ``error``)

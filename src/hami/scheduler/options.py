@@ -75,6 +75,9 @@ class Options:
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
     device_config: DeviceConfig = field(default_factory=default_device_config)
+    metrics_host: str = ""
+    metrics_port: int | None = None  # None = no metrics endpoint
+    legacy_metrics: bool = False
 
     @property
     def tls(self) -> bool:
@@ -101,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--scheduler-name", default="hami-scheduler", help="scheduler name set on GPU pods (default %(default)s)")
     a("--node-scheduler-policy", default="binpack", help="binpack | spread (default %(default)s)")
     a("--gpu-scheduler-policy", default="spread", help="binpack | spread | ... (default %(default)s)")
-    a("--metrics-bind-address", default=":9395", help="accepted for compatibility; metrics are not served yet")
+    a("--metrics-bind-address", default=":9395", help="where GET /metrics is served; empty = not served (default %(default)s)")
     a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
     a("--kube-qps", type=float, default=0, help="accepted for compatibility")
     a("--kube-burst", type=int, default=0, help="accepted for compatibility")
@@ -119,7 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--leader-elect-resource-namespace", default="", help="Lease namespace (default $POD_NAMESPACE or kube-system)")
     a("--leader-elect-identity", default="",
       help="leader when the Lease holderIdentity starts with this (default $POD_NAME, else the hostname)")
-    a("--legacy-metrics", type=_bool, nargs="?", const=True, default=False, help="accepted for compatibility")
+    a("--legacy-metrics", type=_bool, nargs="?", const=True, default=False,
+      help="also export HAMi's old metric names (docs/metrics.md)")
     a("--device-config-file", default="", help="device-config.yaml (default: NVIDIA with chart defaults)")
     a("--debug", type=_bool, nargs="?", const=True, default=False, help="verbose logging")
     a("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (klog style)")
@@ -146,6 +150,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         device_config = default_device_config()
     pod_name = os.environ.get("POD_NAME", "")
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
+    metrics_host, metrics_port = ("", None)
+    if args.metrics_bind_address:
+        metrics_host, metrics_port = parse_bind(args.metrics_bind_address, "--metrics-bind-address")
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
@@ -161,6 +168,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label, device_config=device_config,
+        metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")

@@ -26,6 +26,7 @@ from hami.webhook.admission import AdmissionSettings, review, uses_disable_contr
 from .events import EventRecorder
 from .extender import Extender
 from .leader import Leadership
+from .metrics import SchedulerMetrics, snapshot_of
 from .options import Options
 from .state import ClusterState, handshake_value
 
@@ -76,15 +77,18 @@ class SchedulerService:
         self.events = EventRecorder(kube, opts.scheduler_name)
         self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
                                  opts.pod_name, opts.pod_namespace)
+        self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
         self.reflectors: list[Reflector] = []
         if kube is not None:
             self.reflectors = [
-                Reflector(kube, "/api/v1/nodes", self.state.node_handler, name="nodes"),
-                Reflector(kube, "/api/v1/pods", self.state.pod_handler, name="pods"),
-                Reflector(kube, "/api/v1/resourcequotas", self.state.quota_handler, name="resourcequotas"),
+                Reflector(kube, "/api/v1/nodes", _Touching(self.state.node_handler, self.metrics, "nodes"), name="nodes"),
+                Reflector(kube, "/api/v1/pods", _Touching(self.state.pod_handler, self.metrics, "pods"), name="pods"),
+                Reflector(kube, "/api/v1/resourcequotas",
+                          _Touching(self.state.quota_handler, self.metrics, "resourcequotas"), name="resourcequotas"),
             ]
         self.extender = Extender(self.state, kube, self.events, is_ready=self.ready,
                                  lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout)
+        self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(self.state.vendors, opts.scheduler_name,
                                            opts.force_overwrite_default_scheduler, opts.disable_control_label)
         self.leader.on_elected.append(self.resync)
@@ -166,10 +170,18 @@ class SchedulerService:
         return body
 
     async def _filter(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.extender.filter(await self._json(request)))
+        body = await self._json(request)
+        began = time.perf_counter()
+        answer = await self.extender.filter(body)
+        self.metrics.observe_filter(time.perf_counter() - began, *filter_outcome(answer))
+        return web.json_response(answer)
 
     async def _bind(self, request: web.Request) -> web.Response:
-        return web.json_response(await self.extender.bind(await self._json(request)))
+        body = await self._json(request)
+        began = time.perf_counter()
+        answer = await self.extender.bind(body)
+        self.metrics.observe_bind(time.perf_counter() - began, "error" if answer.get("Error") else "bound")
+        return web.json_response(answer)
 
     async def _webhook(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -193,6 +205,53 @@ class SchedulerService:
         if not self.leader.is_leader:
             return web.Response(status=503, text=f"not the leader ({self.opts.identity})")
         return web.Response(text="ok")
+
+
+def filter_outcome(answer: dict) -> tuple[str, list[str]]:
+    """``(outcome, reason codes)`` of an extender Filter answer, for the metrics."""
+    if answer.get("Error"):
+        return "error", []
+    if answer.get("NodeNames") or (answer.get("Nodes") or {}).get("items"):
+        return "scheduled", []
+    texts = list((answer.get("FailedNodes") or {}).values()) + list((answer.get("FailedAndUnresolvableNodes") or {}).values())
+    return "unschedulable", sorted({code for t in texts for code in reason_codes(t)})
+
+
+def reason_codes(text: str) -> list[str]:
+    """Codes in a HAMi reason string: ``"1/8 CardInsufficientMemory, 7/8 CardTypeMismatch"``; a
+    node-level reason is printed bare (``NodeInsufficientDevice``, ``node unregistered``)."""
+    out = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        head, _, rest = item.partition(" ")
+        out.append(rest if "/" in head and head.replace("/", "").isdigit() and rest else item)
+    return out
+
+
+class _Touching:
+    """A reflector handler that also records when its watch last delivered something."""
+
+    def __init__(self, handler: Any, metrics: SchedulerMetrics, resource: str) -> None:
+        self.handler, self.metrics, self.resource = handler, metrics, resource
+
+    def replace(self, items: list[dict]) -> None:
+        self.metrics.cache_touched(self.resource)
+        self.handler.replace(items)
+
+    def apply(self, event_type: str, obj: dict) -> None:
+        self.metrics.cache_touched(self.resource)
+        self.handler.apply(event_type, obj)
+
+
+def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
+    async def timed(node: str, ns: str, name: str) -> None:
+        began = time.perf_counter()
+        try:
+            await acquire(node, ns, name)
+        except BaseException:
+            metrics.observe_lock_wait(time.perf_counter() - began, "timeout")
+            raise
+        metrics.observe_lock_wait(time.perf_counter() - began, "acquired")
+    return timed
 
 
 async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
