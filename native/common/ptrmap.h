@@ -11,6 +11,7 @@
 typedef struct {
     uint64_t size;  /* bytes charged */
     uint64_t aux;   /* kind-specific (pool pointer, mapping handle, ...) */
+    uint64_t owner; /* owning context, for allocations the driver frees with it */
     int32_t dev;
     int32_t kind;
 } ptrmap_val;

@@ -24,7 +24,7 @@
 
 enum { M_CTX = 0x43545831, M_STREAM, M_EVENT, M_MODULE, M_FUNC, M_GRAPH, M_EXEC, M_POOL, M_ARRAY,
        M_MIPMAP, M_VMM, M_NODE };
-enum { K_DEVICE = 1, K_MANAGED, K_PITCH, K_ASYNC, K_HOST, K_HOSTREG, K_VMM_MAP };
+enum { K_DEVICE = 1, K_MANAGED, K_PITCH, K_ASYNC, K_HOST, K_HOSTREG, K_VMM_MAP, K_ARRAY };
 
 struct CUctx_st {
     unsigned magic;
@@ -198,7 +198,8 @@ static CUresult alloc_dev(CUdeviceptr *dptr, unsigned long long size, int kind, 
     if (r != CUDA_SUCCESS)
         return r;
     unsigned long long p = new_va(size);
-    ptrmap_val v = {.size = charged, .aux = aux, .dev = cuda_dev, .kind = kind};
+    ptrmap_val v = {.size = charged, .aux = aux, .owner = (uint64_t)(uintptr_t)cur_ctx(), .dev = cuda_dev,
+                    .kind = kind};
     pthread_mutex_lock(&g_mu);
     ptrmap_put(&g_allocs, p, v);
     pthread_mutex_unlock(&g_mu);
@@ -463,6 +464,27 @@ EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 
 /* ---- contexts ---- */
 
+/* The driver frees a context's allocations (device, managed, pitched, arrays) with it. */
+static void drop_ctx_allocs(struct CUctx_st *c)
+{
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < g_allocs.cap; i++) {
+        ptrmap_slot *s = &g_allocs.slots[i];
+        int k = s->val.kind;
+        if (s->key > PTRMAP_TOMB && s->val.owner == (uint64_t)(uintptr_t)c &&
+            (k == K_DEVICE || k == K_MANAGED || k == K_PITCH || k == K_ARRAY)) {
+            charge(s->val.dev, -(long long)s->val.size, 0);
+            if (k == K_ARRAY) {
+                struct CUarray_st *a = (struct CUarray_st *)(uintptr_t)s->key;
+                a->magic = 0;
+                free(a);
+            }
+            ptrmap_del(&g_allocs, s->key, NULL);
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
 static void push_ctx(struct CUctx_st *c)
 {
     if (t_depth < 16)
@@ -503,7 +525,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         r = CUDA_ERROR_INVALID_CONTEXT;
     else if (--c->refcount == 0)
         charge(dev, -(long long)fg_cfg()->ctx_mem, -1);
+    int gone = r == CUDA_SUCCESS && c->refcount == 0;
     pthread_mutex_unlock(&g_mu);
+    if (gone)
+        drop_ctx_allocs(c);
     return r;
 }
 
@@ -540,6 +565,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     NEED_INIT();
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    drop_ctx_allocs(&g_primary[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -602,6 +628,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
             i--;
         }
     charge(ctx->dev, -(long long)fg_cfg()->ctx_mem, -1);
+    drop_ctx_allocs(ctx);
     ctx->magic = 0;
     free(ctx);
     return CUDA_SUCCESS;
@@ -741,7 +768,7 @@ static CUresult free_dev(CUdeviceptr dptr, int want_async)
     ptrmap_val v = {0};
     pthread_mutex_lock(&g_mu);
     ptrmap_val *pv = ptrmap_get(&g_allocs, dptr);
-    int ok = pv && pv->kind != K_HOST && pv->kind != K_HOSTREG && pv->kind != K_VMM_MAP;
+    int ok = pv && pv->kind != K_HOST && pv->kind != K_HOSTREG && pv->kind != K_VMM_MAP && pv->kind != K_ARRAY;
     if (ok)
         ptrmap_del(&g_allocs, dptr, &v);
     pthread_mutex_unlock(&g_mu);
@@ -964,6 +991,10 @@ static CUresult array_new(int kind_magic, unsigned long long bytes, void **out)
         return r;
     struct CUarray_st *a = calloc(1, sizeof *a);
     *a = (struct CUarray_st){.magic = (unsigned)kind_magic, .dev = c->dev, .size = charged};
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_allocs, (uint64_t)(uintptr_t)a,
+               (ptrmap_val){.size = charged, .owner = (uint64_t)(uintptr_t)c, .dev = c->dev, .kind = K_ARRAY});
+    pthread_mutex_unlock(&g_mu);
     *out = a;
     return CUDA_SUCCESS;
 }
@@ -989,6 +1020,9 @@ static CUresult array_free(void *h, unsigned magic)
     struct CUarray_st *a = h;
     if (!a || a->magic != magic)
         return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_del(&g_allocs, (uint64_t)(uintptr_t)a, NULL);
+    pthread_mutex_unlock(&g_mu);
     charge(a->dev, -(long long)a->size, 0);
     a->magic = 0;
     free(a);

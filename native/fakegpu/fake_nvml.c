@@ -580,7 +580,7 @@ EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
     struct nvmlEventSet_st *s = calloc(1, sizeof *s);
     if (!s)
         return NVML_ERROR_MEMORY;
-    fg_poll_xid_file();
+    /* A pending xid file is not consumed here: its events go to this set too. */
     fg_lock();
     s->last_seq = fg_st()->xid_seq;
     fg_unlock();

@@ -24,6 +24,8 @@ int vgpu_inited;
     X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)                               \
     X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, 0)                             \
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0)                         \
+    X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0)                                 \
+    X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)                             \
     X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                      \
     X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0)                                                     \
     X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                                     \
@@ -57,7 +59,7 @@ int vgpu_inited;
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
 
 /* Real functions used internally without being hooked. */
-#define CUDA_PLAIN(X) X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuMemFreeAsync)
+#define CUDA_PLAIN(X) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -87,22 +89,32 @@ const vgpu_hook *vgpu_hook_by_name(const char *name)
 }
 
 /* ---- process-local tracking ---- */
-enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX };
+enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC };
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
-static int g_ctx_refs[VGPU_MAX_DEV];
+static int g_primary_refs[VGPU_MAX_DEV];
+static CUcontext g_primary_ctx[VGPU_MAX_DEV];
 static uint64_t g_ctx_size[VGPU_MAX_DEV];
 static int g_ctx_measured[VGPU_MAX_DEV];
 static void *g_nvml;
 
-static void track(ptrmap *m, uint64_t key, uint64_t bytes, int dev, int kind)
+static void track_aux(ptrmap *m, uint64_t key, uint64_t bytes, int dev, int kind, uint64_t aux)
 {
     pthread_mutex_lock(&g_mu);
-    ptrmap_put(m, key, (ptrmap_val){.size = bytes, .dev = dev, .kind = kind});
+    ptrmap_put(m, key, (ptrmap_val){.size = bytes, .aux = aux, .dev = dev, .kind = kind});
     pthread_mutex_unlock(&g_mu);
+}
+
+/* Context-bound allocations remember their context: the driver frees them with it. */
+static void track(ptrmap *m, uint64_t key, uint64_t bytes, int dev, int kind)
+{
+    CUcontext ctx = NULL;
+    if ((kind == T_DATA || kind == T_ARRAY) && p_cuCtxGetCurrent)
+        p_cuCtxGetCurrent(&ctx);
+    track_aux(m, key, bytes, dev, kind, (uint64_t)(uintptr_t)ctx);
 }
 
 static int untrack(ptrmap *m, uint64_t key, ptrmap_val *out)
@@ -135,7 +147,7 @@ static void after_fork_child(void)
     free(g_handles.slots);
     memset(&g_ptrs, 0, sizeof g_ptrs);
     memset(&g_handles, 0, sizeof g_handles);
-    memset(g_ctx_refs, 0, sizeof g_ctx_refs);
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
     vgpu_region_after_fork();
 }
 
@@ -318,23 +330,56 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
     return r;
 }
 
-static void ctx_ref(int cuda_dev, int delta, int primary)
+/* Return what the driver freed with context `ctx` (destroyed, reset, or last release). */
+static void drop_context_allocs(CUcontext ctx)
+{
+    if (!ctx)
+        return;
+    ptrmap *maps[2] = {&g_ptrs, &g_handles};
+    pthread_mutex_lock(&g_mu);
+    for (int m = 0; m < 2; m++)
+        for (size_t i = 0; i < maps[m]->cap; i++) {
+            ptrmap_slot *s = &maps[m]->slots[i];
+            if (s->key > PTRMAP_TOMB && (s->val.kind == T_DATA || s->val.kind == T_ARRAY) &&
+                s->val.aux == (uint64_t)(uintptr_t)ctx) {
+                vgpu_release(s->val.dev, s->val.size, VGPU_MEM_DATA);
+                ptrmap_del(maps[m], s->key, NULL);
+            }
+        }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* The primary context is charged once while retained; every created context is charged.
+ * Charged without a limit check: the context exists already. */
+static void primary_ref(int cuda_dev, int delta, CUcontext ctx)
 {
     int reg = vgpu_cuda_dev(cuda_dev);
     if (reg < 0)
         return;
     pthread_mutex_lock(&g_mu);
-    int before = g_ctx_refs[reg];
-    g_ctx_refs[reg] += delta;
-    if (g_ctx_refs[reg] < 0)
-        g_ctx_refs[reg] = 0;
-    int after = g_ctx_refs[reg];
+    int before = g_primary_refs[reg];
+    g_primary_refs[reg] = before + delta < 0 ? 0 : before + delta;
+    int after = g_primary_refs[reg];
+    if (ctx)
+        g_primary_ctx[reg] = ctx;
+    CUcontext primary = g_primary_ctx[reg];
     pthread_mutex_unlock(&g_mu);
-    /* primary contexts are charged once while retained; created contexts each time.
-     * Charged without a limit check: the context exists already. */
-    if ((primary && before == 0 && after > 0) || (!primary && delta > 0))
+    if (before == 0 && after > 0)
         vgpu_charge(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
-    else if ((primary && before > 0 && after == 0) || (!primary && delta < 0))
+    if (before > 0 && after == 0) {
+        vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+        drop_context_allocs(primary);
+    }
+}
+
+static void created_ref(int cuda_dev, int delta)
+{
+    int reg = vgpu_cuda_dev(cuda_dev);
+    if (reg < 0)
+        return;
+    if (delta > 0)
+        vgpu_charge(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+    else
         vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
 }
 
@@ -355,7 +400,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     retain_args a = {pctx, dev};
     CUresult r = with_context_charge(dev, do_retain, &a);
     if (r == CUDA_SUCCESS)
-        ctx_ref(dev, 1, 1);
+        primary_ref(dev, 1, pctx ? *pctx : NULL);
     return r;
 }
 
@@ -365,7 +410,7 @@ static CUresult primary_release(CUdevice dev, __typeof__(&cuDevicePrimaryCtxRele
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(dev);
     if (r == CUDA_SUCCESS)
-        ctx_ref(dev, -1, 1);
+        primary_ref(dev, -1, NULL);
     return r;
 }
 
@@ -379,6 +424,34 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
     vgpu_init();
     return primary_release(dev, r_cuDevicePrimaryCtxRelease);
+}
+
+/* cudaDeviceReset: the driver frees every allocation of the primary context. */
+static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_v2) real)
+{
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(dev);
+    int reg = vgpu_cuda_dev(dev);
+    if (r == CUDA_SUCCESS && reg >= 0) {
+        pthread_mutex_lock(&g_mu);
+        CUcontext primary = g_primary_ctx[reg];
+        pthread_mutex_unlock(&g_mu);
+        drop_context_allocs(primary);
+    }
+    return r;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    vgpu_init();
+    return primary_reset(dev, r_cuDevicePrimaryCtxReset_v2);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    vgpu_init();
+    return primary_reset(dev, r_cuDevicePrimaryCtxReset);
 }
 
 typedef struct {
@@ -407,7 +480,7 @@ static CUresult ctx_create(create_args *a, void *real)
     CUresult r = with_context_charge(a->dev, do_create, a);
     if (r == CUDA_SUCCESS && a->pctx) {
         track(&g_handles, (uint64_t)(uintptr_t)*a->pctx, 0, a->dev, T_CTX);
-        ctx_ref(a->dev, 1, 0);
+        created_ref(a->dev, 1);
     }
     return r;
 }
@@ -439,7 +512,9 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult r = r_cuCtxDestroy_v2(ctx);
     ptrmap_val v;
     if (r == CUDA_SUCCESS && untrack(&g_handles, (uint64_t)(uintptr_t)ctx, &v))
-        ctx_ref(v.dev, -1, 0);
+        created_ref(v.dev, -1);
+    if (r == CUDA_SUCCESS)
+        drop_context_allocs(ctx);
     return r;
 }
 
@@ -518,7 +593,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         if (r == CUDA_SUCCESS)
             vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
         else
-            track(&g_ptrs, dptr, v.size, v.dev, (int)v.kind);
+            track_aux(&g_ptrs, dptr, v.size, v.dev, (int)v.kind, v.aux);
     }
     return r;
 }
@@ -669,7 +744,7 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, CUresult (*call)(v
     uint64_t bytes = round_alloc(size);
     CUresult r = CHARGED_CALL(reg, bytes, call(arg));
     if (r == CUDA_SUCCESS)
-        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+        track(&g_ptrs, *dptr, bytes, reg, T_ASYNC);
     return r;
 }
 
@@ -733,7 +808,7 @@ static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync
         if (r == CUDA_SUCCESS)
             vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
         else
-            track(&g_ptrs, d, v.size, v.dev, (int)v.kind);
+            track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
     }
     return r;
 }

@@ -296,3 +296,29 @@ print("ready", flush=True); sys.stdin.read()
             holder.wait()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_context_teardown_returns_what_the_driver_freed(vgpu_env, tmp_path):
+    """cuCtxDestroy, cuDevicePrimaryCtxReset (cudaDeviceReset) and the last primary release
+    free the context's allocations in the driver; the ledger follows, as does the fake."""
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "50m"
+    out = run_py("""
+import ctypes as C, os, cuda_probe as c, pynvml as n
+from region_layout import read_region
+cu = c.cu
+def ledger():
+    r = read_region(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    return sum(s["used"][0]["total"] for s in r["slots"] if s["pid"]) >> 20
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+def driver():
+    return sum(p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses(h)) >> 20
+c.init(); c.alloc(300 << 20)
+row = [(ledger(), driver())]
+c.check(cu.cuDevicePrimaryCtxReset_v2(0)); row.append((ledger(), driver()))
+ctx = C.c_void_p(); c.check(cu.cuCtxCreate_v2(C.byref(ctx), 0, 0)); c.alloc(200 << 20); row.append((ledger(), driver()))
+c.check(cu.cuCtxDestroy_v2(ctx)); row.append((ledger(), driver()))
+c.init(); c.alloc(100 << 20); c.check(cu.cuDevicePrimaryCtxRelease_v2(0)); c.check(cu.cuDevicePrimaryCtxRelease_v2(0))
+row.append((ledger(), driver()))
+print(row)
+""", vgpu_env).stdout.strip()
+    assert out == "[(350, 350), (50, 50), (300, 300), (50, 50), (0, 0)]"
