@@ -4,7 +4,15 @@
 # $1 (default build/include). Run by the Makefile when the headers are missing.
 set -eu
 DEST=${1:-build/include}
-PY=${PYTHON:-python3}
+# A Python with pip: $PYTHON, else the project's venv, else python3.
+PY=
+for cand in "${PYTHON:-}" "$(dirname "$0")/../../.venv/bin/python" python3; do
+    if [ -n "$cand" ] && "$cand" -m pip --version >/dev/null 2>&1; then PY=$cand; break; fi
+done
+if [ -z "$PY" ]; then
+    echo "fetch-headers: no Python with pip found (set PYTHON=...)" >&2
+    exit 1
+fi
 CACHE=${HAMI_HEADER_CACHE:-$(dirname "$DEST")/wheels}
 mkdir -p "$DEST" "$CACHE"
 
