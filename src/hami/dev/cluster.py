@@ -539,6 +539,10 @@ class KubeCluster:
             f"--cert-dir={self.workdir}/pki",
             f"--tls-cert-file={pki('apiserver.crt')}", f"--tls-private-key-file={pki('apiserver.key')}",
             f"--client-ca-file={pki('ca.crt')}",
+            # Filled in so that components reading extension-apiserver-authentication stay quiet.
+            f"--requestheader-client-ca-file={pki('ca.crt')}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--service-account-key-file={pki('sa.crt')}",
             f"--service-account-signing-key-file={pki('sa.key')}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -547,6 +551,7 @@ class KubeCluster:
             "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
             "--runtime-config=admissionregistration.k8s.io/v1=true,coordination.k8s.io/v1=true",
             "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
             "--profiling=false",
             "--v=1",
         ])
