@@ -63,8 +63,8 @@ def find_library(explicit: str | None) -> Path:
     if not explicit:
         if os.environ.get("HAMI_LIBVGPU"):
             candidates.append(Path(os.environ["HAMI_LIBVGPU"]))
-        candidates.append(INSTALLED_LIB)
         candidates.append(Path(__file__).resolve().parents[2] / "native" / "build" / "libvgpu.so")
+        candidates.append(INSTALLED_LIB)
     for c in candidates:
         if c.is_file():
             return c.resolve()
@@ -121,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default=None,
                         help="shared region file (default: a new file under the temp dir); "
                              "reuse one path to share a limit between several commands")
-    parser.add_argument("--lib", default=None, help="path to libvgpu.so (default: installed or native/build)")
+    parser.add_argument("--lib", default=None, help="path to libvgpu.so (default: $HAMI_LIBVGPU, native/build of this checkout, "
+                             "/usr/local/vgpu/libvgpu.so)")
     parser.add_argument("--log-level", type=int, choices=range(0, 5), default=None,
                         help="LIBCUDA_LOG_LEVEL for the library (0..4)")
     parser.add_argument("--dry-run", action="store_true", help="print the environment and command, do not run")
