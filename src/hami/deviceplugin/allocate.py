@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.types import ContainerDevice, PodSingleDevice
+from hami.kube.nodelock import NodeLock, owned_by, parse_node_lock  # noqa: F401 - shared with the scheduler
 from hami.vendors.nvidia import NvidiaVendor
 
 from .nodeconfig import NodeSettings
@@ -57,30 +57,8 @@ class PodView:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True)
-class NodeLock:
-    time: str
-    namespace: str
-    name: str
-
-
-def parse_node_lock(value: str | None) -> NodeLock | None:
-    """``"<RFC3339>,<ns>,<name>"`` -> NodeLock; a legacy bare timestamp or garbage -> None."""
-    if not value:
-        return None
-    parts = value.split(",")
-    if len(parts) != 3 or not all(parts):
-        return None
-    try:
-        datetime.fromisoformat(parts[0].replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return NodeLock(*parts)
-
-
 def lock_owned_by(value: str | None, pod: PodView) -> bool:
-    lock = parse_node_lock(value)
-    return lock is not None and (lock.namespace, lock.name) == (pod.namespace, pod.name)
+    return owned_by(value, pod.namespace, pod.name)
 
 
 def is_pending_candidate(pod: PodView, node: str) -> bool:

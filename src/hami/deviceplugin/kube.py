@@ -6,14 +6,15 @@ carry ``metadata.resourceVersion`` and are retried on conflict (§13 pitfall 6).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Mapping
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from .allocate import NODE_LOCK, ContainerView, PodView, lock_owned_by
+from hami.kube import nodelock
+
+from .allocate import ContainerView, PodView
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
@@ -95,21 +96,8 @@ class Kube:
 
         Returns True when the lock is gone afterwards (or belonged to another pod and is left).
         """
-        delay = 0.05
-        for _ in range(attempts):
-            annotations, rv = await self.node_annotations()
-            value = annotations.get(NODE_LOCK)
-            if value is None:
-                return True
-            if pod is not None and not lock_owned_by(value, pod):
-                log.info("node lock %r belongs to another pod; left in place", value)
-                return True
-            try:
-                await self.patch_node_annotations({NODE_LOCK: None}, rv)
-                return True
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            await asyncio.sleep(delay)
-            delay *= 2
-        return False
+        async def write(values: Mapping[str, str | None], rv: str) -> None:
+            await self.patch_node_annotations(values, rv)
+
+        owner = (pod.namespace, pod.name) if pod is not None else None
+        return await nodelock.release(self.node_annotations, write, owner, attempts)
