@@ -43,6 +43,13 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> st
     lines = [f"Pod {ref}: phase {pod.get('status', {}).get('phase', '?')}, "
              f"node {pod.get('spec', {}).get('nodeName') or '-'}, scheduler {pod.get('spec', {}).get('schedulerName')}"]
     ledger = state.ledger
+    held = ledger.pod(pod_key(pod))
+    if (pod.get("spec") or {}).get("nodeName") or held is not None:
+        lines.append(f"It is placed on node {(held.node if held else None) or pod['spec'].get('nodeName')}"
+                     f" (bind-phase {meta.get('annotations', {}).get('hami.io/bind-phase', '-')}):")
+        for u in held.usage if held else ():
+            lines.append(f"  {u.vendor} {u.uuid}: {u.mem} MiB, {u.cores} cores, {u.slots} slot(s)")
+        return "\n".join(lines)
     ledger.remove_pod(pod_key(pod))
     admitted, _ = admit_pod(pod, state.vendors)
     req = pod_request(admitted, state.vendors)
@@ -73,6 +80,8 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> st
         why = _why_devices(res)
         for d, slots, mem, cores in ledger.device_usage(name):
             reason = why.get(d.id, "ok")
+            if reason == "AllocatedCardsInsufficientRequest":
+                reason = "usable, but the node has too few usable cards (AllocatedCardsInsufficientRequest)"
             lines.append(f"    gpu {d.index} {d.id} {d.type}: slots {slots}/{d.count}, mem {mem}/{d.devmem} MiB, "
                          f"cores {cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'} -> {reason}")
     missing = sorted(set(state.nodes) - set(ledger.node_names()))
