@@ -400,11 +400,6 @@ def _scheduler_cli() -> str | None:
 
     if importlib.util.find_spec("hami.scheduler.command") is None:
         return "hami scheduler is not built yet (hami.scheduler.command missing)"
-    out = subprocess.run([sys.executable, "-m", "hami", "scheduler", "--help"], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
-    missing = [f for f in ("--http_bind", "--kubeconfig") if f not in out.stdout]
-    if out.returncode != 0 or missing:
-        return f"hami scheduler --help lacks {missing or out.stderr[-200:]}; wire this test to its flags"
     return None
 
 
@@ -426,56 +421,87 @@ async def watch_bound_pods(api, ns: str, node: str, seen: asyncio.Queue, count: 
                     return
 
 
+WEBHOOK_LABEL = "hami.io/webhook-test"
+
+
+def _register_webhook(cluster, url: str, name: str) -> None:
+    cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
+            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                       "scope": "*"}],
+            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
+        }]})
+
+
+def _chain_pod(name: str, node: str, multi: bool) -> dict:
+    limits = {RESOURCE: "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "5"}
+    spec: dict = {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
+                  "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}
+    if multi:  # a GPU init container, and the GPU app container is not the first one
+        spec["initContainers"] = [{"name": "warmup", "image": "busybox", "resources": {"limits": limits}}]
+        spec["containers"] = [{"name": "log", "image": "busybox"}, {**spec["containers"][0], "name": "worker"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
 async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_namespace):
+    """Webhook -> kube-scheduler + our extender -> Bind (node lock) -> kubelet stand-in -> Allocate."""
     why = _scheduler_cli()
     if why:
         pytest.skip(why)
     if not FAKE_NVML.exists():
         pytest.skip(f"{FAKE_NVML} is not built")
-    import socket as socketlib
+    from hami.dev.cluster import SchedulerConfig
 
-    from hami.dev.cluster import ExtenderConfig
+    from ._hami import SchedulerProcess
 
-    with socketlib.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = Path(tempfile.mkdtemp(prefix="hsch", dir="/tmp")) / "scheduler.log"
-    sched = subprocess.Popen([sys.executable, "-m", "hami", "scheduler", "--http_bind", f"127.0.0.1:{port}",
-                              "--kubeconfig", str(kube_cluster.kubeconfig)],
-                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    ns, n = kube_namespace, 20
+    kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: "on"}}},
+                     content_type="application/merge-patch+json")
+    sched = SchedulerProcess(kube_cluster).start()
+    webhook = f"hami-dp-test-{uuid.uuid4().hex[:6]}"
     node = f"dp-{uuid.uuid4().hex[:8]}"
-    # Ready (kwok), so kube-scheduler may pick it; 2 GPUs x 10 slots hold all 20 pods at once
+    # Ready (kwok), so kube-scheduler may pick it; 2 GPUs x 10 slots hold all pods at once
     kube_cluster.create_node(node, gpus=2, split_count=10)
     p = Plugin(kube_cluster, node, split=10)
     try:
-        kube_cluster.configure_hami_scheduler(extender=ExtenderConfig(url_prefix=f"http://127.0.0.1:{port}"))
+        kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=sched.extender()))
+        _register_webhook(kube_cluster, sched.url, webhook)
         await p.start()
-        ns, n = kube_namespace, 20
-        for i in range(n):
-            body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"c{i:02d}", "namespace": ns},
-                    "spec": {"schedulerName": "hami-scheduler", "nodeSelector": {"kubernetes.io/hostname": node},
-                             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {
-                                 RESOURCE: "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "5"}}}]}}
-            await client.CoreV1Api(kube_api).create_namespaced_pod(ns, body)
+        names = [f"c{i:02d}" for i in range(n)]
+        for i, name in enumerate(names):
+            created = await client.CoreV1Api(kube_api).create_namespaced_pod(ns, _chain_pod(name, node, multi=i % 5 == 4))
+            assert created.spec.scheduler_name == "hami-scheduler", "the webhook did not route the pod"
         seen: asyncio.Queue = asyncio.Queue()
         watcher = asyncio.create_task(watch_bound_pods(kube_api, ns, node, seen, n))
-        envs = {}
+        responses: dict[str, list] = {}
         for _ in range(n):
             pod = await asyncio.wait_for(seen.get(), 60)
-            [resp] = await p.kubelet.admit_pod(RESOURCE, counts(pod))
-            envs[pod.metadata.name] = dict(resp.envs)
+            responses[pod.metadata.name] = await p.kubelet.admit_pod(RESOURCE, counts(pod))
             p.kubelet.in_use.clear()
         await watcher
-        for name, env in envs.items():
+        for name, resps in responses.items():
             ann = await pod_annotations(kube_api, ns, name)
-            [devs] = [c for c in decode_pod_devices(ann[A.ALLOCATED]) if c]
-            assert {k: env[k] for k in expected_env(list(devs))} == expected_env(list(devs)), name
+            granted = [list(c) for c in decode_pod_devices(ann[A.ALLOCATED]) if c]
+            assert len(granted) == len(resps), name
+            for devs, resp in zip(granted, resps):
+                env = dict(resp.envs)
+                assert {k: env[k] for k in expected_env(devs)} == expected_env(devs), name
             assert ann[A.BIND_PHASE] == "success", name
+        multi = await client.CoreV1Api(kube_api).read_namespaced_pod("c04", ns)
+        cache_dirs = [{m.container_path: m.host_path for m in r.mounts}[f"{p.hook}/vgpu"] for r in responses["c04"]]
+        assert cache_dirs == [f"{p.hook}/vgpu/containers/{multi.metadata.uid}_{c}" for c in ("warmup", "worker")]
         assert A.NODE_LOCK not in await node_annotations(kube_api, node)
     finally:
+        kube_cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}",
+                         expect=(200, 202, 404))
+        kube_cluster.configure_hami_scheduler(SchedulerConfig())
         await p.stop()
-        sched.terminate()
-        sched.wait(10)
-        print(f"--- hami scheduler log ---\n{log.read_text()[-4000:]}\n--- plugin log ---\n{p.logs()[-4000:]}")
+        sched.stop()
+        print(f"--- hami scheduler log ---\n{sched.logs()[-4000:]}\n--- plugin log ---\n{p.logs()[-4000:]}")
         kube_cluster.delete_node(node)
         p.cleanup()
