@@ -45,3 +45,25 @@ def function(name: bytes) -> C.c_void_p:
 
 def launch(fn: C.c_void_p, grid: int = 1, stream=None) -> int:
     return cu.cuLaunchKernel(fn, grid, 1, 1, 1, 1, 1, 0, stream, None, None)
+
+
+def event() -> C.c_void_p:
+    e = C.c_void_p()
+    check(cu.cuEventCreate(C.byref(e), 0), "event")
+    return e
+
+
+def elapsed_ms(fn_between, stream=None) -> float:
+    """Device-timeline milliseconds spent by the work `fn_between()` enqueues, measured
+    with events (the fake driver's schedule, not the wall clock). A 20 ms kernel is queued
+    first so that the start event sits on the timeline, not at 'now'."""
+    lead = function(b"lead_20ms")
+    check(launch(lead, stream=stream), "lead")
+    a, b = event(), event()
+    check(cu.cuEventRecord(a, stream), "record")
+    fn_between()
+    check(cu.cuEventRecord(b, stream), "record")
+    check(cu.cuEventSynchronize(b), "sync")
+    ms = C.c_float()
+    check(cu.cuEventElapsedTime(C.byref(ms), a, b), "elapsed")
+    return round(ms.value, 1)

@@ -90,33 +90,33 @@ print(t, t - f0, f0 - f1, f1 - f2, c.free(p), c.free(p), c.free(0))
 
 def test_kernels_take_time_and_show_up_in_process_utilization(fake_env):
     out = run_py("""
-import time, os, cuda_probe as c, pynvml as n
+import os, cuda_probe as c, pynvml as n
 c.init()
-fn = c.function(b"busy_20ms")
-t0 = time.monotonic()
-for _ in range(20):
-    assert c.launch(fn) == 0
-enq = time.monotonic() - t0
-assert c.cu.cuStreamQuery(None) == 600        # CUDA_ERROR_NOT_READY
+fn = c.function(b"busy_50ms")
+def work():
+    for _ in range(6):
+        assert c.launch(fn) == 0
+    print(c.cu.cuStreamQuery(None))           # 600 = CUDA_ERROR_NOT_READY: launches only enqueue
+print(c.elapsed_ms(work))
 c.check(c.cu.cuCtxSynchronize())
-took = time.monotonic() - t0
+assert c.cu.cuStreamQuery(None) == 0
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 s = n.nvmlDeviceGetProcessUtilization(h, 0)
-print(enq < 0.05, 0.38 < took < 1.5, [(x.pid == os.getpid(), x.smUtil) for x in s])
-""", fake_env).stdout.strip()
-    assert out == "True True [(True, 100)]"
+print([(x.pid == os.getpid(), x.smUtil) for x in s])
+""", fake_env).stdout.splitlines()
+    assert out == ["600", "300.0", "[(True, 100)]"]
 
 
 def test_big_grid_takes_more_waves_and_cooperative_limit(fake_env):
     fake_env["FAKEGPU_SMS"] = "2"   # one wave = 2 SMs x 16 blocks = 32 blocks
     out = run_py("""
-import time, cuda_probe as c
+import cuda_probe as c
 c.init()
 fn = c.function(b"k_10ms")
-t0 = time.monotonic(); c.launch(fn, grid=64); c.check(c.cu.cuCtxSynchronize()); t = time.monotonic() - t0
-print(0.019 < t < 0.2, c.cu.cuLaunchCooperativeKernel(fn, 33, 1, 1, 1, 1, 1, 0, None, None))
+print(c.elapsed_ms(lambda: c.launch(fn, grid=64)), c.elapsed_ms(lambda: c.launch(fn, grid=32)),
+      c.cu.cuLaunchCooperativeKernel(fn, 33, 1, 1, 1, 1, 1, 0, None, None))
 """, fake_env).stdout.split()
-    assert out == ["True", "720"]
+    assert out == ["20.0", "10.0", "720"]
 
 
 def test_get_proc_address_honours_version_and_per_thread_flag(fake_env):
@@ -208,13 +208,11 @@ p = Params(fn, 1, 1, 1, 1, 1, 1, 0, None, None, None, None)
 for _ in range(4):
     c.check(cu.cuGraphAddKernelNode_v2(C.byref(node), g, None, C.c_size_t(0), C.byref(p)))
 c.check(cu.cuGraphInstantiateWithFlags(C.byref(ex), g, C.c_ulonglong(0)))
-t0 = time.monotonic(); c.check(cu.cuGraphLaunch(ex, None)); c.check(cu.cuCtxSynchronize())
-graph_s = time.monotonic() - t0
+graph_ms = c.elapsed_ms(lambda: c.check(cu.cuGraphLaunch(ex, None)))
 class Cfg(C.Structure):
     _fields_ = [("gx", C.c_uint), ("gy", C.c_uint), ("gz", C.c_uint), ("bx", C.c_uint), ("by", C.c_uint),
                 ("bz", C.c_uint), ("shm", C.c_uint), ("stream", C.c_void_p), ("attrs", C.c_void_p), ("n", C.c_uint)]
-t0 = time.monotonic(); c.check(cu.cuLaunchKernelEx(C.byref(Cfg(1, 1, 1, 1, 1, 1, 0, None, None, 0)), fn, None, None))
-c.check(cu.cuCtxSynchronize()); ex_s = time.monotonic() - t0
+ex_ms = c.elapsed_ms(lambda: c.check(cu.cuLaunchKernelEx(C.byref(Cfg(1, 1, 1, 1, 1, 1, 0, None, None, 0)), fn, None, None)))
 pool = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(pool), 0))
 def attr(a):
     v = C.c_uint64(); c.check(cu.cuMemPoolGetAttribute(pool, a, C.byref(v))); return v.value >> 20
@@ -224,9 +222,9 @@ held = attr(5), attr(7)
 c.check(cu.cuMemFreeAsync(d, None))
 cached = attr(5), attr(7), c.mem_info()[1] - c.mem_info()[0] >> 20
 c.check(cu.cuMemPoolTrimTo(pool, C.c_size_t(0)))
-print(0.019 < graph_s < 0.5, 0.004 < ex_s < 0.3, held, cached, attr(5))
+print(graph_ms, ex_ms, held, cached, attr(5))
 """, fake_env).stdout.strip()
-    assert out == "True True (10, 10) (10, 0, 10) 0"
+    assert out == "20.0 5.0 (10, 10) (10, 0, 10) 0"
 
 
 def test_vmm_memory_lives_until_released_and_unmapped(fake_env):
