@@ -131,3 +131,13 @@ def test_response_defaults_and_disable_control():
 
 def test_cache_file_is_deterministic_and_per_container():
     assert A.cache_file_name("u", "a") == A.cache_file_name("u", "a") != A.cache_file_name("u", "b")
+
+
+def test_preferred_ids_follow_the_annotation():
+    from hami.deviceplugin.allocator import preferred_ids
+
+    avail = [f"{U0}-0", f"{U0}-1", f"{U1}-0", f"{U1}-1"]
+    assert preferred_ids(avail, [], 1, [U1]) == [f"{U1}-0"]
+    assert preferred_ids(avail, [f"{U0}-1"], 2, [U1]) == [f"{U0}-1", f"{U1}-0"]
+    assert preferred_ids(avail, [], 2, []) == avail[:2]  # no pending pod: plain order
+    assert preferred_ids(avail, [], 2, [U1, U1]) == [f"{U1}-0", f"{U0}-0"]  # one ID per physical GPU, then fill

@@ -71,6 +71,11 @@ class NodeAgent:
             asyncio.create_task(self.server.run(), name="hami-grpc"),
         ]
 
+    @property
+    def tasks(self) -> list[asyncio.Task]:
+        """The running background tasks (registration loop, gRPC server); empty before start."""
+        return list(self._tasks)
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -71,7 +71,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     await agent.start()
     try:
         done, _ = await asyncio.wait(
-            [asyncio.create_task(stop.wait()), *agent._tasks], return_when=asyncio.FIRST_COMPLETED
+            [asyncio.create_task(stop.wait()), *agent.tasks], return_when=asyncio.FIRST_COMPLETED
         )
         failed = [t for t in done if not t.cancelled() and t.exception() is not None]
         if failed:
