@@ -58,7 +58,7 @@ class Extender:
     def __init__(self, state: ClusterState, kube: KubeClient | None, events: EventRecorder, *,
                  is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
                  lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
-                 clock=time.time) -> None:
+                 clock=time.time, record: bool = True) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -68,6 +68,7 @@ class Extender:
         self.lock_retry_timeout = lock_retry_timeout
         self.ready_wait = ready_wait
         self.clock = clock
+        self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
         self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
 
@@ -108,7 +109,8 @@ class Extender:
         meta = pod["metadata"]
         key = result.allocation.key
         try:
-            await self._record_decision(meta, result.annotations, result.node)
+            if self.record:
+                await self._record_decision(meta, result.annotations, result.node)
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
             self.state.restore_pod(key, meta.get("namespace") or "default", meta["name"])
             msg = f"cannot record the decision on pod {meta.get('namespace')}/{meta['name']}: {exc}"

@@ -1,0 +1,96 @@
+"""The shared node lock: value format, staleness rules, owner-checked release with write races."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from hami.kube import nodelock as L
+
+NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+VALUE = L.lock_value(NOW, "ns", "p")
+
+
+def test_value_format_round_trips():
+    assert VALUE == "2026-05-01T12:00:00Z,ns,p"
+    assert L.parse_node_lock(VALUE) == L.NodeLock("2026-05-01T12:00:00Z", "ns", "p")
+    assert L.parse_node_lock("2026-05-01T12:00:00+02:00,ns,p") is not None  # Go RFC3339 with an offset
+    assert L.parse_node_lock("2026-05-01T12:00:00Z") is None  # legacy: names no pod
+    assert L.owned_by(VALUE, "ns", "p") and not L.owned_by(VALUE, "ns", "q")
+    assert L.lock_time("2026-05-01T12:00:00Z") == NOW
+
+
+def owner(node_name=None, vgpu_node=None, phase=None, deleting=False):
+    ann = {}
+    if vgpu_node:
+        ann[L.VGPU_NODE] = vgpu_node
+    if phase:
+        ann[L.BIND_PHASE] = phase
+    meta = {"annotations": ann}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-05-01T12:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": node_name} if node_name else {}}
+
+
+@pytest.mark.parametrize("age, who, stale", [
+    (10, owner(vgpu_node="n1", phase="allocating"), None),
+    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating"), None),
+    (301, owner(vgpu_node="n1"), "expired"),
+    (10, L.MISSING, "no longer exists"),
+    (10, owner(deleting=True), "being deleted"),
+    (10, owner(vgpu_node="n1", phase="success"), "finished"),
+    (10, owner(vgpu_node="n1", phase="failed"), "finished"),
+    (10, owner(node_name="n2"), "bound to node n2"),
+    (10, owner(vgpu_node="n2"), "placed on node n2"),
+])
+def test_stale_reasons(age, who, stale):
+    why = L.stale_reason(VALUE, "n1", NOW + timedelta(seconds=age), 300, who)
+    assert (why is None) if stale is None else (stale in why)
+
+
+def test_legacy_lock_only_expires():
+    assert L.stale_reason("2026-05-01T12:00:00Z", "n1", NOW + timedelta(seconds=10), 300, None) is None
+    assert "expired" in L.stale_reason("2026-05-01T12:00:00Z", "n1", NOW + timedelta(seconds=400), 300, None)
+    assert "unreadable" in L.stale_reason("garbage", "n1", NOW, 300, None)
+
+
+class Conflict(Exception):
+    status = 409
+
+
+class Node:
+    """An in-memory node annotation store with resourceVersion checks (what the API server does)."""
+
+    def __init__(self, value=None, conflicts=0):
+        self.annotations = {} if value is None else {L.NODE_LOCK: value}
+        self.rv = 1
+        self.conflicts = conflicts
+
+    async def read(self):
+        return dict(self.annotations), str(self.rv)
+
+    async def write(self, patch, rv):
+        if self.conflicts:
+            self.conflicts -= 1
+            self.rv += 1
+            raise Conflict()
+        assert rv == str(self.rv)
+        for k, v in patch.items():
+            if v is None:
+                self.annotations.pop(k, None)
+            else:
+                self.annotations[k] = v
+        self.rv += 1
+
+
+async def test_release_owner_checked_and_retried():
+    n = Node(VALUE, conflicts=2)
+    assert await L.release(n.read, n.write, ("ns", "p"), delay=0)
+    assert L.NODE_LOCK not in n.annotations
+    other = Node(VALUE)
+    assert await L.release(other.read, other.write, ("ns", "q"), delay=0)  # not ours: left in place
+    assert other.annotations[L.NODE_LOCK] == VALUE
+    busy = Node(VALUE, conflicts=10)
+    assert not await L.release(busy.read, busy.write, ("ns", "p"), attempts=3, delay=0)
+    assert await L.release(Node().read, Node().write, None)

@@ -1,0 +1,181 @@
+"""The extender's decisions (cache only, decisions not patched: ``record=False``), the HTTP
+server's routes and answers, leadership rules and TLS certificate reload."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+
+import pytest
+from aiohttp import ClientSession, TCPConnector
+from aiohttp.test_utils import TestClient, TestServer
+
+from hami.core.codec import decode_pod_devices
+from hami.core.reasons import NodeFailure, Reason
+from hami.dev.pki import CertificateAuthority
+from hami.scheduler.events import EventRecorder
+from hami.scheduler.extender import Extender, failed_maps, failure_summary
+from hami.scheduler.leader import holds_lease
+from hami.scheduler.options import Options
+from hami.scheduler.server import CertReloader, SchedulerService
+from hami.sim.engine import simulate
+
+from .test_scheduler_state import node, pod
+
+
+def service(*nodes_):
+    svc = SchedulerService(Options(), None)
+    svc.extender.record = False
+    svc.state.node_handler.replace(list(nodes_))
+    return svc
+
+
+def args(p, names):
+    return {"Pod": p, "NodeNames": names, "Nodes": None}
+
+
+async def test_filter_reserves_refilter_releases_and_reasons():
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    a = await ext.filter(args(pod("a", mem=600), ["n1", "n2"]))
+    assert a["NodeNames"] in (["n1"], ["n2"]) and a["Error"] == ""
+    first = a["NodeNames"][0]
+    again = await ext.filter(args(pod("a", mem=600), ["n1", "n2"]))  # re-filter: the old reservation goes first
+    assert again["NodeNames"] == [first]
+    assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 600
+    b = await ext.filter(args(pod("b", mem=600), ["n1", "n2"]))
+    assert b["NodeNames"] != a["NodeNames"]
+    c = await ext.filter(args(pod("c", mem=600), ["n1", "n2", "ghost"]))
+    assert c["NodeNames"] == [] and c["Error"] == ""
+    assert c["FailedNodes"] == {"ghost": "node unregistered", "n1": "1/1 CardInsufficientMemory",
+                                "n2": "1/1 CardInsufficientMemory"}
+    typed = pod("t", mem=10)
+    typed["metadata"]["annotations"] = {"nvidia.com/use-gputype": "H100"}
+    t = await ext.filter(args(typed, ["n1", "n2"]))
+    assert t["FailedAndUnresolvableNodes"] == {"n1": "1/1 CardTypeMismatch", "n2": "1/1 CardTypeMismatch"}
+    assert t["FailedNodes"] == {}
+
+
+async def test_filter_passes_pods_without_devices_and_reports_bad_input():
+    svc = service(node("n1"))
+    plain = pod("plain")
+    plain["spec"]["containers"][0]["resources"] = {}
+    assert (await svc.extender.filter(args(plain, ["n1", "n9"])))["NodeNames"] == ["n1", "n9"]
+    bad = pod("bad")
+    bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
+    answer = await svc.extender.filter(args(bad, ["n1"]))
+    assert "nvidia.com/gpumem" in answer["Error"] and "lots" in answer["Error"]
+    assert "Pod is missing" in (await svc.extender.filter({"NodeNames": ["n1"]}))["Error"]
+
+
+async def test_extender_takes_the_simulators_decisions():
+    """Same pods, same nodes, same order: `hami simulate` and /filter choose the same devices."""
+    nodes_ = [node(f"n{i}", gpus=2) for i in range(3)]
+    pods_ = [pod(f"p{i}", mem=150 + 70 * (i % 4)) for i in range(12)]
+    sim = simulate(nodes_, pods_, SchedulerService(Options(), None).state.config)
+    svc = service(*nodes_)
+    for p, outcome in zip(pods_, sim.pods):
+        got = await svc.extender.filter(args(p, [n["metadata"]["name"] for n in nodes_]))
+        assert got["NodeNames"] == ([outcome.node] if outcome.node else [])
+        alloc = svc.state.ledger.pod(p["metadata"]["uid"])
+        if alloc:
+            assert [d.uuid for c in alloc.devices["NVIDIA"] for d in c] == \
+                   [d["uuid"] for c in outcome.containers for d in c["devices"]]
+
+
+async def test_simulation_path_with_full_nodes_reserves_nothing():
+    svc = service()
+    answer = await svc.extender.filter({"Pod": pod("s", mem=100), "Nodes": {"items": [node("x")]}})
+    assert [n["metadata"]["name"] for n in answer["Nodes"]["items"]] == ["x"]
+    assert svc.state.ledger.pods() == []
+
+
+def test_failed_maps_and_event_summary():
+    mem = NodeFailure(total=2, counts=((Reason.CARD_INSUFFICIENT_MEMORY, 2),))
+    typ = NodeFailure(total=2, counts=((Reason.CARD_TYPE_MISMATCH, 1), (Reason.CARD_UUID_MISMATCH, 1)))
+    assert failed_maps({"a": mem, "b": typ}) == ({"a": "2/2 CardInsufficientMemory"},
+                                                 {"b": "1/2 CardTypeMismatch, 1/2 CardUuidMismatch"})
+    assert failure_summary({"a": mem, "b": mem, "c": typ}) == [
+        "2 nodes CardInsufficientMemory(a,b)", "1 nodes CardTypeMismatch(c)", "1 nodes CardUuidMismatch(c)"]
+
+
+def test_leadership_follows_the_lease_holder_prefix_and_expiry():
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now - 5))
+    lease = {"spec": {"holderIdentity": "hami-0_3f2a", "renewTime": stamp, "leaseDurationSeconds": 15}}
+    assert holds_lease(lease, "hami-0", now)
+    assert not holds_lease(lease, "hami-1", now)
+    assert not holds_lease(lease, "hami-0", now + 20)
+    assert not holds_lease(None, "hami-0", now)
+
+
+async def test_http_routes_health_readiness_and_bad_bodies():
+    svc = service(node("n1"))
+    async with TestClient(TestServer(svc.app())) as client:
+        assert (await client.get("/healthz")).status == 200
+        assert (await client.get("/readyz")).status == 200  # no watches to wait for, always leader
+        svc.leader.is_leader = False
+        r = await client.get("/readyz")
+        assert r.status == 503 and "not the leader" in await r.text()
+        svc.extender.ready_wait = 0.05
+        answer = await (await client.post("/filter", json=args(pod("a", mem=10), ["n1"]))).json()
+        assert "not the leader" in answer["Error"]
+        r = await client.post("/filter", data=b"{nope")
+        assert r.status == 400 and "not JSON" in await r.text()
+        assert (await client.post("/bind", data=b"[1]")).status == 400
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_tls_certificate_is_reloaded_when_the_files_change(tmp_path):
+    from aiohttp import web
+
+    ca = CertificateAuthority()
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+
+    def issue(name):
+        pair = ca.issue(name, hosts=("127.0.0.1",))
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+
+    issue("first")
+    reloader = CertReloader(str(cert), str(key))
+    app = web.Application()
+    async def ok(request):
+        return web.Response(text="ok")
+
+    app.add_routes([web.get("/", ok)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=reloader.context).start()
+
+    async def served_name() -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client(ca), server_hostname="127.0.0.1")
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        from cryptography import x509
+
+        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+
+    try:
+        assert "first" in await served_name()
+        assert not reloader.check()
+        issue("second")
+        assert reloader.check() and reloader.reloads == 1
+        assert "second" in await served_name()
+        key.write_text("garbage")  # a half-written rotation keeps the old certificate
+        assert not reloader.check()
+        assert "second" in await served_name()
+    finally:
+        await runner.cleanup()
+
+
+def _client(ca: CertificateAuthority) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca.pair.cert_pem.decode())

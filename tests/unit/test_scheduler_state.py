@@ -1,0 +1,152 @@
+"""The watch-fed state: level-triggered ledger, reservations, node health, quotas, options."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import datetime
+
+import pytest
+
+from hami.core import SchedulerConfig, pod_key
+from hami.core.codec import encode_node_devices_json, encode_pod_devices
+from hami.core.errors import ConfigError
+from hami.core.types import ContainerDevice, DeviceInfo
+from hami.scheduler import options as O
+from hami.scheduler.state import ClusterState, handshake_value, vendor_alive
+from hami.vendors import build_vendors
+
+CONFIG = SchedulerConfig.from_device_config()
+NV = build_vendors()[0]
+
+
+def node(name, gpus=2, allocatable=True, handshake=None, labels=None):
+    devs = [DeviceInfo(id=f"{name}-g{i}", index=i, count=10, devmem=1000, devcore=100, type="NVIDIA-T4", health=True)
+            for i in range(gpus)]
+    ann = {"hami.io/node-nvidia-register": encode_node_devices_json(devs)}
+    if handshake:
+        ann["hami.io/node-handshake"] = handshake
+    return {"metadata": {"name": name, "annotations": ann, "labels": labels or {}, "resourceVersion": "1"},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10) if allocatable else "0"}}}
+
+
+def pod(name, node_name=None, uuid=None, mem=100, phase="Running", uid=None):
+    ann = {}
+    if node_name:
+        ann = {"hami.io/vgpu-node": node_name,
+               "hami.io/vgpu-devices-allocated": encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", mem, 0)]])}
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "annotations": ann,
+                         "resourceVersion": "1"},
+            "spec": {"schedulerName": "hami-scheduler", "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}}}]},
+            "status": {"phase": phase}}
+
+
+def used(state, name):
+    return [m for _, _, m, _ in state.ledger.device_usage(name)]
+
+
+def test_ledger_follows_pod_events_and_relists():
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1")])
+    s.pod_handler.replace([pod("a", "n1", "n1-g0", 300)])
+    assert used(s, "n1") == [300, 0]
+    s.pod_handler.apply("ADDED", pod("b", "n1", "n1-g1", 200))
+    s.pod_handler.apply("MODIFIED", pod("a", "n1", "n1-g0", 300, phase="Succeeded"))
+    assert used(s, "n1") == [0, 200]
+    s.pod_handler.replace([pod("c", "n1", "n1-g0", 50)])  # relist: b is gone
+    assert used(s, "n1") == [50, 0]
+    s.pod_handler.apply("DELETED", pod("c", "n1", "n1-g0", 50))
+    assert used(s, "n1") == [0, 0]
+
+
+def test_reservation_survives_stale_events_until_annotations_arrive():
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1")])
+    from hami.core import schedule_pod
+
+    p = pod("x")
+    result = schedule_pod(p, ["n1"], s.ledger, CONFIG, 0)
+    assert s.ledger.is_reserved(pod_key(p))
+    s.pod_handler.apply("MODIFIED", p)  # an event from before the decision patch
+    assert s.ledger.pod(pod_key(p)) is not None
+    s.pod_handler.apply("MODIFIED", {**p, "metadata": {**p["metadata"], "annotations": dict(result.annotations)}})
+    assert not s.ledger.is_reserved(pod_key(p)) and s.ledger.pod(pod_key(p)).node == "n1"
+    s.restore_pod(pod_key(p), "ns", "x")  # cache has the annotated pod: the allocation stays
+    assert s.ledger.pod(pod_key(p)) is not None
+
+
+def test_node_health_follows_allocatable_and_handshake():
+    now = time.time()
+    fresh = handshake_value(now - 10)
+    stale = handshake_value(now - 120)
+    assert vendor_alive(node("a"), NV, now)
+    assert vendor_alive(node("a", allocatable=False, handshake=fresh), NV, now)
+    assert vendor_alive(node("a", allocatable=False, handshake="Reported 2026"), NV, now)
+    assert not vendor_alive(node("a", allocatable=False, handshake=stale), NV, now)
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("up"), node("gone", allocatable=False, handshake=stale)])
+    assert s.ledger.node_names() == ["up"]
+    s.node_handler.apply("DELETED", node("up"))
+    assert s.ledger.node_names() == []
+
+
+def test_node_selector_and_bad_registration():
+    s = ClusterState(CONFIG, node_selector={"gpu": "on"})
+    bad = node("bad", labels={"gpu": "on"})
+    bad["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "{not json"
+    s.node_handler.replace([node("on", labels={"gpu": "on"}), node("off"), bad])
+    assert s.ledger.node_names() == ["on"]
+
+
+def test_quota_events():
+    s = ClusterState(CONFIG)
+    q = {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}}}
+    s.quota_handler.replace([q])
+    assert s.ledger.quota_room("ns", CONFIG.vendors).room["NVIDIA"] == (1000, None)
+    s.quota_handler.apply("DELETED", q)
+    assert s.ledger.quota_room("ns", CONFIG.vendors) is None
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    O.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--node-lock-timeout", "5x"], "--node-lock-timeout"),
+    (["--http_bind", "nohost"], "--http_bind"),
+    (["--node-label-selector", "gpu"], "--node-label-selector"),
+    (["--cert_file", "/etc/hostname"], "go together"),
+    (["--device-config-file", "/nonexistent.yaml"], "--device-config-file"),
+    (["--node-scheduler-policy", "fastest"], "--node-scheduler-policy"),
+    (["--gpu-scheduler-policy", "random"], "--gpu-scheduler-policy"),
+])
+def test_bad_flags_name_the_flag(argv, text):
+    with pytest.raises(ConfigError) as err:
+        O.options_from_args(_args(*argv))
+    assert text in str(err.value)
+
+
+def test_bad_device_config_names_the_key(tmp_path):
+    f = tmp_path / "device-config.yaml"
+    f.write_text("nvidia:\n  deviceSplitCount: lots\n")
+    with pytest.raises(ConfigError) as err:
+        O.options_from_args(_args("--device-config-file", str(f)))
+    assert "nvidia.deviceSplitCount" in str(err.value)
+
+
+def test_flags_with_hami_names(monkeypatch):
+    monkeypatch.setenv("HAMI_NODELOCK_EXPIRE", "2m")
+    o = O.options_from_args(_args("--http_bind=0.0.0.0:443", "--node-label-selector=gpu=on,zone=a",
+                                  "--node-lock-retry-timeout=1m30s", "--leader-elect", "--leader-elect-identity=me"))
+    assert (o.host, o.port, o.node_selector) == ("0.0.0.0", 443, {"gpu": "on", "zone": "a"})
+    assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")
+    assert O.options_from_args(_args("--node-lock-timeout=30s")).node_lock_timeout == 30
+    assert O.parse_duration("250ms", "x") == 0.25
+
+
+def test_handshake_value_is_hami_local_time():
+    assert handshake_value(0).startswith("Requesting_")
+    datetime.strptime(handshake_value(time.time()).split("_", 1)[1], "%Y-%m-%d %H:%M:%S")

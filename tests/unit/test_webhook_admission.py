@@ -1,0 +1,149 @@
+"""The admission rules (§3.2-§3.3 plus the security denials) and the JSON patch, table-driven."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+
+import pytest
+
+from hami.core.fit import QuotaRoom
+from hami.vendors import build_vendors
+from hami.webhook.admission import AdmissionSettings, decide, json_patch, review
+
+S = AdmissionSettings(build_vendors())
+
+
+def pod(limits=None, scheduler=None, annotations=None, labels=None, env=None, privileged=False, node=None,
+        init=None, ns="team"):
+    c = {"name": "main", "image": "busybox", "resources": {"limits": dict(limits or {})}}
+    if env:
+        c["env"] = env
+    if privileged:
+        c["securityContext"] = {"privileged": True}
+    spec = {"containers": [c]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    if node:
+        spec["nodeName"] = node
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": ns, "annotations": annotations or {}, "labels": labels or {}},
+            "spec": spec}
+
+
+GPU = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
+OFF = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+
+
+@pytest.mark.parametrize("case, p, labels, text", [
+    ("no containers", {"metadata": {"name": "p"}, "spec": {"containers": []}}, None, "pod has no containers"),
+    ("forged allocation", pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "x"}), None, "internal annotations"),
+    ("forged to-allocate", pod(annotations={"hami.io/vgpu-devices-to-allocate": "x"}), None, "internal annotations"),
+    ("forged node", pod(annotations={"hami.io/vgpu-node": "n1"}), None, "hami.io/vgpu-node"),
+    ("forged bind phase", pod(annotations={"hami.io/bind-phase": "success"}), None, "hami.io/bind-phase"),
+    ("forged label", pod(labels={"hami.io/vgpu-node": "n1"}), None, "label hami.io/vgpu-node"),
+    ("forged on another scheduler", pod(scheduler="volcano", annotations={"hami.io/vgpu-time": "1"}), None, "internal"),
+    ("disable control", pod(GPU, env=OFF), {}, "CUDA_DISABLE_CONTROL"),
+    ("disable control, label false", pod(GPU, env=OFF), {"hami.io/allow-disable-control": "false"}, "CUDA_DISABLE_CONTROL"),
+    ("disable control in an init container", pod(GPU, init=[{"name": "i", "env": OFF}]), {}, "'i'"),
+    ("privileged", pod(GPU, privileged=True), None, "privileged"),
+    ("node assigned", pod(GPU, node="n1"), None, "pod has node assigned"),
+    ("bad percentage", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}), None, "0..100"),
+    ("negative memory", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": -1}), None, "must not be negative"),
+])
+def test_denials(case, p, labels, text):
+    d = decide(p, S, labels)
+    assert not d.allowed and text in d.message, (case, d)
+
+
+def test_opt_in_label_allows_disable_control():
+    assert decide(pod(GPU, env=OFF), S, {"hami.io/allow-disable-control": "true"}).allowed
+
+
+def test_privileged_without_devices_is_left_alone():
+    d = decide(pod(privileged=True), S)
+    assert d.allowed and d.pod["spec"].get("schedulerName") is None
+
+
+@pytest.mark.parametrize("scheduler, routed", [
+    (None, True), ("default-scheduler", True), ("hami-scheduler", True), ("volcano", False),
+])
+def test_scheduler_name_gate(scheduler, routed):
+    d = decide(pod(GPU, scheduler=scheduler), S)
+    assert d.allowed
+    assert (d.pod["spec"].get("schedulerName") == "hami-scheduler") is routed
+
+
+def test_gate_without_force_overwrite_keeps_default_scheduler():
+    s = AdmissionSettings(S.vendors, force_overwrite_default_scheduler=False)
+    assert decide(pod(GPU, scheduler="default-scheduler"), s).pod["spec"]["schedulerName"] == "default-scheduler"
+
+
+def test_defaults_whole_card_priority_and_default_count():
+    d = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/priority": 0}), S)
+    c = d.pod["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpucores"] == 100
+    assert {"name": "CUDA_TASK_PRIORITY", "value": "0"} in c["env"]
+    d = decide(pod({"nvidia.com/gpumem": 2000}), S)
+    assert d.pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpucores" not in d.pod["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_admission_quota():
+    def room(ns, vendors):
+        return QuotaRoom({"NVIDIA": (2500, None)}) if ns == "team" else None
+
+    init = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}}}]
+    assert decide(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}, init=init), S, quota_room=room).allowed
+    d = decide(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1500}), S, quota_room=room)
+    assert not d.allowed and "exceeding resource quota" in d.message and "2500 left" in d.message
+    assert decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 9000}, ns="other"), S, quota_room=room).allowed
+
+
+def _apply(doc, ops):
+    """A minimal RFC 6902 applier (add/remove/replace) to check our patches."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        if not parts:
+            doc = op["value"]
+            continue
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        key = int(parts[-1]) if isinstance(parent, list) else parts[-1]
+        if op["op"] == "remove":
+            del parent[key]
+        else:
+            parent[key] = op["value"]
+    return doc
+
+
+@pytest.mark.parametrize("old, new", [
+    ({"a": 1}, {"a": 2}),
+    ({"a": {"b/c": 1, "d~": 2}}, {"a": {"b/c": 3}}),
+    ({"l": [1, 2]}, {"l": [1, 2, 3]}),
+    ({"l": [{"x": 1}, {"y": 2}]}, {"l": [{"x": 1}, {"y": 3, "z": []}]}),
+    ({}, {"spec": {"schedulerName": "s"}}),
+])
+def test_json_patch_round_trip(old, new):
+    assert _apply(old, json_patch(old, new)) == new
+
+
+def test_review_response_shape():
+    p = pod({"nvidia.com/gpu": 1})
+    body = {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p}}
+    out = review(body, S)
+    assert out["apiVersion"] == "admission.k8s.io/v1beta1" and out["response"]["uid"] == "u1"
+    assert out["response"]["allowed"] and out["response"]["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(out["response"]["patch"]))
+    patched = _apply(p, ops)
+    assert patched["spec"]["schedulerName"] == "hami-scheduler"
+    assert patched["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpucores"] == 100
+    denied = review({**body, "request": {**body["request"], "object": pod(GPU, privileged=True)}}, S)["response"]
+    assert not denied["allowed"] and denied["status"]["code"] == 403 and "privileged" in denied["status"]["message"]
+    assert review({"request": {"uid": "u2", "object": "nope"}}, S)["response"]["status"]["code"] == 400
