@@ -32,7 +32,7 @@ mkdir -p "$BIN" "$WORK"
 
 # One install at a time per cache (several checkouts may run `make test` at once).
 exec 9>"$CACHE/kube/.install.lock"
-if ! flock -n 9; then
+if command -v flock >/dev/null && ! flock -n 9; then
     log "another install-kube.sh is running on $CACHE/kube; waiting for it"
     flock 9
 fi

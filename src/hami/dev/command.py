@@ -90,7 +90,8 @@ def _alive(pid: int) -> bool:
 
 
 def _exports(state: dict) -> str:
-    return "\n".join(f"export {key}={shlex.quote(value)}" for key, value in state["env"].items())
+    kubeconfig, binaries = state["env"]["KUBECONFIG"], state["bin"]
+    return f'export KUBECONFIG={shlex.quote(kubeconfig)}\nexport PATH={shlex.quote(binaries)}:"$PATH"'
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -207,6 +208,7 @@ def _serve(args: argparse.Namespace) -> int:
         for index in range(options["nodes"]):
             cluster.create_node(f"kwok-node-{index}", gpus=options["gpus"], labels={"gpu": "on"})
         state = {"pid": os.getpid(), "env": cluster.env(), "workdir": str(workdir),
+                 "bin": str(cluster.binaries["kube-apiserver"].parent),
                  "summary": cluster.describe_startup()}
         tmp = _state_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
