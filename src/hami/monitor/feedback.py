@@ -12,8 +12,9 @@ Every period, for every container region (reference hami-core §6.5):
 
 Blocking is off by default: a container blocked by a monitor that then dies would stay blocked
 until a monitor comes back (HAMi-core, and our libvgpu, honour -1 with no expiry; our libvgpu
-does priority itself through peer regions and needs no monitor). When the loop stops, :func:`release` puts every region back to switch 1 (enforce)
-and un-blocks it, so a dead monitor leaves limits on and nothing blocked.
+does priority itself through peer regions and needs no monitor). When the loop stops,
+:func:`release` puts every region back to switch 1 (enforce) and un-blocks it, so a monitor
+that exits leaves limits on and nothing blocked.
 
 :func:`decide` is pure: it takes readings and returns the writes.
 """
