@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,10 +199,7 @@ def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     workdir = state_dir() / "run"
-    if workdir.exists():
-        import shutil
-
-        shutil.rmtree(workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
     cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options))
     try:
         cluster.start()
