@@ -323,3 +323,110 @@ def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
             kube_cluster.api("GET", f"/api/v1/nodes/{n}")["metadata"].get("annotations") or {})], "no node lock left", 30)
     finally:
         _cleanup_nodes(kube_cluster, nodes)
+
+
+def test_lock_of_a_vanished_pod_is_reclaimed_at_once(kube_cluster, hami, standin, ns):
+    selector, (node,) = _group(kube_cluster, "lock", 1, gpus=1)
+    try:
+        stale = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())},{ns},vanished"
+        kube_cluster.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"hami.io/mutex.lock": stale}}},
+                         content_type="application/merge-patch+json")
+        began = time.monotonic()
+        _place(kube_cluster, ns, [gpu_pod("next", ns, mem=100, node_selector=selector)], timeout=30)
+        assert time.monotonic() - began < 20  # far below the 5-minute expiry
+    finally:
+        _cleanup_nodes(kube_cluster, [node])
+
+
+def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
+    """The API server ends every watch after timeoutSeconds: the reflector resumes from the last
+    resourceVersion (no relist) and misses nothing. (Expiry -> relist is covered by
+    tests/unit/test_reflector.py: a real API server keeps old versions in its watch cache too
+    long to force a 410 here.)"""
+    import asyncio
+
+    from hami.kube.client import KubeClient
+    from hami.kube.reflector import Reflector
+
+    path = f"/api/v1/namespaces/{kube_namespace}/configmaps"
+    kube_cluster.api("POST", path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before"}})
+
+    class Seen:
+        def __init__(self):
+            self.items: dict[str, dict] = {}
+
+        def replace(self, items):
+            self.items = {i["metadata"]["name"]: i for i in items}
+
+        def apply(self, kind, obj):
+            if kind == "DELETED":
+                self.items.pop(obj["metadata"]["name"], None)
+            else:
+                self.items[obj["metadata"]["name"]] = obj
+
+    async def scenario():
+        kube = await KubeClient.connect(str(kube_cluster.kubeconfig))
+        seen = Seen()
+        r = Reflector(kube, path, seen, watch_timeout=1)
+        task = asyncio.create_task(r.run())
+        try:
+            await asyncio.wait_for(r.synced.wait(), 20)
+            assert "before" in seen.items
+            await asyncio.sleep(2.5)  # at least two server-side watch timeouts
+            for name in ("after", "later"):
+                await asyncio.to_thread(kube_cluster.api, "POST", path,
+                                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+                await asyncio.sleep(1.2)
+            for _ in range(100):
+                if {"after", "later"} <= set(seen.items):
+                    break
+                await asyncio.sleep(0.1)
+            assert {"before", "after", "later"} <= set(seen.items)
+            assert r.relists == 1
+        finally:
+            task.cancel()
+            await kube.close()
+
+    asyncio.run(scenario())
+
+
+def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace):
+    """Leader election as HAMi does it: each replica follows the Lease that the kube-scheduler in
+    its own pod holds. Here the test writes that Lease (holderIdentity `<pod>_<uuid>`)."""
+    ns, lease = kube_namespace, "hami-scheduler-test"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{lease}"
+
+    def hold(identity: str) -> None:
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": lease},
+                "spec": {"holderIdentity": f"{identity}_{uuid.uuid4().hex[:8]}", "leaseDurationSeconds": 15,
+                         "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}}
+        try:
+            kube_cluster.api("PUT", path, {**body, "metadata": {**body["metadata"], "resourceVersion":
+                                                                kube_cluster.api("GET", path)["metadata"]["resourceVersion"]}})
+        except ApiError:
+            kube_cluster.api("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body)
+
+    flags = ("--leader-elect", f"--leader-elect-resource-name={lease}", f"--leader-elect-resource-namespace={ns}")
+    hold("replica-a")
+    a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", tls=False).start()
+    b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", tls=False).start(wait_ready=False)
+    try:
+        kube_cluster.wait_for(lambda: b.get("/healthz") == 200, "replica b up", 30)
+        time.sleep(2.0)
+        assert (a.get("/readyz"), b.get("/readyz")) == (200, 503)
+        hold("replica-b")
+        kube_cluster.wait_for(lambda: (a.get("/readyz"), b.get("/readyz")) == (503, 200), "failover to b", 30)
+        import json as _json
+        import urllib.request
+
+        p = gpu_pod("direct", ns, mem=100)
+        p["spec"]["schedulerName"] = "nobody"  # no kube-scheduler touches it; the test calls /filter itself
+        created = _create(kube_cluster, ns, p)
+        req = lambda url: urllib.request.urlopen(urllib.request.Request(  # noqa: E731
+            url + "/filter", data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
+            headers={"Content-Type": "application/json"}), timeout=30).read()
+        assert "not the leader" in _json.loads(req(a.url))["Error"]
+        assert _json.loads(req(b.url))["Error"] == ""
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,81 @@
+"""Reflector protocol handling: a 410 (HTTP status or ERROR event) makes it relist.
+
+A real API server keeps recent versions in its watch cache, so an expired resourceVersion
+cannot be provoked there on demand; this test serves the two documented 410 forms from a
+tiny local HTTP server instead. List+watch against the real API server is covered in
+tests/integration/test_scheduler.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from hami.kube.reflector import Reflector
+
+
+class Client:
+    """The subset of KubeClient the reflector uses, over plain aiohttp."""
+
+    def __init__(self, base: str, session) -> None:
+        self.base, self.session = base, session
+
+    async def request(self, method, path, query=(), **_):
+        async with self.session.request(method, self.base + path, params=list(query)) as r:
+            return await r.json()
+
+    async def open(self, method, path, query=(), timeout=None, **_):
+        return await self.session.request(method, self.base + path, params=[(k, str(v)) for k, v in query])
+
+
+async def test_relists_on_410_event_and_on_http_410():
+    lists, watches = [], []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            lists.append(1)
+            return web.json_response({"metadata": {"resourceVersion": str(10 * len(lists))},
+                                      "items": [{"metadata": {"name": f"obj{len(lists)}", "resourceVersion": "1"}}]})
+        watches.append(request.query["resourceVersion"])
+        if len(watches) == 2:
+            return web.Response(status=410, text="gone")
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if len(watches) == 1:
+            await resp.write(json.dumps({"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}).encode() + b"\n")
+            await resp.write(json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}}).encode() + b"\n")
+        else:
+            await asyncio.sleep(30)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/items", handler)
+    server = TestServer(app)
+    await server.start_server()
+    import aiohttp
+
+    seen: dict[str, list] = {"replace": [], "apply": []}
+
+    class H:
+        def replace(self, items):
+            seen["replace"].append([i["metadata"]["name"] for i in items])
+
+        def apply(self, kind, obj):
+            seen["apply"].append((kind, obj["metadata"]["name"]))
+
+    async with aiohttp.ClientSession() as session:
+        r = Reflector(Client(str(server.make_url("")).rstrip("/"), session), "/items", H())
+        task = asyncio.create_task(r.run())
+        for _ in range(100):
+            if len(watches) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    await server.close()
+    assert seen["replace"] == [["obj1"], ["obj2"], ["obj3"]]  # 410 event -> relist; HTTP 410 -> relist
+    assert seen["apply"] == [("ADDED", "w")]
+    assert watches[:3] == ["10", "20", "30"]
+    assert r.relists == 3
