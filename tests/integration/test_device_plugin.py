@@ -33,6 +33,7 @@ from hami.core.codec import decode_node_devices_json, decode_pod_devices, encode
 from hami.core.types import ContainerDevice
 from hami.deviceplugin import allocate as A
 from hami.deviceplugin.api import HEALTHY, UNHEALTHY
+from hami.deviceplugin.devices import physical_id
 from hami.deviceplugin.kubelet_standin import KubeletStandIn
 from hami.deviceplugin.register import REGISTER
 from hami.dev.cluster import node_manifest
@@ -69,7 +70,8 @@ class Plugin:
         self.state.mkdir()
         _sysfs(self.tmp / "sys")
         (self.tmp / "config.json").write_text(json.dumps(
-            {"nodeconfig": [{"name": node, "devicesplitcount": split, "enablenumatopology": True}]}))
+            {"nodeconfig": [{"name": node, "devicesplitcount": split, "enablenumatopology": True,
+                             "enablegetpreferredallocation": True}]}))
         self.kubelet = KubeletStandIn(self.plugin_dir)
         self.proc: subprocess.Popen | None = None
         self.log = self.tmp / "plugin.log"
@@ -243,6 +245,7 @@ async def test_allocate_single_container(plugin, kube_api, kube_namespace):
     await schedule_like_hami(kube_api, plugin.node, ns, "one", devs)
     pod = await client.CoreV1Api(kube_api).read_namespaced_pod("one", ns)
     [resp] = await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+    assert [physical_id(i) for i in plugin.kubelet.allocated[-1]] == [G1]  # GetPreferredAllocation followed the pod
     envs = dict(resp.envs)
     assert {k: envs[k] for k in expected_env(devs[0])} == expected_env(devs[0])
     assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith(f"{plugin.hook}/vgpu/")

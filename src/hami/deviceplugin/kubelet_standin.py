@@ -43,6 +43,7 @@ class KubeletStandIn:
         self.plugins: dict[str, PluginEndpoint] = {}
         self.registrations: list[tuple[str, str]] = []
         self.in_use: set[str] = set()
+        self.allocated: list[list[str]] = []  # kubelet IDs passed to each Allocate, in order
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
 
@@ -147,6 +148,7 @@ class KubeletStandIn:
             pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]), timeout=timeout
         )
         self.in_use.update(ids)
+        self.allocated.append(ids)
         return resp.container_responses[0]
 
     async def admit_pod(self, resource: str, counts: list[int], timeout: float = 10.0) -> list:
