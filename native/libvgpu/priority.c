@@ -56,6 +56,14 @@ static int is_self(const struct stat *st)
     return stat(vgpu_cfg.cache_path, &me) == 0 && me.st_dev == st->st_dev && me.st_ino == st->st_ino;
 }
 
+static int live_slots(const vgpu_region *r)
+{
+    int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE), live = 0;
+    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++)
+        live += __atomic_load_n(&r->procs[i].pid, __ATOMIC_ACQUIRE) != 0;
+    return live;
+}
+
 static void consider(const char *path)
 {
     struct stat st;
@@ -75,7 +83,12 @@ static void consider(const char *path)
     close(fd);
     if (p == MAP_FAILED)
         return;
-    g_peers[g_npeers++] = (peer){st.st_dev, st.st_ino, p, g_gen};
+    const vgpu_region *r = p;
+    if (__atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC || !live_slots(r)) {
+        munmap(p, sizeof(vgpu_region)); /* not started yet, or every process has exited */
+        return;
+    }
+    g_peers[g_npeers++] = (peer){st.st_dev, st.st_ino, r, g_gen};
     LOG_INFO("priority: watching peer region %s", path);
 }
 

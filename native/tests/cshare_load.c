@@ -1,12 +1,13 @@
 /* Saturating kernel load for the compute-share tests and benchmark (driver API only, so it
  * runs on the fake GPU and on a real one).
  *
- *   cshare_load KIND KERNEL_US SECONDS [DEPTH] [DEVICE]
+ *   cshare_load KIND KERNEL_US SECONDS [DEPTH] [DEVICE] [LINGER_S]
  *
  * KIND: plain ptsz ex ex_ptsz coop coop_ptsz graph graph_ptsz; one launch costs KERNEL_US
  * of device time (a graph launch runs 4 nodes of KERNEL_US/4). The program keeps at most
  * DEPTH launches in flight (synchronizing the stream every DEPTH launches) and prints
- * "<wall-clock ms> <launches admitted so far>" every 10 ms, then "done <launches>".
+ * "<wall-clock ms> <launches admitted so far>" every 10 ms, then "done <launches>", then
+ * stays alive without launching for LINGER_S seconds (a task that has gone quiet).
  *
  *   cshare_load bench N          time N zero-length launches, print "ns_per_launch <x>" */
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -151,12 +152,13 @@ int main(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[1], "bench"))
         return bench(atol(argv[2]));
     if (argc < 4) {
-        fprintf(stderr, "usage: %s KIND KERNEL_US SECONDS [DEPTH] [DEVICE]\n", argv[0]);
+        fprintf(stderr, "usage: %s KIND KERNEL_US SECONDS [DEPTH] [DEVICE] [LINGER_S]\n", argv[0]);
         return 2;
     }
     unsigned kernel_us = (unsigned)atoi(argv[2]);
     double seconds = atof(argv[3]);
     int depth = argc > 4 ? atoi(argv[4]) : 8, dev = argc > 5 ? atoi(argv[5]) : 0;
+    double linger = argc > 6 ? atof(argv[6]) : 0;
     launcher l;
     setup(&l, argv[1], kernel_us, dev);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -175,5 +177,9 @@ int main(int argc, char **argv)
     }
     check(cuCtxSynchronize(), "cuCtxSynchronize");
     printf("%.3f %ld\ndone %ld\n", now_s(CLOCK_REALTIME) * 1e3, launches, launches);
+    if (linger > 0) {
+        struct timespec ts = {(time_t)linger, (long)((linger - (double)(time_t)linger) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     return 0;
 }

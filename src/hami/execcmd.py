@@ -78,6 +78,18 @@ class Plan:
     argv: list[str]
 
 
+def _exec_dir() -> str:
+    """`<tmp>/hami-exec`, shared by every `hami exec` on the machine (sticky, world-writable)."""
+    d = Path(tempfile.gettempdir()) / "hami-exec"
+    try:
+        d.mkdir(mode=0o1777, exist_ok=True)
+        if d.stat().st_uid == os.getuid():
+            d.chmod(0o1777)
+    except OSError as exc:
+        raise ExecError(f"--cache: cannot create {str(d)!r}: {exc.strerror}") from exc
+    return str(d)
+
+
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
     command = list(args.command)
     if command and command[0] == "--":
@@ -102,11 +114,18 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         if not cache.parent.is_dir():
             raise ExecError(f"--cache: directory {str(cache.parent)!r} does not exist")
     else:
-        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache")
+        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache", dir=_exec_dir())
         os.close(fd)
         os.chmod(name, 0o666)
         cache = Path(name)
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(cache)
+    # Regions in the same directory are peers: a low-priority task pauses while a
+    # higher-priority one launches on a shared GPU (docs/compute-shares.md).
+    env.setdefault("HAMI_PEER_REGIONS", str(cache.parent))
+    if args.priority is not None:
+        env["CUDA_TASK_PRIORITY"] = str(args.priority)
+    if args.core_policy is not None:
+        env["GPU_CORE_UTILIZATION_POLICY"] = args.core_policy
     if args.log_level is not None:
         env["LIBCUDA_LOG_LEVEL"] = str(args.log_level)
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != "libvgpu.so"]
@@ -117,6 +136,12 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpumem", required=True, help="memory limit per device, e.g. 4G, 4096m, 4Gi, 4GB")
     parser.add_argument("--gpucores", type=int, default=None, help="compute share in percent (1..100)")
+    parser.add_argument("--priority", type=int, choices=(0, 1), default=None,
+                        help="task priority (CUDA_TASK_PRIORITY): 0 high, 1 low (default); a low-priority "
+                             "task pauses while a high-priority one launches kernels on a shared GPU")
+    parser.add_argument("--core-policy", choices=("default", "force", "disable"), default=None,
+                        help="GPU_CORE_UTILIZATION_POLICY: default (capped only when the GPU is shared), "
+                             "force (always capped), disable (never)")
     parser.add_argument("--devices", default=None, help="devices to expose, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--cache", default=None,
                         help="shared region file (default: a new file under the temp dir); "
@@ -130,7 +155,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-          "CUDA_DEVICE_MEMORY_SHARED_CACHE", "LIBCUDA_LOG_LEVEL", "LD_PRELOAD")
+          "CUDA_DEVICE_MEMORY_SHARED_CACHE", "LIBCUDA_LOG_LEVEL", "LD_PRELOAD", "CUDA_TASK_PRIORITY",
+          "GPU_CORE_UTILIZATION_POLICY", "HAMI_PEER_REGIONS")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,104 @@
+"""Compute shares (CUDA_DEVICE_SM_LIMIT) against the fake GPU: accuracy after settling,
+competing containers, the three policies, every launch path, per-device limits.
+
+Each scenario runs on its own fake machine (FAKEGPU_STATE_DIR), so independent scenarios run
+side by side; the loads mostly sleep (fake kernels), so this stays cheap on 2 cores.
+Run with `-s` to see the measured figures."""
+from __future__ import annotations
+
+import pytest
+
+from .cshare import base_env, start
+
+pytestmark = pytest.mark.native
+
+TOL = 5.0        # percentage points
+SETTLE_MS = 500  # measurement starts this long after the first launch
+
+
+@pytest.fixture
+def env(native_build):
+    return base_env(native_build / "fakegpu")
+
+
+def steady(trace, start_ms=None, end_ms=None):
+    a = (start_ms if start_ms is not None else trace.start) + SETTLE_MS
+    b = end_ms if end_ms is not None else trace.end - 50
+    return trace.share(a, b)
+
+
+def test_force_single_process_accuracy(env, tmp_path):
+    limits = (10, 30, 50, 70, 90)
+    tasks = [start(env, tmp_path / f"m{lim}", tmp_path / f"c{lim}.cache", limit=lim, policy="force")
+             for lim in limits]
+    for lim, task in zip(limits, tasks):
+        tr = task.trace()
+        achieved, settle = steady(tr), tr.settling_s(lim)
+        print(f"force limit {lim}: achieved {achieved:.1f}%, settled in {settle:.2f} s")
+        assert abs(achieved - lim) <= TOL, (lim, achieved)
+        assert settle <= SETTLE_MS / 1000, (lim, settle)
+
+
+def test_disable_policy_never_throttles(env, tmp_path):
+    tr = start(env, tmp_path / "m", tmp_path / "c.cache", limit=20, policy="disable", seconds=1.5).trace()
+    assert steady(tr) > 85
+
+
+def test_two_containers_30_70(env, tmp_path):
+    m = tmp_path / "m"
+    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=3) for lim in (30, 70)]
+    traces = [t.trace() for t in tasks]
+    a, b = max(t.start for t in traces), min(t.end for t in traces)
+    for lim, tr in zip((30, 70), traces):
+        achieved = tr.share(a + SETTLE_MS, b - 50)
+        print(f"30/70 competing: limit {lim} achieved {achieved:.1f}%")
+        assert abs(achieved - lim) <= TOL, (lim, achieved)
+
+
+def test_three_containers_20_30_50(env, tmp_path):
+    m = tmp_path / "m"
+    limits = (20, 30, 50)
+    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=3) for lim in limits]
+    traces = [t.trace() for t in tasks]
+    a, b = max(t.start for t in traces), min(t.end for t in traces)
+    for lim, tr in zip(limits, traces):
+        achieved = tr.share(a + SETTLE_MS, b - 50)
+        print(f"20/30/50 competing: limit {lim} achieved {achieved:.1f}%")
+        assert abs(achieved - lim) <= TOL, (lim, achieved)
+
+
+def test_default_policy_is_work_conserving(env, tmp_path):
+    """A lone task runs unthrottled; once a second task uses the GPU, both are held."""
+    import time
+    m = tmp_path / "m"
+    first = start(env, m, tmp_path / "a.cache", limit=30, seconds=3.5)
+    time.sleep(1.5)
+    second = start(env, m, tmp_path / "b.cache", limit=50, seconds=2.0)
+    ta, tb = first.trace(), second.trace()
+    alone = ta.share(ta.start + 300, tb.start - 100)
+    both_a = ta.share(tb.start + 600, tb.end - 50)
+    both_b = tb.share(tb.start + 600, tb.end - 50)
+    print(f"default policy: alone {alone:.1f}%, shared {both_a:.1f}% (limit 30) / {both_b:.1f}% (limit 50)")
+    assert alone > 85
+    assert abs(both_a - 30) <= TOL and abs(both_b - 50) <= TOL
+
+
+@pytest.mark.parametrize("kinds", [("ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz")])
+def test_every_launch_path_is_limited(env, tmp_path, kinds):
+    tasks = [start(env, tmp_path / f"m{k}", tmp_path / f"{k}.cache", limit=40, policy="force", kind=k,
+                   seconds=1.8) for k in kinds]
+    for k, task in zip(kinds, tasks):
+        achieved = steady(task.trace())
+        print(f"launch path {k}: achieved {achieved:.1f}% (limit 40)")
+        assert abs(achieved - 40) <= TOL, (k, achieved)
+
+
+def test_multi_gpu_container_limited_per_device(env, tmp_path):
+    """One container (one region), two devices with their own limits and their own loops."""
+    m, region = tmp_path / "m", tmp_path / "c.cache"
+    per_dev = {"CUDA_DEVICE_SM_LIMIT_0": "30", "CUDA_DEVICE_SM_LIMIT_1": "60"}
+    tasks = [start(env, m, region, policy="force", device=d, seconds=2.5, extra=per_dev) for d in (0, 1)]
+    for want, task in zip((30, 60), tasks):
+        achieved = steady(task.trace())
+        print(f"multi-GPU container: device limit {want}: achieved {achieved:.1f}%")
+        assert abs(achieved - want) <= TOL, (want, achieved)
