@@ -1,0 +1,109 @@
+"""Task priority (CUDA_TASK_PRIORITY) between two `hami exec` tasks on one fake GPU, with no
+node agent: the low-priority task pauses at its next launch while the high-priority one
+launches, and resumes after it goes quiet (HAMI_PRIORITY_QUIET_MS, default 200 ms).
+Also: HAMi's monitor protocol (recent_kernel = -1 blocks) and the host PID in a PID namespace.
+Run with `-s` to see the measured times."""
+from __future__ import annotations
+
+import mmap
+import shutil
+import struct
+import subprocess
+import time
+
+import pytest
+
+from .cshare import LIB, LOAD, base_env, start
+from .region_layout import read_region
+
+pytestmark = pytest.mark.native
+
+RECENT_KERNEL = 2_008_904
+
+
+@pytest.fixture
+def env(native_build):
+    return base_env(native_build / "fakegpu")
+
+
+def test_low_priority_yields_and_resumes(env, tmp_path):
+    m, peers = tmp_path / "m", tmp_path / "regions"
+    peers.mkdir()
+    low = start(env, m, peers / "low.cache", priority=1, seconds=3.0, via_exec=True)
+    time.sleep(0.8)
+    # the high-priority task launches for 0.8 s, then stays alive but quiet for 1.5 s
+    high = start(env, m, peers / "high.cache", priority=0, seconds=0.8, linger=1.5, via_exec=True)
+    tl, th = low.trace(), high.trace()
+    paused_at = tl.last_before_gap(th.start - 20)
+    resumed_at = tl.first_after_gap(th.start - 20)
+    assert paused_at is not None and resumed_at is not None, "the low-priority task never paused"
+    yield_ms = paused_at - th.start
+    resume_ms = resumed_at - th.end
+    during = tl.share(th.start + 100, th.end)
+    print(f"priority: low paused {yield_ms:.0f} ms after the high task's first launch, resumed "
+          f"{resume_ms:.0f} ms after its last; low share while high ran {during:.1f}%, "
+          f"high share {th.share(th.start + 100, th.end):.1f}%")
+    assert yield_ms < 250
+    assert 0 < resume_ms < 200 + 400  # quiet time + watcher tick + scheduling slack
+    assert during < 5
+    assert tl.share(resumed_at + 100, tl.end - 50) > 80
+
+
+def test_same_priority_does_not_pause(env, tmp_path):
+    m, peers = tmp_path / "m", tmp_path / "regions"
+    peers.mkdir()
+    a = start(env, m, peers / "a.cache", priority=1, seconds=2.0, via_exec=True)
+    time.sleep(0.5)
+    b = start(env, m, peers / "b.cache", priority=1, seconds=1.0, via_exec=True)
+    ta, tb = a.trace(), b.trace()
+    assert ta.last_before_gap(tb.start - 20, gap_ms=80) is None
+    assert ta.share(tb.start + 100, tb.end) > 30
+
+
+def test_monitor_block_recent_kernel(env, tmp_path):
+    """HAMi's monitor blocks a container by writing recent_kernel = -1 into its region."""
+    region = tmp_path / "c.cache"
+    task = start(env, tmp_path / "m", region, seconds=2.0)
+    deadline = time.time() + 10
+    while (not region.exists() or region.stat().st_size < RECENT_KERNEL + 4) and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.4)
+    with open(region, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        blocked = time.time() * 1000
+        mm[RECENT_KERNEL:RECENT_KERNEL + 4] = struct.pack("<i", -1)
+        time.sleep(0.5)
+        mm[RECENT_KERNEL:RECENT_KERNEL + 4] = struct.pack("<i", 0)
+        released = time.time() * 1000
+    tr = task.trace()
+    assert tr.share(blocked + 60, released - 20) < 5
+    assert tr.share(released + 100, tr.end - 50) > 80
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare")
+def test_host_pid_in_a_pid_namespace(env, tmp_path):
+    """Inside a new PID namespace getpid() is small; the slot must hold the outer PID."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--map-root-user", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("unprivileged PID namespaces are not available here")
+    region = tmp_path / "c.cache"
+    e = dict(env, FAKEGPU_STATE_DIR=str(tmp_path / "m"), LD_PRELOAD=str(LIB),
+             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(region), CUDA_DEVICE_SM_LIMIT="50")
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--map-root-user", str(LOAD), "plain", "1000", "0.3",
+                             "8", "0", "2"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 10
+        slots = []
+        while time.time() < deadline:
+            time.sleep(0.1)
+            if region.exists() and region.stat().st_size > RECENT_KERNEL:
+                slots = [s for s in read_region(region)["slots"] if s["pid"]]
+                if slots and slots[0]["hostpid"]:
+                    break
+        assert slots, "no process slot"
+        inner, host = slots[0]["pid"], slots[0]["hostpid"]
+        with open(f"/proc/{host}/status") as f:
+            nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        print(f"PID namespace: getpid() = {inner}, host PID found = {host} (NSpid {nspid})")
+        assert inner != host and nspid == [str(host), str(inner)]
+    finally:
+        proc.communicate(timeout=20)
