@@ -6,19 +6,25 @@ through the real API server, exactly as `hami device-plugin` does after the kube
 Allocate: it finds the pod named by the node lock (``hami.io/mutex.lock``), waits until the pod
 is bound to that node, removes ``hami.io/vgpu-devices-to-allocate``, sets
 ``hami.io/bind-phase=success`` and releases the lock (owner- and resourceVersion-checked).
-It reads the allocation only from annotations; it never talks to the scheduler.
+It reads the allocation only from annotations; it never talks to the scheduler. One gap
+against a real node: a pod that was bound while its lock was not yet visible is served on its
+next event only (a kubelet would retry Allocate).
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import zlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -145,16 +151,24 @@ class SchedulerProcess:
 
 
 class PluginStandIn:
-    """Plays the device plugin's side of the handoff for kwok nodes (see the module docstring)."""
+    """Plays the device plugin's side of the handoff for kwok nodes (see the module docstring).
 
-    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, interval: float = 0.05) -> None:
+    It watches pods (what the kubelet would do before calling Allocate): a pod bound to a node
+    with ``bind-phase=allocating`` is served when the node's lock names it. Pods are served
+    concurrently (one lock per node serialises each node anyway).
+    """
+
+    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, workers: int = 8) -> None:
         self.cluster = cluster
         self.nodes = nodes
-        self.interval = interval
         self.allocated: list[tuple[str, str, str]] = []  # (node, ns/name, allocated annotation)
         self.errors: list[str] = []
         self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(workers)
+        self._busy: set[str] = set()
+        self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._conn: http.client.HTTPSConnection | None = None
 
     def __enter__(self) -> "PluginStandIn":
         self._thread.start()
@@ -162,40 +176,87 @@ class PluginStandIn:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _run(self) -> None:
+        rv = None
         while not self._stop.is_set():
             try:
-                for node in self.cluster.api("GET", "/api/v1/nodes")["items"]:
-                    name = node["metadata"]["name"]
-                    if self.nodes is None or name in self.nodes:
-                        self._serve(node)
-            except (ApiError, OSError) as exc:
+                if rv is None:
+                    listed = self.cluster.api("GET", "/api/v1/pods")
+                    for p in listed["items"]:
+                        self._offer(p)
+                    rv = listed["metadata"]["resourceVersion"]
+                rv = self._watch(rv)
+            except (ApiError, OSError, ValueError, http.client.HTTPException) as exc:
+                if self._stop.is_set():
+                    return
                 self.errors.append(str(exc))
-            self._stop.wait(self.interval)
+                rv = None
+                self._stop.wait(0.2)
 
-    def _serve(self, node: dict) -> None:
-        name = node["metadata"]["name"]
-        lock = nodelock.parse_node_lock((node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK))
-        if lock is None:
-            return
+    def _watch(self, rv: str) -> str | None:
+        ctx = self.cluster._client_context()
+        self._conn = conn = http.client.HTTPSConnection("127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx,
+                                                        timeout=120)
         try:
-            pod = self.cluster.api("GET", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return  # the scheduler reclaims locks of vanished pods; a real plugin would too
-            raise
-        if pod["spec"].get("nodeName") != name:
-            return  # not bound yet: the kubelet would not call Allocate before that
-        ann = pod["metadata"].get("annotations") or {}
-        if ann.get("hami.io/bind-phase") != "success":
-            decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
-            self.cluster.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
-                             {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
-                             content_type=MERGE)
-            self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
-        self._release(name, lock)
+            conn.request("GET", f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}")
+            resp = conn.getresponse()
+            if resp.status != 200:
+                return None
+            while not self._stop.is_set():
+                line = resp.readline()
+                if not line:
+                    return rv
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    return None
+                obj = event.get("object") or {}
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    self._offer(obj)
+            return rv
+        finally:
+            conn.close()
+
+    def _offer(self, pod: dict) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if not node or ann.get("hami.io/bind-phase") != "allocating" or (self.nodes is not None and node not in self.nodes):
+            return
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        with self._mutex:
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        self._pool.submit(self._serve_safely, node, pod, key)
+
+    def _serve_safely(self, node: str, pod: dict, key: str) -> None:
+        try:
+            self._serve(node, pod)
+        except (ApiError, OSError, KeyError, ValueError) as exc:
+            self.errors.append(f"{key}: {exc}")
+        finally:
+            with self._mutex:
+                self._busy.discard(key)
+
+    def _serve(self, node: str, pod: dict) -> None:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        value = (self.cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
+        if not nodelock.owned_by(value, ns, name):
+            return  # the kubelet's Allocate would fail and be retried; our next event retries too
+        ann = pod["metadata"]["annotations"]
+        decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
+        self.cluster.api("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}",
+                         {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                         content_type=MERGE)
+        self.allocated.append((node, f"{ns}/{name}", ann[ALLOCATED]))
+        self._release(node, nodelock.NodeLock("", ns, name))
 
     def _release(self, node: str, lock: nodelock.NodeLock) -> None:
         for _ in range(5):

@@ -91,6 +91,10 @@ def _check_capacity(all_pods: list[dict], mem: int = 16384, split: int = 10) -> 
         assert slots <= split and used_mem <= mem and used_cores <= 100, (uuid_, slots, used_mem, used_cores)
 
 
+def allocated(p: dict) -> bool:
+    return (p["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
+
+
 def _cleanup_nodes(cluster, names):
     for n in names:
         cluster.delete_node(n)
@@ -110,7 +114,7 @@ def test_deployment_of_30_mixed_pods_on_4_nodes(kube_cluster, hami, standin, ns)
             "spec": {"replicas": 30, "selector": {"matchLabels": {"app": "mix"}},
                      "template": {"metadata": {"labels": {"app": "mix"}}, "spec": template["spec"]}}})
         done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 30 and all(
-            p.get("status", {}).get("phase") == "Running" and placed(p) for p in ps) else None,
+            p.get("status", {}).get("phase") == "Running" and placed(p) and allocated(p) for p in ps) else None,
             "30 Running pods", 180)
         for p in done:
             node = p["spec"]["nodeName"]
@@ -310,8 +314,10 @@ def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
             futures = [pool.submit(_create, kube_cluster, ns, p) for p in burst]
             kube_cluster.wait_for(lambda: sum(placed(p) for p in pods(kube_cluster, ns)) >= 20, "20 placed", 120, 0.2)
             hami.kill()
+            at_kill = sum(placed(p) for p in pods(kube_cluster, ns))
             for f in futures:
                 f.result()
+        assert at_kill < 100, "the scheduler was not killed mid-burst"
         hami.start()
         done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 100 and all(
             placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps) else None,
