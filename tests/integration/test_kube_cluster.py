@@ -122,7 +122,9 @@ async def test_default_scheduler_pod_runs_on_kwok_node_and_is_deleted(kube_api, 
     await _gone(core, kube_namespace, "plain")
 
 
-async def test_hami_scheduler_pod_goes_through_the_extender(kube_cluster, kube_api, kube_namespace, kwok_node):
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_hami_scheduler_pod_goes_through_the_extender(scheme, kube_cluster, kube_api, kube_namespace, kwok_node):
+    """HTTPS: the scheduler verifies the extender's certificate against the cluster CA."""
     core = client.CoreV1Api(kube_api)
 
     async def filter_(args: dict) -> dict:
@@ -135,8 +137,10 @@ async def test_hami_scheduler_pod_goes_through_the_extender(kube_cluster, kube_a
         await core.create_namespaced_binding(args["PodNamespace"], binding, _preload_content=False)
         return {"Error": ""}
 
-    async with _Server({"/filter": filter_, "/bind": bind}) as extender:
-        kube_cluster.configure_hami_scheduler(extender=ExtenderConfig(url_prefix=f"http://127.0.0.1:{extender.port}"))
+    tls = kube_cluster.server_ssl_context("extender") if scheme == "https" else None
+    async with _Server({"/filter": filter_, "/bind": bind}, ssl_context=tls) as extender:
+        url = f"{scheme}://127.0.0.1:{extender.port}"
+        kube_cluster.configure_hami_scheduler(extender=ExtenderConfig(url_prefix=url))
         try:
             gpu = {"limits": {"nvidia.com/gpu": "1"}}
             await core.create_namespaced_pod(kube_namespace, _pod("gpu", kwok_node, "hami-scheduler", gpu))
