@@ -13,7 +13,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hami.dev.cluster import ExtenderConfig, KubeCluster
+from hami.dev.cluster import ExtenderConfig, KubeCluster, SchedulerConfig
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +195,14 @@ async def test_mutating_webhook_is_called_with_the_cluster_ca(kube_cluster, kube
     assert request["kind"]["kind"] == "Pod" and request["operation"] == "CREATE"
     assert request["namespace"] == kube_namespace and request["object"]["metadata"]["name"] == "mutated"
     await _running_on(core, kube_namespace, "mutated", kwok_node)
+
+
+def test_hami_scheduler_with_leader_election_holds_its_lease(kube_cluster: KubeCluster):
+    previous = kube_cluster.configure_hami_scheduler(SchedulerConfig(leader_elect=True))
+    try:
+        lease = kube_cluster.wait_for(
+            lambda: kube_cluster.api("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/hami-scheduler"),
+            "the kube-system/hami-scheduler Lease")
+        assert lease["spec"]["holderIdentity"]
+    finally:
+        kube_cluster.configure_hami_scheduler(previous)
