@@ -2,6 +2,7 @@
 #include "vgpu.h"
 
 #include "../common/ptrmap.h"
+#include "limiter.h"
 
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <nvml.h>
@@ -314,16 +315,14 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
             if (size > (4ULL << 30))
                 size = 0;
             g_ctx_size[reg] = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : size;
-            for (unsigned i = 0; i < after.npids && vgpu_my_slot && !vgpu_my_slot->hostpid; i++) {
-                int seen = 0;
-                for (unsigned j = 0; j < before.npids; j++)
-                    seen |= before.pids[j] == after.pids[i];
-                if (!seen)
-                    __atomic_store_n(&vgpu_my_slot->hostpid, (int32_t)after.pids[i], __ATOMIC_RELEASE);
+            /* not guessed from this list's difference (racy across containers) */
+            if (vgpu_my_slot && !vgpu_my_slot->hostpid) {
+                int hp = lim_resolve_host_pid_on(cuda_dev, reg);
+                if (hp)
+                    __atomic_store_n(&vgpu_my_slot->hostpid, hp, __ATOMIC_RELEASE);
             }
             __atomic_store_n(&g_ctx_measured[reg], 1, __ATOMIC_RELEASE);
-            LOG_INFO("device %d: context footprint %llu bytes, host pid %d", reg,
-                     (unsigned long long)g_ctx_size[reg], vgpu_my_slot ? vgpu_my_slot->hostpid : 0);
+            LOG_INFO("device %d: context footprint %llu bytes", reg, (unsigned long long)g_ctx_size[reg]);
         }
         vgpu_region_unlock();
     }

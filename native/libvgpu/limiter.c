@@ -32,6 +32,7 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include <nvml.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -63,6 +64,7 @@ typedef struct {
     nvmlDevice_t nvml;
     int nvml_state; /* 0 unknown, 1 ok, -1 unavailable */
     unsigned long long last_seen_us, prev_stamp_us, period_us;
+    uint64_t next_poll_us; /* no new NVML sample expected before this */
     double tau; /* seconds of device time per launch */
     int have_tau;
     uint64_t others_until_ms;
@@ -79,6 +81,7 @@ static unsigned g_tick_ms = 10;
 static unsigned g_quiet_ms = 200;
 static unsigned g_hold_ms = 1000;
 static uint64_t g_last_publish_ms;
+static int g_single_dev = -1; /* region index when CUDA shows this process one device */
 static int g_warned_pid;
 
 /* ---------- small helpers ---------- */
@@ -187,7 +190,7 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
     if (f & F_PAUSE)
         wait_priority();
     if (f & F_COUNT) {
-        int d = vgpu_current_dev();
+        int d = g_single_dev >= 0 ? g_single_dev : vgpu_current_dev();
         if (d < 0 || d >= VGPU_MAX_DEV)
             return CUDA_SUCCESS;
         lim_dev *D = &g_dev[d];
@@ -313,15 +316,22 @@ static void set_interval(int d, lim_dev *D, int64_t iv)
     }
 }
 
-static void control(int d, lim_dev *D, uint64_t now_ms)
+static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
 {
-    if (!nvml_handle(d, D))
+    if (now_us < D->next_poll_us || !nvml_handle(d, D))
         return;
     pid_util rows[MAX_PIDS];
     unsigned long long newest;
     int n = read_samples(D, rows, &newest);
-    if (n < 0)
+    /* the next sample is due one period after this one; nothing new: look again a
+     * quarter period later (a tick before the first period is known) */
+    uint64_t quarter = D->period_us / 4;
+    if (n < 0) {
+        D->next_poll_us = now_us + quarter;
         return;
+    }
+    if (D->period_us && newest + D->period_us > now_us)
+        D->next_poll_us = newest + D->period_us;
     unsigned me = (unsigned)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE);
     if (!me && !g_warned_pid++)
         LOG_WARN("host PID unknown: compute share not enforced for this process");
@@ -395,7 +405,7 @@ static void *watcher(void *arg)
                 continue;
             snapshot(D, now_us);
             if (limit_of(d) < 100)
-                control(d, D, now_ms);
+                control(d, D, now_ms, now_us);
         }
         int block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
         if (block != paused)
@@ -413,6 +423,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_setup_mu, NULL);
     g_started = 0;
     g_last_publish_ms = 0;
+    g_single_dev = -1;
     __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);
 }
 
@@ -427,9 +438,16 @@ static void setup(void)
     g_tick_ms = env_ms("HAMI_LIMITER_TICK_MS", 10, 1, 1000);
     g_quiet_ms = env_ms("HAMI_PRIORITY_QUIET_MS", 200, 10, 60000);
     g_hold_ms = env_ms("HAMI_CONTENTION_HOLD_MS", 1000, 0, 60000);
-    int pid = lim_host_pid();
+    int pid = vgpu_my_slot ? __atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
+    if (!pid) /* not found at context creation (or written by a node agent) */
+        pid = lim_resolve_host_pid(vgpu_current_dev());
     if (pid && vgpu_my_slot)
         __atomic_store_n(&vgpu_my_slot->hostpid, pid, __ATOMIC_RELEASE);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    __typeof__(&cuDeviceGetCount) count = cuda ? vgpu_real_dlsym_fn(cuda, "cuDeviceGetCount") : NULL;
+    int ndev = 0;
+    if (count && count(&ndev) == CUDA_SUCCESS && ndev == 1)
+        g_single_dev = vgpu_cuda_dev(0);
     int any = 0;
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         any |= limit_of(d) < 100;

@@ -23,6 +23,12 @@
 /* hostpid.c: this process's PID in the initial (host) PID namespace, or 0 if it cannot be
  * known from inside (then a node agent must write it into the slot). */
 int lim_host_pid(void);
+/* The host PID as NVML reports it for device `reg_dev` (region index of the current
+ * context): lim_host_pid() if NVML lists it, else the memory-signature probe; 0 if unknown. */
+int lim_resolve_host_pid(int reg_dev);
+/* The same, from a context-creation hook: makes the device's primary context current
+ * for the probe and restores the caller's current context. */
+int lim_resolve_host_pid_on(int cuda_dev, int reg_dev);
 
 /* priority.c */
 uint64_t lim_wall_ms(void);

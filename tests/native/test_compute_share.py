@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .cshare import base_env, start
+from .cshare import Trace, base_env, start
 
 pytestmark = pytest.mark.native
 
@@ -102,3 +102,16 @@ def test_multi_gpu_container_limited_per_device(env, tmp_path):
         achieved = steady(task.trace())
         print(f"multi-GPU container: device limit {want}: achieved {achieved:.1f}%")
         assert abs(achieved - want) <= TOL, (want, achieved)
+
+
+def test_host_pid_by_memory_probe_when_nvml_pids_differ(env, tmp_path):
+    """The fake NVML reports pid + 100000 (a driver in another PID namespace): the host PID
+    comes from the memory-signature probe, and the share is still enforced."""
+    region = tmp_path / "c.cache"
+    task = start(env, tmp_path / "m", region, limit=30, policy="force", seconds=1.5,
+                 extra={"FAKEGPU_HOSTPID_OFFSET": "100000", "LIBCUDA_LOG_LEVEL": "3"})
+    out, err = task.proc.communicate(timeout=60)
+    assert task.proc.returncode == 0, err
+    tr = Trace.parse(out)
+    assert abs(steady(tr) - 30) <= TOL
+    assert f"host pid {task.proc.pid + 100000}" in err
