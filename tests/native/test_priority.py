@@ -112,3 +112,11 @@ def test_host_pid_in_a_pid_namespace(env, tmp_path):
     assert said in children and said != inner
     assert host == inner  # the fake NVML reports in-namespace PIDs
     assert f"pid={said}]" not in err  # log lines carry getpid(), never the outer PID
+
+
+def test_bad_setting_is_refused_with_its_name(env, tmp_path):
+    task = start(env, tmp_path / "m", tmp_path / "c.cache", limit=30, seconds=0.2,
+                 extra={"HAMI_PRIORITY_QUIET_MS": "fast"})
+    _, err = task.proc.communicate(timeout=30)
+    assert task.proc.returncode == 78
+    assert "invalid HAMI_PRIORITY_QUIET_MS='fast'" in err
