@@ -65,6 +65,7 @@ typedef struct {
     int nvml_state; /* 0 unknown, 1 ok, -1 unavailable */
     unsigned long long last_seen_us, prev_stamp_us, period_us;
     uint64_t next_poll_us; /* no new NVML sample expected before this */
+    uint64_t counted_since_us; /* launch counts are complete from this wall time on (0 = not counting) */
     double tau; /* seconds of device time per launch */
     int have_tau;
     uint64_t others_until_ms;
@@ -83,6 +84,7 @@ static unsigned g_hold_ms = 1000;
 static uint64_t g_last_publish_ms;
 static int g_single_dev = -1; /* region index when CUDA shows this process one device */
 static int g_warned_pid;
+static int g_watch; /* a device has a limit and the policy is not `disable` */
 
 /* ---------- small helpers ---------- */
 
@@ -324,8 +326,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     unsigned long long newest;
     int n = read_samples(D, rows, &newest);
     /* the next sample is due one period after this one; nothing new: look again a
-     * quarter period later (a tick before the first period is known) */
-    uint64_t quarter = D->period_us / 4;
+     * quarter period later (20 ms before the period is known) */
+    uint64_t quarter = D->period_us ? D->period_us / 4 : 20000;
     if (n < 0) {
         D->next_poll_us = now_us + quarter;
         return;
@@ -354,7 +356,9 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     D->last_seen_us = newest;
     if (vgpu_my_slot)
         __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)u_me, __ATOMIC_RELAXED);
-    if (D->period_us) {
+    if (u_me >= 1 && !__atomic_load_n(&D->used, __ATOMIC_RELAXED))
+        __atomic_store_n(&D->used, 1, __ATOMIC_RELAXED);
+    if (D->period_us && D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
         double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
         double launches = a >= 0 && b >= 0 ? b - a : 0;
         if (launches >= 2 && u_me >= 1) {
@@ -386,32 +390,39 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
               total, u_other, D->tau * 1e6, target);
 }
 
-static void publish_flags(int pause)
+static void publish_flags(int pause, int count)
 {
-    unsigned f = __atomic_load_n(&g_flags, __ATOMIC_RELAXED) & ~(unsigned)F_PAUSE;
-    __atomic_store_n(&g_flags, f | (pause ? F_PAUSE : 0), __ATOMIC_RELEASE);
+    unsigned f = __atomic_load_n(&g_flags, __ATOMIC_RELAXED) & ~(unsigned)(F_PAUSE | F_COUNT);
+    __atomic_store_n(&g_flags, f | (pause ? F_PAUSE : 0) | (count ? F_COUNT : 0), __ATOMIC_RELEASE);
 }
 
 static void *watcher(void *arg)
 {
     (void)arg;
-    int counting = (__atomic_load_n(&g_flags, __ATOMIC_RELAXED) & F_COUNT) != 0;
     int prio = vgpu_reg->priority, paused = 0;
     for (;;) {
         uint64_t now_ms = lim_wall_ms(), now_us = wall_us();
-        for (int d = 0; counting && d < VGPU_MAX_DEV; d++) {
+        int counting = (__atomic_load_n(&g_flags, __ATOMIC_RELAXED) & F_COUNT) != 0, need = 0;
+        int ndev = (int)__atomic_load_n(&vgpu_reg->device_num, __ATOMIC_ACQUIRE);
+        for (int d = 0; g_watch && d < ndev && d < VGPU_MAX_DEV; d++) {
             lim_dev *D = &g_dev[d];
-            if (!__atomic_load_n(&D->used, __ATOMIC_RELAXED))
+            if (limit_of(d) >= 100)
                 continue;
-            snapshot(D, now_us);
-            if (limit_of(d) < 100)
-                control(d, D, now_ms, now_us);
+            if (!counting)
+                D->counted_since_us = 0;
+            else if (!D->counted_since_us)
+                D->counted_since_us = now_us;
+            if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED))
+                snapshot(D, now_us);
+            control(d, D, now_ms, now_us);
+            /* count launches while capped, or while others use the GPU (about to be) */
+            need |= vgpu_cfg.core_policy == 1 || now_ms < D->others_until_ms;
         }
         int block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
         if (block != paused)
             LOG_INFO("%s by a higher-priority task", block ? "pausing launches" : "resuming launches");
         paused = block;
-        publish_flags(block);
+        publish_flags(block, need);
         sleep_ns((int64_t)g_tick_ms * 1000000LL);
     }
     return NULL;
@@ -424,6 +435,7 @@ static void after_fork_child(void)
     g_started = 0;
     g_last_publish_ms = 0;
     g_single_dev = -1;
+    g_watch = 0;
     __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);
 }
 
@@ -452,7 +464,8 @@ static void setup(void)
     for (int d = 0; d < VGPU_MAX_DEV; d++)
         any |= limit_of(d) < 100;
     unsigned f = 0;
-    if (any && vgpu_cfg.core_policy != 2 && vgpu_my_slot)
+    g_watch = any && vgpu_cfg.core_policy != 2 && vgpu_my_slot;
+    if (g_watch && vgpu_cfg.core_policy == 1)
         f |= F_COUNT;
     if (lim_peers_configured() && vgpu_my_slot)
         f |= F_PUBLISH;
@@ -460,14 +473,15 @@ static void setup(void)
              vgpu_cfg.core_policy == 1 ? "force" : vgpu_cfg.core_policy == 2 ? "disable" : "default",
              vgpu_reg->priority, pid, f & F_PUBLISH ? ", peers watched" : "");
     __atomic_store_n(&g_flags, f, __ATOMIC_RELEASE);
-    if (f) {
+    if (g_watch || f) {
         pthread_t t;
         pthread_attr_t a;
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
         if (pthread_create(&t, &a, watcher, NULL) != 0) {
             LOG_ERROR("cannot start the compute-share watcher: %s", strerror(errno));
-            __atomic_store_n(&g_flags, f & F_PUBLISH, __ATOMIC_RELEASE);
+            g_watch = 0;
+            __atomic_store_n(&g_flags, 0, __ATOMIC_RELEASE);
         }
         pthread_attr_destroy(&a);
     }
