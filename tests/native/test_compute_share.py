@@ -115,3 +115,15 @@ def test_host_pid_by_memory_probe_when_nvml_pids_differ(env, tmp_path):
     tr = Trace.parse(out)
     assert abs(steady(tr) - 30) <= TOL
     assert f"host pid {task.proc.pid + 100000}" in err
+
+
+def test_processes_of_one_container_share_its_limit(env, tmp_path):
+    """Two processes with one region (one container) and limit 40: together 40, about half each."""
+    m, region = tmp_path / "m", tmp_path / "c.cache"
+    tasks = [start(env, m, region, limit=40, policy="force", seconds=3) for _ in range(2)]
+    traces = [t.trace() for t in tasks]
+    a, b = max(t.start for t in traces) + 1000, min(t.end for t in traces) - 50
+    shares = [tr.share(a, b) for tr in traces]
+    print(f"one container, two processes, limit 40: {shares[0]:.1f}% + {shares[1]:.1f}% = {sum(shares):.1f}%")
+    assert abs(sum(shares) - 40) <= TOL
+    assert all(abs(s - 20) <= 2 * TOL for s in shares)
