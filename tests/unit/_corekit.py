@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod
+from hami.core.types import MigProfile
 
 CONFIG = SchedulerConfig.from_device_config()
+
+# A100-SXM4-40GB MIG profiles as NVML reports them: memory in 8 slices, (start, size) placements.
+A100_40_MIG = (
+    MigProfile("1g.5gb", 4864, 13, 1, tuple((s, 1) for s in range(7))),
+    MigProfile("1g.10gb", 9856, 13, 1, ((0, 2), (2, 2), (4, 2), (6, 2))),
+    MigProfile("2g.10gb", 9856, 26, 2, ((0, 2), (2, 2), (4, 2))),
+    MigProfile("3g.20gb", 19968, 39, 3, ((0, 4), (4, 4))),
+    MigProfile("4g.20gb", 19968, 52, 4, ((0, 4),)),
+    MigProfile("7g.40gb", 40192, 91, 7, ((0, 8),)),
+)
+
+
+def mig_gpu(node: str, i: int, profiles=A100_40_MIG, health: bool = True, numa: int = 0) -> DeviceInfo:
+    return DeviceInfo(id=f"GPU-{node}-{i}", index=i, count=7, devmem=40960, devcore=100, type="NVIDIA-A100-SXM4-40GB",
+                      numa=numa, mode="mig", health=health, vendor="NVIDIA", mig_profiles=profiles)
 
 
 def gpu(node: str, i: int, mem: int = 16384, cores: int = 100, count: int = 10, type_: str = "NVIDIA-Tesla T4",

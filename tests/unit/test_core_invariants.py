@@ -1,7 +1,8 @@
 """Property tests: random clusters, random arrivals and deletions.
 
 1. No device ever exceeds its slots, memory or cores, and the ledger's incremental usage equals
-   a recomputation from the recorded allocations.
+   a recomputation from the recorded allocations. On MIG-mode GPUs (the second test's clusters),
+   the slices held never overlap and the ledger never finds its own decisions inconsistent.
 2. A pod left pending really fits nowhere at that moment (checked against an independent,
    exhaustive oracle for pods whose containers do not share a phase: one optional classic init
    container plus one regular container, where greedy choice is exact).
@@ -14,17 +15,20 @@ from hypothesis import strategies as st
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, PERCENT_UNSET, filter_pod, pod_request, schedule_pod
 
-from ._corekit import CONFIG, ctr, pod
+from ._corekit import CONFIG, ctr, mig_gpu, pod
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
-def clusters(draw):
+def clusters(draw, mig: bool = False):
     nodes = []
     for n in range(draw(st.integers(1, 3))):
         devs = []
         for i in range(draw(st.integers(1, 4))):
+            if mig and draw(st.integers(0, 2)) == 0:
+                devs.append(mig_gpu(str(n), i, numa=draw(st.integers(0, 1))))
+                continue
             devs.append(DeviceInfo(
                 id=f"GPU-{n}-{i}", index=i, count=draw(st.integers(1, 4)), devmem=draw(st.sampled_from([1000, 4000, 8000])),
                 devcore=draw(st.sampled_from([100, 100, 200])), type=draw(st.sampled_from(["NVIDIA-T4", "NVIDIA-A100"])),
@@ -77,10 +81,15 @@ def check_capacity(led: Ledger) -> None:
     for name in led.node_names():
         rows = list(led.device_usage(name))
         assert rows == list(fresh.device_usage(name))
+        assert led.slices(name) == fresh.slices(name)
+        registered = {d.id: d.health for d in led.node(name).devices}
         for d, used, mem, cores in rows:
             assert 0 <= used <= d.count, (d.id, used, d.count)
             assert 0 <= mem <= d.devmem, (d.id, mem, d.devmem)
             assert 0 <= cores <= d.devcore, (d.id, cores, d.devcore)
+            assert d.health == registered[d.id], d.id  # our own decisions are never inconsistent
+        for uuid, pieces in led.slices(name).items():
+            assert not any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1:]), (uuid, pieces)
 
 
 def oracle_fits(led: Ledger, p: dict) -> bool:
@@ -137,6 +146,6 @@ def test_capacity_and_pending_really_fits_nowhere(nodes, evs):
 
 
 @SETTINGS
-@given(clusters(), events(sidecars=True))
+@given(clusters(mig=True), events(sidecars=True))
 def test_capacity_with_sidecars_and_several_containers(nodes, evs):
     run(nodes, evs, check_oracle=False)

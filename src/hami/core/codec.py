@@ -6,15 +6,19 @@
   health[,index,mode]:`` per device, every device terminated by ``:``.
 * Pod allocation (``hami.io/vgpu-devices-allocated``): ``UUID,TYPE,MEM,CORES:`` per device,
   ``;`` after every container (init containers first), empty containers kept.
+* MIG reservations (``hami.io/vgpu-mig-allocations``): a JSON array of ``{containerIndex,
+  deviceIndex, gpuUUID, profile, placement:{start,size}[, migUUID, gpuInstanceID,
+  computeInstanceID]}``, indexes into the allocation annotation above.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import CodecError
-from .types import ContainerDevice, DeviceInfo, MigProfile, PodSingleDevice
+from .types import ContainerDevice, DeviceInfo, MigProfile, PodSingleDevice, Slice
 
 _GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _GO_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
@@ -262,3 +266,96 @@ def decode_pod_devices(text: str) -> PodSingleDevice:
         return ()
     body = text[:-1] if text.endswith(";") else text
     return tuple(decode_container_devices(seg, f"container[{i}]") for i, seg in enumerate(body.split(";")))
+
+
+# --------------------------------------------------------------------- MIG reservations (§6.6)
+
+
+@dataclass(frozen=True, slots=True)
+class MigAllocation:
+    """One entry of ``hami.io/vgpu-mig-allocations``: the slice reserved for device ``device`` of
+    container ``container`` (annotation order), plus the runtime identity the device plugin adds."""
+
+    container: int
+    device: int
+    gpu_uuid: str
+    profile: str
+    start: int
+    size: int
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def slice(self) -> Slice:
+        return Slice(uuid=self.gpu_uuid, profile=self.profile, start=self.start, size=self.size)
+
+
+def encode_mig_allocations(entries: Iterable[MigAllocation]) -> str:
+    """Go ``json.Marshal`` of HAMi's ``[]MigAllocation`` (runtime fields omitted when empty/nil)."""
+    out = []
+    for e in entries:
+        obj: dict[str, Any] = {
+            "containerIndex": e.container, "deviceIndex": e.device, "gpuUUID": e.gpu_uuid,
+            "profile": e.profile, "placement": {"start": e.start, "size": e.size},
+        }
+        if e.mig_uuid:
+            obj["migUUID"] = e.mig_uuid
+        if e.gpu_instance_id is not None:
+            obj["gpuInstanceID"] = e.gpu_instance_id
+        if e.compute_instance_id is not None:
+            obj["computeInstanceID"] = e.compute_instance_id
+        out.append(obj)
+    return _go_json(out)
+
+
+def _opt_uint(obj: dict, key: str, where: str) -> int | None:
+    if obj.get(key) is None:
+        return None
+    value = _int_field(obj, key, where)
+    if value < 0:
+        raise CodecError(f"{where}: field {key!r} must be >= 0, got {value}")
+    return value
+
+
+def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
+    """Parse ``hami.io/vgpu-mig-allocations`` with HAMi's checks: every entry complete (indexes
+    >= 0, a GPU UUID, a profile, a placement of size > 0), the three runtime fields all present or
+    all absent, ``(containerIndex, deviceIndex)`` unique. Raises :class:`CodecError`."""
+    if not text:
+        return ()
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CodecError(f"not valid JSON ({exc})") from None
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise CodecError(f"must be a JSON array, got {type(data).__name__}")
+    out: list[MigAllocation] = []
+    seen: set[tuple[int, int]] = set()
+    for i, obj in enumerate(data):
+        where = f"entry {i}"
+        if not isinstance(obj, dict):
+            raise CodecError(f"{where}: must be a JSON object, got {obj!r}")
+        place = obj.get("placement") or {}
+        if not isinstance(place, dict):
+            raise CodecError(f"{where}: field 'placement' must be an object, got {place!r}")
+        e = MigAllocation(
+            container=_int_field(obj, "containerIndex", where), device=_int_field(obj, "deviceIndex", where),
+            gpu_uuid=_str_field(obj, "gpuUUID", where), profile=_str_field(obj, "profile", where),
+            start=_int_field(place, "start", where), size=_int_field(place, "size", where),
+            mig_uuid=_str_field(obj, "migUUID", where), gpu_instance_id=_opt_uint(obj, "gpuInstanceID", where),
+            compute_instance_id=_opt_uint(obj, "computeInstanceID", where),
+        )
+        if e.container < 0 or e.device < 0 or not e.gpu_uuid or not e.profile or e.size <= 0 or e.start < 0:
+            raise CodecError(f"{where}: incomplete MIG allocation (containerIndex, deviceIndex >= 0, gpuUUID, "
+                             f"profile and a placement with size > 0 are required), got {obj!r}")
+        runtime = (bool(e.mig_uuid), e.gpu_instance_id is not None, e.compute_instance_id is not None)
+        if any(runtime) and not all(runtime):
+            raise CodecError(f"{where}: migUUID, gpuInstanceID and computeInstanceID must be set together")
+        if (e.container, e.device) in seen:
+            raise CodecError(f"{where}: duplicate entry for containerIndex {e.container} deviceIndex {e.device}")
+        seen.add((e.container, e.device))
+        out.append(e)
+    return tuple(out)

@@ -1,7 +1,14 @@
 """The one generic fit loop: can this pod go on this node, and on which devices? (§5.3-§5.4)
 
-Vendors only supply hooks (``device_filter``, ``resolve_memory``, ``capacity_check``); the walk,
-NUMA binding, quota, reason counting and container phases (init / sidecar / regular) are here.
+Vendors only supply hooks (``device_filter``, ``resolve_memory``, ``capacity_check``,
+``custom_filter``, ``repeats``, ``grant``, ``place``, ``choose``); the walk, NUMA binding, quota,
+reason counting and container phases (init / sidecar / regular) are here.
+
+Slices (NVIDIA MIG instances, :class:`~hami.core.types.Slice`): the view carries the slices
+already held on each device; ``custom_filter`` decides whether one more fits, ``place`` picks
+it when the container's devices are granted. A vendor's ``repeats(device)`` lets one device
+serve several of a container's ``nums`` (HAMi revisits MIG-mode GPUs). Slices are held for the
+pod's whole life, so an init container's slices stay taken for the containers after it.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .reasons import NodeFailure, Reason, ReasonCounter
 from .score import DevicePolicy, Weights, device_score, device_sort_key
-from .types import ContainerDevice, ContainerDeviceRequest, ContainerKind, DeviceInfo, PodRequest
+from .types import ContainerDevice, ContainerDeviceRequest, ContainerKind, DeviceInfo, PodRequest, Slice
 from .usage import Pick, collapse_picks
 
 
@@ -27,15 +34,19 @@ class NodeView:
     usedcores: list[int]
     cordoned: frozenset[str] = frozenset()
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    slices: dict[int, tuple[Slice, ...]] = field(default_factory=dict)  # device position -> slices held
 
     def copy(self) -> "NodeView":
         return NodeView(self.name, self.devices, self.used[:], self.usedmem[:], self.usedcores[:], self.cordoned,
-                        self.pair_scores)
+                        self.pair_scores, dict(self.slices))
 
     def take(self, i: int, mem: int, cores: int, slots: int = 1) -> None:
         self.used[i] += slots
         self.usedmem[i] += mem
         self.usedcores[i] += cores
+
+    def hold(self, i: int, piece: Slice) -> None:
+        self.slices[i] = self.slices.get(i, ()) + (piece,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +90,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     vendor = ctx.vendors[req.vendor]
     sel = ctx.selections[req.vendor]
     idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor]
-    if req.nums > len(idxs):
+    if req.nums > len(idxs) and not any(vendor.repeats(view.devices[i], sel) for i in idxs):
         # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
         return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
                            container=ci, vendor=req.vendor, bare=True)
@@ -94,7 +105,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     )
     kinds = [c.kind for c in ctx.pod.containers]
     reasons = ReasonCounter(total=len(idxs))
-    chosen: list[tuple[int, int]] = []  # (device position, mem)
+    chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
     collect = ctx.policy.topology_aware or vendor.chooses  # gather every fitting device, choose after
     prev_numa: int | None = None
     for _score, numa, _index, _used, i in ranked:
@@ -115,16 +126,25 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             chosen = []
         prev_numa = numa
         mem = mems[i]
-        prior = [] if collect else chosen  # collecting: combinations are checked jointly later
-        quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, prior, view, ci, req, d, mem, kinds)
-        bad = vendor.capacity_check(d, view.used[i], view.usedmem[i], view.usedcores[i], req, mem,
-                                    ctx.policy.mutex, quota_fits)
-        if bad is not None:
-            reasons.add(bad, d.id)
-            continue
-        chosen.append((i, mem))
-        if len(chosen) == req.nums and not collect:
-            return _granted(view, vendor, req, chosen)
+        held = view.slices.get(i, ())
+        n = 0  # picks of this container already on device i (only when the vendor repeats devices)
+        while True:
+            prior = [] if collect else chosen  # collecting: combinations are checked jointly later
+            quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, prior, view, ci, req, d, mem,
+                                                                         kinds)
+            bad = vendor.capacity_check(d, view.used[i] + n, view.usedmem[i] + n * mem,
+                                        view.usedcores[i] + n * req.coresreq, req, mem, ctx.policy.mutex, quota_fits)
+            if bad is None:
+                bad = vendor.custom_filter(d, req, mem, held, n)
+            if bad is not None:
+                reasons.add(bad, d.id)
+                break
+            chosen.append((i, mem))
+            if len(chosen) == req.nums and not collect:
+                return _granted(view, vendor, req, chosen)
+            if collect or not vendor.repeats(d, sel):
+                break
+            n += 1
     if vendor.chooses and len(chosen) >= req.nums:
         got = _vendor_choice(view, vendor, req, chosen, picks, ctx, ci, kinds)
         if not isinstance(got, Reason):
@@ -147,7 +167,17 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
 
 def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
              chosen: Sequence[tuple[int, int]]) -> tuple[ContainerDevice, ...]:
-    return tuple(vendor.grant(view.devices[j], req, m) for j, m in chosen)
+    """The container's device records, in pick order; ``place`` sees the slices held on the
+    device plus those placed for this container's earlier picks (HAMi ``AddResourceUsage``)."""
+    out = []
+    extra: dict[int, tuple[Slice, ...]] = {}
+    for j, m in chosen:
+        d = view.devices[j]
+        cd = vendor.place(d, vendor.grant(d, req, m), view.slices.get(j, ()) + extra.get(j, ()))
+        if cd.slice is not None:
+            extra[j] = extra.get(j, ()) + (cd.slice,)
+        out.append(cd)
+    return tuple(out)
 
 
 def _vendor_choice(view: NodeView, vendor: Any, req: ContainerDeviceRequest, cands: list[tuple[int, int]],
@@ -219,7 +249,10 @@ def _quota_probe(quota: QuotaRoom, picks: list[Pick], chosen: list[tuple[int, in
 
 def _apply(view: NodeView, devices: Sequence[ContainerDevice], index_of: Mapping[str, int]) -> None:
     for cd in devices:
-        view.take(index_of[cd.uuid], cd.usedmem, cd.usedcores)
+        i = index_of[cd.uuid]
+        view.take(i, cd.usedmem, cd.usedcores)
+        if cd.slice is not None:
+            view.hold(i, cd.slice)
 
 
 def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
@@ -243,6 +276,10 @@ def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
                 return res
             got[req.vendor] = res
             _apply(target, res, index_of)
+            if target is not running:  # an init container's slices stay held for the whole pod
+                for cd in res:
+                    if cd.slice is not None:
+                        running.hold(index_of[cd.uuid], cd.slice)
             picks.extend((ci, req.vendor, d.uuid, d.usedmem, d.usedcores) for d in res)
         for v in vendors:
             out[v].append(got.get(v, ()))

@@ -5,13 +5,19 @@ Everything in it can be rebuilt from Kubernetes objects: node registration annot
 (:func:`allocation_from_pod`). Per-node summaries are kept up to date incrementally so the
 scheduler can rank and reject most nodes without visiting their devices.
 
+Slices (NVIDIA MIG instances) are attached to their device from the pods that hold them, and
+re-derived from the node's pods whenever one of them changes (level-triggered, §5.3 step 5).
+A sliced device in an inconsistent state is treated as unhealthy (``CardNotHealth``) until the
+state is consistent again: a slice on a device that is not sliced (a MIG pod on a hami-core
+GPU), a pod using a sliced device without holding a slice on it, or two overlapping slices.
+
 The ledger is a plain in-memory object; it does no I/O and is not thread-safe (adapters
 serialise access).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .errors import CodecError, CoreError
@@ -19,7 +25,7 @@ from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
 from .requests import ordered_containers, pod_name
-from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice
+from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
 from .usage import collapse
 
 NODE_ANNOTATION = "hami.io/vgpu-node"
@@ -37,6 +43,7 @@ class VendorSummary:
     max_free_cores: int = 0
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
     types: frozenset[str] = frozenset()  # models of the schedulable devices
+    sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
 
 
 @dataclass(slots=True)
@@ -58,10 +65,38 @@ class NodeState:
     usedcores: list[int]
     index_of: dict[str, int]
     summary: NodeSummary = field(default_factory=NodeSummary)
+    devices: tuple[DeviceInfo, ...] = ()  # node.devices, with inconsistent sliced devices marked unhealthy
+    slices: dict[int, tuple[Slice, ...]] = field(default_factory=dict)  # device position -> slices held
+    sliced: bool = False  # the node has a sliced (MIG-mode) device
+
+    def recheck_slices(self, allocs: Iterable[PodAllocation]) -> None:
+        """Attach every pod's slices to their device and mark inconsistent devices unhealthy."""
+        held: dict[int, list[Slice]] = {}
+        bad: set[int] = set()
+        devs = self.node.devices
+        for alloc in allocs:
+            mine = set()
+            for piece in alloc.slices:
+                i = self.index_of.get(piece.uuid)
+                if i is None:
+                    continue
+                mine.add(piece.uuid)
+                held.setdefault(i, []).append(piece)
+                if not devs[i].sliced:
+                    bad.add(i)  # a MIG pod on a hami-core GPU
+            for u in alloc.usage:
+                i = self.index_of.get(u.uuid)
+                if i is not None and devs[i].sliced and u.uuid not in mine:
+                    bad.add(i)  # a MIG GPU used without a reservation
+        for i, pieces in held.items():
+            if any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1:]):
+                bad.add(i)
+        self.slices = {i: tuple(p) for i, p in held.items()}
+        self.devices = tuple(replace(d, health=False) if i in bad and d.health else d for i, d in enumerate(devs))
 
     def resummarise(self) -> None:
         s = NodeSummary()
-        for i, d in enumerate(self.node.devices):
+        for i, d in enumerate(self.devices):
             u, m, c = self.used[i], self.usedmem[i], self.usedcores[i]
             s.count += d.count
             s.used += u
@@ -75,6 +110,7 @@ class NodeState:
             if not d.health or d.id in self.node.cordoned:
                 continue
             v.devices += 1
+            v.sliced += d.sliced
             if d.type not in v.types:
                 v.types = v.types | {d.type}
             v.free_slot += u < d.count
@@ -101,13 +137,15 @@ class Ledger:
     def set_node(self, node: NodeDevices) -> None:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
         n = len(node.devices)
-        self._nodes[node.name] = NodeState(
+        st = self._nodes[node.name] = NodeState(
             node=node, used=[0] * n, usedmem=[0] * n, usedcores=[0] * n,
-            index_of={d.id: i for i, d in enumerate(node.devices)},
+            index_of={d.id: i for i, d in enumerate(node.devices)}, devices=node.devices,
+            sliced=any(d.sliced for d in node.devices),
         )
         for key in sorted(self._pods_by_node.get(node.name, ())):
             self._apply(self._pods[key], +1, resummarise=False)
-        self._nodes[node.name].resummarise()
+        self._recheck(st)
+        st.resummarise()
 
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
@@ -129,14 +167,24 @@ class Ledger:
 
     def view(self, name: str) -> NodeView:
         st = self._nodes[name]
-        return NodeView(name, st.node.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned,
-                        st.node.pair_scores)
+        return NodeView(name, st.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned,
+                        st.node.pair_scores, dict(st.slices))
 
     def device_usage(self, name: str) -> Iterator[tuple[DeviceInfo, int, int, int]]:
-        """``(device, used slots, used MiB, used cores)`` for every device of the node, by index order."""
+        """``(device, used slots, used MiB, used cores)`` for every device of the node, by index order.
+        ``device.health`` is False for a sliced device in an inconsistent state."""
         st = self._nodes[name]
-        for i in sorted(range(len(st.node.devices)), key=lambda i: (st.node.devices[i].index, st.node.devices[i].id)):
-            yield st.node.devices[i], st.used[i], st.usedmem[i], st.usedcores[i]
+        for i in sorted(range(len(st.devices)), key=lambda i: (st.devices[i].index, st.devices[i].id)):
+            yield st.devices[i], st.used[i], st.usedmem[i], st.usedcores[i]
+
+    def slices(self, name: str) -> dict[str, tuple[Slice, ...]]:
+        """``uuid -> slices held on it`` (NVIDIA MIG reservations) for the node's devices."""
+        st = self._nodes[name]
+        return {st.node.devices[i].id: pieces for i, pieces in sorted(st.slices.items())}
+
+    def _recheck(self, st: NodeState) -> None:
+        if st.sliced or st.slices or any(self._pods[k].slices for k in self._pods_by_node.get(st.node.name, ())):
+            st.recheck_slices(self._pods[k] for k in sorted(self._pods_by_node.get(st.node.name, ())))
 
     # ------------------------------------------------------------------ pods
     def add_pod(self, alloc: PodAllocation) -> None:
@@ -190,6 +238,8 @@ class Ledger:
             st.usedmem[i] += sign * u.mem
             st.usedcores[i] += sign * u.cores
         if resummarise:
+            if st.sliced or st.slices or alloc.slices:
+                self._recheck(st)
             st.resummarise()
 
     # ------------------------------------------------------------------ quota (§10.1)
@@ -318,13 +368,17 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def make_allocation(pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice]) -> PodAllocation:
+def make_allocation(pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice],
+                    slices: tuple[Slice, ...] | None = None) -> PodAllocation:
+    """A pod's allocation; ``slices`` default to those recorded on the container devices."""
     meta = pod.get("metadata") or {}
     kinds = tuple(k for _, k in ordered_containers(pod))
+    if slices is None:
+        slices = tuple(cd.slice for v in sorted(devices) for ctr in devices[v] for cd in ctr if cd.slice is not None)
     return PodAllocation(
         key=pod_key(pod), namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
         node=node, devices=dict(devices), kinds=kinds,
-        usage=collapse(devices, kinds, app_only=init_containers_done(pod)),
+        usage=collapse(devices, kinds, app_only=init_containers_done(pod)), slices=slices,
     )
 
 
@@ -339,6 +393,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
     devices: dict[str, PodSingleDevice] = {}
+    slices: list[Slice] = []
     for v in vendors:
         text = annotations.get(v.allocated_annotation)
         if text is None:
@@ -347,9 +402,27 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
             devices[v.name] = decode_pod_devices(text)
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
+        try:
+            found = v.read_slices(annotations)
+        except CodecError as exc:
+            raise CodecError(f"pod {pod_name(pod)}: {exc}") from None
+        devices[v.name] = _attach_slices(devices[v.name], found)
+        slices.extend(piece for _, _, piece in found)
     if not devices:
         return None
-    return make_allocation(pod, node, devices)
+    return make_allocation(pod, node, devices, tuple(slices))
+
+
+def _attach_slices(devices: PodSingleDevice, found: Sequence[tuple[int, int, Slice]]) -> PodSingleDevice:
+    """Record each slice on the container device it names (same position, same UUID). A slice
+    that names no such device still counts as held on its GPU (see the ledger's consistency rule)."""
+    if not found:
+        return devices
+    out = [list(ctr) for ctr in devices]
+    for ci, di, piece in found:
+        if ci < len(out) and di < len(out[ci]) and out[ci][di].uuid == piece.uuid:
+            out[ci][di] = replace(out[ci][di], slice=piece)
+    return tuple(tuple(ctr) for ctr in out)
 
 
 def rebuild(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], vendors: Sequence[Any],

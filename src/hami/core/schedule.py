@@ -135,11 +135,14 @@ def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: M
     that declare ``summary_prefilter`` (their ``capacity_check`` is at least as strict)."""
     for vendor, nums, memreq, pct, cores in demand.checks:
         v = s.vendors.get(vendor)
-        if v is None or v.devices < nums:
+        if v is None:
+            return True
+        need = 1 if v.sliced else nums  # a sliced (MIG) device may serve several of the nums
+        if v.devices < need:
             return True
         if not prefilter.get(vendor):
             continue
-        if v.free_slot < nums or not gate.admits(vendor, v.types):
+        if v.free_slot < need or not gate.admits(vendor, v.types):
             return True
         if memreq and v.max_free_mem < memreq:
             return True
@@ -147,7 +150,7 @@ def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: M
             return True
         if cores and v.max_free_cores < cores:
             return True
-        if cores >= 100 and v.idle < nums:
+        if cores >= 100 and v.idle < need:
             return True
     return False
 

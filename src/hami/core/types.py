@@ -17,7 +17,7 @@ PERCENT_UNSET = 101
 
 @dataclass(frozen=True, slots=True)
 class MigProfile:
-    """One MIG profile a device can host (only transported; MIG placement is not implemented)."""
+    """One MIG profile a device can host, with the placements NVML reports for it (§4.2, §6.6)."""
 
     name: str
     memory_mb: int
@@ -42,6 +42,30 @@ class DeviceInfo:
     vendor: str = ""  # backend key ("NVIDIA"); set by the reader, never transported
     mig_profiles: tuple[MigProfile, ...] = ()
     custominfo: Mapping[str, Any] | None = None
+
+    @property
+    def sliced(self) -> bool:
+        """True when the device is handed out as positioned slices (NVIDIA MIG mode): every pod
+        on it must hold a :class:`Slice`, and slices on it must not overlap (§5.3 step 5)."""
+        return self.mode in SLICED_MODES
+
+
+#: Device modes whose capacity is handed out as positioned, non-overlapping slices.
+SLICED_MODES = frozenset({"mig"})
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A positioned part of one device held by a pod for its whole life: a MIG profile at a
+    placement ``[start, start + size)`` in memory-slice units (``hami.io/vgpu-mig-allocations``)."""
+
+    uuid: str
+    profile: str
+    start: int
+    size: int
+
+    def overlaps(self, other: "Slice") -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +143,7 @@ class ContainerDevice:
     usedmem: int
     usedcores: int
     index: int = -1  # device index on the node when known (not serialised)
+    slice: Slice | None = None  # MIG profile + placement (serialised in hami.io/vgpu-mig-allocations)
 
 
 #: Per container (annotation order), the devices of one vendor. ``()`` = no device.
@@ -147,6 +172,8 @@ class PodAllocation:
     devices: Mapping[str, PodSingleDevice]  # vendor -> per container
     kinds: tuple[ContainerKind, ...]  # per container, same order
     usage: tuple[DeviceUse, ...]  # collapsed, sorted by uuid
+    #: every slice the pod holds (all containers, init included: held for the pod's whole life)
+    slices: tuple[Slice, ...] = ()
 
     def memory(self) -> int:
         return sum(u.mem for u in self.usage)

@@ -21,6 +21,9 @@ How to add a vendor (e.g. Hygon DCU)
    * ``resolve_memory`` / ``capacity_check`` - when capacity rules differ from NVIDIA's;
    * ``node_devices`` - when devices come from ``status.capacity`` instead of an annotation;
    * ``grant`` - what one chosen device records (type string, cores in the vendor's unit);
+   * ``custom_filter`` / ``place`` / ``repeats`` - sub-device slices (NVIDIA MIG): whether one more
+     slice fits next to those held, which slice a chosen device gets, and whether one device may
+     serve several of a container's ``nums``;
    * ``choose`` (with ``chooses = True``) - pick ``nums`` devices among ALL fitting candidates
      (topology groups, module pairs, one-card-per-pod rules) instead of the first ``nums``;
    * ``node_score`` (with ``node_score_neutral = False``) - a vendor term added to the node score;
@@ -47,6 +50,7 @@ from hami.core.types import (
     ContainerDeviceRequest,
     DeviceInfo,
     PodSingleDevice,
+    Slice,
 )
 
 
@@ -239,10 +243,33 @@ class BaseVendor:
             return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
         return None
 
+    def custom_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int,
+                      held: Sequence[Slice], repeat: int) -> Reason | None:
+        """HAMi's ``CustomFilterRule`` (§5.4 step 15), after every capacity rule passed. ``held``: the
+        slices already taken on ``device`` (this pod's earlier containers included); ``repeat``: how
+        many picks of ``mem`` this container already made on ``device``. None = fits."""
+        return None
+
+    def repeats(self, device: DeviceInfo, sel: Selection) -> bool:
+        """True when ``device`` may serve more than one of a container's ``nums`` (the fit loop then
+        visits it again, with the earlier picks counted). Also lifts ``NodeInsufficientDevice``."""
+        return False
+
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         """The record of one chosen device (serialised in the allocation annotation)."""
         return ContainerDevice(uuid=device.id, type=request.type, usedmem=mem, usedcores=request.coresreq,
                                index=device.index)
+
+    def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
+        """HAMi's ``AddResourceUsage`` side effects for one granted device, given the slices already
+        held on it: the default changes nothing; a slicing vendor returns the record with its
+        :class:`Slice` (and the slice's own memory and cores)."""
+        return granted
+
+    def read_slices(self, annotations: Mapping[str, str]) -> tuple[tuple[int, int, Slice], ...]:
+        """Slices recorded on a placed pod, as ``(container index, device index, slice)``; ``()`` when
+        the vendor has none. Raises :class:`CodecError` (naming the annotation) when malformed."""
+        return ()
 
     def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
                prior: Sequence[str]) -> Sequence[int] | Reason:

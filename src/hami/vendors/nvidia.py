@@ -2,23 +2,66 @@
 
 Everything generic (fit loop, capacity rules, scoring, annotation grammar) lives in the core
 and :class:`~hami.vendors.base.BaseVendor`; this module holds what is NVIDIA's own: resource
-names and defaults from ``device-config.yaml`` (§3.3, §5.4), the type/mode/UUID annotations.
+names and defaults from ``device-config.yaml`` (§3.3, §5.4), the type/mode/UUID annotations,
+and dynamic MIG (§5.4 step 15, ``AddResourceUsage``, §6.6): on a GPU registered with mode
+``mig`` each granted device is one MIG instance, the smallest allowed profile (by memory, then
+slice count) with ``memoryMB >= request`` and a placement that overlaps no held one; ``1g.*``
+and ``3g.*`` take the highest free start, other profiles the lowest. The container's memory and
+cores become the profile's. Reservations go to ``hami.io/vgpu-mig-allocations``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hami.config import NvidiaConfig
-from hami.core.codec import decode_pair_scores
-from hami.core.errors import RequestError
+from hami.core.codec import MigAllocation, decode_mig_allocations, decode_pair_scores, encode_mig_allocations
+from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthMemo, HealthVerdict, nvidia_health
 from hami.core.quantity import container_resources
 from hami.core.reasons import Reason
-from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.types import (
+    PERCENT_UNSET,
+    ContainerDevice,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    MigProfile,
+    PodSingleDevice,
+    Slice,
+)
 
 from .base import BaseVendor, ResourceNames, Selection, _lookup
+
+
+MIG_ALLOCATIONS_ANNOTATION = "hami.io/vgpu-mig-allocations"
+MIG_MODE = "mig"
+
+Placement = tuple[int, int]  # (start, size) in memory-slice units
+
+
+def _prefers_high(profile: str) -> bool:
+    return profile.startswith(("1g.", "3g."))
+
+
+def _overlaps(a: Placement, b: Placement) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def select_mig(profiles: Sequence[MigProfile], occupied: Sequence[Placement],
+               mem: int) -> tuple[MigProfile, Placement] | None:
+    """The smallest profile by ``(memoryMB, sliceCount)`` (stable: registration order breaks ties)
+    with ``memoryMB >= mem`` and a placement overlapping none of ``occupied``; ``1g.*``/``3g.*``
+    try placements from the highest start, the others from the lowest. None when nothing fits."""
+    for p in sorted(profiles, key=lambda p: (p.memory_mb, p.slice_count)):
+        if p.memory_mb < mem:
+            continue
+        places = sorted(p.placements, key=lambda pl: -pl[0] if _prefers_high(p.name) else pl[0])
+        for pl in places:
+            if pl[1] > 0 and not any(_overlaps(pl, o) for o in occupied):
+                return p, pl
+    return None
 
 
 def _env_append(container: dict, name: str, value: str) -> None:
@@ -47,6 +90,7 @@ class NvidiaVendor(BaseVendor):
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
+        self._allowed_memo: dict[tuple[str, tuple[MigProfile, ...]], tuple[MigProfile, ...]] = {}
         c = self.config
         super().__init__(
             ResourceNames(
@@ -142,12 +186,75 @@ class NvidiaVendor(BaseVendor):
             return Reason.CARD_TYPE_MISMATCH
         if request.type != self.request_type:
             return Reason.CARD_TYPE_MISMATCH
-        if base is not None:
-            return base
-        if device.mode == "mig":
-            # MIG profile placement is not implemented: never place on a MIG-mode GPU.
-            return Reason.CARD_MIG_TOPOLOGY_INFEASIBLE
+        return base
+
+    # ------------------------------------------------------------------ dynamic MIG (§5.4, §6.6)
+    def allowed_profiles(self, device: DeviceInfo) -> tuple[MigProfile, ...]:
+        """The device's registered profiles, narrowed by ``migProfileAllowlist``: the first entry with
+        a model contained in the device type limits the profiles to its list (an entry without
+        profiles allows all). No matching entry (or no allowlist): every registered profile."""
+        key = (device.type, device.mig_profiles)
+        hit = self._allowed_memo.get(key)
+        if hit is None:
+            hit = device.mig_profiles
+            for entry in self.config.mig_profile_allowlist:
+                if any(m and m in device.type for m in entry.models):
+                    if entry.profiles:
+                        hit = tuple(p for p in device.mig_profiles if p.name in entry.profiles)
+                    break
+            self._allowed_memo[key] = hit
+        return hit
+
+    def repeats(self, device: DeviceInfo, sel: Selection) -> bool:
+        """A MIG-mode GPU can host several instances of one container (HAMi revisits it), unless the
+        pod's ``nvidia.com/vgpu-mode`` excludes MIG."""
+        return device.mode == MIG_MODE and (sel.modes is None or MIG_MODE in sel.modes)
+
+    def custom_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int,
+                      held: Sequence[Slice], repeat: int) -> Reason | None:
+        """MIG: after placing this container's ``repeat`` earlier picks, one more instance of
+        ``mem`` MiB must still find a profile and a free placement (``CardMigTopologyInfeasible``)."""
+        if device.mode != MIG_MODE:
+            return None
+        profiles = self.allowed_profiles(device)
+        occupied = [(s.start, s.size) for s in held]
+        for _ in range(repeat + 1):
+            got = select_mig(profiles, occupied, mem)
+            if got is None:
+                return Reason.CARD_MIG_TOPOLOGY_INFEASIBLE
+            occupied.append(got[1])
         return None
+
+    def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
+        if device.mode != MIG_MODE:
+            return granted
+        got = select_mig(self.allowed_profiles(device), [(s.start, s.size) for s in held], granted.usedmem)
+        if got is None:  # custom_filter accepted this very pick, so this is a bug, not bad input
+            raise ValueError(f"MIG placement vanished for {granted.usedmem} MiB on {device.id}")
+        profile, (start, size) = got
+        return replace(granted, usedmem=profile.memory_mb, usedcores=profile.core,
+                       slice=Slice(uuid=device.id, profile=profile.name, start=start, size=size))
+
+    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
+                        pod: Any = None, view: Any = None) -> dict[str, str]:
+        out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
+        entries = [
+            MigAllocation(container=ci, device=di, gpu_uuid=cd.uuid, profile=cd.slice.profile,
+                          start=cd.slice.start, size=cd.slice.size)
+            for ci, ctr in enumerate(devices) for di, cd in enumerate(ctr) if cd.slice is not None
+        ]
+        if entries:
+            out[MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(entries)
+        return out
+
+    def read_slices(self, annotations: Mapping[str, str]) -> tuple[tuple[int, int, Slice], ...]:
+        text = annotations.get(MIG_ALLOCATIONS_ANNOTATION)
+        if not text:
+            return ()
+        try:
+            return tuple((e.container, e.device, e.slice) for e in decode_mig_allocations(text))
+        except CodecError as exc:
+            raise CodecError(f"annotation {MIG_ALLOCATIONS_ANNOTATION}: {exc}") from None
 
 
 def _present(container: Mapping[str, Any]) -> set[str]:
