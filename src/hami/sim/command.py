@@ -26,6 +26,7 @@ from .report import to_json, to_table
 EXAMPLES: dict[str, tuple[str, str, str | None]] = {
     "default": ("nodes.yaml", "pods.yaml", None),
     "mixed": ("mixed-nodes.yaml", "mixed-pods.yaml", "mixed-device-config.yaml"),
+    "mig": ("mig-nodes.yaml", "mig-pods.yaml", None),
 }
 
 
@@ -34,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", metavar="PODS.yaml", help="Pod objects, scheduled in file order")
     parser.add_argument("--config", metavar="device-config.yaml", help="HAMi device configuration")
     parser.add_argument("--example", choices=sorted(EXAMPLES), default=None,
-                        help="run a bundled example: default (NVIDIA cluster, the no-argument run) or mixed "
-                             "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml)")
+                        help="run a bundled example: default (NVIDIA cluster, the no-argument run), mixed "
+                             "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml) or mig "
+                             "(an A100 node in MIG mode next to an L4 node)")
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")

@@ -64,6 +64,13 @@ def _objects(docs: Iterable[Any], source: str) -> list[dict]:
     return out
 
 
+def _device(d: Any) -> dict:
+    out = {"uuid": d.uuid, "type": d.type, "usedmem": d.usedmem, "usedcores": d.usedcores}
+    if d.slice is not None:  # a MIG instance: its profile and placement
+        out["mig"] = {"profile": d.slice.profile, "start": d.slice.start, "size": d.slice.size}
+    return out
+
+
 def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict]:
     from hami.core.requests import ordered_containers
 
@@ -73,7 +80,7 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
         for vendor in sorted(devices):
             per = devices[vendor]
             if ci < len(per):
-                devs.extend({"uuid": d.uuid, "type": d.type, "usedmem": d.usedmem, "usedcores": d.usedcores} for d in per[ci])
+                devs.extend(_device(d) for d in per[ci])
         out.append({"name": c.get("name") or str(ci), "devices": devs})
     return out
 

@@ -26,6 +26,11 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f}G"
 
 
+def _grant(d: dict) -> str:
+    mig = f" MIG {d['mig']['profile']}@{d['mig']['start']}" if "mig" in d else ""
+    return f"{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%{mig}"
+
+
 def to_table(result: SimResult) -> str:
     lines: list[str] = []
     lines.append("DEVICES")
@@ -43,7 +48,7 @@ def to_table(result: SimResult) -> str:
     lines.append(f"  {'POD':<34} {'STATUS':<10} {'NODE':<14} DEVICES")
     for p in result.pods:
         devs = "; ".join(
-            f"{c['name']}: " + ", ".join(f"{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%" for d in c["devices"])
+            f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"])
             for c in p.containers if c["devices"]
         )
         lines.append(f"  {p.namespace + '/' + p.name:<34} {p.status:<10} {p.node or '-':<14} {devs}".rstrip())
