@@ -81,7 +81,8 @@ static int g_started;
 static unsigned g_tick_ms = 10;
 static unsigned g_quiet_ms = 200;
 static unsigned g_hold_ms = 1000;
-static uint64_t g_last_publish_ms;
+static uint64_t g_last_publish_ms[VGPU_MAX_DEV];
+static unsigned g_pause_mask; /* region devices paused by a higher-priority peer */
 static int g_single_dev = -1; /* region index when CUDA shows this process one device */
 static int g_warned_pid;
 static int g_watch; /* a device has a limit and the policy is not `disable` */
@@ -163,14 +164,31 @@ static void pace(lim_dev *D, int64_t iv)
     }
 }
 
-static void wait_priority(void)
+/* Paused on device d (-1 = unknown: any paused device counts). */
+static int paused_on(int d)
 {
+    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0)
+        return 1;
+    if (!(__atomic_load_n(&g_flags, __ATOMIC_ACQUIRE) & F_PAUSE))
+        return 0;
+    unsigned mask = __atomic_load_n(&g_pause_mask, __ATOMIC_ACQUIRE);
+    return d < 0 ? mask != 0 : (mask >> d) & 1;
+}
+
+static void wait_priority(int d)
+{
+    if (!paused_on(d))
+        return;
     slot_state(LIM_STATE_PAUSED, 1);
     LOG_DEBUG("paused: a higher-priority task is using the GPU");
-    while ((__atomic_load_n(&g_flags, __ATOMIC_ACQUIRE) & F_PAUSE) ||
-           __atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0)
+    while (paused_on(d))
         sleep_ns(1000000);
     slot_state(LIM_STATE_PAUSED, 0);
+}
+
+static int launch_dev(void)
+{
+    return g_single_dev >= 0 ? g_single_dev : vgpu_current_dev();
 }
 
 static void setup(void);
@@ -182,18 +200,21 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
         setup();
         f = __atomic_load_n(&g_flags, __ATOMIC_ACQUIRE);
     }
-    if (f & F_PUBLISH) {
+    int d = (f & (F_PUBLISH | F_PAUSE | F_COUNT)) ? launch_dev() : -1;
+    if (d >= VGPU_MAX_DEV)
+        d = -1;
+    if ((f & F_PUBLISH) && d >= 0 && vgpu_my_slot) {
         uint64_t ms = lim_wall_ms();
-        if (ms != __atomic_load_n(&g_last_publish_ms, __ATOMIC_RELAXED) && vgpu_my_slot) {
-            __atomic_store_n(&g_last_publish_ms, ms, __ATOMIC_RELAXED);
+        if (ms != __atomic_load_n(&g_last_publish_ms[d], __ATOMIC_RELAXED)) {
+            __atomic_store_n(&g_last_publish_ms[d], ms, __ATOMIC_RELAXED);
+            __atomic_store_n(&vgpu_my_slot->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
             __atomic_store_n(&vgpu_my_slot->unused[LIM_SLOT_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
         }
     }
     if (f & F_PAUSE)
-        wait_priority();
+        wait_priority(d);
     if (f & F_COUNT) {
-        int d = g_single_dev >= 0 ? g_single_dev : vgpu_current_dev();
-        if (d < 0 || d >= VGPU_MAX_DEV)
+        if (d < 0)
             return CUDA_SUCCESS;
         lim_dev *D = &g_dev[d];
         if (UNLIKELY(!__atomic_load_n(&D->used, __ATOMIC_RELAXED)))
@@ -209,7 +230,7 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
 static CUresult gate(const vgpu_launch_info *info)
 {
     if (UNLIKELY(__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0))
-        wait_priority();
+        wait_priority(-1);
     unsigned f = __atomic_load_n(&g_flags, __ATOMIC_ACQUIRE);
     if (LIKELY(f == 0))
         return CUDA_SUCCESS;
@@ -399,7 +420,8 @@ static void publish_flags(int pause, int count)
 static void *watcher(void *arg)
 {
     (void)arg;
-    int prio = vgpu_reg->priority, paused = 0;
+    int prio = vgpu_reg->priority;
+    unsigned paused = 0;
     for (;;) {
         uint64_t now_ms = lim_wall_ms(), now_us = wall_us();
         int counting = (__atomic_load_n(&g_flags, __ATOMIC_RELAXED) & F_COUNT) != 0, need = 0;
@@ -418,11 +440,12 @@ static void *watcher(void *arg)
             /* count launches while capped, or while others use the GPU (about to be) */
             need |= vgpu_cfg.core_policy == 1 || now_ms < D->others_until_ms;
         }
-        int block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
+        unsigned block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
         if (block != paused)
-            LOG_INFO("%s by a higher-priority task", block ? "pausing launches" : "resuming launches");
+            LOG_INFO("launches paused by a higher-priority task on devices 0x%x", block);
         paused = block;
-        publish_flags(block, need);
+        __atomic_store_n(&g_pause_mask, block, __ATOMIC_RELEASE);
+        publish_flags(block != 0, need);
         sleep_ns((int64_t)g_tick_ms * 1000000LL);
     }
     return NULL;
@@ -433,7 +456,8 @@ static void after_fork_child(void)
     memset(g_dev, 0, sizeof g_dev);
     pthread_mutex_init(&g_setup_mu, NULL);
     g_started = 0;
-    g_last_publish_ms = 0;
+    memset(g_last_publish_ms, 0, sizeof g_last_publish_ms);
+    g_pause_mask = 0;
     g_single_dev = -1;
     g_watch = 0;
     __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);

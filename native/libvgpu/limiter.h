@@ -12,10 +12,12 @@
 
 /* Slot fields of the v1 region that HAMi leaves unused and we give a meaning to
  * (the HAMi monitor ignores them, so the layout stays compatible):
- *   procs[i].unused[0]  wall-clock ms of this process's latest kernel launch
+ *   procs[i].unused[0]  wall-clock ms of this process's latest kernel launch (any device)
  *   procs[i].unused[1]  compute-share state of this process (bit 0: throttled,
- *                       bit 1: paused by priority), for `hami` tools and tests */
+ *                       bit 1: paused by priority), for `hami` tools and tests
+ *   procs[i].used[d].unused[0]  wall-clock ms of its latest launch on device d */
 #define LIM_SLOT_LAST_LAUNCH_MS 0
+#define LIM_DEV_LAST_LAUNCH_MS 0
 #define LIM_SLOT_STATE 1
 #define LIM_STATE_THROTTLED 1u
 #define LIM_STATE_PAUSED 2u
@@ -32,10 +34,11 @@ int lim_resolve_host_pid_on(int cuda_dev, int reg_dev);
 
 /* priority.c */
 uint64_t lim_wall_ms(void);
-/* Refresh the peer list (every `rescan_ms`) and say whether a task of higher priority
- * (numerically lower CUDA_TASK_PRIORITY) sharing one of our devices launched a kernel in
- * the last `quiet_ms`. Called from the watcher thread only. */
-int lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms);
+/* Refresh the peer list (every 100 ms) and return the mask of our region devices on which
+ * a task of higher priority (numerically lower CUDA_TASK_PRIORITY) launched a kernel in the
+ * last `quiet_ms`, restricted to the devices this process launches on (all shared devices
+ * before its first launch). Called from the watcher thread only. */
+unsigned lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms);
 /* Whether a peer-region directory is configured (HAMI_PEER_REGIONS). */
 int lim_peers_configured(void);
 

@@ -3,9 +3,9 @@
  * HAMI_PEER_REGIONS names a directory holding other tasks' shared regions (`*.cache`
  * directly in it or one level down, the layout of HAMi's containers directory, which is
  * also what `hami exec` uses). The watcher thread maps them read-only and looks, for
- * every peer with a numerically lower `priority` that shares a device UUID with us,
- * whether one of its processes launched a kernel recently (slot field
- * unused[LIM_SLOT_LAST_LAUNCH_MS], written by the launch gate). Nothing is written into
+ * every peer with a numerically lower `priority`, on which devices (by UUID) one of its
+ * processes launched a kernel recently (slot field used[d].unused[LIM_DEV_LAST_LAUNCH_MS],
+ * written by the launch gate). Only those of our devices pause. Nothing is written into
  * peers' regions, so a crashed task can never leave another one blocked.
  *
  * With HAMi's host monitor the same decision arrives through our own region instead
@@ -131,32 +131,42 @@ static void rescan(void)
     }
 }
 
-static int shares_device(const vgpu_region *r)
+/* Our region index of `uuid`, -1 if we do not have that device. */
+static int my_index(const char *uuid)
 {
     int mine = (int)__atomic_load_n(&vgpu_reg->device_num, __ATOMIC_ACQUIRE);
-    int theirs = (int)__atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < mine && i < VGPU_MAX_DEV; i++)
-        for (int j = 0; j < theirs && j < VGPU_MAX_DEV; j++)
-            if (vgpu_reg->uuids[i][0] && !strncmp(vgpu_reg->uuids[i], r->uuids[j], VGPU_UUID_LEN))
-                return 1;
-    return 0;
+        if (uuid[0] && !strncmp(vgpu_reg->uuids[i], uuid, VGPU_UUID_LEN))
+            return i;
+    return -1;
 }
 
-static int recently_launched(const vgpu_region *r, uint64_t now_ms, uint64_t quiet_ms)
+/* Whether a live process of `r` launched on its device `j` within quiet_ms. */
+static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quiet_ms)
 {
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
         const vgpu_slot *s = &r->procs[i];
         if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
             continue;
-        uint64_t t = __atomic_load_n(&s->unused[LIM_SLOT_LAST_LAUNCH_MS], __ATOMIC_ACQUIRE);
+        uint64_t t = __atomic_load_n(&s->used[j].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_ACQUIRE);
         if (t && t + quiet_ms >= now_ms)
             return 1;
     }
     return 0;
 }
 
-int lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
+/* Devices this process has launched on (mask of region indices); 0 before the first launch. */
+static unsigned my_devices(void)
+{
+    unsigned mask = 0;
+    for (int d = 0; vgpu_my_slot && d < VGPU_MAX_DEV; d++)
+        if (__atomic_load_n(&vgpu_my_slot->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_RELAXED))
+            mask |= 1u << d;
+    return mask;
+}
+
+unsigned lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
 {
     if (!lim_peers_configured())
         return 0;
@@ -164,12 +174,18 @@ int lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
         rescan();
         g_next_scan_ms = now_ms + 100;
     }
-    for (int i = 0; i < g_npeers; i++) {
-        const vgpu_region *r = g_peers[i].r;
-        if (__atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
+    unsigned mask = 0;
+    for (int p = 0; p < g_npeers; p++) {
+        const vgpu_region *r = g_peers[p].r;
+        if (__atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC || r->priority >= my_priority)
             continue;
-        if (r->priority < my_priority && shares_device(r) && recently_launched(r, now_ms, quiet_ms))
-            return 1;
+        int theirs = (int)__atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE);
+        for (int j = 0; j < theirs && j < VGPU_MAX_DEV; j++) {
+            int i = my_index(r->uuids[j]);
+            if (i >= 0 && active_on(r, j, now_ms, quiet_ms))
+                mask |= 1u << i;
+        }
     }
-    return 0;
+    unsigned used = my_devices();
+    return used ? mask & used : mask;
 }

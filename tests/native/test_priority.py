@@ -49,6 +49,23 @@ def test_low_priority_yields_and_resumes(env, tmp_path):
     assert tl.share(resumed_at + 100, tl.end - 50) > 80
 
 
+def test_priority_is_per_gpu(env, tmp_path):
+    """A high-priority task on GPU 1 does not pause a low-priority one on GPU 0; on GPU 0 it does."""
+    m, peers = tmp_path / "m", tmp_path / "regions"
+    peers.mkdir()
+    low = start(env, m, peers / "low.cache", priority=1, seconds=3.0, device=0, via_exec=True)
+    time.sleep(0.6)
+    other = start(env, m, peers / "other.cache", priority=0, seconds=0.7, device=1, via_exec=True)
+    t_other = other.trace()
+    same = start(env, m, peers / "same.cache", priority=0, seconds=0.6, device=0, via_exec=True)
+    tl, t_same = low.trace(), same.trace()
+    print(f"priority per GPU: low share while high ran on the other GPU "
+          f"{tl.share(t_other.start + 100, t_other.end):.1f}%, on the same GPU "
+          f"{tl.share(t_same.start + 150, t_same.end):.1f}%")
+    assert tl.share(t_other.start + 100, t_other.end) > 80
+    assert tl.share(t_same.start + 150, t_same.end) < 5
+
+
 def test_same_priority_does_not_pause(env, tmp_path):
     m, peers = tmp_path / "m", tmp_path / "regions"
     peers.mkdir()
