@@ -49,6 +49,7 @@ enum { F_SETUP = 1, F_COUNT = 2, F_PUBLISH = 4, F_PAUSE = 8 };
 #define MAX_PIDS 64
 #define ALPHA 0.25 /* pull towards an equal split inside a container */
 #define SMOOTH 0.5 /* weight of a new tau estimate */
+#define MIN_LAUNCHES 4 /* launches per tau estimate (periods are pooled until then) */
 
 typedef struct {
     uint64_t t_us, n;
@@ -67,6 +68,7 @@ typedef struct {
     uint64_t next_poll_us; /* no new NVML sample expected before this */
     uint64_t counted_since_us; /* launch counts are complete from this wall time on (0 = not counting) */
     double tau; /* seconds of device time per launch */
+    double acc_busy, acc_launches; /* accumulated over periods until enough launches */
     int have_tau;
     uint64_t others_until_ms;
     int binding;
@@ -381,11 +383,18 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
         __atomic_store_n(&D->used, 1, __ATOMIC_RELAXED);
     if (D->period_us && D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
         double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
-        double launches = a >= 0 && b >= 0 ? b - a : 0;
-        if (launches >= 2 && u_me >= 1) {
-            double t = u_me / 100.0 * (double)D->period_us / 1e6 / launches;
-            D->tau = D->have_tau ? D->tau + SMOOTH * (t - D->tau) : t;
-            D->have_tau = 1;
+        if (a >= 0 && b >= 0) {
+            /* kernels longer than a fraction of the period: pool periods until MIN_LAUNCHES */
+            D->acc_busy += u_me / 100.0 * (double)D->period_us / 1e6;
+            D->acc_launches += b - a;
+        }
+        if (D->acc_launches >= MIN_LAUNCHES) {
+            if (D->acc_busy > 0) {
+                double t = D->acc_busy / D->acc_launches;
+                D->tau = D->have_tau ? D->tau + SMOOTH * (t - D->tau) : t;
+                D->have_tau = 1;
+            }
+            D->acc_busy = D->acc_launches = 0;
         }
     }
     if (u_other >= 1)
@@ -431,7 +440,7 @@ static void *watcher(void *arg)
             if (limit_of(d) >= 100)
                 continue;
             if (!counting)
-                D->counted_since_us = 0;
+                D->counted_since_us = 0, D->acc_busy = D->acc_launches = 0;
             else if (!D->counted_since_us)
                 D->counted_since_us = now_us;
             if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED))

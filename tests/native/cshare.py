@@ -37,21 +37,22 @@ class Task:
     name: str
     proc: subprocess.Popen
     limit: int | None
+    kernel_us: int = KERNEL_US
 
     def trace(self, timeout: float = 60) -> "Trace":
         out, err = self.proc.communicate(timeout=timeout)
         if self.proc.returncode != 0:
             raise AssertionError(f"{self.name} failed rc={self.proc.returncode}\n{err}")
-        return Trace.parse(out)
+        return Trace.parse(out, self.kernel_us)
 
 
 def start(env: dict[str, str], machine: Path, region: Path, *, limit: int | None = None,
           policy: str | None = None, kind: str = "plain", seconds: float = 2.5, device: int = 0,
           priority: int | None = None, linger: float = 0, extra: dict[str, str] | None = None,
-          via_exec: bool = False, depth: int = 8) -> Task:
+          via_exec: bool = False, depth: int = 8, kernel_us: int = KERNEL_US) -> Task:
     e = dict(env)
     e["FAKEGPU_STATE_DIR"] = str(machine)
-    argv = [str(LOAD), kind, str(KERNEL_US), str(seconds), str(depth), str(device), str(linger)]
+    argv = [str(LOAD), kind, str(kernel_us), str(seconds), str(depth), str(device), str(linger)]
     if via_exec:  # the `hami exec` front end sets the library's environment itself
         opts = ["--gpumem", "1G", "--cache", str(region)]
         opts += ["--gpucores", str(limit)] if limit is not None else []
@@ -70,16 +71,17 @@ def start(env: dict[str, str], machine: Path, region: Path, *, limit: int | None
             e["CUDA_TASK_PRIORITY"] = str(priority)
     e.update(extra or {})
     proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return Task(region.stem, proc, limit)
+    return Task(region.stem, proc, limit, kernel_us)
 
 
 @dataclass
 class Trace:
     t: list[float]  # wall-clock ms of each report
     n: list[int]    # launches admitted by then
+    kernel_us: int = KERNEL_US  # device time per launch
 
     @classmethod
-    def parse(cls, text: str) -> "Trace":
+    def parse(cls, text: str, kernel_us: int = KERNEL_US) -> "Trace":
         t, n = [], []
         for line in text.splitlines():
             if line and not line.startswith("done"):
@@ -88,7 +90,7 @@ class Trace:
                 n.append(int(b))
         if not t:
             raise AssertionError("load printed no timeline")
-        return cls(t, n)
+        return cls(t, n, kernel_us)
 
     @property
     def start(self) -> float:
@@ -104,7 +106,7 @@ class Trace:
 
     def share(self, a: float, b: float) -> float:
         """Achieved share (percent of the device) between wall-clock ms a and b."""
-        return (self.count_at(b) - self.count_at(a)) * KERNEL_US / 1000.0 / (b - a) * 100.0
+        return (self.count_at(b) - self.count_at(a)) * self.kernel_us / 1000.0 / (b - a) * 100.0
 
     def windows(self, a: float, b: float, width: float = WINDOW_MS) -> list[tuple[float, float]]:
         out, x = [], a

@@ -127,3 +127,13 @@ def test_processes_of_one_container_share_its_limit(env, tmp_path):
     print(f"one container, two processes, limit 40: {shares[0]:.1f}% + {shares[1]:.1f}% = {sum(shares):.1f}%")
     assert abs(sum(shares) - 40) <= TOL
     assert all(abs(s - 20) <= 2 * TOL for s in shares)
+
+
+def test_long_kernels(env, tmp_path):
+    """Kernels of half an NVML sample period (about one launch per period): periods are pooled
+    until the cost per launch can be fitted."""
+    tr = start(env, tmp_path / "m", tmp_path / "c.cache", limit=30, policy="force", seconds=3.5,
+               kernel_us=25000, depth=2).trace()
+    achieved = tr.share(tr.start + 1000, tr.end - 50)
+    print(f"25 ms kernels, limit 30: achieved {achieved:.1f}%")
+    assert abs(achieved - 30) <= TOL
