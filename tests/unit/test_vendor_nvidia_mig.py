@@ -301,3 +301,19 @@ def test_codec_rejects_malformed_entries(desc, text, needle):
 def test_malformed_annotation_on_a_pod_names_pod_and_annotation():
     with pytest.raises(CodecError, match=r"pod default/bad: annotation hami.io/vgpu-mig-allocations: entry 0"):
         allocation_from_pod(placed("bad", "m", "GPU-m-0,NVIDIA,1,1:;", "[1]"), CONFIG.vendors)
+
+
+def test_topology_aware_policy_considers_each_mig_gpu_once():
+    res = fit(mig_ledger(n=2), ctr(gpu=2, mem=4000), annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    assert sorted(s[0] for s in slices_of(res)) == ["GPU-m-0", "GPU-m-1"]
+    res = fit(mig_ledger(n=1), ctr(gpu=2, mem=4000), annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    assert res.node is None  # one candidate for two picks
+
+
+def test_quota_is_charged_the_profile_memory():
+    led = mig_ledger()
+    led.set_quota("default", "q", {"limits.nvidia.com/gpumem": "10000"}, CONFIG.vendors)
+    first = schedule_pod(pod("a", containers=[ctr(mem=4000)]), None, led, CONFIG, 0)
+    assert slices_of(first)[0][3] == 4864 and led.namespace_usage("default", "NVIDIA")[0] == 4864
+    second = filter_pod(pod("b", containers=[ctr(mem=5200)]), None, led, CONFIG, 0)  # 4864 + 5200 > 10000
+    assert second.reasons() == {"m": "1/1 ResourceQuotaNotFit"}
