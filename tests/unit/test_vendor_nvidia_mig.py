@@ -317,3 +317,10 @@ def test_quota_is_charged_the_profile_memory():
     assert slices_of(first)[0][3] == 4864 and led.namespace_usage("default", "NVIDIA")[0] == 4864
     second = filter_pod(pod("b", containers=[ctr(mem=5200)]), None, led, CONFIG, 0)  # 4864 + 5200 > 10000
     assert second.reasons() == {"m": "1/1 ResourceQuotaNotFit"}
+
+
+def test_a_gpu_that_served_some_picks_is_counted_once_as_allocated():
+    two_places = (MigProfile("1g.5gb", 4864, 13, 1, ((5, 1), (6, 1))),)
+    res = fit(mig_ledger(profiles=two_places), ctr(gpu=3, mem=4000))
+    # HAMi would print 2/1 here (one entry per pick); the GPU that took two picks counts once
+    assert res.reasons() == {"m": "1/1 AllocatedCardsInsufficientRequest, 1/1 CardMigTopologyInfeasible"}

@@ -121,7 +121,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             reasons.add(bad, d.id)
             continue
         if sel.numa_bind and prev_numa is not None and numa != prev_numa:
-            for j, _ in chosen:
+            for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
                 reasons.add(Reason.NUMA_NOT_FIT, view.devices[j].id)
             chosen = []
         prev_numa = numa
@@ -160,7 +160,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
             reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, view.devices[j].id)
         return reasons.failure(ci, req.vendor)
     if chosen:
-        for j, _ in chosen:
+        for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
             reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
     return reasons.failure(ci, req.vendor)
 
