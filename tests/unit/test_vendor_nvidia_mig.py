@@ -11,7 +11,6 @@ from hami.config import device_config_from_dict
 from hami.core import (
     CodecError,
     ContainerDevice,
-    DeviceInfo,
     Ledger,
     NodeDevices,
     SchedulerConfig,
@@ -24,9 +23,8 @@ from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_al
 from hami.core.types import MigProfile, Slice
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION, NvidiaVendor, select_mig
 
-from ._corekit import A100_40_MIG, CONFIG, ctr, gpu, mig_gpu, pod
-
-A100_40 = A100_40_MIG
+from ._corekit import A100_40_MIG as A100_40
+from ._corekit import CONFIG, ctr, gpu, mig_gpu, pod
 
 
 def mig_ledger(n: int = 1, name: str = "m", **kw) -> Ledger:
@@ -42,7 +40,7 @@ def occupied(*pairs):
 # ---------------------------------------------------------------------- profile and placement choice
 
 SELECT = [
-    # (request MiB, occupied placements, expected (profile, start) or None)
+    # (description, request MiB, occupied placements, expected (profile, start) or None)
     ("smallest profile, 1g prefers the highest start", 4000, [], ("1g.5gb", 6)),
     ("1g next highest free start", 4000, [(6, 1), (5, 1)], ("1g.5gb", 4)),
     ("memory tie: fewer slices first (1g.10gb before 2g.10gb)", 9000, [], ("1g.10gb", 6)),
@@ -114,7 +112,8 @@ def test_infeasible_reasons(desc, req, held, want):
     for k, (profile, start, size) in enumerate(held):
         p = pod(f"h{k}", containers=[ctr(mem=1)], admit=False)
         prof = next(x for x in A100_40 if x.name == profile)
-        cd = ContainerDevice("GPU-m-0", "NVIDIA", prof.memory_mb, prof.core, slice=Slice("GPU-m-0", profile, start, size))
+        cd = ContainerDevice("GPU-m-0", "NVIDIA", prof.memory_mb, prof.core,
+                             slice=Slice("GPU-m-0", profile, start, size))
         led.add_pod(make_allocation(p, "m", {"NVIDIA": ((cd,),)}))
     res = fit(led, ctr(**req))
     assert res.node is None
