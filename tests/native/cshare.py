@@ -4,7 +4,9 @@ libvgpu on a fake GPU and turn their launch timelines into achieved shares.
 Achieved share is measured from the fake GPU's own accounting: every admitted launch costs
 exactly KERNEL_US of device time (the fake device runs one kernel at a time, FIFO across
 processes), so share = launches x KERNEL_US / elapsed. The load keeps at most DEPTH launches
-in flight, so admissions and execution differ by at most DEPTH kernels.
+in flight (32 by default: 32 ms of queued work keeps the device busy through host
+scheduling delays on a loaded machine), so admissions and execution differ by at most
+DEPTH kernels.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ class Task:
 def start(env: dict[str, str], machine: Path, region: Path, *, limit: int | None = None,
           policy: str | None = None, kind: str = "plain", seconds: float = 2.5, device: int = 0,
           priority: int | None = None, linger: float = 0, extra: dict[str, str] | None = None,
-          via_exec: bool = False, depth: int = 8, kernel_us: int = KERNEL_US) -> Task:
+          via_exec: bool = False, depth: int = 32, kernel_us: int = KERNEL_US) -> Task:
     e = dict(env)
     e["FAKEGPU_STATE_DIR"] = str(machine)
     argv = [str(LOAD), kind, str(kernel_us), str(seconds), str(depth), str(device), str(linger)]
@@ -122,14 +124,14 @@ class Trace:
                 return (x + WINDOW_MS - self.start) / 1000.0
         return float("inf")
 
-    def last_before_gap(self, after: float, gap_ms: float = 40) -> float | None:
+    def last_before_gap(self, after: float, gap_ms: float = 100) -> float | None:
         """Time of the last report before the first pause of >= gap_ms after `after`."""
         for i in range(1, len(self.t)):
             if self.t[i] > after and self.t[i] - self.t[i - 1] >= gap_ms:
                 return self.t[i - 1]
         return None
 
-    def first_after_gap(self, after: float, gap_ms: float = 40) -> float | None:
+    def first_after_gap(self, after: float, gap_ms: float = 100) -> float | None:
         for i in range(1, len(self.t)):
             if self.t[i] > after and self.t[i] - self.t[i - 1] >= gap_ms:
                 return self.t[i]

