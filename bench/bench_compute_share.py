@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "tests" / "native"))
 from cshare import BUILD, LIB, LOAD, base_env, start  # noqa: E402
 
 SETTLE_MS = 500
+DEPTH = 8  # launches in flight (the tests use 32 to ride out a saturated CPU)
 REPEATS = 5
 LAUNCHES = 200_000
 
@@ -38,22 +39,23 @@ def row(name: str, lim: int, tr, a: float, b: float) -> tuple[str, int, float, f
 def accuracy(tmp: Path) -> list[tuple[str, int, float, float, float]]:
     env = base_env(BUILD / "fakegpu")
     rows = []
-    singles = [(lim, start(env, tmp / f"m{lim}", tmp / f"f{lim}.cache", limit=lim, policy="force", seconds=3))
+    singles = [(lim, start(env, tmp / f"m{lim}", tmp / f"f{lim}.cache", limit=lim, policy="force", seconds=3,
+                           depth=DEPTH))
                for lim in (10, 30, 50, 70, 90)]
     for lim, task in singles:
         tr = task.trace()
         rows.append(row("1 process, force", lim, tr, tr.start + SETTLE_MS, tr.end - 50))
     for group in ((30, 70), (20, 30, 50)):
         m = tmp / ("m" + "_".join(map(str, group)))
-        tasks = [start(env, m, tmp / f"g{'_'.join(map(str, group))}-{lim}.cache", limit=lim, seconds=3)
-                 for lim in group]
+        tasks = [start(env, m, tmp / f"g{'_'.join(map(str, group))}-{lim}.cache", limit=lim, seconds=3,
+                       depth=DEPTH) for lim in group]
         traces = [t.trace() for t in tasks]
         a, b = max(t.start for t in traces), min(t.end for t in traces)
         for lim, tr in zip(group, traces):
             rows.append(row(f"{len(group)} containers {'/'.join(map(str, group))}", lim, tr, a + SETTLE_MS, b - 50))
     for kind in ("graph", "coop", "ex_ptsz"):
         tr = start(env, tmp / f"k{kind}", tmp / f"k{kind}.cache", limit=40, policy="force", kind=kind,
-                   seconds=2).trace()
+                   seconds=2, depth=DEPTH).trace()
         rows.append(row(f"1 process, force, {kind}", 40, tr, tr.start + SETTLE_MS, tr.end - 50))
     return rows
 
