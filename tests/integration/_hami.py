@@ -74,6 +74,41 @@ def gpu_pod(name: str, ns: str, *, gpus: int = 1, mem: int | None = None, cores:
     return pod
 
 
+class KeepAliveApi:
+    """JSON requests to the API server over one persistent TLS connection per thread (a real
+    kubelet/device plugin keeps its connection; a handshake per call would dominate the CPU)."""
+
+    def __init__(self, cluster: KubeCluster) -> None:
+        self.cluster = cluster
+        self._local = threading.local()
+
+    def _conn(self) -> http.client.HTTPSConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPSConnection(
+                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=self.cluster._client_context(), timeout=60)
+        return conn
+
+    def __call__(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+                 expect: tuple[int, ...] = (200, 201, 202)) -> Any:
+        payload = None if body is None else json.dumps(body).encode()
+        for attempt in (0, 1):
+            conn = self._conn()
+            try:
+                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": "application/json"})
+                resp = conn.getresponse()
+                text = resp.read().decode(errors="replace")
+                break
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise
+        if resp.status not in expect:
+            raise ApiError(method, path, resp.status, text)
+        return json.loads(text) if text else None
+
+
 class SchedulerProcess:
     """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
 
@@ -82,6 +117,7 @@ class SchedulerProcess:
         self.port = port or free_port()
         self.extra = extra
         self.tls = tls
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log_path = Path(cluster.workdir) / "logs" / f"hami-extender-{self.port}.log"
         if tls:
@@ -93,7 +129,8 @@ class SchedulerProcess:
 
     def start(self, wait_ready: bool = True) -> "SchedulerProcess":
         argv = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={self.cluster.kubeconfig}",
-                f"--http_bind=127.0.0.1:{self.port}", "--resync-interval=1s", "--node-lock-retry-timeout=20s",
+                f"--http_bind=127.0.0.1:{self.port}", f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+                "--resync-interval=1s", "--node-lock-retry-timeout=20s",
                 *self.extra]
         if self.tls:
             argv += [f"--cert_file={self.cert}", f"--key_file={self.key}"]
@@ -169,6 +206,7 @@ class PluginStandIn:
         self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._conn: http.client.HTTPSConnection | None = None
+        self.api = KeepAliveApi(cluster)
 
     def __enter__(self) -> "PluginStandIn":
         self._thread.start()
@@ -247,12 +285,12 @@ class PluginStandIn:
 
     def _serve(self, node: str, pod: dict) -> None:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        value = (self.cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
+        value = (self.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
         if not nodelock.owned_by(value, ns, name):
             return  # the kubelet's Allocate would fail and be retried; our next event retries too
         ann = pod["metadata"]["annotations"]
         decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
-        self.cluster.api("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}",
+        self.api("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}",
                          {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
                          content_type=MERGE)
         self.allocated.append((node, f"{ns}/{name}", ann[ALLOCATED]))
@@ -260,12 +298,12 @@ class PluginStandIn:
 
     def _release(self, node: str, lock: nodelock.NodeLock) -> None:
         for _ in range(5):
-            cur = self.cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"]
+            cur = self.api("GET", f"/api/v1/nodes/{node}")["metadata"]
             value = (cur.get("annotations") or {}).get(nodelock.NODE_LOCK)
             if not nodelock.owned_by(value, lock.namespace, lock.name):
                 return
             try:
-                self.cluster.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {
+                self.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {
                     "annotations": {nodelock.NODE_LOCK: None}, "resourceVersion": cur["resourceVersion"]}},
                     content_type=MERGE)
                 return

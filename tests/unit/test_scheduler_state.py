@@ -150,3 +150,20 @@ def test_flags_with_hami_names(monkeypatch):
 def test_handshake_value_is_hami_local_time():
     assert handshake_value(0).startswith("Requesting_")
     datetime.strptime(handshake_value(time.time()).split("_", 1)[1], "%Y-%m-%d %H:%M:%S")
+
+
+def test_stale_event_does_not_undo_a_newer_reservation():
+    """A re-filter moved the pod: an old event (previous placement) must not replace it."""
+    from hami.core import schedule_pod
+
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1"), node("n2")])
+    old = pod("m", "n1", "n1-g0", 100)
+    s.pod_handler.apply("ADDED", old)
+    fresh = pod("m")
+    result = schedule_pod(fresh, ["n2"], s.ledger, CONFIG, 0)  # re-filter, only n2 offered
+    assert result.node == "n2"
+    s.pod_handler.apply("MODIFIED", old)  # a late event still showing n1
+    assert s.ledger.pod(pod_key(fresh)).node == "n2" and s.ledger.is_reserved(pod_key(fresh))
+    s.pod_handler.apply("MODIFIED", {**fresh, "metadata": {**fresh["metadata"], "annotations": dict(result.annotations)}})
+    assert not s.ledger.is_reserved(pod_key(fresh)) and s.ledger.pod(pod_key(fresh)).node == "n2"

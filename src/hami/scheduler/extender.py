@@ -70,6 +70,7 @@ class Extender:
         self.clock = clock
         self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._recording: dict[str, asyncio.Task] = {}  # "ns/name" -> decision patch in flight
         self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
 
     async def _wait_ready(self) -> bool:
@@ -107,19 +108,54 @@ class Extender:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         meta = pod["metadata"]
-        key = result.allocation.key
-        try:
-            if self.record:
-                await self._record_decision(meta, result.annotations, result.node)
-        except (KubeError, OSError, asyncio.TimeoutError) as exc:
-            self.state.restore_pod(key, meta.get("namespace") or "default", meta["name"])
-            msg = f"cannot record the decision on pod {meta.get('namespace')}/{meta['name']}: {exc}"
-            self.events.record(pod, "FilteringFailed", msg, "Warning")
-            return _error(msg)
+        if self.record:
+            self._start_recording(pod, result)
         fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
         self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
                            f"{len(result.scores)} nodes fit({fits})")
         return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    # The decision patch runs in the background: Filter answers as soon as the decision is
+    # reserved in the ledger (kube-scheduler calls Filter for one pod at a time, so an API round
+    # trip here would cap throughput at 1/RTT). Bind waits for the patch and fails when it
+    # failed; a failed patch rolls the reservation back. Patches for one pod are chained, so a
+    # re-filter's patch always lands after the previous one.
+    def _start_recording(self, pod: Mapping[str, Any], result: Any) -> None:
+        meta = pod["metadata"]
+        ref = f"{meta.get('namespace') or 'default'}/{meta['name']}"
+        previous = self._recording.get(ref)
+        task = asyncio.get_running_loop().create_task(self._record(pod, result, previous))
+        self._recording[ref] = task
+
+        def done(t: asyncio.Task, ref: str = ref) -> None:
+            if self._recording.get(ref) is t:
+                del self._recording[ref]
+            if not t.cancelled():
+                t.exception()  # retrieved here; Bind reports it
+
+        task.add_done_callback(done)
+
+    async def _record(self, pod: Mapping[str, Any], result: Any, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        meta = pod["metadata"]
+        ns = meta.get("namespace") or "default"
+        try:
+            await self._record_decision(meta, result.annotations, result.node)
+        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+            key = result.allocation.key
+            if self.state.ledger.is_reserved(key) and self.state.ledger.pod(key) == result.allocation:
+                self.state.restore_pod(key, ns, meta["name"])
+            msg = f"cannot record the decision on pod {ns}/{meta['name']}: {exc}"
+            log.warning("%s; reservation rolled back", msg)
+            self.events.record(pod, "FilteringFailed", msg, "Warning")
+            raise
+
+    async def decision_recorded(self, namespace: str, name: str) -> None:
+        """Wait for the pod's pending decision patch, if any; raises what the patch raised."""
+        task = self._recording.get(f"{namespace}/{name}")
+        if task is not None:
+            await asyncio.shield(task)
 
     async def _record_decision(self, meta: Mapping[str, Any], annotations: Mapping[str, str], node: str) -> None:
         body = {"metadata": {"annotations": dict(annotations), "labels": {VGPU_NODE: node}}}
@@ -158,16 +194,17 @@ class Extender:
             return {"Error": f"pod {ns}/{name} not found"}
         locked = False
         try:
+            await self.decision_recorded(ns, name)
             if self._needs_lock(pod):
                 await self.acquire_lock(node, ns, name)
                 locked = True
-            now = self.clock()
-            patched = await self.kube.merge_patch(pod_path(ns, name), {"metadata": {"annotations": {
-                BIND_PHASE: "allocating", BIND_TIME: str(int(now))}}})
-            self.state.put_pod(patched)
+            # bind-phase and bind-time ride on the Binding: the API server copies a Binding's
+            # annotations onto the pod in the same write that sets spec.nodeName (one write less
+            # per pod than HAMi's separate patch, and never a bound pod without its bind-phase).
             await self.kube.post(f"{pod_path(ns, name)}/binding", {
                 "apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {})},
+                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
+                             "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         except (KubeError, nodelock.LockContention, OSError, asyncio.TimeoutError) as exc:
             if locked:

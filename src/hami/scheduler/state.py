@@ -201,8 +201,13 @@ class ClusterState:
             log.warning("%s; the pod is counted as holding nothing", exc)
             alloc = None
         if alloc is not None:
-            if self.ledger.pod(key) != alloc:
-                self.ledger.add_pod(alloc)
+            current = self.ledger.pod(key)
+            reserved = self.ledger.is_reserved(key)
+            same = current is not None and _same_allocation(current, alloc)
+            if reserved and not same:
+                return  # our newer decision's patch has not come back yet: keep the reservation
+            if not same or reserved:
+                self.ledger.add_pod(alloc)  # (an identical add also ends the reservation)
         elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self.ledger.remove_pod(key)
 
@@ -249,6 +254,13 @@ class ClusterState:
         except CoreError as exc:
             log.warning("ignoring %s", exc)
             self.ledger.remove_quota(ns, name)
+
+
+def _same_allocation(a: Any, b: Any) -> bool:
+    """Same placement (decoded annotations carry no device index, so compare what they say)."""
+    return (a.node, a.kinds, a.usage) == (b.node, b.kinds, b.usage) and {
+        v: [[d.uuid for d in c] for c in per] for v, per in a.devices.items()} == {
+        v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
 
 
 def _rv(obj: Mapping[str, Any]) -> int:

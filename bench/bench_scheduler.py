@@ -1,0 +1,242 @@
+"""`hami scheduler` figures: /filter latency over HTTP, and end-to-end placement throughput.
+
+1. /filter over HTTP (default; no API server): 1000 fake nodes x 8 GPUs, 5000 pods placed.
+   The scheduler's cache is filled from Node and Pod objects (registration and allocation
+   annotations) through the same watch handlers a live cluster feeds, then the in-process
+   aiohttp server is called over loopback TCP exactly as kube-scheduler calls it
+   (``ExtenderArgs`` with all 1000 ``NodeNames``), one new pod per call. Each call decides and
+   reserves; the decision patch to the API server is NOT made here (``record=False``): it
+   needs an API server, and its cost is in figure 2. Printed beside it, as in-process
+   baselines, the same decision through ``Extender.filter`` without HTTP and through
+   ``hami.core.schedule_pod`` alone.
+2. ``--e2e``: the real control plane (kube-apiserver + kube-scheduler + kwok, the test
+   harness), 100 kwok nodes x 8 GPUs, ``hami scheduler`` as a subprocess over HTTPS, 1000
+   GPU pods created at once; pods/s from the first creation to the last pod bound (the
+   Binding's PodScheduled condition). kwok runs no device plugin: the test suite's
+   PluginStandIn plays the node side of the handoff (marks the pod allocated, releases the
+   node lock), as in the integration tests. Filter/Bind latencies including the API writes
+   are read from the scheduler's own /metrics histograms (bucket bounds).
+
+Run: ``.venv/bin/python bench/bench_scheduler.py [--nodes 1000 --pods 5000 --runs 500] [--e2e]``.
+Targets: filter p99 < 15 ms; >= 50 pods/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import calendar
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from hami.core import Ledger, SchedulerConfig, admit_pod, schedule_pod  # noqa: E402
+from hami.core.codec import encode_node_devices_json  # noqa: E402
+from hami.core.types import DeviceInfo  # noqa: E402
+
+MODELS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-H100-80GB-HBM3", 81559), ("NVIDIA-L4", 23034))
+
+
+def percentile(samples: list[float], p: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def node_object(n: int) -> dict:
+    model, mem = MODELS[n % len(MODELS)]
+    name = f"node-{n:04d}"
+    devices = [DeviceInfo(id=f"GPU-{n:04d}-{i}", index=i, count=10, devmem=mem, devcore=100, type=model,
+                          numa=i // 4, mode="hami-core", health=True) for i in range(8)]
+    return {"metadata": {"name": name, "resourceVersion": "1",
+                         "annotations": {"hami.io/node-nvidia-register": encode_node_devices_json(devices)}},
+            "status": {"allocatable": {"nvidia.com/gpu": "80"}}}
+
+
+def pod_object(name: str, gpus: int, mem: int, cores: int) -> dict:
+    return {"metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": {},
+                         "resourceVersion": "1"},
+            "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": gpus, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores}}}]},
+            "status": {"phase": "Running"}}
+
+
+def placed_pods(nodes: list[dict], n_pods: int, config: SchedulerConfig, seed: int = 7) -> list[dict]:
+    """5000 pods with allocation annotations, decided by the core (as if a scheduler placed them)."""
+    from hami.core import node_devices_from_object
+
+    rng = random.Random(seed)
+    ledger = Ledger()
+    for n in nodes:
+        ledger.set_node(node_devices_from_object(n, config.vendors))
+    out = []
+    for i in range(n_pods):
+        p = pod_object(f"bg-{i}", rng.choice((1, 1, 1, 2)), rng.choice((2000, 4000, 8000)), rng.choice((5, 10, 20)))
+        r = schedule_pod(admit_pod(p, config.vendors)[0], None, ledger, config, 0.0)
+        p["metadata"]["annotations"] = dict(r.annotations)
+        out.append(p)
+    return out
+
+
+async def filter_figures(args: argparse.Namespace) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import SchedulerService
+
+    svc = SchedulerService(Options(), None)
+    svc.extender.record = False
+    config = svc.state.config
+    t0 = time.perf_counter()
+    nodes = [node_object(n) for n in range(args.nodes)]
+    pods = placed_pods(nodes, args.pods, config)
+    t1 = time.perf_counter()
+    svc.state.node_handler.replace(nodes)
+    svc.state.pod_handler.replace(pods)
+    t2 = time.perf_counter()
+    assert len(svc.state.ledger.pods()) == args.pods, "not every background pod was rebuilt from its annotations"
+    names = [n["metadata"]["name"] for n in nodes]
+    print(f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} pods placed; cache filled from objects in "
+          f"{(t2 - t1) * 1e3:.0f} ms (objects built in {t1 - t0:.1f}s)")
+
+    runner = web.AppRunner(svc.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    rng = random.Random(11)
+
+    def probe(i: int) -> dict:
+        return pod_object(f"probe-{i}", 1, rng.choice((1000, 3000)), rng.choice((10, 30)))
+
+    http, direct, core = [], [], []
+    results = {"scheduled": 0, "pending": 0}
+    async with aiohttp.ClientSession() as session:
+        url = f"http://127.0.0.1:{port}/filter"
+        for i in range(20):  # warm-up (connection, code paths)
+            await session.post(url, data=json.dumps({"Pod": probe(-1 - i), "NodeNames": names}))
+        for i in range(args.runs):  # interleaved, so the three see the same cluster fill
+            body = json.dumps({"Pod": probe(i), "NodeNames": names, "Nodes": None})
+            t = time.perf_counter()
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+                answer = await r.json()
+            http.append(time.perf_counter() - t)
+            results["scheduled" if answer.get("NodeNames") else "pending"] += 1
+            t = time.perf_counter()
+            await svc.extender.filter({"Pod": probe(100000 + i), "NodeNames": names})
+            direct.append(time.perf_counter() - t)
+            p = admit_pod(probe(200000 + i), config.vendors)[0]
+            t = time.perf_counter()
+            schedule_pod(p, names, svc.state.ledger, config, 0.0)
+            core.append(time.perf_counter() - t)
+    await runner.cleanup()
+    ms = lambda xs, q: percentile(xs, q) * 1e3  # noqa: E731
+    c50 = ms(core, 50)
+    print(f"/filter over HTTP (decide + reserve, no API patch): p50 {ms(http, 50):.2f} ms  p99 {ms(http, 99):.2f} ms "
+          f"over {args.runs} new 1-GPU pods ({results['scheduled']} placed, {results['pending']} pending) "
+          f"[{ms(http, 50) / c50:.1f}x core]")
+    print(f"Extender.filter in process (no HTTP):                p50 {ms(direct, 50):.2f} ms  p99 {ms(direct, 99):.2f} ms")
+    print(f"hami.core.schedule_pod alone (baseline):             p50 {c50:.2f} ms  p99 {ms(core, 99):.2f} ms")
+    print(f"target /filter p99 < 15 ms: {'met' if ms(http, 99) < 15 else 'NOT met'}")
+
+
+def _histogram_quantiles(text: str, name: str, label: str) -> str:
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{") and f'outcome="{label}"' in line:
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return "no samples"
+    total = buckets[-1][1]
+    q = lambda f: next(le for le, c in buckets if c >= f * total)  # noqa: E731
+    return f"p50 <= {q(0.5) * 1e3:g} ms, p99 <= {q(0.99) * 1e3:g} ms over {int(total)} calls"
+
+
+def e2e(args: argparse.Namespace) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    import urllib.request
+
+    from hami.dev.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
+    from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
+
+    cluster = KubeCluster()
+    try:
+        cluster.start()
+    except MissingBinaries as exc:
+        print(f"e2e skipped: {exc}")
+        return
+    proc = None
+    try:
+        proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", *args.scheduler_flags).start()
+        cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: make_gpu_node(cluster, f"bench-{i:03d}", gpus=8, mem=81920, labels={"bench": "on"}),
+                          range(args.e2e_nodes)))
+        time.sleep(2.0)  # nodes reach the scheduler's cache
+        create = KeepAliveApi(cluster)
+
+        def run(ns: str, pods: list[dict]) -> float:
+            """Create the pods at once; seconds from the first creation to the last PodScheduled."""
+            cluster.create_namespace(ns)
+            began = time.time()
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda p: create("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
+
+            def bound():
+                items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+                return items if sum(bool(p["spec"].get("nodeName")) for p in items) == len(pods) else None
+
+            items = cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=600, interval=1.0)
+            last = max(calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+                       for p in items for c in p["status"].get("conditions") or () if c["type"] == "PodScheduled")
+            return max(last - began, 1e-3)
+
+        n = args.e2e_pods
+        plain = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:04d}"},
+                  "spec": {"nodeSelector": {"bench": "on"}, "containers": [{"name": "c", "image": "busybox"}]}}
+                 for i in range(n)]
+        base = run("bench-baseline", plain)
+        print(f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s ({base:.1f}s)")
+        pods = [gpu_pod(f"p{i:04d}", "bench", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
+        with PluginStandIn(cluster):
+            span = run("bench", pods)
+        rate = n / span
+        print(f"e2e: {n} GPU pods on {args.e2e_nodes} kwok nodes x 8 GPUs through hami scheduler: all bound after "
+              f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; "
+              f"target >= 50: {'met' if rate >= 50 else 'NOT met'})")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+        print(f"  /filter incl. decision patch: {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}")
+        print(f"  /bind incl. lock + patch + Binding: {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}")
+        print(f"  node-lock wait in Bind: {_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}")
+    finally:
+        cluster.configure_hami_scheduler(KubeSchedulerConfig()) if cluster.binaries else None
+        if proc:
+            proc.stop()
+        cluster.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=500)
+    ap.add_argument("--e2e", action="store_true", help="also run the end-to-end throughput on the real control plane")
+    ap.add_argument("--e2e-nodes", type=int, default=100)
+    ap.add_argument("--e2e-pods", type=int, default=1000)
+    ap.add_argument("--scheduler-flag", dest="scheduler_flags", action="append", default=[],
+                    help="extra `hami scheduler` flag for --e2e, e.g. --scheduler-flag=--node-scheduler-policy=spread")
+    args = ap.parse_args()
+    asyncio.run(filter_figures(args))
+    if args.e2e:
+        e2e(args)
+
+
+if __name__ == "__main__":
+    main()
