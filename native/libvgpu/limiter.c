@@ -330,6 +330,26 @@ static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
     return *newest ? rows_n : -1;
 }
 
+/* A process joining a container whose other processes are already held starts from their
+ * mean cost per launch instead of running unpaced until its own first fit. */
+static int seed_tau(int d, lim_dev *D)
+{
+    double sum = 0;
+    int n = 0, procs = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < procs && i < VGPU_MAX_PROC; i++) {
+        const vgpu_slot *s = &vgpu_reg->procs[i];
+        uint64_t t = __atomic_load_n(&s->used[d].unused[LIM_DEV_TAU_NS], __ATOMIC_RELAXED);
+        if (s != vgpu_my_slot && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) && t)
+            sum += (double)t / 1e9, n++;
+    }
+    if (!n)
+        return 0;
+    D->tau = sum / n;
+    D->have_tau = 1;
+    LOG_INFO("device %d: starting from the container's cost per launch, %.0f us", d, D->tau * 1e6);
+    return n;
+}
+
 static void set_interval(int d, lim_dev *D, int64_t iv)
 {
     int64_t old = __atomic_exchange_n(&D->interval_ns, iv, __ATOMIC_RELAXED);
@@ -404,6 +424,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     if (binding != D->binding)
         slot_state(LIM_STATE_THROTTLED, binding);
     D->binding = binding;
+    if (binding && !D->have_tau)
+        seed_tau(d, D);
     if (!binding || !D->have_tau) {
         set_interval(d, D, 0);
         return;
@@ -416,6 +438,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
         target = 0.5;
     double iv = D->tau / (target / 100.0) * 1e9;
     set_interval(d, D, (int64_t)(iv < 1 ? 1 : iv));
+    if (vgpu_my_slot) /* lets a process joining the container start from our cost */
+        __atomic_store_n(&vgpu_my_slot->used[d].unused[LIM_DEV_TAU_NS], (uint64_t)(D->tau * 1e9), __ATOMIC_RELAXED);
     LOG_DEBUG("device %d: me %.0f%% container %.0f%% others %.0f%% tau %.0fus target %.1f%%", d, u_me,
               total, u_other, D->tau * 1e6, target);
 }
@@ -443,8 +467,14 @@ static void *watcher(void *arg)
                 D->counted_since_us = 0, D->acc_busy = D->acc_launches = 0;
             else if (!D->counted_since_us)
                 D->counted_since_us = now_us;
-            if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED))
+            if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED)) {
                 snapshot(D, now_us);
+                if (!D->have_tau && vgpu_cfg.core_policy == 1) {
+                    int peers = seed_tau(d, D);
+                    if (peers) /* first guess: an equal split; the first sample corrects it */
+                        set_interval(d, D, (int64_t)(D->tau / (limit_of(d) / 100.0 / (peers + 1)) * 1e9));
+                }
+            }
             control(d, D, now_ms, now_us);
             /* count launches while capped, or while others use the GPU (about to be) */
             need |= vgpu_cfg.core_policy == 1 || now_ms < D->others_until_ms;

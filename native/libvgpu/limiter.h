@@ -15,9 +15,11 @@
  *   procs[i].unused[0]  wall-clock ms of this process's latest kernel launch (any device)
  *   procs[i].unused[1]  compute-share state of this process (bit 0: throttled,
  *                       bit 1: paused by priority), for `hami` tools and tests
- *   procs[i].used[d].unused[0]  wall-clock ms of its latest launch on device d */
+ *   procs[i].used[d].unused[0]  wall-clock ms of its latest launch on device d
+ *   procs[i].used[d].unused[1]  its fitted device time per launch on device d, in ns */
 #define LIM_SLOT_LAST_LAUNCH_MS 0
 #define LIM_DEV_LAST_LAUNCH_MS 0
+#define LIM_DEV_TAU_NS 1
 #define LIM_SLOT_STATE 1
 #define LIM_STATE_THROTTLED 1u
 #define LIM_STATE_PAUSED 2u
