@@ -137,3 +137,20 @@ def test_long_kernels(env, tmp_path):
     achieved = tr.share(tr.start + 1000, tr.end - 50)
     print(f"25 ms kernels, limit 30: achieved {achieved:.1f}%")
     assert abs(achieved - 30) <= TOL
+
+
+def test_process_joining_a_held_container_does_not_overshoot(env, tmp_path):
+    """The newcomer starts from the container's published cost per launch at an equal split."""
+    import time
+    m, region = tmp_path / "m", tmp_path / "c.cache"
+    first = start(env, m, region, limit=40, policy="force", seconds=3.0)
+    time.sleep(1.2)
+    second = start(env, m, region, limit=40, policy="force", seconds=1.8)
+    t1, t2 = first.trace(), second.trace()
+    join = t2.start
+    burst = t1.share(join, join + 300) + t2.share(join, join + 300)
+    later = (t1.share(join + 800, t2.end - 50), t2.share(join + 800, t2.end - 50))
+    print(f"process joins a container held at 40: first 300 ms {burst:.1f}%, then "
+          f"{later[0]:.1f}% + {later[1]:.1f}%")
+    assert burst <= 40 + 2 * TOL
+    assert abs(sum(later) - 40) <= TOL and all(abs(s - 20) <= 2 * TOL for s in later)
