@@ -79,3 +79,43 @@ async def test_relists_on_410_event_and_on_http_410():
     assert seen["apply"] == [("ADDED", "w")]
     assert watches[:3] == ["10", "20", "30"]
     assert r.relists == 3
+
+
+async def test_a_failing_handler_relists_instead_of_stopping():
+    import aiohttp
+
+    lists = []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            lists.append(1)
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": [{"metadata": {"name": "a"}}]})
+        await asyncio.sleep(30)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/items", handler)
+    server = TestServer(app)
+    await server.start_server()
+
+    class Flaky:
+        calls = 0
+
+        def replace(self, items):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise KeyError("bug")
+
+        def apply(self, kind, obj):
+            pass
+
+    async with aiohttp.ClientSession() as session:
+        r = Reflector(Client(str(server.make_url("")).rstrip("/"), session), "/items", Flaky())
+        task = asyncio.create_task(r.run())
+        for _ in range(100):
+            if r.synced.is_set():
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    await server.close()
+    assert r.synced.is_set() and len(lists) == 2 and Flaky.calls == 2

@@ -112,3 +112,8 @@ class Reflector:
                 log.warning("watch %s failed: %s; retrying in %.1fs", self.name, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except Exception:  # noqa: BLE001 - a handler bug must not freeze the cache silently
+                log.exception("watch %s: handler failed; relisting in %.1fs", self.name, backoff)
+                rv = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
