@@ -276,25 +276,36 @@ class PluginStandIn:
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
-            self._serve(node, pod)
+            self._serve(self.api("GET", f"/api/v1/nodes/{node}"))
         except (ApiError, OSError, KeyError, ValueError) as exc:
             self.errors.append(f"{key}: {exc}")
         finally:
             with self._mutex:
                 self._busy.discard(key)
 
-    def _serve(self, node: str, pod: dict) -> None:
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        value = (self.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
-        if not nodelock.owned_by(value, ns, name):
-            return  # the kubelet's Allocate would fail and be retried; our next event retries too
-        ann = pod["metadata"]["annotations"]
-        decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
-        self.api("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}",
-                         {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
-                         content_type=MERGE)
-        self.allocated.append((node, f"{ns}/{name}", ann[ALLOCATED]))
-        self._release(node, nodelock.NodeLock("", ns, name))
+    def _serve(self, node: dict) -> None:
+        """One Allocate on ``node`` (a Node object): the pod its lock names, if bound here.
+        Subclasses for other vendors override this (tests/integration/test_vendor_ascend.py)."""
+        name = node["metadata"]["name"]
+        lock = nodelock.parse_node_lock((node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK))
+        if lock is None:
+            return
+        try:
+            pod = self.api("GET", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return  # the scheduler reclaims locks of vanished pods
+            raise
+        if pod["spec"].get("nodeName") != name:
+            return  # not bound yet: the kubelet would not call Allocate before that
+        ann = pod["metadata"].get("annotations") or {}
+        if ann.get("hami.io/bind-phase") != "success":
+            decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
+            self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
+                     {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                     content_type=MERGE)
+            self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
+        self._release(name, lock)
 
     def _release(self, node: str, lock: nodelock.NodeLock) -> None:
         for _ in range(5):

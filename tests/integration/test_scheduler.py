@@ -436,3 +436,30 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
     finally:
         a.stop()
         b.stop()
+
+
+def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, standin, ns):
+    """A pod that does not exist in the API server cannot be patched: the reservation Filter made
+    for it is rolled back (a real pod then gets the capacity) and its Bind fails."""
+    import json as _json
+    import ssl
+    import urllib.request
+
+    selector, (node,) = _group(kube_cluster, "rollback", 1, gpus=1)
+    try:
+        ctx = ssl.create_default_context(cadata=kube_cluster.ca_pem.decode())
+
+        def call(verb: str, body: dict) -> dict:
+            req = urllib.request.Request(f"{hami.url}/{verb}", data=_json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            return _json.loads(urllib.request.urlopen(req, context=ctx, timeout=30).read())
+
+        phantom = gpu_pod("phantom", ns, mem=16000, cores=10, node_selector=selector)
+        phantom["metadata"]["uid"] = str(uuid.uuid4())
+        assert call("filter", {"Pod": phantom, "NodeNames": [node]})["NodeNames"] == [node]
+        answer = call("bind", {"PodName": "phantom", "PodNamespace": ns, "PodUID": phantom["metadata"]["uid"], "Node": node})
+        assert "not found" in answer["Error"] or "cannot record" in answer["Error"] or "404" in answer["Error"]
+        real = _place(kube_cluster, ns, [gpu_pod("real", ns, mem=16000, cores=10, node_selector=selector)], timeout=30)
+        assert real["real"]["spec"]["nodeName"] == node
+    finally:
+        _cleanup_nodes(kube_cluster, [node])
