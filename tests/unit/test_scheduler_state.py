@@ -167,3 +167,14 @@ def test_stale_event_does_not_undo_a_newer_reservation():
     assert s.ledger.pod(pod_key(fresh)).node == "n2" and s.ledger.is_reserved(pod_key(fresh))
     s.pod_handler.apply("MODIFIED", {**fresh, "metadata": {**fresh["metadata"], "annotations": dict(result.annotations)}})
     assert not s.ledger.is_reserved(pod_key(fresh)) and s.ledger.pod(pod_key(fresh)).node == "n2"
+
+
+def test_cli_refuses_bad_configuration_with_one_line(tmp_path, capsys):
+    from hami.cli import main
+
+    f = tmp_path / "device-config.yaml"
+    f.write_text("nvidia:\n  gpuCorePolicy: sometimes\n")
+    assert main(["scheduler", "--device-config-file", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hami scheduler: ") and "nvidia.gpuCorePolicy" in err and "sometimes" in err
+    assert len(err.splitlines()) == 1
