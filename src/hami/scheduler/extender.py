@@ -31,6 +31,10 @@ BIND_TIME = "hami.io/bind-time"
 UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 
+class DecisionMissing(Exception):
+    """Bind for a pod whose Filter decision is not recorded on it."""
+
+
 def failed_maps(failed: Mapping[str, NodeFailure]) -> tuple[dict[str, str], dict[str, str]]:
     """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
     by preemption, so kube-scheduler should not try."""
@@ -195,6 +199,8 @@ class Extender:
         locked = False
         try:
             await self.decision_recorded(ns, name)
+            if self._requests_devices(pod):
+                await self._check_decision(ns, name, node)
             if self._needs_lock(pod):
                 await self.acquire_lock(node, ns, name)
                 locked = True
@@ -206,7 +212,7 @@ class Extender:
                 "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
                              "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
-        except (KubeError, nodelock.LockContention, OSError, asyncio.TimeoutError) as exc:
+        except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
             if locked:
                 await self._release_quietly(node, ns, name)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
@@ -214,6 +220,24 @@ class Extender:
             return {"Error": msg}
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
+
+    def _requests_devices(self, pod: Mapping[str, Any]) -> bool:
+        try:
+            return pod_request(pod, self.state.vendors).has_devices
+        except CoreError:
+            return False
+
+    async def _check_decision(self, ns: str, name: str, node: str) -> None:
+        """The pod must carry our decision for ``node`` (e.g. a Filter answered by a replica that
+        died before its patch landed): otherwise the device plugin would find nothing to allocate."""
+        pod = self.state.pod(ns, name)
+        if ((pod or {}).get("metadata", {}).get("annotations") or {}).get(VGPU_NODE) == node:
+            return
+        pod = await self._get_pod(ns, name)
+        placed = ((pod or {}).get("metadata", {}).get("annotations") or {}).get(VGPU_NODE)
+        if placed != node:
+            raise DecisionMissing(f"pod {ns}/{name} carries no decision for node {node} "
+                                  f"({VGPU_NODE}={placed!r}); it will be filtered again")
 
     def _needs_lock(self, pod: Mapping[str, Any]) -> bool:
         try:
