@@ -179,3 +179,17 @@ async def test_tls_certificate_is_reloaded_when_the_files_change(tmp_path):
 
 def _client(ca: CertificateAuthority) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.pair.cert_pem.decode())
+
+
+async def test_success_events_can_be_switched_off_failures_never():
+    p = pod("e")
+    quiet = EventRecorder(object(), "hami-scheduler", success=False)
+    quiet.record(p, "FilteringSucceed", "ok")
+    quiet.record(p, "FilteringFailed", "1 nodes CardInsufficientMemory(n1)", "Warning")
+    assert [quiet.queue.get_nowait()["reason"] for _ in range(quiet.queue.qsize())] == ["FilteringFailed"]
+    loud = EventRecorder(object(), "hami-scheduler")
+    loud.record(p, "BindingSucceed", "Successfully binding node [n1] to ns/e")
+    body = loud.queue.get_nowait()
+    assert (body["reason"], body["type"], body["source"]["component"]) == ("BindingSucceed", "Normal", "hami-scheduler")
+    assert body["involvedObject"] == {"kind": "Pod", "apiVersion": "v1", "namespace": "ns", "name": "e",
+                                      "uid": "uid-e", "resourceVersion": "1"}

@@ -36,15 +36,16 @@ def event_body(pod: Mapping[str, Any], reason: str, message: str, kind: str, com
 
 
 class EventRecorder:
-    def __init__(self, kube: KubeClient | None, component: str, maxsize: int = 1000) -> None:
+    def __init__(self, kube: KubeClient | None, component: str, maxsize: int = 1000, success: bool = True) -> None:
         self.kube = kube
+        self.success = success  # False: Normal (success) events are not recorded
         self.component = component
         self.queue: asyncio.Queue[dict] = asyncio.Queue(maxsize)
         self.dropped = 0
         self.posted = 0
 
     def record(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
-        if self.kube is None:
+        if self.kube is None or (kind == "Normal" and not self.success):
             return
         try:
             self.queue.put_nowait(event_body(pod, reason, message, kind, self.component, datetime.now(timezone.utc)))

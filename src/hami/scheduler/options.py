@@ -74,6 +74,7 @@ class Options:
     resync_interval: float = 15.0
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
+    success_events: bool = True
     device_config: DeviceConfig = field(default_factory=default_device_config)
     metrics_host: str = ""
     metrics_port: int | None = None  # None = no metrics endpoint
@@ -129,6 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (klog style)")
     a("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")
     a("--resync-interval", default="15s", help="leader pass: handshakes, stale locks, node health (default %(default)s)")
+    a("--success-events", type=_bool, nargs="?", const=True, default=True,
+      help="record FilteringSucceed/BindingSucceed events (default true; failures are always recorded)")
     a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
       help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
 
@@ -168,6 +171,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label, device_config=device_config,
+        success_events=args.success_events,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
     )
     if opts.node_lock_timeout <= 0:

@@ -74,7 +74,7 @@ class SchedulerService:
         self.opts = opts
         self.kube = kube
         self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
-        self.events = EventRecorder(kube, opts.scheduler_name)
+        self.events = EventRecorder(kube, opts.scheduler_name, success=opts.success_events)
         self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
                                  opts.pod_name, opts.pod_namespace)
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
