@@ -2,9 +2,9 @@
 
 Filter takes the decision with the same core entry point as ``hami simulate``
 (:func:`hami.core.schedule_pod`, after the same admission defaults), reserves it in the ledger,
-then patches the pod; a failed patch rolls the reservation back. Bind takes the node lock,
-marks the pod ``bind-phase=allocating`` and creates the Binding; every failure releases the
-lock. Requests and answers use the Go field names kube-scheduler sends (``Pod``,
+answers, and patches the pod in the background; a failed patch rolls the reservation back.
+Bind waits for that patch, takes the node lock and creates the Binding (which also sets
+``bind-phase=allocating`` and ``bind-time``); every failure releases the lock. Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
 
