@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube bench clean proto
+.PHONY: simulate test unit native kube bench clean proto gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ unit: $(STAMP) proto
 
 bench: $(STAMP) native
 	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Real-GPU checks (device plugin on real NVML, libvgpu limits under PyTorch, compute shares);
+# each prints SKIP on a machine without an NVIDIA GPU.
+gpu-check: $(STAMP) native proto
+	scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) native/build .pytest_cache .hypothesis
