@@ -107,6 +107,16 @@ def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str
                                   mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
 
 
+def whole_card_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *,
+                       cores: int = 100) -> ContainerDeviceRequest | None:
+    """``<count>: n`` takes n whole cards (all the memory, ``cores`` percent); None when n is 0."""
+    n = _lookup(container, where)(vendor.resources.count)
+    if n < 0:
+        raise RequestError(f"{where}: {vendor.resources.count} must not be negative, got {n}")
+    return ContainerDeviceRequest(vendor=vendor.name, nums=n, type=vendor.request_type, mem_percentage=100,
+                                  coresreq=cores) if n else None
+
+
 def capacity_health(vendor: BaseVendor, node: Mapping[str, Any]) -> HealthVerdict:
     """HAMi's rule for MetaX GPU and AMD (§4.4): healthy while ``capacity[count] > 0``; re-read every pass."""
     try:
@@ -126,8 +136,4 @@ class WholeDeviceVendor(BaseVendor):
         return tuple(replace(d, devcore=100) for d in super().node_devices(node))
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        n = _lookup(container, where)(self.resources.count)
-        if n < 0:
-            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
-                                      coresreq=0) if n else None
+        return whole_card_request(self, container, where, cores=0)

@@ -27,7 +27,16 @@ from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import annotations_of, capacity, go_json, node_name, present, synth_cards, where_of
+from ._util import (
+    annotations_of,
+    capacity,
+    go_json,
+    node_name,
+    present,
+    synth_cards,
+    where_of,
+    whole_card_request,
+)
 from .base import BaseVendor, ResourceNames, _lookup
 
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
@@ -217,11 +226,7 @@ class EnflameGcuVendor(BaseVendor):
                            type_=self.name) if cards > 0 else ()
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        n = _lookup(container, where)(self.resources.count)
-        if n < 0:
-            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
-                                      coresreq=100) if n else None
+        return whole_card_request(self, container, where)
 
 
 def make_enflame(config: EnflameConfig) -> tuple[BaseVendor, ...]:

@@ -24,7 +24,7 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, present, set_both, synth_cards, where_of
+from ._util import capacity, present, set_both, synth_cards, where_of, whole_card_request
 from .base import BaseVendor, ResourceNames, _lookup
 
 CARD_MEMORY = 98304
@@ -59,11 +59,7 @@ class KunlunVendor(BaseVendor):
                            type_=self.name, numa_split=True) if cards > 0 else ()
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        n = _lookup(container, where)(self.resources.count)
-        if n < 0:
-            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
-                                      coresreq=100) if n else None
+        return whole_card_request(self, container, where)
 
     def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
         if used > 0:  # whole cards only

@@ -33,7 +33,17 @@ from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import annotations_of, capacity, capacity_health, go_json, present, set_both, synth_cards, where_of
+from ._util import (
+    annotations_of,
+    capacity,
+    capacity_health,
+    go_json,
+    present,
+    set_both,
+    synth_cards,
+    where_of,
+    whole_card_request,
+)
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
@@ -72,11 +82,7 @@ class MetaxGpuVendor(BaseVendor):
                            type_=self.name, custominfo=topo or None)
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        n = _lookup(container, where)(self.resources.count)
-        if n < 0:
-            raise RequestError(f"{where}: {self.resources.count} must not be negative, got {n}")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, mem_percentage=100,
-                                      coresreq=100) if n else None
+        return whole_card_request(self, container, where)
 
     def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
         n = sum(len(ctr) for ctr in devices)
