@@ -75,6 +75,17 @@ def synth_cards(node: Mapping[str, Any], vendor: str, word: str, cards: int, *, 
     )
 
 
+def name_after_chip(vendor: BaseVendor, cw: str, register_annotation: str) -> None:
+    """Per-chip backends (Ascend, Iluvatar): name, type and HAMi's ``<cw>``-keyed annotations."""
+    vendor.name = vendor.request_type = cw
+    vendor.register_annotation = register_annotation
+    vendor.handshake_annotation = f"hami.io/node-handshake-{cw}"
+    vendor.allocated_annotation = f"hami.io/{cw}-devices-allocated"
+    vendor.to_allocate_annotation = f"hami.io/{cw}-devices-to-allocate"
+    vendor.use_uuid_annotation = f"hami.io/use-{cw}-uuid"
+    vendor.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
+
+
 def go_json(obj: Any) -> str:
     """Compact JSON as Go's ``json.Marshal`` writes it (``<>&`` escaped)."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

@@ -24,7 +24,17 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import annotations_of, env_append, go_json, in_limits, pod_annotation, present, set_both, where_of
+from ._util import (
+    annotations_of,
+    env_append,
+    go_json,
+    in_limits,
+    name_after_chip,
+    pod_annotation,
+    present,
+    set_both,
+    where_of,
+)
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 MODE_ANNOTATION = "huawei.com/vnpu-mode"
@@ -47,13 +57,7 @@ class AscendVendor(BaseVendor):
         self.chip = chip
         self.soft_everywhere = soft_everywhere
         cw = chip.common_word
-        self.name = self.request_type = cw
-        self.register_annotation = f"hami.io/node-register-{cw}"
-        self.handshake_annotation = f"hami.io/node-handshake-{cw}"
-        self.allocated_annotation = f"hami.io/{cw}-devices-allocated"
-        self.to_allocate_annotation = f"hami.io/{cw}-devices-to-allocate"
-        self.use_uuid_annotation = f"hami.io/use-{cw}-uuid"
-        self.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
+        name_after_chip(self, cw, f"hami.io/node-register-{cw}")
         self.runtime_annotation = f"huawei.com/{cw}"
         self.node_score_neutral = not cw.startswith("Ascend910")
         self.templates = sorted(chip.templates, key=lambda t: t.memory)

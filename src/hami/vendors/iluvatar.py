@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from hami.config import IluvatarChip
 from hami.core.types import ContainerDeviceRequest
 
-from ._util import env_append, percent_request, present, set_limit, where_of
+from ._util import env_append, name_after_chip, percent_request, present, set_limit, where_of
 from .base import BaseVendor, ResourceNames, _lookup
 
 UNIT_MIB = 256
@@ -29,13 +29,7 @@ class IluvatarVendor(BaseVendor):
     def __init__(self, chip: IluvatarChip) -> None:
         self.chip = chip
         cw = chip.common_word
-        self.name = self.request_type = cw
-        self.register_annotation = f"hami.io/node-{cw}-register"
-        self.handshake_annotation = f"hami.io/node-handshake-{cw}"
-        self.allocated_annotation = f"hami.io/{cw}-devices-allocated"
-        self.to_allocate_annotation = f"hami.io/{cw}-devices-to-allocate"
-        self.use_uuid_annotation = f"hami.io/use-{cw}-uuid"
-        self.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
+        name_after_chip(self, cw, f"hami.io/node-{cw}-register")
         super().__init__(ResourceNames(count=chip.resource_count_name, memory=chip.resource_memory_name,
                                        cores=chip.resource_core_name, memory_factor=UNIT_MIB))
 
