@@ -32,6 +32,7 @@ from hami.core.types import (
     Slice,
 )
 
+from ._util import env_append, present, where_of
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 
@@ -62,11 +63,6 @@ def select_mig(profiles: Sequence[MigProfile], occupied: Sequence[Placement],
             if pl[1] > 0 and not any(_overlaps(pl, o) for o in occupied):
                 return p, pl
     return None
-
-
-def _env_append(container: dict, name: str, value: str) -> None:
-    env = container.setdefault("env", [])
-    env.append({"name": name, "value": value})
 
 
 class NvidiaVendor(BaseVendor):
@@ -115,27 +111,27 @@ class NvidiaVendor(BaseVendor):
     # ------------------------------------------------------------------ admission (§3.3)
     def admit_container(self, container: dict, pod: dict) -> bool:
         r = self.resources
-        res = _lookup(container, f"container {container.get('name', '?')!r}")
-        present = _present(container)
-        where = f"container {container.get('name', '?')!r}"
-        pct = res(r.memory_percentage) if r.memory_percentage in present else None
+        where = where_of(container)
+        res = _lookup(container, where)
+        has = present(container)
+        pct = res(r.memory_percentage) if r.memory_percentage in has else None
         if pct is not None and not 0 <= pct <= 100:
             raise RequestError(f"{where}: {r.memory_percentage} must be an integer in 0..100, got {pct}")
         for name in (r.count, r.memory, r.cores):
-            if name in present and res(name) < 0:
+            if name in has and res(name) < 0:
                 raise RequestError(f"{where}: {name} must not be negative, got {res(name)}")
         if r.priority in container_resources(container)[0]:
-            _env_append(container, "CUDA_TASK_PRIORITY", str(res(r.priority)))
+            env_append(container, "CUDA_TASK_PRIORITY", str(res(r.priority)))
         if self.config.gpu_core_policy != "default":
-            _env_append(container, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
+            env_append(container, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
         limits = container.setdefault("resources", {}).setdefault("limits", {})
-        if r.count not in present and present & {r.cores, r.memory, r.memory_percentage}:
+        if r.count not in has and has & {r.cores, r.memory, r.memory_percentage}:
             if self.config.default_gpu_num > 0:
                 limits[r.count] = self.config.default_gpu_num
-                present.add(r.count)
-        uses = r.count in present
-        if uses and r.cores not in present:
-            exclusive = pct == 100 or not r.memory or not present & {r.memory, r.memory_percentage}
+                has.add(r.count)
+        uses = r.count in has
+        if uses and r.cores not in has:
+            exclusive = pct == 100 or not r.memory or not has & {r.memory, r.memory_percentage}
             if exclusive:
                 limits[r.cores] = 100
         if uses and self.config.runtime_class_name:
@@ -143,7 +139,7 @@ class NvidiaVendor(BaseVendor):
             if not spec.get("runtimeClassName"):
                 spec["runtimeClassName"] = self.config.runtime_class_name
         if not uses and self.config.overwrite_env:
-            _env_append(container, "NVIDIA_VISIBLE_DEVICES", "none")
+            env_append(container, "NVIDIA_VISIBLE_DEVICES", "none")
         return uses
 
     # ------------------------------------------------------------------ requests (§5.4)
@@ -159,7 +155,7 @@ class NvidiaVendor(BaseVendor):
         if mem < 0:
             raise RequestError(f"{where}: {r.memory} must not be negative, got {mem}")
         mem *= r.memory_factor
-        pct = res(r.memory_percentage) if r.memory_percentage in _present(container) else PERCENT_UNSET
+        pct = res(r.memory_percentage) if r.memory_percentage in present(container) else PERCENT_UNSET
         if pct > 100 and pct != PERCENT_UNSET:
             raise RequestError(f"{where}: {r.memory_percentage} must be an integer in 0..100, got {pct}")
         if pct <= 0:
@@ -169,7 +165,7 @@ class NvidiaVendor(BaseVendor):
                 mem = self.config.default_memory
             else:
                 pct = 100
-        cores = res(r.cores) if r.cores in _present(container) else self.config.default_cores
+        cores = res(r.cores) if r.cores in present(container) else self.config.default_cores
         if cores < 0:
             raise RequestError(f"{where}: {r.cores} must not be negative, got {cores}")
         return ContainerDeviceRequest(
@@ -255,8 +251,3 @@ class NvidiaVendor(BaseVendor):
             return tuple((e.container, e.device, e.slice) for e in decode_mig_allocations(text))
         except CodecError as exc:
             raise CodecError(f"annotation {MIG_ALLOCATIONS_ANNOTATION}: {exc}") from None
-
-
-def _present(container: Mapping[str, Any]) -> set[str]:
-    res = container.get("resources") or {}
-    return set(res.get("limits") or {}) | set(res.get("requests") or {})
