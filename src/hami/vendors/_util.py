@@ -39,6 +39,14 @@ def env_append(container: dict, name: str, value: str) -> None:
     container.setdefault("env", []).append({"name": name, "value": value})
 
 
+def set_runtime_class(pod: dict, name: str) -> None:
+    """Give the pod ``spec.runtimeClassName = name`` unless it names one already (or ``name`` is empty)."""
+    if name:
+        spec = pod.setdefault("spec", {})
+        if not spec.get("runtimeClassName"):
+            spec["runtimeClassName"] = name
+
+
 def where_of(container: Mapping[str, Any]) -> str:
     return f"container {container.get('name', '?')!r}"
 

@@ -33,6 +33,7 @@ from ._util import (
     pod_annotation,
     present,
     set_both,
+    set_runtime_class,
     where_of,
 )
 from .base import BaseVendor, ResourceNames, Selection, _lookup
@@ -123,10 +124,7 @@ class AscendVendor(BaseVendor):
         if soft:
             lifecycle = container.setdefault("lifecycle", {})
             lifecycle.setdefault("postStart", {"exec": {"command": list(LIMITER_START)}})
-        if c.runtime_class_name:
-            spec = pod.setdefault("spec", {})  # type: ignore[union-attr]
-            if not spec.get("runtimeClassName"):
-                spec["runtimeClassName"] = c.runtime_class_name
+        set_runtime_class(pod, c.runtime_class_name)  # type: ignore[arg-type]
         return True
 
     # ------------------------------------------------------------------ requests

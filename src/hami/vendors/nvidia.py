@@ -32,7 +32,7 @@ from hami.core.types import (
     Slice,
 )
 
-from ._util import env_append, present, where_of
+from ._util import env_append, present, set_runtime_class, where_of
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 
@@ -134,10 +134,8 @@ class NvidiaVendor(BaseVendor):
             exclusive = pct == 100 or not r.memory or not has & {r.memory, r.memory_percentage}
             if exclusive:
                 limits[r.cores] = 100
-        if uses and self.config.runtime_class_name:
-            spec = pod.setdefault("spec", {})
-            if not spec.get("runtimeClassName"):
-                spec["runtimeClassName"] = self.config.runtime_class_name
+        if uses:
+            set_runtime_class(pod, self.config.runtime_class_name)
         if not uses and self.config.overwrite_env:
             env_append(container, "NVIDIA_VISIBLE_DEVICES", "none")
         return uses
