@@ -100,6 +100,14 @@ def go_json(obj: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def load_json(text: str, where: str) -> Any:
+    """``json.loads(text)``; CodecError ``<where>: not valid JSON (...)`` when it does not parse."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CodecError(f"{where}: not valid JSON ({exc})") from None
+
+
 def pod_annotation(pod: Any, key: str) -> str | None:
     """An annotation of the PodRequest passed to ``pod_annotations`` (None when absent)."""
     if pod is None:

@@ -17,7 +17,6 @@ Neither backend locks the node.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -31,6 +30,7 @@ from ._util import (
     annotations_of,
     capacity,
     go_json,
+    load_json,
     node_name,
     present,
     synth_cards,
@@ -84,10 +84,7 @@ class EnflameDrsVendor(BaseVendor):
         if not text:
             return ()
         where = f"annotation {CAPACITY_ANNOTATION}"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CodecError(f"{where}: not valid JSON ({exc})") from None
+        data = load_json(text, where)
         if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
             raise CodecError(f"{where}: must be an object with a 'devices' list")
         profiles = data.get("profiles") or {}

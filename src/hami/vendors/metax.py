@@ -21,7 +21,6 @@ policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -38,6 +37,7 @@ from ._util import (
     capacity,
     capacity_health,
     go_json,
+    load_json,
     present,
     set_both,
     synth_cards,
@@ -96,10 +96,7 @@ class MetaxGpuVendor(BaseVendor):
 
 
 def _count_map(text: str, where: str) -> dict[int, int]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodecError(f"annotation {where}: not valid JSON ({exc})") from None
+    data = load_json(text, f"annotation {where}")
     if not isinstance(data, dict):
         raise CodecError(f"annotation {where}: must be a JSON object from card count to value")
     out = {}
@@ -142,10 +139,7 @@ class MetaxSgpuVendor(BaseVendor):
         if not text:
             return ()
         where = f"annotation {self.register_annotation}"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CodecError(f"{where}: not valid JSON ({exc})") from None
+        data = load_json(text, where)
         if not isinstance(data, list):
             raise CodecError(f"{where}: must be a JSON array of devices")
         return tuple(self._device(obj, i, where) for i, obj in enumerate(data))
