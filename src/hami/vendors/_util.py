@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthVerdict
@@ -115,21 +115,26 @@ def pod_annotation(pod: Any, key: str) -> str | None:
     return (getattr(pod, "annotations", None) or {}).get(key)
 
 
+def non_negative(where: str, *named: tuple[str, int]) -> None:
+    """RequestError naming the first ``(resource, value)`` pair whose value is negative."""
+    for name, value in named:
+        if value < 0:
+            raise RequestError(f"{where}: {name} must not be negative, got {value}")
+
+
 def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *, default_cores: int,
-                    unit: int = 1) -> ContainerDeviceRequest | None:
-    """Count + absolute memory (``unit`` MiB per resource unit, times memoryFactor) + core percent.
-    No memory means the whole card's memory (percentage 100)."""
+                    memory: Callable[[Mapping[str, Any], str], int] | None = None) -> ContainerDeviceRequest | None:
+    """Count + absolute memory (times memoryFactor) + core percent. ``memory(container, where)``
+    replaces the plain read of the memory resource. No memory means the whole card's memory."""
     r = vendor.resources
     res = _lookup(container, where)
     nums = res(r.count)
     if nums == 0:
         return None
-    mem = res(r.memory)
+    mem = memory(container, where) if memory else res(r.memory)
     cores = res(r.cores) if r.cores in present(container) else default_cores
-    for name, value in ((r.count, nums), (r.memory, mem), (r.cores, cores)):
-        if value < 0:
-            raise RequestError(f"{where}: {name} must not be negative, got {value}")
-    mem *= unit * r.memory_factor
+    non_negative(where, (r.count, nums), (r.memory, mem), (r.cores, cores))
+    mem *= r.memory_factor
     return ContainerDeviceRequest(vendor=vendor.name, nums=nums, type=vendor.request_type, memreq=mem,
                                   mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
 

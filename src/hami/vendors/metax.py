@@ -30,7 +30,7 @@ from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
-from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
 from ._util import (
     annotations_of,
@@ -38,6 +38,7 @@ from ._util import (
     capacity_health,
     go_json,
     load_json,
+    percent_request,
     present,
     set_both,
     synth_cards,
@@ -192,18 +193,7 @@ class MetaxSgpuVendor(BaseVendor):
 
     # ------------------------------------------------------------------ requests
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        r = self.resources
-        res = _lookup(container, where)
-        n = res(r.count)
-        if n == 0:
-            return None
-        mem = self._memory(container, where)
-        cores = res(r.cores) if r.cores in present(container) else 100
-        for name, value in ((r.count, n), (r.memory, mem), (r.cores, cores)):
-            if value < 0:
-                raise RequestError(f"{where}: {name} must not be negative, got {value}")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
-                                      mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
+        return percent_request(self, container, where, default_cores=100, memory=self._memory)
 
     def _memory(self, container: Mapping[str, Any], where: str) -> int:
         """vmemory: a plain number is GiB; a quantity with a unit is bytes (-> MiB)."""

@@ -21,7 +21,7 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, present, set_both, synth_cards, where_of
+from ._util import capacity, non_negative, present, set_both, synth_cards, where_of
 from .base import BaseVendor, ResourceNames, _lookup
 
 UNIT_MIB = 512
@@ -86,9 +86,7 @@ class MthreadsVendor(BaseVendor):
         if n == 0:
             return None
         mem, cores = res(r.memory), res(r.cores)
-        for name, value in ((r.count, n), (r.memory, mem), (r.cores, cores)):
-            if value < 0:
-                raise RequestError(f"{where}: {name} must not be negative, got {value}")
+        non_negative(where, (r.count, n), (r.memory, mem), (r.cores, cores))
         mem = mem * UNIT_MIB // n
         return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
                                       mem_percentage=PERCENT_UNSET if mem else 100,
