@@ -226,12 +226,9 @@ class BaseVendor:
 
         ``quota_fits()`` tells whether taking this device keeps the namespace within quota.
         """
-        if device.count <= used:
-            return Reason.CARD_TIME_SLICING_EXHAUSTED
-        if mutex and used > 0:
-            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-        if not quota_fits():
-            return Reason.RESOURCE_QUOTA_NOT_FIT
+        bad = slot_check(device, used, mutex, quota_fits)
+        if bad is not None:
+            return bad
         if device.devmem - usedmem < mem:
             return Reason.CARD_INSUFFICIENT_MEMORY
         cores = request.coresreq
@@ -299,6 +296,17 @@ class BaseVendor:
         if self.to_allocate_annotation:
             out[self.to_allocate_annotation] = value
         return out
+
+
+def slot_check(device: DeviceInfo, used: int, mutex: bool, quota_fits: Callable[[], bool]) -> Reason | None:
+    """The first capacity rules, common to every vendor: a free slot, no exclusive conflict, quota."""
+    if device.count <= used:
+        return Reason.CARD_TIME_SLICING_EXHAUSTED
+    if mutex and used > 0:
+        return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if not quota_fits():
+        return Reason.RESOURCE_QUOTA_NOT_FIT
+    return None
 
 
 def decode_registration(text: str, fmt: str, vendor: str) -> tuple[DeviceInfo, ...]:

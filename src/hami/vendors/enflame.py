@@ -37,7 +37,7 @@ from ._util import (
     where_of,
     whole_card_request,
 )
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, _lookup, slot_check
 
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
 _PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
@@ -159,15 +159,10 @@ class EnflameDrsVendor(BaseVendor):
         got = self.slices_for(device, request)
         if got is None:
             return Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
-        if device.count <= used:
-            return Reason.CARD_TIME_SLICING_EXHAUSTED
-        if mutex and used > 0:
-            return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-        if not quota_fits():
-            return Reason.RESOURCE_QUOTA_NOT_FIT
-        if device.devcore - usedcores < got[0]:
+        bad = slot_check(device, used, mutex, quota_fits)
+        if bad is None and device.devcore - usedcores < got[0]:
             return Reason.CARD_INSUFFICIENT_CORE
-        return None
+        return bad
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         got = self.slices_for(device, request)
