@@ -102,15 +102,21 @@ def _device_from_json(obj: Any, i: int, vendor: str) -> DeviceInfo:
 
 def decode_node_devices_json(text: str, vendor: str = "") -> tuple[DeviceInfo, ...]:
     """Parse a JSON registration annotation. Raises :class:`CodecError` naming the device/field."""
+    data = _json_array(text, "a JSON array of devices")
+    return tuple(_device_from_json(obj, i, vendor) for i, obj in enumerate(data))
+
+
+def _json_array(text: str, what: str) -> list:
+    """``text`` parsed as a JSON array (``null`` reads as empty). CodecError when it is not one."""
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, TypeError) as exc:
         raise CodecError(f"not valid JSON ({exc})") from None
     if data is None:
-        return ()
+        return []
     if not isinstance(data, list):
-        raise CodecError(f"must be a JSON array of devices, got {type(data).__name__}")
-    return tuple(_device_from_json(obj, i, vendor) for i, obj in enumerate(data))
+        raise CodecError(f"must be {what}, got {type(data).__name__}")
+    return data
 
 
 def _go_json(obj: Any) -> str:
@@ -324,14 +330,7 @@ def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
     all absent, ``(containerIndex, deviceIndex)`` unique. Raises :class:`CodecError`."""
     if not text:
         return ()
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CodecError(f"not valid JSON ({exc})") from None
-    if data is None:
-        return ()
-    if not isinstance(data, list):
-        raise CodecError(f"must be a JSON array, got {type(data).__name__}")
+    data = _json_array(text, "a JSON array")
     out: list[MigAllocation] = []
     seen: set[tuple[int, int]] = set()
     for i, obj in enumerate(data):
