@@ -119,7 +119,7 @@ def _json_array(text: str, what: str) -> list:
     return data
 
 
-def _go_json(obj: Any) -> str:
+def go_json(obj: Any) -> str:
     """``json.Marshal`` output: compact, non-ASCII kept, ``<>&`` HTML-escaped as Go does."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
@@ -149,7 +149,7 @@ def _device_to_json(d: DeviceInfo) -> dict:
 
 def encode_node_devices_json(devices: Iterable[DeviceInfo]) -> str:
     """The registration annotation value a device plugin writes (HAMi ``MarshalNodeDevices``)."""
-    return _go_json([_device_to_json(d) for d in devices])
+    return go_json([_device_to_json(d) for d in devices])
 
 
 def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[str, int]]:
@@ -173,7 +173,7 @@ def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[
 
 
 def encode_pair_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
-    return _go_json([{"uuid": u, "score": dict(s)} for u, s in scores.items()])
+    return go_json([{"uuid": u, "score": dict(s)} for u, s in scores.items()])
 
 
 # --------------------------------------------------------------- node registration: legacy colon
@@ -312,7 +312,7 @@ def encode_mig_allocations(entries: Iterable[MigAllocation]) -> str:
         if e.compute_instance_id is not None:
             obj["computeInstanceID"] = e.compute_instance_id
         out.append(obj)
-    return _go_json(out)
+    return go_json(out)
 
 
 def _opt_uint(obj: dict, key: str, where: str) -> int | None:

@@ -94,12 +94,6 @@ def name_after_chip(vendor: BaseVendor, cw: str, register_annotation: str) -> No
     vendor.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
 
 
-def go_json(obj: Any) -> str:
-    """Compact JSON as Go's ``json.Marshal`` writes it (``<>&`` escaped)."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def load_json(text: str, where: str) -> Any:
     """``json.loads(text)``; CodecError ``<where>: not valid JSON (...)`` when it does not parse."""
     try:

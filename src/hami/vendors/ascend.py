@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from hami.config import VnpuChip, VnpusConfig
+from hami.core.codec import go_json
 from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -27,7 +28,6 @@ from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, P
 from ._util import (
     annotations_of,
     env_append,
-    go_json,
     in_limits,
     name_after_chip,
     pod_annotation,

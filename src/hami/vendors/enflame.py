@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hami.config import EnflameConfig
+from hami.core.codec import go_json
 from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -29,7 +30,6 @@ from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo,
 from ._util import (
     annotations_of,
     capacity,
-    go_json,
     load_json,
     node_name,
     present,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hami.config import MetaxConfig
+from hami.core.codec import go_json
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
@@ -36,7 +37,6 @@ from ._util import (
     annotations_of,
     capacity,
     capacity_health,
-    go_json,
     load_json,
     percent_request,
     present,
