@@ -28,7 +28,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import http.client
 import json
 import os
@@ -38,6 +37,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -270,14 +270,28 @@ def node_manifest(
 # ---------------------------------------------------------------------------------------------
 # Processes
 
-_PR_SET_PDEATHSIG = 1
-_libc: Any = None
+# Runs as the child's first program (a fresh interpreter, so no state inherited from a
+# threaded parent): PR_SET_PDEATHSIG (1) = SIGKILL, give up if the parent is already gone,
+# then exec the real program (the setting survives execve).
+_TRAMPOLINE = (
+    "import ctypes,os,sys;"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,9);"
+    "os.getppid()==int(sys.argv[1]) or os._exit(1);"
+    "os.execv(sys.argv[2],sys.argv[2:])"
+)
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGKILL it when the parent thread dies."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` wrapped so that the process is SIGKILLed when the calling *thread* ends.
+
+    The setting is made after exec, in a fresh interpreter: setting it from a ``preexec_fn``
+    (Python code between fork and exec) can crash or hang the child when the parent has other
+    threads, which a test session always has. Linux only; elsewhere ``argv`` is returned as is.
+    """
+    if not sys.platform.startswith("linux") or not argv:
+        return list(argv)
+    program = shutil.which(argv[0]) or argv[0]
+    return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), program, *argv[1:]]
 
 
 @dataclass
@@ -291,23 +305,18 @@ class Component:
     process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        global _libc
         # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only use it from
         # the main thread (a worker thread of asyncio.to_thread would take the process with it).
-        die_with_parent = self.die_with_parent and threading.current_thread() is threading.main_thread()
-        if die_with_parent and _libc is None:
-            with contextlib.suppress(OSError):
-                _libc = ctypes.CDLL(None, use_errno=True)
+        wrap = self.die_with_parent and threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
             log.write(f"--- {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                self.argv,
+                die_with_parent(self.argv) if wrap else self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
             )
 
     def alive(self) -> bool:
