@@ -94,3 +94,56 @@ async def test_release_owner_checked_and_retried():
     busy = Node(VALUE, conflicts=10)
     assert not await L.release(busy.read, busy.write, ("ns", "p"), attempts=3, delay=0)
     assert await L.release(Node().read, Node().write, None)
+
+
+# ---------------------------------------------------------------- per-vendor locks (§5.8)
+from hami.vendors import CambriconVendor  # noqa: E402
+from hami.vendors.mthreads import MthreadsVendor  # noqa: E402
+from hami.vendors.nvidia import NvidiaVendor  # noqa: E402
+
+
+def test_vendor_lock_specs_follow_the_vendor_attributes():
+    mlu = L.vendor_lock(CambriconVendor())
+    assert mlu == L.LockSpec("cambricon.com/dsmlu.lock", L.TIME, 120.0)
+    assert mlu.value(NOW, "ns", "p") == "2026-05-01T12:00:00Z"  # bare RFC3339, names nobody
+    assert mlu.holder(mlu.value(NOW, "ns", "p")) is None
+    assert mlu.expiry(300) == 120.0
+    gpu = L.vendor_lock(NvidiaVendor())
+    assert gpu == L.HAMI_LOCK and gpu.value(NOW, "ns", "p") == VALUE
+    assert gpu.holder(VALUE) == L.NodeLock("2026-05-01T12:00:00Z", "ns", "p")
+    assert gpu.expiry(300) == 300  # None: the scheduler's --node-lock-timeout
+    assert L.vendor_lock(MthreadsVendor()) is None
+
+
+def test_cambricon_lock_expires_after_two_minutes_and_never_by_owner():
+    mlu = L.vendor_lock(CambriconVendor())
+    value = mlu.value(NOW, "ns", "p")
+    assert L.stale_reason(value, "n1", NOW + timedelta(seconds=119), mlu.expiry(300), None) is None
+    assert "expired" in L.stale_reason(value, "n1", NOW + timedelta(seconds=121), mlu.expiry(300), None)
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"format": "json"}, "lock_format: 'json'"),
+    ({"key": ""}, "lock_annotation"),
+    ({"expiry_s": 0}, "lock_expiry_seconds: 0"),
+])
+def test_bad_lock_attributes_are_named(kw, field):
+    with pytest.raises(ValueError, match=field):
+        L.LockSpec(**kw)
+
+
+def test_vendor_locks_sorted_by_backend_key_one_per_key():
+    vendors = [NvidiaVendor(), CambriconVendor(), MthreadsVendor()]
+    assert L.vendor_locks(vendors, {"NVIDIA", "MLU", "Mthreads"}) == [L.vendor_lock(CambriconVendor()), L.HAMI_LOCK]
+    assert L.vendor_locks(vendors, {"Mthreads"}) == []
+    assert L.vendor_locks([NvidiaVendor(), NvidiaVendor()], {"NVIDIA"}) == [L.HAMI_LOCK]
+
+
+async def test_release_by_exact_value_for_a_bare_time_lock():
+    key = "cambricon.com/dsmlu.lock"
+    n = Node()
+    n.annotations[key] = "2026-05-01T12:00:00Z"
+    assert await L.release(n.read, n.write, ("ns", "p"), key=key, value="2026-05-01T12:05:00Z", delay=0)
+    assert n.annotations[key] == "2026-05-01T12:00:00Z"  # another taker's value: left in place
+    assert await L.release(n.read, n.write, ("ns", "p"), key=key, value="2026-05-01T12:00:00Z", delay=0)
+    assert key not in n.annotations

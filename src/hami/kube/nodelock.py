@@ -1,7 +1,10 @@
-"""The per-node lock ``hami.io/mutex.lock`` shared by the scheduler and the device plugin (§5.8).
+"""The per-node locks shared by the scheduler and the device plugins (§5.8).
 
-Value: ``"<RFC3339 time>,<namespace>,<pod name>"`` (HAMi's format; a legacy value is a bare
-RFC3339 time). The scheduler takes it in Bind before the Binding; the device plugin releases it
+Most vendors share ``hami.io/mutex.lock``, value ``"<RFC3339 time>,<namespace>,<pod name>"``
+(HAMi's format; a legacy value is a bare RFC3339 time). A vendor may declare its own lock
+(``lock_annotation``, ``lock_format``, ``lock_expiry_seconds`` on the vendor class, e.g. Cambricon's
+``cambricon.com/dsmlu.lock``: a bare RFC3339 time that expires after 2 minutes); :class:`LockSpec`
+carries those three attributes and :func:`vendor_locks` lists the locks a pod's bind takes. The scheduler takes it in Bind before the Binding; the device plugin releases it
 when Allocate ends (success or failure). Every write carries ``metadata.resourceVersion`` so two
 writers never both win (§13 pitfall 6).
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 NODE_LOCK = "hami.io/mutex.lock"
 BIND_PHASE = "hami.io/bind-phase"
@@ -30,9 +33,67 @@ class NodeLock:
     name: str
 
 
+def rfc3339(now: datetime) -> str:
+    return now.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
 def lock_value(now: datetime, namespace: str, name: str) -> str:
     """The annotation value for a lock taken at ``now`` by pod ``namespace/name``."""
-    return f"{now.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')},{namespace},{name}"
+    return f"{rfc3339(now)},{namespace},{name}"
+
+
+OWNER, TIME = "owner", "time"  # value formats: "<RFC3339>,<ns>,<pod>" | bare "<RFC3339>"
+FORMATS = (OWNER, TIME)
+
+
+@dataclass(frozen=True)
+class LockSpec:
+    """One node lock: annotation key, value format, expiry (None: the caller's default)."""
+
+    key: str = NODE_LOCK
+    format: str = OWNER
+    expiry_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"lock_format: {self.format!r} is not one of {', '.join(FORMATS)} (lock {self.key})")
+        if not self.key:
+            raise ValueError("lock_annotation: empty key")
+        if self.expiry_s is not None and not self.expiry_s > 0:
+            raise ValueError(f"lock_expiry_seconds: {self.expiry_s!r} must be > 0 (lock {self.key})")
+
+    def value(self, now: datetime, namespace: str, name: str) -> str:
+        return lock_value(now, namespace, name) if self.format == OWNER else rfc3339(now)
+
+    def holder(self, value: str | None) -> NodeLock | None:
+        """The pod a value names (owner format only; a bare time names nobody)."""
+        return parse_node_lock(value) if self.format == OWNER else None
+
+    def expiry(self, default: float) -> float:
+        return default if self.expiry_s is None else self.expiry_s
+
+
+HAMI_LOCK = LockSpec()
+
+
+def vendor_lock(vendor: Any) -> LockSpec | None:
+    """The lock a vendor declares (None: it takes none). Raises ValueError naming a bad attribute."""
+    key = getattr(vendor, "lock_annotation", None)
+    if not key:
+        return None
+    return LockSpec(key, getattr(vendor, "lock_format", OWNER), getattr(vendor, "lock_expiry_seconds", None))
+
+
+def vendor_locks(vendors: Iterable[Any], names: Iterable[str]) -> list[LockSpec]:
+    """The locks a bind takes for a pod requesting the vendors ``names``: one per distinct key,
+    in the order of the vendors' backend keys (HAMi sorts backends by key)."""
+    wanted = set(names)
+    out: list[LockSpec] = []
+    for vendor in sorted(vendors, key=lambda v: v.name):
+        spec = vendor_lock(vendor) if vendor.name in wanted else None
+        if spec is not None and all(s.key != spec.key for s in out):
+            out.append(spec)
+    return out
 
 
 def _time(text: str) -> datetime | None:
@@ -111,19 +172,23 @@ WriteNode = Callable[[Mapping[str, Any], str], Awaitable[None]]  # (annotations 
 
 
 async def release(read: ReadNode, write: WriteNode, owner: tuple[str, str] | None,
-                  attempts: int = 5, delay: float = 0.05) -> bool:
-    """Remove the lock if ``owner`` (namespace, name) holds it (any lock when ``owner`` is None).
+                  attempts: int = 5, delay: float = 0.05, *, key: str = NODE_LOCK,
+                  value: str | None = None) -> bool:
+    """Remove the lock ``key`` if ``owner`` (namespace, name) holds it (any lock when ``owner``
+    is None); with ``value``, only while the lock still has exactly that value (how a bare-time
+    lock, which names no pod, is released by the one who wrote it).
 
     Returns True when the lock is gone afterwards or belongs to another pod (left in place);
     False when every attempt lost a write race.
     """
     for _ in range(attempts):
         annotations, rv = await read()
-        value = annotations.get(NODE_LOCK)
-        if value is None or (owner is not None and not owned_by(value, *owner)):
+        current = annotations.get(key)
+        if current is None or (value is not None and current != value) or \
+                (value is None and owner is not None and not owned_by(current, *owner)):
             return True
         try:
-            await write({NODE_LOCK: None}, rv)
+            await write({key: None}, rv)
             return True
         except Exception as exc:  # noqa: BLE001 - only write conflicts are retried
             if not _conflict(exc):

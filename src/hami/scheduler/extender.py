@@ -3,7 +3,8 @@
 Filter takes the decision with the same core entry point as ``hami simulate``
 (:func:`hami.core.schedule_pod`, after the same admission defaults), reserves it in the ledger,
 answers, and patches the pod in the background; a failed patch rolls the reservation back.
-Bind waits for that patch, takes the node lock and creates the Binding (which also sets
+Bind waits for that patch, takes the node locks the pod's vendors declare (``hami.io/mutex.lock``
+for most, Cambricon's ``cambricon.com/dsmlu.lock``; :func:`hami.kube.nodelock.vendor_locks`) and creates the Binding (which also sets
 ``bind-phase=allocating`` and ``bind-time``); every failure releases the lock. Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
@@ -75,6 +76,8 @@ class Extender:
         self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._recording: dict[str, asyncio.Task] = {}  # "ns/name" -> decision patch in flight
+        # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
+        self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
         self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
 
     async def _wait_ready(self) -> bool:
@@ -196,14 +199,13 @@ class Extender:
         if pod is None:
             self.state.ledger.remove_pod(uid or f"{ns}/{name}")
             return {"Error": f"pod {ns}/{name} not found"}
-        locked = False
+        taken: list[tuple[nodelock.LockSpec, str]] = []
         try:
             await self.decision_recorded(ns, name)
             if self._requests_devices(pod):
                 await self._check_decision(ns, name, node)
-            if self._needs_lock(pod):
-                await self.acquire_lock(node, ns, name)
-                locked = True
+            for spec in self._locks(pod):
+                taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
             # bind-phase and bind-time ride on the Binding: the API server copies a Binding's
             # annotations onto the pod in the same write that sets spec.nodeName (one write less
             # per pod than HAMi's separate patch, and never a bound pod without its bind-phase).
@@ -213,8 +215,8 @@ class Extender:
                              "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
-            if locked:
-                await self._release_quietly(node, ns, name)
+            for spec, value in reversed(taken):
+                await self._release_quietly(node, ns, name, spec, value)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             self.events.record(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}
@@ -239,15 +241,16 @@ class Extender:
             raise DecisionMissing(f"pod {ns}/{name} carries no decision for node {node} "
                                   f"({VGPU_NODE}={placed!r}); it will be filtered again")
 
-    def _needs_lock(self, pod: Mapping[str, Any]) -> bool:
+    def _locks(self, pod: Mapping[str, Any]) -> list[nodelock.LockSpec]:
+        """The locks this pod's bind takes, in HAMi's order (backends sorted by key)."""
         try:
             req = pod_request(pod, self.state.vendors)
         except CoreError:
-            return False
-        locking = {v.name for v in self.state.vendors if v.lock_annotation}
+            return []
         # every container counts (HAMi: regular ones only): the device plugin finds the pod
         # through the lock, whichever container asks first
-        return any(r.vendor in locking for c in req.containers for r in c.requests)
+        wanted = {r.vendor for c in req.containers for r in c.requests}
+        return nodelock.vendor_locks(self.state.vendors, wanted)
 
     async def _get_pod(self, ns: str, name: str) -> dict | None:
         try:
@@ -257,8 +260,8 @@ class Extender:
                 return None
             raise
 
-    async def _owner(self, value: str) -> Any:
-        lock = nodelock.parse_node_lock(value)
+    async def _owner(self, value: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> Any:
+        lock = spec.holder(value)
         if lock is None:
             return None
         pod = self.state.pod(lock.namespace, lock.name) or await self._get_pod(lock.namespace, lock.name)
@@ -271,22 +274,26 @@ class Extender:
             self.state.put_node(node)
         return node
 
-    async def acquire_lock(self, node: str, ns: str, name: str) -> None:
-        """Take ``hami.io/mutex.lock`` on ``node`` for ``ns/name``; waits (up to the retry
-        timeout) while another live pod holds it; reclaims a stale one at once."""
+    async def acquire_lock(self, node: str, ns: str, name: str,
+                           spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> str:
+        """Take the lock ``spec`` (default ``hami.io/mutex.lock``) on ``node`` for ``ns/name``;
+        waits (up to the retry timeout) while another live holder has it; reclaims a stale one
+        at once. Returns the value held (what :meth:`release_lock` needs for a bare-time lock)."""
         deadline = time.monotonic() + self.lock_retry_timeout
-        guard = self._node_locks.setdefault(node, asyncio.Lock())
+        guard = self._node_locks.setdefault(f"{node}\0{spec.key}", asyncio.Lock())
+        expiry = spec.expiry(self.lock_timeout)
         async with guard:
             fresh = False
             while True:
                 obj = await self._node(node, fresh)
                 meta = obj.get("metadata") or {}
-                value = (meta.get("annotations") or {}).get(nodelock.NODE_LOCK)
-                if value and nodelock.owned_by(value, ns, name):
-                    return
+                value = (meta.get("annotations") or {}).get(spec.key)
+                holder = spec.holder(value)
+                if holder is not None and (holder.namespace, holder.name) == (ns, name):
+                    return value
                 if value:
                     now = datetime.fromtimestamp(self.clock(), timezone.utc)
-                    why = nodelock.stale_reason(value, node, now, self.lock_timeout, await self._owner(value))
+                    why = nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec))
                     if why is None:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -298,17 +305,19 @@ class Extender:
                     log.info("node %s: taking over lock %r: %s", node, value, why)
                     self.stats["lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
-                body = {"metadata": {"annotations": {nodelock.NODE_LOCK: nodelock.lock_value(stamp, ns, name)},
+                mine = spec.value(stamp, ns, name)
+                body = {"metadata": {"annotations": {spec.key: mine},
                                      "resourceVersion": meta.get("resourceVersion")}}
                 try:
                     self.state.put_node(await self.kube.merge_patch(node_path(node), body))
-                    return
+                    return mine
                 except KubeError as exc:
                     if exc.status != 409:
                         raise
                     fresh = True
 
-    async def release_lock(self, node: str, ns: str, name: str) -> bool:
+    async def release_lock(self, node: str, ns: str, name: str,
+                           spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None) -> bool:
         async def read():
             obj = await self._node(node, True)
             meta = obj.get("metadata") or {}
@@ -318,45 +327,55 @@ class Extender:
             self.state.put_node(await self.kube.merge_patch(
                 node_path(node), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
 
-        return await nodelock.release(read, write, (ns, name))
+        # a bare-time lock names nobody: release it only while it still has the value we wrote
+        exact = value if spec.format == nodelock.TIME else None
+        return await nodelock.release(read, write, (ns, name), key=spec.key, value=exact)
 
-    async def _release_quietly(self, node: str, ns: str, name: str) -> None:
+    async def _release_quietly(self, node: str, ns: str, name: str,
+                               spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None) -> None:
         try:
-            if not await self.release_lock(node, ns, name):
-                log.error("node %s: lock of %s/%s still held after retries", node, ns, name)
+            if not await self.release_lock(node, ns, name, spec, value):
+                log.error("node %s: lock %s of %s/%s still held after retries", node, spec.key, ns, name)
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
-            log.error("node %s: cannot release the lock of %s/%s: %s", node, ns, name, exc)
+            log.error("node %s: cannot release the lock %s of %s/%s: %s", node, spec.key, ns, name, exc)
 
     async def sweep_locks(self) -> int:
         """Release every lock whose owner can no longer use it (leader pass). Returns how many."""
         released = 0
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
-        for name, obj in list(self.state.nodes.items()):
-            value = ((obj.get("metadata") or {}).get("annotations") or {}).get(nodelock.NODE_LOCK)
-            if not value:
-                continue
-            why = nodelock.stale_reason(value, name, now, self.lock_timeout, await self._owner(value))
-            if why is None:
-                continue
-            async def read(name=name):
-                o = await self._node(name, True)
-                m = o.get("metadata") or {}
-                return m.get("annotations") or {}, m.get("resourceVersion")
-
-            async def write(annotations, rv, name=name):
-                self.state.put_node(await self.kube.merge_patch(
-                    node_path(name), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
-
-            lock = nodelock.parse_node_lock(value)
-            try:
-                # release only the very lock judged stale (owner check), never a newer one
-                owner = (lock.namespace, lock.name) if lock else None
-                current, _ = await read()
-                if current.get(nodelock.NODE_LOCK) != value:
-                    continue
-                if await nodelock.release(read, write, owner):
-                    log.info("node %s: released stale lock %r: %s", name, value, why)
-                    released += 1
-            except (KubeError, OSError, asyncio.TimeoutError) as exc:
-                log.warning("node %s: cannot release stale lock: %s", name, exc)
+        specs = {s.key: s for s in self._vendor_locks.values() if s is not None}
+        for name, spec in [(n, s) for n in list(self.state.nodes) for s in specs.values()]:
+            if await self._sweep_one(name, spec):
+                released += 1
         return released
+
+    async def _sweep_one(self, name: str, spec: nodelock.LockSpec) -> bool:
+        """Release ``spec``'s lock on node ``name`` when its holder can no longer use it."""
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        obj = self.state.nodes.get(name) or {}
+        value = ((obj.get("metadata") or {}).get("annotations") or {}).get(spec.key)
+        if not value:
+            return False
+        why = nodelock.stale_reason(value, name, now, spec.expiry(self.lock_timeout), await self._owner(value, spec))
+        if why is None:
+            return False
+
+        async def read():
+            o = await self._node(name, True)
+            m = o.get("metadata") or {}
+            return m.get("annotations") or {}, m.get("resourceVersion")
+
+        async def write(annotations, rv):
+            self.state.put_node(await self.kube.merge_patch(
+                node_path(name), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
+
+        try:
+            # release only the very lock judged stale, never a newer one
+            current, _ = await read()
+            if current.get(spec.key) != value:
+                return False
+            if await nodelock.release(read, write, None, key=spec.key, value=value):
+                log.info("node %s: released stale lock %s=%r: %s", name, spec.key, value, why)
+                return True
+        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("node %s: cannot release stale lock %s: %s", name, spec.key, exc)
+        return False

@@ -243,14 +243,15 @@ class _Touching:
 
 
 def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
-    async def timed(node: str, ns: str, name: str) -> None:
+    async def timed(node: str, ns: str, name: str, *spec: Any) -> str:
         began = time.perf_counter()
         try:
-            await acquire(node, ns, name)
+            value = await acquire(node, ns, name, *spec)
         except BaseException:
             metrics.observe_lock_wait(time.perf_counter() - began, "timeout")
             raise
         metrics.observe_lock_wait(time.perf_counter() - began, "acquired")
+        return value
     return timed
 
 
