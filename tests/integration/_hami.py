@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import zlib
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -321,6 +320,33 @@ class PluginStandIn:
             except ApiError as exc:
                 if exc.status != 409:
                     raise
+
+
+WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+
+
+def register_webhook(cluster: KubeCluster, url: str, name: str, label: str) -> None:
+    """Send pod CREATEs in namespaces labelled ``<label>: on`` to our webhook at ``<url>/webhook``."""
+    cluster.api("POST", WEBHOOK_CONFIGS, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
+            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                       "scope": "*"}],
+            "namespaceSelector": {"matchLabels": {label: "on"}},
+        }]})
+
+
+def delete_webhook(cluster: KubeCluster, name: str) -> None:
+    cluster.api("DELETE", f"{WEBHOOK_CONFIGS}/{name}", expect=(200, 202, 404))
+
+
+def label_namespace(cluster: KubeCluster, ns: str, label: str) -> None:
+    """``<label>: on`` on the namespace, so that :func:`register_webhook`'s webhook sees its pods."""
+    cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: "on"}}}, content_type=MERGE)
 
 
 def pods(cluster: KubeCluster, ns: str) -> list[dict]:

@@ -427,20 +427,6 @@ async def watch_bound_pods(api, ns: str, node: str, seen: asyncio.Queue, count: 
 WEBHOOK_LABEL = "hami.io/webhook-test"
 
 
-def _register_webhook(cluster, url: str, name: str) -> None:
-    cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
-            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                       "scope": "*"}],
-            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
-        }]})
-
-
 def _chain_pod(name: str, node: str, multi: bool) -> dict:
     limits = {RESOURCE: "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "5"}
     spec: dict = {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
@@ -460,11 +446,10 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         pytest.skip(f"{FAKE_NVML} is not built")
     from hami.dev.cluster import SchedulerConfig
 
-    from ._hami import SchedulerProcess
+    from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
 
     ns, n = kube_namespace, 20
-    kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: "on"}}},
-                     content_type="application/merge-patch+json")
+    label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
     sched = SchedulerProcess(kube_cluster).start()
     webhook = f"hami-dp-test-{uuid.uuid4().hex[:6]}"
     node = f"dp-{uuid.uuid4().hex[:8]}"
@@ -473,7 +458,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
     p = Plugin(kube_cluster, node, split=10)
     try:
         kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=sched.extender()))
-        _register_webhook(kube_cluster, sched.url, webhook)
+        register_webhook(kube_cluster, sched.url, webhook, WEBHOOK_LABEL)
         await p.start()
         names = [f"c{i:02d}" for i in range(n)]
         for i, name in enumerate(names):
@@ -500,8 +485,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         assert cache_dirs == [f"{p.hook}/vgpu/containers/{multi.metadata.uid}_{c}" for c in ("warmup", "worker")]
         assert A.NODE_LOCK not in await node_annotations(kube_api, node)
     finally:
-        kube_cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}",
-                         expect=(200, 202, 404))
+        delete_webhook(kube_cluster, webhook)
         kube_cluster.configure_hami_scheduler(SchedulerConfig())
         await p.stop()
         sched.stop()

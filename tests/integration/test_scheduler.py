@@ -20,26 +20,12 @@ from hami.core.codec import decode_pod_devices
 from hami.dev.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
-    ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, device_usage, events, gpu_pod, gpu_uuid, make_gpu_node,
-    placed, pods, wait_pods,
+    ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, delete_webhook, device_usage, events, gpu_pod, gpu_uuid,
+    label_namespace, make_gpu_node, placed, pods, register_webhook, wait_pods,
 )
 
 pytestmark = pytest.mark.integration
 WEBHOOK_LABEL = "hami.io/webhook-test"
-
-
-def _register_webhook(cluster, url: str, name: str) -> None:
-    cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
-            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                       "scope": "*"}],
-            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
-        }]})
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +33,11 @@ def hami(kube_cluster):
     proc = SchedulerProcess(kube_cluster).start()
     webhook = f"hami-test-{uuid.uuid4().hex[:6]}"
     kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
-    _register_webhook(kube_cluster, proc.url, webhook)
+    register_webhook(kube_cluster, proc.url, webhook, WEBHOOK_LABEL)
     try:
         yield proc
     finally:
-        kube_cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}",
-                         expect=(200, 202, 404))
+        delete_webhook(kube_cluster, webhook)
         kube_cluster.configure_hami_scheduler(SchedulerConfig())
         proc.stop()
 
@@ -65,8 +50,7 @@ def standin(kube_cluster):
 
 @pytest.fixture
 def ns(kube_cluster, kube_namespace):
-    kube_cluster.api("PATCH", f"/api/v1/namespaces/{kube_namespace}", {"metadata": {"labels": {WEBHOOK_LABEL: "on"}}},
-                     content_type="application/merge-patch+json")
+    label_namespace(kube_cluster, kube_namespace, WEBHOOK_LABEL)
     return kube_namespace
 
 

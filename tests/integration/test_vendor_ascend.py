@@ -18,7 +18,9 @@ import pytest
 
 from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
 
-from ._hami import PluginStandIn, SchedulerProcess, nodelock, pods, wait_pods
+from ._hami import (
+    PluginStandIn, SchedulerProcess, delete_webhook, label_namespace, nodelock, pods, register_webhook, wait_pods,
+)
 
 pytestmark = pytest.mark.integration
 CW = "Ascend910B3"
@@ -68,29 +70,18 @@ def ascend_hami(kube_cluster, tmp_path):
     webhook = f"hami-ascend-{uuid.uuid4().hex[:6]}"
     kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=ExtenderConfig(
         url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (RES, MEM))))
-    kube_cluster.api("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": webhook},
-        "webhooks": [{
-            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Fail", "timeoutSeconds": 10,
-            "clientConfig": {"url": f"{proc.url}/webhook", "caBundle": kube_cluster.ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
-            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "on"}},
-        }]})
+    register_webhook(kube_cluster, proc.url, webhook, WEBHOOK_LABEL)
     try:
         yield proc
     finally:
-        kube_cluster.api("DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}",
-                         expect=(200, 202, 404))
+        delete_webhook(kube_cluster, webhook)
         kube_cluster.configure_hami_scheduler(SchedulerConfig())
         proc.stop()
 
 
 def test_ascend_pod_is_placed_with_the_annotations_the_plugin_reads(kube_cluster, kube_namespace, ascend_hami):
     ns = kube_namespace
-    kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: "on"}}},
-                     content_type="application/merge-patch+json")
+    label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
     node = f"npu-{uuid.uuid4().hex[:5]}"
     npus = [{"id": f"{node}-npu-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": CW,
              "health": True, "custominfo": {"NetworkID": 1 + i // 2}} for i in range(4)]
