@@ -172,6 +172,17 @@ static int map_fallback(void)
     return 0;
 }
 
+/* The region file could not be sized or mapped: unlock and close it (called with g_mu and the
+ * file lock held) and go on with a private region. */
+static int abandon_file(int fd)
+{
+    ofd_lock(fd, F_UNLCK);
+    pthread_mutex_unlock(&g_mu);
+    close(fd);
+    g_fd = -1;
+    return map_fallback();
+}
+
 int vgpu_region_open(void)
 {
     const char *path = vgpu_cfg.cache_path;
@@ -195,20 +206,12 @@ int vgpu_region_open(void)
         int fresh = st.st_size != VGPU_REGION_SIZE + 1;
         if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1))) {
             LOG_ERROR("cannot size shared region %s: %s", path, strerror(errno));
-            ofd_lock(fd, F_UNLCK);
-            pthread_mutex_unlock(&g_mu);
-            close(fd);
-            g_fd = -1;
-            return map_fallback();
+            return abandon_file(fd);
         }
         void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             LOG_ERROR("cannot map shared region %s: %s", path, strerror(errno));
-            ofd_lock(fd, F_UNLCK);
-            pthread_mutex_unlock(&g_mu);
-            close(fd);
-            g_fd = -1;
-            return map_fallback();
+            return abandon_file(fd);
         }
         vgpu_reg = p;
         if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
