@@ -162,9 +162,6 @@ class Ledger:
     def summary(self, name: str) -> NodeSummary:
         return self._nodes[name].summary
 
-    def has_device(self, name: str, uuid: str) -> bool:
-        return uuid in self._nodes[name].index_of
-
     def view(self, name: str) -> NodeView:
         st = self._nodes[name]
         return NodeView(name, st.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned,

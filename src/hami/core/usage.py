@@ -64,7 +64,3 @@ def collapse(devices: Mapping[str, PodSingleDevice], kinds: Sequence[ContainerKi
     """Collapsed per-device usage of one pod's allocation."""
     return collapse_picks(picks_of(devices), kinds, app_only)
 
-
-def container_count(devices: Mapping[str, PodSingleDevice]) -> int:
-    return max((len(v) for v in devices.values()), default=0)
-

@@ -86,10 +86,3 @@ class NodeAgent:
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
             self._watcher = None
-
-    async def run_forever(self) -> None:
-        await self.start()
-        try:
-            await asyncio.gather(*self._tasks)
-        finally:
-            await self.stop()

@@ -9,7 +9,6 @@ previous run are ignored.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import stat
 from pathlib import Path
@@ -78,7 +77,3 @@ async def check_other_plugins(plugin_dir: str | Path, our_socket: str, uuids: It
                 "(GPU Operator: devicePlugin.enabled=false, or label the node so its DaemonSet skips it), "
                 "then start hami device-plugin again"
             )
-
-
-def run_checks(plugin_dir: str | Path, our_socket: str, uuids: Iterable[str], resource: str) -> None:
-    asyncio.run(check_other_plugins(plugin_dir, our_socket, uuids, resource))
