@@ -28,7 +28,6 @@ def compute_units(device: DeviceInfo, pct: int) -> int:
 class AmdVendor(BaseVendor):
     name = "AMD"
     request_type = "AMD"
-    config_section = "amd"
     register_annotation = "hami.io/node-amd-register"
     register_format = "json"
     allocated_annotation = "hami.io/amd-devices-allocated"

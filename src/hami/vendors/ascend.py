@@ -48,7 +48,6 @@ LIMITER_START = ("sh", "-c", "RUST_LOG=info /hami-vnpu-core/limiter > /tmp/limit
 
 
 class AscendVendor(BaseVendor):
-    config_section = "vnpus"
     register_format = "json"
     lock_annotation = "hami.io/mutex.lock"
     mode_annotation = MODE_ANNOTATION

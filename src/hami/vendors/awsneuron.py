@@ -32,7 +32,6 @@ class NeuronRequest(ContainerDeviceRequest):
 class AwsNeuronVendor(BaseVendor):
     name = "AWSNeuron"
     request_type = "AWSNeuron"
-    config_section = "awsneuron"
     allocated_annotation = "hami.io/aws-neuron-devices-allocated"
     to_allocate_annotation = None
     lock_annotation = None

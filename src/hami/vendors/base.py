@@ -9,7 +9,7 @@ How to add a vendor (e.g. Hygon DCU)
 1. Add its config section model to ``hami/config.py`` (HAMi key names, §7.1) if it has knobs.
 2. Create ``hami/vendors/hygon.py`` with ``class HygonVendor(BaseVendor)`` setting:
    ``name`` (HAMi CommonWord / backend key: ``"DCU"``), ``request_type`` (type string written in
-   the allocation annotation), ``config_section`` (``"hygon"``), ``resources`` (a
+   the allocation annotation), ``resources`` (a
    :class:`ResourceNames` built from the config in ``__init__``), ``register_annotation``
    (``hami.io/node-dcu-register``), ``register_format`` (``"json"`` or ``"legacy"``),
    ``handshake_annotation``, ``allocated_annotation``/``to_allocate_annotation`` (§8.2),
@@ -88,14 +88,12 @@ class BaseVendor:
     # ---- identity and wire names (class attributes; override in subclasses)
     name: ClassVar[str] = ""  # backend key (HAMi CommonWord), e.g. "NVIDIA"
     request_type: ClassVar[str] = ""  # TYPE written in allocation annotations
-    config_section: ClassVar[str] = ""  # device-config.yaml top-level key
     register_annotation: ClassVar[str] = ""
     register_format: ClassVar[str] = "json"  # "json" | "legacy"
     handshake_annotation: ClassVar[str | None] = None
     allocated_annotation: ClassVar[str] = ""
     to_allocate_annotation: ClassVar[str | None] = None
     lock_annotation: ClassVar[str | None] = "hami.io/mutex.lock"
-    cordon_annotation: ClassVar[str] = "hami.io/device-cordon"
     use_type_annotation: ClassVar[str | None] = None
     nouse_type_annotation: ClassVar[str | None] = None
     use_uuid_annotation: ClassVar[str | None] = None

@@ -17,7 +17,6 @@ from .base import ResourceNames
 class BirenVendor(WholeDeviceVendor):
     name = "Biren"
     request_type = "Biren"
-    config_section = "biren"
     register_annotation = "hami.io/node-biren-register"
     handshake_annotation = "hami.io/node-handshake-biren"
     allocated_annotation = "hami.io/Biren-devices-allocated"

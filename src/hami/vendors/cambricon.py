@@ -28,7 +28,6 @@ ASSIGNED_ANNOTATION = "CAMBRICON_DSMLU_ASSIGNED"
 class CambriconVendor(BaseVendor):
     name = "MLU"
     request_type = "MLU"
-    config_section = "cambricon"
     allocated_annotation = "hami.io/cambricon-mlu-devices-allocated"
     to_allocate_annotation = "hami.io/cambricon-mlu-devices-to-allocate"
     lock_annotation = "cambricon.com/dsmlu.lock"

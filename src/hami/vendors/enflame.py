@@ -65,7 +65,6 @@ def _profiles(device: DeviceInfo) -> list[tuple[int, int, str, Any]]:
 class EnflameDrsVendor(BaseVendor):
     name = "Enflame"
     request_type = "Enflame"
-    config_section = "enflame"
     register_annotation = CAPACITY_ANNOTATION
     allocated_annotation = "hami.io/enflame-vgpu-devices-allocated"
     to_allocate_annotation = None
@@ -203,7 +202,6 @@ class EnflameDrsVendor(BaseVendor):
 class EnflameGcuVendor(BaseVendor):
     name = "GCU"
     request_type = "GCU"
-    config_section = "enflame"
     allocated_annotation = "hami.io/enflame-gcu-devices-allocated"
     to_allocate_annotation = "hami.io/enflame-gcu-devices-to-allocate"
     lock_annotation = None

@@ -19,7 +19,6 @@ from .base import BaseVendor, ResourceNames
 class HygonVendor(BaseVendor):
     name = "DCU"
     request_type = "DCU"
-    config_section = "hygon"
     register_annotation = "hami.io/node-dcu-register"
     register_format = "legacy"
     handshake_annotation = "hami.io/node-handshake-dcu"

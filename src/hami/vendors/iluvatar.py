@@ -22,7 +22,6 @@ CONTAINER_ENV = "SOL_CONTINER_NAME"
 
 
 class IluvatarVendor(BaseVendor):
-    config_section = "iluvatars"
     register_format = "legacy"
     summary_prefilter = True  # generic capacity rules: the summary checks are safe
 

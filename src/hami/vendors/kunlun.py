@@ -40,7 +40,6 @@ def interconnect_group(index: int) -> int:
 class KunlunVendor(BaseVendor):
     name = "kunlun"
     request_type = "kunlun"
-    config_section = "kunlun"
     allocated_annotation = "hami.io/kunlun-allocated"
     to_allocate_annotation = None
     lock_annotation = None
@@ -114,7 +113,6 @@ def round_vxpu(mib: int) -> int:
 class KunlunVxpuVendor(BaseVendor):
     name = "XPU"
     request_type = "XPU"
-    config_section = "kunlun"
     register_annotation = "hami.io/node-register-xpu"
     register_format = "json"
     handshake_annotation = "hami.io/node-handshake-xpu"

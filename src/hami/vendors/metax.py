@@ -59,7 +59,6 @@ CARD_MEMORY = 65536
 class MetaxGpuVendor(BaseVendor):
     name = "Metax-GPU"
     request_type = "Metax-GPU"
-    config_section = "metax"
     allocated_annotation = "hami.io/metax-gpu-devices-allocated"
     to_allocate_annotation = "hami.io/metax-gpu-devices-to-allocate"
     lock_annotation = None
@@ -120,7 +119,6 @@ _PLAIN = re.compile(r"^\s*\d+\s*$")
 class MetaxSgpuVendor(BaseVendor):
     name = "Metax-SGPU"
     request_type = "Metax-SGPU"
-    config_section = "metax"
     register_annotation = "metax-tech.com/node-gpu-devices"
     allocated_annotation = "hami.io/metax-sgpu-devices-allocated"
     to_allocate_annotation = "hami.io/metax-sgpu-devices-to-allocate"

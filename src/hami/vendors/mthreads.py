@@ -34,7 +34,6 @@ GPU_NUM_ANNOTATION = "mthreads.com/request-gpu-num"
 class MthreadsVendor(BaseVendor):
     name = "Mthreads"
     request_type = "Mthreads"
-    config_section = "mthreads"
     allocated_annotation = "hami.io/mthreads-vgpu-devices-allocated"
     to_allocate_annotation = None  # HAMi maps hami.io/mthreads-vgpu-devices-to-allocate but never writes it
     lock_annotation = None

@@ -68,7 +68,6 @@ def select_mig(profiles: Sequence[MigProfile], occupied: Sequence[Placement],
 class NvidiaVendor(BaseVendor):
     name = "NVIDIA"
     request_type = "NVIDIA"
-    config_section = "nvidia"
     register_annotation = "hami.io/node-nvidia-register"
     register_format = "json"
     handshake_annotation = "hami.io/node-handshake"

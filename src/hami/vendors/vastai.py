@@ -17,7 +17,6 @@ from .base import ResourceNames
 class VastaiVendor(WholeDeviceVendor):
     name = "Vastai"
     request_type = "Vastai"
-    config_section = "vastai"
     register_annotation = "hami.io/node-va-register"
     handshake_annotation = "hami.io/node-handshake-va"
     allocated_annotation = "hami.io/Vastai-devices-allocated"
