@@ -52,6 +52,18 @@ class ContainerReading:
     region: Region
 
 
+# name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
+_HOST_VALUES: dict[str, tuple[str, str, bool]] = {
+    "hami_host_gpu_memory_used_bytes": ("Device memory used on the GPU (NVML)", "memory_used", True),
+    "hami_host_gpu_utilization_ratio": ("GPU utilisation, percent (NVML)", "utilization", True),
+    "hami_host_gpu_memory_controller_utilization_ratio": (
+        "Memory controller utilisation, percent (NVML)", "memory_utilization", False),
+}
+_HOST_LEGACY = {
+    "hami_host_gpu_memory_used_bytes": "HostGPUMemoryUsage",
+    "hami_host_gpu_utilization_ratio": "HostCoreUtilization",
+}
+
 # name -> (help, value of (region, dev, now) or None to leave the series out)
 _CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]] = {
     "hami_vgpu_memory_used_bytes": ("Device memory the container's processes hold (library ledger)", lambda r, d, _: r.used(d).total),
@@ -189,18 +201,13 @@ class MonitorCollector(Collector):
     def _host_metrics(self, gpus: Sequence[HostGPU], fam: Callable[..., GaugeMetricFamily]) -> None:
         for g in sorted(gpus, key=lambda g: g.index):
             full = [self.node, str(g.index), g.uuid, g.device_type, ZONE]
-            legacy = [str(g.index), g.uuid, g.device_type, ZONE]
-            if g.memory_used is not None:
-                fam("hami_host_gpu_memory_used_bytes", "Device memory used on the GPU (NVML)").add_metric(full, g.memory_used)
-                if self.legacy:
-                    fam("HostGPUMemoryUsage", "Legacy name of hami_host_gpu_memory_used_bytes").add_metric(legacy, g.memory_used)
-            if g.utilization is not None:
-                fam("hami_host_gpu_utilization_ratio", "GPU utilisation, percent (NVML)").add_metric(full, g.utilization)
-                if self.legacy:
-                    fam("HostCoreUtilization", "Legacy name of hami_host_gpu_utilization_ratio").add_metric(legacy, g.utilization)
-            if g.memory_utilization is not None:
-                fam("hami_host_gpu_memory_controller_utilization_ratio", "Memory controller utilisation, percent (NVML)").add_metric(
-                    full[1:], g.memory_utilization)
+            for name, (doc, attr, with_node) in _HOST_VALUES.items():
+                value = getattr(g, attr)
+                if value is None:
+                    continue
+                fam(name, doc).add_metric(full if with_node else full[1:], value)
+                if self.legacy and name in _HOST_LEGACY:
+                    fam(_HOST_LEGACY[name], f"Legacy name of {name}").add_metric(full[1:], value)
 
     def _container_metrics(self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU],
                            fam: Callable[..., GaugeMetricFamily]) -> None:
