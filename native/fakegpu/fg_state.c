@@ -352,14 +352,20 @@ static fg_state *map_anonymous(void)
     return s;
 }
 
+/* $FAKEGPU_STATE_DIR, else /tmp/fakegpu-<uid>. */
+static void state_dir(char *dir, size_t size)
+{
+    const char *d = getenv("FAKEGPU_STATE_DIR");
+    if (d && *d)
+        snprintf(dir, size, "%s", d);
+    else
+        snprintf(dir, size, "/tmp/fakegpu-%u", (unsigned)getuid());
+}
+
 static void st_init(void)
 {
     char dir[512], path[600];
-    const char *d = getenv("FAKEGPU_STATE_DIR");
-    if (d && *d)
-        snprintf(dir, sizeof dir, "%s", d);
-    else
-        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    state_dir(dir, sizeof dir);
     mkdir(dir, 0777);
     snprintf(path, sizeof path, "%s/state", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
@@ -485,19 +491,30 @@ void fg_inject_xid_locked(int dev, unsigned long long xid)
     x->xid = xid;
 }
 
+/* Whether the xid file is ready to consume: not empty and ending with a newline. A writer
+ * (`echo "1 79" > xid`, Python's open().write()) creates the file empty, then writes: taking
+ * it in between would lose the lines. */
+static int xid_file_complete(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    char last = 0;
+    int ok = fstat(fd, &st) == 0 && st.st_size > 0 && pread(fd, &last, 1, st.st_size - 1) == 1 && last == '\n';
+    close(fd);
+    return ok;
+}
+
 /* "$FAKEGPU_STATE_DIR/xid" holds lines "<device index or UUID> <xid>"; each line becomes
  * one event, then the file is removed (rename first so a concurrent writer is not lost). */
 void fg_poll_xid_file(void)
 {
     char dir[512], path[600], tmp[640];
-    const char *d = getenv("FAKEGPU_STATE_DIR");
-    if (d && *d)
-        snprintf(dir, sizeof dir, "%s", d);
-    else
-        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    state_dir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/xid", dir);
     snprintf(tmp, sizeof tmp, "%s/xid.%d.reading", dir, (int)getpid());
-    if (access(path, F_OK) != 0 || rename(path, tmp) != 0)
+    if (!xid_file_complete(path) || rename(path, tmp) != 0)
         return;
     FILE *f = fopen(tmp, "r");
     if (!f)
