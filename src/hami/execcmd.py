@@ -90,6 +90,15 @@ def _exec_dir() -> str:
     return str(d)
 
 
+#: optional flags passed to libvgpu as they are (left unset when the flag is not given)
+_OPTION_ENV = (
+    ("gpucores", "CUDA_DEVICE_SM_LIMIT"),
+    ("priority", "CUDA_TASK_PRIORITY"),
+    ("core_policy", "GPU_CORE_UTILIZATION_POLICY"),
+    ("log_level", "LIBCUDA_LOG_LEVEL"),
+)
+
+
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
     command = list(args.command)
     if command and command[0] == "--":
@@ -107,8 +116,9 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         for i in range(len(devices)):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(limit)
     env["CUDA_DEVICE_MEMORY_LIMIT"] = str(limit)
-    if args.gpucores is not None:
-        env["CUDA_DEVICE_SM_LIMIT"] = str(args.gpucores)
+    for option, var in _OPTION_ENV:
+        if getattr(args, option) is not None:
+            env[var] = str(getattr(args, option))
     if args.cache:
         cache = Path(args.cache)
         if not cache.parent.is_dir():
@@ -122,12 +132,6 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
     # Regions in the same directory are peers: a low-priority task pauses while a
     # higher-priority one launches on a shared GPU (docs/compute-shares.md).
     env.setdefault("HAMI_PEER_REGIONS", str(cache.parent))
-    if args.priority is not None:
-        env["CUDA_TASK_PRIORITY"] = str(args.priority)
-    if args.core_policy is not None:
-        env["GPU_CORE_UTILIZATION_POLICY"] = args.core_policy
-    if args.log_level is not None:
-        env["LIBCUDA_LOG_LEVEL"] = str(args.log_level)
     preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != "libvgpu.so"]
     env["LD_PRELOAD"] = ":".join([str(lib), *preload])
     return Plan(env=env, argv=command)
