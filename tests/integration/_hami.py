@@ -29,7 +29,7 @@ from typing import Any
 
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
 from hami.core.types import DeviceInfo
-from hami.dev.cluster import ApiError, ExtenderConfig, KubeCluster, free_port
+from hami.dev.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
 from hami.kube import nodelock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,6 +137,8 @@ class SchedulerProcess:
         env.pop("POD_NAME", None)
         env.pop("POD_NAMESPACE", None)
         self.log = open(self.log_path, "ab")
+        if threading.current_thread() is threading.main_thread():
+            argv = die_with_parent(argv)  # no scheduler outlives a killed test session
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         if wait_ready:
@@ -347,6 +349,19 @@ def delete_webhook(cluster: KubeCluster, name: str) -> None:
 def label_namespace(cluster: KubeCluster, ns: str, label: str) -> None:
     """``<label>: on`` on the namespace, so that :func:`register_webhook`'s webhook sees its pods."""
     cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: "on"}}}, content_type=MERGE)
+
+
+def wait_webhook_routes(cluster: KubeCluster, ns: str, pod: dict, scheduler: str = "hami-scheduler",
+                        timeout: float = 30.0) -> None:
+    """Wait until the webhook routes ``pod`` in ``ns`` to ``scheduler`` (dry-run creates).
+
+    A webhook configuration, and the namespace label its selector reads, reach the API
+    server's admission caches a moment after they are written: a pod created at once may be
+    admitted unmutated, keep ``default-scheduler`` and never reach our scheduler.
+    """
+    path = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
+    cluster.wait_for(lambda: cluster.api("POST", path, pod)["spec"].get("schedulerName") == scheduler,
+                     f"the webhook routing pods of {ns} to {scheduler}", timeout, interval=0.2)
 
 
 def pods(cluster: KubeCluster, ns: str) -> list[dict]:

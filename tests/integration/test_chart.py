@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.config import load_device_config
 from hami.core.codec import encode_node_devices_json
 from hami.core.types import DeviceInfo
-from hami.dev.cluster import free_port
+from hami.dev.cluster import die_with_parent, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +208,7 @@ class _Procs:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(die_with_parent(argv), env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         self.procs.append((name, proc, log))
         return proc

@@ -446,7 +446,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         pytest.skip(f"{FAKE_NVML} is not built")
     from hami.dev.cluster import SchedulerConfig
 
-    from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
+    from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook, wait_webhook_routes
 
     ns, n = kube_namespace, 20
     label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
@@ -459,6 +459,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
     try:
         kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=sched.extender()))
         register_webhook(kube_cluster, sched.url, webhook, WEBHOOK_LABEL)
+        await asyncio.to_thread(wait_webhook_routes, kube_cluster, ns, _chain_pod("probe", node, multi=False))
         await p.start()
         names = [f"c{i:02d}" for i in range(n)]
         for i, name in enumerate(names):

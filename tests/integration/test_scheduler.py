@@ -21,7 +21,7 @@ from hami.dev.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
     ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, delete_webhook, device_usage, events, gpu_pod, gpu_uuid,
-    label_namespace, make_gpu_node, placed, pods, register_webhook, wait_pods,
+    label_namespace, make_gpu_node, placed, pods, register_webhook, wait_pods, wait_webhook_routes,
 )
 
 pytestmark = pytest.mark.integration
@@ -51,6 +51,9 @@ def standin(kube_cluster):
 @pytest.fixture
 def ns(kube_cluster, kube_namespace):
     label_namespace(kube_cluster, kube_namespace, WEBHOOK_LABEL)
+    probe = gpu_pod("webhook-probe", kube_namespace, mem=1000)
+    probe["spec"].pop("schedulerName")
+    wait_webhook_routes(kube_cluster, kube_namespace, probe)
     return kube_namespace
 
 
@@ -73,6 +76,17 @@ def _containers(p: dict) -> list:
 def _check_capacity(all_pods: list[dict], mem: int = 16384, split: int = 10) -> None:
     for uuid_, (slots, used_mem, used_cores) in device_usage(all_pods).items():
         assert slots <= split and used_mem <= mem and used_cores <= 100, (uuid_, slots, used_mem, used_cores)
+
+
+def _dry_run_denied(cluster, ns: str, pod: dict, text: str) -> bool:
+    """Whether creating ``pod`` (dry run) is refused with ``text`` in the reason."""
+    try:
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", pod)
+    except ApiError as exc:
+        if text in str(exc):
+            return True
+        raise
+    return False
 
 
 def allocated(p: dict) -> bool:
@@ -216,7 +230,9 @@ def test_quota_at_admission_and_at_schedule_time(kube_cluster, hami, standin, ns
             kube_cluster.api("POST", f"/api/v1/namespaces/{space}/resourcequotas", {
                 "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
                 "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
-        time.sleep(1.0)  # the quota reaches the scheduler through its watch
+        # the quota reaches the scheduler through its watch: wait until a pod over it is denied
+        kube_cluster.wait_for(lambda: _dry_run_denied(kube_cluster, ns, gpu_pod("over", ns, mem=6000, node_selector=selector),
+                                                      "exceeding resource quota"), "the quota known to the webhook", 30)
         _place(kube_cluster, ns, [gpu_pod("q1", ns, mem=3000, node_selector=selector)])
         with pytest.raises(ApiError) as denied:
             _create(kube_cluster, ns, gpu_pod("q2", ns, mem=3000, node_selector=selector))
@@ -224,7 +240,11 @@ def test_quota_at_admission_and_at_schedule_time(kube_cluster, hami, standin, ns
         # without the webhook (label off), the extender's own check keeps the pod Pending
         kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: None}}},
                          content_type="application/merge-patch+json")
-        _create(kube_cluster, ns, gpu_pod("q3", ns, mem=3000, cores=0, node_selector=selector))
+        q3 = gpu_pod("q3", ns, mem=3000, cores=0, node_selector=selector)
+        # the label change reaches the API server's admission cache a moment later
+        kube_cluster.wait_for(lambda: not _dry_run_denied(kube_cluster, ns, q3, "exceeding resource quota"),
+                              "the webhook off for the namespace", 30)
+        _create(kube_cluster, ns, q3)
         kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "q3" and "ResourceQuotaNotFit" in e["message"]
                                           for e in events(kube_cluster, ns, "FilteringFailed")), "ResourceQuotaNotFit", 30)
     finally:

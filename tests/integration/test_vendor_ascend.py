@@ -20,6 +20,7 @@ from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, Schedule
 
 from ._hami import (
     PluginStandIn, SchedulerProcess, delete_webhook, label_namespace, nodelock, pods, register_webhook, wait_pods,
+    wait_webhook_routes,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,12 +89,12 @@ def test_ascend_pod_is_placed_with_the_annotations_the_plugin_reads(kube_cluster
     kube_cluster.create_node(node, annotations={f"hami.io/node-register-{CW}": json.dumps(npus)},
                              allocatable={RES: "4"})
     try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "npu-infer"},
+               "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                   "name": "mindie", "image": "busybox", "resources": {"limits": {RES: 1, MEM: 12000}}}]}}
+        wait_webhook_routes(kube_cluster, ns, pod)
         with AscendStandIn(kube_cluster, {node}) as standin:
-            kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "npu-infer"},
-                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-                    "name": "mindie", "image": "busybox",
-                    "resources": {"limits": {RES: 1, MEM: 12000}}}]}})
+            kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
             done = wait_pods(kube_cluster, ns, lambda ps: ps if ps and ps[0]["spec"].get("nodeName") and
                              (ps[0]["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
                              else None, "Ascend pod bound and handed off", timeout=90)

@@ -110,18 +110,18 @@ def test_host_pid_in_a_pid_namespace(env, tmp_path):
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--map-root-user", str(LOAD), "plain", "1000", "0.3",
                              "8", "0", "2"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 10
-        slots = []
-        while time.time() < deadline:
-            time.sleep(0.1)
+        deadline = time.time() + 30
+        slots, children = [], []
+        while time.time() < deadline and proc.poll() is None:
+            # unshare's child (the load) as seen from outside, read while it runs
+            children = children or _children(proc.pid)
             if region.exists() and region.stat().st_size > RECENT_KERNEL:
                 slots = [s for s in read_region(region)["slots"] if s["pid"]]
-                if slots and slots[0]["hostpid"]:
+                if children and slots and slots[0]["hostpid"]:
                     break
+            time.sleep(0.05)
         assert slots, "no process slot"
         inner, host = slots[0]["pid"], slots[0]["hostpid"]
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            children = [int(x) for x in f.read().split()]  # unshare's child: the load, outside view
     finally:
         _, err = proc.communicate(timeout=20)
     said = int(err.split("namespace says ")[1].split(",")[0])
@@ -129,6 +129,14 @@ def test_host_pid_in_a_pid_namespace(env, tmp_path):
     assert said in children and said != inner
     assert host == inner  # the fake NVML reports in-namespace PIDs
     assert f"pid={said}]" not in err  # log lines carry getpid(), never the outer PID
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
 
 
 def test_bad_setting_is_refused_with_its_name(env, tmp_path):
