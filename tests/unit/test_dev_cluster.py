@@ -64,6 +64,9 @@ def test_scheduler_document_one_profile_and_leader_election():
                                      "resourceNamespace": "kube-system"}
     assert len(doc["extenders"]) == 1
     assert "extenders" not in kc.DEFAULT_SCHEDULER.document(Path("/k"))
+    assert doc["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig"}  # kube-scheduler's own defaults
+    fast = kc.SchedulerConfig(client_qps=500, client_burst=1000).document(Path("/k/admin.kubeconfig"))
+    assert fast["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig", "qps": 500, "burst": 1000}
 
 
 def test_node_manifest_gpus_times_split_count_and_kwok_annotation():

@@ -193,3 +193,59 @@ async def test_success_events_can_be_switched_off_failures_never():
     assert (body["reason"], body["type"], body["source"]["component"]) == ("BindingSucceed", "Normal", "hami-scheduler")
     assert body["involvedObject"] == {"kind": "Pod", "apiVersion": "v1", "namespace": "ns", "name": "e",
                                       "uid": "uid-e", "resourceVersion": "1"}
+
+
+class FakeNodeApi:
+    """GET/merge-PATCH of nodes with resourceVersion checks (what Bind's lock needs)."""
+
+    def __init__(self, *nodes_):
+        self.nodes = {n["metadata"]["name"]: n for n in nodes_}
+        self.patches = 0
+
+    async def get(self, path):
+        return self.nodes[path.rsplit("/", 1)[1]]
+
+    async def merge_patch(self, path, body):
+        name = path.rsplit("/", 1)[1]
+        meta = self.nodes[name]["metadata"]
+        assert body["metadata"]["resourceVersion"] == meta["resourceVersion"]
+        ann = dict(meta.get("annotations") or {})
+        for k, v in body["metadata"]["annotations"].items():
+            if v is None:
+                ann.pop(k, None)
+            else:
+                ann[k] = v
+        self.patches += 1
+        new = {**self.nodes[name], "metadata": {**meta, "annotations": ann,
+                                                "resourceVersion": str(int(meta["resourceVersion"]) + 1)}}
+        self.nodes[name] = new
+        return new
+
+
+async def test_a_bind_waiting_for_a_lock_takes_it_over_when_its_owner_finishes():
+    """The waiter wakes on the owner pod's bind-phase=success (pod watch), not on the plugin's
+    release write nor on the 1 s fallback poll; the value stays HAMi's `time,ns,name`."""
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+
+    held = node("n1")
+    held["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(datetime.now(timezone.utc), "ns", "a")
+    svc = service(held)
+    api = FakeNodeApi(held)
+    svc.extender.kube = api
+    owner = pod("a", node_name="n1", uuid="n1-g0")
+    owner["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    owner["spec"]["nodeName"] = "n1"
+    svc.state.apply_pod("MODIFIED", owner)
+    waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and api.patches == 0  # a live owner: Bind waits
+    began = time.monotonic()
+    done = {**owner, "metadata": {**owner["metadata"], "resourceVersion": "2",
+                                  "annotations": {**owner["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
+    svc.state.apply_pod("MODIFIED", done)
+    value = await asyncio.wait_for(waiter, 5)
+    assert time.monotonic() - began < 0.5  # woken by the pod event, not by the 1 s poll
+    assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value

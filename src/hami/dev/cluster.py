@@ -210,13 +210,22 @@ class SchedulerConfig:
     leader_elect: bool = False
     lease_name: str = HAMI_SCHEDULER_NAME
     lease_namespace: str = "kube-system"
+    #: ``clientConnection.qps``/``burst``; None keeps kube-scheduler's defaults (50/100), which
+    #: cap its own API calls (one Binding per pod without an extender binder) at ~50 pods/s.
+    client_qps: float | None = None
+    client_burst: int | None = None
 
     def document(self, kubeconfig: Path, cluster_ca_pem: bytes | None = None) -> dict[str, Any]:
         """The ``KubeSchedulerConfiguration`` for this process."""
+        connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+        if self.client_qps is not None:
+            connection["qps"] = self.client_qps
+        if self.client_burst is not None:
+            connection["burst"] = self.client_burst
         doc: dict[str, Any] = {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "clientConnection": connection,
             "leaderElection": {
                 "leaderElect": self.leader_elect,
                 "resourceName": self.lease_name,

@@ -302,7 +302,10 @@ class Extender:
                         await self.state.node_changed(node, min(left, 1.0))
                         fresh = time.monotonic() >= deadline
                         continue
-                    log.info("node %s: taking over lock %r: %s", node, value, why)
+                    # routine when the owner just finished (we woke on its bind-phase before the
+                    # plugin's own release came back); anything else is worth a line at info
+                    level = logging.DEBUG if why.startswith("owner pod finished") else logging.INFO
+                    log.log(level, "node %s: taking over lock %r: %s", node, value, why)
                     self.stats["lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)

@@ -29,6 +29,8 @@ HANDSHAKE_TIMEOUT_S = 60.0
 REQUESTING = "Requesting_"
 HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4.3)
 VGPU_NODE = "hami.io/vgpu-node"
+BIND_PHASE = "hami.io/bind-phase"
+DONE_PHASES = ("success", "failed")
 
 
 def handshake_value(now: float) -> str:
@@ -191,10 +193,12 @@ class ClusterState:
             if old is None or pod_key(old) == key:
                 self.pods.pop(ref, None)
             self.ledger.remove_pod(key)
+            self._wake_lock_waiters(pod, True)
             return
         if not self._interesting(pod):
             return
         self.pods[ref] = pod
+        self._wake_lock_waiters(pod, False)
         try:
             alloc = allocation_from_pod(pod, self.vendors)
         except CoreError as exc:
@@ -210,6 +214,18 @@ class ClusterState:
                 self.ledger.add_pod(alloc)  # (an identical add also ends the reservation)
         elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self.ledger.remove_pod(key)
+
+    def _wake_lock_waiters(self, pod: Mapping[str, Any], gone: bool) -> None:
+        """A pod that is gone or finished its allocation (bind-phase success/failed) no longer
+        needs its node's lock: wake a Bind waiting on that node, which then takes the lock over
+        at once instead of waiting for the device plugin's release write to come back."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if not gone and annotations.get(BIND_PHASE) not in DONE_PHASES:
+            return
+        node = (pod.get("spec") or {}).get("nodeName") or annotations.get(VGPU_NODE)
+        if node:
+            self._wake(node)
 
     def put_pod(self, pod: dict) -> None:
         """Apply a pod object we just wrote, unless the cache already has a newer one."""
