@@ -249,3 +249,98 @@ async def test_a_bind_waiting_for_a_lock_takes_it_over_when_its_owner_finishes()
     assert time.monotonic() - began < 0.5  # woken by the pod event, not by the 1 s poll
     assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+
+
+class FakeBindApi(FakeNodeApi):
+    """Nodes as FakeNodeApi; pods by GET; the Binding POST fails with ``post_error`` after it
+    did (``lands``) or did not bind the pod on the server."""
+
+    def __init__(self, node_, pod_, post_error, lands, get_error=None):
+        super().__init__(node_)
+        self.pod, self.post_error, self.lands, self.get_error = pod_, post_error, lands, get_error
+
+    async def get(self, path):
+        if "/pods/" not in path:
+            return await super().get(path)
+        if self.get_error is not None:
+            raise self.get_error
+        return self.pod
+
+    async def post(self, path, body):
+        assert path == "/api/v1/namespaces/ns/pods/a/binding"
+        if self.lands:
+            self.pod = {**self.pod, "spec": {**self.pod["spec"], "nodeName": body["target"]["name"]},
+                        "metadata": {**self.pod["metadata"], "resourceVersion": "2",
+                                     "annotations": {**self.pod["metadata"]["annotations"],
+                                                     **body["metadata"]["annotations"]}}}
+        raise self.post_error
+
+
+def _bind_setup(post_error, lands, get_error=None):
+    from hami.kube.client import KubeError
+
+    svc = service(node("n1"))
+    p = pod("a", node_name="n1", uuid="n1-g0")
+    svc.state.apply_pod("MODIFIED", p)
+    api = FakeBindApi(svc.state.nodes["n1"], p, post_error, lands, get_error)
+    svc.extender.kube = api
+    svc.extender.events = EventRecorder(object(), "hami-scheduler")
+    return svc, api, KubeError
+
+
+@pytest.mark.parametrize("error", ["timeout", "reset", "conflict"])
+async def test_a_binding_that_landed_despite_an_error_is_a_success_and_keeps_the_lock(error):
+    from hami.kube import nodelock
+    from hami.kube.client import KubeError
+
+    exc = {"timeout": asyncio.TimeoutError(), "reset": ConnectionResetError("reset by peer"),
+           "conflict": KubeError("POST", "binding", 409, '{"message": "pod a is already assigned to node n1"}')}[error]
+    svc, api, _ = _bind_setup(exc, lands=True)
+    answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
+    assert answer == {"Error": ""}
+    assert nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"].get(nodelock.NODE_LOCK), "ns", "a")
+    reasons = [svc.extender.events.queue.get_nowait()["reason"] for _ in range(svc.extender.events.queue.qsize())]
+    assert reasons == ["BindingSucceed"]
+
+
+async def test_a_binding_error_releases_the_lock_only_when_the_pod_is_verifiably_not_bound():
+    from hami.kube import nodelock
+
+    svc, api, KubeError = _bind_setup(asyncio.TimeoutError(), lands=False)
+    answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
+    assert "failed" in answer["Error"]
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
+    # the POST failed and the pod cannot be read either: it may be bound, the lock stays
+    svc, api, KubeError = _bind_setup(asyncio.TimeoutError(), lands=True, get_error=KubeError("GET", "pod", 503, "busy"))
+    answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
+    assert "cannot tell whether it is bound" in answer["Error"]
+    assert nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"].get(nodelock.NODE_LOCK), "ns", "a")
+
+
+async def test_a_lock_is_not_taken_over_from_a_pod_bound_here_whose_cached_copy_lags():
+    """The cache says the owner was placed elsewhere (stale); the API says it is bound to this
+    node and still allocating: the lock is live."""
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+
+    held = node("n1")
+    held["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(datetime.now(timezone.utc), "ns", "a")
+    svc = service(held, node("n2"))
+    svc.extender.lock_retry_timeout = 0
+    stale = pod("a", node_name="n2", uuid="n2-g0")
+    svc.state.apply_pod("MODIFIED", stale)
+    live = {**pod("a", node_name="n1", uuid="n1-g0"), "spec": {**stale["spec"], "nodeName": "n1"}}
+    live["metadata"] = {**live["metadata"], "resourceVersion": "5",
+                        "annotations": {**live["metadata"]["annotations"], "hami.io/bind-phase": "allocating"}}
+    api = FakeBindApi(held, live, None, False)
+    svc.extender.kube = api
+    with pytest.raises(nodelock.LockContention):
+        await svc.extender.acquire_lock("n1", "ns", "b")
+    assert api.patches == 0 and svc.state.pod("ns", "a")["metadata"]["resourceVersion"] == "5"
+    assert await svc.extender.sweep_locks() == 0
+    # even a bound-here pod whose vgpu-node names another node keeps its lock (pure rule)
+    odd = {**live, "metadata": {**live["metadata"], "annotations": {
+        **live["metadata"]["annotations"], "hami.io/vgpu-node": "n2"}}}
+    value = held["metadata"]["annotations"][nodelock.NODE_LOCK]
+    assert nodelock.stale_reason(value, "n1", datetime.now(timezone.utc), 300, odd) is None

@@ -178,3 +178,60 @@ def test_cli_refuses_bad_configuration_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("hami scheduler: ") and "nvidia.gpuCorePolicy" in err and "sometimes" in err
     assert len(err.splitlines()) == 1
+
+
+def _at(p, rv, **ann):
+    out = {**p, "metadata": {**p["metadata"], "resourceVersion": rv,
+                             "annotations": {**p["metadata"]["annotations"], **ann}}}
+    return out
+
+
+def test_pod_events_are_monotonic_in_resource_version():
+    """A late watch event (or a put of an older read) never rolls a pod back."""
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1"), node("n2")])
+    bound = _at(pod("a", "n2", "n2-g0", 300), "7", **{"hami.io/bind-phase": "allocating"})
+    bound["spec"] = {**bound["spec"], "nodeName": "n2"}
+    s.apply_pod("MODIFIED", bound)
+    s.apply_pod("MODIFIED", _at(pod("a", "n1", "n1-g0", 300), "5"))  # stale: the older node choice
+    assert s.pod("ns", "a") is bound and used(s, "n2") == [300, 0] and used(s, "n1") == [0, 0]
+    s.put_pod(_at(pod("a", "n1", "n1-g0", 300), "6"))
+    assert s.pod("ns", "a") is bound
+    newer = _at(bound, "8", **{"hami.io/bind-phase": "success"})
+    s.apply_pod("MODIFIED", newer)
+    assert s.pod("ns", "a") is newer
+    odd = _at(newer, "not-a-number")  # non-numeric versions are accepted, never crash
+    s.apply_pod("MODIFIED", odd)
+    assert s.pod("ns", "a") is odd
+    s.node_handler.apply("MODIFIED", {**node("n1"), "metadata": {**node("n1")["metadata"], "resourceVersion": "x"}})
+    s.put_node(node("n1"))
+
+
+def test_a_delete_wins_and_a_stale_add_does_not_resurrect():
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1")])
+    s.apply_pod("ADDED", _at(pod("a", "n1", "n1-g0", 300), "5"))
+    s.apply_pod("DELETED", _at(pod("a", "n1", "n1-g0", 300), "9"))
+    s.apply_pod("MODIFIED", _at(pod("a", "n1", "n1-g0", 300), "6"))  # late event, same UID
+    s.put_pod(_at(pod("a", "n1", "n1-g0", 300), "5"))
+    assert s.pod("ns", "a") is None and used(s, "n1") == [0, 0]
+    s.apply_pod("ADDED", _at(pod("a", "n1", "n1-g1", 200, uid="uid-a2"), "10"))  # same name, new pod
+    assert used(s, "n1") == [0, 200]
+
+
+def test_tombstones_are_bounded(monkeypatch):
+    from hami.scheduler import state as S
+    monkeypatch.setattr(S, "TOMBSTONES", 3)
+    s = ClusterState(CONFIG)
+    for i in range(5):
+        s.apply_pod("DELETED", _at(pod(f"p{i}"), str(i + 1)))
+    assert list(s._deleted) == ["uid-p2", "uid-p3", "uid-p4"]
+
+
+def test_a_relist_keeps_a_newer_cached_pod():
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1"), node("n2")])
+    mine = _at(pod("a", "n2", "n2-g0", 300), "9")
+    s.put_pod(mine)  # written while the list was in flight
+    s.pod_handler.replace([_at(pod("a", "n1", "n1-g0", 300), "8"), _at(pod("b"), "8")])
+    assert s.pod("ns", "a") is mine and used(s, "n2") == [300, 0] and s.pod("ns", "b") is not None

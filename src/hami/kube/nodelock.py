@@ -127,6 +127,15 @@ def owned_by(value: str | None, namespace: str, name: str) -> bool:
 MISSING = object()  # owner lookup answer: the pod does not exist
 
 
+def finished(owner: Any) -> bool:
+    """The owner pod can never need its lock again, whatever happens next (being deleted, or
+    its allocation ended); a cached copy saying so needs no fresh read."""
+    if owner is None or owner is MISSING:
+        return False
+    meta = owner.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
+
+
 def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: Any) -> str | None:
     """Why an existing lock on ``node`` may be taken over; None when it is live.
 
@@ -148,7 +157,9 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
         return "owner pod is being deleted"
     if annotations.get(BIND_PHASE) in ("success", "failed"):
         return f"owner pod finished its allocation (bind-phase={annotations[BIND_PHASE]})"
-    if spec.get("nodeName") and spec["nodeName"] != node:
+    if spec.get("nodeName") == node:
+        return None  # bound here, allocation not finished: the device plugin finds it by this lock
+    if spec.get("nodeName"):
         return f"owner pod is bound to node {spec['nodeName']}"
     if annotations.get(VGPU_NODE) and annotations[VGPU_NODE] != node:
         return f"owner pod was placed on node {annotations[VGPU_NODE]}"

@@ -5,7 +5,8 @@ Filter takes the decision with the same core entry point as ``hami simulate``
 answers, and patches the pod in the background; a failed patch rolls the reservation back.
 Bind waits for that patch, takes the node locks the pod's vendors declare (``hami.io/mutex.lock``
 for most, Cambricon's ``cambricon.com/dsmlu.lock``; :func:`hami.kube.nodelock.vendor_locks`) and creates the Binding (which also sets
-``bind-phase=allocating`` and ``bind-time``); every failure releases the lock. Requests and answers use the Go field names kube-scheduler sends (``Pod``,
+``bind-phase=allocating`` and ``bind-time``); every failure releases the lock, except a Binding
+error after which the pod turns out bound to the node (success) or cannot be read (kept). Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
 
@@ -34,6 +35,10 @@ UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 class DecisionMissing(Exception):
     """Bind for a pod whose Filter decision is not recorded on it."""
+
+
+class BindingUnverified(OSError):
+    """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
 
 def failed_maps(failed: Mapping[str, NodeFailure]) -> tuple[dict[str, str], dict[str, str]]:
@@ -209,12 +214,10 @@ class Extender:
             # bind-phase and bind-time ride on the Binding: the API server copies a Binding's
             # annotations onto the pod in the same write that sets spec.nodeName (one write less
             # per pod than HAMi's separate patch, and never a bound pod without its bind-phase).
-            await self.kube.post(f"{pod_path(ns, name)}/binding", {
-                "apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
-                             "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+            await self._post_binding(ns, name, uid, node)
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, BindingUnverified):
+                taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
             for spec, value in reversed(taken):
                 await self._release_quietly(node, ns, name, spec, value)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
@@ -222,6 +225,28 @@ class Extender:
             return {"Error": msg}
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
+
+    async def _post_binding(self, ns: str, name: str, uid: str, node: str) -> None:
+        """Create the Binding. When the POST fails (timeout, reset connection, a 409 because an
+        earlier try did bind) the pod is read again: bound to ``node`` counts as success;
+        raises the error when it is verifiably not bound there, BindingUnverified when the
+        read fails too."""
+        try:
+            await self.kube.post(f"{pod_path(ns, name)}/binding", {
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
+                             "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+            try:
+                pod = await self._get_pod(ns, name)
+            except (KubeError, OSError, asyncio.TimeoutError) as again:
+                raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}") from exc
+            meta = (pod or {}).get("metadata") or {}
+            if pod is None or (uid and meta.get("uid") != uid) or (pod.get("spec") or {}).get("nodeName") != node:
+                raise
+            log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
+            self.state.put_pod(pod)
 
     def _requests_devices(self, pod: Mapping[str, Any]) -> bool:
         try:
@@ -260,12 +285,31 @@ class Extender:
                 return None
             raise
 
-    async def _owner(self, value: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> Any:
+    async def _owner(self, value: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK, fresh: bool = False) -> Any:
         lock = spec.holder(value)
         if lock is None:
             return None
-        pod = self.state.pod(lock.namespace, lock.name) or await self._get_pod(lock.namespace, lock.name)
+        pod = None if fresh else self.state.pod(lock.namespace, lock.name)
+        if pod is None:
+            pod = await self._get_pod(lock.namespace, lock.name)
+            if pod is not None:
+                self.state.put_pod(pod)
         return nodelock.MISSING if pod is None else pod
+
+    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec) -> str | None:
+        """Why the lock ``value`` on ``node`` may be taken over (None: live). A cached owner that
+        looks placed or bound elsewhere is read again first: the cache may lag (a pod bound
+        here and still ``allocating`` must keep its lock, the device plugin finds it by it)."""
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        expiry = spec.expiry(self.lock_timeout)
+        holder = spec.holder(value)
+        cached = self.state.pod(holder.namespace, holder.name) if holder is not None else None
+        owner = await self._owner(value, spec)
+        why = nodelock.stale_reason(value, node, now, expiry, owner)
+        if why is None or cached is None or nodelock.finished(owner) or \
+                nodelock.stale_reason(value, node, now, expiry, None) is not None:
+            return why
+        return nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec, fresh=True))
 
     async def _node(self, name: str, fresh: bool) -> dict:
         node = None if fresh else self.state.nodes.get(name)
@@ -281,7 +325,6 @@ class Extender:
         at once. Returns the value held (what :meth:`release_lock` needs for a bare-time lock)."""
         deadline = time.monotonic() + self.lock_retry_timeout
         guard = self._node_locks.setdefault(f"{node}\0{spec.key}", asyncio.Lock())
-        expiry = spec.expiry(self.lock_timeout)
         async with guard:
             fresh = False
             while True:
@@ -292,8 +335,7 @@ class Extender:
                 if holder is not None and (holder.namespace, holder.name) == (ns, name):
                     return value
                 if value:
-                    now = datetime.fromtimestamp(self.clock(), timezone.utc)
-                    why = nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec))
+                    why = await self._stale_reason(value, node, spec)
                     if why is None:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -353,12 +395,11 @@ class Extender:
 
     async def _sweep_one(self, name: str, spec: nodelock.LockSpec) -> bool:
         """Release ``spec``'s lock on node ``name`` when its holder can no longer use it."""
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
         obj = self.state.nodes.get(name) or {}
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(spec.key)
         if not value:
             return False
-        why = nodelock.stale_reason(value, name, now, spec.expiry(self.lock_timeout), await self._owner(value, spec))
+        why = await self._stale_reason(value, name, spec)
         if why is None:
             return False
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
@@ -31,6 +32,7 @@ HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4
 VGPU_NODE = "hami.io/vgpu-node"
 BIND_PHASE = "hami.io/bind-phase"
 DONE_PHASES = ("success", "failed")
+TOMBSTONES = 4096  # deleted pod UIDs remembered (with the delete's resourceVersion)
 
 
 def handshake_value(now: float) -> str:
@@ -90,6 +92,7 @@ class ClusterState:
         self.ledger = Ledger()
         self.nodes: dict[str, dict] = {}  # name -> Node (all nodes, selector applied in the ledger)
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
+        self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         self._fingerprints: dict[str, tuple] = {}
         self._node_changed: dict[str, asyncio.Event] = {}
@@ -162,7 +165,7 @@ class ClusterState:
         """Store a node object we just wrote (fresher than the watch), if it is newer."""
         name = (node.get("metadata") or {}).get("name") or ""
         old = self.nodes.get(name)
-        if old is None or _rv(node) >= _rv(old):
+        if old is None or _not_older(node, old):
             self._apply_node("MODIFIED", node)
 
     # ------------------------------------------------------------------ pods
@@ -180,20 +183,44 @@ class ClusterState:
         for alloc in self.ledger.pods():
             if alloc.key not in keys:
                 self.ledger.remove_pod(alloc.key)
-        self.pods.clear()
+        old, self.pods = self.pods, {}
         for p in items:
-            self.apply_pod("MODIFIED", p)
+            cached = old.get(_ref(p))
+            # a pod we wrote while the list was in flight stays (monotonic, like every path)
+            keep = cached is not None and not _not_older(p, cached)
+            self.apply_pod("MODIFIED", cached if keep else p)
+
+    def _stale(self, pod: Mapping[str, Any]) -> bool:
+        """An event older than what is cached, or for a pod whose deletion was seen already."""
+        old = self.pods.get(_ref(pod))
+        if old is not None and not _not_older(pod, old):
+            return True
+        return (pod.get("metadata") or {}).get("uid") in self._deleted  # a UID never comes back
+
+    def _tombstone(self, pod: Mapping[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid"):
+            self._deleted.pop(meta["uid"], None)
+            self._deleted[meta["uid"]] = meta.get("resourceVersion")
+            while len(self._deleted) > TOMBSTONES:
+                self._deleted.popitem(last=False)
 
     def apply_pod(self, kind: str, pod: dict) -> None:
-        meta = pod.get("metadata") or {}
-        ref = f"{meta.get('namespace')}/{meta.get('name')}"
+        """Store a watch event. Monotonic in resourceVersion: an older event than the cached
+        pod, or any non-delete event for a UID already seen deleted, is dropped; a delete wins."""
+        ref = _ref(pod)
         key = pod_key(pod)
         if kind == "DELETED":
             old = self.pods.get(ref)
             if old is None or pod_key(old) == key:
                 self.pods.pop(ref, None)
+            self._tombstone(pod)
             self.ledger.remove_pod(key)
             self._wake_lock_waiters(pod, True)
+            return
+        if self._stale(pod):
+            log.debug("pod %s: dropping a stale event (resourceVersion %s)", ref,
+                      (pod.get("metadata") or {}).get("resourceVersion"))
             return
         if not self._interesting(pod):
             return
@@ -228,11 +255,8 @@ class ClusterState:
             self._wake(node)
 
     def put_pod(self, pod: dict) -> None:
-        """Apply a pod object we just wrote, unless the cache already has a newer one."""
-        meta = pod.get("metadata") or {}
-        old = self.pods.get(f"{meta.get('namespace')}/{meta.get('name')}")
-        if old is None or _rv(pod) >= _rv(old):
-            self.apply_pod("MODIFIED", pod)
+        """Apply a pod object we just wrote (or read), unless the cache already has a newer one."""
+        self.apply_pod("MODIFIED", pod)
 
     def pod(self, namespace: str, name: str) -> dict | None:
         return self.pods.get(f"{namespace}/{name}")
@@ -279,11 +303,24 @@ def _same_allocation(a: Any, b: Any) -> bool:
         v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
 
 
-def _rv(obj: Mapping[str, Any]) -> int:
+def _ref(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _rv_int(obj: Mapping[str, Any]) -> int | None:
+    """The resourceVersion as an integer (an etcd revision in practice); None when absent or not numeric."""
+    value = (obj.get("metadata") or {}).get("resourceVersion")
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _not_older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """``new`` is at least as recent as ``old``; unknown/non-numeric versions are accepted."""
+    a, b = _rv_int(new), _rv_int(old)
+    return a is None or b is None or a >= b
 
 
 class _Handler:
