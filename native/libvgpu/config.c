@@ -77,7 +77,7 @@ int vgpu_parse_size(const char *s, uint64_t *out)
 
 static void bad(const char *name, const char *value, const char *expect)
 {
-    vgpu_log(0, "invalid %s='%s' (expected %s); refusing to run without the configured limit",
+    vgpu_log(0, "invalid %s='%s' (expected %s); refusing to run with a setting it cannot honour",
              name, value, expect);
     _exit(78);
 }
@@ -93,7 +93,9 @@ static uint64_t env_size(const char *name, uint64_t dflt)
     return out;
 }
 
-static long env_int(const char *name, long dflt, long lo, long hi)
+/* An integer setting in [lo, hi]; anything else stops the process (exit 78) naming the setting.
+ * `unit` (e.g. "milliseconds") only shapes the message; NULL for a plain number. */
+HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const char *unit)
 {
     const char *v = getenv(name);
     if (!v || !*v)
@@ -102,8 +104,9 @@ static long env_int(const char *name, long dflt, long lo, long hi)
     errno = 0;
     long n = strtol(v, &end, 10);
     if (errno || *end || n < lo || n > hi) {
-        char expect[64];
-        snprintf(expect, sizeof expect, "an integer in [%ld, %ld]", lo, hi);
+        char expect[96];
+        snprintf(expect, sizeof expect, "an integer%s%s in [%ld, %ld]", unit ? " number of " : "",
+                 unit ? unit : "", lo, hi);
         bad(name, v, expect);
     }
     return n;
@@ -118,21 +121,21 @@ static int env_bool(const char *name)
 void vgpu_config_load(void)
 {
     vgpu_config *c = &vgpu_cfg;
-    c->log_level = (int)env_int("LIBCUDA_LOG_LEVEL", 2, 0, 5);
+    c->log_level = (int)vgpu_env_int("LIBCUDA_LOG_LEVEL", 2, 0, 5, NULL);
     uint64_t all = env_size("CUDA_DEVICE_MEMORY_LIMIT", 0);
-    long sm_all = env_int("CUDA_DEVICE_SM_LIMIT", 0, 0, 100000);
+    long sm_all = vgpu_env_int("CUDA_DEVICE_SM_LIMIT", 0, 0, 100000, NULL);
     for (int i = 0; i < VGPU_MAX_DEV; i++) {
         char name[64];
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
         c->limit[i] = env_size(name, all);
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        long sm = env_int(name, sm_all, 0, 100000);
+        long sm = vgpu_env_int(name, sm_all, 0, 100000, NULL);
         c->sm_limit[i] = sm <= 0 ? 100 : (uint64_t)sm;
     }
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     snprintf(c->cache_path, sizeof c->cache_path, "%s", path && *path ? path : "/tmp/cudevshr.cache");
     c->oversubscribe = env_bool("CUDA_OVERSUBSCRIBE");
-    c->priority = (int)env_int("CUDA_TASK_PRIORITY", 1, -1000, 1000);
+    c->priority = (int)vgpu_env_int("CUDA_TASK_PRIORITY", 1, -1000, 1000, NULL);
     const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
     c->core_policy = !pol ? 0 : !strcasecmp(pol, "force") ? 1 : !strcasecmp(pol, "disable") ? 2 : 0;
     const char *cs = getenv("LIBVGPU_CONTEXT_SIZE");
@@ -142,5 +145,5 @@ void vgpu_config_load(void)
             bad("LIBVGPU_CONTEXT_SIZE", cs, "bytes or a size such as 300m");
         c->context_size = (long long)csv;
     }
-    c->test_stall_ms = (unsigned)env_int("LIBVGPU_TEST_STALL_IN_LOCK_MS", 0, 0, 600000);
+    c->test_stall_ms = (unsigned)vgpu_env_int("LIBVGPU_TEST_STALL_IN_LOCK_MS", 0, 0, 600000, NULL);
 }

@@ -114,22 +114,6 @@ static void sleep_ns(int64_t ns)
         ;
 }
 
-static unsigned env_ms(const char *name, unsigned dflt, unsigned lo, unsigned hi)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (errno || *end || n < (long)lo || n > (long)hi) {
-        vgpu_log(0, "invalid %s='%s' (expected an integer number of milliseconds in [%u, %u])",
-                 name, v, lo, hi);
-        _exit(78);
-    }
-    return (unsigned)n;
-}
-
 static void slot_state(unsigned bit, int on)
 {
     vgpu_slot *s = vgpu_my_slot;
@@ -510,9 +494,9 @@ static void setup(void)
         return;
     }
     g_started = 1;
-    g_tick_ms = env_ms("HAMI_LIMITER_TICK_MS", 10, 1, 1000);
-    g_quiet_ms = env_ms("HAMI_PRIORITY_QUIET_MS", 200, 10, 60000);
-    g_hold_ms = env_ms("HAMI_CONTENTION_HOLD_MS", 1000, 0, 60000);
+    g_tick_ms = (unsigned)vgpu_env_int("HAMI_LIMITER_TICK_MS", 10, 1, 1000, "milliseconds");
+    g_quiet_ms = (unsigned)vgpu_env_int("HAMI_PRIORITY_QUIET_MS", 200, 10, 60000, "milliseconds");
+    g_hold_ms = (unsigned)vgpu_env_int("HAMI_CONTENTION_HOLD_MS", 1000, 0, 60000, "milliseconds");
     int pid = vgpu_my_slot ? __atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!pid) /* not found at context creation (or written by a node agent) */
         pid = lim_resolve_host_pid(vgpu_current_dev());

@@ -33,6 +33,7 @@ HIDDEN void vgpu_config_load(void);            /* exits with a clear message on 
 HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
 
 HIDDEN void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const char *unit);
 #define LOG_ERROR(...) vgpu_log(0, __VA_ARGS__)
 #define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
 #define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)
