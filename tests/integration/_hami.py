@@ -288,7 +288,8 @@ class PluginStandIn:
         """One Allocate on ``node`` (a Node object): the pod its lock names, if bound here.
         Subclasses for other vendors override this (tests/integration/test_vendor_ascend.py)."""
         name = node["metadata"]["name"]
-        lock = nodelock.parse_node_lock((node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK))
+        raw = (node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
+        lock = nodelock.parse_node_lock(raw)
         if lock is None:
             return
         try:
@@ -306,22 +307,13 @@ class PluginStandIn:
                      {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
                      content_type=MERGE)
             self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
-        self._release(name, lock)
+        self._release(name, raw)
 
-    def _release(self, node: str, lock: nodelock.NodeLock) -> None:
-        for _ in range(5):
-            cur = self.api("GET", f"/api/v1/nodes/{node}")["metadata"]
-            value = (cur.get("annotations") or {}).get(nodelock.NODE_LOCK)
-            if not nodelock.owned_by(value, lock.namespace, lock.name):
-                return
-            try:
-                self.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {
-                    "annotations": {nodelock.NODE_LOCK: None}, "resourceVersion": cur["resourceVersion"]}},
-                    content_type=MERGE)
-                return
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
+    def _release(self, node: str, value: str) -> None:
+        """The plugin's release (src/hami/deviceplugin/kube.py): remove the lock only while it still
+        holds ``value``, in one atomic JSON patch; a changed lock (already taken over) is left."""
+        self.api("PATCH", f"/api/v1/nodes/{node}", nodelock.swap_patch(nodelock.NODE_LOCK, value, None),
+                 content_type="application/json-patch+json", expect=(200, 409, 422))
 
 
 WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

@@ -48,7 +48,8 @@ class AscendStandIn(PluginStandIn):
 
     def _serve(self, node: dict) -> None:
         name = node["metadata"]["name"]
-        lock = nodelock.parse_node_lock((node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK))
+        raw = (node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
+        lock = nodelock.parse_node_lock(raw)
         if lock is None:
             return
         pod = self.cluster.api("GET", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}")
@@ -60,7 +61,7 @@ class AscendStandIn(PluginStandIn):
             self.cluster.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
                              {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
                              content_type="application/merge-patch+json")
-        self._release(name, lock)
+        self._release(name, raw)
 
 
 @pytest.fixture

@@ -221,10 +221,29 @@ class FakeNodeApi:
         self.nodes[name] = new
         return new
 
+    async def json_patch(self, path, ops):
+        """test + replace/remove of one annotation (nodelock.swap_patch); a failed test -> 422."""
+        from hami.kube.client import KubeError
 
-async def test_a_bind_waiting_for_a_lock_takes_it_over_when_its_owner_finishes():
-    """The waiter wakes on the owner pod's bind-phase=success (pod watch), not on the plugin's
-    release write nor on the 1 s fallback poll; the value stays HAMi's `time,ns,name`."""
+        name = path.rsplit("/", 1)[1]
+        meta = self.nodes[name]["metadata"]
+        ann = dict(meta.get("annotations") or {})
+        test, change = ops
+        key = test["path"].split("/", 3)[3].replace("~1", "/").replace("~0", "~")
+        if ann.get(key) != test["value"]:
+            raise KubeError("PATCH", path, 422, '{"message": "test failed"}')
+        if change["op"] == "remove":
+            ann.pop(key)
+        else:
+            ann[key] = change["value"]
+        self.patches += 1
+        new = {**self.nodes[name], "metadata": {**meta, "annotations": ann,
+                                                "resourceVersion": str(int(meta["resourceVersion"]) + 1)}}
+        self.nodes[name] = new
+        return new
+
+
+def _held_by_allocating_owner():
     from datetime import datetime, timezone
 
     from hami.kube import nodelock
@@ -238,17 +257,86 @@ async def test_a_bind_waiting_for_a_lock_takes_it_over_when_its_owner_finishes()
     owner["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
     owner["spec"]["nodeName"] = "n1"
     svc.state.apply_pod("MODIFIED", owner)
+    done = {**owner, "metadata": {**owner["metadata"], "resourceVersion": "2",
+                                  "annotations": {**owner["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
+    return svc, api, held, done
+
+
+async def test_a_bind_waiting_for_a_lock_takes_it_right_after_the_plugins_release():
+    """Owner finishes, the plugin's release comes back through the node watch: the waiter takes
+    the free lock with one resourceVersion-guarded write, without racing the release."""
+    from hami.kube import nodelock
+
+    svc, api, held, done = _held_by_allocating_owner()
+    svc.extender.handoff_grace = 30.0
     waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
     await asyncio.sleep(0.05)
     assert not waiter.done() and api.patches == 0  # a live owner: Bind waits
-    began = time.monotonic()
-    done = {**owner, "metadata": {**owner["metadata"], "resourceVersion": "2",
-                                  "annotations": {**owner["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
     svc.state.apply_pod("MODIFIED", done)
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and api.patches == 0  # finished: the plugin's release is awaited, not raced
+    began = time.monotonic()
+    released = {**held, "metadata": {**held["metadata"], "resourceVersion": "2", "annotations": {
+        k: v for k, v in held["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK}}}
+    api.nodes["n1"] = released
+    svc.state.put_node(released)  # the watch event of the release
     value = await asyncio.wait_for(waiter, 5)
-    assert time.monotonic() - began < 0.5  # woken by the pod event, not by the 1 s poll
+    assert time.monotonic() - began < 0.5  # woken by the node event, not by the 1 s poll
     assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+
+
+async def test_a_finished_owners_lock_is_swapped_over_when_the_plugin_never_releases_it():
+    """No release within the handoff grace: one compare-and-swap of exactly the owner's value;
+    the value stays HAMi's `time,ns,name`."""
+    from hami.kube import nodelock
+
+    svc, api, held, done = _held_by_allocating_owner()
+    svc.extender.handoff_grace = 0.3
+    waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
+    await asyncio.sleep(0.05)
+    began = time.monotonic()
+    svc.state.apply_pod("MODIFIED", done)
+    value = await asyncio.wait_for(waiter, 5)
+    assert 0.25 < time.monotonic() - began < 0.9  # after the grace, not the 1 s poll or the retry timeout
+    assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+
+
+async def test_a_takeover_that_loses_to_the_plugins_release_rereads_and_takes_the_free_lock():
+    """The cache still shows the finished owner's lock; on the server the plugin already removed
+    it. The compare-and-swap fails (422, nothing written), the node is re-read, the free lock
+    is taken with a resourceVersion guard: two writes, never a lock over someone else's."""
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+
+    held = node("n1")
+    old = nodelock.lock_value(datetime.now(timezone.utc), "ns", "a")
+    held["metadata"]["annotations"][nodelock.NODE_LOCK] = old
+    svc = service(held)
+    released = {**held, "metadata": {**held["metadata"], "resourceVersion": "7",
+                                     "annotations": {k: v for k, v in held["metadata"]["annotations"].items()
+                                                     if k != nodelock.NODE_LOCK}}}
+    api = FakeNodeApi(released)
+    svc.extender.kube = api
+    owner = pod("a", node_name="n1", uuid="n1-g0")
+    owner["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
+    svc.state.apply_pod("MODIFIED", owner)
+    value = await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "b"), 5)
+    assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+    assert api.nodes["n1"]["metadata"]["resourceVersion"] == "8"
+
+
+def test_swap_patch_escapes_the_annotation_key_and_tests_the_old_value():
+    from hami.kube import nodelock
+
+    ops = nodelock.swap_patch("cambricon.com/dsmlu~lock", "t0", None)
+    assert ops == [{"op": "test", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock", "value": "t0"},
+                   {"op": "remove", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock"}]
+    assert nodelock.swap_patch("hami.io/mutex.lock", "a", "b")[1] == {
+        "op": "replace", "path": "/metadata/annotations/hami.io~1mutex.lock", "value": "b"}
 
 
 class FakeBindApi(FakeNodeApi):

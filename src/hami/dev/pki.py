@@ -3,7 +3,10 @@
 One certificate authority signs everything: the API server's serving certificate, the admin
 client certificate (group ``system:masters``) and any serving certificate a test needs for its
 own HTTPS server (an admission webhook, an extender), so the cluster's CA bundle trusts it.
-Keys are ECDSA P-256: fast to generate and accepted by every Kubernetes component.
+The CA key is RSA-2048, kubeadm's default: the API server checks the client certificate's
+signature on every request, and an RSA signature verifies several times faster than an ECDSA
+P-256 one (with a P-256 CA that check was about 15% of the API server's CPU under the
+scheduler benchmark). Leaf keys are ECDSA P-256: fast to generate, accepted everywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALID_BEFORE = datetime.timedelta(hours=1)
@@ -33,7 +36,11 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def _new_ca_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -60,7 +67,7 @@ class CertificateAuthority:
     """A self-signed CA that issues serving and client certificates."""
 
     def __init__(self, common_name: str = "hami-dev-ca") -> None:
-        self._key = _new_key()
+        self._key = _new_ca_key()
         now = datetime.datetime.now(datetime.timezone.utc)
         self._cert = (
             x509.CertificateBuilder()

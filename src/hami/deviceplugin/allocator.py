@@ -64,7 +64,8 @@ class Allocator:
         self._lock = asyncio.Lock()
 
     async def find_pod(self) -> tuple[A.PodView | None, str | None]:
-        """(pod, stale lock value). The lock names the pod; without one, exactly one candidate."""
+        """(pod, the lock value read). The lock names the pod; without one, exactly one candidate.
+        No pod with a lock value: the lock names a pod that no longer exists (stale)."""
         annotations, _ = await self.kube.node_annotations()
         raw = annotations.get(A.NODE_LOCK)
         lock = A.parse_node_lock(raw)
@@ -79,7 +80,7 @@ class Allocator:
                     f"node {self.node}: the node lock names pod {pod.ref}, which is not bound to this node yet; "
                     "the pod being admitted is not known, the kubelet will retry"
                 )
-            return pod, None
+            return pod, raw
         return A.choose_pending(await self.kube.pods_on_node(), self.node), None
 
     async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
@@ -87,17 +88,17 @@ class Allocator:
             pod: A.PodView | None = None
             try:
                 try:
-                    pod, stale = await self.find_pod()
+                    pod, held = await self.find_pod()
                 except _NotThisPod as exc:
                     log.error("Allocate failed: %s", exc)
                     raise A.AllocationError(str(exc)) from None
                 if pod is None:
-                    await self._drop_stale_lock(stale)
+                    await self._drop_stale_lock(held)
                     raise A.AllocationError(
-                        f"node {self.node}: the node lock {stale!r} names a pod that no longer exists; "
+                        f"node {self.node}: the node lock {held!r} names a pod that no longer exists; "
                         "lock released, the kubelet will retry"
                     )
-                return await self._allocate_pod(pod, requests)
+                return await self._allocate_pod(pod, requests, held)
             except A.AllocationError as exc:
                 await self._fail(pod, str(exc))
                 raise
@@ -107,7 +108,7 @@ class Allocator:
                 await self._fail(pod, msg)
                 raise A.AllocationError(msg) from None
 
-    async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int]) -> list[A.ContainerResponse]:
+    async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int], held: str | None) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
         grants = [A.pop_next(pod, pending, n) for n in requests]
         responses = [A.build_response(pod, g, self.settings, self.paths) for g in grants]
@@ -122,13 +123,16 @@ class Allocator:
         names = ", ".join(g.container.name for g in grants)
         log.info("pod %s: allocated container(s) %s%s", pod.ref, names, " (pod complete)" if done else "")
         if done:
-            await self._release_after_success(pod)
+            await self._release_after_success(pod, held)
         return responses
 
-    async def _release_after_success(self, pod: A.PodView) -> None:
-        """The pod is allocated whatever happens here; a failed release is logged, not fatal."""
+    async def _release_after_success(self, pod: A.PodView, held: str | None) -> None:
+        """The pod is allocated whatever happens here; a failed release is logged, not fatal.
+        With the lock value read in find_pod: one compare-and-remove of exactly that value."""
         try:
-            if not await self.kube.release_lock(pod):
+            if held is not None:
+                await self.kube.release_held_lock(held)
+            elif not await self.kube.release_lock(pod):
                 log.error("node %s: node lock of pod %s still held after retries", self.node, pod.ref)
         except (ApiException, aiohttp.ClientError) as exc:
             log.error("node %s: cannot release the node lock of pod %s: %s", self.node, pod.ref, _brief(exc))

@@ -13,6 +13,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hami.kube import nodelock
+from hami.kube.client import skip_env_lookups
 
 from .allocate import ContainerView, PodView
 
@@ -23,9 +24,9 @@ MERGE = "application/merge-patch+json"
 async def api_client(kubeconfig: str | None) -> client.ApiClient:
     """A client from ``kubeconfig`` when given, else the in-cluster service account."""
     if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig)
+        return skip_env_lookups(await config.new_client_from_config(config_file=kubeconfig))
     config.load_incluster_config()
-    return client.ApiClient()
+    return skip_env_lookups(client.ApiClient())
 
 
 def _limits(ctr: Any) -> dict[str, str]:
@@ -90,6 +91,18 @@ class Kube:
     async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(values)}}
         await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
+
+    async def release_held_lock(self, value: str, key: str = nodelock.NODE_LOCK) -> None:
+        """Remove the lock ``key`` only while it still holds ``value`` (the value Allocate read):
+        one atomic call, no read first. When the lock changed meanwhile (the scheduler already
+        took it over for the next pod, which it does as soon as this pod's bind-phase is final),
+        nothing is written and that is not an error."""
+        try:
+            await self.core.patch_node(self.node_name, nodelock.swap_patch(key, value, None),
+                                       _content_type="application/json-patch+json")
+        except ApiException as exc:
+            if not nodelock.lost_swap(exc):
+                raise
 
     async def release_lock(self, pod: PodView | None, attempts: int = 5) -> bool:
         """Remove the node lock if ``pod`` holds it (any lock when ``pod`` is None).

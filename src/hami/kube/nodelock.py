@@ -5,8 +5,10 @@ Most vendors share ``hami.io/mutex.lock``, value ``"<RFC3339 time>,<namespace>,<
 (``lock_annotation``, ``lock_format``, ``lock_expiry_seconds`` on the vendor class, e.g. Cambricon's
 ``cambricon.com/dsmlu.lock``: a bare RFC3339 time that expires after 2 minutes); :class:`LockSpec`
 carries those three attributes and :func:`vendor_locks` lists the locks a pod's bind takes. The scheduler takes it in Bind before the Binding; the device plugin releases it
-when Allocate ends (success or failure). Every write carries ``metadata.resourceVersion`` so two
-writers never both win (§13 pitfall 6).
+when Allocate ends (success or failure). Two writers never both win (§13 pitfall 6): taking a
+free lock carries ``metadata.resourceVersion``; replacing or removing a held one is a JSON patch
+whose ``test`` op names the value being replaced (:func:`swap_patch`), which the API server
+applies atomically, so it needs no read first and no unrelated node write makes it conflict.
 
 Beyond HAMi: the lock is also reclaimed (not only after its expiry) when its owner can no
 longer be using it: the pod is gone, finished its allocation (``bind-phase`` success/failed),
@@ -125,6 +127,7 @@ def owned_by(value: str | None, namespace: str, name: str) -> bool:
 
 
 MISSING = object()  # owner lookup answer: the pod does not exist
+OWNER_FINISHED = "owner pod finished its allocation"  # the stale reason a handoff waits on
 
 
 def finished(owner: Any) -> bool:
@@ -156,7 +159,7 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
     if meta.get("deletionTimestamp"):
         return "owner pod is being deleted"
     if annotations.get(BIND_PHASE) in ("success", "failed"):
-        return f"owner pod finished its allocation (bind-phase={annotations[BIND_PHASE]})"
+        return f"{OWNER_FINISHED} (bind-phase={annotations[BIND_PHASE]})"
     if spec.get("nodeName") == node:
         return None  # bound here, allocation not finished: the device plugin finds it by this lock
     if spec.get("nodeName"):
@@ -164,6 +167,24 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
     if annotations.get(VGPU_NODE) and annotations[VGPU_NODE] != node:
         return f"owner pod was placed on node {annotations[VGPU_NODE]}"
     return None
+
+
+def _pointer(key: str) -> str:
+    """The JSON pointer (RFC 6901) of annotation ``key``."""
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def swap_patch(key: str, old: str, new: str | None) -> list[dict[str, Any]]:
+    """A JSON patch that sets annotation ``key`` to ``new`` (removes it when None) only while it
+    still holds ``old``; otherwise the API server rejects it whole (HTTP 422) and writes nothing."""
+    path = _pointer(key)
+    change = {"op": "remove", "path": path} if new is None else {"op": "replace", "path": path, "value": new}
+    return [{"op": "test", "path": path, "value": old}, change]
+
+
+def lost_swap(exc: BaseException) -> bool:
+    """A :func:`swap_patch` (or a resourceVersion-guarded write) found the lock changed."""
+    return getattr(exc, "status", None) in (409, 422)
 
 
 class LockContention(Exception):

@@ -68,7 +68,7 @@ class Extender:
     def __init__(self, state: ClusterState, kube: KubeClient | None, events: EventRecorder, *,
                  is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
                  lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
-                 clock=time.time, record: bool = True) -> None:
+                 handoff_grace: float = 1.0, clock=time.time, record: bool = True) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -77,6 +77,9 @@ class Extender:
         self.lock_timeout = lock_timeout
         self.lock_retry_timeout = lock_retry_timeout
         self.ready_wait = ready_wait
+        # how long a Bind waits for the device plugin's own release of a lock whose owner has
+        # finished (bind-phase success/failed) before taking it over with a compare-and-swap
+        self.handoff_grace = handoff_grace
         self.clock = clock
         self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
@@ -327,6 +330,7 @@ class Extender:
         guard = self._node_locks.setdefault(f"{node}\0{spec.key}", asyncio.Lock())
         async with guard:
             fresh = False
+            handoff: float | None = None  # when this Bind first saw the owner finished
             while True:
                 obj = await self._node(node, fresh)
                 meta = obj.get("metadata") or {}
@@ -336,6 +340,18 @@ class Extender:
                     return value
                 if value:
                     why = await self._stale_reason(value, node, spec)
+                    if why is not None and why.startswith(nodelock.OWNER_FINISHED):
+                        # The plugin releases the lock right after it marks the pod: wait for that
+                        # write (one lock write of ours after it) instead of racing it (a lost race
+                        # costs a rejected swap, a read and a write). A plugin that never releases
+                        # costs one grace period, then the lock is swapped over.
+                        now = time.monotonic()
+                        handoff = now if handoff is None else handoff
+                        wait = min(handoff + self.handoff_grace, deadline) - now
+                        if wait > 0:
+                            await self.state.node_changed(node, wait)
+                            fresh = False
+                            continue
                     if why is None:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -346,18 +362,21 @@ class Extender:
                         continue
                     # routine when the owner just finished (we woke on its bind-phase before the
                     # plugin's own release came back); anything else is worth a line at info
-                    level = logging.DEBUG if why.startswith("owner pod finished") else logging.INFO
+                    level = logging.DEBUG if why.startswith(nodelock.OWNER_FINISHED) else logging.INFO
                     log.log(level, "node %s: taking over lock %r: %s", node, value, why)
                     self.stats["lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)
-                body = {"metadata": {"annotations": {spec.key: mine},
-                                     "resourceVersion": meta.get("resourceVersion")}}
                 try:
-                    self.state.put_node(await self.kube.merge_patch(node_path(node), body))
+                    if value:  # take over exactly the value judged stale, whatever else changed
+                        written = await self.kube.json_patch(node_path(node), nodelock.swap_patch(spec.key, value, mine))
+                    else:
+                        written = await self.kube.merge_patch(node_path(node), {"metadata": {
+                            "annotations": {spec.key: mine}, "resourceVersion": meta.get("resourceVersion")}})
+                    self.state.put_node(written)
                     return mine
                 except KubeError as exc:
-                    if exc.status != 409:
+                    if not nodelock.lost_swap(exc):
                         raise
                     fresh = True
 

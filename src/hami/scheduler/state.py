@@ -244,8 +244,8 @@ class ClusterState:
 
     def _wake_lock_waiters(self, pod: Mapping[str, Any], gone: bool) -> None:
         """A pod that is gone or finished its allocation (bind-phase success/failed) no longer
-        needs its node's lock: wake a Bind waiting on that node, which then takes the lock over
-        at once instead of waiting for the device plugin's release write to come back."""
+        needs its node's lock: wake a Bind waiting on that node (a gone owner's lock is taken
+        over at once; a finished one's after the plugin's release, or a short grace without it)."""
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         if not gone and annotations.get(BIND_PHASE) not in DONE_PHASES:
