@@ -301,13 +301,17 @@ class PluginStandIn:
         if pod["spec"].get("nodeName") != name:
             return  # not bound yet: the kubelet would not call Allocate before that
         ann = pod["metadata"].get("annotations") or {}
-        if ann.get("hami.io/bind-phase") != "success":
-            decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
-            self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
-                     {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
-                     content_type=MERGE)
-            self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
+        if ann.get("hami.io/bind-phase") == "success":
+            self._release(name, raw)
+            return
+        decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
+        # our plugin's order (src/hami/deviceplugin/allocator.py): the pod is identified, so the
+        # lock goes back first and the success write overlaps with the next Bind on this node
         self._release(name, raw)
+        self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
+                 {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                 content_type=MERGE)
+        self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
 
     def _release(self, node: str, value: str) -> None:
         """The plugin's release (src/hami/deviceplugin/kube.py): remove the lock only while it still

@@ -329,6 +329,18 @@ async def test_a_takeover_that_loses_to_the_plugins_release_rereads_and_takes_th
     assert api.nodes["n1"]["metadata"]["resourceVersion"] == "8"
 
 
+async def test_the_sweep_leaves_a_finished_owners_lock_to_the_plugin_for_one_pass():
+    """Owner finished, lock still there: the first pass leaves it (the plugin's release or a
+    waiting Bind's takeover is on its way); the same value on the next pass is released."""
+    from hami.kube import nodelock
+
+    svc, api, held, done = _held_by_allocating_owner()
+    svc.state.apply_pod("MODIFIED", done)
+    assert await svc.extender.sweep_locks() == 0 and api.patches == 0
+    assert await svc.extender.sweep_locks() == 1 and api.patches == 1
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
+
+
 def test_swap_patch_escapes_the_annotation_key_and_tests_the_old_value():
     from hami.kube import nodelock
 

@@ -1,8 +1,9 @@
 """The Allocate flow against the API server (§6.4), serialised per plugin.
 
 find the pod (node lock first; the fallback never guesses between two pods) -> pop one
-annotation entry per kubelet container request -> build env and mounts -> patch the
-remainder (and ``bind-phase=success`` when nothing is left) -> release the node lock.
+annotation entry per kubelet container request -> build env and mounts -> when nothing is
+left, release the node lock (one compare-and-remove) -> patch the remainder (and
+``bind-phase=success`` when nothing is left).
 Any failure patches ``bind-phase=failed`` and releases the lock before the error goes back
 to the kubelet.
 """
@@ -116,19 +117,24 @@ class Allocator:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
         done = A.all_done(pending)
+        if done:
+            # The lock's one job, telling this plugin which pod the kubelet is admitting, is over
+            # once the last container's grant is built: hand it back before recording the result,
+            # so the scheduler's next Bind on this node overlaps with that write. (Allocate comes
+            # once per container; the lock stays until the last one.) A failed write below still
+            # marks the pod failed through _fail.
+            await self._release_done(pod, held)
         patch = {A.TO_ALLOCATE: A.remainder(pending)}
         if done:
             patch[A.BIND_PHASE] = "success"
         await self.kube.patch_pod_annotations(pod, patch)
         names = ", ".join(g.container.name for g in grants)
         log.info("pod %s: allocated container(s) %s%s", pod.ref, names, " (pod complete)" if done else "")
-        if done:
-            await self._release_after_success(pod, held)
         return responses
 
-    async def _release_after_success(self, pod: A.PodView, held: str | None) -> None:
-        """The pod is allocated whatever happens here; a failed release is logged, not fatal.
-        With the lock value read in find_pod: one compare-and-remove of exactly that value."""
+    async def _release_done(self, pod: A.PodView, held: str | None) -> None:
+        """A failed release is logged, not fatal (the scheduler reclaims a lock whose owner has
+        finished). With the lock value read in find_pod: one compare-and-remove of that value."""
         try:
             if held is not None:
                 await self.kube.release_held_lock(held)

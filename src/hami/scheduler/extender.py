@@ -84,6 +84,7 @@ class Extender:
         self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._recording: dict[str, asyncio.Task] = {}  # "ns/name" -> decision patch in flight
+        self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
         self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
@@ -404,15 +405,20 @@ class Extender:
             log.error("node %s: cannot release the lock %s of %s/%s: %s", node, spec.key, ns, name, exc)
 
     async def sweep_locks(self) -> int:
-        """Release every lock whose owner can no longer use it (leader pass). Returns how many."""
+        """Release every lock whose owner can no longer use it (leader pass). Returns how many.
+
+        A lock whose owner merely finished its allocation is the plugin's to release (and a
+        waiting Bind's to take over): the sweep leaves it alone unless the very same value was
+        already seen finished on the previous pass, so it never races a live handoff."""
         released = 0
         specs = {s.key: s for s in self._vendor_locks.values() if s is not None}
+        seen, self._finished_seen = self._finished_seen, set()
         for name, spec in [(n, s) for n in list(self.state.nodes) for s in specs.values()]:
-            if await self._sweep_one(name, spec):
+            if await self._sweep_one(name, spec, seen):
                 released += 1
         return released
 
-    async def _sweep_one(self, name: str, spec: nodelock.LockSpec) -> bool:
+    async def _sweep_one(self, name: str, spec: nodelock.LockSpec, seen: set[tuple[str, str, str]]) -> bool:
         """Release ``spec``'s lock on node ``name`` when its holder can no longer use it."""
         obj = self.state.nodes.get(name) or {}
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(spec.key)
@@ -420,6 +426,9 @@ class Extender:
             return False
         why = await self._stale_reason(value, name, spec)
         if why is None:
+            return False
+        if why.startswith(nodelock.OWNER_FINISHED) and (name, spec.key, value) not in seen:
+            self._finished_seen.add((name, spec.key, value))
             return False
 
         async def read():
