@@ -188,6 +188,9 @@ class SchedulerProcess:
         return ExtenderConfig(url_prefix=self.url, **kw)
 
 
+BOUND = "spec.nodeName%21%3D"  # fieldSelector spec.nodeName!= (URL-encoded)
+
+
 class PluginStandIn:
     """Plays the device plugin's side of the handoff for kwok nodes (see the module docstring).
 
@@ -227,7 +230,9 @@ class PluginStandIn:
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    listed = self.cluster.api("GET", "/api/v1/pods")
+                    # only bound pods, as a kubelet watches only its node's: no event for creations
+                    # and decision patches (less work for the API server under a benchmark too)
+                    listed = self.cluster.api("GET", f"/api/v1/pods?fieldSelector={BOUND}")
                     for p in listed["items"]:
                         self._offer(p)
                     rv = listed["metadata"]["resourceVersion"]
@@ -244,7 +249,8 @@ class PluginStandIn:
         self._conn = conn = http.client.HTTPSConnection("127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx,
                                                         timeout=120)
         try:
-            conn.request("GET", f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}")
+            conn.request("GET", f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}"
+                                f"&fieldSelector={BOUND}")
             resp = conn.getresponse()
             if resp.status != 200:
                 return None
