@@ -18,8 +18,10 @@
    are read from the scheduler's own /metrics histograms (bucket bounds). Beside it: the same
    nodes with GPU-less pods through default-scheduler, and again without kube-scheduler's
    client rate limit (qps 50 caps it near 50 pods/s); per run, how many nodes were busy binding
-   at once and at what rate each (the node lock serialises one node's binds); the stand-in's
-   own API time per pod. Completion is polled on the unbound pods only (watch cache).
+   at once and at what rate each (the node lock serialises one node's binds), and the CPU the
+   whole machine spent per pod, by process (control plane, kwok, the stand-in and this
+   process included: on a machine this small, pods/s is about cores / CPU per pod); the
+   stand-in's own API time per pod. Completion is polled on the unbound pods only (watch cache).
 
 Run: ``.venv/bin/python bench/bench_scheduler.py [--nodes 1000 --pods 5000 --runs 500] [--e2e]``.
 Targets: filter p99 < 15 ms; >= 50 pods/s.
@@ -178,6 +180,41 @@ def node_spread(items: list[dict], when: dict[str, float], span: float) -> str:
             f"{busy:.1f} nodes busy at once on average, {per_node:.1f} pods/s per busy node")
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by every process on this machine, by program
+    name (a Python process by its module or script), from /proc; empty where there is none."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline") as f:
+                argv = f.read().split("\0")
+        except OSError:
+            continue
+        name = argv[0].rsplit("/", 1)[-1] or "?"
+        if name.startswith("python") and len(argv) > 1:
+            name = "hami " + argv[3] if argv[1:3] == ["-m", "hami"] and len(argv) > 3 else "bench (stand-in, creation)"
+        out[f"{pid} {name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_per_pod(before: dict[str, float], after: dict[str, float], pods: int) -> str:
+    """Where the machine's CPU went during a run, in ms per pod, biggest first."""
+    by_name: dict[str, float] = {}
+    for key, t in after.items():
+        name = key.split(" ", 1)[1]
+        by_name[name] = by_name.get(name, 0.0) + t - before.get(key, 0.0)
+    total = sum(by_name.values())
+    parts = sorted(((v, k) for k, v in by_name.items() if v / pods >= 0.5e-3), reverse=True)
+    return f"{total / pods * 1e3:.1f} ms CPU per pod (" + ", ".join(f"{k} {v / pods * 1e3:.1f}" for v, k in parts) + ")"
+
+
 def timed_standin(base: type) -> type:
     """The test suite's PluginStandIn, timing each pod it serves: queueing in its worker pool
     (seen bound -> work starts) and its own API calls (work starts -> lock released)."""
@@ -233,6 +270,7 @@ def e2e(args: argparse.Namespace) -> None:
         def run(ns: str, pods: list[dict]) -> float:
             """Create the pods at once; seconds from the first creation to the last PodScheduled."""
             cluster.create_namespace(ns)
+            cpu0 = cpu_seconds()
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda p: create("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
@@ -246,12 +284,14 @@ def e2e(args: argparse.Namespace) -> None:
             # the span comes from the PodScheduled timestamps, not from this poll: a slow poll
             # only delays the end of the run, and loads the API server less while it is measured
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=600, interval=2.0)
+            cpu = cpu_per_pod(cpu0, cpu_seconds(), len(pods))
             items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             assert len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items), "a pod is not bound"
             when = {p["metadata"]["name"]: calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
                     for p in items for c in p["status"].get("conditions") or () if c["type"] == "PodScheduled"}
             span = max(max(when.values()) - began, 1e-3)
             print(f"  {ns}: {node_spread(items, when, span)}")
+            print(f"  {ns}: {cpu}")
             return span
 
         n = args.e2e_pods
