@@ -259,7 +259,11 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
          "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
          "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
          "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
-         "--set", "devicePlugin.nvidiaNodeSelector.hami-chart-test=none")
+         "--set", "devicePlugin.nvidiaNodeSelector.hami-chart-test=none",
+         # the allocation guard stays on, in this namespace only (the cluster is shared), trusting
+         # the identity the extender runs with here (the pod would use the chart's service account)
+         "--set", f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
+         "--set", "scheduler.allocationGuard.trustedUsers[0]=hami-admin")
     procs = _Procs(tmp_path)
     node = f"chart-{release}"
     try:
@@ -330,3 +334,84 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         procs.stop()
         kube_cluster.delete_node(node)
         helm("uninstall", release, "--namespace", ns, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the chart's allocation guard (ValidatingAdmissionPolicy), enforced by the real API server
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+
+
+def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_annotations(kube_cluster, helm,
+                                                                                          kube_namespace):
+    from hami.dev.cluster import ApiError
+
+    ns, release = kube_namespace, f"g{uuid.uuid4().hex[:6]}"
+    full = f"{release}-hami"
+    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", KUBE_VERSION,
+               "--show-only", "templates/scheduler/allocation-guard.yaml",
+               "--set", f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
+               "--set", "scheduler.allocationGuard.trustedUsers[0]=ops:repair-bot").stdout
+    policy, binding = [d for d in yaml.safe_load_all(out) if d]
+    tenant, scheduler = "tenant-a", f"system:serviceaccount:{ns}:{full}-scheduler"
+    plugin = f"system:serviceaccount:{ns}:{full}-device-plugin"
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    merge = "application/merge-patch+json"
+
+    def pod(name: str, annotations: dict | None = None) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]}}
+
+    def denied(call) -> str:
+        with pytest.raises(ApiError) as err:
+            call()
+        assert err.value.status in (403, 422), err.value
+        return str(err.value)
+
+    def patch(name: str, user: str, annotations: dict | None = None, labels: dict | None = None) -> dict:
+        meta = {k: v for k, v in (("annotations", annotations), ("labels", labels)) if v is not None}
+        return kube_cluster.api("PATCH", f"{pods}/{name}", {"metadata": meta}, content_type=merge, as_user=user)
+
+    kube_cluster.api("POST", f"{ADMISSION}/validatingadmissionpolicies", policy)
+    kube_cluster.api("POST", f"{ADMISSION}/validatingadmissionpolicybindings", binding)
+    try:
+        forged = pod("forged", {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,81920,100:;"})
+
+        def enforced() -> str | None:  # the API server picks a new policy up within seconds
+            try:
+                kube_cluster.api("POST", pods, forged, as_user=tenant)
+            except ApiError as exc:
+                return str(exc) if exc.status in (403, 422) else None
+            kube_cluster.api("DELETE", f"{pods}/forged?gracePeriodSeconds=0")
+            return None
+
+        message = kube_cluster.wait_for(enforced, "the allocation guard in force", timeout=60, interval=0.5)
+        assert "hami.io/vgpu-devices-allocated" in message and tenant in message
+
+        kube_cluster.api("POST", pods, pod("job"), as_user=tenant)  # an ordinary pod is fine
+        patch("job", tenant, {"team": "a"})  # and so is an ordinary annotation
+        assert "hami.io/bind-phase" in denied(lambda: patch("job", tenant, {"hami.io/bind-phase": "success"}))
+
+        # the scheduler records its decision; the plugin marks the pod allocated
+        patch("job", scheduler, {"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;",
+                                 "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,10:;"},
+              labels={"hami.io/vgpu-node": "n1"})
+        for change in ({"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"},  # edit
+                       {"hami.io/vgpu-devices-to-allocate": None},  # removal
+                       {"hami.io/kunlun-allocated": "x"}):  # another vendor's key
+            key = next(iter(change))
+            assert key in denied(lambda: patch("job", tenant, change))
+        assert "hami.io/vgpu-node" in denied(lambda: patch("job", tenant, labels={"hami.io/vgpu-node": "n2"}))
+        patch("job", tenant, labels={"team": "a"})  # unrelated updates of an allocated pod still pass
+        patch("job", plugin, {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": None})
+        patch("job", "ops:repair-bot", {"hami.io/bind-phase": "failed"})  # a configured trusted user
+        final = kube_cluster.api("GET", f"{pods}/job")["metadata"]
+        assert final["annotations"]["hami.io/vgpu-devices-allocated"] == "GPU-1,NVIDIA,1000,10:;"
+        assert final["annotations"]["hami.io/bind-phase"] == "failed"
+        assert "hami.io/vgpu-devices-to-allocate" not in final["annotations"]
+        assert final["labels"] == {"hami.io/vgpu-node": "n1", "team": "a"}
+    finally:
+        kube_cluster.api("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{binding['metadata']['name']}",
+                         expect=(200, 404))
+        kube_cluster.api("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{policy['metadata']['name']}",
+                         expect=(200, 404))

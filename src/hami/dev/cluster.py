@@ -723,14 +723,18 @@ class KubeCluster:
         return _get(self.server + path, self._client_context())[0] == 200
 
     def api(self, method: str, path: str, body: Any = None, *, expect: tuple[int, ...] = (200, 201, 202),
-            content_type: str = "application/json", timeout: float = 30.0) -> Any:
-        """One request to the API server as admin; returns the decoded JSON or raises :class:`ApiError`."""
+            content_type: str = "application/json", timeout: float = 30.0, as_user: str | None = None) -> Any:
+        """One request to the API server as admin (or, with ``as_user``, impersonating that user,
+        still in group ``system:masters`` so RBAC lets it through and only admission can say no);
+        returns the decoded JSON or raises :class:`ApiError`."""
         connection = http.client.HTTPSConnection(
             "127.0.0.1", self.ports["kube-apiserver"], context=self._client_context(), timeout=timeout
         )
         try:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Accept": "application/json", "Content-Type": content_type}
+            if as_user:
+                headers.update({"Impersonate-User": as_user, "Impersonate-Group": "system:masters"})
             connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
             text = response.read().decode(errors="replace")
