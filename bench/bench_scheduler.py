@@ -10,7 +10,8 @@
    baselines, the same decision through ``Extender.filter`` without HTTP and through
    ``hami.core.schedule_pod`` alone.
 2. ``--e2e``: the real control plane (kube-apiserver + kube-scheduler + kwok, the test
-   harness), 100 kwok nodes x 8 GPUs, ``hami scheduler`` as a subprocess over HTTPS, 1000
+   harness), 100 kwok nodes x 8 GPUs, ``hami scheduler`` as a subprocess called as the chart
+   sets it up (plain HTTP on its loopback listener, ``--extender-bind``), 1000
    GPU pods created at once; pods/s from the first creation to the last pod bound (the
    Binding's PodScheduled condition). kwok runs no device plugin: the test suite's
    PluginStandIn plays the node side of the handoff (marks the pod allocated, releases the
@@ -260,7 +261,8 @@ def e2e(args: argparse.Namespace) -> None:
         return
     proc = None
     try:
-        proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", *args.scheduler_flags).start()
+        # as the chart deploys it: kube-scheduler calls /filter and /bind on the loopback listener
+        proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", *args.scheduler_flags, loopback=True).start()
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda i: make_gpu_node(cluster, f"bench-{i:03d}", gpus=8, mem=81920, labels={"bench": "on"}),
                           range(args.e2e_nodes)))

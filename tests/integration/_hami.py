@@ -111,9 +111,12 @@ class KeepAliveApi:
 class SchedulerProcess:
     """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
 
-    def __init__(self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True) -> None:
+    def __init__(self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True,
+                 loopback: bool = False) -> None:
         self.cluster = cluster
         self.port = port or free_port()
+        # loopback: also --extender-bind (plain HTTP), which extender() then points kube-scheduler at
+        self.loopback_port = free_port() if loopback else None
         self.extra = extra
         self.tls = tls
         self.metrics_port = free_port()
@@ -133,6 +136,8 @@ class SchedulerProcess:
                 *self.extra]
         if self.tls:
             argv += [f"--cert_file={self.cert}", f"--key_file={self.key}"]
+        if self.loopback_port:
+            argv.append(f"--extender-bind=127.0.0.1:{self.loopback_port}")
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         env.pop("POD_NAME", None)
         env.pop("POD_NAMESPACE", None)
@@ -185,7 +190,8 @@ class SchedulerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def extender(self, **kw: Any) -> ExtenderConfig:
-        return ExtenderConfig(url_prefix=self.url, **kw)
+        url = f"http://127.0.0.1:{self.loopback_port}" if self.loopback_port else self.url
+        return ExtenderConfig(url_prefix=url, **kw)
 
 
 BOUND = "spec.nodeName%21%3D"  # fieldSelector spec.nodeName!= (URL-encoded)
@@ -207,6 +213,7 @@ class PluginStandIn:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(workers)
         self._busy: set[str] = set()
+        self._served: set[str] = set()  # uids of the pods allocated here
         self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._conn: http.client.HTTPSConnection | None = None
@@ -276,8 +283,8 @@ class PluginStandIn:
             return
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         with self._mutex:
-            if key in self._busy:
-                return
+            if key in self._busy or pod["metadata"].get("uid") in self._served:
+                return  # (the kubelet calls Allocate once per pod: a later event of it is no new call)
             self._busy.add(key)
         self._pool.submit(self._serve_safely, node, pod, key)
 
@@ -313,6 +320,8 @@ class PluginStandIn:
         decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
         # our plugin's order (src/hami/deviceplugin/allocator.py): the pod is identified, so the
         # lock goes back first and the success write overlaps with the next Bind on this node
+        with self._mutex:
+            self._served.add(pod["metadata"].get("uid"))
         self._release(name, raw)
         self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
                  {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},

@@ -51,6 +51,8 @@ NON_DEFAULT_VALUES = {
         "nodeLabelSelector": {"gpu": "on"},
         "service": {"type": "NodePort"},
         "admissionWebhook": {"customURL": {"enabled": True}, "whitelistNamespaces": ["kube-system", "monitoring"]},
+        "extender": {"loopbackPort": 0},
+        "allocationGuard": {"enabled": False},
     },
     "devicePlugin": {
         "createRuntimeClass": True,
@@ -127,6 +129,8 @@ def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kub
     expected = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment",
                 "MutatingWebhookConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount"}
     assert expected <= set(kinds), kinds
+    guard = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert guard <= set(kinds) if not values else not guard & set(kinds)
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(docs)
@@ -134,6 +138,15 @@ def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kub
     device = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-scheduler-device"))
     config = load_device_config(device["data"]["device-config.yaml"])
     assert config is not None
+
+
+def test_kube_scheduler_calls_the_extender_on_the_pods_loopback_by_default(helm):
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu")}
+    ext = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]["containers"][1]
+    assert "--extender-bind=127.0.0.1:9080" in ext["command"]
+    extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
+    assert extender["urlPrefix"] == "http://127.0.0.1:9080" and extender["enableHTTPS"] is False
+    assert "tlsConfig" not in extender
 
 
 def test_non_default_values_are_honoured(helm):
@@ -155,6 +168,10 @@ def test_non_default_values_are_honoured(helm):
     assert "--legacy-metrics=true" in ext["command"]
     sched_cfg = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])
     assert sched_cfg["profiles"] == [{"schedulerName": "hami-alt"}]
+    # loopbackPort 0: kube-scheduler calls the extender over https, as HAMi (cert-manager: CA unknown)
+    assert sched_cfg["extenders"][0]["urlPrefix"] == "https://127.0.0.1:9443"
+    assert sched_cfg["extenders"][0]["enableHTTPS"] is True and sched_cfg["extenders"][0]["tlsConfig"] == {"insecure": True}
+    assert not any(a.startswith("--extender-bind") for a in ext["command"])
     assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0]["managedResources"]
     device = yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])
     assert device["nvidia"]["resourceMemoryName"] == "nvidia.com/gpu-memory"
@@ -228,7 +245,8 @@ class _Procs:
             log.close()
 
 
-def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port: int, metrics_port: int) -> list[str]:
+def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port: int, metrics_port: int,
+                   loopback: int) -> list[str]:
     """The Deployment's extender command, with in-pod paths mapped to local files."""
     ext = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
     assert ext["command"][:2] == ["hami", "scheduler"]
@@ -237,6 +255,8 @@ def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port:
         flag, _, value = arg.partition("=")
         if flag == "--http_bind":
             value = f"127.0.0.1:{port}"
+        elif flag == "--extender-bind":
+            value = f"127.0.0.1:{loopback}"
         elif flag == "--metrics-bind-address":
             value = f"127.0.0.1:{metrics_port}"
         else:
@@ -249,10 +269,11 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
     pytest.importorskip("hami.scheduler.command", reason="hami scheduler is not in this build")
     ns, release = kube_namespace, f"h{uuid.uuid4().hex[:6]}"
     sched_name = f"hami-{release}"
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, loopback = free_port(), free_port(), free_port()
     helm("install", release, str(CHART), "--namespace", ns,
          "--set", f"schedulerName={sched_name}",
          "--set", f"scheduler.service.httpTargetPort={port}",
+         "--set", f"scheduler.extender.loopbackPort={loopback}",
          "--set", "scheduler.admissionWebhook.customURL.enabled=true",
          "--set", f"scheduler.admissionWebhook.customURL.port={port}",
          "--set", f"scheduler.metricsBindAddress=:{metrics_port}",
@@ -283,7 +304,8 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(config))
         deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
 
-        ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port),
+        ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port,
+                                                         loopback),
                           env={"PYTHONPATH": str(ROOT / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
         ca = ssl.create_default_context(cadata=__import__("base64").b64decode(secret["data"]["ca.crt"]).decode())
 

@@ -122,6 +122,9 @@ def _args(*argv):
     (["--device-config-file", "/nonexistent.yaml"], "--device-config-file"),
     (["--node-scheduler-policy", "fastest"], "--node-scheduler-policy"),
     (["--gpu-scheduler-policy", "random"], "--gpu-scheduler-policy"),
+    (["--extender-bind", "0.0.0.0:9080"], "not a loopback address"),
+    (["--extender-bind", "10.0.0.5:9080"], "--extender-bind"),
+    (["--extender-bind", "9080"], "--extender-bind"),
 ])
 def test_bad_flags_name_the_flag(argv, text):
     with pytest.raises(ConfigError) as err:
@@ -145,6 +148,13 @@ def test_flags_with_hami_names(monkeypatch):
     assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")
     assert O.options_from_args(_args("--node-lock-timeout=30s")).node_lock_timeout == 30
     assert O.parse_duration("250ms", "x") == 0.25
+
+
+def test_extender_bind_takes_loopback_addresses_only():
+    assert (O.options_from_args(_args()).extender_port) is None
+    o = O.options_from_args(_args("--extender-bind=127.0.0.1:9080"))
+    assert (o.extender_host, o.extender_port) == ("127.0.0.1", 9080)
+    assert O.options_from_args(_args("--extender-bind=[::1]:9080")).extender_host == "::1"
 
 
 def test_handshake_value_is_hami_local_time():

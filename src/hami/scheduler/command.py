@@ -31,12 +31,15 @@ async def main(opts: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = metrics_runner = None
+    runner = metrics_runner = loopback = None
     try:
         service.start_background()
         if reloader:
             service.tasks.append(loop.create_task(reloader.run()))
         runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None)
+        if opts.extender_port is not None:
+            loopback = await serve(service, opts.extender_host, opts.extender_port, None, webhook=False)
+            log.info("extender also on http://%s:%d (loopback, /filter and /bind)", opts.extender_host, opts.extender_port)
         if opts.metrics_port is not None:
             try:  # scheduling matters more than its metrics: a busy port is reported, not fatal
                 metrics_runner = await service.metrics.serve(opts.metrics_host, opts.metrics_port)
@@ -51,8 +54,9 @@ async def main(opts: Options) -> int:
     finally:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
-        if runner is not None:
-            await runner.cleanup()
+        for r in (loopback, runner):
+            if r is not None:
+                await r.cleanup()
         await service.stop()
         await kube.close()
     return 0

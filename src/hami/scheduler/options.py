@@ -43,6 +43,9 @@ def parse_selector(text: str, flag: str) -> dict[str, str]:
     return out
 
 
+LOOPBACK = frozenset({"127.0.0.1", "::1", "[::1]", "localhost"})
+
+
 def parse_bind(text: str, flag: str = "--http_bind") -> tuple[str, int]:
     host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -79,6 +82,8 @@ class Options:
     metrics_host: str = ""
     metrics_port: int | None = None  # None = no metrics endpoint
     legacy_metrics: bool = False
+    extender_host: str = ""
+    extender_port: int | None = None  # None = no plain-HTTP loopback listener
 
     @property
     def tls(self) -> bool:
@@ -105,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--scheduler-name", default="hami-scheduler", help="scheduler name set on GPU pods (default %(default)s)")
     a("--node-scheduler-policy", default="binpack", help="binpack | spread (default %(default)s)")
     a("--gpu-scheduler-policy", default="spread", help="binpack | spread | ... (default %(default)s)")
+    a("--extender-bind", default="",
+      help="also serve /filter and /bind over plain HTTP here, loopback addresses only, for a kube-scheduler "
+           "in the same pod: no TLS handshake per call (kube-scheduler keeps only 2 idle extender "
+           "connections, so most Binds would open a new one); empty = off (default)")
     a("--metrics-bind-address", default=":9395", help="where GET /metrics is served; empty = not served (default %(default)s)")
     a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
     a("--kube-qps", type=float, default=0, help="accepted for compatibility")
@@ -156,6 +165,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
     metrics_host, metrics_port = ("", None)
     if args.metrics_bind_address:
         metrics_host, metrics_port = parse_bind(args.metrics_bind_address, "--metrics-bind-address")
+    extender_host, extender_port = ("", None)
+    if args.extender_bind:
+        extender_host, extender_port = parse_bind(args.extender_bind, "--extender-bind")
+        if extender_host not in LOOPBACK:
+            raise ConfigError(f"--extender-bind: {args.extender_bind!r} is not a loopback address "
+                              f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS")
+        extender_host = extender_host.strip("[]")
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
@@ -173,6 +189,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         disable_control_label=args.disable_control_label, device_config=device_config,
         success_events=args.success_events,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
+        extender_host=extender_host, extender_port=extender_port,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")

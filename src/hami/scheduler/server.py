@@ -152,12 +152,13 @@ class SchedulerService:
         self.tasks.clear()
 
     # ------------------------------------------------------------------ HTTP
-    def app(self) -> web.Application:
+    def app(self, webhook: bool = True) -> web.Application:
+        """The routes; ``webhook=False`` for the plain-HTTP loopback listener (extender only)."""
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([
-            web.post("/filter", self._filter), web.post("/bind", self._bind), web.post("/webhook", self._webhook),
+            web.post("/filter", self._filter), web.post("/bind", self._bind),
             web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-        ])
+        ] + ([web.post("/webhook", self._webhook)] if webhook else []))
         return app
 
     async def _json(self, request: web.Request) -> Any:
@@ -255,8 +256,9 @@ def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
     return timed
 
 
-async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
-    runner = web.AppRunner(service.app(), access_log=None)
+async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                webhook: bool = True) -> web.AppRunner:
+    runner = web.AppRunner(service.app(webhook), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
     await site.start()
