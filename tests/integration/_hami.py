@@ -75,7 +75,8 @@ def gpu_pod(name: str, ns: str, *, gpus: int = 1, mem: int | None = None, cores:
 
 class KeepAliveApi:
     """JSON requests to the API server over one persistent TLS connection per thread (a real
-    kubelet/device plugin keeps its connection; a handshake per call would dominate the CPU)."""
+    kubelet/device plugin keeps its connection; a handshake per call would dominate the CPU),
+    with the components' bearer token (a device plugin uses its ServiceAccount token)."""
 
     def __init__(self, cluster: KubeCluster) -> None:
         self.cluster = cluster
@@ -85,7 +86,7 @@ class KeepAliveApi:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = http.client.HTTPSConnection(
-                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=self.cluster._client_context(), timeout=60)
+                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=self.cluster.token_context(), timeout=60)
         return conn
 
     def __call__(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
@@ -94,7 +95,8 @@ class KeepAliveApi:
         for attempt in (0, 1):
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": "application/json"})
+                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": "application/json",
+                                                                  "Authorization": f"Bearer {self.cluster.component_token}"})
                 resp = conn.getresponse()
                 text = resp.read().decode(errors="replace")
                 break
@@ -130,7 +132,7 @@ class SchedulerProcess:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, wait_ready: bool = True) -> "SchedulerProcess":
-        argv = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={self.cluster.kubeconfig}",
+        argv = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={self.cluster.components_kubeconfig}",
                 f"--http_bind=127.0.0.1:{self.port}", f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
                 "--resync-interval=1s", "--node-lock-retry-timeout=20s",
                 *self.extra]
@@ -252,12 +254,12 @@ class PluginStandIn:
                 self._stop.wait(0.2)
 
     def _watch(self, rv: str) -> str | None:
-        ctx = self.cluster._client_context()
+        ctx = self.cluster.token_context()
         self._conn = conn = http.client.HTTPSConnection("127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx,
                                                         timeout=120)
         try:
             conn.request("GET", f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}"
-                                f"&fieldSelector={BOUND}")
+                                f"&fieldSelector={BOUND}", headers={"Authorization": f"Bearer {self.cluster.component_token}"})
             resp = conn.getresponse()
             if resp.status != 200:
                 return None

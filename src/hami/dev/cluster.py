@@ -397,6 +397,10 @@ class _Paths:
     def kubeconfig(self) -> Path:
         return self.root / "admin.kubeconfig"
 
+    @property
+    def components_kubeconfig(self) -> Path:
+        return self.root / "components.kubeconfig"
+
 
 @dataclass
 class KubeCluster:
@@ -427,6 +431,7 @@ class KubeCluster:
         self._lock = threading.RLock()
         self._ca: CertificateAuthority | None = None
         self._admin: KeyPair | None = None
+        self.component_token = ""  # bearer token of hami's components (components_kubeconfig)
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -534,6 +539,15 @@ class KubeCluster:
             key.write_bytes(pair.key_pem)
             key.chmod(0o600)
         self._ca, self._admin = ca, files["admin"]
+        # hami's own components authenticate with a bearer token, as they do in a cluster (their
+        # ServiceAccount token, checked through the API server's token cache), not with a client
+        # certificate whose signature the API server would verify on every request
+        import secrets
+
+        self.component_token = secrets.token_hex(24)
+        tokens = self._paths.pki("tokens.csv")
+        tokens.write_text(f'{self.component_token},hami-components,hami-components,"system:masters"\n')
+        tokens.chmod(0o600)
 
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
@@ -557,6 +571,7 @@ class KubeCluster:
             f"--cert-dir={self.workdir}/pki",
             f"--tls-cert-file={pki('apiserver.crt')}", f"--tls-private-key-file={pki('apiserver.key')}",
             f"--client-ca-file={pki('ca.crt')}",
+            f"--token-auth-file={pki('tokens.csv')}",
             # Filled in so that components reading extension-apiserver-authentication stay quiet.
             f"--requestheader-client-ca-file={pki('ca.crt')}", "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
@@ -592,6 +607,9 @@ class KubeCluster:
         }
         self._paths.kubeconfig.write_text(yaml.safe_dump(doc))
         self._paths.kubeconfig.chmod(0o600)
+        doc["users"] = [{"name": "hami-admin", "user": {"token": self.component_token}}]
+        self._paths.components_kubeconfig.write_text(yaml.safe_dump(doc))
+        self._paths.components_kubeconfig.chmod(0o600)
 
     def _delegation_flags(self, name: str) -> list[str]:
         kubeconfig = self._paths.kubeconfig
@@ -681,6 +699,17 @@ class KubeCluster:
     def kubeconfig(self) -> Path:
         """The admin kubeconfig (user in group ``system:masters``)."""
         return self._paths.kubeconfig
+
+    @property
+    def components_kubeconfig(self) -> Path:
+        """A kubeconfig for hami's own components: user ``hami-components`` (group
+        ``system:masters``) with a bearer token, as a ServiceAccount token would be used."""
+        return self._paths.components_kubeconfig
+
+    def token_context(self) -> ssl.SSLContext:
+        """TLS to the API server without a client certificate (send ``Authorization: Bearer
+        <component_token>``; a client certificate would be checked first and win)."""
+        return ssl.create_default_context(cadata=self.ca_pem.decode())
 
     @property
     def ca_pem(self) -> bytes:
