@@ -90,12 +90,12 @@ class KeepAliveApi:
         return conn
 
     def __call__(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                 expect: tuple[int, ...] = (200, 201, 202)) -> Any:
+                 expect: tuple[int, ...] = (200, 201, 202), accept: str = "application/json") -> Any:
         payload = None if body is None else json.dumps(body).encode()
         for attempt in (0, 1):
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": "application/json",
+                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": accept,
                                                                   "Authorization": f"Bearer {self.cluster.component_token}"})
                 resp = conn.getresponse()
                 text = resp.read().decode(errors="replace")
@@ -196,6 +196,7 @@ class SchedulerProcess:
         return ExtenderConfig(url_prefix=url, **kw)
 
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 BOUND = "spec.nodeName%21%3D"  # fieldSelector spec.nodeName!= (URL-encoded)
 
 
@@ -292,7 +293,8 @@ class PluginStandIn:
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
-            self._serve(self.api("GET", f"/api/v1/nodes/{node}"))
+            # metadata only, as the plugin reads it (src/hami/deviceplugin/kube.py: node_annotations)
+            self._serve(self.api("GET", f"/api/v1/nodes/{node}", accept=METADATA_ONLY))
         except (ApiError, OSError, KeyError, ValueError) as exc:
             self.errors.append(f"{key}: {exc}")
         finally:

@@ -6,6 +6,7 @@ carry ``metadata.resourceVersion`` and are retried on conflict (§13 pitfall 6).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Mapping
 
@@ -19,6 +20,7 @@ from .allocate import ContainerView, PodView
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 async def api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -67,8 +69,21 @@ class Kube:
         return await self.core.read_node(self.node_name)
 
     async def node_annotations(self) -> tuple[dict[str, str], str]:
-        node = await self.node()
-        return dict(node.metadata.annotations or {}), node.metadata.resource_version
+        """This node's annotations and resourceVersion, read as metadata only
+        (PartialObjectMetadata): a node's status (images, conditions, ...) can be tens of KB
+        that every Allocate would otherwise fetch and decode."""
+        resp = await self.api.call_api(
+            f"/api/v1/nodes/{self.node_name}", "GET",
+            header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=30)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        if resp.status != 200:
+            raise ApiException(status=resp.status, reason=data.decode(errors="replace")[:300])
+        meta = json.loads(data).get("metadata") or {}
+        return dict(meta.get("annotations") or {}), meta.get("resourceVersion") or ""
 
     async def patch_node_annotations(self, values: Mapping[str, str | None], resource_version: str | None = None) -> None:
         meta: dict[str, Any] = {"annotations": dict(values)}
