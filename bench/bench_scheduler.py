@@ -240,7 +240,7 @@ def timed_standin(base: type) -> type:
             if not self.worked:
                 return "no pod served"
             return (f"{len(self.worked)} serves; queued p50 {percentile(self.queued, 50) * 1e3:.0f} ms, "
-                    f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (4 per pod, like the plugin: node, pod, pod patch, lock release) "
+                    f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (like the plugin: node metadata, pod unless its watched copy postdates the lock, lock release, pod patch) "
                     f"p50 {percentile(self.worked, 50) * 1e3:.0f} ms, p99 {percentile(self.worked, 99) * 1e3:.0f} ms")
 
     return Timed

@@ -30,6 +30,7 @@ from typing import Any
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
 from hami.core.types import DeviceInfo
 from hami.dev.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
+from hami.deviceplugin.allocate import newer_than
 from hami.kube import nodelock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,6 +218,7 @@ class PluginStandIn:
         self._pool = ThreadPoolExecutor(workers)
         self._busy: set[str] = set()
         self._served: set[str] = set()  # uids of the pods allocated here
+        self._pods: dict[str, dict] = {}  # "ns/name" -> newest bound copy seen (the plugin's PodCache)
         self._mutex = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._conn: http.client.HTTPSConnection | None = None
@@ -280,6 +282,7 @@ class PluginStandIn:
             conn.close()
 
     def _offer(self, pod: dict) -> None:
+        self._remember(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         ann = (pod.get("metadata") or {}).get("annotations") or {}
         if not node or ann.get("hami.io/bind-phase") != "allocating" or (self.nodes is not None and node not in self.nodes):
@@ -290,6 +293,25 @@ class PluginStandIn:
                 return  # (the kubelet calls Allocate once per pod: a later event of it is no new call)
             self._busy.add(key)
         self._pool.submit(self._serve_safely, node, pod, key)
+
+    def _remember(self, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        with self._mutex:
+            old = self._pods.get(key)
+            if old is None or newer_than(meta.get("resourceVersion"), old["metadata"].get("resourceVersion")):
+                self._pods[key] = pod
+
+    def _lock_owner(self, node: dict, namespace: str, name: str) -> dict:
+        """The pod the lock names: the watched copy when it provably postdates the lock (newer
+        than the node, bound here, allocating: the plugin's rule, PodCache.usable), else read."""
+        with self._mutex:
+            copy = self._pods.get(f"{namespace}/{name}")
+        if copy is not None and newer_than(copy["metadata"].get("resourceVersion"), node["metadata"].get("resourceVersion")) \
+                and copy["spec"].get("nodeName") == node["metadata"]["name"] \
+                and (copy["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating":
+            return copy
+        return self.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
@@ -310,7 +332,7 @@ class PluginStandIn:
         if lock is None:
             return
         try:
-            pod = self.api("GET", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}")
+            pod = self._lock_owner(node, lock.namespace, lock.name)
         except ApiError as exc:
             if exc.status == 404:
                 return  # the scheduler reclaims locks of vanished pods
@@ -327,6 +349,8 @@ class PluginStandIn:
         with self._mutex:
             self._served.add(pod["metadata"].get("uid"))
         self._release(name, raw)
+        with self._mutex:
+            self._pods.pop(f"{lock.namespace}/{lock.name}", None)  # as PodCache.forget on the plugin's own write
         self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
                  {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
                  content_type=MERGE)

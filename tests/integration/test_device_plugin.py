@@ -260,6 +260,28 @@ async def test_allocate_single_container(plugin, kube_api, kube_namespace):
     assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
 
 
+async def test_allocate_takes_the_pod_from_its_watch_when_the_copy_postdates_the_lock(plugin, kube_api, kube_namespace):
+    """The plugin watches its node's pods; a copy newer than the node (so newer than the lock)
+    stands in for reading the pod, and the result is the same as from a read."""
+    import re
+
+    ns = kube_namespace
+    await create_pod(kube_api, ns, "watched", [gpu_container("main", 1)])
+    devs = [[dev(G0, 2000, 20)]]
+    await schedule_like_hami(kube_api, plugin.node, ns, "watched", devs)
+    await asyncio.sleep(2.0)  # the plugin's watch delivers the Binding (the kubelet's admission comes later too)
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod("watched", ns)
+    [resp] = await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+    envs = dict(resp.envs)
+    assert {k: envs[k] for k in expected_env(devs[0])} == expected_env(devs[0])
+    line = next(ln for ln in plugin.logs().splitlines() if f"pod {ns}/watched: allocated" in ln)
+    cached, read = map(int, re.search(r"pod reads: (\d+) from the watch cache, (\d+) from the API server", line).groups())
+    assert cached >= 1, line
+    ann = await pod_annotations(kube_api, ns, "watched")
+    assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";"
+    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+
+
 async def test_multi_container_pod_with_gpu_init_container(plugin, kube_api, kube_namespace):
     ns = kube_namespace
     await create_pod(kube_api, ns, "multi", [gpu_container("sidecar", 0), gpu_container("worker", 2)],

@@ -55,9 +55,11 @@ def event() -> C.c_void_p:
 
 def elapsed_ms(fn_between, stream=None) -> float:
     """Device-timeline milliseconds spent by the work `fn_between()` enqueues, measured
-    with events (the fake driver's schedule, not the wall clock). A 20 ms kernel is queued
-    first so that the start event sits on the timeline, not at 'now'."""
-    lead = function(b"lead_20ms")
+    with events (the fake driver's schedule, not the wall clock). A 300 ms kernel is queued
+    first so that the start event and the work sit on the timeline behind it, not at 'now':
+    had this process been descheduled longer than the lead (20 ms once, on a loaded 2-core
+    machine), the gap would count as device time and the figure would be off."""
+    lead = function(b"lead_300ms")
     check(launch(lead, stream=stream), "lead")
     a, b = event(), event()
     check(cu.cuEventRecord(a, stream), "record")

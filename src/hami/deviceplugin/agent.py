@@ -69,6 +69,8 @@ class NodeAgent:
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),
             asyncio.create_task(self.server.run(), name="hami-grpc"),
+            # this node's pods, so Allocate can often skip reading the pod (deviceplugin/allocate.py PodCache)
+            asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"),
         ]
 
     @property

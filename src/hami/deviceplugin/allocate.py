@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
@@ -55,6 +55,82 @@ class PodView:
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def pod_view_from_object(obj: Mapping[str, Any]) -> PodView:
+    """A PodView from a pod as the API server sends it (JSON, camelCase)."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+
+    def container(c: Mapping[str, Any]) -> ContainerView:
+        limits = ((c.get("resources") or {}).get("limits")) or {}
+        env = {e["name"]: e["value"] for e in c.get("env") or () if e.get("value") is not None}
+        return ContainerView(c.get("name") or "", {k: str(v) for k, v in limits.items()}, env)
+
+    return PodView(
+        namespace=meta.get("namespace") or "", name=meta.get("name") or "", uid=meta.get("uid") or "",
+        annotations=dict(meta.get("annotations") or {}),
+        containers=tuple(container(c) for c in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())),
+        node_name=spec.get("nodeName") or "", phase=(obj.get("status") or {}).get("phase") or "",
+    )
+
+
+def newer_than(rv: str | None, other: str | None) -> bool:
+    """``rv`` > ``other`` as etcd revisions (what resourceVersions are); False when either is not
+    a number, so a caller falls back to reading the API server."""
+    try:
+        return int(rv or "") > int(other or "")
+    except ValueError:
+        return False
+
+
+class PodCache:
+    """This node's pods as a watch delivers them (a :class:`hami.kube.reflector.Reflector`
+    handler), so Allocate can skip reading the pod the node lock names.
+
+    A cached copy stands in for a fresh read only when it provably postdates the lock: it shows
+    the pod bound here and still ``allocating``, and its resourceVersion is newer than the node's
+    (read just before, holding the lock). The lock was written before the Binding, so such a copy
+    includes the Binding and everything before it (the scheduler's decision); a pod deleted and
+    re-created under the same name has all its older copies below the new lock's revision. The
+    plugin's own writes drop the entry (a second container's Allocate must see the first one's
+    patch), so the next read goes to the API server.
+    """
+
+    def __init__(self) -> None:
+        self._pods: dict[str, tuple[str, dict]] = {}  # "ns/name" -> (resourceVersion, object)
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _key(obj: Mapping[str, Any]) -> str:
+        meta = obj.get("metadata") or {}
+        return f"{meta.get('namespace')}/{meta.get('name')}"
+
+    def replace(self, items: list[dict]) -> None:
+        self._pods = {self._key(o): ((o.get("metadata") or {}).get("resourceVersion") or "", o) for o in items}
+
+    def apply(self, event_type: str, obj: dict) -> None:
+        key, rv = self._key(obj), (obj.get("metadata") or {}).get("resourceVersion") or ""
+        if event_type == "DELETED":
+            self._pods.pop(key, None)
+        elif key not in self._pods or newer_than(rv, self._pods[key][0]):
+            self._pods[key] = (rv, obj)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._pods.pop(f"{namespace}/{name}", None)
+
+    def usable(self, namespace: str, name: str, node: str, node_rv: str) -> PodView | None:
+        entry = self._pods.get(f"{namespace}/{name}")
+        view = None
+        if entry is not None and newer_than(entry[0], node_rv):
+            candidate = pod_view_from_object(entry[1])
+            if candidate.node_name == node and candidate.annotations.get(BIND_PHASE) == "allocating":
+                view = candidate
+        if view is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return view
 
 
 def lock_owned_by(value: str | None, pod: PodView) -> bool:

@@ -67,13 +67,15 @@ class Allocator:
     async def find_pod(self) -> tuple[A.PodView | None, str | None]:
         """(pod, the lock value read). The lock names the pod; without one, exactly one candidate.
         No pod with a lock value: the lock names a pod that no longer exists (stale)."""
-        annotations, _ = await self.kube.node_annotations()
+        annotations, node_rv = await self.kube.node_annotations()
         raw = annotations.get(A.NODE_LOCK)
         lock = A.parse_node_lock(raw)
         if lock is not None:
-            pod = await self.kube.get_pod(lock.namespace, lock.name)
+            pod, cached = await self.kube.lock_owner(lock.namespace, lock.name, node_rv)
             if pod is None:
                 return None, raw
+            if cached:
+                log.debug("pod %s: read from the watch cache (newer than the node lock)", pod.ref)
             if pod.node_name != self.node:
                 # The kubelet only admits pods bound to it: the lock's pod is not the one being
                 # admitted (its Bind is still in flight). Fail this call, touch nothing of that pod.
@@ -129,7 +131,8 @@ class Allocator:
             patch[A.BIND_PHASE] = "success"
         await self.kube.patch_pod_annotations(pod, patch)
         names = ", ".join(g.container.name for g in grants)
-        log.info("pod %s: allocated container(s) %s%s", pod.ref, names, " (pod complete)" if done else "")
+        log.info("pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
+                 pod.ref, names, " (pod complete)" if done else "", self.kube.pods.hits, self.kube.pods.misses)
         return responses
 
     async def _release_done(self, pod: A.PodView, held: str | None) -> None:

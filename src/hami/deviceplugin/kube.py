@@ -16,7 +16,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from hami.kube import nodelock
 from hami.kube.client import skip_env_lookups
 
-from .allocate import ContainerView, PodView
+from hami.kube.client import KubeClient
+from hami.kube.reflector import Reflector
+
+from .allocate import ContainerView, PodCache, PodView
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
@@ -61,6 +64,20 @@ class Kube:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.node_name = node_name
+        self.pods = PodCache()
+
+    def pod_reflector(self) -> Reflector:
+        """The watch that fills :attr:`pods`: this node's pods only, as the kubelet watches them."""
+        return Reflector(KubeClient(self.api), "/api/v1/pods", self.pods, name=f"pods on {self.node_name}",
+                         field_selector=f"spec.nodeName={self.node_name}")
+
+    async def lock_owner(self, namespace: str, name: str, node_rv: str) -> tuple[PodView | None, bool]:
+        """The pod the node lock names, from the watch cache when the copy there provably
+        postdates the lock (see :class:`PodCache`), else read. Returns (pod, from the cache)."""
+        cached = self.pods.usable(namespace, name, self.node_name, node_rv)
+        if cached is not None:
+            return cached, True
+        return await self.get_pod(namespace, name), False
 
     async def close(self) -> None:
         await self.api.close()
@@ -105,6 +122,7 @@ class Kube:
 
     async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(values)}}
+        self.pods.forget(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
         await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
 
     async def release_held_lock(self, value: str, key: str = nodelock.NODE_LOCK) -> None:

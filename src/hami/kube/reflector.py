@@ -34,13 +34,14 @@ class Expired(Exception):
 
 class Reflector:
     def __init__(self, kube: KubeClient, path: str, handler: Handler, *, name: str = "",
-                 label_selector: str = "", watch_timeout: int = 300, resume_from: str | None = None,
-                 page_size: int = 2000) -> None:
+                 label_selector: str = "", field_selector: str = "", watch_timeout: int = 300,
+                 resume_from: str | None = None, page_size: int = 2000) -> None:
         self.kube = kube
         self.path = path
         self.handler = handler
         self.name = name or path
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.watch_timeout = watch_timeout
         self.page_size = page_size
         self.synced = asyncio.Event()
@@ -51,6 +52,8 @@ class Reflector:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
         if self.label_selector:
             q.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            q.append(("fieldSelector", self.field_selector))
         return q
 
     async def list(self) -> str:
