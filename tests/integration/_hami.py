@@ -277,6 +277,10 @@ class PluginStandIn:
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if event.get("type") in ("ADDED", "MODIFIED"):
                     self._offer(obj)
+                elif event.get("type") == "DELETED":
+                    meta = obj.get("metadata") or {}
+                    with self._mutex:
+                        self._pods.pop(f"{meta.get('namespace')}/{meta.get('name')}", None)
             return rv
         finally:
             conn.close()

@@ -43,16 +43,37 @@ def test_only_a_pod_bound_here_and_still_allocating_is_used():
         assert cache.usable("ns", name, "n1", node_rv="100") is None
 
 
-def test_events_keep_the_newest_copy_deletions_and_own_writes_drop_it():
+def test_events_keep_the_newest_copy_and_deletions_drop_it():
     cache = PodCache()
     cache.apply("ADDED", pod("a", "150"))
     cache.apply("MODIFIED", pod("a", "140"))  # an older event arriving late changes nothing
     assert cache.usable("ns", "a", "n1", node_rv="145").uid == "uid-a-150"
-    cache.forget("ns", "a")  # the plugin patched it: the next Allocate reads the API server
+    cache.apply("DELETED", pod("a", "151"))
     assert cache.usable("ns", "a", "n1", node_rv="100") is None
-    cache.apply("ADDED", pod("a", "160"))
-    cache.apply("DELETED", pod("a", "161"))
-    assert cache.usable("ns", "a", "n1", node_rv="100") is None
+    being_deleted = pod("b", "170")
+    being_deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    cache.apply("ADDED", being_deleted)
+    assert cache.usable("ns", "b", "n1", node_rv="100") is None
+
+
+def test_a_copy_from_before_the_plugins_own_write_never_stands_in_again():
+    """Container 1's Allocate patched the pod (to-allocate remainder). The Binding's event,
+    delivered late by a lagging watch while that patch was in flight, must not serve container
+    2's Allocate with the list container 1 already took from."""
+    cache = PodCache()
+    cache.writing("ns", "a")  # patch sent
+    cache.apply("MODIFIED", pod("a", "13"))  # the late Binding event
+    assert cache.usable("ns", "a", "n1", node_rv="12") is None  # in flight: nothing stands in
+    cache.written("ns", "a", "14")  # the patch landed as 14
+    assert cache.usable("ns", "a", "n1", node_rv="12") is None  # 13 < 14: from before the write
+    cache.replace([pod("a", "13")])  # nor a relist answered from before it
+    assert cache.usable("ns", "a", "n1", node_rv="12") is None
+    cache.apply("MODIFIED", pod("a", "14"))  # the write's own event
+    assert cache.usable("ns", "a", "n1", node_rv="12").uid == "uid-a-14"
+    cache.writing("ns", "b")
+    cache.written("ns", "b", None)  # the write failed (or no version came back): fresh reads only
+    cache.apply("MODIFIED", pod("b", "99"))
+    assert cache.usable("ns", "b", "n1", node_rv="12") is None
 
 
 def test_pod_view_from_object_matches_the_fields_allocate_uses():

@@ -341,6 +341,49 @@ async def test_the_sweep_leaves_a_finished_owners_lock_to_the_plugin_for_one_pas
     assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
 
 
+async def test_a_lock_already_naming_the_pod_is_written_anew():
+    """A retried Bind, or a new pod that inherits a deleted namesake's lock: a fresh value is
+    swapped in, so the lock's revision postdates everything the old pod was (PodCache relies on it)."""
+    from datetime import datetime, timedelta, timezone
+
+    from hami.kube import nodelock
+
+    held = node("n1")
+    old = nodelock.lock_value(datetime.now(timezone.utc) - timedelta(seconds=30), "ns", "a")
+    held["metadata"]["annotations"][nodelock.NODE_LOCK] = old
+    svc = service(held)
+    api = FakeNodeApi(held)
+    svc.extender.kube = api
+    value = await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "a"), 5)
+    assert value != old and nodelock.owned_by(value, "ns", "a") and api.patches == 1
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+
+
+async def test_a_swap_rejected_every_time_ends_at_the_retry_deadline():
+    """A 422 that is not a lost compare (say, a policy on nodes) must not loop forever."""
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+    from hami.kube.client import KubeError
+
+    class Refusing(FakeNodeApi):
+        async def get(self, path):
+            if "/pods/" in path:  # the lock's owner is gone
+                raise KubeError("GET", path, 404, '{"message": "not found"}')
+            return await super().get(path)
+
+        async def json_patch(self, path, ops):
+            raise KubeError("PATCH", path, 422, '{"message": "denied by policy"}')
+
+    held = node("n1")
+    held["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(datetime.now(timezone.utc), "ns", "gone")
+    svc = service(held)
+    svc.extender.kube = Refusing(held)
+    svc.extender.lock_retry_timeout = 0.3
+    with pytest.raises(nodelock.LockContention):
+        await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "b"), 5)
+
+
 def test_swap_patch_escapes_the_annotation_key_and_tests_the_old_value():
     from hami.kube import nodelock
 

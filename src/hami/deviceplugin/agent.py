@@ -35,8 +35,10 @@ class NodeAgent:
         poll: float = 1.0,
         ignored_xids: frozenset[int] | None = IGNORED_XIDS,
         xid_wait_ms: int = 1000,
+        pod_watch: bool = True,
     ) -> None:
         self.kube = kube
+        self.pod_watch = pod_watch
         self.state = DeviceState(gpus, settings)
         self.paths = paths
         self.allocator = Allocator(kube, settings, paths)
@@ -69,9 +71,9 @@ class NodeAgent:
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),
             asyncio.create_task(self.server.run(), name="hami-grpc"),
-            # this node's pods, so Allocate can often skip reading the pod (deviceplugin/allocate.py PodCache)
-            asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"),
         ]
+        if self.pod_watch:  # this node's pods, so Allocate can often skip reading the pod (allocate.py PodCache)
+            self._tasks.append(asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"))
 
     @property
     def tasks(self) -> list[asyncio.Task]:

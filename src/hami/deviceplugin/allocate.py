@@ -91,13 +91,19 @@ class PodCache:
     the pod bound here and still ``allocating``, and its resourceVersion is newer than the node's
     (read just before, holding the lock). The lock was written before the Binding, so such a copy
     includes the Binding and everything before it (the scheduler's decision); a pod deleted and
-    re-created under the same name has all its older copies below the new lock's revision. The
-    plugin's own writes drop the entry (a second container's Allocate must see the first one's
-    patch), so the next read goes to the API server.
+    re-created under the same name has all its older copies below the new lock's revision (every
+    Bind writes a fresh lock value, even over one naming the same pod). A copy being deleted is
+    never used.
+
+    The plugin's own writes set a floor for that pod (a second container's Allocate must see the
+    first one's patch): while the write is in flight nothing is used, afterwards only copies at or
+    above the write's resourceVersion, so a late watch event or relist from before the write
+    cannot stand in; a failed write leaves the pod to fresh reads.
     """
 
     def __init__(self) -> None:
         self._pods: dict[str, tuple[str, dict]] = {}  # "ns/name" -> (resourceVersion, object)
+        self._floor: dict[str, str | None] = {}  # "ns/name" -> lowest usable resourceVersion (None: none)
         self.hits = 0
         self.misses = 0
 
@@ -113,16 +119,30 @@ class PodCache:
         key, rv = self._key(obj), (obj.get("metadata") or {}).get("resourceVersion") or ""
         if event_type == "DELETED":
             self._pods.pop(key, None)
+            self._floor.pop(key, None)
         elif key not in self._pods or newer_than(rv, self._pods[key][0]):
             self._pods[key] = (rv, obj)
 
-    def forget(self, namespace: str, name: str) -> None:
-        self._pods.pop(f"{namespace}/{name}", None)
+    def writing(self, namespace: str, name: str) -> None:
+        """The plugin is about to write this pod: no copy may stand in until :meth:`written`."""
+        key = f"{namespace}/{name}"
+        self._pods.pop(key, None)
+        self._floor[key] = None
+
+    def written(self, namespace: str, name: str, resource_version: str | None) -> None:
+        """The write landed as ``resource_version``: copies from before it stay unusable."""
+        key = f"{namespace}/{name}"
+        if key in self._floor and resource_version:
+            self._floor[key] = resource_version
 
     def usable(self, namespace: str, name: str, node: str, node_rv: str) -> PodView | None:
-        entry = self._pods.get(f"{namespace}/{name}")
+        key = f"{namespace}/{name}"
+        entry = self._pods.get(key)
         view = None
-        if entry is not None and newer_than(entry[0], node_rv):
+        floor = self._floor.get(key, "0")
+        if entry is not None and newer_than(entry[0], node_rv) and floor is not None \
+                and (entry[0] == floor or newer_than(entry[0], floor)) \
+                and not (entry[1].get("metadata") or {}).get("deletionTimestamp"):
             candidate = pod_view_from_object(entry[1])
             if candidate.node_name == node and candidate.annotations.get(BIND_PHASE) == "allocating":
                 view = candidate

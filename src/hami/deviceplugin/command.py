@@ -37,9 +37,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)")
     p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between kubelet socket checks")
+    p.add_argument("--pod-watch", type=_bool_flag, default=True,
+                   metavar="BOOL", help="watch this node's pods so Allocate can skip reading the pod (default true; "
+                   "turn off when pods and nodes live in different etcd clusters, --etcd-servers-overrides, "
+                   "since the copy's freshness is judged by comparing their resourceVersions)")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _bool_flag(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def describe(settings: NodeSettings, state: DeviceState) -> dict:
@@ -63,6 +76,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
+        pod_watch=args.pod_watch,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -122,8 +122,9 @@ class Kube:
 
     async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(values)}}
-        self.pods.forget(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
-        await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
+        self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
+        written = await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
+        self.pods.written(pod.namespace, pod.name, getattr(getattr(written, "metadata", None), "resource_version", None))
 
     async def release_held_lock(self, value: str, key: str = nodelock.NODE_LOCK) -> None:
         """Remove the lock ``key`` only while it still holds ``value`` (the value Allocate read):

@@ -338,8 +338,12 @@ class Extender:
                 value = (meta.get("annotations") or {}).get(spec.key)
                 holder = spec.holder(value)
                 if holder is not None and (holder.namespace, holder.name) == (ns, name):
-                    return value
-                if value:
+                    # Ours by name (a retried Bind), or a deleted pod's that a new pod of the same
+                    # name inherits: either way a fresh value is written over it, so the lock's
+                    # revision postdates anything the old pod ever was (the device plugin relies
+                    # on that to trust its watch, PodCache).
+                    why = "the lock names this pod already; written anew"
+                elif value:
                     why = await self._stale_reason(value, node, spec)
                     if why is not None and why.startswith(nodelock.OWNER_FINISHED):
                         # The plugin releases the lock right after it marks the pod: wait for that
@@ -368,6 +372,11 @@ class Extender:
                     self.stats["lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)
+                if mine == value:  # the same second: the write would change nothing (no new revision)
+                    if time.monotonic() >= deadline:
+                        return value
+                    await asyncio.sleep(0.25)
+                    continue
                 try:
                     if value:  # take over exactly the value judged stale, whatever else changed
                         written = await self.kube.json_patch(node_path(node), nodelock.swap_patch(spec.key, value, mine))
@@ -379,6 +388,8 @@ class Extender:
                 except KubeError as exc:
                     if not nodelock.lost_swap(exc):
                         raise
+                    if time.monotonic() >= deadline:  # e.g. a 422 that is not a lost test, every time
+                        raise nodelock.LockContention(node, value or "") from exc
                     fresh = True
 
     async def release_lock(self, node: str, ns: str, name: str,
