@@ -149,6 +149,13 @@ def test_kube_scheduler_calls_the_extender_on_the_pods_loopback_by_default(helm)
     assert "tlsConfig" not in extender
 
 
+def test_allocation_guard_is_left_out_before_kubernetes_1_30(helm):
+    """ValidatingAdmissionPolicy is GA from 1.30: older clusters get the rest of the chart."""
+    older = helm("template", "hami", str(CHART), "--namespace", "gpu", "--kube-version", "1.29.0").stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(older) if d}
+    assert "Deployment" in kinds and not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
 def test_non_default_values_are_honoured(helm):
     docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", *NON_DEFAULT)}
     assert ("RuntimeClass", "nvidia-hami") in docs
