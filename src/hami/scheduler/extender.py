@@ -392,26 +392,24 @@ class Extender:
                         raise nodelock.LockContention(node, value or "") from exc
                     fresh = True
 
-    async def release_lock(self, node: str, ns: str, name: str,
-                           spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None) -> bool:
-        async def read():
-            obj = await self._node(node, True)
-            meta = obj.get("metadata") or {}
-            return meta.get("annotations") or {}, meta.get("resourceVersion")
-
-        async def write(annotations, rv):
-            self.state.put_node(await self.kube.merge_patch(
-                node_path(node), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
-
-        # a bare-time lock names nobody: release it only while it still has the value we wrote
-        exact = value if spec.format == nodelock.TIME else None
-        return await nodelock.release(read, write, (ns, name), key=spec.key, value=exact)
+    async def remove_lock(self, node: str, key: str, value: str) -> bool:
+        """Remove lock ``key`` from ``node`` only while it still holds ``value`` (one
+        compare-and-remove). False when it had changed: someone else's now, left alone."""
+        try:
+            self.state.put_node(await self.kube.json_patch(node_path(node), nodelock.swap_patch(key, value, None)))
+            return True
+        except KubeError as exc:
+            if not nodelock.lost_swap(exc):
+                raise
+            return False
 
     async def _release_quietly(self, node: str, ns: str, name: str,
                                spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None) -> None:
+        """Give back the lock value this Bind wrote (a changed lock is not ours any more)."""
+        if not value:
+            return
         try:
-            if not await self.release_lock(node, ns, name, spec, value):
-                log.error("node %s: lock %s of %s/%s still held after retries", node, spec.key, ns, name)
+            await self.remove_lock(node, spec.key, value)
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
             log.error("node %s: cannot release the lock %s of %s/%s: %s", node, spec.key, ns, name, exc)
 
@@ -442,21 +440,9 @@ class Extender:
             self._finished_seen.add((name, spec.key, value))
             return False
 
-        async def read():
-            o = await self._node(name, True)
-            m = o.get("metadata") or {}
-            return m.get("annotations") or {}, m.get("resourceVersion")
-
-        async def write(annotations, rv):
-            self.state.put_node(await self.kube.merge_patch(
-                node_path(name), {"metadata": {"annotations": dict(annotations), "resourceVersion": rv}}))
-
         try:
             # release only the very lock judged stale, never a newer one
-            current, _ = await read()
-            if current.get(spec.key) != value:
-                return False
-            if await nodelock.release(read, write, None, key=spec.key, value=value):
+            if await self.remove_lock(name, spec.key, value):
                 log.info("node %s: released stale lock %s=%r: %s", name, spec.key, value, why)
                 return True
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
