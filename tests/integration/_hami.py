@@ -356,7 +356,8 @@ class PluginStandIn:
         with self._mutex:
             self._pods.pop(f"{lock.namespace}/{lock.name}", None)  # as PodCache.forget on the plugin's own write
         self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
-                 {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                 {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"},
+                               "labels": {"hami.io/vgpu-node": name}}},
                  content_type=MERGE)
         self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
 

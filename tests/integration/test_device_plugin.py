@@ -195,6 +195,18 @@ async def schedule_like_hami(api, node: str, ns: str, name: str, devices: list[l
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
 
 
+async def schedule_like_ours(api, node: str, ns: str, name: str, devices: list[list[ContainerDevice]]) -> None:
+    """What our scheduler writes by default (--decision-write=binding): the node lock, then one
+    Binding carrying every annotation (no pod patch, no label)."""
+    value = encode_pod_devices(devices)
+    await take_lock(api, node, ns, name)
+    await client.CoreV1Api(api).create_namespaced_pod_binding(name, ns, {
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "annotations": {
+            A.VGPU_NODE: node, "hami.io/vgpu-time": str(int(time.time())), A.TO_ALLOCATE: value, A.ALLOCATED: value,
+            A.BIND_PHASE: "allocating", A.BIND_TIME: str(int(time.time()))}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+
+
 def counts(pod) -> list[int]:
     ctrs = list(pod.spec.init_containers or []) + list(pod.spec.containers)
     return [int(((c.resources.limits if c.resources else None) or {}).get(RESOURCE, 0)) for c in ctrs]
@@ -236,6 +248,24 @@ async def test_registration_annotation_written_from_nvml(plugin, kube_api):
     await asyncio.sleep(1.2)  # two registration periods
     assert (await node_annotations(kube_api, plugin.node))[REGISTER] == before
     assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-nvidia-register") == 1
+
+
+async def test_allocate_after_a_binding_that_carries_the_decision_labels_the_pod(plugin, kube_api, kube_namespace):
+    """The decision arrives with the Binding alone: the plugin finds it, allocates, and adds the
+    label hami.io/vgpu-node (by which vGPU monitors list a node's pods) in its success write."""
+    ns = kube_namespace
+    await create_pod(kube_api, ns, "bound", [gpu_container("main", 1)])
+    devs = [[dev(G0, 2000, 20)]]
+    await schedule_like_ours(kube_api, plugin.node, ns, "bound", devs)
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod("bound", ns)
+    assert A.VGPU_NODE not in (pod.metadata.labels or {})
+    [resp] = await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+    envs = dict(resp.envs)
+    assert {k: envs[k] for k in expected_env(devs[0])} == expected_env(devs[0])
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod("bound", ns)
+    assert pod.metadata.annotations[A.BIND_PHASE] == "success"
+    assert pod.metadata.labels[A.VGPU_NODE] == plugin.node
+    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
 
 
 async def test_allocate_single_container(plugin, kube_api, kube_namespace):

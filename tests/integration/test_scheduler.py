@@ -28,9 +28,11 @@ pytestmark = pytest.mark.integration
 WEBHOOK_LABEL = "hami.io/webhook-test"
 
 
-@pytest.fixture(scope="module")
-def hami(kube_cluster):
-    proc = SchedulerProcess(kube_cluster).start()
+@pytest.fixture(scope="module", params=["binding", "filter"])
+def hami(kube_cluster, request):
+    """Every scenario runs with both --decision-write modes: the decision on the Binding (ours,
+    the default) and HAMi's pod patch from Filter."""
+    proc = SchedulerProcess(kube_cluster, f"--decision-write={request.param}").start()
     webhook = f"hami-test-{uuid.uuid4().hex[:6]}"
     kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
     register_webhook(kube_cluster, proc.url, webhook, WEBHOOK_LABEL)

@@ -487,3 +487,148 @@ async def test_a_lock_is_not_taken_over_from_a_pod_bound_here_whose_cached_copy_
         **live["metadata"]["annotations"], "hami.io/vgpu-node": "n2"}}}
     value = held["metadata"]["annotations"][nodelock.NODE_LOCK]
     assert nodelock.stale_reason(value, "n1", datetime.now(timezone.utc), 300, odd) is None
+
+
+class FakeDecisionApi(FakeNodeApi):
+    """Nodes as FakeNodeApi; pods: merge patches (decision_write "filter") and Bindings, recorded."""
+
+    def __init__(self, node_, pods_):
+        super().__init__(node_)
+        self.pods = {p["metadata"]["name"]: p for p in pods_}
+        self.pod_patches: list[dict] = []
+        self.bindings: list[dict] = []
+
+    async def get(self, path):
+        if "/pods/" in path:
+            from hami.kube.client import KubeError
+
+            name = path.rsplit("/", 1)[1]
+            if name not in self.pods:
+                raise KubeError("GET", path, 404, '{"message": "not found"}')
+            return self.pods[name]
+        return await super().get(path)
+
+    async def merge_patch(self, path, body):
+        if "/pods/" not in path:
+            return await super().merge_patch(path, body)
+        name = path.rsplit("/", 1)[1]
+        self.pod_patches.append(body)
+        p = self.pods[name]
+        meta = {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
+                "labels": {**(p["metadata"].get("labels") or {}), **body["metadata"].get("labels", {})},
+                "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1)}
+        self.pods[name] = {**p, "metadata": meta}
+        return self.pods[name]
+
+    async def post(self, path, body):
+        name = path.split("/")[-2]
+        self.bindings.append(body)
+        p = self.pods[name]
+        meta = {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
+                "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1)}
+        self.pods[name] = {**p, "metadata": meta, "spec": {**p["spec"], "nodeName": body["target"]["name"]}}
+        return {"kind": "Status", "status": "Success"}
+
+
+def _decision_setup(mode, *names, gpus=1):
+    svc = SchedulerService(Options(decision_write=mode), None)
+    svc.state.node_handler.replace([node("n1", gpus=gpus), node("n2", gpus=gpus)])
+    pods_ = [pod(n, mem=600) for n in names]
+    for p in pods_:
+        svc.state.apply_pod("ADDED", p)
+    api = FakeDecisionApi(svc.state.nodes["n1"], pods_)
+    api.nodes["n2"] = svc.state.nodes["n2"]
+    svc.extender.kube = api
+    svc.extender.events = EventRecorder(object(), "hami-scheduler")
+    return svc, api
+
+
+async def test_decision_rides_on_the_binding_and_no_pod_patch_is_made():
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    assert api.pod_patches == [] and svc.state.ledger.is_reserved("uid-a")
+    assert (await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})) == {"Error": ""}
+    assert api.pod_patches == []  # Filter and Bind together: one pod write, the Binding
+    (binding,) = api.bindings
+    ann = binding["metadata"]["annotations"]
+    assert ann["hami.io/vgpu-node"] == chosen and ann["hami.io/bind-phase"] == "allocating"
+    assert ann["hami.io/vgpu-time"] and ann["hami.io/bind-time"]
+    (devices,) = decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])
+    assert [(d.uuid, d.usedmem) for d in devices] == [(f"{chosen}-g0", 600)]
+    assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
+    # the bound pod's watch event confirms the reservation with the same allocation
+    svc.state.apply_pod("MODIFIED", api.pods["a"])
+    assert not svc.state.ledger.is_reserved("uid-a")
+    assert svc.state.ledger.pod("uid-a").node == chosen
+    assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 600
+
+
+async def test_filter_mode_patches_the_pod_from_filter_as_hami_does():
+    svc, api = _decision_setup("filter", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    await ext.decision_recorded("ns", "a")
+    (patch,) = api.pod_patches
+    assert patch["metadata"]["labels"] == {"hami.io/vgpu-node": chosen}
+    assert patch["metadata"]["annotations"]["hami.io/vgpu-node"] == chosen
+    assert (await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})) == {"Error": ""}
+    (binding,) = api.bindings
+    assert set(binding["metadata"]["annotations"]) == {"hami.io/bind-phase", "hami.io/bind-time"}
+
+
+async def test_a_bind_without_a_decision_for_that_node_fails_and_keeps_no_lock():
+    """kube-scheduler binding elsewhere than decided, or a Bind reaching a replica that never
+    filtered the pod (restarted, new leader): no allocation to write, so the Bind fails and the
+    pod is filtered again; nothing is bound and no lock is left."""
+    from hami.kube import nodelock
+
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    other = "n2" if chosen == "n1" else "n1"
+    answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": other})
+    assert "carries no decision" in answer["Error"]
+    assert api.bindings == [] and all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+    fresh, api2 = _decision_setup("binding", "a")  # a replica that never saw the Filter
+    answer = await fresh.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
+    assert "carries no decision" in answer["Error"] and api2.bindings == []
+
+
+async def test_a_decision_no_bind_comes_for_expires_with_its_reservation():
+    svc, api = _decision_setup("binding", "a", "b")
+    ext = svc.extender
+    ext.decision_ttl = 60.0
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    assert ext.expire_decisions(time.monotonic() + 30) == 0 and svc.state.ledger.is_reserved("uid-a")
+    assert ext.expire_decisions(time.monotonic() + 61) == 1
+    assert svc.state.ledger.pod("uid-a") is None
+    assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 0
+    answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
+    assert "carries no decision" in answer["Error"] and api.bindings == []
+
+
+async def test_a_refilter_replaces_the_unwritten_decision():
+    svc, api = _decision_setup("binding", "a", gpus=1)
+    ext = svc.extender
+    first = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    other = "n2" if first == "n1" else "n1"
+    again = await ext.filter(args(svc.state.pod("ns", "a"), [other]))
+    assert again["NodeNames"] == [other]
+    assert (await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": other})) == {"Error": ""}
+    assert api.bindings[0]["metadata"]["annotations"]["hami.io/vgpu-node"] == other
+    assert [m for _, _, m, _ in svc.state.ledger.device_usage(first)] == [0]
+
+
+def test_decision_write_is_validated():
+    from hami.scheduler.options import add_arguments, options_from_args
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert options_from_args(parser.parse_args([])).decision_write == "binding"
+    assert options_from_args(parser.parse_args(["--decision-write=filter"])).decision_write == "filter"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--decision-write=later"])
+    with pytest.raises(ValueError, match="decision_write"):
+        SchedulerService(Options(decision_write="later"), None)

@@ -129,7 +129,9 @@ class Allocator:
         patch = {A.TO_ALLOCATE: A.remainder(pending)}
         if done:
             patch[A.BIND_PHASE] = "success"
-        await self.kube.patch_pod_annotations(pod, patch)
+        # the label hami.io/vgpu-node is how a vGPU monitor (ours, HAMi's) finds this node's
+        # pods; HAMi's scheduler sets it from Filter, ours (--decision-write=binding) leaves it here
+        await self.kube.patch_pod_annotations(pod, patch, labels={A.VGPU_NODE: self.node})
         names = ", ".join(g.container.name for g in grants)
         log.info("pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
                  pod.ref, names, " (pod complete)" if done else "", self.kube.pods.hits, self.kube.pods.misses)

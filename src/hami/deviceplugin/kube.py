@@ -120,8 +120,11 @@ class Kube:
         pods = await self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
         return [pod_view(p) for p in pods.items]
 
-    async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None]) -> None:
-        body = {"metadata": {"annotations": dict(values)}}
+    async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None],
+                                    labels: Mapping[str, str] | None = None) -> None:
+        body: dict[str, Any] = {"metadata": {"annotations": dict(values)}}
+        if labels:
+            body["metadata"]["labels"] = dict(labels)
         self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
         written = await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
         self.pods.written(pod.namespace, pod.name, getattr(getattr(written, "metadata", None), "resource_version", None))

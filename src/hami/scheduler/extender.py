@@ -1,11 +1,17 @@
 """``/filter`` and ``/bind`` (the kube-scheduler extender protocol, §5.1, §5.3, §5.8).
 
 Filter takes the decision with the same core entry point as ``hami simulate``
-(:func:`hami.core.schedule_pod`, after the same admission defaults), reserves it in the ledger,
-answers, and patches the pod in the background; a failed patch rolls the reservation back.
-Bind waits for that patch, takes the node locks the pod's vendors declare (``hami.io/mutex.lock``
-for most, Cambricon's ``cambricon.com/dsmlu.lock``; :func:`hami.kube.nodelock.vendor_locks`) and creates the Binding (which also sets
-``bind-phase=allocating`` and ``bind-time``); every failure releases the lock, except a Binding
+(:func:`hami.core.schedule_pod`, after the same admission defaults), reserves it in the ledger
+and answers. Where the decision is written depends on ``decision_write``: ``"binding"`` (the
+default) keeps it in memory until Bind, whose Binding carries the allocation annotations (the
+API server copies them onto the pod in the write that sets ``spec.nodeName``; a decision no Bind
+comes for expires with its reservation); ``"filter"`` is HAMi's way, a pod patch in the
+background, whose failure rolls the reservation back, and which Bind waits for.
+Bind takes the node locks the pod's vendors declare (``hami.io/mutex.lock`` for most,
+Cambricon's ``cambricon.com/dsmlu.lock``; :func:`hami.kube.nodelock.vendor_locks`) and creates
+the Binding (which also sets ``bind-phase=allocating`` and ``bind-time``); a Bind with no
+decision of this replica's for that node needs one recorded on the pod (else it fails and the
+pod is filtered again); every failure releases the lock, except a Binding
 error after which the pod turns out bound to the node (success) or cannot be read (kept). Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
@@ -35,6 +42,14 @@ UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 class DecisionMissing(Exception):
     """Bind for a pod whose Filter decision is not recorded on it."""
+
+
+@dataclass(frozen=True)
+class _Decision:
+    key: str  # the ledger key of the reservation
+    node: str
+    annotations: dict[str, str]
+    made: float  # time.monotonic() of the Filter
 
 
 class BindingUnverified(OSError):
@@ -68,7 +83,8 @@ class Extender:
     def __init__(self, state: ClusterState, kube: KubeClient | None, events: EventRecorder, *,
                  is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
                  lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
-                 handoff_grace: float = 1.0, clock=time.time, record: bool = True) -> None:
+                 handoff_grace: float = 1.0, clock=time.time, record: bool = True,
+                 decision_write: str = "binding", decision_ttl: float = 300.0) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -84,6 +100,14 @@ class Extender:
         self.record = record  # False: decisions stay in the ledger only (benchmarks, no API server)
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._recording: dict[str, asyncio.Task] = {}  # "ns/name" -> decision patch in flight
+        # decision_write "binding": a Filter decision is written by the Binding (the API server
+        # copies a Binding's annotations onto the pod in the write that sets spec.nodeName); until
+        # then it lives here and as a reservation in the ledger. "filter": HAMi's pod patch.
+        if decision_write not in ("binding", "filter"):
+            raise ValueError(f"decision_write: expected 'binding' or 'filter', got {decision_write!r}")
+        self.decision_write = decision_write
+        self.decision_ttl = decision_ttl  # an unbound decision older than this is dropped
+        self._decisions: dict[str, _Decision] = {}  # "ns/name" -> decision waiting for its Bind
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
@@ -110,6 +134,8 @@ class Extender:
         if not await self._wait_ready():
             return _error("hami scheduler is not ready (caches not synced, or this replica is not the leader)")
         self.stats["filter"] += 1
+        ref = f"{(pod['metadata'].get('namespace') or 'default')}/{pod['metadata']['name']}"
+        self._decisions.pop(ref, None)  # a re-filter replaces the decision (schedule_pod drops its reservation)
         try:
             admitted, _ = admit_pod(pod, self.state.vendors)
             result = schedule_pod(admitted, names or [], self.state.ledger, self.state.config, self.clock())
@@ -123,9 +149,12 @@ class Extender:
             for line in failure_summary(result.failed) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
-        meta = pod["metadata"]
         if self.record:
-            self._start_recording(pod, result)
+            if self.decision_write == "filter":
+                self._start_recording(pod, result)
+            else:
+                self._decisions[ref] = _Decision(result.allocation.key, result.node, dict(result.annotations),
+                                                 time.monotonic())
         fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
         self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
                            f"{len(result.scores)} nodes fit({fits})")
@@ -210,15 +239,18 @@ class Extender:
             return {"Error": f"pod {ns}/{name} not found"}
         taken: list[tuple[nodelock.LockSpec, str]] = []
         try:
-            await self.decision_recorded(ns, name)
-            if self._requests_devices(pod):
-                await self._check_decision(ns, name, node)
+            decision = self._take_decision(ns, name, node)
+            if decision is None:
+                await self.decision_recorded(ns, name)
+                if self._requests_devices(pod):
+                    await self._check_decision(ns, name, node)
             for spec in self._locks(pod):
                 taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
-            # bind-phase and bind-time ride on the Binding: the API server copies a Binding's
-            # annotations onto the pod in the same write that sets spec.nodeName (one write less
-            # per pod than HAMi's separate patch, and never a bound pod without its bind-phase).
-            await self._post_binding(ns, name, uid, node)
+            # bind-phase and bind-time (and, with decision_write "binding", the whole decision)
+            # ride on the Binding: the API server copies a Binding's annotations onto the pod in
+            # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
+            # pod, and a window where a bound pod has no bind-phase).
+            await self._post_binding(ns, name, uid, node, decision.annotations if decision else {})
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
             if isinstance(exc, BindingUnverified):
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
@@ -230,7 +262,34 @@ class Extender:
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
 
-    async def _post_binding(self, ns: str, name: str, uid: str, node: str) -> None:
+    def _take_decision(self, ns: str, name: str, node: str) -> "_Decision | None":
+        """This replica's unwritten decision for the pod, when it is for ``node`` and still
+        reserved in the ledger (else None: the decision must then be on the pod already)."""
+        decision = self._decisions.pop(f"{ns}/{name}", None)
+        if decision is None or decision.node != node:
+            return None
+        held = self.state.ledger.pod(decision.key)
+        if held is None or held.node != node or not self.state.ledger.is_reserved(decision.key):
+            return None
+        return decision
+
+    def expire_decisions(self, now: float | None = None) -> int:
+        """Drop decisions no Bind came for within ``decision_ttl`` (kube-scheduler gave up on
+        the pod, or the pod was deleted before Filter saw it), with their reservations: the
+        ledger goes back to what the cached pod says. Returns how many were dropped."""
+        now = time.monotonic() if now is None else now
+        old = [ref for ref, d in self._decisions.items() if now - d.made > self.decision_ttl]
+        for ref in old:
+            decision = self._decisions.pop(ref)
+            if self.state.ledger.is_reserved(decision.key):
+                ns, name = ref.split("/", 1)
+                log.info("pod %s: no Bind within %.0fs of its Filter decision (node %s): reservation dropped",
+                         ref, self.decision_ttl, decision.node)
+                self.state.restore_pod(decision.key, ns, name)
+        return len(old)
+
+    async def _post_binding(self, ns: str, name: str, uid: str, node: str,
+                            decision: Mapping[str, str] | None = None) -> None:
         """Create the Binding. When the POST fails (timeout, reset connection, a 409 because an
         earlier try did bind) the pod is read again: bound to ``node`` counts as success;
         raises the error when it is verifiably not bound there, BindingUnverified when the
@@ -239,7 +298,8 @@ class Extender:
             await self.kube.post(f"{pod_path(ns, name)}/binding", {
                 "apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
-                             "annotations": {BIND_PHASE: "allocating", BIND_TIME: str(int(self.clock()))}},
+                             "annotations": {**(decision or {}), BIND_PHASE: "allocating",
+                                             BIND_TIME: str(int(self.clock()))}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
             try:

@@ -44,6 +44,7 @@ def parse_selector(text: str, flag: str) -> dict[str, str]:
 
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "[::1]", "localhost"})
+DECISION_WRITES = ("binding", "filter")
 
 
 def parse_bind(text: str, flag: str = "--http_bind") -> tuple[str, int]:
@@ -78,6 +79,7 @@ class Options:
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
     success_events: bool = True
+    decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
     metrics_host: str = ""
     metrics_port: int | None = None  # None = no metrics endpoint
@@ -141,6 +143,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--resync-interval", default="15s", help="leader pass: handshakes, stale locks, node health (default %(default)s)")
     a("--success-events", type=_bool, nargs="?", const=True, default=True,
       help="record FilteringSucceed/BindingSucceed events (default true; failures are always recorded)")
+    a("--decision-write", default="binding", choices=DECISION_WRITES,
+      help="where a Filter decision is written to the pod: 'binding' (default) sends the allocation "
+           "annotations on the Binding itself, one pod write less per pod, and the device plugin labels "
+           "the pod hami.io/vgpu-node; 'filter' patches the pod from Filter as HAMi does (annotations and "
+           "label before the Bind; use it with HAMi's own device plugin and vGPU monitor)")
     a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
       help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
 
@@ -187,7 +194,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label, device_config=device_config,
-        success_events=args.success_events,
+        success_events=args.success_events, decision_write=args.decision_write,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
         extender_host=extender_host, extender_port=extender_port,
     )

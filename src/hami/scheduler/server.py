@@ -87,7 +87,8 @@ class SchedulerService:
                           _Touching(self.state.quota_handler, self.metrics, "resourcequotas"), name="resourcequotas"),
             ]
         self.extender = Extender(self.state, kube, self.events, is_ready=self.ready,
-                                 lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout)
+                                 lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout,
+                                 decision_write=opts.decision_write)
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(self.state.vendors, opts.scheduler_name,
                                            opts.force_overwrite_default_scheduler, opts.disable_control_label)
@@ -121,6 +122,7 @@ class SchedulerService:
                 except KubeError as exc:
                     log.warning("node %s: handshake not written: %s", name, exc)
         await self.extender.sweep_locks()
+        self.extender.expire_decisions()
 
     async def _resync_loop(self) -> None:
         while True:
