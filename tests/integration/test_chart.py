@@ -144,6 +144,7 @@ def test_kube_scheduler_calls_the_extender_on_the_pods_loopback_by_default(helm)
     docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu")}
     ext = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]["containers"][1]
     assert "--extender-bind=127.0.0.1:9080" in ext["command"]
+    assert "--decision-write=binding" in ext["command"]
     extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
     assert extender["urlPrefix"] == "http://127.0.0.1:9080" and extender["enableHTTPS"] is False
     assert "tlsConfig" not in extender
