@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,8 +53,11 @@ def gpu_devices(node: str, gpus: int = 8, mem: int = 16384, model: str = "NVIDIA
 
 def make_gpu_node(cluster: KubeCluster, name: str, gpus: int = 8, labels: dict | None = None, **kw: Any) -> list[DeviceInfo]:
     devices = gpu_devices(name, gpus, **kw)
+    # what `hami device-plugin` registers (with its default --lock-release-delay, which
+    # PluginStandIn mirrors): the devices, and that it leaves finished pods' locks to a swap
     cluster.create_node(name, labels=labels, gpus=gpus, split_count=kw.get("split", 10),
-                        annotations={REGISTER: encode_node_devices_json(devices)})
+                        annotations={REGISTER: encode_node_devices_json(devices),
+                                     nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP})
     return devices
 
 
@@ -209,9 +213,17 @@ class PluginStandIn:
     concurrently (one lock per node serialises each node anyway).
     """
 
-    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, workers: int = 8) -> None:
+    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, workers: int = 8,
+                 release_delay: float = 1.0) -> None:
         self.cluster = cluster
         self.nodes = nodes
+        # as `hami device-plugin --lock-release-delay` (allocator.py): a served pod's lock is left for
+        # the scheduler to swap over (the node says hami.io/node-lock-handoff=swap, make_gpu_node),
+        # and removed after this delay only if it still has the value read; 0 = removed at once
+        self.release_delay = release_delay
+        self._deferred: dict[str, tuple[float, str]] = {}  # node -> (due, lock value)
+        self._deferred_wake = threading.Condition()
+        self._timer = threading.Thread(target=self._release_deferred, daemon=True)
         self.allocated: list[tuple[str, str, str]] = []  # (node, ns/name, allocated annotation)
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -226,6 +238,7 @@ class PluginStandIn:
 
     def __enter__(self) -> "PluginStandIn":
         self._thread.start()
+        self._timer.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -236,6 +249,31 @@ class PluginStandIn:
                 conn.sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._deferred_wake:
+            self._deferred_wake.notify()
+        self._timer.join(10)
+        for node, (_, value) in list(self._deferred.items()):  # as the plugin's flush at shutdown
+            with contextlib.suppress(ApiError, OSError):
+                self._release(node, value)
+        self._deferred.clear()
+
+    def _release_deferred(self) -> None:
+        """One thread for every node's delayed lock removal (the plugin's _release_later)."""
+        while not self._stop.is_set():
+            with self._deferred_wake:
+                now = time.monotonic()
+                due = [(n, v) for n, (t, v) in self._deferred.items() if t <= now]
+                for n, _ in due:
+                    del self._deferred[n]
+                if not due:
+                    nxt = min((t for t, _ in self._deferred.values()), default=now + 1.0)
+                    self._deferred_wake.wait(max(0.0, min(nxt - now, 1.0)))
+                    continue
+            for node, value in due:
+                try:
+                    self._release(node, value)
+                except (ApiError, OSError) as exc:
+                    self.errors.append(f"deferred release on {node}: {exc}")
 
     def _run(self) -> None:
         rv = None
@@ -332,6 +370,9 @@ class PluginStandIn:
         Subclasses for other vendors override this (tests/integration/test_vendor_ascend.py)."""
         name = node["metadata"]["name"]
         raw = (node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
+        with self._deferred_wake:
+            if name in self._deferred and self._deferred[name][1] != raw:
+                del self._deferred[name]  # swapped over by the scheduler: nothing to remove
         lock = nodelock.parse_node_lock(raw)
         if lock is None:
             return
@@ -345,20 +386,26 @@ class PluginStandIn:
             return  # not bound yet: the kubelet would not call Allocate before that
         ann = pod["metadata"].get("annotations") or {}
         if ann.get("hami.io/bind-phase") == "success":
-            self._release(name, raw)
-            return
+            if not self.release_delay:
+                self._release(name, raw)
+            return  # a lock left for the handoff: its delayed removal (or the scheduler's swap) deals with it
         decode_pod_devices(ann[ALLOCATED])  # a real plugin fails on a malformed annotation
         # our plugin's order (src/hami/deviceplugin/allocator.py): the pod is identified, so the
         # lock goes back first and the success write overlaps with the next Bind on this node
         with self._mutex:
             self._served.add(pod["metadata"].get("uid"))
-        self._release(name, raw)
+        if not self.release_delay:
+            self._release(name, raw)
         with self._mutex:
             self._pods.pop(f"{lock.namespace}/{lock.name}", None)  # as PodCache.forget on the plugin's own write
         self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
                  {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"},
                                "labels": {"hami.io/vgpu-node": name}}},
                  content_type=MERGE)
+        if self.release_delay:
+            with self._deferred_wake:
+                self._deferred[name] = (time.monotonic() + self.release_delay, raw)
+                self._deferred_wake.notify()
         self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
 
     def _release(self, node: str, value: str) -> None:

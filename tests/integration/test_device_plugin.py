@@ -37,6 +37,7 @@ from hami.deviceplugin.devices import physical_id
 from hami.deviceplugin.kubelet_standin import KubeletStandIn
 from hami.deviceplugin.register import REGISTER
 from hami.dev.cluster import node_manifest
+from hami.kube import nodelock
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +64,7 @@ class Plugin:
         self.cluster = cluster
         self.node = node
         self.split = split
+        self.release_delay = 1.0  # the default --lock-release-delay
         self.tmp = Path(tempfile.mkdtemp(prefix="hdp", dir="/tmp"))  # short: socket path limit
         self.plugin_dir = self.tmp / "dp"
         self.hook = self.tmp / "hook"
@@ -161,11 +163,28 @@ def now_rfc3339() -> str:
 
 
 async def take_lock(api, node: str, ns: str, name: str, timeout: float = 30) -> None:
-    """The extender's SetNodeLock: wait until free, write with resourceVersion (§5.8)."""
+    """The extender's SetNodeLock: wait until free, write with resourceVersion (§5.8); and, as our
+    scheduler does on a node that declares hami.io/node-lock-handoff=swap, swap over at once a
+    lock whose pod finished its allocation (test + replace of the value)."""
     core = client.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         n = await core.read_node(node)
+        held = (n.metadata.annotations or {}).get(A.NODE_LOCK)
+        owner = A.parse_node_lock(held)
+        if owner is not None and (n.metadata.annotations or {}).get(nodelock.LOCK_HANDOFF) == nodelock.HANDOFF_SWAP:
+            try:
+                phase = (await core.read_namespaced_pod(owner.name, owner.namespace)).metadata.annotations.get(A.BIND_PHASE)
+            except ApiException:
+                phase = None
+            if phase in ("success", "failed"):
+                try:
+                    await core.patch_node(node, nodelock.swap_patch(A.NODE_LOCK, held, f"{now_rfc3339()},{ns},{name}"),
+                                          _content_type="application/json-patch+json")
+                    return
+                except ApiException as exc:
+                    if not nodelock.lost_swap(exc):
+                        raise
         if A.NODE_LOCK not in (n.metadata.annotations or {}):
             body = {"metadata": {"annotations": {A.NODE_LOCK: f"{now_rfc3339()},{ns},{name}"},
                                  "resourceVersion": n.metadata.resource_version}}
@@ -205,6 +224,15 @@ async def schedule_like_ours(api, node: str, ns: str, name: str, devices: list[l
             A.VGPU_NODE: node, "hami.io/vgpu-time": str(int(time.time())), A.TO_ALLOCATE: value, A.ALLOCATED: value,
             A.BIND_PHASE: "allocating", A.BIND_TIME: str(int(time.time()))}},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+
+
+async def lock_released(api, node: str, timeout: float = 10) -> None:
+    """The node lock is gone within ``timeout`` (the plugin removes a finished pod's lock after
+    its --lock-release-delay unless a Bind swapped it over first)."""
+    deadline = time.monotonic() + timeout
+    while A.NODE_LOCK in await node_annotations(api, node):
+        assert time.monotonic() < deadline, f"node lock on {node} still held after {timeout}s"
+        await asyncio.sleep(0.05)
 
 
 def counts(pod) -> list[int]:
@@ -247,7 +275,8 @@ async def test_registration_annotation_written_from_nvml(plugin, kube_api):
     before = ann[REGISTER]
     await asyncio.sleep(1.2)  # two registration periods
     assert (await node_annotations(kube_api, plugin.node))[REGISTER] == before
-    assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-nvidia-register") == 1
+    assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-lock-handoff, hami.io/node-nvidia-register") == 1
+    assert ann[nodelock.LOCK_HANDOFF] == "swap"  # --lock-release-delay > 0 (default): finished pods' locks are swapped over
 
 
 async def test_allocate_after_a_binding_that_carries_the_decision_labels_the_pod(plugin, kube_api, kube_namespace):
@@ -265,7 +294,30 @@ async def test_allocate_after_a_binding_that_carries_the_decision_labels_the_pod
     pod = await client.CoreV1Api(kube_api).read_namespaced_pod("bound", ns)
     assert pod.metadata.annotations[A.BIND_PHASE] == "success"
     assert pod.metadata.labels[A.VGPU_NODE] == plugin.node
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
+
+
+async def test_a_finished_pods_lock_is_handed_on_never_removed_from_the_next_pod(plugin, kube_api, kube_namespace):
+    """--lock-release-delay (default 1 s): the plugin leaves a finished pod's lock for the next
+    Bind to swap over; its delayed removal is a compare-and-remove of the value it read, so a
+    lock already naming the next pod stays; a lock nobody swaps over goes after the delay."""
+    ns = kube_namespace
+    for name in ("h1", "h2"):
+        await create_pod(kube_api, ns, name, [gpu_container("main", 1)])
+    await schedule_like_ours(kube_api, plugin.node, ns, "h1", [[dev(G0, 100)]])
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod("h1", ns)
+    await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+    assert (await pod_annotations(kube_api, ns, "h1"))[A.BIND_PHASE] == "success"
+    await take_lock(kube_api, plugin.node, ns, "h2")  # swapped over (or taken, if the delay already passed)
+    await asyncio.sleep(plugin.release_delay + 1.0)
+    assert (await node_annotations(kube_api, plugin.node))[A.NODE_LOCK].endswith(f",{ns},h2")
+    await client.CoreV1Api(kube_api).patch_node(plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}},
+                                                _content_type="application/merge-patch+json")
+    # nobody swaps: the plugin's own removal after the delay
+    await schedule_like_ours(kube_api, plugin.node, ns, "h2", [[dev(G1, 100)]])
+    pod = await client.CoreV1Api(kube_api).read_namespaced_pod("h2", ns)
+    await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+    await lock_released(kube_api, plugin.node)
 
 
 async def test_allocate_single_container(plugin, kube_api, kube_namespace):
@@ -287,7 +339,7 @@ async def test_allocate_single_container(plugin, kube_api, kube_namespace):
     assert Path(plugin.hook, "vgpu/ld.so.preload").read_text() == f"{plugin.hook}/vgpu/libvgpu.so\n"
     ann = await pod_annotations(kube_api, ns, "one")
     assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";" and ann[A.ALLOCATED] == encode_pod_devices(devs)
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 async def test_allocate_takes_the_pod_from_its_watch_when_the_copy_postdates_the_lock(plugin, kube_api, kube_namespace):
@@ -309,7 +361,7 @@ async def test_allocate_takes_the_pod_from_its_watch_when_the_copy_postdates_the
     assert cached >= 1, line
     ann = await pod_annotations(kube_api, ns, "watched")
     assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";"
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 async def test_multi_container_pod_with_gpu_init_container(plugin, kube_api, kube_namespace):
@@ -328,7 +380,7 @@ async def test_multi_container_pod_with_gpu_init_container(plugin, kube_api, kub
     assert dict(init_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != dict(worker_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
     ann = await pod_annotations(kube_api, ns, "multi")
     assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";;;"
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 async def test_twenty_pods_one_node(plugin, kube_api, kube_namespace):
@@ -361,7 +413,7 @@ async def test_twenty_pods_one_node(plugin, kube_api, kube_namespace):
         assert {k: got[name][k] for k in expected_env(devs)} == expected_env(devs), name
         ann = await pod_annotations(kube_api, ns, name)
         assert ann[A.BIND_PHASE] == "success", name
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 @pytest.mark.parametrize("annotation, count, reason", [
@@ -378,7 +430,7 @@ async def test_bad_annotation_fails_cleanly(plugin, kube_api, kube_namespace, an
     assert f"pod {ns}/bad" in err.value.details()
     assert re.search(reason, err.value.details()), err.value.details()
     assert (await pod_annotations(kube_api, ns, "bad"))[A.BIND_PHASE] == "failed"
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 async def test_no_lock_and_two_candidates_is_refused(plugin, kube_api, kube_namespace):
@@ -443,7 +495,7 @@ async def test_lock_of_a_deleted_pod_is_released(plugin, kube_api, kube_namespac
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await plugin.kubelet.admit_pod(RESOURCE, [1])
     assert "names a pod that no longer exists" in err.value.details()
-    assert A.NODE_LOCK not in await node_annotations(kube_api, plugin.node)
+    await lock_released(kube_api, plugin.node)
 
 
 # ------------------------------------------------------------------ the full chain (needs `hami scheduler`)
@@ -536,7 +588,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         multi = await client.CoreV1Api(kube_api).read_namespaced_pod("c04", ns)
         cache_dirs = [{m.container_path: m.host_path for m in r.mounts}[f"{p.hook}/vgpu"] for r in responses["c04"]]
         assert cache_dirs == [f"{p.hook}/vgpu/containers/{multi.metadata.uid}_{c}" for c in ("warmup", "worker")]
-        assert A.NODE_LOCK not in await node_annotations(kube_api, node)
+        await lock_released(kube_api, node)
     finally:
         delete_webhook(kube_cluster, webhook)
         kube_cluster.configure_hami_scheduler(SchedulerConfig())

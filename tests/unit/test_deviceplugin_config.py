@@ -97,10 +97,17 @@ async def test_registration_content_and_health():
 
 
 def test_registration_patch_only_when_changed():
+    from hami.kube.nodelock import LOCK_HANDOFF
+
     state = DeviceState(GPUS, NodeSettings())
     now = datetime(2026, 1, 2, 3, 4, 5)
     first = registration_patch(state, {}, now)
-    assert set(first) == {REGISTER, HANDSHAKE} and first[HANDSHAKE] == "Reported 2026-01-02 03:04:05"
-    assert registration_patch(state, {REGISTER: first[REGISTER], HANDSHAKE: "Requesting_2026-01-02 03:04:00"}, now) is None
-    stale = registration_patch(state, {REGISTER: first[REGISTER], HANDSHAKE: "Deleted_2026-01-01 00:00:00"}, now)
+    assert set(first) == {REGISTER, HANDSHAKE, LOCK_HANDOFF} and first[HANDSHAKE] == "Reported 2026-01-02 03:04:05"
+    assert first[LOCK_HANDOFF] == "swap"
+    written = {REGISTER: first[REGISTER], LOCK_HANDOFF: "swap"}
+    assert registration_patch(state, {**written, HANDSHAKE: "Requesting_2026-01-02 03:04:00"}, now) is None
+    stale = registration_patch(state, {**written, HANDSHAKE: "Deleted_2026-01-01 00:00:00"}, now)
     assert stale == {HANDSHAKE: "Reported 2026-01-02 03:04:05"}
+    # --lock-release-delay=0: the declaration is withdrawn (and never written)
+    assert registration_patch(state, {**written, HANDSHAKE: "Reported x"}, now, handoff=False) == {LOCK_HANDOFF: None}
+    assert LOCK_HANDOFF not in registration_patch(state, {}, now, handoff=False)

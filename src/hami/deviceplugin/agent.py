@@ -36,13 +36,14 @@ class NodeAgent:
         ignored_xids: frozenset[int] | None = IGNORED_XIDS,
         xid_wait_ms: int = 1000,
         pod_watch: bool = True,
+        lock_release_delay: float = 1.0,
     ) -> None:
         self.kube = kube
         self.pod_watch = pod_watch
         self.state = DeviceState(gpus, settings)
         self.paths = paths
-        self.allocator = Allocator(kube, settings, paths)
-        self.registrar = Registrar(kube, self.state, interval=register_interval)
+        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay)
+        self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
@@ -87,6 +88,10 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        try:
+            await self.allocator.flush()  # a node lock left for the handoff goes now
+        except Exception as exc:  # noqa: BLE001 - shutting down; the scheduler reclaims finished owners' locks
+            log.error("node lock not released at shutdown: %s", exc)
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
             self._watcher = None

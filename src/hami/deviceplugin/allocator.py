@@ -1,9 +1,14 @@
 """The Allocate flow against the API server (§6.4), serialised per plugin.
 
 find the pod (node lock first; the fallback never guesses between two pods) -> pop one
-annotation entry per kubelet container request -> build env and mounts -> when nothing is
-left, release the node lock (one compare-and-remove) -> patch the remainder (and
-``bind-phase=success`` when nothing is left).
+annotation entry per kubelet container request -> build env and mounts -> patch the remainder
+(and ``bind-phase=success`` when nothing is left) -> when nothing is left, hand the node lock
+on. With ``release_delay`` > 0 (the default; the node says ``hami.io/node-lock-handoff=swap``)
+the lock is left for the scheduler's next Bind on this node to swap over, which it does as
+soon as it sees the pod finished: one lock write per pod instead of a release and a take. The
+plugin removes it itself (one compare-and-remove of the value it read) only if it still holds
+that value after the delay, and drops that pending removal as soon as a later read shows the
+lock moved on. With 0 the lock is removed at once, before the success write.
 Any failure patches ``bind-phase=failed`` and releases the lock before the error goes back
 to the kubelet.
 """
@@ -57,23 +62,36 @@ def reset_cache_dir(path: str) -> None:
 
 
 class Allocator:
-    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths) -> None:
+    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths, release_delay: float = 1.0) -> None:
         self.kube = kube
         self.settings = settings
         self.paths = paths
         self.node = kube.node_name
+        self.release_delay = release_delay
         self._lock = asyncio.Lock()
+        self._deferred: tuple[str, asyncio.Task] | None = None  # (lock value, its delayed removal)
+        self.deferred_stats = {"released": 0, "taken_over": 0}
 
     async def find_pod(self) -> tuple[A.PodView | None, str | None]:
         """(pod, the lock value read). The lock names the pod; without one, exactly one candidate.
         No pod with a lock value: the lock names a pod that no longer exists (stale)."""
         annotations, node_rv = await self.kube.node_annotations()
         raw = annotations.get(A.NODE_LOCK)
+        if self._deferred is not None and self._deferred[0] != raw:
+            self._drop_deferred()  # the scheduler swapped the lock over (or it is gone): nothing to remove
         lock = A.parse_node_lock(raw)
         if lock is not None:
             pod, cached = await self.kube.lock_owner(lock.namespace, lock.name, node_rv)
             if pod is None:
                 return None, raw
+            if pod.annotations.get(A.BIND_PHASE) in ("success", "failed") and pod.node_name == self.node:
+                # A lock left to be handed on names a pod whose allocation is over: it cannot be
+                # the pod being admitted (each lock holder is allocated once). Not ours to touch
+                # (its delayed removal, or the scheduler's swap, deals with it): look for the
+                # pod the way HAMi does without a lock.
+                log.info("node %s: the node lock names pod %s, whose allocation is over; looking for "
+                         "the pending pod among this node's pods", self.node, pod.ref)
+                return A.choose_pending(await self.kube.pods_on_node(), self.node), None
             if cached:
                 log.debug("pod %s: read from the watch cache (newer than the node lock)", pod.ref)
             if pod.node_name != self.node:
@@ -119,7 +137,8 @@ class Allocator:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
         done = A.all_done(pending)
-        if done:
+        handoff = done and held is not None and self.release_delay > 0
+        if done and not handoff:
             # The lock's one job, telling this plugin which pod the kubelet is admitting, is over
             # once the last container's grant is built: hand it back before recording the result,
             # so the scheduler's next Bind on this node overlaps with that write. (Allocate comes
@@ -132,10 +151,45 @@ class Allocator:
         # the label hami.io/vgpu-node is how a vGPU monitor (ours, HAMi's) finds this node's
         # pods; HAMi's scheduler sets it from Filter, ours (--decision-write=binding) leaves it here
         await self.kube.patch_pod_annotations(pod, patch, labels={A.VGPU_NODE: self.node})
+        if handoff:
+            # the pod is marked: the scheduler swaps the lock over for its next Bind here on
+            # seeing that; if none comes within release_delay, remove it ourselves
+            self._defer_release(held)
         names = ", ".join(g.container.name for g in grants)
         log.info("pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
                  pod.ref, names, " (pod complete)" if done else "", self.kube.pods.hits, self.kube.pods.misses)
         return responses
+
+    def _defer_release(self, value: str) -> None:
+        if self._deferred is not None:
+            self._deferred[1].cancel()
+        task = asyncio.get_running_loop().create_task(self._release_later(value))
+        self._deferred = (value, task)
+
+    def _drop_deferred(self) -> None:
+        if self._deferred is not None:
+            self._deferred[1].cancel()
+            self._deferred = None
+            self.deferred_stats["taken_over"] += 1
+
+    async def _release_later(self, value: str, delay: float | None = None) -> None:
+        await asyncio.sleep(self.release_delay if delay is None else delay)
+        async with self._lock:  # never between an Allocate's read of the lock and its use
+            if self._deferred is None or self._deferred[0] != value:
+                return
+            self._deferred = None
+            try:
+                await self.kube.release_held_lock(value)  # left alone when already swapped over
+                self.deferred_stats["released"] += 1
+            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                log.error("node %s: cannot release the node lock %r: %s", self.node, value, _brief(exc))
+
+    async def flush(self) -> None:
+        """Remove a lock whose delayed removal is pending now (at shutdown: leave no lock behind)."""
+        if self._deferred is not None:
+            value, task = self._deferred
+            task.cancel()
+            await self._release_later(value, delay=0)
 
     async def _release_done(self, pod: A.PodView, held: str | None) -> None:
         """A failed release is logged, not fatal (the scheduler reclaims a lock whose owner has

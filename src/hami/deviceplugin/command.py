@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="BOOL", help="watch this node's pods so Allocate can skip reading the pod (default true; "
                    "turn off when pods and nodes live in different etcd clusters, --etcd-servers-overrides, "
                    "since the copy's freshness is judged by comparing their resourceVersions)")
+    p.add_argument("--lock-release-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="leave a finished pod's node lock for the scheduler's next Bind to swap over, and "
+                   "remove it only if it is still there after this many seconds (the node is annotated "
+                   "hami.io/node-lock-handoff=swap; one lock write per pod instead of two); 0 = remove it "
+                   "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -76,7 +81,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
-        pod_watch=args.pod_watch,
+        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -104,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.node_name and not args.dry_run:
         print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    if not 0 <= args.lock_release_delay <= 60:
+        print(f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
+              file=sys.stderr)
         return EXIT_CONFIG
     try:
         settings = load_settings(args.node_name, args.config_file, args.node_config)

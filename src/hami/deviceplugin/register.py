@@ -26,6 +26,8 @@ from .kube import Kube
 
 log = logging.getLogger(__name__)
 
+from hami.kube.nodelock import HANDOFF_SWAP, LOCK_HANDOFF
+
 REGISTER = NvidiaVendor.register_annotation
 HANDSHAKE = NvidiaVendor.handshake_annotation
 
@@ -35,15 +37,21 @@ def handshake_value(now: datetime) -> str:
 
 
 def registration_patch(
-    state: DeviceState, annotations: dict[str, str], now: datetime
-) -> dict[str, str] | None:
-    """The annotations to write, or None when the node already says the right thing."""
+    state: DeviceState, annotations: dict[str, str], now: datetime, handoff: bool = True
+) -> dict[str, str | None] | None:
+    """The annotations to write, or None when the node already says the right thing.
+    ``handoff``: this plugin leaves a finished pod's node lock for the scheduler to swap over
+    (``hami.io/node-lock-handoff=swap``, see allocator.py); False removes that declaration."""
     value = encode_node_devices_json(state.registration())
-    patch: dict[str, str] = {}
+    patch: dict[str, str | None] = {}
     if annotations.get(REGISTER) != value:
         patch[REGISTER] = value
     if patch or annotations.get(HANDSHAKE, "").startswith("Deleted"):
         patch[HANDSHAKE] = handshake_value(now)
+    if handoff and annotations.get(LOCK_HANDOFF) != HANDOFF_SWAP:
+        patch[LOCK_HANDOFF] = HANDOFF_SWAP
+    elif not handoff and LOCK_HANDOFF in annotations:
+        patch[LOCK_HANDOFF] = None
     return patch or None
 
 
@@ -55,7 +63,9 @@ class Registrar:
         interval: float = 30.0,
         retry: float = 5.0,
         clock: Callable[[], datetime] = datetime.now,
+        handoff: bool = True,
     ) -> None:
+        self.handoff = handoff
         self.kube = kube
         self.state = state
         self.interval = interval
@@ -66,7 +76,7 @@ class Registrar:
     async def sync_once(self) -> bool:
         """Write the annotation if needed; True when something was written."""
         annotations, _ = await self.kube.node_annotations()
-        patch = registration_patch(self.state, annotations, self.clock())
+        patch = registration_patch(self.state, annotations, self.clock(), self.handoff)
         if patch is None:
             return False
         await self.kube.patch_node_annotations(patch)

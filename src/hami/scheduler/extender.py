@@ -405,11 +405,14 @@ class Extender:
                     why = "the lock names this pod already; written anew"
                 elif value:
                     why = await self._stale_reason(value, node, spec)
-                    if why is not None and why.startswith(nodelock.OWNER_FINISHED):
-                        # The plugin releases the lock right after it marks the pod: wait for that
-                        # write (one lock write of ours after it) instead of racing it (a lost race
-                        # costs a rejected swap, a read and a write). A plugin that never releases
-                        # costs one grace period, then the lock is swapped over.
+                    if why is not None and why.startswith(nodelock.OWNER_FINISHED) and \
+                            (meta.get("annotations") or {}).get(nodelock.LOCK_HANDOFF) != nodelock.HANDOFF_SWAP:
+                        # This node's plugin releases the lock right after it marks the pod (HAMi's
+                        # do): wait for that write (one lock write of ours after it) instead of
+                        # racing it (a lost race costs a rejected swap, a read and a write). A plugin
+                        # that never releases costs one grace period, then the lock is swapped over.
+                        # A plugin that declares hami.io/node-lock-handoff=swap (ours) leaves the
+                        # lock to us: it is swapped over at once.
                         now = time.monotonic()
                         handoff = now if handoff is None else handoff
                         wait = min(handoff + self.handoff_grace, deadline) - now

@@ -1,0 +1,139 @@
+"""The Allocate flow's handling of the node lock (allocator.py), over an in-memory API: the
+handoff (--lock-release-delay > 0: the success write first, the lock left for the scheduler to
+swap over, removed after the delay only while it still has the value read), the immediate
+release (0: removed before the success write), and a lock naming a finished pod."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hami.deviceplugin import allocate as A
+from hami.deviceplugin.allocator import Allocator
+from hami.deviceplugin.nodeconfig import NodeSettings
+
+LOCK_P = "2026-11-22T03:00:00Z,ns,p"
+LOCK_Q = "2026-11-22T03:00:01Z,ns,q"
+
+
+def pod_obj(name: str, phase: str = "allocating", to_allocate: str = "GPU-1,NVIDIA,1000,10:;") -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": {A.BIND_PHASE: phase, A.TO_ALLOCATE: to_allocate, A.ALLOCATED: to_allocate,
+                                         A.VGPU_NODE: "n1", A.BIND_TIME: "1"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"}}
+
+
+class FakeKube:
+    """The calls Allocator makes (deviceplugin/kube.py Kube), with a journal of the writes."""
+
+    def __init__(self, lock: str | None, pods: list[dict]) -> None:
+        self.node_name = "n1"
+        self.annotations = {A.NODE_LOCK: lock} if lock else {}
+        self.pods_by_name = {p["metadata"]["name"]: p for p in pods}
+        self.journal: list[tuple] = []
+        self.pods = A.PodCache()
+
+    async def node_annotations(self):
+        return dict(self.annotations), "7"
+
+    async def lock_owner(self, namespace, name, node_rv):
+        obj = self.pods_by_name.get(name)
+        return (A.pod_view_from_object(obj) if obj else None), False
+
+    async def pods_on_node(self):
+        return [A.pod_view_from_object(p) for p in self.pods_by_name.values()]
+
+    async def patch_pod_annotations(self, pod, values, labels=None):
+        self.journal.append(("pod", pod.name, dict(values), dict(labels or {})))
+        ann = self.pods_by_name[pod.name]["metadata"]["annotations"]
+        for k, v in values.items():
+            if v is None:
+                ann.pop(k, None)
+            else:
+                ann[k] = v
+
+    async def release_held_lock(self, value, key=A.NODE_LOCK):
+        self.journal.append(("release", value, self.annotations.get(key) == value))
+        if self.annotations.get(key) == value:
+            del self.annotations[key]
+
+    async def release_lock(self, pod, attempts=5):
+        self.journal.append(("release_owned", pod.name if pod else None))
+        held = A.parse_node_lock(self.annotations.get(A.NODE_LOCK))
+        if held is not None and pod is not None and held.name == pod.name:
+            del self.annotations[A.NODE_LOCK]
+        return True
+
+
+def allocator(kube: FakeKube, delay: float, tmp_path) -> Allocator:
+    return Allocator(kube, NodeSettings(), A.HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay)
+
+
+async def test_the_lock_is_left_for_a_swap_and_removed_after_the_delay(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, 0.2, tmp_path)
+    await alloc.allocate([1])
+    # the success write came first, the lock is still there (for the next Bind to swap over)
+    assert kube.journal[0][:2] == ("pod", "p") and kube.journal[0][2][A.BIND_PHASE] == "success"
+    assert kube.journal[0][3] == {A.VGPU_NODE: "n1"}
+    assert kube.annotations[A.NODE_LOCK] == LOCK_P
+    await asyncio.sleep(0.4)
+    assert kube.journal[-1] == ("release", LOCK_P, True) and A.NODE_LOCK not in kube.annotations
+    assert alloc.deferred_stats == {"released": 1, "taken_over": 0}
+
+
+async def test_a_lock_swapped_over_is_never_removed_and_its_removal_is_dropped(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p"), pod_obj("q")])
+    alloc = allocator(kube, 0.3, tmp_path)
+    await alloc.allocate([1])
+    kube.annotations[A.NODE_LOCK] = LOCK_Q  # the scheduler's swap for its next Bind
+    await alloc.allocate([1])  # the kubelet admits q: its read shows the lock moved on
+    assert alloc.deferred_stats["taken_over"] == 1
+    assert kube.pods_by_name["q"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
+    await asyncio.sleep(0.5)
+    releases = [j for j in kube.journal if j[0] == "release"]
+    assert releases == [("release", LOCK_Q, True)]  # p's value was never sent; q's went after its delay
+
+
+async def test_a_delayed_removal_that_finds_another_value_leaves_it(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, 0.1, tmp_path)
+    await alloc.allocate([1])
+    kube.annotations[A.NODE_LOCK] = LOCK_Q  # swapped over; no Allocate came to notice it
+    await asyncio.sleep(0.3)
+    assert kube.annotations[A.NODE_LOCK] == LOCK_Q  # the compare-and-remove of p's value did nothing
+
+
+async def test_flush_removes_a_pending_lock_at_once(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, 30.0, tmp_path)
+    await alloc.allocate([1])
+    await alloc.flush()
+    assert A.NODE_LOCK not in kube.annotations and alloc.deferred_stats["released"] == 1
+
+
+async def test_with_no_delay_the_lock_goes_before_the_success_write(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    await allocator(kube, 0, tmp_path).allocate([1])
+    assert kube.journal[0] == ("release", LOCK_P, True)
+    assert kube.journal[1][:2] == ("pod", "p") and kube.journal[1][2][A.BIND_PHASE] == "success"
+
+
+async def test_a_lock_naming_a_finished_pod_is_not_taken_for_the_pod_being_admitted(tmp_path):
+    """Inside the handoff window an Allocate for a pod bound without the lock: the finished pod
+    is neither allocated again nor marked failed; the pending pod is found as HAMi does."""
+    done = pod_obj("p", phase="success", to_allocate=";")
+    other = pod_obj("r")
+    kube = FakeKube(LOCK_P, [done, other])
+    [resp] = await allocator(kube, 1.0, tmp_path).allocate([1])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+    assert kube.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
+    assert kube.pods_by_name["r"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
+    assert [j[1] for j in kube.journal if j[0] == "pod"] == ["r"]
+    # and with no pending pod at all, the error names the situation and touches nothing
+    kube2 = FakeKube(LOCK_P, [pod_obj("p", phase="success", to_allocate=";")])
+    with pytest.raises(A.AllocationError, match="no pod is waiting"):
+        await allocator(kube2, 1.0, tmp_path).allocate([1])
+    assert kube2.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
