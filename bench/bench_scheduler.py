@@ -5,8 +5,8 @@
    annotations) through the same watch handlers a live cluster feeds, then the in-process
    aiohttp server is called over loopback TCP exactly as kube-scheduler calls it
    (``ExtenderArgs`` with all 1000 ``NodeNames``), one new pod per call. Each call decides and
-   reserves; the decision patch to the API server is NOT made here (``record=False``): it
-   needs an API server, and its cost is in figure 2. Printed beside it, as in-process
+   reserves; nothing is written to an API server here (``record=False``; by default a decision
+   is written by the Binding anyway, and the cost of the writes is in figure 2). Printed beside it, as in-process
    baselines, the same decision through ``Extender.filter`` without HTTP and through
    ``hami.core.schedule_pod`` alone.
 2. ``--e2e``: the real control plane (kube-apiserver + kube-scheduler + kwok, the test
@@ -14,8 +14,10 @@
    sets it up (plain HTTP on its loopback listener, ``--extender-bind``), 1000
    GPU pods created at once; pods/s from the first creation to the last pod bound (the
    Binding's PodScheduled condition). kwok runs no device plugin: the test suite's
-   PluginStandIn plays the node side of the handoff (marks the pod allocated, releases the
-   node lock), as in the integration tests. Filter/Bind latencies including the API writes
+   PluginStandIn plays the node side of the handoff as `hami device-plugin` does with its
+   defaults (marks the pod allocated, leaves the node lock for the next Bind to swap over and
+   removes it after 1 s if none did; the nodes declare hami.io/node-lock-handoff=swap), as in
+   the integration tests. Filter/Bind latencies including the API writes
    are read from the scheduler's own /metrics histograms (bucket bounds). Beside it: the same
    nodes with GPU-less pods through default-scheduler, and again without kube-scheduler's
    client rate limit (qps 50 caps it near 50 pods/s); per run, how many nodes were busy binding
@@ -218,7 +220,7 @@ def cpu_per_pod(before: dict[str, float], after: dict[str, float], pods: int) ->
 
 def timed_standin(base: type) -> type:
     """The test suite's PluginStandIn, timing each pod it serves: queueing in its worker pool
-    (seen bound -> work starts) and its own API calls (work starts -> lock released)."""
+    (seen bound -> work starts) and its own API calls (work starts -> pod marked)."""
 
     class Timed(base):
         def __init__(self, *a, **kw) -> None:
@@ -240,7 +242,7 @@ def timed_standin(base: type) -> type:
             if not self.worked:
                 return "no pod served"
             return (f"{len(self.worked)} serves; queued p50 {percentile(self.queued, 50) * 1e3:.0f} ms, "
-                    f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (like the plugin: node metadata, pod unless its watched copy postdates the lock, lock release, pod patch) "
+                    f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (like the plugin: node metadata, pod unless its watched copy postdates the lock, pod patch) "
                     f"p50 {percentile(self.worked, 50) * 1e3:.0f} ms, p99 {percentile(self.worked, 99) * 1e3:.0f} ms")
 
     return Timed
@@ -322,8 +324,8 @@ def e2e(args: argparse.Namespace) -> None:
               f"{rate / (n / unlimited):.2f}x the unlimited one; "
               f"target >= 50: {'met' if rate >= 50 else 'NOT met'})")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
-        print(f"  /filter (decision patch in the background): {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}")
-        print(f"  /bind (waits for the patch and the node lock, then Binding): {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}")
+        print(f"  /filter (decision reserved, written by the Binding): {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}")
+        print(f"  /bind (waits for the node lock, then Binding): {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}")
         print(f"  node-lock wait in Bind: {_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}")
     finally:
         cluster.configure_hami_scheduler(KubeSchedulerConfig()) if cluster.binaries else None

@@ -192,6 +192,7 @@ def test_non_default_values_are_honoured(helm):
     assert monitor["volumeMounts"] == [{"name": "containers", "mountPath": "/opt/gpu/vgpu/containers"}]
     plugin = next(c for c in ds["containers"] if c["name"] == "device-plugin")
     assert "--hook-path=/opt/gpu" in plugin["command"]
+    assert "--lock-release-delay=1" in plugin["command"]
     assert docs[("Service", "hami-device-plugin-monitor")]["spec"]["clusterIP"] == "None"
 
 
