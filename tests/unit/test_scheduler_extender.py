@@ -286,6 +286,27 @@ async def test_a_bind_waiting_for_a_lock_takes_it_right_after_the_plugins_releas
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
 
 
+async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_is_swapped_at_once():
+    """hami.io/node-lock-handoff=swap (our plugin, --lock-release-delay > 0): no waiting for a
+    release that will not come soon; one compare-and-swap as soon as the owner is seen finished."""
+    from hami.kube import nodelock
+
+    svc, api, held, done = _held_by_allocating_owner()
+    declared = {**held, "metadata": {**held["metadata"], "annotations": {
+        **held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}}}
+    api.nodes["n1"] = declared
+    svc.state.put_node(declared)
+    svc.extender.handoff_grace = 30.0
+    waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and api.patches == 0  # a live owner: Bind waits
+    svc.state.apply_pod("MODIFIED", done)
+    value = await asyncio.wait_for(waiter, 10)  # (the grace would be 30 s)
+    assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
+    assert svc.extender.stats["lock_handoffs"] == 1 and svc.extender.stats["lock_reclaims"] == 0
+
+
 async def test_a_finished_owners_lock_is_swapped_over_when_the_plugin_never_releases_it():
     """No release within the handoff grace: one compare-and-swap of exactly the owner's value;
     the value stays HAMi's `time,ns,name`."""

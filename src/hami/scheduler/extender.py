@@ -111,7 +111,7 @@ class Extender:
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
-        self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0}
+        self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0, "lock_handoffs": 0}
 
     async def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.ready_wait
@@ -430,9 +430,10 @@ class Extender:
                         continue
                     # routine when the owner just finished (we woke on its bind-phase before the
                     # plugin's own release came back); anything else is worth a line at info
-                    level = logging.DEBUG if why.startswith(nodelock.OWNER_FINISHED) else logging.INFO
-                    log.log(level, "node %s: taking over lock %r: %s", node, value, why)
-                    self.stats["lock_reclaims"] += 1
+                    handed_on = why.startswith(nodelock.OWNER_FINISHED)
+                    log.log(logging.DEBUG if handed_on else logging.INFO, "node %s: taking over lock %r: %s",
+                            node, value, why)
+                    self.stats["lock_handoffs" if handed_on else "lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)
                 if mine == value:  # the same second: the write would change nothing (no new revision)
