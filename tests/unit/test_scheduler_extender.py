@@ -629,6 +629,32 @@ async def test_a_decision_no_bind_comes_for_expires_with_its_reservation():
     assert "carries no decision" in answer["Error"] and api.bindings == []
 
 
+async def test_a_failed_bind_keeps_the_decision_so_it_can_expire():
+    """A Bind that fails (here: the node lock stays busy) leaves the reservation and the decision
+    in place for kube-scheduler's retry; with no retry, the decision expires with it."""
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    ext.lock_retry_timeout = 0
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
+        datetime.now(timezone.utc), "ns", "busy")
+    svc.state.put_node(api.nodes[chosen])
+    busy = pod("busy", mem=10)
+    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    busy["spec"]["nodeName"] = chosen
+    svc.state.apply_pod("ADDED", busy)
+    api.pods["busy"] = busy
+    answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
+    assert "failed" in answer["Error"] and api.bindings == []
+    assert svc.state.ledger.is_reserved("uid-a")
+    assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1
+    assert svc.state.ledger.pod("uid-a") is None
+
+
 async def test_a_refilter_replaces_the_unwritten_decision():
     svc, api = _decision_setup("binding", "a", gpus=1)
     ext = svc.extender

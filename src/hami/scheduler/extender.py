@@ -238,6 +238,7 @@ class Extender:
             self.state.ledger.remove_pod(uid or f"{ns}/{name}")
             return {"Error": f"pod {ns}/{name} not found"}
         taken: list[tuple[nodelock.LockSpec, str]] = []
+        decision = None
         try:
             decision = self._take_decision(ns, name, node)
             if decision is None:
@@ -254,6 +255,10 @@ class Extender:
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
             if isinstance(exc, BindingUnverified):
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
+            if decision is not None:
+                # still reserved: kube-scheduler filters the pod again (which replaces it), else
+                # it expires like any decision no Bind came for
+                self._decisions.setdefault(f"{ns}/{name}", decision)
             for spec, value in reversed(taken):
                 await self._release_quietly(node, ns, name, spec, value)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
