@@ -60,11 +60,11 @@ def _sysfs(root: Path) -> None:
 class Plugin:
     """One `hami device-plugin` subprocess plus its kubelet stand-in and temp dirs."""
 
-    def __init__(self, cluster, node: str, split: int = SPLIT) -> None:
+    def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0) -> None:
         self.cluster = cluster
         self.node = node
         self.split = split
-        self.release_delay = 1.0  # the default --lock-release-delay
+        self.release_delay = release_delay  # --lock-release-delay (1 s is the default)
         self.tmp = Path(tempfile.mkdtemp(prefix="hdp", dir="/tmp"))  # short: socket path limit
         self.plugin_dir = self.tmp / "dp"
         self.hook = self.tmp / "hook"
@@ -76,6 +76,7 @@ class Plugin:
                              "enablegetpreferredallocation": True}]}))
         self.kubelet = KubeletStandIn(self.plugin_dir)
         self.proc: subprocess.Popen | None = None
+        self._stopped = False
         self.log = self.tmp / "plugin.log"
 
     async def start(self) -> None:
@@ -87,11 +88,16 @@ class Plugin:
                "--node-config", str(self.tmp / "config.json"), "--config-file", str(self.tmp / "none.yaml"),
                "--hook-path", str(self.hook), "--lock-dir", str(self.tmp / "vgpulock"),
                "--sysfs-root", str(self.tmp / "sys"), "--nvml-library", str(FAKE_NVML),
-               "--register-interval", "0.5", "--poll-interval", "0.1", "-v"]
+               "--register-interval", "0.5", "--poll-interval", "0.1", "--lock-release-delay", str(self.release_delay),
+               "-v"]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         await self.kubelet.wait_for(lambda: len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == 2 * self.split, 30)
 
     async def stop(self) -> None:
+        """SIGTERM (the plugin's orderly shutdown) and the kubelet stand-in; once."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.proc is not None:
             self.proc.terminate()
             try:
@@ -318,6 +324,32 @@ async def test_a_finished_pods_lock_is_handed_on_never_removed_from_the_next_pod
     pod = await client.CoreV1Api(kube_api).read_namespaced_pod("h2", ns)
     await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
     await lock_released(kube_api, plugin.node)
+
+
+async def test_shutdown_removes_a_lock_left_for_the_handoff_and_withdraws_the_declaration(kube_cluster, kube_api,
+                                                                                           kube_namespace):
+    """A lock whose delayed removal is pending goes at shutdown (SIGTERM), and so does the node's
+    hami.io/node-lock-handoff, so a plugin that replaces this one is not swapped over."""
+    ns = kube_namespace
+    node = f"dp-{uuid.uuid4().hex[:8]}"
+    create_plain_node(kube_cluster, node)
+    p = Plugin(kube_cluster, node, release_delay=60)
+    try:
+        await p.start()
+        await create_pod(kube_api, ns, "last", [gpu_container("main", 1)])
+        await schedule_like_ours(kube_api, node, ns, "last", [[dev(G0, 100)]])
+        pod = await client.CoreV1Api(kube_api).read_namespaced_pod("last", ns)
+        await p.kubelet.admit_pod(RESOURCE, counts(pod))
+        ann = await node_annotations(kube_api, node)
+        assert ann[A.NODE_LOCK].endswith(f",{ns},last") and ann[nodelock.LOCK_HANDOFF] == "swap"
+        await p.stop()
+        ann = await node_annotations(kube_api, node)
+        assert A.NODE_LOCK not in ann and nodelock.LOCK_HANDOFF not in ann, ann
+    finally:
+        await p.stop()
+        print(f"--- hami device-plugin log (node {node}) ---\n{p.logs()[-8000:]}")
+        kube_cluster.delete_node(node)
+        p.cleanup()
 
 
 async def test_allocate_single_container(plugin, kube_api, kube_namespace):

@@ -17,6 +17,8 @@ from .devices import DeviceState
 from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
 from .nodeconfig import NodeSettings
+from hami.kube.nodelock import LOCK_HANDOFF
+
 from .register import Registrar
 from .server import PluginServer
 
@@ -92,6 +94,13 @@ class NodeAgent:
             await self.allocator.flush()  # a node lock left for the handoff goes now
         except Exception as exc:  # noqa: BLE001 - shutting down; the scheduler reclaims finished owners' locks
             log.error("node lock not released at shutdown: %s", exc)
+        if self.registrar.handoff:
+            # the declaration lives while this plugin runs: a plugin that replaces this one (HAMi's,
+            # which releases the lock itself) must not find the scheduler swapping over its locks
+            try:
+                await self.kube.patch_node_annotations({LOCK_HANDOFF: None})
+            except Exception as exc:  # noqa: BLE001 - shutting down; logged
+                log.error("node %s: %s not withdrawn at shutdown: %s", self.kube.node_name, LOCK_HANDOFF, exc)
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
             self._watcher = None
