@@ -221,7 +221,8 @@ class PluginStandIn:
         # the scheduler to swap over (the node says hami.io/node-lock-handoff=swap, make_gpu_node),
         # and removed after this delay only if it still has the value read; 0 = removed at once
         self.release_delay = release_delay
-        self._deferred: dict[str, tuple[float, str]] = {}  # node -> (due, lock value)
+        self._deferred: dict[str, tuple[float, str, int]] = {}  # node -> (due, lock value, serve number)
+        self._serves = 0  # numbers the serves: a slower, earlier serve never overrides a later one's entry
         self._deferred_wake = threading.Condition()
         self._timer = threading.Thread(target=self._release_deferred, daemon=True)
         self.allocated: list[tuple[str, str, str]] = []  # (node, ns/name, allocated annotation)
@@ -252,7 +253,7 @@ class PluginStandIn:
         with self._deferred_wake:
             self._deferred_wake.notify()
         self._timer.join(10)
-        for node, (_, value) in list(self._deferred.items()):  # as the plugin's flush at shutdown
+        for node, (_, value, _) in list(self._deferred.items()):  # as the plugin's flush at shutdown
             with contextlib.suppress(ApiError, OSError):
                 self._release(node, value)
         self._deferred.clear()
@@ -262,11 +263,11 @@ class PluginStandIn:
         while not self._stop.is_set():
             with self._deferred_wake:
                 now = time.monotonic()
-                due = [(n, v) for n, (t, v) in self._deferred.items() if t <= now]
+                due = [(n, v) for n, (t, v, _) in self._deferred.items() if t <= now]
                 for n, _ in due:
                     del self._deferred[n]
                 if not due:
-                    nxt = min((t for t, _ in self._deferred.values()), default=now + 1.0)
+                    nxt = min((t for t, _, _ in self._deferred.values()), default=now + 1.0)
                     self._deferred_wake.wait(max(0.0, min(nxt - now, 1.0)))
                     continue
             for node, value in due:
@@ -371,6 +372,8 @@ class PluginStandIn:
         name = node["metadata"]["name"]
         raw = (node["metadata"].get("annotations") or {}).get(nodelock.NODE_LOCK)
         with self._deferred_wake:
+            self._serves += 1
+            serve = self._serves
             if name in self._deferred and self._deferred[name][1] != raw:
                 del self._deferred[name]  # swapped over by the scheduler: nothing to remove
         lock = nodelock.parse_node_lock(raw)
@@ -404,7 +407,8 @@ class PluginStandIn:
                  content_type=MERGE)
         if self.release_delay:
             with self._deferred_wake:
-                self._deferred[name] = (time.monotonic() + self.release_delay, raw)
+                if name not in self._deferred or self._deferred[name][2] < serve:
+                    self._deferred[name] = (time.monotonic() + self.release_delay, raw, serve)
                 self._deferred_wake.notify()
         self.allocated.append((name, f"{lock.namespace}/{lock.name}", ann[ALLOCATED]))
 

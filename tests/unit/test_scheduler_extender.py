@@ -297,6 +297,13 @@ async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_i
     api.nodes["n1"] = declared
     svc.state.put_node(declared)
     svc.extender.handoff_grace = 30.0
+    on_server = {"pod": done}
+    node_get = api.get
+
+    async def get(path):  # the owner as the API server has it (read before a swap at once)
+        return on_server["pod"] if "/pods/" in path else await node_get(path)
+
+    api.get = get
     waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
     await asyncio.sleep(0.05)
     assert not waiter.done() and api.patches == 0  # a live owner: Bind waits
@@ -305,6 +312,32 @@ async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_i
     assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
     assert svc.extender.stats["lock_handoffs"] == 1 and svc.extender.stats["lock_reclaims"] == 0
+
+
+async def test_a_swap_at_once_reads_the_owner_first_a_same_name_successor_keeps_its_lock():
+    """The lock names no UID: the cache's finished copy may be an earlier pod of that name while
+    the lock belongs to its successor, bound here and still allocating. The owner is read before
+    the swap; a live successor keeps the lock and the Bind waits."""
+    from hami.kube import nodelock
+
+    svc, api, held, done = _held_by_allocating_owner()
+    declared = {**held, "metadata": {**held["metadata"], "annotations": {
+        **held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}}}
+    api.nodes["n1"] = declared
+    svc.state.put_node(declared)
+    successor = {**done, "metadata": {**done["metadata"], "uid": "uid-a-2", "resourceVersion": "9",
+                                      "annotations": {**done["metadata"]["annotations"], "hami.io/bind-phase": "allocating"}}}
+    node_get = api.get
+
+    async def get(path):
+        return successor if "/pods/" in path else await node_get(path)
+
+    api.get = get
+    svc.state.apply_pod("MODIFIED", done)  # the cache: the earlier pod of that name, finished
+    svc.extender.lock_retry_timeout = 0.3
+    with pytest.raises(nodelock.LockContention):
+        await svc.extender.acquire_lock("n1", "ns", "b")
+    assert api.patches == 0 and nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a")
 
 
 async def test_a_finished_owners_lock_is_swapped_over_when_the_plugin_never_releases_it():
@@ -611,6 +644,9 @@ async def test_a_bind_without_a_decision_for_that_node_fails_and_keeps_no_lock()
     answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": other})
     assert "carries no decision" in answer["Error"]
     assert api.bindings == [] and all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+    # the decision for the other node stays tracked: it expires with its reservation
+    assert svc.state.ledger.is_reserved("uid-a")
+    assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1 and svc.state.ledger.pod("uid-a") is None
     fresh, api2 = _decision_setup("binding", "a")  # a replica that never saw the Filter
     answer = await fresh.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
     assert "carries no decision" in answer["Error"] and api2.bindings == []
@@ -653,6 +689,24 @@ async def test_a_failed_bind_keeps_the_decision_so_it_can_expire():
     assert svc.state.ledger.is_reserved("uid-a")
     assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1
     assert svc.state.ledger.pod("uid-a") is None
+
+
+async def test_a_pod_bound_elsewhere_replaces_this_replicas_reservation():
+    """This replica filtered the pod (reserved on one node), lost the lease; the new leader bound
+    it to the other node. The bound pod's watch event wins over the stale reservation at once."""
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    other = "n2" if chosen == "n1" else "n1"
+    bound = pod("a", node_name=other, uuid=f"{other}-g0", mem=600)
+    bound["metadata"]["resourceVersion"] = "5"
+    bound["spec"]["nodeName"] = other
+    svc.state.apply_pod("MODIFIED", bound)
+    assert not svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == other
+    assert [m for _, _, m, _ in svc.state.ledger.device_usage(chosen)] == [0]
+    assert [m for _, _, m, _ in svc.state.ledger.device_usage(other)] == [600]
+    assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1  # leaves the bound pod alone
+    assert svc.state.ledger.pod("uid-a").node == other
 
 
 async def test_a_refilter_replaces_the_unwritten_decision():

@@ -72,12 +72,13 @@ class Allocator:
         self._deferred: tuple[str, asyncio.Task] | None = None  # (lock value, its delayed removal)
         self.deferred_stats = {"released": 0, "taken_over": 0}
 
-    async def find_pod(self) -> tuple[A.PodView | None, str | None]:
+    async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:
         """(pod, the lock value read). The lock names the pod; without one, exactly one candidate.
-        No pod with a lock value: the lock names a pod that no longer exists (stale)."""
+        No pod with a lock value: the lock names a pod that no longer exists (stale).
+        ``allocating``: called from Allocate, under the allocator's lock."""
         annotations, node_rv = await self.kube.node_annotations()
         raw = annotations.get(A.NODE_LOCK)
-        if self._deferred is not None and self._deferred[0] != raw:
+        if allocating and self._deferred is not None and self._deferred[0] != raw:
             self._drop_deferred()  # the scheduler swapped the lock over (or it is gone): nothing to remove
         lock = A.parse_node_lock(raw)
         if lock is not None:
@@ -109,7 +110,7 @@ class Allocator:
             pod: A.PodView | None = None
             try:
                 try:
-                    pod, held = await self.find_pod()
+                    pod, held = await self.find_pod(allocating=True)
                 except _NotThisPod as exc:
                     log.error("Allocate failed: %s", exc)
                     raise A.AllocationError(str(exc)) from None
@@ -252,7 +253,7 @@ async def preferred_allocation(allocator: Allocator, requests: Sequence[tuple[Se
     try:
         pod, _ = await allocator.find_pod()
         pending = A.pending_devices(pod) if pod else []
-    except (A.AllocationError, ApiException, aiohttp.ClientError) as exc:
+    except (A.AllocationError, _NotThisPod, ApiException, aiohttp.ClientError) as exc:
         log.info("GetPreferredAllocation without a pending pod (%s); plain order", exc)
         pending = []
     entries = [[d.uuid for d in devs] for devs in pending if devs]

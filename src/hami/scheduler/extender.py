@@ -270,9 +270,11 @@ class Extender:
     def _take_decision(self, ns: str, name: str, node: str) -> "_Decision | None":
         """This replica's unwritten decision for the pod, when it is for ``node`` and still
         reserved in the ledger (else None: the decision must then be on the pod already)."""
-        decision = self._decisions.pop(f"{ns}/{name}", None)
+        ref = f"{ns}/{name}"
+        decision = self._decisions.get(ref)
         if decision is None or decision.node != node:
-            return None
+            return None  # (kept: it expires with its reservation unless a re-filter replaces it)
+        del self._decisions[ref]
         held = self.state.ledger.pod(decision.key)
         if held is None or held.node != node or not self.state.ledger.is_reserved(decision.key):
             return None
@@ -365,7 +367,7 @@ class Extender:
                 self.state.put_pod(pod)
         return nodelock.MISSING if pod is None else pod
 
-    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec) -> str | None:
+    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec, swap: bool = False) -> str | None:
         """Why the lock ``value`` on ``node`` may be taken over (None: live). A cached owner that
         looks placed or bound elsewhere is read again first: the cache may lag (a pod bound
         here and still ``allocating`` must keep its lock, the device plugin finds it by it)."""
@@ -375,6 +377,11 @@ class Extender:
         cached = self.state.pod(holder.namespace, holder.name) if holder is not None else None
         owner = await self._owner(value, spec)
         why = nodelock.stale_reason(value, node, now, expiry, owner)
+        if why is not None and cached is not None and nodelock.finished(owner) and swap:
+            # Swapped over at once (no grace for the cache to catch up): the lock names no UID, so
+            # a cached finished copy may be an earlier pod of the same name while the lock is its
+            # successor's, still allocating. Read the owner before taking its lock.
+            return nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec, fresh=True))
         if why is None or cached is None or nodelock.finished(owner) or \
                 nodelock.stale_reason(value, node, now, expiry, None) is not None:
             return why
@@ -409,9 +416,9 @@ class Extender:
                     # on that to trust its watch, PodCache).
                     why = "the lock names this pod already; written anew"
                 elif value:
-                    why = await self._stale_reason(value, node, spec)
-                    if why is not None and why.startswith(nodelock.OWNER_FINISHED) and \
-                            (meta.get("annotations") or {}).get(nodelock.LOCK_HANDOFF) != nodelock.HANDOFF_SWAP:
+                    swap = (meta.get("annotations") or {}).get(nodelock.LOCK_HANDOFF) == nodelock.HANDOFF_SWAP
+                    why = await self._stale_reason(value, node, spec, swap)
+                    if why is not None and why.startswith(nodelock.OWNER_FINISHED) and not swap:
                         # This node's plugin releases the lock right after it marks the pod (HAMi's
                         # do): wait for that write (one lock write of ours after it) instead of
                         # racing it (a lost race costs a rejected swap, a read and a write). A plugin

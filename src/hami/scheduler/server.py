@@ -122,11 +122,13 @@ class SchedulerService:
                 except KubeError as exc:
                     log.warning("node %s: handshake not written: %s", name, exc)
         await self.extender.sweep_locks()
-        self.extender.expire_decisions()
 
     async def _resync_loop(self) -> None:
         while True:
             await asyncio.sleep(self.opts.resync_interval)
+            # in memory only, on every replica, before anything that can fail: a decision no Bind
+            # came for gives its reservation back
+            self.extender.expire_decisions()
             try:
                 await self.resync()
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass

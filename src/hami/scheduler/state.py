@@ -235,8 +235,10 @@ class ClusterState:
             current = self.ledger.pod(key)
             reserved = self.ledger.is_reserved(key)
             same = current is not None and _same_allocation(current, alloc)
-            if reserved and not same:
+            if reserved and not same and not (pod.get("spec") or {}).get("nodeName"):
                 return  # our newer decision's patch has not come back yet: keep the reservation
+            # (a bound pod's allocation is final: it replaces any reservation, e.g. one this replica
+            # made before another replica, now the leader, bound the pod elsewhere)
             if not same or reserved:
                 self.ledger.add_pod(alloc)  # (an identical add also ends the reservation)
         elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
