@@ -297,11 +297,14 @@ async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_i
     api.nodes["n1"] = declared
     svc.state.put_node(declared)
     svc.extender.handoff_grace = 30.0
-    on_server = {"pod": done}
     node_get = api.get
+    pod_reads = []
 
-    async def get(path):  # the owner as the API server has it (read before a swap at once)
-        return on_server["pod"] if "/pods/" in path else await node_get(path)
+    async def get(path):
+        if "/pods/" in path:
+            pod_reads.append(path)
+            return done
+        return await node_get(path)
 
     api.get = get
     waiter = asyncio.create_task(svc.extender.acquire_lock("n1", "ns", "b"))
@@ -312,6 +315,7 @@ async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_i
     assert nodelock.owned_by(value, "ns", "b") and api.patches == 1
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value
     assert svc.extender.stats["lock_handoffs"] == 1 and svc.extender.stats["lock_reclaims"] == 0
+    assert pod_reads == []  # the finished copy (revision 2) postdates the node copy with the lock (1): trusted
 
 
 async def test_a_swap_at_once_reads_the_owner_first_a_same_name_successor_keeps_its_lock():
@@ -321,10 +325,10 @@ async def test_a_swap_at_once_reads_the_owner_first_a_same_name_successor_keeps_
     from hami.kube import nodelock
 
     svc, api, held, done = _held_by_allocating_owner()
-    declared = {**held, "metadata": {**held["metadata"], "annotations": {
+    declared = {**held, "metadata": {**held["metadata"], "resourceVersion": "5", "annotations": {
         **held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}}}
     api.nodes["n1"] = declared
-    svc.state.put_node(declared)
+    svc.state.put_node(declared)  # the lock was written at revision 5, after the predecessor's last write (2)
     successor = {**done, "metadata": {**done["metadata"], "uid": "uid-a-2", "resourceVersion": "9",
                                       "annotations": {**done["metadata"]["annotations"], "hami.io/bind-phase": "allocating"}}}
     node_get = api.get

@@ -75,6 +75,14 @@ def failure_summary(failed: Mapping[str, NodeFailure]) -> list[str]:
     return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
 
 
+def _newer(a: Any, b: Mapping[str, Any]) -> bool:
+    """``a``'s resourceVersion is a later etcd revision than ``b``'s (False when either is not a number)."""
+    try:
+        return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _error(message: str) -> dict:
     return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
 
@@ -367,7 +375,8 @@ class Extender:
                 self.state.put_pod(pod)
         return nodelock.MISSING if pod is None else pod
 
-    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec, swap: bool = False) -> str | None:
+    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec,
+                            swap: Mapping[str, Any] | None = None) -> str | None:
         """Why the lock ``value`` on ``node`` may be taken over (None: live). A cached owner that
         looks placed or bound elsewhere is read again first: the cache may lag (a pod bound
         here and still ``allocating`` must keep its lock, the device plugin finds it by it)."""
@@ -377,10 +386,13 @@ class Extender:
         cached = self.state.pod(holder.namespace, holder.name) if holder is not None else None
         owner = await self._owner(value, spec)
         why = nodelock.stale_reason(value, node, now, expiry, owner)
-        if why is not None and cached is not None and nodelock.finished(owner) and swap:
+        if why is not None and cached is not None and nodelock.finished(owner) and swap is not None \
+                and not _newer(owner, swap):
             # Swapped over at once (no grace for the cache to catch up): the lock names no UID, so
             # a cached finished copy may be an earlier pod of the same name while the lock is its
-            # successor's, still allocating. Read the owner before taking its lock.
+            # successor's, still allocating. A copy newer than the node copy that shows the lock
+            # was written after the lock (a predecessor's last write precedes its successor's
+            # creation, and so the lock): it is the holder's. Any other is read first.
             return nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec, fresh=True))
         if why is None or cached is None or nodelock.finished(owner) or \
                 nodelock.stale_reason(value, node, now, expiry, None) is not None:
@@ -417,7 +429,7 @@ class Extender:
                     why = "the lock names this pod already; written anew"
                 elif value:
                     swap = (meta.get("annotations") or {}).get(nodelock.LOCK_HANDOFF) == nodelock.HANDOFF_SWAP
-                    why = await self._stale_reason(value, node, spec, swap)
+                    why = await self._stale_reason(value, node, spec, obj if swap else None)
                     if why is not None and why.startswith(nodelock.OWNER_FINISHED) and not swap:
                         # This node's plugin releases the lock right after it marks the pod (HAMi's
                         # do): wait for that write (one lock write of ours after it) instead of
