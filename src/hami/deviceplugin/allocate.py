@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
+from hami.kube.revision import newer_than
 from hami.core.types import ContainerDevice, PodSingleDevice
 from hami.kube.nodelock import NodeLock, owned_by, parse_node_lock  # noqa: F401 - shared with the scheduler
 from hami.vendors.nvidia import NvidiaVendor
@@ -72,15 +73,6 @@ def pod_view_from_object(obj: Mapping[str, Any]) -> PodView:
         containers=tuple(container(c) for c in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())),
         node_name=spec.get("nodeName") or "", phase=(obj.get("status") or {}).get("phase") or "",
     )
-
-
-def newer_than(rv: str | None, other: str | None) -> bool:
-    """``rv`` > ``other`` as etcd revisions (what resourceVersions are); False when either is not
-    a number, so a caller falls back to reading the API server."""
-    try:
-        return int(rv or "") > int(other or "")
-    except ValueError:
-        return False
 
 
 class PodCache:

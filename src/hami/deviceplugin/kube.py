@@ -14,9 +14,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hami.kube import nodelock
-from hami.kube.client import skip_env_lookups
-
-from hami.kube.client import KubeClient
+from hami.kube.client import KubeClient, skip_env_lookups
 from hami.kube.reflector import Reflector
 
 from .allocate import ContainerView, PodCache, PodView

@@ -19,14 +19,13 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hami.core.codec import encode_node_devices_json
+from hami.kube.nodelock import HANDOFF_SWAP, LOCK_HANDOFF
 from hami.vendors.nvidia import NvidiaVendor
 
 from .devices import DeviceState
 from .kube import Kube
 
 log = logging.getLogger(__name__)
-
-from hami.kube.nodelock import HANDOFF_SWAP, LOCK_HANDOFF
 
 REGISTER = NvidiaVendor.register_annotation
 HANDSHAKE = NvidiaVendor.handshake_annotation

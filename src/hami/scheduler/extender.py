@@ -29,8 +29,10 @@ from hami.core import CoreError, admit_pod, filter_pod, pod_key, pod_request, re
 from hami.core.reasons import NodeFailure, Reason
 from hami.kube import nodelock
 from hami.kube.client import KubeClient, KubeError, node_path, pod_path
+from hami.kube.revision import newer_than
 
 from .events import EventRecorder
+from .options import DECISION_WRITES
 from .state import VGPU_NODE, ClusterState
 
 log = logging.getLogger(__name__)
@@ -75,14 +77,6 @@ def failure_summary(failed: Mapping[str, NodeFailure]) -> list[str]:
     return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
 
 
-def _newer(a: Any, b: Mapping[str, Any]) -> bool:
-    """``a``'s resourceVersion is a later etcd revision than ``b``'s (False when either is not a number)."""
-    try:
-        return int(a["metadata"]["resourceVersion"]) > int(b["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return False
-
-
 def _error(message: str) -> dict:
     return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
 
@@ -111,8 +105,8 @@ class Extender:
         # decision_write "binding": a Filter decision is written by the Binding (the API server
         # copies a Binding's annotations onto the pod in the write that sets spec.nodeName); until
         # then it lives here and as a reservation in the ledger. "filter": HAMi's pod patch.
-        if decision_write not in ("binding", "filter"):
-            raise ValueError(f"decision_write: expected 'binding' or 'filter', got {decision_write!r}")
+        if decision_write not in DECISION_WRITES:
+            raise ValueError(f"decision_write: expected one of {DECISION_WRITES}, got {decision_write!r}")
         self.decision_write = decision_write
         self.decision_ttl = decision_ttl  # an unbound decision older than this is dropped
         self._decisions: dict[str, _Decision] = {}  # "ns/name" -> decision waiting for its Bind
@@ -386,16 +380,20 @@ class Extender:
         cached = self.state.pod(holder.namespace, holder.name) if holder is not None else None
         owner = await self._owner(value, spec)
         why = nodelock.stale_reason(value, node, now, expiry, owner)
-        if why is not None and cached is not None and nodelock.finished(owner) and swap is not None \
-                and not _newer(owner, swap):
-            # Swapped over at once (no grace for the cache to catch up): the lock names no UID, so
-            # a cached finished copy may be an earlier pod of the same name while the lock is its
-            # successor's, still allocating. A copy newer than the node copy that shows the lock
-            # was written after the lock (a predecessor's last write precedes its successor's
-            # creation, and so the lock): it is the holder's. Any other is read first.
-            return nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec, fresh=True))
-        if why is None or cached is None or nodelock.finished(owner) or \
-                nodelock.stale_reason(value, node, now, expiry, None) is not None:
+        if why is None or cached is None:
+            return why  # live, or just read from the API server
+        if nodelock.finished(owner):
+            # Final once seen, except with a swap at once (no grace for the cache to catch up):
+            # the lock names no UID, so a cached finished copy may be an earlier pod of the same
+            # name while the lock is its successor's, still allocating. A copy newer than the node
+            # copy showing the lock was written after the lock (a predecessor's last write
+            # precedes its successor's creation, and so the lock): it is the holder's.
+            again = swap is not None and not newer_than(
+                (owner.get("metadata") or {}).get("resourceVersion"), (swap.get("metadata") or {}).get("resourceVersion"))
+        else:
+            # placed or bound elsewhere by the cache's word: true only if the owner's state says so
+            again = nodelock.stale_reason(value, node, now, expiry, None) is None
+        if not again:
             return why
         return nodelock.stale_reason(value, node, now, expiry, await self._owner(value, spec, fresh=True))
 

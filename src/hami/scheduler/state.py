@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
+from hami.kube.revision import revision
 
 log = logging.getLogger(__name__)
 
@@ -310,18 +311,9 @@ def _ref(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
-def _rv_int(obj: Mapping[str, Any]) -> int | None:
-    """The resourceVersion as an integer (an etcd revision in practice); None when absent or not numeric."""
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-
-
 def _not_older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     """``new`` is at least as recent as ``old``; unknown/non-numeric versions are accepted."""
-    a, b = _rv_int(new), _rv_int(old)
+    a, b = revision(new), revision(old)
     return a is None or b is None or a >= b
 
 
