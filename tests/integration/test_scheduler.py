@@ -469,3 +469,57 @@ def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, st
         assert real["real"]["spec"]["nodeName"] == node
     finally:
         _cleanup_nodes(kube_cluster, [node])
+
+
+def _extender_call(hami, path: str, body: dict) -> dict:
+    """One call to the scheduler's /filter or /bind, as kube-scheduler makes it (its TLS port here)."""
+    import json
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cadata=hami.cluster.ca_pem.decode())
+    req = urllib.request.Request(hami.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_cluster, hami, standin, ns):
+    """Random UIDs, a wrong UID for an existing name, another scheduler's pod, a bound pod: each
+    Filter asks for every GPU of the node and is refused with a clear Error, and a real pod that
+    needs the whole node is placed afterwards: nothing was held."""
+    selector, (node,) = _group(kube_cluster, "real", 1, gpus=2)
+    try:
+        whole = gpu_pod("x", ns, gpus=2, mem=16384, node_selector=selector)
+        someone_elses = gpu_pod("other", ns, mem=1000, node_selector={"no": "such-node"})
+        someone_elses["spec"]["schedulerName"] = "someone-else"
+        other = _create(kube_cluster, ns, someone_elses)
+        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound", "namespace": ns},
+                 "spec": {"schedulerName": "hami-scheduler", "nodeName": node, "terminationGracePeriodSeconds": 0,
+                          "containers": [{"name": "main", "image": "busybox"}]}}
+        bound = _create(kube_cluster, ns, plain)
+        # a pending pod of ours that no node can take (its Filters must not stack reservations)
+        waiting = _create(kube_cluster, ns, gpu_pod("waiting", ns, gpus=2, mem=16384, node_selector={"no": "such"}))
+
+        def forged(name: str, uid: str) -> dict:
+            p = {**whole, "metadata": {**whole["metadata"], "name": name, "uid": uid}}
+            return {"Pod": p, "NodeNames": [node], "Nodes": None}
+
+        cases = [(forged(f"ghost-{i}", str(uuid.uuid4())), "does not exist") for i in range(3)]
+        cases += [(forged("waiting", str(uuid.uuid4())), f"has UID {waiting['metadata']['uid']}"),
+                  (forged("other", other["metadata"]["uid"]), "is for scheduler 'someone-else'"),
+                  (forged("bound", bound["metadata"]["uid"]), f"already bound to node {node}")]
+        for body, text in cases:
+            answer = _extender_call(hami, "/filter", body)
+            assert text in answer["Error"] and "nothing is reserved" in answer["Error"], answer
+            assert not answer.get("NodeNames")
+        for _ in range(3):  # a real pending pod's Filter, offered the node: one reservation, replaced
+            answer = _extender_call(hami, "/filter", forged("waiting", waiting["metadata"]["uid"]))
+            assert answer["Error"] == "" and answer["NodeNames"] == [node], answer
+        kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/waiting?gracePeriodSeconds=0")
+        # the whole node is free again: a real pod that needs all of it is placed
+        done = _place(kube_cluster, ns, [{**whole, "metadata": {**whole["metadata"], "name": "whole"}}])
+        assert done["whole"]["spec"]["nodeName"] == node
+        assert sorted(c.usedmem for c in _containers(done["whole"])[0]) == [16384, 16384]
+    finally:
+        _cleanup_nodes(kube_cluster, [node])

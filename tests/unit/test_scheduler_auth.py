@@ -160,3 +160,51 @@ async def test_with_a_client_ca_only_its_certificates_reach_filter_and_bind(pki)
         assert status == 200 and "Error" in json.loads(text)
     finally:
         await public.cleanup()
+
+
+# ------------------------------------------------------------------ Filter: real pods only
+
+def _usage(svc, *nodes):
+    return sum(m for n in nodes for _, _, m, _ in svc.state.ledger.device_usage(n))
+
+
+async def test_a_filter_reserves_only_for_a_real_pending_pod_of_ours():
+    from .test_scheduler_state import node, pod
+
+    svc = SchedulerService(Options(), None)  # cache only: the watch's pods are all it knows
+    svc.extender.record = False
+    svc.state.node_handler.replace([node("n1", gpus=1), node("n2", gpus=1)])
+    names = ["n1", "n2"]
+
+    def filt(p):
+        return svc.extender.filter({"Pod": p, "NodeNames": names})
+
+    bound = pod("bound")
+    bound["spec"]["nodeName"] = "n1"
+    leaving = pod("leaving")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    done = pod("done", phase="Succeeded")
+    for p in (bound, leaving, done):
+        svc.state.put_pod(p)
+    real = pod("real", mem=600)
+    svc.state.put_pod(real)
+    impostor = pod("real", mem=1000, uid="uid-forged")  # the right name, another UID
+    no_uid = pod("x", mem=1000)
+    del no_uid["metadata"]["uid"]
+    cases = [(pod("ghost", mem=1000, uid="4f1c0ad6-0000-4000-8000-000000000001"), "does not exist"),
+             (impostor, "does not exist"), (no_uid, "has no metadata.uid"), (bound, "already bound to node n1"),
+             (leaving, "being deleted"), (done, "has finished (Succeeded)")]
+    for p, text in cases:
+        answer = await filt(p)
+        assert text in answer["Error"] and "nothing is reserved" in answer["Error"], (p["metadata"], answer)
+        assert answer["NodeNames"] is None
+    assert _usage(svc, *names) == 0 and not svc.extender._decisions
+    assert svc.extender.stats["filter_refused"] == len(cases)
+
+    # the real pod: its own spec counts, not what the request claims, and a re-filter replaces
+    forged = pod("real", mem=1000)  # same UID, a bigger request in the body
+    for _ in range(3):
+        answer = await filt(forged)
+        assert answer["Error"] == "" and answer["NodeNames"] in (["n1"], ["n2"])
+    assert _usage(svc, *names) == 600
+    assert len(svc.state.ledger.pods()) == 1
