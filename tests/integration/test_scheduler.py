@@ -431,8 +431,9 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         import json as _json
         import urllib.request
 
-        p = gpu_pod("direct", ns, mem=100)
-        p["spec"]["schedulerName"] = "nobody"  # no kube-scheduler touches it; the test calls /filter itself
+        # a real pending pod of ours that no node can take: kube-scheduler never calls an extender
+        # for it, the test calls /filter itself
+        p = gpu_pod("direct", ns, mem=100, node_selector={"no": "such-node"})
         created = _create(kube_cluster, ns, p)
         req = lambda url: urllib.request.urlopen(urllib.request.Request(  # noqa: E731
             url + "/filter", data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
@@ -444,9 +445,10 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         b.stop()
 
 
-def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, standin, ns):
-    """A pod that does not exist in the API server cannot be patched: the reservation Filter made
-    for it is rolled back (a real pod then gets the capacity) and its Bind fails."""
+def test_a_decision_for_a_pod_deleted_before_its_bind_gives_the_capacity_back(kube_cluster, hami, standin, ns):
+    """A pod deleted between its Filter and its Bind (with --decision-write=filter, its decision
+    patch may fail too): the reservation goes (a real pod then gets the capacity) and its Bind
+    fails. A pod that never existed gets no reservation at all (the next test)."""
     import json as _json
     import ssl
     import urllib.request
@@ -460,9 +462,12 @@ def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, st
                                          headers={"Content-Type": "application/json"})
             return _json.loads(urllib.request.urlopen(req, context=ctx, timeout=30).read())
 
-        phantom = gpu_pod("phantom", ns, mem=16000, cores=10, node_selector=selector)
-        phantom["metadata"]["uid"] = str(uuid.uuid4())
+        # pending, and never offered to us by kube-scheduler (no node matches its selector)
+        phantom = _create(kube_cluster, ns, gpu_pod("phantom", ns, mem=16000, cores=10, node_selector={"no": "such"}))
         assert call("filter", {"Pod": phantom, "NodeNames": [node]})["NodeNames"] == [node]
+        kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/phantom?gracePeriodSeconds=0")
+        kube_cluster.wait_for(lambda: not [p for p in pods(kube_cluster, ns) if p["metadata"]["name"] == "phantom"],
+                              "the pod deleted")
         answer = call("bind", {"PodName": "phantom", "PodNamespace": ns, "PodUID": phantom["metadata"]["uid"], "Node": node})
         assert "not found" in answer["Error"] or "cannot record" in answer["Error"] or "404" in answer["Error"]
         real = _place(kube_cluster, ns, [gpu_pod("real", ns, mem=16000, cores=10, node_selector=selector)], timeout=30)
