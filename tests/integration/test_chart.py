@@ -239,7 +239,8 @@ def test_non_default_values_are_honoured(helm):
     assert client["secretName"] == "hami-scheduler-extender-client"
     assert docs[("Issuer", "hami-scheduler-extender-client-ca")]["spec"] == {
         "ca": {"secretName": "hami-scheduler-extender-client-ca"}}
-    assert docs[("Certificate", "hami-scheduler-extender-client-ca")]["spec"]["isCA"] is True
+    client_ca = docs[("Certificate", "hami-scheduler-extender-client-ca")]["spec"]
+    assert client_ca["isCA"] is True and client_ca["duration"] == "87600h"  # scheduler.tls.validityDays
     assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0]["managedResources"]
     device = yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])
     assert device["nvidia"]["resourceMemoryName"] == "nvidia.com/gpu-memory"

@@ -47,19 +47,44 @@ class CertReloader:
 
     ``client_ca``: also ask every caller for a client certificate (optional in the handshake: the
     API server calling /webhook has none) and verify one that is presented against this CA
-    bundle alone (not the system's CAs); :func:`client_verified` tells the handlers. The bundle
-    is read once, at start."""
+    bundle alone (not the system's CAs); :func:`client_verified` tells the handlers. When the
+    bundle file changes (a renewed CA) its certificates are trusted too; those trusted before
+    stay trusted until a restart (an SSLContext can add trust anchors, not drop them)."""
 
     def __init__(self, cert: str, key: str, interval: float = 1.0, client_ca: str = "") -> None:
-        self.cert, self.key, self.interval = cert, key, interval
+        self.cert, self.key, self.interval, self.client_ca = cert, key, interval, client_ca
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         if client_ca:
             self.context.verify_mode = ssl.CERT_OPTIONAL
             self.context.load_verify_locations(cafile=client_ca)
+            self._ca_stamp = self._stat(client_ca)
         self.context.load_cert_chain(cert, key)
         self._stamp = self._current()
         self.reloads = 0
+        self.ca_reloads = 0
+
+    @staticmethod
+    def _stat(path: str) -> tuple:
+        s = os.stat(path)
+        return s.st_mtime_ns, s.st_size, s.st_ino
+
+    def check_client_ca(self) -> bool:
+        """Trust the client CA file's certificates again when the file changed."""
+        if not self.client_ca:
+            return False
+        try:
+            stamp = self._stat(self.client_ca)
+            if stamp == self._ca_stamp:
+                return False
+            self.context.load_verify_locations(cafile=self.client_ca)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log.warning("client CA %s not reloaded (will retry): %s", self.client_ca, exc)
+            return False
+        self._ca_stamp = stamp
+        self.ca_reloads += 1
+        log.info("client CA reloaded from %s (the previous one stays trusted until a restart)", self.client_ca)
+        return True
 
     def _current(self) -> tuple:
         return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(self.cert), os.stat(self.key)))
@@ -82,6 +107,7 @@ class CertReloader:
         while True:
             await asyncio.sleep(self.interval)
             self.check()
+            self.check_client_ca()
 
 
 class SchedulerService:
