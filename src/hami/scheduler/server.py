@@ -32,6 +32,7 @@ from .state import ClusterState, handshake_value
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
+MALFORMED_REGISTRATION = "MalformedRegistration"  # Node event: its registration cannot be read
 
 
 class CertReloader:
@@ -75,6 +76,8 @@ class SchedulerService:
         self.kube = kube
         self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
         self.events = EventRecorder(kube, opts.scheduler_name, success=opts.success_events)
+        self.state.on_malformed = lambda node, message: self.events.record(
+            node, MALFORMED_REGISTRATION, f"devices not scheduled: {message}", "Warning", involved="Node")
         self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
                                  opts.pod_name, opts.pod_namespace)
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)

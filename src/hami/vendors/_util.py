@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from hami.core.codec import json_loads
 from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
@@ -36,7 +36,14 @@ def set_limit(container: dict, name: str, value: int) -> None:
 
 
 def env_append(container: dict, name: str, value: str) -> None:
-    container.setdefault("env", []).append({"name": name, "value": value})
+    """Set ``name=value`` in the container's env: an entry of that name is replaced, not added
+    twice (the webhook may be invoked again on its own output: reinvocationPolicy IfNeeded)."""
+    env = container.setdefault("env", [])
+    for i, e in enumerate(env):
+        if isinstance(e, dict) and e.get("name") == name:
+            env[i] = {"name": name, "value": value}
+            return
+    env.append({"name": name, "value": value})
 
 
 def set_runtime_class(pod: dict, name: str) -> None:
@@ -96,10 +103,7 @@ def name_after_chip(vendor: BaseVendor, cw: str, register_annotation: str) -> No
 
 def load_json(text: str, where: str) -> Any:
     """``json.loads(text)``; CodecError ``<where>: not valid JSON (...)`` when it does not parse."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodecError(f"{where}: not valid JSON ({exc})") from None
+    return json_loads(text, f"{where}: ")
 
 
 def pod_annotation(pod: Any, key: str) -> str | None:
