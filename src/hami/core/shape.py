@@ -51,39 +51,40 @@ def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: in
     # iterative post-order over distinct containers: (height, expanded size) memoised per id
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
-    stack: list[tuple[Any, bool]] = [(value, False)]
+    stack: list[tuple[Any, bool, str]] = [(value, False, where)]
     while stack:
-        node, done = stack.pop()
+        node, done, path = stack.pop()
         if not isinstance(node, (dict, list)):
-            _check_scalar(node, where)
+            _check_scalar(node, path)
             continue
         ident = id(node)
-        children = list(node.values()) if isinstance(node, dict) else node
         if done:
             active.discard(ident)
+            children = node.values() if isinstance(node, dict) else node
             kids = [memo.get(id(c), (0, 1)) for c in children]
             height = 1 + max((h for h, _ in kids), default=0)
             size = 1 + sum(s for _, s in kids)
-            if height > max_depth:
-                raise ShapeError(f"{where}: nested more than {max_depth} levels deep")
             if size > max_nodes:
-                raise ShapeError(f"{where}: more than {max_nodes} values (with aliases expanded)")
+                raise ShapeError(f"{path}: more than {max_nodes} values (with aliases expanded)")
             memo[ident] = (height, size)
             continue
         if ident in memo:
+            if memo[ident][0] + len(active) > max_depth:  # a shared subtree, deeper here
+                raise ShapeError(f"{path}: nested more than {max_depth} levels deep")
             continue
         if ident in active:
-            raise ShapeError(f"{where}: contains itself (a recursive alias)")
+            raise ShapeError(f"{path}: contains itself (a recursive alias)")
         if len(active) >= max_depth:
-            raise ShapeError(f"{where}: nested more than {max_depth} levels deep")
-        if isinstance(node, dict):
-            bad = [k for k in node if not isinstance(k, str)]
-            if bad:
-                bad = bad[0]
-                raise ShapeError(f"{where}: map key {_show(bad)} is a {_kind(bad)}, keys must be strings")
+            raise ShapeError(f"{path}: nested more than {max_depth} levels deep")
         active.add(ident)
-        stack.append((node, True))
-        stack.extend((c, False) for c in children)
+        stack.append((node, True, path))
+        if isinstance(node, dict):
+            for k, c in node.items():
+                if not isinstance(k, str):
+                    raise ShapeError(f"{path}: map key {_show(k)} is a {_kind(k)}, keys must be strings")
+                stack.append((c, False, f"{path}.{k}" if len(path) < 200 else path))
+        else:
+            stack.extend((c, False, f"{path}[{i}]" if len(path) < 200 else path) for i, c in enumerate(node))
 
 
 def _check_scalar(value: Any, where: str) -> None:
