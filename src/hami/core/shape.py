@@ -23,7 +23,7 @@ from typing import Any
 from .errors import CoreError
 
 MAX_DEPTH = 64           # a Pod nests about 12 deep (affinity terms); 64 is generous
-MAX_NODES = 2_000_000    # values in one object tree, aliases expanded
+MAX_NODES = 20_000_000   # values in one object tree, aliases expanded (a 64 MiB file holds fewer)
 
 
 class ShapeError(CoreError):
