@@ -148,3 +148,9 @@ async def test_webhook_answers_a_well_formed_review():
         r = await client.post("/webhook", data=json.dumps(review))
         body = await r.json()
         assert r.status == 200 and body["response"] == {"uid": "u", "allowed": True}
+
+
+async def test_bind_without_an_api_client_is_an_error_not_a_500():
+    async with TestClient(TestServer(service(node("n1")).app())) as client:
+        r = await client.post("/bind", json={"PodName": "a", "PodNamespace": "ns", "Node": "n1"})
+        assert r.status == 200 and "no API server client" in (await r.json())["Error"]

@@ -209,3 +209,18 @@ def test_reinvocation_does_not_duplicate_env():
 def test_malformed_reviews_are_denied_with_400_not_an_exception(body):
     r = review(body, S)["response"]
     assert r["allowed"] is False and r["status"]["code"] == 400 and r["status"]["message"]
+
+
+@pytest.mark.parametrize("container", [
+    {"name": "c", "env": None, "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}}},
+    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": None}},
+    {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": 1000}}},  # count defaulted into limits
+])
+def test_null_fields_are_filled_not_crashed_on(container):
+    d = decide({"metadata": {"name": "p", "namespace": "n"}, "spec": {"containers": [container]}}, S)
+    assert d.allowed, d
+
+
+def test_a_null_container_is_denied():
+    d = decide({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}], "initContainers": [None]}}, S)
+    assert not d.allowed and d.code == 400 and "spec.initContainers[0]: must not be null" in d.message

@@ -164,6 +164,8 @@ def check(value: Any, schema: Any, where: str) -> None:
         if not isinstance(value, list):
             raise ShapeError(f"{where}: must be a list, got {_kind(value)} {_show(value)}")
         for i, item in enumerate(value):
+            if item is None:  # an absent field may be null; a list element may not
+                raise ShapeError(f"{where}[{i}]: must not be null")
             check(item, schema.item, f"{where}[{i}]")
     elif schema is QTY:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):

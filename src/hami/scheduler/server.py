@@ -209,7 +209,10 @@ class SchedulerService:
         except ShapeError as exc:
             answer = {"Error": str(exc)}
         else:
-            answer = await self.extender.bind(body)
+            if self.extender.kube is None:  # a cache-only service (benchmarks) has nothing to bind with
+                answer = {"Error": "this scheduler has no API server client: it cannot bind"}
+            else:
+                answer = await self.extender.bind(body)
         self.metrics.observe_bind(time.perf_counter() - began, "error" if answer.get("Error") else "bound")
         return web.json_response(answer)
 

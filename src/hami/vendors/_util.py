@@ -24,21 +24,28 @@ def in_limits(container: Mapping[str, Any], name: str) -> bool:
     return bool(name) and name in container_resources(container)[0]
 
 
+def _field(obj: dict, key: str, empty: Any) -> Any:
+    """``obj[key]``, made ``empty`` first when absent or null (``setdefault`` keeps a null)."""
+    if obj.get(key) is None:
+        obj[key] = empty
+    return obj[key]
+
+
 def set_both(container: dict, name: str, value: int) -> None:
     """Write ``value`` to limits and requests (what HAMi's webhooks do when they normalise)."""
-    res = container.setdefault("resources", {})
-    res.setdefault("limits", {})[name] = value
-    res.setdefault("requests", {})[name] = value
+    res = _field(container, "resources", {})
+    _field(res, "limits", {})[name] = value
+    _field(res, "requests", {})[name] = value
 
 
 def set_limit(container: dict, name: str, value: int) -> None:
-    container.setdefault("resources", {}).setdefault("limits", {})[name] = value
+    _field(_field(container, "resources", {}), "limits", {})[name] = value
 
 
 def env_append(container: dict, name: str, value: str) -> None:
     """Set ``name=value`` in the container's env: an entry of that name is replaced, not added
     twice (the webhook may be invoked again on its own output: reinvocationPolicy IfNeeded)."""
-    env = container.setdefault("env", [])
+    env = _field(container, "env", [])
     for i, e in enumerate(env):
         if isinstance(e, dict) and e.get("name") == name:
             env[i] = {"name": name, "value": value}
