@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube bench clean proto gpu-check
+.PHONY: simulate test unit native kube bench fuzz clean proto gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,7 +37,12 @@ unit: $(STAMP) proto
 	$(BIN)/python -m pytest -q tests/unit
 
 bench: $(STAMP) native
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in $(filter-out bench/fuzz_inputs.py,$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Every input surface (quantities, registrations, webhook, /filter /bind /webhook, hami simulate)
+# fuzzed with about 100,000 generated inputs; prints inputs / crashes / HTTP 500s / wrong verdicts.
+fuzz: $(STAMP) proto
+	$(BIN)/python bench/fuzz_inputs.py
 
 # Real-GPU checks (device plugin on real NVML, libvgpu limits under PyTorch, compute shares);
 # each prints SKIP on a machine without an NVIDIA GPU.

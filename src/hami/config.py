@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hami import safeyaml
 from hami.core.errors import ConfigError
 
 class _Model(BaseModel):
@@ -276,7 +276,7 @@ def device_config_from_dict(data: Any, source: str = "device-config.yaml") -> De
 
 def load_device_config(text: str, source: str = "device-config.yaml") -> DeviceConfig:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        data = safeyaml.load(text, source)
+    except safeyaml.YamlInputError as exc:
+        raise ConfigError(str(exc)) from None
     return device_config_from_dict(data, source)

@@ -305,6 +305,19 @@ def test_webhook_denials_and_mutations(kube_cluster, hami, ns):
     other = gpu_pod("volcano", ns, mem=100)
     other["spec"]["schedulerName"] = "volcano"
     assert _create(kube_cluster, ns, other)["spec"]["schedulerName"] == "volcano"
+    # quantities in the forms the API server accepts are read as it reads them
+    quantity = gpu_pod("quantity", ns)
+    quantity["spec"]["schedulerName"] = "default-scheduler"
+    quantity["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "1e0", "nvidia.com/gpumem": "1e3"})
+    created = _create(kube_cluster, ns, quantity)
+    assert created["spec"]["schedulerName"] == "hami-scheduler"
+    assert "nvidia.com/gpucores" not in created["spec"]["containers"][0]["resources"]["limits"]  # memory given: shared
+    # a pod asking for no device is left exactly as it was sent (no patch)
+    cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-only", "namespace": ns},
+           "spec": {"schedulerName": "default-scheduler", "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"cpu": "1"}}}]}}
+    created = _create(kube_cluster, ns, cpu)
+    assert created["spec"]["schedulerName"] == "default-scheduler" and "env" not in created["spec"]["containers"][0]
     # the admin opt-in label allows the switch
     kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"hami.io/allow-disable-control": "true"}}},
                      content_type="application/merge-patch+json")

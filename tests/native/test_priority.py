@@ -2,7 +2,12 @@
 node agent: the low-priority task pauses at its next launch while the high-priority one
 launches, and resumes after it goes quiet (HAMI_PRIORITY_QUIET_MS, default 200 ms).
 Also: HAMi's monitor protocol (recent_kernel = -1 blocks) and the host PID in a PID namespace.
-Run with `-s` to see the measured times."""
+Run with `-s` to see the measured times.
+
+The assertions are orderings and contrasts that hold on a saturated machine too: a paused task
+admits (almost) nothing, a running one admits far more (> RUNNING %, where an idle machine gives
+~98 and two CPU hogs on two cores ~40). How fast a pause or resume happens is a figure (printed),
+not an assertion: it depends on how soon the host schedules the load."""
 from __future__ import annotations
 
 import mmap
@@ -19,6 +24,8 @@ from .region_layout import read_region
 pytestmark = pytest.mark.native
 
 RECENT_KERNEL = 2_008_904
+PAUSED = 5    # % of the device: a paused or blocked task (idle machine: 0)
+RUNNING = 20  # % of the device: a task that is not paused (idle machine: ~98; saturated CPU: ~40)
 
 
 @pytest.fixture
@@ -43,10 +50,10 @@ def test_low_priority_yields_and_resumes(env, tmp_path):
     print(f"priority: low paused {yield_ms:.0f} ms after the high task's first launch, resumed "
           f"{resume_ms:.0f} ms after its last; low share while high ran {during:.1f}%, "
           f"high share {th.share(th.start + 100, th.end):.1f}%")
-    assert yield_ms < 250
-    assert 0 < resume_ms < 200 + 400  # quiet time + watcher tick + scheduling slack
-    assert during < 5
-    assert tl.share(resumed_at + 100, tl.end - 50) > 60  # running again (~98 on an idle machine)
+    assert paused_at < th.end  # paused while the high task launched ...
+    assert resumed_at > th.end  # ... and only resumed once it went quiet
+    assert tl.share(paused_at + 1, th.end) < PAUSED
+    assert tl.share(resumed_at + 100, tl.end - 50) > RUNNING  # running again (~98 on an idle machine)
 
 
 def test_priority_is_per_gpu(env, tmp_path):
@@ -62,8 +69,10 @@ def test_priority_is_per_gpu(env, tmp_path):
     print(f"priority per GPU: low share while high ran on the other GPU "
           f"{tl.share(t_other.start + 100, t_other.end):.1f}%, on the same GPU "
           f"{tl.share(t_same.start + 150, t_same.end):.1f}%")
-    assert tl.share(t_other.start + 100, t_other.end) > 60  # not paused (~98 on an idle machine)
-    assert tl.share(t_same.start + 150, t_same.end) < 5
+    assert tl.share(t_other.start + 100, t_other.end) > RUNNING  # not paused (~98 on an idle machine)
+    paused_at = tl.last_before_gap(t_same.start - 20)
+    assert paused_at is not None and paused_at < t_same.end  # paused by the task on its own GPU
+    assert tl.share(paused_at + 1, t_same.end) < PAUSED
 
 
 def test_same_priority_does_not_pause(env, tmp_path):
@@ -73,14 +82,15 @@ def test_same_priority_does_not_pause(env, tmp_path):
     time.sleep(0.5)
     b = start(env, m, peers / "b.cache", priority=1, seconds=1.0, via_exec=True, depth=8)
     ta, tb = a.trace(), b.trace()
-    assert ta.last_before_gap(tb.start - 20, gap_ms=150) is None
-    assert ta.share(tb.start + 100, tb.end) > 30
+    # a pause would last all of b's run (and its quiet time after): a's share would be ~0
+    print(f"same priority: a {ta.share(tb.start + 100, tb.end):.1f}%, b {tb.share(tb.start + 100, tb.end):.1f}%")
+    assert ta.share(tb.start + 100, tb.end) > RUNNING
 
 
 def test_monitor_block_recent_kernel(env, tmp_path):
     """HAMi's monitor blocks a container by writing recent_kernel = -1 into its region."""
     region = tmp_path / "c.cache"
-    task = start(env, tmp_path / "m", region, seconds=2.0)
+    task = start(env, tmp_path / "m", region, seconds=2.0, depth=8)
     deadline = time.time() + 10
     while (not region.exists() or region.stat().st_size < RECENT_KERNEL + 4) and time.time() < deadline:
         time.sleep(0.02)
@@ -92,8 +102,13 @@ def test_monitor_block_recent_kernel(env, tmp_path):
         mm[RECENT_KERNEL:RECENT_KERNEL + 4] = struct.pack("<i", 0)
         released = time.time() * 1000
     tr = task.trace()
-    assert tr.share(blocked + 60, released - 20) < 5
-    assert tr.share(released + 100, tr.end - 50) > 60
+    # launches that had passed the check before the block (at most the 8 in flight) and a late
+    # timeline report may still count after `blocked`; nothing new is admitted while blocked
+    late = tr.count_at(released - 20) - tr.count_at(blocked + 60)
+    print(f"monitor block: {late} launches counted in the blocked window, "
+          f"{tr.share(released + 100, tr.end - 50):.1f}% after release")
+    assert late <= 2 * 8
+    assert tr.share(released + 100, tr.end - 50) > RUNNING
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare")

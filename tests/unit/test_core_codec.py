@@ -71,6 +71,11 @@ def test_legacy_nine_fields_round_trip():
     assert encode_node_devices_legacy(devices) == LEGACY9
 
 
+def test_legacy_numa_may_be_negative_like_the_json_form():
+    (dev,) = decode_node_devices_legacy("DCU-1,4,16384,100,DCU-Z100,-1,true:")
+    assert dev.numa == -1
+
+
 def test_legacy_seven_fields_default_mode_and_go_bools():
     (dev,) = decode_node_devices_legacy("DCU-1,4,16384,100,DCU-Z100,0,t:")
     assert dev.mode == "hami-core" and dev.index == 0 and dev.health is True
@@ -81,6 +86,17 @@ def test_legacy_seven_fields_default_mode_and_go_bools():
     ("GPU-1,10,1,100,T4,0,true,0:", "7 or 9"),
     ("GPU-1,ten,1,100,T4,0,true:", "'count'"),
     ("GPU-1,10,1,100,T4,0,maybe:", "'health'"),
+    ("GPU-1,-10,1,100,T4,0,true:", "'count' must be a non-negative integer, got '-10'"),
+    ("GPU-1,10,-1,100,T4,0,true:", "'devmem' must be a non-negative"),
+    ("GPU-1,10,1,-100,T4,0,true:", "'devcore' must be a non-negative"),
+    ("GPU-1,10,1,100,T4,0,true,-2,hami-core:", "'index' must be a non-negative"),
+    ("GPU-1,+10,1,100,T4,0,true:", "'count'"),
+    ("GPU-1,\u0661\u0660,1,100,T4,0,true:", "'count'"),  # Arabic-Indic digits int() would take
+    ("GPU-1,1_0,1,100,T4,0,true:", "'count'"),
+    ("GPU-1, 10,1,100,T4,0,true:", "'count'"),
+    ("GPU-1,99999999999999999999,1,100,T4,0,true:", "'count'"),  # beyond int64
+    ("GPU-1,10,1,100,T4,x,true:", "'numa' must be an integer"),
+    (",10,1,100,T4,0,true:", "'id' is empty"),
 ])
 def test_legacy_errors(text, needle):
     with pytest.raises(CodecError, match=needle):

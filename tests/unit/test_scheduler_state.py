@@ -246,3 +246,45 @@ def test_a_relist_keeps_a_newer_cached_pod():
     s.put_pod(mine)  # written while the list was in flight
     s.pod_handler.replace([_at(pod("a", "n1", "n1-g0", 300), "8"), _at(pod("b"), "8")])
     assert s.pod("ns", "a") is mine and used(s, "n2") == [300, 0] and s.pod("ns", "b") is not None
+
+
+@pytest.mark.parametrize("value", [
+    "[" * 100_000,                                  # nesting deeper than the parser's stack
+    '[{"id": "g0", "count": ' + "9" * 5000 + "}]",  # an integer of thousands of digits
+    '[{"id": "g0", "count": NaN}]',
+    '[{"id": "g0", "count": 1e400}]',
+    "g0,-1,1000,100,T4,0,true:",                    # legacy: negative count
+    "g0,+1,1000,100,T4,0,true:",                    # legacy: a sign Python's int() would take
+    "g0,١,1000,100,T4,0,true:",                     # legacy: Arabic-Indic digit
+    "g0,1,1_000,100,T4,0,true:",                    # legacy: Python's digit separator
+    "g0,1, 1000,100,T4,0,true:",
+    ",1,1000,100,T4,0,true:",                       # legacy: no id
+])
+def test_any_unreadable_registration_drops_the_nodes_gpus_with_an_event(value):
+    s = ClusterState(CONFIG)
+    seen = []
+    s.on_malformed = lambda n, message: seen.append((n["metadata"]["name"], message))
+    s.node_handler.replace([node("n1"), node("n2")])
+    assert s.ledger.node_names() == ["n1", "n2"]
+    broken = node("n1")
+    broken["metadata"]["annotations"]["hami.io/node-nvidia-register"] = value
+    s.node_handler.apply("MODIFIED", broken)
+    assert s.ledger.node_names() == ["n2"]  # the stale GPUs of n1 are gone, not kept
+    assert len(seen) == 1 and seen[0][0] == "n1" and "hami.io/node-nvidia-register" in seen[0][1]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-register": 7}),
+    lambda n: n["metadata"].update({"annotations": ["x"]}),
+    lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-score": {"a": 1}}),
+    lambda n: n["metadata"]["annotations"].update({"hami.io/node-handshake": None}),
+])
+def test_a_node_of_the_wrong_shape_is_malformed_not_a_crash(mutate):
+    s = ClusterState(CONFIG)
+    seen = []
+    s.on_malformed = lambda n, message: seen.append(message)
+    s.node_handler.replace([node("n1")])
+    broken = node("n1")
+    mutate(broken)
+    s.node_handler.apply("MODIFIED", broken)
+    assert s.ledger.node_names() == [] and len(seen) == 1

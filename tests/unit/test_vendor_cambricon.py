@@ -27,7 +27,7 @@ def test_cards_are_synthesised_from_capacity():
 def test_bad_capacity_is_reported_with_the_field():
     _, warnings = rebuild([node("m", capacity={VCORE: "lots"})], [], CFG.vendors)
     assert warnings == ["skipping node: node m: status.capacity[cambricon.com/mlu.smlu.vcore]: "
-                        "must be an integer quantity, got 'lots'"]
+                        "'lots' is not a quantity (e.g. 3000, 2k, 1Gi, 1e3, 500m)"]
 
 
 @pytest.mark.parametrize("limits,allocated,profile", [

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from hami.config import device_config_from_dict
 from hami.core.fit import QuotaRoom
 from hami.vendors import build_vendors
 from hami.webhook.admission import AdmissionSettings, decide, json_patch, review
@@ -147,3 +148,79 @@ def test_review_response_shape():
     denied = review({**body, "request": {**body["request"], "object": pod(GPU, privileged=True)}}, S)["response"]
     assert not denied["allowed"] and denied["status"]["code"] == 403 and "privileged" in denied["status"]["message"]
     assert review({"request": {"uid": "u2", "object": "nope"}}, S)["response"]["status"]["code"] == 400
+
+
+def _patch_of(answer):
+    r = answer["response"]
+    return json.loads(base64.b64decode(r["patch"])) if "patch" in r else None
+
+
+def _review(p, uid="u1"):
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": uid, "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p}}
+
+
+@pytest.mark.parametrize("limits", [{}, {"cpu": "1", "memory": "1Gi"}, {"nvidia.com/priority": 0}])
+def test_a_pod_asking_for_no_device_gets_no_patch(limits):
+    settings = AdmissionSettings(build_vendors(device_config_from_dict({"nvidia": {"gpuCorePolicy": "force"}})))
+    answer = review(_review(pod(limits)), settings)
+    assert answer["response"]["allowed"] is True and _patch_of(answer) is None
+    assert "patchType" not in answer["response"]
+
+
+@pytest.mark.parametrize("quantity, expect", [
+    ("1e3", 1000), ("1E3", 1000), ("1k", 1000), ("1Ki", 1024), ("1P", 10**15), ("1Pi", 2**50),
+    ("1Ei", 2**60), ("+1000", 1000), ("1000000m", 1000), ("0.5Ki", 512), (" 2000 ", 2000), (1.0e3, 1000),
+])
+def test_memory_quantities_read_like_the_api_server(quantity, expect):
+    mutated = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": quantity}), S).pod
+    from hami.core import pod_request
+    (c,) = pod_request(mutated, S.vendors).containers
+    assert c.requests[0].memreq == expect
+
+
+@pytest.mark.parametrize("quantity, text", [
+    ("١٠٠٠", "is not a quantity"), ("0.5", "whole number"), ("1m", "whole number"), ("1e", "is not a quantity"),
+    ("9" * 5000, "out of range"), ("1e999999999", "out of range"), (float("nan"), "not a number JSON can carry"), ([1], "quantity"),
+])
+def test_bad_quantities_are_denied_naming_the_field(quantity, text):
+    d = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": quantity}), S)
+    assert not d.allowed and d.code == 400 and text in d.message and "nvidia.com/gpumem" in d.message
+
+
+def test_reinvocation_does_not_duplicate_env():
+    settings = AdmissionSettings(build_vendors(device_config_from_dict({"nvidia": {"gpuCorePolicy": "force"}})))
+    first = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/priority": 0}), settings).pod
+    second = decide(first, settings).pod  # reinvocationPolicy IfNeeded: the webhook sees its own output
+    env = second["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env].count("CUDA_TASK_PRIORITY") == 1
+    assert [e["name"] for e in env].count("GPU_CORE_UTILIZATION_POLICY") == 1
+    assert json_patch(first, second) == []
+
+
+@pytest.mark.parametrize("body", [
+    {"request": []}, {"request": {"uid": 5}}, {"request": {"object": {"spec": {"containers": "x"}}}},
+    {"request": {"kind": "Pod", "object": {}}}, {"apiVersion": 1, "request": None},
+    _review({"metadata": [], "spec": {"containers": [{}]}}),
+    _review({"spec": {"containers": [{"resources": {"limits": ["nvidia.com/gpu"]}}]}}),
+    _review({"spec": {"containers": [{"env": [{"name": 5}]}]}}),
+    _review({"metadata": {"annotations": {"a": 1}}, "spec": {"containers": [{}]}}),
+])
+def test_malformed_reviews_are_denied_with_400_not_an_exception(body):
+    r = review(body, S)["response"]
+    assert r["allowed"] is False and r["status"]["code"] == 400 and r["status"]["message"]
+
+
+@pytest.mark.parametrize("container", [
+    {"name": "c", "env": None, "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}}},
+    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": None}},
+    {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": 1000}}},  # count defaulted into limits
+])
+def test_null_fields_are_filled_not_crashed_on(container):
+    d = decide({"metadata": {"name": "p", "namespace": "n"}, "spec": {"containers": [container]}}, S)
+    assert d.allowed, d
+
+
+def test_a_null_container_is_denied():
+    d = decide({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}], "initContainers": [None]}}, S)
+    assert not d.allowed and d.code == 400 and "spec.initContainers[0]: must not be null" in d.message

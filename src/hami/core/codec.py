@@ -14,12 +14,16 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import CodecError
 from .types import ContainerDevice, DeviceInfo, MigProfile, PodSingleDevice, Slice
 
+_INT64 = (-(2**63), 2**63 - 1)
+_UNSIGNED = re.compile(r"[0-9]{1,19}")
+_SIGNED = re.compile(r"-?[0-9]{1,19}")
 _GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _GO_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
@@ -29,17 +33,24 @@ _GO_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
 def _int_field(obj: dict, key: str, where: str) -> int:
     value = obj.get(key, 0)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise CodecError(f"{where}: field {key!r} must be an integer, got {value!r}")
+        raise CodecError(f"{where}: field {key!r} must be an integer, got {_short(value)}")
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise CodecError(f"{where}: field {key!r} is out of range (beyond int64)")
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"a {value.bit_length()}-bit number"
+    return text if len(text) <= 80 else text[:76] + "...'"
 
 
 def _str_field(obj: dict, key: str, where: str) -> str:
     value = obj.get(key, "")
     if not isinstance(value, str):
-        raise CodecError(f"{where}: field {key!r} must be a string, got {value!r}")
+        raise CodecError(f"{where}: field {key!r} must be a string, got {_short(value)}")
     return value
 
 
@@ -108,15 +119,29 @@ def decode_node_devices_json(text: str, vendor: str = "") -> tuple[DeviceInfo, .
 
 def _json_array(text: str, what: str) -> list:
     """``text`` parsed as a JSON array (``null`` reads as empty). CodecError when it is not one."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CodecError(f"not valid JSON ({exc})") from None
+    data = json_loads(text, "")
     if data is None:
         return []
     if not isinstance(data, list):
         raise CodecError(f"must be {what}, got {type(data).__name__}")
     return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_loads(text: Any, prefix: str = "") -> Any:
+    """``json.loads`` with every failure as CodecError: not text, bad syntax, NaN/Infinity,
+    integers of thousands of digits, nesting deeper than the interpreter's stack."""
+    if not isinstance(text, str):
+        raise CodecError(f"{prefix}must be a string, got {type(text).__name__}")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise CodecError(f"{prefix}not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, the int digit limit
+        raise CodecError(f"{prefix}not valid JSON ({str(exc)[:120]})") from None
 
 
 def go_json(obj: Any) -> str:
@@ -154,10 +179,7 @@ def encode_node_devices_json(devices: Iterable[DeviceInfo]) -> str:
 
 def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[str, int]]:
     """Topology annotation (``hami.io/node-nvidia-score``) -> ``{uuid: {uuid: score}}``."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise CodecError(f"annotation {where}: not valid JSON ({exc})") from None
+    data = json_loads(text, f"annotation {where}: ")
     if not isinstance(data, list):
         raise CodecError(f"annotation {where}: must be a JSON array, got {type(data).__name__}")
     out: dict[str, dict[str, int]] = {}
@@ -165,7 +187,7 @@ def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[
         if not isinstance(item, dict) or not isinstance(item.get("uuid"), str) or not isinstance(item.get("score", {}), dict):
             raise CodecError(f"annotation {where}: entry {i} must be {{\"uuid\": str, \"score\": {{uuid: int}}}}")
         scores = item.get("score") or {}
-        bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, int)]
+        bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, int) or not _INT64[0] <= v <= _INT64[1]]
         if bad:
             raise CodecError(f"annotation {where}: entry {i} ({item['uuid']}): score for {bad[0]!r} must be an integer")
         out[item["uuid"]] = dict(scores)
@@ -187,11 +209,13 @@ def _go_parse_bool(text: str, where: str) -> bool:
     raise CodecError(f"{where}: field 'health' must be a boolean, got {text!r}")
 
 
-def _go_int(text: str, where: str, name: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise CodecError(f"{where}: field {name!r} must be an integer, got {text!r}") from None
+def _go_int(text: str, where: str, name: str, signed: bool = False) -> int:
+    """A decimal integer field: ASCII digits only (no sign, spaces, ``_`` or other scripts'
+    digits, which Python's ``int`` would take), ``-`` only where ``signed``, within int64."""
+    if (_SIGNED if signed else _UNSIGNED).fullmatch(text) and _INT64[0] <= int(text) <= _INT64[1]:
+        return int(text)
+    what = "an integer" if signed else "a non-negative integer"
+    raise CodecError(f"{where}: field {name!r} must be {what}, got {_short(text)}")
 
 
 def decode_node_devices_legacy(text: str, vendor: str = "") -> tuple[DeviceInfo, ...]:
@@ -203,7 +227,9 @@ def decode_node_devices_legacy(text: str, vendor: str = "") -> tuple[DeviceInfo,
         where = f"device[{i}]"
         f = chunk.split(",")
         if len(f) not in (7, 9):
-            raise CodecError(f"{where}: expected 7 or 9 comma-separated fields, got {len(f)} in {chunk!r}")
+            raise CodecError(f"{where}: expected 7 or 9 comma-separated fields, got {len(f)} in {_short(chunk)}")
+        if not f[0]:
+            raise CodecError(f"{where}: field 'id' is empty")
         out.append(
             DeviceInfo(
                 id=f[0],
@@ -211,7 +237,7 @@ def decode_node_devices_legacy(text: str, vendor: str = "") -> tuple[DeviceInfo,
                 devmem=_go_int(f[2], where, "devmem"),
                 devcore=_go_int(f[3], where, "devcore"),
                 type=f[4],
-                numa=_go_int(f[5], where, "numa"),
+                numa=_go_int(f[5], where, "numa", signed=True),
                 health=_go_parse_bool(f[6], where),
                 index=_go_int(f[7], where, "index") if len(f) == 9 else 0,
                 mode=f[8] if len(f) == 9 else "hami-core",

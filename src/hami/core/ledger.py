@@ -25,6 +25,7 @@ from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
 from .requests import ordered_containers, pod_name
+from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
 from .usage import collapse
 
@@ -320,9 +321,16 @@ def _min_limit(quotas: Mapping[str, Mapping[str, int]], resource: str) -> int | 
 
 
 def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) -> NodeDevices:
-    """A Node dict -> :class:`NodeDevices` (every vendor's registration). Raises CodecError."""
-    meta = node.get("metadata") or {}
-    name = meta.get("name")
+    """A Node dict -> :class:`NodeDevices` (every vendor's registration). Raises CodecError,
+    whatever is wrong: a field of the wrong type, an annotation that does not parse, or a vendor
+    parser failing in any other way (a registration that cannot be read is a malformed one)."""
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    label = f"node {name}" if isinstance(name, str) and name else "node"
+    try:
+        check_node(node, label)
+    except CoreError as exc:
+        raise CodecError(str(exc)) from None
     if not name:
         raise CodecError("node without metadata.name")
     devices: list[DeviceInfo] = []
@@ -333,6 +341,9 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
             pairs.update(v.pair_scores(node))
         except CoreError as exc:
             raise CodecError(f"node {name}: {exc}") from None
+        except (ArithmeticError, LookupError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+            raise CodecError(f"node {name}: vendor {getattr(v, 'name', v)!r} cannot read its registration "
+                             f"({type(exc).__name__}: {str(exc)[:120]})") from None
     seen: set[str] = set()
     for d in devices:
         if d.id in seen:

@@ -2,8 +2,7 @@
 
 Routes: ``POST /filter``, ``POST /bind``, ``POST /webhook``, ``GET /healthz`` (alive),
 ``GET /readyz`` (200 only once every watch has listed and, with leader election, while
-leader). Bad request bodies get HTTP 400 with one line; handler answers are always 200 with
-the error in the protocol's ``Error`` field (as kube-scheduler expects).
+leader).
 
 Who may call what (docs/security.md): the ``--http_bind`` port (the one the Service exposes)
 serves ``/webhook`` and the health checks to anyone; ``/filter`` and ``/bind`` are only for
@@ -12,6 +11,17 @@ the ``--http_bind`` port); with ``--extender-client-ca`` the ``--http_bind`` por
 a caller whose TLS client certificate that CA signed (403 without one; a certificate from any
 other CA fails the handshake); with neither, ``--http_bind`` is a loopback address (checked by
 the options).
+
+A body that is not a JSON object (bad syntax, NaN/Infinity, nested deeper than
+``MAX_DEPTH``, larger than ``MAX_BODY``: 413, slower than ``BODY_TIMEOUT``: 408) gets a 4xx
+with one line; a JSON object with fields of the wrong type gets the protocol's answer: the
+extender's ``Error`` field (HTTP 200, as kube-scheduler expects) or a denied AdmissionReview
+(``status.code`` 400).
+
+Slow clients cannot hold the server (:class:`ConnectionGuard`): a connection must deliver a
+complete request head within ``HEAD_TIMEOUT`` of opening or of its previous answer (that also
+bounds idle keep-alive), a body within ``BODY_TIMEOUT``, and past ``MAX_CONNECTIONS`` a new
+connection evicts the one that has waited longest for its request head.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
 from hami.kube.client import KubeClient, KubeError
 from hami.kube.reflector import Reflector
 from hami.webhook.admission import AdmissionSettings, review, uses_disable_control
@@ -40,6 +51,16 @@ from .state import ClusterState, handshake_value
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
+MAX_DEPTH = 64           # JSON nesting (a Pod nests about 12 deep)
+HEAD_TIMEOUT = 30.0      # s: request line + headers, counted from connect or the previous answer
+BODY_TIMEOUT = 30.0      # s: the whole body, once the head is in
+MAX_CONNECTIONS = 512    # open connections per listener
+MAX_HEADER_BYTES = 8190  # one header line / field
+FILTER_ARGS = {"Pod": POD, "pod": POD, "NodeNames": ListOf(str), "nodenames": ListOf(str),
+               "Nodes": {"items": ListOf(NODE)}, "nodes": {"items": ListOf(NODE)}}
+BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID",
+                              "Node", "node")}
+MALFORMED_REGISTRATION = "MalformedRegistration"  # Node event: its registration cannot be read
 
 
 class CertReloader:
@@ -118,6 +139,8 @@ class SchedulerService:
         self.kube = kube
         self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
         self.events = EventRecorder(kube, opts.scheduler_name, success=opts.success_events)
+        self.state.on_malformed = lambda node, message: self.events.record(
+            node, MALFORMED_REGISTRATION, f"devices not scheduled: {message}", "Warning", involved="Node")
         self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
                                  opts.pod_name, opts.pod_namespace)
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
@@ -204,7 +227,7 @@ class SchedulerService:
         ``extender=False``: no /filter or /bind (404), the https port beside a loopback listener;
         ``client_cert``: /filter and /bind answer 403 unless the TLS peer presented a verified
         client certificate (the listener's context must request one, :class:`CertReloader`)."""
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[_guarded])
         routes = [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)]
         if extender:
             guard = _client_cert_required if client_cert else (lambda handler: handler)
@@ -215,35 +238,42 @@ class SchedulerService:
         return app
 
     async def _json(self, request: web.Request) -> Any:
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise web.HTTPBadRequest(text=f"request body is not JSON: {exc}")
-        if not isinstance(body, dict):
-            raise web.HTTPBadRequest(text=f"request body must be a JSON object, got {type(body).__name__}")
-        return body
+        return await read_json_object(request)
 
     async def _filter(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         began = time.perf_counter()
-        answer = await self.extender.filter(body)
+        try:
+            check(body, FILTER_ARGS, "ExtenderArgs")
+        except ShapeError as exc:
+            answer = {"NodeNames": None, "FailedNodes": {}, "Error": str(exc)}
+        else:
+            answer = await self.extender.filter(body)
         self.metrics.observe_filter(time.perf_counter() - began, *filter_outcome(answer))
         return web.json_response(answer)
 
     async def _bind(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         began = time.perf_counter()
-        answer = await self.extender.bind(body)
+        try:
+            check(body, BIND_ARGS, "ExtenderBindingArgs")
+        except ShapeError as exc:
+            answer = {"Error": str(exc)}
+        else:
+            if self.extender.kube is None:  # a cache-only service (benchmarks) has nothing to bind with
+                answer = {"Error": "this scheduler has no API server client: it cannot bind"}
+            else:
+                answer = await self.extender.bind(body)
         self.metrics.observe_bind(time.perf_counter() - began, "error" if answer.get("Error") else "bound")
         return web.json_response(answer)
 
     async def _webhook(self, request: web.Request) -> web.Response:
         body = await self._json(request)
-        req = body.get("request") or {}
+        req = body.get("request") if isinstance(body.get("request"), dict) else {}
         pod = req.get("object") if isinstance(req.get("object"), dict) else {}
         labels = None
         if uses_disable_control(pod) and self.kube is not None:
-            ns = req.get("namespace") or (pod.get("metadata") or {}).get("namespace") or "default"
+            ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
             try:
                 labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
             except KubeError as exc:
@@ -259,6 +289,134 @@ class SchedulerService:
         if not self.leader.is_leader:
             return web.Response(status=503, text=f"not the leader ({self.opts.identity})")
         return web.Response(text="ok")
+
+
+def _str_or(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+async def read_json_object(request: web.Request) -> dict:
+    """The request body as a JSON object, or an HTTP 4xx with one line saying why."""
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
+    except asyncio.TimeoutError:
+        answer = web.HTTPRequestTimeout(text=f"request body not received within {BODY_TIMEOUT:g} s")
+        answer.force_close()  # the rest of the body is not waited for
+        raise answer from None
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise web.HTTPBadRequest(text=f"request body is nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(text=f"request body is not JSON: {str(exc)[:200]}") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text=f"request body must be a JSON object, got {type(body).__name__}")
+    try:
+        check_tree(body, "request body", max_depth=MAX_DEPTH)
+    except ShapeError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+    return body
+
+
+class _Conn:
+    __slots__ = ("transport", "since", "busy", "timer")
+
+    def __init__(self, transport: Any, since: float) -> None:
+        self.transport, self.since, self.busy, self.timer = transport, since, False, None
+
+
+class ConnectionGuard:
+    """Connection limits aiohttp does not have: a deadline for each request head (idle
+    keep-alive included) and a cap on open connections that evicts the slowest waiter.
+
+    Installed on a runner's low-level ``web.Server`` (:meth:`install`); the app's middleware
+    marks a connection busy while its handler runs (a handler may wait on a node lock)."""
+
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_timeout: float = HEAD_TIMEOUT) -> None:
+        self.max_connections, self.head_timeout = max_connections, head_timeout
+        self.conns: dict[Any, _Conn] = {}
+        self.evicted = self.timed_out = 0
+
+    def install(self, server: web.Server) -> None:
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: Any) -> None:
+            made(handler, transport)
+            self.opened(handler, transport)
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            self.closed(handler)
+            lost(handler, exc)
+
+        server.connection_made, server.connection_lost = connection_made, connection_lost  # type: ignore[method-assign]
+
+    def opened(self, handler: Any, transport: Any) -> None:
+        loop = asyncio.get_running_loop()
+        conn = self.conns[handler] = _Conn(transport, loop.time())
+        self._arm(handler, conn)
+        if len(self.conns) > self.max_connections:
+            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if not c.busy]
+            victim = min(waiting)[2] if waiting else handler
+            self.evicted += 1
+            self._close(victim)
+
+    def closed(self, handler: Any) -> None:
+        conn = self.conns.pop(handler, None)
+        if conn is not None and conn.timer is not None:
+            conn.timer.cancel()
+
+    def begin(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy = True
+            if conn.timer is not None:
+                conn.timer.cancel()
+                conn.timer = None
+
+    def end(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy = False
+            conn.since = asyncio.get_running_loop().time()
+            self._arm(handler, conn)
+
+    def _arm(self, handler: Any, conn: _Conn) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+        conn.timer = asyncio.get_running_loop().call_later(self.head_timeout, self._expire, handler)
+
+    def _expire(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None and not conn.busy:
+            self.timed_out += 1
+            self._close(handler)
+
+    def _close(self, handler: Any) -> None:
+        conn = self.conns.pop(handler, None)
+        if conn is None:
+            return
+        if conn.timer is not None:
+            conn.timer.cancel()
+        conn.transport.close()
+
+
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+
+
+@web.middleware
+async def _guarded(request: web.Request, handler: Any) -> web.StreamResponse:
+    guard = request.app.get(GUARD)
+    if guard is None:
+        return await handler(request)
+    guard.begin(request.protocol)
+    try:
+        return await handler(request)
+    finally:
+        guard.end(request.protocol)
 
 
 def filter_outcome(answer: dict) -> tuple[str, list[str]]:
@@ -325,9 +483,14 @@ def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
 
 
 async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
-                webhook: bool = True, extender: bool = True, client_cert: bool = False) -> web.AppRunner:
-    runner = web.AppRunner(service.app(webhook, extender, client_cert), access_log=None)
+                webhook: bool = True, extender: bool = True, client_cert: bool = False,
+                guard: ConnectionGuard | None = None) -> web.AppRunner:
+    app = service.app(webhook, extender, client_cert)
+    app[GUARD] = guard = guard or ConnectionGuard()
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEAD_TIMEOUT, auto_decompress=False,
+                           max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES, max_headers=64, lingering_time=1.0)
     await runner.setup()
+    guard.install(runner.server)
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
     await site.start()
     return runner

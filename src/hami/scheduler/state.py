@@ -18,7 +18,7 @@ import logging
 import time
 from collections import OrderedDict
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
 from hami.core.quantity import parse_int_quantity
@@ -98,6 +98,8 @@ class ClusterState:
         self._fingerprints: dict[str, tuple] = {}
         self._node_changed: dict[str, asyncio.Event] = {}
         self.warnings: list[str] = []
+        #: called with (node, message) when a node's registration cannot be read (an event)
+        self.on_malformed: Callable[[dict, str], None] | None = None
 
     # ------------------------------------------------------------------ nodes
     @property
@@ -125,19 +127,24 @@ class ClusterState:
 
     def _refresh_node(self, name: str, node: dict, force: bool = False) -> None:
         now = self.clock()
-        if not selector_matches(node, self.node_selector):
-            self._fingerprints.pop(name, None)
-            self.ledger.remove_node(name)
-            return
-        fp = _node_fingerprint(node, self.vendors, now)
-        if not force and self._fingerprints.get(name) == fp:
-            return
-        self._fingerprints[name] = fp
         try:
+            if not selector_matches(node, self.node_selector):
+                self._fingerprints.pop(name, None)
+                self.ledger.remove_node(name)
+                return
+            fp = _node_fingerprint(node, self.vendors, now)
+            if not force and self._fingerprints.get(name) == fp:
+                return
+            self._fingerprints[name] = fp
             devices = schedulable_node(node, self.vendors, now)
-        except CoreError as exc:
-            log.warning("node %s: ignoring its devices: %s", name, exc)
+        except (CoreError, ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
+            # whatever the failure, a registration we cannot read is a malformed one: the node's
+            # devices leave the ledger (no stale GPUs stay in use) and the node gets an event
+            message = str(exc) if isinstance(exc, CoreError) else f"{type(exc).__name__}: {exc}"
+            log.warning("node %s: ignoring its devices: %s", name, message)
             self.ledger.remove_node(name)
+            if self.on_malformed is not None:
+                self.on_malformed(node, message[:1000])
             return
         if devices.devices:
             self.ledger.set_node(devices)

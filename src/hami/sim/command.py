@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 from importlib import resources
-from pathlib import Path
 
-import yaml
-
+from hami import safeyaml
 from hami.config import default_device_config, load_device_config
 from hami.core import CoreError, SchedulerConfig
 from hami.core.score import parse_gpu_policy, parse_node_policy
@@ -43,23 +41,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
 
 
+MAX_FILE = 64 << 20  # bytes per input file
+
+
 def _read(path: str | None, bundled: str) -> tuple[str, str]:
     if path is None:
         ref = resources.files("hami.sim") / "examples" / bundled
         return ref.read_text(encoding="utf-8"), f"(bundled) {bundled}"
     try:
-        return Path(path).read_text(encoding="utf-8"), path
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE + 1)
     except OSError as exc:
         raise SimulationError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_FILE:
+        raise SimulationError(f"{path}: larger than {MAX_FILE >> 20} MiB")
+    try:
+        return safeyaml.decode_utf8(data, path), path
+    except safeyaml.YamlInputError as exc:
+        raise SimulationError(str(exc)) from None
 
 
 def _yaml_docs(text: str, source: str) -> list:
     try:
-        return list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SimulationError(f"{source}: not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
+        return safeyaml.load_all(text, source)
+    except safeyaml.YamlInputError as exc:
+        raise SimulationError(str(exc)) from None
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 2000 else text[:1996] + " ..."
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
                           sources=(nodes_src, pods_src))
     except (SimulationError, CoreError) as exc:
-        print(f"hami simulate: {exc}", file=sys.stderr)
+        print(f"hami simulate: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    except RecursionError:
+        print("hami simulate: input nested too deeply", file=sys.stderr)
         return 1
     for w in result.warnings:
         print(f"hami simulate: warning: {w}", file=sys.stderr)

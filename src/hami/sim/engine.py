@@ -24,6 +24,7 @@ from hami.core import (
     schedule_pod,
 )
 from hami.core.requests import pod_name
+from hami.core.shape import META, POD, QUOTA, ShapeError, check
 
 
 class SimulationError(Exception):
@@ -47,21 +48,44 @@ class SimResult:
     warnings: list[str]
 
 
-def _objects(docs: Iterable[Any], source: str) -> list[dict]:
-    out: list[dict] = []
+def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[tuple[str, dict]]:
+    """``(label, object)`` for every object of the documents (List kinds flattened); the label
+    names the document (and list item) for error lines. Raises SimulationError."""
+    out: list[tuple[str, dict]] = []
     for i, doc in enumerate(docs):
+        label = f"{where} {i + 1}"
         if doc is None:
             continue
         if not isinstance(doc, dict):
-            raise SimulationError(f"{source}: document {i + 1} is not a Kubernetes object (got {type(doc).__name__})")
-        if doc.get("kind") == "List" or ("items" in doc and "kind" not in doc) or str(doc.get("kind", "")).endswith("List"):
+            raise SimulationError(f"{source}: {label} is not a Kubernetes object (got {type(doc).__name__})")
+        kind = doc.get("kind")
+        if kind is not None and not isinstance(kind, str):
+            raise SimulationError(f"{source}: {label}: kind must be a string, got {type(kind).__name__}")
+        if kind == "List" or ("items" in doc and kind is None) or (kind or "").endswith("List"):
             items = doc.get("items") or []
             if not isinstance(items, list):
-                raise SimulationError(f"{source}: document {i + 1}: items must be a list")
-            out.extend(_objects(items, source))
+                raise SimulationError(f"{source}: {label}: items must be a list")
+            out.extend(_objects(items, source, f"{label} item"))
         else:
-            out.append(doc)
+            try:
+                check(doc, {"kind": str, "metadata": META}, "")
+            except ShapeError as exc:
+                raise SimulationError(f"{source}: {label}: {exc}") from None
+            out.append((label, doc))
     return out
+
+
+def _checked(obj: dict, schema: Any, source: str, label: str) -> None:
+    try:
+        check(obj, schema, "")
+    except ShapeError as exc:
+        raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
+
+
+def _describe(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else meta.get("name") or "?"
+    return f"{obj.get('kind') or 'object'} {name}"
 
 
 def _device(d: Any) -> dict:
@@ -88,9 +112,9 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
     ledger = Ledger()
     warnings: list[str] = []
-    for obj in _objects(node_docs, source):
+    for _, obj in _objects(node_docs, source):
         name = (obj.get("metadata") or {}).get("name") or "?"
-        if obj.get("kind", "Node") != "Node":
+        if (obj.get("kind") or "Node") != "Node":
             warnings.append(f"{source}: skipping {obj.get('kind')} {name}: not a Node")
             continue
         try:
@@ -104,7 +128,8 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
             continue
         ledger.set_node(nd)
     if not ledger.node_names():
-        raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation)")
+        first = f": {warnings[0]}" if warnings else ""
+        raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation){first}")
     return ledger, warnings
 
 
@@ -112,10 +137,11 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
              now: float = 0.0, sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
     ledger, warnings = load_nodes(node_docs, config, sources[0])
     outcomes: dict[str, PodOutcome] = {}
-    for obj in _objects(pod_docs, sources[1]):
-        kind = obj.get("kind", "Pod")
+    for label, obj in _objects(pod_docs, sources[1]):
+        kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
         if kind == "ResourceQuota":
+            _checked(obj, QUOTA, sources[1], label)
             try:
                 ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
                                  (obj.get("spec") or {}).get("hard") or {}, config.vendors)
@@ -125,6 +151,7 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
         if kind != "Pod":
             warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod")
             continue
+        _checked(obj, POD, sources[1], label)
         key = pod_key(obj)
         if meta.get("deletionTimestamp"):
             ledger.remove_pod(key)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
+from hami.core.codec import json_loads
 from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
@@ -24,19 +24,33 @@ def in_limits(container: Mapping[str, Any], name: str) -> bool:
     return bool(name) and name in container_resources(container)[0]
 
 
+def _field(obj: dict, key: str, empty: Any) -> Any:
+    """``obj[key]``, made ``empty`` first when absent or null (``setdefault`` keeps a null)."""
+    if obj.get(key) is None:
+        obj[key] = empty
+    return obj[key]
+
+
 def set_both(container: dict, name: str, value: int) -> None:
     """Write ``value`` to limits and requests (what HAMi's webhooks do when they normalise)."""
-    res = container.setdefault("resources", {})
-    res.setdefault("limits", {})[name] = value
-    res.setdefault("requests", {})[name] = value
+    res = _field(container, "resources", {})
+    _field(res, "limits", {})[name] = value
+    _field(res, "requests", {})[name] = value
 
 
 def set_limit(container: dict, name: str, value: int) -> None:
-    container.setdefault("resources", {}).setdefault("limits", {})[name] = value
+    _field(_field(container, "resources", {}), "limits", {})[name] = value
 
 
 def env_append(container: dict, name: str, value: str) -> None:
-    container.setdefault("env", []).append({"name": name, "value": value})
+    """Set ``name=value`` in the container's env: an entry of that name is replaced, not added
+    twice (the webhook may be invoked again on its own output: reinvocationPolicy IfNeeded)."""
+    env = _field(container, "env", [])
+    for i, e in enumerate(env):
+        if isinstance(e, dict) and e.get("name") == name:
+            env[i] = {"name": name, "value": value}
+            return
+    env.append({"name": name, "value": value})
 
 
 def set_runtime_class(pod: dict, name: str) -> None:
@@ -96,10 +110,7 @@ def name_after_chip(vendor: BaseVendor, cw: str, register_annotation: str) -> No
 
 def load_json(text: str, where: str) -> Any:
     """``json.loads(text)``; CodecError ``<where>: not valid JSON (...)`` when it does not parse."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodecError(f"{where}: not valid JSON ({exc})") from None
+    return json_loads(text, f"{where}: ")
 
 
 def pod_annotation(pod: Any, key: str) -> str | None:

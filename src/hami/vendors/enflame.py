@@ -28,6 +28,7 @@ from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
 from ._util import (
+    _field,
     annotations_of,
     capacity,
     load_json,
@@ -116,8 +117,8 @@ class EnflameDrsVendor(BaseVendor):
         elif not (res(r.memory) > 0 and 0 < res(r.cores) <= 100):
             raise RequestError(f"{where}: give {r.count} > 0, or {r.memory} > 0 with {r.cores} in 1..100 "
                                f"(got {r.memory}={res(r.memory)}, {r.cores}={res(r.cores)})")
-        res_map = container.setdefault("resources", {})
-        requests = res_map.setdefault("requests", {})
+        res_map = _field(container, "resources", {})
+        requests = _field(res_map, "requests", {})
         for name, value in (res_map.get("limits") or {}).items():
             if name in (r.count, r.memory, r.cores):
                 requests[name] = value

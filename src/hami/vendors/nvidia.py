@@ -32,7 +32,7 @@ from hami.core.types import (
     Slice,
 )
 
-from ._util import env_append, present, set_runtime_class, where_of
+from ._util import env_append, present, set_limit, set_runtime_class, where_of
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 
@@ -119,21 +119,22 @@ class NvidiaVendor(BaseVendor):
         for name in (r.count, r.memory, r.cores):
             if name in has and res(name) < 0:
                 raise RequestError(f"{where}: {name} must not be negative, got {res(name)}")
-        if r.priority in container_resources(container)[0]:
-            env_append(container, "CUDA_TASK_PRIORITY", str(res(r.priority)))
-        if self.config.gpu_core_policy != "default":
-            env_append(container, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
-        limits = container.setdefault("resources", {}).setdefault("limits", {})
         if r.count not in has and has & {r.cores, r.memory, r.memory_percentage}:
             if self.config.default_gpu_num > 0:
-                limits[r.count] = self.config.default_gpu_num
+                set_limit(container, r.count, self.config.default_gpu_num)
                 has.add(r.count)
         uses = r.count in has
         if uses and r.cores not in has:
             exclusive = pct == 100 or not r.memory or not has & {r.memory, r.memory_percentage}
             if exclusive:
-                limits[r.cores] = 100
+                set_limit(container, r.cores, 100)
         if uses:
+            # env entries are set, not appended: a reinvoked webhook (reinvocationPolicy IfNeeded)
+            # sees its own output and must not add them twice
+            if r.priority in container_resources(container)[0]:
+                env_append(container, "CUDA_TASK_PRIORITY", str(res(r.priority)))
+            if self.config.gpu_core_policy != "default":
+                env_append(container, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
             set_runtime_class(pod, self.config.runtime_class_name)
         if not uses and self.config.overwrite_env:
             env_append(container, "NVIDIA_VISIBLE_DEVICES", "none")

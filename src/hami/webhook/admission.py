@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, pod_request
+from hami.core.shape import ShapeError, check, check_pod
 from hami.core.types import ContainerKind
 
 INTERNAL_ANNOTATIONS = frozenset({
@@ -65,7 +66,12 @@ def _containers(pod: Mapping[str, Any]) -> list[dict]:
 
 
 def uses_disable_control(pod: Mapping[str, Any]) -> list[str]:
-    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value)."""
+    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value); ``[]`` for a pod
+    of the wrong shape (:func:`decide` denies it)."""
+    try:
+        check_pod(pod, "pod")
+    except ShapeError:
+        return []
     return [c.get("name") or "?" for c in _containers(pod)
             if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())]
 
@@ -113,7 +119,12 @@ def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[
 def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
            quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> Decision:
     """Apply the rules to a pod being created. ``namespace_labels`` is needed only when
-    :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room."""
+    :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room.
+    A pod that asks for no device is allowed as it is (no defaults, no patch)."""
+    try:
+        check_pod(pod, "pod")
+    except ShapeError as exc:
+        return _deny(str(exc), 400)
     meta = pod.get("metadata") or {}
     if not (pod.get("spec") or {}).get("containers"):
         return _deny("pod has no containers", 400)
@@ -131,6 +142,8 @@ def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mappi
         mutated, uses = admit_pod(pod, s.vendors)
     except CoreError as exc:
         return _deny(str(exc), 400)
+    if not uses:  # nothing to route or default (overwriteEnv's NVIDIA_VISIBLE_DEVICES=none aside)
+        return Decision(True, "", mutated)
     if uses:
         for c in _containers(mutated):
             if ((c.get("securityContext") or {}).get("privileged")) is True:
@@ -183,14 +196,24 @@ def json_patch(old: Any, new: Any, path: str = "") -> list[dict]:
 def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
            quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> dict:
     """AdmissionReview request -> AdmissionReview response (same apiVersion as the request)."""
-    request = body.get("request") or {}
-    uid = request.get("uid", "")
+    request = body.get("request") if isinstance(body, Mapping) else None
+    try:
+        check(body, REVIEW, "")
+    except ShapeError as exc:
+        request = request if isinstance(request, Mapping) else {}
+        uid = request.get("uid") if isinstance(request.get("uid"), str) else ""
+        return _answer(body, {"uid": uid, "allowed": False,
+                              "status": {"code": 400, "message": f"not an AdmissionReview: {exc}", "reason": "BadRequest"}})
+    request = request or {}
+    uid = request.get("uid") or ""
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if request.get("operation", "CREATE") != "CREATE" or (request.get("kind") or {}).get("kind", "Pod") != "Pod":
+    if (request.get("operation") or "CREATE") != "CREATE" or ((request.get("kind") or {}).get("kind") or "Pod") != "Pod":
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
+    elif (bad := _shape_error(pod)) is not None:
+        response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": bad, "reason": "BadRequest"}}
     else:
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
             pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
@@ -202,7 +225,25 @@ def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapp
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-    return {"apiVersion": body.get("apiVersion") or "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+    return _answer(body, response)
+
+
+#: the fields of an AdmissionReview that :func:`review` reads (``request.object`` is checked as a Pod)
+REVIEW = {"apiVersion": str, "request": {"uid": str, "operation": str, "namespace": str, "kind": {"kind": str}}}
+
+
+def _shape_error(pod: Any) -> str | None:
+    try:
+        check_pod(pod, "request.object")
+    except ShapeError as exc:
+        return str(exc)
+    return None
+
+
+def _answer(body: Any, response: dict) -> dict:
+    version = body.get("apiVersion") if isinstance(body, Mapping) else None
+    return {"apiVersion": version if isinstance(version, str) and version else "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "response": response}
 
 
 def _strip_ns(mutated: dict, original: Any) -> dict:

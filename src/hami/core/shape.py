@@ -1,0 +1,194 @@
+"""Shape checks for objects that come from outside (files, HTTP bodies) before the core reads them.
+
+The core reads Pods and Nodes as plain dicts and trusts the types the API server guarantees
+(``metadata.annotations`` is a map of strings, ``spec.containers`` a list of objects, ...).
+Anything else — a YAML file, an extender or webhook body — is checked here first, so bad input
+is one :class:`ShapeError` naming the field, never an ``AttributeError`` deep in a vendor.
+
+Two checks:
+
+* :func:`check_tree`: the value is a tree of JSON types (dict with string keys, list, str, int,
+  float, bool, None) of bounded depth and size, without cycles. YAML anchors may share a subtree
+  (counted once per use, so an alias bomb is refused by size), but a recursive alias is refused.
+* :func:`check_pod` / :func:`check_node`: every field the core and the vendors read has its
+  Kubernetes type (``null`` counts as absent, as in the API). Fields nobody reads are not looked
+  at. Values are not range-checked here (quantities are parsed where they are used).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import CoreError
+
+MAX_DEPTH = 64           # a Pod nests about 12 deep (affinity terms); 64 is generous
+MAX_NODES = 20_000_000   # values in one object tree, aliases expanded (a 64 MiB file holds fewer)
+
+
+class ShapeError(CoreError):
+    """A value of the wrong JSON type, too deep, too large or recursive."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "map"
+    return type(value).__name__
+
+
+def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
+    """Raise :class:`ShapeError` unless ``value`` is an acyclic JSON tree within the limits."""
+    # iterative post-order over distinct containers: (height, expanded size) memoised per id
+    memo: dict[int, tuple[int, int]] = {}
+    active: set[int] = set()
+    stack: list[tuple[Any, bool, str]] = [(value, False, where)]
+    while stack:
+        node, done, path = stack.pop()
+        if not isinstance(node, (dict, list)):
+            _check_scalar(node, path)
+            continue
+        ident = id(node)
+        if done:
+            active.discard(ident)
+            children = node.values() if isinstance(node, dict) else node
+            kids = [memo.get(id(c), (0, 1)) for c in children]
+            height = 1 + max((h for h, _ in kids), default=0)
+            size = 1 + sum(s for _, s in kids)
+            if size > max_nodes:
+                raise ShapeError(f"{path}: more than {max_nodes} values (with aliases expanded)")
+            memo[ident] = (height, size)
+            continue
+        if ident in memo:
+            if memo[ident][0] + len(active) > max_depth:  # a shared subtree, deeper here
+                raise ShapeError(f"{path}: nested more than {max_depth} levels deep")
+            continue
+        if ident in active:
+            raise ShapeError(f"{path}: contains itself (a recursive alias)")
+        if len(active) >= max_depth:
+            raise ShapeError(f"{path}: nested more than {max_depth} levels deep")
+        active.add(ident)
+        stack.append((node, True, path))
+        if isinstance(node, dict):
+            for k, c in node.items():
+                if not isinstance(k, str):
+                    raise ShapeError(f"{path}: map key {_show(k)} is a {_kind(k)}, keys must be strings")
+                stack.append((c, False, f"{path}.{k}" if len(path) < 200 else path))
+        else:
+            stack.extend((c, False, f"{path}[{i}]" if len(path) < 200 else path) for i, c in enumerate(node))
+
+
+def _check_scalar(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ShapeError(f"{where}: {value!r} is not a number JSON can carry")
+        return
+    raise ShapeError(f"{where}: a {type(value).__name__} value is not JSON (use a string)")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:56] + "...'"
+
+
+# ----------------------------------------------------------------------------- schemas
+# A schema is a type (str, bool, int), QTY, MapOf(schema), ListOf(schema) or a dict of
+# field -> schema (an object whose other fields are not checked).
+
+
+class MapOf:
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class ListOf:
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+QTY = "quantity"  # a string or a number (parsed later, with the field named)
+
+META = {"name": str, "namespace": str, "uid": str, "resourceVersion": str, "generateName": str,
+        "annotations": MapOf(str), "labels": MapOf(str)}
+CONTAINER = {
+    "name": str, "restartPolicy": str,
+    "resources": {"limits": MapOf(QTY), "requests": MapOf(QTY)},
+    "env": ListOf({"name": str, "value": str}),
+    "securityContext": {"privileged": bool},
+}
+POD = {
+    "apiVersion": str, "kind": str, "metadata": META,
+    "spec": {"containers": ListOf(CONTAINER), "initContainers": ListOf(CONTAINER), "schedulerName": str,
+             "nodeName": str, "runtimeClassName": str, "nodeSelector": MapOf(str)},
+    "status": {"phase": str,
+               "initContainerStatuses": ListOf({"name": str, "state": {"terminated": {"exitCode": int}}})},
+}
+NODE = {
+    "apiVersion": str, "kind": str, "metadata": META,
+    "status": {"capacity": MapOf(QTY), "allocatable": MapOf(QTY)},
+}
+QUOTA = {"apiVersion": str, "kind": str, "metadata": META, "spec": {"hard": MapOf(QTY)}}
+
+
+def check(value: Any, schema: Any, where: str) -> None:
+    """Raise :class:`ShapeError` naming the first field (``where`` + path) of the wrong type."""
+    if value is None:
+        return
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
+        for key, sub in schema.items():
+            if key in value:
+                check(value[key], sub, f"{where}.{key}" if where else key)
+    elif isinstance(schema, MapOf):
+        if not isinstance(value, dict):
+            raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ShapeError(f"{where}: key {_show(key)} must be a string")
+            if item is None and schema.item is str:
+                raise ShapeError(f"{where}[{key}]: must be a string, got null")
+            check(item, schema.item, f"{where}[{key}]")
+    elif isinstance(schema, ListOf):
+        if not isinstance(value, list):
+            raise ShapeError(f"{where}: must be a list, got {_kind(value)} {_show(value)}")
+        for i, item in enumerate(value):
+            if item is None:  # an absent field may be null; a list element may not
+                raise ShapeError(f"{where}[{i}]: must not be null")
+            check(item, schema.item, f"{where}[{i}]")
+    elif schema is QTY:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ShapeError(f"{where}: must be a quantity (string or number), got {_kind(value)} {_show(value)}")
+    elif schema is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ShapeError(f"{where}: must be an integer, got {_kind(value)} {_show(value)}")
+    elif not isinstance(value, schema) or (schema is not bool and isinstance(value, bool)):
+        want = {str: "a string", bool: "a boolean"}.get(schema, schema.__name__)
+        raise ShapeError(f"{where}: must be {want}, got {_kind(value)} {_show(value)}")
+
+
+def check_object(obj: Any, schema: Any, where: str) -> None:
+    """:func:`check_tree` then :func:`check` (an object must be a map)."""
+    check_tree(obj, where or "object")
+    if not isinstance(obj, dict):
+        raise ShapeError(f"{where or 'object'}: must be a map, got {_kind(obj)}")
+    check(obj, schema, where)
+
+
+def check_pod(pod: Any, where: str = "") -> None:
+    check_object(pod, POD, where)
+
+
+def check_node(node: Any, where: str = "") -> None:
+    check_object(node, NODE, where)
