@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube bench clean proto gpu-check
+.PHONY: simulate test unit native kube node bench clean proto gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ proto: $(PROTO_STUB)
 kube:
 	scripts/install-kube.sh
 
-test: $(STAMP) proto native kube
+# containerd, runc, CNI plugins, iptables (Debian packages) for the real node of the tests
+node:
+	scripts/install-node.sh
+
+test: $(STAMP) proto native kube node
 	$(BIN)/python -m pytest -q -ra tests
 
 unit: $(STAMP) proto
