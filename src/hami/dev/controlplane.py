@@ -56,6 +56,10 @@ from hami.dev.schedconfig import DEFAULT_SCHEDULER, ExtenderConfig, SchedulerCon
 START_TIMEOUT_S = 90.0
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 @dataclass
 class _Paths:
     root: Path
@@ -211,6 +215,9 @@ class KubeCluster:
             "ca": ca.pair,
             "apiserver": ca.issue("kube-apiserver", hosts=hosts),
             "admin": ca.issue("hami-admin", organization="system:masters", server=False, client=True),
+            # the API server's identity towards kubelets (logs, exec, port-forward on a real node)
+            "kubelet-client": ca.issue("kube-apiserver-kubelet-client", organization="system:masters",
+                                       server=False, client=True),
             "sa": service_account_keys(),
         }
         for name, pair in files.items():
@@ -258,6 +265,12 @@ class KubeCluster:
             f"--service-account-signing-key-file={pki('sa.key')}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/16",
+            # to kubelets (the real node's; kwok's fake ones are never called): the node's
+            # InternalIP (127.0.0.1, its name does not resolve), TLS both ways with the cluster CA
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={pki('kubelet-client.crt')}",
+            f"--kubelet-client-key={pki('kubelet-client.key')}",
+            f"--kubelet-certificate-authority={pki('ca.crt')}",
             "--authorization-mode=RBAC",
             "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
             "--runtime-config=admissionregistration.k8s.io/v1=true,coordination.k8s.io/v1=true",
@@ -270,24 +283,31 @@ class KubeCluster:
         self._wait_ready(apiserver, lambda: self._api_ok("/readyz"))
 
     def _write_kubeconfig(self) -> None:
-        assert self._ca and self._admin
-        b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+        assert self._admin
+        self.write_kubeconfig(self._paths.kubeconfig, user={
+            "client-certificate-data": _b64(self._admin.cert_pem), "client-key-data": _b64(self._admin.key_pem)})
+        self.write_kubeconfig(self._paths.components_kubeconfig, user={"token": self.component_token})
+
+    def write_kubeconfig(self, path: Path, *, user: dict[str, str] | None = None, pair: KeyPair | None = None) -> Path:
+        """Write a kubeconfig for this cluster (trusting its CA, mode 0600) whose user is ``user``
+        (a kubeconfig ``user`` mapping) or the client certificate ``pair``."""
+        assert self._ca is not None, "cluster not started"
+        if pair is not None:
+            user = {"client-certificate-data": _b64(pair.cert_pem), "client-key-data": _b64(pair.key_pem)}
+        if not user:
+            raise ValueError("write_kubeconfig: give user= or pair=")
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "hami-dev", "cluster": {
-                "server": self.server, "certificate-authority-data": b64(self._ca.pair.cert_pem)}}],
-            "users": [{"name": "hami-admin", "user": {
-                "client-certificate-data": b64(self._admin.cert_pem),
-                "client-key-data": b64(self._admin.key_pem)}}],
-            "contexts": [{"name": "hami-dev", "context": {"cluster": "hami-dev", "user": "hami-admin"}}],
+                "server": self.server, "certificate-authority-data": _b64(self._ca.pair.cert_pem)}}],
+            "users": [{"name": "hami-user", "user": user}],
+            "contexts": [{"name": "hami-dev", "context": {"cluster": "hami-dev", "user": "hami-user"}}],
             "current-context": "hami-dev",
         }
-        self._paths.kubeconfig.write_text(yaml.safe_dump(doc))
-        self._paths.kubeconfig.chmod(0o600)
-        doc["users"] = [{"name": "hami-admin", "user": {"token": self.component_token}}]
-        self._paths.components_kubeconfig.write_text(yaml.safe_dump(doc))
-        self._paths.components_kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(doc))
+        path.chmod(0o600)
+        return path
 
     def _delegation_flags(self, name: str) -> list[str]:
         kubeconfig = self._paths.kubeconfig
@@ -405,6 +425,19 @@ class KubeCluster:
         cert.write_bytes(pair.cert_pem)
         key.write_bytes(pair.key_pem)
         return cert, key
+
+    def issue_client_cert(self, common_name: str, groups: tuple[str, ...] = ()) -> KeyPair:
+        """A client certificate signed by the cluster CA: user ``common_name`` in ``groups``
+        (one group: the certificate's organization; kube-apiserver reads each O as a group)."""
+        assert self._ca is not None, "cluster not started"
+        if len(groups) > 1:
+            raise ValueError(f"issue_client_cert groups: at most one group is supported, got {list(groups)!r}")
+        return self._ca.issue(common_name, organization=groups[0] if groups else None, server=False, client=True)
+
+    def issue_serving_pair(self, name: str, hosts: tuple[str, ...]) -> KeyPair:
+        """A serving certificate (and key) for ``hosts`` signed by the cluster CA, not written."""
+        assert self._ca is not None, "cluster not started"
+        return self._ca.issue(name, hosts=hosts)
 
     def server_ssl_context(self, name: str = "test-server", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> ssl.SSLContext:
         """An SSL context for a test HTTPS server (webhook, extender) the cluster trusts."""
