@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hami.dev.cluster import KUBE_VERSION, bin_dir, cache_dir
+from hami.dev.binaries import KUBE_VERSION, bin_dir, cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PAUSE_SOURCE = REPO_ROOT / "native" / "pause" / "pause.c"
@@ -395,3 +396,54 @@ def _labels(title: str, description: str, version: str | None = None,
     if version:
         labels["org.opencontainers.image.version"] = version
     return labels
+
+
+def build_hami_image() -> ImageArchive:
+    """The product image, built offline from the root ``Containerfile`` by
+    ``scripts/build-image.sh`` (Debian base + buildah; needs root). Its ref is the chart's default
+    image, ``ghcr.io/hami-py/hami:<version>``, so the chart's defaults find it once imported."""
+    script = REPO_ROOT / "scripts" / "build-image.sh"
+    proc = _run([str(script)], "hami image")
+    lines = proc.stdout.decode().split()
+    if not lines or not Path(lines[-1]).is_file():
+        raise ImageError(f"hami image: {script} printed no archive path (output: {proc.stdout[-500:]!r})")
+    path = Path(lines[-1])
+    ref = read_oci_archive(path)["index"]["manifests"][0]["annotations"][ANNOTATION_REF]
+    return ImageArchive(path=path, ref=ref)
+
+
+BUILDERS: dict[str, Callable[[], ImageArchive]] = {
+    "pause": build_pause_image,
+    "busybox": build_busybox_image,
+    "kube-scheduler": build_kube_scheduler_image,
+    "hami": build_hami_image,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hami.dev.images [NAME...]``: build the named images (default: all) and print
+    ``<ref> <archive>`` for each; an image that cannot be built here is reported and the exit
+    status is 1."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hami.dev.images", description=main.__doc__)
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"images to build: {', '.join(BUILDERS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in BUILDERS]
+    if unknown:
+        parser.error(f"unknown image {unknown[0]!r}; choose from {', '.join(BUILDERS)}")
+    failed = 0
+    for name in args.names or list(BUILDERS):
+        try:
+            image = BUILDERS[name]()
+        except ImageError as e:
+            print(f"{name}: {e}", file=sys.stderr)
+            failed = 1
+            continue
+        print(image.ref, image.path)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
