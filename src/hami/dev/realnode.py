@@ -455,7 +455,7 @@ class RealNode:
     pause image is always imported (``pause_image``: an :class:`hami.dev.images.ImageArchive`;
     ``None``: built by :func:`hami.dev.images.build_pause_image`).
     ``workdir``: where everything goes (a new temporary directory if ``None``, removed by
-    :meth:`stop` unless ``keep_workdir``).
+    :meth:`stop` unless ``keep_workdir``; a given one is emptied first and kept).
     """
 
     cluster: KubeCluster
@@ -545,6 +545,9 @@ class RealNode:
                 self._timed("clean previous", lambda: clean_host(Path(previous["workdir"])))
             if self.workdir is None:
                 self.workdir = Path(tempfile.mkdtemp(prefix="hami-real-node-"))
+            elif Path(self.workdir).exists():  # a given directory is emptied (after un-mounting)
+                clean_host(Path(self.workdir))
+                shutil.rmtree(self.workdir)
             self.workdir = Path(self.workdir)
             self._lock.record(workdir=str(self.workdir), node=self.name)
             atexit.register(self.stop)
