@@ -74,6 +74,10 @@ class ImageError(RuntimeError):
     """An image could not be built; the message says which step and why."""
 
 
+class ImageUnavailable(ImageError):
+    """This machine lacks what an image needs (root, a tool, an input): not a build failure."""
+
+
 @dataclass(frozen=True)
 class ImageArchive:
     """An OCI image archive on disk: ``ctr -n k8s.io images import <path>`` names it ``ref``."""
@@ -293,7 +297,7 @@ def _run(cmd: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProces
     try:
         proc = subprocess.run(cmd, capture_output=True, **kwargs)
     except FileNotFoundError as e:
-        raise ImageError(f"{what}: {cmd[0]} is not installed") from e
+        raise ImageUnavailable(f"{what}: {cmd[0]} is not installed") from e
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or b"").decode(errors="replace")[-2000:]
         raise ImageError(f"{what}: {' '.join(cmd)} exited {proc.returncode}:\n{tail}")
@@ -337,7 +341,7 @@ def build_busybox_image(cache: Path | None = None, busybox: Path = BUSYBOX_BINAR
     """``localhost/hami/busybox:latest``: Debian's static busybox with a link per applet in
     ``/bin``; ``Cmd`` is ``sh``. For smoke tests of the real node."""
     if not busybox.is_file():
-        raise ImageError(f"busybox image: {busybox} is missing (apt-get install busybox-static)")
+        raise ImageUnavailable(f"busybox image: {busybox} is missing (apt-get install busybox-static)")
     binary = busybox.read_bytes()
     key = _inputs_hash(binary)
 
@@ -367,7 +371,7 @@ def build_kube_scheduler_image(cache: Path | None = None, binary: Path | None = 
     (the chart passes its flags as ``command``), user nobody."""
     binary = binary or bin_dir() / "kube-scheduler"
     if not binary.is_file():
-        raise ImageError(f"kube-scheduler image: {binary} is missing (run scripts/install-kube.sh)")
+        raise ImageUnavailable(f"kube-scheduler image: {binary} is missing (run scripts/install-kube.sh)")
     ref = f"{KUBE_SCHEDULER_REPOSITORY}:{version}"
     content = binary.read_bytes()
     key = _inputs_hash(content, ref)
@@ -403,6 +407,12 @@ def build_hami_image() -> ImageArchive:
     ``scripts/build-image.sh`` (Debian base + buildah; needs root). Its ref is the chart's default
     image, ``ghcr.io/hami-py/hami:<version>``, so the chart's defaults find it once imported."""
     script = REPO_ROOT / "scripts" / "build-image.sh"
+    if os.geteuid() != 0:
+        raise ImageUnavailable("hami image: the offline build needs root (buildah, debootstrap)")
+    missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
+    if missing:
+        raise ImageUnavailable(f"hami image: {', '.join(missing)} not installed "
+                               f"(apt-get install -y {' '.join(missing)})")
     proc = _run([str(script)], "hami image")
     lines = proc.stdout.decode().split()
     if not lines or not Path(lines[-1]).is_file():
@@ -422,8 +432,8 @@ BUILDERS: dict[str, Callable[[], ImageArchive]] = {
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hami.dev.images [NAME...]``: build the named images (default: all) and print
-    ``<ref> <archive>`` for each; an image that cannot be built here is reported and the exit
-    status is 1."""
+    ``<ref> <archive>`` for each. An image this machine cannot build (no root, a missing tool or
+    input) is reported as skipped; a build that fails makes the exit status 1."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m hami.dev.images", description=main.__doc__)
@@ -437,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names or list(BUILDERS):
         try:
             image = BUILDERS[name]()
+        except ImageUnavailable as e:
+            print(f"{name}: skipped: {e}", file=sys.stderr)
+            continue
         except ImageError as e:
             print(f"{name}: {e}", file=sys.stderr)
             failed = 1
