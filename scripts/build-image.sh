@@ -11,8 +11,10 @@
 # DEBIAN_MIRROR and Python packages from PyPI, during the build.
 #
 # Needs root, debootstrap and buildah (apt-get install -y debootstrap buildah). buildah runs
-# with chroot isolation and the vfs storage driver, in its own storage under the cache:
-#   ${HAMI_CACHE:-$HOME/.cache/hami}/images/buildah      (bases and intermediate layers)
+# with chroot isolation, in its own storage under the cache, with the overlay driver (vfs when
+# HAMI_BUILDAH_DRIVER=vfs, e.g. where the cache itself is on overlayfs; vfs copies the whole
+# root filesystem at every step: several GB and minutes more):
+#   ${HAMI_CACHE:-$HOME/.cache/hami}/images/buildah/<driver>   (bases and intermediate layers)
 #   ${HAMI_CACHE:-$HOME/.cache/hami}/images/hami-<hash>.oci.tar
 # <hash> covers every file of the build context, the base recipe and this script, so an
 # unchanged tree returns the cached archive at once. Clear: rm -rf "$HAMI_CACHE/images".
@@ -20,7 +22,8 @@ set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${HAMI_CACHE:-$HOME/.cache/hami}/images
-STORE=$CACHE/buildah
+DRIVER=${HAMI_BUILDAH_DRIVER:-overlay}
+STORE=$CACHE/buildah/$DRIVER
 SUITE=${DEBIAN_SUITE:-bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 BASE_PACKAGES=python3,python3-venv,ca-certificates
@@ -37,7 +40,7 @@ command -v buildah >/dev/null || die "buildah is not installed (apt-get install 
 command -v debootstrap >/dev/null || die "debootstrap is not installed (apt-get install -y debootstrap)"
 [ -n "$VERSION" ] || die "no version found in $ROOT/pyproject.toml"
 
-bah() { buildah --root "$STORE/root" --runroot "$STORE/run" --storage-driver vfs "$@"; }
+bah() { buildah --root "$STORE/root" --runroot "$STORE/run" --storage-driver "$DRIVER" "$@"; }
 
 # The build context as docker would send it (.dockerignore applied by hand for the hash):
 context_hash() {
