@@ -287,3 +287,10 @@ def test_index_json_is_plain_json(tmp_path: Path) -> None:
         member = tar.extractfile("oci-layout")
         assert member is not None
         assert json.loads(member.read()) == {"imageLayoutVersion": "1.0.0"}
+
+
+def test_reading_a_tar_that_is_no_image_names_the_missing_file(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.tar"
+    plain.write_bytes(_layer(("hello", b"x")))
+    with pytest.raises(ImageError, match="index.json is not a file in the archive"):
+        read_oci_archive(plain)

@@ -3,27 +3,15 @@
 Every image is written as an OCI image archive (a tar of an OCI image layout) that
 ``ctr -n k8s.io images import`` accepts, and is named by its ``ref``:
 
-=============================  =======================================  =====================
-function                       ref                                      contents
-=============================  =======================================  =====================
-:func:`build_pause_image`      ``localhost/hami/pause:3.10``            ``native/pause/pause.c``
-                                                                        compiled statically;
-                                                                        the pod sandbox image
-                                                                        (containerd's CRI
-                                                                        ``sandbox_image``)
-:func:`build_busybox_image`    ``localhost/hami/busybox:latest``        Debian's
-                                                                        ``busybox-static``
-:func:`build_kube_scheduler_   ``registry.k8s.io/kube-scheduler:<v>``   the pinned
-image`                                                                  ``kube-scheduler``
-                                                                        binary, under the name
-                                                                        and tag the chart uses
-                                                                        by default
-:func:`build_hami_image`       ``localhost/hami/hami:<version>``        the product image: the
-                                                                        root ``Containerfile``
-                                                                        run by buildah on a
-                                                                        Debian base
-                                                                        (``scripts/build-image.sh``)
-=============================  =======================================  =====================
+- :func:`build_pause_image` -> ``localhost/hami/pause:3.10``: ``native/pause/pause.c`` compiled
+  statically; the pod sandbox image (containerd's CRI ``sandbox_image`` on the real node).
+- :func:`build_busybox_image` -> ``localhost/hami/busybox:latest``: Debian's ``busybox-static``,
+  for smoke tests.
+- :func:`build_kube_scheduler_image` -> ``registry.k8s.io/kube-scheduler:<version>``: the pinned
+  binary from ``scripts/install-kube.sh``, under the name and tag the chart uses by default.
+- :func:`build_hami_image` -> ``ghcr.io/hami-py/hami:<version>``: the product image, the root
+  ``Containerfile`` run by buildah on a Debian base (``scripts/build-image.sh``), under the
+  chart's default name.
 
 The first three are small enough to assemble here directly (one layer, written by
 :func:`write_oci_archive`); the product image has one recipe, the ``Containerfile``, that
@@ -49,7 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hami.dev.binaries import KUBE_VERSION, bin_dir, cache_dir
 
@@ -59,7 +47,6 @@ PAUSE_REF = "localhost/hami/pause:3.10"
 BUSYBOX_REF = "localhost/hami/busybox:latest"
 BUSYBOX_BINARY = Path("/bin/busybox")
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
-HAMI_REPOSITORY = "localhost/hami/hami"
 # Bump when the way archives are written changes, so cached files are rebuilt.
 FORMAT_VERSION = "1"
 
@@ -221,10 +208,7 @@ def read_oci_archive(path: Path) -> dict[str, Any]:
     """The index, manifest and config of a single-image OCI archive (for checks and tests)."""
     with tarfile.open(path) as tar:
         def blob(name: str) -> Any:
-            member = tar.extractfile(name.removeprefix("./"))
-            if member is None:
-                raise ImageError(f"{path}: {name} is not a file in the archive")
-            return json.loads(member.read())
+            return json.loads(_member(tar, name).read())
 
         names = {m.name.removeprefix("./") for m in tar.getmembers()}
         index = blob("index.json")
@@ -233,16 +217,25 @@ def read_oci_archive(path: Path) -> dict[str, Any]:
     return {"index": index, "manifest": manifest, "config": config, "names": names}
 
 
+def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    """A file of an image layout, stored as ``name`` or ``./name`` (buildah writes the latter)."""
+    for candidate in (name, "./" + name):
+        try:
+            member = tar.extractfile(candidate)
+        except KeyError:
+            continue
+        if member is not None:
+            return member
+    raise ImageError(f"{tar.name}: {name} is not a file in the archive")
+
+
 def unpack_rootfs(archive: Path, dest: Path) -> None:
     """Apply the layers of ``archive`` in order into ``dest`` (whiteouts honoured), the way a
     runtime would, so a test can look inside or chroot into the image."""
     parts = read_oci_archive(archive)
     with tarfile.open(archive) as outer:
         for desc in parts["manifest"]["layers"]:
-            name = "blobs/sha256/" + desc["digest"].removeprefix("sha256:")
-            member = outer.extractfile(name) or outer.extractfile("./" + name)
-            if member is None:
-                raise ImageError(f"{archive}: layer {desc['digest']} is missing")
+            member = _member(outer, "blobs/sha256/" + desc["digest"].removeprefix("sha256:"))
             with tarfile.open(fileobj=member, mode="r|*") as layer:
                 for entry in layer:
                     _apply(layer, entry, dest)
