@@ -64,6 +64,10 @@ fi
 mkdir -p "$CACHE" "$STORE"
 exec 9>"$CACHE/.build-image.lock"
 flock 9
+if [ -f "$OUT" ]; then  # built by another run while this one waited for the lock
+    echo "$OUT"
+    exit 0
+fi
 
 BASE_KEY=$(echo "$SUITE $MIRROR $BASE_PACKAGES $(sed -n '/^build_base()/,/^}/p' "$0")" | sha256sum | cut -c1-16)
 BASE=localhost/hami/base:$SUITE-$BASE_KEY
@@ -107,4 +111,6 @@ bah bud --isolation chroot --layers --pull=never $TRUST -f "$ROOT/Containerfile"
 bah push --quiet "$REF" "oci-archive:$OUT.tmp:$REF" >&2
 mv -f "$OUT.tmp" "$OUT"
 log "wrote $OUT"
+# Keep the three newest archives (other checkouts on this machine may use the older ones).
+ls -t "$CACHE"/hami-*.oci.tar | tail -n +4 | xargs -r rm -f
 echo "$OUT"
