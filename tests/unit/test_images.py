@@ -97,11 +97,12 @@ def test_unpack_applies_layers_in_order_with_whiteouts(tmp_path: Path) -> None:
     top = _layer((".wh.gone", b""), ("dir/.wh..wh..opq", b""), ("dir/new", b"4"), ("over", b"new"))
     archive = write_oci_archive(tmp_path / "a.tar", "r:1", [base, top], {})
     root = tmp_path / "root"
-    root.mkdir()
+    root.mkdir(mode=0o700)
     unpack_rootfs(archive.path, root)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert files == ["dir/new", "keep", "over"]
     assert (root / "over").read_bytes() == b"new"
+    assert root.stat().st_mode & 0o777 == 0o755  # a non-root user of the image can enter /
 
 
 def test_cached_archive_is_reused_and_a_changed_input_builds_a_new_one(tmp_path: Path) -> None:

@@ -231,8 +231,11 @@ def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
 
 def unpack_rootfs(archive: Path, dest: Path) -> None:
     """Apply the layers of ``archive`` in order into ``dest`` (whiteouts honoured), the way a
-    runtime would, so a test can look inside or chroot into the image."""
+    runtime would, so a test can look inside or chroot into the image. ``dest`` becomes mode
+    0755 first, as a runtime's root filesystem is (a temporary directory is 0700, which would
+    keep a non-root user of the image out of its own ``/``)."""
     parts = read_oci_archive(archive)
+    dest.chmod(0o755)
     with tarfile.open(archive) as outer:
         for desc in parts["manifest"]["layers"]:
             member = _member(outer, "blobs/sha256/" + desc["digest"].removeprefix("sha256:"))
