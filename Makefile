@@ -58,7 +58,8 @@ image-offline:
 IMAGE_TOOLS := buildah debootstrap busybox-static
 image-tools:
 	@if [ "$$(id -u)" = 0 ] && ! dpkg -s $(IMAGE_TOOLS) >/dev/null 2>&1; then \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(IMAGE_TOOLS); fi
+		export DEBIAN_FRONTEND=noninteractive; APT="apt-get -y -q -o DPkg::Lock::Timeout=600"; \
+		$$APT install $(IMAGE_TOOLS) || { $$APT update && $$APT install $(IMAGE_TOOLS); }; fi
 
 # Every image the tests and the real node use (pause, busybox, kube-scheduler, hami), cached in
 # <cache>/images; what this machine cannot build is reported as skipped

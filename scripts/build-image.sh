@@ -111,6 +111,12 @@ bah bud --isolation chroot --layers --pull=never $TRUST -f "$ROOT/Containerfile"
 bah push --quiet "$REF" "oci-archive:$OUT.tmp:$REF" >&2
 mv -f "$OUT.tmp" "$OUT"
 log "wrote $OUT"
-# Keep the three newest archives (other checkouts on this machine may use the older ones).
+# Keep the three newest archives (other checkouts on this machine may use the older ones), and
+# bound buildah's storage: every change of src/ leaves its layers behind as untagged images
+# (about 130 MB each); past 4 GB they go, at the price of one slower build next time.
 ls -t "$CACHE"/hami-*.oci.tar | tail -n +4 | xargs -r rm -f
+if [ "$(du -sm "$STORE" | cut -f1)" -gt 4096 ]; then
+    log "pruning untagged images from $STORE"
+    bah rmi --prune >/dev/null 2>&1 || log "pruning failed (harmless; rm -rf $CACHE/buildah to reclaim)"
+fi
 echo "$OUT"
