@@ -44,7 +44,7 @@ BUILDER ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
 # The product image from the Containerfile, with a registry (`IMAGE=registry/name:tag make image push`)
 image:
 	@test -n "$(BUILDER)" || { echo "make image: no docker daemon, podman or buildah here (offline: make image-offline)" >&2; exit 1; }
-	$(BUILDER) build -f Containerfile --build-arg VERSION=$(VERSION) \
+	$(BUILDER) build -f Containerfile --build-arg VERSION=$(VERSION) $(if $(BASE),--build-arg BASE=$(BASE)) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
 
 push:
