@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hami.dev import realnode as rn
-from hami.dev.cluster import KubeCluster
+from hami.dev.cluster import KubeCluster, bin_dir
 from hami.dev.realnode import RealNode
 
 
@@ -49,7 +51,7 @@ def test_the_node_is_ready_with_its_labels_and_runtime(real_cluster: KubeCluster
     assert info["kubeletVersion"] == "v1.34.4"
     assert info["containerRuntimeVersion"].startswith("containerd://1.")
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
-    assert addresses["InternalIP"] == "127.0.0.1"
+    assert addresses["InternalIP"] == rn.NODE_IP
     assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == real_node.kubelet_port
     assert not [t for t in node["spec"].get("taints") or [] if t["key"] == "node.kubernetes.io/not-ready"]
 
@@ -110,6 +112,7 @@ def test_teardown_leaves_no_process_mount_link_or_cgroup(
     assert real_node_holder.stop() == []
 
     assert rn.processes_mentioning(f"{workdir}/") == []
+    assert rn.processes_mentioning(str(rn.CONTAINERD_SOCKET)) == []
     assert rn.mounts_under(workdir) == []
     assert rn.links_of() == []
     assert rn.pod_cgroups() == []
@@ -121,11 +124,40 @@ def test_teardown_leaves_no_process_mount_link_or_cgroup(
     lock.release()
 
 
+def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
+        real_cluster: KubeCluster, real_node_holder, busybox: str, real_namespace: str):
+    node = real_node_holder.get()
+    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
+                     _pod("orphan", busybox, node.name, ["sleep", "3600"]))
+    _wait_phase(real_cluster, real_namespace, "orphan", ("Running",))
+    workdir = node.workdir
+    shims = rn.processes_mentioning(str(rn.CONTAINERD_SOCKET))
+    assert shims
+    # the holder dies: kubelet and containerd are killed, the lock goes with the process, its
+    # record stays; containerd's shims and the pod's processes live on
+    for component in node.components.values():
+        os.killpg(component.process.pid, signal.SIGKILL)
+        component.process.wait()
+    os.close(node._lock._fd)
+    node._lock._fd = None
+    atexit.unregister(node.stop)
+    real_node_holder.node = None
+    assert [pid for pid in shims if Path(f"/proc/{pid}").exists()] and rn.mounts_under(workdir)
+
+    fresh = real_node_holder.get()
+    assert "clean previous" in fresh.timings
+    assert rn.processes_mentioning(f"{workdir}/") == []
+    assert not [pid for pid in shims if Path(f"/proc/{pid}").exists()]
+    assert rn.mounts_under(workdir) == []
+    assert not workdir.exists()
+    assert real_cluster._ready_node(fresh.name)
+
+
 def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
     """``hami dev cluster up --real-node`` then ``down``: the node is Ready in between, nothing
     is left after."""
     real_node_holder.stop()  # one real node per machine: hand the lock to the CLI's
-    env = {**os.environ, "HAMI_CACHE": str(tmp_path)}
+    env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
     hami = [sys.executable, "-m", "hami", "dev", "cluster"]
     up = subprocess.run([*hami, "up", "--real-node", "--nodes", "1"], env=env, capture_output=True, text=True,
                         timeout=400)
@@ -141,10 +173,11 @@ def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
                                             for c in n["status"]["conditions"]) for n in json.loads(nodes)["items"]}
         assert ready == {"kwok-node-0": True, "hami-real-node": True}
         assert Path(state["real_node"]["containerd_socket"]).is_socket()
+        workdir = Path(state["real_node"]["workdir"])
+        assert f"work directory {workdir}" in up.stdout
     finally:
         down = subprocess.run([*hami, "down"], env=env, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr + down.stdout
-    workdir = tmp_path / "dev-cluster" / "real-node"
     deadline = time.monotonic() + 30
     while rn.processes_mentioning(f"{workdir}/") and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -12,12 +12,13 @@ from hami.dev import realnode as rn
 
 
 def test_containerd_config_is_private_and_uses_the_local_pause_image(tmp_path):
-    doc = tomllib.loads(rn.containerd_config(tmp_path / "containerd", sandbox_image="localhost/hami/pause:3.10",
+    doc = tomllib.loads(rn.containerd_config(tmp_path / "containerd", socket=tmp_path / "c.sock",
+                                             sandbox_image="localhost/hami/pause:3.10",
                                              cni_bin=Path("/usr/lib/cni"), restrict_oom_score_adj=True))
     assert doc["version"] == 2
     assert doc["root"] == str(tmp_path / "containerd" / "root")
     assert doc["state"] == str(tmp_path / "containerd" / "state")
-    assert doc["grpc"]["address"] == str(tmp_path / "containerd" / "containerd.sock")
+    assert doc["grpc"]["address"] == str(tmp_path / "c.sock")
     cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == "localhost/hami/pause:3.10"
     assert cri["restrict_oom_score_adj"] is True
@@ -30,14 +31,14 @@ def test_containerd_config_is_private_and_uses_the_local_pause_image(tmp_path):
 
 
 def test_oom_score_restriction_follows_the_flag(tmp_path):
-    doc = tomllib.loads(rn.containerd_config(tmp_path, sandbox_image="p", cni_bin=tmp_path,
+    doc = tomllib.loads(rn.containerd_config(tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path,
                                              restrict_oom_score_adj=False))
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["restrict_oom_score_adj"] is False
 
 
 def test_containerd_config_quotes_paths(tmp_path):
     odd = tmp_path / 'a "quoted" dir'
-    doc = tomllib.loads(rn.containerd_config(odd, sandbox_image="p", cni_bin=odd, restrict_oom_score_adj=True))
+    doc = tomllib.loads(rn.containerd_config(odd, socket=odd / "s", sandbox_image="p", cni_bin=odd, restrict_oom_score_adj=True))
     assert doc["root"] == str(odd / "root")
 
 
@@ -57,10 +58,10 @@ def test_cni_config_is_a_bridge_without_masquerade(tmp_path):
     assert plugin["ipam"]["ranges"] == [[{"subnet": rn.POD_SUBNET}]]
 
 
-def test_kubelet_config_serves_on_loopback_with_authentication(tmp_path):
-    doc = rn.kubelet_config(port=10250, healthz_port=10248, socket=tmp_path / "c.sock", ca=tmp_path / "ca.crt",
+def test_kubelet_config_serves_on_the_node_address_with_authentication(tmp_path):
+    doc = rn.kubelet_config(address="10.88.64.1", port=10250, healthz_port=10248, socket=tmp_path / "c.sock", ca=tmp_path / "ca.crt",
                             cert=tmp_path / "k.crt", key=tmp_path / "k.key", pod_logs=tmp_path / "logs")
-    assert (doc["address"], doc["port"], doc["readOnlyPort"]) == ("127.0.0.1", 10250, 0)
+    assert (doc["address"], doc["port"], doc["readOnlyPort"]) == ("10.88.64.1", 10250, 0)
     assert doc["healthzBindAddress"] == "127.0.0.1"
     assert doc["authentication"]["anonymous"]["enabled"] is False
     assert doc["authentication"]["x509"]["clientCAFile"] == str(tmp_path / "ca.crt")

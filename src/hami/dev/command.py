@@ -237,14 +237,15 @@ def _serve(args: argparse.Namespace) -> int:
         if options.get("real_node"):
             from hami.dev.realnode import RealNode
 
-            node = RealNode(cluster, workdir=state_dir() / "real-node",
-                            images=[Path(path) for path in options.get("images", [])]).start()
+            # a temporary work directory (short paths: the kubelet makes unix sockets in it)
+            node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])]).start()
             summary += "\n" + node.describe_startup() + "\n" + _real_node_help(node)
         state = {"pid": os.getpid(), "env": cluster.env(), "workdir": str(workdir),
                  "bin": str(cluster.binaries["kube-apiserver"].parent), "summary": summary}
         if node is not None:
             state["real_node"] = {"name": node.name, "containerd_socket": str(node.containerd_socket),
-                                  "kubelet_root": str(node.kubelet_root), "logs": str(node.log_path("kubelet").parent)}
+                                  "kubelet_root": str(node.kubelet_root), "logs": str(node.log_path("kubelet").parent),
+                                  "workdir": str(node.workdir)}
         tmp = _state_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(_state_file())
@@ -266,6 +267,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _real_node_help(node) -> str:
-    return (f"real node {node.name}: containerd socket {node.containerd_socket} "
+    return (f"real node {node.name}: work directory {node.workdir}, containerd socket {node.containerd_socket} "
             f"(ctr --address {node.containerd_socket} -n k8s.io ...), kubelet root {node.kubelet_root}, "
             f"logs {node.log_path('kubelet').parent}")

@@ -4,9 +4,10 @@
 really runs pods. Everything it owns lives under one work directory:
 
 ==========================  ===============================================================
-``containerd/``             containerd's root, state, ``config.toml`` and socket
-                            (:attr:`RealNode.containerd_socket`), run privately: no system
-                            containerd is touched
+``containerd/``             containerd's root and state, run privately (no system
+                            containerd is touched); its socket is
+                            ``/run/hami-real-node/containerd.sock``
+                            (:attr:`RealNode.containerd_socket`: a socket path must be short)
 ``cni/``                    the bridge network's configuration and its IP allocations
 ``kubelet/``                the kubelet's ``--root-dir`` (:attr:`RealNode.kubelet_root`)
 ``pki/``, ``config/``       the node's certificates, kubeconfig and ``KubeletConfiguration``
@@ -29,7 +30,7 @@ so the pause image (containerd's ``sandbox_image``) and every test image are imp
 archives (:meth:`RealNode.import_image`, archives from :mod:`hami.dev.images`).
 
 The API server reaches the kubelet for ``kubectl logs``/``exec`` at the node's InternalIP
-127.0.0.1, over TLS with the cluster CA both ways; the kubelet authenticates to the API
+(:data:`NODE_IP`, the bridge's gateway address), over TLS with the cluster CA both ways; the kubelet authenticates to the API
 server as ``system:node:<name>`` (group ``system:nodes``), bound to the ``system:node`` role.
 """
 
@@ -60,16 +61,27 @@ from hami.dev.process import Component, free_port, http_get
 
 NODE_NAME = "hami-real-node"
 LOCK_PATH = Path("/run/hami-real-node.lock")
+#: containerd's socket: a unix socket path must stay under 104 bytes, which a work directory
+#: under pytest's temporary tree does not; one real node per machine, so one fixed place
+RUN_DIR = Path("/run/hami-real-node")
+CONTAINERD_SOCKET = RUN_DIR / "containerd.sock"
 BRIDGE = "hami-cni0"
 POD_SUBNET = "10.88.64.0/24"
+#: The node's address: the pod bridge's gateway, made before the kubelet starts. The kubelet
+#: refuses a loopback node IP, and this kernel has no ``dummy`` links; the bridge, up with no
+#: port yet, already answers on it locally (the API server calls the kubelet there).
+NODE_IP = "10.88.64.1"
 CGROUP_ROOT = "hami-real-node"
 CGROUP_FS = Path("/sys/fs/cgroup")
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_DEVICE_PLUGIN_FILES = ("kubelet.sock", "kubelet_internal_checkpoint")
 CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 HOST_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip")
 READY_TIMEOUT_S = 120.0
 CAP_SYS_RESOURCE = 24
+_TEMP_PREFIX = "hami-real-node-"
+_MAX_SOCKET_PATH = 104
 K8S_NAMESPACE = "k8s.io"  # containerd namespace of the CRI plugin
 
 
@@ -168,10 +180,11 @@ class MachineLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, data, 0)
 
-    def release(self) -> None:
+    def release(self, keep_record: bool = False) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.ftruncate(fd, 0)
+            if not keep_record:
+                os.ftruncate(fd, 0)
             os.close(fd)  # closing drops the flock
 
     @property
@@ -190,8 +203,10 @@ class MachineLock:
 # Configuration documents (pure)
 
 
-def containerd_config(root: Path, *, sandbox_image: str, cni_bin: Path, restrict_oom_score_adj: bool) -> str:
-    """containerd's ``config.toml`` (version 2) for a private instance under ``root``."""
+def containerd_config(root: Path, *, socket: Path, sandbox_image: str, cni_bin: Path,
+                      restrict_oom_score_adj: bool) -> str:
+    """containerd's ``config.toml`` (version 2) for a private instance under ``root``, listening
+    on ``socket`` (and ``<socket>.ttrpc``)."""
     def q(value: object) -> str:
         return json.dumps(str(value))  # a TOML basic string is a JSON string
 
@@ -204,7 +219,7 @@ def containerd_config(root: Path, *, sandbox_image: str, cni_bin: Path, restrict
         'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
         ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]',
         "[grpc]",
-        f"  address = {q(root / 'containerd.sock')}",
+        f"  address = {q(socket)}",
         "[ttrpc]",
         '  address = ""',
         '[plugins."io.containerd.internal.v1.opt"]',
@@ -245,13 +260,13 @@ def cni_config(ipam_dir: Path, *, bridge: str = BRIDGE, subnet: str = POD_SUBNET
     }
 
 
-def kubelet_config(*, port: int, healthz_port: int, socket: Path, ca: Path, cert: Path, key: Path,
+def kubelet_config(*, address: str, port: int, healthz_port: int, socket: Path, ca: Path, cert: Path, key: Path,
                    pod_logs: Path, cgroup_root: str = CGROUP_ROOT, max_pods: int = 110) -> dict[str, Any]:
     """The ``KubeletConfiguration`` of the real node (see the module docstring)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": address,
         "port": port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -329,7 +344,7 @@ def pod_cgroups(cgroup_root: str = CGROUP_ROOT) -> list[Path]:
     for hierarchy in _hierarchies():
         top = hierarchy / cgroup_root
         if top.is_dir():
-            found.extend(path for path, _, _ in os.walk(top))
+            found.extend(Path(path) for path, _, _ in os.walk(top))
     return sorted(found, key=lambda p: len(p.parts), reverse=True)
 
 
@@ -388,6 +403,16 @@ def links_of(bridge: str = BRIDGE) -> list[str]:
     return names
 
 
+def make_bridge(bridge: str = BRIDGE, address: str = NODE_IP, prefix: int = 24) -> None:
+    """Create the pod bridge with the node's address (the CNI bridge plugin adopts it)."""
+    for argv in (["ip", "link", "add", "name", bridge, "type", "bridge"],
+                 ["ip", "addr", "add", f"{address}/{prefix}", "dev", bridge],
+                 ["ip", "link", "set", bridge, "up"]):
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RealNodeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+
+
 def remove_links(bridge: str = BRIDGE) -> None:
     for name in sorted(links_of(bridge), key=lambda n: n == bridge):  # veths first, the bridge last
         subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
@@ -395,7 +420,7 @@ def remove_links(bridge: str = BRIDGE) -> None:
 
 def processes_mentioning(text: str) -> list[int]:
     """Pids (not this one) whose command line contains ``text``: with the work directory, our
-    kubelet, containerd and containerd's shims (``-address <workdir>/containerd/...``)."""
+    kubelet and containerd; with the containerd socket, its shims (``-address <socket>``)."""
     pids = []
     needle = text.encode()
     for entry in Path("/proc").iterdir():
@@ -412,14 +437,15 @@ def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
     """Remove everything a real node with work directory ``workdir`` may have left on the host.
 
     Safe to call more than once and after a crash. ``device_plugin_entries``: the names that
-    were in :data:`DEVICE_PLUGINS_DIR` before the node started (others are removed; ``None``:
-    remove only the kubelet's own entries); the directory and ``/var/lib/kubelet`` go too when
+    were in :data:`DEVICE_PLUGINS_DIR` before the node started (others are removed, and the
+    kubelet's own files always; ``None``: only the kubelet's own files); the directory and ``/var/lib/kubelet`` go too when
     they did not exist before and are empty. Returns what it could not clean.
     """
     problems: list[str] = []
-    for pid in processes_mentioning(str(workdir) + "/"):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for needle in (str(workdir) + "/", str(CONTAINERD_SOCKET)):  # kubelet, containerd; shims
+        for pid in processes_mentioning(needle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     left_cgroups = remove_cgroups()
     unmount_all(workdir)
     remove_links()
@@ -429,10 +455,12 @@ def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
         problems.append(f"mounts left under {workdir}: {', '.join(map(str, mounts_under(workdir)[:5]))}")
     if links_of():
         problems.append(f"links left: {', '.join(links_of())}")
+    shutil.rmtree(RUN_DIR, ignore_errors=True)
     if DEVICE_PLUGINS_DIR.is_dir():
         for entry in DEVICE_PLUGINS_DIR.iterdir():
-            ours = entry.name in ("kubelet.sock", "kubelet_internal_checkpoint") if device_plugin_entries is None \
-                else entry.name not in device_plugin_entries
+            # the kubelet's own files are ours whatever was there before (one kubelet at a time)
+            ours = entry.name in KUBELET_DEVICE_PLUGIN_FILES or (
+                device_plugin_entries is not None and entry.name not in device_plugin_entries)
             if ours:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
@@ -489,7 +517,7 @@ class RealNode:
     @property
     def containerd_socket(self) -> Path:
         """containerd's socket (``ctr --address <it> -n k8s.io ...``)."""
-        return self._dir("containerd", "containerd.sock")
+        return CONTAINERD_SOCKET
 
     @property
     def kubelet_root(self) -> Path:
@@ -542,21 +570,30 @@ class RealNode:
         began = time.monotonic()
         try:
             if previous.get("workdir"):  # a holder that died: clear what it left
-                self._timed("clean previous", lambda: clean_host(Path(previous["workdir"])))
+                self._timed("clean previous", lambda: self._clean_previous(
+                    Path(previous["workdir"]), previous.get("device_plugins_dir_existed", True)))
             if self.workdir is None:
-                self.workdir = Path(tempfile.mkdtemp(prefix="hami-real-node-"))
+                self.workdir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
             elif Path(self.workdir).exists():  # a given directory is emptied (after un-mounting)
                 clean_host(Path(self.workdir))
                 shutil.rmtree(self.workdir)
             self.workdir = Path(self.workdir)
-            self._lock.record(workdir=str(self.workdir), node=self.name)
+            if len(str(self.kubelet_root / "pod-resources" / "12345678")) > _MAX_SOCKET_PATH:
+                raise RealNodeError(f"workdir {str(self.workdir)!r}: too long; the kubelet makes unix sockets "
+                                    f"under it whose paths must stay under {_MAX_SOCKET_PATH} bytes")
+            # whether the device-plugin directory was there before any real node: a dead
+            # holder's record knows, else look now
+            self._device_plugin_dir_existed = previous.get("device_plugins_dir_existed", DEVICE_PLUGINS_DIR.is_dir())
+            self._lock.record(workdir=str(self.workdir), node=self.name,
+                              device_plugins_dir_existed=self._device_plugin_dir_existed)
             atexit.register(self.stop)
             for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pki", "config", "logs"):
                 self._dir(*sub.split("/")).mkdir(parents=True, exist_ok=True)
-            self._device_plugin_dir_existed = DEVICE_PLUGINS_DIR.is_dir()
+            RUN_DIR.mkdir(parents=True, exist_ok=True)
             self._device_plugin_entries = (
-                {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if self._device_plugin_dir_existed else set())
+                {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if DEVICE_PLUGINS_DIR.is_dir() else set())
             pause = self._timed("pause image", self._pause_image)
+            self._timed("bridge", make_bridge)
             self._timed("containerd", lambda: self._start_containerd(pause.ref))
             self._timed("images", lambda: [self.import_image(path) for path in [pause.path, *self.images]])
             self._timed("credentials", self._write_credentials)
@@ -575,23 +612,46 @@ class RealNode:
         if not self._lock.held:
             return self.problems
         atexit.unregister(self.stop)
+        problems: list[str] = []
+
+        def attempt(what: str, step: Callable[[], Any]) -> Any:
+            try:
+                return step()
+            except Exception as exc:  # every step is tried; what failed is reported
+                problems.append(f"{what}: {exc}")
+                return None
+
         kubelet = self.components.pop("kubelet", None)
         if kubelet:
-            kubelet.stop()
-        if "containerd" in self.components:
-            self._remove_pods()
-            self.components.pop("containerd").stop()
-        self.problems = clean_host(self.workdir, device_plugin_entries=self._device_plugin_entries,
-                                   device_plugin_dir_existed=self._device_plugin_dir_existed) \
-            if self.workdir else []
-        with contextlib.suppress(Exception):
-            self.cluster.delete_node(self.name)
-            self.cluster.api("DELETE", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{self._binding}",
-                             expect=(200, 202, 404))
-        if self._temporary and self.workdir and not (keep_workdir or self.keep_workdir) and not self.problems:
+            attempt("stop kubelet", kubelet.stop)
+        containerd = self.components.pop("containerd", None)
+        if containerd:
+            if containerd.alive():
+                attempt("remove pods", self._remove_pods)
+            attempt("stop containerd", containerd.stop)
+        if self.workdir:
+            problems += attempt("clean host", lambda: clean_host(
+                self.workdir, device_plugin_entries=self._device_plugin_entries,
+                device_plugin_dir_existed=self._device_plugin_dir_existed)) or []
+        attempt("delete Node", lambda: self.cluster.delete_node(self.name))
+        attempt("delete ClusterRoleBinding", lambda: self.cluster.api(
+            "DELETE", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{self._binding}",
+            expect=(200, 202, 404)))
+        host_clean = not [p for p in problems if not p.startswith("delete ")]
+        if self._temporary and self.workdir and not (keep_workdir or self.keep_workdir) and host_clean:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        self._lock.release()
-        return self.problems
+        # a node that could not clean the host leaves its record, so the next holder cleans it
+        self._lock.release(keep_record=not host_clean)
+        self.problems = problems
+        return problems
+
+    @staticmethod
+    def _clean_previous(workdir: Path, device_plugins_dir_existed: bool) -> None:
+        problems = clean_host(workdir, device_plugin_dir_existed=device_plugins_dir_existed)
+        if problems:
+            raise RealNodeError(f"could not clean what the previous real node left: {'; '.join(problems)}")
+        if workdir.parent == Path(tempfile.gettempdir()) and workdir.name.startswith(_TEMP_PREFIX):
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def _timed(self, name: str, step: Callable[[], Any]) -> Any:
         began = time.monotonic()
@@ -613,7 +673,8 @@ class RealNode:
         config = self._dir("config", "containerd.toml")
         cni_bin = cni_bin_dir()
         assert cni_bin is not None
-        config.write_text(containerd_config(self._dir("containerd"), sandbox_image=sandbox_image,
+        config.write_text(containerd_config(self._dir("containerd"), socket=self.containerd_socket,
+                                            sandbox_image=sandbox_image,
                                             cni_bin=cni_bin, restrict_oom_score_adj=restrict))
         (self._dir("cni", "net.d") / "10-hami-bridge.conflist").write_text(
             json.dumps(cni_config(self._dir("cni", "ipam")), indent=2))
@@ -666,7 +727,7 @@ class RealNode:
         user = f"system:node:{self.name}"
         pair = self.cluster.issue_client_cert(user, groups=("system:nodes",))
         self.cluster.write_kubeconfig(self._dir("config", "kubelet.kubeconfig"), pair=pair)
-        serving = self.cluster.issue_serving_pair(f"kubelet-{self.name}", hosts=("127.0.0.1", "localhost", self.name))
+        serving = self.cluster.issue_serving_pair(f"kubelet-{self.name}", hosts=(NODE_IP, "127.0.0.1", "localhost", self.name))
         for name, data in (("kubelet.crt", serving.cert_pem), ("kubelet.key", serving.key_pem),
                            ("ca.crt", self.cluster.ca_pem)):
             path = self._dir("pki", name)
@@ -685,7 +746,7 @@ class RealNode:
         config = self._dir("config", "kubelet.yaml")
         self.pod_logs_dir.mkdir(parents=True, exist_ok=True)
         config.write_text(yaml.safe_dump(kubelet_config(
-            port=self.kubelet_port, healthz_port=healthz, socket=self.containerd_socket,
+            address=NODE_IP, port=self.kubelet_port, healthz_port=healthz, socket=self.containerd_socket,
             ca=self._dir("pki", "ca.crt"), cert=self._dir("pki", "kubelet.crt"), key=self._dir("pki", "kubelet.key"),
             pod_logs=self.pod_logs_dir), sort_keys=False))
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
@@ -694,7 +755,7 @@ class RealNode:
             str(self.cluster.binaries["kubelet"]), f"--config={config}",
             f"--kubeconfig={self._dir('config', 'kubelet.kubeconfig')}",
             f"--root-dir={self.kubelet_root}", f"--cert-dir={self._dir('pki')}",
-            f"--hostname-override={self.name}", "--node-ip=127.0.0.1",
+            f"--hostname-override={self.name}", f"--node-ip={NODE_IP}",
             *([f"--node-labels={labels}"] if labels else []), "--v=2",
         ])
         self._wait(component, lambda: http_get(f"http://127.0.0.1:{healthz}/healthz")[0] == 200, "kubelet healthz")
