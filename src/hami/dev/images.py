@@ -48,7 +48,7 @@ BUSYBOX_REF = "localhost/hami/busybox:latest"
 BUSYBOX_BINARY = Path("/bin/busybox")
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 # Bump when the way archives are written changes, so cached files are rebuilt.
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -138,7 +138,7 @@ def write_oci_archive(dest: Path, ref: str, layers: Iterable[bytes], config: dic
     blobs: dict[str, bytes] = {}
     layer_descs, diff_ids = [], []
     for tar in layers:
-        compressed = gzip.compress(tar, compresslevel=9, mtime=0)
+        compressed = gzip.compress(tar, compresslevel=6, mtime=0)
         blobs[_digest(compressed)] = compressed
         layer_descs.append({"mediaType": MEDIA_LAYER_GZIP, "digest": _digest(compressed),
                             "size": len(compressed)})
