@@ -75,19 +75,24 @@ class RealNodeHolder:
             _state["node"] = self.node
         return self.node
 
-    def stop(self) -> list[str]:
+    def stop(self, keep_workdir: bool = False) -> list[str]:
         node, self.node = self.node, None
-        return node.stop() if node else []
+        if node is None:
+            return []
+        problems = node.stop(keep_workdir=keep_workdir)
+        if keep_workdir:
+            _state["kept"] = node.workdir
+        return problems
 
 
 @pytest.fixture(scope="session")
-def real_node_holder(real_cluster: KubeCluster):
+def real_node_holder(real_cluster: KubeCluster, request: pytest.FixtureRequest):
     holder = RealNodeHolder(real_cluster)
     _state["holder"] = holder
     try:
         yield holder
     finally:
-        problems = holder.stop()
+        problems = holder.stop(keep_workdir=request.session.testsfailed > 0)  # logs for the failure
         if problems:
             raise AssertionError("real node teardown left: " + "; ".join(problems))
 
@@ -126,3 +131,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if holder is not None and holder.bringups:
         figures = ", ".join(f"{seconds:.1f}s" for seconds in holder.bringups)
         terminalreporter.write_line(f"real node bring-up (to Ready): {figures}")
+    if "kept" in _state:
+        terminalreporter.write_line(f"real node work directory (logs) kept in {_state['kept']}")

@@ -108,6 +108,9 @@ def test_teardown_leaves_no_process_mount_link_or_cgroup(
     assert rn.BRIDGE in rn.links_of() and len(rn.links_of()) >= 2, rn.links_of()
     assert any(p.name.startswith("pod") for p in rn.pod_cgroups()), "no pod cgroup"
     assert (rn.DEVICE_PLUGINS_DIR / "kubelet.sock").exists()
+    sockets = rn.shim_sockets(workdir)
+    assert sockets and all(socket.is_socket() for socket in sockets)
+    assert rn.kubelet_chains()
 
     assert real_node_holder.stop() == []
 
@@ -117,6 +120,8 @@ def test_teardown_leaves_no_process_mount_link_or_cgroup(
     assert rn.links_of() == []
     assert rn.pod_cgroups() == []
     assert not (rn.DEVICE_PLUGINS_DIR / "kubelet.sock").exists()
+    assert not [socket for socket in sockets if socket.exists()]
+    assert rn.kubelet_chains() == []
     assert not Path(workdir).exists()
     real_cluster.api("GET", f"/api/v1/nodes/{node.name}", expect=(404,))
     lock = rn.MachineLock()
@@ -132,7 +137,8 @@ def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
     _wait_phase(real_cluster, real_namespace, "orphan", ("Running",))
     workdir = node.workdir
     shims = rn.processes_mentioning(str(rn.CONTAINERD_SOCKET))
-    assert shims
+    sockets = rn.shim_sockets(workdir)
+    assert shims and sockets
     # the holder dies: kubelet and containerd are killed, the lock goes with the process, its
     # record stays; containerd's shims and the pod's processes live on
     for component in node.components.values():
@@ -148,6 +154,7 @@ def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
     assert "clean previous" in fresh.timings
     assert rn.processes_mentioning(f"{workdir}/") == []
     assert not [pid for pid in shims if Path(f"/proc/{pid}").exists()]
+    assert not [socket for socket in sockets if socket.exists()]
     assert rn.mounts_under(workdir) == []
     assert not workdir.exists()
     assert real_cluster._ready_node(fresh.name)
@@ -183,3 +190,4 @@ def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
         time.sleep(0.2)
     assert rn.processes_mentioning(f"{workdir}/") == []
     assert rn.mounts_under(workdir) == [] and rn.links_of() == [] and rn.pod_cgroups() == []
+    assert rn.kubelet_chains() == [] and not workdir.exists()

@@ -16,7 +16,7 @@ really runs pods. Everything it owns lives under one work directory:
 ==========================  ===============================================================
 
 Outside that directory, and removed by :meth:`RealNode.stop`: the bridge ``hami-cni0`` and
-the pods' veths, the pods' cgroups under ``/sys/fs/cgroup/<controller>/hami-real-node`` (the
+the pods' veths, the kubelet's (empty) iptables chains, the shims' sockets, the pods' cgroups under ``/sys/fs/cgroup/<controller>/hami-real-node`` (the
 kubelet's ``cgroupRoot``), the pods' network namespaces (under containerd's state directory),
 and the entries the kubelet writes in ``/var/lib/kubelet/device-plugins/`` (a path the kubelet
 uses whatever ``--root-dir`` says; it is why only one real node may run per machine, which
@@ -43,6 +43,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -418,6 +419,54 @@ def remove_links(bridge: str = BRIDGE) -> None:
         subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
 
 
+def shim_sockets(workdir: Path) -> list[Path]:
+    """The sockets of containerd's shims for this node's tasks (they live in containerd's
+    fixed ``/run/containerd/s/``; each task's bundle records its shim's address)."""
+    found = []
+    for address in (workdir / "containerd" / "state" / "io.containerd.runtime.v2.task").glob("*/*/address"):
+        with contextlib.suppress(OSError):
+            text = address.read_text().strip()
+            if text.startswith("unix://"):
+                found.append(Path(text[len("unix://"):]))
+    return found
+
+
+#: chains the kubelet makes: two empty ones to detect a flush of the tables, and
+#: ``KUBE-FIREWALL`` (drops outside packets to 127.0.0.0/8) jumped to from INPUT and OUTPUT;
+#: removed with the node (one kubelet per machine: they are ours)
+KUBELET_CHAINS = ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL")
+
+
+def remove_kubelet_chains() -> None:
+    for program in ("iptables", "ip6tables"):
+        if shutil.which(program) is None:
+            continue
+        for table in ("mangle", "nat", "filter"):
+            rules = subprocess.run([program, "-w", "-t", table, "-S"], capture_output=True, text=True,
+                                   check=False).stdout.splitlines()
+            for rule in rules:  # the jumps into our chains first, then the chains
+                words = shlex.split(rule)
+                if words[:1] == ["-A"] and len(words) > 3 and words[-1] in KUBELET_CHAINS and words[-2] == "-j" \
+                        and words[1] not in KUBELET_CHAINS:
+                    subprocess.run([program, "-w", "-t", table, "-D", *words[1:]], capture_output=True, check=False)
+            for chain in KUBELET_CHAINS:
+                subprocess.run([program, "-w", "-t", table, "-F", chain], capture_output=True, check=False)
+                subprocess.run([program, "-w", "-t", table, "-X", chain], capture_output=True, check=False)
+
+
+def kubelet_chains() -> list[str]:
+    """``program/table/chain`` of the kubelet's chains present now."""
+    present = []
+    for program in ("iptables", "ip6tables"):
+        if shutil.which(program) is None:
+            continue
+        for table in ("mangle", "nat", "filter"):
+            listing = subprocess.run([program, "-w", "-t", table, "-S"], capture_output=True, text=True,
+                                     check=False).stdout.split()
+            present += [f"{program}/{table}/{chain}" for chain in KUBELET_CHAINS if chain in listing]
+    return present
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Pids (not this one) whose command line contains ``text``: with the work directory, our
     kubelet and containerd; with the containerd socket, its shims (``-address <socket>``)."""
@@ -446,9 +495,13 @@ def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
         for pid in processes_mentioning(needle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    for socket in shim_sockets(workdir):
+        with contextlib.suppress(FileNotFoundError):
+            socket.unlink()
     left_cgroups = remove_cgroups()
     unmount_all(workdir)
     remove_links()
+    remove_kubelet_chains()
     if left_cgroups:
         problems.append(f"cgroups not removed: {', '.join(map(str, left_cgroups[:5]))}")
     if mounts_under(workdir):
@@ -621,6 +674,7 @@ class RealNode:
                 problems.append(f"{what}: {exc}")
                 return None
 
+        sockets = shim_sockets(self.workdir) if self.workdir else []  # gone with the tasks' bundles
         kubelet = self.components.pop("kubelet", None)
         if kubelet:
             attempt("stop kubelet", kubelet.stop)
@@ -629,6 +683,9 @@ class RealNode:
             if containerd.alive():
                 attempt("remove pods", self._remove_pods)
             attempt("stop containerd", containerd.stop)
+        for socket in sockets:
+            with contextlib.suppress(FileNotFoundError):
+                socket.unlink()
         if self.workdir:
             problems += attempt("clean host", lambda: clean_host(
                 self.workdir, device_plugin_entries=self._device_plugin_entries,
