@@ -11,7 +11,8 @@ gets a fresh one the next time a test asks. Useful members: ``name``, ``containe
 ``kubelet_root``, ``pod_logs_dir``, ``log_path("kubelet"|"containerd")``, ``import_image``,
 ``ctr(...)``, ``stop()``.
 
-When the machine cannot run a real node (not root, packages or the kubelet missing), every test
+If another test session holds this machine's real node, the fixture waits for it (up to
+``LOCK_WAIT_S``). When the machine cannot run a real node (not root, packages or the kubelet missing), every test
 that asks for it is skipped with one line naming what is missing; with
 ``HAMI_REQUIRE_REAL_NODE=1`` (CI) it fails instead.
 """
@@ -28,6 +29,7 @@ from hami.dev.cluster import KubeCluster, MissingBinaries, find_binaries
 from hami.dev.realnode import RealNode, RealNodeUnavailable, missing_requirements
 
 _state: dict[str, object] = {}
+LOCK_WAIT_S = 900.0
 
 
 def _unavailable(reason: str) -> None:
@@ -70,7 +72,9 @@ class RealNodeHolder:
 
     def get(self) -> RealNode:
         if self.node is None:
-            self.node = RealNode(self.cluster, pause_image=self.pause, images=[self.busybox.path]).start()
+            # another checkout's tests may hold this machine's real node for a while: wait for it
+            self.node = RealNode(self.cluster, pause_image=self.pause, images=[self.busybox.path],
+                                 lock_wait=LOCK_WAIT_S).start()
             self.bringups.append(self.node.startup_seconds)
             _state["node"] = self.node
         return self.node

@@ -120,3 +120,17 @@ def test_missing_requirements_name_each_gap(monkeypatch):
     assert any(item.startswith("runc (run scripts/install-node.sh") for item in missing)
     assert any("CNI plugins" in item and "/nonexistent/cni" in item for item in missing)
     assert "root" in str(rn.RealNodeUnavailable(missing)) and "\n" not in str(rn.RealNodeUnavailable(missing))
+
+
+def test_the_lock_waits_for_a_holder_that_lets_go(tmp_path):
+    import threading
+
+    path = tmp_path / "node.lock"
+    first, second = rn.MachineLock(path), rn.MachineLock(path)
+    first.acquire()
+    releaser = threading.Timer(0.3, first.release)
+    releaser.start()
+    second.acquire(wait=30)  # returns once the first lets go
+    assert second.held
+    second.release()
+    releaser.join()

@@ -157,23 +157,34 @@ class MachineLock:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self) -> dict[str, Any]:
-        """Take the lock or raise :class:`RealNodeBusy`; returns what the previous holder recorded."""
+    def acquire(self, wait: float = 0.0) -> dict[str, Any]:
+        """Take the lock, waiting up to ``wait`` seconds for a holder to finish, or raise
+        :class:`RealNodeBusy`; returns what the previous holder recorded."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = self._read(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        deadline = time.monotonic() + wait
+        while not self._try_lock(fd):
+            if time.monotonic() >= deadline:
+                holder = self._read(fd)
+                os.close(fd)
                 raise RealNodeBusy(
                     f"another real node runs on this machine (lock {self.path} held by pid "
                     f"{holder.get('pid', '?')}, work directory {holder.get('workdir', '?')}); "
-                    "stop it first (`hami dev cluster down`)") from None
-            raise
+                    "stop it first (`hami dev cluster down`)")
+            time.sleep(0.5)
         self._fd = fd
         return self._read(fd)
+
+    @staticmethod
+    def _try_lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            os.close(fd)
+            raise
+        return True
 
     def record(self, **holder: Any) -> None:
         assert self._fd is not None, "lock not held"
@@ -547,6 +558,8 @@ class RealNode:
     images: list[Path] = field(default_factory=list)
     keep_workdir: bool = False
     lock_path: Path = LOCK_PATH
+    #: seconds to wait for another real node on this machine to go away before giving up
+    lock_wait: float = 0.0
     ready_timeout: float = READY_TIMEOUT_S
 
     components: dict[str, Component] = field(default_factory=dict, init=False)
@@ -619,7 +632,7 @@ class RealNode:
         missing = missing_requirements(binaries)
         if missing:
             raise RealNodeUnavailable(missing)
-        previous = self._lock.acquire()
+        previous = self._lock.acquire(self.lock_wait)
         began = time.monotonic()
         try:
             if previous.get("workdir"):  # a holder that died: clear what it left
