@@ -13,7 +13,7 @@ from hami.dev.errors import ClusterError
 
 KUBE_VERSION = "v1.34.4"  # keep equal to KUBE_VERSION in scripts/install-kube.sh
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
-OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet")
+OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet", "kube-proxy")
 
 
 class MissingBinaries(ClusterError):
