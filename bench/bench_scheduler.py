@@ -122,7 +122,9 @@ async def filter_figures(args: argparse.Namespace) -> None:
     rng = random.Random(11)
 
     def probe(i: int) -> dict:
-        return pod_object(f"probe-{i}", 1, rng.choice((1000, 3000)), rng.choice((10, 30)))
+        p = pod_object(f"probe-{i}", 1, rng.choice((1000, 3000)), rng.choice((10, 30)))
+        svc.state.put_pod(p)  # as the pod watch would: a Filter is only for a pod the API server has
+        return p
 
     http, direct, core = [], [], []
     results = {"scheduled": 0, "pending": 0}

@@ -18,6 +18,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -129,8 +130,10 @@ def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kub
     expected = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment",
                 "MutatingWebhookConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount"}
     assert expected <= set(kinds), kinds
-    guard = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    assert guard <= set(kinds) if not values else not guard & set(kinds)
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert ((kind, "hami-allocation-guard") in names) == (not values)  # switched off in the non-defaults
+        assert (kind, "hami-device-plugin-node-guard") in names and (kind, "hami-scheduler-pod-guard") in names
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(docs)
@@ -148,6 +151,52 @@ def test_kube_scheduler_calls_the_extender_on_the_pods_loopback_by_default(helm)
     extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
     assert extender["urlPrefix"] == "http://127.0.0.1:9080" and extender["enableHTTPS"] is False
     assert "tlsConfig" not in extender
+    # the https port (the Service's) then serves no /filter or /bind: no client CA, no client certificate
+    assert not any(a.startswith("--extender-client-ca") for a in ext["command"])
+    assert not [k for k in docs if k[1].startswith("hami-scheduler-extender-client")]
+
+
+def test_over_https_kube_scheduler_presents_a_client_certificate_of_its_own_ca(helm):
+    """loopbackPort 0 (helm-made certificates): a client CA that is not the serving CA, kube-scheduler's
+    certificate signed by it, each container mounting only what it needs."""
+    from cryptography import x509
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", "--set", "scheduler.extender.loopbackPort=0")}
+    pod = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
+    ks, ext = pod["containers"]
+    assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext["command"]
+    assert not any(a.startswith("--extender-bind") for a in ext["command"])
+    extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
+    assert extender["urlPrefix"] == "https://127.0.0.1:9443" and extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {"caFile": "/extender-tls/ca.crt", "certFile": "/extender-client/tls.crt",
+                                     "keyFile": "/extender-client/tls.key"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = lambda c: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}  # noqa: E731
+    assert mounts(ks)["extender-client"] == "/extender-client" and mounts(ks)["extender-tls-ca"] == "/extender-tls"
+    assert mounts(ext)["extender-client-ca"] == "/extender-client-ca" and "extender-client" not in mounts(ext)
+    assert volumes["extender-client-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    assert volumes["extender-tls-ca"]["secret"] == {"secretName": "hami-scheduler-tls",
+                                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    client = {k: __import__("base64").b64decode(v) for k, v in docs[("Secret", "hami-scheduler-extender-client")]["data"].items()}
+    serving = __import__("base64").b64decode(docs[("Secret", "hami-scheduler-tls")]["data"]["ca.crt"])
+    cert, client_ca = x509.load_pem_x509_certificate(client["tls.crt"]), x509.load_pem_x509_certificate(client["ca.crt"])
+    assert cert.issuer == client_ca.subject and client_ca.subject != x509.load_pem_x509_certificate(serving).subject
+    cert.verify_directly_issued_by(client_ca)
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+def test_the_scheduler_has_no_cluster_wide_pod_patch_unless_decision_write_filter(helm):
+    def pod_verbs(values: list[str]) -> tuple[set, set]:
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", *values)}
+        verbs = lambda kind: {v for r in docs[(kind, "hami-scheduler")]["rules"]  # noqa: E731
+                              if "pods" in r["resources"] for v in r["verbs"]}
+        return verbs("ClusterRole"), verbs("Role")
+
+    cluster, namespaced = pod_verbs([])
+    assert cluster == {"get", "list", "watch"} and namespaced == {"patch"}  # its own pod's role label
+    cluster, _ = pod_verbs(["--set", "scheduler.extender.decisionWrite=filter"])
+    assert "patch" in cluster  # HAMi's decision patch on any pod
 
 
 def test_allocation_guard_is_left_out_before_kubernetes_1_30(helm):
@@ -178,8 +227,20 @@ def test_non_default_values_are_honoured(helm):
     assert sched_cfg["profiles"] == [{"schedulerName": "hami-alt"}]
     # loopbackPort 0: kube-scheduler calls the extender over https, as HAMi (cert-manager: CA unknown)
     assert sched_cfg["extenders"][0]["urlPrefix"] == "https://127.0.0.1:9443"
-    assert sched_cfg["extenders"][0]["enableHTTPS"] is True and sched_cfg["extenders"][0]["tlsConfig"] == {"insecure": True}
+    assert sched_cfg["extenders"][0]["enableHTTPS"] is True
+    assert sched_cfg["extenders"][0]["tlsConfig"] == {"caFile": "/extender-tls/ca.crt",
+                                                      "certFile": "/extender-client/tls.crt",
+                                                      "keyFile": "/extender-client/tls.key"}
     assert not any(a.startswith("--extender-bind") for a in ext["command"])
+    # mTLS with cert-manager: a client CA of kube-scheduler's own, its Issuer, the client certificate
+    assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext["command"]
+    client = docs[("Certificate", "hami-scheduler-extender-client")]["spec"]
+    assert client["issuerRef"] == {"name": "hami-scheduler-extender-client-ca"} and "client auth" in client["usages"]
+    assert client["secretName"] == "hami-scheduler-extender-client"
+    assert docs[("Issuer", "hami-scheduler-extender-client-ca")]["spec"] == {
+        "ca": {"secretName": "hami-scheduler-extender-client-ca"}}
+    client_ca = docs[("Certificate", "hami-scheduler-extender-client-ca")]["spec"]
+    assert client_ca["isCA"] is True and client_ca["duration"] == "87600h"  # scheduler.tls.validityDays
     assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0]["managedResources"]
     device = yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])
     assert device["nvidia"]["resourceMemoryName"] == "nvidia.com/gpu-memory"
@@ -274,11 +335,27 @@ def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port:
     return out
 
 
-def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, helm, kube_namespace, tmp_path):
+def _post(url: str, context: ssl.SSLContext, body: dict) -> int:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("https_extender", [False, True], ids=["loopback-extender", "mtls-extender"])
+def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, helm, kube_namespace, tmp_path,
+                                                                 https_extender):
+    """The chart's default (kube-scheduler calls the extender on the pod's loopback; the Service's
+    https port answers 404 to /filter and /bind) and loopbackPort 0 (kube-scheduler calls it over
+    https with its client certificate; 403 without one). A pod is scheduled through either."""
     pytest.importorskip("hami.scheduler.command", reason="hami scheduler is not in this build")
     ns, release = kube_namespace, f"h{uuid.uuid4().hex[:6]}"
     sched_name = f"hami-{release}"
-    port, metrics_port, loopback = free_port(), free_port(), free_port()
+    port, metrics_port = free_port(), free_port()
+    loopback = 0 if https_extender else free_port()
     helm("install", release, str(CHART), "--namespace", ns,
          "--set", f"schedulerName={sched_name}",
          "--set", f"scheduler.service.httpTargetPort={port}",
@@ -300,16 +377,28 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         full = f"{release}-hami"
         secret = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-tls")
         files = {}
-        for key, local in (("tls.crt", "tls.crt"), ("tls.key", "tls.key")):
+        for key, local in (("tls.crt", "tls.crt"), ("tls.key", "tls.key"), ("ca.crt", "ca.crt")):
             path = tmp_path / local
             path.write_bytes(__import__("base64").b64decode(secret["data"][key]))
             files[f"/tls/{key}"] = path
+        files["/extender-tls/ca.crt"] = files["/tls/ca.crt"]
+        if https_extender:  # the extender gets the client CA; kube-scheduler its certificate and key
+            client = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-extender-client")
+            for key, mount in (("ca.crt", "/extender-client-ca/ca.crt"), ("tls.crt", "/extender-client/tls.crt"),
+                               ("tls.key", "/extender-client/tls.key")):
+                path = tmp_path / f"client-{key}"
+                path.write_bytes(__import__("base64").b64decode(client["data"][key]))
+                files[mount] = path
         device_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler-device")
         (tmp_path / "device-config.yaml").write_text(device_cm["data"]["device-config.yaml"])
         files["/device-config.yaml"] = tmp_path / "device-config.yaml"
         sched_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
         config = yaml.safe_load(sched_cm["data"]["config.yaml"])
         config["clientConnection"] = {"kubeconfig": str(kube_cluster.kubeconfig)}
+        tls_config = config["extenders"][0].get("tlsConfig") or {}
+        assert bool(tls_config) == https_extender
+        for key, mounted in tls_config.items():  # the files the Deployment mounts, here local
+            tls_config[key] = str(files[mounted])
         (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(config))
         deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
 
@@ -331,6 +420,12 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
                                        f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
                                        "--bind-address=127.0.0.1", f"--secure-port={ks_port}", "--v=2"])
         kube_cluster.wait_for(ready, "hami scheduler (chart arguments) ready", timeout=60)
+        # the Service's port: /webhook and health for anyone; /filter and /bind for no one without
+        # kube-scheduler's client certificate (404: not served there at all; 403: no certificate)
+        for path, body in (("/filter", {"Pod": {"metadata": {"name": "x", "namespace": ns, "uid": "u"}},
+                                        "NodeNames": [node]}),
+                           ("/bind", {"PodName": "x", "PodNamespace": ns, "PodUID": "u", "Node": node})):
+            assert _post(f"https://127.0.0.1:{port}{path}", ca, body) == (403 if https_extender else 404), path
         devices = _gpu_node(kube_cluster, node)
 
         pod = {"apiVersion": "v1", "kind": "Pod",
@@ -446,3 +541,125 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
                          expect=(200, 404))
         kube_cluster.api("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{policy['metadata']['name']}",
                          expect=(200, 404))
+
+
+# ---------------------------------------------------------------------------------------------
+# least privilege of hami's own identities, enforced by the real API server with the chart's RBAC
+# and its policies, using service account tokens bound to pods (as the pods themselves get them)
+
+
+def _bearer(kube_cluster, token: str, method: str, path: str, body=None,
+            content_type: str = "application/merge-patch+json") -> tuple[int, dict]:
+    import http.client
+
+    conn = http.client.HTTPSConnection("127.0.0.1", kube_cluster.ports["kube-apiserver"],
+                                       context=kube_cluster.token_context(), timeout=30)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type,
+                              "Accept": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+    return resp.status, (json.loads(text) if text.startswith("{") else {"message": text})
+
+
+def _pod_token(kube_cluster, ns: str, account: str, pod: dict | None) -> str:
+    """A TokenRequest for ``account``, bound to ``pod`` (as the kubelet asks for a pod's
+    projected token), or unbound."""
+    spec: dict = {"expirationSeconds": 600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}
+    review = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token",
+                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    return review["status"]["token"]
+
+
+def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kube_cluster, helm, kube_namespace):
+    ns, release = kube_namespace, f"p{uuid.uuid4().hex[:6]}"
+    full = f"{release}-hami"
+    plugin_sa, sched_sa = f"{full}-device-plugin", f"{full}-scheduler"
+    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", KUBE_VERSION,
+               "--show-only", "templates/device-plugin/rbac.yaml", "--show-only", "templates/device-plugin/node-guard.yaml",
+               "--show-only", "templates/scheduler/rbac.yaml", "--show-only", "templates/scheduler/pod-guard.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole", "Role"} <= kinds
+    manifest = yaml.safe_dump_all(docs)
+    mine_node, other_node = f"{release}-a", f"{release}-b"
+    pods = f"/api/v1/namespaces/{ns}/pods"
+
+    def pod(name: str, node: str, account: str = "default") -> dict:
+        return kube_cluster.api("POST", pods, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+
+    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        for n in (mine_node, other_node):
+            kube_cluster.create_node(n)
+        plugin_pod, sched_pod = pod("plugin", mine_node, plugin_sa), pod("scheduler", mine_node, sched_sa)
+        theirs, neighbour = pod("theirs", other_node), pod("neighbour", mine_node)
+        plugin = _pod_token(kube_cluster, ns, plugin_sa, plugin_pod)
+
+        # the API server puts the pod's node into the token's identity (what the policy checks)
+        status, review = _bearer(kube_cluster, plugin, "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                                 content_type="application/json")
+        assert status == 201, review
+        user = review["status"]["userInfo"]
+        assert user["username"] == f"system:serviceaccount:{ns}:{plugin_sa}"
+        assert user["extra"]["authentication.kubernetes.io/node-name"] == [mine_node]
+        assert user["extra"]["authentication.kubernetes.io/pod-name"] == ["plugin"]
+
+        def annotate(token: str, path: str, value: str, labels: dict | None = None) -> tuple[int, dict]:
+            meta: dict = {"annotations": {"hami.io/node-handshake": value}}
+            if labels:
+                meta["labels"] = labels
+            return _bearer(kube_cluster, token, "PATCH", path, {"metadata": meta})
+
+        def denied(result: tuple[int, dict], text: str) -> None:
+            status, body = result
+            assert status in (403, 422) and text in body.get("message", ""), (status, body)
+
+        # RBAC lets the plugin patch every node; the policy (picked up within seconds) does not
+        kube_cluster.wait_for(lambda: annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_x")[0] in (403, 422),
+                              "the device plugin's node guard in force", timeout=60, interval=0.5)
+        denied(annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_y"),
+               f"on node {mine_node} may not change node {other_node}")
+        assert annotate(plugin, f"/api/v1/nodes/{mine_node}", "Reported_1")[0] == 200
+        denied(annotate(plugin, f"/api/v1/nodes/{mine_node}", "Reported_2", labels={"gpu": "on"}),
+               f"may change only the annotations of node {mine_node}")
+        assert annotate(plugin, f"{pods}/neighbour", "x")[0] == 200  # a pod bound to its node
+        denied(annotate(plugin, f"{pods}/theirs", "x"), f"may not change pod {ns}/theirs (bound to node {other_node})")
+        # a token that is not bound to a pod names no node: no writes at all
+        unbound = _pod_token(kube_cluster, ns, plugin_sa, None)
+        denied(annotate(unbound, f"/api/v1/nodes/{mine_node}", "Reported_3"), "no node-name claim")
+        final = kube_cluster.api("GET", f"/api/v1/nodes/{mine_node}")["metadata"]
+        assert final["annotations"]["hami.io/node-handshake"] == "Reported_1" and "gpu" not in final.get("labels", {})
+        assert "hami.io/node-handshake" not in (kube_cluster.api("GET", f"/api/v1/nodes/{other_node}")["metadata"]
+                                                .get("annotations") or {})
+        assert "hami.io/node-handshake" not in (kube_cluster.api("GET", f"{pods}/theirs")["metadata"]
+                                                .get("annotations") or {})
+
+        # the scheduler (decisionWrite binding): its own pod only, no pod patch outside its namespace
+        sched = _pod_token(kube_cluster, ns, sched_sa, sched_pod)
+        role = {"hami.io/scheduler-role": "leader"}
+        kube_cluster.wait_for(lambda: _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour",
+                                              {"metadata": {"labels": role}})[0] in (403, 422),
+                              "the scheduler's pod guard in force", timeout=60, interval=0.5)
+        status, body = _bearer(kube_cluster, sched, "PATCH", f"{pods}/scheduler", {"metadata": {"labels": role}})
+        assert status == 200 and body["metadata"]["labels"] == role, body
+        denied(_bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}}),
+               f"may change only its own pod, not {ns}/neighbour")
+        status, body = _bearer(kube_cluster, sched, "PATCH", "/api/v1/namespaces/kube-system/pods/anything",
+                               {"metadata": {"labels": role}})
+        assert status == 403 and "cannot patch resource" in body["message"], body  # RBAC: no cluster-wide patch
+        assert theirs["spec"]["nodeName"] == other_node and neighbour["spec"]["nodeName"] == mine_node
+    finally:
+        kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
+        for n in (mine_node, other_node):
+            kube_cluster.delete_node(n)

@@ -431,8 +431,9 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         import json as _json
         import urllib.request
 
-        p = gpu_pod("direct", ns, mem=100)
-        p["spec"]["schedulerName"] = "nobody"  # no kube-scheduler touches it; the test calls /filter itself
+        # a real pending pod of ours that no node can take: kube-scheduler never calls an extender
+        # for it, the test calls /filter itself
+        p = gpu_pod("direct", ns, mem=100, node_selector={"no": "such-node"})
         created = _create(kube_cluster, ns, p)
         req = lambda url: urllib.request.urlopen(urllib.request.Request(  # noqa: E731
             url + "/filter", data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
@@ -444,9 +445,10 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         b.stop()
 
 
-def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, standin, ns):
-    """A pod that does not exist in the API server cannot be patched: the reservation Filter made
-    for it is rolled back (a real pod then gets the capacity) and its Bind fails."""
+def test_a_decision_for_a_pod_deleted_before_its_bind_gives_the_capacity_back(kube_cluster, hami, standin, ns):
+    """A pod deleted between its Filter and its Bind (with --decision-write=filter, its decision
+    patch may fail too): the reservation goes (a real pod then gets the capacity) and its Bind
+    fails. A pod that never existed gets no reservation at all (the next test)."""
     import json as _json
     import ssl
     import urllib.request
@@ -460,12 +462,69 @@ def test_failed_decision_patch_rolls_the_reservation_back(kube_cluster, hami, st
                                          headers={"Content-Type": "application/json"})
             return _json.loads(urllib.request.urlopen(req, context=ctx, timeout=30).read())
 
-        phantom = gpu_pod("phantom", ns, mem=16000, cores=10, node_selector=selector)
-        phantom["metadata"]["uid"] = str(uuid.uuid4())
+        # pending, and never offered to us by kube-scheduler (no node matches its selector)
+        phantom = _create(kube_cluster, ns, gpu_pod("phantom", ns, mem=16000, cores=10, node_selector={"no": "such"}))
         assert call("filter", {"Pod": phantom, "NodeNames": [node]})["NodeNames"] == [node]
+        kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/phantom?gracePeriodSeconds=0")
+        kube_cluster.wait_for(lambda: not [p for p in pods(kube_cluster, ns) if p["metadata"]["name"] == "phantom"],
+                              "the pod deleted")
         answer = call("bind", {"PodName": "phantom", "PodNamespace": ns, "PodUID": phantom["metadata"]["uid"], "Node": node})
         assert "not found" in answer["Error"] or "cannot record" in answer["Error"] or "404" in answer["Error"]
         real = _place(kube_cluster, ns, [gpu_pod("real", ns, mem=16000, cores=10, node_selector=selector)], timeout=30)
         assert real["real"]["spec"]["nodeName"] == node
+    finally:
+        _cleanup_nodes(kube_cluster, [node])
+
+
+def _extender_call(hami, path: str, body: dict) -> dict:
+    """One call to the scheduler's /filter or /bind, as kube-scheduler makes it (its TLS port here)."""
+    import json
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cadata=hami.cluster.ca_pem.decode())
+    req = urllib.request.Request(hami.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_cluster, hami, standin, ns):
+    """Random UIDs, a wrong UID for an existing name, another scheduler's pod, a bound pod: each
+    Filter asks for every GPU of the node and is refused with a clear Error, and a real pod that
+    needs the whole node is placed afterwards: nothing was held."""
+    selector, (node,) = _group(kube_cluster, "real", 1, gpus=2)
+    try:
+        whole = gpu_pod("x", ns, gpus=2, mem=16384, node_selector=selector)
+        someone_elses = gpu_pod("other", ns, mem=1000, node_selector={"no": "such-node"})
+        someone_elses["spec"]["schedulerName"] = "someone-else"
+        other = _create(kube_cluster, ns, someone_elses)
+        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound", "namespace": ns},
+                 "spec": {"schedulerName": "hami-scheduler", "nodeName": node, "terminationGracePeriodSeconds": 0,
+                          "containers": [{"name": "main", "image": "busybox"}]}}
+        bound = _create(kube_cluster, ns, plain)
+        # a pending pod of ours that no node can take (its Filters must not stack reservations)
+        waiting = _create(kube_cluster, ns, gpu_pod("waiting", ns, gpus=2, mem=16384, node_selector={"no": "such"}))
+
+        def forged(name: str, uid: str) -> dict:
+            p = {**whole, "metadata": {**whole["metadata"], "name": name, "uid": uid}}
+            return {"Pod": p, "NodeNames": [node], "Nodes": None}
+
+        cases = [(forged(f"ghost-{i}", str(uuid.uuid4())), "does not exist") for i in range(3)]
+        cases += [(forged("waiting", str(uuid.uuid4())), f"has UID {waiting['metadata']['uid']}"),
+                  (forged("other", other["metadata"]["uid"]), "is for scheduler 'someone-else'"),
+                  (forged("bound", bound["metadata"]["uid"]), f"already bound to node {node}")]
+        for body, text in cases:
+            answer = _extender_call(hami, "/filter", body)
+            assert text in answer["Error"] and "nothing is reserved" in answer["Error"], answer
+            assert not answer.get("NodeNames")
+        for _ in range(3):  # a real pending pod's Filter, offered the node: one reservation, replaced
+            answer = _extender_call(hami, "/filter", forged("waiting", waiting["metadata"]["uid"]))
+            assert answer["Error"] == "" and answer["NodeNames"] == [node], answer
+        kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/waiting?gracePeriodSeconds=0")
+        # the whole node is free again: a real pod that needs all of it is placed
+        done = _place(kube_cluster, ns, [{**whole, "metadata": {**whole["metadata"], "name": "whole"}}])
+        assert done["whole"]["spec"]["nodeName"] == node
+        assert sorted(c.usedmem for c in _containers(done["whole"])[0]) == [16384, 16384]
     finally:
         _cleanup_nodes(kube_cluster, [node])

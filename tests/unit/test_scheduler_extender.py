@@ -36,24 +36,30 @@ def args(p, names):
     return {"Pod": p, "NodeNames": names, "Nodes": None}
 
 
+def seen(svc, p):
+    """``p`` as the pod watch delivered it (a Filter is only for a pod the API server has)."""
+    svc.state.put_pod(p)
+    return p
+
+
 async def test_filter_reserves_refilter_releases_and_reasons():
     svc = service(node("n1", gpus=1), node("n2", gpus=1))
     ext = svc.extender
-    a = await ext.filter(args(pod("a", mem=600), ["n1", "n2"]))
+    a = await ext.filter(args(seen(svc, pod("a", mem=600)), ["n1", "n2"]))
     assert a["NodeNames"] in (["n1"], ["n2"]) and a["Error"] == ""
     first = a["NodeNames"][0]
-    again = await ext.filter(args(pod("a", mem=600), ["n1", "n2"]))  # re-filter: the old reservation goes first
+    again = await ext.filter(args(seen(svc, pod("a", mem=600)), ["n1", "n2"]))  # re-filter: the old reservation goes first
     assert again["NodeNames"] == [first]
     assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 600
-    b = await ext.filter(args(pod("b", mem=600), ["n1", "n2"]))
+    b = await ext.filter(args(seen(svc, pod("b", mem=600)), ["n1", "n2"]))
     assert b["NodeNames"] != a["NodeNames"]
-    c = await ext.filter(args(pod("c", mem=600), ["n1", "n2", "ghost"]))
+    c = await ext.filter(args(seen(svc, pod("c", mem=600)), ["n1", "n2", "ghost"]))
     assert c["NodeNames"] == [] and c["Error"] == ""
     assert c["FailedNodes"] == {"ghost": "node unregistered", "n1": "1/1 CardInsufficientMemory",
                                 "n2": "1/1 CardInsufficientMemory"}
     typed = pod("t", mem=10)
     typed["metadata"]["annotations"] = {"nvidia.com/use-gputype": "H100"}
-    t = await ext.filter(args(typed, ["n1", "n2"]))
+    t = await ext.filter(args(seen(svc, typed), ["n1", "n2"]))
     assert t["FailedAndUnresolvableNodes"] == {"n1": "1/1 CardTypeMismatch", "n2": "1/1 CardTypeMismatch"}
     assert t["FailedNodes"] == {}
 
@@ -62,10 +68,10 @@ async def test_filter_passes_pods_without_devices_and_reports_bad_input():
     svc = service(node("n1"))
     plain = pod("plain")
     plain["spec"]["containers"][0]["resources"] = {}
-    assert (await svc.extender.filter(args(plain, ["n1", "n9"])))["NodeNames"] == ["n1", "n9"]
+    assert (await svc.extender.filter(args(seen(svc, plain), ["n1", "n9"])))["NodeNames"] == ["n1", "n9"]
     bad = pod("bad")
     bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"
-    answer = await svc.extender.filter(args(bad, ["n1"]))
+    answer = await svc.extender.filter(args(seen(svc, bad), ["n1"]))
     assert "nvidia.com/gpumem" in answer["Error"] and "lots" in answer["Error"]
     assert "Pod is missing" in (await svc.extender.filter({"NodeNames": ["n1"]}))["Error"]
 
@@ -77,7 +83,7 @@ async def test_extender_takes_the_simulators_decisions():
     sim = simulate(nodes_, pods_, SchedulerService(Options(), None).state.config)
     svc = service(*nodes_)
     for p, outcome in zip(pods_, sim.pods):
-        got = await svc.extender.filter(args(p, [n["metadata"]["name"] for n in nodes_]))
+        got = await svc.extender.filter(args(seen(svc, p), [n["metadata"]["name"] for n in nodes_]))
         assert got["NodeNames"] == ([outcome.node] if outcome.node else [])
         alloc = svc.state.ledger.pod(p["metadata"]["uid"])
         if alloc:

@@ -142,7 +142,8 @@ def test_bad_device_config_names_the_key(tmp_path):
 
 def test_flags_with_hami_names(monkeypatch):
     monkeypatch.setenv("HAMI_NODELOCK_EXPIRE", "2m")
-    o = O.options_from_args(_args("--http_bind=0.0.0.0:443", "--node-label-selector=gpu=on,zone=a",
+    o = O.options_from_args(_args("--http_bind=0.0.0.0:443", "--extender-bind=127.0.0.1:9080",
+                                  "--node-label-selector=gpu=on,zone=a",
                                   "--node-lock-retry-timeout=1m30s", "--leader-elect", "--leader-elect-identity=me"))
     assert (o.host, o.port, o.node_selector) == ("0.0.0.0", 443, {"gpu": "on", "zone": "a"})
     assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")

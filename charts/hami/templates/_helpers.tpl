@@ -106,3 +106,30 @@ reused (lookup), so the CA does not change under running pods. Not used with cer
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "hami.scheduler.extenderClient" -}}{{ include "hami.scheduler" . }}-extender-client{{- end -}}
+
+{{/* Whether kube-scheduler calls the extender over https (loopbackPort 0): then with mTLS. */}}
+{{- define "hami.extender.mtls" -}}
+{{- if not (int .Values.scheduler.extender.loopbackPort) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+kube-scheduler's client certificate for /filter and /bind over https (loopbackPort 0), from a CA
+of its own: the scheduler accepts no other certificate there (--extender-client-ca). Made once per
+render, reused from the Secret on upgrade; the CA's key is never stored (nothing else is ever
+signed by it). Not used with cert-manager (an Issuer makes them there).
+*/}}
+{{- define "hami.extenderClient.generate" -}}
+{{- if not (hasKey .Values "__hamiClientTLS") -}}
+{{- $secret := lookup "v1" "Secret" (include "hami.namespace" .) (include "hami.scheduler.extenderClient" .) -}}
+{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") -}}
+{{- $_ := set .Values "__hamiClientTLS" (dict "ca" (index $secret.data "ca.crt" | b64dec) "crt" (index $secret.data "tls.crt" | b64dec) "key" (index $secret.data "tls.key" | b64dec)) -}}
+{{- else -}}
+{{- $days := int .Values.scheduler.tls.validityDays -}}
+{{- $ca := genCA (printf "%s-ca" (include "hami.scheduler.extenderClient" .)) $days -}}
+{{- $cert := genSignedCert "system:kube-scheduler:hami-extender-client" nil nil $days $ca -}}
+{{- $_ := set .Values "__hamiClientTLS" (dict "ca" $ca.Cert "crt" $cert.Cert "key" $cert.Key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

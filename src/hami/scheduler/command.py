@@ -26,7 +26,8 @@ async def main(opts: Options) -> int:
 
     kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout)
     service = SchedulerService(opts, kube)
-    reloader = CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval) if opts.tls else None
+    reloader = CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval,
+                            opts.extender_client_ca) if opts.tls else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -36,7 +37,10 @@ async def main(opts: Options) -> int:
         service.start_background()
         if reloader:
             service.tasks.append(loop.create_task(reloader.run()))
-        runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None)
+        # the --http_bind port (the Service's): /filter and /bind only without --extender-bind,
+        # and then for --extender-client-ca's certificates alone when one is given
+        runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None,
+                             extender=opts.extender_on_main, client_cert=bool(opts.extender_client_ca))
         if opts.extender_port is not None:
             loopback = await serve(service, opts.extender_host, opts.extender_port, None, webhook=False)
             log.info("extender also on http://%s:%d (loopback, /filter and /bind)", opts.extender_host, opts.extender_port)
@@ -48,8 +52,11 @@ async def main(opts: Options) -> int:
                 log.error("metrics are NOT served: --metrics-bind-address %s:%d: %s",
                           opts.metrics_host, opts.metrics_port, exc)
         scheme = "https" if reloader else "http"
-        log.info("hami scheduler %s listening on %s://%s:%d (leader election %s)", opts.scheduler_name, scheme,
-                 opts.host, opts.port, "on" if opts.leader_elect else "off")
+        served = ("/webhook and health only" if not opts.extender_on_main else
+                  "/filter and /bind for client certificates of --extender-client-ca" if opts.extender_client_ca else
+                  "/filter and /bind unauthenticated (loopback)")
+        log.info("hami scheduler %s listening on %s://%s:%d, %s (leader election %s)", opts.scheduler_name, scheme,
+                 opts.host, opts.port, served, "on" if opts.leader_elect else "off")
         await stop.wait()
     finally:
         if metrics_runner is not None:

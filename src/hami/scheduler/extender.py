@@ -42,6 +42,10 @@ BIND_TIME = "hami.io/bind-time"
 UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 
+class NotPending(Exception):
+    """A Filter for a pod that does not exist (by UID), is not ours or is not pending."""
+
+
 class DecisionMissing(Exception):
     """Bind for a pod whose Filter decision is not recorded on it."""
 
@@ -113,7 +117,7 @@ class Extender:
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
-        self.stats = {"filter": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0, "lock_handoffs": 0}
+        self.stats = {"filter": 0, "filter_refused": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0, "lock_handoffs": 0}
 
     async def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.ready_wait
@@ -136,6 +140,12 @@ class Extender:
         if not await self._wait_ready():
             return _error("hami scheduler is not ready (caches not synced, or this replica is not the leader)")
         self.stats["filter"] += 1
+        try:
+            pod = await self.pending_pod(pod)
+        except NotPending as exc:
+            self.stats["filter_refused"] += 1
+            log.info("Filter refused, nothing reserved: %s", exc)
+            return _error(f"{exc}; nothing is reserved")
         ref = f"{(pod['metadata'].get('namespace') or 'default')}/{pod['metadata']['name']}"
         self._decisions.pop(ref, None)  # a re-filter replaces the decision (schedule_pod drops its reservation)
         try:
@@ -161,6 +171,42 @@ class Extender:
         self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
                            f"{len(result.scores)} nodes fit({fits})")
         return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    async def pending_pod(self, sent: Mapping[str, Any]) -> dict:
+        """The API server's copy of the pod a Filter names, which must exist with the UID sent,
+        name this scheduler and be pending (no ``spec.nodeName``, not being deleted, not
+        finished); raises NotPending otherwise. The watch cache answers when it holds that UID,
+        else one GET (a pod newer than the watch, or one the cache does not keep). The decision
+        is taken on this copy, not on what the request says: a Filter can reserve capacity
+        only for a real pod, as its own spec asks, one reservation per pod (keyed by UID)."""
+        meta = sent.get("metadata") or {}
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+        if not uid or not isinstance(uid, str):
+            raise NotPending(f"ExtenderArgs.Pod {ns}/{name} has no metadata.uid")
+        pod = self.state.pod(ns, name)
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            try:
+                pod = await self._get_pod(ns, name)
+            except (KubeError, OSError, asyncio.TimeoutError) as exc:
+                raise NotPending(f"pod {ns}/{name} cannot be read to check that it exists: {exc}") from exc
+            if pod is None:
+                raise NotPending(f"pod {ns}/{name} (UID {uid}) does not exist")
+            real = (pod.get("metadata") or {}).get("uid")
+            if real != uid:
+                raise NotPending(f"pod {ns}/{name} has UID {real}, not {uid}")
+            self.state.put_pod(pod)
+        spec = pod.get("spec") or {}
+        if spec.get("schedulerName") != self.state.scheduler_name:
+            raise NotPending(f"pod {ns}/{name} is for scheduler {spec.get('schedulerName')!r}, "
+                             f"not {self.state.scheduler_name!r}")
+        if spec.get("nodeName"):
+            raise NotPending(f"pod {ns}/{name} is already bound to node {spec['nodeName']}")
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            raise NotPending(f"pod {ns}/{name} is being deleted")
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            raise NotPending(f"pod {ns}/{name} has finished ({phase})")
+        return pod
 
     # The decision patch runs in the background: Filter answers as soon as the decision is
     # reserved in the ledger (kube-scheduler calls Filter for one pod at a time, so an API round
@@ -351,6 +397,8 @@ class Extender:
         return nodelock.vendor_locks(self.state.vendors, wanted)
 
     async def _get_pod(self, ns: str, name: str) -> dict | None:
+        if self.kube is None:  # a cache-only service (benchmarks): the cache is all there is
+            return None
         try:
             return await self.kube.get(pod_path(ns, name))
         except KubeError as exc:

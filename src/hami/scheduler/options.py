@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,10 +87,19 @@ class Options:
     legacy_metrics: bool = False
     extender_host: str = ""
     extender_port: int | None = None  # None = no plain-HTTP loopback listener
+    # CA bundle whose client certificates may call /filter and /bind on the https port
+    # (--extender-client-ca); "" = the https port serves them to nobody (--extender-bind given) or,
+    # on a loopback --http_bind only, to any local caller
+    extender_client_ca: str = ""
 
     @property
     def tls(self) -> bool:
         return bool(self.cert_file and self.key_file)
+
+    @property
+    def extender_on_main(self) -> bool:
+        """Whether the --http_bind port serves /filter and /bind (never with --extender-bind)."""
+        return self.extender_port is None
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig.from_device_config(self.device_config, self.node_policy, self.gpu_policy)
@@ -116,6 +126,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="also serve /filter and /bind over plain HTTP here, loopback addresses only, for a kube-scheduler "
            "in the same pod: no TLS handshake per call (kube-scheduler keeps only 2 idle extender "
            "connections, so most Binds would open a new one); empty = off (default)")
+    a("--extender-client-ca", default="",
+      help="CA bundle (PEM): the --http_bind port serves /filter and /bind only to callers presenting a client "
+           "certificate signed by it (mTLS; give kube-scheduler a client certificate in its extender tlsConfig). "
+           "/webhook and the health checks need none. Not used with --extender-bind, where the --http_bind "
+           "port serves no /filter or /bind at all; without either, --http_bind must be a loopback address")
     a("--metrics-bind-address", default=":9395", help="where GET /metrics is served; empty = not served (default %(default)s)")
     a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
     a("--kube-qps", type=float, default=0, help="accepted for compatibility")
@@ -152,6 +167,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
 
 
+def _check_ca_bundle(path: str, flag: str) -> None:
+    """The file holds at least one PEM certificate OpenSSL accepts as a trust anchor."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{flag}: no such file {path!r}")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(f"{flag}: {path!r} is not a PEM CA bundle: {exc}") from None
+    if not context.cert_store_stats().get("x509"):
+        raise ConfigError(f"{flag}: {path!r} holds no certificate")
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed flags and read device-config.yaml. Raises ConfigError naming the key."""
     host, port = parse_bind(args.http_bind)
@@ -179,6 +207,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
             raise ConfigError(f"--extender-bind: {args.extender_bind!r} is not a loopback address "
                               f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS")
         extender_host = extender_host.strip("[]")
+    client_ca = args.extender_client_ca
+    if client_ca:
+        if extender_port is not None:
+            raise ConfigError(f"--extender-client-ca: not used with --extender-bind {args.extender_bind!r} (the "
+                              f"--http_bind port then serves no /filter or /bind); give one of the two")
+        if not (args.cert_file and args.key_file):
+            raise ConfigError(f"--extender-client-ca: {client_ca!r} needs --cert_file and --key_file (client "
+                              f"certificates are checked in the TLS handshake)")
+        _check_ca_bundle(client_ca, "--extender-client-ca")
+    elif extender_port is None and host not in LOOPBACK:
+        raise ConfigError(f"--http_bind: {args.http_bind!r} is not a loopback address and /filter and /bind would "
+                          f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
+                          f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
+                          f"(kube-scheduler presents a client certificate)")
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
@@ -196,7 +238,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         disable_control_label=args.disable_control_label, device_config=device_config,
         success_events=args.success_events, decision_write=args.decision_write,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
-        extender_host=extender_host, extender_port=extender_port,
+        extender_host=extender_host, extender_port=extender_port, extender_client_ca=client_ca,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")

@@ -4,6 +4,14 @@ Routes: ``POST /filter``, ``POST /bind``, ``POST /webhook``, ``GET /healthz`` (a
 ``GET /readyz`` (200 only once every watch has listed and, with leader election, while
 leader). Bad request bodies get HTTP 400 with one line; handler answers are always 200 with
 the error in the protocol's ``Error`` field (as kube-scheduler expects).
+
+Who may call what (docs/security.md): the ``--http_bind`` port (the one the Service exposes)
+serves ``/webhook`` and the health checks to anyone; ``/filter`` and ``/bind`` are only for
+kube-scheduler. With ``--extender-bind`` they are served on that loopback listener only (404 on
+the ``--http_bind`` port); with ``--extender-client-ca`` the ``--http_bind`` port serves them to
+a caller whose TLS client certificate that CA signed (403 without one; a certificate from any
+other CA fails the handshake); with neither, ``--http_bind`` is a loopback address (checked by
+the options).
 """
 
 from __future__ import annotations
@@ -35,14 +43,48 @@ MAX_BODY = 4 << 20
 
 
 class CertReloader:
-    """Keeps one SSLContext serving the current files: polls their mtime/size and reloads."""
+    """Keeps one SSLContext serving the current files: polls their mtime/size and reloads.
 
-    def __init__(self, cert: str, key: str, interval: float = 1.0) -> None:
-        self.cert, self.key, self.interval = cert, key, interval
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ``client_ca``: also ask every caller for a client certificate (optional in the handshake: the
+    API server calling /webhook has none) and verify one that is presented against this CA
+    bundle alone (not the system's CAs); :func:`client_verified` tells the handlers. When the
+    bundle file changes (a renewed CA) its certificates are trusted too; those trusted before
+    stay trusted until a restart (an SSLContext can add trust anchors, not drop them)."""
+
+    def __init__(self, cert: str, key: str, interval: float = 1.0, client_ca: str = "") -> None:
+        self.cert, self.key, self.interval, self.client_ca = cert, key, interval, client_ca
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if client_ca:
+            self.context.verify_mode = ssl.CERT_OPTIONAL
+            self.context.load_verify_locations(cafile=client_ca)
+            self._ca_stamp = self._stat(client_ca)
         self.context.load_cert_chain(cert, key)
         self._stamp = self._current()
         self.reloads = 0
+        self.ca_reloads = 0
+
+    @staticmethod
+    def _stat(path: str) -> tuple:
+        s = os.stat(path)
+        return s.st_mtime_ns, s.st_size, s.st_ino
+
+    def check_client_ca(self) -> bool:
+        """Trust the client CA file's certificates again when the file changed."""
+        if not self.client_ca:
+            return False
+        try:
+            stamp = self._stat(self.client_ca)
+            if stamp == self._ca_stamp:
+                return False
+            self.context.load_verify_locations(cafile=self.client_ca)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log.warning("client CA %s not reloaded (will retry): %s", self.client_ca, exc)
+            return False
+        self._ca_stamp = stamp
+        self.ca_reloads += 1
+        log.info("client CA reloaded from %s (the previous one stays trusted until a restart)", self.client_ca)
+        return True
 
     def _current(self) -> tuple:
         return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(self.cert), os.stat(self.key)))
@@ -65,6 +107,7 @@ class CertReloader:
         while True:
             await asyncio.sleep(self.interval)
             self.check()
+            self.check_client_ca()
 
 
 class SchedulerService:
@@ -156,13 +199,19 @@ class SchedulerService:
         self.tasks.clear()
 
     # ------------------------------------------------------------------ HTTP
-    def app(self, webhook: bool = True) -> web.Application:
-        """The routes; ``webhook=False`` for the plain-HTTP loopback listener (extender only)."""
+    def app(self, webhook: bool = True, extender: bool = True, client_cert: bool = False) -> web.Application:
+        """The routes. ``webhook=False``: the plain-HTTP loopback listener (extender only);
+        ``extender=False``: no /filter or /bind (404), the https port beside a loopback listener;
+        ``client_cert``: /filter and /bind answer 403 unless the TLS peer presented a verified
+        client certificate (the listener's context must request one, :class:`CertReloader`)."""
         app = web.Application(client_max_size=MAX_BODY)
-        app.add_routes([
-            web.post("/filter", self._filter), web.post("/bind", self._bind),
-            web.get("/healthz", self._healthz), web.get("/readyz", self._readyz),
-        ] + ([web.post("/webhook", self._webhook)] if webhook else []))
+        routes = [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)]
+        if extender:
+            guard = _client_cert_required if client_cert else (lambda handler: handler)
+            routes += [web.post("/filter", guard(self._filter)), web.post("/bind", guard(self._bind))]
+        if webhook:
+            routes.append(web.post("/webhook", self._webhook))
+        app.add_routes(routes)
         return app
 
     async def _json(self, request: web.Request) -> Any:
@@ -247,6 +296,21 @@ class _Touching:
         self.handler.apply(event_type, obj)
 
 
+def client_verified(request: web.Request) -> bool:
+    """Whether the request came over TLS with a client certificate the listener verified."""
+    transport = request.transport
+    return bool(transport is not None and transport.get_extra_info("peercert"))
+
+
+def _client_cert_required(handler: Any) -> Any:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if not client_verified(request):
+            raise web.HTTPForbidden(text=f"{request.path} is only for kube-scheduler: present a client certificate "
+                                         f"signed by the scheduler's --extender-client-ca\n")
+        return await handler(request)
+    return guarded
+
+
 def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
     async def timed(node: str, ns: str, name: str, *spec: Any) -> str:
         began = time.perf_counter()
@@ -261,8 +325,8 @@ def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
 
 
 async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
-                webhook: bool = True) -> web.AppRunner:
-    runner = web.AppRunner(service.app(webhook), access_log=None)
+                webhook: bool = True, extender: bool = True, client_cert: bool = False) -> web.AppRunner:
+    runner = web.AppRunner(service.app(webhook, extender, client_cert), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
     await site.start()
