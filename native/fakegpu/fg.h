@@ -43,6 +43,7 @@ typedef struct {
     double time_scale;              /* multiplies every kernel duration */
     int hostpid_offset;             /* NVML reports getpid()+offset */
     unsigned sample_period_us;      /* NVML utilization sample period */
+    char state_dir[256];            /* "" = $FAKEGPU_STATE_DIR or /tmp/fakegpu-<uid> */
 } fg_config;
 
 typedef struct {

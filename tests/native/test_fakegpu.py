@@ -247,3 +247,30 @@ a = used(); c.check(cu.cuMemRelease(h)); b = used()
 c.check(cu.cuMemUnmap(va, C.c_size_t(256 << 20))); print(gran.value >> 20, a, b, used())
 """, fake_env).stdout.strip()
     assert out == "2 256 256 0"
+
+
+def test_a_driver_directory_carries_its_configuration_and_state_dir(fake_env, tmp_path):
+    # installed like a driver: the libraries in one directory with fakegpu.conf beside them;
+    # a process that loads them from there needs no FAKEGPU_* variable at all
+    import shutil
+
+    from .conftest import FAKE
+
+    driver, state = tmp_path / "nvidia" / "lib64", tmp_path / "state"
+    driver.mkdir(parents=True)
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        shutil.copy(FAKE / name, driver / name)
+    (driver / "fakegpu.conf").write_text(f"state_dir={state}\ndevice name=Tesla T4,memory=15Gi\n")
+    env = {k: v for k, v in fake_env.items() if not k.startswith("FAKEGPU_")}
+    env["LD_LIBRARY_PATH"] = str(driver)
+    code = """
+import cuda_probe as c, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+c.init(); rc, p = c.alloc(100 << 20); assert rc == 0
+print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(h), n.nvmlDeviceGetMemoryInfo(h).total >> 30)
+"""
+    assert run_py(code, env).stdout.split() == ["1", "Tesla", "T4", "15"]
+    assert (state / "state").is_file()  # the state went where the configuration says
+    (driver / "fakegpu.conf").write_text("state_dir=relative\n")
+    p = run_py("import pynvml as n; n.nvmlInit()", env, check=False)
+    assert p.returncode == 2 and "fakegpu: invalid configuration: state_dir = 'relative'" in p.stderr
