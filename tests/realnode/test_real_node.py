@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import atexit
+import http.client
 import ipaddress
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -85,6 +87,28 @@ def test_kubectl_exec_reaches_a_running_container(
     assert result.stdout.strip() == "42"
 
 
+def test_in_cluster_clients_reach_the_api_server_at_the_kubernetes_service_address(
+        real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str):
+    # from the host network (as a hostNetwork pod would), TLS checked against the cluster CA
+    context = ssl.create_default_context(cadata=real_cluster.ca_pem.decode())
+    connection = http.client.HTTPSConnection(rn.API_SERVICE_IP, 443, context=context, timeout=10)
+    connection.request("GET", "/version")
+    assert json.loads(connection.getresponse().read())["gitVersion"] == "v1.34.4"
+    connection.close()
+    # from a pod on the bridge, with the address the kubelet gives it (busybox's TLS client has
+    # no cipher suite in common with the API server: plain HTTP to its TLS port gets Go's answer)
+    script = ("echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; "
+              "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT")
+    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
+                     _pod("incluster", busybox, real_node.name, ["sh", "-c", script]))
+    pod = _wait_phase(real_cluster, real_namespace, "incluster", ("Succeeded", "Failed"))
+    logs = real_cluster.kubectl("logs", "-n", real_namespace, "incluster").stdout
+    assert pod["status"]["phase"] == "Succeeded", logs
+    first, rest = logs.split("\n", 1)
+    assert first == f"{rn.API_SERVICE_IP}:443"
+    assert "Client sent an HTTP request to an HTTPS server" in rest, rest
+
+
 def test_a_second_real_node_is_refused_and_touches_nothing(real_cluster: KubeCluster, real_node: RealNode):
     second = RealNode(real_cluster, name="hami-real-node-2")
     with pytest.raises(rn.RealNodeBusy, match=rf"held by pid {os.getpid()}, work directory {real_node.workdir}"):
@@ -148,12 +172,12 @@ def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
     node._lock._fd = None
     atexit.unregister(node.stop)
     real_node_holder.node = None
-    assert [pid for pid in shims if Path(f"/proc/{pid}").exists()] and rn.mounts_under(workdir)
+    assert [pid for pid in shims if rn.alive(pid)] and rn.mounts_under(workdir)
 
     fresh = real_node_holder.get()
     assert "clean previous" in fresh.timings
     assert rn.processes_mentioning(f"{workdir}/") == []
-    assert not [pid for pid in shims if Path(f"/proc/{pid}").exists()]
+    assert not [pid for pid in shims if rn.alive(pid)]
     assert not [socket for socket in sockets if socket.exists()]
     assert rn.mounts_under(workdir) == []
     assert not workdir.exists()

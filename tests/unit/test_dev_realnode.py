@@ -134,3 +134,17 @@ def test_the_lock_waits_for_a_holder_that_lets_go(tmp_path):
     assert second.held
     second.release()
     releaser.join()
+
+
+def test_alive_treats_gone_and_zombie_processes_as_dead():
+    import os
+    import subprocess
+    import time
+
+    assert rn.alive(os.getpid())
+    child = subprocess.Popen(["true"])
+    while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)  # exited, not yet reaped: a zombie
+    assert not rn.alive(child.pid)
+    child.wait()
+    assert not rn.alive(child.pid)

@@ -29,6 +29,7 @@ option ``restrict_oom_score_adj`` is on (so it is turned on only then); there is
 so the pause image (containerd's ``sandbox_image``) and every test image are imported from OCI
 archives (:meth:`RealNode.import_image`, archives from :mod:`hami.dev.images`).
 
+Pods reach the API server at the ``kubernetes`` Service address (:func:`route_api_service`).
 The API server reaches the kubelet for ``kubectl logs``/``exec`` at the node's InternalIP
 (:data:`NODE_IP`, the bridge's gateway address), over TLS with the cluster CA both ways; the kubelet authenticates to the API
 server as ``system:node:<name>`` (group ``system:nodes``), bound to the ``system:node`` role.
@@ -72,13 +73,15 @@ POD_SUBNET = "10.88.64.0/24"
 #: refuses a loopback node IP, and this kernel has no ``dummy`` links; the bridge, up with no
 #: port yet, already answers on it locally (the API server calls the kubelet there).
 NODE_IP = "10.88.64.1"
+#: the ``kubernetes`` Service's ClusterIP (the first of the control plane's service range)
+API_SERVICE_IP = "10.96.0.1"
 CGROUP_ROOT = "hami-real-node"
 CGROUP_FS = Path("/sys/fs/cgroup")
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_DEVICE_PLUGIN_FILES = ("kubelet.sock", "kubelet_internal_checkpoint")
 CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
-HOST_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip")
+HOST_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "iptables")
 READY_TIMEOUT_S = 120.0
 CAP_SYS_RESOURCE = 24
 _TEMP_PREFIX = "hami-real-node-"
@@ -415,6 +418,30 @@ def links_of(bridge: str = BRIDGE) -> list[str]:
     return names
 
 
+def route_api_service(api_port: int, *, service_ip: str = API_SERVICE_IP, bridge: str = BRIDGE) -> None:
+    """Make the ``kubernetes`` Service address (``service_ip``:443) lead to the API server on
+    127.0.0.1:``api_port``, from pods on the bridge and from host-network pods: what kube-proxy
+    would do, for the one address in-cluster clients use (``KUBERNETES_SERVICE_HOST``).
+
+    A nat chain ``HAMI-REAL-NODE`` with one DNAT rule, jumped to from PREROUTING (pods) and
+    OUTPUT (host network); ``route_localnet`` on the bridge lets a DNAT to 127.0.0.1 and its
+    replies cross it. Removed by :func:`remove_kubelet_chains` and with the bridge.
+    """
+    chain = "HAMI-REAL-NODE"
+    rules = [
+        ["-N", chain],
+        ["-A", chain, "-d", f"{service_ip}/32", "-p", "tcp", "--dport", "443",
+         "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}"],
+        ["-A", "PREROUTING", "-i", bridge, "-j", chain],
+        ["-A", "OUTPUT", "-d", f"{service_ip}/32", "-j", chain],
+    ]
+    for rule in rules:
+        result = subprocess.run(["iptables", "-w", "-t", "nat", *rule], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RealNodeError(f"iptables -t nat {' '.join(rule)} failed: {result.stderr.strip()}")
+    Path(f"/proc/sys/net/ipv4/conf/{bridge}/route_localnet").write_text("1")
+
+
 def make_bridge(bridge: str = BRIDGE, address: str = NODE_IP, prefix: int = 24) -> None:
     """Create the pod bridge with the node's address (the CNI bridge plugin adopts it)."""
     for argv in (["ip", "link", "add", "name", bridge, "type", "bridge"],
@@ -444,8 +471,9 @@ def shim_sockets(workdir: Path) -> list[Path]:
 
 #: chains the kubelet makes: two empty ones to detect a flush of the tables, and
 #: ``KUBE-FIREWALL`` (drops outside packets to 127.0.0.0/8) jumped to from INPUT and OUTPUT;
-#: removed with the node (one kubelet per machine: they are ours)
-KUBELET_CHAINS = ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL")
+#: removed with the node (one kubelet per machine: they are ours); and ours, ``HAMI-REAL-NODE``
+#: (see :func:`route_api_service`)
+KUBELET_CHAINS = ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL", "HAMI-REAL-NODE")
 
 
 def remove_kubelet_chains() -> None:
@@ -478,6 +506,15 @@ def kubelet_chains() -> list[str]:
     return present
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
 def processes_mentioning(text: str) -> list[int]:
     """Pids (not this one) whose command line contains ``text``: with the work directory, our
     kubelet and containerd; with the containerd socket, its shims (``-address <socket>``)."""
@@ -502,10 +539,16 @@ def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
     they did not exist before and are empty. Returns what it could not clean.
     """
     problems: list[str] = []
+    killed = []
     for needle in (str(workdir) + "/", str(CONTAINERD_SOCKET)):  # kubelet, containerd; shims
         for pid in processes_mentioning(needle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    for _ in range(100):  # SIGKILL is delivered asynchronously
+        if not [pid for pid in killed if alive(pid)]:
+            break
+        time.sleep(0.05)
     for socket in shim_sockets(workdir):
         with contextlib.suppress(FileNotFoundError):
             socket.unlink()
@@ -560,6 +603,9 @@ class RealNode:
     lock_path: Path = LOCK_PATH
     #: seconds to wait for another real node on this machine to go away before giving up
     lock_wait: float = 0.0
+    #: route the ``kubernetes`` Service address to the API server (:func:`route_api_service`),
+    #: so pods using the in-cluster configuration reach it
+    api_service: bool = True
     ready_timeout: float = READY_TIMEOUT_S
 
     components: dict[str, Component] = field(default_factory=dict, init=False)
@@ -660,6 +706,8 @@ class RealNode:
                 {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if DEVICE_PLUGINS_DIR.is_dir() else set())
             pause = self._timed("pause image", self._pause_image)
             self._timed("bridge", make_bridge)
+            if self.api_service:
+                self._timed("api service", lambda: route_api_service(self.cluster.ports["kube-apiserver"]))
             self._timed("containerd", lambda: self._start_containerd(pause.ref))
             self._timed("images", lambda: [self.import_image(path) for path in [pause.path, *self.images]])
             self._timed("credentials", self._write_credentials)
