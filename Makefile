@@ -1,7 +1,8 @@
 # Two entry points for a new user:
 #   make simulate   - run `hami simulate` on its bundled example (creates .venv on first use)
 #   make test       - run every test (installs Python deps, builds native/, installs the
-#                     Kubernetes binaries into the cache; the first run takes a while)
+#                     Kubernetes binaries into the cache and, as root, the real node's Debian
+#                     packages; the first run takes a while)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

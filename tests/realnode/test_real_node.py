@@ -21,6 +21,8 @@ from hami.dev import realnode as rn
 from hami.dev.cluster import KubeCluster, bin_dir
 from hami.dev.realnode import RealNode
 
+pytestmark = [pytest.mark.integration, pytest.mark.realnode]
+
 
 def _pod(name: str, image: str, node: str, command: list[str], **spec) -> dict:
     return {
