@@ -93,12 +93,17 @@ class KubeCluster:
     ``workdir``: where certificates, configs, etcd data and logs go (a new temporary directory
     if ``None``; a temporary one is removed by :meth:`stop` unless ``keep_workdir``).
     ``hami_scheduler``: the initial configuration of the HAMi kube-scheduler process
-    (:meth:`configure_hami_scheduler` changes it later).
+    (:meth:`configure_hami_scheduler` changes it later); ``None``: no such process (the chart
+    installed on a real node brings its own).
+    ``apiserver_bind_address``: where kube-apiserver listens (clients always use 127.0.0.1);
+    ``0.0.0.0`` lets the pods of a real node reach it at the node's address, through the
+    ``kubernetes`` Service (:mod:`hami.dev.kubeproxy`).
     ``controller_manager``: run kube-controller-manager (``None``: when it is installed).
     """
 
     workdir: Path | None = None
-    hami_scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    hami_scheduler: SchedulerConfig | None = field(default_factory=SchedulerConfig)
+    apiserver_bind_address: str = "127.0.0.1"
     controller_manager: bool | None = None
     binaries: dict[str, Path] | None = None
     keep_workdir: bool = False
@@ -168,7 +173,8 @@ class KubeCluster:
         if self._want_controller_manager():
             waits.append(("kube-controller-manager", self._launch_controller_manager()))
         waits.append(("default-scheduler", self._launch_scheduler("default-scheduler", DEFAULT_SCHEDULER)))
-        waits.append(("hami-scheduler", self._launch_scheduler("hami-scheduler", self.hami_scheduler)))
+        if self.hami_scheduler is not None:
+            waits.append(("hami-scheduler", self._launch_scheduler("hami-scheduler", self.hami_scheduler)))
         waits.append(("kwok", self._launch_kwok()))
         began = time.monotonic()
         for name, wait in waits:
@@ -252,7 +258,7 @@ class KubeCluster:
         apiserver = self._launch("kube-apiserver", [
             self._bin("kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--bind-address={self.apiserver_bind_address}", "--advertise-address=127.0.0.1", f"--secure-port={port}",
             f"--cert-dir={self.workdir}/pki",
             f"--tls-cert-file={pki('apiserver.crt')}", f"--tls-private-key-file={pki('apiserver.key')}",
             f"--client-ca-file={pki('ca.crt')}",
@@ -363,6 +369,9 @@ class KubeCluster:
         """
         with self._lock:
             previous = self.hami_scheduler
+            if previous is None and config is None:
+                raise ClusterError("configure_hami_scheduler: this cluster runs no HAMi kube-scheduler; give a config")
+            previous = previous or SchedulerConfig()
             wanted = config or SchedulerConfig(
                 scheduler_name=previous.scheduler_name, extender=extender,
                 leader_elect=previous.leader_elect, lease_name=previous.lease_name,
