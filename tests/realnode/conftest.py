@@ -48,7 +48,10 @@ def real_cluster(request: pytest.FixtureRequest):
     missing = missing_requirements(binaries)
     if missing:
         _unavailable(str(RealNodeUnavailable(missing)))
-    cluster = KubeCluster()
+    # no HAMi kube-scheduler process: the chart installed on the real node brings its own
+    # (tests/realnode/test_chart_e2e.py); the API server also listens on the node's address,
+    # where the real node's pods reach it through the kubernetes Service (hami.dev.kubeproxy)
+    cluster = KubeCluster(hami_scheduler=None, apiserver_bind_address="0.0.0.0")
     cluster.start()
     _state["cluster"] = cluster
     try:
