@@ -71,13 +71,14 @@ class RealNodeHolder:
         self.pause = build_pause_image()
         self.busybox = build_busybox_image()
         self.node: RealNode | None = None
+        self.lock_wait = LOCK_WAIT_S
         self.bringups: list[float] = []
 
     def get(self) -> RealNode:
         if self.node is None:
             # another checkout's tests may hold this machine's real node for a while: wait for it
             self.node = RealNode(self.cluster, pause_image=self.pause, images=[self.busybox.path],
-                                 lock_wait=LOCK_WAIT_S).start()
+                                 lock_wait=self.lock_wait).start()
             self.bringups.append(self.node.startup_seconds)
             _state["node"] = self.node
         return self.node

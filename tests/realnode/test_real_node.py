@@ -192,8 +192,10 @@ def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
     real_node_holder.stop()  # one real node per machine: hand the lock to the CLI's
     env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
     hami = [sys.executable, "-m", "hami", "dev", "cluster"]
-    up = subprocess.run([*hami, "up", "--real-node", "--nodes", "1"], env=env, capture_output=True, text=True,
-                        timeout=400)
+    # another checkout's tests may hold this machine's real node: wait for it as the fixture does
+    up = subprocess.run([*hami, "up", "--real-node", "--nodes", "1", "--wait-for-real-node",
+                         str(real_node_holder.lock_wait)],
+                        env=env, capture_output=True, text=True, timeout=real_node_holder.lock_wait + 400)
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         assert "real node hami-real-node Ready in" in up.stdout

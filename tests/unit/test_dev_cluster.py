@@ -159,6 +159,7 @@ def test_dev_cluster_up_real_node_names_what_is_missing(monkeypatch, tmp_path, c
 
 @pytest.mark.parametrize("argv, message", [
     (["--image", "x.tar"], "--image: only with --real-node"),
+    (["--real-node", "--wait-for-real-node", "-1"], "--wait-for-real-node: must be >= 0, got -1.0"),
     (["--real-node", "--image", "/nonexistent/x.tar"], "--image: no such archive: /nonexistent/x.tar"),
 ])
 def test_dev_cluster_up_checks_image_archives(monkeypatch, tmp_path, capsys, argv, message):

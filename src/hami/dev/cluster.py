@@ -6,7 +6,9 @@ Each part lives in a module of its own; this one only re-exports them so callers
   kube-controller-manager, the two kube-schedulers, kwok; the API client the tests use.
 - :mod:`hami.dev.schedconfig` — the kube-scheduler configuration documents (extender).
 - :mod:`hami.dev.kwok` — the fake nodes: kwok's configuration and the Node manifest.
-- :mod:`hami.dev.realnode` — one real node (kubelet + containerd + runc) beside the fake ones.
+- :mod:`hami.dev.realnode` — one real node (kubelet + containerd + runc) beside the fake ones;
+  :mod:`hami.dev.nodehost` what it puts on the host (and takes away), :mod:`hami.dev.nodeconfig`
+  its configuration documents.
 - :mod:`hami.dev.process` — child processes (log file, die with the parent, stop a group).
 - :mod:`hami.dev.binaries` — where the pinned binaries live.
 - :mod:`hami.dev.pki` — certificates; :mod:`hami.dev.errors` — the errors.

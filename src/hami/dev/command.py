@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--gpus", type=int, default=4, help="GPUs per node (nvidia.com/gpu = gpus x 10)")
     up.add_argument("--real-node", action="store_true",
                     help="also start a real node (kubelet + containerd + runc; needs root, see docs/testing.md)")
+    up.add_argument("--wait-for-real-node", type=float, default=0.0, metavar="SECONDS",
+                    help="with --real-node: wait this long for another real node on this machine to stop "
+                    "(one per machine; default: fail at once)")
     up.add_argument("--image", action="append", dest="images", metavar="ARCHIVE", default=[],
                     help="an OCI image archive to import into the real node's containerd (repeatable)")
     actions.add_parser("down", help="stop the control plane started by `up`")
@@ -114,6 +117,7 @@ def _options(args: argparse.Namespace) -> dict:
         "nodes": args.nodes,
         "gpus": args.gpus,
         "real_node": args.real_node,
+        "real_node_wait": args.wait_for_real_node,
         "images": [str(Path(path).resolve()) for path in args.images],
     }
 
@@ -141,7 +145,7 @@ def _up(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "hami", "dev", "cluster", "serve", "--options", json.dumps(options)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    deadline = time.monotonic() + UP_TIMEOUT_S
+    deadline = time.monotonic() + UP_TIMEOUT_S + options["real_node_wait"]
     while time.monotonic() < deadline:
         state = _read_state()
         if state:
@@ -206,6 +210,8 @@ def _scheduler_config(options: dict) -> SchedulerConfig:
 
 def _check_real_node(options: dict) -> None:
     """Refuse ``--real-node`` at once when this machine cannot run one (names what is missing)."""
+    if options["real_node_wait"] < 0:
+        raise ValueError(f"--wait-for-real-node: must be >= 0, got {options['real_node_wait']}")
     if options["images"] and not options["real_node"]:
         raise ValueError("--image: only with --real-node (the kwok nodes run no images)")
     for path in options["images"]:
@@ -238,7 +244,8 @@ def _serve(args: argparse.Namespace) -> int:
             from hami.dev.realnode import RealNode
 
             # a temporary work directory (short paths: the kubelet makes unix sockets in it)
-            node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])]).start()
+            node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])],
+                            lock_wait=options.get("real_node_wait", 0.0)).start()
             summary += "\n" + node.describe_startup() + "\n" + _real_node_help(node)
         state = {"pid": os.getpid(), "env": cluster.env(), "workdir": str(workdir),
                  "bin": str(cluster.binaries["kube-apiserver"].parent), "summary": summary}

@@ -19,3 +19,19 @@ class ApiError(ClusterError):
         except (ValueError, AttributeError):
             message = body
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+
+class RealNodeError(ClusterError):
+    """The real node could not be started, used or stopped."""
+
+
+class RealNodeUnavailable(RealNodeError):
+    """This machine cannot run a real node; ``missing`` names what it lacks, in one line."""
+
+    def __init__(self, missing: list[str]) -> None:
+        self.missing = missing
+        super().__init__("real node unavailable: " + "; ".join(missing))
+
+
+class RealNodeBusy(RealNodeError):
+    """Another real node holds the machine-wide lock."""
