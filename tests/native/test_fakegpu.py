@@ -274,3 +274,31 @@ print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(h), n.nvmlDeviceGetMemoryInfo(
     (driver / "fakegpu.conf").write_text("state_dir=relative\n")
     p = run_py("import pynvml as n; n.nvmlInit()", env, check=False)
     assert p.returncode == 2 and "fakegpu: invalid configuration: state_dir = 'relative'" in p.stderr
+
+
+def test_visible_devices_env_plays_the_container_runtime(fake_env, tmp_path):
+    cfg = tmp_path / "fakegpu.conf"
+    cfg.write_text("visible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
+                   "device uuid=GPU-00000000-0000-4000-8000-000000000000\n"
+                   "device uuid=GPU-11111111-0000-4000-8000-000000000000\n"
+                   "device uuid=GPU-22222222-0000-4000-8000-000000000000\n")
+    fake_env["FAKEGPU_CONFIG"] = str(cfg)
+    code = """
+import ctypes as C, cuda_probe as c, pynvml as n
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+print([n.nvmlDeviceGetUUID(h)[4:8] for h in hs], [n.nvmlDeviceGetIndex(h) for h in hs],
+      [n.nvmlDeviceGetMinorNumber(h) for h in hs])
+count = C.c_int(); c.cu.cuInit(0); c.cu.cuDeviceGetCount(C.byref(count)); print(count.value)
+try:
+    n.nvmlDeviceGetHandleByUUID("GPU-11111111-0000-4000-8000-000000000000"); print("found")
+except n.NVMLError_NotFound:
+    print("not found")
+"""
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "GPU-22222222-0000-4000-8000-000000000000,0"
+    assert run_py(code, fake_env).stdout.splitlines() == ["['2222', '0000'] [0, 1] [2, 0]", "2", "not found"]
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "all"  # the device plugin's and the monitor's view
+    assert run_py(code, fake_env).stdout.splitlines()[:2] == ["['0000', '1111', '2222'] [0, 1, 2] [0, 1, 2]", "3"]
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "GPU-99999999-0000-4000-8000-000000000000"
+    p = run_py(code, fake_env, check=False)
+    assert p.returncode == 2 and "invalid configuration: NVIDIA_VISIBLE_DEVICES = 'GPU-9999" in p.stderr

@@ -78,7 +78,8 @@ def install_fake_driver(root: Path, gpus: list[str] = FAKE_GPUS) -> tuple[Path, 
     lib.mkdir(parents=True, exist_ok=True)
     for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
         shutil.copy(FAKE_DRIVER / name, lib / name)
-    conf = [f"state_dir={STATE_IN_CONTAINER}", *(f"device {spec}" for spec in gpus)]
+    conf = [f"state_dir={STATE_IN_CONTAINER}", "visible_devices_env=NVIDIA_VISIBLE_DEVICES",
+            *(f"device {spec}" for spec in gpus)]
     (lib / "fakegpu.conf").write_text("\n".join(conf) + "\n")
     for path in (root, driver, lib):
         path.chmod(0o755)

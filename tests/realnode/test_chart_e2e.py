@@ -147,6 +147,7 @@ def test_a_user_guide_pod_gets_its_memory_limit_and_is_counted_until_deleted(
         return (used, limit) if used and used[0][1] >= 2500 << 20 else None
 
     used, limit = real_cluster.wait_for(monitor_sees, "the monitor reporting the container", timeout=90, interval=1)
+    assert len(used) == 1, used
     (labels, value), = used
     assert labels == {"namespace": ns, "pod": name, "container": "ubuntu-container", "vdevice_index": "0",
                       "device_uuid": uuid}
