@@ -150,13 +150,13 @@ def test_a_user_guide_pod_gets_its_memory_limit_and_is_counted_until_deleted(
     assert len(used) == 1, used
     (labels, value), = used
     assert labels == {"namespace": ns, "pod": name, "container": "ubuntu-container", "vdevice_index": "0",
-                      "device_uuid": uuid}
+                      "device_uuid": uuid, "zone": "vGPU"}
     assert value >= 2500 << 20  # 1000 + 1500 MiB and the context
     assert limit == [(labels, float(3000 << 20))]
     allocated = [(lb, v) for lb, v in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
                  if lb.get("pod") == name]
     assert allocated == [({"namespace": ns, "node": product.node.name, "pod": name, "container_index": "0",
-                           "device_uuid": uuid}, float(3000 << 20))]
+                           "device_uuid": uuid, "zone": "vGPU"}, float(3000 << 20))]
 
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
