@@ -189,3 +189,59 @@ def test_each_container_and_init_container_sees_only_its_own_grant(
     assert seen["setup"]["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY]  # its own 1500, not main's 2500
     for name in ("two", "with-init"):
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
+
+#: the NVIDIA pods of HAMi's user guide (as recorded in shared/reference: resource names,
+#: annotations) and of docs/ (install.md, concepts.md), applied unchanged but for the program:
+#: name, limits, annotations, what the container must see (None: the pod must stay Pending with
+#: that reason code in its PodScheduled condition, since the node lacks what it asks for)
+USER_GUIDE = [
+    ("gpu-only", {"nvidia.com/gpu": 1}, {}, {"cuda_total_mib": GPU_MEMORY_MIB}),
+    ("gpumem", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, {}, {"cuda_total_mib": 3000}),
+    ("gpumem-percentage", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, {},
+     {"cuda_total_mib": GPU_MEMORY_MIB // 2}),
+    ("two-gpus", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, {},
+     {"cuda_total_mib": 3000, "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"}),
+    ("priority", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0}, {},
+     {"CUDA_TASK_PRIORITY": "0"}),
+    ("use-gputype", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gputype": "A100"},
+     {"cuda_total_mib": 1000}),
+    ("use-gpuuuid", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gpuuuid": GPU1},
+     {"NVIDIA_VISIBLE_DEVICES": GPU1}),
+    ("nouse-gputype", {"nvidia.com/gpu": 1}, {"nvidia.com/nouse-gputype": "A100"}, "CardTypeMismatch"),
+    ("too-much-memory", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}, {}, "CardInsufficientMemory"),
+    ("three-gpus", {"nvidia.com/gpu": 3}, {}, "NodeInsufficientDevice"),
+]
+
+
+def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    ns = gpu_namespace
+    whole = [e for e in USER_GUIDE if e[0] == "gpu-only"]  # a whole GPU: alone, after the others
+    problems = []
+    for wave in ([e for e in USER_GUIDE if e not in whole], whole):
+        for name, limits, annotations, _ in wave:
+            pod = probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
+            pod["metadata"]["annotations"] = annotations
+            real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        for name, limits, _, expected in wave:
+            if isinstance(expected, str):
+                def refused(pod: dict, expected: str = expected) -> bool:
+                    conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+                    scheduled = conditions.get("PodScheduled", {})
+                    return scheduled.get("status") == "False" and expected in scheduled.get("message", "")
+
+                pod = wait_pod(real_cluster, ns, name, refused, f"Pending with {expected}", product, timeout=120)
+                assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+                continue
+            wait_pod(real_cluster, ns, name, running, "Running", product)
+            out = probe_output(real_cluster, ns, name, "main")
+            seen = {**out, **out["env"]}
+            wrong = {k: seen.get(k) for k, v in expected.items() if seen.get(k) != v}
+            if wrong or out["cuInit"] != 0:
+                problems.append(f"{name}: expected {expected}, saw {wrong} ({out})")
+        real_cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
+        real_cluster.wait_for(lambda: not real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+                              "the wave's pods gone", timeout=120, interval=0.5)
+    assert not problems, "\n".join(problems)
