@@ -245,3 +245,118 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
         real_cluster.wait_for(lambda: not real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
                               "the wave's pods gone", timeout=120, interval=0.5)
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------------- faults
+# Each fault hits the node while GPU workloads run and more arrive; the workloads are
+# Deployments, as in production: a pod bound while the device plugin is away is refused by the
+# kubelet at admission (UnexpectedAdmissionError, as with any device plugin) and replaced.
+
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+NODE_LOCK = "hami.io/mutex.lock"
+
+
+def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int, gpumem: int = 500) -> None:
+    labels = {"app": name}
+    cluster.api("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem}}}]}}}})
+
+
+def assert_settled(product: Product, cluster: KubeCluster, ns: str, count: int, timeout: float = 300) -> dict:
+    """``count`` live pods in ``ns``, every one Running with exactly one grant; no GPU over
+    capacity; no node lock left; the node's GPUs advertised (waited for: a fault takes a while
+    to heal). Returns how many pods ended refused (Failed) on the way."""
+    from hami.core.codec import decode_pod_devices
+
+    state: dict = {}
+
+    def settled() -> bool:
+        pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        live = [p for p in pods if p["status"].get("phase") not in ("Failed", "Succeeded")
+                and not p["metadata"].get("deletionTimestamp")]
+        node = cluster.api("GET", f"/api/v1/nodes/{product.node.name}")
+        state.update(live=len(live), running=sum(running(p) for p in live),
+                     refused=len(pods) - len(live), lock=node["metadata"].get("annotations", {}).get(NODE_LOCK),
+                     advertised=product.gpus_advertised(), product=product.product_pods_ready())
+        return (state["live"] == count and state["running"] == count and state["lock"] is None
+                and state["advertised"] and state["product"])
+
+    try:
+        cluster.wait_for(settled, f"{count} pods Running, no node lock, GPUs advertised", timeout=timeout, interval=0.5)
+    except TimeoutError as exc:
+        pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        waiting = {p["metadata"]["name"]: [p["status"].get("phase"), p["status"].get("reason"),
+                                           [c.get("state") for c in p["status"].get("containerStatuses") or []]]
+                   for p in pods if not running(p)}
+        raise AssertionError(f"{exc}: {state}; not running: {json.dumps(waiting)[:3000]}\n{product.describe()}") from None
+    used: dict[str, list[int]] = {}
+    for pod in cluster.api("GET", "/api/v1/pods")["items"]:
+        grant = (pod["metadata"].get("annotations") or {}).get(ALLOCATED)
+        if not grant or pod["status"].get("phase") not in ("Running", "Pending"):
+            continue
+        devices = [d for container in decode_pod_devices(grant) for d in container]
+        if pod["metadata"]["namespace"] == ns:
+            assert len(devices) == 1, (pod["metadata"]["name"], grant)  # exactly one grant
+        for d in devices:
+            used.setdefault(d.uuid, []).append(d.usedmem)
+    for uuid, mems in used.items():
+        assert sum(mems) <= GPU_MEMORY_MIB and len(mems) <= SPLIT_COUNT, (uuid, mems)
+    return state
+
+
+@pytest.fixture
+def fault_namespace(real_cluster: KubeCluster, product: Product, real_namespace: str) -> str:
+    return real_namespace
+
+
+def restart(product: Product, component: str) -> None:
+    """Stop and start one of the node's processes (``kubelet``, ``containerd``) as it was."""
+    process = product.node.components[component]
+    process.stop()
+    process.start()
+
+
+def test_fault_device_plugin_pod_deleted(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    (plugin,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{plugin['metadata']['name']}")
+    sleepers(real_cluster, ns, busybox, "during", 2)  # while the DaemonSet brings a new one
+    assert_settled(product, real_cluster, ns, 4)
+    (again,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    assert again["metadata"]["uid"] != plugin["metadata"]["uid"]
+
+
+def test_fault_kubelet_restart(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    restart(product, "kubelet")
+    sleepers(real_cluster, ns, busybox, "during", 2)
+    assert_settled(product, real_cluster, ns, 4)
+
+
+def test_fault_containerd_restart(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    restart(product, "containerd")
+    sleepers(real_cluster, ns, busybox, "during", 2)
+    assert_settled(product, real_cluster, ns, 4)
+
+
+def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: KubeCluster, fault_namespace: str,
+                                               busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "burst", 50, gpumem=200)
+    real_cluster.wait_for(lambda: sum(1 for p in real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+                                      if p["spec"].get("nodeName")) >= 10, "the burst under way", timeout=120, interval=0.2)
+    (scheduler,) = product.pods(selector="app.kubernetes.io/component=hami-scheduler")
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{scheduler['metadata']['name']}")
+    assert_settled(product, real_cluster, ns, 50, timeout=600)
