@@ -1,13 +1,14 @@
 # Two entry points for a new user:
 #   make simulate   - run `hami simulate` on its bundled example (creates .venv on first use)
 #   make test       - run every test (installs Python deps, builds native/, installs the
-#                     Kubernetes binaries into the cache; the first run takes a while)
+#                     Kubernetes binaries into the cache and, as root, the real node's Debian
+#                     packages; the first run takes a while)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube bench fuzz clean proto gpu-check
+.PHONY: simulate test unit native kube node bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +31,43 @@ proto: $(PROTO_STUB)
 kube:
 	scripts/install-kube.sh
 
-test: $(STAMP) proto native kube
+# containerd, runc, CNI plugins, iptables (Debian packages) for the real node of the tests
+node:
+	scripts/install-node.sh
+
+# --- images (see docs/install.md "Building the image" and docs/testing.md "Offline images") ---
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= ghcr.io/hami-py/hami:$(VERSION)
+# docker when its daemon answers, else podman, else buildah (all read Containerfile + .dockerignore)
+BUILDER ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+	elif command -v podman >/dev/null; then echo podman; elif command -v buildah >/dev/null; then echo buildah; fi)
+
+# The product image from the Containerfile, with a registry (`IMAGE=registry/name:tag make image push`)
+image:
+	@test -n "$(BUILDER)" || { echo "make image: no docker daemon, podman or buildah here (offline: make image-offline)" >&2; exit 1; }
+	$(BUILDER) build -f Containerfile --build-arg VERSION=$(VERSION) $(if $(BASE),--build-arg BASE=$(BASE)) \
+		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
+
+push:
+	@test -n "$(BUILDER)" || { echo "make push: no docker daemon, podman or buildah here" >&2; exit 1; }
+	$(BUILDER) push $(IMAGE)
+
+# The same Containerfile without a registry or daemon: Debian base + buildah -> OCI archive (root)
+image-offline:
+	scripts/build-image.sh
+
+IMAGE_TOOLS := buildah debootstrap busybox-static
+image-tools:
+	@if [ "$$(id -u)" = 0 ] && ! dpkg -s $(IMAGE_TOOLS) >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; APT="apt-get -y -q -o DPkg::Lock::Timeout=600"; \
+		$$APT install $(IMAGE_TOOLS) || { $$APT update && $$APT install $(IMAGE_TOOLS); }; fi
+
+# Every image the tests and the real node use (pause, busybox, kube-scheduler, hami), cached in
+# <cache>/images; what this machine cannot build is reported as skipped
+images: $(STAMP) kube image-tools
+	$(BIN)/python -m hami.dev.images
+
+test: $(STAMP) proto native kube node images
 	$(BIN)/python -m pytest -q -ra tests
 
 unit: $(STAMP) proto

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Kubernetes binaries the integration tests run (etcd, kube-apiserver,
-# kube-scheduler, kube-controller-manager, kubectl, kwok, helm) into a cache directory outside the repository,
+# kube-scheduler, kube-controller-manager, kubectl, kubelet, kube-proxy, kwok, helm) into a cache directory outside the repository,
 # built from Go modules at pinned versions.
 #
 #   cache:  ${HAMI_CACHE:-$HOME/.cache/hami}/kube/<kube version>/bin
@@ -89,6 +89,10 @@ build kube-apiserver k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io
 build kube-scheduler k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
 build kube-controller-manager k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
 build kubectl k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
+# the real node of `hami dev cluster up --real-node` (runs pods through containerd + runc)
+build kubelet k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
+# Services on the real node (pods reach the API server at the `kubernetes` ClusterIP), iptables mode
+build kube-proxy k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
 build kwok sigs.k8s.io/kwok "$KWOK_VERSION" "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 # kwok needs its Stage objects (what it does to fake nodes and pods) as configuration: keep
 # the "fast" stages of the pinned kwok release next to the binaries.

@@ -215,8 +215,8 @@ static void parse_visible(void)
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     g_nvis = 0;
     if (!v) {
-        for (int i = 0; i < c->count; i++)
-            g_vis[g_nvis++] = i;
+        for (int i = 0; i < c->nvis; i++)
+            g_vis[g_nvis++] = c->vis[i];
         return;
     }
     char buf[1024];
@@ -227,14 +227,14 @@ static void parse_visible(void)
             t++;
         int found = -1;
         if (!strncmp(t, "GPU-", 4)) {
-            for (int i = 0; i < c->count; i++)
-                if (!strncmp(c->dev[i].uuid, t, strlen(t)))
-                    found = i;
+            for (int i = 0; i < c->nvis; i++)
+                if (!strncmp(c->dev[c->vis[i]].uuid, t, strlen(t)))
+                    found = c->vis[i];
         } else {
             char *end;
             long n = strtol(t, &end, 10);
-            if (end != t && !*end && n >= 0 && n < c->count)
-                found = (int)n;
+            if (end != t && !*end && n >= 0 && n < c->nvis)
+                found = c->vis[n];
         }
         if (found < 0)
             break; /* like the real driver: an invalid entry ends the list */

@@ -32,6 +32,16 @@ static int inited(void)
     return __atomic_load_n(&g_init_count, __ATOMIC_ACQUIRE) > 0;
 }
 
+/* The device's index among those this process sees (-1: not visible). */
+static int visible_slot(int physical)
+{
+    const fg_config *c = fg_cfg();
+    for (int i = 0; i < c->nvis; i++)
+        if (c->vis[i] == physical)
+            return i;
+    return -1;
+}
+
 static const fg_dev_cfg *dev_of(nvmlDevice_t d)
 {
     if (!d || d < g_dev || d >= g_dev + fg_cfg()->count)
@@ -125,7 +135,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
         return NVML_ERROR_UNINITIALIZED;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *count = (unsigned)fg_cfg()->count;
+    *count = (unsigned)fg_cfg()->nvis;
     return NVML_SUCCESS;
 }
 
@@ -135,9 +145,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 {
     if (!inited())
         return NVML_ERROR_UNINITIALIZED;
-    if (!device || index >= (unsigned)fg_cfg()->count)
+    if (!device || index >= (unsigned)fg_cfg()->nvis)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &g_dev[index];
+    *device = &g_dev[fg_cfg()->vis[index]];
     return NVML_SUCCESS;
 }
 
@@ -153,7 +163,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     if (!uuid || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < fg_cfg()->count; i++) {
-        if (!strcmp(fg_cfg()->dev[i].uuid, uuid)) {
+        if (!strcmp(fg_cfg()->dev[i].uuid, uuid) && visible_slot(i) >= 0) {
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
@@ -173,7 +183,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDev
         return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < fg_cfg()->count; i++) {
         const fg_dev_cfg *d = &fg_cfg()->dev[i];
-        if (d->domain == dom && d->bus == bus && d->device == dev) {
+        if (d->domain == dom && d->bus == bus && d->device == dev && visible_slot(i) >= 0) {
             *device = &g_dev[i];
             return NVML_SUCCESS;
         }
@@ -190,15 +200,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 {
     CHECK_DEV(device, d);
     (void)d;
-    if (!index)
+    if (!index || visible_slot(device->index) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned)device->index;
+    *index = (unsigned)visible_slot(device->index);
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor)
 {
-    return nvmlDeviceGetIndex(device, minor);
+    CHECK_DEV(device, d);
+    (void)d;
+    if (!minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned)device->index; /* /dev/nvidia<minor>: the physical device */
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)

@@ -43,6 +43,10 @@ typedef struct {
     double time_scale;              /* multiplies every kernel duration */
     int hostpid_offset;             /* NVML reports getpid()+offset */
     unsigned sample_period_us;      /* NVML utilization sample period */
+    char state_dir[256];            /* "" = $FAKEGPU_STATE_DIR or /tmp/fakegpu-<uid> */
+    char visible_env[64];           /* "" = every device; else the variable naming this process's devices */
+    int nvis;                       /* the devices this process may see (physical indices) */
+    int vis[FG_MAX_DEV];
 } fg_config;
 
 typedef struct {

@@ -3,6 +3,7 @@
 #include "fg.h"
 
 #include <ctype.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -221,6 +222,14 @@ static void apply_global(fg_config *c, const char *key, const char *val)
         if (*end || v < 1000 || v > 10000000)
             die("sample_period_us", val);
         c->sample_period_us = (unsigned)v;
+    } else if (!strcmp(key, "visible_devices_env")) {
+        if (!*val || strlen(val) >= sizeof c->visible_env)
+            die("visible_devices_env", val);
+        snprintf(c->visible_env, sizeof c->visible_env, "%s", val);
+    } else if (!strcmp(key, "state_dir")) {
+        if (val[0] != '/' || strlen(val) >= sizeof c->state_dir)
+            die("state_dir", val);
+        snprintf(c->state_dir, sizeof c->state_dir, "%s", val);
     } else {
         die("unknown config key", key);
     }
@@ -268,6 +277,56 @@ static void load_config_file(fg_config *c, const char *path)
     fclose(f);
 }
 
+/* A "driver" installed as a directory (libcuda.so.1, libnvidia-ml.so.1, fakegpu.conf) carries
+ * its configuration with it: every process that loads the library from there, in any mount
+ * namespace the directory is mounted into, reads the same fakegpu.conf. */
+static int config_beside_library(char *path, size_t size)
+{
+    Dl_info info;
+    if (!dladdr((void *)&config_beside_library, &info) || !info.dli_fname)
+        return 0;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash)
+        return 0;
+    snprintf(path, size, "%.*s/fakegpu.conf", (int)(slash - info.dli_fname), info.dli_fname);
+    return access(path, R_OK) == 0;
+}
+
+/* What a container runtime does with the GPUs it was told to give a container (the NVIDIA
+ * runtime reads NVIDIA_VISIBLE_DEVICES): with visible_devices_env=<VAR> in the configuration, a
+ * process whose VAR lists devices (UUIDs or indices, comma-separated) sees only those, in CUDA
+ * and in NVML, numbered from 0; "all" or an unset VAR: every device; "void"/"none"/"": none. */
+static void runtime_visible(fg_config *c)
+{
+    c->nvis = 0;
+    const char *v = c->visible_env[0] ? getenv(c->visible_env) : NULL;
+    if (!v || !strcmp(v, "all")) {
+        for (int i = 0; i < c->count; i++)
+            c->vis[c->nvis++] = i;
+        return;
+    }
+    if (!strcmp(v, "void") || !strcmp(v, "none"))
+        return;
+    char *copy = strdup(v), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        for (int i = 0; i < c->count; i++)
+            if (!strcmp(c->dev[i].uuid, t))
+                found = i;
+        if (found < 0) {
+            char *end;
+            long n = strtol(t, &end, 10);
+            if (end != t && !*end && n >= 0 && n < c->count)
+                found = (int)n;
+        }
+        if (found < 0)
+            die(c->visible_env, t); /* the runtime would refuse to start the container */
+        if (c->nvis < FG_MAX_DEV)
+            c->vis[c->nvis++] = found;
+    }
+    free(copy);
+}
+
 static void env_global(fg_config *c, const char *env, const char *key)
 {
     const char *v = getenv(env);
@@ -283,8 +342,12 @@ static void cfg_init(void)
     c->time_scale = 1.0;
     c->sample_period_us = 166667;
     const char *path = getenv("FAKEGPU_CONFIG");
-    if (path && *path)
+    char beside[600];
+    if (path && *path) {
         load_config_file(c, path);
+    } else if (config_beside_library(beside, sizeof beside)) {
+        load_config_file(c, beside);
+    }
     const char *devs = getenv("FAKEGPU_DEVICES");
     if (devs && *devs) {
         char *copy = strdup(devs);
@@ -315,6 +378,7 @@ static void cfg_init(void)
         parse_uuid(d->uuid, d->uuid_bytes);
         snprintf(d->pci, sizeof d->pci, "%08X:%02X:%02X.0", d->domain, d->bus, d->device);
     }
+    runtime_visible(c);
     env_global(c, "FAKEGPU_CONTEXT_MEM", "context_mem");
     env_global(c, "FAKEGPU_KERNEL_NS", "kernel_ns");
     env_global(c, "FAKEGPU_TIME_SCALE", "time_scale");
@@ -352,12 +416,14 @@ static fg_state *map_anonymous(void)
     return s;
 }
 
-/* $FAKEGPU_STATE_DIR, else /tmp/fakegpu-<uid>. */
+/* $FAKEGPU_STATE_DIR, else state_dir of the configuration, else /tmp/fakegpu-<uid>. */
 static void state_dir(char *dir, size_t size)
 {
     const char *d = getenv("FAKEGPU_STATE_DIR");
     if (d && *d)
         snprintf(dir, size, "%s", d);
+    else if (fg_cfg()->state_dir[0])
+        snprintf(dir, size, "%s", fg_cfg()->state_dir);
     else
         snprintf(dir, size, "/tmp/fakegpu-%u", (unsigned)getuid());
 }

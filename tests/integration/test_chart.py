@@ -663,3 +663,23 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
         kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
         for n in (mine_node, other_node):
             kube_cluster.delete_node(n)
+
+
+def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
+    """devicePlugin.driverMounts (nodes without the NVIDIA container runtime): a hostPath volume
+    each, mounted into both DaemonSet containers, and handed to Allocate by --driver-mount."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(
+        helm, "gpu", "--set", "devicePlugin.driverMounts[0].hostPath=/home/kubernetes/bin/nvidia",
+        "--set", "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia",
+        "--set", "devicePlugin.driverMounts[1].hostPath=/var/run/fake", "--set", "devicePlugin.driverMounts[1].readOnly=false")}
+    pod = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+    plugin, monitor = pod["containers"]
+    assert [a for a in plugin["command"] if a.startswith("--driver-mount")] == [
+        "--driver-mount=/home/kubernetes/bin/nvidia:/usr/local/nvidia:ro", "--driver-mount=/var/run/fake:/var/run/fake:rw"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["driver-0"]["hostPath"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+    for container in (plugin, monitor):
+        mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in container["volumeMounts"]}
+        assert mounts["driver-0"] == ("/usr/local/nvidia", True) and mounts["driver-1"] == ("/var/run/fake", False)
+    plain = _render(helm, "gpu")
+    assert "driver-0" not in yaml.safe_dump_all(plain)

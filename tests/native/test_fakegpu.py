@@ -247,3 +247,58 @@ a = used(); c.check(cu.cuMemRelease(h)); b = used()
 c.check(cu.cuMemUnmap(va, C.c_size_t(256 << 20))); print(gran.value >> 20, a, b, used())
 """, fake_env).stdout.strip()
     assert out == "2 256 256 0"
+
+
+def test_a_driver_directory_carries_its_configuration_and_state_dir(fake_env, tmp_path):
+    # installed like a driver: the libraries in one directory with fakegpu.conf beside them;
+    # a process that loads them from there needs no FAKEGPU_* variable at all
+    import shutil
+
+    from .conftest import FAKE
+
+    driver, state = tmp_path / "nvidia" / "lib64", tmp_path / "state"
+    driver.mkdir(parents=True)
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        shutil.copy(FAKE / name, driver / name)
+    (driver / "fakegpu.conf").write_text(f"state_dir={state}\ndevice name=Tesla T4,memory=15Gi\n")
+    env = {k: v for k, v in fake_env.items() if not k.startswith("FAKEGPU_")}
+    env["LD_LIBRARY_PATH"] = str(driver)
+    code = """
+import cuda_probe as c, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+c.init(); rc, p = c.alloc(100 << 20); assert rc == 0
+print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(h), n.nvmlDeviceGetMemoryInfo(h).total >> 30)
+"""
+    assert run_py(code, env).stdout.split() == ["1", "Tesla", "T4", "15"]
+    assert (state / "state").is_file()  # the state went where the configuration says
+    (driver / "fakegpu.conf").write_text("state_dir=relative\n")
+    p = run_py("import pynvml as n; n.nvmlInit()", env, check=False)
+    assert p.returncode == 2 and "fakegpu: invalid configuration: state_dir = 'relative'" in p.stderr
+
+
+def test_visible_devices_env_plays_the_container_runtime(fake_env, tmp_path):
+    cfg = tmp_path / "fakegpu.conf"
+    cfg.write_text("visible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
+                   "device uuid=GPU-00000000-0000-4000-8000-000000000000\n"
+                   "device uuid=GPU-11111111-0000-4000-8000-000000000000\n"
+                   "device uuid=GPU-22222222-0000-4000-8000-000000000000\n")
+    fake_env["FAKEGPU_CONFIG"] = str(cfg)
+    code = """
+import ctypes as C, cuda_probe as c, pynvml as n
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+print([n.nvmlDeviceGetUUID(h)[4:8] for h in hs], [n.nvmlDeviceGetIndex(h) for h in hs],
+      [n.nvmlDeviceGetMinorNumber(h) for h in hs])
+count = C.c_int(); c.cu.cuInit(0); c.cu.cuDeviceGetCount(C.byref(count)); print(count.value)
+try:
+    n.nvmlDeviceGetHandleByUUID("GPU-11111111-0000-4000-8000-000000000000"); print("found")
+except n.NVMLError_NotFound:
+    print("not found")
+"""
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "GPU-22222222-0000-4000-8000-000000000000,0"
+    assert run_py(code, fake_env).stdout.splitlines() == ["['2222', '0000'] [0, 1] [2, 0]", "2", "not found"]
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "all"  # the device plugin's and the monitor's view
+    assert run_py(code, fake_env).stdout.splitlines()[:2] == ["['0000', '1111', '2222'] [0, 1, 2] [0, 1, 2]", "3"]
+    fake_env["NVIDIA_VISIBLE_DEVICES"] = "GPU-99999999-0000-4000-8000-000000000000"
+    p = run_py(code, fake_env, check=False)
+    assert p.returncode == 2 and "invalid configuration: NVIDIA_VISIBLE_DEVICES = 'GPU-9999" in p.stderr

@@ -139,3 +139,32 @@ def test_dev_cluster_up_rejects_a_bad_extender_url(monkeypatch, tmp_path, capsys
     monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
     assert main(["dev", "cluster", "up", "--extender-url", "localhost:80"]) == 2
     assert "url_prefix" in capsys.readouterr().err
+
+
+def _fake_binaries(directory):
+    for name in kc.REQUIRED_BINARIES:
+        (directory / name).write_text("#!/bin/sh\n")
+        (directory / name).chmod(0o755)
+
+
+def test_dev_cluster_up_real_node_names_what_is_missing(monkeypatch, tmp_path, capsys):
+    _fake_binaries(tmp_path)  # no kubelet among them
+    monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
+    monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
+    assert main(["dev", "cluster", "up", "--real-node"]) == 2
+    err = capsys.readouterr().err
+    assert "real node unavailable:" in err and "kubelet (run scripts/install-kube.sh" in err
+    assert not (tmp_path / "dev-cluster" / "state.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--image", "x.tar"], "--image: only with --real-node"),
+    (["--real-node", "--wait-for-real-node", "-1"], "--wait-for-real-node: must be >= 0, got -1.0"),
+    (["--real-node", "--image", "/nonexistent/x.tar"], "--image: no such archive: /nonexistent/x.tar"),
+])
+def test_dev_cluster_up_checks_image_archives(monkeypatch, tmp_path, capsys, argv, message):
+    _fake_binaries(tmp_path)
+    monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
+    monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
+    assert main(["dev", "cluster", "up", *argv]) == 2
+    assert message in capsys.readouterr().err

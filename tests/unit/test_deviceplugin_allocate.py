@@ -141,3 +141,28 @@ def test_preferred_ids_follow_the_annotation():
     assert preferred_ids(avail, [f"{U0}-1"], 2, [U1]) == [f"{U0}-1", f"{U1}-0"]
     assert preferred_ids(avail, [], 2, []) == avail[:2]  # no pending pod: plain order
     assert preferred_ids(avail, [], 2, [U1, U1]) == [f"{U1}-0", f"{U0}-0"]  # one ID per physical GPU, then fill
+
+
+def test_driver_mounts_go_to_every_gpu_container():
+    driver = (A.parse_driver_mount("/home/kubernetes/bin/nvidia:/usr/local/nvidia"),
+              A.parse_driver_mount("/var/run/fake-state:rw"))
+    paths = A.HookPaths("/opt/h", "/tmp/vl", driver)
+    ctr = A.ContainerView("main")
+    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(), paths)
+    got = [(m.container_path, m.host_path, m.read_only) for m in r.mounts]
+    assert got[:2] == [("/usr/local/nvidia", "/home/kubernetes/bin/nvidia", True),
+                       ("/var/run/fake-state", "/var/run/fake-state", False)]
+    assert ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True) in got  # libvgpu's mounts stay
+    # a node whose GPUs are not shared (operating mode other than hami-core) still needs the driver
+    plain = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)),
+                             NodeSettings(operating_mode="mig"), paths)
+    assert [m.container_path for m in plain.mounts] == ["/usr/local/nvidia", "/var/run/fake-state"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "expected HOST"), ("a:b:c:d", "expected HOST"), ("relative/dir", "host path 'relative/dir' is not absolute"),
+    ("/host:lib", "container path 'lib' is not absolute"),
+])
+def test_driver_mount_is_checked(text, message):
+    with pytest.raises(ValueError, match=f"--driver-mount '{text}': .*{message}"):
+        A.parse_driver_mount(text)

@@ -21,7 +21,7 @@ def test_value_format_round_trips():
     assert L.lock_time("2026-05-01T12:00:00Z") == NOW
 
 
-def owner(node_name=None, vgpu_node=None, phase=None, deleting=False):
+def owner(node_name=None, vgpu_node=None, phase=None, deleting=False, pod_phase=None):
     ann = {}
     if vgpu_node:
         ann[L.VGPU_NODE] = vgpu_node
@@ -30,7 +30,8 @@ def owner(node_name=None, vgpu_node=None, phase=None, deleting=False):
     meta = {"annotations": ann}
     if deleting:
         meta["deletionTimestamp"] = "2026-05-01T12:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": node_name} if node_name else {}}
+    return {"metadata": meta, "spec": {"nodeName": node_name} if node_name else {},
+            "status": {"phase": pod_phase} if pod_phase else {}}
 
 
 @pytest.mark.parametrize("age, who, stale", [
@@ -42,6 +43,9 @@ def owner(node_name=None, vgpu_node=None, phase=None, deleting=False):
     (10, owner(vgpu_node="n1", phase="success"), "finished"),
     (10, owner(vgpu_node="n1", phase="failed"), "finished"),
     (10, owner(node_name="n2"), "bound to node n2"),
+    # bound here but refused by the kubelet at admission: no Allocate will ever release it
+    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Failed"), "ended (Failed)"),
+    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Running"), None),
     (10, owner(vgpu_node="n2"), "placed on node n2"),
 ])
 def test_stale_reasons(age, who, stale):
@@ -147,3 +151,9 @@ async def test_release_by_exact_value_for_a_bare_time_lock():
     assert n.annotations[key] == "2026-05-01T12:00:00Z"  # another taker's value: left in place
     assert await L.release(n.read, n.write, ("ns", "p"), key=key, value="2026-05-01T12:00:00Z", delay=0)
     assert key not in n.annotations
+
+
+def test_an_owner_that_ended_is_finished_for_good():
+    assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Failed"))
+    assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Succeeded"))
+    assert not L.finished(owner(node_name="n1", phase="allocating", pod_phase="Pending"))

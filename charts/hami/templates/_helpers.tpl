@@ -133,3 +133,12 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The device plugin's and monitor's mounts of devicePlugin.driverMounts (argument: .Values.devicePlugin) */}}
+{{- define "hami.driverVolumeMounts" -}}
+{{- range $i, $m := .driverMounts }}
+- name: driver-{{ $i }}
+  mountPath: {{ $m.containerPath | default $m.hostPath }}
+  readOnly: {{ ne $m.readOnly false }}
+{{- end }}
+{{- end }}

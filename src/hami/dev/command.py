@@ -4,6 +4,10 @@
 same code the integration tests use) and prints the ``KUBECONFIG`` to use; ``down`` stops it
 and everything it started; ``env`` prints shell exports (``eval "$(hami dev cluster env)"``).
 State lives in ``<cache>/dev-cluster`` (``$HAMI_CACHE`` or ``~/.cache/hami``).
+
+``up --real-node`` adds one real node (kubelet + containerd + runc, :mod:`hami.dev.realnode`)
+beside the kwok nodes; it needs root and the packages of ``scripts/install-node.sh``, and
+``down`` removes it with everything it put on the host.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--http-timeout", default="30s", help="extender httpTimeout (default 30s)")
     up.add_argument("--nodes", type=int, default=1, help="kwok nodes to create (default 1)")
     up.add_argument("--gpus", type=int, default=4, help="GPUs per node (nvidia.com/gpu = gpus x 10)")
+    up.add_argument("--real-node", action="store_true",
+                    help="also start a real node (kubelet + containerd + runc; needs root, see docs/testing.md)")
+    up.add_argument("--wait-for-real-node", type=float, default=0.0, metavar="SECONDS",
+                    help="with --real-node: wait this long for another real node on this machine to stop "
+                    "(one per machine; default: fail at once)")
+    up.add_argument("--image", action="append", dest="images", metavar="ARCHIVE", default=[],
+                    help="an OCI image archive to import into the real node's containerd (repeatable)")
     actions.add_parser("down", help="stop the control plane started by `up`")
     actions.add_parser("env", help="print shell exports for the running control plane")
     actions.add_parser("status", help="say whether a control plane is running")
@@ -105,6 +116,9 @@ def _options(args: argparse.Namespace) -> dict:
         "http_timeout": args.http_timeout,
         "nodes": args.nodes,
         "gpus": args.gpus,
+        "real_node": args.real_node,
+        "real_node_wait": args.wait_for_real_node,
+        "images": [str(Path(path).resolve()) for path in args.images],
     }
 
 
@@ -118,6 +132,7 @@ def _up(args: argparse.Namespace) -> int:
         find_binaries()
         options = _options(args)
         _scheduler_config(options)  # reject bad options here, not in the background
+        _check_real_node(options)
     except (ClusterError, ValueError) as exc:
         print(f"hami dev cluster up: {exc}", file=sys.stderr)
         return 2
@@ -130,7 +145,7 @@ def _up(args: argparse.Namespace) -> int:
             [sys.executable, "-m", "hami", "dev", "cluster", "serve", "--options", json.dumps(options)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    deadline = time.monotonic() + UP_TIMEOUT_S
+    deadline = time.monotonic() + UP_TIMEOUT_S + options["real_node_wait"]
     while time.monotonic() < deadline:
         state = _read_state()
         if state:
@@ -193,6 +208,24 @@ def _scheduler_config(options: dict) -> SchedulerConfig:
     return SchedulerConfig(extender=extender)
 
 
+def _check_real_node(options: dict) -> None:
+    """Refuse ``--real-node`` at once when this machine cannot run one (names what is missing)."""
+    if options["real_node_wait"] < 0:
+        raise ValueError(f"--wait-for-real-node: must be >= 0, got {options['real_node_wait']}")
+    if options["images"] and not options["real_node"]:
+        raise ValueError("--image: only with --real-node (the kwok nodes run no images)")
+    for path in options["images"]:
+        if not Path(path).is_file():
+            raise ValueError(f"--image: no such archive: {path}")
+    if not options["real_node"]:
+        return
+    from hami.dev.realnode import RealNodeUnavailable, missing_requirements
+
+    missing = missing_requirements(find_binaries())
+    if missing:
+        raise RealNodeUnavailable(missing)
+
+
 def _serve(args: argparse.Namespace) -> int:
     options = json.loads(args.options)
     stop = threading.Event()
@@ -201,23 +234,46 @@ def _serve(args: argparse.Namespace) -> int:
     workdir = state_dir() / "run"
     shutil.rmtree(workdir, ignore_errors=True)
     cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options))
+    node = None
     try:
         cluster.start()
         for index in range(options["nodes"]):
             cluster.create_node(f"kwok-node-{index}", gpus=options["gpus"], labels={"gpu": "on"})
+        summary = cluster.describe_startup()
+        if options.get("real_node"):
+            from hami.dev.realnode import RealNode
+
+            # a temporary work directory (short paths: the kubelet makes unix sockets in it)
+            node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])],
+                            lock_wait=options.get("real_node_wait", 0.0)).start()
+            summary += "\n" + node.describe_startup() + "\n" + _real_node_help(node)
         state = {"pid": os.getpid(), "env": cluster.env(), "workdir": str(workdir),
-                 "bin": str(cluster.binaries["kube-apiserver"].parent),
-                 "summary": cluster.describe_startup()}
+                 "bin": str(cluster.binaries["kube-apiserver"].parent), "summary": summary}
+        if node is not None:
+            state["real_node"] = {"name": node.name, "containerd_socket": str(node.containerd_socket),
+                                  "kubelet_root": str(node.kubelet_root), "logs": str(node.log_path("kubelet").parent),
+                                  "workdir": str(node.workdir)}
         tmp = _state_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(_state_file())
-        print(cluster.describe_startup(), flush=True)
+        print(summary, flush=True)
         while not stop.wait(1.0):
-            dead = [name for name, component in cluster.components.items() if not component.alive()]
+            components = {**cluster.components, **(node.components if node else {})}
+            dead = [name for name, component in components.items() if not component.alive()]
             if dead:
                 print(f"component(s) exited: {', '.join(dead)}\n{cluster.log_tails()}", flush=True)
                 return 1
         return 0
     finally:
         _state_file().unlink(missing_ok=True)
+        if node is not None:
+            problems = node.stop()
+            if problems:
+                print("real node: not cleaned: " + "; ".join(problems), flush=True)
         cluster.stop()
+
+
+def _real_node_help(node) -> str:
+    return (f"real node {node.name}: work directory {node.workdir}, containerd socket {node.containerd_socket} "
+            f"(ctr --address {node.containerd_socket} -n k8s.io ...), kubelet root {node.kubelet_root}, "
+            f"logs {node.log_path('kubelet').parent}")

@@ -231,11 +231,40 @@ def all_done(pending: list[list[ContainerDevice]]) -> bool:
 
 
 @dataclass(frozen=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+def parse_driver_mount(text: str) -> MountSpec:
+    """``HOST[:CONTAINER][:ro|rw]`` (``--driver-mount``): a host directory of the GPU driver that
+    every GPU container gets, at ``CONTAINER`` (default: the same path), read-only unless ``rw``."""
+    parts = text.split(":")
+    mode = "ro"
+    if len(parts) > 1 and parts[-1] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) > 2 or not parts[0]:
+        raise ValueError(f"--driver-mount {text!r}: expected HOST[:CONTAINER][:ro|rw]")
+    host, container = parts[0], parts[1] if len(parts) == 2 else parts[0]
+    for what, path in (("host", host), ("container", container)):
+        if not path.startswith("/"):
+            raise ValueError(f"--driver-mount {text!r}: the {what} path {path!r} is not absolute")
+    return MountSpec(container, host, mode == "ro")
+
+
+@dataclass(frozen=True)
 class HookPaths:
-    """Where libvgpu lives. ``hook_path`` is the same on the host and in the container (§6.4)."""
+    """Where libvgpu lives. ``hook_path`` is the same on the host and in the container (§6.4).
+
+    ``driver_mounts``: host driver directories added to every GPU container's mounts, for nodes
+    whose container runtime does not inject the driver (no NVIDIA container runtime; e.g. a
+    driver kept in ``/home/kubernetes/bin/nvidia`` and shown at ``/usr/local/nvidia``).
+    """
 
     hook_path: str = "/usr/local"
     lock_dir: str = "/tmp/vgpulock"
+    driver_mounts: tuple[MountSpec, ...] = ()
 
     @property
     def vgpu_dir(self) -> str:
@@ -251,13 +280,6 @@ class HookPaths:
 
     def cache_dir(self, pod_uid: str, container: str) -> str:
         return f"{self.vgpu_dir}/containers/{pod_uid}_{container}"
-
-
-@dataclass(frozen=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -284,7 +306,7 @@ def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: Ho
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devs)}
     cache_dir = paths.cache_dir(pod.uid, ctr.name)
     if settings.operating_mode != "hami-core":
-        return ContainerResponse(envs, (), "")
+        return ContainerResponse(envs, paths.driver_mounts, "")
     for i, d in enumerate(devs):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
     envs["CUDA_DEVICE_SM_LIMIT"] = str(devs[0].usedcores)
@@ -300,6 +322,7 @@ def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: Ho
     if policy:
         envs["GPU_CORE_UTILIZATION_POLICY"] = policy
     mounts = [
+        *paths.driver_mounts,
         MountSpec(paths.library, paths.library, True),
         MountSpec(paths.vgpu_dir, cache_dir, False),
         MountSpec("/tmp/vgpulock", paths.lock_dir, False),

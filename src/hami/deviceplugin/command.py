@@ -12,7 +12,7 @@ import sys
 
 from hami.core.codec import encode_node_devices_json
 
-from .allocate import HookPaths
+from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
     p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)")
     p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--driver-mount", action="append", default=[], type=_driver_mount, metavar="HOST[:CONTAINER][:ro|rw]",
+                   help="a host driver directory every GPU container gets (repeatable; read-only unless rw): for "
+                        "nodes without the NVIDIA container runtime, see docs/device-plugin.md")
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
     p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)")
     p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
@@ -60,6 +63,13 @@ def _bool_flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _driver_mount(text: str) -> MountSpec:
+    try:
+        return parse_driver_mount(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def describe(settings: NodeSettings, state: DeviceState) -> dict:
     return {
         "resource": settings.resource_name,
@@ -79,7 +89,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(
-        kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir),
+        kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
         pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay,
     )

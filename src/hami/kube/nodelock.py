@@ -12,7 +12,8 @@ applies atomically, so it needs no read first and no unrelated node write makes 
 
 Beyond HAMi: the lock is also reclaimed (not only after its expiry) when its owner can no
 longer be using it: the pod is gone, finished its allocation (``bind-phase`` success/failed),
-was re-placed on another node, or is bound to another node. Pure decisions are here; the two
+ended without one (phase Failed/Succeeded: refused by the kubelet at admission), was re-placed
+on another node, or is bound to another node. Pure decisions are here; the two
 components bring their own API calls (``read``/``write`` callables).
 """
 
@@ -142,7 +143,8 @@ def finished(owner: Any) -> bool:
     if owner is None or owner is MISSING:
         return False
     meta = owner.get("metadata") or {}
-    return bool(meta.get("deletionTimestamp")) or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
+    return (bool(meta.get("deletionTimestamp")) or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
+            or (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
 
 
 def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: Any) -> str | None:
@@ -166,6 +168,11 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
         return "owner pod is being deleted"
     if annotations.get(BIND_PHASE) in ("success", "failed"):
         return f"{OWNER_FINISHED} (bind-phase={annotations[BIND_PHASE]})"
+    phase = (owner.get("status") or {}).get("phase")
+    if phase in ("Failed", "Succeeded"):
+        # e.g. the kubelet refused it at admission (UnexpectedAdmissionError: bound while the
+        # device plugin was restarting), so no Allocate will ever release the lock
+        return f"owner pod ended ({phase}) before its allocation"
     if spec.get("nodeName") == node:
         return None  # bound here, allocation not finished: the device plugin finds it by this lock
     if spec.get("nodeName"):

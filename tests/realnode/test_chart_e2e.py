@@ -1,0 +1,362 @@
+"""End to end on the real node: the chart installed from the product image (tests/realnode/product.py,
+once for this module), and GPU pods written as HAMi's user guide writes them, running real
+containers on the fake driver under libvgpu."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami.dev.cluster import KubeCluster
+
+from .product import GPU_MEMORY_MIB, NAMESPACE, SPLIT_COUNT, Product
+
+PROBE = Path(__file__).with_name("gpu_probe.py")
+REGISTER = "hami.io/node-nvidia-register"
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@pytest.fixture(scope="module")
+def product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
+    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
+
+    node = real_node_holder.get()
+    try:
+        images = [build_hami_image(), build_kube_scheduler_image()]
+    except ImageUnavailable as exc:
+        if os.environ.get("HAMI_REQUIRE_REAL_NODE") == "1":
+            pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    began = time.monotonic()
+    installed = Product(real_cluster, node, tmp_path_factory.mktemp("product"))
+    try:
+        installed.install(images)
+    except BaseException:
+        installed.uninstall()
+        raise
+    request.config.stash.setdefault("hami_chart_timings", {}).update(
+        {**installed.timings, "install total": time.monotonic() - began})
+    yield installed
+    problems = installed.uninstall()
+    assert not problems, problems
+
+
+@pytest.fixture
+def gpu_namespace(real_cluster: KubeCluster, product: Product, real_namespace: str) -> str:
+    """A namespace with the probe script as ConfigMap ``gpu-probe``."""
+    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-probe"},
+        "data": {"gpu_probe.py": PROBE.read_text()}})
+    return real_namespace
+
+
+def probe_container(product: Product, name: str, limits: dict, args: list[str]) -> dict:
+    return {"name": name, "image": product.images["hami"],
+            "command": ["python", "/probe/gpu_probe.py", *args],
+            "resources": {"limits": limits},
+            "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}
+
+
+def probe_pod(name: str, containers: list[dict], init: list[dict] | None = None) -> dict:
+    spec = {"containers": containers, "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "probe", "configMap": {"name": "gpu-probe"}}]}
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def wait_pod(cluster: KubeCluster, namespace: str, name: str, done, what: str, product: Product,
+             timeout: float = 180) -> dict:
+    def probe():
+        pod = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return pod if done(pod) else None
+
+    try:
+        return cluster.wait_for(probe, f"pod {namespace}/{name} {what}", timeout=timeout, interval=0.3)
+    except TimeoutError as exc:
+        pod = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        raise AssertionError(f"{exc}: {json.dumps(pod.get('status'), indent=1)}\n{product.describe()}") from None
+
+
+def running(pod: dict) -> bool:
+    return pod["status"].get("phase") == "Running" and all(
+        c.get("ready") for c in pod["status"].get("containerStatuses") or [{}])
+
+
+def probe_output(cluster: KubeCluster, namespace: str, pod: str, container: str) -> dict:
+    def line():
+        out = cluster.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
+        return next((json.loads(x) for x in out.splitlines() if x.startswith("{")), None)
+
+    return cluster.wait_for(line, f"probe output of {pod}/{container}", timeout=60, interval=0.3)
+
+
+def samples(text: str, name: str) -> list[tuple[dict, float]]:
+    return [(s.labels, s.value) for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == name]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_pod_of_the_chart_is_running_and_ready(product: Product, real_cluster: KubeCluster):
+    pods = product.pods()
+    containers = sorted(c["name"] for p in pods for c in p["spec"]["containers"])
+    assert containers == ["device-plugin", "kube-scheduler", "vgpu-monitor", "vgpu-scheduler-extender"]
+    assert all(p["spec"]["nodeName"] == product.node.name for p in pods)
+    # from the product image and the chart's default kube-scheduler image, none pulled
+    images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+    assert images == {product.images["hami"], product.images["kube-scheduler"]}
+    # the device plugin registered the node's GPUs through the node guard (a pod-bound token)
+    node = real_cluster.api("GET", f"/api/v1/nodes/{product.node.name}")
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(2 * SPLIT_COUNT)
+    registered = node["metadata"]["annotations"][REGISTER]
+    assert "GPU-a1000000-0000-4000-8000-000000000000" in registered and "A100" in registered
+    policies = {p["metadata"]["name"] for p in real_cluster.api(
+        "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]}
+    assert {"hami-device-plugin-node-guard", "hami-scheduler-pod-guard", "hami-allocation-guard"} <= policies
+
+
+def test_a_user_guide_pod_gets_its_memory_limit_and_is_counted_until_deleted(
+        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    ns, name = gpu_namespace, "gpu-pod"
+    # as HAMi's user guide writes it (docs: "Allocate device memory"), with the probe as its program
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
+                     probe_pod(name, [probe_container(product, "ubuntu-container", limits, ["1000", "2500", "1500", "--hold"])]))
+    pod = wait_pod(real_cluster, ns, name, running, "Running", product)
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook, reached through its Service
+    assert pod["spec"]["nodeName"] == product.node.name
+    out = probe_output(real_cluster, ns, name, "ubuntu-container")
+    assert (out["cuInit"], out["cuMemGetInfo"], out["nvmlDeviceGetMemoryInfo"]) == (0, 0, 0), out
+    assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out
+    # 1000 fits, 2500 more does not (CUDA_ERROR_OUT_OF_MEMORY) and the process goes on: 1500 fits
+    assert out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY, 0], out
+    assert out["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and out["env"]["CUDA_DEVICE_SM_LIMIT"] == "30"
+    uuid = out["env"]["NVIDIA_VISIBLE_DEVICES"]
+
+    def monitor_sees():
+        text = product.monitor_metrics()
+        used = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_used_bytes") if lb.get("pod") == name]
+        limit = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_limit_bytes") if lb.get("pod") == name]
+        return (used, limit) if used and used[0][1] >= 2500 << 20 else None
+
+    used, limit = real_cluster.wait_for(monitor_sees, "the monitor reporting the container", timeout=90, interval=1)
+    assert len(used) == 1, used
+    (labels, value), = used
+    assert labels == {"namespace": ns, "pod": name, "container": "ubuntu-container", "vdevice_index": "0",
+                      "device_uuid": uuid, "zone": "vGPU"}
+    assert value >= 2500 << 20  # 1000 + 1500 MiB and the context
+    assert limit == [(labels, float(3000 << 20))]
+    allocated = [(lb, v) for lb, v in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
+                 if lb.get("pod") == name]
+    assert allocated == [({"namespace": ns, "node": product.node.name, "pod": name, "container_index": "0",
+                           "device_uuid": uuid, "zone": "vGPU"}, float(3000 << 20))]
+
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    def forgotten():
+        monitor = [lb for lb, _ in samples(product.monitor_metrics(), "hami_vgpu_memory_used_bytes")
+                   if lb.get("pod") == name]
+        scheduler = [lb for lb, _ in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
+                     if lb.get("pod") == name]
+        return not monitor and not scheduler
+
+    real_cluster.wait_for(forgotten, "the pod gone from the monitor's and the scheduler's metrics", timeout=120, interval=1)
+
+
+def test_each_container_and_init_container_sees_only_its_own_grant(
+        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    ns = gpu_namespace
+    first = probe_container(product, "first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ["--hold"])
+    second = probe_container(product, "second", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}, ["--hold"])
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod("two", [first, second]))
+    init = probe_container(product, "setup", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}, ["1400", "200"])
+    main = probe_container(product, "main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2500}, ["--hold"])
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod("with-init", [main], init=[init]))
+    for name in ("two", "with-init"):
+        wait_pod(real_cluster, ns, name, running, "Running", product)
+    seen = {c: probe_output(real_cluster, ns, pod, c)
+            for pod, c in (("two", "first"), ("two", "second"), ("with-init", "setup"), ("with-init", "main"))}
+    assert {c: (o["cuda_total_mib"], o["nvml_total_mib"], o["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"])
+            for c, o in seen.items()} == {"first": (1000, 1000, "1000m"), "second": (2000, 2000, "2000m"),
+                                          "setup": (1500, 1500, "1500m"), "main": (2500, 2500, "2500m")}
+    assert seen["setup"]["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY]  # its own 1500, not main's 2500
+    for name in ("two", "with-init"):
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
+
+#: the NVIDIA pods of HAMi's user guide (as recorded in shared/reference: resource names,
+#: annotations) and of docs/ (install.md, concepts.md), applied unchanged but for the program:
+#: name, limits, annotations, what the container must see (None: the pod must stay Pending with
+#: that reason code in its PodScheduled condition, since the node lacks what it asks for)
+USER_GUIDE = [
+    ("gpu-only", {"nvidia.com/gpu": 1}, {}, {"cuda_total_mib": GPU_MEMORY_MIB}),
+    ("gpumem", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, {}, {"cuda_total_mib": 3000}),
+    ("gpumem-percentage", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, {},
+     {"cuda_total_mib": GPU_MEMORY_MIB // 2}),
+    ("two-gpus", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, {},
+     {"cuda_total_mib": 3000, "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"}),
+    ("priority", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0}, {},
+     {"CUDA_TASK_PRIORITY": "0"}),
+    ("use-gputype", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gputype": "A100"},
+     {"cuda_total_mib": 1000}),
+    ("use-gpuuuid", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gpuuuid": GPU1},
+     {"NVIDIA_VISIBLE_DEVICES": GPU1}),
+    ("nouse-gputype", {"nvidia.com/gpu": 1}, {"nvidia.com/nouse-gputype": "A100"}, "CardTypeMismatch"),
+    ("too-much-memory", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}, {}, "CardInsufficientMemory"),
+    ("three-gpus", {"nvidia.com/gpu": 3}, {}, "NodeInsufficientDevice"),
+]
+
+
+def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    ns = gpu_namespace
+    whole = [e for e in USER_GUIDE if e[0] == "gpu-only"]  # a whole GPU: alone, after the others
+    problems = []
+    for wave in ([e for e in USER_GUIDE if e not in whole], whole):
+        for name, limits, annotations, _ in wave:
+            pod = probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
+            pod["metadata"]["annotations"] = annotations
+            real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        for name, limits, _, expected in wave:
+            if isinstance(expected, str):
+                def refused(pod: dict, expected: str = expected) -> bool:
+                    conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+                    scheduled = conditions.get("PodScheduled", {})
+                    return scheduled.get("status") == "False" and expected in scheduled.get("message", "")
+
+                pod = wait_pod(real_cluster, ns, name, refused, f"Pending with {expected}", product, timeout=120)
+                assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+                continue
+            wait_pod(real_cluster, ns, name, running, "Running", product)
+            out = probe_output(real_cluster, ns, name, "main")
+            seen = {**out, **out["env"]}
+            wrong = {k: seen.get(k) for k, v in expected.items() if seen.get(k) != v}
+            if wrong or out["cuInit"] != 0:
+                problems.append(f"{name}: expected {expected}, saw {wrong} ({out})")
+        real_cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
+        real_cluster.wait_for(lambda: not real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+                              "the wave's pods gone", timeout=120, interval=0.5)
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------------------------- faults
+# Each fault hits the node while GPU workloads run and more arrive; the workloads are
+# Deployments, as in production: a pod bound while the device plugin is away is refused by the
+# kubelet at admission (UnexpectedAdmissionError, as with any device plugin) and replaced.
+
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+NODE_LOCK = "hami.io/mutex.lock"
+
+
+def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int, gpumem: int = 500) -> None:
+    labels = {"app": name}
+    cluster.api("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem}}}]}}}})
+
+
+def assert_settled(product: Product, cluster: KubeCluster, ns: str, count: int, timeout: float = 300) -> dict:
+    """``count`` live pods in ``ns``, every one Running with exactly one grant; no GPU over
+    capacity; no node lock left; the node's GPUs advertised (waited for: a fault takes a while
+    to heal). Returns how many pods ended refused (Failed) on the way."""
+    from hami.core.codec import decode_pod_devices
+
+    state: dict = {}
+
+    def settled() -> bool:
+        pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        live = [p for p in pods if p["status"].get("phase") not in ("Failed", "Succeeded")
+                and not p["metadata"].get("deletionTimestamp")]
+        node = cluster.api("GET", f"/api/v1/nodes/{product.node.name}")
+        state.update(live=len(live), running=sum(running(p) for p in live),
+                     refused=len(pods) - len(live), lock=node["metadata"].get("annotations", {}).get(NODE_LOCK),
+                     advertised=product.gpus_advertised(), product=product.product_pods_ready())
+        return (state["live"] == count and state["running"] == count and state["lock"] is None
+                and state["advertised"] and state["product"])
+
+    try:
+        cluster.wait_for(settled, f"{count} pods Running, no node lock, GPUs advertised", timeout=timeout, interval=0.5)
+    except TimeoutError as exc:
+        pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        waiting = {p["metadata"]["name"]: [p["status"].get("phase"), p["status"].get("reason"),
+                                           [c.get("state") for c in p["status"].get("containerStatuses") or []]]
+                   for p in pods if not running(p)}
+        raise AssertionError(f"{exc}: {state}; not running: {json.dumps(waiting)[:3000]}\n{product.describe()}") from None
+    used: dict[str, list[int]] = {}
+    for pod in cluster.api("GET", "/api/v1/pods")["items"]:
+        grant = (pod["metadata"].get("annotations") or {}).get(ALLOCATED)
+        if not grant or pod["status"].get("phase") not in ("Running", "Pending"):
+            continue
+        devices = [d for container in decode_pod_devices(grant) for d in container]
+        if pod["metadata"]["namespace"] == ns:
+            assert len(devices) == 1, (pod["metadata"]["name"], grant)  # exactly one grant
+        for d in devices:
+            used.setdefault(d.uuid, []).append(d.usedmem)
+    for uuid, mems in used.items():
+        assert sum(mems) <= GPU_MEMORY_MIB and len(mems) <= SPLIT_COUNT, (uuid, mems)
+    return state
+
+
+@pytest.fixture
+def fault_namespace(real_cluster: KubeCluster, product: Product, real_namespace: str) -> str:
+    return real_namespace
+
+
+def restart(product: Product, component: str) -> None:
+    """Stop and start one of the node's processes (``kubelet``, ``containerd``) as it was."""
+    process = product.node.components[component]
+    process.stop()
+    process.start()
+
+
+def test_fault_device_plugin_pod_deleted(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    (plugin,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{plugin['metadata']['name']}")
+    sleepers(real_cluster, ns, busybox, "during", 2)  # while the DaemonSet brings a new one
+    assert_settled(product, real_cluster, ns, 4)
+    (again,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    assert again["metadata"]["uid"] != plugin["metadata"]["uid"]
+
+
+def test_fault_kubelet_restart(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    restart(product, "kubelet")
+    sleepers(real_cluster, ns, busybox, "during", 2)
+    assert_settled(product, real_cluster, ns, 4)
+
+
+def test_fault_containerd_restart(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    restart(product, "containerd")
+    sleepers(real_cluster, ns, busybox, "during", 2)
+    assert_settled(product, real_cluster, ns, 4)
+
+
+def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: KubeCluster, fault_namespace: str,
+                                               busybox: str):
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "burst", 50, gpumem=200)
+    real_cluster.wait_for(lambda: sum(1 for p in real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+                                      if p["spec"].get("nodeName")) >= 10, "the burst under way", timeout=120, interval=0.2)
+    (scheduler,) = product.pods(selector="app.kubernetes.io/component=hami-scheduler")
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{scheduler['metadata']['name']}")
+    assert_settled(product, real_cluster, ns, 50, timeout=600)
