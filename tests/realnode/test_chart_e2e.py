@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.dev.cluster import KubeCluster
+from hami.dev.kubeproxy import KubeProxy
 
 from .product import GPU_MEMORY_MIB, NAMESPACE, SPLIT_COUNT, Product
 
@@ -371,9 +372,11 @@ def test_fault_node_stopped_and_started_again(product: Product, real_cluster: Ku
     ns = fault_namespace
     sleepers(real_cluster, ns, busybox, "before", 2)
     assert_settled(product, real_cluster, ns, 2)
+    product.proxy.stop()  # a reboot restarts kube-proxy too
     problems = real_node_holder.stop()
     assert not problems, problems
     node = real_node_holder.get()
+    product.proxy = KubeProxy(real_cluster, node).start()
     for ref, archive in product.archives.items():
         node.import_image(archive)
     product.node = node
