@@ -97,6 +97,7 @@ class Product:
     driver: Path | None = None
     state: Path | None = None
     images: dict[str, str] = field(default_factory=dict)
+    archives: dict[str, Path] = field(default_factory=dict)  # ref -> OCI archive (to import again)
     timings: dict[str, float] = field(default_factory=dict)
 
     # -- helm ----------------------------------------------------------------------------------
@@ -118,6 +119,7 @@ class Product:
         for image in images:
             self.node.import_image(image.path)
             self.images[image.ref.split(":")[0].rsplit("/", 1)[-1]] = image.ref
+            self.archives[image.ref] = Path(image.path)
         self.timings["import images"] = time.monotonic() - began
         self.driver, self.state = install_fake_driver(self.workdir / "host")
         began = time.monotonic()
@@ -160,7 +162,7 @@ class Product:
             daemonset = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-device-plugin")
             return (deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
                     and daemonset["status"].get("numberReady") == daemonset["status"].get("desiredNumberScheduled") == 1
-                    and self.product_pods_ready() and self.gpus_advertised())
+                    and self.product_pods_ready() and self.gpus_advertised() and self.webhook_serves())
 
         try:
             self.cluster.wait_for(ready, "every pod of the chart Running and Ready, the GPUs advertised",
@@ -173,6 +175,15 @@ class Product:
         node = self.cluster.api("GET", f"/api/v1/nodes/{self.node.name}")
         return (node["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(len(FAKE_GPUS) * SPLIT_COUNT)
                 and REGISTER in node["metadata"].get("annotations", {}))
+
+    def webhook_serves(self) -> bool:
+        """A GPU pod (dry run) comes back with ``schedulerName: hami-scheduler``: the API server
+        reaches the webhook through its Service (a scheduler pod just Ready may not be in
+        kube-proxy's rules yet; with ``failurePolicy: Ignore`` a pod created then would skip it)."""
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "webhook-check"},
+               "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+        made = self.cluster.api("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
+        return made["spec"].get("schedulerName") == "hami-scheduler"
 
     def pod_ip(self, component: str) -> str:
         (pod,) = [p for p in self.pods(selector=f"app.kubernetes.io/component={component}")

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.dev.cluster import KubeCluster
+from hami.dev.kubeproxy import KubeProxy
 
 from .product import GPU_MEMORY_MIB, NAMESPACE, SPLIT_COUNT, Product
 
@@ -284,14 +285,15 @@ def assert_settled(product: Product, cluster: KubeCluster, ns: str, count: int, 
                      refused=len(pods) - len(live), lock=node["metadata"].get("annotations", {}).get(NODE_LOCK),
                      advertised=product.gpus_advertised(), product=product.product_pods_ready())
         return (state["live"] == count and state["running"] == count and state["lock"] is None
-                and state["advertised"] and state["product"])
+                and state["advertised"] and state["product"] and product.webhook_serves())
 
     try:
         cluster.wait_for(settled, f"{count} pods Running, no node lock, GPUs advertised", timeout=timeout, interval=0.5)
     except TimeoutError as exc:
         pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
         waiting = {p["metadata"]["name"]: [p["status"].get("phase"), p["status"].get("reason"),
-                                           [c.get("state") for c in p["status"].get("containerStatuses") or []]]
+                                           [c.get("state") for c in p["status"].get("containerStatuses") or []],
+                                           [c.get("message") for c in p["status"].get("conditions") or []]]
                    for p in pods if not running(p)}
         raise AssertionError(f"{exc}: {state}; not running: {json.dumps(waiting)[:3000]}\n{product.describe()}") from None
     used: dict[str, list[int]] = {}
@@ -360,3 +362,26 @@ def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: K
     (scheduler,) = product.pods(selector="app.kubernetes.io/component=hami-scheduler")
     real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{scheduler['metadata']['name']}")
     assert_settled(product, real_cluster, ns, 50, timeout=600)
+
+
+def test_fault_node_stopped_and_started_again(product: Product, real_cluster: KubeCluster, real_node_holder,
+                                              fault_namespace: str, busybox: str):
+    """A "reboot": every process of the node stops and the host is cleaned (containers, mounts,
+    network, cgroups), then a node of the same name starts (last in the module: it replaces the
+    node under the installed product)."""
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "before", 2)
+    assert_settled(product, real_cluster, ns, 2)
+    product.proxy.stop()  # a reboot restarts kube-proxy too
+    problems = real_node_holder.stop()
+    assert not problems, problems
+    node = real_node_holder.get()
+    product.proxy = KubeProxy(real_cluster, node).start()
+    for ref, archive in product.archives.items():
+        node.import_image(archive)
+    product.node = node
+    # the webhook (failurePolicy Ignore, as HAMi's) is back with the scheduler pod: a GPU pod
+    # created before that would go to default-scheduler and stay Pending (Insufficient nvidia.com/gpumem)
+    product.wait_ready()
+    sleepers(real_cluster, ns, busybox, "after", 2)
+    assert_settled(product, real_cluster, ns, 4, timeout=240)

@@ -18,8 +18,8 @@ cluster kube-proxy on every node turns Service addresses into endpoint addresses
   change to the host's conntrack limits or ``route_localnet``.
 
 :meth:`KubeProxy.stop` stops it, removes its iptables rules (``kube-proxy --cleanup``) and the
-EndpointSlice. Only one real node runs per machine (:class:`hami.dev.realnode.MachineLock`),
-so the rules are ours.
+EndpointSlice; :meth:`KubeProxy.start` first removes what a killed predecessor left. Only one
+real node runs per machine (:class:`hami.dev.realnode.MachineLock`), so the rules are ours.
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ class KubeProxy:
                                                    pair=self.cluster.issue_client_cert("system:kube-proxy"))
         self.cluster.api("POST", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
                          apiserver_endpoint_slice(NODE_IP, self.cluster.ports["kube-apiserver"]), expect=(201, 409))
+        # rules a killed predecessor left (this machine's real node is ours: MachineLock)
+        subprocess.run([str(binaries["kube-proxy"]), "--cleanup"], capture_output=True, check=False, timeout=60)
         healthz = free_port()
         config = workdir / "config.yaml"
         config.write_text(yaml.safe_dump(proxy_config(
