@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.dev.cluster import KubeCluster
 from hami.dev.kubeproxy import KubeProxy
 
-from .product import GPU_MEMORY_MIB, NAMESPACE, SPLIT_COUNT, Product
+from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product
 
 PROBE = Path(__file__).with_name("gpu_probe.py")
 REGISTER = "hami.io/node-nvidia-register"
@@ -255,6 +259,37 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
 
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 NODE_LOCK = "hami.io/mutex.lock"
+
+
+
+def _post(url: str, body: bytes, context=None) -> int:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_nobody_but_kube_scheduler_reaches_filter_or_bind(product: Product, real_cluster: KubeCluster):
+    """From outside the scheduler pod's network namespace and with no credentials (the test
+    process on the node's host network, as any pod or host process of the cluster would be):
+    the pod's https port and the Service answer /filter and /bind with 404, the loopback
+    extender port refuses the connection; /webhook is served there (the API server needs it)."""
+    ip = product.pod_ip("hami-scheduler")
+    service = real_cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/{RELEASE}-scheduler")
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    body = json.dumps({"Pod": {"metadata": {"name": "x", "namespace": "default", "uid": "u"}},
+                       "NodeNames": [product.node.name]}).encode()
+    targets = [f"https://{ip}:9443", f"https://{service['spec']['clusterIP']}:443"]
+    for base in targets:
+        for verb in ("filter", "bind"):
+            assert _post(f"{base}/{verb}", body, insecure) == 404, f"{base}/{verb} must not be served"
+        assert _post(f"{base}/webhook", b"{}", insecure) != 404  # served (the API server calls it)
+    with pytest.raises(OSError):
+        socket.create_connection((ip, 9080), timeout=5).close()
 
 
 def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int, gpumem: int = 500) -> None:
