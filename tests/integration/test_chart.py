@@ -625,8 +625,14 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             status, body = result
             assert status in (403, 422) and text in body.get("message", ""), (status, body)
 
-        # RBAC lets the plugin patch every node; the policy (picked up within seconds) does not
-        kube_cluster.wait_for(lambda: annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_x")[0] in (403, 422),
+        # RBAC lets the plugin patch every node; the policy (picked up within seconds) does not.
+        # The probe writes its own key: a probe that lands before the policy is in force must
+        # not be mistaken below for a write the guard let through.
+        def probe_other_node() -> int:
+            return _bearer(kube_cluster, plugin, "PATCH", f"/api/v1/nodes/{other_node}",
+                           {"metadata": {"annotations": {"hami.io/guard-probe": "x"}}})[0]
+
+        kube_cluster.wait_for(lambda: probe_other_node() in (403, 422),
                               "the device plugin's node guard in force", timeout=60, interval=0.5)
         denied(annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_y"),
                f"on node {mine_node} may not change node {other_node}")
