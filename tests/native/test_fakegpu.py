@@ -306,7 +306,7 @@ except n.NVMLError_NotFound:
 
 def _in_own_pid_namespace(code: str, env: dict[str, str]) -> subprocess.Popen:
     """`code` as PID 1 of a new PID namespace with its own /proc, as in a container."""
-    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--map-root-user",
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--map-root-user",
                              sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
