@@ -154,7 +154,7 @@ static CUresult charge(int cuda_dev, long long delta, int ctx_delta)
     unsigned long long cap = fg_cfg()->dev[dev].memory;
     CUresult r = CUDA_SUCCESS;
     fg_lock();
-    fg_proc *p = fg_proc_slot(getpid(), 1);
+    fg_proc *p = fg_self_slot(1);
     if (!p) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (delta > 0) {
@@ -1618,6 +1618,8 @@ static CUresult run_kernels(struct CUstream_st *st, const fg_knode *k, int n)
     unsigned long long now = fg_now_ns(), end = 0;
     fg_state *S = fg_st();
     fg_lock();
+    fg_proc *self = fg_self_slot(1);
+    int self_id = self ? self->pid : (int)getpid();
     unsigned long long t = __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE);
     if (t < now)
         t = now;
@@ -1629,7 +1631,7 @@ static CUresult run_kernels(struct CUstream_st *st, const fg_knode *k, int n)
         unsigned long long dur = (unsigned long long)((double)(k[i].f->ns_per_wave * waves) * cfg->time_scale);
         if (dur == 0)
             dur = 1;
-        fg_record_busy(dev, getpid(), t, t + dur);
+        fg_record_busy(dev, self_id, t, t + dur);
         t += dur;
     }
     end = t;

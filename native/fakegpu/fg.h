@@ -15,7 +15,7 @@
 #define FG_RING 4096
 #define FG_MAX_XID 256
 #define FG_MAGIC 0x46414b45u /* "FAKE" */
-#define FG_VERSION 1u
+#define FG_VERSION 2u
 #define FG_BLOCKS_PER_SM 16ULL
 #define FG_SMALL_ALIGN 512ULL
 #define FG_LARGE_ALIGN (2ULL << 20)
@@ -50,8 +50,12 @@ typedef struct {
 } fg_config;
 
 typedef struct {
-    int32_t pid;   /* 0 = free */
+    int32_t pid;   /* the PID NVML reports (host PID, or a synthetic one); 0 = free */
+    int32_t live;  /* 1: the owner holds a POSIX lock on byte <slot> of <state_dir>/live */
+    unsigned long long pidns; /* inode of the owner's PID namespace */
+    int32_t nspid; /* the owner's getpid() in that namespace */
     int32_t pad;
+    unsigned long long start; /* the owner's start time (/proc/self/stat field 22) */
     unsigned long long used[FG_MAX_DEV];
     unsigned long long contexts[FG_MAX_DEV];
 } fg_proc;
@@ -87,8 +91,8 @@ FG_HIDDEN void fg_unlock(void);
 FG_HIDDEN unsigned long long fg_now_ns(void);
 FG_HIDDEN void fg_sleep_until(unsigned long long t_ns);
 FG_HIDDEN int fg_pid_alive(int pid);
-/* Under fg_lock: the slot of `pid` (created if create != 0), NULL if none/full. */
-FG_HIDDEN fg_proc *fg_proc_slot(int pid, int create);
+/* Under fg_lock: this process's slot (created if create != 0), NULL if none/full. */
+FG_HIDDEN fg_proc *fg_self_slot(int create);
 /* Under fg_lock: drop records of dead processes (their memory is released). */
 FG_HIDDEN void fg_reap(void);
 FG_HIDDEN unsigned long long fg_dev_used(int dev); /* under fg_lock */

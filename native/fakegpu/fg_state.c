@@ -486,36 +486,196 @@ void fg_unlock(void)
     pthread_mutex_unlock(&fg_st()->lock);
 }
 
-fg_proc *fg_proc_slot(int pid, int create)
+/* Process identity across PID namespaces.
+ *
+ * Containers on one node share the fake GPU through the state file, and each container's
+ * first process is PID 1 in its own namespace: getpid() alone would merge them. A slot is
+ * therefore keyed by (PID namespace inode, PID in it), and carries the PID that NVML
+ * reports, as a real driver reports host PIDs:
+ *  - in the initial PID namespace, getpid() (it is the host PID);
+ *  - else, when /proc/self/status "NSpid:" lists more than one PID, the first (the PID in
+ *    the namespace that mounted /proc: the host's when /proc is the host's);
+ *  - else a synthetic PID, unique on this state file, above the kernel's largest pid_max
+ *    (4194304) so that it can never be taken for a real host process.
+ * Liveness cannot use kill() across namespaces, so the owner of slot i holds a POSIX write
+ * lock on byte i of <state_dir>/live: the kernel drops it when the process exits (or is
+ * killed), in any namespace, and F_GETLK sees it from any other process that opens the
+ * file. The file descriptor is never closed (closing any descriptor of a file drops the
+ * process's POSIX locks on it). Without a state file (process-local state) it falls back to
+ * kill(). */
+#define INIT_PID_NS_INO 4026531836ULL /* PROC_PID_INIT_INO */
+#define SYNTH_PID_BASE 4194304
+
+static int g_live_fd = -1;
+static pthread_once_t g_live_once = PTHREAD_ONCE_INIT;
+static fg_proc *g_self;     /* cached slot of this process; reset in a forked child */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void forget_self(void) { g_self = NULL; }
+static void atfork_init(void) { pthread_atfork(NULL, NULL, forget_self); }
+
+static void live_init(void)
+{
+    char dir[512], path[600];
+    state_dir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/live", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd >= 0)
+        fchmod(fd, 0666);
+    g_live_fd = fd;
+}
+
+static unsigned long long my_pidns(void)
+{
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (unsigned long long)sb.st_ino : 0;
+}
+
+/* The outer PID from NSpid when /proc shows more than one level, else 0. */
+/* Start time of this process in clock ticks since boot: with the namespace and the PID it
+ * tells this process from an earlier one that had the same PID. */
+static unsigned long long my_start(void)
+{
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return 0;
+    char buf[1024];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long v = 0;
+    /* after ") ": field 3 (state) .. field 22 (starttime) */
+    for (int field = 3; p && field <= 22; field++) {
+        p = strchr(p + 1, ' ');
+        if (p && field == 22)
+            v = strtoull(p + 1, NULL, 10);
+    }
+    return v;
+}
+
+static int outer_pid(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    int first = 0, n = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "NSpid:", 6))
+            continue;
+        char *p = line + 6, *end;
+        for (;;) {
+            long v = strtol(p, &end, 10);
+            if (end == p)
+                break;
+            if (n++ == 0)
+                first = (int)v;
+            p = end;
+        }
+        break;
+    }
+    fclose(f);
+    return n > 1 ? first : 0;
+}
+
+static int lock_byte(int cmd, short type, int slot, struct flock *out)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = slot, .l_len = 1};
+    int r = fcntl(g_live_fd, cmd, &fl);
+    if (out)
+        *out = fl;
+    return r;
+}
+
+/* Whether slot i's owner lives; (ns, me, start) identify the calling process. */
+static int slot_alive(int i, unsigned long long ns, int me, unsigned long long start)
+{
+    fg_proc *p = &fg_st()->procs[i];
+    if (!p->pid)
+        return 0;
+    if (p == g_self || (p->pidns == ns && p->nspid == me && p->start == start))
+        return 1; /* this process (its own lock is invisible to it through F_GETLK) */
+    if (p->live && g_live_fd >= 0) {
+        struct flock fl;
+        if (lock_byte(F_GETLK, F_WRLCK, i, &fl) != 0)
+            return 1; /* cannot tell: keep it */
+        return fl.l_type != F_UNLCK;
+    }
+    return p->pidns == ns ? fg_pid_alive(p->nspid) : 1;
+}
+
+static int synthetic_pid(void)
 {
     fg_state *s = fg_st();
-    fg_proc *free_slot = NULL;
+    for (int cand = SYNTH_PID_BASE;; cand++) {
+        int taken = 0;
+        for (int i = 0; i < FG_MAX_PROC && !taken; i++)
+            taken = s->procs[i].pid == cand;
+        if (!taken)
+            return cand;
+    }
+}
+
+fg_proc *fg_self_slot(int create)
+{
+    if (g_self)
+        return g_self;
+    pthread_once(&g_atfork_once, atfork_init);
+    fg_state *s = fg_st();
+    pthread_once(&g_live_once, live_init);
+    unsigned long long ns = my_pidns(), start = my_start();
+    int me = (int)getpid(), free_i = -1;
     for (int i = 0; i < FG_MAX_PROC; i++) {
-        if (s->procs[i].pid == pid)
-            return &s->procs[i];
-        if (!free_slot && s->procs[i].pid == 0)
-            free_slot = &s->procs[i];
+        fg_proc *p = &s->procs[i];
+        if (p->pid && p->pidns == ns && p->nspid == me) {
+            if (p->start == start) {
+                /* this process's slot, made by this copy or by the other library's */
+                if (p->live && g_live_fd >= 0)
+                    lock_byte(F_SETLK, F_WRLCK, i, NULL); /* a no-op if already ours */
+                g_self = p;
+                return p;
+            }
+            memset(p, 0, sizeof *p); /* a dead process's slot (its PID reused) */
+        }
+        if (free_i < 0 && !p->pid)
+            free_i = i;
     }
     if (!create)
         return NULL;
-    if (!free_slot) {
+    if (free_i < 0) {
         fg_reap();
-        for (int i = 0; i < FG_MAX_PROC && !free_slot; i++)
-            if (s->procs[i].pid == 0)
-                free_slot = &s->procs[i];
-        if (!free_slot)
+        for (int i = 0; i < FG_MAX_PROC && free_i < 0; i++)
+            if (!s->procs[i].pid)
+                free_i = i;
+        if (free_i < 0)
             return NULL;
     }
-    memset(free_slot, 0, sizeof *free_slot);
-    free_slot->pid = pid;
-    return free_slot;
+    pthread_once(&g_live_once, live_init);
+    fg_proc *p = &s->procs[free_i];
+    memset(p, 0, sizeof *p);
+    p->pidns = ns;
+    p->nspid = me;
+    p->start = start;
+    if (ns == INIT_PID_NS_INO || ns == 0)
+        p->pid = me;
+    else {
+        int outer = outer_pid();
+        p->pid = outer > 0 ? outer : synthetic_pid();
+    }
+    p->live = g_live_fd >= 0 && lock_byte(F_SETLK, F_WRLCK, free_i, NULL) == 0;
+    g_self = p;
+    return p;
 }
 
 void fg_reap(void)
 {
     fg_state *s = fg_st();
+    pthread_once(&g_live_once, live_init);
+    unsigned long long ns = my_pidns(), start = my_start();
+    int me = (int)getpid();
     for (int i = 0; i < FG_MAX_PROC; i++)
-        if (s->procs[i].pid && !fg_pid_alive(s->procs[i].pid))
+        if (s->procs[i].pid && !slot_alive(i, ns, me, start))
             memset(&s->procs[i], 0, sizeof s->procs[i]);
 }
 

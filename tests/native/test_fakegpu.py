@@ -302,3 +302,53 @@ except n.NVMLError_NotFound:
     fake_env["NVIDIA_VISIBLE_DEVICES"] = "GPU-99999999-0000-4000-8000-000000000000"
     p = run_py(code, fake_env, check=False)
     assert p.returncode == 2 and "invalid configuration: NVIDIA_VISIBLE_DEVICES = 'GPU-9999" in p.stderr
+
+
+def _in_own_pid_namespace(code: str, env: dict[str, str]) -> subprocess.Popen:
+    """`code` as PID 1 of a new PID namespace with its own /proc, as in a container."""
+    return subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--map-root-user",
+                             sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_processes_of_different_pid_namespaces_are_told_apart(fake_env):
+    """Two containers' first processes are both PID 1: the fake GPU keys a process by PID
+    namespace and PID, reports a distinct PID for each through NVML (a synthetic one above
+    pid_max, since neither can know its host PID), and reclaims a killed one's memory."""
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--map-root-user", "true"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"PID namespaces with their own /proc are not available here: {probe.stderr!r}")
+    fake_env["FAKEGPU_COUNT"] = "1"
+    fake_env["FAKEGPU_MEMORY"] = "2Gi"
+    holder = """
+import os, sys, cuda_probe as c
+c.init(); rc, p = c.alloc({mib} << 20); assert rc == 0
+print(os.getpid(), flush=True); sys.stdin.read()
+"""
+    a = _in_own_pid_namespace(holder.format(mib=300), fake_env)
+    b = _in_own_pid_namespace(holder.format(mib=500), fake_env)
+    try:
+        assert a.stdout.readline().strip() == "1", a.stderr.read()
+        assert b.stdout.readline().strip() == "1", b.stderr.read()
+        listing = """
+import pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+print(sorted((p.usedGpuMemory >> 20, p.pid) for p in n.nvmlDeviceGetComputeRunningProcesses(h)))
+print(n.nvmlDeviceGetMemoryInfo(h).used >> 20)
+"""
+        out = run_py(listing, fake_env).stdout.splitlines()
+        rows = eval(out[0])
+        assert [mib for mib, _ in rows] == [300, 500]
+        pids = [pid for _, pid in rows]
+        assert len(set(pids)) == 2 and all(pid >= 4194304 for pid in pids)  # pid_max <= 2**22
+        a.kill()
+        a.wait()
+        # no kill() can see a process of another namespace: the slot's lock tells that it died
+        out = run_py(listing, fake_env).stdout.splitlines()
+        assert eval(out[0]) == [rows[1]]  # b's 500 MiB under b's PID; a's 300 MiB released
+        assert int(out[1]) == 500
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()

@@ -10,8 +10,9 @@ bench/bench_realnode.py) does, on a running :class:`~hami.dev.realnode.RealNode`
 2. installs the fake driver like a host driver: ``libcuda.so.1``, ``libnvidia-ml.so.1`` and
    ``fakegpu.conf`` in ``<driver>/nvidia/lib64`` (docs/fakegpu.md, "Installed like a driver"),
    and a world-writable state directory every process of the "machine" shares;
-3. starts kube-proxy (:mod:`hami.dev.kubeproxy`): pods reach the API server through the
-   ``kubernetes`` Service, the API server reaches the webhook through its Service;
+3. relies on the node's kube-proxy (started with the node, :mod:`hami.dev.kubeproxy`): pods
+   reach the API server through the ``kubernetes`` Service, the API server reaches the webhook
+   through its Service;
 4. ``helm install`` with :func:`values`: the documented override for a node without the
    NVIDIA container runtime (``devicePlugin.driverMounts``, docs/install.md) plus the
    scheduler pinned to the real node (kwok's nodes run no containers), then waits until every
@@ -33,7 +34,6 @@ from typing import Any
 import yaml
 
 from hami.dev.controlplane import KubeCluster
-from hami.dev.kubeproxy import KubeProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hami"
@@ -93,7 +93,6 @@ class Product:
     cluster: KubeCluster
     node: Any
     workdir: Path
-    proxy: KubeProxy | None = None
     driver: Path | None = None
     state: Path | None = None
     images: dict[str, str] = field(default_factory=dict)
@@ -122,9 +121,8 @@ class Product:
             self.archives[image.ref] = Path(image.path)
         self.timings["import images"] = time.monotonic() - began
         self.driver, self.state = install_fake_driver(self.workdir / "host")
-        began = time.monotonic()
-        self.proxy = KubeProxy(self.cluster, self.node).start()
-        self.timings["kube-proxy"] = time.monotonic() - began
+        if self.node.proxy is None:
+            raise AssertionError("the real node runs no kube-proxy: the chart's Services would not work")
         values_file = self.workdir / "values.yaml"
         values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state)))
         began = time.monotonic()
@@ -140,8 +138,6 @@ class Product:
             self.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
         except Exception as exc:  # noqa: BLE001 - teardown reports, never hides the test's result
             problems.append(f"helm uninstall: {exc}")
-        if self.proxy is not None:
-            problems += self.proxy.stop()
         return problems
 
     # -- state ---------------------------------------------------------------------------------

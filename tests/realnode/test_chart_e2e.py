@@ -4,6 +4,7 @@ containers on the fake driver under libvgpu."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -17,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.dev.cluster import KubeCluster
-from hami.dev.kubeproxy import KubeProxy
 
+from ..native.cshare import KERNEL_US, Trace
 from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product
 
 PROBE = Path(__file__).with_name("gpu_probe.py")
@@ -197,6 +198,53 @@ def test_each_container_and_init_container_sees_only_its_own_grant(
 
 
 GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
+
+LOAD = Path(__file__).resolve().parents[2] / "native" / "build" / "tests" / "cshare_load"
+
+
+def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
+        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    """HAMi's `gpucores` on the real node: two pods pinned to one GPU with the force policy, each
+    running the saturating kernel load of the compute-share tests (tests/native/cshare.py) in its
+    own container, so both are PID 1 of their own PID namespace and libvgpu finds each one's
+    NVML PID by its probe. Shares come from the fake GPU's accounting (admitted launches times
+    the kernel's device time, over the window both ran) and must be within 5 points of target."""
+    if not LOAD.is_file():
+        pytest.fail(f"{LOAD} missing (run `make native`)", pytrace=False)
+    ns, seconds = gpu_namespace, 8
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cshare-load"},
+        "binaryData": {"cshare_load": base64.b64encode(LOAD.read_bytes()).decode()}})
+    for cores in (30, 70):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"share-{cores}", "annotations": {"nvidia.com/use-gpuuuid": GPU0}},
+               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                        "containers": [{
+                            "name": "load", "image": product.images["hami"],
+                            "command": ["/load/cshare_load", "plain", str(KERNEL_US), str(seconds), "32", "0", "0"],
+                            "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
+                            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000,
+                                                     "nvidia.com/gpucores": cores}},
+                            "volumeMounts": [{"name": "load", "mountPath": "/load"}]}],
+                        "volumes": [{"name": "load", "configMap": {"name": "cshare-load", "defaultMode": 0o755}}]}}
+        real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    traces = {}
+    for cores in (30, 70):
+        name = f"share-{cores}"
+        pod = wait_pod(real_cluster, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+                       "finished", product, timeout=180)
+        logs = real_cluster.kubectl("logs", "-n", ns, name, "-c", "load", check=False)
+        assert pod["status"]["phase"] == "Succeeded", f"{name}: {pod['status']}\n{logs.stdout}{logs.stderr}"
+        assert pod["spec"]["nodeName"] == product.node.name
+        traces[cores] = Trace.parse(logs.stdout)
+    began, ended = max(t.start for t in traces.values()), min(t.end for t in traces.values())
+    assert ended - began > 3000, f"the two loads overlapped only {ended - began:.0f} ms"
+    for cores, trace in traces.items():
+        achieved = trace.share(began + 1000, ended - 50)  # after a second of settling
+        print(f"real node, gpucores {cores} beside {100 - cores}: achieved {achieved:.1f}%")
+        assert abs(achieved - cores) <= 5, (cores, achieved)
+    for cores in (30, 70):
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/share-{cores}")
 
 #: the NVIDIA pods of HAMi's user guide (as recorded in shared/reference: resource names,
 #: annotations) and of docs/ (install.md, concepts.md), applied unchanged but for the program:
@@ -407,11 +455,9 @@ def test_fault_node_stopped_and_started_again(product: Product, real_cluster: Ku
     ns = fault_namespace
     sleepers(real_cluster, ns, busybox, "before", 2)
     assert_settled(product, real_cluster, ns, 2)
-    product.proxy.stop()  # a reboot restarts kube-proxy too
-    problems = real_node_holder.stop()
+    problems = real_node_holder.stop()  # kube-proxy too: it stops and starts with the node
     assert not problems, problems
     node = real_node_holder.get()
-    product.proxy = KubeProxy(real_cluster, node).start()
     for ref, archive in product.archives.items():
         node.import_image(archive)
     product.node = node

@@ -111,6 +111,43 @@ def test_in_cluster_clients_reach_the_api_server_at_the_kubernetes_service_addre
     assert "Client sent an HTTP request to an HTTPS server" in rest, rest
 
 
+def test_the_api_server_answers_this_machine_and_the_node_s_pods_only(real_cluster: KubeCluster, real_node: RealNode):
+    """The API server listens on every address (pods reach it through kube-proxy); another
+    machine must not reach it. "Another machine" is a network namespace on a veth link: it
+    reaches a listener on the host's address there, but not the API server's port."""
+    port = real_cluster.ports["kube-apiserver"]
+    netns, outer, inner = "hami-test-outside", "hami-out0", "hami-out1"
+    host_ip, peer_ip = "10.251.0.1", "10.251.0.2"
+
+    def sh(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, check=True)
+
+    def connect(target_port: int) -> str:
+        code = ("import socket,sys\n"
+                "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('connected')\n"
+                "except OSError as e: print(type(e).__name__)")
+        return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code, host_ip, str(target_port)],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    import socket as socket_module
+    listener = socket_module.create_server(("0.0.0.0", 0))
+    try:
+        sh("ip", "netns", "add", netns)
+        sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        sh("ip", "link", "set", inner, "netns", netns)
+        sh("ip", "addr", "add", f"{host_ip}/30", "dev", outer)
+        sh("ip", "link", "set", outer, "up")
+        sh("ip", "netns", "exec", netns, "ip", "addr", "add", f"{peer_ip}/30", "dev", inner)
+        sh("ip", "netns", "exec", netns, "ip", "link", "set", inner, "up")
+        assert connect(listener.getsockname()[1]) == "connected"  # the path works
+        assert connect(port) in ("TimeoutError", "timeout")  # dropped by the node's HAMI-APISERVER chain
+    finally:
+        listener.close()
+        subprocess.run(["ip", "link", "delete", outer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, check=False)
+    # and the node's pods still reach it (test_in_cluster_clients_reach_the_api_server_...)
+
+
 def test_a_second_real_node_is_refused_and_touches_nothing(real_cluster: KubeCluster, real_node: RealNode):
     second = RealNode(real_cluster, name="hami-real-node-2")
     with pytest.raises(rn.RealNodeBusy, match=rf"held by pid {os.getpid()}, work directory {real_node.workdir}"):

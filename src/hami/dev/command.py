@@ -233,7 +233,10 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     workdir = state_dir() / "run"
     shutil.rmtree(workdir, ignore_errors=True)
-    cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options))
+    # with a real node, pods reach the API server at the node's address through kube-proxy; the
+    # node then closes that port to other machines (hami.dev.nodehost.guard_api_server)
+    cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options),
+                          apiserver_bind_address="0.0.0.0" if options.get("real_node") else "127.0.0.1")
     node = None
     try:
         cluster.start()

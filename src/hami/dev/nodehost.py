@@ -33,6 +33,8 @@ LOCK_PATH = Path("/run/hami-real-node.lock")
 #: under pytest's temporary tree does not; one real node per machine, so one fixed place
 RUN_DIR = Path("/run/hami-real-node")
 CONTAINERD_SOCKET = RUN_DIR / "containerd.sock"
+#: the ``kubernetes`` Service address (the control plane's first service IP)
+API_SERVICE_IP = "10.96.0.1"
 BRIDGE = "hami-cni0"
 POD_SUBNET = "10.88.64.0/24"
 #: The node's address: the pod bridge's gateway, made before the kubelet starts. The kubelet
@@ -40,7 +42,6 @@ POD_SUBNET = "10.88.64.0/24"
 #: port yet, already answers on it locally (the API server calls the kubelet there).
 NODE_IP = "10.88.64.1"
 #: the ``kubernetes`` Service's ClusterIP (the first of the control plane's service range)
-API_SERVICE_IP = "10.96.0.1"
 CGROUP_ROOT = "hami-real-node"
 CGROUP_FS = Path("/sys/fs/cgroup")
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -218,28 +219,28 @@ def links_of(bridge: str = BRIDGE) -> list[str]:
     return names
 
 
-def route_api_service(api_port: int, *, service_ip: str = API_SERVICE_IP, bridge: str = BRIDGE) -> None:
-    """Make the ``kubernetes`` Service address (``service_ip``:443) lead to the API server on
-    127.0.0.1:``api_port``, from pods on the bridge and from host-network pods: what kube-proxy
-    would do, for the one address in-cluster clients use (``KUBERNETES_SERVICE_HOST``).
+def guard_api_server(api_port: int, *, bridge: str = BRIDGE) -> None:
+    """Let only this machine and the real node's pods reach the API server's port.
 
-    A nat chain ``HAMI-REAL-NODE`` with one DNAT rule, jumped to from PREROUTING (pods) and
-    OUTPUT (host network); ``route_localnet`` on the bridge lets a DNAT to 127.0.0.1 and its
-    replies cross it. Removed by :func:`remove_kubelet_chains` and with the bridge.
+    With a real node the API server listens on every address (pods reach it at the node's
+    address, through kube-proxy's rules for the ``kubernetes`` Service): a filter chain
+    ``HAMI-APISERVER``, jumped to from INPUT for that port, accepts connections arriving on
+    ``lo`` (this machine, host-network pods) and on the pod bridge, and drops the rest, so the
+    development API server is not reachable from other machines. Removed by
+    :func:`remove_kubelet_chains` and with the node.
     """
-    chain = "HAMI-REAL-NODE"
+    chain = "HAMI-APISERVER"
     rules = [
         ["-N", chain],
-        ["-A", chain, "-d", f"{service_ip}/32", "-p", "tcp", "--dport", "443",
-         "-j", "DNAT", "--to-destination", f"127.0.0.1:{api_port}"],
-        ["-A", "PREROUTING", "-i", bridge, "-j", chain],
-        ["-A", "OUTPUT", "-d", f"{service_ip}/32", "-j", chain],
+        ["-A", chain, "-i", "lo", "-j", "RETURN"],
+        ["-A", chain, "-i", bridge, "-j", "RETURN"],
+        ["-A", chain, "-j", "DROP"],
+        ["-I", "INPUT", "-p", "tcp", "--dport", str(api_port), "-j", chain],
     ]
     for rule in rules:
-        result = subprocess.run(["iptables", "-w", "-t", "nat", *rule], capture_output=True, text=True, check=False)
+        result = subprocess.run(["iptables", "-w", "-t", "filter", *rule], capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise RealNodeError(f"iptables -t nat {' '.join(rule)} failed: {result.stderr.strip()}")
-    Path(f"/proc/sys/net/ipv4/conf/{bridge}/route_localnet").write_text("1")
+            raise RealNodeError(f"iptables -t filter {' '.join(rule)} failed: {result.stderr.strip()}")
 
 
 def make_bridge(bridge: str = BRIDGE, address: str = NODE_IP, prefix: int = 24) -> None:
@@ -271,9 +272,9 @@ def shim_sockets(workdir: Path) -> list[Path]:
 
 #: chains the kubelet makes: two empty ones to detect a flush of the tables, and
 #: ``KUBE-FIREWALL`` (drops outside packets to 127.0.0.0/8) jumped to from INPUT and OUTPUT;
-#: removed with the node (one kubelet per machine: they are ours); and ours, ``HAMI-REAL-NODE``
-#: (see :func:`route_api_service`)
-KUBELET_CHAINS = ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL", "HAMI-REAL-NODE")
+#: removed with the node (one kubelet per machine: they are ours); and ours, ``HAMI-APISERVER``
+#: (see :func:`guard_api_server`; ``HAMI-REAL-NODE`` is what earlier versions made)
+KUBELET_CHAINS = ("KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT", "KUBE-FIREWALL", "HAMI-APISERVER", "HAMI-REAL-NODE")
 
 
 def remove_kubelet_chains() -> None:

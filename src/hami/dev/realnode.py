@@ -32,7 +32,11 @@ archives (:meth:`RealNode.import_image`, archives from :mod:`hami.dev.images`).
 The host side (the lock, the bridge, cgroups, mounts, clean-up) is :mod:`hami.dev.nodehost`;
 the configuration documents are :mod:`hami.dev.nodeconfig`.
 
-Pods reach the API server at the ``kubernetes`` Service address (:func:`route_api_service`).
+Pods reach the API server at the ``kubernetes`` Service address through the node's kube-proxy
+(:class:`~hami.dev.kubeproxy.KubeProxy`, started and stopped with the node), so the control
+plane must listen beyond loopback (``KubeCluster(apiserver_bind_address="0.0.0.0")``); the node
+then drops connections to that port from anywhere but this machine and its pods
+(:func:`~hami.dev.nodehost.guard_api_server`).
 The API server reaches the kubelet for ``kubectl logs``/``exec`` at the node's InternalIP
 (:data:`NODE_IP`, the bridge's gateway address), over TLS with the cluster CA both ways; the kubelet authenticates to the API
 server as ``system:node:<name>`` (group ``system:nodes``), bound to the ``system:node`` role.
@@ -80,7 +84,7 @@ from hami.dev.nodehost import (
     mounts_under,
     pod_cgroups,
     processes_mentioning,
-    route_api_service,
+    guard_api_server,
     shim_sockets,
 )
 from hami.dev.process import Component, free_port, http_get
@@ -169,12 +173,13 @@ class RealNode:
     lock_path: Path = LOCK_PATH
     #: seconds to wait for another real node on this machine to go away before giving up
     lock_wait: float = 0.0
-    #: route the ``kubernetes`` Service address to the API server (:func:`route_api_service`),
-    #: so pods using the in-cluster configuration reach it
-    api_service: bool = True
+    #: run kube-proxy (:class:`~hami.dev.kubeproxy.KubeProxy`): Services, the ``kubernetes`` one
+    #: included, work for the node's pods
+    kube_proxy: bool = True
     ready_timeout: float = READY_TIMEOUT_S
 
     components: dict[str, Component] = field(default_factory=dict, init=False)
+    proxy: Any = field(default=None, init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
     startup_seconds: float = field(default=0.0, init=False)
 
@@ -272,13 +277,17 @@ class RealNode:
                 {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if DEVICE_PLUGINS_DIR.is_dir() else set())
             pause = self._timed("pause image", self._pause_image)
             self._timed("bridge", make_bridge)
-            if self.api_service:
-                self._timed("api service", lambda: route_api_service(self.cluster.ports["kube-apiserver"]))
+            if self.cluster.apiserver_bind_address != "127.0.0.1":
+                self._timed("api server guard", lambda: guard_api_server(self.cluster.ports["kube-apiserver"]))
             self._timed("containerd", lambda: self._start_containerd(pause.ref))
             self._timed("images", lambda: [self.import_image(path) for path in [pause.path, *self.images]])
             self._timed("credentials", self._write_credentials)
             self._timed("kubelet", self._start_kubelet)
             self._timed("node Ready", self._wait_node_ready)
+            if self.kube_proxy:
+                from hami.dev.kubeproxy import KubeProxy
+
+                self.proxy = self._timed("kube-proxy", lambda: KubeProxy(self.cluster, self).start())
         except BaseException:
             self.stop(keep_workdir=True)
             raise
@@ -302,6 +311,9 @@ class RealNode:
                 return None
 
         sockets = shim_sockets(self.workdir) if self.workdir else []  # gone with the tasks' bundles
+        proxy, self.proxy = self.proxy, None
+        if proxy is not None:
+            problems += attempt("stop kube-proxy", proxy.stop) or []
         kubelet = self.components.pop("kubelet", None)
         if kubelet:
             attempt("stop kubelet", kubelet.stop)
