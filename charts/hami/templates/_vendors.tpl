@@ -110,8 +110,12 @@ nvidia:
 {{- range $section := list "cambricon" "hygon" "metax" "mthreads" "enflame" "kunlun" "awsneuron" "amd" "vastai" "biren" }}
 {{- $v := index $devices $section | default dict }}
 {{- if $v.enabled }}
+{{- $body := deepCopy ($v.config | default dict) }}
+{{- range $key, $default := index $defaults $section }}
+{{- if not (hasKey $body $key) }}{{ $_ := set $body $key $default }}{{ end }}
+{{- end }}
 {{ $section }}:
-{{ merge (deepCopy ($v.config | default dict)) (index $defaults $section) | toYaml | indent 2 }}
+{{ $body | toYaml | indent 2 }}
 {{- end }}
 {{- end }}
 {{- with $devices.iluvatars }}{{ if .enabled }}
