@@ -216,7 +216,7 @@ CASES: dict[str, VendorCase] = {
         {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4, "metax-tech.com/vcore": 30},
         {**_pair("metax-sgpu", "sgpu-{node},Metax-SGPU,4096,30:;"),
          "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-{node}","compute":30,"vRam":4096}]]',
-         "metax-tech.com/predicate-time": ""}),
+         "metax-tech.com/predicate-time": "", "metax-tech.com/sgpu-qos-policy": "best-effort"}),  # webhook default
     "mthreads": VendorCase(
         {}, {"mthreads.com/sgpu-core": 32, "mthreads.com/sgpu-memory": 192, "mthreads.com/vgpu": 200},
         {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
