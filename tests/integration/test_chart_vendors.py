@@ -150,6 +150,87 @@ def test_vendor_plugin_identities_are_trusted_only_when_the_vendor_is_enabled(he
 
 
 # ---------------------------------------------------------------------------------------------
+# defaults a HAMi user expects, and HAMi values this chart refuses instead of ignoring
+
+
+def test_node_monitor_metrics_are_node_port_31992_by_default(helm_bin):
+    svc = _render(helm_bin)[("Service", "hami-device-plugin-monitor")]["spec"]
+    assert svc["type"] == "NodePort"
+    assert svc["ports"] == [{"name": "monitor", "port": 9394, "targetPort": "metrics", "nodePort": 31992}]
+    ds = _render(helm_bin)[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+    monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
+    assert {"name": "metrics", "containerPort": 9394} in [{k: p[k] for k in ("name", "containerPort")}
+                                                         for p in monitor["ports"]]
+
+
+def _toolkit_pod(helm_bin, *args: str) -> dict:
+    return _render(helm_bin, *args)[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+
+
+def test_gpu_operator_toolkit_wait_is_off_by_default(helm_bin):
+    pod = _toolkit_pod(helm_bin)
+    assert [c["name"] for c in pod["initContainers"]] == ["install-libvgpu"]
+    assert "toolkit-validations" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin, tmp_path):
+    pod = _toolkit_pod(helm_bin, "--set", "devicePlugin.gpuOperatorToolkitReady.enabled=true",
+                       "--set", "devicePlugin.gpuOperatorToolkitReady.hostPath=/run/nvidia/validations-x")
+    first = pod["initContainers"][0]
+    assert first["name"] == "toolkit-validation"  # before anything else of the plugin's pod
+    assert first["volumeMounts"] == [{"name": "toolkit-validations", "mountPath": "/run/nvidia/validations",
+                                      "readOnly": True}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["toolkit-validations"]["hostPath"] == {"path": "/run/nvidia/validations-x",
+                                                          "type": "DirectoryOrCreate"}
+    # the container's script, run as written against a directory standing in for the mount
+    assert first["command"][:2] == ["sh", "-c"]
+    script = first["command"][2].replace("/run/nvidia/validations", str(tmp_path))
+    proc = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == f"Waiting for {tmp_path}/toolkit-ready..."
+        assert proc.poll() is None  # still waiting
+        (tmp_path / "toolkit-ready").write_text("")
+        assert proc.wait(timeout=60) == 0
+        assert proc.stdout.read().strip().splitlines()[-1] == "toolkit ready"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("devicePlugin.gdsEnabled=true", "devicePlugin.gdsEnabled=true is not supported by this chart: GPUDirect Storage"),
+    ("devicePlugin.gdrcopyEnabled=true", "devicePlugin.gdrcopyEnabled=true is not supported"),
+    ("devicePlugin.mofedEnabled=true", "devicePlugin.mofedEnabled=true is not supported"),
+    ("devicePlugin.passDeviceSpecsEnabled=true", "devicePlugin.passDeviceSpecsEnabled=true is not supported"),
+    ("devicePlugin.nvidiaDriverRoot=/run/nvidia/driver",
+     "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver is not supported by this chart: use devicePlugin.driverMounts"),
+    ("devicePlugin.nvidiaHookPath=/usr/bin", "devicePlugin.nvidiaHookPath=/usr/bin is not supported"),
+    ("devicePlugin.runtimeType=containerd", "devicePlugin.runtimeType=containerd is not supported"),
+    ("devices.ascend.enabled=true", "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true"),
+    ("devicePlugin.deviceListStrategy=cdi",
+     "devicePlugin.deviceListStrategy=cdi is not supported: expected envvar, cdi-annotations or cdi-cri"),
+])
+def test_hami_values_this_chart_does_not_implement_stop_the_install(helm_bin, setting, message):
+    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, "--set", setting, check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "cdi-annotations", "cdi-cri"])
+def test_device_list_strategy_reaches_the_plugin(helm_bin, strategy):
+    pod = _toolkit_pod(helm_bin, "--set", f"devicePlugin.deviceListStrategy={strategy}")
+    plugin = next(c for c in pod["containers"] if c["name"] == "device-plugin")
+    assert f"--device-list-strategy={strategy}" in plugin["command"]
+    cdi = strategy != "envvar"
+    assert ("--cdi-spec-dir=/var/run/cdi" in plugin["command"]) == cdi
+    assert ({"name": "cdi-specs", "mountPath": "/var/run/cdi"} in plugin["volumeMounts"]) == cdi
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert ("cdi-specs" in volumes) == cdi
+    if cdi:
+        assert volumes["cdi-specs"]["hostPath"] == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+
+
+# ---------------------------------------------------------------------------------------------
 # one install, thirteen backends, one example pod each
 
 

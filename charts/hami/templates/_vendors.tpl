@@ -176,3 +176,35 @@ vnpus:
 {{- end -}}
 {{- $users | uniq | toJson -}}
 {{- end -}}
+
+{{/* The toolkit-validation init container's script (a test runs it against a directory of its own). */}}
+{{- define "hami.toolkitWait" -}}
+until [ -f /run/nvidia/validations/toolkit-ready ]; do echo "Waiting for /run/nvidia/validations/toolkit-ready..."; sleep 2; done; echo "toolkit ready"
+{{- end -}}
+
+{{/*
+HAMi chart values this chart does not implement: set, they stop the install with one line naming
+the value, instead of being accepted and ignored (docs/configuration.md).
+*/}}
+{{- define "hami.refuseUnsupported" -}}
+{{- $dp := .Values.devicePlugin -}}
+{{- range $key, $why := dict
+    "gdrcopyEnabled" "GPUDirect RDMA (NVIDIA_GDRCOPY) is not injected by this device plugin"
+    "gdsEnabled" "GPUDirect Storage (NVIDIA_GDS) is not injected by this device plugin"
+    "mofedEnabled" "MOFED (NVIDIA_MOFED) is not injected by this device plugin"
+    "passDeviceSpecsEnabled" "device specs are left to the NVIDIA container runtime"
+    "nvidiaDriverRoot" "use devicePlugin.driverMounts for a driver outside the NVIDIA container runtime"
+    "nvidiaHookPath" "the NVIDIA CDI hook is not used; see devicePlugin.deviceListStrategy"
+    "runtimeType" "the container runtime is not configured by this chart" -}}
+{{- if and (hasKey $dp $key) (index $dp $key) -}}
+{{- fail (printf "devicePlugin.%s=%v is not supported by this chart: %s (docs/configuration.md)" $key (index $dp $key) $why) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
+{{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
+{{- end -}}
+{{- $dls := $dp.deviceListStrategy | default "envvar" -}}
+{{- if not (has $dls (list "envvar" "cdi-annotations" "cdi-cri")) -}}
+{{- fail (printf "devicePlugin.deviceListStrategy=%v is not supported: expected envvar, cdi-annotations or cdi-cri" $dls) -}}
+{{- end -}}
+{{- end -}}
