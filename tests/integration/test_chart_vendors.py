@@ -216,6 +216,16 @@ def test_hami_values_this_chart_does_not_implement_stop_the_install(helm_bin, se
     assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
+def test_vendor_switches_beside_a_device_config_content_are_refused(helm_bin, tmp_path):
+    values = {"device-config": {"content": "nvidia: {resourceCountName: nvidia.com/gpu}\n"},
+              "devices": {"cambricon": {"enabled": True}}}
+    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *_values_file(tmp_path, values),
+                      check=False)
+    assert result.returncode != 0
+    assert ("devices.cambricon.enabled=true has no effect with device-config.content set: put the cambricon section "
+            "in that content") in result.stderr
+
+
 @pytest.mark.parametrize("strategy", ["envvar", "cdi-annotations", "cdi-cri"])
 def test_device_list_strategy_reaches_the_plugin(helm_bin, strategy):
     pod = _toolkit_pod(helm_bin, "--set", f"devicePlugin.deviceListStrategy={strategy}")

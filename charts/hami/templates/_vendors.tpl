@@ -203,6 +203,13 @@ the value, instead of being accepted and ignored (docs/configuration.md).
 {{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
 {{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
 {{- end -}}
+{{- if (index .Values "device-config").content -}}
+{{- range $name, $v := .Values.devices -}}
+{{- if and (ne $name "nvidia") (kindIs "map" $v) $v.enabled -}}
+{{- fail (printf "devices.%s.enabled=true has no effect with device-config.content set: put the %s section in that content" $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $dls := $dp.deviceListStrategy | default "envvar" -}}
 {{- if not (has $dls (list "envvar" "cdi-annotations" "cdi-cri")) -}}
 {{- fail (printf "devicePlugin.deviceListStrategy=%v is not supported: expected envvar, cdi-annotations or cdi-cri" $dls) -}}
