@@ -207,6 +207,8 @@ def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin
      "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver is not supported by this chart: use devicePlugin.driverMounts"),
     ("devicePlugin.nvidiaHookPath=/usr/bin", "devicePlugin.nvidiaHookPath=/usr/bin is not supported"),
     ("devicePlugin.runtimeType=containerd", "devicePlugin.runtimeType=containerd is not supported"),
+    ("devicePlugin.libPath=/opt/vgpu", "devicePlugin.libPath=/opt/vgpu is not supported: libvgpu lives in "
+                                       "<global.gpuHookPath>/vgpu (/usr/local/vgpu here); set global.gpuHookPath instead"),
     ("devices.ascend.enabled=true", "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true"),
     ("devicePlugin.deviceListStrategy=cdi",
      "devicePlugin.deviceListStrategy=cdi is not supported: expected envvar, cdi-annotations or cdi-cri"),

@@ -200,6 +200,10 @@ the value, instead of being accepted and ignored (docs/configuration.md).
 {{- fail (printf "devicePlugin.%s=%v is not supported by this chart: %s (docs/configuration.md)" $key (index $dp $key) $why) -}}
 {{- end -}}
 {{- end -}}
+{{- $vgpu := printf "%s/vgpu" (trimSuffix "/" .Values.global.gpuHookPath) -}}
+{{- if and $dp.libPath (ne (trimSuffix "/" $dp.libPath) $vgpu) -}}
+{{- fail (printf "devicePlugin.libPath=%s is not supported: libvgpu lives in <global.gpuHookPath>/vgpu (%s here); set global.gpuHookPath instead" $dp.libPath $vgpu) -}}
+{{- end -}}
 {{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
 {{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
 {{- end -}}
