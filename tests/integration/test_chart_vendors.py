@@ -132,6 +132,15 @@ def test_renamed_resources_replace_the_defaults(helm_bin, tmp_path):
         assert default not in names
 
 
+def test_nvidia_config_keys_override_the_generated_ones(helm_bin, tmp_path):
+    values = {"devices": {"nvidia": {"config": {"deviceSplitCount": 4, "migProfileAllowlist": [
+        {"models": ["A100"], "profiles": ["1g.10gb"]}]}}}, "devicePlugin": {"deviceSplitCount": 7}}
+    config = load_device_config(_device_config(_render(helm_bin, *_values_file(tmp_path, values))))
+    assert config.nvidia.device_split_count == 4  # devices.nvidia.config wins over devicePlugin.deviceSplitCount
+    assert config.nvidia.mig_profile_allowlist[0].profiles == ["1g.10gb"]
+    assert config.nvidia.resource_count_name == "nvidia.com/gpu"
+
+
 def test_a_chart_with_no_vendor_is_refused(helm_bin, tmp_path):
     result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION,
                       *_values_file(tmp_path, _only()), check=False)

@@ -90,9 +90,6 @@ disableCoreLimit: {{ .Values.devicePlugin.disablecorelimit }}
 gpuCorePolicy: {{ .Values.devices.nvidia.gpuCorePolicy }}
 libCudaLogLevel: {{ .Values.devices.nvidia.libCudaLogLevel }}
 runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
-{{- with .Values.devices.nvidia.config }}
-{{ toYaml . }}
-{{- end }}
 {{- end -}}
 
 {{/* device-config.yaml: device-config.content, or one section per enabled entry of .Values.devices. */}}
@@ -105,7 +102,7 @@ runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
 {{- $devices := .Values.devices -}}
 {{- if $devices.nvidia.enabled }}
 nvidia:
-{{ include "hami.nvidiaSection" . | indent 2 }}
+{{ mergeOverwrite (include "hami.nvidiaSection" . | fromYaml) (deepCopy ($devices.nvidia.config | default dict)) | toYaml | indent 2 }}
 {{- end }}
 {{- range $section := list "cambricon" "hygon" "metax" "mthreads" "enflame" "kunlun" "awsneuron" "amd" "vastai" "biren" }}
 {{- $v := index $devices $section | default dict }}
