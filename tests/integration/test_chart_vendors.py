@@ -370,14 +370,11 @@ def _bound(kube_cluster, ns: str, name: str) -> dict | None:
     return pod if pod["spec"].get("nodeName") else None
 
 
-def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_cluster, helm_bin, kube_namespace,
-                                                                            tmp_path):
-    ns, release = kube_namespace, f"v{uuid.uuid4().hex[:6]}"
-    sched_name, full = f"hami-{release}", f"{release}-hami"
-    port, metrics_port, loopback = free_port(), free_port(), free_port()
+def _install_values(release: str, port: int, metrics_port: int, loopback: int) -> dict:
+    """All thirteen backends (Hygon's memory resource renamed); the webhook sees this test's pods only."""
     values = _only(*SECTIONS, hygon={"resourceMemoryName": "hygon.com/dcu-memory"})
     values.update({
-        "schedulerName": sched_name,
+        "schedulerName": f"hami-{release}",
         "scheduler": {"service": {"httpTargetPort": port}, "extender": {"loopbackPort": loopback},
                       "metricsBindAddress": f":{metrics_port}", "allocationGuard": {"enabled": False},
                       "admissionWebhook": {"customURL": {"enabled": True, "port": port},
@@ -385,71 +382,95 @@ def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_
                                                {"key": "hami-vendor-test", "operator": "In", "values": [release]}]}}},
         "devicePlugin": {"nvidiaNodeSelector": {"hami-vendor-test": "none"}},
     })
-    helm_bin("install", release, str(CHART), "--namespace", ns, *_values_file(tmp_path, values),
+    return values
+
+
+def _start_chart_scheduler(kube_cluster, ns: str, full: str, tmp_path: Path, procs: _Procs, ports: tuple[int, int, int]
+                           ) -> dict:
+    """The installed Deployment's two containers as processes (kwok runs no containers): `hami
+    scheduler` with its chart arguments, certificate and device-config.yaml, kube-scheduler with the
+    chart's configuration. Returns that configuration once the extender is ready."""
+    import ssl
+
+    port, metrics_port, loopback = ports
+    secret = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-tls")
+    files: dict[str, Path] = {}
+    for key in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+        files[f"/tls/{key}"] = tmp_path / key
+    device_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler-device")
+    (tmp_path / "device-config.yaml").write_text(device_cm["data"]["device-config.yaml"])
+    files["/device-config.yaml"] = tmp_path / "device-config.yaml"
+    config = yaml.safe_load(kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
+                            ["data"]["config.yaml"])
+    (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(
+        {**config, "clientConnection": {"kubeconfig": str(kube_cluster.kubeconfig)}}))
+    deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
+    ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port,
+                                                     loopback),
+                      env={"PYTHONPATH": str(Path(CHART).parents[1] / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
+    procs.start("kube-scheduler", [str(kube_cluster.binaries["kube-scheduler"]),
+                                   f"--config={tmp_path / 'kube-scheduler.yaml'}",
+                                   f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
+                                   f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
+                                   "--bind-address=127.0.0.1", f"--secure-port={free_port()}"])
+    ca = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
+
+    def ready() -> bool:
+        assert ext.poll() is None, procs.logs()
+        try:
+            return urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ca, timeout=2).status == 200
+        except OSError:
+            return False
+
+    kube_cluster.wait_for(ready, "hami scheduler (chart arguments, 13 vendors) ready", timeout=60)
+    return config
+
+
+def _example_pod(section: str, case: VendorCase, release: str) -> dict:
+    """No schedulerName, no node: the chart's webhook and scheduler must route and place it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": section, "labels": {"hami-vendor-test": release},
+                         "annotations": dict(case.pod_annotations)},
+            "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"hami-vendor-test": release},
+                     "containers": [{"name": "main", "image": "busybox",
+                                     "resources": {"limits": {k: str(v) for k, v in case.limits.items()}}}]}}
+
+
+def _assert_bound_as_hami(bound: dict, section: str, case: VendorCase, node: str) -> None:
+    assert bound["spec"]["nodeName"] == node, section
+    ann = dict(bound["metadata"]["annotations"])
+    for key in TIMES & set(ann):
+        assert ann.pop(key).isdigit(), (section, key)
+    expected = {k: _fill(v, node) for k, v in case.expected.items() if k not in TIMES}
+    expected.update({"hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating"})
+    assert ann == expected, section
+    assert TIMES & set(case.expected) <= set(bound["metadata"]["annotations"]), section
+
+
+def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_cluster, helm_bin, kube_namespace,
+                                                                            tmp_path):
+    ns, release = kube_namespace, f"v{uuid.uuid4().hex[:6]}"
+    ports = (free_port(), free_port(), free_port())
+    helm_bin("install", release, str(CHART), "--namespace", ns, *_values_file(tmp_path, _install_values(release, *ports)),
              extra_env=kube_cluster.env())
     procs = _Procs(tmp_path)
     nodes = {section: f"{release}-{section}" for section in CASES}
     try:
-        secret = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-tls")
-        files: dict[str, Path] = {}
-        for key in ("tls.crt", "tls.key", "ca.crt"):
-            (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
-            files[f"/tls/{key}"] = tmp_path / key
-        device_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler-device")
-        (tmp_path / "device-config.yaml").write_text(device_cm["data"]["device-config.yaml"])
-        files["/device-config.yaml"] = tmp_path / "device-config.yaml"
-        config = yaml.safe_load(kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
-                                ["data"]["config.yaml"])
+        config = _start_chart_scheduler(kube_cluster, ns, f"{release}-hami", tmp_path, procs, ports)
         managed = {m["name"] for m in config["extenders"][0]["managedResources"]}
         for case in CASES.values():  # every example pod's resources go to the extender
             assert set(case.limits) <= managed, set(case.limits) - managed
-        config["clientConnection"] = {"kubeconfig": str(kube_cluster.kubeconfig)}
-        (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(config))
-        deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
-        ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port,
-                                                         loopback),
-                          env={"PYTHONPATH": str(Path(CHART).parents[1] / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
-        procs.start("kube-scheduler", [str(kube_cluster.binaries["kube-scheduler"]),
-                                       f"--config={tmp_path / 'kube-scheduler.yaml'}",
-                                       f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
-                                       f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
-                                       "--bind-address=127.0.0.1", f"--secure-port={free_port()}"])
-        import ssl
-        ca = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
-
-        def ready() -> bool:
-            assert ext.poll() is None, procs.logs()
-            try:
-                return urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=ca, timeout=2).status == 200
-            except OSError:
-                return False
-
-        kube_cluster.wait_for(ready, "hami scheduler (chart arguments, 13 vendors) ready", timeout=60)
         for section, case in CASES.items():
-            node = nodes[section]
-            kube_cluster.create_node(node, labels={"hami-vendor-test": release},
-                                     annotations={k: _fill(v, node) for k, v in case.annotations.items()},
+            kube_cluster.create_node(nodes[section], labels={"hami-vendor-test": release},
+                                     annotations={k: _fill(v, nodes[section]) for k, v in case.annotations.items()},
                                      allocatable=dict(case.allocatable))
-        for section, case in CASES.items():  # no schedulerName, no node: the chart routes and places it
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": section, "labels": {"hami-vendor-test": release},
-                                "annotations": dict(case.pod_annotations)},
-                   "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"hami-vendor-test": release},
-                            "containers": [{"name": "main", "image": "busybox",
-                                            "resources": {"limits": {k: str(v) for k, v in case.limits.items()}}}]}}
-            created = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-            assert created["spec"]["schedulerName"] == sched_name, f"{section}: the chart's webhook did not route it"
+        for section, case in CASES.items():
+            created = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", _example_pod(section, case, release))
+            assert created["spec"]["schedulerName"] == f"hami-{release}", f"{section}: the webhook did not route it"
         for section, case in CASES.items():
             bound = kube_cluster.wait_for(lambda: _bound(kube_cluster, ns, section), f"{section} pod bound", timeout=90)
-            node = nodes[section]
-            assert bound["spec"]["nodeName"] == node, section
-            ann = dict(bound["metadata"]["annotations"])
-            for key in TIMES & set(ann):
-                assert ann.pop(key).isdigit(), (section, key)
-            expected = {k: _fill(v, node) for k, v in case.expected.items() if k not in TIMES}
-            expected.update({"hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating"})
-            assert ann == expected, section
-            assert TIMES & set(case.expected) <= set(bound["metadata"]["annotations"]), section
+            _assert_bound_as_hami(bound, section, case, nodes[section])
     except BaseException:
         print(procs.logs())
         raise
