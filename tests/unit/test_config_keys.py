@@ -196,3 +196,25 @@ def test_hami_plugin_flags_we_do_not_have_are_refused_by_name(capsys, flag):
         main(["device-plugin", "--node-name", "n1", flag])
     assert exc.value.code == 2
     assert flag.split("=")[0] in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# the webhook routes a vendor's pods exactly when that vendor's section is in device-config.yaml
+
+
+@pytest.mark.parametrize("sections,routed", [
+    ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}}, False),
+    ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}, "cambricon": {}}, True),
+    ({"cambricon": {"resourceCountName": "cambricon.com/mlu-renamed"}}, False),  # renamed: the old name is not ours
+])
+def test_webhook_routing_follows_the_enabled_vendors(sections, routed):
+    from hami.config import device_config_from_dict
+    from hami.vendors import build_vendors
+    from hami.webhook.admission import AdmissionSettings, decide
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+           "spec": {"containers": [{"name": "main", "image": "x",
+                                    "resources": {"limits": {"cambricon.com/vmlu": "1"}}}]}}
+    decision = decide(pod, AdmissionSettings(build_vendors(device_config_from_dict(sections))))
+    assert decision.allowed
+    assert ((decision.pod or {}).get("spec", {}).get("schedulerName") == "hami-scheduler") == routed
