@@ -218,3 +218,13 @@ def test_webhook_routing_follows_the_enabled_vendors(sections, routed):
     decision = decide(pod, AdmissionSettings(build_vendors(device_config_from_dict(sections))))
     assert decision.allowed
     assert ((decision.pod or {}).get("spec", {}).get("schedulerName") == "hami-scheduler") == routed
+
+
+@pytest.mark.parametrize("flag,shown", [("--kube-qps=5", "5.0"), ("--kube-burst=10", "10"), ("--profiling", "True")])
+def test_scheduler_flags_of_hami_it_cannot_honour_are_refused(tmp_path, flag, shown):
+    parser = argparse.ArgumentParser()
+    scheduler_arguments(parser)
+    with pytest.raises(ConfigError) as err:
+        options_from_args(parser.parse_args([flag]))
+    assert str(err.value).startswith(f"{flag.split('=')[0]}: {shown} is not supported")
+    options_from_args(parser.parse_args(["--kube-qps=0", "--kube-burst=0", "--profiling=false"]))  # defaults pass
