@@ -88,6 +88,13 @@ class MetaxConfig(_Model):
     resource_vcore_name: str = Field("metax-tech.com/vcore", alias="resourceVCoreName")
     sgpu_topology_aware: bool = Field(False, alias="sgpuTopologyAware")
 
+    @field_validator("sgpu_topology_aware")
+    @classmethod
+    def _no_topology(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("true is not supported (sGPU placement does not use link zones); remove the key or set false")
+        return v
+
 
 class MthreadsConfig(_Names):
     resource_count_name: str = Field("mthreads.com/vgpu", alias="resourceCountName")
@@ -107,8 +114,19 @@ class EnflameConfig(_Model):
     resource_name_drs_gcu: str = Field("enflame.com/drs-gcu", alias="resourceNameDRSGCU")
     resource_name_gcu_memory: str = Field("enflame.com/gcu-memory", alias="resourceNameGCUMemory")
     resource_name_gcu_core: str = Field("enflame.com/gcu-core", alias="resourceNameGCUCore")
+    #: HAMi's legacy vGCU names: accepted at HAMi's defaults (its stock file carries them), refused
+    #: otherwise, since no vGCU backend reads them (use resourceNameDRSGCU / GCUMemory / GCUCore).
     resource_name_vgcu: str = Field("enflame.com/vgcu", alias="resourceNameVGCU")
     resource_name_vgcu_percentage: str = Field("enflame.com/vgcu-percentage", alias="resourceNameVGCUPercentage")
+
+    @field_validator("resource_name_vgcu", "resource_name_vgcu_percentage")
+    @classmethod
+    def _legacy(cls, v: str, info: Any) -> str:
+        default = cls.model_fields[info.field_name].default
+        if v != default:
+            raise ValueError(f"legacy vGCU resources are not served (only {default!r} is accepted, as a no-op); "
+                             "use resourceNameDRSGCU, resourceNameGCUMemory, resourceNameGCUCore")
+        return v
 
 
 class KunlunConfig(_Model):

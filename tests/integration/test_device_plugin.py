@@ -60,7 +60,9 @@ def _sysfs(root: Path) -> None:
 class Plugin:
     """One `hami device-plugin` subprocess plus its kubelet stand-in and temp dirs."""
 
-    def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0) -> None:
+    def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self.extra_args = extra_args  # more `hami device-plugin` flags
         self.cluster = cluster
         self.node = node
         self.split = split
@@ -89,7 +91,7 @@ class Plugin:
                "--hook-path", str(self.hook), "--lock-dir", str(self.tmp / "vgpulock"),
                "--sysfs-root", str(self.tmp / "sys"), "--nvml-library", str(FAKE_NVML),
                "--register-interval", "0.5", "--poll-interval", "0.1", "--lock-release-delay", str(self.release_delay),
-               "-v"]
+               "-v", *self.extra_args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         await self.kubelet.wait_for(lambda: len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == 2 * self.split, 30)
 
@@ -629,3 +631,41 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         print(f"--- hami scheduler log ---\n{sched.logs()[-4000:]}\n--- plugin log ---\n{p.logs()[-4000:]}")
         kube_cluster.delete_node(node)
         p.cleanup()
+
+
+async def test_cdi_cri_writes_a_valid_spec_and_allocate_names_cdi_devices(kube_cluster, kube_api, kube_namespace):
+    """--device-list-strategy cdi-cri: the spec file of the fake node's GPUs (minors from the fake
+    NVML), valid against the CDI schema fixture; Allocate answers with cdi_devices, not the env."""
+    import jsonschema
+
+    if not FAKE_NVML.exists():
+        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
+    schema = json.loads((ROOT / "tests/unit/fixtures/cdi-spec.schema.json").read_text())
+    node = f"dp-{uuid.uuid4().hex[:8]}"
+    create_plain_node(kube_cluster, node)
+    spec_dir = Path(tempfile.mkdtemp(prefix="hcdi", dir="/tmp"))
+    p = Plugin(kube_cluster, node, extra_args=("--device-list-strategy=cdi-cri", f"--cdi-spec-dir={spec_dir}"))
+    try:
+        await p.start()
+        spec = json.loads((spec_dir / "hami-gpu.json").read_text())
+        jsonschema.validate(spec, schema, cls=jsonschema.Draft7Validator)
+        assert spec["kind"] == "hami.io/gpu"
+        assert [(d["name"], d["containerEdits"]["deviceNodes"]) for d in spec["devices"]] == [
+            (G0, [{"path": "/dev/nvidia0"}]), (G1, [{"path": "/dev/nvidia1"}])]
+        ns = kube_namespace
+        await create_pod(kube_api, ns, "cdi", [gpu_container("main", 1)])
+        devs = [[dev(G1, 3000, 30)]]
+        await schedule_like_hami(kube_api, node, ns, "cdi", devs)
+        pod = await client.CoreV1Api(kube_api).read_namespaced_pod("cdi", ns)
+        [resp] = await p.kubelet.admit_pod(RESOURCE, counts(pod))
+        assert [d.name for d in resp.cdi_devices] == [f"hami.io/gpu={G1}"]
+        envs = dict(resp.envs)
+        assert "NVIDIA_VISIBLE_DEVICES" not in envs
+        assert {k: v for k, v in expected_env(devs[0]).items() if k != "NVIDIA_VISIBLE_DEVICES"}.items() <= envs.items()
+        assert not dict(resp.annotations)
+    finally:
+        await p.stop()
+        print(f"--- hami device-plugin log (node {node}) ---\n{p.logs()[-8000:]}")
+        kube_cluster.delete_node(node)
+        p.cleanup()
+        shutil.rmtree(spec_dir, ignore_errors=True)

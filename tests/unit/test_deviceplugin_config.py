@@ -111,3 +111,16 @@ def test_registration_patch_only_when_changed():
     # --lock-release-delay=0: the declaration is withdrawn (and never written)
     assert registration_patch(state, {**written, HANDSHAKE: "Reported x"}, now, handoff=False) == {LOCK_HANDOFF: None}
     assert LOCK_HANDOFF not in registration_patch(state, {}, now, handoff=False)
+
+
+def test_mps_operating_mode_is_refused_with_one_line_naming_the_key(tmp_path):
+    """HAMi accepts ``operatingmode: mps`` and does nothing with it; we refuse to start instead."""
+    cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [{"name": "n1", "operatingmode": "mps"}]}))
+    with pytest.raises(NodeConfigError) as err:
+        load_settings("n1", None, cfg)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == (f"config.json {cfg} nodeconfig[0] (node 'n1'): field 'operatingmode': 'mps' is not supported "
+                       "(no MPS control daemon is run, so pods would get the whole GPU with no limit); use hami-core")
+    # another node's MPS entry does not stop this node
+    assert load_settings("n2", None, cfg).operating_mode == "hami-core"

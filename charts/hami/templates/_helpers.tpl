@@ -71,11 +71,6 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* Every HAMi resource name the extender manages (kube-scheduler ignores them). */}}
-{{- define "hami.managedResources" -}}
-{{- list .Values.resourceName .Values.resourceMem .Values.resourceCores .Values.resourceMemPercentage .Values.resourcePriority | toJson -}}
-{{- end -}}
-
 {{- define "hami.webhookHost" -}}
 {{- printf "%s.%s.svc" (include "hami.scheduler" .) (include "hami.namespace" .) -}}
 {{- end -}}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .allocate import HookPaths
 from .allocator import Allocator, prepare_hook_dir
+from .cdi import CdiConfig
 from .devices import DeviceState
 from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
@@ -39,12 +40,13 @@ class NodeAgent:
         xid_wait_ms: int = 1000,
         pod_watch: bool = True,
         lock_release_delay: float = 1.0,
+        cdi: CdiConfig | None = None,
     ) -> None:
         self.kube = kube
         self.pod_watch = pod_watch
         self.state = DeviceState(gpus, settings)
         self.paths = paths
-        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay)
+        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, cdi=cdi)
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         self.ignored_xids = ignored_xids

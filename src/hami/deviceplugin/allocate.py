@@ -287,6 +287,8 @@ class ContainerResponse:
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
     cache_dir: str  # host directory to (re)create before answering
+    annotations: dict[str, str] = field(default_factory=dict)  # CDI devices (cdi-annotations), see cdi.py
+    cdi_devices: tuple[str, ...] = ()  # CDI devices (cdi-cri)
 
 
 def cache_file_name(pod_uid: str, container: str) -> str:

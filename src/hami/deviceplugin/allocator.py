@@ -26,6 +26,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from . import allocate as A
+from .cdi import CdiConfig, apply as cdi_apply
 from .devices import physical_id
 from .kube import Kube
 from .nodeconfig import NodeSettings
@@ -62,10 +63,12 @@ def reset_cache_dir(path: str) -> None:
 
 
 class Allocator:
-    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths, release_delay: float = 1.0) -> None:
+    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths, release_delay: float = 1.0,
+                 cdi: CdiConfig | None = None) -> None:
         self.kube = kube
         self.settings = settings
         self.paths = paths
+        self.cdi = cdi or CdiConfig()
         self.node = kube.node_name
         self.release_delay = release_delay
         self._lock = asyncio.Lock()
@@ -133,7 +136,8 @@ class Allocator:
     async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int], held: str | None) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
         grants = [A.pop_next(pod, pending, n) for n in requests]
-        responses = [A.build_response(pod, g, self.settings, self.paths) for g in grants]
+        responses = [cdi_apply(A.build_response(pod, g, self.settings, self.paths), self.cdi, pod.uid, g.container.name)
+                     for g in grants]
         for r in responses:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)

@@ -13,6 +13,7 @@ import sys
 from hami.core.codec import encode_node_devices_json
 
 from .allocate import HookPaths, MountSpec, parse_driver_mount
+from .cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
@@ -49,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "remove it only if it is still there after this many seconds (the node is annotated "
                    "hami.io/node-lock-handoff=swap; one lock write per pod instead of two); 0 = remove it "
                    "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)")
+    p.add_argument("--device-list-strategy", default=env("DEVICE_LIST_STRATEGY", "envvar"),
+                   help="how containers are given their GPUs: envvar (NVIDIA_VISIBLE_DEVICES), cdi-annotations or "
+                        "cdi-cri (a CDI spec in --cdi-spec-dir, device names in Allocate); docs/device-plugin.md")
+    p.add_argument("--cdi-spec-dir", default="/var/run/cdi", help="where the CDI spec is written (cdi-* strategies)")
+    p.add_argument("--cdi-kind", default=DEFAULT_KIND, help=f"CDI kind <vendor>/<class> of our spec (default {DEFAULT_KIND})")
+    p.add_argument("--cdi-annotation-prefix", default=DEFAULT_PREFIX,
+                   help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -70,8 +78,17 @@ def _driver_mount(text: str) -> MountSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def describe(settings: NodeSettings, state: DeviceState) -> dict:
-    return {
+def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
+    """Each GPU's /dev/nvidia<minor>, from NVML (open)."""
+    import pynvml
+
+    return [CdiGpu(g.uuid, int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByUUID(g.uuid))))
+            for g in state.gpus]
+
+
+def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None) -> dict:
+    extra = {"cdiSpec": cdi_spec(cdi_gpus(state), cdi)} if cdi is not None and cdi.enabled else {}
+    return {**extra,
         "resource": settings.resource_name,
         "socket": settings.socket_name,
         "gpus": [
@@ -83,7 +100,7 @@ def describe(settings: NodeSettings, state: DeviceState) -> dict:
     }
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState) -> int:
+async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, cdi: CdiConfig) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
 
@@ -91,7 +108,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
-        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay,
+        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, cdi=cdi,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -130,6 +147,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
+        cdi = CdiConfig(args.device_list_strategy, args.cdi_kind, args.cdi_annotation_prefix, args.cdi_spec_dir)
+    except CdiConfigError as exc:
+        print(f"hami device-plugin: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if cdi.enabled and settings.operating_mode != "hami-core":
+        print(f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with operatingmode hami-core only "
+              f"(got {settings.operating_mode!r}: its devices are not in the CDI spec)", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
         open_nvml(args.nvml_library)
     except NvmlUnavailable as exc:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
@@ -137,14 +163,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         state = DeviceState(discover(settings, args.sysfs_root), settings)
         if args.dry_run:
-            print(json.dumps(describe(settings, state), indent=2))
+            print(json.dumps(describe(settings, state, cdi), indent=2))
             return 0
+        if cdi.enabled:
+            path = write_spec(cdi_spec(cdi_gpus(state), cdi), cdi.spec_dir)
+            log.info("CDI spec for %d GPUs written to %s (kind %s)", len(state.gpus), path, cdi.kind)
         if not args.skip_preflight:
             try:
                 asyncio.run(check_other_plugins(args.device_plugin_dir, settings.socket_name, state.uuids, settings.resource_name))
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
-        return asyncio.run(_serve(args, settings, state))
+        return asyncio.run(_serve(args, settings, state, cdi))
     finally:
         close_nvml()

@@ -25,6 +25,15 @@ class NodeConfigError(ValueError):
 
 OperatingMode = Literal["hami-core", "mig", "mps"]
 
+#: Modes HAMi's config.json accepts that this plugin refuses to start with, and why. MPS needs an
+#: ``nvidia-cuda-mps-control`` daemon per GPU and per-client ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` /
+#: ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``; we run none of it (HAMi's own MPS mode is a stub that hands
+#: out whole GPUs with no limit), so starting would give every pod an unlimited GPU.
+REFUSED_MODES = {
+    "mps": "is not supported (no MPS control daemon is run, so pods would get the whole GPU with no limit); "
+           "use hami-core",
+}
+
 
 @dataclass(frozen=True)
 class NodeSettings:
@@ -141,6 +150,9 @@ def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) 
         entry = _NodeEntry.model_validate(raw)
     except ValidationError as exc:
         raise NodeConfigError(_describe(exc, f"{where} nodeconfig[{i}] (node {node_name!r})")) from None
+    if entry.operatingmode in REFUSED_MODES:
+        raise NodeConfigError(f"{where} nodeconfig[{i}] (node {node_name!r}): field 'operatingmode': "
+                              f"{entry.operatingmode!r} {REFUSED_MODES[entry.operatingmode]}")
     out = _overlay(base, entry, _JSON_MAP)
     if entry.filterdevices is not None:
         out = replace(

@@ -39,6 +39,8 @@ def container_response(r: ContainerResponse):
     return pb.ContainerAllocateResponse(
         envs=r.envs,
         mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts],
+        annotations=r.annotations,
+        cdi_devices=[pb.CDIDevice(name=n) for n in r.cdi_devices],
     )
 
 

@@ -133,10 +133,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "port serves no /filter or /bind at all; without either, --http_bind must be a loopback address")
     a("--metrics-bind-address", default=":9395", help="where GET /metrics is served; empty = not served (default %(default)s)")
     a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
-    a("--kube-qps", type=float, default=0, help="accepted for compatibility")
-    a("--kube-burst", type=int, default=0, help="accepted for compatibility")
+    a("--kube-qps", type=float, default=0, help="HAMi's client rate limit: only 0 (no limit) is accepted")
+    a("--kube-burst", type=int, default=0, help="HAMi's client burst: only 0 (no limit) is accepted")
     a("--kube-timeout", default="30s", help="API request timeout (default %(default)s)")
-    a("--profiling", type=_bool, nargs="?", const=True, default=False, help="accepted; no pprof in Python")
+    a("--profiling", type=_bool, nargs="?", const=True, default=False,
+      help="HAMi's pprof routes: only false is accepted (no pprof in Python)")
     a("--node-lock-timeout", default=os.environ.get("HAMI_NODELOCK_EXPIRE", "5m"),
       help="node lock expiry (default $HAMI_NODELOCK_EXPIRE or 5m; the flag wins)")
     a("--node-lock-retry-timeout", default="28s",
@@ -183,6 +184,11 @@ def _check_ca_bundle(path: str, flag: str) -> None:
 def options_from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed flags and read device-config.yaml. Raises ConfigError naming the key."""
     host, port = parse_bind(args.http_bind)
+    for flag, value, off in (("--kube-qps", args.kube_qps, 0), ("--kube-burst", args.kube_burst, 0),
+                             ("--profiling", args.profiling, False)):
+        if value != off:
+            raise ConfigError(f"{flag}: {value!r} is not supported (the API client is not rate-limited and there are "
+                              f"no pprof routes here); leave it unset")
     if bool(args.cert_file) != bool(args.key_file):
         raise ConfigError(f"--cert_file and --key_file go together (got {args.cert_file!r} and {args.key_file!r})")
     for flag, path in (("--cert_file", args.cert_file), ("--key_file", args.key_file)):

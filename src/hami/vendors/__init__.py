@@ -59,9 +59,20 @@ def build_vendors(config: DeviceConfig | None = None) -> tuple[BaseVendor, ...]:
     return tuple(out)
 
 
+def managed_resource_names(vendors: tuple[BaseVendor, ...]) -> tuple[str, ...]:
+    """Every extended-resource name the given vendors read from a pod (count, memory, memory
+    percentage, cores, priority), sorted and without duplicates: the names kube-scheduler must
+    leave to the extender (``managedResources`` with ``ignoredByScheduler``). The Helm chart
+    computes the same list from device-config.yaml (``hami.managedResources``); a test keeps the
+    two equal."""
+    names = {n for v in vendors for n in (v.resources.count, v.resources.memory, v.resources.memory_percentage,
+                                           v.resources.cores, v.resources.priority) if n}
+    return tuple(sorted(names))
+
+
 __all__ = [
     "VENDORS", "AmdVendor", "AscendVendor", "AwsNeuronVendor", "BaseVendor", "BirenVendor", "CambriconVendor",
     "EnflameDrsVendor", "EnflameGcuVendor", "HygonVendor", "IluvatarVendor", "KunlunVendor", "KunlunVxpuVendor",
     "MetaxGpuVendor", "MetaxSgpuVendor", "MthreadsVendor", "NvidiaVendor", "ResourceNames", "Selection",
-    "VastaiVendor", "build_vendors",
+    "VastaiVendor", "build_vendors", "managed_resource_names",
 ]

@@ -1,0 +1,218 @@
+{{/*
+Vendors: which device backends this release serves, and every extended-resource name they read.
+
+One source of truth: the device-config.yaml the scheduler and the device plugin load
+("hami.deviceConfig": device-config.content when set, else generated from .Values.devices).
+"hami.managedResources" parses that text and resolves each enabled section's resource names with
+the defaults of src/hami/config.py ("hami.resourceDefaults"), so kube-scheduler hands exactly
+these names to the extender. A section is enabled as hami.config reads it: a mapping section
+when its key is present with a mapping value (even {}), iluvatars when it is a non-empty list.
+tests/integration/test_chart_vendors.py keeps this list equal to hami.vendors.managed_resource_names.
+*/}}
+
+{{/* Resource-name keys of each mapping section and their defaults (src/hami/config.py). */}}
+{{- define "hami.resourceDefaults" -}}
+nvidia:
+  resourceCountName: nvidia.com/gpu
+  resourceMemoryName: nvidia.com/gpumem
+  resourceMemoryPercentageName: nvidia.com/gpumem-percentage
+  resourceCoreName: nvidia.com/gpucores
+  resourcePriorityName: nvidia.com/priority
+cambricon:
+  resourceCountName: cambricon.com/vmlu
+  resourceMemoryName: cambricon.com/mlu.smlu.vmemory
+  resourceCoreName: cambricon.com/mlu.smlu.vcore
+hygon:
+  resourceCountName: hygon.com/dcunum
+  resourceMemoryName: hygon.com/dcumem
+  resourceCoreName: hygon.com/dcucores
+metax:
+  resourceCountName: metax-tech.com/gpu
+  resourceVCountName: metax-tech.com/sgpu
+  resourceVMemoryName: metax-tech.com/vmemory
+  resourceVCoreName: metax-tech.com/vcore
+mthreads:
+  resourceCountName: mthreads.com/vgpu
+  resourceMemoryName: mthreads.com/sgpu-memory
+  resourceCoreName: mthreads.com/sgpu-core
+enflame:
+  resourceNameGCU: enflame.com/gcu
+  resourceNameDRSGCU: enflame.com/drs-gcu
+  resourceNameGCUMemory: enflame.com/gcu-memory
+  resourceNameGCUCore: enflame.com/gcu-core
+kunlun:
+  resourceCountName: kunlunxin.com/xpu
+  resourceVCountName: kunlunxin.com/vxpu
+  resourceVMemoryName: kunlunxin.com/vxpu-memory
+awsneuron:
+  resourceCountName: aws.amazon.com/neuron
+  resourceCoreName: aws.amazon.com/neuroncore
+amd:
+  resourceCountName: amd.com/gpu
+  resourceMemoryName: amd.com/gpumem
+  resourceCoreName: amd.com/gpucores
+vastai:
+  resourceCountName: vastaitech.com/va
+biren:
+  resourceCountName: birentech.com/gpu
+{{- end -}}
+
+{{/* The chart's Iluvatar chips (iluvatars: [] in values = these) and Ascend chips (vnpus.configs empty). */}}
+{{- define "hami.iluvatarDefaults" -}}
+{{- $out := list -}}
+{{- range list "MR-V100" "MR-V50" "BI-V150" "BI-V100" -}}
+{{- $out = append $out (dict "chipName" . "commonWord" . "resourceCountName" (printf "iluvatar.ai/%s-vgpu" .) "resourceMemoryName" (printf "iluvatar.ai/%s.vMem" .) "resourceCoreName" (printf "iluvatar.ai/%s.vCore" .)) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{- define "hami.ascendCommonWords" -}}
+{{- list "Ascend910A" "Ascend910B2" "Ascend910B3" "Ascend910B4-1" "Ascend910B4" "Ascend310P" "Ascend910C" | toJson -}}
+{{- end -}}
+
+{{/* The nvidia section generated from the chart's values (as before vendors were configurable). */}}
+{{- define "hami.nvidiaSection" -}}
+resourceCountName: {{ .Values.resourceName }}
+resourceMemoryName: {{ .Values.resourceMem }}
+resourceMemoryPercentageName: {{ .Values.resourceMemPercentage }}
+resourceCoreName: {{ .Values.resourceCores }}
+resourcePriorityName: {{ .Values.resourcePriority }}
+overwriteEnv: false
+defaultMemory: 0
+defaultCores: 0
+defaultGPUNum: 1
+deviceSplitCount: {{ .Values.devicePlugin.deviceSplitCount }}
+deviceMemoryScaling: {{ .Values.devicePlugin.deviceMemoryScaling }}
+deviceCoreScaling: {{ .Values.devicePlugin.deviceCoreScaling }}
+preConfiguredDeviceMemory: {{ .Values.devicePlugin.preConfiguredDeviceMemory }}
+enableNumaTopology: {{ .Values.devicePlugin.enableNumaTopology }}
+disableCoreLimit: {{ .Values.devicePlugin.disablecorelimit }}
+gpuCorePolicy: {{ .Values.devices.nvidia.gpuCorePolicy }}
+libCudaLogLevel: {{ .Values.devices.nvidia.libCudaLogLevel }}
+runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
+{{- end -}}
+
+{{/* device-config.yaml: device-config.content, or one section per enabled entry of .Values.devices. */}}
+{{- define "hami.deviceConfig" -}}
+{{- $content := (index .Values "device-config").content -}}
+{{- if $content -}}
+{{ $content }}
+{{- else -}}
+{{- $defaults := include "hami.resourceDefaults" . | fromYaml -}}
+{{- $devices := .Values.devices -}}
+{{- if $devices.nvidia.enabled }}
+nvidia:
+{{ mergeOverwrite (include "hami.nvidiaSection" . | fromYaml) (deepCopy ($devices.nvidia.config | default dict)) | toYaml | indent 2 }}
+{{- end }}
+{{- range $section := list "cambricon" "hygon" "metax" "mthreads" "enflame" "kunlun" "awsneuron" "amd" "vastai" "biren" }}
+{{- $v := index $devices $section | default dict }}
+{{- if $v.enabled }}
+{{- $body := deepCopy ($v.config | default dict) }}
+{{- range $key, $default := index $defaults $section }}
+{{- if not (hasKey $body $key) }}{{ $_ := set $body $key $default }}{{ end }}
+{{- end }}
+{{ $section }}:
+{{ $body | toYaml | indent 2 }}
+{{- end }}
+{{- end }}
+{{- with $devices.iluvatars }}{{ if .enabled }}
+iluvatars:
+{{ .config | default (include "hami.iluvatarDefaults" $ | fromJsonArray) | toYaml | indent 2 }}
+{{- end }}{{ end }}
+{{- with $devices.vnpus }}{{ if .enabled }}
+vnpus:
+{{ merge (deepCopy (.config | default dict)) (dict "hamiVnpuCore" false "configs" list) | toYaml | indent 2 }}
+{{- end }}{{ end }}
+{{- end -}}
+{{- end -}}
+
+{{/* Every resource name of every enabled vendor (a JSON list, sorted, no duplicates). */}}
+{{- define "hami.managedResources" -}}
+{{- $cfg := include "hami.deviceConfig" . | fromYaml -}}
+{{- if hasKey $cfg "Error" -}}{{- fail (printf "device-config.yaml is not valid YAML: %s" $cfg.Error) -}}{{- end -}}
+{{- $defaults := include "hami.resourceDefaults" . | fromYaml -}}
+{{- $names := list -}}
+{{- range $section, $keys := $defaults -}}
+{{- $s := index $cfg $section -}}
+{{- if kindIs "map" $s -}}
+{{- range $key, $default := $keys -}}
+{{- $v := ternary (index $s $key) $default (hasKey $s $key) -}}
+{{- if $v -}}{{- $names = append $names (toString $v) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $chips := list -}}
+{{- if kindIs "slice" $cfg.iluvatars -}}{{- $chips = concat $chips $cfg.iluvatars -}}{{- end -}}
+{{- if kindIs "map" $cfg.vnpus -}}
+{{- if $cfg.vnpus.configs -}}
+{{- range $cfg.vnpus.configs -}}
+{{- $chips = append $chips (dict "resourceCountName" .resourceName "resourceMemoryName" .resourceMemoryName "resourceCoreName" .resourceCoreName) -}}
+{{- end -}}
+{{- else -}}
+{{- range (include "hami.ascendCommonWords" . | fromJsonArray) -}}
+{{- $chips = append $chips (dict "resourceCountName" (printf "huawei.com/%s" .) "resourceMemoryName" (printf "huawei.com/%s-memory" .) "resourceCoreName" (printf "huawei.com/%s-core" .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $chip := $chips -}}
+{{- range $key := list "resourceCountName" "resourceMemoryName" "resourceCoreName" -}}
+{{- $v := index $chip $key -}}
+{{- if $v -}}{{- $names = append $names (toString $v) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* Identities of the enabled vendors' own device plugins (devices.<vendor>.devicePluginUsers). */}}
+{{- define "hami.vendorPluginUsers" -}}
+{{- $users := list -}}
+{{- range $name, $v := .Values.devices -}}
+{{- if and (kindIs "map" $v) $v.enabled -}}
+{{- $users = concat $users ($v.devicePluginUsers | default list) -}}
+{{- end -}}
+{{- end -}}
+{{- $users | uniq | toJson -}}
+{{- end -}}
+
+{{/* The toolkit-validation init container's script (a test runs it against a directory of its own). */}}
+{{- define "hami.toolkitWait" -}}
+until [ -f /run/nvidia/validations/toolkit-ready ]; do echo "Waiting for /run/nvidia/validations/toolkit-ready..."; sleep 2; done; echo "toolkit ready"
+{{- end -}}
+
+{{/*
+HAMi chart values this chart does not implement: set, they stop the install with one line naming
+the value, instead of being accepted and ignored (docs/configuration.md).
+*/}}
+{{- define "hami.refuseUnsupported" -}}
+{{- $dp := .Values.devicePlugin -}}
+{{- range $key, $why := dict
+    "gdrcopyEnabled" "GPUDirect RDMA (NVIDIA_GDRCOPY) is not injected by this device plugin"
+    "gdsEnabled" "GPUDirect Storage (NVIDIA_GDS) is not injected by this device plugin"
+    "mofedEnabled" "MOFED (NVIDIA_MOFED) is not injected by this device plugin"
+    "passDeviceSpecsEnabled" "device specs are left to the NVIDIA container runtime"
+    "nvidiaDriverRoot" "use devicePlugin.driverMounts for a driver outside the NVIDIA container runtime"
+    "nvidiaHookPath" "the NVIDIA CDI hook is not used; see devicePlugin.deviceListStrategy"
+    "runtimeType" "the container runtime is not configured by this chart" -}}
+{{- if and (hasKey $dp $key) (index $dp $key) -}}
+{{- fail (printf "devicePlugin.%s=%v is not supported by this chart: %s (docs/configuration.md)" $key (index $dp $key) $why) -}}
+{{- end -}}
+{{- end -}}
+{{- $vgpu := printf "%s/vgpu" (trimSuffix "/" .Values.global.gpuHookPath) -}}
+{{- if and $dp.libPath (ne (trimSuffix "/" $dp.libPath) $vgpu) -}}
+{{- fail (printf "devicePlugin.libPath=%s is not supported: libvgpu lives in <global.gpuHookPath>/vgpu (%s here); set global.gpuHookPath instead" $dp.libPath $vgpu) -}}
+{{- end -}}
+{{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
+{{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
+{{- end -}}
+{{- if (index .Values "device-config").content -}}
+{{- range $name, $v := .Values.devices -}}
+{{- if and (ne $name "nvidia") (kindIs "map" $v) $v.enabled -}}
+{{- fail (printf "devices.%s.enabled=true has no effect with device-config.content set: put the %s section in that content" $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $dls := $dp.deviceListStrategy | default "envvar" -}}
+{{- if not (has $dls (list "envvar" "cdi-annotations" "cdi-cri")) -}}
+{{- fail (printf "devicePlugin.deviceListStrategy=%v is not supported: expected envvar, cdi-annotations or cdi-cri" $dls) -}}
+{{- end -}}
+{{- end -}}
