@@ -1,11 +1,19 @@
 /* The shared region: create/attach, process slots, the cross-process lock, accounting.
  *
- * Lock: an open-file-description (OFD) record lock on the byte just past the struct (the
- * file's padding byte), plus a process-local mutex because OFD locks do not exclude
- * threads sharing one open file. The kernel drops the lock when its holder dies, even by
- * SIGKILL, so no waiter can be stuck behind a dead process and no PID liveness guessing
- * is needed; it works for any UID that can open the file (mode 0666). The lock is held
- * across check-and-add, so concurrent allocations never overshoot the limit together. */
+ * Lock: a robust, process-shared pthread mutex kept in the layout's last process slot
+ * (vgpu_lock_slot in region.h; HAMi's monitor never reads that slot). Uncontended, taking and
+ * releasing it is a few atomic instructions in user space and no system call; a waiter sleeps
+ * in the kernel (futex). It excludes threads and processes alike. When its holder dies, even
+ * by SIGKILL and even between "acquired" and "recorded", the kernel marks it owner-dead (the
+ * robust-futex list glibc registers for every thread) and wakes a waiter, which gets
+ * EOWNERDEAD, makes it consistent and reclaims the dead process's slot: no waiter can be
+ * stuck behind a dead process and no PID liveness guess decides who holds it. It works for
+ * any UID that can open the file (mode 0666). The lock is held across check-and-add, so
+ * concurrent allocations never overshoot the limit together.
+ *
+ * Creating or attaching the file is serialised by an open-file-description (OFD) record lock
+ * on the byte just past the struct (the file's padding byte): the mutex cannot guard its own
+ * initialisation. That lock is taken once per process, at attach. */
 #include "vgpu.h"
 
 #include <errno.h>
@@ -22,9 +30,11 @@
 
 vgpu_region *vgpu_reg;
 vgpu_slot *vgpu_my_slot;
-static int g_fd = -1;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t *g_lock;
+static int g_pid; /* getpid() is a system call in glibc >= 2.25: cached, refreshed after fork */
 static uint64_t g_last_kernel_sec;
+
+static int reap_locked(void);
 
 static int ofd_lock(int fd, short type)
 {
@@ -36,20 +46,54 @@ static int ofd_lock(int fd, short type)
     return r;
 }
 
+static vgpu_lock_slot *lock_slot(vgpu_region *r)
+{
+    return (vgpu_lock_slot *)(void *)&r->procs[VGPU_LOCK_SLOT];
+}
+
+/* Called with the file lock held (or on a private region): make the robust mutex. */
+static void lock_init(vgpu_region *r)
+{
+    vgpu_lock_slot *ls = lock_slot(r);
+    memset(ls, 0, sizeof *ls);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int e = pthread_mutex_init(&ls->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (e)
+        LOG_ERROR("cannot initialise the region lock: %s", strerror(e));
+    ls->version = 1;
+    __atomic_store_n(&ls->magic, VGPU_LOCK_MAGIC, __ATOMIC_RELEASE);
+}
+
+static void __attribute__((noinline)) lock_failed(int e)
+{
+    if (e == EOWNERDEAD) {
+        /* The holder died inside its critical section. What it protected is either its own
+         * slot (reclaimed now: its process is gone) or proc_num/device_num, which are valid at
+         * every step of their updates. */
+        LOG_WARN("the previous holder of the region lock died holding it; recovering");
+        pthread_mutex_consistent(g_lock);
+        reap_locked();
+    } else {
+        LOG_ERROR("region lock failed: %s", strerror(e));
+    }
+}
+
 void vgpu_region_lock(void)
 {
-    pthread_mutex_lock(&g_mu);
-    if (g_fd >= 0 && ofd_lock(g_fd, F_WRLCK) < 0)
-        LOG_ERROR("region lock failed: %s", strerror(errno));
-    __atomic_store_n(&vgpu_reg->owner_pid, (uint64_t)getpid(), __ATOMIC_RELAXED);
+    int e = pthread_mutex_lock(g_lock);
+    if (UNLIKELY(e))
+        lock_failed(e);
+    __atomic_store_n(&vgpu_reg->owner_pid, (uint64_t)g_pid, __ATOMIC_RELAXED);
 }
 
 void vgpu_region_unlock(void)
 {
     __atomic_store_n(&vgpu_reg->owner_pid, 0, __ATOMIC_RELAXED);
-    if (g_fd >= 0)
-        ofd_lock(g_fd, F_UNLCK);
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(g_lock);
 }
 
 static int pid_alive(int pid)
@@ -88,7 +132,8 @@ static int reap_locked(void)
 {
     int reaped = 0;
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n;
+    for (int i = 0; i < n; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         if (pid && s != vgpu_my_slot && !pid_alive(pid)) {
@@ -106,7 +151,8 @@ static int reap_locked(void)
 
 static vgpu_slot *register_locked(void)
 {
-    int pid = getpid(), n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    int pid = g_pid, n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n; /* never the lock's slot */
     vgpu_slot *slot = NULL;
     for (int i = 0; i < n && !slot; i++)
         if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid)
@@ -114,7 +160,7 @@ static vgpu_slot *register_locked(void)
     for (int i = 0; i < n && !slot; i++)
         if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == 0)
             slot = &vgpu_reg->procs[i];
-    if (!slot && n < VGPU_MAX_PROC) {
+    if (!slot && n < VGPU_PROC_SLOTS) {
         slot = &vgpu_reg->procs[n];
         __atomic_store_n(&vgpu_reg->proc_num, n + 1, __ATOMIC_RELEASE);
     }
@@ -140,6 +186,7 @@ static void init_header(vgpu_region *r)
     r->utilization_switch = 1;
     r->recent_kernel = 2;
     r->priority = vgpu_cfg.priority;
+    lock_init(r);
     __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -172,20 +219,19 @@ static int map_fallback(void)
     return 0;
 }
 
-/* The region file could not be sized or mapped: unlock and close it (called with g_mu and the
- * file lock held) and go on with a private region. */
+/* The region file could not be sized or mapped: unlock and close it (called with the file
+ * lock held) and go on with a private region. */
 static int abandon_file(int fd)
 {
     ofd_lock(fd, F_UNLCK);
-    pthread_mutex_unlock(&g_mu);
     close(fd);
-    g_fd = -1;
     return map_fallback();
 }
 
 int vgpu_region_open(void)
 {
     const char *path = vgpu_cfg.cache_path;
+    g_pid = (int)getpid();
     mode_t old = umask(0);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     umask(old);
@@ -195,8 +241,6 @@ int vgpu_region_open(void)
         if (map_fallback())
             return -1;
     } else {
-        g_fd = fd;
-        pthread_mutex_lock(&g_mu);
         ofd_lock(fd, F_WRLCK);
         struct stat st;
         fstat(fd, &st);
@@ -214,36 +258,40 @@ int vgpu_region_open(void)
             return abandon_file(fd);
         }
         vgpu_reg = p;
-        if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
+        if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC) {
             init_header(vgpu_reg);
-        else
+        } else {
             check_header(vgpu_reg);
+            if (__atomic_load_n(&lock_slot(vgpu_reg)->magic, __ATOMIC_ACQUIRE) != VGPU_LOCK_MAGIC) {
+                /* a region written by a libvgpu without this lock (or by HAMi-core) */
+                if (__atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE) > VGPU_PROC_SLOTS)
+                    LOG_WARN("shared region %s: slot %d was in use; it now holds the region lock", path,
+                             VGPU_LOCK_SLOT);
+                lock_init(vgpu_reg);
+            }
+        }
         ofd_lock(fd, F_UNLCK);
-        pthread_mutex_unlock(&g_mu);
+        close(fd); /* the mapping stays; the file lock was only needed to attach */
     }
+    g_lock = &lock_slot(vgpu_reg)->mu;
     vgpu_region_lock();
     reap_locked();
     vgpu_my_slot = register_locked();
     vgpu_region_unlock();
     if (!vgpu_my_slot)
-        LOG_ERROR("no free process slot in %s (%d in use)", path, VGPU_MAX_PROC);
+        LOG_ERROR("no free process slot in %s (%d in use)", path, VGPU_PROC_SLOTS);
     atexit(on_exit_release);
     LOG_INFO("attached shared region %s", path);
     return 0;
 }
 
-/* Child after fork: own lock description, own slot (the parent's allocations stay the
- * parent's). */
+/* Child after fork: own slot (the parent's allocations stay the parent's). The lock lives in
+ * shared memory: a parent's thread that held it at fork releases it in the parent. */
 void vgpu_region_after_fork(void)
 {
-    pthread_mutex_init(&g_mu, NULL);
+    g_pid = (int)getpid();
     if (!vgpu_reg)
         return;
-    if (g_fd >= 0) {
-        int fd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
-        close(g_fd);
-        g_fd = fd;
-    }
     vgpu_my_slot = NULL;
     vgpu_region_lock();
     vgpu_my_slot = register_locked();
@@ -254,7 +302,7 @@ uint64_t vgpu_region_used(int dev)
 {
     uint64_t sum = 0;
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
             sum += __atomic_load_n(&s->used[dev].total, __ATOMIC_ACQUIRE);
