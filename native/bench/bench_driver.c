@@ -5,6 +5,9 @@
  *
  *   bench_driver [OP [N [ROUNDS]]]     OP: all (default), launch, alloc, meminfo, nvml
  *
+ * Against the fake driver the kernel is its "empty_1ns"; with BENCH_PTX=1 (a real GPU, see
+ * tests/gpu/gpu_check.py) it is an empty kernel from the PTX below, JIT-compiled by the driver.
+ *
  * Prints "<op>_ns=<best of ROUNDS>" for each op run (N x 4 launches, N pairs, N x 2 queries).
  * Each op's loop is a function of its own (op_launch, op_alloc_free, op_meminfo, op_nvml) so
  * that `valgrind --tool=callgrind
@@ -19,6 +22,8 @@
 #include <unistd.h>
 
 static CUfunction g_fn;
+static const char EMPTY_PTX[] = ".version 6.0\n.target sm_50\n.address_size 64\n"
+                                ".visible .entry empty()\n{\n\tret;\n}\n";
 static nvmlDevice_t g_nvdev;
 
 static double now_ns(void)
@@ -57,8 +62,11 @@ int main(int argc, char **argv)
     int rounds = argc > 3 ? atoi(argv[3]) : 3;
     CUcontext ctx;
     CUmodule mod;
+    const char *ptx = getenv("BENCH_PTX");
+    int real = ptx && *ptx && strcmp(ptx, "0");
     if (cuInit(0) || cuDevicePrimaryCtxRetain(&ctx, 0) || cuCtxSetCurrent(ctx) ||
-        cuModuleLoadData(&mod, "x") || cuModuleGetFunction(&g_fn, mod, "empty_1ns") ||
+        cuModuleLoadData(&mod, real ? (const void *)EMPTY_PTX : "x") ||
+        cuModuleGetFunction(&g_fn, mod, real ? "empty" : "empty_1ns") ||
         nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(0, &g_nvdev)) {
         fprintf(stderr, "setup failed\n");
         return 1;
