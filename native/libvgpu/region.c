@@ -111,7 +111,17 @@ static int pid_alive(int pid)
     fclose(f);
     buf[n] = 0;
     char *p = strrchr(buf, ')');
-    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+    if (!p || p[1] != ' ')
+        return 1;
+    if (p[2] == 'Z' || p[2] == 'X')
+        return 0;
+    /* A process in exit (PF_EXITING in the flags field, set when exit starts and before the
+     * kernel releases its robust locks) counts as dead: a waiter woken by the death of the lock's
+     * holder must be able to reclaim the holder's slot before it has become a zombie. */
+    unsigned flags = 0;
+    if (sscanf(p + 3, " %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u /* PF_EXITING */))
+        return 0;
+    return 1;
 }
 
 static void slot_clear(vgpu_slot *s)
