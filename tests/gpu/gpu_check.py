@@ -242,7 +242,7 @@ class Checker:
         best: dict[str, dict[str, float]] = {"without": {}, "with": {}}
         for _ in range(3):
             for name, env in (("without", plain), ("with", lib)):
-                p = subprocess.run([str(DRIVER), "all", "5000", "3"], env=env, capture_output=True, text=True,
+                p = subprocess.run([str(DRIVER), "all", str(self.a.overhead_n), "3"], env=env, capture_output=True, text=True,
                                    timeout=900)
                 if p.returncode != 0:
                     raise RuntimeError(f"bench_driver ({name} libvgpu) exit {p.returncode}: {last_line(p.stderr)}")
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvidia-smi", default=os.environ.get("NVIDIA_SMI", "nvidia-smi"))
     ap.add_argument("--limit-mib", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=8.0, help="run time per compute-share measurement")
+    ap.add_argument("--overhead-n", type=int, default=5000, help="bench_driver iterations (N pairs, 4N launches)")
     ap.add_argument("--only", default="", help="comma list of checks: " + ",".join(CHECKS))
     args = ap.parse_args(argv)
     bad = [s for s in args.only.split(",") if s and s not in CHECKS]
