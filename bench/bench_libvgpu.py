@@ -7,6 +7,9 @@ in one run so the figures compare.
 Three measures per operation (C driver native/bench/bench_driver.c, so Python does not blur
 nanoseconds):
 * wall ns per operation: best of REPEATS interleaved runs (noisy on a shared machine);
+* CPU ns per operation: the thread's CPU time (user + kernel), best of the same runs: what the
+  call costs when the machine is loaded and the wall clock also counts time spent waiting for a
+  core (system calls are in it, time descheduled is not);
 * instructions per operation: valgrind --tool=callgrind, counting only the measured loop
   (stable on a noisy machine, but blind to time spent in the kernel);
 * system calls per operation: strace, the main thread's calls inside the measured loop.
@@ -34,8 +37,8 @@ BEFORE_REV = "c2bef71"   # last revision with the OFD (fcntl) lock around check-
 OPS = [  # (driver op, key it prints, label, iterations per N)
     ("launch", "launch_ns", "cuLaunchKernel", 4),
     ("alloc", "alloc_free_ns", "cuMemAlloc+cuMemFree", 1),
-    ("meminfo", "meminfo_ns", "cuMemGetInfo_v2", 2),
-    ("nvml", "nvml_meminfo_ns", "nvmlDeviceGetMemoryInfo", 2),
+    ("meminfo", "meminfo_ns", "cuMemGetInfo_v2", 1),
+    ("nvml", "nvml_meminfo_ns", "nvmlDeviceGetMemoryInfo", 1),
 ]
 LOOP_FN = {"launch": "op_launch", "alloc": "op_alloc_free", "meminfo": "op_meminfo", "nvml": "op_nvml"}
 
@@ -60,7 +63,7 @@ def build_before(rev: str, dest: Path) -> Path | None:
 
 
 def wall(env: dict[str, str], n: int) -> dict[str, float]:
-    out = subprocess.run([str(DRIVER), "all", str(n), "3"], env=env, capture_output=True, text=True,
+    out = subprocess.run([str(DRIVER), "all", str(n), "5"], env=env, capture_output=True, text=True,
                          timeout=600, check=True).stdout
     return {k: float(v) for k, v in (kv.split("=") for kv in out.split())}
 
@@ -106,8 +109,8 @@ def syscalls(env: dict[str, str], n: int, tmp: Path) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' libvgpu ('' = none)")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved wall-clock runs (best kept)")
-    ap.add_argument("-n", type=int, default=20000, help="alloc/free pairs per wall run (x4 launches, x2 queries)")
+    ap.add_argument("--repeats", type=int, default=7, help="interleaved wall-clock runs (best kept)")
+    ap.add_argument("-n", type=int, default=5000, help="alloc/free pairs and queries per timed loop (4n launches)")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(ROOT / "native")], check=True)
     have_vg, have_st = shutil.which("valgrind"), shutil.which("strace")
@@ -139,19 +142,27 @@ def main() -> int:
         print(f"(valgrind {'found' if have_vg else 'missing'}, strace {'found' if have_st else 'missing'}:"
               " missing columns read '-')")
     ref = "fake driver alone"
-    print(f"{'operation':<24} {'configuration':<28} {'wall ns':>9} {'added':>8} {'ratio':>6}  "
-          f"{'instr':>7} {'added':>6}  {'syscalls':>8} {'added':>6}")
+    print(f"{'operation':<24} {'configuration':<27} {'wall ns':>8} {'added':>7} {'ratio':>5}  "
+          f"{'cpu ns':>8} {'added':>7} {'ratio':>5}  {'instr':>6} {'added':>5}  {'syscalls':>8} {'added':>5}")
     for op, key, label, _ in OPS:
         for name in configs:
-            w, w0 = best[name][key], best[ref][key]
-            i = f"{ins[name][key]:>7.0f} {ins[name][key] - ins[ref][key]:>+6.0f}" if ins else f"{'-':>7} {'-':>6}"
-            s = f"{sc[name][key]:>8.2f} {sc[name][key] - sc[ref][key]:>+6.2f}" if sc else f"{'-':>8} {'-':>6}"
-            print(f"{label:<24} {name:<28} {w:>9.1f} {w - w0:>+8.1f} {w / w0:>6.2f}  {i}  {s}")
-    after, key = "after, limit", "alloc_free_ns"
-    added = (best[after][key] - best[ref][key]) / 1000
-    extra = f", {sc[after][key] - sc[ref][key]:+.2f} syscalls" if sc else ""
-    print(f"targets: alloc/free pair with a limit adds {added:+.2f} us (<= +0.5 us){extra} (0); launch adds "
-          f"{best[after]['launch_ns'] - best[ref]['launch_ns']:+.1f} ns (< 50 ns)")
+            cols = []
+            for k in (key, f"cpu_{key}"):
+                v, v0 = best[name][k], best[ref][k]
+                cols.append(f"{v:>8.1f} {v - v0:>+7.1f} {v / v0:>5.2f}")
+            i = f"{ins[name][key]:>6.0f} {ins[name][key] - ins[ref][key]:>+5.0f}" if ins else f"{'-':>6} {'-':>5}"
+            s_ = f"{sc[name][key]:>8.2f} {sc[name][key] - sc[ref][key]:>+5.2f}" if sc else f"{'-':>8} {'-':>5}"
+            print(f"{label:<24} {name:<27} {cols[0]}  {cols[1]}  {i}  {s_}")
+    pair = "alloc_free_ns"
+    for tag in [t for t in libs]:
+        name = f"{tag}, limit"
+        wall_us = (best[name][pair] - best[ref][pair]) / 1000
+        cpu_us = (best[name][f"cpu_{pair}"] - best[ref][f"cpu_{pair}"]) / 1000
+        extra = f", {sc[name][pair] - sc[ref][pair]:+.2f} syscalls" if sc else ""
+        extra += f", {ins[name][pair] - ins[ref][pair]:+.0f} instructions" if ins else ""
+        print(f"{tag}: alloc/free pair with a limit adds {wall_us:+.2f} us wall, {cpu_us:+.2f} us CPU{extra} "
+              f"(target <= +0.5 us, 0 syscalls); launch adds "
+              f"{best[name]['launch_ns'] - best[ref]['launch_ns']:+.1f} ns wall (< 50 ns)")
     return 0
 
 
