@@ -6,7 +6,8 @@ in one run so the figures compare.
 
 Three measures per operation (C driver native/bench/bench_driver.c, so Python does not blur
 nanoseconds):
-* wall ns per operation: best of REPEATS interleaved runs (noisy on a shared machine);
+* wall ns per operation: best of REPEATS interleaved runs of ROUNDS short loops each (noisy on
+  a shared machine);
 * CPU ns per operation: the thread's CPU time (user + kernel), best of the same runs: what the
   call costs when the machine is loaded and the wall clock also counts time spent waiting for a
   core (system calls are in it, time descheduled is not);
@@ -40,6 +41,7 @@ OPS = [  # (driver op, key it prints, label, iterations per N)
     ("meminfo", "meminfo_ns", "cuMemGetInfo_v2", 1),
     ("nvml", "nvml_meminfo_ns", "nvmlDeviceGetMemoryInfo", 1),
 ]
+ROUNDS = 20  # short timed loops, many of them: the best one is likeliest to have run undisturbed
 LOOP_FN = {"launch": "op_launch", "alloc": "op_alloc_free", "meminfo": "op_meminfo", "nvml": "op_nvml"}
 
 
@@ -63,7 +65,7 @@ def build_before(rev: str, dest: Path) -> Path | None:
 
 
 def wall(env: dict[str, str], n: int) -> dict[str, float]:
-    out = subprocess.run([str(DRIVER), "all", str(n), "5"], env=env, capture_output=True, text=True,
+    out = subprocess.run([str(DRIVER), "all", str(n), str(ROUNDS)], env=env, capture_output=True, text=True,
                          timeout=600, check=True).stdout
     return {k: float(v) for k, v in (kv.split("=") for kv in out.split())}
 
@@ -110,7 +112,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default=BEFORE_REV, help="git revision of the 'before' libvgpu ('' = none)")
     ap.add_argument("--repeats", type=int, default=7, help="interleaved wall-clock runs (best kept)")
-    ap.add_argument("-n", type=int, default=5000, help="alloc/free pairs and queries per timed loop (4n launches)")
+    ap.add_argument("-n", type=int, default=1000, help="alloc/free pairs and queries per timed loop (4n launches)")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(ROOT / "native")], check=True)
     have_vg, have_st = shutil.which("valgrind"), shutil.which("strace")
