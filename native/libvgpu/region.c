@@ -229,60 +229,57 @@ static int map_fallback(void)
     return 0;
 }
 
-/* The region file could not be sized or mapped: unlock and close it (called with the file
- * lock held) and go on with a private region. */
-static int abandon_file(int fd)
+/* Open, size, map and (if new) initialise the region file under the file lock; NULL if it
+ * cannot be used (logged). */
+static vgpu_region *attach_file(const char *path)
 {
-    ofd_lock(fd, F_UNLCK);
-    close(fd);
-    return map_fallback();
-}
-
-int vgpu_region_open(void)
-{
-    const char *path = vgpu_cfg.cache_path;
-    g_pid = (int)getpid();
     mode_t old = umask(0);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     umask(old);
     if (fd < 0) {
         LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path,
                   strerror(errno));
-        if (map_fallback())
-            return -1;
-    } else {
-        ofd_lock(fd, F_WRLCK);
-        struct stat st;
-        fstat(fd, &st);
-        if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
-            LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
-                     (long long)st.st_size, VGPU_REGION_SIZE + 1);
-        int fresh = st.st_size != VGPU_REGION_SIZE + 1;
-        if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1))) {
-            LOG_ERROR("cannot size shared region %s: %s", path, strerror(errno));
-            return abandon_file(fd);
-        }
-        void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            LOG_ERROR("cannot map shared region %s: %s", path, strerror(errno));
-            return abandon_file(fd);
-        }
-        vgpu_reg = p;
-        if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC) {
-            init_header(vgpu_reg);
-        } else {
-            check_header(vgpu_reg);
-            if (__atomic_load_n(&lock_slot(vgpu_reg)->magic, __ATOMIC_ACQUIRE) != VGPU_LOCK_MAGIC) {
-                /* a region written by a libvgpu without this lock (or by HAMi-core) */
-                if (__atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE) > VGPU_PROC_SLOTS)
-                    LOG_WARN("shared region %s: slot %d was in use; it now holds the region lock", path,
-                             VGPU_LOCK_SLOT);
-                lock_init(vgpu_reg);
-            }
-        }
-        ofd_lock(fd, F_UNLCK);
-        close(fd); /* the mapping stays; the file lock was only needed to attach */
+        return NULL;
     }
+    vgpu_region *r = NULL;
+    ofd_lock(fd, F_WRLCK);
+    struct stat st;
+    fstat(fd, &st);
+    if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
+        LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
+                 (long long)st.st_size, VGPU_REGION_SIZE + 1);
+    int fresh = st.st_size != VGPU_REGION_SIZE + 1;
+    void *p = MAP_FAILED;
+    if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1)))
+        LOG_ERROR("cannot size shared region %s: %s; limits apply to this process only", path, strerror(errno));
+    else if ((p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        LOG_ERROR("cannot map shared region %s: %s; limits apply to this process only", path, strerror(errno));
+    else
+        r = p;
+    if (r && __atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC) {
+        init_header(r);
+    } else if (r) {
+        check_header(r);
+        if (__atomic_load_n(&lock_slot(r)->magic, __ATOMIC_ACQUIRE) != VGPU_LOCK_MAGIC) {
+            /* a region written by a libvgpu without this lock (or by HAMi-core) */
+            if (__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE) > VGPU_PROC_SLOTS)
+                LOG_WARN("shared region %s: slot %d was in use; it now holds the region lock", path,
+                         VGPU_LOCK_SLOT);
+            lock_init(r);
+        }
+    }
+    ofd_lock(fd, F_UNLCK);
+    close(fd); /* the mapping stays; the file lock was only needed to attach */
+    return r;
+}
+
+int vgpu_region_open(void)
+{
+    const char *path = vgpu_cfg.cache_path;
+    g_pid = (int)getpid();
+    vgpu_reg = attach_file(path);
+    if (!vgpu_reg && map_fallback())
+        return -1;
     g_lock = &lock_slot(vgpu_reg)->mu;
     vgpu_region_lock();
     reap_locked();
