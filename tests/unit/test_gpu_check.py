@@ -67,6 +67,10 @@ def test_smi_share_overhead_discovery_verdicts():
     assert gc.overhead_row("x", 2000, 2040, 50, 1.05).ok            # +40 ns
     assert gc.overhead_row("x", 2000, 2090, 50, 1.05).ok            # x1.045
     assert not gc.overhead_row("x", 2000, 2200, 50, 1.05).ok
+    # wall inflated by descheduling, CPU time within bounds: passes, both shown
+    row = gc.overhead_row("x", 10000, 25000, 500, 1.10, (9000, 9100))
+    assert row.ok and "CPU 9000 -> 9100 ns (+100 ns)" in row.measured
+    assert not gc.overhead_row("x", 10000, 25000, 500, 1.10, (9000, 12000)).ok
     smi = [{"uuid": "GPU-a", "memoryMiB": 81559}]
     assert gc.discovery_row(smi, {"gpus": [{"uuid": "GPU-a", "memoryMiB": 81559}]}).ok
     assert not gc.discovery_row(smi, {"gpus": []}).ok
