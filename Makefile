@@ -81,9 +81,10 @@ bench: $(STAMP) native
 fuzz: $(STAMP) proto
 	$(BIN)/python bench/fuzz_inputs.py
 
-# Real-GPU checks (device plugin on real NVML, libvgpu limits under PyTorch, compute shares);
-# each prints SKIP on a machine without an NVIDIA GPU.
-gpu-check: $(STAMP) native proto
+# Every claim on a real NVIDIA GPU, one table (device plugin on real NVML, PyTorch under a 3000 MiB
+# limit, nvidia-smi, compute shares, libvgpu overhead); installs PyTorch into its own venv; prints
+# SKIP (exit 0) without a GPU, before building anything. See scripts/gpu-check.sh.
+gpu-check:
 	scripts/gpu-check.sh
 
 clean:

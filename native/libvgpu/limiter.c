@@ -260,7 +260,7 @@ typedef struct {
 static int container_pid(unsigned pid)
 {
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &vgpu_reg->procs[i];
         if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) &&
             (unsigned)__atomic_load_n(&s->hostpid, __ATOMIC_ACQUIRE) == pid)
@@ -320,7 +320,7 @@ static int seed_tau(int d, lim_dev *D)
 {
     double sum = 0;
     int n = 0, procs = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < procs && i < VGPU_MAX_PROC; i++) {
+    for (int i = 0; i < procs && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &vgpu_reg->procs[i];
         uint64_t t = __atomic_load_n(&s->used[d].unused[LIM_DEV_TAU_NS], __ATOMIC_RELAXED);
         if (s != vgpu_my_slot && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) && t)

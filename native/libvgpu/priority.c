@@ -59,7 +59,7 @@ static int is_self(const struct stat *st)
 static int live_slots(const vgpu_region *r)
 {
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE), live = 0;
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++)
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++)
         live += __atomic_load_n(&r->procs[i].pid, __ATOMIC_ACQUIRE) != 0;
     return live;
 }
@@ -145,7 +145,7 @@ static int my_index(const char *uuid)
 static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quiet_ms)
 {
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &r->procs[i];
         if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
             continue;

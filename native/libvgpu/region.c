@@ -1,11 +1,19 @@
 /* The shared region: create/attach, process slots, the cross-process lock, accounting.
  *
- * Lock: an open-file-description (OFD) record lock on the byte just past the struct (the
- * file's padding byte), plus a process-local mutex because OFD locks do not exclude
- * threads sharing one open file. The kernel drops the lock when its holder dies, even by
- * SIGKILL, so no waiter can be stuck behind a dead process and no PID liveness guessing
- * is needed; it works for any UID that can open the file (mode 0666). The lock is held
- * across check-and-add, so concurrent allocations never overshoot the limit together. */
+ * Lock: a robust, process-shared pthread mutex kept in the layout's last process slot
+ * (vgpu_lock_slot in region.h; HAMi's monitor never reads that slot). Uncontended, taking and
+ * releasing it is a few atomic instructions in user space and no system call; a waiter sleeps
+ * in the kernel (futex). It excludes threads and processes alike. When its holder dies, even
+ * by SIGKILL and even between "acquired" and "recorded", the kernel marks it owner-dead (the
+ * robust-futex list glibc registers for every thread) and wakes a waiter, which gets
+ * EOWNERDEAD, makes it consistent and reclaims the dead process's slot: no waiter can be
+ * stuck behind a dead process and no PID liveness guess decides who holds it. It works for
+ * any UID that can open the file (mode 0666). The lock is held across check-and-add, so
+ * concurrent allocations never overshoot the limit together.
+ *
+ * Creating or attaching the file is serialised by an open-file-description (OFD) record lock
+ * on the byte just past the struct (the file's padding byte): the mutex cannot guard its own
+ * initialisation. That lock is taken once per process, at attach. */
 #include "vgpu.h"
 
 #include <errno.h>
@@ -22,9 +30,11 @@
 
 vgpu_region *vgpu_reg;
 vgpu_slot *vgpu_my_slot;
-static int g_fd = -1;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t *g_lock;
+static int g_pid; /* getpid() is a system call in glibc >= 2.25: cached, refreshed after fork */
 static uint64_t g_last_kernel_sec;
+
+static int reap_locked(void);
 
 static int ofd_lock(int fd, short type)
 {
@@ -36,20 +46,54 @@ static int ofd_lock(int fd, short type)
     return r;
 }
 
+static vgpu_lock_slot *lock_slot(vgpu_region *r)
+{
+    return (vgpu_lock_slot *)(void *)&r->procs[VGPU_LOCK_SLOT];
+}
+
+/* Called with the file lock held (or on a private region): make the robust mutex. */
+static void lock_init(vgpu_region *r)
+{
+    vgpu_lock_slot *ls = lock_slot(r);
+    memset(ls, 0, sizeof *ls);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    int e = pthread_mutex_init(&ls->mu, &a);
+    pthread_mutexattr_destroy(&a);
+    if (e)
+        LOG_ERROR("cannot initialise the region lock: %s", strerror(e));
+    ls->version = 1;
+    __atomic_store_n(&ls->magic, VGPU_LOCK_MAGIC, __ATOMIC_RELEASE);
+}
+
+static void __attribute__((noinline)) lock_failed(int e)
+{
+    if (e == EOWNERDEAD) {
+        /* The holder died inside its critical section. What it protected is either its own
+         * slot (reclaimed now: its process is gone) or proc_num/device_num, which are valid at
+         * every step of their updates. */
+        LOG_WARN("the previous holder of the region lock died holding it; recovering");
+        pthread_mutex_consistent(g_lock);
+        reap_locked();
+    } else {
+        LOG_ERROR("region lock failed: %s", strerror(e));
+    }
+}
+
 void vgpu_region_lock(void)
 {
-    pthread_mutex_lock(&g_mu);
-    if (g_fd >= 0 && ofd_lock(g_fd, F_WRLCK) < 0)
-        LOG_ERROR("region lock failed: %s", strerror(errno));
-    __atomic_store_n(&vgpu_reg->owner_pid, (uint64_t)getpid(), __ATOMIC_RELAXED);
+    int e = pthread_mutex_lock(g_lock);
+    if (UNLIKELY(e))
+        lock_failed(e);
+    __atomic_store_n(&vgpu_reg->owner_pid, (uint64_t)g_pid, __ATOMIC_RELAXED);
 }
 
 void vgpu_region_unlock(void)
 {
     __atomic_store_n(&vgpu_reg->owner_pid, 0, __ATOMIC_RELAXED);
-    if (g_fd >= 0)
-        ofd_lock(g_fd, F_UNLCK);
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(g_lock);
 }
 
 static int pid_alive(int pid)
@@ -67,7 +111,17 @@ static int pid_alive(int pid)
     fclose(f);
     buf[n] = 0;
     char *p = strrchr(buf, ')');
-    return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+    if (!p || p[1] != ' ')
+        return 1;
+    if (p[2] == 'Z' || p[2] == 'X')
+        return 0;
+    /* A process in exit (PF_EXITING in the flags field, set when exit starts and before the
+     * kernel releases its robust locks) counts as dead: a waiter woken by the death of the lock's
+     * holder must be able to reclaim the holder's slot before it has become a zombie. */
+    unsigned flags = 0;
+    if (sscanf(p + 3, " %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u /* PF_EXITING */))
+        return 0;
+    return 1;
 }
 
 static void slot_clear(vgpu_slot *s)
@@ -88,7 +142,8 @@ static int reap_locked(void)
 {
     int reaped = 0;
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n;
+    for (int i = 0; i < n; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         if (pid && s != vgpu_my_slot && !pid_alive(pid)) {
@@ -106,7 +161,8 @@ static int reap_locked(void)
 
 static vgpu_slot *register_locked(void)
 {
-    int pid = getpid(), n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    int pid = g_pid, n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n; /* never the lock's slot */
     vgpu_slot *slot = NULL;
     for (int i = 0; i < n && !slot; i++)
         if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid)
@@ -114,7 +170,7 @@ static vgpu_slot *register_locked(void)
     for (int i = 0; i < n && !slot; i++)
         if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == 0)
             slot = &vgpu_reg->procs[i];
-    if (!slot && n < VGPU_MAX_PROC) {
+    if (!slot && n < VGPU_PROC_SLOTS) {
         slot = &vgpu_reg->procs[n];
         __atomic_store_n(&vgpu_reg->proc_num, n + 1, __ATOMIC_RELEASE);
     }
@@ -140,6 +196,7 @@ static void init_header(vgpu_region *r)
     r->utilization_switch = 1;
     r->recent_kernel = 2;
     r->priority = vgpu_cfg.priority;
+    lock_init(r);
     __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -172,78 +229,76 @@ static int map_fallback(void)
     return 0;
 }
 
-/* The region file could not be sized or mapped: unlock and close it (called with g_mu and the
- * file lock held) and go on with a private region. */
-static int abandon_file(int fd)
+/* Open, size, map and (if new) initialise the region file under the file lock; NULL if it
+ * cannot be used (logged). */
+static vgpu_region *attach_file(const char *path)
 {
-    ofd_lock(fd, F_UNLCK);
-    pthread_mutex_unlock(&g_mu);
-    close(fd);
-    g_fd = -1;
-    return map_fallback();
-}
-
-int vgpu_region_open(void)
-{
-    const char *path = vgpu_cfg.cache_path;
     mode_t old = umask(0);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     umask(old);
     if (fd < 0) {
         LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path,
                   strerror(errno));
-        if (map_fallback())
-            return -1;
-    } else {
-        g_fd = fd;
-        pthread_mutex_lock(&g_mu);
-        ofd_lock(fd, F_WRLCK);
-        struct stat st;
-        fstat(fd, &st);
-        if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
-            LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
-                     (long long)st.st_size, VGPU_REGION_SIZE + 1);
-        int fresh = st.st_size != VGPU_REGION_SIZE + 1;
-        if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1))) {
-            LOG_ERROR("cannot size shared region %s: %s", path, strerror(errno));
-            return abandon_file(fd);
-        }
-        void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            LOG_ERROR("cannot map shared region %s: %s", path, strerror(errno));
-            return abandon_file(fd);
-        }
-        vgpu_reg = p;
-        if (__atomic_load_n(&vgpu_reg->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC)
-            init_header(vgpu_reg);
-        else
-            check_header(vgpu_reg);
-        ofd_lock(fd, F_UNLCK);
-        pthread_mutex_unlock(&g_mu);
+        return NULL;
     }
+    vgpu_region *r = NULL;
+    ofd_lock(fd, F_WRLCK);
+    struct stat st;
+    fstat(fd, &st);
+    if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
+        LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
+                 (long long)st.st_size, VGPU_REGION_SIZE + 1);
+    int fresh = st.st_size != VGPU_REGION_SIZE + 1;
+    void *p = MAP_FAILED;
+    if (fresh && (ftruncate(fd, 0) || ftruncate(fd, VGPU_REGION_SIZE + 1)))
+        LOG_ERROR("cannot size shared region %s: %s; limits apply to this process only", path, strerror(errno));
+    else if ((p = mmap(NULL, sizeof(vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+        LOG_ERROR("cannot map shared region %s: %s; limits apply to this process only", path, strerror(errno));
+    else
+        r = p;
+    if (r && __atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC) {
+        init_header(r);
+    } else if (r) {
+        check_header(r);
+        if (__atomic_load_n(&lock_slot(r)->magic, __ATOMIC_ACQUIRE) != VGPU_LOCK_MAGIC) {
+            /* a region written by a libvgpu without this lock (or by HAMi-core) */
+            if (__atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE) > VGPU_PROC_SLOTS)
+                LOG_WARN("shared region %s: slot %d was in use; it now holds the region lock", path,
+                         VGPU_LOCK_SLOT);
+            lock_init(r);
+        }
+    }
+    ofd_lock(fd, F_UNLCK);
+    close(fd); /* the mapping stays; the file lock was only needed to attach */
+    return r;
+}
+
+int vgpu_region_open(void)
+{
+    const char *path = vgpu_cfg.cache_path;
+    g_pid = (int)getpid();
+    vgpu_reg = attach_file(path);
+    if (!vgpu_reg && map_fallback())
+        return -1;
+    g_lock = &lock_slot(vgpu_reg)->mu;
     vgpu_region_lock();
     reap_locked();
     vgpu_my_slot = register_locked();
     vgpu_region_unlock();
     if (!vgpu_my_slot)
-        LOG_ERROR("no free process slot in %s (%d in use)", path, VGPU_MAX_PROC);
+        LOG_ERROR("no free process slot in %s (%d in use)", path, VGPU_PROC_SLOTS);
     atexit(on_exit_release);
     LOG_INFO("attached shared region %s", path);
     return 0;
 }
 
-/* Child after fork: own lock description, own slot (the parent's allocations stay the
- * parent's). */
+/* Child after fork: own slot (the parent's allocations stay the parent's). The lock lives in
+ * shared memory: a parent's thread that held it at fork releases it in the parent. */
 void vgpu_region_after_fork(void)
 {
-    pthread_mutex_init(&g_mu, NULL);
+    g_pid = (int)getpid();
     if (!vgpu_reg)
         return;
-    if (g_fd >= 0) {
-        int fd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
-        close(g_fd);
-        g_fd = fd;
-    }
     vgpu_my_slot = NULL;
     vgpu_region_lock();
     vgpu_my_slot = register_locked();
@@ -254,7 +309,7 @@ uint64_t vgpu_region_used(int dev)
 {
     uint64_t sum = 0;
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
-    for (int i = 0; i < n && i < VGPU_MAX_PROC; i++) {
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
             sum += __atomic_load_n(&s->used[dev].total, __ATOMIC_ACQUIRE);

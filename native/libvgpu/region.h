@@ -4,10 +4,15 @@
 #ifndef VGPU_REGION_H
 #define VGPU_REGION_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #define VGPU_MAX_DEV 16
 #define VGPU_MAX_PROC 1024
+/* Slots a process may take: procs[0..VGPU_PROC_SLOTS). The last slot of the layout holds the
+ * region lock instead (vgpu_lock_slot below), so proc_num never exceeds this. */
+#define VGPU_PROC_SLOTS (VGPU_MAX_PROC - 1)
+#define VGPU_LOCK_SLOT VGPU_PROC_SLOTS
 #define VGPU_MAGIC 19920718
 #define VGPU_MAJOR 1
 #define VGPU_MINOR 2
@@ -61,6 +66,21 @@ typedef struct {
     unsigned char sem_postinit[32];
 } vgpu_region;
 
+/* procs[VGPU_LOCK_SLOT] seen as the lock's home. HAMi's monitor sums procs[0..proc_num) and
+ * proc_num stays <= VGPU_PROC_SLOTS, so it never reads this slot; pid and status stay 0 for
+ * readers that scan every slot. `mu` is a robust, process-shared pthread mutex (40 bytes, too
+ * big for the 32-byte `sem` of the header), aligned to a 64-byte boundary of the file. */
+typedef struct {
+    int32_t pid;     /* always 0 */
+    int32_t hostpid; /* always 0 */
+    uint32_t magic;  /* VGPU_LOCK_MAGIC once `mu` is initialised */
+    uint32_t version;
+    unsigned char pad0[24];
+    pthread_mutex_t mu;
+} vgpu_lock_slot;
+#define VGPU_LOCK_MAGIC 0x4c6b5631u /* "1VkL" */
+#define VGPU_LOCK_OFFSET 2006976    /* absolute file offset of `mu` */
+
 #define VGPU_REGION_SIZE 2008952
 _Static_assert(sizeof(vgpu_devmem) == 64, "devmem");
 _Static_assert(sizeof(vgpu_devutil) == 48, "devutil");
@@ -84,6 +104,11 @@ _Static_assert(__builtin_offsetof(vgpu_region, priority) == 2008908, "priority")
 _Static_assert(__builtin_offsetof(vgpu_region, last_kernel_time) == 2008912, "last_kernel_time");
 _Static_assert(__builtin_offsetof(vgpu_region, sem_postinit) == 2008920, "sem_postinit");
 _Static_assert(sizeof(vgpu_region) == VGPU_REGION_SIZE, "region size");
+_Static_assert(sizeof(pthread_mutex_t) == 40, "pthread_mutex_t (x86-64 glibc)");
+_Static_assert(sizeof(vgpu_lock_slot) <= 1928, "lock slot stays clear of the slot's status field");
+_Static_assert(__builtin_offsetof(vgpu_region, procs) + VGPU_LOCK_SLOT * sizeof(vgpu_slot) +
+               __builtin_offsetof(vgpu_lock_slot, mu) == VGPU_LOCK_OFFSET, "lock offset");
+_Static_assert(VGPU_LOCK_OFFSET % 64 == 0, "lock alignment");
 
 enum { VGPU_MEM_CONTEXT = 0, VGPU_MEM_MODULE = 1, VGPU_MEM_DATA = 2 };
 

@@ -77,3 +77,32 @@ def poke_slot_total(path, slot: int, dev: int, value: int) -> None:
     with open(path, "r+b") as f:
         f.seek(off)
         f.write(struct.pack("<Q", value))
+
+
+# The region lock (libvgpu's own use of the layout, not HAMi's): a robust process-shared pthread
+# mutex in the last process slot, which no process takes (proc_num stays <= LOCK_SLOT).
+LOCK_SLOT = MAX_PROC - 1
+LOCK_MAGIC = 0x4C6B5631
+LOCK_MAGIC_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 8   # u32, set once the mutex is initialised
+LOCK_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 40        # pthread_mutex_t (40 bytes)
+
+
+def read_lock_slot(path) -> dict:
+    buf = Path(path).read_bytes()
+    base = 1856 + LOCK_SLOT * SLOT_SIZE
+    s = parse_slot(buf, base)
+    return {"pid": s["pid"], "status": s["status"],
+            "magic": struct.unpack_from("<I", buf, LOCK_MAGIC_OFFSET)[0],
+            "mutex_owner_tid": struct.unpack_from("<i", buf, LOCK_OFFSET)[0] & 0x3FFFFFFF}
+
+
+def fill_slots(path, pid: int, count: int) -> None:
+    """Mark slots 0..count-1 as taken by `pid` and set proc_num = count (a full region)."""
+    with open(path, "r+b") as f:
+        for i in range(count):
+            f.seek(1856 + i * SLOT_SIZE)
+            f.write(struct.pack("<i", pid))
+            f.seek(1856 + i * SLOT_SIZE + 1928)
+            f.write(struct.pack("<i", 1))
+        f.seek(2_008_896)
+        f.write(struct.pack("<i", count))
