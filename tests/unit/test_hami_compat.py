@@ -54,3 +54,49 @@ def test_scheduler_flag_gives_hamis_scores():
     opts = O.options_from_args(parser.parse_args(["--score-with-request=false"]))
     assert opts.scheduler_config().request_in_scores is False
     assert O.options_from_args(parser.parse_args([])).scheduler_config().request_in_scores is True
+
+
+# ------------------------------------------------------------------ integrations (docs/integrations.md)
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["-v=4"], ["-v"] * 4),
+    (["--v=2", "--once"], ["-v", "-v", "--once"]),
+    (["-v", "3", "--node-name", "n1"], ["-v"] * 3 + ["--node-name", "n1"]),
+    (["-v"], ["-v"]),
+    (["-v=0", "--metrics-bind-address=:9394"], ["--metrics-bind-address=:9394"]),
+])
+def test_klog_verbosity_flags_of_hamis_binaries(argv, want):
+    from hami.cli import klog_verbosity
+
+    assert klog_verbosity(argv) == want
+
+
+def test_klog_verbosity_refuses_a_word():
+    from hami.cli import klog_verbosity
+
+    with pytest.raises(SystemExit, match="expected a number"):
+        klog_verbosity(["-v=high"])
+
+
+def test_vgpumonitor_is_hamis_monitor_on_hamis_port(tmp_path, monkeypatch, capsys):
+    """Koordinator's hami-daemon runs `vGPUmonitor -v=4` with HOOK_PATH and NODE_NAME set."""
+    from hami.cli import vgpumonitor_main
+    from hami.monitor import command as M
+
+    parser = argparse.ArgumentParser()
+    M.add_arguments(parser)
+    assert parser.parse_args([]).metrics_bind_address == ":9394"
+    (tmp_path / "containers").mkdir()
+    monkeypatch.setenv("HOOK_PATH", str(tmp_path))
+    monkeypatch.setenv("NODE_NAME", "gpu-node-1")
+    assert vgpumonitor_main(["-v=4", "--once", "--no-nvml", "--standalone"]) == 0
+    out = capsys.readouterr().out
+    assert 'hami_monitor_regions{node="gpu-node-1",state="ok"' in out
+
+
+def test_pyproject_installs_the_vgpumonitor_command():
+    import tomllib
+
+    data = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert data["project"]["scripts"]["vGPUmonitor"] == "hami.cli:vgpumonitor_main"
