@@ -79,19 +79,24 @@ def go_fold(key: str) -> str:
     return key.translate(_FOLD)
 
 
-def go_struct(obj: Mapping[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+def go_struct(obj: Mapping[str, Any], fields: Sequence[str], nillable: Sequence[str] = ()) -> dict[str, Any]:
     """The values Go would store in a struct whose JSON field names are ``fields``.
 
     Each key goes to the field of that exact name, else to the field equal to it ignoring case;
-    other keys are ignored; a ``null`` leaves the field as it was; when several keys reach one
-    field the last in the document wins. Missing fields are absent from the result."""
+    other keys are ignored; when several keys reach one field the last in the document wins. A
+    ``null`` leaves a field as it was, except a ``nillable`` one (a Go slice, map or pointer),
+    which it empties. Missing fields are absent from the result."""
     exact = set(fields)
     folded = {go_fold(f): f for f in fields}
     out: dict[str, Any] = {}
     for key, value in getattr(obj, "pairs", None) or obj.items():
         name = key if key in exact else folded.get(go_fold(key))
-        if name is not None and value is not None:
+        if name is None:
+            continue
+        if value is not None:
             out[name] = value
+        elif name in nillable:
+            out.pop(name, None)
     return out
 
 
@@ -163,7 +168,7 @@ def _mig_profiles(raw: list, where: str) -> tuple[MigProfile, ...]:
     out = []
     for i, p in enumerate(raw):
         w = f"{where} migProfiles[{i}]"
-        f = go_struct(_obj(p, w), _PROFILE_FIELDS)
+        f = go_struct(_obj(p, w), _PROFILE_FIELDS, nillable=("placements",))
         places = []
         for j, pl in enumerate(_list_field(f, "placements", w)):
             g = go_struct(_obj(pl, f"{w} placements[{j}]"), _PLACEMENT_FIELDS)
@@ -180,7 +185,7 @@ def _device_from_json(obj: Any, i: int, vendor: str) -> DeviceInfo:
     where = f"device[{i}]"
     if not isinstance(obj, dict):
         raise CodecError(f"{where}: must be a JSON object, got {_short(obj)}")
-    f = go_struct(obj, _DEVICE_FIELDS)
+    f = go_struct(obj, _DEVICE_FIELDS, nillable=("migProfiles", "migtemplate", "custominfo"))
     health = f.get("health", False)
     if not isinstance(health, bool):
         raise CodecError(f"{where}: field 'health' must be a boolean, got {_short(health)}")
@@ -310,7 +315,7 @@ def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[
         raise CodecError(f"annotation {where}: must be a JSON array, got {type(data).__name__}")
     out: dict[str, dict[str, int]] = {}
     for i, item in enumerate(data):
-        f = go_struct(_obj(item, f"annotation {where}: entry {i}"), ("uuid", "score"))
+        f = go_struct(_obj(item, f"annotation {where}: entry {i}"), ("uuid", "score"), nillable=("score",))
         uuid = _str_field(f, "uuid", f"annotation {where}: entry {i}")
         scores = f.get("score") or {}
         if not isinstance(scores, dict):
@@ -509,7 +514,7 @@ def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
     seen: set[tuple[int, int]] = set()
     for i, raw in enumerate(data):
         where = f"entry {i}"
-        obj = go_struct(_obj(raw, where), _MIG_FIELDS)
+        obj = go_struct(_obj(raw, where), _MIG_FIELDS, nillable=("gpuInstanceID", "computeInstanceID"))
         place = go_struct(_obj(obj.get("placement"), f"{where}: field 'placement'"), _PLACEMENT_FIELDS)
         e = MigAllocation(
             container=_int_field(obj, "containerIndex", where), device=_int_field(obj, "deviceIndex", where),
