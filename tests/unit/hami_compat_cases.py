@@ -318,10 +318,11 @@ REGISTER = "hami.io/node-nvidia-register"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 
 
-def gpu(i: int, numa: int = 0, mem: int = 16384, type_: str = T4, count: int = 10, node: str = "") -> dict:
+def gpu(i: int, numa: int = 0, mem: int = 16384, type_: str = T4, count: int = 10, node: str = "",
+        health: bool = True) -> dict:
     """One device as HAMi's NVIDIA plugin registers it (UUID ``GPU-<node><i>``)."""
     return {"id": f"GPU-{node}{i}", "index": i, "count": count, "devmem": mem, "devcore": 100, "type": type_, "numa": numa,
-            "mode": "hami-core", "health": True}
+            "mode": "hami-core", "health": health}
 
 
 @dataclass(frozen=True)
@@ -423,6 +424,23 @@ DECISIONS = {"decisions": [
     Case("a 100-core request on a GPU in use", _decide,
          Scenario({"n": (gpu(0),)}, ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 100},),
                   placed=(("n", "GPU-0,NVIDIA,100,0:;"),)), "n: 1/1 ExclusiveDeviceAllocateConflict"),
+    Case("use-gputype: a case-insensitive substring of the model", _decide,
+         Scenario({"n": (gpu(0, numa=0, type_="NVIDIA-A100-SXM4-40GB"), gpu(1, numa=1))}, (ONE_GPU,),
+                  {"nvidia.com/use-gputype": "a100"}), ("n", "GPU-0,NVIDIA,1000,0:;")),
+    Case("nouse-gpuuuid: exact UUIDs left out", _decide,
+         Scenario(TWO, (ONE_GPU,), {"nvidia.com/nouse-gpuuuid": "GPU-1"}), ("n", "GPU-0,NVIDIA,1000,0:;")),
+    Case("gpumem-percentage: a share of the GPU's memory", _decide,
+         Scenario(TWO, ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50},)), ("n", "GPU-1,NVIDIA,8192,0:;")),
+    Case("nvidia.com/gpu alone: the whole memory and 100 cores", _decide,
+         Scenario(TWO, ({"nvidia.com/gpu": 1},)), ("n", "GPU-1,NVIDIA,16384,100:;")),
+    Case("every slot of the GPU taken", _decide,
+         Scenario({"n": (gpu(0, count=1),)}, (ONE_GPU,), placed=(("n", "GPU-0,NVIDIA,100,0:;"),)),
+         "n: 1/1 CardTimeSlicingExhausted"),
+    Case("an unhealthy GPU", _decide, Scenario({"n": (gpu(0, health=False),)}, (ONE_GPU,)), "n: 1/1 CardNotHealth"),
+    Case("more GPUs than the node has", _decide, Scenario(TWO, ({"nvidia.com/gpu": 3, "nvidia.com/gpumem": 100},)),
+         "n: NodeInsufficientDevice"),
+    Case("more memory than any GPU has", _decide, Scenario(TWO, ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000},)),
+         "n: 2/2 CardInsufficientMemory"),
     Case("init containers: the peak, not the sum", _decide,
          Scenario({"n": (gpu(0),)}, ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000},),
                   init=({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 12000},)),
