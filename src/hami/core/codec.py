@@ -31,7 +31,6 @@ INT32 = (-(2**31), 2**31 - 1)
 UINT32 = (0, 2**32 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 UINT64 = (0, 2**64 - 1)
-_INT64 = INT64
 #: Go ``strconv.ParseInt(s, 10, n)``: an optional sign, then ASCII digits (no spaces, no ``_``)
 _GO_DECIMAL = re.compile(r"[+-]?[0-9]+")
 _GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -356,9 +355,12 @@ def _go_int(text: str, where: str, name: str, bounds: tuple[int, int] = INT64, n
     """Go ``strconv.ParseInt(text, 10, bits)``: an optional ``+``/``-``, then ASCII digits (no
     spaces, ``_`` or other scripts' digits, which Python's ``int`` would take), within ``bounds``;
     negative values refused where ``non_negative``."""
-    if _GO_DECIMAL.fullmatch(text) and len(text) <= 40:
-        value = int(text)
+    if _GO_DECIMAL.fullmatch(text):
         lo, hi = bounds
+        if len(text.lstrip("+-").lstrip("0")) <= 20:  # leading zeros are fine; more digits are out of range
+            value = int(text)
+        else:
+            value = lo - 1 if text.startswith("-") else hi + 1
         if non_negative and value < 0:
             raise CodecError(f"{where}: field {name!r} must not be negative, got {_short(text)}")
         if lo <= value <= hi:
