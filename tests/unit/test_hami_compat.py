@@ -95,6 +95,13 @@ def test_vgpumonitor_is_hamis_monitor_on_hamis_port(tmp_path, monkeypatch, capsy
     assert 'hami_monitor_regions{node="gpu-node-1",state="ok"' in out
 
 
+def test_the_chart_serves_the_monitor_on_hamis_port():
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/hami/values.yaml").read_text(encoding="utf-8"))
+    assert values["devicePlugin"]["monitor"]["metricsPort"] == 9394
+
+
 def test_pyproject_installs_the_vgpumonitor_command():
     import tomllib
 
