@@ -87,6 +87,14 @@ def _json_reg(text: str) -> tuple[DeviceInfo, ...]:
     return decode_node_devices_json(text)
 
 
+def _node_reg(text: str) -> tuple[str, ...]:
+    """The device IDs the scheduler takes from a node carrying ``text`` as its NVIDIA registration."""
+    from hami.core import node_devices_from_object
+
+    node = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-register": text}}}
+    return tuple(d.id for d in node_devices_from_object(node, SchedulerConfig.from_device_config().vendors).devices)
+
+
 def _legacy_reg(text: str) -> tuple[DeviceInfo, ...]:
     return decode_node_devices_legacy(text)
 
@@ -170,6 +178,10 @@ REGISTRATION_JSON = [
          doc="empty-id"),
     Case("a null device", _json_reg, "[null]", Refused("device[0]: must be a JSON object"),
          hami="one nil *DeviceInfo in the list", doc="null-device"),
+    Case("the scheduler takes every registered device", _node_reg, '[{"id":"GPU-0"},{"ID":"GPU-1"}]',
+         ("GPU-0", "GPU-1")),
+    Case("the same device registered twice", _node_reg, '[{"id":"GPU-0","count":10},{"id":"GPU-0","count":10}]',
+         Refused("registered twice"), hami=("GPU-0", "GPU-0"), doc="duplicate-id"),
 ]
 
 REGISTRATION_LEGACY = [
