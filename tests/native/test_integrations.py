@@ -19,12 +19,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from .region_layout import read_region
 
 GiB, MiB = 1 << 30, 1 << 20
+SRC = Path(__file__).resolve().parents[2] / "src"
 HOOK = "/usr/local/vgpu"  # where both integrations put libvgpu.so in the container
 
 # koordlet (pkg/koordlet/runtimehooks/hooks/gpu): memory in bytes, a bare number; cores; the
@@ -117,7 +119,7 @@ def test_koordinator_env_limits_memory_and_records_the_region(native_build, fake
 
 
 def test_volcano_env_with_ld_so_preload_limits_memory(native_build, fake_env, container_tmp, tmp_path):
-    host_dir = tmp_path / "host" / "tmp-vgpu-containers" / "pod-uid_main"  # /tmp/vgpu/containers/<uid>_<ctr>
+    host_dir = tmp_path / "host-tmp-vgpu" / "containers" / "pod-uid_main"  # /tmp/vgpu/containers/<uid>_<ctr>
     host_dir.mkdir(parents=True)
     env = _integration_env(fake_env, VOLCANO_ENV)
     assert "LD_PRELOAD" not in env
@@ -130,6 +132,16 @@ def test_volcano_env_with_ld_so_preload_limits_memory(native_build, fake_env, co
     region = read_region(host_dir / os.path.basename(VOLCANO_CACHE))  # on the host, where a monitor reads it
     assert region["limit"][0] == 1000 * MiB and region["sm_limit"][0] == 25
     assert not os.path.exists("/etc/ld.so.preload") or "libvgpu" not in open("/etc/ld.so.preload").read()
+    # our monitor pointed where this plugin keeps the regions (HOOK_PATH=/tmp/vgpu on the host)
+    mon = subprocess.run([sys.executable, "-m", "hami", "monitor", "--once", "--no-nvml", "--standalone",
+                          "--node-name", "n1", "--hook-path", str(tmp_path / "host-tmp-vgpu")],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert mon.returncode == 0, mon.stderr
+    assert 'hami_monitor_regions{node="n1",state="ok",zone="vGPU"} 1.0' in mon.stdout, mon.stdout
+    limits = [float(line.rsplit(" ", 1)[1]) for line in mon.stdout.splitlines()
+              if line.startswith("hami_vgpu_memory_limit_bytes{") and 'container="main"' in line
+              and 'vdevice_index="0"' in line]
+    assert limits == [1000 * MiB]
 
 
 def test_without_the_preload_nothing_is_limited(native_build, fake_env, container_tmp):
