@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from hami.core import (
     CodecError,
+    CoreError,
     ContainerDevice,
     DeviceInfo,
     SchedulerConfig,
@@ -67,10 +68,10 @@ class Case:
 
 
 def outcome(case: Case, given: Any = None, **knobs: Any) -> Any:
-    """Run ``case`` (CodecError becomes ``Refused`` with the message)."""
+    """Run ``case`` (a CodecError, or any core error, becomes ``Refused`` with the message)."""
     try:
         return case.run(case.given if given is None else given, **knobs)
-    except CodecError as exc:
+    except (CodecError, CoreError) as exc:
         return Refused(str(exc))
 
 
@@ -466,6 +467,13 @@ DECISIONS = {"decisions": [
     Case("two equal nodes: the first by name", _decide,
          Scenario({"b": (gpu(0, node="b"),), "a": (gpu(0, node="a"),)}, (ONE_GPU,)), ("a", "GPU-a0,NVIDIA,1000,0:;"),
          hami="a or b, whichever scoring goroutine finished last", doc="node-ties"),
+    Case("an unknown GPU policy refuses the pod, naming the annotation", _decide,
+         Scenario(TWO, (ONE_GPU,), {POLICY: "binpak"}), Refused("hami.io/gpu-scheduler-policy: unknown GPU policy"),
+         hami=("n", "GPU-1,NVIDIA,1000,0:;"), doc="bad-policy"),
+    Case("an unknown node policy refuses the pod, naming the annotation", _decide,
+         Scenario(TWO, (ONE_GPU,), {"hami.io/node-scheduler-policy": "fastest"}),
+         Refused("hami.io/node-scheduler-policy: unknown node policy"), hami=("n", "GPU-1,NVIDIA,1000,0:;"),
+         doc="bad-policy"),
     Case("GPU score counts the request: binpack takes the GPU the request fills most", _decide,
          Scenario({"n": (gpu(0, numa=0, mem=16384), gpu(1, numa=1, mem=32768))},
                   ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000},), {POLICY: "binpack"}),
