@@ -62,5 +62,29 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def klog_verbosity(argv: list[str]) -> list[str]:
+    """HAMi's binaries take klog's ``-v=N`` / ``--v=N`` / ``-v N``; ours count ``-v``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in ("-v", "--v") and not eq and i + 1 < len(argv) and argv[i + 1].isdigit():
+            eq, value = "=", argv[i + 1]
+            i += 1
+        if name in ("-v", "--v") and eq:
+            if not value.isdigit():
+                raise SystemExit(f"{name}: expected a number, got {value!r}")
+            out += ["-v"] * int(value)
+        else:
+            out.append(argv[i])
+        i += 1
+    return out
+
+
+def vgpumonitor_main(argv: list[str] | None = None) -> int:
+    """``vGPUmonitor``: HAMi's name for ``hami monitor``, for charts written for HAMi's image."""
+    return main(["monitor", *klog_verbosity(list(sys.argv[1:] if argv is None else argv))])
+
+
 if __name__ == "__main__":
     sys.exit(main())

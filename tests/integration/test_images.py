@@ -84,8 +84,9 @@ def test_hami_image_config_is_non_root_with_labels_and_entrypoint(hami_image: Im
     assert labels["org.opencontainers.image.version"] == CHART["appVersion"]
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
     assert len(labels["org.opencontainers.image.revision"]) == 40
-    # the Debian base, then /opt/hami from the build stage: no compilers or build files on top
-    assert len(parts["manifest"]["layers"]) == 2
+    # the Debian base, then /opt/hami and HAMi's library path /k8s-vgpu (two links) from the build
+    # stage: no compilers or build files on top
+    assert len(parts["manifest"]["layers"]) == 3
 
 
 def test_hami_runs_as_non_root_inside_the_image(hami_root: Path) -> None:
@@ -113,6 +114,23 @@ def test_libvgpu_is_where_the_chart_copies_it_from(hami_root: Path) -> None:
                   "/hook/libvgpu.so", user="0:0")
     assert out.returncode == 0, out.stderr
     assert (hami_root / "hook/libvgpu.so").read_bytes() == lib.read_bytes()
+
+
+def test_the_image_serves_as_hamis_for_koordinators_hami_daemon(hami_root: Path) -> None:
+    """Koordinator's hami-daemon chart runs HAMi's image as `sh -c "cp -f
+    /k8s-vgpu/lib/nvidia/libvgpu.so.<libvgpuSoVersion> /usr/local/vgpu/libvgpu.so && vGPUmonitor
+    -v=4"` (docs/integrations.md): the library is at HAMi's path and the monitor answers to HAMi's
+    command name and klog flag, serving on HAMi's port."""
+    _needs("chroot")
+    (hami_root / "usr/local/vgpu").mkdir(parents=True, exist_ok=True)
+    out = _chroot(hami_root, "sh", "-c", "cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.v2.10.0 /usr/local/vgpu/libvgpu.so"
+                  " && vGPUmonitor -v=4 --help", user="0:0")
+    assert out.returncode == 0, out.stderr
+    assert "--metrics-bind-address" in out.stdout  # default :9394 (tests/unit/test_hami_compat.py)
+    lib = (hami_root / "opt/hami/libvgpu.so").read_bytes()
+    assert (hami_root / "usr/local/vgpu/libvgpu.so").read_bytes() == lib
+    for name in ("libvgpu.so", "libvgpu.so.v2.10.0"):
+        assert os.readlink(hami_root / "k8s-vgpu/lib/nvidia" / name) == "/opt/hami/libvgpu.so"
 
 
 def test_no_build_tools_or_pip_in_the_image(hami_root: Path) -> None:

@@ -130,7 +130,7 @@ def registrations(draw) -> tuple[str, tuple | None]:
         i = draw(st.integers(0, len(chunks) - 1))
         fields = chunks[i].split(",")
         j = draw(st.sampled_from([1, 2, 3, 7]))  # count, devmem, devcore, index
-        fields[j] = draw(st.sampled_from(["-1", "+1", "1_0", " 1", "١", "x", "", "1.5", "99999999999999999999"]))
+        fields[j] = draw(st.sampled_from(["-1", "+-1", "1_0", " 1", "١", "x", "", "1.5", "99999999999999999999"]))
         chunks[i] = ",".join(fields)
         return ":".join(chunks) + ":", None
     return draw(st.text(max_size=40) | st.just("[" * 5000) | json_trees.map(json.dumps)), "any"

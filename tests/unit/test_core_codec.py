@@ -86,11 +86,11 @@ def test_legacy_seven_fields_default_mode_and_go_bools():
     ("GPU-1,10,1,100,T4,0,true,0:", "7 or 9"),
     ("GPU-1,ten,1,100,T4,0,true:", "'count'"),
     ("GPU-1,10,1,100,T4,0,maybe:", "'health'"),
-    ("GPU-1,-10,1,100,T4,0,true:", "'count' must be a non-negative integer, got '-10'"),
-    ("GPU-1,10,-1,100,T4,0,true:", "'devmem' must be a non-negative"),
-    ("GPU-1,10,1,-100,T4,0,true:", "'devcore' must be a non-negative"),
-    ("GPU-1,10,1,100,T4,0,true,-2,hami-core:", "'index' must be a non-negative"),
-    ("GPU-1,+10,1,100,T4,0,true:", "'count'"),
+    ("GPU-1,-10,1,100,T4,0,true:", "'count' must not be negative, got '-10'"),
+    ("GPU-1,10,-1,100,T4,0,true:", "'devmem' must not be negative"),
+    ("GPU-1,10,1,-100,T4,0,true:", "'devcore' must not be negative"),
+    ("GPU-1,10,1,100,T4,0,true,-2,hami-core:", "'index' must not be negative"),
+    ("GPU-1,2147483648,1,100,T4,0,true:", "'count' must be in 0..2147483647"),  # beyond int32
     ("GPU-1,\u0661\u0660,1,100,T4,0,true:", "'count'"),  # Arabic-Indic digits int() would take
     ("GPU-1,1_0,1,100,T4,0,true:", "'count'"),
     ("GPU-1, 10,1,100,T4,0,true:", "'count'"),

@@ -165,9 +165,9 @@ def test_bad_scheduling_annotations_are_errors(key, value):
         filter_pod(pod(annotations={key: value}), None, ledger(node("n")), CONFIG, 0)
 
 
-def test_comma_chain_numa_first():
+def test_comma_chain_numa_first_tries_the_highest_numa_node_as_hami():
     led = ledger(node("n", n=1))
-    led.set_node(type(led.node("n"))(name="n", devices=(gpu("n", 0, numa=1), gpu("n", 1, numa=0))))
+    led.set_node(type(led.node("n"))(name="n", devices=(gpu("n", 0, numa=0), gpu("n", 1, numa=1))))
     p = pod(containers=[ctr(mem=100, cores=5)], annotations={"hami.io/gpu-scheduler-policy": "numa,binpack"})
     assert filter_pod(p, None, led, CONFIG, 0).allocation.devices["NVIDIA"][0][0].uuid == "GPU-n-1"
 

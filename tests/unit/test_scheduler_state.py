@@ -254,7 +254,7 @@ def test_a_relist_keeps_a_newer_cached_pod():
     '[{"id": "g0", "count": NaN}]',
     '[{"id": "g0", "count": 1e400}]',
     "g0,-1,1000,100,T4,0,true:",                    # legacy: negative count
-    "g0,+1,1000,100,T4,0,true:",                    # legacy: a sign Python's int() would take
+    "g0,2147483648,1000,100,T4,0,true:",            # legacy: beyond int32 (HAMi refuses it too)
     "g0,١,1000,100,T4,0,true:",                     # legacy: Arabic-Indic digit
     "g0,1,1_000,100,T4,0,true:",                    # legacy: Python's digit separator
     "g0,1, 1000,100,T4,0,true:",

@@ -60,7 +60,7 @@ def test_an_empty_resources_field_is_no_request(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("annotation, needle", [
-    ("g0,-1,1000,100,T4,0,true:", "field 'count' must be a non-negative integer, got '-1'"),
+    ("g0,-1,1000,100,T4,0,true:", "field 'count' must not be negative, got '-1'"),
     ("[" * 50_000, "not valid JSON (nested too deeply)"),
     ('[{"id": "g0", "count": ' + "9" * 5000 + "}]", "not valid JSON"),
     ('[{"id": "g0", "count": NaN}]', "NaN is not JSON"),

@@ -19,11 +19,12 @@ def test_mig_example_places_profiles_and_explains_the_pending_pod(capsys):
                   for c in p["containers"] for d in c["devices"]] for n, p in pods.items()}
     mig = lambda profile, start, size: {"profile": profile, "start": start, "size": size}  # noqa: E731
     assert grants["embed-legacy"] == [("GPU-3f1c2a9e", 4864, 13, mig("1g.5gb", 6, 1))]  # rebuilt from annotations
-    assert grants["finetune-7g"] == [("GPU-8a4e6c2b", 40192, 91, mig("7g.40gb", 0, 8))]
-    # 1g.5gb@6 on GPU 0 blocks the high 3g.20gb placement: the low one is taken
-    assert grants["llama-8b"] == [("GPU-3f1c2a9e", 19968, 39, mig("3g.20gb", 0, 4))]
-    assert grants["sdxl-pair"] == [("GPU-c5d7e9f1", 9856, 13, mig("1g.10gb", 4, 2)),
-                                   ("GPU-c5d7e9f1", 9856, 13, mig("1g.10gb", 2, 2))]
+    # equal scores: the highest NUMA node first, as HAMi (docs/compatibility.md)
+    assert grants["finetune-7g"] == [("GPU-c5d7e9f1", 40192, 91, mig("7g.40gb", 0, 8))]
+    # whisper-small's 1g.5gb@6 on GPU 3 (deleted later) blocks the high 3g.20gb placement: the low one is taken
+    assert grants["llama-8b"] == [("GPU-1b3d5f7a", 19968, 39, mig("3g.20gb", 0, 4))]
+    assert grants["sdxl-pair"] == [("GPU-3f1c2a9e", 9856, 13, mig("1g.10gb", 4, 2)),
+                                   ("GPU-3f1c2a9e", 9856, 13, mig("1g.10gb", 2, 2))]
     assert grants["notebook"] == [("GPU-6e8a0c2e", 8000, 30, None)]  # vgpu-mode hami-core: the L4 node
     assert pods["too-big"]["node"] is None
     assert pods["too-big"]["reasons"] == {
@@ -31,7 +32,7 @@ def test_mig_example_places_profiles_and_explains_the_pending_pod(capsys):
         "gpu-mig-01": "1/4 CardInsufficientMemory, 3/4 CardMigTopologyInfeasible",
     }
     devices = {(d["node"], d["index"]): d for d in data["devices"]}
-    assert devices[("gpu-mig-01", 2)]["used"] == 2  # whisper-small deleted, its 1g.5gb freed
+    assert devices[("gpu-mig-01", 3)]["used"] == 1  # whisper-small deleted, its 1g.5gb freed
     assert all(d["health"] for d in data["devices"])
 
 

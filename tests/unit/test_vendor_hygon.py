@@ -17,10 +17,11 @@ def dcu_node(name: str = "dcu-1", reg: str = REG) -> dict:
     return node(name, {"hami.io/node-dcu-register": reg, "hami.io/node-handshake-dcu": "Requesting_2026-11-21 22:00:00"})
 
 
+# equal scores: DCU-b (NUMA 1) before DCU-a (NUMA 0), as HAMi walks its sorted list
 @pytest.mark.parametrize("limits,allocated", [
-    ({"hygon.com/dcunum": 1, "hygon.com/dcumem": 4000, "hygon.com/dcucores": 20}, "DCU-a,DCU,4000,20:;"),
-    ({"hygon.com/dcunum": 1}, "DCU-a,DCU,16368,100:;"),  # default cores 100, whole memory
-    ({"hygon.com/dcunum": 2, "hygon.com/dcumem": 1000}, "DCU-a,DCU,1000,100:DCU-b,DCU,1000,100:;"),
+    ({"hygon.com/dcunum": 1, "hygon.com/dcumem": 4000, "hygon.com/dcucores": 20}, "DCU-b,DCU,4000,20:;"),
+    ({"hygon.com/dcunum": 1}, "DCU-b,DCU,16368,100:;"),  # default cores 100, whole memory
+    ({"hygon.com/dcunum": 2, "hygon.com/dcumem": 1000}, "DCU-b,DCU,1000,100:DCU-a,DCU,1000,100:;"),
 ])
 def test_annotations_exact(limits, allocated):
     r = one([dcu_node()], pod("p", [ctr(limits=limits)]))
@@ -49,7 +50,7 @@ def test_exclusive_then_shared():
 def test_memory_factor():
     cfg = config(chart_device_config().model_copy(update={"hygon": HygonConfig(memoryFactor=4)}))
     r = one([dcu_node()], pod("p", [ctr(limits={"hygon.com/dcunum": 1, "hygon.com/dcumem": 1000})]), cfg)
-    assert r.annotations["hami.io/dcu-devices-allocated"] == "DCU-a,DCU,4000,100:;"
+    assert r.annotations["hami.io/dcu-devices-allocated"] == "DCU-b,DCU,4000,100:;"
 
 
 def test_malformed_registration_names_the_annotation():

@@ -75,6 +75,8 @@ class FitContext:
     policy: DevicePolicy
     weights: Weights
     quota: QuotaRoom | None = None
+    #: False: HAMi v2.10's device score (the request counts only where its type equals the device type)
+    request_in_scores: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     """Choose ``req.nums`` devices for container ``ci`` on ``view`` (does not modify ``view``)."""
     vendor = ctx.vendors[req.vendor]
     sel = ctx.selections[req.vendor]
-    idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor]
+    idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor and vendor.serves(d, req)]
     if req.nums > len(idxs) and not any(vendor.repeats(view.devices[i], sel) for i in idxs):
         # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
         return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
@@ -97,12 +99,16 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
     mems = {i: vendor.resolve_memory(view.devices[i], req) for i in idxs}
     w = ctx.weights
     order = device_sort_key(ctx.policy, sel.numa_bind)
-    ranked = sorted(
-        ((device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
-                       req.coresreq, mems[i], w), d.numa, d.index, view.used[i], i)
-         for i, d in ((i, view.devices[i]) for i in idxs)),
-        key=lambda t: order(t[:4]),
-    )
+
+    def score(i: int, d: DeviceInfo) -> float:
+        if ctx.request_in_scores or req.type == d.type:
+            return device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
+                                req.coresreq, mems[i], w)
+        return device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
+                            0, 0, w, slots=0)
+
+    ranked = sorted(((score(i, view.devices[i]), view.devices[i].numa, view.devices[i].index, view.used[i], i)
+                     for i in idxs), key=lambda t: order(t[:4]))
     kinds = [c.kind for c in ctx.pod.containers]
     reasons = ReasonCounter(total=len(idxs))
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
@@ -287,11 +293,11 @@ def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
 
 
 def make_context(pod: PodRequest, vendors: Sequence[Any], policy: DevicePolicy, weights: Weights,
-                 quota: QuotaRoom | None = None) -> FitContext:
+                 quota: QuotaRoom | None = None, request_in_scores: bool = True) -> FitContext:
     by_name = {v.name: v for v in vendors}
     used = pod.vendors()
     return FitContext(
         pod=pod, vendors=by_name, selections={n: by_name[n].selection(pod.annotations) for n in used},
-        policy=policy, weights=weights, quota=quota,
+        policy=policy, weights=weights, quota=quota, request_in_scores=request_in_scores,
     )
 

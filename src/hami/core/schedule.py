@@ -43,6 +43,9 @@ class SchedulerConfig:
     vendors: tuple[Any, ...]
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
+    #: True: node and device scores count this pod's request; False: HAMi v2.10's scores
+    #: (docs/compatibility.md, "Scores count the request")
+    request_in_scores: bool = True
 
     def __post_init__(self) -> None:
         parse_node_policy(self.node_policy, "--node-scheduler-policy")
@@ -50,10 +53,11 @@ class SchedulerConfig:
 
     @classmethod
     def from_device_config(cls, device_config: Any = None, node_policy: str = "binpack",
-                           gpu_policy: str = "spread") -> "SchedulerConfig":
+                           gpu_policy: str = "spread", request_in_scores: bool = True) -> "SchedulerConfig":
         from hami.vendors import build_vendors  # the core never imports vendors at module level
 
-        return cls(vendors=build_vendors(device_config), node_policy=node_policy, gpu_policy=gpu_policy)
+        return cls(vendors=build_vendors(device_config), node_policy=node_policy, gpu_policy=gpu_policy,
+                   request_in_scores=request_in_scores)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,9 @@ def _demand(pod: PodRequest) -> _Demand:
         (r.vendor, r.nums, r.memreq, r.mem_percentage, r.coresreq) for c in pod.containers for r in c.requests
     )
     return _Demand(slots=total[0], cores=total[1], mem=total[2], pct=total[3], checks=checks)
+
+
+_NO_DEMAND = _Demand(slots=0, cores=0, mem=0, pct=0, checks=())  # HAMi's node score: usage before the pod
 
 
 class _TypeGate:
@@ -181,11 +188,13 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
     node_policy, gpu_policy, weights = _policies(req, config)
     used_vendors = [v for v in config.vendors if v.name in req.vendors()]
-    ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors))
+    ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors),
+                       request_in_scores=config.request_in_scores)
     names = ledger.node_names() if candidate_nodes is None else sorted(set(candidate_nodes))
     failed: dict[str, NodeFailure] = {n: UNREGISTERED for n in names if not ledger.has_node(n)}
     names = [n for n in names if n not in failed]
     demand = _demand(req)
+    score_demand = demand if config.request_in_scores else _NO_DEMAND
     lazy = all(v.node_score_neutral for v in used_vendors)
     kept, skipped = [], []
     gate = _TypeGate(ctx)
@@ -196,7 +205,7 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     scores: dict[str, float] = {}
 
     def search(group: list[str]) -> tuple[float, NodeFit] | None:
-        ranked = sorted(((_score(ledger.summary(n), demand, len(ledger.node(n).devices)), n) for n in group),
+        ranked = sorted(((_score(ledger.summary(n), score_demand, len(ledger.node(n).devices)), n) for n in group),
                         key=lambda t: (sign * t[0], t[1]))
         best: tuple[float, NodeFit] | None = None
         for score, n in ranked:

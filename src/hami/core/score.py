@@ -7,7 +7,15 @@
 * GPU policy: ``binpack`` / ``spread`` (default) / ``numa`` / a comma chain of those, plus the
   filters ``mutex`` and ``topology-aware``. Device score = ``10 * (wSlot*(1+Used)/Count +
   wCore*(cores+Usedcores)/Totalcore + wMem*(mem+Usedmem)/Totalmem)`` including the request.
-  Ties: NUMA ascending, then device index ascending.
+  NUMA order as HAMi v2.10 walks its sorted list: the ``numa`` key (a chain, bare ``numa``, or
+  forced first by ``nvidia.com/numa-bind``) tries the highest NUMA node first, except
+  ``numa-bind`` with the single policy ``binpack`` (lowest first); among equal scores the highest
+  NUMA node is tried first; the single policy ``mutex`` ranks by use only. Last tie: device index
+  ascending (HAMi: registration order from the end). docs/compatibility.md lists the differences.
+
+``request_in_scores=False`` (scheduler flag ``--score-with-request=false``) gives HAMi v2.10's
+scores: the node score from usage before the pod, the device score without the request unless
+the request type equals the device type (never for NVIDIA: "NVIDIA" vs the model name).
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ class DevicePolicy:
     mutex: bool = False
     topology_aware: bool = False
     raw: str = "spread"
+    #: one value, not a chain (HAMi's single-policy ordering: no comma and not bare ``numa``)
+    single: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +70,12 @@ def parse_gpu_policy(text: str, where: str = "gpu policy") -> DevicePolicy:
             f"{where}: unknown GPU policy {unknown[0]!r} in {text!r} "
             f"(expected binpack, spread, numa, mutex, topology-aware or a comma chain)"
         )
-    keys = tuple(p for p in parts if p in GPU_SORT_KEYS) or ("spread",)
-    return DevicePolicy(keys=keys, mutex="mutex" in parts, topology_aware="topology-aware" in parts, raw=text)
+    single = len(parts) == 1 and parts[0] != "numa" and "," not in text
+    keys = tuple(dict.fromkeys(p for p in parts if p in GPU_SORT_KEYS))
+    if not keys and not (single and parts[0] == "mutex"):  # bare mutex ranks by use alone (HAMi)
+        keys = ("spread",)
+    return DevicePolicy(keys=keys, mutex="mutex" in parts, topology_aware="topology-aware" in parts, raw=text,
+                        single=single)
 
 
 def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
@@ -80,25 +94,31 @@ def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
 
 
 def device_score(count: int, totalcore: int, totalmem: int, used: int, usedcores: int, usedmem: int,
-                 cores: int, mem: int, w: Weights) -> float:
+                 cores: int, mem: int, w: Weights, slots: int = 1) -> float:
+    """``slots``, ``cores``, ``mem``: the request's share (0, 0, 0 for usage alone)."""
     if not count or not totalcore or not totalmem:
         return 0.0
-    return 10.0 * (w.slot * (1 + used) / count + w.core * (cores + usedcores) / totalcore
+    return 10.0 * (w.slot * (slots + used) / count + w.core * (cores + usedcores) / totalcore
                    + w.memory * (mem + usedmem) / totalmem)
 
 
 def device_sort_key(policy: DevicePolicy, numa_bind: bool):
-    """Key function over ``(score, numa, index, used)`` tuples: smaller = tried first."""
+    """Key function over ``(score, numa, index, used)`` tuples: smaller = tried first.
+
+    HAMi sorts and then walks its list from the END; this key puts first what HAMi reaches first
+    (docs/compatibility.md, "NUMA order")."""
     keys = policy.keys
-    if numa_bind and keys[0] != "numa":
-        keys = ("numa",) + keys
+    low_numa_first = False
+    if numa_bind and keys[:1] != ("numa",):
+        low_numa_first = policy.single and keys == ("binpack",)
+        keys = ("numa",) + tuple(k for k in keys if k != "numa")
 
     def key(t: tuple[float, int, int, int]):
         score, numa, index, used = t
         out = [used] if policy.mutex else []
         for k in keys:
-            out.append(-score if k == "binpack" else score if k == "spread" else numa)
-        out.extend((numa, index))
+            out.append(-score if k == "binpack" else score if k == "spread" else numa if low_numa_first else -numa)
+        out.extend((-numa, index))
         return tuple(out)
 
     return key

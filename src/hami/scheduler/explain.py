@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-config-file", default="", help="the scheduler's device-config.yaml")
     parser.add_argument("--node-scheduler-policy", default="binpack")
     parser.add_argument("--gpu-scheduler-policy", default="spread")
+    parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
+                        help="as the scheduler's flag of that name (default %(default)s)")
     parser.add_argument("--scheduler-name", default="hami-scheduler")
 
 
@@ -69,7 +71,8 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> st
 
     node_policy, gpu_policy, weights = _policies(req, state.config)
     used = [v for v in state.vendors if v.name in req.vendors()]
-    ctx = make_context(req, state.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used))
+    ctx = make_context(req, state.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used),
+                       request_in_scores=state.config.request_in_scores)
     for name in ledger.node_names():
         res = fit_pod(ledger.view(name), ctx)
         if not isinstance(res, NodeFailure):
@@ -104,7 +107,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.device_config_file:
         with open(args.device_config_file) as fh:
             device_config = load_device_config(fh.read(), args.device_config_file)
-    config = SchedulerConfig.from_device_config(device_config, args.node_scheduler_policy, args.gpu_scheduler_policy)
+    config = SchedulerConfig.from_device_config(device_config, args.node_scheduler_policy, args.gpu_scheduler_policy,
+                                                request_in_scores=getattr(args, "score_with_request", "true") == "true")
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         try:

@@ -64,6 +64,7 @@ class Options:
     scheduler_name: str = "hami-scheduler"
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
+    score_with_request: bool = True  # False: HAMi v2.10's request-free scores (docs/compatibility.md)
     node_selector: dict[str, str] = field(default_factory=dict)
     node_lock_timeout: float = 300.0
     node_lock_retry_timeout: float = 28.0
@@ -102,7 +103,8 @@ class Options:
         return self.extender_port is None
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig.from_device_config(self.device_config, self.node_policy, self.gpu_policy)
+        return SchedulerConfig.from_device_config(self.device_config, self.node_policy, self.gpu_policy,
+                                                  request_in_scores=self.score_with_request)
 
 
 def _bool(text: str) -> bool:
@@ -122,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--scheduler-name", default="hami-scheduler", help="scheduler name set on GPU pods (default %(default)s)")
     a("--node-scheduler-policy", default="binpack", help="binpack | spread (default %(default)s)")
     a("--gpu-scheduler-policy", default="spread", help="binpack | spread | ... (default %(default)s)")
+    a("--score-with-request", type=_bool, nargs="?", const=True, default=True,
+      help="node and GPU scores count the pod's own request (default %(default)s); false = HAMi v2.10's "
+           "scores, from usage before the pod (docs/compatibility.md)")
     a("--extender-bind", default="",
       help="also serve /filter and /bind over plain HTTP here, loopback addresses only, for a kube-scheduler "
            "in the same pod: no TLS handshake per call (kube-scheduler keeps only 2 idle extender "
@@ -230,7 +235,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
-        gpu_policy=args.gpu_scheduler_policy,
+        gpu_policy=args.gpu_scheduler_policy, score_with_request=args.score_with_request,
         node_selector=parse_selector(args.node_label_selector, "--node-label-selector"),
         node_lock_timeout=parse_duration(args.node_lock_timeout, "--node-lock-timeout"),
         node_lock_retry_timeout=parse_duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout"),

@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(an A100 node in MIG mode next to an L4 node)")
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
+    parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
+                        help="scores count the pod's own request (default); false = HAMi v2.10's scores")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
 
 
@@ -90,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             device_config = default_device_config()
         parse_node_policy(args.node_policy, "--node-policy")
         parse_gpu_policy(args.gpu_policy, "--gpu-policy")
-        config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy)
+        config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy,
+                                                    request_in_scores=getattr(args, "score_with_request", "true") == "true")
         result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
                           sources=(nodes_src, pods_src))
     except (SimulationError, CoreError) as exc:

@@ -113,6 +113,9 @@ class BaseVendor:
     lock_format: ClassVar[str] = "owner"
     #: Lock expiry in seconds; None = the scheduler's ``--node-lock-timeout``.
     lock_expiry_seconds: ClassVar[float | None] = None
+    #: True: only devices whose registered type contains the request type (case-insensitively) are
+    #: candidates, as in HAMi's generic fit (an NVIDIA device must say "NVIDIA" in its type).
+    type_contains_request: ClassVar[bool] = False
 
     resources: ResourceNames
 
@@ -178,6 +181,11 @@ class BaseVendor:
         )
 
     # ------------------------------------------------------------------ fit hooks
+    def serves(self, device: DeviceInfo, request: ContainerDeviceRequest) -> bool:
+        """Whether ``device`` is a candidate for ``request`` at all (not one counted in the reasons:
+        HAMi leaves such devices out of the list it fits on)."""
+        return not self.type_contains_request or request.type.lower() in device.type.lower()
+
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         get = annotations.get
         return Selection(

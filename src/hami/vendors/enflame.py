@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hami.config import EnflameConfig
-from hami.core.codec import go_json
+from hami.core.codec import go_json, go_loads, go_plain, go_struct
 from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -31,7 +31,6 @@ from ._util import (
     _field,
     annotations_of,
     capacity,
-    load_json,
     node_name,
     present,
     synth_cards,
@@ -84,16 +83,18 @@ class EnflameDrsVendor(BaseVendor):
         if not text:
             return ()
         where = f"annotation {CAPACITY_ANNOTATION}"
-        data = load_json(text, where)
-        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+        raw = go_loads(text, f"{where}: ")  # keys matched as Go matches them (exact, else case-insensitive)
+        data = go_struct(raw, ("devices", "profiles")) if isinstance(raw, dict) else None
+        if data is None or not isinstance(data.get("devices"), list):
             raise CodecError(f"{where}: must be an object with a 'devices' list")
-        profiles = data.get("profiles") or {}
+        profiles = go_plain(data.get("profiles") or {})
         if not isinstance(profiles, dict):
             raise CodecError(f"{where}: 'profiles' must map profile names to IDs")
         per_slice = max((int(m.group(2)) * 1024 // int(m.group(1)) for m in map(_PROFILE.match, profiles) if m), default=0)
         out = []
         for i, d in enumerate(data["devices"]):
-            vals = {k: d.get(k) if isinstance(d, dict) else None for k in ("index", "minor", "capacity")}
+            f = go_struct(d, ("index", "minor", "capacity")) if isinstance(d, dict) else {}
+            vals = {k: f.get(k) for k in ("index", "minor", "capacity")}
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in vals.values()):
                 raise CodecError(f"{where}: devices[{i}] needs non-negative integers index, minor, capacity; got {d!r}")
             out.append(DeviceInfo(

@@ -68,6 +68,7 @@ class KunlunVendor(BaseVendor):
     def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
                prior: Sequence[str]) -> Sequence[int] | Reason:
         n = request.nums
+        candidates = sorted(candidates, key=lambda j: devices[j].index)  # HAMi walks the cards in index order
         groups: dict[int, list[int]] = {}
         for j in candidates:
             groups.setdefault(interconnect_group(devices[j].index), []).append(j)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from hami.config import MetaxConfig
-from hami.core.codec import go_json
+from hami.core.codec import go_json, go_loads, go_struct
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.quantity import container_resources, parse_int_quantity
@@ -114,6 +114,8 @@ class SgpuSelection(Selection):
 
 
 _PLAIN = re.compile(r"^\s*\d+\s*$")
+_SGPU_FIELDS = ("uuid", "totalDevCount", "totalCompute", "totalVRam", "numa", "model", "healthy", "qosPolicy",
+                "linkZone", "bdf")
 
 
 class MetaxSgpuVendor(BaseVendor):
@@ -138,13 +140,15 @@ class MetaxSgpuVendor(BaseVendor):
         if not text:
             return ()
         where = f"annotation {self.register_annotation}"
-        data = load_json(text, where)
+        data = go_loads(text, f"{where}: ")
         if not isinstance(data, list):
             raise CodecError(f"{where}: must be a JSON array of devices")
         return tuple(self._device(obj, i, where) for i, obj in enumerate(data))
 
-    def _device(self, obj: Any, i: int, where: str) -> DeviceInfo:
-        if not isinstance(obj, dict) or not isinstance(obj.get("uuid"), str) or not obj["uuid"]:
+    def _device(self, raw: Any, i: int, where: str) -> DeviceInfo:
+        # keys matched as Go's encoding/json matches them (exact, else case-insensitive; null = absent)
+        obj = go_struct(raw, _SGPU_FIELDS) if isinstance(raw, dict) else None
+        if obj is None or not isinstance(obj.get("uuid"), str) or not obj["uuid"]:
             raise CodecError(f"{where}: device[{i}] must be an object with a non-empty 'uuid'")
         ints = {}
         for key in ("totalDevCount", "totalCompute", "totalVRam", "numa"):

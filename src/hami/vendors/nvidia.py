@@ -82,6 +82,7 @@ class NvidiaVendor(BaseVendor):
     numa_bind_annotation = "nvidia.com/numa-bind"
     score_annotation = "hami.io/node-nvidia-score"
     summary_prefilter = True
+    type_contains_request = True  # HAMi: the registered type must contain "NVIDIA" (compatibility.md)
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
