@@ -308,7 +308,7 @@ CASES: dict[str, VendorCase] = {
     "hygon": VendorCase(
         {"hami.io/node-dcu-register": "DCU-{node}-a,4,16368,100,DCU-Z100,0,true:DCU-{node}-b,4,16368,100,DCU-Z100,1,true,1,hami-core:"},
         {}, {"hygon.com/dcunum": 1, "hygon.com/dcu-memory": 4000, "hygon.com/dcucores": 20},
-        _pair("dcu", "DCU-{node}-a,DCU,4000,20:;")),
+        _pair("dcu", "DCU-{node}-b,DCU,4000,20:;")),  # equal scores: NUMA 1 before NUMA 0, as HAMi
     "iluvatars": VendorCase(
         {"hami.io/node-BI-V100-register": "ilu-{node}-0,16,32768,100,BI-V100,0,true,0,hami-core:"},
         {}, {"iluvatar.ai/BI-V100-vgpu": 1, "iluvatar.ai/BI-V100.vMem": 16, "iluvatar.ai/BI-V100.vCore": 50},
