@@ -10,14 +10,15 @@ import os
 import signal
 import sys
 
-from hami.core.codec import encode_node_devices_json
+from hami.core.codec import encode_node_devices_json, encode_pair_scores
 
 from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
 from .preflight import PreflightError, check_other_plugins
-from .register import REGISTER
+from .register import REGISTER, SCORE
+from .topology import pair_scores, read_links
 
 log = logging.getLogger("hami.deviceplugin")
 
@@ -49,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "remove it only if it is still there after this many seconds (the node is annotated "
                    "hami.io/node-lock-handoff=swap; one lock write per pod instead of two); 0 = remove it "
                    "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)")
+    p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
+                   help="publish the GPUs' pairwise link scores (hami.io/node-nvidia-score) for the topology-aware "
+                   "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -79,7 +83,8 @@ def describe(settings: NodeSettings, state: DeviceState) -> dict:
             for g in state.gpus
         ],
         "kubeletDevices": len(state.kubelet_devices()),
-        "annotations": {REGISTER: encode_node_devices_json(state.registration())},
+        "annotations": {REGISTER: encode_node_devices_json(state.registration()),
+                        **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {})},
     }
 
 
@@ -135,7 +140,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_NVML
     try:
-        state = DeviceState(discover(settings, args.sysfs_root), settings)
+        gpus = discover(settings, args.sysfs_root)
+        scores, asymmetric = None, ()
+        if args.topology_score:
+            found = pair_scores(read_links([g.uuid for g in gpus]))
+            scores, asymmetric = found.scores, found.asymmetric
+            for a, b in asymmetric:
+                log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
+                            "the pair scores 0", a, b)
+        state = DeviceState(gpus, settings, scores)
         if args.dry_run:
             print(json.dumps(describe(settings, state), indent=2))
             return 0

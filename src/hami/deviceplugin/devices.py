@@ -32,9 +32,12 @@ def physical_id(device_id: str) -> str:
 class DeviceState:
     """Physical GPUs plus their health; wakes waiters (ListAndWatch, registration) on change."""
 
-    def __init__(self, gpus: Iterable[PhysicalGPU], settings: NodeSettings) -> None:
+    def __init__(self, gpus: Iterable[PhysicalGPU], settings: NodeSettings,
+                 pair_scores: dict[str, dict[str, int]] | None = None) -> None:
         self.gpus = tuple(gpus)
         self.settings = settings
+        #: ``hami.io/node-nvidia-score`` content (topology.py); None: not published
+        self.pair_scores = pair_scores
         self.unhealthy: set[str] = set()
         self.version = 0
         self._changed = asyncio.Condition()
