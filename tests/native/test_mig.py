@@ -1,0 +1,128 @@
+"""Dynamic MIG on the node against the fake NVML's MIG model: discovery of the geometry, the
+instances Allocate creates, reuse on a retried Allocate, clean-up of gone pods, and restart
+safety — the plugin process is killed between every two steps of a creation and the next
+start must leave no orphan instance and no instance claimed twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+A100 = "GPU-f00dfeed-0000-4000-8000-000000000000"
+H100 = "GPU-f00dfeed-0000-4000-8000-000000000001"
+DEVICES = "name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108;name=NVIDIA H100 80GB HBM3,memory=80Gi,mig_mode=1"
+POD_A = {"uid": "uid-a", "namespace": "ns", "name": "a"}
+POD_B = {"uid": "uid-b", "namespace": "ns", "name": "b"}
+STEPS = ["intent", "gi-created", "gi-recorded", "ci-created", "ready"]
+
+
+def alloc(gpu=A100, profile="3g.20gb", start=4, size=4, container=0, device=0, **kw) -> dict:
+    return {"container": container, "device": device, "gpu_uuid": gpu, "profile": profile, "start": start,
+            "size": size, **kw}
+
+
+class Node:
+    """One fake machine (state dir) and one checkpoint file; each call is a new plugin process."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp / "fg"),
+                    "FAKE_NVML": str(FAKE_NVML), "PYTHONPATH": str(ROOT / "src")}
+        self.checkpoint = tmp / "mig" / "checkpoint.json"
+
+    def run(self, expect_rc: int = 0, **cmd) -> dict:
+        cmd.setdefault("gpus", [A100, H100])
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("mig_probe.py")), str(self.checkpoint),
+                              json.dumps(cmd)], env=self.env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == expect_rc, out.stderr
+        return json.loads(out.stdout) if expect_rc == 0 else {}
+
+
+@pytest.fixture
+def node(native_build, tmp_path) -> Node:
+    return Node(tmp_path)
+
+
+def test_discovery_registers_the_mig_geometry(native_build, tmp_path):
+    env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp_path / "fg"),
+           "PYTHONPATH": str(ROOT / "src")}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "operatingmode": "mig"}]}))
+    out = subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1",
+                          "--node-config", str(cfg), "--nvml-library", str(FAKE_NVML), "--topology-score", "false"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    reg = {d["id"]: d for d in json.loads(json.loads(out.stdout)["annotations"]["hami.io/node-nvidia-register"])}
+    a100 = reg[A100]
+    assert (a100["mode"], a100["count"], a100["devcore"], a100["devmem"]) == ("mig", 7, 100, 40960)
+    assert [(p["name"], p["memoryMB"], p["core"], p["sliceCount"]) for p in a100["migProfiles"]] == [
+        ("1g.5gb", 4864, 15, 1), ("1g.10gb", 9856, 15, 1), ("2g.10gb", 9856, 29, 2), ("3g.20gb", 19968, 43, 3),
+        ("4g.20gb", 19968, 58, 4), ("7g.40gb", 40192, 100, 7)]
+    assert a100["migProfiles"][3]["placements"] == [{"start": 0, "size": 4}, {"start": 4, "size": 4}]
+    assert [p["name"] for p in reg[H100]["migProfiles"]] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb",
+                                                             "7g.80gb"]
+
+
+def test_prepare_creates_reuses_and_collect_destroys(node):
+    first = node.run(prepare={"pod": POD_A, "allocs": [alloc(), alloc(profile="1g.5gb", start=0, size=1, device=1)]})
+    assert "error" not in first, first
+    assert [p["gi"] for p in first["prepare"]] == [1, 2] and all(p["mig"].startswith("MIG-") for p in first["prepare"])
+    assert first["instances"][A100] == [[1, "3g.20gb", 4, 4, 0, first["prepare"][0]["mig"]],
+                                        [2, "1g.5gb", 0, 1, 0, first["prepare"][1]["mig"]]]
+    # the kubelet retries the Allocate after a plugin restart: the same instances, nothing new
+    again = node.run(prepare={"pod": POD_A, "allocs": [alloc(), alloc(profile="1g.5gb", start=0, size=1, device=1)]})
+    assert again["prepare"] == first["prepare"] and again["recover"] == []
+    assert again["instances"] == first["instances"]
+    # another pod wants an overlapping placement while a's instances live: refused, not shared
+    held = node.run(prepare={"pod": POD_B, "allocs": [alloc(profile="4g.20gb", start=0, size=4)]})
+    assert held["error"].startswith("PlacementHeld") and "still held by pod ns/a" in held["error"]
+    # a is gone: its instances go, and b gets its placement
+    gone = node.run(collect=["uid-b"])
+    assert len(gone["collect"]) == 2 and gone["instances"][A100] == [] and gone["entries"] == {}
+    b = node.run(prepare={"pod": POD_B, "allocs": [alloc(profile="4g.20gb", start=0, size=4)]})
+    assert b["instances"][A100][0][1:4] == ["4g.20gb", 0, 4]
+
+
+def test_recover_enables_mig_mode_and_destroys_unclaimed_instances(node):
+    node.run(prepare={"pod": POD_A, "allocs": [alloc(gpu=H100, profile="2g.20gb", start=2, size=2)]})
+    node.checkpoint.unlink()  # a lost checkpoint: the instance is claimed by nobody...
+    out = node.run()
+    assert out["instances"][H100] == [] and "claimed by no pod" in out["recover"][0]
+
+
+def test_recover_adopts_instances_named_by_a_live_pods_annotation(node):
+    made = node.run(prepare={"pod": POD_A, "allocs": [alloc(gpu=H100, profile="2g.20gb", start=2, size=2)]})
+    p = made["prepare"][0]
+    node.checkpoint.unlink()
+    claim = alloc(gpu=H100, profile="2g.20gb", start=2, size=2, mig_uuid=p["mig"], gpu_instance_id=p["gi"],
+                  compute_instance_id=p["ci"])
+    out = node.run(recover=[[POD_A, claim]])
+    assert out["instances"][H100] == made["instances"][H100]
+    assert out["entries"] == {"uid-a/0/0": ["ready", p["gi"], p["mig"]]}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_killed_between_steps_leaves_no_orphan_and_no_double_use(node, step):
+    want = {"pod": POD_A, "allocs": [alloc()]}
+    node.run(expect_rc=9, prepare=want, kill_at=step)
+    restarted = node.run()
+    if step == "ready":  # finished before the kill: kept for the pod (the kubelet's retry reuses it)
+        assert [e[0] for e in restarted["entries"].values()] == ["ready"]
+        assert len(restarted["instances"][A100]) == 1
+    else:
+        assert restarted["instances"][A100] == [] and restarted["entries"] == {}
+        assert "interrupted creation" in restarted["recover"][0]
+    retry = node.run(prepare=want)
+    assert len(retry["instances"][A100]) == 1 and retry["instances"][A100][0][1:5] == ["3g.20gb", 4, 4, 0]
+    assert list(retry["entries"].values()) == [["ready", retry["prepare"][0]["gi"], retry["prepare"][0]["mig"]]]
+    # the other pod cannot get that instance
+    other = node.run(prepare={"pod": POD_B, "allocs": [alloc()]})
+    assert "still held by pod ns/a" in other["error"]
