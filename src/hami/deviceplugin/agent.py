@@ -16,6 +16,7 @@ from .allocator import Allocator, prepare_hook_dir
 from .devices import DeviceState
 from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
+from .mig import MigError, MigManager, PodRef
 from .nodeconfig import NodeSettings
 from hami.kube.nodelock import LOCK_HANDOFF
 
@@ -39,12 +40,17 @@ class NodeAgent:
         xid_wait_ms: int = 1000,
         pod_watch: bool = True,
         lock_release_delay: float = 1.0,
+        scores: dict[str, dict[str, int]] | None = None,
+        mig: MigManager | None = None,
+        mig_interval: float = 5.0,
     ) -> None:
         self.kube = kube
+        self.mig = mig
+        self.mig_interval = mig_interval
         self.pod_watch = pod_watch
-        self.state = DeviceState(gpus, settings)
+        self.state = DeviceState(gpus, settings, scores)
         self.paths = paths
-        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay)
+        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, mig=mig)
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         self.ignored_xids = ignored_xids
@@ -64,8 +70,44 @@ class NodeAgent:
         self._watcher = XidWatcher(self.state.uuids, report, self.ignored_xids, self.xid_wait_ms)
         self._watcher.start()
 
+    async def _recover_mig(self) -> None:
+        """Before the kubelet can call Allocate: undo what a killed predecessor left half made,
+        adopt instances live pods name, destroy the rest (mig.py)."""
+        assert self.mig is not None
+        from hami.core.codec import decode_mig_allocations
+        from hami.core.errors import CodecError
+        from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
+
+        claims, known = [], True
+        try:
+            for pod in await self.kube.pods_on_node():
+                if pod.phase in ("Succeeded", "Failed"):
+                    continue
+                try:
+                    entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
+                except CodecError:
+                    continue
+                claims += [(PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None]
+        except Exception as exc:  # noqa: BLE001 - without the pods, keep every instance that exists
+            log.error("MIG recovery: cannot list this node's pods (%s); instances nobody claims are kept", exc)
+            known = False
+        for line in await asyncio.to_thread(self.mig.recover, claims, known):
+            log.info("MIG recovery: %s", line)
+
+    async def _collect_mig(self) -> None:
+        while True:
+            await asyncio.sleep(self.mig_interval)
+            try:
+                await self.allocator.collect_mig()
+            except MigError as exc:
+                log.error("MIG clean-up failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - API errors: next round
+                log.error("MIG clean-up: %s; retrying in %.0fs", exc, self.mig_interval)
+
     async def start(self) -> None:
         prepare_hook_dir(self.paths)
+        if self.mig is not None:
+            await self._recover_mig()
         try:  # the node says what it has before the kubelet is told; the loop retries on error
             await self.registrar.sync_once()
         except Exception as exc:  # noqa: BLE001 - logged, retried by Registrar.run
@@ -75,6 +117,8 @@ class NodeAgent:
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),
             asyncio.create_task(self.server.run(), name="hami-grpc"),
         ]
+        if self.mig is not None:
+            self._tasks.append(asyncio.create_task(self._collect_mig(), name="hami-mig-collect"))
         if self.pod_watch:  # this node's pods, so Allocate can often skip reading the pod (allocate.py PodCache)
             self._tasks.append(asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"))
 

@@ -15,6 +15,7 @@ from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
+from .mig import MigError
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
 from .preflight import PreflightError, check_other_plugins
 from .register import REGISTER, SCORE
@@ -53,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
                    help="publish the GPUs' pairwise link scores (hami.io/node-nvidia-score) for the topology-aware "
                    "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
+    p.add_argument("--mig-checkpoint", default=None, metavar="FILE",
+                   help="operatingmode mig: the node-local record of the MIG instances this plugin made "
+                   "(default <hook-path>/vgpu/mig/checkpoint.json, on the host)")
+    p.add_argument("--mig-collect-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="operatingmode mig: seconds between clean-ups of instances whose pod is gone (default 5)")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -91,18 +97,27 @@ def describe(settings: NodeSettings, state: DeviceState) -> dict:
 async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
+    from .mig import Checkpoint, MigManager, MigNvml
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
-        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay,
+        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, scores=state.pair_scores,
+        mig=MigManager(MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
+                       state.uuids) if settings.operating_mode == "mig" else None,
+        mig_interval=args.mig_collect_interval,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await agent.start()
+    try:
+        await agent.start()
+    except MigError as exc:
+        print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+        await kube.close()
+        return EXIT_CONFIG
     try:
         done, _ = await asyncio.wait(
             [asyncio.create_task(stop.wait()), *agent.tasks], return_when=asyncio.FIRST_COMPLETED
@@ -125,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.node_name and not args.dry_run:
         print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
         return EXIT_CONFIG
+    if not 0.1 <= args.mig_collect_interval <= 3600:
+        print(f"hami device-plugin: --mig-collect-interval: expected 0.1 to 3600 seconds, got {args.mig_collect_interval!r}",
+              file=sys.stderr)
+        return EXIT_CONFIG
     if not 0 <= args.lock_release_delay <= 60:
         print(f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
               file=sys.stderr)
@@ -140,7 +159,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_NVML
     try:
-        gpus = discover(settings, args.sysfs_root)
+        try:
+            gpus = discover(settings, args.sysfs_root)
+        except MigError as exc:
+            print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         scores, asymmetric = None, ()
         if args.topology_score:
             found = pair_scores(read_links([g.uuid for g in gpus]))

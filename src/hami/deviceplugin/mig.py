@@ -319,6 +319,14 @@ class MigManager:
         self._lock = threading.Lock()
         self._profiles: dict[str, dict[str, GpuProfile]] = {}
         self.entries: dict[str, Entry] = {}
+        self._seq = 0  # counts prepare calls; collect() spares entries made after its snapshot
+        self._made: dict[str, int] = {}
+
+    def snapshot(self) -> int:
+        """A mark for :meth:`collect`: entries prepared after it are never collected with it (their
+        pod may be missing from a pod list read before they were made)."""
+        with self._lock:
+            return self._seq
 
     def _profile(self, gpu: str, name: str) -> GpuProfile:
         if gpu not in self._profiles:
@@ -333,9 +341,10 @@ class MigManager:
         self.after_step(step)
 
     # ------------------------------------------------------------------ start-up
-    def recover(self, claims: Sequence[tuple[PodRef, MigAllocation]] = ()) -> list[str]:
+    def recover(self, claims: Sequence[tuple[PodRef, MigAllocation]] = (), destroy_unclaimed: bool = True) -> list[str]:
         """Start-up: undo interrupted creations, adopt instances that live pods' annotations
-        name (``claims``), destroy the instances nobody claims. Returns what was done (lines)."""
+        name (``claims``), destroy the instances nobody claims (unless ``destroy_unclaimed`` is
+        False: the pods could not be read). Returns what was done (lines)."""
         with self._lock:
             for gpu in self.gpus:
                 self.nvml.enable(gpu)
@@ -347,7 +356,8 @@ class MigManager:
                     del self.entries[key]
             self._adopt(claims, done)
             self.checkpoint.save(self.entries)
-            done += self._destroy_unclaimed()
+            if destroy_unclaimed:
+                done += self._destroy_unclaimed()
             return done
 
     def _undo(self, e: Entry, why: str) -> str:
@@ -392,6 +402,9 @@ class MigManager:
     def prepare(self, pod: PodRef, allocations: Sequence[MigAllocation]) -> list[MigAllocation]:
         """Create or reuse one instance per entry; returns the entries with their runtime identity."""
         with self._lock:
+            self._seq += 1
+            for a in allocations:
+                self._made[f"{pod.uid}/{a.container}/{a.device}"] = self._seq
             return [self._one(pod, a) for a in allocations]
 
     def _one(self, pod: PodRef, a: MigAllocation) -> MigAllocation:
@@ -447,13 +460,16 @@ class MigManager:
                      if i.profile == a.profile and i.start == a.start and i.gi not in owned), None)
 
     # ------------------------------------------------------------------ garbage collection
-    def collect(self, live_pod_uids: set[str]) -> list[str]:
-        """Destroy the instances of pods not in ``live_pod_uids`` (gone, or finished)."""
+    def collect(self, live_pod_uids: set[str], upto: int | None = None) -> list[str]:
+        """Destroy the instances of pods not in ``live_pod_uids`` (gone, or finished); with
+        ``upto`` (a :meth:`snapshot` taken before the pod list was read) only those prepared
+        before it."""
         with self._lock:
             done = []
             for key, e in list(self.entries.items()):
-                if e.pod_uid in live_pod_uids:
+                if e.pod_uid in live_pod_uids or (upto is not None and self._made.get(key, 0) > upto):
                     continue
+                self._made.pop(key, None)
                 if e.gpu_instance_id is not None:
                     self.nvml.destroy(e.gpu_uuid, e.gpu_instance_id)
                 del self.entries[key]
