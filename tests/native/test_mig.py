@@ -126,3 +126,61 @@ def test_killed_between_steps_leaves_no_orphan_and_no_double_use(node, step):
     # the other pod cannot get that instance
     other = node.run(prepare={"pod": POD_B, "allocs": [alloc()]})
     assert "still held by pod ns/a" in other["error"]
+
+
+# ------------------------------------------------------------------ static MIG (migstrategy mixed)
+
+MAKE = """
+import ctypes, json, os, sys
+from hami.deviceplugin.discovery import open_nvml
+from hami.deviceplugin.mig import MigNvml
+open_nvml(os.environ["FAKE_NVML"])
+n = MigNvml()
+out = []
+for gpu, profile, start in json.loads(sys.argv[1]):
+    n.enable(gpu)
+    p = {x.name: x for x in n.profiles(gpu)}[profile]
+    gi = n.create_gi(gpu, p, start)
+    out.append(n.create_ci(gpu, gi, p)[1])
+print(json.dumps(out))
+"""
+
+
+def make_instances(node: Node, wanted: list) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", MAKE, json.dumps(wanted)], env=node.env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def dry_run(node: Node, *args: str, node_config: dict | None = None) -> subprocess.CompletedProcess:
+    cfg = node.checkpoint.parent.parent / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", **(node_config or {})}]}))
+    return subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1",
+                           "--node-config", str(cfg), "--nvml-library", str(FAKE_NVML), "--topology-score", "false",
+                           *args], env=node.env, capture_output=True, text=True, timeout=60)
+
+
+def test_mixed_strategy_advertises_existing_instances_per_profile(node):
+    a, b, c = make_instances(node, [[H100, "1g.10gb", 6], [H100, "1g.10gb", 5], [H100, "3g.40gb", 0]])
+    out = dry_run(node, "--mig-strategy", "mixed")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["migResources"] == {"nvidia.com/mig-1g.10gb": [a, b], "nvidia.com/mig-3g.40gb": [c]}
+    # the GPU in MIG mode is served as MIG devices only; the other one stays a shared nvidia.com/gpu
+    assert [g["uuid"] for g in doc["gpus"]] == [A100]
+    # config.json says the same through its key
+    same = json.loads(dry_run(node, node_config={"migstrategy": "mixed"}).stdout)
+    assert same["migResources"] == doc["migResources"]
+    # the default (none) leaves MIG instances alone
+    assert json.loads(dry_run(node).stdout)["migResources"] == {}
+
+
+@pytest.mark.parametrize(("args", "config", "message"), [
+    (("--mig-strategy", "single"), None, "migstrategy 'single' is not supported"),
+    ((), {"migstrategy": "mixed", "operatingmode": "mig"}, "cannot be combined with operatingmode 'mig'"),
+    ((), {"migstrategy": "half"}, "migstrategy: expected one of none, single, mixed, got 'half'"),
+])
+def test_unworkable_mig_strategy_is_refused_at_start_up(node, args, config, message):
+    out = dry_run(node, *args, node_config=config)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr

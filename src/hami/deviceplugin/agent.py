@@ -43,6 +43,7 @@ class NodeAgent:
         scores: dict[str, dict[str, int]] | None = None,
         mig: MigManager | None = None,
         mig_interval: float = 5.0,
+        static_mig: list | None = None,
     ) -> None:
         self.kube = kube
         self.mig = mig
@@ -53,6 +54,11 @@ class NodeAgent:
         self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, mig=mig)
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
+        from .static_mig import StaticMigService
+
+        #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
+        self.mig_servers = [PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
+                            for r in static_mig or ()]
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
         self._tasks: list[asyncio.Task] = []
@@ -116,6 +122,7 @@ class NodeAgent:
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),
             asyncio.create_task(self.server.run(), name="hami-grpc"),
+            *(asyncio.create_task(s.run(), name=f"hami-grpc-{s.settings.resource_name}") for s in self.mig_servers),
         ]
         if self.mig is not None:
             self._tasks.append(asyncio.create_task(self._collect_mig(), name="hami-mig-collect"))

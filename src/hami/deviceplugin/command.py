@@ -9,6 +9,9 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
+
+import pynvml
 
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
 
@@ -16,6 +19,7 @@ from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from .mig import MigError
+from .static_mig import StaticMigError, check_strategy, discover_static, mig_enabled, resources, settings_without_mig_gpus
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
 from .preflight import PreflightError, check_other_plugins
 from .register import REGISTER, SCORE
@@ -54,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
                    help="publish the GPUs' pairwise link scores (hami.io/node-nvidia-score) for the topology-aware "
                    "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
+    p.add_argument("--mig-strategy", default=env("MIG_STRATEGY"), choices=("none", "single", "mixed"),
+                   help="static MIG: 'mixed' advertises existing MIG instances as nvidia.com/mig-<profile> "
+                   "(env MIG_STRATEGY; overrides config.json migstrategy; default none)")
     p.add_argument("--mig-checkpoint", default=None, metavar="FILE",
                    help="operatingmode mig: the node-local record of the MIG instances this plugin made "
                    "(default <hook-path>/vgpu/mig/checkpoint.json, on the host)")
@@ -62,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _uuid(index: int) -> str:
+    value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _bool_flag(text: str) -> bool:
@@ -80,7 +92,7 @@ def _driver_mount(text: str) -> MountSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def describe(settings: NodeSettings, state: DeviceState) -> dict:
+def describe(settings: NodeSettings, state: DeviceState, static: list = ()) -> dict:
     return {
         "resource": settings.resource_name,
         "socket": settings.socket_name,
@@ -89,12 +101,13 @@ def describe(settings: NodeSettings, state: DeviceState) -> dict:
             for g in state.gpus
         ],
         "kubeletDevices": len(state.kubelet_devices()),
+        "migResources": {r.settings.resource_name: list(r.mig_uuids) for r in static},
         "annotations": {REGISTER: encode_node_devices_json(state.registration()),
                         **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {})},
     }
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState) -> int:
+async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, static: list) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
     from .mig import Checkpoint, MigManager, MigNvml
@@ -106,7 +119,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
         pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, scores=state.pair_scores,
         mig=MigManager(MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
                        state.uuids) if settings.operating_mode == "mig" else None,
-        mig_interval=args.mig_collect_interval,
+        mig_interval=args.mig_collect_interval, static_mig=static,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -153,12 +166,27 @@ def run(args: argparse.Namespace) -> int:
     except NodeConfigError as exc:
         print(f"hami device-plugin: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.mig_strategy:
+        settings = replace(settings, mig_strategy=args.mig_strategy)
+    try:
+        check_strategy(settings.mig_strategy, settings.operating_mode)
+    except StaticMigError as exc:
+        print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         open_nvml(args.nvml_library)
     except NvmlUnavailable as exc:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_NVML
     try:
+        static = []
+        if settings.mig_strategy == "mixed":
+            all_gpus = [_uuid(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            mig_gpus = [u for u in all_gpus if mig_enabled(u)]
+            static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
+            settings = settings_without_mig_gpus(settings, mig_gpus)
+            log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
+                     or "no MIG instances")
         try:
             gpus = discover(settings, args.sysfs_root)
         except MigError as exc:
@@ -173,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
                             "the pair scores 0", a, b)
         state = DeviceState(gpus, settings, scores)
         if args.dry_run:
-            print(json.dumps(describe(settings, state), indent=2))
+            print(json.dumps(describe(settings, state, static), indent=2))
             return 0
         if not args.skip_preflight:
             try:
@@ -181,6 +209,6 @@ def run(args: argparse.Namespace) -> int:
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
-        return asyncio.run(_serve(args, settings, state))
+        return asyncio.run(_serve(args, settings, state, static))
     finally:
         close_nvml()

@@ -44,6 +44,7 @@ class NodeSettings:
     enable_preferred_allocation: bool = False
     disable_core_limit: bool = False
     gpu_core_policy: str = "default"
+    mig_strategy: str = "none"  # none | mixed (static_mig.py); "single" is refused at start-up
     #: migProfileAllowlist as ((models...), (profiles...)) pairs, in order
     mig_allowlist: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
@@ -95,6 +96,7 @@ _JSON_MAP = {
     "libcudaloglevel": "libcuda_log_level",
     "enablenumatopology": "enable_numa_topology",
     "enablegetpreferredallocation": "enable_preferred_allocation",
+    "migstrategy": "mig_strategy",
 }
 
 
