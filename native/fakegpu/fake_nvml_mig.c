@@ -10,41 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef struct {
-    int valid;
-    unsigned id;         /* NVML profile id (what Create*, GetGpuInstances take) */
-    const char *name;    /* "1g.5gb" */
-    unsigned instances;  /* instanceCount */
-    unsigned slices;     /* compute slices */
-    unsigned sms;
-    unsigned long long mem_mib;
-    unsigned size;       /* memory slices of each placement */
-    unsigned nstarts;
-    unsigned starts[8];
-} mig_profile;
-
-#define P(idx, ...) [idx] = {1, __VA_ARGS__}
-/* Indices are NVML_GPU_INSTANCE_PROFILE_*; figures follow the products' published MIG tables. */
-static const mig_profile A100_40GB[NVML_GPU_INSTANCE_PROFILE_COUNT] = {
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "1g.5gb", 7, 1, 14, 4864, 1, 7, {0, 1, 2, 3, 4, 5, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, "1g.5gb+me", 1, 1, 14, 4864, 1, 7, {0, 1, 2, 3, 4, 5, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.10gb", 4, 1, 14, 9856, 2, 4, {0, 2, 4, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "2g.10gb", 3, 2, 28, 9856, 2, 3, {0, 2, 4}),
-    P(NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "3g.20gb", 2, 3, 42, 19968, 4, 2, {0, 4}),
-    P(NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "4g.20gb", 1, 4, 56, 19968, 4, 1, {0}),
-    P(NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "7g.40gb", 1, 7, 98, 40192, 8, 1, {0}),
-};
-static const mig_profile H100_80GB[NVML_GPU_INSTANCE_PROFILE_COUNT] = {
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "1g.10gb", 7, 1, 16, 9856, 1, 7, {0, 1, 2, 3, 4, 5, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, "1g.10gb+me", 1, 1, 16, 9856, 1, 7, {0, 1, 2, 3, 4, 5, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, "1g.20gb", 4, 1, 26, 19968, 2, 4, {0, 2, 4, 6}),
-    P(NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "2g.20gb", 3, 2, 32, 19968, 2, 3, {0, 2, 4}),
-    P(NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "3g.40gb", 2, 3, 60, 40320, 4, 2, {0, 4}),
-    P(NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "4g.40gb", 1, 4, 64, 40320, 4, 1, {0}),
-    P(NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "7g.80gb", 1, 7, 132, 80768, 8, 1, {0}),
-};
-#undef P
-#define COMPUTE_SLICES 7
+typedef fg_mig_profile mig_profile;
+#define COMPUTE_SLICES FG_MIG_COMPUTE_SLICES
 
 struct nvmlGpuInstance_st {
     int dev, id;
@@ -58,17 +25,13 @@ static struct nvmlDevice_st g_migdev[FG_MAX_DEV][FG_MAX_GI + 1];
 
 static const mig_profile *geometry(int dev)
 {
-    switch (fg_cfg()->dev[dev].mig_geometry) {
-    case FG_MIG_A100_40GB: return A100_40GB;
-    case FG_MIG_H100_80GB: return H100_80GB;
-    default: return NULL;
-    }
+    return fg_mig_geometry(fg_cfg()->dev[dev].mig_geometry);
 }
 
 /* The profile index with NVML profile id `id`, -1 if none. */
 static int profile_by_id(const mig_profile *g, unsigned id)
 {
-    for (int i = 0; i < NVML_GPU_INSTANCE_PROFILE_COUNT; i++)
+    for (int i = 0; i < FG_MIG_PROFILES; i++)
         if (g[i].valid && g[i].id == id)
             return i;
     return -1;
@@ -141,15 +104,7 @@ static fg_gi *mig_of(nvmlDevice_t d)
 
 static void format_mig_uuid(int dev, int id, unsigned long long gen, char *out, size_t len)
 {
-    unsigned char b[16];
-    memcpy(b, fg_cfg()->dev[dev].uuid_bytes, 16);
-    b[0] ^= 0x4d;
-    b[12] ^= (unsigned char)id;
-    b[13] ^= (unsigned char)(gen >> 16);
-    b[14] ^= (unsigned char)(gen >> 8);
-    b[15] ^= (unsigned char)gen;
-    snprintf(out, len, "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    fg_mig_uuid(fg_cfg()->dev[dev].uuid_bytes, id, gen, out, len);
 }
 
 nvmlReturn_t fgn_mig_uuid(nvmlDevice_t d, char *out, unsigned len)
@@ -248,7 +203,7 @@ static nvmlReturn_t profile_info(nvmlDevice_t device, unsigned profile, const mi
     nvmlReturn_t r = mig_enabled(device, &dev, &g);
     if (r != NVML_SUCCESS)
         return r;
-    if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+    if (profile >= FG_MIG_PROFILES)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!g[profile].valid)
         return NVML_ERROR_NOT_SUPPORTED;

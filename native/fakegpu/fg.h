@@ -114,6 +114,26 @@ typedef struct {
     fg_mig mig[FG_MAX_DEV];
 } fg_state;
 
+/* MIG geometry of a product (fg_mig.c): profiles indexed by NVML_GPU_INSTANCE_PROFILE_*. */
+#define FG_MIG_PROFILES 17 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
+#define FG_MIG_COMPUTE_SLICES 7
+typedef struct {
+    int valid;
+    unsigned id;         /* NVML profile id (what Create*, GetGpuInstances take) */
+    const char *name;    /* "1g.5gb" */
+    unsigned instances;  /* instanceCount */
+    unsigned slices;     /* compute slices */
+    unsigned sms;
+    unsigned long long mem_mib;
+    unsigned size;       /* memory slices of each placement */
+    unsigned nstarts;
+    unsigned starts[8];
+} fg_mig_profile;
+
+FG_HIDDEN const fg_mig_profile *fg_mig_geometry(int geometry); /* NULL: no MIG */
+/* "MIG-…" of GPU instance `id` (creation number `gen`) on a device with these UUID bytes. */
+FG_HIDDEN void fg_mig_uuid(const unsigned char gpu_uuid[16], int id, unsigned long long gen, char *out, unsigned long len);
+
 FG_HIDDEN const fg_config *fg_cfg(void);      /* parsed once; exits on bad config */
 FG_HIDDEN fg_state *fg_st(void);              /* mapped once */
 FG_HIDDEN void fg_lock(void);

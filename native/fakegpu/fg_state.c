@@ -356,6 +356,62 @@ static int config_beside_library(char *path, size_t size)
     return access(path, R_OK) == 0;
 }
 
+/* A MIG device named in the visible-devices variable: the GPU instance with that UUID in the
+ * machine's state file (read directly: the state is not mapped yet while the configuration is
+ * being read). The process then sees that GPU as the MIG device: its UUID, "<name> MIG <profile>",
+ * the profile's memory and SMs. Returns the physical index; an unknown UUID stops the process. */
+static int mig_visible(fg_config *c, const char *token)
+{
+    char dir[512], path[600];
+    const char *d = getenv("FAKEGPU_STATE_DIR");
+    if (d && *d)
+        snprintf(dir, sizeof dir, "%s", d);
+    else if (c->state_dir[0])
+        snprintf(dir, sizeof dir, "%s", c->state_dir);
+    else
+        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    snprintf(path, sizeof path, "%s/state", dir);
+    int found = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size == (off_t)sizeof(fg_state)) {
+        const fg_state *s = mmap(NULL, sizeof(fg_state), PROT_READ, MAP_SHARED, fd, 0);
+        if (s != MAP_FAILED) {
+            for (int i = 0; i < c->count && found < 0 && s->magic == FG_MAGIC && s->version == FG_VERSION; i++) {
+                fg_dev_cfg *dv = &c->dev[i];
+                parse_uuid(dv->uuid, dv->uuid_bytes);
+                const fg_mig_profile *g = fg_mig_geometry(dv->mig_geometry == FG_MIG_AUTO ? FG_MIG_NONE : dv->mig_geometry);
+                for (int id = 1; g && id <= FG_MAX_GI && found < 0; id++) {
+                    const fg_gi *x = &s->mig[i].gi[id];
+                    char uuid[96];
+                    if (!x->used || !x->ci_used || x->profile < 0 || x->profile >= FG_MIG_PROFILES)
+                        continue;
+                    fg_mig_uuid(dv->uuid_bytes, id, x->gen, uuid, sizeof uuid);
+                    if (strcmp(uuid, token))
+                        continue;
+                    const fg_mig_profile *p = &g[x->profile];
+                    char name[sizeof dv->name];
+                    snprintf(name, sizeof name, "%.60s MIG %s", dv->name, p->name);
+                    memcpy(dv->name, name, sizeof name);
+                    snprintf(dv->uuid, sizeof dv->uuid, "%s", uuid);
+                    char as_gpu[100];
+                    snprintf(as_gpu, sizeof as_gpu, "GPU-%s", uuid + 4);
+                    parse_uuid(as_gpu, dv->uuid_bytes);
+                    dv->memory = p->mem_mib << 20;
+                    dv->sms = (int)p->sms;
+                    found = i;
+                }
+            }
+            munmap((void *)s, sizeof(fg_state));
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (found < 0)
+        die(c->visible_env, token); /* the runtime would refuse to start the container */
+    return found;
+}
+
 /* What a container runtime does with the GPUs it was told to give a container (the NVIDIA
  * runtime reads NVIDIA_VISIBLE_DEVICES): with visible_devices_env=<VAR> in the configuration, a
  * process whose VAR lists devices (UUIDs or indices, comma-separated) sees only those, in CUDA
@@ -373,6 +429,15 @@ static void runtime_visible(fg_config *c)
         return;
     char *copy = strdup(v), *save = NULL;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(t, "MIG-", 4)) {
+            int dev = mig_visible(c, t);
+            for (int i = 0; i < c->nvis; i++)
+                if (c->vis[i] == dev)
+                    die("two MIG devices of one GPU in one process (not modelled)", t);
+            if (c->nvis < FG_MAX_DEV)
+                c->vis[c->nvis++] = dev;
+            continue;
+        }
         int found = -1;
         for (int i = 0; i < c->count; i++)
             if (!strcmp(c->dev[i].uuid, t))

@@ -184,3 +184,42 @@ def test_mixed_strategy_advertises_existing_instances_per_profile(node):
 def test_unworkable_mig_strategy_is_refused_at_start_up(node, args, config, message):
     out = dry_run(node, *args, node_config=config)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------ a container given a MIG device
+
+def test_container_sees_its_mig_device_and_libvgpu_limits_it(native_build, tmp_path):
+    """What Allocate hands a MIG container (NVIDIA_VISIBLE_DEVICES=<MIG UUID>, libvgpu with the
+    memory limit): the fake runtime shows the instance (its UUID, name, the profile's memory),
+    and libvgpu caps it at the limit."""
+    from .conftest import BUILD, FAKE
+
+    cfg = tmp_path / "fakegpu.conf"
+    cfg.write_text(f"state_dir={tmp_path / 'fg'}\nvisible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
+                   "device name=NVIDIA A100-SXM4-40GB,memory=40Gi,mig_mode=1\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "CUDA_", "LD_PRELOAD", "NVIDIA_"))}
+    env.update(FAKEGPU_CONFIG=str(cfg), LD_LIBRARY_PATH=str(FAKE), FAKE_NVML=str(FAKE_NVML),
+               PYTHONPATH=f"{Path(__file__).parent}:{ROOT / 'src'}")
+    made = subprocess.run([sys.executable, "-c", MAKE, json.dumps([[A100, "3g.20gb", 4]])], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    [mig] = json.loads(made.stdout)
+    probe = """
+import cuda_probe as c, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetUUID(h), n.nvmlDeviceGetName(h))
+c.init(); print(c.mem_info()[1] >> 20, c.alloc(5000 << 20)[0])
+"""
+    ctr = {**env, "NVIDIA_VISIBLE_DEVICES": mig}
+    out = subprocess.run([sys.executable, "-c", probe], env=ctr, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"1 {mig} NVIDIA A100-SXM4-40GB MIG 3g.20gb", "19968 0"]
+    limited = {**ctr, "LD_PRELOAD": str(BUILD / "libvgpu.so"), "CUDA_DEVICE_MEMORY_LIMIT_0": "4000m",
+               "CUDA_DEVICE_SM_LIMIT": "100", "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "c.cache"),
+               "LIBCUDA_LOG_LEVEL": "0"}
+    out = subprocess.run([sys.executable, "-c", probe], env=limited, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[1] == "4000 2"  # the limit, and 5000 MiB refused (CUDA_ERROR_OUT_OF_MEMORY)
+    gone = subprocess.run([sys.executable, "-c", probe], env={**ctr, "NVIDIA_VISIBLE_DEVICES": "MIG-" + mig[4:-4] + "ffff"},
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 2 and "invalid configuration: NVIDIA_VISIBLE_DEVICES" in gone.stderr
