@@ -135,3 +135,22 @@ async def test_a_killed_plugin_keeps_live_instances_and_still_cleans_up(mig_plug
     await lock_released(kube_api, mig_plugin.node)
     await core.delete_namespaced_pod("k1", ns, grace_period_seconds=0)
     await wait_until(lambda: all(v == [] for v in instances(mig_plugin).values()), "clean-up after the restart")
+
+
+async def test_asymmetric_nvlinks_raise_a_node_warning_event(kube_cluster, kube_api):
+    """Topology: a pair whose NVLink counts disagree scores 0 and the node gets HAMi's Warning
+    event AsymmetricGPUP2PLink."""
+    node = f"asym-{uuid.uuid4().hex[:8]}"
+    create_plain_node(kube_cluster, node)
+    p = Plugin(kube_cluster, node, devices="name=Tesla V100-SXM2-32GB,nvlink=1x2;name=Tesla V100-SXM2-32GB,nvlink=0x1")
+    try:
+        await p.start()
+        ann = (await client.CoreV1Api(kube_api).read_node(node)).metadata.annotations
+        assert json.loads(ann["hami.io/node-nvidia-score"])[0]["score"] == {H100: 0}
+        events = await client.CoreV1Api(kube_api).list_namespaced_event(
+            "default", field_selector=f"involvedObject.name={node},reason=AsymmetricGPUP2PLink")
+        assert len(events.items) == 1 and events.items[0].type == "Warning" and A100 in events.items[0].message
+    finally:
+        await p.stop()
+        kube_cluster.delete_node(node)
+        p.cleanup()

@@ -44,7 +44,9 @@ class NodeAgent:
         mig: MigManager | None = None,
         mig_interval: float = 5.0,
         static_mig: list | None = None,
+        asymmetric: tuple = (),
     ) -> None:
+        self.asymmetric = tuple(asymmetric)  # GPU pairs whose NVLink counts disagree (topology.py)
         self.kube = kube
         self.mig = mig
         self.mig_interval = mig_interval
@@ -110,6 +112,17 @@ class NodeAgent:
             except Exception as exc:  # noqa: BLE001 - API errors: next round
                 log.error("MIG clean-up: %s; retrying in %.0fs", exc, self.mig_interval)
 
+    async def _warn_asymmetric(self) -> None:
+        """HAMi's Node Warning event ``AsymmetricGPUP2PLink`` (once per start; best effort: the
+        plugin's ServiceAccount needs ``create`` on events)."""
+        pairs = ", ".join(f"{a}/{b}" for a, b in self.asymmetric)
+        try:
+            await self.kube.node_event("Warning", "AsymmetricGPUP2PLink",
+                                       f"GPU pairs report different NVLink counts to each other and score 0 for the "
+                                       f"topology-aware policy: {pairs}")
+        except Exception as exc:  # noqa: BLE001 - the log line says the same
+            log.warning("cannot record the AsymmetricGPUP2PLink event (%s)", exc)
+
     async def start(self) -> None:
         prepare_hook_dir(self.paths)
         if self.mig is not None:
@@ -118,6 +131,8 @@ class NodeAgent:
             await self.registrar.sync_once()
         except Exception as exc:  # noqa: BLE001 - logged, retried by Registrar.run
             log.error("first registration write failed: %s", exc)
+        if self.asymmetric:
+            await self._warn_asymmetric()
         self._start_watcher()
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),

@@ -107,7 +107,8 @@ def describe(settings: NodeSettings, state: DeviceState, static: list = ()) -> d
     }
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, static: list) -> int:
+async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, static: list,
+                 asymmetric: tuple = ()) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
     from .mig import Checkpoint, MigManager, MigNvml
@@ -119,7 +120,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
         pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, scores=state.pair_scores,
         mig=MigManager(MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
                        state.uuids) if settings.operating_mode == "mig" else None,
-        mig_interval=args.mig_collect_interval, static_mig=static,
+        mig_interval=args.mig_collect_interval, static_mig=static, asymmetric=asymmetric,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -209,6 +210,6 @@ def run(args: argparse.Namespace) -> int:
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
-        return asyncio.run(_serve(args, settings, state, static))
+        return asyncio.run(_serve(args, settings, state, static, asymmetric))
     finally:
         close_nvml()
