@@ -223,3 +223,15 @@ c.init(); print(c.mem_info()[1] >> 20, c.alloc(5000 << 20)[0])
     gone = subprocess.run([sys.executable, "-c", probe], env={**ctr, "NVIDIA_VISIBLE_DEVICES": "MIG-" + mig[4:-4] + "ffff"},
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 2 and "invalid configuration: NVIDIA_VISIBLE_DEVICES" in gone.stderr
+
+
+def test_mig_mode_on_a_gpu_without_mig_is_refused_in_one_line(native_build, tmp_path):
+    env = {**os.environ, "FAKEGPU_DEVICES": "name=Tesla T4,memory=16Gi", "FAKEGPU_STATE_DIR": str(tmp_path / "fg"),
+           "PYTHONPATH": str(ROOT / "src")}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "operatingmode": "mig"}]}))
+    out = subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1",
+                          "--node-config", str(cfg), "--nvml-library", str(FAKE_NVML)],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "refusing to start: GPU GPU-f00dfeed-0000-4000-8000-000000000000 does not support MIG" in out.stderr

@@ -21,6 +21,7 @@ import pynvml
 
 from hami.core.types import MigProfile
 
+from .mig import MigNvml, registered_profiles
 from .nodeconfig import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,6 @@ def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[Ph
 
 def _mig_profiles(uuid: str, model: str, settings: NodeSettings) -> tuple[MigProfile, ...]:
     """operatingmode mig: MIG mode on, and the profiles the scheduler may choose (mig.py)."""
-    from .mig import MigNvml, registered_profiles
-
     nvml = MigNvml()
     nvml.enable(uuid)
     return registered_profiles(nvml.profiles(uuid), model, settings.mig_allowlist)

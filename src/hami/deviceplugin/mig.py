@@ -45,7 +45,7 @@ from hami.core.types import MigProfile
 
 log = logging.getLogger(__name__)
 
-PROFILE_COUNT = 0x11  # NVML_GPU_INSTANCE_PROFILE_COUNT of the headers the fake driver is built with
+PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT  # profile indices to ask about (unknown ones fail, skipped)
 #: compute-instance profile covering a whole GPU instance of N compute slices
 CI_PROFILE = {1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
               3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
