@@ -61,8 +61,10 @@ class Plugin:
     """One `hami device-plugin` subprocess plus its kubelet stand-in and temp dirs."""
 
     def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0,
-                 devices: str = FAKE_DEVICES, node_config: dict | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 devices: str = FAKE_DEVICES, node_config: dict | None = None, extra_args: tuple[str, ...] = (),
+                 gpus: int = 2) -> None:
         self.cluster = cluster
+        self.gpus = gpus
         self.devices = devices
         self.extra_args = extra_args
         self.node = node
@@ -100,7 +102,7 @@ class Plugin:
                "-v", *self.extra_args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
         await self.kubelet.wait_for(lambda: len(self.kubelet.registrations) > seen and
-                                    len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == 2 * self.split, 30)
+                                    len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == self.gpus * self.split, 30)
 
     async def stop(self) -> None:
         """SIGTERM (the plugin's orderly shutdown) and the kubelet stand-in; once."""

@@ -154,3 +154,78 @@ async def test_asymmetric_nvlinks_raise_a_node_warning_event(kube_cluster, kube_
         await p.stop()
         kube_cluster.delete_node(node)
         p.cleanup()
+
+
+async def test_full_chain_topology_aware_and_mig_through_the_extender(kube_cluster, kube_api, kube_namespace):
+    """Webhook -> kube-scheduler + our extender -> Bind -> kubelet stand-in -> Allocate, on two
+    nodes whose plugins read the fake driver: a 4-GPU board whose NVLink pair is GPUs 1 and 3
+    (a topology-aware 2-GPU pod gets them, from the scores the plugin published; without the
+    scores every pair ties and GPUs 0 and 1 would be taken) and a MIG node (the extender picks
+    profile and placement, the plugin makes that instance)."""
+    from hami.dev.cluster import SchedulerConfig
+
+    from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook, wait_webhook_routes
+    from .test_device_plugin import WEBHOOK_LABEL, _chain_pod, _scheduler_cli, watch_bound_pods
+
+    if _scheduler_cli() or not FAKE_NVML.exists():
+        pytest.skip(_scheduler_cli() or "the fake NVML is not built")
+    links = {0: "2x1", 1: "3x2", 2: "0x1", 3: "1x2"}
+    board = ";".join(f"name=Tesla V100-SXM2-32GB,memory=32Gi,pci=0000:{0x18 + 0x10 * i:02x}:00.0,nvlink={links[i]},"
+                     f"host_bridge=0,numa=0" for i in range(4))
+    gpu = [f"GPU-f00dfeed-0000-4000-8000-{i:012d}" for i in range(4)]
+    ns = kube_namespace
+    label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
+    sched = SchedulerProcess(kube_cluster).start()
+    webhook = f"hami-topo-{uuid.uuid4().hex[:6]}"
+    topo_node, mig_node = f"topo-{uuid.uuid4().hex[:6]}", f"migc-{uuid.uuid4().hex[:6]}"
+    kube_cluster.create_node(topo_node, gpus=4, split_count=2)
+    kube_cluster.create_node(mig_node, gpus=2, split_count=2)
+    topo = Plugin(kube_cluster, topo_node, split=2, devices=board, gpus=4)
+    mig = Plugin(kube_cluster, mig_node, split=2, devices=DEVICES, node_config={"operatingmode": "mig"},
+                 extra_args=("--mig-collect-interval", "0.2"))
+    core = client.CoreV1Api(kube_api)
+    try:
+        kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=sched.extender()))
+        register_webhook(kube_cluster, sched.url, webhook, WEBHOOK_LABEL)
+        await asyncio.to_thread(wait_webhook_routes, kube_cluster, ns, _chain_pod("probe", topo_node, multi=False))
+        await topo.start()
+        await mig.start()
+        pair = _chain_pod("pair", topo_node, multi=False)
+        pair["metadata"]["annotations"] = {"hami.io/gpu-scheduler-policy": "topology-aware"}
+        pair["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "2"}
+        cut = _chain_pod("cut", mig_node, multi=False)
+        cut["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "1", "nvidia.com/gpumem": "15000"}
+        for body in (pair, cut):
+            created = await core.create_namespaced_pod(ns, body)
+            assert created.spec.scheduler_name == "hami-scheduler", "the webhook did not route the pod"
+        for plugin, name in ((topo, "pair"), (mig, "cut")):
+            seen: asyncio.Queue = asyncio.Queue()
+            watcher = asyncio.create_task(watch_bound_pods(kube_api, ns, plugin.node, seen, 1))
+            pod = await asyncio.wait_for(seen.get(), 60)
+            await watcher
+            assert pod.metadata.name == name
+            [resp] = await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
+            if plugin is topo:
+                got = sorted(dict(resp.envs)["NVIDIA_VISIBLE_DEVICES"].split(","))
+                assert got == [gpu[1], gpu[3]], got
+            else:
+                ann = (await core.read_namespaced_pod("cut", ns)).metadata.annotations
+                [made] = decode_mig_allocations(ann[MIG])
+                assert made.profile == {A100: "3g.20gb", H100: "1g.20gb"}[made.gpu_uuid], made  # smallest >= 15000 MiB
+                have = instances(mig)[made.gpu_uuid]
+                assert [(i[1], i[2], i[3]) for i in have] == [(made.profile, made.start, made.mig_uuid)]
+                assert dict(resp.envs)["NVIDIA_VISIBLE_DEVICES"] == made.mig_uuid
+        await core.delete_namespaced_pod("cut", ns, grace_period_seconds=0)
+        await wait_until(lambda: all(v == [] for v in instances(mig).values()), "the MIG instance to go with its pod")
+    finally:
+        delete_webhook(kube_cluster, webhook)
+        kube_cluster.configure_hami_scheduler(SchedulerConfig())
+        for p in (topo, mig):
+            await p.stop()
+        sched.stop()
+        print(f"--- hami scheduler log ---\n{sched.logs()[-4000:]}\n--- topo plugin ---\n{topo.logs()[-3000:]}\n"
+              f"--- mig plugin ---\n{mig.logs()[-3000:]}")
+        kube_cluster.delete_node(topo_node)
+        kube_cluster.delete_node(mig_node)
+        topo.cleanup()
+        mig.cleanup()
