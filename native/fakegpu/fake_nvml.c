@@ -1,11 +1,7 @@
 /* Fake libnvidia-ml.so.1: answers NVML queries from the fake GPU configuration and the
  * shared state written by the fake libcuda.so.1 (memory per process, kernel busy time,
  * injected XID events). Declarations come from NVIDIA's nvml.h. */
-#define _GNU_SOURCE
-#define NVML_NO_UNVERSIONED_FUNC_DEFS
-#include <nvml.h>
-
-#include "fake_nvml.h"
+#include "fake_nvml.h" /* nvml.h, fg.h */
 
 #include <stdio.h>
 #include <stdlib.h>
