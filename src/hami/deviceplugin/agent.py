@@ -1,4 +1,6 @@
-"""The node agent: gRPC server + kubelet registration + registration annotation + XID watcher.
+"""The node agent: gRPC server + kubelet registration + registration annotation + XID watcher,
+plus, per configuration, dynamic MIG (recovery at start, clean-up loop; mig.py) and one more
+gRPC server per static MIG resource (static_mig.py).
 
 ``NodeAgent`` is what ``hami device-plugin`` runs; tests run it in-process against the fake
 NVML, a kubelet stand-in and the real API server.
@@ -11,6 +13,11 @@ import contextlib
 import logging
 from pathlib import Path
 
+from hami.core.codec import decode_mig_allocations
+from hami.core.errors import CodecError
+from hami.kube.nodelock import LOCK_HANDOFF
+from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
+
 from .allocate import HookPaths
 from .allocator import Allocator, prepare_hook_dir
 from .devices import DeviceState
@@ -18,10 +25,9 @@ from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
 from .mig import MigError, MigManager, PodRef
 from .nodeconfig import NodeSettings
-from hami.kube.nodelock import LOCK_HANDOFF
-
 from .register import Registrar
 from .server import PluginServer
+from .static_mig import StaticMigResource, StaticMigService
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,7 @@ class NodeAgent:
         scores: dict[str, dict[str, int]] | None = None,
         mig: MigManager | None = None,
         mig_interval: float = 5.0,
-        static_mig: list | None = None,
+        static_mig: list[StaticMigResource] | None = None,
         asymmetric: tuple = (),
     ) -> None:
         self.asymmetric = tuple(asymmetric)  # GPU pairs whose NVLink counts disagree (topology.py)
@@ -56,8 +62,6 @@ class NodeAgent:
         self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, mig=mig)
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
-        from .static_mig import StaticMigService
-
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
         self.mig_servers = [PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
                             for r in static_mig or ()]
@@ -82,10 +86,6 @@ class NodeAgent:
         """Before the kubelet can call Allocate: undo what a killed predecessor left half made,
         adopt instances live pods name, destroy the rest (mig.py)."""
         assert self.mig is not None
-        from hami.core.codec import decode_mig_allocations
-        from hami.core.errors import CodecError
-        from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
-
         claims, known = [], True
         try:
             for pod in await self.kube.pods_on_node():
