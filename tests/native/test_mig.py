@@ -235,3 +235,26 @@ def test_mig_mode_on_a_gpu_without_mig_is_refused_in_one_line(native_build, tmp_
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "refusing to start: GPU GPU-f00dfeed-0000-4000-8000-000000000000 does not support MIG" in out.stderr
+
+
+def test_mig_mode_cannot_be_turned_on_under_a_running_process(native_build, tmp_path):
+    """operatingmode mig on a GPU a process still uses: refused in one line naming the GPU."""
+    from .conftest import FAKE
+
+    env = {**os.environ, "FAKEGPU_DEVICES": "name=NVIDIA A100-SXM4-40GB,memory=40Gi",
+           "FAKEGPU_STATE_DIR": str(tmp_path / "fg"), "PYTHONPATH": f"{Path(__file__).parent}:{ROOT / 'src'}",
+           "LD_LIBRARY_PATH": str(FAKE)}
+    holder = subprocess.Popen([sys.executable, "-c", "import cuda_probe as c, sys, time; c.init(); c.alloc(1 << 30); "
+                               "print('ready', flush=True); sys.stdin.read()"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        cfg = tmp_path / "config.json"
+        cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "operatingmode": "mig"}]}))
+        out = subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1",
+                              "--node-config", str(cfg), "--nvml-library", str(FAKE_NVML)],
+                             env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        holder.communicate("")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot enable MIG mode" in out.stderr and A100 in out.stderr

@@ -128,3 +128,29 @@ def test_unknown_profile_or_placement_is_refused_before_touching_the_gpu(tmp_pat
     with pytest.raises(MigError, match="not on this node"):
         mgr.prepare(PodRef("u", "ns", "p"), [MigAllocation(0, 0, "GPU-9", "3g.20gb", 4, 4)])
     assert nvml.live == {} and mgr.entries == {}
+
+
+async def test_recovery_without_the_pod_list_keeps_unclaimed_instances(tmp_path):
+    """Start-up with the API server unreachable: instances nobody claims are kept (they may
+    belong to running pods whose checkpoint entries were lost); with the list they go."""
+    from types import SimpleNamespace
+
+    from hami.deviceplugin.agent import NodeAgent
+
+    nvml = MemoryNvml()
+    nvml.live[3] = Instance(3, "3g.20gb", 0, 4, 0, "MIG-3")
+
+    class NoApi:
+        async def pods_on_node(self):
+            raise OSError("connection refused")
+
+    class Api:
+        async def pods_on_node(self):
+            return []
+
+    agent = SimpleNamespace(mig=MigManager(nvml, Checkpoint(tmp_path / "c.json"), ["GPU-1"]), kube=NoApi())
+    await NodeAgent._recover_mig(agent)
+    assert list(nvml.live) == [3]
+    agent.kube = Api()
+    await NodeAgent._recover_mig(agent)
+    assert nvml.live == {}
