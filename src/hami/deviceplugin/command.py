@@ -146,6 +146,25 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     return 0
 
 
+def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
+    """migstrategy mixed: the MIG resources, and the settings without the GPUs they come from."""
+    if settings.mig_strategy != "mixed":
+        return settings, []
+    mig_gpus = [u for u in (_uuid(i) for i in range(pynvml.nvmlDeviceGetCount())) if mig_enabled(u)]
+    static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
+    log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
+             or "no MIG instances")
+    return settings_without_mig_gpus(settings, mig_gpus), static
+
+
+def _topology(gpus: list) -> tuple[dict[str, dict[str, int]], tuple]:
+    found = pair_scores(read_links([g.uuid for g in gpus]))
+    for a, b in found.asymmetric:
+        log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
+                    "the pair scores 0", a, b)
+    return found.scores, found.asymmetric
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose or not args.dry_run else logging.WARNING,
@@ -180,26 +199,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_NVML
     try:
-        static = []
-        if settings.mig_strategy == "mixed":
-            all_gpus = [_uuid(i) for i in range(pynvml.nvmlDeviceGetCount())]
-            mig_gpus = [u for u in all_gpus if mig_enabled(u)]
-            static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
-            settings = settings_without_mig_gpus(settings, mig_gpus)
-            log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
-                     or "no MIG instances")
+        settings, static = _static_mig(settings)
         try:
             gpus = discover(settings, args.sysfs_root)
         except MigError as exc:
             print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        scores, asymmetric = None, ()
-        if args.topology_score:
-            found = pair_scores(read_links([g.uuid for g in gpus]))
-            scores, asymmetric = found.scores, found.asymmetric
-            for a, b in asymmetric:
-                log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
-                            "the pair scores 0", a, b)
+        scores, asymmetric = _topology(gpus) if args.topology_score else (None, ())
         state = DeviceState(gpus, settings, scores)
         if args.dry_run:
             print(json.dumps(describe(settings, state, static), indent=2))
