@@ -1,22 +1,12 @@
 /* Fake libnvidia-ml.so.1: answers NVML queries from the fake GPU configuration and the
  * shared state written by the fake libcuda.so.1 (memory per process, kernel busy time,
  * injected XID events). Declarations come from NVIDIA's nvml.h. */
-#define _GNU_SOURCE
-#define NVML_NO_UNVERSIONED_FUNC_DEFS
-#include <nvml.h>
-
-#include "fg.h"
+#include "fake_nvml.h" /* nvml.h, fg.h */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define EXPORT __attribute__((visibility("default")))
-
-struct nvmlDevice_st {
-    int index;
-};
 
 struct nvmlEventSet_st {
     unsigned long long mask[FG_MAX_DEV];
@@ -31,6 +21,17 @@ static int inited(void)
 {
     return __atomic_load_n(&g_init_count, __ATOMIC_ACQUIRE) > 0;
 }
+
+int fgn_inited(void) { return inited(); }
+
+int fgn_physical(nvmlDevice_t d)
+{
+    if (!d || d < g_dev || d >= g_dev + fg_cfg()->count)
+        return -1;
+    return d->index;
+}
+
+nvmlDevice_t fgn_handle(int physical) { return &g_dev[physical]; }
 
 /* The device's index among those this process sees (-1: not visible). */
 static int visible_slot(int physical)
@@ -105,6 +106,9 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r)
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
 }
@@ -218,12 +222,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
+    if (inited() && fgn_is_mig(device))
+        return fgn_mig_uuid(device, uuid, length);
     CHECK_DEV(device, d);
     return copy_str(uuid, length, d->uuid);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
+    if (inited() && fgn_is_mig(device))
+        return fgn_mig_name(device, name, length);
     CHECK_DEV(device, d);
     return copy_str(name, length, d->name);
 }
@@ -266,7 +274,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
     return NVML_SUCCESS;
 }
 
-static void fill_pci(const fg_dev_cfg *d, nvmlPciInfo_t *pci)
+void fgn_fill_pci(const fg_dev_cfg *d, nvmlPciInfo_t *pci)
 {
     memset(pci, 0, sizeof *pci);
     pci->domain = d->domain;
@@ -284,7 +292,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
     CHECK_DEV(device, d);
     if (!pci)
         return NVML_ERROR_INVALID_ARGUMENT;
-    fill_pci(d, pci);
+    fgn_fill_pci(d, pci);
     return NVML_SUCCESS;
 }
 
@@ -309,14 +317,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAt
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *cur, unsigned int *pending)
-{
-    CHECK_DEV(device, d);
-    (void)d;
-    (void)cur;
-    (void)pending;
-    return NVML_ERROR_NOT_SUPPORTED;
-}
 
 EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t s,
                                              unsigned int *temp)
@@ -349,6 +349,16 @@ static void mem_used(int dev, unsigned long long *used)
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m)
 {
+    if (inited() && fgn_is_mig(device) && m) {
+        unsigned long long total;
+        nvmlReturn_t r = fgn_mig_memory(device, &total);
+        if (r == NVML_SUCCESS) {
+            m->total = total;
+            m->used = 0;
+            m->free = total;
+        }
+        return r;
+    }
     CHECK_DEV(device, d);
     if (!m)
         return NVML_ERROR_INVALID_ARGUMENT;

@@ -15,7 +15,7 @@
 #define FG_RING 4096
 #define FG_MAX_XID 256
 #define FG_MAGIC 0x46414b45u /* "FAKE" */
-#define FG_VERSION 2u
+#define FG_VERSION 3u
 #define FG_BLOCKS_PER_SM 16ULL
 #define FG_SMALL_ALIGN 512ULL
 #define FG_LARGE_ALIGN (2ULL << 20)
@@ -33,7 +33,23 @@ typedef struct {
     int sms;
     int numa;
     int cc_major, cc_minor;
+    /* interconnect (fake_nvml_topo.c) */
+    int nvlinks[FG_MAX_DEV]; /* direct NVLinks to each other device (config order) */
+    int nvswitch_links;      /* NVLinks into the NVSwitch fabric */
+    int pcie_switch;         /* PCIe switch id, -1: none */
+    int host_bridge;         /* host bridge id, -1: one per NUMA node */
+    int board;               /* multi-GPU board id, -1: none */
+    /* MIG (fake_nvml_mig.c) */
+    int mig_geometry;        /* FG_MIG_* */
+    int mig_on;              /* MIG mode of a fresh machine */
 } fg_dev_cfg;
+
+#define FG_MIG_NONE 0
+#define FG_MIG_A100_40GB 1
+#define FG_MIG_H100_80GB 2
+#define FG_MIG_AUTO (-1)
+#define FG_MAX_GI 8 /* GPU instance ids 1..8 */
+#define FG_NVLINK_MAX 18 /* NVML_NVLINK_MAX_LINKS */
 
 typedef struct {
     int count;
@@ -73,6 +89,22 @@ typedef struct {
     unsigned long long xid;
 } fg_xid;
 
+/* One GPU instance (and its single, full-size compute instance) in the shared state. */
+typedef struct {
+    int32_t used;
+    int32_t profile;    /* NVML_GPU_INSTANCE_PROFILE_* index */
+    int32_t start, size;
+    int32_t ci_used;    /* compute instance 0 exists */
+    int32_t pad;
+    unsigned long long gen; /* creation number: part of the MIG UUID */
+} fg_gi;
+
+typedef struct {
+    int32_t mode; /* NVML_DEVICE_MIG_ENABLE / DISABLE */
+    int32_t pad;
+    fg_gi gi[FG_MAX_GI + 1]; /* indexed by GPU instance id; [0] unused */
+} fg_mig;
+
 typedef struct {
     uint32_t magic, version;
     pthread_mutex_t lock; /* process-shared, robust */
@@ -82,7 +114,29 @@ typedef struct {
     fg_busy busy[FG_MAX_DEV][FG_RING];
     unsigned long long xid_seq;
     fg_xid xids[FG_MAX_XID];
+    unsigned long long mig_gen;
+    fg_mig mig[FG_MAX_DEV];
 } fg_state;
+
+/* MIG geometry of a product (fg_mig.c): profiles indexed by NVML_GPU_INSTANCE_PROFILE_*. */
+#define FG_MIG_PROFILES 17 /* NVML_GPU_INSTANCE_PROFILE_COUNT */
+#define FG_MIG_COMPUTE_SLICES 7
+typedef struct {
+    int valid;
+    unsigned id;         /* NVML profile id (what Create*, GetGpuInstances take) */
+    const char *name;    /* "1g.5gb" */
+    unsigned instances;  /* instanceCount */
+    unsigned slices;     /* compute slices */
+    unsigned sms;
+    unsigned long long mem_mib;
+    unsigned size;       /* memory slices of each placement */
+    unsigned nstarts;
+    unsigned starts[8];
+} fg_mig_profile;
+
+FG_HIDDEN const fg_mig_profile *fg_mig_geometry(int geometry); /* NULL: no MIG */
+/* "MIG-…" of GPU instance `id` (creation number `gen`) on a device with these UUID bytes. */
+FG_HIDDEN void fg_mig_uuid(const unsigned char gpu_uuid[16], int id, unsigned long long gen, char *out, unsigned long len);
 
 FG_HIDDEN const fg_config *fg_cfg(void);      /* parsed once; exits on bad config */
 FG_HIDDEN fg_state *fg_st(void);              /* mapped once */

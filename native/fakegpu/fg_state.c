@@ -130,6 +130,41 @@ static void set_default_dev(fg_config *c, int i, int count)
     d->cc_major = 9;
     d->cc_minor = 0;
     d->pci_device_id = 0x233010de;
+    memset(d->nvlinks, 0, sizeof d->nvlinks);
+    d->nvswitch_links = 0;
+    d->pcie_switch = -1;
+    d->host_bridge = -1;
+    d->board = -1;
+    d->mig_geometry = FG_MIG_AUTO;
+    d->mig_on = 0;
+}
+
+static int parse_int(const char *val, long lo, long hi, int *out)
+{
+    char *end;
+    long v = strtol(val, &end, 10);
+    if (end == val || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* "1x4+2x2": 4 links to device 1, 2 links to device 2 */
+static int parse_nvlinks(const char *val, int *links)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", val);
+    memset(links, 0, sizeof(int) * FG_MAX_DEV);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
+        int peer, n;
+        char x;
+        if (sscanf(t, "%d%c%d", &peer, &x, &n) != 3 || x != 'x' || peer < 0 || peer >= FG_MAX_DEV || n < 1 ||
+            n > FG_NVLINK_MAX)
+            return -1;
+        links[peer] += n;
+    }
+    return 0;
 }
 
 static void apply_dev_key(fg_dev_cfg *d, const char *key, const char *val)
@@ -167,6 +202,35 @@ static void apply_dev_key(fg_dev_cfg *d, const char *key, const char *val)
         d->device = dev;
     } else if (!strcmp(key, "cc")) {
         if (sscanf(val, "%d.%d", &d->cc_major, &d->cc_minor) != 2)
+            die(what, val);
+    } else if (!strcmp(key, "nvlink")) {
+        if (parse_nvlinks(val, d->nvlinks))
+            die(what, val);
+    } else if (!strcmp(key, "nvswitch")) {
+        if (parse_int(val, 0, FG_NVLINK_MAX, &d->nvswitch_links))
+            die(what, val);
+    } else if (!strcmp(key, "pcie_switch")) {
+        if (parse_int(val, -1, 1 << 20, &d->pcie_switch))
+            die(what, val);
+    } else if (!strcmp(key, "host_bridge")) {
+        if (parse_int(val, -1, 1 << 20, &d->host_bridge))
+            die(what, val);
+    } else if (!strcmp(key, "board")) {
+        if (parse_int(val, -1, 1 << 20, &d->board))
+            die(what, val);
+    } else if (!strcmp(key, "mig")) {
+        if (!strcmp(val, "auto"))
+            d->mig_geometry = FG_MIG_AUTO;
+        else if (!strcmp(val, "none"))
+            d->mig_geometry = FG_MIG_NONE;
+        else if (!strcmp(val, "a100-40gb"))
+            d->mig_geometry = FG_MIG_A100_40GB;
+        else if (!strcmp(val, "h100-80gb"))
+            d->mig_geometry = FG_MIG_H100_80GB;
+        else
+            die(what, val);
+    } else if (!strcmp(key, "mig_mode")) {
+        if (parse_int(val, 0, 1, &d->mig_on))
             die(what, val);
     } else if (!strcmp(key, "pci_device_id")) {
         unsigned long v = strtoul(val, &end, 0);
@@ -292,6 +356,62 @@ static int config_beside_library(char *path, size_t size)
     return access(path, R_OK) == 0;
 }
 
+/* A MIG device named in the visible-devices variable: the GPU instance with that UUID in the
+ * machine's state file (read directly: the state is not mapped yet while the configuration is
+ * being read). The process then sees that GPU as the MIG device: its UUID, "<name> MIG <profile>",
+ * the profile's memory and SMs. Returns the physical index; an unknown UUID stops the process. */
+static int mig_visible(fg_config *c, const char *token)
+{
+    char dir[512], path[600];
+    const char *d = getenv("FAKEGPU_STATE_DIR");
+    if (d && *d)
+        snprintf(dir, sizeof dir, "%s", d);
+    else if (c->state_dir[0])
+        snprintf(dir, sizeof dir, "%s", c->state_dir);
+    else
+        snprintf(dir, sizeof dir, "/tmp/fakegpu-%u", (unsigned)getuid());
+    snprintf(path, sizeof path, "%s/state", dir);
+    int found = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size == (off_t)sizeof(fg_state)) {
+        const fg_state *s = mmap(NULL, sizeof(fg_state), PROT_READ, MAP_SHARED, fd, 0);
+        if (s != MAP_FAILED) {
+            for (int i = 0; i < c->count && found < 0 && s->magic == FG_MAGIC && s->version == FG_VERSION; i++) {
+                fg_dev_cfg *dv = &c->dev[i];
+                parse_uuid(dv->uuid, dv->uuid_bytes);
+                const fg_mig_profile *g = fg_mig_geometry(dv->mig_geometry == FG_MIG_AUTO ? FG_MIG_NONE : dv->mig_geometry);
+                for (int id = 1; g && id <= FG_MAX_GI && found < 0; id++) {
+                    const fg_gi *x = &s->mig[i].gi[id];
+                    char uuid[96];
+                    if (!x->used || !x->ci_used || x->profile < 0 || x->profile >= FG_MIG_PROFILES)
+                        continue;
+                    fg_mig_uuid(dv->uuid_bytes, id, x->gen, uuid, sizeof uuid);
+                    if (strcmp(uuid, token))
+                        continue;
+                    const fg_mig_profile *p = &g[x->profile];
+                    char name[sizeof dv->name];
+                    snprintf(name, sizeof name, "%.60s MIG %s", dv->name, p->name);
+                    memcpy(dv->name, name, sizeof name);
+                    snprintf(dv->uuid, sizeof dv->uuid, "%s", uuid);
+                    char as_gpu[100];
+                    snprintf(as_gpu, sizeof as_gpu, "GPU-%s", uuid + 4);
+                    parse_uuid(as_gpu, dv->uuid_bytes);
+                    dv->memory = p->mem_mib << 20;
+                    dv->sms = (int)p->sms;
+                    found = i;
+                }
+            }
+            munmap((void *)s, sizeof(fg_state));
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (found < 0)
+        die(c->visible_env, token); /* the runtime would refuse to start the container */
+    return found;
+}
+
 /* What a container runtime does with the GPUs it was told to give a container (the NVIDIA
  * runtime reads NVIDIA_VISIBLE_DEVICES): with visible_devices_env=<VAR> in the configuration, a
  * process whose VAR lists devices (UUIDs or indices, comma-separated) sees only those, in CUDA
@@ -309,6 +429,15 @@ static void runtime_visible(fg_config *c)
         return;
     char *copy = strdup(v), *save = NULL;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(t, "MIG-", 4)) {
+            int dev = mig_visible(c, t);
+            for (int i = 0; i < c->nvis; i++)
+                if (c->vis[i] == dev)
+                    die("two MIG devices of one GPU in one process (not modelled)", t);
+            if (c->nvis < FG_MAX_DEV)
+                c->vis[c->nvis++] = dev;
+            continue;
+        }
         int found = -1;
         for (int i = 0; i < c->count; i++)
             if (!strcmp(c->dev[i].uuid, t))
@@ -377,6 +506,20 @@ static void cfg_init(void)
         fg_dev_cfg *d = &c->dev[i];
         parse_uuid(d->uuid, d->uuid_bytes);
         snprintf(d->pci, sizeof d->pci, "%08X:%02X:%02X.0", d->domain, d->bus, d->device);
+        if (d->mig_geometry == FG_MIG_AUTO)
+            d->mig_geometry = strstr(d->name, "A100") && strstr(d->name, "40GB") ? FG_MIG_A100_40GB
+                              : strstr(d->name, "H100") && strstr(d->name, "80GB") ? FG_MIG_H100_80GB
+                                                                                   : FG_MIG_NONE;
+        if (d->mig_on && d->mig_geometry == FG_MIG_NONE)
+            die("device key 'mig_mode' (this model has no MIG geometry; set mig=a100-40gb or h100-80gb)", d->name);
+        int total = d->nvswitch_links;
+        for (int j = 0; j < FG_MAX_DEV; j++) {
+            if (d->nvlinks[j] && (j >= c->count || j == i))
+                die("device key 'nvlink' (no such peer device)", d->uuid);
+            total += d->nvlinks[j];
+        }
+        if (total > FG_NVLINK_MAX)
+            die("device key 'nvlink'/'nvswitch' (more than 18 links in all)", d->uuid);
     }
     runtime_visible(c);
     env_global(c, "FAKEGPU_CONTEXT_MEM", "context_mem");
@@ -411,6 +554,8 @@ static fg_state *map_anonymous(void)
     }
     fg_state *s = p;
     init_mutex(&s->lock);
+    for (int i = 0; i < fg_cfg()->count; i++)
+        s->mig[i].mode = fg_cfg()->dev[i].mig_on;
     s->magic = FG_MAGIC;
     s->version = FG_VERSION;
     return s;
@@ -459,6 +604,8 @@ static void st_init(void)
     if (fresh || s->magic != FG_MAGIC || s->version != FG_VERSION) {
         memset(s, 0, sizeof *s);
         init_mutex(&s->lock);
+        for (int i = 0; i < fg_cfg()->count; i++)
+            s->mig[i].mode = fg_cfg()->dev[i].mig_on;
         s->version = FG_VERSION;
         __atomic_store_n(&s->magic, FG_MAGIC, __ATOMIC_RELEASE);
     }

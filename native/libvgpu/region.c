@@ -391,13 +391,22 @@ void vgpu_release(int dev, uint64_t bytes, int type)
     slot_add(dev, bytes, type, -1);
 }
 
+/* One device, named by CUDA ("GPU-" + its UUID bytes) or by NVML: a MIG device's NVML name is
+ * "MIG-" + the same bytes, so the 4-character prefix is not compared when both have one. */
+static int same_device(const char *a, const char *b)
+{
+    if (strlen(a) > 4 && strlen(b) > 4 && a[3] == '-' && b[3] == '-')
+        return !strncmp(a + 4, b + 4, VGPU_UUID_LEN - 4);
+    return !strncmp(a, b, VGPU_UUID_LEN);
+}
+
 int vgpu_region_dev_for_uuid(const char *uuid, int add)
 {
     int found = -1;
     vgpu_region_lock();
     int n = (int)vgpu_reg->device_num;
     for (int i = 0; i < n && i < VGPU_MAX_DEV && found < 0; i++)
-        if (!strncmp(vgpu_reg->uuids[i], uuid, VGPU_UUID_LEN))
+        if (same_device(vgpu_reg->uuids[i], uuid))
             found = i;
     if (found < 0 && add && n < VGPU_MAX_DEV) {
         snprintf(vgpu_reg->uuids[n], VGPU_UUID_LEN, "%s", uuid);

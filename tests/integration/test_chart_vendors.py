@@ -479,3 +479,18 @@ def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_
         for node in nodes.values():
             kube_cluster.delete_node(node)
         helm_bin("uninstall", release, "--namespace", ns, extra_env=kube_cluster.env(), check=False)
+
+
+def test_mig_strategy_value_reaches_the_plugin_and_node_events_are_allowed_in_default_only(helm_bin):
+    def plugin_args(*args: str) -> list[str]:
+        pod = _render(helm_bin, *args)[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+        return next(c for c in pod["containers"] if c["name"] == "device-plugin")["command"]
+
+    assert not [a for a in plugin_args() if a.startswith("--mig-strategy")]  # config.json decides
+    assert "--mig-strategy=mixed" in plugin_args("--set", "devicePlugin.migStrategy=mixed")
+    docs = _render(helm_bin)
+    role = docs[("Role", "hami-device-plugin-node-events")]
+    assert role["metadata"]["namespace"] == "default"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    binding = docs[("RoleBinding", "hami-device-plugin-node-events")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hami-device-plugin", "namespace": "gpu"}]

@@ -61,9 +61,12 @@ class Plugin:
     """One `hami device-plugin` subprocess plus its kubelet stand-in and temp dirs."""
 
     def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0,
-                 extra_args: tuple[str, ...] = ()) -> None:
-        self.extra_args = extra_args  # more `hami device-plugin` flags
+                 devices: str = FAKE_DEVICES, node_config: dict | None = None, extra_args: tuple[str, ...] = (),
+                 gpus: int = 2) -> None:
         self.cluster = cluster
+        self.gpus = gpus
+        self.devices = devices
+        self.extra_args = extra_args
         self.node = node
         self.split = split
         self.release_delay = release_delay  # --lock-release-delay (1 s is the default)
@@ -75,7 +78,7 @@ class Plugin:
         _sysfs(self.tmp / "sys")
         (self.tmp / "config.json").write_text(json.dumps(
             {"nodeconfig": [{"name": node, "devicesplitcount": split, "enablenumatopology": True,
-                             "enablegetpreferredallocation": True}]}))
+                             "enablegetpreferredallocation": True, **(node_config or {})}]}))
         self.kubelet = KubeletStandIn(self.plugin_dir)
         self.proc: subprocess.Popen | None = None
         self._stopped = False
@@ -83,7 +86,12 @@ class Plugin:
 
     async def start(self) -> None:
         await self.kubelet.start()
-        env = {**os.environ, "FAKEGPU_DEVICES": FAKE_DEVICES, "FAKEGPU_STATE_DIR": str(self.state),
+        await self.spawn()
+
+    async def spawn(self) -> None:
+        """Start the plugin process (again, after a kill) and wait until it registered with the kubelet."""
+        seen = len(self.kubelet.registrations)
+        env = {**os.environ, "FAKEGPU_DEVICES": self.devices, "FAKEGPU_STATE_DIR": str(self.state),
                "PYTHONPATH": str(ROOT / "src")}
         cmd = [sys.executable, "-m", "hami", "device-plugin", "--node-name", self.node,
                "--kubeconfig", str(self.cluster.kubeconfig), "--device-plugin-dir", str(self.plugin_dir),
@@ -93,7 +101,8 @@ class Plugin:
                "--register-interval", "0.5", "--poll-interval", "0.1", "--lock-release-delay", str(self.release_delay),
                "-v", *self.extra_args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        await self.kubelet.wait_for(lambda: len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == 2 * self.split, 30)
+        await self.kubelet.wait_for(lambda: len(self.kubelet.registrations) > seen and
+                                    len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == self.gpus * self.split, 30)
 
     async def stop(self) -> None:
         """SIGTERM (the plugin's orderly shutdown) and the kubelet stand-in; once."""
@@ -283,7 +292,10 @@ async def test_registration_annotation_written_from_nvml(plugin, kube_api):
     before = ann[REGISTER]
     await asyncio.sleep(1.2)  # two registration periods
     assert (await node_annotations(kube_api, plugin.node))[REGISTER] == before
-    assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-lock-handoff, hami.io/node-nvidia-register") == 1
+    assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-lock-handoff, hami.io/node-nvidia-register, "
+                               "hami.io/node-nvidia-score") == 1
+    # the two GPUs share a host bridge and have no NVLink (topology.py): 30 each way
+    assert json.loads(ann["hami.io/node-nvidia-score"]) == [{"uuid": G0, "score": {G1: 30}}, {"uuid": G1, "score": {G0: 30}}]
     assert ann[nodelock.LOCK_HANDOFF] == "swap"  # --lock-release-delay > 0 (default): finished pods' locks are swapped over
 
 

@@ -352,3 +352,40 @@ print(n.nvmlDeviceGetMemoryInfo(h).used >> 20)
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+def test_topology_and_mig_answers(fake_env):
+    """The NVML answers the device plugin does not read itself: P2P status, link partner types,
+    and the MIG errors (overlap, instance count, mode change while in use)."""
+    fake_env["FAKEGPU_DEVICES"] = ("name=NVIDIA A100-SXM4-40GB,mig_mode=1,nvlink=1x2,pcie_switch=0;"
+                                   "name=NVIDIA A100-SXM4-40GB,nvlink=0x2,nvswitch=1,pcie_switch=0;"
+                                   "name=NVIDIA L4,numa=1")
+    code = """
+import ctypes as C, pynvml as n
+n.nvmlInit()
+a, b, c = (n.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+p2p = lambda x, y, i: n.nvmlDeviceGetP2PStatus(x, y, i) == n.NVML_P2P_STATUS_OK
+print(p2p(a, b, n.NVML_P2P_CAPS_INDEX_NVLINK), p2p(a, c, n.NVML_P2P_CAPS_INDEX_NVLINK), p2p(a, b, n.NVML_P2P_CAPS_INDEX_PCI),
+      p2p(a, c, 0), n.nvmlDeviceGetTopologyCommonAncestor(a, c))  # 0: READ (pynvml has it as a tuple)
+print([n.nvmlDeviceGetNvLinkRemoteDeviceType(b, l) for l in range(3)])
+def err(f, *args):
+    try:
+        f(*args); return "ok"
+    except n.NVMLError as e:
+        return type(e).__name__.replace("NVMLError_", "")
+print(err(n.nvmlDeviceGetMigMode, c))
+me = n.nvmlDeviceGetGpuInstanceProfileInfo(a, n.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1)
+pl = n.c_nvmlGpuInstancePlacement_t(); pl.start, pl.size = 6, 1
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(a, me.id, C.byref(pl))
+pl.start = 5
+print(err(n.nvmlDeviceCreateGpuInstanceWithPlacement, a, me.id, C.byref(pl)),   # one +me instance per GPU
+      err(n.nvmlDeviceSetMigMode, a, 0))                                          # instances exist
+full = n.nvmlDeviceGetGpuInstanceProfileInfo(a, n.NVML_GPU_INSTANCE_PROFILE_7_SLICE)
+pl.start, pl.size = 0, 8
+print(err(n.nvmlDeviceCreateGpuInstanceWithPlacement, a, full.id, C.byref(pl)))  # overlaps slice 6
+n.nvmlGpuInstanceDestroy(gi)
+print(err(n.nvmlDeviceSetMigMode, a, 0), n.nvmlDeviceGetMigMode(a))
+"""
+    out = run_py(code, fake_env).stdout.splitlines()
+    assert out == ["True False True False 50", "[0, 0, 2]", "NotSupported", "InsufficientResources InUse",
+                   "InsufficientResources", "ok [0, 0]"]

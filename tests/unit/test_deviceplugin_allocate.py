@@ -153,10 +153,25 @@ def test_driver_mounts_go_to_every_gpu_container():
     assert got[:2] == [("/usr/local/nvidia", "/home/kubernetes/bin/nvidia", True),
                        ("/var/run/fake-state", "/var/run/fake-state", False)]
     assert ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True) in got  # libvgpu's mounts stay
-    # a node whose GPUs are not shared (operating mode other than hami-core) still needs the driver
-    plain = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)),
-                             NodeSettings(operating_mode="mig"), paths)
-    assert [m.container_path for m in plain.mounts] == ["/usr/local/nvidia", "/var/run/fake-state"]
+    # a MIG container (its GPU is cut, not shared) needs the driver too
+    mig = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)),
+                           NodeSettings(operating_mode="mig"), paths, ["MIG-1"])
+    assert [m.container_path for m in mig.mounts][:2] == ["/usr/local/nvidia", "/var/run/fake-state"]
+
+
+def test_mig_container_gets_its_mig_device_and_the_profile_memory_limit():
+    paths = A.HookPaths("/opt/h", "/tmp/vl")
+    ctr = A.ContainerView("main")
+    grant = A.Grant(0, ctr, (dev(U0, 19968), dev(U0, 4864)))
+    r = A.build_response(pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths,
+                         ["MIG-aaaa", "MIG-bbbb"])
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-aaaa,MIG-bbbb"
+    assert (r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("19968m", "4864m")
+    assert r.envs["CUDA_DEVICE_SM_LIMIT"] == "100"  # the instance's SMs are all its own
+    assert ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True) in [
+        (m.container_path, m.host_path, m.read_only) for m in r.mounts]
+    with pytest.raises(A.AllocationError, match="1 instance"):
+        A.build_response(pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths, ["MIG-aaaa"])
 
 
 @pytest.mark.parametrize("text, message", [

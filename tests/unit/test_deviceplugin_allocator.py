@@ -137,3 +137,31 @@ async def test_a_lock_naming_a_finished_pod_is_not_taken_for_the_pod_being_admit
     with pytest.raises(A.AllocationError, match="no pod is waiting"):
         await allocator(kube2, 1.0, tmp_path).allocate([1])
     assert kube2.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
+
+
+async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_placement(tmp_path):
+    """operatingmode mig: the placement the scheduler chose is still held by the instance of a pod
+    that is gone (the clean-up loop has not run yet): Allocate collects it, then makes the new
+    instance, and writes its runtime identity next to the pod's other annotations."""
+    import json
+
+    from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+    from hami.core.codec import MigAllocation
+
+    from .test_deviceplugin_mig_topology import MemoryNvml
+
+    nvml = MemoryNvml()
+    mgr = MigManager(nvml, Checkpoint(tmp_path / "c.json"), ["GPU-1"])
+    mgr.recover()
+    mgr.prepare(PodRef("uid-gone", "ns", "gone"), [MigAllocation(0, 0, "GPU-1", "3g.20gb", 4, 4)])
+    obj = pod_obj("p", to_allocate="GPU-1,NVIDIA,19968,43:;")
+    obj["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"] = json.dumps(
+        [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-1", "profile": "3g.20gb", "placement": {"start": 4, "size": 4}}])
+    kube = FakeKube(LOCK_P, [obj])  # the gone pod is not on the node any more
+    alloc = Allocator(kube, NodeSettings(operating_mode="mig"), A.HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+                      release_delay=0, mig=mgr)
+    [resp] = await alloc.allocate([1])
+    assert [(i.gi, i.start) for i in nvml.instances("GPU-1")] == [(1, 4)] and list(mgr.entries) == ["uid-p/0/0"]
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1" and resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "19968m"
+    [written] = json.loads(kube.pods_by_name["p"]["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"])
+    assert (written["migUUID"], written["gpuInstanceID"], written["computeInstanceID"]) == ("MIG-1", 1, 0)

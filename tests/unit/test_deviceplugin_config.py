@@ -124,3 +124,30 @@ def test_mps_operating_mode_is_refused_with_one_line_naming_the_key(tmp_path):
                        "(no MPS control daemon is run, so pods would get the whole GPU with no limit); use hami-core")
     # another node's MPS entry does not stop this node
     assert load_settings("n2", None, cfg).operating_mode == "hami-core"
+
+
+def test_mig_settings_come_from_both_files(tmp_path):
+    """nvidia.migProfileAllowlist (device-config.yaml) narrows the registered MIG profiles;
+    migstrategy comes from config.json."""
+    yaml = tmp_path / "device-config.yaml"
+    yaml.write_text("nvidia:\n  migProfileAllowlist:\n    - models: [A100-SXM4-40GB]\n      profiles: [1g.5gb, 3g.20gb]\n"
+                    "    - models: [H100]\n")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "migstrategy": "mixed"}]}))
+    s = load_settings("n1", yaml, cfg)
+    assert s.mig_allowlist == ((("A100-SXM4-40GB",), ("1g.5gb", "3g.20gb")), (("H100",), ()))
+    assert s.mig_strategy == "mixed"
+    assert load_settings("n2", yaml, cfg).mig_strategy == "none"
+
+
+def test_registration_patch_writes_the_scores_when_they_change():
+    from hami.deviceplugin.register import SCORE
+
+    now = datetime(2026, 1, 2, 3, 4, 5)
+    state = DeviceState(GPUS, NodeSettings(), {GPUS[0].uuid: {GPUS[1].uuid: 250}, GPUS[1].uuid: {GPUS[0].uuid: 250}})
+    first = registration_patch(state, {}, now)
+    assert json.loads(first[SCORE]) == [{"uuid": GPUS[0].uuid, "score": {GPUS[1].uuid: 250}},
+                                        {"uuid": GPUS[1].uuid, "score": {GPUS[0].uuid: 250}}]
+    written = {k: v for k, v in first.items() if v is not None}
+    assert registration_patch(state, written, now) is None
+    assert SCORE not in (registration_patch(DeviceState(GPUS, NodeSettings()), {}, now) or {})

@@ -136,3 +136,32 @@ async def test_preflight_ignores_stale_and_unrelated_sockets(plugin_dir):
         await check_other_plugins(plugin_dir, "nvidia-gpu.sock", [U0, U1], "nvidia.com/gpu", timeout=1.0)
     finally:
         await other.stop(0)
+
+
+async def test_static_mig_resource_is_served_and_allocated_by_mig_uuid(plugin_dir):
+    """migstrategy mixed: one resource per profile, the kubelet picks instances, Allocate passes
+    their MIG UUIDs on (and refuses IDs it does not serve)."""
+    from hami.deviceplugin.allocate import MountSpec
+    from hami.deviceplugin.static_mig import StaticMigResource, StaticMigService
+
+    kubelet = KubeletStandIn(plugin_dir)
+    await kubelet.start()
+    res = StaticMigResource("nvidia.com/mig-1g.10gb", ["MIG-a", "MIG-b"])
+    server = PluginServer(plugin_dir, res, None, poll=0.05,
+                          service=StaticMigService(res, (MountSpec("/usr/local/nvidia", "/opt/drv", True),)))
+    task = asyncio.create_task(server.run())
+    try:
+        await kubelet.wait_for(lambda: len(kubelet.plugins.get("nvidia.com/mig-1g.10gb", _NoEp).devices) == 2)
+        assert kubelet.registrations == [("nvidia.com/mig-1g.10gb", "nvidia-mig-1g.10gb.sock")]
+        resp = await kubelet.allocate_container("nvidia.com/mig-1g.10gb", 2)
+        assert dict(resp.envs) == {"NVIDIA_VISIBLE_DEVICES": "MIG-a,MIG-b"}
+        assert [(m.container_path, m.host_path) for m in resp.mounts] == [("/usr/local/nvidia", "/opt/drv")]
+        ep = kubelet.plugins["nvidia.com/mig-1g.10gb"]
+        with pytest.raises(grpc.aio.AioRpcError, match="unknown MIG device"):
+            await ep.stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["MIG-z"])]))
+    finally:
+        await stop(kubelet, task)
+
+
+class _NoEp:
+    devices: dict = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -43,13 +44,34 @@ REFERENCE_MONITOR_LEGACY = {
     "Device_utilization_desc_of_container", "Device_last_kernel_of_container",
 }
 OURS = {"hami_vgpu_memory_drift_bytes", "hami_monitor_regions"}  # additions, documented in docs/metrics.md
+REFERENCE_MIG = {"namespace", "pod", "container", "vdevice_index", "device_uuid", "mig_uuid", "profile",
+                 "gpu_instance_id", "compute_instance_id"}
 
 
 def test_metric_names_and_labels_match_the_reference():
     for name, labels in REFERENCE_MONITOR.items():
         assert set(METRICS[name]) == labels | {"zone"}, name
-    assert set(METRICS) - set(REFERENCE_MONITOR) == OURS
-    assert set(LEGACY_METRICS) == REFERENCE_MONITOR_LEGACY  # MigInfo / hami_mig_device_info: MIG not supported
+    assert set(METRICS["hami_mig_device_info"]) == REFERENCE_MIG | {"zone"}
+    assert set(METRICS) - set(REFERENCE_MONITOR) - {"hami_mig_device_info"} == OURS
+    assert set(LEGACY_METRICS) == REFERENCE_MONITOR_LEGACY | {"MigInfo"}
+
+
+def test_mig_device_info_from_the_pods_annotation(node_dir):
+    from hami.monitor.kube import mig_devices
+
+    ann = {"hami.io/vgpu-mig-allocations": json.dumps([
+        {"containerIndex": 1, "deviceIndex": 0, "gpuUUID": "GPU-a", "profile": "3g.20gb",
+         "placement": {"start": 4, "size": 4}, "migUUID": "MIG-x", "gpuInstanceID": 2, "computeInstanceID": 0},
+        {"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-a", "profile": "1g.5gb",
+         "placement": {"start": 0, "size": 1}}])}  # not made yet: no series
+    pods = {UID_A: PodRef("team-a", "train-0", UID_A, mig_devices(ann, ["init", "main"]))}
+    got = _scrape(_collector(node_dir, pods=lambda: pods, legacy=True))
+    [s] = got["hami_mig_device_info"]
+    assert s.value == 1 and {k: v for k, v in s.labels.items()} == {
+        "namespace": "team-a", "pod": "train-0", "container": "main", "vdevice_index": "0", "device_uuid": "GPU-a",
+        "mig_uuid": "MIG-x", "profile": "3g.20gb", "gpu_instance_id": "2", "compute_instance_id": "0", "zone": "vGPU"}
+    assert [x.labels["mig_uuid"] for x in got["MigInfo"]] == ["MIG-x"]
+    assert mig_devices({"hami.io/vgpu-mig-allocations": "not json"}, ["main"]) == ()
 
 
 def _scrape(collector) -> dict[str, list]:

@@ -31,10 +31,12 @@ REFERENCE = {
     "hami_vgpu_memory_allocated_bytes": {"namespace", "node", "pod", "container_index", "device_uuid"},
     "hami_vgpu_core_allocated_ratio": {"namespace", "node", "pod", "container_index", "device_uuid"},
     "hami_build_info": {"version", "revision", "build_date", "go_version", "compiler", "platform"},
+    "hami_node_gpu_mig_instance_info": {"node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id",
+                                        "compute_instance_id", "placement_start", "placement_size"},
 }
 REFERENCE_LEGACY = {"GPUDeviceMemoryLimit", "GPUDeviceCoreLimit", "GPUDeviceMemoryAllocated", "GPUDeviceSharedNum",
                     "GPUDeviceCoreAllocated", "nodeGPUOverview", "nodeGPUMemoryPercentage", "QuotaUsed",
-                    "vGPUMemoryAllocated", "vGPUCoreAllocated"}  # nodeGPUMigInstance: MIG placement not implemented
+                    "vGPUMemoryAllocated", "vGPUCoreAllocated"}  # nodeGPUMigInstance: HAMi's old template design, not exported
 
 
 def test_names_and_labels_match_the_reference():
@@ -102,6 +104,33 @@ def test_allocation_metrics_change_with_the_ledger_and_legacy_names():
         if name in names and not name.startswith("hami_scheduler_"):
             for s in samples:
                 assert set(s.labels) == set(names[name]), name
+
+
+def test_mig_instance_info_for_instances_the_plugin_made():
+    """One series per reservation with its runtime identity (added by the device plugin); a
+    reservation not made yet has none."""
+    import json
+
+    from hami.core.ledger import allocation_from_pod
+
+    led = kit.ledger()
+    led.set_node(kit.NodeDevices(name="m1", devices=(kit.mig_gpu("m1", 0), kit.mig_gpu("m1", 1))))
+    mig = [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-m1-1", "profile": "3g.20gb",
+            "placement": {"start": 4, "size": 4}, "migUUID": "MIG-abc", "gpuInstanceID": 2, "computeInstanceID": 0},
+           {"containerIndex": 1, "deviceIndex": 0, "gpuUUID": "GPU-m1-1", "profile": "1g.5gb",
+            "placement": {"start": 0, "size": 1}}]
+    devs = "GPU-m1-1,NVIDIA,19968,43:;GPU-m1-1,NVIDIA,4864,15:;"
+    pod = kit.pod("p", [kit.ctr("a", mem=19000), kit.ctr("b", mem=4000)], admit=False)
+    pod["spec"]["nodeName"] = "m1"
+    pod["metadata"]["annotations"].update({"hami.io/vgpu-node": "m1", "hami.io/vgpu-devices-allocated": devs,
+                                           "hami.io/vgpu-mig-allocations": json.dumps(mig)})
+    led.add_pod(allocation_from_pod(pod, kit.CONFIG.vendors))
+    got = _scrape(SchedulerMetrics(lambda: AllocationSnapshot(led, kit.CONFIG.vendors), legacy=True))
+    [s] = got["hami_node_gpu_mig_instance_info"]
+    assert s.value == 1 and s.labels == {
+        "node": "m1", "device_uuid": "GPU-m1-1", "device_index": "1", "mig_uuid": "MIG-abc", "profile": "3g.20gb",
+        "gpu_instance_id": "2", "compute_instance_id": "0", "placement_start": "4", "placement_size": "4", "zone": "vGPU"}
+    assert "nodeGPUMigInstance" not in got
 
 
 def test_filter_bind_lock_and_cache_signals():

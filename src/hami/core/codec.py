@@ -476,7 +476,8 @@ class MigAllocation:
 
     @property
     def slice(self) -> Slice:
-        return Slice(uuid=self.gpu_uuid, profile=self.profile, start=self.start, size=self.size)
+        return Slice(uuid=self.gpu_uuid, profile=self.profile, start=self.start, size=self.size, mig_uuid=self.mig_uuid,
+                     gpu_instance_id=self.gpu_instance_id, compute_instance_id=self.compute_instance_id)
 
 
 def encode_mig_allocations(entries: Iterable[MigAllocation]) -> str:

@@ -63,6 +63,10 @@ class Slice:
     profile: str
     start: int
     size: int
+    #: the instance's runtime identity, once the device plugin made it (not part of equality)
+    mig_uuid: str = field(default="", compare=False)
+    gpu_instance_id: int | None = field(default=None, compare=False)
+    compute_instance_id: int | None = field(default=None, compare=False)
 
     def overlaps(self, other: "Slice") -> bool:
         return self.start < other.start + other.size and other.start < self.start + self.size

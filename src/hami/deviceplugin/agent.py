@@ -1,4 +1,6 @@
-"""The node agent: gRPC server + kubelet registration + registration annotation + XID watcher.
+"""The node agent: gRPC server + kubelet registration + registration annotation + XID watcher,
+plus, per configuration, dynamic MIG (recovery at start, clean-up loop; mig.py) and one more
+gRPC server per static MIG resource (static_mig.py).
 
 ``NodeAgent`` is what ``hami device-plugin`` runs; tests run it in-process against the fake
 NVML, a kubelet stand-in and the real API server.
@@ -11,17 +13,22 @@ import contextlib
 import logging
 from pathlib import Path
 
+from hami.core.codec import decode_mig_allocations
+from hami.core.errors import CodecError
+from hami.kube.nodelock import LOCK_HANDOFF
+from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
+
 from .allocate import HookPaths
 from .allocator import Allocator, prepare_hook_dir
 from .cdi import CdiConfig
 from .devices import DeviceState
 from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
+from .mig import MigError, MigManager, PodRef
 from .nodeconfig import NodeSettings
-from hami.kube.nodelock import LOCK_HANDOFF
-
 from .register import Registrar
 from .server import PluginServer
+from .static_mig import StaticMigResource, StaticMigService
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +48,25 @@ class NodeAgent:
         pod_watch: bool = True,
         lock_release_delay: float = 1.0,
         cdi: CdiConfig | None = None,
+        scores: dict[str, dict[str, int]] | None = None,
+        mig: MigManager | None = None,
+        mig_interval: float = 5.0,
+        static_mig: list[StaticMigResource] | None = None,
+        asymmetric: tuple = (),
     ) -> None:
+        self.asymmetric = tuple(asymmetric)  # GPU pairs whose NVLink counts disagree (topology.py)
         self.kube = kube
+        self.mig = mig
+        self.mig_interval = mig_interval
         self.pod_watch = pod_watch
-        self.state = DeviceState(gpus, settings)
+        self.state = DeviceState(gpus, settings, scores)
         self.paths = paths
-        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, cdi=cdi)
+        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig)
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
+        #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
+        self.mig_servers = [PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
+                            for r in static_mig or ()]
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
         self._tasks: list[asyncio.Task] = []
@@ -66,17 +84,65 @@ class NodeAgent:
         self._watcher = XidWatcher(self.state.uuids, report, self.ignored_xids, self.xid_wait_ms)
         self._watcher.start()
 
+    async def _recover_mig(self) -> None:
+        """Before the kubelet can call Allocate: undo what a killed predecessor left half made,
+        adopt instances live pods name, destroy the rest (mig.py)."""
+        assert self.mig is not None
+        claims, known = [], True
+        try:
+            for pod in await self.kube.pods_on_node():
+                if pod.phase in ("Succeeded", "Failed"):
+                    continue
+                try:
+                    entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
+                except CodecError:
+                    continue
+                claims += [(PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None]
+        except Exception as exc:  # noqa: BLE001 - without the pods, keep every instance that exists
+            log.error("MIG recovery: cannot list this node's pods (%s); instances nobody claims are kept", exc)
+            known = False
+        for line in await asyncio.to_thread(self.mig.recover, claims, known):
+            log.info("MIG recovery: %s", line)
+
+    async def _collect_mig(self) -> None:
+        while True:
+            await asyncio.sleep(self.mig_interval)
+            try:
+                await self.allocator.collect_mig()
+            except MigError as exc:
+                log.error("MIG clean-up failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - API errors: next round
+                log.error("MIG clean-up: %s; retrying in %.0fs", exc, self.mig_interval)
+
+    async def _warn_asymmetric(self) -> None:
+        """HAMi's Node Warning event ``AsymmetricGPUP2PLink`` (once per start; best effort: the
+        plugin's ServiceAccount needs ``create`` on events)."""
+        pairs = ", ".join(f"{a}/{b}" for a, b in self.asymmetric)
+        try:
+            await self.kube.node_event("Warning", "AsymmetricGPUP2PLink",
+                                       f"GPU pairs report different NVLink counts to each other and score 0 for the "
+                                       f"topology-aware policy: {pairs}")
+        except Exception as exc:  # noqa: BLE001 - the log line says the same
+            log.warning("cannot record the AsymmetricGPUP2PLink event (%s)", exc)
+
     async def start(self) -> None:
         prepare_hook_dir(self.paths)
+        if self.mig is not None:
+            await self._recover_mig()
         try:  # the node says what it has before the kubelet is told; the loop retries on error
             await self.registrar.sync_once()
         except Exception as exc:  # noqa: BLE001 - logged, retried by Registrar.run
             log.error("first registration write failed: %s", exc)
+        if self.asymmetric:
+            await self._warn_asymmetric()
         self._start_watcher()
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),
             asyncio.create_task(self.server.run(), name="hami-grpc"),
+            *(asyncio.create_task(s.run(), name=f"hami-grpc-{s.settings.resource_name}") for s in self.mig_servers),
         ]
+        if self.mig is not None:
+            self._tasks.append(asyncio.create_task(self._collect_mig(), name="hami-mig-collect"))
         if self.pod_watch:  # this node's pods, so Allocate can often skip reading the pod (allocate.py PodCache)
             self._tasks.append(asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"))
 

@@ -301,17 +301,26 @@ def core_policy(settings: NodeSettings) -> str | None:
     return settings.gpu_core_policy if settings.gpu_core_policy != "default" else None
 
 
-def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths) -> ContainerResponse:
-    """Env and mounts for one container (§6.4 tables)."""
+def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths,
+                   mig_devices: Sequence[str] = ()) -> ContainerResponse:
+    """Env and mounts for one container (§6.4 tables).
+
+    MIG mode: ``mig_devices`` are the MIG device UUIDs made for this container (mig.py), one per
+    granted device; the container sees those instead of the GPUs, and libvgpu still limits it
+    to the profile's memory (the instance's SMs are all its own: no compute limit)."""
     devs = grant.devices
     ctr = grant.container
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(d.uuid for d in devs)}
+    mig = settings.operating_mode == "mig"
+    if mig and len(mig_devices) != len(devs):
+        raise AllocationError(f"pod {pod.ref}: container {ctr.name!r} has {len(devs)} MIG device(s) granted but "
+                              f"{len(mig_devices)} instance(s) were made")
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(mig_devices if mig else (d.uuid for d in devs))}
     cache_dir = paths.cache_dir(pod.uid, ctr.name)
-    if settings.operating_mode != "hami-core":
+    if settings.operating_mode not in ("hami-core", "mig"):
         return ContainerResponse(envs, paths.driver_mounts, "")
     for i, d in enumerate(devs):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
-    envs["CUDA_DEVICE_SM_LIMIT"] = str(devs[0].usedcores)
+    envs["CUDA_DEVICE_SM_LIMIT"] = "100" if mig else str(devs[0].usedcores)
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{paths.vgpu_dir}/{cache_file_name(pod.uid, ctr.name)}"
     if settings.device_memory_scaling > 1:
         envs["CUDA_OVERSUBSCRIBE"] = "true"

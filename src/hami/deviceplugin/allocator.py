@@ -25,10 +25,15 @@ from typing import Sequence
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_allocations
+from hami.core.errors import CodecError
+from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
+
 from . import allocate as A
 from .cdi import CdiConfig, apply as cdi_apply
 from .devices import physical_id
 from .kube import Kube
+from .mig import MigError, MigManager, PlacementHeld, PodRef
 from .nodeconfig import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -64,8 +69,9 @@ def reset_cache_dir(path: str) -> None:
 
 class Allocator:
     def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths, release_delay: float = 1.0,
-                 cdi: CdiConfig | None = None) -> None:
+                 cdi: CdiConfig | None = None, mig: MigManager | None = None) -> None:
         self.kube = kube
+        self.mig = mig  # operatingmode mig: makes the instances the scheduler chose
         self.settings = settings
         self.paths = paths
         self.cdi = cdi or CdiConfig()
@@ -136,8 +142,14 @@ class Allocator:
     async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int], held: str | None) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
         grants = [A.pop_next(pod, pending, n) for n in requests]
-        responses = [cdi_apply(A.build_response(pod, g, self.settings, self.paths), self.cdi, pod.uid, g.container.name)
-                     for g in grants]
+        mig_devices: list[list[str]] = [[] for _ in grants]
+        mig_patch: dict[str, str] = {}
+        if self.mig is not None:
+            mig_devices, text = await self._make_mig(pod, grants)
+            mig_patch[MIG_ALLOCATIONS_ANNOTATION] = text
+        responses = [cdi_apply(A.build_response(pod, g, self.settings, self.paths, m), self.cdi, pod.uid,
+                               g.container.name)
+                     for g, m in zip(grants, mig_devices)]
         for r in responses:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
@@ -150,7 +162,7 @@ class Allocator:
             # once per container; the lock stays until the last one.) A failed write below still
             # marks the pod failed through _fail.
             await self._release_done(pod, held)
-        patch = {A.TO_ALLOCATE: A.remainder(pending)}
+        patch = {A.TO_ALLOCATE: A.remainder(pending), **mig_patch}
         if done:
             patch[A.BIND_PHASE] = "success"
         # the label hami.io/vgpu-node is how a vGPU monitor (ours, HAMi's) finds this node's
@@ -164,6 +176,54 @@ class Allocator:
         log.info("pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
                  pod.ref, names, " (pod complete)" if done else "", self.kube.pods.hits, self.kube.pods.misses)
         return responses
+
+    async def _make_mig(self, pod: A.PodView, grants: Sequence[A.Grant]) -> tuple[list[list[str]], str]:
+        """Create (or reuse) the MIG instances of these containers; returns each one's MIG device
+        UUIDs and the pod's ``hami.io/vgpu-mig-allocations`` with their runtime identity added."""
+        raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")
+        try:
+            allocs = list(decode_mig_allocations(raw))
+        except CodecError as exc:
+            raise A.AllocationError(f"pod {pod.ref}: annotation {MIG_ALLOCATIONS_ANNOTATION}={raw!r} is invalid: {exc}") from None
+        ref = PodRef(pod.uid, pod.namespace, pod.name)
+        out = []
+        for g in grants:
+            mine = sorted((a for a in allocs if a.container == g.index), key=lambda a: a.device)
+            if [a.device for a in mine] != list(range(len(g.devices))) or \
+                    any(a.gpu_uuid != d.uuid for a, d in zip(mine, g.devices)):
+                raise A.AllocationError(
+                    f"pod {pod.ref}: container {g.container.name!r}: annotation {MIG_ALLOCATIONS_ANNOTATION} does not "
+                    f"name one MIG instance per granted GPU ({[d.uuid for d in g.devices]}) (operatingmode is mig)")
+            made = await self._prepare_mig(ref, mine)
+            index = {(a.container, a.device): a for a in made}
+            allocs = [index.get((a.container, a.device), a) for a in allocs]
+            out.append([a.mig_uuid for a in made])
+        return out, encode_mig_allocations(allocs)
+
+    async def _prepare_mig(self, ref: PodRef, allocs: list[MigAllocation]) -> list[MigAllocation]:
+        assert self.mig is not None
+        try:
+            try:
+                return await asyncio.to_thread(self.mig.prepare, ref, allocs)
+            except PlacementHeld as exc:
+                # the holder may be a pod that is gone and not collected yet: collect now, then retry once
+                log.info("%s; collecting instances of finished pods and retrying", exc)
+                await self.collect_mig()
+                return await asyncio.to_thread(self.mig.prepare, ref, allocs)
+        except MigError as exc:
+            raise A.AllocationError(str(exc)) from None
+
+    async def collect_mig(self) -> list[str]:
+        """Destroy the MIG instances of pods that are gone from this node or finished."""
+        if self.mig is None:
+            return []
+        seen = self.mig.snapshot()  # instances made after this point belong to pods the list may miss
+        pods = await self.kube.pods_on_node()
+        live = {p.uid for p in pods if p.phase not in ("Succeeded", "Failed")}
+        done = await asyncio.to_thread(self.mig.collect, live, seen)
+        for line in done:
+            log.info("MIG: %s", line)
+        return done
 
     def _defer_release(self, value: str) -> None:
         if self._deferred is not None:

@@ -9,16 +9,22 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 
-from hami.core.codec import encode_node_devices_json
+import pynvml
+
+from hami.core.codec import encode_node_devices_json, encode_pair_scores
 
 from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
 from .devices import DeviceState
 from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
+from .mig import MigError
+from .static_mig import StaticMigError, check_strategy, discover_static, mig_enabled, resources, settings_without_mig_gpus
 from .nodeconfig import NodeConfigError, NodeSettings, load_settings
 from .preflight import PreflightError, check_other_plugins
-from .register import REGISTER
+from .register import REGISTER, SCORE
+from .topology import pair_scores, read_links
 
 log = logging.getLogger("hami.deviceplugin")
 
@@ -57,9 +63,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cdi-kind", default=DEFAULT_KIND, help=f"CDI kind <vendor>/<class> of our spec (default {DEFAULT_KIND})")
     p.add_argument("--cdi-annotation-prefix", default=DEFAULT_PREFIX,
                    help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})")
+    p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
+                   help="publish the GPUs' pairwise link scores (hami.io/node-nvidia-score) for the topology-aware "
+                   "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
+    p.add_argument("--mig-strategy", default=env("MIG_STRATEGY"), choices=("none", "single", "mixed"),
+                   help="static MIG: 'mixed' advertises existing MIG instances as nvidia.com/mig-<profile> "
+                   "(env MIG_STRATEGY; overrides config.json migstrategy; default none)")
+    p.add_argument("--mig-checkpoint", default=None, metavar="FILE",
+                   help="operatingmode mig: the node-local record of the MIG instances this plugin made "
+                   "(default <hook-path>/vgpu/mig/checkpoint.json, on the host)")
+    p.add_argument("--mig-collect-interval", type=float, default=5.0, metavar="SECONDS",
+                   help="operatingmode mig: seconds between clean-ups of instances whose pod is gone (default 5)")
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def _uuid(index: int) -> str:
+    value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _bool_flag(text: str) -> bool:
@@ -86,7 +108,7 @@ def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
             for g in state.gpus]
 
 
-def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None) -> dict:
+def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None, static: list = ()) -> dict:
     extra = {"cdiSpec": cdi_spec(cdi_gpus(state), cdi)} if cdi is not None and cdi.enabled else {}
     return {**extra,
         "resource": settings.resource_name,
@@ -96,25 +118,37 @@ def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None =
             for g in state.gpus
         ],
         "kubeletDevices": len(state.kubelet_devices()),
-        "annotations": {REGISTER: encode_node_devices_json(state.registration())},
+        "migResources": {r.settings.resource_name: list(r.mig_uuids) for r in static},
+        "annotations": {REGISTER: encode_node_devices_json(state.registration()),
+                        **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {})},
     }
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, cdi: CdiConfig) -> int:
+async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, cdi: CdiConfig,
+                 static: list, asymmetric: tuple = ()) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
+    from .mig import Checkpoint, MigManager, MigNvml
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
-        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, cdi=cdi,
+        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, cdi=cdi, scores=state.pair_scores,
+        mig=MigManager(MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
+                       state.uuids) if settings.operating_mode == "mig" else None,
+        mig_interval=args.mig_collect_interval, static_mig=static, asymmetric=asymmetric,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await agent.start()
+    try:
+        await agent.start()
+    except MigError as exc:
+        print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+        await kube.close()
+        return EXIT_CONFIG
     try:
         done, _ = await asyncio.wait(
             [asyncio.create_task(stop.wait()), *agent.tasks], return_when=asyncio.FIRST_COMPLETED
@@ -129,6 +163,25 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
     return 0
 
 
+def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
+    """migstrategy mixed: the MIG resources, and the settings without the GPUs they come from."""
+    if settings.mig_strategy != "mixed":
+        return settings, []
+    mig_gpus = [u for u in (_uuid(i) for i in range(pynvml.nvmlDeviceGetCount())) if mig_enabled(u)]
+    static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
+    log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
+             or "no MIG instances")
+    return settings_without_mig_gpus(settings, mig_gpus), static
+
+
+def _topology(gpus: list) -> tuple[dict[str, dict[str, int]], tuple]:
+    found = pair_scores(read_links([g.uuid for g in gpus]))
+    for a, b in found.asymmetric:
+        log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
+                    "the pair scores 0", a, b)
+    return found.scores, found.asymmetric
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose or not args.dry_run else logging.WARNING,
@@ -136,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.node_name and not args.dry_run:
         print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    if not 0.1 <= args.mig_collect_interval <= 3600:
+        print(f"hami device-plugin: --mig-collect-interval: expected 0.1 to 3600 seconds, got {args.mig_collect_interval!r}",
+              file=sys.stderr)
         return EXIT_CONFIG
     if not 0 <= args.lock_release_delay <= 60:
         print(f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
@@ -145,6 +202,13 @@ def run(args: argparse.Namespace) -> int:
         settings = load_settings(args.node_name, args.config_file, args.node_config)
     except NodeConfigError as exc:
         print(f"hami device-plugin: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.mig_strategy:
+        settings = replace(settings, mig_strategy=args.mig_strategy)
+    try:
+        check_strategy(settings.mig_strategy, settings.operating_mode)
+    except StaticMigError as exc:
+        print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         cdi = CdiConfig(args.device_list_strategy, args.cdi_kind, args.cdi_annotation_prefix, args.cdi_spec_dir)
@@ -161,9 +225,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         return EXIT_NVML
     try:
-        state = DeviceState(discover(settings, args.sysfs_root), settings)
+        settings, static = _static_mig(settings)
+        if cdi.enabled and static:
+            print(f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with whole GPUs only: "
+                  f"migstrategy mixed serves MIG instances, which are not in the CDI spec", file=sys.stderr)
+            return EXIT_CONFIG
+        try:
+            gpus = discover(settings, args.sysfs_root)
+        except MigError as exc:
+            print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        scores, asymmetric = _topology(gpus) if args.topology_score else (None, ())
+        state = DeviceState(gpus, settings, scores)
         if args.dry_run:
-            print(json.dumps(describe(settings, state, cdi), indent=2))
+            print(json.dumps(describe(settings, state, cdi, static), indent=2))
             return 0
         if cdi.enabled:
             path = write_spec(cdi_spec(cdi_gpus(state), cdi), cdi.spec_dir)
@@ -174,6 +249,6 @@ def run(args: argparse.Namespace) -> int:
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
-        return asyncio.run(_serve(args, settings, state, cdi))
+        return asyncio.run(_serve(args, settings, state, cdi, static, asymmetric))
     finally:
         close_nvml()

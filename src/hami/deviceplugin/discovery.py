@@ -19,6 +19,9 @@ from typing import Callable, Iterable
 
 import pynvml
 
+from hami.core.types import MigProfile
+
+from .mig import MigNvml, registered_profiles
 from .nodeconfig import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,7 @@ class PhysicalGPU:
     memory_mib: int
     bus_id: str  # sysfs form, e.g. "0000:3b:00.0"
     numa: int
+    mig_profiles: tuple[MigProfile, ...] = ()  # operatingmode mig: what the GPU can be cut into
 
     @property
     def type_name(self) -> str:
@@ -116,17 +120,26 @@ def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[Ph
         if memory is None:
             continue
         bus = sysfs_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+        model = _text(pynvml.nvmlDeviceGetName(handle))
         out.append(
             PhysicalGPU(
                 index=index,
                 uuid=uuid,
-                model=_text(pynvml.nvmlDeviceGetName(handle)),
+                model=model,
                 memory_mib=memory,
                 bus_id=bus,
                 numa=numa_node(sysfs_root, bus),
+                mig_profiles=_mig_profiles(uuid, model, settings) if settings.operating_mode == "mig" else (),
             )
         )
     return out
+
+
+def _mig_profiles(uuid: str, model: str, settings: NodeSettings) -> tuple[MigProfile, ...]:
+    """operatingmode mig: MIG mode on, and the profiles the scheduler may choose (mig.py)."""
+    nvml = MigNvml()
+    nvml.enable(uuid)
+    return registered_profiles(nvml.profiles(uuid), model, settings.mig_allowlist)
 
 
 def ignored_xids(env: dict[str, str] | None = None) -> frozenset[int] | None:

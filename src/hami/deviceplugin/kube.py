@@ -106,6 +106,20 @@ class Kube:
             meta["resourceVersion"] = resource_version
         await self.core.patch_node(self.node_name, {"metadata": meta}, _content_type=MERGE)
 
+    async def node_event(self, type_: str, reason: str, message: str) -> None:
+        """An Event about this node (namespace ``default``, as node events are)."""
+        import uuid as uuidlib
+        from datetime import datetime, timezone
+
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self.core.create_namespaced_event("default", {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{self.node_name}.{uuidlib.uuid4().hex[:16]}", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+            "reason": reason, "message": message, "type": type_, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "hami-device-plugin", "host": self.node_name},
+        })
+
     async def get_pod(self, namespace: str, name: str) -> PodView | None:
         try:
             return pod_view(await self.core.read_namespaced_pod(name, namespace))

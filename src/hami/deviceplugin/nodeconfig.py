@@ -53,6 +53,9 @@ class NodeSettings:
     enable_preferred_allocation: bool = False
     disable_core_limit: bool = False
     gpu_core_policy: str = "default"
+    mig_strategy: str = "none"  # none | mixed (static_mig.py); "single" is refused at start-up
+    #: migProfileAllowlist as ((models...), (profiles...)) pairs, in order
+    mig_allowlist: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
     @property
     def socket_name(self) -> str:
@@ -102,6 +105,7 @@ _JSON_MAP = {
     "libcudaloglevel": "libcuda_log_level",
     "enablenumatopology": "enable_numa_topology",
     "enablegetpreferredallocation": "enable_preferred_allocation",
+    "migstrategy": "mig_strategy",
 }
 
 
@@ -130,6 +134,7 @@ def apply_device_config(base: NodeSettings, nvidia: NvidiaConfig | None) -> Node
         enable_numa_topology=nvidia.enable_numa_topology,
         disable_core_limit=nvidia.disable_core_limit,
         gpu_core_policy=nvidia.gpu_core_policy,
+        mig_allowlist=tuple((tuple(e.models), tuple(e.profiles)) for e in nvidia.mig_profile_allowlist),
     )
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hami.core.codec import encode_node_devices_json
+from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from hami.kube.nodelock import HANDOFF_SWAP, LOCK_HANDOFF
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 REGISTER = NvidiaVendor.register_annotation
 HANDSHAKE = NvidiaVendor.handshake_annotation
+SCORE = NvidiaVendor.score_annotation
 
 
 def handshake_value(now: datetime) -> str:
@@ -45,6 +46,10 @@ def registration_patch(
     patch: dict[str, str | None] = {}
     if annotations.get(REGISTER) != value:
         patch[REGISTER] = value
+    if state.pair_scores is not None:
+        scores = encode_pair_scores(state.pair_scores)
+        if annotations.get(SCORE) != scores:
+            patch[SCORE] = scores
     if patch or annotations.get(HANDSHAKE, "").startswith("Deleted"):
         patch[HANDSHAKE] = handshake_value(now)
     if handoff and annotations.get(LOCK_HANDOFF) != HANDOFF_SWAP:

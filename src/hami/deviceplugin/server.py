@@ -115,12 +115,14 @@ class PluginServer:
         allocator: Allocator,
         poll: float = 1.0,
         on_registered: Callable[[], Awaitable[None]] | None = None,
+        service=None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.state = state
         self.settings = state.settings
         self.socket = self.plugin_dir / self.settings.socket_name
-        self.service = DevicePluginService(state, allocator)
+        #: the DevicePlugin service (default: the shared-GPU one; static_mig.py passes its own)
+        self.service = service if service is not None else DevicePluginService(state, allocator)
         self.poll = poll
         self.on_registered = on_registered
         self.registrations = 0

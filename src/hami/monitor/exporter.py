@@ -33,9 +33,24 @@ ZONE = "vGPU"
 HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
 HOST_MC_LABELS = ("device_index", "device_uuid", "device_type")
 CTR_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+MIG_LABELS = CTR_LABELS + ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id")
+MIG_INFO = "hami_mig_device_info"
 BUILD_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")
 LEGACY_HOST_LABELS = ("deviceidx", "deviceuuid", "devicetype")
 LEGACY_CTR_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG instance a pod's container holds (from ``hami.io/vgpu-mig-allocations``)."""
+
+    container: str
+    vdevice_index: int
+    device_uuid: str
+    mig_uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +58,7 @@ class PodRef:
     namespace: str
     name: str
     uid: str
+    mig: tuple[MigDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +112,14 @@ METRICS: dict[str, tuple[str, ...]] = {
     **{name: CTR_LABELS + ("zone",) for name in _CTR_VALUES},
     DRIFT: CTR_LABELS + ("zone",),
     REGIONS: ("node", "state", "zone"),
+    MIG_INFO: MIG_LABELS + ("zone",),
 }
 LEGACY_METRICS: dict[str, tuple[str, ...]] = {
     "HostGPUMemoryUsage": LEGACY_HOST_LABELS + ("zone",),
     "HostCoreUtilization": LEGACY_HOST_LABELS + ("zone",),
     **{legacy: LEGACY_CTR_LABELS + ("zone",) for legacy in _CTR_LEGACY.values()},
     "Device_memory_desc_of_container": LEGACY_CTR_LABELS + ("context", "module", "data", "offset", "zone"),
+    "MigInfo": MIG_LABELS + ("zone",),
 }
 
 
@@ -193,6 +211,7 @@ class MonitorCollector(Collector):
         self._host_metrics(gpus, fam)
         containers, states = self.read_containers()
         self._container_metrics(containers, {g.uuid: g for g in gpus}, fam)
+        self._mig_metrics(fam)
         regions = fam(REGIONS, "Container directories seen by the monitor, by state")
         for state, n in sorted(states.items()):
             regions.add_metric([self.node, state, ZONE], n)
@@ -232,6 +251,18 @@ class MonitorCollector(Collector):
                 drift = memory_drift(r, dev, gpus.get(uuid))
                 if drift is not None:
                     fam(DRIFT, "NVML per-process memory of the container's processes minus the library ledger").add_metric(labels, drift)
+
+
+    def _mig_metrics(self, fam: Callable[..., GaugeMetricFamily]) -> None:
+        """``hami_mig_device_info`` = 1 per MIG instance a pod on this node holds (its annotation)."""
+        pods = self.pods() if self.pods is not None else {}
+        for pod in sorted(pods.values(), key=lambda p: (p.namespace, p.name)):
+            for m in pod.mig:
+                labels = [pod.namespace, pod.name, m.container, str(m.vdevice_index), m.device_uuid, m.mig_uuid,
+                          m.profile, str(m.gpu_instance_id), str(m.compute_instance_id), ZONE]
+                fam(MIG_INFO, "A MIG instance held by a pod's container (1)").add_metric(labels, 1)
+                if self.legacy:
+                    fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(labels, 1)
 
 
 def memory_drift(region: Region, dev: int, gpu: HostGPU | None) -> int | None:

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from .exporter import PodRef
+from hami.core.codec import decode_mig_allocations
+from hami.core.errors import CodecError
+
+from .exporter import MigDevice, PodRef
+
+MIG_ANNOTATION = "hami.io/vgpu-mig-allocations"
+
+
+def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tuple[MigDevice, ...]:
+    """The instances a pod's annotation names with their runtime identity (set by the device
+    plugin once made); ``containers``: init containers, then regular (the annotation's order).
+    A malformed annotation yields none (the scheduler reports it)."""
+    try:
+        entries = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
+    except CodecError:
+        return ()
+    return tuple(
+        MigDevice(containers[e.container] if e.container < len(containers) else str(e.container), e.device,
+                  e.gpu_uuid, e.mig_uuid, e.profile, e.gpu_instance_id, e.compute_instance_id)
+        for e in entries if e.mig_uuid and e.gpu_instance_id is not None and e.compute_instance_id is not None)
 
 
 async def api_client(kubeconfig: str | None) -> Any:
@@ -31,7 +50,10 @@ async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
         for pod in page.items:
             meta = pod.metadata
             if meta.uid:
-                out[meta.uid] = PodRef(meta.namespace or "", meta.name or "", meta.uid)
+                spec = pod.spec
+                names = [c.name for c in list(spec.init_containers or []) + list(spec.containers or [])] if spec else []
+                out[meta.uid] = PodRef(meta.namespace or "", meta.name or "", meta.uid,
+                                       mig_devices(meta.annotations, names))
         token = page.metadata._continue if page.metadata else None
         if not token:
             return out

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -78,6 +78,10 @@ ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] 
                                "Device memory allocated (MiB), with cores and memory limit as labels"),
     "hami_node_gpu_memory_allocated_ratio": (DEV, "nodeGPUMemoryPercentage", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
                                              "Allocated / registered device memory"),
+    "hami_node_gpu_mig_instance_info": (
+        ("node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id",
+         "placement_start", "placement_size"), None, (),
+        "A MIG instance the device plugin made for a reservation (1); reservations not made yet have no series"),
     "hami_resource_quota_used": (("namespace", "quota_name", "limit"), "QuotaUsed", ("quotanamespace", "quotaName", "limit"),
                                  "Namespace usage of a quota-tracked resource"),
     "hami_resource_quota_limit": (("namespace", "quota_name"), None, (), "Namespace limit of a quota-tracked resource"),
@@ -150,6 +154,8 @@ class AllocationRows:
     devices: list[tuple[str, str, int, str, int, int, int, int, int]]  # node, uuid, index, type, devmem, devcore, used, usedmem, usedcores
     pods: list[tuple[str, str, str, str, int, int]]  # namespace, node, pod, uuid, mem, cores
     quotas: list[tuple[str, str, int, int]]  # namespace, resource, used, limit
+    #: node, uuid, index, mig uuid, profile, GPU instance id, compute instance id, start, size
+    mig: list[tuple[str, str, int, str, str, int, int, int, int]] = field(default_factory=list)
 
 
 def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
@@ -157,7 +163,12 @@ def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
     devices = [(node, d.id, d.index, d.type, d.devmem, d.devcore, used, usedmem, usedcores)
                for node in led.node_names() for d, used, usedmem, usedcores in led.device_usage(node)]
     pods = [(a.namespace, a.node, a.name, u.uuid, u.mem, u.cores) for a in led.pods() for u in a.usage]
-    return AllocationRows(devices, pods, list(_quota_rows(snap)))
+    index = {(node, uuid): i for node, uuid, i, *_ in devices}
+    mig = [(node, uuid, index.get((node, uuid), 0), s.mig_uuid, s.profile, s.gpu_instance_id, s.compute_instance_id,
+            s.start, s.size)
+           for node in led.node_names() for uuid, pieces in led.slices(node).items() for s in pieces
+           if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None]
+    return AllocationRows(devices, pods, list(_quota_rows(snap)), mig)
 
 
 def _esc(value: Any) -> str:
@@ -223,6 +234,8 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
         t.add("hami_gpu_core_allocated_ratio", dev, usedcores, shared)
         t.add("hami_node_gpu_overview", (node, uuid, index, usedcores, devmem, typ), usedmem)
         t.add("hami_node_gpu_memory_allocated_ratio", dev, usedmem / devmem if devmem else 0.0, shared)
+    for row in rows.mig:
+        t.add("hami_node_gpu_mig_instance_info", row, 1)
     for ns, resource, used, limit in rows.quotas:
         t.add("hami_resource_quota_used", (ns, resource, limit), used)
         t.add("hami_resource_quota_limit", (ns, resource), limit)

@@ -1,0 +1,149 @@
+"""Static MIG, ``migStrategy: mixed``: the MIG instances that already exist on the node's GPUs
+(made by an administrator, ``nvidia-smi mig`` or mig-parted) advertised as whole devices, one
+extended resource per profile: ``nvidia.com/mig-1g.5gb``, ``nvidia.com/mig-3g.20gb``, ... (the
+names NVIDIA's device plugin uses). The kubelet hands them out by itself (no scheduler
+extender, no sharing): a container asking ``nvidia.com/mig-3g.20gb: 1`` gets one such
+instance, its MIG device UUID in ``NVIDIA_VISIBLE_DEVICES``.
+
+What this module owns: finding the instances (:func:`discover_static`), the per-resource
+device lists (:class:`StaticMigResource`, shaped like :class:`~.devices.DeviceState` for
+:class:`~.server.PluginServer`) and their Allocate (:class:`StaticMigService`). GPUs in MIG
+mode are served only here; GPUs not in MIG mode stay shared ``nvidia.com/gpu`` devices.
+The layout is read at start-up: restart the plugin after changing it.
+
+Strategies: ``none`` (default) ignores MIG instances, ``mixed`` is this module, ``single``
+(every GPU the same profile, advertised as ``nvidia.com/gpu``) is refused at start-up: it
+would give ``nvidia.com/gpu`` a second meaning next to hami's shared GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+import grpc
+import pynvml
+
+from .allocate import MountSpec
+from .api import HEALTHY, load
+from .nodeconfig import NodeSettings
+
+log = logging.getLogger(__name__)
+pb, pb_grpc = load()
+
+STRATEGIES = ("none", "single", "mixed")
+
+
+class StaticMigError(ValueError):
+    """Static MIG cannot be served as configured; the message names the key and the value."""
+
+
+def check_strategy(strategy: str, operating_mode: str) -> None:
+    """Refuse what cannot work, at start-up, naming the key."""
+    if strategy not in STRATEGIES:
+        raise StaticMigError(f"migstrategy: expected one of none, single, mixed, got {strategy!r}")
+    if strategy == "single":
+        raise StaticMigError("migstrategy 'single' is not supported (it would advertise MIG instances as "
+                             "nvidia.com/gpu, which hami shares); use 'mixed' (nvidia.com/mig-<profile>)")
+    if strategy == "mixed" and operating_mode == "mig":
+        raise StaticMigError("migstrategy 'mixed' cannot be combined with operatingmode 'mig' (dynamic MIG makes and "
+                             "destroys the instances itself); use one of them")
+
+
+def mig_enabled(uuid: str) -> bool:
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+    except pynvml.NVMLError:
+        return False
+    return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[str, list[str]]:
+    """``resource -> MIG device UUIDs`` over the GPUs in MIG mode (instances with a compute
+    instance only; a GPU instance without one is no device yet)."""
+    from .mig import MigNvml
+
+    nvml = MigNvml()
+    out: dict[str, list[str]] = {}
+    for uuid in uuids:
+        if not mig_enabled(uuid):
+            continue
+        for inst in nvml.instances(uuid):
+            if inst.mig_uuid:
+                out.setdefault(f"{domain}/mig-{inst.profile}", []).append(inst.mig_uuid)
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class _ResourceSettings:
+    """The part of NodeSettings PluginServer reads, for one MIG resource."""
+
+    resource_name: str
+    enable_preferred_allocation: bool = False
+
+    @property
+    def socket_name(self) -> str:
+        return f"nvidia-{self.resource_name.rsplit('/', 1)[-1]}.sock"
+
+
+class StaticMigResource:
+    """One ``nvidia.com/mig-<profile>`` resource: its MIG devices, all healthy, never changing."""
+
+    def __init__(self, resource: str, mig_uuids: Sequence[str]) -> None:
+        self.settings = _ResourceSettings(resource)
+        self.mig_uuids = tuple(mig_uuids)
+        self.version = 0
+
+    def kubelet_devices(self) -> list[tuple[str, bool, int | None]]:
+        return [(u, True, None) for u in self.mig_uuids]
+
+    async def wait_change(self, seen: int, timeout: float | None = None) -> int:
+        await asyncio.sleep(timeout if timeout is not None else 3600)
+        return self.version
+
+
+class StaticMigService(pb_grpc.DevicePluginServicer):
+    """DevicePlugin service of one MIG resource: the kubelet picks the instances, we pass them on."""
+
+    def __init__(self, resource: StaticMigResource, driver_mounts: Sequence[MountSpec] = ()) -> None:
+        self.resource = resource
+        self.driver_mounts = tuple(driver_mounts)
+        self.closing = asyncio.Event()
+
+    async def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+
+    async def ListAndWatch(self, request, context):
+        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=u, health=HEALTHY) for u in self.resource.mig_uuids])
+        await self.closing.wait()
+
+    async def GetPreferredAllocation(self, request, context):
+        return pb.PreferredAllocationResponse()
+
+    async def Allocate(self, request, context):
+        out = []
+        for req in request.container_requests:
+            unknown = [i for i in req.devices_ids if i not in self.resource.mig_uuids]
+            if unknown:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{self.resource.settings.resource_name}: unknown MIG device(s) {unknown}")
+            out.append(pb.ContainerAllocateResponse(
+                envs={"NVIDIA_VISIBLE_DEVICES": ",".join(req.devices_ids)},
+                mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                        for m in self.driver_mounts]))
+            log.info("%s: allocated %s", self.resource.settings.resource_name, ", ".join(req.devices_ids))
+        return pb.AllocateResponse(container_responses=out)
+
+    async def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+
+
+def resources(found: Mapping[str, Sequence[str]]) -> list[StaticMigResource]:
+    return [StaticMigResource(name, uuids) for name, uuids in found.items()]
+
+
+def settings_without_mig_gpus(settings: NodeSettings, mig_gpus: Sequence[str]) -> NodeSettings:
+    """GPUs in MIG mode are served as MIG resources: keep them out of ``nvidia.com/gpu``."""
+    return replace(settings, filter_uuids=settings.filter_uuids | frozenset(mig_gpus))
