@@ -114,6 +114,14 @@ class BaseVendor:
     #: Lock expiry in seconds; None = the scheduler's ``--node-lock-timeout``.
     lock_expiry_seconds: ClassVar[float | None] = None
 
+    #: What a device's ``devcore`` and a grant's cores count, for people (the UI, docs): "percent" of
+    #: one device for most vendors; see :meth:`core_unit` for vendors whose unit depends on the device.
+    cores_unit: ClassVar[str] = "percent"
+
+    def core_unit(self, device: DeviceInfo) -> str:
+        """The unit of ``device.devcore`` and of the cores granted on it (display only)."""
+        return self.cores_unit
+
     resources: ResourceNames
 
     def __init__(self, resources: ResourceNames) -> None:
