@@ -1,5 +1,5 @@
 // hami UI: renders the /api/v1 documents (or an embedded snapshot from `hami simulate --output html`).
-// Vanilla JS, no dependency. Every text from the API goes through textContent (never innerHTML).
+// Vanilla JS, no dependency. Every text from the API goes through textContent, never parsed as HTML.
 "use strict";
 (function () {
   const API = ["nodes", "pods", "pending", "quotas"];
