@@ -104,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     for w in result.warnings:
         print(f"hami simulate: warning: {w}", file=sys.stderr)
     if args.output == "html":
-        print(to_html(result, config, title=f"hami simulate {nodes_src} {pods_src}"))
+        import time
+
+        print(to_html(result, config, title=f"hami simulate {nodes_src} {pods_src}", now=time.time()))
     else:
         print(to_json(result) if args.output == "json" else to_table(result))
     return 0

@@ -92,6 +92,7 @@ def to_html(result: SimResult, config: Any, title: str = "hami simulate", now: f
     pods = model.pods_document(source, now)
     for item in pods["items"]:
         item["phase"] = status.get((item["namespace"], item["name"]), "scheduled")
+        item["reserved"] = False  # a simulated decision is final (nothing patches a pod here)
     pending = model.simulated_pending(result.pods)
     return snapshot_page({
         "title": title,

@@ -130,20 +130,28 @@
   }
 
   // ------------------------------------------------------------------ pods
+  function grantText(c, g) {
+    let text = c.name + ": " + g.vendor + " #" + (g.index === null ? "?" : g.index) + " " + g.model + ", " +
+      mib(g.memoryMiB) + ", " + cores(g.cores, g.coreUnit) + (g.slice ? ", MIG " + g.slice.profile : "");
+    if (g.usage.memoryUsedMiB !== null) {
+      text += " — using " + mib(g.usage.memoryUsedMiB);
+      if (g.usage.utilizationPercent !== null) text += ", " + g.usage.utilizationPercent + "% SM";
+      if (g.usage.state === "stale") text += " (stale)";
+    }
+    return text;
+  }
+
   function renderPods(pods, f) {
-    const rows = pods.filter((p) => (!f.namespace || p.namespace === f.namespace) && (!f.node || p.node === f.node))
-      .filter((p) => !f.model || p.containers.some((c) => c.grants.some((g) => g.model === f.model)))
-      .map((p) => el("tr", { "data-pod": p.namespace + "/" + p.name },
+    const shown = pods.filter((p) => (!f.namespace || p.namespace === f.namespace) && (!f.node || p.node === f.node))
+      .filter((p) => !f.model || p.containers.some((c) => c.grants.some((g) => g.model === f.model)));
+    const rows = shown.map((p) => {
+      const grants = p.containers.flatMap((c) => c.grants.map((g) =>
+        el("span", { class: "grant", "data-grant-uuid": g.uuid, text: grantText(c, g) })));
+      const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? " reserved" : "");
+      return el("tr", { "data-pod": p.namespace + "/" + p.name },
         el("th", { scope: "row", text: p.namespace + "/" + p.name }),
-        el("td", { text: p.node }),
-        el("td", { text: p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? " reserved" : "") }),
-        el("td", {}, p.containers.filter((c) => c.grants.length).map((c) => c.grants.map((g) =>
-          el("span", { class: "grant", "data-grant-uuid": g.uuid },
-            c.name + ": " + g.vendor + " #" + (g.index === null ? "?" : g.index) + " " + g.model + ", " + mib(g.memoryMiB) +
-            ", " + cores(g.cores, g.coreUnit) + (g.slice ? ", MIG " + g.slice.profile : "") +
-            (g.usage.memoryUsedMiB === null ? "" : " — using " + mib(g.usage.memoryUsedMiB) +
-              (g.usage.utilizationPercent === null ? "" : ", " + g.usage.utilizationPercent + "% SM") +
-              (g.usage.state === "stale" ? " (stale)" : "")))))));
+        el("td", { text: p.node }), el("td", { text: phase }), el("td", {}, grants));
+    });
     $("pod-table").tBodies[0].replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", { colspan: 4, class: "muted", text: "No pod holds a device here." }))]));
     $("pod-count").textContent = String(rows.length);
