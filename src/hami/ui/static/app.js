@@ -15,6 +15,7 @@
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
       else if (k === "text") node.textContent = v;
+      else if (k === "width") node.style.width = v + "%"; // CSSOM, allowed by the CSP (a style attribute is not)
       else node.setAttribute(k, v === true ? "" : String(v));
     }
     for (const c of children.flat()) {
@@ -41,8 +42,8 @@
     return el("div", {},
       el("div", { class: "bar", role: "meter", "aria-label": label + ": " + text, "aria-valuemin": 0,
                   "aria-valuemax": total, "aria-valuenow": allocated, title: label + " " + text },
-        el("span", { class: "alloc", style: "width:" + p + "%" }),
-        u === null ? null : el("span", { class: "used", style: "width:" + u + "%" })),
+        el("span", { class: "alloc", width: p }),
+        u === null ? null : el("span", { class: "used", width: u })),
       el("span", { class: "bar-label", text: text }));
   }
 
