@@ -303,3 +303,24 @@ def test_pending_list_is_capped(cluster, monkeypatch):
     cluster.pod_handler.apply("ADDED", gpu_pod("huge2", mem=40000))
     doc = model.pending_document(cluster, NOW, "hami-scheduler")
     assert (len(doc["items"]), doc["total"], doc["truncated"]) == (1, 2, True)
+
+
+def test_pending_explaining_stops_when_its_time_budget_is_spent(cluster):
+    for i in range(3):
+        cluster.pod_handler.apply("ADDED", gpu_pod(f"more-{i}", ns="team-c", mem=40000))
+    ticks = iter(range(100))  # each look at the clock: one more second of work
+    doc = model.pending_document(cluster, NOW, "hami-scheduler", budget_s=1.5, timer=lambda: next(ticks))
+    assert (len(doc["items"]), doc["total"], doc["truncated"]) == (2, 4, True)
+
+
+async def test_pending_answer_is_reused_for_a_short_while(cluster):
+    clock = [NOW]
+    client = await _client(UiApi(cluster, "hami-scheduler", clock=lambda: clock[0]))
+    try:
+        first = await (await client.get("/api/v1/pending")).json()
+        cluster.pod_handler.apply("ADDED", gpu_pod("later", ns="team-c", mem=40000))
+        assert (await (await client.get("/api/v1/pending")).json())["total"] == first["total"]
+        clock[0] += 5
+        assert (await (await client.get("/api/v1/pending")).json())["total"] == first["total"] + 1
+    finally:
+        await client.close()

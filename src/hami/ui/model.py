@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+import time
+from typing import Any, Callable, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, pod_key
 from hami.core.requests import ordered_containers
@@ -26,6 +27,7 @@ from .live import NodeReading, Usage
 API_VERSION = "v1"
 BIND_PHASE = "hami.io/bind-phase"
 MAX_PENDING = 50  # pending pods explained per /api/v1/pending answer (each runs the filter on every node)
+PENDING_BUDGET_S = 0.5  # and no more explaining than this per answer: it runs on the scheduler's event loop
 SECRET_HINTS = ("token", "secret", "password", "credential", "key")
 
 
@@ -275,13 +277,22 @@ def summarise(reasons: Iterable[str]) -> str:
 
 
 def pending_document(source: Any, now: float, scheduler_name: str,
-                     params: Mapping[str, str] | None = None) -> dict:
-    """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace`` filters)."""
+                     params: Mapping[str, str] | None = None, budget_s: float | None = None,
+                     timer: Callable[[], float] = time.perf_counter) -> dict:
+    """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace``
+    filters). At most ``MAX_PENDING`` pods are explained, and no more once ``budget_s`` of work
+    is spent (the first pod always is); ``truncated`` says when some were left out."""
     q = _check_params(params or {}, ("namespace",))
     pods = [p for p in pending_pods(source, scheduler_name)
             if _matches((p.get("metadata") or {}).get("namespace") or "default", q.get("namespace"))]
-    items = [explain_doc(p, source, now) for p in pods[:MAX_PENDING]]
-    return envelope("PendingList", now, items, total=len(pods), truncated=len(pods) > MAX_PENDING)
+    budget = PENDING_BUDGET_S if budget_s is None else budget_s
+    began = timer()
+    items = []
+    for p in pods[:MAX_PENDING]:
+        if items and timer() - began > budget:
+            break
+        items.append(explain_doc(p, source, now))
+    return envelope("PendingList", now, items, total=len(pods), truncated=len(items) < len(pods))
 
 
 def simulated_pending(outcomes: Iterable[Any]) -> list[dict]:

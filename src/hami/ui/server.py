@@ -42,6 +42,7 @@ SECURITY_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
 
 
 def openapi_text() -> str:
@@ -71,6 +72,7 @@ class UiApi:
     def __init__(self, source: Any, scheduler_name: str, live: Any = None,
                  clock: Callable[[], float] = time.time, synced: Callable[[], bool] = lambda: True) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = source, scheduler_name, live, clock, synced
+        self._pending_cache: dict[tuple, tuple[float, dict]] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
         return None if self.live is None else self.live.readings
@@ -90,8 +92,21 @@ class UiApi:
         return self._answer(lambda q: model.pods_document(self.source, self.clock(), self._readings(), q), request)
 
     async def pending(self, request: web.Request) -> web.Response:
-        return self._answer(lambda q: model.pending_document(self.source, self.clock(), self.scheduler_name, q),
-                            request)
+        return self._answer(self._pending, request)
+
+    def _pending(self, q: dict) -> dict:
+        """Explaining runs the filter over every node: one answer per query is reused for
+        ``PENDING_TTL`` seconds, however many pages refresh."""
+        key = tuple(sorted(q.items()))
+        hit = self._pending_cache.get(key)
+        now = self.clock()
+        if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
+            return dict(hit[1])
+        doc = model.pending_document(self.source, now, self.scheduler_name, q)
+        if len(self._pending_cache) > 64:
+            self._pending_cache.clear()
+        self._pending_cache[key] = (now, doc)
+        return dict(doc)
 
     async def quotas(self, request: web.Request) -> web.Response:
         return self._answer(lambda q: model.quotas_document(self.source, self.clock(), q), request)

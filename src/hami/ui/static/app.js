@@ -8,6 +8,7 @@
   const snapshot = snapshotEl ? JSON.parse(snapshotEl.textContent) : null;
   let docs = null;
   let timer = null;
+  let loading = false; // one refresh at a time: a slow answer never piles up requests
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -220,6 +221,8 @@
       status.textContent = "Snapshot from " + (snapshot.title || "hami simulate") + ", generated " + snapshot.nodes.generatedAt;
       return;
     }
+    if (loading) return;
+    loading = true;
     try {
       const answers = await Promise.all(API.map((name) => fetch("api/v1/" + name, { headers: { Accept: "application/json" } })
         .then((r) => { if (!r.ok) throw new Error("/api/v1/" + name + ": HTTP " + r.status); return r.json(); })));
@@ -230,6 +233,8 @@
     } catch (err) {
       status.classList.add("error");
       status.textContent = "Could not refresh: " + err.message + (docs ? " (showing the previous data)" : "");
+    } finally {
+      loading = false;
     }
   }
 
