@@ -324,3 +324,20 @@ async def test_pending_answer_is_reused_for_a_short_while(cluster):
         assert (await (await client.get("/api/v1/pending")).json())["total"] == first["total"] + 1
     finally:
         await client.close()
+
+
+async def test_odd_queries_and_paths_get_a_4xx_never_a_500(cluster):
+    client = await _client(UiApi(cluster, "hami-scheduler", clock=lambda: NOW))
+    odd = ["?node=%00", "?node=" + "x" * 5000, "?model=%E2%80%AE", "?node=a&node=b", "?namespace=",
+           "?%ff=1", "?node", "?vendor=NVIDIA&zzz=1", "?namespace=../../etc"]
+    try:
+        for path in PATHS:
+            for q in odd:
+                resp = await client.get(path + q)
+                assert resp.status in (200, 400), (path, q, resp.status)
+                body = await resp.json()
+                assert ("error" in body) == (resp.status == 400)
+        for path in ("/api/v2/nodes", "/api/v1/nodes/extra", "/static/", "/static/%2e%2e%2fopenapi.yaml"):
+            assert (await client.get(path)).status == 404, path
+    finally:
+        await client.close()
