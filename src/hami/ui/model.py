@@ -180,13 +180,17 @@ def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | Non
     ledger: Ledger = source.ledger
     vendors = _vendor_map(source.vendors)
     items = []
+    node_devices: dict[str, dict[str, DeviceInfo]] = {}  # per node, built once per answer
     for alloc in ledger.pods():
         if not _matches(alloc.namespace, q.get("namespace")) or not _matches(alloc.node, q.get("node")):
             continue
         pod = source.pods.get(f"{alloc.namespace}/{alloc.name}")
         if pod is not None and pod_key(pod) != alloc.key:
             pod = None  # a newer pod of the same name
-        devices = {d.id: d for d, *_ in ledger.device_usage(alloc.node)} if ledger.has_node(alloc.node) else {}
+        devices = node_devices.get(alloc.node)
+        if devices is None:
+            devices = node_devices[alloc.node] = ({d.id: d for d, *_ in ledger.device_usage(alloc.node)}
+                                                  if ledger.has_node(alloc.node) else {})
         reading = (live or {}).get(alloc.node)
         state = _reading_state(reading, now) if live is not None else "unavailable"
         width = max((len(per) for per in alloc.devices.values()), default=0)
