@@ -236,7 +236,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     if args.ui_bind:
         ui_host, ui_port = parse_bind(args.ui_bind, "--ui-bind")
         ui_host = ui_host.strip("[]")
-        if ui_port == port and ui_host in (host, "0.0.0.0", "::") or ui_port in (extender_port, metrics_port):
+        if ui_port in (port, extender_port, metrics_port):
             raise ConfigError(f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
                               f"the UI has a port of its own")
     if args.ui_monitor_url:

@@ -9,6 +9,8 @@
   let docs = null;
   let timer = null;
   let loading = false; // one refresh at a time: a slow answer never piles up requests
+  const GRID_LIMIT = 48; // node cards drawn before "Show all" (a 1000-node grid is 8000 rows)
+  let showAll = false;
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -104,10 +106,12 @@
 
   function renderNodes(nodes, f) {
     const cards = [];
+    let hidden = 0;
     for (const n of nodes) {
       if (f.node && n.name !== f.node) continue;
       const devices = n.devices.filter((d) => !f.model || d.model === f.model);
       if (!devices.length) continue;
+      if (!showAll && cards.length >= GRID_LIMIT) { hidden += 1; continue; }
       const rows = devices.map((d) => {
         const flags = [!d.health && el("span", { class: "badge bad", text: "unhealthy" }),
                        d.cordoned && el("span", { class: "badge warn", text: "cordoned" }),
@@ -127,6 +131,12 @@
           n.unschedulable ? el("span", { class: "badge warn", text: "cordoned" }) : null,
           monitorBadge(n.monitor)),
         rows));
+    }
+    if (hidden) {
+      const more = el("button", { type: "button", id: "show-all-nodes", text: "Show all " + (cards.length + hidden) +
+        " nodes (" + hidden + " more; or filter by node or model)" });
+      more.addEventListener("click", () => { showAll = true; render(); });
+      cards.push(more);
     }
     $("node-grid").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted", text: "No device matches the filters." })]));
   }
