@@ -11,6 +11,8 @@
   let loading = false; // one refresh at a time: a slow answer never piles up requests
   const GRID_LIMIT = 48; // node cards drawn before "Show all" (a 1000-node grid is 8000 rows)
   let showAll = false;
+  const POD_LIMIT = 200; // pod rows drawn before "Show all pods"
+  let showAllPods = false;
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -156,7 +158,8 @@
   function renderPods(pods, f) {
     const shown = pods.filter((p) => (!f.namespace || p.namespace === f.namespace) && (!f.node || p.node === f.node))
       .filter((p) => !f.model || p.containers.some((c) => c.grants.some((g) => g.model === f.model)));
-    const rows = shown.map((p) => {
+    const hidden = showAllPods ? 0 : Math.max(0, shown.length - POD_LIMIT);
+    const rows = shown.slice(0, shown.length - hidden).map((p) => {
       const grants = p.containers.flatMap((c) => c.grants.map((g) =>
         el("span", { class: "grant", "data-grant-uuid": g.uuid, text: grantText(c, g) })));
       const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? " reserved" : "");
@@ -164,9 +167,15 @@
         el("th", { scope: "row", text: p.namespace + "/" + p.name }),
         el("td", { text: p.node }), el("td", { text: phase }), el("td", {}, grants));
     });
+    if (hidden) {
+      const more = el("button", { type: "button", id: "show-all-pods", text: "Show all " + shown.length + " pods (" +
+        hidden + " more; or filter by namespace or node)" });
+      more.addEventListener("click", () => { showAllPods = true; render(); });
+      rows.push(el("tr", {}, el("td", { colspan: 4 }, more)));
+    }
     $("pod-table").tBodies[0].replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", { colspan: 4, class: "muted", text: "No pod holds a device here." }))]));
-    $("pod-count").textContent = String(rows.length);
+    $("pod-count").textContent = String(shown.length);
   }
 
   // ------------------------------------------------------------------ pending
@@ -181,17 +190,34 @@
         asks ? el("p", { class: "muted", text: "asks " + asks }) : null,
         p.error ? el("p", { class: "reason", text: p.error }) :
           el("p", { class: "reason", text: p.fitsNow ? "fits now on " + p.wouldChoose + " (waiting for kube-scheduler to retry)" : p.summary || "no node with devices" }),
-        nodes.length ? el("details", {}, el("summary", { text: "Per node and per device (" + nodes.length + " nodes)" }),
-          el("ul", {}, nodes.map((n) => el("li", { "data-node": n.node },
-            n.node + ": " + (n.fits ? "fits" : n.reason) + (n.container === null ? "" : " (container #" + n.container + ")"),
-            n.devices.length ? el("ul", {}, n.devices.map((d) => el("li", { text:
-              "#" + d.index + " " + d.model + ": slots " + d.slots.allocated + "/" + d.slots.total + ", memory " +
-              mib(d.memoryMiB.allocated) + "/" + mib(d.memoryMiB.total) + ", cores " + cores(d.cores.allocated, d.cores.unit) +
-              "/" + cores(d.cores.total, d.cores.unit) + " → " + d.reason }))) : null)))) : null);
+        nodes.length ? verdictDetails(p, nodes) : null);
     });
     const extra = doc.truncated ? [el("p", { class: "muted", text: "Showing " + doc.items.length + " of " + doc.total + " pending pods." })] : [];
     $("pending-list").replaceChildren(...(items.length ? items.concat(extra) : [el("p", { class: "muted", text: "No pending pod." })]));
     $("pending-count").textContent = String(doc.total === undefined ? items.length : doc.total);
+  }
+
+  // The per-node list is built when opened (1000 nodes x 8 devices per pod would be drawn for nothing);
+  // which pods are open survives a refresh.
+  const openVerdicts = new Set();
+  function verdictDetails(p, nodes) {
+    const key = p.namespace + "/" + p.name;
+    const details = el("details", {}, el("summary", { text: "Per node and per device (" + nodes.length + " nodes)" }));
+    const fill = () => { if (details.childElementCount < 2) details.append(verdictList(nodes)); };
+    details.addEventListener("toggle", () => {
+      if (details.open) { openVerdicts.add(key); fill(); } else openVerdicts.delete(key);
+    });
+    if (openVerdicts.has(key)) { details.open = true; fill(); }
+    return details;
+  }
+
+  function verdictList(nodes) {
+    return el("ul", {}, nodes.map((n) => el("li", { "data-node": n.node },
+            n.node + ": " + (n.fits ? "fits" : n.reason) + (n.container === null ? "" : " (container #" + n.container + ")"),
+            n.devices.length ? el("ul", {}, n.devices.map((d) => el("li", { text:
+              "#" + d.index + " " + d.model + ": slots " + d.slots.allocated + "/" + d.slots.total + ", memory " +
+              mib(d.memoryMiB.allocated) + "/" + mib(d.memoryMiB.total) + ", cores " + cores(d.cores.allocated, d.cores.unit) +
+              "/" + cores(d.cores.total, d.cores.unit) + " → " + d.reason }))) : null)));
   }
 
   function renderQuotas(quotas, f) {
