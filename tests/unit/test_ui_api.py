@@ -5,6 +5,7 @@ in and marked stale, bad queries named, failures answered 503 (never 500)."""
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 
 import pytest
@@ -341,3 +342,14 @@ async def test_odd_queries_and_paths_get_a_4xx_never_a_500(cluster):
             assert (await client.get(path)).status == 404, path
     finally:
         await client.close()
+
+
+def test_the_openapi_document_is_well_formed():
+    assert SPEC["openapi"].startswith("3.1") and SPEC["info"]["version"] == "v1"
+    for name, schema in SPEC["components"]["schemas"].items():
+        Draft202012Validator.check_schema(schema)  # raises SchemaError naming the problem
+    refs = set(re.findall(r'\$ref": "#/components/(?:schemas|responses)/(\w+)', json.dumps(SPEC)))
+    known = set(SPEC["components"]["schemas"]) | set(SPEC["components"]["responses"])
+    assert "NodeList" in refs and refs <= known, refs - known
+    served = {path for path in SPEC["paths"]}
+    assert served == {*PATHS, "/api/v1/openapi.yaml"}
