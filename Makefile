@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube node bench fuzz clean proto gpu-check image push image-offline images image-tools
+.PHONY: simulate test unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ kube:
 # containerd, runc, CNI plugins, iptables (Debian packages) for the real node of the tests
 node:
 	scripts/install-node.sh
+
+# Debian's chromium for the web UI's browser tests (driven by Playwright, pinned in the test extras)
+browser:
+	scripts/install-browser.sh
 
 # --- images (see docs/install.md "Building the image" and docs/testing.md "Offline images") ---
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -67,7 +71,7 @@ image-tools:
 images: $(STAMP) kube image-tools
 	$(BIN)/python -m hami.dev.images
 
-test: $(STAMP) proto native kube node images
+test: $(STAMP) proto native kube node browser images
 	$(BIN)/python -m pytest -q -ra tests
 
 unit: $(STAMP) proto

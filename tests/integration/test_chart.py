@@ -54,6 +54,7 @@ NON_DEFAULT_VALUES = {
         "admissionWebhook": {"customURL": {"enabled": True}, "whitelistNamespaces": ["kube-system", "monitoring"]},
         "extender": {"loopbackPort": 0},
         "allocationGuard": {"enabled": False},
+        "ui": {"enabled": True, "port": 9191, "monitorURL": "http://{node_ip}:9394/metrics"},
     },
     "devicePlugin": {
         "createRuntimeClass": True,
@@ -197,6 +198,28 @@ def test_the_scheduler_has_no_cluster_wide_pod_patch_unless_decision_write_filte
     assert cluster == {"get", "list", "watch"} and namespaced == {"patch"}  # its own pod's role label
     cluster, _ = pod_verbs(["--set", "scheduler.extender.decisionWrite=filter"])
     assert "patch" in cluster  # HAMi's decision patch on any pod
+
+
+def test_the_web_ui_is_served_and_exposed_only_when_enabled(helm):
+    """scheduler.ui: off by default (no --ui-bind, no port, no Service); on, a ClusterIP Service
+    of its own selecting the leader, never the webhook's port."""
+    def scheduler_parts(docs):
+        dep = next(d for d in docs.values() if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-scheduler"))
+        ctr = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
+        return ctr["command"], {p["name"]: p["containerPort"] for p in ctr.get("ports", [])}
+
+    off = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu")}
+    args, ports = scheduler_parts(off)
+    assert not [a for a in args if a.startswith("--ui-")] and "ui" not in ports
+    assert ("Service", "hami-scheduler-ui") not in off
+    on = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", "--set", "scheduler.ui.enabled=true")}
+    args, ports = scheduler_parts(on)
+    assert "--ui-bind=0.0.0.0:9090" in args and ports["ui"] == 9090 and ports["http"] != 9090
+    assert not [a for a in args if a.startswith("--ui-monitor-url")]
+    svc = on[("Service", "hami-scheduler-ui")]
+    assert svc["spec"]["type"] == "ClusterIP"
+    assert svc["spec"]["ports"] == [{"name": "ui", "port": 9090, "targetPort": "ui"}]
+    assert svc["spec"]["selector"]["hami.io/scheduler-role"] == "leader"
 
 
 def test_allocation_guard_is_left_out_before_kubernetes_1_30(helm):

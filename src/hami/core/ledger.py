@@ -263,6 +263,12 @@ class Ledger:
         mem, cores = self._ns_used.get(namespace, {}).get(vendor, (0, 0))
         return mem, cores
 
+    def quota_limits(self, namespace: str, name: str) -> dict[str, int] | None:
+        """One ResourceQuota's tracked limits (``resource -> limit``, memory in MiB after the
+        vendor's factor); None when the ledger holds no such quota. A copy: read-only views."""
+        limits = self._quota.get(namespace, {}).get(name)
+        return None if limits is None else dict(limits)
+
     def quota_room(self, namespace: str, vendors: Sequence[Any]) -> QuotaRoom | None:
         """Remaining ``(mem, cores)`` per vendor for ``namespace``; None when it has no quota."""
         quotas = self._quota.get(namespace)

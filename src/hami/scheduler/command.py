@@ -32,7 +32,7 @@ async def main(opts: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = metrics_runner = loopback = None
+    runner = metrics_runner = loopback = ui_runner = None
     try:
         service.start_background()
         if reloader:
@@ -51,6 +51,8 @@ async def main(opts: Options) -> int:
             except OSError as exc:
                 log.error("metrics are NOT served: --metrics-bind-address %s:%d: %s",
                           opts.metrics_host, opts.metrics_port, exc)
+        if opts.ui_port is not None:
+            ui_runner = await _serve_ui(service, opts)
         scheme = "https" if reloader else "http"
         served = ("/webhook and health only" if not opts.extender_on_main else
                   "/filter and /bind for client certificates of --extender-client-ca" if opts.extender_client_ca else
@@ -61,12 +63,33 @@ async def main(opts: Options) -> int:
     finally:
         if metrics_runner is not None:
             await metrics_runner.cleanup()
-        for r in (loopback, runner):
+        for r in (ui_runner, loopback, runner):
             if r is not None:
                 await r.cleanup()
         await service.stop()
         await kube.close()
     return 0
+
+
+async def _serve_ui(service, opts: Options):
+    """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper."""
+    from hami.ui.live import LiveUsage
+    from hami.ui.server import UiApi, serve_ui
+
+    state = service.state
+    live = None
+    if opts.ui_monitor_url:
+        live = LiveUsage(opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.ledger.node_names()
+                                                       if n in state.nodes])
+        service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
+    api = UiApi(state, opts.scheduler_name, live, synced=service.synced)
+    try:
+        runner = await serve_ui(api, opts.ui_host, opts.ui_port)
+    except OSError as exc:  # as the metrics: scheduling matters more than the page
+        log.error("the web UI is NOT served: --ui-bind %s:%d: %s", opts.ui_host, opts.ui_port, exc)
+        return None
+    log.info("web UI and /api/v1 on http://%s:%d/ (read-only)", opts.ui_host, opts.ui_port)
+    return runner
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from hami.config import load_device_config
-from hami.core import CoreError, SchedulerConfig, admit_pod, filter_pod, pod_key
+from hami.core import CoreError, Ledger, SchedulerConfig, admit_pod, filter_pod, pod_key
 from hami.core.errors import ConfigError
 from hami.core.fit import fit_pod, make_context
 from hami.core.reasons import NodeFailure
 from hami.core.requests import pod_request
+from hami.core.types import DeviceInfo, PodRequest
 
 from .state import ClusterState
 
@@ -39,6 +41,65 @@ def _why_devices(failure: NodeFailure) -> dict[str, str]:
     return {uuid: reason.value for reason, uuids in failure.devices for uuid in uuids}
 
 
+@dataclass(frozen=True)
+class DeviceVerdict:
+    """One device of a node, its usage and why it cannot serve the pod ("ok" when it can)."""
+
+    device: DeviceInfo
+    slots: int
+    mem: int
+    cores: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """One node's answer for a pending pod: ``reason`` is HAMi's string ("" when it fits)."""
+
+    node: str
+    fits: bool
+    reason: str = ""
+    container: int = -1  # the failing container (annotation order); -1 = node-level
+    devices: tuple[DeviceVerdict, ...] = ()
+
+
+@dataclass(frozen=True)
+class PendingVerdict:
+    """Why a pod without an allocation is pending: its requests and every node's verdict."""
+
+    request: PodRequest
+    chosen: str | None  # the node the scheduler would choose now (None: fits nowhere)
+    nodes: tuple[NodeVerdict, ...]
+
+
+def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors: Any, now: float) -> PendingVerdict:
+    """Run the scheduler's filter and the per-node fit for a pod that holds nothing in
+    ``ledger`` (read-only: the ledger is not changed). Raises CoreError on a pod whose
+    requests or annotations cannot be read."""
+    admitted, _ = admit_pod(pod, vendors)
+    req = pod_request(admitted, vendors)
+    if not req.has_devices:
+        return PendingVerdict(req, None, ())
+    result = filter_pod(admitted, None, ledger, config, now)
+    from hami.core.schedule import _policies
+
+    _, gpu_policy, weights = _policies(req, config)
+    used = [v for v in vendors if v.name in req.vendors()]
+    ctx = make_context(req, vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used),
+                       request_in_scores=config.request_in_scores)
+    verdicts = []
+    for name in ledger.node_names():
+        res = fit_pod(ledger.view(name), ctx)
+        if not isinstance(res, NodeFailure):
+            verdicts.append(NodeVerdict(name, True))
+            continue
+        why = _why_devices(res)
+        devices = tuple(DeviceVerdict(d, slots, mem, cores, why.get(d.id, "ok"))
+                        for d, slots, mem, cores in ledger.device_usage(name))
+        verdicts.append(NodeVerdict(name, False, res.render(), res.container, devices))
+    return PendingVerdict(req, result.node, tuple(verdicts))
+
+
 def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> str:
     meta = pod["metadata"]
     ref = f"{meta['namespace']}/{meta['name']}"
@@ -53,8 +114,8 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> st
             lines.append(f"  {u.vendor} {u.uuid}: {u.mem} MiB, {u.cores} cores, {u.slots} slot(s)")
         return "\n".join(lines)
     ledger.remove_pod(pod_key(pod))
-    admitted, _ = admit_pod(pod, state.vendors)
-    req = pod_request(admitted, state.vendors)
+    verdict = pending_verdict(pod, ledger, state.config, state.vendors, now)
+    req = verdict.request
     for c in req.containers:
         asks = "; ".join(f"{r.vendor} x{r.nums} mem={r.memreq or (str(r.mem_percentage) + '%')}MiB cores={r.coresreq}"
                          for r in c.requests) or "no device"
@@ -62,31 +123,22 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> st
     if not req.has_devices:
         lines.append("It requests no device: hami scheduler passes it through.")
         return "\n".join(lines)
-    result = filter_pod(admitted, None, ledger, state.config, now)
-    if result.node:
-        lines.append(f"It fits now: the scheduler would choose node {result.node} (kube-scheduler retries pending pods).")
+    if verdict.chosen:
+        lines.append(f"It fits now: the scheduler would choose node {verdict.chosen} (kube-scheduler retries pending pods).")
     else:
         lines.append(f"It fits on none of the {len(ledger.node_names())} nodes with devices:")
-    from hami.core.schedule import _policies
-
-    node_policy, gpu_policy, weights = _policies(req, state.config)
-    used = [v for v in state.vendors if v.name in req.vendors()]
-    ctx = make_context(req, state.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used),
-                       request_in_scores=state.config.request_in_scores)
-    for name in ledger.node_names():
-        res = fit_pod(ledger.view(name), ctx)
-        if not isinstance(res, NodeFailure):
-            lines.append(f"  node {name}: fits")
+    for v in verdict.nodes:
+        if v.fits:
+            lines.append(f"  node {v.node}: fits")
             continue
-        where = f" (container #{res.container})" if res.container >= 0 else ""
-        lines.append(f"  node {name}: {res.render()}{where}")
-        why = _why_devices(res)
-        for d, slots, mem, cores in ledger.device_usage(name):
-            reason = why.get(d.id, "ok")
+        where = f" (container #{v.container})" if v.container >= 0 else ""
+        lines.append(f"  node {v.node}: {v.reason}{where}")
+        for dv in v.devices:
+            d, reason = dv.device, dv.reason
             if reason == "AllocatedCardsInsufficientRequest":
                 reason = "usable, but the node has too few usable cards (AllocatedCardsInsufficientRequest)"
-            lines.append(f"    gpu {d.index} {d.id} {d.type}: slots {slots}/{d.count}, mem {mem}/{d.devmem} MiB, "
-                         f"cores {cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'} -> {reason}")
+            lines.append(f"    gpu {d.index} {d.id} {d.type}: slots {dv.slots}/{d.count}, mem {dv.mem}/{d.devmem} MiB, "
+                         f"cores {dv.cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'} -> {reason}")
     missing = sorted(set(state.nodes) - set(ledger.node_names()))
     if missing:
         lines.append(f"  nodes without registered devices (ignored): {', '.join(missing[:20])}"

@@ -92,6 +92,10 @@ class Options:
     # (--extender-client-ca); "" = the https port serves them to nobody (--extender-bind given) or,
     # on a loopback --http_bind only, to any local caller
     extender_client_ca: str = ""
+    # the read-only web UI and /api/v1 (--ui-bind); None = not served
+    ui_host: str = ""
+    ui_port: int | None = None
+    ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
 
     @property
     def tls(self) -> bool:
@@ -169,6 +173,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "annotations on the Binding itself, one pod write less per pod, and the device plugin labels "
            "the pod hami.io/vgpu-node; 'filter' patches the pod from Filter as HAMi does (annotations and "
            "label before the Bind; use it with HAMi's own device plugin and vGPU monitor)")
+    a("--ui-bind", default="",
+      help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "
+           "never on the --http_bind port; empty = off (default). Anyone who reaches it sees every node's devices "
+           "and every pod's grants (docs/security.md)")
+    a("--ui-monitor-url", default="",
+      help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
+           "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)")
     a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
       help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
 
@@ -232,6 +243,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
                           f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
                           f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
                           f"(kube-scheduler presents a client certificate)")
+    ui_host, ui_port = ("", None)
+    if args.ui_bind:
+        ui_host, ui_port = parse_bind(args.ui_bind, "--ui-bind")
+        ui_host = ui_host.strip("[]")
+        if ui_port in (port, extender_port, metrics_port):
+            raise ConfigError(f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
+                              f"the UI has a port of its own")
+    if args.ui_monitor_url:
+        if not args.ui_bind:
+            raise ConfigError(f"--ui-monitor-url: {args.ui_monitor_url!r} is only used with --ui-bind")
+        if not args.ui_monitor_url.startswith(("http://", "https://")) or "{" in args.ui_monitor_url.replace(
+                "{node_ip}", "").replace("{node}", ""):
+            raise ConfigError(f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, "
+                              f"got {args.ui_monitor_url!r}")
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
@@ -250,6 +275,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         success_events=args.success_events, decision_write=args.decision_write,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
         extender_host=extender_host, extender_port=extender_port, extender_client_ca=client_ca,
+        ui_host=ui_host, ui_port=ui_port, ui_monitor_url=args.ui_monitor_url,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")

@@ -17,7 +17,7 @@ from hami.core import CoreError, SchedulerConfig
 from hami.core.score import parse_gpu_policy, parse_node_policy
 
 from .engine import SimulationError, simulate
-from .report import to_json, to_table
+from .report import to_html, to_json, to_table
 
 
 #: bundled examples: name -> (nodes file, pods file, device-config file or None for the default config)
@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
     parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
                         help="scores count the pod's own request (default); false = HAMi v2.10's scores")
-    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.add_argument("--output", "-o", choices=("table", "json", "html"), default="table",
+                        help="table (default), json, or html: the web UI's page for this run as one "
+                             "self-contained file (docs/ui.md), e.g. -o html > what-if.html")
 
 
 MAX_FILE = 64 << 20  # bytes per input file
@@ -104,5 +106,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for w in result.warnings:
         print(f"hami simulate: warning: {w}", file=sys.stderr)
-    print(to_json(result) if args.output == "json" else to_table(result))
+    if args.output == "html":
+        import time
+
+        print(to_html(result, config, title=f"hami simulate {nodes_src} {pods_src}", now=time.time()))
+    else:
+        print(to_json(result) if args.output == "json" else to_table(result))
     return 0

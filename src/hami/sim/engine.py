@@ -46,6 +46,8 @@ class SimResult:
     pods: list[PodOutcome]
     devices: list[dict]
     warnings: list[str]
+    ledger: Ledger | None = None  # the final ledger (the html report builds the UI's documents from it)
+    objects: dict[str, dict] = field(default_factory=dict)  # "ns/name" -> the last Pod document of that name
 
 
 def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[tuple[str, dict]]:
@@ -137,6 +139,7 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
              now: float = 0.0, sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
     ledger, warnings = load_nodes(node_docs, config, sources[0])
     outcomes: dict[str, PodOutcome] = {}
+    objects: dict[str, dict] = {}
     for label, obj in _objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
@@ -162,7 +165,9 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
             continue
         outcomes.pop(key, None)
         outcomes[key] = _place(obj, ledger, config, now, sources[1])
-    return SimResult(pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings)
+        objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = obj
+    return SimResult(pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings, ledger=ledger,
+                     objects=objects)
 
 
 def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, source: str) -> PodOutcome:

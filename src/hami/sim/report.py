@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 from .engine import SimResult
 
@@ -78,3 +79,25 @@ def _summary(result: SimResult) -> list[str]:
         for node, reason in p.reasons.items():
             out.append(f"    {node}: {reason}")
     return out
+
+
+def to_html(result: SimResult, config: Any, title: str = "hami simulate", now: float = 0.0) -> str:
+    """The web UI's page for this run, self-contained (docs/ui.md): the UI's own documents, built
+    from the simulation's final ledger; pending pods carry the simulation's per-node reasons."""
+    from hami.ui import model
+    from hami.ui.page import snapshot_page
+
+    source = model.Snapshot(ledger=result.ledger, vendors=tuple(config.vendors), config=config, pods=result.objects)
+    status = {(p.namespace, p.name): p.status for p in result.pods}
+    pods = model.pods_document(source, now)
+    for item in pods["items"]:
+        item["phase"] = status.get((item["namespace"], item["name"]), "scheduled")
+        item["reserved"] = False  # a simulated decision is final (nothing patches a pod here)
+    pending = model.simulated_pending(result.pods)
+    return snapshot_page({
+        "title": title,
+        "nodes": model.nodes_document(source, now),
+        "pods": pods,
+        "pending": model.envelope("PendingList", now, pending, total=len(pending), truncated=False),
+        "quotas": model.envelope("QuotaList", now, []),
+    })

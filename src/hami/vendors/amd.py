@@ -26,6 +26,7 @@ def compute_units(device: DeviceInfo, pct: int) -> int:
 
 
 class AmdVendor(BaseVendor):
+    cores_unit = "compute units"  # devcore = the GPU's CUs; grants record CUs
     name = "AMD"
     request_type = "AMD"
     register_annotation = "hami.io/node-amd-register"

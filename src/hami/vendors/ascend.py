@@ -53,6 +53,10 @@ class AscendVendor(BaseVendor):
     mode_annotation = MODE_ANNOTATION
     chooses = True
 
+    def core_unit(self, device: DeviceInfo) -> str:
+        """AI cores of the chip (vNPU templates), or percent of the card in soft (hami-core) mode."""
+        return "percent" if device.mode == HAMI_CORE else "AI cores"
+
     def __init__(self, chip: VnpuChip, soft_everywhere: bool = False) -> None:
         self.chip = chip
         self.soft_everywhere = soft_everywhere

@@ -30,6 +30,7 @@ class NeuronRequest(ContainerDeviceRequest):
 
 
 class AwsNeuronVendor(BaseVendor):
+    cores_unit = "NeuronCores"  # devcore = the device's cores
     name = "AWSNeuron"
     request_type = "AWSNeuron"
     allocated_annotation = "hami.io/aws-neuron-devices-allocated"

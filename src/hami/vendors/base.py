@@ -117,6 +117,14 @@ class BaseVendor:
     #: candidates, as in HAMi's generic fit (an NVIDIA device must say "NVIDIA" in its type).
     type_contains_request: ClassVar[bool] = False
 
+    #: What a device's ``devcore`` and a grant's cores count, for people (the UI, docs): "percent" of
+    #: one device for most vendors; see :meth:`core_unit` for vendors whose unit depends on the device.
+    cores_unit: ClassVar[str] = "percent"
+
+    def core_unit(self, device: DeviceInfo) -> str:
+        """The unit of ``device.devcore`` and of the cores granted on it (display only)."""
+        return self.cores_unit
+
     resources: ResourceNames
 
     def __init__(self, resources: ResourceNames) -> None:

@@ -63,6 +63,7 @@ def _profiles(device: DeviceInfo) -> list[tuple[int, int, str, Any]]:
 
 
 class EnflameDrsVendor(BaseVendor):
+    cores_unit = "slices"  # devcore = count = DRS slices of the GCU
     name = "Enflame"
     request_type = "Enflame"
     register_annotation = CAPACITY_ANNOTATION

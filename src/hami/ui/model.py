@@ -1,0 +1,339 @@
+"""The ``/api/v1`` documents, built from the scheduler's ledger and watch cache (pure: no I/O).
+
+A *source* is anything with the attributes of :class:`hami.scheduler.state.ClusterState` that
+are read here: ``ledger``, ``vendors``, ``config``, ``nodes`` (name -> Node), ``pods``
+("ns/name" -> Pod) and ``quotas`` ("ns/name" -> ResourceQuota). :class:`Snapshot` is a source
+made of a ledger alone (``hami simulate``). Live usage comes as ``{node: NodeReading}`` from
+:mod:`.live`; ``None`` means it is not configured.
+
+Units: memory in MiB everywhere (the ledger's unit, after each vendor's memory factor); cores in
+the unit the vendor gives (``coreUnit``: "percent" of one device for NVIDIA, "AI cores" for an
+Ascend vNPU, ...). The shape of every document is ``openapi.yaml``; the contract test checks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from hami.core import CoreError, Ledger, pod_key
+from hami.core.requests import ordered_containers
+from hami.core.types import ContainerDevice, DeviceInfo
+
+from .live import NodeReading, Usage
+
+API_VERSION = "v1"
+BIND_PHASE = "hami.io/bind-phase"
+MAX_PENDING = 50  # pending pods explained per /api/v1/pending answer (each runs the filter on every node)
+PENDING_BUDGET_S = 0.5  # and no more explaining than this per answer: it runs on the scheduler's event loop
+SECRET_HINTS = ("token", "secret", "password", "credential", "key")
+
+
+class FilterError(ValueError):
+    """A query parameter the API does not know, or a bad value; the message names it."""
+
+
+@dataclass
+class Snapshot:
+    """A source without a live cluster: a ledger and the objects behind it (``hami simulate``)."""
+
+    ledger: Ledger
+    vendors: tuple
+    config: Any = None
+    nodes: dict = field(default_factory=dict)
+    pods: dict = field(default_factory=dict)
+    quotas: dict = field(default_factory=dict)
+
+
+def _stamp(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def envelope(kind: str, now: float, items: list, **extra: Any) -> dict:
+    return {"apiVersion": API_VERSION, "kind": kind, "generatedAt": _stamp(now), "items": items, **extra}
+
+
+def _vendor_map(vendors: Iterable[Any]) -> dict[str, Any]:
+    return {v.name: v for v in vendors}
+
+
+def core_unit(vendor: Any, device: DeviceInfo) -> str:
+    unit = getattr(vendor, "core_unit", None)
+    return unit(device) if callable(unit) else "percent"
+
+
+def _node_ready(node: Mapping[str, Any] | None) -> bool | None:
+    if not node:
+        return None
+    for cond in (node.get("status") or {}).get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return None
+
+
+def _usage_doc(usage: Usage | None, state: str) -> dict:
+    if usage is None:
+        return {"state": state, "memoryUsedMiB": None, "utilizationPercent": None}
+    return {"state": state, "memoryUsedMiB": usage.memory_mib, "utilizationPercent": usage.utilization}
+
+
+def _reading_state(reading: NodeReading | None, now: float) -> str:
+    if reading is None or reading.scraped_at is None:
+        return "unavailable"
+    return "live" if reading.fresh(now) else "stale"
+
+
+def _monitor_doc(reading: NodeReading | None, live_on: bool, now: float) -> dict:
+    if not live_on:
+        return {"state": "unavailable", "ageSeconds": None, "error": "live usage is not configured (--ui-monitor-url)"}
+    age = None if reading is None or reading.scraped_at is None else round(max(now - reading.scraped_at, 0.0), 1)
+    return {"state": _reading_state(reading, now), "ageSeconds": age,
+            "error": reading.error if reading is not None else "not scraped yet"}
+
+
+def _matches(value: str, wanted: str | None) -> bool:
+    return wanted is None or value == wanted
+
+
+def _check_params(params: Mapping[str, str], allowed: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for key, value in params.items():
+        if key not in allowed:
+            raise FilterError(f"unknown query parameter {key!r} (this endpoint takes {', '.join(allowed) or 'none'})")
+        if len(value) > 253 or not value.isprintable():
+            raise FilterError(f"query parameter {key}: not a Kubernetes name or model: {value[:60]!r}")
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------- /api/v1/nodes
+def device_doc(d: DeviceInfo, slots: int, mem: int, cores: int, vendor: Any, cordoned: bool,
+               slices: Iterable[Any], usage: Usage | None, state: str) -> dict:
+    return {
+        "uuid": d.id, "index": d.index, "vendor": d.vendor, "model": d.type, "mode": d.mode or "hami-core",
+        "numa": d.numa, "health": bool(d.health), "cordoned": cordoned,
+        "slots": {"allocated": slots, "total": d.count},
+        "memoryMiB": {"allocated": mem, "total": d.devmem},
+        "cores": {"allocated": cores, "total": d.devcore, "unit": core_unit(vendor, d)},
+        "slices": [{"profile": s.profile, "start": s.start, "size": s.size} for s in slices],
+        "usage": _usage_doc(usage, state),
+    }
+
+
+def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | None = None,
+                   params: Mapping[str, str] | None = None) -> dict:
+    """``/api/v1/nodes``: every node with registered devices; ``node`` / ``model`` / ``vendor`` filter."""
+    q = _check_params(params or {}, ("node", "model", "vendor"))
+    ledger: Ledger = source.ledger
+    vendors = _vendor_map(source.vendors)
+    items = []
+    for name in ledger.node_names():
+        if not _matches(name, q.get("node")):
+            continue
+        reading = (live or {}).get(name)
+        state = _reading_state(reading, now) if live is not None else "unavailable"
+        cordoned = ledger.node(name).cordoned
+        slices = ledger.slices(name)
+        devices = []
+        for d, slots, mem, cores in ledger.device_usage(name):
+            if not _matches(d.type, q.get("model")) or not _matches(d.vendor, q.get("vendor")):
+                continue
+            usage = reading.devices.get(d.id) if reading is not None else None
+            devices.append(device_doc(d, slots, mem, cores, vendors.get(d.vendor), d.id in cordoned,
+                                      slices.get(d.id, ()), usage, state))
+        if not devices and (q.get("model") or q.get("vendor")):
+            continue
+        node = source.nodes.get(name)
+        unschedulable = bool(((node or {}).get("spec") or {}).get("unschedulable"))
+        items.append({"name": name, "ready": _node_ready(node), "unschedulable": unschedulable,
+                      "monitor": _monitor_doc(reading, live is not None, now), "devices": devices})
+    return envelope("NodeList", now, items)
+
+
+# ---------------------------------------------------------------------- /api/v1/pods
+def grant_doc(vendor_name: str, cd: ContainerDevice, devices: Mapping[str, DeviceInfo], vendor: Any,
+              usage: Usage | None, state: str) -> dict:
+    dev = devices.get(cd.uuid)
+    unit = core_unit(vendor, dev) if dev is not None else "percent"
+    out = {"vendor": vendor_name, "uuid": cd.uuid, "index": dev.index if dev is not None else None,
+           "model": dev.type if dev is not None else cd.type, "memoryMiB": cd.usedmem,
+           "cores": cd.usedcores, "coreUnit": unit, "usage": _usage_doc(usage, state)}
+    if cd.slice is not None:
+        out["slice"] = {"profile": cd.slice.profile, "start": cd.slice.start, "size": cd.slice.size}
+    return out
+
+
+def _container_names(pod: Mapping[str, Any] | None, count: int) -> list[tuple[str, str]]:
+    if pod:
+        named = [(c.get("name") or str(i), k.value) for i, (c, k) in enumerate(ordered_containers(pod))]
+        if len(named) >= count:
+            return named
+    return [(str(i), "app") for i in range(count)]
+
+
+def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | None = None,
+                  params: Mapping[str, str] | None = None) -> dict:
+    """``/api/v1/pods``: every pod holding devices, grants per container; ``namespace`` / ``node`` filter."""
+    q = _check_params(params or {}, ("namespace", "node"))
+    ledger: Ledger = source.ledger
+    vendors = _vendor_map(source.vendors)
+    items = []
+    node_devices: dict[str, dict[str, DeviceInfo]] = {}  # per node, built once per answer
+    for alloc in ledger.pods():
+        if not _matches(alloc.namespace, q.get("namespace")) or not _matches(alloc.node, q.get("node")):
+            continue
+        pod = source.pods.get(f"{alloc.namespace}/{alloc.name}")
+        if pod is not None and pod_key(pod) != alloc.key:
+            pod = None  # a newer pod of the same name
+        devices = node_devices.get(alloc.node)
+        if devices is None:
+            devices = node_devices[alloc.node] = ({d.id: d for d, *_ in ledger.device_usage(alloc.node)}
+                                                  if ledger.has_node(alloc.node) else {})
+        reading = (live or {}).get(alloc.node)
+        state = _reading_state(reading, now) if live is not None else "unavailable"
+        width = max((len(per) for per in alloc.devices.values()), default=0)
+        containers = []
+        for ci, (cname, kind) in enumerate(_container_names(pod, width)):
+            grants = []
+            for vname in sorted(alloc.devices):
+                per = alloc.devices[vname]
+                for cd in per[ci] if ci < len(per) else ():
+                    usage = reading.containers.get((alloc.namespace, alloc.name, cname, cd.uuid)) if reading else None
+                    grants.append(grant_doc(vname, cd, devices, vendors.get(vname), usage, state))
+            containers.append({"name": cname, "kind": kind, "grants": grants})
+        meta = (pod or {}).get("metadata") or {}
+        items.append({
+            "namespace": alloc.namespace, "name": alloc.name, "uid": meta.get("uid") or "", "node": alloc.node,
+            "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
+            "bindPhase": (meta.get("annotations") or {}).get(BIND_PHASE) or None,
+            "reserved": ledger.is_reserved(alloc.key),
+            "memoryMiB": alloc.memory(), "containers": containers,
+        })
+    return envelope("PodList", now, items)
+
+
+# ---------------------------------------------------------------------- /api/v1/pending
+def pending_pods(source: Any, scheduler_name: str) -> list[dict]:
+    """Pods of this scheduler with no node and no allocation (a reservation counts as placed)."""
+    out = []
+    for ref in sorted(source.pods):
+        pod = source.pods[ref]
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if spec.get("schedulerName") != scheduler_name or spec.get("nodeName"):
+            continue
+        if status.get("phase") not in (None, "Pending") or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        if source.ledger.pod(pod_key(pod)) is not None:
+            continue
+        out.append(pod)
+    return out
+
+
+def _request_docs(req: Any) -> list[dict]:
+    out = []
+    for c in req.containers:
+        for r in c.requests:
+            out.append({"container": c.name, "kind": c.kind.value, "vendor": r.vendor, "count": r.nums,
+                        "memoryMiB": r.memreq or None,
+                        "memoryPercent": None if r.memreq or r.mem_percentage > 100 else r.mem_percentage,
+                        "cores": r.coresreq})
+    return out
+
+
+def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
+    """One pending pod: its requests and every node's verdict, as ``hami explain`` prints them."""
+    from hami.scheduler.explain import pending_verdict
+
+    meta = pod.get("metadata") or {}
+    base = {"namespace": meta.get("namespace") or "default", "name": meta.get("name") or "",
+            "uid": meta.get("uid") or "", "createdAt": meta.get("creationTimestamp") or None}
+    try:
+        verdict = pending_verdict(dict(pod), source.ledger, source.config, source.vendors, now)
+    except (CoreError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        return {**base, "requests": [], "fitsNow": None, "wouldChoose": None,
+                "error": f"cannot read the pod's requests: {str(exc)[:500]}", "summary": "", "nodes": []}
+    vendors = _vendor_map(source.vendors)
+    nodes = []
+    for v in verdict.nodes:
+        devices = [{"uuid": dv.device.id, "index": dv.device.index, "model": dv.device.type,
+                    "health": bool(dv.device.health),
+                    "slots": {"allocated": dv.slots, "total": dv.device.count},
+                    "memoryMiB": {"allocated": dv.mem, "total": dv.device.devmem},
+                    "cores": {"allocated": dv.cores, "total": dv.device.devcore,
+                              "unit": core_unit(vendors.get(dv.device.vendor), dv.device)},
+                    "reason": dv.reason} for dv in v.devices]
+        nodes.append({"node": v.node, "fits": v.fits, "reason": v.reason or None,
+                      "container": v.container if v.container >= 0 else None, "devices": devices})
+    return {**base, "requests": _request_docs(verdict.request), "fitsNow": verdict.chosen is not None,
+            "wouldChoose": verdict.chosen, "error": None, "summary": summarise(v.reason for v in verdict.nodes if not v.fits),
+            "nodes": nodes}
+
+
+def summarise(reasons: Iterable[str]) -> str:
+    """``"3 nodes: 8/8 CardInsufficientMemory; 1 node: node unregistered"``, most frequent first."""
+    counts: dict[str, int] = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "; ".join(f"{n} node{'s' if n != 1 else ''}: {r}" for r, n in ranked)
+
+
+def pending_document(source: Any, now: float, scheduler_name: str,
+                     params: Mapping[str, str] | None = None, budget_s: float | None = None,
+                     timer: Callable[[], float] = time.perf_counter) -> dict:
+    """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace``
+    filters). At most ``MAX_PENDING`` pods are explained, and no more once ``budget_s`` of work
+    is spent (the first pod always is); ``truncated`` says when some were left out."""
+    q = _check_params(params or {}, ("namespace",))
+    pods = [p for p in pending_pods(source, scheduler_name)
+            if _matches((p.get("metadata") or {}).get("namespace") or "default", q.get("namespace"))]
+    budget = PENDING_BUDGET_S if budget_s is None else budget_s
+    began = timer()
+    items = []
+    for p in pods[:MAX_PENDING]:
+        if items and timer() - began > budget:
+            break
+        items.append(explain_doc(p, source, now))
+    return envelope("PendingList", now, items, total=len(pods), truncated=len(items) < len(pods))
+
+
+def simulated_pending(outcomes: Iterable[Any]) -> list[dict]:
+    """Pending pods of a ``hami simulate`` run (its reasons are per node only)."""
+    items = []
+    for o in outcomes:
+        if o.status != "pending":
+            continue
+        nodes = [{"node": n, "fits": False, "reason": r, "container": None, "devices": []}
+                 for n, r in sorted(o.reasons.items())]
+        items.append({"namespace": o.namespace, "name": o.name, "uid": "", "createdAt": None, "requests": [],
+                      "fitsNow": False, "wouldChoose": None, "error": None,
+                      "summary": summarise(o.reasons.values()), "nodes": nodes})
+    return items
+
+
+# ---------------------------------------------------------------------- /api/v1/quotas
+def quotas_document(source: Any, now: float, params: Mapping[str, str] | None = None) -> dict:
+    """``/api/v1/quotas``: each ResourceQuota's device limits and what the namespace holds."""
+    q = _check_params(params or {}, ("namespace",))
+    ledger: Ledger = source.ledger
+    items = []
+    for ref in sorted(source.quotas):
+        ns, name = ref.split("/", 1)
+        if not _matches(ns, q.get("namespace")):
+            continue
+        limits = ledger.quota_limits(ns, name)
+        if not limits:
+            continue
+        resources = []
+        for v in source.vendors:
+            mem_used, cores_used = ledger.namespace_usage(ns, v.name)
+            for kind, resource, used, unit in (("memory", v.resources.memory, mem_used, "MiB"),
+                                               ("cores", v.resources.cores, cores_used, None)):
+                if resource and resource in limits:
+                    resources.append({"resource": f"limits.{resource}", "vendor": v.name, "kind": kind,
+                                      "unit": unit or getattr(v, "cores_unit", "percent"), "limit": limits[resource], "used": used})
+        if resources:
+            items.append({"namespace": ns, "name": name, "resources": resources})
+    return envelope("QuotaList", now, items)

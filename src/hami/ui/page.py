@@ -1,0 +1,40 @@
+"""The page: ``static/index.html`` with its assets linked (served) or inlined with a snapshot
+(``hami simulate --output html``: one file that opens anywhere, no server, no network)."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+HEAD, SCRIPTS = "<!--HAMI-HEAD-->", "<!--HAMI-SCRIPTS-->"
+
+
+def asset(name: str) -> str:
+    return (resources.files("hami.ui") / "static" / name).read_text(encoding="utf-8")
+
+
+def served_page() -> str:
+    """The page the UI listener serves: assets from ``static/`` (allowed by its CSP)."""
+    return (asset("index.html").replace(HEAD, '<link rel="stylesheet" href="static/style.css">')
+            .replace(SCRIPTS, '<script src="static/app.js" defer></script>'))
+
+
+def _script_json(doc: Any) -> str:
+    """JSON that cannot end the ``<script>`` element it sits in (``<``, ``>``, ``&`` escaped)."""
+    text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def snapshot_page(snapshot: dict) -> str:
+    """One self-contained HTML file: the same page, its CSS and JS inline, ``snapshot`` (a dict
+    with ``nodes``, ``pods``, ``pending``, ``quotas`` documents and a ``title``) embedded."""
+    for key in ("nodes", "pods", "pending", "quotas"):
+        if key not in snapshot:
+            raise ValueError(f"snapshot: missing the {key!r} document")
+    js = asset("app.js").replace("</", "<\\/")
+    css = asset("style.css").replace("</", "<\\/")
+    head = f"<style>\n{css}</style>"
+    scripts = (f'<script type="application/json" id="hami-snapshot">{_script_json(snapshot)}</script>\n'
+               f"<script>\n{js}</script>")
+    return asset("index.html").replace(HEAD, head).replace(SCRIPTS, scripts)

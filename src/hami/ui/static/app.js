@@ -1,0 +1,292 @@
+// hami UI: renders the /api/v1 documents (or an embedded snapshot from `hami simulate --output html`).
+// Vanilla JS, no dependency. Every text from the API goes through textContent, never parsed as HTML.
+"use strict";
+(function () {
+  const API = ["nodes", "pods", "pending", "quotas"];
+  const $ = (id) => document.getElementById(id);
+  const snapshotEl = document.getElementById("hami-snapshot");
+  const snapshot = snapshotEl ? JSON.parse(snapshotEl.textContent) : null;
+  let docs = null;
+  let timer = null;
+  let loading = false; // one refresh at a time: a slow answer never piles up requests
+  const GRID_LIMIT = 48; // node cards drawn before "Show all" (a 1000-node grid is 8000 rows)
+  let showAll = false;
+  const POD_LIMIT = 200; // pod rows drawn before "Show all pods"
+  let showAllPods = false;
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k === "width") node.style.width = v + "%"; // CSSOM, allowed by the CSP (a style attribute is not)
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  function mib(v) {
+    if (v === null || v === undefined) return "–";
+    return v >= 1024 ? (v / 1024).toFixed(1) + " GiB" : v + " MiB";
+  }
+  function cores(v, unit) {
+    if (v === null || v === undefined) return "–";
+    return unit === "percent" ? v + "%" : v + " " + unit;
+  }
+  function pct(a, b) { return b > 0 ? Math.min(100, Math.round((100 * a) / b)) : 0; }
+
+  function bar(label, allocated, total, used, fmt) {
+    const p = pct(allocated, total);
+    const u = used === null || used === undefined ? null : pct(used, total);
+    const text = fmt(allocated) + " / " + fmt(total) + (u === null ? "" : " (used " + fmt(used) + ")");
+    return el("div", {},
+      el("div", { class: "bar", role: "meter", "aria-label": label + ": " + text, "aria-valuemin": 0,
+                  "aria-valuemax": total, "aria-valuenow": allocated, title: label + " " + text },
+        el("span", { class: "alloc", width: p }),
+        u === null ? null : el("span", { class: "used", width: u })),
+      el("span", { class: "bar-label", text: text }));
+  }
+
+  function filters() {
+    return { namespace: $("filter-namespace").value, node: $("filter-node").value, model: $("filter-model").value };
+  }
+
+  function fillSelect(select, values) {
+    const keep = select.value;
+    const wanted = ["", ...[...new Set(values)].sort()];
+    const have = [...select.options].map((o) => o.value);
+    if (wanted.join("\n") !== have.join("\n")) {
+      select.replaceChildren(...wanted.map((v) => el("option", { value: v, text: v || "all" })));
+    }
+    select.value = wanted.includes(keep) ? keep : "";
+  }
+
+  // ------------------------------------------------------------------ summary
+  function renderSummary(nodes, f) {
+    const groups = new Map();
+    let count = 0;
+    for (const n of nodes) {
+      if (f.node && n.name !== f.node) continue;
+      for (const d of n.devices) {
+        if (f.model && d.model !== f.model) continue;
+        count += 1;
+        const key = d.vendor + "\u0000" + d.model;
+        const g = groups.get(key) || { vendor: d.vendor, model: d.model, devices: 0, inUse: 0, memA: 0, memT: 0,
+                                       memU: 0, memLive: 0, coreA: 0, coreT: 0, unit: d.cores.unit };
+        g.devices += 1;
+        g.inUse += d.slots.allocated > 0 ? 1 : 0;
+        g.memA += d.memoryMiB.allocated; g.memT += d.memoryMiB.total;
+        if (d.usage.memoryUsedMiB !== null) { g.memU += d.usage.memoryUsedMiB; g.memLive += 1; }
+        g.coreA += d.cores.allocated; g.coreT += d.cores.total;
+        groups.set(key, g);
+      }
+    }
+    const gpuCount = $("gpu-count");
+    gpuCount.textContent = String(count);
+    gpuCount.dataset.count = String(count);
+    const rows = [...groups.values()].sort((a, b) => (a.vendor + a.model).localeCompare(b.vendor + b.model)).map((g) =>
+      el("tr", { "data-vendor": g.vendor, "data-model": g.model },
+        el("td", { text: g.vendor }), el("td", { text: g.model }), el("td", { text: g.devices }),
+        el("td", { text: g.inUse }),
+        el("td", {}, bar("memory allocated", g.memA, g.memT, null, mib)),
+        el("td", { text: g.memLive ? mib(g.memU) + " on " + g.memLive + " of " + g.devices + " devices" : "no live data" }),
+        el("td", {}, bar("cores allocated", g.coreA, g.coreT, null, (v) => cores(v, g.unit)))));
+    $("summary-table").tBodies[0].replaceChildren(...rows);
+  }
+
+  // ------------------------------------------------------------------ node grid
+  function monitorBadge(m) {
+    if (m.state === "live") return el("span", { class: "badge ok", text: "live usage" });
+    if (m.state === "stale") return el("span", { class: "badge warn", title: m.error || "", text: "usage stale (" + m.ageSeconds + " s)" });
+    return el("span", { class: "badge", title: m.error || "", text: "no live usage" });
+  }
+
+  function renderNodes(nodes, f) {
+    const cards = [];
+    let hidden = 0;
+    for (const n of nodes) {
+      if (f.node && n.name !== f.node) continue;
+      const devices = n.devices.filter((d) => !f.model || d.model === f.model);
+      if (!devices.length) continue;
+      if (!showAll && cards.length >= GRID_LIMIT) { hidden += 1; continue; }
+      const rows = devices.map((d) => {
+        const flags = [!d.health && el("span", { class: "badge bad", text: "unhealthy" }),
+                       d.cordoned && el("span", { class: "badge warn", text: "cordoned" }),
+                       d.mode !== "hami-core" && el("span", { class: "badge", text: d.mode }),
+                       d.usage.state === "stale" && el("span", { class: "badge warn", text: "stale" })];
+        return el("div", { class: "gpu", "data-gpu-uuid": d.uuid, "data-vendor": d.vendor },
+          el("span", { class: "idx", text: "#" + d.index }),
+          el("span", { class: "model", title: d.uuid }, d.model, " ", flags),
+          bar("memory", d.memoryMiB.allocated, d.memoryMiB.total, d.usage.memoryUsedMiB, mib),
+          bar("cores", d.cores.allocated, d.cores.total, d.usage.utilizationPercent === null || d.cores.unit !== "percent"
+              ? null : Math.round((d.usage.utilizationPercent * d.cores.total) / 100), (v) => cores(v, d.cores.unit)),
+          el("span", { class: "bar-label", title: "tasks / slots", text: d.slots.allocated + "/" + d.slots.total }));
+      });
+      cards.push(el("article", { class: "node", "data-node": n.name, "aria-label": "node " + n.name },
+        el("h3", {}, n.name,
+          n.ready === false ? el("span", { class: "badge bad", text: "NotReady" }) : null,
+          n.unschedulable ? el("span", { class: "badge warn", text: "cordoned" }) : null,
+          monitorBadge(n.monitor)),
+        rows));
+    }
+    if (hidden) {
+      const more = el("button", { type: "button", id: "show-all-nodes", text: "Show all " + (cards.length + hidden) +
+        " nodes (" + hidden + " more; or filter by node or model)" });
+      more.addEventListener("click", () => { showAll = true; render(); });
+      cards.push(more);
+    }
+    $("node-grid").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted", text: "No device matches the filters." })]));
+  }
+
+  // ------------------------------------------------------------------ pods
+  function grantText(c, g) {
+    let text = c.name + ": " + g.vendor + " #" + (g.index === null ? "?" : g.index) + " " + g.model + ", " +
+      mib(g.memoryMiB) + ", " + cores(g.cores, g.coreUnit) + (g.slice ? ", MIG " + g.slice.profile : "");
+    if (g.usage.memoryUsedMiB !== null) {
+      text += " — using " + mib(g.usage.memoryUsedMiB);
+      if (g.usage.utilizationPercent !== null) text += ", " + g.usage.utilizationPercent + "% SM";
+      if (g.usage.state === "stale") text += " (stale)";
+    }
+    return text;
+  }
+
+  function renderPods(pods, f) {
+    const shown = pods.filter((p) => (!f.namespace || p.namespace === f.namespace) && (!f.node || p.node === f.node))
+      .filter((p) => !f.model || p.containers.some((c) => c.grants.some((g) => g.model === f.model)));
+    const hidden = showAllPods ? 0 : Math.max(0, shown.length - POD_LIMIT);
+    const rows = shown.slice(0, shown.length - hidden).map((p) => {
+      const grants = p.containers.flatMap((c) => c.grants.map((g) =>
+        el("span", { class: "grant", "data-grant-uuid": g.uuid, text: grantText(c, g) })));
+      const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? " reserved" : "");
+      return el("tr", { "data-pod": p.namespace + "/" + p.name },
+        el("th", { scope: "row", text: p.namespace + "/" + p.name }),
+        el("td", { text: p.node }), el("td", { text: phase }), el("td", {}, grants));
+    });
+    if (hidden) {
+      const more = el("button", { type: "button", id: "show-all-pods", text: "Show all " + shown.length + " pods (" +
+        hidden + " more; or filter by namespace or node)" });
+      more.addEventListener("click", () => { showAllPods = true; render(); });
+      rows.push(el("tr", {}, el("td", { colspan: 4 }, more)));
+    }
+    $("pod-table").tBodies[0].replaceChildren(...(rows.length ? rows :
+      [el("tr", {}, el("td", { colspan: 4, class: "muted", text: "No pod holds a device here." }))]));
+    $("pod-count").textContent = String(shown.length);
+  }
+
+  // ------------------------------------------------------------------ pending
+  function renderPending(doc, f) {
+    const items = doc.items.filter((p) => !f.namespace || p.namespace === f.namespace).map((p) => {
+      const asks = p.requests.map((r) => r.container + ": " + r.vendor + " ×" + r.count +
+        (r.memoryMiB ? " " + mib(r.memoryMiB) : r.memoryPercent !== null ? " " + r.memoryPercent + "% memory" : "") +
+        (r.cores ? " " + r.cores + " cores" : "")).join("; ");
+      const nodes = p.nodes.filter((n) => !f.node || n.node === f.node);
+      return el("article", { class: "pending-pod", "data-pending": p.namespace + "/" + p.name },
+        el("h3", { text: p.namespace + "/" + p.name }),
+        asks ? el("p", { class: "muted", text: "asks " + asks }) : null,
+        p.error ? el("p", { class: "reason", text: p.error }) :
+          el("p", { class: "reason", text: p.fitsNow ? "fits now on " + p.wouldChoose + " (waiting for kube-scheduler to retry)" : p.summary || "no node with devices" }),
+        nodes.length ? verdictDetails(p, nodes) : null);
+    });
+    const extra = doc.truncated ? [el("p", { class: "muted", text: "Showing " + doc.items.length + " of " + doc.total + " pending pods." })] : [];
+    $("pending-list").replaceChildren(...(items.length ? items.concat(extra) : [el("p", { class: "muted", text: "No pending pod." })]));
+    $("pending-count").textContent = String(doc.total === undefined ? items.length : doc.total);
+  }
+
+  // The per-node list is built when opened (1000 nodes x 8 devices per pod would be drawn for nothing);
+  // which pods are open survives a refresh.
+  const openVerdicts = new Set();
+  function verdictDetails(p, nodes) {
+    const key = p.namespace + "/" + p.name;
+    const details = el("details", {}, el("summary", { text: "Per node and per device (" + nodes.length + " nodes)" }));
+    const fill = () => { if (details.childElementCount < 2) details.append(verdictList(nodes)); };
+    details.addEventListener("toggle", () => {
+      if (details.open) { openVerdicts.add(key); fill(); } else openVerdicts.delete(key);
+    });
+    if (openVerdicts.has(key)) { details.open = true; fill(); }
+    return details;
+  }
+
+  function verdictList(nodes) {
+    return el("ul", {}, nodes.map((n) => el("li", { "data-node": n.node },
+            n.node + ": " + (n.fits ? "fits" : n.reason) + (n.container === null ? "" : " (container #" + n.container + ")"),
+            n.devices.length ? el("ul", {}, n.devices.map((d) => el("li", { text:
+              "#" + d.index + " " + d.model + ": slots " + d.slots.allocated + "/" + d.slots.total + ", memory " +
+              mib(d.memoryMiB.allocated) + "/" + mib(d.memoryMiB.total) + ", cores " + cores(d.cores.allocated, d.cores.unit) +
+              "/" + cores(d.cores.total, d.cores.unit) + " → " + d.reason }))) : null)));
+  }
+
+  function renderQuotas(quotas, f) {
+    const rows = [];
+    for (const q of quotas.filter((x) => !f.namespace || x.namespace === f.namespace)) {
+      for (const r of q.resources) {
+        const fmt = r.unit === "MiB" ? mib : (v) => cores(v, r.unit);
+        rows.push(el("tr", {}, el("td", { text: q.namespace }), el("td", { text: q.name }), el("td", { text: r.resource }),
+          el("td", {}, bar(r.resource, r.used, r.limit, null, fmt))));
+      }
+    }
+    $("quota-table").tBodies[0].replaceChildren(...(rows.length ? rows :
+      [el("tr", {}, el("td", { colspan: 4, class: "muted", text: "No ResourceQuota limits devices." }))]));
+  }
+
+  function render() {
+    if (!docs) return;
+    const nodes = docs.nodes.items;
+    fillSelect($("filter-node"), nodes.map((n) => n.name));
+    fillSelect($("filter-model"), nodes.flatMap((n) => n.devices.map((d) => d.model)));
+    fillSelect($("filter-namespace"), docs.pods.items.map((p) => p.namespace)
+      .concat(docs.pending.items.map((p) => p.namespace), docs.quotas.items.map((q) => q.namespace)));
+    const f = filters();
+    $("node-count").textContent = String(nodes.length);
+    renderSummary(nodes, f);
+    renderNodes(nodes, f);
+    renderPods(docs.pods.items, f);
+    renderPending(docs.pending, f);
+    renderQuotas(docs.quotas.items, f);
+  }
+
+  async function load() {
+    const status = $("status");
+    if (snapshot) {
+      docs = snapshot;
+      render();
+      status.textContent = "Snapshot from " + (snapshot.title || "hami simulate") + ", generated " + snapshot.nodes.generatedAt;
+      return;
+    }
+    if (loading) return;
+    loading = true;
+    try {
+      const answers = await Promise.all(API.map((name) => fetch("api/v1/" + name, { headers: { Accept: "application/json" } })
+        .then((r) => { if (!r.ok) throw new Error("/api/v1/" + name + ": HTTP " + r.status); return r.json(); })));
+      docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
+      render();
+      status.classList.remove("error");
+      status.textContent = "Updated " + new Date().toLocaleTimeString() + (docs.nodes.cacheSynced === false ? " (scheduler cache still syncing)" : "");
+    } catch (err) {
+      status.classList.add("error");
+      status.textContent = "Could not refresh: " + err.message + (docs ? " (showing the previous data)" : "");
+    } finally {
+      loading = false;
+    }
+  }
+
+  function schedule() {
+    if (timer) clearInterval(timer);
+    timer = null;
+    if (!snapshot && $("auto-refresh").checked) timer = setInterval(load, 1000 * Number($("refresh-seconds").value));
+  }
+
+  for (const id of ["filter-namespace", "filter-node", "filter-model"]) $(id).addEventListener("change", render);
+  $("auto-refresh").addEventListener("change", schedule);
+  $("refresh-seconds").addEventListener("change", schedule);
+  $("refresh-now").addEventListener("click", load);
+  if (snapshot) {
+    $("source-label").textContent = "snapshot";
+    for (const id of ["auto-refresh", "refresh-seconds", "refresh-now"]) $(id).disabled = true;
+  }
+  load().then(schedule);
+})();
