@@ -42,6 +42,10 @@ class FakeKube:
         obj = self.pods_by_name.get(name)
         return (A.pod_view_from_object(obj) if obj else None), False
 
+    async def get_pod(self, namespace, name):
+        obj = self.pods_by_name.get(name)
+        return A.pod_view_from_object(obj) if obj else None
+
     async def pods_on_node(self):
         return [A.pod_view_from_object(p) for p in self.pods_by_name.values()]
 
@@ -165,3 +169,14 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1" and resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "19968m"
     [written] = json.loads(kube.pods_by_name["p"]["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"])
     assert (written["migUUID"], written["gpuInstanceID"], written["computeInstanceID"]) == ("MIG-1", 1, 0)
+
+
+@pytest.mark.parametrize("phase,gone,removed", [("success", False, True), ("failed", False, True),
+                                                ("allocating", True, True), ("allocating", False, False)])
+async def test_at_start_a_lock_left_by_a_killed_predecessor_for_a_finished_pod_is_removed(tmp_path, phase, gone, removed):
+    """A plugin killed during its --lock-release-delay leaves the finished pod's lock; its
+    successor removes it at start-up, but never a lock whose pod is still being admitted."""
+    kube = FakeKube(LOCK_P, [] if gone else [pod_obj("p", phase=phase)])
+    assert await allocator(kube, 1.0, tmp_path).reclaim_finished_lock() is removed
+    assert (A.NODE_LOCK not in kube.annotations) is removed
+    assert kube.journal == ([("release", LOCK_P, True)] if removed else [])

@@ -135,6 +135,10 @@ class NodeAgent:
             log.error("first registration write failed: %s", exc)
         if self.asymmetric:
             await self._warn_asymmetric()
+        try:  # a lock a killed predecessor left for the handoff (the scheduler would reclaim it too)
+            await self.allocator.reclaim_finished_lock()
+        except Exception as exc:  # noqa: BLE001 - logged; the scheduler reclaims a finished owner's lock
+            log.error("node lock check at start-up failed: %s", exc)
         self._start_watcher()
         self._tasks = [
             asyncio.create_task(self.registrar.run(), name="hami-registrar"),

@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami.core.errors import CodecError
+from hami.kube import nodelock
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from . import allocate as A
@@ -255,6 +256,24 @@ class Allocator:
             value, task = self._deferred
             task.cancel()
             await self._release_later(value, delay=0)
+
+    async def reclaim_finished_lock(self) -> bool:
+        """At start-up: a node lock naming a pod whose allocation is over (bind-phase success or
+        failed, or the pod ended or is gone) is what a predecessor killed during its
+        --lock-release-delay left; remove it (compare-and-remove of the value read, so a
+        scheduler that swapped it over meanwhile wins). Returns whether one was removed."""
+        annotations, _ = await self.kube.node_annotations()
+        value = annotations.get(A.NODE_LOCK)
+        owner = nodelock.parse_node_lock(value)
+        if value is None or owner is None:
+            return False
+        pod = await self.kube.get_pod(owner.namespace, owner.name)
+        if pod is not None and not (pod.annotations.get(A.BIND_PHASE) in ("success", "failed")
+                                    or pod.phase in ("Succeeded", "Failed")):
+            return False  # still being admitted: Allocate finds it by this lock
+        await self.kube.release_held_lock(value)
+        log.info("node %s: removed the node lock %r its finished owner left", self.node, value)
+        return True
 
     async def _release_done(self, pod: A.PodView, held: str | None) -> None:
         """A failed release is logged, not fatal (the scheduler reclaims a lock whose owner has
