@@ -24,6 +24,7 @@ from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
+from .rank import NodeRanking
 from .requests import ordered_containers, pod_name
 from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
@@ -133,6 +134,7 @@ class Ledger:
         self._reserved: set[str] = set()
         self._quota: dict[str, dict[str, dict[str, int]]] = {}  # ns -> quota name -> resource -> limit
         self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
+        self.ranking = NodeRanking()  # nodes in node-score order (kept current by every change)
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
@@ -147,15 +149,26 @@ class Ledger:
             self._apply(self._pods[key], +1, resummarise=False)
         self._recheck(st)
         st.resummarise()
+        self._rank(st)
 
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self.ranking.remove(name)
+
+    def _rank(self, st: NodeState) -> None:
+        s = st.summary
+        self.ranking.update(st.node.name, (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
+                            frozenset(v for v, vs in s.vendors.items() if vs.free_slot), s.used, s.usedcores, s.usedmem)
 
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
 
     def has_node(self, name: str) -> bool:
         return name in self._nodes
+
+    def unknown(self, names: set[str]) -> set[str]:
+        """The names in ``names`` that are not nodes of the ledger."""
+        return names - self._nodes.keys()
 
     def node(self, name: str) -> NodeDevices:
         return self._nodes[name].node
@@ -239,6 +252,7 @@ class Ledger:
             if st.sliced or st.slices or alloc.slices:
                 self._recheck(st)
             st.resummarise()
+            self._rank(st)
 
     # ------------------------------------------------------------------ quota (§10.1)
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any], vendors: Sequence[Any]) -> None:
