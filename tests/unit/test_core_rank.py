@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami.core import Ledger, SchedulerConfig, filter_pod, schedule_pod
-from hami.core.rank import NodeRanking
+from hami.core.rank import NodeRanking, room
 from hami.core.score import node_score
 
 from ._corekit import ctr, node, pod
@@ -93,11 +93,14 @@ def check_ranking(led: Ledger) -> None:
     seen = {}
     for binpack in (True, False):
         order = []
-        for shape, open_vendors, names in led.ranking.groups(fullest_first=binpack):
+        for shape, rooms, names in led.ranking.groups(fullest_first=binpack):
             for n in names:
                 s = led.summary(n)
                 assert shape == (s.count, s.totalcore, s.totalmem, len(led.node(n).devices))
-                assert open_vendors == frozenset(v for v, vs in s.vendors.items() if vs.free_slot)
+                assert set(rooms) == {v for v, vs in s.vendors.items() if vs.free_slot}
+                for v, (mem, cores) in rooms.items():
+                    vs = s.vendors[v]
+                    assert cores == vs.max_free_cores and vs.max_free_mem <= mem < 2 * vs.max_free_mem + 1
                 order.append(n)
         assert sorted(order) == led.node_names()
         seen[binpack] = order
@@ -107,15 +110,16 @@ def check_ranking(led: Ledger) -> None:
 def test_ranking_orders_by_usage_within_a_shape_ties_by_name():
     r = NodeRanking()
     shape = (10, 100, 1000, 1)
+    free = (room("NVIDIA", 1000, 100),)
     for name, used in (("b", 1), ("a", 1), ("c", 0), ("d", 3)):
-        r.update(name, shape, frozenset({"NVIDIA"}), used, 0, 0)
+        r.update(name, shape, free, used, 0, 0)
     [(got_shape, _, emptiest)] = list(r.groups(fullest_first=False))
     assert got_shape == shape and list(emptiest) == ["c", "a", "b", "d"]
     [(_, _, fullest)] = list(r.groups(fullest_first=True))
     assert list(fullest) == ["d", "a", "b", "c"]
-    r.update("d", shape, frozenset(), 10, 0, 0)  # full: moves to another group
-    assert sorted((sorted(o), list(n)) for _, o, n in r.groups(fullest_first=True)) == [
-        ([], ["d"]), (["NVIDIA"], ["a", "b", "c"])]
+    r.update("d", shape, (), 10, 0, 0)  # full: moves to another group
+    assert sorted((sorted(o.items()), list(n)) for _, o, n in r.groups(fullest_first=True)) == [
+        ([], ["d"]), ([("NVIDIA", (1023, 100))], ["a", "b", "c"])]
     r.remove("d")
     r.remove("d")  # twice: nothing happens
     assert len(r) == 3

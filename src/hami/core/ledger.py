@@ -24,7 +24,7 @@ from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
-from .rank import NodeRanking
+from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
 from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
@@ -158,7 +158,8 @@ class Ledger:
     def _rank(self, st: NodeState) -> None:
         s = st.summary
         self.ranking.update(st.node.name, (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
-                            frozenset(v for v, vs in s.vendors.items() if vs.free_slot), s.used, s.usedcores, s.usedmem)
+                            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items())
+                                  if vs.free_slot), s.used, s.usedcores, s.usedmem)
 
     def node_names(self) -> list[str]:
         return sorted(self._nodes)

@@ -270,11 +270,11 @@ class _Search:
         """Lazy search over the ledger's ranking (:mod:`hami.core.rank`): the same order as
         :meth:`among` over every node, but visiting only the nodes before the first fit."""
         sign, demand, ledger = self.sign, self.demand, self.ledger
-        need_open = [v for v, on in self.prefilter.items() if on]
+        checks = [(vendor, memreq, cores) for vendor, _, memreq, _, cores in demand.checks if self.prefilter[vendor]]
         streams = []
-        for shape, open_vendors, names in ledger.ranking.groups(fullest_first=sign < 0):
-            if any(v not in open_vendors for v in need_open):
-                continue  # a vendor the pod needs has no free slot on any of these nodes
+        for shape, rooms, names in ledger.ranking.groups(fullest_first=sign < 0):
+            if not all(_room_for(rooms.get(vendor), memreq, cores) for vendor, memreq, cores in checks):
+                continue  # no node of the group has a device with a slot, the cores, the memory
             streams.append(_keyed(names, ledger, demand, shape[3], sign))
         deferred: list[str] = []
         for key, n in heapq.merge(*streams):
@@ -291,6 +291,12 @@ class _Search:
             if res is not None:
                 return self.scores[n], res
         return None
+
+
+def _room_for(room: tuple[int, int] | None, memreq: int, cores: int) -> bool:
+    """Whether a group's vendor room (:mod:`hami.core.rank`) may hold one device of a request
+    (the conditions :func:`_quick_reject` checks per node, on the group's bounds)."""
+    return room is not None and room[0] >= memreq and room[1] >= cores
 
 
 def _keyed(names: Iterable[str], ledger: Ledger, demand: _Demand, devices: int, sign: float):
