@@ -96,6 +96,9 @@ class ClusterState:
         self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         self._fingerprints: dict[str, tuple] = {}
+        # the node locks the vendors declare, and the nodes that carry one of them now
+        self.lock_keys = frozenset(k for k in (getattr(v, "lock_annotation", None) for v in self.vendors) if k)
+        self.locked_nodes: set[str] = set()
         self._node_changed: dict[str, asyncio.Event] = {}
         self.warnings: list[str] = []
         #: called with (node, message) when a node's registration cannot be read (an event)
@@ -119,9 +122,15 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self._fingerprints.pop(name, None)
+            self.locked_nodes.discard(name)
             self.ledger.remove_node(name)
         else:
             self.nodes[name] = node
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+            if any(k in annotations for k in self.lock_keys):
+                self.locked_nodes.add(name)
+            else:
+                self.locked_nodes.discard(name)
             self._refresh_node(name, node)
         self._wake(name)
 
