@@ -41,6 +41,7 @@ class VendorSummary:
     devices: int = 0
     free_slot: int = 0  # devices with used < count
     idle: int = 0  # devices that can take an exclusive (100-core) request: used == 0 or devcore != 100
+    # the three below over the devices with a free slot only (a full device takes nothing)
     max_free_mem: int = 0
     max_free_cores: int = 0
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
@@ -117,6 +118,8 @@ class NodeState:
                 v.types = v.types | {d.type}
             v.free_slot += u < d.count
             v.idle += u == 0 or d.devcore != 100
+            if u >= d.count:
+                continue  # no container can take it (every summary_prefilter vendor checks slots first)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
