@@ -108,6 +108,7 @@ async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits
     allocation finished."""
     svc = service(node("n1", gpus=1), node("n2", gpus=1))
     ext = svc.extender
+    ext.busy_wait = 0  # (waiting for a free node: the next test)
     a = seen(svc, pod("a", mem=300))
     assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
     assert ext.busy_nodes() == {"n1": 1}
@@ -123,6 +124,35 @@ async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits
     assert (await ext.filter(args(seen(svc, pod("d", mem=50)), ["n1", "n2"])))["NodeNames"] == ["n1"]
     svc.state.apply_pod("DELETED", b)  # a pod gone is no longer in flight
     assert ext.busy_nodes() == {"n1": 1}
+
+
+async def test_when_every_node_that_fits_is_busy_filter_waits_for_one_to_be_free():
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    a = seen(svc, pod("a", mem=300))
+    b = seen(svc, pod("b", mem=200))
+    assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(b, ["n1", "n2"])))["NodeNames"] == ["n2"]
+    c = asyncio.create_task(ext.filter(args(seen(svc, pod("c", mem=100)), ["n1", "n2"])))
+    await asyncio.sleep(0.2)
+    assert not c.done()  # both nodes have a bind in flight: no answer yet
+    finished(svc, b)  # n2's pod allocated: n2 is free
+    assert (await asyncio.wait_for(c, 5))["NodeNames"] == ["n2"]  # not binpack's n1, still busy
+    assert [m for _, _, m, _ in svc.state.ledger.device_usage("n2")] == [300]  # b + c, one reservation each
+    # nothing frees up within busy_wait: the least busy node that fits is answered
+    ext.busy_wait = 0.3
+    began = time.monotonic()
+    # (one bind in flight on each: binpack's order, n2 holds two pods)
+    assert (await ext.filter(args(seen(svc, pod("d", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n2"]
+    assert time.monotonic() - began >= 0.3
+    # the pod is deleted while its Filter waits: nothing stays reserved
+    ext.busy_wait = 5
+    e = seen(svc, pod("e", mem=100))
+    task = asyncio.create_task(ext.filter(args(e, ["n1", "n2"])))
+    await asyncio.sleep(0.2)
+    svc.state.apply_pod("DELETED", e)
+    assert "went away" in (await asyncio.wait_for(task, 5))["Error"]
+    assert svc.state.ledger.pod("uid-e") is None
 
 
 async def test_a_node_locked_by_an_unfinished_pod_of_another_replica_is_avoided():

@@ -172,7 +172,7 @@ class Ledger:
 
     def unknown(self, names: set[str]) -> set[str]:
         """The names in ``names`` that are not nodes of the ledger."""
-        return names - self._nodes.keys()
+        return names.difference(self._nodes)
 
     def node(self, name: str) -> NodeDevices:
         return self._nodes[name].node

@@ -90,7 +90,7 @@ class Extender:
                  is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
                  lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
                  handoff_grace: float = 1.0, clock=time.time, record: bool = True,
-                 decision_write: str = "binding", decision_ttl: float = 300.0) -> None:
+                 decision_write: str = "binding", decision_ttl: float = 300.0, busy_wait: float = 10.0) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -118,6 +118,9 @@ class Extender:
         # allocation has not finished (no Bind yet, Bind under way, or bound and waiting for the
         # device plugin); their nodes' locks are, or are about to be, taken (busy_nodes)
         self._in_flight: dict[str, tuple[str, float]] = {}
+        # how long a Filter waits, when every node that fits is busy, for one to be free (below
+        # kube-scheduler's extender timeout; then it answers the least busy one)
+        self.busy_wait = busy_wait
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
@@ -156,11 +159,13 @@ class Extender:
         self._in_flight.pop(ref, None)
         try:
             admitted, _ = admit_pod(pod, self.state.vendors)
-            result = schedule_pod(admitted, names or [], self.state.ledger, self.state.config, self.clock(),
-                                  busy=self.busy_nodes())
+            result = await self._decide(admitted, names or [])
         except CoreError as exc:
             self.events.record(pod, "FilteringFailed", str(exc), "Warning")
             return _error(str(exc))
+        except NotPending as exc:
+            self.stats["filter_refused"] += 1
+            return _error(f"{exc}; nothing is reserved")
         if not result.needs_devices:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         failed, unresolvable = failed_maps(result.failed)
@@ -179,6 +184,27 @@ class Extender:
         self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
                            f"{len(result.scores)} nodes fit({fits})")
         return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    async def _decide(self, pod: dict, names: list[str]) -> Any:
+        """``schedule_pod`` with the busy nodes last; when the only nodes that fit are busy, wait
+        (up to ``busy_wait``) for an allocation in flight to finish and decide again: a Bind sent
+        to a busy node waits for every bind ahead of it on that node, and past kube-scheduler's
+        timeout it fails (a ``FailedScheduling`` event for a pod that fits). kube-scheduler
+        filters one pod at a time, so this also keeps it from running far ahead of the binds."""
+        meta = pod["metadata"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+        deadline = time.monotonic() + self.busy_wait
+        while True:
+            busy = self.busy_nodes()
+            result = schedule_pod(pod, names, self.state.ledger, self.state.config, self.clock(), busy=busy)
+            left = deadline - time.monotonic()
+            if result.node is None or result.node not in busy or left <= 0:
+                return result
+            await self.state.pod_finished(min(left, 1.0))
+            cached = self.state.pod(ns, name)
+            if cached is None or (cached.get("metadata") or {}).get("uid") != uid:
+                self.state.ledger.remove_pod(result.allocation.key)
+                raise NotPending(f"pod {ns}/{name} went away while its Filter waited for a node")
 
     def busy_nodes(self) -> dict[str, int]:
         """Nodes a Bind would have to wait on now, with how many binds are in flight there: the
