@@ -91,8 +91,11 @@ def rss_mib() -> float:
         return float("nan")
 
 
-def placed_pods(nodes: list[dict], n_pods: int, config: SchedulerConfig, seed: int = 7) -> list[dict]:
-    """Pods with allocation annotations, decided by the core (as if a scheduler placed them)."""
+def placed_pods(nodes: list[dict], n_pods: int, config: SchedulerConfig, fill: str = "binpack",
+                seed: int = 7) -> list[dict]:
+    """Pods with allocation annotations, decided by the core (as if a scheduler placed them):
+    each offered every node (``binpack``, the default policy) or one node each in turn
+    (``round-robin``: an even fill, quick to build)."""
     from hami.core import node_devices_from_object
 
     rng = random.Random(seed)
@@ -102,7 +105,8 @@ def placed_pods(nodes: list[dict], n_pods: int, config: SchedulerConfig, seed: i
     out = []
     for i in range(n_pods):
         p = pod_object(f"bg-{i}", rng.choice((1, 1, 1, 2)), rng.choice((2000, 4000, 8000)), rng.choice((5, 10, 20)))
-        r = schedule_pod(admit_pod(p, config.vendors)[0], None, ledger, config, 0.0)
+        offered = None if fill == "binpack" else [nodes[i % len(nodes)]["metadata"]["name"]]
+        r = schedule_pod(admit_pod(p, config.vendors)[0], offered, ledger, config, 0.0)
         p["metadata"]["annotations"] = dict(r.annotations)
         out.append(p)
     return out
@@ -124,7 +128,7 @@ async def filter_figures(args: argparse.Namespace, n_nodes: int, n_pods: int) ->
     config = svc.state.config
     t0 = time.perf_counter()
     nodes = [node_object(n) for n in range(n_nodes)]
-    pods = placed_pods(nodes, n_pods, config)
+    pods = placed_pods(nodes, n_pods, config, args.fill)
     t1 = time.perf_counter()
     svc.state.node_handler.replace(nodes)
     svc.state.pod_handler.replace(pods)
@@ -134,7 +138,7 @@ async def filter_figures(args: argparse.Namespace, n_nodes: int, n_pods: int) ->
     del nodes, pods  # from here on only the caches hold them
     gc.collect()
     rss1 = rss_mib()
-    print(f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed; cache filled from objects in "
+    print(f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed ({args.fill} fill); cache filled from objects in "
           f"{(t2 - t1) * 1e3:.0f} ms (objects built in {t1 - t0:.1f}s); scheduler process RSS {rss1:.0f} MiB "
           f"({rss1 - rss0:.0f} MiB for this cluster's caches and ledger, {rss0:.0f} MiB before)")
 
@@ -385,6 +389,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000x5000,5000x25000",
                     help="NODESxPODS[,...] for the /filter figures; none: skip them")
     ap.add_argument("--runs", type=int, default=500)
+    ap.add_argument("--fill", choices=("binpack", "round-robin"), default="binpack",
+                    help="how the background pods were placed (see placed_pods)")
     ap.add_argument("--e2e", action="store_true", help="also run the end-to-end throughput on the real control plane")
     ap.add_argument("--e2e-nodes", type=int, default=100)
     ap.add_argument("--e2e-pods", type=int, default=1000)
