@@ -23,17 +23,20 @@ from ._hami import PluginStandIn, SchedulerProcess, device_usage, events, gpu_po
 
 pytestmark = pytest.mark.integration
 
-NODES, PODS = 20, 200  # 20 nodes x 8 GPUs x 4 pods of 4000 MiB: room for 640
+# 20 nodes x 8 GPUs of 80 GiB x 10 slots: room for 1600 pods of 4000 MiB; binpack alone would put
+# 80 of them on one node, each Bind waiting for all the binds before it there
+NODES, PODS = 20, 200
 
 
 def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, kube_namespace):
     ns = kube_namespace
     group = f"burst-{uuid.uuid4().hex[:5]}"
     names = [f"{group}-{i:02d}" for i in range(NODES)]
-    proc = SchedulerProcess(kube_cluster, "--node-lock-retry-timeout=28s", loopback=True).start()
+    # a shorter lock wait than the 28 s default: a Bind queued behind others on a node fails sooner
+    proc = SchedulerProcess(kube_cluster, "--node-lock-retry-timeout=10s", loopback=True).start()
     try:
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda n: make_gpu_node(kube_cluster, n, labels={"hami-group": group}), names))
+            list(pool.map(lambda n: make_gpu_node(kube_cluster, n, mem=81920, labels={"hami-group": group}), names))
         kube_cluster.wait_for(lambda: proc.get("/readyz") == 200, "hami scheduler ready", 30)
         kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
         burst = [gpu_pod(f"p{i:03d}", ns, mem=4000, cores=5, node_selector={"hami-group": group})
@@ -48,7 +51,7 @@ def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, 
         for p in done:
             assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
         for uuid_, (slots, mem, cores) in device_usage(done).items():
-            assert slots <= 10 and mem <= 16384 and cores <= 100, (uuid_, slots, mem, cores)
+            assert slots <= 10 and mem <= 81920 and cores <= 100, (uuid_, slots, mem, cores)
         failed = [f"{e['involvedObject']['name']}: {e.get('message')}" for e in events(kube_cluster, ns, "FailedScheduling")]
         assert failed == [], f"{len(failed)} FailedScheduling events for pods that fit, e.g. {failed[:5]}"
         assert events(kube_cluster, ns, "BindingFailed") == []
