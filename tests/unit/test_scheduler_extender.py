@@ -109,6 +109,7 @@ async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits
     svc = service(node("n1", gpus=1), node("n2", gpus=1))
     ext = svc.extender
     ext.busy_wait = 0  # (waiting for a free node: the next test)
+    ext.queue_depth = 1  # busy from the first bind in flight (the default, 2: the test after the next)
     a = seen(svc, pod("a", mem=300))
     assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
     assert ext.busy_nodes() == {"n1": 1}
@@ -129,6 +130,7 @@ async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits
 async def test_when_every_node_that_fits_is_busy_filter_waits_for_one_to_be_free():
     svc = service(node("n1", gpus=1), node("n2", gpus=1))
     ext = svc.extender
+    ext.queue_depth = 1
     a = seen(svc, pod("a", mem=300))
     b = seen(svc, pod("b", mem=200))
     assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
@@ -155,6 +157,18 @@ async def test_when_every_node_that_fits_is_busy_filter_waits_for_one_to_be_free
     assert svc.state.ledger.pod("uid-e") is None
 
 
+async def test_by_default_a_node_is_busy_from_its_second_bind_in_flight():
+    """One bind in flight costs a Bind at most one handoff: pods arriving one after the other keep
+    binpack's order; a third pod goes elsewhere."""
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    assert ext.queue_depth == 2
+    assert (await ext.filter(args(seen(svc, pod("a", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(seen(svc, pod("b", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(seen(svc, pod("c", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n2"]
+    assert ext.busy_nodes() == {"n1": 2, "n2": 1}
+
+
 async def test_a_node_locked_by_an_unfinished_pod_of_another_replica_is_avoided():
     from datetime import datetime, timezone
 
@@ -163,6 +177,7 @@ async def test_a_node_locked_by_an_unfinished_pod_of_another_replica_is_avoided(
     n1 = node("n1", gpus=1)
     n1["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(datetime.now(timezone.utc), "ns", "other")
     svc = service(n1, node("n2", gpus=1))
+    svc.extender.queue_depth = 1
     other = pod("other", node_name="n1", uuid="n1-g0", mem=100)
     other["spec"]["nodeName"] = "n1"
     other["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"

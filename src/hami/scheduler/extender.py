@@ -121,6 +121,9 @@ class Extender:
         # how long a Filter waits, when every node that fits is busy, for one to be free (below
         # kube-scheduler's extender timeout; then it answers the least busy one)
         self.busy_wait = busy_wait
+        # binds in flight on a node from which it counts as busy: one is fine (a Bind waits for one
+        # handoff at most, and pods arriving one after the other keep binpack's order), more queue
+        self.queue_depth = 2
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
@@ -186,7 +189,8 @@ class Extender:
         return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
     async def _decide(self, pod: dict, names: list[str]) -> Any:
-        """``schedule_pod`` with the busy nodes last; when the only nodes that fit are busy, wait
+        """``schedule_pod`` with the busy nodes last (``queue_depth`` or more binds in flight there);
+        when the only nodes that fit are busy, wait
         (up to ``busy_wait``) for an allocation in flight to finish and decide again: a Bind sent
         to a busy node waits for every bind ahead of it on that node, and past kube-scheduler's
         timeout it fails (a ``FailedScheduling`` event for a pod that fits). kube-scheduler
@@ -195,7 +199,7 @@ class Extender:
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
         deadline = time.monotonic() + self.busy_wait
         while True:
-            busy = self.busy_nodes()
+            busy = {n: c for n, c in self.busy_nodes().items() if c >= self.queue_depth}
             result = schedule_pod(pod, names, self.state.ledger, self.state.config, self.clock(), busy=busy)
             left = deadline - time.monotonic()
             if result.node is None or result.node not in busy or left <= 0:
