@@ -397,7 +397,8 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         files["/device-config.yaml"] = tmp_path / "device-config.yaml"
         sched_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
         config = yaml.safe_load(sched_cm["data"]["config.yaml"])
-        config["clientConnection"] = {"kubeconfig": str(kube_cluster.kubeconfig)}
+        # the chart's client rate limit (qps, burst) kept: the real kube-scheduler must accept it
+        config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(kube_cluster.kubeconfig)}
         tls_config = config["extenders"][0].get("tlsConfig") or {}
         assert bool(tls_config) == https_extender
         for key, mounted in tls_config.items():  # the files the Deployment mounts, here local
