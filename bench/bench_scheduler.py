@@ -7,7 +7,7 @@
    The scheduler's cache is filled from Node and Pod objects (registration and allocation
    annotations) through the same watch handlers a live cluster feeds, then the in-process
    aiohttp server is called over loopback TCP exactly as kube-scheduler calls it
-   (``ExtenderArgs`` with all 1000 ``NodeNames``), one new pod per call. Each call decides and
+   (``ExtenderArgs`` with every node in ``NodeNames``), one new pod per call. Each call decides and
    reserves; nothing is written to an API server here (``record=False``; by default a decision
    is written by the Binding anyway, and the cost of the writes is in figure 2). Printed beside it, as in-process
    baselines, the same decision through ``Extender.filter`` without HTTP and through
