@@ -149,7 +149,10 @@ def test_kube_scheduler_calls_the_extender_on_the_pods_loopback_by_default(helm)
     ext = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]["containers"][1]
     assert "--extender-bind=127.0.0.1:9080" in ext["command"]
     assert "--decision-write=binding" in ext["command"]
-    extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
+    config = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])
+    # kube-scheduler's client rate limit is set high: the API server is the limit, not qps 50
+    assert config["clientConnection"] == {"qps": 1000, "burst": 2000}
+    extender = config["extenders"][0]
     assert extender["urlPrefix"] == "http://127.0.0.1:9080" and extender["enableHTTPS"] is False
     assert "tlsConfig" not in extender
     # the https port (the Service's) then serves no /filter or /bind: no client CA, no client certificate
@@ -417,7 +420,8 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         files["/device-config.yaml"] = tmp_path / "device-config.yaml"
         sched_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
         config = yaml.safe_load(sched_cm["data"]["config.yaml"])
-        config["clientConnection"] = {"kubeconfig": str(kube_cluster.kubeconfig)}
+        # the chart's client rate limit (qps, burst) kept: the real kube-scheduler must accept it
+        config["clientConnection"] = {**config.get("clientConnection", {}), "kubeconfig": str(kube_cluster.kubeconfig)}
         tls_config = config["extenders"][0].get("tlsConfig") or {}
         assert bool(tls_config) == https_extender
         for key, mounted in tls_config.items():  # the files the Deployment mounts, here local

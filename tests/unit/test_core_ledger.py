@@ -58,3 +58,9 @@ def test_summary_tracks_free_capacity():
     assert (s.devices, s.free_slot, s.idle, s.max_free_mem, s.max_free_cores) == (2, 1, 1, 1000, 100)
     led.remove_pod("uid-default-q")
     assert led.summary("n").vendors["NVIDIA"].free_slot == 2
+    # GPU 1's two slots taken with no memory or cores: its free 1000 MiB and 100 cores are out of
+    # reach, so the summary's best device is GPU 0 (one slot left, nothing else)
+    led.add_pod(allocation_from_pod(placed("r", "n", "GPU-n-1,NVIDIA,0,0:;"), CONFIG.vendors))
+    led.add_pod(allocation_from_pod(placed("t", "n", "GPU-n-1,NVIDIA,0,0:;"), CONFIG.vendors))
+    s = led.summary("n").vendors["NVIDIA"]
+    assert (s.free_slot, s.max_free_mem, s.max_free_cores, s.max_pct_bound) == (1, 0, 0, 0.1)

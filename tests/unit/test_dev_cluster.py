@@ -64,9 +64,13 @@ def test_scheduler_document_one_profile_and_leader_election():
                                      "resourceNamespace": "kube-system"}
     assert len(doc["extenders"]) == 1
     assert "extenders" not in kc.DEFAULT_SCHEDULER.document(Path("/k"))
-    assert doc["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig"}  # kube-scheduler's own defaults
+    # as the chart: the client rate limit high enough that the API server is the limit
+    assert doc["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig", "qps": 1000.0, "burst": 2000}
+    assert kc.DEFAULT_SCHEDULER.document(Path("/k"))["clientConnection"]["qps"] == 1000.0
     fast = kc.SchedulerConfig(client_qps=500, client_burst=1000).document(Path("/k/admin.kubeconfig"))
     assert fast["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig", "qps": 500, "burst": 1000}
+    own = kc.SchedulerConfig(client_qps=None, client_burst=None).document(Path("/k/admin.kubeconfig"))
+    assert own["clientConnection"] == {"kubeconfig": "/k/admin.kubeconfig"}  # kube-scheduler's own defaults
 
 
 def test_node_manifest_gpus_times_split_count_and_kwok_annotation():

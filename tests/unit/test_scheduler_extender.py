@@ -76,8 +76,17 @@ async def test_filter_passes_pods_without_devices_and_reports_bad_input():
     assert "Pod is missing" in (await svc.extender.filter({"NodeNames": ["n1"]}))["Error"]
 
 
+def finished(svc, p):
+    """The device plugin marked ``p`` allocated (bind-phase success), as the pod watch shows it."""
+    done = {**p, "metadata": {**p["metadata"], "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1),
+                              "annotations": {**p["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
+    svc.state.put_pod(done)
+    return done
+
+
 async def test_extender_takes_the_simulators_decisions():
-    """Same pods, same nodes, same order: `hami simulate` and /filter choose the same devices."""
+    """Same pods, same nodes, same order: `hami simulate` and /filter choose the same devices
+    (each pod's allocation finished before the next arrives, as in the simulator's snapshot)."""
     nodes_ = [node(f"n{i}", gpus=2) for i in range(3)]
     pods_ = [pod(f"p{i}", mem=150 + 70 * (i % 4)) for i in range(12)]
     sim = simulate(nodes_, pods_, SchedulerService(Options(), None).state.config)
@@ -85,10 +94,103 @@ async def test_extender_takes_the_simulators_decisions():
     for p, outcome in zip(pods_, sim.pods):
         got = await svc.extender.filter(args(seen(svc, p), [n["metadata"]["name"] for n in nodes_]))
         assert got["NodeNames"] == ([outcome.node] if outcome.node else [])
+        finished(svc, p)
         alloc = svc.state.ledger.pod(p["metadata"]["uid"])
         if alloc:
             assert [d.uuid for c in alloc.devices["NVIDIA"] for d in c] == \
                    [d["uuid"] for c in outcome.containers for d in c["devices"]]
+
+
+async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits():
+    """A Bind on a node whose lock another unfinished bind holds must wait for it (and fails past
+    the retry timeout: a FailedScheduling for a pod that fits). Filter sends the next pod to a
+    node nobody is binding to, when one fits; binpack's choice comes back once the first pod's
+    allocation finished."""
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    ext.busy_wait = 0  # (waiting for a free node: the next test)
+    ext.queue_depth = 1  # busy from the first bind in flight (the default, 2: the test after the next)
+    a = seen(svc, pod("a", mem=300))
+    assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert ext.busy_nodes() == {"n1": 1}
+    b = seen(svc, pod("b", mem=300))
+    assert (await ext.filter(args(b, ["n1", "n2"])))["NodeNames"] == ["n2"]  # binpack alone says n1
+    assert ext.busy_nodes() == {"n1": 1, "n2": 1}
+    # every node busy: the one with the fewest binds in flight, if it fits
+    assert (await ext.filter(args(seen(svc, pod("c", mem=600)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert ext.busy_nodes() == {"n1": 2, "n2": 1}
+    finished(svc, a)
+    finished(svc, svc.state.pod("ns", "c"))
+    assert ext.busy_nodes() == {"n2": 1}
+    assert (await ext.filter(args(seen(svc, pod("d", mem=50)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    svc.state.apply_pod("DELETED", b)  # a pod gone is no longer in flight
+    assert ext.busy_nodes() == {"n1": 1}
+
+
+async def test_when_every_node_that_fits_is_busy_filter_waits_for_one_to_be_free():
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    ext.queue_depth = 1
+    a = seen(svc, pod("a", mem=300))
+    b = seen(svc, pod("b", mem=200))
+    assert (await ext.filter(args(a, ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(b, ["n1", "n2"])))["NodeNames"] == ["n2"]
+    c = asyncio.create_task(ext.filter(args(seen(svc, pod("c", mem=100)), ["n1", "n2"])))
+    await asyncio.sleep(0.2)
+    assert not c.done()  # both nodes have a bind in flight: no answer yet
+    finished(svc, b)  # n2's pod allocated: n2 is free
+    assert (await asyncio.wait_for(c, 5))["NodeNames"] == ["n2"]  # not binpack's n1, still busy
+    assert [m for _, _, m, _ in svc.state.ledger.device_usage("n2")] == [300]  # b + c, one reservation each
+    # nothing frees up within busy_wait: the least busy node that fits is answered
+    ext.busy_wait = 0.3
+    began = time.monotonic()
+    # (one bind in flight on each: binpack's order, n2 holds two pods)
+    assert (await ext.filter(args(seen(svc, pod("d", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n2"]
+    assert time.monotonic() - began >= 0.3
+    # the pod is deleted while its Filter waits: nothing stays reserved
+    ext.busy_wait = 5
+    e = seen(svc, pod("e", mem=100))
+    task = asyncio.create_task(ext.filter(args(e, ["n1", "n2"])))
+    await asyncio.sleep(0.2)
+    svc.state.apply_pod("DELETED", e)
+    assert "went away" in (await asyncio.wait_for(task, 5))["Error"]
+    assert svc.state.ledger.pod("uid-e") is None
+
+
+async def test_by_default_a_node_is_busy_from_its_second_bind_in_flight():
+    """One bind in flight costs a Bind at most one handoff: pods arriving one after the other keep
+    binpack's order; a third pod goes elsewhere."""
+    svc = service(node("n1", gpus=1), node("n2", gpus=1))
+    ext = svc.extender
+    assert ext.queue_depth == 2
+    assert (await ext.filter(args(seen(svc, pod("a", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(seen(svc, pod("b", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    assert (await ext.filter(args(seen(svc, pod("c", mem=100)), ["n1", "n2"])))["NodeNames"] == ["n2"]
+    assert ext.busy_nodes() == {"n1": 2, "n2": 1}
+
+
+async def test_a_node_locked_by_an_unfinished_pod_of_another_replica_is_avoided():
+    from datetime import datetime, timezone
+
+    from hami.kube import nodelock
+
+    n1 = node("n1", gpus=1)
+    n1["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(datetime.now(timezone.utc), "ns", "other")
+    svc = service(n1, node("n2", gpus=1))
+    svc.extender.queue_depth = 1
+    other = pod("other", node_name="n1", uuid="n1-g0", mem=100)
+    other["spec"]["nodeName"] = "n1"
+    other["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    svc.state.put_pod(other)
+    assert svc.extender.busy_nodes() == {"n1": 1}
+    assert (await svc.extender.filter(args(seen(svc, pod("a", mem=300)), ["n1", "n2"])))["NodeNames"] == ["n2"]
+    finished(svc, other)  # its allocation done: the lock waits only for a swap, the node is free
+    assert svc.extender.busy_nodes() == {"n2": 1}
+    assert (await svc.extender.filter(args(seen(svc, pod("b", mem=300)), ["n1", "n2"])))["NodeNames"] == ["n1"]
+    unlocked = {**n1, "metadata": {**n1["metadata"], "resourceVersion": "2", "annotations": {
+        k: v for k, v in n1["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK}}}
+    svc.state.put_node(unlocked)
+    assert svc.state.locked_nodes == set()
 
 
 async def test_simulation_path_with_full_nodes_reserves_nothing():

@@ -57,6 +57,9 @@ async def test_an_oversize_body_gets_413():
     ({"Pod": []}, "ExtenderArgs.Pod: must be a map"),
     ({"Pod": pod("a"), "NodeNames": "n1"}, "ExtenderArgs.NodeNames: must be a list"),
     ({"Pod": pod("a"), "NodeNames": [1]}, "ExtenderArgs.NodeNames[0]: must be a string"),
+    # (a list of names is checked in one pass; a bad element deep in a long one is still named)
+    ({"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [None]}, "ExtenderArgs.NodeNames[3000]: must not"),
+    ({"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [[]]}, "ExtenderArgs.NodeNames[3000]: must be a"),
     ({"Pod": {"metadata": {"name": "a", "annotations": {"x": 1}}}, "NodeNames": ["n1"]}, "annotations[x]"),
     ({"Pod": {"metadata": {"name": "a"}, "spec": {"containers": [{"resources": {"limits": []}}]}},
       "NodeNames": ["n1"]}, "containers[0].resources.limits: must be a map"),
@@ -157,3 +160,17 @@ async def test_bind_without_an_api_client_is_an_error_not_a_500():
     async with TestClient(TestServer(service(node("n1")).app())) as client:
         r = await client.post("/bind", json={"PodName": "a", "PodNamespace": "ns", "Node": "n1"})
         assert r.status == 200 and "no API server client" in (await r.json())["Error"]
+
+
+def test_a_list_of_strings_counts_every_value_and_its_depth_in_the_tree_check():
+    from hami.core.shape import ShapeError, check_tree
+
+    check_tree({"names": ["n"] * 10}, "body", max_nodes=12)  # the map, the list, ten names
+    with pytest.raises(ShapeError, match="more than 11 values"):
+        check_tree({"names": ["n"] * 10}, "body", max_nodes=11)
+    deep: object = ["n", "m"]
+    for _ in range(63):
+        deep = [deep]
+    check_tree(deep, "body", max_depth=64)
+    with pytest.raises(ShapeError, match="nested more than 64"):
+        check_tree([deep], "body", max_depth=64)

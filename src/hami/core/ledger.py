@@ -24,6 +24,7 @@ from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .quantity import parse_int_quantity
+from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
 from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
@@ -40,6 +41,7 @@ class VendorSummary:
     devices: int = 0
     free_slot: int = 0  # devices with used < count
     idle: int = 0  # devices that can take an exclusive (100-core) request: used == 0 or devcore != 100
+    # the three below over the devices with a free slot only (a full device takes nothing)
     max_free_mem: int = 0
     max_free_cores: int = 0
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
@@ -116,6 +118,8 @@ class NodeState:
                 v.types = v.types | {d.type}
             v.free_slot += u < d.count
             v.idle += u == 0 or d.devcore != 100
+            if u >= d.count:
+                continue  # no container can take it (every summary_prefilter vendor checks slots first)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
@@ -133,6 +137,7 @@ class Ledger:
         self._reserved: set[str] = set()
         self._quota: dict[str, dict[str, dict[str, int]]] = {}  # ns -> quota name -> resource -> limit
         self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
+        self.ranking = NodeRanking()  # nodes in node-score order (kept current by every change)
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
@@ -147,15 +152,27 @@ class Ledger:
             self._apply(self._pods[key], +1, resummarise=False)
         self._recheck(st)
         st.resummarise()
+        self._rank(st)
 
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self.ranking.remove(name)
+
+    def _rank(self, st: NodeState) -> None:
+        s = st.summary
+        self.ranking.update(st.node.name, (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
+                            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items())
+                                  if vs.free_slot), s.used, s.usedcores, s.usedmem)
 
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
 
     def has_node(self, name: str) -> bool:
         return name in self._nodes
+
+    def unknown(self, names: set[str]) -> set[str]:
+        """The names in ``names`` that are not nodes of the ledger."""
+        return names.difference(self._nodes)
 
     def node(self, name: str) -> NodeDevices:
         return self._nodes[name].node
@@ -239,6 +256,7 @@ class Ledger:
             if st.sliced or st.slices or alloc.slices:
                 self._recheck(st)
             st.resummarise()
+            self._rank(st)
 
     # ------------------------------------------------------------------ quota (§10.1)
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any], vendors: Sequence[Any]) -> None:

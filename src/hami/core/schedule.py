@@ -1,6 +1,6 @@
 """The scheduler's entry point: pick a node and devices for one pod (§5.3).
 
-    result = filter_pod(pod, candidate_nodes, ledger, config, now)
+    result = filter_pod(pod, candidate_nodes, ledger, config, now, busy)
 
 ``pod`` is a Pod dict as the API server returns it (already through admission, see
 :func:`hami.core.requests.admit_pod`). The ledger must not hold this pod (``schedule_pod``
@@ -13,6 +13,7 @@ node fits, every candidate is fitted so that each gets its exact reason.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -181,8 +182,12 @@ def _policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePoli
 
 
 def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, ledger: Ledger,
-               config: SchedulerConfig, now: float) -> FilterResult:
-    """Choose a node and devices for ``pod``; does not modify the ledger. Raises RequestError."""
+               config: SchedulerConfig, now: float, busy: Mapping[str, int] | None = None) -> FilterResult:
+    """Choose a node and devices for ``pod``; does not modify the ledger. Raises RequestError.
+
+    ``busy``: nodes to choose only when no other candidate fits (the scheduler passes the nodes
+    whose node lock an unfinished bind holds or is about to take: a pod placed there would wait
+    for it); among them, a smaller value (binds in flight) first, then the usual order."""
     req = pod_request(pod, config.vendors)
     if not req.has_devices:
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
@@ -190,42 +195,29 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     used_vendors = [v for v in config.vendors if v.name in req.vendors()]
     ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors),
                        request_in_scores=config.request_in_scores)
-    names = ledger.node_names() if candidate_nodes is None else sorted(set(candidate_nodes))
-    failed: dict[str, NodeFailure] = {n: UNREGISTERED for n in names if not ledger.has_node(n)}
-    names = [n for n in names if n not in failed]
+    wanted = None if candidate_nodes is None else set(candidate_nodes)
+    failed: dict[str, NodeFailure] = {} if wanted is None else dict.fromkeys(ledger.unknown(wanted), UNREGISTERED)
     demand = _demand(req)
-    score_demand = demand if config.request_in_scores else _NO_DEMAND
-    lazy = all(v.node_score_neutral for v in used_vendors)
-    kept, skipped = [], []
-    gate = _TypeGate(ctx)
-    prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
-    for n in names:
-        (skipped if _quick_reject(ledger.summary(n), demand, gate, prefilter) else kept).append(n)
-    sign = -1.0 if node_policy == "binpack" else 1.0
-    scores: dict[str, float] = {}
-
-    def search(group: list[str]) -> tuple[float, NodeFit] | None:
-        ranked = sorted(((_score(ledger.summary(n), score_demand, len(ledger.node(n).devices)), n) for n in group),
-                        key=lambda t: (sign * t[0], t[1]))
-        best: tuple[float, NodeFit] | None = None
-        for score, n in ranked:
-            res = fit_pod(ledger.view(n), ctx)
-            if isinstance(res, NodeFailure):
-                failed[n] = res
-                continue
-            score += sum(ledger_vendor_score(v, n, res, node_policy, ledger) for v in used_vendors)
-            scores[n] = score
-            if best is None or (sign * score, n) < (sign * best[0], best[1].node):
-                best = (score, res)
-            if lazy:
-                break
-        return best
-
-    # skipped nodes are searched only when nothing else fits: that yields their exact reasons,
-    # and keeps the result right even if a vendor's prefilter were too strict
-    best = search(kept) or search(skipped)
+    search = _Search(ledger, ctx, demand, demand if config.request_in_scores else _NO_DEMAND,
+                     -1.0 if node_policy == "binpack" else 1.0, used_vendors, node_policy, failed, busy or {})
+    best = None
+    if search.lazy and (wanted is None or 4 * (len(wanted) - len(failed)) >= len(ledger.ranking)):
+        best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
+        remaining = [] if best is not None else [
+            n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed]
+    else:
+        remaining = ledger.node_names() if wanted is None else [n for n in wanted if n not in failed]
     if best is None:
-        return FilterResult(pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=scores)
+        kept, skipped = [], []
+        for n in sorted(remaining):
+            (skipped if search.rejects(n) else kept).append(n)
+        # skipped nodes are searched only when nothing else fits: that yields their exact
+        # reasons, and keeps the result right even if a vendor's prefilter were too strict
+        best = search.among([n for n in kept if n not in search.busy]) or \
+            search.among([n for n in kept if n in search.busy], by_busy=True) or search.among(skipped)
+    if best is None:
+        return FilterResult(pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())),
+                            scores=search.scores)
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
@@ -233,8 +225,96 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
                                              view=ledger.view(fit.node)))
     return FilterResult(
         pod=req, node=fit.node, allocation=make_allocation(pod, fit.node, fit.devices),
-        failed=dict(sorted(failed.items())), scores=scores, annotations=annotations,
+        failed=dict(sorted(failed.items())), scores=search.scores, annotations=annotations,
     )
+
+
+class _Search:
+    """One pod's node search: rank nodes by node score (with the pod's request), fit them in
+    that order. With only score-neutral vendors the first node that fits wins (``lazy``);
+    otherwise every ranked node is fitted and the best final score wins. Ties: node name."""
+
+    def __init__(self, ledger: Ledger, ctx: FitContext, demand: _Demand, score_demand: _Demand, sign: float,
+                 used_vendors: list[Any], node_policy: str, failed: dict[str, NodeFailure],
+                 busy: Mapping[str, int]) -> None:
+        # demand: what the pod needs (fit, prefilters); score_demand: what node scores count
+        # (the same, or nothing with request_in_scores=False: HAMi's scores)
+        self.ledger, self.ctx, self.demand, self.sign = ledger, ctx, demand, sign
+        self.score_demand = score_demand
+        self.used_vendors, self.node_policy, self.failed, self.busy = used_vendors, node_policy, failed, busy
+        self.lazy = all(v.node_score_neutral for v in used_vendors)
+        self.gate = _TypeGate(ctx)
+        self.prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
+        self.scores: dict[str, float] = {}
+
+    def rejects(self, n: str) -> bool:
+        return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)
+
+    def score(self, n: str) -> float:
+        return _score(self.ledger.summary(n), self.score_demand, len(self.ledger.node(n).devices))
+
+    def _fit(self, n: str, score: float) -> NodeFit | None:
+        res = fit_pod(self.ledger.view(n), self.ctx)
+        if isinstance(res, NodeFailure):
+            self.failed[n] = res
+            return None
+        self.scores[n] = score + sum(ledger_vendor_score(v, n, res, self.node_policy, self.ledger)
+                                     for v in self.used_vendors)
+        return res
+
+    def among(self, group: list[str], by_busy: bool = False) -> tuple[float, NodeFit] | None:
+        """The best node of ``group`` (sorted by name), in rank order (busy count first)."""
+        sign, busy = self.sign, self.busy
+        ranked = sorted(((self.score(n), n) for n in group),
+                        key=(lambda t: (busy[t[1]], sign * t[0], t[1])) if by_busy else (lambda t: (sign * t[0], t[1])))
+        best: tuple[float, NodeFit] | None = None
+        for score, n in ranked:
+            res = self._fit(n, score)
+            if res is None:
+                continue
+            score = self.scores[n]
+            if best is None or (sign * score, n) < (sign * best[0], best[1].node):
+                best = (score, res)
+            if self.lazy:
+                break
+        return best
+
+    def walk(self, wanted: set[str] | None) -> tuple[float, NodeFit] | None:
+        """Lazy search over the ledger's ranking (:mod:`hami.core.rank`): the same order as
+        :meth:`among` over every node, but visiting only the nodes before the first fit."""
+        sign, demand, ledger = self.sign, self.demand, self.ledger
+        checks = [(vendor, memreq, cores) for vendor, _, memreq, _, cores in demand.checks if self.prefilter[vendor]]
+        streams = []
+        for shape, rooms, names in ledger.ranking.groups(fullest_first=sign < 0):
+            if not all(_room_for(rooms.get(vendor), memreq, cores) for vendor, memreq, cores in checks):
+                continue  # no node of the group has a device with a slot, the cores, the memory
+            streams.append(_keyed(names, ledger, self.score_demand, shape[3], sign))
+        deferred: list[str] = []
+        for key, n in heapq.merge(*streams):
+            if wanted is not None and n not in wanted or self.rejects(n):
+                continue
+            if n in self.busy:
+                deferred.append(n)
+                continue
+            res = self._fit(n, sign * key)
+            if res is not None:
+                return self.scores[n], res
+        for n in sorted(deferred, key=self.busy.__getitem__):  # stable: rank order among equals
+            res = self._fit(n, self.score(n))
+            if res is not None:
+                return self.scores[n], res
+        return None
+
+
+def _room_for(room: tuple[int, int] | None, memreq: int, cores: int) -> bool:
+    """Whether a group's vendor room (:mod:`hami.core.rank`) may hold one device of a request
+    (the conditions :func:`_quick_reject` checks per node, on the group's bounds)."""
+    return room is not None and room[0] >= memreq and room[1] >= cores
+
+
+def _keyed(names: Iterable[str], ledger: Ledger, demand: _Demand, devices: int, sign: float):
+    for n in names:
+        yield sign * _score(ledger.summary(n), demand, devices), n
 
 
 def ledger_vendor_score(vendor: Any, node: str, fit: NodeFit, policy: str, ledger: Ledger | None = None) -> float:
@@ -245,7 +325,7 @@ def ledger_vendor_score(vendor: Any, node: str, fit: NodeFit, policy: str, ledge
 
 
 def schedule_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, ledger: Ledger,
-                 config: SchedulerConfig, now: float) -> FilterResult:
+                 config: SchedulerConfig, now: float, busy: Mapping[str, int] | None = None) -> FilterResult:
     """Filter + reserve: drop this pod's previous reservation, choose, reserve the decision.
 
     This is what the extender's ``/filter`` and ``hami simulate`` call. On a patch failure the
@@ -253,7 +333,7 @@ def schedule_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, 
     """
     previous = ledger.remove_pod(pod_key(pod))
     try:
-        result = filter_pod(pod, candidate_nodes, ledger, config, now)
+        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy)
     except Exception:
         if previous is not None:
             ledger.add_pod(previous)

@@ -76,6 +76,11 @@ def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: in
             raise ShapeError(f"{path}: contains itself (a recursive alias)")
         if len(active) >= max_depth:
             raise ShapeError(f"{path}: nested more than {max_depth} levels deep")
+        if type(node) is list and _all_str(node):  # e.g. ExtenderArgs.NodeNames: thousands of leaves
+            if len(node) + 1 > max_nodes:
+                raise ShapeError(f"{path}: more than {max_nodes} values (with aliases expanded)")
+            memo[ident] = (1, len(node) + 1)
+            continue
         active.add(ident)
         stack.append((node, True, path))
         if isinstance(node, dict):
@@ -85,6 +90,10 @@ def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: in
                 stack.append((c, False, f"{path}.{k}" if len(path) < 200 else path))
         else:
             stack.extend((c, False, f"{path}[{i}]" if len(path) < 200 else path) for i, c in enumerate(node))
+
+
+def _all_str(items: list) -> bool:
+    return set(map(type, items)) <= {str}  # (twice as fast as all(type(x) is str ...))
 
 
 def _check_scalar(value: Any, where: str) -> None:
@@ -163,6 +172,8 @@ def check(value: Any, schema: Any, where: str) -> None:
     elif isinstance(schema, ListOf):
         if not isinstance(value, list):
             raise ShapeError(f"{where}: must be a list, got {_kind(value)} {_show(value)}")
+        if schema.item is str and _all_str(value):
+            return  # (the loop below would find nothing; it names the first bad element otherwise)
         for i, item in enumerate(value):
             if item is None:  # an absent field may be null; a list element may not
                 raise ShapeError(f"{where}[{i}]: must not be null")

@@ -96,10 +96,12 @@ class SchedulerConfig:
     leader_elect: bool = False
     lease_name: str = HAMI_SCHEDULER_NAME
     lease_namespace: str = "kube-system"
-    #: ``clientConnection.qps``/``burst``; None keeps kube-scheduler's defaults (50/100), which
-    #: cap its own API calls (one Binding per pod without an extender binder) at ~50 pods/s.
-    client_qps: float | None = None
-    client_burst: int | None = None
+    #: ``clientConnection.qps``/``burst``, as the chart sets them: high enough that the API
+    #: server, not kube-scheduler's client, limits the rate (kube-scheduler's own defaults, 50/100,
+    #: which None keeps, cap its calls - a Binding per GPU-less pod, an event per pod - near 50
+    #: pods/s).
+    client_qps: float | None = 1000.0
+    client_burst: int | None = 2000
 
     def document(self, kubeconfig: Path, cluster_ca_pem: bytes | None = None) -> dict[str, Any]:
         """The ``KubeSchedulerConfiguration`` for this process."""

@@ -90,7 +90,7 @@ class Extender:
                  is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
                  lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
                  handoff_grace: float = 1.0, clock=time.time, record: bool = True,
-                 decision_write: str = "binding", decision_ttl: float = 300.0) -> None:
+                 decision_write: str = "binding", decision_ttl: float = 300.0, busy_wait: float = 10.0) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -114,9 +114,20 @@ class Extender:
         self.decision_write = decision_write
         self.decision_ttl = decision_ttl  # an unbound decision older than this is dropped
         self._decisions: dict[str, _Decision] = {}  # "ns/name" -> decision waiting for its Bind
+        # "ns/name" -> (node, time.monotonic() of the Filter): pods placed by this replica whose
+        # allocation has not finished (no Bind yet, Bind under way, or bound and waiting for the
+        # device plugin); their nodes' locks are, or are about to be, taken (busy_nodes)
+        self._in_flight: dict[str, tuple[str, float]] = {}
+        # how long a Filter waits, when every node that fits is busy, for one to be free (below
+        # kube-scheduler's extender timeout; then it answers the least busy one)
+        self.busy_wait = busy_wait
+        # binds in flight on a node from which it counts as busy: one is fine (a Bind waits for one
+        # handoff at most, and pods arriving one after the other keep binpack's order), more queue
+        self.queue_depth = 2
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
+        self._lock_specs = list({s.key: s for s in self._vendor_locks.values() if s is not None}.values())
         self.stats = {"filter": 0, "filter_refused": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0, "lock_handoffs": 0}
 
     async def _wait_ready(self) -> bool:
@@ -148,12 +159,16 @@ class Extender:
             return _error(f"{exc}; nothing is reserved")
         ref = f"{(pod['metadata'].get('namespace') or 'default')}/{pod['metadata']['name']}"
         self._decisions.pop(ref, None)  # a re-filter replaces the decision (schedule_pod drops its reservation)
+        self._in_flight.pop(ref, None)
         try:
             admitted, _ = admit_pod(pod, self.state.vendors)
-            result = schedule_pod(admitted, names or [], self.state.ledger, self.state.config, self.clock())
+            result = await self._decide(admitted, names or [])
         except CoreError as exc:
             self.events.record(pod, "FilteringFailed", str(exc), "Warning")
             return _error(str(exc))
+        except NotPending as exc:
+            self.stats["filter_refused"] += 1
+            return _error(f"{exc}; nothing is reserved")
         if not result.needs_devices:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         failed, unresolvable = failed_maps(result.failed)
@@ -161,6 +176,7 @@ class Extender:
             for line in failure_summary(result.failed) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        self._in_flight[ref] = (result.node, time.monotonic())
         if self.record:
             if self.decision_write == "filter":
                 self._start_recording(pod, result)
@@ -171,6 +187,56 @@ class Extender:
         self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
                            f"{len(result.scores)} nodes fit({fits})")
         return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    async def _decide(self, pod: dict, names: list[str]) -> Any:
+        """``schedule_pod`` with the busy nodes last (``queue_depth`` or more binds in flight there);
+        when the only nodes that fit are busy, wait
+        (up to ``busy_wait``) for an allocation in flight to finish and decide again: a Bind sent
+        to a busy node waits for every bind ahead of it on that node, and past kube-scheduler's
+        timeout it fails (a ``FailedScheduling`` event for a pod that fits). kube-scheduler
+        filters one pod at a time, so this also keeps it from running far ahead of the binds."""
+        meta = pod["metadata"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+        deadline = time.monotonic() + self.busy_wait
+        while True:
+            busy = {n: c for n, c in self.busy_nodes().items() if c >= self.queue_depth}
+            result = schedule_pod(pod, names, self.state.ledger, self.state.config, self.clock(), busy=busy)
+            left = deadline - time.monotonic()
+            if result.node is None or result.node not in busy or left <= 0:
+                return result
+            await self.state.pod_finished(min(left, 1.0))
+            cached = self.state.pod(ns, name)
+            if cached is None or (cached.get("metadata") or {}).get("uid") != uid:
+                self.state.ledger.remove_pod(result.allocation.key)
+                raise NotPending(f"pod {ns}/{name} went away while its Filter waited for a node")
+
+    def busy_nodes(self) -> dict[str, int]:
+        """Nodes a Bind would have to wait on now, with how many binds are in flight there: the
+        nodes of this replica's placed pods whose allocation has not finished (Filter decided,
+        Bind under way, or bound and not yet marked by the device plugin), and the nodes whose
+        lock names a pod the cache does not show finished. Filter offers them only when no other
+        node fits (each of those binds holds the node lock until the plugin marks its pod, so a
+        pod sent there waits for all of them, and past the retry timeout its Bind fails). Pods
+        seen finished or gone, and entries older than the lock timeout, are dropped here."""
+        now = time.monotonic()
+        busy: dict[str, int] = {}
+        for ref, (node, since) in list(self._in_flight.items()):
+            ns, name = ref.split("/", 1)
+            pod = self.state.pod(ns, name)
+            if pod is None or nodelock.finished(pod) or now - since > self.lock_timeout:
+                del self._in_flight[ref]
+                continue
+            busy[node] = busy.get(node, 0) + 1
+        for node in self.state.locked_nodes:
+            if node in busy:
+                continue
+            annotations = ((self.state.nodes.get(node) or {}).get("metadata") or {}).get("annotations") or {}
+            for spec in self._lock_specs:
+                holder = spec.holder(annotations.get(spec.key))
+                owner = self.state.pod(holder.namespace, holder.name) if holder is not None else None
+                if owner is not None and not nodelock.finished(owner):
+                    busy[node] = 1
+        return busy
 
     async def pending_pod(self, sent: Mapping[str, Any]) -> dict:
         """The API server's copy of the pod a Filter names, which must exist with the UID sent,
@@ -303,6 +369,8 @@ class Extender:
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
             if isinstance(exc, BindingUnverified):
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
+            if not isinstance(exc, BindingUnverified):
+                self._in_flight.pop(f"{ns}/{name}", None)  # no lock of its own held any more
             if decision is not None:
                 # still reserved: kube-scheduler filters the pod again (which replaces it), else
                 # it expires like any decision no Bind came for
@@ -336,6 +404,7 @@ class Extender:
         old = [ref for ref, d in self._decisions.items() if now - d.made > self.decision_ttl]
         for ref in old:
             decision = self._decisions.pop(ref)
+            self._in_flight.pop(ref, None)
             if self.state.ledger.is_reserved(decision.key):
                 ns, name = ref.split("/", 1)
                 log.info("pod %s: no Bind within %.0fs of its Filter decision (node %s): reservation dropped",

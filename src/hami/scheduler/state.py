@@ -96,7 +96,11 @@ class ClusterState:
         self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         self._fingerprints: dict[str, tuple] = {}
+        # the node locks the vendors declare, and the nodes that carry one of them now
+        self.lock_keys = frozenset(k for k in (getattr(v, "lock_annotation", None) for v in self.vendors) if k)
+        self.locked_nodes: set[str] = set()
         self._node_changed: dict[str, asyncio.Event] = {}
+        self._pod_finished: asyncio.Event | None = None  # set when some pod finished its allocation or went away
         self.warnings: list[str] = []
         #: called with (node, message) when a node's registration cannot be read (an event)
         self.on_malformed: Callable[[dict, str], None] | None = None
@@ -119,9 +123,15 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self._fingerprints.pop(name, None)
+            self.locked_nodes.discard(name)
             self.ledger.remove_node(name)
         else:
             self.nodes[name] = node
+            annotations = (node.get("metadata") or {}).get("annotations") or {}
+            if any(k in annotations for k in self.lock_keys):
+                self.locked_nodes.add(name)
+            else:
+                self.locked_nodes.discard(name)
             self._refresh_node(name, node)
         self._wake(name)
 
@@ -263,6 +273,18 @@ class ClusterState:
         node = (pod.get("spec") or {}).get("nodeName") or annotations.get(VGPU_NODE)
         if node:
             self._wake(node)
+        if self._pod_finished is not None:
+            self._pod_finished.set()
+            self._pod_finished = None
+
+    async def pod_finished(self, timeout: float) -> None:
+        """Wait until some pod finishes its allocation or goes away (or ``timeout``)."""
+        if self._pod_finished is None:
+            self._pod_finished = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._pod_finished.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     def put_pod(self, pod: dict) -> None:
         """Apply a pod object we just wrote (or read), unless the cache already has a newer one."""

@@ -1,0 +1,62 @@
+"""A burst of GPU pods that all fit, through the real kube-scheduler, raises no FailedScheduling.
+
+kube-scheduler records a ``FailedScheduling`` event for every scheduling attempt that fails: a
+Filter that answers an error or no node, a Bind that fails (e.g. its node lock stayed held by
+other binds past the retry timeout) or times out. Users read those as errors. When capacity is
+ample, none may appear: Filter must hand back a decision that can be bound at once, i.e. not a
+node whose lock an unfinished bind holds while another node fits. Real kube-apiserver,
+kube-scheduler (configured as the chart does: extender on the scheduler's loopback listener,
+the chart's client rate limit) and kwok nodes; the test suite's PluginStandIn plays the device
+plugin. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from hami.dev.cluster import SchedulerConfig
+
+from ._hami import PluginStandIn, SchedulerProcess, device_usage, events, gpu_pod, make_gpu_node, placed, pods
+
+pytestmark = pytest.mark.integration
+
+# 20 nodes x 8 GPUs of 80 GiB x 10 slots: room for 1600 pods of 4000 MiB; binpack alone would put
+# 80 of them on one node, each Bind waiting for all the binds before it there
+NODES, PODS = 20, 200
+
+
+def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, kube_namespace):
+    ns = kube_namespace
+    group = f"burst-{uuid.uuid4().hex[:5]}"
+    names = [f"{group}-{i:02d}" for i in range(NODES)]
+    # a shorter lock wait than the 28 s default: a Bind queued behind others on a node fails sooner
+    proc = SchedulerProcess(kube_cluster, "--node-lock-retry-timeout=10s", loopback=True).start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: make_gpu_node(kube_cluster, n, mem=81920, labels={"hami-group": group}), names))
+        kube_cluster.wait_for(lambda: proc.get("/readyz") == 200, "hami scheduler ready", 30)
+        kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
+        burst = [gpu_pod(f"p{i:03d}", ns, mem=4000, cores=5, node_selector={"hami-group": group})
+                 for i in range(PODS)]
+        with PluginStandIn(kube_cluster, nodes=set(names), workers=NODES // 2) as standin:
+            with ThreadPoolExecutor(16) as pool:  # created at once, as a Job or a Deployment would
+                list(pool.map(lambda p: kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p), burst))
+            done = kube_cluster.wait_for(lambda: (lambda ps: ps if len(ps) == PODS and all(
+                placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps)
+                else None)(pods(kube_cluster, ns)), f"{PODS} pods placed and allocated", 600, interval=2.0)
+            assert not standin.errors, standin.errors[:5]
+        for p in done:
+            assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
+        for uuid_, (slots, mem, cores) in device_usage(done).items():
+            assert slots <= 10 and mem <= 81920 and cores <= 100, (uuid_, slots, mem, cores)
+        failed = [f"{e['involvedObject']['name']}: {e.get('message')}" for e in events(kube_cluster, ns, "FailedScheduling")]
+        assert failed == [], f"{len(failed)} FailedScheduling events for pods that fit, e.g. {failed[:5]}"
+        assert events(kube_cluster, ns, "BindingFailed") == []
+    finally:
+        kube_cluster.configure_hami_scheduler(SchedulerConfig())
+        proc.stop()
+        for n in names:
+            kube_cluster.delete_node(n)
