@@ -24,7 +24,7 @@ def admitted(p, vendor=NV):
 
 
 def requests_of(template):
-    [req] = template["spec"]["devices"]["requests"]
+    [req] = template["spec"]["spec"]["devices"]["requests"]
     return req["exactly"]
 
 
@@ -36,7 +36,7 @@ def test_share_request_becomes_a_template_with_capacity_requests_and_the_pod_ref
     assert t["metadata"]["name"].startswith("hami-gpu-")
     assert requests_of(t) == {"deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount", "count": 1,
                               "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}}}
-    assert "constraints" not in t["spec"]["devices"]
+    assert "constraints" not in t["spec"]["spec"]["devices"]
     c0, c1 = out["spec"]["containers"]
     assert c0["resources"] == {"requests": {"cpu": "1"}, "claims": [{"name": "hami-gpu-0"}]}
     assert c1["resources"] == {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}
@@ -61,7 +61,7 @@ def test_exclusive_requests_take_the_default_memory_which_is_all_of_it(limits):
 def test_several_gpus_must_be_distinct_devices():
     [t] = translate(admitted(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10})), NV)[1]
     assert requests_of(t)["count"] == 2
-    assert t["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    assert t["spec"]["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
 
 
 def test_memory_factor_and_default_cores_apply_as_on_the_extender_path():

@@ -28,7 +28,7 @@ API = "/apis/resource.k8s.io/v1"
 
 
 async def _apply(kube: KubeClient, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return await kube.request("PATCH", path, [("fieldManager", FIELD_MANAGER), ("force", "true")], obj, APPLY)
+    return await kube.request("PATCH", path, [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")], obj, APPLY)
 
 
 async def apply_device_classes(kube: KubeClient, extended_resource_name: str | None = None) -> list[str]:

@@ -58,7 +58,7 @@ def _claim_spec(nums: int, memory_mib: int | None, cores: int, device_class: str
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
     if nums > 1:
         devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
-    return {"spec": {"devices": devices}}
+    return {"devices": devices}  # a ResourceClaimSpec
 
 
 def template_name(spec: Mapping[str, Any]) -> str:
@@ -106,7 +106,7 @@ def translate(pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLA
         templates[tname] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
                             "metadata": {"name": tname, "labels": {"app.kubernetes.io/managed-by": "hami-webhook"},
                                          **({"namespace": namespace} if namespace else {})},
-                            **cspec}
+                            "spec": {"spec": cspec}}
         claim = f"{CLAIM_PREFIX}{i}"
         while claim in taken:
             claim += "x"

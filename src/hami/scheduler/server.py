@@ -296,7 +296,7 @@ class SchedulerService:
         for t in templates:
             body = {**t, "metadata": {**t["metadata"], "namespace": namespace}}
             try:
-                await self.kube.post(path, body)
+                await self.kube.request("POST", path, [("fieldValidation", "Strict")], body)
             except KubeError as exc:
                 if exc.status != 409:
                     log.warning("ResourceClaimTemplate %s/%s: %s", namespace, t["metadata"]["name"], exc)
