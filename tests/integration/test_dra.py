@@ -333,3 +333,60 @@ async def test_plain_nvidia_gpu_is_served_by_the_share_class_through_extended_re
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler_places(cluster):
+    """`hami scheduler --front-end dra` as the cluster's webhook: an unchanged HAMi manifest."""
+    import uuid
+
+    from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
+
+    node, ns, label = "dra-hook", "dra-hook", "hami.io/dra-webhook-test"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "hook"})
+    import asyncio
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    proc = SchedulerProcess(cluster, "--front-end=dra").start()
+    webhook = f"hami-dra-{uuid.uuid4().hex[:6]}"
+    register_webhook(cluster, proc.url, webhook, label)
+    label_namespace(cluster, ns, label)
+    try:
+        manifest = hami_pod("hooked", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25},
+                            {"hami.io/test-pool": "hook"})
+        dry = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
+        cluster.wait_for(lambda: cluster.api("POST", dry, manifest)["spec"].get("resourceClaims"),
+                         "the webhook turning GPU requests into claims", timeout=30, interval=0.2)
+        created = cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", manifest)
+        [ref] = created["spec"]["resourceClaims"]
+        assert created["spec"]["schedulerName"] == "default-scheduler"
+        assert "nvidia.com/gpu" not in (created["spec"]["containers"][0]["resources"].get("limits") or {})
+        template = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{ref['resourceClaimTemplateName']}")
+        assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hami-webhook"
+        pod = cluster.wait_for(
+            lambda: (p := cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/hooked"))["spec"].get("nodeName") and p,
+            "the translated pod placed by kube-scheduler", timeout=60)
+        assert pod["spec"]["nodeName"] == node
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert qty(r["consumedCapacity"]["memory"]) == 3000 * MIB and qty(r["consumedCapacity"]["cores"]) == 25
+        # what the DRA front end cannot express is refused with the reason, not silently changed
+        bad = hami_pod("pct", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})
+        from hami.dev.errors import ApiError
+
+        with pytest.raises(ApiError, match="gpumem-percentage=50"):
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", bad)
+    finally:
+        delete_webhook(cluster, webhook)
+        proc.stop()
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
