@@ -63,7 +63,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         rules(docs, "hami-scheduler")
     assert rules(docs, "hami-dra") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     for d in classes:
@@ -93,3 +93,59 @@ def test_dra_objects_pass_server_side_dry_run(kube_cluster, helm, kube_namespace
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(docs)
+
+
+def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_namespace):
+    import uuid
+
+    from hami.deviceplugin.discovery import PhysicalGPU
+    from hami.dra.model import SliceSettings, resource_slice, slice_name
+    from tests.integration.test_chart import _bearer, _pod_token
+
+    ns, release = kube_namespace, f"d{uuid.uuid4().hex[:6]}"
+    agent_sa = f"{release}-hami-dra"
+    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", "1.34.4", *DRA,
+               "--show-only", "templates/dra/rbac.yaml", "--show-only", "templates/dra/slice-guard.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole"} <= {d["kind"] for d in docs}
+    manifest = yaml.safe_dump_all(docs)
+    mine, other = f"{release}-a", f"{release}-b"
+    gpus = [PhysicalGPU(0, "GPU-00000000-0000-4000-8000-000000000000", "Tesla T4", 15360, "0000:01:00.0", 0)]
+
+    def apply(token: str, node: str, body: dict | None = None) -> tuple[int, dict]:
+        body = body or resource_slice(node, gpus, SliceSettings())
+        return _bearer(kube_cluster, token, "PATCH",
+                       f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?fieldManager=hami-dra",
+                       body, content_type="application/apply-patch+yaml")
+
+    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        for n in (mine, other):
+            kube_cluster.create_node(n)
+        pod = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"},
+            "spec": {"nodeName": mine, "serviceAccountName": agent_sa, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+        token = _pod_token(kube_cluster, ns, agent_sa, pod)
+        kube_cluster.wait_for(lambda: apply(token, other)[0] in (403, 422), "the DRA slice guard in force",
+                              timeout=60, interval=0.5)
+        status, body = apply(token, other)
+        assert f"on node {mine} may write only the gpu.hami.io ResourceSlice of {mine}" in body["message"], body
+        status, body = apply(token, mine)
+        assert status in (200, 201), body
+        assert body["spec"]["nodeName"] == mine
+        # its own slice's name with another node inside is refused too
+        forged = resource_slice(other, gpus, SliceSettings())
+        forged["metadata"]["name"] = slice_name(mine)
+        assert apply(token, mine, forged)[0] in (403, 422)
+        # a token not bound to a pod names no node: nothing
+        unbound = _pod_token(kube_cluster, ns, agent_sa, None)
+        status, body = apply(unbound, mine)
+        assert status in (403, 422) and "no node-name claim" in body["message"], body
+        # nothing was written for the other node
+        kube_cluster.api("GET", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(other)}", expect=(404,))
+    finally:
+        kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
+        for n in (mine, other):
+            kube_cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(n)}", expect=(200, 404))
+            kube_cluster.delete_node(n)
