@@ -79,3 +79,47 @@ def test_deny_answer_keeps_the_uid():
 def test_unknown_front_end_is_refused_by_name():
     with pytest.raises(ValueError, match="front_end.*'both'"):
         AdmissionSettings([NvidiaVendor()], front_end="both")
+
+
+class _Kube:
+    """Stands in for the API client of the webhook's server: records creates, answers with ``status``."""
+
+    def __init__(self, statuses):
+        self.statuses = list(statuses)
+        self.calls = []
+
+    async def request(self, method, path, query=(), body=None):
+        from hami.kube.client import KubeError
+
+        self.calls.append((method, path, list(query), body["metadata"]["name"]))
+        status = self.statuses.pop(0)
+        if status >= 300:
+            raise KubeError(method, path, status, '{"message": "nope"}')
+        return body
+
+
+async def _create(statuses, kube_present=True):
+    from types import SimpleNamespace
+
+    from hami.scheduler.server import SchedulerService
+
+    _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
+    kube = _Kube(statuses) if kube_present else None
+    me = SimpleNamespace(kube=kube)
+    return await SchedulerService._create_templates(me, "ns", templates), kube, templates
+
+
+async def test_server_creates_templates_strictly_and_takes_an_existing_one():
+    failure, kube, templates = await _create([201])
+    assert failure == "" and kube.calls == [("POST", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates",
+                                             [("fieldValidation", "Strict")], templates[0]["metadata"]["name"])]
+    failure, _, _ = await _create([409])
+    assert failure == ""
+
+
+async def test_server_reports_why_a_template_could_not_be_created():
+    failure, _, templates = await _create([403])
+    assert failure.startswith(f"cannot create ResourceClaimTemplate ns/{templates[0]['metadata']['name']}:")
+    assert "403" in failure
+    failure, _, _ = await _create([], kube_present=False)
+    assert "no API server client" in failure
