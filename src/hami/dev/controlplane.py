@@ -101,6 +101,7 @@ class KubeCluster:
     ``controller_manager``: run kube-controller-manager (``None``: when it is installed).
     ``feature_gates``: ``--feature-gates`` of kube-apiserver, kube-scheduler and
     kube-controller-manager (e.g. the DRA gates that are off by default in v1.34).
+    ``extra_args``: more flags per component (``{"kube-controller-manager": ["--kube-api-qps=500"]}``).
     """
 
     workdir: Path | None = None
@@ -108,6 +109,7 @@ class KubeCluster:
     apiserver_bind_address: str = "127.0.0.1"
     controller_manager: bool | None = None
     feature_gates: dict[str, bool] = field(default_factory=dict)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     binaries: dict[str, Path] | None = None
     keep_workdir: bool = False
     start_timeout: float = START_TIMEOUT_S
@@ -287,6 +289,7 @@ class KubeCluster:
             "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
             "--profiling=false",
             *self._gate_flags(),
+            *self.extra_args.get("kube-apiserver", ()),
             "--v=1",
         ])
         self._write_kubeconfig()
@@ -348,6 +351,7 @@ class KubeCluster:
             "--use-service-account-credentials=false",
             "--controllers=*,-node-ipam-controller",
             *self._gate_flags(),
+            *self.extra_args.get("kube-controller-manager", ()),
             "--v=1",
         ])
         return lambda: self._wait_ready(component, self._healthy("kube-controller-manager"))
