@@ -390,3 +390,87 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+FAKE_NVML = Path(__file__).resolve().parents[2] / "native/build/fakegpu/libnvidia-ml.so.1"
+
+
+def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster, tmp_path):
+    """`hami dra` as a process (fake NVML): publishes the slice and classes, serves the kubelet's
+    DRA socket for a claim kube-scheduler allocated, republishes without a GPU after an XID."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    if not FAKE_NVML.exists():
+        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
+    node, ns = "dra-agent", "dra-agent"
+    root = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))  # short: unix socket paths are limited
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "agent"})
+    (root / "config.json").write_text(json.dumps({"nodeconfig": [{"name": node, "devicesplitcount": 3}]}))
+    (root / "fg").mkdir()
+    env = {**os.environ, "FAKEGPU_DEVICES": "name=Tesla T4,memory=16G;name=Tesla T4,memory=16G",
+           "FAKEGPU_STATE_DIR": str(root / "fg"), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    log = (root / "agent.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "hami", "dra", "--node-name", node, "--kubeconfig", str(cluster.kubeconfig),
+                             "--kubelet-dir", str(root / "kubelet"), "--state-dir", str(root / "state"),
+                             "--cdi-dir", str(root / "cdi"), "--hook-path", str(root / "usr"), "--lock-dir", str(root / "lock"),
+                             "--node-config", str(root / "config.json"), "--config-file", str(root / "none.yaml"),
+                             "--sysfs-root", str(root / "sys"), "--nvml-library", str(FAKE_NVML), "--apply-classes"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    path = f"{RESOURCE}/resourceslices/{slice_name(node)}"
+    try:
+        def devices():
+            got = cluster.api("GET", path, expect=(200, 404))
+            return [d["name"] for d in got["spec"]["devices"]] if got.get("spec") else None
+
+        assert cluster.wait_for(devices, "the agent's ResourceSlice", timeout=60) == ["gpu-0", "gpu-1"]
+        stored = cluster.api("GET", path)
+        assert stored["metadata"]["ownerReferences"][0]["name"] == node
+        assert qty(stored["spec"]["devices"][0]["capacity"]["shares"]["value"]) == 3
+        reg_sock, dra_sock = socket_paths(root / "kubelet")
+        cluster.wait_for(lambda: dra_sock.exists() and reg_sock.exists(), "the kubelet plugin sockets")
+
+        create_hami_pod(cluster, ns, hami_pod("agent", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2500,
+                                                         "nvidia.com/gpucores": 40}, {"hami.io/test-pool": "agent"}))
+        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/agent")["spec"].get("nodeName"),
+                         "the pod placed", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        meta = claim["metadata"]
+
+        async def prepare():
+            dra_pb, dra_grpc = load("dra")
+            async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+                stub = dra_grpc.DRAPluginStub(ch)
+                ref = dra_pb.Claim(namespace=ns, name=meta["name"], uid=meta["uid"])
+                return (await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[ref]))).claims[meta["uid"]]
+
+        import asyncio
+
+        got = asyncio.run(prepare())
+        assert got.error == "", got.error
+        spec = json.loads((root / "cdi" / f"gpu.hami.io-{meta['uid']}.json").read_text())
+        env_of = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+        assert env_of["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2500m" and env_of["CUDA_DEVICE_SM_LIMIT"] == "40"
+        assert env_of["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-f00dfeed-")
+
+        # a device fault on GPU 1: the agent republishes its slice without it
+        (root / "fg" / "xid").write_text("1 79\n")
+        assert cluster.wait_for(lambda: devices() == ["gpu-0"] and devices(), "gpu-1 dropped after XID 79",
+                                timeout=60) == ["gpu-0"]
+        assert cluster.api("GET", path)["spec"]["pool"]["generation"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert not dra_sock.exists() and not reg_sock.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        print((root / "agent.log").read_text()[-3000:])
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", path, expect=(200, 404))
+        cluster.delete_node(node)
+        shutil.rmtree(root, ignore_errors=True)
