@@ -474,3 +474,35 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
         cluster.api("DELETE", path, expect=(200, 404))
         cluster.delete_node(node)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
+    """``nvidia.com/gpu: 2`` -> count 2 with a distinctAttribute constraint on the UUID: two
+    different GPUs even though one GPU could hold both shares."""
+    import asyncio
+
+    node, ns = "dra-pair", "dra-pair"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "pair"})
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    try:
+        create_hami_pod(cluster, ns, hami_pod("pair", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000,
+                                                        "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "pair"}))
+        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/pair")["spec"].get("nodeName"),
+                         "the two-GPU pod placed", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"]
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
