@@ -52,9 +52,10 @@ def gates_for(version: str) -> dict[str, bool]:
 
 #: v1.34's alpha allocator does not move on to a node's next device once the first one has
 #: allocations that leave too little room (kubernetes/kubernetes#133705: the claim is reported as
-#: "cannot allocate all claims"); the fix is in v1.37 (k8s.io/dynamic-resource-allocation v0.37.2
-#: has its test case, v0.34.4 has not). On v1.34 the share test therefore uses one GPU per node.
-NEXT_DEVICE_FIXED = minor(KUBE_VERSION) >= 37
+#: "cannot allocate all claims"); fixed from v1.35.0 (k8s.io/dynamic-resource-allocation v0.35.0,
+#: v0.36.x and v0.37.2 have its test case; no v0.34.x up to v0.34.13 has). On v1.34 the share test
+#: therefore uses one GPU per node.
+NEXT_DEVICE_FIXED = minor(KUBE_VERSION) >= 35
 
 
 def test_gates_are_needed_only_before_1_36():
@@ -212,7 +213,7 @@ async def test_kube_scheduler_shares_gpus_without_going_over_capacity(cluster, k
             cluster.delete_node(n)
 
 
-@pytest.mark.xfail(not NEXT_DEVICE_FIXED, strict=True, reason="kubernetes/kubernetes#133705 (fixed by v1.37)")
+@pytest.mark.xfail(not NEXT_DEVICE_FIXED, strict=True, reason="kubernetes/kubernetes#133705 (fixed in v1.35)")
 async def test_shares_go_to_the_second_gpu_of_a_node_when_the_first_is_full(cluster, kube):
     await apply_device_classes(kube)
     node, ns = "dra-two", "dra-two"
