@@ -303,6 +303,18 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
 
         p = cluster.wait_for(unschedulable, "the share pod reported unschedulable", timeout=60)
         assert not p["spec"].get("nodeName")
+        # `hami dra --explain` says why: the whole-GPU claim took all of the memory
+        import subprocess
+        import sys
+
+        out = subprocess.run([sys.executable, "-m", "hami", "dra", "--explain", f"{ns}/share",
+                              "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60,
+                             env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+        assert out.returncode == 0, out.stderr
+        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT}" in out.stdout, out.stdout
+        assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
+        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
+            in out.stdout, out.stdout
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))

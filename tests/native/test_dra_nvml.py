@@ -51,3 +51,5 @@ def test_refuses_without_node_name_or_nvml(tmp_path):
     assert out.returncode == 2 and "--node-name" in out.stderr
     out = hami("--node-name", "n1", "--nvml-library", str(tmp_path / "missing.so"), tmp_path=tmp_path)
     assert out.returncode == 3 and "NVML could not be loaded" in out.stderr
+    out = hami("--explain", "just-a-pod", tmp_path=tmp_path)
+    assert out.returncode == 2 and "--explain: expected NAMESPACE/POD, got 'just-a-pod'" in out.stderr

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extended-resource-name", default="",
                    help="with --apply-classes: map this extended resource (e.g. nvidia.com/gpu) to the share class (KEP-5004)")
     p.add_argument("--dry-run", action="store_true", help="print the ResourceSlice and DeviceClasses, then exit")
+    p.add_argument("--explain", metavar="NAMESPACE/POD", default="",
+                   help="print what each gpu.hami.io GPU holds and, for the pod's unallocated claims, why they do not "
+                        "fit there; reads the cluster (--kubeconfig), needs no node, NVML or --node-name")
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -133,9 +136,56 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
     return 0
 
 
+async def _explain(args: argparse.Namespace) -> int:
+    from hami.kube.client import KubeClient, KubeError
+
+    from .explain import claim_requests, describe, usage
+
+    namespace, _, name = args.explain.partition("/")
+    if not namespace or not name:
+        print(f"hami dra: --explain: expected NAMESPACE/POD, got {args.explain!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    kube = await KubeClient.connect(args.kubeconfig)
+    api = "/apis/resource.k8s.io/v1"
+    try:
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        slices = (await kube.get(f"{api}/resourceslices"))["items"]
+        claims = (await kube.get(f"{api}/resourceclaims"))["items"]
+    except KubeError as exc:
+        print(f"hami dra: --explain {args.explain}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kube.close()
+    uses = usage(slices, claims)
+    by_name = {c["metadata"]["name"]: c for c in claims if c["metadata"].get("namespace") == namespace}
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    print(f"pod {namespace}/{name}: node {(pod.get('spec') or {}).get('nodeName') or '(none)'}")
+    print("\n".join(describe(uses)) if uses else "no gpu.hami.io GPU is published")
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
+        claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
+        claim = by_name.get(claim_name or "")
+        if claim is None:
+            print(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
+            continue
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        if results:
+            where = ", ".join(f"{r['pool']}/{r['device']}" for r in results)
+            print(f"claim {claim_name}: allocated on {where}")
+            continue
+        for request, caps in claim_requests(claim):
+            asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
+            print(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
+            for line in describe(uses, caps):
+                print(f"  {line}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.explain:
+        return asyncio.run(_explain(args))
     if not args.node_name:
         print("hami dra: --node-name (or env NODE_NAME) is required", file=sys.stderr)
         return EXIT_CONFIG
