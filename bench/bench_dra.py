@@ -20,8 +20,8 @@ controllers, the scheduler, the plugin stand-in, the creation itself), with the 
 verb/resource pairs.
 
 Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000]``; on v1.34 a node's second
-GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so prefer
-``HAMI_KUBE_VERSION=v1.37.2``.
+GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so the pinned v1.37.2
+is the one to measure.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@
 # Needs: Go (>= the versions the modules declare), network access to the Go module proxy.
 set -euo pipefail
 
-# The project's pin. HAMI_KUBE_VERSION selects another supported release (opt-in; each version
-# has its own cache directory, so switching back and forth rebuilds nothing).
-KUBE_DEFAULT=v1.34.4
+# The project's pin (the newest stable release with DRA consumable capacity and extended-resource
+# mapping on by default; its etcd minor is 3.7). HAMI_KUBE_VERSION=v1.34.4 selects the previous pin
+# (opt-in; each version has its own cache directory, so switching back and forth rebuilds nothing).
+KUBE_DEFAULT=v1.37.2
 KUBE_VERSION=${HAMI_KUBE_VERSION:-$KUBE_DEFAULT}  # k8s.io/kubernetes; staging modules are v0.<minor>.<patch>
 case $KUBE_VERSION in
     # go.etcd.io/etcd/server/v3: the etcd minor each Kubernetes release is tested with

@@ -2,9 +2,9 @@
 nodes whose ResourceSlices `hami dra`'s publisher wrote, from HAMi manifests translated by the
 webhook's DRA front end; the kubelet plugin prepares a claim the scheduler allocated.
 
-Runs on the pinned Kubernetes (v1.34: DRAConsumableCapacity and DRAExtendedResource are alpha
-there and switched on for this cluster) and on v1.37 (``HAMI_KUBE_VERSION=v1.37.2``, both on by
-default). A cluster of its own: the session's cluster runs without these gates.
+Runs on the pinned Kubernetes (v1.37: both DRA features on by default) and on the previous pin
+(``HAMI_KUBE_VERSION=v1.34.4``: DRAConsumableCapacity and DRAExtendedResource are alpha there and
+switched on for this cluster). A cluster of its own: the session's cluster runs without these gates.
 """
 
 from __future__ import annotations
