@@ -26,7 +26,12 @@ PROTO_STUB := src/hami/deviceplugin/api/api_pb2.py
 $(PROTO_STUB): src/hami/deviceplugin/api/api.proto $(STAMP)
 	$(BIN)/python -c 'from hami.deviceplugin.api import generate; generate(force=True)'
 
-proto: $(PROTO_STUB)
+# gRPC stubs of the kubelet DRA plugin and plugin registration APIs (generated, git-ignored)
+DRA_STUB := src/hami/dra/api/dra_pb2.py
+$(DRA_STUB): src/hami/dra/api/dra.proto src/hami/dra/api/registration.proto $(STAMP)
+	$(BIN)/python -c 'from hami.dra.api import generate; generate(force=True)'
+
+proto: $(PROTO_STUB) $(DRA_STUB)
 
 kube:
 	scripts/install-kube.sh

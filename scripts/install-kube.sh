@@ -11,8 +11,18 @@
 # Needs: Go (>= the versions the modules declare), network access to the Go module proxy.
 set -euo pipefail
 
-KUBE_VERSION=v1.34.4       # k8s.io/kubernetes; staging modules are published as v0.34.4
-ETCD_VERSION=v3.6.16       # go.etcd.io/etcd/server/v3 (Kubernetes 1.34 is tested with etcd 3.6)
+# The project's pin (the newest stable release with DRA consumable capacity and extended-resource
+# mapping on by default; its etcd minor is 3.7). HAMI_KUBE_VERSION=v1.34.4 selects the previous pin
+# (opt-in; each version has its own cache directory, so switching back and forth rebuilds nothing).
+KUBE_DEFAULT=v1.37.2
+KUBE_VERSION=${HAMI_KUBE_VERSION:-$KUBE_DEFAULT}  # k8s.io/kubernetes; staging modules are v0.<minor>.<patch>
+case $KUBE_VERSION in
+    # go.etcd.io/etcd/server/v3: the etcd minor each Kubernetes release is tested with
+    # (build/dependencies.yaml of k8s.io/kubernetes), newest patch of it
+    v1.34.*) ETCD_VERSION=v3.6.16 ;;
+    v1.37.*) ETCD_VERSION=v3.7.3 ;;
+    *) echo "install-kube.sh: HAMI_KUBE_VERSION=$KUBE_VERSION is not supported (v1.34.x or v1.37.x)" >&2; exit 2 ;;
+esac
 KWOK_VERSION=v0.8.0        # sigs.k8s.io/kwok
 HELM_VERSION=v3.19.5       # helm.sh/helm/v3
 STAGING_VERSION=v0${KUBE_VERSION#v1}
@@ -20,6 +30,13 @@ STAGING_VERSION=v0${KUBE_VERSION#v1}
 CACHE=${HAMI_CACHE:-$HOME/.cache/hami}
 BIN=$CACHE/kube/$KUBE_VERSION/bin
 WORK=$CACHE/kube/build
+LOCK=$CACHE/kube/.install.lock
+if [[ $KUBE_VERSION != "$KUBE_DEFAULT" ]]; then
+    # another version builds in its own work directory under its own lock, so that a long
+    # first build of it does not hold up installs of the pinned version
+    WORK=$CACHE/kube/build-$KUBE_VERSION
+    LOCK=$CACHE/kube/.install-$KUBE_VERSION.lock
+fi
 
 export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
 
@@ -31,7 +48,7 @@ command -v python3 >/dev/null || die "python3 is not on PATH"
 mkdir -p "$BIN" "$WORK"
 
 # One install at a time per cache (several checkouts may run `make test` at once).
-exec 9>"$CACHE/kube/.install.lock"
+exec 9>"$LOCK"
 if command -v flock >/dev/null && ! flock -n 9; then
     log "another install-kube.sh is running on $CACHE/kube; waiting for it"
     flock 9
@@ -61,6 +78,17 @@ build() {
         log "$name: cached ($pin)"
         return 0
     fi
+    # the same pin already built for another Kubernetes version (etcd, kwok, helm): reuse it
+    local other
+    for other in "$CACHE"/kube/v*/bin/."$name".pin; do
+        if [[ -f $other && $other != "$BIN/.$name.pin" && "$(cat "$other")" == "$pin" && -x ${other%/*}/$name ]]; then
+            install -m 0755 "${other%/*}/$name" "$BIN/.$name.new"
+            mv -f "$BIN/.$name.new" "$BIN/$name"
+            echo "$pin" > "$BIN/.$name.pin"
+            log "$name: copied from ${other%/*} ($pin)"
+            return 0
+        fi
+    done
     local start=$SECONDS dir=$WORK/$name
     log "$name: building $pin (first time: this takes a while)"
     rm -rf "$dir" && mkdir -p "$dir"

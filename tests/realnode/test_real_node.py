@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hami.dev.binaries import KUBE_VERSION
 from hami.dev import realnode as rn
 from hami.dev.cluster import KubeCluster, bin_dir
 from hami.dev.realnode import RealNode
@@ -52,7 +53,7 @@ def test_the_node_is_ready_with_its_labels_and_runtime(real_cluster: KubeCluster
     assert node["metadata"]["labels"]["gpu"] == "on"
     assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == "v1.34.4"
+    assert info["kubeletVersion"] == KUBE_VERSION
     assert info["containerRuntimeVersion"].startswith("containerd://1.")
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["InternalIP"] == rn.NODE_IP
@@ -95,7 +96,7 @@ def test_in_cluster_clients_reach_the_api_server_at_the_kubernetes_service_addre
     context = ssl.create_default_context(cadata=real_cluster.ca_pem.decode())
     connection = http.client.HTTPSConnection(rn.API_SERVICE_IP, 443, context=context, timeout=10)
     connection.request("GET", "/version")
-    assert json.loads(connection.getresponse().read())["gitVersion"] == "v1.34.4"
+    assert json.loads(connection.getresponse().read())["gitVersion"] == KUBE_VERSION
     connection.close()
     # from a pod on the bridge, with the address the kubelet gives it (busybox's TLS client has
     # no cipher suite in common with the API server: plain HTTP to its TLS port gets Go's answer)

@@ -137,3 +137,20 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
   readOnly: {{ ne $m.readOnly false }}
 {{- end }}
 {{- end }}
+
+{{/* (hami-py) the webhook's front end, checked: extender | dra */}}
+{{- define "hami.frontEnd" -}}
+{{- $fe := .Values.frontEnd | default "extender" -}}
+{{- if not (has $fe (list "extender" "dra")) -}}
+{{- fail (printf "frontEnd: expected extender or dra, got %q" $fe) -}}
+{{- end -}}
+{{- $fe -}}
+{{- end -}}
+
+{{- define "hami.dra" -}}{{ include "hami.fullname" . }}-dra{{- end -}}
+
+{{- define "hami.dra.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hami-dra
+{{- end -}}

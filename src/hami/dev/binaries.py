@@ -11,7 +11,9 @@ from pathlib import Path
 
 from hami.dev.errors import ClusterError
 
-KUBE_VERSION = "v1.34.4"  # keep equal to KUBE_VERSION in scripts/install-kube.sh
+# keep the default equal to KUBE_DEFAULT in scripts/install-kube.sh; HAMI_KUBE_VERSION opts into
+# another version the script can build (docs/dra.md says which)
+KUBE_VERSION = os.environ.get("HAMI_KUBE_VERSION") or "v1.37.2"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
 OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet", "kube-proxy")
 

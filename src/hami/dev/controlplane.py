@@ -99,12 +99,17 @@ class KubeCluster:
     ``0.0.0.0`` lets the pods of a real node reach it at the node's address, through the
     ``kubernetes`` Service (:mod:`hami.dev.kubeproxy`).
     ``controller_manager``: run kube-controller-manager (``None``: when it is installed).
+    ``feature_gates``: ``--feature-gates`` of kube-apiserver, kube-scheduler and
+    kube-controller-manager (e.g. the DRA gates that are off by default in v1.34).
+    ``extra_args``: more flags per component (``{"kube-controller-manager": ["--kube-api-qps=500"]}``).
     """
 
     workdir: Path | None = None
     hami_scheduler: SchedulerConfig | None = field(default_factory=SchedulerConfig)
     apiserver_bind_address: str = "127.0.0.1"
     controller_manager: bool | None = None
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     binaries: dict[str, Path] | None = None
     keep_workdir: bool = False
     start_timeout: float = START_TIMEOUT_S
@@ -283,6 +288,8 @@ class KubeCluster:
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
             "--profiling=false",
+            *self._gate_flags(),
+            *self.extra_args.get("kube-apiserver", ()),
             "--v=1",
         ])
         self._write_kubeconfig()
@@ -323,6 +330,12 @@ class KubeCluster:
             "--bind-address=127.0.0.1", f"--secure-port={port}",
         ]
 
+    def _gate_flags(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"]
+
     def _healthy(self, name: str) -> Callable[[], bool]:
         url = f"https://127.0.0.1:{self.ports[name]}/healthz"
         return lambda: http_get(url, insecure_context())[0] == 200
@@ -337,6 +350,8 @@ class KubeCluster:
             f"--cluster-signing-cert-file={pki('ca.crt')}", f"--cluster-signing-key-file={pki('ca.key')}",
             "--use-service-account-credentials=false",
             "--controllers=*,-node-ipam-controller",
+            *self._gate_flags(),
+            *self.extra_args.get("kube-controller-manager", ()),
             "--v=1",
         ])
         return lambda: self._wait_ready(component, self._healthy("kube-controller-manager"))
@@ -346,7 +361,8 @@ class KubeCluster:
         ca = self._ca.pair.cert_pem if self._ca else None
         config_path.write_text(yaml.safe_dump(config.document(self._paths.kubeconfig, ca), sort_keys=False))
         component = self._launch(name, [
-            self._bin("kube-scheduler"), f"--config={config_path}", *self._delegation_flags(name), "--v=2",
+            self._bin("kube-scheduler"), f"--config={config_path}", *self._delegation_flags(name), *self._gate_flags(),
+            "--v=2",
         ])
         return lambda: self._wait_ready(component, self._healthy(name))
 

@@ -80,6 +80,7 @@ class Options:
     resync_interval: float = 15.0
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
+    front_end: str = "extender"  # "dra": the webhook turns NVIDIA requests into ResourceClaims
     success_events: bool = True
     decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
@@ -180,6 +181,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--ui-monitor-url", default="",
       help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
            "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)")
+    a("--front-end", default="extender", choices=("extender", "dra"),
+      help="extender: GPU pods are routed to --scheduler-name (the extender places them); dra: the webhook turns "
+           "nvidia.com/gpu+gpumem+gpucores into ResourceClaims of the gpu.hami.io DRA driver and kube-scheduler "
+           "places them (docs/dra.md) (default %(default)s)")
     a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
       help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
 
@@ -272,6 +277,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label, device_config=device_config,
+        front_end=args.front_end,
         success_events=args.success_events, decision_write=args.decision_write,
         metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
         extender_host=extender_host, extender_port=extender_port, extender_client_ca=client_ca,

@@ -40,7 +40,7 @@ from aiohttp import web
 from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
 from hami.kube.client import KubeClient, KubeError
 from hami.kube.reflector import Reflector
-from hami.webhook.admission import AdmissionSettings, review, uses_disable_control
+from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates, uses_disable_control
 
 from .events import EventRecorder
 from .extender import Extender
@@ -157,7 +157,8 @@ class SchedulerService:
                                  decision_write=opts.decision_write)
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(self.state.vendors, opts.scheduler_name,
-                                           opts.force_overwrite_default_scheduler, opts.disable_control_label)
+                                           opts.force_overwrite_default_scheduler, opts.disable_control_label,
+                                           front_end=opts.front_end)
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
 
@@ -278,7 +279,29 @@ class SchedulerService:
                 labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
             except KubeError as exc:
                 log.warning("namespace %s labels unreadable: %s", ns, exc)
-        return web.json_response(review(body, self.admission, labels, self.state.ledger.quota_room))
+        answer, templates = review_with_templates(body, self.admission, labels, self.state.ledger.quota_room)
+        if templates:
+            ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
+            failure = await self._create_templates(ns, templates)
+            if failure:
+                answer = deny_answer(answer, failure)
+        return web.json_response(answer)
+
+    async def _create_templates(self, namespace: str, templates: tuple[dict, ...]) -> str:
+        """Create the DRA front end's ResourceClaimTemplates (content-named: one that exists is the
+        same); '' when all exist, else why not (the pod is then denied, nothing half-applied)."""
+        if self.kube is None:
+            return "the webhook has no API server client: it cannot create ResourceClaimTemplates"
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        for t in templates:
+            body = {**t, "metadata": {**t["metadata"], "namespace": namespace}}
+            try:
+                await self.kube.request("POST", path, [("fieldValidation", "Strict")], body)
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("ResourceClaimTemplate %s/%s: %s", namespace, t["metadata"]["name"], exc)
+                    return f"cannot create ResourceClaimTemplate {namespace}/{t['metadata']['name']}: {exc}"
+        return ""
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

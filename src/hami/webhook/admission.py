@@ -13,7 +13,10 @@
 6. a privileged container in a pod with device resources is denied;
 7. a pod with device resources gets ``spec.schedulerName``; if it already has ``spec.nodeName``
    it is denied (it would bypass the extender);
-8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request.
+8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request;
+9. on the DRA front end (``front_end="dra"``), instead of routing the pod to our scheduler, its
+   NVIDIA requests become claims from ResourceClaimTemplates (:func:`hami.dra.translate.translate`);
+   the decision lists the templates, which the server creates before answering.
 
 The answer carries a JSON patch from the original pod to the mutated one.
 """
@@ -36,6 +39,7 @@ INTERNAL_ANNOTATIONS = frozenset({
 INTERNAL_PREFIXES = ("hami.io/vgpu-devices-",)
 INTERNAL_LABELS = frozenset({"hami.io/vgpu-node"})
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+FRONT_ENDS = ("extender", "dra")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,12 @@ class AdmissionSettings:
     force_overwrite_default_scheduler: bool = True
     disable_control_label: str = "hami.io/allow-disable-control"
     extra_internal: frozenset[str] = field(default_factory=frozenset)
+    front_end: str = "extender"  # or "dra": NVIDIA requests become ResourceClaims (docs/dra.md)
+    dra_device_class: str = "gpu.hami.io"
+
+    def __post_init__(self) -> None:
+        if self.front_end not in FRONT_ENDS:
+            raise ValueError(f"AdmissionSettings.front_end must be one of {', '.join(FRONT_ENDS)}, got {self.front_end!r}")
 
     def internal_annotation(self, key: str) -> bool:
         if key in INTERNAL_ANNOTATIONS or key in self.extra_internal or key.startswith(INTERNAL_PREFIXES):
@@ -58,6 +68,7 @@ class Decision:
     message: str = ""
     pod: dict | None = None  # the mutated pod when allowed
     code: int = 200
+    templates: tuple[dict, ...] = ()  # ResourceClaimTemplates the pod needs (DRA front end)
 
 
 def _containers(pod: Mapping[str, Any]) -> list[dict]:
@@ -149,7 +160,7 @@ def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mappi
             if ((c.get("securityContext") or {}).get("privileged")) is True:
                 return _deny(f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
                              "so it cannot be given a GPU share")
-        if s.scheduler_name:
+        if s.scheduler_name and s.front_end == "extender":
             spec = mutated.setdefault("spec", {})
             if spec.get("nodeName"):
                 return _deny(f"pod has node assigned (spec.nodeName={spec['nodeName']}): "
@@ -162,7 +173,23 @@ def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mappi
                 return _deny(str(exc), 400)
             if excess:
                 return _deny(excess)
+        if s.front_end == "dra":
+            return _to_dra(mutated, s)
     return Decision(True, "", mutated)
+
+
+def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
+    from hami.dra.translate import translate  # the DRA front end only
+
+    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    if nvidia is None:
+        return Decision(True, "", pod)
+    ns = (pod.get("metadata") or {}).get("namespace") or ""
+    try:
+        out, templates = translate(pod, nvidia, s.dra_device_class, ns)
+    except CoreError as exc:
+        return _deny(str(exc), 400)
+    return Decision(True, "", out, templates=tuple(templates))
 
 
 # ---------------------------------------------------------------------- JSON patch (RFC 6902)
@@ -196,6 +223,15 @@ def json_patch(old: Any, new: Any, path: str = "") -> list[dict]:
 def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
            quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> dict:
     """AdmissionReview request -> AdmissionReview response (same apiVersion as the request)."""
+    return review_with_templates(body, s, namespace_labels, quota_room)[0]
+
+
+def review_with_templates(body: Mapping[str, Any], s: AdmissionSettings,
+                          namespace_labels: Mapping[str, str] | None = None,
+                          quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> tuple[dict, tuple[dict, ...]]:
+    """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
+    caller must create them (in the request's namespace) before sending the answer."""
+    templates: tuple[dict, ...] = ()
     request = body.get("request") if isinstance(body, Mapping) else None
     try:
         check(body, REVIEW, "")
@@ -203,7 +239,7 @@ def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapp
         request = request if isinstance(request, Mapping) else {}
         uid = request.get("uid") if isinstance(request.get("uid"), str) else ""
         return _answer(body, {"uid": uid, "allowed": False,
-                              "status": {"code": 400, "message": f"not an AdmissionReview: {exc}", "reason": "BadRequest"}})
+                              "status": {"code": 400, "message": f"not an AdmissionReview: {exc}", "reason": "BadRequest"}}), ()
     request = request or {}
     uid = request.get("uid") or ""
     pod = request.get("object")
@@ -218,6 +254,7 @@ def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapp
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
             pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
         d = decide(pod, s, namespace_labels, quota_room)
+        templates = d.templates
         if not d.allowed:
             response = {"uid": uid, "allowed": False, "status": {"code": d.code, "message": d.message, "reason": "Forbidden" if d.code == 403 else "BadRequest"}}
         else:
@@ -225,7 +262,14 @@ def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapp
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-    return _answer(body, response)
+    return _answer(body, response), templates
+
+
+def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
+    """``answer`` turned into a denial (e.g. the templates it needs could not be created)."""
+    uid = (answer.get("response") or {}).get("uid") or ""
+    return {**answer, "response": {"uid": uid, "allowed": False,
+                                   "status": {"code": code, "message": message, "reason": "InternalError"}}}
 
 
 #: the fields of an AdmissionReview that :func:`review` reads (``request.object`` is checked as a Pod)

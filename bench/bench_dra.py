@@ -1,0 +1,178 @@
+"""DRA front end vs extender front end, end to end, in the same run.
+
+One real control plane (the test harness: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kwok) with the DRA gates a v1.34 cluster needs. The same ``--nodes`` kwok nodes x
+8 GPUs (80 GiB each) carry both HAMi's registration annotation (extender path) and a ResourceSlice
+written by `hami dra`'s publisher (DRA path); the capacity holds both batches at once, so the two
+paths, which do not see each other's usage, cannot run out.
+
+1. DRA: ``--pods`` HAMi pods (``nvidia.com/gpu: 1, gpumem: 4000, gpucores: 5``) translated as the
+   webhook's DRA front end does (one ResourceClaimTemplate, each pod a claim from it), created at
+   once; kube-controller-manager creates the claims, kube-scheduler allocates and binds.
+2. Extender: the same pods through ``hami scheduler`` (loopback listener, as the chart sets it up)
+   and the test suite's device-plugin stand-in (as in bench_scheduler.py --e2e).
+
+Both use a kube-scheduler with client qps 1000 (its default 50 caps either path near 50 pods/s) and
+kube-controller-manager with ``--kube-api-qps=1000`` (its default 20 would cap claim creation).
+Printed per path: pods/s from the first creation to the last PodScheduled, and API requests per pod
+(kube-apiserver's ``apiserver_request_total`` over the run, every client included: kwok, the
+controllers, the scheduler, the plugin stand-in, the creation itself), with the biggest
+verb/resource pairs.
+
+Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000]``; on v1.34 a node's second
+GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so the pinned v1.37.2
+is the one to measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import calendar
+import http.client
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+
+from hami.core import admit_pod  # noqa: E402
+from hami.deviceplugin.discovery import PhysicalGPU  # noqa: E402
+from hami.dev.binaries import KUBE_VERSION  # noqa: E402
+from hami.dra.model import SliceSettings  # noqa: E402
+from hami.dra.translate import translate  # noqa: E402
+from hami.vendors.nvidia import NvidiaVendor  # noqa: E402
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+GPU_MIB = 81920
+
+
+def request_counts(cluster) -> Counter:
+    """kube-apiserver's apiserver_request_total, summed per (verb, resource)."""
+    conn = http.client.HTTPSConnection("127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(),
+                                       timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    out: Counter = Counter()
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")].split(","))
+            key = (labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"'))
+            out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def per_pod(before: Counter, after: Counter, pods: int) -> str:
+    diff = Counter({k: after[k] - before.get(k, 0) for k in after})
+    total = sum(diff.values())
+    top = ", ".join(f"{v} {r or '-'} {n / pods:.2f}" for (v, r), n in diff.most_common(6))
+    return f"{total / pods:.1f} API requests per pod (biggest: {top})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--pods", type=int, default=1000)
+    args = ap.parse_args()
+
+    from hami.dev.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
+    from hami.dra.publisher import apply_device_classes, publish_slice
+    from hami.kube.client import KubeClient, load_api_client
+    from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
+    from tests.integration.test_dra import gates_for
+
+    cluster = KubeCluster(feature_gates=gates_for(KUBE_VERSION),
+                          extra_args={"kube-controller-manager": ["--kube-api-qps=1000", "--kube-api-burst=2000"]})
+    try:
+        cluster.start()
+    except MissingBinaries as exc:
+        print(f"skipped: {exc}")
+        return
+    proc = None
+    try:
+        print(f"Kubernetes {KUBE_VERSION}, {args.nodes} kwok nodes x 8 GPUs, {args.pods} pods per path")
+        proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", loopback=True).start()
+        names = [f"bench-{i:03d}" for i in range(args.nodes)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: make_gpu_node(cluster, n, gpus=8, mem=GPU_MIB, labels={"bench": "on"}), names))
+
+        async def publish():
+            k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+            try:
+                await apply_device_classes(k)
+                for n in names:
+                    gpus = [PhysicalGPU(i, f"GPU-{abs(hash(n)) % 10**8:08d}-0000-4000-8000-{i:012d}", "NVIDIA A100", GPU_MIB,
+                                        f"0000:{i + 1:02x}:00.0", 0) for i in range(8)]
+                    await publish_slice(k, n, gpus, SliceSettings(split_count=10))
+            finally:
+                await k.close()
+
+        asyncio.run(publish())
+        time.sleep(2.0)
+        api = KeepAliveApi(cluster)
+
+        def run(ns: str, pods: list[dict], templates: list[dict] = ()) -> tuple[float, Counter, Counter]:
+            cluster.create_namespace(ns)
+            for t in templates:
+                api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", t)
+            before = request_counts(cluster)
+            began = time.time()
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda p: api("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
+
+            def bound():
+                return not api("GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0")["items"]
+
+            cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=900, interval=2.0)
+            after = request_counts(cluster)
+            items = api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+            when = [calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+                    for p in items for c in p["status"].get("conditions") or () if c["type"] == "PodScheduled"]
+            return max(max(when) - began, 1e-3), before, after
+
+        fast = {"client_qps": 1000.0, "client_burst": 2000}
+        n = args.pods
+        nv = NvidiaVendor()
+
+        # 1. DRA: the webhook's translation, kube-scheduler ("hami-scheduler" profile, no extender) places claims
+        cluster.configure_hami_scheduler(KubeSchedulerConfig(**fast))
+        dra_pods, templates = [], {}
+        for i in range(n):
+            p = gpu_pod(f"d{i:04d}", "bench-dra", mem=4000, cores=5, node_selector={"bench": "on"})
+            out, ts = translate(admit_pod(p, [nv])[0], nv, namespace="bench-dra")
+            dra_pods.append(out)
+            templates.update({t["metadata"]["name"]: t for t in ts})
+        span, before, after = run("bench-dra", dra_pods, list(templates.values()))
+        claims = api("GET", f"{RESOURCE}/namespaces/bench-dra/resourceclaims")["items"]
+        used = Counter((r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"])
+        print(f"DRA: {n} pods bound after {span:.1f}s -> {n / span:.0f} pods/s; claims on {len(used)} GPUs of "
+              f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)")
+        print(f"  DRA: {per_pod(before, after, n)}")
+
+        # 2. extender: hami scheduler behind the same kube-scheduler, the plugin stand-in on the node side
+        cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender(), **fast))
+        ext_pods = [gpu_pod(f"e{i:04d}", "bench-ext", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
+        with PluginStandIn(cluster, workers=max(args.nodes // 2, 1)):
+            span_e, before, after = run("bench-ext", ext_pods)
+        print(f"extender: {n} pods bound after {span_e:.1f}s -> {n / span_e:.0f} pods/s")
+        print(f"  extender: {per_pod(before, after, n)}")
+        print(f"DRA / extender pods/s: {(n / span) / (n / span_e):.2f}")
+    finally:
+        try:
+            cluster.configure_hami_scheduler(KubeSchedulerConfig())
+        except Exception:  # noqa: BLE001 - the cluster is going away anyway
+            pass
+        if proc:
+            proc.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The node-local record of prepared claims, so that prepare and unprepare are idempotent
+across plugin and kubelet restarts.
+
+One JSON file (``<state dir>/checkpoint.json``) maps a claim UID to what was prepared for it:
+the kubelet's Device entries and the CDI spec written. The kubelet may call prepare again for a
+claim already prepared (after its own restart, or a retry): the stored answer is returned and the
+CDI file rewritten if it went missing (``/var/run`` is a tmpfs), without reading the claim again.
+Unprepare of an unknown claim succeeds. Every change is written to a temporary file, fsynced and
+renamed over the old one, so a crash leaves either the old or the new record, never half of one.
+A corrupt file is an error naming the path, not an empty record: silently forgetting prepared
+claims would leak CDI specs and shared regions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+
+
+class CheckpointError(Exception):
+    """The checkpoint file cannot be read or written; the message names the file."""
+
+
+class Checkpoint:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._claims: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {self.path}: cannot read: {exc}") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"checkpoint {self.path}: not JSON ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
+            raise CheckpointError(f"checkpoint {self.path}: expected {{\"version\": {VERSION}, \"claims\": {{...}}}}, "
+                                  f"got version {doc.get('version') if isinstance(doc, dict) else None!r}")
+        return doc["claims"]
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"version": VERSION, "claims": self._claims}, sort_keys=True, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".checkpoint-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise CheckpointError(f"checkpoint {self.path}: cannot write: {exc}") from None
+
+    def get(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._claims.get(uid)
+            return json.loads(json.dumps(entry)) if entry is not None else None
+
+    def put(self, uid: str, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._claims[uid] = entry
+            self._save()
+
+    def remove(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            entry = self._claims.pop(uid, None)
+            if entry is not None:
+                self._save()
+            return entry
+
+    def uids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._claims)

@@ -1,0 +1,215 @@
+"""``hami dra``: the node agent of the DRA driver ``gpu.hami.io`` (or, with ``--dry-run``, what it
+would publish). Parses flags and wires the parts: NVML discovery, the slice publisher, the kubelet
+plugin, health. See docs/dra.md."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
+from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
+
+from .model import SliceSettings, device_classes, resource_slice
+from .prepare import Options, Paths
+
+log = logging.getLogger("hami.dra")
+EXIT_CONFIG, EXIT_NVML = 2, 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config when unset")
+    p.add_argument("--kubelet-dir", default="/var/lib/kubelet",
+                   help="the kubelet's root: plugins_registry/ and plugins/ are under it (default %(default)s)")
+    p.add_argument("--state-dir", default="/var/lib/hami-dra", help="where the checkpoint lives (default %(default)s)")
+    p.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
+    p.add_argument("--config-file", default=env("CONFIG_FILE"), help="device-config.yaml (env CONFIG_FILE)")
+    p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
+    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix (env HOOK_PATH)")
+    p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
+    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1")
+    p.add_argument("--default-cores", type=int, default=0, help="cores a share takes when it asks for none (HAMi's defaultCores)")
+    p.add_argument("--min-memory", type=int, default=1, metavar="MIB", help="the smallest memory share, MiB (default 1)")
+    p.add_argument("--apply-classes", action="store_true", help="also create or update the DeviceClasses")
+    p.add_argument("--extended-resource-name", default="",
+                   help="with --apply-classes: map this extended resource (e.g. nvidia.com/gpu) to the share class (KEP-5004)")
+    p.add_argument("--dry-run", action="store_true", help="print the ResourceSlice and DeviceClasses, then exit")
+    p.add_argument("--explain", metavar="NAMESPACE/POD", default="",
+                   help="print what each gpu.hami.io GPU holds and, for the pod's unallocated claims, why they do not "
+                        "fit there; reads the cluster (--kubeconfig), needs no node, NVML or --node-name")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def slice_settings(settings: NodeSettings, args: argparse.Namespace, driver_version: str = "",
+                   mig_capable: frozenset[str] = frozenset()) -> SliceSettings:
+    return SliceSettings(split_count=settings.device_split_count, memory_scaling=settings.device_memory_scaling,
+                         core_scaling=settings.device_core_scaling, default_cores=args.default_cores,
+                         min_memory_mib=args.min_memory, driver_version=driver_version, mig_capable=mig_capable)
+
+
+def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
+    import pynvml
+
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        version = version.decode() if isinstance(version, bytes) else str(version)
+    except pynvml.NVMLError:
+        version = ""
+    mig = set()
+    for uuid in uuids:
+        try:
+            pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            mig.add(uuid)
+        except pynvml.NVMLError:  # NotSupported: not MIG capable
+            pass
+    return version, frozenset(mig)
+
+
+async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s: SliceSettings) -> int:
+    from hami.kube.client import KubeClient, KubeError
+
+    from .checkpoint import Checkpoint
+    from .plugin import Driver, PluginServer, socket_paths
+    from .publisher import apply_device_classes, publish_slice
+
+    kube = await KubeClient.connect(args.kubeconfig)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    unhealthy: set[str] = set()
+    try:
+        if args.apply_classes:
+            await apply_device_classes(kube, args.extended_resource_name or None)
+        node = await kube.get(f"/api/v1/nodes/{args.node_name}")
+        node_uid = (node.get("metadata") or {}).get("uid") or ""
+        await publish_slice(kube, args.node_name, gpus, s, frozenset(unhealthy), node_uid)
+
+        async def read_claim(namespace: str, name: str) -> dict:
+            return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+
+        options = Options(memory_oversubscribe=settings.device_memory_scaling > 1,
+                          libcuda_log_level=settings.libcuda_log_level,
+                          core_policy="disable" if settings.disable_core_limit else
+                          (settings.gpu_core_policy if settings.gpu_core_policy != "default" else None))
+        driver = Driver(args.node_name, gpus, s, Checkpoint(Path(args.state_dir) / "checkpoint.json"), read_claim,
+                        Paths(args.hook_path, args.lock_dir, args.cdi_dir), options)
+        server = PluginServer(driver, *socket_paths(args.kubelet_dir))
+        await server.start()
+        changed = asyncio.Event()
+
+        def on_unhealthy(uuids: list[str]) -> None:  # from the watcher thread
+            unhealthy.update(uuids)
+            loop.call_soon_threadsafe(changed.set)
+
+        ignored = ignored_xids()
+        watcher = XidWatcher([g.uuid for g in gpus], on_unhealthy, ignored) if ignored is not None else None
+        if watcher:
+            watcher.start()
+        try:
+            while not stop.is_set():
+                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    w.cancel()
+                if changed.is_set():
+                    changed.clear()
+                    try:
+                        await publish_slice(kube, args.node_name, gpus, s, frozenset(unhealthy), node_uid)
+                    except KubeError as exc:
+                        log.error("republishing the ResourceSlice failed: %s", exc)
+        finally:
+            if watcher:
+                watcher.stop()
+            await server.stop()
+    finally:
+        await kube.close()
+    return 0
+
+
+async def _explain(args: argparse.Namespace) -> int:
+    from hami.kube.client import KubeClient, KubeError
+
+    from .explain import claim_requests, describe, usage
+
+    namespace, _, name = args.explain.partition("/")
+    if not namespace or not name:
+        print(f"hami dra: --explain: expected NAMESPACE/POD, got {args.explain!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    kube = await KubeClient.connect(args.kubeconfig)
+    api = "/apis/resource.k8s.io/v1"
+    try:
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        slices = (await kube.get(f"{api}/resourceslices"))["items"]
+        claims = (await kube.get(f"{api}/resourceclaims"))["items"]
+    except KubeError as exc:
+        print(f"hami dra: --explain {args.explain}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await kube.close()
+    uses = usage(slices, claims)
+    by_name = {c["metadata"]["name"]: c for c in claims if c["metadata"].get("namespace") == namespace}
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    print(f"pod {namespace}/{name}: node {(pod.get('spec') or {}).get('nodeName') or '(none)'}")
+    print("\n".join(describe(uses)) if uses else "no gpu.hami.io GPU is published")
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
+        claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
+        claim = by_name.get(claim_name or "")
+        if claim is None:
+            print(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
+            continue
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        if results:
+            where = ", ".join(f"{r['pool']}/{r['device']}" for r in results)
+            print(f"claim {claim_name}: allocated on {where}")
+            continue
+        for request, caps in claim_requests(claim):
+            asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
+            print(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
+            for line in describe(uses, caps):
+                print(f"  {line}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.explain:
+        return asyncio.run(_explain(args))
+    if not args.node_name:
+        print("hami dra: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        settings = load_settings(args.node_name, args.config_file, args.node_config)
+    except NodeConfigError as exc:
+        print(f"hami dra: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        open_nvml(args.nvml_library)
+    except NvmlUnavailable as exc:
+        print(f"hami dra: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_NVML
+    try:
+        gpus = discover(settings, args.sysfs_root)
+        try:
+            s = slice_settings(settings, args, *_nvml_facts([g.uuid for g in gpus]))
+            if args.dry_run:
+                print(json.dumps({"resourceSlice": resource_slice(args.node_name, gpus, s),
+                                  "deviceClasses": device_classes(args.extended_resource_name or None)}, indent=2))
+                return 0
+        except ValueError as exc:
+            print(f"hami dra: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        return asyncio.run(_serve(args, settings, gpus, s))
+    finally:
+        close_nvml()

@@ -1,0 +1,166 @@
+"""The DRA view of a node's GPUs: ResourceSlice devices and the DeviceClasses that select them.
+
+Pure functions from the discovered GPUs (:class:`hami.deviceplugin.discovery.PhysicalGPU`-like
+objects) and the node settings to ``resource.k8s.io/v1`` objects as plain dicts. No I/O: the
+publisher (:mod:`hami.dra.publisher`) writes what these return.
+
+Each GPU is one device named ``gpu-<index>`` with ``allowMultipleAllocations: true`` (DRA
+consumable capacity, KEP-5075), so kube-scheduler itself places several claims on one GPU as
+long as the sum of what they consume stays within each capacity. The capacities and their
+request policies restate HAMi's rules for a share:
+
+==========  ==================================  ================================================
+capacity    value                               request policy (what one allocation consumes)
+==========  ==================================  ================================================
+memory      bytes (NVML total x memory scaling) default: all of it (HAMi: no ``gpumem`` means
+                                                100%); range min_memory .. value in MiB steps
+cores       percent x core scaling (100)        default: ``defaultCores`` (0); range 0 .. value
+shares      ``deviceSplitCount``                exactly 1 per allocation: the split count caps
+                                                the number of claims sharing a GPU
+==========  ==================================  ================================================
+
+Attributes (in the driver's domain, so a CEL selector reads ``device.attributes["gpu.hami.io"]``):
+``model``, ``type`` (HAMi's registration type, ``NVIDIA-<model>``), ``uuid``, ``index``,
+``numa``, ``migCapable``, ``driverVersion``.
+
+Two DeviceClasses select these devices: :data:`SHARE_CLASS` (a share, isolated by libvgpu) and
+:data:`WHOLE_CLASS` (the whole GPU, no libvgpu: its class configuration tells the kubelet plugin
+so, and a request through it must not ask for a part of the memory). The share class may also
+carry ``extendedResourceName`` (KEP-5004) so that a plain ``nvidia.com/gpu: 1`` is served by DRA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol
+
+DRIVER = "gpu.hami.io"
+SHARE_CLASS = "gpu.hami.io"
+WHOLE_CLASS = "whole-gpu.hami.io"
+CONFIG_API_VERSION = "gpu.hami.io/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+MEMORY, CORES, SHARES = "memory", "cores", "shares"
+MIB = 1024 * 1024
+
+
+class GpuLike(Protocol):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    numa: int
+
+
+@dataclass(frozen=True)
+class SliceSettings:
+    """The node settings that shape the published devices (HAMi's names in comments)."""
+
+    split_count: int = 10            # deviceSplitCount
+    memory_scaling: float = 1.0      # deviceMemoryScaling
+    core_scaling: float = 1.0        # deviceCoreScaling
+    default_cores: int = 0           # defaultCores
+    min_memory_mib: int = 1          # the smallest share of memory one allocation may take
+    driver_version: str = ""         # NVML's system driver version
+    mig_capable: frozenset[str] = frozenset()  # UUIDs of GPUs that support MIG
+
+    def __post_init__(self) -> None:
+        for name, value, low in (("split_count", self.split_count, 1), ("min_memory_mib", self.min_memory_mib, 1),
+                                 ("default_cores", self.default_cores, 0)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"SliceSettings.{name} must be an integer >= {low}, got {value!r}")
+        for name, value in (("memory_scaling", self.memory_scaling), ("core_scaling", self.core_scaling)):
+            if not value > 0:
+                raise ValueError(f"SliceSettings.{name} must be > 0, got {value!r}")
+
+
+def device_name(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def memory_bytes(gpu: GpuLike, s: SliceSettings) -> int:
+    """Published memory, whole MiB: the NVML total times ``deviceMemoryScaling``."""
+    return int(gpu.memory_mib * s.memory_scaling) * MIB
+
+
+def total_cores(s: SliceSettings) -> int:
+    return int(100 * s.core_scaling)
+
+
+def _attr(kind: str, value: Any) -> dict[str, Any]:
+    return {kind: value}
+
+
+def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
+    """One ResourceSlice device for ``gpu``; raises ValueError when the GPU cannot hold one share."""
+    mem = memory_bytes(gpu, s)
+    cores = total_cores(s)
+    if mem < s.min_memory_mib * MIB:
+        raise ValueError(f"GPU {gpu.uuid}: memory {mem // MIB} MiB is below min_memory_mib={s.min_memory_mib}")
+    default_cores = min(s.default_cores, cores)
+    return {
+        "name": device_name(gpu.index),
+        "attributes": {
+            "model": _attr("string", gpu.model),
+            "type": _attr("string", gpu.model if gpu.model.startswith("NVIDIA") else f"NVIDIA-{gpu.model}"),
+            "uuid": _attr("string", gpu.uuid),
+            "index": _attr("int", gpu.index),
+            "numa": _attr("int", gpu.numa),
+            "migCapable": _attr("bool", gpu.uuid in s.mig_capable),
+            "driverVersion": _attr("string", s.driver_version or "unknown"),
+        },
+        "capacity": {
+            MEMORY: {"value": str(mem), "requestPolicy": {
+                "default": str(mem),
+                "validRange": {"min": f"{s.min_memory_mib}Mi", "max": str(mem), "step": "1Mi"}}},
+            CORES: {"value": str(cores), "requestPolicy": {
+                "default": str(default_cores), "validRange": {"min": "0", "max": str(cores), "step": "1"}}},
+            SHARES: {"value": str(s.split_count), "requestPolicy": {"default": "1", "validValues": ["1"]}},
+        },
+        "allowMultipleAllocations": True,
+    }
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-{DRIVER}"
+
+
+def resource_slice(node: str, gpus: Iterable[GpuLike], s: SliceSettings, generation: int = 1,
+                   unhealthy: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The node's one ResourceSlice (pool = node name). An unhealthy GPU is left out: DRA has no
+    per-device health in the slice that kube-scheduler honours, so absence is what keeps new
+    claims off it (claims already prepared keep running)."""
+    if not node:
+        raise ValueError("resource_slice: node name is empty")
+    devices = [device(g, s) for g in sorted(gpus, key=lambda g: g.index) if g.uuid not in unhealthy]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node), "labels": {"app.kubernetes.io/managed-by": "hami-dra"}},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def class_config(isolation: str) -> dict[str, Any]:
+    """The opaque configuration a DeviceClass hands the kubelet plugin: ``hami-core`` (libvgpu)
+    or ``none`` (a whole GPU, no preload)."""
+    return {"opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "isolation": isolation}}}
+
+
+def device_classes(extended_resource_name: str | None = None) -> list[dict[str, Any]]:
+    """The share class and the whole-GPU class. ``extended_resource_name`` (e.g.
+    ``nvidia.com/gpu``) maps that extended resource onto the share class (KEP-5004)."""
+    selector = [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    share: dict[str, Any] = {"selectors": selector, "config": [class_config("hami-core")]}
+    if extended_resource_name:
+        share["extendedResourceName"] = extended_resource_name
+    whole = {"selectors": selector, "config": [class_config("none")]}
+    return [
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+        for name, spec in ((SHARE_CLASS, share), (WHOLE_CLASS, whole))
+    ]

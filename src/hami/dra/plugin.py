@@ -1,0 +1,203 @@
+"""The kubelet plugin of the DRA driver: the DRA v1 gRPC service and the registration service.
+
+:class:`Driver` owns prepare and unprepare (the decisions come from :mod:`hami.dra.prepare`, what
+must survive a restart from :mod:`hami.dra.checkpoint`); :class:`DRAService` and
+:class:`RegistrationService` only translate between protobuf and the driver; :class:`PluginServer`
+serves both on unix sockets.
+
+Who may call: only the kubelet, which reaches the plugin through two unix sockets that it alone
+dials: the registration socket in its ``plugins_registry`` directory and the DRA socket under its
+``plugins`` directory. Both sockets are created mode 0600 (root only) in directories that only
+root can write; there is no TCP listener. A claim is never trusted from the request: the plugin
+reads it from the API server (with RBAC ``get`` on ``resourceclaims``) and checks its UID.
+
+A failure of one claim is reported in that claim's ``error`` field (the kubelet retries); the
+RPC itself never fails for a bad claim, and nothing is half-applied: the CDI file is written
+before the checkpoint records the claim, and a checkpoint write failure removes the file again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+import grpc
+
+from .api import DRA_SERVICE, PLUGIN_TYPE, load
+from .checkpoint import Checkpoint, CheckpointError
+from .model import DRIVER, GpuLike, SliceSettings
+from .prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
+
+log = logging.getLogger(__name__)
+dra_pb, dra_grpc = load("dra")
+reg_pb, reg_grpc = load("registration")
+
+ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+
+
+def _write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Driver:
+    """Prepare/unprepare claims for this node's GPUs. ``read_claim(namespace, name)`` returns the
+    claim as the API server has it (raises on a failed read)."""
+
+    def __init__(self, node: str, gpus: Sequence[GpuLike], settings: SliceSettings, checkpoint: Checkpoint,
+                 read_claim: ClaimReader, paths: Paths = Paths(), options: Options = Options()) -> None:
+        self.node, self.gpus, self.settings = node, tuple(gpus), settings
+        self.checkpoint, self.read_claim, self.paths, self.options = checkpoint, read_claim, paths, options
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _lock(self, uid: str) -> asyncio.Lock:
+        return self._locks.setdefault(uid, asyncio.Lock())
+
+    async def prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """The kubelet's Device entries for the claim; raises PrepareError/CheckpointError/OSError."""
+        if not uid:
+            raise PrepareError(f"claim {namespace}/{name}: uid is empty")
+        async with self._lock(uid):
+            done = self.checkpoint.get(uid)
+            if done is not None:
+                cdi = Path(done["cdi_file"])
+                if not cdi.exists():  # e.g. /var/run is a tmpfs and the node rebooted
+                    _write_atomic(cdi, json.dumps(done["cdi_spec"], indent=1))
+                return done["devices"]
+            claim = await self.read_claim(namespace, name)
+            got = (claim.get("metadata") or {}).get("uid")
+            if got != uid:
+                raise PrepareError(f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
+                                   f"asked for {uid!r} (the claim was deleted and re-created)")
+            p = plan(claim, self.node, self.gpus, self.settings)
+            spec = cdi_spec(p, self.paths, self.options)
+            cdi = Path(self.paths.cdi_file(uid))
+            if p.isolation == "hami-core":
+                Path(self.paths.claim_dir(uid)).mkdir(parents=True, exist_ok=True)
+            _write_atomic(cdi, json.dumps(spec, indent=1))
+            devices = response_devices(p)
+            try:
+                self.checkpoint.put(uid, {"namespace": namespace, "name": name, "devices": devices,
+                                          "cdi_file": str(cdi), "cdi_spec": spec,
+                                          "claim_dir": self.paths.claim_dir(uid)})
+            except CheckpointError:
+                cdi.unlink(missing_ok=True)
+                raise
+            log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
+                     ", ".join(f"{s.device} {s.memory_mib}MiB {s.cores}%" for s in p.shares))
+            return devices
+
+    async def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        async with self._lock(uid):
+            entry = self.checkpoint.get(uid)
+            if entry is None:
+                return
+            Path(entry["cdi_file"]).unlink(missing_ok=True)
+            shutil.rmtree(entry.get("claim_dir") or self.paths.claim_dir(uid), ignore_errors=True)
+            self.checkpoint.remove(uid)
+            log.info("unprepared claim %s/%s (%s)", namespace, name, uid)
+        self._locks.pop(uid, None)
+
+
+def _error(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+class DRAService(dra_grpc.DRAPluginServicer):
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    async def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC name
+        out = dra_pb.NodePrepareResourcesResponse()
+        for c in request.claims:
+            try:
+                devices = await self.driver.prepare(c.namespace, c.name, c.uid)
+                out.claims[c.uid].devices.extend(dra_pb.Device(**d) for d in devices)
+            except Exception as exc:  # every failure is this claim's, reported to the kubelet
+                log.warning("prepare of claim %s/%s (%s) failed: %s", c.namespace, c.name, c.uid, exc)
+                out.claims[c.uid].error = _error(exc)
+        return out
+
+    async def NodeUnprepareResources(self, request, context):  # noqa: N802
+        out = dra_pb.NodeUnprepareResourcesResponse()
+        for c in request.claims:
+            try:
+                await self.driver.unprepare(c.namespace, c.name, c.uid)
+                out.claims[c.uid].CopyFrom(dra_pb.NodeUnprepareResourceResponse())
+            except Exception as exc:
+                log.warning("unprepare of claim %s/%s (%s) failed: %s", c.namespace, c.name, c.uid, exc)
+                out.claims[c.uid].error = _error(exc)
+        return out
+
+
+class RegistrationService(reg_grpc.RegistrationServicer):
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.status: tuple[bool, str] | None = None
+        self.registered = asyncio.Event()
+
+    async def GetInfo(self, request, context):  # noqa: N802
+        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint,
+                                 supported_versions=[DRA_SERVICE])
+
+    async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
+        self.status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            log.info("registered with the kubelet as %s (%s)", DRIVER, self.endpoint)
+            self.registered.set()
+        else:
+            log.error("the kubelet refused the registration of %s: %s", DRIVER, request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+def socket_paths(kubelet_dir: str | Path) -> tuple[Path, Path]:
+    """(registration socket, DRA socket) under the kubelet's root directory."""
+    root = Path(kubelet_dir)
+    return root / "plugins_registry" / f"{DRIVER}-reg.sock", root / "plugins" / DRIVER / "dra.sock"
+
+
+class PluginServer:
+    """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600)."""
+
+    def __init__(self, driver: Driver, registration_socket: str | Path, dra_socket: str | Path) -> None:
+        self.driver = driver
+        self.registration_socket, self.dra_socket = Path(registration_socket), Path(dra_socket)
+        self.registration = RegistrationService(str(self.dra_socket))
+        self._servers: list[grpc.aio.Server] = []
+
+    async def start(self) -> None:
+        for path in (self.registration_socket, self.dra_socket):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        dra = grpc.aio.server()
+        dra_grpc.add_DRAPluginServicer_to_server(DRAService(self.driver), dra)
+        dra.add_insecure_port(f"unix://{self.dra_socket}")
+        reg = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
+        reg.add_insecure_port(f"unix://{self.registration_socket}")
+        # the DRA socket first: the kubelet dials the endpoint as soon as registration answers
+        for server, path in ((dra, self.dra_socket), (reg, self.registration_socket)):
+            await server.start()
+            os.chmod(path, 0o600)
+            self._servers.append(server)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        for server in reversed(self._servers):
+            await server.stop(grace)
+        self._servers.clear()
+        for path in (self.registration_socket, self.dra_socket):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,230 @@
+"""What NodePrepareResources decides, without I/O: a ResourceClaim's allocation on this node
+turned into one CDI device carrying libvgpu's environment and mounts.
+
+The kubelet names a claim (namespace, name, UID); the plugin reads the claim from the API server
+and hands it to :func:`plan`, which keeps the results of this driver in this node's pool, maps
+each to a GPU by device name, and reads what the allocation consumed (``consumedCapacity``,
+set by kube-scheduler for a device with ``allowMultipleAllocations``). :func:`cdi_spec` then
+writes the container edits, the same variables and mounts the device plugin front end gives a
+container (``hami.deviceplugin.allocate``):
+
+- ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs;
+- ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: the consumed memory of the i-th GPU, in MiB (``<n>m``);
+- ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent);
+- ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file;
+- mounts of ``libvgpu.so``, the claim's cache directory, the lock directory and
+  ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu).
+
+One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of the
+claim's results: libvgpu's per-GPU variables are numbered by the position of the GPU in the
+container's visible list, so all GPUs of a claim must be described together. Every container that
+references the claim shares its shared region, hence its memory budget, as processes of one
+container do. A claim from the whole-GPU class (isolation ``none``) gets only
+``NVIDIA_VISIBLE_DEVICES`` and must have consumed the whole memory.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from hami.core.quantity import QuantityError, parse_int_quantity
+
+from .model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
+
+CDI_VERSION = "0.6.0"
+CDI_KIND = f"{DRIVER}/claim"
+ISOLATIONS = ("hami-core", "none")
+
+
+class PrepareError(Exception):
+    """The claim cannot be prepared here; the message names the claim and the field at fault."""
+
+
+@dataclass(frozen=True)
+class Share:
+    """One allocation result of this driver on this node."""
+
+    request: str
+    device: str
+    uuid: str
+    memory_mib: int
+    cores: int
+    share_id: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    namespace: str
+    name: str
+    uid: str
+    pool: str
+    isolation: str
+    shares: tuple[Share, ...]
+
+    @property
+    def cdi_device_id(self) -> str:
+        return f"{CDI_KIND}={self.uid}"
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where libvgpu and its state live on the host (the same layout as the device plugin's)."""
+
+    hook_path: str = "/usr/local"
+    lock_dir: str = "/tmp/vgpulock"
+    cdi_dir: str = "/var/run/cdi"
+
+    @property
+    def vgpu_dir(self) -> str:
+        return f"{self.hook_path.rstrip('/')}/vgpu"
+
+    def claim_dir(self, uid: str) -> str:
+        return f"{self.vgpu_dir}/claims/{uid}"
+
+    def cdi_file(self, uid: str) -> str:
+        return f"{self.cdi_dir.rstrip('/')}/{DRIVER}-{uid}.json"
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    for k in keys:
+        obj = obj.get(k) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def _isolation(config: Sequence[Any], request: str, where: str) -> str:
+    """The class or claim configuration for ``request`` (claim configuration wins, later wins)."""
+    chosen = "hami-core"
+    ordered = sorted((c for c in config or () if isinstance(c, Mapping)),
+                     key=lambda c: 0 if c.get("source") == "FromClass" else 1)
+    for c in ordered:
+        if c.get("requests") and request not in c["requests"] and request.split("/")[0] not in c["requests"]:
+            continue
+        opaque = c.get("opaque") or {}
+        if opaque.get("driver") != DRIVER:
+            continue
+        params = opaque.get("parameters") or {}
+        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
+            raise PrepareError(f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
+                               f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}")
+        value = params.get("isolation", "hami-core")
+        if value not in ISOLATIONS:
+            raise PrepareError(f"{where}: configuration isolation={value!r} is not one of {', '.join(ISOLATIONS)}")
+        chosen = value
+    return chosen
+
+
+def _consumed(result: Mapping[str, Any], name: str, where: str) -> int | None:
+    raw = (result.get("consumedCapacity") or {}).get(name)
+    if raw is None:
+        return None
+    try:
+        return parse_int_quantity(raw, f"{where}.consumedCapacity.{name}")
+    except QuantityError as exc:
+        raise PrepareError(str(exc)) from None
+
+
+def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings: SliceSettings) -> Plan:
+    """This node's part of ``claim``'s allocation. Raises :class:`PrepareError` when the claim is
+    not allocated, names a device this node does not have, or was allocated to another node only."""
+    meta = claim.get("metadata") or {}
+    ref = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
+    allocation = _get(claim, "status", "allocation")
+    if not isinstance(allocation, Mapping):
+        raise PrepareError(f"{ref}: status.allocation is not set (the claim is not allocated)")
+    results = _get(allocation, "devices", "results") or []
+    config = _get(allocation, "devices", "config") or []
+    by_name = {device_name(g.index): g for g in gpus}
+    shares: list[Share] = []
+    isolation = None
+    for i, r in enumerate(results):
+        if not isinstance(r, Mapping) or r.get("driver") != DRIVER or r.get("pool") != node:
+            continue
+        where = f"{ref}: status.allocation.devices.results[{i}]"
+        gpu = by_name.get(r.get("device"))
+        if gpu is None:
+            raise PrepareError(f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
+                               f"(it has {', '.join(sorted(by_name)) or 'none'})")
+        request = str(r.get("request") or "")
+        iso = _isolation(config, request, f"{ref}: request {request!r}")
+        if isolation is not None and iso != isolation:
+            raise PrepareError(f"{ref}: requests mix isolation {isolation!r} and {iso!r}; use one class per claim")
+        isolation = iso
+        full = memory_bytes(gpu, settings)
+        mem = _consumed(r, MEMORY, where)
+        mem = full if mem is None else mem
+        if iso == "none" and mem != full:
+            raise PrepareError(f"{where}: the whole-GPU class must not ask for part of the memory "
+                               f"(consumed {mem} of {full} bytes)")
+        cores = _consumed(r, CORES, where)
+        shares.append(Share(request=request, device=device_name(gpu.index), uuid=gpu.uuid,
+                            memory_mib=mem // MIB, cores=settings.default_cores if cores is None else cores,
+                            share_id=r.get("shareID")))
+    if not shares:
+        raise PrepareError(f"{ref}: no device of driver {DRIVER} on node {node} in its allocation")
+    return Plan(str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""),
+                node, isolation or "hami-core", tuple(shares))
+
+
+@dataclass(frozen=True)
+class Options:
+    """Node-wide knobs of the environment (same meaning as the device plugin's)."""
+
+    memory_oversubscribe: bool = False  # deviceMemoryScaling > 1
+    libcuda_log_level: str = ""
+    core_policy: str | None = None      # GPU_CORE_UTILIZATION_POLICY: force / disable
+
+
+def cache_file_name(uid: str) -> str:
+    return f"{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami-dra:{uid}')}.cache"
+
+
+def _mount(container: str, host: str, read_only: bool) -> dict[str, Any]:
+    return {"hostPath": host, "containerPath": container,
+            "options": ["ro" if read_only else "rw", "nosuid", "nodev", "bind"]}
+
+
+def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(s.uuid for s in p.shares)}
+    mounts: list[dict[str, Any]] = []
+    if p.isolation == "hami-core":
+        for i, s in enumerate(p.shares):
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{s.memory_mib}m"
+        env["CUDA_DEVICE_SM_LIMIT"] = str(p.shares[0].cores)
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{paths.vgpu_dir}/{cache_file_name(p.uid)}"
+        if opts.memory_oversubscribe:
+            env["CUDA_OVERSUBSCRIBE"] = "true"
+        if opts.libcuda_log_level:
+            env["LIBCUDA_LOG_LEVEL"] = opts.libcuda_log_level
+        if opts.core_policy:
+            env["GPU_CORE_UTILIZATION_POLICY"] = opts.core_policy
+        library = f"{paths.vgpu_dir}/libvgpu.so"
+        mounts = [
+            _mount(library, library, True),
+            _mount(paths.vgpu_dir, paths.claim_dir(p.uid), False),
+            _mount("/tmp/vgpulock", paths.lock_dir, False),
+            _mount("/etc/ld.so.preload", f"{paths.vgpu_dir}/ld.so.preload", True),
+        ]
+    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
+    if mounts:
+        edits["mounts"] = mounts
+    return edits
+
+
+def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
+    """The claim's CDI spec (one device named after the claim UID)."""
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
+            "devices": [{"name": p.uid, "containerEdits": container_edits(p, paths, opts)}]}
+
+
+def response_devices(p: Plan) -> list[dict[str, Any]]:
+    """The kubelet's Device entries: one per result; the claim's CDI device on the first."""
+    out = []
+    for i, s in enumerate(p.shares):
+        d: dict[str, Any] = {"request_names": [s.request], "pool_name": p.pool, "device_name": s.device,
+                             "cdi_device_ids": [p.cdi_device_id] if i == 0 else []}
+        if s.share_id:
+            d["share_id"] = s.share_id
+        out.append(d)
+    return out

@@ -1,0 +1,151 @@
+"""The chart's DRA front end (`frontEnd: dra`, `dra.enabled`): rendered objects, least privilege,
+the DeviceClasses equal to the driver's own, and a server-side dry run on the real API server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hami.dra.model import device_classes
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "hami"
+DRA = ["--set", "dra.enabled=true", "--set", "frontEnd=dra", "--set", "dra.extendedResourceName=nvidia.com/gpu"]
+
+
+@pytest.fixture(scope="module")
+def helm(kube_cluster, tmp_path_factory):
+    home = tmp_path_factory.mktemp("helm-dra")
+    env = {**os.environ, **kube_cluster.env(), "HELM_CACHE_HOME": str(home / "c"), "HELM_CONFIG_HOME": str(home / "f"),
+           "HELM_DATA_HOME": str(home / "d")}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run([str(kube_cluster.binaries["helm"]), *args], env=env, text=True, capture_output=True,
+                             timeout=120)
+        if check and out.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out
+
+    return run
+
+
+def render(helm, *values: str, ns: str = "gpu") -> list[dict]:
+    out = helm("template", "hami", str(CHART), "--namespace", ns, "--kube-version", "1.34.4", *values).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def scheduler_args(docs: list[dict]) -> list[str]:
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["command"][:2] == ["hami", "scheduler"])["command"]
+
+
+def rules(docs: list[dict], name: str) -> list[dict]:
+    return next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name)["rules"]
+
+
+def test_defaults_keep_the_extender_and_render_nothing_of_dra(helm):
+    docs = render(helm)
+    assert "--front-end=extender" in scheduler_args(docs)
+    assert not [d for d in docs if d["kind"] == "DeviceClass" or d["metadata"]["name"] == "hami-dra"]
+    assert not [r for r in rules(docs, "hami-scheduler") if "resourceclaimtemplates" in r["resources"]]
+
+
+def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(helm):
+    docs = render(helm, *DRA)
+    assert "--front-end=dra" in scheduler_args(docs)
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]} in \
+        rules(docs, "hami-scheduler")
+    assert rules(docs, "hami-dra") == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    for d in classes:
+        d["metadata"].pop("labels")
+    assert classes == device_classes("nvidia.com/gpu")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
+    [c] = ds["containers"]
+    assert c["command"][:2] == ["hami", "dra"] and "--kubelet-dir=/var/lib/kubelet" in c["command"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
+    assert mounts["plugins"] == "/var/lib/kubelet/plugins/gpu.hami.io" and mounts["cdi"] == "/var/run/cdi"
+    text = (CHART / "templates" / "dra" / "rbac.yaml").read_text().splitlines()
+    for i, line in enumerate(text):
+        if line.strip().startswith("- apiGroups:"):
+            assert text[i - 1].strip().startswith("#"), f"rule without a comment: line {i + 1}"
+
+
+def test_an_unknown_front_end_is_refused_by_name(helm):
+    out = helm("template", "hami", str(CHART), "--set", "frontEnd=both", check=False)
+    assert out.returncode != 0 and 'frontEnd: expected extender or dra, got "both"' in out.stderr
+
+
+def test_dra_objects_pass_server_side_dry_run(kube_cluster, helm, kube_namespace):
+    docs = render(helm, *DRA, ns=kube_namespace)
+    result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(docs)
+
+
+def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_namespace):
+    import uuid
+
+    from hami.deviceplugin.discovery import PhysicalGPU
+    from hami.dra.model import SliceSettings, resource_slice, slice_name
+    from tests.integration.test_chart import _bearer, _pod_token
+
+    ns, release = kube_namespace, f"d{uuid.uuid4().hex[:6]}"
+    agent_sa = f"{release}-hami-dra"
+    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", "1.34.4", *DRA,
+               "--show-only", "templates/dra/rbac.yaml", "--show-only", "templates/dra/slice-guard.yaml").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole"} <= {d["kind"] for d in docs}
+    manifest = yaml.safe_dump_all(docs)
+    mine, other = f"{release}-a", f"{release}-b"
+    gpus = [PhysicalGPU(0, "GPU-00000000-0000-4000-8000-000000000000", "Tesla T4", 15360, "0000:01:00.0", 0)]
+
+    def apply(token: str, node: str, body: dict | None = None) -> tuple[int, dict]:
+        body = body or resource_slice(node, gpus, SliceSettings())
+        return _bearer(kube_cluster, token, "PATCH",
+                       f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?fieldManager=hami-dra",
+                       body, content_type="application/apply-patch+yaml")
+
+    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        for n in (mine, other):
+            kube_cluster.create_node(n)
+        pod = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"},
+            "spec": {"nodeName": mine, "serviceAccountName": agent_sa, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+        token = _pod_token(kube_cluster, ns, agent_sa, pod)
+        kube_cluster.wait_for(lambda: apply(token, other)[0] in (403, 422), "the DRA slice guard in force",
+                              timeout=60, interval=0.5)
+        status, body = apply(token, other)
+        assert f"on node {mine} may write only the gpu.hami.io ResourceSlice of {mine}" in body["message"], body
+        status, body = apply(token, mine)
+        assert status in (200, 201), body
+        assert body["spec"]["nodeName"] == mine
+        # its own slice's name with another node inside is refused too
+        forged = resource_slice(other, gpus, SliceSettings())
+        forged["metadata"]["name"] = slice_name(mine)
+        assert apply(token, mine, forged)[0] in (403, 422)
+        # a token not bound to a pod names no node: nothing
+        unbound = _pod_token(kube_cluster, ns, agent_sa, None)
+        status, body = apply(unbound, mine)
+        assert status in (403, 422) and "no node-name claim" in body["message"], body
+        # nothing was written for the other node
+        kube_cluster.api("GET", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(other)}", expect=(404,))
+    finally:
+        kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
+        for n in (mine, other):
+            kube_cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(n)}", expect=(200, 404))
+            kube_cluster.delete_node(n)

@@ -1,0 +1,55 @@
+"""`hami dra --dry-run` against the project's fake libnvidia-ml.so.1: what the node agent would
+publish (subprocesses: the fake reads its GPU list once per process, from the environment)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+DEVICES = "name=Tesla T4,memory=16G,pci=0000:3b:00.0;name=NVIDIA A100-SXM4-40GB,memory=40G,pci=0000:5e:00.0"
+G0 = "GPU-f00dfeed-0000-4000-8000-000000000000"
+
+
+@pytest.fixture(autouse=True)
+def _need_fake():
+    if not FAKE_NVML.exists():
+        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
+
+
+def hami(*args, tmp_path):
+    env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "hami", "dra", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_dry_run_publishes_the_fake_gpus_with_node_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 3, "devicememoryscaling": 2}]}))
+    out = hami("--dry-run", "--node-name", "n1", "--node-config", str(cfg), "--sysfs-root", str(tmp_path / "sys"),
+               "--nvml-library", str(FAKE_NVML), "--default-cores", "10", "--extended-resource-name", "nvidia.com/gpu",
+               tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    spec = doc["resourceSlice"]["spec"]
+    assert spec["nodeName"] == "n1" and [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    t4 = spec["devices"][0]
+    assert t4["attributes"]["uuid"] == {"string": G0} and t4["attributes"]["driverVersion"] == {"string": "550.54.15"}
+    assert t4["attributes"]["migCapable"] == {"bool": False}
+    assert t4["capacity"]["memory"]["value"] == str(2 * 16384 * 1024 * 1024)
+    assert t4["capacity"]["shares"]["value"] == "3" and t4["capacity"]["cores"]["requestPolicy"]["default"] == "10"
+    assert doc["deviceClasses"][0]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+def test_refuses_without_node_name_or_nvml(tmp_path):
+    out = hami("--node-name", "", tmp_path=tmp_path)
+    assert out.returncode == 2 and "--node-name" in out.stderr
+    out = hami("--node-name", "n1", "--nvml-library", str(tmp_path / "missing.so"), tmp_path=tmp_path)
+    assert out.returncode == 3 and "NVML could not be loaded" in out.stderr
+    out = hami("--explain", "just-a-pod", tmp_path=tmp_path)
+    assert out.returncode == 2 and "--explain: expected NAMESPACE/POD, got 'just-a-pod'" in out.stderr

@@ -1,0 +1,201 @@
+"""The DRA driver's pure parts: ResourceSlice devices, DeviceClasses, claim -> CDI spec, checkpoint."""
+
+import json
+
+import pytest
+
+from hami.deviceplugin.discovery import PhysicalGPU
+from hami.dra.checkpoint import Checkpoint, CheckpointError
+from hami.dra.model import (DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes,
+                            resource_slice)
+from hami.dra.prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
+
+U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+GPUS = [PhysicalGPU(1, U1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1),
+        PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0)]
+
+
+def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
+    s = SliceSettings(split_count=4, default_cores=20, driver_version="550.54.15", mig_capable=frozenset({U1}))
+    sl = resource_slice("node-a", GPUS, s, generation=3)
+    spec = sl["spec"]
+    assert sl["metadata"]["name"] == f"node-a-{DRIVER}"
+    assert spec["driver"] == DRIVER and spec["nodeName"] == "node-a"
+    assert spec["pool"] == {"name": "node-a", "generation": 3, "resourceSliceCount": 1}
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]  # index order, not input order
+    t4, a100 = spec["devices"]
+    assert t4["allowMultipleAllocations"] is True
+    assert t4["attributes"] == {
+        "model": {"string": "Tesla T4"}, "type": {"string": "NVIDIA-Tesla T4"}, "uuid": {"string": U0},
+        "index": {"int": 0}, "numa": {"int": 0}, "migCapable": {"bool": False},
+        "driverVersion": {"string": "550.54.15"}}
+    assert a100["attributes"]["migCapable"] == {"bool": True}
+    assert a100["attributes"]["type"] == {"string": "NVIDIA A100-SXM4-40GB"}
+    mem = t4["capacity"]["memory"]
+    assert mem["value"] == str(15360 * MIB)
+    assert mem["requestPolicy"] == {"default": str(15360 * MIB),
+                                    "validRange": {"min": "1Mi", "max": str(15360 * MIB), "step": "1Mi"}}
+    assert t4["capacity"]["cores"] == {"value": "100", "requestPolicy": {
+        "default": "20", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+    assert t4["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
+
+
+def test_slice_applies_scaling_and_leaves_out_unhealthy_gpus():
+    s = SliceSettings(memory_scaling=1.5, core_scaling=2.0)
+    spec = resource_slice("n", GPUS, s, unhealthy=frozenset({U0}))["spec"]
+    assert [d["name"] for d in spec["devices"]] == ["gpu-1"]
+    assert spec["devices"][0]["capacity"]["memory"]["value"] == str(61440 * MIB)
+    assert spec["devices"][0]["capacity"]["cores"]["value"] == "200"
+
+
+@pytest.mark.parametrize("field,value", [("split_count", 0), ("min_memory_mib", 0), ("default_cores", -1),
+                                         ("memory_scaling", 0), ("core_scaling", -1.0)])
+def test_bad_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SliceSettings(**{field: value})
+
+
+def test_gpu_smaller_than_the_minimum_share_is_refused_by_name():
+    with pytest.raises(ValueError, match=U0):
+        resource_slice("n", GPUS, SliceSettings(min_memory_mib=20000))
+
+
+def test_device_classes_share_and_whole_with_optional_extended_resource():
+    share, whole = device_classes()
+    assert (share["metadata"]["name"], whole["metadata"]["name"]) == (SHARE_CLASS, WHOLE_CLASS)
+    assert share["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.hami.io"'}}]
+    assert share["spec"]["config"][0]["opaque"]["parameters"]["isolation"] == "hami-core"
+    assert whole["spec"]["config"][0]["opaque"]["parameters"]["isolation"] == "none"
+    assert "extendedResourceName" not in share["spec"]
+    share, whole = device_classes("nvidia.com/gpu")
+    assert share["spec"]["extendedResourceName"] == "nvidia.com/gpu" and "extendedResourceName" not in whole["spec"]
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def claim(results, config=(), uid="uid-1", allocated=True):
+    c = {"metadata": {"namespace": "ns", "name": "c1", "uid": uid}, "status": {}}
+    if allocated:
+        c["status"]["allocation"] = {"devices": {"results": list(results), "config": list(config)}}
+    return c
+
+
+def result(device="gpu-0", pool="node-a", request="gpu", memory="3000Mi", cores="30", driver=DRIVER, share="s-1"):
+    r = {"request": request, "driver": driver, "pool": pool, "device": device, "shareID": share,
+         "consumedCapacity": {"shares": "1"}}
+    if memory is not None:
+        r["consumedCapacity"]["memory"] = memory
+    if cores is not None:
+        r["consumedCapacity"]["cores"] = cores
+    return r
+
+
+CLASS_SHARE = {"source": "FromClass", "requests": ["gpu"],
+               "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig",
+                                                           "isolation": "hami-core"}}}
+CLASS_WHOLE = {**CLASS_SHARE, "opaque": {**CLASS_SHARE["opaque"], "parameters": {
+    **CLASS_SHARE["opaque"]["parameters"], "isolation": "none"}}}
+PATHS = Paths(hook_path="/usr/local", cdi_dir="/var/run/cdi")
+
+
+def env_of(spec):
+    return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+
+
+def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
+    p = plan(claim([result(), result(device="gpu-1", memory="5000Mi", share="s-2"),
+                    result(pool="node-b")], [CLASS_SHARE]), "node-a", GPUS, SliceSettings())
+    spec = cdi_spec(p, PATHS, Options(libcuda_log_level="2", core_policy="force"))
+    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.hami.io/claim"
+    assert spec["devices"][0]["name"] == "uid-1"
+    env = env_of(spec)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_MEMORY_LIMIT_1"] == "5000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/usr/local/vgpu/") and env[
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(".cache")
+    assert env["LIBCUDA_LOG_LEVEL"] == "2" and env["GPU_CORE_UTILIZATION_POLICY"] == "force"
+    assert "CUDA_OVERSUBSCRIBE" not in env
+    mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
+    assert mounts["/etc/ld.so.preload"]["hostPath"] == "/usr/local/vgpu/ld.so.preload"
+    assert "ro" in mounts["/etc/ld.so.preload"]["options"]
+    assert mounts["/usr/local/vgpu/libvgpu.so"]["hostPath"] == "/usr/local/vgpu/libvgpu.so"
+    assert mounts["/usr/local/vgpu"]["hostPath"] == "/usr/local/vgpu/claims/uid-1"
+    assert "rw" in mounts["/usr/local/vgpu"]["options"]
+    assert mounts["/tmp/vgpulock"]["hostPath"] == "/tmp/vgpulock"
+    devices = response_devices(p)
+    assert devices == [
+        {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-0",
+         "cdi_device_ids": ["gpu.hami.io/claim=uid-1"], "share_id": "s-1"},
+        {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-1", "cdi_device_ids": [],
+         "share_id": "s-2"}]
+
+
+def test_same_claim_gives_the_same_shared_region_and_another_claim_another():
+    a = env_of(cdi_spec(plan(claim([result()]), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    b = env_of(cdi_spec(plan(claim([result()]), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    c = env_of(cdi_spec(plan(claim([result()], uid="uid-2"), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    assert a["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == b["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    assert a["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != c["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+
+
+def test_no_consumed_capacity_means_the_whole_memory_and_default_cores():
+    p = plan(claim([result(memory=None, cores=None)]), "node-a", GPUS, SliceSettings(default_cores=10))
+    env = env_of(cdi_spec(p, PATHS, Options(memory_oversubscribe=True)))
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "15360m" and env["CUDA_DEVICE_SM_LIMIT"] == "10"
+    assert env["CUDA_OVERSUBSCRIBE"] == "true"
+
+
+def test_whole_gpu_class_gets_no_libvgpu():
+    p = plan(claim([result(memory=None, cores=None)], [CLASS_WHOLE]), "node-a", GPUS, SliceSettings())
+    edits = cdi_spec(p, PATHS, Options())["devices"][0]["containerEdits"]
+    assert edits == {"env": [f"NVIDIA_VISIBLE_DEVICES={U0}"]}
+
+
+@pytest.mark.parametrize("c,match", [
+    (claim([], allocated=False), "status.allocation is not set"),
+    (claim([result(pool="node-b")]), "no device of driver gpu.hami.io on node node-a"),
+    (claim([result(driver="other.example.com")]), "no device of driver"),
+    (claim([result(device="gpu-7")]), r"results\[0\].device='gpu-7': node node-a has no such GPU"),
+    (claim([result(memory="lots")]), "consumedCapacity.memory"),
+    (claim([result()], [CLASS_WHOLE]), "whole-GPU class must not ask for part of the memory"),
+    (claim([result()], [{**CLASS_SHARE, "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "isolation": "maybe"}}}]), "isolation='maybe'"),
+    (claim([result()], [{**CLASS_SHARE, "opaque": {"driver": DRIVER, "parameters": {"kind": "Other"}}}]),
+     "apiVersion gpu.hami.io/v1alpha1 kind GpuConfig"),
+])
+def test_bad_claims_are_refused_naming_the_field(c, match):
+    with pytest.raises(PrepareError, match=match):
+        plan(c, "node-a", GPUS, SliceSettings())
+
+
+def test_claim_configuration_overrides_the_class():
+    mine = {"source": "FromClaim", "requests": [], "opaque": CLASS_WHOLE["opaque"]}
+    p = plan(claim([result(memory=None)], [mine, CLASS_SHARE]), "node-a", GPUS, SliceSettings())
+    assert p.isolation == "none"
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def test_checkpoint_survives_reopen_and_removes(tmp_path):
+    cp = Checkpoint(tmp_path / "state" / "checkpoint.json")
+    assert cp.get("u") is None
+    cp.put("u", {"devices": [{"device_name": "gpu-0"}]})
+    again = Checkpoint(tmp_path / "state" / "checkpoint.json")
+    assert again.get("u") == {"devices": [{"device_name": "gpu-0"}]} and again.uids() == ["u"]
+    assert again.remove("u") is not None and again.remove("u") is None
+    assert Checkpoint(tmp_path / "state" / "checkpoint.json").uids() == []
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("text,match", [("{not json", "not JSON"), (json.dumps({"version": 9, "claims": {}}), "version 9"),
+                                        (json.dumps([1]), "expected")])
+def test_corrupt_checkpoint_is_an_error_naming_the_file(tmp_path, text, match):
+    path = tmp_path / "checkpoint.json"
+    path.write_text(text)
+    with pytest.raises(CheckpointError, match=match) as err:
+        Checkpoint(path)
+    assert str(path) in str(err.value)

@@ -1,0 +1,153 @@
+"""The kubelet plugin over its unix sockets, called as the kubelet calls it: registration
+GetInfo/NotifyRegistrationStatus, NodePrepareResources / NodeUnprepareResources, idempotency across
+a plugin restart, per-claim errors, socket permissions."""
+
+import json
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hami.deviceplugin.discovery import PhysicalGPU
+from hami.dra.api import load
+from hami.dra.checkpoint import Checkpoint
+from hami.dra.model import DRIVER, SliceSettings
+from hami.dra.plugin import Driver, PluginServer, socket_paths
+from hami.dra.prepare import Paths
+
+dra_pb, dra_grpc = load("dra")
+reg_pb, reg_grpc = load("registration")
+U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+GPUS = [PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0)]
+
+
+@pytest.fixture
+def root():
+    d = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))  # short: unix socket paths are limited
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+class Claims:
+    """What the API server would answer for each claim; counts the reads."""
+
+    def __init__(self):
+        self.objects = {}
+        self.reads = 0
+
+    def add(self, name, uid, memory="3000Mi", cores="30"):
+        self.objects[name] = {
+            "metadata": {"namespace": "ns", "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": f"share-{uid}",
+                 "consumedCapacity": {"memory": memory, "cores": cores, "shares": "1"}}]}}}}
+
+    async def read(self, namespace, name):
+        self.reads += 1
+        if name not in self.objects:
+            raise LookupError(f"resourceclaims {namespace}/{name} not found")
+        return self.objects[name]
+
+
+async def start(root, claims):
+    paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
+    driver = Driver("node-a", GPUS, SliceSettings(), Checkpoint(root / "state" / "checkpoint.json"), claims.read, paths)
+    reg, dra = socket_paths(root / "kubelet")
+    server = PluginServer(driver, reg, dra)
+    await server.start()
+    return server, paths
+
+
+def claim_ref(name, uid):
+    return dra_pb.Claim(namespace="ns", name=name, uid=uid)
+
+
+async def test_registration_answers_the_kubelet_and_sockets_are_root_only(root):
+    server, _ = await start(root, Claims())
+    try:
+        reg_sock, dra_sock = socket_paths(root / "kubelet")
+        assert reg_sock == root / "kubelet/plugins_registry/gpu.hami.io-reg.sock"
+        for sock in (reg_sock, dra_sock):
+            assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+        async with grpc.aio.insecure_channel(f"unix://{reg_sock}") as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = await stub.GetInfo(reg_pb.InfoRequest())
+            assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "gpu.hami.io", str(dra_sock))
+            assert list(info.supported_versions) == ["v1.DRAPlugin"]
+            await stub.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=False, error="nope"))
+            assert server.registration.status == (False, "nope") and not server.registration.registered.is_set()
+            await stub.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True))
+            assert server.registration.registered.is_set()
+    finally:
+        await server.stop()
+    assert not reg_sock.exists() and not dra_sock.exists()
+
+
+async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_restart(root):
+    claims = Claims()
+    claims.add("c1", "uid-1")
+    server, paths = await start(root, claims)
+    _, dra_sock = socket_paths(root / "kubelet")
+    cdi = root / "cdi" / "gpu.hami.io-uid-1.json"
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+            got = resp.claims["uid-1"]
+            assert got.error == ""
+            [dev] = got.devices
+            assert (list(dev.request_names), dev.pool_name, dev.device_name) == (["gpu"], "node-a", "gpu-0")
+            assert list(dev.cdi_device_ids) == ["gpu.hami.io/claim=uid-1"] and dev.share_id == "share-uid-1"
+            spec = json.loads(cdi.read_text())
+            env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["NVIDIA_VISIBLE_DEVICES"] == U0
+            assert Path(paths.claim_dir("uid-1")).is_dir()
+            assert claims.reads == 1
+    finally:
+        await server.stop()
+
+    # the plugin restarts; the kubelet prepares again (e.g. after its own restart) and /var/run was wiped
+    cdi.unlink()
+    claims.objects.clear()  # the answer must come from the checkpoint, not the API server
+    server, paths = await start(root, claims)
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+            assert resp.claims["uid-1"].error == "" and resp.claims["uid-1"].devices[0].device_name == "gpu-0"
+            assert json.loads(cdi.read_text()) == spec and claims.reads == 1
+            for _ in range(2):  # unprepare twice: the second is a no-op that succeeds
+                resp = await stub.NodeUnprepareResources(
+                    dra_pb.NodeUnprepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+                assert resp.claims["uid-1"].error == ""
+            assert not cdi.exists() and not Path(paths.claim_dir("uid-1")).exists()
+    finally:
+        await server.stop()
+    assert Checkpoint(root / "state" / "checkpoint.json").uids() == []
+
+
+async def test_each_claim_fails_alone_with_a_message(root):
+    claims = Claims()
+    claims.add("good", "uid-g")
+    claims.add("recreated", "uid-new")
+    claims.add("bad", "uid-b", memory="lots")
+    server, _ = await start(root, claims)
+    _, dra_sock = socket_paths(root / "kubelet")
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[
+                claim_ref("good", "uid-g"), claim_ref("recreated", "uid-old"), claim_ref("bad", "uid-b"),
+                claim_ref("missing", "uid-m"), claim_ref("nouid", "")]))
+            assert resp.claims["uid-g"].error == "" and len(resp.claims["uid-g"].devices) == 1
+            assert "deleted and re-created" in resp.claims["uid-old"].error
+            assert "consumedCapacity.memory" in resp.claims["uid-b"].error
+            assert "not found" in resp.claims["uid-m"].error
+            assert "uid is empty" in resp.claims[""].error
+    finally:
+        await server.stop()
+    assert sorted(p.name for p in (root / "cdi").iterdir()) == ["gpu.hami.io-uid-g.json"]
+    assert Checkpoint(root / "state" / "checkpoint.json").uids() == ["uid-g"]

@@ -1,0 +1,125 @@
+"""The webhook on the DRA front end: same admission rules, claims instead of the extender."""
+
+import base64
+import json
+
+import pytest
+
+from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates
+from hami.vendors.nvidia import NvidiaVendor
+
+DRA = AdmissionSettings([NvidiaVendor()], front_end="dra")
+EXT = AdmissionSettings([NvidiaVendor()])
+
+
+def body(limits, annotations=None):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": annotations or {}},
+           "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": limits}}]}}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "operation": "CREATE", "namespace": "ns", "kind": {"kind": "Pod"}, "object": pod}}
+
+
+def patched(answer, original):
+    import copy
+
+    doc = copy.deepcopy(original)
+    for op in json.loads(base64.b64decode(answer["response"]["patch"])):
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in op["path"].split("/")[1:]]
+        target = doc
+        for k in keys[:-1]:
+            target = target[int(k)] if isinstance(target, list) else target[k]
+        last = keys[-1]
+        if op["op"] == "remove":
+            del target[int(last) if isinstance(target, list) else last]
+        else:
+            target[int(last) if isinstance(target, list) else last] = op["value"]
+    return doc
+
+
+def test_dra_front_end_patches_the_pod_to_a_claim_and_returns_the_template():
+    b = body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})
+    answer, templates = review_with_templates(b, DRA)
+    assert answer["response"]["allowed"] is True
+    [t] = templates
+    assert t["metadata"]["namespace"] == "ns"
+    pod = patched(answer, b["request"]["object"])
+    assert pod["spec"]["resourceClaims"] == [{"name": "hami-gpu-0", "resourceClaimTemplateName": t["metadata"]["name"]}]
+    assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "hami-gpu-0"}]}
+    assert "schedulerName" not in pod["spec"]  # kube-scheduler itself places claims
+
+
+def test_extender_front_end_is_unchanged():
+    b = body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
+    answer, templates = review_with_templates(b, EXT)
+    pod = patched(answer, b["request"]["object"])
+    assert templates == () and pod["spec"]["schedulerName"] == "hami-scheduler" and "resourceClaims" not in pod["spec"]
+
+
+def test_dra_front_end_keeps_the_security_rules_and_names_what_it_cannot_express():
+    forged, t = review_with_templates(body({"nvidia.com/gpu": 1}, {"hami.io/vgpu-node": "n1"}), DRA)
+    assert forged["response"]["allowed"] is False and t == ()
+    pct, t = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 40}), DRA)
+    assert pct["response"]["allowed"] is False and t == ()
+    assert pct["response"]["status"]["code"] == 400
+    assert "nvidia.com/gpumem-percentage=40" in pct["response"]["status"]["message"]
+
+
+def test_a_pod_without_gpus_needs_no_template():
+    answer, templates = review_with_templates(body({"cpu": "1"}), DRA)
+    assert answer["response"]["allowed"] is True and templates == () and "patch" not in answer["response"]
+
+
+def test_deny_answer_keeps_the_uid():
+    answer, _ = review_with_templates(body({"nvidia.com/gpu": 1}), DRA)
+    denied = deny_answer(answer, "cannot create ResourceClaimTemplate ns/x: HTTP 403")
+    assert denied["response"] == {"uid": "u1", "allowed": False, "status": {
+        "code": 500, "message": "cannot create ResourceClaimTemplate ns/x: HTTP 403", "reason": "InternalError"}}
+
+
+def test_unknown_front_end_is_refused_by_name():
+    with pytest.raises(ValueError, match="front_end.*'both'"):
+        AdmissionSettings([NvidiaVendor()], front_end="both")
+
+
+class _Kube:
+    """Stands in for the API client of the webhook's server: records creates, answers with ``status``."""
+
+    def __init__(self, statuses):
+        self.statuses = list(statuses)
+        self.calls = []
+
+    async def request(self, method, path, query=(), body=None):
+        from hami.kube.client import KubeError
+
+        self.calls.append((method, path, list(query), body["metadata"]["name"]))
+        status = self.statuses.pop(0)
+        if status >= 300:
+            raise KubeError(method, path, status, '{"message": "nope"}')
+        return body
+
+
+async def _create(statuses, kube_present=True):
+    from types import SimpleNamespace
+
+    from hami.scheduler.server import SchedulerService
+
+    _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
+    kube = _Kube(statuses) if kube_present else None
+    me = SimpleNamespace(kube=kube)
+    return await SchedulerService._create_templates(me, "ns", templates), kube, templates
+
+
+async def test_server_creates_templates_strictly_and_takes_an_existing_one():
+    failure, kube, templates = await _create([201])
+    assert failure == "" and kube.calls == [("POST", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates",
+                                             [("fieldValidation", "Strict")], templates[0]["metadata"]["name"])]
+    failure, _, _ = await _create([409])
+    assert failure == ""
+
+
+async def test_server_reports_why_a_template_could_not_be_created():
+    failure, _, templates = await _create([403])
+    assert failure.startswith(f"cannot create ResourceClaimTemplate ns/{templates[0]['metadata']['name']}:")
+    assert "403" in failure
+    failure, _, _ = await _create([], kube_present=False)
+    assert "no API server client" in failure
