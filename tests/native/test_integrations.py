@@ -84,6 +84,25 @@ def _writable(path: str, scratch) -> str:
             f"mount -t overlay overlay -o lowerdir={path},upperdir='{scratch}/u',workdir='{scratch}/w' {path}; ")
 
 
+def _tmp_replaced_by(container_tmp, env: dict[str, str]) -> str:
+    """Shell steps putting ``container_tmp`` at /tmp, as the container's own /tmp, while what
+    this process needs from the host's /tmp stays where it is: the checkout (the library, the
+    fake driver, the probe) and the interpreter's environment may live there (a CI checkout
+    under /tmp). Those host paths are reached again through a bind of the host's /tmp kept under
+    the namespace's private /usr/local (already an overlay on a tmpfs)."""
+    needed = {str(Path(__file__).resolve().parents[2]), sys.prefix, sys.executable,
+              *(p for k in ("LD_LIBRARY_PATH", "PYTHONPATH") for p in env.get(k, "").split(":") if p)}
+    under_tmp = sorted({os.path.realpath(p) for p in needed if os.path.realpath(p).startswith("/tmp/")})
+    steps = "mkdir -p /usr/local/.host-tmp; mount --rbind /tmp /usr/local/.host-tmp; " if under_tmp else ""
+    steps += f"mount --rbind '{container_tmp}' /tmp; "
+    for path in under_tmp:
+        inside = "/usr/local/.host-tmp/" + path[len("/tmp/"):]
+        kind = "-d" if os.path.isdir(path) else "-f"
+        make = f"mkdir -p '{path}'" if kind == "-d" else f"mkdir -p '{os.path.dirname(path)}'; touch '{path}'"
+        steps += f"if [ ! -e '{path}' ]; then {make}; fi; mount --rbind '{inside}' '{path}'; "
+    return steps
+
+
 def _run_in_container(native_build, env: dict[str, str], container_tmp, mounts: str, code: str, late: str = ""):
     """Run ``code`` with python in a private mount namespace: the shell ``mounts`` steps (host
     paths still visible), ``container_tmp`` (with what was mounted inside it) as /tmp, our
@@ -91,8 +110,10 @@ def _run_in_container(native_build, env: dict[str, str], container_tmp, mounts: 
     lib = native_build / "libvgpu.so"
     scratch = container_tmp.parent / "usr-local-overlay"
     script = (
-        f"set -e; {mounts}{_writable('/usr/local', scratch)}mount --rbind '{container_tmp}' /tmp; "
-        f"mkdir -p /tmp/vgpulock {HOOK}; cp '{lib}' {HOOK}/libvgpu.so; {late}"
+        f"set -e; {mounts}{_writable('/usr/local', scratch)}"
+        f"mkdir -p {HOOK}; cp '{lib}' {HOOK}/libvgpu.so; "
+        f"{_tmp_replaced_by(container_tmp, env)}"
+        f"mkdir -p /tmp/vgpulock; {late}"
         'exec "$0" -c "$1"'
     )
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, code],
