@@ -334,10 +334,16 @@ def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
             kube_cluster.wait_for(lambda: sum(placed(p) for p in pods(kube_cluster, ns)) >= 20, "20 placed", 120, 0.2)
             hami.kill()
             at_kill = sum(placed(p) for p in pods(kube_cluster, ns))
-            for f in futures:
-                f.result()
-        assert at_kill < 100, "the scheduler was not killed mid-burst"
-        hami.start()
+            refused = [p for p, f in zip(burst, futures) if f.exception() is not None]
+        try:
+            for p, f in zip(burst, futures):  # creations racing the kill meet a webhook that is gone
+                if f.exception() is not None and "failed calling webhook" not in str(f.exception()):
+                    raise f.exception()
+            assert at_kill < 100, "the scheduler was not killed mid-burst"
+        finally:
+            hami.start()
+        for p in refused:  # as a client retries a refused create
+            _create(kube_cluster, ns, p)
         done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 100 and all(
             placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps) else None,
             "100 pods placed after the restart", 240)

@@ -440,8 +440,15 @@ def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: K
                                                busybox: str):
     ns = fault_namespace
     sleepers(real_cluster, ns, busybox, "burst", 50, gpumem=200)
-    real_cluster.wait_for(lambda: sum(1 for p in real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
-                                      if p["spec"].get("nodeName")) >= 10, "the burst under way", timeout=120, interval=0.2)
+
+    def under_way() -> bool:
+        # every pod created (through the webhook: a pod the ReplicaSet creates while the
+        # scheduler pod is gone skips it, failurePolicy Ignore as HAMi's, and stays with
+        # default-scheduler), and the placements started
+        items = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        return len(items) == 50 and sum(1 for p in items if p["spec"].get("nodeName")) >= 10
+
+    real_cluster.wait_for(under_way, "the burst under way", timeout=120, interval=0.2)
     (scheduler,) = product.pods(selector="app.kubernetes.io/component=hami-scheduler")
     real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{scheduler['metadata']['name']}")
     assert_settled(product, real_cluster, ns, 50, timeout=600)
