@@ -112,10 +112,11 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
     mine, other = f"{release}-a", f"{release}-b"
     gpus = [PhysicalGPU(0, "GPU-00000000-0000-4000-8000-000000000000", "Tesla T4", 15360, "0000:01:00.0", 0)]
 
-    def apply(token: str, node: str, body: dict | None = None) -> tuple[int, dict]:
+    def apply(token: str, node: str, body: dict | None = None, *, dry_run: bool = False) -> tuple[int, dict]:
         body = body or resource_slice(node, gpus, SliceSettings())
+        query = "fieldManager=hami-dra" + ("&dryRun=All" if dry_run else "")
         return _bearer(kube_cluster, token, "PATCH",
-                       f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?fieldManager=hami-dra",
+                       f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?{query}",
                        body, content_type="application/apply-patch+yaml")
 
     kube_cluster.kubectl("apply", "-f", "-", input=manifest)
@@ -127,7 +128,8 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
             "spec": {"nodeName": mine, "serviceAccountName": agent_sa, "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "c", "image": "busybox"}]}})
         token = _pod_token(kube_cluster, ns, agent_sa, pod)
-        kube_cluster.wait_for(lambda: apply(token, other)[0] in (403, 422), "the DRA slice guard in force",
+        # the probe is a dry run: before the policy is in force it would otherwise write the slice
+        kube_cluster.wait_for(lambda: apply(token, other, dry_run=True)[0] in (403, 422), "the DRA slice guard in force",
                               timeout=60, interval=0.5)
         status, body = apply(token, other)
         assert f"on node {mine} may write only the gpu.hami.io ResourceSlice of {mine}" in body["message"], body
