@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Kubernetes binaries the integration tests run (etcd, kube-apiserver,
-# kube-scheduler, kube-controller-manager, kubectl, kubelet, kube-proxy, kwok, helm) into a cache directory outside the repository,
-# built from Go modules at pinned versions.
+# kube-scheduler, kube-controller-manager, kubectl, kubelet, kube-proxy, kwok, helm) and the real
+# node's container runtime (containerd, its runc shim and ctr: Debian 12's containerd 1.6 has no
+# CDI, which the DRA path needs) into a cache directory outside the repository, built from Go
+# modules at pinned versions.
 #
 #   cache:  ${HAMI_CACHE:-$HOME/.cache/hami}/kube/<kube version>/bin
 #   clear:  rm -rf "${HAMI_CACHE:-$HOME/.cache/hami}/kube"
@@ -25,6 +27,7 @@ case $KUBE_VERSION in
 esac
 KWOK_VERSION=v0.8.0        # sigs.k8s.io/kwok
 HELM_VERSION=v3.19.5       # helm.sh/helm/v3
+CONTAINERD_VERSION=v1.7.35 # github.com/containerd/containerd: CDI (enable_cdi), the config format of 1.6, cgroup v1
 STAGING_VERSION=v0${KUBE_VERSION#v1}
 
 CACHE=${HAMI_CACHE:-$HOME/.cache/hami}
@@ -131,5 +134,13 @@ for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with
 done
 log "kwok stages: $(cd "$BIN/../kwok-stages" && echo *.yaml)"
 build helm helm.sh/helm/v3 "$HELM_VERSION" "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+
+# the real node's runtime (runc itself comes from Debian, scripts/install-node.sh); CGO off leaves
+# out the btrfs snapshotter, which the node's configuration disables anyway
+ctrd_ldflags="-X github.com/containerd/containerd/version.Version=$CONTAINERD_VERSION"
+for name in containerd containerd-shim-runc-v2 ctr; do
+    build "$name" github.com/containerd/containerd "$CONTAINERD_VERSION" "$CONTAINERD_VERSION" \
+        "github.com/containerd/containerd/cmd/$name" "$ctrd_ldflags"
+done
 
 log "all binaries ready in $BIN ($((SECONDS - total))s)"

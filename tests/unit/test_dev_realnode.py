@@ -34,6 +34,14 @@ def test_oom_score_restriction_follows_the_flag(tmp_path):
     doc = tomllib.loads(rn.containerd_config(tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path,
                                              restrict_oom_score_adj=False))
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["restrict_oom_score_adj"] is False
+    assert "enable_cdi" not in doc["plugins"]["io.containerd.grpc.v1.cri"]
+
+
+def test_containerd_config_reads_cdi_specs_from_the_nodes_directory(tmp_path):
+    doc = tomllib.loads(rn.containerd_config(tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path,
+                                             restrict_oom_score_adj=True, cdi_dir=tmp_path / "cdi"))
+    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == [str(tmp_path / "cdi")]
 
 
 def test_containerd_config_quotes_paths(tmp_path):
@@ -117,6 +125,10 @@ def test_missing_requirements_name_each_gap(monkeypatch):
     missing = rn.missing_requirements({})
     assert any(item.startswith("root") for item in missing)
     assert any(item.startswith("kubelet (run scripts/install-kube.sh") for item in missing)
+    assert any(item.startswith("containerd (run scripts/install-kube.sh") for item in missing)
+    assert any(item.startswith("ctr (run scripts/install-kube.sh") for item in missing)
+    built = {"kubelet": Path("k"), "containerd": Path("c"), "ctr": Path("t"), "containerd-shim-runc-v2": Path("s")}
+    assert not [item for item in rn.missing_requirements(built) if "install-kube.sh" in item]
     assert any(item.startswith("runc (run scripts/install-node.sh") for item in missing)
     assert any("CNI plugins" in item and "/nonexistent/cni" in item for item in missing)
     assert "root" in str(rn.RealNodeUnavailable(missing)) and "\n" not in str(rn.RealNodeUnavailable(missing))

@@ -154,6 +154,18 @@ def test_whole_gpu_class_gets_no_libvgpu():
     assert edits == {"env": [f"NVIDIA_VISIBLE_DEVICES={U0}"]}
 
 
+@pytest.mark.parametrize("klass", [CLASS_SHARE, CLASS_WHOLE])
+def test_driver_mounts_reach_every_claim_of_either_class(klass):
+    from hami.deviceplugin.allocate import parse_driver_mount
+
+    paths = Paths(hook_path="/usr/local", driver_mounts=(parse_driver_mount("/opt/drv:/usr/local/nvidia"),
+                                                         parse_driver_mount("/var/run/state:rw")))
+    p = plan(claim([result(memory=None, cores=None)], [klass]), "node-a", GPUS, SliceSettings())
+    mounts = {m["containerPath"]: m for m in cdi_spec(p, paths, Options())["devices"][0]["containerEdits"]["mounts"]}
+    assert mounts["/usr/local/nvidia"]["hostPath"] == "/opt/drv" and "ro" in mounts["/usr/local/nvidia"]["options"]
+    assert mounts["/var/run/state"]["hostPath"] == "/var/run/state" and "rw" in mounts["/var/run/state"]["options"]
+
+
 @pytest.mark.parametrize("c,match", [
     (claim([], allocated=False), "status.allocation is not set"),
     (claim([result(pool="node-b")]), "no device of driver gpu.hami.io on node node-a"),

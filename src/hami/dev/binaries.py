@@ -15,7 +15,9 @@ from hami.dev.errors import ClusterError
 # another version the script can build (docs/dra.md says which)
 KUBE_VERSION = os.environ.get("HAMI_KUBE_VERSION") or "v1.37.2"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
-OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet", "kube-proxy")
+OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet", "kube-proxy",
+                     # the real node's runtime (CDI-capable; Debian 12's containerd 1.6 is not)
+                     "containerd", "containerd-shim-runc-v2", "ctr")
 
 
 class MissingBinaries(ClusterError):

@@ -11,9 +11,10 @@ from hami.dev.nodehost import BRIDGE, CGROUP_ROOT, POD_SUBNET
 
 
 def containerd_config(root: Path, *, socket: Path, sandbox_image: str, cni_bin: Path,
-                      restrict_oom_score_adj: bool) -> str:
-    """containerd's ``config.toml`` (version 2) for a private instance under ``root``, listening
-    on ``socket`` (and ``<socket>.ttrpc``)."""
+                      restrict_oom_score_adj: bool, cdi_dir: Path | None = None) -> str:
+    """containerd's ``config.toml`` (version 2, containerd 1.6/1.7) for a private instance under
+    ``root``, listening on ``socket`` (and ``<socket>.ttrpc``). ``cdi_dir``: where the CRI plugin
+    reads CDI specs (``enable_cdi``, containerd >= 1.7): the devices a DRA driver prepares."""
     def q(value: object) -> str:
         return json.dumps(str(value))  # a TOML basic string is a JSON string
 
@@ -39,6 +40,7 @@ def containerd_config(root: Path, *, socket: Path, sandbox_image: str, cni_bin: 
         "  enable_selinux = false",
         "  disable_apparmor = true",
         "  netns_mounts_under_state_dir = true",
+        *(["  enable_cdi = true", f"  cdi_spec_dirs = [{q(cdi_dir)}]"] if cdi_dir is not None else []),
         f'{cri[:-1]}.containerd]',
         '  snapshotter = "overlayfs"',
         '  default_runtime_name = "runc"',

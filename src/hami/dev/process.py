@@ -65,6 +65,7 @@ class Component:
     log_path: Path
     die_with_parent: bool = True
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # the environment (None: this process's)
 
     def start(self) -> None:
         # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only use it from
@@ -79,6 +80,7 @@ class Component:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.env,
             )
 
     def alive(self) -> bool:

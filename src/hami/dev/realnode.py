@@ -8,6 +8,8 @@ really runs pods. Everything it owns lives under one work directory:
                             containerd is touched); its socket is
                             ``/run/hami-real-node/containerd.sock``
                             (:attr:`RealNode.containerd_socket`: a socket path must be short)
+``cdi/``                    the CDI specs containerd reads (:attr:`RealNode.cdi_dir`): a DRA
+                            driver on the node writes its prepared devices there
 ``cni/``                    the bridge network's configuration and its IP allocations
 ``kubelet/``                the kubelet's ``--root-dir`` (:attr:`RealNode.kubelet_root`)
 ``pki/``, ``config/``       the node's certificates, kubeconfig and ``KubeletConfiguration``
@@ -22,8 +24,9 @@ and the entries the kubelet writes in ``/var/lib/kubelet/device-plugins/`` (a pa
 uses whatever ``--root-dir`` says; it is why only one real node may run per machine, which
 :class:`MachineLock` enforces with ``flock`` on ``/run/hami-real-node.lock``).
 
-Facts this rests on (``shared/reference/real-node.md``): Debian's containerd 1.6 + runc + CNI
-plugins run pods here; the kubelet at the pinned version needs ``failCgroupV1: false`` on this
+Facts this rests on (``shared/reference/real-node.md``): containerd + Debian's runc + CNI
+plugins run pods here (containerd 1.7, built from Go modules by ``scripts/install-kube.sh``, with
+CDI on: Debian 12's 1.6 has no CDI, which the DRA front end needs); the kubelet at the pinned version needs ``failCgroupV1: false`` on this
 hybrid cgroup v1 host; without ``CAP_SYS_RESOURCE`` sandboxes fail unless containerd's CRI
 option ``restrict_oom_score_adj`` is on (so it is turned on only then); there is no registry,
 so the pause image (containerd's ``sandbox_image``) and every test image are imported from OCI
@@ -100,7 +103,9 @@ __all__ = [  # the node, and the host pieces callers and tests use through this 
 NODE_NAME = "hami-real-node"
 CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
-HOST_PROGRAMS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "iptables")
+HOST_PROGRAMS = ("runc", "ip", "iptables")
+#: built by scripts/install-kube.sh (containerd 1.7, with CDI) and found with the Kubernetes binaries
+RUNTIME_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 READY_TIMEOUT_S = 120.0
 CAP_SYS_RESOURCE = 24
 _TEMP_PREFIX = "hami-real-node-"
@@ -135,8 +140,9 @@ def missing_requirements(binaries: dict[str, Path]) -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (the kubelet, containerd and runc need it)")
-    if "kubelet" not in binaries:
-        missing.append("kubelet (run scripts/install-kube.sh or `make kube`)")
+    for name in ("kubelet", *RUNTIME_BINARIES):
+        if name not in binaries:
+            missing.append(f"{name} (run scripts/install-kube.sh or `make kube`)")
     programs = [name for name in HOST_PROGRAMS if shutil.which(name) is None]
     if programs:
         missing.append(f"{', '.join(programs)} (run scripts/install-node.sh or `make node`)")
@@ -201,6 +207,11 @@ class RealNode:
     def containerd_socket(self) -> Path:
         """containerd's socket (``ctr --address <it> -n k8s.io ...``)."""
         return CONTAINERD_SOCKET
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (``enable_cdi``): a DRA driver on this node writes here."""
+        return self._dir("cdi")
 
     @property
     def kubelet_root(self) -> Path:
@@ -270,7 +281,7 @@ class RealNode:
             self._lock.record(workdir=str(self.workdir), node=self.name,
                               device_plugins_dir_existed=self._device_plugin_dir_existed)
             atexit.register(self.stop)
-            for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pki", "config", "logs"):
+            for sub in ("containerd", "cdi", "cni/net.d", "cni/ipam", "kubelet", "pki", "config", "logs"):
                 self._dir(*sub.split("/")).mkdir(parents=True, exist_ok=True)
             RUN_DIR.mkdir(parents=True, exist_ok=True)
             self._device_plugin_entries = (
@@ -370,16 +381,19 @@ class RealNode:
         cni_bin = cni_bin_dir()
         assert cni_bin is not None
         config.write_text(containerd_config(self._dir("containerd"), socket=self.containerd_socket,
-                                            sandbox_image=sandbox_image,
-                                            cni_bin=cni_bin, restrict_oom_score_adj=restrict))
+                                            sandbox_image=sandbox_image, cni_bin=cni_bin,
+                                            restrict_oom_score_adj=restrict, cdi_dir=self.cdi_dir))
         (self._dir("cni", "net.d") / "10-hami-bridge.conflist").write_text(
             json.dumps(cni_config(self._dir("cni", "ipam")), indent=2))
-        component = self._launch("containerd", ["containerd", f"--config={config}", "--log-level=info"])
+        binary = self._runtime_binary("containerd")
+        # the shim is looked up on PATH: this containerd's own, not a system one of another version
+        env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        component = self._launch("containerd", [str(binary), f"--config={config}", "--log-level=info"], env=env)
         self._wait(component, lambda: self.ctr("version", check=False).returncode == 0, "containerd answering")
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd, in the CRI namespace ``k8s.io``."""
-        result = subprocess.run(["ctr", f"--address={self.containerd_socket}", "-n", K8S_NAMESPACE, *args],
+        result = subprocess.run([str(self._runtime_binary("ctr")), f"--address={self.containerd_socket}", "-n", K8S_NAMESPACE, *args],
                                 capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise RealNodeError(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
@@ -471,10 +485,16 @@ class RealNode:
 
     # -- processes -----------------------------------------------------------------------------
 
-    def _launch(self, name: str, argv: list[str]) -> Component:
+    def _runtime_binary(self, name: str) -> Path:
+        path = (self.cluster.binaries or {}).get(name)
+        if path is None:
+            raise RealNodeUnavailable([f"{name} (run scripts/install-kube.sh or `make kube`)"])
+        return Path(path)
+
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
         # dies with its parent like the control plane; what outlives a crash (containerd's shims,
         # the pods) is cleaned by the next holder of the lock, which finds the work directory
-        component = Component(name, argv, self.log_path(name))
+        component = Component(name, argv, self.log_path(name), env=env)
         self.components[name] = component
         component.start()
         return component

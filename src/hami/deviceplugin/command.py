@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
     p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)")
     p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
-    p.add_argument("--driver-mount", action="append", default=[], type=_driver_mount, metavar="HOST[:CONTAINER][:ro|rw]",
+    p.add_argument("--driver-mount", action="append", default=[], type=driver_mount_arg, metavar="HOST[:CONTAINER][:ro|rw]",
                    help="a host driver directory every GPU container gets (repeatable; read-only unless rw): for "
                         "nodes without the NVIDIA container runtime, see docs/device-plugin.md")
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
@@ -93,7 +93,7 @@ def _bool_flag(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def _driver_mount(text: str) -> MountSpec:
+def driver_mount_arg(text: str) -> MountSpec:
     try:
         return parse_driver_mount(text)
     except ValueError as exc:

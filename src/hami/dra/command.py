@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hami.deviceplugin.command import driver_mount_arg
 from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
 from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
 
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
     p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix (env HOOK_PATH)")
     p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--driver-mount", action="append", default=[], type=driver_mount_arg, metavar="HOST[:CONTAINER][:ro|rw]",
+                   help="a host driver directory every claim's containers get (repeatable; read-only unless rw): "
+                        "for nodes without the NVIDIA container runtime, as the device plugin's --driver-mount")
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
     p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1")
     p.add_argument("--default-cores", type=int, default=0, help="cores a share takes when it asks for none (HAMi's defaultCores)")
@@ -102,7 +106,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                           core_policy="disable" if settings.disable_core_limit else
                           (settings.gpu_core_policy if settings.gpu_core_policy != "default" else None))
         driver = Driver(args.node_name, gpus, s, Checkpoint(Path(args.state_dir) / "checkpoint.json"), read_claim,
-                        Paths(args.hook_path, args.lock_dir, args.cdi_dir), options)
+                        Paths(args.hook_path, args.lock_dir, args.cdi_dir, tuple(args.driver_mount)), options)
         server = PluginServer(driver, *socket_paths(args.kubelet_dir))
         await server.start()
         changed = asyncio.Event()

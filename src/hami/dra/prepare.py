@@ -13,7 +13,9 @@ container (``hami.deviceplugin.allocate``):
 - ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent);
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file;
 - mounts of ``libvgpu.so``, the claim's cache directory, the lock directory and
-  ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu).
+  ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu);
+- mounts of the host's driver directories given with ``--driver-mount`` (both classes), as the
+  device plugin's Allocate gives them on nodes without the NVIDIA container runtime.
 
 One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of the
 claim's results: libvgpu's per-GPU variables are numbered by the position of the GPU in the
@@ -75,6 +77,9 @@ class Paths:
     hook_path: str = "/usr/local"
     lock_dir: str = "/tmp/vgpulock"
     cdi_dir: str = "/var/run/cdi"
+    #: host driver directories every claim's containers get (``--driver-mount``), for nodes where
+    #: no NVIDIA container runtime injects the driver (:class:`hami.deviceplugin.allocate.MountSpec`)
+    driver_mounts: tuple[Any, ...] = ()
 
     @property
     def vgpu_dir(self) -> str:
@@ -206,6 +211,7 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
             _mount("/tmp/vgpulock", paths.lock_dir, False),
             _mount("/etc/ld.so.preload", f"{paths.vgpu_dir}/ld.so.preload", True),
         ]
+    mounts += [_mount(m.container_path, m.host_path, m.read_only) for m in paths.driver_mounts]
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if mounts:
         edits["mounts"] = mounts
