@@ -83,6 +83,21 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
             assert text[i - 1].strip().startswith("#"), f"rule without a comment: line {i + 1}"
 
 
+def test_the_dra_agent_alone_has_every_volume_it_mounts_and_the_driver_mounts(helm):
+    docs = render(helm, *DRA, "--set", "devicePlugin.enabled=false",
+                  "--set", "devicePlugin.driverMounts[0].hostPath=/opt/drv",
+                  "--set", "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia")
+    assert not [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-device-plugin"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
+    config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    wanted = {v["configMap"]["name"] for v in ds["volumes"] if "configMap" in v}
+    assert wanted and wanted <= config_maps, (wanted, config_maps)  # the node config.json too
+    [c] = ds["containers"]
+    assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in c["command"]
+    driver = next(v for v in ds["volumes"] if v.get("hostPath", {}).get("path") == "/opt/drv")
+    assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in c["volumeMounts"]
+
+
 def test_an_unknown_front_end_is_refused_by_name(helm):
     out = helm("template", "hami", str(CHART), "--set", "frontEnd=both", check=False)
     assert out.returncode != 0 and 'frontEnd: expected extender or dra, got "both"' in out.stderr

@@ -17,6 +17,10 @@ bench/bench_realnode.py) does, on a running :class:`~hami.dev.realnode.RealNode`
    NVIDIA container runtime (``devicePlugin.driverMounts``, docs/install.md) plus the
    scheduler pinned to the real node (kwok's nodes run no containers), then waits until every
    pod of the release is Running and Ready.
+
+``Product(front_end="dra")`` installs the DRA front end instead (docs/dra.md): ``frontEnd: dra``,
+the node agent ``hami dra`` (``dra.enabled``) in place of the device plugin, pointed at the real
+node's kubelet root and at the directory its containerd reads CDI specs from.
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ REGISTER = "hami.io/node-nvidia-register"
 SCHEDULER_METRICS_PORT = 9395
 
 
-def values(node: str, driver: Path, state: Path) -> dict[str, Any]:
-    """The chart values for the real node (see the module docstring)."""
-    return {
+def values(node: str, driver: Path, state: Path, dra: dict[str, str] | None = None) -> dict[str, Any]:
+    """The chart values for the real node (see the module docstring); ``dra``: the DRA front end,
+    with ``kubeletDir``, ``cdiDir`` and ``stateDir`` of the node."""
+    out: dict[str, Any] = {
         "scheduler": {"nodeName": node},
         "devicePlugin": {
             "deviceSplitCount": SPLIT_COUNT,
@@ -65,6 +70,11 @@ def values(node: str, driver: Path, state: Path) -> dict[str, Any]:
             ],
         },
     }
+    if dra is not None:
+        out["frontEnd"] = "dra"
+        out["devicePlugin"]["enabled"] = False  # one node agent per node: hami dra
+        out["dra"] = {"enabled": True, **dra}
+    return out
 
 
 def install_fake_driver(root: Path, gpus: list[str] = FAKE_GPUS) -> tuple[Path, Path]:
@@ -95,6 +105,7 @@ class Product:
     workdir: Path
     driver: Path | None = None
     state: Path | None = None
+    front_end: str = "extender"  # or "dra"
     images: dict[str, str] = field(default_factory=dict)
     archives: dict[str, Path] = field(default_factory=dict)  # ref -> OCI archive (to import again)
     timings: dict[str, float] = field(default_factory=dict)
@@ -124,7 +135,12 @@ class Product:
         if self.node.proxy is None:
             raise AssertionError("the real node runs no kube-proxy: the chart's Services would not work")
         values_file = self.workdir / "values.yaml"
-        values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state)))
+        dra = None
+        if self.front_end == "dra":
+            dra_state = self.workdir / "dra-state"
+            dra_state.mkdir(exist_ok=True)
+            dra = {"kubeletDir": str(self.node.kubelet_root), "cdiDir": str(self.node.cdi_dir), "stateDir": str(dra_state)}
+        values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state, dra)))
         began = time.monotonic()
         self.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                   "-f", str(values_file), "--wait", "--timeout", "5m")
@@ -153,9 +169,11 @@ class Product:
             and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}]) for p in pods)
 
     def wait_ready(self, timeout: float = 300) -> None:
+        agent = "dra" if self.front_end == "dra" else "device-plugin"
+
         def ready() -> bool:
             deployment = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-scheduler")
-            daemonset = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-device-plugin")
+            daemonset = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-{agent}")
             return (deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
                     and daemonset["status"].get("numberReady") == daemonset["status"].get("desiredNumberScheduled") == 1
                     and self.product_pods_ready() and self.gpus_advertised() and self.webhook_serves())
@@ -167,7 +185,12 @@ class Product:
             raise AssertionError(f"{exc}\n{self.describe()}") from None
 
     def gpus_advertised(self) -> bool:
-        """The kubelet advertises every GPU slot and the plugin's registration is on the Node."""
+        """The kubelet advertises every GPU slot and the plugin's registration is on the Node
+        (DRA: the node's ResourceSlice lists every GPU)."""
+        if self.front_end == "dra":
+            slices = self.cluster.api(
+                "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node.name}")["items"]
+            return sum(len(s["spec"].get("devices") or []) for s in slices) == len(FAKE_GPUS)
         node = self.cluster.api("GET", f"/api/v1/nodes/{self.node.name}")
         return (node["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(len(FAKE_GPUS) * SPLIT_COUNT)
                 and REGISTER in node["metadata"].get("annotations", {}))
@@ -179,6 +202,8 @@ class Product:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "webhook-check"},
                "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
         made = self.cluster.api("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
+        if self.front_end == "dra":  # the request became a claim from a template
+            return bool(made["spec"].get("resourceClaims"))
         return made["spec"].get("schedulerName") == "hami-scheduler"
 
     def pod_ip(self, component: str) -> str:

@@ -1,0 +1,146 @@
+"""The DRA front end end to end on the real node: the chart installed with ``frontEnd: dra`` and
+the node agent ``hami dra`` (tests/realnode/product.py, ``Product(front_end="dra")``), a pod
+written as HAMi's user guide writes it, turned by the webhook into a ResourceClaim, placed by
+kube-scheduler, prepared by the agent over the kubelet's DRA API into a CDI device that the
+node's containerd (1.7, CDI on) applies: the container sees its share through libvgpu.
+
+The agent's and the kubelet's restarts between prepare and unprepare are covered too: a claim
+prepared before either restart is unprepared after it (its CDI spec removed, its checkpoint
+entry gone), and a new claim is prepared after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hami.dev.cluster import KubeCluster
+from hami.dra.model import DRIVER
+
+from .product import NAMESPACE, Product
+from .test_chart_e2e import CUDA_ERROR_OUT_OF_MEMORY, PROBE, probe_container, probe_output, probe_pod, running, wait_pod
+
+
+@pytest.fixture(scope="module")
+def dra_product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
+    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
+
+    node = real_node_holder.get()
+    try:
+        images = [build_hami_image(), build_kube_scheduler_image()]
+    except ImageUnavailable as exc:
+        if os.environ.get("HAMI_REQUIRE_REAL_NODE") == "1":
+            pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    began = time.monotonic()
+    installed = Product(real_cluster, node, tmp_path_factory.mktemp("dra-product"), front_end="dra")
+    try:
+        installed.install(images)
+    except BaseException:
+        installed.uninstall()
+        raise
+    request.config.stash.setdefault("hami_chart_timings", {}).update({"dra install total": time.monotonic() - began})
+    yield installed
+    problems = installed.uninstall()
+    assert not problems, problems
+
+
+@pytest.fixture
+def dra_namespace(real_cluster: KubeCluster, dra_product: Product, real_namespace: str) -> str:
+    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/configmaps", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-probe"},
+        "data": {"gpu_probe.py": PROBE.read_text()}})
+    return real_namespace
+
+
+def claims_of(cluster: KubeCluster, namespace: str) -> list[dict]:
+    return cluster.api("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")["items"]
+
+
+def cdi_specs(product: Product) -> dict[str, dict]:
+    """The CDI specs the agent wrote for the node's containerd, by claim UID."""
+    out = {}
+    for path in Path(product.node.cdi_dir).glob(f"{DRIVER}-*.json"):
+        spec = json.loads(path.read_text())
+        out[spec["devices"][0]["name"]] = spec
+    return out
+
+
+def agent_pod(product: Product) -> dict:
+    (pod,) = [p for p in product.pods(selector="app.kubernetes.io/component=hami-dra")
+              if not p["metadata"].get("deletionTimestamp")]
+    return pod
+
+
+def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
+        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str):
+    ns, name = dra_namespace, "dra-pod"
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
+                     probe_pod(name, [probe_container(dra_product, "main", limits, ["1000", "2500", "1500", "--hold"])]))
+    pod = wait_pod(real_cluster, ns, name, running, "Running", dra_product)
+    # the webhook turned the limits into a claim; kube-scheduler (not the extender) placed it
+    assert pod["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"].get("limits", {})
+    (claim,) = claims_of(real_cluster, ns)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["driver"] == DRIVER and result["pool"] == dra_product.node.name
+    assert result["consumedCapacity"]["memory"] in ("3000Mi", str(3000 << 20)), result
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
+
+    out = probe_output(real_cluster, ns, name, "main")
+    assert (out["cuInit"], out["cuMemGetInfo"], out["nvmlDeviceGetMemoryInfo"]) == (0, 0, 0), out
+    assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out
+    # 1000 fits, 2500 more does not (CUDA_ERROR_OUT_OF_MEMORY) and the process goes on: 1500 fits
+    assert out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY, 0], out
+    env = out["env"]
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30", env
+    assert claim["metadata"]["uid"] in cdi_specs(dra_product)
+
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+    real_cluster.wait_for(lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
+                          "the claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
+
+
+def _hold(cluster: KubeCluster, product: Product, ns: str, name: str, mib: int) -> tuple[dict, str]:
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
+                probe_pod(name, [probe_container(product, "main", limits, ["--hold"])]))
+    wait_pod(cluster, ns, name, running, "Running", product)
+    out = probe_output(cluster, ns, name, "main")
+    assert out["cuda_total_mib"] == mib, out
+    (claim,) = [c for c in claims_of(cluster, ns)
+                if [r["name"] for r in (c.get("status") or {}).get("reservedFor") or []] == [name]]
+    return out, claim["metadata"]["uid"]
+
+
+@pytest.mark.parametrize("restarted", ["agent", "kubelet"])
+def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
+        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str, restarted: str):
+    ns = dra_namespace
+    _, before = _hold(real_cluster, dra_product, ns, "before", 1200)
+    assert before in cdi_specs(dra_product)
+    if restarted == "agent":
+        old = agent_pod(dra_product)
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{old['metadata']['name']}")
+        dra_product.wait_ready()
+        assert agent_pod(dra_product)["metadata"]["uid"] != old["metadata"]["uid"]
+    else:
+        process = dra_product.node.components["kubelet"]
+        process.stop()
+        process.start()
+        dra_product.wait_ready()
+    # the pod from before still runs with its share; a new claim is prepared by the new process
+    assert running(real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/before"))
+    _, after = _hold(real_cluster, dra_product, ns, "after", 800)
+    assert {before, after} <= set(cdi_specs(dra_product))
+    for name, uid in (("before", before), ("after", after)):
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+        real_cluster.wait_for(lambda uid=uid: uid not in cdi_specs(dra_product),
+                              f"pod {name}'s claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
+    state = json.loads((dra_product.workdir / "dra-state" / "checkpoint.json").read_text())
+    assert before not in json.dumps(state) and after not in json.dumps(state), state
