@@ -258,3 +258,13 @@ def test_policy_rounds_up_to_min_and_step_and_refuses_above_max():
     p = fit.Policy(default=5, min=4, max=20, step=4)
     assert [p.consume(x) for x in (None, 1, 4, 5, 20, 21)] == [5, 4, 4, 8, 20, None]
     assert [fit.Policy(default=1, values=(1, 2)).consume(x) for x in (None, 2, 3)] == [1, 2, None]
+
+
+def test_a_pod_placed_by_the_extender_is_pre_placed_and_not_counted():
+    old = pod("old", gpu=1, gpumem=15000)
+    old["metadata"]["annotations"] = {"hami.io/vgpu-node": "a",
+                                      "hami.io/vgpu-devices-allocated": "GPU-a-0,NVIDIA,15000,0:;"}
+    r, pods = run([node("a", n=1)], [old, pod("new", gpu=1, gpumem=15000)])
+    assert pods["old"].status == "pre-placed" and pods["old"].node == "a"
+    assert pods["new"].status == "scheduled"  # the DRA path does not see the extender's 15000 MiB
+    assert any("holds an extender allocation on a" in w for w in r.warnings)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from hami.core import CoreError, SchedulerConfig, node_devices_from_object, pod_key, pod_request
+from hami.core import CoreError, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key, pod_request
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import POD
@@ -265,6 +265,12 @@ class _State:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace") or "default"
         out = PodOutcome(namespace=ns, name=meta.get("name") or "", status="pending")
+        existing = allocation_from_pod(pod, self.config.vendors)
+        if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
+            out.status, out.node = "pre-placed", existing.node
+            self.warnings.append(f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
+                                 "path does not count it (docs/dra.md, Migrating from the extender)")
+            return out, pod
         decision = decide(pod, AdmissionSettings(self.config.vendors, front_end="dra",
                                                  dra_device_class=self.opts.device_class))
         if not decision.allowed:
