@@ -268,3 +268,20 @@ def test_a_pod_placed_by_the_extender_is_pre_placed_and_not_counted():
     assert pods["old"].status == "pre-placed" and pods["old"].node == "a"
     assert pods["new"].status == "scheduled"  # the DRA path does not see the extender's 15000 MiB
     assert any("holds an extender allocation on a" in w for w in r.warnings)
+
+
+def test_allocate_tries_sets_of_devices_not_their_orderings():
+    # 16 GPUs, 7 of them free: 8 distinct ones cannot be had. Trying every ordering of the free
+    # ones would not end in any reasonable time; trying sets ends at once.
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(16)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    for d in devs[7:]:
+        d.used["memory"] = d.total["memory"]
+    req = [fit.Request("gpu", "gpu.hami.io", 8, {"memory": "1Gi"})]
+    distinct = [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    assert fit.allocate(devs, req, distinct) is None
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 7, {"memory": "1Gi"})], distinct)
+    assert [p.device.device for p in picks] == [f"gpu-{i}" for i in range(7)]
+    # without the constraint one device may serve the request several times (first that fits)
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 3, {"memory": "1Gi"})])
+    assert [p.device.device for p in picks] == ["gpu-0"] * 3

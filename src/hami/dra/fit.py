@@ -278,12 +278,16 @@ def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
         return None
     picks: list[Pick] = []
     extra: dict[tuple[str, str], dict[str, int]] = {}
+    order = {d.key: i for i, d in enumerate(devices)}
 
     def search(i: int) -> bool:
         if i == len(slots):
             return True
         r = slots[i]
-        for dev in devices:
+        # the devices of one request are a set (or multiset): take them in slice order only, so
+        # that no permutation of a choice already refused is tried again
+        start = order[picks[-1].device.key] if i and slots[i - 1] is r else 0
+        for dev in devices[start:]:
             need = wanted(dev, r.capacity)
             if need is None:
                 continue
