@@ -285,3 +285,29 @@ def test_allocate_tries_sets_of_devices_not_their_orderings():
     # without the constraint one device may serve the request several times (first that fits)
     picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 3, {"memory": "1Gi"})])
     assert [p.device.device for p in picks] == ["gpu-0"] * 3
+
+
+def test_more_devices_than_a_claim_can_hold_is_denied_or_a_clear_error():
+    r, pods = run([node("a")], [pod("huge", gpu="1Gi"), pod("ok", gpu=1, gpumem=100)])
+    assert pods["huge"].status == "denied" and "a claim holds at most 32" in pods["huge"].reasons["webhook"]
+    assert pods["ok"].status == "scheduled"
+    bad = claim_doc("c")
+    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = 33
+    with pytest.raises(SimulationError, match=r"ResourceClaim default/c spec.devices.requests: 33 devices asked"):
+        run([node("a")], [bad])
+    bad["spec"]["devices"]["requests"] = "x"
+    with pytest.raises(SimulationError, match=r"spec.devices.requests: must be a list"):
+        run([node("a")], [bad])
+
+
+def test_a_hopeless_many_device_request_ends_at_once_and_says_why():
+    # 8 GPUs with room for 3 shares each (24) cannot hold 30: the search would otherwise walk
+    # every multiset of devices
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(8)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings(split_count=3))]).values())
+    req = [fit.Request("gpu", "gpu.hami.io", 30, {"memory": "10Mi"})]
+    assert fit.allocate(devs, req) is None
+    assert fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 24, {"memory": "10Mi"})]) is not None
+    assert fit.why_not(devs, req, "c") == "claim c request gpu needs 30 allocations (one GPU may take several), 24 fit"
+    distinct = [{"distinctAttribute": "gpu.hami.io/uuid"}]
+    assert fit.why_not(devs, req, "c", distinct) == "claim c request gpu needs 30 GPUs, the node publishes 8"

@@ -22,13 +22,36 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from hami.core.quantity import QuantityError, parse_int_quantity
+from hami.core.shape import META, QTY, ListOf, MapOf
 
 from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
 
 CAPACITIES = (MEMORY, CORES, SHARES)
+SEARCH_STEPS = 100_000  # placements tried per claim and node before giving up
+MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
 #: the DeviceClasses the simulation knows: both select every device of the driver
 CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
 TOO_BIG = "asks for more than the whole GPU"
+
+
+# Shapes (hami.core.shape schemas) of the resource.k8s.io/v1 fields read here, for input from files.
+CLAIM_SPEC = {"devices": {
+    "requests": ListOf({"name": str, "firstAvailable": ListOf({}), "exactly": {
+        "deviceClassName": str, "allocationMode": str, "count": int, "capacity": {"requests": MapOf(QTY)}}}),
+    "constraints": ListOf({"requests": ListOf(str), "distinctAttribute": str, "matchAttribute": str})}}
+RESULT = {"request": str, "driver": str, "pool": str, "device": str, "consumedCapacity": MapOf(QTY)}
+CLAIM = {"apiVersion": str, "kind": str, "metadata": META, "spec": CLAIM_SPEC,
+         "status": {"allocation": {"devices": {"results": ListOf(RESULT)}}}}
+CLAIM_TEMPLATE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {"spec": CLAIM_SPEC}}
+SLICE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {
+    "driver": str, "nodeName": str, "pool": {"name": str}, "devices": ListOf({
+        "name": str, "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
+        "capacity": MapOf({"value": QTY, "requestPolicy": {
+            "default": QTY, "validRange": {"min": QTY, "max": QTY, "step": QTY}, "validValues": ListOf(QTY)}})})}}
+_CLAIM_USER = {"resources": {"claims": ListOf({"name": str, "request": str})}}
+POD_CLAIMS = {"spec": {"resourceClaims": ListOf({"name": str, "resourceClaimName": str,
+                                                 "resourceClaimTemplateName": str}),
+                       "containers": ListOf(_CLAIM_USER), "initContainers": ListOf(_CLAIM_USER)}}
 
 
 @dataclass(frozen=True)
@@ -226,6 +249,9 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
                            dict(caps)))
     if not out:
         raise ClaimError(f"{where}.devices.requests: no request")
+    if sum(max(r.count, 0) for r in out) > MAX_RESULTS:
+        raise ClaimError(f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
+                         f"a claim holds at most {MAX_RESULTS}")
     constraints = [dict(c) for c in devices.get("constraints") or () if isinstance(c, Mapping)]
     return out, constraints
 
@@ -265,6 +291,22 @@ def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> 
     return all(need[k] <= dev.left(k) - extra.get(k, 0) for k in CAPACITIES)
 
 
+def _distinct(constraints: Sequence[Mapping[str, Any]], r: Request) -> bool:
+    return r.count < 0 or any(c.get("distinctAttribute") and (not c.get("requests") or r.name in c["requests"])
+                              for c in constraints)
+
+
+def _room(devices: Sequence[DeviceUse], r: Request, distinct: bool) -> int:
+    """How many allocations of ``r`` the devices could take, each device on its own."""
+    room = 0
+    for dev in devices:
+        need = wanted(dev, r.capacity)
+        if need is not None:
+            fits = min((dev.left(k) // need[k] if need[k] else MAX_RESULTS) for k in CAPACITIES)
+            room += min(fits, 1) if distinct else max(fits, 0)
+    return room
+
+
 def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
              constraints: Sequence[Mapping[str, Any]] = ()) -> list[Pick] | None:
     """The first allocation of a claim's requests on one node's devices (in slice order), or None.
@@ -276,6 +318,10 @@ def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
         slots.extend([r] * (len(devices) if r.count < 0 else r.count))
     if any(r.count < 0 for r in requests) and not devices:
         return None
+    for r in requests:  # a bound that ends most hopeless searches at once: what each device could hold alone
+        if _room(devices, r, _distinct(constraints, r)) < (len(devices) if r.count < 0 else r.count):
+            return None
+    budget = [SEARCH_STEPS]
     picks: list[Pick] = []
     extra: dict[tuple[str, str], dict[str, int]] = {}
     order = {d.key: i for i, d in enumerate(devices)}
@@ -283,6 +329,9 @@ def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
     def search(i: int) -> bool:
         if i == len(slots):
             return True
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False  # kube-scheduler bounds its search in time too (DRASchedulerFilterTimeout)
         r = slots[i]
         # the devices of one request are a set (or multiset): take them in slice order only, so
         # that no permutation of a choice already refused is tried again
@@ -328,7 +377,8 @@ def release(picks: Iterable[Pick], claim: str) -> None:
             p.device.claims.remove(claim)
 
 
-def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str) -> str:
+def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str,
+            constraints: Sequence[Mapping[str, Any]] = ()) -> str:
     """Why :func:`allocate` found nothing on these devices: per request, GPU by GPU, what is short
     (the wording of :func:`shortfall`)."""
     if not devices:
@@ -339,16 +389,18 @@ def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: st
             parts.append(f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
                          f"{' or '.join(sorted(CLASSES))}")
             continue
-        per = [(d, shortfall(d, r.capacity)) for d in devices]
-        fit = sum(1 for _, why in per if not why)
+        distinct = _distinct(constraints, r)
         need = len(devices) if r.count < 0 else r.count
-        if fit >= need:
+        room = _room(devices, r, distinct)
+        if room >= need:
             continue
-        gpus = "; ".join(f"{d.device}: {why}" for d, why in per if why)
-        if need > len(devices):
+        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, shortfall(d, r.capacity)) for d in devices) if why)
+        if distinct and need > len(devices):
             parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
         elif need > 1:
-            parts.append(f"claim {claim} request {r.name} needs {need} GPUs, {fit} fit ({gpus})")
+            what = "GPUs" if distinct else "allocations (one GPU may take several)"
+            parts.append(f"claim {claim} request {r.name} needs {need} {what}, {room} fit"
+                         + (f" ({gpus})" if gpus else ""))
         else:
             parts.append(f"claim {claim} request {r.name}: {gpus}")
     if not parts:

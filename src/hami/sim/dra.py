@@ -141,10 +141,11 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
     warnings: list[str] = []
     slices: list[dict] = []
     facts: dict[str, tuple[int, int]] = {}
-    for _, obj in _objects(node_docs, source):
+    for label, obj in _objects(node_docs, source):
         kind = obj.get("kind") or "Node"
         name = (obj.get("metadata") or {}).get("name") or "?"
         if kind == "ResourceSlice":
+            _checked(obj, fit.SLICE, source, label)
             spec = obj.get("spec") or {}
             if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
                 warnings.append(f"{source}: skipping ResourceSlice {name}: driver is not {DRIVER}")
@@ -277,6 +278,12 @@ class _State:
             out.status, out.reasons = "denied", {"webhook": decision.message}
             return out, pod
         admitted = decision.pod or pod
+        for t in decision.templates:  # the API server validates what the webhook creates
+            try:
+                fit.claim_spec_requests(t["spec"]["spec"], f"ResourceClaimTemplate {t['metadata']['name']} spec.spec")
+            except fit.ClaimError as exc:
+                out.status, out.reasons = "denied", {"webhook": f"creating the claim template failed: {exc}"}
+                return out, pod
         nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
         ignored = sorted(a for a in (meta.get("annotations") or {}) if nvidia is not None and a in {
             getattr(nvidia, n, None) for n in ("use_type_annotation", "nouse_type_annotation", "use_uuid_annotation",
@@ -363,7 +370,7 @@ class _State:
             for c in claims:
                 picks = fit.allocate(node.devices, c.requests, c.constraints)
                 if picks is None:
-                    return fit.why_not(node.devices, c.requests, c.name)
+                    return fit.why_not(node.devices, c.requests, c.name, c.constraints)
                 fit.commit(picks, c.ref)
                 done.append((c, picks))
             return {c.ref: picks for c, picks in done}
@@ -421,6 +428,9 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
     for label, obj in _objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
+        if kind in ("ResourceClaimTemplate", "ResourceClaim", "Pod"):
+            _checked(obj, {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM,
+                           "Pod": fit.POD_CLAIMS}[kind], sources[1], label)
         if kind == "ResourceClaimTemplate":
             state.add_template(obj, sources[1])
             continue
