@@ -315,6 +315,14 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
         assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
         assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
             in out.stdout, out.stdout
+        # `hami explain` (the extender's explainer) gives the same DRA lines, not an extender verdict
+        ex = subprocess.run([sys.executable, "-m", "hami", "explain", f"{ns}/share",
+                             "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60,
+                            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+        assert ex.returncode == 0, ex.stderr
+        assert "It uses DRA ResourceClaims" in ex.stdout and "fits on none" not in ex.stdout, ex.stdout
+        assert f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
+            in ex.stdout, ex.stdout
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
