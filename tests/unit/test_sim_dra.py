@@ -311,3 +311,12 @@ def test_a_hopeless_many_device_request_ends_at_once_and_says_why():
     assert fit.why_not(devs, req, "c") == "claim c request gpu needs 30 allocations (one GPU may take several), 24 fit"
     distinct = [{"distinctAttribute": "gpu.hami.io/uuid"}]
     assert fit.why_not(devs, req, "c", distinct) == "claim c request gpu needs 30 GPUs, the node publishes 8"
+
+
+def test_a_nodes_given_slice_wins_over_its_registration_and_a_device_counts_once():
+    sl = resource_slice("a", [PhysicalGPU(0, "GPU-s-0", "A10", 23028, "", 0)], SliceSettings(split_count=3))
+    r, pods = run([node("a", n=2, cpu="8"), sl, sl], [pod("p", gpu=1, gpumem=20000)])
+    assert [(d["node"], d["device"], d["totalmem"]) for d in r.devices] == [("a", "gpu-0", 23028)]
+    assert pods["p"].node == "a"
+    assert any("registration annotation is not used" in w for w in r.warnings)
+    assert any("published twice" in w for w in r.warnings)

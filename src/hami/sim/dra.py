@@ -157,17 +157,27 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
             facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
+                made["metadata"]["annotations"] = {"hami.io/simulated-from": "Node"}
                 slices.append(made)
         else:
             warnings.append(f"{source}: skipping {kind} {name}: not a Node or ResourceSlice")
+    given = {s["spec"]["nodeName"] for s in slices if "annotations" not in s["metadata"]}
     nodes: dict[str, _Node] = {}
+    seen: set[tuple[str, str]] = set()
     for s in slices:
         node = s["spec"]["nodeName"]
+        if node in given and "annotations" in s["metadata"]:
+            warnings.append(f"{source}: node {node}: its ResourceSlice is given, the registration annotation is not used")
+            continue
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
         s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
-        devs = list(fit.devices_of([s]).values())
         n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0))))
-        n.devices.extend(devs)
+        for d in fit.devices_of([s]).values():
+            if d.key in seen:
+                warnings.append(f"{source}: device {d.pool}/{d.device} is published twice: the first one is used")
+                continue
+            seen.add(d.key)
+            n.devices.append(d)
     if not nodes:
         first = f": {warnings[0]}" if warnings else ""
         raise SimulationError(f"{source}: no node with a gpu.hami.io GPU (a Node needs an NVIDIA registration "
