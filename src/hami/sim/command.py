@@ -109,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
         if front_end == "dra":
             from .dra import DraOptions, simulate_dra
 
-            if args.output == "html":
-                raise SimulationError("-o html is not available with --front-end dra yet (use table or json)")
             try:
                 opts = DraOptions(default_cores=args.default_cores, min_memory_mib=args.min_memory)
             except ValueError as exc:
@@ -131,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "html":
         import time
 
-        print(to_html(result, config, title=f"hami simulate {nodes_src} {pods_src}", now=time.time()))
+        front = " --front-end dra" if result.front_end == "dra" else ""
+        print(to_html(result, config, title=f"hami simulate{front} {nodes_src} {pods_src}", now=time.time()))
     else:
         print(to_json(result) if args.output == "json" else to_table(result))
     return 0

@@ -23,10 +23,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from hami.core import CoreError, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key, pod_request
+from hami.core import (
+    CoreError,
+    Ledger,
+    SchedulerConfig,
+    allocation_from_pod,
+    node_devices_from_object,
+    pod_key,
+    pod_request,
+)
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import POD
+from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevices, PodAllocation
+from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
 
@@ -399,10 +409,8 @@ class _State:
         rows = []
         for n in self.nodes.values():
             for d in n.devices:
-                index = d.attributes.get(f"{DRIVER}/index")
                 rows.append({
-                    "node": n.name, "device": d.device, "uuid": d.uuid,
-                    "index": index if isinstance(index, int) else 0,
+                    "node": n.name, "device": d.device, "uuid": d.uuid, "index": _index(d),
                     "type": str(d.attributes.get(f"{DRIVER}/type") or ""),
                     "used": d.used[SHARES], "count": d.total[SHARES],
                     "usedmem": -(-d.used[MEMORY] // MIB), "totalmem": d.total[MEMORY] // MIB,
@@ -410,6 +418,58 @@ class _State:
                     "health": True, "cordoned": False, "claims": list(d.claims),
                 })
         return rows
+
+
+def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
+    """The DRA state seen through the core's ledger, for the web UI's page (``-o html``): each
+    slice device as a registered GPU (slots = shares), each placed pod's claims as its grants.
+    Every container's grant counts (a claim is held for the pod's life, init containers' too) and
+    a ResourceClaim shared by several pods counts once, on its first pod, as on the device."""
+    ledger = Ledger()
+    for n in state.nodes.values():
+        devs = tuple(DeviceInfo(id=d.uuid or f"{d.pool}/{d.device}", index=_index(d), count=d.total[SHARES],
+                                devmem=d.total[MEMORY] // MIB, devcore=d.total[CORES], type=_type(d),
+                                mode="hami-core", health=True, vendor="NVIDIA",
+                                numa=_int_attr(d, "numa"))
+                     for d in n.devices)
+        ledger.set_node(NodeDevices(n.name, devs))
+    counted: set[str] = set()
+    for key, (claims, node, _) in state.pods.items():
+        pod = objects.get(key)
+        if pod is None or node is None:
+            continue
+        by_entry = {ref.get("name"): c for ref, c in zip((pod.get("spec") or {}).get("resourceClaims") or (), claims)}
+        per = []
+        for c, _ in ordered_containers(pod):
+            grants = []
+            for ref in (c.get("resources") or {}).get("claims") or ():
+                claim = by_entry.get(ref.get("name"))
+                if claim is None or claim.ref in counted:
+                    continue
+                counted.add(claim.ref)
+                grants += [ContainerDevice(p.device.uuid or f"{p.device.pool}/{p.device.device}", "NVIDIA",
+                                           -(-p.consumed[MEMORY] // MIB), p.consumed[CORES], _index(p.device))
+                           for p in claim.picks or ()]
+            per.append(tuple(grants))
+        devices = {"NVIDIA": tuple(per)}
+        kinds = tuple(ContainerKind.APP for _ in per)
+        meta = pod.get("metadata") or {}
+        ledger.add_pod(PodAllocation(key=key, namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                                     node=node, devices=devices, kinds=kinds, usage=collapse(devices, kinds)))
+    return ledger
+
+
+def _int_attr(d: fit.DeviceUse, name: str) -> int:
+    value = d.attributes.get(f"{DRIVER}/{name}")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _index(d: fit.DeviceUse) -> int:
+    return _int_attr(d, "index")
+
+
+def _type(d: fit.DeviceUse) -> str:
+    return str(d.attributes.get(f"{DRIVER}/type") or "")
 
 
 def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[dict]:
@@ -472,4 +532,5 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
             raise SimulationError(f"{sources[1]}: {exc}") from None
         objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = admitted
     return SimResult(pods=list(outcomes.values()), devices=state.device_rows(), warnings=warnings,
-                     objects=objects, claims=state.claim_rows(), front_end="dra")
+                     ledger=to_ledger(state, {pod_key(o): o for o in objects.values()}), objects=objects,
+                     claims=state.claim_rows(), front_end="dra")
