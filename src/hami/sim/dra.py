@@ -281,40 +281,14 @@ class _State:
         return True
 
     def place(self, pod: dict, source: str) -> tuple[PodOutcome, dict]:
-        from hami.webhook.admission import AdmissionSettings, decide
-
+        """One pod: admission as the webhook does it, then its claims placed (or why not)."""
         meta = pod.get("metadata") or {}
-        ns = meta.get("namespace") or "default"
-        out = PodOutcome(namespace=ns, name=meta.get("name") or "", status="pending")
-        existing = allocation_from_pod(pod, self.config.vendors)
-        if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
-            out.status, out.node = "pre-placed", existing.node
-            self.warnings.append(f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
-                                 "path does not count it (docs/dra.md, Migrating from the extender)")
+        out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
+        admitted = self._admit(pod, out)
+        if admitted is None:
             return out, pod
-        decision = decide(pod, AdmissionSettings(self.config.vendors, front_end="dra",
-                                                 dra_device_class=self.opts.device_class))
-        if not decision.allowed:
-            out.status, out.reasons = "denied", {"webhook": decision.message}
-            return out, pod
-        admitted = decision.pod or pod
-        for t in decision.templates:  # the API server validates what the webhook creates
-            try:
-                fit.claim_spec_requests(t["spec"]["spec"], f"ResourceClaimTemplate {t['metadata']['name']} spec.spec")
-            except fit.ClaimError as exc:
-                out.status, out.reasons = "denied", {"webhook": f"creating the claim template failed: {exc}"}
-                return out, pod
-        nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
-        ignored = sorted(a for a in (meta.get("annotations") or {}) if nvidia is not None and a in {
-            getattr(nvidia, n, None) for n in ("use_type_annotation", "nouse_type_annotation", "use_uuid_annotation",
-                                              "nouse_uuid_annotation", "numa_bind_annotation")})
-        if ignored and (admitted.get("spec") or {}).get("resourceClaims"):
-            self.warnings.append(f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
-                                 "(the claim can land on any GPU; use a CEL selector in your own claim)")
-        for t in decision.templates:
-            self.templates[(ns, t["metadata"]["name"])] = t["spec"]["spec"]
-        others = [v for v in pod_request(admitted, self.config.vendors).vendors() if v != "NVIDIA"]
         refs = (admitted.get("spec") or {}).get("resourceClaims") or []
+        others = [v for v in pod_request(admitted, self.config.vendors).vendors() if v != "NVIDIA"]
         if others:
             out.reasons = {"*": f"{', '.join(sorted(others))} devices are placed by the extender, not on the DRA "
                                 "front end (simulate with --front-end extender)"}
@@ -324,8 +298,68 @@ class _State:
             out.containers = [{"name": c.get("name") or str(i), "devices": []}
                               for i, (c, _) in enumerate(ordered_containers(admitted))]
             return out, admitted
+        claims = self._pod_claims(out, refs, source)
+        if claims is None:
+            return out, admitted
+        node, picks = self._choose(out, admitted, claims)
+        if node is None:
+            return out, admitted
         key = pod_key(admitted)
-        claims: dict[str, _Claim] = {}
+        for c in claims.values():
+            if c.picks is None:
+                c.picks, c.node = picks[c.ref], node
+                fit.commit(c.picks, c.ref)
+            c.users.add(key)
+            if c.from_template:
+                self.claims[(c.namespace, c.name)] = c
+        req = _pod_requests(admitted)
+        n = self.nodes[node]
+        n.requested = [n.requested[0] + req[0], n.requested[1] + req[1]]
+        self.pods[key] = (list(claims.values()), node, req)
+        out.status, out.node, out.reasons = "scheduled", node, {}
+        out.containers = _containers(admitted, claims)
+        return out, admitted
+
+    def _admit(self, pod: dict, out: PodOutcome) -> dict | None:
+        """The webhook's decision on the DRA front end: the mutated pod (its templates recorded),
+        or None with ``out`` saying why (already placed by the extender, or denied)."""
+        from hami.webhook.admission import AdmissionSettings, decide
+
+        ns = out.namespace
+        existing = allocation_from_pod(pod, self.config.vendors)
+        if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
+            out.status, out.node = "pre-placed", existing.node
+            self.warnings.append(f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
+                                 "path does not count it (docs/dra.md, Migrating from the extender)")
+            return None
+        decision = decide(pod, AdmissionSettings(self.config.vendors, front_end="dra",
+                                                 dra_device_class=self.opts.device_class))
+        if not decision.allowed:
+            out.status, out.reasons = "denied", {"webhook": decision.message}
+            return None
+        for t in decision.templates:  # the API server validates what the webhook creates
+            try:
+                fit.claim_spec_requests(t["spec"]["spec"], f"ResourceClaimTemplate {t['metadata']['name']} spec.spec")
+            except fit.ClaimError as exc:
+                out.status, out.reasons = "denied", {"webhook": f"creating the claim template failed: {exc}"}
+                return None
+        admitted = decision.pod or pod
+        nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
+        names = ("use_type_annotation", "nouse_type_annotation", "use_uuid_annotation", "nouse_uuid_annotation",
+                 "numa_bind_annotation")
+        unexpressed = {getattr(nvidia, n, None) for n in names} if nvidia is not None else set()
+        ignored = sorted(a for a in ((pod.get("metadata") or {}).get("annotations") or {}) if a in unexpressed)
+        if ignored and decision.templates:
+            self.warnings.append(f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
+                                 "(the claim can land on any GPU; use a CEL selector in your own claim)")
+        for t in decision.templates:
+            self.templates[(ns, t["metadata"]["name"])] = t["spec"]["spec"]
+        return admitted
+
+    def _pod_claims(self, out: PodOutcome, refs: list, source: str) -> dict[str, _Claim] | None:
+        """The pod's claims by entry name (a claim from a template made now), or None with ``out``
+        saying which claim or template is missing."""
+        ns, claims = out.namespace, {}
         for ref in refs:
             entry = ref.get("name") or ""
             if ref.get("resourceClaimName"):
@@ -333,24 +367,36 @@ class _State:
                 if c is None:
                     out.reasons = {"*": f"ResourceClaim {ns}/{ref['resourceClaimName']} not found "
                                         "(put it in the pods file before the pod)"}
-                    return out, admitted
+                    return None
             else:
                 tname = ref.get("resourceClaimTemplateName") or ""
                 spec = self.templates.get((ns, tname))
                 if spec is None:
                     out.reasons = {"*": f"ResourceClaimTemplate {ns}/{tname} not found "
                                         "(put it in the pods file before the pod)"}
-                    return out, admitted
+                    return None
                 c = self._claim(ns, f"{out.name}-{entry}", spec, f"ResourceClaimTemplate {ns}/{tname} spec.spec", source)
                 c.from_template = True
             claims[entry] = c
+        return claims
+
+    def _choose(self, out: PodOutcome, pod: dict, claims: dict[str, _Claim]) -> tuple[str | None, dict]:
+        """The node for the pod and the picks of its unallocated claims there; (None, {}) with the
+        reasons per node in ``out`` when no node takes them all."""
         candidates = list(self.nodes)
-        bound = (admitted.get("spec") or {}).get("nodeName")
+        bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
             candidates = [n for n in candidates if n == bound]
         for c in claims.values():
             if c.node is not None:
                 candidates = [n for n in candidates if n == c.node]
+        if not candidates:
+            held = sorted({c.node for c in claims.values() if c.node})
+            why = [f"bound to node {bound}"] if bound else []
+            why += [f"its claims are allocated on {', '.join(held)}"] if held else []
+            out.reasons = {"*": f"no candidate node: {' and '.join(why)}, which publishes no gpu.hami.io GPU"
+                           if len(why) == 1 else f"no candidate node: {' and '.join(why)}"}
+            return None, {}
         fits: dict[str, dict[str, list[fit.Pick]]] = {}
         for name in candidates:
             got = self._try(self.nodes[name], [c for c in claims.values() if c.picks is None])
@@ -358,29 +404,11 @@ class _State:
                 out.reasons[name] = got
             else:
                 fits[name] = got
-        if not candidates:
-            held = sorted({c.node for c in claims.values() if c.node})
-            why = [f"bound to node {bound}"] if bound else []
-            why += [f"its claims are allocated on {', '.join(held)}"] if held else []
-            out.reasons = {"*": f"no candidate node: {' and '.join(why)}, which publishes no gpu.hami.io GPU"
-                           if len(why) == 1 else f"no candidate node: {' and '.join(why)}"}
         if not fits:
-            return out, admitted
-        req = _pod_requests(admitted)
+            return None, {}
+        req = _pod_requests(pod)
         node = max(fits, key=lambda n: (self.nodes[n].score(req), -candidates.index(n)))
-        for c in claims.values():
-            if c.picks is None:
-                c.picks, c.node = fits[node][c.ref], node
-                fit.commit(c.picks, c.ref)
-            c.users.add(key)
-            if c.from_template:
-                self.claims[(c.namespace, c.name)] = c
-        n = self.nodes[node]
-        n.requested = [n.requested[0] + req[0], n.requested[1] + req[1]]
-        self.pods[key] = (list(claims.values()), node, req)
-        out.status, out.node, out.reasons = "scheduled", node, {}
-        out.containers = _containers(admitted, claims)
-        return out, admitted
+        return node, fits[node]
 
     def _try(self, node: _Node, claims: list[_Claim]) -> dict[str, list[fit.Pick]] | str:
         """Allocate the pod's unallocated claims on one node, one after the other (each sees the
