@@ -149,7 +149,7 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
                source: str = "nodes") -> tuple[dict[str, _Node], list[str]]:
     """Nodes (registration annotations) and ResourceSlice documents -> each node's devices."""
     warnings: list[str] = []
-    slices: list[dict] = []
+    slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
     for label, obj in _objects(node_docs, source):
         kind = obj.get("kind") or "Node"
@@ -162,21 +162,20 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
                 continue
             if not spec.get("nodeName") or not isinstance(spec.get("devices") or [], list):
                 raise SimulationError(f"{source}: ResourceSlice {name}: spec.nodeName and spec.devices are needed")
-            slices.append(obj)
+            slices.append((obj, False))
         elif kind == "Node":
             facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
-                made["metadata"]["annotations"] = {"hami.io/simulated-from": "Node"}
-                slices.append(made)
+                slices.append((made, True))
         else:
             warnings.append(f"{source}: skipping {kind} {name}: not a Node or ResourceSlice")
-    given = {s["spec"]["nodeName"] for s in slices if "annotations" not in s["metadata"]}
+    given = {s["spec"]["nodeName"] for s, made in slices if not made}
     nodes: dict[str, _Node] = {}
     seen: set[tuple[str, str]] = set()
-    for s in slices:
+    for s, made in slices:
         node = s["spec"]["nodeName"]
-        if node in given and "annotations" in s["metadata"]:
+        if node in given and made:
             warnings.append(f"{source}: node {node}: its ResourceSlice is given, the registration annotation is not used")
             continue
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
