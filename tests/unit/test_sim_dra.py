@@ -347,3 +347,50 @@ def test_a_nodes_given_slice_wins_over_its_registration_and_a_device_counts_once
     assert pods["p"].node == "a"
     assert any("registration annotation is not used" in w for w in r.warnings)
     assert any("published twice" in w for w in r.warnings)
+
+
+def _paths(o, pre=()):
+    if pre:
+        yield pre
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from _paths(v, pre + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield from _paths(v, pre + (i,))
+
+
+def test_any_field_of_the_dra_inputs_replaced_by_junk_is_a_clear_error_or_a_result():
+    """Every field of a claim, a template, pods naming them, a HAMi pod and a ResourceSlice, set in
+    turn to values of other types: the run ends with a result or SimulationError (one line at the
+    command), never another exception (such as a MemoryError for nvidia.com/gpu: 1Gi)."""
+    import copy
+
+    from hami.core import CoreError
+
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+                "spec": {"spec": {"devices": {
+                    "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.hami.io", "count": 2}}],
+                    "constraints": [{"requests": ["g"], "distinctAttribute": "gpu.hami.io/uuid"}]}}}}
+    pods = [claim_doc("c", caps={"memory": "1Gi"}), own_claim_pod("p1", claim="c"), template,
+            own_claim_pod("p2", template="t"), pod("p3", gpu=2, gpumem=1000)]
+    nodes = [node("a"), resource_slice("s", [PhysicalGPU(0, "GPU-s-0", "A10", 23028, "", 0)], SliceSettings())]
+    junk = [None, "x", -1, [], [1], {}, True, 1.5, "1Gi", [{"name": 1}]]
+    tried = 0
+    for which, docs in (("pods", pods), ("nodes", nodes)):
+        for path in list(_paths(docs)):
+            for value in junk:
+                changed = copy.deepcopy(docs)
+                target = changed
+                for k in path[:-1]:
+                    target = target[k]
+                target[path[-1]] = value
+                tried += 1
+                try:
+                    if which == "pods":
+                        simulate_dra(nodes, changed, CFG)
+                    else:
+                        simulate_dra(changed, pods, CFG)
+                except (SimulationError, CoreError):
+                    pass
+    assert tried > 1000
