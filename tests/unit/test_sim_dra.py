@@ -394,3 +394,10 @@ def test_any_field_of_the_dra_inputs_replaced_by_junk_is_a_clear_error_or_a_resu
                 except (SimulationError, CoreError):
                     pass
     assert tried > 1000
+
+
+def test_a_gpu_pod_the_webhook_leaves_alone_is_pending_not_deviceless():
+    p = pod("other", gpu=1, gpumem=100)
+    p["spec"]["schedulerName"] = "my-scheduler"
+    r, pods = run([node("a")], [p])
+    assert pods["other"].status == "pending" and "scheduler 'my-scheduler'" in pods["other"].reasons["*"]

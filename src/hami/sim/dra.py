@@ -287,10 +287,17 @@ class _State:
         if admitted is None:
             return out, pod
         refs = (admitted.get("spec") or {}).get("resourceClaims") or []
-        others = [v for v in pod_request(admitted, self.config.vendors).vendors() if v != "NVIDIA"]
+        vendors = pod_request(admitted, self.config.vendors).vendors()
+        others = [v for v in vendors if v != "NVIDIA"]
         if others:
             out.reasons = {"*": f"{', '.join(sorted(others))} devices are placed by the extender, not on the DRA "
                                 "front end (simulate with --front-end extender)"}
+            return out, admitted
+        if "NVIDIA" in vendors:  # the webhook's scheduler-name gate let it through untranslated
+            name = (admitted.get("spec") or {}).get("schedulerName")
+            out.reasons = {"*": f"its NVIDIA requests were not turned into claims: the webhook leaves pods of "
+                                f"scheduler {name!r} alone, and on the DRA path no node advertises them as "
+                                "extended resources (KEP-5004's mapping aside)"}
             return out, admitted
         if not refs:
             out.status = "no-devices"
