@@ -401,3 +401,20 @@ def test_a_gpu_pod_the_webhook_leaves_alone_is_pending_not_deviceless():
     p["spec"]["schedulerName"] = "my-scheduler"
     r, pods = run([node("a")], [p])
     assert pods["other"].status == "pending" and "scheduler 'my-scheduler'" in pods["other"].reasons["*"]
+
+
+def test_the_bundled_dra_example(capsys):
+    code, out, err = sim(capsys, "--example", "dra", "-o", "json")  # --example dra means --front-end dra
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["frontEnd"] == "dra" and not doc["warnings"]
+    status = {p["name"]: (p["status"], p["node"]) for p in doc["pods"]}
+    assert status == {"chat-0": ("deleted", "t4-node"), "chat-1": ("scheduled", "t4-node"),
+                      "render-a": ("scheduled", "a10-node"), "render-b": ("scheduled", "a10-node"),
+                      "ddp-0": ("scheduled", "t4-node"), "notebook": ("denied", None),
+                      "embed-0": ("scheduled", "a10-node"), "embed-1": ("pending", None),
+                      "chat-2": ("scheduled", "t4-node")}
+    ddp = next(p for p in doc["pods"] if p["name"] == "ddp-0")
+    assert sorted(d["device"] for d in ddp["containers"][0]["devices"]) == ["t4-node/gpu-0", "t4-node/gpu-1"]
+    embed = next(p for p in doc["pods"] if p["name"] == "embed-1")
+    assert embed["reasons"]["a10-node"].endswith("gpu-1: memory 16972 MiB short")

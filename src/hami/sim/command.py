@@ -25,6 +25,7 @@ EXAMPLES: dict[str, tuple[str, str, str | None]] = {
     "default": ("nodes.yaml", "pods.yaml", None),
     "mixed": ("mixed-nodes.yaml", "mixed-pods.yaml", "mixed-device-config.yaml"),
     "mig": ("mig-nodes.yaml", "mig-pods.yaml", None),
+    "dra": ("dra-nodes.yaml", "dra-pods.yaml", None),
 }
 
 
@@ -35,13 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--example", choices=sorted(EXAMPLES), default=None,
                         help="run a bundled example: default (NVIDIA cluster, the no-argument run), mixed "
                              "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml) or mig "
-                             "(an A100 node in MIG mode next to an L4 node)")
+                             "(an A100 node in MIG mode next to an L4 node) or dra (for --front-end dra: a node by its registration, "
+                             "one by its ResourceSlice, HAMi pods and pods with their own claims)")
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
     parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
                         help="scores count the pod's own request (default); false = HAMi v2.10's scores")
-    parser.add_argument("--front-end", choices=("extender", "dra"), default="extender",
-                        help="extender (default): HAMi's scheduler extender places the pods; dra: each pod goes "
+    parser.add_argument("--front-end", choices=("extender", "dra"), default=None,
+                        help="extender (default; dra for --example dra): HAMi's scheduler extender places the "
+                             "pods; dra: each pod goes "
                              "through the webhook's DRA translation (ResourceClaims) and kube-scheduler's DRA "
                              "allocator places its claims on the ResourceSlices the node agent would publish "
                              "(docs/dra.md, 'Simulating the DRA path')")
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         parse_gpu_policy(args.gpu_policy, "--gpu-policy")
         config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy,
                                                     request_in_scores=getattr(args, "score_with_request", "true") == "true")
-        front_end = getattr(args, "front_end", "extender")
+        front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
         if front_end == "dra":
             from .dra import DraOptions, simulate_dra
 
