@@ -53,3 +53,14 @@ def test_an_extender_pod_is_explained_as_before():
            "status": {"phase": "Pending"}}
     out = render(pod, state, [], 0.0)
     assert "DRA" not in out and "fits on none of the 0 nodes" in out
+
+
+def test_explain_pod_says_where_a_claim_is_allocated_and_which_is_not_created_yet():
+    p = dra_pod()
+    p["spec"]["resourceClaims"].append({"name": "later", "resourceClaimTemplateName": "t"})
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "whole"}]
+    lines = explain_pod(p, [SLICE], [WHOLE, SHARE])
+    assert lines[0] == "pod team/share: node (none)"
+    assert "claim whole: allocated on n1/gpu-0" in lines
+    assert any(line.startswith("claim later: not created yet") for line in lines)
+    assert explain_pod(p, [], [])[1] == "no gpu.hami.io GPU is published"
