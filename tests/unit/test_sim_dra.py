@@ -418,3 +418,18 @@ def test_the_bundled_dra_example(capsys):
     assert sorted(d["device"] for d in ddp["containers"][0]["devices"]) == ["t4-node/gpu-0", "t4-node/gpu-1"]
     embed = next(p for p in doc["pods"] if p["name"] == "embed-1")
     assert embed["reasons"]["a10-node"].endswith("gpu-1: memory 16972 MiB short")
+
+
+def test_the_device_config_shapes_the_translation(tmp_path, capsys):
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text(yaml.safe_dump(node("a", n=1)))
+    pods = tmp_path / "p.yaml"
+    pods.write_text(yaml.safe_dump_all([pod("f", gpu=1, gpumem=1000, gpucores=10), pod("d", gpu=1, gpumem=500)]))
+    cfg = tmp_path / "device-config.yaml"
+    cfg.write_text("nvidia:\n  memoryFactor: 2\n  defaultMemory: 3000\n  defaultCores: 7\n")
+    code, out, err = sim(capsys, "--front-end", "dra", "--nodes", str(nodes), "--pods", str(pods), "--config", str(cfg),
+                         "-o", "json")
+    assert code == 0, err
+    got = {p["name"]: p["containers"][0]["devices"][0] for p in json.loads(out)["pods"]}
+    assert (got["f"]["usedmem"], got["f"]["usedcores"]) == (2000, 10)  # gpumem x memoryFactor
+    assert (got["d"]["usedmem"], got["d"]["usedcores"]) == (1000, 7)  # defaultCores, as the webhook applies it
