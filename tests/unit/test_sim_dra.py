@@ -443,3 +443,15 @@ def test_unknown_class_is_a_reason_and_first_available_a_clear_stop():
     alt["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": [{"name": "big"}]}
     with pytest.raises(SimulationError, match=r"requests\[0\] \(gpu\): only 'exactly' requests are simulated"):
         run([node("a")], [alt])
+
+
+def test_an_over_committed_gpu_in_the_input_does_not_hide_the_others():
+    # an allocated claim in the input that already takes more than gpu-0 has (a hand-written file)
+    over = [{"request": "gpu", "driver": "gpu.hami.io", "pool": "a", "device": "gpu-0",
+             "consumedCapacity": {"memory": "40000Mi", "cores": "0", "shares": "1"}}]
+    tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                "deviceClassName": "gpu.hami.io", "count": 2, "capacity": {"requests": {"memory": "1Gi"}}}}],
+                "constraints": [{"distinctAttribute": "gpu.hami.io/uuid"}]}}}}
+    r, pods = run([node("a", n=3)], [claim_doc("big", allocation=over), tmpl, own_claim_pod("p", template="t")])
+    assert sorted(where(pods["p"])) == ["a/gpu-1", "a/gpu-2"]

@@ -302,8 +302,8 @@ def _room(devices: Sequence[DeviceUse], r: Request, distinct: bool) -> int:
     for dev in devices:
         need = wanted(dev, r.capacity)
         if need is not None:
-            fits = min((dev.left(k) // need[k] if need[k] else MAX_RESULTS) for k in CAPACITIES)
-            room += min(fits, 1) if distinct else max(fits, 0)
+            fits = max(0, min((dev.left(k) // need[k] if need[k] else MAX_RESULTS) for k in CAPACITIES))
+            room += min(fits, 1) if distinct else fits
     return room
 
 
