@@ -25,7 +25,7 @@ from hami.dev.binaries import KUBE_VERSION
 from hami.dev.cluster import KubeCluster, MissingBinaries
 from hami.dra.api import load
 from hami.dra.checkpoint import Checkpoint
-from hami.dra.model import MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, slice_name
+from hami.dra.model import MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, resource_slice, slice_name
 from hami.dra.plugin import Driver, PluginServer, socket_paths
 from hami.dra.prepare import Paths
 from hami.dra.publisher import apply_device_classes, publish_slice
@@ -315,6 +315,14 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
         assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
         assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
             in out.stdout, out.stdout
+        # `hami explain` (the extender's explainer) gives the same DRA lines, not an extender verdict
+        ex = subprocess.run([sys.executable, "-m", "hami", "explain", f"{ns}/share",
+                             "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60,
+                            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+        assert ex.returncode == 0, ex.stderr
+        assert "It uses DRA ResourceClaims" in ex.stdout and "fits on none" not in ex.stdout, ex.stdout
+        assert f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
+            in ex.stdout, ex.stdout
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
@@ -515,6 +523,65 @@ def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         results = claim["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"]
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
+
+
+@pytest.mark.skipif(not NEXT_DEVICE_FIXED, reason="kubernetes/kubernetes#133705: v1.34 stays on a node's first GPU")
+async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_does(cluster, kube):
+    """On one node (so no tie between nodes), pods created one by one land on the GPU that
+    `hami simulate --front-end dra` predicts, consume what it predicts, and the same pods stay
+    pending."""
+    from hami.core import SchedulerConfig
+    from hami.sim.dra import simulate_dra
+
+    await apply_device_classes(kube)
+    node, ns = "dra-sim", "dra-sim"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "sim"})
+    settings = SliceSettings(split_count=SPLIT)
+    await publish_slice(kube, node, gpus(node, 2), settings)
+    sel = {"hami.io/test-pool": "sim"}
+    asks = [(10000, 10), (4000, 20), (2000, 5), (1000, 5), (12000, 30), (8000, 10), (100, 1), (100, 1), (100, 1)]
+    pods = [hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": m, "nvidia.com/gpucores": c}, sel)
+            for i, (m, c) in enumerate(asks)]
+    try:
+        live = {}
+        for p in pods:
+            create_hami_pod(cluster, ns, p)
+            name = p["metadata"]["name"]
+
+            def decided(name=name):
+                got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+                if got["spec"].get("nodeName"):
+                    claim = claims_by_pod(cluster, ns).get(name)
+                    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {})
+                    return ("placed", results.get("results")) if results.get("results") else None
+                conds = (got.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds):
+                    return ("pending", None)
+                return None
+
+            live[name] = cluster.wait_for(decided, f"{name} placed or unschedulable", timeout=60)
+        docs = [{**p, "metadata": {**p["metadata"], "namespace": ns}} for p in pods]
+        result = simulate_dra([resource_slice(node, gpus(node, 2), settings)], docs,
+                              SchedulerConfig.from_device_config(None, "binpack", "spread"))
+        simulated = {p.name: p for p in result.pods}
+        for name, (state, results) in live.items():
+            s = simulated[name]
+            if state == "pending":
+                assert s.status == "pending", f"{name}: kube-scheduler left it pending, the simulation placed it"
+                continue
+            [r] = results
+            [d] = s.containers[0]["devices"]
+            assert (s.status, d["device"]) == ("scheduled", f"{node}/{r['device']}"), (name, r, d)
+            assert (qty(r["consumedCapacity"]["memory"]) // MIB, qty(r["consumedCapacity"]["cores"])) == \
+                (d["usedmem"], d["usedcores"]), name
+        placed = sorted((n, r[0]["device"]) for n, (st, r) in live.items() if st == "placed")
+        print(f"DRA placement ({KUBE_VERSION}) matched the simulation: {placed}, pending "
+              f"{sorted(n for n, (st, _) in live.items() if st == 'pending')}")
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))

@@ -143,7 +143,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
 async def _explain(args: argparse.Namespace) -> int:
     from hami.kube.client import KubeClient, KubeError
 
-    from .explain import claim_requests, describe, usage
+    from .explain import explain_pod
 
     namespace, _, name = args.explain.partition("/")
     if not namespace or not name:
@@ -160,28 +160,7 @@ async def _explain(args: argparse.Namespace) -> int:
         return 1
     finally:
         await kube.close()
-    uses = usage(slices, claims)
-    by_name = {c["metadata"]["name"]: c for c in claims if c["metadata"].get("namespace") == namespace}
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
-    print(f"pod {namespace}/{name}: node {(pod.get('spec') or {}).get('nodeName') or '(none)'}")
-    print("\n".join(describe(uses)) if uses else "no gpu.hami.io GPU is published")
-    for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
-        claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
-        claim = by_name.get(claim_name or "")
-        if claim is None:
-            print(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
-            continue
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-        if results:
-            where = ", ".join(f"{r['pool']}/{r['device']}" for r in results)
-            print(f"claim {claim_name}: allocated on {where}")
-            continue
-        for request, caps in claim_requests(claim):
-            asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
-            print(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
-            for line in describe(uses, caps):
-                print(f"  {line}")
+    print("\n".join(explain_pod(pod, slices, claims)))
     return 0
 
 

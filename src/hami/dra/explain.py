@@ -11,90 +11,10 @@ business); it explains capacity, which is what HAMi's users ask about.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from hami.core.quantity import QuantityError, parse_int_quantity
-
-from .model import CORES, DRIVER, MEMORY, MIB, SHARES
-
-CAPACITIES = (MEMORY, CORES, SHARES)
-
-
-@dataclass
-class DeviceUse:
-    pool: str
-    device: str
-    uuid: str
-    total: dict[str, int]
-    default: dict[str, int]
-    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAPACITIES, 0))
-    claims: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.pool, self.device
-
-    def left(self, name: str) -> int:
-        return self.total.get(name, 0) - self.used.get(name, 0)
-
-
-def _int(value: Any, where: str) -> int:
-    try:
-        return parse_int_quantity(value, where)
-    except QuantityError:
-        return 0
-
-
-def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:
-    """Every device of the driver, with what the allocated claims consume on it."""
-    out: dict[tuple[str, str], DeviceUse] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER:
-            continue
-        pool = (spec.get("pool") or {}).get("name") or ""
-        for d in spec.get("devices") or ():
-            caps = d.get("capacity") or {}
-            total = {k: _int((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
-            default = {k: _int(((caps.get(k) or {}).get("requestPolicy") or {}).get("default", total[k]), k)
-                       for k in CAPACITIES}
-            uuid = ((d.get("attributes") or {}).get("uuid") or {}).get("string", "")
-            out[(pool, d.get("name", ""))] = DeviceUse(pool, d.get("name", ""), uuid, total, default)
-    for c in claims:
-        meta = c.get("metadata") or {}
-        results = ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or ()
-        for r in results:
-            dev = out.get((r.get("pool", ""), r.get("device", "")))
-            if r.get("driver") != DRIVER or dev is None:
-                continue
-            consumed = r.get("consumedCapacity") or {}
-            for k in CAPACITIES:
-                dev.used[k] += _int(consumed[k], k) if k in consumed else dev.total[k]
-            dev.claims.append(f"{meta.get('namespace')}/{meta.get('name')}")
-    return out
-
-
-def wanted(dev: DeviceUse, requests: Mapping[str, Any]) -> dict[str, int]:
-    """What a request with these capacity requests would consume on ``dev``."""
-    out = {}
-    for k in CAPACITIES:
-        out[k] = _int(requests[k], k) if k in requests and k != SHARES else dev.default[k]
-    out[MEMORY] = -(-out[MEMORY] // MIB) * MIB  # the policy's 1Mi step
-    return out
-
-
-def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
-    """'' when the request fits ``dev`` now, else what is short (e.g. ``memory 1200 MiB short``)."""
-    need = wanted(dev, requests)
-    short = []
-    if need[MEMORY] > dev.total[MEMORY] or need[CORES] > dev.total[CORES]:
-        return "asks for more than the whole GPU"
-    for k in CAPACITIES:
-        gap = need[k] - dev.left(k)
-        if gap > 0:
-            short.append(f"memory {gap // MIB} MiB short" if k == MEMORY else f"{k} {gap} short")
-    return ", ".join(short)
+from .fit import CAPACITIES, DeviceUse, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
+from .model import CORES, MEMORY, MIB, SHARES
 
 
 def describe(uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, Any] | None = None) -> list[str]:
@@ -116,3 +36,38 @@ def claim_requests(claim: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]
     reqs = (((claim.get("spec") or {}).get("devices") or {}).get("requests")) or ()
     return [(r.get("name", ""), dict(((r.get("exactly") or {}).get("capacity") or {}).get("requests") or {}))
             for r in reqs if r.get("exactly")]
+
+
+def uses_dra(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod names ResourceClaims (its devices then come from DRA, not the extender)."""
+    return bool((pod.get("spec") or {}).get("resourceClaims"))
+
+
+def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims: list[Mapping[str, Any]]) -> list[str]:
+    """The lines of ``hami dra --explain``: every GPU's use, then each claim of the pod: where it is
+    allocated, or GPU by GPU what its requests would consume and what is short."""
+    meta = pod.get("metadata") or {}
+    namespace, name = meta.get("namespace") or "default", meta.get("name") or "?"
+    uses = usage(slices, claims)
+    by_name = {(c.get("metadata") or {}).get("name"): c for c in claims
+               if (c.get("metadata") or {}).get("namespace") == namespace}
+    statuses = {s.get("name"): s.get("resourceClaimName")
+                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    lines = [f"pod {namespace}/{name}: node {(pod.get('spec') or {}).get('nodeName') or '(none)'}"]
+    lines += describe(uses) if uses else ["no gpu.hami.io GPU is published"]
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
+        claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
+        claim = by_name.get(claim_name or "")
+        if claim is None:
+            lines.append(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
+            continue
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        if results:
+            where = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results)
+            lines.append(f"claim {claim_name}: allocated on {where}")
+            continue
+        for request, caps in claim_requests(claim):
+            asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
+            lines.append(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
+            lines += [f"  {line}" for line in describe(uses, caps)]
+    return lines

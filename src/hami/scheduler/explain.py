@@ -100,11 +100,25 @@ def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors:
     return PendingVerdict(req, result.node, tuple(verdicts))
 
 
-def render(pod: dict, state: ClusterState, events: list[dict], now: float) -> str:
+def render(pod: dict, state: ClusterState, events: list[dict], now: float,
+           dra: tuple[list[dict], list[dict]] | None = None) -> str:
+    """``dra``: the ResourceSlices and ResourceClaims, read when the pod names ResourceClaims."""
+    from hami.dra.explain import explain_pod, uses_dra
+
     meta = pod["metadata"]
     ref = f"{meta['namespace']}/{meta['name']}"
     lines = [f"Pod {ref}: phase {pod.get('status', {}).get('phase', '?')}, "
              f"node {pod.get('spec', {}).get('nodeName') or '-'}, scheduler {pod.get('spec', {}).get('schedulerName')}"]
+    if uses_dra(pod):
+        lines.append("It uses DRA ResourceClaims: kube-scheduler's DRA allocator places them, not hami-scheduler "
+                     f"(the same as `hami dra --explain {ref}`):")
+        if dra is None:
+            lines.append("  (the ResourceSlices and ResourceClaims could not be read)")
+        else:
+            lines += [f"  {line}" for line in explain_pod(pod, *dra)]
+        if not pod_request(pod, state.vendors).has_devices:
+            return "\n".join(lines)
+        lines.append("It also asks for devices through the extender:")
     ledger = state.ledger
     held = ledger.pod(pod_key(pod))
     if (pod.get("spec") or {}).get("nodeName") or held is not None:
@@ -176,9 +190,18 @@ async def _main(args: argparse.Namespace) -> int:
         evs = (await kube.request("GET", f"/api/v1/namespaces/{ns}/events",
                                   [("fieldSelector", f"involvedObject.name={name}")]))["items"]
         evs.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        dra = None
+        from hami.dra.explain import uses_dra
+
+        if uses_dra(pod):
+            try:
+                api = "/apis/resource.k8s.io/v1"
+                dra = ((await kube.get(f"{api}/resourceslices"))["items"], (await kube.get(f"{api}/resourceclaims"))["items"])
+            except KubeError as exc:
+                print(f"hami explain: reading ResourceSlices/ResourceClaims: {exc}", file=sys.stderr)
         import time
 
-        print(render(pod, state, evs, time.time()))
+        print(render(pod, state, evs, time.time(), dra))
         return 0
     finally:
         await kube.close()

@@ -25,6 +25,7 @@ EXAMPLES: dict[str, tuple[str, str, str | None]] = {
     "default": ("nodes.yaml", "pods.yaml", None),
     "mixed": ("mixed-nodes.yaml", "mixed-pods.yaml", "mixed-device-config.yaml"),
     "mig": ("mig-nodes.yaml", "mig-pods.yaml", None),
+    "dra": ("dra-nodes.yaml", "dra-pods.yaml", None),
 }
 
 
@@ -35,11 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--example", choices=sorted(EXAMPLES), default=None,
                         help="run a bundled example: default (NVIDIA cluster, the no-argument run), mixed "
                              "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml) or mig "
-                             "(an A100 node in MIG mode next to an L4 node)")
+                             "(an A100 node in MIG mode next to an L4 node) or dra (for --front-end dra: a node by its registration, "
+                             "one by its ResourceSlice, HAMi pods and pods with their own claims)")
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
     parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
                         help="scores count the pod's own request (default); false = HAMi v2.10's scores")
+    parser.add_argument("--front-end", choices=("extender", "dra"), default=None,
+                        help="extender (default; dra for --example dra): HAMi's scheduler extender places the "
+                             "pods; dra: each pod goes "
+                             "through the webhook's DRA translation (ResourceClaims) and kube-scheduler's DRA "
+                             "allocator places its claims on the ResourceSlices the node agent would publish "
+                             "(docs/dra.md, 'Simulating the DRA path')")
+    parser.add_argument("--default-cores", type=int, default=0, metavar="N",
+                        help="--front-end dra: cores a share takes when it asks for none (hami dra --default-cores)")
+    parser.add_argument("--min-memory", type=int, default=1, metavar="MIB",
+                        help="--front-end dra: the smallest memory share in MiB (hami dra --min-memory)")
     parser.add_argument("--output", "-o", choices=("table", "json", "html"), default="table",
                         help="table (default), json, or html: the web UI's page for this run as one "
                              "self-contained file (docs/ui.md), e.g. -o html > what-if.html")
@@ -96,8 +108,19 @@ def run(args: argparse.Namespace) -> int:
         parse_gpu_policy(args.gpu_policy, "--gpu-policy")
         config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy,
                                                     request_in_scores=getattr(args, "score_with_request", "true") == "true")
-        result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
-                          sources=(nodes_src, pods_src))
+        front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
+        if front_end == "dra":
+            from .dra import DraOptions, simulate_dra
+
+            try:
+                opts = DraOptions(default_cores=args.default_cores, min_memory_mib=args.min_memory)
+            except ValueError as exc:
+                raise SimulationError(str(exc)) from None
+            result = simulate_dra(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config, opts,
+                                  sources=(nodes_src, pods_src))
+        else:
+            result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
+                              sources=(nodes_src, pods_src))
     except (SimulationError, CoreError) as exc:
         print(f"hami simulate: {_one_line(exc)}", file=sys.stderr)
         return 1
@@ -109,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "html":
         import time
 
-        print(to_html(result, config, title=f"hami simulate {nodes_src} {pods_src}", now=time.time()))
+        front = " --front-end dra" if result.front_end == "dra" else ""
+        print(to_html(result, config, title=f"hami simulate{front} {nodes_src} {pods_src}", now=time.time()))
     else:
         print(to_json(result) if args.output == "json" else to_table(result))
     return 0

@@ -48,6 +48,8 @@ class SimResult:
     warnings: list[str]
     ledger: Ledger | None = None  # the final ledger (the html report builds the UI's documents from it)
     objects: dict[str, dict] = field(default_factory=dict)  # "ns/name" -> the last Pod document of that name
+    claims: list[dict] = field(default_factory=list)  # DRA front end: every claim, its node and results
+    front_end: str = "extender"  # or "dra" (hami.sim.dra)
 
 
 def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[tuple[str, dict]]:

@@ -15,7 +15,10 @@ def to_json(result: SimResult) -> str:
          "containers": p.containers, "reasons": p.reasons}
         for p in result.pods
     ]
-    return json.dumps({"pods": pods, "devices": result.devices, "warnings": result.warnings}, indent=2)
+    doc: dict[str, Any] = {"pods": pods, "devices": result.devices, "warnings": result.warnings}
+    if result.front_end != "extender":
+        doc = {"frontEnd": result.front_end, **doc, "claims": result.claims}
+    return json.dumps(doc, indent=2)
 
 
 def _bar(used: int, total: int, width: int = 10) -> str:
@@ -29,7 +32,8 @@ def _gib(mib: int) -> str:
 
 def _grant(d: dict) -> str:
     mig = f" MIG {d['mig']['profile']}@{d['mig']['start']}" if "mig" in d else ""
-    return f"{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%{mig}"
+    where = f"{d['device'].rpartition('/')[2]} " if "device" in d else ""  # DRA: the slice device (gpu-0)
+    return f"{where}{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%{mig}"
 
 
 def to_table(result: SimResult) -> str:
@@ -74,8 +78,8 @@ def _summary(result: SimResult) -> list[str]:
         f"  cores allocated:  {cores} of {total_cores} ({100 * cores / total_cores if total_cores else 0:.0f}%)",
         "  pods:             " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
     ]
-    for p in pending:
-        out.append(f"  pending {p.namespace}/{p.name}:")
+    for p in pending + [p for p in result.pods if p.status == "denied"]:
+        out.append(f"  {p.status} {p.namespace}/{p.name}:")
         for node, reason in p.reasons.items():
             out.append(f"    {node}: {reason}")
     return out

@@ -1,0 +1,408 @@
+"""Whether a claim fits the GPUs of the DRA path, and where (pure; used by ``hami dra --explain``,
+``hami explain`` on DRA pods and ``hami simulate --front-end dra``).
+
+The objects read are the ones kube-scheduler reads: the driver's ResourceSlices (each device's
+capacities and their request policies) and the ResourceClaims (their requests, and for allocated
+ones what each result consumes). What one request consumes on a device follows the capacity's
+request policy (KEP-5075): a capacity the request does not name takes the policy's ``default``; a
+named amount below ``validRange.min`` is raised to it and rounded up to the next ``step``; above
+``validRange.max`` (or above every ``validValues``) the device cannot serve the request.
+
+:func:`allocate` restates the allocator's search on one node, as far as this driver's devices
+need: the requests of a claim in order, for each the devices in slice order, the first that fits
+(with a backtrack when a later request or a ``distinctAttribute``/``matchAttribute`` constraint
+cannot be met). There is no scoring between devices: kube-scheduler has none, it takes the first
+device that fits. CEL selectors of a request, ``firstAvailable`` alternatives and admin access are
+not evaluated (see docs/dra.md, "Simulating the DRA path").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from hami.core.quantity import QuantityError, parse_int_quantity
+from hami.core.shape import META, QTY, ListOf, MapOf
+
+from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
+
+CAPACITIES = (MEMORY, CORES, SHARES)
+SEARCH_STEPS = 100_000  # placements tried per claim and node before giving up
+MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
+#: the DeviceClasses the simulation knows: both select every device of the driver
+CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
+TOO_BIG = "asks for more than the whole GPU"
+
+
+# Shapes (hami.core.shape schemas) of the resource.k8s.io/v1 fields read here, for input from files.
+CLAIM_SPEC = {"devices": {
+    "requests": ListOf({"name": str, "firstAvailable": ListOf({}), "exactly": {
+        "deviceClassName": str, "allocationMode": str, "count": int, "capacity": {"requests": MapOf(QTY)}}}),
+    "constraints": ListOf({"requests": ListOf(str), "distinctAttribute": str, "matchAttribute": str})}}
+RESULT = {"request": str, "driver": str, "pool": str, "device": str, "consumedCapacity": MapOf(QTY)}
+CLAIM = {"apiVersion": str, "kind": str, "metadata": META, "spec": CLAIM_SPEC,
+         "status": {"allocation": {"devices": {"results": ListOf(RESULT)}}}}
+CLAIM_TEMPLATE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {"spec": CLAIM_SPEC}}
+SLICE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {
+    "driver": str, "nodeName": str, "pool": {"name": str}, "devices": ListOf({
+        "name": str, "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
+        "capacity": MapOf({"value": QTY, "requestPolicy": {
+            "default": QTY, "validRange": {"min": QTY, "max": QTY, "step": QTY}, "validValues": ListOf(QTY)}})})}}
+_CLAIM_USER = {"resources": {"claims": ListOf({"name": str, "request": str})}}
+POD_CLAIMS = {"spec": {"resourceClaims": ListOf({"name": str, "resourceClaimName": str,
+                                                 "resourceClaimTemplateName": str}),
+                       "containers": ListOf(_CLAIM_USER), "initContainers": ListOf(_CLAIM_USER)}}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A capacity's request policy, in the capacity's unit (bytes for memory)."""
+
+    default: int
+    min: int = 0
+    max: int | None = None
+    step: int = 1
+    values: tuple[int, ...] = ()
+
+    def consume(self, requested: int | None) -> int | None:
+        """What a request consumes; None when the policy forbids the amount."""
+        if requested is None:
+            return self.default
+        if self.values:
+            return next((v for v in self.values if v >= requested), None)
+        amount = max(requested, self.min)
+        step = max(self.step, 1)
+        amount = self.min + -(-(amount - self.min) // step) * step
+        if self.max is not None and amount > self.max:
+            return None
+        return amount
+
+
+@dataclass
+class DeviceUse:
+    pool: str
+    device: str
+    uuid: str
+    total: dict[str, int]
+    default: dict[str, int]
+    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAPACITIES, 0))
+    claims: list[str] = field(default_factory=list)
+    policies: dict[str, Policy] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)  # "gpu.hami.io/uuid" -> value
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pool, self.device
+
+    def left(self, name: str) -> int:
+        return self.total.get(name, 0) - self.used.get(name, 0)
+
+    def policy(self, name: str) -> Policy:
+        return self.policies.get(name) or Policy(self.default.get(name, self.total.get(name, 0)),
+                                                 step=MIB if name == MEMORY else 1)
+
+
+def _int(value: Any, where: str) -> int:
+    try:
+        return parse_int_quantity(value, where)
+    except QuantityError:
+        return 0
+
+
+def _policy(cap: Mapping[str, Any], total: int, name: str) -> Policy:
+    pol = cap.get("requestPolicy") or {}
+    default = _int(pol.get("default", total), name) if pol else total
+    rng = pol.get("validRange") or {}
+    values = tuple(sorted(_int(v, name) for v in pol.get("validValues") or ()))
+    step = _int(rng.get("step"), name) if rng.get("step") is not None else 1
+    return Policy(default, min=_int(rng.get("min"), name) if rng.get("min") is not None else 0,
+                  max=_int(rng["max"], name) if rng.get("max") is not None else None,
+                  step=step or 1, values=values)
+
+
+def _attr_value(attr: Any) -> Any:
+    if isinstance(attr, Mapping):
+        for kind in ("string", "int", "bool", "version"):
+            if kind in attr:
+                return attr[kind]
+    return None
+
+
+def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:
+    """Every device of the driver in slice order, nothing used yet."""
+    out: dict[tuple[str, str], DeviceUse] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER:
+            continue
+        pool = (spec.get("pool") or {}).get("name") or ""
+        for d in spec.get("devices") or ():
+            caps = d.get("capacity") or {}
+            total = {k: _int((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
+            policies = {k: _policy(caps.get(k) or {}, total[k], k) for k in CAPACITIES}
+            attrs = {f"{DRIVER}/{k}": _attr_value(v) for k, v in (d.get("attributes") or {}).items()}
+            uuid = attrs.get(f"{DRIVER}/uuid") or ""
+            out[(pool, d.get("name", ""))] = DeviceUse(pool, d.get("name", ""), uuid, total,
+                                                       {k: p.default for k, p in policies.items()},
+                                                       policies=policies, attributes=attrs)
+    return out
+
+
+def allocation_results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``status.allocation.devices.results`` of a claim that are this driver's ([] if none)."""
+    results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or ()
+    return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER]
+
+
+def add_claim(devices: Mapping[tuple[str, str], DeviceUse], claim: Mapping[str, Any]) -> None:
+    """Count an allocated claim's consumed capacity on its devices (a result without
+    ``consumedCapacity`` for a capacity takes all of it: an exclusive allocation)."""
+    meta = claim.get("metadata") or {}
+    for r in allocation_results(claim):
+        dev = devices.get((r.get("pool", ""), r.get("device", "")))
+        if dev is None:
+            continue
+        consumed = r.get("consumedCapacity") or {}
+        for k in CAPACITIES:
+            dev.used[k] += _int(consumed[k], k) if k in consumed else dev.total[k]
+        dev.claims.append(f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:
+    """Every device of the driver, with what the allocated claims consume on it."""
+    out = devices_of(slices)
+    for c in claims:
+        add_claim(out, c)
+    return out
+
+
+def wanted(dev: DeviceUse, requests: Mapping[str, Any]) -> dict[str, int] | None:
+    """What a request with these capacity requests would consume on ``dev`` (the request policy
+    applied); None when a requested amount is beyond what the policy allows."""
+    out = {}
+    for k in CAPACITIES:
+        amount = dev.policy(k).consume(_int(requests[k], k) if k in requests else None)
+        if amount is None:
+            return None
+        out[k] = amount
+    return out
+
+
+def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
+    """'' when the request fits ``dev`` now, else what is short (e.g. ``memory 1200 MiB short``)."""
+    need = wanted(dev, requests)
+    if need is None or any(need[k] > dev.total[k] for k in CAPACITIES):
+        return TOO_BIG
+    short = []
+    for k in CAPACITIES:
+        gap = need[k] - dev.left(k)
+        if gap > 0:
+            short.append(f"memory {-(-gap // MIB)} MiB short" if k == MEMORY else f"{k} {gap} short")
+    return ", ".join(short)
+
+
+# ------------------------------------------------------------------ one claim on one node
+
+
+@dataclass(frozen=True)
+class Request:
+    """One ``exactly`` request of a claim, as the allocator sees it."""
+
+    name: str
+    device_class: str
+    count: int  # -1: allocationMode All
+    capacity: dict[str, Any]
+
+
+class ClaimError(ValueError):
+    """A claim spec the simulation cannot read; the message names the field."""
+
+
+def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Request], list[dict[str, Any]]]:
+    """The requests and constraints of a ResourceClaimSpec. Raises ClaimError naming the field."""
+    devices = (spec or {}).get("devices") or {}
+    if not isinstance(devices, Mapping):
+        raise ClaimError(f"{where}.devices: must be an object")
+    out = []
+    for i, r in enumerate(devices.get("requests") or ()):
+        at = f"{where}.devices.requests[{i}]"
+        if not isinstance(r, Mapping) or not r.get("name"):
+            raise ClaimError(f"{at}: must be an object with a name")
+        ex = r.get("exactly")
+        if not isinstance(ex, Mapping):
+            raise ClaimError(f"{at} ({r['name']}): only 'exactly' requests are simulated (firstAvailable is not)")
+        mode = ex.get("allocationMode") or "ExactCount"
+        if mode not in ("ExactCount", "All"):
+            raise ClaimError(f"{at}.exactly.allocationMode: {mode!r} is not ExactCount or All")
+        count = ex.get("count", 1)
+        if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+            raise ClaimError(f"{at}.exactly.count: must be an integer >= 1, got {count!r}")
+        caps = ((ex.get("capacity") or {}).get("requests")) or {}
+        if not isinstance(caps, Mapping):
+            raise ClaimError(f"{at}.exactly.capacity.requests: must be an object")
+        for k, v in caps.items():
+            try:
+                parse_int_quantity(v, f"{at}.exactly.capacity.requests.{k}")
+            except QuantityError as exc:
+                raise ClaimError(str(exc)) from None
+        out.append(Request(str(r["name"]), str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count,
+                           dict(caps)))
+    if not out:
+        raise ClaimError(f"{where}.devices.requests: no request")
+    if sum(max(r.count, 0) for r in out) > MAX_RESULTS:
+        raise ClaimError(f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
+                         f"a claim holds at most {MAX_RESULTS}")
+    constraints = [dict(c) for c in devices.get("constraints") or () if isinstance(c, Mapping)]
+    return out, constraints
+
+
+@dataclass(frozen=True)
+class Pick:
+    request: str
+    device: DeviceUse
+    consumed: dict[str, int]
+
+    def result(self) -> dict[str, Any]:
+        """The allocation result kube-scheduler writes for this pick."""
+        consumed = {k: (f"{v // MIB}Mi" if k == MEMORY and v % MIB == 0 else str(v)) for k, v in self.consumed.items()}
+        return {"request": self.request, "driver": DRIVER, "pool": self.device.pool, "device": self.device.device,
+                "consumedCapacity": consumed}
+
+
+def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pick], new: Pick) -> bool:
+    for c in constraints:
+        applies = c.get("requests") or None
+        if applies is not None and new.request not in applies:
+            continue
+        peers = [p for p in picks if applies is None or p.request in applies]
+        if c.get("distinctAttribute"):
+            a = c["distinctAttribute"]
+            if any(p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
+                return False
+        if c.get("matchAttribute"):
+            a = c["matchAttribute"]
+            if new.device.attributes.get(a) is None or any(
+                    p.device.attributes.get(a) != new.device.attributes.get(a) for p in peers):
+                return False
+    return True
+
+
+def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> bool:
+    return all(need[k] <= dev.left(k) - extra.get(k, 0) for k in CAPACITIES)
+
+
+def _distinct(constraints: Sequence[Mapping[str, Any]], r: Request) -> bool:
+    return r.count < 0 or any(c.get("distinctAttribute") and (not c.get("requests") or r.name in c["requests"])
+                              for c in constraints)
+
+
+def _room(devices: Sequence[DeviceUse], r: Request, distinct: bool) -> int:
+    """How many allocations of ``r`` the devices could take, each device on its own."""
+    room = 0
+    for dev in devices:
+        need = wanted(dev, r.capacity)
+        if need is not None:
+            fits = max(0, min((dev.left(k) // need[k] if need[k] else MAX_RESULTS) for k in CAPACITIES))
+            room += min(fits, 1) if distinct else fits
+    return room
+
+
+def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
+             constraints: Sequence[Mapping[str, Any]] = ()) -> list[Pick] | None:
+    """The first allocation of a claim's requests on one node's devices (in slice order), or None.
+    Nothing is changed: commit the picks with :func:`commit`."""
+    slots: list[Request] = []
+    for r in requests:
+        if r.device_class not in CLASSES:
+            return None
+        slots.extend([r] * (len(devices) if r.count < 0 else r.count))
+    if any(r.count < 0 for r in requests) and not devices:
+        return None
+    for r in requests:  # a bound that ends most hopeless searches at once: what each device could hold alone
+        if _room(devices, r, _distinct(constraints, r)) < (len(devices) if r.count < 0 else r.count):
+            return None
+    budget = [SEARCH_STEPS]
+    picks: list[Pick] = []
+    extra: dict[tuple[str, str], dict[str, int]] = {}
+    order = {d.key: i for i, d in enumerate(devices)}
+
+    def search(i: int) -> bool:
+        if i == len(slots):
+            return True
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False  # kube-scheduler bounds its search in time too (DRASchedulerFilterTimeout)
+        r = slots[i]
+        # the devices of one request are a set (or multiset): take them in slice order only, so
+        # that no permutation of a choice already refused is tried again
+        start = order[picks[-1].device.key] if i and slots[i - 1] is r else 0
+        for dev in devices[start:]:
+            need = wanted(dev, r.capacity)
+            if need is None:
+                continue
+            ex = extra.setdefault(dev.key, dict.fromkeys(CAPACITIES, 0))
+            if r.count < 0 and any(p.device.key == dev.key and p.request == r.name for p in picks):
+                continue  # All: each device once
+            if not _fits(dev, ex, need):
+                continue
+            pick = Pick(r.name, dev, need)
+            if not _constraint_ok(constraints, picks, pick):
+                continue
+            picks.append(pick)
+            for k in CAPACITIES:
+                ex[k] += need[k]
+            if search(i + 1):
+                return True
+            picks.pop()
+            for k in CAPACITIES:
+                ex[k] -= need[k]
+        return False
+
+    return list(picks) if search(0) else None
+
+
+def commit(picks: Iterable[Pick], claim: str) -> None:
+    for p in picks:
+        for k in CAPACITIES:
+            p.device.used[k] += p.consumed[k]
+        if claim not in p.device.claims:
+            p.device.claims.append(claim)
+
+
+def release(picks: Iterable[Pick], claim: str) -> None:
+    for p in picks:
+        for k in CAPACITIES:
+            p.device.used[k] -= p.consumed[k]
+        if claim in p.device.claims:
+            p.device.claims.remove(claim)
+
+
+def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str,
+            constraints: Sequence[Mapping[str, Any]] = ()) -> str:
+    """Why :func:`allocate` found nothing on these devices: per request, GPU by GPU, what is short
+    (the wording of :func:`shortfall`)."""
+    if not devices:
+        return "no gpu.hami.io GPU"
+    parts = []
+    for r in requests:
+        if r.device_class not in CLASSES:
+            parts.append(f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
+                         f"{' or '.join(sorted(CLASSES))}")
+            continue
+        distinct = _distinct(constraints, r)
+        need = len(devices) if r.count < 0 else r.count
+        room = _room(devices, r, distinct)
+        if room >= need:
+            continue
+        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, shortfall(d, r.capacity)) for d in devices) if why)
+        if distinct and need > len(devices):
+            parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
+        elif need > 1:
+            what = "GPUs" if distinct else "allocations (one GPU may take several)"
+            parts.append(f"claim {claim} request {r.name} needs {need} {what}, {room} fit"
+                         + (f" ({gpus})" if gpus else ""))
+        else:
+            parts.append(f"claim {claim} request {r.name}: {gpus}")
+    if not parts:
+        return f"claim {claim}: every request fits on its own, but not together (constraints or shared GPUs)"
+    return "; ".join(parts)

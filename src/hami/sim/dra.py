@@ -1,0 +1,570 @@
+"""The simulation on the DRA front end (``hami simulate --front-end dra``; pure, no I/O).
+
+Nodes become the ResourceSlices the node agent would publish (:func:`hami.dra.model.device` per
+registered NVIDIA GPU: memory = the registered ``devmem``, cores = ``devcore``, shares = the split
+count ``count``; unhealthy and MIG-mode GPUs left out), or are given as ResourceSlice documents of
+the driver. Each pod goes through the webhook's admission on the DRA front end
+(:func:`hami.webhook.admission.decide` with ``front_end="dra"``, which calls
+:func:`hami.dra.translate.translate`), and its claims are allocated the way kube-scheduler's
+allocator does (:mod:`hami.dra.fit`: all claims of a pod on one node, devices in slice order, the
+first that fits). Among the nodes where every claim fits, the node is picked by the default
+``NodeResourcesFit`` score (least requested CPU and memory, with kube-scheduler's defaults of
+100m / 200Mi for a container that requests none); ties, which kube-scheduler breaks at random, go
+to the node that comes first in the input.
+
+Pods may also name their own claims: ResourceClaim and ResourceClaimTemplate documents in the pods
+file (before the pod) are read as kube-controller-manager and kube-scheduler would (a claim from a
+template is named ``<pod>-<entry>``; a ResourceClaim shared by several pods is allocated once and
+keeps its pods on its node; one that already has ``status.allocation`` counts as allocated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from hami.core import (
+    CoreError,
+    Ledger,
+    SchedulerConfig,
+    allocation_from_pod,
+    node_devices_from_object,
+    pod_key,
+    pod_request,
+)
+from hami.core.quantity import QuantityError, parse_quantity
+from hami.core.requests import ordered_containers, pod_name
+from hami.core.shape import POD
+from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevices, PodAllocation
+from hami.core.usage import collapse
+from hami.dra import fit
+from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
+
+from .engine import PodOutcome, SimResult, SimulationError, _checked, _objects
+
+DEFAULT_CPU_MILLI = 100  # kube-scheduler's non-zero default request (scoring only)
+DEFAULT_MEMORY = 200 * MIB
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """What the node agent would be started with (``hami dra --default-cores / --min-memory``)."""
+
+    default_cores: int = 0
+    min_memory_mib: int = 1
+    device_class: str = "gpu.hami.io"  # the webhook's --dra-device-class
+
+    def __post_init__(self) -> None:
+        if isinstance(self.default_cores, bool) or not isinstance(self.default_cores, int) or self.default_cores < 0:
+            raise ValueError(f"--default-cores must be an integer >= 0, got {self.default_cores!r}")
+        if isinstance(self.min_memory_mib, bool) or not isinstance(self.min_memory_mib, int) or self.min_memory_mib < 1:
+            raise ValueError(f"--min-memory must be an integer >= 1 (MiB), got {self.min_memory_mib!r}")
+
+
+@dataclass
+class _Node:
+    name: str
+    devices: list[fit.DeviceUse]
+    cpu_milli: int = 0  # allocatable; 0 = unknown
+    memory: int = 0
+    requested: list[int] = field(default_factory=lambda: [0, 0])
+
+    def score(self, pod: tuple[int, int]) -> int:
+        parts = []
+        for have, used, add in ((self.cpu_milli, self.requested[0], pod[0]), (self.memory, self.requested[1], pod[1])):
+            parts.append(0 if have <= 0 or used + add > have else (have - used - add) * 100 // have)
+        return sum(parts) // 2
+
+
+@dataclass
+class _Claim:
+    namespace: str
+    name: str
+    requests: list[fit.Request]
+    constraints: list[dict]
+    picks: list[fit.Pick] | None = None  # allocated: the picks; None: not yet
+    node: str | None = None
+    users: set[str] = field(default_factory=set)  # pod keys
+    from_template: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _gpu_device(d: Any, opts: DraOptions) -> dict:
+    """The slice device the node agent would publish for a registered GPU."""
+
+    class _Gpu:  # the GpuLike the model reads
+        index, uuid, model, memory_mib, numa = d.index, d.id, d.type or "unknown", d.devmem, d.numa
+
+    s = SliceSettings(split_count=d.count, default_cores=opts.default_cores, min_memory_mib=opts.min_memory_mib)
+    out = device(_Gpu, s)
+    cores = out["capacity"][CORES]  # devcore is already 100 x deviceCoreScaling
+    cores["value"] = cores["requestPolicy"]["validRange"]["max"] = str(d.devcore)
+    cores["requestPolicy"]["default"] = str(min(opts.default_cores, d.devcore))
+    return out
+
+
+def _node_slice(obj: Mapping[str, Any], config: SchedulerConfig, opts: DraOptions, warnings: list[str]) -> dict | None:
+    name = (obj.get("metadata") or {}).get("name") or "?"
+    try:
+        nd = node_devices_from_object(obj, config.vendors)
+    except CoreError as exc:
+        warnings.append(f"skipping node {name}: {exc}")
+        return None
+    devices, other = [], 0
+    for d in nd.devices:
+        if d.vendor != "NVIDIA":
+            other += 1
+        elif not d.health:
+            warnings.append(f"node {name}: {d.id} is unhealthy: left out of the slice")
+        elif d.sliced:
+            warnings.append(f"node {name}: {d.id} is in MIG mode: the DRA front end publishes no MIG instances")
+        else:
+            try:
+                devices.append(_gpu_device(d, opts))
+            except ValueError as exc:
+                warnings.append(f"node {name}: {d.id} left out: {exc}")
+    if other:
+        warnings.append(f"node {name}: {other} non-NVIDIA device(s) are not published by the DRA driver")
+    if not devices:
+        return None
+    out = resource_slice(name, [], SliceSettings())
+    out["spec"]["devices"] = devices
+    return out
+
+
+def _allocatable(obj: Mapping[str, Any], key: str, scale: int) -> int:
+    value = (((obj.get("status") or {}).get("allocatable")) or {}).get(key)
+    if value is None:
+        return 0
+    try:
+        return int(parse_quantity(value, f"status.allocatable.{key}") * scale)
+    except QuantityError:
+        return 0
+
+
+def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptions,
+               source: str = "nodes") -> tuple[dict[str, _Node], list[str]]:
+    """Nodes (registration annotations) and ResourceSlice documents -> each node's devices."""
+    warnings: list[str] = []
+    slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
+    facts: dict[str, tuple[int, int]] = {}
+    for label, obj in _objects(node_docs, source):
+        kind = obj.get("kind") or "Node"
+        name = (obj.get("metadata") or {}).get("name") or "?"
+        if kind == "ResourceSlice":
+            _checked(obj, fit.SLICE, source, label)
+            spec = obj.get("spec") or {}
+            if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
+                warnings.append(f"{source}: skipping ResourceSlice {name}: driver is not {DRIVER}")
+                continue
+            if not spec.get("nodeName") or not isinstance(spec.get("devices") or [], list):
+                raise SimulationError(f"{source}: ResourceSlice {name}: spec.nodeName and spec.devices are needed")
+            slices.append((obj, False))
+        elif kind == "Node":
+            facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
+            made = _node_slice(obj, config, opts, warnings)
+            if made is not None:
+                slices.append((made, True))
+        else:
+            warnings.append(f"{source}: skipping {kind} {name}: not a Node or ResourceSlice")
+    given = {s["spec"]["nodeName"] for s, made in slices if not made}
+    nodes: dict[str, _Node] = {}
+    seen: set[tuple[str, str]] = set()
+    for s, made in slices:
+        node = s["spec"]["nodeName"]
+        if node in given and made:
+            warnings.append(f"{source}: node {node}: its ResourceSlice is given, the registration annotation is not used")
+            continue
+        pool = ((s["spec"].get("pool") or {}).get("name")) or node
+        s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
+        n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0))))
+        for d in fit.devices_of([s]).values():
+            if d.key in seen:
+                warnings.append(f"{source}: device {d.pool}/{d.device} is published twice: the first one is used")
+                continue
+            seen.add(d.key)
+            n.devices.append(d)
+    if not nodes:
+        first = f": {warnings[0]}" if warnings else ""
+        raise SimulationError(f"{source}: no node with a gpu.hami.io GPU (a Node needs an NVIDIA registration "
+                              f"annotation, or give ResourceSlices of {DRIVER}){first}")
+    return nodes, warnings
+
+
+def _pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(CPU millicores, memory bytes) as kube-scheduler's scoring counts them (non-zero defaults)."""
+    cpu = mem = 0
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        res = (c.get("resources") or {}) if isinstance(c, Mapping) else {}
+        req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for key, scale, default in (("cpu", 1000, DEFAULT_CPU_MILLI), ("memory", 1, DEFAULT_MEMORY)):
+            try:
+                value = int(parse_quantity(req[key], key) * scale) if key in req else 0
+            except QuantityError:
+                value = 0
+            if key == "cpu":
+                cpu += value or default
+            else:
+                mem += value or default
+    return cpu, mem
+
+
+class _State:
+    def __init__(self, nodes: dict[str, _Node], config: SchedulerConfig, opts: DraOptions) -> None:
+        self.nodes, self.config, self.opts = nodes, config, opts
+        self.warnings: list[str] = []
+        self.by_key = {d.key: d for n in nodes.values() for d in n.devices}
+        self.templates: dict[tuple[str, str], dict] = {}
+        self.claims: dict[tuple[str, str], _Claim] = {}
+        self.pods: dict[str, tuple[list[_Claim], str | None, tuple[int, int]]] = {}  # key -> claims, node, requests
+
+    # -------------------------------------------------------------- claims and templates
+    def add_template(self, obj: Mapping[str, Any], source: str) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "default", meta.get("name") or ""
+        spec = ((obj.get("spec") or {}).get("spec")) or {}
+        try:
+            fit.claim_spec_requests(spec, f"ResourceClaimTemplate {ns}/{name} spec.spec")
+        except fit.ClaimError as exc:
+            raise SimulationError(f"{source}: {exc}") from None
+        self.templates[(ns, name)] = spec
+
+    def add_claim(self, obj: Mapping[str, Any], source: str) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "default", meta.get("name") or ""
+        claim = self._claim(ns, name, obj.get("spec") or {}, f"ResourceClaim {ns}/{name} spec", source)
+        results = fit.allocation_results(obj)
+        if results:
+            picks = []
+            for r in results:
+                dev = self.by_key.get((r.get("pool", ""), r.get("device", "")))
+                if dev is None:
+                    raise SimulationError(f"{source}: ResourceClaim {ns}/{name}: status.allocation names "
+                                          f"{r.get('pool')}/{r.get('device')}, which no node publishes")
+                consumed = r.get("consumedCapacity") or {}
+                picks.append(fit.Pick(r.get("request", ""), dev, {
+                    k: fit._int(consumed[k], k) if k in consumed else dev.total[k] for k in fit.CAPACITIES}))
+            fit.commit(picks, claim.ref)
+            claim.picks, claim.node = picks, self._node_of(picks[0].device)
+        self.claims[(ns, name)] = claim
+
+    def _claim(self, ns: str, name: str, spec: Mapping[str, Any], where: str, source: str) -> _Claim:
+        try:
+            requests, constraints = fit.claim_spec_requests(spec, where)
+        except fit.ClaimError as exc:
+            raise SimulationError(f"{source}: {exc}") from None
+        return _Claim(ns, name, requests, constraints)
+
+    def _node_of(self, dev: fit.DeviceUse) -> str:
+        return next(n.name for n in self.nodes.values() if any(d is dev for d in n.devices))
+
+    # -------------------------------------------------------------- pods
+    def delete(self, key: str) -> bool:
+        held = self.pods.pop(key, None)
+        if held is None:
+            return False
+        claims, node, req = held
+        if node is not None:
+            n = self.nodes[node]
+            n.requested = [n.requested[0] - req[0], n.requested[1] - req[1]]
+        for c in claims:
+            c.users.discard(key)
+            if not c.users and c.picks is not None:
+                fit.release(c.picks, c.ref)  # the claim controller deallocates a claim no pod uses
+                c.picks, c.node = None, None
+            if c.from_template:
+                self.claims.pop((c.namespace, c.name), None)
+        return True
+
+    def place(self, pod: dict, source: str) -> tuple[PodOutcome, dict]:
+        """One pod: admission as the webhook does it, then its claims placed (or why not)."""
+        meta = pod.get("metadata") or {}
+        out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
+        admitted = self._admit(pod, out)
+        if admitted is None:
+            return out, pod
+        refs = (admitted.get("spec") or {}).get("resourceClaims") or []
+        vendors = pod_request(admitted, self.config.vendors).vendors()
+        others = [v for v in vendors if v != "NVIDIA"]
+        if others:
+            out.reasons = {"*": f"{', '.join(sorted(others))} devices are placed by the extender, not on the DRA "
+                                "front end (simulate with --front-end extender)"}
+            return out, admitted
+        if "NVIDIA" in vendors:  # the webhook's scheduler-name gate let it through untranslated
+            name = (admitted.get("spec") or {}).get("schedulerName")
+            out.reasons = {"*": f"its NVIDIA requests were not turned into claims: the webhook leaves pods of "
+                                f"scheduler {name!r} alone, and on the DRA path no node advertises them as "
+                                "extended resources (KEP-5004's mapping aside)"}
+            return out, admitted
+        if not refs:
+            out.status = "no-devices"
+            out.containers = [{"name": c.get("name") or str(i), "devices": []}
+                              for i, (c, _) in enumerate(ordered_containers(admitted))]
+            return out, admitted
+        claims = self._pod_claims(out, refs, source)
+        if claims is None:
+            return out, admitted
+        node, picks = self._choose(out, admitted, claims)
+        if node is None:
+            return out, admitted
+        key = pod_key(admitted)
+        for c in claims.values():
+            if c.picks is None:
+                c.picks, c.node = picks[c.ref], node
+                fit.commit(c.picks, c.ref)
+            c.users.add(key)
+            if c.from_template:
+                self.claims[(c.namespace, c.name)] = c
+        req = _pod_requests(admitted)
+        n = self.nodes[node]
+        n.requested = [n.requested[0] + req[0], n.requested[1] + req[1]]
+        self.pods[key] = (list(claims.values()), node, req)
+        out.status, out.node, out.reasons = "scheduled", node, {}
+        out.containers = _containers(admitted, claims)
+        return out, admitted
+
+    def _admit(self, pod: dict, out: PodOutcome) -> dict | None:
+        """The webhook's decision on the DRA front end: the mutated pod (its templates recorded),
+        or None with ``out`` saying why (already placed by the extender, or denied)."""
+        from hami.webhook.admission import AdmissionSettings, decide
+
+        ns = out.namespace
+        existing = allocation_from_pod(pod, self.config.vendors)
+        if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
+            out.status, out.node = "pre-placed", existing.node
+            self.warnings.append(f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
+                                 "path does not count it (docs/dra.md, Migrating from the extender)")
+            return None
+        decision = decide(pod, AdmissionSettings(self.config.vendors, front_end="dra",
+                                                 dra_device_class=self.opts.device_class))
+        if not decision.allowed:
+            out.status, out.reasons = "denied", {"webhook": decision.message}
+            return None
+        for t in decision.templates:  # the API server validates what the webhook creates
+            try:
+                fit.claim_spec_requests(t["spec"]["spec"], f"ResourceClaimTemplate {t['metadata']['name']} spec.spec")
+            except fit.ClaimError as exc:
+                out.status, out.reasons = "denied", {"webhook": f"creating the claim template failed: {exc}"}
+                return None
+        admitted = decision.pod or pod
+        nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
+        names = ("use_type_annotation", "nouse_type_annotation", "use_uuid_annotation", "nouse_uuid_annotation",
+                 "numa_bind_annotation")
+        unexpressed = {getattr(nvidia, n, None) for n in names} if nvidia is not None else set()
+        ignored = sorted(a for a in ((pod.get("metadata") or {}).get("annotations") or {}) if a in unexpressed)
+        if ignored and decision.templates:
+            self.warnings.append(f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
+                                 "(the claim can land on any GPU; use a CEL selector in your own claim)")
+        for t in decision.templates:
+            self.templates[(ns, t["metadata"]["name"])] = t["spec"]["spec"]
+        return admitted
+
+    def _pod_claims(self, out: PodOutcome, refs: list, source: str) -> dict[str, _Claim] | None:
+        """The pod's claims by entry name (a claim from a template made now), or None with ``out``
+        saying which claim or template is missing."""
+        ns, claims = out.namespace, {}
+        for ref in refs:
+            entry = ref.get("name") or ""
+            if ref.get("resourceClaimName"):
+                c = self.claims.get((ns, ref["resourceClaimName"]))
+                if c is None:
+                    out.reasons = {"*": f"ResourceClaim {ns}/{ref['resourceClaimName']} not found "
+                                        "(put it in the pods file before the pod)"}
+                    return None
+            else:
+                tname = ref.get("resourceClaimTemplateName") or ""
+                spec = self.templates.get((ns, tname))
+                if spec is None:
+                    out.reasons = {"*": f"ResourceClaimTemplate {ns}/{tname} not found "
+                                        "(put it in the pods file before the pod)"}
+                    return None
+                c = self._claim(ns, f"{out.name}-{entry}", spec, f"ResourceClaimTemplate {ns}/{tname} spec.spec", source)
+                c.from_template = True
+            claims[entry] = c
+        return claims
+
+    def _choose(self, out: PodOutcome, pod: dict, claims: dict[str, _Claim]) -> tuple[str | None, dict]:
+        """The node for the pod and the picks of its unallocated claims there; (None, {}) with the
+        reasons per node in ``out`` when no node takes them all."""
+        candidates = list(self.nodes)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            candidates = [n for n in candidates if n == bound]
+        for c in claims.values():
+            if c.node is not None:
+                candidates = [n for n in candidates if n == c.node]
+        if not candidates:
+            held = sorted({c.node for c in claims.values() if c.node})
+            why = [f"bound to node {bound}"] if bound else []
+            why += [f"its claims are allocated on {', '.join(held)}"] if held else []
+            out.reasons = {"*": f"no candidate node: {' and '.join(why)}, which publishes no gpu.hami.io GPU"
+                           if len(why) == 1 else f"no candidate node: {' and '.join(why)}"}
+            return None, {}
+        fits: dict[str, dict[str, list[fit.Pick]]] = {}
+        for name in candidates:
+            got = self._try(self.nodes[name], [c for c in claims.values() if c.picks is None])
+            if isinstance(got, str):
+                out.reasons[name] = got
+            else:
+                fits[name] = got
+        if not fits:
+            return None, {}
+        req = _pod_requests(pod)
+        node = max(fits, key=lambda n: (self.nodes[n].score(req), -candidates.index(n)))
+        return node, fits[node]
+
+    def _try(self, node: _Node, claims: list[_Claim]) -> dict[str, list[fit.Pick]] | str:
+        """Allocate the pod's unallocated claims on one node, one after the other (each sees the
+        ones before it); nothing stays committed. The picks per claim, or why not."""
+        done: list[tuple[_Claim, list[fit.Pick]]] = []
+        try:
+            for c in claims:
+                picks = fit.allocate(node.devices, c.requests, c.constraints)
+                if picks is None:
+                    return fit.why_not(node.devices, c.requests, c.name, c.constraints)
+                fit.commit(picks, c.ref)
+                done.append((c, picks))
+            return {c.ref: picks for c, picks in done}
+        finally:
+            for c, picks in done:
+                fit.release(picks, c.ref)
+
+    def claim_rows(self) -> list[dict]:
+        rows = []
+        for c in self.claims.values():
+            rows.append({"namespace": c.namespace, "name": c.name, "node": c.node, "pods": sorted(c.users),
+                         "results": [p.result() for p in c.picks or ()]})
+        return rows
+
+    def device_rows(self) -> list[dict]:
+        rows = []
+        for n in self.nodes.values():
+            for d in n.devices:
+                rows.append({
+                    "node": n.name, "device": d.device, "uuid": d.uuid, "index": _index(d),
+                    "type": str(d.attributes.get(f"{DRIVER}/type") or ""),
+                    "used": d.used[SHARES], "count": d.total[SHARES],
+                    "usedmem": -(-d.used[MEMORY] // MIB), "totalmem": d.total[MEMORY] // MIB,
+                    "usedcores": d.used[CORES], "totalcore": d.total[CORES],
+                    "health": True, "cordoned": False, "claims": list(d.claims),
+                })
+        return rows
+
+
+def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
+    """The DRA state seen through the core's ledger, for the web UI's page (``-o html``): each
+    slice device as a registered GPU (slots = shares), each placed pod's claims as its grants.
+    Every container's grant counts (a claim is held for the pod's life, init containers' too) and
+    a ResourceClaim shared by several pods counts once, on its first pod, as on the device."""
+    ledger = Ledger()
+    for n in state.nodes.values():
+        devs = tuple(DeviceInfo(id=d.uuid or f"{d.pool}/{d.device}", index=_index(d), count=d.total[SHARES],
+                                devmem=d.total[MEMORY] // MIB, devcore=d.total[CORES], type=_type(d),
+                                mode="hami-core", health=True, vendor="NVIDIA",
+                                numa=_int_attr(d, "numa"))
+                     for d in n.devices)
+        ledger.set_node(NodeDevices(n.name, devs))
+    counted: set[str] = set()
+    for key, (claims, node, _) in state.pods.items():
+        pod = objects.get(key)
+        if pod is None or node is None:
+            continue
+        by_entry = {ref.get("name"): c for ref, c in zip((pod.get("spec") or {}).get("resourceClaims") or (), claims)}
+        per = []
+        for c, _ in ordered_containers(pod):
+            grants = []
+            for ref in (c.get("resources") or {}).get("claims") or ():
+                claim = by_entry.get(ref.get("name"))
+                if claim is None or claim.ref in counted:
+                    continue
+                counted.add(claim.ref)
+                grants += [ContainerDevice(p.device.uuid or f"{p.device.pool}/{p.device.device}", "NVIDIA",
+                                           -(-p.consumed[MEMORY] // MIB), p.consumed[CORES], _index(p.device))
+                           for p in claim.picks or ()]
+            per.append(tuple(grants))
+        devices = {"NVIDIA": tuple(per)}
+        kinds = tuple(ContainerKind.APP for _ in per)
+        meta = pod.get("metadata") or {}
+        ledger.add_pod(PodAllocation(key=key, namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                                     node=node, devices=devices, kinds=kinds, usage=collapse(devices, kinds)))
+    return ledger
+
+
+def _int_attr(d: fit.DeviceUse, name: str) -> int:
+    value = d.attributes.get(f"{DRIVER}/{name}")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _index(d: fit.DeviceUse) -> int:
+    return _int_attr(d, "index")
+
+
+def _type(d: fit.DeviceUse) -> str:
+    return str(d.attributes.get(f"{DRIVER}/type") or "")
+
+
+def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[dict]:
+    out = []
+    for i, (c, _) in enumerate(ordered_containers(pod)):
+        devs = []
+        for ref in ((c.get("resources") or {}).get("claims") or ()):
+            claim = claims.get(ref.get("name") or "")
+            for p in (claim.picks or ()) if claim else ():
+                if ref.get("request") and ref["request"] != p.request:
+                    continue
+                devs.append({"uuid": p.device.uuid, "type": str(p.device.attributes.get(f"{DRIVER}/type") or ""),
+                             "usedmem": -(-p.consumed[MEMORY] // MIB), "usedcores": p.consumed[CORES],
+                             "device": f"{p.device.pool}/{p.device.device}", "claim": claim.ref})
+        out.append({"name": c.get("name") or str(i), "devices": devs})
+    return out
+
+
+def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: SchedulerConfig,
+                 opts: DraOptions = DraOptions(), sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
+    nodes, warnings = load_nodes(node_docs, config, opts, sources[0])
+    state = _State(nodes, config, opts)
+    state.warnings = warnings
+    outcomes: dict[str, PodOutcome] = {}
+    objects: dict[str, dict] = {}
+    for label, obj in _objects(pod_docs, sources[1]):
+        kind = obj.get("kind") or "Pod"
+        meta = obj.get("metadata") or {}
+        if kind in ("ResourceClaimTemplate", "ResourceClaim", "Pod"):
+            _checked(obj, {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM,
+                           "Pod": fit.POD_CLAIMS}[kind], sources[1], label)
+        if kind == "ResourceClaimTemplate":
+            state.add_template(obj, sources[1])
+            continue
+        if kind == "ResourceClaim":
+            state.add_claim(obj, sources[1])
+            continue
+        if kind == "ResourceQuota":
+            warnings.append(f"{sources[1]}: ResourceQuota {meta.get('name')} ignored: the webhook's quota counts "
+                            "extender allocations only, not claims (docs/dra.md)")
+            continue
+        if kind != "Pod":
+            warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod, ResourceClaim or "
+                            "ResourceClaimTemplate")
+            continue
+        _checked(obj, POD, sources[1], label)
+        key = pod_key(obj)
+        if meta.get("deletionTimestamp"):
+            if state.delete(key) or key in outcomes:
+                if key in outcomes:
+                    outcomes[key].status = "deleted"
+            else:
+                warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
+            continue
+        state.delete(key)
+        outcomes.pop(key, None)
+        try:
+            outcomes[key], admitted = state.place(obj, sources[1])
+        except CoreError as exc:
+            raise SimulationError(f"{sources[1]}: {exc}") from None
+        objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = admitted
+    return SimResult(pods=list(outcomes.values()), devices=state.device_rows(), warnings=warnings,
+                     ledger=to_ledger(state, {pod_key(o): o for o in objects.values()}), objects=objects,
+                     claims=state.claim_rows(), front_end="dra")

@@ -1,0 +1,457 @@
+"""``hami simulate --front-end dra``: the webhook's translation, then kube-scheduler's DRA allocator
+restated (hami.dra.fit) on the slices the node agent would publish."""
+
+import json
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hami.cli import main
+from hami.core import DeviceInfo, SchedulerConfig, admit_pod, encode_node_devices_json
+from hami.deviceplugin.discovery import PhysicalGPU
+from hami.dra import fit
+from hami.dra.explain import describe, usage
+from hami.dra.model import MIB, SliceSettings, resource_slice
+from hami.dra.translate import translate
+from hami.sim.dra import DraOptions, simulate_dra
+from hami.sim.engine import SimulationError
+from hami.webhook.admission import AdmissionSettings, decide
+
+CFG = SchedulerConfig.from_device_config(None, "binpack", "spread")
+NV = next(v for v in CFG.vendors if v.name == "NVIDIA")
+
+
+def node(name, n=2, mem=15360, count=10, devcore=100, cpu=None, health=True):
+    devs = [DeviceInfo(id=f"GPU-{name}-{i}", index=i, count=count, devmem=mem, devcore=devcore, type="NVIDIA-Tesla T4",
+                       mode="hami-core", health=health) for i in range(n)]
+    out = {"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": name, "annotations": {"hami.io/node-nvidia-register": encode_node_devices_json(devs)}}}
+    if cpu is not None:
+        out["status"] = {"allocatable": {"cpu": cpu, "memory": "64Gi"}}
+    return out
+
+
+def pod(name, ns="default", cpu=None, **limits):
+    res = {"limits": {f"nvidia.com/{k.replace('_', '-')}": v for k, v in limits.items()}}
+    if cpu:
+        res["requests"] = {"cpu": cpu}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": res}]}}
+
+
+def run(nodes, pods, opts=DraOptions()):
+    r = simulate_dra(nodes, pods, CFG, opts)
+    return r, {p.name: p for p in r.pods}
+
+
+def where(p):
+    return [d["device"] for c in p.containers for d in c["devices"]]
+
+
+def test_second_share_goes_to_the_next_gpu_then_the_next_node():
+    r, pods = run([node("a", n=2), node("b", n=1)], [pod(f"p{i}", gpu=1, gpumem=8000) for i in range(4)])
+    assert [(pods[f"p{i}"].node, where(pods[f"p{i}"])) for i in range(3)] == [
+        ("a", ["a/gpu-0"]), ("a", ["a/gpu-1"]), ("b", ["b/gpu-0"])]
+    assert pods["p3"].status == "pending"
+    assert pods["p3"].reasons == {"a": "claim p3-hami-gpu-0 request gpu: gpu-0: memory 640 MiB short; "
+                                       "gpu-1: memory 640 MiB short",
+                                  "b": "claim p3-hami-gpu-0 request gpu: gpu-0: memory 640 MiB short"}
+    row = next(d for d in r.devices if d["node"] == "a" and d["device"] == "gpu-0")
+    assert (row["usedmem"], row["totalmem"], row["used"], row["count"]) == (8000, 15360, 1, 10)
+
+
+def test_split_count_caps_the_shares_of_a_gpu():
+    r, pods = run([node("a", n=1, count=2)], [pod(f"p{i}", gpu=1, gpumem=100, gpucores=1) for i in range(3)])
+    assert [pods[f"p{i}"].status for i in range(3)] == ["scheduled", "scheduled", "pending"]
+    assert pods["p2"].reasons == {"a": "claim p2-hami-gpu-0 request gpu: gpu-0: shares 1 short"}
+
+
+def test_a_whole_gpu_request_keeps_shares_off_it_and_the_reason_says_what_is_short():
+    r, pods = run([node("a", n=1)], [pod("whole", gpu=1), pod("excl", gpu=1, gpumem=1000, gpucores=100),
+                                     pod("share", gpu=1, gpumem=100, gpucores=1)])
+    got = pods["whole"].containers[0]["devices"][0]
+    assert (got["usedmem"], got["usedcores"]) == (15360, 100)  # no gpumem: all of it (admission: gpucores 100)
+    assert pods["excl"].status == pods["share"].status == "pending"
+    assert pods["share"].reasons["a"] == "claim share-hami-gpu-0 request gpu: gpu-0: memory 100 MiB short, cores 1 short"
+    # the same wording as hami dra --explain, from the same objects
+    uses = usage([resource_slice("a", [PhysicalGPU(0, "GPU-a-0", "Tesla T4", 15360, "", 0)], SliceSettings())],
+                 [{"metadata": {"namespace": "default", "name": "w"}, "status": {"allocation": {"devices": {"results": [
+                     {"driver": "gpu.hami.io", "pool": "a", "device": "gpu-0", "consumedCapacity": {
+                         "memory": f"{15360 * MIB}", "cores": "100", "shares": "1"}}]}}}}])
+    assert describe(uses, {"memory": "100Mi", "cores": "1"})[0].endswith("-> memory 100 MiB short, cores 1 short")
+
+
+@pytest.mark.parametrize("limits", [
+    {"gpu": 1, "gpumem": 3000, "gpucores": 30},
+    {"gpu": 1, "gpumem_percentage": 100},
+    {"gpu": 2, "gpumem": 1000},
+    {"gpu": 1, "gpucores": 100, "gpumem": 2000},
+    {"gpu": 1},
+])
+def test_what_a_claim_gets_is_what_the_webhooks_translation_asks(limits):
+    p = pod("p", **limits)
+    admitted, _ = admit_pod(p, CFG.vendors)
+    _, [template] = translate(admitted, NV)
+    [req] = template["spec"]["spec"]["devices"]["requests"]
+    r, pods = run([node("a", n=2)], [p])
+    got = pods["p"].containers[0]["devices"]
+    assert len(got) == req["exactly"]["count"]
+    fresh = fit.devices_of([resource_slice("a", [PhysicalGPU(0, "GPU-a-0", "T4", 15360, "", 0)], SliceSettings())])
+    want = fit.wanted(next(iter(fresh.values())), req["exactly"]["capacity"]["requests"])
+    assert all((d["usedmem"], d["usedcores"]) == (want["memory"] // MIB, want["cores"]) for d in got)
+    if req["exactly"]["count"] > 1:
+        assert len({d["uuid"] for d in got}) == len(got)  # distinct GPUs (distinctAttribute)
+
+
+def test_a_request_the_webhook_refuses_is_denied_with_its_message():
+    p = pod("half", gpu=1, gpumem_percentage=50)
+    r, pods = run([node("a")], [p])
+    expected = decide(p, AdmissionSettings(CFG.vendors, front_end="dra")).message
+    assert pods["half"].status == "denied" and pods["half"].reasons == {"webhook": expected}
+    assert "gpumem-percentage" in expected
+
+
+def test_default_cores_and_min_memory_are_the_node_agents_policy():
+    r, pods = run([node("a", n=1)], [pod("p", gpu=1, gpumem=10)], DraOptions(default_cores=7, min_memory_mib=64))
+    [d] = pods["p"].containers[0]["devices"]
+    assert (d["usedmem"], d["usedcores"]) == (64, 0)  # the webhook asks cores 0 explicitly: no default
+    r, pods = run([node("a", n=1)], [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                                      "metadata": {"name": "t"}, "spec": {"spec": {"devices": {"requests": [
+                                          {"name": "g", "exactly": {"deviceClassName": "gpu.hami.io",
+                                                                    "capacity": {"requests": {"memory": "10Mi"}}}}]}}}},
+                                     own_claim_pod("q", template="t")], DraOptions(default_cores=7, min_memory_mib=64))
+    [d] = pods["q"].containers[0]["devices"]
+    assert (d["usedmem"], d["usedcores"]) == (64, 7)
+
+
+def own_claim_pod(name, claim=None, template=None):
+    ref = {"name": "gpu", **({"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"resourceClaims": [ref],
+                     "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+
+def claim_doc(name, device_class="gpu.hami.io", caps=None, allocation=None):
+    out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": "default"},
+           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+               "deviceClassName": device_class, **({"capacity": {"requests": caps}} if caps else {})}}]}}}
+    if allocation:
+        out["status"] = {"allocation": {"devices": {"results": allocation}}}
+    return out
+
+
+def test_pods_with_their_own_claims_share_one_allocation_and_stay_on_its_node():
+    docs = [claim_doc("shared", caps={"memory": "4Gi", "cores": "10"}),
+            own_claim_pod("p1", claim="shared"), own_claim_pod("p2", claim="shared"),
+            claim_doc("whole", device_class="whole-gpu.hami.io"), own_claim_pod("w", claim="whole"),
+            own_claim_pod("missing", claim="nope")]
+    r, pods = run([node("a", n=1), node("b", n=1)], docs)
+    assert pods["p1"].node == pods["p2"].node == "a"
+    claims = {c["name"]: c for c in r.claims}
+    assert claims["shared"]["pods"] == ["default/p1", "default/p2"]
+    assert claims["shared"]["results"][0]["consumedCapacity"]["memory"] == "4096Mi"
+    a0 = next(d for d in r.devices if d["node"] == "a")
+    assert (a0["usedmem"], a0["used"]) == (4096, 1)  # allocated once, used by two pods
+    assert pods["w"].node == "b" and where(pods["w"]) == ["b/gpu-0"]
+    assert pods["missing"].status == "pending" and "ResourceClaim default/nope not found" in pods["missing"].reasons["*"]
+
+
+def test_an_allocated_claim_in_the_input_counts_and_deleting_its_last_pod_frees_it():
+    alloc = [{"request": "gpu", "driver": "gpu.hami.io", "pool": "a", "device": "gpu-0",
+              "consumedCapacity": {"memory": "15000Mi", "cores": "0", "shares": "1"}}]
+    deleted = own_claim_pod("user", claim="held")
+    deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    docs = [claim_doc("held", allocation=alloc), own_claim_pod("user", claim="held"),
+            pod("before", gpu=1, gpumem=1000), deleted, pod("after", gpu=1, gpumem=1000)]
+    r, pods = run([node("a", n=1)], docs)
+    assert pods["before"].status == "pending" and "memory 640 MiB short" in pods["before"].reasons["a"]
+    assert pods["user"].status == "deleted" and pods["after"].status == "scheduled"
+    a0 = r.devices[0]
+    assert (a0["usedmem"], a0["used"]) == (1000, 1)
+
+
+def test_resource_slices_are_read_as_nodes_and_unhealthy_gpus_are_left_out():
+    sl = resource_slice("s", [PhysicalGPU(0, "GPU-s-0", "A10", 23028, "", 0)], SliceSettings(split_count=3))
+    r, pods = run([sl, node("sick", n=1, health=False)], [pod("p", gpu=1, gpumem=20000)])
+    assert pods["p"].node == "s" and {d["node"] for d in r.devices} == {"s"}
+    assert any("unhealthy" in w for w in r.warnings)
+    with pytest.raises(SimulationError, match="no node with a gpu.hami.io GPU"):
+        run([node("sick", n=1, health=False)], [pod("p", gpu=1)])
+
+
+def test_node_choice_follows_least_requested_cpu_and_ties_go_to_input_order():
+    r, pods = run([node("a", n=1, cpu="4"), node("b", n=1, cpu="4")],
+                  [pod("p0", cpu="2", gpu=1, gpumem=1000), pod("p1", gpu=1, gpumem=1000), pod("p2", gpu=1, gpumem=1000)])
+    assert [pods[f"p{i}"].node for i in range(3)] == ["a", "b", "b"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([None, 500, 3000, 8000, 15360, 20000]),
+                          st.sampled_from([None, 0, 10, 50, 100])), min_size=1, max_size=30),
+       st.integers(1, 4), st.integers(1, 3))
+def test_property_no_gpu_is_ever_over_memory_cores_or_shares(requests, count, gpus):
+    pods = []
+    for i, (n, mem, cores) in enumerate(requests):
+        limits = {"gpu": n}
+        if mem is not None:
+            limits["gpumem"] = mem
+        if cores is not None:
+            limits["gpucores"] = cores
+        pods.append(pod(f"p{i}", **limits))
+        if i % 7 == 6:  # now and then a pod goes away
+            gone = pod(f"p{i - 3}")
+            gone["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            pods.append(gone)
+    r, out = run([node("a", n=gpus, count=count), node("b", n=1, count=count, mem=23028)], pods)
+    for d in r.devices:
+        assert d["usedmem"] <= d["totalmem"] and d["usedcores"] <= d["totalcore"] and d["used"] <= d["count"], d
+    # the devices' use is exactly the sum over the live claims' results
+    live = {}
+    for c in r.claims:
+        for res in c["results"]:
+            k = (res["pool"], res["device"])
+            live[k] = live.get(k, 0) + fit._int(res["consumedCapacity"]["shares"], "shares")
+    assert {(d["node"], d["device"]): d["used"] for d in r.devices if d["used"]} == live
+    for p in out.values():  # a pending pod's reasons name a node and a GPU, or ask for too many
+        if p.status == "pending":
+            assert all(("short" in why or "needs" in why or "more than the whole GPU" in why) for why in p.reasons.values())
+
+
+def sim(capsys, *args):
+    code = main(["simulate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_front_end_dra_on_the_bundled_example(capsys):
+    code, out, err = sim(capsys, "--front-end", "dra", "-o", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["frontEnd"] == "dra" and doc["claims"]
+    placed = [p for p in doc["pods"] if p["status"] == "scheduled"]
+    assert placed and all(d["device"].startswith(p["node"] + "/") for p in placed for c in p["containers"]
+                          for d in c["devices"])
+    code, out, err = sim(capsys, "--front-end", "dra")
+    assert code == 0 and "PODS" in out and "gpu-0" in out
+    code, _, extender_err = sim(capsys, "-o", "json")  # the default stays the extender
+    assert code == 0
+
+
+def test_cli_front_end_dra_html_is_the_ui_page_with_the_same_numbers(tmp_path, capsys):
+    import re
+
+    code, out, err = sim(capsys, "--front-end", "dra", "-o", "json")
+    rows = {d["uuid"]: d for d in json.loads(out)["devices"]}
+    code, out, err = sim(capsys, "--front-end", "dra", "-o", "html")
+    assert code == 0, err
+    snap = json.loads(re.search(r'id="hami-snapshot">(.*?)</script>', out, re.S).group(1))
+    assert "--front-end dra" in snap["title"]
+    seen = {d["uuid"]: d for n in snap["nodes"]["items"] for d in n["devices"]}
+    assert seen.keys() == rows.keys()
+    for uuid, d in seen.items():
+        r = rows[uuid]
+        assert (d["memoryMiB"]["allocated"], d["cores"]["allocated"], d["slots"]["allocated"]) == \
+            (r["usedmem"], r["usedcores"], r["used"]), uuid
+    pending = {p["name"] for p in snap["pending"]["items"]}
+    assert "train-llama-8x" in pending
+    # a ResourceClaim shared by two pods counts once on the page too
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text(yaml.safe_dump(node("a", n=1)))
+    pods = tmp_path / "p.yaml"
+    pods.write_text(yaml.safe_dump_all([claim_doc("shared", caps={"memory": "4Gi"}), own_claim_pod("p1", claim="shared"),
+                                        own_claim_pod("p2", claim="shared")]))
+    code, out, err = sim(capsys, "--front-end", "dra", "--nodes", str(nodes), "--pods", str(pods), "-o", "html")
+    snap = json.loads(re.search(r'id="hami-snapshot">(.*?)</script>', out, re.S).group(1))
+    [d] = [d for n in snap["nodes"]["items"] for d in n["devices"]]
+    assert (d["memoryMiB"]["allocated"], d["slots"]["allocated"]) == (4096, 1)
+
+
+def test_cli_front_end_dra_bad_input_is_one_line(tmp_path, capsys):
+    code, _, err = sim(capsys, "--front-end", "dra", "--min-memory", "0")
+    assert code == 1 and "--min-memory must be an integer >= 1" in err
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text(yaml.safe_dump(node("a")))
+    pods = tmp_path / "p.yaml"
+    bad = claim_doc("c", caps={"memory": "lots"})
+    pods.write_text(yaml.safe_dump_all([bad]))
+    code, _, err = sim(capsys, "--front-end", "dra", "--nodes", str(nodes), "--pods", str(pods))
+    assert code == 1 and "ResourceClaim default/c spec.devices.requests[0].exactly.capacity.requests.memory" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_policy_rounds_up_to_min_and_step_and_refuses_above_max():
+    p = fit.Policy(default=5, min=4, max=20, step=4)
+    assert [p.consume(x) for x in (None, 1, 4, 5, 20, 21)] == [5, 4, 4, 8, 20, None]
+    assert [fit.Policy(default=1, values=(1, 2)).consume(x) for x in (None, 2, 3)] == [1, 2, None]
+
+
+def test_a_pod_placed_by_the_extender_is_pre_placed_and_not_counted():
+    old = pod("old", gpu=1, gpumem=15000)
+    old["metadata"]["annotations"] = {"hami.io/vgpu-node": "a",
+                                      "hami.io/vgpu-devices-allocated": "GPU-a-0,NVIDIA,15000,0:;"}
+    r, pods = run([node("a", n=1)], [old, pod("new", gpu=1, gpumem=15000)])
+    assert pods["old"].status == "pre-placed" and pods["old"].node == "a"
+    assert pods["new"].status == "scheduled"  # the DRA path does not see the extender's 15000 MiB
+    assert any("holds an extender allocation on a" in w for w in r.warnings)
+
+
+def test_allocate_tries_sets_of_devices_not_their_orderings():
+    # 16 GPUs, 7 of them free: 8 distinct ones cannot be had. Trying every ordering of the free
+    # ones would not end in any reasonable time; trying sets ends at once.
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(16)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    for d in devs[7:]:
+        d.used["memory"] = d.total["memory"]
+    req = [fit.Request("gpu", "gpu.hami.io", 8, {"memory": "1Gi"})]
+    distinct = [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    assert fit.allocate(devs, req, distinct) is None
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 7, {"memory": "1Gi"})], distinct)
+    assert [p.device.device for p in picks] == [f"gpu-{i}" for i in range(7)]
+    # without the constraint one device may serve the request several times (first that fits)
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 3, {"memory": "1Gi"})])
+    assert [p.device.device for p in picks] == ["gpu-0"] * 3
+
+
+def test_more_devices_than_a_claim_can_hold_is_denied_or_a_clear_error():
+    r, pods = run([node("a")], [pod("huge", gpu="1Gi"), pod("ok", gpu=1, gpumem=100)])
+    assert pods["huge"].status == "denied" and "a claim holds at most 32" in pods["huge"].reasons["webhook"]
+    assert pods["ok"].status == "scheduled"
+    bad = claim_doc("c")
+    bad["spec"]["devices"]["requests"][0]["exactly"]["count"] = 33
+    with pytest.raises(SimulationError, match=r"ResourceClaim default/c spec.devices.requests: 33 devices asked"):
+        run([node("a")], [bad])
+    bad["spec"]["devices"]["requests"] = "x"
+    with pytest.raises(SimulationError, match=r"spec.devices.requests: must be a list"):
+        run([node("a")], [bad])
+
+
+def test_a_hopeless_many_device_request_ends_at_once_and_says_why():
+    # 8 GPUs with room for 3 shares each (24) cannot hold 30: the search would otherwise walk
+    # every multiset of devices
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(8)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings(split_count=3))]).values())
+    req = [fit.Request("gpu", "gpu.hami.io", 30, {"memory": "10Mi"})]
+    assert fit.allocate(devs, req) is None
+    assert fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 24, {"memory": "10Mi"})]) is not None
+    assert fit.why_not(devs, req, "c") == "claim c request gpu needs 30 allocations (one GPU may take several), 24 fit"
+    distinct = [{"distinctAttribute": "gpu.hami.io/uuid"}]
+    assert fit.why_not(devs, req, "c", distinct) == "claim c request gpu needs 30 GPUs, the node publishes 8"
+
+
+def test_a_nodes_given_slice_wins_over_its_registration_and_a_device_counts_once():
+    sl = resource_slice("a", [PhysicalGPU(0, "GPU-s-0", "A10", 23028, "", 0)], SliceSettings(split_count=3))
+    r, pods = run([node("a", n=2, cpu="8"), sl, sl], [pod("p", gpu=1, gpumem=20000)])
+    assert [(d["node"], d["device"], d["totalmem"]) for d in r.devices] == [("a", "gpu-0", 23028)]
+    assert pods["p"].node == "a"
+    assert any("registration annotation is not used" in w for w in r.warnings)
+    assert any("published twice" in w for w in r.warnings)
+
+
+def _paths(o, pre=()):
+    if pre:
+        yield pre
+    if isinstance(o, dict):
+        for k, v in o.items():
+            yield from _paths(v, pre + (k,))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            yield from _paths(v, pre + (i,))
+
+
+def test_any_field_of_the_dra_inputs_replaced_by_junk_is_a_clear_error_or_a_result():
+    """Every field of a claim, a template, pods naming them, a HAMi pod and a ResourceSlice, set in
+    turn to values of other types: the run ends with a result or SimulationError (one line at the
+    command), never another exception (such as a MemoryError for nvidia.com/gpu: 1Gi)."""
+    import copy
+
+    from hami.core import CoreError
+
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+                "spec": {"spec": {"devices": {
+                    "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.hami.io", "count": 2}}],
+                    "constraints": [{"requests": ["g"], "distinctAttribute": "gpu.hami.io/uuid"}]}}}}
+    pods = [claim_doc("c", caps={"memory": "1Gi"}), own_claim_pod("p1", claim="c"), template,
+            own_claim_pod("p2", template="t"), pod("p3", gpu=2, gpumem=1000)]
+    nodes = [node("a"), resource_slice("s", [PhysicalGPU(0, "GPU-s-0", "A10", 23028, "", 0)], SliceSettings())]
+    junk = [None, "x", -1, [], [1], {}, True, 1.5, "1Gi", [{"name": 1}]]
+    tried = 0
+    for which, docs in (("pods", pods), ("nodes", nodes)):
+        for path in list(_paths(docs)):
+            for value in junk:
+                changed = copy.deepcopy(docs)
+                target = changed
+                for k in path[:-1]:
+                    target = target[k]
+                target[path[-1]] = value
+                tried += 1
+                try:
+                    if which == "pods":
+                        simulate_dra(nodes, changed, CFG)
+                    else:
+                        simulate_dra(changed, pods, CFG)
+                except (SimulationError, CoreError):
+                    pass
+    assert tried > 1000
+
+
+def test_a_gpu_pod_the_webhook_leaves_alone_is_pending_not_deviceless():
+    p = pod("other", gpu=1, gpumem=100)
+    p["spec"]["schedulerName"] = "my-scheduler"
+    r, pods = run([node("a")], [p])
+    assert pods["other"].status == "pending" and "scheduler 'my-scheduler'" in pods["other"].reasons["*"]
+
+
+def test_the_bundled_dra_example(capsys):
+    code, out, err = sim(capsys, "--example", "dra", "-o", "json")  # --example dra means --front-end dra
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["frontEnd"] == "dra" and not doc["warnings"]
+    status = {p["name"]: (p["status"], p["node"]) for p in doc["pods"]}
+    assert status == {"chat-0": ("deleted", "t4-node"), "chat-1": ("scheduled", "t4-node"),
+                      "render-a": ("scheduled", "a10-node"), "render-b": ("scheduled", "a10-node"),
+                      "ddp-0": ("scheduled", "t4-node"), "notebook": ("denied", None),
+                      "embed-0": ("scheduled", "a10-node"), "embed-1": ("pending", None),
+                      "chat-2": ("scheduled", "t4-node")}
+    ddp = next(p for p in doc["pods"] if p["name"] == "ddp-0")
+    assert sorted(d["device"] for d in ddp["containers"][0]["devices"]) == ["t4-node/gpu-0", "t4-node/gpu-1"]
+    embed = next(p for p in doc["pods"] if p["name"] == "embed-1")
+    assert embed["reasons"]["a10-node"].endswith("gpu-1: memory 16972 MiB short")
+
+
+def test_the_device_config_shapes_the_translation(tmp_path, capsys):
+    nodes = tmp_path / "n.yaml"
+    nodes.write_text(yaml.safe_dump(node("a", n=1)))
+    pods = tmp_path / "p.yaml"
+    pods.write_text(yaml.safe_dump_all([pod("f", gpu=1, gpumem=1000, gpucores=10), pod("d", gpu=1, gpumem=500)]))
+    cfg = tmp_path / "device-config.yaml"
+    cfg.write_text("nvidia:\n  memoryFactor: 2\n  defaultMemory: 3000\n  defaultCores: 7\n")
+    code, out, err = sim(capsys, "--front-end", "dra", "--nodes", str(nodes), "--pods", str(pods), "--config", str(cfg),
+                         "-o", "json")
+    assert code == 0, err
+    got = {p["name"]: p["containers"][0]["devices"][0] for p in json.loads(out)["pods"]}
+    assert (got["f"]["usedmem"], got["f"]["usedcores"]) == (2000, 10)  # gpumem x memoryFactor
+    assert (got["d"]["usedmem"], got["d"]["usedcores"]) == (1000, 7)  # defaultCores, as the webhook applies it
+
+
+def test_unknown_class_is_a_reason_and_first_available_a_clear_stop():
+    r, pods = run([node("a", n=1)], [claim_doc("c", device_class="other.example.com"), own_claim_pod("p", claim="c")])
+    assert pods["p"].reasons == {"a": "claim c request gpu: device class 'other.example.com' is not gpu.hami.io or "
+                                      "whole-gpu.hami.io"}
+    alt = claim_doc("alt")
+    alt["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": [{"name": "big"}]}
+    with pytest.raises(SimulationError, match=r"requests\[0\] \(gpu\): only 'exactly' requests are simulated"):
+        run([node("a")], [alt])
+
+
+def test_an_over_committed_gpu_in_the_input_does_not_hide_the_others():
+    # an allocated claim in the input that already takes more than gpu-0 has (a hand-written file)
+    over = [{"request": "gpu", "driver": "gpu.hami.io", "pool": "a", "device": "gpu-0",
+             "consumedCapacity": {"memory": "40000Mi", "cores": "0", "shares": "1"}}]
+    tmpl = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "t"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                "deviceClassName": "gpu.hami.io", "count": 2, "capacity": {"requests": {"memory": "1Gi"}}}}],
+                "constraints": [{"distinctAttribute": "gpu.hami.io/uuid"}]}}}}
+    r, pods = run([node("a", n=3)], [claim_doc("big", allocation=over), tmpl, own_claim_pod("p", template="t")])
+    assert sorted(where(pods["p"])) == ["a/gpu-1", "a/gpu-2"]
