@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from hami.core.quantity import QuantityError, parse_int_quantity
 
+from .claims import ClaimError, ClaimUsage, claim_usage
 from .model import CORES, DRIVER, MEMORY, MIB, SHARES
 
 CAPACITIES = (MEMORY, CORES, SHARES)
@@ -61,18 +62,28 @@ def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
                        for k in CAPACITIES}
             uuid = ((d.get("attributes") or {}).get("uuid") or {}).get("string", "")
             out[(pool, d.get("name", ""))] = DeviceUse(pool, d.get("name", ""), uuid, total, default)
+    uses = []
     for c in claims:
-        meta = c.get("metadata") or {}
-        results = ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or ()
-        for r in results:
-            dev = out.get((r.get("pool", ""), r.get("device", "")))
-            if r.get("driver") != DRIVER or dev is None:
+        try:
+            u = claim_usage(c)
+        except ClaimError:
+            continue  # an allocation the API server could not have stored: counted as nothing
+        if u is not None:
+            uses.append(u)
+    return add_claims(out, uses)
+
+
+def add_claims(devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage]) -> dict[tuple[str, str], DeviceUse]:
+    """Add what ``claims`` consume to ``devices`` (a result on a device not listed is left out)."""
+    for u in claims:
+        for r in u.results:
+            dev = devices.get((r.pool, r.device))
+            if dev is None:
                 continue
-            consumed = r.get("consumedCapacity") or {}
-            for k in CAPACITIES:
-                dev.used[k] += _int(consumed[k], k) if k in consumed else dev.total[k]
-            dev.claims.append(f"{meta.get('namespace')}/{meta.get('name')}")
-    return out
+            for k, v in r.resolved(dev.total).items():
+                dev.used[k] += v
+            dev.claims.append(u.key)
+    return devices
 
 
 def wanted(dev: DeviceUse, requests: Mapping[str, Any]) -> dict[str, int]:

@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, Mapping
 from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
+from hami.dra.claims import ClaimError, ClaimUsage, claim_usage, slice_devices
+from hami.dra.model import DRIVER as DRA_DRIVER
 from hami.kube.revision import revision
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,12 @@ class ClusterState:
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
         self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
+        # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
+        self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
+        self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
+        self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
+        dra = [v.name for v in self.vendors if v.name == "NVIDIA"]
+        self.dra_vendor = dra[0] if dra else "NVIDIA"  # whose quota a claim counts against
         self._fingerprints: dict[str, tuple] = {}
         # the node locks the vendors declare, and the nodes that carry one of them now
         self.lock_keys = frozenset(k for k in (getattr(v, "lock_annotation", None) for v in self.vendors) if k)
@@ -193,8 +201,10 @@ class ClusterState:
 
     def _interesting(self, pod: Mapping[str, Any]) -> bool:
         meta = pod.get("metadata") or {}
-        return (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name or \
-            VGPU_NODE in (meta.get("annotations") or {})
+        spec = pod.get("spec") or {}
+        # pods with ResourceClaims are kept too: the UI names a DRA claim's containers from them
+        return spec.get("schedulerName") == self.scheduler_name or VGPU_NODE in (meta.get("annotations") or {}) \
+            or bool(spec.get("resourceClaims"))
 
     def _replace_pods(self, items: list[dict]) -> None:
         keys = {pod_key(p) for p in items}
@@ -326,6 +336,69 @@ class ClusterState:
         except CoreError as exc:
             log.warning("ignoring %s", exc)
             self.ledger.remove_quota(ns, name)
+
+
+    # ------------------------------------------------------------------ DRA claims and slices
+    @property
+    def claim_handler(self) -> "_Handler":
+        return _Handler(self._replace_claims, self._apply_claim)
+
+    def _replace_claims(self, items: list[dict]) -> None:
+        keep = {_ref(c) for c in items}
+        for ref in list(self.claims):
+            if ref not in keep:
+                self.claims.pop(ref)
+                self.ledger.remove_claim(ref)
+        for c in items:
+            self._apply_claim("MODIFIED", c)
+
+    def _apply_claim(self, kind: str, claim: dict) -> None:
+        """A ResourceClaim event: an allocation of driver gpu.hami.io counts against its
+        namespace's quota (the ledger) and shows in the UI; anything else is dropped."""
+        ref = _ref(claim)
+        usage = None
+        if kind != "DELETED":
+            try:
+                usage = claim_usage(claim)
+            except ClaimError as exc:
+                log.warning("%s; the claim is counted as holding nothing", exc)
+        if usage is None:
+            if self.claims.pop(ref, None) is not None:
+                self.ledger.remove_claim(ref)
+            return
+        self.claims[ref] = usage
+        self._count_claim(usage)
+
+    def _count_claim(self, usage: ClaimUsage) -> None:
+        mem, cores = usage.totals({k: d["total"] for k, d in self.dra_devices.items()})
+        self.ledger.set_claim(usage.key, usage.namespace, self.dra_vendor, mem, cores)
+
+    @property
+    def slice_handler(self) -> "_Handler":
+        return _Handler(self._replace_slices, self._apply_slice)
+
+    def _replace_slices(self, items: list[dict]) -> None:
+        self.slices = {}
+        for s in items:
+            self._apply_slice("MODIFIED", s, recount=False)
+        self._recount_slices()
+
+    def _apply_slice(self, kind: str, obj: dict, recount: bool = True) -> None:
+        name = (obj.get("metadata") or {}).get("name") or ""
+        if kind == "DELETED" or ((obj.get("spec") or {}).get("driver") != DRA_DRIVER):
+            if self.slices.pop(name, None) is None:
+                return
+        else:
+            self.slices[name] = obj
+        if recount:
+            self._recount_slices()
+
+    def _recount_slices(self) -> None:
+        """Devices changed: a claim that took a whole device (no consumedCapacity) is counted anew."""
+        self.dra_devices = slice_devices(self.slices.values())
+        for usage in self.claims.values():
+            if any(None in (r.memory, r.cores) for r in usage.results):
+                self._count_claim(usage)
 
 
 def _same_allocation(a: Any, b: Any) -> bool:
