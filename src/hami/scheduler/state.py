@@ -393,6 +393,10 @@ class ClusterState:
         if recount:
             self._recount_slices()
 
+    def device_node_names(self) -> list[str]:
+        """Nodes with devices on either front end: registered ones and those with DRA GPUs."""
+        return sorted(set(self.ledger.node_names()) | {node for node, _ in self.dra_devices})
+
     def _recount_slices(self) -> None:
         """Devices changed: a claim that took a whole device (no consumedCapacity) is counted anew."""
         self.dra_devices = slice_devices(self.slices.values())
