@@ -519,3 +519,85 @@ def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quota(cluster):
+    """`hami scheduler --front-end dra --ui-bind`: a claim kube-scheduler allocated shows in /api/v1
+    (its GPU's use, an allocation of front end `dra` with its claim and pod), and the webhook
+    refuses a second pod that would take the namespace past `limits.nvidia.com/gpumem`."""
+    import asyncio
+    import urllib.request
+    import uuid
+
+    from hami.dev.cluster import free_port
+    from hami.dev.errors import ApiError
+    from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
+
+    node, ns, label = "dra-vis", "dra-vis", "hami.io/dra-vis-test"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "vis"})
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    ui_port = free_port()
+    proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}").start()
+    webhook = f"hami-vis-{uuid.uuid4().hex[:6]}"
+    register_webhook(cluster, proc.url, webhook, label)
+    label_namespace(cluster, ns, label)
+
+    def api(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}{path}", timeout=5) as r:
+            return json.loads(r.read())
+
+    try:
+        sel = {"hami.io/test-pool": "vis"}
+        first = hami_pod("first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, sel)
+        cluster.wait_for(lambda: cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", first)["spec"]
+                         .get("resourceClaims"), "the webhook turning GPU requests into claims", timeout=30, interval=0.2)
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", first)
+
+        def dra_item():
+            items = [i for i in api(f"/api/v1/pods?namespace={ns}")["items"] if i.get("frontEnd") == "dra"]
+            return items[0] if items and items[0]["claim"]["reservedFor"] else None
+
+        item = cluster.wait_for(dra_item, "the allocated claim in /api/v1/pods", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert item["claim"]["name"] == claim["metadata"]["name"] and item["claim"]["uid"] == claim["metadata"]["uid"]
+        assert [c["name"] for c in item["claim"]["reservedFor"]] == ["first"] and item["name"] == "first"
+        assert item["node"] == node and item["memoryMiB"] == 3000
+        [ctr] = item["containers"]
+        [grant] = ctr["grants"]
+        assert ctr["name"] == "main" and (grant["memoryMiB"], grant["cores"], grant["device"]) == (3000, 25, r["device"])
+        [n] = api(f"/api/v1/nodes?node={node}")["items"]
+        by_name = {f"gpu-{d['index']}": d for d in n["devices"]}
+        assert by_name[r["device"]]["memoryMiB"] == {"allocated": 3000, "total": GPU_MIB}
+        assert by_name[r["device"]]["cores"]["allocated"] == 25 and by_name[r["device"]]["frontEnd"] == "dra"
+        assert by_name[r["device"]]["claims"] == [f"{ns}/{claim['metadata']['name']}"]
+        [q] = api(f"/api/v1/quotas?namespace={ns}")["items"]
+        assert [(x["resource"], x["used"], x["limit"]) for x in q["resources"]] == [("limits.nvidia.com/gpumem", 3000, 5000)]
+
+        # 3000 more would make 6000 > 5000: refused by the webhook with the quota message
+        second = hami_pod("second", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 5}, sel)
+        with pytest.raises(ApiError, match="exceeding resource quota: nvidia.com/gpumem requests 3000, namespace "
+                                           f"{ns} has 2000 left"):
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", second)
+        # 2000 still fits
+        small = hami_pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 5}, sel)
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", small)
+    finally:
+        delete_webhook(cluster, webhook)
+        proc.stop()
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
