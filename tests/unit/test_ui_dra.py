@@ -131,3 +131,15 @@ async def test_the_dra_answers_validate_against_the_openapi_document(cluster):
         assert list(validator_for("/api/v1/pods").iter_errors(bad)), "the schema must constrain frontEnd"
     finally:
         await client.close()
+
+
+def test_live_usage_of_a_claim_shared_by_containers_is_found_under_the_claims_name(cluster):
+    pod = dra_pod("p1")
+    pod["metadata"]["resourceVersion"] = "4"
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "hami-gpu-1"}]}  # "other" uses it too
+    cluster.pod_handler.apply("MODIFIED", pod)
+    live = {"dra-1": NodeReading(scraped_at=NOW - 1, stale_after=45,
+                                 containers={("team-a", "p1", "c1", "GPU-dra-0"): Usage(777, 9.0)})}
+    [item] = [i for i in model.pods_document(cluster, NOW, live)["items"] if i["frontEnd"] == "dra" and i["name"] == "p1"]
+    assert [c["name"] for c in item["containers"]] == ["other", "main"]
+    assert [c["grants"][0]["usage"]["memoryUsedMiB"] for c in item["containers"]] == [777, 777]

@@ -326,8 +326,12 @@ def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, N
             use, info = dra.uses.get((r.pool, r.device)), dra.info.get((r.pool, r.device), {})
             got = r.resolved(use.total if use is not None else {})
             uuid = info.get("uuid") or ""
-            usage = reading.containers.get((claim.namespace, first.name if first else "", cname, uuid)) \
-                if reading is not None and cname else None
+            usage = None
+            if reading is not None and first is not None:
+                # hami monitor labels a claim's region with the one container using it, or with the
+                # claim's name when several share it
+                usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or \
+                    reading.containers.get((claim.namespace, first.name, claim.name, uuid))
             grants.append({"vendor": "NVIDIA", "uuid": uuid,
                            "index": info.get("index") if isinstance(info.get("index"), int) else None,
                            "model": info.get("model") or "", "memoryMiB": _mib(got[MEMORY]), "cores": got[CORES],
