@@ -6,6 +6,12 @@ everything); the only state that exists nowhere else is a Filter reservation who
 has not come back through the watch yet (kept until the pod's annotations arrive, rolled
 back by the extender when the patch fails).
 
+The DRA front end's allocations are learnt too (either front end): ResourceClaims allocated by
+driver ``gpu.hami.io`` (read by :func:`hami.dra.claims.claim_usage`) count against their
+namespace's quota in the ledger (:meth:`hami.core.Ledger.set_claim`), and the driver's
+ResourceSlices give the GPUs' sizes (a claim that recorded no consumed amount took the whole
+device) and the UI's DRA devices. Pods with ResourceClaims are cached for the UI.
+
 Node health follows HAMi's handshake semantics per vendor (§4.4): a node's devices count
 while the kubelet advertises the vendor's count resource (``status.allocatable``), or while
 its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s.
