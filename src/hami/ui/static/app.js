@@ -118,9 +118,10 @@
         const flags = [!d.health && el("span", { class: "badge bad", text: "unhealthy" }),
                        d.cordoned && el("span", { class: "badge warn", text: "cordoned" }),
                        d.mode !== "hami-core" && el("span", { class: "badge", text: d.mode }),
-                       d.frontEnd === "dra" && el("span", { class: "badge", text: "DRA" }),
-                       (d.claims || []).length > 0 && el("span", { class: "badge", title: d.claims.join(", "),
-                         text: d.claims.length + (d.claims.length === 1 ? " claim" : " claims") }),
+                       // one short badge (the model column is narrow); the claims are in its title
+                       (d.frontEnd === "dra" || (d.claims || []).length > 0) && el("span", { class: "badge dra",
+                         title: "DRA claims: " + ((d.claims || []).join(", ") || "none"),
+                         text: d.frontEnd === "dra" ? "DRA" : "+DRA" }),
                        d.usage.state === "stale" && el("span", { class: "badge warn", text: "stale" })];
         return el("div", { class: "gpu", "data-gpu-uuid": d.uuid, "data-vendor": d.vendor },
           el("span", { class: "idx", text: "#" + d.index }),
