@@ -148,8 +148,15 @@ def test_a_whole_device_claim_is_counted_once_the_slice_is_known(state):
     assert room(state) == (8000 - 15360, 60 - 100)
     assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1")]
     assert state.device_node_names() == ["n1"]
-    state.slice_handler.apply("DELETED", a_slice("n1"))
-    assert room(state) == (8000, 60) and state.device_node_names() == []
+    state.slice_handler.apply("ADDED", a_slice("n2", n=1))  # another node's slice: n1's devices stay
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1"), ("n2", "gpu-0")]
+    assert room(state) == (8000 - 15360, 60 - 100)
+    smaller = resource_slice("n1", [Gpu(0, "GPU-n1-0", 10240)], SliceSettings(split_count=4))
+    state.slice_handler.apply("MODIFIED", smaller)  # n1 republished with one smaller GPU
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n2", "gpu-0")]
+    assert room(state) == (8000 - 10240, 60 - 100)
+    state.slice_handler.apply("DELETED", smaller)
+    assert room(state) == (8000, 60) and state.device_node_names() == ["n2"]
 
 
 def test_slices_of_other_drivers_are_ignored(state):

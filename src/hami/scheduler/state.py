@@ -107,6 +107,8 @@ class ClusterState:
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
         self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
         self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
+        self._dra_totals: dict[tuple[str, str], dict] = {}  # (node, device) -> its capacity values
+        self._slice_keys: dict[str, tuple[tuple[str, str], ...]] = {}  # slice name -> its devices' keys
         dra = [v.name for v in self.vendors if v.name == "NVIDIA"]
         self.dra_vendor = dra[0] if dra else "NVIDIA"  # whose quota a claim counts against
         self._fingerprints: dict[str, tuple] = {}
@@ -376,7 +378,7 @@ class ClusterState:
         self._count_claim(usage)
 
     def _count_claim(self, usage: ClaimUsage) -> None:
-        mem, cores = usage.totals({k: d["total"] for k, d in self.dra_devices.items()})
+        mem, cores = usage.totals(self._dra_totals)
         self.ledger.set_claim(usage.key, usage.namespace, self.dra_vendor, mem, cores)
 
     @property
@@ -384,30 +386,39 @@ class ClusterState:
         return _Handler(self._replace_slices, self._apply_slice)
 
     def _replace_slices(self, items: list[dict]) -> None:
-        self.slices = {}
+        self.slices, self._slice_keys, self.dra_devices, self._dra_totals = {}, {}, {}, {}
         for s in items:
             self._apply_slice("MODIFIED", s, recount=False)
-        self._recount_slices()
+        self._recount_whole_device_claims(None)
 
     def _apply_slice(self, kind: str, obj: dict, recount: bool = True) -> None:
+        """One slice's devices replace what it published before (the others are not re-read)."""
         name = (obj.get("metadata") or {}).get("name") or ""
+        for key in self._slice_keys.pop(name, ()):
+            self.dra_devices.pop(key, None)
+            self._dra_totals.pop(key, None)
         if kind == "DELETED" or ((obj.get("spec") or {}).get("driver") != DRA_DRIVER):
-            if self.slices.pop(name, None) is None:
-                return
+            self.slices.pop(name, None)
         else:
             self.slices[name] = obj
+            devices = slice_devices([obj])
+            self._slice_keys[name] = tuple(devices)
+            self.dra_devices.update(devices)
+            self._dra_totals.update((k, d["total"]) for k, d in devices.items())
         if recount:
-            self._recount_slices()
+            self._recount_whole_device_claims({node for node, _ in self._slice_keys.get(name, ())} |
+                                              {(obj.get("spec") or {}).get("nodeName") or "",
+                                               ((obj.get("spec") or {}).get("pool") or {}).get("name") or ""})
 
     def device_node_names(self) -> list[str]:
         """Nodes with devices on either front end: registered ones and those with DRA GPUs."""
         return sorted(set(self.ledger.node_names()) | {node for node, _ in self.dra_devices})
 
-    def _recount_slices(self) -> None:
-        """Devices changed: a claim that took a whole device (no consumedCapacity) is counted anew."""
-        self.dra_devices = slice_devices(self.slices.values())
+    def _recount_whole_device_claims(self, nodes: set[str] | None) -> None:
+        """Devices changed (on ``nodes``; None: anywhere): a claim that took a whole device (no
+        consumedCapacity recorded) is counted anew from the device's size."""
         for usage in self.claims.values():
-            if any(None in (r.memory, r.cores) for r in usage.results):
+            if any(None in (r.memory, r.cores) and (nodes is None or r.pool in nodes) for r in usage.results):
                 self._count_claim(usage)
 
 

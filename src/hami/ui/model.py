@@ -28,7 +28,7 @@ from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
 
 from hami.dra.claims import ClaimUsage, slice_devices
-from hami.dra.explain import DeviceUse, add_claims, usage as dra_usage
+from hami.dra.explain import DeviceUse, add_claims
 from hami.dra.model import CORES, MEMORY, MIB, SHARES
 
 from .live import NodeReading, Usage
@@ -126,15 +126,23 @@ class DraView:
     info: dict[tuple[str, str], dict]  # (node, device) -> uuid, index, model, numa
     claims: dict[str, ClaimUsage]
 
+    @property
+    def totals(self) -> dict[tuple[str, str], dict[str, int]]:
+        return {k: u.total for k, u in self.uses.items()}
+
     def by_uuid(self) -> dict[str, DeviceUse]:
         return {u.uuid: u for u in self.uses.values() if u.uuid}
 
 
 def dra_view(source: Any) -> DraView:
-    """The source's DRA objects (none for a source without them, e.g. ``hami simulate``)."""
-    slices = list((getattr(source, "slices", None) or {}).values())
+    """The source's DRA objects (none for a source without them, e.g. ``hami simulate``). The
+    devices come parsed from the source (``dra_devices``, kept by the watch cache) when it has them."""
+    info = getattr(source, "dra_devices", None)
+    if info is None:
+        info = slice_devices((getattr(source, "slices", None) or {}).values())
     claims = dict(getattr(source, "claims", None) or {})
-    return DraView(add_claims(dra_usage(slices, ()), (claims[k] for k in sorted(claims))), slice_devices(slices), claims)
+    uses = {key: DeviceUse(key[0], key[1], d["uuid"], dict(d["total"]), {}) for key, d in info.items()}
+    return DraView(add_claims(uses, (claims[k] for k in sorted(claims))), info, claims)
 
 
 def _mib(amount: int) -> int:
@@ -282,12 +290,13 @@ def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | Non
             "memoryMiB": alloc.memory(), "containers": containers, "frontEnd": "extender",
         })
     dra = dra_view(source)
+    totals = dra.totals
     for ref in sorted(dra.claims):
         claim = dra.claims[ref]
         if not _matches(claim.namespace, q.get("namespace")) or \
                 (q.get("node") is not None and q["node"] not in claim.nodes):
             continue
-        items.append(claim_doc(claim, source, dra, live, now))
+        items.append(claim_doc(claim, source, dra, live, now, totals))
     return envelope("PodList", now, items)
 
 
@@ -307,7 +316,7 @@ def _claim_containers(pod: Mapping[str, Any] | None, claim: str) -> list[tuple[s
 
 
 def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, NodeReading] | None,
-              now: float) -> dict:
+              now: float, totals: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> dict:
     """One allocated DRA claim as an item of ``/api/v1/pods``: named after the (first) pod that
     reserves it, with a grant per GPU for each of that pod's containers using the claim."""
     pods = sorted(claim.pods, key=lambda c: c.name)
@@ -338,7 +347,7 @@ def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, N
                            "coreUnit": "percent", "usage": _usage_doc(usage, state),
                            "node": r.pool, "device": r.device, "request": r.request})
         docs.append({"name": cname, "kind": kind, "grants": grants})
-    mem, _ = claim.totals({k: u.total for k, u in dra.uses.items()})
+    mem, _ = claim.totals(dra.totals if totals is None else totals)
     return {
         "namespace": claim.namespace, "name": first.name if first else "", "uid": first.uid if first else "",
         "node": node, "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
