@@ -107,3 +107,16 @@ def test_pod_claims_resolves_template_claims_through_the_pods_status():
              status=NS(resource_claim_statuses=[NS(name="gpu", resource_claim_name="p1-gpu-abc")]))
     assert pod_claims(pod) == (("p1-gpu-abc", ("main",)), ("team-claim", ("init", "main")))
     assert pod_claims(NS(spec=None, status=None)) == ()
+
+
+async def test_pod_claims_reads_the_kubernetes_client_s_own_pod_objects():
+    """The same through kubernetes_asyncio's V1Pod (what node_pods gets from the API server)."""
+    from kubernetes_asyncio import client
+
+    raw = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hami-gpu-abc"}],
+                    "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}, {"name": "side"}]},
+           "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-hami-gpu-0-x7k"}]}}
+    async with client.ApiClient() as api:
+        pod = api._ApiClient__deserialize(raw, "V1Pod")
+    assert pod_claims(pod) == (("p-hami-gpu-0-x7k", ("main",)),)

@@ -212,8 +212,8 @@ class SchedulerService:
 
     async def _first_pass(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
-        log.info("caches synced: %d nodes with devices, %d pods holding devices",
-                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()))
+        log.info("caches synced: %d nodes with devices, %d pods holding devices, %d DRA claims (gpu.hami.io)",
+                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()), len(self.state.claims))
         await self.resync()
 
     def start_background(self) -> None:
