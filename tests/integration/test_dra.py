@@ -601,3 +601,86 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_path):
+    """kube-scheduler allocates a HAMi pod's claim, the kubelet plugin prepares it (region directory
+    and the record beside it), the library's region appears there, and `hami monitor` exports it
+    labelled with the pod and container that use the claim."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hami.dev.cluster import free_port
+    from tests.unit import _regionkit as kit
+
+    node, ns = "dra-mon", "dra-mon"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "mon"})
+    root = Path(tempfile.mkdtemp(prefix="dramon", dir="/tmp"))
+    paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    proc = None
+    try:
+        create_hami_pod(cluster, ns, hami_pod("mon", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                                                     "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "mon"}))
+        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/mon")["spec"].get("nodeName"),
+                         "the pod placed", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        meta = claim["metadata"]
+
+        async def read_claim(namespace, name):
+            return cluster.api("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+
+        driver = Driver(node, gpus(node, 1), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths)
+        asyncio.run(driver.prepare(ns, meta["name"], meta["uid"]))
+        record = json.loads(Path(paths.claim_record(meta["uid"])).read_text())
+        assert record == {"namespace": ns, "name": meta["name"], "uid": meta["uid"]}
+        # what libvgpu writes in the container's <hook>/vgpu (the claim's directory on the host)
+        kit.write(Path(paths.claim_dir(meta["uid"])) / "r.cache", uuids=(gpus(node, 1)[0].uuid,),
+                  limits=(2000 * MIB,), procs=[kit.Proc(pid=5, used={0: (0, 0, 300 * MIB, 300 * MIB)})])
+        port = free_port()
+        log = open(root / "monitor.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hami", "monitor", f"--node-name={node}", f"--kubeconfig={cluster.kubeconfig}",
+             f"--hook-path={paths.vgpu_dir}", f"--metrics-bind-address=127.0.0.1:{port}", "--interval=0.2", "--no-nvml"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+        def exported():
+            assert proc.poll() is None, (root / "monitor.log").read_text()
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                return None
+            fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+            return [s for s in fams.get("hami_vgpu_memory_used_bytes", ()) if s.labels["pod"] == "mon"] or None
+
+        [used] = cluster.wait_for(exported, "the claim's region exported under the pod's name", timeout=30)
+        assert used.labels == {"namespace": ns, "pod": "mon", "container": "main", "vdevice_index": "0",
+                               "device_uuid": gpus(node, 1)[0].uuid, "zone": "vGPU"}
+        assert used.value == 300 * MIB
+        asyncio.run(driver.unprepare(ns, meta["name"], meta["uid"]))
+        assert not Path(paths.claim_record(meta["uid"])).exists() and not Path(paths.claim_dir(meta["uid"])).exists()
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
+        shutil.rmtree(root, ignore_errors=True)
