@@ -70,14 +70,29 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     assert rules(docs, "hami-dra") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "create", "patch"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]  # the monitor's pod map
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     for d in classes:
         d["metadata"].pop("labels")
     assert classes == device_classes("nvidia.com/gpu")
     ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
-    [c] = ds["containers"]
+    c, mon = ds["containers"]
     assert c["command"][:2] == ["hami", "dra"] and "--kubelet-dir=/var/lib/kubelet" in c["command"]
+    # hami monitor beside the agent reads the claims' regions: HOOK_PATH is the directory the CDI
+    # specs mount into containers, <gpuHookPath>/vgpu (its claims/ holds one region per claim)
+    assert mon["command"][:2] == ["hami", "monitor"] and mon["ports"] == [{"name": "metrics", "containerPort": 9394}]
+    hook = next(e["value"] for e in mon["env"] if e["name"] == "HOOK_PATH")
+    assert {m["name"]: m["mountPath"] for m in mon["volumeMounts"]} == {"hook": hook}
+    assert next(v for v in ds["volumes"] if v["name"] == "hook")["hostPath"]["path"] == hook
+    assert mon["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not mon["securityContext"].get("privileged")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == ds_labels(docs)
+    off = render(helm, *DRA, "--set", "dra.monitor.enabled=false")
+    assert [x["name"] for x in next(d for d in off if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+            ["spec"]["template"]["spec"]["containers"]] == ["dra"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} not in rules(off, "hami-dra")
+    assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
     sc = c["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -87,6 +102,11 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     for i, line in enumerate(text):
         if line.strip().startswith("- apiGroups:"):
             assert text[i - 1].strip().startswith("#"), f"rule without a comment: line {i + 1}"
+
+
+def ds_labels(docs: list[dict]) -> dict:
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+    return {k: v for k, v in ds["spec"]["template"]["metadata"]["labels"].items() if k.startswith("app.kubernetes.io/")}
 
 
 def test_an_unknown_front_end_is_refused_by_name(helm):
