@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterable, Mapping
 from hami.core import CoreError, Ledger, pod_key
 from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
-
 from hami.dra.claims import ClaimUsage, slice_devices
 from hami.dra.explain import DeviceUse, add_claims
 from hami.dra.model import CORES, MEMORY, MIB, SHARES
