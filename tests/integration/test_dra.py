@@ -684,3 +684,28 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_scheduler_runs_on_an_api_server_without_resource_k8s_io():
+    """An API server that does not serve resource.k8s.io/v1 (as before v1.34): the scheduler logs
+    one warning per resource, becomes ready and counts nothing from DRA."""
+    c = KubeCluster(hami_scheduler=None, extra_args={"kube-apiserver": ["--runtime-config=resource.k8s.io/v1=false"]})
+    try:
+        c.start()
+    except MissingBinaries as exc:
+        pytest.skip(str(exc))
+    from tests.integration._hami import SchedulerProcess
+
+    proc = None
+    try:
+        proc = SchedulerProcess(c).start()  # wait_ready: /readyz answers 200
+        c.wait_for(lambda: "caches synced" in proc.logs(), "the scheduler's first pass", timeout=30)
+        logs = proc.logs()
+        for resource in ("resourceclaims", "resourceslices"):
+            lines = [line for line in logs.splitlines() if f"{resource} is not served by the API server (HTTP 404)" in line]
+            assert len(lines) == 1, logs[-3000:]
+        assert "0 DRA claims" in logs and "Traceback" not in logs, logs[-3000:]
+    finally:
+        if proc is not None:
+            proc.stop()
+        c.stop()
