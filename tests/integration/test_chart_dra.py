@@ -54,24 +54,45 @@ def test_defaults_keep_the_extender_and_render_nothing_of_dra(helm):
     assert "--front-end=extender" in scheduler_args(docs)
     assert not [d for d in docs if d["kind"] == "DeviceClass" or d["metadata"]["name"] == "hami-dra"]
     assert not [r for r in rules(docs, "hami-scheduler") if "resourceclaimtemplates" in r["resources"]]
+    # on either front end the scheduler reads DRA claims and slices (quotas, UI), and only reads
+    dra_rules = [r for r in rules(docs, "hami-scheduler") if r["apiGroups"] == ["resource.k8s.io"]]
+    assert dra_rules == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"],
+                          "verbs": ["get", "list", "watch"]}]
 
 
 def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(helm):
     docs = render(helm, *DRA)
     assert "--front-end=dra" in scheduler_args(docs)
-    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]} in \
-        rules(docs, "hami-scheduler")
+    assert [r for r in rules(docs, "hami-scheduler") if r["apiGroups"] == ["resource.k8s.io"]] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]}]
     assert rules(docs, "hami-dra") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "create", "patch"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]  # the monitor's pod map
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     for d in classes:
         d["metadata"].pop("labels")
     assert classes == device_classes("nvidia.com/gpu")
     ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
-    [c] = ds["containers"]
+    c, mon = ds["containers"]
     assert c["command"][:2] == ["hami", "dra"] and "--kubelet-dir=/var/lib/kubelet" in c["command"]
+    # hami monitor beside the agent reads the claims' regions: HOOK_PATH is the directory the CDI
+    # specs mount into containers, <gpuHookPath>/vgpu (its claims/ holds one region per claim)
+    assert mon["command"][:2] == ["hami", "monitor"] and mon["ports"] == [{"name": "metrics", "containerPort": 9394}]
+    hook = next(e["value"] for e in mon["env"] if e["name"] == "HOOK_PATH")
+    assert {m["name"]: m["mountPath"] for m in mon["volumeMounts"]} == {"hook": hook}
+    assert next(v for v in ds["volumes"] if v["name"] == "hook")["hostPath"]["path"] == hook
+    assert mon["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not mon["securityContext"].get("privileged")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == ds_labels(docs)
+    off = render(helm, *DRA, "--set", "dra.monitor.enabled=false")
+    assert [x["name"] for x in next(d for d in off if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+            ["spec"]["template"]["spec"]["containers"]] == ["dra"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} not in rules(off, "hami-dra")
+    assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
     sc = c["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -92,10 +113,16 @@ def test_the_dra_agent_alone_has_every_volume_it_mounts_and_the_driver_mounts(he
     config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     wanted = {v["configMap"]["name"] for v in ds["volumes"] if "configMap" in v}
     assert wanted and wanted <= config_maps, (wanted, config_maps)  # the node config.json too
-    [c] = ds["containers"]
-    assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in c["command"]
+    by_name = {c["name"]: c for c in ds["containers"]}
+    assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in by_name["dra"]["command"]
     driver = next(v for v in ds["volumes"] if v.get("hostPath", {}).get("path") == "/opt/drv")
-    assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in c["volumeMounts"]
+    for name in ("dra", "vgpu-monitor"):  # NVML for both
+        assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in by_name[name]["volumeMounts"]
+
+
+def ds_labels(docs: list[dict]) -> dict:
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+    return {k: v for k, v in ds["spec"]["template"]["metadata"]["labels"].items() if k.startswith("app.kubernetes.io/")}
 
 
 def test_an_unknown_front_end_is_refused_by_name(helm):

@@ -586,3 +586,193 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quota(cluster):
+    """`hami scheduler --front-end dra --ui-bind`: a claim kube-scheduler allocated shows in /api/v1
+    (its GPU's use, an allocation of front end `dra` with its claim and pod), and the webhook
+    refuses a second pod that would take the namespace past `limits.nvidia.com/gpumem`."""
+    import asyncio
+    import urllib.request
+    import uuid
+
+    from hami.dev.cluster import free_port
+    from hami.dev.errors import ApiError
+    from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
+
+    node, ns, label = "dra-vis", "dra-vis", "hami.io/dra-vis-test"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "vis"})
+    cluster.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    ui_port = free_port()
+    proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}").start()
+    webhook = f"hami-vis-{uuid.uuid4().hex[:6]}"
+    register_webhook(cluster, proc.url, webhook, label)
+    label_namespace(cluster, ns, label)
+
+    def api(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}{path}", timeout=5) as r:
+            return json.loads(r.read())
+
+    try:
+        sel = {"hami.io/test-pool": "vis"}
+        first = hami_pod("first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, sel)
+        cluster.wait_for(lambda: cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", first)["spec"]
+                         .get("resourceClaims"), "the webhook turning GPU requests into claims", timeout=30, interval=0.2)
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", first)
+
+        def dra_item():
+            items = [i for i in api(f"/api/v1/pods?namespace={ns}")["items"] if i.get("frontEnd") == "dra"]
+            return items[0] if items and items[0]["claim"]["reservedFor"] else None
+
+        item = cluster.wait_for(dra_item, "the allocated claim in /api/v1/pods", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        [r] = claim["status"]["allocation"]["devices"]["results"]
+        assert item["claim"]["name"] == claim["metadata"]["name"] and item["claim"]["uid"] == claim["metadata"]["uid"]
+        assert [c["name"] for c in item["claim"]["reservedFor"]] == ["first"] and item["name"] == "first"
+        assert item["node"] == node and item["memoryMiB"] == 3000
+        [ctr] = item["containers"]
+        [grant] = ctr["grants"]
+        assert ctr["name"] == "main" and (grant["memoryMiB"], grant["cores"], grant["device"]) == (3000, 25, r["device"])
+        [n] = api(f"/api/v1/nodes?node={node}")["items"]
+        by_name = {f"gpu-{d['index']}": d for d in n["devices"]}
+        assert by_name[r["device"]]["memoryMiB"] == {"allocated": 3000, "total": GPU_MIB}
+        assert by_name[r["device"]]["cores"]["allocated"] == 25 and by_name[r["device"]]["frontEnd"] == "dra"
+        assert by_name[r["device"]]["claims"] == [f"{ns}/{claim['metadata']['name']}"]
+        [q] = api(f"/api/v1/quotas?namespace={ns}")["items"]
+        assert [(x["resource"], x["used"], x["limit"]) for x in q["resources"]] == [("limits.nvidia.com/gpumem", 3000, 5000)]
+
+        # 3000 more would make 6000 > 5000: refused by the webhook with the quota message
+        second = hami_pod("second", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 5}, sel)
+        with pytest.raises(ApiError, match="exceeding resource quota: nvidia.com/gpumem requests 3000, namespace "
+                                           f"{ns} has 2000 left"):
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", second)
+        # 2000 still fits
+        small = hami_pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 5}, sel)
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", small)
+    finally:
+        delete_webhook(cluster, webhook)
+        proc.stop()
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
+
+
+def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_path):
+    """kube-scheduler allocates a HAMi pod's claim, the kubelet plugin prepares it (region directory
+    and the record beside it), the library's region appears there, and `hami monitor` exports it
+    labelled with the pod and container that use the claim."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hami.dev.cluster import free_port
+    from tests.unit import _regionkit as kit
+
+    node, ns = "dra-mon", "dra-mon"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "mon"})
+    root = Path(tempfile.mkdtemp(prefix="dramon", dir="/tmp"))
+    paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
+
+    async def publish():
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+    proc = None
+    try:
+        create_hami_pod(cluster, ns, hami_pod("mon", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                                                     "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "mon"}))
+        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/mon")["spec"].get("nodeName"),
+                         "the pod placed", timeout=60)
+        [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+        meta = claim["metadata"]
+
+        async def read_claim(namespace, name):
+            return cluster.api("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+
+        driver = Driver(node, gpus(node, 1), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths)
+        asyncio.run(driver.prepare(ns, meta["name"], meta["uid"]))
+        record = json.loads(Path(paths.claim_record(meta["uid"])).read_text())
+        assert record == {"namespace": ns, "name": meta["name"], "uid": meta["uid"]}
+        # what libvgpu writes in the container's <hook>/vgpu (the claim's directory on the host)
+        kit.write(Path(paths.claim_dir(meta["uid"])) / "r.cache", uuids=(gpus(node, 1)[0].uuid,),
+                  limits=(2000 * MIB,), procs=[kit.Proc(pid=5, used={0: (0, 0, 300 * MIB, 300 * MIB)})])
+        port = free_port()
+        log = open(root / "monitor.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hami", "monitor", f"--node-name={node}", f"--kubeconfig={cluster.kubeconfig}",
+             f"--hook-path={paths.vgpu_dir}", f"--metrics-bind-address=127.0.0.1:{port}", "--interval=0.2", "--no-nvml"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+        def exported():
+            assert proc.poll() is None, (root / "monitor.log").read_text()
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                return None
+            fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+            return [s for s in fams.get("hami_vgpu_memory_used_bytes", ()) if s.labels["pod"] == "mon"] or None
+
+        [used] = cluster.wait_for(exported, "the claim's region exported under the pod's name", timeout=30)
+        assert used.labels == {"namespace": ns, "pod": "mon", "container": "main", "vdevice_index": "0",
+                               "device_uuid": gpus(node, 1)[0].uuid, "zone": "vGPU"}
+        assert used.value == 300 * MIB
+        asyncio.run(driver.unprepare(ns, meta["name"], meta["uid"]))
+        assert not Path(paths.claim_record(meta["uid"])).exists() and not Path(paths.claim_dir(meta["uid"])).exists()
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_scheduler_runs_on_an_api_server_without_resource_k8s_io():
+    """An API server that does not serve resource.k8s.io/v1 (as before v1.34): the scheduler logs
+    one warning per resource, becomes ready and counts nothing from DRA."""
+    c = KubeCluster(hami_scheduler=None, extra_args={"kube-apiserver": ["--runtime-config=resource.k8s.io/v1=false"]})
+    try:
+        c.start()
+    except MissingBinaries as exc:
+        pytest.skip(str(exc))
+    from tests.integration._hami import SchedulerProcess
+
+    proc = None
+    try:
+        proc = SchedulerProcess(c).start()  # wait_ready: /readyz answers 200
+        c.wait_for(lambda: "caches synced" in proc.logs(), "the scheduler's first pass", timeout=30)
+        logs = proc.logs()
+        for resource in ("resourceclaims", "resourceslices"):
+            lines = [line for line in logs.splitlines() if f"{resource} is not served by the API server (HTTP 404)" in line]
+            assert len(lines) == 1, logs[-3000:]
+        assert "0 DRA claims" in logs and "Traceback" not in logs, logs[-3000:]
+    finally:
+        if proc is not None:
+            proc.stop()
+        c.stop()

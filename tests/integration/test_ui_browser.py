@@ -203,3 +203,54 @@ def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
         page.close()
         for name in gpu_nodes + [npu_node]:
             kube_cluster.delete_node(name)
+
+
+def test_the_page_shows_dra_gpus_and_claims_beside_extender_ones(kube_cluster, kube_namespace, ui_hami, browser):
+    """A GPU the DRA driver publishes is a card marked DRA with its claim's share; the claim
+    kube-scheduler allocated is a row of the pod table naming the claim and its pod."""
+    from hami.deviceplugin.discovery import PhysicalGPU
+    from hami.dra.model import SliceSettings, device_classes, resource_slice, slice_name
+
+    ns, tag = kube_namespace, uuid.uuid4().hex[:5]
+    node = f"ui-dra-{tag}"
+    resource = "/apis/resource.k8s.io/v1"
+    kube_cluster.create_node(node, labels={"ui-dra": tag})
+    # what `hami dra` publishes (here with plain POSTs: the browser's loop owns this thread)
+    for cls in device_classes():
+        kube_cluster.api("POST", f"{resource}/deviceclasses", cls, expect=(201, 409))
+    kube_cluster.api("POST", f"{resource}/resourceslices", resource_slice(
+        node, [PhysicalGPU(0, f"GPU-ui-dra-{tag}", "Tesla T4", 15360, "0000:01:00.0", 0)], SliceSettings(split_count=4)))
+    kube_cluster.api("POST", f"{resource}/namespaces/{ns}/resourceclaims", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "share"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "2048Mi", "cores": "20"}}}}]}}})
+    kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-user"},
+        "spec": {"nodeSelector": {"ui-dra": tag}, "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
+                 "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    page, errors = _page(browser)
+    try:
+        page.goto(ui_hami.ui_url)
+        page.select_option("#refresh-seconds", "2")
+        row = page.locator(f'tr[data-claim="{ns}/share"]')
+        row.wait_for(timeout=WAIT_MS)
+        page.locator(f'tr[data-claim="{ns}/share"][data-pod="{ns}/dra-user"]').wait_for(timeout=WAIT_MS)
+        text = row.inner_text()
+        assert "DRA claim share" in text and f"{ns}/dra-user" in text and "main: NVIDIA" in text, text
+        assert "2.0 GiB" in text and "20%" in text, text
+        card = page.locator(f'article[data-node="{node}"]')
+        card.wait_for(timeout=WAIT_MS)
+        gpu = card.locator(f'[data-gpu-uuid="GPU-ui-dra-{tag}"]')
+        gpu.get_by_text("2.0 GiB / 15.0 GiB").wait_for(timeout=WAIT_MS)
+        gpu_text = gpu.inner_text()
+        assert "1/4" in gpu_text and "20% / 100%" in gpu_text, gpu_text
+        badge = gpu.locator(".badge.dra")
+        assert badge.inner_text() == "DRA" and badge.get_attribute("title") == f"DRA claims: {ns}/share"
+        page.select_option("#filter-node", node)
+        page.screenshot(path=str(IMAGES / "ui-dra.png"))
+        assert errors == [], errors
+    finally:
+        page.close()
+        kube_cluster.api("DELETE", f"{resource}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        kube_cluster.delete_node(node)

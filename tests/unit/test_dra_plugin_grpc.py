@@ -105,6 +105,10 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
             env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
             assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["NVIDIA_VISIBLE_DEVICES"] == U0
             assert Path(paths.claim_dir("uid-1")).is_dir()
+            # the record naming the claim for `hami monitor` is beside the directory the container mounts
+            record = Path(paths.claim_record("uid-1"))
+            assert record.parent == Path(paths.claim_dir("uid-1")).parent
+            assert json.loads(record.read_text()) == {"namespace": "ns", "name": "c1", "uid": "uid-1"}
             assert claims.reads == 1
     finally:
         await server.stop()
@@ -124,6 +128,7 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
                     dra_pb.NodeUnprepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
                 assert resp.claims["uid-1"].error == ""
             assert not cdi.exists() and not Path(paths.claim_dir("uid-1")).exists()
+            assert not Path(paths.claim_record("uid-1")).exists()
     finally:
         await server.stop()
     assert Checkpoint(root / "state" / "checkpoint.json").uids() == []

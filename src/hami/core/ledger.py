@@ -137,6 +137,7 @@ class Ledger:
         self._reserved: set[str] = set()
         self._quota: dict[str, dict[str, dict[str, int]]] = {}  # ns -> quota name -> resource -> limit
         self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
+        self._claims: dict[str, tuple[str, str, int, int]] = {}  # claim key -> (ns, vendor, mem, cores)
         self.ranking = NodeRanking()  # nodes in node-score order (kept current by every change)
 
     # ------------------------------------------------------------------ nodes
@@ -257,6 +258,28 @@ class Ledger:
                 self._recheck(st)
             st.resummarise()
             self._rank(st)
+
+    # ------------------------------------------------------------------ DRA claims
+    def set_claim(self, key: str, namespace: str, vendor: str, mem: int, cores: int) -> None:
+        """Count what a claim allocated on the DRA front end (``hami.dra.claims``) against its
+        namespace's quota, beside the pods' allocations. Per device placement is kube-scheduler's
+        on that path, so only the namespace totals are kept here."""
+        self.remove_claim(key)
+        self._claims[key] = (namespace, vendor, mem, cores)
+        acc = self._ns_used.setdefault(namespace, {}).setdefault(vendor, [0, 0])
+        acc[0] += mem
+        acc[1] += cores
+
+    def remove_claim(self, key: str) -> None:
+        old = self._claims.pop(key, None)
+        if old is not None:
+            ns, vendor, mem, cores = old
+            acc = self._ns_used.setdefault(ns, {}).setdefault(vendor, [0, 0])
+            acc[0] -= mem
+            acc[1] -= cores
+
+    def claim_keys(self) -> list[str]:
+        return sorted(self._claims)
 
     # ------------------------------------------------------------------ quota (§10.1)
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any], vendors: Sequence[Any]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .fit import CAPACITIES, DeviceUse, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
+from .fit import CAPACITIES, DeviceUse, add_claims, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
 from .model import CORES, MEMORY, MIB, SHARES
 
 

@@ -24,9 +24,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.core.shape import META, QTY, ListOf, MapOf
 
+from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
 from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
 
-CAPACITIES = (MEMORY, CORES, SHARES)
 SEARCH_STEPS = 100_000  # placements tried per claim and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
 #: the DeviceClasses the simulation knows: both select every device of the driver
@@ -154,18 +154,29 @@ def allocation_results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER]
 
 
-def add_claim(devices: Mapping[tuple[str, str], DeviceUse], claim: Mapping[str, Any]) -> None:
-    """Count an allocated claim's consumed capacity on its devices (a result without
-    ``consumedCapacity`` for a capacity takes all of it: an exclusive allocation)."""
-    meta = claim.get("metadata") or {}
-    for r in allocation_results(claim):
-        dev = devices.get((r.get("pool", ""), r.get("device", "")))
-        if dev is None:
-            continue
-        consumed = r.get("consumedCapacity") or {}
-        for k in CAPACITIES:
-            dev.used[k] += _int(consumed[k], k) if k in consumed else dev.total[k]
-        dev.claims.append(f"{meta.get('namespace')}/{meta.get('name')}")
+def add_claims(devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage]) -> dict[tuple[str, str], DeviceUse]:
+    """Add what ``claims`` consume to ``devices`` (a capacity a result does not record takes all
+    of it: an exclusive allocation; a result on a device not listed is left out)."""
+    for u in claims:
+        for r in u.results:
+            dev = devices.get((r.pool, r.device))
+            if dev is None:
+                continue
+            for k, v in r.resolved(dev.total).items():
+                dev.used[k] += v
+            dev.claims.append(u.key)
+    return devices
+
+
+def add_claim(devices: dict[tuple[str, str], DeviceUse], claim: Mapping[str, Any]) -> None:
+    """Count an allocated claim's consumed capacity on its devices (read by
+    :func:`hami.dra.claims.claim_usage`, the one parser of allocations)."""
+    try:
+        used = claim_usage(claim)
+    except AllocationError:
+        return  # an allocation the API server could not have stored: counted as nothing
+    if used is not None:
+        add_claims(devices, [used])
 
 
 def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:

@@ -88,6 +88,8 @@ class Driver:
             cdi = Path(self.paths.cdi_file(uid))
             if p.isolation == "hami-core":
                 Path(self.paths.claim_dir(uid)).mkdir(parents=True, exist_ok=True)
+                _write_atomic(Path(self.paths.claim_record(uid)),
+                              json.dumps({"namespace": namespace, "name": name, "uid": uid}))
             _write_atomic(cdi, json.dumps(spec, indent=1))
             devices = response_devices(p)
             try:
@@ -108,6 +110,7 @@ class Driver:
                 return
             Path(entry["cdi_file"]).unlink(missing_ok=True)
             shutil.rmtree(entry.get("claim_dir") or self.paths.claim_dir(uid), ignore_errors=True)
+            Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
             log.info("unprepared claim %s/%s (%s)", namespace, name, uid)
         self._locks.pop(uid, None)

@@ -11,7 +11,9 @@ container (``hami.deviceplugin.allocate``):
 - ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs;
 - ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: the consumed memory of the i-th GPU, in MiB (``<n>m``);
 - ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent);
-- ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file;
+- ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
+  ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
+  ``hami monitor``, see :meth:`Paths.claim_record`);
 - mounts of ``libvgpu.so``, the claim's cache directory, the lock directory and
   ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu);
 - mounts of the host's driver directories given with ``--driver-mount`` (both classes), as the
@@ -87,6 +89,12 @@ class Paths:
 
     def claim_dir(self, uid: str) -> str:
         return f"{self.vgpu_dir}/claims/{uid}"
+
+    def claim_record(self, uid: str) -> str:
+        """``claims/<uid>.json``: which claim the region directory belongs to, for ``hami monitor``.
+        Beside the directory, not in it: the container mounts the directory read-write, so only
+        what is outside it can be trusted to name the claim."""
+        return f"{self.vgpu_dir}/claims/{uid}.json"
 
     def cdi_file(self, uid: str) -> str:
         return f"{self.cdi_dir.rstrip('/')}/{DRIVER}-{uid}.json"

@@ -6,6 +6,12 @@ ADDED/MODIFIED/DELETED event. A dropped connection resumes the watch from the la
 seen (bookmarks included); a "410 Gone" (the version was compacted away) triggers a fresh
 list, so the handler is always level-triggered: after ``replace`` it holds exactly what the
 API server holds. ``synced`` is set after the first successful list.
+
+An *optional* resource (``optional="what is lost without it"``, e.g. ``resource.k8s.io/v1``
+ResourceClaims on a cluster older than v1.34) may be absent: a list answered 404 (the API is not
+served) or 403 (this identity may not read it) logs one warning naming the resource and what is
+lost, hands the handler an empty list, sets ``synced`` (readiness does not wait for it) and lists
+again every ``absent_retry`` seconds, quietly, until the API server serves it.
 """
 
 from __future__ import annotations
@@ -32,10 +38,22 @@ class Expired(Exception):
     """The watch's resourceVersion is too old (HTTP/event 410): relist."""
 
 
+class Absent(Exception):
+    """An optional resource the API server does not serve (404) or lets us read (403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Reflector:
     def __init__(self, kube: KubeClient, path: str, handler: Handler, *, name: str = "",
                  label_selector: str = "", field_selector: str = "", watch_timeout: int = 300,
-                 resume_from: str | None = None, page_size: int = 2000) -> None:
+                 resume_from: str | None = None, page_size: int = 2000, optional: str = "",
+                 absent_retry: float = 60.0) -> None:
+        self.optional = optional
+        self.absent_retry = absent_retry
+        self.absent: int | None = None  # the status (404/403) while an optional resource is absent
         self.kube = kube
         self.path = path
         self.handler = handler
@@ -60,7 +78,12 @@ class Reflector:
         items: list[dict] = []
         cont = None
         while True:
-            page = await self.kube.request("GET", self.path, self._query(limit=self.page_size, **{"continue": cont}))
+            try:
+                page = await self.kube.request("GET", self.path, self._query(limit=self.page_size, **{"continue": cont}))
+            except KubeError as exc:
+                if self.optional and exc.status in (403, 404):
+                    raise Absent(exc.status, str(exc)) from None
+                raise
             items.extend(page.get("items") or ())
             cont = (page.get("metadata") or {}).get("continue")
             if not cont:
@@ -68,6 +91,9 @@ class Reflector:
         self.relists += 1
         self.handler.replace(items)
         self.synced.set()
+        if self.absent is not None:
+            log.info("%s: the API server serves it now", self.name)
+            self.absent = None
         return (page.get("metadata") or {}).get("resourceVersion") or "0"
 
     async def watch(self, rv: str) -> str:
@@ -109,6 +135,16 @@ class Reflector:
             except Expired as exc:
                 log.info("watch %s expired (%s); relisting", self.name, exc)
                 rv = None
+            except Absent as exc:
+                if self.absent != exc.status:
+                    why = "is not served by the API server" if exc.status == 404 else "may not be read by this identity"
+                    log.warning("%s %s (HTTP %d): %s; listing again every %gs", self.name, why, exc.status,
+                                self.optional, self.absent_retry)
+                self.absent = exc.status
+                self.handler.replace([])
+                self.synced.set()
+                rv = None
+                await asyncio.sleep(self.absent_retry)
             except asyncio.CancelledError:
                 raise
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:

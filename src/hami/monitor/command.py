@@ -1,7 +1,7 @@
 """``hami monitor``: export every GPU container's usage on this node as Prometheus metrics.
 
 Flags and environment follow HAMi's vGPUmonitor (reference §7.5): ``HOOK_PATH`` (regions under
-``$HOOK_PATH/containers``), ``NODE_NAME``, ``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``,
+``$HOOK_PATH/containers``, and the DRA front end's under ``$HOOK_PATH/claims``), ``NODE_NAME``, ``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``,
 ``--metrics-bind-address`` (``:9394``), ``--legacy-metrics``. A refresh loop (``--interval``)
 keeps the pod map, removes the regions of pods gone from the node and runs the feedback loop;
 metrics are read at scrape time. Exit codes: 2 bad flags, 3 NVML requested but unavailable.
@@ -23,7 +23,7 @@ from typing import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from .containers import remove, scan, stale
+from .containers import remove, scan, scan_claims, stale
 from .exporter import MonitorCollector, PodRef
 from .feedback import Reading, Writes, decide, release
 from .region import RegionError, read_region, write_int32
@@ -87,6 +87,7 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--interval: must be positive (got {args.interval!r})")
     args.bind = parse_bind(args.metrics_bind_address)
     args.containers_dir = str(Path(args.hook_path) / "containers")
+    args.claims_dir = str(Path(args.hook_path) / "claims")  # the DRA front end's regions, one per claim
     if not args.standalone and not args.once and not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required unless --standalone")
 
@@ -132,20 +133,22 @@ def build_collector(args: argparse.Namespace, pods: PodMap | None) -> MonitorCol
     return MonitorCollector(
         node=args.node_name, containers_dir=args.containers_dir,
         pods=None if pods is None else pods.get, host=_host_reader(args), legacy=args.legacy_metrics,
+        claims_dir=args.claims_dir,
     )
 
 
-def readings(containers_dir: str) -> list[tuple[Reading, str]]:
-    """Feedback inputs for every valid region: ``(reading, layout)``."""
+def readings(containers_dir: str, claims_dir: str | None = None) -> list[tuple[Reading, str]]:
+    """Feedback inputs for every valid region (containers' and DRA claims'): ``(reading, layout)``."""
     out = []
-    for d in scan(containers_dir):
-        if d.region is None:
+    regions = [d.region for d in scan(containers_dir)] + [c.region for c in (scan_claims(claims_dir) if claims_dir else ())]
+    for path in regions:
+        if path is None:
             continue
         try:
-            r = read_region(d.region)
+            r = read_region(path)
         except RegionError:
             continue  # already warned about by the exporter
-        out.append((Reading(d.region, r.uuids, r.priority, r.recent_kernel, r.utilization_switch), r.layout))
+        out.append((Reading(path, r.uuids, r.priority, r.recent_kernel, r.utilization_switch), r.layout))
     return out
 
 
@@ -161,15 +164,15 @@ def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
                 log.warning("feedback: cannot write %s of %s: %s", field, path, exc)
 
 
-def feedback_once(containers_dir: str, blocking: bool) -> dict[str, Writes]:
-    items = readings(containers_dir)
+def feedback_once(containers_dir: str, blocking: bool, claims_dir: str | None = None) -> dict[str, Writes]:
+    items = readings(containers_dir, claims_dir)
     writes = decide([r for r, _ in items], blocking=blocking)
     apply(writes, {r.key: lay for r, lay in items})
     return writes
 
 
-def release_all(containers_dir: str) -> None:
-    items = readings(containers_dir)
+def release_all(containers_dir: str, claims_dir: str | None = None) -> None:
+    items = readings(containers_dir, claims_dir)
     apply(release([r for r, _ in items]), {r.key: lay for r, lay in items})
 
 
@@ -203,7 +206,7 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
             gone = stale(scan(args.containers_dir), set(pods.get()), time.time(), args.resync_s)
             remove(gone)
     if not args.no_feedback:
-        feedback_once(args.containers_dir, args.priority_blocking)
+        feedback_once(args.containers_dir, args.priority_blocking, args.claims_dir)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -221,7 +224,7 @@ async def _serve(args: argparse.Namespace) -> int:
     finally:
         httpd.shutdown()
         if not args.no_feedback:
-            release_all(args.containers_dir)  # leave no container blocked or unthrottled behind us
+            release_all(args.containers_dir, args.claims_dir)  # leave no container blocked or unthrottled behind us
     return 0
 
 

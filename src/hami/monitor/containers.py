@@ -3,10 +3,16 @@
 The device plugin creates ``$HOOK_PATH/containers/<podUID>_<container>/`` on the host and mounts
 it into the container; the library writes its region file (``*.cache``) there. This module finds
 those directories and their region files, and removes the ones of pods that are gone.
+
+The DRA front end's kubelet plugin keeps one region per claim instead:
+``$HOOK_PATH/claims/<claim UID>/`` (mounted into every container using the claim) and, beside it,
+``claims/<claim UID>.json`` naming the claim (``namespace``, ``name``, ``uid``); :func:`scan_claims`
+finds them. The plugin removes both when the claim is unprepared, so nothing here removes them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -60,6 +66,49 @@ def scan(containers_dir: str) -> list[ContainerDir]:
             continue
         region, problem = _region_file(entry)
         out.append(ContainerDir(parts[0], parts[1], str(entry), region, problem))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimDir:
+    """One DRA claim's region directory; ``namespace``/``name`` from its record ("" when unreadable)."""
+
+    uid: str
+    namespace: str
+    name: str
+    path: str
+    region: str | None
+    problem: str = ""
+
+
+def _claim_record(path: Path, uid: str) -> tuple[str, str, str]:
+    """``(namespace, name, problem)`` from ``claims/<uid>.json``."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)"
+    except (OSError, ValueError) as exc:
+        return "", "", f"{path}: unreadable claim record: {exc}"
+    ns, name = (raw.get("namespace"), raw.get("name")) if isinstance(raw, dict) else (None, None)
+    if not isinstance(ns, str) or not ns or not isinstance(name, str) or not name or raw.get("uid") != uid:
+        return "", "", f"{path}: the claim record must hold namespace, name and uid {uid!r}"
+    return ns, name, ""
+
+
+def scan_claims(claims_dir: str) -> list[ClaimDir]:
+    """Every claim directory, sorted by UID. A missing ``claims_dir`` is empty."""
+    root = Path(claims_dir)
+    try:
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except FileNotFoundError:
+        return []
+    out: list[ClaimDir] = []
+    for entry in entries:
+        if not entry.is_dir() or "_" in entry.name or entry.name.startswith("."):
+            continue
+        ns, name, problem = _claim_record(root / f"{entry.name}.json", entry.name)
+        region, region_problem = _region_file(entry)
+        out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem))
     return out
 
 

@@ -6,6 +6,12 @@ pod map the refresh loop keeps (``pods()``; ``None`` = standalone, label the pod
 A region that fails validation is skipped with one warning per file and problem, and counted in
 ``hami_monitor_regions{state="invalid"}``; it never fails the scrape.
 
+Regions of DRA claims (``<claims_dir>/<claim UID>/``, :func:`.containers.scan_claims`) are read
+too, under the same metric names and labels: ``namespace`` is the claim's, ``pod`` the pod on this
+node whose ``status.resourceClaimStatuses`` name the claim, ``container`` the one container of
+that pod using it, or the claim's name when several share it (they share one region, one memory
+budget). Standalone, ``pod`` is the claim's UID and ``container`` its name.
+
 Metric names and labels are HAMi's (reference hami-control-plane §9.2); every metric carries
 ``zone="vGPU"``. With ``legacy=True`` the old names are exported as well.
 """
@@ -23,7 +29,7 @@ from prometheus_client.registry import Collector
 
 import hami
 
-from .containers import ContainerDir, scan
+from .containers import ClaimDir, ContainerDir, scan, scan_claims
 from .nvml import HostGPU
 from .region import Region, RegionError, read_region
 
@@ -59,6 +65,8 @@ class PodRef:
     name: str
     uid: str
     mig: tuple[MigDevice, ...] = ()
+    #: the ResourceClaims the pod uses: (claim name, names of the containers using it)
+    claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +152,11 @@ class MonitorCollector(Collector):
         host: Callable[[], Sequence[HostGPU]] | None = None,
         legacy: bool = False,
         clock: Callable[[], float] = time.time,
+        claims_dir: str | None = None,
     ) -> None:
         self.node = node
         self.containers_dir = containers_dir
+        self.claims_dir = claims_dir
         self.pods = pods
         self.host = host
         self.legacy = legacy
@@ -177,6 +187,25 @@ class MonitorCollector(Collector):
                 continue
             states["ok"] += 1
             out.append(ContainerReading(d, pod, region))
+        for c in scan_claims(self.claims_dir) if self.claims_dir else ():
+            if c.problem:
+                self._warn(c.path, c.problem)
+            if c.region is None:
+                states["waiting"] += 1
+                continue
+            try:
+                region = read_region(c.region)
+            except RegionError as exc:
+                self._warn(c.region, str(exc))
+                states["invalid"] += 1
+                continue
+            owner = claim_owner(c, pods) if c.namespace else None
+            if owner is None:
+                states["unmatched"] += 1
+                continue
+            states["ok"] += 1
+            pod, container = owner
+            out.append(ContainerReading(ContainerDir(pod.uid, container, c.path, c.region), pod, region))
         return out, states
 
     def _warn(self, path: str, message: str) -> None:
@@ -263,6 +292,20 @@ class MonitorCollector(Collector):
                 fam(MIG_INFO, "A MIG instance held by a pod's container (1)").add_metric(labels, 1)
                 if self.legacy:
                     fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(labels, 1)
+
+
+def claim_owner(c: ClaimDir, pods: Mapping[str, PodRef] | None) -> tuple[PodRef, str] | None:
+    """``(pod, container label)`` for a claim's region (see the module docstring); None when no pod
+    on this node uses the claim (yet, or any more)."""
+    if pods is None:
+        return PodRef(c.namespace, c.uid, c.uid), c.name
+    for pod in sorted(pods.values(), key=lambda p: p.name):
+        if pod.namespace != c.namespace:
+            continue
+        for claim, containers in pod.claims:
+            if claim == c.name:
+                return pod, containers[0] if len(containers) == 1 else c.name
+    return None
 
 
 def memory_drift(region: Region, dev: int, gpu: HostGPU | None) -> int | None:

@@ -26,6 +26,26 @@ def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tu
         for e in entries if e.mig_uuid and e.gpu_instance_id is not None and e.compute_instance_id is not None)
 
 
+def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``(ResourceClaim name, containers using it)`` for a pod (a kubernetes_asyncio V1Pod): the
+    pod's claim entries resolve to claim names through ``status.resourceClaimStatuses`` (claims
+    made from a template) or ``spec.resourceClaims[].resourceClaimName``."""
+    spec, status = pod.spec, pod.status
+    if spec is None:
+        return ()
+    actual = {e.name: e.resource_claim_name for e in (spec.resource_claims or ()) if e.resource_claim_name}
+    for st in (status.resource_claim_statuses if status is not None else None) or ():
+        if st.resource_claim_name:
+            actual[st.name] = st.resource_claim_name
+    users: dict[str, list[str]] = {}
+    for c in list(spec.init_containers or []) + list(spec.containers or []):
+        for ref in ((c.resources.claims if c.resources is not None else None) or ()):
+            claim = actual.get(ref.name)
+            if claim and c.name not in users.setdefault(claim, []):
+                users[claim].append(c.name)
+    return tuple((claim, tuple(names)) for claim, names in sorted(users.items()))
+
+
 async def api_client(kubeconfig: str | None) -> Any:
     from kubernetes_asyncio import client, config
 
@@ -51,9 +71,10 @@ async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
             meta = pod.metadata
             if meta.uid:
                 spec = pod.spec
-                names = [c.name for c in list(spec.init_containers or []) + list(spec.containers or [])] if spec else []
+                containers = list(spec.init_containers or []) + list(spec.containers or []) if spec else []
+                names = [c.name for c in containers]
                 out[meta.uid] = PodRef(meta.namespace or "", meta.name or "", meta.uid,
-                                       mig_devices(meta.annotations, names))
+                                       mig_devices(meta.annotations, names), pod_claims(pod))
         token = page.metadata._continue if page.metadata else None
         if not token:
             return out

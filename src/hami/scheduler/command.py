@@ -79,7 +79,7 @@ async def _serve_ui(service, opts: Options):
     state = service.state
     live = None
     if opts.ui_monitor_url:
-        live = LiveUsage(opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.ledger.node_names()
+        live = LiveUsage(opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names()
                                                        if n in state.nodes])
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
     api = UiApi(state, opts.scheduler_name, live, synced=service.synced)

@@ -60,7 +60,8 @@ FILTER_ARGS = {"Pod": POD, "pod": POD, "NodeNames": ListOf(str), "nodenames": Li
                "Nodes": {"items": ListOf(NODE)}, "nodes": {"items": ListOf(NODE)}}
 BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID",
                               "Node", "node")}
-MALFORMED_REGISTRATION = "MalformedRegistration"  # Node event: its registration cannot be read
+MALFORMED_REGISTRATION = "MalformedRegistration"
+DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be read
 
 
 class CertReloader:
@@ -151,6 +152,14 @@ class SchedulerService:
                 Reflector(kube, "/api/v1/pods", _Touching(self.state.pod_handler, self.metrics, "pods"), name="pods"),
                 Reflector(kube, "/api/v1/resourcequotas",
                           _Touching(self.state.quota_handler, self.metrics, "resourcequotas"), name="resourcequotas"),
+                # the DRA front end's allocations (both front ends: quotas and the UI count them);
+                # absent before Kubernetes v1.34 (resource.k8s.io/v1) or without the chart's RBAC
+                Reflector(kube, f"{DRA_API}/resourceclaims",
+                          _Touching(self.state.claim_handler, self.metrics, "resourceclaims"), name="resourceclaims",
+                          optional="DRA claims (driver gpu.hami.io) are not counted in quotas nor shown in the UI"),
+                Reflector(kube, f"{DRA_API}/resourceslices",
+                          _Touching(self.state.slice_handler, self.metrics, "resourceslices"), name="resourceslices",
+                          optional="the UI does not show the GPUs the DRA front end publishes"),
             ]
         self.extender = Extender(self.state, kube, self.events, is_ready=self.ready,
                                  lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout,
@@ -203,8 +212,8 @@ class SchedulerService:
 
     async def _first_pass(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
-        log.info("caches synced: %d nodes with devices, %d pods holding devices",
-                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()))
+        log.info("caches synced: %d nodes with devices, %d pods holding devices, %d DRA claims (gpu.hami.io)",
+                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()), len(self.state.claims))
         await self.resync()
 
     def start_background(self) -> None:

@@ -6,6 +6,12 @@ everything); the only state that exists nowhere else is a Filter reservation who
 has not come back through the watch yet (kept until the pod's annotations arrive, rolled
 back by the extender when the patch fails).
 
+The DRA front end's allocations are learnt too (either front end): ResourceClaims allocated by
+driver ``gpu.hami.io`` (read by :func:`hami.dra.claims.claim_usage`) count against their
+namespace's quota in the ledger (:meth:`hami.core.Ledger.set_claim`), and the driver's
+ResourceSlices give the GPUs' sizes (a claim that recorded no consumed amount took the whole
+device) and the UI's DRA devices. Pods with ResourceClaims are cached for the UI.
+
 Node health follows HAMi's handshake semantics per vendor (§4.4): a node's devices count
 while the kubelet advertises the vendor's count resource (``status.allocatable``), or while
 its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s.
@@ -23,6 +29,8 @@ from typing import Any, Callable, Iterable, Mapping
 from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
+from hami.dra.claims import ClaimError, ClaimUsage, claim_usage, slice_devices
+from hami.dra.model import DRIVER as DRA_DRIVER
 from hami.kube.revision import revision
 
 log = logging.getLogger(__name__)
@@ -95,6 +103,14 @@ class ClusterState:
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
         self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
+        # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
+        self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
+        self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
+        self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
+        self._dra_totals: dict[tuple[str, str], dict] = {}  # (node, device) -> its capacity values
+        self._slice_keys: dict[str, tuple[tuple[str, str], ...]] = {}  # slice name -> its devices' keys
+        dra = [v.name for v in self.vendors if v.name == "NVIDIA"]
+        self.dra_vendor = dra[0] if dra else "NVIDIA"  # whose quota a claim counts against
         self._fingerprints: dict[str, tuple] = {}
         # the node locks the vendors declare, and the nodes that carry one of them now
         self.lock_keys = frozenset(k for k in (getattr(v, "lock_annotation", None) for v in self.vendors) if k)
@@ -193,8 +209,10 @@ class ClusterState:
 
     def _interesting(self, pod: Mapping[str, Any]) -> bool:
         meta = pod.get("metadata") or {}
-        return (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name or \
-            VGPU_NODE in (meta.get("annotations") or {})
+        spec = pod.get("spec") or {}
+        # pods with ResourceClaims are kept too: the UI names a DRA claim's containers from them
+        return spec.get("schedulerName") == self.scheduler_name or VGPU_NODE in (meta.get("annotations") or {}) \
+            or bool(spec.get("resourceClaims"))
 
     def _replace_pods(self, items: list[dict]) -> None:
         keys = {pod_key(p) for p in items}
@@ -326,6 +344,82 @@ class ClusterState:
         except CoreError as exc:
             log.warning("ignoring %s", exc)
             self.ledger.remove_quota(ns, name)
+
+
+    # ------------------------------------------------------------------ DRA claims and slices
+    @property
+    def claim_handler(self) -> "_Handler":
+        return _Handler(self._replace_claims, self._apply_claim)
+
+    def _replace_claims(self, items: list[dict]) -> None:
+        keep = {_ref(c) for c in items}
+        for ref in list(self.claims):
+            if ref not in keep:
+                self.claims.pop(ref)
+                self.ledger.remove_claim(ref)
+        for c in items:
+            self._apply_claim("MODIFIED", c)
+
+    def _apply_claim(self, kind: str, claim: dict) -> None:
+        """A ResourceClaim event: an allocation of driver gpu.hami.io counts against its
+        namespace's quota (the ledger) and shows in the UI; anything else is dropped."""
+        ref = _ref(claim)
+        usage = None
+        if kind != "DELETED":
+            try:
+                usage = claim_usage(claim)
+            except ClaimError as exc:
+                log.warning("%s; the claim is counted as holding nothing", exc)
+        if usage is None:
+            if self.claims.pop(ref, None) is not None:
+                self.ledger.remove_claim(ref)
+            return
+        self.claims[ref] = usage
+        self._count_claim(usage)
+
+    def _count_claim(self, usage: ClaimUsage) -> None:
+        mem, cores = usage.totals(self._dra_totals)
+        self.ledger.set_claim(usage.key, usage.namespace, self.dra_vendor, mem, cores)
+
+    @property
+    def slice_handler(self) -> "_Handler":
+        return _Handler(self._replace_slices, self._apply_slice)
+
+    def _replace_slices(self, items: list[dict]) -> None:
+        self.slices, self._slice_keys, self.dra_devices, self._dra_totals = {}, {}, {}, {}
+        for s in items:
+            self._apply_slice("MODIFIED", s, recount=False)
+        self._recount_whole_device_claims(None)
+
+    def _apply_slice(self, kind: str, obj: dict, recount: bool = True) -> None:
+        """One slice's devices replace what it published before (the others are not re-read)."""
+        name = (obj.get("metadata") or {}).get("name") or ""
+        for key in self._slice_keys.pop(name, ()):
+            self.dra_devices.pop(key, None)
+            self._dra_totals.pop(key, None)
+        if kind == "DELETED" or ((obj.get("spec") or {}).get("driver") != DRA_DRIVER):
+            self.slices.pop(name, None)
+        else:
+            self.slices[name] = obj
+            devices = slice_devices([obj])
+            self._slice_keys[name] = tuple(devices)
+            self.dra_devices.update(devices)
+            self._dra_totals.update((k, d["total"]) for k, d in devices.items())
+        if recount:
+            self._recount_whole_device_claims({node for node, _ in self._slice_keys.get(name, ())} |
+                                              {(obj.get("spec") or {}).get("nodeName") or "",
+                                               ((obj.get("spec") or {}).get("pool") or {}).get("name") or ""})
+
+    def device_node_names(self) -> list[str]:
+        """Nodes with devices on either front end: registered ones and those with DRA GPUs."""
+        return sorted(set(self.ledger.node_names()) | {node for node, _ in self.dra_devices})
+
+    def _recount_whole_device_claims(self, nodes: set[str] | None) -> None:
+        """Devices changed (on ``nodes``; None: anywhere): a claim that took a whole device (no
+        consumedCapacity recorded) is counted anew from the device's size."""
+        for usage in self.claims.values():
+            if any(None in (r.memory, r.cores) and (nodes is None or r.pool in nodes) for r in usage.results):
+                self._count_claim(usage)
 
 
 def _same_allocation(a: Any, b: Any) -> bool:

@@ -6,6 +6,11 @@ are read here: ``ledger``, ``vendors``, ``config``, ``nodes`` (name -> Node), ``
 made of a ledger alone (``hami simulate``). Live usage comes as ``{node: NodeReading}`` from
 :mod:`.live`; ``None`` means it is not configured.
 
+DRA allocations (driver ``gpu.hami.io``) come from the source's optional ``claims`` ("ns/name" ->
+:class:`hami.dra.claims.ClaimUsage`) and ``slices`` (name -> ResourceSlice): a GPU the DRA front
+end publishes is listed with what its claims consume, and each allocated claim is an item of
+``/api/v1/pods`` beside the extender's pods; every device and allocation says its ``frontEnd``.
+
 Units: memory in MiB everywhere (the ledger's unit, after each vendor's memory factor); cores in
 the unit the vendor gives (``coreUnit``: "percent" of one device for NVIDIA, "AI cores" for an
 Ascend vNPU, ...). The shape of every document is ``openapi.yaml``; the contract test checks it.
@@ -21,6 +26,9 @@ from typing import Any, Callable, Iterable, Mapping
 from hami.core import CoreError, Ledger, pod_key
 from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
+from hami.dra.claims import ClaimUsage, slice_devices
+from hami.dra.explain import DeviceUse, add_claims
+from hami.dra.model import CORES, MEMORY, MIB, SHARES
 
 from .live import NodeReading, Usage
 
@@ -108,6 +116,53 @@ def _check_params(params: Mapping[str, str], allowed: tuple[str, ...]) -> dict[s
     return out
 
 
+# ---------------------------------------------------------------------- the DRA front end
+@dataclass
+class DraView:
+    """What the DRA front end publishes and what its claims consume, per GPU, for one answer."""
+
+    uses: dict[tuple[str, str], DeviceUse]  # (node, device) -> capacity and use
+    info: dict[tuple[str, str], dict]  # (node, device) -> uuid, index, model, numa
+    claims: dict[str, ClaimUsage]
+
+    @property
+    def totals(self) -> dict[tuple[str, str], dict[str, int]]:
+        return {k: u.total for k, u in self.uses.items()}
+
+    def by_uuid(self) -> dict[str, DeviceUse]:
+        return {u.uuid: u for u in self.uses.values() if u.uuid}
+
+
+def dra_view(source: Any) -> DraView:
+    """The source's DRA objects (none for a source without them, e.g. ``hami simulate``). The
+    devices come parsed from the source (``dra_devices``, kept by the watch cache) when it has them."""
+    info = getattr(source, "dra_devices", None)
+    if info is None:
+        info = slice_devices((getattr(source, "slices", None) or {}).values())
+    claims = dict(getattr(source, "claims", None) or {})
+    uses = {key: DeviceUse(key[0], key[1], d["uuid"], dict(d["total"]), {}) for key, d in info.items()}
+    return DraView(add_claims(uses, (claims[k] for k in sorted(claims))), info, claims)
+
+
+def _mib(amount: int) -> int:
+    return -(-amount // MIB)
+
+
+def dra_device_doc(use: DeviceUse, info: Mapping[str, Any], usage: Usage | None, state: str) -> dict:
+    index = info.get("index")
+    if not isinstance(index, int):
+        tail = use.device.rsplit("-", 1)[-1]
+        index = int(tail) if tail.isdigit() else -1
+    return {
+        "uuid": use.uuid, "index": index, "vendor": "NVIDIA", "model": info.get("model") or "", "mode": "hami-core",
+        "numa": info.get("numa") if isinstance(info.get("numa"), int) else 0, "health": True, "cordoned": False,
+        "slots": {"allocated": use.used[SHARES], "total": use.total[SHARES]},
+        "memoryMiB": {"allocated": _mib(use.used[MEMORY]), "total": use.total[MEMORY] // MIB},
+        "cores": {"allocated": use.used[CORES], "total": use.total[CORES], "unit": "percent"},
+        "slices": [], "usage": _usage_doc(usage, state), "frontEnd": "dra", "claims": list(use.claims),
+    }
+
+
 # ---------------------------------------------------------------------- /api/v1/nodes
 def device_doc(d: DeviceInfo, slots: int, mem: int, cores: int, vendor: Any, cordoned: bool,
                slices: Iterable[Any], usage: Usage | None, state: str) -> dict:
@@ -118,7 +173,7 @@ def device_doc(d: DeviceInfo, slots: int, mem: int, cores: int, vendor: Any, cor
         "memoryMiB": {"allocated": mem, "total": d.devmem},
         "cores": {"allocated": cores, "total": d.devcore, "unit": core_unit(vendor, d)},
         "slices": [{"profile": s.profile, "start": s.start, "size": s.size} for s in slices],
-        "usage": _usage_doc(usage, state),
+        "usage": _usage_doc(usage, state), "frontEnd": "extender",
     }
 
 
@@ -128,21 +183,43 @@ def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | No
     q = _check_params(params or {}, ("node", "model", "vendor"))
     ledger: Ledger = source.ledger
     vendors = _vendor_map(source.vendors)
+    dra = dra_view(source)
+    dra_by_uuid = dra.by_uuid()
+    dra_nodes: dict[str, list[tuple[str, str]]] = {}
+    for key in sorted(dra.uses):
+        dra_nodes.setdefault(key[0], []).append(key)
     items = []
-    for name in ledger.node_names():
+    for name in sorted(set(ledger.node_names()) | set(dra_nodes)):
         if not _matches(name, q.get("node")):
             continue
         reading = (live or {}).get(name)
         state = _reading_state(reading, now) if live is not None else "unavailable"
-        cordoned = ledger.node(name).cordoned
-        slices = ledger.slices(name)
         devices = []
-        for d, slots, mem, cores in ledger.device_usage(name):
-            if not _matches(d.type, q.get("model")) or not _matches(d.vendor, q.get("vendor")):
+        seen: set[str] = set()
+        if ledger.has_node(name):
+            cordoned = ledger.node(name).cordoned
+            slices = ledger.slices(name)
+            for d, slots, mem, cores in ledger.device_usage(name):
+                seen.add(d.id)
+                if not _matches(d.type, q.get("model")) or not _matches(d.vendor, q.get("vendor")):
+                    continue
+                usage = reading.devices.get(d.id) if reading is not None else None
+                doc = device_doc(d, slots, mem, cores, vendors.get(d.vendor), d.id in cordoned,
+                                 slices.get(d.id, ()), usage, state)
+                claimed = dra_by_uuid.get(d.id)
+                if claimed is not None and claimed.claims:  # one GPU published by both front ends
+                    doc["slots"]["allocated"] += claimed.used[SHARES]
+                    doc["memoryMiB"]["allocated"] += _mib(claimed.used[MEMORY])
+                    doc["cores"]["allocated"] += claimed.used[CORES]
+                    doc["claims"] = list(claimed.claims)
+                devices.append(doc)
+        for key in dra_nodes.get(name, ()):
+            use, info = dra.uses[key], dra.info.get(key, {})
+            if use.uuid in seen or not _matches(info.get("model") or "", q.get("model")) \
+                    or not _matches("NVIDIA", q.get("vendor")):
                 continue
-            usage = reading.devices.get(d.id) if reading is not None else None
-            devices.append(device_doc(d, slots, mem, cores, vendors.get(d.vendor), d.id in cordoned,
-                                      slices.get(d.id, ()), usage, state))
+            usage = reading.devices.get(use.uuid) if reading is not None else None
+            devices.append(dra_device_doc(use, info, usage, state))
         if not devices and (q.get("model") or q.get("vendor")):
             continue
         node = source.nodes.get(name)
@@ -209,9 +286,74 @@ def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | Non
             "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
             "bindPhase": (meta.get("annotations") or {}).get(BIND_PHASE) or None,
             "reserved": ledger.is_reserved(alloc.key),
-            "memoryMiB": alloc.memory(), "containers": containers,
+            "memoryMiB": alloc.memory(), "containers": containers, "frontEnd": "extender",
         })
+    dra = dra_view(source)
+    totals = dra.totals
+    for ref in sorted(dra.claims):
+        claim = dra.claims[ref]
+        if not _matches(claim.namespace, q.get("namespace")) or \
+                (q.get("node") is not None and q["node"] not in claim.nodes):
+            continue
+        items.append(claim_doc(claim, source, dra, live, now, totals))
     return envelope("PodList", now, items)
+
+
+def _claim_containers(pod: Mapping[str, Any] | None, claim: str) -> list[tuple[str, str]]:
+    """``(container, kind)`` of the pod's containers that use the ResourceClaim named ``claim``."""
+    if not pod:
+        return []
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    names = {s.get("name") for s in status.get("resourceClaimStatuses") or () if s.get("resourceClaimName") == claim}
+    names |= {c.get("name") for c in spec.get("resourceClaims") or () if c.get("resourceClaimName") == claim}
+    out = []
+    for c, kind in ordered_containers(pod):
+        used = {(r or {}).get("name") for r in ((c.get("resources") or {}).get("claims") or ())}
+        if used & names:
+            out.append((c.get("name") or "", kind.value))
+    return out
+
+
+def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, NodeReading] | None,
+              now: float, totals: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> dict:
+    """One allocated DRA claim as an item of ``/api/v1/pods``: named after the (first) pod that
+    reserves it, with a grant per GPU for each of that pod's containers using the claim."""
+    pods = sorted(claim.pods, key=lambda c: c.name)
+    first = pods[0] if pods else None
+    pod = source.pods.get(f"{claim.namespace}/{first.name}") if first is not None else None
+    if pod is not None and (pod.get("metadata") or {}).get("uid") != first.uid:
+        pod = None  # a newer pod of the same name
+    node = claim.nodes[0] if claim.nodes else ""
+    reading = (live or {}).get(node)
+    state = _reading_state(reading, now) if live is not None else "unavailable"
+    containers = _claim_containers(pod, claim.name) or [("", "app")]
+    docs = []
+    for cname, kind in containers:
+        grants = []
+        for r in claim.results:
+            use, info = dra.uses.get((r.pool, r.device)), dra.info.get((r.pool, r.device), {})
+            got = r.resolved(use.total if use is not None else {})
+            uuid = info.get("uuid") or ""
+            usage = None
+            if reading is not None and first is not None:
+                # hami monitor labels a claim's region with the one container using it, or with the
+                # claim's name when several share it
+                usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or \
+                    reading.containers.get((claim.namespace, first.name, claim.name, uuid))
+            grants.append({"vendor": "NVIDIA", "uuid": uuid,
+                           "index": info.get("index") if isinstance(info.get("index"), int) else None,
+                           "model": info.get("model") or "", "memoryMiB": _mib(got[MEMORY]), "cores": got[CORES],
+                           "coreUnit": "percent", "usage": _usage_doc(usage, state),
+                           "node": r.pool, "device": r.device, "request": r.request})
+        docs.append({"name": cname, "kind": kind, "grants": grants})
+    mem, _ = claim.totals(dra.totals if totals is None else totals)
+    return {
+        "namespace": claim.namespace, "name": first.name if first else "", "uid": first.uid if first else "",
+        "node": node, "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
+        "bindPhase": None, "reserved": False, "memoryMiB": mem, "containers": docs, "frontEnd": "dra",
+        "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid,
+                  "reservedFor": [{"resource": c.resource, "name": c.name, "uid": c.uid} for c in claim.reserved_for]},
+    }
 
 
 # ---------------------------------------------------------------------- /api/v1/pending

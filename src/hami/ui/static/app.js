@@ -118,6 +118,10 @@
         const flags = [!d.health && el("span", { class: "badge bad", text: "unhealthy" }),
                        d.cordoned && el("span", { class: "badge warn", text: "cordoned" }),
                        d.mode !== "hami-core" && el("span", { class: "badge", text: d.mode }),
+                       // one short badge (the model column is narrow); the claims are in its title
+                       (d.frontEnd === "dra" || (d.claims || []).length > 0) && el("span", { class: "badge dra",
+                         title: "DRA claims: " + ((d.claims || []).join(", ") || "none"),
+                         text: d.frontEnd === "dra" ? "DRA" : "+DRA" }),
                        d.usage.state === "stale" && el("span", { class: "badge warn", text: "stale" })];
         return el("div", { class: "gpu", "data-gpu-uuid": d.uuid, "data-vendor": d.vendor },
           el("span", { class: "idx", text: "#" + d.index }),
@@ -145,7 +149,7 @@
 
   // ------------------------------------------------------------------ pods
   function grantText(c, g) {
-    let text = c.name + ": " + g.vendor + " #" + (g.index === null ? "?" : g.index) + " " + g.model + ", " +
+    let text = (c.name || "claim") + ": " + g.vendor + " #" + (g.index === null ? "?" : g.index) + " " + g.model + ", " +
       mib(g.memoryMiB) + ", " + cores(g.cores, g.coreUnit) + (g.slice ? ", MIG " + g.slice.profile : "");
     if (g.usage.memoryUsedMiB !== null) {
       text += " — using " + mib(g.usage.memoryUsedMiB);
@@ -163,8 +167,16 @@
       const grants = p.containers.flatMap((c) => c.grants.map((g) =>
         el("span", { class: "grant", "data-grant-uuid": g.uuid, text: grantText(c, g) })));
       const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? " reserved" : "");
-      return el("tr", { "data-pod": p.namespace + "/" + p.name },
-        el("th", { scope: "row", text: p.namespace + "/" + p.name }),
+      // a DRA allocation is a ResourceClaim (kube-scheduler placed it): named, and its pods listed
+      const claim = p.frontEnd === "dra" && p.claim;
+      const holders = claim ? claim.reservedFor.filter((r) => r.resource === "pods").map((r) => r.name) : [];
+      const head = claim ? [p.namespace + "/" + (p.name || "(no pod)"), " ",
+        el("span", { class: "badge", title: "ResourceClaim " + claim.namespace + "/" + claim.name +
+          (holders.length ? ", reserved for " + holders.join(", ") : ", reserved for no pod"),
+          text: "DRA claim " + claim.name })] : [p.namespace + "/" + p.name];
+      return el("tr", claim ? { "data-pod": p.namespace + "/" + p.name, "data-claim": claim.namespace + "/" + claim.name }
+                            : { "data-pod": p.namespace + "/" + p.name },
+        el("th", { scope: "row" }, ...head),
         el("td", { text: p.node }), el("td", { text: phase }), el("td", {}, grants));
     });
     if (hidden) {

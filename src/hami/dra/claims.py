@@ -1,0 +1,168 @@
+"""What a ResourceClaim holds of ``gpu.hami.io``'s GPUs, read in one place (pure, no I/O).
+
+kube-scheduler writes a claim's allocation in ``status.allocation.devices.results``: one result
+per device, with ``driver``, ``pool`` (this driver publishes one pool per node, named after the
+node), ``device`` (``gpu-<index>``), ``request`` and, for a device with
+``allowMultipleAllocations``, ``consumedCapacity`` (``memory`` in bytes, ``cores`` in percent,
+``shares``). ``status.reservedFor`` names the consumers (pods) using the claim.
+
+:func:`claim_usage` turns a claim into a :class:`ClaimUsage`; every reader of allocations (the
+scheduler's watch cache and through it the webhook's quota and the UI, ``hami dra --explain``)
+uses it, so they agree on what a claim takes. A capacity missing from ``consumedCapacity`` is
+``None``: the allocation took the whole device (:meth:`DeviceShare.resolved` fills it in from the
+device's published capacity when the caller knows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from hami.core.quantity import QuantityError, parse_int_quantity
+
+from .model import CORES, DRIVER, MEMORY, MIB, SHARES
+
+CAPACITIES = (MEMORY, CORES, SHARES)
+
+
+class ClaimError(ValueError):
+    """A claim whose allocation cannot be read; the message names the claim and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """One ``status.reservedFor`` entry (``resource`` is ``pods`` for a pod)."""
+
+    resource: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShare:
+    """One allocation result of this driver: what the claim consumes on one GPU."""
+
+    pool: str  # the node's name
+    device: str  # gpu-<index>
+    request: str
+    memory: int | None  # bytes; None: not recorded, the whole device
+    cores: int | None  # percent; None: the whole device
+    shares: int | None
+    share_id: str | None = None
+
+    def resolved(self, total: Mapping[str, int]) -> dict[str, int]:
+        """``{memory, cores, shares}`` with a missing amount taken as ``total``'s (0 when unknown)."""
+        own = {MEMORY: self.memory, CORES: self.cores, SHARES: self.shares}
+        return {k: own[k] if own[k] is not None else int(total.get(k, 0)) for k in CAPACITIES}
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimUsage:
+    namespace: str
+    name: str
+    uid: str
+    results: tuple[DeviceShare, ...]
+    reserved_for: tuple[Consumer, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({r.pool for r in self.results}))
+
+    @property
+    def pods(self) -> tuple[Consumer, ...]:
+        return tuple(c for c in self.reserved_for if c.resource == "pods")
+
+    def totals(self, device_totals: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> tuple[int, int]:
+        """``(memory MiB, cores)`` over every GPU of the claim; memory rounded up to whole MiB. A
+        missing amount is the device's total from ``device_totals`` ((pool, device) -> capacity
+        values), 0 when the device is not known."""
+        mem = cores = 0
+        for r in self.results:
+            got = r.resolved((device_totals or {}).get((r.pool, r.device), {}))
+            mem += -(-got[MEMORY] // MIB)
+            cores += got[CORES]
+        return mem, cores
+
+
+def _amount(raw: Any, where: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = parse_int_quantity(raw, where)
+    except QuantityError as exc:
+        raise ClaimError(str(exc)) from None
+    if value < 0:
+        raise ClaimError(f"{where}: must not be negative, got {raw!r}")
+    return value
+
+
+def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
+    """What ``claim`` holds of this driver's GPUs; None when it is not allocated or holds none of
+    them. Raises :class:`ClaimError` for an allocation that is not the API's shape."""
+    if not isinstance(claim, Mapping):
+        raise ClaimError(f"a ResourceClaim must be an object, got {type(claim).__name__}")
+    meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
+    ref = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
+    status = claim.get("status") if isinstance(claim.get("status"), Mapping) else {}
+    allocation = status.get("allocation")
+    if not isinstance(allocation, Mapping):
+        return None
+    devices = allocation.get("devices") if isinstance(allocation.get("devices"), Mapping) else {}
+    results = devices.get("results") or ()
+    if not isinstance(results, list):
+        raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")
+    shares = []
+    for i, r in enumerate(results):
+        where = f"{ref}: status.allocation.devices.results[{i}]"
+        if not isinstance(r, Mapping):
+            raise ClaimError(f"{where} must be an object, got {type(r).__name__}")
+        if r.get("driver") != DRIVER:
+            continue
+        consumed = r.get("consumedCapacity") or {}
+        if not isinstance(consumed, Mapping):
+            raise ClaimError(f"{where}.consumedCapacity must be an object, got {type(consumed).__name__}")
+        amounts = {k: _amount(consumed.get(k), f"{where}.consumedCapacity.{k}") for k in CAPACITIES}
+        shares.append(DeviceShare(str(r.get("pool") or ""), str(r.get("device") or ""), str(r.get("request") or ""),
+                                  amounts[MEMORY], amounts[CORES], amounts[SHARES],
+                                  str(r["shareID"]) if r.get("shareID") else None))
+    if not shares:
+        return None
+    consumers = []
+    for c in status.get("reservedFor") or ():
+        if isinstance(c, Mapping):
+            consumers.append(Consumer(str(c.get("resource") or ""), str(c.get("name") or ""), str(c.get("uid") or "")))
+    return ClaimUsage(str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""),
+                      tuple(shares), tuple(consumers))
+
+
+def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """``(pool, device) -> {uuid, index, model, numa, total: {memory, cores, shares}}`` for every
+    device of this driver's ResourceSlices (values the API could not have stored are 0)."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in slices:
+        spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
+        if spec.get("driver") != DRIVER:
+            continue
+        pool = (spec.get("pool") or {}).get("name") or spec.get("nodeName") or ""
+        for d in spec.get("devices") or ():
+            attrs = d.get("attributes") or {}
+            caps = d.get("capacity") or {}
+            total = {}
+            for k in CAPACITIES:
+                try:
+                    total[k] = parse_int_quantity((caps.get(k) or {}).get("value", 0), k)
+                except QuantityError:
+                    total[k] = 0
+
+            def attr(name: str, kind: str, default: Any) -> Any:
+                return (attrs.get(name) or {}).get(kind, default)
+
+            out[(pool, d.get("name", ""))] = {
+                "uuid": attr("uuid", "string", ""), "index": attr("index", "int", None),
+                "model": attr("type", "string", "") or attr("model", "string", ""), "numa": attr("numa", "int", 0),
+                "total": total}
+    return out

@@ -1,0 +1,231 @@
+"""The one reader of a DRA claim's allocation (hami.dra.claims) and what the scheduler's watch cache
+does with it: namespace quota usage in the ledger, slices filling in whole-device allocations, and
+an optional watch that tolerates an API server without resource.k8s.io/v1."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from hami.dra.claims import ClaimError, Consumer, DeviceShare, claim_usage, slice_devices
+from hami.dra.explain import usage
+from hami.dra.model import MIB, SliceSettings, resource_slice
+from hami.kube.client import KubeError
+from hami.kube.reflector import Reflector
+from hami.scheduler.state import ClusterState
+
+from ._vendorkit import config
+
+CFG = config()
+
+
+class Gpu:
+    def __init__(self, index: int, uuid: str, memory_mib: int = 15360) -> None:
+        self.index, self.uuid, self.model, self.memory_mib, self.numa = index, uuid, "Tesla T4", memory_mib, 0
+
+
+def a_slice(node: str, n: int = 2, split: int = 4) -> dict:
+    return resource_slice(node, [Gpu(i, f"GPU-{node}-{i}") for i in range(n)], SliceSettings(split_count=split))
+
+
+def claim(name: str, ns: str = "team-a", results=None, reserved=("p",), rv: str = "5") -> dict:
+    out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+           "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": rv},
+           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.hami.io"}}]}}}
+    if results is not None:
+        out["status"] = {"allocation": {"devices": {"results": results}},
+                         "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved]}
+    return out
+
+
+def result(node: str, device: str = "gpu-0", memory: str | None = "3000Mi", cores: str | None = "25",
+           driver: str = "gpu.hami.io") -> dict:
+    consumed = {k: v for k, v in (("memory", memory), ("cores", cores), ("shares", "1")) if v is not None}
+    return {"request": "gpu", "driver": driver, "pool": node, "device": device, "consumedCapacity": consumed,
+            "shareID": "abc"}
+
+
+def test_claim_usage_reads_each_result_of_the_driver_and_the_reserving_pods():
+    c = claim("c1", results=[result("n1", "gpu-0"), result("n1", "gpu-1", "1Gi", "10"),
+                             result("n1", "x", driver="other.example.com")], reserved=("p1", "p2"))
+    u = claim_usage(c)
+    assert u is not None and u.key == "team-a/c1" and u.uid == "uid-c1" and u.nodes == ("n1",)
+    assert u.results == (DeviceShare("n1", "gpu-0", "gpu", 3000 * MIB, 25, 1, "abc"),
+                         DeviceShare("n1", "gpu-1", "gpu", 1024 * MIB, 10, 1, "abc"))
+    assert u.pods == (Consumer("pods", "p1", "uid-p1"), Consumer("pods", "p2", "uid-p2"))
+    assert u.totals() == (3000 + 1024, 35)
+
+
+def test_claim_usage_is_none_for_unallocated_claims_and_claims_of_other_drivers():
+    assert claim_usage(claim("pending")) is None
+    assert claim_usage(claim("other", results=[result("n1", driver="gpu.nvidia.com")])) is None
+
+
+def test_a_missing_consumed_capacity_is_the_whole_device_when_its_total_is_known():
+    u = claim_usage(claim("whole", results=[result("n1", memory=None, cores=None)]))
+    assert u.results[0].memory is None and u.results[0].cores is None
+    devices = {k: d["total"] for k, d in slice_devices([a_slice("n1")]).items()}
+    assert u.totals(devices) == (15360, 100)
+    assert u.totals() == (0, 0)  # unknown device: nothing to go by
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"memory": "lots"}, "results[0].consumedCapacity.memory"),
+    ({"cores": "-5"}, "results[0].consumedCapacity.cores"),
+    ({"memory": "1.5"}, "results[0].consumedCapacity.memory"),
+])
+def test_a_bad_amount_is_an_error_naming_the_claim_and_the_field(bad, field):
+    r = result("n1")
+    r["consumedCapacity"].update(bad)
+    with pytest.raises(ClaimError, match=rf"ResourceClaim team-a/bad: status\.allocation\.devices\.{re_escape(field)}"):
+        claim_usage(claim("bad", results=[r]))
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_bad_shapes_are_errors_not_crashes():
+    with pytest.raises(ClaimError, match="must be a list"):
+        claim_usage({"metadata": {"name": "x", "namespace": "y"}, "status": {"allocation": {"devices": {"results": "no"}}}})
+    with pytest.raises(ClaimError, match=r"results\[0\] must be an object"):
+        claim_usage({"status": {"allocation": {"devices": {"results": [3]}}}})
+    with pytest.raises(ClaimError, match="must be an object"):
+        claim_usage([])
+
+
+def test_hami_dra_explain_counts_claims_through_the_same_parser():
+    claims = [claim("a", results=[result("n1", "gpu-0")]), claim("b", results=[result("n1", "gpu-0", None, None)]),
+              claim("bad", results=[result("n1", "gpu-1", "junk")])]
+    uses = usage([a_slice("n1")], claims)
+    g0, g1 = uses[("n1", "gpu-0")], uses[("n1", "gpu-1")]
+    assert g0.used == {"memory": 3000 * MIB + 15360 * MIB, "cores": 125, "shares": 2}
+    assert g0.claims == ["team-a/a", "team-a/b"]
+    assert g1.used == {"memory": 0, "cores": 0, "shares": 0} and g1.claims == []  # unreadable: nothing
+
+
+# ---------------------------------------------------------------------- the watch cache
+@pytest.fixture
+def state() -> ClusterState:
+    s = ClusterState(CFG)
+    s.quota_handler.replace([{"metadata": {"name": "q", "namespace": "team-a"},
+                              "spec": {"hard": {"limits.nvidia.com/gpumem": "8000", "limits.nvidia.com/gpucores": "60"}}}])
+    return s
+
+
+def room(s: ClusterState, ns: str = "team-a") -> tuple:
+    return s.ledger.quota_room(ns, CFG.vendors).room["NVIDIA"]
+
+
+def test_allocated_claims_count_against_their_namespace_quota_and_leave_it_when_gone(state):
+    assert room(state) == (8000, 60)
+    state.claim_handler.replace([claim("c1", results=[result("n1")]), claim("pending"),
+                                 claim("other-ns", ns="team-b", results=[result("n1")])])
+    assert sorted(state.claims) == ["team-a/c1", "team-b/other-ns"]
+    assert room(state) == (5000, 35)
+    assert state.ledger.namespace_usage("team-b", "NVIDIA") == (3000, 25)
+    # the claim grows to a second GPU (a new allocation after a deallocation): counted once
+    state.claim_handler.apply("MODIFIED", claim("c1", results=[result("n1"), result("n1", "gpu-1", "2000Mi", "5")], rv="6"))
+    assert room(state) == (3000, 30)
+    state.claim_handler.apply("MODIFIED", claim("c1", rv="7"))  # deallocated
+    assert room(state) == (8000, 60) and "team-a/c1" not in state.claims
+    state.claim_handler.apply("ADDED", claim("c2", results=[result("n1")]))
+    state.claim_handler.apply("DELETED", claim("c2", results=[result("n1")]))
+    assert room(state) == (8000, 60)
+    state.claim_handler.apply("ADDED", claim("c3", results=[result("n1")]))
+    state.claim_handler.replace([])  # a relist without it
+    assert room(state) == (8000, 60) and not state.claims
+
+
+def test_a_whole_device_claim_is_counted_once_the_slice_is_known(state):
+    state.claim_handler.replace([claim("whole", results=[result("n1", memory=None, cores=None)])])
+    assert room(state) == (8000, 60)  # the device's size is not known yet
+    state.slice_handler.replace([a_slice("n1")])
+    assert room(state) == (8000 - 15360, 60 - 100)
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1")]
+    assert state.device_node_names() == ["n1"]
+    state.slice_handler.apply("ADDED", a_slice("n2", n=1))  # another node's slice: n1's devices stay
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1"), ("n2", "gpu-0")]
+    assert room(state) == (8000 - 15360, 60 - 100)
+    smaller = resource_slice("n1", [Gpu(0, "GPU-n1-0", 10240)], SliceSettings(split_count=4))
+    state.slice_handler.apply("MODIFIED", smaller)  # n1 republished with one smaller GPU
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n2", "gpu-0")]
+    assert room(state) == (8000 - 10240, 60 - 100)
+    state.slice_handler.apply("DELETED", smaller)
+    assert room(state) == (8000, 60) and state.device_node_names() == ["n2"]
+
+
+def test_slices_of_other_drivers_are_ignored(state):
+    other = a_slice("n2")
+    other["spec"]["driver"] = "gpu.nvidia.com"
+    state.slice_handler.apply("ADDED", other)
+    assert state.slices == {} and state.dra_devices == {}
+
+
+def test_an_unreadable_claim_is_logged_and_counted_as_nothing(state, caplog):
+    state.claim_handler.apply("ADDED", claim("c1", results=[result("n1")]))
+    with caplog.at_level(logging.WARNING):
+        state.claim_handler.apply("MODIFIED", claim("c1", results=[result("n1", memory="junk")], rv="9"))
+    assert "team-a/c1" in caplog.text and "consumedCapacity.memory" in caplog.text
+    assert room(state) == (8000, 60) and not state.claims
+
+
+def test_pods_with_resource_claims_are_cached_for_the_ui(state):
+    pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u", "resourceVersion": "1"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}], "containers": [{"name": "c"}]}}
+    plain = {"metadata": {"name": "q", "namespace": "team-a", "uid": "v", "resourceVersion": "1"},
+             "spec": {"containers": [{"name": "c"}]}}
+    state.pod_handler.replace([pod, plain])
+    assert list(state.pods) == ["team-a/p"]
+    assert state.ledger.pods() == []
+
+
+# ---------------------------------------------------------------------- optional watch
+class FakeKube:
+    """Answers the list with 404 ``absent`` times, then an empty list; a watch that ends at once."""
+
+    def __init__(self, status: int, absent: int) -> None:
+        self.status, self.absent, self.lists = status, absent, 0
+
+    async def request(self, method, path, query=(), *rest, **kw):
+        self.lists += 1
+        if self.lists <= self.absent:
+            raise KubeError("GET", path, self.status, '{"kind":"Status","code":%d}' % self.status)
+        return {"metadata": {"resourceVersion": "7"}, "items": [claim("c1", results=[result("n1")])]}
+
+    async def open(self, *a, **kw):
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.parametrize("status, words", [(404, "is not served by the API server"),
+                                           (403, "may not be read by this identity")])
+async def test_an_optional_resource_that_is_absent_is_logged_once_and_listed_again(status, words, caplog):
+    s = ClusterState(CFG)
+    kube = FakeKube(status, absent=3)
+    r = Reflector(kube, "/apis/resource.k8s.io/v1/resourceclaims", s.claim_handler, name="resourceclaims",
+                  optional="DRA claims are not counted", absent_retry=0.01)
+    with caplog.at_level(logging.INFO):
+        task = asyncio.create_task(r.run())
+        for _ in range(500):
+            if s.claims:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+    assert r.synced.is_set() and r.absent is None and kube.lists == 4
+    assert list(s.claims) == ["team-a/c1"]
+    warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert warnings == [f"resourceclaims {words} (HTTP {status}): DRA claims are not counted; listing again every 0.01s"]
+    assert any("serves it now" in rec.getMessage() for rec in caplog.records)
+
+
+async def test_a_required_resource_is_not_taken_as_absent():
+    s = ClusterState(CFG)
+    r = Reflector(FakeKube(404, absent=10**6), "/api/v1/pods", s.pod_handler, name="pods")
+    task = asyncio.create_task(r.run())
+    await asyncio.sleep(0.3)
+    task.cancel()
+    assert not r.synced.is_set() and r.absent is None
