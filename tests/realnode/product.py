@@ -57,9 +57,12 @@ REGISTER = "hami.io/node-nvidia-register"
 SCHEDULER_METRICS_PORT = 9395
 
 
-def values(node: str, driver: Path, state: Path, dra: dict[str, str] | None = None) -> dict[str, Any]:
+def values(node: str, driver: Path, state: Path, dra: dict[str, str] | None = None,
+           hook: Path | None = None) -> dict[str, Any]:
     """The chart values for the real node (see the module docstring); ``dra``: the DRA front end,
-    with ``kubeletDir``, ``cdiDir`` and ``stateDir`` of the node."""
+    with ``kubeletDir``, ``cdiDir`` and ``stateDir`` of the node; ``hook``: a directory of its own
+    for libvgpu, ``ld.so.preload``, the regions and the lock directory (``global.gpuHookPath``,
+    ``devicePlugin.lockPath``) instead of the host's ``/usr/local/vgpu`` and ``/tmp/vgpulock``."""
     out: dict[str, Any] = {
         "scheduler": {"nodeName": node},
         "devicePlugin": {
@@ -70,6 +73,9 @@ def values(node: str, driver: Path, state: Path, dra: dict[str, str] | None = No
             ],
         },
     }
+    if hook is not None:
+        out["global"] = {"gpuHookPath": str(hook)}
+        out["devicePlugin"]["lockPath"] = str(hook / "vgpulock")
     if dra is not None:
         out["frontEnd"] = "dra"
         out["devicePlugin"]["enabled"] = False  # one node agent per node: hami dra
@@ -135,12 +141,15 @@ class Product:
         if self.node.proxy is None:
             raise AssertionError("the real node runs no kube-proxy: the chart's Services would not work")
         values_file = self.workdir / "values.yaml"
-        dra = None
+        dra = hook = None
         if self.front_end == "dra":
             dra_state = self.workdir / "dra-state"
             dra_state.mkdir(exist_ok=True)
             dra = {"kubeletDir": str(self.node.kubelet_root), "cdiDir": str(self.node.cdi_dir), "stateDir": str(dra_state)}
-        values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state, dra)))
+            # nothing the extender's install left in /usr/local/vgpu can stand in for what the
+            # DRA agent must prepare itself (ld.so.preload, the lock directory)
+            hook = self.workdir / "hook"
+        values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state, dra, hook)))
         began = time.monotonic()
         self.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
                   "-f", str(values_file), "--wait", "--timeout", "5m")

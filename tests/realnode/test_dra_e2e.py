@@ -21,8 +21,9 @@ import pytest
 from hami.dev.cluster import KubeCluster
 from hami.dra.model import DRIVER
 
-from .product import NAMESPACE, Product
-from .test_chart_e2e import CUDA_ERROR_OUT_OF_MEMORY, PROBE, probe_container, probe_output, probe_pod, running, wait_pod
+from .product import MONITOR_PORT, NAMESPACE, Product
+from .test_chart_e2e import (CUDA_ERROR_OUT_OF_MEMORY, PROBE, probe_container, probe_output, probe_pod, running, samples,
+                             wait_pod)
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,26 @@ def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
     env = out["env"]
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30", env
     assert claim["metadata"]["uid"] in cdi_specs(dra_product)
+
+    # the monitor in the agent's pod reads the claim's region and names the pod using it
+    def monitor_sees():
+        text = dra_product.metrics("hami-dra", MONITOR_PORT)
+        used = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_used_bytes") if lb.get("pod") == name]
+        limit = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_limit_bytes") if lb.get("pod") == name]
+        return (used, limit) if used and used[0][1] >= 2500 << 20 else None
+
+    try:
+        used, limit = real_cluster.wait_for(monitor_sees, "the DRA monitor reporting the claim", timeout=90, interval=1)
+    except TimeoutError as exc:
+        text = dra_product.metrics("hami-dra", MONITOR_PORT)
+        lines = [x for x in text.splitlines() if x.startswith("hami_vgpu")]
+        claims_dir = dra_product.workdir / "hook" / "vgpu" / "claims"
+        files = sorted(str(p) for p in claims_dir.rglob("*")) if claims_dir.is_dir() else ["(no claims directory)"]
+        raise AssertionError(f"{exc}\n" + "\n".join(lines[:20] or [text[-3000:]]) + "\n" + "\n".join(files)
+                             + f"\n{dra_product.describe()}") from None
+    (labels, value), = used
+    assert (labels["namespace"], labels["container"], labels["device_uuid"]) == (ns, "main", env["NVIDIA_VISIBLE_DEVICES"])
+    assert value >= 2500 << 20 and [v for _, v in limit] == [float(3000 << 20)]
 
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
     real_cluster.wait_for(lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),

@@ -105,6 +105,7 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
             env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
             assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["NVIDIA_VISIBLE_DEVICES"] == U0
             assert Path(paths.claim_dir("uid-1")).is_dir()
+            assert Path(paths.claim_dir("uid-1")).stat().st_mode & 0o777 == 0o777  # regions made by any UID
             # the record naming the claim for `hami monitor` is beside the directory the container mounts
             record = Path(paths.claim_record("uid-1"))
             assert record.parent == Path(paths.claim_dir("uid-1")).parent

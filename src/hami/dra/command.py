@@ -13,6 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
+from hami.deviceplugin.allocate import HookPaths
+from hami.deviceplugin.allocator import prepare_hook_dir
 from hami.deviceplugin.command import driver_mount_arg
 from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
 from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
@@ -107,6 +109,14 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                           (settings.gpu_core_policy if settings.gpu_core_policy != "default" else None))
         driver = Driver(args.node_name, gpus, s, Checkpoint(Path(args.state_dir) / "checkpoint.json"), read_claim,
                         Paths(args.hook_path, args.lock_dir, args.cdi_dir, tuple(args.driver_mount)), options)
+        # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
+        # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
+        hook = HookPaths(args.hook_path, args.lock_dir)
+        prepare_hook_dir(hook)
+        missing = [p for p in (hook.preload_file, hook.lock_dir) if not os.path.exists(p)]
+        if missing:  # every claim's container would fail to start on the missing mount source
+            log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), hook.vgpu_dir)
+            return EXIT_CONFIG
         server = PluginServer(driver, *socket_paths(args.kubelet_dir))
         await server.start()
         changed = asyncio.Event()

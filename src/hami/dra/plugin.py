@@ -87,7 +87,9 @@ class Driver:
             spec = cdi_spec(p, self.paths, self.options)
             cdi = Path(self.paths.cdi_file(uid))
             if p.isolation == "hami-core":
+                # the claim's shared region is created by the container's processes, of any UID
                 Path(self.paths.claim_dir(uid)).mkdir(parents=True, exist_ok=True)
+                os.chmod(self.paths.claim_dir(uid), 0o777)
                 _write_atomic(Path(self.paths.claim_record(uid)),
                               json.dumps({"namespace": namespace, "name": name, "uid": uid}))
             _write_atomic(cdi, json.dumps(spec, indent=1))
