@@ -89,6 +89,21 @@ def gpus(node: str, n: int) -> list[PhysicalGPU]:
             for i in range(n)]
 
 
+def publish_node(cluster: KubeCluster, node: str, n: int) -> None:
+    """The DeviceClasses and ``node``'s slice of ``n`` GPUs, as ``hami dra`` publishes them."""
+    import asyncio
+
+    async def publish() -> None:
+        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
+        try:
+            await apply_device_classes(k)
+            await publish_slice(k, node, gpus(node, n), SliceSettings(split_count=SPLIT))
+        finally:
+            await k.close()
+
+    asyncio.run(publish())
+
+
 def hami_pod(name: str, limits: dict, node_selector: dict | None = None) -> dict:
     spec = {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
             "terminationGracePeriodSeconds": 0}
@@ -367,15 +382,7 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
     cluster.create_node(node, labels={"hami.io/test-pool": "hook"})
     import asyncio
 
-    async def publish():
-        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
-        try:
-            await apply_device_classes(k)
-            await publish_slice(k, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
-        finally:
-            await k.close()
-
-    asyncio.run(publish())
+    publish_node(cluster, node, 1)
     proc = SchedulerProcess(cluster, "--front-end=dra").start()
     webhook = f"hami-dra-{uuid.uuid4().hex[:6]}"
     register_webhook(cluster, proc.url, webhook, label)
@@ -506,15 +513,7 @@ def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
     cluster.create_namespace(ns)
     cluster.create_node(node, labels={"hami.io/test-pool": "pair"})
 
-    async def publish():
-        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
-        try:
-            await apply_device_classes(k)
-            await publish_slice(k, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
-        finally:
-            await k.close()
-
-    asyncio.run(publish())
+    publish_node(cluster, node, 2)
     try:
         create_hami_pod(cluster, ns, hami_pod("pair", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000,
                                                         "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "pair"}))
@@ -607,15 +606,7 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
         "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
         "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
 
-    async def publish():
-        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
-        try:
-            await apply_device_classes(k)
-            await publish_slice(k, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
-        finally:
-            await k.close()
-
-    asyncio.run(publish())
+    publish_node(cluster, node, 2)
     ui_port = free_port()
     proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}").start()
     webhook = f"hami-vis-{uuid.uuid4().hex[:6]}"
@@ -692,15 +683,7 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
     root = Path(tempfile.mkdtemp(prefix="dramon", dir="/tmp"))
     paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
 
-    async def publish():
-        k = KubeClient(await load_api_client(str(cluster.kubeconfig)))
-        try:
-            await apply_device_classes(k)
-            await publish_slice(k, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
-        finally:
-            await k.close()
-
-    asyncio.run(publish())
+    publish_node(cluster, node, 1)
     proc = None
     try:
         create_hami_pod(cluster, ns, hami_pod("mon", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,

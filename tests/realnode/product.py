@@ -33,7 +33,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -246,3 +246,34 @@ class Product:
         except Exception as exc:  # noqa: BLE001 - a report of a broken cluster must not fail itself
             lines.append(f"(could not describe the product: {exc})")
         return "\n".join(lines)
+
+
+def installed(real_node_holder: Any, cluster: KubeCluster, workdir: Path, request: Any,
+              front_end: str = "extender") -> Iterator[Product]:
+    """A module fixture's body: the product images built (skip, or fail under
+    ``HAMI_REQUIRE_REAL_NODE=1``, when they cannot be), the chart installed on the session's real
+    node, the timings kept for the summary; uninstalled afterwards (a leftover fails the module)."""
+    import pytest
+
+    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
+
+    node = real_node_holder.get()
+    try:
+        images = [build_hami_image(), build_kube_scheduler_image()]
+    except ImageUnavailable as exc:
+        if os.environ.get("HAMI_REQUIRE_REAL_NODE") == "1":
+            pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    began = time.monotonic()
+    product = Product(cluster, node, workdir, front_end=front_end)
+    try:
+        product.install(images)
+    except BaseException:
+        product.uninstall()
+        raise
+    prefix = "" if front_end == "extender" else f"{front_end} "
+    request.config.stash.setdefault("hami_chart_timings", {}).update(
+        {**{prefix + k: v for k, v in product.timings.items()}, prefix + "install total": time.monotonic() - began})
+    yield product
+    problems = product.uninstall()
+    assert not problems, problems

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import ssl
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.dev.cluster import KubeCluster
 
 from ..native.cshare import KERNEL_US, Trace
-from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product
+from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product, installed
 
 PROBE = Path(__file__).with_name("gpu_probe.py")
 REGISTER = "hami.io/node-nvidia-register"
@@ -29,27 +27,7 @@ CUDA_ERROR_OUT_OF_MEMORY = 2
 
 @pytest.fixture(scope="module")
 def product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
-    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
-
-    node = real_node_holder.get()
-    try:
-        images = [build_hami_image(), build_kube_scheduler_image()]
-    except ImageUnavailable as exc:
-        if os.environ.get("HAMI_REQUIRE_REAL_NODE") == "1":
-            pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
-        pytest.skip(str(exc))
-    began = time.monotonic()
-    installed = Product(real_cluster, node, tmp_path_factory.mktemp("product"))
-    try:
-        installed.install(images)
-    except BaseException:
-        installed.uninstall()
-        raise
-    request.config.stash.setdefault("hami_chart_timings", {}).update(
-        {**installed.timings, "install total": time.monotonic() - began})
-    yield installed
-    problems = installed.uninstall()
-    assert not problems, problems
+    yield from installed(real_node_holder, real_cluster, tmp_path_factory.mktemp("product"), request)
 
 
 @pytest.fixture

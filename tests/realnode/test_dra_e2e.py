@@ -12,8 +12,6 @@ entry gone), and a new claim is prepared after it.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import pytest
@@ -21,33 +19,14 @@ import pytest
 from hami.dev.cluster import KubeCluster
 from hami.dra.model import DRIVER
 
-from .product import MONITOR_PORT, NAMESPACE, Product
+from .product import MONITOR_PORT, NAMESPACE, Product, installed
 from .test_chart_e2e import (CUDA_ERROR_OUT_OF_MEMORY, PROBE, probe_container, probe_output, probe_pod, running, samples,
                              wait_pod)
 
 
 @pytest.fixture(scope="module")
 def dra_product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
-    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
-
-    node = real_node_holder.get()
-    try:
-        images = [build_hami_image(), build_kube_scheduler_image()]
-    except ImageUnavailable as exc:
-        if os.environ.get("HAMI_REQUIRE_REAL_NODE") == "1":
-            pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
-        pytest.skip(str(exc))
-    began = time.monotonic()
-    installed = Product(real_cluster, node, tmp_path_factory.mktemp("dra-product"), front_end="dra")
-    try:
-        installed.install(images)
-    except BaseException:
-        installed.uninstall()
-        raise
-    request.config.stash.setdefault("hami_chart_timings", {}).update({"dra install total": time.monotonic() - began})
-    yield installed
-    problems = installed.uninstall()
-    assert not problems, problems
+    yield from installed(real_node_holder, real_cluster, tmp_path_factory.mktemp("dra-product"), request, "dra")
 
 
 @pytest.fixture

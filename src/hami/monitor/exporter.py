@@ -22,7 +22,7 @@ import logging
 import platform
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -170,16 +170,8 @@ class MonitorCollector(Collector):
         pods = self.pods() if self.pods is not None else None
         out: list[ContainerReading] = []
         for d in scan(self.containers_dir):
-            if d.problem:
-                self._warn(d.path, d.problem)
-            if d.region is None:
-                states["waiting"] += 1
-                continue
-            try:
-                region = read_region(d.region)
-            except RegionError as exc:
-                self._warn(d.region, str(exc))
-                states["invalid"] += 1
+            region = self._region(d.path, d.problem, d.region, states)
+            if region is None:
                 continue
             pod = pods.get(d.pod_uid) if pods is not None else PodRef("", d.pod_uid, d.pod_uid)
             if pod is None:
@@ -188,16 +180,8 @@ class MonitorCollector(Collector):
             states["ok"] += 1
             out.append(ContainerReading(d, pod, region))
         for c in scan_claims(self.claims_dir) if self.claims_dir else ():
-            if c.problem:
-                self._warn(c.path, c.problem)
-            if c.region is None:
-                states["waiting"] += 1
-                continue
-            try:
-                region = read_region(c.region)
-            except RegionError as exc:
-                self._warn(c.region, str(exc))
-                states["invalid"] += 1
+            region = self._region(c.path, c.problem, c.region, states)
+            if region is None:
                 continue
             owner = claim_owner(c, pods) if c.namespace else None
             if owner is None:
@@ -207,6 +191,20 @@ class MonitorCollector(Collector):
             pod, container = owner
             out.append(ContainerReading(ContainerDir(pod.uid, container, c.path, c.region), pod, region))
         return out, states
+
+    def _region(self, path: str, problem: str | None, region_path: str | None, states: dict[str, int]) -> Any:
+        """A directory's region, read; None (counted as waiting or invalid) when there is none to read."""
+        if problem:
+            self._warn(path, problem)
+        if region_path is None:
+            states["waiting"] += 1
+            return None
+        try:
+            return read_region(region_path)
+        except RegionError as exc:
+            self._warn(region_path, str(exc))
+            states["invalid"] += 1
+            return None
 
     def _warn(self, path: str, message: str) -> None:
         if (path, message) not in self._warned:
