@@ -70,7 +70,7 @@ def test_memory_factor_and_default_cores_apply_as_on_the_extender_path():
     assert requests_of(t)["capacity"]["requests"] == {"memory": "3000Mi", "cores": "15"}
 
 
-def test_each_container_gets_its_own_claim_init_included():
+def test_containers_with_other_requests_get_their_own_claims_init_included():
     p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
             {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
             init={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500, "nvidia.com/gpucores": 5})
@@ -79,6 +79,29 @@ def test_each_container_gets_its_own_claim_init_included():
     assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["hami-gpu-0", "hami-gpu-1", "hami-gpu-2"]
     assert out["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "hami-gpu-0"}]
     assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [[{"name": "hami-gpu-1"}], [{"name": "hami-gpu-2"}]]
+
+
+def test_an_app_container_asking_what_an_init_container_asked_takes_its_claim_once():
+    same = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20}
+    p = pod(same, same, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500}, init=same)
+    out, templates = translate(admitted(p), NV)
+    claims = out["spec"]["resourceClaims"]
+    assert [c["name"] for c in claims] == ["hami-gpu-0", "hami-gpu-2", "hami-gpu-3"]  # 3 claims for 4 containers
+    assert out["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "hami-gpu-0"}]
+    # the first app container with the same request reuses it; the second (running beside the
+    # first) and the other shape get their own
+    assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [
+        [{"name": "hami-gpu-0"}], [{"name": "hami-gpu-2"}], [{"name": "hami-gpu-3"}]]
+    assert {c["resourceClaimTemplateName"] for c in claims} == {t["metadata"]["name"] for t in templates}
+
+
+def test_a_sidecar_init_containers_claim_is_never_reused():
+    same = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20}
+    p = pod(same, init=same)
+    p["spec"]["initContainers"][0]["restartPolicy"] = "Always"  # runs beside the app container
+    out, _ = translate(admitted(p), NV)
+    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["hami-gpu-0", "hami-gpu-1"]
+    assert out["spec"]["containers"][0]["resources"]["claims"] == [{"name": "hami-gpu-1"}]
 
 
 def test_existing_claims_of_the_pod_are_kept_and_names_do_not_clash():

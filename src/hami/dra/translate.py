@@ -24,8 +24,12 @@ N > 1                                             a ``distinctAttribute`` constr
 The template name is derived from its content (``hami-gpu-<hash>``), so every pod with the same
 request shares one template per namespace and creating it again is a no-op. The container's GPU
 resources are removed from ``limits``/``requests`` (nothing advertises them on a DRA node) and a
-``resources.claims`` entry names the pod's claim. Each container, init containers included, gets
-its own claim: HAMi's reuse of an init container's GPU by the app containers is not expressed.
+``resources.claims`` entry names the pod's claim. Each container gets its own claim, except that
+an app container whose request is the same as an init container's takes that init container's
+claim (HAMi's reuse of an init container's GPU: the init container has exited by then, so the pod
+holds one share, not two). Each init claim is reused by one app container at most (app containers
+run together and must not share one budget), and never that of a sidecar (an init container with
+``restartPolicy: Always`` runs beside the app containers).
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ def translate(pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLA
     templates: dict[str, dict[str, Any]] = {}
     claims = list(spec.get("resourceClaims") or [])
     taken = {c.get("name") for c in claims}
+    n_init = len(spec.get("initContainers") or [])
+    reusable: dict[str, list[str]] = {}  # template name -> init claims an app container may take
     for i, (c, creq) in enumerate(zip(containers, req.containers)):
         r = creq.for_vendor(vendor.name)
         if r is None:
@@ -107,11 +113,16 @@ def translate(pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLA
                             "metadata": {"name": tname, "labels": {"app.kubernetes.io/managed-by": "hami-webhook"},
                                          **({"namespace": namespace} if namespace else {})},
                             "spec": {"spec": cspec}}
-        claim = f"{CLAIM_PREFIX}{i}"
-        while claim in taken:
-            claim += "x"
-        taken.add(claim)
-        claims.append({"name": claim, "resourceClaimTemplateName": tname})
+        if i >= n_init and reusable.get(tname):
+            claim = reusable[tname].pop(0)  # the init container's, which has exited by now
+        else:
+            claim = f"{CLAIM_PREFIX}{i}"
+            while claim in taken:
+                claim += "x"
+            taken.add(claim)
+            claims.append({"name": claim, "resourceClaimTemplateName": tname})
+            if i < n_init and c.get("restartPolicy") != "Always":
+                reusable.setdefault(tname, []).append(claim)
         _strip(c, gpu_resources)
         resources = c.setdefault("resources", {})
         resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
