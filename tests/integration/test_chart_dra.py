@@ -69,7 +69,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]}]
     assert rules(docs, "hami-dra") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]  # the monitor's pod map
     classes = [d for d in docs if d["kind"] == "DeviceClass"]

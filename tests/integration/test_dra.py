@@ -489,6 +489,9 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
         assert cluster.wait_for(lambda: devices() == ["gpu-0"] and devices(), "gpu-1 dropped after XID 79",
                                 timeout=60) == ["gpu-0"]
         assert cluster.api("GET", path)["spec"]["pool"]["generation"] == 2
+        # the kubelet deletes its node's slices when it starts: the agent publishes its own again
+        cluster.api("DELETE", path)
+        assert cluster.wait_for(devices, "the slice published again after its deletion", timeout=60) == ["gpu-0"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         assert not dra_sock.exists() and not reg_sock.exists()

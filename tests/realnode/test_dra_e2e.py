@@ -144,3 +144,23 @@ def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
                               f"pod {name}'s claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
     state = json.loads((dra_product.workdir / "dra-state" / "checkpoint.json").read_text())
     assert before not in json.dumps(state) and after not in json.dumps(state), state
+
+
+def test_an_app_container_reuses_the_claim_of_an_init_container_that_asked_the_same(
+        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str):
+    ns, name = dra_namespace, "with-init"
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}
+    init = probe_container(dra_product, "setup", limits, ["1400"])  # allocates, prints, exits
+    main = probe_container(dra_product, "main", limits, ["1400", "--hold"])
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [main], init=[init]))
+    wait_pod(real_cluster, ns, name, running, "Running", dra_product)
+    (claim,) = claims_of(real_cluster, ns)  # one claim for the two containers
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [name]
+    setup, held = (probe_output(real_cluster, ns, name, c) for c in ("setup", "main"))
+    # the same 1500 MiB budget (one region), and the init container's 1400 MiB went with it
+    assert (setup["cuda_total_mib"], held["cuda_total_mib"]) == (1500, 1500), (setup, held)
+    assert setup["allocs"] == [0] and held["allocs"] == [0], (setup, held)
+    assert setup["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == held["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+    real_cluster.wait_for(lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
+                          "the claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)

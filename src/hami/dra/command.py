@@ -18,8 +18,9 @@ from hami.deviceplugin.allocator import prepare_hook_dir
 from hami.deviceplugin.command import driver_mount_arg
 from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
 from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
+from hami.kube.reflector import Reflector
 
-from .model import SliceSettings, device_classes, resource_slice
+from .model import SliceSettings, device_classes, resource_slice, slice_name
 from .prepare import Options, Paths
 
 log = logging.getLogger("hami.dra")
@@ -129,6 +130,11 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         watcher = XidWatcher([g.uuid for g in gpus], on_unhealthy, ignored) if ignored is not None else None
         if watcher:
             watcher.start()
+        # the kubelet deletes every ResourceSlice of its node when it starts (and a driver's slices
+        # when its plugin stays away): watch ours and publish it again when it is gone
+        guard = asyncio.create_task(Reflector(
+            kube, "/apis/resource.k8s.io/v1/resourceslices", SliceKeeper(slice_name(args.node_name), changed),
+            name="own ResourceSlice", field_selector=f"metadata.name={slice_name(args.node_name)}").run())
         try:
             while not stop.is_set():
                 waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
@@ -142,12 +148,33 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                     except KubeError as exc:
                         log.error("republishing the ResourceSlice failed: %s", exc)
         finally:
+            guard.cancel()
             if watcher:
                 watcher.stop()
             await server.stop()
     finally:
         await kube.close()
     return 0
+
+
+class SliceKeeper:
+    """Reflector handler for the agent's own slice: sets ``changed`` (publish again) when the
+    slice is gone from a list or deleted."""
+
+    def __init__(self, name: str, changed: asyncio.Event) -> None:
+        self.name = name
+        self.changed = changed
+
+    def replace(self, items: list[dict]) -> None:
+        if not any((i.get("metadata") or {}).get("name") == self.name for i in items):
+            log.warning("ResourceSlice %s is missing; publishing it again", self.name)
+            self.changed.set()
+
+    def apply(self, event_type: str, obj: dict) -> None:
+        if event_type == "DELETED" and (obj.get("metadata") or {}).get("name") == self.name:
+            log.warning("ResourceSlice %s was deleted (the kubelet wipes its node's slices when it starts); "
+                        "publishing it again", self.name)
+            self.changed.set()
 
 
 async def _explain(args: argparse.Namespace) -> int:
