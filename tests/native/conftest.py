@@ -30,6 +30,16 @@ def fake_env(native_build, tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def vgpu_env(fake_env, tmp_path) -> dict[str, str]:
+    """``fake_env`` with libvgpu preloaded: a 1 GiB limit per device, a region of the test's own."""
+    fake_env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
+    fake_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
+    fake_env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
+    fake_env["LIBCUDA_LOG_LEVEL"] = "0"
+    return fake_env
+
+
 def run_py(code: str, env: dict[str, str], timeout: float = 60, check: bool = True):
     """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

@@ -19,15 +19,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-@pytest.fixture
-def vgpu_env(fake_env, tmp_path):
-    fake_env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
-    fake_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
-    fake_env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
-    fake_env["LIBCUDA_LOG_LEVEL"] = "0"
-    return fake_env
-
-
 @pytest.mark.parametrize("value,expected", [
     ("1g", GiB), ("1G", GiB), ("1024m", GiB), ("1048576k", GiB), ("1073741824", GiB),
     ("1Gi", GiB), ("1GiB", GiB), ("1GB", 10**9), ("1000MB", 10**9), ("0x40000000", GiB),

@@ -23,15 +23,6 @@ DRIVER = BUILD / "bench" / "bench_driver"
 SYS_FUTEX = 202   # x86-64
 
 
-@pytest.fixture
-def vgpu_env(fake_env, tmp_path):
-    fake_env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
-    fake_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
-    fake_env["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
-    fake_env["LIBCUDA_LOG_LEVEL"] = "0"
-    return fake_env
-
-
 def _loop_syscalls(env: dict[str, str], log: Path, op: str, n: int) -> list[str]:
     """Names of the system calls the driver's main thread makes inside the measured loop of `op`
     (bench_driver brackets loop k with close(-1001-k) / close(-2001-k))."""
