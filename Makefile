@@ -27,9 +27,9 @@ $(PROTO_STUB): src/hami/deviceplugin/api/api.proto $(STAMP)
 	$(BIN)/python -c 'from hami.deviceplugin.api import generate; generate(force=True)'
 
 # gRPC stubs of the kubelet DRA plugin and plugin registration APIs (generated, git-ignored)
-DRA_STUB := src/hami/dra/api/dra_pb2.py
-$(DRA_STUB): src/hami/dra/api/dra.proto src/hami/dra/api/registration.proto $(STAMP)
-	$(BIN)/python -c 'from hami.dra.api import generate; generate(force=True)'
+DRA_STUB := src/hami/draplugin/api/dra_pb2.py
+$(DRA_STUB): src/hami/draplugin/api/dra.proto src/hami/draplugin/api/registration.proto $(STAMP)
+	$(BIN)/python -c 'from hami.draplugin.api import generate; generate(force=True)'
 
 proto: $(PROTO_STUB) $(DRA_STUB)
 

@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from hami.dev.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
-    from hami.dra.publisher import apply_device_classes, publish_slice
+    from hami.draplugin.publisher import apply_device_classes, publish_slice
     from hami.kube.client import KubeClient, load_api_client
     from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
     from tests.integration.test_dra import gates_for

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("hami.scheduler.explain", "explain why a pod is pending, from the live cluster "
                 "(a pod with DRA claims: per GPU, what its claims would take and what is short)"),
     "device-plugin": ("hami.deviceplugin.command", "run the kubelet device plugin for NVIDIA GPUs"),
-    "dra": ("hami.dra.command", "run the DRA driver gpu.hami.io on a node (ResourceSlice + kubelet plugin)"),
+    "dra": ("hami.draplugin.command", "run the DRA driver gpu.hami.io on a node (ResourceSlice + kubelet plugin)"),
     "monitor": ("hami.monitor.command", "export per-container GPU usage as Prometheus metrics"),
     "exec": ("hami.execcmd", "run a command under libvgpu with memory and compute limits"),
     "dev": ("hami.dev.command", "developer tools: a local control plane (`hami dev cluster up|down|env`)"),

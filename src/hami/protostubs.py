@@ -1,6 +1,6 @@
 """The gRPC stubs of the kubelet APIs hami serves, compiled from the ``.proto`` files kept in
 the package: the device plugin API (``hami/deviceplugin/api``) and the DRA plugin and plugin
-registration APIs (``hami/dra/api``).
+registration APIs (``hami/draplugin/api``).
 
 ``make proto`` and the image build compile them with grpcio-tools (the image runs this file as
 a script, before hami is installed: it needs nothing but the standard library and grpc_tools);
@@ -17,7 +17,7 @@ from pathlib import Path
 
 _SRC = Path(__file__).resolve().parents[1]  # .../src
 #: package directory (under src/hami) -> the protos in it
-STUB_SETS = {"deviceplugin/api": ("api",), "dra/api": ("dra", "registration")}
+STUB_SETS = {"deviceplugin/api": ("api",), "draplugin/api": ("dra", "registration")}
 
 
 def stub_names(proto: str) -> tuple[str, str]:

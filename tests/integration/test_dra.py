@@ -23,12 +23,12 @@ from hami.core import admit_pod
 from hami.deviceplugin.discovery import PhysicalGPU
 from hami.dev.binaries import KUBE_VERSION
 from hami.dev.cluster import KubeCluster, MissingBinaries
-from hami.dra.api import load
-from hami.dra.checkpoint import Checkpoint
+from hami.draplugin.api import load
+from hami.draplugin.checkpoint import Checkpoint
 from hami.dra.model import MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, resource_slice, slice_name
-from hami.dra.plugin import Driver, PluginServer, socket_paths
-from hami.dra.prepare import Paths
-from hami.dra.publisher import apply_device_classes, publish_slice
+from hami.draplugin.plugin import Driver, PluginServer, socket_paths
+from hami.draplugin.prepare import Paths
+from hami.draplugin.publisher import apply_device_classes, publish_slice
 from hami.dra.translate import translate
 from hami.kube.client import KubeClient, load_api_client
 from hami.vendors.nvidia import NvidiaVendor

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from hami.deviceplugin.discovery import PhysicalGPU
-from hami.dra.checkpoint import Checkpoint, CheckpointError
+from hami.draplugin.checkpoint import Checkpoint, CheckpointError
 from hami.dra.model import (DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes,
                             resource_slice)
-from hami.dra.prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
+from hami.draplugin.prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

@@ -12,11 +12,11 @@ import grpc
 import pytest
 
 from hami.deviceplugin.discovery import PhysicalGPU
-from hami.dra.api import load
-from hami.dra.checkpoint import Checkpoint
+from hami.draplugin.api import load
+from hami.draplugin.checkpoint import Checkpoint
 from hami.dra.model import DRIVER, SliceSettings
-from hami.dra.plugin import Driver, PluginServer, socket_paths
-from hami.dra.prepare import Paths
+from hami.draplugin.plugin import Driver, PluginServer, socket_paths
+from hami.draplugin.prepare import Paths
 
 dra_pb, dra_grpc = load("dra")
 reg_pb, reg_grpc = load("registration")

@@ -1,18 +1,17 @@
-"""`hami dra`: the Dynamic Resource Allocation front end for NVIDIA GPUs (driver ``gpu.hami.io``).
+"""The DRA device model of the driver ``gpu.hami.io``: pure, no I/O, imports only :mod:`hami.core`.
 
-On this path kube-scheduler places claims itself; hami publishes what exists and prepares what
-was granted. Parts, one concern each:
+On the DRA path kube-scheduler places claims itself; hami publishes what exists and prepares what
+was granted. This package is what every reader of DRA objects shares (the scheduler's quotas and
+UI, the webhook's translation, ``hami simulate --front-end dra``, the node agent):
 
 - :mod:`hami.dra.model`: the node's GPUs as ResourceSlice devices with consumable capacity, and
-  the DeviceClasses (pure);
-- :mod:`hami.dra.publisher`: writes the node's ResourceSlice and the DeviceClasses (API I/O);
+  the DeviceClasses;
 - :mod:`hami.dra.claims`: what an allocated ResourceClaim holds of the driver's GPUs, the one
-  reader of allocations (pure; the scheduler's quotas and UI, ``--explain``);
-- :mod:`hami.dra.prepare`: a claim's allocation -> libvgpu's environment as a CDI spec (pure);
-- :mod:`hami.dra.checkpoint`: what was prepared, kept on the node across restarts;
-- :mod:`hami.dra.plugin`: the kubelet's DRA v1 and registration gRPC services;
-- :mod:`hami.dra.command`: ``hami dra`` wiring discovery, publisher and plugin.
+  reader of allocations;
+- :mod:`hami.dra.fit`: kube-scheduler's allocator as far as the simulation needs it;
+- :mod:`hami.dra.explain`: why a claim does not fit;
+- :mod:`hami.dra.translate`: a HAMi pod's resources -> a ResourceClaimTemplate.
 
-It shares discovery, settings and libvgpu with the device plugin front end and imports nothing
-of the extender path (``hami.scheduler``). See docs/dra.md.
+The node agent (kubelet plugin, prepare, checkpoint, publisher, ``hami dra``) is
+:mod:`hami.draplugin`, one floor up. See docs/dra.md.
 """

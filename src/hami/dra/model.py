@@ -2,7 +2,7 @@
 
 Pure functions from the discovered GPUs (:class:`hami.deviceplugin.discovery.PhysicalGPU`-like
 objects) and the node settings to ``resource.k8s.io/v1`` objects as plain dicts. No I/O: the
-publisher (:mod:`hami.dra.publisher`) writes what these return.
+publisher (:mod:`hami.draplugin.publisher`) writes what these return.
 
 Each GPU is one device named ``gpu-<index>`` with ``allowMultipleAllocations: true`` (DRA
 consumable capacity, KEP-5075), so kube-scheduler itself places several claims on one GPU as

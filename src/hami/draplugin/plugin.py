@@ -1,7 +1,7 @@
 """The kubelet plugin of the DRA driver: the DRA v1 gRPC service and the registration service.
 
-:class:`Driver` owns prepare and unprepare (the decisions come from :mod:`hami.dra.prepare`, what
-must survive a restart from :mod:`hami.dra.checkpoint`); :class:`DRAService` and
+:class:`Driver` owns prepare and unprepare (the decisions come from :mod:`hami.draplugin.prepare`, what
+must survive a restart from :mod:`hami.draplugin.checkpoint`); :class:`DRAService` and
 :class:`RegistrationService` only translate between protobuf and the driver; :class:`PluginServer`
 serves both on unix sockets.
 
@@ -31,7 +31,7 @@ import grpc
 
 from .api import DRA_SERVICE, PLUGIN_TYPE, load
 from .checkpoint import Checkpoint, CheckpointError
-from .model import DRIVER, GpuLike, SliceSettings
+from hami.dra.model import DRIVER, GpuLike, SliceSettings
 from .prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 log = logging.getLogger(__name__)

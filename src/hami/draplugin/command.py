@@ -20,7 +20,7 @@ from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml,
 from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
 from hami.kube.reflector import Reflector
 
-from .model import SliceSettings, device_classes, resource_slice, slice_name
+from hami.dra.model import SliceSettings, device_classes, resource_slice, slice_name
 from .prepare import Options, Paths
 
 log = logging.getLogger("hami.dra")

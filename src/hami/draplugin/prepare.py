@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from hami.core.quantity import QuantityError, parse_int_quantity
 
-from .model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
+from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
 
 CDI_VERSION = "0.6.0"
 CDI_KIND = f"{DRIVER}/claim"

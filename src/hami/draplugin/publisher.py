@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from hami.core.quantity import parse_int_quantity
 from hami.kube.client import KubeClient, KubeError
 
-from .model import GpuLike, SliceSettings, device_classes, resource_slice, slice_name
+from hami.dra.model import GpuLike, SliceSettings, device_classes, resource_slice, slice_name
 
 log = logging.getLogger(__name__)
 
