@@ -115,7 +115,7 @@ def device_sort_key(policy: DevicePolicy, numa_bind: bool):
 
     def key(t: tuple[float, int, int, int]):
         score, numa, index, used = t
-        out = [used] if policy.mutex else []
+        out: list[float] = [used] if policy.mutex else []
         for k in keys:
             out.append(-score if k == "binpack" else score if k == "spread" else numa if low_numa_first else -numa)
         out.extend((-numa, index))

@@ -53,7 +53,7 @@ class DeviceShare:
     def resolved(self, total: Mapping[str, int]) -> dict[str, int]:
         """``{memory, cores, shares}`` with a missing amount taken as ``total``'s (0 when unknown)."""
         own = {MEMORY: self.memory, CORES: self.cores, SHARES: self.shares}
-        return {k: own[k] if own[k] is not None else int(total.get(k, 0)) for k in CAPACITIES}
+        return {k: amount if (amount := own[k]) is not None else int(total.get(k, 0)) for k in CAPACITIES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,18 +100,23 @@ def _amount(raw: Any, where: str) -> int | None:
     return value
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is an object, else an empty one (a missing or malformed optional field)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
     """What ``claim`` holds of this driver's GPUs; None when it is not allocated or holds none of
     them. Raises :class:`ClaimError` for an allocation that is not the API's shape."""
     if not isinstance(claim, Mapping):
         raise ClaimError(f"a ResourceClaim must be an object, got {type(claim).__name__}")
-    meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
+    meta = _object(claim.get("metadata"))
     ref = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
-    status = claim.get("status") if isinstance(claim.get("status"), Mapping) else {}
+    status = _object(claim.get("status"))
     allocation = status.get("allocation")
     if not isinstance(allocation, Mapping):
         return None
-    devices = allocation.get("devices") if isinstance(allocation.get("devices"), Mapping) else {}
+    devices = _object(allocation.get("devices"))
     results = devices.get("results") or ()
     if not isinstance(results, list):
         raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")

@@ -148,7 +148,7 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
     return out
 
 
-def allocation_results(claim: Mapping[str, Any]) -> list[dict[str, Any]]:
+def allocation_results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The ``status.allocation.devices.results`` of a claim that are this driver's ([] if none)."""
     results = ((((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")) or ()
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER]

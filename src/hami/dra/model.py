@@ -64,13 +64,13 @@ class SliceSettings:
     mig_capable: frozenset[str] = frozenset()  # UUIDs of GPUs that support MIG
 
     def __post_init__(self) -> None:
-        for name, value, low in (("split_count", self.split_count, 1), ("min_memory_mib", self.min_memory_mib, 1),
+        for name, count, low in (("split_count", self.split_count, 1), ("min_memory_mib", self.min_memory_mib, 1),
                                  ("default_cores", self.default_cores, 0)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"SliceSettings.{name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("memory_scaling", self.memory_scaling), ("core_scaling", self.core_scaling)):
-            if not value > 0:
-                raise ValueError(f"SliceSettings.{name} must be > 0, got {value!r}")
+            if not isinstance(count, int) or count < low:
+                raise ValueError(f"SliceSettings.{name} must be an integer >= {low}, got {count!r}")
+        for name, factor in (("memory_scaling", self.memory_scaling), ("core_scaling", self.core_scaling)):
+            if not factor > 0:
+                raise ValueError(f"SliceSettings.{name} must be > 0, got {factor!r}")
 
 
 def device_name(index: int) -> str:
