@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
+.PHONY: simulate test check unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,7 +76,15 @@ image-tools:
 images: $(STAMP) kube image-tools
 	$(BIN)/python -m hami.dev.images
 
-test: $(STAMP) proto native kube node browser images
+# Lint and format (ruff), the layering of docs/development.md (import-linter: contracts in
+# pyproject.toml), and types of the pure model (mypy: core/, dra/). A broken rule names file and line.
+check: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: $(STAMP) check proto native kube node browser images
 	$(BIN)/python -m pytest -q -ra tests
 
 unit: $(STAMP) proto
