@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test check unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
+.PHONY: simulate test check docs-images unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,10 @@ check: $(STAMP)
 
 test: $(STAMP) check proto native kube node browser images
 	$(BIN)/python -m pytest -q -ra tests
+
+# The web UI's screenshots in docs/images/, from the browser tests (make test writes them to a temporary directory)
+docs-images: $(STAMP) proto kube browser
+	HAMI_DOCS_IMAGES=1 $(BIN)/python -m pytest -q tests/integration/test_ui_browser.py
 
 unit: $(STAMP) proto
 	$(BIN)/python -m pytest -q tests/unit

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the real node of the test harness (`hami dev cluster up --real-node`, the
 # tests in tests/realnode/) runs on, from Debian packages: runc, the CNI plugins (bridge,
-# host-local, loopback, portmap) and iptables. The kubelet and containerd (1.7, for its CDI
+# host-local, loopback, portmap), iptables, and strace (tests/native/test_region_lock.py). The kubelet and containerd (1.7, for its CDI
 # support; Debian 12 ships 1.6) are built by scripts/install-kube.sh; the pause and test images
 # by hami.dev.images.
 #
@@ -10,4 +10,4 @@
 # real-node tests then skip, naming what is missing).
 set -euo pipefail
 
-exec "$(dirname "$0")/apt-install.sh" install-node "the real-node tests" runc containernetworking-plugins iptables
+exec "$(dirname "$0")/apt-install.sh" install-node "the real-node tests" runc containernetworking-plugins iptables strace

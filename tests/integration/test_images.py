@@ -35,8 +35,15 @@ def _needs_root() -> None:
         pytest.skip("needs root (buildah, chroot and containerd run as root)")
 
 
+def _runtime_env() -> dict[str, str]:
+    """The environment with the containerd 1.7 that scripts/install-kube.sh builds (containerd, its
+    runc shim, ctr) first on PATH: the same runtime as the real node's, not a system package."""
+    return {**os.environ, "PATH": f"{bin_dir()}:{os.environ.get('PATH', '')}"}
+
+
 def _needs(*tools: str) -> None:
-    missing = [t for t in tools if shutil.which(t) is None]
+    path = _runtime_env()["PATH"]
+    missing = [t for t in tools if shutil.which(t, path=path) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (apt-get install -y {' '.join(missing)})")
 
@@ -178,8 +185,9 @@ class Containerd:
             f'[ttrpc]\n  address = "{self.address}.ttrpc"\n'
         )
         self.log = (base / "containerd.log").open("wb")
+        self.env = _runtime_env()
         self.proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + 60
         while self.ctr("version").returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -188,7 +196,7 @@ class Containerd:
 
     def ctr(self, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ctr", "--address", self.address, "-n", "k8s.io", *args],
-                              capture_output=True, text=True, **kwargs)
+                              capture_output=True, text=True, env=self.env, **kwargs)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -237,7 +245,7 @@ def test_pause_image_imports_runs_and_stops_with_sigterm(containerd: Containerd)
     _import(containerd, image)
     cid = f"hami-img-pause-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(["ctr", "--address", containerd.address, "-n", "k8s.io", "run", "--rm",
-                             image.ref, cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             image.ref, cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=containerd.env)
     try:
         deadline = time.monotonic() + 60
         while "RUNNING" not in containerd.ctr("tasks", "ls").stdout.split(cid)[-1].split("\n")[0]:

@@ -6,7 +6,9 @@ What a person would check, through the page only: it loads; it shows the right n
 a new GPU pod appears with its grant (polled through the page's own auto-refresh); a pending
 pod shows its reason; an Ascend node is shown in its units (GiB of NPU memory, AI cores); live
 usage read from a node monitor's /metrics is shown, and the page is usable from the keyboard.
-Screenshots go to docs/images/ (committed); the page load time is printed.
+Screenshots go to a temporary directory; with ``HAMI_DOCS_IMAGES=1`` (``make docs-images``) they
+replace the committed ones in docs/images/, so ``make test`` leaves the work tree as it found it.
+The page load time is printed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import http.server
 import json
 import os
 import shutil
+import tempfile
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +29,8 @@ from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, Schedule
 from ._hami import ROOT, PluginStandIn, SchedulerProcess, gpu_pod, gpu_uuid, make_gpu_node, pods, wait_pods
 
 CHROMIUM = os.environ.get("HAMI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-IMAGES = ROOT / "docs" / "images"
+IMAGES = (ROOT / "docs" / "images" if os.environ.get("HAMI_DOCS_IMAGES") == "1"
+          else Path(tempfile.mkdtemp(prefix="hami-ui-shots-")))
 WAIT_MS = 60_000  # an upper bound for polling the page, not a timing assertion
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
