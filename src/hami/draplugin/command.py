@@ -180,7 +180,7 @@ class SliceKeeper:
 async def _explain(args: argparse.Namespace) -> int:
     from hami.kube.client import KubeClient, KubeError
 
-    from .explain import explain_pod
+    from hami.dra.explain import explain_pod
 
     namespace, _, name = args.explain.partition("/")
     if not namespace or not name:
