@@ -56,6 +56,8 @@ The DRA front end and CDI (beyond HAMi):
   DeviceClasses; the webhook's DRA translation asks for the share class; the DRA fit reads both.
 * ``DRA_CONFIG_API_VERSION``: the apiVersion of the class configuration that the DeviceClasses
   carry and the DRA agent reads at prepare.
+* ``DRA_CDI_KIND``: the kind of the CDI spec the DRA agent writes per claim; the kubelet passes
+  its device names to the container runtime, which reads the spec.
 * ``CDI_KIND``: the device plugin's CDI spec kind (``--cdi-kind`` default); the container
   runtime reads it.
 """
@@ -84,6 +86,7 @@ DRA_DRIVER = "gpu.hami.io"
 DRA_SHARE_CLASS = DRA_DRIVER  # the share class carries the driver's name
 DRA_WHOLE_CLASS = "whole-gpu.hami.io"
 DRA_CONFIG_API_VERSION = "gpu.hami.io/v1alpha1"
+DRA_CDI_KIND = f"{DRA_DRIVER}/claim"
 CDI_KIND = "hami.io/gpu"
 
 _DOMAIN = "hami.io/"
