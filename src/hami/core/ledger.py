@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
+from .names import DEVICE_CORDON, VGPU_NODE
 from .quantity import parse_int_quantity
 from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
@@ -30,8 +31,8 @@ from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
 from .usage import collapse
 
-NODE_ANNOTATION = "hami.io/vgpu-node"
-CORDON_ANNOTATION = "hami.io/device-cordon"
+NODE_ANNOTATION = VGPU_NODE
+CORDON_ANNOTATION = DEVICE_CORDON
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
+from .names import VGPU_TIME
 from .reasons import UNREGISTERED, NodeFailure
 from .requests import pod_request
 from .score import (
@@ -34,7 +35,7 @@ from .score import (
 )
 from .types import PERCENT_UNSET, ContainerKind, PodAllocation, PodRequest
 
-TIME_ANNOTATION = "hami.io/vgpu-time"
+TIME_ANNOTATION = VGPU_TIME
 
 
 @dataclass(frozen=True)

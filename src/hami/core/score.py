@@ -23,10 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import RequestError
+from .names import DEVICE_SCORING_WEIGHTS, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
 
-NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
-GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
-WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
+NODE_POLICY_ANNOTATION = NODE_SCHEDULER_POLICY
+GPU_POLICY_ANNOTATION = GPU_SCHEDULER_POLICY
+WEIGHTS_ANNOTATION = DEVICE_SCORING_WEIGHTS
 
 NODE_POLICIES = ("binpack", "spread")
 GPU_SORT_KEYS = ("binpack", "spread", "numa")

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
+from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_NODE
 from hami.kube.revision import newer_than
 from hami.core.types import ContainerDevice, PodSingleDevice
 from hami.kube.nodelock import NodeLock, owned_by, parse_node_lock  # noqa: F401 - shared with the scheduler
@@ -25,9 +26,6 @@ TO_ALLOCATE = NvidiaVendor.to_allocate_annotation
 ALLOCATED = NvidiaVendor.allocated_annotation
 NODE_LOCK = NvidiaVendor.lock_annotation
 NVIDIA_TYPE = NvidiaVendor.request_type
-VGPU_NODE = "hami.io/vgpu-node"
-BIND_PHASE = "hami.io/bind-phase"
-BIND_TIME = "hami.io/bind-time"
 
 
 class AllocationError(Exception):

@@ -25,6 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
+from hami.core.names import CDI_KIND
+
 from .allocate import ContainerResponse
 
 STRATEGIES = ("envvar", "cdi-annotations", "cdi-cri")
@@ -32,7 +34,7 @@ CDI_VERSION = "0.5.0"
 #: Our own vendor/class: NVIDIA's GPU Operator writes ``nvidia.com/gpu`` and HAMi's fork
 #: ``k8s.device-plugin.nvidia.com/gpu``; a kind of our own never collides with either spec file
 #: (two files defining the same device make the runtime refuse both: HAMi#1106).
-DEFAULT_KIND = "hami.io/gpu"
+DEFAULT_KIND = CDI_KIND
 DEFAULT_PREFIX = "cdi.k8s.io/"
 SPEC_FILE = "hami-gpu.json"
 #: the NVIDIA driver's control devices every GPU container needs

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pynvml
 
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
+from hami.core.names import NODE_LOCK_HANDOFF
 
 from .allocate import HookPaths, MountSpec, parse_driver_mount
 from .cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lock-release-delay", type=float, default=1.0, metavar="SECONDS",
                    help="leave a finished pod's node lock for the scheduler's next Bind to swap over, and "
                    "remove it only if it is still there after this many seconds (the node is annotated "
-                   "hami.io/node-lock-handoff=swap; one lock write per pod instead of two); 0 = remove it "
+                   f"{NODE_LOCK_HANDOFF}=swap; one lock write per pod instead of two); 0 = remove it "
                    "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)")
     p.add_argument("--device-list-strategy", default=env("DEVICE_LIST_STRATEGY", "envvar"),
                    help="how containers are given their GPUs: envvar (NVIDIA_VISIBLE_DEVICES), cdi-annotations or "
@@ -64,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cdi-annotation-prefix", default=DEFAULT_PREFIX,
                    help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})")
     p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
-                   help="publish the GPUs' pairwise link scores (hami.io/node-nvidia-score) for the topology-aware "
+                   help=f"publish the GPUs' pairwise link scores ({SCORE}) for the topology-aware "
                    "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
     p.add_argument("--mig-strategy", default=env("MIG_STRATEGY"), choices=("none", "single", "mixed"),
                    help="static MIG: 'mixed' advertises existing MIG instances as nvidia.com/mig-<profile> "

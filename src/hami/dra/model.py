@@ -34,10 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
-DRIVER = "gpu.hami.io"
-SHARE_CLASS = "gpu.hami.io"
-WHOLE_CLASS = "whole-gpu.hami.io"
-CONFIG_API_VERSION = "gpu.hami.io/v1alpha1"
+from hami.core.names import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_SHARE_CLASS, DRA_WHOLE_CLASS
+
+DRIVER = DRA_DRIVER
+SHARE_CLASS = DRA_SHARE_CLASS
+WHOLE_CLASS = DRA_WHOLE_CLASS
+CONFIG_API_VERSION = DRA_CONFIG_API_VERSION
 CONFIG_KIND = "GpuConfig"
 MEMORY, CORES, SHARES = "memory", "cores", "shares"
 MIB = 1024 * 1024

@@ -33,12 +33,13 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from hami.core.names import DRA_CDI_KIND
 from hami.core.quantity import QuantityError, parse_int_quantity
 
 from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
 
 CDI_VERSION = "0.6.0"
-CDI_KIND = f"{DRIVER}/claim"
+CDI_KIND = DRA_CDI_KIND
 ISOLATIONS = ("hami-core", "none")
 
 

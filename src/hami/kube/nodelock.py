@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-NODE_LOCK = "hami.io/mutex.lock"
-BIND_PHASE = "hami.io/bind-phase"
-VGPU_NODE = "hami.io/vgpu-node"
+from hami.core.names import BIND_PHASE, NODE_LOCK, NODE_LOCK_HANDOFF, VGPU_NODE
+
 # Beyond HAMi: a node annotation by which the node's device plugin says it leaves a finished
 # pod's lock for the next Bind to swap over (one lock write per pod instead of a release and a
 # take) and removes it itself only after a delay. Without it the scheduler waits for the
 # plugin's own release first (HAMi's plugins release right after marking the pod).
-LOCK_HANDOFF = "hami.io/node-lock-handoff"
+LOCK_HANDOFF = NODE_LOCK_HANDOFF
 HANDOFF_SWAP = "swap"
 
 

@@ -6,10 +6,11 @@ from typing import Any
 
 from hami.core.codec import decode_mig_allocations
 from hami.core.errors import CodecError
+from hami.core.names import VGPU_MIG_ALLOCATIONS
 
 from .exporter import MigDevice, PodRef
 
-MIG_ANNOTATION = "hami.io/vgpu-mig-allocations"
+MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
 
 
 def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tuple[MigDevice, ...]:

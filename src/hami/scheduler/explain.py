@@ -18,6 +18,7 @@ from hami.config import load_device_config
 from hami.core import CoreError, Ledger, SchedulerConfig, admit_pod, filter_pod, pod_key
 from hami.core.errors import ConfigError
 from hami.core.fit import fit_pod, make_context
+from hami.core.names import BIND_PHASE
 from hami.core.reasons import NodeFailure
 from hami.core.requests import pod_request
 from hami.core.types import DeviceInfo, PodRequest
@@ -123,7 +124,7 @@ def render(pod: dict, state: ClusterState, events: list[dict], now: float,
     held = ledger.pod(pod_key(pod))
     if (pod.get("spec") or {}).get("nodeName") or held is not None:
         lines.append(f"It is placed on node {(held.node if held else None) or pod['spec'].get('nodeName')}"
-                     f" (bind-phase {meta.get('annotations', {}).get('hami.io/bind-phase', '-')}):")
+                     f" (bind-phase {meta.get('annotations', {}).get(BIND_PHASE, '-')}):")
         for u in held.usage if held else ():
             lines.append(f"  {u.vendor} {u.uuid}: {u.mem} MiB, {u.cores} cores, {u.slots} slot(s)")
         return "\n".join(lines)

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from hami.core import CoreError, admit_pod, filter_pod, pod_key, pod_request, rebuild, schedule_pod
+from hami.core.names import BIND_PHASE, BIND_TIME
 from hami.core.reasons import NodeFailure, Reason
 from hami.kube import nodelock
 from hami.kube.client import KubeClient, KubeError, node_path, pod_path
@@ -37,8 +38,6 @@ from .state import VGPU_NODE, ClusterState
 
 log = logging.getLogger(__name__)
 
-BIND_PHASE = "hami.io/bind-phase"
-BIND_TIME = "hami.io/bind-time"
 UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 

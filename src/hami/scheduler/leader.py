@@ -16,10 +16,11 @@ import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping
 
+from hami.core.names import SCHEDULER_ROLE
 from hami.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
-ROLE_LABEL = "hami.io/scheduler-role"
+ROLE_LABEL = SCHEDULER_ROLE
 
 
 def _ts(text: str | None) -> float | None:

@@ -17,11 +17,12 @@ from pathlib import Path
 from hami.config import DeviceConfig, default_device_config, load_device_config
 from hami.core import SchedulerConfig
 from hami.core.errors import ConfigError, CoreError
+from hami.core.names import ALLOW_DISABLE_CONTROL, VGPU_NODE
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-DISABLE_CONTROL_LABEL = "hami.io/allow-disable-control"
+DISABLE_CONTROL_LABEL = ALLOW_DISABLE_CONTROL
 
 
 def parse_duration(text: str, flag: str) -> float:
@@ -172,7 +173,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--decision-write", default="binding", choices=DECISION_WRITES,
       help="where a Filter decision is written to the pod: 'binding' (default) sends the allocation "
            "annotations on the Binding itself, one pod write less per pod, and the device plugin labels "
-           "the pod hami.io/vgpu-node; 'filter' patches the pod from Filter as HAMi does (annotations and "
+           f"the pod {VGPU_NODE}; 'filter' patches the pod from Filter as HAMi does (annotations and "
            "label before the Bind; use it with HAMi's own device plugin and vGPU monitor)")
     a("--ui-bind", default="",
       help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "

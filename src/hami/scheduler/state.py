@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
+from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
 from hami.dra.claims import ClaimError, ClaimUsage, claim_usage, slice_devices
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 60.0
 REQUESTING = "Requesting_"
 HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4.3)
-VGPU_NODE = "hami.io/vgpu-node"
-BIND_PHASE = "hami.io/bind-phase"
 DONE_PHASES = ("success", "failed")
 TOMBSTONES = 4096  # deleted pod UIDs remembered (with the delete's resourceVersion)
 
@@ -79,7 +78,7 @@ def schedulable_node(node: Mapping[str, Any], vendors: Iterable[Any], now: float
 
 def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> tuple:
     annotations = (node.get("metadata") or {}).get("annotations") or {}
-    keys = sorted(k for k in annotations if k.startswith(("hami.io/node-", "hami.io/device-cordon")))
+    keys = sorted(k for k in annotations if k.startswith((NODE_ANNOTATION_PREFIX, DEVICE_CORDON)))
     return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors))
 
 

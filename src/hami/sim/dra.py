@@ -36,6 +36,7 @@ from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import POD
 from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevices, PodAllocation
+from hami.core.names import DRA_SHARE_CLASS
 from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
@@ -52,7 +53,7 @@ class DraOptions:
 
     default_cores: int = 0
     min_memory_mib: int = 1
-    device_class: str = "gpu.hami.io"  # the webhook's --dra-device-class
+    device_class: str = DRA_SHARE_CLASS  # the webhook's --dra-device-class
 
     def __post_init__(self) -> None:
         if isinstance(self.default_cores, bool) or not isinstance(self.default_cores, int) or self.default_cores < 0:

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, pod_key
+from hami.core.names import BIND_PHASE
 from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
 from hami.dra.claims import ClaimUsage, slice_devices
@@ -33,7 +34,6 @@ from hami.dra.model import CORES, MEMORY, MIB, SHARES
 from .live import NodeReading, Usage
 
 API_VERSION = "v1"
-BIND_PHASE = "hami.io/bind-phase"
 MAX_PENDING = 50  # pending pods explained per /api/v1/pending answer (each runs the filter on every node)
 PENDING_BUDGET_S = 0.5  # and no more explaining than this per answer: it runs on the scheduler's event loop
 SECRET_HINTS = ("token", "secret", "password", "credential", "key")

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 from hami.core.codec import json_loads
 from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthVerdict
+from hami.core.names import devices_allocated, devices_to_allocate, no_use_uuid, node_handshake, use_uuid
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 
@@ -101,11 +102,11 @@ def name_after_chip(vendor: BaseVendor, cw: str, register_annotation: str) -> No
     """Per-chip backends (Ascend, Iluvatar): name, type and HAMi's ``<cw>``-keyed annotations."""
     vendor.name = vendor.request_type = cw
     vendor.register_annotation = register_annotation
-    vendor.handshake_annotation = f"hami.io/node-handshake-{cw}"
-    vendor.allocated_annotation = f"hami.io/{cw}-devices-allocated"
-    vendor.to_allocate_annotation = f"hami.io/{cw}-devices-to-allocate"
-    vendor.use_uuid_annotation = f"hami.io/use-{cw}-uuid"
-    vendor.nouse_uuid_annotation = f"hami.io/no-use-{cw}-uuid"
+    vendor.handshake_annotation = node_handshake(cw)
+    vendor.allocated_annotation = devices_allocated(cw)
+    vendor.to_allocate_annotation = devices_to_allocate(cw)
+    vendor.use_uuid_annotation = use_uuid(cw)
+    vendor.nouse_uuid_annotation = no_use_uuid(cw)
 
 
 def load_json(text: str, where: str) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hami.config import AmdConfig
 from hami.core.errors import RequestError
+from hami.core.names import NODE_LOCK
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo
 
@@ -33,7 +34,7 @@ class AmdVendor(BaseVendor):
     register_format = "json"
     allocated_annotation = "hami.io/amd-devices-allocated"
     to_allocate_annotation = "hami.io/amd-devices-to-allocate"
-    lock_annotation = "hami.io/mutex.lock"
+    lock_annotation = NODE_LOCK
     use_type_annotation = "amd.com/use-gputype"
     nouse_type_annotation = "amd.com/nouse-gputype"
     use_uuid_annotation = "amd.com/use-gpu-uuid"

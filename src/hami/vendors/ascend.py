@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from hami.config import VnpuChip, VnpusConfig
 from hami.core.codec import go_json
 from hami.core.errors import RequestError
+from hami.core.names import NODE_LOCK
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
@@ -49,7 +50,7 @@ LIMITER_START = ("sh", "-c", "RUST_LOG=info /hami-vnpu-core/limiter > /tmp/limit
 
 class AscendVendor(BaseVendor):
     register_format = "json"
-    lock_annotation = "hami.io/mutex.lock"
+    lock_annotation = NODE_LOCK
     mode_annotation = MODE_ANNOTATION
     chooses = True
 

@@ -42,6 +42,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy, encode_pod_devices
 from hami.core.errors import CodecError, CoreError
 from hami.core.health import HealthMemo, HealthVerdict, handshake_health
+from hami.core.names import NODE_LOCK
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import (
@@ -93,7 +94,7 @@ class BaseVendor:
     handshake_annotation: ClassVar[str | None] = None
     allocated_annotation: ClassVar[str] = ""
     to_allocate_annotation: ClassVar[str | None] = None
-    lock_annotation: ClassVar[str | None] = "hami.io/mutex.lock"
+    lock_annotation: ClassVar[str | None] = NODE_LOCK
     use_type_annotation: ClassVar[str | None] = None
     nouse_type_annotation: ClassVar[str | None] = None
     use_uuid_annotation: ClassVar[str | None] = None

@@ -9,6 +9,7 @@ forced to 100), handshake ``hami.io/node-handshake-biren``; selection ``birentec
 from __future__ import annotations
 
 from hami.config import BirenConfig
+from hami.core.names import node_handshake
 
 from ._util import WholeDeviceVendor
 from .base import ResourceNames
@@ -18,7 +19,7 @@ class BirenVendor(WholeDeviceVendor):
     name = "Biren"
     request_type = "Biren"
     register_annotation = "hami.io/node-biren-register"
-    handshake_annotation = "hami.io/node-handshake-biren"
+    handshake_annotation = node_handshake("biren")
     allocated_annotation = "hami.io/Biren-devices-allocated"
     to_allocate_annotation = "hami.io/Biren-devices-to-allocate"
     use_type_annotation = "birentech.com/use-biren"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hami.config import HygonConfig
+from hami.core.names import node_handshake
 from hami.core.types import ContainerDeviceRequest
 
 from ._util import percent_request
@@ -21,7 +22,7 @@ class HygonVendor(BaseVendor):
     request_type = "DCU"
     register_annotation = "hami.io/node-dcu-register"
     register_format = "legacy"
-    handshake_annotation = "hami.io/node-handshake-dcu"
+    handshake_annotation = node_handshake("dcu")
     allocated_annotation = "hami.io/dcu-devices-allocated"
     to_allocate_annotation = "hami.io/dcu-devices-to-allocate"
     use_type_annotation = "hygon.com/use-dcutype"

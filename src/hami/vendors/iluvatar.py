@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from hami.config import IluvatarChip
+from hami.core.names import NODE_ANNOTATION_PREFIX
 from hami.core.types import ContainerDeviceRequest
 
 from ._util import env_append, name_after_chip, percent_request, present, set_limit, where_of
@@ -28,7 +29,7 @@ class IluvatarVendor(BaseVendor):
     def __init__(self, chip: IluvatarChip) -> None:
         self.chip = chip
         cw = chip.common_word
-        name_after_chip(self, cw, f"hami.io/node-{cw}-register")
+        name_after_chip(self, cw, f"{NODE_ANNOTATION_PREFIX}{cw}-register")
         super().__init__(ResourceNames(count=chip.resource_count_name, memory=chip.resource_memory_name,
                                        cores=chip.resource_core_name, memory_factor=UNIT_MIB))
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from hami.config import KunlunConfig
 from hami.core.errors import RequestError
+from hami.core.names import NODE_LOCK, node_handshake
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
@@ -116,10 +117,10 @@ class KunlunVxpuVendor(BaseVendor):
     request_type = "XPU"
     register_annotation = "hami.io/node-register-xpu"
     register_format = "json"
-    handshake_annotation = "hami.io/node-handshake-xpu"
+    handshake_annotation = node_handshake("xpu")
     allocated_annotation = "hami.io/xpu-devices-allocated"
     to_allocate_annotation = "hami.io/xpu-devices-to-allocate"
-    lock_annotation = "hami.io/mutex.lock"
+    lock_annotation = NODE_LOCK
     use_uuid_annotation = "hami.io/use-xpu-uuid"
     nouse_uuid_annotation = "hami.io/no-use-xpu-uuid"
 

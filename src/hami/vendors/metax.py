@@ -29,6 +29,7 @@ from hami.config import MetaxConfig
 from hami.core.codec import go_json, go_loads, go_struct
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthVerdict
+from hami.core.names import NODE_LOCK
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -124,7 +125,7 @@ class MetaxSgpuVendor(BaseVendor):
     register_annotation = "metax-tech.com/node-gpu-devices"
     allocated_annotation = "hami.io/metax-sgpu-devices-allocated"
     to_allocate_annotation = "hami.io/metax-sgpu-devices-to-allocate"
-    lock_annotation = "hami.io/mutex.lock"
+    lock_annotation = NODE_LOCK
     use_uuid_annotation = "metax-tech.com/use-gpuuuid"
     nouse_uuid_annotation = "metax-tech.com/nouse-gpuuuid"
     node_score_neutral = False

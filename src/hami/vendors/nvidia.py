@@ -20,6 +20,7 @@ from hami.config import NvidiaConfig
 from hami.core.codec import MigAllocation, decode_mig_allocations, decode_pair_scores, encode_mig_allocations
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthMemo, HealthVerdict, nvidia_health
+from hami.core.names import NODE_HANDSHAKE, NODE_LOCK, VGPU_MIG_ALLOCATIONS
 from hami.core.quantity import container_resources
 from hami.core.reasons import Reason
 from hami.core.types import (
@@ -36,7 +37,9 @@ from ._util import env_append, present, set_limit, set_runtime_class, where_of
 from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 
-MIG_ALLOCATIONS_ANNOTATION = "hami.io/vgpu-mig-allocations"
+MIG_ALLOCATIONS_ANNOTATION = VGPU_MIG_ALLOCATIONS
+#: the family of the two decision annotations below (the webhook keeps users off it)
+VGPU_DEVICES_PREFIX = "hami.io/vgpu-devices-"
 MIG_MODE = "mig"
 
 Placement = tuple[int, int]  # (start, size) in memory-slice units
@@ -70,10 +73,10 @@ class NvidiaVendor(BaseVendor):
     request_type = "NVIDIA"
     register_annotation = "hami.io/node-nvidia-register"
     register_format = "json"
-    handshake_annotation = "hami.io/node-handshake"
+    handshake_annotation = NODE_HANDSHAKE
     allocated_annotation = "hami.io/vgpu-devices-allocated"
     to_allocate_annotation = "hami.io/vgpu-devices-to-allocate"
-    lock_annotation = "hami.io/mutex.lock"
+    lock_annotation = NODE_LOCK
     use_type_annotation = "nvidia.com/use-gputype"
     nouse_type_annotation = "nvidia.com/nouse-gputype"
     use_uuid_annotation = "nvidia.com/use-gpuuuid"

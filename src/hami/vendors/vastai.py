@@ -9,6 +9,7 @@ HAMi's capital V: ``hami.io/Vastai-devices-allocated`` / ``-to-allocate``.
 from __future__ import annotations
 
 from hami.config import VastaiConfig
+from hami.core.names import node_handshake
 
 from ._util import WholeDeviceVendor
 from .base import ResourceNames
@@ -18,7 +19,7 @@ class VastaiVendor(WholeDeviceVendor):
     name = "Vastai"
     request_type = "Vastai"
     register_annotation = "hami.io/node-va-register"
-    handshake_annotation = "hami.io/node-handshake-va"
+    handshake_annotation = node_handshake("va")
     allocated_annotation = "hami.io/Vastai-devices-allocated"
     to_allocate_annotation = "hami.io/Vastai-devices-to-allocate"
     use_type_annotation = "vastaitech.com/use-va"

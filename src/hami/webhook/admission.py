@@ -29,15 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, pod_request
+from hami.core.names import (ALLOW_DISABLE_CONTROL, BIND_PHASE, BIND_TIME, DRA_SHARE_CLASS, VGPU_MIG_ALLOCATIONS,
+                             VGPU_NODE, VGPU_TIME)
 from hami.core.shape import ShapeError, check, check_pod
 from hami.core.types import ContainerKind
+from hami.vendors.nvidia import VGPU_DEVICES_PREFIX
 
 INTERNAL_ANNOTATIONS = frozenset({
-    "hami.io/vgpu-node", "hami.io/vgpu-time", "hami.io/bind-phase", "hami.io/bind-time",
-    "hami.io/vgpu-mig-allocations",
+    VGPU_NODE, VGPU_TIME, BIND_PHASE, BIND_TIME,
+    VGPU_MIG_ALLOCATIONS,
 })
-INTERNAL_PREFIXES = ("hami.io/vgpu-devices-",)
-INTERNAL_LABELS = frozenset({"hami.io/vgpu-node"})
+INTERNAL_PREFIXES = (VGPU_DEVICES_PREFIX,)
+INTERNAL_LABELS = frozenset({VGPU_NODE})
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
 FRONT_ENDS = ("extender", "dra")
 
@@ -47,10 +50,10 @@ class AdmissionSettings:
     vendors: Sequence[Any]
     scheduler_name: str = "hami-scheduler"
     force_overwrite_default_scheduler: bool = True
-    disable_control_label: str = "hami.io/allow-disable-control"
+    disable_control_label: str = ALLOW_DISABLE_CONTROL
     extra_internal: frozenset[str] = field(default_factory=frozenset)
     front_end: str = "extender"  # or "dra": NVIDIA requests become ResourceClaims (docs/dra.md)
-    dra_device_class: str = "gpu.hami.io"
+    dra_device_class: str = DRA_SHARE_CLASS
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:

@@ -1,0 +1,117 @@
+"""Every ``hami.io`` wire name the product reads or writes, spelled here and nowhere else.
+
+This module owns the annotation, label and DRA/CDI names that cross a process boundary and
+that more than one backend (or more than one program) uses. It holds constants and small
+functions that compose a key from a backend's word; it imports nothing and does nothing else.
+
+It does not own:
+
+* a vendor's own keys (registration, allocation and selection annotations of one backend,
+  e.g. ``hami.io/node-nvidia-register`` or ``hami.io/Vastai-devices-allocated``): those stay in
+  that vendor's module under ``hami.vendors``, spelled once there;
+* resource names (``nvidia.com/gpu``) and other vendors' domains: the vendor modules;
+* environment variable names read by libvgpu in the container: the node contract.
+
+The keys, their writer and their readers (the HAMi-compatible ones as in HAMi v2.10; "beyond
+HAMi" marks ours). Pod annotations and labels:
+
+* ``VGPU_NODE``: the scheduler's Filter writes it (annotation and label); the scheduler's cache,
+  its rebuild, the node lock checks and the device plugin's pod lookup read it.
+* ``VGPU_TIME``: the scheduler's Filter writes it (unix seconds); only the webhook reads it (a
+  user may not set it).
+* ``BIND_PHASE``: Bind writes ``allocating``, the device plugin ``success`` or ``failed``; the
+  scheduler's cache, the node lock, ``hami explain`` and the UI read it.
+* ``BIND_TIME``: Bind writes it; the device plugin's fallback pod lookup reads it.
+* ``VGPU_MIG_ALLOCATIONS``: the scheduler (NVIDIA backend) writes the MIG reservations; the
+  scheduler's rebuild, the device plugin and the monitor read them.
+* ``NODE_SCHEDULER_POLICY`` / ``GPU_SCHEDULER_POLICY`` / ``DEVICE_SCORING_WEIGHTS``: the user
+  writes them; the scheduler's scoring reads them.
+* ``SCHEDULER_ROLE``: the leading scheduler labels scheduler pods ``leader``/``follower``; the
+  chart's Service selects on it.
+
+Node annotations and namespace labels:
+
+* ``NODE_LOCK``: the scheduler takes it at Bind; the device plugin (or the scheduler) clears
+  it. Shared by every backend that locks (vendors set it as their ``lock_annotation``).
+* ``NODE_LOCK_HANDOFF`` (beyond HAMi): the device plugin writes ``swap`` when it leaves a
+  finished pod's lock for the next Bind to take over; the scheduler reads it.
+* ``DEVICE_CORDON``: the operator writes a list of UUIDs; the scheduler's ledger reads it.
+* ``NODE_HANDSHAKE`` and :func:`node_handshake`: the scheduler writes ``Requesting_<time>`` and
+  reads it back to judge a backend's node side alive (NVIDIA's key has no suffix).
+* ``NODE_ANNOTATION_PREFIX``: not a key; the scheduler notices node changes by the annotations
+  under it (registrations, handshakes, scores).
+* ``ALLOW_DISABLE_CONTROL``: the operator labels a namespace ``true``; the webhook reads it
+  (the default of ``--disable-control-label``).
+
+Per-chip backends (Ascend, Iluvatar) name their keys after the chip's word: the vendor module
+calls :func:`devices_allocated`, :func:`devices_to_allocate`, :func:`use_uuid` and
+:func:`no_use_uuid` (the scheduler writes the first two, the vendor's device plugin reads them;
+the user writes the last two).
+
+The DRA front end and CDI (beyond HAMi):
+
+* ``DRA_DRIVER``: the DRA agent publishes ResourceSlices and CDI kinds under it; the scheduler,
+  the UI and ``hami simulate`` read the claims allocated by it.
+* ``DRA_SHARE_CLASS`` / ``DRA_WHOLE_CLASS``: the chart (or ``hami dra``) creates the two
+  DeviceClasses; the webhook's DRA translation asks for the share class; the DRA fit reads both.
+* ``DRA_CONFIG_API_VERSION``: the apiVersion of the class configuration that the DeviceClasses
+  carry and the DRA agent reads at prepare.
+* ``DRA_CDI_KIND``: the kind of the CDI spec the DRA agent writes per claim; the kubelet passes
+  its device names to the container runtime, which reads the spec.
+* ``CDI_KIND``: the device plugin's CDI spec kind (``--cdi-kind`` default); the container
+  runtime reads it.
+"""
+
+# ---- pod annotations and labels (scheduler <-> device plugin, §5)
+VGPU_NODE = "hami.io/vgpu-node"
+VGPU_TIME = "hami.io/vgpu-time"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+VGPU_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
+NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
+GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+SCHEDULER_ROLE = "hami.io/scheduler-role"
+
+# ---- node annotations, namespace labels
+NODE_LOCK = "hami.io/mutex.lock"
+NODE_LOCK_HANDOFF = "hami.io/node-lock-handoff"
+DEVICE_CORDON = "hami.io/device-cordon"
+NODE_HANDSHAKE = "hami.io/node-handshake"
+NODE_ANNOTATION_PREFIX = "hami.io/node-"
+ALLOW_DISABLE_CONTROL = "hami.io/allow-disable-control"
+
+# ---- the DRA driver and the device plugin's CDI kind
+DRA_DRIVER = "gpu.hami.io"
+DRA_SHARE_CLASS = DRA_DRIVER  # the share class carries the driver's name
+DRA_WHOLE_CLASS = "whole-gpu.hami.io"
+DRA_CONFIG_API_VERSION = "gpu.hami.io/v1alpha1"
+DRA_CDI_KIND = f"{DRA_DRIVER}/claim"
+CDI_KIND = "hami.io/gpu"
+
+_DOMAIN = "hami.io/"
+
+
+def node_handshake(word: str) -> str:
+    """The handshake annotation of a backend other than NVIDIA: ``hami.io/node-handshake-<word>``."""
+    return f"{NODE_HANDSHAKE}-{word}"
+
+
+def devices_allocated(word: str) -> str:
+    """``hami.io/<word>-devices-allocated``: a per-chip backend's decision, kept on the pod."""
+    return f"{_DOMAIN}{word}-devices-allocated"
+
+
+def devices_to_allocate(word: str) -> str:
+    """``hami.io/<word>-devices-to-allocate``: what the backend's device plugin still has to hand out."""
+    return f"{_DOMAIN}{word}-devices-to-allocate"
+
+
+def use_uuid(word: str) -> str:
+    """``hami.io/use-<word>-uuid``: the pod's list of device UUIDs it may use."""
+    return f"{_DOMAIN}use-{word}-uuid"
+
+
+def no_use_uuid(word: str) -> str:
+    """``hami.io/no-use-<word>-uuid``: the pod's list of device UUIDs it must not use."""
+    return f"{_DOMAIN}no-use-{word}-uuid"
