@@ -270,7 +270,7 @@ static int nvml_ready(void)
     return state == 1;
 }
 
-static void nvml_snapshot(int reg, nvml_snap *s)
+static void nvml_snapshot_unguarded(int reg, nvml_snap *s)
 {
     memset(s, 0, sizeof *s);
     if (reg < 0 || !nvml_ready())
@@ -290,6 +290,14 @@ static void nvml_snapshot(int reg, nvml_snap *s)
     if (procs && procs(s->dev, &n, info) == NVML_SUCCESS)
         for (unsigned i = 0; i < n && i < 64; i++)
             s->pids[s->npids++] = info[i].pid;
+}
+
+/* nvml_snapshot, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
+static void nvml_snapshot(int reg, nvml_snap *s)
+{
+    vgpu_nvml_internal++;
+    nvml_snapshot_unguarded(reg, s);
+    vgpu_nvml_internal--;
 }
 
 /* Create a context through `create` and charge its footprint to device `cuda_dev`.

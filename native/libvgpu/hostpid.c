@@ -160,7 +160,7 @@ int lim_resolve_host_pid_on(int cuda_dev, int reg_dev)
     return pid;
 }
 
-int lim_resolve_host_pid(int reg_dev)
+int lim_resolve_host_pid_unguarded(int reg_dev)
 {
     int pid = lim_host_pid();
     __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
@@ -175,4 +175,13 @@ int lim_resolve_host_pid(int reg_dev)
     int found = probe(dev);
     LOG_INFO("host pid: namespace says %d, NVML does not list it; memory probe found %d", pid, found);
     return found ? found : pid;
+}
+
+/* lim_resolve_host_pid, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
+int lim_resolve_host_pid(int reg_dev)
+{
+    vgpu_nvml_internal++;
+    int r = lim_resolve_host_pid_unguarded(reg_dev);
+    vgpu_nvml_internal--;
+    return r;
 }

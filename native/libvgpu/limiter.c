@@ -269,7 +269,7 @@ static int container_pid(unsigned pid)
     return 0;
 }
 
-static int nvml_handle(int d, lim_dev *D)
+static int nvml_handle_unguarded(int d, lim_dev *D)
 {
     if (D->nvml_state)
         return D->nvml_state > 0;
@@ -283,8 +283,17 @@ static int nvml_handle(int d, lim_dev *D)
     return D->nvml_state > 0;
 }
 
+/* nvml_handle, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
+static int nvml_handle(int d, lim_dev *D)
+{
+    vgpu_nvml_internal++;
+    int r = nvml_handle_unguarded(d, D);
+    vgpu_nvml_internal--;
+    return r;
+}
+
 /* Per-PID mean smUtil over the new samples; returns rows, fills the newest stamp. */
-static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
+static int read_samples_unguarded(lim_dev *D, pid_util *rows, unsigned long long *newest)
 {
     static __typeof__(&nvmlDeviceGetProcessUtilization) get;
     if (!get)
@@ -312,6 +321,15 @@ static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
         rows[j].n++;
     }
     return *newest ? rows_n : -1;
+}
+
+/* read_samples, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
+static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
+{
+    vgpu_nvml_internal++;
+    int r = read_samples_unguarded(D, rows, newest);
+    vgpu_nvml_internal--;
+    return r;
 }
 
 /* A process joining a container whose other processes are already held starts from their

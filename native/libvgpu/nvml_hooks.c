@@ -14,48 +14,65 @@ NVML_REAL(nvmlInitWithFlags)
 NVML_REAL(nvmlDeviceGetMemoryInfo)
 NVML_REAL(nvmlDeviceGetMemoryInfo_v2)
 
+__thread int vgpu_nvml_internal __attribute__((tls_model("initial-exec")));
+
 /* Register the devices NVML sees (by UUID) so NVML-only processes map onto the region. */
-static nvmlReturn_t after_init(nvmlReturn_t r)
+static void register_devices(void)
 {
-    if (r != NVML_SUCCESS)
-        return r;
     __typeof__(&nvmlDeviceGetCount_v2) count = vgpu_nvml_sym("nvmlDeviceGetCount_v2");
     __typeof__(&nvmlDeviceGetHandleByIndex_v2) by_index = vgpu_nvml_sym("nvmlDeviceGetHandleByIndex_v2");
     __typeof__(&nvmlDeviceGetUUID) get_uuid = vgpu_nvml_sym("nvmlDeviceGetUUID");
     unsigned n = 0;
     if (!count || !by_index || !get_uuid || count(&n) != NVML_SUCCESS)
-        return r;
+        return;
     for (unsigned i = 0; i < n && i < VGPU_MAX_DEV; i++) {
         nvmlDevice_t d;
         char uuid[VGPU_UUID_LEN];
         if (by_index(i, &d) == NVML_SUCCESS && get_uuid(d, uuid, sizeof uuid) == NVML_SUCCESS)
             vgpu_region_dev_for_uuid(uuid, 1);
     }
-    return r;
 }
+
+/* An application's NVML init: the real one (whose own calls into its exported names pass through
+ * our hooks untouched), then the registration of what it sees. */
+#define APP_INIT(real_call)                                                                        \
+    do {                                                                                           \
+        vgpu_nvml_internal++;                                                                      \
+        nvmlReturn_t r_ = (real_call);                                                             \
+        if (r_ == NVML_SUCCESS)                                                                    \
+            register_devices();                                                                    \
+        vgpu_nvml_internal--;                                                                      \
+        return r_;                                                                                 \
+    } while (0)
 
 EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
+    if (vgpu_nvml_internal && vgpu_real_nvmlInit_v2)
+        return vgpu_real_nvmlInit_v2();
     vgpu_init();
     if (!vgpu_real_nvmlInit_v2)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
-    return after_init(vgpu_real_nvmlInit_v2());
+    APP_INIT(vgpu_real_nvmlInit_v2());
 }
 
 EXPORT nvmlReturn_t nvmlInit(void)
 {
+    if (vgpu_nvml_internal && vgpu_real_nvmlInit)
+        return vgpu_real_nvmlInit();
     vgpu_init();
     if (!vgpu_real_nvmlInit)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
-    return after_init(vgpu_real_nvmlInit());
+    APP_INIT(vgpu_real_nvmlInit());
 }
 
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
+    if (vgpu_nvml_internal && vgpu_real_nvmlInitWithFlags)
+        return vgpu_real_nvmlInitWithFlags(flags);
     vgpu_init();
     if (!vgpu_real_nvmlInitWithFlags)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
-    return after_init(vgpu_real_nvmlInitWithFlags(flags));
+    APP_INIT(vgpu_real_nvmlInitWithFlags(flags));
 }
 
 int vgpu_nvml_dev(void *device)
@@ -88,7 +105,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     if (!vgpu_real_nvmlDeviceGetMemoryInfo)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = vgpu_real_nvmlDeviceGetMemoryInfo(device, m);
-    if (r == NVML_SUCCESS)
+    if (r == NVML_SUCCESS && !vgpu_nvml_internal)
         virtualize(device, &m->total, &m->used, &m->free);
     return r;
 }
@@ -99,7 +116,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     if (!vgpu_real_nvmlDeviceGetMemoryInfo_v2)
         return NVML_ERROR_FUNCTION_NOT_FOUND;
     nvmlReturn_t r = vgpu_real_nvmlDeviceGetMemoryInfo_v2(device, m);
-    if (r == NVML_SUCCESS && virtualize(device, &m->total, &m->used, &m->free))
+    if (r == NVML_SUCCESS && !vgpu_nvml_internal && virtualize(device, &m->total, &m->used, &m->free))
         m->reserved = 0;
     return r;
 }

@@ -82,8 +82,13 @@ static void __attribute__((noinline)) lock_failed(int e)
     }
 }
 
+/* How deep this thread is in the region lock (vgpu.h: reentrant within a thread). */
+static __thread int g_lock_depth __attribute__((tls_model("initial-exec")));
+
 void vgpu_region_lock(void)
 {
+    if (g_lock_depth++)
+        return;
     int e = pthread_mutex_lock(g_lock);
     if (UNLIKELY(e))
         lock_failed(e);
@@ -92,6 +97,8 @@ void vgpu_region_lock(void)
 
 void vgpu_region_unlock(void)
 {
+    if (--g_lock_depth)
+        return;
     __atomic_store_n(&vgpu_reg->owner_pid, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(g_lock);
 }

@@ -52,6 +52,14 @@ HIDDEN int vgpu_reserve(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_release(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_charge(int dev, uint64_t bytes, int type); /* add without a limit check */
 HIDDEN int vgpu_region_dev_for_uuid(const char *uuid, int add); /* -1 if unknown/full */
+/* The region lock is reentrant within a thread: the real libnvidia-ml.so.1 calls its own exported
+ * names (nvmlInit_v2 -> nvmlInitWithFlags), which resolve to our hooks, so a hook can run inside a
+ * section of ours that already holds the lock (a context's first measurement). */
+
+/* Calls libvgpu makes into the real NVML for itself (context measurement, host PID, utilization)
+ * run with this counter raised: a hook the real library re-enters then passes straight through,
+ * neither virtualized nor registering devices, so libvgpu reads the physical figures it asked for. */
+HIDDEN extern __thread int vgpu_nvml_internal __attribute__((tls_model("initial-exec")));
 HIDDEN void vgpu_region_after_fork(void);
 HIDDEN void vgpu_note_kernel(void);        /* launch bookkeeping (last_kernel_time) */
 
