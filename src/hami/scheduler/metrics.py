@@ -315,19 +315,19 @@ class SchedulerMetrics:
         rows = self.rows() if rows is None else rows
         return render_allocation(rows, self.legacy).encode() + generate_latest(self.registry)
 
-    async def serve(self, host: str, port: int):
-        """Serve ``GET /metrics`` with aiohttp on the running loop; returns the ``AppRunner`` (``cleanup()`` it)."""
+    async def serve(self, host: str, port: int, guard: Any = None):
+        """Serve ``GET /metrics`` on the running loop, through :func:`hami.serve.start` (the same
+        connection cap, deadlines and header limits as every listener); returns the ``AppRunner``
+        (``cleanup()`` it). ``guard``: a :class:`hami.serve.ConnectionGuard` (tests)."""
         from aiohttp import web
+
+        from hami.serve import application, start
 
         async def handler(_request: web.Request) -> web.Response:
             rows = self.rows()  # on the loop: a consistent copy; the formatting runs in a thread
             body = await asyncio.to_thread(self.render, rows)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-        app = web.Application()
+        app = application()
         app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host or None, port)
-        await site.start()
-        return runner
+        return await start(app, host, port, guard=guard)
