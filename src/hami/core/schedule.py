@@ -169,7 +169,9 @@ def _score(s: NodeSummary, demand: _Demand, devices: int) -> float:
                       s.usedmem + mem, s.totalmem)
 
 
-def _policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePolicy, Any]:
+def pod_policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePolicy, Any]:
+    """``(node policy, device policy, score weights)`` for ``pod``: its annotations where set,
+    else the config's defaults. Raises RequestError on an annotation that cannot be read."""
     a = pod.annotations
     where = f"pod {pod.namespace}/{pod.name} annotation"
     node_policy = parse_node_policy(a[NODE_POLICY_ANNOTATION], f"{where} {NODE_POLICY_ANNOTATION}") \
@@ -191,7 +193,7 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     req = pod_request(pod, config.vendors)
     if not req.has_devices:
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
-    node_policy, gpu_policy, weights = _policies(req, config)
+    node_policy, gpu_policy, weights = pod_policies(req, config)
     used_vendors = [v for v in config.vendors if v.name in req.vendors()]
     ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors),
                        request_in_scores=config.request_in_scores)
