@@ -50,15 +50,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from hami.core.ledger import Ledger
+from hami.metricnames import BUILD_INFO, BUILD_INFO_HELP, BUILD_LABELS as BUILD, ZONE, build_info_values
 
-ZONE = "vGPU"
 MIB = 1024 * 1024
 
 DEV = ("node", "device_uuid", "device_index", "device_type")
 DEV_CORES = ("node", "device_uuid", "device_index", "device_cores", "device_type")
 OVERVIEW = ("node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type")
 POD = ("namespace", "node", "pod", "container_index", "device_uuid")
-BUILD = ("version", "revision", "build_date", "go_version", "compiler", "platform")
 
 #: name -> (labels without zone, legacy name, legacy labels, help)
 ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] = {
@@ -109,7 +108,7 @@ SIGNALS: dict[str, tuple[str, ...]] = {
 
 def metric_names(legacy: bool = False) -> dict[str, tuple[str, ...]]:
     """Every metric family this module exports, with its labels (zone included where present)."""
-    out = {"hami_build_info": BUILD + ("zone",)}
+    out = {BUILD_INFO: BUILD + ("zone",)}
     for name, (labels, old, old_labels, _) in ALLOCATION.items():
         out[name] = labels + ("zone",)
         if legacy and old:
@@ -219,11 +218,9 @@ _LEGACY_DEV = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
 
 def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
     """HAMi's §9.1 metrics (and ``hami_build_info``) as exposition text."""
-    from hami.monitor.exporter import build_info_values
-
     t = _Text(legacy)
     info = _labels(BUILD, build_info_values())
-    head = f'# HELP hami_build_info hami build information\n# TYPE hami_build_info gauge\nhami_build_info{{{info},zone="{ZONE}"}} 1\n'
+    head = f'# HELP {BUILD_INFO} {BUILD_INFO_HELP}\n# TYPE {BUILD_INFO} gauge\n{BUILD_INFO}{{{info},zone="{ZONE}"}} 1\n'
     for node, uuid, index, typ, devmem, devcore, used, usedmem, usedcores in rows.devices:
         dev = (node, uuid, index, typ)
         shared = (_labels(DEV, dev), _labels(_LEGACY_DEV, dev) if legacy else "")
