@@ -39,7 +39,11 @@ TIME_ANNOTATION = "hami.io/vgpu-time"
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Vendors plus cluster-wide default policies (scheduler flags)."""
+    """Vendors plus cluster-wide default policies (scheduler flags).
+
+    The caller passes the vendor table, the vendors package's ``build_vendors(device_config)``:
+    the core imports nothing outside the core.
+    """
 
     vendors: tuple[Any, ...]
     node_policy: str = "binpack"
@@ -52,13 +56,6 @@ class SchedulerConfig:
         parse_node_policy(self.node_policy, "--node-scheduler-policy")
         parse_gpu_policy(self.gpu_policy, "--gpu-scheduler-policy")
 
-    @classmethod
-    def from_device_config(cls, device_config: Any = None, node_policy: str = "binpack",
-                           gpu_policy: str = "spread", request_in_scores: bool = True) -> "SchedulerConfig":
-        from hami.vendors import build_vendors  # the core never imports vendors at module level
-
-        return cls(vendors=build_vendors(device_config), node_policy=node_policy, gpu_policy=gpu_policy,
-                   request_in_scores=request_in_scores)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from hami.core import CoreError, SchedulerConfig, pod_key
 from hami.core.errors import ConfigError
 from hami.core.explain import pending_verdict
 from hami.core.requests import pod_request
+from hami.vendors import build_vendors
 
 from .state import ClusterState
 
@@ -106,8 +107,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.device_config_file:
         with open(args.device_config_file) as fh:
             device_config = load_device_config(fh.read(), args.device_config_file)
-    config = SchedulerConfig.from_device_config(device_config, args.node_scheduler_policy, args.gpu_scheduler_policy,
-                                                request_in_scores=getattr(args, "score_with_request", "true") == "true")
+    config = SchedulerConfig(build_vendors(device_config), args.node_scheduler_policy, args.gpu_scheduler_policy,
+                             request_in_scores=getattr(args, "score_with_request", "true") == "true")
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         try:
