@@ -309,3 +309,47 @@ async def test_a_client_that_resets_costs_one_line_not_a_traceback(listener, cap
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
     lines = [r.getMessage() for r in caplog.records if r.name == "hami.serve"]
     assert 1 <= len(lines) <= 2 and all("reset" in line for line in lines), lines  # at most one per client
+
+
+async def test_an_application_built_elsewhere_gets_the_guard_too():
+    """start() puts the guard's middleware first when the app was not made by application()."""
+    app = web.Application()
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.5)  # busy: never evicted while it is answered
+        return web.Response(text="done")
+
+    app.add_routes([web.get("/slow", slow)])
+    port = _free_port()
+    guard = ConnectionGuard(max_connections=2, head_timeout=60)
+    runner = await serve.start(app, "127.0.0.1", port, guard=guard)
+    try:
+        assert app.middlewares[0] is serve.guarded
+        async with ClientSession() as session:
+            answer = asyncio.ensure_future(session.get(f"http://127.0.0.1:{port}/slow"))
+            await asyncio.sleep(0.1)
+            idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            r = await answer
+            assert r.status == 200 and await r.text() == "done"
+            assert guard.evicted >= 2 and len(guard.conns) <= 2
+            for _, w in idle:
+                w.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_ipv6_wildcard_takes_ipv4_too_when_asked():
+    if not socket.has_ipv6 or not socket.has_dualstack_ipv6():
+        pytest.skip("no dual-stack IPv6 here")
+    try:
+        runner = await serve.start(_echo_app(), "::", 0, dual_stack=True)
+    except OSError as exc:
+        pytest.skip(f"cannot listen on [::]: {exc}")
+    try:
+        port = runner.addresses[0][1]
+        async with ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/") as r:
+                assert r.status == 200
+    finally:
+        await runner.cleanup()

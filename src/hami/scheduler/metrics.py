@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -51,6 +51,9 @@ from prometheus_client.registry import Collector
 
 from hami.core.ledger import Ledger
 from hami.metricnames import BUILD_INFO, BUILD_INFO_HELP, BUILD_LABELS as BUILD, ZONE, build_info_values
+
+if TYPE_CHECKING:
+    from hami.serve import ConnectionGuard
 
 MIB = 1024 * 1024
 
@@ -312,7 +315,7 @@ class SchedulerMetrics:
         rows = self.rows() if rows is None else rows
         return render_allocation(rows, self.legacy).encode() + generate_latest(self.registry)
 
-    async def serve(self, host: str, port: int, guard: Any = None):
+    async def serve(self, host: str, port: int, guard: ConnectionGuard | None = None):
         """Serve ``GET /metrics`` on the running loop, through :func:`hami.serve.start` (the same
         connection cap, deadlines and header limits as every listener); returns the ``AppRunner``
         (``cleanup()`` it). ``guard``: a :class:`hami.serve.ConnectionGuard` (tests)."""
