@@ -19,6 +19,7 @@ import random
 import time
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod, filter_pod, schedule_pod
+from hami.vendors import build_vendors
 
 MODELS = (("NVIDIA-A100-SXM4-80GB", 81920), ("NVIDIA-H100-80GB-HBM3", 81559), ("NVIDIA-L4", 23034))
 
@@ -61,7 +62,7 @@ def percentile(samples: list[float], p: float) -> float:
 
 def figures(n_nodes: int, n_pods: int, runs: int, node_policy: str, fill: str) -> float:
     """Print one cluster size's figures; returns the target case's p99 (ms)."""
-    config = SchedulerConfig.from_device_config(node_policy=node_policy)
+    config = SchedulerConfig(build_vendors(), node_policy=node_policy)
     t0 = time.perf_counter()
     ledger = build(n_nodes, n_pods, config, fill)
     setup = time.perf_counter() - t0

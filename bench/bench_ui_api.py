@@ -34,12 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_scheduler import node_object, percentile, placed_pods, pod_object  # noqa: E402
 
 from hami.core import SchedulerConfig  # noqa: E402
+from hami.vendors import build_vendors  # noqa: E402
 
 
 def cluster(nodes: int, pods: int):
     from hami.scheduler.state import ClusterState
 
-    config = SchedulerConfig.from_device_config()
+    config = SchedulerConfig(build_vendors())
     state = ClusterState(config)
     node_objs = [node_object(n) for n in range(nodes)]
     state.node_handler.replace(node_objs)

@@ -22,6 +22,7 @@ from hami.core.codec import decode_mig_allocations, decode_node_devices_json
 from hami.core.ledger import Ledger, node_devices_from_object
 from hami.core.schedule import schedule_pod
 from hami.deviceplugin import allocate as A
+from hami.vendors import build_vendors
 
 from .test_device_plugin import FAKE_NVML, RESOURCE, ROOT, Plugin, counts, create_plain_node, lock_released, take_lock
 
@@ -72,7 +73,7 @@ async def place_with_the_core(api, node: str, ns: str, name: str, gpumem: int) -
                  "resources": {"limits": {RESOURCE: "1", "nvidia.com/gpumem": str(gpumem)}}}]}}
     created = api.sanitize_for_serialization(await core.create_namespaced_pod(ns, body))
     node_obj = api.sanitize_for_serialization(await core.read_node(node))
-    config = SchedulerConfig.from_device_config()
+    config = SchedulerConfig(build_vendors())
     ledger = Ledger()
     ledger.set_node(node_devices_from_object(node_obj, config.vendors))
     admitted, _ = admit_pod(created, config.vendors)

@@ -538,6 +538,7 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
     pending."""
     from hami.core import SchedulerConfig
     from hami.sim.dra import simulate_dra
+    from hami.vendors import build_vendors
 
     await apply_device_classes(kube)
     node, ns = "dra-sim", "dra-sim"
@@ -569,7 +570,7 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
             live[name] = cluster.wait_for(decided, f"{name} placed or unschedulable", timeout=60)
         docs = [{**p, "metadata": {**p["metadata"], "namespace": ns}} for p in pods]
         result = simulate_dra([resource_slice(node, gpus(node, 2), settings)], docs,
-                              SchedulerConfig.from_device_config(None, "binpack", "spread"))
+                              SchedulerConfig(build_vendors(), "binpack", "spread"))
         simulated = {p.name: p for p in result.pods}
         for name, (state, results) in live.items():
             s = simulated[name]

@@ -14,6 +14,7 @@ import pytest
 
 from hami.core import SchedulerConfig
 from hami.sim.engine import simulate
+from hami.vendors import build_vendors
 
 from . import boards
 from .boards import uuid
@@ -104,7 +105,7 @@ def test_topology_aware_placement_from_discovered_scores(tmp_path):
     """Discovery -> annotations -> placement: 2 GPUs go to an NVLink pair, 1 GPU to the least
     connected GPU (keeping the pairs free), and the next 2-GPU pod the NVLink pair left."""
     ann, _ = dry_run(tmp_path, boards.partial_nvlink())
-    config = SchedulerConfig.from_device_config()
+    config = SchedulerConfig(build_vendors())
     nodes = [_node("n1", ann)]
     two = simulate(nodes, [_pod("two", 2)], config)
     assert sorted(_placed(two, "two")) in ([uuid(0), uuid(1)], [uuid(2), uuid(3)])
@@ -120,7 +121,7 @@ def test_topology_aware_placement_from_discovered_scores(tmp_path):
 
 def test_topology_aware_on_nvswitch_prefers_same_pcie_switch(tmp_path):
     ann, _ = dry_run(tmp_path, boards.hgx_nvswitch())
-    res = simulate([_node("n1", ann)], [_pod("four", 4)], SchedulerConfig.from_device_config())
+    res = simulate([_node("n1", ann)], [_pod("four", 4)], SchedulerConfig(build_vendors()))
     got = sorted(_placed(res, "four"))
     # highest sum of pair scores: one NUMA node's four GPUs (two PCIe-switch pairs)
     assert got in ([uuid(i) for i in range(4)], [uuid(i) for i in range(4, 8)])

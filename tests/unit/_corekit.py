@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod
 from hami.core.types import MigProfile
+from hami.vendors import build_vendors
 
-CONFIG = SchedulerConfig.from_device_config()
+CONFIG = SchedulerConfig(build_vendors())
 
 # A100-SXM4-40GB MIG profiles as NVML reports them: memory in 8 slices, (start, size) placements.
 A100_40_MIG = (

@@ -156,7 +156,7 @@ def check_node_ingest(item: tuple[str, Any]) -> str | None:
     from hami.scheduler.state import ClusterState
 
     text, want = item
-    state = ClusterState(SchedulerConfig.from_device_config())
+    state = ClusterState(SchedulerConfig(build_vendors()))
     events: list[str] = []
     state.on_malformed = lambda node, message: events.append(message)
     good = encode_node_devices_json([DeviceInfo(id="old", count=10, devmem=1000, devcore=100, type="T4", health=True)])

@@ -8,12 +8,13 @@ from typing import Any, Iterable, Mapping
 from hami.config import DeviceConfig, chart_device_config
 from hami.core import SchedulerConfig, admit_pod, rebuild, schedule_pod
 from hami.core.schedule import FilterResult
+from hami.vendors import build_vendors
 
 NOW = 1_795_000_000.0  # fixed decision time (unix s)
 
 
 def config(device_config: DeviceConfig | None = None, **kw: Any) -> SchedulerConfig:
-    return SchedulerConfig.from_device_config(device_config or chart_device_config(), **kw)
+    return SchedulerConfig(build_vendors(device_config or chart_device_config()), **kw)
 
 
 def node(name: str, annotations: Mapping[str, str] | None = None, capacity: Mapping[str, Any] | None = None) -> dict:

@@ -41,6 +41,7 @@ from hami.core.codec import (
     encode_pair_scores,
 )
 from hami.core.types import MigProfile
+from hami.vendors import build_vendors
 
 SAME = "same as ours"
 
@@ -93,7 +94,7 @@ def _node_reg(text: str) -> tuple[str, ...]:
     from hami.core import node_devices_from_object
 
     node = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-register": text}}}
-    return tuple(d.id for d in node_devices_from_object(node, SchedulerConfig.from_device_config().vendors).devices)
+    return tuple(d.id for d in node_devices_from_object(node, SchedulerConfig(build_vendors()).vendors).devices)
 
 
 def _legacy_reg(text: str) -> tuple[DeviceInfo, ...]:
@@ -366,7 +367,7 @@ def _ctr(name: str, limits: Mapping[str, Any], sidecar: bool = False) -> dict:
 
 def place(s: Scenario, **knobs: Any) -> tuple[str, str] | str:
     """``(node, hami.io/vgpu-devices-allocated)`` of the decision, or the reasons when pending."""
-    config = SchedulerConfig.from_device_config(**knobs)
+    config = SchedulerConfig(build_vendors(), **knobs)
     placed = [{"metadata": {"name": f"old-{i}", "namespace": "bg", "uid": f"old-{i}",
                             "annotations": {"hami.io/vgpu-node": n, ALLOCATED: a}},
                "spec": {"nodeName": n, "containers": [{"name": "c"}]}} for i, (n, a) in enumerate(s.placed)]

@@ -15,6 +15,7 @@ from hami.core import (
     schedule_pod,
 )
 from hami.core.types import ContainerKind
+from hami.vendors import build_vendors
 
 from ._corekit import CONFIG, ctr, gpu, ledger, node, pod
 
@@ -121,7 +122,7 @@ def test_node_binpack_prefers_fuller_node_and_spread_the_emptier():
     occupy(led, "b", 0, 4000, 20)
     p = pod(containers=[ctr(mem=100, cores=5)])
     assert filter_pod(p, None, led, CONFIG, 0).node == "b"
-    spread = SchedulerConfig.from_device_config(node_policy="spread")
+    spread = SchedulerConfig(build_vendors(), node_policy="spread")
     assert filter_pod(p, None, led, spread, 0).node == "a"
     p2 = pod(containers=[ctr(mem=100, cores=5)], annotations={"hami.io/node-scheduler-policy": "spread"})
     assert filter_pod(p2, None, led, CONFIG, 0).node == "a"

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hami.core import Ledger, SchedulerConfig, filter_pod, schedule_pod
 from hami.core.rank import NodeRanking, room
 from hami.core.score import node_score
+from hami.vendors import build_vendors
 
 from ._corekit import ctr, node, pod
 
@@ -24,7 +25,7 @@ SHAPES = ({"n": 2, "mem": 8000}, {"n": 4, "mem": 16384}, {"n": 4, "mem": 16384, 
 
 
 def config(policy: str) -> SchedulerConfig:
-    return SchedulerConfig.from_device_config(node_policy=policy)
+    return SchedulerConfig(build_vendors(), node_policy=policy)
 
 
 def probe(i: int, g: int, mem: int, cores: int) -> dict:

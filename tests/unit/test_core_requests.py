@@ -131,6 +131,6 @@ def test_config_defaults_and_errors():
 
 def test_scheduler_config_rejects_unknown_policies():
     with pytest.raises(RequestError, match="node-scheduler-policy"):
-        SchedulerConfig.from_device_config(node_policy="random")
+        SchedulerConfig(build_vendors(), node_policy="random")
     with pytest.raises(RequestError, match="gpu-scheduler-policy"):
-        SchedulerConfig.from_device_config(gpu_policy="best")
+        SchedulerConfig(build_vendors(), gpu_policy="best")

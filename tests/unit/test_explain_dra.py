@@ -6,8 +6,9 @@ from hami.dra.explain import explain_pod
 from hami.dra.model import MIB, SliceSettings, resource_slice
 from hami.scheduler.explain import render
 from hami.scheduler.state import ClusterState
+from hami.vendors import build_vendors
 
-CFG = SchedulerConfig.from_device_config(None, "binpack", "spread")
+CFG = SchedulerConfig(build_vendors(), "binpack", "spread")
 SLICE = resource_slice("n1", [PhysicalGPU(0, "GPU-a", "Tesla T4", 15360, "", 0)], SliceSettings(split_count=4))
 WHOLE = {"metadata": {"namespace": "team", "name": "whole"},
          "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.hami.io"}}]}},

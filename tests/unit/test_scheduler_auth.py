@@ -16,7 +16,8 @@ from hami.core.errors import ConfigError
 from hami.dev.pki import CertificateAuthority
 from hami.scheduler import options as O
 from hami.scheduler.options import Options
-from hami.scheduler.server import CertReloader, SchedulerService, serve
+from hami.scheduler.server import SchedulerService, serve
+from hami.serve import CertReloader
 
 
 def _args(*argv):
@@ -208,27 +209,3 @@ async def test_a_filter_reserves_only_for_a_real_pending_pod_of_ours():
         assert answer["Error"] == "" and answer["NodeNames"] in (["n1"], ["n2"])
     assert _usage(svc, *names) == 600
     assert len(svc.state.ledger.pods()) == 1
-
-
-async def test_a_renewed_client_ca_is_trusted_without_a_restart(pki, tmp_path):
-    svc = SchedulerService(Options(), None)
-    ca_file = tmp_path / "rotating-ca.crt"
-    ca_file.write_bytes(open(pki["client-ca.crt"], "rb").read())
-    reloader = CertReloader(pki["tls.crt"], pki["tls.key"], client_ca=str(ca_file))
-    port = _free_port()
-    public = await serve(svc, "127.0.0.1", port, reloader.context, client_cert=True)
-    renewed = CertificateAuthority("client-ca-renewed")
-    pair = renewed.issue("kube-scheduler", server=False, client=True)
-    (tmp_path / "renewed.crt").write_bytes(pair.cert_pem)
-    (tmp_path / "renewed.key").write_bytes(pair.key_pem)
-    pki = {**pki, "renewed.crt": str(tmp_path / "renewed.crt"), "renewed.key": str(tmp_path / "renewed.key")}
-    try:
-        with pytest.raises(ClientConnectionError):  # not yet trusted
-            await _call(port, _client_context(pki, "renewed"), "POST", "/filter", FILTER)
-        assert not reloader.check_client_ca()  # unchanged file: nothing to do
-        ca_file.write_bytes(renewed.pair.cert_pem)
-        assert reloader.check_client_ca() and reloader.ca_reloads == 1
-        assert (await _call(port, _client_context(pki, "renewed"), "POST", "/filter", FILTER))[0] == 200
-        assert (await _call(port, _client_context(pki, None), "POST", "/filter", FILTER))[0] == 403
-    finally:
-        await public.cleanup()

@@ -4,8 +4,6 @@ server's routes and answers, leadership rules and TLS certificate reload."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import ssl
 import time
 
 import pytest
@@ -14,12 +12,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hami.core.codec import decode_pod_devices
 from hami.core.reasons import NodeFailure, Reason
-from hami.dev.pki import CertificateAuthority
 from hami.scheduler.events import EventRecorder
 from hami.scheduler.extender import Extender, failed_maps, failure_summary
 from hami.scheduler.leader import holds_lease
 from hami.scheduler.options import Options
-from hami.scheduler.server import CertReloader, SchedulerService
+from hami.scheduler.server import SchedulerService
 from hami.sim.engine import simulate
 
 from .test_scheduler_state import node, pod
@@ -233,60 +230,6 @@ async def test_http_routes_health_readiness_and_bad_bodies():
         r = await client.post("/filter", data=b"{nope")
         assert r.status == 400 and "not JSON" in await r.text()
         assert (await client.post("/bind", data=b"[1]")).status == 400
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def test_tls_certificate_is_reloaded_when_the_files_change(tmp_path):
-    from aiohttp import web
-
-    ca = CertificateAuthority()
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-
-    def issue(name):
-        pair = ca.issue(name, hosts=("127.0.0.1",))
-        cert.write_bytes(pair.cert_pem)
-        key.write_bytes(pair.key_pem)
-
-    issue("first")
-    reloader = CertReloader(str(cert), str(key))
-    app = web.Application()
-    async def ok(request):
-        return web.Response(text="ok")
-
-    app.add_routes([web.get("/", ok)])
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=reloader.context).start()
-
-    async def served_name() -> str:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_client(ca), server_hostname="127.0.0.1")
-        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        writer.close()
-        from cryptography import x509
-
-        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
-
-    try:
-        assert "first" in await served_name()
-        assert not reloader.check()
-        issue("second")
-        assert reloader.check() and reloader.reloads == 1
-        assert "second" in await served_name()
-        key.write_text("garbage")  # a half-written rotation keeps the old certificate
-        assert not reloader.check()
-        assert "second" in await served_name()
-    finally:
-        await runner.cleanup()
-
-
-def _client(ca: CertificateAuthority) -> ssl.SSLContext:
-    return ssl.create_default_context(cadata=ca.pair.cert_pem.decode())
 
 
 async def test_success_events_can_be_switched_off_failures_never():

@@ -4,17 +4,14 @@ closed and cannot crowd out a real client."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 
 import pytest
-from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient, TestServer
 
 from hami.scheduler import server as S
 from hami.scheduler.options import Options
-from hami.scheduler.server import ConnectionGuard, SchedulerService, serve
+from hami.scheduler.server import SchedulerService
 
 from .test_scheduler_state import node, pod
 
@@ -77,72 +74,6 @@ async def test_wrongly_typed_bind_args_get_the_error_field(args):
     async with TestClient(TestServer(service(node("n1")).app())) as client:
         r = await client.post("/bind", json=args)
         assert r.status == 200 and "ExtenderBindingArgs." in (await r.json())["Error"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _closed(reader: asyncio.StreamReader, within: float) -> bool:
-    try:
-        return await asyncio.wait_for(reader.read(), within) == b""
-    except (asyncio.TimeoutError, ConnectionResetError):
-        return False
-
-
-async def test_a_slow_request_head_is_cut_off(monkeypatch):
-    port = _free_port()
-    runner = await serve(service(node("n1")), "127.0.0.1", port, guard=ConnectionGuard(head_timeout=0.3))
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\n")  # ... and never the rest
-        await writer.drain()
-        assert await _closed(reader, 10)
-        writer.close()
-    finally:
-        await runner.cleanup()
-
-
-async def test_a_slow_body_gets_408(monkeypatch):
-    monkeypatch.setattr(S, "BODY_TIMEOUT", 0.3)
-    port = _free_port()
-    runner = await serve(service(node("n1")), "127.0.0.1", port)
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        await writer.drain()
-        answer = await asyncio.wait_for(reader.readline(), 10)
-        assert answer.startswith(b"HTTP/1.1 408")
-        writer.close()
-    finally:
-        await runner.cleanup()
-
-
-async def test_idle_connections_cannot_crowd_out_a_real_client():
-    """With the cap at 8, 20 connections that never send a request do not keep a real Filter
-    out: each new connection evicts the one that has waited longest for its head."""
-    port = _free_port()
-    guard = ConnectionGuard(max_connections=8, head_timeout=60)
-    svc = service(node("n1"))
-    real = pod("a", mem=10, phase="Pending")
-    svc.state.put_pod(real)  # as the pod watch would: a Filter is only for a pod the API server has
-    runner = await serve(svc, "127.0.0.1", port, guard=guard)
-    idle = []
-    try:
-        for _ in range(20):
-            idle.append(await asyncio.open_connection("127.0.0.1", port))
-        await asyncio.sleep(0.1)
-        assert len(guard.conns) <= 8 and guard.evicted >= 12
-        async with ClientSession() as session:
-            r = await session.post(f"http://127.0.0.1:{port}/filter",
-                                   json={"Pod": real, "NodeNames": ["n1"]})
-            assert r.status == 200 and (await r.json())["NodeNames"] == ["n1"]
-    finally:
-        for _, w in idle:
-            w.close()
-        await runner.cleanup()
 
 
 async def test_webhook_answers_a_well_formed_review():

@@ -16,7 +16,7 @@ from hami.scheduler import options as O
 from hami.scheduler.state import ClusterState, handshake_value, vendor_alive
 from hami.vendors import build_vendors
 
-CONFIG = SchedulerConfig.from_device_config()
+CONFIG = SchedulerConfig(build_vendors())
 NV = build_vendors()[0]
 
 

@@ -17,9 +17,10 @@ from hami.dra.model import MIB, SliceSettings, resource_slice
 from hami.dra.translate import translate
 from hami.sim.dra import DraOptions, simulate_dra
 from hami.sim.engine import SimulationError
+from hami.vendors import build_vendors
 from hami.webhook.admission import AdmissionSettings, decide
 
-CFG = SchedulerConfig.from_device_config(None, "binpack", "spread")
+CFG = SchedulerConfig(build_vendors(), "binpack", "spread")
 NV = next(v for v in CFG.vendors if v.name == "NVIDIA")
 
 

@@ -21,7 +21,8 @@ from hami.scheduler.explain import render
 from hami.scheduler.state import ClusterState
 from hami.ui import model
 from hami.ui.live import NodeReading, Usage
-from hami.ui.server import SECURITY_HEADERS, UiApi
+from hami.serve import SECURITY_HEADERS
+from hami.ui.server import UiApi
 
 from ._vendorkit import config
 

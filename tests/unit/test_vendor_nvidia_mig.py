@@ -21,6 +21,7 @@ from hami.core import (
 )
 from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami.core.types import MigProfile, Slice
+from hami.vendors import build_vendors
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION, NvidiaVendor, select_mig
 
 from ._corekit import A100_40_MIG as A100_40
@@ -176,7 +177,7 @@ def test_allowlist_narrows_the_profiles():
     cfg = device_config_from_dict({"nvidia": {"migProfileAllowlist": [
         {"models": ["H100"], "profiles": ["7g.80gb"]},
         {"models": ["A100-SXM4-40GB"], "profiles": ["3g.20gb", "7g.40gb"]}]}})
-    config = SchedulerConfig.from_device_config(cfg)
+    config = SchedulerConfig(build_vendors(cfg))
     res = fit(mig_ledger(), ctr(mem=4000), config=config)
     assert slices_of(res)[0][1:3] == ("3g.20gb", 4)
     nv = NvidiaVendor()

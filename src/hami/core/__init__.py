@@ -13,6 +13,8 @@ Public API (import from here):
   ``node_devices_from_object``, ``allocation_from_pod``, ``rebuild``
 * scheduling: :class:`SchedulerConfig`, ``filter_pod`` (pure decision), ``schedule_pod``
   (drop old reservation + decide + reserve), :class:`FilterResult`
+* explaining (import from :mod:`.explain`): ``pending_verdict``, every node's verdict for a
+  pending pod
 """
 
 from .codec import (

@@ -40,7 +40,11 @@ TIME_ANNOTATION = VGPU_TIME
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Vendors plus cluster-wide default policies (scheduler flags)."""
+    """Vendors plus cluster-wide default policies (scheduler flags).
+
+    The caller passes the vendor table, the vendors package's ``build_vendors(device_config)``:
+    the core imports nothing outside the core.
+    """
 
     vendors: tuple[Any, ...]
     node_policy: str = "binpack"
@@ -53,13 +57,6 @@ class SchedulerConfig:
         parse_node_policy(self.node_policy, "--node-scheduler-policy")
         parse_gpu_policy(self.gpu_policy, "--gpu-scheduler-policy")
 
-    @classmethod
-    def from_device_config(cls, device_config: Any = None, node_policy: str = "binpack",
-                           gpu_policy: str = "spread", request_in_scores: bool = True) -> "SchedulerConfig":
-        from hami.vendors import build_vendors  # the core never imports vendors at module level
-
-        return cls(vendors=build_vendors(device_config), node_policy=node_policy, gpu_policy=gpu_policy,
-                   request_in_scores=request_in_scores)
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,9 @@ def _score(s: NodeSummary, demand: _Demand, devices: int) -> float:
                       s.usedmem + mem, s.totalmem)
 
 
-def _policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePolicy, Any]:
+def pod_policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePolicy, Any]:
+    """``(node policy, device policy, score weights)`` for ``pod``: its annotations where set,
+    else the config's defaults. Raises RequestError on an annotation that cannot be read."""
     a = pod.annotations
     where = f"pod {pod.namespace}/{pod.name} annotation"
     node_policy = parse_node_policy(a[NODE_POLICY_ANNOTATION], f"{where} {NODE_POLICY_ANNOTATION}") \
@@ -192,7 +191,7 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     req = pod_request(pod, config.vendors)
     if not req.has_devices:
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
-    node_policy, gpu_policy, weights = _policies(req, config)
+    node_policy, gpu_policy, weights = pod_policies(req, config)
     used_vendors = [v for v in config.vendors if v.name in req.vendors()]
     ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors),
                        request_in_scores=config.request_in_scores)

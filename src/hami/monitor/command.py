@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
 from .containers import remove, scan, scan_claims, stale
 from .exporter import MonitorCollector, PodRef
@@ -209,12 +209,21 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
         feedback_once(args.containers_dir, args.priority_blocking, args.claims_dir)
 
 
+async def serve_metrics(registry: CollectorRegistry, host: str, port: int, guard=None):
+    """prometheus_client's exposition of ``registry`` (on any path, as its own server did) on
+    :func:`hami.serve.start`'s listener: the connection cap and limits of every listener."""
+    from hami import serve
+
+    return await serve.start(serve.wsgi_application(make_wsgi_app(registry)), host, port, guard=guard, dual_stack=True)
+
+
 async def _serve(args: argparse.Namespace) -> int:
     pods = None if args.standalone else PodMap()
     registry = CollectorRegistry()
     registry.register(build_collector(args, pods))
-    httpd, _ = start_http_server(args.bind[1], args.bind[0], registry=registry)
-    log.info("serving metrics on %s:%d/metrics (regions under %s)", args.bind[0], httpd.server_port, args.containers_dir)
+    runner = await serve_metrics(registry, *args.bind)
+    log.info("serving metrics on %s:%d/metrics (regions under %s)", args.bind[0], runner.addresses[0][1],
+             args.containers_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -222,7 +231,7 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         await _refresh(args, pods, stop)
     finally:
-        httpd.shutdown()
+        await runner.cleanup()
         if not args.no_feedback:
             release_all(args.containers_dir, args.claims_dir)  # leave no container blocked or unthrottled behind us
     return 0

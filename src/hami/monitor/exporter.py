@@ -19,7 +19,6 @@ Metric names and labels are HAMi's (reference hami-control-plane §9.2); every m
 from __future__ import annotations
 
 import logging
-import platform
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,21 +26,29 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-import hami
+from hami.metricnames import (
+    BUILD_INFO,
+    BUILD_INFO_HELP,
+    BUILD_LABELS,
+    CONTAINER_MEMORY_USED,
+    CONTAINER_UTILIZATION,
+    HOST_MEMORY_USED,
+    HOST_UTILIZATION,
+    ZONE,
+    build_info_values,
+)
 
 from .containers import ClaimDir, ContainerDir, scan, scan_claims
 from .nvml import HostGPU
 from .region import Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
-ZONE = "vGPU"
 
 HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
 HOST_MC_LABELS = ("device_index", "device_uuid", "device_type")
 CTR_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 MIG_LABELS = CTR_LABELS + ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id")
 MIG_INFO = "hami_mig_device_info"
-BUILD_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")
 LEGACY_HOST_LABELS = ("deviceidx", "deviceuuid", "devicetype")
 LEGACY_CTR_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 
@@ -78,22 +85,22 @@ class ContainerReading:
 
 # name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
 _HOST_VALUES: dict[str, tuple[str, str, bool]] = {
-    "hami_host_gpu_memory_used_bytes": ("Device memory used on the GPU (NVML)", "memory_used", True),
-    "hami_host_gpu_utilization_ratio": ("GPU utilisation, percent (NVML)", "utilization", True),
+    HOST_MEMORY_USED: ("Device memory used on the GPU (NVML)", "memory_used", True),
+    HOST_UTILIZATION: ("GPU utilisation, percent (NVML)", "utilization", True),
     "hami_host_gpu_memory_controller_utilization_ratio": (
         "Memory controller utilisation, percent (NVML)", "memory_utilization", False),
 }
 _HOST_LEGACY = {
-    "hami_host_gpu_memory_used_bytes": "HostGPUMemoryUsage",
-    "hami_host_gpu_utilization_ratio": "HostCoreUtilization",
+    HOST_MEMORY_USED: "HostGPUMemoryUsage",
+    HOST_UTILIZATION: "HostCoreUtilization",
 }
 
 # name -> (help, value of (region, dev, now) or None to leave the series out)
 _CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]] = {
-    "hami_vgpu_memory_used_bytes": ("Device memory the container's processes hold (library ledger)", lambda r, d, _: r.used(d).total),
+    CONTAINER_MEMORY_USED: ("Device memory the container's processes hold (library ledger)", lambda r, d, _: r.used(d).total),
     "hami_vgpu_memory_limit_bytes": ("Device memory limit of the container", lambda r, d, _: r.limits[d]),
     "hami_container_device_memory_bytes": ("Same value as hami_vgpu_memory_used_bytes (HAMi name)", lambda r, d, _: r.used(d).total),
-    "hami_container_device_utilization_ratio": ("SM utilisation of the container's processes, percent (0-100 per device)", lambda r, d, _: r.sm_util(d)),
+    CONTAINER_UTILIZATION: ("SM utilisation of the container's processes, percent (0-100 per device)", lambda r, d, _: r.sm_util(d)),
     "hami_container_last_kernel_elapsed_seconds": (
         "Seconds since the container last launched a kernel",
         lambda r, d, now: max(now - r.last_kernel_time, 0.0) if r.last_kernel_time > 0 else None),
@@ -102,9 +109,9 @@ _CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]]
     "hami_vgpu_memory_buffer_bytes": ("Data buffer memory of the container's processes", lambda r, d, _: r.used(d).buffer),
 }
 _CTR_LEGACY = {
-    "hami_vgpu_memory_used_bytes": "vGPU_device_memory_usage_in_bytes",
+    CONTAINER_MEMORY_USED: "vGPU_device_memory_usage_in_bytes",
     "hami_vgpu_memory_limit_bytes": "vGPU_device_memory_limit_in_bytes",
-    "hami_container_device_utilization_ratio": "Device_utilization_desc_of_container",
+    CONTAINER_UTILIZATION: "Device_utilization_desc_of_container",
     "hami_container_last_kernel_elapsed_seconds": "Device_last_kernel_of_container",
 }
 DRIFT = "hami_vgpu_memory_drift_bytes"
@@ -113,9 +120,9 @@ REGIONS = "hami_monitor_regions"
 #: Every metric this collector can export, with its labels (zone included) — checked by tests
 #: against the reference and used to validate the dashboard.
 METRICS: dict[str, tuple[str, ...]] = {
-    "hami_build_info": BUILD_LABELS + ("zone",),
-    "hami_host_gpu_memory_used_bytes": HOST_LABELS + ("zone",),
-    "hami_host_gpu_utilization_ratio": HOST_LABELS + ("zone",),
+    BUILD_INFO: BUILD_LABELS + ("zone",),
+    HOST_MEMORY_USED: HOST_LABELS + ("zone",),
+    HOST_UTILIZATION: HOST_LABELS + ("zone",),
     "hami_host_gpu_memory_controller_utilization_ratio": HOST_MC_LABELS + ("zone",),
     **{name: CTR_LABELS + ("zone",) for name in _CTR_VALUES},
     DRIFT: CTR_LABELS + ("zone",),
@@ -129,12 +136,6 @@ LEGACY_METRICS: dict[str, tuple[str, ...]] = {
     "Device_memory_desc_of_container": LEGACY_CTR_LABELS + ("context", "module", "data", "offset", "zone"),
     "MigInfo": MIG_LABELS + ("zone",),
 }
-
-
-def build_info_values() -> tuple[str, ...]:
-    """``hami_build_info`` label values; ``go_version`` is kept for HAMi dashboards and says "none"."""
-    return (hami.__version__, "", "", "none", f"{platform.python_implementation().lower()}-{platform.python_version()}",
-            f"{platform.system().lower()}/{platform.machine()}")
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -233,7 +234,7 @@ class MonitorCollector(Collector):
                 fams[name] = _gauge(name, doc or name, labels or table[name])
             return fams[name]
 
-        fam("hami_build_info", "hami build information").add_metric(list(build_info_values()) + [ZONE], 1)
+        fam(BUILD_INFO, BUILD_INFO_HELP).add_metric(list(build_info_values()) + [ZONE], 1)
         gpus = self._host()
         self._host_metrics(gpus, fam)
         containers, states = self.read_containers()

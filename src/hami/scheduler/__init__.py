@@ -4,7 +4,9 @@
 * :mod:`.state` - watch caches of Nodes, Pods, ResourceQuotas feeding the core's ledger;
 * :mod:`.extender` - ``/filter`` and ``/bind`` (node lock, events);
 * :mod:`.leader` - follows the kube-scheduler Lease (only the leader filters and binds);
-* :mod:`.server` - the aiohttp HTTP(S) server with certificate reload;
-* :mod:`.command` - ``hami scheduler``; :mod:`.explain` - ``hami explain POD``.
+* :mod:`.server` - the routes and the service behind them (the listener itself, its limits
+  and certificate reload: :mod:`hami.serve`);
+* :mod:`.command` - ``hami scheduler``; :mod:`.explain` - ``hami explain POD`` (its verdicts:
+  :mod:`hami.core.explain`).
 The webhook's rules live in :mod:`hami.webhook`.
 """

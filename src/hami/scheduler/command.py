@@ -21,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def main(opts: Options) -> int:
     from hami.kube.client import KubeClient
+    from hami.serve import CertReloader
 
-    from .server import CertReloader, SchedulerService, serve
+    from .server import SchedulerService, serve
 
     kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout)
     service = SchedulerService(opts, kube)

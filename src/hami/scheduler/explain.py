@@ -2,8 +2,8 @@
 
 It reads the live cluster (nodes, pods, ResourceQuotas, the pod's events), rebuilds the ledger
 the way the scheduler does (:class:`hami.scheduler.state.ClusterState`), removes the pod's own
-allocation, and runs the same core filter on every node (no laziness: each node gets its
-verdict). Read-only: it patches nothing.
+allocation, and prints the core's verdicts (:func:`hami.core.explain.pending_verdict`: the same
+filter on every node, each node gets its verdict). Read-only: it patches nothing.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import dataclass
-from typing import Any
 
 from hami.config import load_device_config
-from hami.core import CoreError, Ledger, SchedulerConfig, admit_pod, filter_pod, pod_key
+from hami.core import CoreError, SchedulerConfig, pod_key
 from hami.core.errors import ConfigError
-from hami.core.fit import fit_pod, make_context
+from hami.core.explain import pending_verdict
 from hami.core.names import BIND_PHASE
-from hami.core.reasons import NodeFailure
 from hami.core.requests import pod_request
-from hami.core.types import DeviceInfo, PodRequest
+from hami.vendors import build_vendors
 
 from .state import ClusterState
 
@@ -36,69 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
                         help="as the scheduler's flag of that name (default %(default)s)")
     parser.add_argument("--scheduler-name", default="hami-scheduler")
-
-
-def _why_devices(failure: NodeFailure) -> dict[str, str]:
-    return {uuid: reason.value for reason, uuids in failure.devices for uuid in uuids}
-
-
-@dataclass(frozen=True)
-class DeviceVerdict:
-    """One device of a node, its usage and why it cannot serve the pod ("ok" when it can)."""
-
-    device: DeviceInfo
-    slots: int
-    mem: int
-    cores: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class NodeVerdict:
-    """One node's answer for a pending pod: ``reason`` is HAMi's string ("" when it fits)."""
-
-    node: str
-    fits: bool
-    reason: str = ""
-    container: int = -1  # the failing container (annotation order); -1 = node-level
-    devices: tuple[DeviceVerdict, ...] = ()
-
-
-@dataclass(frozen=True)
-class PendingVerdict:
-    """Why a pod without an allocation is pending: its requests and every node's verdict."""
-
-    request: PodRequest
-    chosen: str | None  # the node the scheduler would choose now (None: fits nowhere)
-    nodes: tuple[NodeVerdict, ...]
-
-
-def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors: Any, now: float) -> PendingVerdict:
-    """Run the scheduler's filter and the per-node fit for a pod that holds nothing in
-    ``ledger`` (read-only: the ledger is not changed). Raises CoreError on a pod whose
-    requests or annotations cannot be read."""
-    admitted, _ = admit_pod(pod, vendors)
-    req = pod_request(admitted, vendors)
-    if not req.has_devices:
-        return PendingVerdict(req, None, ())
-    result = filter_pod(admitted, None, ledger, config, now)
-    from hami.core.schedule import _policies
-
-    _, gpu_policy, weights = _policies(req, config)
-    used = [v for v in vendors if v.name in req.vendors()]
-    ctx = make_context(req, vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used),
-                       request_in_scores=config.request_in_scores)
-    verdicts = []
-    for name in ledger.node_names():
-        res = fit_pod(ledger.view(name), ctx)
-        if not isinstance(res, NodeFailure):
-            verdicts.append(NodeVerdict(name, True))
-            continue
-        why = _why_devices(res)
-        devices = tuple(DeviceVerdict(d, slots, mem, cores, why.get(d.id, "ok"))
-                        for d, slots, mem, cores in ledger.device_usage(name))
-        verdicts.append(NodeVerdict(name, False, res.render(), res.container, devices))
-    return PendingVerdict(req, result.node, tuple(verdicts))
 
 
 def render(pod: dict, state: ClusterState, events: list[dict], now: float,
@@ -174,8 +108,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.device_config_file:
         with open(args.device_config_file) as fh:
             device_config = load_device_config(fh.read(), args.device_config_file)
-    config = SchedulerConfig.from_device_config(device_config, args.node_scheduler_policy, args.gpu_scheduler_policy,
-                                                request_in_scores=getattr(args, "score_with_request", "true") == "true")
+    config = SchedulerConfig(build_vendors(device_config), args.node_scheduler_policy, args.gpu_scheduler_policy,
+                             request_in_scores=getattr(args, "score_with_request", "true") == "true")
     kube = await KubeClient.connect(args.kubeconfig)
     try:
         try:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -50,15 +50,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from hami.core.ledger import Ledger
+from hami.metricnames import BUILD_INFO, BUILD_INFO_HELP, BUILD_LABELS as BUILD, ZONE, build_info_values
 
-ZONE = "vGPU"
+if TYPE_CHECKING:
+    from hami.serve import ConnectionGuard
+
 MIB = 1024 * 1024
 
 DEV = ("node", "device_uuid", "device_index", "device_type")
 DEV_CORES = ("node", "device_uuid", "device_index", "device_cores", "device_type")
 OVERVIEW = ("node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type")
 POD = ("namespace", "node", "pod", "container_index", "device_uuid")
-BUILD = ("version", "revision", "build_date", "go_version", "compiler", "platform")
 
 #: name -> (labels without zone, legacy name, legacy labels, help)
 ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] = {
@@ -109,7 +111,7 @@ SIGNALS: dict[str, tuple[str, ...]] = {
 
 def metric_names(legacy: bool = False) -> dict[str, tuple[str, ...]]:
     """Every metric family this module exports, with its labels (zone included where present)."""
-    out = {"hami_build_info": BUILD + ("zone",)}
+    out = {BUILD_INFO: BUILD + ("zone",)}
     for name, (labels, old, old_labels, _) in ALLOCATION.items():
         out[name] = labels + ("zone",)
         if legacy and old:
@@ -219,11 +221,9 @@ _LEGACY_DEV = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
 
 def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
     """HAMi's §9.1 metrics (and ``hami_build_info``) as exposition text."""
-    from hami.monitor.exporter import build_info_values
-
     t = _Text(legacy)
     info = _labels(BUILD, build_info_values())
-    head = f'# HELP hami_build_info hami build information\n# TYPE hami_build_info gauge\nhami_build_info{{{info},zone="{ZONE}"}} 1\n'
+    head = f'# HELP {BUILD_INFO} {BUILD_INFO_HELP}\n# TYPE {BUILD_INFO} gauge\n{BUILD_INFO}{{{info},zone="{ZONE}"}} 1\n'
     for node, uuid, index, typ, devmem, devcore, used, usedmem, usedcores in rows.devices:
         dev = (node, uuid, index, typ)
         shared = (_labels(DEV, dev), _labels(_LEGACY_DEV, dev) if legacy else "")
@@ -315,19 +315,19 @@ class SchedulerMetrics:
         rows = self.rows() if rows is None else rows
         return render_allocation(rows, self.legacy).encode() + generate_latest(self.registry)
 
-    async def serve(self, host: str, port: int):
-        """Serve ``GET /metrics`` with aiohttp on the running loop; returns the ``AppRunner`` (``cleanup()`` it)."""
+    async def serve(self, host: str, port: int, guard: ConnectionGuard | None = None):
+        """Serve ``GET /metrics`` on the running loop, through :func:`hami.serve.start` (the same
+        connection cap, deadlines and header limits as every listener); returns the ``AppRunner``
+        (``cleanup()`` it). ``guard``: a :class:`hami.serve.ConnectionGuard` (tests)."""
         from aiohttp import web
+
+        from hami.serve import application, start
 
         async def handler(_request: web.Request) -> web.Response:
             rows = self.rows()  # on the loop: a consistent copy; the formatting runs in a thread
             body = await asyncio.to_thread(self.render, rows)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-        app = web.Application()
+        app = application()
         app.router.add_get("/metrics", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host or None, port)
-        await site.start()
-        return runner
+        return await start(app, host, port, guard=guard)

@@ -18,6 +18,7 @@ from hami.config import DeviceConfig, default_device_config, load_device_config
 from hami.core import SchedulerConfig
 from hami.core.errors import ConfigError, CoreError
 from hami.core.names import ALLOW_DISABLE_CONTROL, VGPU_NODE
+from hami.vendors import build_vendors
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -109,8 +110,8 @@ class Options:
         return self.extender_port is None
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig.from_device_config(self.device_config, self.node_policy, self.gpu_policy,
-                                                  request_in_scores=self.score_with_request)
+        return SchedulerConfig(build_vendors(self.device_config), self.node_policy, self.gpu_policy,
+                               request_in_scores=self.score_with_request)
 
 
 def _bool(text: str) -> bool:

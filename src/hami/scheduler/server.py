@@ -13,15 +13,14 @@ other CA fails the handshake); with neither, ``--http_bind`` is a loopback addre
 the options).
 
 A body that is not a JSON object (bad syntax, NaN/Infinity, nested deeper than
-``MAX_DEPTH``, larger than ``MAX_BODY``: 413, slower than ``BODY_TIMEOUT``: 408) gets a 4xx
+``MAX_DEPTH``, larger than ``MAX_BODY``: 413, slower than ``hami.serve.BODY_TIMEOUT``: 408) gets a 4xx
 with one line; a JSON object with fields of the wrong type gets the protocol's answer: the
 extender's ``Error`` field (HTTP 200, as kube-scheduler expects) or a denied AdmissionReview
 (``status.code`` 400).
 
-Slow clients cannot hold the server (:class:`ConnectionGuard`): a connection must deliver a
-complete request head within ``HEAD_TIMEOUT`` of opening or of its previous answer (that also
-bounds idle keep-alive), a body within ``BODY_TIMEOUT``, and past ``MAX_CONNECTIONS`` a new
-connection evicts the one that has waited longest for its request head.
+Slow clients cannot hold the server: both listeners are started by :func:`hami.serve.start`
+(connection cap, request head and body deadlines, header limits, TLS certificate reload; the
+rules are written there).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import ssl
 import time
 from typing import Any
@@ -40,6 +38,7 @@ from aiohttp import web
 from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
 from hami.kube.client import KubeClient, KubeError
 from hami.kube.reflector import Reflector
+from hami.serve import ConnectionGuard, application, client_verified, read_body, start
 from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates, uses_disable_control
 
 from .events import EventRecorder
@@ -52,84 +51,12 @@ from .state import ClusterState, handshake_value
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
 MAX_DEPTH = 64           # JSON nesting (a Pod nests about 12 deep)
-HEAD_TIMEOUT = 30.0      # s: request line + headers, counted from connect or the previous answer
-BODY_TIMEOUT = 30.0      # s: the whole body, once the head is in
-MAX_CONNECTIONS = 512    # open connections per listener
-MAX_HEADER_BYTES = 8190  # one header line / field
 FILTER_ARGS = {"Pod": POD, "pod": POD, "NodeNames": ListOf(str), "nodenames": ListOf(str),
                "Nodes": {"items": ListOf(NODE)}, "nodes": {"items": ListOf(NODE)}}
 BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID",
                               "Node", "node")}
 MALFORMED_REGISTRATION = "MalformedRegistration"
 DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be read
-
-
-class CertReloader:
-    """Keeps one SSLContext serving the current files: polls their mtime/size and reloads.
-
-    ``client_ca``: also ask every caller for a client certificate (optional in the handshake: the
-    API server calling /webhook has none) and verify one that is presented against this CA
-    bundle alone (not the system's CAs); :func:`client_verified` tells the handlers. When the
-    bundle file changes (a renewed CA) its certificates are trusted too; those trusted before
-    stay trusted until a restart (an SSLContext can add trust anchors, not drop them)."""
-
-    def __init__(self, cert: str, key: str, interval: float = 1.0, client_ca: str = "") -> None:
-        self.cert, self.key, self.interval, self.client_ca = cert, key, interval, client_ca
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if client_ca:
-            self.context.verify_mode = ssl.CERT_OPTIONAL
-            self.context.load_verify_locations(cafile=client_ca)
-            self._ca_stamp = self._stat(client_ca)
-        self.context.load_cert_chain(cert, key)
-        self._stamp = self._current()
-        self.reloads = 0
-        self.ca_reloads = 0
-
-    @staticmethod
-    def _stat(path: str) -> tuple:
-        s = os.stat(path)
-        return s.st_mtime_ns, s.st_size, s.st_ino
-
-    def check_client_ca(self) -> bool:
-        """Trust the client CA file's certificates again when the file changed."""
-        if not self.client_ca:
-            return False
-        try:
-            stamp = self._stat(self.client_ca)
-            if stamp == self._ca_stamp:
-                return False
-            self.context.load_verify_locations(cafile=self.client_ca)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            log.warning("client CA %s not reloaded (will retry): %s", self.client_ca, exc)
-            return False
-        self._ca_stamp = stamp
-        self.ca_reloads += 1
-        log.info("client CA reloaded from %s (the previous one stays trusted until a restart)", self.client_ca)
-        return True
-
-    def _current(self) -> tuple:
-        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(self.cert), os.stat(self.key)))
-
-    def check(self) -> bool:
-        try:
-            stamp = self._current()
-            if stamp == self._stamp:
-                return False
-            self.context.load_cert_chain(self.cert, self.key)
-        except (OSError, ssl.SSLError) as exc:
-            log.warning("TLS certificate not reloaded (will retry): %s", exc)
-            return False
-        self._stamp = stamp
-        self.reloads += 1
-        log.info("TLS certificate reloaded from %s", self.cert)
-        return True
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self.check()
-            self.check_client_ca()
 
 
 class SchedulerService:
@@ -236,8 +163,8 @@ class SchedulerService:
         """The routes. ``webhook=False``: the plain-HTTP loopback listener (extender only);
         ``extender=False``: no /filter or /bind (404), the https port beside a loopback listener;
         ``client_cert``: /filter and /bind answer 403 unless the TLS peer presented a verified
-        client certificate (the listener's context must request one, :class:`CertReloader`)."""
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[_guarded])
+        client certificate (the listener's context must request one, :class:`hami.serve.CertReloader`)."""
+        app = application(max_body=MAX_BODY)
         routes = [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)]
         if extender:
             guard = _client_cert_required if client_cert else (lambda handler: handler)
@@ -333,12 +260,7 @@ def _reject_constant(name: str) -> Any:
 
 async def read_json_object(request: web.Request) -> dict:
     """The request body as a JSON object, or an HTTP 4xx with one line saying why."""
-    try:
-        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT)
-    except asyncio.TimeoutError:
-        answer = web.HTTPRequestTimeout(text=f"request body not received within {BODY_TIMEOUT:g} s")
-        answer.force_close()  # the rest of the body is not waited for
-        raise answer from None
+    raw = await read_body(request)
     try:
         body = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
@@ -352,103 +274,6 @@ async def read_json_object(request: web.Request) -> dict:
     except ShapeError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     return body
-
-
-class _Conn:
-    __slots__ = ("transport", "since", "busy", "timer")
-
-    def __init__(self, transport: Any, since: float) -> None:
-        self.transport, self.since, self.busy, self.timer = transport, since, False, None
-
-
-class ConnectionGuard:
-    """Connection limits aiohttp does not have: a deadline for each request head (idle
-    keep-alive included) and a cap on open connections that evicts the slowest waiter.
-
-    Installed on a runner's low-level ``web.Server`` (:meth:`install`); the app's middleware
-    marks a connection busy while its handler runs (a handler may wait on a node lock)."""
-
-    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_timeout: float = HEAD_TIMEOUT) -> None:
-        self.max_connections, self.head_timeout = max_connections, head_timeout
-        self.conns: dict[Any, _Conn] = {}
-        self.evicted = self.timed_out = 0
-
-    def install(self, server: web.Server) -> None:
-        made, lost = server.connection_made, server.connection_lost
-
-        def connection_made(handler: Any, transport: Any) -> None:
-            made(handler, transport)
-            self.opened(handler, transport)
-
-        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
-            self.closed(handler)
-            lost(handler, exc)
-
-        server.connection_made, server.connection_lost = connection_made, connection_lost  # type: ignore[method-assign]
-
-    def opened(self, handler: Any, transport: Any) -> None:
-        loop = asyncio.get_running_loop()
-        conn = self.conns[handler] = _Conn(transport, loop.time())
-        self._arm(handler, conn)
-        if len(self.conns) > self.max_connections:
-            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if not c.busy]
-            victim = min(waiting)[2] if waiting else handler
-            self.evicted += 1
-            self._close(victim)
-
-    def closed(self, handler: Any) -> None:
-        conn = self.conns.pop(handler, None)
-        if conn is not None and conn.timer is not None:
-            conn.timer.cancel()
-
-    def begin(self, handler: Any) -> None:
-        conn = self.conns.get(handler)
-        if conn is not None:
-            conn.busy = True
-            if conn.timer is not None:
-                conn.timer.cancel()
-                conn.timer = None
-
-    def end(self, handler: Any) -> None:
-        conn = self.conns.get(handler)
-        if conn is not None:
-            conn.busy = False
-            conn.since = asyncio.get_running_loop().time()
-            self._arm(handler, conn)
-
-    def _arm(self, handler: Any, conn: _Conn) -> None:
-        if conn.timer is not None:
-            conn.timer.cancel()
-        conn.timer = asyncio.get_running_loop().call_later(self.head_timeout, self._expire, handler)
-
-    def _expire(self, handler: Any) -> None:
-        conn = self.conns.get(handler)
-        if conn is not None and not conn.busy:
-            self.timed_out += 1
-            self._close(handler)
-
-    def _close(self, handler: Any) -> None:
-        conn = self.conns.pop(handler, None)
-        if conn is None:
-            return
-        if conn.timer is not None:
-            conn.timer.cancel()
-        conn.transport.close()
-
-
-GUARD = web.AppKey("connection_guard", ConnectionGuard)
-
-
-@web.middleware
-async def _guarded(request: web.Request, handler: Any) -> web.StreamResponse:
-    guard = request.app.get(GUARD)
-    if guard is None:
-        return await handler(request)
-    guard.begin(request.protocol)
-    try:
-        return await handler(request)
-    finally:
-        guard.end(request.protocol)
 
 
 def filter_outcome(answer: dict) -> tuple[str, list[str]]:
@@ -486,12 +311,6 @@ class _Touching:
         self.handler.apply(event_type, obj)
 
 
-def client_verified(request: web.Request) -> bool:
-    """Whether the request came over TLS with a client certificate the listener verified."""
-    transport = request.transport
-    return bool(transport is not None and transport.get_extra_info("peercert"))
-
-
 def _client_cert_required(handler: Any) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if not client_verified(request):
@@ -517,12 +336,5 @@ def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
 async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
                 webhook: bool = True, extender: bool = True, client_cert: bool = False,
                 guard: ConnectionGuard | None = None) -> web.AppRunner:
-    app = service.app(webhook, extender, client_cert)
-    app[GUARD] = guard = guard or ConnectionGuard()
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEAD_TIMEOUT, auto_decompress=False,
-                           max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES, max_headers=64, lingering_time=1.0)
-    await runner.setup()
-    guard.install(runner.server)
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
-    await site.start()
-    return runner
+    return await start(service.app(webhook, extender, client_cert), host, port, ssl_context=ssl_context,
+                       guard=guard, backlog=1024)

@@ -15,6 +15,7 @@ from hami import safeyaml
 from hami.config import default_device_config, load_device_config
 from hami.core import CoreError, SchedulerConfig
 from hami.core.score import parse_gpu_policy, parse_node_policy
+from hami.vendors import build_vendors
 
 from .engine import SimulationError, simulate
 from .report import to_html, to_json, to_table
@@ -106,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
             device_config = default_device_config()
         parse_node_policy(args.node_policy, "--node-policy")
         parse_gpu_policy(args.gpu_policy, "--gpu-policy")
-        config = SchedulerConfig.from_device_config(device_config, args.node_policy, args.gpu_policy,
-                                                    request_in_scores=getattr(args, "score_with_request", "true") == "true")
+        config = SchedulerConfig(build_vendors(device_config), args.node_policy, args.gpu_policy,
+                                 request_in_scores=getattr(args, "score_with_request", "true") == "true")
         front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
         if front_end == "dra":
             from .dra import DraOptions, simulate_dra

@@ -6,7 +6,7 @@ every ``interval`` seconds, a few nodes at a time, each with a short timeout. A 
 last good reading: it is *live* while younger than ``stale_after`` and *stale* after (the
 API says so and how old it is); a failed scrape keeps the old values and records the error.
 
-Metrics read (names of :mod:`hami.monitor.exporter`): per device ``hami_host_gpu_memory_used_bytes``
+Metrics read (names of :mod:`hami.metricnames`, exported by :mod:`hami.monitor.exporter`): per device ``hami_host_gpu_memory_used_bytes``
 and ``hami_host_gpu_utilization_ratio`` (label ``device_uuid``); per container
 ``hami_vgpu_memory_used_bytes`` and ``hami_container_device_utilization_ratio`` (labels
 ``namespace``, ``pod``, ``container``, ``device_uuid``). Everything else is ignored.
@@ -22,13 +22,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from hami.metricnames import (
+    CONTAINER_MEMORY_USED as CTR_MEMORY,
+    CONTAINER_UTILIZATION as CTR_UTIL,
+    HOST_MEMORY_USED as HOST_MEMORY,
+    HOST_UTILIZATION as HOST_UTIL,
+)
+
 log = logging.getLogger(__name__)
 MIB = 1 << 20
 MAX_METRICS_BYTES = 16 << 20
-HOST_MEMORY = "hami_host_gpu_memory_used_bytes"
-HOST_UTIL = "hami_host_gpu_utilization_ratio"
-CTR_MEMORY = "hami_vgpu_memory_used_bytes"
-CTR_UTIL = "hami_container_device_utilization_ratio"
 
 
 @dataclass

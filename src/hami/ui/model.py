@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, pod_key
+from hami.core.explain import pending_verdict
 from hami.core.names import BIND_PHASE
 from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
@@ -386,8 +387,6 @@ def _request_docs(req: Any) -> list[dict]:
 
 def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
     """One pending pod: its requests and every node's verdict, as ``hami explain`` prints them."""
-    from hami.scheduler.explain import pending_verdict
-
     meta = pod.get("metadata") or {}
     base = {"namespace": meta.get("namespace") or "default", "name": meta.get("name") or "",
             "uid": meta.get("uid") or "", "createdAt": meta.get("creationTimestamp") or None}

@@ -10,9 +10,10 @@ scheduler's own verdicts.
 
 - ``GET``/``HEAD`` only: any other method is 405 (with ``Allow: GET, HEAD``), on every path.
 - A query parameter an endpoint does not take is 400 naming it; an unknown path is 404.
-- Strict headers on every answer: a Content-Security-Policy that allows the page's own assets
-  only (no inline script, no other origin), ``nosniff``, no framing, no referrer, no caching
-  of API answers.
+- Strict headers on every answer (:data:`hami.serve.SECURITY_HEADERS`): a Content-Security-Policy
+  that allows the page's own assets only (no inline script, no other origin), ``nosniff``, no
+  framing, no referrer; no caching of API answers.
+- The listener's connection cap, deadlines and header limits are :func:`hami.serve.start`'s.
 - An unexpected failure while building an answer is logged and answered 503 with one line
   (the scheduler keeps running; the next refresh tries again).
 """
@@ -27,20 +28,12 @@ from typing import Any, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from hami.scheduler.server import GUARD, HEAD_TIMEOUT, MAX_HEADER_BYTES, ConnectionGuard, _guarded
+from hami.serve import ConnectionGuard, application, security_headers, start
 
 from . import model, page
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
-    "Cross-Origin-Resource-Policy": "same-origin",
-}
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
 
@@ -53,17 +46,14 @@ def openapi_text() -> str:
 async def _read_only(request: web.Request, handler: Any) -> web.StreamResponse:
     if request.method not in ALLOWED:
         return web.Response(status=405, text=f"{request.method} not allowed: this API is read-only (GET, HEAD)\n",
-                            headers={"Allow": ", ".join(ALLOWED), **SECURITY_HEADERS})
+                            headers={"Allow": ", ".join(ALLOWED)})
     try:
-        resp = await handler(request)
-    except web.HTTPException as exc:
-        exc.headers.update(SECURITY_HEADERS)
+        return await handler(request)
+    except web.HTTPException:
         raise
     except Exception:  # noqa: BLE001 - one bad answer must not take the scheduler down
         log.exception("ui: %s %s failed", request.method, request.path)
-        return web.Response(status=503, text="the answer could not be built; try again\n", headers=SECURITY_HEADERS)
-    resp.headers.update(SECURITY_HEADERS)
-    return resp
+        return web.Response(status=503, text="the answer could not be built; try again\n")
 
 
 class UiApi:
@@ -128,7 +118,7 @@ class UiApi:
         return web.Response(text="ok")
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[_guarded, _read_only], client_max_size=1024)
+        app = application(security_headers, _read_only, max_body=1024)
         app.add_routes([
             web.get("/", self.index), web.get("/static/{name}", self.static), web.get("/healthz", self.healthz),
             web.get("/api/v1/nodes", self.nodes), web.get("/api/v1/pods", self.pods),
@@ -138,12 +128,5 @@ class UiApi:
         return app
 
 
-async def serve_ui(api: UiApi, host: str, port: int) -> web.AppRunner:
-    app = api.app()
-    app[GUARD] = guard = ConnectionGuard()
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEAD_TIMEOUT, max_line_size=MAX_HEADER_BYTES,
-                           max_field_size=MAX_HEADER_BYTES, max_headers=64)
-    await runner.setup()
-    guard.install(runner.server)
-    await web.TCPSite(runner, host, port, backlog=128).start()
-    return runner
+async def serve_ui(api: UiApi, host: str, port: int, guard: ConnectionGuard | None = None) -> web.AppRunner:
+    return await start(api.app(), host, port, guard=guard, backlog=128)

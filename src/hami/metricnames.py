@@ -1,0 +1,32 @@
+"""What HAMi's two metric endpoints share, written once: the scheduler's (:mod:`hami.scheduler.metrics`,
+what was allocated) and the node monitor's (:mod:`hami.monitor.exporter`, what is used).
+
+Owns the ``zone`` label value every HAMi metric carries, ``hami_build_info`` (its name, labels
+and values), and the names of the monitor's metrics that another program reads back (the web
+UI's live usage, :mod:`hami.ui.live`). Each endpoint's other families are named in its own module.
+It does not collect or format anything. Imports only the standard library and ``hami``'s version.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import hami
+
+ZONE = "vGPU"  # the value of the "zone" label on every HAMi metric
+
+BUILD_INFO = "hami_build_info"
+BUILD_INFO_HELP = "hami build information"
+BUILD_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")
+
+# the node monitor's usage metrics the UI joins into its answers
+HOST_MEMORY_USED = "hami_host_gpu_memory_used_bytes"       # per device: label device_uuid
+HOST_UTILIZATION = "hami_host_gpu_utilization_ratio"
+CONTAINER_MEMORY_USED = "hami_vgpu_memory_used_bytes"      # per container: namespace, pod, container, device_uuid
+CONTAINER_UTILIZATION = "hami_container_device_utilization_ratio"
+
+
+def build_info_values() -> tuple[str, ...]:
+    """``hami_build_info`` label values; ``go_version`` is kept for HAMi dashboards and says "none"."""
+    return (hami.__version__, "", "", "none", f"{platform.python_implementation().lower()}-{platform.python_version()}",
+            f"{platform.system().lower()}/{platform.machine()}")

@@ -1,0 +1,350 @@
+"""The hardened HTTP listener: every HTTP port the product opens is started here.
+
+Owns the rules a listener applies before any route sees a request, so that the extender and
+webhook port, its loopback extender port, the web UI, the scheduler's ``/metrics`` and the node
+monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listener"):
+
+- :class:`ConnectionGuard`: at most ``MAX_CONNECTIONS`` open connections per listener (one more
+  evicts the connection that has waited longest for its request head, never one whose request
+  is being handled) and a complete request head within ``HEAD_TIMEOUT`` of opening or of the
+  previous answer (idle keep-alive included). aiohttp has neither.
+- request limits: request line and each header field at most ``MAX_HEADER_BYTES``, at most
+  ``MAX_HEADERS`` headers, compressed bodies not decoded, a body size per application
+  (:func:`application`) and a body deadline (:func:`read_body`, ``BODY_TIMEOUT``: 408).
+- :class:`CertReloader`: the TLS context (TLS 1.2 or later, an optional client CA) whose
+  certificate, key and client CA are re-read when their files change.
+- ``SECURITY_HEADERS`` and :func:`security_headers`, for listeners that serve a browser.
+- :func:`start`: the one function that opens a listening site with all of the above.
+- :func:`wsgi_application`: a WSGI app (prometheus_client's exposition) behind the same rules.
+
+What it does not own: routes, who may call them (each program's module decides: the scheduler's
+client-certificate check uses :func:`client_verified` from here), and what a body must contain.
+gRPC unix sockets (device plugin, DRA plugin) are not HTTP listeners and do not come here.
+It imports only the standard library and aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import socket
+import ssl
+import sys
+from typing import Any, Awaitable, Callable, Iterable
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+HEAD_TIMEOUT = 30.0      # s: request line + headers, counted from connect or the previous answer
+BODY_TIMEOUT = 30.0      # s: the whole body, once the head is in
+MAX_CONNECTIONS = 512    # open connections per listener
+MAX_HEADER_BYTES = 8190  # one request line / header field
+MAX_HEADERS = 64
+LINGER = 1.0             # s spent reading a body nobody read before the connection is closed
+SMALL_BODY = 1024        # bytes: the body limit of a listener whose routes take no body
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# ---------------------------------------------------------------------------- connections
+
+class _Conn:
+    __slots__ = ("transport", "since", "busy", "timer")
+
+    def __init__(self, transport: Any, since: float) -> None:
+        self.transport, self.since, self.busy, self.timer = transport, since, False, None
+
+
+class ConnectionGuard:
+    """Connection limits aiohttp does not have: a deadline for each request head (idle
+    keep-alive included) and a cap on open connections that evicts the slowest waiter.
+
+    Installed on a runner's low-level ``web.Server`` (:meth:`install`, done by :func:`start`);
+    the :func:`guarded` middleware marks a connection busy while its handler runs (a handler may
+    wait on a node lock, or format a large scrape in a thread)."""
+
+    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_timeout: float = HEAD_TIMEOUT) -> None:
+        self.max_connections, self.head_timeout = max_connections, head_timeout
+        self.conns: dict[Any, _Conn] = {}
+        self.evicted = self.timed_out = self.resets = 0
+
+    def install(self, server: web.Server) -> None:
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: Any) -> None:
+            made(handler, transport)
+            self.opened(handler, transport)
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            conn = self.conns.get(handler)
+            self.closed(handler)
+            if isinstance(exc, ConnectionError):  # a client that reset: one line, never a traceback
+                self.resets += 1
+                peer = conn.transport.get_extra_info("peername") if conn is not None else None
+                log.debug("connection from %s lost: %s", peer or "a client", exc)
+            lost(handler, exc)
+
+        server.connection_made, server.connection_lost = connection_made, connection_lost  # type: ignore[method-assign]
+
+    def opened(self, handler: Any, transport: Any) -> None:
+        loop = asyncio.get_running_loop()
+        conn = self.conns[handler] = _Conn(transport, loop.time())
+        self._arm(handler, conn)
+        if len(self.conns) > self.max_connections:
+            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if not c.busy]
+            victim = min(waiting)[2] if waiting else handler
+            self.evicted += 1
+            self._close(victim)
+
+    def closed(self, handler: Any) -> None:
+        conn = self.conns.pop(handler, None)
+        if conn is not None and conn.timer is not None:
+            conn.timer.cancel()
+
+    def begin(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy = True
+            if conn.timer is not None:
+                conn.timer.cancel()
+                conn.timer = None
+
+    def end(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy = False
+            conn.since = asyncio.get_running_loop().time()
+            self._arm(handler, conn)
+
+    def _arm(self, handler: Any, conn: _Conn) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+        conn.timer = asyncio.get_running_loop().call_later(self.head_timeout, self._expire, handler)
+
+    def _expire(self, handler: Any) -> None:
+        conn = self.conns.get(handler)
+        if conn is not None and not conn.busy:
+            self.timed_out += 1
+            self._close(handler)
+
+    def _close(self, handler: Any) -> None:
+        conn = self.conns.pop(handler, None)
+        if conn is None:
+            return
+        if conn.timer is not None:
+            conn.timer.cancel()
+        conn.transport.close()
+
+
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+
+
+@web.middleware
+async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Marks the connection busy while its handler runs (a no-op on an app without a guard,
+    e.g. under aiohttp's TestServer)."""
+    guard = request.app.get(GUARD)
+    if guard is None:
+        return await handler(request)
+    guard.begin(request.protocol)
+    try:
+        return await handler(request)
+    finally:
+        guard.end(request.protocol)
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``SECURITY_HEADERS`` on every answer, errors (404, 405, ...) included."""
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(SECURITY_HEADERS)
+        raise
+    resp.headers.update(SECURITY_HEADERS)
+    return resp
+
+
+def application(*middlewares: Any, max_body: int = SMALL_BODY) -> web.Application:
+    """An application whose first middleware is :func:`guarded`; ``max_body``: the largest
+    request body its routes may read (413 beyond)."""
+    return web.Application(client_max_size=max_body, middlewares=[guarded, *middlewares])
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body, or 408 (and the connection closed) when it is not all in within
+    ``BODY_TIMEOUT`` seconds of the head; 413 beyond the application's ``max_body``."""
+    timeout = BODY_TIMEOUT
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        answer = web.HTTPRequestTimeout(text=f"request body not received within {timeout:g} s")
+        answer.force_close()  # the rest of the body is not waited for
+        raise answer from None
+
+
+async def start(app: web.Application, host: str | None, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                guard: ConnectionGuard | None = None, backlog: int = 128, dual_stack: bool = False) -> web.AppRunner:
+    """Listen on ``host:port`` (``""`` or None: every address) with the guard and the limits;
+    returns the runner (``cleanup()`` it; ``runner.addresses`` has the port bound for ``port=0``).
+
+    ``dual_stack``: an IPv6 wildcard (``::``) also takes IPv4 connections (the node monitor's
+    listener did with prometheus_client's server; asyncio's default is IPv6 only)."""
+    if guarded not in app.middlewares:
+        app.middlewares.insert(0, guarded)
+    app[GUARD] = guard = guard or ConnectionGuard()
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEAD_TIMEOUT, auto_decompress=False,
+                           max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES, max_headers=MAX_HEADERS,
+                           lingering_time=LINGER)
+    await runner.setup()
+    guard.install(runner.server)
+    try:
+        if dual_stack and host in ("::", "[::]") and socket.has_dualstack_ipv6():
+            sock = socket.create_server(("::", port), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True)
+            site: web.BaseSite = web.SockSite(runner, sock, ssl_context=ssl_context, backlog=backlog)
+        else:
+            site = web.TCPSite(runner, host or None, port, ssl_context=ssl_context, backlog=backlog)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+# ---------------------------------------------------------------------------- WSGI
+
+def wsgi_application(wsgi: Callable[..., Iterable[bytes]]) -> web.Application:
+    """Every path and method handed to ``wsgi`` (called in a worker thread; bodies are not
+    read): prometheus_client's ``make_wsgi_app`` keeps its exposition, content negotiation,
+    ``name[]`` filter and gzip exactly as its own threaded server served them."""
+    async def handle(request: web.Request) -> web.Response:
+        environ = _environ(request)
+        status, headers, body = await asyncio.to_thread(_call, wsgi, environ)
+        code, _, reason = status.partition(" ")
+        return web.Response(body=body, status=int(code), reason=reason or None, headers=headers)
+
+    app = application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+def _environ(request: web.Request) -> dict[str, Any]:
+    host, port = (request.transport.get_extra_info("sockname") or ("", 0))[:2] if request.transport else ("", 0)
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": request.path,
+        "QUERY_STRING": request.query_string, "SERVER_NAME": str(host), "SERVER_PORT": str(port),
+        "SERVER_PROTOCOL": f"HTTP/{request.version.major}.{request.version.minor}",
+        "REMOTE_ADDR": request.remote or "", "CONTENT_TYPE": request.headers.get("Content-Type", ""),
+        "CONTENT_LENGTH": request.headers.get("Content-Length", ""),
+        "wsgi.version": (1, 0), "wsgi.url_scheme": request.scheme, "wsgi.input": io.BytesIO(b""),
+        "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+    }
+    for name, value in request.headers.items():
+        key = "HTTP_" + name.upper().replace("-", "_")
+        if key not in ("HTTP_CONTENT_TYPE", "HTTP_CONTENT_LENGTH"):
+            environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+def _call(wsgi: Callable[..., Iterable[bytes]], environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    started: list[Any] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+        started[:] = [status, headers]
+        return lambda data: None  # the legacy write() callable: prometheus_client does not use it
+
+    chunks = wsgi(environ, start_response)
+    try:
+        body = b"".join(chunks)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    return started[0], list(started[1]), body
+
+
+# ---------------------------------------------------------------------------- TLS
+
+class CertReloader:
+    """Keeps one SSLContext serving the current files: polls their mtime/size and reloads.
+
+    ``client_ca``: also ask every caller for a client certificate (optional in the handshake: the
+    API server calling /webhook has none) and verify one that is presented against this CA
+    bundle alone (not the system's CAs); :func:`client_verified` tells the handlers. When the
+    bundle file changes (a renewed CA) its certificates are trusted too; those trusted before
+    stay trusted until a restart (an SSLContext can add trust anchors, not drop them)."""
+
+    def __init__(self, cert: str, key: str, interval: float = 1.0, client_ca: str = "") -> None:
+        self.cert, self.key, self.interval, self.client_ca = cert, key, interval, client_ca
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if client_ca:
+            self.context.verify_mode = ssl.CERT_OPTIONAL
+            self.context.load_verify_locations(cafile=client_ca)
+            self._ca_stamp = self._stat(client_ca)
+        self.context.load_cert_chain(cert, key)
+        self._stamp = self._current()
+        self.reloads = 0
+        self.ca_reloads = 0
+
+    @staticmethod
+    def _stat(path: str) -> tuple:
+        s = os.stat(path)
+        return s.st_mtime_ns, s.st_size, s.st_ino
+
+    def check_client_ca(self) -> bool:
+        """Trust the client CA file's certificates again when the file changed."""
+        if not self.client_ca:
+            return False
+        try:
+            stamp = self._stat(self.client_ca)
+            if stamp == self._ca_stamp:
+                return False
+            self.context.load_verify_locations(cafile=self.client_ca)
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            log.warning("client CA %s not reloaded (will retry): %s", self.client_ca, exc)
+            return False
+        self._ca_stamp = stamp
+        self.ca_reloads += 1
+        log.info("client CA reloaded from %s (the previous one stays trusted until a restart)", self.client_ca)
+        return True
+
+    def _current(self) -> tuple:
+        return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in (os.stat(self.cert), os.stat(self.key)))
+
+    def check(self) -> bool:
+        try:
+            stamp = self._current()
+            if stamp == self._stamp:
+                return False
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("TLS certificate not reloaded (will retry): %s", exc)
+            return False
+        self._stamp = stamp
+        self.reloads += 1
+        log.info("TLS certificate reloaded from %s", self.cert)
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.check()
+            self.check_client_ca()
+
+
+def client_verified(request: web.Request) -> bool:
+    """Whether the request came over TLS with a client certificate the listener verified."""
+    transport = request.transport
+    return bool(transport is not None and transport.get_extra_info("peercert"))
