@@ -7,8 +7,8 @@ import pytest
 
 from hami.core.codec import decode_node_devices_json, encode_node_devices_json
 from hami.deviceplugin.devices import DeviceState, physical_id, plugin_ids
-from hami.deviceplugin.discovery import PhysicalGPU, numa_node, sysfs_bus_id
-from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
+from hami.node.nvml import PhysicalGPU, numa_node, sysfs_bus_id
+from hami.node.settings import NodeConfigError, NodeSettings, load_settings
 from hami.deviceplugin.register import HANDSHAKE, REGISTER, registration_patch
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

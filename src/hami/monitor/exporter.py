@@ -28,9 +28,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import hami
+from hami.node.nvml import HostGPU
 
 from .containers import ClaimDir, ContainerDir, scan, scan_claims
-from .nvml import HostGPU
 from .region import Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
