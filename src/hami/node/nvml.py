@@ -45,11 +45,6 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------- loading, discovery
 
 MIB = 1024 * 1024
-#: XIDs that are application errors, not device faults (§6.5); never mark a GPU unhealthy.
-IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-HEALTH_EVENTS = (
-    pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError | pynvml.nvmlEventTypeSingleBitEccError
-)
 
 
 class NvmlUnavailable(RuntimeError):
@@ -228,6 +223,12 @@ def minor_number(uuid: str) -> int:
 
 
 # ------------------------------------------------------------------------------- health
+
+#: XIDs that are application errors, not device faults (§6.5); never mark a GPU unhealthy.
+IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+HEALTH_EVENTS = (
+    pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError | pynvml.nvmlEventTypeSingleBitEccError
+)
 
 
 def ignored_xids(env: dict[str, str] | None = None) -> frozenset[int] | None:
