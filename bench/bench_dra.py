@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 from hami.core import admit_pod  # noqa: E402
-from hami.deviceplugin.discovery import PhysicalGPU  # noqa: E402
+from hami.node.nvml import PhysicalGPU  # noqa: E402
 from hami.dev.binaries import KUBE_VERSION  # noqa: E402
 from hami.dra.model import SliceSettings  # noqa: E402
 from hami.dra.translate import translate  # noqa: E402

@@ -1,9 +1,12 @@
 """`hami exec`: run one command under libvgpu with a memory limit (and a compute share),
 without Kubernetes: `hami exec --gpumem 4G [--gpucores 30] [--devices 0,1] -- CMD ...`.
 
-It finds libvgpu.so, sets the same environment the device plugin gives a container
-(CUDA_DEVICE_MEMORY_LIMIT[_i], CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE,
-CUDA_VISIBLE_DEVICES), prepends the library to LD_PRELOAD and replaces itself with CMD.
+It finds libvgpu.so, sets the same environment the device plugin gives a container, from the
+same libvgpu container contract (:mod:`hami.node.contract`: CUDA_DEVICE_MEMORY_LIMIT[_i],
+CUDA_DEVICE_SM_LIMIT, CUDA_DEVICE_MEMORY_SHARED_CACHE, CUDA_VISIBLE_DEVICES, ...), prepends the
+library to LD_PRELOAD (no container, so no /etc/ld.so.preload mount) and replaces itself with CMD.
+What differs from a container is a named parameter of the contract: the limit also applies
+unindexed (the process may see any device), the compute share is unset unless asked for.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hami.node import contract
+from hami.node.layout import LIBRARY_NAME
+
 # Same grammar as libvgpu (native/libvgpu/config.c): bytes, k/m/g/t and Ki/Mi/Gi/Ti(B)
 # binary, KB/MB/GB/TB decimal, fractions allowed with a suffix.
 _UNITS = {
@@ -28,7 +34,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
-INSTALLED_LIB = Path("/usr/local/vgpu/libvgpu.so")
+INSTALLED_LIB = Path("/usr/local/vgpu") / LIBRARY_NAME
 
 
 class ExecError(ValueError):
@@ -90,15 +96,6 @@ def _exec_dir() -> str:
     return str(d)
 
 
-#: optional flags passed to libvgpu as they are (left unset when the flag is not given)
-_OPTION_ENV = (
-    ("gpucores", "CUDA_DEVICE_SM_LIMIT"),
-    ("priority", "CUDA_TASK_PRIORITY"),
-    ("core_policy", "GPU_CORE_UTILIZATION_POLICY"),
-    ("log_level", "LIBCUDA_LOG_LEVEL"),
-)
-
-
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
     command = list(args.command)
     if command and command[0] == "--":
@@ -110,15 +107,9 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         raise ExecError(f"--gpucores: expected a percentage in 1..100, got {args.gpucores}")
     lib = find_library(args.lib)
     env = dict(environ)
-    devices = parse_devices(args.devices) if args.devices else None
+    devices = parse_devices(args.devices) if args.devices else []
     if devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        for i in range(len(devices)):
-            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = str(limit)
-    env["CUDA_DEVICE_MEMORY_LIMIT"] = str(limit)
-    for option, var in _OPTION_ENV:
-        if getattr(args, option) is not None:
-            env[var] = str(getattr(args, option))
+        env.update(contract.cuda_visible_devices(devices))
     if args.cache:
         cache = Path(args.cache)
         if not cache.parent.is_dir():
@@ -128,12 +119,16 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         os.close(fd)
         os.chmod(name, 0o666)
         cache = Path(name)
-    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(cache)
+    # flags not given leave their variable unset (libvgpu's default)
+    limits = contract.Limits(memory=(str(limit),) * len(devices), cores=args.gpucores, region=str(cache),
+                             priority=args.priority, all_devices_memory=str(limit))
+    opts = contract.Options(libcuda_log_level="" if args.log_level is None else str(args.log_level),
+                            core_policy=args.core_policy)
+    env.update(contract.limit_env(limits, opts))
     # Regions in the same directory are peers: a low-priority task pauses while a
     # higher-priority one launches on a shared GPU (docs/compute-shares.md).
-    env.setdefault("HAMI_PEER_REGIONS", str(cache.parent))
-    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and Path(p).name != "libvgpu.so"]
-    env["LD_PRELOAD"] = ":".join([str(lib), *preload])
+    env.setdefault(contract.PEER_REGIONS, str(cache.parent))
+    env[contract.LD_PRELOAD] = contract.ld_preload(str(lib), env.get(contract.LD_PRELOAD, ""))
     return Plan(env=env, argv=command)
 
 
@@ -158,9 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
-_SHOWN = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-          "CUDA_DEVICE_MEMORY_SHARED_CACHE", "LIBCUDA_LOG_LEVEL", "LD_PRELOAD", "CUDA_TASK_PRIORITY",
-          "GPU_CORE_UTILIZATION_POLICY", "HAMI_PEER_REGIONS")
+_SHOWN = (contract.CUDA_VISIBLE_DEVICES, contract.MEMORY_LIMIT, contract.SM_LIMIT, contract.SHARED_CACHE,
+          contract.LOG_LEVEL, contract.LD_PRELOAD, contract.TASK_PRIORITY, contract.CORE_POLICY, contract.PEER_REGIONS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         if not args.cache:
-            Path(plan.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).unlink(missing_ok=True)
+            Path(plan.env[contract.SHARED_CACHE]).unlink(missing_ok=True)
         for key in sorted(plan.env):
             if key.startswith(_SHOWN):
                 print(f"{key}={plan.env[key]}")
@@ -180,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if shutil.which(plan.argv[0], path=plan.env.get("PATH")) is None and "/" not in plan.argv[0]:
         print(f"hami exec: CMD: command not found: {plan.argv[0]!r}", file=sys.stderr)
         if not args.cache:
-            Path(plan.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).unlink(missing_ok=True)
+            Path(plan.env[contract.SHARED_CACHE]).unlink(missing_ok=True)
         return 127
     sys.stdout.flush()
     sys.stderr.flush()

@@ -140,7 +140,7 @@ def test_dra_objects_pass_server_side_dry_run(kube_cluster, helm, kube_namespace
 def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_namespace):
     import uuid
 
-    from hami.deviceplugin.discovery import PhysicalGPU
+    from hami.node.nvml import PhysicalGPU
     from hami.dra.model import SliceSettings, resource_slice, slice_name
     from tests.integration.test_chart import _bearer, _pod_token
 

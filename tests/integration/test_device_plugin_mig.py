@@ -54,7 +54,7 @@ async def mig_plugin(kube_cluster, kube_api):
 
 def instances(p: Plugin) -> dict[str, list]:
     """What the fake driver has now (read-only, from another process of the same machine)."""
-    code = ("import json; from hami.deviceplugin.discovery import open_nvml; from hami.deviceplugin.mig import MigNvml;"
+    code = ("import json; from hami.node.nvml import MigNvml, open_nvml;"
             f"open_nvml({str(FAKE_NVML)!r}); n = MigNvml();"
             f"print(json.dumps({{g: [[i.gi, i.profile, i.start, i.mig_uuid] for i in n.instances(g)] for g in {[A100, H100]!r}}}))")
     env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(p.state), "PYTHONPATH": str(ROOT / "src")}

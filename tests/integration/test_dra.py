@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from hami.core import admit_pod
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.dev.binaries import KUBE_VERSION
 from hami.dev.cluster import KubeCluster, MissingBinaries
 from hami.draplugin.api import load

@@ -213,7 +213,7 @@ def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
 def test_the_page_shows_dra_gpus_and_claims_beside_extender_ones(kube_cluster, kube_namespace, ui_hami, browser):
     """A GPU the DRA driver publishes is a card marked DRA with its claim's share; the claim
     kube-scheduler allocated is a row of the pod table naming the claim and its pod."""
-    from hami.deviceplugin.discovery import PhysicalGPU
+    from hami.node.nvml import PhysicalGPU
     from hami.dra.model import SliceSettings, device_classes, resource_slice, slice_name
 
     ns, tag = kube_namespace, uuid.uuid4().hex[:5]

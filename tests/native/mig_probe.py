@@ -13,8 +13,9 @@ import os
 import sys
 
 from hami.core.codec import MigAllocation
-from hami.deviceplugin.discovery import open_nvml
-from hami.deviceplugin.mig import Checkpoint, MigManager, MigNvml, PodRef
+from hami.node.nvml import open_nvml
+from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+from hami.node.nvml import MigNvml
 
 
 def alloc(d: dict) -> MigAllocation:

@@ -70,7 +70,7 @@ def test_bad_node_config_is_one_clear_line(tmp_path):
 def test_xid_watcher_reports_critical_xids_only(tmp_path):
     script = textwrap.dedent(f"""
         import time
-        from hami.deviceplugin.discovery import open_nvml, XidWatcher
+        from hami.node.nvml import open_nvml, XidWatcher
         open_nvml({str(FAKE_NVML)!r})
         got = []
         w = XidWatcher([{G0!r}, {G1!r}], got.append, wait_ms=100)

@@ -132,8 +132,8 @@ def test_killed_between_steps_leaves_no_orphan_and_no_double_use(node, step):
 
 MAKE = """
 import ctypes, json, os, sys
-from hami.deviceplugin.discovery import open_nvml
-from hami.deviceplugin.mig import MigNvml
+from hami.node.nvml import open_nvml
+from hami.node.nvml import MigNvml
 open_nvml(os.environ["FAKE_NVML"])
 n = MigNvml()
 out = []

@@ -15,11 +15,12 @@ import pytest
 from hami.cli import main
 from hami.core.errors import ConfigError
 from hami.core.types import ContainerDevice
-from hami.deviceplugin import discovery
-from hami.deviceplugin.allocate import ContainerView, Grant, HookPaths, PodView, build_response
+from hami.node import nvml
+from hami.deviceplugin.allocate import ContainerView, Grant, PodView, build_response
+from hami.node.layout import HookPaths
 from hami.deviceplugin.devices import DeviceState
-from hami.deviceplugin.discovery import PhysicalGPU
-from hami.deviceplugin.nodeconfig import load_settings
+from hami.node.nvml import PhysicalGPU
+from hami.node.settings import load_settings
 from hami.scheduler.options import add_arguments as scheduler_arguments, options_from_args
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -122,7 +123,7 @@ def test_preconfigured_device_memory_stands_in_when_nvml_cannot_report_memory(tm
                                                                               node_entry):
     _nvml(monkeypatch, {0: None, 1: 16384})
     settings = _settings(tmp_path, yaml_text, node_entry)
-    gpus = discovery.discover(settings, tmp_path)
+    gpus = nvml.discover(settings, tmp_path)
     assert [(g.index, g.memory_mib) for g in gpus] == [(0, 98304), (1, 16384)]  # NVML's figure wins where it has one
     reg = DeviceState(gpus, settings).registration()
     assert [d.devmem for d in reg] == [98304, 16384]
@@ -130,7 +131,7 @@ def test_preconfigured_device_memory_stands_in_when_nvml_cannot_report_memory(tm
 
 def test_without_preconfigured_device_memory_such_a_gpu_is_skipped(tmp_path, monkeypatch, caplog):
     _nvml(monkeypatch, {0: None, 1: 16384})
-    gpus = discovery.discover(_settings(tmp_path), tmp_path)
+    gpus = nvml.discover(_settings(tmp_path), tmp_path)
     assert [g.index for g in gpus] == [1]
     assert "NVML cannot report memory and preconfigureddevicememory is unset; skipped" in caplog.text
 

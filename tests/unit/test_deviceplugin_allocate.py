@@ -5,7 +5,9 @@ import pytest
 from hami.core.codec import encode_pod_devices
 from hami.core.types import ContainerDevice
 from hami.deviceplugin import allocate as A
-from hami.deviceplugin.nodeconfig import NodeSettings
+from hami.node import contract
+from hami.node.layout import HookPaths, parse_driver_mount
+from hami.node.settings import NodeSettings
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
@@ -95,18 +97,18 @@ def test_more_entries_than_containers():
 
 
 def test_response_env_and_mounts():
-    paths = A.HookPaths("/opt/h", "/tmp/vl")
+    paths = HookPaths("/opt/h", "/tmp/vl")
     settings = NodeSettings(device_memory_scaling=2.0, libcuda_log_level="1", gpu_core_policy="force")
     ctr = A.ContainerView("main", limits={"nvidia.com/priority": "0"})
     p = pod("", containers=(ctr,))
     r = A.build_response(p, A.Grant(0, ctr, (dev(U0, 3000, 30), dev(U1, 4000, 50))), settings, paths)
-    cache = A.cache_file_name("uid-p", "main")
+    cache = contract.container_region(paths, "uid-p", "main")
     assert r.envs == {
         "NVIDIA_VISIBLE_DEVICES": f"{U0},{U1}",
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_MEMORY_LIMIT_1": "4000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE": f"/opt/h/vgpu/{cache}",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache,
         "CUDA_OVERSUBSCRIBE": "true",
         "LIBCUDA_LOG_LEVEL": "1",
         "CUDA_TASK_PRIORITY": "0",
@@ -123,14 +125,15 @@ def test_response_env_and_mounts():
 
 def test_response_defaults_and_disable_control():
     ctr = A.ContainerView("c", env={"CUDA_DISABLE_CONTROL": "true"})
-    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(disable_core_limit=True), A.HookPaths())
+    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(disable_core_limit=True), HookPaths())
     assert "CUDA_OVERSUBSCRIBE" not in r.envs and "CUDA_TASK_PRIORITY" not in r.envs and "LIBCUDA_LOG_LEVEL" not in r.envs
     assert r.envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
     assert "/etc/ld.so.preload" not in [m.container_path for m in r.mounts]
 
 
 def test_cache_file_is_deterministic_and_per_container():
-    assert A.cache_file_name("u", "a") == A.cache_file_name("u", "a") != A.cache_file_name("u", "b")
+    region = contract.container_region
+    assert region(HookPaths(), "u", "a") == region(HookPaths(), "u", "a") != region(HookPaths(), "u", "b")
 
 
 def test_preferred_ids_follow_the_annotation():
@@ -144,9 +147,9 @@ def test_preferred_ids_follow_the_annotation():
 
 
 def test_driver_mounts_go_to_every_gpu_container():
-    driver = (A.parse_driver_mount("/home/kubernetes/bin/nvidia:/usr/local/nvidia"),
-              A.parse_driver_mount("/var/run/fake-state:rw"))
-    paths = A.HookPaths("/opt/h", "/tmp/vl", driver)
+    driver = (parse_driver_mount("/home/kubernetes/bin/nvidia:/usr/local/nvidia"),
+              parse_driver_mount("/var/run/fake-state:rw"))
+    paths = HookPaths("/opt/h", "/tmp/vl", driver)
     ctr = A.ContainerView("main")
     r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(), paths)
     got = [(m.container_path, m.host_path, m.read_only) for m in r.mounts]
@@ -160,7 +163,7 @@ def test_driver_mounts_go_to_every_gpu_container():
 
 
 def test_mig_container_gets_its_mig_device_and_the_profile_memory_limit():
-    paths = A.HookPaths("/opt/h", "/tmp/vl")
+    paths = HookPaths("/opt/h", "/tmp/vl")
     ctr = A.ContainerView("main")
     grant = A.Grant(0, ctr, (dev(U0, 19968), dev(U0, 4864)))
     r = A.build_response(pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths,
@@ -180,4 +183,4 @@ def test_mig_container_gets_its_mig_device_and_the_profile_memory_limit():
 ])
 def test_driver_mount_is_checked(text, message):
     with pytest.raises(ValueError, match=f"--driver-mount '{text}': .*{message}"):
-        A.parse_driver_mount(text)
+        parse_driver_mount(text)

@@ -10,8 +10,9 @@ import asyncio
 import pytest
 
 from hami.deviceplugin import allocate as A
+from hami.node.layout import HookPaths
 from hami.deviceplugin.allocator import Allocator
-from hami.deviceplugin.nodeconfig import NodeSettings
+from hami.node.settings import NodeSettings
 
 LOCK_P = "2026-11-22T03:00:00Z,ns,p"
 LOCK_Q = "2026-11-22T03:00:01Z,ns,q"
@@ -72,7 +73,7 @@ class FakeKube:
 
 
 def allocator(kube: FakeKube, delay: float, tmp_path) -> Allocator:
-    return Allocator(kube, NodeSettings(), A.HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay)
+    return Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay)
 
 
 async def test_the_lock_is_left_for_a_swap_and_removed_after_the_delay(tmp_path):
@@ -162,7 +163,7 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
     obj["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"] = json.dumps(
         [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-1", "profile": "3g.20gb", "placement": {"start": 4, "size": 4}}])
     kube = FakeKube(LOCK_P, [obj])  # the gone pod is not on the node any more
-    alloc = Allocator(kube, NodeSettings(operating_mode="mig"), A.HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+    alloc = Allocator(kube, NodeSettings(operating_mode="mig"), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
                       release_delay=0, mig=mgr)
     [resp] = await alloc.allocate([1])
     assert [(i.gi, i.start) for i in nvml.instances("GPU-1")] == [(1, 4)] and list(mgr.entries) == ["uid-p/0/0"]

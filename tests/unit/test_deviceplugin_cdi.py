@@ -14,12 +14,13 @@ import pytest
 
 from hami.cli import main
 from hami.deviceplugin import allocate as A
+from hami.node.layout import HookPaths, MountSpec
 from hami.deviceplugin import command
 from hami.deviceplugin.allocator import Allocator
-from hami.deviceplugin.cdi import CdiConfig, CdiConfigError, CdiGpu, annotation_key, apply, spec, write_spec
+from hami.node.cdi import CdiConfig, CdiConfigError, CdiGpu, annotation_key, apply, spec, write_spec
 from hami.deviceplugin.devices import DeviceState
-from hami.deviceplugin.discovery import PhysicalGPU
-from hami.deviceplugin.nodeconfig import NodeSettings
+from hami.node.nvml import PhysicalGPU
+from hami.node.settings import NodeSettings
 from hami.deviceplugin.server import container_response
 
 from .test_deviceplugin_allocator import FakeKube, pod_obj
@@ -75,7 +76,7 @@ def test_spec_file_is_written_whole_and_world_readable(tmp_path):
 
 def _response():
     return A.ContainerResponse({"NVIDIA_VISIBLE_DEVICES": f"{U0},{U1}", "CUDA_DEVICE_SM_LIMIT": "30"},
-                               (A.MountSpec("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),), "/c")
+                               (MountSpec("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),), "/c")
 
 
 def test_envvar_leaves_the_response_alone():
@@ -105,7 +106,7 @@ def test_cdi_cri_fills_the_cdi_devices_field_of_the_grpc_answer():
 
 async def test_allocate_answers_with_cdi_names(tmp_path):
     kube = FakeKube("2026-11-22T03:00:00Z,ns,p", [pod_obj("p", to_allocate=f"{U0},NVIDIA,1000,10:;")])
-    alloc = Allocator(kube, NodeSettings(), A.HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
                       release_delay=0, cdi=CdiConfig("cdi-cri"))
     [resp] = await alloc.allocate([1])
     assert resp.cdi_devices == (f"hami.io/gpu={U0}",) and "NVIDIA_VISIBLE_DEVICES" not in resp.envs

@@ -1,78 +1,21 @@
-"""Node settings (device-config.yaml + config.json), kubelet IDs, registration annotation."""
+"""Kubelet IDs and the registration annotation (node settings: test_node_settings.py)."""
 
 import json
 from datetime import datetime
 
-import pytest
-
 from hami.core.codec import decode_node_devices_json, encode_node_devices_json
 from hami.deviceplugin.devices import DeviceState, physical_id, plugin_ids
-from hami.deviceplugin.discovery import PhysicalGPU, numa_node, sysfs_bus_id
-from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
+from hami.node.nvml import PhysicalGPU
+from hami.node.settings import NodeSettings
 from hami.deviceplugin.register import HANDSHAKE, REGISTER, registration_patch
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
-
-
-def write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
-
-def test_defaults_follow_the_chart_without_files(tmp_path):
-    s = load_settings("n1", tmp_path / "missing.yaml", tmp_path / "missing.json")
-    assert (s.device_split_count, s.device_memory_scaling, s.libcuda_log_level, s.socket_name) == (10, 1.0, "1", "nvidia-gpu.sock")
-
-
-def test_node_entry_overrides_yaml(tmp_path):
-    yml = write(tmp_path, "dc.yaml", "nvidia:\n  resourceCountName: example.com/vgpu\n  deviceSplitCount: 4\n  deviceMemoryScaling: 1.5\n")
-    cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [
-        {"name": "other", "devicesplitcount": "bogus"},
-        {"name": "n1", "devicesplitcount": 7, "operatingmode": "hami-core", "enablenumatopology": True,
-         "filterdevices": {"uuid": [U0], "index": [3]}, "enablegetpreferredallocation": True},
-    ]}))
-    s = load_settings("n1", yml, cfg)
-    assert s.resource_name == "example.com/vgpu" and s.socket_name == "nvidia-vgpu.sock"
-    assert (s.device_split_count, s.device_memory_scaling, s.enable_numa_topology) == (7, 1.5, True)
-    assert s.filter_uuids == {U0} and s.filter_indexes == {3} and s.enable_preferred_allocation
-
-
-@pytest.mark.parametrize("entry, field", [
-    ({"name": "n1", "devicesplitcount": 0}, "devicesplitcount"),
-    ({"name": "n1", "operatingmode": "turbo"}, "operatingmode"),
-    ({"name": "n1", "devicememoryscaling": -1}, "devicememoryscaling"),
-])
-def test_bad_node_entry_names_field_and_value(tmp_path, entry, field):
-    cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [entry]}))
-    with pytest.raises(NodeConfigError, match=rf"nodeconfig\[0\] \(node 'n1'\): field '{field}'.*got"):
-        load_settings("n1", None, cfg)
-
-
-def test_bad_files(tmp_path):
-    with pytest.raises(NodeConfigError, match="not valid"):
-        load_settings("n1", None, write(tmp_path, "c.json", "{nope"))
-    with pytest.raises(NodeConfigError, match="'nodeconfig' must be a list"):
-        load_settings("n1", None, write(tmp_path, "d.json", '{"nodeconfig": 3}'))
-    with pytest.raises(NodeConfigError, match="deviceSplitCount"):
-        load_settings("n1", write(tmp_path, "dc.yaml", "nvidia:\n  deviceSplitCount: lots\n"), None)
 
 
 def test_kubelet_ids_and_physical_ids():
     ids = plugin_ids(U0, 3)
     assert ids == [f"{U0}-0", f"{U0}-1", f"{U0}-2"]
     assert {physical_id(i) for i in ids} == {U0} and physical_id(U0) == U0 and physical_id(f"{U0}::2") == U0
-
-
-def test_sysfs_numa(tmp_path):
-    assert sysfs_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
-    d = tmp_path / "bus/pci/devices/0000:3b:00.0"
-    d.mkdir(parents=True)
-    (d / "numa_node").write_text("1\n")
-    assert numa_node(tmp_path, "0000:3b:00.0") == 1
-    (d / "numa_node").write_text("-1\n")
-    assert numa_node(tmp_path, "0000:3b:00.0") == 0
-    assert numa_node(tmp_path, "0000:00:00.0") == 0
 
 
 GPUS = [PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 1),
@@ -111,33 +54,6 @@ def test_registration_patch_only_when_changed():
     # --lock-release-delay=0: the declaration is withdrawn (and never written)
     assert registration_patch(state, {**written, HANDSHAKE: "Reported x"}, now, handoff=False) == {LOCK_HANDOFF: None}
     assert LOCK_HANDOFF not in registration_patch(state, {}, now, handoff=False)
-
-
-def test_mps_operating_mode_is_refused_with_one_line_naming_the_key(tmp_path):
-    """HAMi accepts ``operatingmode: mps`` and does nothing with it; we refuse to start instead."""
-    cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [{"name": "n1", "operatingmode": "mps"}]}))
-    with pytest.raises(NodeConfigError) as err:
-        load_settings("n1", None, cfg)
-    message = str(err.value)
-    assert "\n" not in message
-    assert message == (f"config.json {cfg} nodeconfig[0] (node 'n1'): field 'operatingmode': 'mps' is not supported "
-                       "(no MPS control daemon is run, so pods would get the whole GPU with no limit); use hami-core")
-    # another node's MPS entry does not stop this node
-    assert load_settings("n2", None, cfg).operating_mode == "hami-core"
-
-
-def test_mig_settings_come_from_both_files(tmp_path):
-    """nvidia.migProfileAllowlist (device-config.yaml) narrows the registered MIG profiles;
-    migstrategy comes from config.json."""
-    yaml = tmp_path / "device-config.yaml"
-    yaml.write_text("nvidia:\n  migProfileAllowlist:\n    - models: [A100-SXM4-40GB]\n      profiles: [1g.5gb, 3g.20gb]\n"
-                    "    - models: [H100]\n")
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "migstrategy": "mixed"}]}))
-    s = load_settings("n1", yaml, cfg)
-    assert s.mig_allowlist == ((("A100-SXM4-40GB",), ("1g.5gb", "3g.20gb")), (("H100",), ()))
-    assert s.mig_strategy == "mixed"
-    assert load_settings("n2", yaml, cfg).mig_strategy == "none"
 
 
 def test_registration_patch_writes_the_scores_when_they_change():

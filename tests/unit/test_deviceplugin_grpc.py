@@ -11,9 +11,9 @@ import pytest
 
 from hami.deviceplugin.api import HEALTHY, UNHEALTHY, load
 from hami.deviceplugin.devices import DeviceState
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.deviceplugin.kubelet_standin import KubeletStandIn
-from hami.deviceplugin.nodeconfig import NodeSettings
+from hami.node.settings import NodeSettings
 from hami.deviceplugin.preflight import PreflightError, check_other_plugins
 from hami.deviceplugin.server import PluginServer
 
@@ -141,7 +141,7 @@ async def test_preflight_ignores_stale_and_unrelated_sockets(plugin_dir):
 async def test_static_mig_resource_is_served_and_allocated_by_mig_uuid(plugin_dir):
     """migstrategy mixed: one resource per profile, the kubelet picks instances, Allocate passes
     their MIG UUIDs on (and refuses IDs it does not serve)."""
-    from hami.deviceplugin.allocate import MountSpec
+    from hami.node.layout import MountSpec
     from hami.deviceplugin.static_mig import StaticMigResource, StaticMigService
 
     kubelet = KubeletStandIn(plugin_dir)

@@ -9,10 +9,11 @@ import pytest
 from hami.core.codec import MigAllocation
 from hami.core.types import MigProfile
 from hami.deviceplugin.devices import DeviceState
-from hami.deviceplugin.discovery import PhysicalGPU
-from hami.deviceplugin.mig import Checkpoint, GpuProfile, Instance, MigError, MigManager, PodRef, registered_profiles
-from hami.deviceplugin.nodeconfig import NodeSettings
-from hami.deviceplugin.topology import GpuLinks, Topology, pair_scores
+from hami.node.nvml import PhysicalGPU
+from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+from hami.node.settings import NodeSettings
+from hami.deviceplugin.topology import pair_scores
+from hami.node.nvml import GpuLinks, GpuProfile, Instance, MigError, Topology, registered_profiles
 
 SYSTEM, NODE, HOSTBRIDGE, MULTIPLE, SINGLE, INTERNAL = 50, 40, 30, 20, 10, 0  # NVML topology levels
 

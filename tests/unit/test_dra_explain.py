@@ -1,6 +1,6 @@
 """Why a claim does not fit on the DRA path: use per GPU from slices and allocated claims."""
 
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.dra.explain import claim_requests, describe, shortfall, usage
 from hami.dra.model import MIB, SliceSettings, resource_slice
 

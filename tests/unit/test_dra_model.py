@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.draplugin.checkpoint import Checkpoint, CheckpointError
 from hami.dra.model import (DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes,
                             resource_slice)
@@ -156,7 +156,7 @@ def test_whole_gpu_class_gets_no_libvgpu():
 
 @pytest.mark.parametrize("klass", [CLASS_SHARE, CLASS_WHOLE])
 def test_driver_mounts_reach_every_claim_of_either_class(klass):
-    from hami.deviceplugin.allocate import parse_driver_mount
+    from hami.node.layout import parse_driver_mount
 
     paths = Paths(hook_path="/usr/local", driver_mounts=(parse_driver_mount("/opt/drv:/usr/local/nvidia"),
                                                          parse_driver_mount("/var/run/state:rw")))

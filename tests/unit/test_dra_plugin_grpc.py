@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.draplugin.api import load
 from hami.draplugin.checkpoint import Checkpoint
 from hami.dra.model import DRIVER, SliceSettings

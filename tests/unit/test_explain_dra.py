@@ -1,7 +1,7 @@
 """``hami explain`` on a pod that uses DRA claims: the DRA explanation, not an extender verdict."""
 
 from hami.core import SchedulerConfig
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.dra.explain import explain_pod
 from hami.dra.model import MIB, SliceSettings, resource_slice
 from hami.scheduler.explain import render

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.monitor.containers import remove, scan, split_name, stale
 from hami.monitor.exporter import LEGACY_METRICS, METRICS, MonitorCollector, PodRef, memory_drift
 from hami.monitor.feedback import Reading, Writes, decide, release
-from hami.monitor.nvml import HostGPU
+from hami.node.nvml import HostGPU
 from hami.monitor.region import read_region
 
 from . import _regionkit as kit

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hami.cli import main
 from hami.core import DeviceInfo, SchedulerConfig, admit_pod, encode_node_devices_json
-from hami.deviceplugin.discovery import PhysicalGPU
+from hami.node.nvml import PhysicalGPU
 from hami.dra import fit
 from hami.dra.explain import describe, usage
 from hami.dra.model import MIB, SliceSettings, resource_slice

@@ -18,14 +18,15 @@ from hami.core.errors import CodecError
 from hami.kube.nodelock import LOCK_HANDOFF
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
-from .allocate import HookPaths
-from .allocator import Allocator, prepare_hook_dir
-from .cdi import CdiConfig
+from hami.node.cdi import CdiConfig
+from hami.node.layout import HookPaths, prepare_hook_dir
+from hami.node.nvml import IGNORED_XIDS, MigError, PhysicalGPU, XidWatcher
+from hami.node.settings import NodeSettings
+
+from .allocator import Allocator
 from .devices import DeviceState
-from .discovery import IGNORED_XIDS, PhysicalGPU, XidWatcher
 from .kube import Kube
-from .mig import MigError, MigManager, PodRef
-from .nodeconfig import NodeSettings
+from .mig import MigManager, PodRef
 from .register import Registrar
 from .server import PluginServer
 from .static_mig import StaticMigResource, StaticMigService

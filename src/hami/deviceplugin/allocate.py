@@ -2,12 +2,13 @@
 
 The adapter (``server``) reads the node and the pod from the API server, calls these
 functions, then writes the results back. Everything here is deterministic: the cache file
-name is derived from the pod UID and the container name, not drawn at random.
+name is derived from the pod UID and the container name, not drawn at random. The env and
+mounts themselves are the libvgpu container contract (:mod:`hami.node.contract`), which the
+DRA agent and ``hami exec`` use too; the host paths are :mod:`hami.node.layout`'s.
 """
 
 from __future__ import annotations
 
-import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -19,7 +20,9 @@ from hami.core.types import ContainerDevice, PodSingleDevice
 from hami.kube.nodelock import NodeLock, owned_by, parse_node_lock  # noqa: F401 - shared with the scheduler
 from hami.vendors.nvidia import NvidiaVendor
 
-from .nodeconfig import NodeSettings
+from hami.node import contract
+from hami.node.layout import HookPaths, MountSpec
+from hami.node.settings import NodeSettings
 
 # Annotation keys (§4.3, §5.5, §5.8).
 TO_ALLOCATE = NvidiaVendor.to_allocate_annotation
@@ -229,79 +232,19 @@ def all_done(pending: list[list[ContainerDevice]]) -> bool:
 
 
 @dataclass(frozen=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool
-
-
-def parse_driver_mount(text: str) -> MountSpec:
-    """``HOST[:CONTAINER][:ro|rw]`` (``--driver-mount``): a host directory of the GPU driver that
-    every GPU container gets, at ``CONTAINER`` (default: the same path), read-only unless ``rw``."""
-    parts = text.split(":")
-    mode = "ro"
-    if len(parts) > 1 and parts[-1] in ("ro", "rw"):
-        mode = parts.pop()
-    if len(parts) > 2 or not parts[0]:
-        raise ValueError(f"--driver-mount {text!r}: expected HOST[:CONTAINER][:ro|rw]")
-    host, container = parts[0], parts[1] if len(parts) == 2 else parts[0]
-    for what, path in (("host", host), ("container", container)):
-        if not path.startswith("/"):
-            raise ValueError(f"--driver-mount {text!r}: the {what} path {path!r} is not absolute")
-    return MountSpec(container, host, mode == "ro")
-
-
-@dataclass(frozen=True)
-class HookPaths:
-    """Where libvgpu lives. ``hook_path`` is the same on the host and in the container (§6.4).
-
-    ``driver_mounts``: host driver directories added to every GPU container's mounts, for nodes
-    whose container runtime does not inject the driver (no NVIDIA container runtime; e.g. a
-    driver kept in ``/home/kubernetes/bin/nvidia`` and shown at ``/usr/local/nvidia``).
-    """
-
-    hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
-    driver_mounts: tuple[MountSpec, ...] = ()
-
-    @property
-    def vgpu_dir(self) -> str:
-        return f"{self.hook_path.rstrip('/')}/vgpu"
-
-    @property
-    def library(self) -> str:
-        return f"{self.vgpu_dir}/libvgpu.so"
-
-    @property
-    def preload_file(self) -> str:
-        return f"{self.vgpu_dir}/ld.so.preload"
-
-    def cache_dir(self, pod_uid: str, container: str) -> str:
-        return f"{self.vgpu_dir}/containers/{pod_uid}_{container}"
-
-
-@dataclass(frozen=True)
 class ContainerResponse:
     envs: dict[str, str]
     mounts: tuple[MountSpec, ...]
     cache_dir: str  # host directory to (re)create before answering
-    annotations: dict[str, str] = field(default_factory=dict)  # CDI devices (cdi-annotations), see cdi.py
+    annotations: dict[str, str] = field(default_factory=dict)  # CDI devices (cdi-annotations), see hami.node.cdi
     cdi_devices: tuple[str, ...] = ()  # CDI devices (cdi-cri)
-
-
-def cache_file_name(pod_uid: str, container: str) -> str:
-    return f"{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami:{pod_uid}/{container}')}.cache"
-
-
-def core_policy(settings: NodeSettings) -> str | None:
-    if settings.disable_core_limit:
-        return "disable"
-    return settings.gpu_core_policy if settings.gpu_core_policy != "default" else None
 
 
 def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths,
                    mig_devices: Sequence[str] = ()) -> ContainerResponse:
-    """Env and mounts for one container (§6.4 tables).
+    """Env and mounts for one container (§6.4 tables), from the libvgpu container contract
+    (:mod:`hami.node.contract`); ``CUDA_DISABLE_CONTROL=true`` in the container's env leaves
+    ``/etc/ld.so.preload`` out, as in HAMi.
 
     MIG mode: ``mig_devices`` are the MIG device UUIDs made for this container (mig.py), one per
     granted device; the container sees those instead of the GPUs, and libvgpu still limits it
@@ -312,30 +255,14 @@ def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: Ho
     if mig and len(mig_devices) != len(devs):
         raise AllocationError(f"pod {pod.ref}: container {ctr.name!r} has {len(devs)} MIG device(s) granted but "
                               f"{len(mig_devices)} instance(s) were made")
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(mig_devices if mig else (d.uuid for d in devs))}
-    cache_dir = paths.cache_dir(pod.uid, ctr.name)
+    envs = contract.visible_devices(list(mig_devices) if mig else [d.uuid for d in devs])
     if settings.operating_mode not in ("hami-core", "mig"):
-        return ContainerResponse(envs, paths.driver_mounts, "")
-    for i, d in enumerate(devs):
-        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{d.usedmem}m"
-    envs["CUDA_DEVICE_SM_LIMIT"] = "100" if mig else str(devs[0].usedcores)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{paths.vgpu_dir}/{cache_file_name(pod.uid, ctr.name)}"
-    if settings.device_memory_scaling > 1:
-        envs["CUDA_OVERSUBSCRIBE"] = "true"
-    if settings.libcuda_log_level:
-        envs["LIBCUDA_LOG_LEVEL"] = settings.libcuda_log_level
-    priority = ctr.limits.get(settings.priority_resource)
-    if priority is not None:
-        envs["CUDA_TASK_PRIORITY"] = str(priority)
-    policy = core_policy(settings)
-    if policy:
-        envs["GPU_CORE_UTILIZATION_POLICY"] = policy
-    mounts = [
-        *paths.driver_mounts,
-        MountSpec(paths.library, paths.library, True),
-        MountSpec(paths.vgpu_dir, cache_dir, False),
-        MountSpec("/tmp/vgpulock", paths.lock_dir, False),
-    ]
-    if str(ctr.env.get("CUDA_DISABLE_CONTROL", "")).lower() != "true":
-        mounts.append(MountSpec("/etc/ld.so.preload", paths.preload_file, True))
-    return ContainerResponse(envs, tuple(mounts), cache_dir)
+        return ContainerResponse(envs, contract.container_mounts(paths, None), "")
+    cache_dir = paths.cache_dir(pod.uid, ctr.name)
+    limits = contract.Limits(memory=tuple(contract.mib(d.usedmem) for d in devs),
+                             cores=100 if mig else devs[0].usedcores,
+                             region=contract.container_region(paths, pod.uid, ctr.name),
+                             priority=ctr.limits.get(settings.priority_resource))
+    envs.update(contract.limit_env(limits, contract.options(settings)))
+    mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env))
+    return ContainerResponse(envs, mounts, cache_dir)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import shutil
-from pathlib import Path
 from typing import Sequence
 
 import aiohttp
@@ -28,48 +25,21 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_allocations
 from hami.core.errors import CodecError
 from hami.kube import nodelock
+from hami.node.cdi import CdiConfig, apply as cdi_apply
+from hami.node.layout import HookPaths, reset_cache_dir
+from hami.node.settings import NodeSettings
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from . import allocate as A
-from .cdi import CdiConfig, apply as cdi_apply
 from .devices import physical_id
 from .kube import Kube
 from .mig import MigError, MigManager, PlacementHeld, PodRef
-from .nodeconfig import NodeSettings
 
 log = logging.getLogger(__name__)
 
 
-def prepare_hook_dir(paths: A.HookPaths) -> None:
-    """Create the containers dir and lock dir, and write ld.so.preload naming *this* library path.
-
-    The preload file's content follows ``hook_path`` so one setting moves the library end to
-    end (A13). A read-only host path is reported, not fatal: Allocate will fail per pod.
-    """
-    try:
-        Path(paths.vgpu_dir, "containers").mkdir(parents=True, exist_ok=True)
-        for d in (paths.lock_dir,):
-            Path(d).mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o777)
-        preload = Path(paths.preload_file)
-        wanted = paths.library + "\n"
-        if not preload.exists() or preload.read_text() != wanted:
-            preload.write_text(wanted)
-    except OSError as exc:
-        log.error("cannot prepare hook directory %s: %s", paths.vgpu_dir, exc)
-    if not Path(paths.library).exists():
-        log.warning("%s does not exist yet; containers will start without libvgpu", paths.library)
-
-
-def reset_cache_dir(path: str) -> None:
-    """Recreate a container's cache dir, empty and world-writable (any UID in the container)."""
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, 0o777)
-
-
 class Allocator:
-    def __init__(self, kube: Kube, settings: NodeSettings, paths: A.HookPaths, release_delay: float = 1.0,
+    def __init__(self, kube: Kube, settings: NodeSettings, paths: HookPaths, release_delay: float = 1.0,
                  cdi: CdiConfig | None = None, mig: MigManager | None = None) -> None:
         self.kube = kube
         self.mig = mig  # operatingmode mig: makes the instances the scheduler chose

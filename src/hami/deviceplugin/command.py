@@ -11,21 +11,19 @@ import signal
 import sys
 from dataclasses import replace
 
-import pynvml
-
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from hami.core.names import NODE_LOCK_HANDOFF
+from hami.node import flags, nvml
+from hami.node.cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
+from hami.node.layout import HookPaths
+from hami.node.nvml import MigError, NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
+from hami.node.settings import NodeConfigError, NodeSettings, load_settings
 
-from .allocate import HookPaths, MountSpec, parse_driver_mount
-from .cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
 from .devices import DeviceState
-from .discovery import NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
-from .mig import MigError
-from .static_mig import StaticMigError, check_strategy, discover_static, mig_enabled, resources, settings_without_mig_gpus
-from .nodeconfig import NodeConfigError, NodeSettings, load_settings
+from .static_mig import StaticMigError, check_strategy, discover_static, resources, settings_without_mig_gpus
 from .preflight import PreflightError, check_other_plugins
 from .register import REGISTER, SCORE
-from .topology import pair_scores, read_links
+from .topology import pair_scores
 
 log = logging.getLogger("hami.deviceplugin")
 
@@ -34,21 +32,11 @@ EXIT_CONFIG, EXIT_NVML, EXIT_PREFLIGHT = 2, 3, 4
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config when unset")
+    flags.add_node_flags(p)
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet device-plugin directory")
-    p.add_argument("--config-file", default=env("CONFIG_FILE"), help="device-config.yaml (env CONFIG_FILE)")
-    p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
-    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)")
-    p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
-    p.add_argument("--driver-mount", action="append", default=[], type=driver_mount_arg, metavar="HOST[:CONTAINER][:ro|rw]",
-                   help="a host driver directory every GPU container gets (repeatable; read-only unless rw): for "
-                        "nodes without the NVIDIA container runtime, see docs/device-plugin.md")
-    p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
-    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)")
     p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between kubelet socket checks")
-    p.add_argument("--pod-watch", type=_bool_flag, default=True,
+    p.add_argument("--pod-watch", type=flags.bool_flag, default=True,
                    metavar="BOOL", help="watch this node's pods so Allocate can skip reading the pod (default true; "
                    "turn off when pods and nodes live in different etcd clusters, --etcd-servers-overrides, "
                    "since the copy's freshness is judged by comparing their resourceVersions)")
@@ -64,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cdi-kind", default=DEFAULT_KIND, help=f"CDI kind <vendor>/<class> of our spec (default {DEFAULT_KIND})")
     p.add_argument("--cdi-annotation-prefix", default=DEFAULT_PREFIX,
                    help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})")
-    p.add_argument("--topology-score", type=_bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
+    p.add_argument("--topology-score", type=flags.bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
                    help=f"publish the GPUs' pairwise link scores ({SCORE}) for the topology-aware "
                    "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
     p.add_argument("--mig-strategy", default=env("MIG_STRATEGY"), choices=("none", "single", "mixed"),
@@ -80,33 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
-def _uuid(index: int) -> str:
-    value = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _bool_flag(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def driver_mount_arg(text: str) -> MountSpec:
-    try:
-        return parse_driver_mount(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
     """Each GPU's /dev/nvidia<minor>, from NVML (open)."""
-    import pynvml
-
-    return [CdiGpu(g.uuid, int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByUUID(g.uuid))))
-            for g in state.gpus]
+    return [CdiGpu(g.uuid, nvml.minor_number(g.uuid)) for g in state.gpus]
 
 
 def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None, static: list = ()) -> dict:
@@ -129,14 +93,14 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, state: Device
                  static: list, asymmetric: tuple = ()) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
-    from .mig import Checkpoint, MigManager, MigNvml
+    from .mig import Checkpoint, MigManager
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(
         kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
         pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, cdi=cdi, scores=state.pair_scores,
-        mig=MigManager(MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
+        mig=MigManager(nvml.MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
                        state.uuids) if settings.operating_mode == "mig" else None,
         mig_interval=args.mig_collect_interval, static_mig=static, asymmetric=asymmetric,
     )
@@ -168,7 +132,7 @@ def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
     """migstrategy mixed: the MIG resources, and the settings without the GPUs they come from."""
     if settings.mig_strategy != "mixed":
         return settings, []
-    mig_gpus = [u for u in (_uuid(i) for i in range(pynvml.nvmlDeviceGetCount())) if mig_enabled(u)]
+    mig_gpus = [u for u in nvml.gpu_uuids() if nvml.mig_enabled(u)]
     static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
     log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
              or "no MIG instances")
@@ -176,7 +140,7 @@ def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
 
 
 def _topology(gpus: list) -> tuple[dict[str, dict[str, int]], tuple]:
-    found = pair_scores(read_links([g.uuid for g in gpus]))
+    found = pair_scores(nvml.read_links([g.uuid for g in gpus]))
     for a, b in found.asymmetric:
         log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
                     "the pair scores 0", a, b)

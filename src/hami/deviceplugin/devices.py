@@ -11,9 +11,8 @@ import asyncio
 from typing import Iterable
 
 from hami.core.types import DeviceInfo
-
-from .discovery import PhysicalGPU
-from .nodeconfig import NodeSettings
+from hami.node.nvml import PhysicalGPU
+from hami.node.settings import NodeSettings
 
 
 def plugin_ids(uuid: str, split: int) -> list[str]:

@@ -2,10 +2,9 @@
 
 What this module owns:
 
-* :class:`MigNvml` - the NVML calls (profiles and placements of a GPU, its instances, create
-  and destroy), nothing else;
 * :class:`Checkpoint` - a node-local JSON file recording every instance this plugin created or
-  is creating, written atomically (temporary file, fsync, rename, fsync of the directory);
+  is creating, written atomically (:func:`hami.node.files.write_atomic`: temporary file, fsync,
+  rename, fsync of the directory);
 * :class:`MigManager` - the lifecycle: :meth:`~MigManager.prepare` creates (or reuses) the
   instances of one container, :meth:`~MigManager.recover` runs at start-up and
   :meth:`~MigManager.collect` destroys the instances of pods that are gone.
@@ -23,207 +22,25 @@ ones a live pod's annotation names are adopted into the checkpoint instead. An i
 claimed by one entry only, so two pods never share one.
 
 Not here: which profile and placement a container gets (the scheduler, ``vendors/nvidia.py``),
-the gRPC and API-server I/O (``allocator.py``, ``agent.py``).
+the NVML calls (:class:`hami.node.nvml.MigNvml`, which the manager is given), the gRPC and
+API-server I/O (``allocator.py``, ``agent.py``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import math
 import os
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-import pynvml
-
 from hami.core.codec import MigAllocation
-from hami.core.types import MigProfile
+from hami.node.files import write_atomic
+from hami.node.nvml import GpuProfile, MigError, MigNvml
 
 log = logging.getLogger(__name__)
-
-PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT  # profile indices to ask about (unknown ones fail, skipped)
-#: compute-instance profile covering a whole GPU instance of N compute slices
-CI_PROFILE = {1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
-              3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
-              6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
-              8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE}
-
-
-class MigError(RuntimeError):
-    """A MIG instance cannot be made or found; the message names the GPU, profile and placement."""
-
-
-@dataclass(frozen=True)
-class GpuProfile:
-    """One GPU-instance profile as NVML reports it."""
-
-    name: str  # "1g.5gb"
-    nvml_id: int
-    slices: int
-    instances: int
-    sms: int
-    memory_mb: int
-    placements: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class Instance:
-    """A GPU instance on one GPU, with its compute instance and MIG device when they exist."""
-
-    gi: int
-    profile: str
-    start: int
-    size: int
-    ci: int | None = None
-    mig_uuid: str = ""
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _profile_name(raw: str) -> str:
-    return raw[4:] if raw.startswith("MIG ") else raw
-
-
-class MigNvml:
-    """NVML's MIG API for one node (NVML already initialised)."""
-
-    def handle(self, uuid: str):
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
-
-    def enable(self, uuid: str) -> None:
-        """Turn MIG mode on (a no-op when it is on); refuses with a clear error when it cannot."""
-        h = self.handle(uuid)
-        try:
-            current, _ = pynvml.nvmlDeviceGetMigMode(h)
-        except pynvml.NVMLError_NotSupported:
-            raise MigError(f"GPU {uuid} does not support MIG (operatingmode: mig needs A100/A30/H100-class GPUs)") from None
-        if current == pynvml.NVML_DEVICE_MIG_ENABLE:
-            return
-        try:
-            pynvml.nvmlDeviceSetMigMode(h, pynvml.NVML_DEVICE_MIG_ENABLE)
-        except pynvml.NVMLError as exc:
-            raise MigError(f"GPU {uuid}: cannot enable MIG mode ({exc}); stop the processes using it") from None
-        log.info("GPU %s: MIG mode enabled", uuid)
-
-    def profiles(self, uuid: str) -> list[GpuProfile]:
-        h = self.handle(uuid)
-        out = []
-        for index in range(PROFILE_COUNT):
-            try:
-                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
-            except pynvml.NVMLError:
-                continue
-            arr = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
-            count = ctypes.c_uint(len(arr))
-            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(count))
-            out.append(GpuProfile(
-                name=_profile_name(_text(info.name)), nvml_id=int(info.id), slices=int(info.sliceCount),
-                instances=int(info.instanceCount), sms=int(info.multiprocessorCount),
-                memory_mb=int(info.memorySizeMB),
-                placements=tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value)),
-            ))
-        return out
-
-    def _mig_uuids(self, h) -> dict[int, str]:
-        """GPU instance id -> MIG device UUID, for the instances that have a compute instance."""
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-            try:
-                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
-            except pynvml.NVMLError:
-                continue
-            out[int(pynvml.nvmlDeviceGetGpuInstanceId(m))] = _text(pynvml.nvmlDeviceGetUUID(m))
-        return out
-
-    def instances(self, uuid: str) -> list[Instance]:
-        h = self.handle(uuid)
-        migs = self._mig_uuids(h)
-        out = []
-        for p in self.profiles(uuid):
-            arr = (pynvml.c_nvmlGpuInstance_t * max(p.instances, 1))()
-            count = ctypes.c_uint(len(arr))
-            pynvml.nvmlDeviceGetGpuInstances(h, p.nvml_id, arr, ctypes.byref(count))
-            for k in range(count.value):
-                info = pynvml.nvmlGpuInstanceGetInfo(arr[k])
-                gid = int(info.id)
-                ci = self._ci_id(arr[k], p.slices)
-                out.append(Instance(gid, p.name, int(info.placement.start), int(info.placement.size), ci,
-                                    migs.get(gid, "") if ci is not None else ""))
-        return sorted(out, key=lambda i: i.gi)
-
-    @staticmethod
-    def _ci_id(gi, slices: int) -> int | None:
-        arr = (pynvml.c_nvmlComputeInstance_t * 8)()
-        count = ctypes.c_uint(len(arr))
-        try:
-            pynvml.nvmlGpuInstanceGetComputeInstances(gi, CI_PROFILE[slices], arr, ctypes.byref(count))
-        except pynvml.NVMLError:
-            return None
-        return int(pynvml.nvmlComputeInstanceGetInfo(arr[0]).id) if count.value else None
-
-    def create_gi(self, uuid: str, profile: GpuProfile, start: int) -> int:
-        placement = pynvml.c_nvmlGpuInstancePlacement_t()
-        placement.start, placement.size = start, dict(profile.placements).get(start, 0)
-        try:
-            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(self.handle(uuid), profile.nvml_id,
-                                                                 ctypes.byref(placement))
-        except pynvml.NVMLError as exc:
-            raise MigError(f"GPU {uuid}: cannot create a {profile.name} instance at placement "
-                           f"{start}+{placement.size}: {exc}") from None
-        return int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
-
-    def create_ci(self, uuid: str, gi_id: int, profile: GpuProfile) -> tuple[int, str]:
-        h = self.handle(uuid)
-        gi = pynvml.nvmlDeviceGetGpuInstanceById(h, gi_id)
-        try:
-            ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, CI_PROFILE[profile.slices])
-        except pynvml.NVMLError as exc:
-            raise MigError(f"GPU {uuid}: cannot create the compute instance of GPU instance {gi_id}: {exc}") from None
-        ci_id = int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
-        return ci_id, self._mig_uuids(h).get(gi_id, "")
-
-    def destroy(self, uuid: str, gi_id: int) -> None:
-        """Destroy GPU instance ``gi_id`` and its compute instances; gone already is fine."""
-        h = self.handle(uuid)
-        try:
-            gi = pynvml.nvmlDeviceGetGpuInstanceById(h, gi_id)
-        except pynvml.NVMLError_NotFound:
-            return
-        arr = (pynvml.c_nvmlComputeInstance_t * 8)()
-        for profile in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            count = ctypes.c_uint(len(arr))
-            try:
-                pynvml.nvmlGpuInstanceGetComputeInstances(gi, profile, arr, ctypes.byref(count))
-            except pynvml.NVMLError:
-                continue
-            for k in range(count.value):
-                pynvml.nvmlComputeInstanceDestroy(arr[k])
-        pynvml.nvmlGpuInstanceDestroy(gi)
-
-
-def registered_profiles(profiles: Sequence[GpuProfile], model: str,
-                        allowlist: Sequence[tuple[Sequence[str], Sequence[str]]]) -> tuple[MigProfile, ...]:
-    """The ``migProfiles`` of the registration: NVML's profiles, narrowed by the first allowlist
-    entry whose model is contained in ``model`` (an entry without profiles keeps all); with no
-    entry, the plain profiles (no ``+me``-style variants). ``core`` = ceil(SMs x 100 / the
-    largest profile's SMs)."""
-    full = max((p.sms for p in profiles), default=0) or 1
-    keep: Callable[[GpuProfile], bool] = lambda p: "+" not in p.name and "-" not in p.name  # noqa: E731
-    for models, names in allowlist:
-        if any(m and m in model for m in models):
-            keep = (lambda p: p.name in names) if names else (lambda p: True)  # noqa: E731
-            break
-    return tuple(
-        MigProfile(p.name, p.memory_mb, math.ceil(p.sms * 100 / full), p.slices, p.placements)
-        for p in sorted(profiles, key=lambda p: (p.memory_mb, p.slices, p.name)) if keep(p)
-    )
-
 
 # ------------------------------------------------------------------------------- checkpoint
 
@@ -278,19 +95,8 @@ class Checkpoint:
         return out
 
     def save(self, entries: Mapping[str, Entry]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
         data = json.dumps({"version": self.VERSION, "entries": [asdict(e) for e in entries.values()]}, indent=1)
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(self.path, data)
 
 
 # ------------------------------------------------------------------------------- manager

@@ -24,11 +24,13 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import grpc
-import pynvml
 
-from .allocate import MountSpec
+from hami.node import contract
+from hami.node.layout import MountSpec
+from hami.node.nvml import MigNvml, mig_enabled
+from hami.node.settings import NodeSettings
+
 from .api import HEALTHY, load
-from .nodeconfig import NodeSettings
 
 log = logging.getLogger(__name__)
 pb, pb_grpc = load()
@@ -52,19 +54,9 @@ def check_strategy(strategy: str, operating_mode: str) -> None:
                              "destroys the instances itself); use one of them")
 
 
-def mig_enabled(uuid: str) -> bool:
-    try:
-        current, _ = pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))
-    except pynvml.NVMLError:
-        return False
-    return current == pynvml.NVML_DEVICE_MIG_ENABLE
-
-
 def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[str, list[str]]:
     """``resource -> MIG device UUIDs`` over the GPUs in MIG mode (instances with a compute
     instance only; a GPU instance without one is no device yet)."""
-    from .mig import MigNvml
-
     nvml = MigNvml()
     out: dict[str, list[str]] = {}
     for uuid in uuids:
@@ -130,7 +122,7 @@ class StaticMigService(pb_grpc.DevicePluginServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{self.resource.settings.resource_name}: unknown MIG device(s) {unknown}")
             out.append(pb.ContainerAllocateResponse(
-                envs={"NVIDIA_VISIBLE_DEVICES": ",".join(req.devices_ids)},
+                envs=contract.visible_devices(req.devices_ids),
                 mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
                         for m in self.driver_mounts]))
             log.info("%s: allocated %s", self.resource.settings.resource_name, ", ".join(req.devices_ids))

@@ -1,6 +1,6 @@
 """The DRA view of a node's GPUs: ResourceSlice devices and the DeviceClasses that select them.
 
-Pure functions from the discovered GPUs (:class:`hami.deviceplugin.discovery.PhysicalGPU`-like
+Pure functions from the discovered GPUs (:class:`hami.node.nvml.PhysicalGPU`-like
 objects) and the node settings to ``resource.k8s.io/v1`` objects as plain dicts. No I/O: the
 publisher (:mod:`hami.draplugin.publisher`) writes what these return.
 

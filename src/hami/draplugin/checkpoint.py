@@ -5,8 +5,9 @@ One JSON file (``<state dir>/checkpoint.json``) maps a claim UID to what was pre
 the kubelet's Device entries and the CDI spec written. The kubelet may call prepare again for a
 claim already prepared (after its own restart, or a retry): the stored answer is returned and the
 CDI file rewritten if it went missing (``/var/run`` is a tmpfs), without reading the claim again.
-Unprepare of an unknown claim succeeds. Every change is written to a temporary file, fsynced and
-renamed over the old one, so a crash leaves either the old or the new record, never half of one.
+Unprepare of an unknown claim succeeds. Every change goes through the node's one durable writer
+(:func:`hami.node.files.write_atomic`: temporary file, fsync, rename, fsync of the directory), so a
+crash leaves either the old or the new record, never half of one.
 A corrupt file is an error naming the path, not an empty record: silently forgetting prepared
 claims would leak CDI specs and shared regions.
 """
@@ -14,11 +15,11 @@ claims would leak CDI specs and shared regions.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from hami.node.files import write_atomic
 
 VERSION = 1
 
@@ -50,18 +51,11 @@ class Checkpoint:
         return doc["claims"]
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"version": VERSION, "claims": self._claims}, sort_keys=True, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".checkpoint-")
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise CheckpointError(f"checkpoint {self.path}: cannot write: {exc}") from None
+            write_atomic(self.path, data, mode=0o600)
+        except OSError as exc:  # a WriteError, which names the path
+            raise CheckpointError(f"checkpoint {exc}") from None
 
     def get(self, uid: str) -> dict[str, Any] | None:
         with self._lock:

@@ -13,37 +13,25 @@ import signal
 import sys
 from pathlib import Path
 
-from hami.deviceplugin.allocate import HookPaths
-from hami.deviceplugin.allocator import prepare_hook_dir
-from hami.deviceplugin.command import driver_mount_arg
-from hami.deviceplugin.discovery import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
-from hami.deviceplugin.nodeconfig import NodeConfigError, NodeSettings, load_settings
-from hami.kube.reflector import Reflector
-
 from hami.dra.model import SliceSettings, device_classes, resource_slice, slice_name
-from .prepare import Options, Paths
+from hami.kube.reflector import Reflector
+from hami.node import contract, flags, nvml
+from hami.node.layout import prepare_hook_dir
+from hami.node.nvml import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
+from hami.node.settings import NodeConfigError, NodeSettings, load_settings
+
+from .prepare import Paths
 
 log = logging.getLogger("hami.dra")
 EXIT_CONFIG, EXIT_NVML = 2, 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config when unset")
+    flags.add_node_flags(p)
     p.add_argument("--kubelet-dir", default="/var/lib/kubelet",
                    help="the kubelet's root: plugins_registry/ and plugins/ are under it (default %(default)s)")
     p.add_argument("--state-dir", default="/var/lib/hami-dra", help="where the checkpoint lives (default %(default)s)")
     p.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
-    p.add_argument("--config-file", default=env("CONFIG_FILE"), help="device-config.yaml (env CONFIG_FILE)")
-    p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
-    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"), help="libvgpu prefix (env HOOK_PATH)")
-    p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
-    p.add_argument("--driver-mount", action="append", default=[], type=driver_mount_arg, metavar="HOST[:CONTAINER][:ro|rw]",
-                   help="a host driver directory every claim's containers get (repeatable; read-only unless rw): "
-                        "for nodes without the NVIDIA container runtime, as the device plugin's --driver-mount")
-    p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
-    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1")
     p.add_argument("--default-cores", type=int, default=0, help="cores a share takes when it asks for none (HAMi's defaultCores)")
     p.add_argument("--min-memory", type=int, default=1, metavar="MIB", help="the smallest memory share, MiB (default 1)")
     p.add_argument("--apply-classes", action="store_true", help="also create or update the DeviceClasses")
@@ -64,21 +52,7 @@ def slice_settings(settings: NodeSettings, args: argparse.Namespace, driver_vers
 
 
 def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
-    import pynvml
-
-    try:
-        version = pynvml.nvmlSystemGetDriverVersion()
-        version = version.decode() if isinstance(version, bytes) else str(version)
-    except pynvml.NVMLError:
-        version = ""
-    mig = set()
-    for uuid in uuids:
-        try:
-            pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByUUID(uuid))
-            mig.add(uuid)
-        except pynvml.NVMLError:  # NotSupported: not MIG capable
-            pass
-    return version, frozenset(mig)
+    return nvml.driver_version(), nvml.mig_capable(uuids)
 
 
 async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s: SliceSettings) -> int:
@@ -104,19 +78,16 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
 
-        options = Options(memory_oversubscribe=settings.device_memory_scaling > 1,
-                          libcuda_log_level=settings.libcuda_log_level,
-                          core_policy="disable" if settings.disable_core_limit else
-                          (settings.gpu_core_policy if settings.gpu_core_policy != "default" else None))
+        paths = Paths(hook_path=args.hook_path, lock_dir=args.lock_dir, driver_mounts=tuple(args.driver_mount),
+                      cdi_dir=args.cdi_dir)
         driver = Driver(args.node_name, gpus, s, Checkpoint(Path(args.state_dir) / "checkpoint.json"), read_claim,
-                        Paths(args.hook_path, args.lock_dir, args.cdi_dir, tuple(args.driver_mount)), options)
+                        paths, contract.options(settings))
         # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
         # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
-        hook = HookPaths(args.hook_path, args.lock_dir)
-        prepare_hook_dir(hook)
-        missing = [p for p in (hook.preload_file, hook.lock_dir) if not os.path.exists(p)]
+        prepare_hook_dir(paths)
+        missing = [p for p in (paths.preload_file, paths.lock_dir) if not os.path.exists(p)]
         if missing:  # every claim's container would fail to start on the missing mount source
-            log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), hook.vgpu_dir)
+            log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), paths.vgpu_dir)
             return EXIT_CONFIG
         server = PluginServer(driver, *socket_paths(args.kubelet_dir))
         await server.start()

@@ -23,15 +23,18 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
+from hami.dra.model import DRIVER, GpuLike, SliceSettings
+from hami.node.cdi import write_document
+from hami.node.files import write_atomic
+from hami.node.layout import make_claim_dir
+
 from .api import DRA_SERVICE, PLUGIN_TYPE, load
 from .checkpoint import Checkpoint, CheckpointError
-from hami.dra.model import DRIVER, GpuLike, SliceSettings
 from .prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 log = logging.getLogger(__name__)
@@ -39,19 +42,6 @@ dra_pb, dra_grpc = load("dra")
 reg_pb, reg_grpc = load("registration")
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
-
-
-def _write_atomic(path: Path, data: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Driver:
@@ -76,7 +66,7 @@ class Driver:
             if done is not None:
                 cdi = Path(done["cdi_file"])
                 if not cdi.exists():  # e.g. /var/run is a tmpfs and the node rebooted
-                    _write_atomic(cdi, json.dumps(done["cdi_spec"], indent=1))
+                    write_document(done["cdi_spec"], cdi)
                 return done["devices"]
             claim = await self.read_claim(namespace, name)
             got = (claim.get("metadata") or {}).get("uid")
@@ -88,11 +78,9 @@ class Driver:
             cdi = Path(self.paths.cdi_file(uid))
             if p.isolation == "hami-core":
                 # the claim's shared region is created by the container's processes, of any UID
-                Path(self.paths.claim_dir(uid)).mkdir(parents=True, exist_ok=True)
-                os.chmod(self.paths.claim_dir(uid), 0o777)
-                _write_atomic(Path(self.paths.claim_record(uid)),
-                              json.dumps({"namespace": namespace, "name": name, "uid": uid}))
-            _write_atomic(cdi, json.dumps(spec, indent=1))
+                make_claim_dir(self.paths, uid)
+                write_atomic(self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid}))
+            write_document(spec, cdi)
             devices = response_devices(p)
             try:
                 self.checkpoint.put(uid, {"namespace": namespace, "name": name, "devices": devices,

@@ -5,8 +5,8 @@ The kubelet names a claim (namespace, name, UID); the plugin reads the claim fro
 and hands it to :func:`plan`, which keeps the results of this driver in this node's pool, maps
 each to a GPU by device name, and reads what the allocation consumed (``consumedCapacity``,
 set by kube-scheduler for a device with ``allowMultipleAllocations``). :func:`cdi_spec` then
-writes the container edits, the same variables and mounts the device plugin front end gives a
-container (``hami.deviceplugin.allocate``):
+writes the container edits from the libvgpu container contract (:mod:`hami.node.contract`), the
+same functions the device plugin's Allocate calls:
 
 - ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs;
 - ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: the consumed memory of the i-th GPU, in MiB (``<n>m``);
@@ -14,10 +14,13 @@ container (``hami.deviceplugin.allocate``):
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
+- mounts of the host's driver directories given with ``--driver-mount`` (both classes), first,
+  as the device plugin's Allocate gives them on nodes without the NVIDIA container runtime;
 - mounts of ``libvgpu.so``, the claim's cache directory, the lock directory and
-  ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu);
-- mounts of the host's driver directories given with ``--driver-mount`` (both classes), as the
-  device plugin's Allocate gives them on nodes without the NVIDIA container runtime.
+  ``/etc/ld.so.preload`` (which makes every process of the container load libvgpu). The preload
+  is mounted whatever the containers' env says: the claim is prepared before any of its
+  containers exists, so ``CUDA_DISABLE_CONTROL`` cannot be seen here (the contract's named
+  ``preload`` parameter; the whole-GPU class is the DRA way to run without libvgpu).
 
 One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of the
 claim's results: libvgpu's per-GPU variables are numbered by the position of the GPU in the
@@ -29,14 +32,16 @@ container do. A claim from the whole-GPU class (isolation ``none``) gets only
 
 from __future__ import annotations
 
-import uuid as uuidlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from hami.core.names import DRA_CDI_KIND
 from hami.core.quantity import QuantityError, parse_int_quantity
-
 from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
+from hami.node import contract
+from hami.node.cdi import mount_edit
+from hami.node.contract import Options
+from hami.node.layout import HookPaths
 
 CDI_VERSION = "0.6.0"
 CDI_KIND = DRA_CDI_KIND
@@ -74,28 +79,12 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Paths:
-    """Where libvgpu and its state live on the host (the same layout as the device plugin's)."""
+class Paths(HookPaths):
+    """The host layout (:class:`hami.node.layout.HookPaths`, the same as the device plugin's:
+    ``hook_path``, ``lock_dir``, ``driver_mounts``, the claim directories and records) plus where
+    the claims' CDI specs go."""
 
-    hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
     cdi_dir: str = "/var/run/cdi"
-    #: host driver directories every claim's containers get (``--driver-mount``), for nodes where
-    #: no NVIDIA container runtime injects the driver (:class:`hami.deviceplugin.allocate.MountSpec`)
-    driver_mounts: tuple[Any, ...] = ()
-
-    @property
-    def vgpu_dir(self) -> str:
-        return f"{self.hook_path.rstrip('/')}/vgpu"
-
-    def claim_dir(self, uid: str) -> str:
-        return f"{self.vgpu_dir}/claims/{uid}"
-
-    def claim_record(self, uid: str) -> str:
-        """``claims/<uid>.json``: which claim the region directory belongs to, for ``hami monitor``.
-        Beside the directory, not in it: the container mounts the directory read-write, so only
-        what is outside it can be trusted to name the claim."""
-        return f"{self.vgpu_dir}/claims/{uid}.json"
 
     def cdi_file(self, uid: str) -> str:
         return f"{self.cdi_dir.rstrip('/')}/{DRIVER}-{uid}.json"
@@ -181,46 +170,18 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 node, isolation or "hami-core", tuple(shares))
 
 
-@dataclass(frozen=True)
-class Options:
-    """Node-wide knobs of the environment (same meaning as the device plugin's)."""
-
-    memory_oversubscribe: bool = False  # deviceMemoryScaling > 1
-    libcuda_log_level: str = ""
-    core_policy: str | None = None      # GPU_CORE_UTILIZATION_POLICY: force / disable
-
-
-def cache_file_name(uid: str) -> str:
-    return f"{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami-dra:{uid}')}.cache"
-
-
-def _mount(container: str, host: str, read_only: bool) -> dict[str, Any]:
-    return {"hostPath": host, "containerPath": container,
-            "options": ["ro" if read_only else "rw", "nosuid", "nodev", "bind"]}
-
-
 def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
-    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(s.uuid for s in p.shares)}
-    mounts: list[dict[str, Any]] = []
+    """The claim's container edits: the libvgpu container contract (hami-core isolation), or the
+    GPUs and the driver mounts only (isolation ``none``)."""
+    env = contract.visible_devices([s.uuid for s in p.shares])
+    region_dir = None
     if p.isolation == "hami-core":
-        for i, s in enumerate(p.shares):
-            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{s.memory_mib}m"
-        env["CUDA_DEVICE_SM_LIMIT"] = str(p.shares[0].cores)
-        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{paths.vgpu_dir}/{cache_file_name(p.uid)}"
-        if opts.memory_oversubscribe:
-            env["CUDA_OVERSUBSCRIBE"] = "true"
-        if opts.libcuda_log_level:
-            env["LIBCUDA_LOG_LEVEL"] = opts.libcuda_log_level
-        if opts.core_policy:
-            env["GPU_CORE_UTILIZATION_POLICY"] = opts.core_policy
-        library = f"{paths.vgpu_dir}/libvgpu.so"
-        mounts = [
-            _mount(library, library, True),
-            _mount(paths.vgpu_dir, paths.claim_dir(p.uid), False),
-            _mount("/tmp/vgpulock", paths.lock_dir, False),
-            _mount("/etc/ld.so.preload", f"{paths.vgpu_dir}/ld.so.preload", True),
-        ]
-    mounts += [_mount(m.container_path, m.host_path, m.read_only) for m in paths.driver_mounts]
+        limits = contract.Limits(memory=tuple(contract.mib(s.memory_mib) for s in p.shares), cores=p.shares[0].cores,
+                                 region=contract.claim_region(paths, p.uid))
+        env.update(contract.limit_env(limits, opts))
+        region_dir = paths.claim_dir(p.uid)
+    # preload=True: no container's env is known when a claim is prepared (module doc)
+    mounts = [mount_edit(m) for m in contract.container_mounts(paths, region_dir, preload=True)]
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if mounts:
         edits["mounts"] = mounts

@@ -109,9 +109,7 @@ class PodMap:
 def _host_reader(args: argparse.Namespace):
     if args.no_nvml:
         return None
-    from hami.deviceplugin.discovery import NvmlUnavailable, open_nvml
-
-    from .nvml import read_host
+    from hami.node.nvml import NvmlUnavailable, open_nvml, read_host
 
     try:
         open_nvml(args.nvml_library)
@@ -252,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami monitor: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
-        from hami.deviceplugin.discovery import NvmlUnavailable
+        from hami.node.nvml import NvmlUnavailable
 
         if isinstance(exc, NvmlUnavailable):
             print(f"hami monitor: {exc}", file=sys.stderr)

@@ -37,9 +37,9 @@ from hami.metricnames import (
     ZONE,
     build_info_values,
 )
+from hami.node.nvml import HostGPU
 
 from .containers import ClaimDir, ContainerDir, scan, scan_claims
-from .nvml import HostGPU
 from .region import Region, RegionError, read_region
 
 log = logging.getLogger(__name__)

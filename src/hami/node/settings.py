@@ -1,9 +1,14 @@
-"""Settings of the device plugin on this node (§7.1 node defaults, §7.2 ``config.json``).
+"""Node settings: how this node's GPUs are presented, for every node program (§7.1 node
+defaults, §7.2 ``config.json``).
 
 Precedence, lowest first: built-in defaults (the chart's values), the ``nvidia`` section of
 ``device-config.yaml``, then the ``config.json`` entry whose ``name`` equals this node's name.
 Every value is validated once here; a bad value is one error naming the file, the field and
-the value.
+the value. The device plugin and the DRA agent read the same :class:`NodeSettings` (the DRA
+agent uses the split count, the scalings and the libvgpu knobs).
+
+Not here: what the settings turn into for a container (:mod:`hami.node.contract`), the
+cluster-wide ``device-config.yaml`` model (:mod:`hami.config`).
 """
 
 from __future__ import annotations

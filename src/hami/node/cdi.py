@@ -1,4 +1,13 @@
-"""CDI (Container Device Interface) for the device plugin: ``--device-list-strategy``.
+"""CDI (Container Device Interface) specs on the node: the one writer, for both front ends.
+
+What this module owns: writing a CDI spec file (:func:`write_document`, atomic through
+:func:`hami.node.files.write_atomic`; a container runtime may read the directory at any moment),
+the mount edit of a CDI spec (:func:`mount_edit`), and the device plugin's
+``--device-list-strategy`` (below). The DRA agent's per-claim spec is built by
+``hami.draplugin.prepare`` and written here; what goes into a container (env, mounts) is the
+libvgpu container contract's (:mod:`hami.node.contract`), not this module's.
+
+The device plugin's ``--device-list-strategy``:
 
 ``envvar`` (default, HAMi's): the container is given ``NVIDIA_VISIBLE_DEVICES=<uuids>`` and the
 NVIDIA container runtime does the rest. ``cdi-annotations`` / ``cdi-cri``: the plugin writes a
@@ -10,24 +19,27 @@ variable: as the annotation ``<prefix><plugin>_<id>`` of the ContainerAllocateRe
 edits (device nodes) itself. Everything else in the response (libvgpu's env and mounts) is
 unchanged.
 
-Pure functions; ``write_spec`` is the one with I/O. The spec's shape follows the CDI spec
-(``cdiVersion``, ``kind``, ``devices[].name``, ``devices[].containerEdits.deviceNodes[].path``,
+Pure functions; ``write_spec`` / ``write_document`` are the ones with I/O. The spec's shape
+follows the CDI spec (``cdiVersion``, ``kind``, ``devices[].name``, ``devices[].containerEdits.deviceNodes[].path``,
 top-level ``containerEdits``); tests validate it against a JSON schema written from that spec.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, TypeVar
 
 from hami.core.names import CDI_KIND
 
-from .allocate import ContainerResponse
+from . import contract
+from .files import write_atomic
+from .layout import MountSpec
+
+R = TypeVar("R")  # a response dataclass with ``envs``, ``annotations`` and ``cdi_devices``
 
 STRATEGIES = ("envvar", "cdi-annotations", "cdi-cri")
 CDI_VERSION = "0.5.0"
@@ -89,16 +101,21 @@ def spec(gpus: Iterable[CdiGpu], config: CdiConfig) -> dict:
             "containerEdits": {"deviceNodes": [{"path": p} for p in CONTROL_NODES]}}
 
 
+def write_document(document: dict, path: str | Path) -> Path:
+    """Write one CDI spec to ``path`` atomically and durably, mode 0644 (any spec: the device
+    plugin's, a DRA claim's). Raises :class:`hami.node.files.WriteError` naming the path."""
+    return write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n", 0o644)
+
+
 def write_spec(document: dict, spec_dir: str | Path) -> Path:
-    """Write the spec atomically (a runtime may read the directory at any moment), mode 0644."""
-    directory = Path(spec_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / SPEC_FILE
-    tmp = directory / f".{SPEC_FILE}.tmp"
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
-    return target
+    """Write the device plugin's spec as ``<spec_dir>/hami-gpu.json``."""
+    return write_document(document, Path(spec_dir) / SPEC_FILE)
+
+
+def mount_edit(m: MountSpec) -> dict[str, Any]:
+    """A bind mount as a CDI ``containerEdits.mounts`` entry."""
+    return {"hostPath": m.host_path, "containerPath": m.container_path,
+            "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
 
 
 def annotation_key(config: CdiConfig, pod_uid: str, container: str) -> str:
@@ -107,12 +124,13 @@ def annotation_key(config: CdiConfig, pod_uid: str, container: str) -> str:
     return f"{config.annotation_prefix}{PLUGIN_NAME}_{ident}"
 
 
-def apply(response: ContainerResponse, config: CdiConfig, pod_uid: str, container: str) -> ContainerResponse:
-    """Replace ``NVIDIA_VISIBLE_DEVICES`` by CDI device names (no-op for ``envvar``)."""
+def apply(response: R, config: CdiConfig, pod_uid: str, container: str) -> R:
+    """Replace ``NVIDIA_VISIBLE_DEVICES`` by CDI device names (no-op for ``envvar``) in a device
+    plugin answer (``hami.deviceplugin.allocate.ContainerResponse``)."""
     if not config.enabled:
         return response
     envs = dict(response.envs)
-    uuids = [u for u in envs.pop("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+    uuids = [u for u in envs.pop(contract.VISIBLE_DEVICES, "").split(",") if u]
     names = tuple(config.device_name(u) for u in uuids)
     if config.strategy == "cdi-annotations":
         return replace(response, envs=envs, annotations={annotation_key(config, pod_uid, container): ",".join(names)})

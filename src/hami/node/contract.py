@@ -1,0 +1,194 @@
+"""The libvgpu container contract: what a process must be given for libvgpu to enforce a grant.
+
+Every front end hands out GPUs through these functions, one per concern, as NVIDIA's device
+plugin builds its Allocate answer: the device plugin's Allocate
+(``hami.deviceplugin.allocate.build_response``), the DRA agent's prepare
+(``hami.draplugin.prepare.container_edits``) and ``hami exec`` (``hami.execcmd.build_plan``).
+
+* :func:`visible_devices` / :func:`cuda_visible_devices`: which GPUs the process sees;
+* :func:`limit_env`: a grant (:class:`Limits`) and the node's knobs (:class:`Options`) as
+  libvgpu's variables (memory per device, compute share, region file, priority, policy, ...);
+* :func:`container_region` / :func:`claim_region`: the shared-region file, as the container
+  sees it (``<hook>/vgpu/<name>.cache``, deterministic);
+* :func:`container_mounts`: the host driver directories, then ``libvgpu.so``, the region
+  directory, the lock directory and ``/etc/ld.so.preload``;
+* :func:`preload_wanted`: HAMi's escape hatch (``CUDA_DISABLE_CONTROL=true`` in the container's
+  env: no ``/etc/ld.so.preload``); :func:`ld_preload`: the same library for a process started
+  outside a container (``LD_PRELOAD``).
+
+Every environment variable name the product writes for a GPU process is spelled here and only
+here (the names libvgpu and HAMi read; reference hami-core.md §3); other modules import them.
+
+Where the front ends differ, it is a named parameter, never a second copy:
+
+* ``preload`` of :func:`container_mounts`: the device plugin passes :func:`preload_wanted` of the
+  container's env; the DRA agent passes True (a claim is prepared for every container that
+  references it, before any of them runs, so no container's env is known; isolation stays on);
+* ``region_dir`` of :func:`container_mounts`: None when the grant has no libvgpu isolation (a
+  non-hami-core operating mode, the whole-GPU DRA class): the driver mounts only;
+* ``Limits.cores`` None leaves ``CUDA_DEVICE_SM_LIMIT`` unset (``hami exec`` without
+  ``--gpucores``); ``Limits.all_devices_memory`` sets the unindexed
+  ``CUDA_DEVICE_MEMORY_LIMIT`` (``hami exec``, which may not know the device list).
+
+Not here: which devices and how much (the scheduler, the claim's allocation, ``hami exec``'s
+flags), where the host keeps the files (:mod:`hami.node.layout`), and how the answer is carried
+(the kubelet's ``ContainerAllocateResponse``, a CDI spec, ``execve``).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from .layout import LIBRARY_NAME, HookPaths, MountSpec
+
+if TYPE_CHECKING:  # only read, never built here: ``hami exec`` needs no settings (nor pydantic)
+    from .settings import NodeSettings
+
+# ------------------------------------------------------------------------------- the names
+
+#: the GPUs the NVIDIA container runtime shows the container (UUIDs, or MIG device UUIDs)
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+#: the GPUs CUDA shows a process (``hami exec``, which runs outside a container)
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: memory limit; ``_<i>`` per visible device, unsuffixed for every device
+MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"
+#: compute share in percent (one value for every device)
+SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+#: the shared-region file
+SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+#: "true" when the node oversubscribes memory (deviceMemoryScaling > 1)
+OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"
+LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+#: 0 high, 1 low
+TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+#: default / force / disable
+CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+#: "true" in a container's env: no /etc/ld.so.preload (HAMi's switch; the webhook gates it)
+DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+#: the directory whose regions are this process's peers (priority pauses across them)
+PEER_REGIONS = "HAMI_PEER_REGIONS"
+LD_PRELOAD = "LD_PRELOAD"
+
+#: where the container finds the preload file and the lock directory
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_LOCK_DIR = "/tmp/vgpulock"
+
+
+# ------------------------------------------------------------------------------- the grant
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One grant as libvgpu reads it."""
+
+    memory: tuple[str, ...]  # per visible device, in libvgpu's size grammar ("3000m", bytes)
+    cores: int | str | None  # percent; None: unset
+    region: str  # the shared-region file, as the process sees it
+    priority: int | str | None = None  # None: unset
+    all_devices_memory: str | None = None  # the unindexed limit; None: unset
+
+
+@dataclass(frozen=True)
+class Options:
+    """Node-wide knobs of the environment (``config.json`` / ``device-config.yaml``)."""
+
+    memory_oversubscribe: bool = False  # deviceMemoryScaling > 1
+    libcuda_log_level: str = ""
+    core_policy: str | None = None  # GPU_CORE_UTILIZATION_POLICY; None: unset
+
+
+def core_policy(settings: NodeSettings) -> str | None:
+    """``disable`` with ``disableCoreLimit``, else ``gpuCorePolicy`` unless it is ``default``."""
+    if settings.disable_core_limit:
+        return "disable"
+    return settings.gpu_core_policy if settings.gpu_core_policy != "default" else None
+
+
+def options(settings: NodeSettings) -> Options:
+    """The knobs the node settings give every grant on this node."""
+    return Options(memory_oversubscribe=settings.device_memory_scaling > 1,
+                   libcuda_log_level=settings.libcuda_log_level, core_policy=core_policy(settings))
+
+
+def mib(value: int) -> str:
+    """A memory size in MiB in libvgpu's grammar: ``3000m``."""
+    return f"{value}m"
+
+
+# ------------------------------------------------------------------------------- env
+
+
+def visible_devices(ids: Sequence[str]) -> dict[str, str]:
+    return {VISIBLE_DEVICES: ",".join(ids)}
+
+
+def cuda_visible_devices(ids: Sequence[str]) -> dict[str, str]:
+    return {CUDA_VISIBLE_DEVICES: ",".join(ids)}
+
+
+def limit_env(limits: Limits, opts: Options) -> dict[str, str]:
+    """libvgpu's variables for one grant, in one order on every path."""
+    env = {f"{MEMORY_LIMIT}_{i}": m for i, m in enumerate(limits.memory)}
+    if limits.all_devices_memory is not None:
+        env[MEMORY_LIMIT] = limits.all_devices_memory
+    if limits.cores is not None:
+        env[SM_LIMIT] = str(limits.cores)
+    env[SHARED_CACHE] = limits.region
+    if opts.memory_oversubscribe:
+        env[OVERSUBSCRIBE] = "true"
+    if opts.libcuda_log_level:
+        env[LOG_LEVEL] = opts.libcuda_log_level
+    if limits.priority is not None:
+        env[TASK_PRIORITY] = str(limits.priority)
+    if opts.core_policy:
+        env[CORE_POLICY] = opts.core_policy
+    return env
+
+
+# ------------------------------------------------------------------------------- the region
+
+
+def container_region(paths: HookPaths, pod_uid: str, container: str) -> str:
+    """A device-plugin container's region file (one per container, the same on every retry)."""
+    return f"{paths.vgpu_dir}/{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami:{pod_uid}/{container}')}.cache"
+
+
+def claim_region(paths: HookPaths, claim_uid: str) -> str:
+    """A DRA claim's region file (one per claim, shared by its containers)."""
+    return f"{paths.vgpu_dir}/{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'hami-dra:{claim_uid}')}.cache"
+
+
+# ------------------------------------------------------------------------------- mounts and preload
+
+
+def preload_wanted(env: Mapping[str, str]) -> bool:
+    """False when the container sets ``CUDA_DISABLE_CONTROL=true`` (any case), as HAMi decides."""
+    return str(env.get(DISABLE_CONTROL, "")).lower() != "true"
+
+
+def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool = True) -> tuple[MountSpec, ...]:
+    """The driver directories first, then, with a ``region_dir`` (the host directory shown at
+    ``<hook>/vgpu``), libvgpu's: the library, the region directory, the lock directory and,
+    with ``preload``, ``/etc/ld.so.preload``. Driver mounts come first on every path, so a
+    driver directory mounted over a parent of ``<hook>/vgpu`` cannot hide libvgpu's mounts."""
+    mounts = list(paths.driver_mounts)
+    if region_dir is None:
+        return tuple(mounts)
+    mounts += [
+        MountSpec(paths.library, paths.library, True),
+        MountSpec(paths.vgpu_dir, region_dir, False),
+        MountSpec(CONTAINER_LOCK_DIR, paths.lock_dir, False),
+    ]
+    if preload:
+        mounts.append(MountSpec(CONTAINER_PRELOAD, paths.preload_file, True))
+    return tuple(mounts)
+
+
+def ld_preload(library: str, current: str = "") -> str:
+    """``LD_PRELOAD`` with ``library`` first and no other ``libvgpu.so`` (a process outside a
+    container, where no ``/etc/ld.so.preload`` is mounted)."""
+    keep = [p for p in current.split(":") if p and Path(p).name != LIBRARY_NAME]
+    return ":".join([library, *keep])

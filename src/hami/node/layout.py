@@ -1,0 +1,130 @@
+"""The host layout libvgpu needs on a node, for every node program (device plugin, DRA agent).
+
+What this module owns: where things live on the host (:class:`HookPaths`: the hook directory
+``<hook>/vgpu`` with ``libvgpu.so`` and ``ld.so.preload``, the per-container region directories
+``containers/<pod UID>_<container>``, the per-claim ones ``claims/<claim UID>`` with their
+records, the lock directory, the host driver directories given with ``--driver-mount``), making
+that layout at start (:func:`prepare_hook_dir`), and recreating a container's region directory
+(:func:`reset_cache_dir`). ``<hook>`` is the same path on the host and in the container
+(reference §6.4), so one setting moves the library, the preload entry and the regions together
+(A13).
+
+What it does not own: what a container is given from this layout (env and mounts: the libvgpu
+container contract, :mod:`hami.node.contract`), and what ``hami monitor`` reads (it is told the
+directories by its own flags).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LIBRARY_NAME = "libvgpu.so"
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """One bind mount: ``host_path`` shown in the container at ``container_path``."""
+
+    container_path: str
+    host_path: str
+    read_only: bool
+
+
+def parse_driver_mount(text: str) -> MountSpec:
+    """``HOST[:CONTAINER][:ro|rw]`` (``--driver-mount``): a host directory of the GPU driver that
+    every GPU container gets, at ``CONTAINER`` (default: the same path), read-only unless ``rw``."""
+    parts = text.split(":")
+    mode = "ro"
+    if len(parts) > 1 and parts[-1] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) > 2 or not parts[0]:
+        raise ValueError(f"--driver-mount {text!r}: expected HOST[:CONTAINER][:ro|rw]")
+    host, container = parts[0], parts[1] if len(parts) == 2 else parts[0]
+    for what, path in (("host", host), ("container", container)):
+        if not path.startswith("/"):
+            raise ValueError(f"--driver-mount {text!r}: the {what} path {path!r} is not absolute")
+    return MountSpec(container, host, mode == "ro")
+
+
+@dataclass(frozen=True)
+class HookPaths:
+    """Where libvgpu lives. ``hook_path`` is the same on the host and in the container (§6.4).
+
+    ``driver_mounts``: host driver directories added to every GPU container's mounts, for nodes
+    whose container runtime does not inject the driver (no NVIDIA container runtime; e.g. a
+    driver kept in ``/home/kubernetes/bin/nvidia`` and shown at ``/usr/local/nvidia``).
+    """
+
+    hook_path: str = "/usr/local"
+    lock_dir: str = "/tmp/vgpulock"
+    driver_mounts: tuple[MountSpec, ...] = ()
+
+    @property
+    def vgpu_dir(self) -> str:
+        return f"{self.hook_path.rstrip('/')}/vgpu"
+
+    @property
+    def library(self) -> str:
+        return f"{self.vgpu_dir}/{LIBRARY_NAME}"
+
+    @property
+    def preload_file(self) -> str:
+        return f"{self.vgpu_dir}/ld.so.preload"
+
+    def cache_dir(self, pod_uid: str, container: str) -> str:
+        """A device-plugin container's region directory on the host."""
+        return f"{self.vgpu_dir}/containers/{pod_uid}_{container}"
+
+    def claim_dir(self, uid: str) -> str:
+        """A DRA claim's region directory on the host (shared by the claim's containers)."""
+        return f"{self.vgpu_dir}/claims/{uid}"
+
+    def claim_record(self, uid: str) -> str:
+        """``claims/<uid>.json``: which claim the region directory belongs to, for ``hami monitor``.
+        Beside the directory, not in it: the container mounts the directory read-write, so only
+        what is outside it can be trusted to name the claim."""
+        return f"{self.vgpu_dir}/claims/{uid}.json"
+
+
+def prepare_hook_dir(paths: HookPaths) -> None:
+    """Create the containers dir and lock dir, and write ld.so.preload naming *this* library path.
+
+    The preload file's content follows ``hook_path`` so one setting moves the library end to
+    end (A13). A read-only host path is reported, not fatal: Allocate will fail per pod. The
+    preload file is written in place, not replaced: running containers bind-mount it by inode.
+    """
+    try:
+        Path(paths.vgpu_dir, "containers").mkdir(parents=True, exist_ok=True)
+        for d in (paths.lock_dir,):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o777)
+        preload = Path(paths.preload_file)
+        wanted = paths.library + "\n"
+        if not preload.exists() or preload.read_text() != wanted:
+            preload.write_text(wanted)
+    except OSError as exc:
+        log.error("cannot prepare hook directory %s: %s", paths.vgpu_dir, exc)
+    if not Path(paths.library).exists():
+        log.warning("%s does not exist yet; containers will start without libvgpu", paths.library)
+
+
+def reset_cache_dir(path: str) -> None:
+    """Recreate a container's cache dir, empty and world-writable (any UID in the container)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+
+
+def make_claim_dir(paths: HookPaths, uid: str) -> str:
+    """Create a claim's region directory, world-writable (the container's processes, of any UID,
+    create the region in it); returns it."""
+    directory = paths.claim_dir(uid)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o777)
+    return directory

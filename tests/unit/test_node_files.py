@@ -1,0 +1,125 @@
+"""The node's one durable writer (hami.node.files.write_atomic) and the files that go through it:
+both checkpoints, both kinds of CDI spec and the DRA claim record. Checkpoints written by the
+code before the writer was shared still load."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from hami.deviceplugin.mig import Checkpoint as MigCheckpoint, Entry
+from hami.draplugin.checkpoint import Checkpoint as DraCheckpoint, CheckpointError
+from hami.node import files
+from hami.node.cdi import CdiConfig, CdiGpu, spec, write_document, write_spec
+from hami.node.files import WriteError, write_atomic
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """The paths fsynced, in order (files and directories)."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def spy(fd):
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(files.os, "fsync", spy)
+    return seen
+
+
+def test_write_is_complete_durable_and_leaves_no_temporary(tmp_path, fsyncs):
+    target = tmp_path / "deep" / "state.json"
+    assert write_atomic(target, "one", mode=0o600) == target
+    write_atomic(target, b"two")
+    assert target.read_text() == "two"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert os.listdir(target.parent) == ["state.json"]
+    # each write: the temporary file's data, then the directory holding the rename
+    assert fsyncs[1::2] == [str(target.parent)] * 2
+    assert all(p.startswith(str(target.parent) + "/.state.json.") for p in fsyncs[0::2])
+
+
+def test_a_failed_write_names_the_path_and_keeps_the_old_content(tmp_path, monkeypatch):
+    target = tmp_path / "state.json"
+    target.write_text("old")
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", refuse)
+    with pytest.raises(WriteError, match=f"{target}: cannot write .*No space left") as err:
+        write_atomic(target, "new")
+    assert isinstance(err.value, OSError)
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["state.json"]
+
+
+def test_an_unwritable_directory_is_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(WriteError, match=str(blocker / "x.json")):
+        write_atomic(blocker / "x.json", "{}")
+
+
+# ----------------------------------------------------------------------- every writer goes through it
+
+
+def _dir_synced(fsyncs, directory) -> bool:
+    return str(directory) in fsyncs
+
+
+def test_mig_checkpoint_is_written_durably(tmp_path, fsyncs):
+    MigCheckpoint(tmp_path / "mig" / "checkpoint.json").save({})
+    assert _dir_synced(fsyncs, tmp_path / "mig")
+
+
+def test_dra_checkpoint_is_written_durably_and_private(tmp_path, fsyncs):
+    DraCheckpoint(tmp_path / "dra" / "checkpoint.json").put("u", {"devices": []})
+    assert _dir_synced(fsyncs, tmp_path / "dra")
+    assert stat.S_IMODE((tmp_path / "dra" / "checkpoint.json").stat().st_mode) == 0o600
+
+
+def test_cdi_specs_are_written_durably(tmp_path, fsyncs):
+    path = write_spec(spec([CdiGpu("GPU-1", 0)], CdiConfig("cdi-cri")), tmp_path / "cdi")
+    claim = write_document({"cdiVersion": "0.6.0", "kind": "gpu.hami.io/claim", "devices": []},
+                           tmp_path / "cdi" / "gpu.hami.io-u.json")
+    assert _dir_synced(fsyncs, tmp_path / "cdi")
+    assert json.loads(claim.read_text())["kind"] == "gpu.hami.io/claim"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert sorted(os.listdir(tmp_path / "cdi")) == ["gpu.hami.io-u.json", "hami-gpu.json"]
+
+
+def test_dra_checkpoint_write_failure_names_the_file(tmp_path, monkeypatch):
+    cp = DraCheckpoint(tmp_path / "checkpoint.json")
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'checkpoint.json'}: cannot write"):
+        cp.put("u", {})
+
+
+# ----------------------------------------------------------------------- old files still load
+
+
+def test_mig_checkpoint_written_by_the_old_writer_loads(tmp_path):
+    # byte for byte what the device plugin wrote before (json.dumps(..., indent=1), version 1)
+    entry = {"pod_uid": "uid-1", "pod": "ns/p", "container": 0, "device": 0, "gpu_uuid": "GPU-1",
+             "profile": "1g.5gb", "start": 0, "size": 1, "state": "ready", "gpu_instance_id": 7,
+             "compute_instance_id": 0, "mig_uuid": "MIG-1"}
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 1, "entries": [entry]}, indent=1))
+    loaded = MigCheckpoint(path).load()
+    assert loaded == {"uid-1/0/0": Entry(**entry)}
+    MigCheckpoint(path).save(loaded)  # and the new writer writes what the old reader read
+    assert json.loads(path.read_text()) == {"version": 1, "entries": [entry]}
+
+
+def test_dra_checkpoint_written_by_the_old_writer_loads(tmp_path):
+    claims = {"uid-1": {"namespace": "ns", "name": "c", "devices": [{"device_name": "gpu-0"}],
+                        "cdi_file": "/var/run/cdi/gpu.hami.io-uid-1.json", "cdi_spec": {"kind": "gpu.hami.io/claim"},
+                        "claim_dir": "/usr/local/vgpu/claims/uid-1"}}
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 1, "claims": claims}, sort_keys=True, indent=1))
+    cp = DraCheckpoint(path)
+    assert cp.uids() == ["uid-1"] and cp.get("uid-1") == claims["uid-1"]
