@@ -8,12 +8,17 @@ request policy (KEP-5075): a capacity the request does not name takes the policy
 named amount below ``validRange.min`` is raised to it and rounded up to the next ``step``; above
 ``validRange.max`` (or above every ``validValues``) the device cannot serve the request.
 
-:func:`allocate` restates the allocator's search on one node, as far as this driver's devices
-need: the requests of a claim in order, for each the devices in slice order, the first that fits
-(with a backtrack when a later request or a ``distinctAttribute``/``matchAttribute`` constraint
-cannot be met). There is no scoring between devices: kube-scheduler has none, it takes the first
-device that fits. CEL selectors of a request, ``firstAvailable`` alternatives and admin access are
-not evaluated (see docs/dra.md, "Simulating the DRA path").
+:func:`allocate_claims` restates the search of kube-scheduler's structured allocator
+(``k8s.io/dynamic-resource-allocation``) on one node, as far as this driver's devices need: all
+of a pod's unallocated claims in one depth-first search, claims in the pod's order, each claim's
+requests in order, each request's devices in slice order; the devices of one request are
+distinct (the next is looked for after the last one taken), and a claim, request or device that
+cannot be placed sends the search back to the choice before it. The first complete placement
+wins: kube-scheduler has no scoring between devices. :func:`why_not` and :func:`why_not_claims`
+say why a search found nothing, naming the claim. CEL selectors of a request, ``firstAvailable``
+alternatives and admin access are not evaluated (see docs/dra.md, "Simulating the DRA path").
+This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
+unless told to (:func:`commit`, :func:`release`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hami.core.shape import META, QTY, ListOf, MapOf
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
 from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
 
-SEARCH_STEPS = 100_000  # placements tried per claim and node before giving up
+SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
 #: the DeviceClasses the simulation knows: both select every device of the driver
 CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})

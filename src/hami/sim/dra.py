@@ -6,11 +6,12 @@ count ``count``; unhealthy and MIG-mode GPUs left out), or are given as Resource
 the driver. Each pod goes through the webhook's admission on the DRA front end
 (:func:`hami.webhook.admission.decide` with ``front_end="dra"``, which calls
 :func:`hami.dra.translate.translate`), and its claims are allocated the way kube-scheduler's
-allocator does (:mod:`hami.dra.fit`: all claims of a pod on one node, devices in slice order, the
-first that fits). Among the nodes where every claim fits, the node is picked by the default
-``NodeResourcesFit`` score (least requested CPU and memory, with kube-scheduler's defaults of
-100m / 200Mi for a container that requests none); ties, which kube-scheduler breaks at random, go
-to the node that comes first in the input.
+allocator does (:func:`hami.dra.fit.allocate_claims`: all unallocated claims of a pod on one node
+in one search, devices in slice order, distinct devices within a request, backtracking into
+earlier claims; the first placement found wins). Among the nodes where every claim fits, the
+node is picked by the default ``NodeResourcesFit`` score (least requested CPU and memory, with
+kube-scheduler's defaults of 100m / 200Mi for a container that requests none); ties, which
+kube-scheduler breaks at random, go to the node that comes first in the input.
 
 Pods may also name their own claims: ResourceClaim and ResourceClaimTemplate documents in the pods
 file (before the pod) are read as kube-controller-manager and kube-scheduler would (a claim from a
