@@ -387,8 +387,8 @@ def _too_much(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: S
         left = sum(max(d.left(k), 0) for d in devices)
         asked = 0
         for slot in slots:
-            amounts = [n[k] for n in slot.needs if n is not None]
-            asked += slot.needs[slot.fixed][k] if slot.fixed is not None and slot.needs[slot.fixed] else min(amounts)
+            where = slot.needs if slot.fixed is None else slot.needs[slot.fixed:slot.fixed + 1]
+            asked += min(n[k] for n in where if n is not None)  # _slots saw one device at least
             if asked > left:
                 what = (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}") + ", the GPUs have " + \
                     (f"{left // MIB} MiB" if k == MEMORY else f"{left}") + " left"
