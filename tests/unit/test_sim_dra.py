@@ -606,11 +606,18 @@ def _reference(devices, claims):
     extra = {d.key: dict.fromkeys(fit.CAPACITIES, 0) for d in devices}
     result = [[] for _ in claims]
 
+    class Stop(Exception):
+        pass
+
     def usable(d, r, ci):
         need = fit.wanted(d, r.capacity)
-        if need is None or any(need[k] > d.left(k) - extra[d.key][k] for k in fit.CAPACITIES):
+        if need is None:
             return None
         p = fit.Pick(r.name, d, need)
+        if r.count < 0 and not fit._constraint_ok(claims[ci].constraints, result[ci], p):
+            raise Stop  # All: the allocator gives up on the node (an error, not a dead end)
+        if any(need[k] > d.left(k) - extra[d.key][k] for k in fit.CAPACITIES):
+            return None
         return p if fit._constraint_ok(claims[ci].constraints, result[ci], p) else None
 
     every = {}  # allocationMode All: the devices with room before the search
@@ -646,7 +653,10 @@ def _reference(devices, claims):
                 extra[p.device.key][k] -= p.consumed[k]
         return False
 
-    return result if one(0, 0, 0, 0) else None
+    try:
+        return result if one(0, 0, 0, 0) else None
+    except Stop:
+        return None
 
 
 _REQ = st.tuples(st.sampled_from([1, 1, 2, 3, -1]), st.sampled_from([None, 1000, 4000, 7000, 9000]))
@@ -680,3 +690,35 @@ def test_property_the_search_finds_the_allocators_first_placement(gpus, claims, 
             [[(p.request, p.device.device, p.consumed) for p in c] for c in want]
     else:
         assert fit.why_not_claims(devs, asks, found).startswith(f"claim {asks[max(found.stuck, 0)].name}")
+
+
+def test_constraints_read_as_the_allocator_reads_them():
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i // 2) for i in range(4)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    one = [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "1Gi"})]
+    # distinctAttribute on an attribute a device lacks: that device never qualifies
+    assert fit.allocate(devs, one, [{"distinctAttribute": "gpu.hami.io/nothing"}]) is None
+    # allocationMode All with a constraint one of its devices breaks: kube-scheduler stops with an
+    # error there (no going back into earlier claims), and the reason says so
+    every = fit.ClaimAsk("all", [fit.Request("gpu", "gpu.hami.io", -1, {"memory": "1Gi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])
+    found = fit.allocate_claims(devs, [fit.ClaimAsk("first", one), every])
+    assert found.picks is None
+    assert fit.why_not_claims(devs, [fit.ClaimAsk("first", one), every], found) == (
+        "claim all request gpu (allocationMode All): gpu-2 breaks a constraint of the claim, which ends "
+        "kube-scheduler's search")
+    # without the constraint it takes every GPU with room, a full one left out
+    devs[3].used["memory"] = devs[3].total["memory"]
+    found = fit.allocate_claims(devs, [fit.ClaimAsk("all", every.requests)])
+    assert [p.device.device for p in found.picks[0]] == ["gpu-0", "gpu-1", "gpu-2"]
+    # the same inside one claim: its first request took gpu-0 (NUMA 1), the All request's GPUs are
+    # on NUMA 0; the allocator does not go back to move the first request, it stops
+    gpus = [PhysicalGPU(0, "GPU-0", "T4", 8192, "", 1), PhysicalGPU(1, "GPU-1", "T4", 15360, "", 0),
+            PhysicalGPU(2, "GPU-2", "T4", 15360, "", 0)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    mixed = fit.ClaimAsk("mixed", [fit.Request("one", "gpu.hami.io", 1, {"memory": "1000Mi"}),
+                                   fit.Request("all", "gpu.hami.io", -1, {"memory": "10000Mi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])
+    found = fit.allocate_claims(devs, [mixed])
+    assert found.picks is None and "gpu-1 breaks a constraint" in fit.why_not_claims(devs, [mixed], found)
+    assert _reference(devs, [mixed]) is None

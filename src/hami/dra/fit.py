@@ -293,7 +293,8 @@ def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pic
         peers = [p for p in picks if applies is None or p.request in applies]
         if c.get("distinctAttribute"):
             a = c["distinctAttribute"]
-            if any(p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
+            if new.device.attributes.get(a) is None or any(
+                    p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
                 return False
         if c.get("matchAttribute"):
             a = c["matchAttribute"]
@@ -350,6 +351,7 @@ class Search:
     prefix: list[list[Pick]] = field(default_factory=list)
     gave_up: bool = False
     short: str = ""
+    broken: str = ""  # an allocationMode All device a constraint refuses: the allocator stops there
 
 
 def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Slot] | None:
@@ -432,9 +434,17 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
             i = at if slot.fixed is None else slot.fixed
             at = i + 1
             need = slot.needs[i]
-            if need is None or not all(need[k] <= devices[i].left(k) - extra[i][k] for k in CAPACITIES):
+            if need is None:
                 continue
             p = Pick(slot.request.name, devices[i], need)
+            if slot.fixed is not None and constraints and not _constraint_ok(constraints, mine[slot.claim], p):
+                # All: a device the claim's constraints refuse is an error that ends the whole
+                # search in the allocator, not a dead end to back out of
+                found.stuck, found.broken = slot.claim, f"request {slot.request.name} (allocationMode All): " \
+                    f"{devices[i].device} breaks a constraint of the claim, which ends kube-scheduler's search"
+                return found
+            if not all(need[k] <= devices[i].left(k) - extra[i][k] for k in CAPACITIES):
+                continue
             if not constraints or _constraint_ok(constraints, mine[slot.claim], p):
                 pick = (i, p)
         cursor[level] = at  # All: past its one device once tried
@@ -537,6 +547,8 @@ def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], fou
         return (f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "
                 "bounds it by time instead)")
     before = claims[:max(found.stuck, 0)]
+    if found.broken:
+        return f"claim {stuck.name} {found.broken}"
     if found.short:
         return (f"claim {stuck.name}: the pod's claims up to it ask at least {found.short}" if before else
                 f"claim {stuck.name}: asks at least {found.short}")
