@@ -722,3 +722,17 @@ def test_constraints_read_as_the_allocator_reads_them():
     found = fit.allocate_claims(devs, [mixed])
     assert found.picks is None and "gpu-1 breaks a constraint" in fit.why_not_claims(devs, [mixed], found)
     assert _reference(devs, [mixed]) is None
+
+
+def test_a_claim_its_own_constraints_rule_out_is_not_blamed_on_the_pods_other_claims():
+    # claim two asks two GPUs on one NUMA node; the node has one GPU per NUMA node: it cannot be
+    # had even alone, whatever claim one does
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i) for i in range(2)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    asks = [fit.ClaimAsk("one", [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "1Gi"})]),
+            fit.ClaimAsk("two", [fit.Request("gpu", "gpu.hami.io", 2, {"memory": "1Gi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])]
+    found = fit.allocate_claims(devs, asks)
+    assert found.picks is None and found.stuck == 1
+    assert fit.why_not_claims(devs, asks, found) == \
+        "claim two: every request fits on its own, but not together (constraints or shared GPUs)"

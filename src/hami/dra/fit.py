@@ -552,7 +552,7 @@ def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], fou
     if found.short:
         return (f"claim {stuck.name}: the pod's claims up to it ask at least {found.short}" if before else
                 f"claim {stuck.name}: asks at least {found.short}")
-    if _slots(devices, [stuck]) is None or not before:
+    if not before or allocate_claims(devices, [stuck], steps).picks is None:  # it cannot be had even alone
         return why_not(devices, stuck.requests, stuck.name, stuck.constraints)
     held = [p for picks in found.prefix for p in picks]
     commit(held, "(search)")  # what is short once the claims before it hold what the search gave them first
