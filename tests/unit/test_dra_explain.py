@@ -1,4 +1,5 @@
-"""Why a claim does not fit on the DRA path: use per GPU from slices and allocated claims."""
+"""Why a claim does not fit on the DRA path: use per GPU from slices and allocated claims, and the
+allocator's search over a pending pod's claims together."""
 
 from hami.node.nvml import PhysicalGPU
 from hami.dra.explain import claim_requests, describe, shortfall, usage
@@ -50,3 +51,36 @@ def test_claim_requests_reads_exact_requests():
         {"name": "gpu", "exactly": {"deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "1Gi"}}}},
         {"name": "any", "firstAvailable": []}]}}}
     assert claim_requests(c) == [("gpu", {"memory": "1Gi"})]
+
+
+def _pending_pod(*claims):
+    return {"metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims]}}
+
+
+def _unallocated(name, memory):
+    return {"metadata": {"namespace": "ns", "name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": memory}}}}]}}}
+
+
+def test_explain_replays_the_search_over_the_pods_claims_together():
+    """Each claim fits a GPU alone; together the first must move to gpu-1 for the second, and a
+    third does not fit beside them: the explanation says so, naming the claim."""
+    from hami.dra.explain import explain_pod
+
+    sl = resource_slice("n1", [PhysicalGPU(0, "GPU-a", "A10", 23028, "", 0), PhysicalGPU(1, "GPU-b", "T4", 15360, "", 0)],
+                        SliceSettings())
+    claims = [_unallocated("small", "8000Mi"), _unallocated("big", "20000Mi"), _unallocated("more", "8000Mi")]
+    lines = explain_pod(_pending_pod("small", "big"), [sl], claims)
+    assert lines[-2:] == ["the pod's unallocated claims together, as kube-scheduler's allocator searches them, pool by pool:",
+                          "  n1: fits (small on gpu-1, big on gpu-0)"]
+    lines = explain_pod(_pending_pod("small", "big", "more"), [sl], claims)
+    assert lines[-1] == ("  n1: claim more request gpu: gpu-0: memory 4972 MiB short; gpu-1: memory 640 MiB short "
+                         "(after the pod's claims small on gpu-1, big on gpu-0; no other placement of them leaves "
+                         "room either)")
+    placed = {**_pending_pod("small", "big"), "spec": {**_pending_pod("small", "big")["spec"], "nodeName": "n1"}}
+    assert not any("allocator searches" in line for line in explain_pod(placed, [sl], claims))
+    alt = {"metadata": {"namespace": "ns", "name": "alt"},
+           "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [{"name": "a"}]}]}}}
+    assert explain_pod(_pending_pod("alt"), [sl], [alt])[-1].startswith("kube-scheduler's search is not replayed: ")

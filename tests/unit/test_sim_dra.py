@@ -310,9 +310,22 @@ def test_allocate_tries_sets_of_devices_not_their_orderings():
     assert fit.allocate(devs, req, distinct) is None
     picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 7, {"memory": "1Gi"})], distinct)
     assert [p.device.device for p in picks] == [f"gpu-{i}" for i in range(7)]
-    # without the constraint one device may serve the request several times (first that fits)
+    # without the constraint too: the devices of one request are distinct (kube-scheduler looks
+    # for a request's next device after the last one it took), though gpu-0 has room for three
     picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 3, {"memory": "1Gi"})])
-    assert [p.device.device for p in picks] == ["gpu-0"] * 3
+    assert [p.device.device for p in picks] == ["gpu-0", "gpu-1", "gpu-2"]
+    # a constraint the room count cannot see: 14 free GPUs, but 7 per NUMA node, and 8 on one
+    # node asked; the search walks sets in slice order and ends at once
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i % 2) for i in range(16)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    for d in devs[14:]:
+        d.used["memory"] = d.total["memory"]
+    same_numa = [{"requests": ["gpu"], "matchAttribute": "gpu.hami.io/numa"}]
+    assert fit.allocate(devs, req, same_numa) is None
+    assert fit.why_not(devs, req, "c", same_numa) == \
+        "claim c: every request fits on its own, but not together (constraints or shared GPUs)"
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 7, {"memory": "1Gi"})], same_numa)
+    assert [p.device.device for p in picks] == [f"gpu-{i}" for i in range(0, 14, 2)]
 
 
 def test_more_devices_than_a_claim_can_hold_is_denied_or_a_clear_error():
@@ -328,17 +341,26 @@ def test_more_devices_than_a_claim_can_hold_is_denied_or_a_clear_error():
         run([node("a")], [bad])
 
 
-def test_a_hopeless_many_device_request_ends_at_once_and_says_why():
-    # 8 GPUs with room for 3 shares each (24) cannot hold 30: the search would otherwise walk
-    # every multiset of devices
+def test_a_request_never_gets_one_gpu_twice_and_the_reason_counts_gpus():
+    # 8 GPUs with room for 3 shares each: a request of count 30 (or 9) cannot be had, room for
+    # 24 shares or not; kube-scheduler gives one request distinct devices only
     gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(8)]
     devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings(split_count=3))]).values())
-    req = [fit.Request("gpu", "gpu.hami.io", 30, {"memory": "10Mi"})]
+    for n in (30, 9):
+        req = [fit.Request("gpu", "gpu.hami.io", n, {"memory": "10Mi"})]
+        assert fit.allocate(devs, req) is None
+        assert fit.why_not(devs, req, "c") == f"claim c request gpu needs {n} GPUs, the node publishes 8"
+    picks = fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 8, {"memory": "10Mi"})])
+    assert [p.device.device for p in picks] == [f"gpu-{i}" for i in range(8)]
+    for d in devs[2:]:
+        d.used["shares"] = 3
+    req = [fit.Request("gpu", "gpu.hami.io", 3, {"memory": "10Mi"})]
     assert fit.allocate(devs, req) is None
-    assert fit.allocate(devs, [fit.Request("gpu", "gpu.hami.io", 24, {"memory": "10Mi"})]) is not None
-    assert fit.why_not(devs, req, "c") == "claim c request gpu needs 30 allocations (one GPU may take several), 24 fit"
-    distinct = [{"distinctAttribute": "gpu.hami.io/uuid"}]
-    assert fit.why_not(devs, req, "c", distinct) == "claim c request gpu needs 30 GPUs, the node publishes 8"
+    assert fit.why_not(devs, req, "c").startswith("claim c request gpu needs 3 GPUs, 2 fit (gpu-2: shares 1 short; ")
+    # two requests of one claim may each take the same shared GPU
+    picks = fit.allocate(devs, [fit.Request("a", "gpu.hami.io", 2, {"memory": "10Mi"}),
+                                fit.Request("b", "gpu.hami.io", 1, {"memory": "10Mi"})])
+    assert [(p.request, p.device.device) for p in picks] == [("a", "gpu-0"), ("a", "gpu-1"), ("b", "gpu-0")]
 
 
 def test_a_nodes_given_slice_wins_over_its_registration_and_a_device_counts_once():
@@ -456,3 +478,262 @@ def test_an_over_committed_gpu_in_the_input_does_not_hide_the_others():
                 "constraints": [{"distinctAttribute": "gpu.hami.io/uuid"}]}}}}
     r, pods = run([node("a", n=3)], [claim_doc("big", allocation=over), tmpl, own_claim_pod("p", template="t")])
     assert sorted(where(pods["p"])) == ["a/gpu-1", "a/gpu-2"]
+
+
+# ---------------------------------------------------------------- kube-scheduler's allocator, restated
+# (a) one request never gets the same GPU twice: the allocator looks for a request's next device
+#     after the last one it took; (b) all of a pod's unallocated claims are placed in one search
+#     that goes back into earlier claims when a later one does not fit.
+
+
+def sized_node(name, *mib):
+    """A node given by its ResourceSlice: one GPU per size (MiB), in that order."""
+    return resource_slice(name, [PhysicalGPU(i, f"GPU-{name}-{i}", "T4", m, "", 0) for i, m in enumerate(mib)],
+                          SliceSettings())
+
+
+def gpu_containers_pod(name, *gpumem):
+    """A HAMi pod with one container per amount: the webhook gives each container its own claim."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": f"c{i}", "image": "x", "resources": {"limits": {
+                "nvidia.com/gpu": 1, "nvidia.com/gpumem": m}}} for i, m in enumerate(gpumem)]}}
+
+
+def count_template(name, count, memory="1000Mi", constraint=False):
+    """A ResourceClaimTemplate of one request of ``count`` devices, without a distinctAttribute."""
+    spec = {"devices": {"requests": [{"name": "g", "exactly": {
+        "deviceClassName": "gpu.hami.io", "count": count, "capacity": {"requests": {"memory": memory}}}}]}}
+    if constraint:
+        spec["devices"]["constraints"] = [{"requests": ["g"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": spec}}
+
+
+def per_container(p):
+    return [[d["device"] for d in c["devices"]] for c in p.containers]
+
+
+@pytest.mark.parametrize("nodes, docs, status, devices, reason", [
+    pytest.param(  # (a) count 2 on two GPUs, room for both on gpu-0: still two GPUs
+        [node("a", n=2)], [count_template("t", 2), own_claim_pod("p", template="t")],
+        "scheduled", [["a/gpu-0", "a/gpu-1"]], None, id="count-2-takes-two-gpus"),
+    pytest.param(  # (a) the same with the constraint written out: no difference
+        [node("a", n=2)], [count_template("t", 2, constraint=True), own_claim_pod("p", template="t")],
+        "scheduled", [["a/gpu-0", "a/gpu-1"]], None, id="count-2-with-distinct-attribute"),
+    pytest.param(  # (a) one GPU with room for ten shares cannot serve a request of count 2
+        [node("a", n=1)], [count_template("t", 2), own_claim_pod("p", template="t")],
+        "pending", None, {"a": "claim p-gpu request g needs 2 GPUs, the node publishes 1"}, id="count-2-on-one-gpu"),
+    pytest.param(  # (a) three GPUs, one full: 3 asked, 2 fit, and the full one says why
+        [node("a", n=3)],
+        [claim_doc("full", caps={"memory": "15360Mi"}), own_claim_pod("f", claim="full"),
+         count_template("t", 3), own_claim_pod("p", template="t")],
+        "pending", None, {"a": "claim p-gpu request g needs 3 GPUs, 2 fit (gpu-0: memory 1000 MiB short)"},
+        id="count-3-two-fit"),
+    pytest.param(  # (b) container 0 fits either GPU, container 1 only gpu-0: container 0 is moved to gpu-1
+        [sized_node("a", 23028, 15360)], [gpu_containers_pod("p", 8000, 20000)],
+        "scheduled", [["a/gpu-1"], ["a/gpu-0"]], None, id="backtrack-into-the-first-claim"),
+    pytest.param(  # (b) two levels: the third claim sends the search back past the second into the first
+        [sized_node("a", 16384, 8192, 8192)], [gpu_containers_pod("p", 8192, 8192, 16384)],
+        "scheduled", [["a/gpu-1"], ["a/gpu-2"], ["a/gpu-0"]], None, id="backtrack-two-levels"),
+    pytest.param(  # (b) no placement of the three: the reason names the third claim, beside the first two
+        [sized_node("a", 16384, 8192)], [gpu_containers_pod("p", 7000, 7000, 10000)],
+        "pending", None, {"a": "claim p-hami-gpu-2 request gpu: gpu-0: memory 7616 MiB short; gpu-1: asks for more "
+                               "than the whole GPU (after the pod's claims p-hami-gpu-0 on gpu-0, p-hami-gpu-1 on "
+                               "gpu-0; no other placement of them leaves room either)"}, id="three-claims-no-placement"),
+    pytest.param(  # (b) the three ask more memory than the two GPUs have: said at once, naming the third
+        [sized_node("a", 16384, 8192)], [gpu_containers_pod("p", 8192, 8192, 9000)],
+        "pending", None, {"a": "claim p-hami-gpu-2: the pod's claims up to it ask at least memory 25384 MiB, the "
+                               "GPUs have 24576 MiB left"}, id="three-claims-more-than-the-node"),
+    pytest.param(  # (b) a claim that cannot fit even alone is named with its own shortfall
+        [sized_node("a", 16384, 8192)], [gpu_containers_pod("p", 1000, 20000)],
+        "pending", None, {"a": "claim p-hami-gpu-1 request gpu: gpu-0: asks for more than the whole GPU; gpu-1: asks "
+                               "for more than the whole GPU"}, id="second-claim-too-big-alone"),
+])
+def test_the_allocator_search_on_one_node(nodes, docs, status, devices, reason):
+    r, pods = run(nodes, docs)
+    p = pods["p"]
+    assert p.status == status, p.reasons
+    if devices is not None:
+        assert per_container(p) == devices
+    if reason is not None:
+        assert p.reasons == reason
+    for d in r.devices:  # whatever was searched, only the placed claims count
+        assert d["usedmem"] <= d["totalmem"]
+
+
+def test_a_claim_already_allocated_is_not_moved_by_the_search():
+    # the pod's first claim is allocated (input status) on gpu-0; its second only fits gpu-0's
+    # rest if the first were elsewhere: kube-scheduler searches only the unallocated claims
+    held = [{"request": "gpu", "driver": "gpu.hami.io", "pool": "a", "device": "gpu-0",
+             "consumedCapacity": {"memory": "8000Mi", "cores": "0", "shares": "1"}}]
+    big = claim_doc("big", caps={"memory": "20000Mi"})
+    p = own_claim_pod("p", claim="small")
+    p["spec"]["resourceClaims"].append({"name": "big", "resourceClaimName": "big"})
+    p["spec"]["containers"][0]["resources"]["claims"].append({"name": "big"})
+    r, pods = run([sized_node("a", 23028, 15360)], [claim_doc("small", caps={"memory": "8000Mi"}, allocation=held),
+                                                     big, p])
+    assert pods["p"].status == "pending"
+    assert pods["p"].reasons["a"].startswith("claim big request gpu: gpu-0: memory 4972 MiB short")
+    # unallocated, the two are placed together: small moves to gpu-1
+    r, pods = run([sized_node("a", 23028, 15360)], [claim_doc("small", caps={"memory": "8000Mi"}), big, p])
+    assert pods["p"].status == "scheduled" and where(pods["p"]) == ["a/gpu-1", "a/gpu-0"]
+
+
+def test_the_search_bound_gives_up_with_a_reason_naming_the_claim():
+    # 13 one-GPU claims of 7000 MiB on 6 GPUs of 15360 MiB (two fit each): in memory and shares
+    # the sum fits, so only trying the placements of the first 12 shows there is none
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0) for i in range(6)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings(split_count=3))]).values())
+    asks = [fit.ClaimAsk(f"c{i}", [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "7000Mi"})]) for i in range(13)]
+    found = fit.allocate_claims(devs, asks, steps=500)
+    assert found.picks is None and found.gave_up
+    assert fit.why_not_claims(devs, asks, found, steps=500) == \
+        "claim c12: the search gave up after 500 placements tried (kube-scheduler bounds it by time instead)"
+    assert all(d.used["shares"] == 0 for d in devs)  # nothing stays committed
+    picks = fit.allocate_claims(devs, asks[:12], steps=500).picks
+    assert [p.device.device for c in picks for p in c] == [f"gpu-{i // 2}" for i in range(12)]
+    # asking more shares than the GPUs have left in all ends at once, naming the claim that passes it
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings(split_count=2))]).values())
+    asks = [fit.ClaimAsk(f"c{i}", [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "10Mi"})]) for i in range(13)]
+    found = fit.allocate_claims(devs, asks, steps=1)
+    assert not found.gave_up
+    assert fit.why_not_claims(devs, asks, found) == \
+        "claim c12: the pod's claims up to it ask at least shares 13, the GPUs have 12 left"
+
+
+def _reference(devices, claims):
+    """kube-scheduler's allocator as literally as it reads (recursive, no bounds, no shortcuts),
+    to check that the bounded search finds the same first placement."""
+    extra = {d.key: dict.fromkeys(fit.CAPACITIES, 0) for d in devices}
+    result = [[] for _ in claims]
+
+    class Stop(Exception):
+        pass
+
+    def usable(d, r, ci):
+        need = fit.wanted(d, r.capacity)
+        if need is None:
+            return None
+        p = fit.Pick(r.name, d, need)
+        if r.count < 0 and not fit._constraint_ok(claims[ci].constraints, result[ci], p):
+            raise Stop  # All: the allocator gives up on the node (an error, not a dead end)
+        if any(need[k] > d.left(k) - extra[d.key][k] for k in fit.CAPACITIES):
+            return None
+        return p if fit._constraint_ok(claims[ci].constraints, result[ci], p) else None
+
+    every = {}  # allocationMode All: the devices with room before the search
+    for ci, c in enumerate(claims):
+        for ri, r in enumerate(c.requests):
+            if r.count < 0:
+                every[(ci, ri)] = [d for d in devices if (n := fit.wanted(d, r.capacity)) is not None
+                                   and all(n[k] <= d.left(k) for k in fit.CAPACITIES)]
+
+    def one(ci, ri, n, start):
+        if ci == len(claims):
+            return True
+        if ri == len(claims[ci].requests):
+            return one(ci + 1, 0, 0, 0)
+        r = claims[ci].requests[ri]
+        if r.device_class not in fit.CLASSES:
+            return False
+        if r.count < 0 and not every[(ci, ri)]:
+            return False
+        if n == (len(every[(ci, ri)]) if r.count < 0 else r.count):
+            return one(ci, ri + 1, 0, 0)
+        for i in ([devices.index(every[(ci, ri)][n])] if r.count < 0 else range(start, len(devices))):
+            p = usable(devices[i], r, ci)
+            if p is None:
+                continue
+            result[ci].append(p)
+            for k in fit.CAPACITIES:
+                extra[p.device.key][k] += p.consumed[k]
+            if one(ci, ri, n + 1, i + 1):
+                return True
+            result[ci].pop()
+            for k in fit.CAPACITIES:
+                extra[p.device.key][k] -= p.consumed[k]
+        return False
+
+    try:
+        return result if one(0, 0, 0, 0) else None
+    except Stop:
+        return None
+
+
+_REQ = st.tuples(st.sampled_from([1, 1, 2, 3, -1]), st.sampled_from([None, 1000, 4000, 7000, 9000]))
+_CLAIM = st.tuples(st.lists(_REQ, min_size=1, max_size=2),
+                   st.sampled_from([None, "distinctAttribute", "matchAttribute"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([8192, 15360, 23028]), st.integers(0, 1), st.sampled_from([0, 3000, 8000])),
+                min_size=1, max_size=4),
+       st.lists(_CLAIM, min_size=1, max_size=3), st.integers(2, 4))
+def test_property_the_search_finds_the_allocators_first_placement(gpus, claims, split):
+    devs = list(fit.devices_of([resource_slice("a", [PhysicalGPU(i, f"GPU-{i}", "T4", m, "", numa)
+                                                     for i, (m, numa, _) in enumerate(gpus)],
+                                               SliceSettings(split_count=split))]).values())
+    for d, (_, _, used) in zip(devs, gpus):
+        d.used["memory"] = used * MIB
+    asks = []
+    for ci, (reqs, constraint) in enumerate(claims):
+        requests = [fit.Request(f"r{ri}", "gpu.hami.io", count, {} if mem is None else {"memory": f"{mem}Mi"})
+                    for ri, (count, mem) in enumerate(reqs)]
+        attr = "gpu.hami.io/uuid" if constraint == "distinctAttribute" else "gpu.hami.io/numa"
+        asks.append(fit.ClaimAsk(f"c{ci}", requests, [{constraint: attr}] if constraint else []))
+    want = _reference(devs, asks)
+    found = fit.allocate_claims(devs, asks)
+    assert not found.gave_up
+    got = found.picks
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert [[(p.request, p.device.device, p.consumed) for p in c] for c in got] == \
+            [[(p.request, p.device.device, p.consumed) for p in c] for c in want]
+    else:
+        assert fit.why_not_claims(devs, asks, found).startswith(f"claim {asks[max(found.stuck, 0)].name}")
+
+
+def test_constraints_read_as_the_allocator_reads_them():
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i // 2) for i in range(4)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    one = [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "1Gi"})]
+    # distinctAttribute on an attribute a device lacks: that device never qualifies
+    assert fit.allocate(devs, one, [{"distinctAttribute": "gpu.hami.io/nothing"}]) is None
+    # allocationMode All with a constraint one of its devices breaks: kube-scheduler stops with an
+    # error there (no going back into earlier claims), and the reason says so
+    every = fit.ClaimAsk("all", [fit.Request("gpu", "gpu.hami.io", -1, {"memory": "1Gi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])
+    found = fit.allocate_claims(devs, [fit.ClaimAsk("first", one), every])
+    assert found.picks is None
+    assert fit.why_not_claims(devs, [fit.ClaimAsk("first", one), every], found) == (
+        "claim all request gpu (allocationMode All): gpu-2 breaks a constraint of the claim, which ends "
+        "kube-scheduler's search")
+    # without the constraint it takes every GPU with room, a full one left out
+    devs[3].used["memory"] = devs[3].total["memory"]
+    found = fit.allocate_claims(devs, [fit.ClaimAsk("all", every.requests)])
+    assert [p.device.device for p in found.picks[0]] == ["gpu-0", "gpu-1", "gpu-2"]
+    # the same inside one claim: its first request took gpu-0 (NUMA 1), the All request's GPUs are
+    # on NUMA 0; the allocator does not go back to move the first request, it stops
+    gpus = [PhysicalGPU(0, "GPU-0", "T4", 8192, "", 1), PhysicalGPU(1, "GPU-1", "T4", 15360, "", 0),
+            PhysicalGPU(2, "GPU-2", "T4", 15360, "", 0)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    mixed = fit.ClaimAsk("mixed", [fit.Request("one", "gpu.hami.io", 1, {"memory": "1000Mi"}),
+                                   fit.Request("all", "gpu.hami.io", -1, {"memory": "10000Mi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])
+    found = fit.allocate_claims(devs, [mixed])
+    assert found.picks is None and "gpu-1 breaks a constraint" in fit.why_not_claims(devs, [mixed], found)
+    assert _reference(devs, [mixed]) is None
+
+
+def test_a_claim_its_own_constraints_rule_out_is_not_blamed_on_the_pods_other_claims():
+    # claim two asks two GPUs on one NUMA node; the node has one GPU per NUMA node: it cannot be
+    # had even alone, whatever claim one does
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i) for i in range(2)]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    asks = [fit.ClaimAsk("one", [fit.Request("gpu", "gpu.hami.io", 1, {"memory": "1Gi"})]),
+            fit.ClaimAsk("two", [fit.Request("gpu", "gpu.hami.io", 2, {"memory": "1Gi"})],
+                         [{"matchAttribute": "gpu.hami.io/numa"}])]
+    found = fit.allocate_claims(devs, asks)
+    assert found.picks is None and found.stuck == 1
+    assert fit.why_not_claims(devs, asks, found) == \
+        "claim two: every request fits on its own, but not together (constraints or shared GPUs)"

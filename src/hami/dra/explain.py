@@ -4,9 +4,12 @@ kube-scheduler places claims on this path, and says only "cannot allocate all cl
 module reads the same objects it does (the driver's ResourceSlices and the allocated
 ResourceClaims) and answers per GPU: how much memory, cores and shares are taken, by which claims,
 and for a claim's request what it would consume there (the device's request policy applied:
-defaults for what it does not ask, memory rounded up to whole MiB) and what is short. It does not
-replay kube-scheduler's allocator (node selectors, taints, constraints across requests are its
-business); it explains capacity, which is what HAMi's users ask about.
+defaults for what it does not ask, memory rounded up to whole MiB) and what is short. For a pod
+not yet placed it then replays the allocator's search (:func:`hami.dra.fit.allocate_claims`) for
+all of the pod's unallocated claims together, node by node (pool by pool): where they would go,
+or which claim stops them, since claims that each fit alone may not fit together. Node
+selectors, taints and CPU/memory fit stay kube-scheduler's business; this module explains the
+GPUs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .fit import CAPACITIES, DeviceUse, add_claims, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
+from .fit import ClaimAsk, ClaimError, allocate_claims, claim_spec_requests, why_not_claims
 from .model import CORES, MEMORY, MIB, SHARES
 
 
@@ -53,21 +57,52 @@ def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims:
                if (c.get("metadata") or {}).get("namespace") == namespace}
     statuses = {s.get("name"): s.get("resourceClaimName")
                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
-    lines = [f"pod {namespace}/{name}: node {(pod.get('spec') or {}).get('nodeName') or '(none)'}"]
+    node = (pod.get("spec") or {}).get("nodeName")
+    lines = [f"pod {namespace}/{name}: node {node or '(none)'}"]
     lines += describe(uses) if uses else ["no gpu.hami.io GPU is published"]
+    pending: dict[str, Mapping[str, Any]] = {}  # the unallocated claims, in the pod's order
+    missing = False
     for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
         claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
         claim = by_name.get(claim_name or "")
         if claim is None:
             lines.append(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
+            missing = True
             continue
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
         if results:
             where = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results)
             lines.append(f"claim {claim_name}: allocated on {where}")
             continue
+        pending[claim_name or ""] = claim
         for request, caps in claim_requests(claim):
             asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
             lines.append(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
             lines += [f"  {line}" for line in describe(uses, caps)]
+    if pending and uses and not node and not missing:
+        lines += _search(pending, uses)
+    return lines
+
+
+def _search(pending: Mapping[str, Mapping[str, Any]], uses: Mapping[tuple[str, str], DeviceUse]) -> list[str]:
+    """The allocator's search for the pod's unallocated claims together, pool by pool (a pool is
+    a node on this driver)."""
+    asks = []
+    for name, claim in pending.items():
+        try:
+            requests, constraints = claim_spec_requests(claim.get("spec") or {}, f"claim {name} spec")
+        except ClaimError as exc:
+            return [f"kube-scheduler's search is not replayed: {exc}"]
+        asks.append(ClaimAsk(name, requests, constraints))
+    pools: dict[str, list[DeviceUse]] = {}
+    for d in uses.values():  # slice order: the order the allocator tries devices in
+        pools.setdefault(d.pool, []).append(d)
+    lines = ["the pod's unallocated claims together, as kube-scheduler's allocator searches them, pool by pool:"]
+    for pool, devices in pools.items():
+        found = allocate_claims(devices, asks)
+        if found.picks is None:
+            lines.append(f"  {pool}: {why_not_claims(devices, asks, found)}")
+        else:
+            where = ", ".join(f"{a.name} on {'+'.join(p.device.device for p in picks)}" for a, picks in zip(asks, found.picks))
+            lines.append(f"  {pool}: fits ({where})")
     return lines

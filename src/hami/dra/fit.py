@@ -8,12 +8,17 @@ request policy (KEP-5075): a capacity the request does not name takes the policy
 named amount below ``validRange.min`` is raised to it and rounded up to the next ``step``; above
 ``validRange.max`` (or above every ``validValues``) the device cannot serve the request.
 
-:func:`allocate` restates the allocator's search on one node, as far as this driver's devices
-need: the requests of a claim in order, for each the devices in slice order, the first that fits
-(with a backtrack when a later request or a ``distinctAttribute``/``matchAttribute`` constraint
-cannot be met). There is no scoring between devices: kube-scheduler has none, it takes the first
-device that fits. CEL selectors of a request, ``firstAvailable`` alternatives and admin access are
-not evaluated (see docs/dra.md, "Simulating the DRA path").
+:func:`allocate_claims` restates the search of kube-scheduler's structured allocator
+(``k8s.io/dynamic-resource-allocation``) on one node, as far as this driver's devices need: all
+of a pod's unallocated claims in one depth-first search, claims in the pod's order, each claim's
+requests in order, each request's devices in slice order; the devices of one request are
+distinct (the next is looked for after the last one taken), and a claim, request or device that
+cannot be placed sends the search back to the choice before it. The first complete placement
+wins: kube-scheduler has no scoring between devices. :func:`why_not` and :func:`why_not_claims`
+say why a search found nothing, naming the claim. CEL selectors of a request, ``firstAvailable``
+alternatives and admin access are not evaluated (see docs/dra.md, "Simulating the DRA path").
+This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
+unless told to (:func:`commit`, :func:`release`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hami.core.shape import META, QTY, ListOf, MapOf
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
 from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
 
-SEARCH_STEPS = 100_000  # placements tried per claim and node before giving up
+SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
 #: the DeviceClasses the simulation knows: both select every device of the driver
 CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
@@ -288,7 +293,8 @@ def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pic
         peers = [p for p in picks if applies is None or p.request in applies]
         if c.get("distinctAttribute"):
             a = c["distinctAttribute"]
-            if any(p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
+            if new.device.attributes.get(a) is None or any(
+                    p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
                 return False
         if c.get("matchAttribute"):
             a = c["matchAttribute"]
@@ -302,74 +308,181 @@ def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> 
     return all(need[k] <= dev.left(k) - extra.get(k, 0) for k in CAPACITIES)
 
 
-def _distinct(constraints: Sequence[Mapping[str, Any]], r: Request) -> bool:
-    return r.count < 0 or any(c.get("distinctAttribute") and (not c.get("requests") or r.name in c["requests"])
-                              for c in constraints)
+def _has_room(dev: DeviceUse, r: Request) -> bool:
+    """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted)."""
+    need = wanted(dev, r.capacity)
+    return need is not None and _fits(dev, {}, need)
 
 
-def _room(devices: Sequence[DeviceUse], r: Request, distinct: bool) -> int:
-    """How many allocations of ``r`` the devices could take, each device on its own."""
-    room = 0
-    for dev in devices:
-        need = wanted(dev, r.capacity)
-        if need is not None:
-            fits = max(0, min((dev.left(k) // need[k] if need[k] else MAX_RESULTS) for k in CAPACITIES))
-            room += min(fits, 1) if distinct else fits
-    return room
+def _room(devices: Sequence[DeviceUse], r: Request) -> int:
+    """How many distinct devices could take one device of ``r`` each, with what is allocated now."""
+    return sum(1 for dev in devices if _has_room(dev, r))
+
+
+@dataclass(frozen=True)
+class ClaimAsk:
+    """One unallocated claim of a pod, as the search takes it."""
+
+    name: str
+    requests: Sequence[Request]
+    constraints: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One device to find: for claim ``claim``, a device of ``request``; ``needs`` is what it
+    would consume on each device (by position; None: the policy refuses it there)."""
+
+    claim: int
+    request: Request
+    needs: tuple[dict[str, int] | None, ...]
+    fixed: int | None = None  # allocationMode All: the device's position, known in advance
+
+
+@dataclass
+class Search:
+    """What :func:`allocate_claims` found: the picks per claim (in the order given), or which
+    claim it could not get past (``stuck``) and the picks of each claim before it the first time
+    it got there (``prefix``); ``gave_up`` when the step bound ended the search, ``short`` when
+    the claims together ask more of a capacity than the node's GPUs have left."""
+
+    picks: list[list[Pick]] | None
+    stuck: int = -1
+    prefix: list[list[Pick]] = field(default_factory=list)
+    gave_up: bool = False
+    short: str = ""
+    broken: str = ""  # an allocationMode All device a constraint refuses: the allocator stops there
+
+
+def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Slot] | None:
+    """The devices to find, in the allocator's order; None when a claim cannot be had on these
+    devices whatever the others do (see :func:`why_not`)."""
+    slots: list[_Slot] = []
+    for ci, c in enumerate(claims):
+        mine = 0
+        for r in c.requests:
+            if r.device_class not in CLASSES:
+                return None
+            needs = tuple(wanted(d, r.capacity) for d in devices)
+            room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
+            if r.count < 0:
+                # All: the devices that could take it now, fixed before the search starts
+                if not room:
+                    return None
+                slots += [_Slot(ci, r, needs, i) for i in room]
+                mine += len(room)
+            else:
+                if len(room) < r.count:  # the devices of one request are distinct
+                    return None
+                slots += [_Slot(ci, r, needs) for _ in range(r.count)]
+                mine += r.count
+        if mine > MAX_RESULTS:
+            return None
+    return slots
+
+
+def _too_much(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Sequence[_Slot]) -> tuple[int, str] | None:
+    """A bound that ends hopeless searches at once: each device of a claim consumes at least its
+    request's least amount over the devices, and all of them together cannot pass what the GPUs
+    have left. The first claim where they would, and what is asked; None when within."""
+    for k in CAPACITIES:
+        left = sum(max(d.left(k), 0) for d in devices)
+        asked = 0
+        for slot in slots:
+            where = slot.needs if slot.fixed is None else slot.needs[slot.fixed:slot.fixed + 1]
+            asked += min(n[k] for n in where if n is not None)  # _slots saw one device at least
+            if asked > left:
+                what = (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}") + ", the GPUs have " + \
+                    (f"{left // MIB} MiB" if k == MEMORY else f"{left}") + " left"
+                return slot.claim, what
+    return None
+
+
+def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
+                    steps: int = SEARCH_STEPS) -> Search:
+    """All of a pod's unallocated claims on one node's devices in one search, as kube-scheduler's
+    structured allocator does it: depth first over the claims in the pod's order, each claim's
+    requests in order, each request's devices in slice order. The devices of one request are
+    distinct and taken in slice order (the next one is looked for after the last one taken), so
+    a request is given a set of devices, never one device twice; another request, of the same
+    claim or of another, may take a device again while its capacity lasts. When a device cannot
+    be found the search goes back to the previous choice (of this request, an earlier request or
+    an earlier claim) and takes the next device there. The first complete placement wins; there
+    is no scoring. At most ``steps`` placements are tried. Nothing is changed: commit the picks
+    with :func:`commit`."""
+    slots = _slots(devices, claims)
+    if slots is None:
+        return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
+    over = _too_much(devices, claims, slots)
+    if over is not None:
+        return Search(None, stuck=over[0], short=over[1])
+    extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
+    picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
+    mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints
+    cursor = [0] * len(slots)  # per slot: the position where its next candidate is looked for
+    found = Search(None)
+    level, budget = 0, steps
+    while level < len(slots):
+        slot = slots[level]
+        if slot.claim > found.stuck:
+            found.stuck, found.prefix = slot.claim, [list(m) for m in mine[:slot.claim]]
+        constraints = claims[slot.claim].constraints
+        pick = None
+        at = cursor[level]
+        end = len(devices) if slot.fixed is None else slot.fixed + 1
+        while pick is None and at < end:
+            i = at if slot.fixed is None else slot.fixed
+            at = i + 1
+            need = slot.needs[i]
+            if need is None:
+                continue
+            p = Pick(slot.request.name, devices[i], need)
+            if slot.fixed is not None and constraints and not _constraint_ok(constraints, mine[slot.claim], p):
+                # All: a device the claim's constraints refuse is an error that ends the whole
+                # search in the allocator, not a dead end to back out of
+                found.stuck, found.broken = slot.claim, f"request {slot.request.name} (allocationMode All): " \
+                    f"{devices[i].device} breaks a constraint of the claim, which ends kube-scheduler's search"
+                return found
+            if not all(need[k] <= devices[i].left(k) - extra[i][k] for k in CAPACITIES):
+                continue
+            if not constraints or _constraint_ok(constraints, mine[slot.claim], p):
+                pick = (i, p)
+        cursor[level] = at  # All: past its one device once tried
+        if pick is None:
+            level -= 1
+            if level < 0:
+                return found
+            i, undo = picks.pop()
+            mine[slots[level].claim].pop()
+            for k in CAPACITIES:
+                extra[i][k] -= undo.consumed[k]
+            continue
+        budget -= 1
+        if budget < 0:  # kube-scheduler bounds its search in time instead (DRASchedulerFilterTimeout)
+            found.gave_up = True
+            return found
+        i, p = pick
+        picks.append(pick)
+        mine[slot.claim].append(p)
+        for k in CAPACITIES:
+            extra[i][k] += p.consumed[k]
+        level += 1
+        if level < len(slots):
+            nxt = slots[level]
+            # the next device of the same request is looked for after this one; anything else from the start
+            cursor[level] = i + 1 if nxt.claim == slot.claim and nxt.request is slot.request else 0
+    out: list[list[Pick]] = [[] for _ in claims]
+    for (_, p), s in zip(picks, slots):
+        out[s.claim].append(p)
+    return Search(out)
 
 
 def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
              constraints: Sequence[Mapping[str, Any]] = ()) -> list[Pick] | None:
-    """The first allocation of a claim's requests on one node's devices (in slice order), or None.
+    """The first allocation of one claim's requests on one node's devices (slice order), or None.
     Nothing is changed: commit the picks with :func:`commit`."""
-    slots: list[Request] = []
-    for r in requests:
-        if r.device_class not in CLASSES:
-            return None
-        slots.extend([r] * (len(devices) if r.count < 0 else r.count))
-    if any(r.count < 0 for r in requests) and not devices:
-        return None
-    for r in requests:  # a bound that ends most hopeless searches at once: what each device could hold alone
-        if _room(devices, r, _distinct(constraints, r)) < (len(devices) if r.count < 0 else r.count):
-            return None
-    budget = [SEARCH_STEPS]
-    picks: list[Pick] = []
-    extra: dict[tuple[str, str], dict[str, int]] = {}
-    order = {d.key: i for i, d in enumerate(devices)}
-
-    def search(i: int) -> bool:
-        if i == len(slots):
-            return True
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False  # kube-scheduler bounds its search in time too (DRASchedulerFilterTimeout)
-        r = slots[i]
-        # the devices of one request are a set (or multiset): take them in slice order only, so
-        # that no permutation of a choice already refused is tried again
-        start = order[picks[-1].device.key] if i and slots[i - 1] is r else 0
-        for dev in devices[start:]:
-            need = wanted(dev, r.capacity)
-            if need is None:
-                continue
-            ex = extra.setdefault(dev.key, dict.fromkeys(CAPACITIES, 0))
-            if r.count < 0 and any(p.device.key == dev.key and p.request == r.name for p in picks):
-                continue  # All: each device once
-            if not _fits(dev, ex, need):
-                continue
-            pick = Pick(r.name, dev, need)
-            if not _constraint_ok(constraints, picks, pick):
-                continue
-            picks.append(pick)
-            for k in CAPACITIES:
-                ex[k] += need[k]
-            if search(i + 1):
-                return True
-            picks.pop()
-            for k in CAPACITIES:
-                ex[k] -= need[k]
-        return False
-
-    return list(picks) if search(0) else None
+    found = allocate_claims(devices, [ClaimAsk("", requests, constraints)])
+    return found.picks[0] if found.picks is not None else None
 
 
 def commit(picks: Iterable[Pick], claim: str) -> None:
@@ -390,30 +503,65 @@ def release(picks: Iterable[Pick], claim: str) -> None:
 
 def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str,
             constraints: Sequence[Mapping[str, Any]] = ()) -> str:
-    """Why :func:`allocate` found nothing on these devices: per request, GPU by GPU, what is short
-    (the wording of :func:`shortfall`)."""
+    """Why one claim cannot be allocated on these devices: per request, GPU by GPU, what is short
+    (the wording of :func:`shortfall`); a request of ``count`` N needs N distinct GPUs."""
     if not devices:
         return "no gpu.hami.io GPU"
     parts = []
+    asked = 0
     for r in requests:
         if r.device_class not in CLASSES:
             parts.append(f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
                          f"{' or '.join(sorted(CLASSES))}")
             continue
-        distinct = _distinct(constraints, r)
-        need = len(devices) if r.count < 0 else r.count
-        room = _room(devices, r, distinct)
+        room = _room(devices, r)
+        asked += room if r.count < 0 else r.count
+        need = 1 if r.count < 0 else r.count
         if room >= need:
             continue
         gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, shortfall(d, r.capacity)) for d in devices) if why)
-        if distinct and need > len(devices):
+        if need > len(devices):
             parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
         elif need > 1:
-            what = "GPUs" if distinct else "allocations (one GPU may take several)"
-            parts.append(f"claim {claim} request {r.name} needs {need} {what}, {room} fit"
-                         + (f" ({gpus})" if gpus else ""))
+            parts.append(f"claim {claim} request {r.name} needs {need} GPUs, {room} fit" + (f" ({gpus})" if gpus else ""))
         else:
-            parts.append(f"claim {claim} request {r.name}: {gpus}")
+            parts.append(f"claim {claim} request {r.name}{' (allocationMode All)' if r.count < 0 else ''}: {gpus}")
+    if not parts and asked > MAX_RESULTS:
+        return f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every GPU with room), " \
+               f"a claim holds at most {MAX_RESULTS}"
     if not parts:
         return f"claim {claim}: every request fits on its own, but not together (constraints or shared GPUs)"
     return "; ".join(parts)
+
+
+def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], found: Search,
+                   steps: int = SEARCH_STEPS) -> str:
+    """Why :func:`allocate_claims` found nothing, naming the claim it could not get past: what
+    that claim is short of on its own (:func:`why_not`), or with the claims before it placed
+    where the search put them first, or what the claims up to it ask together beyond what the
+    GPUs have left, or that the search gave up."""
+    if not claims:
+        return ""
+    stuck = claims[max(found.stuck, 0)]
+    if found.gave_up:
+        return (f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "
+                "bounds it by time instead)")
+    before = claims[:max(found.stuck, 0)]
+    if found.broken:
+        return f"claim {stuck.name} {found.broken}"
+    if found.short:
+        return (f"claim {stuck.name}: the pod's claims up to it ask at least {found.short}" if before else
+                f"claim {stuck.name}: asks at least {found.short}")
+    if not before or allocate_claims(devices, [stuck], steps).picks is None:  # it cannot be had even alone
+        return why_not(devices, stuck.requests, stuck.name, stuck.constraints)
+    held = [p for picks in found.prefix for p in picks]
+    commit(held, "(search)")  # what is short once the claims before it hold what the search gave them first
+    try:
+        why = why_not(devices, stuck.requests, stuck.name, stuck.constraints)
+    finally:
+        release(held, "(search)")
+    if why.endswith("but not together (constraints or shared GPUs)"):
+        return (f"claim {stuck.name}: fits on its own, but not beside the pod's claim{'s' if len(before) > 1 else ''} "
+                f"{', '.join(c.name for c in before)} (every placement of them tried)")
+    where = ", ".join(f"{c.name} on {'+'.join(p.device.device for p in picks)}" for c, picks in zip(before, found.prefix))
+    return f"{why} (after the pod's claim{'s' if len(before) > 1 else ''} {where}; no other placement of them leaves room either)"

@@ -6,11 +6,12 @@ count ``count``; unhealthy and MIG-mode GPUs left out), or are given as Resource
 the driver. Each pod goes through the webhook's admission on the DRA front end
 (:func:`hami.webhook.admission.decide` with ``front_end="dra"``, which calls
 :func:`hami.dra.translate.translate`), and its claims are allocated the way kube-scheduler's
-allocator does (:mod:`hami.dra.fit`: all claims of a pod on one node, devices in slice order, the
-first that fits). Among the nodes where every claim fits, the node is picked by the default
-``NodeResourcesFit`` score (least requested CPU and memory, with kube-scheduler's defaults of
-100m / 200Mi for a container that requests none); ties, which kube-scheduler breaks at random, go
-to the node that comes first in the input.
+allocator does (:func:`hami.dra.fit.allocate_claims`: all unallocated claims of a pod on one node
+in one search, devices in slice order, distinct devices within a request, backtracking into
+earlier claims; the first placement found wins). Among the nodes where every claim fits, the
+node is picked by the default ``NodeResourcesFit`` score (least requested CPU and memory, with
+kube-scheduler's defaults of 100m / 200Mi for a container that requests none); ties, which
+kube-scheduler breaks at random, go to the node that comes first in the input.
 
 Pods may also name their own claims: ResourceClaim and ResourceClaimTemplate documents in the pods
 file (before the pod) are read as kube-controller-manager and kube-scheduler would (a claim from a
@@ -406,7 +407,7 @@ class _State:
             return None, {}
         fits: dict[str, dict[str, list[fit.Pick]]] = {}
         for name in candidates:
-            got = self._try(self.nodes[name], [c for c in claims.values() if c.picks is None])
+            got = self._try(self.nodes[name], list({id(c): c for c in claims.values() if c.picks is None}.values()))
             if isinstance(got, str):
                 out.reasons[name] = got
             else:
@@ -418,20 +419,14 @@ class _State:
         return node, fits[node]
 
     def _try(self, node: _Node, claims: list[_Claim]) -> dict[str, list[fit.Pick]] | str:
-        """Allocate the pod's unallocated claims on one node, one after the other (each sees the
-        ones before it); nothing stays committed. The picks per claim, or why not."""
-        done: list[tuple[_Claim, list[fit.Pick]]] = []
-        try:
-            for c in claims:
-                picks = fit.allocate(node.devices, c.requests, c.constraints)
-                if picks is None:
-                    return fit.why_not(node.devices, c.requests, c.name, c.constraints)
-                fit.commit(picks, c.ref)
-                done.append((c, picks))
-            return {c.ref: picks for c, picks in done}
-        finally:
-            for c, picks in done:
-                fit.release(picks, c.ref)
+        """Allocate the pod's unallocated claims on one node in one search (:func:`hami.dra.fit.
+        allocate_claims`: a later claim that does not fit sends it back into the earlier ones);
+        nothing is committed. The picks per claim, or why not (naming the claim)."""
+        asks = [fit.ClaimAsk(c.name, c.requests, c.constraints) for c in claims]
+        found = fit.allocate_claims(node.devices, asks)
+        if found.picks is None:
+            return fit.why_not_claims(node.devices, asks, found)
+        return {c.ref: picks for c, picks in zip(claims, found.picks)}
 
     def claim_rows(self) -> list[dict]:
         rows = []
