@@ -64,6 +64,11 @@ def no_gpu_reason(nvidia_smi: str) -> str | None:
     return None
 
 
+def hung(e: subprocess.TimeoutExpired) -> str:
+    """A probe that outlived --timeout, as one table cell."""
+    return f"hung: no exit within {e.timeout:.0f} s"
+
+
 def last_line(text: str, width: int = 100) -> str:
     """The last non-empty line of `text`, cut to `width` characters (error cells stay one line)."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
@@ -192,7 +197,7 @@ class Checker:
         self.n += 1
         argv = [sys.executable, "-m", "hami", "exec", "--gpumem", gpumem or f"{self.a.limit_mib}m",
                 "--lib", str(LIB), "--cache", str(self.tmp / f"{self.n}.cache"), *extra, "--", *cmd]
-        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, timeout=900, **kw)
+        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, timeout=self.a.timeout, **kw)
 
     def discovery(self) -> list[Row]:
         smi = subprocess.run([self.a.nvidia_smi, "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits"],
@@ -210,7 +215,11 @@ class Checker:
         rows = []
         for conf in ("", "expandable_segments:True", "backend:cudaMallocAsync"):
             env = dict(self.env, PYTORCH_CUDA_ALLOC_CONF=conf) if conf else self.env
-            p = self.hexec([self.a.torch_python, "-c", ALLOC_PROBE, str(self.limit)], env=env)
+            try:
+                p = self.hexec([self.a.torch_python, "-c", ALLOC_PROBE, str(self.limit)], env=env)
+            except subprocess.TimeoutExpired as e:
+                rows.append(alloc_row(conf or "default allocator", self.limit, {"err": f"probe {hung(e)}"}))
+                continue
             try:
                 res = json.loads(p.stdout.strip().splitlines()[-1])
             except (IndexError, ValueError):
@@ -223,7 +232,12 @@ class Checker:
         return [smi_row(self.limit, p.stdout)]
 
     def _rate(self, p: subprocess.Popen) -> float:
-        out, err = p.communicate(timeout=900)
+        try:
+            out, err = p.communicate(timeout=self.a.timeout)
+        except subprocess.TimeoutExpired as e:
+            p.kill()
+            p.communicate()
+            raise RuntimeError(f"share worker {hung(e)}") from None
         if p.returncode != 0:
             raise RuntimeError(f"share worker failed: {last_line(err)}")
         return float(out.strip().splitlines()[-1])
@@ -242,7 +256,13 @@ class Checker:
         rows = [share_row(f"compute share {c} % alone", c, self._rate(self._worker(c, "force")) / base * 100)
                 for c in (10, 30, 50, 70, 90)]
         pair = [(c, self._worker(c)) for c in (30, 70)]
-        rows += [share_row(f"compute share {c} % (30/70 together)", c, self._rate(p) / base * 100) for c, p in pair]
+        try:
+            rows += [share_row(f"compute share {c} % (30/70 together)", c, self._rate(p) / base * 100) for c, p in pair]
+        finally:
+            for _, p in pair:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
         return rows
 
     def overhead(self) -> list[Row]:
@@ -252,8 +272,11 @@ class Checker:
         best: dict[str, dict[str, float]] = {"without": {}, "with": {}}
         for _ in range(3):
             for name, env in (("without", plain), ("with", lib)):
-                p = subprocess.run([str(DRIVER), "all", str(self.a.overhead_n), "3"], env=env, capture_output=True, text=True,
-                                   timeout=900)
+                try:
+                    p = subprocess.run([str(DRIVER), "all", str(self.a.overhead_n), "3"], env=env, capture_output=True,
+                                       text=True, timeout=self.a.timeout)
+                except subprocess.TimeoutExpired as e:
+                    raise RuntimeError(f"bench_driver ({name} libvgpu) {hung(e)}") from None
                 if p.returncode != 0:
                     raise RuntimeError(f"bench_driver ({name} libvgpu) exit {p.returncode}: {last_line(p.stderr)}")
                 out = p.stdout
@@ -272,8 +295,11 @@ class Checker:
         for _ in range(3):
             for name in loop:
                 cmd = [self.a.torch_python, "-c", LOOP_PROBE]
-                p = (self.hexec(cmd) if name == "with" else
-                     subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=900))
+                try:
+                    p = (self.hexec(cmd) if name == "with" else
+                         subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=self.a.timeout))
+                except subprocess.TimeoutExpired as e:
+                    raise RuntimeError(f"loop probe ({name} libvgpu) {hung(e)}") from None
                 if p.returncode != 0:
                     raise RuntimeError(f"loop probe ({name} libvgpu) exit {p.returncode}: {last_line(p.stderr)}")
                 loop[name].append(float(p.stdout.strip().splitlines()[-1]))
@@ -291,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit-mib", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=8.0, help="run time per compute-share measurement")
     ap.add_argument("--overhead-n", type=int, default=5000, help="bench_driver iterations (N pairs, 4N launches)")
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds one probe process may run; past it the probe is killed and its row FAILs as hung")
     ap.add_argument("--only", default="", help="comma list of checks: " + ",".join(CHECKS))
     args = ap.parse_args(argv)
     bad = [s for s in args.only.split(",") if s and s not in CHECKS]

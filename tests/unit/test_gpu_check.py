@@ -3,9 +3,11 @@ is made of (tests/gpu/gpu_check.py). The GPU path itself runs against the fake G
 tests/native/test_gpu_check_fake.py."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,22 @@ def test_render_is_one_aligned_table():
 def test_last_line_keeps_error_cells_on_one_line():
     assert gc.last_line("Traceback\n  File x\nModuleNotFoundError: torch\n\n") == "ModuleNotFoundError: torch"
     assert len(gc.last_line("x" * 500)) == 100
+
+
+def test_a_hung_probe_is_killed_and_fails_its_check(tmp_path):
+    """On a real GPU a probe can hang (H200, 26 Nov 2026: every CUDA process under libvgpu);
+    the check then FAILs after --timeout, the process killed, instead of waiting 15 minutes."""
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.chmod(0o755)
+    args = argparse.Namespace(torch_python=str(hang), timeout=1.0, limit_mib=3000, seconds=1.0, overhead_n=10,
+                              nvidia_smi="nvidia-smi")
+    c = gc.Checker(args, tmp_path)
+    t0 = time.monotonic()
+    p = subprocess.Popen([str(hang)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match=r"^share worker hung: no exit within 1 s$"):
+        c._rate(p)
+    assert p.returncode is not None   # killed, not left running
+    with pytest.raises(RuntimeError, match=r"^loop probe \(without libvgpu\) hung: no exit within 1 s$"):
+        c.torch_loop()
+    assert time.monotonic() - t0 < 30
