@@ -205,65 +205,22 @@ def _check_ca_bundle(path: str, flag: str) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
-    """Validate the parsed flags and read device-config.yaml. Raises ConfigError naming the key."""
+    """Validate the parsed flags and read device-config.yaml. Raises ConfigError naming the key.
+
+    One check per concern, in this order: unsupported HAMi flags, TLS files, the device config,
+    the extender's listener (who may call /filter and /bind), the UI's listener."""
     host, port = parse_bind(args.http_bind)
-    for flag, value, off in (("--kube-qps", args.kube_qps, 0), ("--kube-burst", args.kube_burst, 0),
-                             ("--profiling", args.profiling, False)):
-        if value != off:
-            raise ConfigError(f"{flag}: {value!r} is not supported (the API client is not rate-limited and there are "
-                              f"no pprof routes here); leave it unset")
-    if bool(args.cert_file) != bool(args.key_file):
-        raise ConfigError(f"--cert_file and --key_file go together (got {args.cert_file!r} and {args.key_file!r})")
-    for flag, path in (("--cert_file", args.cert_file), ("--key_file", args.key_file)):
-        if path and not Path(path).is_file():
-            raise ConfigError(f"{flag}: no such file {path!r}")
-    if args.device_config_file:
-        path = Path(args.device_config_file)
-        if not path.is_file():
-            raise ConfigError(f"--device-config-file: no such file {args.device_config_file!r}")
-        device_config = load_device_config(path.read_text(), str(path))
-    else:
-        device_config = default_device_config()
+    _refuse_unsupported(args)
+    _check_tls_files(args)
+    device_config = _device_config(args.device_config_file)
     pod_name = os.environ.get("POD_NAME", "")
     pod_namespace = os.environ.get("POD_NAMESPACE", "")
     metrics_host, metrics_port = ("", None)
     if args.metrics_bind_address:
         metrics_host, metrics_port = parse_bind(args.metrics_bind_address, "--metrics-bind-address")
-    extender_host, extender_port = ("", None)
-    if args.extender_bind:
-        extender_host, extender_port = parse_bind(args.extender_bind, "--extender-bind")
-        if extender_host not in LOOPBACK:
-            raise ConfigError(f"--extender-bind: {args.extender_bind!r} is not a loopback address "
-                              f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS")
-        extender_host = extender_host.strip("[]")
+    extender_host, extender_port = _extender_listener(args, host)
     client_ca = args.extender_client_ca
-    if client_ca:
-        if extender_port is not None:
-            raise ConfigError(f"--extender-client-ca: not used with --extender-bind {args.extender_bind!r} (the "
-                              f"--http_bind port then serves no /filter or /bind); give one of the two")
-        if not (args.cert_file and args.key_file):
-            raise ConfigError(f"--extender-client-ca: {client_ca!r} needs --cert_file and --key_file (client "
-                              f"certificates are checked in the TLS handshake)")
-        _check_ca_bundle(client_ca, "--extender-client-ca")
-    elif extender_port is None and host not in LOOPBACK:
-        raise ConfigError(f"--http_bind: {args.http_bind!r} is not a loopback address and /filter and /bind would "
-                          f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
-                          f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
-                          f"(kube-scheduler presents a client certificate)")
-    ui_host, ui_port = ("", None)
-    if args.ui_bind:
-        ui_host, ui_port = parse_bind(args.ui_bind, "--ui-bind")
-        ui_host = ui_host.strip("[]")
-        if ui_port in (port, extender_port, metrics_port):
-            raise ConfigError(f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
-                              f"the UI has a port of its own")
-    if args.ui_monitor_url:
-        if not args.ui_bind:
-            raise ConfigError(f"--ui-monitor-url: {args.ui_monitor_url!r} is only used with --ui-bind")
-        if not args.ui_monitor_url.startswith(("http://", "https://")) or "{" in args.ui_monitor_url.replace(
-                "{node_ip}", "").replace("{node}", ""):
-            raise ConfigError(f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, "
-                              f"got {args.ui_monitor_url!r}")
+    ui_host, ui_port = _ui_listener(args, (port, extender_port, metrics_port))
     opts = Options(
         host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
         scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
@@ -292,3 +249,74 @@ def options_from_args(args: argparse.Namespace) -> Options:
     except CoreError as exc:
         raise ConfigError(str(exc)) from None
     return opts
+
+
+def _refuse_unsupported(args: argparse.Namespace) -> None:
+    for flag, value, off in (("--kube-qps", args.kube_qps, 0), ("--kube-burst", args.kube_burst, 0),
+                             ("--profiling", args.profiling, False)):
+        if value != off:
+            raise ConfigError(f"{flag}: {value!r} is not supported (the API client is not rate-limited and there are "
+                              f"no pprof routes here); leave it unset")
+
+
+def _check_tls_files(args: argparse.Namespace) -> None:
+    if bool(args.cert_file) != bool(args.key_file):
+        raise ConfigError(f"--cert_file and --key_file go together (got {args.cert_file!r} and {args.key_file!r})")
+    for flag, path in (("--cert_file", args.cert_file), ("--key_file", args.key_file)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag}: no such file {path!r}")
+
+
+def _device_config(file: str | None):
+    if not file:
+        return default_device_config()
+    path = Path(file)
+    if not path.is_file():
+        raise ConfigError(f"--device-config-file: no such file {file!r}")
+    return load_device_config(path.read_text(), str(path))
+
+
+def _extender_listener(args: argparse.Namespace, host: str) -> tuple[str, int | None]:
+    """Where /filter and /bind answer, and the rule that they never answer an unauthenticated
+    caller: loopback (--extender-bind), client certificates (--extender-client-ca), or a loopback
+    --http_bind."""
+    extender_host, extender_port = ("", None)
+    if args.extender_bind:
+        extender_host, extender_port = parse_bind(args.extender_bind, "--extender-bind")
+        if extender_host not in LOOPBACK:
+            raise ConfigError(f"--extender-bind: {args.extender_bind!r} is not a loopback address "
+                              f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS")
+        extender_host = extender_host.strip("[]")
+    client_ca = args.extender_client_ca
+    if client_ca:
+        if extender_port is not None:
+            raise ConfigError(f"--extender-client-ca: not used with --extender-bind {args.extender_bind!r} (the "
+                              f"--http_bind port then serves no /filter or /bind); give one of the two")
+        if not (args.cert_file and args.key_file):
+            raise ConfigError(f"--extender-client-ca: {client_ca!r} needs --cert_file and --key_file (client "
+                              f"certificates are checked in the TLS handshake)")
+        _check_ca_bundle(client_ca, "--extender-client-ca")
+    elif extender_port is None and host not in LOOPBACK:
+        raise ConfigError(f"--http_bind: {args.http_bind!r} is not a loopback address and /filter and /bind would "
+                          f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
+                          f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
+                          f"(kube-scheduler presents a client certificate)")
+    return extender_host, extender_port
+
+
+def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tuple[str, int | None]:
+    ui_host, ui_port = ("", None)
+    if args.ui_bind:
+        ui_host, ui_port = parse_bind(args.ui_bind, "--ui-bind")
+        ui_host = ui_host.strip("[]")
+        if ui_port in taken:
+            raise ConfigError(f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
+                              f"the UI has a port of its own")
+    if args.ui_monitor_url:
+        if not args.ui_bind:
+            raise ConfigError(f"--ui-monitor-url: {args.ui_monitor_url!r} is only used with --ui-bind")
+        if not args.ui_monitor_url.startswith(("http://", "https://")) or "{" in args.ui_monitor_url.replace(
+                "{node_ip}", "").replace("{node}", ""):
+            raise ConfigError(f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, "
+                              f"got {args.ui_monitor_url!r}")
+    return ui_host, ui_port
