@@ -115,3 +115,33 @@ def test_every_public_name_has_its_role_in_the_docstring():
 ])
 def test_composed_and_shared_keys_keep_hamis_spelling(got, want):
     assert got == want
+
+
+def env_names() -> set[str]:
+    """The values of names.py's ``ENV_*`` constants."""
+    tree = ast.parse(NAMES.read_text())
+    return {node.value.value for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            and any(isinstance(t, ast.Name) and t.id.startswith("ENV_") for t in node.targets)}
+
+
+def env_strings(source: str, wanted: set[str]) -> list[tuple[int, str]]:
+    """``(line, text)`` of each string constant (docstrings left out) that is one of ``wanted``."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value in wanted and id(node) not in skip)
+
+
+def test_the_env_names_the_product_writes_are_spelled_only_in_names():
+    wanted = env_names()
+    assert {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DISABLE_CONTROL", "NVIDIA_VISIBLE_DEVICES"} <= wanted
+    stray = [f"{p.relative_to(SRC.parent)}:{line}: {text!r}"
+             for p in _sources() if p != NAMES for line, text in env_strings(p.read_text(), wanted)]
+    assert not stray, "import these from hami/core/names.py:\n" + "\n".join(stray)
+
+
+def test_the_env_scan_finds_a_planted_name():
+    assert env_strings('"""CUDA_DEVICE_SM_LIMIT"""\nenv["CUDA_DEVICE_SM_LIMIT"] = "50"\n',
+                       {"CUDA_DEVICE_SM_LIMIT"}) == [(2, "CUDA_DEVICE_SM_LIMIT")]

@@ -10,7 +10,8 @@ It does not own:
   e.g. ``hami.io/node-nvidia-register`` or ``hami.io/Vastai-devices-allocated``): those stay in
   that vendor's module under ``hami.vendors``, spelled once there;
 * resource names (``nvidia.com/gpu``) and other vendors' domains: the vendor modules;
-* environment variable names read by libvgpu in the container: the node contract.
+* how libvgpu's environment is composed from a grant: the node contract
+  (:mod:`hami.node.contract`); the variables' *names* are here, below every writer.
 
 The keys, their writer and their readers (the HAMi-compatible ones as in HAMi v2.10; "beyond
 HAMi" marks ours). Pod annotations and labels:
@@ -60,6 +61,25 @@ The DRA front end and CDI (beyond HAMi):
   its device names to the container runtime, which reads the spec.
 * ``CDI_KIND``: the device plugin's CDI spec kind (``--cdi-kind`` default); the container
   runtime reads it.
+
+Environment variables the product writes into a container (or a ``hami exec`` process), read by
+libvgpu, the NVIDIA container runtime or CUDA; the node contract composes them from a grant, the
+NVIDIA backend's admission defaults and the webhook name a few:
+
+* ``ENV_VISIBLE_DEVICES``: the GPUs the NVIDIA container runtime shows the container.
+* ``ENV_CUDA_VISIBLE_DEVICES``: the GPUs CUDA shows a process (``hami exec``).
+* ``ENV_MEMORY_LIMIT``: the memory limit; ``_<i>`` per visible device, unsuffixed for all.
+* ``ENV_SM_LIMIT``: the compute share in percent.
+* ``ENV_SHARED_CACHE``: the shared-region file.
+* ``ENV_OVERSUBSCRIBE``: ``true`` when the node oversubscribes memory.
+* ``ENV_LOG_LEVEL``: libvgpu's log level.
+* ``ENV_TASK_PRIORITY``: 0 high, 1 low.
+* ``ENV_CORE_POLICY``: default / force / disable.
+* ``ENV_DISABLE_CONTROL``: ``true`` in a container's env: no ``/etc/ld.so.preload`` (the
+  webhook gates who may set it).
+* ``ENV_PEER_REGIONS`` (beyond HAMi): the directory of the regions a process's priority pauses
+  across.
+* ``ENV_LD_PRELOAD``: the dynamic loader's preload list (``hami exec``).
 """
 
 # ---- pod annotations and labels (scheduler <-> device plugin, §5)
@@ -115,3 +135,17 @@ def use_uuid(word: str) -> str:
 def no_use_uuid(word: str) -> str:
     """``hami.io/no-use-<word>-uuid``: the pod's list of device UUIDs it must not use."""
     return f"{_DOMAIN}no-use-{word}-uuid"
+
+# ---- environment variables written for libvgpu, the container runtime and CUDA
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+ENV_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"
+ENV_SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+ENV_OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"
+ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
+ENV_LD_PRELOAD = "LD_PRELOAD"

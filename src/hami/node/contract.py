@@ -42,35 +42,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from hami.core import names
+
 from .layout import LIBRARY_NAME, HookPaths, MountSpec
 
 if TYPE_CHECKING:  # only read, never built here: ``hami exec`` needs no settings (nor pydantic)
     from .settings import NodeSettings
 
 # ------------------------------------------------------------------------------- the names
+# (spelled in hami.core.names, below every writer: the webhook and the NVIDIA backend write some)
 
 #: the GPUs the NVIDIA container runtime shows the container (UUIDs, or MIG device UUIDs)
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_DEVICES = names.ENV_VISIBLE_DEVICES
 #: the GPUs CUDA shows a process (``hami exec``, which runs outside a container)
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_VISIBLE_DEVICES = names.ENV_CUDA_VISIBLE_DEVICES
 #: memory limit; ``_<i>`` per visible device, unsuffixed for every device
-MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT"
+MEMORY_LIMIT = names.ENV_MEMORY_LIMIT
 #: compute share in percent (one value for every device)
-SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"
+SM_LIMIT = names.ENV_SM_LIMIT
 #: the shared-region file
-SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+SHARED_CACHE = names.ENV_SHARED_CACHE
 #: "true" when the node oversubscribes memory (deviceMemoryScaling > 1)
-OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"
-LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+OVERSUBSCRIBE = names.ENV_OVERSUBSCRIBE
+LOG_LEVEL = names.ENV_LOG_LEVEL
 #: 0 high, 1 low
-TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+TASK_PRIORITY = names.ENV_TASK_PRIORITY
 #: default / force / disable
-CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+CORE_POLICY = names.ENV_CORE_POLICY
 #: "true" in a container's env: no /etc/ld.so.preload (HAMi's switch; the webhook gates it)
-DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+DISABLE_CONTROL = names.ENV_DISABLE_CONTROL
 #: the directory whose regions are this process's peers (priority pauses across them)
-PEER_REGIONS = "HAMI_PEER_REGIONS"
-LD_PRELOAD = "LD_PRELOAD"
+PEER_REGIONS = names.ENV_PEER_REGIONS
+LD_PRELOAD = names.ENV_LD_PRELOAD
 
 #: where the container finds the preload file and the lock directory
 CONTAINER_PRELOAD = "/etc/ld.so.preload"

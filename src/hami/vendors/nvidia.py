@@ -20,6 +20,7 @@ from hami.config import NvidiaConfig
 from hami.core.codec import MigAllocation, decode_mig_allocations, decode_pair_scores, encode_mig_allocations
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthMemo, HealthVerdict, nvidia_health
+from hami.core import names
 from hami.core.names import NODE_HANDSHAKE, NODE_LOCK, VGPU_MIG_ALLOCATIONS
 from hami.core.quantity import container_resources
 from hami.core.reasons import Reason
@@ -136,12 +137,12 @@ class NvidiaVendor(BaseVendor):
             # env entries are set, not appended: a reinvoked webhook (reinvocationPolicy IfNeeded)
             # sees its own output and must not add them twice
             if r.priority in container_resources(container)[0]:
-                env_append(container, "CUDA_TASK_PRIORITY", str(res(r.priority)))
+                env_append(container, names.ENV_TASK_PRIORITY, str(res(r.priority)))
             if self.config.gpu_core_policy != "default":
-                env_append(container, "GPU_CORE_UTILIZATION_POLICY", self.config.gpu_core_policy)
+                env_append(container, names.ENV_CORE_POLICY, self.config.gpu_core_policy)
             set_runtime_class(pod, self.config.runtime_class_name)
         if not uses and self.config.overwrite_env:
-            env_append(container, "NVIDIA_VISIBLE_DEVICES", "none")
+            env_append(container, names.ENV_VISIBLE_DEVICES, "none")
         return uses
 
     # ------------------------------------------------------------------ requests (§5.4)

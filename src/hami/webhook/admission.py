@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from hami.core import CoreError, admit_pod, pod_request
+from hami.core import CoreError, admit_pod, names, pod_request
 from hami.core.names import (ALLOW_DISABLE_CONTROL, BIND_PHASE, BIND_TIME, DRA_SHARE_CLASS, VGPU_MIG_ALLOCATIONS,
                              VGPU_NODE, VGPU_TIME)
 from hami.core.shape import ShapeError, check, check_pod
@@ -41,7 +41,7 @@ INTERNAL_ANNOTATIONS = frozenset({
 })
 INTERNAL_PREFIXES = (VGPU_DEVICES_PREFIX,)
 INTERNAL_LABELS = frozenset({VGPU_NODE})
-DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+DISABLE_CONTROL_ENV = names.ENV_DISABLE_CONTROL
 FRONT_ENDS = ("extender", "dra")
 
 
