@@ -379,6 +379,8 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
         check_node(node, label)
     except CoreError as exc:
         raise CodecError(str(exc)) from None
+    if not isinstance(meta, Mapping):  # check_node refused it already; said again for the type checker
+        raise CodecError(f"{label}: metadata must be an object")
     if not name:
         raise CodecError("node without metadata.name")
     devices: list[DeviceInfo] = []

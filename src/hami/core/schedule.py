@@ -208,7 +208,8 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
     else:
         remaining = ledger.node_names() if wanted is None else [n for n in wanted if n not in failed]
     if best is None:
-        kept, skipped = [], []
+        kept: list[str] = []
+        skipped: list[str] = []
         for n in sorted(remaining):
             (skipped if search.rejects(n) else kept).append(n)
         # skipped nodes are searched only when nothing else fits: that yields their exact
