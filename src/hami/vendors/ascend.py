@@ -25,7 +25,8 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import (
+from .base import BaseVendor, ResourceNames, Selection, lookup
+from .common import (
     annotations_of,
     env_append,
     in_limits,
@@ -36,7 +37,6 @@ from ._util import (
     set_runtime_class,
     where_of,
 )
-from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 MODE_ANNOTATION = "huawei.com/vnpu-mode"
 HAMI_CORE = "hami-core"
@@ -93,7 +93,7 @@ class AscendVendor(BaseVendor):
             if c.overwrite_env:
                 env_append(container, "ASCEND_VISIBLE_DEVICES", "")
             return False
-        res = _lookup(container, where)
+        res = lookup(container, where)
         n = res(r.count)
         if n <= 0:
             raise RequestError(f"{where}: {r.count} must be a positive integer, got {n}")
@@ -133,7 +133,7 @@ class AscendVendor(BaseVendor):
     # ------------------------------------------------------------------ requests
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         nums = res(r.count)
         if nums < 0:
             raise RequestError(f"{where}: {r.count} must not be negative, got {nums}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from hami.config import BirenConfig
 
-from ._util import WholeDeviceVendor
 from .base import ResourceNames
+from .common import WholeDeviceVendor
 
 
 class BirenVendor(WholeDeviceVendor):

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 from hami.config import HygonConfig
 from hami.core.types import ContainerDeviceRequest
 
-from ._util import percent_request
 from .base import BaseVendor, ResourceNames
+from .common import percent_request
 
 
 class HygonVendor(BaseVendor):
