@@ -7,7 +7,6 @@ import pytest
 
 from hami.core import NodeDevices, pod_request
 from hami.core.fit import (
-    Candidates,
     QuotaRoom,
     Walk,
     candidates,
@@ -64,22 +63,22 @@ def test_make_context_plans_every_container_request_once():
 
 # ------------------------------------------------------------------ phase 1: candidates
 
-# (description, devices, container, positions, MiB per position) or a bare failure's rendering
+# (description, devices, container, positions, MiB per position), or a bare failure's rendering
 CANDIDATES = [
-    ("every device of the vendor", gpus(3), ctr(mem=1000), (0, 1, 2), {0: 1000, 1: 1000, 2: 1000}),
+    ("every device of the vendor", gpus(3), ctr(mem=1000), [0, 1, 2], {0: 1000, 1: 1000, 2: 1000}),
     ("another vendor's devices are left out", [gpu("n", 0), replace(gpu("n", 1), vendor="DCU"), gpu("n", 2)],
-     ctr(mem=1000), (0, 2), {0: 1000, 2: 1000}),
+     ctr(mem=1000), [0, 2], {0: 1000, 2: 1000}),
     ("a type without NVIDIA in it is not served", [gpu("n", 0), gpu("n", 1, type_="Tesla T4")], ctr(mem=10),
-     (0,), {0: 10}),
+     [0], {0: 10}),
     ("unhealthy and cordoned devices are still candidates (counted in the reasons)",
-     [gpu("n", 0, health=False), gpu("n", 1)], ctr(mem=10), (0, 1), {0: 10, 1: 10}),
-    ("percentage memory is resolved per device", [gpu("n", 0), gpu("n", 1, mem=8192)], ctr(pct=50), (0, 1),
+     [gpu("n", 0, health=False), gpu("n", 1)], ctr(mem=10), [0, 1], {0: 10, 1: 10}),
+    ("percentage memory is resolved per device", [gpu("n", 0), gpu("n", 1, mem=8192)], ctr(pct=50), [0, 1],
      {0: 8192, 1: 4096}),
-    ("no memory asked: the whole card", gpus(1), ctr(), (0,), {0: T4}),
+    ("no memory asked: the whole card", gpus(1), ctr(), [0], {0: T4}),
     ("too few devices", gpus(2), ctr(gpu=3), "NodeInsufficientDevice", None),
     ("too few counting only the vendor's devices", [gpu("n", 0), replace(gpu("n", 1), vendor="DCU")], ctr(gpu=2),
      "NodeInsufficientDevice", None),
-    ("one MIG-mode GPU may serve several of nums", [mig_gpu("n", 0)], ctr(gpu=2, mem=4000), (0,), {0: 4000}),
+    ("one MIG-mode GPU may serve several of nums", [mig_gpu("n", 0)], ctr(gpu=2, mem=4000), [0], {0: 4000}),
 ]
 
 
@@ -92,7 +91,7 @@ def test_candidates(devices, container, positions, mems):
         assert isinstance(got, NodeFailure) and got.bare and got.render() == positions
         assert (got.total, got.container, got.vendor) == (sum(d.vendor == "NVIDIA" for d in devices), 0, "NVIDIA")
     else:
-        assert (got.devices, dict(got.mems)) == (positions, mems)
+        assert (list(got), got) == (positions, mems)
 
 
 # (description, device, cordoned positions, pod annotations, reason or None)
@@ -174,7 +173,7 @@ def test_walk(devices, usage, cordoned, container, policy, annotations, taken, m
     cands = candidates(view, plan)
     done = walk(view, plan, cands, rank(view, plan, cands), [])
     assert ([i for i, _ in done.chosen], done.met, by_reason(done.reasons)) == (taken, met, reasons)
-    assert all(m == cands.mems[i] for i, m in done.chosen)
+    assert all(m == cands[i] for i, m in done.chosen)
 
 
 # ------------------------------------------------------------------ phase 4: choose
@@ -219,8 +218,7 @@ def test_choose(container, policy, quota, walked, expected):
     if quota is not None:
         plan = replace(plan, quota=QuotaRoom({"NVIDIA": (quota, None)}))
     taken, met, reasons = walked
-    mems = Candidates((0, 1, 2), {i: plan.req.memreq for i in range(3)}).mems
-    got = choose(view, plan, Walk([(i, mems[i]) for i in taken], reasons, met), [])
+    got = choose(view, plan, Walk([(i, plan.req.memreq) for i in taken], reasons, met), [])
     if isinstance(expected, str):
         assert isinstance(got, NodeFailure) and got.render() == expected and got.container == 0
     else:

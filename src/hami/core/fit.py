@@ -121,6 +121,7 @@ class ContainerPlan:
 
 
 def plan_container(ctx: FitContext, ci: int, req: ContainerDeviceRequest) -> ContainerPlan:
+    """Container ``ci``'s plan for ``req`` (its one request to that vendor)."""
     vendor = ctx.vendors[req.vendor]
     sel = ctx.selections[req.vendor]
     return ContainerPlan(
@@ -130,12 +131,9 @@ def plan_container(ctx: FitContext, ci: int, req: ContainerDeviceRequest) -> Con
     )
 
 
-@dataclass(slots=True)
-class Candidates:
-    """Phase 1's answer for one node."""
-
-    devices: tuple[int, ...]  # positions in ``view.devices`` of the devices serving the request (HAMi's <cards>)
-    mems: Mapping[int, int]  # MiB the request takes on each of them
+#: Phase 1's answer for one node: the position in ``view.devices`` of each device serving the
+#: request (HAMi's <cards>), in device order -> the MiB the request takes on it.
+Candidates = dict[int, int]
 
 
 @dataclass(slots=True)
@@ -167,12 +165,12 @@ def candidates(view: NodeView, plan: ContainerPlan) -> Candidates | NodeFailure:
     only of the devices it reaches."""
     vendor, req = plan.vendor, plan.req
     devices = view.devices
-    idxs = tuple(i for i, d in enumerate(devices) if d.vendor == req.vendor and vendor.serves(d, req))
+    idxs = [i for i, d in enumerate(devices) if d.vendor == req.vendor and vendor.serves(d, req)]
     if req.nums > len(idxs) and not any(vendor.repeats(devices[i], plan.sel) for i in idxs):
         # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
         return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
                            container=plan.ci, vendor=req.vendor, bare=True)
-    return Candidates(idxs, {i: vendor.resolve_memory(devices[i], req) for i in idxs})
+    return {i: vendor.resolve_memory(devices[i], req) for i in idxs}
 
 
 def static_reason(view: NodeView, plan: ContainerPlan, d: DeviceInfo) -> Reason | None:
@@ -188,19 +186,17 @@ def static_reason(view: NodeView, plan: ContainerPlan, d: DeviceInfo) -> Reason 
 def rank(view: NodeView, plan: ContainerPlan, cands: Candidates) -> list[int]:
     """Phase 2: the candidates' positions in the order they are tried (``device_sort_key`` over the
     device score with the request, the NUMA node, the index and, under ``mutex``, the use)."""
-    req, w, mems, with_request = plan.req, plan.weights, cands.mems, plan.request_in_scores
-    used, usedcores, usedmem = view.used, view.usedcores, view.usedmem
-
-    def score(i: int, d: DeviceInfo) -> float:
+    req, w, order, with_request = plan.req, plan.weights, plan.order, plan.request_in_scores
+    devices, used, usedcores, usedmem = view.devices, view.used, view.usedcores, view.usedmem
+    keys = {}
+    for i, mem in cands.items():
+        d = devices[i]
         if with_request or req.type == d.type:
-            return device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i],
-                                req.coresreq, mems[i], w)
-        return device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i], 0, 0, w, slots=0)
-
-    order, devices = plan.order, view.devices
-    # (key, position) pairs: equal keys keep the candidates' order, as a stable sort on the key would
-    keyed = sorted((order((score(i, devices[i]), devices[i].numa, devices[i].index, used[i])), i) for i in cands.devices)
-    return [i for _, i in keyed]
+            score = device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i], req.coresreq, mem, w)
+        else:
+            score = device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i], 0, 0, w, slots=0)
+        keys[i] = order((score, d.numa, d.index, used[i]))
+    return sorted(keys, key=keys.__getitem__)  # stable: equal keys keep the device order
 
 
 def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequence[int], picks: list[Pick]) -> Walk:
@@ -211,8 +207,8 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     NUMA binding, a device on another NUMA node than the one before drops what was taken so far
     (each dropped device counts ``NumaNotFit``) and the walk goes on from there."""
     req, vendor, sel, collect, quota, mutex = plan.req, plan.vendor, plan.sel, plan.collect, plan.quota, plan.policy.mutex
-    devices, mems = view.devices, cands.mems
-    reasons = ReasonCounter(total=len(cands.devices))
+    devices = view.devices
+    reasons = ReasonCounter(total=len(cands))
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
     prev_numa: int | None = None
     for i in ranked:
@@ -226,7 +222,7 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
                 reasons.add(Reason.NUMA_NOT_FIT, devices[j].id)
             chosen = []
         prev_numa = d.numa
-        mem = mems[i]
+        mem = cands[i]
         held = view.slices.get(i, ())
         n = 0  # picks of this container already on device i (only when the vendor repeats devices)
         while True:
