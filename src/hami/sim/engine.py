@@ -80,6 +80,8 @@ def flatten_objects(docs: Iterable[Any], source: str, where: str = "document") -
 
 
 def check_document(obj: dict, schema: Any, source: str, label: str) -> None:
+    """:func:`hami.core.shape.check` of one object from :func:`flatten_objects`; a wrong field is
+    a SimulationError naming the file, the document and the object."""
     try:
         check(obj, schema, "")
     except ShapeError as exc:
