@@ -9,11 +9,24 @@ already held on each device; ``custom_filter`` decides whether one more fits, ``
 it when the container's devices are granted. A vendor's ``repeats(device)`` lets one device
 serve several of a container's ``nums`` (HAMi revisits MIG-mode GPUs). Slices are held for the
 pod's whole life, so an init container's slices stay taken for the containers after it.
+
+One container on one node goes through four named phases (kube-scheduler's PreFilter/Filter
+split: :func:`make_context` plans each container once per pod; the phases only read the plan):
+
+1. :func:`candidates` - the devices that may be considered at all: the request's vendor serves
+   them (HAMi's ``<cards>``); and :func:`static_reason`, why one of them cannot take the request
+   whatever its usage (health, cordon, the vendor's type / UUID / mode filter);
+2. :func:`rank` - the order they are tried in (GPU policy, score, NUMA, index);
+3. :func:`walk` - devices taken in that order while the request is not met, with the reason
+   each device is passed over (NUMA binding restarts the walk on a new NUMA node);
+4. :func:`choose` - the devices granted, or the node's failure.
+
+:func:`fit_container` is their composition.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Any, Callable, Mapping, Sequence
 
@@ -77,6 +90,8 @@ class FitContext:
     quota: QuotaRoom | None = None
     #: False: HAMi v2.10's device score (the request counts only where its type equals the device type)
     request_in_scores: bool = True
+    #: (container index, vendor) -> the container's plan; filled by :func:`make_context`
+    plans: Mapping[tuple[int, str], "ContainerPlan"] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,60 +101,136 @@ class NodeFit:
     picks: tuple[Pick, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerPlan:
+    """PreFilter state: what fitting one container's request needs that depends only on the pod.
+
+    Built once per pod by :func:`make_context` (:func:`plan_container`); every node's phases read it."""
+
+    ci: int  # the container's index (annotation order)
+    req: ContainerDeviceRequest
+    vendor: Any
+    sel: Any  # the vendor's Selection, from the pod's annotations
+    policy: DevicePolicy
+    weights: Weights
+    request_in_scores: bool
+    quota: QuotaRoom | None
+    kinds: tuple[ContainerKind, ...]  # every container's kind (a quota check collapses the pod's picks)
+    order: Callable[[tuple[float, int, int, int]], tuple]  # device_sort_key for the policy and NUMA binding
+    collect: bool  # gather every fitting device and choose after (topology-aware policy, a choosing vendor)
+
+
+def plan_container(ctx: FitContext, ci: int, req: ContainerDeviceRequest) -> ContainerPlan:
+    """Container ``ci``'s plan for ``req`` (its one request to that vendor)."""
+    vendor = ctx.vendors[req.vendor]
+    sel = ctx.selections[req.vendor]
+    return ContainerPlan(
+        ci=ci, req=req, vendor=vendor, sel=sel, policy=ctx.policy, weights=ctx.weights,
+        request_in_scores=ctx.request_in_scores, quota=ctx.quota, kinds=tuple(c.kind for c in ctx.pod.containers),
+        order=device_sort_key(ctx.policy, sel.numa_bind), collect=ctx.policy.topology_aware or vendor.chooses,
+    )
+
+
+#: Phase 1's answer for one node: the position in ``view.devices`` of each device serving the
+#: request (HAMi's <cards>), in device order -> the MiB the request takes on it.
+Candidates = dict[int, int]
+
+
+@dataclass(slots=True)
+class Walk:
+    """Phase 3's answer for one node."""
+
+    chosen: list[tuple[int, int]]  # (device position, MiB) taken, in order; a position repeats when the vendor allows
+    reasons: ReasonCounter  # the reason for each device passed over
+    met: bool = False  # the request was met on the way (first fit: nothing left to choose)
+
+
 def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: FitContext,
                   picks: list[Pick]) -> tuple[ContainerDevice, ...] | NodeFailure:
     """Choose ``req.nums`` devices for container ``ci`` on ``view`` (does not modify ``view``)."""
-    vendor = ctx.vendors[req.vendor]
-    sel = ctx.selections[req.vendor]
-    idxs = [i for i, d in enumerate(view.devices) if d.vendor == req.vendor and vendor.serves(d, req)]
-    if req.nums > len(idxs) and not any(vendor.repeats(view.devices[i], sel) for i in idxs):
+    plan = ctx.plans.get((ci, req.vendor))
+    if plan is None or plan.req is not req:
+        plan = plan_container(ctx, ci, req)
+    cands = candidates(view, plan)
+    if isinstance(cands, NodeFailure):
+        return cands
+    return choose(view, plan, walk(view, plan, cands, rank(view, plan, cands), picks), picks)
+
+
+def candidates(view: NodeView, plan: ContainerPlan) -> Candidates | NodeFailure:
+    """Phase 1: the node's devices that serve the request and the MiB it takes on each. Devices
+    the vendor does not serve are left out (not counted in the reasons). Too few devices for
+    ``nums`` (and none the vendor may repeat): the node fails at once. Which of the candidates
+    cannot take the request whatever their usage is :func:`static_reason`, asked by the walk
+    only of the devices it reaches."""
+    vendor, req = plan.vendor, plan.req
+    devices = view.devices
+    idxs = [i for i, d in enumerate(devices) if d.vendor == req.vendor and vendor.serves(d, req)]
+    if req.nums > len(idxs) and not any(vendor.repeats(devices[i], plan.sel) for i in idxs):
         # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
         return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
-                           container=ci, vendor=req.vendor, bare=True)
-    mems = {i: vendor.resolve_memory(view.devices[i], req) for i in idxs}
-    w = ctx.weights
-    order = device_sort_key(ctx.policy, sel.numa_bind)
+                           container=plan.ci, vendor=req.vendor, bare=True)
+    return {i: vendor.resolve_memory(devices[i], req) for i in idxs}
 
-    def score(i: int, d: DeviceInfo) -> float:
-        if ctx.request_in_scores or req.type == d.type:
-            return device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
-                                req.coresreq, mems[i], w)
-        return device_score(d.count, d.devcore, d.devmem, view.used[i], view.usedcores[i], view.usedmem[i],
-                            0, 0, w, slots=0)
 
-    ranked = sorted(((score(i, view.devices[i]), view.devices[i].numa, view.devices[i].index, view.used[i], i)
-                     for i in idxs), key=lambda t: order(t[:4]))
-    kinds = [c.kind for c in ctx.pod.containers]
-    reasons = ReasonCounter(total=len(idxs))
+def static_reason(view: NodeView, plan: ContainerPlan, d: DeviceInfo) -> Reason | None:
+    """Phase 1, per device: why candidate ``d`` cannot take the request whatever its usage (not
+    healthy, cordoned, or the vendor's ``device_filter``: type, UUID and mode selections), or None."""
+    if not d.health:
+        return Reason.CARD_NOT_HEALTH
+    if d.id in view.cordoned:
+        return Reason.CARD_CORDONED
+    return plan.vendor.device_filter(d, plan.req, plan.sel)
+
+
+def rank(view: NodeView, plan: ContainerPlan, cands: Candidates) -> list[int]:
+    """Phase 2: the candidates' positions in the order they are tried (``device_sort_key`` over the
+    device score with the request, the NUMA node, the index and, under ``mutex``, the use)."""
+    req, w, order, with_request = plan.req, plan.weights, plan.order, plan.request_in_scores
+    devices, used, usedcores, usedmem = view.devices, view.used, view.usedcores, view.usedmem
+    keys = {}
+    for i, mem in cands.items():
+        d = devices[i]
+        if with_request or req.type == d.type:
+            score = device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i], req.coresreq, mem, w)
+        else:
+            score = device_score(d.count, d.devcore, d.devmem, used[i], usedcores[i], usedmem[i], 0, 0, w, slots=0)
+        keys[i] = order((score, d.numa, d.index, used[i]))
+    return sorted(keys, key=keys.__getitem__)  # stable: equal keys keep the device order
+
+
+def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequence[int], picks: list[Pick]) -> Walk:
+    """Phase 3: take devices in ``ranked`` order until the request is met (or, when the plan
+    collects, every device that fits), with the reason for each device passed over: its
+    :func:`static_reason`, or the vendor's ``capacity_check`` / ``custom_filter`` on its usage.
+    A device the vendor ``repeats`` is taken again while it fits (not when collecting). Under
+    NUMA binding, a device on another NUMA node than the one before drops what was taken so far
+    (each dropped device counts ``NumaNotFit``) and the walk goes on from there."""
+    req, vendor, sel, collect, quota, mutex = plan.req, plan.vendor, plan.sel, plan.collect, plan.quota, plan.policy.mutex
+    devices = view.devices
+    reasons = ReasonCounter(total=len(cands))
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
-    collect = ctx.policy.topology_aware or vendor.chooses  # gather every fitting device, choose after
     prev_numa: int | None = None
-    for _score, numa, _index, _used, i in ranked:
-        d = view.devices[i]
-        if not d.health:
-            reasons.add(Reason.CARD_NOT_HEALTH, d.id)
-            continue
-        if d.id in view.cordoned:
-            reasons.add(Reason.CARD_CORDONED, d.id)
-            continue
-        bad = vendor.device_filter(d, req, sel)
+    for i in ranked:
+        d = devices[i]
+        bad = static_reason(view, plan, d)
         if bad is not None:
             reasons.add(bad, d.id)
             continue
-        if sel.numa_bind and prev_numa is not None and numa != prev_numa:
+        if sel.numa_bind and prev_numa is not None and d.numa != prev_numa:
             for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
-                reasons.add(Reason.NUMA_NOT_FIT, view.devices[j].id)
+                reasons.add(Reason.NUMA_NOT_FIT, devices[j].id)
             chosen = []
-        prev_numa = numa
-        mem = mems[i]
+        prev_numa = d.numa
+        mem = cands[i]
         held = view.slices.get(i, ())
         n = 0  # picks of this container already on device i (only when the vendor repeats devices)
         while True:
             prior = [] if collect else chosen  # collecting: combinations are checked jointly later
-            quota_fits = _always if ctx.quota is None else _quota_probe(ctx.quota, picks, prior, view, ci, req, d, mem,
-                                                                         kinds)
+            quota_fits = _always if quota is None else _quota_probe(quota, picks, prior, view, plan.ci, req, d, mem,
+                                                                    plan.kinds)
             bad = vendor.capacity_check(d, view.used[i] + n, view.usedmem[i] + n * mem,
-                                        view.usedcores[i] + n * req.coresreq, req, mem, ctx.policy.mutex, quota_fits)
+                                        view.usedcores[i] + n * req.coresreq, req, mem, mutex, quota_fits)
             if bad is None:
                 bad = vendor.custom_filter(d, req, mem, held, n)
             if bad is not None:
@@ -147,28 +238,35 @@ def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: Fit
                 break
             chosen.append((i, mem))
             if len(chosen) == req.nums and not collect:
-                return _granted(view, vendor, req, chosen)
+                return Walk(chosen, reasons, True)
             if collect or not vendor.repeats(d, sel):
                 break
             n += 1
-    if vendor.chooses and len(chosen) >= req.nums:
-        got = _vendor_choice(view, vendor, req, chosen, picks, ctx, ci, kinds)
+    return Walk(chosen, reasons)
+
+
+def choose(view: NodeView, plan: ContainerPlan, done: Walk, picks: list[Pick]) -> tuple[ContainerDevice, ...] | NodeFailure:
+    """Phase 4: the devices granted, or the node's failure. A first-fit walk that met the request
+    is granted as is; a collecting walk is chosen from by the vendor (``choose``) or by the
+    topology-aware policy; a walk that fell short adds ``AllocatedCardsInsufficientRequest`` for
+    each device it had taken."""
+    req, vendor, chosen, reasons = plan.req, plan.vendor, done.chosen, done.reasons
+    if done.met:
+        return _granted(view, vendor, req, chosen)
+    if len(chosen) >= req.nums and (vendor.chooses or plan.policy.topology_aware):
+        if vendor.chooses:
+            got = _vendor_choice(view, plan, chosen, picks)
+        else:
+            best = _best_topology(view, plan, chosen, picks)
+            got = Reason.RESOURCE_QUOTA_NOT_FIT if best is None else best
         if not isinstance(got, Reason):
             return _granted(view, vendor, req, got)
         for j, _ in chosen:
             reasons.add(got, view.devices[j].id)
-        return reasons.failure(ci, req.vendor)
-    if ctx.policy.topology_aware and len(chosen) >= req.nums:
-        best = _best_topology(view, req, chosen, ctx, picks, ci, kinds, sel.numa_bind)
-        if best is not None:
-            return _granted(view, vendor, req, best)
-        for j, _ in chosen:
-            reasons.add(Reason.RESOURCE_QUOTA_NOT_FIT, view.devices[j].id)
-        return reasons.failure(ci, req.vendor)
-    if chosen:
-        for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
-            reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
-    return reasons.failure(ci, req.vendor)
+        return reasons.failure(plan.ci, req.vendor)
+    for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
+        reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
+    return reasons.failure(plan.ci, req.vendor)
 
 
 def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
@@ -186,21 +284,21 @@ def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
     return tuple(out)
 
 
-def _vendor_choice(view: NodeView, vendor: Any, req: ContainerDeviceRequest, cands: list[tuple[int, int]],
-                   picks: list[Pick], ctx: FitContext, ci: int,
-                   kinds: list[ContainerKind]) -> list[tuple[int, int]] | Reason:
+def _vendor_choice(view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]],
+                   picks: list[Pick]) -> list[tuple[int, int]] | Reason:
     """The vendor's own pick among all fitting devices (``vendor.choose``), then the joint quota check."""
+    req = plan.req
     mem_of = dict(cands)
     prior = [p[2] for p in picks if p[1] == req.vendor]
-    got = vendor.choose(view.devices, req, [j for j, _ in cands], prior)
+    got = plan.vendor.choose(view.devices, req, [j for j, _ in cands], prior)
     if isinstance(got, Reason):
         return got
     if len(got) != req.nums or len(set(got)) != req.nums or any(j not in mem_of for j in got):
         raise ValueError(f"vendor {req.vendor}: choose() must return {req.nums} of the candidates, got {list(got)}")
     combo = [(j, mem_of[j]) for j in got]
-    if ctx.quota is not None:
-        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
-        if not ctx.quota.allows(trial, kinds, req.vendor):
+    if plan.quota is not None:
+        trial = picks + [(plan.ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        if not plan.quota.allows(trial, plan.kinds, req.vendor):
             return Reason.RESOURCE_QUOTA_NOT_FIT
     return combo
 
@@ -210,19 +308,20 @@ def _pair(view: NodeView, a: int, b: int) -> int:
     return view.pair_scores.get(ua, {}).get(ub, 0)
 
 
-def _best_topology(view: NodeView, req: ContainerDeviceRequest, cands: list[tuple[int, int]], ctx: FitContext,
-                   picks: list[Pick], ci: int, kinds: list[ContainerKind],
-                   numa_bind: bool) -> list[tuple[int, int]] | None:
+def _best_topology(view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]],
+                   picks: list[Pick]) -> list[tuple[int, int]] | None:
     """HAMi's topology-aware choice among all fitting devices (§5.4), ties to the earlier-ranked.
 
     One device: the candidate least connected to the others (keeps well-connected groups free).
     Several: the combination with the highest sum of pairwise link scores.
     """
+    req, quota = plan.req, plan.quota
+
     def quota_ok(combo) -> bool:
-        if ctx.quota is None:
+        if quota is None:
             return True
-        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
-        return ctx.quota.allows(trial, kinds, req.vendor)
+        trial = picks + [(plan.ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        return quota.allows(trial, plan.kinds, req.vendor)
 
     if req.nums == 1:
         order = sorted(range(len(cands)), key=lambda k: (
@@ -230,7 +329,7 @@ def _best_topology(view: NodeView, req: ContainerDeviceRequest, cands: list[tupl
         return next(([cands[k]] for k in order if quota_ok([cands[k]])), None)
     best, best_score = None, -1
     for combo in combinations(cands, req.nums):
-        if numa_bind and len({view.devices[j].numa for j, _ in combo}) > 1:
+        if plan.sel.numa_bind and len({view.devices[j].numa for j, _ in combo}) > 1:
             continue
         score = sum(_pair(view, a[0], b[0]) for a, b in combinations(combo, 2))
         if score > best_score and quota_ok(combo):
@@ -243,7 +342,8 @@ def _always() -> bool:
 
 
 def _quota_probe(quota: QuotaRoom, picks: list[Pick], chosen: list[tuple[int, int]], view: NodeView, ci: int,
-                 req: ContainerDeviceRequest, d: DeviceInfo, mem: int, kinds: list[ContainerKind]) -> Callable[[], bool]:
+                 req: ContainerDeviceRequest, d: DeviceInfo, mem: int,
+                 kinds: Sequence[ContainerKind]) -> Callable[[], bool]:
     """Would the pod's collapsed usage, with this device added, still fit the namespace quota?"""
     def probe() -> bool:
         trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
@@ -294,10 +394,13 @@ def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
 
 def make_context(pod: PodRequest, vendors: Sequence[Any], policy: DevicePolicy, weights: Weights,
                  quota: QuotaRoom | None = None, request_in_scores: bool = True) -> FitContext:
+    """The pod's PreFilter state: vendors, selections, and one :class:`ContainerPlan` per container request."""
     by_name = {v.name: v for v in vendors}
     used = pod.vendors()
-    return FitContext(
+    ctx = FitContext(
         pod=pod, vendors=by_name, selections={n: by_name[n].selection(pod.annotations) for n in used},
         policy=policy, weights=weights, quota=quota, request_in_scores=request_in_scores,
     )
+    return replace(ctx, plans={(ci, r.vendor): plan_container(ctx, ci, r)
+                               for ci, c in enumerate(pod.containers) for r in c.requests})
 

@@ -25,7 +25,11 @@ def pod_name(pod: Mapping[str, Any]) -> str:
 
 
 def ordered_containers(pod: Mapping[str, Any]) -> list[tuple[dict, ContainerKind]]:
-    """Containers in allocation-annotation order: init containers, then regular ones."""
+    """Containers in allocation-annotation order: init containers, then regular ones.
+
+    The kinds decide how the pod's demand adds up: a classic init container counts alone with
+    the sidecars declared before it, sidecars and regular containers count together
+    (:func:`hami.core.usage.collapse_picks` states the rule, with a worked example)."""
     spec = pod.get("spec") or {}
     out: list[tuple[dict, ContainerKind]] = []
     for c in spec.get("initContainers") or ():

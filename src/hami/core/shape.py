@@ -155,29 +155,11 @@ def check(value: Any, schema: Any, where: str) -> None:
     if value is None:
         return
     if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
-        for key, sub in schema.items():
-            if key in value:
-                check(value[key], sub, f"{where}.{key}" if where else key)
+        _check_fields(value, schema, where)
     elif isinstance(schema, MapOf):
-        if not isinstance(value, dict):
-            raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ShapeError(f"{where}: key {_show(key)} must be a string")
-            if item is None and schema.item is str:
-                raise ShapeError(f"{where}[{key}]: must be a string, got null")
-            check(item, schema.item, f"{where}[{key}]")
+        _check_map(value, schema.item, where)
     elif isinstance(schema, ListOf):
-        if not isinstance(value, list):
-            raise ShapeError(f"{where}: must be a list, got {_kind(value)} {_show(value)}")
-        if schema.item is str and _all_str(value):
-            return  # (the loop below would find nothing; it names the first bad element otherwise)
-        for i, item in enumerate(value):
-            if item is None:  # an absent field may be null; a list element may not
-                raise ShapeError(f"{where}[{i}]: must not be null")
-            check(item, schema.item, f"{where}[{i}]")
+        _check_list(value, schema.item, where)
     elif schema is QTY:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ShapeError(f"{where}: must be a quantity (string or number), got {_kind(value)} {_show(value)}")
@@ -187,6 +169,39 @@ def check(value: Any, schema: Any, where: str) -> None:
     elif not isinstance(value, schema) or (schema is not bool and isinstance(value, bool)):
         want = {str: "a string", bool: "a boolean"}.get(schema, schema.__name__)
         raise ShapeError(f"{where}: must be {want}, got {_kind(value)} {_show(value)}")
+
+
+def _check_fields(value: Any, schema: dict, where: str) -> None:
+    """An object: the fields the schema names, where present (other fields are not looked at)."""
+    if not isinstance(value, dict):
+        raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
+    for key, sub in schema.items():
+        if key in value:
+            check(value[key], sub, f"{where}.{key}" if where else key)
+
+
+def _check_map(value: Any, item: Any, where: str) -> None:
+    """A map of string keys to ``item`` values (a null string value is refused: labels, annotations)."""
+    if not isinstance(value, dict):
+        raise ShapeError(f"{where}: must be a map, got {_kind(value)} {_show(value)}")
+    for key, sub in value.items():
+        if not isinstance(key, str):
+            raise ShapeError(f"{where}: key {_show(key)} must be a string")
+        if sub is None and item is str:
+            raise ShapeError(f"{where}[{key}]: must be a string, got null")
+        check(sub, item, f"{where}[{key}]")
+
+
+def _check_list(value: Any, item: Any, where: str) -> None:
+    """A list of ``item`` values, none of them null."""
+    if not isinstance(value, list):
+        raise ShapeError(f"{where}: must be a list, got {_kind(value)} {_show(value)}")
+    if item is str and _all_str(value):
+        return  # (the loop below would find nothing; it names the first bad element otherwise)
+    for i, sub in enumerate(value):
+        if sub is None:  # an absent field may be null; a list element may not
+            raise ShapeError(f"{where}[{i}]: must not be null")
+        check(sub, item, f"{where}[{i}]")
 
 
 def check_object(obj: Any, schema: Any, where: str) -> None:

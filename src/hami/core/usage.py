@@ -32,6 +32,16 @@ def picks_of(devices: Mapping[str, PodSingleDevice]) -> list[Pick]:
 
 
 def collapse_picks(picks: Iterable[Pick], kinds: Sequence[ContainerKind], app_only: bool = False) -> tuple[DeviceUse, ...]:
+    """What the pod holds on each device: per term (slots, memory, cores), the larger of the
+    steady phase (every sidecar and regular container together) and each classic init container's
+    phase (that init container plus the sidecars declared before it).
+
+    Worked example, one GPU shared by four containers, in annotation order:
+    sidecar ``log`` 1000 MiB / 10 cores, init ``setup`` 6000 / 30, regular ``train`` 3000 / 40 and
+    ``eval`` 2000 / 20. Phase ``setup``: log + setup = 7000 MiB, 40 cores, 2 containers.
+    Steady: log + train + eval = 6000 MiB, 70 cores, 3 containers.
+    Result: 3 slots, 7000 MiB, 70 cores (each term its own maximum; with ``app_only``: 3, 6000, 70).
+    """
     # per uuid: vendor, steady [slots, mem, cores], sidecar running [slots, mem, cores] by index,
     # and the per-init-phase peaks
     per: dict[str, dict] = {}

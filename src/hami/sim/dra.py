@@ -42,7 +42,7 @@ from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
 
-from .engine import PodOutcome, SimResult, SimulationError, _checked, _objects
+from .engine import PodOutcome, SimResult, SimulationError, check_document, flatten_objects
 
 DEFAULT_CPU_MILLI = 100  # kube-scheduler's non-zero default request (scoring only)
 DEFAULT_MEMORY = 200 * MIB
@@ -153,11 +153,11 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
     warnings: list[str] = []
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
-    for label, obj in _objects(node_docs, source):
+    for label, obj in flatten_objects(node_docs, source):
         kind = obj.get("kind") or "Node"
         name = (obj.get("metadata") or {}).get("name") or "?"
         if kind == "ResourceSlice":
-            _checked(obj, fit.SLICE, source, label)
+            check_document(obj, fit.SLICE, source, label)
             spec = obj.get("spec") or {}
             if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
                 warnings.append(f"{source}: skipping ResourceSlice {name}: driver is not {DRIVER}")
@@ -525,11 +525,11 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
     state.warnings = warnings
     outcomes: dict[str, PodOutcome] = {}
     objects: dict[str, dict] = {}
-    for label, obj in _objects(pod_docs, sources[1]):
+    for label, obj in flatten_objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
         if kind in ("ResourceClaimTemplate", "ResourceClaim", "Pod"):
-            _checked(obj, {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM,
+            check_document(obj, {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM,
                            "Pod": fit.POD_CLAIMS}[kind], sources[1], label)
         if kind == "ResourceClaimTemplate":
             state.add_template(obj, sources[1])
@@ -545,7 +545,7 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
             warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod, ResourceClaim or "
                             "ResourceClaimTemplate")
             continue
-        _checked(obj, POD, sources[1], label)
+        check_document(obj, POD, sources[1], label)
         key = pod_key(obj)
         if meta.get("deletionTimestamp"):
             if state.delete(key) or key in outcomes:

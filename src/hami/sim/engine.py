@@ -52,7 +52,7 @@ class SimResult:
     front_end: str = "extender"  # or "dra" (hami.sim.dra)
 
 
-def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[tuple[str, dict]]:
+def flatten_objects(docs: Iterable[Any], source: str, where: str = "document") -> list[tuple[str, dict]]:
     """``(label, object)`` for every object of the documents (List kinds flattened); the label
     names the document (and list item) for error lines. Raises SimulationError."""
     out: list[tuple[str, dict]] = []
@@ -69,7 +69,7 @@ def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[
             items = doc.get("items") or []
             if not isinstance(items, list):
                 raise SimulationError(f"{source}: {label}: items must be a list")
-            out.extend(_objects(items, source, f"{label} item"))
+            out.extend(flatten_objects(items, source, f"{label} item"))
         else:
             try:
                 check(doc, {"kind": str, "metadata": META}, "")
@@ -79,7 +79,9 @@ def _objects(docs: Iterable[Any], source: str, where: str = "document") -> list[
     return out
 
 
-def _checked(obj: dict, schema: Any, source: str, label: str) -> None:
+def check_document(obj: dict, schema: Any, source: str, label: str) -> None:
+    """:func:`hami.core.shape.check` of one object from :func:`flatten_objects`; a wrong field is
+    a SimulationError naming the file, the document and the object."""
     try:
         check(obj, schema, "")
     except ShapeError as exc:
@@ -116,7 +118,7 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
     ledger = Ledger()
     warnings: list[str] = []
-    for _, obj in _objects(node_docs, source):
+    for _, obj in flatten_objects(node_docs, source):
         name = (obj.get("metadata") or {}).get("name") or "?"
         if (obj.get("kind") or "Node") != "Node":
             warnings.append(f"{source}: skipping {obj.get('kind')} {name}: not a Node")
@@ -142,11 +144,11 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
     ledger, warnings = load_nodes(node_docs, config, sources[0])
     outcomes: dict[str, PodOutcome] = {}
     objects: dict[str, dict] = {}
-    for label, obj in _objects(pod_docs, sources[1]):
+    for label, obj in flatten_objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
         if kind == "ResourceQuota":
-            _checked(obj, QUOTA, sources[1], label)
+            check_document(obj, QUOTA, sources[1], label)
             try:
                 ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
                                  (obj.get("spec") or {}).get("hard") or {}, config.vendors)
@@ -156,7 +158,7 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
         if kind != "Pod":
             warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod")
             continue
-        _checked(obj, POD, sources[1], label)
+        check_document(obj, POD, sources[1], label)
         key = pod_key(obj)
         if meta.get("deletionTimestamp"):
             ledger.remove_pod(key)

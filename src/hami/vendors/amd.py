@@ -18,8 +18,8 @@ from hami.core.names import NODE_LOCK
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo
 
-from ._util import capacity_health, percent_request, present, where_of
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, lookup
+from .common import capacity_health, percent_request, present, where_of
 
 
 def compute_units(device: DeviceInfo, pct: int) -> int:
@@ -53,7 +53,7 @@ class AmdVendor(BaseVendor):
         has = present(container)
         if r.cores in has:
             where = where_of(container)
-            pct = _lookup(container, where)(r.cores)
+            pct = lookup(container, where)(r.cores)
             if not 1 <= pct <= 100:
                 raise RequestError(f"{where}: {r.cores} must be an integer in 1..100, got {pct}")
         return r.count in has

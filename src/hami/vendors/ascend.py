@@ -26,7 +26,8 @@ from hami.core.names import NODE_LOCK
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import (
+from .base import BaseVendor, ResourceNames, Selection, lookup
+from .common import (
     annotations_of,
     env_append,
     in_limits,
@@ -37,7 +38,6 @@ from ._util import (
     set_runtime_class,
     where_of,
 )
-from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 MODE_ANNOTATION = "huawei.com/vnpu-mode"
 HAMI_CORE = "hami-core"
@@ -94,7 +94,7 @@ class AscendVendor(BaseVendor):
             if c.overwrite_env:
                 env_append(container, "ASCEND_VISIBLE_DEVICES", "")
             return False
-        res = _lookup(container, where)
+        res = lookup(container, where)
         n = res(r.count)
         if n <= 0:
             raise RequestError(f"{where}: {r.count} must be a positive integer, got {n}")
@@ -134,7 +134,7 @@ class AscendVendor(BaseVendor):
     # ------------------------------------------------------------------ requests
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         nums = res(r.count)
         if nums < 0:
             raise RequestError(f"{where}: {r.count} must not be negative, got {nums}")

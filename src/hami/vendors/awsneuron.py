@@ -20,8 +20,8 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, present, synth_cards, where_of
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, lookup
+from .common import capacity, present, synth_cards, where_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class AwsNeuronVendor(BaseVendor):
 
     def _amounts(self, container: Mapping[str, Any], where: str) -> tuple[int, int]:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         devices, cores = res(r.count), res(r.cores)
         if devices < 0 or cores < 0:
             raise RequestError(f"{where}: {r.count} and {r.cores} must not be negative (got {devices}, {cores})")

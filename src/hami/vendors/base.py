@@ -179,7 +179,7 @@ class BaseVendor:
     # ------------------------------------------------------------------ requests
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         """Translate one (admitted) container into a request; ``None`` when it asks for nothing."""
-        res = _lookup(container, where)
+        res = lookup(container, where)
         nums = res(self.resources.count)
         if not nums:
             return None
@@ -337,7 +337,7 @@ def decode_registration(text: str, fmt: str, vendor: str) -> tuple[DeviceInfo, .
     return decode_node_devices_json(text, vendor)
 
 
-def _lookup(container: Mapping[str, Any], where: str):
+def lookup(container: Mapping[str, Any], where: str):
     """``res(name)`` -> int from limits, else requests (HAMi: limits first); 0 when absent."""
     limits, requests = container_resources(container)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from hami.config import BirenConfig
 from hami.core.names import node_handshake
 
-from ._util import WholeDeviceVendor
 from .base import ResourceNames
+from .common import WholeDeviceVendor
 
 
 class BirenVendor(WholeDeviceVendor):

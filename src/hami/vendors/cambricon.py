@@ -17,8 +17,8 @@ from typing import Any, Mapping
 from hami.config import CambriconConfig
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, percent_request, synth_cards
 from .base import BaseVendor, ResourceNames
+from .common import capacity, percent_request, synth_cards
 
 UNIT_MIB = 256
 PROFILE_ANNOTATION = "CAMBRICON_DSMLU_PROFILE"

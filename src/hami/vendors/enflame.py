@@ -27,17 +27,17 @@ from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import (
-    _field,
+from .base import BaseVendor, ResourceNames, lookup, slot_check
+from .common import (
     annotations_of,
     capacity,
+    ensure_field,
     node_name,
     present,
     synth_cards,
     where_of,
     whole_card_request,
 )
-from .base import BaseVendor, ResourceNames, _lookup, slot_check
 
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
 _PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
@@ -112,15 +112,15 @@ class EnflameDrsVendor(BaseVendor):
         if not has & {r.count, r.memory, r.cores}:
             return False
         where = where_of(container)
-        res = _lookup(container, where)
+        res = lookup(container, where)
         if r.count in has:
             if res(r.count) <= 0:
                 raise RequestError(f"{where}: {r.count} must be greater than 0, got {res(r.count)}")
         elif not (res(r.memory) > 0 and 0 < res(r.cores) <= 100):
             raise RequestError(f"{where}: give {r.count} > 0, or {r.memory} > 0 with {r.cores} in 1..100 "
                                f"(got {r.memory}={res(r.memory)}, {r.cores}={res(r.cores)})")
-        res_map = _field(container, "resources", {})
-        requests = _field(res_map, "requests", {})
+        res_map = ensure_field(container, "resources", {})
+        requests = ensure_field(res_map, "requests", {})
         for name, value in (res_map.get("limits") or {}).items():
             if name in (r.count, r.memory, r.cores):
                 requests[name] = value
@@ -129,7 +129,7 @@ class EnflameDrsVendor(BaseVendor):
     # ------------------------------------------------------------------ requests
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         slices, mem, core = res(r.count), res(r.memory), res(r.cores)
         if not (slices or mem or core):
             return None

@@ -13,8 +13,8 @@ from hami.config import HygonConfig
 from hami.core.names import node_handshake
 from hami.core.types import ContainerDeviceRequest
 
-from ._util import percent_request
 from .base import BaseVendor, ResourceNames
+from .common import percent_request
 
 
 class HygonVendor(BaseVendor):

@@ -15,8 +15,8 @@ from hami.config import IluvatarChip
 from hami.core.names import NODE_ANNOTATION_PREFIX
 from hami.core.types import ContainerDeviceRequest
 
-from ._util import env_append, name_after_chip, percent_request, present, set_limit, where_of
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, lookup
+from .common import env_append, name_after_chip, percent_request, present, set_limit, where_of
 
 UNIT_MIB = 256
 CONTAINER_ENV = "SOL_CONTINER_NAME"
@@ -37,7 +37,7 @@ class IluvatarVendor(BaseVendor):
         r = self.resources
         if r.count not in present(container):
             return False
-        n = _lookup(container, where_of(container))(r.count)
+        n = lookup(container, where_of(container))(r.count)
         if n > 1 and r.cores:
             set_limit(container, r.cores, 100 * n)
         env_append(container, CONTAINER_ENV, str(container.get("name", "")))

@@ -25,8 +25,8 @@ from hami.core.names import NODE_LOCK, node_handshake
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, present, set_both, synth_cards, where_of, whole_card_request
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, lookup
+from .common import capacity, present, set_both, synth_cards, where_of, whole_card_request
 
 CARD_MEMORY = 98304
 VXPU_SIZES = (24576, 49152, 98304)
@@ -135,7 +135,7 @@ class KunlunVxpuVendor(BaseVendor):
             return False
         if r.memory in has:
             where = where_of(container)
-            raw = _lookup(container, where)(r.memory)
+            raw = lookup(container, where)(r.memory)
             size = round_vxpu(raw)
             if raw <= 0 or not size:
                 raise RequestError(f"{where}: {r.memory} must be in 1..{CARD_MEMORY} MiB, got {raw}")
@@ -144,7 +144,7 @@ class KunlunVxpuVendor(BaseVendor):
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         n = res(r.count)
         if n == 0:
             return None

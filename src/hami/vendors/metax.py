@@ -34,7 +34,8 @@ from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import (
+from .base import BaseVendor, ResourceNames, Selection, lookup
+from .common import (
     annotations_of,
     capacity,
     capacity_health,
@@ -46,7 +47,6 @@ from ._util import (
     where_of,
     whole_card_request,
 )
-from .base import BaseVendor, ResourceNames, Selection, _lookup
 
 LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
 SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
@@ -182,7 +182,7 @@ class MetaxSgpuVendor(BaseVendor):
         if app is not None:
             if app not in APP_CLASSES:
                 raise RequestError(f"annotation {APP_CLASS_ANNOTATION}: must be online or offline, got {app!r}")
-            n = _lookup(container, where)(r.count)
+            n = lookup(container, where)(r.count)
             if n != 1:
                 raise RequestError(f"{where}: {r.count} must be 1 for a pod with {APP_CLASS_ANNOTATION}, got {n}")
         if app == "online":

@@ -21,8 +21,8 @@ from hami.core.errors import RequestError
 from hami.core.reasons import Reason
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
 
-from ._util import capacity, non_negative, present, set_both, synth_cards, where_of
-from .base import BaseVendor, ResourceNames, _lookup
+from .base import BaseVendor, ResourceNames, lookup
+from .common import capacity, non_negative, present, set_both, synth_cards, where_of
 
 UNIT_MIB = 512
 CORES_PER_GPU = 16
@@ -59,7 +59,7 @@ class MthreadsVendor(BaseVendor):
         if r.count not in present(container):
             return False
         where = where_of(container)
-        res = _lookup(container, where)
+        res = lookup(container, where)
         n = res(r.count)
         if n <= 0:
             raise RequestError(f"{where}: {r.count} must be greater than 0, got {n}")
@@ -80,7 +80,7 @@ class MthreadsVendor(BaseVendor):
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         n = res(r.count)
         if n == 0:
             return None

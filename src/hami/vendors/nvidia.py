@@ -34,8 +34,8 @@ from hami.core.types import (
     Slice,
 )
 
-from ._util import env_append, present, set_limit, set_runtime_class, where_of
-from .base import BaseVendor, ResourceNames, Selection, _lookup
+from .base import BaseVendor, ResourceNames, Selection, lookup
+from .common import env_append, present, set_limit, set_runtime_class, where_of
 
 
 MIG_ALLOCATIONS_ANNOTATION = VGPU_MIG_ALLOCATIONS
@@ -116,7 +116,7 @@ class NvidiaVendor(BaseVendor):
     def admit_container(self, container: dict, pod: dict) -> bool:
         r = self.resources
         where = where_of(container)
-        res = _lookup(container, where)
+        res = lookup(container, where)
         has = present(container)
         pct = res(r.memory_percentage) if r.memory_percentage in has else None
         if pct is not None and not 0 <= pct <= 100:
@@ -148,7 +148,7 @@ class NvidiaVendor(BaseVendor):
     # ------------------------------------------------------------------ requests (§5.4)
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources
-        res = _lookup(container, where)
+        res = lookup(container, where)
         nums = res(r.count)
         if nums < 0:
             raise RequestError(f"{where}: {r.count} must not be negative, got {nums}")

@@ -1,4 +1,11 @@
-"""Small helpers shared by the vendor modules (no fit logic here)."""
+"""Helpers shared by the vendor modules, public to them (the package's ``common`` floor).
+
+Owns: reading a container's resources (``present``, ``percent_request``, ``whole_card_request``),
+the small admission edits every webhook makes (``set_both``, ``set_limit``, ``env_append``,
+``set_runtime_class``), cards synthesised from ``status.capacity`` (``synth_cards``,
+``capacity_health``) and :class:`WholeDeviceVendor` for backends with nothing but whole cards.
+Does not own: the vendor protocol and its defaults (``base``) or any fit logic (``hami.core.fit``).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from hami.core.names import devices_allocated, devices_to_allocate, no_use_uuid,
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 
-from .base import BaseVendor, _lookup
+from .base import BaseVendor, lookup
 
 
 def present(container: Mapping[str, Any]) -> set[str]:
@@ -25,7 +32,7 @@ def in_limits(container: Mapping[str, Any], name: str) -> bool:
     return bool(name) and name in container_resources(container)[0]
 
 
-def _field(obj: dict, key: str, empty: Any) -> Any:
+def ensure_field(obj: dict, key: str, empty: Any) -> Any:
     """``obj[key]``, made ``empty`` first when absent or null (``setdefault`` keeps a null)."""
     if obj.get(key) is None:
         obj[key] = empty
@@ -34,19 +41,19 @@ def _field(obj: dict, key: str, empty: Any) -> Any:
 
 def set_both(container: dict, name: str, value: int) -> None:
     """Write ``value`` to limits and requests (what HAMi's webhooks do when they normalise)."""
-    res = _field(container, "resources", {})
-    _field(res, "limits", {})[name] = value
-    _field(res, "requests", {})[name] = value
+    res = ensure_field(container, "resources", {})
+    ensure_field(res, "limits", {})[name] = value
+    ensure_field(res, "requests", {})[name] = value
 
 
 def set_limit(container: dict, name: str, value: int) -> None:
-    _field(_field(container, "resources", {}), "limits", {})[name] = value
+    ensure_field(ensure_field(container, "resources", {}), "limits", {})[name] = value
 
 
 def env_append(container: dict, name: str, value: str) -> None:
     """Set ``name=value`` in the container's env: an entry of that name is replaced, not added
     twice (the webhook may be invoked again on its own output: reinvocationPolicy IfNeeded)."""
-    env = _field(container, "env", [])
+    env = ensure_field(container, "env", [])
     for i, e in enumerate(env):
         if isinstance(e, dict) and e.get("name") == name:
             env[i] = {"name": name, "value": value}
@@ -133,7 +140,7 @@ def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str
     """Count + absolute memory (times memoryFactor) + core percent. ``memory(container, where)``
     replaces the plain read of the memory resource. No memory means the whole card's memory."""
     r = vendor.resources
-    res = _lookup(container, where)
+    res = lookup(container, where)
     nums = res(r.count)
     if nums == 0:
         return None
@@ -148,7 +155,7 @@ def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str
 def whole_card_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *,
                        cores: int = 100) -> ContainerDeviceRequest | None:
     """``<count>: n`` takes n whole cards (all the memory, ``cores`` percent); None when n is 0."""
-    n = _lookup(container, where)(vendor.resources.count)
+    n = lookup(container, where)(vendor.resources.count)
     if n < 0:
         raise RequestError(f"{where}: {vendor.resources.count} must not be negative, got {n}")
     return ContainerDeviceRequest(vendor=vendor.name, nums=n, type=vendor.request_type, mem_percentage=100,
