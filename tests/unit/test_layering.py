@@ -42,6 +42,9 @@ def private_imports(module: str, is_package: bool, tree: ast.AST) -> list[tuple[
     another module. ``__dunder__`` names are public."""
     found = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names if alias.name.startswith("hami")
+                         and any(p.startswith("_") and not p.startswith("__") for p in alias.name.split(".")))
         if not isinstance(node, ast.ImportFrom):
             continue
         source = resolve(module, is_package, node)
@@ -96,6 +99,10 @@ def test_nothing_in_the_product_starts_the_harness_binaries():
     ("hami.core.fit", False, "from hami.core import __version__", []),     # dunder is public
     ("hami.core.fit", False, "from hami.core.types import Device", []),
     ("hami.core.fit", False, "from os import _exit", []),                   # not ours
+    ("hami.vendors.nvidia", False, "import hami.vendors._util", ["hami.vendors._util"]),
+    ("hami.sim.dra", False, "from .engine import flatten_objects, _checked, _objects",
+     ["hami.sim.engine._checked", "hami.sim.engine._objects"]),
+    ("hami.core.fit", False, "from __future__ import annotations", []),
 ])
 def test_private_import_rule_on_planted_sources(module, is_package, source, expected):
     assert [name for _, name in private_imports(module, is_package, ast.parse(source))] == expected

@@ -48,7 +48,7 @@ def owns_wire_names(path: Path) -> bool:
     if rel == Path("core", "names.py"):
         return True
     return (len(rel.parts) == 2 and rel.parts[0] == "vendors" and not rel.stem.startswith("_")
-            and rel.stem != "base")
+            and rel.stem not in ("base", "common"))
 
 
 def _sources() -> list[Path]:
