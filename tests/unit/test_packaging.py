@@ -128,3 +128,11 @@ def test_the_product_starts_no_harness_program():
 def test_the_product_tree_has_no_harness_modules():
     assert not (PRODUCT / "dev").exists() or not list((PRODUCT / "dev").rglob("*.py"))
     assert not (PRODUCT / "deviceplugin" / "kubelet_standin.py").exists()
+
+
+def test_the_image_build_leaves_the_harness_out():
+    """The image installs the product wheel only; its build context does not even carry devkit/."""
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "devkit" in ignored
+    copies = [line for line in (REPO / "Containerfile").read_text().splitlines() if line.startswith("COPY ")]
+    assert copies and not [line for line in copies if "devkit" in line]
