@@ -136,3 +136,13 @@ def test_the_image_build_leaves_the_harness_out():
     assert "devkit" in ignored
     copies = [line for line in (REPO / "Containerfile").read_text().splitlines() if line.startswith("COPY ")]
     assert copies and not [line for line in copies if "devkit" in line]
+
+
+def test_both_packages_build_with_the_same_pinned_backend():
+    import tomllib
+
+    product, harness = (tomllib.loads((REPO / path).read_text()) for path in ("pyproject.toml", "devkit/pyproject.toml"))
+    assert product["build-system"] == harness["build-system"]
+    assert [req for req in product["build-system"]["requires"] if req.startswith("setuptools==")]
+    assert product["tool"]["setuptools"]["packages"]["find"]["include"] == ["hami", "hami.*"]
+    assert harness["project"]["scripts"] == {"hami-dev": "hami_devkit.command:main"}
