@@ -10,9 +10,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: simulate test check docs-images unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devkit/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test]' -e ./devkit
 	touch $(STAMP)
 
 simulate: $(STAMP)
@@ -74,7 +74,7 @@ image-tools:
 # Every image the tests and the real node use (pause, busybox, kube-scheduler, hami), cached in
 # <cache>/images; what this machine cannot build is reported as skipped
 images: $(STAMP) kube image-tools
-	$(BIN)/python -m hami.dev.images
+	$(BIN)/python -m hami_devkit.images
 
 # Lint and format (ruff), the layering of docs/development.md (import-linter: contracts in
 # pyproject.toml), and types of the pure model (mypy: core/, dra/). A broken rule names file and line.

@@ -38,11 +38,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "devkit" / "src"))  # the test harness (hami_devkit)
 sys.path.insert(0, str(ROOT))
 
 from hami.core import admit_pod  # noqa: E402
 from hami.node.nvml import PhysicalGPU  # noqa: E402
-from hami.dev.binaries import KUBE_VERSION  # noqa: E402
+from hami_devkit.binaries import KUBE_VERSION  # noqa: E402
 from hami.dra.model import SliceSettings  # noqa: E402
 from hami.dra.translate import translate  # noqa: E402
 from hami.vendors.nvidia import NvidiaVendor  # noqa: E402
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=1000)
     args = ap.parse_args()
 
-    from hami.dev.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
+    from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
     from hami.draplugin.publisher import apply_device_classes, publish_slice
     from hami.kube.client import KubeClient, load_api_client
     from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node

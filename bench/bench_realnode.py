@@ -33,14 +33,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "devkit" / "src"))  # the test harness (hami_devkit)
 sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from bench.bench_scheduler import cpu_per_pod, cpu_seconds  # noqa: E402
-from hami.dev.controlplane import KubeCluster  # noqa: E402
-from hami.dev.images import build_busybox_image, build_hami_image, build_kube_scheduler_image, build_pause_image  # noqa: E402
-from hami.dev.realnode import RealNode  # noqa: E402
+from hami_devkit.controlplane import KubeCluster  # noqa: E402
+from hami_devkit.images import build_busybox_image, build_hami_image, build_kube_scheduler_image, build_pause_image  # noqa: E402
+from hami_devkit.realnode import RealNode  # noqa: E402
 from tests.realnode.product import Product  # noqa: E402
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "devkit" / "src"))  # the test harness (hami_devkit)
 sys.path.insert(0, str(ROOT))
 
 from hami.core import Ledger, SchedulerConfig, admit_pod, schedule_pod  # noqa: E402
@@ -308,7 +309,7 @@ def e2e(args: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
     import urllib.request
 
-    from hami.dev.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
+    from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
     from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
 
     cluster = KubeCluster()

@@ -120,7 +120,7 @@ build kube-apiserver k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io
 build kube-scheduler k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
 build kube-controller-manager k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
 build kubectl k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
-# the real node of `hami dev cluster up --real-node` (runs pods through containerd + runc)
+# the real node of `hami-dev cluster up --real-node` (runs pods through containerd + runc)
 build kubelet k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
 # Services on the real node (pods reach the API server at the `kubernetes` ClusterIP), iptables mode
 build kube-proxy k8s.io/kubernetes "$KUBE_VERSION" "$STAGING_VERSION" k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"

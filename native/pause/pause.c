@@ -2,7 +2,7 @@
  * pause: the process that holds a pod sandbox's namespaces open.
  *
  * Debian ships no pause image, so the real test node uses this one (see
- * src/hami/dev/images.py, which builds it statically and packs it as an OCI image).
+ * devkit/src/hami_devkit/images.py, which builds it statically and packs it as an OCI image).
  *
  * It sleeps until told to stop, reaps every child that is re-parented to it (it is PID 1
  * of the pod's PID namespace when the namespace is shared), and exits 0 on SIGTERM or

@@ -22,7 +22,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dra": ("hami.draplugin.command", "run the DRA driver gpu.hami.io on a node (ResourceSlice + kubelet plugin)"),
     "monitor": ("hami.monitor.command", "export per-container GPU usage as Prometheus metrics"),
     "exec": ("hami.execcmd", "run a command under libvgpu with memory and compute limits"),
-    "dev": ("hami.dev.command", "developer tools: a local control plane (`hami dev cluster up|down|env`)"),
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
 from hami.core.types import DeviceInfo
-from hami.dev.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
+from hami_devkit.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
 from hami.kube.revision import newer_than
 from hami.kube import nodelock
 

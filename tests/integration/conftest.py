@@ -1,6 +1,6 @@
 """Fixtures for tests against a real Kubernetes control plane (see docs/testing.md).
 
-``kube_cluster`` (session scope) -> :class:`hami.dev.cluster.KubeCluster`, started once per
+``kube_cluster`` (session scope) -> :class:`hami_devkit.cluster.KubeCluster`, started once per
 test session: etcd, kube-apiserver, kube-controller-manager, kube-scheduler ``default-scheduler``,
 kube-scheduler ``hami-scheduler`` (no extender until a test sets one), kwok. Skips the test,
 naming the missing binaries, when ``scripts/install-kube.sh`` has not been run. Useful members:
@@ -36,7 +36,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from hami.dev.cluster import KubeCluster, MissingBinaries
+from hami_devkit.cluster import KubeCluster, MissingBinaries
 
 _state: dict[str, object] = {}
 

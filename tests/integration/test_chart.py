@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.config import load_device_config
 from hami.core.codec import encode_node_devices_json
 from hami.core.types import DeviceInfo
-from hami.dev.cluster import die_with_parent, free_port
+from hami_devkit.cluster import die_with_parent, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -497,7 +497,7 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 
 def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_annotations(kube_cluster, helm,
                                                                                           kube_namespace):
-    from hami.dev.cluster import ApiError
+    from hami_devkit.cluster import ApiError
 
     ns, release = kube_namespace, f"g{uuid.uuid4().hex[:6]}"
     full = f"{release}-hami"

@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from hami.config import load_device_config
-from hami.dev.binaries import find_binaries
-from hami.dev.cluster import MissingBinaries, free_port
+from hami_devkit.binaries import find_binaries
+from hami_devkit.cluster import MissingBinaries, free_port
 from hami.vendors import VENDORS, build_vendors, managed_resource_names
 
 from .test_chart import CHART, KUBE_VERSION, _extender_argv, _Procs

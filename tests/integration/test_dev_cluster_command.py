@@ -1,4 +1,4 @@
-"""`hami dev cluster up|env|down` starts a usable control plane and leaves nothing behind."""
+"""`hami-dev cluster up|env|down` starts a usable control plane and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev.cluster import MissingBinaries, bin_dir, find_binaries
+from hami_devkit.cluster import MissingBinaries, bin_dir, find_binaries
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,12 @@ def test_up_env_down(tmp_path):
     except MissingBinaries as exc:
         pytest.skip(str(exc))
     env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
-    hami = [sys.executable, "-m", "hami", "dev", "cluster"]
-    up = subprocess.run([*hami, "up", "--nodes", "1", "--gpus", "2"], env=env, capture_output=True, text=True, timeout=240)
+    hami_dev = [sys.executable, "-m", "hami_devkit", "cluster"]
+    up = subprocess.run([*hami_dev, "up", "--nodes", "1", "--gpus", "2"], env=env, capture_output=True, text=True, timeout=240)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "KUBECONFIG=" in up.stdout
-        exports = subprocess.run([*hami, "env"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout
+        exports = subprocess.run([*hami_dev, "env"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout
         assert "export KUBECONFIG=" in exports and "export PATH=" in exports
         shell = f"{exports}\nkubectl get node kwok-node-0 -o jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
         gpus = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)
@@ -46,8 +46,8 @@ def test_up_env_down(tmp_path):
         assert _processes_mentioning(str(tmp_path)), "the components should run with their workdir under HAMI_CACHE"
         assert str(binaries["kube-apiserver"].parent) in exports
     finally:
-        down = subprocess.run([*hami, "down"], env=env, capture_output=True, text=True, timeout=60)
+        down = subprocess.run([*hami_dev, "down"], env=env, capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stdout + down.stderr
     assert _processes_mentioning(str(tmp_path)) == []
-    status = subprocess.run([*hami, "status"], env=env, capture_output=True, text=True, timeout=30)
+    status = subprocess.run([*hami_dev, "status"], env=env, capture_output=True, text=True, timeout=30)
     assert status.returncode == 3 and "not running" in status.stdout

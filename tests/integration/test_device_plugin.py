@@ -34,9 +34,9 @@ from hami.core.types import ContainerDevice
 from hami.deviceplugin import allocate as A
 from hami.deviceplugin.api import HEALTHY, UNHEALTHY
 from hami.deviceplugin.devices import physical_id
-from hami.deviceplugin.kubelet_standin import KubeletStandIn
+from hami_devkit.kubelet_standin import KubeletStandIn
 from hami.deviceplugin.register import REGISTER
-from hami.dev.cluster import node_manifest
+from hami_devkit.cluster import node_manifest
 from hami.kube import nodelock
 
 pytestmark = pytest.mark.integration
@@ -594,7 +594,7 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         pytest.skip(why)
     if not FAKE_NVML.exists():
         pytest.skip(f"{FAKE_NVML} is not built")
-    from hami.dev.cluster import SchedulerConfig
+    from hami_devkit.cluster import SchedulerConfig
 
     from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook, wait_webhook_routes
 

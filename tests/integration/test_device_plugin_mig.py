@@ -163,7 +163,7 @@ async def test_full_chain_topology_aware_and_mig_through_the_extender(kube_clust
     (a topology-aware 2-GPU pod gets them, from the scores the plugin published; without the
     scores every pair ties and GPUs 0 and 1 would be taken) and a MIG node (the extender picks
     profile and placement, the plugin makes that instance)."""
-    from hami.dev.cluster import SchedulerConfig
+    from hami_devkit.cluster import SchedulerConfig
 
     from ._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook, wait_webhook_routes
     from .test_device_plugin import WEBHOOK_LABEL, _chain_pod, _scheduler_cli, watch_bound_pods

@@ -21,8 +21,8 @@ import pytest_asyncio
 
 from hami.core import admit_pod
 from hami.node.nvml import PhysicalGPU
-from hami.dev.binaries import KUBE_VERSION
-from hami.dev.cluster import KubeCluster, MissingBinaries
+from hami_devkit.binaries import KUBE_VERSION
+from hami_devkit.cluster import KubeCluster, MissingBinaries
 from hami.draplugin.api import load
 from hami.draplugin.checkpoint import Checkpoint
 from hami.dra.model import MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, resource_slice, slice_name
@@ -408,7 +408,7 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
         assert qty(r["consumedCapacity"]["memory"]) == 3000 * MIB and qty(r["consumedCapacity"]["cores"]) == 25
         # what the DRA front end cannot express is refused with the reason, not silently changed
         bad = hami_pod("pct", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})
-        from hami.dev.errors import ApiError
+        from hami_devkit.errors import ApiError
 
         with pytest.raises(ApiError, match="gpumem-percentage=50"):
             cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", bad)
@@ -599,8 +599,8 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     import urllib.request
     import uuid
 
-    from hami.dev.cluster import free_port
-    from hami.dev.errors import ApiError
+    from hami_devkit.cluster import free_port
+    from hami_devkit.errors import ApiError
     from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
 
     node, ns, label = "dra-vis", "dra-vis", "hami.io/dra-vis-test"
@@ -678,7 +678,7 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from hami.dev.cluster import free_port
+    from hami_devkit.cluster import free_port
     from tests.unit import _regionkit as kit
 
     node, ns = "dra-mon", "dra-mon"

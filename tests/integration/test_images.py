@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami.dev import images
-from hami.dev.binaries import KUBE_VERSION, bin_dir
-from hami.dev.images import ImageArchive, read_oci_archive, unpack_rootfs
+from hami_devkit import images
+from hami_devkit.binaries import KUBE_VERSION, bin_dir
+from hami_devkit.images import ImageArchive, read_oci_archive, unpack_rootfs
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = yaml.safe_load((REPO / "charts/hami/values.yaml").read_text())

@@ -13,7 +13,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from hami.dev.cluster import ExtenderConfig, KubeCluster, SchedulerConfig
+from hami_devkit.cluster import ExtenderConfig, KubeCluster, SchedulerConfig
 
 pytestmark = pytest.mark.integration
 

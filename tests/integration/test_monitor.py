@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.dev.cluster import free_port
+from hami_devkit.cluster import free_port
 
 from ..unit import _regionkit as kit
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from hami.core.codec import decode_pod_devices
-from hami.dev.cluster import ApiError, SchedulerConfig
+from hami_devkit.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
     ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, delete_webhook, device_usage, events, gpu_pod, gpu_uuid,

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hami.dev.cluster import SchedulerConfig
+from hami_devkit.cluster import SchedulerConfig
 
 from ._hami import PluginStandIn, SchedulerProcess, device_usage, events, gpu_pod, make_gpu_node, placed, pods
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig, free_port
+from hami_devkit.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig, free_port
 
 from ._hami import ROOT, PluginStandIn, SchedulerProcess, gpu_pod, gpu_uuid, make_gpu_node, pods, wait_pods
 

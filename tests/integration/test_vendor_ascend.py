@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
+from hami_devkit.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
 
 from ._hami import (
     PluginStandIn, SchedulerProcess, delete_webhook, label_namespace, nodelock, pods, register_webhook, wait_pods,

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from hami.dev.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
+from hami_devkit.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
 from hami.kube import nodelock
 
 from ._hami import MERGE, PluginStandIn, SchedulerProcess, pods, wait_pods

@@ -1,10 +1,10 @@
 """Fixtures for tests on a real node (kubelet + containerd + runc); see docs/testing.md.
 
-``real_cluster`` (session) -> a :class:`hami.dev.cluster.KubeCluster` of its own (not the
+``real_cluster`` (session) -> a :class:`hami_devkit.cluster.KubeCluster` of its own (not the
 integration tests' one, whose kwok-only tests must not see a node that really runs pods).
 
 ``real_node`` (function scope, one node per session) -> the running
-:class:`hami.dev.realnode.RealNode` named ``hami-real-node``, labelled ``gpu=on``, with the
+:class:`hami_devkit.realnode.RealNode` named ``hami-real-node``, labelled ``gpu=on``, with the
 pause and busybox images imported (``BUSYBOX`` is the busybox image's ref). The node starts on
 first use and stays up for the session; a test that stops it (``real_node_holder.stop()``)
 gets a fresh one the next time a test asks. Useful members: ``name``, ``containerd_socket``,
@@ -25,8 +25,8 @@ import uuid
 
 import pytest
 
-from hami.dev.cluster import KubeCluster, MissingBinaries, find_binaries
-from hami.dev.realnode import RealNode, RealNodeUnavailable, missing_requirements
+from hami_devkit.cluster import KubeCluster, MissingBinaries, find_binaries
+from hami_devkit.realnode import RealNode, RealNodeUnavailable, missing_requirements
 
 _state: dict[str, object] = {}
 LOCK_WAIT_S = 900.0
@@ -50,7 +50,7 @@ def real_cluster(request: pytest.FixtureRequest):
         _unavailable(str(RealNodeUnavailable(missing)))
     # no HAMi kube-scheduler process: the chart installed on the real node brings its own
     # (tests/realnode/test_chart_e2e.py); the API server also listens on the node's address,
-    # where the real node's pods reach it through the kubernetes Service (hami.dev.kubeproxy)
+    # where the real node's pods reach it through the kubernetes Service (hami_devkit.kubeproxy)
     cluster = KubeCluster(hami_scheduler=None, apiserver_bind_address="0.0.0.0")
     cluster.start()
     _state["cluster"] = cluster
@@ -65,7 +65,7 @@ class RealNodeHolder:
     """The session's real node, started on demand (so a test may stop it and the next get a new one)."""
 
     def __init__(self, cluster: KubeCluster) -> None:
-        from hami.dev.images import build_busybox_image, build_pause_image
+        from hami_devkit.images import build_busybox_image, build_pause_image
 
         self.cluster = cluster
         self.pause = build_pause_image()

@@ -2,7 +2,7 @@
 ``charts/hami`` from the product image, with the fake driver playing the host's NVIDIA driver.
 
 :func:`install` (used by the ``product`` fixture of test_chart_e2e.py and by
-bench/bench_realnode.py) does, on a running :class:`~hami.dev.realnode.RealNode`:
+bench/bench_realnode.py) does, on a running :class:`~hami_devkit.realnode.RealNode`:
 
 1. imports the product image (``ghcr.io/hami-py/hami:<version>``, the chart's default) and the
    ``registry.k8s.io/kube-scheduler:<version>`` image into the node's containerd, so the
@@ -10,7 +10,7 @@ bench/bench_realnode.py) does, on a running :class:`~hami.dev.realnode.RealNode`
 2. installs the fake driver like a host driver: ``libcuda.so.1``, ``libnvidia-ml.so.1`` and
    ``fakegpu.conf`` in ``<driver>/nvidia/lib64`` (docs/fakegpu.md, "Installed like a driver"),
    and a world-writable state directory every process of the "machine" shares;
-3. relies on the node's kube-proxy (started with the node, :mod:`hami.dev.kubeproxy`): pods
+3. relies on the node's kube-proxy (started with the node, :mod:`hami_devkit.kubeproxy`): pods
    reach the API server through the ``kubernetes`` Service, the API server reaches the webhook
    through its Service;
 4. ``helm install`` with :func:`values`: the documented override for a node without the
@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from hami.dev.controlplane import KubeCluster
+from hami_devkit.controlplane import KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hami"
@@ -255,7 +255,7 @@ def installed(real_node_holder: Any, cluster: KubeCluster, workdir: Path, reques
     node, the timings kept for the summary; uninstalled afterwards (a leftover fails the module)."""
     import pytest
 
-    from hami.dev.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
+    from hami_devkit.images import ImageUnavailable, build_hami_image, build_kube_scheduler_image
 
     node = real_node_holder.get()
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.dev.cluster import KubeCluster
+from hami_devkit.cluster import KubeCluster
 
 from ..native.cshare import KERNEL_US, Trace
 from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product, installed

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev.cluster import KubeCluster
+from hami_devkit.cluster import KubeCluster
 from hami.dra.model import DRIVER
 
 from .product import MONITOR_PORT, NAMESPACE, Product, installed

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev.binaries import KUBE_VERSION
-from hami.dev import realnode as rn
-from hami.dev.cluster import KubeCluster, bin_dir
-from hami.dev.realnode import RealNode
+from hami_devkit.binaries import KUBE_VERSION
+from hami_devkit import realnode as rn
+from hami_devkit.cluster import KubeCluster, bin_dir
+from hami_devkit.realnode import RealNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -225,13 +225,13 @@ def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
 
 
 def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
-    """``hami dev cluster up --real-node`` then ``down``: the node is Ready in between, nothing
+    """``hami-dev cluster up --real-node`` then ``down``: the node is Ready in between, nothing
     is left after."""
     real_node_holder.stop()  # one real node per machine: hand the lock to the CLI's
     env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
-    hami = [sys.executable, "-m", "hami", "dev", "cluster"]
+    hami_dev = [sys.executable, "-m", "hami_devkit", "cluster"]
     # another checkout's tests may hold this machine's real node: wait for it as the fixture does
-    up = subprocess.run([*hami, "up", "--real-node", "--nodes", "1", "--wait-for-real-node",
+    up = subprocess.run([*hami_dev, "up", "--real-node", "--nodes", "1", "--wait-for-real-node",
                          str(real_node_holder.lock_wait)],
                         env=env, capture_output=True, text=True, timeout=real_node_holder.lock_wait + 400)
     try:
@@ -249,7 +249,7 @@ def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
         workdir = Path(state["real_node"]["workdir"])
         assert f"work directory {workdir}" in up.stdout
     finally:
-        down = subprocess.run([*hami, "down"], env=env, capture_output=True, text=True, timeout=120)
+        down = subprocess.run([*hami_dev, "down"], env=env, capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr + down.stdout
     deadline = time.monotonic() + 30
     while rn.processes_mentioning(f"{workdir}/") and time.monotonic() < deadline:

@@ -6,14 +6,16 @@ import base64
 import os
 import re
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
-from hami.cli import main
-from hami.dev import cluster as kc
-from hami.dev.pki import CertificateAuthority
+from hami_devkit import cluster as kc
+from hami_devkit.command import main
+from hami_devkit.pki import CertificateAuthority
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,16 +126,28 @@ def test_issued_certificate_is_trusted_by_the_ca(tmp_path):
 
 def test_dev_cluster_env_without_a_running_cluster(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
-    assert main(["dev", "cluster", "env"]) == 1
-    assert "hami dev cluster up" in capsys.readouterr().err
-    assert main(["dev", "cluster", "status"]) == 3
-    assert main(["dev", "cluster", "down"]) == 0
+    assert main(["cluster", "env"]) == 1
+    assert "hami-dev cluster up" in capsys.readouterr().err
+    assert main(["cluster", "status"]) == 3
+    assert main(["cluster", "down"]) == 0
+
+
+def test_python_m_hami_devkit_is_the_hami_dev_command(tmp_path):
+    """``python -m hami_devkit`` runs the ``hami-dev`` command line (what the tests and the
+    background supervisor use, so they work without the console script installed)."""
+    env = {**os.environ, "HAMI_CACHE": str(tmp_path)}
+    status = subprocess.run([sys.executable, "-m", "hami_devkit", "cluster", "status"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert (status.returncode, status.stdout.strip()) == (3, "not running"), status.stderr
+    usage = subprocess.run([sys.executable, "-m", "hami_devkit", "--help"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: hami-dev ")
 
 
 def test_dev_cluster_up_names_missing_binaries(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
     monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path / "nothing"))
-    assert main(["dev", "cluster", "up"]) == 2
+    assert main(["cluster", "up"]) == 2
     assert "kube-apiserver" in capsys.readouterr().err
 
 
@@ -143,7 +157,7 @@ def test_dev_cluster_up_rejects_a_bad_extender_url(monkeypatch, tmp_path, capsys
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
     monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
-    assert main(["dev", "cluster", "up", "--extender-url", "localhost:80"]) == 2
+    assert main(["cluster", "up", "--extender-url", "localhost:80"]) == 2
     assert "url_prefix" in capsys.readouterr().err
 
 
@@ -157,7 +171,7 @@ def test_dev_cluster_up_real_node_names_what_is_missing(monkeypatch, tmp_path, c
     _fake_binaries(tmp_path)  # no kubelet among them
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
     monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
-    assert main(["dev", "cluster", "up", "--real-node"]) == 2
+    assert main(["cluster", "up", "--real-node"]) == 2
     err = capsys.readouterr().err
     assert "real node unavailable:" in err and "kubelet (run scripts/install-kube.sh" in err
     assert not (tmp_path / "dev-cluster" / "state.json").exists()
@@ -172,5 +186,5 @@ def test_dev_cluster_up_checks_image_archives(monkeypatch, tmp_path, capsys, arg
     _fake_binaries(tmp_path)
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))
     monkeypatch.setenv("HAMI_KUBE_BIN", str(tmp_path))
-    assert main(["dev", "cluster", "up", *argv]) == 2
+    assert main(["cluster", "up", *argv]) == 2
     assert message in capsys.readouterr().err

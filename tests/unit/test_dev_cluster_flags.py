@@ -1,8 +1,8 @@
 """KubeCluster's feature gates and extra flags reach the components' command lines."""
 
-from hami.dev import controlplane
-from hami.dev.controlplane import KubeCluster, _Paths
-from hami.dev.schedconfig import SchedulerConfig
+from hami_devkit import controlplane
+from hami_devkit.controlplane import KubeCluster, _Paths
+from hami_devkit.schedconfig import SchedulerConfig
 
 
 def launched(tmp_path, monkeypatch, **kw):

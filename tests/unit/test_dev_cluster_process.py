@@ -1,4 +1,4 @@
-"""hami.dev.cluster.die_with_parent: the child runs the program, and is killed with its parent."""
+"""hami_devkit.cluster.die_with_parent: the child runs the program, and is killed with its parent."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hami.dev.cluster import die_with_parent
+from hami_devkit.cluster import die_with_parent
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 
@@ -28,7 +28,7 @@ def test_wrapped_program_runs_with_its_arguments_and_exit_status():
 
 
 def test_child_is_killed_when_its_parent_exits():
-    code = ("import subprocess; from hami.dev.cluster import die_with_parent; "
+    code = ("import subprocess; from hami_devkit.cluster import die_with_parent; "
             "p = subprocess.Popen(die_with_parent(['sleep', '60'])); print(p.pid, flush=True)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev import kubeproxy as kp
-from hami.dev.controlplane import KubeCluster
+from hami_devkit import kubeproxy as kp
+from hami_devkit.controlplane import KubeCluster
 
 
 def test_proxy_config_keeps_to_the_node_and_leaves_the_host_alone():

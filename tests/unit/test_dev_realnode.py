@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev import realnode as rn
+from hami_devkit import realnode as rn
 
 
 def test_containerd_config_is_private_and_uses_the_local_pause_image(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from hami.deviceplugin.api import HEALTHY, UNHEALTHY, load
 from hami.deviceplugin.devices import DeviceState
 from hami.node.nvml import PhysicalGPU
-from hami.deviceplugin.kubelet_standin import KubeletStandIn
+from hami_devkit.kubelet_standin import KubeletStandIn
 from hami.node.settings import NodeSettings
 from hami.deviceplugin.preflight import PreflightError, check_other_plugins
 from hami.deviceplugin.server import PluginServer

@@ -1,4 +1,4 @@
-"""hami.dev.images: OCI archives written without a daemon, the pause and busybox images.
+"""hami_devkit.images: OCI archives written without a daemon, the pause and busybox images.
 
 These need no root: the archives are read back with tarfile, and the static binaries inside
 are run straight from the unpacked root filesystem. Importing into containerd and the product
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from hami.dev import images
-from hami.dev.images import ImageError, Layer, read_oci_archive, unpack_rootfs, write_oci_archive
+from hami_devkit import images
+from hami_devkit.images import ImageError, Layer, read_oci_archive, unpack_rootfs, write_oci_archive
 
 
 def _blob(archive: Path, digest: str) -> bytes:

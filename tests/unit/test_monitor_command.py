@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from hami.cli import main
-from hami.dev.cluster import free_port
+from hami_devkit.cluster import free_port
 from hami.monitor.command import UsageError, parse_bind, parse_duration
 from hami.monitor.region import read_region
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import ClientConnectionError, ClientSession, TCPConnector
 
 from hami.core.errors import ConfigError
-from hami.dev.pki import CertificateAuthority
+from hami_devkit.pki import CertificateAuthority
 from hami.scheduler import options as O
 from hami.scheduler.options import Options
 from hami.scheduler.server import SchedulerService, serve

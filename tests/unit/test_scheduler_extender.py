@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hami.core.codec import decode_pod_devices
 from hami.core.reasons import NodeFailure, Reason
+from hami_devkit.pki import CertificateAuthority
 from hami.scheduler.events import EventRecorder
 from hami.scheduler.extender import Extender, failed_maps, failure_summary
 from hami.scheduler.leader import holds_lease

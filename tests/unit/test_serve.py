@@ -15,7 +15,7 @@ from aiohttp import ClientConnectionError, ClientSession, TCPConnector, web
 from prometheus_client import CollectorRegistry, Gauge
 
 from hami import serve
-from hami.dev.pki import CertificateAuthority
+from hami_devkit.pki import CertificateAuthority
 from hami.serve import CertReloader, ConnectionGuard
 
 

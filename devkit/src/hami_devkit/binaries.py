@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hami.dev.errors import ClusterError
+from hami_devkit.errors import ClusterError
 
 # keep the default equal to KUBE_DEFAULT in scripts/install-kube.sh; HAMI_KUBE_VERSION opts into
 # another version the script can build (docs/dra.md says which)

@@ -1,6 +1,6 @@
 """What the real node puts on the host, and how it is taken away again.
 
-The real node (:mod:`hami.dev.realnode`) touches the machine outside its work directory in
+The real node (:mod:`hami_devkit.realnode`) touches the machine outside its work directory in
 known places only, all named here: the pod bridge and its address, one nat chain, the cgroup
 subtree ``hami-real-node`` in every hierarchy, containerd's socket directory, the kubelet's
 device-plugin directory, and the machine-wide lock. :func:`clean_host` removes all of it
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hami.dev.errors import RealNodeBusy, RealNodeError
+from hami_devkit.errors import RealNodeBusy, RealNodeError
 
 LOCK_PATH = Path("/run/hami-real-node.lock")
 #: containerd's socket: a unix socket path must stay under 104 bytes, which a work directory
@@ -76,7 +76,7 @@ class MachineLock:
                 raise RealNodeBusy(
                     f"another real node runs on this machine (lock {self.path} held by pid "
                     f"{holder.get('pid', '?')}, work directory {holder.get('workdir', '?')}); "
-                    "stop it first (`hami dev cluster down`)")
+                    "stop it first (`hami-dev cluster down`)")
             time.sleep(0.5)
         self._fd = fd
         return self._read(fd)

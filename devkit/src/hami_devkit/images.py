@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hami.dev.binaries import KUBE_VERSION, bin_dir, cache_dir
+from hami_devkit.binaries import KUBE_VERSION, bin_dir, cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PAUSE_SOURCE = REPO_ROOT / "native" / "pause" / "pause.c"
@@ -151,7 +151,7 @@ def write_oci_archive(dest: Path, ref: str, layers: Iterable[bytes], config: dic
         "os": "linux",
         "config": runtime,
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        "history": [{"created_by": f"hami.dev.images (format {FORMAT_VERSION})"}],
+        "history": [{"created_by": f"hami_devkit.images (format {FORMAT_VERSION})"}],
     }
     config_blob = _canonical(image_config)
     blobs[_digest(config_blob)] = config_blob
@@ -427,12 +427,12 @@ BUILDERS: dict[str, Callable[[], ImageArchive]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hami.dev.images [NAME...]``: build the named images (default: all) and print
+    """``python -m hami_devkit.images [NAME...]``: build the named images (default: all) and print
     ``<ref> <archive>`` for each. An image this machine cannot build (no root, a missing tool or
     input) is reported as skipped; a build that fails makes the exit status 1."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hami.dev.images", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hami_devkit.images", description=main.__doc__)
     parser.add_argument("names", nargs="*", metavar="NAME",
                         help=f"images to build: {', '.join(BUILDERS)} (default: all)")
     args = parser.parse_args(argv)

@@ -4,9 +4,9 @@ A pod's in-cluster configuration reaches the API server at the ``kubernetes`` Se
 (``10.96.0.1:443``), and the API server reaches webhooks through their Services. In a real
 cluster kube-proxy on every node turns Service addresses into endpoint addresses; here too:
 
-- the API server of :class:`~hami.dev.controlplane.KubeCluster` runs with
+- the API server of :class:`~hami_devkit.controlplane.KubeCluster` runs with
   ``apiserver_bind_address="0.0.0.0"``, so that it also answers on the node's address
-  (:data:`hami.dev.realnode.NODE_IP`, the pod bridge's gateway), which pods reach;
+  (:data:`hami_devkit.realnode.NODE_IP`, the pod bridge's gateway), which pods reach;
 - the control plane runs ``--endpoint-reconciler-type=none`` (127.0.0.1 is no valid endpoint),
   so :class:`KubeProxy` publishes the ``kubernetes`` Service's endpoint itself: an
   EndpointSlice naming ``<node IP>:<API server port>``, as the API server's own reconciler
@@ -19,7 +19,7 @@ cluster kube-proxy on every node turns Service addresses into endpoint addresses
 
 :meth:`KubeProxy.stop` stops it, removes its iptables rules (``kube-proxy --cleanup``) and the
 EndpointSlice; :meth:`KubeProxy.start` first removes what a killed predecessor left. Only one
-real node runs per machine (:class:`hami.dev.realnode.MachineLock`), so the rules are ours.
+real node runs per machine (:class:`hami_devkit.realnode.MachineLock`), so the rules are ours.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from hami.dev.controlplane import KubeCluster
-from hami.dev.errors import ClusterError
-from hami.dev.process import Component, free_port, http_get
+from hami_devkit.controlplane import KubeCluster
+from hami_devkit.errors import ClusterError
+from hami_devkit.process import Component, free_port, http_get
 
 #: the EndpointSlice of the ``kubernetes`` Service that points at the node's address
 ENDPOINT_SLICE = "kubernetes-hami-real-node"
@@ -93,7 +93,7 @@ def iptables_chains(names: tuple[str, ...] = PROXY_CHAINS) -> list[str]:
 
 @dataclass
 class KubeProxy:
-    """kube-proxy for the real node ``node`` (a :class:`hami.dev.realnode.RealNode`) of ``cluster``."""
+    """kube-proxy for the real node ``node`` (a :class:`hami_devkit.realnode.RealNode`) of ``cluster``."""
 
     cluster: KubeCluster
     node: Any
@@ -106,7 +106,7 @@ class KubeProxy:
         if self.cluster.apiserver_bind_address == "127.0.0.1":
             raise KubeProxyError("the API server listens on 127.0.0.1 only: pods cannot reach it; start the "
                                  "cluster with apiserver_bind_address='0.0.0.0'")
-        from hami.dev.realnode import NODE_IP, POD_SUBNET
+        from hami_devkit.realnode import NODE_IP, POD_SUBNET
 
         workdir = Path(self.node.workdir) / "kube-proxy"
         workdir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@
 - ``kwok``, playing the kubelet of every node annotated ``kwok.x-k8s.io/node: fake``, with
   kwok's "fast" stages: pods bound to such a node become Running at once, deleted pods go away.
 
-Binaries come from :func:`hami.dev.binaries.bin_dir` (``scripts/install-kube.sh`` puts them there). Every process
+Binaries come from :func:`hami_devkit.binaries.bin_dir` (``scripts/install-kube.sh`` puts them there). Every process
 runs in its own process group, dies with its parent (``PR_SET_PDEATHSIG``) and is stopped by
 :meth:`KubeCluster.stop`, which is also registered with :mod:`atexit`. Component logs are kept
 in ``<workdir>/logs``; :meth:`KubeCluster.log_tails` returns their ends for a failure report.
@@ -45,13 +45,13 @@ from typing import Any
 
 import yaml
 
-from hami.dev import kwok
-from hami.dev.binaries import KUBE_VERSION, MissingBinaries, bin_dir, find_binaries
-from hami.dev.errors import ApiError, ClusterError
-from hami.dev.kwok import node_manifest
-from hami.dev.pki import CertificateAuthority, KeyPair, service_account_keys
-from hami.dev.process import Component, free_port, http_get, insecure_context
-from hami.dev.schedconfig import DEFAULT_SCHEDULER, ExtenderConfig, SchedulerConfig
+from hami_devkit import kwok
+from hami_devkit.binaries import KUBE_VERSION, MissingBinaries, bin_dir, find_binaries
+from hami_devkit.errors import ApiError, ClusterError
+from hami_devkit.kwok import node_manifest
+from hami_devkit.pki import CertificateAuthority, KeyPair, service_account_keys
+from hami_devkit.process import Component, free_port, http_get, insecure_context
+from hami_devkit.schedconfig import DEFAULT_SCHEDULER, ExtenderConfig, SchedulerConfig
 
 START_TIMEOUT_S = 90.0
 
@@ -97,7 +97,7 @@ class KubeCluster:
     installed on a real node brings its own).
     ``apiserver_bind_address``: where kube-apiserver listens (clients always use 127.0.0.1);
     ``0.0.0.0`` lets the pods of a real node reach it at the node's address, through the
-    ``kubernetes`` Service (:mod:`hami.dev.kubeproxy`).
+    ``kubernetes`` Service (:mod:`hami_devkit.kubeproxy`).
     ``controller_manager``: run kube-controller-manager (``None``: when it is installed).
     ``feature_gates``: ``--feature-gates`` of kube-apiserver, kube-scheduler and
     kube-controller-manager (e.g. the DRA gates that are off by default in v1.34).

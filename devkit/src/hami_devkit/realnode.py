@@ -1,6 +1,6 @@
 """One real Kubernetes node beside the fake ones: kubelet + containerd + runc + a CNI bridge.
 
-:class:`RealNode` joins a running :class:`~hami.dev.controlplane.KubeCluster` as a node that
+:class:`RealNode` joins a running :class:`~hami_devkit.controlplane.KubeCluster` as a node that
 really runs pods. Everything it owns lives under one work directory:
 
 ==========================  ===============================================================
@@ -30,16 +30,16 @@ CDI on: Debian 12's 1.6 has no CDI, which the DRA front end needs); the kubelet 
 hybrid cgroup v1 host; without ``CAP_SYS_RESOURCE`` sandboxes fail unless containerd's CRI
 option ``restrict_oom_score_adj`` is on (so it is turned on only then); there is no registry,
 so the pause image (containerd's ``sandbox_image``) and every test image are imported from OCI
-archives (:meth:`RealNode.import_image`, archives from :mod:`hami.dev.images`).
+archives (:meth:`RealNode.import_image`, archives from :mod:`hami_devkit.images`).
 
-The host side (the lock, the bridge, cgroups, mounts, clean-up) is :mod:`hami.dev.nodehost`;
-the configuration documents are :mod:`hami.dev.nodeconfig`.
+The host side (the lock, the bridge, cgroups, mounts, clean-up) is :mod:`hami_devkit.nodehost`;
+the configuration documents are :mod:`hami_devkit.nodeconfig`.
 
 Pods reach the API server at the ``kubernetes`` Service address through the node's kube-proxy
-(:class:`~hami.dev.kubeproxy.KubeProxy`, started and stopped with the node), so the control
+(:class:`~hami_devkit.kubeproxy.KubeProxy`, started and stopped with the node), so the control
 plane must listen beyond loopback (``KubeCluster(apiserver_bind_address="0.0.0.0")``); the node
 then drops connections to that port from anywhere but this machine and its pods
-(:func:`~hami.dev.nodehost.guard_api_server`).
+(:func:`~hami_devkit.nodehost.guard_api_server`).
 The API server reaches the kubelet for ``kubectl logs``/``exec`` at the node's InternalIP
 (:data:`NODE_IP`, the bridge's gateway address), over TLS with the cluster CA both ways; the kubelet authenticates to the API
 server as ``system:node:<name>`` (group ``system:nodes``), bound to the ``system:node`` role.
@@ -62,10 +62,10 @@ from typing import Any
 
 import yaml
 
-from hami.dev.controlplane import KubeCluster
-from hami.dev.errors import RealNodeBusy, RealNodeError, RealNodeUnavailable
-from hami.dev.nodeconfig import cni_config, containerd_config, kubelet_config
-from hami.dev.nodehost import (
+from hami_devkit.controlplane import KubeCluster
+from hami_devkit.errors import RealNodeBusy, RealNodeError, RealNodeUnavailable
+from hami_devkit.nodeconfig import cni_config, containerd_config, kubelet_config
+from hami_devkit.nodehost import (
     API_SERVICE_IP,
     BRIDGE,
     CGROUP_FS,
@@ -90,7 +90,7 @@ from hami.dev.nodehost import (
     guard_api_server,
     shim_sockets,
 )
-from hami.dev.process import Component, free_port, http_get
+from hami_devkit.process import Component, free_port, http_get
 
 __all__ = [  # the node, and the host pieces callers and tests use through this module
     "RealNode", "RealNodeError", "RealNodeUnavailable", "RealNodeBusy", "MachineLock", "missing_requirements",
@@ -163,8 +163,8 @@ class RealNode:
     """A kubelet + containerd node named ``name`` joined to ``cluster``; see the module docstring.
 
     ``images``: OCI archives (paths) imported into containerd before the kubelet starts; the
-    pause image is always imported (``pause_image``: an :class:`hami.dev.images.ImageArchive`;
-    ``None``: built by :func:`hami.dev.images.build_pause_image`).
+    pause image is always imported (``pause_image``: an :class:`hami_devkit.images.ImageArchive`;
+    ``None``: built by :func:`hami_devkit.images.build_pause_image`).
     ``workdir``: where everything goes (a new temporary directory if ``None``, removed by
     :meth:`stop` unless ``keep_workdir``; a given one is emptied first and kept).
     """
@@ -179,7 +179,7 @@ class RealNode:
     lock_path: Path = LOCK_PATH
     #: seconds to wait for another real node on this machine to go away before giving up
     lock_wait: float = 0.0
-    #: run kube-proxy (:class:`~hami.dev.kubeproxy.KubeProxy`): Services, the ``kubernetes`` one
+    #: run kube-proxy (:class:`~hami_devkit.kubeproxy.KubeProxy`): Services, the ``kubernetes`` one
     #: included, work for the node's pods
     kube_proxy: bool = True
     ready_timeout: float = READY_TIMEOUT_S
@@ -296,7 +296,7 @@ class RealNode:
             self._timed("kubelet", self._start_kubelet)
             self._timed("node Ready", self._wait_node_ready)
             if self.kube_proxy:
-                from hami.dev.kubeproxy import KubeProxy
+                from hami_devkit.kubeproxy import KubeProxy
 
                 self.proxy = self._timed("kube-proxy", lambda: KubeProxy(self.cluster, self).start())
         except BaseException:
@@ -371,7 +371,7 @@ class RealNode:
     def _pause_image(self) -> Any:
         if self.pause_image is not None:
             return self.pause_image
-        from hami.dev.images import build_pause_image
+        from hami_devkit.images import build_pause_image
 
         return build_pause_image()
 

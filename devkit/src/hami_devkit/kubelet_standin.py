@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from .api import HEALTHY, KUBELET_SOCKET, load
+from hami.deviceplugin.api import HEALTHY, KUBELET_SOCKET, load
 
 log = logging.getLogger(__name__)
 pb, pb_grpc = load()

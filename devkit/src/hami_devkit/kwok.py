@@ -4,7 +4,7 @@ kwok (``sigs.k8s.io/kwok``) manages the nodes annotated ``kwok.x-k8s.io/node: fa
 "fast" stages, pods bound to such a node become Running at once and deleted pods go away.
 :func:`node_manifest` writes such a Node; :func:`write_config` and :func:`argv` give kwok its
 configuration and command line (the control plane starts it, see
-:mod:`hami.dev.controlplane`).
+:mod:`hami_devkit.controlplane`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hami.dev.binaries import MissingBinaries
+from hami_devkit.binaries import MissingBinaries
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 DEFAULT_NODE_ALLOCATABLE = {"cpu": "32", "memory": "256Gi", "pods": "110"}

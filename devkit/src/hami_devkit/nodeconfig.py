@@ -1,5 +1,5 @@
 """The real node's configuration documents (pure: no I/O): containerd's ``config.toml``, the
-CNI network, the ``KubeletConfiguration``. :mod:`hami.dev.realnode` writes them."""
+CNI network, the ``KubeletConfiguration``. :mod:`hami_devkit.realnode` writes them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hami.dev.nodehost import BRIDGE, CGROUP_ROOT, POD_SUBNET
+from hami_devkit.nodehost import BRIDGE, CGROUP_ROOT, POD_SUBNET
 
 
 def containerd_config(root: Path, *, socket: Path, sandbox_image: str, cni_bin: Path,

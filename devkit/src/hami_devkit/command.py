@@ -1,11 +1,11 @@
-"""``hami dev cluster up|down|env|status``: the test control plane, for a person at a terminal.
+"""``hami-dev cluster up|down|env|status``: the test control plane, for a person at a terminal.
 
 ``up`` starts a supervisor process in the background that owns a :class:`KubeCluster` (the
 same code the integration tests use) and prints the ``KUBECONFIG`` to use; ``down`` stops it
-and everything it started; ``env`` prints shell exports (``eval "$(hami dev cluster env)"``).
+and everything it started; ``env`` prints shell exports (``eval "$(hami-dev cluster env)"``).
 State lives in ``<cache>/dev-cluster`` (``$HAMI_CACHE`` or ``~/.cache/hami``).
 
-``up --real-node`` adds one real node (kubelet + containerd + runc, :mod:`hami.dev.realnode`)
+``up --real-node`` adds one real node (kubelet + containerd + runc, :mod:`hami_devkit.realnode`)
 beside the kwok nodes; it needs root and the packages of ``scripts/install-node.sh``, and
 ``down`` removes it with everything it put on the host.
 """
@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from hami.dev.cluster import (
+from hami_devkit.cluster import (
     DEFAULT_MANAGED_RESOURCES,
     ClusterError,
     ExtenderConfig,
@@ -76,6 +76,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     handlers = {"up": _up, "down": _down, "env": _env, "status": _status, "serve": _serve}
     return handlers[args.action](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``hami-dev`` console script and ``python -m hami_devkit``."""
+    parser = argparse.ArgumentParser(
+        prog="hami-dev", description="developer tools: a local control plane (`hami-dev cluster up|down|env`)")
+    add_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
 
 
 # -- state --------------------------------------------------------------------------------------
@@ -134,7 +146,7 @@ def _up(args: argparse.Namespace) -> int:
         _scheduler_config(options)  # reject bad options here, not in the background
         _check_real_node(options)
     except (ClusterError, ValueError) as exc:
-        print(f"hami dev cluster up: {exc}", file=sys.stderr)
+        print(f"hami-dev cluster up: {exc}", file=sys.stderr)
         return 2
     directory = state_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -142,7 +154,7 @@ def _up(args: argparse.Namespace) -> int:
     log = directory / "supervisor.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "hami", "dev", "cluster", "serve", "--options", json.dumps(options)],
+            [sys.executable, "-m", "hami_devkit", "cluster", "serve", "--options", json.dumps(options)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + UP_TIMEOUT_S + options["real_node_wait"]
@@ -151,13 +163,13 @@ def _up(args: argparse.Namespace) -> int:
         if state:
             print(state["summary"])
             print(f"KUBECONFIG={state['env']['KUBECONFIG']}")
-            print("use it with:  eval \"$(hami dev cluster env)\" && kubectl get nodes")
-            print("stop it with: hami dev cluster down")
+            print("use it with:  eval \"$(hami-dev cluster env)\" && kubectl get nodes")
+            print("stop it with: hami-dev cluster down")
             return 0
         if process.poll() is not None:
             break
         time.sleep(0.2)
-    print(f"hami dev cluster up: the control plane did not start; log {log}:", file=sys.stderr)
+    print(f"hami-dev cluster up: the control plane did not start; log {log}:", file=sys.stderr)
     print(log.read_text(errors="replace")[-6000:], file=sys.stderr)
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -186,7 +198,7 @@ def _down(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     state = _read_state()
     if not state:
-        print("no control plane is running; start one with `hami dev cluster up`", file=sys.stderr)
+        print("no control plane is running; start one with `hami-dev cluster up`", file=sys.stderr)
         return 1
     print(_exports(state))
     return 0
@@ -219,7 +231,7 @@ def _check_real_node(options: dict) -> None:
             raise ValueError(f"--image: no such archive: {path}")
     if not options["real_node"]:
         return
-    from hami.dev.realnode import RealNodeUnavailable, missing_requirements
+    from hami_devkit.realnode import RealNodeUnavailable, missing_requirements
 
     missing = missing_requirements(find_binaries())
     if missing:
@@ -234,7 +246,7 @@ def _serve(args: argparse.Namespace) -> int:
     workdir = state_dir() / "run"
     shutil.rmtree(workdir, ignore_errors=True)
     # with a real node, pods reach the API server at the node's address through kube-proxy; the
-    # node then closes that port to other machines (hami.dev.nodehost.guard_api_server)
+    # node then closes that port to other machines (hami_devkit.nodehost.guard_api_server)
     cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options),
                           apiserver_bind_address="0.0.0.0" if options.get("real_node") else "127.0.0.1")
     node = None
@@ -244,7 +256,7 @@ def _serve(args: argparse.Namespace) -> int:
             cluster.create_node(f"kwok-node-{index}", gpus=options["gpus"], labels={"gpu": "on"})
         summary = cluster.describe_startup()
         if options.get("real_node"):
-            from hami.dev.realnode import RealNode
+            from hami_devkit.realnode import RealNode
 
             # a temporary work directory (short paths: the kubelet makes unix sockets in it)
             node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])],

@@ -1,1 +1,0 @@
-"""Developer tools: the local Kubernetes control plane used by the integration tests."""
