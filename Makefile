@@ -79,8 +79,8 @@ images: $(STAMP) kube image-tools
 # Lint and format (ruff), the layering of docs/development.md (import-linter: contracts in
 # pyproject.toml), and types of the pure model (mypy: core/, dra/). A broken rule names file and line.
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench devkit
+	$(BIN)/ruff format --check src tests bench devkit
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

@@ -389,7 +389,7 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
          "--set", "scheduler.admissionWebhook.customURL.enabled=true",
          "--set", f"scheduler.admissionWebhook.customURL.port={port}",
          "--set", f"scheduler.metricsBindAddress=:{metrics_port}",
-         "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
+         "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
          "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
          "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
          "--set", "devicePlugin.nvidiaNodeSelector.hami-chart-test=none",

@@ -380,7 +380,6 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
     node, ns, label = "dra-hook", "dra-hook", "hami.io/dra-webhook-test"
     cluster.create_namespace(ns)
     cluster.create_node(node, labels={"hami.io/test-pool": "hook"})
-    import asyncio
 
     publish_node(cluster, node, 1)
     proc = SchedulerProcess(cluster, "--front-end=dra").start()
@@ -510,7 +509,6 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
 def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
     """``nvidia.com/gpu: 2`` -> count 2 with a distinctAttribute constraint on the UUID: two
     different GPUs even though one GPU could hold both shares."""
-    import asyncio
 
     node, ns = "dra-pair", "dra-pair"
     cluster.create_namespace(ns)
@@ -595,7 +593,6 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     """`hami scheduler --front-end dra --ui-bind`: a claim kube-scheduler allocated shows in /api/v1
     (its GPU's use, an allocation of front end `dra` with its claim and pod), and the webhook
     refuses a second pod that would take the namespace past `limits.nvidia.com/gpumem`."""
-    import asyncio
     import urllib.request
     import uuid
 

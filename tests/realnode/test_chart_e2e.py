@@ -252,9 +252,9 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
     whole = [e for e in USER_GUIDE if e[0] == "gpu-only"]  # a whole GPU: alone, after the others
     problems = []
     for wave in ([e for e in USER_GUIDE if e not in whole], whole):
-        for name, limits, annotations, _ in wave:
+        for name, limits, pod_annotations, _ in wave:
             pod = probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
-            pod["metadata"]["annotations"] = annotations
+            pod["metadata"]["annotations"] = pod_annotations
             real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
         for name, limits, _, expected in wave:
             if isinstance(expected, str):

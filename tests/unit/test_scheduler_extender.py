@@ -7,14 +7,12 @@ import asyncio
 import time
 
 import pytest
-from aiohttp import ClientSession, TCPConnector
 from aiohttp.test_utils import TestClient, TestServer
 
 from hami.core.codec import decode_pod_devices
 from hami.core.reasons import NodeFailure, Reason
-from hami_devkit.pki import CertificateAuthority
 from hami.scheduler.events import EventRecorder
-from hami.scheduler.extender import Extender, failed_maps, failure_summary
+from hami.scheduler.extender import failed_maps, failure_summary
 from hami.scheduler.leader import holds_lease
 from hami.scheduler.options import Options
 from hami.scheduler.server import SchedulerService

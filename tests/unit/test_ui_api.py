@@ -10,7 +10,6 @@ from importlib import resources
 
 import pytest
 import yaml
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from jsonschema import Draft202012Validator
 

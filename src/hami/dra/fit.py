@@ -30,7 +30,7 @@ from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.core.shape import META, QTY, ListOf, MapOf
 
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
-from .model import CORES, DRIVER, MEMORY, MIB, SHARE_CLASS, SHARES, WHOLE_CLASS
+from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
-from hami.core import CoreError, admit_pod, filter_pod, pod_key, pod_request, rebuild, schedule_pod
+from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
 from hami.core.names import BIND_PHASE, BIND_TIME
 from hami.core.reasons import NodeFailure, Reason
 from hami.kube import nodelock
