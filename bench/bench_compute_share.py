@@ -11,6 +11,7 @@
 
     make -C native && .venv/bin/python bench/bench_compute_share.py
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -39,23 +40,27 @@ def row(name: str, lim: int, tr, a: float, b: float) -> tuple[str, int, float, f
 def accuracy(tmp: Path) -> list[tuple[str, int, float, float, float]]:
     env = base_env(BUILD / "fakegpu")
     rows = []
-    singles = [(lim, start(env, tmp / f"m{lim}", tmp / f"f{lim}.cache", limit=lim, policy="force", seconds=3,
-                           depth=DEPTH))
-               for lim in (10, 30, 50, 70, 90)]
+    singles = [
+        (lim, start(env, tmp / f"m{lim}", tmp / f"f{lim}.cache", limit=lim, policy="force", seconds=3, depth=DEPTH))
+        for lim in (10, 30, 50, 70, 90)
+    ]
     for lim, task in singles:
         tr = task.trace()
         rows.append(row("1 process, force", lim, tr, tr.start + SETTLE_MS, tr.end - 50))
     for group in ((30, 70), (20, 30, 50)):
         m = tmp / ("m" + "_".join(map(str, group)))
-        tasks = [start(env, m, tmp / f"g{'_'.join(map(str, group))}-{lim}.cache", limit=lim, seconds=3,
-                       depth=DEPTH) for lim in group]
+        tasks = [
+            start(env, m, tmp / f"g{'_'.join(map(str, group))}-{lim}.cache", limit=lim, seconds=3, depth=DEPTH)
+            for lim in group
+        ]
         traces = [t.trace() for t in tasks]
         a, b = max(t.start for t in traces), min(t.end for t in traces)
         for lim, tr in zip(group, traces):
             rows.append(row(f"{len(group)} containers {'/'.join(map(str, group))}", lim, tr, a + SETTLE_MS, b - 50))
     for kind in ("graph", "coop", "ex_ptsz"):
-        tr = start(env, tmp / f"k{kind}", tmp / f"k{kind}.cache", limit=40, policy="force", kind=kind,
-                   seconds=2, depth=DEPTH).trace()
+        tr = start(
+            env, tmp / f"k{kind}", tmp / f"k{kind}.cache", limit=40, policy="force", kind=kind, seconds=2, depth=DEPTH
+        ).trace()
         rows.append(row(f"1 process, force, {kind}", 40, tr, tr.start + SETTLE_MS, tr.end - 50))
     return rows
 
@@ -67,17 +72,22 @@ def overhead(tmp: Path) -> dict[str, float]:
     configs = {
         "fake driver alone": base,
         "libvgpu, no compute limit": dict(lib, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "o1.cache")),
-        "libvgpu, limit 50, not binding (default policy, GPU not shared)":
-            dict(lib, CUDA_DEVICE_SM_LIMIT="50", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "o2.cache")),
-        "libvgpu, limit 50, policy disable":
-            dict(lib, CUDA_DEVICE_SM_LIMIT="50", GPU_CORE_UTILIZATION_POLICY="disable",
-                 CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "o3.cache")),
+        "libvgpu, limit 50, not binding (default policy, GPU not shared)": dict(
+            lib, CUDA_DEVICE_SM_LIMIT="50", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "o2.cache")
+        ),
+        "libvgpu, limit 50, policy disable": dict(
+            lib,
+            CUDA_DEVICE_SM_LIMIT="50",
+            GPU_CORE_UTILIZATION_POLICY="disable",
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / "o3.cache"),
+        ),
     }
     best: dict[str, float] = {}
     for _ in range(REPEATS):
         for name, env in configs.items():
-            out = subprocess.run([str(LOAD), "bench", str(LAUNCHES)], env=env, capture_output=True, text=True,
-                                 timeout=300, check=True).stdout
+            out = subprocess.run(
+                [str(LOAD), "bench", str(LAUNCHES)], env=env, capture_output=True, text=True, timeout=300, check=True
+            ).stdout
             ns = float(out.split()[1])
             best[name] = min(best.get(name, ns), ns)
     return best
@@ -91,14 +101,15 @@ def main() -> int:
         rows = accuracy(tmp)
         over = overhead(tmp)
     print("Compute-share accuracy on the fake GPU (1 ms kernels, NVML sample period 50 ms)")
-    print(f"{'scenario':<34} {'limit %':>7} {'achieved %':>10} {'|error|':>8} {'settling s':>10} "
-          f"{'worst 100ms':>11}")
+    print(f"{'scenario':<34} {'limit %':>7} {'achieved %':>10} {'|error|':>8} {'settling s':>10} {'worst 100ms':>11}")
     for name, lim, got, settle, worst in rows:
         print(f"{name:<34} {lim:>7} {got:>10.1f} {abs(got - lim):>8.1f} {settle:>10.2f} {worst:>11.1f}")
     errs = [abs(r[2] - r[1]) for r in rows]
-    print(f"mean |error| {sum(errs) / len(errs):.2f} points, worst {max(errs):.2f} points, "
-          f"worst settling {max(r[3] for r in rows):.2f} s, "
-          f"worst 100 ms window after settling {max(r[4] for r in rows):.1f} points")
+    print(
+        f"mean |error| {sum(errs) / len(errs):.2f} points, worst {max(errs):.2f} points, "
+        f"worst settling {max(r[3] for r in rows):.2f} s, "
+        f"worst 100 ms window after settling {max(r[4] for r in rows):.1f} points"
+    )
     print()
     print("Launch-path cost (ns per cuLaunchKernel, best of 5; added = vs the fake driver alone)")
     ref = over["fake driver alone"]

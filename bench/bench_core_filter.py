@@ -29,15 +29,32 @@ def build(n_nodes: int, n_pods: int, config: SchedulerConfig, fill: str = "binpa
     ledger = Ledger()
     for n in range(n_nodes):
         model, mem = MODELS[n % len(MODELS)]
-        ledger.set_node(NodeDevices(
-            name=f"node-{n:04d}",
-            devices=tuple(DeviceInfo(id=f"GPU-{n:04d}-{i}", index=i, count=10, devmem=mem, devcore=100, type=model,
-                                     numa=i // 4, mode="hami-core", health=True, vendor="NVIDIA") for i in range(8)),
-        ))
+        ledger.set_node(
+            NodeDevices(
+                name=f"node-{n:04d}",
+                devices=tuple(
+                    DeviceInfo(
+                        id=f"GPU-{n:04d}-{i}",
+                        index=i,
+                        count=10,
+                        devmem=mem,
+                        devcore=100,
+                        type=model,
+                        numa=i // 4,
+                        mode="hami-core",
+                        health=True,
+                        vendor="NVIDIA",
+                    )
+                    for i in range(8)
+                ),
+            )
+        )
     names = ledger.node_names()
     placed = 0
     while placed < n_pods:
-        pod = make_pod(f"bg-{placed}", rng.choice((1, 1, 1, 2)), rng.choice((2000, 4000, 8000)), rng.choice((5, 10, 20)))
+        pod = make_pod(
+            f"bg-{placed}", rng.choice((1, 1, 1, 2)), rng.choice((2000, 4000, 8000)), rng.choice((5, 10, 20))
+        )
         offered = None if fill == "binpack" else [names[placed % len(names)]]
         if schedule_pod(pod, offered, ledger, config, 0.0).node is None:
             raise SystemExit("cluster full before all background pods were placed")
@@ -51,8 +68,10 @@ def make_pod(name: str, gpus: int, mem: int | None, cores: int | None, annotatio
         limits["nvidia.com/gpumem"] = mem
     if cores is not None:
         limits["nvidia.com/gpucores"] = cores
-    return {"metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": name, "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -71,8 +90,11 @@ def figures(n_nodes: int, n_pods: int, runs: int, node_policy: str, fill: str) -
         ("1-GPU pod (target case)", make_pod("probe", 1, 3000, 30), runs),
         ("1-GPU pod, use-gputype L4", make_pod("probe-l4", 1, 3000, 30, {"nvidia.com/use-gputype": "L4"}), runs),
         ("8-GPU exclusive pod", make_pod("probe-8x", 8, None, None), runs),
-        ("1-GPU 100 GB pod, fits nowhere (reasons for every node)", make_pod("probe-big", 1, 102400, 10),
-         max(5, runs // 20)),
+        (
+            "1-GPU 100 GB pod, fits nowhere (reasons for every node)",
+            make_pod("probe-big", 1, 102400, 10),
+            max(5, runs // 20),
+        ),
     ]
     summaries = {n: ledger.summary(n) for n in names}
 
@@ -85,8 +107,10 @@ def figures(n_nodes: int, n_pods: int, runs: int, node_policy: str, fill: str) -
                 best = s.used
         return time.perf_counter() - t
 
-    print(f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed ({fill} fill, setup {setup:.1f}s), "
-          f"node policy {node_policy}")
+    print(
+        f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed ({fill} fill, setup {setup:.1f}s), "
+        f"node policy {node_policy}"
+    )
     target = float("nan")
     for label, raw, count in probes:
         pod, _ = admit_pod(raw, config.vendors)
@@ -100,9 +124,11 @@ def figures(n_nodes: int, n_pods: int, runs: int, node_policy: str, fill: str) -
             samples.append(time.perf_counter() - t)
         p50, p99 = percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3
         b50, b99 = percentile(base, 50) * 1e3, percentile(base, 99) * 1e3
-        print(f"  filter_pod, {label}: p50 {p50:.3f} ms  p99 {p99:.3f} ms  "
-              f"(baseline p50 {b50:.3f} ms, p99 {b99:.3f} ms: {p50 / b50:.1f}x / {p99 / b99:.1f}x) "
-              f"over {count} runs -> {result.node or 'pending on %d nodes' % len(result.failed)}")
+        print(
+            f"  filter_pod, {label}: p50 {p50:.3f} ms  p99 {p99:.3f} ms  "
+            f"(baseline p50 {b50:.3f} ms, p99 {b99:.3f} ms: {p50 / b50:.1f}x / {p99 / b99:.1f}x) "
+            f"over {count} runs -> {result.node or 'pending on %d nodes' % len(result.failed)}"
+        )
         if label.endswith("(target case)"):
             target = p99
     print(f"  target (1-GPU pod) p99 <= 10 ms: {'met' if target <= 10 else 'NOT met'} ({target:.3f} ms)")

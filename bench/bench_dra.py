@@ -54,8 +54,9 @@ GPU_MIB = 81920
 
 def request_counts(cluster) -> Counter:
     """kube-apiserver's apiserver_request_total, summed per (verb, resource)."""
-    conn = http.client.HTTPSConnection("127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(),
-                                       timeout=30)
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
+    )
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
@@ -64,7 +65,7 @@ def request_counts(cluster) -> Counter:
     out: Counter = Counter()
     for line in text.splitlines():
         if line.startswith("apiserver_request_total{"):
-            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")].split(","))
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.rindex("}")].split(","))
             key = (labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"'))
             out[key] += float(line.rsplit(" ", 1)[1])
     return out
@@ -89,8 +90,10 @@ def main() -> None:
     from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
     from tests.integration.test_dra import gates_for
 
-    cluster = KubeCluster(feature_gates=gates_for(KUBE_VERSION),
-                          extra_args={"kube-controller-manager": ["--kube-api-qps=1000", "--kube-api-burst=2000"]})
+    cluster = KubeCluster(
+        feature_gates=gates_for(KUBE_VERSION),
+        extra_args={"kube-controller-manager": ["--kube-api-qps=1000", "--kube-api-burst=2000"]},
+    )
     try:
         cluster.start()
     except MissingBinaries as exc:
@@ -109,8 +112,17 @@ def main() -> None:
             try:
                 await apply_device_classes(k)
                 for n in names:
-                    gpus = [PhysicalGPU(i, f"GPU-{abs(hash(n)) % 10**8:08d}-0000-4000-8000-{i:012d}", "NVIDIA A100", GPU_MIB,
-                                        f"0000:{i + 1:02x}:00.0", 0) for i in range(8)]
+                    gpus = [
+                        PhysicalGPU(
+                            i,
+                            f"GPU-{abs(hash(n)) % 10**8:08d}-0000-4000-8000-{i:012d}",
+                            "NVIDIA A100",
+                            GPU_MIB,
+                            f"0000:{i + 1:02x}:00.0",
+                            0,
+                        )
+                        for i in range(8)
+                    ]
                     await publish_slice(k, n, gpus, SliceSettings(split_count=10))
             finally:
                 await k.close()
@@ -129,13 +141,19 @@ def main() -> None:
                 list(pool.map(lambda p: api("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
 
             def bound():
-                return not api("GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0")["items"]
+                return not api("GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0")[
+                    "items"
+                ]
 
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=900, interval=2.0)
             after = request_counts(cluster)
             items = api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
-            when = [calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
-                    for p in items for c in p["status"].get("conditions") or () if c["type"] == "PodScheduled"]
+            when = [
+                calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+                for p in items
+                for c in p["status"].get("conditions") or ()
+                if c["type"] == "PodScheduled"
+            ]
             return max(max(when) - began, 1e-3), before, after
 
         fast = {"client_qps": 1000.0, "client_burst": 2000}
@@ -152,14 +170,20 @@ def main() -> None:
             templates.update({t["metadata"]["name"]: t for t in ts})
         span, before, after = run("bench-dra", dra_pods, list(templates.values()))
         claims = api("GET", f"{RESOURCE}/namespaces/bench-dra/resourceclaims")["items"]
-        used = Counter((r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"])
-        print(f"DRA: {n} pods bound after {span:.1f}s -> {n / span:.0f} pods/s; claims on {len(used)} GPUs of "
-              f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)")
+        used = Counter(
+            (r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"]
+        )
+        print(
+            f"DRA: {n} pods bound after {span:.1f}s -> {n / span:.0f} pods/s; claims on {len(used)} GPUs of "
+            f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)"
+        )
         print(f"  DRA: {per_pod(before, after, n)}")
 
         # 2. extender: hami scheduler behind the same kube-scheduler, the plugin stand-in on the node side
         cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender(), **fast))
-        ext_pods = [gpu_pod(f"e{i:04d}", "bench-ext", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
+        ext_pods = [
+            gpu_pod(f"e{i:04d}", "bench-ext", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)
+        ]
         with PluginStandIn(cluster, workers=max(args.nodes // 2, 1)):
             span_e, before, after = run("bench-ext", ext_pods)
         print(f"extender: {n} pods bound after {span_e:.1f}s -> {n / span_e:.0f} pods/s")

@@ -36,11 +36,25 @@ class Gpu:
 
 def claim(c: int, nodes: int) -> dict:
     n, g = c % nodes, (c // nodes) % 8
-    return {"metadata": {"name": f"c{c}", "namespace": f"ns{c % 20}", "uid": f"u{c}", "resourceVersion": "1"},
-            "status": {"allocation": {"devices": {"results": [{
-                "driver": "gpu.hami.io", "pool": f"n{n}", "device": f"gpu-{g}", "request": "gpu",
-                "consumedCapacity": {"memory": "4000Mi", "cores": "5", "shares": "1"}}]}},
-                "reservedFor": [{"resource": "pods", "name": f"p{c}", "uid": f"pu{c}"}]}}
+    return {
+        "metadata": {"name": f"c{c}", "namespace": f"ns{c % 20}", "uid": f"u{c}", "resourceVersion": "1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "driver": "gpu.hami.io",
+                            "pool": f"n{n}",
+                            "device": f"gpu-{g}",
+                            "request": "gpu",
+                            "consumedCapacity": {"memory": "4000Mi", "cores": "5", "shares": "1"},
+                        }
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": f"p{c}", "uid": f"pu{c}"}],
+        },
+    }
 
 
 def timed(fn) -> float:

@@ -20,6 +20,7 @@ nanoseconds):
 Targets (docs/libvgpu.md, issue 17): launch < 50 ns added; alloc/free pair with a limit
 <= +0.5 us wall and no system call added.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "native" / "build"
 DRIVER = BUILD / "bench" / "bench_driver"
-BEFORE_REV = "c2bef71"   # last revision with the OFD (fcntl) lock around check-and-add
+BEFORE_REV = "c2bef71"  # last revision with the OFD (fcntl) lock around check-and-add
 OPS = [  # (driver op, key it prints, label, iterations per N)
     ("launch", "launch_ns", "cuLaunchKernel", 4),
     ("alloc", "alloc_free_ns", "cuMemAlloc+cuMemFree", 1),
@@ -50,34 +51,66 @@ def build_before(rev: str, dest: Path) -> Path | None:
     src = dest / "src"
     src.mkdir(parents=True)
     try:
-        arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "native/libvgpu", "native/common"],
-                              capture_output=True, check=True).stdout
+        arch = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", rev, "native/libvgpu", "native/common"], capture_output=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"(no 'before' column: git archive {rev} failed: {e})", file=sys.stderr)
         return None
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     lib = dest / "libvgpu.so"
     sources = sorted(str(p) for p in (src / "native" / "libvgpu").glob("*.c"))
-    subprocess.run(["cc", "-O2", "-fPIC", "-std=gnu11", "-pthread", "-fvisibility=hidden",
-                    f"-I{BUILD / 'include'}", "-shared", "-Wl,-soname,libvgpu.so", "-Wl,-z,defs",
-                    "-o", str(lib), *sources, "-ldl", "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-O2",
+            "-fPIC",
+            "-std=gnu11",
+            "-pthread",
+            "-fvisibility=hidden",
+            f"-I{BUILD / 'include'}",
+            "-shared",
+            "-Wl,-soname,libvgpu.so",
+            "-Wl,-z,defs",
+            "-o",
+            str(lib),
+            *sources,
+            "-ldl",
+            "-lpthread",
+        ],
+        check=True,
+    )
     return lib
 
 
 def wall(env: dict[str, str], n: int) -> dict[str, float]:
-    out = subprocess.run([str(DRIVER), "all", str(n), str(ROUNDS)], env=env, capture_output=True, text=True,
-                         timeout=600, check=True).stdout
+    out = subprocess.run(
+        [str(DRIVER), "all", str(n), str(ROUNDS)], env=env, capture_output=True, text=True, timeout=600, check=True
+    ).stdout
     return {k: float(v) for k, v in (kv.split("=") for kv in out.split())}
 
 
 def instructions(env: dict[str, str], op: str, iters: int, tmp: Path) -> float:
     out = tmp / f"cg.{os.getpid()}.out"
     n = iters // dict((o, s) for o, _, _, s in OPS)[op]
-    subprocess.run(["valgrind", "--tool=callgrind", f"--toggle-collect={LOOP_FN[op]}",
-                    f"--callgrind-out-file={out}", str(DRIVER), op, str(n), "1"],
-                   env=env, capture_output=True, text=True, timeout=600, check=True)
-    m = re.search(r"^totals:\s+(\d+)", out.read_text(), re.M) or re.search(r"^summary:\s+(\d+)",
-                                                                           out.read_text(), re.M)
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--toggle-collect={LOOP_FN[op]}",
+            f"--callgrind-out-file={out}",
+            str(DRIVER),
+            op,
+            str(n),
+            "1",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    m = re.search(r"^totals:\s+(\d+)", out.read_text(), re.M) or re.search(r"^summary:\s+(\d+)", out.read_text(), re.M)
     out.unlink()
     return int(m.group(1)) / iters
 
@@ -85,11 +118,15 @@ def instructions(env: dict[str, str], op: str, iters: int, tmp: Path) -> float:
 def syscalls(env: dict[str, str], n: int, tmp: Path) -> dict[str, float]:
     """System calls per operation made by the main thread inside each measured loop."""
     log = tmp / "strace.log"
-    p = subprocess.Popen(["strace", "-f", "-qq", "-o", str(log), str(DRIVER), "all", str(n), "1"],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        ["strace", "-f", "-qq", "-o", str(log), str(DRIVER), "all", str(n), "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     p.wait(timeout=600)
     lines = log.read_text().splitlines()
-    main = lines[0].split()[0]   # execve of the driver: its PID is the main thread's TID
+    main = lines[0].split()[0]  # execve of the driver: its PID is the main thread's TID
     res = {}
     for k, (op, key, _, scale) in enumerate(OPS):
         inside, count = False, 0
@@ -118,9 +155,10 @@ def main() -> int:
     have_vg, have_st = shutil.which("valgrind"), shutil.which("strace")
     with tempfile.TemporaryDirectory() as tmps:
         tmp = Path(tmps)
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "FAKEGPU_", "LD_PRELOAD", "LIBCUDA_"))}
-        base.update(LD_LIBRARY_PATH=str(BUILD / "fakegpu"), FAKEGPU_STATE_DIR=f"{tmp}/machine",
-                    LIBCUDA_LOG_LEVEL="0")
+        base = {
+            k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "FAKEGPU_", "LD_PRELOAD", "LIBCUDA_"))
+        }
+        base.update(LD_LIBRARY_PATH=str(BUILD / "fakegpu"), FAKEGPU_STATE_DIR=f"{tmp}/machine", LIBCUDA_LOG_LEVEL="0")
         libs = {"after": BUILD / "libvgpu.so"}
         if args.before:
             before = build_before(args.before, tmp / "before")
@@ -128,24 +166,39 @@ def main() -> int:
                 libs = {f"before ({args.before})": before, **libs}
         configs = {"fake driver alone": base}
         for tag, lib in libs.items():
-            configs[f"{tag}, limit"] = dict(base, LD_PRELOAD=str(lib), CUDA_DEVICE_MEMORY_LIMIT="64g",
-                                            CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{tmp}/{len(configs)}.cache")
-            configs[f"{tag}, no limit"] = dict(base, LD_PRELOAD=str(lib),
-                                               CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{tmp}/{len(configs)}.cache")
+            configs[f"{tag}, limit"] = dict(
+                base,
+                LD_PRELOAD=str(lib),
+                CUDA_DEVICE_MEMORY_LIMIT="64g",
+                CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{tmp}/{len(configs)}.cache",
+            )
+            configs[f"{tag}, no limit"] = dict(
+                base, LD_PRELOAD=str(lib), CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{tmp}/{len(configs)}.cache"
+            )
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.repeats):
             for name, env in configs.items():
                 for k, v in wall(env, args.n).items():
                     best.setdefault(name, {})[k] = min(best.get(name, {}).get(k, v), v)
-        ins = {name: {key: instructions(env, op, 2000 * scale, tmp) for op, key, _, scale in OPS}
-               for name, env in configs.items()} if have_vg else {}
+        ins = (
+            {
+                name: {key: instructions(env, op, 2000 * scale, tmp) for op, key, _, scale in OPS}
+                for name, env in configs.items()
+            }
+            if have_vg
+            else {}
+        )
         sc = {name: syscalls(env, 200, tmp) for name, env in configs.items()} if have_st else {}
     if not have_vg or not have_st:
-        print(f"(valgrind {'found' if have_vg else 'missing'}, strace {'found' if have_st else 'missing'}:"
-              " missing columns read '-')")
+        print(
+            f"(valgrind {'found' if have_vg else 'missing'}, strace {'found' if have_st else 'missing'}:"
+            " missing columns read '-')"
+        )
     ref = "fake driver alone"
-    print(f"{'operation':<24} {'configuration':<27} {'wall ns':>8} {'added':>7} {'ratio':>5}  "
-          f"{'cpu ns':>8} {'added':>7} {'ratio':>5}  {'instr':>6} {'added':>5}  {'syscalls':>8} {'added':>5}")
+    print(
+        f"{'operation':<24} {'configuration':<27} {'wall ns':>8} {'added':>7} {'ratio':>5}  "
+        f"{'cpu ns':>8} {'added':>7} {'ratio':>5}  {'instr':>6} {'added':>5}  {'syscalls':>8} {'added':>5}"
+    )
     for op, key, label, _ in OPS:
         for name in configs:
             cols = []
@@ -162,9 +215,11 @@ def main() -> int:
         cpu_us = (best[name][f"cpu_{pair}"] - best[ref][f"cpu_{pair}"]) / 1000
         extra = f", {sc[name][pair] - sc[ref][pair]:+.2f} syscalls" if sc else ""
         extra += f", {ins[name][pair] - ins[ref][pair]:+.0f} instructions" if ins else ""
-        print(f"{tag}: alloc/free pair with a limit adds {wall_us:+.2f} us wall, {cpu_us:+.2f} us CPU{extra} "
-              f"(target <= +0.5 us, 0 syscalls); launch adds "
-              f"{best[name]['launch_ns'] - best[ref]['launch_ns']:+.1f} ns wall (< 50 ns)")
+        print(
+            f"{tag}: alloc/free pair with a limit adds {wall_us:+.2f} us wall, {cpu_us:+.2f} us CPU{extra} "
+            f"(target <= +0.5 us, 0 syscalls); launch adds "
+            f"{best[name]['launch_ns'] - best[ref]['launch_ns']:+.1f} ns wall (< 50 ns)"
+        )
     return 0
 
 

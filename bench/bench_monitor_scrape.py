@@ -30,8 +30,15 @@ def timed(fn) -> list[float]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "containers"
-        procs = [kit.Proc(pid=100 + i, hostpid=1000 + i, used={0: (1, 2, 3, 1 << 28), 1: (1, 2, 3, 1 << 27)},
-                          sm_util={0: 10, 1: 5}) for i in range(PROCS)]
+        procs = [
+            kit.Proc(
+                pid=100 + i,
+                hostpid=1000 + i,
+                used={0: (1, 2, 3, 1 << 28), 1: (1, 2, 3, 1 << 27)},
+                sm_util={0: 10, 1: 5},
+            )
+            for i in range(PROCS)
+        ]
         data = kit.build(uuids=("GPU-a", "GPU-b"), limits=(1 << 33, 1 << 33), procs=procs)
         files = []
         for i in range(CONTAINERS):
@@ -45,8 +52,10 @@ def main() -> None:
         base = timed(lambda: [f.read_bytes() for f in files])
     p50, p99 = statistics.median(scrape), max(scrape)
     b50 = statistics.median(base)
-    print(f"monitor scrape, {CONTAINERS} containers x {PROCS} processes x 2 GPUs: "
-          f"p50 {p50 * 1e3:.1f} ms, max {p99 * 1e3:.1f} ms over {RUNS} runs")
+    print(
+        f"monitor scrape, {CONTAINERS} containers x {PROCS} processes x 2 GPUs: "
+        f"p50 {p50 * 1e3:.1f} ms, max {p99 * 1e3:.1f} ms over {RUNS} runs"
+    )
     print(f"baseline (read every region file whole, 2 MB each): p50 {b50 * 1e3:.1f} ms; ratio {p50 / b50:.2f}")
 
 

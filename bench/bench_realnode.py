@@ -52,7 +52,9 @@ def request_counts(cluster: KubeCluster) -> dict[tuple[str, str], float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "apiserver_request_total":
-                resource = s.labels.get("resource", "") + (f"/{s.labels['subresource']}" if s.labels.get("subresource") else "")
+                resource = s.labels.get("resource", "") + (
+                    f"/{s.labels['subresource']}" if s.labels.get("subresource") else ""
+                )
                 key = (s.labels.get("verb", ""), resource)
                 counts[key] = counts.get(key, 0.0) + s.value
     return counts
@@ -61,8 +63,9 @@ def request_counts(cluster: KubeCluster) -> dict[tuple[str, str], float]:
 def _metrics(cluster: KubeCluster) -> str:
     import http.client
 
-    connection = http.client.HTTPSConnection("127.0.0.1", cluster.ports["kube-apiserver"],
-                                             context=cluster._client_context(), timeout=30)
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
+    )
     try:
         connection.request("GET", "/metrics")
         return connection.getresponse().read().decode()
@@ -71,12 +74,23 @@ def _metrics(cluster: KubeCluster) -> str:
 
 
 def gpu_pod(name: str, image: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "IfNotPresent",
-                                     "command": ["sleep", "3600"],
-                                     "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 200,
-                                                              "nvidia.com/gpucores": 1}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "3600"],
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 200, "nvidia.com/gpucores": 1}},
+                }
+            ],
+        },
+    }
 
 
 def run(args: argparse.Namespace) -> None:
@@ -132,15 +146,24 @@ def run(args: argparse.Namespace) -> None:
             total = sum(delta.values())
             top = sorted(((v, k) for k, v in delta.items() if v > 0), reverse=True)[:8]
             times = sorted(running_at.values())
-            print(f"{args.pods} GPU pods created at once ({args.writers} writers) -> all Running in {elapsed:.1f}s "
-                  f"= {args.pods / elapsed:.1f} pods/s (first Running {times[0]:.1f}s, median "
-                  f"{statistics.median(times):.1f}s)")
-            print(f"API requests: {total:.0f} = {total / args.pods:.1f} per pod (the creation included; biggest: "
-                  + ", ".join(f"{verb} {res} {v / args.pods:.1f}" for v, (verb, res) in top) + ")")
+            print(
+                f"{args.pods} GPU pods created at once ({args.writers} writers) -> all Running in {elapsed:.1f}s "
+                f"= {args.pods / elapsed:.1f} pods/s (first Running {times[0]:.1f}s, median "
+                f"{statistics.median(times):.1f}s)"
+            )
+            print(
+                f"API requests: {total:.0f} = {total / args.pods:.1f} per pod (the creation included; biggest: "
+                + ", ".join(f"{verb} {res} {v / args.pods:.1f}" for v, (verb, res) in top)
+                + ")"
+            )
             print(cpu_per_pod(cpu_before, cpu_after, args.pods))
             cluster.delete_namespace(ns)
-            cluster.wait_for(lambda: not cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
-                             "bench pods gone", timeout=300, interval=1)
+            cluster.wait_for(
+                lambda: not cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+                "bench pods gone",
+                timeout=300,
+                interval=1,
+            )
         finally:
             if product is not None:
                 problems = product.uninstall()

@@ -68,19 +68,52 @@ def percentile(samples: list[float], p: float) -> float:
 def node_object(n: int) -> dict:
     model, mem = MODELS[n % len(MODELS)]
     name = f"node-{n:04d}"
-    devices = [DeviceInfo(id=f"GPU-{n:04d}-{i}", index=i, count=10, devmem=mem, devcore=100, type=model,
-                          numa=i // 4, mode="hami-core", health=True) for i in range(8)]
-    return {"metadata": {"name": name, "resourceVersion": "1",
-                         "annotations": {"hami.io/node-nvidia-register": encode_node_devices_json(devices)}},
-            "status": {"allocatable": {"nvidia.com/gpu": "80"}}}
+    devices = [
+        DeviceInfo(
+            id=f"GPU-{n:04d}-{i}",
+            index=i,
+            count=10,
+            devmem=mem,
+            devcore=100,
+            type=model,
+            numa=i // 4,
+            mode="hami-core",
+            health=True,
+        )
+        for i in range(8)
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "annotations": {"hami.io/node-nvidia-register": encode_node_devices_json(devices)},
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": "80"}},
+    }
 
 
 def pod_object(name: str, gpus: int, mem: int, cores: int) -> dict:
-    return {"metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": {},
-                         "resourceVersion": "1"},
-            "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c", "resources": {"limits": {
-                "nvidia.com/gpu": gpus, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores}}}]},
-            "status": {"phase": "Running"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "uid": f"uid-{name}",
+            "annotations": {},
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [
+                {
+                    "name": "c",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores}
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
 
 
 def rss_mib() -> float:
@@ -92,8 +125,9 @@ def rss_mib() -> float:
         return float("nan")
 
 
-def placed_pods(nodes: list[dict], n_pods: int, config: SchedulerConfig, fill: str = "binpack",
-                seed: int = 7) -> list[dict]:
+def placed_pods(
+    nodes: list[dict], n_pods: int, config: SchedulerConfig, fill: str = "binpack", seed: int = 7
+) -> list[dict]:
     """Pods with allocation annotations, decided by the core (as if a scheduler placed them):
     each offered every node (``binpack``, the default policy) or one node each in turn
     (``round-robin``: an even fill, quick to build)."""
@@ -139,9 +173,11 @@ async def filter_figures(args: argparse.Namespace, n_nodes: int, n_pods: int) ->
     del nodes, pods  # from here on only the caches hold them
     gc.collect()
     rss1 = rss_mib()
-    print(f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed ({args.fill} fill); cache filled from objects in "
-          f"{(t2 - t1) * 1e3:.0f} ms (objects built in {t1 - t0:.1f}s); scheduler process RSS {rss1:.0f} MiB "
-          f"({rss1 - rss0:.0f} MiB for this cluster's caches and ledger, {rss0:.0f} MiB before)")
+    print(
+        f"cluster: {n_nodes} nodes x 8 GPUs, {n_pods} pods placed ({args.fill} fill); cache filled from objects in "
+        f"{(t2 - t1) * 1e3:.0f} ms (objects built in {t1 - t0:.1f}s); scheduler process RSS {rss1:.0f} MiB "
+        f"({rss1 - rss0:.0f} MiB for this cluster's caches and ledger, {rss0:.0f} MiB before)"
+    )
 
     runner = web.AppRunner(svc.app(), access_log=None)
     await runner.setup()
@@ -159,8 +195,16 @@ async def filter_figures(args: argparse.Namespace, n_nodes: int, n_pods: int) ->
         if len(in_flight) > 50:  # the device plugin marks an earlier pod allocated (its watch event)
             done = in_flight.pop(0)
             meta = done["metadata"]
-            svc.state.put_pod({**done, "metadata": {**meta, "resourceVersion": "2",
-                                                    "annotations": {**meta["annotations"], "hami.io/bind-phase": "success"}}})
+            svc.state.put_pod(
+                {
+                    **done,
+                    "metadata": {
+                        **meta,
+                        "resourceVersion": "2",
+                        "annotations": {**meta["annotations"], "hami.io/bind-phase": "success"},
+                    },
+                }
+            )
         return p
 
     http, direct, core = [], [], []
@@ -186,13 +230,19 @@ async def filter_figures(args: argparse.Namespace, n_nodes: int, n_pods: int) ->
     await runner.cleanup()
     ms = lambda xs, q: percentile(xs, q) * 1e3  # noqa: E731
     c50 = ms(core, 50)
-    print(f"/filter over HTTP (decide + reserve, no API patch): p50 {ms(http, 50):.2f} ms  p99 {ms(http, 99):.2f} ms "
-          f"over {args.runs} new 1-GPU pods ({results['scheduled']} placed, {results['pending']} pending) "
-          f"[{ms(http, 50) / c50:.1f}x core]")
-    print(f"Extender.filter in process (no HTTP):                p50 {ms(direct, 50):.2f} ms  p99 {ms(direct, 99):.2f} ms")
+    print(
+        f"/filter over HTTP (decide + reserve, no API patch): p50 {ms(http, 50):.2f} ms  p99 {ms(http, 99):.2f} ms "
+        f"over {args.runs} new 1-GPU pods ({results['scheduled']} placed, {results['pending']} pending) "
+        f"[{ms(http, 50) / c50:.1f}x core]"
+    )
+    print(
+        f"Extender.filter in process (no HTTP):                p50 {ms(direct, 50):.2f} ms  p99 {ms(direct, 99):.2f} ms"
+    )
     print(f"hami.core.schedule_pod alone (baseline):             p50 {c50:.2f} ms  p99 {ms(core, 99):.2f} ms")
-    print(f"target /filter p99 <= 15 ms: {'met' if ms(http, 99) <= 15 else 'NOT met'}; "
-          f"RSS after the runs {rss_mib():.0f} MiB")
+    print(
+        f"target /filter p99 <= 15 ms: {'met' if ms(http, 99) <= 15 else 'NOT met'}; "
+        f"RSS after the runs {rss_mib():.0f} MiB"
+    )
 
 
 def _histogram_quantiles(text: str, name: str, label: str) -> str:
@@ -219,8 +269,10 @@ def node_spread(items: list[dict], when: dict[str, float], span: float) -> str:
     spans = [max(ts) - min(ts) + 1.0 for ts in by_node.values()]  # +1: 1-second timestamps
     busy = sum(spans) / span
     per_node = sum(len(ts) for ts in by_node.values()) / sum(spans)
-    return (f"{len(by_node)} nodes received pods ({len(items) / len(by_node):.0f} each on average); "
-            f"{busy:.1f} nodes busy at once on average, {per_node:.1f} pods/s per busy node")
+    return (
+        f"{len(by_node)} nodes received pods ({len(items) / len(by_node):.0f} each on average); "
+        f"{busy:.1f} nodes busy at once on average, {per_node:.1f} pods/s per busy node"
+    )
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -271,8 +323,9 @@ def failed_scheduling(events: list[dict]) -> str:
         kinds[text] = kinds.get(text, 0) + (e.get("count") or 1)
     if not kinds:
         return "0 FailedScheduling events"
-    return (f"{sum(kinds.values())} FailedScheduling events: "
-            + "; ".join(f"{c}x {k!r}" for k, c in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    return f"{sum(kinds.values())} FailedScheduling events: " + "; ".join(
+        f"{c}x {k!r}" for k, c in sorted(kinds.items(), key=lambda kv: -kv[1])
+    )
 
 
 def timed_standin(base: type) -> type:
@@ -298,9 +351,11 @@ def timed_standin(base: type) -> type:
         def summary(self) -> str:
             if not self.worked:
                 return "no pod served"
-            return (f"{len(self.worked)} serves; queued p50 {percentile(self.queued, 50) * 1e3:.0f} ms, "
-                    f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (like the plugin: node metadata, pod unless its watched copy postdates the lock, pod patch) "
-                    f"p50 {percentile(self.worked, 50) * 1e3:.0f} ms, p99 {percentile(self.worked, 99) * 1e3:.0f} ms")
+            return (
+                f"{len(self.worked)} serves; queued p50 {percentile(self.queued, 50) * 1e3:.0f} ms, "
+                f"p99 {percentile(self.queued, 99) * 1e3:.0f} ms; own API calls (like the plugin: node metadata, pod unless its watched copy postdates the lock, pod patch) "
+                f"p50 {percentile(self.worked, 50) * 1e3:.0f} ms, p99 {percentile(self.worked, 99) * 1e3:.0f} ms"
+            )
 
     return Timed
 
@@ -323,8 +378,12 @@ def e2e(args: argparse.Namespace) -> None:
         # as the chart deploys it: kube-scheduler calls /filter and /bind on the loopback listener
         proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", *args.scheduler_flags, loopback=True).start()
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: make_gpu_node(cluster, f"bench-{i:03d}", gpus=8, mem=81920, labels={"bench": "on"}),
-                          range(args.e2e_nodes)))
+            list(
+                pool.map(
+                    lambda i: make_gpu_node(cluster, f"bench-{i:03d}", gpus=8, mem=81920, labels={"bench": "on"}),
+                    range(args.e2e_nodes),
+                )
+            )
         time.sleep(2.0)  # nodes reach the scheduler's cache
         create = KeepAliveApi(cluster)
 
@@ -339,7 +398,9 @@ def e2e(args: argparse.Namespace) -> None:
             def bound():
                 # poll only the unbound pods, from the watch cache (resourceVersion=0): listing all
                 # 1000 pods every second would load the very API server being measured
-                unbound = create("GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0")
+                unbound = create(
+                    "GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0"
+                )
                 return not unbound["items"]
 
             # the span comes from the PodScheduled timestamps, not from this poll: a slow poll
@@ -349,8 +410,12 @@ def e2e(args: argparse.Namespace) -> None:
             failed = failed_scheduling(create("GET", f"/api/v1/namespaces/{ns}/events")["items"])
             items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             assert len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items), "a pod is not bound"
-            when = {p["metadata"]["name"]: calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
-                    for p in items for c in p["status"].get("conditions") or () if c["type"] == "PodScheduled"}
+            when = {
+                p["metadata"]["name"]: calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+                for p in items
+                for c in p["status"].get("conditions") or ()
+                if c["type"] == "PodScheduled"
+            }
             span = max(max(when.values()) - began, 1e-3)
             print(f"  {ns}: {node_spread(items, when, span)}")
             print(f"  {ns}: {cpu}")
@@ -358,26 +423,44 @@ def e2e(args: argparse.Namespace) -> None:
             return span
 
         n = args.e2e_pods
-        plain = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:04d}"},
-                  "spec": {"nodeSelector": {"bench": "on"}, "containers": [{"name": "c", "image": "busybox"}]}}
-                 for i in range(n)]
+        plain = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"b{i:04d}"},
+                "spec": {"nodeSelector": {"bench": "on"}, "containers": [{"name": "c", "image": "busybox"}]},
+            }
+            for i in range(n)
+        ]
         # both kube-schedulers run with the harness's client rate limit (qps 1000, burst 2000, as
         # the chart sets it; kube-scheduler's own 50/100 would cap GPU-less pods near 50 pods/s)
         base = run("bench-baseline", plain)
-        print(f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s ({base:.1f}s)")
+        print(
+            f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s ({base:.1f}s)"
+        )
         cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
         pods = [gpu_pod(f"p{i:04d}", "bench", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
-        with timed_standin(PluginStandIn)(cluster, workers=args.e2e_nodes // 2) as standin:  # a real cluster has one plugin per node
+        with timed_standin(PluginStandIn)(
+            cluster, workers=args.e2e_nodes // 2
+        ) as standin:  # a real cluster has one plugin per node
             span = run("bench", pods)
         print(f"  plugin stand-in: {standin.summary()}")
         rate = n / span
-        print(f"e2e: {n} GPU pods on {args.e2e_nodes} kwok nodes x 8 GPUs through hami scheduler: all bound after "
-              f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; "
-              f"target >= 50: {'met' if rate >= 50 else 'NOT met'})")
+        print(
+            f"e2e: {n} GPU pods on {args.e2e_nodes} kwok nodes x 8 GPUs through hami scheduler: all bound after "
+            f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; "
+            f"target >= 50: {'met' if rate >= 50 else 'NOT met'})"
+        )
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
-        print(f"  /filter (decision reserved, written by the Binding): {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}")
-        print(f"  /bind (waits for the node lock, then Binding): {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}")
-        print(f"  node-lock wait in Bind: {_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}")
+        print(
+            f"  /filter (decision reserved, written by the Binding): {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}"
+        )
+        print(
+            f"  /bind (waits for the node lock, then Binding): {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}"
+        )
+        print(
+            f"  node-lock wait in Bind: {_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}"
+        )
     finally:
         cluster.configure_hami_scheduler(KubeSchedulerConfig()) if cluster.binaries else None
         if proc:
@@ -387,16 +470,26 @@ def e2e(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1000x5000,5000x25000",
-                    help="NODESxPODS[,...] for the /filter figures; none: skip them")
+    ap.add_argument(
+        "--sizes", default="1000x5000,5000x25000", help="NODESxPODS[,...] for the /filter figures; none: skip them"
+    )
     ap.add_argument("--runs", type=int, default=500)
-    ap.add_argument("--fill", choices=("binpack", "round-robin"), default="binpack",
-                    help="how the background pods were placed (see placed_pods)")
+    ap.add_argument(
+        "--fill",
+        choices=("binpack", "round-robin"),
+        default="binpack",
+        help="how the background pods were placed (see placed_pods)",
+    )
     ap.add_argument("--e2e", action="store_true", help="also run the end-to-end throughput on the real control plane")
     ap.add_argument("--e2e-nodes", type=int, default=100)
     ap.add_argument("--e2e-pods", type=int, default=1000)
-    ap.add_argument("--scheduler-flag", dest="scheduler_flags", action="append", default=[],
-                    help="extra `hami scheduler` flag for --e2e, e.g. --scheduler-flag=--node-scheduler-policy=spread")
+    ap.add_argument(
+        "--scheduler-flag",
+        dest="scheduler_flags",
+        action="append",
+        default=[],
+        help="extra `hami scheduler` flag for --e2e, e.g. --scheduler-flag=--node-scheduler-policy=spread",
+    )
     args = ap.parse_args()
     for size in args.sizes.split(",") if args.sizes != "none" else ():
         n_nodes, _, n_pods = size.partition("x")

@@ -23,14 +23,35 @@ NODES, GPUS, PODS, RUNS = 1000, 8, 5000, 10
 def build() -> Ledger:
     led = Ledger()
     for n in range(NODES):
-        led.set_node(NodeDevices(f"node-{n:04d}", tuple(
-            DeviceInfo(id=f"GPU-{n:04d}-{i}", index=i, count=10, devmem=81920, devcore=100, type="NVIDIA-H100",
-                       health=True, vendor="NVIDIA") for i in range(GPUS))))
+        led.set_node(
+            NodeDevices(
+                f"node-{n:04d}",
+                tuple(
+                    DeviceInfo(
+                        id=f"GPU-{n:04d}-{i}",
+                        index=i,
+                        count=10,
+                        devmem=81920,
+                        devcore=100,
+                        type="NVIDIA-H100",
+                        health=True,
+                        vendor="NVIDIA",
+                    )
+                    for i in range(GPUS)
+                ),
+            )
+        )
     for p in range(PODS):
         n, g = p % NODES, (p // NODES) % GPUS
-        pod = {"metadata": {"name": f"p{p}", "namespace": f"ns{p % 20}", "uid": f"uid-{p}"},
-               "spec": {"containers": [{"name": "c"}]}}
-        led.add_pod(make_allocation(pod, f"node-{n:04d}", {"NVIDIA": ((ContainerDevice(f"GPU-{n:04d}-{g}", "NVIDIA", 4000, 10),),)}))
+        pod = {
+            "metadata": {"name": f"p{p}", "namespace": f"ns{p % 20}", "uid": f"uid-{p}"},
+            "spec": {"containers": [{"name": "c"}]},
+        }
+        led.add_pod(
+            make_allocation(
+                pod, f"node-{n:04d}", {"NVIDIA": ((ContainerDevice(f"GPU-{n:04d}-{g}", "NVIDIA", 4000, 10),),)}
+            )
+        )
     return led
 
 
@@ -56,10 +77,14 @@ def main() -> None:
 
     base = timed(walk)
     r50, b50 = statistics.median(render), statistics.median(base)
-    print(f"scheduler /metrics, {NODES} nodes x {GPUS} GPUs, {PODS} pods ({size / 1e6:.1f} MB of text): "
-          f"p50 {r50 * 1e3:.0f} ms, max {max(render) * 1e3:.0f} ms over {RUNS} runs")
-    print(f"  of which on the event loop (copying rows out of the ledger): p50 {statistics.median(copy) * 1e3:.1f} ms; "
-          "the text is formatted in a worker thread")
+    print(
+        f"scheduler /metrics, {NODES} nodes x {GPUS} GPUs, {PODS} pods ({size / 1e6:.1f} MB of text): "
+        f"p50 {r50 * 1e3:.0f} ms, max {max(render) * 1e3:.0f} ms over {RUNS} runs"
+    )
+    print(
+        f"  of which on the event loop (copying rows out of the ledger): p50 {statistics.median(copy) * 1e3:.1f} ms; "
+        "the text is formatted in a worker thread"
+    )
     print(f"baseline (walk the same ledger): p50 {b50 * 1e3:.1f} ms; ratio {r50 / b50:.0f}")
 
 

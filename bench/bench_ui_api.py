@@ -66,8 +66,11 @@ async def http_figures(state, runs: int) -> tuple[str, int]:
     base = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
-            for path, n in (("/api/v1/nodes", runs), ("/api/v1/pods", max(runs // 4, 10)),
-                            ("/api/v1/pending", max(runs // 20, 5))):
+            for path, n in (
+                ("/api/v1/nodes", runs),
+                ("/api/v1/pods", max(runs // 4, 10)),
+                ("/api/v1/pending", max(runs // 20, 5)),
+            ):
                 samples, size = [], 0
                 for _ in range(n + 3):
                     began = time.perf_counter()
@@ -77,15 +80,19 @@ async def http_figures(state, runs: int) -> tuple[str, int]:
                     samples.append((time.perf_counter() - began) * 1000)
                     size = len(body)
                 samples = samples[3:]  # warm-up
-                print(f"  GET {path:<16} p50 {percentile(samples, 50):7.1f} ms  p99 {percentile(samples, 99):7.1f} ms"
-                      f"  ({n} calls, answer {size / 1024:.0f} KiB)")
+                print(
+                    f"  GET {path:<16} p50 {percentile(samples, 50):7.1f} ms  p99 {percentile(samples, 99):7.1f} ms"
+                    f"  ({n} calls, answer {size / 1024:.0f} KiB)"
+                )
         samples = []
         for _ in range(max(runs // 4, 10)):
             began = time.perf_counter()
             model.nodes_document(state, time.time())
             samples.append((time.perf_counter() - began) * 1000)
-        print(f"  nodes document in-process (no HTTP, no JSON) p50 {percentile(samples, 50):.1f} ms"
-              f"  p99 {percentile(samples, 99):.1f} ms")
+        print(
+            f"  nodes document in-process (no HTTP, no JSON) p50 {percentile(samples, 50):.1f} ms"
+            f"  p99 {percentile(samples, 99):.1f} ms"
+        )
     finally:
         await runner.cleanup()
     return base, port
@@ -128,8 +135,10 @@ def page_figures(state, runs: int) -> None:
             page.get_by_text("Updated").wait_for(timeout=120_000)  # all four answers in, page drawn
             drawn.append((time.perf_counter() - began) * 1000)
             loads.append(page.evaluate("() => performance.getEntriesByType('navigation')[0].loadEventEnd"))
-            page.evaluate("() => { const t = document.getElementById('auto-refresh'); t.checked = false; "
-                          "t.dispatchEvent(new Event('change')); }")
+            page.evaluate(
+                "() => { const t = document.getElementById('auto-refresh'); t.checked = false; "
+                "t.dispatchEvent(new Event('change')); }"
+            )
             began = time.perf_counter()
             # the click renders synchronously: evaluate returns once every row is in the DOM
             page.evaluate("() => document.getElementById('show-all-nodes').click()")
@@ -138,10 +147,12 @@ def page_figures(state, runs: int) -> None:
             page.close()
         browser.close()
     loop.call_soon_threadsafe(loop.stop)
-    print(f"  page in headless Chromium: load event p50 {percentile(loads, 50):.0f} ms; page drawn with every "
-          f"answer (summary, first 48 node cards, pods, pending) p50 {percentile(drawn, 50):.0f} ms "
-          f"(max {max(drawn):.0f} ms); 'Show all' to all {devices} device rows p50 "
-          f"{percentile(everything, 50):.0f} ms ({runs} loads)")
+    print(
+        f"  page in headless Chromium: load event p50 {percentile(loads, 50):.0f} ms; page drawn with every "
+        f"answer (summary, first 48 node cards, pods, pending) p50 {percentile(drawn, 50):.0f} ms "
+        f"(max {max(drawn):.0f} ms); 'Show all' to all {devices} device rows p50 "
+        f"{percentile(everything, 50):.0f} ms ({runs} loads)"
+    )
 
 
 def main() -> None:
@@ -153,8 +164,10 @@ def main() -> None:
     args = ap.parse_args()
     began = time.perf_counter()
     state = cluster(args.nodes, args.pods)
-    print(f"UI API: {args.nodes} nodes x 8 GPUs, {len(state.ledger.pods())} pods placed, 20 pending "
-          f"(cache filled in {time.perf_counter() - began:.1f} s)")
+    print(
+        f"UI API: {args.nodes} nodes x 8 GPUs, {len(state.ledger.pods())} pods placed, 20 pending "
+        f"(cache filled in {time.perf_counter() - began:.1f} s)"
+    )
     asyncio.run(http_figures(state, args.runs))
     page_figures(state, args.page_runs)
 

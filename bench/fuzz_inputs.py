@@ -52,11 +52,17 @@ class Tally:
 
 
 def drive(tally: Tally, strategy, check, budget: int) -> Tally:
-    @settings(max_examples=budget, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=budget,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def one(item):
         tally.run(check, item)
+
     one()
     return tally
 
@@ -67,8 +73,12 @@ def surfaces(scale: float):
     http_valid = F.HttpSurface()
     sim = F.SimSurface()
     yield "quantity (valid, exact value)", F.valid_quantities(), F.check_quantity, n(20_000)
-    yield "quantity (invalid / junk)", st.one_of(F.non_ascii_digit_quantities.map(lambda t: (t, None)),
-                                                 F.quantity_junk.map(lambda t: (t, "any"))), F.check_quantity, n(20_000)
+    yield (
+        "quantity (invalid / junk)",
+        st.one_of(F.non_ascii_digit_quantities.map(lambda t: (t, None)), F.quantity_junk.map(lambda t: (t, "any"))),
+        F.check_quantity,
+        n(20_000),
+    )
     yield "registration annotation decode", F.registrations(), F.check_registration, n(20_000)
     yield "registration -> scheduler ledger", F.registrations(), F.check_node_ingest, n(6_000)
     yield "webhook: valid pods", F.valid_pods(), F.check_webhook_valid, n(8_000)
@@ -76,8 +86,12 @@ def surfaces(scale: float):
     yield "webhook: broken pods", st.one_of(F.broken_pods(), F.json_trees), F.check_webhook_garbage, n(10_000)
     for path in ("/filter", "/bind", "/webhook"):
         yield f"HTTP {path}: bad bodies", F.http_bodies, (lambda b, p=path: F.check_http(http, p, b)), n(3_500)
-    yield "HTTP /filter: valid GPU pods", F.valid_pods().filter(lambda i: i[1]), \
-        (lambda i: F.check_http_valid_filter(http_valid, i)), n(2_000)
+    yield (
+        "HTTP /filter: valid GPU pods",
+        F.valid_pods().filter(lambda i: i[1]),
+        (lambda i: F.check_http_valid_filter(http_valid, i)),
+        n(2_000),
+    )
     yield "hami simulate: files", F.sim_inputs(), (lambda i: F.check_simulate(sim, i)), n(2_500)
 
 
@@ -97,16 +111,21 @@ def main() -> int:
         t0 = time.perf_counter()
         tally = drive(Tally(name), strategy, check, budget)
         rows.append(tally)
-        print(f"{name:40} {tally.tried:8d} {tally.crashes:8d} {tally.http500:9d} {tally.wrong:6d} "
-              f"{time.perf_counter() - t0:8.1f}", flush=True)
+        print(
+            f"{name:40} {tally.tried:8d} {tally.crashes:8d} {tally.http500:9d} {tally.wrong:6d} "
+            f"{time.perf_counter() - t0:8.1f}",
+            flush=True,
+        )
     total = Tally("total")
     for r in rows:
         total.tried += r.tried
         total.crashes += r.crashes
         total.http500 += r.http500
         total.wrong += r.wrong
-    print(f"{'total':40} {total.tried:8d} {total.crashes:8d} {total.http500:9d} {total.wrong:6d} "
-          f"{time.perf_counter() - began:8.1f}")
+    print(
+        f"{'total':40} {total.tried:8d} {total.crashes:8d} {total.http500:9d} {total.wrong:6d} "
+        f"{time.perf_counter() - began:8.1f}"
+    )
     for r in rows:
         for s in r.samples:
             print(f"\n[{r.name}] {s}")

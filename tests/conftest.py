@@ -61,5 +61,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("skipped under CI, not in tests/skips-allowed.txt", red=True)
         for nodeid, why in bad:
             terminalreporter.line(f"{nodeid}: {why}")
-        terminalreporter.line(f"{len(bad)} unexpected skip(s): install what they name (make test) or list them "
-                              "with a reason in tests/skips-allowed.txt")
+        terminalreporter.line(
+            f"{len(bad)} unexpected skip(s): install what they name (make test) or list them "
+            "with a reason in tests/skips-allowed.txt"
+        )

@@ -13,11 +13,16 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "simulate": ("hami.sim.command", "place pods on nodes read from YAML files and report the result "
-                 "(--front-end dra: through the DRA path)"),
+    "simulate": (
+        "hami.sim.command",
+        "place pods on nodes read from YAML files and report the result (--front-end dra: through the DRA path)",
+    ),
     "scheduler": ("hami.scheduler.command", "run the scheduler extender and admission webhook"),
-    "explain": ("hami.scheduler.explain", "explain why a pod is pending, from the live cluster "
-                "(a pod with DRA claims: per GPU, what its claims would take and what is short)"),
+    "explain": (
+        "hami.scheduler.explain",
+        "explain why a pod is pending, from the live cluster "
+        "(a pod with DRA claims: per GPU, what its claims would take and what is short)",
+    ),
     "device-plugin": ("hami.deviceplugin.command", "run the kubelet device plugin for NVIDIA GPUs"),
     "dra": ("hami.draplugin.command", "run the DRA driver gpu.hami.io on a node (ResourceSlice + kubelet plugin)"),
     "monitor": ("hami.monitor.command", "export per-container GPU usage as Prometheus metrics"),

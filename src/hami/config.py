@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hami import safeyaml
 from hami.core.errors import ConfigError
 
+
 class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
@@ -30,9 +31,7 @@ class NvidiaConfig(_Model):
 
     resource_count_name: str = Field("nvidia.com/gpu", alias="resourceCountName")
     resource_memory_name: str = Field("nvidia.com/gpumem", alias="resourceMemoryName")
-    resource_memory_percentage_name: str = Field(
-        "nvidia.com/gpumem-percentage", alias="resourceMemoryPercentageName"
-    )
+    resource_memory_percentage_name: str = Field("nvidia.com/gpumem-percentage", alias="resourceMemoryPercentageName")
     resource_core_name: str = Field("nvidia.com/gpucores", alias="resourceCoreName")
     resource_priority_name: str = Field("nvidia.com/priority", alias="resourcePriorityName")
     overwrite_env: bool = Field(False, alias="overwriteEnv")
@@ -92,7 +91,9 @@ class MetaxConfig(_Model):
     @classmethod
     def _no_topology(cls, v: bool) -> bool:
         if v:
-            raise ValueError("true is not supported (sGPU placement does not use link zones); remove the key or set false")
+            raise ValueError(
+                "true is not supported (sGPU placement does not use link zones); remove the key or set false"
+            )
         return v
 
 
@@ -124,8 +125,10 @@ class EnflameConfig(_Model):
     def _legacy(cls, v: str, info: Any) -> str:
         default = cls.model_fields[info.field_name].default
         if v != default:
-            raise ValueError(f"legacy vGCU resources are not served (only {default!r} is accepted, as a no-op); "
-                             "use resourceNameDRSGCU, resourceNameGCUMemory, resourceNameGCUCore")
+            raise ValueError(
+                f"legacy vGCU resources are not served (only {default!r} is accepted, as a no-op); "
+                "use resourceNameDRSGCU, resourceNameGCUMemory, resourceNameGCUCore"
+            )
         return v
 
 
@@ -188,12 +191,27 @@ class VnpuChip(_Model):
     templates: list[VnpuTemplate] = Field(default_factory=list)
 
 
-def _chip(cw: str, chip: str, alloc: int, cap: int, ai_core: int, ai_cpu: int,
-          templates: list[tuple[str, int, int, int]], super_pod: bool = False) -> VnpuChip:
+def _chip(
+    cw: str,
+    chip: str,
+    alloc: int,
+    cap: int,
+    ai_core: int,
+    ai_cpu: int,
+    templates: list[tuple[str, int, int, int]],
+    super_pod: bool = False,
+) -> VnpuChip:
     return VnpuChip(
-        chipName=chip, commonWord=cw, resourceName=f"huawei.com/{cw}", resourceMemoryName=f"huawei.com/{cw}-memory",
-        resourceCoreName=f"huawei.com/{cw}-core", memoryAllocatable=alloc, memoryCapacity=cap, aiCore=ai_core,
-        aiCPU=ai_cpu, superPod=super_pod,
+        chipName=chip,
+        commonWord=cw,
+        resourceName=f"huawei.com/{cw}",
+        resourceMemoryName=f"huawei.com/{cw}-memory",
+        resourceCoreName=f"huawei.com/{cw}-core",
+        memoryAllocatable=alloc,
+        memoryCapacity=cap,
+        aiCore=ai_core,
+        aiCPU=ai_cpu,
+        superPod=super_pod,
         templates=[VnpuTemplate(name=n, memory=m, aiCore=c, aiCPU=u) for n, m, c, u in templates],
     )
 
@@ -202,15 +220,38 @@ def default_vnpu_chips() -> list[VnpuChip]:
     """The Helm chart's ``vnpus.configs`` (reference §7.1)."""
     b3 = [("vir05_1c_16g", 16384, 5, 1), ("vir10_3c_32g", 32768, 10, 3)]
     return [
-        _chip("Ascend910A", "910A", 32768, 32768, 30, 0,
-              [("vir02", 2184, 2, 0), ("vir04", 4369, 4, 0), ("vir08", 8738, 8, 0), ("vir16", 17476, 16, 0)]),
-        _chip("Ascend910B2", "910B2", 65536, 65536, 24, 6,
-              [("vir03_1c_8g", 8192, 3, 1), ("vir06_1c_16g", 16384, 6, 1), ("vir12_3c_32g", 32768, 12, 3)]),
+        _chip(
+            "Ascend910A",
+            "910A",
+            32768,
+            32768,
+            30,
+            0,
+            [("vir02", 2184, 2, 0), ("vir04", 4369, 4, 0), ("vir08", 8738, 8, 0), ("vir16", 17476, 16, 0)],
+        ),
+        _chip(
+            "Ascend910B2",
+            "910B2",
+            65536,
+            65536,
+            24,
+            6,
+            [("vir03_1c_8g", 8192, 3, 1), ("vir06_1c_16g", 16384, 6, 1), ("vir12_3c_32g", 32768, 12, 3)],
+        ),
         _chip("Ascend910B3", "910B3", 65536, 65536, 20, 7, b3),
         _chip("Ascend910B4-1", "910B4-1", 65536, 65536, 20, 7, b3),
-        _chip("Ascend910B4", "910B4", 32768, 32768, 20, 7, [("vir05_1c_8g", 8192, 5, 1), ("vir10_3c_16g", 16384, 10, 3)]),
-        _chip("Ascend310P", "310P3", 21527, 24576, 8, 7,
-              [("vir01", 3072, 1, 1), ("vir02", 6144, 2, 2), ("vir04", 12288, 4, 4)]),
+        _chip(
+            "Ascend910B4", "910B4", 32768, 32768, 20, 7, [("vir05_1c_8g", 8192, 5, 1), ("vir10_3c_16g", 16384, 10, 3)]
+        ),
+        _chip(
+            "Ascend310P",
+            "310P3",
+            21527,
+            24576,
+            8,
+            7,
+            [("vir01", 3072, 1, 1), ("vir02", 6144, 2, 2), ("vir04", 12288, 4, 4)],
+        ),
         _chip("Ascend910C", "Ascend910", 65536, 65536, 20, 7, b3, super_pod=True),
     ]
 
@@ -228,8 +269,13 @@ class VnpusConfig(_Model):
 def default_iluvatar_chips() -> list[IluvatarChip]:
     """The Helm chart's ``iluvatars`` list."""
     return [
-        IluvatarChip(chipName=c, commonWord=c, resourceCountName=f"iluvatar.ai/{c}-vgpu",
-                     resourceMemoryName=f"iluvatar.ai/{c}.vMem", resourceCoreName=f"iluvatar.ai/{c}.vCore")
+        IluvatarChip(
+            chipName=c,
+            commonWord=c,
+            resourceCountName=f"iluvatar.ai/{c}-vgpu",
+            resourceMemoryName=f"iluvatar.ai/{c}.vMem",
+            resourceCoreName=f"iluvatar.ai/{c}.vCore",
+        )
         for c in ("MR-V100", "MR-V50", "BI-V150", "BI-V100")
     ]
 
@@ -267,10 +313,19 @@ def default_device_config() -> DeviceConfig:
 def chart_device_config() -> DeviceConfig:
     """Every vendor section this project implements, at the Helm chart's defaults."""
     return DeviceConfig(
-        nvidia=NvidiaConfig(), cambricon=CambriconConfig(), hygon=HygonConfig(), metax=MetaxConfig(),
-        mthreads=MthreadsConfig(), iluvatars=default_iluvatar_chips(), enflame=EnflameConfig(),
-        kunlun=KunlunConfig(), awsneuron=AwsNeuronConfig(), amd=AmdConfig(), vastai=VastaiConfig(),
-        biren=BirenConfig(), vnpus=VnpusConfig(),
+        nvidia=NvidiaConfig(),
+        cambricon=CambriconConfig(),
+        hygon=HygonConfig(),
+        metax=MetaxConfig(),
+        mthreads=MthreadsConfig(),
+        iluvatars=default_iluvatar_chips(),
+        enflame=EnflameConfig(),
+        kunlun=KunlunConfig(),
+        awsneuron=AwsNeuronConfig(),
+        amd=AmdConfig(),
+        vastai=VastaiConfig(),
+        biren=BirenConfig(),
+        vnpus=VnpusConfig(),
     )
 
 

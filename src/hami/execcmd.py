@@ -26,11 +26,24 @@ from hami.node.layout import LIBRARY_NAME
 # Same grammar as libvgpu (native/libvgpu/config.c): bytes, k/m/g/t and Ki/Mi/Gi/Ti(B)
 # binary, KB/MB/GB/TB decimal, fractions allowed with a suffix.
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "ki": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 10**3,
+    "m": 1 << 20,
+    "mi": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "g": 1 << 30,
+    "gi": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 10**9,
+    "t": 1 << 40,
+    "ti": 1 << 40,
+    "tib": 1 << 40,
+    "tb": 10**12,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
@@ -120,10 +133,16 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
         os.chmod(name, 0o666)
         cache = Path(name)
     # flags not given leave their variable unset (libvgpu's default)
-    limits = contract.Limits(memory=(str(limit),) * len(devices), cores=args.gpucores, region=str(cache),
-                             priority=args.priority, all_devices_memory=str(limit))
-    opts = contract.Options(libcuda_log_level="" if args.log_level is None else str(args.log_level),
-                            core_policy=args.core_policy)
+    limits = contract.Limits(
+        memory=(str(limit),) * len(devices),
+        cores=args.gpucores,
+        region=str(cache),
+        priority=args.priority,
+        all_devices_memory=str(limit),
+    )
+    opts = contract.Options(
+        libcuda_log_level="" if args.log_level is None else str(args.log_level), core_policy=args.core_policy
+    )
     env.update(contract.limit_env(limits, opts))
     # Regions in the same directory are peers: a low-priority task pauses while a
     # higher-priority one launches on a shared GPU (docs/compute-shares.md).
@@ -135,26 +154,51 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpumem", required=True, help="memory limit per device, e.g. 4G, 4096m, 4Gi, 4GB")
     parser.add_argument("--gpucores", type=int, default=None, help="compute share in percent (1..100)")
-    parser.add_argument("--priority", type=int, choices=(0, 1), default=None,
-                        help="task priority (CUDA_TASK_PRIORITY): 0 high, 1 low (default); a low-priority "
-                             "task pauses while a high-priority one launches kernels on a shared GPU")
-    parser.add_argument("--core-policy", choices=("default", "force", "disable"), default=None,
-                        help="GPU_CORE_UTILIZATION_POLICY: default (capped only when the GPU is shared), "
-                             "force (always capped), disable (never)")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        choices=(0, 1),
+        default=None,
+        help="task priority (CUDA_TASK_PRIORITY): 0 high, 1 low (default); a low-priority "
+        "task pauses while a high-priority one launches kernels on a shared GPU",
+    )
+    parser.add_argument(
+        "--core-policy",
+        choices=("default", "force", "disable"),
+        default=None,
+        help="GPU_CORE_UTILIZATION_POLICY: default (capped only when the GPU is shared), "
+        "force (always capped), disable (never)",
+    )
     parser.add_argument("--devices", default=None, help="devices to expose, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--cache", default=None,
-                        help="shared region file (default: a new file under the temp dir); "
-                             "reuse one path to share a limit between several commands")
-    parser.add_argument("--lib", default=None, help="path to libvgpu.so (default: $HAMI_LIBVGPU, native/build of this checkout, "
-                             "/usr/local/vgpu/libvgpu.so)")
-    parser.add_argument("--log-level", type=int, choices=range(0, 5), default=None,
-                        help="LIBCUDA_LOG_LEVEL for the library (0..4)")
+    parser.add_argument(
+        "--cache",
+        default=None,
+        help="shared region file (default: a new file under the temp dir); "
+        "reuse one path to share a limit between several commands",
+    )
+    parser.add_argument(
+        "--lib",
+        default=None,
+        help="path to libvgpu.so (default: $HAMI_LIBVGPU, native/build of this checkout, /usr/local/vgpu/libvgpu.so)",
+    )
+    parser.add_argument(
+        "--log-level", type=int, choices=range(0, 5), default=None, help="LIBCUDA_LOG_LEVEL for the library (0..4)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the environment and command, do not run")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
 
-_SHOWN = (contract.CUDA_VISIBLE_DEVICES, contract.MEMORY_LIMIT, contract.SM_LIMIT, contract.SHARED_CACHE,
-          contract.LOG_LEVEL, contract.LD_PRELOAD, contract.TASK_PRIORITY, contract.CORE_POLICY, contract.PEER_REGIONS)
+_SHOWN = (
+    contract.CUDA_VISIBLE_DEVICES,
+    contract.MEMORY_LIMIT,
+    contract.SM_LIMIT,
+    contract.SHARED_CACHE,
+    contract.LOG_LEVEL,
+    contract.LD_PRELOAD,
+    contract.TASK_PRIORITY,
+    contract.CORE_POLICY,
+    contract.PEER_REGIONS,
+)
 
 
 def run(args: argparse.Namespace) -> int:

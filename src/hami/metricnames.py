@@ -20,13 +20,19 @@ BUILD_INFO_HELP = "hami build information"
 BUILD_LABELS = ("version", "revision", "build_date", "go_version", "compiler", "platform")
 
 # the node monitor's usage metrics the UI joins into its answers
-HOST_MEMORY_USED = "hami_host_gpu_memory_used_bytes"       # per device: label device_uuid
+HOST_MEMORY_USED = "hami_host_gpu_memory_used_bytes"  # per device: label device_uuid
 HOST_UTILIZATION = "hami_host_gpu_utilization_ratio"
-CONTAINER_MEMORY_USED = "hami_vgpu_memory_used_bytes"      # per container: namespace, pod, container, device_uuid
+CONTAINER_MEMORY_USED = "hami_vgpu_memory_used_bytes"  # per container: namespace, pod, container, device_uuid
 CONTAINER_UTILIZATION = "hami_container_device_utilization_ratio"
 
 
 def build_info_values() -> tuple[str, ...]:
     """``hami_build_info`` label values; ``go_version`` is kept for HAMi dashboards and says "none"."""
-    return (hami.__version__, "", "", "none", f"{platform.python_implementation().lower()}-{platform.python_version()}",
-            f"{platform.system().lower()}/{platform.machine()}")
+    return (
+        hami.__version__,
+        "",
+        "",
+        "none",
+        f"{platform.python_implementation().lower()}-{platform.python_version()}",
+        f"{platform.system().lower()}/{platform.machine()}",
+    )

@@ -32,14 +32,17 @@ def compile_protos(here: Path, protos: tuple[str, ...], what: str, force: bool =
     try:
         from grpc_tools import protoc
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise RuntimeError(f"{what} are not generated and grpcio-tools is not installed; "
-                           "run `make proto` (or `pip install grpcio-tools`)") from exc
+        raise RuntimeError(
+            f"{what} are not generated and grpcio-tools is not installed; "
+            "run `make proto` (or `pip install grpcio-tools`)"
+        ) from exc
     include = Path(protoc.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory(dir=here) as tmp:
         for proto in protos:
             rel = here.relative_to(_SRC) / f"{proto}.proto"
-            code = protoc.main(["protoc", f"-I{_SRC}", f"-I{include}", f"--python_out={tmp}",
-                                f"--grpc_python_out={tmp}", str(rel)])
+            code = protoc.main(
+                ["protoc", f"-I{_SRC}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}", str(rel)]
+            )
             if code != 0:
                 raise RuntimeError(f"protoc failed on {rel} (exit {code})")
             for name in stub_names(proto):

@@ -34,8 +34,9 @@ class _Loader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
-                                                  self.peek_event().start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -43,10 +44,10 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_int(self, node: Any) -> Any:
         digits = sum(ch.isdigit() for ch in str(node.value))
         if digits > MAX_INT_DIGITS:
-            raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits (at most "
-                                                    f"{MAX_INT_DIGITS})", node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"an integer of {digits} digits (at most {MAX_INT_DIGITS})", node.start_mark
+            )
         return super().construct_yaml_int(node)
-
 
     def construct_timestamp_text(self, node: Any) -> str:
         return str(node.value)  # as Kubernetes' YAML-to-JSON does: a timestamp stays its text
@@ -100,4 +101,6 @@ def decode_utf8(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise YamlInputError(f"{source}: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+        raise YamlInputError(
+            f"{source}: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r})"
+        ) from None

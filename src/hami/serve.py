@@ -37,17 +37,17 @@ from typing import Any, Awaitable, Callable, Iterable
 from aiohttp import web
 
 log = logging.getLogger(__name__)
-HEAD_TIMEOUT = 30.0      # s: request line + headers, counted from connect or the previous answer
-BODY_TIMEOUT = 30.0      # s: the whole body, once the head is in
-MAX_CONNECTIONS = 512    # open connections per listener
+HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect or the previous answer
+BODY_TIMEOUT = 30.0  # s: the whole body, once the head is in
+MAX_CONNECTIONS = 512  # open connections per listener
 MAX_HEADER_BYTES = 8190  # one request line / header field
 MAX_HEADERS = 64
-LINGER = 1.0             # s spent reading a body nobody read before the connection is closed
-SMALL_BODY = 1024        # bytes: the body limit of a listener whose routes take no body
+LINGER = 1.0  # s spent reading a body nobody read before the connection is closed
+SMALL_BODY = 1024  # bytes: the body limit of a listener whose routes take no body
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -58,6 +58,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 # ---------------------------------------------------------------------------- connections
+
 
 class _Conn:
     __slots__ = ("transport", "since", "busy", "timer")
@@ -194,8 +195,16 @@ async def read_body(request: web.Request) -> bytes:
         raise answer from None
 
 
-async def start(app: web.Application, host: str | None, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                guard: ConnectionGuard | None = None, backlog: int = 128, dual_stack: bool = False) -> web.AppRunner:
+async def start(
+    app: web.Application,
+    host: str | None,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    guard: ConnectionGuard | None = None,
+    backlog: int = 128,
+    dual_stack: bool = False,
+) -> web.AppRunner:
     """Listen on ``host:port`` (``""`` or None: every address) with the guard and the limits;
     returns the runner (``cleanup()`` it; ``runner.addresses`` has the port bound for ``port=0``).
 
@@ -204,9 +213,16 @@ async def start(app: web.Application, host: str | None, port: int, *, ssl_contex
     if guarded not in app.middlewares:
         app.middlewares.insert(0, guarded)
     app[GUARD] = guard = guard or ConnectionGuard()
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEAD_TIMEOUT, auto_decompress=False,
-                           max_line_size=MAX_HEADER_BYTES, max_field_size=MAX_HEADER_BYTES, max_headers=MAX_HEADERS,
-                           lingering_time=LINGER)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=HEAD_TIMEOUT,
+        auto_decompress=False,
+        max_line_size=MAX_HEADER_BYTES,
+        max_field_size=MAX_HEADER_BYTES,
+        max_headers=MAX_HEADERS,
+        lingering_time=LINGER,
+    )
     await runner.setup()
     guard.install(runner.server)
     try:
@@ -224,10 +240,12 @@ async def start(app: web.Application, host: str | None, port: int, *, ssl_contex
 
 # ---------------------------------------------------------------------------- WSGI
 
+
 def wsgi_application(wsgi: Callable[..., Iterable[bytes]]) -> web.Application:
     """Every path and method handed to ``wsgi`` (called in a worker thread; bodies are not
     read): prometheus_client's ``make_wsgi_app`` keeps its exposition, content negotiation,
     ``name[]`` filter and gzip exactly as its own threaded server served them."""
+
     async def handle(request: web.Request) -> web.Response:
         environ = _environ(request)
         status, headers, body = await asyncio.to_thread(_call, wsgi, environ)
@@ -242,13 +260,23 @@ def wsgi_application(wsgi: Callable[..., Iterable[bytes]]) -> web.Application:
 def _environ(request: web.Request) -> dict[str, Any]:
     host, port = (request.transport.get_extra_info("sockname") or ("", 0))[:2] if request.transport else ("", 0)
     environ: dict[str, Any] = {
-        "REQUEST_METHOD": request.method, "SCRIPT_NAME": "", "PATH_INFO": request.path,
-        "QUERY_STRING": request.query_string, "SERVER_NAME": str(host), "SERVER_PORT": str(port),
+        "REQUEST_METHOD": request.method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": request.path,
+        "QUERY_STRING": request.query_string,
+        "SERVER_NAME": str(host),
+        "SERVER_PORT": str(port),
         "SERVER_PROTOCOL": f"HTTP/{request.version.major}.{request.version.minor}",
-        "REMOTE_ADDR": request.remote or "", "CONTENT_TYPE": request.headers.get("Content-Type", ""),
+        "REMOTE_ADDR": request.remote or "",
+        "CONTENT_TYPE": request.headers.get("Content-Type", ""),
         "CONTENT_LENGTH": request.headers.get("Content-Length", ""),
-        "wsgi.version": (1, 0), "wsgi.url_scheme": request.scheme, "wsgi.input": io.BytesIO(b""),
-        "wsgi.errors": sys.stderr, "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": request.scheme,
+        "wsgi.input": io.BytesIO(b""),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
     }
     for name, value in request.headers.items():
         key = "HTTP_" + name.upper().replace("-", "_")
@@ -275,6 +303,7 @@ def _call(wsgi: Callable[..., Iterable[bytes]], environ: dict[str, Any]) -> tupl
 
 
 # ---------------------------------------------------------------------------- TLS
+
 
 class CertReloader:
     """Keeps one SSLContext serving the current files: polls their mtime/size and reloads.

@@ -21,6 +21,7 @@ Claims:
   cuMemAlloc+cuMemFree pair, cuMemGetInfo, nvmlDeviceGetMemoryInfo (native/bench/bench_driver
   with BENCH_PTX=1) and a PyTorch x.add_(1) loop, with vs without the library (ratio).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "native" / "build" / "libvgpu.so"
 DRIVER = ROOT / "native" / "build" / "bench" / "bench_driver"
 MiB = 1 << 20
-SHARE_TOLERANCE = 10.0          # percentage points
-CONTEXT_SLACK_MIB = 1536        # PyTorch's CUDA context + cuBLAS workspace are charged too
+SHARE_TOLERANCE = 10.0  # percentage points
+CONTEXT_SLACK_MIB = 1536  # PyTorch's CUDA context + cuBLAS workspace are charged too
 
 
 @dataclass
@@ -77,14 +78,20 @@ def last_line(text: str, width: int = 100) -> str:
 
 # ---- verdicts (pure; unit-tested in tests/unit/test_gpu_check.py) ----
 
+
 def alloc_row(conf: str, limit: int, res: dict) -> Row:
     reached, total = res.get("reached", 0), res.get("total", 0)
-    ok = (res.get("err") == "OutOfMemoryError" and res.get("after") is True and total == limit
-          and limit - CONTEXT_SLACK_MIB * MiB <= reached <= limit)
-    measured = (f"{reached // MiB} MiB, then {res.get('err') or 'no error'}; total {total // MiB} MiB; "
-                f"usable after: {'yes' if res.get('after') else 'no'}")
-    return Row(f"PyTorch alloc to limit ({conf})", measured,
-               f"<= {limit // MiB} MiB, OutOfMemoryError, usable", ok)
+    ok = (
+        res.get("err") == "OutOfMemoryError"
+        and res.get("after") is True
+        and total == limit
+        and limit - CONTEXT_SLACK_MIB * MiB <= reached <= limit
+    )
+    measured = (
+        f"{reached // MiB} MiB, then {res.get('err') or 'no error'}; total {total // MiB} MiB; "
+        f"usable after: {'yes' if res.get('after') else 'no'}"
+    )
+    return Row(f"PyTorch alloc to limit ({conf})", measured, f"<= {limit // MiB} MiB, OutOfMemoryError, usable", ok)
 
 
 def smi_row(limit: int, csv: str) -> Row:
@@ -93,21 +100,35 @@ def smi_row(limit: int, csv: str) -> Row:
         total = int(first.split(",")[0])
     except ValueError:
         total = -1
-    return Row("nvidia-smi in limited process", f"memory.total {total} MiB" if total >= 0 else f"unparsed: {first!r}",
-               f"{limit // MiB} MiB", total == limit // MiB)
+    return Row(
+        "nvidia-smi in limited process",
+        f"memory.total {total} MiB" if total >= 0 else f"unparsed: {first!r}",
+        f"{limit // MiB} MiB",
+        total == limit // MiB,
+    )
 
 
 def share_row(name: str, target: int, measured: float) -> Row:
-    return Row(name, f"{measured:.1f} %", f"{target} % +-{SHARE_TOLERANCE:.0f}", abs(measured - target) <= SHARE_TOLERANCE)
+    return Row(
+        name, f"{measured:.1f} %", f"{target} % +-{SHARE_TOLERANCE:.0f}", abs(measured - target) <= SHARE_TOLERANCE
+    )
 
 
-def overhead_row(name: str, without_ns: float, with_ns: float, max_added_ns: float, max_ratio: float,
-                 cpu: tuple[float, float] | None = None) -> Row:
+def overhead_row(
+    name: str,
+    without_ns: float,
+    with_ns: float,
+    max_added_ns: float,
+    max_ratio: float,
+    cpu: tuple[float, float] | None = None,
+) -> Row:
     """Wall time without vs with libvgpu; `cpu` = the same in thread CPU time, when measured.
     Passes when the added cost is within either bound, on either clock (CPU time is not
     inflated by time spent descheduled; wall time is what the application waits)."""
+
     def fits(a: float, b: float) -> bool:
         return b - a <= max_added_ns or b / a <= max_ratio
+
     added, ratio = with_ns - without_ns, with_ns / without_ns
     measured = f"{without_ns:.0f} -> {with_ns:.0f} ns (x{ratio:.2f}, {added:+.0f} ns)"
     ok = fits(without_ns, with_ns)
@@ -120,13 +141,19 @@ def overhead_row(name: str, without_ns: float, with_ns: float, max_added_ns: flo
 def discovery_row(smi_gpus: list[dict], plugin: dict) -> Row:
     found = {g["uuid"]: g["memoryMiB"] for g in plugin.get("gpus", [])}
     want = {g["uuid"]: g["memoryMiB"] for g in smi_gpus}
-    return Row("device plugin discovery (real NVML)", f"{len(found)} GPU(s): " + ", ".join(sorted(found)),
-               f"{len(want)} GPU(s), same UUIDs and MiB", found == want and bool(want))
+    return Row(
+        "device plugin discovery (real NVML)",
+        f"{len(found)} GPU(s): " + ", ".join(sorted(found)),
+        f"{len(want)} GPU(s), same UUIDs and MiB",
+        found == want and bool(want),
+    )
 
 
 def render(rows: list[Row]) -> str:
-    w = [max(len(h), *(len(getattr(r, f)) for r in rows)) for h, f in
-         (("claim", "claim"), ("measured", "measured"), ("target", "target"))]
+    w = [
+        max(len(h), *(len(getattr(r, f)) for r in rows))
+        for h, f in (("claim", "claim"), ("measured", "measured"), ("target", "target"))
+    ]
     out = [f"{'claim':<{w[0]}}  {'measured':<{w[1]}}  {'target':<{w[2]}}  result"]
     out += [f"{r.claim:<{w[0]}}  {r.measured:<{w[1]}}  {r.target:<{w[2]}}  {'PASS' if r.ok else 'FAIL'}" for r in rows]
     return "\n".join(out)
@@ -189,26 +216,58 @@ class Checker:
     def __init__(self, args: argparse.Namespace, tmp: Path):
         self.a, self.tmp, self.n = args, tmp, 0
         self.limit = args.limit_mib * MiB
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF"))}
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_DEVICE_", "LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF"))
+        }
 
-    def hexec(self, cmd: list[str], gpumem: str | None = None, extra: list[str] = (), env: dict | None = None,
-              **kw) -> subprocess.CompletedProcess:
+    def hexec(
+        self, cmd: list[str], gpumem: str | None = None, extra: list[str] = (), env: dict | None = None, **kw
+    ) -> subprocess.CompletedProcess:
         self.n += 1
-        argv = [sys.executable, "-m", "hami", "exec", "--gpumem", gpumem or f"{self.a.limit_mib}m",
-                "--lib", str(LIB), "--cache", str(self.tmp / f"{self.n}.cache"), *extra, "--", *cmd]
+        argv = [
+            sys.executable,
+            "-m",
+            "hami",
+            "exec",
+            "--gpumem",
+            gpumem or f"{self.a.limit_mib}m",
+            "--lib",
+            str(LIB),
+            "--cache",
+            str(self.tmp / f"{self.n}.cache"),
+            *extra,
+            "--",
+            *cmd,
+        ]
         return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, timeout=self.a.timeout, **kw)
 
     def discovery(self) -> list[Row]:
-        smi = subprocess.run([self.a.nvidia_smi, "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+        smi = subprocess.run(
+            [self.a.nvidia_smi, "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
         gpus = [{"uuid": u.strip(), "memoryMiB": int(m)} for u, m in (ln.split(",") for ln in smi.strip().splitlines())]
-        p = subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run"],
-                           env=dict(self.env, NODE_NAME=os.environ.get("NODE_NAME", os.uname().nodename)),
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, "-m", "hami", "device-plugin", "--dry-run"],
+            env=dict(self.env, NODE_NAME=os.environ.get("NODE_NAME", os.uname().nodename)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if p.returncode != 0:
-            return [Row("device plugin discovery (real NVML)", f"exit {p.returncode}: {last_line(p.stderr)}",
-                        "all GPUs", False)]
+            return [
+                Row(
+                    "device plugin discovery (real NVML)",
+                    f"exit {p.returncode}: {last_line(p.stderr)}",
+                    "all GPUs",
+                    False,
+                )
+            ]
         return [discovery_row(gpus, json.loads(p.stdout))]
 
     def alloc(self) -> list[Row]:
@@ -246,15 +305,31 @@ class Checker:
         cmd = [self.a.torch_python, "-c", SHARE_WORKER, str(self.a.seconds), "2"]
         if cores is not None:
             self.n += 1
-            cmd = [sys.executable, "-m", "hami", "exec", "--gpumem", "1T", "--gpucores", str(cores),
-                   *(["--core-policy", policy] if policy else []), "--lib", str(LIB),
-                   "--cache", str(self.tmp / f"{self.n}.cache"), "--", *cmd]
+            cmd = [
+                sys.executable,
+                "-m",
+                "hami",
+                "exec",
+                "--gpumem",
+                "1T",
+                "--gpucores",
+                str(cores),
+                *(["--core-policy", policy] if policy else []),
+                "--lib",
+                str(LIB),
+                "--cache",
+                str(self.tmp / f"{self.n}.cache"),
+                "--",
+                *cmd,
+            ]
         return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def share(self) -> list[Row]:
         base = self._rate(self._worker(None))
-        rows = [share_row(f"compute share {c} % alone", c, self._rate(self._worker(c, "force")) / base * 100)
-                for c in (10, 30, 50, 70, 90)]
+        rows = [
+            share_row(f"compute share {c} % alone", c, self._rate(self._worker(c, "force")) / base * 100)
+            for c in (10, 30, 50, 70, 90)
+        ]
         pair = [(c, self._worker(c)) for c in (30, 70)]
         try:
             rows += [share_row(f"compute share {c} % (30/70 together)", c, self._rate(p) / base * 100) for c, p in pair]
@@ -267,14 +342,24 @@ class Checker:
 
     def overhead(self) -> list[Row]:
         plain = dict(self.env, BENCH_PTX="1")
-        lib = dict(plain, LD_PRELOAD=str(LIB), CUDA_DEVICE_MEMORY_LIMIT=f"{self.a.limit_mib}m",
-                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.tmp / "overhead.cache"), LIBCUDA_LOG_LEVEL="0")
+        lib = dict(
+            plain,
+            LD_PRELOAD=str(LIB),
+            CUDA_DEVICE_MEMORY_LIMIT=f"{self.a.limit_mib}m",
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.tmp / "overhead.cache"),
+            LIBCUDA_LOG_LEVEL="0",
+        )
         best: dict[str, dict[str, float]] = {"without": {}, "with": {}}
         for _ in range(3):
             for name, env in (("without", plain), ("with", lib)):
                 try:
-                    p = subprocess.run([str(DRIVER), "all", str(self.a.overhead_n), "3"], env=env, capture_output=True,
-                                       text=True, timeout=self.a.timeout)
+                    p = subprocess.run(
+                        [str(DRIVER), "all", str(self.a.overhead_n), "3"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=self.a.timeout,
+                    )
                 except subprocess.TimeoutExpired as e:
                     raise RuntimeError(f"bench_driver ({name} libvgpu) {hung(e)}") from None
                 if p.returncode != 0:
@@ -283,12 +368,15 @@ class Checker:
                 for k, v in (kv.split("=") for kv in out.split()):
                     best[name][k] = min(best[name].get(k, float(v)), float(v))
         w, o = best["without"], best["with"]
-        ops = [("cuLaunchKernel (empty kernel)", "launch_ns", 50, 1.05),
-               ("cuMemAlloc+cuMemFree 1 MiB", "alloc_free_ns", 500, 1.10),
-               ("cuMemGetInfo_v2", "meminfo_ns", 500, 1.10),
-               ("nvmlDeviceGetMemoryInfo", "nvml_meminfo_ns", 500, 1.10)]
-        return [overhead_row(label, w[k], o[k], add, ratio, (w[f"cpu_{k}"], o[f"cpu_{k}"]))
-                for label, k, add, ratio in ops]
+        ops = [
+            ("cuLaunchKernel (empty kernel)", "launch_ns", 50, 1.05),
+            ("cuMemAlloc+cuMemFree 1 MiB", "alloc_free_ns", 500, 1.10),
+            ("cuMemGetInfo_v2", "meminfo_ns", 500, 1.10),
+            ("nvmlDeviceGetMemoryInfo", "nvml_meminfo_ns", 500, 1.10),
+        ]
+        return [
+            overhead_row(label, w[k], o[k], add, ratio, (w[f"cpu_{k}"], o[f"cpu_{k}"])) for label, k, add, ratio in ops
+        ]
 
     def torch_loop(self) -> list[Row]:
         loop: dict[str, list[float]] = {"without": [], "with": []}
@@ -296,8 +384,11 @@ class Checker:
             for name in loop:
                 cmd = [self.a.torch_python, "-c", LOOP_PROBE]
                 try:
-                    p = (self.hexec(cmd) if name == "with" else
-                         subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=self.a.timeout))
+                    p = (
+                        self.hexec(cmd)
+                        if name == "with"
+                        else subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=self.a.timeout)
+                    )
                 except subprocess.TimeoutExpired as e:
                     raise RuntimeError(f"loop probe ({name} libvgpu) {hung(e)}") from None
                 if p.returncode != 0:
@@ -311,14 +402,21 @@ CHECKS = ("discovery", "alloc", "smi", "share", "overhead", "torch_loop")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one-table real-GPU check of hami's claims")
-    ap.add_argument("--torch-python", default=os.environ.get("GPU_CHECK_PYTHON", sys.executable),
-                    help="a Python with PyTorch (scripts/gpu-check.sh makes one)")
+    ap.add_argument(
+        "--torch-python",
+        default=os.environ.get("GPU_CHECK_PYTHON", sys.executable),
+        help="a Python with PyTorch (scripts/gpu-check.sh makes one)",
+    )
     ap.add_argument("--nvidia-smi", default=os.environ.get("NVIDIA_SMI", "nvidia-smi"))
     ap.add_argument("--limit-mib", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=8.0, help="run time per compute-share measurement")
     ap.add_argument("--overhead-n", type=int, default=5000, help="bench_driver iterations (N pairs, 4N launches)")
-    ap.add_argument("--timeout", type=float, default=120.0,
-                    help="seconds one probe process may run; past it the probe is killed and its row FAILs as hung")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds one probe process may run; past it the probe is killed and its row FAILs as hung",
+    )
     ap.add_argument("--only", default="", help="comma list of checks: " + ",".join(CHECKS))
     args = ap.parse_args(argv)
     bad = [s for s in args.only.split(",") if s and s not in CHECKS]
@@ -340,10 +438,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in wanted:
             try:
                 rows += getattr(c, name)()
-            except Exception as e:   # one broken check must not hide the others' figures
+            except Exception as e:  # one broken check must not hide the others' figures
                 rows.append(Row(name, f"error: {type(e).__name__}: {last_line(e)}", "-", False))
-    gpu = subprocess.run([args.nvidia_smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    gpu = (
+        subprocess.run(
+            [args.nvidia_smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     print(f"hami gpu-check on {gpu[0] if gpu else 'GPU'} (limit {args.limit_mib} MiB, {time.time() - t0:.0f} s)")
     print(render(rows))
     failed = sum(not r.ok for r in rows)

@@ -45,34 +45,68 @@ def gpu_uuid(node: str, i: int) -> str:
     return f"GPU-{zlib.crc32(node.encode()):08x}-0000-4000-8000-{i:012d}"
 
 
-def gpu_devices(node: str, gpus: int = 8, mem: int = 16384, model: str = "NVIDIA-Tesla T4",
-                split: int = 10, numa_split: int = 4) -> list[DeviceInfo]:
-    return [DeviceInfo(id=gpu_uuid(node, i), index=i, count=split, devmem=mem, devcore=100, type=model,
-                       numa=i // numa_split, mode="hami-core", health=True) for i in range(gpus)]
+def gpu_devices(
+    node: str, gpus: int = 8, mem: int = 16384, model: str = "NVIDIA-Tesla T4", split: int = 10, numa_split: int = 4
+) -> list[DeviceInfo]:
+    return [
+        DeviceInfo(
+            id=gpu_uuid(node, i),
+            index=i,
+            count=split,
+            devmem=mem,
+            devcore=100,
+            type=model,
+            numa=i // numa_split,
+            mode="hami-core",
+            health=True,
+        )
+        for i in range(gpus)
+    ]
 
 
-def make_gpu_node(cluster: KubeCluster, name: str, gpus: int = 8, labels: dict | None = None, **kw: Any) -> list[DeviceInfo]:
+def make_gpu_node(
+    cluster: KubeCluster, name: str, gpus: int = 8, labels: dict | None = None, **kw: Any
+) -> list[DeviceInfo]:
     devices = gpu_devices(name, gpus, **kw)
     # what `hami device-plugin` registers (with its default --lock-release-delay, which
     # PluginStandIn mirrors): the devices, and that it leaves finished pods' locks to a swap
-    cluster.create_node(name, labels=labels, gpus=gpus, split_count=kw.get("split", 10),
-                        annotations={REGISTER: encode_node_devices_json(devices),
-                                     nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP})
+    cluster.create_node(
+        name,
+        labels=labels,
+        gpus=gpus,
+        split_count=kw.get("split", 10),
+        annotations={REGISTER: encode_node_devices_json(devices), nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP},
+    )
     return devices
 
 
-def gpu_pod(name: str, ns: str, *, gpus: int = 1, mem: int | None = None, cores: int | None = None,
-            annotations: dict | None = None, node_selector: dict | None = None, extra: dict | None = None) -> dict:
+def gpu_pod(
+    name: str,
+    ns: str,
+    *,
+    gpus: int = 1,
+    mem: int | None = None,
+    cores: int | None = None,
+    annotations: dict | None = None,
+    node_selector: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
     limits: dict[str, Any] = {"nvidia.com/gpu": gpus}
     if mem is not None:
         limits["nvidia.com/gpumem"] = mem
     if cores is not None:
         limits["nvidia.com/gpucores"] = cores
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
-           "spec": {"schedulerName": "hami-scheduler", "terminationGracePeriodSeconds": 0,
-                    "nodeSelector": node_selector or {},
-                    "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": node_selector or {},
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        },
+    }
     for k, v in (extra or {}).items():
         pod["spec"][k] = v
     return pod
@@ -91,17 +125,34 @@ class KeepAliveApi:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = http.client.HTTPSConnection(
-                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=self.cluster.token_context(), timeout=60)
+                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=self.cluster.token_context(), timeout=60
+            )
         return conn
 
-    def __call__(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                 expect: tuple[int, ...] = (200, 201, 202), accept: str = "application/json") -> Any:
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        expect: tuple[int, ...] = (200, 201, 202),
+        accept: str = "application/json",
+    ) -> Any:
         payload = None if body is None else json.dumps(body).encode()
         for attempt in (0, 1):
             conn = self._conn()
             try:
-                conn.request(method, path, body=payload, headers={"Content-Type": content_type, "Accept": accept,
-                                                                  "Authorization": f"Bearer {self.cluster.component_token}"})
+                conn.request(
+                    method,
+                    path,
+                    body=payload,
+                    headers={
+                        "Content-Type": content_type,
+                        "Accept": accept,
+                        "Authorization": f"Bearer {self.cluster.component_token}",
+                    },
+                )
                 resp = conn.getresponse()
                 text = resp.read().decode(errors="replace")
                 break
@@ -118,8 +169,9 @@ class KeepAliveApi:
 class SchedulerProcess:
     """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
 
-    def __init__(self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True,
-                 loopback: bool = False) -> None:
+    def __init__(
+        self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True, loopback: bool = False
+    ) -> None:
         self.cluster = cluster
         self.port = port or free_port()
         # loopback: also --extender-bind (plain HTTP), which extender() then points kube-scheduler at
@@ -137,10 +189,18 @@ class SchedulerProcess:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self, wait_ready: bool = True) -> "SchedulerProcess":
-        argv = [sys.executable, "-m", "hami", "scheduler", f"--kubeconfig={self.cluster.components_kubeconfig}",
-                f"--http_bind=127.0.0.1:{self.port}", f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
-                "--resync-interval=1s", "--node-lock-retry-timeout=20s",
-                *self.extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "hami",
+            "scheduler",
+            f"--kubeconfig={self.cluster.components_kubeconfig}",
+            f"--http_bind=127.0.0.1:{self.port}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--resync-interval=1s",
+            "--node-lock-retry-timeout=20s",
+            *self.extra,
+        ]
         if self.tls:
             argv += [f"--cert_file={self.cert}", f"--key_file={self.key}"]
         if self.loopback_port:
@@ -151,8 +211,7 @@ class SchedulerProcess:
         self.log = open(self.log_path, "ab")
         if threading.current_thread() is threading.main_thread():
             argv = die_with_parent(argv)  # no scheduler outlives a killed test session
-        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         if wait_ready:
             self.wait_ready()
         return self
@@ -213,8 +272,9 @@ class PluginStandIn:
     concurrently (one lock per node serialises each node anyway).
     """
 
-    def __init__(self, cluster: KubeCluster, nodes: set[str] | None = None, workers: int = 8,
-                 release_delay: float = 1.0) -> None:
+    def __init__(
+        self, cluster: KubeCluster, nodes: set[str] | None = None, workers: int = 8, release_delay: float = 1.0
+    ) -> None:
         self.cluster = cluster
         self.nodes = nodes
         # as `hami device-plugin --lock-release-delay` (allocator.py): a served pod's lock is left for
@@ -297,11 +357,16 @@ class PluginStandIn:
 
     def _watch(self, rv: str) -> str | None:
         ctx = self.cluster.token_context()
-        self._conn = conn = http.client.HTTPSConnection("127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx,
-                                                        timeout=120)
+        self._conn = conn = http.client.HTTPSConnection(
+            "127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx, timeout=120
+        )
         try:
-            conn.request("GET", f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}"
-                                f"&fieldSelector={BOUND}", headers={"Authorization": f"Bearer {self.cluster.component_token}"})
+            conn.request(
+                "GET",
+                f"/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=60&resourceVersion={rv}"
+                f"&fieldSelector={BOUND}",
+                headers={"Authorization": f"Bearer {self.cluster.component_token}"},
+            )
             resp = conn.getresponse()
             if resp.status != 200:
                 return None
@@ -328,7 +393,11 @@ class PluginStandIn:
         self._remember(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         ann = (pod.get("metadata") or {}).get("annotations") or {}
-        if not node or ann.get("hami.io/bind-phase") != "allocating" or (self.nodes is not None and node not in self.nodes):
+        if (
+            not node
+            or ann.get("hami.io/bind-phase") != "allocating"
+            or (self.nodes is not None and node not in self.nodes)
+        ):
             return
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         with self._mutex:
@@ -350,9 +419,12 @@ class PluginStandIn:
         than the node, bound here, allocating: the plugin's rule, PodCache.usable), else read."""
         with self._mutex:
             copy = self._pods.get(f"{namespace}/{name}")
-        if copy is not None and newer_than(copy["metadata"].get("resourceVersion"), node["metadata"].get("resourceVersion")) \
-                and copy["spec"].get("nodeName") == node["metadata"]["name"] \
-                and (copy["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating":
+        if (
+            copy is not None
+            and newer_than(copy["metadata"].get("resourceVersion"), node["metadata"].get("resourceVersion"))
+            and copy["spec"].get("nodeName") == node["metadata"]["name"]
+            and (copy["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating"
+        ):
             return copy
         return self.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
 
@@ -401,10 +473,17 @@ class PluginStandIn:
             self._release(name, raw)
         with self._mutex:
             self._pods.pop(f"{lock.namespace}/{lock.name}", None)  # as PodCache.forget on the plugin's own write
-        self.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
-                 {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"},
-                               "labels": {"hami.io/vgpu-node": name}}},
-                 content_type=MERGE)
+        self.api(
+            "PATCH",
+            f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
+            {
+                "metadata": {
+                    "annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"},
+                    "labels": {"hami.io/vgpu-node": name},
+                }
+            },
+            content_type=MERGE,
+        )
         if self.release_delay:
             with self._deferred_wake:
                 if name not in self._deferred or self._deferred[name][2] < serve:
@@ -415,8 +494,13 @@ class PluginStandIn:
     def _release(self, node: str, value: str) -> None:
         """The plugin's release (src/hami/deviceplugin/kube.py): remove the lock only while it still
         holds ``value``, in one atomic JSON patch; a changed lock (already taken over) is left."""
-        self.api("PATCH", f"/api/v1/nodes/{node}", nodelock.swap_patch(nodelock.NODE_LOCK, value, None),
-                 content_type="application/json-patch+json", expect=(200, 409, 422))
+        self.api(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            nodelock.swap_patch(nodelock.NODE_LOCK, value, None),
+            content_type="application/json-patch+json",
+            expect=(200, 409, 422),
+        )
 
 
 WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -424,17 +508,36 @@ WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigur
 
 def register_webhook(cluster: KubeCluster, url: str, name: str, label: str) -> None:
     """Send pod CREATEs in namespaces labelled ``<label>: on`` to our webhook at ``<url>/webhook``."""
-    cluster.api("POST", WEBHOOK_CONFIGS, {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "vgpu.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Fail", "timeoutSeconds": 10, "reinvocationPolicy": "Never",
-            "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                       "scope": "*"}],
-            "namespaceSelector": {"matchLabels": {label: "on"}},
-        }]})
+    cluster.api(
+        "POST",
+        WEBHOOK_CONFIGS,
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": "vgpu.hami.io",
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 10,
+                    "reinvocationPolicy": "Never",
+                    "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["pods"],
+                            "scope": "*",
+                        }
+                    ],
+                    "namespaceSelector": {"matchLabels": {label: "on"}},
+                }
+            ],
+        },
+    )
 
 
 def delete_webhook(cluster: KubeCluster, name: str) -> None:
@@ -446,8 +549,9 @@ def label_namespace(cluster: KubeCluster, ns: str, label: str) -> None:
     cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {label: "on"}}}, content_type=MERGE)
 
 
-def wait_webhook_routes(cluster: KubeCluster, ns: str, pod: dict, scheduler: str = "hami-scheduler",
-                        timeout: float = 30.0) -> None:
+def wait_webhook_routes(
+    cluster: KubeCluster, ns: str, pod: dict, scheduler: str = "hami-scheduler", timeout: float = 30.0
+) -> None:
     """Wait until the webhook routes ``pod`` in ``ns`` to ``scheduler`` (dry-run creates).
 
     A webhook configuration, and the namespace label its selector reads, reach the API
@@ -455,8 +559,12 @@ def wait_webhook_routes(cluster: KubeCluster, ns: str, pod: dict, scheduler: str
     admitted unmutated, keep ``default-scheduler`` and never reach our scheduler.
     """
     path = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
-    cluster.wait_for(lambda: cluster.api("POST", path, pod)["spec"].get("schedulerName") == scheduler,
-                     f"the webhook routing pods of {ns} to {scheduler}", timeout, interval=0.2)
+    cluster.wait_for(
+        lambda: cluster.api("POST", path, pod)["spec"].get("schedulerName") == scheduler,
+        f"the webhook routing pods of {ns} to {scheduler}",
+        timeout,
+        interval=0.2,
+    )
 
 
 def pods(cluster: KubeCluster, ns: str) -> list[dict]:

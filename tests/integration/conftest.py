@@ -44,6 +44,7 @@ _state: dict[str, object] = {}
 def _sigterm_as_interrupt() -> None:
     """Turn SIGTERM into KeyboardInterrupt so fixtures tear down and no process is left behind."""
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
         def _raise(*_: object) -> None:
             raise KeyboardInterrupt("SIGTERM")
 

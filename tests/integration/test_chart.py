@@ -67,25 +67,44 @@ NON_DEFAULT_VALUES = {
 NON_DEFAULT = ["-f", "<written by the helm fixture>"]
 
 # Minimal CRDs so the server can dry-run the optional kinds (schema left open on purpose).
-CRDS = [("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
-        ("cert-manager.io", "Issuer", "issuers"), ("cert-manager.io", "Certificate", "certificates")]
+CRDS = [
+    ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+    ("cert-manager.io", "Issuer", "issuers"),
+    ("cert-manager.io", "Certificate", "certificates"),
+]
 
 
 def _crd(group: str, kind: str, plural: str) -> dict:
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.{group}"},
-            "spec": {"group": group, "scope": "Namespaced",
-                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-                     "versions": [{"name": "v1", "served": True, "storage": True,
-                                   "schema": {"openAPIV3Schema": {"type": "object",
-                                                                  "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
+        },
+    }
 
 
 @pytest.fixture(scope="module")
 def helm(kube_cluster, tmp_path_factory):
     home = tmp_path_factory.mktemp("helm")
-    env = {**os.environ, **kube_cluster.env(), "HELM_CACHE_HOME": str(home / "cache"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    env = {
+        **os.environ,
+        **kube_cluster.env(),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
     binary = str(kube_cluster.binaries["helm"])
     NON_DEFAULT[1] = str(home / "non-default-values.yaml")
     Path(NON_DEFAULT[1]).write_text(yaml.safe_dump(NON_DEFAULT_VALUES))
@@ -103,14 +122,28 @@ def helm(kube_cluster, tmp_path_factory):
 def crds(kube_cluster):
     for group, kind, plural in CRDS:
         name = f"{plural}.{group}"
-        kube_cluster.api("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _crd(group, kind, plural),
-                         expect=(201, 409))
+        kube_cluster.api(
+            "POST",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            _crd(group, kind, plural),
+            expect=(201, 409),
+        )
         kube_cluster.wait_for(
-            lambda: any(c.get("type") == "Established" and c.get("status") == "True" for c in
-                        (kube_cluster.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-                         .get("status", {}).get("conditions") or [])), f"CRD {name}")
-    kube_cluster.wait_for(lambda: kube_cluster.kubectl("get", "servicemonitors", "-A", check=False).returncode == 0,
-                          "ServiceMonitor served")
+            lambda: any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (
+                    kube_cluster.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                    .get("status", {})
+                    .get("conditions")
+                    or []
+                )
+            ),
+            f"CRD {name}",
+        )
+    kube_cluster.wait_for(
+        lambda: kube_cluster.kubectl("get", "servicemonitors", "-A", check=False).returncode == 0,
+        "ServiceMonitor served",
+    )
 
 
 def test_helm_lint(helm):
@@ -128,8 +161,18 @@ def _render(helm, ns: str, *values: str) -> list[dict]:
 def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kube_namespace, values):
     docs = _render(helm, kube_namespace, *values)
     kinds = sorted({d["kind"] for d in docs})
-    expected = {"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Deployment",
-                "MutatingWebhookConfiguration", "Role", "RoleBinding", "Service", "ServiceAccount"}
+    expected = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    }
     assert expected <= set(kinds), kinds
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
@@ -165,25 +208,39 @@ def test_over_https_kube_scheduler_presents_a_client_certificate_of_its_own_ca(h
     certificate signed by it, each container mounting only what it needs."""
     from cryptography import x509
 
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", "--set", "scheduler.extender.loopbackPort=0")}
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in _render(helm, "gpu", "--set", "scheduler.extender.loopbackPort=0")
+    }
     pod = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
     ks, ext = pod["containers"]
     assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext["command"]
     assert not any(a.startswith("--extender-bind") for a in ext["command"])
     extender = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]
     assert extender["urlPrefix"] == "https://127.0.0.1:9443" and extender["enableHTTPS"] is True
-    assert extender["tlsConfig"] == {"caFile": "/extender-tls/ca.crt", "certFile": "/extender-client/tls.crt",
-                                     "keyFile": "/extender-client/tls.key"}
+    assert extender["tlsConfig"] == {
+        "caFile": "/extender-tls/ca.crt",
+        "certFile": "/extender-client/tls.crt",
+        "keyFile": "/extender-client/tls.key",
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = lambda c: {m["name"]: m["mountPath"] for m in c["volumeMounts"]}  # noqa: E731
     assert mounts(ks)["extender-client"] == "/extender-client" and mounts(ks)["extender-tls-ca"] == "/extender-tls"
     assert mounts(ext)["extender-client-ca"] == "/extender-client-ca" and "extender-client" not in mounts(ext)
     assert volumes["extender-client-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
-    assert volumes["extender-tls-ca"]["secret"] == {"secretName": "hami-scheduler-tls",
-                                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}
-    client = {k: __import__("base64").b64decode(v) for k, v in docs[("Secret", "hami-scheduler-extender-client")]["data"].items()}
+    assert volumes["extender-tls-ca"]["secret"] == {
+        "secretName": "hami-scheduler-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    client = {
+        k: __import__("base64").b64decode(v)
+        for k, v in docs[("Secret", "hami-scheduler-extender-client")]["data"].items()
+    }
     serving = __import__("base64").b64decode(docs[("Secret", "hami-scheduler-tls")]["data"]["ca.crt"])
-    cert, client_ca = x509.load_pem_x509_certificate(client["tls.crt"]), x509.load_pem_x509_certificate(client["ca.crt"])
+    cert, client_ca = (
+        x509.load_pem_x509_certificate(client["tls.crt"]),
+        x509.load_pem_x509_certificate(client["ca.crt"]),
+    )
     assert cert.issuer == client_ca.subject and client_ca.subject != x509.load_pem_x509_certificate(serving).subject
     cert.verify_directly_issued_by(client_ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -193,8 +250,12 @@ def test_over_https_kube_scheduler_presents_a_client_certificate_of_its_own_ca(h
 def test_the_scheduler_has_no_cluster_wide_pod_patch_unless_decision_write_filter(helm):
     def pod_verbs(values: list[str]) -> tuple[set, set]:
         docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", *values)}
-        verbs = lambda kind: {v for r in docs[(kind, "hami-scheduler")]["rules"]  # noqa: E731
-                              if "pods" in r["resources"] for v in r["verbs"]}
+        verbs = lambda kind: {
+            v
+            for r in docs[(kind, "hami-scheduler")]["rules"]  # noqa: E731
+            if "pods" in r["resources"]
+            for v in r["verbs"]
+        }
         return verbs("ClusterRole"), verbs("Role")
 
     cluster, namespaced = pod_verbs([])
@@ -206,8 +267,11 @@ def test_the_scheduler_has_no_cluster_wide_pod_patch_unless_decision_write_filte
 def test_the_web_ui_is_served_and_exposed_only_when_enabled(helm):
     """scheduler.ui: off by default (no --ui-bind, no port, no Service); on, a ClusterIP Service
     of its own selecting the leader, never the webhook's port."""
+
     def scheduler_parts(docs):
-        dep = next(d for d in docs.values() if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-scheduler"))
+        dep = next(
+            d for d in docs.values() if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-scheduler")
+        )
         ctr = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
         return ctr["command"], {p["name"]: p["containerPort"] for p in ctr.get("ports", [])}
 
@@ -241,8 +305,9 @@ def test_non_default_values_are_honoured(helm):
     assert ("Certificate", "hami-scheduler-serving") in docs and ("Secret", "hami-scheduler-tls") not in docs
     hook = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"][0]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:31998/webhook" and "caBundle" not in hook["clientConfig"]
-    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "monitoring"]} in \
-        hook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "monitoring"]} in hook[
+        "namespaceSelector"
+    ]["matchExpressions"]
     deploy = docs[("Deployment", "hami-scheduler")]
     assert deploy["spec"]["replicas"] == 1  # replicas only count with leader election
     ext = deploy["spec"]["template"]["spec"]["containers"][1]
@@ -254,9 +319,11 @@ def test_non_default_values_are_honoured(helm):
     # loopbackPort 0: kube-scheduler calls the extender over https, as HAMi (cert-manager: CA unknown)
     assert sched_cfg["extenders"][0]["urlPrefix"] == "https://127.0.0.1:9443"
     assert sched_cfg["extenders"][0]["enableHTTPS"] is True
-    assert sched_cfg["extenders"][0]["tlsConfig"] == {"caFile": "/extender-tls/ca.crt",
-                                                      "certFile": "/extender-client/tls.crt",
-                                                      "keyFile": "/extender-client/tls.key"}
+    assert sched_cfg["extenders"][0]["tlsConfig"] == {
+        "caFile": "/extender-tls/ca.crt",
+        "certFile": "/extender-client/tls.crt",
+        "keyFile": "/extender-client/tls.key",
+    }
     assert not any(a.startswith("--extender-bind") for a in ext["command"])
     # mTLS with cert-manager: a client CA of kube-scheduler's own, its Issuer, the client certificate
     assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext["command"]
@@ -264,10 +331,13 @@ def test_non_default_values_are_honoured(helm):
     assert client["issuerRef"] == {"name": "hami-scheduler-extender-client-ca"} and "client auth" in client["usages"]
     assert client["secretName"] == "hami-scheduler-extender-client"
     assert docs[("Issuer", "hami-scheduler-extender-client-ca")]["spec"] == {
-        "ca": {"secretName": "hami-scheduler-extender-client-ca"}}
+        "ca": {"secretName": "hami-scheduler-extender-client-ca"}
+    }
     client_ca = docs[("Certificate", "hami-scheduler-extender-client-ca")]["spec"]
     assert client_ca["isCA"] is True and client_ca["duration"] == "87600h"  # scheduler.tls.validityDays
-    assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0]["managedResources"]
+    assert {"name": "nvidia.com/gpu-memory", "ignoredByScheduler": True} in sched_cfg["extenders"][0][
+        "managedResources"
+    ]
     device = yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])
     assert device["nvidia"]["resourceMemoryName"] == "nvidia.com/gpu-memory"
     node_cfg = json.loads(docs[("ConfigMap", "hami-device-plugin")]["data"]["config.json"])
@@ -284,8 +354,9 @@ def test_non_default_values_are_honoured(helm):
 
 
 def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
-    text = (CHART / "templates" / "scheduler" / "rbac.yaml").read_text() + \
-        (CHART / "templates" / "device-plugin" / "rbac.yaml").read_text()
+    text = (CHART / "templates" / "scheduler" / "rbac.yaml").read_text() + (
+        CHART / "templates" / "device-plugin" / "rbac.yaml"
+    ).read_text()
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.strip().startswith("- apiGroups:"):
@@ -293,9 +364,12 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
     docs = _render(helm, "gpu")
     for d in docs:
         for rule in d.get("rules") or ():
-            assert "*" not in rule.get("verbs", []) and "*" not in rule.get("resources", []), (d["metadata"]["name"], rule)
+            assert "*" not in rule.get("verbs", []) and "*" not in rule.get("resources", []), (
+                d["metadata"]["name"],
+                rule,
+            )
             assert "secrets" not in rule.get("resources", []), (d["metadata"]["name"], rule)
-        for c in (d.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or ()):
+        for c in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or ():
             sc = c.get("securityContext") or {}
             assert not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, c["name"]
             assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
@@ -308,10 +382,26 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
 
 
 def _gpu_node(kube_cluster, name: str) -> list[DeviceInfo]:
-    devices = [DeviceInfo(id=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}-{i}')}", index=i, count=10, devmem=16384,
-                          devcore=100, type="NVIDIA-Tesla T4", numa=0, mode="hami-core", health=True) for i in range(2)]
-    kube_cluster.create_node(name, gpus=2, labels={"gpu": "on"},
-                             annotations={"hami.io/node-nvidia-register": encode_node_devices_json(devices)})
+    devices = [
+        DeviceInfo(
+            id=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{name}-{i}')}",
+            index=i,
+            count=10,
+            devmem=16384,
+            devcore=100,
+            type="NVIDIA-Tesla T4",
+            numa=0,
+            mode="hami-core",
+            health=True,
+        )
+        for i in range(2)
+    ]
+    kube_cluster.create_node(
+        name,
+        gpus=2,
+        labels={"gpu": "on"},
+        annotations={"hami.io/node-nvidia-register": encode_node_devices_json(devices)},
+    )
     return devices
 
 
@@ -321,8 +411,13 @@ class _Procs:
 
     def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "ab")
-        proc = subprocess.Popen(die_with_parent(argv), env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            die_with_parent(argv),
+            env={**os.environ, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append((name, proc, log))
         return proc
 
@@ -341,8 +436,9 @@ class _Procs:
             log.close()
 
 
-def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port: int, metrics_port: int,
-                   loopback: int) -> list[str]:
+def _extender_argv(
+    deploy: dict, files: dict[str, Path], kubeconfig: Path, port: int, metrics_port: int, loopback: int
+) -> list[str]:
     """The Deployment's extender command, with in-pod paths mapped to local files."""
     ext = next(c for c in deploy["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
     assert ext["command"][:2] == ["hami", "scheduler"]
@@ -362,8 +458,9 @@ def _extender_argv(deploy: dict, files: dict[str, Path], kubeconfig: Path, port:
 
 
 def _post(url: str, context: ssl.SSLContext, body: dict) -> int:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                                 method="POST")
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
     try:
         with urllib.request.urlopen(req, context=context, timeout=10) as resp:
             return resp.status
@@ -372,8 +469,9 @@ def _post(url: str, context: ssl.SSLContext, body: dict) -> int:
 
 
 @pytest.mark.parametrize("https_extender", [False, True], ids=["loopback-extender", "mtls-extender"])
-def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, helm, kube_namespace, tmp_path,
-                                                                 https_extender):
+def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(
+    kube_cluster, helm, kube_namespace, tmp_path, https_extender
+):
     """The chart's default (kube-scheduler calls the extender on the pod's loopback; the Service's
     https port answers 404 to /filter and /bind) and loopbackPort 0 (kube-scheduler calls it over
     https with its client certificate; 403 without one). A pod is scheduled through either."""
@@ -382,21 +480,39 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
     sched_name = f"hami-{release}"
     port, metrics_port = free_port(), free_port()
     loopback = 0 if https_extender else free_port()
-    helm("install", release, str(CHART), "--namespace", ns,
-         "--set", f"schedulerName={sched_name}",
-         "--set", f"scheduler.service.httpTargetPort={port}",
-         "--set", f"scheduler.extender.loopbackPort={loopback}",
-         "--set", "scheduler.admissionWebhook.customURL.enabled=true",
-         "--set", f"scheduler.admissionWebhook.customURL.port={port}",
-         "--set", f"scheduler.metricsBindAddress=:{metrics_port}",
-         "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
-         "--set", "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
-         "--set", f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
-         "--set", "devicePlugin.nvidiaNodeSelector.hami-chart-test=none",
-         # the allocation guard stays on, in this namespace only (the cluster is shared), trusting
-         # the identity the extender runs with here (the pod would use the chart's service account)
-         "--set", f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
-         "--set", "scheduler.allocationGuard.trustedUsers[0]=hami-admin")
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--set",
+        f"schedulerName={sched_name}",
+        "--set",
+        f"scheduler.service.httpTargetPort={port}",
+        "--set",
+        f"scheduler.extender.loopbackPort={loopback}",
+        "--set",
+        "scheduler.admissionWebhook.customURL.enabled=true",
+        "--set",
+        f"scheduler.admissionWebhook.customURL.port={port}",
+        "--set",
+        f"scheduler.metricsBindAddress=:{metrics_port}",
+        "--set",
+        "scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-chart-test",
+        "--set",
+        "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
+        "--set",
+        f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
+        "--set",
+        "devicePlugin.nvidiaNodeSelector.hami-chart-test=none",
+        # the allocation guard stays on, in this namespace only (the cluster is shared), trusting
+        # the identity the extender runs with here (the pod would use the chart's service account)
+        "--set",
+        f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
+        "--set",
+        "scheduler.allocationGuard.trustedUsers[0]=hami-admin",
+    )
     procs = _Procs(tmp_path)
     node = f"chart-{release}"
     try:
@@ -410,8 +526,11 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         files["/extender-tls/ca.crt"] = files["/tls/ca.crt"]
         if https_extender:  # the extender gets the client CA; kube-scheduler its certificate and key
             client = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/secrets/{full}-scheduler-extender-client")
-            for key, mount in (("ca.crt", "/extender-client-ca/ca.crt"), ("tls.crt", "/extender-client/tls.crt"),
-                               ("tls.key", "/extender-client/tls.key")):
+            for key, mount in (
+                ("ca.crt", "/extender-client-ca/ca.crt"),
+                ("tls.crt", "/extender-client/tls.crt"),
+                ("tls.key", "/extender-client/tls.key"),
+            ):
                 path = tmp_path / f"client-{key}"
                 path.write_bytes(__import__("base64").b64decode(client["data"][key]))
                 files[mount] = path
@@ -429,9 +548,11 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(config))
         deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
 
-        ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port,
-                                                         loopback),
-                          env={"PYTHONPATH": str(ROOT / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
+        ext = procs.start(
+            "hami-scheduler",
+            _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port, loopback),
+            env={"PYTHONPATH": str(ROOT / "src"), "POD_NAME": "", "POD_NAMESPACE": ns},
+        )
         ca = ssl.create_default_context(cadata=__import__("base64").b64decode(secret["data"]["ca.crt"]).decode())
 
         def ready() -> bool:
@@ -442,29 +563,51 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
                 return False
 
         ks_port = free_port()
-        procs.start("kube-scheduler", [str(kube_cluster.binaries["kube-scheduler"]), f"--config={tmp_path / 'kube-scheduler.yaml'}",
-                                       f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
-                                       f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
-                                       "--bind-address=127.0.0.1", f"--secure-port={ks_port}", "--v=2"])
+        procs.start(
+            "kube-scheduler",
+            [
+                str(kube_cluster.binaries["kube-scheduler"]),
+                f"--config={tmp_path / 'kube-scheduler.yaml'}",
+                f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
+                f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ks_port}",
+                "--v=2",
+            ],
+        )
         kube_cluster.wait_for(ready, "hami scheduler (chart arguments) ready", timeout=60)
         # the Service's port: /webhook and health for anyone; /filter and /bind for no one without
         # kube-scheduler's client certificate (404: not served there at all; 403: no certificate)
-        for path, body in (("/filter", {"Pod": {"metadata": {"name": "x", "namespace": ns, "uid": "u"}},
-                                        "NodeNames": [node]}),
-                           ("/bind", {"PodName": "x", "PodNamespace": ns, "PodUID": "u", "Node": node})):
+        for path, body in (
+            ("/filter", {"Pod": {"metadata": {"name": "x", "namespace": ns, "uid": "u"}}, "NodeNames": [node]}),
+            ("/bind", {"PodName": "x", "PodNamespace": ns, "PodUID": "u", "Node": node}),
+        ):
             assert _post(f"https://127.0.0.1:{port}{path}", ca, body) == (403 if https_extender else 404), path
         devices = _gpu_node(kube_cluster, node)
 
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "gpu", "namespace": ns, "labels": {"hami-chart-test": release}},
-               "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"kubernetes.io/hostname": node},
-                        "containers": [{"name": "main", "image": "busybox",
-                                        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}}}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "gpu", "namespace": ns, "labels": {"hami-chart-test": release}},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}},
+                    }
+                ],
+            },
+        }
         created = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
         assert created["spec"]["schedulerName"] == sched_name, "the chart's webhook did not route the pod"
         bound = kube_cluster.wait_for(
             lambda: (p := kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/gpu"))["spec"].get("nodeName") and p,
-            "GPU pod bound through the chart's scheduler", timeout=60)
+            "GPU pod bound through the chart's scheduler",
+            timeout=60,
+        )
         ann = bound["metadata"]["annotations"]
         assert bound["spec"]["nodeName"] == node and ann["hami.io/vgpu-node"] == node
         assert any(d.id in ann["hami.io/vgpu-devices-allocated"] for d in devices)
@@ -472,11 +615,18 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
         # the scheduler serves its metrics where the chart's --metrics-bind-address says
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
         got = {f.name: f.samples for f in text_string_to_metric_families(text)}
-        assert [s.value for s in got["hami_vgpu_memory_allocated_bytes"]
-                if s.labels["pod"] == "gpu" and s.labels["namespace"] == ns] == [3000 * 1024 * 1024]
+        assert [
+            s.value
+            for s in got["hami_vgpu_memory_allocated_bytes"]
+            if s.labels["pod"] == "gpu" and s.labels["namespace"] == ns
+        ] == [3000 * 1024 * 1024]
         assert any(s.labels["node"] == node for s in got["hami_gpu_memory_limit_bytes"])
-        counts = {(s.name, s.labels.get("outcome")): s.value for f in ("hami_scheduler_filter_duration_seconds",
-                  "hami_scheduler_bind_duration_seconds") for s in got[f] if s.name.endswith("_count")}
+        counts = {
+            (s.name, s.labels.get("outcome")): s.value
+            for f in ("hami_scheduler_filter_duration_seconds", "hami_scheduler_bind_duration_seconds")
+            for s in got[f]
+            if s.name.endswith("_count")
+        }
         assert counts[("hami_scheduler_filter_duration_seconds_count", "scheduled")] >= 1
         assert counts[("hami_scheduler_bind_duration_seconds_count", "bound")] >= 1
         assert {s.labels["resource"] for s in got["hami_scheduler_cache_age_seconds"]} >= {"nodes", "pods"}
@@ -495,16 +645,28 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(kube_cluster, he
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 
 
-def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_annotations(kube_cluster, helm,
-                                                                                          kube_namespace):
+def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_annotations(
+    kube_cluster, helm, kube_namespace
+):
     from hami_devkit.cluster import ApiError
 
     ns, release = kube_namespace, f"g{uuid.uuid4().hex[:6]}"
     full = f"{release}-hami"
-    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", KUBE_VERSION,
-               "--show-only", "templates/scheduler/allocation-guard.yaml",
-               "--set", f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
-               "--set", "scheduler.allocationGuard.trustedUsers[0]=ops:repair-bot").stdout
+    out = helm(
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--kube-version",
+        KUBE_VERSION,
+        "--show-only",
+        "templates/scheduler/allocation-guard.yaml",
+        "--set",
+        f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
+        "--set",
+        "scheduler.allocationGuard.trustedUsers[0]=ops:repair-bot",
+    ).stdout
     policy, binding = [d for d in yaml.safe_load_all(out) if d]
     tenant, scheduler = "tenant-a", f"system:serviceaccount:{ns}:{full}-scheduler"
     plugin = f"system:serviceaccount:{ns}:{full}-device-plugin"
@@ -512,8 +674,12 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
     merge = "application/merge-patch+json"
 
     def pod(name: str, annotations: dict | None = None) -> dict:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {}},
-                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]},
+        }
 
     def denied(call) -> str:
         with pytest.raises(ApiError) as err:
@@ -546,12 +712,21 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         assert "hami.io/bind-phase" in denied(lambda: patch("job", tenant, {"hami.io/bind-phase": "success"}))
 
         # the scheduler records its decision; the plugin marks the pod allocated
-        patch("job", scheduler, {"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;",
-                                 "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,10:;"},
-              labels={"hami.io/vgpu-node": "n1"})
-        for change in ({"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"},  # edit
-                       {"hami.io/vgpu-devices-to-allocate": None},  # removal
-                       {"hami.io/kunlun-allocated": "x"}):  # another vendor's key
+        patch(
+            "job",
+            scheduler,
+            {
+                "hami.io/vgpu-node": "n1",
+                "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;",
+                "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,10:;",
+            },
+            labels={"hami.io/vgpu-node": "n1"},
+        )
+        for change in (
+            {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"},  # edit
+            {"hami.io/vgpu-devices-to-allocate": None},  # removal
+            {"hami.io/kunlun-allocated": "x"},
+        ):  # another vendor's key
             key = next(iter(change))
             assert key in denied(lambda: patch("job", tenant, change))
         assert "hami.io/vgpu-node" in denied(lambda: patch("job", tenant, labels={"hami.io/vgpu-node": "n2"}))
@@ -564,10 +739,12 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         assert "hami.io/vgpu-devices-to-allocate" not in final["annotations"]
         assert final["labels"] == {"hami.io/vgpu-node": "n1", "team": "a"}
     finally:
-        kube_cluster.api("DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{binding['metadata']['name']}",
-                         expect=(200, 404))
-        kube_cluster.api("DELETE", f"{ADMISSION}/validatingadmissionpolicies/{policy['metadata']['name']}",
-                         expect=(200, 404))
+        kube_cluster.api(
+            "DELETE", f"{ADMISSION}/validatingadmissionpolicybindings/{binding['metadata']['name']}", expect=(200, 404)
+        )
+        kube_cluster.api(
+            "DELETE", f"{ADMISSION}/validatingadmissionpolicies/{policy['metadata']['name']}", expect=(200, 404)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -575,16 +752,21 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
 # and its policies, using service account tokens bound to pods (as the pods themselves get them)
 
 
-def _bearer(kube_cluster, token: str, method: str, path: str, body=None,
-            content_type: str = "application/merge-patch+json") -> tuple[int, dict]:
+def _bearer(
+    kube_cluster, token: str, method: str, path: str, body=None, content_type: str = "application/merge-patch+json"
+) -> tuple[int, dict]:
     import http.client
 
-    conn = http.client.HTTPSConnection("127.0.0.1", kube_cluster.ports["kube-apiserver"],
-                                       context=kube_cluster.token_context(), timeout=30)
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", kube_cluster.ports["kube-apiserver"], context=kube_cluster.token_context(), timeout=30
+    )
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body),
-                     headers={"Authorization": f"Bearer {token}", "Content-Type": content_type,
-                              "Accept": "application/json"})
+        conn.request(
+            method,
+            path,
+            body=None if body is None else json.dumps(body),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": content_type, "Accept": "application/json"},
+        )
         resp = conn.getresponse()
         text = resp.read().decode(errors="replace")
     finally:
@@ -597,10 +779,17 @@ def _pod_token(kube_cluster, ns: str, account: str, pod: dict | None) -> str:
     projected token), or unbound."""
     spec: dict = {"expirationSeconds": 600}
     if pod is not None:
-        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
-                                  "uid": pod["metadata"]["uid"]}
-    review = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token",
-                              {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        spec["boundObjectRef"] = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "name": pod["metadata"]["name"],
+            "uid": pod["metadata"]["uid"],
+        }
+    review = kube_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     return review["status"]["token"]
 
 
@@ -608,9 +797,23 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
     ns, release = kube_namespace, f"p{uuid.uuid4().hex[:6]}"
     full = f"{release}-hami"
     plugin_sa, sched_sa = f"{full}-device-plugin", f"{full}-scheduler"
-    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", KUBE_VERSION,
-               "--show-only", "templates/device-plugin/rbac.yaml", "--show-only", "templates/device-plugin/node-guard.yaml",
-               "--show-only", "templates/scheduler/rbac.yaml", "--show-only", "templates/scheduler/pod-guard.yaml").stdout
+    out = helm(
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--kube-version",
+        KUBE_VERSION,
+        "--show-only",
+        "templates/device-plugin/rbac.yaml",
+        "--show-only",
+        "templates/device-plugin/node-guard.yaml",
+        "--show-only",
+        "templates/scheduler/rbac.yaml",
+        "--show-only",
+        "templates/scheduler/pod-guard.yaml",
+    ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = {d["kind"] for d in docs}
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole", "Role"} <= kinds
@@ -619,10 +822,21 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
     pods = f"/api/v1/namespaces/{ns}/pods"
 
     def pod(name: str, node: str, account: str = "default") -> dict:
-        return kube_cluster.api("POST", pods, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeName": node, "serviceAccountName": account, "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "c", "image": "busybox"}]}})
+        return kube_cluster.api(
+            "POST",
+            pods,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": account,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            },
+        )
 
     kube_cluster.kubectl("apply", "-f", "-", input=manifest)
     try:
@@ -633,9 +847,14 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
         plugin = _pod_token(kube_cluster, ns, plugin_sa, plugin_pod)
 
         # the API server puts the pod's node into the token's identity (what the policy checks)
-        status, review = _bearer(kube_cluster, plugin, "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
-                                 content_type="application/json")
+        status, review = _bearer(
+            kube_cluster,
+            plugin,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            content_type="application/json",
+        )
         assert status == 201, review
         user = review["status"]["userInfo"]
         assert user["username"] == f"system:serviceaccount:{ns}:{plugin_sa}"
@@ -656,16 +875,29 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
         # The probe writes its own key: a probe that lands before the policy is in force must
         # not be mistaken below for a write the guard let through.
         def probe_other_node() -> int:
-            return _bearer(kube_cluster, plugin, "PATCH", f"/api/v1/nodes/{other_node}",
-                           {"metadata": {"annotations": {"hami.io/guard-probe": "x"}}})[0]
+            return _bearer(
+                kube_cluster,
+                plugin,
+                "PATCH",
+                f"/api/v1/nodes/{other_node}",
+                {"metadata": {"annotations": {"hami.io/guard-probe": "x"}}},
+            )[0]
 
-        kube_cluster.wait_for(lambda: probe_other_node() in (403, 422),
-                              "the device plugin's node guard in force", timeout=60, interval=0.5)
-        denied(annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_y"),
-               f"on node {mine_node} may not change node {other_node}")
+        kube_cluster.wait_for(
+            lambda: probe_other_node() in (403, 422),
+            "the device plugin's node guard in force",
+            timeout=60,
+            interval=0.5,
+        )
+        denied(
+            annotate(plugin, f"/api/v1/nodes/{other_node}", "Reported_y"),
+            f"on node {mine_node} may not change node {other_node}",
+        )
         assert annotate(plugin, f"/api/v1/nodes/{mine_node}", "Reported_1")[0] == 200
-        denied(annotate(plugin, f"/api/v1/nodes/{mine_node}", "Reported_2", labels={"gpu": "on"}),
-               f"may change only the annotations of node {mine_node}")
+        denied(
+            annotate(plugin, f"/api/v1/nodes/{mine_node}", "Reported_2", labels={"gpu": "on"}),
+            f"may change only the annotations of node {mine_node}",
+        )
         assert annotate(plugin, f"{pods}/neighbour", "x")[0] == 200  # a pod bound to its node
         denied(annotate(plugin, f"{pods}/theirs", "x"), f"may not change pod {ns}/theirs (bound to node {other_node})")
         # a token that is not bound to a pod names no node: no writes at all
@@ -673,23 +905,34 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
         denied(annotate(unbound, f"/api/v1/nodes/{mine_node}", "Reported_3"), "no node-name claim")
         final = kube_cluster.api("GET", f"/api/v1/nodes/{mine_node}")["metadata"]
         assert final["annotations"]["hami.io/node-handshake"] == "Reported_1" and "gpu" not in final.get("labels", {})
-        assert "hami.io/node-handshake" not in (kube_cluster.api("GET", f"/api/v1/nodes/{other_node}")["metadata"]
-                                                .get("annotations") or {})
-        assert "hami.io/node-handshake" not in (kube_cluster.api("GET", f"{pods}/theirs")["metadata"]
-                                                .get("annotations") or {})
+        assert "hami.io/node-handshake" not in (
+            kube_cluster.api("GET", f"/api/v1/nodes/{other_node}")["metadata"].get("annotations") or {}
+        )
+        assert "hami.io/node-handshake" not in (
+            kube_cluster.api("GET", f"{pods}/theirs")["metadata"].get("annotations") or {}
+        )
 
         # the scheduler (decisionWrite binding): its own pod only, no pod patch outside its namespace
         sched = _pod_token(kube_cluster, ns, sched_sa, sched_pod)
         role = {"hami.io/scheduler-role": "leader"}
-        kube_cluster.wait_for(lambda: _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour",
-                                              {"metadata": {"labels": role}})[0] in (403, 422),
-                              "the scheduler's pod guard in force", timeout=60, interval=0.5)
+        kube_cluster.wait_for(
+            lambda: (
+                _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}})[0]
+                in (403, 422)
+            ),
+            "the scheduler's pod guard in force",
+            timeout=60,
+            interval=0.5,
+        )
         status, body = _bearer(kube_cluster, sched, "PATCH", f"{pods}/scheduler", {"metadata": {"labels": role}})
         assert status == 200 and body["metadata"]["labels"] == role, body
-        denied(_bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}}),
-               f"may change only its own pod, not {ns}/neighbour")
-        status, body = _bearer(kube_cluster, sched, "PATCH", "/api/v1/namespaces/kube-system/pods/anything",
-                               {"metadata": {"labels": role}})
+        denied(
+            _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}}),
+            f"may change only its own pod, not {ns}/neighbour",
+        )
+        status, body = _bearer(
+            kube_cluster, sched, "PATCH", "/api/v1/namespaces/kube-system/pods/anything", {"metadata": {"labels": role}}
+        )
         assert status == 403 and "cannot patch resource" in body["message"], body  # RBAC: no cluster-wide patch
         assert theirs["spec"]["nodeName"] == other_node and neighbour["spec"]["nodeName"] == mine_node
     finally:
@@ -701,14 +944,27 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
 def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
     """devicePlugin.driverMounts (nodes without the NVIDIA container runtime): a hostPath volume
     each, mounted into both DaemonSet containers, and handed to Allocate by --driver-mount."""
-    docs = {(d["kind"], d["metadata"]["name"]): d for d in _render(
-        helm, "gpu", "--set", "devicePlugin.driverMounts[0].hostPath=/home/kubernetes/bin/nvidia",
-        "--set", "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia",
-        "--set", "devicePlugin.driverMounts[1].hostPath=/var/run/fake", "--set", "devicePlugin.driverMounts[1].readOnly=false")}
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in _render(
+            helm,
+            "gpu",
+            "--set",
+            "devicePlugin.driverMounts[0].hostPath=/home/kubernetes/bin/nvidia",
+            "--set",
+            "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia",
+            "--set",
+            "devicePlugin.driverMounts[1].hostPath=/var/run/fake",
+            "--set",
+            "devicePlugin.driverMounts[1].readOnly=false",
+        )
+    }
     pod = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
     plugin, monitor = pod["containers"]
     assert [a for a in plugin["command"] if a.startswith("--driver-mount")] == [
-        "--driver-mount=/home/kubernetes/bin/nvidia:/usr/local/nvidia:ro", "--driver-mount=/var/run/fake:/var/run/fake:rw"]
+        "--driver-mount=/home/kubernetes/bin/nvidia:/usr/local/nvidia:ro",
+        "--driver-mount=/var/run/fake:/var/run/fake:rw",
+    ]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["driver-0"]["hostPath"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
     for container in (plugin, monitor):

@@ -22,12 +22,18 @@ DRA = ["--set", "dra.enabled=true", "--set", "frontEnd=dra", "--set", "dra.exten
 @pytest.fixture(scope="module")
 def helm(kube_cluster, tmp_path_factory):
     home = tmp_path_factory.mktemp("helm-dra")
-    env = {**os.environ, **kube_cluster.env(), "HELM_CACHE_HOME": str(home / "c"), "HELM_CONFIG_HOME": str(home / "f"),
-           "HELM_DATA_HOME": str(home / "d")}
+    env = {
+        **os.environ,
+        **kube_cluster.env(),
+        "HELM_CACHE_HOME": str(home / "c"),
+        "HELM_CONFIG_HOME": str(home / "f"),
+        "HELM_DATA_HOME": str(home / "d"),
+    }
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run([str(kube_cluster.binaries["helm"]), *args], env=env, text=True, capture_output=True,
-                             timeout=120)
+        out = subprocess.run(
+            [str(kube_cluster.binaries["helm"]), *args], env=env, text=True, capture_output=True, timeout=120
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
         return out
@@ -42,7 +48,9 @@ def render(helm, *values: str, ns: str = "gpu") -> list[dict]:
 
 def scheduler_args(docs: list[dict]) -> list[str]:
     dep = next(d for d in docs if d["kind"] == "Deployment")
-    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["command"][:2] == ["hami", "scheduler"])["command"]
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["command"][:2] == ["hami", "scheduler"])[
+        "command"
+    ]
 
 
 def rules(docs: list[dict], name: str) -> list[dict]:
@@ -56,27 +64,43 @@ def test_defaults_keep_the_extender_and_render_nothing_of_dra(helm):
     assert not [r for r in rules(docs, "hami-scheduler") if "resourceclaimtemplates" in r["resources"]]
     # on either front end the scheduler reads DRA claims and slices (quotas, UI), and only reads
     dra_rules = [r for r in rules(docs, "hami-scheduler") if r["apiGroups"] == ["resource.k8s.io"]]
-    assert dra_rules == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"],
-                          "verbs": ["get", "list", "watch"]}]
+    assert dra_rules == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
 
 
 def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(helm):
     docs = render(helm, *DRA)
     assert "--front-end=dra" in scheduler_args(docs)
     assert [r for r in rules(docs, "hami-scheduler") if r["apiGroups"] == ["resource.k8s.io"]] == [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"],
-         "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]}]
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]},
+    ]
     assert rules(docs, "hami-dra") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "list", "watch", "create", "patch"],
+        },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]  # the monitor's pod map
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]  # the monitor's pod map
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     for d in classes:
         d["metadata"].pop("labels")
     assert classes == device_classes("nvidia.com/gpu")
-    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"][
+        "spec"
+    ]
     c, mon = ds["containers"]
     assert c["command"][:2] == ["hami", "dra"] and "--kubelet-dir=/var/lib/kubelet" in c["command"]
     # hami monitor beside the agent reads the claims' regions: HOOK_PATH is the directory the CDI
@@ -89,12 +113,18 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == ds_labels(docs)
     off = render(helm, *DRA, "--set", "dra.monitor.enabled=false")
-    assert [x["name"] for x in next(d for d in off if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
-            ["spec"]["template"]["spec"]["containers"]] == ["dra"]
+    assert [
+        x["name"]
+        for x in next(d for d in off if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"][
+            "template"
+        ]["spec"]["containers"]
+    ] == ["dra"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} not in rules(off, "hami-dra")
     assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
     sc = c["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    assert (
+        sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    )
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
     assert mounts["plugins"] == "/var/lib/kubelet/plugins/gpu.hami.io" and mounts["cdi"] == "/var/run/cdi"
@@ -105,11 +135,20 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
 
 
 def test_the_dra_agent_alone_has_every_volume_it_mounts_and_the_driver_mounts(helm):
-    docs = render(helm, *DRA, "--set", "devicePlugin.enabled=false",
-                  "--set", "devicePlugin.driverMounts[0].hostPath=/opt/drv",
-                  "--set", "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia")
+    docs = render(
+        helm,
+        *DRA,
+        "--set",
+        "devicePlugin.enabled=false",
+        "--set",
+        "devicePlugin.driverMounts[0].hostPath=/opt/drv",
+        "--set",
+        "devicePlugin.driverMounts[0].containerPath=/usr/local/nvidia",
+    )
     assert not [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-device-plugin"]
-    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"]["spec"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"][
+        "spec"
+    ]
     config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     wanted = {v["configMap"]["name"] for v in ds["volumes"] if "configMap" in v}
     assert wanted and wanted <= config_maps, (wanted, config_maps)  # the node config.json too
@@ -117,7 +156,9 @@ def test_the_dra_agent_alone_has_every_volume_it_mounts_and_the_driver_mounts(he
     assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in by_name["dra"]["command"]
     driver = next(v for v in ds["volumes"] if v.get("hostPath", {}).get("path") == "/opt/drv")
     for name in ("dra", "vgpu-monitor"):  # NVML for both
-        assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in by_name[name]["volumeMounts"]
+        assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in by_name[name][
+            "volumeMounts"
+        ]
 
 
 def ds_labels(docs: list[dict]) -> dict:
@@ -146,8 +187,20 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
 
     ns, release = kube_namespace, f"d{uuid.uuid4().hex[:6]}"
     agent_sa = f"{release}-hami-dra"
-    out = helm("template", release, str(CHART), "--namespace", ns, "--kube-version", "1.34.4", *DRA,
-               "--show-only", "templates/dra/rbac.yaml", "--show-only", "templates/dra/slice-guard.yaml").stdout
+    out = helm(
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--kube-version",
+        "1.34.4",
+        *DRA,
+        "--show-only",
+        "templates/dra/rbac.yaml",
+        "--show-only",
+        "templates/dra/slice-guard.yaml",
+    ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterRole"} <= {d["kind"] for d in docs}
     manifest = yaml.safe_dump_all(docs)
@@ -157,22 +210,42 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
     def apply(token: str, node: str, body: dict | None = None, *, dry_run: bool = False) -> tuple[int, dict]:
         body = body or resource_slice(node, gpus, SliceSettings())
         query = "fieldManager=hami-dra" + ("&dryRun=All" if dry_run else "")
-        return _bearer(kube_cluster, token, "PATCH",
-                       f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?{query}",
-                       body, content_type="application/apply-patch+yaml")
+        return _bearer(
+            kube_cluster,
+            token,
+            "PATCH",
+            f"/apis/resource.k8s.io/v1/resourceslices/{body['metadata']['name']}?{query}",
+            body,
+            content_type="application/apply-patch+yaml",
+        )
 
     kube_cluster.kubectl("apply", "-f", "-", input=manifest)
     try:
         for n in (mine, other):
             kube_cluster.create_node(n)
-        pod = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent"},
-            "spec": {"nodeName": mine, "serviceAccountName": agent_sa, "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "c", "image": "busybox"}]}})
+        pod = kube_cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "agent"},
+                "spec": {
+                    "nodeName": mine,
+                    "serviceAccountName": agent_sa,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            },
+        )
         token = _pod_token(kube_cluster, ns, agent_sa, pod)
         # the probe is a dry run: before the policy is in force it would otherwise write the slice
-        kube_cluster.wait_for(lambda: apply(token, other, dry_run=True)[0] in (403, 422), "the DRA slice guard in force",
-                              timeout=60, interval=0.5)
+        kube_cluster.wait_for(
+            lambda: apply(token, other, dry_run=True)[0] in (403, 422),
+            "the DRA slice guard in force",
+            timeout=60,
+            interval=0.5,
+        )
         status, body = apply(token, other)
         assert f"on node {mine} may write only the gpu.hami.io ResourceSlice of {mine}" in body["message"], body
         status, body = apply(token, mine)

@@ -46,12 +46,17 @@ def helm_bin(tmp_path_factory):
     if binary is None:
         pytest.skip("helm is not installed (scripts/install-kube.sh)")
     home = tmp_path_factory.mktemp("helm-vendors")
-    env = {**os.environ, "HELM_CACHE_HOME": str(home / "c"), "HELM_CONFIG_HOME": str(home / "g"),
-           "HELM_DATA_HOME": str(home / "d")}
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "c"),
+        "HELM_CONFIG_HOME": str(home / "g"),
+        "HELM_DATA_HOME": str(home / "d"),
+    }
 
     def run(*args: str, extra_env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([str(binary), *args], env={**env, **(extra_env or {})}, text=True,
-                                capture_output=True, timeout=120)
+        result = subprocess.run(
+            [str(binary), *args], env={**env, **(extra_env or {})}, text=True, capture_output=True, timeout=120
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
         return result
@@ -71,7 +76,9 @@ def _render(helm_bin, *args: str) -> dict[tuple[str, str], dict]:
 
 
 def _managed(docs: dict) -> list[dict]:
-    return yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0]["managedResources"]
+    return yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])["extenders"][0][
+        "managedResources"
+    ]
 
 
 def _device_config(docs: dict) -> str:
@@ -93,11 +100,25 @@ RENAMES = {
     "kunlun": {"resourceVMemoryName": "kunlunxin.com/vmem"},
     "awsneuron": {"resourceCoreName": "aws.amazon.com/core"},
     "vastai": {"resourceCountName": "vastaitech.com/card"},
-    "iluvatars": [{"chipName": "BI-V150", "commonWord": "BI-V150", "resourceCountName": "iluvatar.ai/v150",
-                   "resourceMemoryName": "iluvatar.ai/v150-mem"}],
-    "vnpus": {"configs": [{"commonWord": "Ascend910B3", "resourceName": "huawei.com/npu",
-                           "resourceMemoryName": "huawei.com/npu-mem", "memoryAllocatable": 65536,
-                           "memoryCapacity": 65536}]},
+    "iluvatars": [
+        {
+            "chipName": "BI-V150",
+            "commonWord": "BI-V150",
+            "resourceCountName": "iluvatar.ai/v150",
+            "resourceMemoryName": "iluvatar.ai/v150-mem",
+        }
+    ],
+    "vnpus": {
+        "configs": [
+            {
+                "commonWord": "Ascend910B3",
+                "resourceName": "huawei.com/npu",
+                "resourceMemoryName": "huawei.com/npu-mem",
+                "memoryAllocatable": 65536,
+                "memoryCapacity": 65536,
+            }
+        ]
+    },
 }
 
 RENDER_CASES = {
@@ -105,9 +126,19 @@ RENDER_CASES = {
     **{f"only-{s}": _only(s) for s in SECTIONS},
     "all": _only(*SECTIONS),
     "all-renamed": {**_only(*SECTIONS, **RENAMES), "resourceMem": "nvidia.com/gpu-memory"},
-    "content": {"device-config": {"content": yaml.safe_dump({
-        "kunlun": {"resourceVCountName": "kunlunxin.com/vxpu2"}, "vnpus": {}, "nvidia": None,
-        "iluvatars": [], "biren": {"resourceCountName": "birentech.com/br"}})}},
+    "content": {
+        "device-config": {
+            "content": yaml.safe_dump(
+                {
+                    "kunlun": {"resourceVCountName": "kunlunxin.com/vxpu2"},
+                    "vnpus": {},
+                    "nvidia": None,
+                    "iluvatars": [],
+                    "biren": {"resourceCountName": "birentech.com/br"},
+                }
+            )
+        }
+    },
 }
 
 
@@ -123,18 +154,45 @@ def test_managed_resources_are_every_name_of_every_enabled_vendor(helm_bin, tmp_
 
 def test_renamed_resources_replace_the_defaults(helm_bin, tmp_path):
     names = [m["name"] for m in _managed(_render(helm_bin, *_values_file(tmp_path, RENDER_CASES["all-renamed"])))]
-    for renamed in ("cambricon.com/mlu-mem", "hygon.com/dcu", "metax-tech.com/vgpu", "enflame.com/whole-gcu",
-                    "kunlunxin.com/vmem", "aws.amazon.com/core", "vastaitech.com/card", "iluvatar.ai/v150",
-                    "huawei.com/npu", "huawei.com/npu-mem", "nvidia.com/gpu-memory"):
+    for renamed in (
+        "cambricon.com/mlu-mem",
+        "hygon.com/dcu",
+        "metax-tech.com/vgpu",
+        "enflame.com/whole-gcu",
+        "kunlunxin.com/vmem",
+        "aws.amazon.com/core",
+        "vastaitech.com/card",
+        "iluvatar.ai/v150",
+        "huawei.com/npu",
+        "huawei.com/npu-mem",
+        "nvidia.com/gpu-memory",
+    ):
         assert renamed in names
-    for default in ("cambricon.com/mlu.smlu.vmemory", "hygon.com/dcunum", "hygon.com/dcucores", "metax-tech.com/sgpu",
-                    "enflame.com/gcu", "huawei.com/Ascend910B3", "iluvatar.ai/BI-V100-vgpu", "nvidia.com/gpumem"):
+    for default in (
+        "cambricon.com/mlu.smlu.vmemory",
+        "hygon.com/dcunum",
+        "hygon.com/dcucores",
+        "metax-tech.com/sgpu",
+        "enflame.com/gcu",
+        "huawei.com/Ascend910B3",
+        "iluvatar.ai/BI-V100-vgpu",
+        "nvidia.com/gpumem",
+    ):
         assert default not in names
 
 
 def test_nvidia_config_keys_override_the_generated_ones(helm_bin, tmp_path):
-    values = {"devices": {"nvidia": {"config": {"deviceSplitCount": 4, "migProfileAllowlist": [
-        {"models": ["A100"], "profiles": ["1g.10gb"]}]}}}, "devicePlugin": {"deviceSplitCount": 7}}
+    values = {
+        "devices": {
+            "nvidia": {
+                "config": {
+                    "deviceSplitCount": 4,
+                    "migProfileAllowlist": [{"models": ["A100"], "profiles": ["1g.10gb"]}],
+                }
+            }
+        },
+        "devicePlugin": {"deviceSplitCount": 7},
+    }
     config = load_device_config(_device_config(_render(helm_bin, *_values_file(tmp_path, values))))
     assert config.nvidia.device_split_count == 4  # devices.nvidia.config wins over devicePlugin.deviceSplitCount
     assert config.nvidia.mig_profile_allowlist[0].profiles == ["1g.10gb"]
@@ -142,16 +200,21 @@ def test_nvidia_config_keys_override_the_generated_ones(helm_bin, tmp_path):
 
 
 def test_a_chart_with_no_vendor_is_refused(helm_bin, tmp_path):
-    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION,
-                      *_values_file(tmp_path, _only()), check=False)
+    result = helm_bin(
+        "template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *_values_file(tmp_path, _only()), check=False
+    )
     assert result.returncode != 0
     assert "device-config.yaml enables no vendor: set devices.<vendor>.enabled" in result.stderr
 
 
 def test_vendor_plugin_identities_are_trusted_only_when_the_vendor_is_enabled(helm_bin, tmp_path):
     user = "system:serviceaccount:kube-system:hami-ascend-device-plugin"
-    values = {"devices": {"vnpus": {"enabled": True, "devicePluginUsers": [user]},
-                          "mthreads": {"enabled": False, "devicePluginUsers": ["system:serviceaccount:x:mt"]}}}
+    values = {
+        "devices": {
+            "vnpus": {"enabled": True, "devicePluginUsers": [user]},
+            "mthreads": {"enabled": False, "devicePluginUsers": ["system:serviceaccount:x:mt"]},
+        }
+    }
     docs = _render(helm_bin, *_values_file(tmp_path, values))
     trusted = docs[("ValidatingAdmissionPolicy", "hami-allocation-guard")]["spec"]["variables"][0]["expression"]
     assert user in trusted and "system:serviceaccount:x:mt" not in trusted
@@ -168,8 +231,9 @@ def test_node_monitor_metrics_are_node_port_31992_by_default(helm_bin):
     assert svc["ports"] == [{"name": "monitor", "port": 9394, "targetPort": "metrics", "nodePort": 31992}]
     ds = _render(helm_bin)[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
     monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
-    assert {"name": "metrics", "containerPort": 9394} in [{k: p[k] for k in ("name", "containerPort")}
-                                                         for p in monitor["ports"]]
+    assert {"name": "metrics", "containerPort": 9394} in [
+        {k: p[k] for k in ("name", "containerPort")} for p in monitor["ports"]
+    ]
 
 
 def _toolkit_pod(helm_bin, *args: str) -> dict:
@@ -183,15 +247,23 @@ def test_gpu_operator_toolkit_wait_is_off_by_default(helm_bin):
 
 
 def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin, tmp_path):
-    pod = _toolkit_pod(helm_bin, "--set", "devicePlugin.gpuOperatorToolkitReady.enabled=true",
-                       "--set", "devicePlugin.gpuOperatorToolkitReady.hostPath=/run/nvidia/validations-x")
+    pod = _toolkit_pod(
+        helm_bin,
+        "--set",
+        "devicePlugin.gpuOperatorToolkitReady.enabled=true",
+        "--set",
+        "devicePlugin.gpuOperatorToolkitReady.hostPath=/run/nvidia/validations-x",
+    )
     first = pod["initContainers"][0]
     assert first["name"] == "toolkit-validation"  # before anything else of the plugin's pod
-    assert first["volumeMounts"] == [{"name": "toolkit-validations", "mountPath": "/run/nvidia/validations",
-                                      "readOnly": True}]
+    assert first["volumeMounts"] == [
+        {"name": "toolkit-validations", "mountPath": "/run/nvidia/validations", "readOnly": True}
+    ]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["toolkit-validations"]["hostPath"] == {"path": "/run/nvidia/validations-x",
-                                                          "type": "DirectoryOrCreate"}
+    assert volumes["toolkit-validations"]["hostPath"] == {
+        "path": "/run/nvidia/validations-x",
+        "type": "DirectoryOrCreate",
+    }
     # the container's script, run as written against a directory standing in for the mount
     assert first["command"][:2] == ["sh", "-c"]
     script = first["command"][2].replace("/run/nvidia/validations", str(tmp_path))
@@ -207,34 +279,52 @@ def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin
             proc.kill()
 
 
-@pytest.mark.parametrize("setting,message", [
-    ("devicePlugin.gdsEnabled=true", "devicePlugin.gdsEnabled=true is not supported by this chart: GPUDirect Storage"),
-    ("devicePlugin.gdrcopyEnabled=true", "devicePlugin.gdrcopyEnabled=true is not supported"),
-    ("devicePlugin.mofedEnabled=true", "devicePlugin.mofedEnabled=true is not supported"),
-    ("devicePlugin.passDeviceSpecsEnabled=true", "devicePlugin.passDeviceSpecsEnabled=true is not supported"),
-    ("devicePlugin.nvidiaDriverRoot=/run/nvidia/driver",
-     "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver is not supported by this chart: use devicePlugin.driverMounts"),
-    ("devicePlugin.nvidiaHookPath=/usr/bin", "devicePlugin.nvidiaHookPath=/usr/bin is not supported"),
-    ("devicePlugin.runtimeType=containerd", "devicePlugin.runtimeType=containerd is not supported"),
-    ("devicePlugin.libPath=/opt/vgpu", "devicePlugin.libPath=/opt/vgpu is not supported: libvgpu lives in "
-                                       "<global.gpuHookPath>/vgpu (/usr/local/vgpu here); set global.gpuHookPath instead"),
-    ("devices.ascend.enabled=true", "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true"),
-    ("devicePlugin.deviceListStrategy=cdi",
-     "devicePlugin.deviceListStrategy=cdi is not supported: expected envvar, cdi-annotations or cdi-cri"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        (
+            "devicePlugin.gdsEnabled=true",
+            "devicePlugin.gdsEnabled=true is not supported by this chart: GPUDirect Storage",
+        ),
+        ("devicePlugin.gdrcopyEnabled=true", "devicePlugin.gdrcopyEnabled=true is not supported"),
+        ("devicePlugin.mofedEnabled=true", "devicePlugin.mofedEnabled=true is not supported"),
+        ("devicePlugin.passDeviceSpecsEnabled=true", "devicePlugin.passDeviceSpecsEnabled=true is not supported"),
+        (
+            "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver",
+            "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver is not supported by this chart: use devicePlugin.driverMounts",
+        ),
+        ("devicePlugin.nvidiaHookPath=/usr/bin", "devicePlugin.nvidiaHookPath=/usr/bin is not supported"),
+        ("devicePlugin.runtimeType=containerd", "devicePlugin.runtimeType=containerd is not supported"),
+        (
+            "devicePlugin.libPath=/opt/vgpu",
+            "devicePlugin.libPath=/opt/vgpu is not supported: libvgpu lives in "
+            "<global.gpuHookPath>/vgpu (/usr/local/vgpu here); set global.gpuHookPath instead",
+        ),
+        ("devices.ascend.enabled=true", "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true"),
+        (
+            "devicePlugin.deviceListStrategy=cdi",
+            "devicePlugin.deviceListStrategy=cdi is not supported: expected envvar, cdi-annotations or cdi-cri",
+        ),
+    ],
+)
 def test_hami_values_this_chart_does_not_implement_stop_the_install(helm_bin, setting, message):
     result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, "--set", setting, check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
 
 
 def test_vendor_switches_beside_a_device_config_content_are_refused(helm_bin, tmp_path):
-    values = {"device-config": {"content": "nvidia: {resourceCountName: nvidia.com/gpu}\n"},
-              "devices": {"cambricon": {"enabled": True}}}
-    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *_values_file(tmp_path, values),
-                      check=False)
+    values = {
+        "device-config": {"content": "nvidia: {resourceCountName: nvidia.com/gpu}\n"},
+        "devices": {"cambricon": {"enabled": True}},
+    }
+    result = helm_bin(
+        "template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *_values_file(tmp_path, values), check=False
+    )
     assert result.returncode != 0
-    assert ("devices.cambricon.enabled=true has no effect with device-config.content set: put the cambricon section "
-            "in that content") in result.stderr
+    assert (
+        "devices.cambricon.enabled=true has no effect with device-config.content set: put the cambricon section "
+        "in that content"
+    ) in result.stderr
 
 
 @pytest.mark.parametrize("strategy", ["envvar", "cdi-annotations", "cdi-cri"])
@@ -272,15 +362,46 @@ def _j(value: object) -> str:
     return json.dumps(value)
 
 
-TIMES = {"hami.io/vgpu-time", "hami.io/bind-time", "predicate-time", "metax-tech.com/predicate-time",
-         "mthreads.com/predicate-time", "enflame.com/gcu-assigned-time", "NEURON_ALLOC_TIME"}
-_NPUS = [{"id": "{node}-npu-%d" % i, "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": "Ascend910B3",
-          "health": True, "custominfo": {"NetworkID": 1}} for i in range(2)]
-_SGPU = {"uuid": "sgpu-0", "bdf": "0000:0a:00.0", "model": "MXC500", "totalDevCount": 16, "totalCompute": 100,
-         "totalVRam": 65536, "availableDevCount": 16, "availableCompute": 100, "availableVRam": 65536, "numa": 0,
-         "healthy": True, "linkZone": 1}
-_DRS = {"devices": [{"index": 0, "minor": 10, "capacity": 6}],
-        "profiles": {"1g.8gb": 11, "2g.16gb": 12, "3g.24gb": 13, "6g.48gb": 16}}
+TIMES = {
+    "hami.io/vgpu-time",
+    "hami.io/bind-time",
+    "predicate-time",
+    "metax-tech.com/predicate-time",
+    "mthreads.com/predicate-time",
+    "enflame.com/gcu-assigned-time",
+    "NEURON_ALLOC_TIME",
+}
+_NPUS = [
+    {
+        "id": "{node}-npu-%d" % i,
+        "index": i,
+        "count": 4,
+        "devmem": 65536,
+        "devcore": 20,
+        "type": "Ascend910B3",
+        "health": True,
+        "custominfo": {"NetworkID": 1},
+    }
+    for i in range(2)
+]
+_SGPU = {
+    "uuid": "sgpu-0",
+    "bdf": "0000:0a:00.0",
+    "model": "MXC500",
+    "totalDevCount": 16,
+    "totalCompute": 100,
+    "totalVRam": 65536,
+    "availableDevCount": 16,
+    "availableCompute": 100,
+    "availableVRam": 65536,
+    "numa": 0,
+    "healthy": True,
+    "linkZone": 1,
+}
+_DRS = {
+    "devices": [{"index": 0, "minor": 10, "capacity": 6}],
+    "profiles": {"1g.8gb": 11, "2g.16gb": 12, "3g.24gb": 13, "6g.48gb": 16},
+}
 
 
 def _pair(key: str, value: str) -> dict[str, str]:
@@ -289,71 +410,181 @@ def _pair(key: str, value: str) -> dict[str, str]:
 
 CASES: dict[str, VendorCase] = {
     "nvidia": VendorCase(
-        {"hami.io/node-nvidia-register": _j([{"id": "GPU-{node}-0", "index": 0, "count": 10, "devmem": 16384,
-                                              "devcore": 100, "type": "NVIDIA-Tesla T4", "numa": 0,
-                                              "mode": "hami-core", "health": True}])},
-        {}, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30},
-        _pair("vgpu", "GPU-{node}-0,NVIDIA,3000,30:;")),
+        {
+            "hami.io/node-nvidia-register": _j(
+                [
+                    {
+                        "id": "GPU-{node}-0",
+                        "index": 0,
+                        "count": 10,
+                        "devmem": 16384,
+                        "devcore": 100,
+                        "type": "NVIDIA-Tesla T4",
+                        "numa": 0,
+                        "mode": "hami-core",
+                        "health": True,
+                    }
+                ]
+            )
+        },
+        {},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30},
+        _pair("vgpu", "GPU-{node}-0,NVIDIA,3000,30:;"),
+    ),
     "vnpus": VendorCase(
-        {"hami.io/node-register-Ascend910B3": _j(_NPUS)}, {"huawei.com/Ascend910B3": 2},
+        {"hami.io/node-register-Ascend910B3": _j(_NPUS)},
+        {"huawei.com/Ascend910B3": 2},
         {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 12000},
-        {**_pair("Ascend910B3", "{node}-npu-0,Ascend910B3,16384,0:;"),
-         "huawei.com/Ascend910B3": '[{"UUID":"{node}-npu-0","temp":"vir05_1c_16g"}]'}),
+        {
+            **_pair("Ascend910B3", "{node}-npu-0,Ascend910B3,16384,0:;"),
+            "huawei.com/Ascend910B3": '[{"UUID":"{node}-npu-0","temp":"vir05_1c_16g"}]',
+        },
+    ),
     "cambricon": VendorCase(
-        {}, {"cambricon.com/mlu.smlu.vcore": 400, "cambricon.com/mlu.smlu.vmemory": 1536, "cambricon.com/vmlu": 400},
+        {},
+        {"cambricon.com/mlu.smlu.vcore": 400, "cambricon.com/mlu.smlu.vmemory": 1536, "cambricon.com/vmlu": 400},
         {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 4, "cambricon.com/mlu.smlu.vcore": 10},
-        {**_pair("cambricon-mlu", "{node}-cambricon-mlu-0,MLU,1024,10:;"), "CAMBRICON_DSMLU_PROFILE": "0_10_4",
-         "CAMBRICON_DSMLU_ASSIGNED": "false"}),
+        {
+            **_pair("cambricon-mlu", "{node}-cambricon-mlu-0,MLU,1024,10:;"),
+            "CAMBRICON_DSMLU_PROFILE": "0_10_4",
+            "CAMBRICON_DSMLU_ASSIGNED": "false",
+        },
+    ),
     # renamed in this install: hygon.resourceMemoryName = hygon.com/dcu-memory
     "hygon": VendorCase(
-        {"hami.io/node-dcu-register": "DCU-{node}-a,4,16368,100,DCU-Z100,0,true:DCU-{node}-b,4,16368,100,DCU-Z100,1,true,1,hami-core:"},
-        {}, {"hygon.com/dcunum": 1, "hygon.com/dcu-memory": 4000, "hygon.com/dcucores": 20},
-        _pair("dcu", "DCU-{node}-b,DCU,4000,20:;")),  # equal scores: NUMA 1 before NUMA 0, as HAMi
+        {
+            "hami.io/node-dcu-register": "DCU-{node}-a,4,16368,100,DCU-Z100,0,true:DCU-{node}-b,4,16368,100,DCU-Z100,1,true,1,hami-core:"
+        },
+        {},
+        {"hygon.com/dcunum": 1, "hygon.com/dcu-memory": 4000, "hygon.com/dcucores": 20},
+        _pair("dcu", "DCU-{node}-b,DCU,4000,20:;"),
+    ),  # equal scores: NUMA 1 before NUMA 0, as HAMi
     "iluvatars": VendorCase(
         {"hami.io/node-BI-V100-register": "ilu-{node}-0,16,32768,100,BI-V100,0,true,0,hami-core:"},
-        {}, {"iluvatar.ai/BI-V100-vgpu": 1, "iluvatar.ai/BI-V100.vMem": 16, "iluvatar.ai/BI-V100.vCore": 50},
-        _pair("BI-V100", "ilu-{node}-0,BI-V100,4096,50:;")),
+        {},
+        {"iluvatar.ai/BI-V100-vgpu": 1, "iluvatar.ai/BI-V100.vMem": 16, "iluvatar.ai/BI-V100.vCore": 50},
+        _pair("BI-V100", "ilu-{node}-0,BI-V100,4096,50:;"),
+    ),
     "metax": VendorCase(
-        {"metax-tech.com/node-gpu-devices": _j([{**_SGPU, "uuid": "sgpu-{node}"}])}, {},
+        {"metax-tech.com/node-gpu-devices": _j([{**_SGPU, "uuid": "sgpu-{node}"}])},
+        {},
         {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4, "metax-tech.com/vcore": 30},
-        {**_pair("metax-sgpu", "sgpu-{node},Metax-SGPU,4096,30:;"),
-         "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-{node}","compute":30,"vRam":4096}]]',
-         "metax-tech.com/predicate-time": "", "metax-tech.com/sgpu-qos-policy": "best-effort"}),  # webhook default
+        {
+            **_pair("metax-sgpu", "sgpu-{node},Metax-SGPU,4096,30:;"),
+            "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-{node}","compute":30,"vRam":4096}]]',
+            "metax-tech.com/predicate-time": "",
+            "metax-tech.com/sgpu-qos-policy": "best-effort",
+        },
+    ),  # webhook default
     "mthreads": VendorCase(
-        {}, {"mthreads.com/sgpu-core": 32, "mthreads.com/sgpu-memory": 192, "mthreads.com/vgpu": 200},
+        {},
+        {"mthreads.com/sgpu-core": 32, "mthreads.com/sgpu-memory": 192, "mthreads.com/vgpu": 200},
         {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
-        {"hami.io/mthreads-vgpu-devices-allocated": "{node}-mthreads-0,Mthreads,4096,4:;",
-         "mthreads.com/gpu-index": "0", "mthreads.com/predicate-time": "", "mthreads.com/predicate-node": "{node}"}),
+        {
+            "hami.io/mthreads-vgpu-devices-allocated": "{node}-mthreads-0,Mthreads,4096,4:;",
+            "mthreads.com/gpu-index": "0",
+            "mthreads.com/predicate-time": "",
+            "mthreads.com/predicate-node": "{node}",
+        },
+    ),
     "enflame": VendorCase(
-        {"enflame.com/gcu-drs-capacity": _j(_DRS)}, {}, {"enflame.com/drs-gcu": 2},
-        {"hami.io/enflame-vgpu-devices-allocated": "{node}-enflame-drs-0,Enflame,16384,2:;",
-         "enflame.com/gcu-request-size": "2", "enflame.com/gcu-assigned-id": "12", "enflame.com/gcu-assigned": "false",
-         "enflame.com/gcu-assigned-index": "0", "enflame.com/gcu-assigned-minor": "10",
-         "enflame.com/gcu-assigned-time": "",
-         "enflame.com/assigned-containers": '{"main":{"allocated":"{node}-enflame-drs-0","request":2,'
-                                            '"profileID":12,"profileName":"2g.16gb"}}'}),
+        {"enflame.com/gcu-drs-capacity": _j(_DRS)},
+        {},
+        {"enflame.com/drs-gcu": 2},
+        {
+            "hami.io/enflame-vgpu-devices-allocated": "{node}-enflame-drs-0,Enflame,16384,2:;",
+            "enflame.com/gcu-request-size": "2",
+            "enflame.com/gcu-assigned-id": "12",
+            "enflame.com/gcu-assigned": "false",
+            "enflame.com/gcu-assigned-index": "0",
+            "enflame.com/gcu-assigned-minor": "10",
+            "enflame.com/gcu-assigned-time": "",
+            "enflame.com/assigned-containers": '{"main":{"allocated":"{node}-enflame-drs-0","request":2,'
+            '"profileID":12,"profileName":"2g.16gb"}}',
+        },
+    ),
     "kunlun": VendorCase(
-        {}, {"kunlunxin.com/xpu": 8}, {"kunlunxin.com/xpu": 2},
-        {"hami.io/kunlun-allocated": "{node}-kunlun-0,kunlun,98304,100:{node}-kunlun-1,kunlun,98304,100:;",
-         "BAIDU_COM_DEVICE_IDX": "0,1"}),
+        {},
+        {"kunlunxin.com/xpu": 8},
+        {"kunlunxin.com/xpu": 2},
+        {
+            "hami.io/kunlun-allocated": "{node}-kunlun-0,kunlun,98304,100:{node}-kunlun-1,kunlun,98304,100:;",
+            "BAIDU_COM_DEVICE_IDX": "0,1",
+        },
+    ),
     "amd": VendorCase(
-        {"hami.io/node-amd-register": _j([{"id": "amd-{node}-0", "index": 0, "count": 10, "devmem": 196608,
-                                           "devcore": 304, "type": "AMD Instinct MI300X", "health": True}])},
-        {}, {"amd.com/gpu": 1, "amd.com/gpumem": 8192, "amd.com/gpucores": 25},
-        _pair("amd", "amd-{node}-0,AMD Instinct MI300X,8192,76:;")),
+        {
+            "hami.io/node-amd-register": _j(
+                [
+                    {
+                        "id": "amd-{node}-0",
+                        "index": 0,
+                        "count": 10,
+                        "devmem": 196608,
+                        "devcore": 304,
+                        "type": "AMD Instinct MI300X",
+                        "health": True,
+                    }
+                ]
+            )
+        },
+        {},
+        {"amd.com/gpu": 1, "amd.com/gpumem": 8192, "amd.com/gpucores": 25},
+        _pair("amd", "amd-{node}-0,AMD Instinct MI300X,8192,76:;"),
+    ),
     "awsneuron": VendorCase(
-        {}, {"aws.amazon.com/neuron": 2, "aws.amazon.com/neuroncore": 4}, {"aws.amazon.com/neuroncore": 1},
-        {"hami.io/aws-neuron-devices-allocated": "{node}-awsneuron-0,AWSNeuron,0,1:;", "AWS_NEURON_IDS": "0",
-         "NEURON_ALLOC_TIME": "", "NEURON_ALLOCATED": "false", "NEURON_RESOURCE_TYPE": "neuroncore",
-         "aws.amazon.com/predicate-node": "{node}"}),
+        {},
+        {"aws.amazon.com/neuron": 2, "aws.amazon.com/neuroncore": 4},
+        {"aws.amazon.com/neuroncore": 1},
+        {
+            "hami.io/aws-neuron-devices-allocated": "{node}-awsneuron-0,AWSNeuron,0,1:;",
+            "AWS_NEURON_IDS": "0",
+            "NEURON_ALLOC_TIME": "",
+            "NEURON_ALLOCATED": "false",
+            "NEURON_RESOURCE_TYPE": "neuroncore",
+            "aws.amazon.com/predicate-node": "{node}",
+        },
+    ),
     "vastai": VendorCase(
-        {"hami.io/node-va-register": _j([{"id": "{node}-va-0", "index": 0, "count": 4, "devmem": 32768, "devcore": 7,
-                                          "type": "VA1-V", "health": True}])},
-        {}, {"vastaitech.com/va": 1}, _pair("Vastai", "{node}-va-0,Vastai,32768,0:;")),
+        {
+            "hami.io/node-va-register": _j(
+                [
+                    {
+                        "id": "{node}-va-0",
+                        "index": 0,
+                        "count": 4,
+                        "devmem": 32768,
+                        "devcore": 7,
+                        "type": "VA1-V",
+                        "health": True,
+                    }
+                ]
+            )
+        },
+        {},
+        {"vastaitech.com/va": 1},
+        _pair("Vastai", "{node}-va-0,Vastai,32768,0:;"),
+    ),
     "biren": VendorCase(
-        {"hami.io/node-biren-register": _j([{"id": "{node}-br-0", "index": 0, "count": 4, "devmem": 32768, "devcore": 7,
-                                             "type": "BR104", "health": True}])},
-        {}, {"birentech.com/gpu": 1}, _pair("Biren", "{node}-br-0,Biren,32768,0:;")),
+        {
+            "hami.io/node-biren-register": _j(
+                [
+                    {
+                        "id": "{node}-br-0",
+                        "index": 0,
+                        "count": 4,
+                        "devmem": 32768,
+                        "devcore": 7,
+                        "type": "BR104",
+                        "health": True,
+                    }
+                ]
+            )
+        },
+        {},
+        {"birentech.com/gpu": 1},
+        _pair("Biren", "{node}-br-0,Biren,32768,0:;"),
+    ),
 }
 
 
@@ -373,20 +604,30 @@ def _bound(kube_cluster, ns: str, name: str) -> dict | None:
 def _install_values(release: str, port: int, metrics_port: int, loopback: int) -> dict:
     """All thirteen backends (Hygon's memory resource renamed); the webhook sees this test's pods only."""
     values = _only(*SECTIONS, hygon={"resourceMemoryName": "hygon.com/dcu-memory"})
-    values.update({
-        "schedulerName": f"hami-{release}",
-        "scheduler": {"service": {"httpTargetPort": port}, "extender": {"loopbackPort": loopback},
-                      "metricsBindAddress": f":{metrics_port}", "allocationGuard": {"enabled": False},
-                      "admissionWebhook": {"customURL": {"enabled": True, "port": port},
-                                           "objectSelector": {"matchExpressions": [
-                                               {"key": "hami-vendor-test", "operator": "In", "values": [release]}]}}},
-        "devicePlugin": {"nvidiaNodeSelector": {"hami-vendor-test": "none"}},
-    })
+    values.update(
+        {
+            "schedulerName": f"hami-{release}",
+            "scheduler": {
+                "service": {"httpTargetPort": port},
+                "extender": {"loopbackPort": loopback},
+                "metricsBindAddress": f":{metrics_port}",
+                "allocationGuard": {"enabled": False},
+                "admissionWebhook": {
+                    "customURL": {"enabled": True, "port": port},
+                    "objectSelector": {
+                        "matchExpressions": [{"key": "hami-vendor-test", "operator": "In", "values": [release]}]
+                    },
+                },
+            },
+            "devicePlugin": {"nvidiaNodeSelector": {"hami-vendor-test": "none"}},
+        }
+    )
     return values
 
 
-def _start_chart_scheduler(kube_cluster, ns: str, full: str, tmp_path: Path, procs: _Procs, ports: tuple[int, int, int]
-                           ) -> dict:
+def _start_chart_scheduler(
+    kube_cluster, ns: str, full: str, tmp_path: Path, procs: _Procs, ports: tuple[int, int, int]
+) -> dict:
     """The installed Deployment's two containers as processes (kwok runs no containers): `hami
     scheduler` with its chart arguments, certificate and device-config.yaml, kube-scheduler with the
     chart's configuration. Returns that configuration once the extender is ready."""
@@ -401,19 +642,29 @@ def _start_chart_scheduler(kube_cluster, ns: str, full: str, tmp_path: Path, pro
     device_cm = kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler-device")
     (tmp_path / "device-config.yaml").write_text(device_cm["data"]["device-config.yaml"])
     files["/device-config.yaml"] = tmp_path / "device-config.yaml"
-    config = yaml.safe_load(kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")
-                            ["data"]["config.yaml"])
-    (tmp_path / "kube-scheduler.yaml").write_text(yaml.safe_dump(
-        {**config, "clientConnection": {"kubeconfig": str(kube_cluster.kubeconfig)}}))
+    config = yaml.safe_load(
+        kube_cluster.api("GET", f"/api/v1/namespaces/{ns}/configmaps/{full}-scheduler")["data"]["config.yaml"]
+    )
+    (tmp_path / "kube-scheduler.yaml").write_text(
+        yaml.safe_dump({**config, "clientConnection": {"kubeconfig": str(kube_cluster.kubeconfig)}})
+    )
     deploy = kube_cluster.api("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/{full}-scheduler")
-    ext = procs.start("hami-scheduler", _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port,
-                                                     loopback),
-                      env={"PYTHONPATH": str(Path(CHART).parents[1] / "src"), "POD_NAME": "", "POD_NAMESPACE": ns})
-    procs.start("kube-scheduler", [str(kube_cluster.binaries["kube-scheduler"]),
-                                   f"--config={tmp_path / 'kube-scheduler.yaml'}",
-                                   f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
-                                   f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
-                                   "--bind-address=127.0.0.1", f"--secure-port={free_port()}"])
+    ext = procs.start(
+        "hami-scheduler",
+        _extender_argv(deploy, files, kube_cluster.kubeconfig, port, metrics_port, loopback),
+        env={"PYTHONPATH": str(Path(CHART).parents[1] / "src"), "POD_NAME": "", "POD_NAMESPACE": ns},
+    )
+    procs.start(
+        "kube-scheduler",
+        [
+            str(kube_cluster.binaries["kube-scheduler"]),
+            f"--config={tmp_path / 'kube-scheduler.yaml'}",
+            f"--authentication-kubeconfig={kube_cluster.kubeconfig}",
+            f"--authorization-kubeconfig={kube_cluster.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+        ],
+    )
     ca = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
 
     def ready() -> bool:
@@ -429,12 +680,26 @@ def _start_chart_scheduler(kube_cluster, ns: str, full: str, tmp_path: Path, pro
 
 def _example_pod(section: str, case: VendorCase, release: str) -> dict:
     """No schedulerName, no node: the chart's webhook and scheduler must route and place it."""
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": section, "labels": {"hami-vendor-test": release},
-                         "annotations": dict(case.pod_annotations)},
-            "spec": {"terminationGracePeriodSeconds": 0, "nodeSelector": {"hami-vendor-test": release},
-                     "containers": [{"name": "main", "image": "busybox",
-                                     "resources": {"limits": {k: str(v) for k, v in case.limits.items()}}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": section,
+            "labels": {"hami-vendor-test": release},
+            "annotations": dict(case.pod_annotations),
+        },
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"hami-vendor-test": release},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {k: str(v) for k, v in case.limits.items()}},
+                }
+            ],
+        },
+    }
 
 
 def _assert_bound_as_hami(bound: dict, section: str, case: VendorCase, node: str) -> None:
@@ -448,12 +713,20 @@ def _assert_bound_as_hami(bound: dict, section: str, case: VendorCase, node: str
     assert TIMES & set(case.expected) <= set(bound["metadata"]["annotations"]), section
 
 
-def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_cluster, helm_bin, kube_namespace,
-                                                                            tmp_path):
+def test_one_install_schedules_every_vendors_example_pod_through_the_chart(
+    kube_cluster, helm_bin, kube_namespace, tmp_path
+):
     ns, release = kube_namespace, f"v{uuid.uuid4().hex[:6]}"
     ports = (free_port(), free_port(), free_port())
-    helm_bin("install", release, str(CHART), "--namespace", ns, *_values_file(tmp_path, _install_values(release, *ports)),
-             extra_env=kube_cluster.env())
+    helm_bin(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        *_values_file(tmp_path, _install_values(release, *ports)),
+        extra_env=kube_cluster.env(),
+    )
     procs = _Procs(tmp_path)
     nodes = {section: f"{release}-{section}" for section in CASES}
     try:
@@ -462,9 +735,12 @@ def test_one_install_schedules_every_vendors_example_pod_through_the_chart(kube_
         for case in CASES.values():  # every example pod's resources go to the extender
             assert set(case.limits) <= managed, set(case.limits) - managed
         for section, case in CASES.items():
-            kube_cluster.create_node(nodes[section], labels={"hami-vendor-test": release},
-                                     annotations={k: _fill(v, nodes[section]) for k, v in case.annotations.items()},
-                                     allocatable=dict(case.allocatable))
+            kube_cluster.create_node(
+                nodes[section],
+                labels={"hami-vendor-test": release},
+                annotations={k: _fill(v, nodes[section]) for k, v in case.annotations.items()},
+                allocatable=dict(case.allocatable),
+            )
         for section, case in CASES.items():
             created = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", _example_pod(section, case, release))
             assert created["spec"]["schedulerName"] == f"hami-{release}", f"{section}: the webhook did not route it"

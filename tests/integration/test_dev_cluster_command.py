@@ -34,11 +34,15 @@ def test_up_env_down(tmp_path):
         pytest.skip(str(exc))
     env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
     hami_dev = [sys.executable, "-m", "hami_devkit", "cluster"]
-    up = subprocess.run([*hami_dev, "up", "--nodes", "1", "--gpus", "2"], env=env, capture_output=True, text=True, timeout=240)
+    up = subprocess.run(
+        [*hami_dev, "up", "--nodes", "1", "--gpus", "2"], env=env, capture_output=True, text=True, timeout=240
+    )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "KUBECONFIG=" in up.stdout
-        exports = subprocess.run([*hami_dev, "env"], env=env, capture_output=True, text=True, timeout=30, check=True).stdout
+        exports = subprocess.run(
+            [*hami_dev, "env"], env=env, capture_output=True, text=True, timeout=30, check=True
+        ).stdout
         assert "export KUBECONFIG=" in exports and "export PATH=" in exports
         shell = f"{exports}\nkubectl get node kwok-node-0 -o jsonpath='{{.status.allocatable.nvidia\\.com/gpu}}'"
         gpus = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=60)

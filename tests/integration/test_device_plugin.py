@@ -60,9 +60,17 @@ def _sysfs(root: Path) -> None:
 class Plugin:
     """One `hami device-plugin` subprocess plus its kubelet stand-in and temp dirs."""
 
-    def __init__(self, cluster, node: str, split: int = SPLIT, release_delay: float = 1.0,
-                 devices: str = FAKE_DEVICES, node_config: dict | None = None, extra_args: tuple[str, ...] = (),
-                 gpus: int = 2) -> None:
+    def __init__(
+        self,
+        cluster,
+        node: str,
+        split: int = SPLIT,
+        release_delay: float = 1.0,
+        devices: str = FAKE_DEVICES,
+        node_config: dict | None = None,
+        extra_args: tuple[str, ...] = (),
+        gpus: int = 2,
+    ) -> None:
         self.cluster = cluster
         self.gpus = gpus
         self.devices = devices
@@ -76,9 +84,21 @@ class Plugin:
         self.state = self.tmp / "fg"
         self.state.mkdir()
         _sysfs(self.tmp / "sys")
-        (self.tmp / "config.json").write_text(json.dumps(
-            {"nodeconfig": [{"name": node, "devicesplitcount": split, "enablenumatopology": True,
-                             "enablegetpreferredallocation": True, **(node_config or {})}]}))
+        (self.tmp / "config.json").write_text(
+            json.dumps(
+                {
+                    "nodeconfig": [
+                        {
+                            "name": node,
+                            "devicesplitcount": split,
+                            "enablenumatopology": True,
+                            "enablegetpreferredallocation": True,
+                            **(node_config or {}),
+                        }
+                    ]
+                }
+            )
+        )
         self.kubelet = KubeletStandIn(self.plugin_dir)
         self.proc: subprocess.Popen | None = None
         self._stopped = False
@@ -91,18 +111,52 @@ class Plugin:
     async def spawn(self) -> None:
         """Start the plugin process (again, after a kill) and wait until it registered with the kubelet."""
         seen = len(self.kubelet.registrations)
-        env = {**os.environ, "FAKEGPU_DEVICES": self.devices, "FAKEGPU_STATE_DIR": str(self.state),
-               "PYTHONPATH": str(ROOT / "src")}
-        cmd = [sys.executable, "-m", "hami", "device-plugin", "--node-name", self.node,
-               "--kubeconfig", str(self.cluster.kubeconfig), "--device-plugin-dir", str(self.plugin_dir),
-               "--node-config", str(self.tmp / "config.json"), "--config-file", str(self.tmp / "none.yaml"),
-               "--hook-path", str(self.hook), "--lock-dir", str(self.tmp / "vgpulock"),
-               "--sysfs-root", str(self.tmp / "sys"), "--nvml-library", str(FAKE_NVML),
-               "--register-interval", "0.5", "--poll-interval", "0.1", "--lock-release-delay", str(self.release_delay),
-               "-v", *self.extra_args]
+        env = {
+            **os.environ,
+            "FAKEGPU_DEVICES": self.devices,
+            "FAKEGPU_STATE_DIR": str(self.state),
+            "PYTHONPATH": str(ROOT / "src"),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "hami",
+            "device-plugin",
+            "--node-name",
+            self.node,
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--device-plugin-dir",
+            str(self.plugin_dir),
+            "--node-config",
+            str(self.tmp / "config.json"),
+            "--config-file",
+            str(self.tmp / "none.yaml"),
+            "--hook-path",
+            str(self.hook),
+            "--lock-dir",
+            str(self.tmp / "vgpulock"),
+            "--sysfs-root",
+            str(self.tmp / "sys"),
+            "--nvml-library",
+            str(FAKE_NVML),
+            "--register-interval",
+            "0.5",
+            "--poll-interval",
+            "0.1",
+            "--lock-release-delay",
+            str(self.release_delay),
+            "-v",
+            *self.extra_args,
+        ]
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        await self.kubelet.wait_for(lambda: len(self.kubelet.registrations) > seen and
-                                    len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == self.gpus * self.split, 30)
+        await self.kubelet.wait_for(
+            lambda: (
+                len(self.kubelet.registrations) > seen
+                and len(self.kubelet.plugins.get(RESOURCE, _Empty).devices) == self.gpus * self.split
+            ),
+            30,
+        )
 
     async def stop(self) -> None:
         """SIGTERM (the plugin's orderly shutdown) and the kubelet stand-in; once."""
@@ -134,8 +188,12 @@ def create_plain_node(cluster, name: str) -> None:
     manifest = node_manifest(name, gpus=2, split_count=SPLIT)
     manifest["metadata"]["annotations"] = {}
     cluster.api("POST", "/api/v1/nodes", manifest)
-    cluster.api("PATCH", f"/api/v1/nodes/{name}/status", {"status": manifest["status"]},
-                content_type="application/merge-patch+json")
+    cluster.api(
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        {"status": manifest["status"]},
+        content_type="application/merge-patch+json",
+    )
 
 
 @pytest_asyncio.fixture(loop_scope="function")
@@ -167,9 +225,15 @@ def gpu_container(name: str, gpus: int, image: str = "busybox") -> dict:
 
 async def create_pod(api, ns: str, name: str, containers: list[dict], init: list[dict] | None = None) -> dict:
     body = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-        "spec": {"schedulerName": "nobody-schedules-this", "containers": containers,
-                 "initContainers": init or [], "terminationGracePeriodSeconds": 0},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "schedulerName": "nobody-schedules-this",
+            "containers": containers,
+            "initContainers": init or [],
+            "terminationGracePeriodSeconds": 0,
+        },
     }
     pod = await client.CoreV1Api(api).create_namespaced_pod(ns, body)
     return pod
@@ -191,20 +255,29 @@ async def take_lock(api, node: str, ns: str, name: str, timeout: float = 30) -> 
         owner = A.parse_node_lock(held)
         if owner is not None and (n.metadata.annotations or {}).get(nodelock.LOCK_HANDOFF) == nodelock.HANDOFF_SWAP:
             try:
-                phase = (await core.read_namespaced_pod(owner.name, owner.namespace)).metadata.annotations.get(A.BIND_PHASE)
+                phase = (await core.read_namespaced_pod(owner.name, owner.namespace)).metadata.annotations.get(
+                    A.BIND_PHASE
+                )
             except ApiException:
                 phase = None
             if phase in ("success", "failed"):
                 try:
-                    await core.patch_node(node, nodelock.swap_patch(A.NODE_LOCK, held, f"{now_rfc3339()},{ns},{name}"),
-                                          _content_type="application/json-patch+json")
+                    await core.patch_node(
+                        node,
+                        nodelock.swap_patch(A.NODE_LOCK, held, f"{now_rfc3339()},{ns},{name}"),
+                        _content_type="application/json-patch+json",
+                    )
                     return
                 except ApiException as exc:
                     if not nodelock.lost_swap(exc):
                         raise
         if A.NODE_LOCK not in (n.metadata.annotations or {}):
-            body = {"metadata": {"annotations": {A.NODE_LOCK: f"{now_rfc3339()},{ns},{name}"},
-                                 "resourceVersion": n.metadata.resource_version}}
+            body = {
+                "metadata": {
+                    "annotations": {A.NODE_LOCK: f"{now_rfc3339()},{ns},{name}"},
+                    "resourceVersion": n.metadata.resource_version,
+                }
+            }
             try:
                 await core.patch_node(node, body, _content_type="application/merge-patch+json")
                 return
@@ -215,20 +288,46 @@ async def take_lock(api, node: str, ns: str, name: str, timeout: float = 30) -> 
     raise TimeoutError(f"node lock on {node} not released within {timeout}s")
 
 
-async def schedule_like_hami(api, node: str, ns: str, name: str, devices: list[list[ContainerDevice]], annotation: str | None = None) -> None:
+async def schedule_like_hami(
+    api, node: str, ns: str, name: str, devices: list[list[ContainerDevice]], annotation: str | None = None
+) -> None:
     """What Filter + Bind write: allocation annotations, node lock, bind-phase, Binding."""
     core = client.CoreV1Api(api)
     value = annotation if annotation is not None else encode_pod_devices(devices)
-    await core.patch_namespaced_pod(name, ns, {"metadata": {
-        "annotations": {A.VGPU_NODE: node, "hami.io/vgpu-time": str(int(time.time())),
-                        A.TO_ALLOCATE: value, A.ALLOCATED: value},
-        "labels": {A.VGPU_NODE: node}}}, _content_type="application/merge-patch+json")
+    await core.patch_namespaced_pod(
+        name,
+        ns,
+        {
+            "metadata": {
+                "annotations": {
+                    A.VGPU_NODE: node,
+                    "hami.io/vgpu-time": str(int(time.time())),
+                    A.TO_ALLOCATE: value,
+                    A.ALLOCATED: value,
+                },
+                "labels": {A.VGPU_NODE: node},
+            }
+        },
+        _content_type="application/merge-patch+json",
+    )
     await take_lock(api, node, ns, name)
-    await core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {
-        A.BIND_PHASE: "allocating", A.BIND_TIME: str(int(time.time()))}}}, _content_type="application/merge-patch+json")
-    await core.create_namespaced_pod_binding(name, ns, {
-        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+    await core.patch_namespaced_pod(
+        name,
+        ns,
+        {"metadata": {"annotations": {A.BIND_PHASE: "allocating", A.BIND_TIME: str(int(time.time()))}}},
+        _content_type="application/merge-patch+json",
+    )
+    await core.create_namespaced_pod_binding(
+        name,
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+        _preload_content=False,
+    )
 
 
 async def schedule_like_ours(api, node: str, ns: str, name: str, devices: list[list[ContainerDevice]]) -> None:
@@ -236,11 +335,28 @@ async def schedule_like_ours(api, node: str, ns: str, name: str, devices: list[l
     Binding carrying every annotation (no pod patch, no label)."""
     value = encode_pod_devices(devices)
     await take_lock(api, node, ns, name)
-    await client.CoreV1Api(api).create_namespaced_pod_binding(name, ns, {
-        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "annotations": {
-            A.VGPU_NODE: node, "hami.io/vgpu-time": str(int(time.time())), A.TO_ALLOCATE: value, A.ALLOCATED: value,
-            A.BIND_PHASE: "allocating", A.BIND_TIME: str(int(time.time()))}},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+    await client.CoreV1Api(api).create_namespaced_pod_binding(
+        name,
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "annotations": {
+                    A.VGPU_NODE: node,
+                    "hami.io/vgpu-time": str(int(time.time())),
+                    A.TO_ALLOCATE: value,
+                    A.ALLOCATED: value,
+                    A.BIND_PHASE: "allocating",
+                    A.BIND_TIME: str(int(time.time())),
+                },
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+        _preload_content=False,
+    )
 
 
 async def lock_released(api, node: str, timeout: float = 10) -> None:
@@ -292,11 +408,21 @@ async def test_registration_annotation_written_from_nvml(plugin, kube_api):
     before = ann[REGISTER]
     await asyncio.sleep(1.2)  # two registration periods
     assert (await node_annotations(kube_api, plugin.node))[REGISTER] == before
-    assert plugin.logs().count("wrote hami.io/node-handshake, hami.io/node-lock-handoff, hami.io/node-nvidia-register, "
-                               "hami.io/node-nvidia-score") == 1
+    assert (
+        plugin.logs().count(
+            "wrote hami.io/node-handshake, hami.io/node-lock-handoff, hami.io/node-nvidia-register, "
+            "hami.io/node-nvidia-score"
+        )
+        == 1
+    )
     # the two GPUs share a host bridge and have no NVLink (topology.py): 30 each way
-    assert json.loads(ann["hami.io/node-nvidia-score"]) == [{"uuid": G0, "score": {G1: 30}}, {"uuid": G1, "score": {G0: 30}}]
-    assert ann[nodelock.LOCK_HANDOFF] == "swap"  # --lock-release-delay > 0 (default): finished pods' locks are swapped over
+    assert json.loads(ann["hami.io/node-nvidia-score"]) == [
+        {"uuid": G0, "score": {G1: 30}},
+        {"uuid": G1, "score": {G0: 30}},
+    ]
+    assert (
+        ann[nodelock.LOCK_HANDOFF] == "swap"
+    )  # --lock-release-delay > 0 (default): finished pods' locks are swapped over
 
 
 async def test_allocate_after_a_binding_that_carries_the_decision_labels_the_pod(plugin, kube_api, kube_namespace):
@@ -331,8 +457,9 @@ async def test_a_finished_pods_lock_is_handed_on_never_removed_from_the_next_pod
     await take_lock(kube_api, plugin.node, ns, "h2")  # swapped over (or taken, if the delay already passed)
     await asyncio.sleep(plugin.release_delay + 1.0)
     assert (await node_annotations(kube_api, plugin.node))[A.NODE_LOCK].endswith(f",{ns},h2")
-    await client.CoreV1Api(kube_api).patch_node(plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}},
-                                                _content_type="application/merge-patch+json")
+    await client.CoreV1Api(kube_api).patch_node(
+        plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}}, _content_type="application/merge-patch+json"
+    )
     # nobody swaps: the plugin's own removal after the delay
     await schedule_like_ours(kube_api, plugin.node, ns, "h2", [[dev(G1, 100)]])
     pod = await client.CoreV1Api(kube_api).read_namespaced_pod("h2", ns)
@@ -340,8 +467,9 @@ async def test_a_finished_pods_lock_is_handed_on_never_removed_from_the_next_pod
     await lock_released(kube_api, plugin.node)
 
 
-async def test_shutdown_removes_a_lock_left_for_the_handoff_and_withdraws_the_declaration(kube_cluster, kube_api,
-                                                                                           kube_namespace):
+async def test_shutdown_removes_a_lock_left_for_the_handoff_and_withdraws_the_declaration(
+    kube_cluster, kube_api, kube_namespace
+):
     """A lock whose delayed removal is pending goes at shutdown (SIGTERM), and so does the node's
     hami.io/node-lock-handoff, so a plugin that replaces this one is not swapped over."""
     ns = kube_namespace
@@ -403,7 +531,9 @@ async def test_allocate_takes_the_pod_from_its_watch_when_the_copy_postdates_the
     envs = dict(resp.envs)
     assert {k: envs[k] for k in expected_env(devs[0])} == expected_env(devs[0])
     line = next(ln for ln in plugin.logs().splitlines() if f"pod {ns}/watched: allocated" in ln)
-    cached, read = map(int, re.search(r"pod reads: (\d+) from the watch cache, (\d+) from the API server", line).groups())
+    cached, read = map(
+        int, re.search(r"pod reads: (\d+) from the watch cache, (\d+) from the API server", line).groups()
+    )
     assert cached >= 1, line
     ann = await pod_annotations(kube_api, ns, "watched")
     assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";"
@@ -412,8 +542,13 @@ async def test_allocate_takes_the_pod_from_its_watch_when_the_copy_postdates_the
 
 async def test_multi_container_pod_with_gpu_init_container(plugin, kube_api, kube_namespace):
     ns = kube_namespace
-    await create_pod(kube_api, ns, "multi", [gpu_container("sidecar", 0), gpu_container("worker", 2)],
-                     init=[gpu_container("warmup", 1)])
+    await create_pod(
+        kube_api,
+        ns,
+        "multi",
+        [gpu_container("sidecar", 0), gpu_container("worker", 2)],
+        init=[gpu_container("warmup", 1)],
+    )
     devs = [[dev(G0, 1000, 10)], [], [dev(G0, 2000, 20), dev(G1, 4000, 20)]]
     await schedule_like_hami(kube_api, plugin.node, ns, "multi", devs)
     pod = await client.CoreV1Api(kube_api).read_namespaced_pod("multi", ns)
@@ -421,9 +556,14 @@ async def test_multi_container_pod_with_gpu_init_container(plugin, kube_api, kub
     init_resp, worker_resp = await plugin.kubelet.admit_pod(RESOURCE, counts(pod))
     assert {k: dict(init_resp.envs)[k] for k in expected_env(devs[0])} == expected_env(devs[0])
     assert {k: dict(worker_resp.envs)[k] for k in expected_env(devs[2])} == expected_env(devs[2])
-    cache_dirs = [{m.container_path: m.host_path for m in r.mounts}[f"{plugin.hook}/vgpu"] for r in (init_resp, worker_resp)]
+    cache_dirs = [
+        {m.container_path: m.host_path for m in r.mounts}[f"{plugin.hook}/vgpu"] for r in (init_resp, worker_resp)
+    ]
     assert cache_dirs == [f"{plugin.hook}/vgpu/containers/{pod.metadata.uid}_{c}" for c in ("warmup", "worker")]
-    assert dict(init_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != dict(worker_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    assert (
+        dict(init_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+        != dict(worker_resp.envs)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    )
     ann = await pod_annotations(kube_api, ns, "multi")
     assert ann[A.BIND_PHASE] == "success" and ann[A.TO_ALLOCATE] == ";;;"
     await lock_released(kube_api, plugin.node)
@@ -462,10 +602,13 @@ async def test_twenty_pods_one_node(plugin, kube_api, kube_namespace):
     await lock_released(kube_api, plugin.node)
 
 
-@pytest.mark.parametrize("annotation, count, reason", [
-    ("GPU-f00dfeed,NVIDIA;", 1, "is invalid"),
-    (f"{G0},NVIDIA,1000,0:{G1},NVIDIA,1000,0:;", 1, r"has 2 GPU\(s\) .* asked for 1"),
-])
+@pytest.mark.parametrize(
+    "annotation, count, reason",
+    [
+        ("GPU-f00dfeed,NVIDIA;", 1, "is invalid"),
+        (f"{G0},NVIDIA,1000,0:{G1},NVIDIA,1000,0:;", 1, r"has 2 GPU\(s\) .* asked for 1"),
+    ],
+)
 async def test_bad_annotation_fails_cleanly(plugin, kube_api, kube_namespace, annotation, count, reason):
     ns = kube_namespace
     await create_pod(kube_api, ns, "bad", [gpu_container("main", count)])
@@ -485,8 +628,11 @@ async def test_no_lock_and_two_candidates_is_refused(plugin, kube_api, kube_name
     for name in ("a", "b"):
         await create_pod(kube_api, ns, name, [gpu_container("main", 1)])
         await schedule_like_hami(kube_api, plugin.node, ns, name, [[dev(G0, 100)]])
-        await core.patch_node(plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}},
-                              _content_type="application/merge-patch+json")  # a lost lock
+        await core.patch_node(
+            plugin.node,
+            {"metadata": {"annotations": {A.NODE_LOCK: None}}},
+            _content_type="application/merge-patch+json",
+        )  # a lost lock
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await plugin.kubelet.admit_pod(RESOURCE, [1])
     assert "refusing to guess" in err.value.details() and f"{ns}/a, {ns}/b" in err.value.details()
@@ -508,7 +654,10 @@ async def test_xid_marks_device_unhealthy(plugin, kube_api):
 
     async def annotated_unhealthy():
         while True:
-            devs = {d.id: d.health for d in decode_node_devices_json((await node_annotations(kube_api, plugin.node))[REGISTER])}
+            devs = {
+                d.id: d.health
+                for d in decode_node_devices_json((await node_annotations(kube_api, plugin.node))[REGISTER])
+            }
             if devs == {G0: True, G1: False}:
                 return
             await asyncio.sleep(0.1)
@@ -522,17 +671,21 @@ async def test_lock_of_an_unbound_pod_is_left_alone(plugin, kube_api, kube_names
     core = client.CoreV1Api(kube_api)
     await create_pod(kube_api, ns, "next", [gpu_container("main", 1)])
     value = encode_pod_devices([[dev(G0, 100)]])
-    await core.patch_namespaced_pod("next", ns, {"metadata": {"annotations": {
-        A.VGPU_NODE: plugin.node, A.TO_ALLOCATE: value, A.BIND_PHASE: "allocating"}}},
-        _content_type="application/merge-patch+json")
+    await core.patch_namespaced_pod(
+        "next",
+        ns,
+        {"metadata": {"annotations": {A.VGPU_NODE: plugin.node, A.TO_ALLOCATE: value, A.BIND_PHASE: "allocating"}}},
+        _content_type="application/merge-patch+json",
+    )
     await take_lock(kube_api, plugin.node, ns, "next")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await plugin.kubelet.admit_pod(RESOURCE, [1])
     assert f"names pod {ns}/next, which is not bound to this node yet" in err.value.details()
     assert (await pod_annotations(kube_api, ns, "next"))[A.BIND_PHASE] == "allocating"
     assert (await node_annotations(kube_api, plugin.node))[A.NODE_LOCK].endswith(f",{ns},next")
-    await core.patch_node(plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}},
-                          _content_type="application/merge-patch+json")
+    await core.patch_node(
+        plugin.node, {"metadata": {"annotations": {A.NODE_LOCK: None}}}, _content_type="application/merge-patch+json"
+    )
 
 
 async def test_lock_of_a_deleted_pod_is_released(plugin, kube_api, kube_namespace):
@@ -563,8 +716,9 @@ async def watch_bound_pods(api, ns: str, node: str, seen: asyncio.Queue, count: 
     names: set[str] = set()
     core = client.CoreV1Api(api)
     while len(names) < count:
-        async with watch.Watch().stream(core.list_namespaced_pod, ns, field_selector=f"spec.nodeName={node}",
-                                        timeout_seconds=30) as stream:
+        async with watch.Watch().stream(
+            core.list_namespaced_pod, ns, field_selector=f"spec.nodeName={node}", timeout_seconds=30
+        ) as stream:
             async for event in stream:
                 pod = event["object"]
                 if pod.metadata.name not in names:
@@ -579,8 +733,11 @@ WEBHOOK_LABEL = "hami.io/webhook-test"
 
 def _chain_pod(name: str, node: str, multi: bool) -> dict:
     limits = {RESOURCE: "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "5"}
-    spec: dict = {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 0,
-                  "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}
+    spec: dict = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+    }
     if multi:  # a GPU init container, and the GPU app container is not the first one
         spec["initContainers"] = [{"name": "warmup", "image": "busybox", "resources": {"limits": limits}}]
         spec["containers"] = [{"name": "log", "image": "busybox"}, {**spec["containers"][0], "name": "worker"}]
@@ -613,7 +770,9 @@ async def test_full_chain_with_hami_scheduler(kube_cluster, kube_api, kube_names
         await p.start()
         names = [f"c{i:02d}" for i in range(n)]
         for i, name in enumerate(names):
-            created = await client.CoreV1Api(kube_api).create_namespaced_pod(ns, _chain_pod(name, node, multi=i % 5 == 4))
+            created = await client.CoreV1Api(kube_api).create_namespaced_pod(
+                ns, _chain_pod(name, node, multi=i % 5 == 4)
+            )
             assert created.spec.scheduler_name == "hami-scheduler", "the webhook did not route the pod"
         seen: asyncio.Queue = asyncio.Queue()
         watcher = asyncio.create_task(watch_bound_pods(kube_api, ns, node, seen, n))
@@ -663,7 +822,9 @@ async def test_cdi_cri_writes_a_valid_spec_and_allocate_names_cdi_devices(kube_c
         jsonschema.validate(spec, schema, cls=jsonschema.Draft7Validator)
         assert spec["kind"] == "hami.io/gpu"
         assert [(d["name"], d["containerEdits"]["deviceNodes"]) for d in spec["devices"]] == [
-            (G0, [{"path": "/dev/nvidia0"}]), (G1, [{"path": "/dev/nvidia1"}])]
+            (G0, [{"path": "/dev/nvidia0"}]),
+            (G1, [{"path": "/dev/nvidia1"}]),
+        ]
         ns = kube_namespace
         await create_pod(kube_api, ns, "cdi", [gpu_container("main", 1)])
         devs = [[dev(G1, 3000, 30)]]

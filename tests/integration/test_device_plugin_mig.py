@@ -30,7 +30,9 @@ pytestmark = pytest.mark.integration
 
 A100 = "GPU-f00dfeed-0000-4000-8000-000000000000"
 H100 = "GPU-f00dfeed-0000-4000-8000-000000000001"
-DEVICES = "name=NVIDIA A100-SXM4-40GB,memory=40Gi,pci=0000:3b:00.0;name=NVIDIA H100 80GB HBM3,memory=80Gi,pci=0000:5e:00.0"
+DEVICES = (
+    "name=NVIDIA A100-SXM4-40GB,memory=40Gi,pci=0000:3b:00.0;name=NVIDIA H100 80GB HBM3,memory=80Gi,pci=0000:5e:00.0"
+)
 MIG = "hami.io/vgpu-mig-allocations"
 
 
@@ -40,8 +42,13 @@ async def mig_plugin(kube_cluster, kube_api):
         pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
     node = f"mig-{uuid.uuid4().hex[:8]}"
     create_plain_node(kube_cluster, node)
-    p = Plugin(kube_cluster, node, devices=DEVICES, node_config={"operatingmode": "mig"},
-               extra_args=("--mig-collect-interval", "0.2"))
+    p = Plugin(
+        kube_cluster,
+        node,
+        devices=DEVICES,
+        node_config={"operatingmode": "mig"},
+        extra_args=("--mig-collect-interval", "0.2"),
+    )
     try:
         await p.start()
         yield p
@@ -54,9 +61,11 @@ async def mig_plugin(kube_cluster, kube_api):
 
 def instances(p: Plugin) -> dict[str, list]:
     """What the fake driver has now (read-only, from another process of the same machine)."""
-    code = ("import json; from hami.node.nvml import MigNvml, open_nvml;"
-            f"open_nvml({str(FAKE_NVML)!r}); n = MigNvml();"
-            f"print(json.dumps({{g: [[i.gi, i.profile, i.start, i.mig_uuid] for i in n.instances(g)] for g in {[A100, H100]!r}}}))")
+    code = (
+        "import json; from hami.node.nvml import MigNvml, open_nvml;"
+        f"open_nvml({str(FAKE_NVML)!r}); n = MigNvml();"
+        f"print(json.dumps({{g: [[i.gi, i.profile, i.start, i.mig_uuid] for i in n.instances(g)] for g in {[A100, H100]!r}}}))"
+    )
     env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(p.state), "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -67,10 +76,22 @@ async def place_with_the_core(api, node: str, ns: str, name: str, gpumem: int) -
     """Create a pod and decide it the way the extender does, from the node's registration as the
     plugin wrote it; bind it with the decision (lock, then one Binding, as our scheduler does)."""
     core = client.CoreV1Api(api)
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": {"schedulerName": "nobody", "terminationGracePeriodSeconds": 0, "containers": [
-                {"name": "main", "image": "busybox",
-                 "resources": {"limits": {RESOURCE: "1", "nvidia.com/gpumem": str(gpumem)}}}]}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "schedulerName": "nobody",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": {RESOURCE: "1", "nvidia.com/gpumem": str(gpumem)}},
+                }
+            ],
+        },
+    }
     created = api.sanitize_for_serialization(await core.create_namespaced_pod(ns, body))
     node_obj = api.sanitize_for_serialization(await core.read_node(node))
     config = SchedulerConfig(build_vendors())
@@ -81,9 +102,17 @@ async def place_with_the_core(api, node: str, ns: str, name: str, gpumem: int) -
     assert result.node == node, result.reasons()
     ann = {**result.annotations, A.BIND_PHASE: "allocating", A.BIND_TIME: "1"}
     await take_lock(api, node, ns, name)
-    await core.create_namespaced_pod_binding(name, ns, {
-        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": ns, "annotations": ann},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+    await core.create_namespaced_pod_binding(
+        name,
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "annotations": ann},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+        _preload_content=False,
+    )
     return ann
 
 
@@ -98,7 +127,14 @@ async def test_registration_carries_the_mig_geometry(mig_plugin, kube_api):
     ann = (await client.CoreV1Api(kube_api).read_node(mig_plugin.node)).metadata.annotations
     devs = {d.id: d for d in decode_node_devices_json(ann["hami.io/node-nvidia-register"])}
     assert devs[A100].mode == "mig" and devs[A100].count == 7 and devs[A100].devcore == 100
-    assert [p.name for p in devs[A100].mig_profiles] == ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert [p.name for p in devs[A100].mig_profiles] == [
+        "1g.5gb",
+        "1g.10gb",
+        "2g.10gb",
+        "3g.20gb",
+        "4g.20gb",
+        "7g.40gb",
+    ]
     assert [p.name for p in devs[H100].mig_profiles][-1] == "7g.80gb"
 
 
@@ -149,7 +185,8 @@ async def test_asymmetric_nvlinks_raise_a_node_warning_event(kube_cluster, kube_
         ann = (await client.CoreV1Api(kube_api).read_node(node)).metadata.annotations
         assert json.loads(ann["hami.io/node-nvidia-score"])[0]["score"] == {H100: 0}
         events = await client.CoreV1Api(kube_api).list_namespaced_event(
-            "default", field_selector=f"involvedObject.name={node},reason=AsymmetricGPUP2PLink")
+            "default", field_selector=f"involvedObject.name={node},reason=AsymmetricGPUP2PLink"
+        )
         assert len(events.items) == 1 and events.items[0].type == "Warning" and A100 in events.items[0].message
     finally:
         await p.stop()
@@ -171,8 +208,11 @@ async def test_full_chain_topology_aware_and_mig_through_the_extender(kube_clust
     if _scheduler_cli() or not FAKE_NVML.exists():
         pytest.skip(_scheduler_cli() or "the fake NVML is not built")
     links = {0: "2x1", 1: "3x2", 2: "0x1", 3: "1x2"}
-    board = ";".join(f"name=Tesla V100-SXM2-32GB,memory=32Gi,pci=0000:{0x18 + 0x10 * i:02x}:00.0,nvlink={links[i]},"
-                     f"host_bridge=0,numa=0" for i in range(4))
+    board = ";".join(
+        f"name=Tesla V100-SXM2-32GB,memory=32Gi,pci=0000:{0x18 + 0x10 * i:02x}:00.0,nvlink={links[i]},"
+        f"host_bridge=0,numa=0"
+        for i in range(4)
+    )
     gpu = [f"GPU-f00dfeed-0000-4000-8000-{i:012d}" for i in range(4)]
     ns = kube_namespace
     label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
@@ -182,8 +222,14 @@ async def test_full_chain_topology_aware_and_mig_through_the_extender(kube_clust
     kube_cluster.create_node(topo_node, gpus=4, split_count=2)
     kube_cluster.create_node(mig_node, gpus=2, split_count=2)
     topo = Plugin(kube_cluster, topo_node, split=2, devices=board, gpus=4)
-    mig = Plugin(kube_cluster, mig_node, split=2, devices=DEVICES, node_config={"operatingmode": "mig"},
-                 extra_args=("--mig-collect-interval", "0.2"))
+    mig = Plugin(
+        kube_cluster,
+        mig_node,
+        split=2,
+        devices=DEVICES,
+        node_config={"operatingmode": "mig"},
+        extra_args=("--mig-collect-interval", "0.2"),
+    )
     core = client.CoreV1Api(kube_api)
     try:
         kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=sched.extender()))
@@ -224,8 +270,10 @@ async def test_full_chain_topology_aware_and_mig_through_the_extender(kube_clust
         for p in (topo, mig):
             await p.stop()
         sched.stop()
-        print(f"--- hami scheduler log ---\n{sched.logs()[-4000:]}\n--- topo plugin ---\n{topo.logs()[-3000:]}\n"
-              f"--- mig plugin ---\n{mig.logs()[-3000:]}")
+        print(
+            f"--- hami scheduler log ---\n{sched.logs()[-4000:]}\n--- topo plugin ---\n{topo.logs()[-3000:]}\n"
+            f"--- mig plugin ---\n{mig.logs()[-3000:]}"
+        )
         kube_cluster.delete_node(topo_node)
         kube_cluster.delete_node(mig_node)
         topo.cleanup()

@@ -85,8 +85,10 @@ async def kube(cluster):
 
 def gpus(node: str, n: int) -> list[PhysicalGPU]:
     tag = sum(map(ord, node)) % 0xFFFF
-    return [PhysicalGPU(i, f"GPU-{tag:08x}-0000-4000-8000-{i:012x}", "Tesla T4", GPU_MIB, f"0000:{i + 1:02x}:00.0", 0)
-            for i in range(n)]
+    return [
+        PhysicalGPU(i, f"GPU-{tag:08x}-0000-4000-8000-{i:012x}", "Tesla T4", GPU_MIB, f"0000:{i + 1:02x}:00.0", 0)
+        for i in range(n)
+    ]
 
 
 def publish_node(cluster: KubeCluster, node: str, n: int) -> None:
@@ -105,8 +107,10 @@ def publish_node(cluster: KubeCluster, node: str, n: int) -> None:
 
 
 def hami_pod(name: str, limits: dict, node_selector: dict | None = None) -> dict:
-    spec = {"containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
-            "terminationGracePeriodSeconds": 0}
+    spec = {
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        "terminationGracePeriodSeconds": 0,
+    }
     if node_selector:
         spec["nodeSelector"] = node_selector
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
@@ -117,8 +121,9 @@ def create_hami_pod(cluster, ns: str, pod: dict) -> dict:
     admitted = admit_pod({**pod, "metadata": {**pod["metadata"], "namespace": ns}}, [NV])[0]
     out, templates = translate(admitted, NV, namespace=ns)
     for t in templates:
-        cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates?fieldValidation=Strict", t,
-                    expect=(201, 409))
+        cluster.api(
+            "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates?fieldValidation=Strict", t, expect=(201, 409)
+        )
     return cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", out)
 
 
@@ -126,7 +131,7 @@ def claims_by_pod(cluster, ns: str) -> dict[str, dict]:
     items = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
     out = {}
     for c in items:
-        for ref in (c["metadata"].get("ownerReferences") or []):
+        for ref in c["metadata"].get("ownerReferences") or []:
             if ref["kind"] == "Pod":
                 out[ref["name"]] = c
     return out
@@ -173,8 +178,15 @@ async def test_kube_scheduler_shares_gpus_without_going_over_capacity(cluster, k
         for i in range(40):
             mem, cores = (2000, 3000, 5000, 7000)[i % 4], (10, 20, 30, 50)[(i // 4) % 4]
             wanted[f"p{i}"] = (mem, cores)
-            create_hami_pod(cluster, ns, hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem,
-                                                           "nvidia.com/gpucores": cores}, {"hami.io/test-pool": "share"}))
+            create_hami_pod(
+                cluster,
+                ns,
+                hami_pod(
+                    f"p{i}",
+                    {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores},
+                    {"hami.io/test-pool": "share"},
+                ),
+            )
 
         def settled():
             pods = {p["metadata"]["name"]: p for p in cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]}
@@ -187,7 +199,9 @@ async def test_kube_scheduler_shares_gpus_without_going_over_capacity(cluster, k
                 claim = claims.get(name)
                 if claim is None or not (claim.get("status") or {}).get("allocation"):
                     return None
-                assert len(claim["status"]["allocation"].get("devices", {}).get("results") or []) == 1, json.dumps(claim)
+                assert len(claim["status"]["allocation"].get("devices", {}).get("results") or []) == 1, json.dumps(
+                    claim
+                )
                 [r] = claim["status"]["allocation"]["devices"]["results"]
                 assert r["pool"] == node, f"{name}: bound to {node}, claim allocated on {r['pool']}"
                 mem, cores = wanted[name]
@@ -209,12 +223,16 @@ async def test_kube_scheduler_shares_gpus_without_going_over_capacity(cluster, k
 
         used, pending = cluster.wait_for(settled, "every pod placed or unable to fit", timeout=180)
         for (node, dev), (mem, cores, shares) in used.items():
-            assert mem <= GPU_MIB and cores <= 100 and shares <= SPLIT, f"{node}/{dev} over capacity: {mem} {cores} {shares}"
+            assert mem <= GPU_MIB and cores <= 100 and shares <= SPLIT, (
+                f"{node}/{dev} over capacity: {mem} {cores} {shares}"
+            )
         placed = 40 - len(pending)
         assert placed >= 12, f"only {placed} pods placed"
         assert pending, "40 shares cannot all fit on 6 GPUs of 4 shares each"
-        print(f"DRA share placement ({KUBE_VERSION}): {placed} of 40 pods placed on {len(nodes)} nodes x "
-              f"{per_node} GPUs, {len(pending)} pending")
+        print(
+            f"DRA share placement ({KUBE_VERSION}): {placed} of 40 pods placed on {len(nodes)} nodes x "
+            f"{per_node} GPUs, {len(pending)} pending"
+        )
 
         # the kubelet plugin prepares one of the allocated claims over its socket
         name = next(n for n in sorted(wanted) if n not in pending)
@@ -237,19 +255,35 @@ async def test_shares_go_to_the_second_gpu_of_a_node_when_the_first_is_full(clus
     await publish_slice(kube, node, gpus(node, 2), SliceSettings(split_count=SPLIT))
     try:
         for i in range(4):  # 10000 MiB each: one per GPU
-            create_hami_pod(cluster, ns, hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000,
-                                                           "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "two"}))
+            create_hami_pod(
+                cluster,
+                ns,
+                hami_pod(
+                    f"p{i}",
+                    {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000, "nvidia.com/gpucores": 10},
+                    {"hami.io/test-pool": "two"},
+                ),
+            )
 
         def two_placed_two_refused():
             pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             placed = [p for p in pods if p["spec"].get("nodeName")]
-            refused = [p for p in pods if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-                                              for c in (p.get("status") or {}).get("conditions") or [])]
+            refused = [
+                p
+                for p in pods
+                if any(
+                    c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                    for c in (p.get("status") or {}).get("conditions") or []
+                )
+            ]
             return (len(placed), len(refused)) == (2, 2) and placed
 
         cluster.wait_for(two_placed_two_refused, "two pods placed (one per GPU), two refused", timeout=60)
-        used = sorted(r["device"] for c in cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
-                      for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []))
+        used = sorted(
+            r["device"]
+            for c in cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
+            for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        )
         assert used == ["gpu-0", "gpu-1"]
     finally:
         cluster.delete_namespace(ns)
@@ -265,7 +299,9 @@ async def _prepare_over_grpc(cluster, node: str, claim: dict, wanted: tuple[int,
         return cluster.api("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
 
     paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
-    driver = Driver(node, gpus(node, 2), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths)
+    driver = Driver(
+        node, gpus(node, 2), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths
+    )
     server = PluginServer(driver, *socket_paths(root / "kubelet"))
     await server.start()
     meta = claim["metadata"]
@@ -279,7 +315,9 @@ async def _prepare_over_grpc(cluster, node: str, claim: dict, wanted: tuple[int,
             assert got.devices[0].device_name == claim["status"]["allocation"]["devices"]["results"][0]["device"]
             spec = json.loads(Path(paths.cdi_file(meta["uid"])).read_text())
             env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
-            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{wanted[0]}m" and env["CUDA_DEVICE_SM_LIMIT"] == str(wanted[1])
+            assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{wanted[0]}m" and env["CUDA_DEVICE_SM_LIMIT"] == str(
+                wanted[1]
+            )
             resp = await stub.NodeUnprepareResources(dra_pb.NodeUnprepareResourcesRequest(claims=[ref]))
             assert resp.claims[meta["uid"]].error == ""
             assert not Path(paths.cdi_file(meta["uid"])).exists()
@@ -296,20 +334,30 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
     await publish_slice(kube, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
     sel = {"hami.io/test-pool": "whole"}
     try:
-        whole = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "whole"},
-                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE_CLASS}}]}}}
+        whole = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "whole"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE_CLASS}}]}},
+        }
         cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims?fieldValidation=Strict", whole)
         pod = hami_pod("whole", {}, sel)
         pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "whole"}]
         pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
         cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/whole")["spec"].get("nodeName"),
-                         "the whole-GPU pod placed", timeout=60)
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/whole")["spec"].get("nodeName"),
+            "the whole-GPU pod placed",
+            timeout=60,
+        )
         claim = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims/whole")
         [r] = claim["status"]["allocation"]["devices"]["results"]
         assert qty(r["consumedCapacity"]["memory"]) == GPU_MIB * MIB  # the default: all of it
-        create_hami_pod(cluster, ns, hami_pod("share", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100,
-                                                        "nvidia.com/gpucores": 1}, sel))
+        create_hami_pod(
+            cluster,
+            ns,
+            hami_pod("share", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100, "nvidia.com/gpucores": 1}, sel),
+        )
 
         def unschedulable():
             p = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/share")
@@ -322,22 +370,34 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
         import subprocess
         import sys
 
-        out = subprocess.run([sys.executable, "-m", "hami", "dra", "--explain", f"{ns}/share",
-                              "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60,
-                             env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+        out = subprocess.run(
+            [sys.executable, "-m", "hami", "dra", "--explain", f"{ns}/share", "--kubeconfig", str(cluster.kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"},
+        )
         assert out.returncode == 0, out.stderr
         assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT}" in out.stdout, out.stdout
         assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
-        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
-            in out.stdout, out.stdout
+        assert (
+            f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short"
+            in out.stdout
+        ), out.stdout
         # `hami explain` (the extender's explainer) gives the same DRA lines, not an extender verdict
-        ex = subprocess.run([sys.executable, "-m", "hami", "explain", f"{ns}/share",
-                             "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, timeout=60,
-                            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"})
+        ex = subprocess.run(
+            [sys.executable, "-m", "hami", "explain", f"{ns}/share", "--kubeconfig", str(cluster.kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"},
+        )
         assert ex.returncode == 0, ex.stderr
         assert "It uses DRA ResourceClaims" in ex.stdout and "fits on none" not in ex.stdout, ex.stdout
-        assert f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short" \
-            in ex.stdout, ex.stdout
+        assert (
+            f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short"
+            in ex.stdout
+        ), ex.stdout
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
@@ -355,11 +415,16 @@ async def test_plain_nvidia_gpu_is_served_by_the_share_class_through_extended_re
     cluster.create_node(node, labels={"hami.io/test-pool": "ext"})
     await publish_slice(kube, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
     try:
-        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                    hami_pod("plain", {"nvidia.com/gpu": 1}, {"hami.io/test-pool": "ext"}))
+        cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            hami_pod("plain", {"nvidia.com/gpu": 1}, {"hami.io/test-pool": "ext"}),
+        )
         pod = cluster.wait_for(
             lambda: (p := cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/plain"))["spec"].get("nodeName") and p,
-            "the nvidia.com/gpu pod placed through DRA", timeout=60)
+            "the nvidia.com/gpu pod placed through DRA",
+            timeout=60,
+        )
         assert pod["spec"]["nodeName"] == node
         claims = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         [r] = [r for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
@@ -387,20 +452,31 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
     register_webhook(cluster, proc.url, webhook, label)
     label_namespace(cluster, ns, label)
     try:
-        manifest = hami_pod("hooked", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25},
-                            {"hami.io/test-pool": "hook"})
+        manifest = hami_pod(
+            "hooked",
+            {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25},
+            {"hami.io/test-pool": "hook"},
+        )
         dry = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
-        cluster.wait_for(lambda: cluster.api("POST", dry, manifest)["spec"].get("resourceClaims"),
-                         "the webhook turning GPU requests into claims", timeout=30, interval=0.2)
+        cluster.wait_for(
+            lambda: cluster.api("POST", dry, manifest)["spec"].get("resourceClaims"),
+            "the webhook turning GPU requests into claims",
+            timeout=30,
+            interval=0.2,
+        )
         created = cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", manifest)
         [ref] = created["spec"]["resourceClaims"]
         assert created["spec"]["schedulerName"] == "default-scheduler"
         assert "nvidia.com/gpu" not in (created["spec"]["containers"][0]["resources"].get("limits") or {})
-        template = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{ref['resourceClaimTemplateName']}")
+        template = cluster.api(
+            "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{ref['resourceClaimTemplateName']}"
+        )
         assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "hami-webhook"
         pod = cluster.wait_for(
             lambda: (p := cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/hooked"))["spec"].get("nodeName") and p,
-            "the translated pod placed by kube-scheduler", timeout=60)
+            "the translated pod placed by kube-scheduler",
+            timeout=60,
+        )
         assert pod["spec"]["nodeName"] == node
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         [r] = claim["status"]["allocation"]["devices"]["results"]
@@ -438,17 +514,50 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
     cluster.create_node(node, labels={"hami.io/test-pool": "agent"})
     (root / "config.json").write_text(json.dumps({"nodeconfig": [{"name": node, "devicesplitcount": 3}]}))
     (root / "fg").mkdir()
-    env = {**os.environ, "FAKEGPU_DEVICES": "name=Tesla T4,memory=16G;name=Tesla T4,memory=16G",
-           "FAKEGPU_STATE_DIR": str(root / "fg"), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env = {
+        **os.environ,
+        "FAKEGPU_DEVICES": "name=Tesla T4,memory=16G;name=Tesla T4,memory=16G",
+        "FAKEGPU_STATE_DIR": str(root / "fg"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+    }
     log = (root / "agent.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "hami", "dra", "--node-name", node, "--kubeconfig", str(cluster.kubeconfig),
-                             "--kubelet-dir", str(root / "kubelet"), "--state-dir", str(root / "state"),
-                             "--cdi-dir", str(root / "cdi"), "--hook-path", str(root / "usr"), "--lock-dir", str(root / "lock"),
-                             "--node-config", str(root / "config.json"), "--config-file", str(root / "none.yaml"),
-                             "--sysfs-root", str(root / "sys"), "--nvml-library", str(FAKE_NVML), "--apply-classes"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "dra",
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--kubelet-dir",
+            str(root / "kubelet"),
+            "--state-dir",
+            str(root / "state"),
+            "--cdi-dir",
+            str(root / "cdi"),
+            "--hook-path",
+            str(root / "usr"),
+            "--lock-dir",
+            str(root / "lock"),
+            "--node-config",
+            str(root / "config.json"),
+            "--config-file",
+            str(root / "none.yaml"),
+            "--sysfs-root",
+            str(root / "sys"),
+            "--nvml-library",
+            str(FAKE_NVML),
+            "--apply-classes",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     path = f"{RESOURCE}/resourceslices/{slice_name(node)}"
     try:
+
         def devices():
             got = cluster.api("GET", path, expect=(200, 404))
             return [d["name"] for d in got["spec"]["devices"]] if got.get("spec") else None
@@ -460,10 +569,20 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
         reg_sock, dra_sock = socket_paths(root / "kubelet")
         cluster.wait_for(lambda: dra_sock.exists() and reg_sock.exists(), "the kubelet plugin sockets")
 
-        create_hami_pod(cluster, ns, hami_pod("agent", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2500,
-                                                         "nvidia.com/gpucores": 40}, {"hami.io/test-pool": "agent"}))
-        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/agent")["spec"].get("nodeName"),
-                         "the pod placed", timeout=60)
+        create_hami_pod(
+            cluster,
+            ns,
+            hami_pod(
+                "agent",
+                {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2500, "nvidia.com/gpucores": 40},
+                {"hami.io/test-pool": "agent"},
+            ),
+        )
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/agent")["spec"].get("nodeName"),
+            "the pod placed",
+            timeout=60,
+        )
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         meta = claim["metadata"]
 
@@ -472,7 +591,9 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
             async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
                 stub = dra_grpc.DRAPluginStub(ch)
                 ref = dra_pb.Claim(namespace=ns, name=meta["name"], uid=meta["uid"])
-                return (await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[ref]))).claims[meta["uid"]]
+                return (await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[ref]))).claims[
+                    meta["uid"]
+                ]
 
         import asyncio
 
@@ -485,8 +606,9 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
 
         # a device fault on GPU 1: the agent republishes its slice without it
         (root / "fg" / "xid").write_text("1 79\n")
-        assert cluster.wait_for(lambda: devices() == ["gpu-0"] and devices(), "gpu-1 dropped after XID 79",
-                                timeout=60) == ["gpu-0"]
+        assert cluster.wait_for(
+            lambda: devices() == ["gpu-0"] and devices(), "gpu-1 dropped after XID 79", timeout=60
+        ) == ["gpu-0"]
         assert cluster.api("GET", path)["spec"]["pool"]["generation"] == 2
         # the kubelet deletes its node's slices when it starts: the agent publishes its own again
         cluster.api("DELETE", path)
@@ -516,10 +638,20 @@ def test_a_two_gpu_request_gets_two_distinct_gpus(cluster):
 
     publish_node(cluster, node, 2)
     try:
-        create_hami_pod(cluster, ns, hami_pod("pair", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000,
-                                                        "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "pair"}))
-        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/pair")["spec"].get("nodeName"),
-                         "the two-GPU pod placed", timeout=60)
+        create_hami_pod(
+            cluster,
+            ns,
+            hami_pod(
+                "pair",
+                {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
+                {"hami.io/test-pool": "pair"},
+            ),
+        )
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/pair")["spec"].get("nodeName"),
+            "the two-GPU pod placed",
+            timeout=60,
+        )
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         results = claim["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"]
@@ -546,8 +678,10 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
     await publish_slice(kube, node, gpus(node, 2), settings)
     sel = {"hami.io/test-pool": "sim"}
     asks = [(10000, 10), (4000, 20), (2000, 5), (1000, 5), (12000, 30), (8000, 10), (100, 1), (100, 1), (100, 1)]
-    pods = [hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": m, "nvidia.com/gpucores": c}, sel)
-            for i, (m, c) in enumerate(asks)]
+    pods = [
+        hami_pod(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": m, "nvidia.com/gpucores": c}, sel)
+        for i, (m, c) in enumerate(asks)
+    ]
     try:
         live = {}
         for p in pods:
@@ -567,8 +701,9 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
 
             live[name] = cluster.wait_for(decided, f"{name} placed or unschedulable", timeout=60)
         docs = [{**p, "metadata": {**p["metadata"], "namespace": ns}} for p in pods]
-        result = simulate_dra([resource_slice(node, gpus(node, 2), settings)], docs,
-                              SchedulerConfig(build_vendors(), "binpack", "spread"))
+        result = simulate_dra(
+            [resource_slice(node, gpus(node, 2), settings)], docs, SchedulerConfig(build_vendors(), "binpack", "spread")
+        )
         simulated = {p.name: p for p in result.pods}
         for name, (state, results) in live.items():
             s = simulated[name]
@@ -578,11 +713,15 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
             [r] = results
             [d] = s.containers[0]["devices"]
             assert (s.status, d["device"]) == ("scheduled", f"{node}/{r['device']}"), (name, r, d)
-            assert (qty(r["consumedCapacity"]["memory"]) // MIB, qty(r["consumedCapacity"]["cores"])) == \
-                (d["usedmem"], d["usedcores"]), name
+            assert (qty(r["consumedCapacity"]["memory"]) // MIB, qty(r["consumedCapacity"]["cores"])) == (
+                d["usedmem"],
+                d["usedcores"],
+            ), name
         placed = sorted((n, r[0]["device"]) for n, (st, r) in live.items() if st == "placed")
-        print(f"DRA placement ({KUBE_VERSION}) matched the simulation: {placed}, pending "
-              f"{sorted(n for n, (st, _) in live.items() if st == 'pending')}")
+        print(
+            f"DRA placement ({KUBE_VERSION}) matched the simulation: {placed}, pending "
+            f"{sorted(n for n, (st, _) in live.items() if st == 'pending')}"
+        )
     finally:
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
@@ -603,9 +742,16 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     node, ns, label = "dra-vis", "dra-vis", "hami.io/dra-vis-test"
     cluster.create_namespace(ns)
     cluster.create_node(node, labels={"hami.io/test-pool": "vis"})
-    cluster.api("POST", f"/api/v1/namespaces/{ns}/resourcequotas", {
-        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
-        "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+    cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/resourcequotas",
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpu"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}},
+        },
+    )
 
     publish_node(cluster, node, 2)
     ui_port = free_port()
@@ -621,8 +767,14 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     try:
         sel = {"hami.io/test-pool": "vis"}
         first = hami_pod("first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 25}, sel)
-        cluster.wait_for(lambda: cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", first)["spec"]
-                         .get("resourceClaims"), "the webhook turning GPU requests into claims", timeout=30, interval=0.2)
+        cluster.wait_for(
+            lambda: cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", first)["spec"].get(
+                "resourceClaims"
+            ),
+            "the webhook turning GPU requests into claims",
+            timeout=30,
+            interval=0.2,
+        )
         cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", first)
 
         def dra_item():
@@ -637,19 +789,26 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
         assert item["node"] == node and item["memoryMiB"] == 3000
         [ctr] = item["containers"]
         [grant] = ctr["grants"]
-        assert ctr["name"] == "main" and (grant["memoryMiB"], grant["cores"], grant["device"]) == (3000, 25, r["device"])
+        assert ctr["name"] == "main" and (grant["memoryMiB"], grant["cores"], grant["device"]) == (
+            3000,
+            25,
+            r["device"],
+        )
         [n] = api(f"/api/v1/nodes?node={node}")["items"]
         by_name = {f"gpu-{d['index']}": d for d in n["devices"]}
         assert by_name[r["device"]]["memoryMiB"] == {"allocated": 3000, "total": GPU_MIB}
         assert by_name[r["device"]]["cores"]["allocated"] == 25 and by_name[r["device"]]["frontEnd"] == "dra"
         assert by_name[r["device"]]["claims"] == [f"{ns}/{claim['metadata']['name']}"]
         [q] = api(f"/api/v1/quotas?namespace={ns}")["items"]
-        assert [(x["resource"], x["used"], x["limit"]) for x in q["resources"]] == [("limits.nvidia.com/gpumem", 3000, 5000)]
+        assert [(x["resource"], x["used"], x["limit"]) for x in q["resources"]] == [
+            ("limits.nvidia.com/gpumem", 3000, 5000)
+        ]
 
         # 3000 more would make 6000 > 5000: refused by the webhook with the quota message
         second = hami_pod("second", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 5}, sel)
-        with pytest.raises(ApiError, match="exceeding resource quota: nvidia.com/gpumem requests 3000, namespace "
-                                           f"{ns} has 2000 left"):
+        with pytest.raises(
+            ApiError, match=f"exceeding resource quota: nvidia.com/gpumem requests 3000, namespace {ns} has 2000 left"
+        ):
             cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", second)
         # 2000 still fits
         small = hami_pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 5}, sel)
@@ -687,30 +846,59 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
     publish_node(cluster, node, 1)
     proc = None
     try:
-        create_hami_pod(cluster, ns, hami_pod("mon", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
-                                                     "nvidia.com/gpucores": 10}, {"hami.io/test-pool": "mon"}))
-        cluster.wait_for(lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/mon")["spec"].get("nodeName"),
-                         "the pod placed", timeout=60)
+        create_hami_pod(
+            cluster,
+            ns,
+            hami_pod(
+                "mon",
+                {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 10},
+                {"hami.io/test-pool": "mon"},
+            ),
+        )
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/mon")["spec"].get("nodeName"),
+            "the pod placed",
+            timeout=60,
+        )
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         meta = claim["metadata"]
 
         async def read_claim(namespace, name):
             return cluster.api("GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
 
-        driver = Driver(node, gpus(node, 1), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths)
+        driver = Driver(
+            node, gpus(node, 1), SliceSettings(split_count=SPLIT), Checkpoint(root / "cp.json"), read_claim, paths
+        )
         asyncio.run(driver.prepare(ns, meta["name"], meta["uid"]))
         record = json.loads(Path(paths.claim_record(meta["uid"])).read_text())
         assert record == {"namespace": ns, "name": meta["name"], "uid": meta["uid"]}
         # what libvgpu writes in the container's <hook>/vgpu (the claim's directory on the host)
-        kit.write(Path(paths.claim_dir(meta["uid"])) / "r.cache", uuids=(gpus(node, 1)[0].uuid,),
-                  limits=(2000 * MIB,), procs=[kit.Proc(pid=5, used={0: (0, 0, 300 * MIB, 300 * MIB)})])
+        kit.write(
+            Path(paths.claim_dir(meta["uid"])) / "r.cache",
+            uuids=(gpus(node, 1)[0].uuid,),
+            limits=(2000 * MIB,),
+            procs=[kit.Proc(pid=5, used={0: (0, 0, 300 * MIB, 300 * MIB)})],
+        )
         port = free_port()
         log = open(root / "monitor.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "hami", "monitor", f"--node-name={node}", f"--kubeconfig={cluster.kubeconfig}",
-             f"--hook-path={paths.vgpu_dir}", f"--metrics-bind-address=127.0.0.1:{port}", "--interval=0.2", "--no-nvml"],
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "hami",
+                "monitor",
+                f"--node-name={node}",
+                f"--kubeconfig={cluster.kubeconfig}",
+                f"--hook-path={paths.vgpu_dir}",
+                f"--metrics-bind-address=127.0.0.1:{port}",
+                "--interval=0.2",
+                "--no-nvml",
+            ],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
         def exported():
             assert proc.poll() is None, (root / "monitor.log").read_text()
@@ -722,8 +910,14 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
             return [s for s in fams.get("hami_vgpu_memory_used_bytes", ()) if s.labels["pod"] == "mon"] or None
 
         [used] = cluster.wait_for(exported, "the claim's region exported under the pod's name", timeout=30)
-        assert used.labels == {"namespace": ns, "pod": "mon", "container": "main", "vdevice_index": "0",
-                               "device_uuid": gpus(node, 1)[0].uuid, "zone": "vGPU"}
+        assert used.labels == {
+            "namespace": ns,
+            "pod": "mon",
+            "container": "main",
+            "vdevice_index": "0",
+            "device_uuid": gpus(node, 1)[0].uuid,
+            "zone": "vGPU",
+        }
         assert used.value == 300 * MIB
         asyncio.run(driver.unprepare(ns, meta["name"], meta["uid"]))
         assert not Path(paths.claim_record(meta["uid"])).exists() and not Path(paths.claim_dir(meta["uid"])).exists()
@@ -753,7 +947,9 @@ def test_the_scheduler_runs_on_an_api_server_without_resource_k8s_io():
         c.wait_for(lambda: "caches synced" in proc.logs(), "the scheduler's first pass", timeout=30)
         logs = proc.logs()
         for resource in ("resourceclaims", "resourceslices"):
-            lines = [line for line in logs.splitlines() if f"{resource} is not served by the API server (HTTP 404)" in line]
+            lines = [
+                line for line in logs.splitlines() if f"{resource} is not served by the API server (HTTP 404)" in line
+            ]
             assert len(lines) == 1, logs[-3000:]
         assert "0 DRA claims" in logs and "Traceback" not in logs, logs[-3000:]
     finally:

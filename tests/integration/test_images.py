@@ -64,8 +64,12 @@ def hami_root(hami_image: ImageArchive, tmp_path_factory: pytest.TempPathFactory
 
 def _chroot(root: Path, *argv: str, user: str = "65532:65532") -> subprocess.CompletedProcess[str]:
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-    return subprocess.run([chroot, f"--userspec={user}", str(root), *argv], capture_output=True,
-                          text=True, env={"PATH": "/opt/hami/venv/bin:/usr/bin:/bin", "HOME": "/"})
+    return subprocess.run(
+        [chroot, f"--userspec={user}", str(root), *argv],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/opt/hami/venv/bin:/usr/bin:/bin", "HOME": "/"},
+    )
 
 
 def _chart_image(section: dict) -> str:
@@ -103,8 +107,9 @@ def test_hami_runs_as_non_root_inside_the_image(hami_root: Path) -> None:
     for command in ("scheduler", "device-plugin", "monitor"):
         assert command in out.stdout
     # the gRPC stubs were generated in the build and grpc's native library loads
-    probe = _chroot(hami_root, "python3", "-c",
-                    "from hami.deviceplugin.api import load; pb2, _ = load(); print(pb2.Empty.__name__)")
+    probe = _chroot(
+        hami_root, "python3", "-c", "from hami.deviceplugin.api import load; pb2, _ = load(); print(pb2.Empty.__name__)"
+    )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "Empty"
 
@@ -117,8 +122,13 @@ def test_libvgpu_is_where_the_chart_copies_it_from(hami_root: Path) -> None:
     assert b"libvgpu.so" in lib.read_bytes()  # its soname
     # the device plugin's init container: `sh -c "cp -f <libvgpuPath> /hook/..."`, as root
     (hami_root / "hook").mkdir(exist_ok=True)
-    out = _chroot(hami_root, "sh", "-c", f"cp -f {path} /hook/libvgpu.so.new && mv -f /hook/libvgpu.so.new "
-                  "/hook/libvgpu.so", user="0:0")
+    out = _chroot(
+        hami_root,
+        "sh",
+        "-c",
+        f"cp -f {path} /hook/libvgpu.so.new && mv -f /hook/libvgpu.so.new /hook/libvgpu.so",
+        user="0:0",
+    )
     assert out.returncode == 0, out.stderr
     assert (hami_root / "hook/libvgpu.so").read_bytes() == lib.read_bytes()
 
@@ -130,8 +140,13 @@ def test_the_image_serves_as_hamis_for_koordinators_hami_daemon(hami_root: Path)
     command name and klog flag, serving on HAMi's port."""
     _needs("chroot")
     (hami_root / "usr/local/vgpu").mkdir(parents=True, exist_ok=True)
-    out = _chroot(hami_root, "sh", "-c", "cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.v2.10.0 /usr/local/vgpu/libvgpu.so"
-                  " && vGPUmonitor -v=4 --help", user="0:0")
+    out = _chroot(
+        hami_root,
+        "sh",
+        "-c",
+        "cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.v2.10.0 /usr/local/vgpu/libvgpu.so && vGPUmonitor -v=4 --help",
+        user="0:0",
+    )
     assert out.returncode == 0, out.stderr
     assert "--metrics-bind-address" in out.stdout  # default :9394 (tests/unit/test_hami_compat.py)
     lib = (hami_root / "opt/hami/libvgpu.so").read_bytes()
@@ -156,13 +171,15 @@ def kube_scheduler_image() -> ImageArchive:
 
 
 def test_kube_scheduler_image_has_the_chart_default_name_and_the_pinned_binary(
-        kube_scheduler_image: ImageArchive, tmp_path: Path) -> None:
+    kube_scheduler_image: ImageArchive, tmp_path: Path
+) -> None:
     sched = VALUES["scheduler"]["kubeScheduler"]["image"]
     assert sched["tag"] == "" and sched["pullPolicy"] == "IfNotPresent"
     assert kube_scheduler_image.ref == f"{sched['registry']}/{sched['repository']}:{KUBE_VERSION}"
     unpack_rootfs(kube_scheduler_image.path, tmp_path)
-    out = subprocess.run([tmp_path / "usr/local/bin/kube-scheduler", "--version"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [tmp_path / "usr/local/bin/kube-scheduler", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == f"Kubernetes {KUBE_VERSION}"
 
 
@@ -186,8 +203,9 @@ class Containerd:
         )
         self.log = (base / "containerd.log").open("wb")
         self.env = _runtime_env()
-        self.proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(
+            ["containerd", "--config", str(config)], stdout=self.log, stderr=subprocess.STDOUT, env=self.env
+        )
         deadline = time.monotonic() + 60
         while self.ctr("version").returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -195,8 +213,13 @@ class Containerd:
             time.sleep(0.2)
 
     def ctr(self, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ctr", "--address", self.address, "-n", "k8s.io", *args],
-                              capture_output=True, text=True, env=self.env, **kwargs)
+        return subprocess.run(
+            ["ctr", "--address", self.address, "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            **kwargs,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -244,8 +267,12 @@ def test_pause_image_imports_runs_and_stops_with_sigterm(containerd: Containerd)
     image = images.build_pause_image()
     _import(containerd, image)
     cid = f"hami-img-pause-{uuid.uuid4().hex[:8]}"
-    proc = subprocess.Popen(["ctr", "--address", containerd.address, "-n", "k8s.io", "run", "--rm",
-                             image.ref, cid], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=containerd.env)
+    proc = subprocess.Popen(
+        ["ctr", "--address", containerd.address, "-n", "k8s.io", "run", "--rm", image.ref, cid],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=containerd.env,
+    )
     try:
         deadline = time.monotonic() + 60
         while "RUNNING" not in containerd.ctr("tasks", "ls").stdout.split(cid)[-1].split("\n")[0]:
@@ -279,7 +306,12 @@ def test_kube_scheduler_image_imports_and_runs(containerd: Containerd, kube_sche
 
 def test_hami_image_imports_and_runs_as_non_root(containerd: Containerd, hami_image: ImageArchive) -> None:
     _import(containerd, hami_image)
-    out = _run(containerd, hami_image.ref, "sh", "-c", "id -u; hami --help >/dev/null && echo help-ok; "
-               "test -r /opt/hami/libvgpu.so && echo lib-ok")
+    out = _run(
+        containerd,
+        hami_image.ref,
+        "sh",
+        "-c",
+        "id -u; hami --help >/dev/null && echo help-ok; test -r /opt/hami/libvgpu.so && echo lib-ok",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["65532", "help-ok", "lib-ok"]

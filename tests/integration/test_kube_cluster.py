@@ -131,9 +131,12 @@ async def test_hami_scheduler_pod_goes_through_the_extender(scheme, kube_cluster
         return {"NodeNames": [n for n in args.get("NodeNames") or [] if n == kwok_node], "FailedNodes": {}, "Error": ""}
 
     async def bind(args: dict) -> dict:
-        binding = {"apiVersion": "v1", "kind": "Binding",
-                   "metadata": {"name": args["PodName"], "uid": args["PodUID"]},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]}}
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": args["PodName"], "uid": args["PodUID"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
+        }
         await core.create_namespaced_binding(args["PodNamespace"], binding, _preload_content=False)
         return {"Error": ""}
 
@@ -163,24 +166,45 @@ async def test_mutating_webhook_is_called_with_the_cluster_ca(kube_cluster, kube
     patch = [{"op": "add", "path": "/metadata/labels", "value": {"hami.io/mutated": "yes"}}]
 
     async def mutate(review: dict) -> dict:
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
-            "uid": review["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
-            "patch": base64.b64encode(json.dumps(patch).encode()).decode()}}
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {
+                "uid": review["request"]["uid"],
+                "allowed": True,
+                "patchType": "JSONPatch",
+                "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+            },
+        }
 
     name = f"hami-test-{kube_namespace}"[:63]
     async with _Server({"/mutate": mutate}, ssl_context=kube_cluster.server_ssl_context()) as webhook:
-        await admission.create_mutating_webhook_configuration({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [{
-                "name": "mutate.test.hami.io",
-                "clientConfig": {"url": f"https://127.0.0.1:{webhook.port}/mutate", "caBundle": kube_cluster.ca_bundle},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube_namespace}},
-                "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 10,
-            }],
-        })
+        await admission.create_mutating_webhook_configuration(
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": name},
+                "webhooks": [
+                    {
+                        "name": "mutate.test.hami.io",
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{webhook.port}/mutate",
+                            "caBundle": kube_cluster.ca_bundle,
+                        },
+                        "rules": [
+                            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                        ],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kube_namespace}},
+                        "failurePolicy": "Fail",
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 10,
+                    }
+                ],
+            }
+        )
         try:
+
             async def active():  # the API server picks the configuration up asynchronously
                 await core.create_namespaced_pod(kube_namespace, _pod("probe", kwok_node), dry_run="All")
                 return webhook.bodies("/mutate")
@@ -201,8 +225,11 @@ def test_hami_scheduler_with_leader_election_holds_its_lease(kube_cluster: KubeC
     previous = kube_cluster.configure_hami_scheduler(SchedulerConfig(leader_elect=True))
     try:
         lease = kube_cluster.wait_for(
-            lambda: kube_cluster.api("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/hami-scheduler"),
-            "the kube-system/hami-scheduler Lease")
+            lambda: kube_cluster.api(
+                "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/hami-scheduler"
+            ),
+            "the kube-system/hami-scheduler Lease",
+        )
         assert lease["spec"]["holderIdentity"]
     finally:
         kube_cluster.configure_hami_scheduler(previous)

@@ -32,14 +32,28 @@ def test_monitor_names_regions_after_pods_and_removes_gone_ones(kube_cluster, ku
     node = f"mon-{uuid.uuid4().hex[:6]}"
     kube_cluster.create_node(node, gpus=1)
     ns = kube_namespace
-    pod = kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": ns},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "main", "image": "busybox"}]}})
+    pod = kube_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "train", "namespace": ns},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "busybox"}],
+            },
+        },
+    )
     uid = pod["metadata"]["uid"]
     hook = tmp_path / "hook"
-    live = kit.write(hook / "containers" / f"{uid}_main" / "r.cache", uuids=("GPU-x",), limits=(1 << 30,),
-                     procs=[kit.Proc(pid=5, used={0: (0, 0, 4096, 4096)})])
+    live = kit.write(
+        hook / "containers" / f"{uid}_main" / "r.cache",
+        uuids=("GPU-x",),
+        limits=(1 << 30,),
+        procs=[kit.Proc(pid=5, used={0: (0, 0, 4096, 4096)})],
+    )
     gone_dir = hook / "containers" / f"{uuid.uuid4()}_old"
     kit.write(gone_dir / "r.cache")
     old = time.time() - 3600
@@ -50,11 +64,26 @@ def test_monitor_names_regions_after_pods_and_removes_gone_ones(kube_cluster, ku
     port = free_port()
     log = open(tmp_path / "monitor.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hami", "monitor", f"--node-name={node}", f"--kubeconfig={kube_cluster.kubeconfig}",
-         f"--hook-path={hook}", f"--metrics-bind-address=127.0.0.1:{port}", "--interval=0.2",
-         "--resync-interval=10m", "--no-nvml"],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "monitor",
+            f"--node-name={node}",
+            f"--kubeconfig={kube_cluster.kubeconfig}",
+            f"--hook-path={hook}",
+            f"--metrics-bind-address=127.0.0.1:{port}",
+            "--interval=0.2",
+            "--resync-interval=10m",
+            "--no-nvml",
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
+
         def named():
             assert proc.poll() is None, (tmp_path / "monitor.log").read_text()
             try:
@@ -65,16 +94,25 @@ def test_monitor_names_regions_after_pods_and_removes_gone_ones(kube_cluster, ku
             return (used, got) if used and not gone_dir.exists() else None
 
         used, got = kube_cluster.wait_for(named, "monitor names the region and removes the gone one", timeout=30)
-        assert used[0].labels == {"namespace": ns, "pod": "train", "container": "main", "vdevice_index": "0",
-                                  "device_uuid": "GPU-x", "zone": "vGPU"}
+        assert used[0].labels == {
+            "namespace": ns,
+            "pod": "train",
+            "container": "main",
+            "vdevice_index": "0",
+            "device_uuid": "GPU-x",
+            "zone": "vGPU",
+        }
         assert used[0].value == 4096
         regions = {s.labels["state"]: s.value for s in got["hami_monitor_regions"]}
         assert regions["ok"] == 1 and regions["unmatched"] == 1  # the fresh unknown one, not exported
         assert fresh_dir.exists() and Path(live).exists()
         # the pod goes away: its series disappears (its directory stays until the grace period)
         kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/train?gracePeriodSeconds=0", expect=(200, 202, 404))
-        kube_cluster.wait_for(lambda: not [s for s in _scrape(port).get("hami_vgpu_memory_used_bytes", ())
-                                           if s.labels["pod"] == "train"], "series of the deleted pod gone", timeout=30)
+        kube_cluster.wait_for(
+            lambda: not [s for s in _scrape(port).get("hami_vgpu_memory_used_bytes", ()) if s.labels["pod"] == "train"],
+            "series of the deleted pod gone",
+            timeout=30,
+        )
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)

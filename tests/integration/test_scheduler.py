@@ -20,8 +20,22 @@ from hami.core.codec import decode_pod_devices
 from hami_devkit.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
-    ALLOCATED, ROOT, PluginStandIn, SchedulerProcess, delete_webhook, device_usage, events, gpu_pod, gpu_uuid,
-    label_namespace, make_gpu_node, placed, pods, register_webhook, wait_pods, wait_webhook_routes,
+    ALLOCATED,
+    ROOT,
+    PluginStandIn,
+    SchedulerProcess,
+    delete_webhook,
+    device_usage,
+    events,
+    gpu_pod,
+    gpu_uuid,
+    label_namespace,
+    make_gpu_node,
+    placed,
+    pods,
+    register_webhook,
+    wait_pods,
+    wait_webhook_routes,
 )
 
 pytestmark = pytest.mark.integration
@@ -106,16 +120,39 @@ def test_deployment_of_30_mixed_pods_on_4_nodes(kube_cluster, hami, standin, ns)
     try:
         template = gpu_pod("x", ns, mem=2000, cores=10, node_selector=selector)
         template["spec"]["containers"].append(
-            {"name": "side", "image": "busybox", "resources": {"limits": {
-                "nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 15}}})
+            {
+                "name": "side",
+                "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 15}},
+            }
+        )
         template["spec"].pop("schedulerName")  # the webhook sets it
-        kube_cluster.api("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "mix"},
-            "spec": {"replicas": 30, "selector": {"matchLabels": {"app": "mix"}},
-                     "template": {"metadata": {"labels": {"app": "mix"}}, "spec": template["spec"]}}})
-        done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 30 and all(
-            p.get("status", {}).get("phase") == "Running" and placed(p) and allocated(p) for p in ps) else None,
-            "30 Running pods", 180)
+        kube_cluster.api(
+            "POST",
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "mix"},
+                "spec": {
+                    "replicas": 30,
+                    "selector": {"matchLabels": {"app": "mix"}},
+                    "template": {"metadata": {"labels": {"app": "mix"}}, "spec": template["spec"]},
+                },
+            },
+        )
+        done = wait_pods(
+            kube_cluster,
+            ns,
+            lambda ps: (
+                ps
+                if len(ps) == 30
+                and all(p.get("status", {}).get("phase") == "Running" and placed(p) and allocated(p) for p in ps)
+                else None
+            ),
+            "30 Running pods",
+            180,
+        )
         for p in done:
             node = p["spec"]["nodeName"]
             ann = p["metadata"]["annotations"]
@@ -136,9 +173,21 @@ def _place(kube_cluster, ns, pods_, timeout=60):
     for p in pods_:
         _create(kube_cluster, ns, p)
     names = {p["metadata"]["name"] for p in pods_}
-    return {p["metadata"]["name"]: p for p in wait_pods(
-        kube_cluster, ns, lambda ps: ps if all(placed(p) for p in ps if p["metadata"]["name"] in names)
-        and names <= {p["metadata"]["name"] for p in ps} else None, f"pods {sorted(names)} placed", timeout)}
+    return {
+        p["metadata"]["name"]: p
+        for p in wait_pods(
+            kube_cluster,
+            ns,
+            lambda ps: (
+                ps
+                if all(placed(p) for p in ps if p["metadata"]["name"] in names)
+                and names <= {p["metadata"]["name"] for p in ps}
+                else None
+            ),
+            f"pods {sorted(names)} placed",
+            timeout,
+        )
+    }
 
 
 @pytest.mark.parametrize("policy", ["binpack", "spread"])
@@ -146,7 +195,9 @@ def test_node_and_gpu_policies(kube_cluster, hami, standin, ns, policy):
     selector, nodes = _group(kube_cluster, f"pol-{policy[:4]}", 2, gpus=2)
     try:
         ann = {"hami.io/node-scheduler-policy": policy, "hami.io/gpu-scheduler-policy": policy}
-        first = _place(kube_cluster, ns, [gpu_pod("a", ns, mem=1000, cores=10, annotations=ann, node_selector=selector)])
+        first = _place(
+            kube_cluster, ns, [gpu_pod("a", ns, mem=1000, cores=10, annotations=ann, node_selector=selector)]
+        )
         got = _place(kube_cluster, ns, [gpu_pod("b", ns, mem=1000, cores=10, annotations=ann, node_selector=selector)])
         a, b = first["a"], got["b"]
         same_node = a["spec"]["nodeName"] == b["spec"]["nodeName"]
@@ -155,8 +206,12 @@ def test_node_and_gpu_policies(kube_cluster, hami, standin, ns, policy):
         # GPU level alone: same node forced by the selector, GPU policy decides the card
         host = {"kubernetes.io/hostname": nodes[0]}
         gpu_ann = {"hami.io/gpu-scheduler-policy": policy}
-        c = _place(kube_cluster, ns, [gpu_pod("c", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])["c"]
-        d = _place(kube_cluster, ns, [gpu_pod("d", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])["d"]
+        c = _place(kube_cluster, ns, [gpu_pod("c", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])[
+            "c"
+        ]
+        d = _place(kube_cluster, ns, [gpu_pod("d", ns, mem=1000, cores=10, annotations=gpu_ann, node_selector=host)])[
+            "d"
+        ]
         same = _containers(c)[0][0].uuid == _containers(d)[0][0].uuid
         if policy == "spread":  # node 0 may hold a/b: spread still avoids the busier card
             assert not same
@@ -173,32 +228,76 @@ def test_type_uuid_numa_and_exclusive_selection(kube_cluster, hami, standin, ns)
     make_gpu_node(kube_cluster, a100, gpus=4, labels=selector, model="NVIDIA-A100-SXM4-40GB", mem=40960)
     try:
         want = gpu_uuid(t4, 3)
-        got = _place(kube_cluster, ns, [
-            gpu_pod("want-a100", ns, mem=1000, annotations={"nvidia.com/use-gputype": "A100"}, node_selector=selector),
-            gpu_pod("no-a100", ns, mem=1000, annotations={"nvidia.com/nouse-gputype": "a100"}, node_selector=selector),
-            gpu_pod("by-uuid", ns, mem=1000, annotations={"nvidia.com/use-gpuuuid": want}, node_selector=selector),
-            gpu_pod("numa", ns, gpus=2, mem=1000, annotations={"nvidia.com/numa-bind": "true"},
-                    node_selector={"kubernetes.io/hostname": t4}),
-            gpu_pod("whole", ns, node_selector={"kubernetes.io/hostname": a100}),
-        ])
+        got = _place(
+            kube_cluster,
+            ns,
+            [
+                gpu_pod(
+                    "want-a100", ns, mem=1000, annotations={"nvidia.com/use-gputype": "A100"}, node_selector=selector
+                ),
+                gpu_pod(
+                    "no-a100", ns, mem=1000, annotations={"nvidia.com/nouse-gputype": "a100"}, node_selector=selector
+                ),
+                gpu_pod("by-uuid", ns, mem=1000, annotations={"nvidia.com/use-gpuuuid": want}, node_selector=selector),
+                gpu_pod(
+                    "numa",
+                    ns,
+                    gpus=2,
+                    mem=1000,
+                    annotations={"nvidia.com/numa-bind": "true"},
+                    node_selector={"kubernetes.io/hostname": t4},
+                ),
+                gpu_pod("whole", ns, node_selector={"kubernetes.io/hostname": a100}),
+            ],
+        )
         assert got["want-a100"]["spec"]["nodeName"] == a100
         assert got["no-a100"]["spec"]["nodeName"] == t4
         assert _containers(got["by-uuid"])[0][0].uuid == want
         numa = {int(d.uuid[-12:]) // 2 for d in _containers(got["numa"])[0]}
         assert len(_containers(got["numa"])[0]) == 2 and len(numa) == 1
-        (whole,), = _containers(got["whole"])
+        ((whole,),) = _containers(got["whole"])
         assert (whole.usedmem, whole.usedcores) == (40960, 100)  # plain nvidia.com/gpu: 1 is a whole card
         # a 3-GPU numa-bound pod cannot fit 2+2 NUMA groups; a type nobody has is unresolvable
-        _create(kube_cluster, ns, gpu_pod("numa3", ns, gpus=3, mem=100, annotations={"nvidia.com/numa-bind": "true"},
-                                          node_selector={"kubernetes.io/hostname": t4}))
-        _create(kube_cluster, ns, gpu_pod("h100", ns, mem=100, annotations={"nvidia.com/use-gputype": "H100"},
-                                          node_selector=selector))
-        msgs = kube_cluster.wait_for(lambda: [e["message"] for e in events(kube_cluster, ns, "FilteringFailed")
-                                              if e["involvedObject"]["name"] in ("numa3", "h100")] or None,
-                                     "FilteringFailed events", 30)
-        assert any("NumaNotFit" in m for m in msgs) or any("NumaNotFit" in e["message"] for e in events(kube_cluster, ns))
-        kube_cluster.wait_for(lambda: any("CardTypeMismatch" in e["message"] and e["involvedObject"]["name"] == "h100"
-                                          for e in events(kube_cluster, ns)), "CardTypeMismatch event", 30)
+        _create(
+            kube_cluster,
+            ns,
+            gpu_pod(
+                "numa3",
+                ns,
+                gpus=3,
+                mem=100,
+                annotations={"nvidia.com/numa-bind": "true"},
+                node_selector={"kubernetes.io/hostname": t4},
+            ),
+        )
+        _create(
+            kube_cluster,
+            ns,
+            gpu_pod("h100", ns, mem=100, annotations={"nvidia.com/use-gputype": "H100"}, node_selector=selector),
+        )
+        msgs = kube_cluster.wait_for(
+            lambda: (
+                [
+                    e["message"]
+                    for e in events(kube_cluster, ns, "FilteringFailed")
+                    if e["involvedObject"]["name"] in ("numa3", "h100")
+                ]
+                or None
+            ),
+            "FilteringFailed events",
+            30,
+        )
+        assert any("NumaNotFit" in m for m in msgs) or any(
+            "NumaNotFit" in e["message"] for e in events(kube_cluster, ns)
+        )
+        kube_cluster.wait_for(
+            lambda: any(
+                "CardTypeMismatch" in e["message"] and e["involvedObject"]["name"] == "h100"
+                for e in events(kube_cluster, ns)
+            ),
+            "CardTypeMismatch event",
+            30,
+        )
     finally:
         _cleanup_nodes(kube_cluster, [t4, a100])
 
@@ -219,8 +318,14 @@ def test_init_containers_and_sidecars_accounting(kube_cluster, hami, standin, ns
         _create(kube_cluster, ns, gpu_pod("too-big", ns, mem=4001, cores=10, node_selector=selector))
         fits = _place(kube_cluster, ns, [gpu_pod("fits", ns, mem=4000, cores=10, node_selector=selector)])["fits"]
         assert fits["spec"]["nodeName"] == node
-        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "too-big" and "CardInsufficientMemory" in e["message"]
-                                          for e in events(kube_cluster, ns, "FilteringFailed")), "too-big rejected", 30)
+        kube_cluster.wait_for(
+            lambda: any(
+                e["involvedObject"]["name"] == "too-big" and "CardInsufficientMemory" in e["message"]
+                for e in events(kube_cluster, ns, "FilteringFailed")
+            ),
+            "too-big rejected",
+            30,
+        )
     finally:
         _cleanup_nodes(kube_cluster, [node])
 
@@ -229,26 +334,51 @@ def test_quota_at_admission_and_at_schedule_time(kube_cluster, hami, standin, ns
     selector, (node,) = _group(kube_cluster, "quota", 1, gpus=2)
     try:
         for space in (ns,):
-            kube_cluster.api("POST", f"/api/v1/namespaces/{space}/resourcequotas", {
-                "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu"},
-                "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}})
+            kube_cluster.api(
+                "POST",
+                f"/api/v1/namespaces/{space}/resourcequotas",
+                {
+                    "apiVersion": "v1",
+                    "kind": "ResourceQuota",
+                    "metadata": {"name": "gpu"},
+                    "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}},
+                },
+            )
         # the quota reaches the scheduler through its watch: wait until a pod over it is denied
-        kube_cluster.wait_for(lambda: _dry_run_denied(kube_cluster, ns, gpu_pod("over", ns, mem=6000, node_selector=selector),
-                                                      "exceeding resource quota"), "the quota known to the webhook", 30)
+        kube_cluster.wait_for(
+            lambda: _dry_run_denied(
+                kube_cluster, ns, gpu_pod("over", ns, mem=6000, node_selector=selector), "exceeding resource quota"
+            ),
+            "the quota known to the webhook",
+            30,
+        )
         _place(kube_cluster, ns, [gpu_pod("q1", ns, mem=3000, node_selector=selector)])
         with pytest.raises(ApiError) as denied:
             _create(kube_cluster, ns, gpu_pod("q2", ns, mem=3000, node_selector=selector))
         assert "exceeding resource quota" in str(denied.value)
         # without the webhook (label off), the extender's own check keeps the pod Pending
-        kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {WEBHOOK_LABEL: None}}},
-                         content_type="application/merge-patch+json")
+        kube_cluster.api(
+            "PATCH",
+            f"/api/v1/namespaces/{ns}",
+            {"metadata": {"labels": {WEBHOOK_LABEL: None}}},
+            content_type="application/merge-patch+json",
+        )
         q3 = gpu_pod("q3", ns, mem=3000, cores=0, node_selector=selector)
         # the label change reaches the API server's admission cache a moment later
-        kube_cluster.wait_for(lambda: not _dry_run_denied(kube_cluster, ns, q3, "exceeding resource quota"),
-                              "the webhook off for the namespace", 30)
+        kube_cluster.wait_for(
+            lambda: not _dry_run_denied(kube_cluster, ns, q3, "exceeding resource quota"),
+            "the webhook off for the namespace",
+            30,
+        )
         _create(kube_cluster, ns, q3)
-        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "q3" and "ResourceQuotaNotFit" in e["message"]
-                                          for e in events(kube_cluster, ns, "FilteringFailed")), "ResourceQuotaNotFit", 30)
+        kube_cluster.wait_for(
+            lambda: any(
+                e["involvedObject"]["name"] == "q3" and "ResourceQuotaNotFit" in e["message"]
+                for e in events(kube_cluster, ns, "FilteringFailed")
+            ),
+            "ResourceQuotaNotFit",
+            30,
+        )
     finally:
         _cleanup_nodes(kube_cluster, [node])
 
@@ -257,13 +387,24 @@ def test_impossible_pod_events_and_explain(kube_cluster, hami, standin, ns):
     selector, nodes = _group(kube_cluster, "imp", 2, gpus=2)
     try:
         _create(kube_cluster, ns, gpu_pod("huge", ns, mem=99999, cores=10, node_selector=selector))
-        kube_cluster.wait_for(lambda: any("CardInsufficientMemory" in e["message"]
-                                          for e in events(kube_cluster, ns, "FilteringFailed")), "FilteringFailed", 30)
-        kube_cluster.wait_for(lambda: any(e["involvedObject"]["name"] == "huge" for e in events(kube_cluster, ns, "FailedScheduling")),
-                              "FailedScheduling", 30)
+        kube_cluster.wait_for(
+            lambda: any("CardInsufficientMemory" in e["message"] for e in events(kube_cluster, ns, "FilteringFailed")),
+            "FilteringFailed",
+            30,
+        )
+        kube_cluster.wait_for(
+            lambda: any(e["involvedObject"]["name"] == "huge" for e in events(kube_cluster, ns, "FailedScheduling")),
+            "FailedScheduling",
+            30,
+        )
         assert pods(kube_cluster, ns)[0]["status"]["phase"] == "Pending"
-        out = subprocess.run([sys.executable, "-m", "hami", "explain", f"{ns}/huge", f"--kubeconfig={kube_cluster.kubeconfig}"],
-                             capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+        out = subprocess.run(
+            [sys.executable, "-m", "hami", "explain", f"{ns}/huge", f"--kubeconfig={kube_cluster.kubeconfig}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+        )
         assert out.returncode == 0, out.stderr
         for node in nodes:
             assert node in out.stdout
@@ -285,8 +426,10 @@ def test_webhook_denials_and_mutations(kube_cluster, hami, ns):
     pinned = gpu_pod("pinned", ns, mem=100)
     pinned["spec"]["nodeName"] = "somewhere"
     deny(pinned, "pod has node assigned")
-    deny(gpu_pod("forged", ns, mem=100, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;"}),
-         "internal annotations")
+    deny(
+        gpu_pod("forged", ns, mem=100, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;"}),
+        "internal annotations",
+    )
     pct = gpu_pod("pct", ns)
     pct["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = 150
     deny(pct, "0..100")
@@ -308,27 +451,42 @@ def test_webhook_denials_and_mutations(kube_cluster, hami, ns):
     # quantities in the forms the API server accepts are read as it reads them
     quantity = gpu_pod("quantity", ns)
     quantity["spec"]["schedulerName"] = "default-scheduler"
-    quantity["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "1e0", "nvidia.com/gpumem": "1e3"})
+    quantity["spec"]["containers"][0]["resources"]["limits"].update(
+        {"nvidia.com/gpu": "1e0", "nvidia.com/gpumem": "1e3"}
+    )
     created = _create(kube_cluster, ns, quantity)
     assert created["spec"]["schedulerName"] == "hami-scheduler"
     assert "nvidia.com/gpucores" not in created["spec"]["containers"][0]["resources"]["limits"]  # memory given: shared
     # a pod asking for no device is left exactly as it was sent (no patch)
-    cpu = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-only", "namespace": ns},
-           "spec": {"schedulerName": "default-scheduler", "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"cpu": "1"}}}]}}
+    cpu = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cpu-only", "namespace": ns},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {"cpu": "1"}}}],
+        },
+    }
     created = _create(kube_cluster, ns, cpu)
     assert created["spec"]["schedulerName"] == "default-scheduler" and "env" not in created["spec"]["containers"][0]
     # the admin opt-in label allows the switch
-    kube_cluster.api("PATCH", f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"hami.io/allow-disable-control": "true"}}},
-                     content_type="application/merge-patch+json")
+    kube_cluster.api(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}",
+        {"metadata": {"labels": {"hami.io/allow-disable-control": "true"}}},
+        content_type="application/merge-patch+json",
+    )
     assert _create(kube_cluster, ns, off)["metadata"]["name"] == "off"
 
 
 def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
     selector, nodes = _group(kube_cluster, "burst", 4)
     try:
-        burst = [gpu_pod(f"p{i:03d}", ns, mem=1500 + 100 * (i % 7), cores=5 + i % 4, node_selector=selector)
-                 for i in range(100)]
+        burst = [
+            gpu_pod(f"p{i:03d}", ns, mem=1500 + 100 * (i % 7), cores=5 + i % 4, node_selector=selector)
+            for i in range(100)
+        ]
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(_create, kube_cluster, ns, p) for p in burst]
             kube_cluster.wait_for(lambda: sum(placed(p) for p in pods(kube_cluster, ns)) >= 20, "20 placed", 120, 0.2)
@@ -344,14 +502,33 @@ def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
             hami.start()
         for p in refused:  # as a client retries a refused create
             _create(kube_cluster, ns, p)
-        done = wait_pods(kube_cluster, ns, lambda ps: ps if len(ps) == 100 and all(
-            placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps) else None,
-            "100 pods placed after the restart", 240)
+        done = wait_pods(
+            kube_cluster,
+            ns,
+            lambda ps: (
+                ps
+                if len(ps) == 100
+                and all(placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps)
+                else None
+            ),
+            "100 pods placed after the restart",
+            240,
+        )
         for p in done:
             assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
         _check_capacity(done)
-        kube_cluster.wait_for(lambda: not [n for n in nodes if "hami.io/mutex.lock" in (
-            kube_cluster.api("GET", f"/api/v1/nodes/{n}")["metadata"].get("annotations") or {})], "no node lock left", 30)
+        kube_cluster.wait_for(
+            lambda: (
+                not [
+                    n
+                    for n in nodes
+                    if "hami.io/mutex.lock"
+                    in (kube_cluster.api("GET", f"/api/v1/nodes/{n}")["metadata"].get("annotations") or {})
+                ]
+            ),
+            "no node lock left",
+            30,
+        )
     finally:
         _cleanup_nodes(kube_cluster, nodes)
 
@@ -360,8 +537,12 @@ def test_lock_of_a_vanished_pod_is_reclaimed_at_once(kube_cluster, hami, standin
     selector, (node,) = _group(kube_cluster, "lock", 1, gpus=1)
     try:
         stale = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())},{ns},vanished"
-        kube_cluster.api("PATCH", f"/api/v1/nodes/{node}", {"metadata": {"annotations": {"hami.io/mutex.lock": stale}}},
-                         content_type="application/merge-patch+json")
+        kube_cluster.api(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"annotations": {"hami.io/mutex.lock": stale}}},
+            content_type="application/merge-patch+json",
+        )
         began = time.monotonic()
         _place(kube_cluster, ns, [gpu_pod("next", ns, mem=100, node_selector=selector)], timeout=30)
         assert time.monotonic() - began < 20  # far below the 5-minute expiry
@@ -405,8 +586,12 @@ def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
             assert "before" in seen.items
             await asyncio.sleep(2.5)  # at least two server-side watch timeouts
             for name in ("after", "later"):
-                await asyncio.to_thread(kube_cluster.api, "POST", path,
-                                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+                await asyncio.to_thread(
+                    kube_cluster.api,
+                    "POST",
+                    path,
+                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}},
+                )
                 await asyncio.sleep(1.2)
             for _ in range(100):
                 if {"after", "later"} <= set(seen.items):
@@ -428,12 +613,28 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
     path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{lease}"
 
     def hold(identity: str) -> None:
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": lease},
-                "spec": {"holderIdentity": f"{identity}_{uuid.uuid4().hex[:8]}", "leaseDurationSeconds": 15,
-                         "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}}
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease},
+            "spec": {
+                "holderIdentity": f"{identity}_{uuid.uuid4().hex[:8]}",
+                "leaseDurationSeconds": 15,
+                "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+            },
+        }
         try:
-            kube_cluster.api("PUT", path, {**body, "metadata": {**body["metadata"], "resourceVersion":
-                                                                kube_cluster.api("GET", path)["metadata"]["resourceVersion"]}})
+            kube_cluster.api(
+                "PUT",
+                path,
+                {
+                    **body,
+                    "metadata": {
+                        **body["metadata"],
+                        "resourceVersion": kube_cluster.api("GET", path)["metadata"]["resourceVersion"],
+                    },
+                },
+            )
         except ApiError:
             kube_cluster.api("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body)
 
@@ -454,9 +655,14 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         # for it, the test calls /filter itself
         p = gpu_pod("direct", ns, mem=100, node_selector={"no": "such-node"})
         created = _create(kube_cluster, ns, p)
-        req = lambda url: urllib.request.urlopen(urllib.request.Request(  # noqa: E731
-            url + "/filter", data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
-            headers={"Content-Type": "application/json"}), timeout=30).read()
+        req = lambda url: urllib.request.urlopen(
+            urllib.request.Request(  # noqa: E731
+                url + "/filter",
+                data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
+                headers={"Content-Type": "application/json"},
+            ),
+            timeout=30,
+        ).read()
         assert "not the leader" in _json.loads(req(a.url))["Error"]
         assert _json.loads(req(b.url))["Error"] == ""
     finally:
@@ -477,17 +683,21 @@ def test_a_decision_for_a_pod_deleted_before_its_bind_gives_the_capacity_back(ku
         ctx = ssl.create_default_context(cadata=kube_cluster.ca_pem.decode())
 
         def call(verb: str, body: dict) -> dict:
-            req = urllib.request.Request(f"{hami.url}/{verb}", data=_json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{hami.url}/{verb}", data=_json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
             return _json.loads(urllib.request.urlopen(req, context=ctx, timeout=30).read())
 
         # pending, and never offered to us by kube-scheduler (no node matches its selector)
         phantom = _create(kube_cluster, ns, gpu_pod("phantom", ns, mem=16000, cores=10, node_selector={"no": "such"}))
         assert call("filter", {"Pod": phantom, "NodeNames": [node]})["NodeNames"] == [node]
         kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/phantom?gracePeriodSeconds=0")
-        kube_cluster.wait_for(lambda: not [p for p in pods(kube_cluster, ns) if p["metadata"]["name"] == "phantom"],
-                              "the pod deleted")
-        answer = call("bind", {"PodName": "phantom", "PodNamespace": ns, "PodUID": phantom["metadata"]["uid"], "Node": node})
+        kube_cluster.wait_for(
+            lambda: not [p for p in pods(kube_cluster, ns) if p["metadata"]["name"] == "phantom"], "the pod deleted"
+        )
+        answer = call(
+            "bind", {"PodName": "phantom", "PodNamespace": ns, "PodUID": phantom["metadata"]["uid"], "Node": node}
+        )
         assert "not found" in answer["Error"] or "cannot record" in answer["Error"] or "404" in answer["Error"]
         real = _place(kube_cluster, ns, [gpu_pod("real", ns, mem=16000, cores=10, node_selector=selector)], timeout=30)
         assert real["real"]["spec"]["nodeName"] == node
@@ -502,8 +712,9 @@ def _extender_call(hami, path: str, body: dict) -> dict:
     import urllib.request
 
     ctx = ssl.create_default_context(cadata=hami.cluster.ca_pem.decode())
-    req = urllib.request.Request(hami.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        hami.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
     with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -518,9 +729,17 @@ def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_clu
         someone_elses = gpu_pod("other", ns, mem=1000, node_selector={"no": "such-node"})
         someone_elses["spec"]["schedulerName"] = "someone-else"
         other = _create(kube_cluster, ns, someone_elses)
-        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bound", "namespace": ns},
-                 "spec": {"schedulerName": "hami-scheduler", "nodeName": node, "terminationGracePeriodSeconds": 0,
-                          "containers": [{"name": "main", "image": "busybox"}]}}
+        plain = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "bound", "namespace": ns},
+            "spec": {
+                "schedulerName": "hami-scheduler",
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "busybox"}],
+            },
+        }
         bound = _create(kube_cluster, ns, plain)
         # a pending pod of ours that no node can take (its Filters must not stack reservations)
         waiting = _create(kube_cluster, ns, gpu_pod("waiting", ns, gpus=2, mem=16384, node_selector={"no": "such"}))
@@ -530,9 +749,11 @@ def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_clu
             return {"Pod": p, "NodeNames": [node], "Nodes": None}
 
         cases = [(forged(f"ghost-{i}", str(uuid.uuid4())), "does not exist") for i in range(3)]
-        cases += [(forged("waiting", str(uuid.uuid4())), f"has UID {waiting['metadata']['uid']}"),
-                  (forged("other", other["metadata"]["uid"]), "is for scheduler 'someone-else'"),
-                  (forged("bound", bound["metadata"]["uid"]), f"already bound to node {node}")]
+        cases += [
+            (forged("waiting", str(uuid.uuid4())), f"has UID {waiting['metadata']['uid']}"),
+            (forged("other", other["metadata"]["uid"]), "is for scheduler 'someone-else'"),
+            (forged("bound", bound["metadata"]["uid"]), f"already bound to node {node}"),
+        ]
         for body, text in cases:
             answer = _extender_call(hami, "/filter", body)
             assert text in answer["Error"] and "nothing is reserved" in answer["Error"], answer

@@ -39,20 +39,34 @@ def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, 
             list(pool.map(lambda n: make_gpu_node(kube_cluster, n, mem=81920, labels={"hami-group": group}), names))
         kube_cluster.wait_for(lambda: proc.get("/readyz") == 200, "hami scheduler ready", 30)
         kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=proc.extender()))
-        burst = [gpu_pod(f"p{i:03d}", ns, mem=4000, cores=5, node_selector={"hami-group": group})
-                 for i in range(PODS)]
+        burst = [gpu_pod(f"p{i:03d}", ns, mem=4000, cores=5, node_selector={"hami-group": group}) for i in range(PODS)]
         with PluginStandIn(kube_cluster, nodes=set(names), workers=NODES // 2) as standin:
             with ThreadPoolExecutor(16) as pool:  # created at once, as a Job or a Deployment would
                 list(pool.map(lambda p: kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p), burst))
-            done = kube_cluster.wait_for(lambda: (lambda ps: ps if len(ps) == PODS and all(
-                placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps)
-                else None)(pods(kube_cluster, ns)), f"{PODS} pods placed and allocated", 600, interval=2.0)
+            done = kube_cluster.wait_for(
+                lambda: (
+                    lambda ps: (
+                        ps
+                        if len(ps) == PODS
+                        and all(
+                            placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
+                            for p in ps
+                        )
+                        else None
+                    )
+                )(pods(kube_cluster, ns)),
+                f"{PODS} pods placed and allocated",
+                600,
+                interval=2.0,
+            )
             assert not standin.errors, standin.errors[:5]
         for p in done:
             assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
         for uuid_, (slots, mem, cores) in device_usage(done).items():
             assert slots <= 10 and mem <= 81920 and cores <= 100, (uuid_, slots, mem, cores)
-        failed = [f"{e['involvedObject']['name']}: {e.get('message')}" for e in events(kube_cluster, ns, "FailedScheduling")]
+        failed = [
+            f"{e['involvedObject']['name']}: {e.get('message')}" for e in events(kube_cluster, ns, "FailedScheduling")
+        ]
         assert failed == [], f"{len(failed)} FailedScheduling events for pods that fit, e.g. {failed[:5]}"
         assert events(kube_cluster, ns, "BindingFailed") == []
     finally:

@@ -29,14 +29,19 @@ from hami_devkit.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, Sched
 from ._hami import ROOT, PluginStandIn, SchedulerProcess, gpu_pod, gpu_uuid, make_gpu_node, pods, wait_pods
 
 CHROMIUM = os.environ.get("HAMI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-IMAGES = (ROOT / "docs" / "images" if os.environ.get("HAMI_DOCS_IMAGES") == "1"
-          else Path(tempfile.mkdtemp(prefix="hami-ui-shots-")))
+IMAGES = (
+    ROOT / "docs" / "images"
+    if os.environ.get("HAMI_DOCS_IMAGES") == "1"
+    else Path(tempfile.mkdtemp(prefix="hami-ui-shots-"))
+)
 WAIT_MS = 60_000  # an upper bound for polling the page, not a timing assertion
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip("no chromium: run scripts/install-browser.sh (Debian's chromium package) for the browser tests",
-                allow_module_level=True)
+    pytest.skip(
+        "no chromium: run scripts/install-browser.sh (Debian's chromium package) for the browser tests",
+        allow_module_level=True,
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright: pip install -e '.[test]'")
 
 CW = "Ascend910B3"
@@ -74,10 +79,12 @@ class Monitors:
 
     def set(self, node: str, uuid_: str, used_mib: int, util: float) -> None:
         labels = f'node="{node}",device_index="0",device_uuid="{uuid_}",device_type="NVIDIA-Tesla T4",zone="vGPU"'
-        self.text[node] = (f"# TYPE hami_host_gpu_memory_used_bytes gauge\n"
-                           f"hami_host_gpu_memory_used_bytes{{{labels}}} {used_mib << 20}\n"
-                           f"# TYPE hami_host_gpu_utilization_ratio gauge\n"
-                           f"hami_host_gpu_utilization_ratio{{{labels}}} {util}\n")
+        self.text[node] = (
+            f"# TYPE hami_host_gpu_memory_used_bytes gauge\n"
+            f"hami_host_gpu_memory_used_bytes{{{labels}}} {used_mib << 20}\n"
+            f"# TYPE hami_host_gpu_utilization_ratio gauge\n"
+            f"hami_host_gpu_utilization_ratio{{{labels}}} {util}\n"
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -96,10 +103,20 @@ def ui_hami(kube_cluster, monitors, tmp_path_factory):
     cfg = tmp_path_factory.mktemp("ui") / "device-config.yaml"
     cfg.write_text(DEVICE_CONFIG)
     ui_port = free_port()
-    proc = SchedulerProcess(kube_cluster, f"--device-config-file={cfg}", f"--ui-bind=127.0.0.1:{ui_port}",
-                            f"--ui-monitor-url={monitors.url}").start()
-    kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=ExtenderConfig(
-        url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (f"huawei.com/{CW}", f"huawei.com/{CW}-memory"))))
+    proc = SchedulerProcess(
+        kube_cluster,
+        f"--device-config-file={cfg}",
+        f"--ui-bind=127.0.0.1:{ui_port}",
+        f"--ui-monitor-url={monitors.url}",
+    ).start()
+    kube_cluster.configure_hami_scheduler(
+        SchedulerConfig(
+            extender=ExtenderConfig(
+                url_prefix=proc.url,
+                managed_resources=DEFAULT_MANAGED_RESOURCES + (f"huawei.com/{CW}", f"huawei.com/{CW}-memory"),
+            )
+        )
+    )
     proc.ui_url = f"http://127.0.0.1:{ui_port}/"
     try:
         yield proc
@@ -127,17 +144,29 @@ def _page(browser):
 
 
 def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
-        kube_cluster, kube_namespace, ui_hami, monitors, browser):
+    kube_cluster, kube_namespace, ui_hami, monitors, browser
+):
     ns, tag = kube_namespace, uuid.uuid4().hex[:5]
     model = f"NVIDIA-UI-T4-{tag}"
     gpu_nodes = [f"ui-gpu-{tag}-{i}" for i in range(2)]
     npu_node = f"ui-npu-{tag}"
     for name in gpu_nodes:
         make_gpu_node(kube_cluster, name, gpus=4, labels={"ui-test": tag}, model=model)
-    npus = [{"id": f"{npu_node}-npu-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": CW,
-             "health": True} for i in range(2)]
-    kube_cluster.create_node(npu_node, annotations={f"hami.io/node-register-{CW}": json.dumps(npus)},
-                             allocatable={f"huawei.com/{CW}": "2"})
+    npus = [
+        {
+            "id": f"{npu_node}-npu-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 20,
+            "type": CW,
+            "health": True,
+        }
+        for i in range(2)
+    ]
+    kube_cluster.create_node(
+        npu_node, annotations={f"hami.io/node-register-{CW}": json.dumps(npus)}, allocatable={f"huawei.com/{CW}": "2"}
+    )
     monitors.set(gpu_nodes[0], gpu_uuid(gpu_nodes[0], 0), 5120, 42.0)
     page, errors = _page(browser)
     try:
@@ -148,8 +177,10 @@ def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
             timing = page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
                 return {dom: n.domContentLoadedEventEnd, load: n.loadEventEnd}; }""")
             first_render = page.evaluate("() => performance.now()")
-            print(f"\nUI page load against the dev cluster: DOMContentLoaded {timing['dom']:.0f} ms, load "
-                  f"{timing['load']:.0f} ms, grid rendered by {first_render:.0f} ms")
+            print(
+                f"\nUI page load against the dev cluster: DOMContentLoaded {timing['dom']:.0f} ms, load "
+                f"{timing['load']:.0f} ms, grid rendered by {first_render:.0f} ms"
+            )
             page.select_option("#filter-model", model)
             assert page.get_attribute("#gpu-count", "data-count") == "8"
             assert page.locator(f'article[data-node="{gpu_nodes[0]}"] .gpu').count() == 4
@@ -160,19 +191,28 @@ def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
             assert page.locator(f'article[data-node="{gpu_nodes[0]}"] .badge.ok').inner_text() == "live usage"
             assert page.locator(f'article[data-node="{gpu_nodes[1]}"]').get_by_text("no live usage").count() == 1
             # --- a new GPU pod appears with its grant (the page refreshes itself)
-            kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                             gpu_pod("ui-train", ns, mem=3000, cores=30, node_selector={"ui-test": tag}))
+            kube_cluster.api(
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                gpu_pod("ui-train", ns, mem=3000, cores=30, node_selector={"ui-test": tag}),
+            )
             grant = page.locator(f'[data-pod="{ns}/ui-train"] [data-grant-uuid]')
             grant.first.wait_for(timeout=WAIT_MS)
             text = grant.first.inner_text()
             assert "main: NVIDIA" in text and model in text and "2.9 GiB" in text and "30%" in text, text
-            bound = wait_pods(kube_cluster, ns, lambda ps: ps if ps and ps[0]["spec"].get("nodeName") else None,
-                              "ui-train bound")
-            assert bound[0]["spec"]["nodeName"] in text or bound[0]["spec"]["nodeName"] in page.locator(
-                f'[data-pod="{ns}/ui-train"]').inner_text()
+            bound = wait_pods(
+                kube_cluster, ns, lambda ps: ps if ps and ps[0]["spec"].get("nodeName") else None, "ui-train bound"
+            )
+            assert (
+                bound[0]["spec"]["nodeName"] in text
+                or bound[0]["spec"]["nodeName"] in page.locator(f'[data-pod="{ns}/ui-train"]').inner_text()
+            )
             # --- a pod that fits nowhere shows why
-            kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                             gpu_pod("ui-too-big", ns, mem=40000, node_selector={"ui-test": tag}))
+            kube_cluster.api(
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                gpu_pod("ui-too-big", ns, mem=40000, node_selector={"ui-test": tag}),
+            )
             pending = page.locator(f'[data-pending="{ns}/ui-too-big"]')
             pending.wait_for(timeout=WAIT_MS)
             pending.locator(".reason").get_by_text("CardInsufficientMemory").wait_for(timeout=WAIT_MS)
@@ -223,17 +263,52 @@ def test_the_page_shows_dra_gpus_and_claims_beside_extender_ones(kube_cluster, k
     # what `hami dra` publishes (here with plain POSTs: the browser's loop owns this thread)
     for cls in device_classes():
         kube_cluster.api("POST", f"{resource}/deviceclasses", cls, expect=(201, 409))
-    kube_cluster.api("POST", f"{resource}/resourceslices", resource_slice(
-        node, [PhysicalGPU(0, f"GPU-ui-dra-{tag}", "Tesla T4", 15360, "0000:01:00.0", 0)], SliceSettings(split_count=4)))
-    kube_cluster.api("POST", f"{resource}/namespaces/{ns}/resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "share"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "2048Mi", "cores": "20"}}}}]}}})
-    kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "dra-user"},
-        "spec": {"nodeSelector": {"ui-dra": tag}, "terminationGracePeriodSeconds": 0,
-                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
-                 "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    kube_cluster.api(
+        "POST",
+        f"{resource}/resourceslices",
+        resource_slice(
+            node,
+            [PhysicalGPU(0, f"GPU-ui-dra-{tag}", "Tesla T4", 15360, "0000:01:00.0", 0)],
+            SliceSettings(split_count=4),
+        ),
+    )
+    kube_cluster.api(
+        "POST",
+        f"{resource}/namespaces/{ns}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "share"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.hami.io",
+                                "capacity": {"requests": {"memory": "2048Mi", "cores": "20"}},
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    )
+    kube_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "dra-user"},
+            "spec": {
+                "nodeSelector": {"ui-dra": tag},
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "share"}],
+                "containers": [{"name": "main", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        },
+    )
     page, errors = _page(browser)
     try:
         page.goto(ui_hami.ui_url)

@@ -19,7 +19,14 @@ import pytest
 from hami_devkit.cluster import DEFAULT_MANAGED_RESOURCES, ExtenderConfig, SchedulerConfig
 
 from ._hami import (
-    PluginStandIn, SchedulerProcess, delete_webhook, label_namespace, nodelock, pods, register_webhook, wait_pods,
+    PluginStandIn,
+    SchedulerProcess,
+    delete_webhook,
+    label_namespace,
+    nodelock,
+    pods,
+    register_webhook,
+    wait_pods,
     wait_webhook_routes,
 )
 
@@ -58,9 +65,12 @@ class AscendStandIn(PluginStandIn):
         ann = pod["metadata"].get("annotations") or {}
         if ann.get("hami.io/bind-phase") != "success":
             self.seen.append({k: ann.get(k) for k in (TO_ALLOCATE, RUNTIME, "predicate-time")})
-            self.cluster.api("PATCH", f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
-                             {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
-                             content_type="application/merge-patch+json")
+            self.cluster.api(
+                "PATCH",
+                f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
+                {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                content_type="application/merge-patch+json",
+            )
         self._release(name, raw)
 
 
@@ -70,8 +80,11 @@ def ascend_hami(kube_cluster, tmp_path):
     cfg.write_text(DEVICE_CONFIG)
     proc = SchedulerProcess(kube_cluster, f"--device-config-file={cfg}").start()
     webhook = f"hami-ascend-{uuid.uuid4().hex[:6]}"
-    kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=ExtenderConfig(
-        url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (RES, MEM))))
+    kube_cluster.configure_hami_scheduler(
+        SchedulerConfig(
+            extender=ExtenderConfig(url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (RES, MEM))
+        )
+    )
     register_webhook(kube_cluster, proc.url, webhook, WEBHOOK_LABEL)
     try:
         yield proc
@@ -85,20 +98,48 @@ def test_ascend_pod_is_placed_with_the_annotations_the_plugin_reads(kube_cluster
     ns = kube_namespace
     label_namespace(kube_cluster, ns, WEBHOOK_LABEL)
     node = f"npu-{uuid.uuid4().hex[:5]}"
-    npus = [{"id": f"{node}-npu-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": CW,
-             "health": True, "custominfo": {"NetworkID": 1 + i // 2}} for i in range(4)]
-    kube_cluster.create_node(node, annotations={f"hami.io/node-register-{CW}": json.dumps(npus)},
-                             allocatable={RES: "4"})
+    npus = [
+        {
+            "id": f"{node}-npu-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 20,
+            "type": CW,
+            "health": True,
+            "custominfo": {"NetworkID": 1 + i // 2},
+        }
+        for i in range(4)
+    ]
+    kube_cluster.create_node(
+        node, annotations={f"hami.io/node-register-{CW}": json.dumps(npus)}, allocatable={RES: "4"}
+    )
     try:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "npu-infer"},
-               "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-                   "name": "mindie", "image": "busybox", "resources": {"limits": {RES: 1, MEM: 12000}}}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "npu-infer"},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "mindie", "image": "busybox", "resources": {"limits": {RES: 1, MEM: 12000}}}],
+            },
+        }
         wait_webhook_routes(kube_cluster, ns, pod)
         with AscendStandIn(kube_cluster, {node}) as standin:
             kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-            done = wait_pods(kube_cluster, ns, lambda ps: ps if ps and ps[0]["spec"].get("nodeName") and
-                             (ps[0]["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
-                             else None, "Ascend pod bound and handed off", timeout=90)
+            done = wait_pods(
+                kube_cluster,
+                ns,
+                lambda ps: (
+                    ps
+                    if ps
+                    and ps[0]["spec"].get("nodeName")
+                    and (ps[0]["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
+                    else None
+                ),
+                "Ascend pod bound and handed off",
+                timeout=90,
+            )
             pod = done[0]
         assert standin.errors == []
         ann = pod["metadata"]["annotations"]
@@ -108,11 +149,15 @@ def test_ascend_pod_is_placed_with_the_annotations_the_plugin_reads(kube_cluster
         assert pod["spec"]["nodeName"] == node and ann["hami.io/vgpu-node"] == node
         assert ann[ALLOCATED] == f"{node}-npu-0,{CW},16384,0:;"
         assert TO_ALLOCATE not in ann  # consumed by the plugin stand-in
-        assert standin.seen == [{TO_ALLOCATE: f"{node}-npu-0,{CW},16384,0:;",
-                                 RUNTIME: f'[{{"UUID":"{node}-npu-0","temp":"vir05_1c_16g"}}]',
-                                 "predicate-time": ann["predicate-time"]}]
+        assert standin.seen == [
+            {
+                TO_ALLOCATE: f"{node}-npu-0,{CW},16384,0:;",
+                RUNTIME: f'[{{"UUID":"{node}-npu-0","temp":"vir05_1c_16g"}}]',
+                "predicate-time": ann["predicate-time"],
+            }
+        ]
         assert ann[RUNTIME] == f'[{{"UUID":"{node}-npu-0","temp":"vir05_1c_16g"}}]'
-        lock = (kube_cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {})
+        lock = kube_cluster.api("GET", f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
         assert nodelock.NODE_LOCK not in lock
         assert len(pods(kube_cluster, ns)) == 1
     finally:

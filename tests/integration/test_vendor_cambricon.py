@@ -43,18 +43,32 @@ class CambriconStandIn(PluginStandIn):
         if value is None:
             return
         listed = self.api("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}")["items"]
-        pending = [p for p in listed if (p["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating"]
+        pending = [
+            p for p in listed if (p["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating"
+        ]
         for pod in pending:
             ann, meta = pod["metadata"]["annotations"], pod["metadata"]
-            self.seen.append({"lock": value, "hami_lock": node_ann.get(nodelock.NODE_LOCK),
-                              "to_allocate": ann.get(TO_ALLOCATE), "profile": ann.get("CAMBRICON_DSMLU_PROFILE")})
-            self.api("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                     {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
-                     content_type=MERGE)
+            self.seen.append(
+                {
+                    "lock": value,
+                    "hami_lock": node_ann.get(nodelock.NODE_LOCK),
+                    "to_allocate": ann.get(TO_ALLOCATE),
+                    "profile": ann.get("CAMBRICON_DSMLU_PROFILE"),
+                }
+            )
+            self.api(
+                "PATCH",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"metadata": {"annotations": {TO_ALLOCATE: None, "hami.io/bind-phase": "success"}}},
+                content_type=MERGE,
+            )
         if pending:
-            self.api("PATCH", f"/api/v1/nodes/{name}", {"metadata": {
-                "annotations": {LOCK: None}, "resourceVersion": node["metadata"]["resourceVersion"]}},
-                content_type=MERGE)
+            self.api(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"annotations": {LOCK: None}, "resourceVersion": node["metadata"]["resourceVersion"]}},
+                content_type=MERGE,
+            )
 
 
 @pytest.fixture
@@ -62,8 +76,13 @@ def cambricon_hami(kube_cluster, tmp_path):
     cfg = tmp_path / "device-config.yaml"
     cfg.write_text(DEVICE_CONFIG)
     proc = SchedulerProcess(kube_cluster, f"--device-config-file={cfg}").start()
-    kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=ExtenderConfig(
-        url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (VMLU, VMEM, VCORE))))
+    kube_cluster.configure_hami_scheduler(
+        SchedulerConfig(
+            extender=ExtenderConfig(
+                url_prefix=proc.url, managed_resources=DEFAULT_MANAGED_RESOURCES + (VMLU, VMEM, VCORE)
+            )
+        )
+    )
     try:
         yield proc
     finally:
@@ -75,18 +94,42 @@ def test_cambricon_pod_is_bound_under_the_dsmlu_lock(kube_cluster, kube_namespac
     ns = kube_namespace
     node = f"mlu-{uuid.uuid4().hex[:5]}"
     left_behind = (datetime.now(timezone.utc) - timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kube_cluster.create_node(node, annotations={LOCK: left_behind},
-                             allocatable={VCORE: 400, VMEM: 4 * 384, VMLU: 400})
+    kube_cluster.create_node(node, annotations={LOCK: left_behind}, allocatable={VCORE: 400, VMEM: 4 * 384, VMLU: 400})
     try:
         with CambriconStandIn(kube_cluster, {node}) as standin:
-            kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mlu-infer"},
-                "spec": {"schedulerName": "hami-scheduler", "terminationGracePeriodSeconds": 0, "containers": [{
-                    "name": "main", "image": "busybox",
-                    "resources": {"limits": {VMLU: 1, VMEM: 20, VCORE: 30}}}]}})
-            done = wait_pods(kube_cluster, ns, lambda ps: ps if ps and ps[0]["spec"].get("nodeName") and
-                             (ps[0]["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
-                             else None, "Cambricon pod bound and handed off", timeout=90)
+            kube_cluster.api(
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "mlu-infer"},
+                    "spec": {
+                        "schedulerName": "hami-scheduler",
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "busybox",
+                                "resources": {"limits": {VMLU: 1, VMEM: 20, VCORE: 30}},
+                            }
+                        ],
+                    },
+                },
+            )
+            done = wait_pods(
+                kube_cluster,
+                ns,
+                lambda ps: (
+                    ps
+                    if ps
+                    and ps[0]["spec"].get("nodeName")
+                    and (ps[0]["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "success"
+                    else None
+                ),
+                "Cambricon pod bound and handed off",
+                timeout=90,
+            )
             pod = done[0]
         assert standin.errors == []
         ann = pod["metadata"]["annotations"]

@@ -1,5 +1,6 @@
 """Shared fixtures for the native tests: build native/ once, give each test its own fake
 machine (FAKEGPU_STATE_DIR) and a helper to run probe programs in a fresh process."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,7 @@ def native_build() -> Path:
 
 @pytest.fixture
 def fake_env(native_build, tmp_path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FAKEGPU_", "CUDA_", "LIBCUDA_", "LD_PRELOAD"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "CUDA_", "LIBCUDA_", "LD_PRELOAD"))}
     env["LD_LIBRARY_PATH"] = str(FAKE)
     env["FAKEGPU_STATE_DIR"] = str(tmp_path / "machine")
     env["PYTHONPATH"] = str(Path(__file__).parent)
@@ -42,9 +42,7 @@ def vgpu_env(fake_env, tmp_path) -> dict[str, str]:
 
 def run_py(code: str, env: dict[str, str], timeout: float = 60, check: bool = True):
     """Run `code` in a fresh interpreter; returns CompletedProcess (text)."""
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"probe failed rc={proc.returncode}\nstdout:\n{proc.stdout}\n"
-                             f"stderr:\n{proc.stderr}")
+        raise AssertionError(f"probe failed rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc

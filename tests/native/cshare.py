@@ -8,6 +8,7 @@ in flight (32 by default: 32 ms of queued work keeps the device busy through hos
 scheduling delays on a loaded machine), so admissions and execution differ by at most
 DEPTH kernels.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -27,8 +28,11 @@ WINDOW_MS = 100
 
 
 def base_env(fake_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FAKEGPU_", "CUDA_", "LIBCUDA_", "LD_PRELOAD", "GPU_CORE", "HAMI_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("FAKEGPU_", "CUDA_", "LIBCUDA_", "LD_PRELOAD", "GPU_CORE", "HAMI_"))
+    }
     env["LD_LIBRARY_PATH"] = str(fake_dir)
     env["FAKEGPU_SAMPLE_PERIOD_US"] = str(SAMPLE_PERIOD_US)
     return env
@@ -48,10 +52,23 @@ class Task:
         return Trace.parse(out, self.kernel_us)
 
 
-def start(env: dict[str, str], machine: Path, region: Path, *, limit: int | None = None,
-          policy: str | None = None, kind: str = "plain", seconds: float = 2.5, device: int = 0,
-          priority: int | None = None, linger: float = 0, extra: dict[str, str] | None = None,
-          via_exec: bool = False, depth: int = 32, kernel_us: int = KERNEL_US) -> Task:
+def start(
+    env: dict[str, str],
+    machine: Path,
+    region: Path,
+    *,
+    limit: int | None = None,
+    policy: str | None = None,
+    kind: str = "plain",
+    seconds: float = 2.5,
+    device: int = 0,
+    priority: int | None = None,
+    linger: float = 0,
+    extra: dict[str, str] | None = None,
+    via_exec: bool = False,
+    depth: int = 32,
+    kernel_us: int = KERNEL_US,
+) -> Task:
     e = dict(env)
     e["FAKEGPU_STATE_DIR"] = str(machine)
     argv = [str(LOAD), kind, str(kernel_us), str(seconds), str(depth), str(device), str(linger)]
@@ -79,7 +96,7 @@ def start(env: dict[str, str], machine: Path, region: Path, *, limit: int | None
 @dataclass
 class Trace:
     t: list[float]  # wall-clock ms of each report
-    n: list[int]    # launches admitted by then
+    n: list[int]  # launches admitted by then
     kernel_us: int = KERNEL_US  # device time per launch
 
     @classmethod

@@ -1,4 +1,5 @@
 """ctypes helpers used by probe processes (run with LD_LIBRARY_PATH pointing at the fake)."""
+
 from __future__ import annotations
 
 import ctypes as C

@@ -2,6 +2,7 @@
 """A stand-in for nvidia-smi over NVML (pynvml), enough for tests/gpu/gpu_check.py to run its
 GPU path against the fake GPU: `-L`, and `--query-gpu=F,... --format=csv,noheader[,nounits]`
 with F in uuid, name, driver_version, memory.total, memory.used (MiB)."""
+
 from __future__ import annotations
 
 import sys

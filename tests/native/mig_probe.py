@@ -45,8 +45,9 @@ def main() -> None:
             out["error"] = f"{type(exc).__name__}: {exc}"
     if cmd.get("collect") is not None:
         out["collect"] = mgr.collect(set(cmd["collect"]))
-    out["instances"] = {g: [[i.gi, i.profile, i.start, i.size, i.ci, i.mig_uuid] for i in nvml.instances(g)]
-                        for g in cmd["gpus"]}
+    out["instances"] = {
+        g: [[i.gi, i.profile, i.start, i.size, i.ci, i.mig_uuid] for i in nvml.instances(g)] for g in cmd["gpus"]
+    }
     out["entries"] = {k: [e.state, e.gpu_instance_id, e.mig_uuid] for k, e in Checkpoint(checkpoint).load().items()}
     print(json.dumps(out))
 

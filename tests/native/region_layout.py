@@ -1,11 +1,12 @@
 """The v1 shared-region layout, written down from the reference (hami-core.md §4.2), and
 readers for the file libvgpu writes. Offsets are absolute bytes (x86-64, glibc)."""
+
 from __future__ import annotations
 
 import struct
 from pathlib import Path
 
-REGION_SIZE = 2_008_952          # file length is this + 1
+REGION_SIZE = 2_008_952  # file length is this + 1
 MAGIC = 19920718
 MAX_DEV, MAX_PROC, SLOT_SIZE, UUID_LEN = 16, 1024, 1960, 96
 
@@ -33,7 +34,7 @@ HEADER = [
 SLOT = [
     ("pid", 0, "i"),
     ("hostpid", 4, "i"),
-    ("used", 8, f"{MAX_DEV * 8}Q"),          # per device: context, module, data, offset, total, 3 unused
+    ("used", 8, f"{MAX_DEV * 8}Q"),  # per device: context, module, data, offset, total, 3 unused
     ("monitorused", 1032, f"{MAX_DEV}Q"),
     ("device_util", 1160, f"{MAX_DEV * 6}Q"),  # per device: dec, enc, sm, 3 unused
     ("status", 1928, "i"),
@@ -53,9 +54,10 @@ def _unpack(buf: bytes, base: int, table) -> dict:
 
 def parse_slot(buf: bytes, base: int) -> dict:
     s = _unpack(buf, base, SLOT)
-    s["used"] = [dict(zip(DEVMEM, s["used"][d * 8:d * 8 + 5])) for d in range(MAX_DEV)]
-    s["device_util"] = [dict(zip(("dec_util", "enc_util", "sm_util"), s["device_util"][d * 6:d * 6 + 3]))
-                        for d in range(MAX_DEV)]
+    s["used"] = [dict(zip(DEVMEM, s["used"][d * 8 : d * 8 + 5])) for d in range(MAX_DEV)]
+    s["device_util"] = [
+        dict(zip(("dec_util", "enc_util", "sm_util"), s["device_util"][d * 6 : d * 6 + 3])) for d in range(MAX_DEV)
+    ]
     return s
 
 
@@ -63,8 +65,7 @@ def read_region(path) -> dict:
     buf = Path(path).read_bytes()
     r = _unpack(buf, 0, HEADER)
     r["file_size"] = len(buf)
-    r["uuids"] = [r["uuids"][i * UUID_LEN:(i + 1) * UUID_LEN].split(b"\0")[0].decode()
-                  for i in range(MAX_DEV)]
+    r["uuids"] = [r["uuids"][i * UUID_LEN : (i + 1) * UUID_LEN].split(b"\0")[0].decode() for i in range(MAX_DEV)]
     n = max(0, min(r["proc_num"], MAX_PROC))
     r["slots"] = [parse_slot(buf, 1856 + i * SLOT_SIZE) for i in range(n)]
     del r["procs"]
@@ -83,17 +84,20 @@ def poke_slot_total(path, slot: int, dev: int, value: int) -> None:
 # mutex in the last process slot, which no process takes (proc_num stays <= LOCK_SLOT).
 LOCK_SLOT = MAX_PROC - 1
 LOCK_MAGIC = 0x4C6B5631
-LOCK_MAGIC_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 8   # u32, set once the mutex is initialised
-LOCK_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 40        # pthread_mutex_t (40 bytes)
+LOCK_MAGIC_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 8  # u32, set once the mutex is initialised
+LOCK_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 40  # pthread_mutex_t (40 bytes)
 
 
 def read_lock_slot(path) -> dict:
     buf = Path(path).read_bytes()
     base = 1856 + LOCK_SLOT * SLOT_SIZE
     s = parse_slot(buf, base)
-    return {"pid": s["pid"], "status": s["status"],
-            "magic": struct.unpack_from("<I", buf, LOCK_MAGIC_OFFSET)[0],
-            "mutex_owner_tid": struct.unpack_from("<i", buf, LOCK_OFFSET)[0] & 0x3FFFFFFF}
+    return {
+        "pid": s["pid"],
+        "status": s["status"],
+        "magic": struct.unpack_from("<I", buf, LOCK_MAGIC_OFFSET)[0],
+        "mutex_owner_tid": struct.unpack_from("<i", buf, LOCK_OFFSET)[0] & 0x3FFFFFFF,
+    }
 
 
 def fill_slots(path, pid: int, count: int) -> None:

@@ -12,6 +12,7 @@ one the load processes themselves get too little CPU to use their share: with tw
 cores and other builds running (load average 9-11) we measured down to 0.8 x limit, and once
 0.5 x (a 60 % device limit at 29.9 %), which is not a limiter error. Accuracy and settling times
 are figures for bench/bench_compute_share.py, not assertions."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,8 @@ from .cshare import Trace, base_env, start
 
 pytestmark = pytest.mark.native
 
-TOL = 5.0        # percentage points above the limit (the isolation guarantee)
-LOW = 0.25       # held, not starved: at least this fraction of the limit, even on a saturated CPU
+TOL = 5.0  # percentage points above the limit (the isolation guarantee)
+LOW = 0.25  # held, not starved: at least this fraction of the limit, even on a saturated CPU
 SETTLE_MS = 500  # measurement starts this long after the first launch
 UNTHROTTLED = 3 * TOL  # "clearly not held at the limit": more than limit + 15 points
 
@@ -49,8 +50,7 @@ def steady(trace, start_ms=None, end_ms=None):
 
 def test_force_single_process_accuracy(env, tmp_path):
     limits = (10, 30, 50, 70, 90)
-    tasks = [start(env, tmp_path / f"m{lim}", tmp_path / f"c{lim}.cache", limit=lim, policy="force")
-             for lim in limits]
+    tasks = [start(env, tmp_path / f"m{lim}", tmp_path / f"c{lim}.cache", limit=lim, policy="force") for lim in limits]
     for lim, task in zip(limits, tasks):
         tr = task.trace()
         achieved, settle = steady(tr), tr.settling_s(lim)
@@ -89,6 +89,7 @@ def test_three_containers_20_30_50(env, tmp_path):
 def test_default_policy_is_work_conserving(env, tmp_path):
     """A lone task runs unthrottled; once a second task uses the GPU, both are held."""
     import time
+
     m = tmp_path / "m"
     first = start(env, m, tmp_path / "a.cache", limit=30, seconds=3.5)
     time.sleep(1.5)
@@ -105,8 +106,10 @@ def test_default_policy_is_work_conserving(env, tmp_path):
 
 @pytest.mark.parametrize("kinds", [("ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz")])
 def test_every_launch_path_is_limited(env, tmp_path, kinds):
-    tasks = [start(env, tmp_path / f"m{k}", tmp_path / f"{k}.cache", limit=40, policy="force", kind=k,
-                   seconds=1.8) for k in kinds]
+    tasks = [
+        start(env, tmp_path / f"m{k}", tmp_path / f"{k}.cache", limit=40, policy="force", kind=k, seconds=1.8)
+        for k in kinds
+    ]
     for k, task in zip(kinds, tasks):
         achieved = steady(task.trace())
         print(f"launch path {k}: achieved {achieved:.1f}% (limit 40)")
@@ -128,8 +131,15 @@ def test_host_pid_by_memory_probe_when_nvml_pids_differ(env, tmp_path):
     """The fake NVML reports pid + 100000 (a driver in another PID namespace): the host PID
     comes from the memory-signature probe, and the share is still enforced."""
     region = tmp_path / "c.cache"
-    task = start(env, tmp_path / "m", region, limit=30, policy="force", seconds=1.5,
-                 extra={"FAKEGPU_HOSTPID_OFFSET": "100000", "LIBCUDA_LOG_LEVEL": "3"})
+    task = start(
+        env,
+        tmp_path / "m",
+        region,
+        limit=30,
+        policy="force",
+        seconds=1.5,
+        extra={"FAKEGPU_HOSTPID_OFFSET": "100000", "LIBCUDA_LOG_LEVEL": "3"},
+    )
     out, err = task.proc.communicate(timeout=60)
     assert task.proc.returncode == 0, err
     tr = Trace.parse(out)
@@ -152,8 +162,9 @@ def test_processes_of_one_container_share_its_limit(env, tmp_path):
 def test_long_kernels(env, tmp_path):
     """Kernels of half an NVML sample period (about one launch per period): periods are pooled
     until the cost per launch can be fitted."""
-    tr = start(env, tmp_path / "m", tmp_path / "c.cache", limit=30, policy="force", seconds=3.5,
-               kernel_us=25000, depth=2).trace()
+    tr = start(
+        env, tmp_path / "m", tmp_path / "c.cache", limit=30, policy="force", seconds=3.5, kernel_us=25000, depth=2
+    ).trace()
     achieved = tr.share(tr.start + 1000, tr.end - 50)
     print(f"25 ms kernels, limit 30: achieved {achieved:.1f}%")
     held(achieved, 30)
@@ -162,6 +173,7 @@ def test_long_kernels(env, tmp_path):
 def test_process_joining_a_held_container_does_not_overshoot(env, tmp_path):
     """The newcomer starts from the container's published cost per launch at an equal split."""
     import time
+
     m, region = tmp_path / "m", tmp_path / "c.cache"
     first = start(env, m, region, limit=40, policy="force", seconds=3.0)
     time.sleep(1.2)
@@ -170,8 +182,7 @@ def test_process_joining_a_held_container_does_not_overshoot(env, tmp_path):
     join = t2.start
     burst = t1.share(join, join + 300) + t2.share(join, join + 300)
     later = (t1.share(join + 800, t2.end - 50), t2.share(join + 800, t2.end - 50))
-    print(f"process joins a container held at 40: first 300 ms {burst:.1f}%, then "
-          f"{later[0]:.1f}% + {later[1]:.1f}%")
+    print(f"process joins a container held at 40: first 300 ms {burst:.1f}%, then {later[0]:.1f}% + {later[1]:.1f}%")
     assert burst <= 40 + 2 * TOL
     held(sum(later), 40)
     fair_split(list(later))

@@ -26,12 +26,24 @@ def _need_fake():
 
 
 def env(tmp_path, **extra):
-    return {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src"), **extra}
+    return {
+        **os.environ,
+        "FAKEGPU_DEVICES": DEVICES,
+        "FAKEGPU_STATE_DIR": str(tmp_path),
+        "PYTHONPATH": str(ROOT / "src"),
+        **extra,
+    }
 
 
 def hami(*args, tmp_path, **kw):
-    return subprocess.run([sys.executable, "-m", "hami", "device-plugin", *args], env=env(tmp_path), capture_output=True,
-                          text=True, timeout=60, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "hami", "device-plugin", *args],
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kw,
+    )
 
 
 def test_dry_run_discovers_fake_gpus_with_config_and_numa(tmp_path):
@@ -39,18 +51,47 @@ def test_dry_run_discovers_fake_gpus_with_config_and_numa(tmp_path):
     d.mkdir(parents=True)
     (d / "numa_node").write_text("1\n")
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 3, "devicememoryscaling": 2,
-                                               "filterdevices": {"index": [0]}}]}))
-    out = hami("--dry-run", "--node-name", "n1", "--node-config", str(cfg), "--sysfs-root", str(tmp_path / "sys"),
-               "--nvml-library", str(FAKE_NVML), tmp_path=tmp_path)
+    cfg.write_text(
+        json.dumps(
+            {
+                "nodeconfig": [
+                    {"name": "n1", "devicesplitcount": 3, "devicememoryscaling": 2, "filterdevices": {"index": [0]}}
+                ]
+            }
+        )
+    )
+    out = hami(
+        "--dry-run",
+        "--node-name",
+        "n1",
+        "--node-config",
+        str(cfg),
+        "--sysfs-root",
+        str(tmp_path / "sys"),
+        "--nvml-library",
+        str(FAKE_NVML),
+        tmp_path=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert [(g["uuid"], g["model"], g["memoryMiB"], g["busId"], g["numa"]) for g in doc["gpus"]] == [
-        (G1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1)]
+        (G1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1)
+    ]
     assert doc["kubeletDevices"] == 3
     reg = json.loads(doc["annotations"]["hami.io/node-nvidia-register"])
-    assert reg == [{"id": G1, "index": 1, "count": 3, "devmem": 81920, "devcore": 100, "type": "NVIDIA A100-SXM4-40GB",
-                    "numa": 1, "mode": "hami-core", "health": True}]
+    assert reg == [
+        {
+            "id": G1,
+            "index": 1,
+            "count": 3,
+            "devmem": 81920,
+            "devcore": 100,
+            "type": "NVIDIA A100-SXM4-40GB",
+            "numa": 1,
+            "mode": "hami-core",
+            "health": True,
+        }
+    ]
 
 
 def test_refuses_without_nvml(tmp_path):
@@ -76,7 +117,7 @@ def test_xid_watcher_reports_critical_xids_only(tmp_path):
         w = XidWatcher([{G0!r}, {G1!r}], got.append, wait_ms=100)
         w.start()
         time.sleep(0.3)
-        open({str(tmp_path / 'xid')!r}, "w").write("0 13\\n{G1} 79\\n")
+        open({str(tmp_path / "xid")!r}, "w").write("0 13\\n{G1} 79\\n")
         deadline = time.time() + 10
         while not got and time.time() < deadline:
             time.sleep(0.05)

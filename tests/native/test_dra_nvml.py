@@ -24,16 +24,36 @@ def _need_fake():
 
 
 def hami(*args, tmp_path):
-    env = {**os.environ, "FAKEGPU_DEVICES": DEVICES, "FAKEGPU_STATE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "hami", "dra", *args], env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "FAKEGPU_DEVICES": DEVICES,
+        "FAKEGPU_STATE_DIR": str(tmp_path),
+        "PYTHONPATH": str(ROOT / "src"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "hami", "dra", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_dry_run_publishes_the_fake_gpus_with_node_config(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "devicesplitcount": 3, "devicememoryscaling": 2}]}))
-    out = hami("--dry-run", "--node-name", "n1", "--node-config", str(cfg), "--sysfs-root", str(tmp_path / "sys"),
-               "--nvml-library", str(FAKE_NVML), "--default-cores", "10", "--extended-resource-name", "nvidia.com/gpu",
-               tmp_path=tmp_path)
+    out = hami(
+        "--dry-run",
+        "--node-name",
+        "n1",
+        "--node-config",
+        str(cfg),
+        "--sysfs-root",
+        str(tmp_path / "sys"),
+        "--nvml-library",
+        str(FAKE_NVML),
+        "--default-cores",
+        "10",
+        "--extended-resource-name",
+        "nvidia.com/gpu",
+        tmp_path=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     spec = doc["resourceSlice"]["spec"]

@@ -1,4 +1,5 @@
 """The fake GPU itself: devices, memory bookkeeping across processes, kernels, NVML."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,9 +16,12 @@ MiB = 1 << 20
 
 
 def test_pynvml_sees_configured_devices(fake_env):
-    fake_env["FAKEGPU_DEVICES"] = ("name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108,numa=0,pci=0000:3b:00.0;"
-                                   "memory=24GB,uuid=GPU-11111111-2222-3333-4444-555555555555,numa=1")
-    out = run_py("""
+    fake_env["FAKEGPU_DEVICES"] = (
+        "name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108,numa=0,pci=0000:3b:00.0;"
+        "memory=24GB,uuid=GPU-11111111-2222-3333-4444-555555555555,numa=1"
+    )
+    out = run_py(
+        """
 import pynvml as n
 n.nvmlInit()
 for i in range(n.nvmlDeviceGetCount()):
@@ -29,11 +33,27 @@ for i in range(n.nvmlDeviceGetCount()):
 h = n.nvmlDeviceGetHandleByUUID("GPU-11111111-2222-3333-4444-555555555555")
 print(n.nvmlDeviceGetIndex(h), n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId("0000:3b:00.0")))
 n.nvmlShutdown()
-""", fake_env).stdout.splitlines()
-    assert out[0].split() == ["NVIDIA", "A100-SXM4-40GB", "GPU-f00dfeed-0000-4000-8000-000000000000",
-                              str(40 * GiB), "0", "00000000:3B:00.0", "0", "108"]
-    assert out[1].split()[-6:] == ["GPU-11111111-2222-3333-4444-555555555555", str(24 * 10**9), "0",
-                                   "00000000:28:00.0", "1", "132"]
+""",
+        fake_env,
+    ).stdout.splitlines()
+    assert out[0].split() == [
+        "NVIDIA",
+        "A100-SXM4-40GB",
+        "GPU-f00dfeed-0000-4000-8000-000000000000",
+        str(40 * GiB),
+        "0",
+        "00000000:3B:00.0",
+        "0",
+        "108",
+    ]
+    assert out[1].split()[-6:] == [
+        "GPU-11111111-2222-3333-4444-555555555555",
+        str(24 * 10**9),
+        "0",
+        "00000000:28:00.0",
+        "1",
+        "132",
+    ]
     assert out[2] == "1 0"
 
 
@@ -48,11 +68,20 @@ def test_over_allocation_fails_across_processes_and_dead_memory_is_released(fake
     fake_env["FAKEGPU_COUNT"] = "1"
     fake_env["FAKEGPU_MEMORY"] = "1Gi"
     holder = subprocess.Popen(
-        [sys.executable, "-c", """
+        [
+            sys.executable,
+            "-c",
+            """
 import sys, cuda_probe as c
 c.init(); rc, p = c.alloc(700 << 20); assert rc == 0
 print("ready", flush=True); sys.stdin.read()
-"""], env=fake_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        env=fake_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         code = """
@@ -63,7 +92,7 @@ n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 print(sorted(p.usedGpuMemory >> 20 for p in n.nvmlDeviceGetComputeRunningProcesses(h)))
 """
         out = run_py(code, fake_env).stdout.split("\n")
-        assert out[0] == "2 0"      # 700+400 > 1024 MiB fails; 700+300 fits
+        assert out[0] == "2 0"  # 700+400 > 1024 MiB fails; 700+300 fits
         assert out[1] == "[300, 700]"
     finally:
         holder.kill()
@@ -75,7 +104,8 @@ print(sorted(p.usedGpuMemory >> 20 for p in n.nvmlDeviceGetComputeRunningProcess
 def test_rounding_contexts_and_mem_info(fake_env):
     fake_env["FAKEGPU_MEMORY"] = "8Gi"
     fake_env["FAKEGPU_CONTEXT_MEM"] = "500Mi"
-    out = run_py("""
+    out = run_py(
+        """
 import cuda_probe as c
 c.init()
 f0, t = c.mem_info()
@@ -84,12 +114,15 @@ f1, _ = c.mem_info()
 rc2, q = c.alloc(100)              # rounded to 512 B
 f2, _ = c.mem_info()
 print(t, t - f0, f0 - f1, f1 - f2, c.free(p), c.free(p), c.free(0))
-""", fake_env).stdout.split()
+""",
+        fake_env,
+    ).stdout.split()
     assert out == [str(8 * GiB), str(500 * MiB), str(4 * MiB), "512", "0", "1", "0"]
 
 
 def test_kernels_take_time_and_show_up_in_process_utilization(fake_env):
-    out = run_py("""
+    out = run_py(
+        """
 import os, cuda_probe as c, pynvml as n
 c.init()
 fn = c.function(b"busy_50ms")
@@ -103,24 +136,30 @@ assert c.cu.cuStreamQuery(None) == 0
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 s = n.nvmlDeviceGetProcessUtilization(h, 0)
 print([(x.pid == os.getpid(), x.smUtil) for x in s])
-""", fake_env).stdout.splitlines()
+""",
+        fake_env,
+    ).stdout.splitlines()
     assert out == ["600", "300.0", "[(True, 100)]"]
 
 
 def test_big_grid_takes_more_waves_and_cooperative_limit(fake_env):
-    fake_env["FAKEGPU_SMS"] = "2"   # one wave = 2 SMs x 16 blocks = 32 blocks
-    out = run_py("""
+    fake_env["FAKEGPU_SMS"] = "2"  # one wave = 2 SMs x 16 blocks = 32 blocks
+    out = run_py(
+        """
 import cuda_probe as c
 c.init()
 fn = c.function(b"k_10ms")
 print(c.elapsed_ms(lambda: c.launch(fn, grid=64)), c.elapsed_ms(lambda: c.launch(fn, grid=32)),
       c.cu.cuLaunchCooperativeKernel(fn, 33, 1, 1, 1, 1, 1, 0, None, None))
-""", fake_env).stdout.split()
+""",
+        fake_env,
+    ).stdout.split()
     assert out == ["20.0", "10.0", "720"]
 
 
 def test_get_proc_address_honours_version_and_per_thread_flag(fake_env):
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, cuda_probe as c
 cu = c.cu
 def addr(name): return C.cast(getattr(cu, name), C.c_void_p).value
@@ -132,12 +171,15 @@ print(q(b"cuMemAlloc", 3000, 0)[2] == addr("cuMemAlloc"), q(b"cuMemAlloc", 12000
 print(q(b"cuLaunchKernel", 12000, 2)[2] == addr("cuLaunchKernel_ptsz"), q(b"cuLaunchKernel", 12000, 0)[2] == addr("cuLaunchKernel"))
 print(q(b"cuCtxCreate", 12080, 0)[2] == addr("cuCtxCreate_v4"), q(b"cuCtxCreate", 11040, 0)[2] == addr("cuCtxCreate_v3"))
 print(q(b"cuNoSuchThing", 12000, 0)[:2], q(b"cuMemAllocAsync", 11000, 0)[:2])
-""", fake_env).stdout.splitlines()
+""",
+        fake_env,
+    ).stdout.splitlines()
     assert out == ["True True", "True True", "True True", "(500, 1) (500, 2)"]
 
 
 def test_xid_events_from_file_and_from_call(fake_env, tmp_path):
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, os, pynvml as n
 n.nvmlInit()
 h1 = n.nvmlDeviceGetHandleByIndex(1)
@@ -152,14 +194,17 @@ try:
     n.nvmlEventSetWait(es, 50)
 except n.NVMLError_Timeout:
     print("timeout")
-""", fake_env).stdout.split("\n")
+""",
+        fake_env,
+    ).stdout.split("\n")
     assert out[:3] == ["8 79 1", "48", "timeout"]
 
 
 def test_visible_devices_filter_and_order(fake_env):
     fake_env["FAKEGPU_COUNT"] = "4"
     fake_env["CUDA_VISIBLE_DEVICES"] = "2,GPU-f00dfeed-0000-4000-8000-000000000000,9,1"
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, cuda_probe as c
 c.check(c.cu.cuInit(0))
 n = C.c_int(); c.cu.cuDeviceGetCount(C.byref(n))
@@ -167,17 +212,22 @@ ids = []
 for i in range(n.value):
     b = C.create_string_buffer(32); c.cu.cuDeviceGetPCIBusId(b, 32, i); ids.append(b.value.decode())
 print(n.value, ids)
-""", fake_env).stdout.strip()
+""",
+        fake_env,
+    ).stdout.strip()
     assert out == "2 ['0000:38:00.0', '0000:18:00.0']"
 
 
 def test_config_file_devices_and_globals(fake_env, tmp_path):
     cfg = tmp_path / "gpus.conf"
-    cfg.write_text("# two small GPUs\ncontext_mem=10Mi\n"
-                   "device name=Tesla T4,memory=16GB,sms=40,numa=-1\n"
-                   "device name=Tesla T4,memory=16GB,sms=40,pci=0000:af:00.0\n")
+    cfg.write_text(
+        "# two small GPUs\ncontext_mem=10Mi\n"
+        "device name=Tesla T4,memory=16GB,sms=40,numa=-1\n"
+        "device name=Tesla T4,memory=16GB,sms=40,pci=0000:af:00.0\n"
+    )
     fake_env["FAKEGPU_CONFIG"] = str(cfg)
-    out = run_py("""
+    out = run_py(
+        """
 import cuda_probe as c, pynvml as n
 c.init(1)
 n.nvmlInit()
@@ -188,12 +238,15 @@ try:
     n.nvmlDeviceGetNumaNodeId(hs[0])
 except n.NVMLError_NotSupported:
     print("numa not supported")
-""", fake_env).stdout.splitlines()
+""",
+        fake_env,
+    ).stdout.splitlines()
     assert out == ["['Tesla T4', 'Tesla T4'] [0, 10] 00000000:AF:00.0", "numa not supported"]
 
 
 def test_graphs_launch_ex_and_pools(fake_env):
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, time, cuda_probe as c
 cu = c.cu
 c.init()
@@ -223,13 +276,16 @@ c.check(cu.cuMemFreeAsync(d, None))
 cached = attr(5), attr(7), c.mem_info()[1] - c.mem_info()[0] >> 20
 c.check(cu.cuMemPoolTrimTo(pool, C.c_size_t(0)))
 print(graph_ms, ex_ms, held, cached, attr(5))
-""", fake_env).stdout.strip()
+""",
+        fake_env,
+    ).stdout.strip()
     assert out == "20.0 5.0 (10, 10) (10, 0, 10) 0"
 
 
 def test_vmm_memory_lives_until_released_and_unmapped(fake_env):
     fake_env["FAKEGPU_MEMORY"] = "1Gi"
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, cuda_probe as c
 cu = c.cu
 c.init()
@@ -245,7 +301,9 @@ c.check(cu.cuMemMap(va, C.c_size_t(256 << 20), C.c_size_t(0), h, C.c_ulonglong(0
 used = lambda: (c.mem_info()[1] - c.mem_info()[0]) >> 20
 a = used(); c.check(cu.cuMemRelease(h)); b = used()
 c.check(cu.cuMemUnmap(va, C.c_size_t(256 << 20))); print(gran.value >> 20, a, b, used())
-""", fake_env).stdout.strip()
+""",
+        fake_env,
+    ).stdout.strip()
     assert out == "2 256 256 0"
 
 
@@ -278,10 +336,12 @@ print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(h), n.nvmlDeviceGetMemoryInfo(
 
 def test_visible_devices_env_plays_the_container_runtime(fake_env, tmp_path):
     cfg = tmp_path / "fakegpu.conf"
-    cfg.write_text("visible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
-                   "device uuid=GPU-00000000-0000-4000-8000-000000000000\n"
-                   "device uuid=GPU-11111111-0000-4000-8000-000000000000\n"
-                   "device uuid=GPU-22222222-0000-4000-8000-000000000000\n")
+    cfg.write_text(
+        "visible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
+        "device uuid=GPU-00000000-0000-4000-8000-000000000000\n"
+        "device uuid=GPU-11111111-0000-4000-8000-000000000000\n"
+        "device uuid=GPU-22222222-0000-4000-8000-000000000000\n"
+    )
     fake_env["FAKEGPU_CONFIG"] = str(cfg)
     code = """
 import ctypes as C, cuda_probe as c, pynvml as n
@@ -306,17 +366,23 @@ except n.NVMLError_NotFound:
 
 def _in_own_pid_namespace(code: str, env: dict[str, str]) -> subprocess.Popen:
     """`code` as PID 1 of a new PID namespace with its own /proc, as in a container."""
-    return subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--map-root-user",
-                             sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--map-root-user", sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_processes_of_different_pid_namespaces_are_told_apart(fake_env):
     """Two containers' first processes are both PID 1: the fake GPU keys a process by PID
     namespace and PID, reports a distinct PID for each through NVML (a synthetic one above
     pid_max, since neither can know its host PID), and reclaims a killed one's memory."""
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--map-root-user", "true"],
-                           capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--map-root-user", "true"], capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip(f"PID namespaces with their own /proc are not available here: {probe.stderr!r}")
     fake_env["FAKEGPU_COUNT"] = "1"
@@ -357,9 +423,11 @@ print(n.nvmlDeviceGetMemoryInfo(h).used >> 20)
 def test_topology_and_mig_answers(fake_env):
     """The NVML answers the device plugin does not read itself: P2P status, link partner types,
     and the MIG errors (overlap, instance count, mode change while in use)."""
-    fake_env["FAKEGPU_DEVICES"] = ("name=NVIDIA A100-SXM4-40GB,mig_mode=1,nvlink=1x2,pcie_switch=0;"
-                                   "name=NVIDIA A100-SXM4-40GB,nvlink=0x2,nvswitch=1,pcie_switch=0;"
-                                   "name=NVIDIA L4,numa=1")
+    fake_env["FAKEGPU_DEVICES"] = (
+        "name=NVIDIA A100-SXM4-40GB,mig_mode=1,nvlink=1x2,pcie_switch=0;"
+        "name=NVIDIA A100-SXM4-40GB,nvlink=0x2,nvswitch=1,pcie_switch=0;"
+        "name=NVIDIA L4,numa=1"
+    )
     code = """
 import ctypes as C, pynvml as n
 n.nvmlInit()
@@ -387,5 +455,11 @@ n.nvmlGpuInstanceDestroy(gi)
 print(err(n.nvmlDeviceSetMigMode, a, 0), n.nvmlDeviceGetMigMode(a))
 """
     out = run_py(code, fake_env).stdout.splitlines()
-    assert out == ["True False True False 50", "[0, 0, 2]", "NotSupported", "InsufficientResources InUse",
-                   "InsufficientResources", "ok [0, 0]"]
+    assert out == [
+        "True False True False 50",
+        "[0, 0, 2]",
+        "NotSupported",
+        "InsufficientResources InUse",
+        "InsufficientResources",
+        "ok [0, 0]",
+    ]

@@ -1,6 +1,7 @@
 """The GPU path of `make gpu-check` (tests/gpu/gpu_check.py) against the fake GPU, with an
 nvidia-smi stand-in over NVML: discovery, nvidia-smi inside `hami exec`, and the libvgpu
 overhead rows from bench_driver. (PyTorch is not installed here; those rows need a real GPU.)"""
+
 from __future__ import annotations
 
 import os
@@ -19,20 +20,42 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
     smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fake_nvidia_smi.py'} \"$@\"\n")
+    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / "fake_nvidia_smi.py"} "$@"\n')
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "CUDA_", "LD_PRELOAD"))}
-    env.update(LD_LIBRARY_PATH=str(FAKE), FAKEGPU_STATE_DIR=str(tmp_path / "machine"),
-               HAMI_NVML_LIBRARY=str(FAKE / "libnvidia-ml.so.1"), PYTHONPATH=str(ROOT / "src"))
-    p = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "gpu_check.py"), "--nvidia-smi", str(smi),
-                        "--only", "discovery,smi,overhead", "--overhead-n", "300"], env=env, capture_output=True, text=True, timeout=600)
+    env.update(
+        LD_LIBRARY_PATH=str(FAKE),
+        FAKEGPU_STATE_DIR=str(tmp_path / "machine"),
+        HAMI_NVML_LIBRARY=str(FAKE / "libnvidia-ml.so.1"),
+        PYTHONPATH=str(ROOT / "src"),
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "gpu" / "gpu_check.py"),
+            "--nvidia-smi",
+            str(smi),
+            "--only",
+            "discovery,smi,overhead",
+            "--overhead-n",
+            "300",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = p.stdout.splitlines()
     assert lines[0].startswith("hami gpu-check on NVIDIA H100 80GB HBM3"), p.stdout + p.stderr
     rows = {re.split(r"\s{2,}", ln)[0]: ln for ln in lines[2:-1]}
     assert rows["device plugin discovery (real NVML)"].endswith("PASS")
     assert "memory.total 3000 MiB" in rows["nvidia-smi in limited process"]
     assert rows["nvidia-smi in limited process"].endswith("PASS")
-    for op in ("cuLaunchKernel (empty kernel)", "cuMemAlloc+cuMemFree 1 MiB", "cuMemGetInfo_v2",
-               "nvmlDeviceGetMemoryInfo"):
-        assert " ns (x" in rows[f"overhead: {op}"]   # timed; PASS/FAIL is the machine's, not asserted
+    for op in (
+        "cuLaunchKernel (empty kernel)",
+        "cuMemAlloc+cuMemFree 1 MiB",
+        "cuMemGetInfo_v2",
+        "nvmlDeviceGetMemoryInfo",
+    ):
+        assert " ns (x" in rows[f"overhead: {op}"]  # timed; PASS/FAIL is the machine's, not asserted
     assert (BUILD / "bench" / "bench_driver").is_file()

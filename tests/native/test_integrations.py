@@ -80,8 +80,10 @@ def _integration_env(fake_env: dict[str, str], injected: dict[str, str]) -> dict
 def _writable(path: str, scratch) -> str:
     """Shell steps making ``path`` writable inside the namespace only: an overlay whose upper
     layer is a tmpfs at ``scratch`` (the host's ``path`` is never written)."""
-    return (f"mkdir -p '{scratch}'; mount -t tmpfs none '{scratch}'; mkdir '{scratch}/u' '{scratch}/w'; "
-            f"mount -t overlay overlay -o lowerdir={path},upperdir='{scratch}/u',workdir='{scratch}/w' {path}; ")
+    return (
+        f"mkdir -p '{scratch}'; mount -t tmpfs none '{scratch}'; mkdir '{scratch}/u' '{scratch}/w'; "
+        f"mount -t overlay overlay -o lowerdir={path},upperdir='{scratch}/u',workdir='{scratch}/w' {path}; "
+    )
 
 
 def _tmp_replaced_by(container_tmp, env: dict[str, str]) -> str:
@@ -90,13 +92,17 @@ def _tmp_replaced_by(container_tmp, env: dict[str, str]) -> str:
     fake driver, the probe) and the interpreter's environment may live there (a CI checkout
     under /tmp). Those host paths are reached again through a bind of the host's /tmp kept under
     the namespace's private /usr/local (already an overlay on a tmpfs)."""
-    needed = {str(Path(__file__).resolve().parents[2]), sys.prefix, sys.executable,
-              *(p for k in ("LD_LIBRARY_PATH", "PYTHONPATH") for p in env.get(k, "").split(":") if p)}
+    needed = {
+        str(Path(__file__).resolve().parents[2]),
+        sys.prefix,
+        sys.executable,
+        *(p for k in ("LD_LIBRARY_PATH", "PYTHONPATH") for p in env.get(k, "").split(":") if p),
+    }
     under_tmp = sorted({os.path.realpath(p) for p in needed if os.path.realpath(p).startswith("/tmp/")})
     steps = "mkdir -p /usr/local/.host-tmp; mount --rbind /tmp /usr/local/.host-tmp; " if under_tmp else ""
     steps += f"mount --rbind '{container_tmp}' /tmp; "
     for path in under_tmp:
-        inside = "/usr/local/.host-tmp/" + path[len("/tmp/"):]
+        inside = "/usr/local/.host-tmp/" + path[len("/tmp/") :]
         kind = "-d" if os.path.isdir(path) else "-f"
         make = f"mkdir -p '{path}'" if kind == "-d" else f"mkdir -p '{os.path.dirname(path)}'; touch '{path}'"
         steps += f"if [ ! -e '{path}' ]; then {make}; fi; mount --rbind '{inside}' '{path}'; "
@@ -116,8 +122,13 @@ def _run_in_container(native_build, env: dict[str, str], container_tmp, mounts: 
         f"mkdir -p /tmp/vgpulock; {late}"
         'exec "$0" -c "$1"'
     )
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, code],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, sys.executable, code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout.split()
 
@@ -132,8 +143,7 @@ def container_tmp(tmp_path):
 def test_koordinator_env_limits_memory_and_records_the_region(native_build, fake_env, container_tmp):
     env = _integration_env(fake_env, KOORDINATOR_ENV)
     assert {k for k in env if k.startswith("CUDA_")} == {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"}
-    out = _run_in_container(native_build, env, container_tmp, "",
-                            PROBE.format(fit=1536 * MiB, over=1024 * MiB))
+    out = _run_in_container(native_build, env, container_tmp, "", PROBE.format(fit=1536 * MiB, over=1024 * MiB))
     assert [int(x) for x in out] == [2 * GiB, 2 * GiB, 0, 2]  # 2 = CUDA_ERROR_OUT_OF_MEMORY
     region = read_region(container_tmp / "cudevshr.cache")  # HAMi-core's default region path
     assert region["limit"][0] == 2 * GiB and region["sm_limit"][0] == 30
@@ -145,23 +155,51 @@ def test_volcano_env_with_ld_so_preload_limits_memory(native_build, fake_env, co
     env = _integration_env(fake_env, VOLCANO_ENV)
     assert "LD_PRELOAD" not in env
     # /etc gets an overlay (the host's /etc is not touched) for the preload file the plugin mounts
-    mounts = (_writable("/etc", tmp_path / "etc-overlay")
-              + f"mkdir -p '{container_tmp}/vgpu'; mount --bind '{host_dir}' '{container_tmp}/vgpu'; ")
-    out = _run_in_container(native_build, env, container_tmp, mounts, PROBE.format(fit=900 * MiB, over=200 * MiB),
-                            late=f"echo {HOOK}/libvgpu.so > /etc/ld.so.preload; ")
+    mounts = (
+        _writable("/etc", tmp_path / "etc-overlay")
+        + f"mkdir -p '{container_tmp}/vgpu'; mount --bind '{host_dir}' '{container_tmp}/vgpu'; "
+    )
+    out = _run_in_container(
+        native_build,
+        env,
+        container_tmp,
+        mounts,
+        PROBE.format(fit=900 * MiB, over=200 * MiB),
+        late=f"echo {HOOK}/libvgpu.so > /etc/ld.so.preload; ",
+    )
     assert [int(x) for x in out] == [1000 * MiB, 1000 * MiB, 0, 2]
     region = read_region(host_dir / os.path.basename(VOLCANO_CACHE))  # on the host, where a monitor reads it
     assert region["limit"][0] == 1000 * MiB and region["sm_limit"][0] == 25
     assert not os.path.exists("/etc/ld.so.preload") or "libvgpu" not in open("/etc/ld.so.preload").read()
     # our monitor pointed where this plugin keeps the regions (HOOK_PATH=/tmp/vgpu on the host)
-    mon = subprocess.run([sys.executable, "-m", "hami", "monitor", "--once", "--no-nvml", "--standalone",
-                          "--node-name", "n1", "--hook-path", str(tmp_path / "host-tmp-vgpu")],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(SRC)})
+    mon = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "monitor",
+            "--once",
+            "--no-nvml",
+            "--standalone",
+            "--node-name",
+            "n1",
+            "--hook-path",
+            str(tmp_path / "host-tmp-vgpu"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
     assert mon.returncode == 0, mon.stderr
     assert 'hami_monitor_regions{node="n1",state="ok",zone="vGPU"} 1.0' in mon.stdout, mon.stdout
-    limits = [float(line.rsplit(" ", 1)[1]) for line in mon.stdout.splitlines()
-              if line.startswith("hami_vgpu_memory_limit_bytes{") and 'container="main"' in line
-              and 'vdevice_index="0"' in line]
+    limits = [
+        float(line.rsplit(" ", 1)[1])
+        for line in mon.stdout.splitlines()
+        if line.startswith("hami_vgpu_memory_limit_bytes{")
+        and 'container="main"' in line
+        and 'vdevice_index="0"' in line
+    ]
     assert limits == [1000 * MiB]
 
 

@@ -1,5 +1,6 @@
 """libvgpu against the fake GPU: limits, every allocation path, virtualized queries, entry
 points (dlsym, cuGetProcAddress), multi-process sharing and robustness to SIGKILL."""
+
 from __future__ import annotations
 
 import os
@@ -19,22 +20,39 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-@pytest.mark.parametrize("value,expected", [
-    ("1g", GiB), ("1G", GiB), ("1024m", GiB), ("1048576k", GiB), ("1073741824", GiB),
-    ("1Gi", GiB), ("1GiB", GiB), ("1GB", 10**9), ("1000MB", 10**9), ("0x40000000", GiB),
-    ("1.5g", 3 * GiB // 2), ("512Mi", 512 * MiB),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("1g", GiB),
+        ("1G", GiB),
+        ("1024m", GiB),
+        ("1048576k", GiB),
+        ("1073741824", GiB),
+        ("1Gi", GiB),
+        ("1GiB", GiB),
+        ("1GB", 10**9),
+        ("1000MB", 10**9),
+        ("0x40000000", GiB),
+        ("1.5g", 3 * GiB // 2),
+        ("512Mi", 512 * MiB),
+    ],
+)
 def test_limit_parsing(vgpu_env, value, expected):
     vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"] = value
     out = run_py("import cuda_probe as c; c.init(); print(c.mem_info()[1])", vgpu_env).stdout
     assert int(out) == expected
 
 
-@pytest.mark.parametrize("name,value", [
-    ("CUDA_DEVICE_MEMORY_LIMIT", "lots"), ("CUDA_DEVICE_MEMORY_LIMIT", "1x"),
-    ("CUDA_DEVICE_MEMORY_LIMIT", "-1g"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "1.5"),
-    ("CUDA_DEVICE_SM_LIMIT", "thirty"),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1x"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "-1g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "1.5"),
+        ("CUDA_DEVICE_SM_LIMIT", "thirty"),
+    ],
+)
 def test_bad_limits_are_rejected_loudly(vgpu_env, name, value):
     vgpu_env[name] = value
     p = run_py("import cuda_probe as c; c.init()", vgpu_env, check=False)
@@ -45,12 +63,15 @@ def test_bad_limits_are_rejected_loudly(vgpu_env, name, value):
 def test_per_device_limit_wins_and_sm_limit_is_stored(vgpu_env, tmp_path):
     vgpu_env["CUDA_DEVICE_MEMORY_LIMIT_1"] = "256m"
     vgpu_env["CUDA_DEVICE_SM_LIMIT"] = "30"
-    out = run_py("""
+    out = run_py(
+        """
 import cuda_probe as c
 c.init(0); t0 = c.mem_info()[1]
 c.init(1); t1 = c.mem_info()[1]
 print(t0, t1)
-""", vgpu_env).stdout.split()
+""",
+        vgpu_env,
+    ).stdout.split()
     assert out == [str(GiB), str(256 * MiB)]
     r = read_region(tmp_path / "vgpu.cache")
     assert r["limit"][:3] == [GiB, 256 * MiB, GiB]
@@ -58,43 +79,58 @@ print(t0, t1)
 
 
 def test_allocate_up_to_limit_then_oom(vgpu_env):
-    out = run_py("""
+    out = run_py(
+        """
 import cuda_probe as c
 c.init()
 ptrs = [c.alloc(256 << 20) for _ in range(4)]
 print([rc for rc, _ in ptrs], c.alloc(256 << 20)[0], c.alloc(1)[0])
 print(c.free(ptrs[0][1]), c.alloc(256 << 20)[0])
-""", vgpu_env).stdout.splitlines()
-    assert out == ["[0, 0, 0, 0] 2 2", "0 0"]   # equality with the limit is allowed
+""",
+        vgpu_env,
+    ).stdout.splitlines()
+    assert out == ["[0, 0, 0, 0] 2 2", "0 0"]  # equality with the limit is allowed
 
 
 def test_every_allocation_api_is_counted(vgpu_env):
     vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"] = "64m"
-    p = subprocess.run([str(BUILD / "tests" / "vgpu_apis")], env=vgpu_env, capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run([str(BUILD / "tests" / "vgpu_apis")], env=vgpu_env, capture_output=True, text=True, timeout=60)
     lines = p.stdout.splitlines()
     assert p.returncode == 0, p.stdout + p.stderr
     assert [ln.split()[1] for ln in lines] == [
-        "cuMemAlloc_v2", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuArrayCreate_v2",
-        "cuArray3DCreate_v2", "cuMipmappedArrayCreate", "cuMemCreate", "cuMemAllocAsync",
-        "cuMemAllocFromPoolAsync", "unknown-free", "double-free"]
+        "cuMemAlloc_v2",
+        "cuMemAllocManaged",
+        "cuMemAllocPitch_v2",
+        "cuArrayCreate_v2",
+        "cuArray3DCreate_v2",
+        "cuMipmappedArrayCreate",
+        "cuMemCreate",
+        "cuMemAllocAsync",
+        "cuMemAllocFromPoolAsync",
+        "unknown-free",
+        "double-free",
+    ]
     assert all(ln.startswith("ok ") for ln in lines)
 
 
 def test_oversubscribe_lets_managed_memory_through(vgpu_env):
     vgpu_env["CUDA_OVERSUBSCRIBE"] = "true"
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, cuda_probe as c
 c.init()
 p = C.c_uint64()
 print(c.cu.cuMemAllocManaged(C.byref(p), C.c_size_t(1536 << 20), 1), c.alloc(1536 << 20)[0])
-""", vgpu_env).stdout.split()
+""",
+        vgpu_env,
+    ).stdout.split()
     assert out == ["0", "2"]
 
 
 def test_mem_info_total_mem_and_nvml_show_the_slice(vgpu_env):
     vgpu_env["FAKEGPU_CONTEXT_MEM"] = "100m"
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, cuda_probe as c, pynvml as n
 c.init()
 rc, p = c.alloc(300 << 20)
@@ -104,15 +140,17 @@ n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
 m1 = n.nvmlDeviceGetMemoryInfo(h); m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
 h1 = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(1))
 print(t, f, tm.value, m1.total, m1.used, m1.free, m2.total, m2.used, m2.free, h1.total, h1.used)
-""", vgpu_env).stdout.split()
-    used = 400 * MiB   # 100 MiB context (measured through NVML) + 300 MiB data
-    assert [int(x) for x in out] == [GiB, GiB - used, GiB, GiB, used, GiB - used, GiB, used, GiB - used,
-                                     GiB, 0]
+""",
+        vgpu_env,
+    ).stdout.split()
+    used = 400 * MiB  # 100 MiB context (measured through NVML) + 300 MiB data
+    assert [int(x) for x in out] == [GiB, GiB - used, GiB, GiB, used, GiB - used, GiB, used, GiB - used, GiB, 0]
 
 
 def test_queries_never_underflow_when_over_the_limit(vgpu_env, tmp_path):
     """A region whose usage exceeds the limit (e.g. limit lowered by hand) reports free = 0."""
-    out = run_py("""
+    out = run_py(
+        """
 import cuda_probe as c, sys
 sys.path.insert(0, ".")
 from region_layout import poke_slot_total
@@ -121,16 +159,19 @@ poke_slot_total(__import__("os").environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"], 0, 
 import pynvml as n
 n.nvmlInit(); m = n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(0))
 print(c.mem_info(), m.free, m.used)
-""", vgpu_env).stdout.strip()
+""",
+        vgpu_env,
+    ).stdout.strip()
     assert out == f"(0, {GiB}) 0 {3 * GiB}"
 
 
 def test_entry_points_return_the_hooks(vgpu_env):
     """dlsym on the driver's handle, cuGetProcAddress (_v2, by version, per-thread flag,
     self lookup) all lead to libvgpu, and an allocation through such a pointer is counted."""
-    out = run_py(f"""
+    out = run_py(
+        f"""
 import ctypes as C, cuda_probe as c
-vg = C.CDLL({str(BUILD / 'libvgpu.so')!r})
+vg = C.CDLL({str(BUILD / "libvgpu.so")!r})
 def addr(lib, name): return C.cast(getattr(lib, name), C.c_void_p).value
 def gpa(sym, ver, flags, fn="cuGetProcAddress_v2"):
     p, st = C.c_void_p(), C.c_int()
@@ -155,44 +196,52 @@ print([gpa(s.encode(), 12080, 0)[1] == addr(vg, name) for s, name in legacy]
 alloc = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_uint64), C.c_size_t)(gpa(b"cuMemAlloc", 12000, 0)[1])
 d = C.c_uint64()
 print(alloc(C.byref(d), 1 << 30), alloc(C.byref(d), 1))
-""", vgpu_env).stdout.splitlines()
+""",
+        vgpu_env,
+    ).stdout.splitlines()
     assert out == ["True", "True True", "True True True", "True True", str([True] * 11), "0 2"]
 
 
 def test_sixteen_racing_processes_never_exceed_the_limit(vgpu_env, tmp_path):
-    p = subprocess.run([str(BUILD / "tests" / "vgpu_race"), "16", "20"], env=vgpu_env,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [str(BUILD / "tests" / "vgpu_race"), "16", "20"], env=vgpu_env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     fields = dict(kv.split("=") for kv in p.stdout.split())
     total, smallest = int(fields["sum"]), 20 * MiB
     assert total <= GiB
-    assert GiB - total < smallest        # everyone stopped only when nothing fit any more
+    assert GiB - total < smallest  # everyone stopped only when nothing fit any more
     # the children left with _exit (no atexit): their slots are reaped by the next allocation
     out = run_py("import cuda_probe as c; c.init(); print(c.alloc(1 << 30)[0])", vgpu_env).stdout
     assert out.strip() == "0"
 
 
 def _holder(env, code):
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline().strip()
     assert line == "ready", line
     return proc
 
 
 def test_sigkill_while_holding_memory_reclaims_it(vgpu_env, tmp_path):
-    holder = _holder(vgpu_env, """
+    holder = _holder(
+        vgpu_env,
+        """
 import sys, cuda_probe as c
 c.init(); assert c.alloc(700 << 20)[0] == 0
 print("ready", flush=True); sys.stdin.read()
-""")
+""",
+    )
     pid = holder.pid
     r = read_region(tmp_path / "vgpu.cache")
     assert any(s["pid"] == pid and s["used"][0]["total"] == 700 * MiB for s in r["slots"])
     os.kill(pid, signal.SIGKILL)
     holder.wait()
-    out = run_py("import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.mem_info()[0] >> 20)",
-                 vgpu_env).stdout.split()
+    out = run_py(
+        "import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.mem_info()[0] >> 20)", vgpu_env
+    ).stdout.split()
     assert out == ["0", "424"]
     r = read_region(tmp_path / "vgpu.cache")
     assert all(s["pid"] != pid for s in r["slots"])
@@ -200,11 +249,14 @@ print("ready", flush=True); sys.stdin.read()
 
 def test_sigkill_while_holding_the_lock_does_not_block_others(vgpu_env, tmp_path):
     env = dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="30000")
-    holder = _holder(env, """
+    holder = _holder(
+        env,
+        """
 import sys, cuda_probe as c
 c.init(); print("ready", flush=True)
 c.alloc(1 << 20)      # takes the region lock and stalls inside it
-""")
+""",
+    )
     cache = tmp_path / "vgpu.cache"
     deadline = time.monotonic() + 10
     while read_region(cache)["owner_pid"] != holder.pid:
@@ -218,7 +270,8 @@ c.alloc(1 << 20)      # takes the region lock and stalls inside it
 
 
 def test_fork_child_gets_its_own_slot(vgpu_env, tmp_path):
-    out = run_py("""
+    out = run_py(
+        """
 import os, cuda_probe as c
 c.init(); c.alloc(100 << 20)
 pid = os.fork()
@@ -228,17 +281,22 @@ if pid == 0:
     os._exit(0 if rc == 0 else 1)
 _, st = os.waitpid(pid, 0)
 print(st, c.mem_info()[0] >> 20)
-""", vgpu_env).stdout.split()
-    assert out == ["0", str(1024 - 100)]   # the exited child's 200 MiB is gone again
+""",
+        vgpu_env,
+    ).stdout.split()
+    assert out == ["0", str(1024 - 100)]  # the exited child's 200 MiB is gone again
 
 
 def test_launch_updates_last_kernel_time(vgpu_env, tmp_path):
-    run_py("""
+    run_py(
+        """
 import cuda_probe as c
 c.init(); fn = c.function(b"k_1us")
 assert c.launch(fn) == 0
 c.check(c.cu.cuCtxSynchronize())
-""", vgpu_env)
+""",
+        vgpu_env,
+    )
     r = read_region(tmp_path / "vgpu.cache")
     assert abs(r["last_kernel_time"] - time.time()) < 5
     assert r["recent_kernel"] == 2
@@ -247,19 +305,21 @@ c.check(c.cu.cuCtxSynchronize())
 def test_dlsym_rtld_next_keeps_the_callers_meaning(vgpu_env):
     """dlsym(RTLD_NEXT, "which") from libnext_a must find libnext_b's symbol; a naive C
     interposer calling glibc's dlsym would resolve it relative to libvgpu (-> "A")."""
-    p = subprocess.run([str(BUILD / "tests" / "vgpu_next")], env=vgpu_env, capture_output=True, text=True,
-                       timeout=30)
+    p = subprocess.run([str(BUILD / "tests" / "vgpu_next")], env=vgpu_env, capture_output=True, text=True, timeout=30)
     assert p.stdout.strip() == "B"
 
 
 def test_nvml_only_process_sees_the_limit(vgpu_env):
     """nvidia-smi-like: no CUDA call at all, NVML alone shows total = limit."""
     vgpu_env["CUDA_DEVICE_MEMORY_LIMIT_1"] = "3g"
-    out = run_py("""
+    out = run_py(
+        """
 import pynvml as n
 n.nvmlInit()
 print([n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(i)).total >> 20 for i in range(2)])
-""", vgpu_env).stdout.strip()
+""",
+        vgpu_env,
+    ).stdout.strip()
     assert out == "[1024, 3072]"
 
 
@@ -267,19 +327,35 @@ print([n.nvmlDeviceGetMemoryInfo(n.nvmlDeviceGetHandleByIndex(i)).total >> 20 fo
 def test_processes_of_different_uids_share_one_region(vgpu_env):
     import shutil
     import tempfile
+
     shared = tempfile.mkdtemp(prefix="hami-uid-test-", dir="/tmp")
     try:
         os.chmod(shared, 0o777)
-        env = dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}/vgpu.cache",
-                   FAKEGPU_STATE_DIR=f"{shared}/machine", HOME=shared)
-        holder = _holder(env, """
+        env = dict(
+            vgpu_env,
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=f"{shared}/vgpu.cache",
+            FAKEGPU_STATE_DIR=f"{shared}/machine",
+            HOME=shared,
+        )
+        holder = _holder(
+            env,
+            """
 import sys, cuda_probe as c
 c.init(); assert c.alloc(600 << 20)[0] == 0
 print("ready", flush=True); sys.stdin.read()
-""")
+""",
+        )
         try:
-            p = subprocess.run([str(BUILD / "tests" / "vgpu_alloc"), "600", "400"], env=env, capture_output=True, text=True, timeout=60,
-                               user=65534, group=65534, extra_groups=[])  # set in C: no Python after fork
+            p = subprocess.run(
+                [str(BUILD / "tests" / "vgpu_alloc"), "600", "400"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                user=65534,
+                group=65534,
+                extra_groups=[],
+            )  # set in C: no Python after fork
             assert p.stdout.split() == ["65534", "2", "0"], p.stderr
         finally:
             holder.kill()
@@ -292,7 +368,8 @@ def test_context_teardown_returns_what_the_driver_freed(vgpu_env, tmp_path):
     """cuCtxDestroy, cuDevicePrimaryCtxReset (cudaDeviceReset) and the last primary release
     free the context's allocations in the driver; the ledger follows, as does the fake."""
     vgpu_env["FAKEGPU_CONTEXT_MEM"] = "50m"
-    out = run_py("""
+    out = run_py(
+        """
 import ctypes as C, os, cuda_probe as c, pynvml as n
 from region_layout import read_region
 cu = c.cu
@@ -310,5 +387,7 @@ c.check(cu.cuCtxDestroy_v2(ctx)); row.append((ledger(), driver()))
 c.init(); c.alloc(100 << 20); c.check(cu.cuDevicePrimaryCtxRelease_v2(0)); c.check(cu.cuDevicePrimaryCtxRelease_v2(0))
 row.append((ledger(), driver()))
 print(row)
-""", vgpu_env).stdout.strip()
+""",
+        vgpu_env,
+    ).stdout.strip()
     assert out == "[(350, 350), (50, 50), (300, 300), (50, 50), (0, 0)]"

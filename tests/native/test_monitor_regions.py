@@ -4,6 +4,7 @@ Two `hami exec` processes share one container region (as two processes of one co
 the monitor, pointed at the fake NVML, must export their summed usage, the limit, the host GPU
 usage and a zero drift; a corrupt region beside it is skipped with a warning.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,22 +20,53 @@ pytestmark = pytest.mark.native
 
 MiB = 1 << 20
 UID = "5e1f0c4a-7d2b-4b8e-9f61-0123456789ab"
-PROBE = ("import sys, cuda_probe as c; c.init(); rc, _ = c.alloc(int(sys.argv[1])); "
-         "print('ready' if rc == 0 else f'alloc failed {rc}', flush=True); sys.stdin.readline()")
+PROBE = (
+    "import sys, cuda_probe as c; c.init(); rc, _ = c.alloc(int(sys.argv[1])); "
+    "print('ready' if rc == 0 else f'alloc failed {rc}', flush=True); sys.stdin.readline()"
+)
 
 
 def _exec_argv(cache, size: int) -> list[str]:
     cmd = [sys.executable, "-c", PROBE, str(size)]
     if importlib.util.find_spec("hami.execcmd") is None:  # pragma: no cover - until `hami exec` lands
         pytest.skip("hami exec is not in this build")
-    return [sys.executable, "-m", "hami", "exec", "--gpumem", "1G", "--cache", str(cache),
-            "--lib", str(BUILD / "libvgpu.so"), "--log-level", "0", "--", *cmd]
+    return [
+        sys.executable,
+        "-m",
+        "hami",
+        "exec",
+        "--gpumem",
+        "1G",
+        "--cache",
+        str(cache),
+        "--lib",
+        str(BUILD / "libvgpu.so"),
+        "--log-level",
+        "0",
+        "--",
+        *cmd,
+    ]
 
 
 def _scrape(env, hook) -> tuple[dict, str]:
-    p = subprocess.run([sys.executable, "-m", "hami", "monitor", "--once", "--standalone", "--hook-path", str(hook),
-                        "--nvml-library", str(FAKE / "libnvidia-ml.so.1")],
-                       env=env, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "monitor",
+            "--once",
+            "--standalone",
+            "--hook-path",
+            str(hook),
+            "--nvml-library",
+            str(FAKE / "libnvidia-ml.so.1"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     return {f.name: f.samples for f in text_string_to_metric_families(p.stdout)}, p.stderr
 
@@ -56,8 +88,14 @@ def test_regions_of_two_hami_exec_processes_are_exported(fake_env, tmp_path):
     procs = []
     try:
         for size in (100 * MiB, 60 * MiB):
-            p = subprocess.Popen(_exec_argv(cache, size), env=fake_env, stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                _exec_argv(cache, size),
+                env=fake_env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             procs.append(p)
             line = p.stdout.readline().strip()
             assert line == "ready", (line, p.stderr.read() if p.poll() is not None else "")
@@ -77,5 +115,7 @@ def test_regions_of_two_hami_exec_processes_are_exported(fake_env, tmp_path):
     assert _one(got["hami_host_gpu_memory_used_bytes"], device_uuid=uuid0, device_index="0") == 160 * MiB
     assert _one(got["hami_host_gpu_memory_used_bytes"], device_index="1") == 0
     assert _one(got["hami_vgpu_memory_drift_bytes"], **ctr_labels) == 0
-    assert _one(got["hami_monitor_regions"], state="invalid") == 1 and _one(got["hami_monitor_regions"], state="ok") == 1
+    assert (
+        _one(got["hami_monitor_regions"], state="invalid") == 1 and _one(got["hami_monitor_regions"], state="ok") == 1
+    )
     assert "broken" in stderr and "bad magic" in stderr

@@ -8,6 +8,7 @@ The assertions are orderings and contrasts that hold on a saturated machine too:
 admits (almost) nothing, a running one admits far more (> RUNNING %, where an idle machine gives
 ~98 and two CPU hogs on two cores ~40). How fast a pause or resume happens is a figure (printed),
 not an assertion: it depends on how soon the host schedules the load."""
+
 from __future__ import annotations
 
 import mmap
@@ -24,7 +25,7 @@ from .region_layout import read_region
 pytestmark = pytest.mark.native
 
 RECENT_KERNEL = 2_008_904
-PAUSED = 5    # % of the device: a paused or blocked task (idle machine: 0)
+PAUSED = 5  # % of the device: a paused or blocked task (idle machine: 0)
 RUNNING = 20  # % of the device: a task that is not paused (idle machine: ~98; saturated CPU: ~40)
 
 
@@ -47,9 +48,11 @@ def test_low_priority_yields_and_resumes(env, tmp_path):
     yield_ms = paused_at - th.start
     resume_ms = resumed_at - th.end
     during = tl.share(th.start + 100, th.end)
-    print(f"priority: low paused {yield_ms:.0f} ms after the high task's first launch, resumed "
-          f"{resume_ms:.0f} ms after its last; low share while high ran {during:.1f}%, "
-          f"high share {th.share(th.start + 100, th.end):.1f}%")
+    print(
+        f"priority: low paused {yield_ms:.0f} ms after the high task's first launch, resumed "
+        f"{resume_ms:.0f} ms after its last; low share while high ran {during:.1f}%, "
+        f"high share {th.share(th.start + 100, th.end):.1f}%"
+    )
     assert paused_at < th.end  # paused while the high task launched ...
     assert resumed_at > th.end  # ... and only resumed once it went quiet
     assert tl.share(paused_at + 1, th.end) < PAUSED
@@ -66,9 +69,11 @@ def test_priority_is_per_gpu(env, tmp_path):
     t_other = other.trace()
     same = start(env, m, peers / "same.cache", priority=0, seconds=0.6, device=0, via_exec=True, depth=8)
     tl, t_same = low.trace(), same.trace()
-    print(f"priority per GPU: low share while high ran on the other GPU "
-          f"{tl.share(t_other.start + 100, t_other.end):.1f}%, on the same GPU "
-          f"{tl.share(t_same.start + 150, t_same.end):.1f}%")
+    print(
+        f"priority per GPU: low share while high ran on the other GPU "
+        f"{tl.share(t_other.start + 100, t_other.end):.1f}%, on the same GPU "
+        f"{tl.share(t_same.start + 150, t_same.end):.1f}%"
+    )
     assert tl.share(t_other.start + 100, t_other.end) > RUNNING  # not paused (~98 on an idle machine)
     paused_at = tl.last_before_gap(t_same.start - 20)
     assert paused_at is not None and paused_at < t_same.end  # paused by the task on its own GPU
@@ -97,16 +102,18 @@ def test_monitor_block_recent_kernel(env, tmp_path):
     time.sleep(0.4)
     with open(region, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         blocked = time.time() * 1000
-        mm[RECENT_KERNEL:RECENT_KERNEL + 4] = struct.pack("<i", -1)
+        mm[RECENT_KERNEL : RECENT_KERNEL + 4] = struct.pack("<i", -1)
         time.sleep(0.5)
-        mm[RECENT_KERNEL:RECENT_KERNEL + 4] = struct.pack("<i", 0)
+        mm[RECENT_KERNEL : RECENT_KERNEL + 4] = struct.pack("<i", 0)
         released = time.time() * 1000
     tr = task.trace()
     # launches that had passed the check before the block (at most the 8 in flight) and a late
     # timeline report may still count after `blocked`; nothing new is admitted while blocked
     late = tr.count_at(released - 20) - tr.count_at(blocked + 60)
-    print(f"monitor block: {late} launches counted in the blocked window, "
-          f"{tr.share(released + 100, tr.end - 50):.1f}% after release")
+    print(
+        f"monitor block: {late} launches counted in the blocked window, "
+        f"{tr.share(released + 100, tr.end - 50):.1f}% after release"
+    )
     assert late <= 2 * 8
     assert tr.share(released + 100, tr.end - 50) > RUNNING
 
@@ -120,10 +127,21 @@ def test_host_pid_in_a_pid_namespace(env, tmp_path):
     if probe.returncode != 0:
         pytest.skip("unprivileged PID namespaces are not available here")
     region = tmp_path / "c.cache"
-    e = dict(env, FAKEGPU_STATE_DIR=str(tmp_path / "m"), LD_PRELOAD=str(LIB),
-             CUDA_DEVICE_MEMORY_SHARED_CACHE=str(region), CUDA_DEVICE_SM_LIMIT="50", LIBCUDA_LOG_LEVEL="3")
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--map-root-user", str(LOAD), "plain", "1000", "0.3",
-                             "8", "0", "2"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    e = dict(
+        env,
+        FAKEGPU_STATE_DIR=str(tmp_path / "m"),
+        LD_PRELOAD=str(LIB),
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(region),
+        CUDA_DEVICE_SM_LIMIT="50",
+        LIBCUDA_LOG_LEVEL="3",
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--map-root-user", str(LOAD), "plain", "1000", "0.3", "8", "0", "2"],
+        env=e,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 30
         slots, children = [], []
@@ -154,8 +172,9 @@ def _children(pid: int) -> list[int]:
 
 
 def test_bad_setting_is_refused_with_its_name(env, tmp_path):
-    task = start(env, tmp_path / "m", tmp_path / "c.cache", limit=30, seconds=0.2,
-                 extra={"HAMI_PRIORITY_QUIET_MS": "fast"})
+    task = start(
+        env, tmp_path / "m", tmp_path / "c.cache", limit=30, seconds=0.2, extra={"HAMI_PRIORITY_QUIET_MS": "fast"}
+    )
     _, err = task.proc.communicate(timeout=30)
     assert task.proc.returncode == 78
     assert "invalid HAMI_PRIORITY_QUIET_MS='fast'" in err

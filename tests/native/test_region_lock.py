@@ -2,6 +2,7 @@
 Uncontended it makes no system call; a holder killed inside it neither blocks a waiter already
 sleeping on it nor later callers, and the waiter reclaims the dead holder's memory; no process
 ever takes the lock's slot."""
+
 from __future__ import annotations
 
 import os
@@ -20,15 +21,20 @@ from .region_layout import LOCK_MAGIC, LOCK_SLOT, fill_slots, read_lock_slot, re
 pytestmark = pytest.mark.native
 MiB = 1 << 20
 DRIVER = BUILD / "bench" / "bench_driver"
-SYS_FUTEX = 202   # x86-64
+SYS_FUTEX = 202  # x86-64
 
 
 def _loop_syscalls(env: dict[str, str], log: Path, op: str, n: int) -> list[str]:
     """Names of the system calls the driver's main thread makes inside the measured loop of `op`
     (bench_driver brackets loop k with close(-1001-k) / close(-2001-k))."""
     k = ["launch", "alloc", "meminfo", "nvml"].index(op)
-    subprocess.run(["strace", "-f", "-qq", "-o", str(log), str(DRIVER), op, str(n), "1"], env=env,
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        ["strace", "-f", "-qq", "-o", str(log), str(DRIVER), op, str(n), "1"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     lines = log.read_text().splitlines()
     main, calls, inside, marks = lines[0].split()[0], [], False, 0
     for ln in lines:
@@ -66,8 +72,14 @@ def test_enforced_calls_make_no_system_call_of_their_own(vgpu_env, tmp_path, op)
 
 
 def _holder(env, code):
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline().strip()
     assert line == "ready", line + proc.stderr.read()
     return proc
@@ -91,17 +103,30 @@ def test_waiter_asleep_on_the_lock_wakes_when_the_holder_is_killed_and_reclaims_
     cache = tmp_path / "vgpu.cache"
     # the holder's context is charged 600 MiB (no reservation, so no stall), then its first
     # allocation takes the lock and stalls inside it
-    holder = _holder(dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="60000", LIBVGPU_CONTEXT_SIZE=str(600 * MiB)), """
+    holder = _holder(
+        dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="60000", LIBVGPU_CONTEXT_SIZE=str(600 * MiB)),
+        """
 import cuda_probe as c
 c.init(); print("ready", flush=True)
 c.alloc(1 << 20)
-""")
+""",
+    )
     _wait_for(lambda: read_region(cache)["owner_pid"] == holder.pid, "holder never took the lock")
     assert read_lock_slot(cache)["mutex_owner_tid"] == holder.pid
-    waiter = subprocess.Popen([sys.executable, "-c", """
+    waiter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """
 import cuda_probe as c
 c.init(); print(c.alloc(900 << 20)[0], c.mem_info()[0] >> 20, flush=True)
-"""], env=dict(vgpu_env, LIBCUDA_LOG_LEVEL="2", LIBVGPU_CONTEXT_SIZE="0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+""",
+        ],
+        env=dict(vgpu_env, LIBCUDA_LOG_LEVEL="2", LIBVGPU_CONTEXT_SIZE="0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # the waiter sleeps in the kernel on the lock (a futex), behind the holder
         _wait_for(lambda: _blocked_in_futex(waiter.pid) or waiter.poll() is not None, "waiter never blocked")
@@ -123,18 +148,24 @@ c.init(); print(c.alloc(900 << 20)[0], c.mem_info()[0] >> 20, flush=True)
 def test_lock_stays_usable_after_recovery(vgpu_env, tmp_path):
     """After an owner-dead recovery the mutex is consistent again: later processes lock and
     unlock it normally (an unrecovered robust mutex would fail every later lock)."""
-    holder = _holder(dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="60000"), """
+    holder = _holder(
+        dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="60000"),
+        """
 import cuda_probe as c
 c.init(); print("ready", flush=True)
 c.alloc(1 << 20)
-""")
+""",
+    )
     cache = tmp_path / "vgpu.cache"
     _wait_for(lambda: read_region(cache)["owner_pid"] == holder.pid, "holder never took the lock")
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
     for _ in range(3):
-        p = run_py("import cuda_probe as c; c.init(); print(c.alloc(300 << 20)[0], c.alloc(300 << 20)[0])",
-                   dict(vgpu_env, LIBCUDA_LOG_LEVEL="2"), timeout=30)
+        p = run_py(
+            "import cuda_probe as c; c.init(); print(c.alloc(300 << 20)[0], c.alloc(300 << 20)[0])",
+            dict(vgpu_env, LIBCUDA_LOG_LEVEL="2"),
+            timeout=30,
+        )
         assert p.stdout.split() == ["0", "0"]
         assert "region lock failed" not in p.stderr
     assert read_lock_slot(cache)["mutex_owner_tid"] == 0
@@ -148,9 +179,8 @@ def test_the_lock_slot_is_never_taken_by_a_process(vgpu_env, tmp_path):
     run_py("import cuda_probe as c; c.init()", vgpu_env)
     lock = read_lock_slot(cache)
     assert (lock["pid"], lock["status"], lock["magic"]) == (0, 0, LOCK_MAGIC)
-    fill_slots(cache, os.getpid(), LOCK_SLOT)           # this test process is alive: nothing to reap
-    p = run_py("import cuda_probe as c; c.init(); print(c.alloc(1 << 20)[0])",
-               dict(vgpu_env, LIBCUDA_LOG_LEVEL="2"))
+    fill_slots(cache, os.getpid(), LOCK_SLOT)  # this test process is alive: nothing to reap
+    p = run_py("import cuda_probe as c; c.init(); print(c.alloc(1 << 20)[0])", dict(vgpu_env, LIBCUDA_LOG_LEVEL="2"))
     assert p.stdout.strip() == "0"
     assert f"no free process slot in {cache} ({LOCK_SLOT} in use)" in p.stderr
     assert read_region(cache)["proc_num"] == LOCK_SLOT
@@ -164,11 +194,11 @@ def test_region_without_the_lock_gets_it_at_attach(vgpu_env, tmp_path):
     cache = tmp_path / "vgpu.cache"
     run_py("import cuda_probe as c; c.init()", vgpu_env)
     from .region_layout import LOCK_MAGIC_OFFSET
+
     with open(cache, "r+b") as f:
         f.seek(LOCK_MAGIC_OFFSET)
-        f.write(b"\0" * 72)   # magic + mutex zeroed, as an older region would have them
-    p = run_py("import cuda_probe as c; c.init(); print(c.alloc(512 << 20)[0], c.alloc(600 << 20)[0])",
-               vgpu_env)
+        f.write(b"\0" * 72)  # magic + mutex zeroed, as an older region would have them
+    p = run_py("import cuda_probe as c; c.init(); print(c.alloc(512 << 20)[0], c.alloc(600 << 20)[0])", vgpu_env)
     assert p.stdout.split() == ["0", "2"]
     assert read_lock_slot(cache)["magic"] == LOCK_MAGIC
 
@@ -176,7 +206,9 @@ def test_region_without_the_lock_gets_it_at_attach(vgpu_env, tmp_path):
 def test_unusable_region_file_falls_back_to_a_private_region_that_still_enforces(vgpu_env):
     """A region path that opens but cannot be sized (/dev/null): the process says so and
     enforces its limit on its own, with the same lock, instead of allocating unchecked."""
-    p = run_py("import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.alloc(600 << 20)[0])",
-               dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE="/dev/null", LIBCUDA_LOG_LEVEL="2"))
+    p = run_py(
+        "import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.alloc(600 << 20)[0])",
+        dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE="/dev/null", LIBCUDA_LOG_LEVEL="2"),
+    )
     assert p.stdout.split() == ["0", "2"]
     assert "cannot size shared region /dev/null" in p.stderr

@@ -28,12 +28,33 @@ REGISTER = "hami.io/node-nvidia-register"
 
 
 def dry_run(tmp_path: Path, devices: str, *extra: str) -> tuple[dict, str]:
-    env = {**os.environ, "FAKEGPU_DEVICES": devices, "FAKEGPU_STATE_DIR": str(tmp_path / "fg"),
-           "PYTHONPATH": str(ROOT / "src")}
+    env = {
+        **os.environ,
+        "FAKEGPU_DEVICES": devices,
+        "FAKEGPU_STATE_DIR": str(tmp_path / "fg"),
+        "PYTHONPATH": str(ROOT / "src"),
+    }
     env.pop("ENABLE_TOPOLOGY_SCORE", None)
-    out = subprocess.run([sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1",
-                          "--nvml-library", str(FAKE_NVML), "--sysfs-root", str(tmp_path / "nosys"), *extra],
-                         env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "device-plugin",
+            "--dry-run",
+            "--node-name",
+            "n1",
+            "--nvml-library",
+            str(FAKE_NVML),
+            "--sysfs-root",
+            str(tmp_path / "nosys"),
+            *extra,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["annotations"], out.stderr
 
@@ -83,8 +104,11 @@ def test_scores_can_be_turned_off(tmp_path):
 
 
 def _node(name: str, annotations: dict) -> dict:
-    return {"kind": "Node", "metadata": {"name": name, "annotations": annotations},
-            "status": {"allocatable": {"nvidia.com/gpu": "40"}}}
+    return {
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": annotations},
+        "status": {"allocatable": {"nvidia.com/gpu": "40"}},
+    }
 
 
 def _pod(name: str, gpus: int, policy: str | None = "topology-aware", node: str | None = None) -> dict:

@@ -77,8 +77,9 @@ class RealNodeHolder:
     def get(self) -> RealNode:
         if self.node is None:
             # another checkout's tests may hold this machine's real node for a while: wait for it
-            self.node = RealNode(self.cluster, pause_image=self.pause, images=[self.busybox.path],
-                                 lock_wait=self.lock_wait).start()
+            self.node = RealNode(
+                self.cluster, pause_image=self.pause, images=[self.busybox.path], lock_wait=self.lock_wait
+            ).start()
             self.bringups.append(self.node.startup_seconds)
             _state["node"] = self.node
         return self.node

@@ -48,8 +48,9 @@ def main(argv: list[str]) -> int:
         out["allocs"].append(rc)
         if rc == 0:
             kept.append(ptr)
-    out["env"] = {k: v for k, v in os.environ.items()
-                  if k.startswith(("CUDA_DEVICE", "CUDA_TASK", "NVIDIA_VISIBLE", "GPU_CORE"))}
+    out["env"] = {
+        k: v for k, v in os.environ.items() if k.startswith(("CUDA_DEVICE", "CUDA_TASK", "NVIDIA_VISIBLE", "GPU_CORE"))
+    }
     print(json.dumps(out, sort_keys=True), flush=True)
     while hold:
         time.sleep(3600)

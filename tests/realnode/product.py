@@ -49,16 +49,19 @@ DRIVER_IN_CONTAINER = "/usr/local/nvidia"
 STATE_IN_CONTAINER = "/var/run/fakegpu"
 #: the node's fake GPUs (two A100 40GB); a split count large enough for the 100-pod benchmark
 GPU_MEMORY_MIB = 40960
-FAKE_GPUS = [f"name=NVIDIA A100-SXM4-40GB,memory={GPU_MEMORY_MIB}Mi,uuid=GPU-a1000000-0000-4000-8000-00000000000{i}"
-             for i in range(2)]
+FAKE_GPUS = [
+    f"name=NVIDIA A100-SXM4-40GB,memory={GPU_MEMORY_MIB}Mi,uuid=GPU-a1000000-0000-4000-8000-00000000000{i}"
+    for i in range(2)
+]
 SPLIT_COUNT = 60
 MONITOR_PORT = 9394
 REGISTER = "hami.io/node-nvidia-register"
 SCHEDULER_METRICS_PORT = 9395
 
 
-def values(node: str, driver: Path, state: Path, dra: dict[str, str] | None = None,
-           hook: Path | None = None) -> dict[str, Any]:
+def values(
+    node: str, driver: Path, state: Path, dra: dict[str, str] | None = None, hook: Path | None = None
+) -> dict[str, Any]:
     """The chart values for the real node (see the module docstring); ``dra``: the DRA front end,
     with ``kubeletDir``, ``cdiDir`` and ``stateDir`` of the node; ``hook``: a directory of its own
     for libvgpu, ``ld.so.preload``, the regions and the lock directory (``global.gpuHookPath``,
@@ -94,8 +97,11 @@ def install_fake_driver(root: Path, gpus: list[str] = FAKE_GPUS) -> tuple[Path, 
     lib.mkdir(parents=True, exist_ok=True)
     for name in ("libcuda.so.1", "libnvidia-ml.so.1"):
         shutil.copy(FAKE_DRIVER / name, lib / name)
-    conf = [f"state_dir={STATE_IN_CONTAINER}", "visible_devices_env=NVIDIA_VISIBLE_DEVICES",
-            *(f"device {spec}" for spec in gpus)]
+    conf = [
+        f"state_dir={STATE_IN_CONTAINER}",
+        "visible_devices_env=NVIDIA_VISIBLE_DEVICES",
+        *(f"device {spec}" for spec in gpus),
+    ]
     (lib / "fakegpu.conf").write_text("\n".join(conf) + "\n")
     for path in (root, driver, lib):
         path.chmod(0o755)
@@ -120,12 +126,19 @@ class Product:
 
     def helm(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         home = self.workdir / "helm"
-        env = {**os.environ, **self.cluster.env(), "HELM_CACHE_HOME": str(home / "cache"),
-               "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+        env = {
+            **os.environ,
+            **self.cluster.env(),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
         binary = str((self.cluster.binaries or {}).get("helm") or "helm")
         result = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
         if result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}\n{self.describe()}")
+            raise AssertionError(
+                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}\n{self.describe()}"
+            )
         return result
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -145,14 +158,29 @@ class Product:
         if self.front_end == "dra":
             dra_state = self.workdir / "dra-state"
             dra_state.mkdir(exist_ok=True)
-            dra = {"kubeletDir": str(self.node.kubelet_root), "cdiDir": str(self.node.cdi_dir), "stateDir": str(dra_state)}
+            dra = {
+                "kubeletDir": str(self.node.kubelet_root),
+                "cdiDir": str(self.node.cdi_dir),
+                "stateDir": str(dra_state),
+            }
             # nothing the extender's install left in /usr/local/vgpu can stand in for what the
             # DRA agent must prepare itself (ld.so.preload, the lock directory)
             hook = self.workdir / "hook"
         values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state, dra, hook)))
         began = time.monotonic()
-        self.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                  "-f", str(values_file), "--wait", "--timeout", "5m")
+        self.helm(
+            "install",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "-f",
+            str(values_file),
+            "--wait",
+            "--timeout",
+            "5m",
+        )
         self.wait_ready()
         self.timings["helm install to all Ready"] = time.monotonic() - began
         return self
@@ -174,22 +202,32 @@ class Product:
     def product_pods_ready(self) -> bool:
         pods = self.pods()
         return bool(pods) and all(
-            p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-            and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}]) for p in pods)
+            p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+            and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+            for p in pods
+        )
 
     def wait_ready(self, timeout: float = 300) -> None:
         agent = "dra" if self.front_end == "dra" else "device-plugin"
 
         def ready() -> bool:
-            deployment = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-scheduler")
+            deployment = self.cluster.api(
+                "GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-scheduler"
+            )
             daemonset = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-{agent}")
-            return (deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
-                    and daemonset["status"].get("numberReady") == daemonset["status"].get("desiredNumberScheduled") == 1
-                    and self.product_pods_ready() and self.gpus_advertised() and self.webhook_serves())
+            return (
+                deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
+                and daemonset["status"].get("numberReady") == daemonset["status"].get("desiredNumberScheduled") == 1
+                and self.product_pods_ready()
+                and self.gpus_advertised()
+                and self.webhook_serves()
+            )
 
         try:
-            self.cluster.wait_for(ready, "every pod of the chart Running and Ready, the GPUs advertised",
-                                  timeout=timeout, interval=0.5)
+            self.cluster.wait_for(
+                ready, "every pod of the chart Running and Ready, the GPUs advertised", timeout=timeout, interval=0.5
+            )
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{self.describe()}") from None
 
@@ -198,26 +236,35 @@ class Product:
         (DRA: the node's ResourceSlice lists every GPU)."""
         if self.front_end == "dra":
             slices = self.cluster.api(
-                "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node.name}")["items"]
+                "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.node.name}"
+            )["items"]
             return sum(len(s["spec"].get("devices") or []) for s in slices) == len(FAKE_GPUS)
         node = self.cluster.api("GET", f"/api/v1/nodes/{self.node.name}")
-        return (node["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(len(FAKE_GPUS) * SPLIT_COUNT)
-                and REGISTER in node["metadata"].get("annotations", {}))
+        return node["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(
+            len(FAKE_GPUS) * SPLIT_COUNT
+        ) and REGISTER in node["metadata"].get("annotations", {})
 
     def webhook_serves(self) -> bool:
         """A GPU pod (dry run) comes back with ``schedulerName: hami-scheduler``: the API server
         reaches the webhook through its Service (a scheduler pod just Ready may not be in
         kube-proxy's rules yet; with ``failurePolicy: Ignore`` a pod created then would skip it)."""
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "webhook-check"},
-               "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "webhook-check"},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        }
         made = self.cluster.api("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
         if self.front_end == "dra":  # the request became a claim from a template
             return bool(made["spec"].get("resourceClaims"))
         return made["spec"].get("schedulerName") == "hami-scheduler"
 
     def pod_ip(self, component: str) -> str:
-        (pod,) = [p for p in self.pods(selector=f"app.kubernetes.io/component={component}")
-                  if not p["metadata"].get("deletionTimestamp")]
+        (pod,) = [
+            p
+            for p in self.pods(selector=f"app.kubernetes.io/component={component}")
+            if not p["metadata"].get("deletionTimestamp")
+        ]
         return pod["status"]["podIP"]
 
     def metrics(self, component: str, port: int) -> str:
@@ -236,20 +283,24 @@ class Product:
         try:
             for pod in self.pods():
                 name = pod["metadata"]["name"]
-                statuses = {c["name"]: (c.get("ready"), list(c.get("state", {}))[:1], c.get("restartCount"))
-                            for c in pod["status"].get("containerStatuses") or []}
+                statuses = {
+                    c["name"]: (c.get("ready"), list(c.get("state", {}))[:1], c.get("restartCount"))
+                    for c in pod["status"].get("containerStatuses") or []
+                }
                 lines.append(f"--- pod {name}: {pod['status'].get('phase')} {json.dumps(statuses)}")
                 for container in [c["name"] for c in pod["spec"]["containers"]]:
-                    logs = self.cluster.kubectl("logs", "-n", NAMESPACE, name, "-c", container, "--tail=15",
-                                                check=False)
+                    logs = self.cluster.kubectl(
+                        "logs", "-n", NAMESPACE, name, "-c", container, "--tail=15", check=False
+                    )
                     lines.append(f"  [{container}] " + (logs.stdout or logs.stderr).strip().replace("\n", "\n  "))
         except Exception as exc:  # noqa: BLE001 - a report of a broken cluster must not fail itself
             lines.append(f"(could not describe the product: {exc})")
         return "\n".join(lines)
 
 
-def installed(real_node_holder: Any, cluster: KubeCluster, workdir: Path, request: Any,
-              front_end: str = "extender") -> Iterator[Product]:
+def installed(
+    real_node_holder: Any, cluster: KubeCluster, workdir: Path, request: Any, front_end: str = "extender"
+) -> Iterator[Product]:
     """A module fixture's body: the product images built (skip, or fail under
     ``HAMI_REQUIRE_REAL_NODE=1``, when they cannot be), the chart installed on the session's real
     node, the timings kept for the summary; uninstalled afterwards (a leftover fails the module)."""
@@ -273,7 +324,8 @@ def installed(real_node_holder: Any, cluster: KubeCluster, workdir: Path, reques
         raise
     prefix = "" if front_end == "extender" else f"{front_end} "
     request.config.stash.setdefault("hami_chart_timings", {}).update(
-        {**{prefix + k: v for k, v in product.timings.items()}, prefix + "install total": time.monotonic() - began})
+        {**{prefix + k: v for k, v in product.timings.items()}, prefix + "install total": time.monotonic() - began}
+    )
     yield product
     problems = product.uninstall()
     assert not problems, problems

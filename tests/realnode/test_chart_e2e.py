@@ -33,29 +33,43 @@ def product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, reque
 @pytest.fixture
 def gpu_namespace(real_cluster: KubeCluster, product: Product, real_namespace: str) -> str:
     """A namespace with the probe script as ConfigMap ``gpu-probe``."""
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/configmaps", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-probe"},
-        "data": {"gpu_probe.py": PROBE.read_text()}})
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{real_namespace}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "gpu-probe"},
+            "data": {"gpu_probe.py": PROBE.read_text()},
+        },
+    )
     return real_namespace
 
 
 def probe_container(product: Product, name: str, limits: dict, args: list[str]) -> dict:
-    return {"name": name, "image": product.images["hami"],
-            "command": ["python", "/probe/gpu_probe.py", *args],
-            "resources": {"limits": limits},
-            "volumeMounts": [{"name": "probe", "mountPath": "/probe"}]}
+    return {
+        "name": name,
+        "image": product.images["hami"],
+        "command": ["python", "/probe/gpu_probe.py", *args],
+        "resources": {"limits": limits},
+        "volumeMounts": [{"name": "probe", "mountPath": "/probe"}],
+    }
 
 
 def probe_pod(name: str, containers: list[dict], init: list[dict] | None = None) -> dict:
-    spec = {"containers": containers, "terminationGracePeriodSeconds": 1,
-            "volumes": [{"name": "probe", "configMap": {"name": "gpu-probe"}}]}
+    spec = {
+        "containers": containers,
+        "terminationGracePeriodSeconds": 1,
+        "volumes": [{"name": "probe", "configMap": {"name": "gpu-probe"}}],
+    }
     if init:
         spec["initContainers"] = init
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def wait_pod(cluster: KubeCluster, namespace: str, name: str, done, what: str, product: Product,
-             timeout: float = 180) -> dict:
+def wait_pod(
+    cluster: KubeCluster, namespace: str, name: str, done, what: str, product: Product, timeout: float = 180
+) -> dict:
     def probe():
         pod = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         return pod if done(pod) else None
@@ -69,7 +83,8 @@ def wait_pod(cluster: KubeCluster, namespace: str, name: str, done, what: str, p
 
 def running(pod: dict) -> bool:
     return pod["status"].get("phase") == "Running" and all(
-        c.get("ready") for c in pod["status"].get("containerStatuses") or [{}])
+        c.get("ready") for c in pod["status"].get("containerStatuses") or [{}]
+    )
 
 
 def probe_output(cluster: KubeCluster, namespace: str, pod: str, container: str) -> dict:
@@ -81,8 +96,9 @@ def probe_output(cluster: KubeCluster, namespace: str, pod: str, container: str)
 
 
 def samples(text: str, name: str) -> list[tuple[dict, float]]:
-    return [(s.labels, s.value) for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == name]
+    return [
+        (s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples if s.name == name
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,18 +117,24 @@ def test_every_pod_of_the_chart_is_running_and_ready(product: Product, real_clus
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(2 * SPLIT_COUNT)
     registered = node["metadata"]["annotations"][REGISTER]
     assert "GPU-a1000000-0000-4000-8000-000000000000" in registered and "A100" in registered
-    policies = {p["metadata"]["name"] for p in real_cluster.api(
-        "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]}
+    policies = {
+        p["metadata"]["name"]
+        for p in real_cluster.api("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]
+    }
     assert {"hami-device-plugin-node-guard", "hami-scheduler-pod-guard", "hami-allocation-guard"} <= policies
 
 
 def test_a_user_guide_pod_gets_its_memory_limit_and_is_counted_until_deleted(
-        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
     ns, name = gpu_namespace, "gpu-pod"
     # as HAMi's user guide writes it (docs: "Allocate device memory"), with the probe as its program
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
-    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                     probe_pod(name, [probe_container(product, "ubuntu-container", limits, ["1000", "2500", "1500", "--hold"])]))
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        probe_pod(name, [probe_container(product, "ubuntu-container", limits, ["1000", "2500", "1500", "--hold"])]),
+    )
     pod = wait_pod(real_cluster, ns, name, running, "Running", product)
     assert pod["spec"]["schedulerName"] == "hami-scheduler"  # the webhook, reached through its Service
     assert pod["spec"]["nodeName"] == product.node.name
@@ -132,30 +154,57 @@ def test_a_user_guide_pod_gets_its_memory_limit_and_is_counted_until_deleted(
 
     used, limit = real_cluster.wait_for(monitor_sees, "the monitor reporting the container", timeout=90, interval=1)
     assert len(used) == 1, used
-    (labels, value), = used
-    assert labels == {"namespace": ns, "pod": name, "container": "ubuntu-container", "vdevice_index": "0",
-                      "device_uuid": uuid, "zone": "vGPU"}
+    ((labels, value),) = used
+    assert labels == {
+        "namespace": ns,
+        "pod": name,
+        "container": "ubuntu-container",
+        "vdevice_index": "0",
+        "device_uuid": uuid,
+        "zone": "vGPU",
+    }
     assert value >= 2500 << 20  # 1000 + 1500 MiB and the context
     assert limit == [(labels, float(3000 << 20))]
-    allocated = [(lb, v) for lb, v in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
-                 if lb.get("pod") == name]
-    assert allocated == [({"namespace": ns, "node": product.node.name, "pod": name, "container_index": "0",
-                           "device_uuid": uuid, "zone": "vGPU"}, float(3000 << 20))]
+    allocated = [
+        (lb, v)
+        for lb, v in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
+        if lb.get("pod") == name
+    ]
+    assert allocated == [
+        (
+            {
+                "namespace": ns,
+                "node": product.node.name,
+                "pod": name,
+                "container_index": "0",
+                "device_uuid": uuid,
+                "zone": "vGPU",
+            },
+            float(3000 << 20),
+        )
+    ]
 
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
     def forgotten():
-        monitor = [lb for lb, _ in samples(product.monitor_metrics(), "hami_vgpu_memory_used_bytes")
-                   if lb.get("pod") == name]
-        scheduler = [lb for lb, _ in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
-                     if lb.get("pod") == name]
+        monitor = [
+            lb for lb, _ in samples(product.monitor_metrics(), "hami_vgpu_memory_used_bytes") if lb.get("pod") == name
+        ]
+        scheduler = [
+            lb
+            for lb, _ in samples(product.scheduler_metrics(), "hami_vgpu_memory_allocated_bytes")
+            if lb.get("pod") == name
+        ]
         return not monitor and not scheduler
 
-    real_cluster.wait_for(forgotten, "the pod gone from the monitor's and the scheduler's metrics", timeout=120, interval=1)
+    real_cluster.wait_for(
+        forgotten, "the pod gone from the monitor's and the scheduler's metrics", timeout=120, interval=1
+    )
 
 
 def test_each_container_and_init_container_sees_only_its_own_grant(
-        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
     ns = gpu_namespace
     first = probe_container(product, "first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ["--hold"])
     second = probe_container(product, "second", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}, ["--hold"])
@@ -165,11 +214,18 @@ def test_each_container_and_init_container_sees_only_its_own_grant(
     real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod("with-init", [main], init=[init]))
     for name in ("two", "with-init"):
         wait_pod(real_cluster, ns, name, running, "Running", product)
-    seen = {c: probe_output(real_cluster, ns, pod, c)
-            for pod, c in (("two", "first"), ("two", "second"), ("with-init", "setup"), ("with-init", "main"))}
-    assert {c: (o["cuda_total_mib"], o["nvml_total_mib"], o["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"])
-            for c, o in seen.items()} == {"first": (1000, 1000, "1000m"), "second": (2000, 2000, "2000m"),
-                                          "setup": (1500, 1500, "1500m"), "main": (2500, 2500, "2500m")}
+    seen = {
+        c: probe_output(real_cluster, ns, pod, c)
+        for pod, c in (("two", "first"), ("two", "second"), ("with-init", "setup"), ("with-init", "main"))
+    }
+    assert {
+        c: (o["cuda_total_mib"], o["nvml_total_mib"], o["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"]) for c, o in seen.items()
+    } == {
+        "first": (1000, 1000, "1000m"),
+        "second": (2000, 2000, "2000m"),
+        "setup": (1500, 1500, "1500m"),
+        "main": (2500, 2500, "2500m"),
+    }
     assert seen["setup"]["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY]  # its own 1500, not main's 2500
     for name in ("two", "with-init"):
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
@@ -181,7 +237,8 @@ LOAD = Path(__file__).resolve().parents[2] / "native" / "build" / "tests" / "csh
 
 
 def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
-        product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
     """HAMi's `gpucores` on the real node: two pods pinned to one GPU with the force policy, each
     running the saturating kernel load of the compute-share tests (tests/native/cshare.py) in its
     own container, so both are PID 1 of their own PID namespace and libvgpu finds each one's
@@ -190,27 +247,52 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
     if not LOAD.is_file():
         pytest.fail(f"{LOAD} missing (run `make native`)", pytrace=False)
     ns, seconds = gpu_namespace, 8
-    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/configmaps", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cshare-load"},
-        "binaryData": {"cshare_load": base64.b64encode(LOAD.read_bytes()).decode()}})
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cshare-load"},
+            "binaryData": {"cshare_load": base64.b64encode(LOAD.read_bytes()).decode()},
+        },
+    )
     for cores in (30, 70):
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": f"share-{cores}", "annotations": {"nvidia.com/use-gpuuuid": GPU0}},
-               "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                        "containers": [{
-                            "name": "load", "image": product.images["hami"],
-                            "command": ["/load/cshare_load", "plain", str(KERNEL_US), str(seconds), "32", "0", "0"],
-                            "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
-                            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000,
-                                                     "nvidia.com/gpucores": cores}},
-                            "volumeMounts": [{"name": "load", "mountPath": "/load"}]}],
-                        "volumes": [{"name": "load", "configMap": {"name": "cshare-load", "defaultMode": 0o755}}]}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"share-{cores}", "annotations": {"nvidia.com/use-gpuuuid": GPU0}},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "load",
+                        "image": product.images["hami"],
+                        "command": ["/load/cshare_load", "plain", str(KERNEL_US), str(seconds), "32", "0", "0"],
+                        "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
+                        "resources": {
+                            "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": cores}
+                        },
+                        "volumeMounts": [{"name": "load", "mountPath": "/load"}],
+                    }
+                ],
+                "volumes": [{"name": "load", "configMap": {"name": "cshare-load", "defaultMode": 0o755}}],
+            },
+        }
         real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
     traces = {}
     for cores in (30, 70):
         name = f"share-{cores}"
-        pod = wait_pod(real_cluster, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
-                       "finished", product, timeout=180)
+        pod = wait_pod(
+            real_cluster,
+            ns,
+            name,
+            lambda p: p["status"].get("phase") in ("Succeeded", "Failed"),
+            "finished",
+            product,
+            timeout=180,
+        )
         logs = real_cluster.kubectl("logs", "-n", ns, name, "-c", "load", check=False)
         assert pod["status"]["phase"] == "Succeeded", f"{name}: {pod['status']}\n{logs.stdout}{logs.stderr}"
         assert pod["spec"]["nodeName"] == product.node.name
@@ -224,6 +306,7 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
     for cores in (30, 70):
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/share-{cores}")
 
+
 #: the NVIDIA pods of HAMi's user guide (as recorded in shared/reference: resource names,
 #: annotations) and of docs/ (install.md, concepts.md), applied unchanged but for the program:
 #: name, limits, annotations, what the container must see (None: the pod must stay Pending with
@@ -231,16 +314,36 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
 USER_GUIDE = [
     ("gpu-only", {"nvidia.com/gpu": 1}, {}, {"cuda_total_mib": GPU_MEMORY_MIB}),
     ("gpumem", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, {}, {"cuda_total_mib": 3000}),
-    ("gpumem-percentage", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, {},
-     {"cuda_total_mib": GPU_MEMORY_MIB // 2}),
-    ("two-gpus", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, {},
-     {"cuda_total_mib": 3000, "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"}),
-    ("priority", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0}, {},
-     {"CUDA_TASK_PRIORITY": "0"}),
-    ("use-gputype", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gputype": "A100"},
-     {"cuda_total_mib": 1000}),
-    ("use-gpuuuid", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, {"nvidia.com/use-gpuuuid": GPU1},
-     {"NVIDIA_VISIBLE_DEVICES": GPU1}),
+    (
+        "gpumem-percentage",
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50},
+        {},
+        {"cuda_total_mib": GPU_MEMORY_MIB // 2},
+    ),
+    (
+        "two-gpus",
+        {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000},
+        {},
+        {"cuda_total_mib": 3000, "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"},
+    ),
+    (
+        "priority",
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0},
+        {},
+        {"CUDA_TASK_PRIORITY": "0"},
+    ),
+    (
+        "use-gputype",
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000},
+        {"nvidia.com/use-gputype": "A100"},
+        {"cuda_total_mib": 1000},
+    ),
+    (
+        "use-gpuuuid",
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000},
+        {"nvidia.com/use-gpuuuid": GPU1},
+        {"NVIDIA_VISIBLE_DEVICES": GPU1},
+    ),
     ("nouse-gputype", {"nvidia.com/gpu": 1}, {"nvidia.com/nouse-gputype": "A100"}, "CardTypeMismatch"),
     ("too-much-memory", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 50000}, {}, "CardInsufficientMemory"),
     ("three-gpus", {"nvidia.com/gpu": 3}, {}, "NodeInsufficientDevice"),
@@ -258,6 +361,7 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
             real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
         for name, limits, _, expected in wave:
             if isinstance(expected, str):
+
                 def refused(pod: dict, expected: str = expected) -> bool:
                     conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
                     scheduled = conditions.get("PodScheduled", {})
@@ -273,8 +377,12 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
             if wrong or out["cuInit"] != 0:
                 problems.append(f"{name}: expected {expected}, saw {wrong} ({out})")
         real_cluster.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
-        real_cluster.wait_for(lambda: not real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
-                              "the wave's pods gone", timeout=120, interval=0.5)
+        real_cluster.wait_for(
+            lambda: not real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"],
+            "the wave's pods gone",
+            timeout=120,
+            interval=0.5,
+        )
     assert not problems, "\n".join(problems)
 
 
@@ -285,7 +393,6 @@ def test_the_user_guide_pods_apply_unchanged_and_run(product: Product, real_clus
 
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 NODE_LOCK = "hami.io/mutex.lock"
-
 
 
 def _post(url: str, body: bytes, context=None) -> int:
@@ -307,8 +414,9 @@ def test_nobody_but_kube_scheduler_reaches_filter_or_bind(product: Product, real
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE
-    body = json.dumps({"Pod": {"metadata": {"name": "x", "namespace": "default", "uid": "u"}},
-                       "NodeNames": [product.node.name]}).encode()
+    body = json.dumps(
+        {"Pod": {"metadata": {"name": "x", "namespace": "default", "uid": "u"}}, "NodeNames": [product.node.name]}
+    ).encode()
     targets = [f"https://{ip}:9443", f"https://{service['spec']['clusterIP']}:443"]
     for base in targets:
         for verb in ("filter", "bind"):
@@ -320,13 +428,34 @@ def test_nobody_but_kube_scheduler_reaches_filter_or_bind(product: Product, real
 
 def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int, gpumem: int = 500) -> None:
     labels = {"app": name}
-    cluster.api("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
-                "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
-                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem}}}]}}}})
+    cluster.api(
+        "POST",
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": image,
+                                "imagePullPolicy": "IfNotPresent",
+                                "command": ["sleep", "3600"],
+                                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem}},
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+    )
 
 
 def assert_settled(product: Product, cluster: KubeCluster, ns: str, count: int, timeout: float = 300) -> dict:
@@ -339,24 +468,46 @@ def assert_settled(product: Product, cluster: KubeCluster, ns: str, count: int, 
 
     def settled() -> bool:
         pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
-        live = [p for p in pods if p["status"].get("phase") not in ("Failed", "Succeeded")
-                and not p["metadata"].get("deletionTimestamp")]
+        live = [
+            p
+            for p in pods
+            if p["status"].get("phase") not in ("Failed", "Succeeded") and not p["metadata"].get("deletionTimestamp")
+        ]
         node = cluster.api("GET", f"/api/v1/nodes/{product.node.name}")
-        state.update(live=len(live), running=sum(running(p) for p in live),
-                     refused=len(pods) - len(live), lock=node["metadata"].get("annotations", {}).get(NODE_LOCK),
-                     advertised=product.gpus_advertised(), product=product.product_pods_ready())
-        return (state["live"] == count and state["running"] == count and state["lock"] is None
-                and state["advertised"] and state["product"] and product.webhook_serves())
+        state.update(
+            live=len(live),
+            running=sum(running(p) for p in live),
+            refused=len(pods) - len(live),
+            lock=node["metadata"].get("annotations", {}).get(NODE_LOCK),
+            advertised=product.gpus_advertised(),
+            product=product.product_pods_ready(),
+        )
+        return (
+            state["live"] == count
+            and state["running"] == count
+            and state["lock"] is None
+            and state["advertised"]
+            and state["product"]
+            and product.webhook_serves()
+        )
 
     try:
         cluster.wait_for(settled, f"{count} pods Running, no node lock, GPUs advertised", timeout=timeout, interval=0.5)
     except TimeoutError as exc:
         pods = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
-        waiting = {p["metadata"]["name"]: [p["status"].get("phase"), p["status"].get("reason"),
-                                           [c.get("state") for c in p["status"].get("containerStatuses") or []],
-                                           [c.get("message") for c in p["status"].get("conditions") or []]]
-                   for p in pods if not running(p)}
-        raise AssertionError(f"{exc}: {state}; not running: {json.dumps(waiting)[:3000]}\n{product.describe()}") from None
+        waiting = {
+            p["metadata"]["name"]: [
+                p["status"].get("phase"),
+                p["status"].get("reason"),
+                [c.get("state") for c in p["status"].get("containerStatuses") or []],
+                [c.get("message") for c in p["status"].get("conditions") or []],
+            ]
+            for p in pods
+            if not running(p)
+        }
+        raise AssertionError(
+            f"{exc}: {state}; not running: {json.dumps(waiting)[:3000]}\n{product.describe()}"
+        ) from None
     used: dict[str, list[int]] = {}
     for pod in cluster.api("GET", "/api/v1/pods")["items"]:
         grant = (pod["metadata"].get("annotations") or {}).get(ALLOCATED)
@@ -384,7 +535,9 @@ def restart(product: Product, component: str) -> None:
     process.start()
 
 
-def test_fault_device_plugin_pod_deleted(product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str):
+def test_fault_device_plugin_pod_deleted(
+    product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str
+):
     ns = fault_namespace
     sleepers(real_cluster, ns, busybox, "before", 2)
     assert_settled(product, real_cluster, ns, 2)
@@ -414,8 +567,9 @@ def test_fault_containerd_restart(product: Product, real_cluster: KubeCluster, f
     assert_settled(product, real_cluster, ns, 4)
 
 
-def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: KubeCluster, fault_namespace: str,
-                                               busybox: str):
+def test_fault_scheduler_pod_deleted_mid_burst(
+    product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str
+):
     ns = fault_namespace
     sleepers(real_cluster, ns, busybox, "burst", 50, gpumem=200)
 
@@ -432,8 +586,9 @@ def test_fault_scheduler_pod_deleted_mid_burst(product: Product, real_cluster: K
     assert_settled(product, real_cluster, ns, 50, timeout=600)
 
 
-def test_fault_node_stopped_and_started_again(product: Product, real_cluster: KubeCluster, real_node_holder,
-                                              fault_namespace: str, busybox: str):
+def test_fault_node_stopped_and_started_again(
+    product: Product, real_cluster: KubeCluster, real_node_holder, fault_namespace: str, busybox: str
+):
     """A "reboot": every process of the node stops and the host is cleaned (containers, mounts,
     network, cgroups), then a node of the same name starts (last in the module: it replaces the
     node under the installed product)."""

@@ -20,8 +20,16 @@ from hami_devkit.cluster import KubeCluster
 from hami.dra.model import DRIVER
 
 from .product import MONITOR_PORT, NAMESPACE, Product, installed
-from .test_chart_e2e import (CUDA_ERROR_OUT_OF_MEMORY, PROBE, probe_container, probe_output, probe_pod, running, samples,
-                             wait_pod)
+from .test_chart_e2e import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    PROBE,
+    probe_container,
+    probe_output,
+    probe_pod,
+    running,
+    samples,
+    wait_pod,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +39,16 @@ def dra_product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, r
 
 @pytest.fixture
 def dra_namespace(real_cluster: KubeCluster, dra_product: Product, real_namespace: str) -> str:
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/configmaps", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-probe"},
-        "data": {"gpu_probe.py": PROBE.read_text()}})
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{real_namespace}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "gpu-probe"},
+            "data": {"gpu_probe.py": PROBE.read_text()},
+        },
+    )
     return real_namespace
 
 
@@ -51,17 +66,24 @@ def cdi_specs(product: Product) -> dict[str, dict]:
 
 
 def agent_pod(product: Product) -> dict:
-    (pod,) = [p for p in product.pods(selector="app.kubernetes.io/component=hami-dra")
-              if not p["metadata"].get("deletionTimestamp")]
+    (pod,) = [
+        p
+        for p in product.pods(selector="app.kubernetes.io/component=hami-dra")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
     return pod
 
 
 def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
-        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str):
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
+):
     ns, name = dra_namespace, "dra-pod"
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
-    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                     probe_pod(name, [probe_container(dra_product, "main", limits, ["1000", "2500", "1500", "--hold"])]))
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        probe_pod(name, [probe_container(dra_product, "main", limits, ["1000", "2500", "1500", "--hold"])]),
+    )
     pod = wait_pod(real_cluster, ns, name, running, "Running", dra_product)
     # the webhook turned the limits into a claim; kube-scheduler (not the extender) placed it
     assert pod["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
@@ -95,32 +117,50 @@ def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
         lines = [x for x in text.splitlines() if x.startswith("hami_vgpu")]
         claims_dir = dra_product.workdir / "hook" / "vgpu" / "claims"
         files = sorted(str(p) for p in claims_dir.rglob("*")) if claims_dir.is_dir() else ["(no claims directory)"]
-        raise AssertionError(f"{exc}\n" + "\n".join(lines[:20] or [text[-3000:]]) + "\n" + "\n".join(files)
-                             + f"\n{dra_product.describe()}") from None
-    (labels, value), = used
-    assert (labels["namespace"], labels["container"], labels["device_uuid"]) == (ns, "main", env["NVIDIA_VISIBLE_DEVICES"])
+        raise AssertionError(
+            f"{exc}\n"
+            + "\n".join(lines[:20] or [text[-3000:]])
+            + "\n"
+            + "\n".join(files)
+            + f"\n{dra_product.describe()}"
+        ) from None
+    ((labels, value),) = used
+    assert (labels["namespace"], labels["container"], labels["device_uuid"]) == (
+        ns,
+        "main",
+        env["NVIDIA_VISIBLE_DEVICES"],
+    )
     assert value >= 2500 << 20 and [v for _, v in limit] == [float(3000 << 20)]
 
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
-    real_cluster.wait_for(lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
-                          "the claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
+    real_cluster.wait_for(
+        lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
+        "the claim unprepared (its CDI spec removed)",
+        timeout=120,
+        interval=0.5,
+    )
 
 
 def _hold(cluster: KubeCluster, product: Product, ns: str, name: str, mib: int) -> tuple[dict, str]:
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}
-    cluster.api("POST", f"/api/v1/namespaces/{ns}/pods",
-                probe_pod(name, [probe_container(product, "main", limits, ["--hold"])]))
+    cluster.api(
+        "POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
+    )
     wait_pod(cluster, ns, name, running, "Running", product)
     out = probe_output(cluster, ns, name, "main")
     assert out["cuda_total_mib"] == mib, out
-    (claim,) = [c for c in claims_of(cluster, ns)
-                if [r["name"] for r in (c.get("status") or {}).get("reservedFor") or []] == [name]]
+    (claim,) = [
+        c
+        for c in claims_of(cluster, ns)
+        if [r["name"] for r in (c.get("status") or {}).get("reservedFor") or []] == [name]
+    ]
     return out, claim["metadata"]["uid"]
 
 
 @pytest.mark.parametrize("restarted", ["agent", "kubelet"])
 def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
-        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str, restarted: str):
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str, restarted: str
+):
     ns = dra_namespace
     _, before = _hold(real_cluster, dra_product, ns, "before", 1200)
     assert before in cdi_specs(dra_product)
@@ -140,14 +180,19 @@ def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
     assert {before, after} <= set(cdi_specs(dra_product))
     for name, uid in (("before", before), ("after", after)):
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
-        real_cluster.wait_for(lambda uid=uid: uid not in cdi_specs(dra_product),
-                              f"pod {name}'s claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
+        real_cluster.wait_for(
+            lambda uid=uid: uid not in cdi_specs(dra_product),
+            f"pod {name}'s claim unprepared (its CDI spec removed)",
+            timeout=120,
+            interval=0.5,
+        )
     state = json.loads((dra_product.workdir / "dra-state" / "checkpoint.json").read_text())
     assert before not in json.dumps(state) and after not in json.dumps(state), state
 
 
 def test_an_app_container_reuses_the_claim_of_an_init_container_that_asked_the_same(
-        dra_product: Product, real_cluster: KubeCluster, dra_namespace: str):
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
+):
     ns, name = dra_namespace, "with-init"
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}
     init = probe_container(dra_product, "setup", limits, ["1400"])  # allocates, prints, exits
@@ -162,5 +207,9 @@ def test_an_app_container_reuses_the_claim_of_an_init_container_that_asked_the_s
     assert setup["allocs"] == [0] and held["allocs"] == [0], (setup, held)
     assert setup["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == held["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
-    real_cluster.wait_for(lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
-                          "the claim unprepared (its CDI spec removed)", timeout=120, interval=0.5)
+    real_cluster.wait_for(
+        lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
+        "the claim unprepared (its CDI spec removed)",
+        timeout=120,
+        interval=0.5,
+    )

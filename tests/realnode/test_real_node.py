@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 def _pod(name: str, image: str, node: str, command: list[str], **spec) -> dict:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "restartPolicy": "Never",
@@ -38,7 +40,9 @@ def _pod(name: str, image: str, node: str, command: list[str], **spec) -> dict:
     }
 
 
-def _wait_phase(cluster: KubeCluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float = 90.0) -> dict:
+def _wait_phase(
+    cluster: KubeCluster, namespace: str, name: str, phases: tuple[str, ...], timeout: float = 90.0
+) -> dict:
     def probe():
         pod = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         return pod if pod.get("status", {}).get("phase") in phases else None
@@ -62,10 +66,14 @@ def test_the_node_is_ready_with_its_labels_and_runtime(real_cluster: KubeCluster
 
 
 def test_a_busybox_pod_runs_to_completion_and_its_output_is_readable(
-        real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str):
+    real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str
+):
     script = "echo hello from $(hostname) > /dev/termination-log; echo line-one; echo line-two; cat /proc/1/cgroup"
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
-                     _pod("hello", busybox, real_node.name, ["sh", "-c", script]))
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{real_namespace}/pods",
+        _pod("hello", busybox, real_node.name, ["sh", "-c", script]),
+    )
     pod = _wait_phase(real_cluster, real_namespace, "hello", ("Succeeded", "Failed"))
     (status,) = pod["status"]["containerStatuses"]
     terminated = status["state"]["terminated"]
@@ -82,16 +90,19 @@ def test_a_busybox_pod_runs_to_completion_and_its_output_is_readable(
 
 
 def test_kubectl_exec_reaches_a_running_container(
-        real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str):
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
-                     _pod("sleeper", busybox, real_node.name, ["sleep", "3600"]))
+    real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str
+):
+    real_cluster.api(
+        "POST", f"/api/v1/namespaces/{real_namespace}/pods", _pod("sleeper", busybox, real_node.name, ["sleep", "3600"])
+    )
     _wait_phase(real_cluster, real_namespace, "sleeper", ("Running",))
     result = real_cluster.kubectl("exec", "-n", real_namespace, "sleeper", "--", "sh", "-c", "echo $((6 * 7))")
     assert result.stdout.strip() == "42"
 
 
 def test_in_cluster_clients_reach_the_api_server_at_the_kubernetes_service_address(
-        real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str):
+    real_cluster: KubeCluster, real_node: RealNode, busybox: str, real_namespace: str
+):
     # from the host network (as a hostNetwork pod would), TLS checked against the cluster CA
     context = ssl.create_default_context(cadata=real_cluster.ca_pem.decode())
     connection = http.client.HTTPSConnection(rn.API_SERVICE_IP, 443, context=context, timeout=10)
@@ -100,10 +111,15 @@ def test_in_cluster_clients_reach_the_api_server_at_the_kubernetes_service_addre
     connection.close()
     # from a pod on the bridge, with the address the kubelet gives it (busybox's TLS client has
     # no cipher suite in common with the API server: plain HTTP to its TLS port gets Go's answer)
-    script = ("echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; "
-              "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT")
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
-                     _pod("incluster", busybox, real_node.name, ["sh", "-c", script]))
+    script = (
+        "echo $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; "
+        "printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT"
+    )
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{real_namespace}/pods",
+        _pod("incluster", busybox, real_node.name, ["sh", "-c", script]),
+    )
     pod = _wait_phase(real_cluster, real_namespace, "incluster", ("Succeeded", "Failed"))
     logs = real_cluster.kubectl("logs", "-n", real_namespace, "incluster").stdout
     assert pod["status"]["phase"] == "Succeeded", logs
@@ -124,13 +140,20 @@ def test_the_api_server_answers_this_machine_and_the_node_s_pods_only(real_clust
         return subprocess.run(list(argv), capture_output=True, text=True, check=True)
 
     def connect(target_port: int) -> str:
-        code = ("import socket,sys\n"
-                "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('connected')\n"
-                "except OSError as e: print(type(e).__name__)")
-        return subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code, host_ip, str(target_port)],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        code = (
+            "import socket,sys\n"
+            "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('connected')\n"
+            "except OSError as e: print(type(e).__name__)"
+        )
+        return subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", code, host_ip, str(target_port)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
 
     import socket as socket_module
+
     listener = socket_module.create_server(("0.0.0.0", 0))
     try:
         sh("ip", "netns", "add", netns)
@@ -160,10 +183,12 @@ def test_a_second_real_node_is_refused_and_touches_nothing(real_cluster: KubeClu
 
 
 def test_teardown_leaves_no_process_mount_link_or_cgroup(
-        real_cluster: KubeCluster, real_node_holder, busybox: str, real_namespace: str):
+    real_cluster: KubeCluster, real_node_holder, busybox: str, real_namespace: str
+):
     node = real_node_holder.get()
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
-                     _pod("running", busybox, node.name, ["sleep", "3600"]))
+    real_cluster.api(
+        "POST", f"/api/v1/namespaces/{real_namespace}/pods", _pod("running", busybox, node.name, ["sleep", "3600"])
+    )
     _wait_phase(real_cluster, real_namespace, "running", ("Running",))
     workdir = node.workdir
     # what a running pod puts on the host, so the checks below are not vacuous
@@ -194,10 +219,12 @@ def test_teardown_leaves_no_process_mount_link_or_cgroup(
 
 
 def test_what_a_dead_holder_left_is_cleaned_by_the_next_node(
-        real_cluster: KubeCluster, real_node_holder, busybox: str, real_namespace: str):
+    real_cluster: KubeCluster, real_node_holder, busybox: str, real_namespace: str
+):
     node = real_node_holder.get()
-    real_cluster.api("POST", f"/api/v1/namespaces/{real_namespace}/pods",
-                     _pod("orphan", busybox, node.name, ["sleep", "3600"]))
+    real_cluster.api(
+        "POST", f"/api/v1/namespaces/{real_namespace}/pods", _pod("orphan", busybox, node.name, ["sleep", "3600"])
+    )
     _wait_phase(real_cluster, real_namespace, "orphan", ("Running",))
     workdir = node.workdir
     shims = rn.processes_mentioning(str(rn.CONTAINERD_SOCKET))
@@ -231,19 +258,31 @@ def test_cli_up_with_real_node_and_down(real_node_holder, tmp_path):
     env = {**os.environ, "HAMI_CACHE": str(tmp_path), "HAMI_KUBE_BIN": str(bin_dir())}
     hami_dev = [sys.executable, "-m", "hami_devkit", "cluster"]
     # another checkout's tests may hold this machine's real node: wait for it as the fixture does
-    up = subprocess.run([*hami_dev, "up", "--real-node", "--nodes", "1", "--wait-for-real-node",
-                         str(real_node_holder.lock_wait)],
-                        env=env, capture_output=True, text=True, timeout=real_node_holder.lock_wait + 400)
+    up = subprocess.run(
+        [*hami_dev, "up", "--real-node", "--nodes", "1", "--wait-for-real-node", str(real_node_holder.lock_wait)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=real_node_holder.lock_wait + 400,
+    )
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         assert "real node hami-real-node Ready in" in up.stdout
         state = json.loads((tmp_path / "dev-cluster" / "state.json").read_text())
         kubeconfig = state["env"]["KUBECONFIG"]
         kubectl = Path(state["bin"]) / "kubectl"
-        nodes = subprocess.run([str(kubectl), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
-                               capture_output=True, text=True, check=True).stdout
-        ready = {n["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
-                                            for c in n["status"]["conditions"]) for n in json.loads(nodes)["items"]}
+        nodes = subprocess.run(
+            [str(kubectl), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        ready = {
+            n["metadata"]["name"]: any(
+                c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]
+            )
+            for n in json.loads(nodes)["items"]
+        }
         assert ready == {"kwok-node-0": True, "hami-real-node": True}
         assert Path(state["real_node"]["containerd_socket"]).is_socket()
         workdir = Path(state["real_node"]["workdir"])

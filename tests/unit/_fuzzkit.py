@@ -38,10 +38,16 @@ REGISTER = "hami.io/node-nvidia-register"
 
 # ------------------------------------------------------------------------------- garbage
 
-scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
-json_trees = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                          max_leaves=16)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
+json_trees = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=16
+)
 
 # ------------------------------------------------------------------------------- quantities
 
@@ -75,8 +81,11 @@ def valid_quantities(draw) -> tuple[str, Fraction]:
 
 
 non_ascii_digit_quantities = st.builds(
-    lambda a, d, b: a + d + b, st.text("0123456789", max_size=3),
-    st.characters(categories=["Nd"]).filter(lambda c: not c.isascii()), st.text("0123456789kMGi", max_size=3))
+    lambda a, d, b: a + d + b,
+    st.text("0123456789", max_size=3),
+    st.characters(categories=["Nd"]).filter(lambda c: not c.isascii()),
+    st.text("0123456789kMGi", max_size=3),
+)
 quantity_junk = st.text(max_size=16) | st.text("0123456789.+-eEkKMGTPnumi ", max_size=12) | scalars
 
 
@@ -108,11 +117,23 @@ def check_quantity(item: tuple[str, Fraction | None]) -> str | None:
 # ------------------------------------------------------------------------------- registrations
 
 _ids = st.text("abcdefGPU-0123456789", min_size=1, max_size=12)
-devices = st.lists(st.builds(
-    DeviceInfo, id=_ids, index=st.integers(0, 64), count=st.integers(0, 100), devmem=st.integers(0, 200_000),
-    devcore=st.integers(0, 100), type=st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789", max_size=16),
-    numa=st.integers(-1, 8), health=st.booleans(), mode=st.sampled_from(["hami-core", "mig", "mps"]),
-    vendor=st.just("NVIDIA")), max_size=6, unique_by=lambda d: d.id)
+devices = st.lists(
+    st.builds(
+        DeviceInfo,
+        id=_ids,
+        index=st.integers(0, 64),
+        count=st.integers(0, 100),
+        devmem=st.integers(0, 200_000),
+        devcore=st.integers(0, 100),
+        type=st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789", max_size=16),
+        numa=st.integers(-1, 8),
+        health=st.booleans(),
+        mode=st.sampled_from(["hami-core", "mig", "mps"]),
+        vendor=st.just("NVIDIA"),
+    ),
+    max_size=6,
+    unique_by=lambda d: d.id,
+)
 
 
 @st.composite
@@ -160,8 +181,10 @@ def check_node_ingest(item: tuple[str, Any]) -> str | None:
     events: list[str] = []
     state.on_malformed = lambda node, message: events.append(message)
     good = encode_node_devices_json([DeviceInfo(id="old", count=10, devmem=1000, devcore=100, type="T4", health=True)])
-    node = {"metadata": {"name": "n", "annotations": {REGISTER: good}, "resourceVersion": "1"},
-            "status": {"allocatable": {"nvidia.com/gpu": "10"}}}
+    node = {
+        "metadata": {"name": "n", "annotations": {REGISTER: good}, "resourceVersion": "1"},
+        "status": {"allocatable": {"nvidia.com/gpu": "10"}},
+    }
     state.node_handler.replace([node])
     node = {**node, "metadata": {**node["metadata"], "annotations": {REGISTER: text}, "resourceVersion": "2"}}
     state.node_handler.apply("MODIFIED", node)
@@ -214,14 +237,27 @@ def valid_pods(draw) -> tuple[dict, bool]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}, uses
 
 
-POD_PATHS = [("metadata",), ("metadata", "name"), ("metadata", "annotations"), ("metadata", "labels"),
-             ("spec",), ("spec", "containers"), ("spec", "initContainers"), ("spec", "schedulerName"),
-             ("spec", "nodeName"), ("spec", "containers", 0), ("spec", "containers", 0, "resources"),
-             ("spec", "containers", 0, "resources", "limits"), ("spec", "containers", 0, "env"),
-             ("spec", "containers", 0, "securityContext"), ("spec", "containers", 0, "name"),
-             ("spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
-             ("spec", "containers", 0, "resources", "limits", "nvidia.com/gpumem"),
-             ("status",), ("status", "phase")]
+POD_PATHS = [
+    ("metadata",),
+    ("metadata", "name"),
+    ("metadata", "annotations"),
+    ("metadata", "labels"),
+    ("spec",),
+    ("spec", "containers"),
+    ("spec", "initContainers"),
+    ("spec", "schedulerName"),
+    ("spec", "nodeName"),
+    ("spec", "containers", 0),
+    ("spec", "containers", 0, "resources"),
+    ("spec", "containers", 0, "resources", "limits"),
+    ("spec", "containers", 0, "env"),
+    ("spec", "containers", 0, "securityContext"),
+    ("spec", "containers", 0, "name"),
+    ("spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
+    ("spec", "containers", 0, "resources", "limits", "nvidia.com/gpumem"),
+    ("status",),
+    ("status", "phase"),
+]
 
 
 @st.composite
@@ -250,8 +286,11 @@ def _patch(answer: dict) -> list | None:
 
 def check_webhook_valid(item: tuple[dict, bool]) -> str | None:
     pod, uses = item
-    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "object": pod}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "object": pod},
+    }
     answer = review(body, SETTINGS)
     r = answer["response"]
     if r.get("allowed") is not True:
@@ -268,6 +307,7 @@ def check_webhook_valid(item: tuple[dict, bool]) -> str | None:
 def _apply(doc: Any, ops: list) -> Any:
     """RFC 6902 add/replace/remove on plain JSON (enough for our patches)."""
     import copy
+
     doc = copy.deepcopy(doc)
     for op in ops:
         parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
@@ -305,8 +345,7 @@ def check_webhook_reinvocation(item: tuple[dict, bool]) -> str | None:
 
 
 def check_webhook_garbage(pod: Any) -> str | None:
-    answer = review({"request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "object": pod}},
-                    SETTINGS)
+    answer = review({"request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "object": pod}}, SETTINGS)
     r = answer["response"]
     if not isinstance(r.get("allowed"), bool):
         return f"no verdict: {r}"
@@ -329,8 +368,15 @@ http_bodies = st.one_of(
     broken_pods().map(lambda p: json.dumps(_filter_args(p)).encode()),
     broken_pods().map(lambda p: json.dumps({"request": {"uid": "u", "object": p}}).encode()),
     json_trees.map(lambda t: json.dumps({"PodName": t, "Node": "n1"}).encode()),
-    st.sampled_from([b'{"a": NaN}', b'{"a": Infinity}', b"[" * 20000, b'{"a": ' + b"1" * 5000 + b"}",
-                     b'{"Pod": ' + b'{"a": ' * 100 + b"1" + b"}" * 101]),
+    st.sampled_from(
+        [
+            b'{"a": NaN}',
+            b'{"a": Infinity}',
+            b"[" * 20000,
+            b'{"a": ' + b"1" * 5000 + b"}",
+            b'{"Pod": ' + b'{"a": ' * 100 + b"1" + b"}" * 101,
+        ]
+    ),
 )
 
 
@@ -346,10 +392,20 @@ class HttpSurface:
         self.loop = asyncio.new_event_loop()
         self.svc = SchedulerService(Options(), None)
         self.svc.extender.record = False
-        good = encode_node_devices_json([DeviceInfo(id=f"g{i}", index=i, count=1000, devmem=10**9, devcore=100,
-                                                    type="NVIDIA-T4", health=True) for i in range(16)])
-        self.svc.state.node_handler.replace([{"metadata": {"name": "n1", "annotations": {REGISTER: good}},
-                                              "status": {"allocatable": {"nvidia.com/gpu": "16000"}}}])
+        good = encode_node_devices_json(
+            [
+                DeviceInfo(id=f"g{i}", index=i, count=1000, devmem=10**9, devcore=100, type="NVIDIA-T4", health=True)
+                for i in range(16)
+            ]
+        )
+        self.svc.state.node_handler.replace(
+            [
+                {
+                    "metadata": {"name": "n1", "annotations": {REGISTER: good}},
+                    "status": {"allocatable": {"nvidia.com/gpu": "16000"}},
+                }
+            ]
+        )
         self.client = TestClient(TestServer(self.svc.app()), loop=self.loop)
         self.loop.run_until_complete(self.client.start_server())
 
@@ -357,6 +413,7 @@ class HttpSurface:
         async def go() -> tuple[int, bytes]:
             r = await self.client.post(path, data=body, headers={"Content-Type": "application/json"})
             return r.status, await r.read()
+
         return self.loop.run_until_complete(go())
 
     def close(self) -> None:
@@ -381,8 +438,11 @@ def check_http(surface: HttpSurface, path: str, body: bytes) -> str | None:
 
 def check_http_valid_filter(surface: HttpSurface, item: tuple[dict, bool]) -> str | None:
     pod, uses = item
-    pod = {**pod, "metadata": {**pod["metadata"], "name": "fuzz", "namespace": "fuzz", "uid": "fuzz-uid"},
-           "spec": {**pod["spec"], "schedulerName": surface.svc.state.scheduler_name}}
+    pod = {
+        **pod,
+        "metadata": {**pod["metadata"], "name": "fuzz", "namespace": "fuzz", "uid": "fuzz-uid"},
+        "spec": {**pod["spec"], "schedulerName": surface.svc.state.scheduler_name},
+    }
     surface.svc.state.put_pod(pod)  # as the pod watch would: a Filter is only for a pod the API server has
     status, text = surface.post("/filter", json.dumps(_filter_args(pod)).encode())
     if status != 200:
@@ -396,9 +456,25 @@ def check_http_valid_filter(surface: HttpSurface, item: tuple[dict, bool]) -> st
 
 # ------------------------------------------------------------------------------- simulate
 
-_NODES = yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "annotations": {
-    REGISTER: encode_node_devices_json([DeviceInfo(id=f"g{i}", index=i, count=10, devmem=80000, devcore=100,
-                                                   type="NVIDIA-A100", health=True) for i in range(8)])}}})
+_NODES = yaml.safe_dump(
+    {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "annotations": {
+                REGISTER: encode_node_devices_json(
+                    [
+                        DeviceInfo(
+                            id=f"g{i}", index=i, count=10, devmem=80000, devcore=100, type="NVIDIA-A100", health=True
+                        )
+                        for i in range(8)
+                    ]
+                )
+            },
+        },
+    }
+)
 
 
 @st.composite
@@ -432,8 +508,17 @@ class SimSurface:
         (self.dir / "pods.yaml").write_bytes(pods)
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["simulate", "--nodes", str(self.dir / "nodes.yaml"), "--pods", str(self.dir / "pods.yaml"),
-                         "-o", "json"])
+            code = main(
+                [
+                    "simulate",
+                    "--nodes",
+                    str(self.dir / "nodes.yaml"),
+                    "--pods",
+                    str(self.dir / "pods.yaml"),
+                    "-o",
+                    "json",
+                ]
+            )
         return code, err.getvalue()
 
 
@@ -448,4 +533,3 @@ def check_simulate(surface: SimSurface, item: tuple[bytes, bytes, bool]) -> str 
     if must_succeed and code != 0:
         return f"valid input refused: {err[:300]!r}"
     return None
-

@@ -13,8 +13,14 @@ MAGIC = 19920718
 
 
 class DevMemV1(C.Structure):
-    _fields_ = [("context_size", C.c_uint64), ("module_size", C.c_uint64), ("data_size", C.c_uint64),
-                ("offset", C.c_uint64), ("total", C.c_uint64), ("unused", C.c_uint64 * 3)]
+    _fields_ = [
+        ("context_size", C.c_uint64),
+        ("module_size", C.c_uint64),
+        ("data_size", C.c_uint64),
+        ("offset", C.c_uint64),
+        ("total", C.c_uint64),
+        ("unused", C.c_uint64 * 3),
+    ]
 
 
 class DevUtilV1(C.Structure):
@@ -22,22 +28,48 @@ class DevUtilV1(C.Structure):
 
 
 class SlotV1(C.Structure):
-    _fields_ = [("pid", C.c_int32), ("hostpid", C.c_int32), ("used", DevMemV1 * 16), ("monitorused", C.c_uint64 * 16),
-                ("device_util", DevUtilV1 * 16), ("status", C.c_int32), ("seqlock", C.c_uint64), ("unused", C.c_uint64 * 2)]
+    _fields_ = [
+        ("pid", C.c_int32),
+        ("hostpid", C.c_int32),
+        ("used", DevMemV1 * 16),
+        ("monitorused", C.c_uint64 * 16),
+        ("device_util", DevUtilV1 * 16),
+        ("status", C.c_int32),
+        ("seqlock", C.c_uint64),
+        ("unused", C.c_uint64 * 2),
+    ]
 
 
 class RegionV1(C.Structure):
-    _fields_ = [("initialized_flag", C.c_int32), ("major_version", C.c_int32), ("minor_version", C.c_int32),
-                ("sm_init_flag", C.c_int32), ("owner_pid", C.c_uint64), ("sem", C.c_ubyte * 32),
-                ("device_num", C.c_uint64), ("uuids", (C.c_char * 96) * 16), ("limit", C.c_uint64 * 16),
-                ("sm_limit", C.c_uint64 * 16), ("procs", SlotV1 * 1024), ("proc_num", C.c_int32),
-                ("utilization_switch", C.c_int32), ("recent_kernel", C.c_int32), ("priority", C.c_int32),
-                ("last_kernel_time", C.c_int64), ("unused", C.c_uint64 * 4)]
+    _fields_ = [
+        ("initialized_flag", C.c_int32),
+        ("major_version", C.c_int32),
+        ("minor_version", C.c_int32),
+        ("sm_init_flag", C.c_int32),
+        ("owner_pid", C.c_uint64),
+        ("sem", C.c_ubyte * 32),
+        ("device_num", C.c_uint64),
+        ("uuids", (C.c_char * 96) * 16),
+        ("limit", C.c_uint64 * 16),
+        ("sm_limit", C.c_uint64 * 16),
+        ("procs", SlotV1 * 1024),
+        ("proc_num", C.c_int32),
+        ("utilization_switch", C.c_int32),
+        ("recent_kernel", C.c_int32),
+        ("priority", C.c_int32),
+        ("last_kernel_time", C.c_int64),
+        ("unused", C.c_uint64 * 4),
+    ]
 
 
 class DevMemV0(C.Structure):
-    _fields_ = [("context_size", C.c_uint64), ("module_size", C.c_uint64), ("data_size", C.c_uint64),
-                ("offset", C.c_uint64), ("total", C.c_uint64)]
+    _fields_ = [
+        ("context_size", C.c_uint64),
+        ("module_size", C.c_uint64),
+        ("data_size", C.c_uint64),
+        ("offset", C.c_uint64),
+        ("total", C.c_uint64),
+    ]
 
 
 class DevUtilV0(C.Structure):
@@ -45,16 +77,32 @@ class DevUtilV0(C.Structure):
 
 
 class SlotV0(C.Structure):
-    _fields_ = [("pid", C.c_int32), ("hostpid", C.c_int32), ("used", DevMemV0 * 16), ("monitorused", C.c_uint64 * 16),
-                ("device_util", DevUtilV0 * 16), ("status", C.c_int32)]
+    _fields_ = [
+        ("pid", C.c_int32),
+        ("hostpid", C.c_int32),
+        ("used", DevMemV0 * 16),
+        ("monitorused", C.c_uint64 * 16),
+        ("device_util", DevUtilV0 * 16),
+        ("status", C.c_int32),
+    ]
 
 
 class RegionV0(C.Structure):
-    _fields_ = [("initialized_flag", C.c_int32), ("sm_init_flag", C.c_int32), ("owner_pid", C.c_uint32),
-                ("sem", C.c_ubyte * 32), ("device_num", C.c_uint64), ("uuids", (C.c_char * 96) * 16),
-                ("limit", C.c_uint64 * 16), ("sm_limit", C.c_uint64 * 16), ("procs", SlotV0 * 1024),
-                ("proc_num", C.c_int32), ("utilization_switch", C.c_int32), ("recent_kernel", C.c_int32),
-                ("priority", C.c_int32)]
+    _fields_ = [
+        ("initialized_flag", C.c_int32),
+        ("sm_init_flag", C.c_int32),
+        ("owner_pid", C.c_uint32),
+        ("sem", C.c_ubyte * 32),
+        ("device_num", C.c_uint64),
+        ("uuids", (C.c_char * 96) * 16),
+        ("limit", C.c_uint64 * 16),
+        ("sm_limit", C.c_uint64 * 16),
+        ("procs", SlotV0 * 1024),
+        ("proc_num", C.c_int32),
+        ("utilization_switch", C.c_int32),
+        ("recent_kernel", C.c_int32),
+        ("priority", C.c_int32),
+    ]
 
 
 assert C.sizeof(RegionV1) == 2008952 and C.sizeof(SlotV1) == 1960
@@ -71,9 +119,22 @@ class Proc:
     sm_util: dict[int, int] = field(default_factory=dict)
 
 
-def build(uuids=("GPU-a",), limits=(1 << 30,), sm_limits=(50,), procs=(), *, version="v1", priority=1,
-          recent_kernel=0, utilization_switch=1, last_kernel_time=0, proc_num=None, magic=MAGIC, major=1,
-          device_num=None) -> bytes:
+def build(
+    uuids=("GPU-a",),
+    limits=(1 << 30,),
+    sm_limits=(50,),
+    procs=(),
+    *,
+    version="v1",
+    priority=1,
+    recent_kernel=0,
+    utilization_switch=1,
+    last_kernel_time=0,
+    proc_num=None,
+    magic=MAGIC,
+    major=1,
+    device_num=None,
+) -> bytes:
     r = (RegionV1 if version == "v1" else RegionV0)()
     r.initialized_flag = magic
     if version == "v1":

@@ -19,9 +19,12 @@ def config(device_config: DeviceConfig | None = None, **kw: Any) -> SchedulerCon
 
 def node(name: str, annotations: Mapping[str, str] | None = None, capacity: Mapping[str, Any] | None = None) -> dict:
     cap = {k: str(v) for k, v in (capacity or {}).items()}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": dict(annotations or {})},
-            "status": {"capacity": cap, "allocatable": dict(cap)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": dict(annotations or {})},
+        "status": {"capacity": cap, "allocatable": dict(cap)},
+    }
 
 
 def ctr(name: str = "main", limits: Mapping[str, Any] | None = None, requests: Mapping[str, Any] | None = None) -> dict:
@@ -31,19 +34,24 @@ def ctr(name: str = "main", limits: Mapping[str, Any] | None = None, requests: M
     return {"name": name, "image": "ubuntu:22.04", "resources": res}
 
 
-def pod(name: str, containers: Iterable[dict], annotations: Mapping[str, str] | None = None,
-        ns: str = "default") -> dict:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "annotations": dict(annotations or {})},
-            "spec": {"schedulerName": "hami-scheduler", "containers": list(containers)}}
+def pod(
+    name: str, containers: Iterable[dict], annotations: Mapping[str, str] | None = None, ns: str = "default"
+) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "annotations": dict(annotations or {})},
+        "spec": {"schedulerName": "hami-scheduler", "containers": list(containers)},
+    }
 
 
 def admit(p: dict, cfg: SchedulerConfig) -> dict:
     return admit_pod(p, cfg.vendors)[0]
 
 
-def place(nodes: list[dict], pods: list[dict], cfg: SchedulerConfig | None = None,
-          placed: Iterable[dict] = ()) -> list[FilterResult]:
+def place(
+    nodes: list[dict], pods: list[dict], cfg: SchedulerConfig | None = None, placed: Iterable[dict] = ()
+) -> list[FilterResult]:
     """Schedule ``pods`` in order (after admission) on ``nodes``; earlier decisions are reserved."""
     cfg = cfg or config()
     ledger, warnings = rebuild(nodes, list(placed), cfg.vendors)

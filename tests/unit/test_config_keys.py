@@ -36,8 +36,9 @@ def _settings(tmp_path, yaml_text: str = "", node_entry: dict | None = None):
 
 def _response(settings, mem: int = 3000, cores: int = 30):
     pod = PodView("ns", "p", "uid-1", {}, (ContainerView("main"),))
-    grant = Grant(0, ContainerView("main"), (ContainerDevice(uuid=U0, type="NVIDIA", usedmem=mem, index=0,
-                                                             usedcores=cores),))
+    grant = Grant(
+        0, ContainerView("main"), (ContainerDevice(uuid=U0, type="NVIDIA", usedmem=mem, index=0, usedcores=cores),)
+    )
     return build_response(pod, grant, settings, HookPaths())
 
 
@@ -49,28 +50,44 @@ def _state(settings):
 # keys that work on the node: each one's effect, from the file a user writes
 
 
-@pytest.mark.parametrize("yaml_text,node_entry,probe,expected", [
-    ("nvidia: {deviceSplitCount: 4}\n", None, lambda s: len(_state(s).kubelet_devices()), 4),
-    ("", {"devicesplitcount": 3}, lambda s: len(_state(s).kubelet_devices()), 3),
-    ("nvidia: {deviceMemoryScaling: 2}\n", None, lambda s: _state(s).registration()[0].devmem, 30720),
-    ("nvidia: {deviceMemoryScaling: 2}\n", None, lambda s: _response(s).envs.get("CUDA_OVERSUBSCRIBE"), "true"),
-    ("", {"devicememoryscaling": 1.5}, lambda s: _state(s).registration()[0].devmem, 23040),
-    ("nvidia: {deviceCoreScaling: 2}\n", None, lambda s: _state(s).registration()[0].devcore, 200),
-    ("", {"devicecorescaling": 0.5}, lambda s: _state(s).registration()[0].devcore, 50),
-    ("nvidia: {disableCoreLimit: true}\n", None, lambda s: _response(s).envs.get("GPU_CORE_UTILIZATION_POLICY"),
-     "disable"),
-    ("nvidia: {gpuCorePolicy: force}\n", None, lambda s: _response(s).envs.get("GPU_CORE_UTILIZATION_POLICY"), "force"),
-    ("nvidia: {libCudaLogLevel: 4}\n", None, lambda s: _response(s).envs.get("LIBCUDA_LOG_LEVEL"), "4"),
-    ("", {"libcudaloglevel": "3"}, lambda s: _response(s).envs.get("LIBCUDA_LOG_LEVEL"), "3"),
-    ("nvidia: {enableNumaTopology: true}\n", None, lambda s: _state(s).kubelet_devices()[0][2], 1),
-    ("", {"enablenumatopology": True}, lambda s: _state(s).kubelet_devices()[0][2], 1),
-    ("nvidia: {resourceCountName: example.com/vgpu}\n", None, lambda s: s.socket_name, "nvidia-vgpu.sock"),
-    ("nvidia: {resourcePriorityName: example.com/prio}\n", None, lambda s: s.priority_resource, "example.com/prio"),
-    ("", {"operatingmode": "mig"}, lambda s: _state(s).registration()[0].mode, "mig"),
-    ("", {"enablegetpreferredallocation": True}, lambda s: s.enable_preferred_allocation, True),
-    ("", {"filterdevices": {"uuid": [U0], "index": [1]}}, lambda s: (s.filter_uuids, s.filter_indexes),
-     ({U0}, {1})),
-])
+@pytest.mark.parametrize(
+    "yaml_text,node_entry,probe,expected",
+    [
+        ("nvidia: {deviceSplitCount: 4}\n", None, lambda s: len(_state(s).kubelet_devices()), 4),
+        ("", {"devicesplitcount": 3}, lambda s: len(_state(s).kubelet_devices()), 3),
+        ("nvidia: {deviceMemoryScaling: 2}\n", None, lambda s: _state(s).registration()[0].devmem, 30720),
+        ("nvidia: {deviceMemoryScaling: 2}\n", None, lambda s: _response(s).envs.get("CUDA_OVERSUBSCRIBE"), "true"),
+        ("", {"devicememoryscaling": 1.5}, lambda s: _state(s).registration()[0].devmem, 23040),
+        ("nvidia: {deviceCoreScaling: 2}\n", None, lambda s: _state(s).registration()[0].devcore, 200),
+        ("", {"devicecorescaling": 0.5}, lambda s: _state(s).registration()[0].devcore, 50),
+        (
+            "nvidia: {disableCoreLimit: true}\n",
+            None,
+            lambda s: _response(s).envs.get("GPU_CORE_UTILIZATION_POLICY"),
+            "disable",
+        ),
+        (
+            "nvidia: {gpuCorePolicy: force}\n",
+            None,
+            lambda s: _response(s).envs.get("GPU_CORE_UTILIZATION_POLICY"),
+            "force",
+        ),
+        ("nvidia: {libCudaLogLevel: 4}\n", None, lambda s: _response(s).envs.get("LIBCUDA_LOG_LEVEL"), "4"),
+        ("", {"libcudaloglevel": "3"}, lambda s: _response(s).envs.get("LIBCUDA_LOG_LEVEL"), "3"),
+        ("nvidia: {enableNumaTopology: true}\n", None, lambda s: _state(s).kubelet_devices()[0][2], 1),
+        ("", {"enablenumatopology": True}, lambda s: _state(s).kubelet_devices()[0][2], 1),
+        ("nvidia: {resourceCountName: example.com/vgpu}\n", None, lambda s: s.socket_name, "nvidia-vgpu.sock"),
+        ("nvidia: {resourcePriorityName: example.com/prio}\n", None, lambda s: s.priority_resource, "example.com/prio"),
+        ("", {"operatingmode": "mig"}, lambda s: _state(s).registration()[0].mode, "mig"),
+        ("", {"enablegetpreferredallocation": True}, lambda s: s.enable_preferred_allocation, True),
+        (
+            "",
+            {"filterdevices": {"uuid": [U0], "index": [1]}},
+            lambda s: (s.filter_uuids, s.filter_indexes),
+            ({U0}, {1}),
+        ),
+    ],
+)
 def test_node_agent_key_takes_effect(tmp_path, yaml_text, node_entry, probe, expected):
     assert probe(_settings(tmp_path, yaml_text, node_entry)) == expected
 
@@ -115,12 +132,16 @@ def _nvml(monkeypatch, supported: dict[int, int | None]) -> None:
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: b"NVIDIA GB10")
 
 
-@pytest.mark.parametrize("yaml_text,node_entry", [
-    ("nvidia: {preConfiguredDeviceMemory: 98304}\n", None),
-    ("", {"preconfigureddevicememory": 98304}),
-])
-def test_preconfigured_device_memory_stands_in_when_nvml_cannot_report_memory(tmp_path, monkeypatch, yaml_text,
-                                                                              node_entry):
+@pytest.mark.parametrize(
+    "yaml_text,node_entry",
+    [
+        ("nvidia: {preConfiguredDeviceMemory: 98304}\n", None),
+        ("", {"preconfigureddevicememory": 98304}),
+    ],
+)
+def test_preconfigured_device_memory_stands_in_when_nvml_cannot_report_memory(
+    tmp_path, monkeypatch, yaml_text, node_entry
+):
     _nvml(monkeypatch, {0: None, 1: 16384})
     settings = _settings(tmp_path, yaml_text, node_entry)
     gpus = nvml.discover(settings, tmp_path)
@@ -145,8 +166,19 @@ def _plugin_start(capsys, tmp_path, yaml_text: str = "", node_entry: dict | None
     dc.write_text(yaml_text or "nvidia: {resourceCountName: nvidia.com/gpu}\n")
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", **(node_entry or {})}]}))
-    code = main(["device-plugin", "--node-name", "n1", "--config-file", str(dc), "--node-config", str(cfg),
-                 "--nvml-library", str(tmp_path / "no-nvml.so")])
+    code = main(
+        [
+            "device-plugin",
+            "--node-name",
+            "n1",
+            "--config-file",
+            str(dc),
+            "--node-config",
+            str(cfg),
+            "--nvml-library",
+            str(tmp_path / "no-nvml.so"),
+        ]
+    )
     return code, capsys.readouterr().err
 
 
@@ -168,12 +200,18 @@ def test_operatingmode_mps_stops_the_plugin_before_nvml(capsys, tmp_path):
     assert "NVML" not in err  # refused on the configuration, not on the missing driver
 
 
-@pytest.mark.parametrize("yaml_text,key,value", [
-    ("metax: {sgpuTopologyAware: true}\n", "metax.sgpuTopologyAware", "True"),
-    ("enflame: {resourceNameVGCU: example.com/vgcu}\n", "enflame.resourceNameVGCU", "'example.com/vgcu'"),
-    ("enflame: {resourceNameVGCUPercentage: example.com/pct}\n", "enflame.resourceNameVGCUPercentage",
-     "'example.com/pct'"),
-])
+@pytest.mark.parametrize(
+    "yaml_text,key,value",
+    [
+        ("metax: {sgpuTopologyAware: true}\n", "metax.sgpuTopologyAware", "True"),
+        ("enflame: {resourceNameVGCU: example.com/vgcu}\n", "enflame.resourceNameVGCU", "'example.com/vgcu'"),
+        (
+            "enflame: {resourceNameVGCUPercentage: example.com/pct}\n",
+            "enflame.resourceNameVGCUPercentage",
+            "'example.com/pct'",
+        ),
+    ],
+)
 def test_unimplemented_vendor_keys_stop_the_scheduler_and_the_plugin(capsys, tmp_path, yaml_text, key, value):
     message = _scheduler_start(tmp_path, yaml_text)
     assert f"{key}: " in message and f"(got {value})" in message and "\n" not in message
@@ -184,14 +222,18 @@ def test_unimplemented_vendor_keys_stop_the_scheduler_and_the_plugin(capsys, tmp
 def test_hamis_stock_values_of_those_keys_are_accepted(tmp_path):
     """HAMi's own device-config.yaml carries the legacy vGCU names and sgpuTopologyAware: false."""
     dc = tmp_path / "device-config.yaml"
-    dc.write_text("enflame: {resourceNameVGCU: enflame.com/vgcu, resourceNameVGCUPercentage: enflame.com/vgcu-percentage}\n"
-                  "metax: {sgpuTopologyAware: false}\n")
+    dc.write_text(
+        "enflame: {resourceNameVGCU: enflame.com/vgcu, resourceNameVGCUPercentage: enflame.com/vgcu-percentage}\n"
+        "metax: {sgpuTopologyAware: false}\n"
+    )
     parser = argparse.ArgumentParser()
     scheduler_arguments(parser)
     options_from_args(parser.parse_args([f"--device-config-file={dc}"]))
 
 
-@pytest.mark.parametrize("flag", ["--gds-enabled", "--pass-device-specs", "--nvidia-driver-root=/", "--device-id-strategy=index"])
+@pytest.mark.parametrize(
+    "flag", ["--gds-enabled", "--pass-device-specs", "--nvidia-driver-root=/", "--device-id-strategy=index"]
+)
 def test_hami_plugin_flags_we_do_not_have_are_refused_by_name(capsys, flag):
     with pytest.raises(SystemExit) as exc:
         main(["device-plugin", "--node-name", "n1", flag])
@@ -203,19 +245,25 @@ def test_hami_plugin_flags_we_do_not_have_are_refused_by_name(capsys, flag):
 # the webhook routes a vendor's pods exactly when that vendor's section is in device-config.yaml
 
 
-@pytest.mark.parametrize("sections,routed", [
-    ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}}, False),
-    ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}, "cambricon": {}}, True),
-    ({"cambricon": {"resourceCountName": "cambricon.com/mlu-renamed"}}, False),  # renamed: the old name is not ours
-])
+@pytest.mark.parametrize(
+    "sections,routed",
+    [
+        ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}}, False),
+        ({"nvidia": {"resourceCountName": "nvidia.com/gpu"}, "cambricon": {}}, True),
+        ({"cambricon": {"resourceCountName": "cambricon.com/mlu-renamed"}}, False),  # renamed: the old name is not ours
+    ],
+)
 def test_webhook_routing_follows_the_enabled_vendors(sections, routed):
     from hami.config import device_config_from_dict
     from hami.vendors import build_vendors
     from hami.webhook.admission import AdmissionSettings, decide
 
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
-           "spec": {"containers": [{"name": "main", "image": "x",
-                                    "resources": {"limits": {"cambricon.com/vmlu": "1"}}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team"},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": {"cambricon.com/vmlu": "1"}}}]},
+    }
     decision = decide(pod, AdmissionSettings(build_vendors(device_config_from_dict(sections))))
     assert decision.allowed
     assert ((decision.pod or {}).get("spec", {}).get("schedulerName") == "hami-scheduler") == routed

@@ -35,22 +35,27 @@ def test_json_missing_health_means_unhealthy():
 
 
 def test_json_custominfo_and_mig_profiles_are_read():
-    text = ('[{"id":"GPU-a","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA-A100","mode":"mig","health":true,'
-            '"migProfiles":[{"name":"2g.10gb","memoryMB":9984,"core":29,"sliceCount":2,'
-            '"placements":[{"start":0,"size":2}]}],"custominfo":{"NetworkID":3}}]')
+    text = (
+        '[{"id":"GPU-a","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA-A100","mode":"mig","health":true,'
+        '"migProfiles":[{"name":"2g.10gb","memoryMB":9984,"core":29,"sliceCount":2,'
+        '"placements":[{"start":0,"size":2}]}],"custominfo":{"NetworkID":3}}]'
+    )
     (dev,) = decode_node_devices_json(text)
     assert dev.mig_profiles[0].name == "2g.10gb" and dev.mig_profiles[0].placements == ((0, 2),)
     assert dev.custominfo == {"NetworkID": 3}
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("not json", "not valid JSON"),
-    ('{"id":"x"}', "JSON array"),
-    ('[{"id":"GPU-a","devmem":"lots"}]', "'devmem'"),
-    ('[{"id":"GPU-a","health":"yes"}]', "'health'"),
-    ('[{"count":1}]', "'id'"),
-    ('[{"id":"GPU-a","count":-1}]', "'count'"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("not json", "not valid JSON"),
+        ('{"id":"x"}', "JSON array"),
+        ('[{"id":"GPU-a","devmem":"lots"}]', "'devmem'"),
+        ('[{"id":"GPU-a","health":"yes"}]', "'health'"),
+        ('[{"count":1}]', "'id'"),
+        ('[{"id":"GPU-a","count":-1}]', "'count'"),
+    ],
+)
 def test_json_errors_name_the_field(text, needle):
     with pytest.raises(CodecError, match=needle):
         decode_node_devices_json(text)
@@ -81,35 +86,41 @@ def test_legacy_seven_fields_default_mode_and_go_bools():
     assert dev.mode == "hami-core" and dev.index == 0 and dev.health is True
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("GPU-1,10,1,100,T4,0,true", "no ':'"),
-    ("GPU-1,10,1,100,T4,0,true,0:", "7 or 9"),
-    ("GPU-1,ten,1,100,T4,0,true:", "'count'"),
-    ("GPU-1,10,1,100,T4,0,maybe:", "'health'"),
-    ("GPU-1,-10,1,100,T4,0,true:", "'count' must not be negative, got '-10'"),
-    ("GPU-1,10,-1,100,T4,0,true:", "'devmem' must not be negative"),
-    ("GPU-1,10,1,-100,T4,0,true:", "'devcore' must not be negative"),
-    ("GPU-1,10,1,100,T4,0,true,-2,hami-core:", "'index' must not be negative"),
-    ("GPU-1,2147483648,1,100,T4,0,true:", "'count' must be in 0..2147483647"),  # beyond int32
-    ("GPU-1,\u0661\u0660,1,100,T4,0,true:", "'count'"),  # Arabic-Indic digits int() would take
-    ("GPU-1,1_0,1,100,T4,0,true:", "'count'"),
-    ("GPU-1, 10,1,100,T4,0,true:", "'count'"),
-    ("GPU-1,99999999999999999999,1,100,T4,0,true:", "'count'"),  # beyond int64
-    ("GPU-1,10,1,100,T4,x,true:", "'numa' must be an integer"),
-    (",10,1,100,T4,0,true:", "'id' is empty"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("GPU-1,10,1,100,T4,0,true", "no ':'"),
+        ("GPU-1,10,1,100,T4,0,true,0:", "7 or 9"),
+        ("GPU-1,ten,1,100,T4,0,true:", "'count'"),
+        ("GPU-1,10,1,100,T4,0,maybe:", "'health'"),
+        ("GPU-1,-10,1,100,T4,0,true:", "'count' must not be negative, got '-10'"),
+        ("GPU-1,10,-1,100,T4,0,true:", "'devmem' must not be negative"),
+        ("GPU-1,10,1,-100,T4,0,true:", "'devcore' must not be negative"),
+        ("GPU-1,10,1,100,T4,0,true,-2,hami-core:", "'index' must not be negative"),
+        ("GPU-1,2147483648,1,100,T4,0,true:", "'count' must be in 0..2147483647"),  # beyond int32
+        ("GPU-1,\u0661\u0660,1,100,T4,0,true:", "'count'"),  # Arabic-Indic digits int() would take
+        ("GPU-1,1_0,1,100,T4,0,true:", "'count'"),
+        ("GPU-1, 10,1,100,T4,0,true:", "'count'"),
+        ("GPU-1,99999999999999999999,1,100,T4,0,true:", "'count'"),  # beyond int64
+        ("GPU-1,10,1,100,T4,x,true:", "'numa' must be an integer"),
+        (",10,1,100,T4,0,true:", "'id' is empty"),
+    ],
+)
 def test_legacy_errors(text, needle):
     with pytest.raises(CodecError, match=needle):
         decode_node_devices_legacy(text)
 
 
-@pytest.mark.parametrize("text", [
-    "GPU-0fc3,NVIDIA,3000,0:;GPU-0fc3,NVIDIA,5000,0:;",
-    ";GPU-aa,NVIDIA,2000,30:;",
-    "GPU-a,NVIDIA,1000,10:GPU-b,NVIDIA,1000,10:;;",
-    ";;",
-    "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "GPU-0fc3,NVIDIA,3000,0:;GPU-0fc3,NVIDIA,5000,0:;",
+        ";GPU-aa,NVIDIA,2000,30:;",
+        "GPU-a,NVIDIA,1000,10:GPU-b,NVIDIA,1000,10:;;",
+        ";;",
+        "",
+    ],
+)
 def test_pod_allocation_round_trips_literal_hami_strings(text):
     assert encode_pod_devices(decode_pod_devices(text)) == text
 

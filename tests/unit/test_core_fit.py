@@ -23,8 +23,10 @@ from ._corekit import CONFIG, ctr, gpu, ledger, node, pod
 def occupy(led, node_name, idx, mem=0, cores=0, slots=1, name=None):
     """Put ``slots`` one-container pods on device ``idx`` of ``node_name``."""
     for s in range(slots):
-        raw = {"metadata": {"name": name or f"occ-{node_name}-{idx}-{s}-{mem}-{cores}", "namespace": "bg"},
-               "spec": {"containers": [{"name": "c"}]}}
+        raw = {
+            "metadata": {"name": name or f"occ-{node_name}-{idx}-{s}-{mem}-{cores}", "namespace": "bg"},
+            "spec": {"containers": [{"name": "c"}]},
+        }
         dev = ContainerDevice(f"GPU-{node_name}-{idx}", "NVIDIA", mem if s == 0 else 0, cores if s == 0 else 0)
         led.add_pod(make_allocation(raw, node_name, {"NVIDIA": ((dev,),)}))
 
@@ -38,31 +40,71 @@ def one(result):
 CASES = [
     ("fits", dict(n=2), [], (), [ctr(mem=1000, cores=10)], {}, "fit"),
     ("memory", dict(n=2, mem=1000), [], (), [ctr(mem=2000)], {}, "2/2 CardInsufficientMemory"),
-    ("cores", dict(n=2), [(0, 0, 80, 1), (1, 0, 80, 1)], (), [ctr(mem=10, cores=30)], {},
-     "2/2 CardInsufficientCore"),
+    ("cores", dict(n=2), [(0, 0, 80, 1), (1, 0, 80, 1)], (), [ctr(mem=10, cores=30)], {}, "2/2 CardInsufficientCore"),
     ("slots", dict(n=1, count=2), [(0, 0, 0, 2)], (), [ctr(mem=10, cores=1)], {}, "1/1 CardTimeSlicingExhausted"),
     ("bare gpu on a used card", dict(n=1), [(0, 10, 0, 1)], (), [ctr()], {}, "1/1 CardInsufficientMemory"),
-    ("exclusive on a used card", dict(n=1), [(0, 10, 0, 1)], (), [ctr(mem=100, cores=100)], {},
-     "1/1 ExclusiveDeviceAllocateConflict"),
-    ("0-core job on a fully booked card", dict(n=1), [(0, 10, 100, 1)], (), [ctr(mem=10, cores=0)], {},
-     "1/1 CardComputeUnitsExhausted"),
+    (
+        "exclusive on a used card",
+        dict(n=1),
+        [(0, 10, 0, 1)],
+        (),
+        [ctr(mem=100, cores=100)],
+        {},
+        "1/1 ExclusiveDeviceAllocateConflict",
+    ),
+    (
+        "0-core job on a fully booked card",
+        dict(n=1),
+        [(0, 10, 100, 1)],
+        (),
+        [ctr(mem=10, cores=0)],
+        {},
+        "1/1 CardComputeUnitsExhausted",
+    ),
     ("unhealthy", dict(n=1, health=False), [], (), [ctr(mem=10)], {}, "1/1 CardNotHealth"),
     ("cordoned", dict(n=2), [], (0, 1), [ctr(mem=10)], {}, "2/2 CardCordoned"),
     ("type use", dict(n=2), [], (), [ctr(mem=10)], {"nvidia.com/use-gputype": "A100"}, "2/2 CardTypeMismatch"),
-    ("type use substring, case-insensitive", dict(n=2), [], (), [ctr(mem=10)],
-     {"nvidia.com/use-gputype": "a100,t4"}, "fit"),
+    (
+        "type use substring, case-insensitive",
+        dict(n=2),
+        [],
+        (),
+        [ctr(mem=10)],
+        {"nvidia.com/use-gputype": "a100,t4"},
+        "fit",
+    ),
     ("type nouse", dict(n=2), [], (), [ctr(mem=10)], {"nvidia.com/nouse-gputype": "Tesla"}, "2/2 CardTypeMismatch"),
-    ("uuid use", dict(n=3), [], (), [ctr(mem=10)], {"nvidia.com/use-gpuuuid": "GPU-n-9"},
-     "3/3 CardUuidMismatch"),
-    ("uuid nouse", dict(n=2), [], (), [ctr(mem=10)], {"nvidia.com/nouse-gpuuuid": "GPU-n-0, GPU-n-1"},
-     "2/2 CardUuidMismatch"),
+    ("uuid use", dict(n=3), [], (), [ctr(mem=10)], {"nvidia.com/use-gpuuuid": "GPU-n-9"}, "3/3 CardUuidMismatch"),
+    (
+        "uuid nouse",
+        dict(n=2),
+        [],
+        (),
+        [ctr(mem=10)],
+        {"nvidia.com/nouse-gpuuuid": "GPU-n-0, GPU-n-1"},
+        "2/2 CardUuidMismatch",
+    ),
     ("vgpu-mode", dict(n=2), [], (), [ctr(mem=10)], {"nvidia.com/vgpu-mode": "mps"}, "2/2 CardTypeMismatch"),
     ("vgpu-mode ok", dict(n=2), [], (), [ctr(mem=10)], {"nvidia.com/vgpu-mode": "hami-core"}, "fit"),
     ("too many devices", dict(n=2), [], (), [ctr(gpu=3)], {}, "NodeInsufficientDevice"),
-    ("partial pick", dict(n=2, mem=1000), [(1, 500, 0, 1)], (), [ctr(gpu=2, mem=800)], {},
-     "1/2 AllocatedCardsInsufficientRequest, 1/2 CardInsufficientMemory"),
-    ("mutex policy", dict(n=2), [(0, 1, 1, 1), (1, 1, 1, 1)], (), [ctr(mem=10, cores=1)],
-     {"hami.io/gpu-scheduler-policy": "mutex"}, "2/2 ExclusiveDeviceAllocateConflict"),
+    (
+        "partial pick",
+        dict(n=2, mem=1000),
+        [(1, 500, 0, 1)],
+        (),
+        [ctr(gpu=2, mem=800)],
+        {},
+        "1/2 AllocatedCardsInsufficientRequest, 1/2 CardInsufficientMemory",
+    ),
+    (
+        "mutex policy",
+        dict(n=2),
+        [(0, 1, 1, 1), (1, 1, 1, 1)],
+        (),
+        [ctr(mem=10, cores=1)],
+        {"hami.io/gpu-scheduler-policy": "mutex"},
+        "2/2 ExclusiveDeviceAllocateConflict",
+    ),
     ("percentage", dict(n=1, mem=1000), [(0, 600, 0, 1)], (), [ctr(pct=50)], {}, "1/1 CardInsufficientMemory"),
     ("percentage fits", dict(n=1, mem=1000), [(0, 500, 0, 1)], (), [ctr(pct=50, cores=10)], {}, "fit"),
 ]
@@ -87,8 +129,13 @@ def test_numa_bind_keeps_devices_on_one_numa_node():
     led = ledger(node("n", n=4))
     led.set_node(type(led.node("n"))(name="n", devices=tuple(gpu("n", i, numa=i % 2) for i in range(4))))
     occupy(led, "n", 0, 15000, 0)  # numa 0 has one free card left (idx 2)
-    r = filter_pod(pod(containers=[ctr(gpu=2, mem=2000, cores=10)], annotations={"nvidia.com/numa-bind": "true"}),
-                   None, led, CONFIG, 0)
+    r = filter_pod(
+        pod(containers=[ctr(gpu=2, mem=2000, cores=10)], annotations={"nvidia.com/numa-bind": "true"}),
+        None,
+        led,
+        CONFIG,
+        0,
+    )
     assert r.node == "n"
     (devs,) = r.allocation.devices["NVIDIA"]
     assert sorted(d.uuid for d in devs) == ["GPU-n-1", "GPU-n-3"]
@@ -106,16 +153,23 @@ def test_pod_without_devices_passes_through():
 
 
 def test_annotations_written_on_success():
-    r = filter_pod(pod(containers=[ctr(mem=100, cores=5)], init=[ctr("init", gpu=None, mem=None)]),
-                   None, ledger(node("n", n=1)), CONFIG, 1234.9)
+    r = filter_pod(
+        pod(containers=[ctr(mem=100, cores=5)], init=[ctr("init", gpu=None, mem=None)]),
+        None,
+        ledger(node("n", n=1)),
+        CONFIG,
+        1234.9,
+    )
     assert r.annotations == {
-        "hami.io/vgpu-node": "n", "hami.io/vgpu-time": "1234",
+        "hami.io/vgpu-node": "n",
+        "hami.io/vgpu-time": "1234",
         "hami.io/vgpu-devices-allocated": ";GPU-n-0,NVIDIA,100,5:;",
         "hami.io/vgpu-devices-to-allocate": ";GPU-n-0,NVIDIA,100,5:;",
     }
 
 
 # ---------------------------------------------------------------- scoring and ties
+
 
 def test_node_binpack_prefers_fuller_node_and_spread_the_emptier():
     led = ledger(node("a", n=2), node("b", n=2))
@@ -149,18 +203,22 @@ def test_request_counts_in_device_score_with_weights():
     # is the smaller share of its memory
     led = ledger(node("n", n=1))
     led.set_node(type(led.node("n"))(name="n", devices=(gpu("n", 0, mem=8000), gpu("n", 1, mem=80000))))
-    p = pod(containers=[ctr(mem=4000, cores=0)],
-            annotations={"hami.io/device-scoring-weights": "slot=0,core=0,memory=1"})
+    p = pod(
+        containers=[ctr(mem=4000, cores=0)], annotations={"hami.io/device-scoring-weights": "slot=0,core=0,memory=1"}
+    )
     assert filter_pod(p, None, led, CONFIG, 0).allocation.devices["NVIDIA"][0][0].uuid == "GPU-n-1"
 
 
-@pytest.mark.parametrize("key,value", [
-    ("hami.io/device-scoring-weights", "slot=1,core=1"),
-    ("hami.io/device-scoring-weights", "slot=0,core=0,memory=0"),
-    ("hami.io/device-scoring-weights", "slot=-1,core=1,memory=1"),
-    ("hami.io/gpu-scheduler-policy", "fastest"),
-    ("hami.io/node-scheduler-policy", "random"),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("hami.io/device-scoring-weights", "slot=1,core=1"),
+        ("hami.io/device-scoring-weights", "slot=0,core=0,memory=0"),
+        ("hami.io/device-scoring-weights", "slot=-1,core=1,memory=1"),
+        ("hami.io/gpu-scheduler-policy", "fastest"),
+        ("hami.io/node-scheduler-policy", "random"),
+    ],
+)
 def test_bad_scheduling_annotations_are_errors(key, value):
     with pytest.raises(RequestError, match=key):
         filter_pod(pod(annotations={key: value}), None, ledger(node("n")), CONFIG, 0)
@@ -174,6 +232,7 @@ def test_comma_chain_numa_first_tries_the_highest_numa_node_as_hami():
 
 
 # ---------------------------------------------------------------- init containers and sidecars
+
 
 def test_collapse_peak_of_init_vs_sum_of_apps():
     d = lambda mem, cores: (ContainerDevice("GPU-x", "NVIDIA", mem, cores),)  # noqa: E731
@@ -205,8 +264,10 @@ def test_sidecar_and_app_must_fit_together_but_init_reuses_the_room():
 
 def test_shrink_after_init_containers_succeed():
     p = pod(containers=[ctr("app", mem=1000, cores=10)], init=[ctr("init", mem=8000, cores=10)])
-    p["metadata"]["annotations"] = {"hami.io/vgpu-node": "n",
-                                    "hami.io/vgpu-devices-allocated": "GPU-n-0,NVIDIA,8000,10:;GPU-n-0,NVIDIA,1000,10:;"}
+    p["metadata"]["annotations"] = {
+        "hami.io/vgpu-node": "n",
+        "hami.io/vgpu-devices-allocated": "GPU-n-0,NVIDIA,8000,10:;GPU-n-0,NVIDIA,1000,10:;",
+    }
     assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000
     p["status"] = {"initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]}
     assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 1000
@@ -215,6 +276,7 @@ def test_shrink_after_init_containers_succeed():
 
 
 # ---------------------------------------------------------------- ledger and quota
+
 
 def test_schedule_reserve_and_remove_restore_usage():
     led = ledger(node("n", n=1))
@@ -257,10 +319,13 @@ def test_quota_zero_blocks_and_cores_count():
 def test_reason_codes_render_like_hami():
     assert Reason.CARD_INSUFFICIENT_MEMORY.value == "CardInsufficientMemory"
     assert parse_reason("1/4 CardInsufficientMemory, 3/4 CardUuidMismatch") == {
-        "CardInsufficientMemory": (1, 4), "CardUuidMismatch": (3, 4)}
+        "CardInsufficientMemory": (1, 4),
+        "CardUuidMismatch": (3, 4),
+    }
 
 
 # ---------------------------------------------------------------- topology-aware
+
 
 def _topology_ledger():
     from hami.core import encode_node_devices_json, node_devices_from_object
@@ -268,11 +333,19 @@ def _topology_ledger():
 
     devs = [gpu("n", i) for i in range(4)]
     links = {(0, 1): 200, (2, 3): 100}
-    scores = {f"GPU-n-{a}": {f"GPU-n-{b}": links.get((min(a, b), max(a, b)), 10) for b in range(4) if b != a}
-              for a in range(4)}
-    obj = {"metadata": {"name": "n", "annotations": {
-        "hami.io/node-nvidia-register": encode_node_devices_json(devs),
-        "hami.io/node-nvidia-score": encode_pair_scores(scores)}}}
+    scores = {
+        f"GPU-n-{a}": {f"GPU-n-{b}": links.get((min(a, b), max(a, b)), 10) for b in range(4) if b != a}
+        for a in range(4)
+    }
+    obj = {
+        "metadata": {
+            "name": "n",
+            "annotations": {
+                "hami.io/node-nvidia-register": encode_node_devices_json(devs),
+                "hami.io/node-nvidia-score": encode_pair_scores(scores),
+            },
+        }
+    }
     return ledger(node_devices_from_object(obj, CONFIG.vendors))
 
 
@@ -291,10 +364,9 @@ def test_topology_aware_single_gpu_keeps_well_connected_groups_free():
 def test_malformed_pair_scores_name_the_annotation():
     from hami.core import CodecError, node_devices_from_object
 
-    obj = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-score": "[{\"uuid\": 3}]"}}}
+    obj = {"metadata": {"name": "n", "annotations": {"hami.io/node-nvidia-score": '[{"uuid": 3}]'}}}
     with pytest.raises(CodecError, match="hami.io/node-nvidia-score"):
         node_devices_from_object(obj, CONFIG.vendors)
-
 
 
 def test_quota_admission_check_counts_init_peak_and_sidecars():

@@ -8,15 +8,18 @@ from hami.vendors import NvidiaVendor
 NOW = datetime(2026, 11, 21, 22, 0, 0)
 
 
-@pytest.mark.parametrize("value,alloc,expect", [
-    (None, 0, (True, True, "Requesting_2026-11-21 22:00:00")),
-    ("Reported 2026-11-21 21:59:00 +0000 UTC", 0, (True, True, "Requesting_2026-11-21 22:00:00")),
-    ("Requesting_2026-11-21 21:59:30", 0, (True, False, None)),  # fresh
-    ("Requesting_2026-11-21 21:58:00", 0, (False, False, None)),  # expired, nothing allocatable
-    ("Requesting_2026-11-21 21:58:00", 80, (True, False, None)),  # expired but still allocatable
-    ("Requesting_garbage", 0, (True, False, None)),  # unparsable time
-    ("Deleted_2026-11-21 21:00:00", 0, (True, True, "Requesting_2026-11-21 22:00:00")),
-])
+@pytest.mark.parametrize(
+    "value,alloc,expect",
+    [
+        (None, 0, (True, True, "Requesting_2026-11-21 22:00:00")),
+        ("Reported 2026-11-21 21:59:00 +0000 UTC", 0, (True, True, "Requesting_2026-11-21 22:00:00")),
+        ("Requesting_2026-11-21 21:59:30", 0, (True, False, None)),  # fresh
+        ("Requesting_2026-11-21 21:58:00", 0, (False, False, None)),  # expired, nothing allocatable
+        ("Requesting_2026-11-21 21:58:00", 80, (True, False, None)),  # expired but still allocatable
+        ("Requesting_garbage", 0, (True, False, None)),  # unparsable time
+        ("Deleted_2026-11-21 21:00:00", 0, (True, True, "Requesting_2026-11-21 22:00:00")),
+    ],
+)
 def test_generic_handshake(value, alloc, expect):
     v = handshake_health(value, alloc, NOW)
     assert (v.healthy, v.need_update, v.write_handshake) == expect
@@ -40,7 +43,9 @@ def test_nvidia_override_sequence():
 
 def test_vendor_check_health_reads_the_node():
     v = NvidiaVendor()
-    node = {"metadata": {"name": "n", "annotations": {v.register_annotation: "[]"}},
-            "status": {"allocatable": {"nvidia.com/gpu": "40"}}}
+    node = {
+        "metadata": {"name": "n", "annotations": {v.register_annotation: "[]"}},
+        "status": {"allocatable": {"nvidia.com/gpu": "40"}},
+    }
     verdict = v.check_health(node, NOW, HealthMemo())
     assert verdict.healthy and verdict.need_update and verdict.write_handshake == "Requesting_2026-11-21 22:00:00"

@@ -29,10 +29,20 @@ def clusters(draw, mig: bool = False):
             if mig and draw(st.integers(0, 2)) == 0:
                 devs.append(mig_gpu(str(n), i, numa=draw(st.integers(0, 1))))
                 continue
-            devs.append(DeviceInfo(
-                id=f"GPU-{n}-{i}", index=i, count=draw(st.integers(1, 4)), devmem=draw(st.sampled_from([1000, 4000, 8000])),
-                devcore=draw(st.sampled_from([100, 100, 200])), type=draw(st.sampled_from(["NVIDIA-T4", "NVIDIA-A100"])),
-                numa=draw(st.integers(0, 1)), mode="hami-core", health=draw(st.booleans()) or i == 0, vendor="NVIDIA"))
+            devs.append(
+                DeviceInfo(
+                    id=f"GPU-{n}-{i}",
+                    index=i,
+                    count=draw(st.integers(1, 4)),
+                    devmem=draw(st.sampled_from([1000, 4000, 8000])),
+                    devcore=draw(st.sampled_from([100, 100, 200])),
+                    type=draw(st.sampled_from(["NVIDIA-T4", "NVIDIA-A100"])),
+                    numa=draw(st.integers(0, 1)),
+                    mode="hami-core",
+                    health=draw(st.booleans()) or i == 0,
+                    vendor="NVIDIA",
+                )
+            )
         cordon = frozenset(d.id for d in devs if draw(st.integers(0, 9)) == 0)
         nodes.append(NodeDevices(name=f"node-{n}", devices=tuple(devs), cordoned=cordon))
     return nodes
@@ -41,8 +51,10 @@ def clusters(draw, mig: bool = False):
 def containers(sidecars: bool):
     one = st.builds(
         lambda g, mem, pct, cores: ctr(gpu=g, mem=mem, pct=pct, cores=cores),
-        st.integers(1, 3), st.one_of(st.none(), st.sampled_from([500, 1000, 3000, 7000])),
-        st.one_of(st.none(), st.sampled_from([25, 50, 100])), st.one_of(st.none(), st.sampled_from([0, 10, 50, 100])),
+        st.integers(1, 3),
+        st.one_of(st.none(), st.sampled_from([500, 1000, 3000, 7000])),
+        st.one_of(st.none(), st.sampled_from([25, 50, 100])),
+        st.one_of(st.none(), st.sampled_from([0, 10, 50, 100])),
     )
     return one
 
@@ -89,7 +101,7 @@ def check_capacity(led: Ledger) -> None:
             assert 0 <= cores <= d.devcore, (d.id, cores, d.devcore)
             assert d.health == registered[d.id], d.id  # our own decisions are never inconsistent
         for uuid, pieces in led.slices(name).items():
-            assert not any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1:]), (uuid, pieces)
+            assert not any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1 :]), (uuid, pieces)
 
 
 def oracle_fits(led: Ledger, p: dict) -> bool:
@@ -104,10 +116,15 @@ def oracle_fits(led: Ledger, p: dict) -> bool:
                 good = 0
                 for d, used, mem, cores in rows:
                     need = r.memreq or (d.devmem * r.mem_percentage // 100 if r.mem_percentage != PERCENT_UNSET else 0)
-                    good += (d.health and d.id not in cordoned and used < d.count and d.devmem - mem >= need
-                             and d.devcore - cores >= r.coresreq
-                             and not (d.devcore == 100 and r.coresreq == 100 and used > 0)
-                             and not (d.devcore and cores == d.devcore and r.coresreq == 0))
+                    good += (
+                        d.health
+                        and d.id not in cordoned
+                        and used < d.count
+                        and d.devmem - mem >= need
+                        and d.devcore - cores >= r.coresreq
+                        and not (d.devcore == 100 and r.coresreq == 100 and used > 0)
+                        and not (d.devcore and cores == d.devcore and r.coresreq == 0)
+                    )
                 ok = ok and good >= r.nums
         if ok:
             return True

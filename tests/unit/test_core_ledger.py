@@ -16,12 +16,17 @@ def placed(name, node_name, value, ns="default", **extra):
 
 
 def test_rebuild_from_objects_with_warnings():
-    nodes = [node_obj("a"), node_obj("b", **{"hami.io/device-cordon": "GPU-b-1"}),
-             {"metadata": {"name": "bad", "annotations": {"hami.io/node-nvidia-register": "[{"}}}]
-    pods = [placed("p1", "a", "GPU-a-0,NVIDIA,3000,30:;"),
-            placed("p2", "a", "GPU-a-0,NVIDIA,1000,10:;"),
-            placed("broken", "a", "GPU-a-0,NVIDIA:;"),
-            placed("done", "a", "GPU-a-1,NVIDIA,1000,10:;", status={"phase": "Succeeded"})]
+    nodes = [
+        node_obj("a"),
+        node_obj("b", **{"hami.io/device-cordon": "GPU-b-1"}),
+        {"metadata": {"name": "bad", "annotations": {"hami.io/node-nvidia-register": "[{"}}},
+    ]
+    pods = [
+        placed("p1", "a", "GPU-a-0,NVIDIA,3000,30:;"),
+        placed("p2", "a", "GPU-a-0,NVIDIA,1000,10:;"),
+        placed("broken", "a", "GPU-a-0,NVIDIA:;"),
+        placed("done", "a", "GPU-a-1,NVIDIA,1000,10:;", status={"phase": "Succeeded"}),
+    ]
     quotas = [{"metadata": {"name": "q", "namespace": "default"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "x"}}}]
     led, warnings = rebuild(nodes, pods, CONFIG.vendors, quotas)
     assert led.node_names() == ["a", "b"]

@@ -35,11 +35,25 @@ def probe(i: int, g: int, mem: int, cores: int) -> dict:
 @st.composite
 def cases(draw):
     shapes = draw(st.lists(st.sampled_from(SHAPES), min_size=5, max_size=12))
-    arrivals = draw(st.lists(st.tuples(st.integers(1, 2), st.sampled_from([1000, 2000, 4000]),
-                                       st.sampled_from([0, 10, 30, 60]), st.integers(0, 11)), max_size=40))
+    arrivals = draw(
+        st.lists(
+            st.tuples(
+                st.integers(1, 2),
+                st.sampled_from([1000, 2000, 4000]),
+                st.sampled_from([0, 10, 30, 60]),
+                st.integers(0, 11),
+            ),
+            max_size=40,
+        )
+    )
     deletions = draw(st.lists(st.integers(0, 39), max_size=10))
-    pods = draw(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([500, 3000, 9000]),
-                                   st.sampled_from([0, 20, 100])), min_size=1, max_size=4))
+    pods = draw(
+        st.lists(
+            st.tuples(st.integers(1, 3), st.sampled_from([500, 3000, 9000]), st.sampled_from([0, 20, 100])),
+            min_size=1,
+            max_size=4,
+        )
+    )
     return shapes, arrivals, deletions, pods, draw(st.sampled_from(["binpack", "spread"]))
 
 
@@ -51,8 +65,9 @@ def oracle(led: Ledger, p: dict, cfg: SchedulerConfig, policy: str) -> str | Non
 
     def score(n: str) -> float:
         s = led.summary(n)
-        return node_score(s.used + nums, s.count, s.usedcores + cores * nums, s.totalcore,
-                          s.usedmem + mem * nums, s.totalmem)
+        return node_score(
+            s.used + nums, s.count, s.usedcores + cores * nums, s.totalcore, s.usedmem + mem * nums, s.totalmem
+        )
 
     for n in sorted(led.node_names(), key=lambda n: (sign * score(n), n)):
         if filter_pod(p, [n], led, cfg, 0.0).node == n:
@@ -120,7 +135,9 @@ def test_ranking_orders_by_usage_within_a_shape_ties_by_name():
     assert list(fullest) == ["d", "a", "b", "c"]
     r.update("d", shape, (), 10, 0, 0)  # full: moves to another group
     assert sorted((sorted(o.items()), list(n)) for _, o, n in r.groups(fullest_first=True)) == [
-        ([], ["d"]), ([("NVIDIA", (1023, 100))], ["a", "b", "c"])]
+        ([], ["d"]),
+        ([("NVIDIA", (1023, 100))], ["a", "b", "c"]),
+    ]
     r.remove("d")
     r.remove("d")  # twice: nothing happens
     assert len(r) == 3

@@ -16,15 +16,18 @@ def limits(p, i=0):
     return p["spec"]["containers"][i]["resources"]["limits"]
 
 
-@pytest.mark.parametrize("limits_in,expect", [
-    # (limits, (nums, memreq, pct, cores))
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}, (1, 3000, PERCENT_UNSET, 30)),
-    ({"nvidia.com/gpu": 2}, (2, 0, 100, 0)),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, (1, 0, 50, 0)),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0}, (1, 0, 100, 0)),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}, (1, 0, 100, 100)),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2k"}, (1, 2000, PERCENT_UNSET, 0)),
-])
+@pytest.mark.parametrize(
+    "limits_in,expect",
+    [
+        # (limits, (nums, memreq, pct, cores))
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}, (1, 3000, PERCENT_UNSET, 30)),
+        ({"nvidia.com/gpu": 2}, (2, 0, 100, 0)),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, (1, 0, 50, 0)),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 0}, (1, 0, 100, 0)),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}, (1, 0, 100, 100)),
+        ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2k"}, (1, 2000, PERCENT_UNSET, 0)),
+    ],
+)
 def test_request_parsing(limits_in, expect):
     r = req_of({"name": "c", "resources": {"limits": limits_in}})
     assert (r.nums, r.memreq, r.mem_percentage, r.coresreq) == expect and r.type == "NVIDIA"
@@ -36,8 +39,10 @@ def test_no_count_means_no_request():
 
 
 def test_limits_win_over_requests():
-    c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 1,
-                                                                                   "nvidia.com/gpumem": 100}}}
+    c = {
+        "name": "c",
+        "resources": {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100}},
+    }
     r = req_of(c)
     assert r.nums == 2 and r.memreq == 100
 
@@ -50,17 +55,21 @@ def test_default_memory_and_cores_and_memory_factor():
     assert r.memreq == 200
 
 
-@pytest.mark.parametrize("limits_in,needle", [
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": -5}, "nvidia.com/gpumem"),
-    ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": "lots"}, "nvidia.com/gpumem"),
-    ({"nvidia.com/gpu": -1}, "nvidia.com/gpu"),
-])
+@pytest.mark.parametrize(
+    "limits_in,needle",
+    [
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": -5}, "nvidia.com/gpumem"),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": "lots"}, "nvidia.com/gpumem"),
+        ({"nvidia.com/gpu": -1}, "nvidia.com/gpu"),
+    ],
+)
 def test_bad_request_values_name_the_field(limits_in, needle):
     with pytest.raises(RequestError, match=needle):
         req_of({"name": "c", "resources": {"limits": limits_in}})
 
 
 # ---------------------------------------------------------------- admission (webhook defaults)
+
 
 def test_bare_gpu_becomes_exclusive():
     assert limits(pod(containers=[ctr(gpu=2)]))["nvidia.com/gpucores"] == 100
@@ -87,12 +96,19 @@ def test_percentage_out_of_range_is_rejected(pct):
 
 
 def test_admission_env_runtime_class_and_overwrite_env():
-    cfg = device_config_from_dict({"nvidia": {"runtimeClassName": "nvidia", "overwriteEnv": True,
-                                              "gpuCorePolicy": "force"}})
+    cfg = device_config_from_dict(
+        {"nvidia": {"runtimeClassName": "nvidia", "overwriteEnv": True, "gpuCorePolicy": "force"}}
+    )
     vendors = build_vendors(cfg)
-    raw = {"metadata": {"name": "p"}, "spec": {"containers": [
-        {"name": "g", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 0}}},
-        {"name": "cpu"}]}}
+    raw = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "g", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 0}}},
+                {"name": "cpu"},
+            ]
+        },
+    }
     out, uses = admit_pod(raw, vendors)
     assert uses and out["spec"]["runtimeClassName"] == "nvidia"
     env_g = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
@@ -110,10 +126,14 @@ def test_container_order_and_kinds():
     p = pod(containers=[ctr("app")], init=[ctr("init"), ctr("side", sidecar=True)])
     r = pod_request(p, CONFIG.vendors)
     assert [(c.name, c.kind) for c in r.containers] == [
-        ("init", ContainerKind.INIT), ("side", ContainerKind.SIDECAR), ("app", ContainerKind.APP)]
+        ("init", ContainerKind.INIT),
+        ("side", ContainerKind.SIDECAR),
+        ("app", ContainerKind.APP),
+    ]
 
 
 # ---------------------------------------------------------------- device-config.yaml
+
 
 def test_config_defaults_and_errors():
     cfg = load_device_config("nvidia:\n  deviceSplitCount: 4\n  defaultMemory: 1000\n")

@@ -4,13 +4,31 @@ import pytest
 
 from hami.core.shape import QTY, ListOf, MapOf, ShapeError, check
 
-SCHEMA = {"name": str, "labels": MapOf(str), "limits": MapOf(QTY), "ports": ListOf({"port": int}),
-          "args": ListOf(str), "privileged": bool, "spec": {"replicas": int}}
+SCHEMA = {
+    "name": str,
+    "labels": MapOf(str),
+    "limits": MapOf(QTY),
+    "ports": ListOf({"port": int}),
+    "args": ListOf(str),
+    "privileged": bool,
+    "spec": {"replicas": int},
+}
 
 # (description, value, error or None)
 CASES = [
-    ("every field right", {"name": "a", "labels": {"k": "v"}, "limits": {"gpu": 1, "mem": "2Gi"},
-                           "ports": [{"port": 80}], "args": ["x"], "privileged": True, "spec": {"replicas": 2}}, None),
+    (
+        "every field right",
+        {
+            "name": "a",
+            "labels": {"k": "v"},
+            "limits": {"gpu": 1, "mem": "2Gi"},
+            "ports": [{"port": 80}],
+            "args": ["x"],
+            "privileged": True,
+            "spec": {"replicas": 2},
+        },
+        None,
+    ),
     ("null fields count as absent", {"name": None, "labels": None, "ports": None, "spec": {"replicas": None}}, None),
     ("fields nobody reads are not looked at", {"other": {1: object()}}, None),
     ("object not a map", {"spec": [1]}, "x.spec: must be a map, got list [1]"),
@@ -21,9 +39,16 @@ CASES = [
     ("list not a list", {"args": "x"}, "x.args: must be a list, got string 'x'"),
     ("null list element", {"ports": [{"port": 1}, None]}, "x.ports[1]: must not be null"),
     ("list of strings, one not", {"args": ["a", 2]}, "x.args[1]: must be a string, got number 2"),
-    ("field inside a list element", {"ports": [{"port": "80"}]}, "x.ports[0].port: must be an integer, got string '80'"),
-    ("quantity of the wrong type", {"limits": {"gpu": True}}, "x.limits[gpu]: must be a quantity (string or number), "
-                                                               "got boolean True"),
+    (
+        "field inside a list element",
+        {"ports": [{"port": "80"}]},
+        "x.ports[0].port: must be an integer, got string '80'",
+    ),
+    (
+        "quantity of the wrong type",
+        {"limits": {"gpu": True}},
+        "x.limits[gpu]: must be a quantity (string or number), got boolean True",
+    ),
     ("int given a float", {"spec": {"replicas": 1.5}}, "x.spec.replicas: must be an integer, got number 1.5"),
     ("int given a bool", {"spec": {"replicas": False}}, "x.spec.replicas: must be an integer, got boolean False"),
     ("bool given an int", {"privileged": 1}, "x.privileged: must be a boolean, got number 1"),

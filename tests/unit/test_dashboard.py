@@ -13,9 +13,35 @@ from hami.scheduler.metrics import SIGNALS, metric_names
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "hami" / "dashboards" / "hami.json"
 PROMQL_WORDS = {
-    "sum", "count", "avg", "min", "max", "topk", "bottomk", "by", "without", "on", "ignoring", "group_left",
-    "group_right", "and", "or", "unless", "rate", "irate", "increase", "histogram_quantile", "vector", "label_values",
-    "offset", "bool", "abs", "clamp_min", "clamp_max", "time", "le",
+    "sum",
+    "count",
+    "avg",
+    "min",
+    "max",
+    "topk",
+    "bottomk",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "rate",
+    "irate",
+    "increase",
+    "histogram_quantile",
+    "vector",
+    "label_values",
+    "offset",
+    "bool",
+    "abs",
+    "clamp_min",
+    "clamp_max",
+    "time",
+    "le",
 }
 
 
@@ -87,10 +113,13 @@ def test_every_query_names_an_exported_metric_with_real_labels():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("expr, bad", [
-    ('sum(hami_gpu_memory_used_bytes)', "hami_gpu_memory_used_bytes"),
-    ('hami_vgpu_memory_used_bytes{nodeid="x"}', "nodeid"),
-])
+@pytest.mark.parametrize(
+    "expr, bad",
+    [
+        ("sum(hami_gpu_memory_used_bytes)", "hami_gpu_memory_used_bytes"),
+        ('hami_vgpu_memory_used_bytes{nodeid="x"}', "nodeid"),
+    ],
+)
 def test_the_checker_catches_wrong_names_and_labels(expr, bad):
     names = exported()
     refs = referenced(expr)

@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_extender_document_has_hami_settings():
-    doc = kc.ExtenderConfig(url_prefix="http://127.0.0.1:8888", http_timeout="5s",
-                            managed_resources=("nvidia.com/gpu", "example.com/npu")).document()
+    doc = kc.ExtenderConfig(
+        url_prefix="http://127.0.0.1:8888", http_timeout="5s", managed_resources=("nvidia.com/gpu", "example.com/npu")
+    ).document()
     assert doc["urlPrefix"] == "http://127.0.0.1:8888"
     assert (doc["filterVerb"], doc["bindVerb"], doc["nodeCacheCapable"]) == ("filter", "bind", True)
     assert doc["httpTimeout"] == "5s" and doc["enableHTTPS"] is False and "tlsConfig" not in doc
@@ -34,8 +35,13 @@ def test_extender_document_has_hami_settings():
 
 def test_default_managed_resources_are_the_nvidia_names():
     names = {r["name"] for r in kc.ExtenderConfig(url_prefix="http://x:1").document()["managedResources"]}
-    assert names == {"nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores",
-                     "nvidia.com/gpumem-percentage", "nvidia.com/priority"}
+    assert names == {
+        "nvidia.com/gpu",
+        "nvidia.com/gpumem",
+        "nvidia.com/gpucores",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/priority",
+    }
 
 
 def test_https_extender_trusts_the_cluster_ca_unless_insecure():
@@ -45,12 +51,15 @@ def test_https_extender_trusts_the_cluster_ca_unless_insecure():
     assert insecure["tlsConfig"] == {"insecure": True}
 
 
-@pytest.mark.parametrize("field, value", [
-    ("url_prefix", "127.0.0.1:80"),
-    ("http_timeout", "30"),
-    ("managed_resources", ("gpu",)),
-    ("filter_verb", ""),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("url_prefix", "127.0.0.1:80"),
+        ("http_timeout", "30"),
+        ("managed_resources", ("gpu",)),
+        ("filter_verb", ""),
+    ],
+)
 def test_bad_extender_settings_name_the_field_and_value(field, value):
     kwargs = {"url_prefix": "http://127.0.0.1:80", field: value}
     with pytest.raises(ValueError, match=re.escape(field)) as info:
@@ -63,8 +72,11 @@ def test_scheduler_document_one_profile_and_leader_election():
     doc = config.document(Path("/k/admin.kubeconfig"))
     assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert doc["profiles"] == [{"schedulerName": "hami-scheduler"}]
-    assert doc["leaderElection"] == {"leaderElect": True, "resourceName": "hami-scheduler",
-                                     "resourceNamespace": "kube-system"}
+    assert doc["leaderElection"] == {
+        "leaderElect": True,
+        "resourceName": "hami-scheduler",
+        "resourceNamespace": "kube-system",
+    }
     assert len(doc["extenders"]) == 1
     assert "extenders" not in kc.DEFAULT_SCHEDULER.document(Path("/k"))
     # as the chart: the client rate limit high enough that the API server is the limit
@@ -77,8 +89,9 @@ def test_scheduler_document_one_profile_and_leader_election():
 
 
 def test_node_manifest_gpus_times_split_count_and_kwok_annotation():
-    node = kc.node_manifest("n1", labels={"gpu": "on"}, annotations={"a": "b"}, gpus=4, split_count=10,
-                            allocatable={"cpu": 8})
+    node = kc.node_manifest(
+        "n1", labels={"gpu": "on"}, annotations={"a": "b"}, gpus=4, split_count=10, allocatable={"cpu": 8}
+    )
     assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake", "a": "b"}
     assert node["metadata"]["labels"]["gpu"] == "on"
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "n1"
@@ -136,11 +149,13 @@ def test_python_m_hami_devkit_is_the_hami_dev_command(tmp_path):
     """``python -m hami_devkit`` runs the ``hami-dev`` command line (what the tests and the
     background supervisor use, so they work without the console script installed)."""
     env = {**os.environ, "HAMI_CACHE": str(tmp_path)}
-    status = subprocess.run([sys.executable, "-m", "hami_devkit", "cluster", "status"], env=env,
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "hami_devkit", "cluster", "status"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert (status.returncode, status.stdout.strip()) == (3, "not running"), status.stderr
-    usage = subprocess.run([sys.executable, "-m", "hami_devkit", "--help"], env=env,
-                           capture_output=True, text=True, timeout=60)
+    usage = subprocess.run(
+        [sys.executable, "-m", "hami_devkit", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert usage.returncode == 0 and usage.stdout.startswith("usage: hami-dev ")
 
 
@@ -177,11 +192,14 @@ def test_dev_cluster_up_real_node_names_what_is_missing(monkeypatch, tmp_path, c
     assert not (tmp_path / "dev-cluster" / "state.json").exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--image", "x.tar"], "--image: only with --real-node"),
-    (["--real-node", "--wait-for-real-node", "-1"], "--wait-for-real-node: must be >= 0, got -1.0"),
-    (["--real-node", "--image", "/nonexistent/x.tar"], "--image: no such archive: /nonexistent/x.tar"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--image", "x.tar"], "--image: only with --real-node"),
+        (["--real-node", "--wait-for-real-node", "-1"], "--wait-for-real-node: must be >= 0, got -1.0"),
+        (["--real-node", "--image", "/nonexistent/x.tar"], "--image: no such archive: /nonexistent/x.tar"),
+    ],
+)
 def test_dev_cluster_up_checks_image_archives(monkeypatch, tmp_path, capsys, argv, message):
     _fake_binaries(tmp_path)
     monkeypatch.setenv("HAMI_CACHE", str(tmp_path))

@@ -26,9 +26,15 @@ def launched(tmp_path, monkeypatch, **kw):
     return argvs
 
 
-def test_gates_go_to_apiserver_scheduler_and_controller_manager_and_extra_args_to_their_component(tmp_path, monkeypatch):
-    argvs = launched(tmp_path, monkeypatch, feature_gates={"DRAExtendedResource": True, "DRAConsumableCapacity": False},
-                     extra_args={"kube-controller-manager": ["--kube-api-qps=500"]})
+def test_gates_go_to_apiserver_scheduler_and_controller_manager_and_extra_args_to_their_component(
+    tmp_path, monkeypatch
+):
+    argvs = launched(
+        tmp_path,
+        monkeypatch,
+        feature_gates={"DRAExtendedResource": True, "DRAConsumableCapacity": False},
+        extra_args={"kube-controller-manager": ["--kube-api-qps=500"]},
+    )
     gate = "--feature-gates=DRAConsumableCapacity=false,DRAExtendedResource=true"
     for name in ("kube-apiserver", "kube-controller-manager", "default-scheduler"):
         assert gate in argvs[name], name

@@ -1,4 +1,5 @@
 """hami_devkit.cluster.die_with_parent: the child runs the program, and is killed with its parent."""
+
 from __future__ import annotations
 
 import os
@@ -22,14 +23,17 @@ def _gone(pid: int) -> bool:
 
 
 def test_wrapped_program_runs_with_its_arguments_and_exit_status():
-    done = subprocess.run(die_with_parent(["sh", "-c", 'echo "$0 $1"; exit 3', "a", "b c"]),
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        die_with_parent(["sh", "-c", 'echo "$0 $1"; exit 3', "a", "b c"]), capture_output=True, text=True, timeout=30
+    )
     assert (done.returncode, done.stdout) == (3, "a b c\n")
 
 
 def test_child_is_killed_when_its_parent_exits():
-    code = ("import subprocess; from hami_devkit.cluster import die_with_parent; "
-            "p = subprocess.Popen(die_with_parent(['sleep', '60'])); print(p.pid, flush=True)")
+    code = (
+        "import subprocess; from hami_devkit.cluster import die_with_parent; "
+        "p = subprocess.Popen(die_with_parent(['sleep', '60'])); print(p.pid, flush=True)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
     pid = int(out.stdout)

@@ -11,8 +11,14 @@ from hami_devkit.controlplane import KubeCluster
 
 
 def test_proxy_config_keeps_to_the_node_and_leaves_the_host_alone():
-    config = kp.proxy_config(kubeconfig=Path("/k"), node="n", node_ip="10.88.64.1", cluster_cidr="10.88.64.0/24",
-                             healthz_port=1, metrics_port=2)
+    config = kp.proxy_config(
+        kubeconfig=Path("/k"),
+        node="n",
+        node_ip="10.88.64.1",
+        cluster_cidr="10.88.64.0/24",
+        healthz_port=1,
+        metrics_port=2,
+    )
     assert (config["kind"], config["mode"], config["hostnameOverride"]) == ("KubeProxyConfiguration", "iptables", "n")
     assert config["nodePortAddresses"] == ["10.88.64.1/32"]  # NodePorts on the node's address only
     assert config["iptables"]["localhostNodePorts"] is False  # no route_localnet on the host

@@ -12,9 +12,15 @@ from hami_devkit import realnode as rn
 
 
 def test_containerd_config_is_private_and_uses_the_local_pause_image(tmp_path):
-    doc = tomllib.loads(rn.containerd_config(tmp_path / "containerd", socket=tmp_path / "c.sock",
-                                             sandbox_image="localhost/hami/pause:3.10",
-                                             cni_bin=Path("/usr/lib/cni"), restrict_oom_score_adj=True))
+    doc = tomllib.loads(
+        rn.containerd_config(
+            tmp_path / "containerd",
+            socket=tmp_path / "c.sock",
+            sandbox_image="localhost/hami/pause:3.10",
+            cni_bin=Path("/usr/lib/cni"),
+            restrict_oom_score_adj=True,
+        )
+    )
     assert doc["version"] == 2
     assert doc["root"] == str(tmp_path / "containerd" / "root")
     assert doc["state"] == str(tmp_path / "containerd" / "state")
@@ -31,22 +37,35 @@ def test_containerd_config_is_private_and_uses_the_local_pause_image(tmp_path):
 
 
 def test_oom_score_restriction_follows_the_flag(tmp_path):
-    doc = tomllib.loads(rn.containerd_config(tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path,
-                                             restrict_oom_score_adj=False))
+    doc = tomllib.loads(
+        rn.containerd_config(
+            tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path, restrict_oom_score_adj=False
+        )
+    )
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["restrict_oom_score_adj"] is False
     assert "enable_cdi" not in doc["plugins"]["io.containerd.grpc.v1.cri"]
 
 
 def test_containerd_config_reads_cdi_specs_from_the_nodes_directory(tmp_path):
-    doc = tomllib.loads(rn.containerd_config(tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path,
-                                             restrict_oom_score_adj=True, cdi_dir=tmp_path / "cdi"))
+    doc = tomllib.loads(
+        rn.containerd_config(
+            tmp_path,
+            socket=tmp_path / "s",
+            sandbox_image="p",
+            cni_bin=tmp_path,
+            restrict_oom_score_adj=True,
+            cdi_dir=tmp_path / "cdi",
+        )
+    )
     cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == [str(tmp_path / "cdi")]
 
 
 def test_containerd_config_quotes_paths(tmp_path):
     odd = tmp_path / 'a "quoted" dir'
-    doc = tomllib.loads(rn.containerd_config(odd, socket=odd / "s", sandbox_image="p", cni_bin=odd, restrict_oom_score_adj=True))
+    doc = tomllib.loads(
+        rn.containerd_config(odd, socket=odd / "s", sandbox_image="p", cni_bin=odd, restrict_oom_score_adj=True)
+    )
     assert doc["root"] == str(odd / "root")
 
 
@@ -67,8 +86,16 @@ def test_cni_config_is_a_bridge_without_masquerade(tmp_path):
 
 
 def test_kubelet_config_serves_on_the_node_address_with_authentication(tmp_path):
-    doc = rn.kubelet_config(address="10.88.64.1", port=10250, healthz_port=10248, socket=tmp_path / "c.sock", ca=tmp_path / "ca.crt",
-                            cert=tmp_path / "k.crt", key=tmp_path / "k.key", pod_logs=tmp_path / "logs")
+    doc = rn.kubelet_config(
+        address="10.88.64.1",
+        port=10250,
+        healthz_port=10248,
+        socket=tmp_path / "c.sock",
+        ca=tmp_path / "ca.crt",
+        cert=tmp_path / "k.crt",
+        key=tmp_path / "k.key",
+        pod_logs=tmp_path / "logs",
+    )
     assert (doc["address"], doc["port"], doc["readOnlyPort"]) == ("10.88.64.1", 10250, 0)
     assert doc["healthzBindAddress"] == "127.0.0.1"
     assert doc["authentication"]["anonymous"]["enabled"] is False
@@ -82,14 +109,16 @@ def test_kubelet_config_serves_on_the_node_address_with_authentication(tmp_path)
 
 
 def test_mounts_under_lists_deepest_first_and_only_below_root():
-    mountinfo = "\n".join([
-        "1 0 8:1 / / rw - ext4 /dev/vda rw",
-        "2 1 0:5 / /tmp/w rw - tmpfs tmpfs rw",
-        "3 2 0:6 / /tmp/w/kubelet/pods/x/volumes/a rw - tmpfs tmpfs rw",
-        "4 2 0:7 / /tmp/w/containerd/state/netns/cni-1 rw - nsfs nsfs rw",
-        "5 1 0:8 / /tmp/wx rw - tmpfs tmpfs rw",
-        r"6 2 0:9 / /tmp/w/with\040space rw - tmpfs tmpfs rw",
-    ])
+    mountinfo = "\n".join(
+        [
+            "1 0 8:1 / / rw - ext4 /dev/vda rw",
+            "2 1 0:5 / /tmp/w rw - tmpfs tmpfs rw",
+            "3 2 0:6 / /tmp/w/kubelet/pods/x/volumes/a rw - tmpfs tmpfs rw",
+            "4 2 0:7 / /tmp/w/containerd/state/netns/cni-1 rw - nsfs nsfs rw",
+            "5 1 0:8 / /tmp/wx rw - tmpfs tmpfs rw",
+            r"6 2 0:9 / /tmp/w/with\040space rw - tmpfs tmpfs rw",
+        ]
+    )
     found = rn.mounts_under(Path("/tmp/w"), mountinfo)
     assert found[-1] == Path("/tmp/w")
     assert Path("/tmp/wx") not in found

@@ -125,8 +125,15 @@ def test_response_env_and_mounts():
 
 def test_response_defaults_and_disable_control():
     ctr = A.ContainerView("c", env={"CUDA_DISABLE_CONTROL": "true"})
-    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(disable_core_limit=True), HookPaths())
-    assert "CUDA_OVERSUBSCRIBE" not in r.envs and "CUDA_TASK_PRIORITY" not in r.envs and "LIBCUDA_LOG_LEVEL" not in r.envs
+    r = A.build_response(
+        pod("", containers=(ctr,)),
+        A.Grant(0, ctr, (dev(U0, 1000),)),
+        NodeSettings(disable_core_limit=True),
+        HookPaths(),
+    )
+    assert (
+        "CUDA_OVERSUBSCRIBE" not in r.envs and "CUDA_TASK_PRIORITY" not in r.envs and "LIBCUDA_LOG_LEVEL" not in r.envs
+    )
     assert r.envs["GPU_CORE_UTILIZATION_POLICY"] == "disable"
     assert "/etc/ld.so.preload" not in [m.container_path for m in r.mounts]
 
@@ -147,18 +154,27 @@ def test_preferred_ids_follow_the_annotation():
 
 
 def test_driver_mounts_go_to_every_gpu_container():
-    driver = (parse_driver_mount("/home/kubernetes/bin/nvidia:/usr/local/nvidia"),
-              parse_driver_mount("/var/run/fake-state:rw"))
+    driver = (
+        parse_driver_mount("/home/kubernetes/bin/nvidia:/usr/local/nvidia"),
+        parse_driver_mount("/var/run/fake-state:rw"),
+    )
     paths = HookPaths("/opt/h", "/tmp/vl", driver)
     ctr = A.ContainerView("main")
     r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)), NodeSettings(), paths)
     got = [(m.container_path, m.host_path, m.read_only) for m in r.mounts]
-    assert got[:2] == [("/usr/local/nvidia", "/home/kubernetes/bin/nvidia", True),
-                       ("/var/run/fake-state", "/var/run/fake-state", False)]
+    assert got[:2] == [
+        ("/usr/local/nvidia", "/home/kubernetes/bin/nvidia", True),
+        ("/var/run/fake-state", "/var/run/fake-state", False),
+    ]
     assert ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True) in got  # libvgpu's mounts stay
     # a MIG container (its GPU is cut, not shared) needs the driver too
-    mig = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 1000),)),
-                           NodeSettings(operating_mode="mig"), paths, ["MIG-1"])
+    mig = A.build_response(
+        pod("", containers=(ctr,)),
+        A.Grant(0, ctr, (dev(U0, 1000),)),
+        NodeSettings(operating_mode="mig"),
+        paths,
+        ["MIG-1"],
+    )
     assert [m.container_path for m in mig.mounts][:2] == ["/usr/local/nvidia", "/var/run/fake-state"]
 
 
@@ -166,21 +182,28 @@ def test_mig_container_gets_its_mig_device_and_the_profile_memory_limit():
     paths = HookPaths("/opt/h", "/tmp/vl")
     ctr = A.ContainerView("main")
     grant = A.Grant(0, ctr, (dev(U0, 19968), dev(U0, 4864)))
-    r = A.build_response(pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths,
-                         ["MIG-aaaa", "MIG-bbbb"])
+    r = A.build_response(
+        pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths, ["MIG-aaaa", "MIG-bbbb"]
+    )
     assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-aaaa,MIG-bbbb"
     assert (r.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], r.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("19968m", "4864m")
     assert r.envs["CUDA_DEVICE_SM_LIMIT"] == "100"  # the instance's SMs are all its own
     assert ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True) in [
-        (m.container_path, m.host_path, m.read_only) for m in r.mounts]
+        (m.container_path, m.host_path, m.read_only) for m in r.mounts
+    ]
     with pytest.raises(A.AllocationError, match="1 instance"):
         A.build_response(pod("", containers=(ctr,)), grant, NodeSettings(operating_mode="mig"), paths, ["MIG-aaaa"])
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "expected HOST"), ("a:b:c:d", "expected HOST"), ("relative/dir", "host path 'relative/dir' is not absolute"),
-    ("/host:lib", "container path 'lib' is not absolute"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "expected HOST"),
+        ("a:b:c:d", "expected HOST"),
+        ("relative/dir", "host path 'relative/dir' is not absolute"),
+        ("/host:lib", "container path 'lib' is not absolute"),
+    ],
+)
 def test_driver_mount_is_checked(text, message):
     with pytest.raises(ValueError, match=f"--driver-mount '{text}': .*{message}"):
         parse_driver_mount(text)

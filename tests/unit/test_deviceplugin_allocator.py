@@ -19,11 +19,22 @@ LOCK_Q = "2026-11-22T03:00:01Z,ns,q"
 
 
 def pod_obj(name: str, phase: str = "allocating", to_allocate: str = "GPU-1,NVIDIA,1000,10:;") -> dict:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
-                         "annotations": {A.BIND_PHASE: phase, A.TO_ALLOCATE: to_allocate, A.ALLOCATED: to_allocate,
-                                         A.VGPU_NODE: "n1", A.BIND_TIME: "1"}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-            "status": {"phase": "Pending"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "annotations": {
+                A.BIND_PHASE: phase,
+                A.TO_ALLOCATE: to_allocate,
+                A.ALLOCATED: to_allocate,
+                A.VGPU_NODE: "n1",
+                A.BIND_TIME: "1",
+            },
+        },
+        "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Pending"},
+    }
 
 
 class FakeKube:
@@ -73,7 +84,9 @@ class FakeKube:
 
 
 def allocator(kube: FakeKube, delay: float, tmp_path) -> Allocator:
-    return Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay)
+    return Allocator(
+        kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay
+    )
 
 
 async def test_the_lock_is_left_for_a_swap_and_removed_after_the_delay(tmp_path):
@@ -161,10 +174,24 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
     mgr.prepare(PodRef("uid-gone", "ns", "gone"), [MigAllocation(0, 0, "GPU-1", "3g.20gb", 4, 4)])
     obj = pod_obj("p", to_allocate="GPU-1,NVIDIA,19968,43:;")
     obj["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"] = json.dumps(
-        [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-1", "profile": "3g.20gb", "placement": {"start": 4, "size": 4}}])
+        [
+            {
+                "containerIndex": 0,
+                "deviceIndex": 0,
+                "gpuUUID": "GPU-1",
+                "profile": "3g.20gb",
+                "placement": {"start": 4, "size": 4},
+            }
+        ]
+    )
     kube = FakeKube(LOCK_P, [obj])  # the gone pod is not on the node any more
-    alloc = Allocator(kube, NodeSettings(operating_mode="mig"), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
-                      release_delay=0, mig=mgr)
+    alloc = Allocator(
+        kube,
+        NodeSettings(operating_mode="mig"),
+        HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+        release_delay=0,
+        mig=mgr,
+    )
     [resp] = await alloc.allocate([1])
     assert [(i.gi, i.start) for i in nvml.instances("GPU-1")] == [(1, 4)] and list(mgr.entries) == ["uid-p/0/0"]
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-1" and resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "19968m"
@@ -172,9 +199,13 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
     assert (written["migUUID"], written["gpuInstanceID"], written["computeInstanceID"]) == ("MIG-1", 1, 0)
 
 
-@pytest.mark.parametrize("phase,gone,removed", [("success", False, True), ("failed", False, True),
-                                                ("allocating", True, True), ("allocating", False, False)])
-async def test_at_start_a_lock_left_by_a_killed_predecessor_for_a_finished_pod_is_removed(tmp_path, phase, gone, removed):
+@pytest.mark.parametrize(
+    "phase,gone,removed",
+    [("success", False, True), ("failed", False, True), ("allocating", True, True), ("allocating", False, False)],
+)
+async def test_at_start_a_lock_left_by_a_killed_predecessor_for_a_finished_pod_is_removed(
+    tmp_path, phase, gone, removed
+):
     """A plugin killed during its --lock-release-delay leaves the finished pod's lock; its
     successor removes it at start-up, but never a lock whose pod is still being admitted."""
     kube = FakeKube(LOCK_P, [] if gone else [pod_obj("p", phase=phase)])

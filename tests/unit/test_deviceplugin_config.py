@@ -18,12 +18,16 @@ def test_kubelet_ids_and_physical_ids():
     assert {physical_id(i) for i in ids} == {U0} and physical_id(U0) == U0 and physical_id(f"{U0}::2") == U0
 
 
-GPUS = [PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 1),
-        PhysicalGPU(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "NVIDIA A100", 40960, "0000:5e:00.0", 0)]
+GPUS = [
+    PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 1),
+    PhysicalGPU(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "NVIDIA A100", 40960, "0000:5e:00.0", 0),
+]
 
 
 async def test_registration_content_and_health():
-    s = NodeSettings(device_split_count=4, device_memory_scaling=2.0, device_core_scaling=1.5, enable_numa_topology=True)
+    s = NodeSettings(
+        device_split_count=4, device_memory_scaling=2.0, device_core_scaling=1.5, enable_numa_topology=True
+    )
     state = DeviceState(GPUS, s)
     devs = decode_node_devices_json(encode_node_devices_json(state.registration()))
     assert [(d.id, d.index, d.count, d.devmem, d.devcore, d.type, d.numa, d.mode, d.health) for d in devs] == [
@@ -62,8 +66,10 @@ def test_registration_patch_writes_the_scores_when_they_change():
     now = datetime(2026, 1, 2, 3, 4, 5)
     state = DeviceState(GPUS, NodeSettings(), {GPUS[0].uuid: {GPUS[1].uuid: 250}, GPUS[1].uuid: {GPUS[0].uuid: 250}})
     first = registration_patch(state, {}, now)
-    assert json.loads(first[SCORE]) == [{"uuid": GPUS[0].uuid, "score": {GPUS[1].uuid: 250}},
-                                        {"uuid": GPUS[1].uuid, "score": {GPUS[0].uuid: 250}}]
+    assert json.loads(first[SCORE]) == [
+        {"uuid": GPUS[0].uuid, "score": {GPUS[1].uuid: 250}},
+        {"uuid": GPUS[1].uuid, "score": {GPUS[0].uuid: 250}},
+    ]
     written = {k: v for k, v in first.items() if v is not None}
     assert registration_patch(state, written, now) is None
     assert SCORE not in (registration_patch(DeviceState(GPUS, NodeSettings()), {}, now) or {})

@@ -53,7 +53,9 @@ async def stop(kubelet, task):
 async def test_register_list_and_health_update(plugin_dir):
     kubelet, state, server, task = await start(plugin_dir)
     try:
-        await kubelet.wait_for(lambda: "nvidia.com/gpu" in kubelet.plugins and len(kubelet.plugins["nvidia.com/gpu"].devices) == 6)
+        await kubelet.wait_for(
+            lambda: "nvidia.com/gpu" in kubelet.plugins and len(kubelet.plugins["nvidia.com/gpu"].devices) == 6
+        )
         ep = kubelet.plugins["nvidia.com/gpu"]
         assert kubelet.registrations == [("nvidia.com/gpu", "nvidia-gpu.sock")]
         assert not ep.options.get_preferred_allocation_available
@@ -76,8 +78,13 @@ async def test_reregisters_after_kubelet_restart(plugin_dir):
         await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
         await kubelet.restart()  # deletes our socket and brings a new kubelet.sock
         assert not (plugin_dir / "nvidia-gpu.sock").exists()
-        await kubelet.wait_for(lambda: len(kubelet.registrations) == 2 and kubelet.plugins.get("nvidia.com/gpu") is not None
-                               and len(kubelet.plugins["nvidia.com/gpu"].devices) == 6)
+        await kubelet.wait_for(
+            lambda: (
+                len(kubelet.registrations) == 2
+                and kubelet.plugins.get("nvidia.com/gpu") is not None
+                and len(kubelet.plugins["nvidia.com/gpu"].devices) == 6
+            )
+        )
         assert (plugin_dir / "nvidia-gpu.sock").exists() and server.registrations == 2
     finally:
         await stop(kubelet, task)
@@ -121,7 +128,9 @@ async def test_preflight_refuses_another_plugin_serving_our_gpus(plugin_dir):
     try:
         with pytest.raises(PreflightError, match="already serving"):
             await check_other_plugins(plugin_dir, "nvidia-gpu.sock", [U0, U1], "nvidia.com/gpu")
-        with pytest.raises(PreflightError, match=f"already advertises this node's GPUs \\({U1}\\).*Disable the NVIDIA device plugin"):
+        with pytest.raises(
+            PreflightError, match=f"already advertises this node's GPUs \\({U1}\\).*Disable the NVIDIA device plugin"
+        ):
             await check_other_plugins(plugin_dir, "nvidia-vgpu.sock", [U0, U1], "nvidia.com/gpu")
     finally:
         await other.stop(0)
@@ -147,8 +156,13 @@ async def test_static_mig_resource_is_served_and_allocated_by_mig_uuid(plugin_di
     kubelet = KubeletStandIn(plugin_dir)
     await kubelet.start()
     res = StaticMigResource("nvidia.com/mig-1g.10gb", ["MIG-a", "MIG-b"])
-    server = PluginServer(plugin_dir, res, None, poll=0.05,
-                          service=StaticMigService(res, (MountSpec("/usr/local/nvidia", "/opt/drv", True),)))
+    server = PluginServer(
+        plugin_dir,
+        res,
+        None,
+        poll=0.05,
+        service=StaticMigService(res, (MountSpec("/usr/local/nvidia", "/opt/drv", True),)),
+    )
     task = asyncio.create_task(server.run())
     try:
         await kubelet.wait_for(lambda: len(kubelet.plugins.get("nvidia.com/mig-1g.10gb", _NoEp).devices) == 2)
@@ -158,7 +172,9 @@ async def test_static_mig_resource_is_served_and_allocated_by_mig_uuid(plugin_di
         assert [(m.container_path, m.host_path) for m in resp.mounts] == [("/usr/local/nvidia", "/opt/drv")]
         ep = kubelet.plugins["nvidia.com/mig-1g.10gb"]
         with pytest.raises(grpc.aio.AioRpcError, match="unknown MIG device"):
-            await ep.stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["MIG-z"])]))
+            await ep.stub.Allocate(
+                pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["MIG-z"])])
+            )
     finally:
         await stop(kubelet, task)
 

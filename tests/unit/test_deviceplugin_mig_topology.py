@@ -20,10 +20,21 @@ SYSTEM, NODE, HOSTBRIDGE, MULTIPLE, SINGLE, INTERNAL = 50, 40, 30, 20, 10, 0  # 
 
 def test_pair_scores_sum_pcie_and_nvlinks_and_zero_asymmetric_pairs():
     topo = Topology(
-        gpus=(GpuLinks("a", {"b": 2}), GpuLinks("b", {"a": 2}), GpuLinks("c", {"d": 1}, switch=0),
-              GpuLinks("d", {"c": 2})),
-        pcie={("a", "b"): SINGLE, ("a", "c"): HOSTBRIDGE, ("a", "d"): SYSTEM, ("b", "c"): NODE, ("b", "d"): MULTIPLE,
-              ("c", "d"): INTERNAL})
+        gpus=(
+            GpuLinks("a", {"b": 2}),
+            GpuLinks("b", {"a": 2}),
+            GpuLinks("c", {"d": 1}, switch=0),
+            GpuLinks("d", {"c": 2}),
+        ),
+        pcie={
+            ("a", "b"): SINGLE,
+            ("a", "c"): HOSTBRIDGE,
+            ("a", "d"): SYSTEM,
+            ("b", "c"): NODE,
+            ("b", "d"): MULTIPLE,
+            ("c", "d"): INTERNAL,
+        },
+    )
     got = pair_scores(topo)
     assert got.scores["a"] == {"b": 250, "c": 30, "d": 10}
     assert got.scores["b"]["d"] == got.scores["d"]["b"] == 40
@@ -31,8 +42,10 @@ def test_pair_scores_sum_pcie_and_nvlinks_and_zero_asymmetric_pairs():
 
 
 def test_nvswitch_links_count_the_smaller_side():
-    topo = Topology(gpus=(GpuLinks("a", switch=18), GpuLinks("b", switch=12), GpuLinks("c")),
-                    pcie={("a", "b"): NODE, ("a", "c"): NODE, ("b", "c"): NODE})
+    topo = Topology(
+        gpus=(GpuLinks("a", switch=18), GpuLinks("b", switch=12), GpuLinks("c")),
+        pcie={("a", "b"): NODE, ("a", "c"): NODE, ("b", "c"): NODE},
+    )
     s = pair_scores(topo).scores
     assert s["a"]["b"] == 20 + 1200 and s["a"]["c"] == 20  # c is not on the fabric
 
@@ -55,19 +68,29 @@ def test_registered_profiles_follow_the_allowlist():
 
 
 def test_mig_registration_counts_non_overlapping_placements():
-    gpu = PhysicalGPU(0, "GPU-1", "NVIDIA A100-SXM4-40GB", 40960, "0000:3b:00.0", 0,
-                      registered_profiles(PROFILES, "NVIDIA A100-SXM4-40GB", ()))
+    gpu = PhysicalGPU(
+        0,
+        "GPU-1",
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        "0000:3b:00.0",
+        0,
+        registered_profiles(PROFILES, "NVIDIA A100-SXM4-40GB", ()),
+    )
     [d] = DeviceState([gpu], NodeSettings(operating_mode="mig", device_memory_scaling=2)).registration()
     assert (d.mode, d.count, d.devcore, d.devmem) == ("mig", 7, 100, 40960)
     assert [p.name for p in d.mig_profiles] == ["1g.5gb", "3g.20gb", "7g.40gb"]
     assert isinstance(d.mig_profiles[0], MigProfile)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("{not json", "is unreadable"),
-    ('{"version": 2, "entries": []}', "expected"),
-    ('{"version": 1, "entries": [{"pod_uid": "u"}]}', "entry 0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{not json", "is unreadable"),
+        ('{"version": 2, "entries": []}', "expected"),
+        ('{"version": 1, "entries": [{"pod_uid": "u"}]}', "entry 0 is invalid"),
+    ],
+)
 def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, text, message):
     path = tmp_path / "checkpoint.json"
     path.write_text(text)

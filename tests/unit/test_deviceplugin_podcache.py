@@ -7,13 +7,27 @@ from hami.deviceplugin.allocate import BIND_PHASE, PodCache, pod_view_from_objec
 
 
 def pod(name: str, rv: str, node: str = "n1", phase: str = "allocating", ns: str = "ns") -> dict:
-    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}-{rv}", "resourceVersion": rv,
-                         "annotations": {BIND_PHASE: phase, "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;"}},
-            "spec": {"nodeName": node,
-                     "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
-                     "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                                     "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {}}]}]},
-            "status": {"phase": "Pending"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}-{rv}",
+            "resourceVersion": rv,
+            "annotations": {BIND_PHASE: phase, "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;"},
+        },
+        "spec": {
+            "nodeName": node,
+            "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {}}],
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
 
 
 def test_a_copy_newer_than_the_node_stands_in_for_a_read():
@@ -37,8 +51,9 @@ def test_a_copy_that_may_predate_the_lock_is_not_used():
 
 def test_only_a_pod_bound_here_and_still_allocating_is_used():
     cache = PodCache()
-    cache.replace([pod("other-node", "200", node="n2"), pod("unbound", "200", node=""),
-                   pod("done", "200", phase="success")])
+    cache.replace(
+        [pod("other-node", "200", node="n2"), pod("unbound", "200", node=""), pod("done", "200", phase="success")]
+    )
     for name in ("other-node", "unbound", "done", "missing"):
         assert cache.usable("ns", name, "n1", node_rv="100") is None
 

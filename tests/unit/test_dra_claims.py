@@ -31,29 +31,54 @@ def a_slice(node: str, n: int = 2, split: int = 4) -> dict:
 
 
 def claim(name: str, ns: str = "team-a", results=None, reserved=("p",), rv: str = "5") -> dict:
-    out = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-           "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": rv},
-           "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.hami.io"}}]}}}
+    out = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": rv},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.hami.io"}}]}},
+    }
     if results is not None:
-        out["status"] = {"allocation": {"devices": {"results": results}},
-                         "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved]}
+        out["status"] = {
+            "allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in reserved],
+        }
     return out
 
 
-def result(node: str, device: str = "gpu-0", memory: str | None = "3000Mi", cores: str | None = "25",
-           driver: str = "gpu.hami.io") -> dict:
+def result(
+    node: str,
+    device: str = "gpu-0",
+    memory: str | None = "3000Mi",
+    cores: str | None = "25",
+    driver: str = "gpu.hami.io",
+) -> dict:
     consumed = {k: v for k, v in (("memory", memory), ("cores", cores), ("shares", "1")) if v is not None}
-    return {"request": "gpu", "driver": driver, "pool": node, "device": device, "consumedCapacity": consumed,
-            "shareID": "abc"}
+    return {
+        "request": "gpu",
+        "driver": driver,
+        "pool": node,
+        "device": device,
+        "consumedCapacity": consumed,
+        "shareID": "abc",
+    }
 
 
 def test_claim_usage_reads_each_result_of_the_driver_and_the_reserving_pods():
-    c = claim("c1", results=[result("n1", "gpu-0"), result("n1", "gpu-1", "1Gi", "10"),
-                             result("n1", "x", driver="other.example.com")], reserved=("p1", "p2"))
+    c = claim(
+        "c1",
+        results=[
+            result("n1", "gpu-0"),
+            result("n1", "gpu-1", "1Gi", "10"),
+            result("n1", "x", driver="other.example.com"),
+        ],
+        reserved=("p1", "p2"),
+    )
     u = claim_usage(c)
     assert u is not None and u.key == "team-a/c1" and u.uid == "uid-c1" and u.nodes == ("n1",)
-    assert u.results == (DeviceShare("n1", "gpu-0", "gpu", 3000 * MIB, 25, 1, "abc"),
-                         DeviceShare("n1", "gpu-1", "gpu", 1024 * MIB, 10, 1, "abc"))
+    assert u.results == (
+        DeviceShare("n1", "gpu-0", "gpu", 3000 * MIB, 25, 1, "abc"),
+        DeviceShare("n1", "gpu-1", "gpu", 1024 * MIB, 10, 1, "abc"),
+    )
     assert u.pods == (Consumer("pods", "p1", "uid-p1"), Consumer("pods", "p2", "uid-p2"))
     assert u.totals() == (3000 + 1024, 35)
 
@@ -71,11 +96,14 @@ def test_a_missing_consumed_capacity_is_the_whole_device_when_its_total_is_known
     assert u.totals() == (0, 0)  # unknown device: nothing to go by
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"memory": "lots"}, "results[0].consumedCapacity.memory"),
-    ({"cores": "-5"}, "results[0].consumedCapacity.cores"),
-    ({"memory": "1.5"}, "results[0].consumedCapacity.memory"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"memory": "lots"}, "results[0].consumedCapacity.memory"),
+        ({"cores": "-5"}, "results[0].consumedCapacity.cores"),
+        ({"memory": "1.5"}, "results[0].consumedCapacity.memory"),
+    ],
+)
 def test_a_bad_amount_is_an_error_naming_the_claim_and_the_field(bad, field):
     r = result("n1")
     r["consumedCapacity"].update(bad)
@@ -91,7 +119,9 @@ def re_escape(text: str) -> str:
 
 def test_bad_shapes_are_errors_not_crashes():
     with pytest.raises(ClaimError, match="must be a list"):
-        claim_usage({"metadata": {"name": "x", "namespace": "y"}, "status": {"allocation": {"devices": {"results": "no"}}}})
+        claim_usage(
+            {"metadata": {"name": "x", "namespace": "y"}, "status": {"allocation": {"devices": {"results": "no"}}}}
+        )
     with pytest.raises(ClaimError, match=r"results\[0\] must be an object"):
         claim_usage({"status": {"allocation": {"devices": {"results": [3]}}}})
     with pytest.raises(ClaimError, match="must be an object"):
@@ -99,8 +129,11 @@ def test_bad_shapes_are_errors_not_crashes():
 
 
 def test_hami_dra_explain_counts_claims_through_the_same_parser():
-    claims = [claim("a", results=[result("n1", "gpu-0")]), claim("b", results=[result("n1", "gpu-0", None, None)]),
-              claim("bad", results=[result("n1", "gpu-1", "junk")])]
+    claims = [
+        claim("a", results=[result("n1", "gpu-0")]),
+        claim("b", results=[result("n1", "gpu-0", None, None)]),
+        claim("bad", results=[result("n1", "gpu-1", "junk")]),
+    ]
     uses = usage([a_slice("n1")], claims)
     g0, g1 = uses[("n1", "gpu-0")], uses[("n1", "gpu-1")]
     assert g0.used == {"memory": 3000 * MIB + 15360 * MIB, "cores": 125, "shares": 2}
@@ -112,8 +145,14 @@ def test_hami_dra_explain_counts_claims_through_the_same_parser():
 @pytest.fixture
 def state() -> ClusterState:
     s = ClusterState(CFG)
-    s.quota_handler.replace([{"metadata": {"name": "q", "namespace": "team-a"},
-                              "spec": {"hard": {"limits.nvidia.com/gpumem": "8000", "limits.nvidia.com/gpucores": "60"}}}])
+    s.quota_handler.replace(
+        [
+            {
+                "metadata": {"name": "q", "namespace": "team-a"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "8000", "limits.nvidia.com/gpucores": "60"}},
+            }
+        ]
+    )
     return s
 
 
@@ -123,13 +162,16 @@ def room(s: ClusterState, ns: str = "team-a") -> tuple:
 
 def test_allocated_claims_count_against_their_namespace_quota_and_leave_it_when_gone(state):
     assert room(state) == (8000, 60)
-    state.claim_handler.replace([claim("c1", results=[result("n1")]), claim("pending"),
-                                 claim("other-ns", ns="team-b", results=[result("n1")])])
+    state.claim_handler.replace(
+        [claim("c1", results=[result("n1")]), claim("pending"), claim("other-ns", ns="team-b", results=[result("n1")])]
+    )
     assert sorted(state.claims) == ["team-a/c1", "team-b/other-ns"]
     assert room(state) == (5000, 35)
     assert state.ledger.namespace_usage("team-b", "NVIDIA") == (3000, 25)
     # the claim grows to a second GPU (a new allocation after a deallocation): counted once
-    state.claim_handler.apply("MODIFIED", claim("c1", results=[result("n1"), result("n1", "gpu-1", "2000Mi", "5")], rv="6"))
+    state.claim_handler.apply(
+        "MODIFIED", claim("c1", results=[result("n1"), result("n1", "gpu-1", "2000Mi", "5")], rv="6")
+    )
     assert room(state) == (3000, 30)
     state.claim_handler.apply("MODIFIED", claim("c1", rv="7"))  # deallocated
     assert room(state) == (8000, 60) and "team-a/c1" not in state.claims
@@ -175,10 +217,14 @@ def test_an_unreadable_claim_is_logged_and_counted_as_nothing(state, caplog):
 
 
 def test_pods_with_resource_claims_are_cached_for_the_ui(state):
-    pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u", "resourceVersion": "1"},
-           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}], "containers": [{"name": "c"}]}}
-    plain = {"metadata": {"name": "q", "namespace": "team-a", "uid": "v", "resourceVersion": "1"},
-             "spec": {"containers": [{"name": "c"}]}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "u", "resourceVersion": "1"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}], "containers": [{"name": "c"}]},
+    }
+    plain = {
+        "metadata": {"name": "q", "namespace": "team-a", "uid": "v", "resourceVersion": "1"},
+        "spec": {"containers": [{"name": "c"}]},
+    }
     state.pod_handler.replace([pod, plain])
     assert list(state.pods) == ["team-a/p"]
     assert state.ledger.pods() == []
@@ -201,13 +247,20 @@ class FakeKube:
         await asyncio.sleep(3600)
 
 
-@pytest.mark.parametrize("status, words", [(404, "is not served by the API server"),
-                                           (403, "may not be read by this identity")])
+@pytest.mark.parametrize(
+    "status, words", [(404, "is not served by the API server"), (403, "may not be read by this identity")]
+)
 async def test_an_optional_resource_that_is_absent_is_logged_once_and_listed_again(status, words, caplog):
     s = ClusterState(CFG)
     kube = FakeKube(status, absent=3)
-    r = Reflector(kube, "/apis/resource.k8s.io/v1/resourceclaims", s.claim_handler, name="resourceclaims",
-                  optional="DRA claims are not counted", absent_retry=0.01)
+    r = Reflector(
+        kube,
+        "/apis/resource.k8s.io/v1/resourceclaims",
+        s.claim_handler,
+        name="resourceclaims",
+        optional="DRA claims are not counted",
+        absent_retry=0.01,
+    )
     with caplog.at_level(logging.INFO):
         task = asyncio.create_task(r.run())
         for _ in range(500):
@@ -218,7 +271,9 @@ async def test_an_optional_resource_that_is_absent_is_logged_once_and_listed_aga
     assert r.synced.is_set() and r.absent is None and kube.lists == 4
     assert list(s.claims) == ["team-a/c1"]
     warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
-    assert warnings == [f"resourceclaims {words} (HTTP {status}): DRA claims are not counted; listing again every 0.01s"]
+    assert warnings == [
+        f"resourceclaims {words} (HTTP {status}): DRA claims are not counted; listing again every 0.01s"
+    ]
     assert any("serves it now" in rec.getMessage() for rec in caplog.records)
 
 

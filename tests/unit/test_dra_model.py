@@ -6,14 +6,15 @@ import pytest
 
 from hami.node.nvml import PhysicalGPU
 from hami.draplugin.checkpoint import Checkpoint, CheckpointError
-from hami.dra.model import (DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes,
-                            resource_slice)
+from hami.dra.model import DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes, resource_slice
 from hami.draplugin.prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
-GPUS = [PhysicalGPU(1, U1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1),
-        PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0)]
+GPUS = [
+    PhysicalGPU(1, U1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1),
+    PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0),
+]
 
 
 def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
@@ -27,17 +28,26 @@ def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
     t4, a100 = spec["devices"]
     assert t4["allowMultipleAllocations"] is True
     assert t4["attributes"] == {
-        "model": {"string": "Tesla T4"}, "type": {"string": "NVIDIA-Tesla T4"}, "uuid": {"string": U0},
-        "index": {"int": 0}, "numa": {"int": 0}, "migCapable": {"bool": False},
-        "driverVersion": {"string": "550.54.15"}}
+        "model": {"string": "Tesla T4"},
+        "type": {"string": "NVIDIA-Tesla T4"},
+        "uuid": {"string": U0},
+        "index": {"int": 0},
+        "numa": {"int": 0},
+        "migCapable": {"bool": False},
+        "driverVersion": {"string": "550.54.15"},
+    }
     assert a100["attributes"]["migCapable"] == {"bool": True}
     assert a100["attributes"]["type"] == {"string": "NVIDIA A100-SXM4-40GB"}
     mem = t4["capacity"]["memory"]
     assert mem["value"] == str(15360 * MIB)
-    assert mem["requestPolicy"] == {"default": str(15360 * MIB),
-                                    "validRange": {"min": "1Mi", "max": str(15360 * MIB), "step": "1Mi"}}
-    assert t4["capacity"]["cores"] == {"value": "100", "requestPolicy": {
-        "default": "20", "validRange": {"min": "0", "max": "100", "step": "1"}}}
+    assert mem["requestPolicy"] == {
+        "default": str(15360 * MIB),
+        "validRange": {"min": "1Mi", "max": str(15360 * MIB), "step": "1Mi"},
+    }
+    assert t4["capacity"]["cores"] == {
+        "value": "100",
+        "requestPolicy": {"default": "20", "validRange": {"min": "0", "max": "100", "step": "1"}},
+    }
     assert t4["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
 
 
@@ -49,8 +59,10 @@ def test_slice_applies_scaling_and_leaves_out_unhealthy_gpus():
     assert spec["devices"][0]["capacity"]["cores"]["value"] == "200"
 
 
-@pytest.mark.parametrize("field,value", [("split_count", 0), ("min_memory_mib", 0), ("default_cores", -1),
-                                         ("memory_scaling", 0), ("core_scaling", -1.0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("split_count", 0), ("min_memory_mib", 0), ("default_cores", -1), ("memory_scaling", 0), ("core_scaling", -1.0)],
+)
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SliceSettings(**{field: value})
@@ -83,8 +95,14 @@ def claim(results, config=(), uid="uid-1", allocated=True):
 
 
 def result(device="gpu-0", pool="node-a", request="gpu", memory="3000Mi", cores="30", driver=DRIVER, share="s-1"):
-    r = {"request": request, "driver": driver, "pool": pool, "device": device, "shareID": share,
-         "consumedCapacity": {"shares": "1"}}
+    r = {
+        "request": request,
+        "driver": driver,
+        "pool": pool,
+        "device": device,
+        "shareID": share,
+        "consumedCapacity": {"shares": "1"},
+    }
     if memory is not None:
         r["consumedCapacity"]["memory"] = memory
     if cores is not None:
@@ -92,11 +110,18 @@ def result(device="gpu-0", pool="node-a", request="gpu", memory="3000Mi", cores=
     return r
 
 
-CLASS_SHARE = {"source": "FromClass", "requests": ["gpu"],
-               "opaque": {"driver": DRIVER, "parameters": {"apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig",
-                                                           "isolation": "hami-core"}}}
-CLASS_WHOLE = {**CLASS_SHARE, "opaque": {**CLASS_SHARE["opaque"], "parameters": {
-    **CLASS_SHARE["opaque"]["parameters"], "isolation": "none"}}}
+CLASS_SHARE = {
+    "source": "FromClass",
+    "requests": ["gpu"],
+    "opaque": {
+        "driver": DRIVER,
+        "parameters": {"apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "isolation": "hami-core"},
+    },
+}
+CLASS_WHOLE = {
+    **CLASS_SHARE,
+    "opaque": {**CLASS_SHARE["opaque"], "parameters": {**CLASS_SHARE["opaque"]["parameters"], "isolation": "none"}},
+}
 PATHS = Paths(hook_path="/usr/local", cdi_dir="/var/run/cdi")
 
 
@@ -105,8 +130,12 @@ def env_of(spec):
 
 
 def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
-    p = plan(claim([result(), result(device="gpu-1", memory="5000Mi", share="s-2"),
-                    result(pool="node-b")], [CLASS_SHARE]), "node-a", GPUS, SliceSettings())
+    p = plan(
+        claim([result(), result(device="gpu-1", memory="5000Mi", share="s-2"), result(pool="node-b")], [CLASS_SHARE]),
+        "node-a",
+        GPUS,
+        SliceSettings(),
+    )
     spec = cdi_spec(p, PATHS, Options(libcuda_log_level="2", core_policy="force"))
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.hami.io/claim"
     assert spec["devices"][0]["name"] == "uid-1"
@@ -115,7 +144,8 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_MEMORY_LIMIT_1"] == "5000m"
     assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/usr/local/vgpu/") and env[
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith(".cache")
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+    ].endswith(".cache")
     assert env["LIBCUDA_LOG_LEVEL"] == "2" and env["GPU_CORE_UTILIZATION_POLICY"] == "force"
     assert "CUDA_OVERSUBSCRIBE" not in env
     mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
@@ -127,10 +157,21 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
     assert mounts["/tmp/vgpulock"]["hostPath"] == "/tmp/vgpulock"
     devices = response_devices(p)
     assert devices == [
-        {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-0",
-         "cdi_device_ids": ["gpu.hami.io/claim=uid-1"], "share_id": "s-1"},
-        {"request_names": ["gpu"], "pool_name": "node-a", "device_name": "gpu-1", "cdi_device_ids": [],
-         "share_id": "s-2"}]
+        {
+            "request_names": ["gpu"],
+            "pool_name": "node-a",
+            "device_name": "gpu-0",
+            "cdi_device_ids": ["gpu.hami.io/claim=uid-1"],
+            "share_id": "s-1",
+        },
+        {
+            "request_names": ["gpu"],
+            "pool_name": "node-a",
+            "device_name": "gpu-1",
+            "cdi_device_ids": [],
+            "share_id": "s-2",
+        },
+    ]
 
 
 def test_same_claim_gives_the_same_shared_region_and_another_claim_another():
@@ -158,26 +199,50 @@ def test_whole_gpu_class_gets_no_libvgpu():
 def test_driver_mounts_reach_every_claim_of_either_class(klass):
     from hami.node.layout import parse_driver_mount
 
-    paths = Paths(hook_path="/usr/local", driver_mounts=(parse_driver_mount("/opt/drv:/usr/local/nvidia"),
-                                                         parse_driver_mount("/var/run/state:rw")))
+    paths = Paths(
+        hook_path="/usr/local",
+        driver_mounts=(parse_driver_mount("/opt/drv:/usr/local/nvidia"), parse_driver_mount("/var/run/state:rw")),
+    )
     p = plan(claim([result(memory=None, cores=None)], [klass]), "node-a", GPUS, SliceSettings())
     mounts = {m["containerPath"]: m for m in cdi_spec(p, paths, Options())["devices"][0]["containerEdits"]["mounts"]}
     assert mounts["/usr/local/nvidia"]["hostPath"] == "/opt/drv" and "ro" in mounts["/usr/local/nvidia"]["options"]
     assert mounts["/var/run/state"]["hostPath"] == "/var/run/state" and "rw" in mounts["/var/run/state"]["options"]
 
 
-@pytest.mark.parametrize("c,match", [
-    (claim([], allocated=False), "status.allocation is not set"),
-    (claim([result(pool="node-b")]), "no device of driver gpu.hami.io on node node-a"),
-    (claim([result(driver="other.example.com")]), "no device of driver"),
-    (claim([result(device="gpu-7")]), r"results\[0\].device='gpu-7': node node-a has no such GPU"),
-    (claim([result(memory="lots")]), "consumedCapacity.memory"),
-    (claim([result()], [CLASS_WHOLE]), "whole-GPU class must not ask for part of the memory"),
-    (claim([result()], [{**CLASS_SHARE, "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "isolation": "maybe"}}}]), "isolation='maybe'"),
-    (claim([result()], [{**CLASS_SHARE, "opaque": {"driver": DRIVER, "parameters": {"kind": "Other"}}}]),
-     "apiVersion gpu.hami.io/v1alpha1 kind GpuConfig"),
-])
+@pytest.mark.parametrize(
+    "c,match",
+    [
+        (claim([], allocated=False), "status.allocation is not set"),
+        (claim([result(pool="node-b")]), "no device of driver gpu.hami.io on node node-a"),
+        (claim([result(driver="other.example.com")]), "no device of driver"),
+        (claim([result(device="gpu-7")]), r"results\[0\].device='gpu-7': node node-a has no such GPU"),
+        (claim([result(memory="lots")]), "consumedCapacity.memory"),
+        (claim([result()], [CLASS_WHOLE]), "whole-GPU class must not ask for part of the memory"),
+        (
+            claim(
+                [result()],
+                [
+                    {
+                        **CLASS_SHARE,
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "gpu.hami.io/v1alpha1",
+                                "kind": "GpuConfig",
+                                "isolation": "maybe",
+                            },
+                        },
+                    }
+                ],
+            ),
+            "isolation='maybe'",
+        ),
+        (
+            claim([result()], [{**CLASS_SHARE, "opaque": {"driver": DRIVER, "parameters": {"kind": "Other"}}}]),
+            "apiVersion gpu.hami.io/v1alpha1 kind GpuConfig",
+        ),
+    ],
+)
 def test_bad_claims_are_refused_naming_the_field(c, match):
     with pytest.raises(PrepareError, match=match):
         plan(c, "node-a", GPUS, SliceSettings())
@@ -203,8 +268,10 @@ def test_checkpoint_survives_reopen_and_removes(tmp_path):
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]  # no temporary left
 
 
-@pytest.mark.parametrize("text,match", [("{not json", "not JSON"), (json.dumps({"version": 9, "claims": {}}), "version 9"),
-                                        (json.dumps([1]), "expected")])
+@pytest.mark.parametrize(
+    "text,match",
+    [("{not json", "not JSON"), (json.dumps({"version": 9, "claims": {}}), "version 9"), (json.dumps([1]), "expected")],
+)
 def test_corrupt_checkpoint_is_an_error_naming_the_file(tmp_path, text, match):
     path = tmp_path / "checkpoint.json"
     path.write_text(text)

@@ -41,9 +41,23 @@ class Claims:
     def add(self, name, uid, memory="3000Mi", cores="30"):
         self.objects[name] = {
             "metadata": {"namespace": "ns", "name": name, "uid": uid},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": f"share-{uid}",
-                 "consumedCapacity": {"memory": memory, "cores": cores, "shares": "1"}}]}}}}
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": DRIVER,
+                                "pool": "node-a",
+                                "device": "gpu-0",
+                                "shareID": f"share-{uid}",
+                                "consumedCapacity": {"memory": memory, "cores": cores, "shares": "1"},
+                            }
+                        ]
+                    }
+                }
+            },
+        }
 
     async def read(self, namespace, name):
         self.reads += 1
@@ -95,7 +109,9 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
     try:
         async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
             stub = dra_grpc.DRAPluginStub(ch)
-            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+            resp = await stub.NodePrepareResources(
+                dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")])
+            )
             got = resp.claims["uid-1"]
             assert got.error == ""
             [dev] = got.devices
@@ -121,12 +137,15 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
     try:
         async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
             stub = dra_grpc.DRAPluginStub(ch)
-            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+            resp = await stub.NodePrepareResources(
+                dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")])
+            )
             assert resp.claims["uid-1"].error == "" and resp.claims["uid-1"].devices[0].device_name == "gpu-0"
             assert json.loads(cdi.read_text()) == spec and claims.reads == 1
             for _ in range(2):  # unprepare twice: the second is a no-op that succeeds
                 resp = await stub.NodeUnprepareResources(
-                    dra_pb.NodeUnprepareResourcesRequest(claims=[claim_ref("c1", "uid-1")]))
+                    dra_pb.NodeUnprepareResourcesRequest(claims=[claim_ref("c1", "uid-1")])
+                )
                 assert resp.claims["uid-1"].error == ""
             assert not cdi.exists() and not Path(paths.claim_dir("uid-1")).exists()
             assert not Path(paths.claim_record("uid-1")).exists()
@@ -145,9 +164,17 @@ async def test_each_claim_fails_alone_with_a_message(root):
     try:
         async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
             stub = dra_grpc.DRAPluginStub(ch)
-            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=[
-                claim_ref("good", "uid-g"), claim_ref("recreated", "uid-old"), claim_ref("bad", "uid-b"),
-                claim_ref("missing", "uid-m"), claim_ref("nouid", "")]))
+            resp = await stub.NodePrepareResources(
+                dra_pb.NodePrepareResourcesRequest(
+                    claims=[
+                        claim_ref("good", "uid-g"),
+                        claim_ref("recreated", "uid-old"),
+                        claim_ref("bad", "uid-b"),
+                        claim_ref("missing", "uid-m"),
+                        claim_ref("nouid", ""),
+                    ]
+                )
+            )
             assert resp.claims["uid-g"].error == "" and len(resp.claims["uid-g"].devices) == 1
             assert "deleted and re-created" in resp.claims["uid-old"].error
             assert "consumedCapacity.memory" in resp.claims["uid-b"].error

@@ -13,6 +13,7 @@ NV = NvidiaVendor()
 def pod(*limits, init=None, name="p"):
     def ctr(i, lim):
         return {"name": f"c{i}", "image": "busybox", "resources": {"limits": dict(lim), "requests": {"cpu": "1"}}}
+
     spec = {"containers": [ctr(i, lim) for i, lim in enumerate(limits)]}
     if init is not None:
         spec["initContainers"] = [{**ctr(9, init), "name": "init"}]
@@ -29,13 +30,20 @@ def requests_of(template):
 
 
 def test_share_request_becomes_a_template_with_capacity_requests_and_the_pod_references_it():
-    out, templates = translate(admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30},
-                                            {"cpu": "1"})), NV, namespace="ns")
+    out, templates = translate(
+        admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}, {"cpu": "1"})),
+        NV,
+        namespace="ns",
+    )
     [t] = templates
     assert t["kind"] == "ResourceClaimTemplate" and t["metadata"]["namespace"] == "ns"
     assert t["metadata"]["name"].startswith("hami-gpu-")
-    assert requests_of(t) == {"deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount", "count": 1,
-                              "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}}}
+    assert requests_of(t) == {
+        "deviceClassName": "gpu.hami.io",
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}},
+    }
     assert "constraints" not in t["spec"]["spec"]["devices"]
     c0, c1 = out["spec"]["containers"]
     assert c0["resources"] == {"requests": {"cpu": "1"}, "claims": [{"name": "hami-gpu-0"}]}
@@ -46,13 +54,21 @@ def test_share_request_becomes_a_template_with_capacity_requests_and_the_pod_ref
 
 def test_same_shape_shares_a_template_and_another_shape_gets_another():
     a = translate(admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})), NV)[1]
-    b = translate(admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}, name="q")), NV)[1]
+    b = translate(
+        admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}, name="q")), NV
+    )[1]
     c = translate(admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3001, "nvidia.com/gpucores": 30})), NV)[1]
     assert a[0]["metadata"]["name"] == b[0]["metadata"]["name"] != c[0]["metadata"]["name"]
 
 
-@pytest.mark.parametrize("limits", [{"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100},
-                                    {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 100}])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"nvidia.com/gpu": 1},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 100},
+    ],
+)
 def test_exclusive_requests_take_the_default_memory_which_is_all_of_it(limits):
     [t] = translate(admitted(pod(limits)), NV)[1]
     assert requests_of(t)["capacity"]["requests"] == {"cores": "100"}
@@ -61,7 +77,9 @@ def test_exclusive_requests_take_the_default_memory_which_is_all_of_it(limits):
 def test_several_gpus_must_be_distinct_devices():
     [t] = translate(admitted(pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10})), NV)[1]
     assert requests_of(t)["count"] == 2
-    assert t["spec"]["spec"]["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    assert t["spec"]["spec"]["devices"]["constraints"] == [
+        {"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}
+    ]
 
 
 def test_memory_factor_and_default_cores_apply_as_on_the_extender_path():
@@ -71,14 +89,19 @@ def test_memory_factor_and_default_cores_apply_as_on_the_extender_path():
 
 
 def test_containers_with_other_requests_get_their_own_claims_init_included():
-    p = pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
-            {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
-            init={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500, "nvidia.com/gpucores": 5})
+    p = pod(
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
+        init={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500, "nvidia.com/gpucores": 5},
+    )
     out, templates = translate(admitted(p), NV)
     assert len(templates) == 2  # two shapes
     assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["hami-gpu-0", "hami-gpu-1", "hami-gpu-2"]
     assert out["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "hami-gpu-0"}]
-    assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [[{"name": "hami-gpu-1"}], [{"name": "hami-gpu-2"}]]
+    assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [
+        [{"name": "hami-gpu-1"}],
+        [{"name": "hami-gpu-2"}],
+    ]
 
 
 def test_an_app_container_asking_what_an_init_container_asked_takes_its_claim_once():
@@ -91,7 +114,10 @@ def test_an_app_container_asking_what_an_init_container_asked_takes_its_claim_on
     # the first app container with the same request reuses it; the second (running beside the
     # first) and the other shape get their own
     assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [
-        [{"name": "hami-gpu-0"}], [{"name": "hami-gpu-2"}], [{"name": "hami-gpu-3"}]]
+        [{"name": "hami-gpu-0"}],
+        [{"name": "hami-gpu-2"}],
+        [{"name": "hami-gpu-3"}],
+    ]
     assert {c["resourceClaimTemplateName"] for c in claims} == {t["metadata"]["name"] for t in templates}
 
 
@@ -119,4 +145,6 @@ def test_a_pod_without_gpus_is_unchanged():
 
 def test_a_memory_percentage_below_100_is_refused_naming_container_and_resource():
     with pytest.raises(TranslationError, match=r"container 'c0'.*nvidia.com/gpumem-percentage=50"):
-        translate(admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 10})), NV)
+        translate(
+            admitted(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 10})), NV
+        )

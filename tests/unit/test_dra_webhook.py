@@ -13,10 +13,17 @@ EXT = AdmissionSettings([NvidiaVendor()])
 
 
 def body(limits, annotations=None):
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": annotations or {}},
-           "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": limits}}]}}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "u1", "operation": "CREATE", "namespace": "ns", "kind": {"kind": "Pod"}, "object": pod}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "resources": {"limits": limits}}]},
+    }
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u1", "operation": "CREATE", "namespace": "ns", "kind": {"kind": "Pod"}, "object": pod},
+    }
 
 
 def patched(answer, original):
@@ -72,8 +79,15 @@ def test_a_pod_without_gpus_needs_no_template():
 def test_deny_answer_keeps_the_uid():
     answer, _ = review_with_templates(body({"nvidia.com/gpu": 1}), DRA)
     denied = deny_answer(answer, "cannot create ResourceClaimTemplate ns/x: HTTP 403")
-    assert denied["response"] == {"uid": "u1", "allowed": False, "status": {
-        "code": 500, "message": "cannot create ResourceClaimTemplate ns/x: HTTP 403", "reason": "InternalError"}}
+    assert denied["response"] == {
+        "uid": "u1",
+        "allowed": False,
+        "status": {
+            "code": 500,
+            "message": "cannot create ResourceClaimTemplate ns/x: HTTP 403",
+            "reason": "InternalError",
+        },
+    }
 
 
 def test_unknown_front_end_is_refused_by_name():
@@ -111,8 +125,14 @@ async def _create(statuses, kube_present=True):
 
 async def test_server_creates_templates_strictly_and_takes_an_existing_one():
     failure, kube, templates = await _create([201])
-    assert failure == "" and kube.calls == [("POST", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates",
-                                             [("fieldValidation", "Strict")], templates[0]["metadata"]["name"])]
+    assert failure == "" and kube.calls == [
+        (
+            "POST",
+            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates",
+            [("fieldValidation", "Strict")],
+            templates[0]["metadata"]["name"],
+        )
+    ]
     failure, _, _ = await _create([409])
     assert failure == ""
 

@@ -1,4 +1,5 @@
 """`hami exec --priority/--core-policy` and the peer-region directory (no process is started)."""
+
 from __future__ import annotations
 
 import argparse

@@ -10,24 +10,55 @@ from hami.vendors import build_vendors
 
 CFG = SchedulerConfig(build_vendors(), "binpack", "spread")
 SLICE = resource_slice("n1", [PhysicalGPU(0, "GPU-a", "Tesla T4", 15360, "", 0)], SliceSettings(split_count=4))
-WHOLE = {"metadata": {"namespace": "team", "name": "whole"},
-         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.hami.io"}}]}},
-         "status": {"allocation": {"devices": {"results": [{"driver": "gpu.hami.io", "pool": "n1", "device": "gpu-0",
-                                                            "consumedCapacity": {"memory": str(15360 * MIB),
-                                                                                 "cores": "0", "shares": "1"}}]}}}}
-SHARE = {"metadata": {"namespace": "team", "name": "share-gpu"},
-         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-             "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "100Mi", "cores": "1"}}}}]}}}
+WHOLE = {
+    "metadata": {"namespace": "team", "name": "whole"},
+    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.hami.io"}}]}},
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "driver": "gpu.hami.io",
+                        "pool": "n1",
+                        "device": "gpu-0",
+                        "consumedCapacity": {"memory": str(15360 * MIB), "cores": "0", "shares": "1"},
+                    }
+                ]
+            }
+        }
+    },
+}
+SHARE = {
+    "metadata": {"namespace": "team", "name": "share-gpu"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {
+                        "deviceClassName": "gpu.hami.io",
+                        "capacity": {"requests": {"memory": "100Mi", "cores": "1"}},
+                    },
+                }
+            ]
+        }
+    },
+}
 
 
 def dra_pod(extra_limits=None):
     res = {"claims": [{"name": "gpu"}]}
     if extra_limits:
         res["limits"] = extra_limits
-    return {"metadata": {"name": "share", "namespace": "team", "uid": "u1"},
-            "spec": {"schedulerName": "default-scheduler", "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
-                     "containers": [{"name": "main", "resources": res}]},
-            "status": {"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "share-gpu"}]}}
+    return {
+        "metadata": {"name": "share", "namespace": "team", "uid": "u1"},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+            "containers": [{"name": "main", "resources": res}],
+        },
+        "status": {"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "share-gpu"}]},
+    }
 
 
 def test_a_dra_pod_gets_the_dra_explanation_and_no_extender_verdict():
@@ -49,9 +80,11 @@ def test_a_dra_pod_that_also_asks_the_extender_gets_both_and_unreadable_claims_a
 
 def test_an_extender_pod_is_explained_as_before():
     state = ClusterState(CFG)
-    pod = {"metadata": {"name": "p", "namespace": "team", "uid": "u2"},
-           "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
-           "status": {"phase": "Pending"}}
+    pod = {
+        "metadata": {"name": "p", "namespace": "team", "uid": "u2"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        "status": {"phase": "Pending"},
+    }
     out = render(pod, state, [], 0.0)
     assert "DRA" not in out and "fits on none of the 0 nodes" in out
 

@@ -25,8 +25,7 @@ def test_valid_quantities_read_like_kubernetes(item):
 
 
 @FAST
-@given(st.one_of(F.non_ascii_digit_quantities.map(lambda t: (t, None)),
-                 F.quantity_junk.map(lambda t: (t, "any"))))
+@given(st.one_of(F.non_ascii_digit_quantities.map(lambda t: (t, None)), F.quantity_junk.map(lambda t: (t, "any"))))
 def test_bad_quantities_are_refused_cleanly(item):
     ok(F.check_quantity(item))
 
@@ -74,6 +73,7 @@ def test_http_bodies_never_500(http, path):
     @given(F.http_bodies)
     def run(body):
         ok(F.check_http(http, path, body))
+
     run()
 
 
@@ -84,6 +84,7 @@ def test_http_valid_filters_are_answered():
     @given(F.valid_pods().filter(lambda item: item[1]))
     def run(item):
         ok(F.check_http_valid_filter(http, item))
+
     try:
         run()
     finally:
@@ -97,4 +98,5 @@ def test_simulate_never_a_traceback():
     @given(F.sim_inputs())
     def run(item):
         ok(F.check_simulate(surface, item))
+
     run()

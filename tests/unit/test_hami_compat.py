@@ -31,7 +31,9 @@ def test_case(group, case):
     assert re.search(rf"\|\s*`{re.escape(case.doc)}`\s*\|", COMPAT_DOC), f"no row `{case.doc}` in compatibility.md"
     if case.knobs:
         with_knobs = K.outcome(case, **case.knobs)
-        assert K.matches(with_knobs, case.hami), f"{case.name} with {case.knobs}: got {with_knobs!r}, HAMi gives {case.hami!r}"
+        assert K.matches(with_knobs, case.hami), (
+            f"{case.name} with {case.knobs}: got {with_knobs!r}, HAMi gives {case.hami!r}"
+        )
 
 
 def test_every_difference_row_is_backed_by_a_case():
@@ -59,13 +61,16 @@ def test_scheduler_flag_gives_hamis_scores():
 # ------------------------------------------------------------------ integrations (docs/integrations.md)
 
 
-@pytest.mark.parametrize("argv,want", [
-    (["-v=4"], ["-v"] * 4),
-    (["--v=2", "--once"], ["-v", "-v", "--once"]),
-    (["-v", "3", "--node-name", "n1"], ["-v"] * 3 + ["--node-name", "n1"]),
-    (["-v"], ["-v"]),
-    (["-v=0", "--metrics-bind-address=:9394"], ["--metrics-bind-address=:9394"]),
-])
+@pytest.mark.parametrize(
+    "argv,want",
+    [
+        (["-v=4"], ["-v"] * 4),
+        (["--v=2", "--once"], ["-v", "-v", "--once"]),
+        (["-v", "3", "--node-name", "n1"], ["-v"] * 3 + ["--node-name", "n1"]),
+        (["-v"], ["-v"]),
+        (["-v=0", "--metrics-bind-address=:9394"], ["--metrics-bind-address=:9394"]),
+    ],
+)
 def test_klog_verbosity_flags_of_hamis_binaries(argv, want):
     from hami.cli import klog_verbosity
 
@@ -98,7 +103,9 @@ def test_vgpumonitor_is_hamis_monitor_on_hamis_port(tmp_path, monkeypatch, capsy
 def test_the_chart_serves_the_monitor_on_hamis_port():
     import yaml
 
-    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/hami/values.yaml").read_text(encoding="utf-8"))
+    values = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "charts/hami/values.yaml").read_text(encoding="utf-8")
+    )
     assert values["devicePlugin"]["monitor"]["metricsPort"] == 9394
 
 

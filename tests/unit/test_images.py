@@ -45,14 +45,17 @@ def _layer(*entries: tuple[str, bytes | None]) -> bytes:
 def test_archive_has_layout_index_manifest_config_and_layers_with_matching_digests(tmp_path: Path) -> None:
     base = _layer(("etc/motd", b"hello\n"))
     top = _layer(("app/run", b"#!/bin/sh\n"))
-    archive = write_oci_archive(tmp_path / "a.tar", "example.test/x:1", [base, top],
-                                {"Entrypoint": ["/app/run"], "User": "1000"}, {"k": "v"})
+    archive = write_oci_archive(
+        tmp_path / "a.tar", "example.test/x:1", [base, top], {"Entrypoint": ["/app/run"], "User": "1000"}, {"k": "v"}
+    )
     assert archive.ref == "example.test/x:1"
     parts = read_oci_archive(archive.path)
     assert "oci-layout" in parts["names"]
     desc = parts["index"]["manifests"][0]
-    assert desc["annotations"] == {"org.opencontainers.image.ref.name": "example.test/x:1",
-                                   "io.containerd.image.name": "example.test/x:1"}
+    assert desc["annotations"] == {
+        "org.opencontainers.image.ref.name": "example.test/x:1",
+        "io.containerd.image.name": "example.test/x:1",
+    }
     manifest_blob = _blob(archive.path, desc["digest"])
     assert "sha256:" + hashlib.sha256(manifest_blob).hexdigest() == desc["digest"]
     assert desc["size"] == len(manifest_blob)
@@ -125,8 +128,9 @@ def test_cached_archive_is_reused_and_a_changed_input_builds_a_new_one(tmp_path:
 def _needs_cc() -> None:
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) to build the pause image")
-    probe = subprocess.run(["cc", "-static", "-x", "c", "-o", os.devnull, "-"],
-                           input=b"int main(void){return 0;}", capture_output=True)
+    probe = subprocess.run(
+        ["cc", "-static", "-x", "c", "-o", os.devnull, "-"], input=b"int main(void){return 0;}", capture_output=True
+    )
     if probe.returncode != 0:
         pytest.skip("cc cannot link statically (install libc6-dev)")
 
@@ -162,7 +166,7 @@ def _program_headers(elf: bytes) -> list[int]:
     phoff = int.from_bytes(elf[0x20:0x28], "little")
     size = int.from_bytes(elf[0x36:0x38], "little")
     count = int.from_bytes(elf[0x38:0x3A], "little")
-    return [int.from_bytes(elf[phoff + i * size:phoff + i * size + 4], "little") for i in range(count)]
+    return [int.from_bytes(elf[phoff + i * size : phoff + i * size + 4], "little") for i in range(count)]
 
 
 def test_pause_refuses_unknown_arguments(pause_root: tuple[images.ImageArchive, Path]) -> None:
@@ -173,7 +177,8 @@ def test_pause_refuses_unknown_arguments(pause_root: tuple[images.ImageArchive, 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_pause_sleeps_until_sigterm_or_sigint_then_exits_0(
-        pause_root: tuple[images.ImageArchive, Path], sig: signal.Signals) -> None:
+    pause_root: tuple[images.ImageArchive, Path], sig: signal.Signals
+) -> None:
     proc = subprocess.Popen([pause_root[1] / "pause"], stderr=subprocess.DEVNULL)
     try:
         with pytest.raises(subprocess.TimeoutExpired):
@@ -204,8 +209,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
 def test_pause_reaps_children_that_exit(pause_root: tuple[images.ImageArchive, Path]) -> None:
     # sh starts a short sleep and then becomes pause (exec): the sleep is pause's child, and
     # would stay a zombie if pause did not wait for it.
-    proc = subprocess.Popen(["sh", "-c", f"sleep 0.2 & exec {pause_root[1] / 'pause'}"],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(["sh", "-c", f"sleep 0.2 & exec {pause_root[1] / 'pause'}"], stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         seen_child = False
@@ -243,8 +247,13 @@ def test_busybox_image_has_a_shell_and_applets(tmp_path: Path) -> None:
     root.mkdir()
     unpack_rootfs(archive.path, root)
     assert (root / "bin" / "sh").readlink() == Path("busybox")
-    out = subprocess.run([root / "bin" / "sh", "-c", "echo $((6*7)); ls /"], capture_output=True,
-                         text=True, check=True, env={"PATH": str(root / "bin")})
+    out = subprocess.run(
+        [root / "bin" / "sh", "-c", "echo $((6*7)); ls /"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": str(root / "bin")},
+    )
     assert out.stdout.splitlines()[0] == "42"
     assert "nobody:x:65534" in (root / "etc" / "passwd").read_text()
 

@@ -43,8 +43,12 @@ def private_imports(module: str, is_package: bool, tree: ast.AST) -> list[tuple[
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names if alias.name.startswith("hami")
-                         and any(p.startswith("_") and not p.startswith("__") for p in alias.name.split(".")))
+            found.extend(
+                (node.lineno, alias.name)
+                for alias in node.names
+                if alias.name.startswith("hami")
+                and any(p.startswith("_") and not p.startswith("__") for p in alias.name.split("."))
+            )
         if not isinstance(node, ast.ImportFrom):
             continue
         source = resolve(module, is_package, node)
@@ -77,42 +81,62 @@ def product_modules():
 
 
 def test_no_module_imports_another_modules_private_names():
-    found = [f"{path.relative_to(SRC.parent)}:{line}: imports {name}"
-             for path, module, is_package, tree in product_modules()
-             for line, name in private_imports(module, is_package, tree)]
+    found = [
+        f"{path.relative_to(SRC.parent)}:{line}: imports {name}"
+        for path, module, is_package, tree in product_modules()
+        for line, name in private_imports(module, is_package, tree)
+    ]
     assert found == []
 
 
 def test_nothing_in_the_product_starts_the_harness_binaries():
-    found = [f"{path.relative_to(SRC.parent)}:{line}: {text!r}"
-             for path, _, _, tree in product_modules() for line, text in harness_starts(tree)]
+    found = [
+        f"{path.relative_to(SRC.parent)}:{line}: {text!r}"
+        for path, _, _, tree in product_modules()
+        for line, text in harness_starts(tree)
+    ]
     assert found == []
 
 
-@pytest.mark.parametrize(("module", "is_package", "source", "expected"), [
-    ("hami.ui.server", False, "from hami.scheduler.server import GUARD, _guarded", ["hami.scheduler.server._guarded"]),
-    ("hami.vendors.nvidia", False, "from .base import _lookup", ["hami.vendors.base._lookup"]),
-    ("hami.vendors.nvidia", False, "from ._util import present", ["hami.vendors._util.present"]),
-    ("hami.vendors", True, "from .base import _lookup", ["hami.vendors.base._lookup"]),
-    ("hami.sim.dra", False, "from ..core import _x", ["hami.core._x"]),
-    ("hami.core.fit", False, "from .fit import _phase", []),               # its own name
-    ("hami.core.fit", False, "from hami.core import __version__", []),     # dunder is public
-    ("hami.core.fit", False, "from hami.core.types import Device", []),
-    ("hami.core.fit", False, "from os import _exit", []),                   # not ours
-    ("hami.vendors.nvidia", False, "import hami.vendors._util", ["hami.vendors._util"]),
-    ("hami.sim.dra", False, "from .engine import flatten_objects, _checked, _objects",
-     ["hami.sim.engine._checked", "hami.sim.engine._objects"]),
-    ("hami.core.fit", False, "from __future__ import annotations", []),
-])
+@pytest.mark.parametrize(
+    ("module", "is_package", "source", "expected"),
+    [
+        (
+            "hami.ui.server",
+            False,
+            "from hami.scheduler.server import GUARD, _guarded",
+            ["hami.scheduler.server._guarded"],
+        ),
+        ("hami.vendors.nvidia", False, "from .base import _lookup", ["hami.vendors.base._lookup"]),
+        ("hami.vendors.nvidia", False, "from ._util import present", ["hami.vendors._util.present"]),
+        ("hami.vendors", True, "from .base import _lookup", ["hami.vendors.base._lookup"]),
+        ("hami.sim.dra", False, "from ..core import _x", ["hami.core._x"]),
+        ("hami.core.fit", False, "from .fit import _phase", []),  # its own name
+        ("hami.core.fit", False, "from hami.core import __version__", []),  # dunder is public
+        ("hami.core.fit", False, "from hami.core.types import Device", []),
+        ("hami.core.fit", False, "from os import _exit", []),  # not ours
+        ("hami.vendors.nvidia", False, "import hami.vendors._util", ["hami.vendors._util"]),
+        (
+            "hami.sim.dra",
+            False,
+            "from .engine import flatten_objects, _checked, _objects",
+            ["hami.sim.engine._checked", "hami.sim.engine._objects"],
+        ),
+        ("hami.core.fit", False, "from __future__ import annotations", []),
+    ],
+)
 def test_private_import_rule_on_planted_sources(module, is_package, source, expected):
     assert [name for _, name in private_imports(module, is_package, ast.parse(source))] == expected
 
 
-@pytest.mark.parametrize(("source", "expected"), [
-    ("run(['kube-apiserver', '--etcd-servers', url])", ["kube-apiserver"]),
-    ("Popen([str(bin_dir / 'etcd'), '--data-dir', d])", ["etcd"]),
-    ("log.info('etcd is slow')", []),
-    ("KUBELET_DIR = '/var/lib/kubelet'", []),
-])
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("run(['kube-apiserver', '--etcd-servers', url])", ["kube-apiserver"]),
+        ("Popen([str(bin_dir / 'etcd'), '--data-dir', d])", ["etcd"]),
+        ("log.info('etcd is slow')", []),
+        ("KUBELET_DIR = '/var/lib/kubelet'", []),
+    ],
+)
 def test_harness_rule_on_planted_sources(source, expected):
     assert [text for _, text in harness_starts(ast.parse(source))] == expected

@@ -39,12 +39,15 @@ def test_bind_addresses():
         parse_bind("9394")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--interval", "0"], "--interval: must be positive"),
-    (["--resync-interval", "soon"], "--resync-interval: invalid duration 'soon'"),
-    (["--metrics-bind-address", "nope"], "--metrics-bind-address: invalid address 'nope'"),
-    (["--node-name", ""], "--node-name (or NODE_NAME) is required"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--interval", "0"], "--interval: must be positive"),
+        (["--resync-interval", "soon"], "--resync-interval: invalid duration 'soon'"),
+        (["--metrics-bind-address", "nope"], "--metrics-bind-address: invalid address 'nope'"),
+        (["--node-name", ""], "--node-name (or NODE_NAME) is required"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     monkeypatch.delenv("NODE_NAME", raising=False)
     assert main(["monitor", "--no-nvml", *argv]) == 2
@@ -53,13 +56,19 @@ def test_bad_flags_exit_2_with_one_line(argv, message, capsys, monkeypatch):
 
 
 def test_once_prints_the_metrics_of_every_region(tmp_path, capsys):
-    kit.write(tmp_path / "containers" / f"{UID}_main" / "a.cache", uuids=("GPU-x",), limits=(1 << 30,),
-              procs=[kit.Proc(pid=3, used={0: (0, 0, 0, 12345)})])
+    kit.write(
+        tmp_path / "containers" / f"{UID}_main" / "a.cache",
+        uuids=("GPU-x",),
+        limits=(1 << 30,),
+        procs=[kit.Proc(pid=3, used={0: (0, 0, 0, 12345)})],
+    )
     assert main(["monitor", "--once", "--no-nvml", "--hook-path", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert (f'hami_vgpu_memory_used_bytes{{container="main",device_uuid="GPU-x",namespace="",pod="{UID}",'
-            f'vdevice_index="0",zone="vGPU"}} 12345.0') in out
-    assert 'hami_vgpu_memory_limit_bytes{' in out and 'hami_build_info{' in out
+    assert (
+        f'hami_vgpu_memory_used_bytes{{container="main",device_uuid="GPU-x",namespace="",pod="{UID}",'
+        f'vdevice_index="0",zone="vGPU"}} 12345.0'
+    ) in out
+    assert "hami_vgpu_memory_limit_bytes{" in out and "hami_build_info{" in out
 
 
 def test_serve_standalone_runs_feedback_and_releases_on_exit(tmp_path):
@@ -67,9 +76,25 @@ def test_serve_standalone_runs_feedback_and_releases_on_exit(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hami", "monitor", "--standalone", "--no-nvml", "--hook-path", str(tmp_path),
-         "--metrics-bind-address", f"127.0.0.1:{port}", "--interval", "0.2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "hami",
+            "monitor",
+            "--standalone",
+            "--no-nvml",
+            "--hook-path",
+            str(tmp_path),
+            "--metrics-bind-address",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 20
         body = ""

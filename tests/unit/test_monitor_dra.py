@@ -24,19 +24,29 @@ OTHER_UID = "7c1d0b52-6666-4e1e-8f00-dddddddddddd"
 @pytest.fixture
 def hook(tmp_path):
     """``$HOOK_PATH`` with one container region and two claim regions (one without a record)."""
-    kit.write(tmp_path / "containers" / "0b6f3b4e-1111-4d7e-9a8e-aaaaaaaaaaaa_main" / "x.cache", uuids=("GPU-x",),
-              procs=[kit.Proc(pid=1, hostpid=10, used={0: (0, 0, 5, 5)})])
+    kit.write(
+        tmp_path / "containers" / "0b6f3b4e-1111-4d7e-9a8e-aaaaaaaaaaaa_main" / "x.cache",
+        uuids=("GPU-x",),
+        procs=[kit.Proc(pid=1, hostpid=10, used={0: (0, 0, 5, 5)})],
+    )
     claims = tmp_path / "claims"
-    kit.write(claims / CLAIM_UID / "r.cache", uuids=("GPU-a",), limits=(3000 * MiB,),
-              procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 120 * MiB, 120 * MiB)}, sm_util={0: 30})])
-    (claims / f"{CLAIM_UID}.json").write_text(json.dumps({"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID}))
+    kit.write(
+        claims / CLAIM_UID / "r.cache",
+        uuids=("GPU-a",),
+        limits=(3000 * MiB,),
+        procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 120 * MiB, 120 * MiB)}, sm_util={0: 30})],
+    )
+    (claims / f"{CLAIM_UID}.json").write_text(
+        json.dumps({"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID})
+    )
     kit.write(claims / OTHER_UID / "r.cache", uuids=("GPU-b",))
     return tmp_path
 
 
 def collector(hook, pods=None):
-    return MonitorCollector("node-1", str(hook / "containers"), pods=pods, claims_dir=str(hook / "claims"),
-                            clock=lambda: 1030.0)
+    return MonitorCollector(
+        "node-1", str(hook / "containers"), pods=pods, claims_dir=str(hook / "claims"), clock=lambda: 1030.0
+    )
 
 
 def test_scan_claims_reads_the_record_beside_each_directory(hook):
@@ -49,8 +59,15 @@ def test_scan_claims_reads_the_record_beside_each_directory(hook):
     assert scan_claims(str(hook / "nowhere")) == []
 
 
-@pytest.mark.parametrize("record", ["not json", json.dumps({"namespace": "a", "name": "b", "uid": "someone-else"}),
-                                    json.dumps(["a"]), json.dumps({"namespace": "", "name": "b", "uid": CLAIM_UID})])
+@pytest.mark.parametrize(
+    "record",
+    [
+        "not json",
+        json.dumps({"namespace": "a", "name": "b", "uid": "someone-else"}),
+        json.dumps(["a"]),
+        json.dumps({"namespace": "", "name": "b", "uid": CLAIM_UID}),
+    ],
+)
 def test_a_bad_record_is_a_problem_not_a_label(hook, record):
     (hook / "claims" / f"{CLAIM_UID}.json").write_text(record)
     [c] = [c for c in scan_claims(str(hook / "claims")) if c.uid == CLAIM_UID]
@@ -58,13 +75,16 @@ def test_a_bad_record_is_a_problem_not_a_label(hook, record):
 
 
 def test_a_claims_region_is_labelled_with_the_pod_and_the_one_container_using_it(hook, caplog):
-    pods = {"pod-uid": PodRef("team-a", "p1", "pod-uid", claims=(("p1-hami-gpu-0-x7k", ("main",)),)),
-            "other": PodRef("team-b", "p1", "other", claims=(("p1-hami-gpu-0-x7k", ("main",)),))}  # other namespace
+    pods = {
+        "pod-uid": PodRef("team-a", "p1", "pod-uid", claims=(("p1-hami-gpu-0-x7k", ("main",)),)),
+        "other": PodRef("team-b", "p1", "other", claims=(("p1-hami-gpu-0-x7k", ("main",)),)),
+    }  # other namespace
     with caplog.at_level(logging.WARNING):
         got = _scrape(collector(hook, lambda: pods))
     used = got["hami_vgpu_memory_used_bytes"]
-    assert _values(used, namespace="team-a", pod="p1", container="main", vdevice_index="0", device_uuid="GPU-a") == \
-        [120 * MiB]
+    assert _values(used, namespace="team-a", pod="p1", container="main", vdevice_index="0", device_uuid="GPU-a") == [
+        120 * MiB
+    ]
     assert _values(got["hami_vgpu_memory_limit_bytes"], pod="p1", device_uuid="GPU-a") == [3000 * MiB]
     assert _values(got["hami_container_device_utilization_ratio"], pod="p1", device_uuid="GPU-a") == [30]
     assert _values(used, device_uuid="GPU-b") == []  # no record: not exported, counted
@@ -100,11 +120,17 @@ def test_pod_claims_resolves_template_claims_through_the_pods_status():
     def ctr(name, *claims):
         return NS(name=name, resources=NS(claims=[NS(name=c) for c in claims]))
 
-    pod = NS(spec=NS(resource_claims=[NS(name="gpu", resource_claim_name=None),
-                                      NS(name="shared", resource_claim_name="team-claim")],
-                     init_containers=[ctr("init", "shared")],
-                     containers=[ctr("main", "gpu", "shared"), ctr("plain"), NS(name="bare", resources=None)]),
-             status=NS(resource_claim_statuses=[NS(name="gpu", resource_claim_name="p1-gpu-abc")]))
+    pod = NS(
+        spec=NS(
+            resource_claims=[
+                NS(name="gpu", resource_claim_name=None),
+                NS(name="shared", resource_claim_name="team-claim"),
+            ],
+            init_containers=[ctr("init", "shared")],
+            containers=[ctr("main", "gpu", "shared"), ctr("plain"), NS(name="bare", resources=None)],
+        ),
+        status=NS(resource_claim_statuses=[NS(name="gpu", resource_claim_name="p1-gpu-abc")]),
+    )
     assert pod_claims(pod) == (("p1-gpu-abc", ("main",)), ("team-claim", ("init", "main")))
     assert pod_claims(NS(spec=None, status=None)) == ()
 
@@ -113,10 +139,14 @@ async def test_pod_claims_reads_the_kubernetes_client_s_own_pod_objects():
     """The same through kubernetes_asyncio's V1Pod (what node_pods gets from the API server)."""
     from kubernetes_asyncio import client
 
-    raw = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u"},
-           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hami-gpu-abc"}],
-                    "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}, {"name": "side"}]},
-           "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-hami-gpu-0-x7k"}]}}
+    raw = {
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "u"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "hami-gpu-abc"}],
+            "containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}, {"name": "side"}],
+        },
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-hami-gpu-0-x7k"}]},
+    }
     async with client.ApiClient() as api:
         pod = api._ApiClient__deserialize(raw, "V1Pod")
     assert pod_claims(pod) == (("p-hami-gpu-0-x7k", ("main",)),)

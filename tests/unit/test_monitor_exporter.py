@@ -39,13 +39,26 @@ REFERENCE_MONITOR = {
     "hami_build_info": {"version", "revision", "build_date", "go_version", "compiler", "platform"},
 }
 REFERENCE_MONITOR_LEGACY = {
-    "HostGPUMemoryUsage", "HostCoreUtilization", "vGPU_device_memory_usage_in_bytes",
-    "vGPU_device_memory_limit_in_bytes", "Device_memory_desc_of_container",
-    "Device_utilization_desc_of_container", "Device_last_kernel_of_container",
+    "HostGPUMemoryUsage",
+    "HostCoreUtilization",
+    "vGPU_device_memory_usage_in_bytes",
+    "vGPU_device_memory_limit_in_bytes",
+    "Device_memory_desc_of_container",
+    "Device_utilization_desc_of_container",
+    "Device_last_kernel_of_container",
 }
 OURS = {"hami_vgpu_memory_drift_bytes", "hami_monitor_regions"}  # additions, documented in docs/metrics.md
-REFERENCE_MIG = {"namespace", "pod", "container", "vdevice_index", "device_uuid", "mig_uuid", "profile",
-                 "gpu_instance_id", "compute_instance_id"}
+REFERENCE_MIG = {
+    "namespace",
+    "pod",
+    "container",
+    "vdevice_index",
+    "device_uuid",
+    "mig_uuid",
+    "profile",
+    "gpu_instance_id",
+    "compute_instance_id",
+}
 
 
 def test_metric_names_and_labels_match_the_reference():
@@ -59,17 +72,44 @@ def test_metric_names_and_labels_match_the_reference():
 def test_mig_device_info_from_the_pods_annotation(node_dir):
     from hami.monitor.kube import mig_devices
 
-    ann = {"hami.io/vgpu-mig-allocations": json.dumps([
-        {"containerIndex": 1, "deviceIndex": 0, "gpuUUID": "GPU-a", "profile": "3g.20gb",
-         "placement": {"start": 4, "size": 4}, "migUUID": "MIG-x", "gpuInstanceID": 2, "computeInstanceID": 0},
-        {"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-a", "profile": "1g.5gb",
-         "placement": {"start": 0, "size": 1}}])}  # not made yet: no series
+    ann = {
+        "hami.io/vgpu-mig-allocations": json.dumps(
+            [
+                {
+                    "containerIndex": 1,
+                    "deviceIndex": 0,
+                    "gpuUUID": "GPU-a",
+                    "profile": "3g.20gb",
+                    "placement": {"start": 4, "size": 4},
+                    "migUUID": "MIG-x",
+                    "gpuInstanceID": 2,
+                    "computeInstanceID": 0,
+                },
+                {
+                    "containerIndex": 0,
+                    "deviceIndex": 0,
+                    "gpuUUID": "GPU-a",
+                    "profile": "1g.5gb",
+                    "placement": {"start": 0, "size": 1},
+                },
+            ]
+        )
+    }  # not made yet: no series
     pods = {UID_A: PodRef("team-a", "train-0", UID_A, mig_devices(ann, ["init", "main"]))}
     got = _scrape(_collector(node_dir, pods=lambda: pods, legacy=True))
     [s] = got["hami_mig_device_info"]
     assert s.value == 1 and {k: v for k, v in s.labels.items()} == {
-        "namespace": "team-a", "pod": "train-0", "container": "main", "vdevice_index": "0", "device_uuid": "GPU-a",
-        "mig_uuid": "MIG-x", "profile": "3g.20gb", "gpu_instance_id": "2", "compute_instance_id": "0", "zone": "vGPU"}
+        "namespace": "team-a",
+        "pod": "train-0",
+        "container": "main",
+        "vdevice_index": "0",
+        "device_uuid": "GPU-a",
+        "mig_uuid": "MIG-x",
+        "profile": "3g.20gb",
+        "gpu_instance_id": "2",
+        "compute_instance_id": "0",
+        "zone": "vGPU",
+    }
     assert [x.labels["mig_uuid"] for x in got["MigInfo"]] == ["MIG-x"]
     assert mig_devices({"hami.io/vgpu-mig-allocations": "not json"}, ["main"]) == ()
 
@@ -88,13 +128,24 @@ def _values(samples, **match):
 @pytest.fixture
 def node_dir(tmp_path):
     root = tmp_path / "containers"
-    kit.write(root / f"{UID_A}_main" / "x.cache", uuids=("GPU-a", "GPU-b"), limits=(3000 * MiB, 1000 * MiB),
-              procs=[kit.Proc(pid=7, hostpid=70, used={0: (10 * MiB, 5 * MiB, 85 * MiB, 100 * MiB), 1: (0, 0, 7, 7)},
-                              sm_util={0: 40}),
-                     kit.Proc(pid=8, hostpid=80, used={0: (0, 0, 50 * MiB, 50 * MiB)}, sm_util={0: 15})],
-              last_kernel_time=1000)
-    kit.write(root / f"{UID_B}_side" / "y.cache", uuids=("GPU-a",), limits=(500 * MiB,),
-              procs=[kit.Proc(pid=9, hostpid=0, used={0: (0, 0, 1, 1)})])
+    kit.write(
+        root / f"{UID_A}_main" / "x.cache",
+        uuids=("GPU-a", "GPU-b"),
+        limits=(3000 * MiB, 1000 * MiB),
+        procs=[
+            kit.Proc(
+                pid=7, hostpid=70, used={0: (10 * MiB, 5 * MiB, 85 * MiB, 100 * MiB), 1: (0, 0, 7, 7)}, sm_util={0: 40}
+            ),
+            kit.Proc(pid=8, hostpid=80, used={0: (0, 0, 50 * MiB, 50 * MiB)}, sm_util={0: 15}),
+        ],
+        last_kernel_time=1000,
+    )
+    kit.write(
+        root / f"{UID_B}_side" / "y.cache",
+        uuids=("GPU-a",),
+        limits=(500 * MiB,),
+        procs=[kit.Proc(pid=9, hostpid=0, used={0: (0, 0, 1, 1)})],
+    )
     return root
 
 
@@ -106,7 +157,9 @@ def test_container_metrics_carry_pod_labels_and_the_right_numbers(node_dir):
     pods = {UID_A: PodRef("team-a", "train-0", UID_A), UID_B: PodRef("team-b", "infer", UID_B)}
     got = _scrape(_collector(node_dir, pods=lambda: pods))
     used = got["hami_vgpu_memory_used_bytes"]
-    assert _values(used, pod="train-0", namespace="team-a", container="main", vdevice_index="0", device_uuid="GPU-a") == [150 * MiB]
+    assert _values(
+        used, pod="train-0", namespace="team-a", container="main", vdevice_index="0", device_uuid="GPU-a"
+    ) == [150 * MiB]
     assert _values(used, pod="train-0", vdevice_index="1", device_uuid="GPU-b") == [7]
     assert _values(used, pod="infer", container="side") == [1]
     assert all(s.labels["zone"] == "vGPU" for s in used)
@@ -131,7 +184,10 @@ def test_directories_of_unknown_pods_are_counted_not_exported(node_dir):
 
 def test_standalone_labels_pods_by_uid(node_dir):
     got = _scrape(_collector(node_dir))
-    assert {(s.labels["namespace"], s.labels["pod"]) for s in got["hami_vgpu_memory_used_bytes"]} == {("", UID_A), ("", UID_B)}
+    assert {(s.labels["namespace"], s.labels["pod"]) for s in got["hami_vgpu_memory_used_bytes"]} == {
+        ("", UID_A),
+        ("", UID_B),
+    }
 
 
 def test_corrupt_and_truncated_regions_are_skipped_with_one_warning(node_dir, caplog):
@@ -164,12 +220,26 @@ def test_region_replaced_by_garbage_after_a_good_scrape_is_skipped(node_dir):
 
 
 def test_host_metrics_drift_and_legacy_names(node_dir):
-    gpus = [HostGPU(0, "GPU-a", "Tesla T4", memory_used=9 * MiB, utilization=70, memory_utilization=20,
-                    process_memory={70: 120 * MiB, 80: 50 * MiB, 999: 1}),
-            HostGPU(1, "GPU-b", "NVIDIA H100", memory_used=1, utilization=0, memory_utilization=0)]
+    gpus = [
+        HostGPU(
+            0,
+            "GPU-a",
+            "Tesla T4",
+            memory_used=9 * MiB,
+            utilization=70,
+            memory_utilization=20,
+            process_memory={70: 120 * MiB, 80: 50 * MiB, 999: 1},
+        ),
+        HostGPU(1, "GPU-b", "NVIDIA H100", memory_used=1, utilization=0, memory_utilization=0),
+    ]
     got = _scrape(_collector(node_dir, host=lambda: gpus, legacy=True))
-    assert _values(got["hami_host_gpu_memory_used_bytes"], node="node-1", device_index="0", device_uuid="GPU-a",
-                   device_type="NVIDIA-Tesla T4") == [9 * MiB]
+    assert _values(
+        got["hami_host_gpu_memory_used_bytes"],
+        node="node-1",
+        device_index="0",
+        device_uuid="GPU-a",
+        device_type="NVIDIA-Tesla T4",
+    ) == [9 * MiB]
     assert _values(got["hami_host_gpu_utilization_ratio"], device_uuid="GPU-a") == [70]
     assert _values(got["hami_host_gpu_memory_controller_utilization_ratio"], device_type="NVIDIA H100") == [0]
     assert "node" not in got["hami_host_gpu_memory_controller_utilization_ratio"][0].labels
@@ -178,8 +248,12 @@ def test_host_metrics_drift_and_legacy_names(node_dir):
     assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_A, device_uuid="GPU-b") == [-7]
     assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_B) == []  # host PID unknown: no guess
     assert _values(got["HostGPUMemoryUsage"], deviceuuid="GPU-a", deviceidx="0") == [9 * MiB]
-    assert _values(got["vGPU_device_memory_usage_in_bytes"], podname=UID_A, ctrname="main", vdeviceid="0") == [150 * MiB]
-    assert _values(got["Device_memory_desc_of_container"], podname=UID_A, vdeviceid="0", context=str(10 * MiB)) == [150 * MiB]
+    assert _values(got["vGPU_device_memory_usage_in_bytes"], podname=UID_A, ctrname="main", vdeviceid="0") == [
+        150 * MiB
+    ]
+    assert _values(got["Device_memory_desc_of_container"], podname=UID_A, vdeviceid="0", context=str(10 * MiB)) == [
+        150 * MiB
+    ]
     for name, samples in got.items():
         table = METRICS if name in METRICS else LEGACY_METRICS
         for s in samples:
@@ -189,18 +263,22 @@ def test_host_metrics_drift_and_legacy_names(node_dir):
 def test_nvml_failure_keeps_container_metrics(node_dir):
     def broken():
         raise RuntimeError("NVML gone")
+
     got = _scrape(_collector(node_dir, host=broken))
     assert "hami_host_gpu_memory_used_bytes" not in got and len(got["hami_vgpu_memory_used_bytes"]) == 3
 
 
 def test_memory_drift_needs_every_host_pid(tmp_path):
-    path = kit.write(tmp_path / "r.cache", procs=[kit.Proc(1, 11, used={0: (0, 0, 0, 5)}), kit.Proc(2, 0, used={0: (0, 0, 0, 5)})])
+    path = kit.write(
+        tmp_path / "r.cache", procs=[kit.Proc(1, 11, used={0: (0, 0, 0, 5)}), kit.Proc(2, 0, used={0: (0, 0, 0, 5)})]
+    )
     gpu = HostGPU(0, "GPU-a", "x", process_memory={11: 100})
     assert memory_drift(read_region(path), 0, gpu) is None
     assert memory_drift(read_region(path), 0, None) is None
 
 
 # ---------------------------------------------------------------------- containers directory
+
 
 def test_split_name():
     assert split_name(f"{UID_A}_main") == (UID_A, "main")
@@ -235,6 +313,7 @@ def test_two_region_files_in_one_directory_are_reported(tmp_path):
 
 # ---------------------------------------------------------------------- feedback (hami-core §6.5)
 
+
 def R(key, uuids=("GPU-a",), priority=1, recent=0, switch=1):
     return Reading(key, tuple(uuids), priority, recent, switch)
 
@@ -251,7 +330,9 @@ def test_two_active_containers_of_the_same_priority_keep_the_limit():
 def test_only_still_active_containers_count():
     # b decays 1 -> 0 this period and is no longer active; a is alone
     assert decide([R("a", recent=3, switch=1), R("b", recent=1, switch=0)]) == {
-        "a": Writes(2, 0), "b": Writes(recent_kernel=0)}
+        "a": Writes(2, 0),
+        "b": Writes(recent_kernel=0),
+    }
 
 
 def test_a_higher_priority_peer_throttles_and_blocks_only_when_enabled():

@@ -17,18 +17,36 @@ def test_v1_layout_offsets_match_the_c_struct():
     r, s = kit.RegionV1, kit.SlotV1
     assert (V1.size, V1.slot_size) == (kit.C.sizeof(r), kit.C.sizeof(s))
     assert (V1.device_num, V1.uuids, V1.limit, V1.sm_limit, V1.procs) == (
-        r.device_num.offset, r.uuids.offset, r.limit.offset, r.sm_limit.offset, r.procs.offset)
+        r.device_num.offset,
+        r.uuids.offset,
+        r.limit.offset,
+        r.sm_limit.offset,
+        r.procs.offset,
+    )
     assert (V1.proc_num, V1.utilization_switch, V1.recent_kernel, V1.priority, V1.last_kernel_time) == (
-        r.proc_num.offset, r.utilization_switch.offset, r.recent_kernel.offset, r.priority.offset, r.last_kernel_time.offset)
+        r.proc_num.offset,
+        r.utilization_switch.offset,
+        r.recent_kernel.offset,
+        r.priority.offset,
+        r.last_kernel_time.offset,
+    )
     assert (V1.slot_monitorused, V1.slot_util, V1.slot_status, V1.slot_seqlock) == (
-        s.monitorused.offset, s.device_util.offset, s.status.offset, s.seqlock.offset)
+        s.monitorused.offset,
+        s.device_util.offset,
+        s.status.offset,
+        s.seqlock.offset,
+    )
 
 
 def test_v0_layout_offsets_match_the_c_struct():
     r, s = kit.RegionV0, kit.SlotV0
     assert (V0.size, V0.slot_size) == (kit.C.sizeof(r), kit.C.sizeof(s))
     assert (V0.procs, V0.proc_num, V0.priority) == (r.procs.offset, r.proc_num.offset, r.priority.offset)
-    assert (V0.slot_monitorused, V0.slot_util, V0.slot_status) == (s.monitorused.offset, s.device_util.offset, s.status.offset)
+    assert (V0.slot_monitorused, V0.slot_util, V0.slot_status) == (
+        s.monitorused.offset,
+        s.device_util.offset,
+        s.status.offset,
+    )
 
 
 def _two_procs():
@@ -41,8 +59,17 @@ def _two_procs():
 
 @pytest.mark.parametrize("version", ["v1", "v0"])
 def test_reads_usage_limits_and_utilisation(tmp_path, version):
-    path = kit.write(tmp_path / "r.cache", version=version, uuids=("GPU-a", "GPU-b"), limits=(2 * GiB, GiB),
-                     sm_limits=(30, 40), procs=_two_procs(), priority=0, recent_kernel=2, last_kernel_time=1234)
+    path = kit.write(
+        tmp_path / "r.cache",
+        version=version,
+        uuids=("GPU-a", "GPU-b"),
+        limits=(2 * GiB, GiB),
+        sm_limits=(30, 40),
+        procs=_two_procs(),
+        priority=0,
+        recent_kernel=2,
+        last_kernel_time=1234,
+    )
     r = read_region(path)
     assert r.layout == version
     assert r.uuids == ("GPU-a", "GPU-b") and r.limits == (2 * GiB, GiB) and r.sm_limits == (30, 40)
@@ -55,10 +82,13 @@ def test_reads_usage_limits_and_utilisation(tmp_path, version):
     assert r.hostpids() == (1010, 1011)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(magic=0), "bad magic 0"),
-    (dict(major=2), "unsupported major version 2"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(magic=0), "bad magic 0"),
+        (dict(major=2), "unsupported major version 2"),
+    ],
+)
 def test_rejects_untrusted_headers(tmp_path, bad, message):
     path = kit.write(tmp_path / "r.cache", **bad)
     with pytest.raises(RegionError, match=message):

@@ -26,8 +26,11 @@ def _docstrings(tree: ast.AST) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str)):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.add(id(first.value))
     return found
 
@@ -37,9 +40,14 @@ def wire_strings(source: str) -> list[tuple[int, str]]:
     left out."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  and DOMAIN in node.value and id(node) not in skip)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and DOMAIN in node.value
+        and id(node) not in skip
+    )
 
 
 def owns_wire_names(path: Path) -> bool:
@@ -47,8 +55,12 @@ def owns_wire_names(path: Path) -> bool:
     rel = path.relative_to(SRC)
     if rel == Path("core", "names.py"):
         return True
-    return (len(rel.parts) == 2 and rel.parts[0] == "vendors" and not rel.stem.startswith("_")
-            and rel.stem not in ("base", "common"))
+    return (
+        len(rel.parts) == 2
+        and rel.parts[0] == "vendors"
+        and not rel.stem.startswith("_")
+        and rel.stem not in ("base", "common")
+    )
 
 
 def _sources() -> list[Path]:
@@ -61,10 +73,15 @@ def test_the_scan_sees_constants_and_f_string_parts_but_not_docstrings():
 
 
 def test_no_hami_io_name_outside_names_and_the_vendor_modules():
-    stray = [f"{p.relative_to(SRC.parent)}:{line}: {text!r}"
-             for p in _sources() if not owns_wire_names(p)
-             for line, text in wire_strings(p.read_text())]
-    assert not stray, "spell these in hami/core/names.py (or the owning vendor module) and import them:\n" + "\n".join(stray)
+    stray = [
+        f"{p.relative_to(SRC.parent)}:{line}: {text!r}"
+        for p in _sources()
+        if not owns_wire_names(p)
+        for line, text in wire_strings(p.read_text())
+    ]
+    assert not stray, "spell these in hami/core/names.py (or the owning vendor module) and import them:\n" + "\n".join(
+        stray
+    )
 
 
 def test_each_wire_string_is_spelled_in_one_place():
@@ -79,8 +96,9 @@ def test_each_wire_string_is_spelled_in_one_place():
 
 def test_names_values_are_unique_literals():
     tree = ast.parse(NAMES.read_text())
-    literals = [node.value.value for node in tree.body
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)]
+    literals = [
+        node.value.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+    ]
     repeated = [v for v, n in Counter(literals).items() if n > 1]
     assert not repeated, f"hami/core/names.py spells these twice: {repeated}"
     public = {k: v for k, v in vars(names).items() if k.isupper() and not k.startswith("_") and isinstance(v, str)}
@@ -101,18 +119,21 @@ def test_every_public_name_has_its_role_in_the_docstring():
     assert not missing, f"say who writes and who reads: {missing}"
 
 
-@pytest.mark.parametrize("got, want", [
-    (names.node_handshake("dcu"), "hami.io/node-handshake-dcu"),
-    (names.node_handshake("Ascend910B3"), "hami.io/node-handshake-Ascend910B3"),
-    (names.devices_allocated("BI-V150"), "hami.io/BI-V150-devices-allocated"),
-    (names.devices_to_allocate("Ascend910B3"), "hami.io/Ascend910B3-devices-to-allocate"),
-    (names.use_uuid("Ascend310P"), "hami.io/use-Ascend310P-uuid"),
-    (names.no_use_uuid("MR-V100"), "hami.io/no-use-MR-V100-uuid"),
-    (names.NODE_HANDSHAKE, "hami.io/node-handshake"),
-    (names.NODE_LOCK, "hami.io/mutex.lock"),
-    (names.BIND_PHASE, "hami.io/bind-phase"),
-    (names.VGPU_NODE, "hami.io/vgpu-node"),
-])
+@pytest.mark.parametrize(
+    "got, want",
+    [
+        (names.node_handshake("dcu"), "hami.io/node-handshake-dcu"),
+        (names.node_handshake("Ascend910B3"), "hami.io/node-handshake-Ascend910B3"),
+        (names.devices_allocated("BI-V150"), "hami.io/BI-V150-devices-allocated"),
+        (names.devices_to_allocate("Ascend910B3"), "hami.io/Ascend910B3-devices-to-allocate"),
+        (names.use_uuid("Ascend310P"), "hami.io/use-Ascend310P-uuid"),
+        (names.no_use_uuid("MR-V100"), "hami.io/no-use-MR-V100-uuid"),
+        (names.NODE_HANDSHAKE, "hami.io/node-handshake"),
+        (names.NODE_LOCK, "hami.io/mutex.lock"),
+        (names.BIND_PHASE, "hami.io/bind-phase"),
+        (names.VGPU_NODE, "hami.io/vgpu-node"),
+    ],
+)
 def test_composed_and_shared_keys_keep_hamis_spelling(got, want):
     assert got == want
 
@@ -120,28 +141,47 @@ def test_composed_and_shared_keys_keep_hamis_spelling(got, want):
 def env_names() -> set[str]:
     """The values of names.py's ``ENV_*`` constants."""
     tree = ast.parse(NAMES.read_text())
-    return {node.value.value for node in ast.walk(tree)
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-            and any(isinstance(t, ast.Name) and t.id.startswith("ENV_") for t in node.targets)}
+    return {
+        node.value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and any(isinstance(t, ast.Name) and t.id.startswith("ENV_") for t in node.targets)
+    }
 
 
 def env_strings(source: str, wanted: set[str]) -> list[tuple[int, str]]:
     """``(line, text)`` of each string constant (docstrings left out) that is one of ``wanted``."""
     tree = ast.parse(source)
     skip = _docstrings(tree)
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  and node.value in wanted and id(node) not in skip)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in wanted
+        and id(node) not in skip
+    )
 
 
 def test_the_env_names_the_product_writes_are_spelled_only_in_names():
     wanted = env_names()
-    assert {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_DISABLE_CONTROL", "NVIDIA_VISIBLE_DEVICES"} <= wanted
-    stray = [f"{p.relative_to(SRC.parent)}:{line}: {text!r}"
-             for p in _sources() if p != NAMES for line, text in env_strings(p.read_text(), wanted)]
+    assert {
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DISABLE_CONTROL",
+        "NVIDIA_VISIBLE_DEVICES",
+    } <= wanted
+    stray = [
+        f"{p.relative_to(SRC.parent)}:{line}: {text!r}"
+        for p in _sources()
+        if p != NAMES
+        for line, text in env_strings(p.read_text(), wanted)
+    ]
     assert not stray, "import these from hami/core/names.py:\n" + "\n".join(stray)
 
 
 def test_the_env_scan_finds_a_planted_name():
-    assert env_strings('"""CUDA_DEVICE_SM_LIMIT"""\nenv["CUDA_DEVICE_SM_LIMIT"] = "50"\n',
-                       {"CUDA_DEVICE_SM_LIMIT"}) == [(2, "CUDA_DEVICE_SM_LIMIT")]
+    assert env_strings(
+        '"""CUDA_DEVICE_SM_LIMIT"""\nenv["CUDA_DEVICE_SM_LIMIT"] = "50"\n', {"CUDA_DEVICE_SM_LIMIT"}
+    ) == [(2, "CUDA_DEVICE_SM_LIMIT")]

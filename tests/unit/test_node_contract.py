@@ -32,12 +32,28 @@ def dp_response(env=None, paths=None, settings=None, limits=None):
 
 def dra_edits(paths, isolation="hami-core"):
     gpus = [PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0)]
-    config = [{"source": "FromClass", "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "isolation": isolation}}}]
-    result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0", "shareID": "s-1",
-              "consumedCapacity": {"memory": "3000Mi" if isolation == "hami-core" else str(15360 << 20), "cores": "30"}}
-    claim = {"metadata": {"namespace": "ns", "name": "c1", "uid": "uid-c"},
-             "status": {"allocation": {"devices": {"results": [result], "config": config}}}}
+    config = [
+        {
+            "source": "FromClass",
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {"apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "isolation": isolation},
+            },
+        }
+    ]
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": "node-a",
+        "device": "gpu-0",
+        "shareID": "s-1",
+        "consumedCapacity": {"memory": "3000Mi" if isolation == "hami-core" else str(15360 << 20), "cores": "30"},
+    }
+    claim = {
+        "metadata": {"namespace": "ns", "name": "c1", "uid": "uid-c"},
+        "status": {"allocation": {"devices": {"results": [result], "config": config}}},
+    }
     p = plan(claim, "node-a", gpus, SliceSettings())
     return cdi_spec(p, paths, contract.Options())["devices"][0]["containerEdits"]
 
@@ -64,10 +80,15 @@ def test_driver_mounts_come_first_on_both_front_ends():
 
 
 def test_without_isolation_only_the_driver_mounts_remain_on_both_front_ends():
-    dp = dp_response(paths=HookPaths("/usr/local", "/tmp/vl", DRIVER_MOUNTS), settings=NodeSettings(operating_mode="mps"))
+    dp = dp_response(
+        paths=HookPaths("/usr/local", "/tmp/vl", DRIVER_MOUNTS), settings=NodeSettings(operating_mode="mps")
+    )
     dra = dra_edits(Paths(hook_path="/usr/local", driver_mounts=DRIVER_MOUNTS), isolation="none")
-    assert [m.container_path for m in dp.mounts] == [m["containerPath"] for m in dra["mounts"]] == \
-        ["/usr/local/nvidia", "/var/run/state"]
+    assert (
+        [m.container_path for m in dp.mounts]
+        == [m["containerPath"] for m in dra["mounts"]]
+        == ["/usr/local/nvidia", "/var/run/state"]
+    )
     assert contract.container_mounts(HookPaths(), None) == ()
 
 
@@ -101,20 +122,30 @@ def test_the_preload_is_a_named_parameter_and_the_dra_path_always_mounts_it():
 def test_every_front_end_writes_the_same_names_in_the_same_order():
     opts = contract.Options(memory_oversubscribe=True, libcuda_log_level="1", core_policy="force")
     env = contract.limit_env(contract.Limits(("3000m", "4000m"), 30, "/r.cache", priority=0), opts)
-    assert list(env) == ["CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT_1", "CUDA_DEVICE_SM_LIMIT",
-                         "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_OVERSUBSCRIBE", "LIBCUDA_LOG_LEVEL",
-                         "CUDA_TASK_PRIORITY", "GPU_CORE_UTILIZATION_POLICY"]
+    assert list(env) == [
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "CUDA_DEVICE_MEMORY_LIMIT_1",
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "CUDA_OVERSUBSCRIBE",
+        "LIBCUDA_LOG_LEVEL",
+        "CUDA_TASK_PRIORITY",
+        "GPU_CORE_UTILIZATION_POLICY",
+    ]
     assert env["CUDA_TASK_PRIORITY"] == "0" and env["CUDA_DEVICE_SM_LIMIT"] == "30"
-    dp = dp_response(settings=NodeSettings(device_memory_scaling=2, libcuda_log_level="1", gpu_core_policy="force"),
-                     limits={"nvidia.com/priority": "0"}).envs
+    dp = dp_response(
+        settings=NodeSettings(device_memory_scaling=2, libcuda_log_level="1", gpu_core_policy="force"),
+        limits={"nvidia.com/priority": "0"},
+    ).envs
     assert [k for k in dp if k != "NVIDIA_VISIBLE_DEVICES"] == [k for k in env if k != "CUDA_DEVICE_MEMORY_LIMIT_1"]
 
 
 def test_node_settings_give_the_same_options_to_both_front_ends():
     assert contract.options(NodeSettings()) == contract.Options()
     assert contract.options(NodeSettings(disable_core_limit=True, gpu_core_policy="force")).core_policy == "disable"
-    assert contract.options(NodeSettings(gpu_core_policy="force", device_memory_scaling=1.5, libcuda_log_level="3")) == \
-        contract.Options(memory_oversubscribe=True, libcuda_log_level="3", core_policy="force")
+    assert contract.options(
+        NodeSettings(gpu_core_policy="force", device_memory_scaling=1.5, libcuda_log_level="3")
+    ) == contract.Options(memory_oversubscribe=True, libcuda_log_level="3", core_policy="force")
 
 
 def test_hami_exec_differs_only_by_named_parameters(tmp_path):
@@ -129,13 +160,19 @@ def test_region_files_keep_their_names():
     """A region file name is a contract with running containers and hami monitor: the same pod
     and container (or claim) name the same file as before the contract existed."""
     paths = HookPaths("/usr/local")
-    assert contract.container_region(paths, "uid-p", "main") == \
-        f"/usr/local/vgpu/{uuid.uuid5(uuid.NAMESPACE_URL, 'hami:uid-p/main')}.cache"
-    assert contract.claim_region(paths, "uid-c") == \
-        f"/usr/local/vgpu/{uuid.uuid5(uuid.NAMESPACE_URL, 'hami-dra:uid-c')}.cache"
+    assert (
+        contract.container_region(paths, "uid-p", "main")
+        == f"/usr/local/vgpu/{uuid.uuid5(uuid.NAMESPACE_URL, 'hami:uid-p/main')}.cache"
+    )
+    assert (
+        contract.claim_region(paths, "uid-c")
+        == f"/usr/local/vgpu/{uuid.uuid5(uuid.NAMESPACE_URL, 'hami-dra:uid-c')}.cache"
+    )
 
 
 def test_ld_preload_puts_the_library_first_once():
-    assert contract.ld_preload("/l/libvgpu.so", "/a/libfoo.so:/old/libvgpu.so::/b/libbar.so") == \
-        "/l/libvgpu.so:/a/libfoo.so:/b/libbar.so"
+    assert (
+        contract.ld_preload("/l/libvgpu.so", "/a/libfoo.so:/old/libvgpu.so::/b/libbar.so")
+        == "/l/libvgpu.so:/a/libfoo.so:/b/libbar.so"
+    )
     assert contract.ld_preload("/l/libvgpu.so") == "/l/libvgpu.so"

@@ -84,8 +84,9 @@ def test_dra_checkpoint_is_written_durably_and_private(tmp_path, fsyncs):
 
 def test_cdi_specs_are_written_durably(tmp_path, fsyncs):
     path = write_spec(spec([CdiGpu("GPU-1", 0)], CdiConfig("cdi-cri")), tmp_path / "cdi")
-    claim = write_document({"cdiVersion": "0.6.0", "kind": "gpu.hami.io/claim", "devices": []},
-                           tmp_path / "cdi" / "gpu.hami.io-u.json")
+    claim = write_document(
+        {"cdiVersion": "0.6.0", "kind": "gpu.hami.io/claim", "devices": []}, tmp_path / "cdi" / "gpu.hami.io-u.json"
+    )
     assert _dir_synced(fsyncs, tmp_path / "cdi")
     assert json.loads(claim.read_text())["kind"] == "gpu.hami.io/claim"
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
@@ -104,9 +105,20 @@ def test_dra_checkpoint_write_failure_names_the_file(tmp_path, monkeypatch):
 
 def test_mig_checkpoint_written_by_the_old_writer_loads(tmp_path):
     # byte for byte what the device plugin wrote before (json.dumps(..., indent=1), version 1)
-    entry = {"pod_uid": "uid-1", "pod": "ns/p", "container": 0, "device": 0, "gpu_uuid": "GPU-1",
-             "profile": "1g.5gb", "start": 0, "size": 1, "state": "ready", "gpu_instance_id": 7,
-             "compute_instance_id": 0, "mig_uuid": "MIG-1"}
+    entry = {
+        "pod_uid": "uid-1",
+        "pod": "ns/p",
+        "container": 0,
+        "device": 0,
+        "gpu_uuid": "GPU-1",
+        "profile": "1g.5gb",
+        "start": 0,
+        "size": 1,
+        "state": "ready",
+        "gpu_instance_id": 7,
+        "compute_instance_id": 0,
+        "mig_uuid": "MIG-1",
+    }
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps({"version": 1, "entries": [entry]}, indent=1))
     loaded = MigCheckpoint(path).load()
@@ -116,9 +128,16 @@ def test_mig_checkpoint_written_by_the_old_writer_loads(tmp_path):
 
 
 def test_dra_checkpoint_written_by_the_old_writer_loads(tmp_path):
-    claims = {"uid-1": {"namespace": "ns", "name": "c", "devices": [{"device_name": "gpu-0"}],
-                        "cdi_file": "/var/run/cdi/gpu.hami.io-uid-1.json", "cdi_spec": {"kind": "gpu.hami.io/claim"},
-                        "claim_dir": "/usr/local/vgpu/claims/uid-1"}}
+    claims = {
+        "uid-1": {
+            "namespace": "ns",
+            "name": "c",
+            "devices": [{"device_name": "gpu-0"}],
+            "cdi_file": "/var/run/cdi/gpu.hami.io-uid-1.json",
+            "cdi_spec": {"kind": "gpu.hami.io/claim"},
+            "claim_dir": "/usr/local/vgpu/claims/uid-1",
+        }
+    }
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps({"version": 1, "claims": claims}, sort_keys=True, indent=1))
     cp = DraCheckpoint(path)

@@ -12,8 +12,17 @@ from hami.draplugin import command as dra_command
 from hami.node import flags
 from hami.node.layout import MountSpec
 
-SHARED = ("node_name", "kubeconfig", "config_file", "node_config", "hook_path", "lock_dir", "driver_mount",
-          "sysfs_root", "nvml_library")
+SHARED = (
+    "node_name",
+    "kubeconfig",
+    "config_file",
+    "node_config",
+    "hook_path",
+    "lock_dir",
+    "driver_mount",
+    "sysfs_root",
+    "nvml_library",
+)
 
 
 def parse(add, argv):
@@ -25,12 +34,25 @@ def parse(add, argv):
 def test_both_programs_take_the_shared_flags_with_the_same_defaults(monkeypatch):
     for var in ("NODE_NAME", "KUBECONFIG", "CONFIG_FILE", "HOOK_PATH", "HAMI_NVML_LIBRARY"):
         monkeypatch.delenv(var, raising=False)
-    dp, dra, alone = (vars(parse(add, [])) for add in (dp_command.add_arguments, dra_command.add_arguments,
-                                                         flags.add_node_flags))
-    assert {k: dp[k] for k in SHARED} == {k: dra[k] for k in SHARED} == {k: alone[k] for k in SHARED} == {
-        "node_name": "", "kubeconfig": None, "config_file": None, "node_config": "/config/config.json",
-        "hook_path": "/usr/local", "lock_dir": "/tmp/vgpulock", "driver_mount": [], "sysfs_root": "/sys",
-        "nvml_library": None}
+    dp, dra, alone = (
+        vars(parse(add, [])) for add in (dp_command.add_arguments, dra_command.add_arguments, flags.add_node_flags)
+    )
+    assert (
+        {k: dp[k] for k in SHARED}
+        == {k: dra[k] for k in SHARED}
+        == {k: alone[k] for k in SHARED}
+        == {
+            "node_name": "",
+            "kubeconfig": None,
+            "config_file": None,
+            "node_config": "/config/config.json",
+            "hook_path": "/usr/local",
+            "lock_dir": "/tmp/vgpulock",
+            "driver_mount": [],
+            "sysfs_root": "/sys",
+            "nvml_library": None,
+        }
+    )
 
 
 def test_environment_defaults(monkeypatch):
@@ -44,7 +66,11 @@ def test_environment_defaults(monkeypatch):
 def test_driver_mounts_parse_the_same_everywhere():
     argv = ["--driver-mount", "/opt/drv:/usr/local/nvidia", "--driver-mount", "/state:rw"]
     want = [MountSpec("/usr/local/nvidia", "/opt/drv", True), MountSpec("/state", "/state", False)]
-    assert parse(dp_command.add_arguments, argv).driver_mount == parse(dra_command.add_arguments, argv).driver_mount == want
+    assert (
+        parse(dp_command.add_arguments, argv).driver_mount
+        == parse(dra_command.add_arguments, argv).driver_mount
+        == want
+    )
 
 
 def test_a_bad_driver_mount_is_a_usage_error(capsys):

@@ -20,27 +20,53 @@ def write(tmp_path, name, text):
 
 def test_defaults_follow_the_chart_without_files(tmp_path):
     s = load_settings("n1", tmp_path / "missing.yaml", tmp_path / "missing.json")
-    assert (s.device_split_count, s.device_memory_scaling, s.libcuda_log_level, s.socket_name) == (10, 1.0, "1", "nvidia-gpu.sock")
+    assert (s.device_split_count, s.device_memory_scaling, s.libcuda_log_level, s.socket_name) == (
+        10,
+        1.0,
+        "1",
+        "nvidia-gpu.sock",
+    )
 
 
 def test_node_entry_overrides_yaml(tmp_path):
-    yml = write(tmp_path, "dc.yaml", "nvidia:\n  resourceCountName: example.com/vgpu\n  deviceSplitCount: 4\n  deviceMemoryScaling: 1.5\n")
-    cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [
-        {"name": "other", "devicesplitcount": "bogus"},
-        {"name": "n1", "devicesplitcount": 7, "operatingmode": "hami-core", "enablenumatopology": True,
-         "filterdevices": {"uuid": [U0], "index": [3]}, "enablegetpreferredallocation": True},
-    ]}))
+    yml = write(
+        tmp_path,
+        "dc.yaml",
+        "nvidia:\n  resourceCountName: example.com/vgpu\n  deviceSplitCount: 4\n  deviceMemoryScaling: 1.5\n",
+    )
+    cfg = write(
+        tmp_path,
+        "config.json",
+        json.dumps(
+            {
+                "nodeconfig": [
+                    {"name": "other", "devicesplitcount": "bogus"},
+                    {
+                        "name": "n1",
+                        "devicesplitcount": 7,
+                        "operatingmode": "hami-core",
+                        "enablenumatopology": True,
+                        "filterdevices": {"uuid": [U0], "index": [3]},
+                        "enablegetpreferredallocation": True,
+                    },
+                ]
+            }
+        ),
+    )
     s = load_settings("n1", yml, cfg)
     assert s.resource_name == "example.com/vgpu" and s.socket_name == "nvidia-vgpu.sock"
     assert (s.device_split_count, s.device_memory_scaling, s.enable_numa_topology) == (7, 1.5, True)
     assert s.filter_uuids == {U0} and s.filter_indexes == {3} and s.enable_preferred_allocation
 
 
-@pytest.mark.parametrize("entry, field", [
-    ({"name": "n1", "devicesplitcount": 0}, "devicesplitcount"),
-    ({"name": "n1", "operatingmode": "turbo"}, "operatingmode"),
-    ({"name": "n1", "devicememoryscaling": -1}, "devicememoryscaling"),
-])
+@pytest.mark.parametrize(
+    "entry, field",
+    [
+        ({"name": "n1", "devicesplitcount": 0}, "devicesplitcount"),
+        ({"name": "n1", "operatingmode": "turbo"}, "operatingmode"),
+        ({"name": "n1", "devicememoryscaling": -1}, "devicememoryscaling"),
+    ],
+)
 def test_bad_node_entry_names_field_and_value(tmp_path, entry, field):
     cfg = write(tmp_path, "config.json", json.dumps({"nodeconfig": [entry]}))
     with pytest.raises(NodeConfigError, match=rf"nodeconfig\[0\] \(node 'n1'\): field '{field}'.*got"):
@@ -74,8 +100,10 @@ def test_mps_operating_mode_is_refused_with_one_line_naming_the_key(tmp_path):
         load_settings("n1", None, cfg)
     message = str(err.value)
     assert "\n" not in message
-    assert message == (f"config.json {cfg} nodeconfig[0] (node 'n1'): field 'operatingmode': 'mps' is not supported "
-                       "(no MPS control daemon is run, so pods would get the whole GPU with no limit); use hami-core")
+    assert message == (
+        f"config.json {cfg} nodeconfig[0] (node 'n1'): field 'operatingmode': 'mps' is not supported "
+        "(no MPS control daemon is run, so pods would get the whole GPU with no limit); use hami-core"
+    )
     # another node's MPS entry does not stop this node
     assert load_settings("n2", None, cfg).operating_mode == "hami-core"
 
@@ -84,8 +112,10 @@ def test_mig_settings_come_from_both_files(tmp_path):
     """nvidia.migProfileAllowlist (device-config.yaml) narrows the registered MIG profiles;
     migstrategy comes from config.json."""
     yaml = tmp_path / "device-config.yaml"
-    yaml.write_text("nvidia:\n  migProfileAllowlist:\n    - models: [A100-SXM4-40GB]\n      profiles: [1g.5gb, 3g.20gb]\n"
-                    "    - models: [H100]\n")
+    yaml.write_text(
+        "nvidia:\n  migProfileAllowlist:\n    - models: [A100-SXM4-40GB]\n      profiles: [1g.5gb, 3g.20gb]\n"
+        "    - models: [H100]\n"
+    )
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1", "migstrategy": "mixed"}]}))
     s = load_settings("n1", yaml, cfg)

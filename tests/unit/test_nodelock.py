@@ -30,24 +30,30 @@ def owner(node_name=None, vgpu_node=None, phase=None, deleting=False, pod_phase=
     meta = {"annotations": ann}
     if deleting:
         meta["deletionTimestamp"] = "2026-05-01T12:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": node_name} if node_name else {},
-            "status": {"phase": pod_phase} if pod_phase else {}}
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node_name} if node_name else {},
+        "status": {"phase": pod_phase} if pod_phase else {},
+    }
 
 
-@pytest.mark.parametrize("age, who, stale", [
-    (10, owner(vgpu_node="n1", phase="allocating"), None),
-    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating"), None),
-    (301, owner(vgpu_node="n1"), "expired"),
-    (10, L.MISSING, "no longer exists"),
-    (10, owner(deleting=True), "being deleted"),
-    (10, owner(vgpu_node="n1", phase="success"), "finished"),
-    (10, owner(vgpu_node="n1", phase="failed"), "finished"),
-    (10, owner(node_name="n2"), "bound to node n2"),
-    # bound here but refused by the kubelet at admission: no Allocate will ever release it
-    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Failed"), "ended (Failed)"),
-    (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Running"), None),
-    (10, owner(vgpu_node="n2"), "placed on node n2"),
-])
+@pytest.mark.parametrize(
+    "age, who, stale",
+    [
+        (10, owner(vgpu_node="n1", phase="allocating"), None),
+        (10, owner(node_name="n1", vgpu_node="n1", phase="allocating"), None),
+        (301, owner(vgpu_node="n1"), "expired"),
+        (10, L.MISSING, "no longer exists"),
+        (10, owner(deleting=True), "being deleted"),
+        (10, owner(vgpu_node="n1", phase="success"), "finished"),
+        (10, owner(vgpu_node="n1", phase="failed"), "finished"),
+        (10, owner(node_name="n2"), "bound to node n2"),
+        # bound here but refused by the kubelet at admission: no Allocate will ever release it
+        (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Failed"), "ended (Failed)"),
+        (10, owner(node_name="n1", vgpu_node="n1", phase="allocating", pod_phase="Running"), None),
+        (10, owner(vgpu_node="n2"), "placed on node n2"),
+    ],
+)
 def test_stale_reasons(age, who, stale):
     why = L.stale_reason(VALUE, "n1", NOW + timedelta(seconds=age), 300, who)
     assert (why is None) if stale is None else (stale in why)
@@ -126,11 +132,14 @@ def test_cambricon_lock_expires_after_two_minutes_and_never_by_owner():
     assert "expired" in L.stale_reason(value, "n1", NOW + timedelta(seconds=121), mlu.expiry(300), None)
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"format": "json"}, "lock_format: 'json'"),
-    ({"key": ""}, "lock_annotation"),
-    ({"expiry_s": 0}, "lock_expiry_seconds: 0"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"format": "json"}, "lock_format: 'json'"),
+        ({"key": ""}, "lock_annotation"),
+        ({"expiry_s": 0}, "lock_expiry_seconds: 0"),
+    ],
+)
 def test_bad_lock_attributes_are_named(kw, field):
     with pytest.raises(ValueError, match=field):
         L.LockSpec(**kw)

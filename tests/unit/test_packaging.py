@@ -25,15 +25,25 @@ REPO = Path(__file__).resolve().parents[2]
 PRODUCT = REPO / "src" / "hami"
 HARNESS = "hami_devkit"
 # what the harness starts; a product module has no business naming one as a program to run
-HARNESS_PROGRAMS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
-                    "containerd", "runc", "kwok", "kube-proxy"}
+HARNESS_PROGRAMS = {
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "containerd",
+    "runc",
+    "kwok",
+    "kube-proxy",
+}
 _BUILD = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
 
 
 def _wheel(tree: Path, out: Path) -> zipfile.ZipFile:
-    proc = subprocess.run([sys.executable, "-c", _BUILD, str(out)], cwd=tree, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD, str(out)], cwd=tree, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return zipfile.ZipFile(out / proc.stdout.strip().splitlines()[-1])
 
@@ -63,8 +73,7 @@ def product_wheel(tree, tmp_path_factory):
 def test_the_product_wheel_holds_no_harness(product_wheel):
     names = product_wheel.namelist()
     assert "hami/cli.py" in names and "hami/deviceplugin/allocate.py" in names
-    harness = [name for name in names
-               if name.startswith(("hami/dev/", f"{HARNESS}/")) or "kubelet_standin" in name]
+    harness = [name for name in names if name.startswith(("hami/dev/", f"{HARNESS}/")) or "kubelet_standin" in name]
     assert harness == []
 
 
@@ -77,8 +86,13 @@ def test_the_product_wheel_installs_no_harness_command(product_wheel):
 def test_the_harness_wheel_holds_the_harness(tree, tmp_path):
     with _wheel(tree / "devkit", tmp_path) as wheel:
         names = wheel.namelist()
-        assert {f"{HARNESS}/command.py", f"{HARNESS}/__main__.py", f"{HARNESS}/kubelet_standin.py",
-                f"{HARNESS}/cluster.py", f"{HARNESS}/images.py"} <= set(names)
+        assert {
+            f"{HARNESS}/command.py",
+            f"{HARNESS}/__main__.py",
+            f"{HARNESS}/kubelet_standin.py",
+            f"{HARNESS}/cluster.py",
+            f"{HARNESS}/images.py",
+        } <= set(names)
         assert [name for name in names if name.startswith("hami/")] == []
         assert "hami-dev = hami_devkit.command:main" in _entry_points(wheel)
 
@@ -119,9 +133,12 @@ def test_the_product_never_imports_the_harness():
 
 
 def test_the_product_starts_no_harness_program():
-    found = [f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
-             for path, module in _product_modules() for node in ast.walk(module)
-             if isinstance(node, ast.Constant) and node.value in HARNESS_PROGRAMS]
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+        for path, module in _product_modules()
+        for node in ast.walk(module)
+        if isinstance(node, ast.Constant) and node.value in HARNESS_PROGRAMS
+    ]
     assert found == []
 
 
@@ -141,7 +158,9 @@ def test_the_image_build_leaves_the_harness_out():
 def test_both_packages_build_with_the_same_pinned_backend():
     import tomllib
 
-    product, harness = (tomllib.loads((REPO / path).read_text()) for path in ("pyproject.toml", "devkit/pyproject.toml"))
+    product, harness = (
+        tomllib.loads((REPO / path).read_text()) for path in ("pyproject.toml", "devkit/pyproject.toml")
+    )
     assert product["build-system"] == harness["build-system"]
     assert [req for req in product["build-system"]["requires"] if req.startswith("setuptools==")]
     assert product["tool"]["setuptools"]["packages"]["find"]["include"] == ["hami", "hami.*"]

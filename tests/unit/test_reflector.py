@@ -37,16 +37,25 @@ async def test_relists_on_410_event_and_on_http_410():
     async def handler(request):
         if request.query.get("watch") != "true":
             lists.append(1)
-            return web.json_response({"metadata": {"resourceVersion": str(10 * len(lists))},
-                                      "items": [{"metadata": {"name": f"obj{len(lists)}", "resourceVersion": "1"}}]})
+            return web.json_response(
+                {
+                    "metadata": {"resourceVersion": str(10 * len(lists))},
+                    "items": [{"metadata": {"name": f"obj{len(lists)}", "resourceVersion": "1"}}],
+                }
+            )
         watches.append(request.query["resourceVersion"])
         if len(watches) == 2:
             return web.Response(status=410, text="gone")
         resp = web.StreamResponse()
         await resp.prepare(request)
         if len(watches) == 1:
-            await resp.write(json.dumps({"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}).encode() + b"\n")
-            await resp.write(json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}}).encode() + b"\n")
+            await resp.write(
+                json.dumps({"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}).encode()
+                + b"\n"
+            )
+            await resp.write(
+                json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}}).encode() + b"\n"
+            )
         else:
             await asyncio.sleep(30)
         return resp

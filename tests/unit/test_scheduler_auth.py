@@ -36,17 +36,22 @@ def _free_port() -> int:
 def pki(tmp_path):
     """A serving CA + certificate, a client CA (kube-scheduler's) + a client certificate, and a
     client certificate from a CA the scheduler does not know."""
-    serving, client_ca, stranger = CertificateAuthority("serving-ca"), CertificateAuthority("client-ca"), \
-        CertificateAuthority("stranger-ca")
+    serving, client_ca, stranger = (
+        CertificateAuthority("serving-ca"),
+        CertificateAuthority("client-ca"),
+        CertificateAuthority("stranger-ca"),
+    )
     files = {}
     for name, pem in (("ca.crt", serving.pair.cert_pem), ("client-ca.crt", client_ca.pair.cert_pem)):
         files[name] = tmp_path / name
         files[name].write_bytes(pem)
-    for name, ca, kw in (("tls", serving, {"hosts": ("127.0.0.1",)}),
-                         ("kube-scheduler", client_ca, {"server": False, "client": True}),
-                         ("stranger", stranger, {"server": False, "client": True}),
-                         # the serving CA's own client certificate is not kube-scheduler's either
-                         ("serving-client", serving, {"server": False, "client": True})):
+    for name, ca, kw in (
+        ("tls", serving, {"hosts": ("127.0.0.1",)}),
+        ("kube-scheduler", client_ca, {"server": False, "client": True}),
+        ("stranger", stranger, {"server": False, "client": True}),
+        # the serving CA's own client certificate is not kube-scheduler's either
+        ("serving-client", serving, {"server": False, "client": True}),
+    ):
         pair = ca.issue(name, **kw)
         files[f"{name}.crt"], files[f"{name}.key"] = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
         files[f"{name}.crt"].write_bytes(pair.cert_pem)
@@ -56,16 +61,24 @@ def pki(tmp_path):
 
 # ------------------------------------------------------------------ flags
 
+
 def test_a_network_facing_port_needs_a_loopback_extender_or_a_client_ca(pki):
     with pytest.raises(ConfigError) as err:
-        O.options_from_args(_args("--http_bind=0.0.0.0:9443", f"--cert_file={pki['tls.crt']}",
-                                  f"--key_file={pki['tls.key']}"))
+        O.options_from_args(
+            _args("--http_bind=0.0.0.0:9443", f"--cert_file={pki['tls.crt']}", f"--key_file={pki['tls.key']}")
+        )
     assert "--http_bind" in str(err.value) and "0.0.0.0:9443" in str(err.value)
     assert "--extender-bind" in str(err.value) and "--extender-client-ca" in str(err.value)
     beside = O.options_from_args(_args("--http_bind=0.0.0.0:9443", "--extender-bind=127.0.0.1:9080"))
     assert not beside.extender_on_main and beside.extender_client_ca == ""
-    mtls = O.options_from_args(_args("--http_bind=0.0.0.0:9443", f"--cert_file={pki['tls.crt']}",
-                                      f"--key_file={pki['tls.key']}", f"--extender-client-ca={pki['client-ca.crt']}"))
+    mtls = O.options_from_args(
+        _args(
+            "--http_bind=0.0.0.0:9443",
+            f"--cert_file={pki['tls.crt']}",
+            f"--key_file={pki['tls.key']}",
+            f"--extender-client-ca={pki['client-ca.crt']}",
+        )
+    )
     assert mtls.extender_on_main and mtls.extender_client_ca == pki["client-ca.crt"]
     local = O.options_from_args(_args("--http_bind=127.0.0.1:8080"))  # a loopback port may serve them
     assert local.extender_on_main and local.extender_client_ca == ""
@@ -89,10 +102,17 @@ def test_bad_client_ca_settings_name_the_flag(pki, tmp_path):
 
 # ------------------------------------------------------------------ the listener
 
-REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-          "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
-                      "namespace": "ns", "object": {"metadata": {"name": "p", "namespace": "ns"},
-                                                    "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+REVIEW = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "u1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "operation": "CREATE",
+        "namespace": "ns",
+        "object": {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+    },
+}
 FILTER = {"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}, "NodeNames": ["n1"]}
 BIND = {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n1"}
 
@@ -107,8 +127,9 @@ def _client_context(pki, cert: str | None) -> ssl.SSLContext:
 async def _call(port: int, context: ssl.SSLContext | None, method: str, path: str, body=None) -> tuple[int, str]:
     scheme = "https" if context else "http"
     async with ClientSession(connector=TCPConnector(ssl=context if context else False)) as session:
-        async with session.request(method, f"{scheme}://127.0.0.1:{port}{path}",
-                                   data=None if body is None else json.dumps(body)) as resp:
+        async with session.request(
+            method, f"{scheme}://127.0.0.1:{port}{path}", data=None if body is None else json.dumps(body)
+        ) as resp:
             return resp.status, await resp.text()
 
 
@@ -165,6 +186,7 @@ async def test_with_a_client_ca_only_its_certificates_reach_filter_and_bind(pki)
 
 # ------------------------------------------------------------------ Filter: real pods only
 
+
 def _usage(svc, *nodes):
     return sum(m for n in nodes for _, _, m, _ in svc.state.ledger.device_usage(n))
 
@@ -192,9 +214,14 @@ async def test_a_filter_reserves_only_for_a_real_pending_pod_of_ours():
     impostor = pod("real", mem=1000, uid="uid-forged")  # the right name, another UID
     no_uid = pod("x", mem=1000)
     del no_uid["metadata"]["uid"]
-    cases = [(pod("ghost", mem=1000, uid="4f1c0ad6-0000-4000-8000-000000000001"), "does not exist"),
-             (impostor, "does not exist"), (no_uid, "has no metadata.uid"), (bound, "already bound to node n1"),
-             (leaving, "being deleted"), (done, "has finished (Succeeded)")]
+    cases = [
+        (pod("ghost", mem=1000, uid="4f1c0ad6-0000-4000-8000-000000000001"), "does not exist"),
+        (impostor, "does not exist"),
+        (no_uid, "has no metadata.uid"),
+        (bound, "already bound to node n1"),
+        (leaving, "being deleted"),
+        (done, "has finished (Succeeded)"),
+    ]
     for p, text in cases:
         answer = await filt(p)
         assert text in answer["Error"] and "nothing is reserved" in answer["Error"], (p["metadata"], answer)

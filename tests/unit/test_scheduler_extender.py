@@ -44,15 +44,20 @@ async def test_filter_reserves_refilter_releases_and_reasons():
     a = await ext.filter(args(seen(svc, pod("a", mem=600)), ["n1", "n2"]))
     assert a["NodeNames"] in (["n1"], ["n2"]) and a["Error"] == ""
     first = a["NodeNames"][0]
-    again = await ext.filter(args(seen(svc, pod("a", mem=600)), ["n1", "n2"]))  # re-filter: the old reservation goes first
+    again = await ext.filter(
+        args(seen(svc, pod("a", mem=600)), ["n1", "n2"])
+    )  # re-filter: the old reservation goes first
     assert again["NodeNames"] == [first]
     assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 600
     b = await ext.filter(args(seen(svc, pod("b", mem=600)), ["n1", "n2"]))
     assert b["NodeNames"] != a["NodeNames"]
     c = await ext.filter(args(seen(svc, pod("c", mem=600)), ["n1", "n2", "ghost"]))
     assert c["NodeNames"] == [] and c["Error"] == ""
-    assert c["FailedNodes"] == {"ghost": "node unregistered", "n1": "1/1 CardInsufficientMemory",
-                                "n2": "1/1 CardInsufficientMemory"}
+    assert c["FailedNodes"] == {
+        "ghost": "node unregistered",
+        "n1": "1/1 CardInsufficientMemory",
+        "n2": "1/1 CardInsufficientMemory",
+    }
     typed = pod("t", mem=10)
     typed["metadata"]["annotations"] = {"nvidia.com/use-gputype": "H100"}
     t = await ext.filter(args(seen(svc, typed), ["n1", "n2"]))
@@ -74,8 +79,14 @@ async def test_filter_passes_pods_without_devices_and_reports_bad_input():
 
 def finished(svc, p):
     """The device plugin marked ``p`` allocated (bind-phase success), as the pod watch shows it."""
-    done = {**p, "metadata": {**p["metadata"], "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1),
-                              "annotations": {**p["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
+    done = {
+        **p,
+        "metadata": {
+            **p["metadata"],
+            "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1),
+            "annotations": {**p["metadata"]["annotations"], "hami.io/bind-phase": "success"},
+        },
+    }
     svc.state.put_pod(done)
     return done
 
@@ -93,8 +104,9 @@ async def test_extender_takes_the_simulators_decisions():
         finished(svc, p)
         alloc = svc.state.ledger.pod(p["metadata"]["uid"])
         if alloc:
-            assert [d.uuid for c in alloc.devices["NVIDIA"] for d in c] == \
-                   [d["uuid"] for c in outcome.containers for d in c["devices"]]
+            assert [d.uuid for c in alloc.devices["NVIDIA"] for d in c] == [
+                d["uuid"] for c in outcome.containers for d in c["devices"]
+            ]
 
 
 async def test_a_node_with_an_unfinished_bind_is_offered_only_when_no_other_fits():
@@ -183,8 +195,14 @@ async def test_a_node_locked_by_an_unfinished_pod_of_another_replica_is_avoided(
     finished(svc, other)  # its allocation done: the lock waits only for a swap, the node is free
     assert svc.extender.busy_nodes() == {"n2": 1}
     assert (await svc.extender.filter(args(seen(svc, pod("b", mem=300)), ["n1", "n2"])))["NodeNames"] == ["n1"]
-    unlocked = {**n1, "metadata": {**n1["metadata"], "resourceVersion": "2", "annotations": {
-        k: v for k, v in n1["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK}}}
+    unlocked = {
+        **n1,
+        "metadata": {
+            **n1["metadata"],
+            "resourceVersion": "2",
+            "annotations": {k: v for k, v in n1["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK},
+        },
+    }
     svc.state.put_node(unlocked)
     assert svc.state.locked_nodes == set()
 
@@ -199,10 +217,15 @@ async def test_simulation_path_with_full_nodes_reserves_nothing():
 def test_failed_maps_and_event_summary():
     mem = NodeFailure(total=2, counts=((Reason.CARD_INSUFFICIENT_MEMORY, 2),))
     typ = NodeFailure(total=2, counts=((Reason.CARD_TYPE_MISMATCH, 1), (Reason.CARD_UUID_MISMATCH, 1)))
-    assert failed_maps({"a": mem, "b": typ}) == ({"a": "2/2 CardInsufficientMemory"},
-                                                 {"b": "1/2 CardTypeMismatch, 1/2 CardUuidMismatch"})
+    assert failed_maps({"a": mem, "b": typ}) == (
+        {"a": "2/2 CardInsufficientMemory"},
+        {"b": "1/2 CardTypeMismatch, 1/2 CardUuidMismatch"},
+    )
     assert failure_summary({"a": mem, "b": mem, "c": typ}) == [
-        "2 nodes CardInsufficientMemory(a,b)", "1 nodes CardTypeMismatch(c)", "1 nodes CardUuidMismatch(c)"]
+        "2 nodes CardInsufficientMemory(a,b)",
+        "1 nodes CardTypeMismatch(c)",
+        "1 nodes CardUuidMismatch(c)",
+    ]
 
 
 def test_leadership_follows_the_lease_holder_prefix_and_expiry():
@@ -241,8 +264,14 @@ async def test_success_events_can_be_switched_off_failures_never():
     loud.record(p, "BindingSucceed", "Successfully binding node [n1] to ns/e")
     body = loud.queue.get_nowait()
     assert (body["reason"], body["type"], body["source"]["component"]) == ("BindingSucceed", "Normal", "hami-scheduler")
-    assert body["involvedObject"] == {"kind": "Pod", "apiVersion": "v1", "namespace": "ns", "name": "e",
-                                      "uid": "uid-e", "resourceVersion": "1"}
+    assert body["involvedObject"] == {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "namespace": "ns",
+        "name": "e",
+        "uid": "uid-e",
+        "resourceVersion": "1",
+    }
 
 
 class FakeNodeApi:
@@ -266,8 +295,10 @@ class FakeNodeApi:
             else:
                 ann[k] = v
         self.patches += 1
-        new = {**self.nodes[name], "metadata": {**meta, "annotations": ann,
-                                                "resourceVersion": str(int(meta["resourceVersion"]) + 1)}}
+        new = {
+            **self.nodes[name],
+            "metadata": {**meta, "annotations": ann, "resourceVersion": str(int(meta["resourceVersion"]) + 1)},
+        }
         self.nodes[name] = new
         return new
 
@@ -287,8 +318,10 @@ class FakeNodeApi:
         else:
             ann[key] = change["value"]
         self.patches += 1
-        new = {**self.nodes[name], "metadata": {**meta, "annotations": ann,
-                                                "resourceVersion": str(int(meta["resourceVersion"]) + 1)}}
+        new = {
+            **self.nodes[name],
+            "metadata": {**meta, "annotations": ann, "resourceVersion": str(int(meta["resourceVersion"]) + 1)},
+        }
         self.nodes[name] = new
         return new
 
@@ -307,8 +340,14 @@ def _held_by_allocating_owner():
     owner["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
     owner["spec"]["nodeName"] = "n1"
     svc.state.apply_pod("MODIFIED", owner)
-    done = {**owner, "metadata": {**owner["metadata"], "resourceVersion": "2",
-                                  "annotations": {**owner["metadata"]["annotations"], "hami.io/bind-phase": "success"}}}
+    done = {
+        **owner,
+        "metadata": {
+            **owner["metadata"],
+            "resourceVersion": "2",
+            "annotations": {**owner["metadata"]["annotations"], "hami.io/bind-phase": "success"},
+        },
+    }
     return svc, api, held, done
 
 
@@ -326,8 +365,14 @@ async def test_a_bind_waiting_for_a_lock_takes_it_right_after_the_plugins_releas
     await asyncio.sleep(0.05)
     assert not waiter.done() and api.patches == 0  # finished: the plugin's release is awaited, not raced
     began = time.monotonic()
-    released = {**held, "metadata": {**held["metadata"], "resourceVersion": "2", "annotations": {
-        k: v for k, v in held["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK}}}
+    released = {
+        **held,
+        "metadata": {
+            **held["metadata"],
+            "resourceVersion": "2",
+            "annotations": {k: v for k, v in held["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK},
+        },
+    }
     api.nodes["n1"] = released
     svc.state.put_node(released)  # the watch event of the release
     value = await asyncio.wait_for(waiter, 5)
@@ -342,8 +387,13 @@ async def test_on_a_node_whose_plugin_hands_the_lock_on_a_finished_owners_lock_i
     from hami.kube import nodelock
 
     svc, api, held, done = _held_by_allocating_owner()
-    declared = {**held, "metadata": {**held["metadata"], "annotations": {
-        **held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}}}
+    declared = {
+        **held,
+        "metadata": {
+            **held["metadata"],
+            "annotations": {**held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP},
+        },
+    }
     api.nodes["n1"] = declared
     svc.state.put_node(declared)
     svc.extender.handoff_grace = 30.0
@@ -375,12 +425,25 @@ async def test_a_swap_at_once_reads_the_owner_first_a_same_name_successor_keeps_
     from hami.kube import nodelock
 
     svc, api, held, done = _held_by_allocating_owner()
-    declared = {**held, "metadata": {**held["metadata"], "resourceVersion": "5", "annotations": {
-        **held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}}}
+    declared = {
+        **held,
+        "metadata": {
+            **held["metadata"],
+            "resourceVersion": "5",
+            "annotations": {**held["metadata"]["annotations"], nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP},
+        },
+    }
     api.nodes["n1"] = declared
     svc.state.put_node(declared)  # the lock was written at revision 5, after the predecessor's last write (2)
-    successor = {**done, "metadata": {**done["metadata"], "uid": "uid-a-2", "resourceVersion": "9",
-                                      "annotations": {**done["metadata"]["annotations"], "hami.io/bind-phase": "allocating"}}}
+    successor = {
+        **done,
+        "metadata": {
+            **done["metadata"],
+            "uid": "uid-a-2",
+            "resourceVersion": "9",
+            "annotations": {**done["metadata"]["annotations"], "hami.io/bind-phase": "allocating"},
+        },
+    }
     node_get = api.get
 
     async def get(path):
@@ -391,7 +454,9 @@ async def test_a_swap_at_once_reads_the_owner_first_a_same_name_successor_keeps_
     svc.extender.lock_retry_timeout = 0.3
     with pytest.raises(nodelock.LockContention):
         await svc.extender.acquire_lock("n1", "ns", "b")
-    assert api.patches == 0 and nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a")
+    assert api.patches == 0 and nodelock.owned_by(
+        api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a"
+    )
 
 
 async def test_a_finished_owners_lock_is_swapped_over_when_the_plugin_never_releases_it():
@@ -423,9 +488,14 @@ async def test_a_takeover_that_loses_to_the_plugins_release_rereads_and_takes_th
     old = nodelock.lock_value(datetime.now(timezone.utc), "ns", "a")
     held["metadata"]["annotations"][nodelock.NODE_LOCK] = old
     svc = service(held)
-    released = {**held, "metadata": {**held["metadata"], "resourceVersion": "7",
-                                     "annotations": {k: v for k, v in held["metadata"]["annotations"].items()
-                                                     if k != nodelock.NODE_LOCK}}}
+    released = {
+        **held,
+        "metadata": {
+            **held["metadata"],
+            "resourceVersion": "7",
+            "annotations": {k: v for k, v in held["metadata"]["annotations"].items() if k != nodelock.NODE_LOCK},
+        },
+    }
     api = FakeNodeApi(released)
     svc.extender.kube = api
     owner = pod("a", node_name="n1", uuid="n1-g0")
@@ -496,10 +566,15 @@ def test_swap_patch_escapes_the_annotation_key_and_tests_the_old_value():
     from hami.kube import nodelock
 
     ops = nodelock.swap_patch("cambricon.com/dsmlu~lock", "t0", None)
-    assert ops == [{"op": "test", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock", "value": "t0"},
-                   {"op": "remove", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock"}]
+    assert ops == [
+        {"op": "test", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock", "value": "t0"},
+        {"op": "remove", "path": "/metadata/annotations/cambricon.com~1dsmlu~0lock"},
+    ]
     assert nodelock.swap_patch("hami.io/mutex.lock", "a", "b")[1] == {
-        "op": "replace", "path": "/metadata/annotations/hami.io~1mutex.lock", "value": "b"}
+        "op": "replace",
+        "path": "/metadata/annotations/hami.io~1mutex.lock",
+        "value": "b",
+    }
 
 
 class FakeBindApi(FakeNodeApi):
@@ -520,10 +595,15 @@ class FakeBindApi(FakeNodeApi):
     async def post(self, path, body):
         assert path == "/api/v1/namespaces/ns/pods/a/binding"
         if self.lands:
-            self.pod = {**self.pod, "spec": {**self.pod["spec"], "nodeName": body["target"]["name"]},
-                        "metadata": {**self.pod["metadata"], "resourceVersion": "2",
-                                     "annotations": {**self.pod["metadata"]["annotations"],
-                                                     **body["metadata"]["annotations"]}}}
+            self.pod = {
+                **self.pod,
+                "spec": {**self.pod["spec"], "nodeName": body["target"]["name"]},
+                "metadata": {
+                    **self.pod["metadata"],
+                    "resourceVersion": "2",
+                    "annotations": {**self.pod["metadata"]["annotations"], **body["metadata"]["annotations"]},
+                },
+            }
         raise self.post_error
 
 
@@ -544,8 +624,11 @@ async def test_a_binding_that_landed_despite_an_error_is_a_success_and_keeps_the
     from hami.kube import nodelock
     from hami.kube.client import KubeError
 
-    exc = {"timeout": asyncio.TimeoutError(), "reset": ConnectionResetError("reset by peer"),
-           "conflict": KubeError("POST", "binding", 409, '{"message": "pod a is already assigned to node n1"}')}[error]
+    exc = {
+        "timeout": asyncio.TimeoutError(),
+        "reset": ConnectionResetError("reset by peer"),
+        "conflict": KubeError("POST", "binding", 409, '{"message": "pod a is already assigned to node n1"}'),
+    }[error]
     svc, api, _ = _bind_setup(exc, lands=True)
     answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
     assert answer == {"Error": ""}
@@ -562,7 +645,9 @@ async def test_a_binding_error_releases_the_lock_only_when_the_pod_is_verifiably
     assert "failed" in answer["Error"]
     assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
     # the POST failed and the pod cannot be read either: it may be bound, the lock stays
-    svc, api, KubeError = _bind_setup(asyncio.TimeoutError(), lands=True, get_error=KubeError("GET", "pod", 503, "busy"))
+    svc, api, KubeError = _bind_setup(
+        asyncio.TimeoutError(), lands=True, get_error=KubeError("GET", "pod", 503, "busy")
+    )
     answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
     assert "cannot tell whether it is bound" in answer["Error"]
     assert nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"].get(nodelock.NODE_LOCK), "ns", "a")
@@ -582,8 +667,11 @@ async def test_a_lock_is_not_taken_over_from_a_pod_bound_here_whose_cached_copy_
     stale = pod("a", node_name="n2", uuid="n2-g0")
     svc.state.apply_pod("MODIFIED", stale)
     live = {**pod("a", node_name="n1", uuid="n1-g0"), "spec": {**stale["spec"], "nodeName": "n1"}}
-    live["metadata"] = {**live["metadata"], "resourceVersion": "5",
-                        "annotations": {**live["metadata"]["annotations"], "hami.io/bind-phase": "allocating"}}
+    live["metadata"] = {
+        **live["metadata"],
+        "resourceVersion": "5",
+        "annotations": {**live["metadata"]["annotations"], "hami.io/bind-phase": "allocating"},
+    }
     api = FakeBindApi(held, live, None, False)
     svc.extender.kube = api
     with pytest.raises(nodelock.LockContention):
@@ -591,8 +679,10 @@ async def test_a_lock_is_not_taken_over_from_a_pod_bound_here_whose_cached_copy_
     assert api.patches == 0 and svc.state.pod("ns", "a")["metadata"]["resourceVersion"] == "5"
     assert await svc.extender.sweep_locks() == 0
     # even a bound-here pod whose vgpu-node names another node keeps its lock (pure rule)
-    odd = {**live, "metadata": {**live["metadata"], "annotations": {
-        **live["metadata"]["annotations"], "hami.io/vgpu-node": "n2"}}}
+    odd = {
+        **live,
+        "metadata": {**live["metadata"], "annotations": {**live["metadata"]["annotations"], "hami.io/vgpu-node": "n2"}},
+    }
     value = held["metadata"]["annotations"][nodelock.NODE_LOCK]
     assert nodelock.stale_reason(value, "n1", datetime.now(timezone.utc), 300, odd) is None
 
@@ -622,9 +712,12 @@ class FakeDecisionApi(FakeNodeApi):
         name = path.rsplit("/", 1)[1]
         self.pod_patches.append(body)
         p = self.pods[name]
-        meta = {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
-                "labels": {**(p["metadata"].get("labels") or {}), **body["metadata"].get("labels", {})},
-                "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1)}
+        meta = {
+            **p["metadata"],
+            "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
+            "labels": {**(p["metadata"].get("labels") or {}), **body["metadata"].get("labels", {})},
+            "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1),
+        }
         self.pods[name] = {**p, "metadata": meta}
         return self.pods[name]
 
@@ -632,8 +725,11 @@ class FakeDecisionApi(FakeNodeApi):
         name = path.split("/")[-2]
         self.bindings.append(body)
         p = self.pods[name]
-        meta = {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
-                "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1)}
+        meta = {
+            **p["metadata"],
+            "annotations": {**p["metadata"]["annotations"], **body["metadata"]["annotations"]},
+            "resourceVersion": str(int(p["metadata"]["resourceVersion"]) + 1),
+        }
         self.pods[name] = {**p, "metadata": meta, "spec": {**p["spec"], "nodeName": body["target"]["name"]}}
         return {"kind": "Status", "status": "Success"}
 
@@ -697,7 +793,9 @@ async def test_a_bind_without_a_decision_for_that_node_fails_and_keeps_no_lock()
     other = "n2" if chosen == "n1" else "n1"
     answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": other})
     assert "carries no decision" in answer["Error"]
-    assert api.bindings == [] and all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+    assert api.bindings == [] and all(
+        nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values()
+    )
     # the decision for the other node stays tracked: it expires with its reservation
     assert svc.state.ledger.is_reserved("uid-a")
     assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1 and svc.state.ledger.pod("uid-a") is None
@@ -731,7 +829,8 @@ async def test_a_failed_bind_keeps_the_decision_so_it_can_expire():
     ext.lock_retry_timeout = 0
     chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
     api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
-        datetime.now(timezone.utc), "ns", "busy")
+        datetime.now(timezone.utc), "ns", "busy"
+    )
     svc.state.put_node(api.nodes[chosen])
     busy = pod("busy", mem=10)
     busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"

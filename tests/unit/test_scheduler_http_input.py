@@ -50,26 +50,49 @@ async def test_an_oversize_body_gets_413():
         assert r.status == 413 and "exceeded" in await r.text()
 
 
-@pytest.mark.parametrize("args, text", [
-    ({"Pod": []}, "ExtenderArgs.Pod: must be a map"),
-    ({"Pod": pod("a"), "NodeNames": "n1"}, "ExtenderArgs.NodeNames: must be a list"),
-    ({"Pod": pod("a"), "NodeNames": [1]}, "ExtenderArgs.NodeNames[0]: must be a string"),
-    # (a list of names is checked in one pass; a bad element deep in a long one is still named)
-    ({"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [None]}, "ExtenderArgs.NodeNames[3000]: must not"),
-    ({"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [[]]}, "ExtenderArgs.NodeNames[3000]: must be a"),
-    ({"Pod": {"metadata": {"name": "a", "annotations": {"x": 1}}}, "NodeNames": ["n1"]}, "annotations[x]"),
-    ({"Pod": {"metadata": {"name": "a"}, "spec": {"containers": [{"resources": {"limits": []}}]}},
-      "NodeNames": ["n1"]}, "containers[0].resources.limits: must be a map"),
-    ({"Pod": pod("a"), "Nodes": {"items": [{"metadata": {"annotations": []}}]}}, "Nodes.items[0].metadata.annotations"),
-])
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        ({"Pod": []}, "ExtenderArgs.Pod: must be a map"),
+        ({"Pod": pod("a"), "NodeNames": "n1"}, "ExtenderArgs.NodeNames: must be a list"),
+        ({"Pod": pod("a"), "NodeNames": [1]}, "ExtenderArgs.NodeNames[0]: must be a string"),
+        # (a list of names is checked in one pass; a bad element deep in a long one is still named)
+        (
+            {"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [None]},
+            "ExtenderArgs.NodeNames[3000]: must not",
+        ),
+        (
+            {"Pod": pod("a"), "NodeNames": [f"n{i}" for i in range(3000)] + [[]]},
+            "ExtenderArgs.NodeNames[3000]: must be a",
+        ),
+        ({"Pod": {"metadata": {"name": "a", "annotations": {"x": 1}}}, "NodeNames": ["n1"]}, "annotations[x]"),
+        (
+            {
+                "Pod": {"metadata": {"name": "a"}, "spec": {"containers": [{"resources": {"limits": []}}]}},
+                "NodeNames": ["n1"],
+            },
+            "containers[0].resources.limits: must be a map",
+        ),
+        (
+            {"Pod": pod("a"), "Nodes": {"items": [{"metadata": {"annotations": []}}]}},
+            "Nodes.items[0].metadata.annotations",
+        ),
+    ],
+)
 async def test_wrongly_typed_filter_args_get_the_error_field(args, text):
     async with TestClient(TestServer(service(node("n1")).app())) as client:
         r = await client.post("/filter", json=args)
         assert r.status == 200 and text in (await r.json())["Error"]
 
 
-@pytest.mark.parametrize("args", [{"PodName": 1, "Node": "n1"}, {"PodName": "a", "Node": ["n1"]},
-                                  {"PodName": "a", "PodNamespace": {}, "Node": "n1"}])
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"PodName": 1, "Node": "n1"},
+        {"PodName": "a", "Node": ["n1"]},
+        {"PodName": "a", "PodNamespace": {}, "Node": "n1"},
+    ],
+)
 async def test_wrongly_typed_bind_args_get_the_error_field(args):
     async with TestClient(TestServer(service(node("n1")).app())) as client:
         r = await client.post("/bind", json=args)
@@ -78,9 +101,17 @@ async def test_wrongly_typed_bind_args_get_the_error_field(args):
 
 async def test_webhook_answers_a_well_formed_review():
     svc = service(node("n1"))
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-              "request": {"uid": "u", "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "ns",
-                          "object": {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}}}
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "operation": "CREATE",
+            "kind": {"kind": "Pod"},
+            "namespace": "ns",
+            "object": {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}},
+        },
+    }
     async with TestClient(TestServer(svc.app())) as client:
         r = await client.post("/webhook", data=json.dumps(review))
         body = await r.json()

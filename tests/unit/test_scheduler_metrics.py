@@ -23,19 +23,44 @@ REFERENCE = {
     "hami_gpu_memory_allocated_bytes": {"node", "device_uuid", "device_index", "device_cores", "device_type"},
     "hami_gpu_shared_count": {"node", "device_uuid", "device_index", "device_type"},
     "hami_gpu_core_allocated_ratio": {"node", "device_uuid", "device_index", "device_type"},
-    "hami_node_gpu_overview": {"node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type"},
+    "hami_node_gpu_overview": {
+        "node",
+        "device_uuid",
+        "device_index",
+        "device_cores",
+        "device_memory_limit",
+        "device_type",
+    },
     "hami_node_gpu_memory_allocated_ratio": {"node", "device_uuid", "device_index", "device_type"},
     "hami_resource_quota_used": {"namespace", "quota_name", "limit"},
     "hami_resource_quota_limit": {"namespace", "quota_name"},
     "hami_vgpu_memory_allocated_bytes": {"namespace", "node", "pod", "container_index", "device_uuid"},
     "hami_vgpu_core_allocated_ratio": {"namespace", "node", "pod", "container_index", "device_uuid"},
     "hami_build_info": {"version", "revision", "build_date", "go_version", "compiler", "platform"},
-    "hami_node_gpu_mig_instance_info": {"node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id",
-                                        "compute_instance_id", "placement_start", "placement_size"},
+    "hami_node_gpu_mig_instance_info": {
+        "node",
+        "device_uuid",
+        "device_index",
+        "mig_uuid",
+        "profile",
+        "gpu_instance_id",
+        "compute_instance_id",
+        "placement_start",
+        "placement_size",
+    },
 }
-REFERENCE_LEGACY = {"GPUDeviceMemoryLimit", "GPUDeviceCoreLimit", "GPUDeviceMemoryAllocated", "GPUDeviceSharedNum",
-                    "GPUDeviceCoreAllocated", "nodeGPUOverview", "nodeGPUMemoryPercentage", "QuotaUsed",
-                    "vGPUMemoryAllocated", "vGPUCoreAllocated"}  # nodeGPUMigInstance: HAMi's old template design, not exported
+REFERENCE_LEGACY = {
+    "GPUDeviceMemoryLimit",
+    "GPUDeviceCoreLimit",
+    "GPUDeviceMemoryAllocated",
+    "GPUDeviceSharedNum",
+    "GPUDeviceCoreAllocated",
+    "nodeGPUOverview",
+    "nodeGPUMemoryPercentage",
+    "QuotaUsed",
+    "vGPUMemoryAllocated",
+    "vGPUCoreAllocated",
+}  # nodeGPUMigInstance: HAMi's old template design, not exported
 
 
 def test_names_and_labels_match_the_reference():
@@ -80,8 +105,14 @@ def test_allocation_metrics_follow_the_ledger():
     assert _v(got["hami_gpu_core_allocated_ratio"], device_uuid=a_uuid) == [used_cores]
     assert _v(got["hami_node_gpu_overview"], device_uuid=a_uuid, device_memory_limit=16000) == [used_mem]
     assert _v(got["hami_node_gpu_memory_allocated_ratio"], device_uuid=a_uuid) == [pytest.approx(used_mem / 16000)]
-    assert _v(got["hami_vgpu_memory_allocated_bytes"], namespace="team", pod="a", node="n1", container_index=0,
-              device_uuid=a_uuid) == [3000 * MIB]
+    assert _v(
+        got["hami_vgpu_memory_allocated_bytes"],
+        namespace="team",
+        pod="a",
+        node="n1",
+        container_index=0,
+        device_uuid=a_uuid,
+    ) == [3000 * MIB]
     assert _v(got["hami_vgpu_core_allocated_ratio"], pod="b") == [20]
     assert _v(got["hami_resource_quota_used"], namespace="team", quota_name="nvidia.com/gpumem", limit=10000) == [5000]
     assert _v(got["hami_resource_quota_limit"], namespace="team", quota_name="nvidia.com/gpucores") == [80]
@@ -114,21 +145,50 @@ def test_mig_instance_info_for_instances_the_plugin_made():
 
     led = kit.ledger()
     led.set_node(kit.NodeDevices(name="m1", devices=(kit.mig_gpu("m1", 0), kit.mig_gpu("m1", 1))))
-    mig = [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-m1-1", "profile": "3g.20gb",
-            "placement": {"start": 4, "size": 4}, "migUUID": "MIG-abc", "gpuInstanceID": 2, "computeInstanceID": 0},
-           {"containerIndex": 1, "deviceIndex": 0, "gpuUUID": "GPU-m1-1", "profile": "1g.5gb",
-            "placement": {"start": 0, "size": 1}}]
+    mig = [
+        {
+            "containerIndex": 0,
+            "deviceIndex": 0,
+            "gpuUUID": "GPU-m1-1",
+            "profile": "3g.20gb",
+            "placement": {"start": 4, "size": 4},
+            "migUUID": "MIG-abc",
+            "gpuInstanceID": 2,
+            "computeInstanceID": 0,
+        },
+        {
+            "containerIndex": 1,
+            "deviceIndex": 0,
+            "gpuUUID": "GPU-m1-1",
+            "profile": "1g.5gb",
+            "placement": {"start": 0, "size": 1},
+        },
+    ]
     devs = "GPU-m1-1,NVIDIA,19968,43:;GPU-m1-1,NVIDIA,4864,15:;"
     pod = kit.pod("p", [kit.ctr("a", mem=19000), kit.ctr("b", mem=4000)], admit=False)
     pod["spec"]["nodeName"] = "m1"
-    pod["metadata"]["annotations"].update({"hami.io/vgpu-node": "m1", "hami.io/vgpu-devices-allocated": devs,
-                                           "hami.io/vgpu-mig-allocations": json.dumps(mig)})
+    pod["metadata"]["annotations"].update(
+        {
+            "hami.io/vgpu-node": "m1",
+            "hami.io/vgpu-devices-allocated": devs,
+            "hami.io/vgpu-mig-allocations": json.dumps(mig),
+        }
+    )
     led.add_pod(allocation_from_pod(pod, kit.CONFIG.vendors))
     got = _scrape(SchedulerMetrics(lambda: AllocationSnapshot(led, kit.CONFIG.vendors), legacy=True))
     [s] = got["hami_node_gpu_mig_instance_info"]
     assert s.value == 1 and s.labels == {
-        "node": "m1", "device_uuid": "GPU-m1-1", "device_index": "1", "mig_uuid": "MIG-abc", "profile": "3g.20gb",
-        "gpu_instance_id": "2", "compute_instance_id": "0", "placement_start": "4", "placement_size": "4", "zone": "vGPU"}
+        "node": "m1",
+        "device_uuid": "GPU-m1-1",
+        "device_index": "1",
+        "mig_uuid": "MIG-abc",
+        "profile": "3g.20gb",
+        "gpu_instance_id": "2",
+        "compute_instance_id": "0",
+        "placement_start": "4",
+        "placement_size": "4",
+        "zone": "vGPU",
+    }
     assert "nodeGPUMigInstance" not in got
 
 
@@ -137,7 +197,9 @@ def test_filter_bind_lock_and_cache_signals():
     metrics = SchedulerMetrics(clock=lambda: now[0])
     failure = NodeFailure(total=4, counts=((Reason.CARD_INSUFFICIENT_MEMORY, 3), (Reason.CARD_NOT_HEALTH, 1)))
     metrics.observe_filter(0.002, "scheduled")
-    metrics.observe_filter(0.004, "unschedulable", reasons=[failure, Reason.RESOURCE_QUOTA_NOT_FIT, "CardInsufficientMemory"])
+    metrics.observe_filter(
+        0.004, "unschedulable", reasons=[failure, Reason.RESOURCE_QUOTA_NOT_FIT, "CardInsufficientMemory"]
+    )
     metrics.observe_bind(0.05, "bound")
     metrics.observe_lock_wait(2.0, "timeout")
     metrics.cache_touched("pods")
@@ -180,11 +242,18 @@ async def test_serves_metrics_over_http():
 def test_filter_answers_become_outcomes_and_reason_codes():
     from hami.scheduler.server import filter_outcome, reason_codes
 
-    assert reason_codes("1/8 CardInsufficientMemory, 7/8 CardTypeMismatch") == ["CardInsufficientMemory", "CardTypeMismatch"]
+    assert reason_codes("1/8 CardInsufficientMemory, 7/8 CardTypeMismatch") == [
+        "CardInsufficientMemory",
+        "CardTypeMismatch",
+    ]
     assert reason_codes("NodeInsufficientDevice") == ["NodeInsufficientDevice"]
     assert reason_codes("node unregistered") == ["node unregistered"]
-    answer = {"NodeNames": [], "Error": "", "FailedNodes": {"a": "1/2 CardNotHealth, 1/2 CardInsufficientMemory"},
-              "FailedAndUnresolvableNodes": {"b": "2/2 CardTypeMismatch"}}
+    answer = {
+        "NodeNames": [],
+        "Error": "",
+        "FailedNodes": {"a": "1/2 CardNotHealth, 1/2 CardInsufficientMemory"},
+        "FailedAndUnresolvableNodes": {"b": "2/2 CardTypeMismatch"},
+    }
     assert filter_outcome(answer) == ("unschedulable", ["CardInsufficientMemory", "CardNotHealth", "CardTypeMismatch"])
     assert filter_outcome({"NodeNames": ["a"], "Error": ""}) == ("scheduled", [])
     assert filter_outcome({"NodeNames": None, "Error": "not ready"}) == ("error", [])

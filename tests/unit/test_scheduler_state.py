@@ -21,25 +21,40 @@ NV = build_vendors()[0]
 
 
 def node(name, gpus=2, allocatable=True, handshake=None, labels=None):
-    devs = [DeviceInfo(id=f"{name}-g{i}", index=i, count=10, devmem=1000, devcore=100, type="NVIDIA-T4", health=True)
-            for i in range(gpus)]
+    devs = [
+        DeviceInfo(id=f"{name}-g{i}", index=i, count=10, devmem=1000, devcore=100, type="NVIDIA-T4", health=True)
+        for i in range(gpus)
+    ]
     ann = {"hami.io/node-nvidia-register": encode_node_devices_json(devs)}
     if handshake:
         ann["hami.io/node-handshake"] = handshake
-    return {"metadata": {"name": name, "annotations": ann, "labels": labels or {}, "resourceVersion": "1"},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10) if allocatable else "0"}}}
+    return {
+        "metadata": {"name": name, "annotations": ann, "labels": labels or {}, "resourceVersion": "1"},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10) if allocatable else "0"}},
+    }
 
 
 def pod(name, node_name=None, uuid=None, mem=100, phase="Running", uid=None):
     ann = {}
     if node_name:
-        ann = {"hami.io/vgpu-node": node_name,
-               "hami.io/vgpu-devices-allocated": encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", mem, 0)]])}
-    return {"metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "annotations": ann,
-                         "resourceVersion": "1"},
-            "spec": {"schedulerName": "hami-scheduler", "containers": [
-                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}}}]},
-            "status": {"phase": phase}}
+        ann = {
+            "hami.io/vgpu-node": node_name,
+            "hami.io/vgpu-devices-allocated": encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", mem, 0)]]),
+        }
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid or f"uid-{name}",
+            "annotations": ann,
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}}}],
+        },
+        "status": {"phase": phase},
+    }
 
 
 def used(state, name):
@@ -114,18 +129,21 @@ def _args(*argv):
     return parser.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("argv, text", [
-    (["--node-lock-timeout", "5x"], "--node-lock-timeout"),
-    (["--http_bind", "nohost"], "--http_bind"),
-    (["--node-label-selector", "gpu"], "--node-label-selector"),
-    (["--cert_file", "/etc/hostname"], "go together"),
-    (["--device-config-file", "/nonexistent.yaml"], "--device-config-file"),
-    (["--node-scheduler-policy", "fastest"], "--node-scheduler-policy"),
-    (["--gpu-scheduler-policy", "random"], "--gpu-scheduler-policy"),
-    (["--extender-bind", "0.0.0.0:9080"], "not a loopback address"),
-    (["--extender-bind", "10.0.0.5:9080"], "--extender-bind"),
-    (["--extender-bind", "9080"], "--extender-bind"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        (["--node-lock-timeout", "5x"], "--node-lock-timeout"),
+        (["--http_bind", "nohost"], "--http_bind"),
+        (["--node-label-selector", "gpu"], "--node-label-selector"),
+        (["--cert_file", "/etc/hostname"], "go together"),
+        (["--device-config-file", "/nonexistent.yaml"], "--device-config-file"),
+        (["--node-scheduler-policy", "fastest"], "--node-scheduler-policy"),
+        (["--gpu-scheduler-policy", "random"], "--gpu-scheduler-policy"),
+        (["--extender-bind", "0.0.0.0:9080"], "not a loopback address"),
+        (["--extender-bind", "10.0.0.5:9080"], "--extender-bind"),
+        (["--extender-bind", "9080"], "--extender-bind"),
+    ],
+)
 def test_bad_flags_name_the_flag(argv, text):
     with pytest.raises(ConfigError) as err:
         O.options_from_args(_args(*argv))
@@ -142,9 +160,16 @@ def test_bad_device_config_names_the_key(tmp_path):
 
 def test_flags_with_hami_names(monkeypatch):
     monkeypatch.setenv("HAMI_NODELOCK_EXPIRE", "2m")
-    o = O.options_from_args(_args("--http_bind=0.0.0.0:443", "--extender-bind=127.0.0.1:9080",
-                                  "--node-label-selector=gpu=on,zone=a",
-                                  "--node-lock-retry-timeout=1m30s", "--leader-elect", "--leader-elect-identity=me"))
+    o = O.options_from_args(
+        _args(
+            "--http_bind=0.0.0.0:443",
+            "--extender-bind=127.0.0.1:9080",
+            "--node-label-selector=gpu=on,zone=a",
+            "--node-lock-retry-timeout=1m30s",
+            "--leader-elect",
+            "--leader-elect-identity=me",
+        )
+    )
     assert (o.host, o.port, o.node_selector) == ("0.0.0.0", 443, {"gpu": "on", "zone": "a"})
     assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")
     assert O.options_from_args(_args("--node-lock-timeout=30s")).node_lock_timeout == 30
@@ -176,7 +201,9 @@ def test_stale_event_does_not_undo_a_newer_reservation():
     assert result.node == "n2"
     s.pod_handler.apply("MODIFIED", old)  # a late event still showing n1
     assert s.ledger.pod(pod_key(fresh)).node == "n2" and s.ledger.is_reserved(pod_key(fresh))
-    s.pod_handler.apply("MODIFIED", {**fresh, "metadata": {**fresh["metadata"], "annotations": dict(result.annotations)}})
+    s.pod_handler.apply(
+        "MODIFIED", {**fresh, "metadata": {**fresh["metadata"], "annotations": dict(result.annotations)}}
+    )
     assert not s.ledger.is_reserved(pod_key(fresh)) and s.ledger.pod(pod_key(fresh)).node == "n2"
 
 
@@ -192,8 +219,10 @@ def test_cli_refuses_bad_configuration_with_one_line(tmp_path, capsys):
 
 
 def _at(p, rv, **ann):
-    out = {**p, "metadata": {**p["metadata"], "resourceVersion": rv,
-                             "annotations": {**p["metadata"]["annotations"], **ann}}}
+    out = {
+        **p,
+        "metadata": {**p["metadata"], "resourceVersion": rv, "annotations": {**p["metadata"]["annotations"], **ann}},
+    }
     return out
 
 
@@ -232,6 +261,7 @@ def test_a_delete_wins_and_a_stale_add_does_not_resurrect():
 
 def test_tombstones_are_bounded(monkeypatch):
     from hami.scheduler import state as S
+
     monkeypatch.setattr(S, "TOMBSTONES", 3)
     s = ClusterState(CONFIG)
     for i in range(5):
@@ -248,18 +278,21 @@ def test_a_relist_keeps_a_newer_cached_pod():
     assert s.pod("ns", "a") is mine and used(s, "n2") == [300, 0] and s.pod("ns", "b") is not None
 
 
-@pytest.mark.parametrize("value", [
-    "[" * 100_000,                                  # nesting deeper than the parser's stack
-    '[{"id": "g0", "count": ' + "9" * 5000 + "}]",  # an integer of thousands of digits
-    '[{"id": "g0", "count": NaN}]',
-    '[{"id": "g0", "count": 1e400}]',
-    "g0,-1,1000,100,T4,0,true:",                    # legacy: negative count
-    "g0,2147483648,1000,100,T4,0,true:",            # legacy: beyond int32 (HAMi refuses it too)
-    "g0,١,1000,100,T4,0,true:",                     # legacy: Arabic-Indic digit
-    "g0,1,1_000,100,T4,0,true:",                    # legacy: Python's digit separator
-    "g0,1, 1000,100,T4,0,true:",
-    ",1,1000,100,T4,0,true:",                       # legacy: no id
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "[" * 100_000,  # nesting deeper than the parser's stack
+        '[{"id": "g0", "count": ' + "9" * 5000 + "}]",  # an integer of thousands of digits
+        '[{"id": "g0", "count": NaN}]',
+        '[{"id": "g0", "count": 1e400}]',
+        "g0,-1,1000,100,T4,0,true:",  # legacy: negative count
+        "g0,2147483648,1000,100,T4,0,true:",  # legacy: beyond int32 (HAMi refuses it too)
+        "g0,١,1000,100,T4,0,true:",  # legacy: Arabic-Indic digit
+        "g0,1,1_000,100,T4,0,true:",  # legacy: Python's digit separator
+        "g0,1, 1000,100,T4,0,true:",
+        ",1,1000,100,T4,0,true:",  # legacy: no id
+    ],
+)
 def test_any_unreadable_registration_drops_the_nodes_gpus_with_an_event(value):
     s = ClusterState(CONFIG)
     seen = []
@@ -273,12 +306,15 @@ def test_any_unreadable_registration_drops_the_nodes_gpus_with_an_event(value):
     assert len(seen) == 1 and seen[0][0] == "n1" and "hami.io/node-nvidia-register" in seen[0][1]
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-register": 7}),
-    lambda n: n["metadata"].update({"annotations": ["x"]}),
-    lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-score": {"a": 1}}),
-    lambda n: n["metadata"]["annotations"].update({"hami.io/node-handshake": None}),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-register": 7}),
+        lambda n: n["metadata"].update({"annotations": ["x"]}),
+        lambda n: n["metadata"]["annotations"].update({"hami.io/node-nvidia-score": {"a": 1}}),
+        lambda n: n["metadata"]["annotations"].update({"hami.io/node-handshake": None}),
+    ],
+)
 def test_a_node_of_the_wrong_shape_is_malformed_not_a_crash(mutate):
     s = ClusterState(CONFIG)
     seen = []

@@ -46,6 +46,7 @@ def _echo_app() -> web.Application:
 
 # ------------------------------------------------------------------ the guard (moved from test_scheduler_http_input)
 
+
 async def test_a_slow_request_head_is_cut_off():
     port = _free_port()
     runner = await serve.start(_echo_app(), "127.0.0.1", port, guard=ConnectionGuard(head_timeout=0.3))
@@ -102,7 +103,9 @@ async def test_request_lines_and_header_fields_are_limited():
         async with ClientSession() as session:
             r = await session.get(f"http://127.0.0.1:{port}/", headers={"X-Big": "a" * (serve.MAX_HEADER_BYTES + 10)})
             assert r.status in (400, 431)
-            r = await session.get(f"http://127.0.0.1:{port}/", headers={f"X-{i}": "1" for i in range(serve.MAX_HEADERS + 1)})
+            r = await session.get(
+                f"http://127.0.0.1:{port}/", headers={f"X-{i}": "1" for i in range(serve.MAX_HEADERS + 1)}
+            )
             assert r.status in (400, 431)
             r = await session.get(f"http://127.0.0.1:{port}/", headers={"X-Fine": "a" * 100})
             assert r.status == 200
@@ -111,6 +114,7 @@ async def test_request_lines_and_header_fields_are_limited():
 
 
 # ------------------------------------------------------------------ TLS (moved from test_scheduler_extender/_auth)
+
 
 def _client(ca: CertificateAuthority) -> ssl.SSLContext:
     return ssl.create_default_context(cadata=ca.pair.cert_pem.decode())
@@ -152,10 +156,16 @@ async def test_tls_certificate_is_reloaded_when_the_files_change(tmp_path):
 
 
 async def test_a_renewed_client_ca_is_trusted_without_a_restart(tmp_path):
-    serving, client_ca, renewed = (CertificateAuthority("serving-ca"), CertificateAuthority("client-ca"),
-                                   CertificateAuthority("client-ca-renewed"))
+    serving, client_ca, renewed = (
+        CertificateAuthority("serving-ca"),
+        CertificateAuthority("client-ca"),
+        CertificateAuthority("client-ca-renewed"),
+    )
     files = {"ca.crt": serving.pair.cert_pem, "rotating-ca.crt": client_ca.pair.cert_pem}
-    for name, ca, kw in (("tls", serving, {"hosts": ("127.0.0.1",)}), ("renewed", renewed, {"server": False, "client": True})):
+    for name, ca, kw in (
+        ("tls", serving, {"hosts": ("127.0.0.1",)}),
+        ("renewed", renewed, {"server": False, "client": True}),
+    ):
         pair = ca.issue(name, **kw)
         files[f"{name}.crt"], files[f"{name}.key"] = pair.cert_pem, pair.key_pem
     for name, pem in files.items():
@@ -193,6 +203,7 @@ async def test_a_renewed_client_ca_is_trusted_without_a_restart(tmp_path):
 
 # ------------------------------------------------------------------ WSGI: prometheus_client's exposition
 
+
 def _registry() -> CollectorRegistry:
     registry = CollectorRegistry()
     Gauge("hami_test_value", "a test gauge", registry=registry).set(3)
@@ -219,7 +230,9 @@ async def test_the_wsgi_bridge_serves_what_prometheus_clients_server_served():
             async with session.get(base + "/metrics", headers={"Accept-Encoding": "gzip"}) as r:
                 assert r.headers["Content-Encoding"] == "gzip"
                 assert gzip.decompress(await r.read()) == generate_latest(registry)
-            async with session.get(base + "/metrics", headers={"Accept": "application/openmetrics-text", "Accept-Encoding": "identity"}) as r:
+            async with session.get(
+                base + "/metrics", headers={"Accept": "application/openmetrics-text", "Accept-Encoding": "identity"}
+            ) as r:
                 assert r.headers["Content-Type"].startswith("application/openmetrics-text")
                 assert (await r.read()).endswith(b"# EOF\n")
             async with session.post(base + "/metrics", data=b"x") as r:
@@ -229,6 +242,7 @@ async def test_the_wsgi_bridge_serves_what_prometheus_clients_server_served():
 
 
 # ------------------------------------------------------------------ every listener of the product
+
 
 async def _extender(guard, port):
     from hami.scheduler.options import Options
@@ -292,7 +306,10 @@ async def test_a_client_that_resets_costs_one_line_not_a_traceback(listener, cap
     port = _free_port()
     runner, path = await LISTENERS[listener](None, port)
     try:
-        for request in (b"GET " + path.encode() + b" HTTP/1.1\r\nHo", b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n"):
+        for request in (
+            b"GET " + path.encode() + b" HTTP/1.1\r\nHo",
+            b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        ):
             sock = socket.create_connection(("127.0.0.1", port))
             sock.sendall(request)
             await asyncio.sleep(0.2)

@@ -10,15 +10,30 @@ from hami.core import DeviceInfo, encode_node_devices_json
 
 
 def node_doc(name, n=2, mem=16000, annotation=None):
-    devs = [DeviceInfo(id=f"GPU-{name}-{i}", index=i, count=10, devmem=mem, devcore=100, type="NVIDIA-L4",
-                       mode="hami-core", health=True) for i in range(n)]
+    devs = [
+        DeviceInfo(
+            id=f"GPU-{name}-{i}",
+            index=i,
+            count=10,
+            devmem=mem,
+            devcore=100,
+            type="NVIDIA-L4",
+            mode="hami-core",
+            health=True,
+        )
+        for i in range(n)
+    ]
     ann = {"hami.io/node-nvidia-register": encode_node_devices_json(devs) if annotation is None else annotation}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}}
 
 
 def pod_doc(name, limits=None, deleted=False, annotations=None, ns="default"):
-    p = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-         "spec": {"containers": [{"name": "main", "resources": {"limits": limits or {}}}]}}
+    p = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": limits or {}}}]},
+    }
     if deleted:
         p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     if annotations:
@@ -60,12 +75,16 @@ def test_bundled_example_json_is_deterministic(capsys):
 
 def test_json_output_shape_and_deletion(tmp_path, capsys):
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1", n=1, mem=10000)], as_list=True)
-    pods = write(tmp_path, "pods.yaml", [
-        pod_doc("a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
-        pod_doc("b", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
-        pod_doc("a", deleted=True),
-        pod_doc("c", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
-    ])
+    pods = write(
+        tmp_path,
+        "pods.yaml",
+        [
+            pod_doc("a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
+            pod_doc("b", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
+            pod_doc("a", deleted=True),
+            pod_doc("c", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 6000, "nvidia.com/gpucores": 20}),
+        ],
+    )
     code, out, err = sim(capsys, "--nodes", nodes, "--pods", pods, "--output", "json")
     assert code == 0, err
     data = json.loads(out)
@@ -74,19 +93,37 @@ def test_json_output_shape_and_deletion(tmp_path, capsys):
     assert by_name["a"]["status"] == "deleted"
     assert by_name["b"]["node"] is None and by_name["b"]["reasons"] == {"n1": "1/1 CardInsufficientMemory"}
     assert by_name["c"]["node"] == "n1"
-    assert by_name["c"]["containers"] == [{"name": "main", "devices": [
-        {"uuid": "GPU-n1-0", "type": "NVIDIA", "usedmem": 6000, "usedcores": 20}]}]
+    assert by_name["c"]["containers"] == [
+        {"name": "main", "devices": [{"uuid": "GPU-n1-0", "type": "NVIDIA", "usedmem": 6000, "usedcores": 20}]}
+    ]
     (dev,) = data["devices"]
-    assert {k: dev[k] for k in ("node", "uuid", "index", "type", "used", "count", "usedmem", "totalmem",
-                                "usedcores", "totalcore")} == {
-        "node": "n1", "uuid": "GPU-n1-0", "index": 0, "type": "NVIDIA-L4", "used": 1, "count": 10,
-        "usedmem": 6000, "totalmem": 10000, "usedcores": 20, "totalcore": 100}
+    assert {
+        k: dev[k]
+        for k in ("node", "uuid", "index", "type", "used", "count", "usedmem", "totalmem", "usedcores", "totalcore")
+    } == {
+        "node": "n1",
+        "uuid": "GPU-n1-0",
+        "index": 0,
+        "type": "NVIDIA-L4",
+        "used": 1,
+        "count": 10,
+        "usedmem": 6000,
+        "totalmem": 10000,
+        "usedcores": 20,
+        "totalcore": 100,
+    }
 
 
 def test_policies_from_the_command_line(tmp_path, capsys):
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1"), node_doc("n2")])
-    pods = write(tmp_path, "pods.yaml", [pod_doc(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000,
-                                                           "nvidia.com/gpucores": 10}) for i in range(2)])
+    pods = write(
+        tmp_path,
+        "pods.yaml",
+        [
+            pod_doc(f"p{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10})
+            for i in range(2)
+        ],
+    )
     _, out, _ = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json")
     assert [p["node"] for p in json.loads(out)["pods"]] == ["n1", "n1"]
     _, out, _ = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json", "--node-policy", "spread")
@@ -94,8 +131,11 @@ def test_policies_from_the_command_line(tmp_path, capsys):
 
 
 def test_malformed_node_is_skipped_with_a_warning(tmp_path, capsys):
-    nodes = write(tmp_path, "nodes.yaml", [node_doc("good"), node_doc("bad", annotation="[{oops"),
-                                           {"kind": "Node", "metadata": {"name": "bare"}}])
+    nodes = write(
+        tmp_path,
+        "nodes.yaml",
+        [node_doc("good"), node_doc("bad", annotation="[{oops"), {"kind": "Node", "metadata": {"name": "bare"}}],
+    )
     pods = write(tmp_path, "pods.yaml", [pod_doc("a", {"nvidia.com/gpu": 1})])
     code, out, err = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json")
     assert code == 0
@@ -104,16 +144,32 @@ def test_malformed_node_is_skipped_with_a_warning(tmp_path, capsys):
     assert json.loads(out)["pods"][0]["node"] == "good"
 
 
-@pytest.mark.parametrize("pods,extra,needle", [
-    ([pod_doc("neg", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": -5})], [],
-     "pod default/neg: container 'main': nvidia.com/gpumem must not be negative, got -5"),
-    ([pod_doc("pct", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150})], [],
-     "pod default/pct: container 'main': nvidia.com/gpumem-percentage must be an integer in 0..100, got 150"),
-    ([pod_doc("pol", {"nvidia.com/gpu": 1}, annotations={"hami.io/gpu-scheduler-policy": "fastest"})], [],
-     "unknown GPU policy 'fastest'"),
-    ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--node-policy", "random"], "--node-policy: unknown node policy 'random'"),
-    ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--gpu-policy", "best"], "--gpu-policy: unknown GPU policy 'best'"),
-])
+@pytest.mark.parametrize(
+    "pods,extra,needle",
+    [
+        (
+            [pod_doc("neg", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": -5})],
+            [],
+            "pod default/neg: container 'main': nvidia.com/gpumem must not be negative, got -5",
+        ),
+        (
+            [pod_doc("pct", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150})],
+            [],
+            "pod default/pct: container 'main': nvidia.com/gpumem-percentage must be an integer in 0..100, got 150",
+        ),
+        (
+            [pod_doc("pol", {"nvidia.com/gpu": 1}, annotations={"hami.io/gpu-scheduler-policy": "fastest"})],
+            [],
+            "unknown GPU policy 'fastest'",
+        ),
+        (
+            [pod_doc("a", {"nvidia.com/gpu": 1})],
+            ["--node-policy", "random"],
+            "--node-policy: unknown node policy 'random'",
+        ),
+        ([pod_doc("a", {"nvidia.com/gpu": 1})], ["--gpu-policy", "best"], "--gpu-policy: unknown GPU policy 'best'"),
+    ],
+)
 def test_bad_input_is_one_clear_line(tmp_path, capsys, pods, extra, needle):
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1")])
     code, out, err = sim(capsys, "--nodes", nodes, "--pods", write(tmp_path, "pods.yaml", pods), *extra)
@@ -151,12 +207,25 @@ def test_config_file_is_used_and_validated(tmp_path, capsys):
 
 def test_pre_placed_pods_and_quota_documents(tmp_path, capsys):
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1", n=1, mem=10000)])
-    placed = pod_doc("old", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}, annotations={
-        "hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": "GPU-n1-0,NVIDIA,4000,0:;"})
-    quota = {"kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "team"},
-             "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}}}
-    pods = write(tmp_path, "pods.yaml", [placed, quota, pod_doc("t", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
-                                                                      "nvidia.com/gpucores": 5}, ns="team")])
+    placed = pod_doc(
+        "old",
+        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000},
+        annotations={"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": "GPU-n1-0,NVIDIA,4000,0:;"},
+    )
+    quota = {
+        "kind": "ResourceQuota",
+        "metadata": {"name": "q", "namespace": "team"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}},
+    }
+    pods = write(
+        tmp_path,
+        "pods.yaml",
+        [
+            placed,
+            quota,
+            pod_doc("t", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 5}, ns="team"),
+        ],
+    )
     code, out, err = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json")
     assert code == 0, err
     data = json.loads(out)

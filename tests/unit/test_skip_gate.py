@@ -30,20 +30,39 @@ def test_only_unlisted_skips_are_unexpected():
 
 def test_a_skip_fails_the_run_under_ci_and_not_outside(tmp_path):
     planted = tmp_path / "test_planted_skip.py"
-    planted.write_text(textwrap.dedent('''
+    planted.write_text(
+        textwrap.dedent("""
         import pytest
         def test_runs():
             assert True
         def test_skips():
             pytest.skip("planted: nothing installs this")
-    '''))
+    """)
+    )
 
     def run(ci: str) -> subprocess.CompletedProcess[str]:
         # the suite's conftest loaded as a plugin on a file outside the tree: nothing is written there
         env = {**os.environ, "CI": ci, "HAMI_NO_SKIPS": "", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-                               "--rootdir", str(tmp_path), str(planted)],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "tests.conftest",
+                "--rootdir",
+                str(tmp_path),
+                str(planted),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     strict_run, local_run = run("true"), run("")
     assert strict_run.returncode == 1, strict_run.stdout

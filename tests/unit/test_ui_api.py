@@ -42,32 +42,74 @@ def validator_for(path: str, status: str = "200") -> Draft202012Validator:
 
 
 def gpu_node(name: str, gpus: int = 2, mem: int = 16384, model_: str = "NVIDIA-Tesla T4") -> dict:
-    devs = [DeviceInfo(id=f"GPU-{name}-{i}", index=i, count=10, devmem=mem, devcore=100, type=model_, health=True)
-            for i in range(gpus)]
-    return {"metadata": {"name": name, "resourceVersion": "1",
-                         "annotations": {"hami.io/node-nvidia-register": encode_node_devices_json(devs),
-                                         "hami.io/device-cordon": f"GPU-{name}-1"}},
-            "status": {"allocatable": {"nvidia.com/gpu": str(gpus * 10)},
-                       "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    devs = [
+        DeviceInfo(id=f"GPU-{name}-{i}", index=i, count=10, devmem=mem, devcore=100, type=model_, health=True)
+        for i in range(gpus)
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "annotations": {
+                "hami.io/node-nvidia-register": encode_node_devices_json(devs),
+                "hami.io/device-cordon": f"GPU-{name}-1",
+            },
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus * 10)},
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 def npu_node(name: str) -> dict:
-    npus = [{"id": f"{name}-npu-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": "Ascend910B3",
-             "health": True} for i in range(2)]
-    return {"metadata": {"name": name, "resourceVersion": "1",
-                         "annotations": {"hami.io/node-register-Ascend910B3": json.dumps(npus)}},
-            "status": {"allocatable": {"huawei.com/Ascend910B3": "2"}}}
+    npus = [
+        {
+            "id": f"{name}-npu-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 20,
+            "type": "Ascend910B3",
+            "health": True,
+        }
+        for i in range(2)
+    ]
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "annotations": {"hami.io/node-register-Ascend910B3": json.dumps(npus)},
+        },
+        "status": {"allocatable": {"huawei.com/Ascend910B3": "2"}},
+    }
 
 
 def gpu_pod(name: str, ns: str = "team-a", mem: int = 3000, cores: int = 30, node_selector=None, **limits) -> dict:
     lim = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, "nvidia.com/gpucores": cores, **limits}
-    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}", "resourceVersion": "1",
-                         "annotations": {"example.com/api-token": SECRET}},
-            "spec": {"schedulerName": "hami-scheduler", "nodeSelector": node_selector or {},
-                     "containers": [{"name": "main", "image": "busybox", "resources": {"limits": lim},
-                                     "env": [{"name": "TOKEN", "value": SECRET}]}]},
-            "status": {"phase": "Pending"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{ns}-{name}",
+            "resourceVersion": "1",
+            "annotations": {"example.com/api-token": SECRET},
+        },
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "nodeSelector": node_selector or {},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"limits": lim},
+                    "env": [{"name": "TOKEN", "value": SECRET}],
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
 
 
 def placed(state: ClusterState, p: dict, node: str) -> dict:
@@ -85,19 +127,39 @@ def placed(state: ClusterState, p: dict, node: str) -> dict:
 
 
 def npu_pod(name: str) -> dict:
-    return {"metadata": {"name": name, "namespace": "team-b", "uid": f"uid-{name}", "resourceVersion": "1",
-                         "annotations": {}},
-            "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "mindie", "resources": {
-                "limits": {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 16384}}}]},
-            "status": {"phase": "Pending"}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-b",
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "annotations": {},
+        },
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [
+                {
+                    "name": "mindie",
+                    "resources": {"limits": {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 16384}},
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
 
 
 @pytest.fixture
 def cluster() -> ClusterState:
     s = ClusterState(CFG)
     s.node_handler.replace([gpu_node("gpu-1"), gpu_node("gpu-2", model_="NVIDIA-A10"), npu_node("npu-1")])
-    s.quota_handler.replace([{"metadata": {"name": "q", "namespace": "team-a"},
-                              "spec": {"hard": {"limits.nvidia.com/gpumem": "20000", "pods": "10"}}}])
+    s.quota_handler.replace(
+        [
+            {
+                "metadata": {"name": "q", "namespace": "team-a"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "20000", "pods": "10"}},
+            }
+        ]
+    )
     placed(s, gpu_pod("train"), "gpu-1")
     from hami.core import admit_pod
 
@@ -114,9 +176,12 @@ async def _client(api: UiApi) -> TestClient:
 
 
 def readings(fresh: bool = True) -> dict[str, NodeReading]:
-    r = NodeReading(scraped_at=NOW - (5 if fresh else 500), stale_after=45,
-                    devices={"GPU-gpu-1-0": Usage(2048, 37.0)},
-                    containers={("team-a", "train", "main", "GPU-gpu-1-0"): Usage(1900, 35.5)})
+    r = NodeReading(
+        scraped_at=NOW - (5 if fresh else 500),
+        stale_after=45,
+        devices={"GPU-gpu-1-0": Usage(2048, 37.0)},
+        containers={("team-a", "train", "main", "GPU-gpu-1-0"): Usage(1900, 35.5)},
+    )
     return {"gpu-1": r}
 
 
@@ -124,9 +189,12 @@ async def test_every_answer_validates_against_the_openapi_document(cluster):
     live = type("Live", (), {"readings": readings()})()
     client = await _client(UiApi(cluster, "hami-scheduler", live, clock=lambda: NOW))
     try:
-        queries = {"/api/v1/nodes": ["", "?node=gpu-1", "?model=NVIDIA-A10", "?vendor=Ascend910B3"],
-                   "/api/v1/pods": ["", "?namespace=team-a", "?node=npu-1"],
-                   "/api/v1/pending": ["", "?namespace=team-a"], "/api/v1/quotas": ["", "?namespace=team-b"]}
+        queries = {
+            "/api/v1/nodes": ["", "?node=gpu-1", "?model=NVIDIA-A10", "?vendor=Ascend910B3"],
+            "/api/v1/pods": ["", "?namespace=team-a", "?node=npu-1"],
+            "/api/v1/pending": ["", "?namespace=team-a"],
+            "/api/v1/quotas": ["", "?namespace=team-b"],
+        }
         for path, qs in queries.items():
             for q in qs:
                 resp = await client.get(path + q)
@@ -146,9 +214,20 @@ async def test_every_answer_validates_against_the_openapi_document(cluster):
 
 def test_the_contract_rejects_a_wrong_document():
     """The contract test is only worth something if the schema is strict: a renamed field fails."""
-    doc = model.envelope("NodeList", NOW, [{"name": "n", "ready": True, "unschedulable": False, "devices": [],
-                                            "monitor": {"state": "live", "ageSeconds": 1, "error": None},
-                                            "extra": 1}])
+    doc = model.envelope(
+        "NodeList",
+        NOW,
+        [
+            {
+                "name": "n",
+                "ready": True,
+                "unschedulable": False,
+                "devices": [],
+                "monitor": {"state": "live", "ageSeconds": 1, "error": None},
+                "extra": 1,
+            }
+        ],
+    )
     assert list(validator_for("/api/v1/nodes").iter_errors(doc))
     doc["items"][0].pop("extra")
     assert not list(validator_for("/api/v1/nodes").iter_errors(doc))
@@ -179,7 +258,8 @@ def test_pods_list_grants_per_container(cluster):
     [c] = train["containers"]
     assert c["name"] == "main" and c["kind"] == "app"
     assert [(g["uuid"], g["memoryMiB"], g["cores"], g["coreUnit"]) for g in c["grants"]] == [
-        ("GPU-gpu-1-0", 3000, 30, "percent")]
+        ("GPU-gpu-1-0", 3000, 30, "percent")
+    ]
     [grant] = pods["team-b/infer"]["containers"][0]["grants"]
     assert grant["vendor"] == "Ascend910B3" and grant["memoryMiB"] == 16384 and grant["coreUnit"] == "AI cores"
 
@@ -187,9 +267,24 @@ def test_pods_list_grants_per_container(cluster):
 def test_pending_reasons_are_those_hami_explain_prints(cluster):
     doc = model.pending_document(cluster, NOW, "hami-scheduler")
     [p] = doc["items"]
-    assert (p["namespace"], p["name"], p["fitsNow"], doc["total"], doc["truncated"]) == ("team-c", "huge", False, 1, False)
-    assert p["requests"] == [{"container": "main", "kind": "app", "vendor": "NVIDIA", "count": 1, "memoryMiB": 40000,
-                              "memoryPercent": None, "cores": 30}]
+    assert (p["namespace"], p["name"], p["fitsNow"], doc["total"], doc["truncated"]) == (
+        "team-c",
+        "huge",
+        False,
+        1,
+        False,
+    )
+    assert p["requests"] == [
+        {
+            "container": "main",
+            "kind": "app",
+            "vendor": "NVIDIA",
+            "count": 1,
+            "memoryMiB": 40000,
+            "memoryPercent": None,
+            "cores": 30,
+        }
+    ]
     text = render(cluster.pods["team-c/huge"], cluster, [], NOW)
     for verdict in p["nodes"]:
         if verdict["devices"]:
@@ -197,7 +292,9 @@ def test_pending_reasons_are_those_hami_explain_prints(cluster):
     gpu1 = next(v for v in p["nodes"] if v["node"] == "gpu-1")
     assert gpu1["reason"] == "1/2 CardCordoned, 1/2 CardInsufficientMemory"
     assert {d["uuid"]: d["reason"] for d in gpu1["devices"]} == {
-        "GPU-gpu-1-0": "CardInsufficientMemory", "GPU-gpu-1-1": "CardCordoned"}
+        "GPU-gpu-1-0": "CardInsufficientMemory",
+        "GPU-gpu-1-1": "CardCordoned",
+    }
     assert "CardInsufficientMemory" in p["summary"]
     # a placed (or reserved) pod is not pending
     assert all(i["name"] != "train" for i in doc["items"])
@@ -205,9 +302,20 @@ def test_pending_reasons_are_those_hami_explain_prints(cluster):
 
 def test_quotas_show_limit_and_namespace_usage(cluster):
     [q] = model.quotas_document(cluster, NOW)["items"]
-    assert q == {"namespace": "team-a", "name": "q", "resources": [
-        {"resource": "limits.nvidia.com/gpumem", "vendor": "NVIDIA", "kind": "memory", "unit": "MiB",
-         "limit": 20000, "used": 3000}]}
+    assert q == {
+        "namespace": "team-a",
+        "name": "q",
+        "resources": [
+            {
+                "resource": "limits.nvidia.com/gpumem",
+                "vendor": "NVIDIA",
+                "kind": "memory",
+                "unit": "MiB",
+                "limit": 20000,
+                "used": 3000,
+            }
+        ],
+    }
 
 
 def test_live_usage_is_joined_and_marked_stale_when_old(cluster):
@@ -219,8 +327,11 @@ def test_live_usage_is_joined_and_marked_stale_when_old(cluster):
     assert other["monitor"]["state"] == "unavailable"
     pods = model.pods_document(cluster, NOW, readings(True))
     train = next(p for p in pods["items"] if p["name"] == "train")
-    assert train["containers"][0]["grants"][0]["usage"] == {"state": "live", "memoryUsedMiB": 1900,
-                                                            "utilizationPercent": 35.5}
+    assert train["containers"][0]["grants"][0]["usage"] == {
+        "state": "live",
+        "memoryUsedMiB": 1900,
+        "utilizationPercent": 35.5,
+    }
     old = model.nodes_document(cluster, NOW, readings(False))
     gpu1 = next(n for n in old["items"] if n["name"] == "gpu-1")
     assert gpu1["monitor"]["state"] == "stale"
@@ -329,8 +440,17 @@ async def test_pending_answer_is_reused_for_a_short_while(cluster):
 
 async def test_odd_queries_and_paths_get_a_4xx_never_a_500(cluster):
     client = await _client(UiApi(cluster, "hami-scheduler", clock=lambda: NOW))
-    odd = ["?node=%00", "?node=" + "x" * 5000, "?model=%E2%80%AE", "?node=a&node=b", "?namespace=",
-           "?%ff=1", "?node", "?vendor=NVIDIA&zzz=1", "?namespace=../../etc"]
+    odd = [
+        "?node=%00",
+        "?node=" + "x" * 5000,
+        "?model=%E2%80%AE",
+        "?node=a&node=b",
+        "?namespace=",
+        "?%ff=1",
+        "?node",
+        "?vendor=NVIDIA&zzz=1",
+        "?namespace=../../etc",
+    ]
     try:
         for path in PATHS:
             for q in odd:

@@ -18,32 +18,56 @@ from .test_ui_api import CFG, NOW, _client, gpu_node, gpu_pod, placed, validator
 
 def dra_pod(name: str, ns: str = "team-a") -> dict:
     """A pod as the webhook's DRA front end leaves it, its claim generated from a template."""
-    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": "3"},
-            "spec": {"schedulerName": "default-scheduler", "nodeName": "dra-1",
-                     "resourceClaims": [{"name": "hami-gpu-1", "resourceClaimTemplateName": "hami-gpu-abc"}],
-                     "initContainers": [{"name": "setup"}],
-                     "containers": [{"name": "other"}, {"name": "main", "resources": {"claims": [{"name": "hami-gpu-1"}]}}]},
-            "status": {"phase": "Running",
-                       "resourceClaimStatuses": [{"name": "hami-gpu-1", "resourceClaimName": "c1"}]}}
+    return {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "resourceVersion": "3"},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "nodeName": "dra-1",
+            "resourceClaims": [{"name": "hami-gpu-1", "resourceClaimTemplateName": "hami-gpu-abc"}],
+            "initContainers": [{"name": "setup"}],
+            "containers": [{"name": "other"}, {"name": "main", "resources": {"claims": [{"name": "hami-gpu-1"}]}}],
+        },
+        "status": {"phase": "Running", "resourceClaimStatuses": [{"name": "hami-gpu-1", "resourceClaimName": "c1"}]},
+    }
 
 
 @pytest.fixture
 def cluster() -> ClusterState:
     s = ClusterState(CFG)
-    s.node_handler.replace([gpu_node("gpu-1"), {"metadata": {"name": "dra-1", "resourceVersion": "1"},
-                                                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}])
-    s.quota_handler.replace([{"metadata": {"name": "q", "namespace": "team-a"},
-                              "spec": {"hard": {"limits.nvidia.com/gpumem": "20000", "limits.nvidia.com/gpucores": "200"}}}])
+    s.node_handler.replace(
+        [
+            gpu_node("gpu-1"),
+            {
+                "metadata": {"name": "dra-1", "resourceVersion": "1"},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        ]
+    )
+    s.quota_handler.replace(
+        [
+            {
+                "metadata": {"name": "q", "namespace": "team-a"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "20000", "limits.nvidia.com/gpucores": "200"}},
+            }
+        ]
+    )
     placed(s, gpu_pod("train"), "gpu-1")
-    s.slice_handler.replace([resource_slice("dra-1", [Gpu(0, "GPU-dra-0"), Gpu(1, "GPU-dra-1")],
-                                            SliceSettings(split_count=4))])
+    s.slice_handler.replace(
+        [resource_slice("dra-1", [Gpu(0, "GPU-dra-0"), Gpu(1, "GPU-dra-1")], SliceSettings(split_count=4))]
+    )
     s.pod_handler.apply("ADDED", dra_pod("p1"))
-    s.claim_handler.replace([
-        claim("c1", results=[result("dra-1", "gpu-0", "3000Mi", "25")], reserved=("p1",)),
-        claim("c2", ns="team-b", results=[result("dra-1", "gpu-0", "1000Mi", "5"),
-                                          result("dra-1", "gpu-1", None, None)], reserved=()),
-        claim("unallocated"),
-    ])
+    s.claim_handler.replace(
+        [
+            claim("c1", results=[result("dra-1", "gpu-0", "3000Mi", "25")], reserved=("p1",)),
+            claim(
+                "c2",
+                ns="team-b",
+                results=[result("dra-1", "gpu-0", "1000Mi", "5"), result("dra-1", "gpu-1", None, None)],
+                reserved=(),
+            ),
+            claim("unallocated"),
+        ]
+    )
     return s
 
 
@@ -63,8 +87,10 @@ def test_dra_gpus_are_listed_with_what_their_claims_consume(cluster):
     assert g1["memoryMiB"] == {"allocated": 15360, "total": 15360} and g1["cores"]["allocated"] == 100
     assert g1["claims"] == ["team-b/c2"]
     assert [n["name"] for n in model.nodes_document(cluster, NOW, params={"node": "dra-1"})["items"]] == ["dra-1"]
-    assert [n["name"] for n in model.nodes_document(cluster, NOW, params={"model": "NVIDIA-Tesla T4"})["items"]] == \
-        ["dra-1", "gpu-1"]
+    assert [n["name"] for n in model.nodes_document(cluster, NOW, params={"model": "NVIDIA-Tesla T4"})["items"]] == [
+        "dra-1",
+        "gpu-1",
+    ]
     assert model.nodes_document(cluster, NOW, params={"vendor": "Ascend910B3"})["items"] == []
 
 
@@ -83,27 +109,47 @@ def test_a_gpu_published_by_both_front_ends_adds_the_claims_to_its_allocation(cl
 
 
 def test_each_allocated_claim_is_an_allocation_of_the_dra_front_end(cluster):
-    live = {"dra-1": NodeReading(scraped_at=NOW - 1, stale_after=45,
-                                 containers={("team-a", "p1", "main", "GPU-dra-0"): Usage(1234, 20.0)})}
+    live = {
+        "dra-1": NodeReading(
+            scraped_at=NOW - 1, stale_after=45, containers={("team-a", "p1", "main", "GPU-dra-0"): Usage(1234, 20.0)}
+        )
+    }
     items = model.pods_document(cluster, NOW, live)["items"]
     assert [(i["frontEnd"], i["namespace"], i["name"]) for i in items] == [
-        ("extender", "team-a", "train"), ("dra", "team-a", "p1"), ("dra", "team-b", "")]
+        ("extender", "team-a", "train"),
+        ("dra", "team-a", "p1"),
+        ("dra", "team-b", ""),
+    ]
     c1, c2 = items[1], items[2]
-    assert c1["claim"] == {"namespace": "team-a", "name": "c1", "uid": "uid-c1",
-                           "reservedFor": [{"resource": "pods", "name": "p1", "uid": "uid-p1"}]}
+    assert c1["claim"] == {
+        "namespace": "team-a",
+        "name": "c1",
+        "uid": "uid-c1",
+        "reservedFor": [{"resource": "pods", "name": "p1", "uid": "uid-p1"}],
+    }
     assert (c1["uid"], c1["node"], c1["phase"], c1["memoryMiB"]) == ("uid-p1", "dra-1", "Running", 3000)
     [ctr] = c1["containers"]  # only the container that uses the claim
     assert (ctr["name"], ctr["kind"]) == ("main", "app")
     [g] = ctr["grants"]
-    assert (g["uuid"], g["index"], g["memoryMiB"], g["cores"], g["node"], g["device"], g["request"]) == \
-        ("GPU-dra-0", 0, 3000, 25, "dra-1", "gpu-0", "gpu")
+    assert (g["uuid"], g["index"], g["memoryMiB"], g["cores"], g["node"], g["device"], g["request"]) == (
+        "GPU-dra-0",
+        0,
+        3000,
+        25,
+        "dra-1",
+        "gpu-0",
+        "gpu",
+    )
     assert g["usage"] == {"state": "live", "memoryUsedMiB": 1234, "utilizationPercent": 20.0}
     # nobody reserves c2 (yet): no pod, one unnamed container, the whole of gpu-1 counted
     assert c2["claim"]["reservedFor"] == [] and c2["uid"] == "" and c2["phase"] == "Unknown"
     assert c2["memoryMiB"] == 1000 + 15360 and [c["name"] for c in c2["containers"]] == [""]
     assert [g["memoryMiB"] for g in c2["containers"][0]["grants"]] == [1000, 15360]
     assert [i["name"] for i in model.pods_document(cluster, NOW, params={"namespace": "team-b"})["items"]] == [""]
-    assert [i["frontEnd"] for i in model.pods_document(cluster, NOW, params={"node": "dra-1"})["items"]] == ["dra", "dra"]
+    assert [i["frontEnd"] for i in model.pods_document(cluster, NOW, params={"node": "dra-1"})["items"]] == [
+        "dra",
+        "dra",
+    ]
     assert model.pods_document(cluster, NOW, params={"node": "elsewhere"})["items"] == []
 
 
@@ -138,8 +184,13 @@ def test_live_usage_of_a_claim_shared_by_containers_is_found_under_the_claims_na
     pod["metadata"]["resourceVersion"] = "4"
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "hami-gpu-1"}]}  # "other" uses it too
     cluster.pod_handler.apply("MODIFIED", pod)
-    live = {"dra-1": NodeReading(scraped_at=NOW - 1, stale_after=45,
-                                 containers={("team-a", "p1", "c1", "GPU-dra-0"): Usage(777, 9.0)})}
-    [item] = [i for i in model.pods_document(cluster, NOW, live)["items"] if i["frontEnd"] == "dra" and i["name"] == "p1"]
+    live = {
+        "dra-1": NodeReading(
+            scraped_at=NOW - 1, stale_after=45, containers={("team-a", "p1", "c1", "GPU-dra-0"): Usage(777, 9.0)}
+        )
+    }
+    [item] = [
+        i for i in model.pods_document(cluster, NOW, live)["items"] if i["frontEnd"] == "dra" and i["name"] == "p1"
+    ]
     assert [c["name"] for c in item["containers"]] == ["other", "main"]
     assert [c["grants"][0]["usage"]["memoryUsedMiB"] for c in item["containers"]] == [777, 777]

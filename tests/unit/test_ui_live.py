@@ -17,8 +17,10 @@ from hami.monitor import exporter
 from hami.scheduler import options as O
 from hami.ui import live, page
 
-NODE = {"metadata": {"name": "n1"}, "status": {"addresses": [{"type": "Hostname", "address": "n1"},
-                                                              {"type": "InternalIP", "address": "127.0.0.1"}]}}
+NODE = {
+    "metadata": {"name": "n1"},
+    "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "127.0.0.1"}]},
+}
 METRICS = """# HELP hami_host_gpu_memory_used_bytes x
 # TYPE hami_host_gpu_memory_used_bytes gauge
 hami_host_gpu_memory_used_bytes{node="n1",device_index="0",device_uuid="GPU-a",device_type="T4",zone="vGPU"} 3221225472
@@ -48,10 +50,13 @@ def test_parse_metrics_reads_devices_and_containers():
         live.parse_metrics("this is { not prometheus")
 
 
-@pytest.mark.parametrize("template, expected", [
-    ("http://{node_ip}:9394/metrics", "http://127.0.0.1:9394/metrics"),
-    ("http://monitor.local/{node}/metrics", "http://monitor.local/n1/metrics"),
-])
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("http://{node_ip}:9394/metrics", "http://127.0.0.1:9394/metrics"),
+        ("http://monitor.local/{node}/metrics", "http://monitor.local/n1/metrics"),
+    ],
+)
 def test_monitor_url_substitutes_the_node(template, expected):
     assert live.monitor_url(template, "n1", NODE) == expected
 
@@ -79,8 +84,9 @@ async def test_scraping_a_real_monitor_then_losing_it_marks_the_node_stale():
     port = runner.addresses[0][1]
     clock = [1000.0]
     nodes = [("n1", NODE), ("n2", {"metadata": {"name": "n2"}})]
-    scraper = live.LiveUsage(f"http://127.0.0.1:{port}/metrics/{{node}}", lambda: nodes, interval=10,
-                             timeout=2, clock=lambda: clock[0])
+    scraper = live.LiveUsage(
+        f"http://127.0.0.1:{port}/metrics/{{node}}", lambda: nodes, interval=10, timeout=2, clock=lambda: clock[0]
+    )
     try:
         async with aiohttp.ClientSession() as session:
             await scraper.scrape_all(session)
@@ -120,18 +126,23 @@ def _args(*argv):
 def test_ui_flags():
     opts = O.options_from_args(_args())
     assert opts.ui_port is None  # off by default
-    opts = O.options_from_args(_args("--ui-bind", "127.0.0.1:9090", "--ui-monitor-url", "http://{node_ip}:9394/metrics"))
+    opts = O.options_from_args(
+        _args("--ui-bind", "127.0.0.1:9090", "--ui-monitor-url", "http://{node_ip}:9394/metrics")
+    )
     assert (opts.ui_host, opts.ui_port, opts.ui_monitor_url) == ("127.0.0.1", 9090, "http://{node_ip}:9394/metrics")
 
 
-@pytest.mark.parametrize("argv, text", [
-    (["--ui-bind", "nohost"], "--ui-bind"),
-    (["--ui-bind", "127.0.0.1:8080"], "--ui-bind: '127.0.0.1:8080' is the port of another listener"),
-    (["--ui-bind", "0.0.0.0:9395"], "--ui-bind"),  # the metrics port
-    (["--ui-monitor-url", "http://{node_ip}:9394/metrics"], "only used with --ui-bind"),
-    (["--ui-bind", ":9090", "--ui-monitor-url", "file:///etc/passwd"], "--ui-monitor-url"),
-    (["--ui-bind", ":9090", "--ui-monitor-url", "http://{secret}/x"], "--ui-monitor-url"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        (["--ui-bind", "nohost"], "--ui-bind"),
+        (["--ui-bind", "127.0.0.1:8080"], "--ui-bind: '127.0.0.1:8080' is the port of another listener"),
+        (["--ui-bind", "0.0.0.0:9395"], "--ui-bind"),  # the metrics port
+        (["--ui-monitor-url", "http://{node_ip}:9394/metrics"], "only used with --ui-bind"),
+        (["--ui-bind", ":9090", "--ui-monitor-url", "file:///etc/passwd"], "--ui-monitor-url"),
+        (["--ui-bind", ":9090", "--ui-monitor-url", "http://{secret}/x"], "--ui-monitor-url"),
+    ],
+)
 def test_bad_ui_flags_are_named(argv, text):
     with pytest.raises(ConfigError, match=re.escape(text)):
         O.options_from_args(_args(*argv))
@@ -141,10 +152,15 @@ def test_served_page_links_its_assets_and_the_snapshot_page_inlines_them():
     served = page.served_page()
     assert "<!--HAMI" not in served and 'src="static/app.js"' in served
     evil = "</script><script>alert(1)</script>"
-    doc = {"title": evil, "nodes": {"items": [], "generatedAt": "x"}, "pods": {"items": []},
-           "pending": {"items": []}, "quotas": {"items": []}}
+    doc = {
+        "title": evil,
+        "nodes": {"items": [], "generatedAt": "x"},
+        "pods": {"items": []},
+        "pending": {"items": []},
+        "quotas": {"items": []},
+    }
     html = page.snapshot_page(doc)
-    assert evil not in html and "src=" not in html and "href=\"static" not in html
+    assert evil not in html and "src=" not in html and 'href="static' not in html
     embedded = re.search(r'id="hami-snapshot">(.*?)</script>', html, re.S).group(1)
     assert json.loads(embedded)["title"] == evil
     with pytest.raises(ValueError, match="pods"):
@@ -152,8 +168,12 @@ def test_served_page_links_its_assets_and_the_snapshot_page_inlines_them():
 
 
 def test_simulate_writes_the_page_for_its_run():
-    out = subprocess.run([sys.executable, "-m", "hami", "simulate", "--example", "mixed", "--output", "html"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "hami", "simulate", "--example", "mixed", "--output", "html"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     snap = json.loads(re.search(r'id="hami-snapshot">(.*?)</script>', out, re.S).group(1))
     assert out.startswith("<!doctype html>") and "http://" not in out and "https://" not in out
     vendors = {d["vendor"] for n in snap["nodes"]["items"] for d in n["devices"]}

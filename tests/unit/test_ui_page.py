@@ -20,8 +20,10 @@ from .test_ui_api import CFG, gpu_node, gpu_pod, placed
 CHROMIUM = os.environ.get("HAMI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
 if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip("no chromium: run scripts/install-browser.sh (Debian's chromium package) for the browser tests",
-                allow_module_level=True)
+    pytest.skip(
+        "no chromium: run scripts/install-browser.sh (Debian's chromium package) for the browser tests",
+        allow_module_level=True,
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright: pip install -e '.[test]'")
 
 
@@ -32,8 +34,9 @@ def served():
     from hami.ui.server import UiApi, serve_ui
 
     state = ClusterState(CFG)
-    state.node_handler.replace([gpu_node(f"n{i:02d}", model_="NVIDIA-A10" if i % 2 else "NVIDIA-L4")
-                                for i in range(60)])
+    state.node_handler.replace(
+        [gpu_node(f"n{i:02d}", model_="NVIDIA-A10" if i % 2 else "NVIDIA-L4") for i in range(60)]
+    )
     placed(state, gpu_pod("train"), "n00")
     state.pod_handler.apply("ADDED", gpu_pod("huge", ns="team-c", mem=40000))
     loop = asyncio.new_event_loop()
@@ -115,8 +118,14 @@ def test_pending_verdicts_are_drawn_when_opened_and_stay_open(served, browser):
 
 def test_the_simulate_file_opens_from_disk_without_a_server(browser, tmp_path):
     out = tmp_path / "what-if.html"
-    out.write_text(subprocess.run([sys.executable, "-m", "hami", "simulate", "--example", "mixed", "-o", "html"],
-                                  capture_output=True, text=True, check=True).stdout)
+    out.write_text(
+        subprocess.run(
+            [sys.executable, "-m", "hami", "simulate", "--example", "mixed", "-o", "html"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     page, errors = _open(browser, out.as_uri())
     try:
         page.locator("article.node").first.wait_for(timeout=30_000)

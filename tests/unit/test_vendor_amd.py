@@ -17,8 +17,10 @@ MODEL = "AMD Instinct MI300X"
 
 
 def amd_node(name: str = "mi", n: int = 2) -> dict:
-    devs = [{"id": f"amd-{i}", "index": i, "count": 10, "devmem": 196608, "devcore": 304, "type": MODEL, "health": True}
-            for i in range(n)]
+    devs = [
+        {"id": f"amd-{i}", "index": i, "count": 10, "devmem": 196608, "devcore": 304, "type": MODEL, "health": True}
+        for i in range(n)
+    ]
     return node(name, {"hami.io/node-amd-register": json.dumps(devs)})
 
 
@@ -28,21 +30,31 @@ def test_admission_rejects_core_percent_out_of_range(value):
         admit(pod("bad", [ctr(limits={GPU: 1, CORES: value})]), CFG)
 
 
-@pytest.mark.parametrize("limits,allocated", [
-    ({GPU: 1, MEM: 8192, CORES: 25}, f"amd-0,{MODEL},8192,76:;"),    # 304 CUs x 25%
-    ({GPU: 1, CORES: 1}, f"amd-0,{MODEL},196608,3:;"),                # no memory: the whole card
-    ({GPU: 2, MEM: 1024}, f"amd-0,{MODEL},1024,0:amd-1,{MODEL},1024,0:;"),
-])
+@pytest.mark.parametrize(
+    "limits,allocated",
+    [
+        ({GPU: 1, MEM: 8192, CORES: 25}, f"amd-0,{MODEL},8192,76:;"),  # 304 CUs x 25%
+        ({GPU: 1, CORES: 1}, f"amd-0,{MODEL},196608,3:;"),  # no memory: the whole card
+        ({GPU: 2, MEM: 1024}, f"amd-0,{MODEL},1024,0:amd-1,{MODEL},1024,0:;"),
+    ],
+)
 def test_annotations_exact(limits, allocated):
     r = one([amd_node()], pod("p", [ctr(limits=limits)]))
-    assert r.annotations == {"hami.io/vgpu-node": "mi", "hami.io/vgpu-time": str(int(NOW)),
-                             "hami.io/amd-devices-allocated": allocated, "hami.io/amd-devices-to-allocate": allocated}
+    assert r.annotations == {
+        "hami.io/vgpu-node": "mi",
+        "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/amd-devices-allocated": allocated,
+        "hami.io/amd-devices-to-allocate": allocated,
+    }
 
 
-@pytest.mark.parametrize("first,second,reason", [
-    ({GPU: 1, MEM: 1024, CORES: 90}, {GPU: 1, MEM: 1024, CORES: 20}, "1/1 CardInsufficientCore"),
-    ({GPU: 1, MEM: 1024, CORES: 10}, {GPU: 1, MEM: 1024, CORES: 100}, "1/1 ExclusiveDeviceAllocateConflict"),
-])
+@pytest.mark.parametrize(
+    "first,second,reason",
+    [
+        ({GPU: 1, MEM: 1024, CORES: 90}, {GPU: 1, MEM: 1024, CORES: 20}, "1/1 CardInsufficientCore"),
+        ({GPU: 1, MEM: 1024, CORES: 10}, {GPU: 1, MEM: 1024, CORES: 100}, "1/1 ExclusiveDeviceAllocateConflict"),
+    ],
+)
 def test_misfits(first, second, reason):
     results = place([amd_node(n=1)], [pod("a", [ctr(limits=first)]), pod("b", [ctr(limits=second)])])
     assert results[1].reasons() == {"mi": reason}

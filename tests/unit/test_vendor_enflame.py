@@ -21,11 +21,17 @@ def drs_node(name: str = "gcu", devices: int = 2) -> dict:
     return node(name, {"enflame.com/gcu-drs-capacity": json.dumps(cap)})
 
 
-@pytest.mark.parametrize("limits,message", [
-    ({DRS: 0}, "enflame.com/drs-gcu must be greater than 0, got 0"),
-    ({GMEM: 8}, "give enflame.com/drs-gcu > 0, or enflame.com/gcu-memory > 0 with enflame.com/gcu-core in 1..100"),
-    ({GMEM: 8, GCORE: 101}, "enflame.com/gcu-core in 1..100 (got enflame.com/gcu-memory=8, enflame.com/gcu-core=101)"),
-])
+@pytest.mark.parametrize(
+    "limits,message",
+    [
+        ({DRS: 0}, "enflame.com/drs-gcu must be greater than 0, got 0"),
+        ({GMEM: 8}, "give enflame.com/drs-gcu > 0, or enflame.com/gcu-memory > 0 with enflame.com/gcu-core in 1..100"),
+        (
+            {GMEM: 8, GCORE: 101},
+            "enflame.com/gcu-core in 1..100 (got enflame.com/gcu-memory=8, enflame.com/gcu-core=101)",
+        ),
+    ],
+)
 def test_admission_rejects(limits, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         admit(pod("bad", [ctr(limits=limits)]), CFG)
@@ -39,7 +45,8 @@ def test_admission_mirrors_limits_into_requests():
 def test_drs_annotations_exact():
     r = one([drs_node()], pod("p", [ctr("worker", limits={DRS: 2})]))
     assert r.annotations == {
-        "hami.io/vgpu-node": "gcu", "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/vgpu-node": "gcu",
+        "hami.io/vgpu-time": str(int(NOW)),
         "hami.io/enflame-vgpu-devices-allocated": "gcu-enflame-drs-0,Enflame,16384,2:;",
         "enflame.com/gcu-request-size": "2",
         "enflame.com/gcu-assigned-id": "12",
@@ -47,18 +54,20 @@ def test_drs_annotations_exact():
         "enflame.com/gcu-assigned-index": "0",
         "enflame.com/gcu-assigned-minor": "10",
         "enflame.com/gcu-assigned-time": str(int(NOW) * 1_000_000_000),
-        "enflame.com/assigned-containers":
-            '{"worker":{"allocated":"gcu-enflame-drs-0","request":2,"profileID":12,"profileName":"2g.16gb"}}',
+        "enflame.com/assigned-containers": '{"worker":{"allocated":"gcu-enflame-drs-0","request":2,"profileID":12,"profileName":"2g.16gb"}}',
     }
 
 
-@pytest.mark.parametrize("limits,expected", [
-    ({GMEM: 20, GCORE: 10}, "gcu-enflame-drs-0,Enflame,24576,3:;"),  # 20 GiB -> 3g.24gb
-    ({GMEM: 4, GCORE: 40}, "gcu-enflame-drs-0,Enflame,24576,3:;"),   # 40% of 6 slices -> 3g.24gb
-    ({GMEM: 1, GCORE: 1}, "gcu-enflame-drs-0,Enflame,8192,1:;"),
-    ({DRS: 4}, "2/2 CardNotFoundCustomFilterRule"),                    # no 4-slice profile
-    ({GMEM: 64, GCORE: 10}, "2/2 CardNotFoundCustomFilterRule"),       # larger than the largest profile
-])
+@pytest.mark.parametrize(
+    "limits,expected",
+    [
+        ({GMEM: 20, GCORE: 10}, "gcu-enflame-drs-0,Enflame,24576,3:;"),  # 20 GiB -> 3g.24gb
+        ({GMEM: 4, GCORE: 40}, "gcu-enflame-drs-0,Enflame,24576,3:;"),  # 40% of 6 slices -> 3g.24gb
+        ({GMEM: 1, GCORE: 1}, "gcu-enflame-drs-0,Enflame,8192,1:;"),
+        ({DRS: 4}, "2/2 CardNotFoundCustomFilterRule"),  # no 4-slice profile
+        ({GMEM: 64, GCORE: 10}, "2/2 CardNotFoundCustomFilterRule"),  # larger than the largest profile
+    ],
+)
 def test_profile_mapping(limits, expected):
     r = one([drs_node()], pod("p", [ctr(limits=limits)]))
     got = r.annotations.get("hami.io/enflame-vgpu-devices-allocated") or r.reasons()["gcu"]

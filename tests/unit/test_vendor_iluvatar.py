@@ -23,24 +23,33 @@ def test_admission_env_and_whole_gpus_for_multi_gpu():
     assert "env" not in log
 
 
-@pytest.mark.parametrize("limits,allocated", [
-    ({CNT: 1, MEM: 16, CORE: 50}, "ilu-0,BI-V100,4096,50:;"),   # 16 x 256 MiB
-    ({CNT: 1, MEM: 4}, "ilu-0,BI-V100,1024,0:;"),               # default cores 0
-    ({CNT: 2}, "ilu-0,BI-V100,32768,100:ilu-1,BI-V100,32768,100:;"),
-])
+@pytest.mark.parametrize(
+    "limits,allocated",
+    [
+        ({CNT: 1, MEM: 16, CORE: 50}, "ilu-0,BI-V100,4096,50:;"),  # 16 x 256 MiB
+        ({CNT: 1, MEM: 4}, "ilu-0,BI-V100,1024,0:;"),  # default cores 0
+        ({CNT: 2}, "ilu-0,BI-V100,32768,100:ilu-1,BI-V100,32768,100:;"),
+    ],
+)
 def test_annotations_exact(limits, allocated):
     r = one([ilu_node()], pod("p", [ctr(limits=limits)]))
-    assert r.annotations == {"hami.io/vgpu-node": "ilu-1", "hami.io/vgpu-time": str(int(NOW)),
-                             "hami.io/BI-V100-devices-allocated": allocated,
-                             "hami.io/BI-V100-devices-to-allocate": allocated}
+    assert r.annotations == {
+        "hami.io/vgpu-node": "ilu-1",
+        "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/BI-V100-devices-allocated": allocated,
+        "hami.io/BI-V100-devices-to-allocate": allocated,
+    }
 
 
-@pytest.mark.parametrize("p,reason", [
-    (pod("other-chip", [ctr(limits={"iluvatar.ai/MR-V100-vgpu": 1})]), "NodeInsufficientDevice"),
-    (pod("big", [ctr(limits={CNT: 1, MEM: 200})]), "2/2 CardInsufficientMemory"),
-    (pod("pinned", [ctr(limits={CNT: 1})], {"hami.io/use-BI-V100-uuid": "ilu-7"}), "2/2 CardUuidMismatch"),
-    (pod("avoid", [ctr(limits={CNT: 1})], {"hami.io/no-use-BI-V100-uuid": "ilu-0"}), None),
-])
+@pytest.mark.parametrize(
+    "p,reason",
+    [
+        (pod("other-chip", [ctr(limits={"iluvatar.ai/MR-V100-vgpu": 1})]), "NodeInsufficientDevice"),
+        (pod("big", [ctr(limits={CNT: 1, MEM: 200})]), "2/2 CardInsufficientMemory"),
+        (pod("pinned", [ctr(limits={CNT: 1})], {"hami.io/use-BI-V100-uuid": "ilu-7"}), "2/2 CardUuidMismatch"),
+        (pod("avoid", [ctr(limits={CNT: 1})], {"hami.io/no-use-BI-V100-uuid": "ilu-0"}), None),
+    ],
+)
 def test_fit_table(p, reason):
     r = one([ilu_node()], p)
     if reason is None:

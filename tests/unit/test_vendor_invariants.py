@@ -19,10 +19,31 @@ VENDOR_OF = {name: v.name for v in CFG.vendors for name in (v.resources.count, v
 
 
 def _cluster() -> list[dict]:
-    npus = [{"id": f"npu-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 20, "type": "Ascend910B3",
-             "health": True, "custominfo": {"NetworkID": i // 2}} for i in range(4)]
-    amd = [{"id": f"amd-{i}", "index": i, "count": 4, "devmem": 65536, "devcore": 120, "type": "AMD Instinct MI210",
-            "health": True} for i in range(2)]
+    npus = [
+        {
+            "id": f"npu-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 20,
+            "type": "Ascend910B3",
+            "health": True,
+            "custominfo": {"NetworkID": i // 2},
+        }
+        for i in range(4)
+    ]
+    amd = [
+        {
+            "id": f"amd-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 120,
+            "type": "AMD Instinct MI210",
+            "health": True,
+        }
+        for i in range(2)
+    ]
     drs = {"devices": [{"index": 0, "minor": 0, "capacity": 6}], "profiles": {"1g.8gb": 1, "2g.16gb": 2, "3g.24gb": 3}}
     return [
         node("npu", {"hami.io/node-register-Ascend910B3": json.dumps(npus)}),
@@ -39,21 +60,40 @@ def _cluster() -> list[dict]:
 
 LIMITS = st.one_of(
     st.fixed_dictionaries({"huawei.com/Ascend910B3": st.integers(1, 2)}),
-    st.fixed_dictionaries({"huawei.com/Ascend910B3": st.just(1),
-                           "huawei.com/Ascend910B3-memory": st.sampled_from([1000, 16384, 20000])}),
-    st.fixed_dictionaries({"cambricon.com/vmlu": st.integers(1, 2), "cambricon.com/mlu.smlu.vmemory": st.integers(1, 64),
-                           "cambricon.com/mlu.smlu.vcore": st.integers(0, 100)}),
-    st.fixed_dictionaries({"hygon.com/dcunum": st.integers(1, 2), "hygon.com/dcumem": st.integers(1, 9000),
-                           "hygon.com/dcucores": st.integers(0, 100)}),
-    st.fixed_dictionaries({"mthreads.com/vgpu": st.just(1), "mthreads.com/sgpu-memory": st.sampled_from([2, 8, 32]),
-                           "mthreads.com/sgpu-core": st.integers(1, 16)}),
-    st.fixed_dictionaries({"amd.com/gpu": st.just(1), "amd.com/gpumem": st.integers(1, 40000),
-                           "amd.com/gpucores": st.integers(1, 100)}),
+    st.fixed_dictionaries(
+        {"huawei.com/Ascend910B3": st.just(1), "huawei.com/Ascend910B3-memory": st.sampled_from([1000, 16384, 20000])}
+    ),
+    st.fixed_dictionaries(
+        {
+            "cambricon.com/vmlu": st.integers(1, 2),
+            "cambricon.com/mlu.smlu.vmemory": st.integers(1, 64),
+            "cambricon.com/mlu.smlu.vcore": st.integers(0, 100),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "hygon.com/dcunum": st.integers(1, 2),
+            "hygon.com/dcumem": st.integers(1, 9000),
+            "hygon.com/dcucores": st.integers(0, 100),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "mthreads.com/vgpu": st.just(1),
+            "mthreads.com/sgpu-memory": st.sampled_from([2, 8, 32]),
+            "mthreads.com/sgpu-core": st.integers(1, 16),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"amd.com/gpu": st.just(1), "amd.com/gpumem": st.integers(1, 40000), "amd.com/gpucores": st.integers(1, 100)}
+    ),
     st.fixed_dictionaries({"enflame.com/drs-gcu": st.integers(1, 3)}),
     st.fixed_dictionaries({"enflame.com/gcu": st.integers(1, 2)}),
     st.fixed_dictionaries({"kunlunxin.com/xpu": st.integers(1, 3)}),
-    st.one_of(st.fixed_dictionaries({"aws.amazon.com/neuron": st.integers(1, 2)}),
-              st.fixed_dictionaries({"aws.amazon.com/neuroncore": st.sampled_from([1, 2])})),
+    st.one_of(
+        st.fixed_dictionaries({"aws.amazon.com/neuron": st.integers(1, 2)}),
+        st.fixed_dictionaries({"aws.amazon.com/neuroncore": st.sampled_from([1, 2])}),
+    ),
     st.fixed_dictionaries({"metax-tech.com/gpu": st.integers(1, 2)}),
 )
 
@@ -74,4 +114,10 @@ def test_no_device_is_ever_over_capacity(requests):
             assert set(r.allocation.devices) == want
     for name in ledger.node_names():
         for d, used, usedmem, usedcores in ledger.device_usage(name):
-            assert used <= d.count and usedmem <= d.devmem and usedcores <= d.devcore, (name, d.id, used, usedmem, usedcores)
+            assert used <= d.count and usedmem <= d.devmem and usedcores <= d.devcore, (
+                name,
+                d.id,
+                used,
+                usedmem,
+                usedcores,
+            )

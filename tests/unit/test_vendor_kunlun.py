@@ -35,17 +35,23 @@ def test_groups_and_numa():
 
 def test_annotations_exact():
     r = one([xpu_node()], pod("p", [ctr(limits={XPU: 1})]))
-    assert r.annotations == {"hami.io/vgpu-node": "kl", "hami.io/vgpu-time": str(int(NOW)),
-                             "hami.io/kunlun-allocated": "kl-kunlun-0,kunlun,98304,100:;",
-                             "BAIDU_COM_DEVICE_IDX": "0"}
+    assert r.annotations == {
+        "hami.io/vgpu-node": "kl",
+        "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/kunlun-allocated": "kl-kunlun-0,kunlun,98304,100:;",
+        "BAIDU_COM_DEVICE_IDX": "0",
+    }
 
 
-@pytest.mark.parametrize("used,nums,expected", [
-    ((0,), 2, "1,4"),        # group 0-1-4-5 has 3 free, 2-3-6-7 has 4: the tighter group
-    ((0,), 4, "2,3,6,7"),    # only group 2-3-6-7 holds four
-    ((0, 2), 4, None),       # no group holds four: best-ranked cards
-    ((), 8, "0,1,2,3,4,5,6,7"),
-])
+@pytest.mark.parametrize(
+    "used,nums,expected",
+    [
+        ((0,), 2, "1,4"),  # group 0-1-4-5 has 3 free, 2-3-6-7 has 4: the tighter group
+        ((0,), 4, "2,3,6,7"),  # only group 2-3-6-7 holds four
+        ((0, 2), 4, None),  # no group holds four: best-ranked cards
+        ((), 8, "0,1,2,3,4,5,6,7"),
+    ],
+)
 def test_group_selection(used, nums, expected):
     r = place([xpu_node()], [pod("p", [ctr(limits={XPU: nums})])], placed=[taken("kl", *used)] if used else ())[0]
     assert r.node == "kl"
@@ -65,8 +71,10 @@ def test_cards_are_never_shared():
 
 
 def vxpu_node(name: str = "vx") -> dict:
-    devs = [{"id": f"xpu-{i}", "index": i, "count": 4, "devmem": 98304, "devcore": 100, "type": "P800", "health": True}
-            for i in range(2)]
+    devs = [
+        {"id": f"xpu-{i}", "index": i, "count": 4, "devmem": 98304, "devcore": 100, "type": "P800", "health": True}
+        for i in range(2)
+    ]
     return node(name, {"hami.io/node-register-xpu": json.dumps(devs)})
 
 
@@ -82,14 +90,21 @@ def test_vxpu_rejects_more_than_a_card():
         admit(pod("p", [ctr(limits={VXPU: 1, VMEM: 100000})]), CFG)
 
 
-@pytest.mark.parametrize("limits,allocated", [
-    ({VXPU: 1, VMEM: 30000}, "xpu-0,XPU,49152,50:;"),
-    ({VXPU: 1}, "xpu-0,XPU,98304,100:;"),
-])
+@pytest.mark.parametrize(
+    "limits,allocated",
+    [
+        ({VXPU: 1, VMEM: 30000}, "xpu-0,XPU,49152,50:;"),
+        ({VXPU: 1}, "xpu-0,XPU,98304,100:;"),
+    ],
+)
 def test_vxpu_annotations(limits, allocated):
     r = one([vxpu_node()], pod("p", [ctr(limits=limits)]))
-    assert r.annotations == {"hami.io/vgpu-node": "vx", "hami.io/vgpu-time": str(int(NOW)),
-                             "hami.io/xpu-devices-allocated": allocated, "hami.io/xpu-devices-to-allocate": allocated}
+    assert r.annotations == {
+        "hami.io/vgpu-node": "vx",
+        "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/xpu-devices-allocated": allocated,
+        "hami.io/xpu-devices-to-allocate": allocated,
+    }
 
 
 def test_vxpu_misfit():
@@ -104,8 +119,11 @@ def test_fragmentation_node_score(policy, winner):
     # a-filling has card 0 in use (one bubble); taking card 1 keeps it at one bubble (2000), while
     # b-empty goes from zero bubbles to one (1000)
     nodes = [xpu_node("a-filling"), xpu_node("b-empty")]
-    r = place(nodes, [pod("p", [ctr(limits={XPU: 1})], {"hami.io/node-scheduler-policy": policy})],
-              placed=[taken("a-filling", 0)])[0]
+    r = place(
+        nodes,
+        [pod("p", [ctr(limits={XPU: 1})], {"hami.io/node-scheduler-policy": policy})],
+        placed=[taken("a-filling", 0)],
+    )[0]
     assert r.node == winner
     base = {"a-filling": 2000.0, "b-empty": 1000.0}
     generic = {n: r.scores[n] - base[n] for n in r.scores}

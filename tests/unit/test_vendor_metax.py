@@ -27,9 +27,20 @@ def gpu_node(name: str, cards: int = 4, losses: dict | None = None, scores: dict
 
 
 def sgpu(uuid: str, qos: str = "", healthy: bool = True) -> dict:
-    d = {"uuid": uuid, "bdf": "0000:0a:00.0", "model": "MXC500", "totalDevCount": 16, "totalCompute": 100,
-         "totalVRam": 65536, "availableDevCount": 16, "availableCompute": 100, "availableVRam": 65536,
-         "numa": 0, "healthy": healthy, "linkZone": 1}
+    d = {
+        "uuid": uuid,
+        "bdf": "0000:0a:00.0",
+        "model": "MXC500",
+        "totalDevCount": 16,
+        "totalCompute": 100,
+        "totalVRam": 65536,
+        "availableDevCount": 16,
+        "availableCompute": 100,
+        "availableVRam": 65536,
+        "numa": 0,
+        "healthy": healthy,
+        "linkZone": 1,
+    }
     if qos:
         d["qosPolicy"] = qos
     return d
@@ -45,9 +56,12 @@ def sgpu_node(name: str, devices: list[dict]) -> dict:
 def test_whole_cards_exact_annotations():
     r = one([gpu_node("mx")], pod("p", [ctr(limits={GPU: 2})]))
     value = "mx-metax-gpu-0,Metax-GPU,65536,100:mx-metax-gpu-1,Metax-GPU,65536,100:;"
-    assert r.annotations == {"hami.io/vgpu-node": "mx", "hami.io/vgpu-time": str(int(NOW)),
-                             "hami.io/metax-gpu-devices-allocated": value,
-                             "hami.io/metax-gpu-devices-to-allocate": value}
+    assert r.annotations == {
+        "hami.io/vgpu-node": "mx",
+        "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/metax-gpu-devices-allocated": value,
+        "hami.io/metax-gpu-devices-to-allocate": value,
+    }
 
 
 def test_a_card_is_never_shared():
@@ -55,10 +69,13 @@ def test_a_card_is_never_shared():
     assert results[1].reasons() == {"mx": "1/1 CardTimeSlicingExhausted"}
 
 
-@pytest.mark.parametrize("policy,winner,vendor_terms", [
-    ("binpack", "b", {"a": 1700.0, "b": 1900.0}),  # 2000 - losses[2]
-    ("spread", "b", {"a": 1950.0, "b": 1600.0}),   # 2000 - scores[2]; spread keeps the lowest
-])
+@pytest.mark.parametrize(
+    "policy,winner,vendor_terms",
+    [
+        ("binpack", "b", {"a": 1700.0, "b": 1900.0}),  # 2000 - losses[2]
+        ("spread", "b", {"a": 1950.0, "b": 1600.0}),  # 2000 - scores[2]; spread keeps the lowest
+    ],
+)
 def test_topology_node_scores(policy, winner, vendor_terms):
     nodes = [gpu_node("a", losses={"2": 300}, scores={"2": 50}), gpu_node("b", losses={"2": 100}, scores={"2": 400})]
     r = one(nodes, pod("p", [ctr(limits={GPU: 2})], {"hami.io/node-scheduler-policy": policy}))
@@ -70,18 +87,27 @@ def test_topology_node_scores(policy, winner, vendor_terms):
 def test_bad_topology_annotation_is_reported():
     bad = node("mx", {"metax-tech.com/gpu.topology.losses": '{"two": 1}'}, {GPU: 2})
     _, warnings = rebuild([bad], [], CFG.vendors)
-    assert warnings == ["skipping node: node mx: annotation metax-tech.com/gpu.topology.losses: "
-                        "entry 'two': 1 must map a card count to a number"]
+    assert warnings == [
+        "skipping node: node mx: annotation metax-tech.com/gpu.topology.losses: "
+        "entry 'two': 1 must map a card count to a number"
+    ]
 
 
 # ---------------------------------------------------------------- MetaX sGPU
 
 
-@pytest.mark.parametrize("annotations,limits,message", [
-    ({"metax-tech.com/sgpu-app-class": "batch"}, {SGPU: 1}, "must be online or offline, got 'batch'"),
-    ({"metax-tech.com/sgpu-app-class": "online"}, {SGPU: 2}, "metax-tech.com/sgpu must be 1 for a pod with"),
-    ({"metax-tech.com/sgpu-qos-policy": "greedy"}, {SGPU: 1}, "must be one of best-effort, fixed-share, burst-share"),
-])
+@pytest.mark.parametrize(
+    "annotations,limits,message",
+    [
+        ({"metax-tech.com/sgpu-app-class": "batch"}, {SGPU: 1}, "must be online or offline, got 'batch'"),
+        ({"metax-tech.com/sgpu-app-class": "online"}, {SGPU: 2}, "metax-tech.com/sgpu must be 1 for a pod with"),
+        (
+            {"metax-tech.com/sgpu-qos-policy": "greedy"},
+            {SGPU: 1},
+            "must be one of best-effort, fixed-share, burst-share",
+        ),
+    ],
+)
 def test_sgpu_admission_rejects(annotations, limits, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         admit(pod("bad", [ctr(limits=limits)], annotations), CFG)
@@ -95,12 +121,15 @@ def test_sgpu_admission_defaults():
     assert "metax-tech.com/sgpu-qos-policy" not in online["metadata"]["annotations"]
 
 
-@pytest.mark.parametrize("annotations,limits,expected", [
-    ({}, {SGPU: 1, VMEM: 4, VCORE: 30}, "sgpu-0,Metax-SGPU,4096,30:;"),           # plain number: GiB
-    ({}, {SGPU: 1, VMEM: "2Gi"}, "sgpu-0,Metax-SGPU,2048,100:;"),                 # with a unit: bytes
-    ({"metax-tech.com/sgpu-qos-policy": "fixed-share"}, {SGPU: 1, VMEM: 1}, "sgpu-1,Metax-SGPU,1024,100:;"),
-    ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1}, "1/3 CardNotHealth, 2/3 CardQosPolicyMismatch"),
-])
+@pytest.mark.parametrize(
+    "annotations,limits,expected",
+    [
+        ({}, {SGPU: 1, VMEM: 4, VCORE: 30}, "sgpu-0,Metax-SGPU,4096,30:;"),  # plain number: GiB
+        ({}, {SGPU: 1, VMEM: "2Gi"}, "sgpu-0,Metax-SGPU,2048,100:;"),  # with a unit: bytes
+        ({"metax-tech.com/sgpu-qos-policy": "fixed-share"}, {SGPU: 1, VMEM: 1}, "sgpu-1,Metax-SGPU,1024,100:;"),
+        ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1}, "1/3 CardNotHealth, 2/3 CardQosPolicyMismatch"),
+    ],
+)
 def test_sgpu_fit_table(annotations, limits, expected):
     n = sgpu_node("sg", [sgpu("sgpu-0", "best-effort"), sgpu("sgpu-1", "fixed-share"), sgpu("sgpu-2", healthy=False)])
     r = one([n], pod("p", [ctr(limits=limits)], annotations))
@@ -114,7 +143,8 @@ def test_sgpu_annotations_exact():
     n = sgpu_node("sg", [sgpu("sgpu-0")])
     r = one([n], pod("p", [ctr("a", limits={SGPU: 1, VMEM: 4, VCORE: 30}), ctr("b", limits={"cpu": 1})]))
     assert r.annotations == {
-        "hami.io/vgpu-node": "sg", "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/vgpu-node": "sg",
+        "hami.io/vgpu-time": str(int(NOW)),
         "hami.io/metax-sgpu-devices-allocated": "sgpu-0,Metax-SGPU,4096,30:;;",
         "hami.io/metax-sgpu-devices-to-allocate": "sgpu-0,Metax-SGPU,4096,30:;;",
         "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-0","compute":30,"vRam":4096}],[]]',
@@ -126,10 +156,14 @@ def test_sgpu_annotations_exact():
 def test_sgpu_policy_neutral_score(policy, winner):
     nodes = [sgpu_node("busy", [sgpu("b-0")]), sgpu_node("idle", [sgpu("i-0")])]
     placed = pod("old", [ctr(limits={SGPU: 1})])
-    placed["metadata"]["annotations"].update({"hami.io/vgpu-node": "busy",
-                                              "hami.io/metax-sgpu-devices-allocated": "b-0,Metax-SGPU,1024,50:;"})
-    r = place(nodes, [pod("p", [ctr(limits={SGPU: 1, VMEM: 1, VCORE: 10})], {"hami.io/node-scheduler-policy": policy})],
-              placed=[placed])[0]
+    placed["metadata"]["annotations"].update(
+        {"hami.io/vgpu-node": "busy", "hami.io/metax-sgpu-devices-allocated": "b-0,Metax-SGPU,1024,50:;"}
+    )
+    r = place(
+        nodes,
+        [pod("p", [ctr(limits={SGPU: 1, VMEM: 1, VCORE: 10})], {"hami.io/node-scheduler-policy": policy})],
+        placed=[placed],
+    )[0]
     assert r.node == winner
     assert r.scores["busy"] - r.scores["idle"] == pytest.approx(5000.0, abs=20)  # 10000 x (60% - 10%) + base
 

@@ -21,14 +21,19 @@ def mt_node(name: str = "mt", cards: int = 2) -> dict:
 
 def test_cards_from_capacity():
     devs = MthreadsVendor().node_devices(mt_node())
-    assert [(d.id, d.count, d.devmem, d.devcore) for d in devs] == [("mt-mthreads-0", 100, 49152, 16),
-                                                                      ("mt-mthreads-1", 100, 49152, 16)]
+    assert [(d.id, d.count, d.devmem, d.devcore) for d in devs] == [
+        ("mt-mthreads-0", 100, 49152, 16),
+        ("mt-mthreads-1", 100, 49152, 16),
+    ]
 
 
-@pytest.mark.parametrize("limits,message", [
-    ({CNT: 0}, "mthreads.com/vgpu must be greater than 0, got 0"),
-    ({CNT: 1, MEM: 3}, "mthreads.com/sgpu-memory must be one of 2, 4, 8, 16, 32, 64, 96 (units of 512 MiB), got 3"),
-])
+@pytest.mark.parametrize(
+    "limits,message",
+    [
+        ({CNT: 0}, "mthreads.com/vgpu must be greater than 0, got 0"),
+        ({CNT: 1, MEM: 3}, "mthreads.com/sgpu-memory must be one of 2, 4, 8, 16, 32, 64, 96 (units of 512 MiB), got 3"),
+    ],
+)
 def test_admission_rejects(limits, message):
     with pytest.raises(RequestError, match=re.escape(message)):
         admit(pod("bad", [ctr(limits=limits)]), CFG)
@@ -45,7 +50,8 @@ def test_admission_defaults():
 def test_annotations_exact():
     r = one([mt_node()], pod("p", [ctr(limits={CNT: 1, MEM: 8, CORE: 4})]))
     assert r.annotations == {
-        "hami.io/vgpu-node": "mt", "hami.io/vgpu-time": str(int(NOW)),
+        "hami.io/vgpu-node": "mt",
+        "hami.io/vgpu-time": str(int(NOW)),
         "hami.io/mthreads-vgpu-devices-allocated": "mt-mthreads-0,Mthreads,4096,4:;",
         "mthreads.com/gpu-index": "0",
         "mthreads.com/predicate-time": str(int(NOW) * 1_000_000_000),
@@ -55,17 +61,26 @@ def test_annotations_exact():
 
 def test_multi_gpu_takes_whole_gpus():
     r = one([mt_node()], pod("p", [ctr(limits={CNT: 2})]))
-    assert r.annotations["hami.io/mthreads-vgpu-devices-allocated"] == \
-        "mt-mthreads-0,Mthreads,49152,16:mt-mthreads-1,Mthreads,49152,16:;"
+    assert (
+        r.annotations["hami.io/mthreads-vgpu-devices-allocated"]
+        == "mt-mthreads-0,Mthreads,49152,16:mt-mthreads-1,Mthreads,49152,16:;"
+    )
     assert r.annotations["mthreads.com/gpu-index"] == "0,1"
 
 
 def test_single_card_rule_keeps_a_pods_shared_gpus_together():
     # spread would put the second container on the idle GPU; the rule keeps it on the first one
-    r = one([mt_node()], pod("p", [ctr("a", limits={CNT: 1, MEM: 2, CORE: 1}), ctr("b", limits={CNT: 1, MEM: 2, CORE: 1})]))
-    assert r.annotations["hami.io/mthreads-vgpu-devices-allocated"] == \
-        "mt-mthreads-0,Mthreads,1024,1:;mt-mthreads-0,Mthreads,1024,1:;"
-    r = one([mt_node()], pod("q", [ctr("a", limits={CNT: 1, MEM: 64, CORE: 1}), ctr("b", limits={CNT: 1, MEM: 64, CORE: 1})]))
+    r = one(
+        [mt_node()], pod("p", [ctr("a", limits={CNT: 1, MEM: 2, CORE: 1}), ctr("b", limits={CNT: 1, MEM: 2, CORE: 1})])
+    )
+    assert (
+        r.annotations["hami.io/mthreads-vgpu-devices-allocated"]
+        == "mt-mthreads-0,Mthreads,1024,1:;mt-mthreads-0,Mthreads,1024,1:;"
+    )
+    r = one(
+        [mt_node()],
+        pod("q", [ctr("a", limits={CNT: 1, MEM: 64, CORE: 1}), ctr("b", limits={CNT: 1, MEM: 64, CORE: 1})]),
+    )
     assert r.reasons() == {"mt": "1/2 CardInsufficientMemory, 1/2 CardNotFoundCustomFilterRule"}
 
 

@@ -78,8 +78,11 @@ def fit(led, *containers, annotations=None, init=None, config=CONFIG):
 
 
 def slices_of(result):
-    return [(cd.uuid, cd.slice.profile, cd.slice.start, cd.usedmem, cd.usedcores)
-            for ctr_ in result.allocation.devices["NVIDIA"] for cd in ctr_]
+    return [
+        (cd.uuid, cd.slice.profile, cd.slice.start, cd.usedmem, cd.usedcores)
+        for ctr_ in result.allocation.devices["NVIDIA"]
+        for cd in ctr_
+    ]
 
 
 def test_grant_takes_the_profile_memory_and_cores_and_writes_the_annotation():
@@ -87,8 +90,8 @@ def test_grant_takes_the_profile_memory_and_cores_and_writes_the_annotation():
     assert slices_of(res) == [("GPU-m-0", "1g.5gb", 6, 4864, 13)]
     assert res.annotations["hami.io/vgpu-devices-allocated"] == "GPU-m-0,NVIDIA,4864,13:;"
     assert res.annotations[MIG_ALLOCATIONS_ANNOTATION] == (
-        '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-m-0","profile":"1g.5gb",'
-        '"placement":{"start":6,"size":1}}]')
+        '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-m-0","profile":"1g.5gb","placement":{"start":6,"size":1}}]'
+    )
     assert res.allocation.slices == (Slice("GPU-m-0", "1g.5gb", 6, 1),)
 
 
@@ -101,8 +104,12 @@ INFEASIBLE = [
     # (description, request, held slices per device, expected reason)
     ("no profile large enough", dict(mem=40500), [], "1/1 CardMigTopologyInfeasible"),
     ("bare nvidia.com/gpu: whole memory, no profile", dict(), [], "1/1 CardMigTopologyInfeasible"),
-    ("every 3g/4g/7g placement overlaps", dict(mem=15000), [("1g.5gb", 1, 1), ("1g.5gb", 5, 1)],
-     "1/1 CardMigTopologyInfeasible"),
+    (
+        "every 3g/4g/7g placement overlaps",
+        dict(mem=15000),
+        [("1g.5gb", 1, 1), ("1g.5gb", 5, 1)],
+        "1/1 CardMigTopologyInfeasible",
+    ),
     ("generic memory rule first", dict(mem=39000), [("1g.5gb", 6, 1)], "1/1 CardInsufficientMemory"),
 ]
 
@@ -113,8 +120,9 @@ def test_infeasible_reasons(desc, req, held, want):
     for k, (profile, start, size) in enumerate(held):
         p = pod(f"h{k}", containers=[ctr(mem=1)], admit=False)
         prof = next(x for x in A100_40 if x.name == profile)
-        cd = ContainerDevice("GPU-m-0", "NVIDIA", prof.memory_mb, prof.core,
-                             slice=Slice("GPU-m-0", profile, start, size))
+        cd = ContainerDevice(
+            "GPU-m-0", "NVIDIA", prof.memory_mb, prof.core, slice=Slice("GPU-m-0", profile, start, size)
+        )
         led.add_pod(make_allocation(p, "m", {"NVIDIA": ((cd,),)}))
     res = fit(led, ctr(**req))
     assert res.node is None
@@ -174,9 +182,16 @@ def test_nums_above_the_mig_gpu_count_is_not_prefiltered_away():
 
 
 def test_allowlist_narrows_the_profiles():
-    cfg = device_config_from_dict({"nvidia": {"migProfileAllowlist": [
-        {"models": ["H100"], "profiles": ["7g.80gb"]},
-        {"models": ["A100-SXM4-40GB"], "profiles": ["3g.20gb", "7g.40gb"]}]}})
+    cfg = device_config_from_dict(
+        {
+            "nvidia": {
+                "migProfileAllowlist": [
+                    {"models": ["H100"], "profiles": ["7g.80gb"]},
+                    {"models": ["A100-SXM4-40GB"], "profiles": ["3g.20gb", "7g.40gb"]},
+                ]
+            }
+        }
+    )
     config = SchedulerConfig(build_vendors(cfg))
     res = fit(mig_ledger(), ctr(mem=4000), config=config)
     assert slices_of(res)[0][1:3] == ("3g.20gb", 4)
@@ -191,13 +206,21 @@ def placed(name, node, devices, mig=None, uid=None):
     ann = {"hami.io/vgpu-node": node, "hami.io/vgpu-devices-allocated": devices}
     if mig is not None:
         ann[MIG_ALLOCATIONS_ANNOTATION] = mig if isinstance(mig, str) else json.dumps(mig)
-    return {"metadata": {"name": name, "namespace": "default", "uid": uid or f"uid-{name}", "annotations": ann},
-            "spec": {"containers": [{"name": "c"}]}}
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": uid or f"uid-{name}", "annotations": ann},
+        "spec": {"containers": [{"name": "c"}]},
+    }
 
 
 def entry(uuid, profile, start, size, c=0, d=0, **extra):
-    return {"containerIndex": c, "deviceIndex": d, "gpuUUID": uuid, "profile": profile,
-            "placement": {"start": start, "size": size}, **extra}
+    return {
+        "containerIndex": c,
+        "deviceIndex": d,
+        "gpuUUID": uuid,
+        "profile": profile,
+        "placement": {"start": start, "size": size},
+        **extra,
+    }
 
 
 def health(led, node="m"):
@@ -206,8 +229,12 @@ def health(led, node="m"):
 
 def test_rebuild_from_annotations_restores_the_placement():
     led = mig_ledger()
-    p = placed("old", "m", "GPU-m-0,NVIDIA,4864,13:;",
-               [entry("GPU-m-0", "1g.5gb", 6, 1, migUUID="MIG-a", gpuInstanceID=7, computeInstanceID=0)])
+    p = placed(
+        "old",
+        "m",
+        "GPU-m-0,NVIDIA,4864,13:;",
+        [entry("GPU-m-0", "1g.5gb", 6, 1, migUUID="MIG-a", gpuInstanceID=7, computeInstanceID=0)],
+    )
     alloc = allocation_from_pod(p, CONFIG.vendors)
     assert alloc.slices == (Slice("GPU-m-0", "1g.5gb", 6, 1),)
     assert alloc.devices["NVIDIA"][0][0].slice == Slice("GPU-m-0", "1g.5gb", 6, 1)
@@ -218,8 +245,17 @@ def test_rebuild_from_annotations_restores_the_placement():
 
 def test_unconsumed_reservations_are_kept_and_stay_healthy():
     led = mig_ledger()
-    led.add_pod(allocation_from_pod(placed("old", "m", "GPU-m-0,NVIDIA,4864,13:;", [
-        entry("GPU-m-0", "1g.5gb", 6, 1), entry("GPU-m-0", "1g.5gb", 5, 1, d=1)]), CONFIG.vendors))
+    led.add_pod(
+        allocation_from_pod(
+            placed(
+                "old",
+                "m",
+                "GPU-m-0,NVIDIA,4864,13:;",
+                [entry("GPU-m-0", "1g.5gb", 6, 1), entry("GPU-m-0", "1g.5gb", 5, 1, d=1)],
+            ),
+            CONFIG.vendors,
+        )
+    )
     assert len(led.slices("m")["GPU-m-0"]) == 2 and health(led) == [True]
     assert slices_of(fit(led, ctr(mem=4000)))[0][2] == 4
 
@@ -247,11 +283,15 @@ def test_inconsistent_state_marks_the_device_unhealthy_until_it_is_gone(desc, ki
 
 def test_overlapping_reservations_mark_the_device_unhealthy():
     led = mig_ledger()
-    led.add_pod(allocation_from_pod(placed("a", "m", "GPU-m-0,NVIDIA,19968,39:;",
-                                           [entry("GPU-m-0", "3g.20gb", 4, 4)]), CONFIG.vendors))
+    led.add_pod(
+        allocation_from_pod(
+            placed("a", "m", "GPU-m-0,NVIDIA,19968,39:;", [entry("GPU-m-0", "3g.20gb", 4, 4)]), CONFIG.vendors
+        )
+    )
     assert health(led) == [True]
-    b = allocation_from_pod(placed("b", "m", "GPU-m-0,NVIDIA,4864,13:;", [entry("GPU-m-0", "1g.5gb", 6, 1)]),
-                            CONFIG.vendors)
+    b = allocation_from_pod(
+        placed("b", "m", "GPU-m-0,NVIDIA,4864,13:;", [entry("GPU-m-0", "1g.5gb", 6, 1)]), CONFIG.vendors
+    )
     led.add_pod(b)
     assert health(led) == [False]
     led.remove_pod(b.key)
@@ -267,9 +307,11 @@ def test_node_registered_after_its_pods_is_checked_too():
 
 # ---------------------------------------------------------------------- the annotation codec
 
-HAMI_TEXT = ('[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":6,'
-             '"size":1},"migUUID":"MIG-a","gpuInstanceID":7,"computeInstanceID":0},{"containerIndex":1,'
-             '"deviceIndex":0,"gpuUUID":"GPU-a","profile":"2g.10gb","placement":{"start":0,"size":2}}]')
+HAMI_TEXT = (
+    '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":6,'
+    '"size":1},"migUUID":"MIG-a","gpuInstanceID":7,"computeInstanceID":0},{"containerIndex":1,'
+    '"deviceIndex":0,"gpuUUID":"GPU-a","profile":"2g.10gb","placement":{"start":0,"size":2}}]'
+)
 
 
 def test_codec_round_trip_is_byte_exact():
@@ -286,8 +328,11 @@ BAD = [
     ("zero size", json.dumps([entry("GPU-a", "1g.5gb", 0, 0)]), "incomplete"),
     ("negative index", json.dumps([entry("GPU-a", "1g.5gb", 0, 1, c=-1)]), "incomplete"),
     ("partial runtime identity", json.dumps([entry("GPU-a", "1g.5gb", 0, 1, migUUID="MIG-a")]), "set together"),
-    ("duplicate position", json.dumps([entry("GPU-a", "1g.5gb", 0, 1), entry("GPU-a", "1g.5gb", 1, 1)]),
-     "duplicate entry for containerIndex 0 deviceIndex 0"),
+    (
+        "duplicate position",
+        json.dumps([entry("GPU-a", "1g.5gb", 0, 1), entry("GPU-a", "1g.5gb", 1, 1)]),
+        "duplicate entry for containerIndex 0 deviceIndex 0",
+    ),
     ("placement not an object", json.dumps([{**entry("GPU-a", "1g.5gb", 0, 1), "placement": 3}]), "'placement'"),
 ]
 

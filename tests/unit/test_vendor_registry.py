@@ -13,9 +13,32 @@ ALL = build_vendors(chart_device_config())
 
 def test_every_backend_is_built_from_the_chart_config():
     assert [v.name for v in ALL] == [
-        "NVIDIA", "Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4-1", "Ascend910B4", "Ascend310P",
-        "Ascend910C", "MLU", "DCU", "MR-V100", "MR-V50", "BI-V150", "BI-V100", "Metax-GPU", "Metax-SGPU",
-        "Mthreads", "Enflame", "GCU", "kunlun", "XPU", "AMD", "AWSNeuron", "Vastai", "Biren"]
+        "NVIDIA",
+        "Ascend910A",
+        "Ascend910B2",
+        "Ascend910B3",
+        "Ascend910B4-1",
+        "Ascend910B4",
+        "Ascend310P",
+        "Ascend910C",
+        "MLU",
+        "DCU",
+        "MR-V100",
+        "MR-V50",
+        "BI-V150",
+        "BI-V100",
+        "Metax-GPU",
+        "Metax-SGPU",
+        "Mthreads",
+        "Enflame",
+        "GCU",
+        "kunlun",
+        "XPU",
+        "AMD",
+        "AWSNeuron",
+        "Vastai",
+        "Biren",
+    ]
 
 
 @pytest.mark.parametrize("attr", ["allocated_annotation", "register_annotation", "to_allocate_annotation"])
@@ -47,12 +70,21 @@ vnpus:
     assert vendors[1].resources.count == "cambricon.com/mlu"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("iluvatars:\n- chipName: BI-V100\n", "device-config.yaml: iluvatars.0.resourceCountName: Field required"),
-    ("vnpus:\n  configs:\n  - commonWord: X\n    resourceName: huawei.com/X\n    memoryAllocatable: 0\n"
-     "    memoryCapacity: 1\n", "device-config.yaml: vnpus.configs.0.memoryAllocatable: Input should be greater than 0"),
-    ("awsneuron:\n  coresPerDevice: zero\n", "device-config.yaml: awsneuron.coresPerDevice: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("iluvatars:\n- chipName: BI-V100\n", "device-config.yaml: iluvatars.0.resourceCountName: Field required"),
+        (
+            "vnpus:\n  configs:\n  - commonWord: X\n    resourceName: huawei.com/X\n    memoryAllocatable: 0\n"
+            "    memoryCapacity: 1\n",
+            "device-config.yaml: vnpus.configs.0.memoryAllocatable: Input should be greater than 0",
+        ),
+        (
+            "awsneuron:\n  coresPerDevice: zero\n",
+            "device-config.yaml: awsneuron.coresPerDevice: Input should be a valid integer",
+        ),
+    ],
+)
 def test_config_errors_name_the_field(text, message):
     with pytest.raises(ConfigError) as exc:
         load_device_config(text)

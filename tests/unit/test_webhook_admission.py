@@ -16,8 +16,17 @@ from hami.webhook.admission import AdmissionSettings, decide, json_patch, review
 S = AdmissionSettings(build_vendors())
 
 
-def pod(limits=None, scheduler=None, annotations=None, labels=None, env=None, privileged=False, node=None,
-        init=None, ns="team"):
+def pod(
+    limits=None,
+    scheduler=None,
+    annotations=None,
+    labels=None,
+    env=None,
+    privileged=False,
+    node=None,
+    init=None,
+    ns="team",
+):
     c = {"name": "main", "image": "busybox", "resources": {"limits": dict(limits or {})}}
     if env:
         c["env"] = env
@@ -30,31 +39,57 @@ def pod(limits=None, scheduler=None, annotations=None, labels=None, env=None, pr
         spec["nodeName"] = node
     if init:
         spec["initContainers"] = init
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": ns, "annotations": annotations or {}, "labels": labels or {}},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": ns, "annotations": annotations or {}, "labels": labels or {}},
+        "spec": spec,
+    }
 
 
 GPU = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
 OFF = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
 
 
-@pytest.mark.parametrize("case, p, labels, text", [
-    ("no containers", {"metadata": {"name": "p"}, "spec": {"containers": []}}, None, "pod has no containers"),
-    ("forged allocation", pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "x"}), None, "internal annotations"),
-    ("forged to-allocate", pod(annotations={"hami.io/vgpu-devices-to-allocate": "x"}), None, "internal annotations"),
-    ("forged node", pod(annotations={"hami.io/vgpu-node": "n1"}), None, "hami.io/vgpu-node"),
-    ("forged bind phase", pod(annotations={"hami.io/bind-phase": "success"}), None, "hami.io/bind-phase"),
-    ("forged label", pod(labels={"hami.io/vgpu-node": "n1"}), None, "label hami.io/vgpu-node"),
-    ("forged on another scheduler", pod(scheduler="volcano", annotations={"hami.io/vgpu-time": "1"}), None, "internal"),
-    ("disable control", pod(GPU, env=OFF), {}, "CUDA_DISABLE_CONTROL"),
-    ("disable control, label false", pod(GPU, env=OFF), {"hami.io/allow-disable-control": "false"}, "CUDA_DISABLE_CONTROL"),
-    ("disable control in an init container", pod(GPU, init=[{"name": "i", "env": OFF}]), {}, "'i'"),
-    ("privileged", pod(GPU, privileged=True), None, "privileged"),
-    ("node assigned", pod(GPU, node="n1"), None, "pod has node assigned"),
-    ("bad percentage", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}), None, "0..100"),
-    ("negative memory", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": -1}), None, "must not be negative"),
-])
+@pytest.mark.parametrize(
+    "case, p, labels, text",
+    [
+        ("no containers", {"metadata": {"name": "p"}, "spec": {"containers": []}}, None, "pod has no containers"),
+        (
+            "forged allocation",
+            pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "x"}),
+            None,
+            "internal annotations",
+        ),
+        (
+            "forged to-allocate",
+            pod(annotations={"hami.io/vgpu-devices-to-allocate": "x"}),
+            None,
+            "internal annotations",
+        ),
+        ("forged node", pod(annotations={"hami.io/vgpu-node": "n1"}), None, "hami.io/vgpu-node"),
+        ("forged bind phase", pod(annotations={"hami.io/bind-phase": "success"}), None, "hami.io/bind-phase"),
+        ("forged label", pod(labels={"hami.io/vgpu-node": "n1"}), None, "label hami.io/vgpu-node"),
+        (
+            "forged on another scheduler",
+            pod(scheduler="volcano", annotations={"hami.io/vgpu-time": "1"}),
+            None,
+            "internal",
+        ),
+        ("disable control", pod(GPU, env=OFF), {}, "CUDA_DISABLE_CONTROL"),
+        (
+            "disable control, label false",
+            pod(GPU, env=OFF),
+            {"hami.io/allow-disable-control": "false"},
+            "CUDA_DISABLE_CONTROL",
+        ),
+        ("disable control in an init container", pod(GPU, init=[{"name": "i", "env": OFF}]), {}, "'i'"),
+        ("privileged", pod(GPU, privileged=True), None, "privileged"),
+        ("node assigned", pod(GPU, node="n1"), None, "pod has node assigned"),
+        ("bad percentage", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 150}), None, "0..100"),
+        ("negative memory", pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": -1}), None, "must not be negative"),
+    ],
+)
 def test_denials(case, p, labels, text):
     d = decide(p, S, labels)
     assert not d.allowed and text in d.message, (case, d)
@@ -69,9 +104,15 @@ def test_privileged_without_devices_is_left_alone():
     assert d.allowed and d.pod["spec"].get("schedulerName") is None
 
 
-@pytest.mark.parametrize("scheduler, routed", [
-    (None, True), ("default-scheduler", True), ("hami-scheduler", True), ("volcano", False),
-])
+@pytest.mark.parametrize(
+    "scheduler, routed",
+    [
+        (None, True),
+        ("default-scheduler", True),
+        ("hami-scheduler", True),
+        ("volcano", False),
+    ],
+)
 def test_scheduler_name_gate(scheduler, routed):
     d = decide(pod(GPU, scheduler=scheduler), S)
     assert d.allowed
@@ -123,21 +164,27 @@ def _apply(doc, ops):
     return doc
 
 
-@pytest.mark.parametrize("old, new", [
-    ({"a": 1}, {"a": 2}),
-    ({"a": {"b/c": 1, "d~": 2}}, {"a": {"b/c": 3}}),
-    ({"l": [1, 2]}, {"l": [1, 2, 3]}),
-    ({"l": [{"x": 1}, {"y": 2}]}, {"l": [{"x": 1}, {"y": 3, "z": []}]}),
-    ({}, {"spec": {"schedulerName": "s"}}),
-])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ({"a": 1}, {"a": 2}),
+        ({"a": {"b/c": 1, "d~": 2}}, {"a": {"b/c": 3}}),
+        ({"l": [1, 2]}, {"l": [1, 2, 3]}),
+        ({"l": [{"x": 1}, {"y": 2}]}, {"l": [{"x": 1}, {"y": 3, "z": []}]}),
+        ({}, {"spec": {"schedulerName": "s"}}),
+    ],
+)
 def test_json_patch_round_trip(old, new):
     assert _apply(old, json_patch(old, new)) == new
 
 
 def test_review_response_shape():
     p = pod({"nvidia.com/gpu": 1})
-    body = {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview",
-            "request": {"uid": "u1", "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p}}
+    body = {
+        "apiVersion": "admission.k8s.io/v1beta1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u1", "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p},
+    }
     out = review(body, S)
     assert out["apiVersion"] == "admission.k8s.io/v1beta1" and out["response"]["uid"] == "u1"
     assert out["response"]["allowed"] and out["response"]["patchType"] == "JSONPatch"
@@ -156,8 +203,11 @@ def _patch_of(answer):
 
 
 def _review(p, uid="u1"):
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": uid, "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p}}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": "CREATE", "kind": {"kind": "Pod"}, "namespace": "team", "object": p},
+    }
 
 
 @pytest.mark.parametrize("limits", [{}, {"cpu": "1", "memory": "1Gi"}, {"nvidia.com/priority": 0}])
@@ -168,21 +218,44 @@ def test_a_pod_asking_for_no_device_gets_no_patch(limits):
     assert "patchType" not in answer["response"]
 
 
-@pytest.mark.parametrize("quantity, expect", [
-    ("1e3", 1000), ("1E3", 1000), ("1k", 1000), ("1Ki", 1024), ("1P", 10**15), ("1Pi", 2**50),
-    ("1Ei", 2**60), ("+1000", 1000), ("1000000m", 1000), ("0.5Ki", 512), (" 2000 ", 2000), (1.0e3, 1000),
-])
+@pytest.mark.parametrize(
+    "quantity, expect",
+    [
+        ("1e3", 1000),
+        ("1E3", 1000),
+        ("1k", 1000),
+        ("1Ki", 1024),
+        ("1P", 10**15),
+        ("1Pi", 2**50),
+        ("1Ei", 2**60),
+        ("+1000", 1000),
+        ("1000000m", 1000),
+        ("0.5Ki", 512),
+        (" 2000 ", 2000),
+        (1.0e3, 1000),
+    ],
+)
 def test_memory_quantities_read_like_the_api_server(quantity, expect):
     mutated = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": quantity}), S).pod
     from hami.core import pod_request
+
     (c,) = pod_request(mutated, S.vendors).containers
     assert c.requests[0].memreq == expect
 
 
-@pytest.mark.parametrize("quantity, text", [
-    ("١٠٠٠", "is not a quantity"), ("0.5", "whole number"), ("1m", "whole number"), ("1e", "is not a quantity"),
-    ("9" * 5000, "out of range"), ("1e999999999", "out of range"), (float("nan"), "not a number JSON can carry"), ([1], "quantity"),
-])
+@pytest.mark.parametrize(
+    "quantity, text",
+    [
+        ("١٠٠٠", "is not a quantity"),
+        ("0.5", "whole number"),
+        ("1m", "whole number"),
+        ("1e", "is not a quantity"),
+        ("9" * 5000, "out of range"),
+        ("1e999999999", "out of range"),
+        (float("nan"), "not a number JSON can carry"),
+        ([1], "quantity"),
+    ],
+)
 def test_bad_quantities_are_denied_naming_the_field(quantity, text):
     d = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": quantity}), S)
     assert not d.allowed and d.code == 400 and text in d.message and "nvidia.com/gpumem" in d.message
@@ -198,24 +271,33 @@ def test_reinvocation_does_not_duplicate_env():
     assert json_patch(first, second) == []
 
 
-@pytest.mark.parametrize("body", [
-    {"request": []}, {"request": {"uid": 5}}, {"request": {"object": {"spec": {"containers": "x"}}}},
-    {"request": {"kind": "Pod", "object": {}}}, {"apiVersion": 1, "request": None},
-    _review({"metadata": [], "spec": {"containers": [{}]}}),
-    _review({"spec": {"containers": [{"resources": {"limits": ["nvidia.com/gpu"]}}]}}),
-    _review({"spec": {"containers": [{"env": [{"name": 5}]}]}}),
-    _review({"metadata": {"annotations": {"a": 1}}, "spec": {"containers": [{}]}}),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"request": []},
+        {"request": {"uid": 5}},
+        {"request": {"object": {"spec": {"containers": "x"}}}},
+        {"request": {"kind": "Pod", "object": {}}},
+        {"apiVersion": 1, "request": None},
+        _review({"metadata": [], "spec": {"containers": [{}]}}),
+        _review({"spec": {"containers": [{"resources": {"limits": ["nvidia.com/gpu"]}}]}}),
+        _review({"spec": {"containers": [{"env": [{"name": 5}]}]}}),
+        _review({"metadata": {"annotations": {"a": 1}}, "spec": {"containers": [{}]}}),
+    ],
+)
 def test_malformed_reviews_are_denied_with_400_not_an_exception(body):
     r = review(body, S)["response"]
     assert r["allowed"] is False and r["status"]["code"] == 400 and r["status"]["message"]
 
 
-@pytest.mark.parametrize("container", [
-    {"name": "c", "env": None, "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}}},
-    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": None}},
-    {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": 1000}}},  # count defaulted into limits
-])
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "c", "env": None, "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/priority": 1}}},
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": None}},
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpumem": 1000}}},  # count defaulted into limits
+    ],
+)
 def test_null_fields_are_filled_not_crashed_on(container):
     d = decide({"metadata": {"name": "p", "namespace": "n"}, "spec": {"containers": [container]}}, S)
     assert d.allowed, d

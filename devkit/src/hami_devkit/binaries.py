@@ -15,9 +15,17 @@ from hami_devkit.errors import ClusterError
 # another version the script can build (docs/dra.md says which)
 KUBE_VERSION = os.environ.get("HAMI_KUBE_VERSION") or "v1.37.2"
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
-OPTIONAL_BINARIES = ("kube-controller-manager", "kubectl", "helm", "kubelet", "kube-proxy",
-                     # the real node's runtime (CDI-capable; Debian 12's containerd 1.6 is not)
-                     "containerd", "containerd-shim-runc-v2", "ctr")
+OPTIONAL_BINARIES = (
+    "kube-controller-manager",
+    "kubectl",
+    "helm",
+    "kubelet",
+    "kube-proxy",
+    # the real node's runtime (CDI-capable; Debian 12's containerd 1.6 is not)
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+)
 
 
 class MissingBinaries(ClusterError):
@@ -47,9 +55,7 @@ def find_binaries(directory: Path | None = None) -> dict[str, Path]:
     """Paths of the installed binaries; raises :class:`MissingBinaries` if a required one is absent."""
     directory = directory or bin_dir()
     found = {
-        name: directory / name
-        for name in REQUIRED_BINARIES + OPTIONAL_BINARIES
-        if os.access(directory / name, os.X_OK)
+        name: directory / name for name in REQUIRED_BINARIES + OPTIONAL_BINARIES if os.access(directory / name, os.X_OK)
     }
     missing = [name for name in REQUIRED_BINARIES if name not in found]
     if missing:

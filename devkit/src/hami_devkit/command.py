@@ -52,20 +52,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = sub.add_parser("cluster", help="a local Kubernetes control plane with fake (kwok) nodes")
     actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start the control plane in the background and print KUBECONFIG")
-    up.add_argument("--extender-url", help="URL prefix of the scheduler extender for the hami-scheduler "
-                    "profile, e.g. http://127.0.0.1:8888 (default: no extender)")
-    up.add_argument("--managed-resource", action="append", dest="managed_resources", metavar="NAME",
-                    help="a resource the extender manages (repeatable; default: the NVIDIA names)")
+    up.add_argument(
+        "--extender-url",
+        help="URL prefix of the scheduler extender for the hami-scheduler "
+        "profile, e.g. http://127.0.0.1:8888 (default: no extender)",
+    )
+    up.add_argument(
+        "--managed-resource",
+        action="append",
+        dest="managed_resources",
+        metavar="NAME",
+        help="a resource the extender manages (repeatable; default: the NVIDIA names)",
+    )
     up.add_argument("--http-timeout", default="30s", help="extender httpTimeout (default 30s)")
     up.add_argument("--nodes", type=int, default=1, help="kwok nodes to create (default 1)")
     up.add_argument("--gpus", type=int, default=4, help="GPUs per node (nvidia.com/gpu = gpus x 10)")
-    up.add_argument("--real-node", action="store_true",
-                    help="also start a real node (kubelet + containerd + runc; needs root, see docs/testing.md)")
-    up.add_argument("--wait-for-real-node", type=float, default=0.0, metavar="SECONDS",
-                    help="with --real-node: wait this long for another real node on this machine to stop "
-                    "(one per machine; default: fail at once)")
-    up.add_argument("--image", action="append", dest="images", metavar="ARCHIVE", default=[],
-                    help="an OCI image archive to import into the real node's containerd (repeatable)")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start a real node (kubelet + containerd + runc; needs root, see docs/testing.md)",
+    )
+    up.add_argument(
+        "--wait-for-real-node",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --real-node: wait this long for another real node on this machine to stop "
+        "(one per machine; default: fail at once)",
+    )
+    up.add_argument(
+        "--image",
+        action="append",
+        dest="images",
+        metavar="ARCHIVE",
+        default=[],
+        help="an OCI image archive to import into the real node's containerd (repeatable)",
+    )
     actions.add_parser("down", help="stop the control plane started by `up`")
     actions.add_parser("env", help="print shell exports for the running control plane")
     actions.add_parser("status", help="say whether a control plane is running")
@@ -81,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """The ``hami-dev`` console script and ``python -m hami_devkit``."""
     parser = argparse.ArgumentParser(
-        prog="hami-dev", description="developer tools: a local control plane (`hami-dev cluster up|down|env`)")
+        prog="hami-dev", description="developer tools: a local control plane (`hami-dev cluster up|down|env`)"
+    )
     add_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -155,7 +178,10 @@ def _up(args: argparse.Namespace) -> int:
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "hami_devkit", "cluster", "serve", "--options", json.dumps(options)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     deadline = time.monotonic() + UP_TIMEOUT_S + options["real_node_wait"]
     while time.monotonic() < deadline:
@@ -163,7 +189,7 @@ def _up(args: argparse.Namespace) -> int:
         if state:
             print(state["summary"])
             print(f"KUBECONFIG={state['env']['KUBECONFIG']}")
-            print("use it with:  eval \"$(hami-dev cluster env)\" && kubectl get nodes")
+            print('use it with:  eval "$(hami-dev cluster env)" && kubectl get nodes')
             print("stop it with: hami-dev cluster down")
             return 0
         if process.poll() is not None:
@@ -215,8 +241,16 @@ def _status(args: argparse.Namespace) -> int:
 
 def _scheduler_config(options: dict) -> SchedulerConfig:
     url = options.get("extender_url")
-    extender = ExtenderConfig(url_prefix=url, managed_resources=tuple(options["managed_resources"]),
-                              http_timeout=options["http_timeout"], tls_insecure=True) if url else None
+    extender = (
+        ExtenderConfig(
+            url_prefix=url,
+            managed_resources=tuple(options["managed_resources"]),
+            http_timeout=options["http_timeout"],
+            tls_insecure=True,
+        )
+        if url
+        else None
+    )
     return SchedulerConfig(extender=extender)
 
 
@@ -247,8 +281,11 @@ def _serve(args: argparse.Namespace) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     # with a real node, pods reach the API server at the node's address through kube-proxy; the
     # node then closes that port to other machines (hami_devkit.nodehost.guard_api_server)
-    cluster = KubeCluster(workdir=workdir, hami_scheduler=_scheduler_config(options),
-                          apiserver_bind_address="0.0.0.0" if options.get("real_node") else "127.0.0.1")
+    cluster = KubeCluster(
+        workdir=workdir,
+        hami_scheduler=_scheduler_config(options),
+        apiserver_bind_address="0.0.0.0" if options.get("real_node") else "127.0.0.1",
+    )
     node = None
     try:
         cluster.start()
@@ -259,15 +296,27 @@ def _serve(args: argparse.Namespace) -> int:
             from hami_devkit.realnode import RealNode
 
             # a temporary work directory (short paths: the kubelet makes unix sockets in it)
-            node = RealNode(cluster, images=[Path(path) for path in options.get("images", [])],
-                            lock_wait=options.get("real_node_wait", 0.0)).start()
+            node = RealNode(
+                cluster,
+                images=[Path(path) for path in options.get("images", [])],
+                lock_wait=options.get("real_node_wait", 0.0),
+            ).start()
             summary += "\n" + node.describe_startup() + "\n" + _real_node_help(node)
-        state = {"pid": os.getpid(), "env": cluster.env(), "workdir": str(workdir),
-                 "bin": str(cluster.binaries["kube-apiserver"].parent), "summary": summary}
+        state = {
+            "pid": os.getpid(),
+            "env": cluster.env(),
+            "workdir": str(workdir),
+            "bin": str(cluster.binaries["kube-apiserver"].parent),
+            "summary": summary,
+        }
         if node is not None:
-            state["real_node"] = {"name": node.name, "containerd_socket": str(node.containerd_socket),
-                                  "kubelet_root": str(node.kubelet_root), "logs": str(node.log_path("kubelet").parent),
-                                  "workdir": str(node.workdir)}
+            state["real_node"] = {
+                "name": node.name,
+                "containerd_socket": str(node.containerd_socket),
+                "kubelet_root": str(node.kubelet_root),
+                "logs": str(node.log_path("kubelet").parent),
+                "workdir": str(node.workdir),
+            }
         tmp = _state_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         tmp.replace(_state_file())
@@ -289,6 +338,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _real_node_help(node) -> str:
-    return (f"real node {node.name}: work directory {node.workdir}, containerd socket {node.containerd_socket} "
-            f"(ctr --address {node.containerd_socket} -n k8s.io ...), kubelet root {node.kubelet_root}, "
-            f"logs {node.log_path('kubelet').parent}")
+    return (
+        f"real node {node.name}: work directory {node.workdir}, containerd socket {node.containerd_socket} "
+        f"(ctr --address {node.containerd_socket} -n k8s.io ...), kubelet root {node.kubelet_root}, "
+        f"logs {node.log_path('kubelet').parent}"
+    )

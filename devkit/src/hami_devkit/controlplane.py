@@ -210,9 +210,7 @@ class KubeCluster:
                 return
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-        raise ClusterError(
-            f"{component.name} not ready after {self.start_timeout:.0f}s:\n{component.log_tail()}"
-        )
+        raise ClusterError(f"{component.name} not ready after {self.start_timeout:.0f}s:\n{component.log_tail()}")
 
     def _bin(self, name: str) -> str:
         assert self.binaries is not None
@@ -220,15 +218,23 @@ class KubeCluster:
 
     def _write_pki(self) -> None:
         ca = CertificateAuthority()
-        hosts = ("127.0.0.1", "localhost", "kubernetes", "kubernetes.default",
-                 "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "10.96.0.1")
+        hosts = (
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+            "10.96.0.1",
+        )
         files = {
             "ca": ca.pair,
             "apiserver": ca.issue("kube-apiserver", hosts=hosts),
             "admin": ca.issue("hami-admin", organization="system:masters", server=False, client=True),
             # the API server's identity towards kubelets (logs, exec, port-forward on a real node)
-            "kubelet-client": ca.issue("kube-apiserver-kubelet-client", organization="system:masters",
-                                       server=False, client=True),
+            "kubelet-client": ca.issue(
+                "kube-apiserver-kubelet-client", organization="system:masters", server=False, client=True
+            ),
             "sa": service_account_keys(),
         }
         for name, pair in files.items():
@@ -249,56 +255,75 @@ class KubeCluster:
         client, peer = free_port(), free_port()
         self.ports["etcd"] = client
         url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-        etcd = self._launch("etcd", [
-            self._bin("etcd"), "--name=hami", f"--data-dir={self.workdir}/etcd",
-            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=hami={peer_url}", "--unsafe-no-fsync", "--log-level=warn",
-        ])
+        etcd = self._launch(
+            "etcd",
+            [
+                self._bin("etcd"),
+                "--name=hami",
+                f"--data-dir={self.workdir}/etcd",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=hami={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
         self._wait_ready(etcd, lambda: '"health":"true"' in http_get(f"{url}/health")[1])
 
     def _start_apiserver(self) -> None:
         port = self.ports["kube-apiserver"] = free_port()
         pki = self._paths.pki
-        apiserver = self._launch("kube-apiserver", [
-            self._bin("kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            f"--bind-address={self.apiserver_bind_address}", "--advertise-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={self.workdir}/pki",
-            f"--tls-cert-file={pki('apiserver.crt')}", f"--tls-private-key-file={pki('apiserver.key')}",
-            f"--client-ca-file={pki('ca.crt')}",
-            f"--token-auth-file={pki('tokens.csv')}",
-            # Filled in so that components reading extension-apiserver-authentication stay quiet.
-            f"--requestheader-client-ca-file={pki('ca.crt')}", "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--service-account-key-file={pki('sa.crt')}",
-            f"--service-account-signing-key-file={pki('sa.key')}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            # to kubelets (the real node's; kwok's fake ones are never called): the node's
-            # InternalIP (127.0.0.1, its name does not resolve), TLS both ways with the cluster CA
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
-            f"--kubelet-client-certificate={pki('kubelet-client.crt')}",
-            f"--kubelet-client-key={pki('kubelet-client.key')}",
-            f"--kubelet-certificate-authority={pki('ca.crt')}",
-            "--authorization-mode=RBAC",
-            "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
-            "--runtime-config=admissionregistration.k8s.io/v1=true,coordination.k8s.io/v1=true",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
-            "--profiling=false",
-            *self._gate_flags(),
-            *self.extra_args.get("kube-apiserver", ()),
-            "--v=1",
-        ])
+        apiserver = self._launch(
+            "kube-apiserver",
+            [
+                self._bin("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                f"--bind-address={self.apiserver_bind_address}",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir}/pki",
+                f"--tls-cert-file={pki('apiserver.crt')}",
+                f"--tls-private-key-file={pki('apiserver.key')}",
+                f"--client-ca-file={pki('ca.crt')}",
+                f"--token-auth-file={pki('tokens.csv')}",
+                # Filled in so that components reading extension-apiserver-authentication stay quiet.
+                f"--requestheader-client-ca-file={pki('ca.crt')}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--service-account-key-file={pki('sa.crt')}",
+                f"--service-account-signing-key-file={pki('sa.key')}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # to kubelets (the real node's; kwok's fake ones are never called): the node's
+                # InternalIP (127.0.0.1, its name does not resolve), TLS both ways with the cluster CA
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={pki('kubelet-client.crt')}",
+                f"--kubelet-client-key={pki('kubelet-client.key')}",
+                f"--kubelet-certificate-authority={pki('ca.crt')}",
+                "--authorization-mode=RBAC",
+                "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+                "--runtime-config=admissionregistration.k8s.io/v1=true,coordination.k8s.io/v1=true",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
+                "--profiling=false",
+                *self._gate_flags(),
+                *self.extra_args.get("kube-apiserver", ()),
+                "--v=1",
+            ],
+        )
         self._write_kubeconfig()
         self._wait_ready(apiserver, lambda: self._api_ok("/readyz"))
 
     def _write_kubeconfig(self) -> None:
         assert self._admin
-        self.write_kubeconfig(self._paths.kubeconfig, user={
-            "client-certificate-data": _b64(self._admin.cert_pem), "client-key-data": _b64(self._admin.key_pem)})
+        self.write_kubeconfig(
+            self._paths.kubeconfig,
+            user={"client-certificate-data": _b64(self._admin.cert_pem), "client-key-data": _b64(self._admin.key_pem)},
+        )
         self.write_kubeconfig(self._paths.components_kubeconfig, user={"token": self.component_token})
 
     def write_kubeconfig(self, path: Path, *, user: dict[str, str] | None = None, pair: KeyPair | None = None) -> Path:
@@ -312,8 +337,12 @@ class KubeCluster:
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "hami-dev", "cluster": {
-                "server": self.server, "certificate-authority-data": _b64(self._ca.pair.cert_pem)}}],
+            "clusters": [
+                {
+                    "name": "hami-dev",
+                    "cluster": {"server": self.server, "certificate-authority-data": _b64(self._ca.pair.cert_pem)},
+                }
+            ],
             "users": [{"name": "hami-user", "user": user}],
             "contexts": [{"name": "hami-dev", "context": {"cluster": "hami-dev", "user": "hami-user"}}],
             "current-context": "hami-dev",
@@ -326,8 +355,10 @@ class KubeCluster:
         kubeconfig = self._paths.kubeconfig
         port = self.ports[name] = free_port()
         return [
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
         ]
 
     def _gate_flags(self) -> list[str]:
@@ -342,36 +373,49 @@ class KubeCluster:
 
     def _launch_controller_manager(self) -> Callable[[], None]:
         pki = self._paths.pki
-        component = self._launch("kube-controller-manager", [
-            self._bin("kube-controller-manager"),
-            f"--kubeconfig={self._paths.kubeconfig}", *self._delegation_flags("kube-controller-manager"),
-            "--leader-elect=false",
-            f"--service-account-private-key-file={pki('sa.key')}", f"--root-ca-file={pki('ca.crt')}",
-            f"--cluster-signing-cert-file={pki('ca.crt')}", f"--cluster-signing-key-file={pki('ca.key')}",
-            "--use-service-account-credentials=false",
-            "--controllers=*,-node-ipam-controller",
-            *self._gate_flags(),
-            *self.extra_args.get("kube-controller-manager", ()),
-            "--v=1",
-        ])
+        component = self._launch(
+            "kube-controller-manager",
+            [
+                self._bin("kube-controller-manager"),
+                f"--kubeconfig={self._paths.kubeconfig}",
+                *self._delegation_flags("kube-controller-manager"),
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki('sa.key')}",
+                f"--root-ca-file={pki('ca.crt')}",
+                f"--cluster-signing-cert-file={pki('ca.crt')}",
+                f"--cluster-signing-key-file={pki('ca.key')}",
+                "--use-service-account-credentials=false",
+                "--controllers=*,-node-ipam-controller",
+                *self._gate_flags(),
+                *self.extra_args.get("kube-controller-manager", ()),
+                "--v=1",
+            ],
+        )
         return lambda: self._wait_ready(component, self._healthy("kube-controller-manager"))
 
     def _launch_scheduler(self, name: str, config: SchedulerConfig) -> Callable[[], None]:
         config_path = self._paths.config(f"{name}.yaml")
         ca = self._ca.pair.cert_pem if self._ca else None
         config_path.write_text(yaml.safe_dump(config.document(self._paths.kubeconfig, ca), sort_keys=False))
-        component = self._launch(name, [
-            self._bin("kube-scheduler"), f"--config={config_path}", *self._delegation_flags(name), *self._gate_flags(),
-            "--v=2",
-        ])
+        component = self._launch(
+            name,
+            [
+                self._bin("kube-scheduler"),
+                f"--config={config_path}",
+                *self._delegation_flags(name),
+                *self._gate_flags(),
+                "--v=2",
+            ],
+        )
         return lambda: self._wait_ready(component, self._healthy(name))
 
     def _launch_kwok(self) -> Callable[[], None]:
         stages_dir = Path(self._bin("kwok")).parent.parent / "kwok-stages"
         config = kwok.write_config(stages_dir, self._paths.config("kwok.yaml"))
         port = self.ports["kwok"] = free_port()
-        component = self._launch("kwok", kwok.argv(self._bin("kwok"), kubeconfig=self._paths.kubeconfig,
-                                                   config=config, port=port))
+        component = self._launch(
+            "kwok", kwok.argv(self._bin("kwok"), kubeconfig=self._paths.kubeconfig, config=config, port=port)
+        )
         return lambda: self._wait_ready(component, lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200)
 
     # -- the HAMi scheduler --------------------------------------------------------------------
@@ -389,8 +433,10 @@ class KubeCluster:
                 raise ClusterError("configure_hami_scheduler: this cluster runs no HAMi kube-scheduler; give a config")
             previous = previous or SchedulerConfig()
             wanted = config or SchedulerConfig(
-                scheduler_name=previous.scheduler_name, extender=extender,
-                leader_elect=previous.leader_elect, lease_name=previous.lease_name,
+                scheduler_name=previous.scheduler_name,
+                extender=extender,
+                leader_elect=previous.leader_elect,
+                lease_name=previous.lease_name,
                 lease_namespace=previous.lease_namespace,
             )
             if wanted == previous and "hami-scheduler" in self.components:
@@ -442,7 +488,9 @@ class KubeCluster:
         directory = str(next(iter(self.binaries.values())).parent)
         return {"KUBECONFIG": str(self.kubeconfig), "PATH": f"{directory}{os.pathsep}{os.environ.get('PATH', '')}"}
 
-    def issue_server_cert(self, name: str = "test-server", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
+    def issue_server_cert(
+        self, name: str = "test-server", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> tuple[Path, Path]:
         """Write a serving certificate signed by the cluster CA; returns (cert path, key path)."""
         assert self._ca is not None, "cluster not started"
         pair = self._ca.issue(name, hosts=hosts)
@@ -464,7 +512,9 @@ class KubeCluster:
         assert self._ca is not None, "cluster not started"
         return self._ca.issue(name, hosts=hosts)
 
-    def server_ssl_context(self, name: str = "test-server", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> ssl.SSLContext:
+    def server_ssl_context(
+        self, name: str = "test-server", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+    ) -> ssl.SSLContext:
         """An SSL context for a test HTTPS server (webhook, extender) the cluster trusts."""
         cert, key = self.issue_server_cert(name, hosts)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -479,8 +529,17 @@ class KubeCluster:
     def _api_ok(self, path: str) -> bool:
         return http_get(self.server + path, self._client_context())[0] == 200
 
-    def api(self, method: str, path: str, body: Any = None, *, expect: tuple[int, ...] = (200, 201, 202),
-            content_type: str = "application/json", timeout: float = 30.0, as_user: str | None = None) -> Any:
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        expect: tuple[int, ...] = (200, 201, 202),
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+        as_user: str | None = None,
+    ) -> Any:
         """One request to the API server as admin (or, with ``as_user``, impersonating that user,
         still in group ``system:masters`` so RBAC lets it through and only admission can say no);
         returns the decoded JSON or raises :class:`ApiError`."""
@@ -501,12 +560,18 @@ class KubeCluster:
             raise ApiError(method, path, response.status, text)
         return json.loads(text) if text else None
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl (or the one on PATH) against this cluster."""
         binary = str((self.binaries or {}).get("kubectl") or shutil.which("kubectl") or "kubectl")
         result = subprocess.run(
-            [binary, f"--kubeconfig={self.kubeconfig}", *args], input=input, text=True,
-            capture_output=True, timeout=timeout, check=False,
+            [binary, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
         )
         if check and result.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
@@ -529,15 +594,28 @@ class KubeCluster:
 
     # -- nodes and namespaces -------------------------------------------------------------------
 
-    def create_node(self, name: str, *, labels: dict[str, str] | None = None,
-                    annotations: dict[str, str] | None = None, allocatable: dict[str, str | int] | None = None,
-                    gpus: int = 0, split_count: int = 10, wait_ready: bool = True) -> dict[str, Any]:
+    def create_node(
+        self,
+        name: str,
+        *,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        allocatable: dict[str, str | int] | None = None,
+        gpus: int = 0,
+        split_count: int = 10,
+        wait_ready: bool = True,
+    ) -> dict[str, Any]:
         """Create a kwok-managed Node (see :func:`node_manifest`) and wait until it is Ready."""
-        manifest = node_manifest(name, labels=labels, annotations=annotations, allocatable=allocatable,
-                                 gpus=gpus, split_count=split_count)
+        manifest = node_manifest(
+            name, labels=labels, annotations=annotations, allocatable=allocatable, gpus=gpus, split_count=split_count
+        )
         self.api("POST", "/api/v1/nodes", manifest)
-        self.api("PATCH", f"/api/v1/nodes/{name}/status", {"status": manifest["status"]},
-                 content_type="application/merge-patch+json")
+        self.api(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            {"status": manifest["status"]},
+            content_type="application/merge-patch+json",
+        )
         if wait_ready:
             self.wait_for(lambda: self._ready_node(name), f"node {name} Ready")
             return self._untaint_not_ready(name)
@@ -551,8 +629,12 @@ class KubeCluster:
         kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
         if kept == taints:
             return node
-        return self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
-                        content_type="application/merge-patch+json")
+        return self.api(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {"spec": {"taints": kept or None}},
+            content_type="application/merge-patch+json",
+        )
 
     def _ready_node(self, name: str) -> dict[str, Any] | None:
         """The node once Ready and free of the ``not-ready`` taint that admission puts on new nodes.
@@ -568,8 +650,12 @@ class KubeCluster:
         if len(kept) == len(taints):
             return node
         if "kube-controller-manager" not in self.components:
-            self.api("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}},
-                     content_type="application/merge-patch+json")
+            self.api(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"spec": {"taints": kept or None}},
+                content_type="application/merge-patch+json",
+            )
         return None
 
     def delete_node(self, name: str) -> None:
@@ -577,11 +663,17 @@ class KubeCluster:
 
     def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
         """Create a namespace and its ``default`` service account (needed to admit pods)."""
-        namespace = self.api("POST", "/api/v1/namespaces", {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
-        self.api("POST", f"/api/v1/namespaces/{name}/serviceaccounts",
-                 {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
-                 expect=(200, 201, 409))
+        namespace = self.api(
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}},
+        )
+        self.api(
+            "POST",
+            f"/api/v1/namespaces/{name}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+            expect=(200, 201, 409),
+        )
         return namespace
 
     def delete_namespace(self, name: str) -> None:

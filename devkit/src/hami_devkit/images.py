@@ -127,8 +127,9 @@ def _digest(blob: bytes) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def write_oci_archive(dest: Path, ref: str, layers: Iterable[bytes], config: dict[str, Any],
-                      labels: dict[str, str] | None = None) -> ImageArchive:
+def write_oci_archive(
+    dest: Path, ref: str, layers: Iterable[bytes], config: dict[str, Any], labels: dict[str, str] | None = None
+) -> ImageArchive:
     """Write an OCI image archive of ``layers`` (uncompressed tars, base first) to ``dest``.
 
     ``config`` is the image's runtime config (``Entrypoint``, ``Cmd``, ``User``, ``Env``,
@@ -140,8 +141,7 @@ def write_oci_archive(dest: Path, ref: str, layers: Iterable[bytes], config: dic
     for tar in layers:
         compressed = gzip.compress(tar, compresslevel=6, mtime=0)
         blobs[_digest(compressed)] = compressed
-        layer_descs.append({"mediaType": MEDIA_LAYER_GZIP, "digest": _digest(compressed),
-                            "size": len(compressed)})
+        layer_descs.append({"mediaType": MEDIA_LAYER_GZIP, "digest": _digest(compressed), "size": len(compressed)})
         diff_ids.append(_digest(tar))
     runtime = dict(config)
     if labels:
@@ -165,12 +165,14 @@ def write_oci_archive(dest: Path, ref: str, layers: Iterable[bytes], config: dic
     blobs[_digest(manifest_blob)] = manifest_blob
     index = {
         "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": MEDIA_MANIFEST,
-            "digest": _digest(manifest_blob),
-            "size": len(manifest_blob),
-            "annotations": {ANNOTATION_REF: ref, ANNOTATION_CONTAINERD_NAME: ref},
-        }],
+        "manifests": [
+            {
+                "mediaType": MEDIA_MANIFEST,
+                "digest": _digest(manifest_blob),
+                "size": len(manifest_blob),
+                "annotations": {ANNOTATION_REF: ref, ANNOTATION_CONTAINERD_NAME: ref},
+            }
+        ],
     }
     files = {"oci-layout": _canonical({"imageLayoutVersion": "1.0.0"}), "index.json": _canonical(index)}
     for digest, blob in blobs.items():
@@ -207,6 +209,7 @@ def _write_atomically(dest: Path, content: bytes) -> None:
 def read_oci_archive(path: Path) -> dict[str, Any]:
     """The index, manifest and config of a single-image OCI archive (for checks and tests)."""
     with tarfile.open(path) as tar:
+
         def blob(name: str) -> Any:
             return json.loads(_member(tar, name).read())
 
@@ -281,8 +284,7 @@ def _inputs_hash(*parts: bytes | str) -> str:
     return h.hexdigest()[:16]
 
 
-def _cached(name: str, key: str, ref: str, build: Callable[[Path], ImageArchive],
-            cache: Path | None) -> ImageArchive:
+def _cached(name: str, key: str, ref: str, build: Callable[[Path], ImageArchive], cache: Path | None) -> ImageArchive:
     dest = (cache or images_dir()) / f"{name}-{key}.oci.tar"
     if dest.is_file():
         return ImageArchive(path=dest, ref=ref)
@@ -327,8 +329,13 @@ def build_pause_image(cache: Path | None = None, cc: str = "cc") -> ImageArchive
             layer = Layer()
             layer.file("pause", binary.read_bytes(), mode=0o755)
         config = {"Entrypoint": ["/pause"], "User": "65534:65534", "WorkingDir": "/"}
-        return write_oci_archive(dest, PAUSE_REF, [layer.tar()], config, _labels(
-            "hami pause", "Holds a pod sandbox's namespaces; reaps children; exits 0 on SIGTERM"))
+        return write_oci_archive(
+            dest,
+            PAUSE_REF,
+            [layer.tar()],
+            config,
+            _labels("hami pause", "Holds a pod sandbox's namespaces; reaps children; exits 0 on SIGTERM"),
+        )
 
     return _cached("pause", key, PAUSE_REF, build, cache)
 
@@ -352,15 +359,20 @@ def build_busybox_image(cache: Path | None = None, busybox: Path = BUSYBOX_BINAR
             if applet != "busybox":
                 layer.symlink(f"bin/{applet}", "busybox")
         config = {"Cmd": ["sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
-        return write_oci_archive(dest, BUSYBOX_REF, [layer.tar()], config,
-                                 _labels("hami busybox", "Debian busybox-static, for smoke tests",
-                                                         licenses="GPL-2.0-only"))
+        return write_oci_archive(
+            dest,
+            BUSYBOX_REF,
+            [layer.tar()],
+            config,
+            _labels("hami busybox", "Debian busybox-static, for smoke tests", licenses="GPL-2.0-only"),
+        )
 
     return _cached("busybox", key, BUSYBOX_REF, build, cache)
 
 
-def build_kube_scheduler_image(cache: Path | None = None, binary: Path | None = None,
-                               version: str = KUBE_VERSION) -> ImageArchive:
+def build_kube_scheduler_image(
+    cache: Path | None = None, binary: Path | None = None, version: str = KUBE_VERSION
+) -> ImageArchive:
     """``registry.k8s.io/kube-scheduler:<version>`` made of the pinned binary that
     ``scripts/install-kube.sh`` built, so the chart's default scheduler image is present on the
     node and ``imagePullPolicy: IfNotPresent`` never pulls. Entrypoint ``/usr/local/bin/kube-scheduler``
@@ -377,17 +389,28 @@ def build_kube_scheduler_image(cache: Path | None = None, binary: Path | None = 
         _minimal_root(layer)
         layer.file("usr/local/bin/kube-scheduler", content, mode=0o755)
         layer.symlink("kube-scheduler", "usr/local/bin/kube-scheduler")
-        config = {"Entrypoint": ["/usr/local/bin/kube-scheduler"], "User": "65534:65534",
-                  "Env": ["PATH=/usr/local/bin"], "WorkingDir": "/"}
-        return write_oci_archive(dest, ref, [layer.tar()], config, _labels(
-            "kube-scheduler", f"kube-scheduler {version} built from source by scripts/install-kube.sh",
-            version=version))
+        config = {
+            "Entrypoint": ["/usr/local/bin/kube-scheduler"],
+            "User": "65534:65534",
+            "Env": ["PATH=/usr/local/bin"],
+            "WorkingDir": "/",
+        }
+        return write_oci_archive(
+            dest,
+            ref,
+            [layer.tar()],
+            config,
+            _labels(
+                "kube-scheduler",
+                f"kube-scheduler {version} built from source by scripts/install-kube.sh",
+                version=version,
+            ),
+        )
 
     return _cached("kube-scheduler", key, ref, build, cache)
 
 
-def _labels(title: str, description: str, version: str | None = None,
-            licenses: str = "Apache-2.0") -> dict[str, str]:
+def _labels(title: str, description: str, version: str | None = None, licenses: str = "Apache-2.0") -> dict[str, str]:
     labels = {
         "org.opencontainers.image.title": title,
         "org.opencontainers.image.description": description,
@@ -407,8 +430,9 @@ def build_hami_image() -> ImageArchive:
         raise ImageUnavailable("hami image: the offline build needs root (buildah, debootstrap)")
     missing = [tool for tool in ("buildah", "debootstrap") if shutil.which(tool) is None]
     if missing:
-        raise ImageUnavailable(f"hami image: {', '.join(missing)} not installed "
-                               f"(apt-get install -y {' '.join(missing)})")
+        raise ImageUnavailable(
+            f"hami image: {', '.join(missing)} not installed (apt-get install -y {' '.join(missing)})"
+        )
     proc = _run([str(script)], "hami image")
     lines = proc.stdout.decode().split()
     if not lines or not Path(lines[-1]).is_file():
@@ -433,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m hami_devkit.images", description=main.__doc__)
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"images to build: {', '.join(BUILDERS)} (default: all)")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"images to build: {', '.join(BUILDERS)} (default: all)"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in BUILDERS]
     if unknown:

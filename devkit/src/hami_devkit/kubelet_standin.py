@@ -37,7 +37,9 @@ class PluginEndpoint:
 
 
 class KubeletStandIn:
-    def __init__(self, plugin_dir: str | Path, on_devices: Callable[[str, dict[str, str]], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, plugin_dir: str | Path, on_devices: Callable[[str, dict[str, str]], Awaitable[None]] | None = None
+    ) -> None:
         self.dir = Path(plugin_dir)
         self.on_devices = on_devices
         self.plugins: dict[str, PluginEndpoint] = {}
@@ -83,6 +85,7 @@ class KubeletStandIn:
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until ``predicate()`` holds (re-checked on every device update and every 50 ms)."""
+
         async def loop():
             while not predicate():
                 async with self._changed:
@@ -90,6 +93,7 @@ class KubeletStandIn:
                         await asyncio.wait_for(self._changed.wait(), 0.05)
                     except TimeoutError:
                         pass
+
         await asyncio.wait_for(loop(), timeout)
 
     # ------------------------------------------------------------------ lifecycle
@@ -139,7 +143,9 @@ class KubeletStandIn:
         if ep.options.get_preferred_allocation_available:
             pref = await ep.stub.GetPreferredAllocation(
                 pb.PreferredAllocationRequest(
-                    container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=free, allocation_size=count)]
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(available_deviceIDs=free, allocation_size=count)
+                    ]
                 ),
                 timeout=timeout,
             )

@@ -40,16 +40,25 @@ from hami_devkit.process import Component, free_port, http_get
 ENDPOINT_SLICE = "kubernetes-hami-real-node"
 MANAGED_BY = "hami-dev-real-node"
 #: chains kube-proxy makes in iptables mode (checked after ``--cleanup``)
-PROXY_CHAINS = ("KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-FORWARD",
-                "KUBE-PROXY-FIREWALL", "KUBE-EXTERNAL-SERVICES", "KUBE-PROXY-CANARY")
+PROXY_CHAINS = (
+    "KUBE-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-PROXY-CANARY",
+)
 
 
 class KubeProxyError(ClusterError):
     """kube-proxy could not be started or stopped."""
 
 
-def proxy_config(*, kubeconfig: Path, node: str, node_ip: str, cluster_cidr: str, healthz_port: int,
-                 metrics_port: int) -> dict[str, Any]:
+def proxy_config(
+    *, kubeconfig: Path, node: str, node_ip: str, cluster_cidr: str, healthz_port: int, metrics_port: int
+) -> dict[str, Any]:
     """The ``KubeProxyConfiguration`` (see the module docstring)."""
     return {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -71,10 +80,16 @@ def proxy_config(*, kubeconfig: Path, node: str, node_ip: str, cluster_cidr: str
 
 def apiserver_endpoint_slice(node_ip: str, port: int) -> dict[str, Any]:
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": ENDPOINT_SLICE, "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "kubernetes",
-                                "endpointslice.kubernetes.io/managed-by": MANAGED_BY}},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": ENDPOINT_SLICE,
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": MANAGED_BY,
+            },
+        },
         "addressType": "IPv4",
         "endpoints": [{"addresses": [node_ip], "conditions": {"ready": True}}],
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
@@ -85,8 +100,9 @@ def iptables_chains(names: tuple[str, ...] = PROXY_CHAINS) -> list[str]:
     """``table/chain`` of kube-proxy's chains present now (IPv4)."""
     present = []
     for table in ("nat", "filter"):
-        listing = subprocess.run(["iptables", "-w", "-t", table, "-S"], capture_output=True, text=True,
-                                 check=False).stdout.split()
+        listing = subprocess.run(
+            ["iptables", "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+        ).stdout.split()
         present += [f"{table}/{chain}" for chain in names if chain in listing]
     return present
 
@@ -104,25 +120,43 @@ class KubeProxy:
         if "kube-proxy" not in binaries:
             raise KubeProxyError("kube-proxy is not installed (run scripts/install-kube.sh)")
         if self.cluster.apiserver_bind_address == "127.0.0.1":
-            raise KubeProxyError("the API server listens on 127.0.0.1 only: pods cannot reach it; start the "
-                                 "cluster with apiserver_bind_address='0.0.0.0'")
+            raise KubeProxyError(
+                "the API server listens on 127.0.0.1 only: pods cannot reach it; start the "
+                "cluster with apiserver_bind_address='0.0.0.0'"
+            )
         from hami_devkit.realnode import NODE_IP, POD_SUBNET
 
         workdir = Path(self.node.workdir) / "kube-proxy"
         workdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = self.cluster.write_kubeconfig(workdir / "kubeconfig",
-                                                   pair=self.cluster.issue_client_cert("system:kube-proxy"))
-        self.cluster.api("POST", "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
-                         apiserver_endpoint_slice(NODE_IP, self.cluster.ports["kube-apiserver"]), expect=(201, 409))
+        kubeconfig = self.cluster.write_kubeconfig(
+            workdir / "kubeconfig", pair=self.cluster.issue_client_cert("system:kube-proxy")
+        )
+        self.cluster.api(
+            "POST",
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+            apiserver_endpoint_slice(NODE_IP, self.cluster.ports["kube-apiserver"]),
+            expect=(201, 409),
+        )
         # rules a killed predecessor left (this machine's real node is ours: MachineLock)
         subprocess.run([str(binaries["kube-proxy"]), "--cleanup"], capture_output=True, check=False, timeout=60)
         healthz = free_port()
         config = workdir / "config.yaml"
-        config.write_text(yaml.safe_dump(proxy_config(
-            kubeconfig=kubeconfig, node=self.node.name, node_ip=NODE_IP, cluster_cidr=POD_SUBNET,
-            healthz_port=healthz, metrics_port=free_port()), sort_keys=False))
-        self.component = Component("kube-proxy", [str(binaries["kube-proxy"]), f"--config={config}", "--v=1"],
-                                   workdir / "kube-proxy.log")
+        config.write_text(
+            yaml.safe_dump(
+                proxy_config(
+                    kubeconfig=kubeconfig,
+                    node=self.node.name,
+                    node_ip=NODE_IP,
+                    cluster_cidr=POD_SUBNET,
+                    healthz_port=healthz,
+                    metrics_port=free_port(),
+                ),
+                sort_keys=False,
+            )
+        )
+        self.component = Component(
+            "kube-proxy", [str(binaries["kube-proxy"]), f"--config={config}", "--v=1"], workdir / "kube-proxy.log"
+        )
         self.component.start()
         deadline = time.monotonic() + 60
         while http_get(f"http://127.0.0.1:{healthz}/healthz")[0] != 200:
@@ -146,8 +180,11 @@ class KubeProxy:
             if left:
                 problems.append(f"kube-proxy chains left: {', '.join(left)}")
         try:
-            self.cluster.api("DELETE", f"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/{ENDPOINT_SLICE}",
-                             expect=(200, 404))
+            self.cluster.api(
+                "DELETE",
+                f"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/{ENDPOINT_SLICE}",
+                expect=(200, 404),
+            )
         except Exception as exc:  # the cluster may be gone already
             problems.append(f"EndpointSlice {ENDPOINT_SLICE}: {exc}")
         return problems

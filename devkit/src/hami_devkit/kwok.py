@@ -67,8 +67,14 @@ def argv(binary: str, *, kubeconfig: Path, config: Path, port: int) -> list[str]
     """kwok's command line: manage only nodes annotated ``kwok.x-k8s.io/node: fake``; its own
     health and (fake) kubelet endpoints on 127.0.0.1:``port``."""
     return [
-        binary, f"--kubeconfig={kubeconfig}", f"--config={config}",
-        "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-        "--node-ip=127.0.0.1", f"--node-port={port}", f"--server-address=127.0.0.1:{port}",
-        "--cidr=10.244.0.0/16", "--node-lease-duration-seconds=40",
+        binary,
+        f"--kubeconfig={kubeconfig}",
+        f"--config={config}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+        "--node-ip=127.0.0.1",
+        f"--node-port={port}",
+        f"--server-address=127.0.0.1:{port}",
+        "--cidr=10.244.0.0/16",
+        "--node-lease-duration-seconds=40",
     ]

@@ -10,49 +10,59 @@ from typing import Any
 from hami_devkit.nodehost import BRIDGE, CGROUP_ROOT, POD_SUBNET
 
 
-def containerd_config(root: Path, *, socket: Path, sandbox_image: str, cni_bin: Path,
-                      restrict_oom_score_adj: bool, cdi_dir: Path | None = None) -> str:
+def containerd_config(
+    root: Path,
+    *,
+    socket: Path,
+    sandbox_image: str,
+    cni_bin: Path,
+    restrict_oom_score_adj: bool,
+    cdi_dir: Path | None = None,
+) -> str:
     """containerd's ``config.toml`` (version 2, containerd 1.6/1.7) for a private instance under
     ``root``, listening on ``socket`` (and ``<socket>.ttrpc``). ``cdi_dir``: where the CRI plugin
     reads CDI specs (``enable_cdi``, containerd >= 1.7): the devices a DRA driver prepares."""
+
     def q(value: object) -> str:
         return json.dumps(str(value))  # a TOML basic string is a JSON string
 
     cri = '[plugins."io.containerd.grpc.v1.cri"]'
-    return "\n".join([
-        "version = 2",
-        f"root = {q(root / 'root')}",
-        f"state = {q(root / 'state')}",
-        # snapshotters that cannot work here (and would only log errors)
-        'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
-        ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]',
-        "[grpc]",
-        f"  address = {q(socket)}",
-        "[ttrpc]",
-        '  address = ""',
-        '[plugins."io.containerd.internal.v1.opt"]',
-        f"  path = {q(root / 'opt')}",
-        cri,
-        f"  sandbox_image = {q(sandbox_image)}",
-        f"  restrict_oom_score_adj = {'true' if restrict_oom_score_adj else 'false'}",
-        '  stream_server_address = "127.0.0.1"',
-        '  stream_server_port = "0"',
-        "  enable_selinux = false",
-        "  disable_apparmor = true",
-        "  netns_mounts_under_state_dir = true",
-        *(["  enable_cdi = true", f"  cdi_spec_dirs = [{q(cdi_dir)}]"] if cdi_dir is not None else []),
-        f'{cri[:-1]}.containerd]',
-        '  snapshotter = "overlayfs"',
-        '  default_runtime_name = "runc"',
-        f'{cri[:-1]}.containerd.runtimes.runc]',
-        '  runtime_type = "io.containerd.runc.v2"',
-        f'{cri[:-1]}.containerd.runtimes.runc.options]',
-        "  SystemdCgroup = false",
-        f'{cri[:-1]}.cni]',
-        f"  bin_dir = {q(cni_bin)}",
-        f"  conf_dir = {q(root.parent / 'cni' / 'net.d')}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "version = 2",
+            f"root = {q(root / 'root')}",
+            f"state = {q(root / 'state')}",
+            # snapshotters that cannot work here (and would only log errors)
+            'disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",'
+            ' "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]',
+            "[grpc]",
+            f"  address = {q(socket)}",
+            "[ttrpc]",
+            '  address = ""',
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f"  path = {q(root / 'opt')}",
+            cri,
+            f"  sandbox_image = {q(sandbox_image)}",
+            f"  restrict_oom_score_adj = {'true' if restrict_oom_score_adj else 'false'}",
+            '  stream_server_address = "127.0.0.1"',
+            '  stream_server_port = "0"',
+            "  enable_selinux = false",
+            "  disable_apparmor = true",
+            "  netns_mounts_under_state_dir = true",
+            *(["  enable_cdi = true", f"  cdi_spec_dirs = [{q(cdi_dir)}]"] if cdi_dir is not None else []),
+            f"{cri[:-1]}.containerd]",
+            '  snapshotter = "overlayfs"',
+            '  default_runtime_name = "runc"',
+            f"{cri[:-1]}.containerd.runtimes.runc]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"{cri[:-1]}.containerd.runtimes.runc.options]",
+            "  SystemdCgroup = false",
+            f"{cri[:-1]}.cni]",
+            f"  bin_dir = {q(cni_bin)}",
+            f"  conf_dir = {q(root.parent / 'cni' / 'net.d')}",
+            "",
+        ]
+    )
 
 
 def cni_config(ipam_dir: Path, *, bridge: str = BRIDGE, subnet: str = POD_SUBNET) -> dict[str, Any]:
@@ -61,16 +71,37 @@ def cni_config(ipam_dir: Path, *, bridge: str = BRIDGE, subnet: str = POD_SUBNET
     return {
         "cniVersion": "0.4.0",
         "name": "hami-real-node",
-        "plugins": [{
-            "type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False, "hairpinMode": True,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
-                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(ipam_dir)},
-        }],
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(ipam_dir),
+                },
+            }
+        ],
     }
 
 
-def kubelet_config(*, address: str, port: int, healthz_port: int, socket: Path, ca: Path, cert: Path, key: Path,
-                   pod_logs: Path, cgroup_root: str = CGROUP_ROOT, max_pods: int = 110) -> dict[str, Any]:
+def kubelet_config(
+    *,
+    address: str,
+    port: int,
+    healthz_port: int,
+    socket: Path,
+    ca: Path,
+    cert: Path,
+    key: Path,
+    pod_logs: Path,
+    cgroup_root: str = CGROUP_ROOT,
+    max_pods: int = 110,
+) -> dict[str, Any]:
     """The ``KubeletConfiguration`` of the real node (see the module docstring)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -84,8 +115,11 @@ def kubelet_config(*, address: str, port: int, healthz_port: int, socket: Path, 
         "tlsPrivateKeyFile": str(key),
         # who may call the kubelet: clients with a certificate of the cluster CA (the API
         # server), each request authorized by the API server (SubjectAccessReview)
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(ca)}},
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca)},
+        },
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{socket}",
         "cgroupDriver": "cgroupfs",
@@ -95,8 +129,12 @@ def kubelet_config(*, address: str, port: int, healthz_port: int, socket: Path, 
         "podLogsDir": str(pod_logs),
         "imageGCHighThresholdPercent": 100,  # 100: image garbage collection off
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "nodefs.inodesFree": "1%",
-                         "imagefs.available": "1%"},
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
         "registerNode": True,

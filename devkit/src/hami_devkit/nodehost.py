@@ -76,7 +76,8 @@ class MachineLock:
                 raise RealNodeBusy(
                     f"another real node runs on this machine (lock {self.path} held by pid "
                     f"{holder.get('pid', '?')}, work directory {holder.get('workdir', '?')}); "
-                    "stop it first (`hami-dev cluster down`)")
+                    "stop it first (`hami-dev cluster down`)"
+                )
             time.sleep(0.5)
         self._fd = fd
         return self._read(fd)
@@ -245,9 +246,11 @@ def guard_api_server(api_port: int, *, bridge: str = BRIDGE) -> None:
 
 def make_bridge(bridge: str = BRIDGE, address: str = NODE_IP, prefix: int = 24) -> None:
     """Create the pod bridge with the node's address (the CNI bridge plugin adopts it)."""
-    for argv in (["ip", "link", "add", "name", bridge, "type", "bridge"],
-                 ["ip", "addr", "add", f"{address}/{prefix}", "dev", bridge],
-                 ["ip", "link", "set", bridge, "up"]):
+    for argv in (
+        ["ip", "link", "add", "name", bridge, "type", "bridge"],
+        ["ip", "addr", "add", f"{address}/{prefix}", "dev", bridge],
+        ["ip", "link", "set", bridge, "up"],
+    ):
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RealNodeError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
@@ -266,7 +269,7 @@ def shim_sockets(workdir: Path) -> list[Path]:
         with contextlib.suppress(OSError):
             text = address.read_text().strip()
             if text.startswith("unix://"):
-                found.append(Path(text[len("unix://"):]))
+                found.append(Path(text[len("unix://") :]))
     return found
 
 
@@ -282,12 +285,18 @@ def remove_kubelet_chains() -> None:
         if shutil.which(program) is None:
             continue
         for table in ("mangle", "nat", "filter"):
-            rules = subprocess.run([program, "-w", "-t", table, "-S"], capture_output=True, text=True,
-                                   check=False).stdout.splitlines()
+            rules = subprocess.run(
+                [program, "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+            ).stdout.splitlines()
             for rule in rules:  # the jumps into our chains first, then the chains
                 words = shlex.split(rule)
-                if words[:1] == ["-A"] and len(words) > 3 and words[-1] in KUBELET_CHAINS and words[-2] == "-j" \
-                        and words[1] not in KUBELET_CHAINS:
+                if (
+                    words[:1] == ["-A"]
+                    and len(words) > 3
+                    and words[-1] in KUBELET_CHAINS
+                    and words[-2] == "-j"
+                    and words[1] not in KUBELET_CHAINS
+                ):
                     subprocess.run([program, "-w", "-t", table, "-D", *words[1:]], capture_output=True, check=False)
             for chain in KUBELET_CHAINS:
                 subprocess.run([program, "-w", "-t", table, "-F", chain], capture_output=True, check=False)
@@ -301,8 +310,9 @@ def kubelet_chains() -> list[str]:
         if shutil.which(program) is None:
             continue
         for table in ("mangle", "nat", "filter"):
-            listing = subprocess.run([program, "-w", "-t", table, "-S"], capture_output=True, text=True,
-                                     check=False).stdout.split()
+            listing = subprocess.run(
+                [program, "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+            ).stdout.split()
             present += [f"{program}/{table}/{chain}" for chain in KUBELET_CHAINS if chain in listing]
     return present
 
@@ -330,8 +340,9 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
-               device_plugin_dir_existed: bool = True) -> list[str]:
+def clean_host(
+    workdir: Path, *, device_plugin_entries: set[str] | None = None, device_plugin_dir_existed: bool = True
+) -> list[str]:
     """Remove everything a real node with work directory ``workdir`` may have left on the host.
 
     Safe to call more than once and after a crash. ``device_plugin_entries``: the names that
@@ -368,7 +379,8 @@ def clean_host(workdir: Path, *, device_plugin_entries: set[str] | None = None,
         for entry in DEVICE_PLUGINS_DIR.iterdir():
             # the kubelet's own files are ours whatever was there before (one kubelet at a time)
             ours = entry.name in KUBELET_DEVICE_PLUGIN_FILES or (
-                device_plugin_entries is not None and entry.name not in device_plugin_entries)
+                device_plugin_entries is not None and entry.name not in device_plugin_entries
+            )
             if ours:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()

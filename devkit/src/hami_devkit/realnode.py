@@ -93,11 +93,37 @@ from hami_devkit.nodehost import (
 from hami_devkit.process import Component, free_port, http_get
 
 __all__ = [  # the node, and the host pieces callers and tests use through this module
-    "RealNode", "RealNodeError", "RealNodeUnavailable", "RealNodeBusy", "MachineLock", "missing_requirements",
-    "has_capability", "cni_bin_dir", "containerd_config", "cni_config", "kubelet_config", "clean_host",
-    "mounts_under", "pod_cgroups", "links_of", "kubelet_chains", "shim_sockets", "processes_mentioning", "alive",
-    "API_SERVICE_IP", "BRIDGE", "CGROUP_FS", "CGROUP_ROOT", "CONTAINERD_SOCKET", "DEVICE_PLUGINS_DIR",
-    "KUBELET_CHAINS", "LOCK_PATH", "NODE_IP", "NODE_NAME", "POD_SUBNET", "RUN_DIR",
+    "RealNode",
+    "RealNodeError",
+    "RealNodeUnavailable",
+    "RealNodeBusy",
+    "MachineLock",
+    "missing_requirements",
+    "has_capability",
+    "cni_bin_dir",
+    "containerd_config",
+    "cni_config",
+    "kubelet_config",
+    "clean_host",
+    "mounts_under",
+    "pod_cgroups",
+    "links_of",
+    "kubelet_chains",
+    "shim_sockets",
+    "processes_mentioning",
+    "alive",
+    "API_SERVICE_IP",
+    "BRIDGE",
+    "CGROUP_FS",
+    "CGROUP_ROOT",
+    "CONTAINERD_SOCKET",
+    "DEVICE_PLUGINS_DIR",
+    "KUBELET_CHAINS",
+    "LOCK_PATH",
+    "NODE_IP",
+    "NODE_NAME",
+    "POD_SUBNET",
+    "RUN_DIR",
 ]
 
 NODE_NAME = "hami-real-node"
@@ -147,8 +173,10 @@ def missing_requirements(binaries: dict[str, Path]) -> list[str]:
     if programs:
         missing.append(f"{', '.join(programs)} (run scripts/install-node.sh or `make node`)")
     if cni_bin_dir() is None:
-        missing.append(f"CNI plugins {', '.join(CNI_PLUGINS)} in {' or '.join(map(str, CNI_BIN_DIRS))} "
-                       "(run scripts/install-node.sh)")
+        missing.append(
+            f"CNI plugins {', '.join(CNI_PLUGINS)} in {' or '.join(map(str, CNI_BIN_DIRS))} "
+            "(run scripts/install-node.sh)"
+        )
     if not (CGROUP_FS / "memory").is_dir() and not (CGROUP_FS / "cgroup.controllers").exists():
         missing.append(f"cgroups mounted at {CGROUP_FS}")
     return missing
@@ -233,8 +261,9 @@ class RealNode:
         return self._dir("logs", f"{component}.log")
 
     def log_tails(self, lines: int = 40) -> str:
-        return "\n".join(f"===== {name} ({c.log_path}) =====\n{c.log_tail(lines)}"
-                         for name, c in self.components.items())
+        return "\n".join(
+            f"===== {name} ({c.log_path}) =====\n{c.log_tail(lines)}" for name, c in self.components.items()
+        )
 
     def describe_startup(self) -> str:
         parts = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in self.timings.items())
@@ -264,8 +293,12 @@ class RealNode:
         began = time.monotonic()
         try:
             if previous.get("workdir"):  # a holder that died: clear what it left
-                self._timed("clean previous", lambda: self._clean_previous(
-                    Path(previous["workdir"]), previous.get("device_plugins_dir_existed", True)))
+                self._timed(
+                    "clean previous",
+                    lambda: self._clean_previous(
+                        Path(previous["workdir"]), previous.get("device_plugins_dir_existed", True)
+                    ),
+                )
             if self.workdir is None:
                 self.workdir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
             elif Path(self.workdir).exists():  # a given directory is emptied (after un-mounting)
@@ -273,19 +306,23 @@ class RealNode:
                 shutil.rmtree(self.workdir)
             self.workdir = Path(self.workdir)
             if len(str(self.kubelet_root / "pod-resources" / "12345678")) > _MAX_SOCKET_PATH:
-                raise RealNodeError(f"workdir {str(self.workdir)!r}: too long; the kubelet makes unix sockets "
-                                    f"under it whose paths must stay under {_MAX_SOCKET_PATH} bytes")
+                raise RealNodeError(
+                    f"workdir {str(self.workdir)!r}: too long; the kubelet makes unix sockets "
+                    f"under it whose paths must stay under {_MAX_SOCKET_PATH} bytes"
+                )
             # whether the device-plugin directory was there before any real node: a dead
             # holder's record knows, else look now
             self._device_plugin_dir_existed = previous.get("device_plugins_dir_existed", DEVICE_PLUGINS_DIR.is_dir())
-            self._lock.record(workdir=str(self.workdir), node=self.name,
-                              device_plugins_dir_existed=self._device_plugin_dir_existed)
+            self._lock.record(
+                workdir=str(self.workdir), node=self.name, device_plugins_dir_existed=self._device_plugin_dir_existed
+            )
             atexit.register(self.stop)
             for sub in ("containerd", "cdi", "cni/net.d", "cni/ipam", "kubelet", "pki", "config", "logs"):
                 self._dir(*sub.split("/")).mkdir(parents=True, exist_ok=True)
             RUN_DIR.mkdir(parents=True, exist_ok=True)
             self._device_plugin_entries = (
-                {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if DEVICE_PLUGINS_DIR.is_dir() else set())
+                {p.name for p in DEVICE_PLUGINS_DIR.iterdir()} if DEVICE_PLUGINS_DIR.is_dir() else set()
+            )
             pause = self._timed("pause image", self._pause_image)
             self._timed("bridge", make_bridge)
             if self.cluster.apiserver_bind_address != "127.0.0.1":
@@ -337,13 +374,26 @@ class RealNode:
             with contextlib.suppress(FileNotFoundError):
                 socket.unlink()
         if self.workdir:
-            problems += attempt("clean host", lambda: clean_host(
-                self.workdir, device_plugin_entries=self._device_plugin_entries,
-                device_plugin_dir_existed=self._device_plugin_dir_existed)) or []
+            problems += (
+                attempt(
+                    "clean host",
+                    lambda: clean_host(
+                        self.workdir,
+                        device_plugin_entries=self._device_plugin_entries,
+                        device_plugin_dir_existed=self._device_plugin_dir_existed,
+                    ),
+                )
+                or []
+            )
         attempt("delete Node", lambda: self.cluster.delete_node(self.name))
-        attempt("delete ClusterRoleBinding", lambda: self.cluster.api(
-            "DELETE", f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{self._binding}",
-            expect=(200, 202, 404)))
+        attempt(
+            "delete ClusterRoleBinding",
+            lambda: self.cluster.api(
+                "DELETE",
+                f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{self._binding}",
+                expect=(200, 202, 404),
+            ),
+        )
         host_clean = not [p for p in problems if not p.startswith("delete ")]
         if self._temporary and self.workdir and not (keep_workdir or self.keep_workdir) and host_clean:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -380,11 +430,19 @@ class RealNode:
         config = self._dir("config", "containerd.toml")
         cni_bin = cni_bin_dir()
         assert cni_bin is not None
-        config.write_text(containerd_config(self._dir("containerd"), socket=self.containerd_socket,
-                                            sandbox_image=sandbox_image, cni_bin=cni_bin,
-                                            restrict_oom_score_adj=restrict, cdi_dir=self.cdi_dir))
+        config.write_text(
+            containerd_config(
+                self._dir("containerd"),
+                socket=self.containerd_socket,
+                sandbox_image=sandbox_image,
+                cni_bin=cni_bin,
+                restrict_oom_score_adj=restrict,
+                cdi_dir=self.cdi_dir,
+            )
+        )
         (self._dir("cni", "net.d") / "10-hami-bridge.conflist").write_text(
-            json.dumps(cni_config(self._dir("cni", "ipam")), indent=2))
+            json.dumps(cni_config(self._dir("cni", "ipam")), indent=2)
+        )
         binary = self._runtime_binary("containerd")
         # the shim is looked up on PATH: this containerd's own, not a system one of another version
         env = {**os.environ, "PATH": f"{binary.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -393,8 +451,13 @@ class RealNode:
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd, in the CRI namespace ``k8s.io``."""
-        result = subprocess.run([str(self._runtime_binary("ctr")), f"--address={self.containerd_socket}", "-n", K8S_NAMESPACE, *args],
-                                capture_output=True, text=True, timeout=timeout, check=False)
+        result = subprocess.run(
+            [str(self._runtime_binary("ctr")), f"--address={self.containerd_socket}", "-n", K8S_NAMESPACE, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and result.returncode != 0:
             raise RealNodeError(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
@@ -437,37 +500,66 @@ class RealNode:
         user = f"system:node:{self.name}"
         pair = self.cluster.issue_client_cert(user, groups=("system:nodes",))
         self.cluster.write_kubeconfig(self._dir("config", "kubelet.kubeconfig"), pair=pair)
-        serving = self.cluster.issue_serving_pair(f"kubelet-{self.name}", hosts=(NODE_IP, "127.0.0.1", "localhost", self.name))
-        for name, data in (("kubelet.crt", serving.cert_pem), ("kubelet.key", serving.key_pem),
-                           ("ca.crt", self.cluster.ca_pem)):
+        serving = self.cluster.issue_serving_pair(
+            f"kubelet-{self.name}", hosts=(NODE_IP, "127.0.0.1", "localhost", self.name)
+        )
+        for name, data in (
+            ("kubelet.crt", serving.cert_pem),
+            ("kubelet.key", serving.key_pem),
+            ("ca.crt", self.cluster.ca_pem),
+        ):
             path = self._dir("pki", name)
             path.write_bytes(data)
             path.chmod(0o600)
-        self.cluster.api("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": self._binding},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }, expect=(200, 201, 409))
+        self.cluster.api(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": self._binding},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            },
+            expect=(200, 201, 409),
+        )
 
     def _start_kubelet(self) -> None:
         make_cgroup_root()
         self.kubelet_port, healthz = free_port(), free_port()
         config = self._dir("config", "kubelet.yaml")
         self.pod_logs_dir.mkdir(parents=True, exist_ok=True)
-        config.write_text(yaml.safe_dump(kubelet_config(
-            address=NODE_IP, port=self.kubelet_port, healthz_port=healthz, socket=self.containerd_socket,
-            ca=self._dir("pki", "ca.crt"), cert=self._dir("pki", "kubelet.crt"), key=self._dir("pki", "kubelet.key"),
-            pod_logs=self.pod_logs_dir), sort_keys=False))
+        config.write_text(
+            yaml.safe_dump(
+                kubelet_config(
+                    address=NODE_IP,
+                    port=self.kubelet_port,
+                    healthz_port=healthz,
+                    socket=self.containerd_socket,
+                    ca=self._dir("pki", "ca.crt"),
+                    cert=self._dir("pki", "kubelet.crt"),
+                    key=self._dir("pki", "kubelet.key"),
+                    pod_logs=self.pod_logs_dir,
+                ),
+                sort_keys=False,
+            )
+        )
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         assert self.cluster.binaries is not None
-        component = self._launch("kubelet", [
-            str(self.cluster.binaries["kubelet"]), f"--config={config}",
-            f"--kubeconfig={self._dir('config', 'kubelet.kubeconfig')}",
-            f"--root-dir={self.kubelet_root}", f"--cert-dir={self._dir('pki')}",
-            f"--hostname-override={self.name}", f"--node-ip={NODE_IP}",
-            *([f"--node-labels={labels}"] if labels else []), "--v=2",
-        ])
+        component = self._launch(
+            "kubelet",
+            [
+                str(self.cluster.binaries["kubelet"]),
+                f"--config={config}",
+                f"--kubeconfig={self._dir('config', 'kubelet.kubeconfig')}",
+                f"--root-dir={self.kubelet_root}",
+                f"--cert-dir={self._dir('pki')}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={NODE_IP}",
+                *([f"--node-labels={labels}"] if labels else []),
+                "--v=2",
+            ],
+        )
         self._wait(component, lambda: http_get(f"http://127.0.0.1:{healthz}/healthz")[0] == 200, "kubelet healthz")
 
     def _wait_node_ready(self) -> None:

@@ -71,8 +71,7 @@ class ExtenderConfig:
             "enableHTTPS": self.https,
             "ignorable": self.ignorable,
             "managedResources": [
-                {"name": name, "ignoredByScheduler": self.ignored_by_scheduler}
-                for name in self.managed_resources
+                {"name": name, "ignoredByScheduler": self.ignored_by_scheduler} for name in self.managed_resources
             ],
         }
         if self.bind_verb:

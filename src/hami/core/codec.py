@@ -123,7 +123,9 @@ def _int_field(obj: Mapping[str, Any], key: str, where: str, bounds: tuple[int, 
 
 
 def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"a {value.bit_length()}-bit number"
+    text = (
+        repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"a {value.bit_length()}-bit number"
+    )
     return text if len(text) <= 80 else text[:76] + "...'"
 
 
@@ -156,8 +158,21 @@ def _obj(value: Any, where: str) -> Mapping[str, Any]:
 
 # --------------------------------------------------------------------- node registration: JSON
 
-_DEVICE_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "migProfiles",
-                  "migtemplate", "health", "devicevendor", "custominfo")
+_DEVICE_FIELDS = (
+    "id",
+    "index",
+    "count",
+    "devmem",
+    "devcore",
+    "type",
+    "numa",
+    "mode",
+    "migProfiles",
+    "migtemplate",
+    "health",
+    "devicevendor",
+    "custominfo",
+)
 _PROFILE_FIELDS = ("name", "memoryMB", "core", "sliceCount", "placements")
 _PLACEMENT_FIELDS = ("start", "size")
 _CAPACITY = (0, INT32[1])  # int32 in HAMi; a negative capacity is refused here (compatibility.md)
@@ -172,11 +187,15 @@ def _mig_profiles(raw: list, where: str) -> tuple[MigProfile, ...]:
         for j, pl in enumerate(_list_field(f, "placements", w)):
             g = go_struct(_obj(pl, f"{w} placements[{j}]"), _PLACEMENT_FIELDS)
             places.append((_int_field(g, "start", w, UINT32), _int_field(g, "size", w, UINT32)))
-        out.append(MigProfile(
-            name=_str_field(f, "name", w), memory_mb=_int_field(f, "memoryMB", w, _CAPACITY),
-            core=_int_field(f, "core", w, _CAPACITY), slice_count=_int_field(f, "sliceCount", w, UINT32),
-            placements=tuple(places),
-        ))
+        out.append(
+            MigProfile(
+                name=_str_field(f, "name", w),
+                memory_mb=_int_field(f, "memoryMB", w, _CAPACITY),
+                core=_int_field(f, "core", w, _CAPACITY),
+                slice_count=_int_field(f, "sliceCount", w, UINT32),
+                placements=tuple(places),
+            )
+        )
     return tuple(out)
 
 
@@ -281,8 +300,13 @@ def _sorted_maps(obj: Any) -> Any:
 
 def _profile_to_json(p: MigProfile) -> dict:
     # no omitempty on MigProfile; an empty placement list is a nil slice in HAMi's plugin: null
-    return dict(name=p.name, memoryMB=p.memory_mb, core=p.core, sliceCount=p.slice_count,
-                    placements=[dict(start=s, size=z) for s, z in p.placements] or None)
+    return dict(
+        name=p.name,
+        memoryMB=p.memory_mb,
+        core=p.core,
+        sliceCount=p.slice_count,
+        placements=[dict(start=s, size=z) for s, z in p.placements] or None,
+    )
 
 
 def _device_to_json(d: DeviceInfo) -> dict:
@@ -290,9 +314,16 @@ def _device_to_json(d: DeviceInfo) -> dict:
     ``custominfo`` and ``devicevendor`` are not written."""
     obj: dict[str, Any] = {}
     for key, value in (
-        ("id", d.id), ("index", d.index), ("count", d.count), ("devmem", d.devmem),
-        ("devcore", d.devcore), ("type", d.type), ("numa", d.numa), ("mode", d.mode),
-        ("migProfiles", [_profile_to_json(p) for p in d.mig_profiles]), ("health", d.health),
+        ("id", d.id),
+        ("index", d.index),
+        ("count", d.count),
+        ("devmem", d.devmem),
+        ("devcore", d.devcore),
+        ("type", d.type),
+        ("numa", d.numa),
+        ("mode", d.mode),
+        ("migProfiles", [_profile_to_json(p) for p in d.mig_profiles]),
+        ("health", d.health),
     ):
         if value:  # Go omitempty: zero values and empty lists are left out
             obj[key] = value
@@ -319,7 +350,11 @@ def decode_pair_scores(text: str, where: str = "pair scores") -> dict[str, dict[
         scores = f.get("score") or {}
         if not isinstance(scores, dict):
             raise CodecError(f"annotation {where}: entry {i} ({uuid}): field 'score' must be an object of uuid: int")
-        bad = [k for k, v in scores.items() if isinstance(v, bool) or not isinstance(v, int) or not INT64[0] <= v <= INT64[1]]
+        bad = [
+            k
+            for k, v in scores.items()
+            if isinstance(v, bool) or not isinstance(v, int) or not INT64[0] <= v <= INT64[1]
+        ]
         if bad:
             raise CodecError(f"annotation {where}: entry {i} ({uuid}): score for {bad[0]!r} must be an integer")
         out[uuid] = dict(scores)
@@ -365,8 +400,9 @@ def _go_int(text: str, where: str, name: str, bounds: tuple[int, int] = INT64, n
             raise CodecError(f"{where}: field {name!r} must not be negative, got {_short(text)}")
         if lo <= value <= hi:
             return value
-        raise CodecError(f"{where}: field {name!r} must be in {max(lo, 0) if non_negative else lo}..{hi}, "
-                         f"got {_short(text)}")
+        raise CodecError(
+            f"{where}: field {name!r} must be in {max(lo, 0) if non_negative else lo}..{hi}, got {_short(text)}"
+        )
     what = "a non-negative integer" if non_negative else "an integer"
     raise CodecError(f"{where}: field {name!r} must be {what}, got {_short(text)}")
 
@@ -436,8 +472,10 @@ def decode_container_devices(text: str, where: str = "container") -> tuple[Conta
             )
         out.append(
             ContainerDevice(
-                uuid=f[0], type=f[1],
-                usedmem=_go_int(f[2], where, "usedmem", INT32), usedcores=_go_int(f[3], where, "usedcores", INT32),
+                uuid=f[0],
+                type=f[1],
+                usedmem=_go_int(f[2], where, "usedmem", INT32),
+                usedcores=_go_int(f[3], where, "usedcores", INT32),
             )
         )
     return tuple(out)
@@ -476,16 +514,28 @@ class MigAllocation:
 
     @property
     def slice(self) -> Slice:
-        return Slice(uuid=self.gpu_uuid, profile=self.profile, start=self.start, size=self.size, mig_uuid=self.mig_uuid,
-                     gpu_instance_id=self.gpu_instance_id, compute_instance_id=self.compute_instance_id)
+        return Slice(
+            uuid=self.gpu_uuid,
+            profile=self.profile,
+            start=self.start,
+            size=self.size,
+            mig_uuid=self.mig_uuid,
+            gpu_instance_id=self.gpu_instance_id,
+            compute_instance_id=self.compute_instance_id,
+        )
 
 
 def encode_mig_allocations(entries: Iterable[MigAllocation]) -> str:
     """Go ``json.Marshal`` of HAMi's ``[]MigAllocation`` (runtime fields omitted when empty/nil)."""
     out = []
     for e in entries:
-        obj = dict(containerIndex=e.container, deviceIndex=e.device, gpuUUID=e.gpu_uuid, profile=e.profile,
-                       placement=dict(start=e.start, size=e.size))
+        obj = dict(
+            containerIndex=e.container,
+            deviceIndex=e.device,
+            gpuUUID=e.gpu_uuid,
+            profile=e.profile,
+            placement=dict(start=e.start, size=e.size),
+        )
         if e.mig_uuid:
             obj["migUUID"] = e.mig_uuid
         if e.gpu_instance_id is not None:
@@ -496,8 +546,16 @@ def encode_mig_allocations(entries: Iterable[MigAllocation]) -> str:
     return go_json(out)
 
 
-_MIG_FIELDS = ("containerIndex", "deviceIndex", "gpuUUID", "profile", "placement", "migUUID", "gpuInstanceID",
-               "computeInstanceID")
+_MIG_FIELDS = (
+    "containerIndex",
+    "deviceIndex",
+    "gpuUUID",
+    "profile",
+    "placement",
+    "migUUID",
+    "gpuInstanceID",
+    "computeInstanceID",
+)
 
 
 def _opt_uint32(obj: Mapping[str, Any], key: str, where: str) -> int | None:
@@ -520,15 +578,21 @@ def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
         obj = go_struct(_obj(raw, where), _MIG_FIELDS, nillable=("gpuInstanceID", "computeInstanceID"))
         place = go_struct(_obj(obj.get("placement"), f"{where}: field 'placement'"), _PLACEMENT_FIELDS)
         e = MigAllocation(
-            container=_int_field(obj, "containerIndex", where), device=_int_field(obj, "deviceIndex", where),
-            gpu_uuid=_str_field(obj, "gpuUUID", where), profile=_str_field(obj, "profile", where),
-            start=_int_field(place, "start", where, UINT32), size=_int_field(place, "size", where, UINT32),
-            mig_uuid=_str_field(obj, "migUUID", where), gpu_instance_id=_opt_uint32(obj, "gpuInstanceID", where),
+            container=_int_field(obj, "containerIndex", where),
+            device=_int_field(obj, "deviceIndex", where),
+            gpu_uuid=_str_field(obj, "gpuUUID", where),
+            profile=_str_field(obj, "profile", where),
+            start=_int_field(place, "start", where, UINT32),
+            size=_int_field(place, "size", where, UINT32),
+            mig_uuid=_str_field(obj, "migUUID", where),
+            gpu_instance_id=_opt_uint32(obj, "gpuInstanceID", where),
             compute_instance_id=_opt_uint32(obj, "computeInstanceID", where),
         )
         if e.container < 0 or e.device < 0 or not e.gpu_uuid or not e.profile or e.size <= 0:
-            raise CodecError(f"{where}: incomplete MIG allocation (containerIndex, deviceIndex >= 0, gpuUUID, "
-                             f"profile and a placement with size > 0 are required), got {_short(go_plain(raw))}")
+            raise CodecError(
+                f"{where}: incomplete MIG allocation (containerIndex, deviceIndex >= 0, gpuUUID, "
+                f"profile and a placement with size > 0 are required), got {_short(go_plain(raw))}"
+            )
         runtime = (bool(e.mig_uuid), e.gpu_instance_id is not None, e.compute_instance_id is not None)
         if any(runtime) and not all(runtime):
             raise CodecError(f"{where}: migUUID, gpuInstanceID and computeInstanceID must be set together")

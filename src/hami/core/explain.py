@@ -67,8 +67,14 @@ def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors:
     result = filter_pod(admitted, None, ledger, config, now)
     _, gpu_policy, weights = pod_policies(req, config)
     used = [v for v in vendors if v.name in req.vendors()]
-    ctx = make_context(req, vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used),
-                       request_in_scores=config.request_in_scores)
+    ctx = make_context(
+        req,
+        vendors,
+        gpu_policy,
+        weights,
+        ledger.quota_room(req.namespace, used),
+        request_in_scores=config.request_in_scores,
+    )
     verdicts = []
     for name in ledger.node_names():
         res = fit_pod(ledger.view(name), ctx)
@@ -76,7 +82,9 @@ def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors:
             verdicts.append(NodeVerdict(name, True))
             continue
         why = _why_devices(res)
-        devices = tuple(DeviceVerdict(d, slots, mem, cores, why.get(d.id, "ok"))
-                        for d, slots, mem, cores in ledger.device_usage(name))
+        devices = tuple(
+            DeviceVerdict(d, slots, mem, cores, why.get(d.id, "ok"))
+            for d, slots, mem, cores in ledger.device_usage(name)
+        )
         verdicts.append(NodeVerdict(name, False, res.render(), res.container, devices))
     return PendingVerdict(req, result.node, tuple(verdicts))

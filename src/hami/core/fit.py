@@ -50,8 +50,16 @@ class NodeView:
     slices: dict[int, tuple[Slice, ...]] = field(default_factory=dict)  # device position -> slices held
 
     def copy(self) -> "NodeView":
-        return NodeView(self.name, self.devices, self.used[:], self.usedmem[:], self.usedcores[:], self.cordoned,
-                        self.pair_scores, dict(self.slices))
+        return NodeView(
+            self.name,
+            self.devices,
+            self.used[:],
+            self.usedmem[:],
+            self.usedcores[:],
+            self.cordoned,
+            self.pair_scores,
+            dict(self.slices),
+        )
 
     def take(self, i: int, mem: int, cores: int, slots: int = 1) -> None:
         self.used[i] += slots
@@ -125,9 +133,17 @@ def plan_container(ctx: FitContext, ci: int, req: ContainerDeviceRequest) -> Con
     vendor = ctx.vendors[req.vendor]
     sel = ctx.selections[req.vendor]
     return ContainerPlan(
-        ci=ci, req=req, vendor=vendor, sel=sel, policy=ctx.policy, weights=ctx.weights,
-        request_in_scores=ctx.request_in_scores, quota=ctx.quota, kinds=tuple(c.kind for c in ctx.pod.containers),
-        order=device_sort_key(ctx.policy, sel.numa_bind), collect=ctx.policy.topology_aware or vendor.chooses,
+        ci=ci,
+        req=req,
+        vendor=vendor,
+        sel=sel,
+        policy=ctx.policy,
+        weights=ctx.weights,
+        request_in_scores=ctx.request_in_scores,
+        quota=ctx.quota,
+        kinds=tuple(c.kind for c in ctx.pod.containers),
+        order=device_sort_key(ctx.policy, sel.numa_bind),
+        collect=ctx.policy.topology_aware or vendor.chooses,
     )
 
 
@@ -145,8 +161,9 @@ class Walk:
     met: bool = False  # the request was met on the way (first fit: nothing left to choose)
 
 
-def fit_container(view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: FitContext,
-                  picks: list[Pick]) -> tuple[ContainerDevice, ...] | NodeFailure:
+def fit_container(
+    view: NodeView, ci: int, req: ContainerDeviceRequest, ctx: FitContext, picks: list[Pick]
+) -> tuple[ContainerDevice, ...] | NodeFailure:
     """Choose ``req.nums`` devices for container ``ci`` on ``view`` (does not modify ``view``)."""
     plan = ctx.plans.get((ci, req.vendor))
     if plan is None or plan.req is not req:
@@ -168,8 +185,13 @@ def candidates(view: NodeView, plan: ContainerPlan) -> Candidates | NodeFailure:
     idxs = [i for i, d in enumerate(devices) if d.vendor == req.vendor and vendor.serves(d, req)]
     if req.nums > len(idxs) and not any(vendor.repeats(devices[i], plan.sel) for i in idxs):
         # HAMi prints the bare code; the data keeps "wanted req.nums of len(idxs)"
-        return NodeFailure(total=len(idxs), counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
-                           container=plan.ci, vendor=req.vendor, bare=True)
+        return NodeFailure(
+            total=len(idxs),
+            counts=((Reason.NODE_INSUFFICIENT_DEVICE, req.nums),),
+            container=plan.ci,
+            vendor=req.vendor,
+            bare=True,
+        )
     return {i: vendor.resolve_memory(devices[i], req) for i in idxs}
 
 
@@ -206,7 +228,14 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     A device the vendor ``repeats`` is taken again while it fits (not when collecting). Under
     NUMA binding, a device on another NUMA node than the one before drops what was taken so far
     (each dropped device counts ``NumaNotFit``) and the walk goes on from there."""
-    req, vendor, sel, collect, quota, mutex = plan.req, plan.vendor, plan.sel, plan.collect, plan.quota, plan.policy.mutex
+    req, vendor, sel, collect, quota, mutex = (
+        plan.req,
+        plan.vendor,
+        plan.sel,
+        plan.collect,
+        plan.quota,
+        plan.policy.mutex,
+    )
     devices = view.devices
     reasons = ReasonCounter(total=len(cands))
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
@@ -227,10 +256,19 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
         n = 0  # picks of this container already on device i (only when the vendor repeats devices)
         while True:
             prior = [] if collect else chosen  # collecting: combinations are checked jointly later
-            quota_fits = _always if quota is None else _quota_probe(quota, picks, prior, view, plan.ci, req, d, mem,
-                                                                    plan.kinds)
-            bad = vendor.capacity_check(d, view.used[i] + n, view.usedmem[i] + n * mem,
-                                        view.usedcores[i] + n * req.coresreq, req, mem, mutex, quota_fits)
+            quota_fits = (
+                _always if quota is None else _quota_probe(quota, picks, prior, view, plan.ci, req, d, mem, plan.kinds)
+            )
+            bad = vendor.capacity_check(
+                d,
+                view.used[i] + n,
+                view.usedmem[i] + n * mem,
+                view.usedcores[i] + n * req.coresreq,
+                req,
+                mem,
+                mutex,
+                quota_fits,
+            )
             if bad is None:
                 bad = vendor.custom_filter(d, req, mem, held, n)
             if bad is not None:
@@ -245,7 +283,9 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     return Walk(chosen, reasons)
 
 
-def choose(view: NodeView, plan: ContainerPlan, done: Walk, picks: list[Pick]) -> tuple[ContainerDevice, ...] | NodeFailure:
+def choose(
+    view: NodeView, plan: ContainerPlan, done: Walk, picks: list[Pick]
+) -> tuple[ContainerDevice, ...] | NodeFailure:
     """Phase 4: the devices granted, or the node's failure. A first-fit walk that met the request
     is granted as is; a collecting walk is chosen from by the vendor (``choose``) or by the
     topology-aware policy; a walk that fell short adds ``AllocatedCardsInsufficientRequest`` for
@@ -269,8 +309,9 @@ def choose(view: NodeView, plan: ContainerPlan, done: Walk, picks: list[Pick]) -
     return reasons.failure(plan.ci, req.vendor)
 
 
-def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
-             chosen: Sequence[tuple[int, int]]) -> tuple[ContainerDevice, ...]:
+def _granted(
+    view: NodeView, vendor: Any, req: ContainerDeviceRequest, chosen: Sequence[tuple[int, int]]
+) -> tuple[ContainerDevice, ...]:
     """The container's device records, in pick order; ``place`` sees the slices held on the
     device plus those placed for this container's earlier picks (HAMi ``AddResourceUsage``)."""
     out = []
@@ -284,8 +325,9 @@ def _granted(view: NodeView, vendor: Any, req: ContainerDeviceRequest,
     return tuple(out)
 
 
-def _vendor_choice(view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]],
-                   picks: list[Pick]) -> list[tuple[int, int]] | Reason:
+def _vendor_choice(
+    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick]
+) -> list[tuple[int, int]] | Reason:
     """The vendor's own pick among all fitting devices (``vendor.choose``), then the joint quota check."""
     req = plan.req
     mem_of = dict(cands)
@@ -308,8 +350,9 @@ def _pair(view: NodeView, a: int, b: int) -> int:
     return view.pair_scores.get(ua, {}).get(ub, 0)
 
 
-def _best_topology(view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]],
-                   picks: list[Pick]) -> list[tuple[int, int]] | None:
+def _best_topology(
+    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick]
+) -> list[tuple[int, int]] | None:
     """HAMi's topology-aware choice among all fitting devices (§5.4), ties to the earlier-ranked.
 
     One device: the candidate least connected to the others (keeps well-connected groups free).
@@ -324,8 +367,10 @@ def _best_topology(view: NodeView, plan: ContainerPlan, cands: list[tuple[int, i
         return quota.allows(trial, plan.kinds, req.vendor)
 
     if req.nums == 1:
-        order = sorted(range(len(cands)), key=lambda k: (
-            sum(_pair(view, cands[k][0], o[0]) for o in cands if o[0] != cands[k][0]), k))
+        order = sorted(
+            range(len(cands)),
+            key=lambda k: (sum(_pair(view, cands[k][0], o[0]) for o in cands if o[0] != cands[k][0]), k),
+        )
         return next(([cands[k]] for k in order if quota_ok([cands[k]])), None)
     best, best_score = None, -1
     for combo in combinations(cands, req.nums):
@@ -341,10 +386,19 @@ def _always() -> bool:
     return True
 
 
-def _quota_probe(quota: QuotaRoom, picks: list[Pick], chosen: list[tuple[int, int]], view: NodeView, ci: int,
-                 req: ContainerDeviceRequest, d: DeviceInfo, mem: int,
-                 kinds: Sequence[ContainerKind]) -> Callable[[], bool]:
+def _quota_probe(
+    quota: QuotaRoom,
+    picks: list[Pick],
+    chosen: list[tuple[int, int]],
+    view: NodeView,
+    ci: int,
+    req: ContainerDeviceRequest,
+    d: DeviceInfo,
+    mem: int,
+    kinds: Sequence[ContainerKind],
+) -> Callable[[], bool]:
     """Would the pod's collapsed usage, with this device added, still fit the namespace quota?"""
+
     def probe() -> bool:
         trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
         trial.append((ci, req.vendor, d.id, mem, req.coresreq))
@@ -392,15 +446,27 @@ def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
     return NodeFit(node=view.name, devices={v: tuple(cs) for v, cs in out.items()}, picks=tuple(picks))
 
 
-def make_context(pod: PodRequest, vendors: Sequence[Any], policy: DevicePolicy, weights: Weights,
-                 quota: QuotaRoom | None = None, request_in_scores: bool = True) -> FitContext:
+def make_context(
+    pod: PodRequest,
+    vendors: Sequence[Any],
+    policy: DevicePolicy,
+    weights: Weights,
+    quota: QuotaRoom | None = None,
+    request_in_scores: bool = True,
+) -> FitContext:
     """The pod's PreFilter state: vendors, selections, and one :class:`ContainerPlan` per container request."""
     by_name = {v.name: v for v in vendors}
     used = pod.vendors()
     ctx = FitContext(
-        pod=pod, vendors=by_name, selections={n: by_name[n].selection(pod.annotations) for n in used},
-        policy=policy, weights=weights, quota=quota, request_in_scores=request_in_scores,
+        pod=pod,
+        vendors=by_name,
+        selections={n: by_name[n].selection(pod.annotations) for n in used},
+        policy=policy,
+        weights=weights,
+        quota=quota,
+        request_in_scores=request_in_scores,
     )
-    return replace(ctx, plans={(ci, r.vendor): plan_container(ctx, ci, r)
-                               for ci, c in enumerate(pod.containers) for r in c.requests})
-
+    return replace(
+        ctx,
+        plans={(ci, r.vendor): plan_container(ctx, ci, r) for ci, c in enumerate(pod.containers) for r in c.requests},
+    )

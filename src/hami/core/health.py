@@ -30,8 +30,9 @@ def requesting_value(now: datetime) -> str:
     return f"{REQUESTING}_{now.strftime(HANDSHAKE_TIME_FORMAT)}"
 
 
-def handshake_health(value: str | None, allocatable: int, now: datetime,
-                     expiry_s: int = HANDSHAKE_EXPIRY_S) -> HealthVerdict:
+def handshake_health(
+    value: str | None, allocatable: int, now: datetime, expiry_s: int = HANDSHAKE_EXPIRY_S
+) -> HealthVerdict:
     """The generic algorithm: a fresh or unparsable ``Requesting_`` is healthy without update;
     an expired one is healthy only while the count resource is still allocatable; anything
     else (absent, ``Reported ...``) is answered with a new ``Requesting_<now>`` and an update."""
@@ -59,8 +60,9 @@ class HealthMemo:
         self.register.pop(node, None)
 
 
-def nvidia_health(memo: HealthMemo, node: str, allocatable: int, register_text: str,
-                  generic: HealthVerdict) -> HealthVerdict:
+def nvidia_health(
+    memo: HealthMemo, node: str, allocatable: int, register_text: str, generic: HealthVerdict
+) -> HealthVerdict:
     """NVIDIA's ``CheckHealth`` override; updates ``memo``."""
     before = memo.allocatable.get(node, 0)
     old_text = memo.register.get(node)

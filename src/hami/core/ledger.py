@@ -93,7 +93,7 @@ class NodeState:
                 if i is not None and devs[i].sliced and u.uuid not in mine:
                     bad.add(i)  # a MIG GPU used without a reservation
         for i, pieces in held.items():
-            if any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1:]):
+            if any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1 :]):
                 bad.add(i)
         self.slices = {i: tuple(p) for i, p in held.items()}
         self.devices = tuple(replace(d, health=False) if i in bad and d.health else d for i, d in enumerate(devs))
@@ -146,8 +146,12 @@ class Ledger:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
-            node=node, used=[0] * n, usedmem=[0] * n, usedcores=[0] * n,
-            index_of={d.id: i for i, d in enumerate(node.devices)}, devices=node.devices,
+            node=node,
+            used=[0] * n,
+            usedmem=[0] * n,
+            usedcores=[0] * n,
+            index_of={d.id: i for i, d in enumerate(node.devices)},
+            devices=node.devices,
             sliced=any(d.sliced for d in node.devices),
         )
         for key in sorted(self._pods_by_node.get(node.name, ())):
@@ -162,9 +166,14 @@ class Ledger:
 
     def _rank(self, st: NodeState) -> None:
         s = st.summary
-        self.ranking.update(st.node.name, (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
-                            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items())
-                                  if vs.free_slot), s.used, s.usedcores, s.usedmem)
+        self.ranking.update(
+            st.node.name,
+            (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
+            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+            s.used,
+            s.usedcores,
+            s.usedmem,
+        )
 
     def node_names(self) -> list[str]:
         return sorted(self._nodes)
@@ -184,8 +193,16 @@ class Ledger:
 
     def view(self, name: str) -> NodeView:
         st = self._nodes[name]
-        return NodeView(name, st.devices, st.used[:], st.usedmem[:], st.usedcores[:], st.node.cordoned,
-                        st.node.pair_scores, dict(st.slices))
+        return NodeView(
+            name,
+            st.devices,
+            st.used[:],
+            st.usedmem[:],
+            st.usedcores[:],
+            st.node.cordoned,
+            st.node.pair_scores,
+            dict(st.slices),
+        )
 
     def device_usage(self, name: str) -> Iterator[tuple[DeviceInfo, int, int, int]]:
         """``(device, used slots, used MiB, used cores)`` for every device of the node, by index order.
@@ -293,8 +310,10 @@ class Ledger:
             if r.cores:
                 tracked[f"limits.{r.cores}"] = 1
         limits = {
-            key[len("limits."):]: parse_int_quantity(val, f"ResourceQuota {namespace}/{name} spec.hard.{key}") * tracked[key]
-            for key, val in hard.items() if key in tracked
+            key[len("limits.") :]: parse_int_quantity(val, f"ResourceQuota {namespace}/{name} spec.hard.{key}")
+            * tracked[key]
+            for key, val in hard.items()
+            if key in tracked
         }
         self._quota.setdefault(namespace, {})[name] = limits
 
@@ -352,11 +371,15 @@ def quota_admission_check(ledger: Ledger, pod: PodRequest, vendors: Sequence[Any
                 side = [x + a for x, a in zip(side, amount)]
         mem, cores = (max(x, y) for x, y in zip(steady, peak))
         if mem_room is not None and mem > mem_room:
-            return (f"exceeding resource quota: namespace {pod.namespace} {v.resources.memory} "
-                    f"request {mem} > remaining {mem_room}")
+            return (
+                f"exceeding resource quota: namespace {pod.namespace} {v.resources.memory} "
+                f"request {mem} > remaining {mem_room}"
+            )
         if core_room is not None and cores > core_room:
-            return (f"exceeding resource quota: namespace {pod.namespace} {v.resources.cores} "
-                    f"request {cores} > remaining {core_room}")
+            return (
+                f"exceeding resource quota: namespace {pod.namespace} {v.resources.cores} "
+                f"request {cores} > remaining {core_room}"
+            )
     return None
 
 
@@ -392,8 +415,10 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
         except CoreError as exc:
             raise CodecError(f"node {name}: {exc}") from None
         except (ArithmeticError, LookupError, TypeError, AttributeError, ValueError, RecursionError) as exc:
-            raise CodecError(f"node {name}: vendor {getattr(v, 'name', v)!r} cannot read its registration "
-                             f"({type(exc).__name__}: {str(exc)[:120]})") from None
+            raise CodecError(
+                f"node {name}: vendor {getattr(v, 'name', v)!r} cannot read its registration "
+                f"({type(exc).__name__}: {str(exc)[:120]})"
+            ) from None
     seen: set[str] = set()
     for d in devices:
         if d.id in seen:
@@ -401,7 +426,8 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
         seen.add(d.id)
     cordon = (meta.get("annotations") or {}).get(CORDON_ANNOTATION, "")
     return NodeDevices(
-        name=name, devices=tuple(devices),
+        name=name,
+        devices=tuple(devices),
         cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
         pair_scores=pairs,
     )
@@ -426,17 +452,23 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def make_allocation(pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice],
-                    slices: tuple[Slice, ...] | None = None) -> PodAllocation:
+def make_allocation(
+    pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice], slices: tuple[Slice, ...] | None = None
+) -> PodAllocation:
     """A pod's allocation; ``slices`` default to those recorded on the container devices."""
     meta = pod.get("metadata") or {}
     kinds = tuple(k for _, k in ordered_containers(pod))
     if slices is None:
         slices = tuple(cd.slice for v in sorted(devices) for ctr in devices[v] for cd in ctr if cd.slice is not None)
     return PodAllocation(
-        key=pod_key(pod), namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
-        node=node, devices=dict(devices), kinds=kinds,
-        usage=collapse(devices, kinds, app_only=init_containers_done(pod)), slices=slices,
+        key=pod_key(pod),
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        node=node,
+        devices=dict(devices),
+        kinds=kinds,
+        usage=collapse(devices, kinds, app_only=init_containers_done(pod)),
+        slices=slices,
     )
 
 
@@ -483,8 +515,12 @@ def _attach_slices(devices: PodSingleDevice, found: Sequence[tuple[int, int, Sli
     return tuple(tuple(ctr) for ctr in out)
 
 
-def rebuild(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], vendors: Sequence[Any],
-            quotas: Iterable[Mapping[str, Any]] = ()) -> tuple[Ledger, list[str]]:
+def rebuild(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    vendors: Sequence[Any],
+    quotas: Iterable[Mapping[str, Any]] = (),
+) -> tuple[Ledger, list[str]]:
     """A ledger from Kubernetes objects. Returns ``(ledger, warnings)``; bad objects are skipped."""
     ledger = Ledger()
     warnings: list[str] = []
@@ -504,9 +540,12 @@ def rebuild(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]
     for q in quotas:
         meta = q.get("metadata") or {}
         try:
-            ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
-                             (q.get("spec") or {}).get("hard") or {}, vendors)
+            ledger.set_quota(
+                meta.get("namespace") or "default",
+                meta.get("name") or "",
+                (q.get("spec") or {}).get("hard") or {},
+                vendors,
+            )
         except CoreError as exc:
             warnings.append(f"skipping quota: {exc}")
     return ledger, warnings
-

@@ -136,6 +136,7 @@ def no_use_uuid(word: str) -> str:
     """``hami.io/no-use-<word>-uuid``: the pod's list of device UUIDs it must not use."""
     return f"{_DOMAIN}no-use-{word}-uuid"
 
+
 # ---- environment variables written for libvgpu, the container runtime and CUDA
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

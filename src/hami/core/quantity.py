@@ -80,7 +80,7 @@ def parse_quantity(value: Any, where: str) -> Fraction:
     if len(stripped) > _MAX_DIGITS or scale + len(stripped) > 40:  # at least 10^39: beyond int64
         raise QuantityError(f"{where}: {_show(value)} is out of range (beyond int64)")
     if scale < -(_MAX_DIGITS + 30):  # below 10^-30: a fraction (whatever its digits)
-        return Fraction(-1 if sign == "-" else 1, 10**(_MAX_DIGITS + 30))
+        return Fraction(-1 if sign == "-" else 1, 10 ** (_MAX_DIGITS + 30))
     magnitude = Fraction(int(stripped)) * Fraction(10) ** scale * 2**binary
     result = -magnitude if sign == "-" else magnitude
     if abs(result) > 2**63:

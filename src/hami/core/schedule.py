@@ -58,7 +58,6 @@ class SchedulerConfig:
         parse_gpu_policy(self.gpu_policy, "--gpu-scheduler-policy")
 
 
-
 @dataclass(frozen=True)
 class FilterResult:
     pod: PodRequest
@@ -163,8 +162,9 @@ def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: M
 
 def _score(s: NodeSummary, demand: _Demand, devices: int) -> float:
     mem = demand.mem + (demand.pct * s.totalmem / (100 * devices) if devices else 0)
-    return node_score(s.used + demand.slots, s.count, s.usedcores + demand.cores, s.totalcore,
-                      s.usedmem + mem, s.totalmem)
+    return node_score(
+        s.used + demand.slots, s.count, s.usedcores + demand.cores, s.totalcore, s.usedmem + mem, s.totalmem
+    )
 
 
 def pod_policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DevicePolicy, Any]:
@@ -172,17 +172,32 @@ def pod_policies(pod: PodRequest, config: SchedulerConfig) -> tuple[str, DeviceP
     else the config's defaults. Raises RequestError on an annotation that cannot be read."""
     a = pod.annotations
     where = f"pod {pod.namespace}/{pod.name} annotation"
-    node_policy = parse_node_policy(a[NODE_POLICY_ANNOTATION], f"{where} {NODE_POLICY_ANNOTATION}") \
-        if a.get(NODE_POLICY_ANNOTATION) else config.node_policy
-    gpu_policy = parse_gpu_policy(a[GPU_POLICY_ANNOTATION], f"{where} {GPU_POLICY_ANNOTATION}") \
-        if a.get(GPU_POLICY_ANNOTATION) else parse_gpu_policy(config.gpu_policy)
-    weights = parse_weights(a[WEIGHTS_ANNOTATION], f"{where} {WEIGHTS_ANNOTATION}") \
-        if a.get(WEIGHTS_ANNOTATION) else DEFAULT_WEIGHTS
+    node_policy = (
+        parse_node_policy(a[NODE_POLICY_ANNOTATION], f"{where} {NODE_POLICY_ANNOTATION}")
+        if a.get(NODE_POLICY_ANNOTATION)
+        else config.node_policy
+    )
+    gpu_policy = (
+        parse_gpu_policy(a[GPU_POLICY_ANNOTATION], f"{where} {GPU_POLICY_ANNOTATION}")
+        if a.get(GPU_POLICY_ANNOTATION)
+        else parse_gpu_policy(config.gpu_policy)
+    )
+    weights = (
+        parse_weights(a[WEIGHTS_ANNOTATION], f"{where} {WEIGHTS_ANNOTATION}")
+        if a.get(WEIGHTS_ANNOTATION)
+        else DEFAULT_WEIGHTS
+    )
     return node_policy, gpu_policy, weights
 
 
-def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, ledger: Ledger,
-               config: SchedulerConfig, now: float, busy: Mapping[str, int] | None = None) -> FilterResult:
+def filter_pod(
+    pod: Mapping[str, Any],
+    candidate_nodes: Iterable[str] | None,
+    ledger: Ledger,
+    config: SchedulerConfig,
+    now: float,
+    busy: Mapping[str, int] | None = None,
+) -> FilterResult:
     """Choose a node and devices for ``pod``; does not modify the ledger. Raises RequestError.
 
     ``busy``: nodes to choose only when no other candidate fits (the scheduler passes the nodes
@@ -193,18 +208,36 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
     node_policy, gpu_policy, weights = pod_policies(req, config)
     used_vendors = [v for v in config.vendors if v.name in req.vendors()]
-    ctx = make_context(req, config.vendors, gpu_policy, weights, ledger.quota_room(req.namespace, used_vendors),
-                       request_in_scores=config.request_in_scores)
+    ctx = make_context(
+        req,
+        config.vendors,
+        gpu_policy,
+        weights,
+        ledger.quota_room(req.namespace, used_vendors),
+        request_in_scores=config.request_in_scores,
+    )
     wanted = None if candidate_nodes is None else set(candidate_nodes)
     failed: dict[str, NodeFailure] = {} if wanted is None else dict.fromkeys(ledger.unknown(wanted), UNREGISTERED)
     demand = _demand(req)
-    search = _Search(ledger, ctx, demand, demand if config.request_in_scores else _NO_DEMAND,
-                     -1.0 if node_policy == "binpack" else 1.0, used_vendors, node_policy, failed, busy or {})
+    search = _Search(
+        ledger,
+        ctx,
+        demand,
+        demand if config.request_in_scores else _NO_DEMAND,
+        -1.0 if node_policy == "binpack" else 1.0,
+        used_vendors,
+        node_policy,
+        failed,
+        busy or {},
+    )
     best = None
     if search.lazy and (wanted is None or 4 * (len(wanted) - len(failed)) >= len(ledger.ranking)):
         best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
-        remaining = [] if best is not None else [
-            n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed]
+        remaining = (
+            []
+            if best is not None
+            else [n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed]
+        )
     else:
         remaining = ledger.node_names() if wanted is None else [n for n in wanted if n not in failed]
     if best is None:
@@ -214,19 +247,28 @@ def filter_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, le
             (skipped if search.rejects(n) else kept).append(n)
         # skipped nodes are searched only when nothing else fits: that yields their exact
         # reasons, and keeps the result right even if a vendor's prefilter were too strict
-        best = search.among([n for n in kept if n not in search.busy]) or \
-            search.among([n for n in kept if n in search.busy], by_busy=True) or search.among(skipped)
+        best = (
+            search.among([n for n in kept if n not in search.busy])
+            or search.among([n for n in kept if n in search.busy], by_busy=True)
+            or search.among(skipped)
+        )
     if best is None:
-        return FilterResult(pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())),
-                            scores=search.scores)
+        return FilterResult(
+            pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=search.scores
+        )
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
-        annotations.update(v.pod_annotations(fit.devices[v.name], node=fit.node, now=now, pod=req,
-                                             view=ledger.view(fit.node)))
+        annotations.update(
+            v.pod_annotations(fit.devices[v.name], node=fit.node, now=now, pod=req, view=ledger.view(fit.node))
+        )
     return FilterResult(
-        pod=req, node=fit.node, allocation=make_allocation(pod, fit.node, fit.devices),
-        failed=dict(sorted(failed.items())), scores=search.scores, annotations=annotations,
+        pod=req,
+        node=fit.node,
+        allocation=make_allocation(pod, fit.node, fit.devices),
+        failed=dict(sorted(failed.items())),
+        scores=search.scores,
+        annotations=annotations,
     )
 
 
@@ -235,9 +277,18 @@ class _Search:
     that order. With only score-neutral vendors the first node that fits wins (``lazy``);
     otherwise every ranked node is fitted and the best final score wins. Ties: node name."""
 
-    def __init__(self, ledger: Ledger, ctx: FitContext, demand: _Demand, score_demand: _Demand, sign: float,
-                 used_vendors: list[Any], node_policy: str, failed: dict[str, NodeFailure],
-                 busy: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        ctx: FitContext,
+        demand: _Demand,
+        score_demand: _Demand,
+        sign: float,
+        used_vendors: list[Any],
+        node_policy: str,
+        failed: dict[str, NodeFailure],
+        busy: Mapping[str, int],
+    ) -> None:
         # demand: what the pod needs (fit, prefilters); score_demand: what node scores count
         # (the same, or nothing with request_in_scores=False: HAMi's scores)
         self.ledger, self.ctx, self.demand, self.sign = ledger, ctx, demand, sign
@@ -259,15 +310,18 @@ class _Search:
         if isinstance(res, NodeFailure):
             self.failed[n] = res
             return None
-        self.scores[n] = score + sum(ledger_vendor_score(v, n, res, self.node_policy, self.ledger)
-                                     for v in self.used_vendors)
+        self.scores[n] = score + sum(
+            ledger_vendor_score(v, n, res, self.node_policy, self.ledger) for v in self.used_vendors
+        )
         return res
 
     def among(self, group: list[str], by_busy: bool = False) -> tuple[float, NodeFit] | None:
         """The best node of ``group`` (sorted by name), in rank order (busy count first)."""
         sign, busy = self.sign, self.busy
-        ranked = sorted(((self.score(n), n) for n in group),
-                        key=(lambda t: (busy[t[1]], sign * t[0], t[1])) if by_busy else (lambda t: (sign * t[0], t[1])))
+        ranked = sorted(
+            ((self.score(n), n) for n in group),
+            key=(lambda t: (busy[t[1]], sign * t[0], t[1])) if by_busy else (lambda t: (sign * t[0], t[1])),
+        )
         best: tuple[float, NodeFit] | None = None
         for score, n in ranked:
             res = self._fit(n, score)
@@ -325,8 +379,14 @@ def ledger_vendor_score(vendor: Any, node: str, fit: NodeFit, policy: str, ledge
     return vendor.node_score(node, fit.devices.get(vendor.name, ()), policy, view=view)
 
 
-def schedule_pod(pod: Mapping[str, Any], candidate_nodes: Iterable[str] | None, ledger: Ledger,
-                 config: SchedulerConfig, now: float, busy: Mapping[str, int] | None = None) -> FilterResult:
+def schedule_pod(
+    pod: Mapping[str, Any],
+    candidate_nodes: Iterable[str] | None,
+    ledger: Ledger,
+    config: SchedulerConfig,
+    now: float,
+    busy: Mapping[str, int] | None = None,
+) -> FilterResult:
     """Filter + reserve: drop this pod's previous reservation, choose, reserve the decision.
 
     This is what the extender's ``/filter`` and ``hami simulate`` call. On a patch failure the

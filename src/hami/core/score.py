@@ -75,8 +75,9 @@ def parse_gpu_policy(text: str, where: str = "gpu policy") -> DevicePolicy:
     keys = tuple(dict.fromkeys(p for p in parts if p in GPU_SORT_KEYS))
     if not keys and not (single and parts[0] == "mutex"):  # bare mutex ranks by use alone (HAMi)
         keys = ("spread",)
-    return DevicePolicy(keys=keys, mutex="mutex" in parts, topology_aware="topology-aware" in parts, raw=text,
-                        single=single)
+    return DevicePolicy(
+        keys=keys, mutex="mutex" in parts, topology_aware="topology-aware" in parts, raw=text, single=single
+    )
 
 
 def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
@@ -94,13 +95,26 @@ def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
     return Weights(**values)
 
 
-def device_score(count: int, totalcore: int, totalmem: int, used: int, usedcores: int, usedmem: int,
-                 cores: int, mem: int, w: Weights, slots: int = 1) -> float:
+def device_score(
+    count: int,
+    totalcore: int,
+    totalmem: int,
+    used: int,
+    usedcores: int,
+    usedmem: int,
+    cores: int,
+    mem: int,
+    w: Weights,
+    slots: int = 1,
+) -> float:
     """``slots``, ``cores``, ``mem``: the request's share (0, 0, 0 for usage alone)."""
     if not count or not totalcore or not totalmem:
         return 0.0
-    return 10.0 * (w.slot * (slots + used) / count + w.core * (cores + usedcores) / totalcore
-                   + w.memory * (mem + usedmem) / totalmem)
+    return 10.0 * (
+        w.slot * (slots + used) / count
+        + w.core * (cores + usedcores) / totalcore
+        + w.memory * (mem + usedmem) / totalmem
+    )
 
 
 def device_sort_key(policy: DevicePolicy, numa_bind: bool):

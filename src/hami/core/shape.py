@@ -22,8 +22,8 @@ from typing import Any
 
 from .errors import CoreError
 
-MAX_DEPTH = 64           # a Pod nests about 12 deep (affinity terms); 64 is generous
-MAX_NODES = 20_000_000   # values in one object tree, aliases expanded (a 64 MiB file holds fewer)
+MAX_DEPTH = 64  # a Pod nests about 12 deep (affinity terms); 64 is generous
+MAX_NODES = 20_000_000  # values in one object tree, aliases expanded (a 64 MiB file holds fewer)
 
 
 class ShapeError(CoreError):
@@ -128,23 +128,43 @@ class ListOf:
 
 QTY = "quantity"  # a string or a number (parsed later, with the field named)
 
-META = {"name": str, "namespace": str, "uid": str, "resourceVersion": str, "generateName": str,
-        "annotations": MapOf(str), "labels": MapOf(str)}
+META = {
+    "name": str,
+    "namespace": str,
+    "uid": str,
+    "resourceVersion": str,
+    "generateName": str,
+    "annotations": MapOf(str),
+    "labels": MapOf(str),
+}
 CONTAINER = {
-    "name": str, "restartPolicy": str,
+    "name": str,
+    "restartPolicy": str,
     "resources": {"limits": MapOf(QTY), "requests": MapOf(QTY)},
     "env": ListOf({"name": str, "value": str}),
     "securityContext": {"privileged": bool},
 }
 POD = {
-    "apiVersion": str, "kind": str, "metadata": META,
-    "spec": {"containers": ListOf(CONTAINER), "initContainers": ListOf(CONTAINER), "schedulerName": str,
-             "nodeName": str, "runtimeClassName": str, "nodeSelector": MapOf(str)},
-    "status": {"phase": str,
-               "initContainerStatuses": ListOf({"name": str, "state": {"terminated": {"exitCode": int}}})},
+    "apiVersion": str,
+    "kind": str,
+    "metadata": META,
+    "spec": {
+        "containers": ListOf(CONTAINER),
+        "initContainers": ListOf(CONTAINER),
+        "schedulerName": str,
+        "nodeName": str,
+        "runtimeClassName": str,
+        "nodeSelector": MapOf(str),
+    },
+    "status": {
+        "phase": str,
+        "initContainerStatuses": ListOf({"name": str, "state": {"terminated": {"exitCode": int}}}),
+    },
 }
 NODE = {
-    "apiVersion": str, "kind": str, "metadata": META,
+    "apiVersion": str,
+    "kind": str,
+    "metadata": META,
     "status": {"capacity": MapOf(QTY), "allocatable": MapOf(QTY)},
 }
 QUOTA = {"apiVersion": str, "kind": str, "metadata": META, "spec": {"hard": MapOf(QTY)}}

@@ -31,7 +31,9 @@ def picks_of(devices: Mapping[str, PodSingleDevice]) -> list[Pick]:
     return out
 
 
-def collapse_picks(picks: Iterable[Pick], kinds: Sequence[ContainerKind], app_only: bool = False) -> tuple[DeviceUse, ...]:
+def collapse_picks(
+    picks: Iterable[Pick], kinds: Sequence[ContainerKind], app_only: bool = False
+) -> tuple[DeviceUse, ...]:
     """What the pod holds on each device: per term (slots, memory, cores), the larger of the
     steady phase (every sidecar and regular container together) and each classic init container's
     phase (that init container plus the sidecars declared before it).
@@ -70,7 +72,8 @@ def collapse_picks(picks: Iterable[Pick], kinds: Sequence[ContainerKind], app_on
     return tuple(out)
 
 
-def collapse(devices: Mapping[str, PodSingleDevice], kinds: Sequence[ContainerKind], app_only: bool = False) -> tuple[DeviceUse, ...]:
+def collapse(
+    devices: Mapping[str, PodSingleDevice], kinds: Sequence[ContainerKind], app_only: bool = False
+) -> tuple[DeviceUse, ...]:
     """Collapsed per-device usage of one pod's allocation."""
     return collapse_picks(picks_of(devices), kinds, app_only)
-

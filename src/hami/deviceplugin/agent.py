@@ -66,8 +66,10 @@ class NodeAgent:
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
-        self.mig_servers = [PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
-                            for r in static_mig or ()]
+        self.mig_servers = [
+            PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
+            for r in static_mig or ()
+        ]
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
         self._tasks: list[asyncio.Task] = []
@@ -98,7 +100,9 @@ class NodeAgent:
                     entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
                 except CodecError:
                     continue
-                claims += [(PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None]
+                claims += [
+                    (PodRef(pod.uid, pod.namespace, pod.name), e) for e in entries if e.gpu_instance_id is not None
+                ]
         except Exception as exc:  # noqa: BLE001 - without the pods, keep every instance that exists
             log.error("MIG recovery: cannot list this node's pods (%s); instances nobody claims are kept", exc)
             known = False
@@ -120,9 +124,12 @@ class NodeAgent:
         plugin's ServiceAccount needs ``create`` on events)."""
         pairs = ", ".join(f"{a}/{b}" for a, b in self.asymmetric)
         try:
-            await self.kube.node_event("Warning", "AsymmetricGPUP2PLink",
-                                       f"GPU pairs report different NVLink counts to each other and score 0 for the "
-                                       f"topology-aware policy: {pairs}")
+            await self.kube.node_event(
+                "Warning",
+                "AsymmetricGPUP2PLink",
+                f"GPU pairs report different NVLink counts to each other and score 0 for the "
+                f"topology-aware policy: {pairs}",
+            )
         except Exception as exc:  # noqa: BLE001 - the log line says the same
             log.warning("cannot record the AsymmetricGPUP2PLink event (%s)", exc)
 

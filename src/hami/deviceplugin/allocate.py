@@ -69,10 +69,15 @@ def pod_view_from_object(obj: Mapping[str, Any]) -> PodView:
         return ContainerView(c.get("name") or "", {k: str(v) for k, v in limits.items()}, env)
 
     return PodView(
-        namespace=meta.get("namespace") or "", name=meta.get("name") or "", uid=meta.get("uid") or "",
+        namespace=meta.get("namespace") or "",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
         annotations=dict(meta.get("annotations") or {}),
-        containers=tuple(container(c) for c in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())),
-        node_name=spec.get("nodeName") or "", phase=(obj.get("status") or {}).get("phase") or "",
+        containers=tuple(
+            container(c) for c in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())
+        ),
+        node_name=spec.get("nodeName") or "",
+        phase=(obj.get("status") or {}).get("phase") or "",
     )
 
 
@@ -133,9 +138,13 @@ class PodCache:
         entry = self._pods.get(key)
         view = None
         floor = self._floor.get(key, "0")
-        if entry is not None and newer_than(entry[0], node_rv) and floor is not None \
-                and (entry[0] == floor or newer_than(entry[0], floor)) \
-                and not (entry[1].get("metadata") or {}).get("deletionTimestamp"):
+        if (
+            entry is not None
+            and newer_than(entry[0], node_rv)
+            and floor is not None
+            and (entry[0] == floor or newer_than(entry[0], floor))
+            and not (entry[1].get("metadata") or {}).get("deletionTimestamp")
+        ):
             candidate = pod_view_from_object(entry[1])
             if candidate.node_name == node and candidate.annotations.get(BIND_PHASE) == "allocating":
                 view = candidate
@@ -240,8 +249,9 @@ class ContainerResponse:
     cdi_devices: tuple[str, ...] = ()  # CDI devices (cdi-cri)
 
 
-def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths,
-                   mig_devices: Sequence[str] = ()) -> ContainerResponse:
+def build_response(
+    pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths, mig_devices: Sequence[str] = ()
+) -> ContainerResponse:
     """Env and mounts for one container (§6.4 tables), from the libvgpu container contract
     (:mod:`hami.node.contract`); ``CUDA_DISABLE_CONTROL=true`` in the container's env leaves
     ``/etc/ld.so.preload`` out, as in HAMi.
@@ -253,16 +263,20 @@ def build_response(pod: PodView, grant: Grant, settings: NodeSettings, paths: Ho
     ctr = grant.container
     mig = settings.operating_mode == "mig"
     if mig and len(mig_devices) != len(devs):
-        raise AllocationError(f"pod {pod.ref}: container {ctr.name!r} has {len(devs)} MIG device(s) granted but "
-                              f"{len(mig_devices)} instance(s) were made")
+        raise AllocationError(
+            f"pod {pod.ref}: container {ctr.name!r} has {len(devs)} MIG device(s) granted but "
+            f"{len(mig_devices)} instance(s) were made"
+        )
     envs = contract.visible_devices(list(mig_devices) if mig else [d.uuid for d in devs])
     if settings.operating_mode not in ("hami-core", "mig"):
         return ContainerResponse(envs, contract.container_mounts(paths, None), "")
     cache_dir = paths.cache_dir(pod.uid, ctr.name)
-    limits = contract.Limits(memory=tuple(contract.mib(d.usedmem) for d in devs),
-                             cores=100 if mig else devs[0].usedcores,
-                             region=contract.container_region(paths, pod.uid, ctr.name),
-                             priority=ctr.limits.get(settings.priority_resource))
+    limits = contract.Limits(
+        memory=tuple(contract.mib(d.usedmem) for d in devs),
+        cores=100 if mig else devs[0].usedcores,
+        region=contract.container_region(paths, pod.uid, ctr.name),
+        priority=ctr.limits.get(settings.priority_resource),
+    )
     envs.update(contract.limit_env(limits, contract.options(settings)))
     mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env))
     return ContainerResponse(envs, mounts, cache_dir)

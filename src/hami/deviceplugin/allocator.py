@@ -39,8 +39,15 @@ log = logging.getLogger(__name__)
 
 
 class Allocator:
-    def __init__(self, kube: Kube, settings: NodeSettings, paths: HookPaths, release_delay: float = 1.0,
-                 cdi: CdiConfig | None = None, mig: MigManager | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: NodeSettings,
+        paths: HookPaths,
+        release_delay: float = 1.0,
+        cdi: CdiConfig | None = None,
+        mig: MigManager | None = None,
+    ) -> None:
         self.kube = kube
         self.mig = mig  # operatingmode mig: makes the instances the scheduler chose
         self.settings = settings
@@ -70,8 +77,12 @@ class Allocator:
                 # the pod being admitted (each lock holder is allocated once). Not ours to touch
                 # (its delayed removal, or the scheduler's swap, deals with it): look for the
                 # pod the way HAMi does without a lock.
-                log.info("node %s: the node lock names pod %s, whose allocation is over; looking for "
-                         "the pending pod among this node's pods", self.node, pod.ref)
+                log.info(
+                    "node %s: the node lock names pod %s, whose allocation is over; looking for "
+                    "the pending pod among this node's pods",
+                    self.node,
+                    pod.ref,
+                )
                 return A.choose_pending(await self.kube.pods_on_node(), self.node), None
             if cached:
                 log.debug("pod %s: read from the watch cache (newer than the node lock)", pod.ref)
@@ -110,7 +121,9 @@ class Allocator:
                 await self._fail(pod, msg)
                 raise A.AllocationError(msg) from None
 
-    async def _allocate_pod(self, pod: A.PodView, requests: Sequence[int], held: str | None) -> list[A.ContainerResponse]:
+    async def _allocate_pod(
+        self, pod: A.PodView, requests: Sequence[int], held: str | None
+    ) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
         grants = [A.pop_next(pod, pending, n) for n in requests]
         mig_devices: list[list[str]] = [[] for _ in grants]
@@ -118,9 +131,10 @@ class Allocator:
         if self.mig is not None:
             mig_devices, text = await self._make_mig(pod, grants)
             mig_patch[MIG_ALLOCATIONS_ANNOTATION] = text
-        responses = [cdi_apply(A.build_response(pod, g, self.settings, self.paths, m), self.cdi, pod.uid,
-                               g.container.name)
-                     for g, m in zip(grants, mig_devices)]
+        responses = [
+            cdi_apply(A.build_response(pod, g, self.settings, self.paths, m), self.cdi, pod.uid, g.container.name)
+            for g, m in zip(grants, mig_devices)
+        ]
         for r in responses:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
@@ -144,8 +158,14 @@ class Allocator:
             # seeing that; if none comes within release_delay, remove it ourselves
             self._defer_release(held)
         names = ", ".join(g.container.name for g in grants)
-        log.info("pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
-                 pod.ref, names, " (pod complete)" if done else "", self.kube.pods.hits, self.kube.pods.misses)
+        log.info(
+            "pod %s: allocated container(s) %s%s [pod reads: %d from the watch cache, %d from the API server]",
+            pod.ref,
+            names,
+            " (pod complete)" if done else "",
+            self.kube.pods.hits,
+            self.kube.pods.misses,
+        )
         return responses
 
     async def _make_mig(self, pod: A.PodView, grants: Sequence[A.Grant]) -> tuple[list[list[str]], str]:
@@ -155,16 +175,20 @@ class Allocator:
         try:
             allocs = list(decode_mig_allocations(raw))
         except CodecError as exc:
-            raise A.AllocationError(f"pod {pod.ref}: annotation {MIG_ALLOCATIONS_ANNOTATION}={raw!r} is invalid: {exc}") from None
+            raise A.AllocationError(
+                f"pod {pod.ref}: annotation {MIG_ALLOCATIONS_ANNOTATION}={raw!r} is invalid: {exc}"
+            ) from None
         ref = PodRef(pod.uid, pod.namespace, pod.name)
         out = []
         for g in grants:
             mine = sorted((a for a in allocs if a.container == g.index), key=lambda a: a.device)
-            if [a.device for a in mine] != list(range(len(g.devices))) or \
-                    any(a.gpu_uuid != d.uuid for a, d in zip(mine, g.devices)):
+            if [a.device for a in mine] != list(range(len(g.devices))) or any(
+                a.gpu_uuid != d.uuid for a, d in zip(mine, g.devices)
+            ):
                 raise A.AllocationError(
                     f"pod {pod.ref}: container {g.container.name!r}: annotation {MIG_ALLOCATIONS_ANNOTATION} does not "
-                    f"name one MIG instance per granted GPU ({[d.uuid for d in g.devices]}) (operatingmode is mig)")
+                    f"name one MIG instance per granted GPU ({[d.uuid for d in g.devices]}) (operatingmode is mig)"
+                )
             made = await self._prepare_mig(ref, mine)
             index = {(a.container, a.device): a for a in made}
             allocs = [index.get((a.container, a.device), a) for a in allocs]
@@ -238,8 +262,9 @@ class Allocator:
         if value is None or owner is None:
             return False
         pod = await self.kube.get_pod(owner.namespace, owner.name)
-        if pod is not None and not (pod.annotations.get(A.BIND_PHASE) in ("success", "failed")
-                                    or pod.phase in ("Succeeded", "Failed")):
+        if pod is not None and not (
+            pod.annotations.get(A.BIND_PHASE) in ("success", "failed") or pod.phase in ("Succeeded", "Failed")
+        ):
             return False  # still being admitted: Allocate finds it by this lock
         await self.kube.release_held_lock(value)
         log.info("node %s: removed the node lock %r its finished owner left", self.node, value)

@@ -33,38 +33,78 @@ EXIT_CONFIG, EXIT_NVML, EXIT_PREFLIGHT = 2, 3, 4
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
     flags.add_node_flags(p)
-    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet device-plugin directory")
+    p.add_argument(
+        "--device-plugin-dir", default="/var/lib/kubelet/device-plugins", help="kubelet device-plugin directory"
+    )
     p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between kubelet socket checks")
-    p.add_argument("--pod-watch", type=flags.bool_flag, default=True,
-                   metavar="BOOL", help="watch this node's pods so Allocate can skip reading the pod (default true; "
-                   "turn off when pods and nodes live in different etcd clusters, --etcd-servers-overrides, "
-                   "since the copy's freshness is judged by comparing their resourceVersions)")
-    p.add_argument("--lock-release-delay", type=float, default=1.0, metavar="SECONDS",
-                   help="leave a finished pod's node lock for the scheduler's next Bind to swap over, and "
-                   "remove it only if it is still there after this many seconds (the node is annotated "
-                   f"{NODE_LOCK_HANDOFF}=swap; one lock write per pod instead of two); 0 = remove it "
-                   "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)")
-    p.add_argument("--device-list-strategy", default=env("DEVICE_LIST_STRATEGY", "envvar"),
-                   help="how containers are given their GPUs: envvar (NVIDIA_VISIBLE_DEVICES), cdi-annotations or "
-                        "cdi-cri (a CDI spec in --cdi-spec-dir, device names in Allocate); docs/device-plugin.md")
+    p.add_argument(
+        "--pod-watch",
+        type=flags.bool_flag,
+        default=True,
+        metavar="BOOL",
+        help="watch this node's pods so Allocate can skip reading the pod (default true; "
+        "turn off when pods and nodes live in different etcd clusters, --etcd-servers-overrides, "
+        "since the copy's freshness is judged by comparing their resourceVersions)",
+    )
+    p.add_argument(
+        "--lock-release-delay",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="leave a finished pod's node lock for the scheduler's next Bind to swap over, and "
+        "remove it only if it is still there after this many seconds (the node is annotated "
+        f"{NODE_LOCK_HANDOFF}=swap; one lock write per pod instead of two); 0 = remove it "
+        "at once, as HAMi's plugin does (use 0 with HAMi's own scheduler) (default 1)",
+    )
+    p.add_argument(
+        "--device-list-strategy",
+        default=env("DEVICE_LIST_STRATEGY", "envvar"),
+        help="how containers are given their GPUs: envvar (NVIDIA_VISIBLE_DEVICES), cdi-annotations or "
+        "cdi-cri (a CDI spec in --cdi-spec-dir, device names in Allocate); docs/device-plugin.md",
+    )
     p.add_argument("--cdi-spec-dir", default="/var/run/cdi", help="where the CDI spec is written (cdi-* strategies)")
-    p.add_argument("--cdi-kind", default=DEFAULT_KIND, help=f"CDI kind <vendor>/<class> of our spec (default {DEFAULT_KIND})")
-    p.add_argument("--cdi-annotation-prefix", default=DEFAULT_PREFIX,
-                   help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})")
-    p.add_argument("--topology-score", type=flags.bool_flag, default=env("ENABLE_TOPOLOGY_SCORE", "true"), metavar="BOOL",
-                   help=f"publish the GPUs' pairwise link scores ({SCORE}) for the topology-aware "
-                   "policy (env ENABLE_TOPOLOGY_SCORE; default true)")
-    p.add_argument("--mig-strategy", default=env("MIG_STRATEGY"), choices=("none", "single", "mixed"),
-                   help="static MIG: 'mixed' advertises existing MIG instances as nvidia.com/mig-<profile> "
-                   "(env MIG_STRATEGY; overrides config.json migstrategy; default none)")
-    p.add_argument("--mig-checkpoint", default=None, metavar="FILE",
-                   help="operatingmode mig: the node-local record of the MIG instances this plugin made "
-                   "(default <hook-path>/vgpu/mig/checkpoint.json, on the host)")
-    p.add_argument("--mig-collect-interval", type=float, default=5.0, metavar="SECONDS",
-                   help="operatingmode mig: seconds between clean-ups of instances whose pod is gone (default 5)")
+    p.add_argument(
+        "--cdi-kind", default=DEFAULT_KIND, help=f"CDI kind <vendor>/<class> of our spec (default {DEFAULT_KIND})"
+    )
+    p.add_argument(
+        "--cdi-annotation-prefix",
+        default=DEFAULT_PREFIX,
+        help=f"annotation prefix of CDI devices with cdi-annotations (default {DEFAULT_PREFIX})",
+    )
+    p.add_argument(
+        "--topology-score",
+        type=flags.bool_flag,
+        default=env("ENABLE_TOPOLOGY_SCORE", "true"),
+        metavar="BOOL",
+        help=f"publish the GPUs' pairwise link scores ({SCORE}) for the topology-aware "
+        "policy (env ENABLE_TOPOLOGY_SCORE; default true)",
+    )
+    p.add_argument(
+        "--mig-strategy",
+        default=env("MIG_STRATEGY"),
+        choices=("none", "single", "mixed"),
+        help="static MIG: 'mixed' advertises existing MIG instances as nvidia.com/mig-<profile> "
+        "(env MIG_STRATEGY; overrides config.json migstrategy; default none)",
+    )
+    p.add_argument(
+        "--mig-checkpoint",
+        default=None,
+        metavar="FILE",
+        help="operatingmode mig: the node-local record of the MIG instances this plugin made "
+        "(default <hook-path>/vgpu/mig/checkpoint.json, on the host)",
+    )
+    p.add_argument(
+        "--mig-collect-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="operatingmode mig: seconds between clean-ups of instances whose pod is gone (default 5)",
+    )
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
-    p.add_argument("--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit"
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -75,34 +115,66 @@ def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
 
 def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None, static: list = ()) -> dict:
     extra = {"cdiSpec": cdi_spec(cdi_gpus(state), cdi)} if cdi is not None and cdi.enabled else {}
-    return {**extra,
+    return {
+        **extra,
         "resource": settings.resource_name,
         "socket": settings.socket_name,
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "busId": g.bus_id, "numa": g.numa}
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+                "busId": g.bus_id,
+                "numa": g.numa,
+            }
             for g in state.gpus
         ],
         "kubeletDevices": len(state.kubelet_devices()),
         "migResources": {r.settings.resource_name: list(r.mig_uuids) for r in static},
-        "annotations": {REGISTER: encode_node_devices_json(state.registration()),
-                        **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {})},
+        "annotations": {
+            REGISTER: encode_node_devices_json(state.registration()),
+            **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {}),
+        },
     }
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, state: DeviceState, cdi: CdiConfig,
-                 static: list, asymmetric: tuple = ()) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    state: DeviceState,
+    cdi: CdiConfig,
+    static: list,
+    asymmetric: tuple = (),
+) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
     from .mig import Checkpoint, MigManager
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(
-        kube, settings, list(state.gpus), args.device_plugin_dir, HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
-        register_interval=args.register_interval, poll=args.poll_interval, ignored_xids=ignored_xids(),
-        pod_watch=args.pod_watch, lock_release_delay=args.lock_release_delay, cdi=cdi, scores=state.pair_scores,
-        mig=MigManager(nvml.MigNvml(), Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
-                       state.uuids) if settings.operating_mode == "mig" else None,
-        mig_interval=args.mig_collect_interval, static_mig=static, asymmetric=asymmetric,
+        kube,
+        settings,
+        list(state.gpus),
+        args.device_plugin_dir,
+        HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
+        register_interval=args.register_interval,
+        poll=args.poll_interval,
+        ignored_xids=ignored_xids(),
+        pod_watch=args.pod_watch,
+        lock_release_delay=args.lock_release_delay,
+        cdi=cdi,
+        scores=state.pair_scores,
+        mig=MigManager(
+            nvml.MigNvml(),
+            Checkpoint(args.mig_checkpoint or f"{args.hook_path.rstrip('/')}/vgpu/mig/checkpoint.json"),
+            state.uuids,
+        )
+        if settings.operating_mode == "mig"
+        else None,
+        mig_interval=args.mig_collect_interval,
+        static_mig=static,
+        asymmetric=asymmetric,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,34 +206,47 @@ def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
         return settings, []
     mig_gpus = [u for u in nvml.gpu_uuids() if nvml.mig_enabled(u)]
     static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
-    log.info("migstrategy mixed: %s", ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static)
-             or "no MIG instances")
+    log.info(
+        "migstrategy mixed: %s",
+        ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static) or "no MIG instances",
+    )
     return settings_without_mig_gpus(settings, mig_gpus), static
 
 
 def _topology(gpus: list) -> tuple[dict[str, dict[str, int]], tuple]:
     found = pair_scores(nvml.read_links([g.uuid for g in gpus]))
     for a, b in found.asymmetric:
-        log.warning("GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); "
-                    "the pair scores 0", a, b)
+        log.warning(
+            "GPUs %s and %s report different NVLink counts to each other (AsymmetricGPUP2PLink); the pair scores 0",
+            a,
+            b,
+        )
     return found.scores, found.asymmetric
 
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose or not args.dry_run else logging.WARNING,
+        level=logging.DEBUG
+        if args.verbose > 1
+        else logging.INFO
+        if args.verbose or not args.dry_run
+        else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.node_name and not args.dry_run:
         print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
         return EXIT_CONFIG
     if not 0.1 <= args.mig_collect_interval <= 3600:
-        print(f"hami device-plugin: --mig-collect-interval: expected 0.1 to 3600 seconds, got {args.mig_collect_interval!r}",
-              file=sys.stderr)
+        print(
+            f"hami device-plugin: --mig-collect-interval: expected 0.1 to 3600 seconds, got {args.mig_collect_interval!r}",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     if not 0 <= args.lock_release_delay <= 60:
-        print(f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
-              file=sys.stderr)
+        print(
+            f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     try:
         settings = load_settings(args.node_name, args.config_file, args.node_config)
@@ -181,8 +266,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami device-plugin: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if cdi.enabled and settings.operating_mode != "hami-core":
-        print(f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with operatingmode hami-core only "
-              f"(got {settings.operating_mode!r}: its devices are not in the CDI spec)", file=sys.stderr)
+        print(
+            f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with operatingmode hami-core only "
+            f"(got {settings.operating_mode!r}: its devices are not in the CDI spec)",
+            file=sys.stderr,
+        )
         return EXIT_CONFIG
     try:
         open_nvml(args.nvml_library)
@@ -192,8 +280,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings, static = _static_mig(settings)
         if cdi.enabled and static:
-            print(f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with whole GPUs only: "
-                  f"migstrategy mixed serves MIG instances, which are not in the CDI spec", file=sys.stderr)
+            print(
+                f"hami device-plugin: --device-list-strategy {cdi.strategy!r} goes with whole GPUs only: "
+                f"migstrategy mixed serves MIG instances, which are not in the CDI spec",
+                file=sys.stderr,
+            )
             return EXIT_CONFIG
         try:
             gpus = discover(settings, args.sysfs_root)
@@ -210,7 +301,11 @@ def run(args: argparse.Namespace) -> int:
             log.info("CDI spec for %d GPUs written to %s (kind %s)", len(state.gpus), path, cdi.kind)
         if not args.skip_preflight:
             try:
-                asyncio.run(check_other_plugins(args.device_plugin_dir, settings.socket_name, state.uuids, settings.resource_name))
+                asyncio.run(
+                    check_other_plugins(
+                        args.device_plugin_dir, settings.socket_name, state.uuids, settings.resource_name
+                    )
+                )
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT

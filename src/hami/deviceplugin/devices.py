@@ -31,8 +31,9 @@ def physical_id(device_id: str) -> str:
 class DeviceState:
     """Physical GPUs plus their health; wakes waiters (ListAndWatch, registration) on change."""
 
-    def __init__(self, gpus: Iterable[PhysicalGPU], settings: NodeSettings,
-                 pair_scores: dict[str, dict[str, int]] | None = None) -> None:
+    def __init__(
+        self, gpus: Iterable[PhysicalGPU], settings: NodeSettings, pair_scores: dict[str, dict[str, int]] | None = None
+    ) -> None:
         self.gpus = tuple(gpus)
         self.settings = settings
         #: ``hami.io/node-nvidia-score`` content (topology.py); None: not published
@@ -78,17 +79,22 @@ class DeviceState:
     def registration(self) -> list[DeviceInfo]:
         """The devices for ``hami.io/node-nvidia-register`` (units per §4.2)."""
         s = self.settings
-        return [self._mig_device(g) if s.operating_mode == "mig" else DeviceInfo(
-            id=g.uuid,
-            index=g.index,
-            count=s.device_split_count,
-            devmem=int(g.memory_mib * s.device_memory_scaling),
-            devcore=int(s.device_core_scaling * 100),
-            type=g.type_name,
-            numa=g.numa,
-            mode=s.operating_mode,
-            health=self.healthy(g.uuid),
-        ) for g in self.gpus]
+        return [
+            self._mig_device(g)
+            if s.operating_mode == "mig"
+            else DeviceInfo(
+                id=g.uuid,
+                index=g.index,
+                count=s.device_split_count,
+                devmem=int(g.memory_mib * s.device_memory_scaling),
+                devcore=int(s.device_core_scaling * 100),
+                type=g.type_name,
+                numa=g.numa,
+                mode=s.operating_mode,
+                health=self.healthy(g.uuid),
+            )
+            for g in self.gpus
+        ]
 
     def _mig_device(self, g: PhysicalGPU) -> DeviceInfo:
         """MIG mode (§4.3): count = the most instances any profile allows, devcore 100, no memory
@@ -100,6 +106,15 @@ class DeviceState:
                 if all(start >= s + z or s >= start + size for s, z in taken):
                     taken.append((start, size))
             slices[p.name] = len(taken)
-        return DeviceInfo(id=g.uuid, index=g.index, count=max(slices.values(), default=0), devmem=g.memory_mib,
-                          devcore=100, type=g.type_name, numa=g.numa, mode="mig", health=self.healthy(g.uuid),
-                          mig_profiles=g.mig_profiles)
+        return DeviceInfo(
+            id=g.uuid,
+            index=g.index,
+            count=max(slices.values(), default=0),
+            devmem=g.memory_mib,
+            devcore=100,
+            type=g.type_name,
+            numa=g.numa,
+            mode="mig",
+            health=self.healthy(g.uuid),
+            mig_profiles=g.mig_profiles,
+        )

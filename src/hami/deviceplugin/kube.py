@@ -66,8 +66,13 @@ class Kube:
 
     def pod_reflector(self) -> Reflector:
         """The watch that fills :attr:`pods`: this node's pods only, as the kubelet watches them."""
-        return Reflector(KubeClient(self.api), "/api/v1/pods", self.pods, name=f"pods on {self.node_name}",
-                         field_selector=f"spec.nodeName={self.node_name}")
+        return Reflector(
+            KubeClient(self.api),
+            "/api/v1/pods",
+            self.pods,
+            name=f"pods on {self.node_name}",
+            field_selector=f"spec.nodeName={self.node_name}",
+        )
 
     async def lock_owner(self, namespace: str, name: str, node_rv: str) -> tuple[PodView | None, bool]:
         """The pod the node lock names, from the watch cache when the copy there provably
@@ -88,9 +93,13 @@ class Kube:
         (PartialObjectMetadata): a node's status (images, conditions, ...) can be tens of KB
         that every Allocate would otherwise fetch and decode."""
         resp = await self.api.call_api(
-            f"/api/v1/nodes/{self.node_name}", "GET",
-            header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=30)
+            f"/api/v1/nodes/{self.node_name}",
+            "GET",
+            header_params={"Accept": METADATA_ONLY},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=30,
+        )
         try:
             data = await resp.read()
         finally:
@@ -100,7 +109,9 @@ class Kube:
         meta = json.loads(data).get("metadata") or {}
         return dict(meta.get("annotations") or {}), meta.get("resourceVersion") or ""
 
-    async def patch_node_annotations(self, values: Mapping[str, str | None], resource_version: str | None = None) -> None:
+    async def patch_node_annotations(
+        self, values: Mapping[str, str | None], resource_version: str | None = None
+    ) -> None:
         meta: dict[str, Any] = {"annotations": dict(values)}
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -112,13 +123,22 @@ class Kube:
         from datetime import datetime, timezone
 
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self.core.create_namespaced_event("default", {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{self.node_name}.{uuidlib.uuid4().hex[:16]}", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
-            "reason": reason, "message": message, "type": type_, "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "hami-device-plugin", "host": self.node_name},
-        })
+        await self.core.create_namespaced_event(
+            "default",
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{self.node_name}.{uuidlib.uuid4().hex[:16]}", "namespace": "default"},
+                "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "source": {"component": "hami-device-plugin", "host": self.node_name},
+            },
+        )
 
     async def get_pod(self, namespace: str, name: str) -> PodView | None:
         try:
@@ -132,14 +152,17 @@ class Kube:
         pods = await self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
         return [pod_view(p) for p in pods.items]
 
-    async def patch_pod_annotations(self, pod: PodView, values: Mapping[str, str | None],
-                                    labels: Mapping[str, str] | None = None) -> None:
+    async def patch_pod_annotations(
+        self, pod: PodView, values: Mapping[str, str | None], labels: Mapping[str, str] | None = None
+    ) -> None:
         body: dict[str, Any] = {"metadata": {"annotations": dict(values)}}
         if labels:
             body["metadata"]["labels"] = dict(labels)
         self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
         written = await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
-        self.pods.written(pod.namespace, pod.name, getattr(getattr(written, "metadata", None), "resource_version", None))
+        self.pods.written(
+            pod.namespace, pod.name, getattr(getattr(written, "metadata", None), "resource_version", None)
+        )
 
     async def release_held_lock(self, value: str, key: str = nodelock.NODE_LOCK) -> None:
         """Remove the lock ``key`` only while it still holds ``value`` (the value Allocate read):
@@ -147,8 +170,9 @@ class Kube:
         took it over for the next pod, which it does as soon as this pod's bind-phase is final),
         nothing is written and that is not an error."""
         try:
-            await self.core.patch_node(self.node_name, nodelock.swap_patch(key, value, None),
-                                       _content_type="application/json-patch+json")
+            await self.core.patch_node(
+                self.node_name, nodelock.swap_patch(key, value, None), _content_type="application/json-patch+json"
+            )
         except ApiException as exc:
             if not nodelock.lost_swap(exc):
                 raise
@@ -158,6 +182,7 @@ class Kube:
 
         Returns True when the lock is gone afterwards (or belonged to another pod and is left).
         """
+
         async def write(values: Mapping[str, str | None], rv: str) -> None:
             await self.patch_node_annotations(values, rv)
 

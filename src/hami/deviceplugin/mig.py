@@ -81,10 +81,12 @@ class Checkpoint:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            raise MigError(f"MIG checkpoint {self.path} is unreadable ({exc}); move it away to start afresh "
-                           "(instances nobody claims are then destroyed)") from None
+            raise MigError(
+                f"MIG checkpoint {self.path} is unreadable ({exc}); move it away to start afresh "
+                "(instances nobody claims are then destroyed)"
+            ) from None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or not isinstance(doc.get("entries"), list):
-            raise MigError(f"MIG checkpoint {self.path}: expected {{\"version\": 1, \"entries\": [...]}}")
+            raise MigError(f'MIG checkpoint {self.path}: expected {{"version": 1, "entries": [...]}}')
         out = {}
         for i, raw in enumerate(doc["entries"]):
             try:
@@ -116,8 +118,13 @@ class MigManager:
     (``intent``, ``gi-created``, ``gi-recorded``, ``ci-created``, ``ready``); tests use it to kill
     the process between steps. All methods are thread-safe (one lock)."""
 
-    def __init__(self, nvml: MigNvml, checkpoint: Checkpoint, gpus: Iterable[str],
-                 after_step: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        nvml: MigNvml,
+        checkpoint: Checkpoint,
+        gpus: Iterable[str],
+        after_step: Callable[[str], None] | None = None,
+    ) -> None:
         self.nvml = nvml
         self.checkpoint = checkpoint
         self.gpus = list(gpus)
@@ -170,12 +177,20 @@ class MigManager:
         gi = e.gpu_instance_id
         if gi is None:  # killed before recording the id: the instance at that placement nobody claims
             owned = {x.gpu_instance_id for x in self.entries.values() if x.gpu_uuid == e.gpu_uuid and x.key != e.key}
-            gi = next((i.gi for i in self.nvml.instances(e.gpu_uuid)
-                       if i.profile == e.profile and i.start == e.start and i.gi not in owned), None)
+            gi = next(
+                (
+                    i.gi
+                    for i in self.nvml.instances(e.gpu_uuid)
+                    if i.profile == e.profile and i.start == e.start and i.gi not in owned
+                ),
+                None,
+            )
         if gi is not None:
             self.nvml.destroy(e.gpu_uuid, gi)
-        return f"{why}: pod {e.pod} container {e.container} device {e.device}: {e.profile} at {e.start} on " \
-               f"{e.gpu_uuid}" + (f" (GPU instance {gi} destroyed)" if gi is not None else " (nothing was created)")
+        return (
+            f"{why}: pod {e.pod} container {e.container} device {e.device}: {e.profile} at {e.start} on "
+            f"{e.gpu_uuid}" + (f" (GPU instance {gi} destroyed)" if gi is not None else " (nothing was created)")
+        )
 
     def _adopt(self, claims: Sequence[tuple[PodRef, MigAllocation]], done: list[str]) -> None:
         for pod, a in claims:
@@ -188,10 +203,24 @@ class MigManager:
                 continue
             if any(x.gpu_uuid == a.gpu_uuid and x.gpu_instance_id == inst.gi for x in self.entries.values()):
                 continue
-            self.entries[key] = Entry(pod.uid, f"{pod.namespace}/{pod.name}", a.container, a.device, a.gpu_uuid,
-                                      a.profile, a.start, a.size, "ready", inst.gi, inst.ci, inst.mig_uuid)
-            done.append(f"adopted GPU instance {inst.gi} ({a.profile} at {a.start}) on {a.gpu_uuid} for pod "
-                        f"{pod.namespace}/{pod.name} from its annotation")
+            self.entries[key] = Entry(
+                pod.uid,
+                f"{pod.namespace}/{pod.name}",
+                a.container,
+                a.device,
+                a.gpu_uuid,
+                a.profile,
+                a.start,
+                a.size,
+                "ready",
+                inst.gi,
+                inst.ci,
+                inst.mig_uuid,
+            )
+            done.append(
+                f"adopted GPU instance {inst.gi} ({a.profile} at {a.start}) on {a.gpu_uuid} for pod "
+                f"{pod.namespace}/{pod.name} from its annotation"
+            )
 
     def _destroy_unclaimed(self) -> list[str]:
         done = []
@@ -200,8 +229,9 @@ class MigManager:
             for inst in self.nvml.instances(gpu):
                 if inst.gi not in owned:
                     self.nvml.destroy(gpu, inst.gi)
-                    done.append(f"destroyed GPU instance {inst.gi} ({inst.profile} at {inst.start}) on {gpu}: "
-                                "claimed by no pod")
+                    done.append(
+                        f"destroyed GPU instance {inst.gi} ({inst.profile} at {inst.start}) on {gpu}: claimed by no pod"
+                    )
         return done
 
     # ------------------------------------------------------------------ Allocate
@@ -215,11 +245,15 @@ class MigManager:
 
     def _one(self, pod: PodRef, a: MigAllocation) -> MigAllocation:
         if a.gpu_uuid not in self.gpus:
-            raise MigError(f"pod {pod.namespace}/{pod.name}: GPU {a.gpu_uuid} of its MIG allocation is not on this node")
+            raise MigError(
+                f"pod {pod.namespace}/{pod.name}: GPU {a.gpu_uuid} of its MIG allocation is not on this node"
+            )
         profile = self._profile(a.gpu_uuid, a.profile)
         if (a.start, a.size) not in profile.placements:
-            raise MigError(f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} is not one of profile "
-                           f"{a.profile}'s on {a.gpu_uuid} ({profile.placements})")
+            raise MigError(
+                f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} is not one of profile "
+                f"{a.profile}'s on {a.gpu_uuid} ({profile.placements})"
+            )
         key = f"{pod.uid}/{a.container}/{a.device}"
         e = self.entries.get(key)
         if e is not None and e.state == "ready" and self._still_there(e):
@@ -236,34 +270,57 @@ class MigManager:
         e = self.entries[key] = replace(e, gpu_instance_id=gi)
         self._save("gi-recorded")
         inst = next((i for i in self.nvml.instances(a.gpu_uuid) if i.gi == gi), None)
-        ci, mig = (inst.ci, inst.mig_uuid) if inst is not None and inst.ci is not None else \
-            self.nvml.create_ci(a.gpu_uuid, gi, profile)
+        ci, mig = (
+            (inst.ci, inst.mig_uuid)
+            if inst is not None and inst.ci is not None
+            else self.nvml.create_ci(a.gpu_uuid, gi, profile)
+        )
         self.after_step("ci-created")
         e = self.entries[key] = replace(e, compute_instance_id=ci, mig_uuid=mig, state="ready")
         self._save("ready")
-        log.info("pod %s: %s at %d on %s is GPU instance %d, MIG device %s", e.pod, a.profile, a.start, a.gpu_uuid, gi, mig)
+        log.info(
+            "pod %s: %s at %d on %s is GPU instance %d, MIG device %s", e.pod, a.profile, a.start, a.gpu_uuid, gi, mig
+        )
         return self._runtime(a, e)
 
     @staticmethod
     def _runtime(a: MigAllocation, e: Entry) -> MigAllocation:
-        return replace(a, mig_uuid=e.mig_uuid, gpu_instance_id=e.gpu_instance_id, compute_instance_id=e.compute_instance_id)
+        return replace(
+            a, mig_uuid=e.mig_uuid, gpu_instance_id=e.gpu_instance_id, compute_instance_id=e.compute_instance_id
+        )
 
     def _still_there(self, e: Entry) -> bool:
-        return any(i.gi == e.gpu_instance_id and i.ci is not None and i.mig_uuid == e.mig_uuid
-                   for i in self.nvml.instances(e.gpu_uuid))
+        return any(
+            i.gi == e.gpu_instance_id and i.ci is not None and i.mig_uuid == e.mig_uuid
+            for i in self.nvml.instances(e.gpu_uuid)
+        )
 
     def _check_free(self, pod: PodRef, a: MigAllocation) -> None:
         for x in self.entries.values():
-            if x.gpu_uuid == a.gpu_uuid and x.pod_uid != pod.uid and x.start < a.start + a.size and a.start < x.start + x.size:
-                raise PlacementHeld(x, f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} on {a.gpu_uuid} "
-                                       f"is still held by pod {x.pod} ({x.profile} at {x.start})")
+            if (
+                x.gpu_uuid == a.gpu_uuid
+                and x.pod_uid != pod.uid
+                and x.start < a.start + a.size
+                and a.start < x.start + x.size
+            ):
+                raise PlacementHeld(
+                    x,
+                    f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} on {a.gpu_uuid} "
+                    f"is still held by pod {x.pod} ({x.profile} at {x.start})",
+                )
 
     def _unclaimed_at(self, a: MigAllocation) -> int | None:
         """An instance of that profile at that placement that no entry claims (left by an earlier
         attempt of this entry): reused instead of created."""
         owned = {x.gpu_instance_id for x in self.entries.values() if x.gpu_uuid == a.gpu_uuid}
-        return next((i.gi for i in self.nvml.instances(a.gpu_uuid)
-                     if i.profile == a.profile and i.start == a.start and i.gi not in owned), None)
+        return next(
+            (
+                i.gi
+                for i in self.nvml.instances(a.gpu_uuid)
+                if i.profile == a.profile and i.start == a.start and i.gi not in owned
+            ),
+            None,
+        )
 
     # ------------------------------------------------------------------ garbage collection
     def collect(self, live_pod_uids: set[str], upto: int | None = None) -> list[str]:
@@ -280,8 +337,10 @@ class MigManager:
                     self.nvml.destroy(e.gpu_uuid, e.gpu_instance_id)
                 del self.entries[key]
                 self.checkpoint.save(self.entries)
-                done.append(f"pod {e.pod} is gone: destroyed GPU instance {e.gpu_instance_id} ({e.profile} at "
-                            f"{e.start}) on {e.gpu_uuid}")
+                done.append(
+                    f"pod {e.pod} is gone: destroyed GPU instance {e.gpu_instance_id} ({e.profile} at "
+                    f"{e.start}) on {e.gpu_uuid}"
+                )
             return done
 
 

@@ -56,7 +56,9 @@ async def _advertised(path: Path, timeout: float) -> list[str] | None:
         return [d.ID for d in first.devices]
 
 
-async def check_other_plugins(plugin_dir: str | Path, our_socket: str, uuids: Iterable[str], resource: str, timeout: float = 2.0) -> None:
+async def check_other_plugins(
+    plugin_dir: str | Path, our_socket: str, uuids: Iterable[str], resource: str, timeout: float = 2.0
+) -> None:
     """Raise :class:`PreflightError` if another live plugin serves these GPUs or our socket."""
     ours = set(uuids)
     for sock in _sockets(Path(plugin_dir)):

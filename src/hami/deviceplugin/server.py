@@ -38,7 +38,9 @@ def list_response(state: DeviceState):
 def container_response(r: ContainerResponse):
     return pb.ContainerAllocateResponse(
         envs=r.envs,
-        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts],
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in r.mounts
+        ],
         annotations=r.annotations,
         cdi_devices=[pb.CDIDevice(name=n) for n in r.cdi_devices],
     )
@@ -66,7 +68,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 yield list_response(self.state)
 
     async def GetPreferredAllocation(self, request, context):
-        reqs = [(list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size) for r in request.container_requests]
+        reqs = [
+            (list(r.available_deviceIDs), list(r.must_include_deviceIDs), r.allocation_size)
+            for r in request.container_requests
+        ]
         chosen = await preferred_allocation(self.allocator, reqs)
         return pb.PreferredAllocationResponse(
             container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in chosen]
@@ -83,7 +88,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-async def register_with_kubelet(plugin_dir: Path, endpoint: str, resource: str, preferred: bool, timeout: float = 5.0) -> None:
+async def register_with_kubelet(
+    plugin_dir: Path, endpoint: str, resource: str, preferred: bool, timeout: float = 5.0
+) -> None:
     async with grpc.aio.insecure_channel(f"unix://{plugin_dir / KUBELET_SOCKET}") as channel:
         stub = pb_grpc.RegistrationStub(channel)
         await stub.Register(
@@ -145,7 +152,10 @@ class PluginServer:
             return False
         try:
             await register_with_kubelet(
-                self.plugin_dir, self.socket.name, self.settings.resource_name, self.settings.enable_preferred_allocation
+                self.plugin_dir,
+                self.socket.name,
+                self.settings.resource_name,
+                self.settings.enable_preferred_allocation,
             )
         except grpc.aio.AioRpcError as exc:
             log.error("registration with the kubelet failed: %s %s", exc.code().name, exc.details())

@@ -47,11 +47,15 @@ def check_strategy(strategy: str, operating_mode: str) -> None:
     if strategy not in STRATEGIES:
         raise StaticMigError(f"migstrategy: expected one of none, single, mixed, got {strategy!r}")
     if strategy == "single":
-        raise StaticMigError("migstrategy 'single' is not supported (it would advertise MIG instances as "
-                             "nvidia.com/gpu, which hami shares); use 'mixed' (nvidia.com/mig-<profile>)")
+        raise StaticMigError(
+            "migstrategy 'single' is not supported (it would advertise MIG instances as "
+            "nvidia.com/gpu, which hami shares); use 'mixed' (nvidia.com/mig-<profile>)"
+        )
     if strategy == "mixed" and operating_mode == "mig":
-        raise StaticMigError("migstrategy 'mixed' cannot be combined with operatingmode 'mig' (dynamic MIG makes and "
-                             "destroys the instances itself); use one of them")
+        raise StaticMigError(
+            "migstrategy 'mixed' cannot be combined with operatingmode 'mig' (dynamic MIG makes and "
+            "destroys the instances itself); use one of them"
+        )
 
 
 def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[str, list[str]]:
@@ -119,12 +123,19 @@ class StaticMigService(pb_grpc.DevicePluginServicer):
         for req in request.container_requests:
             unknown = [i for i in req.devices_ids if i not in self.resource.mig_uuids]
             if unknown:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"{self.resource.settings.resource_name}: unknown MIG device(s) {unknown}")
-            out.append(pb.ContainerAllocateResponse(
-                envs=contract.visible_devices(req.devices_ids),
-                mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                        for m in self.driver_mounts]))
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{self.resource.settings.resource_name}: unknown MIG device(s) {unknown}",
+                )
+            out.append(
+                pb.ContainerAllocateResponse(
+                    envs=contract.visible_devices(req.devices_ids),
+                    mounts=[
+                        pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                        for m in self.driver_mounts
+                    ],
+                )
+            )
             log.info("%s: allocated %s", self.resource.settings.resource_name, ", ".join(req.devices_ids))
         return pb.AllocateResponse(container_responses=out)
 

@@ -21,8 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami.node.nvml import (TOPOLOGY_HOSTBRIDGE, TOPOLOGY_INTERNAL, TOPOLOGY_MULTIPLE, TOPOLOGY_NODE, TOPOLOGY_SINGLE,
-                            TOPOLOGY_SYSTEM, Topology)
+from hami.node.nvml import (
+    TOPOLOGY_HOSTBRIDGE,
+    TOPOLOGY_INTERNAL,
+    TOPOLOGY_MULTIPLE,
+    TOPOLOGY_NODE,
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
+    Topology,
+)
 
 #: PCIe common ancestor (NVML topology level) -> HAMi link score.
 PCIE_SCORES = {

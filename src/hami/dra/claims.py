@@ -131,17 +131,30 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
         if not isinstance(consumed, Mapping):
             raise ClaimError(f"{where}.consumedCapacity must be an object, got {type(consumed).__name__}")
         amounts = {k: _amount(consumed.get(k), f"{where}.consumedCapacity.{k}") for k in CAPACITIES}
-        shares.append(DeviceShare(str(r.get("pool") or ""), str(r.get("device") or ""), str(r.get("request") or ""),
-                                  amounts[MEMORY], amounts[CORES], amounts[SHARES],
-                                  str(r["shareID"]) if r.get("shareID") else None))
+        shares.append(
+            DeviceShare(
+                str(r.get("pool") or ""),
+                str(r.get("device") or ""),
+                str(r.get("request") or ""),
+                amounts[MEMORY],
+                amounts[CORES],
+                amounts[SHARES],
+                str(r["shareID"]) if r.get("shareID") else None,
+            )
+        )
     if not shares:
         return None
     consumers = []
     for c in status.get("reservedFor") or ():
         if isinstance(c, Mapping):
             consumers.append(Consumer(str(c.get("resource") or ""), str(c.get("name") or ""), str(c.get("uid") or "")))
-    return ClaimUsage(str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""),
-                      tuple(shares), tuple(consumers))
+    return ClaimUsage(
+        str(meta.get("namespace") or ""),
+        str(meta.get("name") or ""),
+        str(meta.get("uid") or ""),
+        tuple(shares),
+        tuple(consumers),
+    )
 
 
 def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -167,7 +180,10 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
                 return (attrs.get(name) or {}).get(kind, default)
 
             out[(pool, d.get("name", ""))] = {
-                "uuid": attr("uuid", "string", ""), "index": attr("index", "int", None),
-                "model": attr("type", "string", "") or attr("model", "string", ""), "numa": attr("numa", "int", 0),
-                "total": total}
+                "uuid": attr("uuid", "string", ""),
+                "index": attr("index", "int", None),
+                "model": attr("type", "string", "") or attr("model", "string", ""),
+                "numa": attr("numa", "int", 0),
+                "total": total,
+            }
     return out

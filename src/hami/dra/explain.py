@@ -26,8 +26,10 @@ def describe(uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, A
     lines = []
     for key in sorted(uses):
         d = uses[key]
-        line = (f"{d.pool}/{d.device}: memory {d.used[MEMORY] // MIB}/{d.total[MEMORY] // MIB} MiB, "
-                f"cores {d.used[CORES]}/{d.total[CORES]}, shares {d.used[SHARES]}/{d.total[SHARES]}")
+        line = (
+            f"{d.pool}/{d.device}: memory {d.used[MEMORY] // MIB}/{d.total[MEMORY] // MIB} MiB, "
+            f"cores {d.used[CORES]}/{d.total[CORES]}, shares {d.used[SHARES]}/{d.total[SHARES]}"
+        )
         if requests is not None:
             why = shortfall(d, requests)
             line += f" -> {'fits' if not why else why}"
@@ -38,8 +40,11 @@ def describe(uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, A
 def claim_requests(claim: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(request name, capacity requests) of the claim's requests (``exactly``) that are not yet allocated."""
     reqs = (((claim.get("spec") or {}).get("devices") or {}).get("requests")) or ()
-    return [(r.get("name", ""), dict(((r.get("exactly") or {}).get("capacity") or {}).get("requests") or {}))
-            for r in reqs if r.get("exactly")]
+    return [
+        (r.get("name", ""), dict(((r.get("exactly") or {}).get("capacity") or {}).get("requests") or {}))
+        for r in reqs
+        if r.get("exactly")
+    ]
 
 
 def uses_dra(pod: Mapping[str, Any]) -> bool:
@@ -53,10 +58,14 @@ def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims:
     meta = pod.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta.get("name") or "?"
     uses = usage(slices, claims)
-    by_name = {(c.get("metadata") or {}).get("name"): c for c in claims
-               if (c.get("metadata") or {}).get("namespace") == namespace}
-    statuses = {s.get("name"): s.get("resourceClaimName")
-                for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    by_name = {
+        (c.get("metadata") or {}).get("name"): c
+        for c in claims
+        if (c.get("metadata") or {}).get("namespace") == namespace
+    }
+    statuses = {
+        s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+    }
     node = (pod.get("spec") or {}).get("nodeName")
     lines = [f"pod {namespace}/{name}: node {node or '(none)'}"]
     lines += describe(uses) if uses else ["no gpu.hami.io GPU is published"]
@@ -66,7 +75,9 @@ def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims:
         claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
         claim = by_name.get(claim_name or "")
         if claim is None:
-            lines.append(f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)")
+            lines.append(
+                f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)"
+            )
             missing = True
             continue
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
@@ -103,6 +114,8 @@ def _search(pending: Mapping[str, Mapping[str, Any]], uses: Mapping[tuple[str, s
         if found.picks is None:
             lines.append(f"  {pool}: {why_not_claims(devices, asks, found)}")
         else:
-            where = ", ".join(f"{a.name} on {'+'.join(p.device.device for p in picks)}" for a, picks in zip(asks, found.picks))
+            where = ", ".join(
+                f"{a.name} on {'+'.join(p.device.device for p in picks)}" for a, picks in zip(asks, found.picks)
+            )
             lines.append(f"  {pool}: fits ({where})")
     return lines

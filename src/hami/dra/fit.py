@@ -40,23 +40,66 @@ TOO_BIG = "asks for more than the whole GPU"
 
 
 # Shapes (hami.core.shape schemas) of the resource.k8s.io/v1 fields read here, for input from files.
-CLAIM_SPEC = {"devices": {
-    "requests": ListOf({"name": str, "firstAvailable": ListOf({}), "exactly": {
-        "deviceClassName": str, "allocationMode": str, "count": int, "capacity": {"requests": MapOf(QTY)}}}),
-    "constraints": ListOf({"requests": ListOf(str), "distinctAttribute": str, "matchAttribute": str})}}
+CLAIM_SPEC = {
+    "devices": {
+        "requests": ListOf(
+            {
+                "name": str,
+                "firstAvailable": ListOf({}),
+                "exactly": {
+                    "deviceClassName": str,
+                    "allocationMode": str,
+                    "count": int,
+                    "capacity": {"requests": MapOf(QTY)},
+                },
+            }
+        ),
+        "constraints": ListOf({"requests": ListOf(str), "distinctAttribute": str, "matchAttribute": str}),
+    }
+}
 RESULT = {"request": str, "driver": str, "pool": str, "device": str, "consumedCapacity": MapOf(QTY)}
-CLAIM = {"apiVersion": str, "kind": str, "metadata": META, "spec": CLAIM_SPEC,
-         "status": {"allocation": {"devices": {"results": ListOf(RESULT)}}}}
+CLAIM = {
+    "apiVersion": str,
+    "kind": str,
+    "metadata": META,
+    "spec": CLAIM_SPEC,
+    "status": {"allocation": {"devices": {"results": ListOf(RESULT)}}},
+}
 CLAIM_TEMPLATE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {"spec": CLAIM_SPEC}}
-SLICE = {"apiVersion": str, "kind": str, "metadata": META, "spec": {
-    "driver": str, "nodeName": str, "pool": {"name": str}, "devices": ListOf({
-        "name": str, "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
-        "capacity": MapOf({"value": QTY, "requestPolicy": {
-            "default": QTY, "validRange": {"min": QTY, "max": QTY, "step": QTY}, "validValues": ListOf(QTY)}})})}}
+SLICE = {
+    "apiVersion": str,
+    "kind": str,
+    "metadata": META,
+    "spec": {
+        "driver": str,
+        "nodeName": str,
+        "pool": {"name": str},
+        "devices": ListOf(
+            {
+                "name": str,
+                "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
+                "capacity": MapOf(
+                    {
+                        "value": QTY,
+                        "requestPolicy": {
+                            "default": QTY,
+                            "validRange": {"min": QTY, "max": QTY, "step": QTY},
+                            "validValues": ListOf(QTY),
+                        },
+                    }
+                ),
+            }
+        ),
+    },
+}
 _CLAIM_USER = {"resources": {"claims": ListOf({"name": str, "request": str})}}
-POD_CLAIMS = {"spec": {"resourceClaims": ListOf({"name": str, "resourceClaimName": str,
-                                                 "resourceClaimTemplateName": str}),
-                       "containers": ListOf(_CLAIM_USER), "initContainers": ListOf(_CLAIM_USER)}}
+POD_CLAIMS = {
+    "spec": {
+        "resourceClaims": ListOf({"name": str, "resourceClaimName": str, "resourceClaimTemplateName": str}),
+        "containers": ListOf(_CLAIM_USER),
+        "initContainers": ListOf(_CLAIM_USER),
+    }
+}
 
 
 @dataclass(frozen=True)
@@ -103,8 +146,9 @@ class DeviceUse:
         return self.total.get(name, 0) - self.used.get(name, 0)
 
     def policy(self, name: str) -> Policy:
-        return self.policies.get(name) or Policy(self.default.get(name, self.total.get(name, 0)),
-                                                 step=MIB if name == MEMORY else 1)
+        return self.policies.get(name) or Policy(
+            self.default.get(name, self.total.get(name, 0)), step=MIB if name == MEMORY else 1
+        )
 
 
 def _int(value: Any, where: str) -> int:
@@ -120,9 +164,13 @@ def _policy(cap: Mapping[str, Any], total: int, name: str) -> Policy:
     rng = pol.get("validRange") or {}
     values = tuple(sorted(_int(v, name) for v in pol.get("validValues") or ()))
     step = _int(rng.get("step"), name) if rng.get("step") is not None else 1
-    return Policy(default, min=_int(rng.get("min"), name) if rng.get("min") is not None else 0,
-                  max=_int(rng["max"], name) if rng.get("max") is not None else None,
-                  step=step or 1, values=values)
+    return Policy(
+        default,
+        min=_int(rng.get("min"), name) if rng.get("min") is not None else 0,
+        max=_int(rng["max"], name) if rng.get("max") is not None else None,
+        step=step or 1,
+        values=values,
+    )
 
 
 def _attr_value(attr: Any) -> Any:
@@ -147,9 +195,15 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
             policies = {k: _policy(caps.get(k) or {}, total[k], k) for k in CAPACITIES}
             attrs = {f"{DRIVER}/{k}": _attr_value(v) for k, v in (d.get("attributes") or {}).items()}
             uuid = attrs.get(f"{DRIVER}/uuid") or ""
-            out[(pool, d.get("name", ""))] = DeviceUse(pool, d.get("name", ""), uuid, total,
-                                                       {k: p.default for k, p in policies.items()},
-                                                       policies=policies, attributes=attrs)
+            out[(pool, d.get("name", ""))] = DeviceUse(
+                pool,
+                d.get("name", ""),
+                uuid,
+                total,
+                {k: p.default for k, p in policies.items()},
+                policies=policies,
+                attributes=attrs,
+            )
     return out
 
 
@@ -159,7 +213,9 @@ def allocation_results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER]
 
 
-def add_claims(devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage]) -> dict[tuple[str, str], DeviceUse]:
+def add_claims(
+    devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage]
+) -> dict[tuple[str, str], DeviceUse]:
     """Add what ``claims`` consume to ``devices`` (a capacity a result does not record takes all
     of it: an exclusive allocation; a result on a device not listed is left out)."""
     for u in claims:
@@ -261,13 +317,16 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
                 parse_int_quantity(v, f"{at}.exactly.capacity.requests.{k}")
             except QuantityError as exc:
                 raise ClaimError(str(exc)) from None
-        out.append(Request(str(r["name"]), str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count,
-                           dict(caps)))
+        out.append(
+            Request(str(r["name"]), str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps))
+        )
     if not out:
         raise ClaimError(f"{where}.devices.requests: no request")
     if sum(max(r.count, 0) for r in out) > MAX_RESULTS:
-        raise ClaimError(f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
-                         f"a claim holds at most {MAX_RESULTS}")
+        raise ClaimError(
+            f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
+            f"a claim holds at most {MAX_RESULTS}"
+        )
     constraints = [dict(c) for c in devices.get("constraints") or () if isinstance(c, Mapping)]
     return out, constraints
 
@@ -281,8 +340,13 @@ class Pick:
     def result(self) -> dict[str, Any]:
         """The allocation result kube-scheduler writes for this pick."""
         consumed = {k: (f"{v // MIB}Mi" if k == MEMORY and v % MIB == 0 else str(v)) for k, v in self.consumed.items()}
-        return {"request": self.request, "driver": DRIVER, "pool": self.device.pool, "device": self.device.device,
-                "consumedCapacity": consumed}
+        return {
+            "request": self.request,
+            "driver": DRIVER,
+            "pool": self.device.pool,
+            "device": self.device.device,
+            "consumedCapacity": consumed,
+        }
 
 
 def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pick], new: Pick) -> bool:
@@ -294,12 +358,14 @@ def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pic
         if c.get("distinctAttribute"):
             a = c["distinctAttribute"]
             if new.device.attributes.get(a) is None or any(
-                    p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers):
+                p.device.attributes.get(a) == new.device.attributes.get(a) for p in peers
+            ):
                 return False
         if c.get("matchAttribute"):
             a = c["matchAttribute"]
             if new.device.attributes.get(a) is None or any(
-                    p.device.attributes.get(a) != new.device.attributes.get(a) for p in peers):
+                p.device.attributes.get(a) != new.device.attributes.get(a) for p in peers
+            ):
                 return False
     return True
 
@@ -381,7 +447,9 @@ def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Sl
     return slots
 
 
-def _too_much(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Sequence[_Slot]) -> tuple[int, str] | None:
+def _too_much(
+    devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Sequence[_Slot]
+) -> tuple[int, str] | None:
     """A bound that ends hopeless searches at once: each device of a claim consumes at least its
     request's least amount over the devices, and all of them together cannot pass what the GPUs
     have left. The first claim where they would, and what is asked; None when within."""
@@ -389,17 +457,20 @@ def _too_much(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: S
         left = sum(max(d.left(k), 0) for d in devices)
         asked = 0
         for slot in slots:
-            where = slot.needs if slot.fixed is None else slot.needs[slot.fixed:slot.fixed + 1]
+            where = slot.needs if slot.fixed is None else slot.needs[slot.fixed : slot.fixed + 1]
             asked += min(n[k] for n in where if n is not None)  # _slots saw one device at least
             if asked > left:
-                what = (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}") + ", the GPUs have " + \
-                    (f"{left // MIB} MiB" if k == MEMORY else f"{left}") + " left"
+                what = (
+                    (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}")
+                    + ", the GPUs have "
+                    + (f"{left // MIB} MiB" if k == MEMORY else f"{left}")
+                    + " left"
+                )
                 return slot.claim, what
     return None
 
 
-def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
-                    steps: int = SEARCH_STEPS) -> Search:
+def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], steps: int = SEARCH_STEPS) -> Search:
     """All of a pod's unallocated claims on one node's devices in one search, as kube-scheduler's
     structured allocator does it: depth first over the claims in the pod's order, each claim's
     requests in order, each request's devices in slice order. The devices of one request are
@@ -425,7 +496,7 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
     while level < len(slots):
         slot = slots[level]
         if slot.claim > found.stuck:
-            found.stuck, found.prefix = slot.claim, [list(m) for m in mine[:slot.claim]]
+            found.stuck, found.prefix = slot.claim, [list(m) for m in mine[: slot.claim]]
         constraints = claims[slot.claim].constraints
         pick = None
         at = cursor[level]
@@ -440,8 +511,11 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
             if slot.fixed is not None and constraints and not _constraint_ok(constraints, mine[slot.claim], p):
                 # All: a device the claim's constraints refuse is an error that ends the whole
                 # search in the allocator, not a dead end to back out of
-                found.stuck, found.broken = slot.claim, f"request {slot.request.name} (allocationMode All): " \
-                    f"{devices[i].device} breaks a constraint of the claim, which ends kube-scheduler's search"
+                found.stuck, found.broken = (
+                    slot.claim,
+                    f"request {slot.request.name} (allocationMode All): "
+                    f"{devices[i].device} breaks a constraint of the claim, which ends kube-scheduler's search",
+                )
                 return found
             if not all(need[k] <= devices[i].left(k) - extra[i][k] for k in CAPACITIES):
                 continue
@@ -477,8 +551,9 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk],
     return Search(out)
 
 
-def allocate(devices: Sequence[DeviceUse], requests: Sequence[Request],
-             constraints: Sequence[Mapping[str, Any]] = ()) -> list[Pick] | None:
+def allocate(
+    devices: Sequence[DeviceUse], requests: Sequence[Request], constraints: Sequence[Mapping[str, Any]] = ()
+) -> list[Pick] | None:
     """The first allocation of one claim's requests on one node's devices (slice order), or None.
     Nothing is changed: commit the picks with :func:`commit`."""
     found = allocate_claims(devices, [ClaimAsk("", requests, constraints)])
@@ -501,8 +576,9 @@ def release(picks: Iterable[Pick], claim: str) -> None:
             p.device.claims.remove(claim)
 
 
-def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str,
-            constraints: Sequence[Mapping[str, Any]] = ()) -> str:
+def why_not(
+    devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str, constraints: Sequence[Mapping[str, Any]] = ()
+) -> str:
     """Why one claim cannot be allocated on these devices: per request, GPU by GPU, what is short
     (the wording of :func:`shortfall`); a request of ``count`` N needs N distinct GPUs."""
     if not devices:
@@ -511,8 +587,10 @@ def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: st
     asked = 0
     for r in requests:
         if r.device_class not in CLASSES:
-            parts.append(f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
-                         f"{' or '.join(sorted(CLASSES))}")
+            parts.append(
+                f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
+                f"{' or '.join(sorted(CLASSES))}"
+            )
             continue
         room = _room(devices, r)
         asked += room if r.count < 0 else r.count
@@ -523,19 +601,24 @@ def why_not(devices: Sequence[DeviceUse], requests: Sequence[Request], claim: st
         if need > len(devices):
             parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
         elif need > 1:
-            parts.append(f"claim {claim} request {r.name} needs {need} GPUs, {room} fit" + (f" ({gpus})" if gpus else ""))
+            parts.append(
+                f"claim {claim} request {r.name} needs {need} GPUs, {room} fit" + (f" ({gpus})" if gpus else "")
+            )
         else:
             parts.append(f"claim {claim} request {r.name}{' (allocationMode All)' if r.count < 0 else ''}: {gpus}")
     if not parts and asked > MAX_RESULTS:
-        return f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every GPU with room), " \
-               f"a claim holds at most {MAX_RESULTS}"
+        return (
+            f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every GPU with room), "
+            f"a claim holds at most {MAX_RESULTS}"
+        )
     if not parts:
         return f"claim {claim}: every request fits on its own, but not together (constraints or shared GPUs)"
     return "; ".join(parts)
 
 
-def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], found: Search,
-                   steps: int = SEARCH_STEPS) -> str:
+def why_not_claims(
+    devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], found: Search, steps: int = SEARCH_STEPS
+) -> str:
     """Why :func:`allocate_claims` found nothing, naming the claim it could not get past: what
     that claim is short of on its own (:func:`why_not`), or with the claims before it placed
     where the search put them first, or what the claims up to it ask together beyond what the
@@ -544,14 +627,19 @@ def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], fou
         return ""
     stuck = claims[max(found.stuck, 0)]
     if found.gave_up:
-        return (f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "
-                "bounds it by time instead)")
-    before = claims[:max(found.stuck, 0)]
+        return (
+            f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "
+            "bounds it by time instead)"
+        )
+    before = claims[: max(found.stuck, 0)]
     if found.broken:
         return f"claim {stuck.name} {found.broken}"
     if found.short:
-        return (f"claim {stuck.name}: the pod's claims up to it ask at least {found.short}" if before else
-                f"claim {stuck.name}: asks at least {found.short}")
+        return (
+            f"claim {stuck.name}: the pod's claims up to it ask at least {found.short}"
+            if before
+            else f"claim {stuck.name}: asks at least {found.short}"
+        )
     if not before or allocate_claims(devices, [stuck], steps).picks is None:  # it cannot be had even alone
         return why_not(devices, stuck.requests, stuck.name, stuck.constraints)
     held = [p for picks in found.prefix for p in picks]
@@ -561,7 +649,11 @@ def why_not_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], fou
     finally:
         release(held, "(search)")
     if why.endswith("but not together (constraints or shared GPUs)"):
-        return (f"claim {stuck.name}: fits on its own, but not beside the pod's claim{'s' if len(before) > 1 else ''} "
-                f"{', '.join(c.name for c in before)} (every placement of them tried)")
-    where = ", ".join(f"{c.name} on {'+'.join(p.device.device for p in picks)}" for c, picks in zip(before, found.prefix))
+        return (
+            f"claim {stuck.name}: fits on its own, but not beside the pod's claim{'s' if len(before) > 1 else ''} "
+            f"{', '.join(c.name for c in before)} (every placement of them tried)"
+        )
+    where = ", ".join(
+        f"{c.name} on {'+'.join(p.device.device for p in picks)}" for c, picks in zip(before, found.prefix)
+    )
     return f"{why} (after the pod's claim{'s' if len(before) > 1 else ''} {where}; no other placement of them leaves room either)"

@@ -57,17 +57,20 @@ class GpuLike(Protocol):
 class SliceSettings:
     """The node settings that shape the published devices (HAMi's names in comments)."""
 
-    split_count: int = 10            # deviceSplitCount
-    memory_scaling: float = 1.0      # deviceMemoryScaling
-    core_scaling: float = 1.0        # deviceCoreScaling
-    default_cores: int = 0           # defaultCores
-    min_memory_mib: int = 1          # the smallest share of memory one allocation may take
-    driver_version: str = ""         # NVML's system driver version
+    split_count: int = 10  # deviceSplitCount
+    memory_scaling: float = 1.0  # deviceMemoryScaling
+    core_scaling: float = 1.0  # deviceCoreScaling
+    default_cores: int = 0  # defaultCores
+    min_memory_mib: int = 1  # the smallest share of memory one allocation may take
+    driver_version: str = ""  # NVML's system driver version
     mig_capable: frozenset[str] = frozenset()  # UUIDs of GPUs that support MIG
 
     def __post_init__(self) -> None:
-        for name, count, low in (("split_count", self.split_count, 1), ("min_memory_mib", self.min_memory_mib, 1),
-                                 ("default_cores", self.default_cores, 0)):
+        for name, count, low in (
+            ("split_count", self.split_count, 1),
+            ("min_memory_mib", self.min_memory_mib, 1),
+            ("default_cores", self.default_cores, 0),
+        ):
             if not isinstance(count, int) or count < low:
                 raise ValueError(f"SliceSettings.{name} must be an integer >= {low}, got {count!r}")
         for name, factor in (("memory_scaling", self.memory_scaling), ("core_scaling", self.core_scaling)):
@@ -111,11 +114,20 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
             "driverVersion": _attr("string", s.driver_version or "unknown"),
         },
         "capacity": {
-            MEMORY: {"value": str(mem), "requestPolicy": {
-                "default": str(mem),
-                "validRange": {"min": f"{s.min_memory_mib}Mi", "max": str(mem), "step": "1Mi"}}},
-            CORES: {"value": str(cores), "requestPolicy": {
-                "default": str(default_cores), "validRange": {"min": "0", "max": str(cores), "step": "1"}}},
+            MEMORY: {
+                "value": str(mem),
+                "requestPolicy": {
+                    "default": str(mem),
+                    "validRange": {"min": f"{s.min_memory_mib}Mi", "max": str(mem), "step": "1Mi"},
+                },
+            },
+            CORES: {
+                "value": str(cores),
+                "requestPolicy": {
+                    "default": str(default_cores),
+                    "validRange": {"min": "0", "max": str(cores), "step": "1"},
+                },
+            },
             SHARES: {"value": str(s.split_count), "requestPolicy": {"default": "1", "validValues": ["1"]}},
         },
         "allowMultipleAllocations": True,
@@ -126,8 +138,9 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def resource_slice(node: str, gpus: Iterable[GpuLike], s: SliceSettings, generation: int = 1,
-                   unhealthy: frozenset[str] = frozenset()) -> dict[str, Any]:
+def resource_slice(
+    node: str, gpus: Iterable[GpuLike], s: SliceSettings, generation: int = 1, unhealthy: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """The node's one ResourceSlice (pool = node name). An unhealthy GPU is left out: DRA has no
     per-device health in the slice that kube-scheduler honours, so absence is what keeps new
     claims off it (claims already prepared keep running)."""
@@ -150,8 +163,12 @@ def resource_slice(node: str, gpus: Iterable[GpuLike], s: SliceSettings, generat
 def class_config(isolation: str) -> dict[str, Any]:
     """The opaque configuration a DeviceClass hands the kubelet plugin: ``hami-core`` (libvgpu)
     or ``none`` (a whole GPU, no preload)."""
-    return {"opaque": {"driver": DRIVER, "parameters": {
-        "apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "isolation": isolation}}}
+    return {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "isolation": isolation},
+        }
+    }
 
 
 def device_classes(extended_resource_name: str | None = None) -> list[dict[str, Any]]:

@@ -57,8 +57,12 @@ def _claim_spec(nums: int, memory_mib: int | None, cores: int, device_class: str
     requests: dict[str, str] = {CORES: str(cores)}
     if memory_mib is not None:
         requests[MEMORY] = f"{memory_mib}Mi"
-    exactly = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": nums,
-               "capacity": {"requests": requests}}
+    exactly = {
+        "deviceClassName": device_class,
+        "allocationMode": "ExactCount",
+        "count": nums,
+        "capacity": {"requests": requests},
+    }
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
     if nums > 1:
         devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
@@ -81,8 +85,9 @@ def _strip(container: dict, names: Sequence[str]) -> None:
                 resources.pop(section)
 
 
-def translate(pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLASS,
-              namespace: str = "") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def translate(
+    pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLASS, namespace: str = ""
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(pod using claims, ResourceClaimTemplates it needs). ``pod`` is admitted (defaults applied);
     ``vendor`` is the NVIDIA vendor (its resource names and defaults). A pod with no NVIDIA
     request comes back unchanged with no template."""
@@ -104,15 +109,23 @@ def translate(pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLA
         where = f"pod {(pod.get('metadata') or {}).get('name') or '?'} container {creq.name!r}"
         pct = r.mem_percentage
         if pct != PERCENT_UNSET and pct != 100:
-            raise TranslationError(f"{where}: {names.memory_percentage}={pct} cannot be expressed on the DRA front end "
-                                   f"(capacity requests are amounts); ask for {names.memory} in MiB instead")
+            raise TranslationError(
+                f"{where}: {names.memory_percentage}={pct} cannot be expressed on the DRA front end "
+                f"(capacity requests are amounts); ask for {names.memory} in MiB instead"
+            )
         exclusive = r.coresreq >= 100 or pct == 100 or r.memreq <= 0
         cspec = _claim_spec(r.nums, None if exclusive else r.memreq, r.coresreq, device_class)
         tname = template_name(cspec)
-        templates[tname] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                            "metadata": {"name": tname, "labels": {"app.kubernetes.io/managed-by": "hami-webhook"},
-                                         **({"namespace": namespace} if namespace else {})},
-                            "spec": {"spec": cspec}}
+        templates[tname] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {
+                "name": tname,
+                "labels": {"app.kubernetes.io/managed-by": "hami-webhook"},
+                **({"namespace": namespace} if namespace else {}),
+            },
+            "spec": {"spec": cspec},
+        }
         if i >= n_init and reusable.get(tname):
             claim = reusable[tname].pop(0)  # the init container's, which has exited by now
         else:

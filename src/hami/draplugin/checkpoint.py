@@ -46,8 +46,10 @@ class Checkpoint:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"checkpoint {self.path}: not JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("claims"), dict):
-            raise CheckpointError(f"checkpoint {self.path}: expected {{\"version\": {VERSION}, \"claims\": {{...}}}}, "
-                                  f"got version {doc.get('version') if isinstance(doc, dict) else None!r}")
+            raise CheckpointError(
+                f'checkpoint {self.path}: expected {{"version": {VERSION}, "claims": {{...}}}}, '
+                f"got version {doc.get('version') if isinstance(doc, dict) else None!r}"
+            )
         return doc["claims"]
 
     def _save(self) -> None:

@@ -28,27 +28,51 @@ EXIT_CONFIG, EXIT_NVML = 2, 3
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_node_flags(p)
-    p.add_argument("--kubelet-dir", default="/var/lib/kubelet",
-                   help="the kubelet's root: plugins_registry/ and plugins/ are under it (default %(default)s)")
+    p.add_argument(
+        "--kubelet-dir",
+        default="/var/lib/kubelet",
+        help="the kubelet's root: plugins_registry/ and plugins/ are under it (default %(default)s)",
+    )
     p.add_argument("--state-dir", default="/var/lib/hami-dra", help="where the checkpoint lives (default %(default)s)")
     p.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written (default %(default)s)")
-    p.add_argument("--default-cores", type=int, default=0, help="cores a share takes when it asks for none (HAMi's defaultCores)")
-    p.add_argument("--min-memory", type=int, default=1, metavar="MIB", help="the smallest memory share, MiB (default 1)")
+    p.add_argument(
+        "--default-cores", type=int, default=0, help="cores a share takes when it asks for none (HAMi's defaultCores)"
+    )
+    p.add_argument(
+        "--min-memory", type=int, default=1, metavar="MIB", help="the smallest memory share, MiB (default 1)"
+    )
     p.add_argument("--apply-classes", action="store_true", help="also create or update the DeviceClasses")
-    p.add_argument("--extended-resource-name", default="",
-                   help="with --apply-classes: map this extended resource (e.g. nvidia.com/gpu) to the share class (KEP-5004)")
+    p.add_argument(
+        "--extended-resource-name",
+        default="",
+        help="with --apply-classes: map this extended resource (e.g. nvidia.com/gpu) to the share class (KEP-5004)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the ResourceSlice and DeviceClasses, then exit")
-    p.add_argument("--explain", metavar="NAMESPACE/POD", default="",
-                   help="print what each gpu.hami.io GPU holds and, for the pod's unallocated claims, why they do not "
-                        "fit there; reads the cluster (--kubeconfig), needs no node, NVML or --node-name")
+    p.add_argument(
+        "--explain",
+        metavar="NAMESPACE/POD",
+        default="",
+        help="print what each gpu.hami.io GPU holds and, for the pod's unallocated claims, why they do not "
+        "fit there; reads the cluster (--kubeconfig), needs no node, NVML or --node-name",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
-def slice_settings(settings: NodeSettings, args: argparse.Namespace, driver_version: str = "",
-                   mig_capable: frozenset[str] = frozenset()) -> SliceSettings:
-    return SliceSettings(split_count=settings.device_split_count, memory_scaling=settings.device_memory_scaling,
-                         core_scaling=settings.device_core_scaling, default_cores=args.default_cores,
-                         min_memory_mib=args.min_memory, driver_version=driver_version, mig_capable=mig_capable)
+def slice_settings(
+    settings: NodeSettings,
+    args: argparse.Namespace,
+    driver_version: str = "",
+    mig_capable: frozenset[str] = frozenset(),
+) -> SliceSettings:
+    return SliceSettings(
+        split_count=settings.device_split_count,
+        memory_scaling=settings.device_memory_scaling,
+        core_scaling=settings.device_core_scaling,
+        default_cores=args.default_cores,
+        min_memory_mib=args.min_memory,
+        driver_version=driver_version,
+        mig_capable=mig_capable,
+    )
 
 
 def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
@@ -78,10 +102,21 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
 
-        paths = Paths(hook_path=args.hook_path, lock_dir=args.lock_dir, driver_mounts=tuple(args.driver_mount),
-                      cdi_dir=args.cdi_dir)
-        driver = Driver(args.node_name, gpus, s, Checkpoint(Path(args.state_dir) / "checkpoint.json"), read_claim,
-                        paths, contract.options(settings))
+        paths = Paths(
+            hook_path=args.hook_path,
+            lock_dir=args.lock_dir,
+            driver_mounts=tuple(args.driver_mount),
+            cdi_dir=args.cdi_dir,
+        )
+        driver = Driver(
+            args.node_name,
+            gpus,
+            s,
+            Checkpoint(Path(args.state_dir) / "checkpoint.json"),
+            read_claim,
+            paths,
+            contract.options(settings),
+        )
         # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
         # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
         prepare_hook_dir(paths)
@@ -103,9 +138,15 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
             watcher.start()
         # the kubelet deletes every ResourceSlice of its node when it starts (and a driver's slices
         # when its plugin stays away): watch ours and publish it again when it is gone
-        guard = asyncio.create_task(Reflector(
-            kube, "/apis/resource.k8s.io/v1/resourceslices", SliceKeeper(slice_name(args.node_name), changed),
-            name="own ResourceSlice", field_selector=f"metadata.name={slice_name(args.node_name)}").run())
+        guard = asyncio.create_task(
+            Reflector(
+                kube,
+                "/apis/resource.k8s.io/v1/resourceslices",
+                SliceKeeper(slice_name(args.node_name), changed),
+                name="own ResourceSlice",
+                field_selector=f"metadata.name={slice_name(args.node_name)}",
+            ).run()
+        )
         try:
             while not stop.is_set():
                 waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
@@ -143,8 +184,11 @@ class SliceKeeper:
 
     def apply(self, event_type: str, obj: dict) -> None:
         if event_type == "DELETED" and (obj.get("metadata") or {}).get("name") == self.name:
-            log.warning("ResourceSlice %s was deleted (the kubelet wipes its node's slices when it starts); "
-                        "publishing it again", self.name)
+            log.warning(
+                "ResourceSlice %s was deleted (the kubelet wipes its node's slices when it starts); "
+                "publishing it again",
+                self.name,
+            )
             self.changed.set()
 
 
@@ -173,8 +217,10 @@ async def _explain(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.explain:
         return asyncio.run(_explain(args))
     if not args.node_name:
@@ -195,8 +241,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             s = slice_settings(settings, args, *_nvml_facts([g.uuid for g in gpus]))
             if args.dry_run:
-                print(json.dumps({"resourceSlice": resource_slice(args.node_name, gpus, s),
-                                  "deviceClasses": device_classes(args.extended_resource_name or None)}, indent=2))
+                print(
+                    json.dumps(
+                        {
+                            "resourceSlice": resource_slice(args.node_name, gpus, s),
+                            "deviceClasses": device_classes(args.extended_resource_name or None),
+                        },
+                        indent=2,
+                    )
+                )
                 return 0
         except ValueError as exc:
             print(f"hami dra: {exc}", file=sys.stderr)

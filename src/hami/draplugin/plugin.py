@@ -48,8 +48,16 @@ class Driver:
     """Prepare/unprepare claims for this node's GPUs. ``read_claim(namespace, name)`` returns the
     claim as the API server has it (raises on a failed read)."""
 
-    def __init__(self, node: str, gpus: Sequence[GpuLike], settings: SliceSettings, checkpoint: Checkpoint,
-                 read_claim: ClaimReader, paths: Paths = Paths(), options: Options = Options()) -> None:
+    def __init__(
+        self,
+        node: str,
+        gpus: Sequence[GpuLike],
+        settings: SliceSettings,
+        checkpoint: Checkpoint,
+        read_claim: ClaimReader,
+        paths: Paths = Paths(),
+        options: Options = Options(),
+    ) -> None:
         self.node, self.gpus, self.settings = node, tuple(gpus), settings
         self.checkpoint, self.read_claim, self.paths, self.options = checkpoint, read_claim, paths, options
         self._locks: dict[str, asyncio.Lock] = {}
@@ -71,26 +79,43 @@ class Driver:
             claim = await self.read_claim(namespace, name)
             got = (claim.get("metadata") or {}).get("uid")
             if got != uid:
-                raise PrepareError(f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
-                                   f"asked for {uid!r} (the claim was deleted and re-created)")
+                raise PrepareError(
+                    f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
+                    f"asked for {uid!r} (the claim was deleted and re-created)"
+                )
             p = plan(claim, self.node, self.gpus, self.settings)
             spec = cdi_spec(p, self.paths, self.options)
             cdi = Path(self.paths.cdi_file(uid))
             if p.isolation == "hami-core":
                 # the claim's shared region is created by the container's processes, of any UID
                 make_claim_dir(self.paths, uid)
-                write_atomic(self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid}))
+                write_atomic(
+                    self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid})
+                )
             write_document(spec, cdi)
             devices = response_devices(p)
             try:
-                self.checkpoint.put(uid, {"namespace": namespace, "name": name, "devices": devices,
-                                          "cdi_file": str(cdi), "cdi_spec": spec,
-                                          "claim_dir": self.paths.claim_dir(uid)})
+                self.checkpoint.put(
+                    uid,
+                    {
+                        "namespace": namespace,
+                        "name": name,
+                        "devices": devices,
+                        "cdi_file": str(cdi),
+                        "cdi_spec": spec,
+                        "claim_dir": self.paths.claim_dir(uid),
+                    },
+                )
             except CheckpointError:
                 cdi.unlink(missing_ok=True)
                 raise
-            log.info("prepared claim %s/%s (%s): %s", namespace, name, uid,
-                     ", ".join(f"{s.device} {s.memory_mib}MiB {s.cores}%" for s in p.shares))
+            log.info(
+                "prepared claim %s/%s (%s): %s",
+                namespace,
+                name,
+                uid,
+                ", ".join(f"{s.device} {s.memory_mib}MiB {s.cores}%" for s in p.shares),
+            )
             return devices
 
     async def unprepare(self, namespace: str, name: str, uid: str) -> None:
@@ -144,8 +169,9 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         self.registered = asyncio.Event()
 
     async def GetInfo(self, request, context):  # noqa: N802
-        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint,
-                                 supported_versions=[DRA_SERVICE])
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint, supported_versions=[DRA_SERVICE]
+        )
 
     async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
         self.status = (request.plugin_registered, request.error)

@@ -37,7 +37,18 @@ from typing import Any, Mapping, Sequence
 
 from hami.core.names import DRA_CDI_KIND
 from hami.core.quantity import QuantityError, parse_int_quantity
-from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND, CORES, DRIVER, MEMORY, MIB, GpuLike, SliceSettings, device_name, memory_bytes
+from hami.dra.model import (
+    CONFIG_API_VERSION,
+    CONFIG_KIND,
+    CORES,
+    DRIVER,
+    MEMORY,
+    MIB,
+    GpuLike,
+    SliceSettings,
+    device_name,
+    memory_bytes,
+)
 from hami.node import contract
 from hami.node.cdi import mount_edit
 from hami.node.contract import Options
@@ -99,8 +110,9 @@ def _get(obj: Any, *keys: str) -> Any:
 def _isolation(config: Sequence[Any], request: str, where: str) -> str:
     """The class or claim configuration for ``request`` (claim configuration wins, later wins)."""
     chosen = "hami-core"
-    ordered = sorted((c for c in config or () if isinstance(c, Mapping)),
-                     key=lambda c: 0 if c.get("source") == "FromClass" else 1)
+    ordered = sorted(
+        (c for c in config or () if isinstance(c, Mapping)), key=lambda c: 0 if c.get("source") == "FromClass" else 1
+    )
     for c in ordered:
         if c.get("requests") and request not in c["requests"] and request.split("/")[0] not in c["requests"]:
             continue
@@ -109,8 +121,10 @@ def _isolation(config: Sequence[Any], request: str, where: str) -> str:
             continue
         params = opaque.get("parameters") or {}
         if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
-            raise PrepareError(f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
-                               f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}")
+            raise PrepareError(
+                f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
+                f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}"
+            )
         value = params.get("isolation", "hami-core")
         if value not in ISOLATIONS:
             raise PrepareError(f"{where}: configuration isolation={value!r} is not one of {', '.join(ISOLATIONS)}")
@@ -147,8 +161,10 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
         where = f"{ref}: status.allocation.devices.results[{i}]"
         gpu = by_name.get(r.get("device"))
         if gpu is None:
-            raise PrepareError(f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
-                               f"(it has {', '.join(sorted(by_name)) or 'none'})")
+            raise PrepareError(
+                f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
+                f"(it has {', '.join(sorted(by_name)) or 'none'})"
+            )
         request = str(r.get("request") or "")
         iso = _isolation(config, request, f"{ref}: request {request!r}")
         if isolation is not None and iso != isolation:
@@ -158,16 +174,30 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
         mem = _consumed(r, MEMORY, where)
         mem = full if mem is None else mem
         if iso == "none" and mem != full:
-            raise PrepareError(f"{where}: the whole-GPU class must not ask for part of the memory "
-                               f"(consumed {mem} of {full} bytes)")
+            raise PrepareError(
+                f"{where}: the whole-GPU class must not ask for part of the memory (consumed {mem} of {full} bytes)"
+            )
         cores = _consumed(r, CORES, where)
-        shares.append(Share(request=request, device=device_name(gpu.index), uuid=gpu.uuid,
-                            memory_mib=mem // MIB, cores=settings.default_cores if cores is None else cores,
-                            share_id=r.get("shareID")))
+        shares.append(
+            Share(
+                request=request,
+                device=device_name(gpu.index),
+                uuid=gpu.uuid,
+                memory_mib=mem // MIB,
+                cores=settings.default_cores if cores is None else cores,
+                share_id=r.get("shareID"),
+            )
+        )
     if not shares:
         raise PrepareError(f"{ref}: no device of driver {DRIVER} on node {node} in its allocation")
-    return Plan(str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""),
-                node, isolation or "hami-core", tuple(shares))
+    return Plan(
+        str(meta.get("namespace") or ""),
+        str(meta.get("name") or ""),
+        str(meta.get("uid") or ""),
+        node,
+        isolation or "hami-core",
+        tuple(shares),
+    )
 
 
 def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
@@ -176,8 +206,11 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     env = contract.visible_devices([s.uuid for s in p.shares])
     region_dir = None
     if p.isolation == "hami-core":
-        limits = contract.Limits(memory=tuple(contract.mib(s.memory_mib) for s in p.shares), cores=p.shares[0].cores,
-                                 region=contract.claim_region(paths, p.uid))
+        limits = contract.Limits(
+            memory=tuple(contract.mib(s.memory_mib) for s in p.shares),
+            cores=p.shares[0].cores,
+            region=contract.claim_region(paths, p.uid),
+        )
         env.update(contract.limit_env(limits, opts))
         region_dir = paths.claim_dir(p.uid)
     # preload=True: no container's env is known when a claim is prepared (module doc)
@@ -190,16 +223,23 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
 
 def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     """The claim's CDI spec (one device named after the claim UID)."""
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "devices": [{"name": p.uid, "containerEdits": container_edits(p, paths, opts)}]}
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "devices": [{"name": p.uid, "containerEdits": container_edits(p, paths, opts)}],
+    }
 
 
 def response_devices(p: Plan) -> list[dict[str, Any]]:
     """The kubelet's Device entries: one per result; the claim's CDI device on the first."""
     out = []
     for i, s in enumerate(p.shares):
-        d: dict[str, Any] = {"request_names": [s.request], "pool_name": p.pool, "device_name": s.device,
-                             "cdi_device_ids": [p.cdi_device_id] if i == 0 else []}
+        d: dict[str, Any] = {
+            "request_names": [s.request],
+            "pool_name": p.pool,
+            "device_name": s.device,
+            "cdi_device_ids": [p.cdi_device_id] if i == 0 else [],
+        }
         if s.share_id:
             d["share_id"] = s.share_id
         out.append(d)

@@ -28,7 +28,9 @@ API = "/apis/resource.k8s.io/v1"
 
 
 async def _apply(kube: KubeClient, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return await kube.request("PATCH", path, [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")], obj, APPLY)
+    return await kube.request(
+        "PATCH", path, [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")], obj, APPLY
+    )
 
 
 async def apply_device_classes(kube: KubeClient, extended_resource_name: str | None = None) -> list[str]:
@@ -41,8 +43,14 @@ async def apply_device_classes(kube: KubeClient, extended_resource_name: str | N
     return names
 
 
-async def publish_slice(kube: KubeClient, node: str, gpus: Iterable[GpuLike], settings: SliceSettings,
-                        unhealthy: frozenset[str] = frozenset(), node_uid: str = "") -> dict[str, Any]:
+async def publish_slice(
+    kube: KubeClient,
+    node: str,
+    gpus: Iterable[GpuLike],
+    settings: SliceSettings,
+    unhealthy: frozenset[str] = frozenset(),
+    node_uid: str = "",
+) -> dict[str, Any]:
     """Apply the node's slice; returns it as the API server stored it."""
     path = f"{API}/resourceslices/{slice_name(node)}"
     gpus = list(gpus)
@@ -60,19 +68,30 @@ async def publish_slice(kube: KubeClient, node: str, gpus: Iterable[GpuLike], se
     if node_uid:
         wanted["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
     stored = await _apply(kube, path, wanted)
-    log.info("ResourceSlice %s: %d GPU(s), pool generation %d", slice_name(node), len(wanted["spec"]["devices"]),
-             wanted["spec"]["pool"]["generation"])
+    log.info(
+        "ResourceSlice %s: %d GPU(s), pool generation %d",
+        slice_name(node),
+        len(wanted["spec"]["devices"]),
+        wanted["spec"]["pool"]["generation"],
+    )
     return stored
 
 
 def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
     """Device names, UUIDs and capacity values: the pool's content, compared across the API's
     re-formatting of quantities (``"16106127360"`` comes back as ``"15Gi"``)."""
+
     def capacity(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-        return tuple(sorted((k, parse_int_quantity(v.get("value"), f"capacity.{k}"))
-                            for k, v in (d.get("capacity") or {}).items()))
-    return sorted((d["name"], ((d.get("attributes") or {}).get("uuid") or {}).get("string", ""), capacity(d))
-                  for d in obj["spec"].get("devices") or [])
+        return tuple(
+            sorted(
+                (k, parse_int_quantity(v.get("value"), f"capacity.{k}")) for k, v in (d.get("capacity") or {}).items()
+            )
+        )
+
+    return sorted(
+        (d["name"], ((d.get("attributes") or {}).get("uuid") or {}).get("string", ""), capacity(d))
+        for d in obj["spec"].get("devices") or []
+    )
 
 
 async def delete_slice(kube: KubeClient, node: str) -> None:

@@ -72,18 +72,36 @@ class KubeClient:
     async def close(self) -> None:
         await self.api.close()
 
-    async def open(self, method: str, path: str, query: Iterable[tuple[str, Any]] = (), body: Any = None,
-                   content_type: str = "application/json", timeout: float | None = None) -> Any:
+    async def open(
+        self,
+        method: str,
+        path: str,
+        query: Iterable[tuple[str, Any]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:
         """The raw aiohttp response (for watches); the caller reads and releases it."""
         return await self.api.call_api(
-            path, method, query_params=[(k, v) for k, v in query],
+            path,
+            method,
+            query_params=[(k, v) for k, v in query],
             header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body, auth_settings=["BearerToken"], _preload_content=False,
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
             _request_timeout=timeout if timeout is not None else self.timeout,
         )
 
-    async def request(self, method: str, path: str, query: Iterable[tuple[str, Any]] = (), body: Any = None,
-                      content_type: str = "application/json", timeout: float | None = None) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        query: Iterable[tuple[str, Any]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> Any:
         resp = await self.open(method, path, query, body, content_type, timeout)
         try:
             data = await resp.read()

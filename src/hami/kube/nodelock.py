@@ -42,7 +42,7 @@ class NodeLock:
 
 
 def rfc3339(now: datetime) -> str:
-    return now.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def lock_value(now: datetime, namespace: str, name: str) -> str:
@@ -142,8 +142,11 @@ def finished(owner: Any) -> bool:
     if owner is None or owner is MISSING:
         return False
     meta = owner.get("metadata") or {}
-    return (bool(meta.get("deletionTimestamp")) or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
-            or (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
+    return (
+        bool(meta.get("deletionTimestamp"))
+        or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
+        or (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+    )
 
 
 def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: Any) -> str | None:
@@ -215,9 +218,16 @@ ReadNode = Callable[[], Awaitable[tuple[Mapping[str, str], str]]]  # -> (annotat
 WriteNode = Callable[[Mapping[str, Any], str], Awaitable[None]]  # (annotations patch, resourceVersion)
 
 
-async def release(read: ReadNode, write: WriteNode, owner: tuple[str, str] | None,
-                  attempts: int = 5, delay: float = 0.05, *, key: str = NODE_LOCK,
-                  value: str | None = None) -> bool:
+async def release(
+    read: ReadNode,
+    write: WriteNode,
+    owner: tuple[str, str] | None,
+    attempts: int = 5,
+    delay: float = 0.05,
+    *,
+    key: str = NODE_LOCK,
+    value: str | None = None,
+) -> bool:
     """Remove the lock ``key`` if ``owner`` (namespace, name) holds it (any lock when ``owner``
     is None); with ``value``, only while the lock still has exactly that value (how a bare-time
     lock, which names no pod, is released by the one who wrote it).
@@ -228,8 +238,11 @@ async def release(read: ReadNode, write: WriteNode, owner: tuple[str, str] | Non
     for _ in range(attempts):
         annotations, rv = await read()
         current = annotations.get(key)
-        if current is None or (value is not None and current != value) or \
-                (value is None and owner is not None and not owned_by(current, *owner)):
+        if (
+            current is None
+            or (value is not None and current != value)
+            or (value is None and owner is not None and not owned_by(current, *owner))
+        ):
             return True
         try:
             await write({key: None}, rv)

@@ -47,10 +47,21 @@ class Absent(Exception):
 
 
 class Reflector:
-    def __init__(self, kube: KubeClient, path: str, handler: Handler, *, name: str = "",
-                 label_selector: str = "", field_selector: str = "", watch_timeout: int = 300,
-                 resume_from: str | None = None, page_size: int = 2000, optional: str = "",
-                 absent_retry: float = 60.0) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        path: str,
+        handler: Handler,
+        *,
+        name: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+        watch_timeout: int = 300,
+        resume_from: str | None = None,
+        page_size: int = 2000,
+        optional: str = "",
+        absent_retry: float = 60.0,
+    ) -> None:
         self.optional = optional
         self.absent_retry = absent_retry
         self.absent: int | None = None  # the status (404/403) while an optional resource is absent
@@ -79,7 +90,9 @@ class Reflector:
         cont = None
         while True:
             try:
-                page = await self.kube.request("GET", self.path, self._query(limit=self.page_size, **{"continue": cont}))
+                page = await self.kube.request(
+                    "GET", self.path, self._query(limit=self.page_size, **{"continue": cont})
+                )
             except KubeError as exc:
                 if self.optional and exc.status in (403, 404):
                     raise Absent(exc.status, str(exc)) from None
@@ -98,8 +111,9 @@ class Reflector:
 
     async def watch(self, rv: str) -> str:
         """Watch from ``rv`` until the server closes the stream; returns the last version seen."""
-        query = self._query(watch="true", resourceVersion=rv, allowWatchBookmarks="true",
-                            timeoutSeconds=self.watch_timeout)
+        query = self._query(
+            watch="true", resourceVersion=rv, allowWatchBookmarks="true", timeoutSeconds=self.watch_timeout
+        )
         resp = await self.kube.open("GET", self.path, query, timeout=self.watch_timeout + 30)
         try:
             if resp.status == 410:
@@ -138,8 +152,14 @@ class Reflector:
             except Absent as exc:
                 if self.absent != exc.status:
                     why = "is not served by the API server" if exc.status == 404 else "may not be read by this identity"
-                    log.warning("%s %s (HTTP %d): %s; listing again every %gs", self.name, why, exc.status,
-                                self.optional, self.absent_retry)
+                    log.warning(
+                        "%s %s (HTTP %d): %s; listing again every %gs",
+                        self.name,
+                        why,
+                        exc.status,
+                        self.optional,
+                        self.absent_retry,
+                    )
                 self.absent = exc.status
                 self.handler.replace([])
                 self.synced.set()

@@ -61,21 +61,33 @@ def parse_bind(text: str, flag: str = "--metrics-bind-address") -> tuple[str, in
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
     p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node (env NODE_NAME)")
-    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local/vgpu"),
-                   help="regions are read from <hook-path>/containers (env HOOK_PATH)")
+    p.add_argument(
+        "--hook-path",
+        default=env("HOOK_PATH", "/usr/local/vgpu"),
+        help="regions are read from <hook-path>/containers (env HOOK_PATH)",
+    )
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset")
     p.add_argument("--metrics-bind-address", default=":9394", help="where /metrics is served")
     p.add_argument("--legacy-metrics", action="store_true", help="also export HAMi's pre-2.5 metric names")
-    p.add_argument("--resync-interval", default=env("HAMI_RESYNC_INTERVAL", "5m"),
-                   help="a gone pod's directory is removed once unchanged this long (env HAMI_RESYNC_INTERVAL)")
+    p.add_argument(
+        "--resync-interval",
+        default=env("HAMI_RESYNC_INTERVAL", "5m"),
+        help="a gone pod's directory is removed once unchanged this long (env HAMI_RESYNC_INTERVAL)",
+    )
     p.add_argument("--interval", default="5s", help="refresh and feedback period")
-    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="libnvidia-ml.so.1 to load (env HAMI_NVML_LIBRARY)")
+    p.add_argument(
+        "--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="libnvidia-ml.so.1 to load (env HAMI_NVML_LIBRARY)"
+    )
     p.add_argument("--no-nvml", action="store_true", help="no host GPU metrics (and no drift)")
-    p.add_argument("--standalone", action="store_true",
-                   help="no API server: label containers by pod UID, never remove directories")
+    p.add_argument(
+        "--standalone", action="store_true", help="no API server: label containers by pod UID, never remove directories"
+    )
     p.add_argument("--no-feedback", action="store_true", help="do not write the utilisation switch into regions")
-    p.add_argument("--priority-blocking", action="store_true",
-                   help="let high-priority containers block low-priority ones (HAMi-core only; see docs/metrics.md)")
+    p.add_argument(
+        "--priority-blocking",
+        action="store_true",
+        help="let high-priority containers block low-priority ones (HAMi-core only; see docs/metrics.md)",
+    )
     p.add_argument("--once", action="store_true", help="print the metrics once (text format) and exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -129,8 +141,11 @@ def _host_reader(args: argparse.Namespace):
 
 def build_collector(args: argparse.Namespace, pods: PodMap | None) -> MonitorCollector:
     return MonitorCollector(
-        node=args.node_name, containers_dir=args.containers_dir,
-        pods=None if pods is None else pods.get, host=_host_reader(args), legacy=args.legacy_metrics,
+        node=args.node_name,
+        containers_dir=args.containers_dir,
+        pods=None if pods is None else pods.get,
+        host=_host_reader(args),
+        legacy=args.legacy_metrics,
         claims_dir=args.claims_dir,
     )
 
@@ -138,7 +153,9 @@ def build_collector(args: argparse.Namespace, pods: PodMap | None) -> MonitorCol
 def readings(containers_dir: str, claims_dir: str | None = None) -> list[tuple[Reading, str]]:
     """Feedback inputs for every valid region (containers' and DRA claims'): ``(reading, layout)``."""
     out = []
-    regions = [d.region for d in scan(containers_dir)] + [c.region for c in (scan_claims(claims_dir) if claims_dir else ())]
+    regions = [d.region for d in scan(containers_dir)] + [
+        c.region for c in (scan_claims(claims_dir) if claims_dir else ())
+    ]
     for path in regions:
         if path is None:
             continue
@@ -220,8 +237,9 @@ async def _serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     registry.register(build_collector(args, pods))
     runner = await serve_metrics(registry, *args.bind)
-    log.info("serving metrics on %s:%d/metrics (regions under %s)", args.bind[0], runner.addresses[0][1],
-             args.containers_dir)
+    log.info(
+        "serving metrics on %s:%d/metrics (regions under %s)", args.bind[0], runner.addresses[0][1], args.containers_dir
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -236,8 +254,11 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         _check(args)
         if args.once:

@@ -88,7 +88,10 @@ _HOST_VALUES: dict[str, tuple[str, str, bool]] = {
     HOST_MEMORY_USED: ("Device memory used on the GPU (NVML)", "memory_used", True),
     HOST_UTILIZATION: ("GPU utilisation, percent (NVML)", "utilization", True),
     "hami_host_gpu_memory_controller_utilization_ratio": (
-        "Memory controller utilisation, percent (NVML)", "memory_utilization", False),
+        "Memory controller utilisation, percent (NVML)",
+        "memory_utilization",
+        False,
+    ),
 }
 _HOST_LEGACY = {
     HOST_MEMORY_USED: "HostGPUMemoryUsage",
@@ -97,16 +100,35 @@ _HOST_LEGACY = {
 
 # name -> (help, value of (region, dev, now) or None to leave the series out)
 _CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]] = {
-    CONTAINER_MEMORY_USED: ("Device memory the container's processes hold (library ledger)", lambda r, d, _: r.used(d).total),
+    CONTAINER_MEMORY_USED: (
+        "Device memory the container's processes hold (library ledger)",
+        lambda r, d, _: r.used(d).total,
+    ),
     "hami_vgpu_memory_limit_bytes": ("Device memory limit of the container", lambda r, d, _: r.limits[d]),
-    "hami_container_device_memory_bytes": ("Same value as hami_vgpu_memory_used_bytes (HAMi name)", lambda r, d, _: r.used(d).total),
-    CONTAINER_UTILIZATION: ("SM utilisation of the container's processes, percent (0-100 per device)", lambda r, d, _: r.sm_util(d)),
+    "hami_container_device_memory_bytes": (
+        "Same value as hami_vgpu_memory_used_bytes (HAMi name)",
+        lambda r, d, _: r.used(d).total,
+    ),
+    CONTAINER_UTILIZATION: (
+        "SM utilisation of the container's processes, percent (0-100 per device)",
+        lambda r, d, _: r.sm_util(d),
+    ),
     "hami_container_last_kernel_elapsed_seconds": (
         "Seconds since the container last launched a kernel",
-        lambda r, d, now: max(now - r.last_kernel_time, 0.0) if r.last_kernel_time > 0 else None),
-    "hami_vgpu_memory_context_bytes": ("Context memory of the container's processes", lambda r, d, _: r.used(d).context),
-    "hami_vgpu_memory_module_bytes": ("Module (code) memory of the container's processes", lambda r, d, _: r.used(d).module),
-    "hami_vgpu_memory_buffer_bytes": ("Data buffer memory of the container's processes", lambda r, d, _: r.used(d).buffer),
+        lambda r, d, now: max(now - r.last_kernel_time, 0.0) if r.last_kernel_time > 0 else None,
+    ),
+    "hami_vgpu_memory_context_bytes": (
+        "Context memory of the container's processes",
+        lambda r, d, _: r.used(d).context,
+    ),
+    "hami_vgpu_memory_module_bytes": (
+        "Module (code) memory of the container's processes",
+        lambda r, d, _: r.used(d).module,
+    ),
+    "hami_vgpu_memory_buffer_bytes": (
+        "Data buffer memory of the container's processes",
+        lambda r, d, _: r.used(d).buffer,
+    ),
 }
 _CTR_LEGACY = {
     CONTAINER_MEMORY_USED: "vGPU_device_memory_usage_in_bytes",
@@ -256,8 +278,9 @@ class MonitorCollector(Collector):
                 if self.legacy and name in _HOST_LEGACY:
                     fam(_HOST_LEGACY[name], f"Legacy name of {name}").add_metric(full[1:], value)
 
-    def _container_metrics(self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU],
-                           fam: Callable[..., GaugeMetricFamily]) -> None:
+    def _container_metrics(
+        self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU], fam: Callable[..., GaugeMetricFamily]
+    ) -> None:
         now = self.clock()
         for c in containers:
             r = c.region
@@ -275,19 +298,31 @@ class MonitorCollector(Collector):
                 if self.legacy:
                     u = r.used(dev)
                     fam("Device_memory_desc_of_container", "Legacy: memory breakdown of the container").add_metric(
-                        labels[:-1] + [str(u.context), str(u.module), str(u.buffer), "0", ZONE], u.total)
+                        labels[:-1] + [str(u.context), str(u.module), str(u.buffer), "0", ZONE], u.total
+                    )
                 drift = memory_drift(r, dev, gpus.get(uuid))
                 if drift is not None:
-                    fam(DRIFT, "NVML per-process memory of the container's processes minus the library ledger").add_metric(labels, drift)
-
+                    fam(
+                        DRIFT, "NVML per-process memory of the container's processes minus the library ledger"
+                    ).add_metric(labels, drift)
 
     def _mig_metrics(self, fam: Callable[..., GaugeMetricFamily]) -> None:
         """``hami_mig_device_info`` = 1 per MIG instance a pod on this node holds (its annotation)."""
         pods = self.pods() if self.pods is not None else {}
         for pod in sorted(pods.values(), key=lambda p: (p.namespace, p.name)):
             for m in pod.mig:
-                labels = [pod.namespace, pod.name, m.container, str(m.vdevice_index), m.device_uuid, m.mig_uuid,
-                          m.profile, str(m.gpu_instance_id), str(m.compute_instance_id), ZONE]
+                labels = [
+                    pod.namespace,
+                    pod.name,
+                    m.container,
+                    str(m.vdevice_index),
+                    m.device_uuid,
+                    m.mig_uuid,
+                    m.profile,
+                    str(m.gpu_instance_id),
+                    str(m.compute_instance_id),
+                    ZONE,
+                ]
                 fam(MIG_INFO, "A MIG instance held by a pod's container (1)").add_metric(labels, 1)
                 if self.legacy:
                     fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(labels, 1)

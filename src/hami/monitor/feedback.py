@@ -77,9 +77,10 @@ def release(readings: Iterable[Reading]) -> dict[str, Writes]:
     """Writes that leave every region safe without a monitor: limiter on, nothing blocked."""
     out = {}
     for r in readings:
-        w = Writes(recent_kernel=0 if r.recent_kernel < 0 else None,
-                   utilization_switch=1 if r.utilization_switch != 1 else None)
+        w = Writes(
+            recent_kernel=0 if r.recent_kernel < 0 else None,
+            utilization_switch=1 if r.utilization_switch != 1 else None,
+        )
         if w != Writes():
             out[r.key] = w
     return out
-

@@ -22,9 +22,18 @@ def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tu
     except CodecError:
         return ()
     return tuple(
-        MigDevice(containers[e.container] if e.container < len(containers) else str(e.container), e.device,
-                  e.gpu_uuid, e.mig_uuid, e.profile, e.gpu_instance_id, e.compute_instance_id)
-        for e in entries if e.mig_uuid and e.gpu_instance_id is not None and e.compute_instance_id is not None)
+        MigDevice(
+            containers[e.container] if e.container < len(containers) else str(e.container),
+            e.device,
+            e.gpu_uuid,
+            e.mig_uuid,
+            e.profile,
+            e.gpu_instance_id,
+            e.compute_instance_id,
+        )
+        for e in entries
+        if e.mig_uuid and e.gpu_instance_id is not None and e.compute_instance_id is not None
+    )
 
 
 def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -40,7 +49,7 @@ def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
             actual[st.name] = st.resource_claim_name
     users: dict[str, list[str]] = {}
     for c in list(spec.init_containers or []) + list(spec.containers or []):
-        for ref in ((c.resources.claims if c.resources is not None else None) or ()):
+        for ref in (c.resources.claims if c.resources is not None else None) or ():
             claim = actual.get(ref.name)
             if claim and c.name not in users.setdefault(claim, []):
                 users[claim].append(c.name)
@@ -74,8 +83,13 @@ async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
                 spec = pod.spec
                 containers = list(spec.init_containers or []) + list(spec.containers or []) if spec else []
                 names = [c.name for c in containers]
-                out[meta.uid] = PodRef(meta.namespace or "", meta.name or "", meta.uid,
-                                       mig_devices(meta.annotations, names), pod_claims(pod))
+                out[meta.uid] = PodRef(
+                    meta.namespace or "",
+                    meta.name or "",
+                    meta.uid,
+                    mig_devices(meta.annotations, names),
+                    pod_claims(pod),
+                )
         token = page.metadata._continue if page.metadata else None
         if not token:
             return out

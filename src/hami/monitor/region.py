@@ -56,17 +56,45 @@ class Layout:
 
 
 V1 = Layout(
-    name="v1", size=2008952, device_num=56, uuids=64, limit=1600, sm_limit=1728, procs=1856,
-    slot_size=1960, slot_used_stride=64, slot_monitorused=1032, slot_util=1160, slot_util_stride=48,
-    slot_status=1928, slot_seqlock=1936,
-    proc_num=2008896, utilization_switch=2008900, recent_kernel=2008904, priority=2008908,
+    name="v1",
+    size=2008952,
+    device_num=56,
+    uuids=64,
+    limit=1600,
+    sm_limit=1728,
+    procs=1856,
+    slot_size=1960,
+    slot_used_stride=64,
+    slot_monitorused=1032,
+    slot_util=1160,
+    slot_util_stride=48,
+    slot_status=1928,
+    slot_seqlock=1936,
+    proc_num=2008896,
+    utilization_switch=2008900,
+    recent_kernel=2008904,
+    priority=2008908,
     last_kernel_time=2008912,
 )
 V0 = Layout(
-    name="v0", size=1197896, device_num=48, uuids=56, limit=1592, sm_limit=1720, procs=1848,
-    slot_size=1168, slot_used_stride=40, slot_monitorused=648, slot_util=776, slot_util_stride=24,
-    slot_status=1160, slot_seqlock=None,
-    proc_num=1197880, utilization_switch=1197884, recent_kernel=1197888, priority=1197892,
+    name="v0",
+    size=1197896,
+    device_num=48,
+    uuids=56,
+    limit=1592,
+    sm_limit=1720,
+    procs=1848,
+    slot_size=1168,
+    slot_used_stride=40,
+    slot_monitorused=648,
+    slot_util=776,
+    slot_util_stride=24,
+    slot_status=1160,
+    slot_seqlock=None,
+    proc_num=1197880,
+    utilization_switch=1197884,
+    recent_kernel=1197888,
+    priority=1197892,
     last_kernel_time=None,
 )
 HEADER_SIZE = 12  # magic, major, minor
@@ -197,7 +225,7 @@ def _read_fd(fd: int, path: str) -> Region:
         major, minor = 0, 0
     head = _pread_exact(fd, lay.procs, 0, path)
     ndev = min(max(_u64s(head, lay.device_num, 1)[0], 0), MAX_DEVICES)
-    uuids = tuple(_uuid(head[lay.uuids + i * UUID_LEN: lay.uuids + (i + 1) * UUID_LEN]) for i in range(ndev))
+    uuids = tuple(_uuid(head[lay.uuids + i * UUID_LEN : lay.uuids + (i + 1) * UUID_LEN]) for i in range(ndev))
     limits = _u64s(head, lay.limit, ndev)
     sm_limits = _u64s(head, lay.sm_limit, ndev)
     tail_len = (lay.last_kernel_time + 8 if lay.last_kernel_time else lay.priority + 4) - lay.proc_num
@@ -210,9 +238,19 @@ def _read_fd(fd: int, path: str) -> Region:
     if struct.unpack("<i", _pread_exact(fd, 4, 0, path))[0] != MAGIC:
         raise RegionError(f"{path}: magic changed while reading")
     return Region(
-        path=path, layout=lay.name, major=major, minor=minor, uuids=uuids, limits=limits,
-        sm_limits=sm_limits, procs=procs, utilization_switch=switch, recent_kernel=recent,
-        priority=priority, last_kernel_time=max(last_kernel, 0), proc_num_raw=proc_num_raw,
+        path=path,
+        layout=lay.name,
+        major=major,
+        minor=minor,
+        uuids=uuids,
+        limits=limits,
+        sm_limits=sm_limits,
+        procs=procs,
+        utilization_switch=switch,
+        recent_kernel=recent,
+        priority=priority,
+        last_kernel_time=max(last_kernel, 0),
+        proc_num_raw=proc_num_raw,
     )
 
 
@@ -231,12 +269,15 @@ def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, retries:
                     break
                 one = _pread_exact(fd, lay.slot_size, lay.procs + base, path)
                 pid, hostpid, status, parts = _slot(one, 0, lay, ndev)
-                buf = buf[:base] + one + buf[base + lay.slot_size:]
+                buf = buf[:base] + one + buf[base + lay.slot_size :]
         if status == 0 or pid == 0:
             continue
         used, monitorused, util = parts
-        out.append(ProcessSlot(pid=pid, hostpid=hostpid, status=status, used=used,
-                               monitorused=tuple(monitorused), sm_util=util))
+        out.append(
+            ProcessSlot(
+                pid=pid, hostpid=hostpid, status=status, used=used, monitorused=tuple(monitorused), sm_util=util
+            )
+        )
     return tuple(out)
 
 

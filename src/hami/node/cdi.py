@@ -71,13 +71,17 @@ class CdiConfig:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise CdiConfigError(f"--device-list-strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+            raise CdiConfigError(
+                f"--device-list-strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+            )
         vendor, _, cls = self.kind.partition("/")
         if not (_VENDOR.match(vendor) and _CLASS.match(cls)):
             raise CdiConfigError(f"--cdi-kind: expected <vendor>/<class> (e.g. {DEFAULT_KIND}), got {self.kind!r}")
         if not _PREFIX.match(self.annotation_prefix):
-            raise CdiConfigError(f"--cdi-annotation-prefix: expected a DNS prefix ending in '/' "
-                                 f"(e.g. {DEFAULT_PREFIX}), got {self.annotation_prefix!r}")
+            raise CdiConfigError(
+                f"--cdi-annotation-prefix: expected a DNS prefix ending in '/' "
+                f"(e.g. {DEFAULT_PREFIX}), got {self.annotation_prefix!r}"
+            )
 
     @property
     def enabled(self) -> bool:
@@ -95,10 +99,16 @@ class CdiGpu:
 
 def spec(gpus: Iterable[CdiGpu], config: CdiConfig) -> dict:
     """The CDI spec of this node's GPUs: one device per GPU, named by its UUID."""
-    devices = [{"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}}
-               for g in sorted(gpus, key=lambda g: g.minor)]
-    return {"cdiVersion": CDI_VERSION, "kind": config.kind, "devices": devices,
-            "containerEdits": {"deviceNodes": [{"path": p} for p in CONTROL_NODES]}}
+    devices = [
+        {"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}}
+        for g in sorted(gpus, key=lambda g: g.minor)
+    ]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": config.kind,
+        "devices": devices,
+        "containerEdits": {"deviceNodes": [{"path": p} for p in CONTROL_NODES]},
+    }
 
 
 def write_document(document: dict, path: str | Path) -> Path:
@@ -114,8 +124,11 @@ def write_spec(document: dict, spec_dir: str | Path) -> Path:
 
 def mount_edit(m: MountSpec) -> dict[str, Any]:
     """A bind mount as a CDI ``containerEdits.mounts`` entry."""
-    return {"hostPath": m.host_path, "containerPath": m.container_path,
-            "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"]}
+    return {
+        "hostPath": m.host_path,
+        "containerPath": m.container_path,
+        "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"],
+    }
 
 
 def annotation_key(config: CdiConfig, pod_uid: str, container: str) -> str:

@@ -112,8 +112,11 @@ def core_policy(settings: NodeSettings) -> str | None:
 
 def options(settings: NodeSettings) -> Options:
     """The knobs the node settings give every grant on this node."""
-    return Options(memory_oversubscribe=settings.device_memory_scaling > 1,
-                   libcuda_log_level=settings.libcuda_log_level, core_policy=core_policy(settings))
+    return Options(
+        memory_oversubscribe=settings.device_memory_scaling > 1,
+        libcuda_log_level=settings.libcuda_log_level,
+        core_policy=core_policy(settings),
+    )
 
 
 def mib(value: int) -> str:

@@ -55,20 +55,30 @@ def add_settings(p: argparse.ArgumentParser) -> None:
 def add_layout(p: argparse.ArgumentParser) -> None:
     """``--hook-path``, ``--lock-dir`` and ``--driver-mount`` (:class:`hami.node.layout.HookPaths`)."""
     env = os.environ.get
-    p.add_argument("--hook-path", default=env("HOOK_PATH", "/usr/local"),
-                   help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)")
+    p.add_argument(
+        "--hook-path",
+        default=env("HOOK_PATH", "/usr/local"),
+        help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)",
+    )
     p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
-    p.add_argument("--driver-mount", action="append", default=[], type=driver_mount_arg, metavar="HOST[:CONTAINER][:ro|rw]",
-                   help="a host driver directory every GPU container gets (repeatable; read-only unless rw): for "
-                        "nodes without the NVIDIA container runtime, see docs/device-plugin.md")
+    p.add_argument(
+        "--driver-mount",
+        action="append",
+        default=[],
+        type=driver_mount_arg,
+        metavar="HOST[:CONTAINER][:ro|rw]",
+        help="a host driver directory every GPU container gets (repeatable; read-only unless rw): for "
+        "nodes without the NVIDIA container runtime, see docs/device-plugin.md",
+    )
 
 
 def add_nvml(p: argparse.ArgumentParser) -> None:
     """``--sysfs-root`` and ``--nvml-library``."""
     env = os.environ.get
     p.add_argument("--sysfs-root", default="/sys", help="sysfs root used for NUMA lookups")
-    p.add_argument("--nvml-library", default=env("HAMI_NVML_LIBRARY"),
-                   help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)")
+    p.add_argument(
+        "--nvml-library", default=env("HAMI_NVML_LIBRARY"), help="path of libnvidia-ml.so.1 (env HAMI_NVML_LIBRARY)"
+    )
 
 
 def add_node_flags(p: argparse.ArgumentParser) -> None:

@@ -160,8 +160,9 @@ def _mig_profiles(uuid: str, model: str, settings: NodeSettings) -> tuple[MigPro
     return registered_profiles(nvml.profiles(uuid), model, settings.mig_allowlist)
 
 
-def registered_profiles(profiles: Sequence[GpuProfile], model: str,
-                        allowlist: Sequence[tuple[Sequence[str], Sequence[str]]]) -> tuple[MigProfile, ...]:
+def registered_profiles(
+    profiles: Sequence[GpuProfile], model: str, allowlist: Sequence[tuple[Sequence[str], Sequence[str]]]
+) -> tuple[MigProfile, ...]:
     """The ``migProfiles`` of the registration: NVML's profiles, narrowed by the first allowlist
     entry whose model is contained in ``model`` (an entry without profiles keeps all); with no
     entry, the plain profiles (no ``+me``-style variants). ``core`` = ceil(SMs x 100 / the
@@ -174,7 +175,8 @@ def registered_profiles(profiles: Sequence[GpuProfile], model: str,
             break
     return tuple(
         MigProfile(p.name, p.memory_mb, math.ceil(p.sms * 100 / full), p.slices, p.placements)
-        for p in sorted(profiles, key=lambda p: (p.memory_mb, p.slices, p.name)) if keep(p)
+        for p in sorted(profiles, key=lambda p: (p.memory_mb, p.slices, p.name))
+        if keep(p)
     )
 
 
@@ -213,8 +215,10 @@ def mig_enabled(uuid: str) -> bool:
 
 def gpu_uuids() -> list[str]:
     """Every GPU's UUID in NVML index order (no filter applied)."""
-    return [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            for i in range(pynvml.nvmlDeviceGetCount())]
+    return [
+        _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+        for i in range(pynvml.nvmlDeviceGetCount())
+    ]
 
 
 def minor_number(uuid: str) -> int:
@@ -337,10 +341,15 @@ class XidWatcher:
 
 PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT  # profile indices to ask about (unknown ones fail, skipped)
 #: compute-instance profile covering a whole GPU instance of N compute slices
-CI_PROFILE = {1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
-              3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
-              6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
-              8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE}
+CI_PROFILE = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    6: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+    8: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE,
+}
 
 
 class MigError(RuntimeError):
@@ -388,7 +397,9 @@ class MigNvml:
         try:
             current, _ = pynvml.nvmlDeviceGetMigMode(h)
         except pynvml.NVMLError_NotSupported:
-            raise MigError(f"GPU {uuid} does not support MIG (operatingmode: mig needs A100/A30/H100-class GPUs)") from None
+            raise MigError(
+                f"GPU {uuid} does not support MIG (operatingmode: mig needs A100/A30/H100-class GPUs)"
+            ) from None
         if current == pynvml.NVML_DEVICE_MIG_ENABLE:
             return
         try:
@@ -408,12 +419,17 @@ class MigNvml:
             arr = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
             count = ctypes.c_uint(len(arr))
             pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, arr, ctypes.byref(count))
-            out.append(GpuProfile(
-                name=_profile_name(_text(info.name)), nvml_id=int(info.id), slices=int(info.sliceCount),
-                instances=int(info.instanceCount), sms=int(info.multiprocessorCount),
-                memory_mb=int(info.memorySizeMB),
-                placements=tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value)),
-            ))
+            out.append(
+                GpuProfile(
+                    name=_profile_name(_text(info.name)),
+                    nvml_id=int(info.id),
+                    slices=int(info.sliceCount),
+                    instances=int(info.instanceCount),
+                    sms=int(info.multiprocessorCount),
+                    memory_mb=int(info.memorySizeMB),
+                    placements=tuple((int(arr[i].start), int(arr[i].size)) for i in range(count.value)),
+                )
+            )
         return out
 
     def _mig_uuids(self, h) -> dict[int, str]:
@@ -439,8 +455,16 @@ class MigNvml:
                 info = pynvml.nvmlGpuInstanceGetInfo(arr[k])
                 gid = int(info.id)
                 ci = self._ci_id(arr[k], p.slices)
-                out.append(Instance(gid, p.name, int(info.placement.start), int(info.placement.size), ci,
-                                    migs.get(gid, "") if ci is not None else ""))
+                out.append(
+                    Instance(
+                        gid,
+                        p.name,
+                        int(info.placement.start),
+                        int(info.placement.size),
+                        ci,
+                        migs.get(gid, "") if ci is not None else "",
+                    )
+                )
         return sorted(out, key=lambda i: i.gi)
 
     @staticmethod
@@ -457,11 +481,13 @@ class MigNvml:
         placement = pynvml.c_nvmlGpuInstancePlacement_t()
         placement.start, placement.size = start, dict(profile.placements).get(start, 0)
         try:
-            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(self.handle(uuid), profile.nvml_id,
-                                                                 ctypes.byref(placement))
+            gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                self.handle(uuid), profile.nvml_id, ctypes.byref(placement)
+            )
         except pynvml.NVMLError as exc:
-            raise MigError(f"GPU {uuid}: cannot create a {profile.name} instance at placement "
-                           f"{start}+{placement.size}: {exc}") from None
+            raise MigError(
+                f"GPU {uuid}: cannot create a {profile.name} instance at placement {start}+{placement.size}: {exc}"
+            ) from None
         return int(pynvml.nvmlGpuInstanceGetInfo(gi).id)
 
     def create_ci(self, uuid: str, gi_id: int, profile: GpuProfile) -> tuple[int, str]:
@@ -619,11 +645,15 @@ def read_host() -> list[HostGPU]:
             continue
         mem = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle), "memory info")
         util = _try(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle), "utilization")
-        gpus.append(HostGPU(
-            index=i, uuid=str(uuid), name=str(_try(lambda: _text(pynvml.nvmlDeviceGetName(handle)), "name") or ""),
-            memory_used=int(mem.used) if mem is not None else None,
-            utilization=int(util.gpu) if util is not None else None,
-            memory_utilization=int(util.memory) if util is not None else None,
-            process_memory=_processes(handle),
-        ))
+        gpus.append(
+            HostGPU(
+                index=i,
+                uuid=str(uuid),
+                name=str(_try(lambda: _text(pynvml.nvmlDeviceGetName(handle)), "name") or ""),
+                memory_used=int(mem.used) if mem is not None else None,
+                utilization=int(util.gpu) if util is not None else None,
+                memory_utilization=int(util.memory) if util is not None else None,
+                process_memory=_processes(handle),
+            )
+        )
     return gpus

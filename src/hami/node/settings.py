@@ -36,7 +36,7 @@ OperatingMode = Literal["hami-core", "mig", "mps"]
 #: out whole GPUs with no limit), so starting would give every pod an unlimited GPU.
 REFUSED_MODES = {
     "mps": "is not supported (no MPS control daemon is run, so pods would get the whole GPU with no limit); "
-           "use hami-core",
+    "use hami-core",
 }
 
 
@@ -161,8 +161,10 @@ def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) 
     except ValidationError as exc:
         raise NodeConfigError(_describe(exc, f"{where} nodeconfig[{i}] (node {node_name!r})")) from None
     if entry.operatingmode in REFUSED_MODES:
-        raise NodeConfigError(f"{where} nodeconfig[{i}] (node {node_name!r}): field 'operatingmode': "
-                              f"{entry.operatingmode!r} {REFUSED_MODES[entry.operatingmode]}")
+        raise NodeConfigError(
+            f"{where} nodeconfig[{i}] (node {node_name!r}): field 'operatingmode': "
+            f"{entry.operatingmode!r} {REFUSED_MODES[entry.operatingmode]}"
+        )
     out = _overlay(base, entry, _JSON_MAP)
     if entry.filterdevices is not None:
         out = replace(

@@ -27,8 +27,11 @@ async def main(opts: Options) -> int:
 
     kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout)
     service = SchedulerService(opts, kube)
-    reloader = CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval,
-                            opts.extender_client_ca) if opts.tls else None
+    reloader = (
+        CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval, opts.extender_client_ca)
+        if opts.tls
+        else None
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,26 +43,49 @@ async def main(opts: Options) -> int:
             service.tasks.append(loop.create_task(reloader.run()))
         # the --http_bind port (the Service's): /filter and /bind only without --extender-bind,
         # and then for --extender-client-ca's certificates alone when one is given
-        runner = await serve(service, opts.host, opts.port, reloader.context if reloader else None,
-                             extender=opts.extender_on_main, client_cert=bool(opts.extender_client_ca))
+        runner = await serve(
+            service,
+            opts.host,
+            opts.port,
+            reloader.context if reloader else None,
+            extender=opts.extender_on_main,
+            client_cert=bool(opts.extender_client_ca),
+        )
         if opts.extender_port is not None:
             loopback = await serve(service, opts.extender_host, opts.extender_port, None, webhook=False)
-            log.info("extender also on http://%s:%d (loopback, /filter and /bind)", opts.extender_host, opts.extender_port)
+            log.info(
+                "extender also on http://%s:%d (loopback, /filter and /bind)", opts.extender_host, opts.extender_port
+            )
         if opts.metrics_port is not None:
             try:  # scheduling matters more than its metrics: a busy port is reported, not fatal
                 metrics_runner = await service.metrics.serve(opts.metrics_host, opts.metrics_port)
                 log.info("metrics on http://%s:%d/metrics", opts.metrics_host, opts.metrics_port)
             except OSError as exc:
-                log.error("metrics are NOT served: --metrics-bind-address %s:%d: %s",
-                          opts.metrics_host, opts.metrics_port, exc)
+                log.error(
+                    "metrics are NOT served: --metrics-bind-address %s:%d: %s",
+                    opts.metrics_host,
+                    opts.metrics_port,
+                    exc,
+                )
         if opts.ui_port is not None:
             ui_runner = await _serve_ui(service, opts)
         scheme = "https" if reloader else "http"
-        served = ("/webhook and health only" if not opts.extender_on_main else
-                  "/filter and /bind for client certificates of --extender-client-ca" if opts.extender_client_ca else
-                  "/filter and /bind unauthenticated (loopback)")
-        log.info("hami scheduler %s listening on %s://%s:%d, %s (leader election %s)", opts.scheduler_name, scheme,
-                 opts.host, opts.port, served, "on" if opts.leader_elect else "off")
+        served = (
+            "/webhook and health only"
+            if not opts.extender_on_main
+            else "/filter and /bind for client certificates of --extender-client-ca"
+            if opts.extender_client_ca
+            else "/filter and /bind unauthenticated (loopback)"
+        )
+        log.info(
+            "hami scheduler %s listening on %s://%s:%d, %s (leader election %s)",
+            opts.scheduler_name,
+            scheme,
+            opts.host,
+            opts.port,
+            served,
+            "on" if opts.leader_elect else "off",
+        )
         await stop.wait()
     finally:
         if metrics_runner is not None:
@@ -80,8 +106,9 @@ async def _serve_ui(service, opts: Options):
     state = service.state
     live = None
     if opts.ui_monitor_url:
-        live = LiveUsage(opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names()
-                                                       if n in state.nodes])
+        live = LiveUsage(
+            opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names() if n in state.nodes]
+        )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
     api = UiApi(state, opts.scheduler_name, live, synced=service.synced)
     try:
@@ -94,8 +121,11 @@ async def _serve_ui(service, opts: Options):
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.DEBUG if args.debug or args.verbosity >= 5 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug or args.verbosity >= 5 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         opts = options_from_args(args)
     except ConfigError as exc:

@@ -19,23 +19,35 @@ from hami.kube.client import KubeClient
 log = logging.getLogger(__name__)
 
 
-def event_body(pod: Mapping[str, Any], reason: str, message: str, kind: str, component: str,
-               now: datetime, involved: str = "Pod") -> dict:
+def event_body(
+    pod: Mapping[str, Any], reason: str, message: str, kind: str, component: str, now: datetime, involved: str = "Pod"
+) -> dict:
     """An Event about ``pod`` (or, with ``involved="Node"``, about a Node: its events live in
     the ``default`` namespace, as kubelet's do)."""
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace") if involved == "Pod" else "default"
     stamp = now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
-        "apiVersion": "v1", "kind": "Event",
+        "apiVersion": "v1",
+        "kind": "Event",
         "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": {"kind": involved, "apiVersion": "v1", "name": meta.get("name"), "uid": meta.get("uid"),
-                           "resourceVersion": meta.get("resourceVersion"),
-                           **({"namespace": namespace} if involved == "Pod" else {})},
-        "reason": reason, "message": message[:1024], "type": kind,
+        "involvedObject": {
+            "kind": involved,
+            "apiVersion": "v1",
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            **({"namespace": namespace} if involved == "Pod" else {}),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": kind,
         "source": {"component": component},
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        "reportingComponent": component, "reportingInstance": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "reportingComponent": component,
+        "reportingInstance": component,
     }
 
 
@@ -48,13 +60,15 @@ class EventRecorder:
         self.dropped = 0
         self.posted = 0
 
-    def record(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal",
-               involved: str = "Pod") -> None:
+    def record(
+        self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal", involved: str = "Pod"
+    ) -> None:
         if self.kube is None or (kind == "Normal" and not self.success):
             return
         try:
-            self.queue.put_nowait(event_body(pod, reason, message, kind, self.component, datetime.now(timezone.utc),
-                                             involved))
+            self.queue.put_nowait(
+                event_body(pod, reason, message, kind, self.component, datetime.now(timezone.utc), involved)
+            )
         except asyncio.QueueFull:
             self.dropped += 1
 
@@ -66,5 +80,4 @@ class EventRecorder:
                 await self.kube.post(f"/api/v1/namespaces/{ns}/events", body)
                 self.posted += 1
             except Exception as exc:  # noqa: BLE001 - an event is best effort
-                log.info("event %s for %s/%s not recorded: %s", body["reason"], ns,
-                         body["involvedObject"]["name"], exc)
+                log.info("event %s for %s/%s not recorded: %s", body["reason"], ns, body["involvedObject"]["name"], exc)

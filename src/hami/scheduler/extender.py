@@ -85,11 +85,24 @@ def _error(message: str) -> dict:
 
 
 class Extender:
-    def __init__(self, state: ClusterState, kube: KubeClient | None, events: EventRecorder, *,
-                 is_ready: Callable[[], bool] = lambda: True, ready_changed: Callable[[], asyncio.Event] | None = None,
-                 lock_timeout: float = 300.0, lock_retry_timeout: float = 28.0, ready_wait: float = 10.0,
-                 handoff_grace: float = 1.0, clock=time.time, record: bool = True,
-                 decision_write: str = "binding", decision_ttl: float = 300.0, busy_wait: float = 10.0) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        kube: KubeClient | None,
+        events: EventRecorder,
+        *,
+        is_ready: Callable[[], bool] = lambda: True,
+        ready_changed: Callable[[], asyncio.Event] | None = None,
+        lock_timeout: float = 300.0,
+        lock_retry_timeout: float = 28.0,
+        ready_wait: float = 10.0,
+        handoff_grace: float = 1.0,
+        clock=time.time,
+        record: bool = True,
+        decision_write: str = "binding",
+        decision_ttl: float = 300.0,
+        busy_wait: float = 10.0,
+    ) -> None:
         self.state = state
         self.kube = kube
         self.events = events
@@ -127,7 +140,14 @@ class Extender:
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
         self._lock_specs = list({s.key: s for s in self._vendor_locks.values() if s is not None}.values())
-        self.stats = {"filter": 0, "filter_refused": 0, "bind": 0, "lock_waits": 0, "lock_reclaims": 0, "lock_handoffs": 0}
+        self.stats = {
+            "filter": 0,
+            "filter_refused": 0,
+            "bind": 0,
+            "lock_waits": 0,
+            "lock_reclaims": 0,
+            "lock_handoffs": 0,
+        }
 
     async def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.ready_wait
@@ -180,12 +200,21 @@ class Extender:
             if self.decision_write == "filter":
                 self._start_recording(pod, result)
             else:
-                self._decisions[ref] = _Decision(result.allocation.key, result.node, dict(result.annotations),
-                                                 time.monotonic())
+                self._decisions[ref] = _Decision(
+                    result.allocation.key, result.node, dict(result.annotations), time.monotonic()
+                )
         fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
-        self.events.record(pod, "FilteringSucceed", f"find fit node({result.node}), {len(result.failed)} nodes not fit, "
-                           f"{len(result.scores)} nodes fit({fits})")
-        return {"NodeNames": [result.node], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        self.events.record(
+            pod,
+            "FilteringSucceed",
+            f"find fit node({result.node}), {len(result.failed)} nodes not fit, {len(result.scores)} nodes fit({fits})",
+        )
+        return {
+            "NodeNames": [result.node],
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
 
     async def _decide(self, pod: dict, names: list[str]) -> Any:
         """``schedule_pod`` with the busy nodes last (``queue_depth`` or more binds in flight there);
@@ -262,8 +291,9 @@ class Extender:
             self.state.put_pod(pod)
         spec = pod.get("spec") or {}
         if spec.get("schedulerName") != self.state.scheduler_name:
-            raise NotPending(f"pod {ns}/{name} is for scheduler {spec.get('schedulerName')!r}, "
-                             f"not {self.state.scheduler_name!r}")
+            raise NotPending(
+                f"pod {ns}/{name} is for scheduler {spec.get('schedulerName')!r}, not {self.state.scheduler_name!r}"
+            )
         if spec.get("nodeName"):
             raise NotPending(f"pod {ns}/{name} is already bound to node {spec['nodeName']}")
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -333,7 +363,12 @@ class Extender:
             return {"Nodes": {"items": nodes}, "FailedNodes": {}, "Error": ""}
         failed, unresolvable = failed_maps(result.failed)
         chosen = [by_name[result.node]] if result.node else []
-        return {"Nodes": {"items": chosen}, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        return {
+            "Nodes": {"items": chosen},
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
 
     # ------------------------------------------------------------------ bind
     async def bind(self, args: Mapping[str, Any]) -> dict:
@@ -406,24 +441,41 @@ class Extender:
             self._in_flight.pop(ref, None)
             if self.state.ledger.is_reserved(decision.key):
                 ns, name = ref.split("/", 1)
-                log.info("pod %s: no Bind within %.0fs of its Filter decision (node %s): reservation dropped",
-                         ref, self.decision_ttl, decision.node)
+                log.info(
+                    "pod %s: no Bind within %.0fs of its Filter decision (node %s): reservation dropped",
+                    ref,
+                    self.decision_ttl,
+                    decision.node,
+                )
                 self.state.restore_pod(decision.key, ns, name)
         return len(old)
 
-    async def _post_binding(self, ns: str, name: str, uid: str, node: str,
-                            decision: Mapping[str, str] | None = None) -> None:
+    async def _post_binding(
+        self, ns: str, name: str, uid: str, node: str, decision: Mapping[str, str] | None = None
+    ) -> None:
         """Create the Binding. When the POST fails (timeout, reset connection, a 409 because an
         earlier try did bind) the pod is read again: bound to ``node`` counts as success;
         raises the error when it is verifiably not bound there, BindingUnverified when the
         read fails too."""
         try:
-            await self.kube.post(f"{pod_path(ns, name)}/binding", {
-                "apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {}),
-                             "annotations": {**(decision or {}), BIND_PHASE: "allocating",
-                                             BIND_TIME: str(int(self.clock()))}},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+            await self.kube.post(
+                f"{pod_path(ns, name)}/binding",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {
+                        "name": name,
+                        "namespace": ns,
+                        **({"uid": uid} if uid else {}),
+                        "annotations": {
+                            **(decision or {}),
+                            BIND_PHASE: "allocating",
+                            BIND_TIME: str(int(self.clock())),
+                        },
+                    },
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                },
+            )
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
             try:
                 pod = await self._get_pod(ns, name)
@@ -450,8 +502,10 @@ class Extender:
         pod = await self._get_pod(ns, name)
         placed = ((pod or {}).get("metadata", {}).get("annotations") or {}).get(VGPU_NODE)
         if placed != node:
-            raise DecisionMissing(f"pod {ns}/{name} carries no decision for node {node} "
-                                  f"({VGPU_NODE}={placed!r}); it will be filtered again")
+            raise DecisionMissing(
+                f"pod {ns}/{name} carries no decision for node {node} "
+                f"({VGPU_NODE}={placed!r}); it will be filtered again"
+            )
 
     def _locks(self, pod: Mapping[str, Any]) -> list[nodelock.LockSpec]:
         """The locks this pod's bind takes, in HAMi's order (backends sorted by key)."""
@@ -485,8 +539,9 @@ class Extender:
                 self.state.put_pod(pod)
         return nodelock.MISSING if pod is None else pod
 
-    async def _stale_reason(self, value: str, node: str, spec: nodelock.LockSpec,
-                            swap: Mapping[str, Any] | None = None) -> str | None:
+    async def _stale_reason(
+        self, value: str, node: str, spec: nodelock.LockSpec, swap: Mapping[str, Any] | None = None
+    ) -> str | None:
         """Why the lock ``value`` on ``node`` may be taken over (None: live). A cached owner that
         looks placed or bound elsewhere is read again first: the cache may lag (a pod bound
         here and still ``allocating`` must keep its lock, the device plugin finds it by it)."""
@@ -505,7 +560,9 @@ class Extender:
             # copy showing the lock was written after the lock (a predecessor's last write
             # precedes its successor's creation, and so the lock): it is the holder's.
             again = swap is not None and not newer_than(
-                (owner.get("metadata") or {}).get("resourceVersion"), (swap.get("metadata") or {}).get("resourceVersion"))
+                (owner.get("metadata") or {}).get("resourceVersion"),
+                (swap.get("metadata") or {}).get("resourceVersion"),
+            )
         else:
             # placed or bound elsewhere by the cache's word: true only if the owner's state says so
             again = nodelock.stale_reason(value, node, now, expiry, None) is None
@@ -520,8 +577,7 @@ class Extender:
             self.state.put_node(node)
         return node
 
-    async def acquire_lock(self, node: str, ns: str, name: str,
-                           spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> str:
+    async def acquire_lock(self, node: str, ns: str, name: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> str:
         """Take the lock ``spec`` (default ``hami.io/mutex.lock``) on ``node`` for ``ns/name``;
         waits (up to the retry timeout) while another live holder has it; reclaims a stale one
         at once. Returns the value held (what :meth:`release_lock` needs for a bare-time lock)."""
@@ -569,8 +625,13 @@ class Extender:
                     # routine when the owner just finished (we woke on its bind-phase before the
                     # plugin's own release came back); anything else is worth a line at info
                     handed_on = why.startswith(nodelock.OWNER_FINISHED)
-                    log.log(logging.DEBUG if handed_on else logging.INFO, "node %s: taking over lock %r: %s",
-                            node, value, why)
+                    log.log(
+                        logging.DEBUG if handed_on else logging.INFO,
+                        "node %s: taking over lock %r: %s",
+                        node,
+                        value,
+                        why,
+                    )
                     self.stats["lock_handoffs" if handed_on else "lock_reclaims"] += 1
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)
@@ -581,10 +642,19 @@ class Extender:
                     continue
                 try:
                     if value:  # take over exactly the value judged stale, whatever else changed
-                        written = await self.kube.json_patch(node_path(node), nodelock.swap_patch(spec.key, value, mine))
+                        written = await self.kube.json_patch(
+                            node_path(node), nodelock.swap_patch(spec.key, value, mine)
+                        )
                     else:
-                        written = await self.kube.merge_patch(node_path(node), {"metadata": {
-                            "annotations": {spec.key: mine}, "resourceVersion": meta.get("resourceVersion")}})
+                        written = await self.kube.merge_patch(
+                            node_path(node),
+                            {
+                                "metadata": {
+                                    "annotations": {spec.key: mine},
+                                    "resourceVersion": meta.get("resourceVersion"),
+                                }
+                            },
+                        )
                     self.state.put_node(written)
                     return mine
                 except KubeError as exc:
@@ -605,8 +675,9 @@ class Extender:
                 raise
             return False
 
-    async def _release_quietly(self, node: str, ns: str, name: str,
-                               spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None) -> None:
+    async def _release_quietly(
+        self, node: str, ns: str, name: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK, value: str | None = None
+    ) -> None:
         """Give back the lock value this Bind wrote (a changed lock is not ours any more)."""
         if not value:
             return

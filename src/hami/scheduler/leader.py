@@ -44,8 +44,18 @@ def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> b
 
 
 class Leadership:
-    def __init__(self, kube: KubeClient | None, enabled: bool, name: str, namespace: str, identity: str,
-                 pod_name: str = "", pod_namespace: str = "", interval: float = 1.0, clock=time.time) -> None:
+    def __init__(
+        self,
+        kube: KubeClient | None,
+        enabled: bool,
+        name: str,
+        namespace: str,
+        identity: str,
+        pod_name: str = "",
+        pod_namespace: str = "",
+        interval: float = 1.0,
+        clock=time.time,
+    ) -> None:
         self.kube = kube
         self.enabled = enabled
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
@@ -81,7 +91,9 @@ class Leadership:
             return
         path = f"/api/v1/namespaces/{self.pod_namespace}/pods/{self.pod_name}"
         try:
-            await self.kube.merge_patch(path, {"metadata": {"labels": {ROLE_LABEL: "leader" if leader else "follower"}}})
+            await self.kube.merge_patch(
+                path, {"metadata": {"labels": {ROLE_LABEL: "leader" if leader else "follower"}}}
+            )
         except KubeError as exc:
             log.warning("cannot label pod %s/%s: %s", self.pod_namespace, self.pod_name, exc)
 

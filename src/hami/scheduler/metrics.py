@@ -64,35 +64,83 @@ POD = ("namespace", "node", "pod", "container_index", "device_uuid")
 
 #: name -> (labels without zone, legacy name, legacy labels, help)
 ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] = {
-    "hami_gpu_memory_limit_bytes": (DEV, "GPUDeviceMemoryLimit", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-                                    "Registered device memory"),
-    "hami_gpu_core_limit_ratio": (DEV, "GPUDeviceCoreLimit", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-                                  "Registered device cores (100 per GPU x deviceCoreScaling)"),
-    "hami_gpu_memory_allocated_bytes": (DEV_CORES, "GPUDeviceMemoryAllocated",
-                                        ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype"),
-                                        "Device memory allocated to pods"),
-    "hami_gpu_shared_count": (DEV, "GPUDeviceSharedNum", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-                              "Tasks sharing the device"),
-    "hami_gpu_core_allocated_ratio": (DEV, "GPUDeviceCoreAllocated", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-                                      "Device cores allocated to pods"),
-    "hami_node_gpu_overview": (OVERVIEW, "nodeGPUOverview",
-                               ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicememorylimit", "devicetype"),
-                               "Device memory allocated (MiB), with cores and memory limit as labels"),
-    "hami_node_gpu_memory_allocated_ratio": (DEV, "nodeGPUMemoryPercentage", ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-                                             "Allocated / registered device memory"),
+    "hami_gpu_memory_limit_bytes": (
+        DEV,
+        "GPUDeviceMemoryLimit",
+        ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+        "Registered device memory",
+    ),
+    "hami_gpu_core_limit_ratio": (
+        DEV,
+        "GPUDeviceCoreLimit",
+        ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+        "Registered device cores (100 per GPU x deviceCoreScaling)",
+    ),
+    "hami_gpu_memory_allocated_bytes": (
+        DEV_CORES,
+        "GPUDeviceMemoryAllocated",
+        ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype"),
+        "Device memory allocated to pods",
+    ),
+    "hami_gpu_shared_count": (
+        DEV,
+        "GPUDeviceSharedNum",
+        ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+        "Tasks sharing the device",
+    ),
+    "hami_gpu_core_allocated_ratio": (
+        DEV,
+        "GPUDeviceCoreAllocated",
+        ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+        "Device cores allocated to pods",
+    ),
+    "hami_node_gpu_overview": (
+        OVERVIEW,
+        "nodeGPUOverview",
+        ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicememorylimit", "devicetype"),
+        "Device memory allocated (MiB), with cores and memory limit as labels",
+    ),
+    "hami_node_gpu_memory_allocated_ratio": (
+        DEV,
+        "nodeGPUMemoryPercentage",
+        ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
+        "Allocated / registered device memory",
+    ),
     "hami_node_gpu_mig_instance_info": (
-        ("node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id", "compute_instance_id",
-         "placement_start", "placement_size"), None, (),
-        "A MIG instance the device plugin made for a reservation (1); reservations not made yet have no series"),
-    "hami_resource_quota_used": (("namespace", "quota_name", "limit"), "QuotaUsed", ("quotanamespace", "quotaName", "limit"),
-                                 "Namespace usage of a quota-tracked resource"),
+        (
+            "node",
+            "device_uuid",
+            "device_index",
+            "mig_uuid",
+            "profile",
+            "gpu_instance_id",
+            "compute_instance_id",
+            "placement_start",
+            "placement_size",
+        ),
+        None,
+        (),
+        "A MIG instance the device plugin made for a reservation (1); reservations not made yet have no series",
+    ),
+    "hami_resource_quota_used": (
+        ("namespace", "quota_name", "limit"),
+        "QuotaUsed",
+        ("quotanamespace", "quotaName", "limit"),
+        "Namespace usage of a quota-tracked resource",
+    ),
     "hami_resource_quota_limit": (("namespace", "quota_name"), None, (), "Namespace limit of a quota-tracked resource"),
-    "hami_vgpu_memory_allocated_bytes": (POD, "vGPUMemoryAllocated",
-                                         ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
-                                         "Device memory allocated to a pod (collapsed over its containers)"),
-    "hami_vgpu_core_allocated_ratio": (POD, "vGPUCoreAllocated",
-                                       ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
-                                       "Device cores allocated to a pod (collapsed over its containers)"),
+    "hami_vgpu_memory_allocated_bytes": (
+        POD,
+        "vGPUMemoryAllocated",
+        ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
+        "Device memory allocated to a pod (collapsed over its containers)",
+    ),
+    "hami_vgpu_core_allocated_ratio": (
+        POD,
+        "vGPUCoreAllocated",
+        ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
+        "Device cores allocated to a pod (collapsed over its containers)",
+    ),
 }
 
 FILTER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -144,7 +192,10 @@ def _quota_rows(snap: AllocationSnapshot) -> Iterator[tuple[str, str, int, int]]
         for v in snap.vendors:
             mem_room, core_room = room.room.get(v.name, (None, None))
             used_mem, used_cores = snap.ledger.namespace_usage(ns, v.name)
-            for resource, left, used in ((v.resources.memory, mem_room, used_mem), (v.resources.cores, core_room, used_cores)):
+            for resource, left, used in (
+                (v.resources.memory, mem_room, used_mem),
+                (v.resources.cores, core_room, used_cores),
+            ):
                 if resource and left is not None:
                     yield ns, resource, used, left + used
 
@@ -153,7 +204,9 @@ def _quota_rows(snap: AllocationSnapshot) -> Iterator[tuple[str, str, int, int]]
 class AllocationRows:
     """Plain data copied out of the ledger (cheap, on its loop); formatting can then run anywhere."""
 
-    devices: list[tuple[str, str, int, str, int, int, int, int, int]]  # node, uuid, index, type, devmem, devcore, used, usedmem, usedcores
+    devices: list[
+        tuple[str, str, int, str, int, int, int, int, int]
+    ]  # node, uuid, index, type, devmem, devcore, used, usedmem, usedcores
     pods: list[tuple[str, str, str, str, int, int]]  # namespace, node, pod, uuid, mem, cores
     quotas: list[tuple[str, str, int, int]]  # namespace, resource, used, limit
     #: node, uuid, index, mig uuid, profile, GPU instance id, compute instance id, start, size
@@ -162,14 +215,30 @@ class AllocationRows:
 
 def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
     led = snap.ledger
-    devices = [(node, d.id, d.index, d.type, d.devmem, d.devcore, used, usedmem, usedcores)
-               for node in led.node_names() for d, used, usedmem, usedcores in led.device_usage(node)]
+    devices = [
+        (node, d.id, d.index, d.type, d.devmem, d.devcore, used, usedmem, usedcores)
+        for node in led.node_names()
+        for d, used, usedmem, usedcores in led.device_usage(node)
+    ]
     pods = [(a.namespace, a.node, a.name, u.uuid, u.mem, u.cores) for a in led.pods() for u in a.usage]
     index = {(node, uuid): i for node, uuid, i, *_ in devices}
-    mig = [(node, uuid, index.get((node, uuid), 0), s.mig_uuid, s.profile, s.gpu_instance_id, s.compute_instance_id,
-            s.start, s.size)
-           for node in led.node_names() for uuid, pieces in led.slices(node).items() for s in pieces
-           if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None]
+    mig = [
+        (
+            node,
+            uuid,
+            index.get((node, uuid), 0),
+            s.mig_uuid,
+            s.profile,
+            s.gpu_instance_id,
+            s.compute_instance_id,
+            s.start,
+            s.size,
+        )
+        for node in led.node_names()
+        for uuid, pieces in led.slices(node).items()
+        for s in pieces
+        if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None
+    ]
     return AllocationRows(devices, pods, list(_quota_rows(snap)), mig)
 
 
@@ -241,7 +310,10 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
         t.add("hami_resource_quota_limit", (ns, resource), limit)
     for ns, node, pod, uuid, mem, cores in rows.pods:
         labels = (ns, node, pod, 0, uuid)
-        shared = (_labels(POD, labels), _labels(ALLOCATION["hami_vgpu_memory_allocated_bytes"][2], labels) if legacy else "")
+        shared = (
+            _labels(POD, labels),
+            _labels(ALLOCATION["hami_vgpu_memory_allocated_bytes"][2], labels) if legacy else "",
+        )
         t.add("hami_vgpu_memory_allocated_bytes", labels, mem * MIB, shared)
         t.add("hami_vgpu_core_allocated_ratio", labels, cores, shared)
     return head + t.render()
@@ -255,8 +327,11 @@ class _CacheAge(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        fam = GaugeMetricFamily("hami_scheduler_cache_age_seconds",
-                                "Seconds since the watch of this resource last delivered anything", labels=["resource"])
+        fam = GaugeMetricFamily(
+            "hami_scheduler_cache_age_seconds",
+            "Seconds since the watch of this resource last delivered anything",
+            labels=["resource"],
+        )
         now = self.clock()
         for resource, at in sorted(self.touched.items()):
             fam.add_metric([resource], max(now - at, 0.0))
@@ -276,19 +351,42 @@ def _reason_codes(reasons: Iterable[Any]) -> set[str]:
 class SchedulerMetrics:
     """One registry with the allocation collector and the scheduler's own signals."""
 
-    def __init__(self, snapshot: Callable[[], AllocationSnapshot] | None = None, legacy: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], AllocationSnapshot] | None = None,
+        legacy: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.registry = CollectorRegistry()  # the scheduler's own signals; allocation text is rendered apart
         self.snapshot = snapshot
         self.legacy = legacy
-        self.filter_duration = Histogram("hami_scheduler_filter_duration_seconds", "Extender Filter latency",
-                                         ["outcome"], buckets=FILTER_BUCKETS, registry=self.registry)
-        self.filter_rejections = Counter("hami_scheduler_filter_rejections", "Unschedulable Filter calls by reason code",
-                                         ["reason"], registry=self.registry)
-        self.bind_duration = Histogram("hami_scheduler_bind_duration_seconds", "Extender Bind latency",
-                                       ["outcome"], buckets=BIND_BUCKETS, registry=self.registry)
-        self.lock_wait = Histogram("hami_scheduler_node_lock_wait_seconds", "Time Bind waited for the node lock",
-                                   ["outcome"], buckets=LOCK_BUCKETS, registry=self.registry)
+        self.filter_duration = Histogram(
+            "hami_scheduler_filter_duration_seconds",
+            "Extender Filter latency",
+            ["outcome"],
+            buckets=FILTER_BUCKETS,
+            registry=self.registry,
+        )
+        self.filter_rejections = Counter(
+            "hami_scheduler_filter_rejections",
+            "Unschedulable Filter calls by reason code",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.bind_duration = Histogram(
+            "hami_scheduler_bind_duration_seconds",
+            "Extender Bind latency",
+            ["outcome"],
+            buckets=BIND_BUCKETS,
+            registry=self.registry,
+        )
+        self.lock_wait = Histogram(
+            "hami_scheduler_node_lock_wait_seconds",
+            "Time Bind waited for the node lock",
+            ["outcome"],
+            buckets=LOCK_BUCKETS,
+            registry=self.registry,
+        )
         self._touched: dict[str, float] = {}
         self.clock = clock
         self.registry.register(_CacheAge(self._touched, clock))

@@ -110,8 +110,12 @@ class Options:
         return self.extender_port is None
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(build_vendors(self.device_config), self.node_policy, self.gpu_policy,
-                               request_in_scores=self.score_with_request)
+        return SchedulerConfig(
+            build_vendors(self.device_config),
+            self.node_policy,
+            self.gpu_policy,
+            request_in_scores=self.score_with_request,
+        )
 
 
 def _bool(text: str) -> bool:
@@ -131,64 +135,140 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--scheduler-name", default="hami-scheduler", help="scheduler name set on GPU pods (default %(default)s)")
     a("--node-scheduler-policy", default="binpack", help="binpack | spread (default %(default)s)")
     a("--gpu-scheduler-policy", default="spread", help="binpack | spread | ... (default %(default)s)")
-    a("--score-with-request", type=_bool, nargs="?", const=True, default=True,
-      help="node and GPU scores count the pod's own request (default %(default)s); false = HAMi v2.10's "
-           "scores, from usage before the pod (docs/compatibility.md)")
-    a("--extender-bind", default="",
-      help="also serve /filter and /bind over plain HTTP here, loopback addresses only, for a kube-scheduler "
-           "in the same pod: no TLS handshake per call (kube-scheduler keeps only 2 idle extender "
-           "connections, so most Binds would open a new one); empty = off (default)")
-    a("--extender-client-ca", default="",
-      help="CA bundle (PEM): the --http_bind port serves /filter and /bind only to callers presenting a client "
-           "certificate signed by it (mTLS; give kube-scheduler a client certificate in its extender tlsConfig). "
-           "/webhook and the health checks need none. Not used with --extender-bind, where the --http_bind "
-           "port serves no /filter or /bind at all; without either, --http_bind must be a loopback address")
-    a("--metrics-bind-address", default=":9395", help="where GET /metrics is served; empty = not served (default %(default)s)")
+    a(
+        "--score-with-request",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        help="node and GPU scores count the pod's own request (default %(default)s); false = HAMi v2.10's "
+        "scores, from usage before the pod (docs/compatibility.md)",
+    )
+    a(
+        "--extender-bind",
+        default="",
+        help="also serve /filter and /bind over plain HTTP here, loopback addresses only, for a kube-scheduler "
+        "in the same pod: no TLS handshake per call (kube-scheduler keeps only 2 idle extender "
+        "connections, so most Binds would open a new one); empty = off (default)",
+    )
+    a(
+        "--extender-client-ca",
+        default="",
+        help="CA bundle (PEM): the --http_bind port serves /filter and /bind only to callers presenting a client "
+        "certificate signed by it (mTLS; give kube-scheduler a client certificate in its extender tlsConfig). "
+        "/webhook and the health checks need none. Not used with --extender-bind, where the --http_bind "
+        "port serves no /filter or /bind at all; without either, --http_bind must be a loopback address",
+    )
+    a(
+        "--metrics-bind-address",
+        default=":9395",
+        help="where GET /metrics is served; empty = not served (default %(default)s)",
+    )
     a("--node-label-selector", default="", help="only nodes with these labels, k=v[,k=v]")
     a("--kube-qps", type=float, default=0, help="HAMi's client rate limit: only 0 (no limit) is accepted")
     a("--kube-burst", type=int, default=0, help="HAMi's client burst: only 0 (no limit) is accepted")
     a("--kube-timeout", default="30s", help="API request timeout (default %(default)s)")
-    a("--profiling", type=_bool, nargs="?", const=True, default=False,
-      help="HAMi's pprof routes: only false is accepted (no pprof in Python)")
-    a("--node-lock-timeout", default=os.environ.get("HAMI_NODELOCK_EXPIRE", "5m"),
-      help="node lock expiry (default $HAMI_NODELOCK_EXPIRE or 5m; the flag wins)")
-    a("--node-lock-retry-timeout", default="28s",
-      help="how long Bind waits for a busy node lock (every pod, not only pod groups; 0 = fail at once)")
-    a("--force-overwrite-default-scheduler", type=_bool, nargs="?", const=True, default=True,
-      help="webhook also takes pods aimed at default-scheduler (default true)")
-    a("--leader-elect", type=_bool, nargs="?", const=True, default=False,
-      help="follow the kube-scheduler Lease; only the leader filters and binds")
+    a(
+        "--profiling",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="HAMi's pprof routes: only false is accepted (no pprof in Python)",
+    )
+    a(
+        "--node-lock-timeout",
+        default=os.environ.get("HAMI_NODELOCK_EXPIRE", "5m"),
+        help="node lock expiry (default $HAMI_NODELOCK_EXPIRE or 5m; the flag wins)",
+    )
+    a(
+        "--node-lock-retry-timeout",
+        default="28s",
+        help="how long Bind waits for a busy node lock (every pod, not only pod groups; 0 = fail at once)",
+    )
+    a(
+        "--force-overwrite-default-scheduler",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        help="webhook also takes pods aimed at default-scheduler (default true)",
+    )
+    a(
+        "--leader-elect",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="follow the kube-scheduler Lease; only the leader filters and binds",
+    )
     a("--leader-elect-resource-name", default="hami-scheduler", help="Lease name (default %(default)s)")
     a("--leader-elect-resource-namespace", default="", help="Lease namespace (default $POD_NAMESPACE or kube-system)")
-    a("--leader-elect-identity", default="",
-      help="leader when the Lease holderIdentity starts with this (default $POD_NAME, else the hostname)")
-    a("--legacy-metrics", type=_bool, nargs="?", const=True, default=False,
-      help="also export HAMi's old metric names (docs/metrics.md)")
+    a(
+        "--leader-elect-identity",
+        default="",
+        help="leader when the Lease holderIdentity starts with this (default $POD_NAME, else the hostname)",
+    )
+    a(
+        "--legacy-metrics",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="also export HAMi's old metric names (docs/metrics.md)",
+    )
     a("--device-config-file", default="", help="device-config.yaml (default: NVIDIA with chart defaults)")
     a("--debug", type=_bool, nargs="?", const=True, default=False, help="verbose logging")
     a("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (klog style)")
     a("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config or in-cluster)")
-    a("--resync-interval", default="15s", help="leader pass: handshakes, stale locks, node health (default %(default)s)")
-    a("--success-events", type=_bool, nargs="?", const=True, default=True,
-      help="record FilteringSucceed/BindingSucceed events (default true; failures are always recorded)")
-    a("--decision-write", default="binding", choices=DECISION_WRITES,
-      help="where a Filter decision is written to the pod: 'binding' (default) sends the allocation "
-           "annotations on the Binding itself, one pod write less per pod, and the device plugin labels "
-           f"the pod {VGPU_NODE}; 'filter' patches the pod from Filter as HAMi does (annotations and "
-           "label before the Bind; use it with HAMi's own device plugin and vGPU monitor)")
-    a("--ui-bind", default="",
-      help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "
-           "never on the --http_bind port; empty = off (default). Anyone who reaches it sees every node's devices "
-           "and every pod's grants (docs/security.md)")
-    a("--ui-monitor-url", default="",
-      help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
-           "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)")
-    a("--front-end", default="extender", choices=("extender", "dra"),
-      help="extender: GPU pods are routed to --scheduler-name (the extender places them); dra: the webhook turns "
-           "nvidia.com/gpu+gpumem+gpucores into ResourceClaims of the gpu.hami.io DRA driver and kube-scheduler "
-           "places them (docs/dra.md) (default %(default)s)")
-    a("--disable-control-label", default=DISABLE_CONTROL_LABEL,
-      help="namespace label (value \"true\") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)")
+    a(
+        "--resync-interval",
+        default="15s",
+        help="leader pass: handshakes, stale locks, node health (default %(default)s)",
+    )
+    a(
+        "--success-events",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        help="record FilteringSucceed/BindingSucceed events (default true; failures are always recorded)",
+    )
+    a(
+        "--decision-write",
+        default="binding",
+        choices=DECISION_WRITES,
+        help="where a Filter decision is written to the pod: 'binding' (default) sends the allocation "
+        "annotations on the Binding itself, one pod write less per pod, and the device plugin labels "
+        f"the pod {VGPU_NODE}; 'filter' patches the pod from Filter as HAMi does (annotations and "
+        "label before the Bind; use it with HAMi's own device plugin and vGPU monitor)",
+    )
+    a(
+        "--ui-bind",
+        default="",
+        help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "
+        "never on the --http_bind port; empty = off (default). Anyone who reaches it sees every node's devices "
+        "and every pod's grants (docs/security.md)",
+    )
+    a(
+        "--ui-monitor-url",
+        default="",
+        help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
+        "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)",
+    )
+    a(
+        "--front-end",
+        default="extender",
+        choices=("extender", "dra"),
+        help="extender: GPU pods are routed to --scheduler-name (the extender places them); dra: the webhook turns "
+        "nvidia.com/gpu+gpumem+gpucores into ResourceClaims of the gpu.hami.io DRA driver and kube-scheduler "
+        "places them (docs/dra.md) (default %(default)s)",
+    )
+    a(
+        "--disable-control-label",
+        default=DISABLE_CONTROL_LABEL,
+        help='namespace label (value "true") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)',
+    )
 
 
 def _check_ca_bundle(path: str, flag: str) -> None:
@@ -222,25 +302,41 @@ def options_from_args(args: argparse.Namespace) -> Options:
     client_ca = args.extender_client_ca
     ui_host, ui_port = _ui_listener(args, (port, extender_port, metrics_port))
     opts = Options(
-        host=host, port=port, cert_file=args.cert_file, key_file=args.key_file,
-        scheduler_name=args.scheduler_name, node_policy=args.node_scheduler_policy,
-        gpu_policy=args.gpu_scheduler_policy, score_with_request=args.score_with_request,
+        host=host,
+        port=port,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        scheduler_name=args.scheduler_name,
+        node_policy=args.node_scheduler_policy,
+        gpu_policy=args.gpu_scheduler_policy,
+        score_with_request=args.score_with_request,
         node_selector=parse_selector(args.node_label_selector, "--node-label-selector"),
         node_lock_timeout=parse_duration(args.node_lock_timeout, "--node-lock-timeout"),
         node_lock_retry_timeout=parse_duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout"),
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
-        leader_elect=args.leader_elect, lease_name=args.leader_elect_resource_name,
+        leader_elect=args.leader_elect,
+        lease_name=args.leader_elect_resource_name,
         lease_namespace=args.leader_elect_resource_namespace or pod_namespace or "kube-system",
         identity=args.leader_elect_identity or pod_name or socket.gethostname(),
-        pod_name=pod_name, pod_namespace=pod_namespace, kubeconfig=args.kubeconfig,
+        pod_name=pod_name,
+        pod_namespace=pod_namespace,
+        kubeconfig=args.kubeconfig,
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
-        disable_control_label=args.disable_control_label, device_config=device_config,
+        disable_control_label=args.disable_control_label,
+        device_config=device_config,
         front_end=args.front_end,
-        success_events=args.success_events, decision_write=args.decision_write,
-        metrics_host=metrics_host, metrics_port=metrics_port, legacy_metrics=args.legacy_metrics,
-        extender_host=extender_host, extender_port=extender_port, extender_client_ca=client_ca,
-        ui_host=ui_host, ui_port=ui_port, ui_monitor_url=args.ui_monitor_url,
+        success_events=args.success_events,
+        decision_write=args.decision_write,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        legacy_metrics=args.legacy_metrics,
+        extender_host=extender_host,
+        extender_port=extender_port,
+        extender_client_ca=client_ca,
+        ui_host=ui_host,
+        ui_port=ui_port,
+        ui_monitor_url=args.ui_monitor_url,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
@@ -252,11 +348,16 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 
 def _refuse_unsupported(args: argparse.Namespace) -> None:
-    for flag, value, off in (("--kube-qps", args.kube_qps, 0), ("--kube-burst", args.kube_burst, 0),
-                             ("--profiling", args.profiling, False)):
+    for flag, value, off in (
+        ("--kube-qps", args.kube_qps, 0),
+        ("--kube-burst", args.kube_burst, 0),
+        ("--profiling", args.profiling, False),
+    ):
         if value != off:
-            raise ConfigError(f"{flag}: {value!r} is not supported (the API client is not rate-limited and there are "
-                              f"no pprof routes here); leave it unset")
+            raise ConfigError(
+                f"{flag}: {value!r} is not supported (the API client is not rate-limited and there are "
+                f"no pprof routes here); leave it unset"
+            )
 
 
 def _check_tls_files(args: argparse.Namespace) -> None:
@@ -284,23 +385,31 @@ def _extender_listener(args: argparse.Namespace, host: str) -> tuple[str, int | 
     if args.extender_bind:
         extender_host, extender_port = parse_bind(args.extender_bind, "--extender-bind")
         if extender_host not in LOOPBACK:
-            raise ConfigError(f"--extender-bind: {args.extender_bind!r} is not a loopback address "
-                              f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS")
+            raise ConfigError(
+                f"--extender-bind: {args.extender_bind!r} is not a loopback address "
+                f"({', '.join(sorted(LOOPBACK))}); this listener has no TLS"
+            )
         extender_host = extender_host.strip("[]")
     client_ca = args.extender_client_ca
     if client_ca:
         if extender_port is not None:
-            raise ConfigError(f"--extender-client-ca: not used with --extender-bind {args.extender_bind!r} (the "
-                              f"--http_bind port then serves no /filter or /bind); give one of the two")
+            raise ConfigError(
+                f"--extender-client-ca: not used with --extender-bind {args.extender_bind!r} (the "
+                f"--http_bind port then serves no /filter or /bind); give one of the two"
+            )
         if not (args.cert_file and args.key_file):
-            raise ConfigError(f"--extender-client-ca: {client_ca!r} needs --cert_file and --key_file (client "
-                              f"certificates are checked in the TLS handshake)")
+            raise ConfigError(
+                f"--extender-client-ca: {client_ca!r} needs --cert_file and --key_file (client "
+                f"certificates are checked in the TLS handshake)"
+            )
         _check_ca_bundle(client_ca, "--extender-client-ca")
     elif extender_port is None and host not in LOOPBACK:
-        raise ConfigError(f"--http_bind: {args.http_bind!r} is not a loopback address and /filter and /bind would "
-                          f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
-                          f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
-                          f"(kube-scheduler presents a client certificate)")
+        raise ConfigError(
+            f"--http_bind: {args.http_bind!r} is not a loopback address and /filter and /bind would "
+            f"answer anyone who reaches it; give --extender-bind (kube-scheduler in the same pod "
+            f"calls the extender on loopback; the default of the chart) or --extender-client-ca "
+            f"(kube-scheduler presents a client certificate)"
+        )
     return extender_host, extender_port
 
 
@@ -310,13 +419,17 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
         ui_host, ui_port = parse_bind(args.ui_bind, "--ui-bind")
         ui_host = ui_host.strip("[]")
         if ui_port in taken:
-            raise ConfigError(f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
-                              f"the UI has a port of its own")
+            raise ConfigError(
+                f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
+                f"the UI has a port of its own"
+            )
     if args.ui_monitor_url:
         if not args.ui_bind:
             raise ConfigError(f"--ui-monitor-url: {args.ui_monitor_url!r} is only used with --ui-bind")
         if not args.ui_monitor_url.startswith(("http://", "https://")) or "{" in args.ui_monitor_url.replace(
-                "{node_ip}", "").replace("{node}", ""):
-            raise ConfigError(f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, "
-                              f"got {args.ui_monitor_url!r}")
+            "{node_ip}", ""
+        ).replace("{node}", ""):
+            raise ConfigError(
+                f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, got {args.ui_monitor_url!r}"
+            )
     return ui_host, ui_port

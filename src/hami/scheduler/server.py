@@ -50,11 +50,16 @@ from .state import ClusterState, handshake_value
 
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
-MAX_DEPTH = 64           # JSON nesting (a Pod nests about 12 deep)
-FILTER_ARGS = {"Pod": POD, "pod": POD, "NodeNames": ListOf(str), "nodenames": ListOf(str),
-               "Nodes": {"items": ListOf(NODE)}, "nodes": {"items": ListOf(NODE)}}
-BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID",
-                              "Node", "node")}
+MAX_DEPTH = 64  # JSON nesting (a Pod nests about 12 deep)
+FILTER_ARGS = {
+    "Pod": POD,
+    "pod": POD,
+    "NodeNames": ListOf(str),
+    "nodenames": ListOf(str),
+    "Nodes": {"items": ListOf(NODE)},
+    "nodes": {"items": ListOf(NODE)},
+}
+BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID", "Node", "node")}
 MALFORMED_REGISTRATION = "MalformedRegistration"
 DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be read
 
@@ -68,33 +73,65 @@ class SchedulerService:
         self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
         self.events = EventRecorder(kube, opts.scheduler_name, success=opts.success_events)
         self.state.on_malformed = lambda node, message: self.events.record(
-            node, MALFORMED_REGISTRATION, f"devices not scheduled: {message}", "Warning", involved="Node")
-        self.leader = Leadership(kube, opts.leader_elect, opts.lease_name, opts.lease_namespace, opts.identity,
-                                 opts.pod_name, opts.pod_namespace)
+            node, MALFORMED_REGISTRATION, f"devices not scheduled: {message}", "Warning", involved="Node"
+        )
+        self.leader = Leadership(
+            kube,
+            opts.leader_elect,
+            opts.lease_name,
+            opts.lease_namespace,
+            opts.identity,
+            opts.pod_name,
+            opts.pod_namespace,
+        )
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
         self.reflectors: list[Reflector] = []
         if kube is not None:
             self.reflectors = [
-                Reflector(kube, "/api/v1/nodes", _Touching(self.state.node_handler, self.metrics, "nodes"), name="nodes"),
+                Reflector(
+                    kube, "/api/v1/nodes", _Touching(self.state.node_handler, self.metrics, "nodes"), name="nodes"
+                ),
                 Reflector(kube, "/api/v1/pods", _Touching(self.state.pod_handler, self.metrics, "pods"), name="pods"),
-                Reflector(kube, "/api/v1/resourcequotas",
-                          _Touching(self.state.quota_handler, self.metrics, "resourcequotas"), name="resourcequotas"),
+                Reflector(
+                    kube,
+                    "/api/v1/resourcequotas",
+                    _Touching(self.state.quota_handler, self.metrics, "resourcequotas"),
+                    name="resourcequotas",
+                ),
                 # the DRA front end's allocations (both front ends: quotas and the UI count them);
                 # absent before Kubernetes v1.34 (resource.k8s.io/v1) or without the chart's RBAC
-                Reflector(kube, f"{DRA_API}/resourceclaims",
-                          _Touching(self.state.claim_handler, self.metrics, "resourceclaims"), name="resourceclaims",
-                          optional="DRA claims (driver gpu.hami.io) are not counted in quotas nor shown in the UI"),
-                Reflector(kube, f"{DRA_API}/resourceslices",
-                          _Touching(self.state.slice_handler, self.metrics, "resourceslices"), name="resourceslices",
-                          optional="the UI does not show the GPUs the DRA front end publishes"),
+                Reflector(
+                    kube,
+                    f"{DRA_API}/resourceclaims",
+                    _Touching(self.state.claim_handler, self.metrics, "resourceclaims"),
+                    name="resourceclaims",
+                    optional="DRA claims (driver gpu.hami.io) are not counted in quotas nor shown in the UI",
+                ),
+                Reflector(
+                    kube,
+                    f"{DRA_API}/resourceslices",
+                    _Touching(self.state.slice_handler, self.metrics, "resourceslices"),
+                    name="resourceslices",
+                    optional="the UI does not show the GPUs the DRA front end publishes",
+                ),
             ]
-        self.extender = Extender(self.state, kube, self.events, is_ready=self.ready,
-                                 lock_timeout=opts.node_lock_timeout, lock_retry_timeout=opts.node_lock_retry_timeout,
-                                 decision_write=opts.decision_write)
+        self.extender = Extender(
+            self.state,
+            kube,
+            self.events,
+            is_ready=self.ready,
+            lock_timeout=opts.node_lock_timeout,
+            lock_retry_timeout=opts.node_lock_retry_timeout,
+            decision_write=opts.decision_write,
+        )
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
-        self.admission = AdmissionSettings(self.state.vendors, opts.scheduler_name,
-                                           opts.force_overwrite_default_scheduler, opts.disable_control_label,
-                                           front_end=opts.front_end)
+        self.admission = AdmissionSettings(
+            self.state.vendors,
+            opts.scheduler_name,
+            opts.force_overwrite_default_scheduler,
+            opts.disable_control_label,
+            front_end=opts.front_end,
+        )
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
 
@@ -120,8 +157,9 @@ class SchedulerService:
                     updates[key] = handshake_value(now)
             if updates:
                 try:
-                    self.state.put_node(await self.kube.merge_patch(f"/api/v1/nodes/{name}",
-                                                                    {"metadata": {"annotations": updates}}))
+                    self.state.put_node(
+                        await self.kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"annotations": updates}})
+                    )
                 except KubeError as exc:
                     log.warning("node %s: handshake not written: %s", name, exc)
         await self.extender.sweep_locks()
@@ -139,16 +177,24 @@ class SchedulerService:
 
     async def _first_pass(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
-        log.info("caches synced: %d nodes with devices, %d pods holding devices, %d DRA claims (gpu.hami.io)",
-                 len(self.state.ledger.node_names()), len(self.state.ledger.pods()), len(self.state.claims))
+        log.info(
+            "caches synced: %d nodes with devices, %d pods holding devices, %d DRA claims (gpu.hami.io)",
+            len(self.state.ledger.node_names()),
+            len(self.state.ledger.pods()),
+            len(self.state.claims),
+        )
         await self.resync()
 
     def start_background(self) -> None:
         spawn = asyncio.get_running_loop().create_task
         self.tasks += [spawn(r.run()) for r in self.reflectors]
         if self.kube is not None:
-            self.tasks += [spawn(self.events.run()), spawn(self.leader.run()), spawn(self._first_pass()),
-                           spawn(self._resync_loop())]
+            self.tasks += [
+                spawn(self.events.run()),
+                spawn(self.leader.run()),
+                spawn(self._first_pass()),
+                spawn(self._resync_loop()),
+            ]
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -282,7 +328,9 @@ def filter_outcome(answer: dict) -> tuple[str, list[str]]:
         return "error", []
     if answer.get("NodeNames") or (answer.get("Nodes") or {}).get("items"):
         return "scheduled", []
-    texts = list((answer.get("FailedNodes") or {}).values()) + list((answer.get("FailedAndUnresolvableNodes") or {}).values())
+    texts = list((answer.get("FailedNodes") or {}).values()) + list(
+        (answer.get("FailedAndUnresolvableNodes") or {}).values()
+    )
     return "unschedulable", sorted({code for t in texts for code in reason_codes(t)})
 
 
@@ -314,9 +362,12 @@ class _Touching:
 def _client_cert_required(handler: Any) -> Any:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if not client_verified(request):
-            raise web.HTTPForbidden(text=f"{request.path} is only for kube-scheduler: present a client certificate "
-                                         f"signed by the scheduler's --extender-client-ca\n")
+            raise web.HTTPForbidden(
+                text=f"{request.path} is only for kube-scheduler: present a client certificate "
+                f"signed by the scheduler's --extender-client-ca\n"
+            )
         return await handler(request)
+
     return guarded
 
 
@@ -330,11 +381,20 @@ def _timed_lock(acquire: Any, metrics: SchedulerMetrics) -> Any:
             raise
         metrics.observe_lock_wait(time.perf_counter() - began, "acquired")
         return value
+
     return timed
 
 
-async def serve(service: SchedulerService, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
-                webhook: bool = True, extender: bool = True, client_cert: bool = False,
-                guard: ConnectionGuard | None = None) -> web.AppRunner:
-    return await start(service.app(webhook, extender, client_cert), host, port, ssl_context=ssl_context,
-                       guard=guard, backlog=1024)
+async def serve(
+    service: SchedulerService,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    webhook: bool = True,
+    extender: bool = True,
+    client_cert: bool = False,
+    guard: ConnectionGuard | None = None,
+) -> web.AppRunner:
+    return await start(
+        service.app(webhook, extender, client_cert), host, port, ssl_context=ssl_context, guard=guard, backlog=1024
+    )

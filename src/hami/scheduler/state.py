@@ -90,8 +90,13 @@ def selector_matches(obj: Mapping[str, Any], selector: Mapping[str, str]) -> boo
 class ClusterState:
     """Caches + ledger. Not thread-safe: everything runs on one asyncio loop."""
 
-    def __init__(self, config: SchedulerConfig, scheduler_name: str = "hami-scheduler",
-                 node_selector: Mapping[str, str] | None = None, clock=time.time) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        scheduler_name: str = "hami-scheduler",
+        node_selector: Mapping[str, str] | None = None,
+        clock=time.time,
+    ) -> None:
         self.config = config
         self.vendors = config.vendors
         self.scheduler_name = scheduler_name
@@ -210,8 +215,11 @@ class ClusterState:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         # pods with ResourceClaims are kept too: the UI names a DRA claim's containers from them
-        return spec.get("schedulerName") == self.scheduler_name or VGPU_NODE in (meta.get("annotations") or {}) \
+        return (
+            spec.get("schedulerName") == self.scheduler_name
+            or VGPU_NODE in (meta.get("annotations") or {})
             or bool(spec.get("resourceClaims"))
+        )
 
     def _replace_pods(self, items: list[dict]) -> None:
         keys = {pod_key(p) for p in items}
@@ -254,8 +262,11 @@ class ClusterState:
             self._wake_lock_waiters(pod, True)
             return
         if self._stale(pod):
-            log.debug("pod %s: dropping a stale event (resourceVersion %s)", ref,
-                      (pod.get("metadata") or {}).get("resourceVersion"))
+            log.debug(
+                "pod %s: dropping a stale event (resourceVersion %s)",
+                ref,
+                (pod.get("metadata") or {}).get("resourceVersion"),
+            )
             return
         if not self._interesting(pod):
             return
@@ -344,7 +355,6 @@ class ClusterState:
             log.warning("ignoring %s", exc)
             self.ledger.remove_quota(ns, name)
 
-
     # ------------------------------------------------------------------ DRA claims and slices
     @property
     def claim_handler(self) -> "_Handler":
@@ -405,9 +415,13 @@ class ClusterState:
             self.dra_devices.update(devices)
             self._dra_totals.update((k, d["total"]) for k, d in devices.items())
         if recount:
-            self._recount_whole_device_claims({node for node, _ in self._slice_keys.get(name, ())} |
-                                              {(obj.get("spec") or {}).get("nodeName") or "",
-                                               ((obj.get("spec") or {}).get("pool") or {}).get("name") or ""})
+            self._recount_whole_device_claims(
+                {node for node, _ in self._slice_keys.get(name, ())}
+                | {
+                    (obj.get("spec") or {}).get("nodeName") or "",
+                    ((obj.get("spec") or {}).get("pool") or {}).get("name") or "",
+                }
+            )
 
     def device_node_names(self) -> list[str]:
         """Nodes with devices on either front end: registered ones and those with DRA GPUs."""
@@ -424,8 +438,8 @@ class ClusterState:
 def _same_allocation(a: Any, b: Any) -> bool:
     """Same placement (decoded annotations carry no device index, so compare what they say)."""
     return (a.node, a.kinds, a.usage) == (b.node, b.kinds, b.usage) and {
-        v: [[d.uuid for d in c] for c in per] for v, per in a.devices.items()} == {
-        v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
+        v: [[d.uuid for d in c] for c in per] for v, per in a.devices.items()
+    } == {v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
 
 
 def _ref(pod: Mapping[str, Any]) -> str:

@@ -34,28 +34,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", metavar="NODES.yaml", help="Node objects (kubectl get nodes -o yaml)")
     parser.add_argument("--pods", metavar="PODS.yaml", help="Pod objects, scheduled in file order")
     parser.add_argument("--config", metavar="device-config.yaml", help="HAMi device configuration")
-    parser.add_argument("--example", choices=sorted(EXAMPLES), default=None,
-                        help="run a bundled example: default (NVIDIA cluster, the no-argument run), mixed "
-                             "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml) or mig "
-                             "(an A100 node in MIG mode next to an L4 node) or dra (for --front-end dra: a node by its registration, "
-                             "one by its ResourceSlice, HAMi pods and pods with their own claims)")
+    parser.add_argument(
+        "--example",
+        choices=sorted(EXAMPLES),
+        default=None,
+        help="run a bundled example: default (NVIDIA cluster, the no-argument run), mixed "
+        "(NVIDIA + Ascend + Cambricon + Hygon nodes, with its own device-config.yaml) or mig "
+        "(an A100 node in MIG mode next to an L4 node) or dra (for --front-end dra: a node by its registration, "
+        "one by its ResourceSlice, HAMi pods and pods with their own claims)",
+    )
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
-    parser.add_argument("--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain")
-    parser.add_argument("--score-with-request", choices=("true", "false"), default="true",
-                        help="scores count the pod's own request (default); false = HAMi v2.10's scores")
-    parser.add_argument("--front-end", choices=("extender", "dra"), default=None,
-                        help="extender (default; dra for --example dra): HAMi's scheduler extender places the "
-                             "pods; dra: each pod goes "
-                             "through the webhook's DRA translation (ResourceClaims) and kube-scheduler's DRA "
-                             "allocator places its claims on the ResourceSlices the node agent would publish "
-                             "(docs/dra.md, 'Simulating the DRA path')")
-    parser.add_argument("--default-cores", type=int, default=0, metavar="N",
-                        help="--front-end dra: cores a share takes when it asks for none (hami dra --default-cores)")
-    parser.add_argument("--min-memory", type=int, default=1, metavar="MIB",
-                        help="--front-end dra: the smallest memory share in MiB (hami dra --min-memory)")
-    parser.add_argument("--output", "-o", choices=("table", "json", "html"), default="table",
-                        help="table (default), json, or html: the web UI's page for this run as one "
-                             "self-contained file (docs/ui.md), e.g. -o html > what-if.html")
+    parser.add_argument(
+        "--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain"
+    )
+    parser.add_argument(
+        "--score-with-request",
+        choices=("true", "false"),
+        default="true",
+        help="scores count the pod's own request (default); false = HAMi v2.10's scores",
+    )
+    parser.add_argument(
+        "--front-end",
+        choices=("extender", "dra"),
+        default=None,
+        help="extender (default; dra for --example dra): HAMi's scheduler extender places the "
+        "pods; dra: each pod goes "
+        "through the webhook's DRA translation (ResourceClaims) and kube-scheduler's DRA "
+        "allocator places its claims on the ResourceSlices the node agent would publish "
+        "(docs/dra.md, 'Simulating the DRA path')",
+    )
+    parser.add_argument(
+        "--default-cores",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--front-end dra: cores a share takes when it asks for none (hami dra --default-cores)",
+    )
+    parser.add_argument(
+        "--min-memory",
+        type=int,
+        default=1,
+        metavar="MIB",
+        help="--front-end dra: the smallest memory share in MiB (hami dra --min-memory)",
+    )
+    parser.add_argument(
+        "--output",
+        "-o",
+        choices=("table", "json", "html"),
+        default="table",
+        help="table (default), json, or html: the web UI's page for this run as one "
+        "self-contained file (docs/ui.md), e.g. -o html > what-if.html",
+    )
 
 
 MAX_FILE = 64 << 20  # bytes per input file
@@ -107,8 +136,12 @@ def run(args: argparse.Namespace) -> int:
             device_config = default_device_config()
         parse_node_policy(args.node_policy, "--node-policy")
         parse_gpu_policy(args.gpu_policy, "--gpu-policy")
-        config = SchedulerConfig(build_vendors(device_config), args.node_policy, args.gpu_policy,
-                                 request_in_scores=getattr(args, "score_with_request", "true") == "true")
+        config = SchedulerConfig(
+            build_vendors(device_config),
+            args.node_policy,
+            args.gpu_policy,
+            request_in_scores=getattr(args, "score_with_request", "true") == "true",
+        )
         front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
         if front_end == "dra":
             from .dra import DraOptions, simulate_dra
@@ -117,11 +150,20 @@ def run(args: argparse.Namespace) -> int:
                 opts = DraOptions(default_cores=args.default_cores, min_memory_mib=args.min_memory)
             except ValueError as exc:
                 raise SimulationError(str(exc)) from None
-            result = simulate_dra(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config, opts,
-                                  sources=(nodes_src, pods_src))
+            result = simulate_dra(
+                _yaml_docs(nodes_text, nodes_src),
+                _yaml_docs(pods_text, pods_src),
+                config,
+                opts,
+                sources=(nodes_src, pods_src),
+            )
         else:
-            result = simulate(_yaml_docs(nodes_text, nodes_src), _yaml_docs(pods_text, pods_src), config,
-                              sources=(nodes_src, pods_src))
+            result = simulate(
+                _yaml_docs(nodes_text, nodes_src),
+                _yaml_docs(pods_text, pods_src),
+                config,
+                sources=(nodes_src, pods_src),
+            )
     except (SimulationError, CoreError) as exc:
         print(f"hami simulate: {_one_line(exc)}", file=sys.stderr)
         return 1

@@ -147,8 +147,9 @@ def _allocatable(obj: Mapping[str, Any], key: str, scale: int) -> int:
         return 0
 
 
-def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptions,
-               source: str = "nodes") -> tuple[dict[str, _Node], list[str]]:
+def load_nodes(
+    node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptions, source: str = "nodes"
+) -> tuple[dict[str, _Node], list[str]]:
     """Nodes (registration annotations) and ResourceSlice documents -> each node's devices."""
     warnings: list[str] = []
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
@@ -178,7 +179,9 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
     for s, made in slices:
         node = s["spec"]["nodeName"]
         if node in given and made:
-            warnings.append(f"{source}: node {node}: its ResourceSlice is given, the registration annotation is not used")
+            warnings.append(
+                f"{source}: node {node}: its ResourceSlice is given, the registration annotation is not used"
+            )
             continue
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
         s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
@@ -191,8 +194,10 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptio
             n.devices.append(d)
     if not nodes:
         first = f": {warnings[0]}" if warnings else ""
-        raise SimulationError(f"{source}: no node with a gpu.hami.io GPU (a Node needs an NVIDIA registration "
-                              f"annotation, or give ResourceSlices of {DRIVER}){first}")
+        raise SimulationError(
+            f"{source}: no node with a gpu.hami.io GPU (a Node needs an NVIDIA registration "
+            f"annotation, or give ResourceSlices of {DRIVER}){first}"
+        )
     return nodes, warnings
 
 
@@ -244,11 +249,18 @@ class _State:
             for r in results:
                 dev = self.by_key.get((r.get("pool", ""), r.get("device", "")))
                 if dev is None:
-                    raise SimulationError(f"{source}: ResourceClaim {ns}/{name}: status.allocation names "
-                                          f"{r.get('pool')}/{r.get('device')}, which no node publishes")
+                    raise SimulationError(
+                        f"{source}: ResourceClaim {ns}/{name}: status.allocation names "
+                        f"{r.get('pool')}/{r.get('device')}, which no node publishes"
+                    )
                 consumed = r.get("consumedCapacity") or {}
-                picks.append(fit.Pick(r.get("request", ""), dev, {
-                    k: fit._int(consumed[k], k) if k in consumed else dev.total[k] for k in fit.CAPACITIES}))
+                picks.append(
+                    fit.Pick(
+                        r.get("request", ""),
+                        dev,
+                        {k: fit._int(consumed[k], k) if k in consumed else dev.total[k] for k in fit.CAPACITIES},
+                    )
+                )
             fit.commit(picks, claim.ref)
             claim.picks, claim.node = picks, self._node_of(picks[0].device)
         self.claims[(ns, name)] = claim
@@ -292,19 +304,25 @@ class _State:
         vendors = pod_request(admitted, self.config.vendors).vendors()
         others = [v for v in vendors if v != "NVIDIA"]
         if others:
-            out.reasons = {"*": f"{', '.join(sorted(others))} devices are placed by the extender, not on the DRA "
-                                "front end (simulate with --front-end extender)"}
+            out.reasons = {
+                "*": f"{', '.join(sorted(others))} devices are placed by the extender, not on the DRA "
+                "front end (simulate with --front-end extender)"
+            }
             return out, admitted
         if "NVIDIA" in vendors:  # the webhook's scheduler-name gate let it through untranslated
             name = (admitted.get("spec") or {}).get("schedulerName")
-            out.reasons = {"*": f"its NVIDIA requests were not turned into claims: the webhook leaves pods of "
-                                f"scheduler {name!r} alone, and on the DRA path no node advertises them as "
-                                "extended resources (KEP-5004's mapping aside)"}
+            out.reasons = {
+                "*": f"its NVIDIA requests were not turned into claims: the webhook leaves pods of "
+                f"scheduler {name!r} alone, and on the DRA path no node advertises them as "
+                "extended resources (KEP-5004's mapping aside)"
+            }
             return out, admitted
         if not refs:
             out.status = "no-devices"
-            out.containers = [{"name": c.get("name") or str(i), "devices": []}
-                              for i, (c, _) in enumerate(ordered_containers(admitted))]
+            out.containers = [
+                {"name": c.get("name") or str(i), "devices": []}
+                for i, (c, _) in enumerate(ordered_containers(admitted))
+            ]
             return out, admitted
         claims = self._pod_claims(out, refs, source)
         if claims is None:
@@ -337,11 +355,14 @@ class _State:
         existing = allocation_from_pod(pod, self.config.vendors)
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
-            self.warnings.append(f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
-                                 "path does not count it (docs/dra.md, Migrating from the extender)")
+            self.warnings.append(
+                f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
+                "path does not count it (docs/dra.md, Migrating from the extender)"
+            )
             return None
-        decision = decide(pod, AdmissionSettings(self.config.vendors, front_end="dra",
-                                                 dra_device_class=self.opts.device_class))
+        decision = decide(
+            pod, AdmissionSettings(self.config.vendors, front_end="dra", dra_device_class=self.opts.device_class)
+        )
         if not decision.allowed:
             out.status, out.reasons = "denied", {"webhook": decision.message}
             return None
@@ -353,13 +374,20 @@ class _State:
                 return None
         admitted = decision.pod or pod
         nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
-        names = ("use_type_annotation", "nouse_type_annotation", "use_uuid_annotation", "nouse_uuid_annotation",
-                 "numa_bind_annotation")
+        names = (
+            "use_type_annotation",
+            "nouse_type_annotation",
+            "use_uuid_annotation",
+            "nouse_uuid_annotation",
+            "numa_bind_annotation",
+        )
         unexpressed = {getattr(nvidia, n, None) for n in names} if nvidia is not None else set()
         ignored = sorted(a for a in ((pod.get("metadata") or {}).get("annotations") or {}) if a in unexpressed)
         if ignored and decision.templates:
-            self.warnings.append(f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
-                                 "(the claim can land on any GPU; use a CEL selector in your own claim)")
+            self.warnings.append(
+                f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
+                "(the claim can land on any GPU; use a CEL selector in your own claim)"
+            )
         for t in decision.templates:
             self.templates[(ns, t["metadata"]["name"])] = t["spec"]["spec"]
         return admitted
@@ -373,17 +401,22 @@ class _State:
             if ref.get("resourceClaimName"):
                 c = self.claims.get((ns, ref["resourceClaimName"]))
                 if c is None:
-                    out.reasons = {"*": f"ResourceClaim {ns}/{ref['resourceClaimName']} not found "
-                                        "(put it in the pods file before the pod)"}
+                    out.reasons = {
+                        "*": f"ResourceClaim {ns}/{ref['resourceClaimName']} not found "
+                        "(put it in the pods file before the pod)"
+                    }
                     return None
             else:
                 tname = ref.get("resourceClaimTemplateName") or ""
                 spec = self.templates.get((ns, tname))
                 if spec is None:
-                    out.reasons = {"*": f"ResourceClaimTemplate {ns}/{tname} not found "
-                                        "(put it in the pods file before the pod)"}
+                    out.reasons = {
+                        "*": f"ResourceClaimTemplate {ns}/{tname} not found (put it in the pods file before the pod)"
+                    }
                     return None
-                c = self._claim(ns, f"{out.name}-{entry}", spec, f"ResourceClaimTemplate {ns}/{tname} spec.spec", source)
+                c = self._claim(
+                    ns, f"{out.name}-{entry}", spec, f"ResourceClaimTemplate {ns}/{tname} spec.spec", source
+                )
                 c.from_template = True
             claims[entry] = c
         return claims
@@ -402,8 +435,11 @@ class _State:
             held = sorted({c.node for c in claims.values() if c.node})
             why = [f"bound to node {bound}"] if bound else []
             why += [f"its claims are allocated on {', '.join(held)}"] if held else []
-            out.reasons = {"*": f"no candidate node: {' and '.join(why)}, which publishes no gpu.hami.io GPU"
-                           if len(why) == 1 else f"no candidate node: {' and '.join(why)}"}
+            out.reasons = {
+                "*": f"no candidate node: {' and '.join(why)}, which publishes no gpu.hami.io GPU"
+                if len(why) == 1
+                else f"no candidate node: {' and '.join(why)}"
+            }
             return None, {}
         fits: dict[str, dict[str, list[fit.Pick]]] = {}
         for name in candidates:
@@ -431,22 +467,39 @@ class _State:
     def claim_rows(self) -> list[dict]:
         rows = []
         for c in self.claims.values():
-            rows.append({"namespace": c.namespace, "name": c.name, "node": c.node, "pods": sorted(c.users),
-                         "results": [p.result() for p in c.picks or ()]})
+            rows.append(
+                {
+                    "namespace": c.namespace,
+                    "name": c.name,
+                    "node": c.node,
+                    "pods": sorted(c.users),
+                    "results": [p.result() for p in c.picks or ()],
+                }
+            )
         return rows
 
     def device_rows(self) -> list[dict]:
         rows = []
         for n in self.nodes.values():
             for d in n.devices:
-                rows.append({
-                    "node": n.name, "device": d.device, "uuid": d.uuid, "index": _index(d),
-                    "type": str(d.attributes.get(f"{DRIVER}/type") or ""),
-                    "used": d.used[SHARES], "count": d.total[SHARES],
-                    "usedmem": -(-d.used[MEMORY] // MIB), "totalmem": d.total[MEMORY] // MIB,
-                    "usedcores": d.used[CORES], "totalcore": d.total[CORES],
-                    "health": True, "cordoned": False, "claims": list(d.claims),
-                })
+                rows.append(
+                    {
+                        "node": n.name,
+                        "device": d.device,
+                        "uuid": d.uuid,
+                        "index": _index(d),
+                        "type": str(d.attributes.get(f"{DRIVER}/type") or ""),
+                        "used": d.used[SHARES],
+                        "count": d.total[SHARES],
+                        "usedmem": -(-d.used[MEMORY] // MIB),
+                        "totalmem": d.total[MEMORY] // MIB,
+                        "usedcores": d.used[CORES],
+                        "totalcore": d.total[CORES],
+                        "health": True,
+                        "cordoned": False,
+                        "claims": list(d.claims),
+                    }
+                )
         return rows
 
 
@@ -457,11 +510,21 @@ def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
     a ResourceClaim shared by several pods counts once, on its first pod, as on the device."""
     ledger = Ledger()
     for n in state.nodes.values():
-        devs = tuple(DeviceInfo(id=d.uuid or f"{d.pool}/{d.device}", index=_index(d), count=d.total[SHARES],
-                                devmem=d.total[MEMORY] // MIB, devcore=d.total[CORES], type=_type(d),
-                                mode="hami-core", health=True, vendor="NVIDIA",
-                                numa=_int_attr(d, "numa"))
-                     for d in n.devices)
+        devs = tuple(
+            DeviceInfo(
+                id=d.uuid or f"{d.pool}/{d.device}",
+                index=_index(d),
+                count=d.total[SHARES],
+                devmem=d.total[MEMORY] // MIB,
+                devcore=d.total[CORES],
+                type=_type(d),
+                mode="hami-core",
+                health=True,
+                vendor="NVIDIA",
+                numa=_int_attr(d, "numa"),
+            )
+            for d in n.devices
+        )
         ledger.set_node(NodeDevices(n.name, devs))
     counted: set[str] = set()
     for key, (claims, node, _) in state.pods.items():
@@ -477,15 +540,31 @@ def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
                 if claim is None or claim.ref in counted:
                     continue
                 counted.add(claim.ref)
-                grants += [ContainerDevice(p.device.uuid or f"{p.device.pool}/{p.device.device}", "NVIDIA",
-                                           -(-p.consumed[MEMORY] // MIB), p.consumed[CORES], _index(p.device))
-                           for p in claim.picks or ()]
+                grants += [
+                    ContainerDevice(
+                        p.device.uuid or f"{p.device.pool}/{p.device.device}",
+                        "NVIDIA",
+                        -(-p.consumed[MEMORY] // MIB),
+                        p.consumed[CORES],
+                        _index(p.device),
+                    )
+                    for p in claim.picks or ()
+                ]
             per.append(tuple(grants))
         devices = {"NVIDIA": tuple(per)}
         kinds = tuple(ContainerKind.APP for _ in per)
         meta = pod.get("metadata") or {}
-        ledger.add_pod(PodAllocation(key=key, namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
-                                     node=node, devices=devices, kinds=kinds, usage=collapse(devices, kinds)))
+        ledger.add_pod(
+            PodAllocation(
+                key=key,
+                namespace=meta.get("namespace") or "default",
+                name=meta.get("name") or "",
+                node=node,
+                devices=devices,
+                kinds=kinds,
+                usage=collapse(devices, kinds),
+            )
+        )
     return ledger
 
 
@@ -506,20 +585,32 @@ def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[di
     out = []
     for i, (c, _) in enumerate(ordered_containers(pod)):
         devs = []
-        for ref in ((c.get("resources") or {}).get("claims") or ()):
+        for ref in (c.get("resources") or {}).get("claims") or ():
             claim = claims.get(ref.get("name") or "")
             for p in (claim.picks or ()) if claim else ():
                 if ref.get("request") and ref["request"] != p.request:
                     continue
-                devs.append({"uuid": p.device.uuid, "type": str(p.device.attributes.get(f"{DRIVER}/type") or ""),
-                             "usedmem": -(-p.consumed[MEMORY] // MIB), "usedcores": p.consumed[CORES],
-                             "device": f"{p.device.pool}/{p.device.device}", "claim": claim.ref})
+                devs.append(
+                    {
+                        "uuid": p.device.uuid,
+                        "type": str(p.device.attributes.get(f"{DRIVER}/type") or ""),
+                        "usedmem": -(-p.consumed[MEMORY] // MIB),
+                        "usedcores": p.consumed[CORES],
+                        "device": f"{p.device.pool}/{p.device.device}",
+                        "claim": claim.ref,
+                    }
+                )
         out.append({"name": c.get("name") or str(i), "devices": devs})
     return out
 
 
-def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: SchedulerConfig,
-                 opts: DraOptions = DraOptions(), sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
+def simulate_dra(
+    node_docs: Iterable[Any],
+    pod_docs: Iterable[Any],
+    config: SchedulerConfig,
+    opts: DraOptions = DraOptions(),
+    sources: tuple[str, str] = ("nodes", "pods"),
+) -> SimResult:
     nodes, warnings = load_nodes(node_docs, config, opts, sources[0])
     state = _State(nodes, config, opts)
     state.warnings = warnings
@@ -529,8 +620,12 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
         if kind in ("ResourceClaimTemplate", "ResourceClaim", "Pod"):
-            check_document(obj, {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM,
-                           "Pod": fit.POD_CLAIMS}[kind], sources[1], label)
+            check_document(
+                obj,
+                {"ResourceClaimTemplate": fit.CLAIM_TEMPLATE, "ResourceClaim": fit.CLAIM, "Pod": fit.POD_CLAIMS}[kind],
+                sources[1],
+                label,
+            )
         if kind == "ResourceClaimTemplate":
             state.add_template(obj, sources[1])
             continue
@@ -538,12 +633,15 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
             state.add_claim(obj, sources[1])
             continue
         if kind == "ResourceQuota":
-            warnings.append(f"{sources[1]}: ResourceQuota {meta.get('name')} ignored: the webhook's quota counts "
-                            "extender allocations only, not claims (docs/dra.md)")
+            warnings.append(
+                f"{sources[1]}: ResourceQuota {meta.get('name')} ignored: the webhook's quota counts "
+                "extender allocations only, not claims (docs/dra.md)"
+            )
             continue
         if kind != "Pod":
-            warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod, ResourceClaim or "
-                            "ResourceClaimTemplate")
+            warnings.append(
+                f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod, ResourceClaim or ResourceClaimTemplate"
+            )
             continue
         check_document(obj, POD, sources[1], label)
         key = pod_key(obj)
@@ -561,6 +659,12 @@ def simulate_dra(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Sche
         except CoreError as exc:
             raise SimulationError(f"{sources[1]}: {exc}") from None
         objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = admitted
-    return SimResult(pods=list(outcomes.values()), devices=state.device_rows(), warnings=warnings,
-                     ledger=to_ledger(state, {pod_key(o): o for o in objects.values()}), objects=objects,
-                     claims=state.claim_rows(), front_end="dra")
+    return SimResult(
+        pods=list(outcomes.values()),
+        devices=state.device_rows(),
+        warnings=warnings,
+        ledger=to_ledger(state, {pod_key(o): o for o in objects.values()}),
+        objects=objects,
+        claims=state.claim_rows(),
+        front_end="dra",
+    )

@@ -139,8 +139,13 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
     return ledger, warnings
 
 
-def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: SchedulerConfig,
-             now: float = 0.0, sources: tuple[str, str] = ("nodes", "pods")) -> SimResult:
+def simulate(
+    node_docs: Iterable[Any],
+    pod_docs: Iterable[Any],
+    config: SchedulerConfig,
+    now: float = 0.0,
+    sources: tuple[str, str] = ("nodes", "pods"),
+) -> SimResult:
     ledger, warnings = load_nodes(node_docs, config, sources[0])
     outcomes: dict[str, PodOutcome] = {}
     objects: dict[str, dict] = {}
@@ -150,8 +155,12 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
         if kind == "ResourceQuota":
             check_document(obj, QUOTA, sources[1], label)
             try:
-                ledger.set_quota(meta.get("namespace") or "default", meta.get("name") or "",
-                                 (obj.get("spec") or {}).get("hard") or {}, config.vendors)
+                ledger.set_quota(
+                    meta.get("namespace") or "default",
+                    meta.get("name") or "",
+                    (obj.get("spec") or {}).get("hard") or {},
+                    config.vendors,
+                )
             except CoreError as exc:
                 raise SimulationError(f"{sources[1]}: {exc}") from None
             continue
@@ -170,8 +179,9 @@ def simulate(node_docs: Iterable[Any], pod_docs: Iterable[Any], config: Schedule
         outcomes.pop(key, None)
         outcomes[key] = _place(obj, ledger, config, now, sources[1])
         objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = obj
-    return SimResult(pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings, ledger=ledger,
-                     objects=objects)
+    return SimResult(
+        pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings, ledger=ledger, objects=objects
+    )
 
 
 def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, source: str) -> PodOutcome:
@@ -205,9 +215,20 @@ def _devices(ledger: Ledger) -> list[dict]:
     rows = []
     for node in ledger.node_names():
         for d, used, usedmem, usedcores in ledger.device_usage(node):
-            rows.append({
-                "node": node, "uuid": d.id, "index": d.index, "type": d.type, "used": used, "count": d.count,
-                "usedmem": usedmem, "totalmem": d.devmem, "usedcores": usedcores, "totalcore": d.devcore,
-                "health": d.health, "cordoned": d.id in ledger.node(node).cordoned,
-            })
+            rows.append(
+                {
+                    "node": node,
+                    "uuid": d.id,
+                    "index": d.index,
+                    "type": d.type,
+                    "used": used,
+                    "count": d.count,
+                    "usedmem": usedmem,
+                    "totalmem": d.devmem,
+                    "usedcores": usedcores,
+                    "totalcore": d.devcore,
+                    "health": d.health,
+                    "cordoned": d.id in ledger.node(node).cordoned,
+                }
+            )
     return rows

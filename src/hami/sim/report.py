@@ -11,8 +11,14 @@ from .engine import SimResult
 
 def to_json(result: SimResult) -> str:
     pods = [
-        {"namespace": p.namespace, "name": p.name, "node": p.node, "status": p.status,
-         "containers": p.containers, "reasons": p.reasons}
+        {
+            "namespace": p.namespace,
+            "name": p.name,
+            "node": p.node,
+            "status": p.status,
+            "containers": p.containers,
+            "reasons": p.reasons,
+        }
         for p in result.pods
     ]
     doc: dict[str, Any] = {"pods": pods, "devices": result.devices, "warnings": result.warnings}
@@ -53,8 +59,7 @@ def to_table(result: SimResult) -> str:
     lines.append(f"  {'POD':<34} {'STATUS':<10} {'NODE':<14} DEVICES")
     for p in result.pods:
         devs = "; ".join(
-            f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"])
-            for c in p.containers if c["devices"]
+            f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"]) for c in p.containers if c["devices"]
         )
         lines.append(f"  {p.namespace + '/' + p.name:<34} {p.status:<10} {p.node or '-':<14} {devs}".rstrip())
     lines.append("")
@@ -98,10 +103,12 @@ def to_html(result: SimResult, config: Any, title: str = "hami simulate", now: f
         item["phase"] = status.get((item["namespace"], item["name"]), "scheduled")
         item["reserved"] = False  # a simulated decision is final (nothing patches a pod here)
     pending = model.simulated_pending(result.pods)
-    return snapshot_page({
-        "title": title,
-        "nodes": model.nodes_document(source, now),
-        "pods": pods,
-        "pending": model.envelope("PendingList", now, pending, total=len(pending), truncated=False),
-        "quotas": model.envelope("QuotaList", now, []),
-    })
+    return snapshot_page(
+        {
+            "title": title,
+            "nodes": model.nodes_document(source, now),
+            "pods": pods,
+            "pending": model.envelope("PendingList", now, pending, total=len(pending), truncated=False),
+            "quotas": model.envelope("QuotaList", now, []),
+        }
+    )

@@ -67,8 +67,12 @@ def parse_metrics(text: str) -> tuple[dict[str, Usage], dict[tuple[str, str, str
             if name in (HOST_MEMORY, HOST_UTIL) and labels.get("device_uuid"):
                 u = devices.setdefault(labels["device_uuid"], Usage())
             elif name in (CTR_MEMORY, CTR_UTIL) and labels.get("device_uuid"):
-                key = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""),
-                       labels["device_uuid"])
+                key = (
+                    labels.get("namespace", ""),
+                    labels.get("pod", ""),
+                    labels.get("container", ""),
+                    labels["device_uuid"],
+                )
                 u = containers.setdefault(key, Usage())
             else:
                 continue
@@ -98,9 +102,15 @@ def monitor_url(template: str, name: str, node: Mapping[str, Any]) -> str | None
 class LiveUsage:
     """Scrapes every node with devices; ``readings`` is what the API joins in (read-only there)."""
 
-    def __init__(self, template: str, nodes: Callable[[], Iterable[tuple[str, Mapping[str, Any]]]],
-                 interval: float = 15.0, timeout: float = 3.0, concurrency: int = 16,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        template: str,
+        nodes: Callable[[], Iterable[tuple[str, Mapping[str, Any]]]],
+        interval: float = 15.0,
+        timeout: float = 3.0,
+        concurrency: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.template = template
         self.nodes = nodes
         self.interval = interval
@@ -132,8 +142,9 @@ class LiveUsage:
             reading.error = "the node has no InternalIP address"
             return
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout),
-                                   allow_redirects=False) as resp:
+            async with session.get(
+                url, timeout=aiohttp.ClientTimeout(total=self.timeout), allow_redirects=False
+            ) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 body = await resp.content.read(MAX_METRICS_BYTES + 1)

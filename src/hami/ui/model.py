@@ -98,8 +98,11 @@ def _monitor_doc(reading: NodeReading | None, live_on: bool, now: float) -> dict
     if not live_on:
         return {"state": "unavailable", "ageSeconds": None, "error": "live usage is not configured (--ui-monitor-url)"}
     age = None if reading is None or reading.scraped_at is None else round(max(now - reading.scraped_at, 0.0), 1)
-    return {"state": _reading_state(reading, now), "ageSeconds": age,
-            "error": reading.error if reading is not None else "not scraped yet"}
+    return {
+        "state": _reading_state(reading, now),
+        "ageSeconds": age,
+        "error": reading.error if reading is not None else "not scraped yet",
+    }
 
 
 def _matches(value: str, wanted: str | None) -> bool:
@@ -155,31 +158,57 @@ def dra_device_doc(use: DeviceUse, info: Mapping[str, Any], usage: Usage | None,
         tail = use.device.rsplit("-", 1)[-1]
         index = int(tail) if tail.isdigit() else -1
     return {
-        "uuid": use.uuid, "index": index, "vendor": "NVIDIA", "model": info.get("model") or "", "mode": "hami-core",
-        "numa": info.get("numa") if isinstance(info.get("numa"), int) else 0, "health": True, "cordoned": False,
+        "uuid": use.uuid,
+        "index": index,
+        "vendor": "NVIDIA",
+        "model": info.get("model") or "",
+        "mode": "hami-core",
+        "numa": info.get("numa") if isinstance(info.get("numa"), int) else 0,
+        "health": True,
+        "cordoned": False,
         "slots": {"allocated": use.used[SHARES], "total": use.total[SHARES]},
         "memoryMiB": {"allocated": _mib(use.used[MEMORY]), "total": use.total[MEMORY] // MIB},
         "cores": {"allocated": use.used[CORES], "total": use.total[CORES], "unit": "percent"},
-        "slices": [], "usage": _usage_doc(usage, state), "frontEnd": "dra", "claims": list(use.claims),
+        "slices": [],
+        "usage": _usage_doc(usage, state),
+        "frontEnd": "dra",
+        "claims": list(use.claims),
     }
 
 
 # ---------------------------------------------------------------------- /api/v1/nodes
-def device_doc(d: DeviceInfo, slots: int, mem: int, cores: int, vendor: Any, cordoned: bool,
-               slices: Iterable[Any], usage: Usage | None, state: str) -> dict:
+def device_doc(
+    d: DeviceInfo,
+    slots: int,
+    mem: int,
+    cores: int,
+    vendor: Any,
+    cordoned: bool,
+    slices: Iterable[Any],
+    usage: Usage | None,
+    state: str,
+) -> dict:
     return {
-        "uuid": d.id, "index": d.index, "vendor": d.vendor, "model": d.type, "mode": d.mode or "hami-core",
-        "numa": d.numa, "health": bool(d.health), "cordoned": cordoned,
+        "uuid": d.id,
+        "index": d.index,
+        "vendor": d.vendor,
+        "model": d.type,
+        "mode": d.mode or "hami-core",
+        "numa": d.numa,
+        "health": bool(d.health),
+        "cordoned": cordoned,
         "slots": {"allocated": slots, "total": d.count},
         "memoryMiB": {"allocated": mem, "total": d.devmem},
         "cores": {"allocated": cores, "total": d.devcore, "unit": core_unit(vendor, d)},
         "slices": [{"profile": s.profile, "start": s.start, "size": s.size} for s in slices],
-        "usage": _usage_doc(usage, state), "frontEnd": "extender",
+        "usage": _usage_doc(usage, state),
+        "frontEnd": "extender",
     }
 
 
-def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | None = None,
-                   params: Mapping[str, str] | None = None) -> dict:
+def nodes_document(
+    source: Any, now: float, live: Mapping[str, NodeReading] | None = None, params: Mapping[str, str] | None = None
+) -> dict:
     """``/api/v1/nodes``: every node with registered devices; ``node`` / ``model`` / ``vendor`` filter."""
     q = _check_params(params or {}, ("node", "model", "vendor"))
     ledger: Ledger = source.ledger
@@ -205,8 +234,9 @@ def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | No
                 if not _matches(d.type, q.get("model")) or not _matches(d.vendor, q.get("vendor")):
                     continue
                 usage = reading.devices.get(d.id) if reading is not None else None
-                doc = device_doc(d, slots, mem, cores, vendors.get(d.vendor), d.id in cordoned,
-                                 slices.get(d.id, ()), usage, state)
+                doc = device_doc(
+                    d, slots, mem, cores, vendors.get(d.vendor), d.id in cordoned, slices.get(d.id, ()), usage, state
+                )
                 claimed = dra_by_uuid.get(d.id)
                 if claimed is not None and claimed.claims:  # one GPU published by both front ends
                     doc["slots"]["allocated"] += claimed.used[SHARES]
@@ -216,8 +246,11 @@ def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | No
                 devices.append(doc)
         for key in dra_nodes.get(name, ()):
             use, info = dra.uses[key], dra.info.get(key, {})
-            if use.uuid in seen or not _matches(info.get("model") or "", q.get("model")) \
-                    or not _matches("NVIDIA", q.get("vendor")):
+            if (
+                use.uuid in seen
+                or not _matches(info.get("model") or "", q.get("model"))
+                or not _matches("NVIDIA", q.get("vendor"))
+            ):
                 continue
             usage = reading.devices.get(use.uuid) if reading is not None else None
             devices.append(dra_device_doc(use, info, usage, state))
@@ -225,19 +258,39 @@ def nodes_document(source: Any, now: float, live: Mapping[str, NodeReading] | No
             continue
         node = source.nodes.get(name)
         unschedulable = bool(((node or {}).get("spec") or {}).get("unschedulable"))
-        items.append({"name": name, "ready": _node_ready(node), "unschedulable": unschedulable,
-                      "monitor": _monitor_doc(reading, live is not None, now), "devices": devices})
+        items.append(
+            {
+                "name": name,
+                "ready": _node_ready(node),
+                "unschedulable": unschedulable,
+                "monitor": _monitor_doc(reading, live is not None, now),
+                "devices": devices,
+            }
+        )
     return envelope("NodeList", now, items)
 
 
 # ---------------------------------------------------------------------- /api/v1/pods
-def grant_doc(vendor_name: str, cd: ContainerDevice, devices: Mapping[str, DeviceInfo], vendor: Any,
-              usage: Usage | None, state: str) -> dict:
+def grant_doc(
+    vendor_name: str,
+    cd: ContainerDevice,
+    devices: Mapping[str, DeviceInfo],
+    vendor: Any,
+    usage: Usage | None,
+    state: str,
+) -> dict:
     dev = devices.get(cd.uuid)
     unit = core_unit(vendor, dev) if dev is not None else "percent"
-    out = {"vendor": vendor_name, "uuid": cd.uuid, "index": dev.index if dev is not None else None,
-           "model": dev.type if dev is not None else cd.type, "memoryMiB": cd.usedmem,
-           "cores": cd.usedcores, "coreUnit": unit, "usage": _usage_doc(usage, state)}
+    out = {
+        "vendor": vendor_name,
+        "uuid": cd.uuid,
+        "index": dev.index if dev is not None else None,
+        "model": dev.type if dev is not None else cd.type,
+        "memoryMiB": cd.usedmem,
+        "cores": cd.usedcores,
+        "coreUnit": unit,
+        "usage": _usage_doc(usage, state),
+    }
     if cd.slice is not None:
         out["slice"] = {"profile": cd.slice.profile, "start": cd.slice.start, "size": cd.slice.size}
     return out
@@ -251,8 +304,9 @@ def _container_names(pod: Mapping[str, Any] | None, count: int) -> list[tuple[st
     return [(str(i), "app") for i in range(count)]
 
 
-def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | None = None,
-                  params: Mapping[str, str] | None = None) -> dict:
+def pods_document(
+    source: Any, now: float, live: Mapping[str, NodeReading] | None = None, params: Mapping[str, str] | None = None
+) -> dict:
     """``/api/v1/pods``: every pod holding devices, grants per container; ``namespace`` / ``node`` filter."""
     q = _check_params(params or {}, ("namespace", "node"))
     ledger: Ledger = source.ledger
@@ -267,8 +321,9 @@ def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | Non
             pod = None  # a newer pod of the same name
         devices = node_devices.get(alloc.node)
         if devices is None:
-            devices = node_devices[alloc.node] = ({d.id: d for d, *_ in ledger.device_usage(alloc.node)}
-                                                  if ledger.has_node(alloc.node) else {})
+            devices = node_devices[alloc.node] = (
+                {d.id: d for d, *_ in ledger.device_usage(alloc.node)} if ledger.has_node(alloc.node) else {}
+            )
         reading = (live or {}).get(alloc.node)
         state = _reading_state(reading, now) if live is not None else "unavailable"
         width = max((len(per) for per in alloc.devices.values()), default=0)
@@ -282,19 +337,27 @@ def pods_document(source: Any, now: float, live: Mapping[str, NodeReading] | Non
                     grants.append(grant_doc(vname, cd, devices, vendors.get(vname), usage, state))
             containers.append({"name": cname, "kind": kind, "grants": grants})
         meta = (pod or {}).get("metadata") or {}
-        items.append({
-            "namespace": alloc.namespace, "name": alloc.name, "uid": meta.get("uid") or "", "node": alloc.node,
-            "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
-            "bindPhase": (meta.get("annotations") or {}).get(BIND_PHASE) or None,
-            "reserved": ledger.is_reserved(alloc.key),
-            "memoryMiB": alloc.memory(), "containers": containers, "frontEnd": "extender",
-        })
+        items.append(
+            {
+                "namespace": alloc.namespace,
+                "name": alloc.name,
+                "uid": meta.get("uid") or "",
+                "node": alloc.node,
+                "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
+                "bindPhase": (meta.get("annotations") or {}).get(BIND_PHASE) or None,
+                "reserved": ledger.is_reserved(alloc.key),
+                "memoryMiB": alloc.memory(),
+                "containers": containers,
+                "frontEnd": "extender",
+            }
+        )
     dra = dra_view(source)
     totals = dra.totals
     for ref in sorted(dra.claims):
         claim = dra.claims[ref]
-        if not _matches(claim.namespace, q.get("namespace")) or \
-                (q.get("node") is not None and q["node"] not in claim.nodes):
+        if not _matches(claim.namespace, q.get("namespace")) or (
+            q.get("node") is not None and q["node"] not in claim.nodes
+        ):
             continue
         items.append(claim_doc(claim, source, dra, live, now, totals))
     return envelope("PodList", now, items)
@@ -315,8 +378,14 @@ def _claim_containers(pod: Mapping[str, Any] | None, claim: str) -> list[tuple[s
     return out
 
 
-def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, NodeReading] | None,
-              now: float, totals: Mapping[tuple[str, str], Mapping[str, int]] | None = None) -> dict:
+def claim_doc(
+    claim: ClaimUsage,
+    source: Any,
+    dra: DraView,
+    live: Mapping[str, NodeReading] | None,
+    now: float,
+    totals: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
+) -> dict:
     """One allocated DRA claim as an item of ``/api/v1/pods``: named after the (first) pod that
     reserves it, with a grant per GPU for each of that pod's containers using the claim."""
     pods = sorted(claim.pods, key=lambda c: c.name)
@@ -339,21 +408,43 @@ def claim_doc(claim: ClaimUsage, source: Any, dra: DraView, live: Mapping[str, N
             if reading is not None and first is not None:
                 # hami monitor labels a claim's region with the one container using it, or with the
                 # claim's name when several share it
-                usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or \
-                    reading.containers.get((claim.namespace, first.name, claim.name, uuid))
-            grants.append({"vendor": "NVIDIA", "uuid": uuid,
-                           "index": info.get("index") if isinstance(info.get("index"), int) else None,
-                           "model": info.get("model") or "", "memoryMiB": _mib(got[MEMORY]), "cores": got[CORES],
-                           "coreUnit": "percent", "usage": _usage_doc(usage, state),
-                           "node": r.pool, "device": r.device, "request": r.request})
+                usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or reading.containers.get(
+                    (claim.namespace, first.name, claim.name, uuid)
+                )
+            grants.append(
+                {
+                    "vendor": "NVIDIA",
+                    "uuid": uuid,
+                    "index": info.get("index") if isinstance(info.get("index"), int) else None,
+                    "model": info.get("model") or "",
+                    "memoryMiB": _mib(got[MEMORY]),
+                    "cores": got[CORES],
+                    "coreUnit": "percent",
+                    "usage": _usage_doc(usage, state),
+                    "node": r.pool,
+                    "device": r.device,
+                    "request": r.request,
+                }
+            )
         docs.append({"name": cname, "kind": kind, "grants": grants})
     mem, _ = claim.totals(dra.totals if totals is None else totals)
     return {
-        "namespace": claim.namespace, "name": first.name if first else "", "uid": first.uid if first else "",
-        "node": node, "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
-        "bindPhase": None, "reserved": False, "memoryMiB": mem, "containers": docs, "frontEnd": "dra",
-        "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid,
-                  "reservedFor": [{"resource": c.resource, "name": c.name, "uid": c.uid} for c in claim.reserved_for]},
+        "namespace": claim.namespace,
+        "name": first.name if first else "",
+        "uid": first.uid if first else "",
+        "node": node,
+        "phase": ((pod or {}).get("status") or {}).get("phase") or "Unknown",
+        "bindPhase": None,
+        "reserved": False,
+        "memoryMiB": mem,
+        "containers": docs,
+        "frontEnd": "dra",
+        "claim": {
+            "namespace": claim.namespace,
+            "name": claim.name,
+            "uid": claim.uid,
+            "reservedFor": [{"resource": c.resource, "name": c.name, "uid": c.uid} for c in claim.reserved_for],
+        },
     }
 
 
@@ -378,38 +469,79 @@ def _request_docs(req: Any) -> list[dict]:
     out = []
     for c in req.containers:
         for r in c.requests:
-            out.append({"container": c.name, "kind": c.kind.value, "vendor": r.vendor, "count": r.nums,
-                        "memoryMiB": r.memreq or None,
-                        "memoryPercent": None if r.memreq or r.mem_percentage > 100 else r.mem_percentage,
-                        "cores": r.coresreq})
+            out.append(
+                {
+                    "container": c.name,
+                    "kind": c.kind.value,
+                    "vendor": r.vendor,
+                    "count": r.nums,
+                    "memoryMiB": r.memreq or None,
+                    "memoryPercent": None if r.memreq or r.mem_percentage > 100 else r.mem_percentage,
+                    "cores": r.coresreq,
+                }
+            )
     return out
 
 
 def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
     """One pending pod: its requests and every node's verdict, as ``hami explain`` prints them."""
     meta = pod.get("metadata") or {}
-    base = {"namespace": meta.get("namespace") or "default", "name": meta.get("name") or "",
-            "uid": meta.get("uid") or "", "createdAt": meta.get("creationTimestamp") or None}
+    base = {
+        "namespace": meta.get("namespace") or "default",
+        "name": meta.get("name") or "",
+        "uid": meta.get("uid") or "",
+        "createdAt": meta.get("creationTimestamp") or None,
+    }
     try:
         verdict = pending_verdict(dict(pod), source.ledger, source.config, source.vendors, now)
     except (CoreError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
-        return {**base, "requests": [], "fitsNow": None, "wouldChoose": None,
-                "error": f"cannot read the pod's requests: {str(exc)[:500]}", "summary": "", "nodes": []}
+        return {
+            **base,
+            "requests": [],
+            "fitsNow": None,
+            "wouldChoose": None,
+            "error": f"cannot read the pod's requests: {str(exc)[:500]}",
+            "summary": "",
+            "nodes": [],
+        }
     vendors = _vendor_map(source.vendors)
     nodes = []
     for v in verdict.nodes:
-        devices = [{"uuid": dv.device.id, "index": dv.device.index, "model": dv.device.type,
-                    "health": bool(dv.device.health),
-                    "slots": {"allocated": dv.slots, "total": dv.device.count},
-                    "memoryMiB": {"allocated": dv.mem, "total": dv.device.devmem},
-                    "cores": {"allocated": dv.cores, "total": dv.device.devcore,
-                              "unit": core_unit(vendors.get(dv.device.vendor), dv.device)},
-                    "reason": dv.reason} for dv in v.devices]
-        nodes.append({"node": v.node, "fits": v.fits, "reason": v.reason or None,
-                      "container": v.container if v.container >= 0 else None, "devices": devices})
-    return {**base, "requests": _request_docs(verdict.request), "fitsNow": verdict.chosen is not None,
-            "wouldChoose": verdict.chosen, "error": None, "summary": summarise(v.reason for v in verdict.nodes if not v.fits),
-            "nodes": nodes}
+        devices = [
+            {
+                "uuid": dv.device.id,
+                "index": dv.device.index,
+                "model": dv.device.type,
+                "health": bool(dv.device.health),
+                "slots": {"allocated": dv.slots, "total": dv.device.count},
+                "memoryMiB": {"allocated": dv.mem, "total": dv.device.devmem},
+                "cores": {
+                    "allocated": dv.cores,
+                    "total": dv.device.devcore,
+                    "unit": core_unit(vendors.get(dv.device.vendor), dv.device),
+                },
+                "reason": dv.reason,
+            }
+            for dv in v.devices
+        ]
+        nodes.append(
+            {
+                "node": v.node,
+                "fits": v.fits,
+                "reason": v.reason or None,
+                "container": v.container if v.container >= 0 else None,
+                "devices": devices,
+            }
+        )
+    return {
+        **base,
+        "requests": _request_docs(verdict.request),
+        "fitsNow": verdict.chosen is not None,
+        "wouldChoose": verdict.chosen,
+        "error": None,
+        "summary": summarise(v.reason for v in verdict.nodes if not v.fits),
+        "nodes": nodes,
+    }
 
 
 def summarise(reasons: Iterable[str]) -> str:
@@ -421,15 +553,23 @@ def summarise(reasons: Iterable[str]) -> str:
     return "; ".join(f"{n} node{'s' if n != 1 else ''}: {r}" for r, n in ranked)
 
 
-def pending_document(source: Any, now: float, scheduler_name: str,
-                     params: Mapping[str, str] | None = None, budget_s: float | None = None,
-                     timer: Callable[[], float] = time.perf_counter) -> dict:
+def pending_document(
+    source: Any,
+    now: float,
+    scheduler_name: str,
+    params: Mapping[str, str] | None = None,
+    budget_s: float | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+) -> dict:
     """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace``
     filters). At most ``MAX_PENDING`` pods are explained, and no more once ``budget_s`` of work
     is spent (the first pod always is); ``truncated`` says when some were left out."""
     q = _check_params(params or {}, ("namespace",))
-    pods = [p for p in pending_pods(source, scheduler_name)
-            if _matches((p.get("metadata") or {}).get("namespace") or "default", q.get("namespace"))]
+    pods = [
+        p
+        for p in pending_pods(source, scheduler_name)
+        if _matches((p.get("metadata") or {}).get("namespace") or "default", q.get("namespace"))
+    ]
     budget = PENDING_BUDGET_S if budget_s is None else budget_s
     began = timer()
     items = []
@@ -446,11 +586,24 @@ def simulated_pending(outcomes: Iterable[Any]) -> list[dict]:
     for o in outcomes:
         if o.status != "pending":
             continue
-        nodes = [{"node": n, "fits": False, "reason": r, "container": None, "devices": []}
-                 for n, r in sorted(o.reasons.items())]
-        items.append({"namespace": o.namespace, "name": o.name, "uid": "", "createdAt": None, "requests": [],
-                      "fitsNow": False, "wouldChoose": None, "error": None,
-                      "summary": summarise(o.reasons.values()), "nodes": nodes})
+        nodes = [
+            {"node": n, "fits": False, "reason": r, "container": None, "devices": []}
+            for n, r in sorted(o.reasons.items())
+        ]
+        items.append(
+            {
+                "namespace": o.namespace,
+                "name": o.name,
+                "uid": "",
+                "createdAt": None,
+                "requests": [],
+                "fitsNow": False,
+                "wouldChoose": None,
+                "error": None,
+                "summary": summarise(o.reasons.values()),
+                "nodes": nodes,
+            }
+        )
     return items
 
 
@@ -470,11 +623,21 @@ def quotas_document(source: Any, now: float, params: Mapping[str, str] | None = 
         resources = []
         for v in source.vendors:
             mem_used, cores_used = ledger.namespace_usage(ns, v.name)
-            for kind, resource, used, unit in (("memory", v.resources.memory, mem_used, "MiB"),
-                                               ("cores", v.resources.cores, cores_used, None)):
+            for kind, resource, used, unit in (
+                ("memory", v.resources.memory, mem_used, "MiB"),
+                ("cores", v.resources.cores, cores_used, None),
+            ):
                 if resource and resource in limits:
-                    resources.append({"resource": f"limits.{resource}", "vendor": v.name, "kind": kind,
-                                      "unit": unit or getattr(v, "cores_unit", "percent"), "limit": limits[resource], "used": used})
+                    resources.append(
+                        {
+                            "resource": f"limits.{resource}",
+                            "vendor": v.name,
+                            "kind": kind,
+                            "unit": unit or getattr(v, "cores_unit", "percent"),
+                            "limit": limits[resource],
+                            "used": used,
+                        }
+                    )
         if resources:
             items.append({"namespace": ns, "name": name, "resources": resources})
     return envelope("QuotaList", now, items)

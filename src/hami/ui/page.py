@@ -16,8 +16,11 @@ def asset(name: str) -> str:
 
 def served_page() -> str:
     """The page the UI listener serves: assets from ``static/`` (allowed by its CSP)."""
-    return (asset("index.html").replace(HEAD, '<link rel="stylesheet" href="static/style.css">')
-            .replace(SCRIPTS, '<script src="static/app.js" defer></script>'))
+    return (
+        asset("index.html")
+        .replace(HEAD, '<link rel="stylesheet" href="static/style.css">')
+        .replace(SCRIPTS, '<script src="static/app.js" defer></script>')
+    )
 
 
 def _script_json(doc: Any) -> str:
@@ -35,6 +38,7 @@ def snapshot_page(snapshot: dict) -> str:
     js = asset("app.js").replace("</", "<\\/")
     css = asset("style.css").replace("</", "<\\/")
     head = f"<style>\n{css}</style>"
-    scripts = (f'<script type="application/json" id="hami-snapshot">{_script_json(snapshot)}</script>\n'
-               f"<script>\n{js}</script>")
+    scripts = (
+        f'<script type="application/json" id="hami-snapshot">{_script_json(snapshot)}</script>\n<script>\n{js}</script>'
+    )
     return asset("index.html").replace(HEAD, head).replace(SCRIPTS, scripts)

@@ -65,14 +65,42 @@ def managed_resource_names(vendors: tuple[BaseVendor, ...]) -> tuple[str, ...]:
     leave to the extender (``managedResources`` with ``ignoredByScheduler``). The Helm chart
     computes the same list from device-config.yaml (``hami.managedResources``); a test keeps the
     two equal."""
-    names = {n for v in vendors for n in (v.resources.count, v.resources.memory, v.resources.memory_percentage,
-                                           v.resources.cores, v.resources.priority) if n}
+    names = {
+        n
+        for v in vendors
+        for n in (
+            v.resources.count,
+            v.resources.memory,
+            v.resources.memory_percentage,
+            v.resources.cores,
+            v.resources.priority,
+        )
+        if n
+    }
     return tuple(sorted(names))
 
 
 __all__ = [
-    "VENDORS", "AmdVendor", "AscendVendor", "AwsNeuronVendor", "BaseVendor", "BirenVendor", "CambriconVendor",
-    "EnflameDrsVendor", "EnflameGcuVendor", "HygonVendor", "IluvatarVendor", "KunlunVendor", "KunlunVxpuVendor",
-    "MetaxGpuVendor", "MetaxSgpuVendor", "MthreadsVendor", "NvidiaVendor", "ResourceNames", "Selection",
-    "VastaiVendor", "build_vendors", "managed_resource_names",
+    "VENDORS",
+    "AmdVendor",
+    "AscendVendor",
+    "AwsNeuronVendor",
+    "BaseVendor",
+    "BirenVendor",
+    "CambriconVendor",
+    "EnflameDrsVendor",
+    "EnflameGcuVendor",
+    "HygonVendor",
+    "IluvatarVendor",
+    "KunlunVendor",
+    "KunlunVxpuVendor",
+    "MetaxGpuVendor",
+    "MetaxSgpuVendor",
+    "MthreadsVendor",
+    "NvidiaVendor",
+    "ResourceNames",
+    "Selection",
+    "VastaiVendor",
+    "build_vendors",
+    "managed_resource_names",
 ]

@@ -42,8 +42,9 @@ class AmdVendor(BaseVendor):
 
     def __init__(self, config: AmdConfig | None = None) -> None:
         c = self.config = config or AmdConfig()
-        super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
-                                       cores=c.resource_core_name))
+        super().__init__(
+            ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name, cores=c.resource_core_name)
+        )
 
     def check_health(self, node: Mapping[str, Any], now: Any, memo: Any) -> Any:
         return capacity_health(self, node)
@@ -68,5 +69,10 @@ class AmdVendor(BaseVendor):
         return super().capacity_check(device, used, usedmem, usedcores, in_cus, mem, mutex, quota_fits)
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
-        return ContainerDevice(uuid=device.id, type=device.type, usedmem=mem,
-                               usedcores=compute_units(device, request.coresreq), index=device.index)
+        return ContainerDevice(
+            uuid=device.id,
+            type=device.type,
+            usedmem=mem,
+            usedcores=compute_units(device, request.coresreq),
+            index=device.index,
+        )

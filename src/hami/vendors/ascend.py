@@ -66,8 +66,14 @@ class AscendVendor(BaseVendor):
         self.runtime_annotation = f"huawei.com/{cw}"
         self.node_score_neutral = not cw.startswith("Ascend910")
         self.templates = sorted(chip.templates, key=lambda t: t.memory)
-        super().__init__(ResourceNames(count=chip.resource_name, memory=chip.resource_memory_name,
-                                       cores=chip.resource_core_name, memory_factor=chip.memory_factor))
+        super().__init__(
+            ResourceNames(
+                count=chip.resource_name,
+                memory=chip.resource_memory_name,
+                cores=chip.resource_core_name,
+                memory_factor=chip.memory_factor,
+            )
+        )
 
     # ------------------------------------------------------------------ templates
     def snap(self, mib: int) -> tuple[int, str]:
@@ -115,12 +121,15 @@ class AscendVendor(BaseVendor):
             raw = res(r.memory)
             mem = raw if soft else self.snap(raw)[0]
             if mem <= 0:
-                raise RequestError(f"{where}: {r.memory} {raw} is invalid (largest {self.name} vNPU is "
-                                   f"{self.templates[-1].memory if self.templates else 0} MiB, card capacity "
-                                   f"{c.memory_capacity} MiB)")
+                raise RequestError(
+                    f"{where}: {r.memory} {raw} is invalid (largest {self.name} vNPU is "
+                    f"{self.templates[-1].memory if self.templates else 0} MiB, card capacity "
+                    f"{c.memory_capacity} MiB)"
+                )
         if n > 1 and mem != c.memory_allocatable:
-            raise RequestError(f"{where}: a vNPU ({r.memory} {mem}) cannot span {n} devices; "
-                               f"ask for one device or whole cards")
+            raise RequestError(
+                f"{where}: a vNPU ({r.memory} {mem}) cannot span {n} devices; ask for one device or whole cards"
+            )
         if r.memory:
             set_both(container, r.memory, mem)
         if soft and r.cores and r.cores not in present(container):
@@ -146,11 +155,18 @@ class AscendVendor(BaseVendor):
             raw = res(r.memory) * r.memory_factor
             mem = raw if soft else self.snap(raw)[0]
             if mem <= 0:
-                raise RequestError(f"{where}: {r.memory} {raw} is larger than a {self.name} card "
-                                   f"({self.chip.memory_capacity} MiB)")
+                raise RequestError(
+                    f"{where}: {r.memory} {raw} is larger than a {self.name} card ({self.chip.memory_capacity} MiB)"
+                )
         cores = min(res(r.cores), 100) if soft else 0
-        return ContainerDeviceRequest(vendor=self.name, nums=nums, type=self.request_type, memreq=mem,
-                                      mem_percentage=PERCENT_UNSET if mem else 100, coresreq=cores)
+        return ContainerDeviceRequest(
+            vendor=self.name,
+            nums=nums,
+            type=self.request_type,
+            memreq=mem,
+            mem_percentage=PERCENT_UNSET if mem else 100,
+            coresreq=cores,
+        )
 
     # ------------------------------------------------------------------ fit hooks
     def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
@@ -166,8 +182,13 @@ class AscendVendor(BaseVendor):
             device = replace(device, devcore=100)
         return super().capacity_check(device, used, usedmem, usedcores, request, mem, mutex, quota_fits)
 
-    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
-               prior: Sequence[str]) -> Sequence[int] | Reason:
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
         n = request.nums
         if self.chip.super_pod and n > 1:
             return _whole_modules(devices, candidates, n)
@@ -190,8 +211,9 @@ class AscendVendor(BaseVendor):
         return score * NETWORK_WEIGHT
 
     # ------------------------------------------------------------------ decision annotations
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         if not any(devices):
             return out

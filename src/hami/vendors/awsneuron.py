@@ -48,8 +48,7 @@ class AwsNeuronVendor(BaseVendor):
         if devices <= 0:
             return ()
         cores = capacity(node, self.resources.cores) // devices or self.config.cores_per_device
-        return synth_cards(node, self.name, "awsneuron", devices, count=cores, devmem=0, devcore=cores,
-                           type_=self.name)
+        return synth_cards(node, self.name, "awsneuron", devices, count=cores, devmem=0, devcore=cores, type_=self.name)
 
     def _amounts(self, container: Mapping[str, Any], where: str) -> tuple[int, int]:
         r = self.resources
@@ -92,8 +91,9 @@ class AwsNeuronVendor(BaseVendor):
         cores = 1 if getattr(request, "single_core", False) else device.devcore
         return ContainerDevice(uuid=device.id, type=self.request_type, usedmem=0, usedcores=cores, index=device.index)
 
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         grants = [cd for ctr in devices for cd in ctr]
         if not grants:
@@ -110,11 +110,13 @@ class AwsNeuronVendor(BaseVendor):
                 ids.append(cd.index * per_dev[cd.uuid] + base)
         else:
             ids = list(dict.fromkeys(cd.index for cd in grants))
-        out.update({
-            "AWS_NEURON_IDS": ",".join(map(str, ids)),
-            "NEURON_ALLOC_TIME": str(int(now)),
-            "NEURON_ALLOCATED": "false",
-            "NEURON_RESOURCE_TYPE": "neuroncore" if single else "neuron",
-            "aws.amazon.com/predicate-node": node,
-        })
+        out.update(
+            {
+                "AWS_NEURON_IDS": ",".join(map(str, ids)),
+                "NEURON_ALLOC_TIME": str(int(now)),
+                "NEURON_ALLOCATED": "false",
+                "NEURON_RESOURCE_TYPE": "neuroncore" if single else "neuron",
+                "aws.amazon.com/predicate-node": node,
+            }
+        )
         return out

@@ -185,8 +185,12 @@ class BaseVendor:
             return None
         mem = res(self.resources.memory) * self.resources.memory_factor
         return ContainerDeviceRequest(
-            vendor=self.name, nums=nums, type=self.request_type, memreq=mem,
-            mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(res(self.resources.cores), 100),
+            vendor=self.name,
+            nums=nums,
+            type=self.request_type,
+            memreq=mem,
+            mem_percentage=PERCENT_UNSET if mem else 100,
+            coresreq=min(res(self.resources.cores), 100),
         )
 
     # ------------------------------------------------------------------ fit hooks
@@ -234,8 +238,15 @@ class BaseVendor:
         return 0
 
     def capacity_check(
-        self, device: DeviceInfo, used: int, usedmem: int, usedcores: int,
-        request: ContainerDeviceRequest, mem: int, mutex: bool, quota_fits: Callable[[], bool],
+        self,
+        device: DeviceInfo,
+        used: int,
+        usedmem: int,
+        usedcores: int,
+        request: ContainerDeviceRequest,
+        mem: int,
+        mutex: bool,
+        quota_fits: Callable[[], bool],
     ) -> Reason | None:
         """HAMi's NVIDIA capacity rules (§5.4 steps 6-14), in HAMi's order.
 
@@ -255,8 +266,9 @@ class BaseVendor:
             return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
         return None
 
-    def custom_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int,
-                      held: Sequence[Slice], repeat: int) -> Reason | None:
+    def custom_filter(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int, held: Sequence[Slice], repeat: int
+    ) -> Reason | None:
         """HAMi's ``CustomFilterRule`` (§5.4 step 15), after every capacity rule passed. ``held``: the
         slices already taken on ``device`` (this pod's earlier containers included); ``repeat``: how
         many picks of ``mem`` this container already made on ``device``. None = fits."""
@@ -269,8 +281,9 @@ class BaseVendor:
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         """The record of one chosen device (serialised in the allocation annotation)."""
-        return ContainerDevice(uuid=device.id, type=request.type, usedmem=mem, usedcores=request.coresreq,
-                               index=device.index)
+        return ContainerDevice(
+            uuid=device.id, type=request.type, usedmem=mem, usedcores=request.coresreq, index=device.index
+        )
 
     def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
         """HAMi's ``AddResourceUsage`` side effects for one granted device, given the slices already
@@ -283,8 +296,13 @@ class BaseVendor:
         the vendor has none. Raises :class:`CodecError` (naming the annotation) when malformed."""
         return ()
 
-    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
-               prior: Sequence[str]) -> Sequence[int] | Reason:
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
         """Pick ``request.nums`` of ``candidates`` (positions in ``devices``, best-ranked first, all of
         which passed every check). ``prior``: UUIDs of this vendor already granted to earlier containers
         of the pod. Return the chosen positions, or the :class:`Reason` counted against every candidate.
@@ -299,8 +317,9 @@ class BaseVendor:
         return 0.0
 
     # ------------------------------------------------------------------ decision annotations
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         """Annotations recording this vendor's decision on the pod (§5.5).
 
         ``node``: the chosen node; ``now``: unix seconds of the decision; ``pod``: the

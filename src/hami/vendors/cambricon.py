@@ -41,8 +41,14 @@ class CambriconVendor(BaseVendor):
 
     def __init__(self, config: CambriconConfig | None = None) -> None:
         c = self.config = config or CambriconConfig()
-        super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
-                                       cores=c.resource_core_name, memory_factor=UNIT_MIB))
+        super().__init__(
+            ResourceNames(
+                count=c.resource_count_name,
+                memory=c.resource_memory_name,
+                cores=c.resource_core_name,
+                memory_factor=UNIT_MIB,
+            )
+        )
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         vcore = capacity(node, self.resources.cores)
@@ -50,18 +56,26 @@ class CambriconVendor(BaseVendor):
         cards = vcore // 100
         if cards <= 0:
             return ()
-        return synth_cards(node, self.name, "cambricon-mlu", cards, count=100,
-                           devmem=vmem * UNIT_MIB * 100 // vcore, devcore=100, type_=self.name)
+        return synth_cards(
+            node,
+            self.name,
+            "cambricon-mlu",
+            cards,
+            count=100,
+            devmem=vmem * UNIT_MIB * 100 // vcore,
+            devcore=100,
+            type_=self.name,
+        )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return percent_request(self, container, where, default_cores=100)
 
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         first = next((ctr[0] for ctr in devices if ctr), None)
         if first is not None:
             out[PROFILE_ANNOTATION] = f"{first.index}_{first.usedcores}_{first.usedmem // UNIT_MIB}"
             out[ASSIGNED_ANNOTATION] = "false"
         return out
-

@@ -92,15 +92,34 @@ def node_name(node: Mapping[str, Any]) -> str:
     return (node.get("metadata") or {}).get("name") or ""
 
 
-def synth_cards(node: Mapping[str, Any], vendor: str, word: str, cards: int, *, count: int, devmem: int,
-                devcore: int, type_: str, numa_split: bool = False,
-                custominfo: Mapping[str, Any] | None = None) -> tuple[DeviceInfo, ...]:
+def synth_cards(
+    node: Mapping[str, Any],
+    vendor: str,
+    word: str,
+    cards: int,
+    *,
+    count: int,
+    devmem: int,
+    devcore: int,
+    type_: str,
+    numa_split: bool = False,
+    custominfo: Mapping[str, Any] | None = None,
+) -> tuple[DeviceInfo, ...]:
     """Per-card devices synthesised from node capacity, IDs ``<node>-<word>-<i>`` (§4.1 path b)."""
     name = node_name(node)
     return tuple(
-        DeviceInfo(id=f"{name}-{word}-{i}", index=i, count=count, devmem=devmem, devcore=devcore, type=type_,
-                   numa=1 if numa_split and i >= cards // 2 else 0, health=True, vendor=vendor,
-                   custominfo=dict(custominfo) if custominfo else None)
+        DeviceInfo(
+            id=f"{name}-{word}-{i}",
+            index=i,
+            count=count,
+            devmem=devmem,
+            devcore=devcore,
+            type=type_,
+            numa=1 if numa_split and i >= cards // 2 else 0,
+            health=True,
+            vendor=vendor,
+            custominfo=dict(custominfo) if custominfo else None,
+        )
         for i in range(cards)
     )
 
@@ -135,8 +154,14 @@ def non_negative(where: str, *named: tuple[str, int]) -> None:
             raise RequestError(f"{where}: {name} must not be negative, got {value}")
 
 
-def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *, default_cores: int,
-                    memory: Callable[[Mapping[str, Any], str], int] | None = None) -> ContainerDeviceRequest | None:
+def percent_request(
+    vendor: BaseVendor,
+    container: Mapping[str, Any],
+    where: str,
+    *,
+    default_cores: int,
+    memory: Callable[[Mapping[str, Any], str], int] | None = None,
+) -> ContainerDeviceRequest | None:
     """Count + absolute memory (times memoryFactor) + core percent. ``memory(container, where)``
     replaces the plain read of the memory resource. No memory means the whole card's memory."""
     r = vendor.resources
@@ -148,18 +173,28 @@ def percent_request(vendor: BaseVendor, container: Mapping[str, Any], where: str
     cores = res(r.cores) if r.cores in present(container) else default_cores
     non_negative(where, (r.count, nums), (r.memory, mem), (r.cores, cores))
     mem *= r.memory_factor
-    return ContainerDeviceRequest(vendor=vendor.name, nums=nums, type=vendor.request_type, memreq=mem,
-                                  mem_percentage=PERCENT_UNSET if mem else 100, coresreq=min(cores, 100))
+    return ContainerDeviceRequest(
+        vendor=vendor.name,
+        nums=nums,
+        type=vendor.request_type,
+        memreq=mem,
+        mem_percentage=PERCENT_UNSET if mem else 100,
+        coresreq=min(cores, 100),
+    )
 
 
-def whole_card_request(vendor: BaseVendor, container: Mapping[str, Any], where: str, *,
-                       cores: int = 100) -> ContainerDeviceRequest | None:
+def whole_card_request(
+    vendor: BaseVendor, container: Mapping[str, Any], where: str, *, cores: int = 100
+) -> ContainerDeviceRequest | None:
     """``<count>: n`` takes n whole cards (all the memory, ``cores`` percent); None when n is 0."""
     n = lookup(container, where)(vendor.resources.count)
     if n < 0:
         raise RequestError(f"{where}: {vendor.resources.count} must not be negative, got {n}")
-    return ContainerDeviceRequest(vendor=vendor.name, nums=n, type=vendor.request_type, mem_percentage=100,
-                                  coresreq=cores) if n else None
+    return (
+        ContainerDeviceRequest(vendor=vendor.name, nums=n, type=vendor.request_type, mem_percentage=100, coresreq=cores)
+        if n
+        else None
+    )
 
 
 def capacity_health(vendor: BaseVendor, node: Mapping[str, Any]) -> HealthVerdict:

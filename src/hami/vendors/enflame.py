@@ -75,8 +75,11 @@ class EnflameDrsVendor(BaseVendor):
 
     def __init__(self, config: EnflameConfig | None = None) -> None:
         c = self.config = config or EnflameConfig()
-        super().__init__(ResourceNames(count=c.resource_name_drs_gcu, memory=c.resource_name_gcu_memory,
-                                       cores=c.resource_name_gcu_core))
+        super().__init__(
+            ResourceNames(
+                count=c.resource_name_drs_gcu, memory=c.resource_name_gcu_memory, cores=c.resource_name_gcu_core
+            )
+        )
 
     # ------------------------------------------------------------------ registration
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
@@ -91,18 +94,28 @@ class EnflameDrsVendor(BaseVendor):
         profiles = go_plain(data.get("profiles") or {})
         if not isinstance(profiles, dict):
             raise CodecError(f"{where}: 'profiles' must map profile names to IDs")
-        per_slice = max((int(m.group(2)) * 1024 // int(m.group(1)) for m in map(_PROFILE.match, profiles) if m), default=0)
+        per_slice = max(
+            (int(m.group(2)) * 1024 // int(m.group(1)) for m in map(_PROFILE.match, profiles) if m), default=0
+        )
         out = []
         for i, d in enumerate(data["devices"]):
             f = go_struct(d, ("index", "minor", "capacity")) if isinstance(d, dict) else {}
             vals = {k: f.get(k) for k in ("index", "minor", "capacity")}
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in vals.values()):
                 raise CodecError(f"{where}: devices[{i}] needs non-negative integers index, minor, capacity; got {d!r}")
-            out.append(DeviceInfo(
-                id=f"{node_name(node)}-enflame-drs-{vals['index']}", index=vals["index"], count=vals["capacity"],
-                devmem=vals["capacity"] * per_slice, devcore=vals["capacity"], type=self.name, health=True,
-                vendor=self.name, custominfo={"minor": vals["minor"], "profiles": dict(profiles)},
-            ))
+            out.append(
+                DeviceInfo(
+                    id=f"{node_name(node)}-enflame-drs-{vals['index']}",
+                    index=vals["index"],
+                    count=vals["capacity"],
+                    devmem=vals["capacity"] * per_slice,
+                    devcore=vals["capacity"],
+                    type=self.name,
+                    health=True,
+                    vendor=self.name,
+                    custominfo={"minor": vals["minor"], "profiles": dict(profiles)},
+                )
+            )
         return tuple(out)
 
     # ------------------------------------------------------------------ admission (§3.4)
@@ -117,8 +130,10 @@ class EnflameDrsVendor(BaseVendor):
             if res(r.count) <= 0:
                 raise RequestError(f"{where}: {r.count} must be greater than 0, got {res(r.count)}")
         elif not (res(r.memory) > 0 and 0 < res(r.cores) <= 100):
-            raise RequestError(f"{where}: give {r.count} > 0, or {r.memory} > 0 with {r.cores} in 1..100 "
-                               f"(got {r.memory}={res(r.memory)}, {r.cores}={res(r.cores)})")
+            raise RequestError(
+                f"{where}: give {r.count} > 0, or {r.memory} > 0 with {r.cores} in 1..100 "
+                f"(got {r.memory}={res(r.memory)}, {r.cores}={res(r.cores)})"
+            )
         res_map = ensure_field(container, "resources", {})
         requests = ensure_field(res_map, "requests", {})
         for name, value in (res_map.get("limits") or {}).items():
@@ -135,8 +150,7 @@ class EnflameDrsVendor(BaseVendor):
             return None
         if min(slices, mem, core) < 0:
             raise RequestError(f"{where}: {r.count}, {r.memory} and {r.cores} must not be negative")
-        return DrsRequest(vendor=self.name, nums=1, type=self.request_type, slices=slices, mem_gib=mem,
-                          core_pct=core)
+        return DrsRequest(vendor=self.name, nums=1, type=self.request_type, slices=slices, mem_gib=mem, core_pct=core)
 
     def slices_for(self, device: DeviceInfo, request: ContainerDeviceRequest) -> tuple[int, str, Any] | None:
         """(slices, profile name, profile id) this request takes on ``device``; None = no profile fits."""
@@ -168,12 +182,14 @@ class EnflameDrsVendor(BaseVendor):
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         got = self.slices_for(device, request)
-        return ContainerDevice(uuid=device.id, type=self.request_type, usedmem=mem, usedcores=got[0] if got else 0,
-                               index=device.index)
+        return ContainerDevice(
+            uuid=device.id, type=self.request_type, usedmem=mem, usedcores=got[0] if got else 0, index=device.index
+        )
 
     # ------------------------------------------------------------------ decision annotations
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         by_id = {d.id: d for d in (view.devices if view is not None else ())}
         names = [c.name for c in pod.containers] if pod is not None else [str(i) for i in range(len(devices))]
@@ -183,22 +199,30 @@ class EnflameDrsVendor(BaseVendor):
             for cd in ctr:
                 dev = by_id.get(cd.uuid)
                 prof = [p for p in (_profiles(dev) if dev else []) if p[0] == cd.usedcores]
-                entry = {"allocated": cd.uuid, "request": cd.usedcores,
-                         "profileID": prof[0][3] if prof else None, "profileName": prof[0][2] if prof else ""}
+                entry = {
+                    "allocated": cd.uuid,
+                    "request": cd.usedcores,
+                    "profileID": prof[0][3] if prof else None,
+                    "profileName": prof[0][2] if prof else "",
+                }
                 assigned[name] = entry
                 first = first or (cd, dev, entry)
         if first is None:
             return out
         cd, dev, entry = first
-        out.update({
-            "enflame.com/gcu-request-size": str(cd.usedcores),
-            "enflame.com/gcu-assigned-id": "" if entry["profileID"] is None else str(entry["profileID"]),
-            "enflame.com/gcu-assigned": "false",
-            "enflame.com/gcu-assigned-index": str(cd.index),
-            "enflame.com/gcu-assigned-minor": str((dev.custominfo or {}).get("minor", cd.index) if dev else cd.index),
-            "enflame.com/gcu-assigned-time": str(int(now * 1_000_000_000)),
-            "enflame.com/assigned-containers": go_json(assigned),
-        })
+        out.update(
+            {
+                "enflame.com/gcu-request-size": str(cd.usedcores),
+                "enflame.com/gcu-assigned-id": "" if entry["profileID"] is None else str(entry["profileID"]),
+                "enflame.com/gcu-assigned": "false",
+                "enflame.com/gcu-assigned-index": str(cd.index),
+                "enflame.com/gcu-assigned-minor": str(
+                    (dev.custominfo or {}).get("minor", cd.index) if dev else cd.index
+                ),
+                "enflame.com/gcu-assigned-time": str(int(now * 1_000_000_000)),
+                "enflame.com/assigned-containers": go_json(assigned),
+            }
+        )
         return out
 
 
@@ -215,8 +239,11 @@ class EnflameGcuVendor(BaseVendor):
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         cards = capacity(node, self.resources.count)
-        return synth_cards(node, self.name, "enflame-gcu", cards, count=1, devmem=0, devcore=100,
-                           type_=self.name) if cards > 0 else ()
+        return (
+            synth_cards(node, self.name, "enflame-gcu", cards, count=1, devmem=0, devcore=100, type_=self.name)
+            if cards > 0
+            else ()
+        )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)

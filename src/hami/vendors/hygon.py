@@ -33,9 +33,14 @@ class HygonVendor(BaseVendor):
 
     def __init__(self, config: HygonConfig | None = None) -> None:
         c = self.config = config or HygonConfig()
-        super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
-                                       cores=c.resource_core_name, memory_factor=c.memory_factor))
+        super().__init__(
+            ResourceNames(
+                count=c.resource_count_name,
+                memory=c.resource_memory_name,
+                cores=c.resource_core_name,
+                memory_factor=c.memory_factor,
+            )
+        )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return percent_request(self, container, where, default_cores=100)
-

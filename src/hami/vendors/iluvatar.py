@@ -30,8 +30,14 @@ class IluvatarVendor(BaseVendor):
         self.chip = chip
         cw = chip.common_word
         name_after_chip(self, cw, f"{NODE_ANNOTATION_PREFIX}{cw}-register")
-        super().__init__(ResourceNames(count=chip.resource_count_name, memory=chip.resource_memory_name,
-                                       cores=chip.resource_core_name, memory_factor=UNIT_MIB))
+        super().__init__(
+            ResourceNames(
+                count=chip.resource_count_name,
+                memory=chip.resource_memory_name,
+                cores=chip.resource_core_name,
+                memory_factor=UNIT_MIB,
+            )
+        )
 
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
         r = self.resources

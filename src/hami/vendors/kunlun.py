@@ -55,8 +55,21 @@ class KunlunVendor(BaseVendor):
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         cards = capacity(node, self.resources.count)
-        return synth_cards(node, self.name, "kunlun", cards, count=100, devmem=CARD_MEMORY, devcore=100,
-                           type_=self.name, numa_split=True) if cards > 0 else ()
+        return (
+            synth_cards(
+                node,
+                self.name,
+                "kunlun",
+                cards,
+                count=100,
+                devmem=CARD_MEMORY,
+                devcore=100,
+                type_=self.name,
+                numa_split=True,
+            )
+            if cards > 0
+            else ()
+        )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)
@@ -66,8 +79,13 @@ class KunlunVendor(BaseVendor):
             return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
         return super().capacity_check(device, used, usedmem, usedcores, request, mem, mutex, quota_fits)
 
-    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
-               prior: Sequence[str]) -> Sequence[int] | Reason:
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
         n = request.nums
         candidates = sorted(candidates, key=lambda j: devices[j].index)  # HAMi walks the cards in index order
         groups: dict[int, list[int]] = {}
@@ -90,8 +108,9 @@ class KunlunVendor(BaseVendor):
         delta = after - before
         return 3000.0 if delta < 0 else 2000.0 if delta == 0 else 1000.0 if delta == 1 else 0.0
 
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         indexes = list(dict.fromkeys(cd.index for ctr in devices for cd in ctr))
         if indexes:
@@ -151,10 +170,12 @@ class KunlunVxpuVendor(BaseVendor):
         raw = res(r.memory) if r.memory in present(container) else CARD_MEMORY
         mem = round_vxpu(raw)
         if n < 0 or raw <= 0 or not mem:
-            raise RequestError(f"{where}: {r.count} must be positive and {r.memory} in 1..{CARD_MEMORY} "
-                               f"(got {n} and {raw})")
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
-                                      coresreq=mem * 100 // CARD_MEMORY)
+            raise RequestError(
+                f"{where}: {r.count} must be positive and {r.memory} in 1..{CARD_MEMORY} (got {n} and {raw})"
+            )
+        return ContainerDeviceRequest(
+            vendor=self.name, nums=n, type=self.request_type, memreq=mem, coresreq=mem * 100 // CARD_MEMORY
+        )
 
 
 def make_kunlun(config: KunlunConfig) -> tuple[BaseVendor, ...]:

@@ -77,10 +77,22 @@ class MetaxGpuVendor(BaseVendor):
         if cards <= 0:
             return ()
         a = annotations_of(node)
-        topo = {key: _count_map(a[ann], ann) for key, ann in (("losses", LOSSES_ANNOTATION), ("scores", SCORES_ANNOTATION))
-                if a.get(ann)}
-        return synth_cards(node, self.name, "metax-gpu", cards, count=1, devmem=CARD_MEMORY, devcore=100,
-                           type_=self.name, custominfo=topo or None)
+        topo = {
+            key: _count_map(a[ann], ann)
+            for key, ann in (("losses", LOSSES_ANNOTATION), ("scores", SCORES_ANNOTATION))
+            if a.get(ann)
+        }
+        return synth_cards(
+            node,
+            self.name,
+            "metax-gpu",
+            cards,
+            count=1,
+            devmem=CARD_MEMORY,
+            devcore=100,
+            type_=self.name,
+            custominfo=topo or None,
+        )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)
@@ -115,8 +127,18 @@ class SgpuSelection(Selection):
 
 
 _PLAIN = re.compile(r"^\s*\d+\s*$")
-_SGPU_FIELDS = ("uuid", "totalDevCount", "totalCompute", "totalVRam", "numa", "model", "healthy", "qosPolicy",
-                "linkZone", "bdf")
+_SGPU_FIELDS = (
+    "uuid",
+    "totalDevCount",
+    "totalCompute",
+    "totalVRam",
+    "numa",
+    "model",
+    "healthy",
+    "qosPolicy",
+    "linkZone",
+    "bdf",
+)
 
 
 class MetaxSgpuVendor(BaseVendor):
@@ -132,8 +154,9 @@ class MetaxSgpuVendor(BaseVendor):
 
     def __init__(self, config: MetaxConfig | None = None) -> None:
         c = self.config = config or MetaxConfig()
-        super().__init__(ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name,
-                                       cores=c.resource_vcore_name))
+        super().__init__(
+            ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name, cores=c.resource_vcore_name)
+        )
 
     # ------------------------------------------------------------------ registration
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
@@ -155,12 +178,20 @@ class MetaxSgpuVendor(BaseVendor):
         for key in ("totalDevCount", "totalCompute", "totalVRam", "numa"):
             v = obj.get(key, 0)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise CodecError(f"{where}: device[{i}] ({obj['uuid']}): field {key!r} must be a non-negative integer, got {v!r}")
+                raise CodecError(
+                    f"{where}: device[{i}] ({obj['uuid']}): field {key!r} must be a non-negative integer, got {v!r}"
+                )
             ints[key] = v
         return DeviceInfo(
-            id=obj["uuid"], index=i, count=ints["totalDevCount"], devmem=ints["totalVRam"],
-            devcore=ints["totalCompute"], type=str(obj.get("model") or self.name), numa=ints["numa"],
-            health=obj.get("healthy") is True, vendor=self.name,
+            id=obj["uuid"],
+            index=i,
+            count=ints["totalDevCount"],
+            devmem=ints["totalVRam"],
+            devcore=ints["totalCompute"],
+            type=str(obj.get("model") or self.name),
+            numa=ints["numa"],
+            health=obj.get("healthy") is True,
+            vendor=self.name,
             custominfo={k: obj[k] for k in ("qosPolicy", "linkZone", "bdf") if obj.get(k) not in (None, "")} or None,
         )
 
@@ -212,9 +243,12 @@ class MetaxSgpuVendor(BaseVendor):
     # ------------------------------------------------------------------ fit hooks
     def selection(self, annotations: Mapping[str, str]) -> SgpuSelection:
         base = super().selection(annotations)
-        return SgpuSelection(use_uuids=base.use_uuids, nouse_uuids=base.nouse_uuids,
-                             qos=annotations.get(QOS_ANNOTATION) or "best-effort",
-                             app_class=annotations.get(APP_CLASS_ANNOTATION) or "")
+        return SgpuSelection(
+            use_uuids=base.use_uuids,
+            nouse_uuids=base.nouse_uuids,
+            qos=annotations.get(QOS_ANNOTATION) or "best-effort",
+            app_class=annotations.get(APP_CLASS_ANNOTATION) or "",
+        )
 
     def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
         bad = super().device_filter(device, request, sel)
@@ -233,17 +267,22 @@ class MetaxSgpuVendor(BaseVendor):
         for ctr in devices:
             for cd in ctr:
                 added[cd.uuid] = added.get(cd.uuid, 0) + cd.usedcores
-        utils = [(view.usedcores[pos[u]] + c) / view.devices[pos[u]].devcore
-                 for u, c in added.items() if u in pos and view.devices[pos[u]].devcore]
+        utils = [
+            (view.usedcores[pos[u]] + c) / view.devices[pos[u]].devcore
+            for u, c in added.items()
+            if u in pos and view.devices[pos[u]].devcore
+        ]
         return 10000.0 * sum(utils) / len(utils) if utils else 0.0
 
     # ------------------------------------------------------------------ decision annotations
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         if any(devices):
             out["metax-tech.com/gpu-devices-allocated"] = go_json(
-                [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices])
+                [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices]
+            )
             out["metax-tech.com/predicate-time"] = str(int(now))
         return out
 

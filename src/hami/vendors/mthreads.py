@@ -43,16 +43,23 @@ class MthreadsVendor(BaseVendor):
 
     def __init__(self, config: MthreadsConfig | None = None) -> None:
         c = self.config = config or MthreadsConfig()
-        super().__init__(ResourceNames(count=c.resource_count_name, memory=c.resource_memory_name,
-                                       cores=c.resource_core_name, memory_factor=UNIT_MIB))
+        super().__init__(
+            ResourceNames(
+                count=c.resource_count_name,
+                memory=c.resource_memory_name,
+                cores=c.resource_core_name,
+                memory_factor=UNIT_MIB,
+            )
+        )
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         cards = capacity(node, self.resources.cores) // CORES_PER_GPU
         if cards <= 0:
             return ()
         mem = capacity(node, self.resources.memory) * UNIT_MIB // cards
-        return synth_cards(node, self.name, "mthreads", cards, count=100, devmem=mem, devcore=CORES_PER_GPU,
-                           type_=self.name)
+        return synth_cards(
+            node, self.name, "mthreads", cards, count=100, devmem=mem, devcore=CORES_PER_GPU, type_=self.name
+        )
 
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
         r = self.resources
@@ -74,8 +81,9 @@ class MthreadsVendor(BaseVendor):
             return True
         mem = res(r.memory)
         if mem not in LEGAL_MEMORY:
-            raise RequestError(f"{where}: {r.memory} must be one of {', '.join(map(str, LEGAL_MEMORY))} "
-                               f"(units of 512 MiB), got {mem}")
+            raise RequestError(
+                f"{where}: {r.memory} must be one of {', '.join(map(str, LEGAL_MEMORY))} (units of 512 MiB), got {mem}"
+            )
         return True
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
@@ -87,19 +95,30 @@ class MthreadsVendor(BaseVendor):
         mem, cores = res(r.memory), res(r.cores)
         non_negative(where, (r.count, n), (r.memory, mem), (r.cores, cores))
         mem = mem * UNIT_MIB // n
-        return ContainerDeviceRequest(vendor=self.name, nums=n, type=self.request_type, memreq=mem,
-                                      mem_percentage=PERCENT_UNSET if mem else 100,
-                                      coresreq=min(cores // n, CORES_PER_GPU))
+        return ContainerDeviceRequest(
+            vendor=self.name,
+            nums=n,
+            type=self.request_type,
+            memreq=mem,
+            mem_percentage=PERCENT_UNSET if mem else 100,
+            coresreq=min(cores // n, CORES_PER_GPU),
+        )
 
-    def choose(self, devices: Sequence[DeviceInfo], request: ContainerDeviceRequest, candidates: Sequence[int],
-               prior: Sequence[str]) -> Sequence[int] | Reason:
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
         if request.nums == 1 and prior:
             same = [j for j in candidates if devices[j].id in prior]
             return same[:1] if same else Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
         return list(candidates[: request.nums])
 
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         indexes = list(dict.fromkeys(cd.index for ctr in devices for cd in ctr))
         if indexes:

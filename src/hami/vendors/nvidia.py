@@ -54,8 +54,9 @@ def _overlaps(a: Placement, b: Placement) -> bool:
     return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
 
 
-def select_mig(profiles: Sequence[MigProfile], occupied: Sequence[Placement],
-               mem: int) -> tuple[MigProfile, Placement] | None:
+def select_mig(
+    profiles: Sequence[MigProfile], occupied: Sequence[Placement], mem: int
+) -> tuple[MigProfile, Placement] | None:
     """The smallest profile by ``(memoryMB, sliceCount)`` (stable: registration order breaks ties)
     with ``memoryMB >= mem`` and a placement overlapping none of ``occupied``; ``1g.*``/``3g.*``
     try placements from the highest start, the others from the lowest. None when nothing fits."""
@@ -94,9 +95,12 @@ class NvidiaVendor(BaseVendor):
         c = self.config
         super().__init__(
             ResourceNames(
-                count=c.resource_count_name, memory=c.resource_memory_name,
-                memory_percentage=c.resource_memory_percentage_name, cores=c.resource_core_name,
-                priority=c.resource_priority_name, memory_factor=c.memory_factor,
+                count=c.resource_count_name,
+                memory=c.resource_memory_name,
+                memory_percentage=c.resource_memory_percentage_name,
+                cores=c.resource_core_name,
+                priority=c.resource_priority_name,
+                memory_factor=c.memory_factor,
             )
         )
 
@@ -172,8 +176,12 @@ class NvidiaVendor(BaseVendor):
         if cores < 0:
             raise RequestError(f"{where}: {r.cores} must not be negative, got {cores}")
         return ContainerDeviceRequest(
-            vendor=self.name, nums=nums, type=self.request_type, memreq=mem,
-            mem_percentage=pct, coresreq=min(cores, 100),
+            vendor=self.name,
+            nums=nums,
+            type=self.request_type,
+            memreq=mem,
+            mem_percentage=pct,
+            coresreq=min(cores, 100),
         )
 
     # ------------------------------------------------------------------ per-device rules
@@ -209,8 +217,9 @@ class NvidiaVendor(BaseVendor):
         pod's ``nvidia.com/vgpu-mode`` excludes MIG."""
         return device.mode == MIG_MODE and (sel.modes is None or MIG_MODE in sel.modes)
 
-    def custom_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int,
-                      held: Sequence[Slice], repeat: int) -> Reason | None:
+    def custom_filter(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int, held: Sequence[Slice], repeat: int
+    ) -> Reason | None:
         """MIG: after placing this container's ``repeat`` earlier picks, one more instance of
         ``mem`` MiB must still find a profile and a free placement (``CardMigTopologyInfeasible``)."""
         if device.mode != MIG_MODE:
@@ -231,16 +240,29 @@ class NvidiaVendor(BaseVendor):
         if got is None:  # custom_filter accepted this very pick, so this is a bug, not bad input
             raise ValueError(f"MIG placement vanished for {granted.usedmem} MiB on {device.id}")
         profile, (start, size) = got
-        return replace(granted, usedmem=profile.memory_mb, usedcores=profile.core,
-                       slice=Slice(uuid=device.id, profile=profile.name, start=start, size=size))
+        return replace(
+            granted,
+            usedmem=profile.memory_mb,
+            usedcores=profile.core,
+            slice=Slice(uuid=device.id, profile=profile.name, start=start, size=size),
+        )
 
-    def pod_annotations(self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0,
-                        pod: Any = None, view: Any = None) -> dict[str, str]:
+    def pod_annotations(
+        self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
+    ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         entries = [
-            MigAllocation(container=ci, device=di, gpu_uuid=cd.uuid, profile=cd.slice.profile,
-                          start=cd.slice.start, size=cd.slice.size)
-            for ci, ctr in enumerate(devices) for di, cd in enumerate(ctr) if cd.slice is not None
+            MigAllocation(
+                container=ci,
+                device=di,
+                gpu_uuid=cd.uuid,
+                profile=cd.slice.profile,
+                start=cd.slice.start,
+                size=cd.slice.size,
+            )
+            for ci, ctr in enumerate(devices)
+            for di, cd in enumerate(ctr)
+            if cd.slice is not None
         ]
         if entries:
             out[MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(entries)

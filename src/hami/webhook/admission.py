@@ -29,16 +29,28 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, names, pod_request
-from hami.core.names import (ALLOW_DISABLE_CONTROL, BIND_PHASE, BIND_TIME, DRA_SHARE_CLASS, VGPU_MIG_ALLOCATIONS,
-                             VGPU_NODE, VGPU_TIME)
+from hami.core.names import (
+    ALLOW_DISABLE_CONTROL,
+    BIND_PHASE,
+    BIND_TIME,
+    DRA_SHARE_CLASS,
+    VGPU_MIG_ALLOCATIONS,
+    VGPU_NODE,
+    VGPU_TIME,
+)
 from hami.core.shape import ShapeError, check, check_pod
 from hami.core.types import ContainerKind
 from hami.vendors.nvidia import VGPU_DEVICES_PREFIX
 
-INTERNAL_ANNOTATIONS = frozenset({
-    VGPU_NODE, VGPU_TIME, BIND_PHASE, BIND_TIME,
-    VGPU_MIG_ALLOCATIONS,
-})
+INTERNAL_ANNOTATIONS = frozenset(
+    {
+        VGPU_NODE,
+        VGPU_TIME,
+        BIND_PHASE,
+        BIND_TIME,
+        VGPU_MIG_ALLOCATIONS,
+    }
+)
 INTERNAL_PREFIXES = (VGPU_DEVICES_PREFIX,)
 INTERNAL_LABELS = frozenset({VGPU_NODE})
 DISABLE_CONTROL_ENV = names.ENV_DISABLE_CONTROL
@@ -57,7 +69,9 @@ class AdmissionSettings:
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:
-            raise ValueError(f"AdmissionSettings.front_end must be one of {', '.join(FRONT_ENDS)}, got {self.front_end!r}")
+            raise ValueError(
+                f"AdmissionSettings.front_end must be one of {', '.join(FRONT_ENDS)}, got {self.front_end!r}"
+            )
 
     def internal_annotation(self, key: str) -> bool:
         if key in INTERNAL_ANNOTATIONS or key in self.extra_internal or key.startswith(INTERNAL_PREFIXES):
@@ -86,8 +100,11 @@ def uses_disable_control(pod: Mapping[str, Any]) -> list[str]:
         check_pod(pod, "pod")
     except ShapeError:
         return []
-    return [c.get("name") or "?" for c in _containers(pod)
-            if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())]
+    return [
+        c.get("name") or "?"
+        for c in _containers(pod)
+        if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())
+    ]
 
 
 def _deny(message: str, code: int = 403) -> Decision:
@@ -123,15 +140,21 @@ def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[
                 app = [a + b for a, b in zip(app, amounts)]
         need = [max(a, b) for a, b in zip(app, init)]
         mem_room, core_room = quota.room.get(v.name, (None, None))
-        for what, n, left, res in (("memory", need[0], mem_room, v.resources.memory),
-                                   ("cores", need[1], core_room, v.resources.cores)):
+        for what, n, left, res in (
+            ("memory", need[0], mem_room, v.resources.memory),
+            ("cores", need[1], core_room, v.resources.cores),
+        ):
             if left is not None and n > left:
                 return f"exceeding resource quota: {res} requests {n}, namespace {ns} has {max(left, 0)} left"
     return ""
 
 
-def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
-           quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> Decision:
+def decide(
+    pod: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None = None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+) -> Decision:
     """Apply the rules to a pod being created. ``namespace_labels`` is needed only when
     :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room.
     A pod that asks for no device is allowed as it is (no defaults, no patch)."""
@@ -148,8 +171,10 @@ def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mappi
         return _deny(f"pod sets internal annotations that only hami scheduler may write: {', '.join(forged)}")
     disablers = uses_disable_control(pod)
     if disablers and (namespace_labels or {}).get(s.disable_control_label) != "true":
-        return _deny(f"container {disablers[0]!r} sets {DISABLE_CONTROL_ENV}, which switches GPU isolation off; "
-                     f"allowed only in namespaces labelled {s.disable_control_label}=true")
+        return _deny(
+            f"container {disablers[0]!r} sets {DISABLE_CONTROL_ENV}, which switches GPU isolation off; "
+            f"allowed only in namespaces labelled {s.disable_control_label}=true"
+        )
     if not _gate_passes(pod, s):
         return Decision(True, "", dict(pod))
     try:
@@ -161,13 +186,17 @@ def decide(pod: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mappi
     if uses:
         for c in _containers(mutated):
             if ((c.get("securityContext") or {}).get("privileged")) is True:
-                return _deny(f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
-                             "so it cannot be given a GPU share")
+                return _deny(
+                    f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
+                    "so it cannot be given a GPU share"
+                )
         if s.scheduler_name and s.front_end == "extender":
             spec = mutated.setdefault("spec", {})
             if spec.get("nodeName"):
-                return _deny(f"pod has node assigned (spec.nodeName={spec['nodeName']}): "
-                             "a GPU pod must be placed by the scheduler")
+                return _deny(
+                    f"pod has node assigned (spec.nodeName={spec['nodeName']}): "
+                    "a GPU pod must be placed by the scheduler"
+                )
             spec["schedulerName"] = s.scheduler_name
         if quota_room is not None:
             try:
@@ -223,15 +252,22 @@ def json_patch(old: Any, new: Any, path: str = "") -> list[dict]:
     return [{"op": "replace", "path": path or "", "value": new}]
 
 
-def review(body: Mapping[str, Any], s: AdmissionSettings, namespace_labels: Mapping[str, str] | None = None,
-           quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> dict:
+def review(
+    body: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None = None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+) -> dict:
     """AdmissionReview request -> AdmissionReview response (same apiVersion as the request)."""
     return review_with_templates(body, s, namespace_labels, quota_room)[0]
 
 
-def review_with_templates(body: Mapping[str, Any], s: AdmissionSettings,
-                          namespace_labels: Mapping[str, str] | None = None,
-                          quota_room: Callable[[str, Sequence[Any]], Any] | None = None) -> tuple[dict, tuple[dict, ...]]:
+def review_with_templates(
+    body: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None = None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+) -> tuple[dict, tuple[dict, ...]]:
     """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
     caller must create them (in the request's namespace) before sending the answer."""
     templates: tuple[dict, ...] = ()
@@ -241,13 +277,21 @@ def review_with_templates(body: Mapping[str, Any], s: AdmissionSettings,
     except ShapeError as exc:
         request = request if isinstance(request, Mapping) else {}
         uid = request.get("uid") if isinstance(request.get("uid"), str) else ""
-        return _answer(body, {"uid": uid, "allowed": False,
-                              "status": {"code": 400, "message": f"not an AdmissionReview: {exc}", "reason": "BadRequest"}}), ()
+        return _answer(
+            body,
+            {
+                "uid": uid,
+                "allowed": False,
+                "status": {"code": 400, "message": f"not an AdmissionReview: {exc}", "reason": "BadRequest"},
+            },
+        ), ()
     request = request or {}
     uid = request.get("uid") or ""
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if (request.get("operation") or "CREATE") != "CREATE" or ((request.get("kind") or {}).get("kind") or "Pod") != "Pod":
+    if (request.get("operation") or "CREATE") != "CREATE" or (
+        (request.get("kind") or {}).get("kind") or "Pod"
+    ) != "Pod":
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
@@ -259,7 +303,15 @@ def review_with_templates(body: Mapping[str, Any], s: AdmissionSettings,
         d = decide(pod, s, namespace_labels, quota_room)
         templates = d.templates
         if not d.allowed:
-            response = {"uid": uid, "allowed": False, "status": {"code": d.code, "message": d.message, "reason": "Forbidden" if d.code == 403 else "BadRequest"}}
+            response = {
+                "uid": uid,
+                "allowed": False,
+                "status": {
+                    "code": d.code,
+                    "message": d.message,
+                    "reason": "Forbidden" if d.code == 403 else "BadRequest",
+                },
+            }
         else:
             ops = json_patch(request.get("object"), _strip_ns(d.pod, request.get("object")))
             if ops:
@@ -271,8 +323,14 @@ def review_with_templates(body: Mapping[str, Any], s: AdmissionSettings,
 def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
     """``answer`` turned into a denial (e.g. the templates it needs could not be created)."""
     uid = (answer.get("response") or {}).get("uid") or ""
-    return {**answer, "response": {"uid": uid, "allowed": False,
-                                   "status": {"code": code, "message": message, "reason": "InternalError"}}}
+    return {
+        **answer,
+        "response": {
+            "uid": uid,
+            "allowed": False,
+            "status": {"code": code, "message": message, "reason": "InternalError"},
+        },
+    }
 
 
 #: the fields of an AdmissionReview that :func:`review` reads (``request.object`` is checked as a Pod)
@@ -289,8 +347,11 @@ def _shape_error(pod: Any) -> str | None:
 
 def _answer(body: Any, response: dict) -> dict:
     version = body.get("apiVersion") if isinstance(body, Mapping) else None
-    return {"apiVersion": version if isinstance(version, str) and version else "admission.k8s.io/v1",
-            "kind": "AdmissionReview", "response": response}
+    return {
+        "apiVersion": version if isinstance(version, str) and version else "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }
 
 
 def _strip_ns(mutated: dict, original: Any) -> dict:

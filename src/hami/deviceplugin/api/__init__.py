@@ -32,4 +32,3 @@ def load() -> tuple[ModuleType, ModuleType]:
     pb2 = importlib.import_module(f"{__name__}.api_pb2")
     pb2_grpc = importlib.import_module(f"{__name__}.api_pb2_grpc")
     return pb2, pb2_grpc
-

@@ -30,6 +30,4 @@ def load(proto: str) -> tuple[ModuleType, ModuleType]:
     if proto not in _PROTOS:
         raise ValueError(f"unknown proto {proto!r}; expected one of {_PROTOS}")
     generate()
-    return (importlib.import_module(f"{__name__}.{proto}_pb2"),
-            importlib.import_module(f"{__name__}.{proto}_pb2_grpc"))
-
+    return (importlib.import_module(f"{__name__}.{proto}_pb2"), importlib.import_module(f"{__name__}.{proto}_pb2_grpc"))
