@@ -23,10 +23,10 @@ def _need_fake():
         pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
 
 
-def hami(*args, tmp_path):
+def hami(*args, tmp_path, devices=DEVICES):
     env = {
         **os.environ,
-        "FAKEGPU_DEVICES": DEVICES,
+        "FAKEGPU_DEVICES": devices,
         "FAKEGPU_STATE_DIR": str(tmp_path),
         "PYTHONPATH": str(ROOT / "src"),
     }
@@ -59,11 +59,54 @@ def test_dry_run_publishes_the_fake_gpus_with_node_config(tmp_path):
     spec = doc["resourceSlice"]["spec"]
     assert spec["nodeName"] == "n1" and [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
     t4 = spec["devices"][0]
-    assert t4["attributes"]["uuid"] == {"string": G0} and t4["attributes"]["driverVersion"] == {"string": "550.54.15"}
+    assert t4["attributes"]["uuid"] == {"string": G0} and t4["attributes"]["driverVersion"] == {"version": "550.54.15"}
     assert t4["attributes"]["migCapable"] == {"bool": False}
     assert t4["capacity"]["memory"]["value"] == str(2 * 16384 * 1024 * 1024)
     assert t4["capacity"]["shares"]["value"] == "3" and t4["capacity"]["cores"]["requestPolicy"]["default"] == "10"
     assert doc["deviceClasses"][0]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+
+
+def test_dry_run_publishes_standard_and_version_attributes_from_nvml_and_sysfs(tmp_path):
+    """pciBusID and the versions from the fake NVML; numaNode and pcieRoot from a sysfs tree laid
+    out as the kernel's (the T4 under root complex pci0000:3a on NUMA node 1). The A100 has no
+    sysfs entry: its numaNode and pcieRoot are left out, not guessed."""
+    sys_root = tmp_path / "sys"
+    device = sys_root / "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    (sys_root / "bus/pci/devices").mkdir(parents=True)
+    (sys_root / "bus/pci/devices/0000:3b:00.0").symlink_to("../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0")
+    devices = DEVICES.replace("pci=0000:3b:00.0", "pci=0000:3b:00.0,cc=7.5").replace(
+        "pci=0000:5e:00.0", "pci=0000:5e:00.0,cc=8.0"
+    )
+    out = hami(
+        "--dry-run",
+        "--node-name",
+        "n1",
+        "--sysfs-root",
+        str(sys_root),
+        "--nvml-library",
+        str(FAKE_NVML),
+        tmp_path=tmp_path,
+        devices=devices,
+    )
+    assert out.returncode == 0, out.stderr
+    t4, a100 = json.loads(out.stdout)["resourceSlice"]["spec"]["devices"]
+    typed = ("driverVersion", "cudaComputeCapability", "numa")
+    assert {k: v for k, v in t4["attributes"].items() if k in typed or k.startswith("resource.kubernetes.io/")} == {
+        "driverVersion": {"version": "550.54.15"},
+        "cudaComputeCapability": {"version": "7.5.0"},
+        "numa": {"int": 1},
+        "resource.kubernetes.io/numaNode": {"int": 1},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
+    }
+    assert {k: v for k, v in a100["attributes"].items() if k in typed or k.startswith("resource.kubernetes.io/")} == {
+        "driverVersion": {"version": "550.54.15"},
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "numa": {"int": 0},  # the registration's rule for an unknown node, kept for old selectors
+        "resource.kubernetes.io/pciBusID": {"string": "0000:5e:00.0"},
+    }
 
 
 def test_refuses_without_node_name_or_nvml(tmp_path):

@@ -6,14 +6,36 @@ import pytest
 
 from hami.node.nvml import PhysicalGPU
 from hami.draplugin.checkpoint import Checkpoint, CheckpointError
-from hami.dra.model import DRIVER, MIB, SHARE_CLASS, WHOLE_CLASS, SliceSettings, device_classes, resource_slice
+from hami.dra.model import (
+    DRIVER,
+    MIB,
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    SHARE_CLASS,
+    WHOLE_CLASS,
+    SliceSettings,
+    device_classes,
+    resource_slice,
+    semver,
+)
 from hami.draplugin.prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 GPUS = [
-    PhysicalGPU(1, U1, "NVIDIA A100-SXM4-40GB", 40960, "0000:5e:00.0", 1),
-    PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0),
+    PhysicalGPU(
+        1,
+        U1,
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        "0000:5e:00.0",
+        1,
+        numa_node=1,
+        pcie_root="pci0000:5d",
+        compute_capability="8.0",
+    ),
+    PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0),  # no NUMA, root or capability known
 ]
 
 
@@ -34,9 +56,15 @@ def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
         "index": {"int": 0},
         "numa": {"int": 0},
         "migCapable": {"bool": False},
-        "driverVersion": {"string": "550.54.15"},
+        "driverVersion": {"version": "550.54.15"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
     }
     assert a100["attributes"]["migCapable"] == {"bool": True}
+    assert {k: v for k, v in a100["attributes"].items() if k not in t4["attributes"]} == {
+        "cudaComputeCapability": {"version": "8.0.0"},
+        "resource.kubernetes.io/numaNode": {"int": 1},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:5d"},
+    }
     assert a100["attributes"]["type"] == {"string": "NVIDIA A100-SXM4-40GB"}
     mem = t4["capacity"]["memory"]
     assert mem["value"] == str(15360 * MIB)
@@ -49,6 +77,74 @@ def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
         "requestPolicy": {"default": "20", "validRange": {"min": "0", "max": "100", "step": "1"}},
     }
     assert t4["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
+
+
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("550.54.15", "550.54.15"),
+        ("535.104.05", "535.104.5"),  # a leading zero is not semver
+        ("8.6", "8.6.0"),
+        ("12", "12.0.0"),
+        (" 9.0\n", "9.0.0"),
+        ("", None),
+        (None, None),
+        ("unknown", None),
+        ("1.2.3.4", None),
+        ("550.54.15-beta", None),
+        ("9" * 70, None),  # beyond the API server's 64 characters
+    ],
+)
+def test_versions_become_semver_or_nothing(text, want):
+    assert semver(text) == want
+
+
+def gpu(**facts):
+    return PhysicalGPU(0, U0, "Tesla T4", 15360, facts.pop("bus_id", "0000:3b:00.0"), 0, **facts)
+
+
+@pytest.mark.parametrize(
+    "facts,name,want",
+    [
+        ({"numa_node": 0}, NUMA_NODE, {"int": 0}),
+        ({"numa_node": 3}, NUMA_NODE, {"int": 3}),
+        ({"numa_node": None}, NUMA_NODE, None),
+        ({"numa_node": -1}, NUMA_NODE, None),  # no NUMA affinity: would match every such device
+        ({"numa_node": 1024}, NUMA_NODE, None),
+        ({"pcie_root": "pci0000:3a"}, PCIE_ROOT, {"string": "pci0000:3a"}),
+        ({"pcie_root": "pci0001:00"}, PCIE_ROOT, {"string": "pci0001:00"}),
+        ({"pcie_root": None}, PCIE_ROOT, None),
+        ({"pcie_root": "0000:3a:00.0"}, PCIE_ROOT, None),
+        ({"pcie_root": "platform"}, PCIE_ROOT, None),
+        ({"bus_id": "0000:3b:00.0"}, PCI_BUS_ID, {"string": "0000:3b:00.0"}),
+        ({"bus_id": "0000:3B:00.0"}, PCI_BUS_ID, None),  # not the sysfs form
+        ({"bus_id": "00000000:3b:00.0"}, PCI_BUS_ID, None),  # NVML's form
+        ({"bus_id": ""}, PCI_BUS_ID, None),
+        ({"compute_capability": "9.0"}, "cudaComputeCapability", {"version": "9.0.0"}),
+        ({"compute_capability": None}, "cudaComputeCapability", None),
+        ({"compute_capability": "sm_90"}, "cudaComputeCapability", None),
+    ],
+)
+def test_each_typed_attribute_is_published_only_when_well_formed(facts, name, want):
+    attrs = resource_slice("n", [gpu(**facts)], SliceSettings())["spec"]["devices"][0]["attributes"]
+    assert attrs.get(name) == want
+    assert attrs["numa"] == {"int": 0}  # the registration's value stays, for claims written for it
+
+
+@pytest.mark.parametrize("version,want", [("550.54.15", {"version": "550.54.15"}), ("", None), ("r550", None)])
+def test_driver_version_is_a_version_attribute_or_left_out(version, want):
+    attrs = resource_slice("n", [gpu()], SliceSettings(driver_version=version))["spec"]["devices"][0]["attributes"]
+    assert attrs.get("driverVersion") == want
+
+
+def test_a_gpu_without_the_optional_facts_gets_the_plain_attributes():
+    """The simulator's GPUs come from a registration: no bus id, root, NUMA node or capability."""
+
+    class Registered:
+        index, uuid, model, memory_mib, numa = 0, U0, "Tesla T4", 15360, 1
+
+    attrs = resource_slice("n", [Registered()], SliceSettings())["spec"]["devices"][0]["attributes"]
+    assert sorted(attrs) == ["index", "migCapable", "model", "numa", "type", "uuid"]
 
 
 def test_slice_applies_scaling_and_leaves_out_unhealthy_gpus():

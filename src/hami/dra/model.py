@@ -19,9 +19,21 @@ shares      ``deviceSplitCount``                exactly 1 per allocation: the sp
                                                 the number of claims sharing a GPU
 ==========  ==================================  ================================================
 
-Attributes (in the driver's domain, so a CEL selector reads ``device.attributes["gpu.hami.io"]``):
+Attributes in the driver's domain (a CEL selector reads ``device.attributes["gpu.hami.io"]``):
 ``model``, ``type`` (HAMi's registration type, ``NVIDIA-<model>``), ``uuid``, ``index``,
-``numa``, ``migCapable``, ``driverVersion``.
+``numa`` (0 when unknown, as in the registration), ``migCapable``, and two ``version``
+attributes named as NVIDIA's driver names them, ``driverVersion`` and ``cudaComputeCapability``
+(semver: ``550.54.15``, ``8.6.0``). Kubernetes' standard device attributes (``numaNode``:
+KEP-6072; the helper library ``k8s.io/dynamic-resource-allocation/deviceattribute``), in the
+``resource.kubernetes.io`` domain, so that ``matchAttribute`` aligns a GPU with another
+driver's device: ``numaNode`` (int), ``pcieRoot`` (``pci<domain>:<bus>``) and ``pciBusID``
+(``<domain>:<bus>:<device>.<function>``, lower case). An attribute whose value the node cannot
+tell is left out rather than published wrong: a ``numaNode`` of -1, say, would match every
+other device without NUMA affinity.
+
+The required facts of a GPU are :class:`GpuLike`'s; the optional ones (``numa_node``,
+``pcie_root``, ``bus_id``, ``compute_capability``) are read by name when the object has them:
+:class:`hami.node.nvml.PhysicalGPU` has them all, the simulator's GPUs from a registration none.
 
 Two DeviceClasses select these devices: :data:`SHARE_CLASS` (a share, isolated by libvgpu) and
 :data:`WHOLE_CLASS` (the whole GPU, no libvgpu: its class configuration tells the kubelet plugin
@@ -31,6 +43,7 @@ carry ``extendedResourceName`` (KEP-5004) so that a plain ``nvidia.com/gpu: 1`` 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
@@ -43,6 +56,18 @@ CONFIG_API_VERSION = DRA_CONFIG_API_VERSION
 CONFIG_KIND = "GpuConfig"
 MEMORY, CORES, SHARES = "memory", "cores", "shares"
 MIB = 1024 * 1024
+
+#: Kubernetes' standard device attributes (``k8s.io/dynamic-resource-allocation/deviceattribute``)
+STANDARD_DOMAIN = "resource.kubernetes.io"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+
+_BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]")
+MAX_NUMA_NODES = 1024  # Linux's bound, which Kubernetes' helper checks too
+MAX_VERSION = 64  # the API server's limit on a version attribute
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+_VERSION = re.compile(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?")
 
 
 class GpuLike(Protocol):
@@ -62,7 +87,7 @@ class SliceSettings:
     core_scaling: float = 1.0  # deviceCoreScaling
     default_cores: int = 0  # defaultCores
     min_memory_mib: int = 1  # the smallest share of memory one allocation may take
-    driver_version: str = ""  # NVML's system driver version
+    driver_version: str = ""  # NVML's system driver version ("": unknown, not published)
     mig_capable: frozenset[str] = frozenset()  # UUIDs of GPUs that support MIG
 
     def __post_init__(self) -> None:
@@ -95,6 +120,34 @@ def _attr(kind: str, value: Any) -> dict[str, Any]:
     return {kind: value}
 
 
+def semver(text: str | None) -> str | None:
+    """A dotted number as the semantic version a ``version`` attribute must hold: missing parts
+    are 0 and leading zeros go (``535.104.05`` -> ``535.104.5``, ``8.6`` -> ``8.6.0``). None for
+    anything else (more than three parts, letters, empty)."""
+    m = _VERSION.fullmatch((text or "").strip())
+    if m is None:
+        return None
+    version = ".".join(str(int(part or 0)) for part in m.groups())
+    return version if len(version) <= MAX_VERSION else None
+
+
+def _fact(gpu: GpuLike, name: str) -> Any:
+    return getattr(gpu, name, None)
+
+
+def _typed_attributes(gpu: GpuLike, s: SliceSettings) -> dict[str, dict[str, Any]]:
+    """The version attributes and the standard ones, each only with a value that is well formed."""
+    numa, bus_id, root = _fact(gpu, "numa_node"), _fact(gpu, "bus_id"), _fact(gpu, "pcie_root")
+    candidates: tuple[tuple[str, str, Any, bool], ...] = (
+        ("driverVersion", "version", semver(s.driver_version), True),
+        ("cudaComputeCapability", "version", semver(_fact(gpu, "compute_capability")), True),
+        (NUMA_NODE, "int", numa, type(numa) is int and 0 <= numa < MAX_NUMA_NODES),
+        (PCIE_ROOT, "string", root, isinstance(root, str) and _PCIE_ROOT.fullmatch(root) is not None),
+        (PCI_BUS_ID, "string", bus_id, isinstance(bus_id, str) and _BDF.fullmatch(bus_id) is not None),
+    )
+    return {name: _attr(kind, value) for name, kind, value, ok in candidates if ok and value is not None}
+
+
 def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
     """One ResourceSlice device for ``gpu``; raises ValueError when the GPU cannot hold one share."""
     mem = memory_bytes(gpu, s)
@@ -111,7 +164,7 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
             "index": _attr("int", gpu.index),
             "numa": _attr("int", gpu.numa),
             "migCapable": _attr("bool", gpu.uuid in s.mig_capable),
-            "driverVersion": _attr("string", s.driver_version or "unknown"),
+            **_typed_attributes(gpu, s),
         },
         "capacity": {
             MEMORY: {

@@ -5,10 +5,11 @@ What this module owns, by section:
 * loading: :func:`open_nvml` loads and initialises the library (optionally from an explicit
   path, which is how tests point at the project's fake ``libnvidia-ml.so.1``), :func:`close_nvml`;
 * discovery: :func:`discover` lists the physical GPUs (:class:`PhysicalGPU`), with their NUMA node
-  from sysfs through the PCI bus id (under a configurable root so tests can supply their own
-  tree) and, in ``operatingmode: mig``, the MIG profiles they register
-  (:func:`registered_profiles`); small facts (:func:`driver_version`, :func:`mig_capable`,
-  :func:`mig_enabled`, :func:`gpu_uuids`, :func:`minor_number`);
+  and PCIe root complex from sysfs through the PCI bus id (:func:`sysfs_numa`, :func:`pcie_root`;
+  under a configurable root so tests can supply their own tree), their CUDA compute capability
+  and, in ``operatingmode: mig``, the MIG profiles they register (:func:`registered_profiles`);
+  small facts (:func:`driver_version`, :func:`mig_capable`, :func:`mig_enabled`,
+  :func:`gpu_uuids`, :func:`minor_number`);
 * health: :class:`XidWatcher` turns NVML XID/ECC events into "this UUID is unhealthy" callbacks
   from a background thread, :func:`ignored_xids` reads the ``DP_*_HEALTHCHECKS`` switches;
 * MIG: :class:`MigNvml`, the MIG calls (profiles and placements of a GPU, its instances, create
@@ -27,6 +28,7 @@ import ctypes
 import logging
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -58,8 +60,12 @@ class PhysicalGPU:
     model: str  # NVML name, e.g. "Tesla V100-PCIE-32GB"
     memory_mib: int
     bus_id: str  # sysfs form, e.g. "0000:3b:00.0"
-    numa: int
+    numa: int  # the registration's NUMA node: sysfs, 0 when unknown (HAMi's rule)
     mig_profiles: tuple[MigProfile, ...] = ()  # operatingmode mig: what the GPU can be cut into
+    # what the DRA slice publishes when known (None: unknown, the attribute is left out)
+    numa_node: int | None = None  # sysfs numa_node when it is >= 0
+    pcie_root: str | None = None  # "pci<domain>:<bus>", the root complex above the GPU in sysfs
+    compute_capability: str | None = None  # NVML's CUDA compute capability, "<major>.<minor>"
 
     @property
     def type_name(self) -> str:
@@ -104,15 +110,60 @@ def sysfs_bus_id(nvml_bus_id: str) -> str:
     return f"{domain[-4:]}:{rest}".lower()
 
 
-def numa_node(sysfs_root: str | Path, bus_id: str) -> int:
-    """``/sys/bus/pci/devices/<bus>/numa_node``; negative or unreadable -> 0 (§4.3)."""
-    path = Path(sysfs_root) / "bus" / "pci" / "devices" / bus_id / "numa_node"
+def _pci_device(sysfs_root: str | Path, bus_id: str) -> Path:
+    return Path(sysfs_root) / "bus" / "pci" / "devices" / bus_id
+
+
+def sysfs_numa(sysfs_root: str | Path, bus_id: str) -> int | None:
+    """``/sys/bus/pci/devices/<bus>/numa_node`` as the kernel gives it; None when unreadable or
+    negative (-1: the device has no NUMA affinity). NVML's ``nvmlDeviceGetNumaNodeId`` is not
+    a substitute: it answers only where the GPU itself is a NUMA node (coherent platforms)."""
+    path = _pci_device(sysfs_root, bus_id) / "numa_node"
     try:
         value = int(path.read_text().strip())
     except (OSError, ValueError):
-        log.debug("no NUMA information at %s; using node 0", path)
-        return 0
-    return max(value, 0)
+        log.debug("no NUMA information at %s", path)
+        return None
+    return value if value >= 0 else None
+
+
+def numa_node(sysfs_root: str | Path, bus_id: str) -> int:
+    """The registration's NUMA node: :func:`sysfs_numa`, negative or unreadable -> 0 (§4.3)."""
+    value = sysfs_numa(sysfs_root, bus_id)
+    return 0 if value is None else value
+
+
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+
+
+def pcie_root(sysfs_root: str | Path, bus_id: str) -> str | None:
+    """The PCIe root complex above ``bus_id`` (``pci<domain>:<bus>``), as Kubernetes' standard
+    ``pcieRoot`` attribute names it: ``/sys/bus/pci/devices/<bus>`` is a link into the device
+    tree ``/sys/devices/pci<domain>:<bus>/.../<bus>``, whose first part below ``devices`` is the
+    root. None when there is no such link or it points elsewhere."""
+    link = _pci_device(sysfs_root, bus_id)
+    try:
+        target = os.readlink(link)
+    except OSError:
+        log.debug("no PCIe root for %s: %s is not a link", bus_id, link)
+        return None
+    resolved = Path(os.path.normpath(link.parent / target))
+    try:
+        parts = resolved.relative_to(Path(os.path.normpath(Path(sysfs_root) / "devices"))).parts
+    except ValueError:
+        parts = ()
+    if len(parts) < 2 or parts[-1] != bus_id or not _PCIE_ROOT.fullmatch(parts[0]):
+        log.debug("no PCIe root for %s: %s points to %s", bus_id, link, resolved)
+        return None
+    return parts[0]
+
+
+def _compute_capability(handle) -> str | None:
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    except pynvml.NVMLError:
+        return None
+    return f"{int(major)}.{int(minor)}"
 
 
 def _memory_mib(handle, settings: NodeSettings, uuid: str) -> int | None:
@@ -148,6 +199,9 @@ def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[Ph
                 bus_id=bus,
                 numa=numa_node(sysfs_root, bus),
                 mig_profiles=_mig_profiles(uuid, model, settings) if settings.operating_mode == "mig" else (),
+                numa_node=sysfs_numa(sysfs_root, bus),
+                pcie_root=pcie_root(sysfs_root, bus),
+                compute_capability=_compute_capability(handle),
             )
         )
     return out
