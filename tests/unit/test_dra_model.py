@@ -270,6 +270,43 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
     ]
 
 
+def test_each_gpu_of_a_claim_gets_its_own_memory_and_core_share():
+    """Two GPUs consumed differently: two memory limits and two core shares (the first GPU's
+    share on every GPU used to be all libvgpu was told)."""
+    results = [result(memory="3000Mi", cores="30"), result(device="gpu-1", memory="5000Mi", cores="60", share="s-2")]
+    env = env_of(cdi_spec(plan(claim(results), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("3000m", "5000m")
+    assert (env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_1"]) == ("30", "60")
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"  # HAMi's unindexed value: the first GPU's
+
+
+def test_equal_shares_keep_the_single_unindexed_core_share():
+    results = [result(cores="30"), result(device="gpu-1", memory="5000Mi", cores="30", share="s-2")]
+    env = env_of(cdi_spec(plan(claim(results), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30" and not any(k.startswith("CUDA_DEVICE_SM_LIMIT_") for k in env)
+
+
+def test_gpus_are_numbered_in_the_nodes_index_order_not_the_results_order():
+    """The container enumerates its GPUs in PCI order (the node's NVML index order), whatever
+    order kube-scheduler wrote the results in: gpu-1's limits must not land on gpu-0."""
+    results = [result(device="gpu-1", memory="5000Mi", cores="60", request="b"), result(request="a", share="s-2")]
+    p = plan(claim(results), "node-a", GPUS, SliceSettings())
+    env = env_of(cdi_spec(p, PATHS, Options()))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"]) == ("3000m", "30")
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_1"], env["CUDA_DEVICE_SM_LIMIT_1"]) == ("5000m", "60")
+    assert [d["device_name"] for d in response_devices(p)] == ["gpu-1", "gpu-0"]  # the kubelet's list keeps its order
+
+
+def test_two_results_on_one_gpu_are_one_visible_gpu_holding_their_sum():
+    results = [result(request="a", cores="20"), result(request="b", memory="1000Mi", cores="10", share="s-2")]
+    env = env_of(cdi_spec(plan(claim(results), "node-a", GPUS, SliceSettings()), PATHS, Options()))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == U0
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env
+
+
 def test_same_claim_gives_the_same_shared_region_and_another_claim_another():
     a = env_of(cdi_spec(plan(claim([result()]), "node-a", GPUS, SliceSettings()), PATHS, Options()))
     b = env_of(cdi_spec(plan(claim([result()]), "node-a", GPUS, SliceSettings()), PATHS, Options()))

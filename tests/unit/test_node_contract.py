@@ -140,6 +140,27 @@ def test_every_front_end_writes_the_same_names_in_the_same_order():
     assert [k for k in dp if k != "NVIDIA_VISIBLE_DEVICES"] == [k for k in env if k != "CUDA_DEVICE_MEMORY_LIMIT_1"]
 
 
+def test_device_limits_give_each_device_its_own_share_only_when_they_differ():
+    env = contract.limit_env(contract.device_limits([3000, 5000], [30, 60], "/r.cache"), contract.Options())
+    assert list(env) == [
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "CUDA_DEVICE_MEMORY_LIMIT_1",
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT_0",
+        "CUDA_DEVICE_SM_LIMIT_1",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    ]
+    assert [env[k] for k in list(env)[:5]] == ["3000m", "5000m", "30", "30", "60"]
+    same = contract.limit_env(contract.device_limits([3000, 5000], [30, 30], "/r.cache"), contract.Options())
+    assert same == contract.limit_env(contract.Limits(("3000m", "5000m"), 30, "/r.cache"), contract.Options())
+
+
+@pytest.mark.parametrize("memory,cores", [([], []), ([3000], [30, 60]), ([3000, 5000], [30])])
+def test_device_limits_refuse_lists_that_do_not_pair_up(memory, cores):
+    with pytest.raises(ValueError, match="one memory and one core share per device"):
+        contract.device_limits(memory, cores, "/r.cache")
+
+
 def test_node_settings_give_the_same_options_to_both_front_ends():
     assert contract.options(NodeSettings()) == contract.Options()
     assert contract.options(NodeSettings(disable_core_limit=True, gpu_core_policy="force")).core_policy == "disable"

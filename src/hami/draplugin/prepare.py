@@ -8,9 +8,10 @@ set by kube-scheduler for a device with ``allowMultipleAllocations``). :func:`cd
 writes the container edits from the libvgpu container contract (:mod:`hami.node.contract`), the
 same functions the device plugin's Allocate calls:
 
-- ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs;
+- ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs, in the node's GPU index order;
 - ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: the consumed memory of the i-th GPU, in MiB (``<n>m``);
-- ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent);
+- ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent), and, when the GPUs'
+  shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>``: the i-th GPU's (:func:`contract.device_limits`);
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
@@ -24,7 +25,11 @@ same functions the device plugin's Allocate calls:
 
 One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of the
 claim's results: libvgpu's per-GPU variables are numbered by the position of the GPU in the
-container's visible list, so all GPUs of a claim must be described together. Every container that
+container's visible list, so all GPUs of a claim must be described together (:func:`gpu_grants`).
+That position is the GPU's rank in the node's index order (NVML's, which is PCI bus order, the
+order in which NVML, and CUDA for GPUs of one model, enumerate the claim's GPUs inside the
+container), not the order of the results; two results on one GPU (two requests of the claim
+sharing it) are one visible GPU holding their sum. Every container that
 references the claim shares its shared region, hence its memory budget, as processes of one
 container do. A claim from the whole-GPU class (isolation ``none``) gets only
 ``NVIDIA_VISIBLE_DEVICES`` and must have consumed the whole memory.
@@ -73,6 +78,16 @@ class Share:
     memory_mib: int
     cores: int
     share_id: str | None
+    index: int  # the GPU's index on the node (NVML order)
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """What one GPU the container sees holds of the claim."""
+
+    uuid: str
+    memory_mib: int
+    cores: int
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,7 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 memory_mib=mem // MIB,
                 cores=settings.default_cores if cores is None else cores,
                 share_id=r.get("shareID"),
+                index=gpu.index,
             )
         )
     if not shares:
@@ -200,16 +216,29 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
     )
 
 
+def gpu_grants(p: Plan) -> tuple[GpuGrant, ...]:
+    """One entry per GPU of the claim, in the node's index order (the container's order, module
+    doc), each with its own memory and cores; results on the same GPU add up."""
+    merged: dict[int, GpuGrant] = {}
+    for s in p.shares:
+        held = merged.get(s.index)
+        merged[s.index] = (
+            GpuGrant(s.uuid, s.memory_mib, s.cores)
+            if held is None
+            else GpuGrant(s.uuid, held.memory_mib + s.memory_mib, held.cores + s.cores)
+        )
+    return tuple(merged[i] for i in sorted(merged))
+
+
 def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     """The claim's container edits: the libvgpu container contract (hami-core isolation), or the
     GPUs and the driver mounts only (isolation ``none``)."""
-    env = contract.visible_devices([s.uuid for s in p.shares])
+    grants = gpu_grants(p)
+    env = contract.visible_devices([g.uuid for g in grants])
     region_dir = None
     if p.isolation == "hami-core":
-        limits = contract.Limits(
-            memory=tuple(contract.mib(s.memory_mib) for s in p.shares),
-            cores=p.shares[0].cores,
-            region=contract.claim_region(paths, p.uid),
+        limits = contract.device_limits(
+            [g.memory_mib for g in grants], [g.cores for g in grants], contract.claim_region(paths, p.uid)
         )
         env.update(contract.limit_env(limits, opts))
         region_dir = paths.claim_dir(p.uid)

@@ -8,6 +8,8 @@ plugin builds its Allocate answer: the device plugin's Allocate
 * :func:`visible_devices` / :func:`cuda_visible_devices`: which GPUs the process sees;
 * :func:`limit_env`: a grant (:class:`Limits`) and the node's knobs (:class:`Options`) as
   libvgpu's variables (memory per device, compute share, region file, priority, policy, ...);
+  :func:`device_limits` builds the grant of several devices, each with its own memory and
+  compute share;
 * :func:`container_region` / :func:`claim_region`: the shared-region file, as the container
   sees it (``<hook>/vgpu/<name>.cache``, deterministic);
 * :func:`container_mounts`: the host driver directories, then ``libvgpu.so``, the region
@@ -58,7 +60,7 @@ VISIBLE_DEVICES = names.ENV_VISIBLE_DEVICES
 CUDA_VISIBLE_DEVICES = names.ENV_CUDA_VISIBLE_DEVICES
 #: memory limit; ``_<i>`` per visible device, unsuffixed for every device
 MEMORY_LIMIT = names.ENV_MEMORY_LIMIT
-#: compute share in percent (one value for every device)
+#: compute share in percent; ``_<i>`` per visible device, unsuffixed for every device
 SM_LIMIT = names.ENV_SM_LIMIT
 #: the shared-region file
 SHARED_CACHE = names.ENV_SHARED_CACHE
@@ -88,10 +90,11 @@ class Limits:
     """One grant as libvgpu reads it."""
 
     memory: tuple[str, ...]  # per visible device, in libvgpu's size grammar ("3000m", bytes)
-    cores: int | str | None  # percent; None: unset
+    cores: int | str | None  # percent, the unindexed share; None: unset
     region: str  # the shared-region file, as the process sees it
     priority: int | str | None = None  # None: unset
     all_devices_memory: str | None = None  # the unindexed limit; None: unset
+    device_cores: tuple[int | str, ...] = ()  # percent per visible device (``_<i>``); (): none
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,29 @@ def mib(value: int) -> str:
     return f"{value}m"
 
 
+def device_limits(
+    memory_mib: Sequence[int], cores: Sequence[int], region: str, priority: int | str | None = None
+) -> Limits:
+    """The grant of several devices, the i-th with ``memory_mib[i]`` and ``cores[i]``, i being
+    the device's index as the container sees it. Memory is always per device
+    (``CUDA_DEVICE_MEMORY_LIMIT_<i>``). The unindexed ``CUDA_DEVICE_SM_LIMIT`` is the first
+    device's share, as HAMi writes it; when the shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>`` gives
+    each device its own (libvgpu and HAMi-core prefer the indexed one), so a grant with equal
+    shares keeps HAMi's exact env. E.g. (3000, 5000) MiB with (30, 60) percent:
+    ``_0=3000m _1=5000m``, ``SM_LIMIT=30 SM_LIMIT_0=30 SM_LIMIT_1=60``."""
+    if not memory_mib or len(memory_mib) != len(cores):
+        raise ValueError(
+            f"device_limits: one memory and one core share per device, got {len(memory_mib)} and {len(cores)}"
+        )
+    return Limits(
+        memory=tuple(mib(m) for m in memory_mib),
+        cores=cores[0],
+        region=region,
+        priority=priority,
+        device_cores=tuple(cores) if len(set(cores)) > 1 else (),
+    )
+
+
 # ------------------------------------------------------------------------------- env
 
 
@@ -142,6 +168,7 @@ def limit_env(limits: Limits, opts: Options) -> dict[str, str]:
         env[MEMORY_LIMIT] = limits.all_devices_memory
     if limits.cores is not None:
         env[SM_LIMIT] = str(limits.cores)
+    env.update({f"{SM_LIMIT}_{i}": str(c) for i, c in enumerate(limits.device_cores)})
     env[SHARED_CACHE] = limits.region
     if opts.memory_oversubscribe:
         env[OVERSUBSCRIBE] = "true"
