@@ -1000,6 +1000,16 @@ def test_property_the_search_finds_the_allocators_first_placement(gpus, claims, 
         assert fit.why_not_claims(devs, asks, found).startswith(f"claim {asks[max(found.stuck, 0)].name}")
 
 
+def test_a_constraint_on_a_standard_attribute_reads_it_under_its_own_domain():
+    """resource.kubernetes.io/numaNode is that name, not gpu.hami.io/resource.kubernetes.io/..."""
+    gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", 0, numa_node=n) for i, n in enumerate((0, 1, 1))]
+    devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())
+    two = [fit.Request("gpu", "gpu.hami.io", 2, {"memory": "1Gi"})]
+    picks = fit.allocate(devs, two, [{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/numaNode"}])
+    assert [p.device.device for p in picks] == ["gpu-1", "gpu-2"]
+    assert fit.allocate(devs, two, [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]) is None  # none has one
+
+
 def test_constraints_read_as_the_allocator_reads_them():
     gpus = [PhysicalGPU(i, f"GPU-{i}", "T4", 15360, "", i // 2) for i in range(4)]
     devs = list(fit.devices_of([resource_slice("a", gpus, SliceSettings())]).values())

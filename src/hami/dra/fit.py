@@ -193,7 +193,8 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
             caps = d.get("capacity") or {}
             total = {k: _int((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
             policies = {k: _policy(caps.get(k) or {}, total[k], k) for k in CAPACITIES}
-            attrs = {f"{DRIVER}/{k}": _attr_value(v) for k, v in (d.get("attributes") or {}).items()}
+            # a qualified name keeps its domain (resource.kubernetes.io/numaNode); a plain one is ours
+            attrs = {k if "/" in k else f"{DRIVER}/{k}": _attr_value(v) for k, v in (d.get("attributes") or {}).items()}
             uuid = attrs.get(f"{DRIVER}/uuid") or ""
             out[(pool, d.get("name", ""))] = DeviceUse(
                 pool,
