@@ -84,6 +84,7 @@ def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
     [
         ("550.54.15", "550.54.15"),
         ("535.104.05", "535.104.5"),  # a leading zero is not semver
+        ("580.159.04", "580.159.4"),  # NVML on an H200 node
         ("8.6", "8.6.0"),
         ("12", "12.0.0"),
         (" 9.0\n", "9.0.0"),

@@ -30,6 +30,14 @@ def test_pcie_root_is_the_first_directory_below_devices(tmp_path, relative):
     assert pcie_root(tmp_path, BDF) == "pci0000:3a"
 
 
+def test_pcie_root_of_a_gpu_right_below_its_root_port(tmp_path):
+    """As an H200 VM showed it (driver 580.159.04): /sys/bus/pci/devices/0000:00:06.0 ->
+    ../../../devices/pci0000:00/0000:00:06.0, numa_node -1 (no affinity)."""
+    link_device(tmp_path, bdf="0000:00:06.0", path="pci0000:00/0000:00:06.0", numa=-1)
+    assert pcie_root(tmp_path, "0000:00:06.0") == "pci0000:00"
+    assert sysfs_numa(tmp_path, "0000:00:06.0") is None
+
+
 def test_pcie_root_is_the_root_complex_also_behind_switches(tmp_path):
     link_device(tmp_path, path=f"pci0001:80/0001:80:01.0/0001:81:00.0/0001:82:08.0/{BDF}")
     assert pcie_root(tmp_path, BDF) == "pci0001:80"
