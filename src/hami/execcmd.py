@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hami.node import contract
-from hami.node.layout import LIBRARY_NAME
+from hami.node.layout import HookPaths
 
 # Same grammar as libvgpu (native/libvgpu/config.c): bytes, k/m/g/t and Ki/Mi/Gi/Ti(B)
 # binary, KB/MB/GB/TB decimal, fractions allowed with a suffix.
@@ -47,7 +47,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F-]+$")
-INSTALLED_LIB = Path("/usr/local/vgpu") / LIBRARY_NAME
+INSTALLED_LIB = Path(HookPaths().library)
 
 
 class ExecError(ValueError):

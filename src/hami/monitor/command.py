@@ -23,6 +23,8 @@ from typing import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
+from hami.node.layout import HookPaths
+
 from .containers import remove, scan, scan_claims, stale
 from .exporter import MonitorCollector, PodRef
 from .feedback import Reading, Writes, decide, release
@@ -63,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", default=env("NODE_NAME", ""), help="this node (env NODE_NAME)")
     p.add_argument(
         "--hook-path",
-        default=env("HOOK_PATH", "/usr/local/vgpu"),
+        default=env("HOOK_PATH", HookPaths().vgpu_dir),
         help="regions are read from <hook-path>/containers (env HOOK_PATH)",
     )
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .layout import MountSpec, parse_driver_mount
+from .layout import DEFAULT_HOOK_PATH, DEFAULT_LOCK_DIR, MountSpec, parse_driver_mount
 
 
 def driver_mount_arg(text: str) -> MountSpec:
@@ -57,10 +57,10 @@ def add_layout(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
     p.add_argument(
         "--hook-path",
-        default=env("HOOK_PATH", "/usr/local"),
+        default=env("HOOK_PATH", DEFAULT_HOOK_PATH),
         help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)",
     )
-    p.add_argument("--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock")
+    p.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR, help=f"host directory mounted at {DEFAULT_LOCK_DIR}")
     p.add_argument(
         "--driver-mount",
         action="append",

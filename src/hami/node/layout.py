@@ -25,6 +25,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LIBRARY_NAME = "libvgpu.so"
+#: the host's default hook path (HAMi's), and so where libvgpu and the containers' regions live
+DEFAULT_HOOK_PATH = "/usr/local"
+#: the host's default lock directory (mounted at the same path in the container)
+DEFAULT_LOCK_DIR = "/tmp/vgpulock"
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,8 @@ class HookPaths:
     driver kept in ``/home/kubernetes/bin/nvidia`` and shown at ``/usr/local/nvidia``).
     """
 
-    hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
+    hook_path: str = DEFAULT_HOOK_PATH
+    lock_dir: str = DEFAULT_LOCK_DIR
     driver_mounts: tuple[MountSpec, ...] = ()
 
     @property
