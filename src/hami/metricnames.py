@@ -3,7 +3,8 @@ what was allocated) and the node monitor's (:mod:`hami.monitor.exporter`, what i
 
 Owns the ``zone`` label value every HAMi metric carries, ``hami_build_info`` (its name, labels
 and values), and the names of the monitor's metrics that another program reads back (the web
-UI's live usage, :mod:`hami.ui.live`). Each endpoint's other families are named in its own module.
+UI's live usage, :mod:`hami.ui.live`), and the DRA node agent's families (its optional third
+endpoint, :mod:`hami.draplugin.metrics`). Each other endpoint's families are named in its own module.
 It does not collect or format anything. Imports only the standard library and ``hami``'s version.
 """
 
@@ -24,6 +25,16 @@ HOST_MEMORY_USED = "hami_host_gpu_memory_used_bytes"  # per device: label device
 HOST_UTILIZATION = "hami_host_gpu_utilization_ratio"
 CONTAINER_MEMORY_USED = "hami_vgpu_memory_used_bytes"  # per container: namespace, pod, container, device_uuid
 CONTAINER_UTILIZATION = "hami_container_device_utilization_ratio"
+
+# the DRA node agent (`hami dra --metrics-bind-address`): its prepare/unprepare work and the sweep
+DRA_PREPARE_TOTAL = "hami_dra_prepare_total"  # counter, label result: ok / error (one per claim)
+DRA_PREPARE_SECONDS = "hami_dra_prepare_seconds"  # histogram: one claim's prepare
+DRA_UNPREPARE_TOTAL = "hami_dra_unprepare_total"  # counter, label result (the kubelet's calls)
+DRA_UNPREPARE_SECONDS = "hami_dra_unprepare_seconds"  # histogram: one claim's unprepare
+DRA_PREPARED_CLAIMS = "hami_dra_prepared_claims"  # gauge: claims in the checkpoint
+DRA_PREPARED_DEVICES = "hami_dra_prepared_devices"  # gauge: their devices (one per GPU share)
+DRA_SWEPT_CLAIMS_TOTAL = "hami_dra_swept_claims_total"  # counter, label reason: deleted / recreated
+DRA_SWEEP_ERRORS_TOTAL = "hami_dra_sweep_errors_total"  # counter: claims the sweep could not check
 
 
 def build_info_values() -> tuple[str, ...]:

@@ -79,3 +79,13 @@ class Checkpoint:
     def uids(self) -> list[str]:
         with self._lock:
             return sorted(self._claims)
+
+    def refs(self) -> dict[str, tuple[str, str]]:
+        """Each prepared claim's (namespace, name), by UID ("" where an entry lacks one)."""
+        with self._lock:
+            return {uid: (str(e.get("namespace") or ""), str(e.get("name") or "")) for uid, e in self._claims.items()}
+
+    def counts(self) -> tuple[int, int]:
+        """(claims, devices) prepared: the metrics' gauges."""
+        with self._lock:
+            return len(self._claims), sum(len(e.get("devices") or ()) for e in self._claims.values())

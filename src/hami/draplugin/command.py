@@ -1,6 +1,7 @@
 """``hami dra``: the node agent of the DRA driver ``gpu.hami.io`` (or, with ``--dry-run``, what it
 would publish). Parses flags and wires the parts: NVML discovery, the slice publisher, the kubelet
-plugin, health. See docs/dra.md."""
+plugin, health, the sweep of claims the kubelet never unprepared, the metrics listener. See
+docs/dra.md."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +26,33 @@ from .prepare import Paths
 
 log = logging.getLogger("hami.dra")
 EXIT_CONFIG, EXIT_NVML = 2, 3
+DEFAULT_SWEEP = "5m"
+
+
+class UsageError(ValueError):
+    """A flag's value is wrong; the message names the flag and the value."""
+
+
+def parse_bind(text: str, flag: str = "--metrics-bind-address") -> tuple[str, int] | None:
+    """``host:port`` or ``:port`` (every address); "" is None (no listener)."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f'{flag}: invalid address {text!r} (use host:port or :port, or "" for none)')
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_interval(text: str, flag: str = "--sweep-interval") -> float:
+    """``30s``, ``5m``, ``1h``, ``1h30m`` or plain seconds; 0 turns it off."""
+    t = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
+    if not t or not m or not any(m.groups()):
+        raise UsageError(f"{flag}: invalid duration {text!r} (use e.g. 30s, 5m, 1h; 0 turns it off)")
+    h, mi, sec = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + sec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +84,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="print what each gpu.hami.io GPU holds and, for the pod's unallocated claims, why they do not "
         "fit there; reads the cluster (--kubeconfig), needs no node, NVML or --node-name",
     )
+    p.add_argument(
+        "--metrics-bind-address",
+        default="",
+        help="serve the agent's prepare/unprepare/sweep metrics on host:port or :port, e.g. :9396 "
+        "(default: no listener)",
+    )
+    p.add_argument(
+        "--sweep-interval",
+        default=DEFAULT_SWEEP,
+        help="how often prepared claims are checked against the API server and the gone ones "
+        "unprepared (e.g. 30s, 5m; 0 turns it off; default %(default)s)",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -83,8 +124,10 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
     from hami.kube.client import KubeClient, KubeError
 
     from .checkpoint import Checkpoint
+    from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, socket_paths
     from .publisher import apply_device_classes, publish_slice
+    from .sweep import sweep_loop
 
     kube = await KubeClient.connect(args.kubeconfig)
     stop = asyncio.Event()
@@ -116,6 +159,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
             read_claim,
             paths,
             contract.options(settings),
+            DriverMetrics(),
         )
         # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
         # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
@@ -124,9 +168,19 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         if missing:  # every claim's container would fail to start on the missing mount source
             log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), paths.vgpu_dir)
             return EXIT_CONFIG
+        metrics_runner = None
+        if args.bind is not None:
+            try:
+                metrics_runner = await driver.metrics.serve(*args.bind)
+                log.info("serving metrics on %s:%d/metrics", args.bind[0], metrics_runner.addresses[0][1])
+            except OSError as exc:  # the plugin matters more than its metrics: go on without them
+                log.error("cannot serve metrics on %s:%d: %s; going on without metrics", *args.bind, exc)
         server = PluginServer(driver, *socket_paths(args.kubelet_dir))
         await server.start()
         changed = asyncio.Event()
+        sweeper = (
+            asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop)) if args.sweep_seconds > 0 else None
+        )
 
         def on_unhealthy(uuids: list[str]) -> None:  # from the watcher thread
             unhealthy.update(uuids)
@@ -161,9 +215,13 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                         log.error("republishing the ResourceSlice failed: %s", exc)
         finally:
             guard.cancel()
+            if sweeper:
+                sweeper.cancel()
             if watcher:
                 watcher.stop()
             await server.stop()
+            if metrics_runner is not None:
+                await metrics_runner.cleanup()
     finally:
         await kube.close()
     return 0
@@ -225,6 +283,12 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_explain(args))
     if not args.node_name:
         print("hami dra: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        args.bind = parse_bind(args.metrics_bind_address)
+        args.sweep_seconds = parse_interval(args.sweep_interval)
+    except UsageError as exc:
+        print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         settings = load_settings(args.node_name, args.config_file, args.node_config)

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -35,6 +36,7 @@ from hami.node.layout import make_claim_dir
 
 from .api import DRA_SERVICE, PLUGIN_TYPE, load
 from .checkpoint import Checkpoint, CheckpointError
+from .metrics import DriverMetrics
 from .prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 
 class Driver:
     """Prepare/unprepare claims for this node's GPUs. ``read_claim(namespace, name)`` returns the
-    claim as the API server has it (raises on a failed read)."""
+    claim as the API server has it (raises on a failed read). Every prepare and unprepare is counted
+    in ``metrics`` (by default a registry of its own), which also reads the checkpoint's counts."""
 
     def __init__(
         self,
@@ -57,16 +60,28 @@ class Driver:
         read_claim: ClaimReader,
         paths: Paths = Paths(),
         options: Options = Options(),
+        metrics: DriverMetrics | None = None,
     ) -> None:
         self.node, self.gpus, self.settings = node, tuple(gpus), settings
         self.checkpoint, self.read_claim, self.paths, self.options = checkpoint, read_claim, paths, options
         self._locks: dict[str, asyncio.Lock] = {}
+        self.metrics = metrics if metrics is not None else DriverMetrics()
+        self.metrics.track(lambda: checkpoint.counts()[0], lambda: checkpoint.counts()[1])
 
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """The kubelet's Device entries for the claim; raises PrepareError/CheckpointError/OSError."""
+        start, ok = time.monotonic(), False
+        try:
+            devices = await self._prepare(namespace, name, uid)
+            ok = True
+            return devices
+        finally:
+            self.metrics.observe_prepare(time.monotonic() - start, ok)
+
+    async def _prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         if not uid:
             raise PrepareError(f"claim {namespace}/{name}: uid is empty")
         async with self._lock(uid):
@@ -119,16 +134,27 @@ class Driver:
             return devices
 
     async def unprepare(self, namespace: str, name: str, uid: str) -> None:
+        start, ok = time.monotonic(), False
+        try:
+            await self.release(namespace, name, uid)
+            ok = True
+        finally:
+            self.metrics.observe_unprepare(time.monotonic() - start, ok)
+
+    async def release(self, namespace: str, name: str, uid: str, why: str = "") -> bool:
+        """Remove what was prepared for ``uid`` (CDI spec, region directory, checkpoint entry);
+        False when nothing was. Unprepare, and the sweep (``why`` says why, for the log)."""
         async with self._lock(uid):
             entry = self.checkpoint.get(uid)
             if entry is None:
-                return
+                return False
             Path(entry["cdi_file"]).unlink(missing_ok=True)
             shutil.rmtree(entry.get("claim_dir") or self.paths.claim_dir(uid), ignore_errors=True)
             Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
             self.checkpoint.remove(uid)
-            log.info("unprepared claim %s/%s (%s)", namespace, name, uid)
+            log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
         self._locks.pop(uid, None)
+        return True
 
 
 def _error(exc: BaseException) -> str:

@@ -1,0 +1,104 @@
+"""The periodic sweep of prepared claims that the API server no longer has.
+
+The kubelet unprepares a claim when its last pod on the node is done. When it never does (the
+kubelet restarted and lost track, the claim was force-deleted), the checkpoint would keep the
+claim, its CDI spec and its region directory forever. Every ``--sweep-interval`` the agent reads
+each claim its checkpoint holds from the API server (RBAC ``get`` on ``resourceclaims``, which
+prepare already needs) and unprepares it when the answer is 404 (``deleted``) or a claim of that
+name with another UID (``recreated``: the old one was deleted and a new one made under its name).
+
+Nothing is removed on any other answer: an API error, a timeout or a malformed reply is logged and
+counted (``hami_dra_sweep_errors_total``), and the claim is kept until a later sweep can tell. A
+claim that still exists is kept even while it is being deleted (the kubelet unprepares it then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hami.kube.client import KubeError
+
+from .plugin import Driver
+
+log = logging.getLogger(__name__)
+RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+class ClaimGetter(Protocol):
+    """What the sweep needs of :class:`hami.kube.client.KubeClient`."""
+
+    async def get(self, path: str, **query: Any) -> Any: ...
+
+
+@dataclass
+class SweepResult:
+    kept: list[str] = field(default_factory=list)  # UIDs the API server still has
+    swept: dict[str, str] = field(default_factory=dict)  # UID -> reason (deleted / recreated)
+    errors: dict[str, str] = field(default_factory=dict)  # UID -> why it could not be checked (kept)
+
+
+async def sweep_once(driver: Driver, kube: ClaimGetter) -> SweepResult:
+    """Check every prepared claim once against the API server; unprepare the gone ones."""
+    out = SweepResult()
+    for uid, (namespace, name) in sorted(driver.checkpoint.refs().items()):
+        if not namespace or not name:
+            out.errors[uid] = "the checkpoint entry has no namespace/name"
+            log.warning("sweep: claim %s: the checkpoint has no namespace/name for it; kept", uid)
+            driver.metrics.sweep_errors.inc()
+            continue
+        reason = ""
+        try:
+            claim = await kube.get(RESOURCE_CLAIMS.format(namespace=namespace, name=name))
+        except KubeError as exc:
+            if exc.status != 404:
+                out.errors[uid] = str(exc)
+                log.warning("sweep: cannot read claim %s/%s (%s), kept: %s", namespace, name, uid, exc)
+                driver.metrics.sweep_errors.inc()
+                continue
+            reason = "deleted"
+        except Exception as exc:  # a timeout, a broken connection: never a reason to remove
+            out.errors[uid] = str(exc) or type(exc).__name__
+            log.warning("sweep: cannot read claim %s/%s (%s), kept: %r", namespace, name, uid, exc)
+            driver.metrics.sweep_errors.inc()
+            continue
+        if not reason:
+            meta = claim.get("metadata") if isinstance(claim, dict) else None
+            got = meta.get("uid") if isinstance(meta, dict) else None
+            if not got:
+                out.errors[uid] = "the API server's answer has no metadata.uid"
+                log.warning("sweep: claim %s/%s (%s): the answer has no metadata.uid; kept", namespace, name, uid)
+                driver.metrics.sweep_errors.inc()
+                continue
+            if got == uid:
+                out.kept.append(uid)
+                continue
+            reason = "recreated"
+        why = (
+            "the API server no longer has it" if reason == "deleted" else "the API server has another claim by its name"
+        )
+        if await driver.release(namespace, name, uid, why=f"swept, {why}"):
+            out.swept[uid] = reason
+            driver.metrics.swept.labels(reason).inc()
+    return out
+
+
+async def sweep_loop(driver: Driver, kube: ClaimGetter, interval: float, stop: asyncio.Event) -> None:
+    """:func:`sweep_once` every ``interval`` seconds (the first after one interval) until ``stop``."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+            return
+        except asyncio.TimeoutError:
+            pass
+        try:
+            result = await sweep_once(driver, kube)
+        except Exception:  # a checkpoint write failure: logged, the next round tries again
+            log.exception("sweep failed")
+            continue
+        if result.swept or result.errors:
+            log.info(
+                "sweep: %d kept, %d swept, %d not checked", len(result.kept), len(result.swept), len(result.errors)
+            )
