@@ -257,12 +257,15 @@ def test_claim_configuration_overrides_the_class():
 # ----------------------------------------------------------------------------- checkpoint
 
 
+ENTRY = {"devices": [{"device_name": "gpu-0"}], "cdi_file": "/var/run/cdi/gpu.hami.io-u.json", "cdi_spec": {}}
+
+
 def test_checkpoint_survives_reopen_and_removes(tmp_path):
     cp = Checkpoint(tmp_path / "state" / "checkpoint.json")
     assert cp.get("u") is None
-    cp.put("u", {"devices": [{"device_name": "gpu-0"}]})
+    cp.put("u", ENTRY)
     again = Checkpoint(tmp_path / "state" / "checkpoint.json")
-    assert again.get("u") == {"devices": [{"device_name": "gpu-0"}]} and again.uids() == ["u"]
+    assert again.get("u") == ENTRY and again.uids() == ["u"]
     assert again.remove("u") is not None and again.remove("u") is None
     assert Checkpoint(tmp_path / "state" / "checkpoint.json").uids() == []
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]  # no temporary left
@@ -270,11 +273,37 @@ def test_checkpoint_survives_reopen_and_removes(tmp_path):
 
 @pytest.mark.parametrize(
     "text,match",
-    [("{not json", "not JSON"), (json.dumps({"version": 9, "claims": {}}), "version 9"), (json.dumps([1]), "expected")],
+    [
+        ("{not json", "not JSON"),
+        (json.dumps({"version": 9, "claims": {}}), "version 9"),
+        (json.dumps([1]), "expected"),
+        # found by make fuzz: bytes that are not UTF-8 raised UnicodeDecodeError out of the agent's start
+        (b'{"version": 1, "claims": {"\xff\xfe": 1}}', "not UTF-8"),
+        # found by make fuzz: a record of the wrong shape loaded, then failed every prepare with a TypeError
+        (json.dumps({"version": 1, "claims": {"u": 5}}), "claim 'u': expected an object"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "cdi_file": None}}}), "claim 'u': cdi_file"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "devices": ["x"]}}}), "claim 'u': devices"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "cdi_spec": []}}}), "claim 'u': cdi_spec"),
+    ],
 )
 def test_corrupt_checkpoint_is_an_error_naming_the_file(tmp_path, text, match):
     path = tmp_path / "checkpoint.json"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(CheckpointError, match=match) as err:
         Checkpoint(path)
     assert str(path) in str(err.value)
+
+
+async def test_the_agent_refuses_to_start_on_a_damaged_checkpoint_and_leaves_it(tmp_path, capsys):
+    """Found by make fuzz: a CheckpointError escaped the agent's start as a traceback. It is one line
+    and exit status 2 now, before the API server is called (no kubeconfig is needed to see it)."""
+    import argparse
+
+    from hami.draplugin.command import EXIT_CONFIG, _serve
+
+    (tmp_path / "checkpoint.json").write_bytes(b'{"version": 1, "claims": {"u": 5}}')
+    args = argparse.Namespace(state_dir=str(tmp_path), kubeconfig=str(tmp_path / "no-such-kubeconfig"))
+    assert await _serve(args, None, [], SliceSettings()) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("hami dra: refusing to start: checkpoint ") and "Traceback" not in err
+    assert (tmp_path / "checkpoint.json").read_bytes() == b'{"version": 1, "claims": {"u": 5}}'
