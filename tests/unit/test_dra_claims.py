@@ -284,3 +284,12 @@ async def test_a_required_resource_is_not_taken_as_absent():
     await asyncio.sleep(0.3)
     task.cancel()
     assert not r.synced.is_set() and r.absent is None
+
+
+# found by make fuzz (claim and slice watches): inputs that crashed the watch cache or were misread
+
+
+def test_an_allocation_with_no_results_holds_nothing_and_is_not_an_error():
+    # was ClaimError "results must be a list, got tuple": the empty list was replaced by ()
+    assert claim_usage(claim("c", results=[])) is None
+

@@ -117,7 +117,8 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
     if not isinstance(allocation, Mapping):
         return None
     devices = _object(allocation.get("devices"))
-    results = devices.get("results") or ()
+    results = devices.get("results")
+    results = [] if results is None else results
     if not isinstance(results, list):
         raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")
     shares = []
