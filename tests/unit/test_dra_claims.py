@@ -293,3 +293,15 @@ def test_an_allocation_with_no_results_holds_nothing_and_is_not_an_error():
     # was ClaimError "results must be a list, got tuple": the empty list was replaced by ()
     assert claim_usage(claim("c", results=[])) is None
 
+
+def test_slice_fields_of_the_wrong_type_are_read_as_missing():
+    bad = a_slice("n1")
+    bad["spec"]["devices"][0]["capacity"] = [True, None]  # was AttributeError: 'list' has no 'get'
+    bad["spec"]["devices"][0]["attributes"]["uuid"] = [1, 2]
+    bad["spec"]["devices"][1] = "gpu-1"
+    got = slice_devices([bad])
+    assert list(got) == [("n1", "gpu-0")]
+    assert got[("n1", "gpu-0")]["total"] == {"memory": 0, "cores": 0, "shares": 0}
+    assert got[("n1", "gpu-0")]["uuid"] == ""
+    assert slice_devices([{"spec": {"driver": "gpu.hami.io", "pool": "n1", "devices": {"a": 1}}}]) == {}
+
