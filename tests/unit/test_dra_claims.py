@@ -305,3 +305,17 @@ def test_slice_fields_of_the_wrong_type_are_read_as_missing():
     assert got[("n1", "gpu-0")]["uuid"] == ""
     assert slice_devices([{"spec": {"driver": "gpu.hami.io", "pool": "n1", "devices": {"a": 1}}}]) == {}
 
+
+def test_the_watch_cache_takes_malformed_slices_and_claims_without_an_exception(state):
+    odd = a_slice("n1")
+    odd["spec"]["nodeName"] = {"watch": [1]}  # was TypeError: unhashable type (the recount's node set)
+    state.slice_handler.apply("ADDED", odd)
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1")]
+    state.slice_handler.apply("MODIFIED", {"metadata": {"name": odd["metadata"]["name"]}, "spec": [1]})
+    assert state.dra_devices == {}
+    nameless = claim("c", results=[result("n1")])
+    nameless["metadata"] = []  # was AttributeError in the cache's key; now the key ClaimUsage has too
+    state.claim_handler.apply("ADDED", nameless)
+    assert sorted(state.claims) == ["/"] and state.ledger.claim_keys() == ["/"]
+    state.claim_handler.apply("DELETED", nameless)
+    assert state.claims == {} and state.ledger.claim_keys() == []
