@@ -248,6 +248,54 @@ def test_bad_claims_are_refused_naming_the_field(c, match):
         plan(c, "node-a", GPUS, SliceSettings())
 
 
+# found by make fuzz (DRA gRPC prepare): amounts no allocator could have written became limits;
+# consumedCapacity memory "16106127361" (one byte over the T4's 15360 MiB) gave a 15360m limit,
+# "0" gave "0m" (no limit at all to libvgpu), cores -1 gave CUDA_DEVICE_SM_LIMIT=-1
+@pytest.mark.parametrize(
+    "memory,cores,match",
+    [
+        (str(15360 * MIB + 1), "30", r"consumedCapacity.memory=16106127361: outside the GPU's 1048576..16106127360"),
+        ("0", "30", r"consumedCapacity.memory=0: outside"),
+        ("1048575", "30", r"consumedCapacity.memory=1048575: outside"),
+        ("-1Mi", "30", r"consumedCapacity.memory=-1048576: outside"),
+        ("3000Mi", "-1", r"consumedCapacity.cores=-1: outside the GPU's 0..100"),
+        ("3000Mi", "101", r"consumedCapacity.cores=101: outside"),
+    ],
+)
+def test_consumed_amounts_outside_the_gpu_are_refused(memory, cores, match):
+    with pytest.raises(PrepareError, match=match) as err:
+        plan(claim([result(memory=memory, cores=cores)]), "node-a", GPUS, SliceSettings())
+    assert "ResourceClaim ns/c1" in str(err.value)
+    edge = plan(claim([result(memory=f"{15360 * MIB}", cores="100")]), "node-a", GPUS, SliceSettings())
+    assert (edge.shares[0].memory_mib, edge.shares[0].cores) == (15360, 100)
+
+
+# found by make fuzz (DRA gRPC prepare): a configuration or result of the wrong type failed the claim
+# with "'str' object has no attribute 'get'" (naming no claim), and a numeric shareID was written to
+# the checkpoint and then failed every answer to the kubelet
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ([{"requests": 5, "opaque": CLASS_SHARE["opaque"]}], "configuration requests must be a list, got 5"),
+        ([{"opaque": {"driver": DRIVER, "parameters": ["x"]}}], "configuration parameters must be an object"),
+    ],
+)
+def test_configuration_of_the_wrong_type_is_refused_naming_the_claim(config, match):
+    with pytest.raises(PrepareError, match=match) as err:
+        plan(claim([result()], config), "node-a", GPUS, SliceSettings())
+    assert "ResourceClaim ns/c1" in str(err.value)
+
+
+def test_fields_of_the_wrong_type_are_read_as_missing_or_refused_by_name():
+    assert plan(claim([result()], [{"opaque": "x"}]), "node-a", GPUS, SliceSettings()).isolation == "hami-core"
+    assert plan(claim([result()], {"a": 1}), "node-a", GPUS, SliceSettings()).isolation == "hami-core"
+    assert plan(claim([result(share=7)]), "node-a", GPUS, SliceSettings()).shares[0].share_id is None
+    with pytest.raises(PrepareError, match=r"results\[0\].device=\['gpu-0'\]: node node-a has no such GPU"):
+        plan(claim([result(device=["gpu-0"])]), "node-a", GPUS, SliceSettings())
+    odd = {**claim([result()]), "metadata": ["x"]}
+    assert plan(odd, "node-a", GPUS, SliceSettings()).uid == ""
+
+
 def test_claim_configuration_overrides_the_class():
     mine = {"source": "FromClaim", "requests": [], "opaque": CLASS_WHOLE["opaque"]}
     p = plan(claim([result(memory=None)], [mine, CLASS_SHARE]), "node-a", GPUS, SliceSettings())
