@@ -259,11 +259,13 @@ class PluginSurface:
 
     def call(self, method: str, refs: list[tuple[str, str, str]]) -> Any:
         claims = [self.pb.Claim(namespace=ns, name=n, uid=u) for ns, n, u in refs]
-        if method == "prepare":
-            req = self.pb.NodePrepareResourcesRequest(claims=claims)
-            return self.loop.run_until_complete(self.stub.NodePrepareResources(req))
-        req = self.pb.NodeUnprepareResourcesRequest(claims=claims)
-        return self.loop.run_until_complete(self.stub.NodeUnprepareResources(req))
+
+        async def go() -> Any:  # made on the running loop: grpc.aio looks for it when the call is made
+            if method == "prepare":
+                return await self.stub.NodePrepareResources(self.pb.NodePrepareResourcesRequest(claims=claims))
+            return await self.stub.NodeUnprepareResources(self.pb.NodeUnprepareResourcesRequest(claims=claims))
+
+        return self.loop.run_until_complete(go())
 
     def close(self) -> None:
         self.loop.run_until_complete(self.channel.close())
