@@ -97,8 +97,9 @@ unit: $(STAMP) proto
 bench: $(STAMP) native
 	for b in $(filter-out bench/fuzz_inputs.py,$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Every input surface (quantities, registrations, webhook, /filter /bind /webhook, hami simulate)
-# fuzzed with about 100,000 generated inputs; prints inputs / crashes / HTTP 500s / wrong verdicts.
+# Every input surface (quantities, registrations, webhook, /filter /bind /webhook, hami simulate, the UI
+# read API, DRA gRPC prepare/unprepare and CDI files, DRA translation, claim/slice watches, checkpoints)
+# fuzzed with about 130,000 generated inputs; prints inputs / crashes / HTTP 500s / wrong verdicts.
 fuzz: $(STAMP) proto
 	$(BIN)/python bench/fuzz_inputs.py
 

@@ -1,5 +1,8 @@
 """Large fuzz run over every input surface (``make fuzz``): the generators and oracles of
-tests/unit/_fuzzkit.py at a budget of about 100,000 inputs, counting instead of stopping.
+tests/unit/_fuzzkit.py (quantities, registrations, webhook, extender HTTP, simulate),
+_fuzzkit_ui.py (the UI's read API) and _fuzzkit_dra.py (DRA gRPC prepare, CDI directory, DRA
+translation, claim and slice watches, checkpoints) at a budget of about 130,000 inputs, counting
+instead of stopping.
 
 Per surface it prints: inputs tried / crashes (an exception escaped) / HTTP 500s / wrong
 verdicts (a valid input refused or answered wrongly, an invalid one accepted). Exit status 1
@@ -24,6 +27,8 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.unit import _fuzzkit as F  # noqa: E402
+from tests.unit import _fuzzkit_dra as D  # noqa: E402
+from tests.unit import _fuzzkit_ui as U  # noqa: E402
 
 
 class Tally:
@@ -93,11 +98,21 @@ def surfaces(scale: float):
         n(2_000),
     )
     yield "hami simulate: files", F.sim_inputs(), (lambda i: F.check_simulate(sim, i)), n(2_500)
+    # the surfaces added with the DRA front end and the web UI
+    ui = U.UiSurface()
+    yield "UI /api/v1 over a listener", U.ui_requests(), (lambda i: U.check_ui(ui, i)), n(6_000)
+    plugin = D.PluginSurface()
+    yield "DRA gRPC prepare/unprepare", D.plugin_batches(), (lambda i: D.check_plugin(plugin, i)), n(3_000)
+    yield "DRA CDI file damaged", D.cdi_damage(), (lambda i: D.check_cdi_damage(plugin, i)), n(1_000)
+    yield "DRA webhook translation", D.dra_pods(), D.check_translation, n(8_000)
+    yield "claim/slice watch + readers", D.watch_events(), D.check_watch, n(5_000)
+    ck = D.CheckpointSurface()
+    yield "DRA/MIG checkpoint damaged", D.damaged_files(), (lambda i: D.check_checkpoint(ck, i)), n(5_000)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply every budget (1.0: about 100,000 inputs)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every budget (1.0: about 130,000 inputs)")
     parser.add_argument("--only", default="", help="comma-separated words; run the surfaces whose name has one")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # the scheduler logs every refused registration

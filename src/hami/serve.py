@@ -10,7 +10,8 @@ monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listen
   previous answer (idle keep-alive included). aiohttp has neither.
 - request limits: request line and each header field at most ``MAX_HEADER_BYTES``, at most
   ``MAX_HEADERS`` headers, compressed bodies not decoded, a body size per application
-  (:func:`application`) and a body deadline (:func:`read_body`, ``BODY_TIMEOUT``: 408).
+  (:func:`application`) and a body deadline (:func:`read_body`, ``BODY_TIMEOUT``: 408). A
+  request refused by these limits or by the parser is one line in the log, not a traceback.
 - :class:`CertReloader`: the TLS context (TLS 1.2 or later, an optional client CA) whose
   certificate, key and client CA are re-read when their files change.
 - ``SECURITY_HEADERS`` and :func:`security_headers`, for listeners that serve a browser.
@@ -35,6 +36,7 @@ import sys
 from typing import Any, Awaitable, Callable, Iterable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
 HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect or the previous answer
@@ -55,6 +57,18 @@ SECURITY_HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _ServerLog(logging.LoggerAdapter):
+    """aiohttp's server logger, except that a request its parser refuses (a line or header too
+    long, too many headers, a malformed head: the client's error, answered 400/431) is one line at
+    INFO instead of "Error handling request" at ERROR with a traceback."""
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self.logger.info("request refused: " + str(msg) + ": %s", *args, str(exc_info).splitlines()[0][:200])
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 # ---------------------------------------------------------------------------- connections
@@ -222,6 +236,7 @@ async def start(
         max_field_size=MAX_HEADER_BYTES,
         max_headers=MAX_HEADERS,
         lingering_time=LINGER,
+        logger=_ServerLog(logging.getLogger("aiohttp.server"), {}),
     )
     await runner.setup()
     guard.install(runner.server)

@@ -89,6 +89,17 @@ def test_mig_registration_counts_non_overlapping_placements():
         ("{not json", "is unreadable"),
         ('{"version": 2, "entries": []}', "expected"),
         ('{"version": 1, "entries": [{"pod_uid": "u"}]}', "entry 0 is invalid"),
+        # found by make fuzz: fields of the wrong type loaded, to fail later in arithmetic or NVML calls
+        (
+            '{"version": 1, "entries": [{"pod_uid": "u", "pod": "ns/p", "container": 0, "device": 0, '
+            '"gpu_uuid": "GPU-x", "profile": "1g.10gb", "start": 0, "size": {"then": null}}]}',
+            r"entry 0 is invalid \(size=\{'then': None\}\)",
+        ),
+        (
+            '{"version": 1, "entries": [{"pod_uid": "u", "pod": "ns/p", "container": true, "device": 0, '
+            '"gpu_uuid": "GPU-x", "profile": "1g.10gb", "start": 0, "size": 1, "gpu_instance_id": "7"}]}',
+            r"entry 0 is invalid \(container=True, gpu_instance_id='7'\)",
+        ),
     ],
 )
 def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, text, message):

@@ -284,3 +284,38 @@ async def test_a_required_resource_is_not_taken_as_absent():
     await asyncio.sleep(0.3)
     task.cancel()
     assert not r.synced.is_set() and r.absent is None
+
+
+# found by make fuzz (claim and slice watches): inputs that crashed the watch cache or were misread
+
+
+def test_an_allocation_with_no_results_holds_nothing_and_is_not_an_error():
+    # was ClaimError "results must be a list, got tuple": the empty list was replaced by ()
+    assert claim_usage(claim("c", results=[])) is None
+
+
+def test_slice_fields_of_the_wrong_type_are_read_as_missing():
+    bad = a_slice("n1")
+    bad["spec"]["devices"][0]["capacity"] = [True, None]  # was AttributeError: 'list' has no 'get'
+    bad["spec"]["devices"][0]["attributes"]["uuid"] = [1, 2]
+    bad["spec"]["devices"][1] = "gpu-1"
+    got = slice_devices([bad])
+    assert list(got) == [("n1", "gpu-0")]
+    assert got[("n1", "gpu-0")]["total"] == {"memory": 0, "cores": 0, "shares": 0}
+    assert got[("n1", "gpu-0")]["uuid"] == ""
+    assert slice_devices([{"spec": {"driver": "gpu.hami.io", "pool": "n1", "devices": {"a": 1}}}]) == {}
+
+
+def test_the_watch_cache_takes_malformed_slices_and_claims_without_an_exception(state):
+    odd = a_slice("n1")
+    odd["spec"]["nodeName"] = {"watch": [1]}  # was TypeError: unhashable type (the recount's node set)
+    state.slice_handler.apply("ADDED", odd)
+    assert sorted(state.dra_devices) == [("n1", "gpu-0"), ("n1", "gpu-1")]
+    state.slice_handler.apply("MODIFIED", {"metadata": {"name": odd["metadata"]["name"]}, "spec": [1]})
+    assert state.dra_devices == {}
+    nameless = claim("c", results=[result("n1")])
+    nameless["metadata"] = []  # was AttributeError in the cache's key; now the key ClaimUsage has too
+    state.claim_handler.apply("ADDED", nameless)
+    assert sorted(state.claims) == ["/"] and state.ledger.claim_keys() == ["/"]
+    state.claim_handler.apply("DELETED", nameless)
+    assert state.claims == {} and state.ledger.claim_keys() == []

@@ -382,6 +382,54 @@ def test_bad_claims_are_refused_naming_the_field(c, match):
         plan(c, "node-a", GPUS, SliceSettings())
 
 
+# found by make fuzz (DRA gRPC prepare): amounts no allocator could have written became limits;
+# consumedCapacity memory "16106127361" (one byte over the T4's 15360 MiB) gave a 15360m limit,
+# "0" gave "0m" (no limit at all to libvgpu), cores -1 gave CUDA_DEVICE_SM_LIMIT=-1
+@pytest.mark.parametrize(
+    "memory,cores,match",
+    [
+        (str(15360 * MIB + 1), "30", r"consumedCapacity.memory=16106127361: outside the GPU's 1048576..16106127360"),
+        ("0", "30", r"consumedCapacity.memory=0: outside"),
+        ("1048575", "30", r"consumedCapacity.memory=1048575: outside"),
+        ("-1Mi", "30", r"consumedCapacity.memory=-1048576: outside"),
+        ("3000Mi", "-1", r"consumedCapacity.cores=-1: outside the GPU's 0..100"),
+        ("3000Mi", "101", r"consumedCapacity.cores=101: outside"),
+    ],
+)
+def test_consumed_amounts_outside_the_gpu_are_refused(memory, cores, match):
+    with pytest.raises(PrepareError, match=match) as err:
+        plan(claim([result(memory=memory, cores=cores)]), "node-a", GPUS, SliceSettings())
+    assert "ResourceClaim ns/c1" in str(err.value)
+    edge = plan(claim([result(memory=f"{15360 * MIB}", cores="100")]), "node-a", GPUS, SliceSettings())
+    assert (edge.shares[0].memory_mib, edge.shares[0].cores) == (15360, 100)
+
+
+# found by make fuzz (DRA gRPC prepare): a configuration or result of the wrong type failed the claim
+# with "'str' object has no attribute 'get'" (naming no claim), and a numeric shareID was written to
+# the checkpoint and then failed every answer to the kubelet
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ([{"requests": 5, "opaque": CLASS_SHARE["opaque"]}], "configuration requests must be a list, got 5"),
+        ([{"opaque": {"driver": DRIVER, "parameters": ["x"]}}], "configuration parameters must be an object"),
+    ],
+)
+def test_configuration_of_the_wrong_type_is_refused_naming_the_claim(config, match):
+    with pytest.raises(PrepareError, match=match) as err:
+        plan(claim([result()], config), "node-a", GPUS, SliceSettings())
+    assert "ResourceClaim ns/c1" in str(err.value)
+
+
+def test_fields_of_the_wrong_type_are_read_as_missing_or_refused_by_name():
+    assert plan(claim([result()], [{"opaque": "x"}]), "node-a", GPUS, SliceSettings()).isolation == "hami-core"
+    assert plan(claim([result()], {"a": 1}), "node-a", GPUS, SliceSettings()).isolation == "hami-core"
+    assert plan(claim([result(share=7)]), "node-a", GPUS, SliceSettings()).shares[0].share_id is None
+    with pytest.raises(PrepareError, match=r"results\[0\].device=\['gpu-0'\]: node node-a has no such GPU"):
+        plan(claim([result(device=["gpu-0"])]), "node-a", GPUS, SliceSettings())
+    odd = {**claim([result()]), "metadata": ["x"]}
+    assert plan(odd, "node-a", GPUS, SliceSettings()).uid == ""
+
+
 def test_claim_configuration_overrides_the_class():
     mine = {"source": "FromClaim", "requests": [], "opaque": CLASS_WHOLE["opaque"]}
     p = plan(claim([result(memory=None)], [mine, CLASS_SHARE]), "node-a", GPUS, SliceSettings())
@@ -391,12 +439,15 @@ def test_claim_configuration_overrides_the_class():
 # ----------------------------------------------------------------------------- checkpoint
 
 
+ENTRY = {"devices": [{"device_name": "gpu-0"}], "cdi_file": "/var/run/cdi/gpu.hami.io-u.json", "cdi_spec": {}}
+
+
 def test_checkpoint_survives_reopen_and_removes(tmp_path):
     cp = Checkpoint(tmp_path / "state" / "checkpoint.json")
     assert cp.get("u") is None
-    cp.put("u", {"devices": [{"device_name": "gpu-0"}]})
+    cp.put("u", ENTRY)
     again = Checkpoint(tmp_path / "state" / "checkpoint.json")
-    assert again.get("u") == {"devices": [{"device_name": "gpu-0"}]} and again.uids() == ["u"]
+    assert again.get("u") == ENTRY and again.uids() == ["u"]
     assert again.remove("u") is not None and again.remove("u") is None
     assert Checkpoint(tmp_path / "state" / "checkpoint.json").uids() == []
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]  # no temporary left
@@ -404,11 +455,37 @@ def test_checkpoint_survives_reopen_and_removes(tmp_path):
 
 @pytest.mark.parametrize(
     "text,match",
-    [("{not json", "not JSON"), (json.dumps({"version": 9, "claims": {}}), "version 9"), (json.dumps([1]), "expected")],
+    [
+        ("{not json", "not JSON"),
+        (json.dumps({"version": 9, "claims": {}}), "version 9"),
+        (json.dumps([1]), "expected"),
+        # found by make fuzz: bytes that are not UTF-8 raised UnicodeDecodeError out of the agent's start
+        (b'{"version": 1, "claims": {"\xff\xfe": 1}}', "not UTF-8"),
+        # found by make fuzz: a record of the wrong shape loaded, then failed every prepare with a TypeError
+        (json.dumps({"version": 1, "claims": {"u": 5}}), "claim 'u': expected an object"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "cdi_file": None}}}), "claim 'u': cdi_file"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "devices": ["x"]}}}), "claim 'u': devices"),
+        (json.dumps({"version": 1, "claims": {"u": {**ENTRY, "cdi_spec": []}}}), "claim 'u': cdi_spec"),
+    ],
 )
 def test_corrupt_checkpoint_is_an_error_naming_the_file(tmp_path, text, match):
     path = tmp_path / "checkpoint.json"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(CheckpointError, match=match) as err:
         Checkpoint(path)
     assert str(path) in str(err.value)
+
+
+async def test_the_agent_refuses_to_start_on_a_damaged_checkpoint_and_leaves_it(tmp_path, capsys):
+    """Found by make fuzz: a CheckpointError escaped the agent's start as a traceback. It is one line
+    and exit status 2 now, before the API server is called (no kubeconfig is needed to see it)."""
+    import argparse
+
+    from hami.draplugin.command import EXIT_CONFIG, _serve
+
+    (tmp_path / "checkpoint.json").write_bytes(b'{"version": 1, "claims": {"u": 5}}')
+    args = argparse.Namespace(state_dir=str(tmp_path), kubeconfig=str(tmp_path / "no-such-kubeconfig"))
+    assert await _serve(args, None, [], SliceSettings()) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("hami dra: refusing to start: checkpoint ") and "Traceback" not in err
+    assert (tmp_path / "checkpoint.json").read_bytes() == b'{"version": 1, "claims": {"u": 5}}'

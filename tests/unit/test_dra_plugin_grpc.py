@@ -184,3 +184,46 @@ async def test_each_claim_fails_alone_with_a_message(root):
         await server.stop()
     assert sorted(p.name for p in (root / "cdi").iterdir()) == ["gpu.hami.io-uid-g.json"]
     assert Checkpoint(root / "state" / "checkpoint.json").uids() == ["uid-g"]
+
+
+async def test_a_uid_that_is_not_one_path_component_is_refused_and_nothing_is_written(root):
+    """Found by make fuzz (DRA gRPC prepare): uid ".." (the API server agreeing) was prepared: its claim
+    directory was <hook>/vgpu/claims/.., the vgpu directory itself, made mode 0777 and removed by
+    unprepare; "a/b" wrote outside the CDI directory."""
+    claims = Claims()
+    for uid in ("..", "a/b", ".hidden"):
+        claims.add(f"c{len(claims.objects)}", uid)
+    server, paths = await start(root, claims)
+    _, dra_sock = socket_paths(root / "kubelet")
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            refs = [claim_ref(name, c["metadata"]["uid"]) for name, c in claims.objects.items()]
+            resp = await stub.NodePrepareResources(dra_pb.NodePrepareResourcesRequest(claims=refs))
+            for ref in refs:
+                assert f"uid {ref.uid!r} is not a Kubernetes UID" in resp.claims[ref.uid].error
+    finally:
+        await server.stop()
+    assert claims.reads == 0 and not (root / "cdi").exists() and not (root / "usr").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "foreign"])
+async def test_a_damaged_cdi_file_of_a_prepared_claim_is_written_again(root, damage):
+    """Found by make fuzz (CDI directory): only a missing file was written again; a truncated one
+    stayed, and every container of the claim failed to start on it."""
+    claims = Claims()
+    claims.add("c1", "uid-1")
+    server, _ = await start(root, claims)
+    _, dra_sock = socket_paths(root / "kubelet")
+    cdi = root / "cdi" / "gpu.hami.io-uid-1.json"
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{dra_sock}") as ch:
+            stub = dra_grpc.DRAPluginStub(ch)
+            req = dra_pb.NodePrepareResourcesRequest(claims=[claim_ref("c1", "uid-1")])
+            assert (await stub.NodePrepareResources(req)).claims["uid-1"].error == ""
+            good = cdi.read_bytes()
+            cdi.write_bytes({"truncated": good[: len(good) // 2], "empty": b"", "foreign": b'{"kind": "x"}'}[damage])
+            assert (await stub.NodePrepareResources(req)).claims["uid-1"].error == ""
+            assert cdi.read_bytes() == good and claims.reads == 1
+    finally:
+        await server.stop()

@@ -96,7 +96,11 @@ async def test_idle_connections_cannot_crowd_out_a_real_client():
         await runner.cleanup()
 
 
-async def test_request_lines_and_header_fields_are_limited():
+async def test_request_lines_and_header_fields_are_limited(caplog):
+    """Each refused request costs one line in the log, not aiohttp's ERROR with a traceback (found by
+    make fuzz on the UI listener: a GET with 70 headers logged "Error handling request" and a
+    traceback of the parser's BadHttpMessage)."""
+    caplog.set_level(logging.DEBUG)
     port = _free_port()
     runner = await serve.start(_echo_app(), "127.0.0.1", port)
     try:
@@ -111,6 +115,9 @@ async def test_request_lines_and_header_fields_are_limited():
             assert r.status == 200
     finally:
         await runner.cleanup()
+    refused = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(refused) == 2 and not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert all("request refused" in r.getMessage() for r in refused), [r.getMessage() for r in refused]
 
 
 # ------------------------------------------------------------------ TLS (moved from test_scheduler_extender/_auth)

@@ -473,3 +473,18 @@ def test_the_openapi_document_is_well_formed():
     assert "NodeList" in refs and refs <= known, refs - known
     served = {path for path in SPEC["paths"]}
     assert served == {*PATHS, "/api/v1/openapi.yaml"}
+
+
+async def test_a_query_parameter_given_twice_is_400_naming_it(cluster):
+    """Found by make fuzz (UI read API): /api/v1/pods?node=gpu-1&node=npu-1 answered for one of the
+    two nodes, silently; which one was aiohttp's choice."""
+    client = await _client(UiApi(cluster, "hami-scheduler", clock=lambda: NOW))
+    try:
+        resp = await client.get("/api/v1/pods?node=gpu-1&node=npu-1")
+        assert resp.status == 400
+        body = await resp.json()
+        assert body == {"error": "query parameter 'node' given 2 times (give it once)"}
+        assert not list(validator_for("/api/v1/pods", "400").iter_errors(body))
+        assert (await client.get("/api/v1/pods?node=gpu-1&namespace=team-a")).status == 200
+    finally:
+        await client.close()

@@ -32,9 +32,9 @@ import json
 import logging
 import os
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hami.core.codec import MigAllocation
 from hami.node.files import write_atomic
@@ -67,8 +67,30 @@ class Entry:
         return f"{self.pod_uid}/{self.container}/{self.device}"
 
 
+#: the JSON types of an Entry's fields (None allowed where the field is optional)
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "pod_uid": (str,),
+    "pod": (str,),
+    "container": (int,),
+    "device": (int,),
+    "gpu_uuid": (str,),
+    "profile": (str,),
+    "start": (int,),
+    "size": (int,),
+    "state": (str,),
+    "gpu_instance_id": (int, type(None)),
+    "compute_instance_id": (int, type(None)),
+    "mig_uuid": (str,),
+}
+
+
+def _typed(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool)
+
+
 class Checkpoint:
-    """``{"version": 1, "entries": [...]}`` in one file, replaced atomically on every change."""
+    """``{"version": 1, "entries": [...]}`` in one file, replaced atomically on every change. An
+    entry whose fields are not of their types is refused on load, as a file that is not JSON is."""
 
     VERSION = 1
 
@@ -93,6 +115,13 @@ class Checkpoint:
                 e = Entry(**raw)
             except TypeError as exc:
                 raise MigError(f"MIG checkpoint {self.path}: entry {i} is invalid ({exc})") from None
+            wrong = [
+                f"{f.name}={getattr(e, f.name)!r}"
+                for f in fields(Entry)
+                if not _typed(getattr(e, f.name), _ENTRY_TYPES[f.name])
+            ]
+            if wrong:
+                raise MigError(f"MIG checkpoint {self.path}: entry {i} is invalid ({', '.join(wrong)})")
             out[e.key] = e
         return out
 

@@ -117,7 +117,8 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
     if not isinstance(allocation, Mapping):
         return None
     devices = _object(allocation.get("devices"))
-    results = devices.get("results") or ()
+    results = devices.get("results")
+    results = [] if results is None else results
     if not isinstance(results, list):
         raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")
     shares = []
@@ -159,31 +160,41 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
 
 def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """``(pool, device) -> {uuid, index, model, numa, total: {memory, cores, shares}}`` for every
-    device of this driver's ResourceSlices (values the API could not have stored are 0)."""
+    device of this driver's ResourceSlices (values the API could not have stored are 0, or empty;
+    a field of the wrong type is read as missing, a device that is not an object is skipped)."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for s in slices:
-        spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
+        spec = _object(_object(s).get("spec"))
         if spec.get("driver") != DRIVER:
             continue
-        pool = (spec.get("pool") or {}).get("name") or spec.get("nodeName") or ""
-        for d in spec.get("devices") or ():
-            attrs = d.get("attributes") or {}
-            caps = d.get("capacity") or {}
+        pool = _text(_object(spec.get("pool")).get("name")) or _text(spec.get("nodeName"))
+        devices = spec.get("devices")
+        for d in devices if isinstance(devices, list) else ():
+            if not isinstance(d, Mapping):
+                continue
+            attrs = _object(d.get("attributes"))
+            caps = _object(d.get("capacity"))
             total = {}
             for k in CAPACITIES:
                 try:
-                    total[k] = parse_int_quantity((caps.get(k) or {}).get("value", 0), k)
+                    total[k] = parse_int_quantity(_object(caps.get(k)).get("value", 0), k)
                 except QuantityError:
                     total[k] = 0
 
-            def attr(name: str, kind: str, default: Any) -> Any:
-                return (attrs.get(name) or {}).get(kind, default)
+            def attr(name: str, kind: type, default: Any) -> Any:
+                value = _object(attrs.get(name)).get(kind.__name__ if kind is not str else "string", default)
+                return value if isinstance(value, kind) and not isinstance(value, bool) else default
 
-            out[(pool, d.get("name", ""))] = {
-                "uuid": attr("uuid", "string", ""),
-                "index": attr("index", "int", None),
-                "model": attr("type", "string", "") or attr("model", "string", ""),
-                "numa": attr("numa", "int", 0),
+            out[(pool, _text(d.get("name")))] = {
+                "uuid": attr("uuid", str, ""),
+                "index": attr("index", int, None),
+                "model": attr("type", str, "") or attr("model", str, ""),
+                "numa": attr("numa", int, 0),
                 "total": total,
             }
     return out
+
+
+def _text(value: Any) -> str:
+    """A name field: the string, or "" for anything else."""
+    return value if isinstance(value, str) else ""

@@ -8,8 +8,10 @@ CDI file rewritten if it went missing (``/var/run`` is a tmpfs), without reading
 Unprepare of an unknown claim succeeds. Every change goes through the node's one durable writer
 (:func:`hami.node.files.write_atomic`: temporary file, fsync, rename, fsync of the directory), so a
 crash leaves either the old or the new record, never half of one.
-A corrupt file is an error naming the path, not an empty record: silently forgetting prepared
-claims would leak CDI specs and shared regions.
+A corrupt file (not UTF-8, not JSON, another envelope, a claim's record without the fields
+prepare and unprepare read back) is an error naming the path, not an empty record: silently
+forgetting prepared claims would leak CDI specs and shared regions. The agent then refuses to
+start and leaves the file as it is, for someone to look at (docs/dra.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,23 @@ class CheckpointError(Exception):
     """The checkpoint file cannot be read or written; the message names the file."""
 
 
+def _entry_problem(entry: Any) -> str:
+    """What is wrong with one claim's record ("" when nothing): the fields prepare and unprepare
+    read back (``devices``, ``cdi_file``, ``cdi_spec``, ``claim_dir``) must have their types."""
+    if not isinstance(entry, dict):
+        return f"expected an object, got {type(entry).__name__}"
+    devices = entry.get("devices")
+    if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
+        return "devices: expected a list of objects"
+    if not isinstance(entry.get("cdi_file"), str) or not entry["cdi_file"]:
+        return "cdi_file: expected a path"
+    if not isinstance(entry.get("cdi_spec"), dict):
+        return "cdi_spec: expected an object"
+    if not isinstance(entry.get("claim_dir", ""), str):
+        return "claim_dir: expected a path"
+    return ""
+
+
 class Checkpoint:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -41,6 +60,8 @@ class Checkpoint:
             return {}
         except OSError as exc:
             raise CheckpointError(f"checkpoint {self.path}: cannot read: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"checkpoint {self.path}: not UTF-8 text ({exc})") from None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -50,6 +71,10 @@ class Checkpoint:
                 f'checkpoint {self.path}: expected {{"version": {VERSION}, "claims": {{...}}}}, '
                 f"got version {doc.get('version') if isinstance(doc, dict) else None!r}"
             )
+        for uid, entry in doc["claims"].items():
+            bad = _entry_problem(entry)
+            if bad:
+                raise CheckpointError(f"checkpoint {self.path}: claim {uid!r}: {bad}")
         return doc["claims"]
 
     def _save(self) -> None:

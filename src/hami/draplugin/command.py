@@ -123,12 +123,17 @@ def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
 async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s: SliceSettings) -> int:
     from hami.kube.client import KubeClient, KubeError
 
-    from .checkpoint import Checkpoint
+    from .checkpoint import Checkpoint, CheckpointError
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, socket_paths
     from .publisher import apply_device_classes, publish_slice
     from .sweep import sweep_loop
 
+    try:  # before anything is published: a damaged record is left as it is, for someone to look at
+        checkpoint = Checkpoint(Path(args.state_dir) / "checkpoint.json")
+    except CheckpointError as exc:
+        print(f"hami dra: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     kube = await KubeClient.connect(args.kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -155,7 +160,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
             args.node_name,
             gpus,
             s,
-            Checkpoint(Path(args.state_dir) / "checkpoint.json"),
+            checkpoint,
             read_claim,
             paths,
             contract.options(settings),

@@ -14,6 +14,8 @@ reads it from the API server (with RBAC ``get`` on ``resourceclaims``) and check
 A failure of one claim is reported in that claim's ``error`` field (the kubelet retries); the
 RPC itself never fails for a bad claim, and nothing is half-applied: the CDI file is written
 before the checkpoint records the claim, and a checkpoint write failure removes the file again.
+A claim prepared before is answered from the checkpoint, its CDI file written again when it is
+missing or is not the recorded spec (truncated, emptied, replaced).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -44,6 +47,8 @@ dra_pb, dra_grpc = load("dra")
 reg_pb, reg_grpc = load("registration")
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+#: a claim UID as the API server makes them (a UUID), or any name safe as one path component
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class Driver:
@@ -84,15 +89,19 @@ class Driver:
     async def _prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         if not uid:
             raise PrepareError(f"claim {namespace}/{name}: uid is empty")
+        if not _UID.fullmatch(uid):  # it names files and a directory: "..", "a/b" must not reach them
+            raise PrepareError(f"claim {namespace}/{name}: uid {uid[:80]!r} is not a Kubernetes UID")
         async with self._lock(uid):
             done = self.checkpoint.get(uid)
             if done is not None:
                 cdi = Path(done["cdi_file"])
-                if not cdi.exists():  # e.g. /var/run is a tmpfs and the node rebooted
+                # gone (/var/run is a tmpfs and the node rebooted) or damaged: written again
+                if _read_json(cdi) != done["cdi_spec"]:
                     write_document(done["cdi_spec"], cdi)
                 return done["devices"]
             claim = await self.read_claim(namespace, name)
-            got = (claim.get("metadata") or {}).get("uid")
+            meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+            got = meta.get("uid") if isinstance(meta, Mapping) else None
             if got != uid:
                 raise PrepareError(
                     f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
@@ -155,6 +164,14 @@ class Driver:
             log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
         self._locks.pop(uid, None)
         return True
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON document in ``path``; None when it cannot be read or parsed (or is a directory)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
 
 
 def _error(exc: BaseException) -> str:

@@ -53,6 +53,7 @@ from hami.dra.model import (
     SliceSettings,
     device_name,
     memory_bytes,
+    total_cores,
 )
 from hami.node import contract
 from hami.node.cdi import mount_edit
@@ -126,15 +127,21 @@ def _isolation(config: Sequence[Any], request: str, where: str) -> str:
     """The class or claim configuration for ``request`` (claim configuration wins, later wins)."""
     chosen = "hami-core"
     ordered = sorted(
-        (c for c in config or () if isinstance(c, Mapping)), key=lambda c: 0 if c.get("source") == "FromClass" else 1
+        (c for c in config if isinstance(c, Mapping)) if isinstance(config, list) else (),
+        key=lambda c: 0 if c.get("source") == "FromClass" else 1,
     )
     for c in ordered:
-        if c.get("requests") and request not in c["requests"] and request.split("/")[0] not in c["requests"]:
+        names = c.get("requests")
+        if names and not isinstance(names, list):
+            raise PrepareError(f"{where}: configuration requests must be a list, got {names!r:.60}")
+        if names and request not in names and request.split("/")[0] not in names:
             continue
-        opaque = c.get("opaque") or {}
-        if opaque.get("driver") != DRIVER:
+        opaque = c.get("opaque")
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER:
             continue
         params = opaque.get("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise PrepareError(f"{where}: configuration parameters must be an object, got {params!r:.60}")
         if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
             raise PrepareError(
                 f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
@@ -157,10 +164,18 @@ def _consumed(result: Mapping[str, Any], name: str, where: str) -> int | None:
         raise PrepareError(str(exc)) from None
 
 
+def _check_range(where: str, name: str, value: int, low: int, high: int) -> None:
+    """An amount the device could not have given (no allocator writes it) is refused, never
+    turned into a limit: a negative or zero memory limit means none to libvgpu."""
+    if not low <= value <= high:
+        raise PrepareError(f"{where}.consumedCapacity.{name}={value}: outside the GPU's {low}..{high}")
+
+
 def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings: SliceSettings) -> Plan:
     """This node's part of ``claim``'s allocation. Raises :class:`PrepareError` when the claim is
-    not allocated, names a device this node does not have, or was allocated to another node only."""
-    meta = claim.get("metadata") or {}
+    not allocated, names a device this node does not have, was allocated to another node only, or
+    consumed an amount outside the GPU's capacity (memory 1 MiB .. the GPU's, cores 0 .. its total)."""
+    meta = _get(claim, "metadata") if isinstance(_get(claim, "metadata"), Mapping) else {}
     ref = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
     allocation = _get(claim, "status", "allocation")
     if not isinstance(allocation, Mapping):
@@ -174,7 +189,7 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
         if not isinstance(r, Mapping) or r.get("driver") != DRIVER or r.get("pool") != node:
             continue
         where = f"{ref}: status.allocation.devices.results[{i}]"
-        gpu = by_name.get(r.get("device"))
+        gpu = by_name.get(r["device"]) if isinstance(r.get("device"), str) else None
         if gpu is None:
             raise PrepareError(
                 f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
@@ -193,14 +208,18 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 f"{where}: the whole-GPU class must not ask for part of the memory (consumed {mem} of {full} bytes)"
             )
         cores = _consumed(r, CORES, where)
+        cores = settings.default_cores if cores is None else cores
+        _check_range(where, MEMORY, mem, MIB, full)  # below 1 MiB the limit would read "0m": no limit at all
+        _check_range(where, CORES, cores, 0, total_cores(settings))
+        share_id = r.get("shareID")
         shares.append(
             Share(
                 request=request,
                 device=device_name(gpu.index),
                 uuid=gpu.uuid,
                 memory_mib=mem // MIB,
-                cores=settings.default_cores if cores is None else cores,
-                share_id=r.get("shareID"),
+                cores=cores,
+                share_id=share_id if isinstance(share_id, str) and share_id else None,
                 index=gpu.index,
             )
         )

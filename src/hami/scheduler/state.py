@@ -401,12 +401,15 @@ class ClusterState:
         self._recount_whole_device_claims(None)
 
     def _apply_slice(self, kind: str, obj: dict, recount: bool = True) -> None:
-        """One slice's devices replace what it published before (the others are not re-read)."""
-        name = (obj.get("metadata") or {}).get("name") or ""
+        """One slice's devices replace what it published before (the others are not re-read). A
+        field of the wrong type is read as missing (:func:`hami.dra.claims.slice_devices`)."""
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
         for key in self._slice_keys.pop(name, ()):
             self.dra_devices.pop(key, None)
             self._dra_totals.pop(key, None)
-        if kind == "DELETED" or ((obj.get("spec") or {}).get("driver") != DRA_DRIVER):
+        if kind == "DELETED" or spec.get("driver") != DRA_DRIVER:
             self.slices.pop(name, None)
         else:
             self.slices[name] = obj
@@ -415,13 +418,9 @@ class ClusterState:
             self.dra_devices.update(devices)
             self._dra_totals.update((k, d["total"]) for k, d in devices.items())
         if recount:
-            self._recount_whole_device_claims(
-                {node for node, _ in self._slice_keys.get(name, ())}
-                | {
-                    (obj.get("spec") or {}).get("nodeName") or "",
-                    ((obj.get("spec") or {}).get("pool") or {}).get("name") or "",
-                }
-            )
+            pool = spec.get("pool") if isinstance(spec.get("pool"), Mapping) else {}
+            named = {v for v in (spec.get("nodeName"), pool.get("name")) if isinstance(v, str)}
+            self._recount_whole_device_claims({node for node, _ in self._slice_keys.get(name, ())} | named)
 
     def device_node_names(self) -> list[str]:
         """Nodes with devices on either front end: registered ones and those with DRA GPUs."""
@@ -442,9 +441,10 @@ def _same_allocation(a: Any, b: Any) -> bool:
     } == {v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
 
 
-def _ref(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+def _ref(obj: Mapping[str, Any]) -> str:
+    """``namespace/name``, a missing part empty (as :class:`hami.dra.claims.ClaimUsage` keys a claim)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
 def _not_older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:

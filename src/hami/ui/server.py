@@ -9,7 +9,8 @@ annotation value is copied into its answers, only the ledger's allocations and t
 scheduler's own verdicts.
 
 - ``GET``/``HEAD`` only: any other method is 405 (with ``Allow: GET, HEAD``), on every path.
-- A query parameter an endpoint does not take is 400 naming it; an unknown path is 404.
+- A query parameter an endpoint does not take, or one given twice, is 400 naming it; an unknown
+  path is 404.
 - Strict headers on every answer (:data:`hami.serve.SECURITY_HEADERS`): a Content-Security-Policy
   that allows the page's own assets only (no inline script, no other origin), ``nosniff``, no
   framing, no referrer; no caching of API answers.
@@ -83,6 +84,12 @@ class UiApi:
         return None if self.live is None else self.live.readings
 
     def _answer(self, build: Callable[[dict], dict], request: web.Request) -> web.Response:
+        twice = [k for k in dict.fromkeys(request.query) if len(request.query.getall(k)) > 1]
+        if twice:  # dict() would keep one of them silently
+            n = len(request.query.getall(twice[0]))
+            return web.json_response(
+                {"error": f"query parameter {twice[0]!r} given {n} times (give it once)"}, status=400
+            )
         try:
             doc = build(dict(request.query))
         except model.FilterError as exc:
