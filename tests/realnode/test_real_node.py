@@ -8,6 +8,7 @@ import http.client
 import ipaddress
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -133,11 +134,25 @@ def test_the_api_server_answers_this_machine_and_the_node_s_pods_only(real_clust
     machine must not reach it. "Another machine" is a network namespace on a veth link: it
     reaches a listener on the host's address there, but not the API server's port."""
     port = real_cluster.ports["kube-apiserver"]
-    netns, outer, inner = "hami-test-outside", "hami-out0", "hami-out1"
+    # Short, per-run names (an interface name is at most 15 bytes) so a run killed before its
+    # cleanup leaves nothing this one trips over.
+    tag = f"{os.getpid() % 100000}"
+    outer, inner = f"hmo{tag}a", f"hmo{tag}b"
     host_ip, peer_ip = "10.251.0.1", "10.251.0.2"
 
-    def sh(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), capture_output=True, text=True, check=True)
+    def sh(*argv: str) -> str:
+        done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}"
+        return done.stdout
+
+    # The namespace is held by a process, not mounted under /run/netns: "ip netns add" needs a
+    # bind mount that some CI sandboxes refuse, and leaves a name behind when a run is killed.
+    holder = subprocess.Popen(
+        ["unshare", "--net", "sh", "-c", "echo ready; exec sleep 600"], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ready", "unshare --net did not start"
+    enter = ["nsenter", f"--net=/proc/{holder.pid}/ns/net"]
 
     def connect(target_port: int) -> str:
         code = (
@@ -145,30 +160,27 @@ def test_the_api_server_answers_this_machine_and_the_node_s_pods_only(real_clust
             "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('connected')\n"
             "except OSError as e: print(type(e).__name__)"
         )
-        return subprocess.run(
-            ["ip", "netns", "exec", netns, sys.executable, "-c", code, host_ip, str(target_port)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        return sh(*enter, sys.executable, "-c", code, host_ip, str(target_port)).strip()
 
     import socket as socket_module
 
     listener = socket_module.create_server(("0.0.0.0", 0))
     try:
-        sh("ip", "netns", "add", netns)
+        for stale in re.findall(r"^\d+: (hmo\d+a)[@:]", sh("ip", "-o", "link", "show"), re.M):
+            subprocess.run(["ip", "link", "delete", stale], capture_output=True, check=False)
         sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
-        sh("ip", "link", "set", inner, "netns", netns)
+        sh("ip", "link", "set", inner, "netns", str(holder.pid))
         sh("ip", "addr", "add", f"{host_ip}/30", "dev", outer)
         sh("ip", "link", "set", outer, "up")
-        sh("ip", "netns", "exec", netns, "ip", "addr", "add", f"{peer_ip}/30", "dev", inner)
-        sh("ip", "netns", "exec", netns, "ip", "link", "set", inner, "up")
+        sh(*enter, "ip", "addr", "add", f"{peer_ip}/30", "dev", inner)
+        sh(*enter, "ip", "link", "set", inner, "up")
         assert connect(listener.getsockname()[1]) == "connected"  # the path works
         assert connect(port) in ("TimeoutError", "timeout")  # dropped by the node's HAMI-APISERVER chain
     finally:
         listener.close()
         subprocess.run(["ip", "link", "delete", outer], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "delete", netns], capture_output=True, check=False)
+        holder.kill()
+        holder.wait()
     # and the node's pods still reach it (test_in_cluster_clients_reach_the_api_server_...)
 
 

@@ -107,6 +107,11 @@ def iptables_chains(names: tuple[str, ...] = PROXY_CHAINS) -> list[str]:
     return present
 
 
+def nat_rules() -> str:
+    """The IPv4 nat table as ``iptables -S`` prints it."""
+    return subprocess.run(["iptables", "-w", "-t", "nat", "-S"], capture_output=True, text=True, check=False).stdout
+
+
 @dataclass
 class KubeProxy:
     """kube-proxy for the real node ``node`` (a :class:`hami_devkit.realnode.RealNode`) of ``cluster``."""
@@ -164,6 +169,17 @@ class KubeProxy:
                 raise KubeProxyError(f"kube-proxy exited during start-up:\n{self.component.log_tail()}")
             if time.monotonic() > deadline:
                 raise KubeProxyError(f"kube-proxy not healthy after 60s:\n{self.component.log_tail()}")
+            time.sleep(0.2)
+        # healthy is not programmed: until the kubernetes Service's DNAT rule is in, a connection
+        # to 10.96.0.1:443 leaves the machine (and meets whatever answers there)
+        target = f"--to-destination {NODE_IP}:{self.cluster.ports['kube-apiserver']}"
+        while target not in nat_rules():
+            if not self.component.alive():
+                raise KubeProxyError(f"kube-proxy exited during start-up:\n{self.component.log_tail()}")
+            if time.monotonic() > deadline:
+                raise KubeProxyError(
+                    f"kube-proxy made no rule {target!r} for the kubernetes Service in 60s:\n{self.component.log_tail()}"
+                )
             time.sleep(0.2)
         return self
 
