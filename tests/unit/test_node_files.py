@@ -142,3 +142,69 @@ def test_dra_checkpoint_written_by_the_old_writer_loads(tmp_path):
     path.write_text(json.dumps({"version": 1, "claims": claims}, sort_keys=True, indent=1))
     cp = DraCheckpoint(path)
     assert cp.uids() == ["uid-1"] and cp.get("uid-1") == claims["uid-1"]
+
+
+# --- reading back: only a regular file, never blocking, bounded ---------------------------------
+
+
+def test_read_small_reads_a_regular_file(tmp_path):
+    path = tmp_path / "f.json"
+    path.write_bytes(b'{"a": 1}')
+    assert files.read_small(path) == b'{"a": 1}'
+
+
+def test_read_small_refuses_a_fifo_without_blocking(tmp_path):
+    """A FIFO nobody writes to: a plain open() waits for a writer for ever. (If this test hangs,
+    read_small blocks.)"""
+    fifo = tmp_path / "checkpoint.json"
+    os.mkfifo(fifo)
+    with pytest.raises(files.NotRegularFileError, match="not a regular file") as err:
+        files.read_small(fifo)
+    assert str(fifo) in str(err.value)
+
+
+def test_read_small_refuses_a_directory_and_a_file_past_the_bound(tmp_path):
+    with pytest.raises(IsADirectoryError):
+        files.read_small(tmp_path)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 101)
+    assert files.read_small(big, limit=101) == b"x" * 101
+    with pytest.raises(OSError, match="larger than 100 bytes") as err:
+        files.read_small(big, limit=100)
+    assert str(big) in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        files.read_small(tmp_path / "missing")
+
+
+def test_a_fifo_at_the_dra_checkpoint_is_an_error_naming_it(tmp_path):
+    """Found by make fuzz: a FIFO at the DRA agent's checkpoint path hung its start."""
+    fifo = tmp_path / "checkpoint.json"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="cannot read.*not a regular file") as err:
+        DraCheckpoint(fifo)
+    assert str(fifo) in str(err.value)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # left as it was, for someone to look at
+
+
+def test_a_fifo_at_the_mig_checkpoint_is_an_error_naming_it(tmp_path):
+    from hami.node.nvml import MigError
+
+    fifo = tmp_path / "mig.json"
+    os.mkfifo(fifo)
+    with pytest.raises(MigError, match="unreadable") as err:
+        MigCheckpoint(fifo).load()
+    assert str(fifo) in str(err.value)
+
+
+def test_a_fifo_or_non_utf8_node_config_is_an_error_naming_it(tmp_path):
+    from hami.node.settings import NodeConfigError, _read
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(NodeConfigError, match="cannot read") as err:
+        _read(fifo, json.loads, "node config")
+    assert str(fifo) in str(err.value)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\xfe{")
+    with pytest.raises(NodeConfigError, match="not UTF-8"):
+        _read(bad, json.loads, "node config")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hami.core.codec import MigAllocation
-from hami.node.files import write_atomic
+from hami.node.files import read_small, write_atomic
 from hami.node.nvml import GpuProfile, MigError, MigNvml
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class Checkpoint:
 
     def load(self) -> dict[str, Entry]:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(read_small(self.path))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hami.node.files import write_atomic
+from hami.node.files import read_small, write_atomic
 
 VERSION = 1
 
@@ -55,7 +55,7 @@ class Checkpoint:
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:
-            text = self.path.read_text()
+            text = read_small(self.path).decode()
         except FileNotFoundError:
             return {}
         except OSError as exc:

@@ -34,7 +34,7 @@ import grpc
 
 from hami.dra.model import DRIVER, GpuLike, SliceSettings
 from hami.node.cdi import write_document
-from hami.node.files import write_atomic
+from hami.node.files import read_small, write_atomic
 from hami.node.layout import make_claim_dir
 
 from .api import DRA_SERVICE, PLUGIN_TYPE, load
@@ -169,7 +169,7 @@ class Driver:
 def _read_json(path: Path) -> Any:
     """The JSON document in ``path``; None when it cannot be read or parsed (or is a directory)."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(read_small(path))
     except (OSError, ValueError):
         return None
 

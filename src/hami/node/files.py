@@ -10,6 +10,11 @@ loss). A reader therefore sees the old content or the new, never half of one; a 
 most a dot-named temporary file, which no reader of these directories picks up (CDI runtimes
 read ``*.json``/``*.yaml``; checkpoints are read by name).
 
+It also owns :func:`read_small`, the one way a node program reads such a file back: only a
+regular file, opened without blocking (a FIFO or a device planted at a checkpoint path would
+otherwise hang the program's start for ever), and only up to a bound (a huge file is refused
+instead of read into memory).
+
 What it does not own: what the files contain, their versions and how an old version is read
 (each checkpoint module), and files written in place on purpose (``ld.so.preload`` in
 :mod:`hami.node.layout`, which containers bind-mount by inode).
@@ -19,12 +24,55 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 
 class WriteError(OSError):
     """A file could not be replaced; the message names the file and the reason."""
+
+
+#: the largest node file :func:`read_small` reads (checkpoints, CDI specs, config.json)
+MAX_READ_BYTES = 64 << 20
+
+
+class NotRegularFileError(OSError):
+    """The path exists but is not a regular file (a FIFO, socket, device or directory)."""
+
+
+def read_small(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them.
+
+    Raises ``FileNotFoundError`` when it does not exist, :class:`NotRegularFileError` (an
+    ``OSError``, ``EINVAL``; ``IsADirectoryError`` for a directory) when it is not a regular file, and
+    ``OSError`` (``EFBIG``) when it is larger than ``limit``; the message names the path. Opening
+    never blocks: the file is opened ``O_NONBLOCK`` and checked with ``fstat`` before any read.
+    """
+    target = os.fspath(path)
+    fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a regular file", target)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", target)
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes ({info.st_size})", target)
+        chunks = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:  # it grew while being read
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", target)
+        return data
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hami.config import NvidiaConfig, load_device_config
 from hami.core.errors import ConfigError
 
+from .files import read_small
+
 
 class NodeConfigError(ValueError):
     """A configuration file or value is invalid (the message names file, field and value)."""
@@ -177,11 +179,13 @@ def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) 
 
 def _read(path: Path, loader, what: str) -> Any:
     try:
-        text = path.read_text()
+        text = read_small(path).decode()
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise NodeConfigError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise NodeConfigError(f"{what} {path}: not UTF-8 text ({exc})") from None
     try:
         return loader(text)
     except json.JSONDecodeError as exc:
