@@ -318,6 +318,26 @@ class PluginStandIn:
                 self._release(node, value)
         self._deferred.clear()
 
+    def kill(self) -> None:
+        """As the plugin's process dying: no flush of the delayed lock removals, and every API call
+        still in flight on a worker fails from now on (nothing more is written)."""
+
+        def dead(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionResetError("the plugin stand-in was killed")
+
+        self.api = dead  # type: ignore[assignment]
+        self._stop.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._deferred_wake:
+            self._deferred.clear()
+            self._deferred_wake.notify()
+        self._timer.join(10)
+
     def _release_deferred(self) -> None:
         """One thread for every node's delayed lock removal (the plugin's _release_later)."""
         while not self._stop.is_set():
@@ -426,12 +446,30 @@ class PluginStandIn:
             and (copy["metadata"].get("annotations") or {}).get("hami.io/bind-phase") == "allocating"
         ):
             return copy
-        return self.api("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return self._call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """``self.api`` retried through transient failures (connection refused or reset, 5xx) for
+        up to 15 s, as the plugin's pod and lock writes are (deviceplugin/kube.py: transient);
+        a killed stand-in stops retrying at once."""
+        deadline = time.monotonic() + 15.0
+        while True:
+            try:
+                return self.api(*args, **kwargs)
+            except (OSError, http.client.HTTPException) as exc:
+                error: Exception = exc
+            except ApiError as exc:
+                if exc.status not in (429, 500, 502, 503, 504):
+                    raise
+                error = exc
+            if self._stop.is_set() or time.monotonic() > deadline:
+                raise error
+            self._stop.wait(0.3)
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
             # metadata only, as the plugin reads it (src/hami/deviceplugin/kube.py: node_annotations)
-            self._serve(self.api("GET", f"/api/v1/nodes/{node}", accept=METADATA_ONLY))
+            self._serve(self._call("GET", f"/api/v1/nodes/{node}", accept=METADATA_ONLY))
         except (ApiError, OSError, KeyError, ValueError) as exc:
             self.errors.append(f"{key}: {exc}")
         finally:
@@ -473,7 +511,7 @@ class PluginStandIn:
             self._release(name, raw)
         with self._mutex:
             self._pods.pop(f"{lock.namespace}/{lock.name}", None)  # as PodCache.forget on the plugin's own write
-        self.api(
+        self._call(
             "PATCH",
             f"/api/v1/namespaces/{lock.namespace}/pods/{lock.name}",
             {
@@ -494,7 +532,7 @@ class PluginStandIn:
     def _release(self, node: str, value: str) -> None:
         """The plugin's release (src/hami/deviceplugin/kube.py): remove the lock only while it still
         holds ``value``, in one atomic JSON patch; a changed lock (already taken over) is left."""
-        self.api(
+        self._call(
             "PATCH",
             f"/api/v1/nodes/{node}",
             nodelock.swap_patch(nodelock.NODE_LOCK, value, None),

@@ -886,3 +886,37 @@ def test_decision_write_is_validated():
         parser.parse_args(["--decision-write=later"])
     with pytest.raises(ValueError, match="decision_write"):
         SchedulerService(Options(decision_write="later"), None)
+
+
+async def test_a_lock_a_failed_bind_could_not_give_back_is_removed_by_the_next_sweep():
+    """Found by tests/integration/test_chaos.py: the API server died between a Bind's lock and
+    its Binding, and the release failed too. The lock named a pending pod (live by every
+    stale_reason rule) and blocked the node until its expiry. The value is remembered and the
+    next sweep removes exactly it; a newer value on the node is left alone."""
+    from hami.kube import nodelock
+
+    held = node("n1")
+    svc = service(held)
+    api = FakeNodeApi(held)
+    svc.extender.kube = api
+    value = await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "a"), 5)
+
+    class Down(FakeNodeApi):
+        async def json_patch(self, path, ops):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    down = Down()
+    down.nodes = api.nodes
+    svc.extender.kube = down
+    await svc.extender._release_quietly("n1", "ns", "a", nodelock.HAMI_LOCK, value)
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == value  # still there
+    assert await svc.extender.release_owed() == 0  # still down: kept for the next pass
+    svc.extender.kube = api  # the API server is back
+    assert await svc.extender.sweep_locks() == 1
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
+    assert await svc.extender.release_owed() == 0 and not svc.extender._owed_releases
+    # a value owed but replaced meanwhile (a retried Bind wrote a new one) is not touched
+    newer = await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "b"), 5)
+    svc.extender._owed_releases.add(("n1", nodelock.NODE_LOCK, value))
+    assert await svc.extender.release_owed() == 0 and not svc.extender._owed_releases
+    assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == newer

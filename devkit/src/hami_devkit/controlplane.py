@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
@@ -50,7 +51,7 @@ from hami_devkit.binaries import KUBE_VERSION, MissingBinaries, bin_dir, find_bi
 from hami_devkit.errors import ApiError, ClusterError
 from hami_devkit.kwok import node_manifest
 from hami_devkit.pki import CertificateAuthority, KeyPair, service_account_keys
-from hami_devkit.process import Component, free_port, http_get, insecure_context
+from hami_devkit.process import STOP_TIMEOUT_S, Component, free_port, http_get, insecure_context
 from hami_devkit.schedconfig import DEFAULT_SCHEDULER, ExtenderConfig, SchedulerConfig
 
 START_TIMEOUT_S = 90.0
@@ -166,6 +167,29 @@ class KubeCluster:
             atexit.unregister(self.stop)
             if self._temporary and not (keep_logs or self.keep_workdir) and self.workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart(self, name: str, *, down_for: float = 0.0, kill: bool = True) -> float:
+        """Stop the component ``name`` (SIGKILL of its process group when ``kill``, else SIGTERM
+        first), keep it down for ``down_for`` seconds, start it again with the same arguments
+        (same port, same data directory) and wait until the API server answers ``/readyz``
+        again. Returns the seconds the API was unavailable from the stop until ready (for
+        ``etcd`` and ``kube-apiserver``; other components: until the process runs). For chaos
+        tests: kube-apiserver or etcd restarting under load."""
+        with self._lock:
+            component = self.components.get(name)
+            if component is None:
+                raise ClusterError(f"no component {name!r} (have: {', '.join(self.components)})")
+            began = time.monotonic()
+            if kill and component.process is not None and component.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(component.process.pid, signal.SIGKILL)
+                component.process.wait(STOP_TIMEOUT_S)
+            component.stop()
+            time.sleep(down_for)
+            component.start()
+            if name in ("etcd", "kube-apiserver"):
+                self._wait_ready(component, lambda: self._api_ok("/readyz"))
+            return time.monotonic() - began
 
     def _timed(self, name: str, step: Callable[[], None]) -> None:
         began = time.monotonic()

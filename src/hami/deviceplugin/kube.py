@@ -6,9 +6,13 @@ carry ``metadata.resourceVersion`` and are retried on conflict (§13 pitfall 6).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from typing import Any, Mapping
+import time
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+import aiohttp
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -18,6 +22,39 @@ from hami.kube.client import KubeClient, skip_env_lookups
 from hami.kube.reflector import Reflector
 
 from .allocate import ContainerView, PodCache, PodView
+
+T = TypeVar("T")
+#: how long Allocate's writes ride out an unreachable API server (a kube-apiserver restart takes
+#: seconds); past it the error goes back and the pod is failed as before
+TRANSIENT_BUDGET_S = 15.0
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def transient(exc: BaseException) -> bool:
+    """An error worth retrying an idempotent write for: no connection, a reset, a timeout, or
+    an API server saying it is busy or starting."""
+    if isinstance(exc, ApiException):
+        return exc.status in TRANSIENT_STATUS
+    return isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError))
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]], what: str, budget: float = TRANSIENT_BUDGET_S, delay: float = 0.2
+) -> T:
+    """``await call()``, again after a transient failure, until ``budget`` seconds have passed.
+    Only for idempotent writes (a merge patch of fixed values, a compare-and-remove). Found by
+    tests/integration/test_chaos.py: a kube-apiserver restart during Allocate failed the pod."""
+    deadline = time.monotonic() + budget
+    while True:
+        try:
+            return await call()
+        except Exception as exc:  # noqa: BLE001 - anything not transient is raised as it was
+            if not transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: %s; retrying in %.1fs", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
 
 log = logging.getLogger(__name__)
 MERGE = "application/merge-patch+json"
@@ -159,7 +196,10 @@ class Kube:
         if labels:
             body["metadata"]["labels"] = dict(labels)
         self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
-        written = await self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE)
+        written = await retry_transient(
+            lambda: self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE),
+            f"pod {pod.namespace}/{pod.name}: annotations not written",
+        )
         self.pods.written(
             pod.namespace, pod.name, getattr(getattr(written, "metadata", None), "resource_version", None)
         )
@@ -170,8 +210,11 @@ class Kube:
         took it over for the next pod, which it does as soon as this pod's bind-phase is final),
         nothing is written and that is not an error."""
         try:
-            await self.core.patch_node(
-                self.node_name, nodelock.swap_patch(key, value, None), _content_type="application/json-patch+json"
+            await retry_transient(
+                lambda: self.core.patch_node(
+                    self.node_name, nodelock.swap_patch(key, value, None), _content_type="application/json-patch+json"
+                ),
+                f"node {self.node_name}: lock not released",
             )
         except ApiException as exc:
             if not nodelock.lost_swap(exc):
