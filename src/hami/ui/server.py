@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
+CALLER = web.RequestKey("hami.ui.caller", Caller)
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # what each endpoint needs (docs/ui.md keeps the same table): "ns" = in each namespace shown
 NEEDS = {
@@ -128,7 +129,7 @@ class UiApi:
             return await handler(request)
         try:
             if self.authorizer is not None:
-                request["caller"] = await self.authorizer.authenticate(request.headers.get("Authorization"))
+                request[CALLER] = await self.authorizer.authenticate(request.headers.get("Authorization"))
             return await handler(request)
         except Unauthenticated as exc:
             return _unauthenticated(exc)
@@ -150,7 +151,7 @@ class UiApi:
             )
 
     def _caller(self, request: web.Request) -> Caller | None:
-        return request.get("caller") if self.authorizer is not None else None
+        return request.get(CALLER) if self.authorizer is not None else None
 
     async def _require(self, request: web.Request, perm: Permission) -> None:
         caller = self._caller(request)
