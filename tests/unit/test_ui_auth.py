@@ -34,7 +34,9 @@ from ._vendorkit import config
 from .test_ui_api import NOW, SECRET, gpu_node, gpu_pod, placed, validator_for
 
 TENANT, ADMIN, NOBODY = "tenant-token-aaaa", "admin-token-bbbb", "nobody-token-cccc"
+IDLE = "idle-token-dddd"  # a ServiceAccount of a namespace with no pod yet
 USERS = {
+    IDLE: Identity("system:serviceaccount:team-q:idle", "u-4"),
     TENANT: Identity("system:serviceaccount:team-a:viewer", "u-1", ("system:serviceaccounts",)),
     ADMIN: Identity("admin", "u-2", ("system:masters",)),
     NOBODY: Identity("nobody", "u-3"),
@@ -42,6 +44,7 @@ USERS = {
 # (user, verb, resource, namespace); "" = cluster scope, which covers every namespace
 GRANTS = {
     ("system:serviceaccount:team-a:viewer", "list", "pods", "team-a"),
+    ("system:serviceaccount:team-q:idle", "list", "pods", "team-q"),
     ("admin", "list", "pods", ""),
     ("admin", "list", "nodes", ""),
     ("admin", "list", "resourcequotas", ""),
@@ -196,6 +199,12 @@ async def test_node_and_quota_endpoints_need_their_permissions(shared):
             body = await resp.json()
             assert body["missing"] == missing, path
             assert "gpu-s" not in json.dumps(body)
+        # a ServiceAccount whose namespace has no pod yet: empty answers, not 403
+        for path in ("/api/v1/pods", "/api/v1/pending"):
+            resp = await client.get(path, headers=bearer(IDLE))
+            assert resp.status == 200, path
+            doc = await resp.json()
+            assert doc["items"] == [] and doc.get("othersOnSharedDevices", []) == []
         # a user with no permission at all: 403 on pods too, naming list pods
         resp = await client.get("/api/v1/pods", headers=bearer(NOBODY))
         assert resp.status == 403

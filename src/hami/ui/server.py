@@ -174,7 +174,9 @@ class UiApi:
             return {wanted}
         if caller is None or self.authorizer is None:
             return None
-        visible = await self.authorizer.namespaces(caller, "list", resource, candidates())
+        visible = await self.authorizer.namespaces(
+            caller, "list", resource, self._known_namespaces(caller, candidates())
+        )
         if visible is not None and not visible:
             raise Denied(
                 caller,
@@ -182,6 +184,18 @@ class UiApi:
                 f" or in any namespace that has {resource} here (ask for one with ?namespace=NAME)",
             )
         return visible
+
+    def _known_namespaces(self, caller: Caller, extra: set[str]) -> set[str]:
+        """Where to look for a caller without cluster-wide access: the namespaces of the answer,
+        of every pod in the scheduler's cache (its own and those holding devices) and, for a
+        ServiceAccount, its own namespace (so that a tenant with nothing running yet gets an
+        empty answer, not a 403)."""
+        out = set(extra)
+        out.update(ref.split("/", 1)[0] for ref in getattr(self.source, "pods", {}))
+        parts = caller.identity.username.split(":")
+        if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and parts[2]:
+            out.add(parts[2])
+        return out
 
     @staticmethod
     def _query(request: web.Request) -> dict[str, str]:
