@@ -179,3 +179,86 @@ def test_a_namespace_token_sees_its_pods_and_only_anonymous_totals_of_others(kub
     finally:
         kube_cluster.configure_hami_scheduler(SchedulerConfig())
         proc.stop()
+
+
+def test_the_charts_review_role_is_all_the_scheduler_needs(kube_cluster, two_tenants, tmp_path):
+    """The ClusterRole the chart renders for sign-in (`<release>-scheduler-ui-auth`), applied to a
+    ServiceAccount that has nothing else: with it, the scheduler's review client (KubeReviews over
+    KubeClient, as `hami scheduler` builds it) reviews a token and a permission; without the
+    binding, a review fails (ReviewUnavailable: the UI answers 503, never a pass)."""
+    import asyncio
+
+    import yaml
+
+    from hami.kube.client import KubeClient
+    from hami.ui.auth import KubeReviews, Permission, ReviewUnavailable
+
+    from .test_chart import CHART, KUBE_VERSION
+
+    tag, ns_a, _ = two_tenants
+    helm = _find_helm()
+    out = helm(
+        "template",
+        "hami",
+        str(CHART),
+        "--namespace",
+        ns_a,
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "scheduler.ui.enabled=true",
+    )
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    role = docs[("ClusterRole", "hami-scheduler-ui-auth")]
+    role["metadata"]["name"] = f"ui-auth-ops-{tag}-review"  # a name of this test's own
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    kube_cluster.api("POST", f"{rbac}/clusterroles", role)
+    _sa(kube_cluster, ns_a, "hami-scheduler")
+    _sa(kube_cluster, ns_a, "someone")
+    sched_token, someone = _token(kube_cluster, ns_a, "hami-scheduler"), _token(kube_cluster, ns_a, "someone")
+    config = kube_cluster.write_kubeconfig(tmp_path / "sched.kubeconfig", user={"token": sched_token})
+
+    async def review() -> tuple:
+        kube = await KubeClient.connect(str(config), 10.0)
+        try:
+            reviews = KubeReviews(kube)
+            who = await reviews.token(someone)
+            assert who is not None
+            return who, await reviews.allowed(who, Permission("list", "pods", ns_a))
+        finally:
+            await kube.close()
+
+    try:
+        with pytest.raises(ReviewUnavailable, match="403"):  # no binding yet: fails closed
+            asyncio.run(review())
+        binding = docs[("ClusterRoleBinding", "hami-scheduler-ui-auth")]
+        binding["metadata"]["name"] = f"ui-auth-ops-{tag}-review"
+        binding["roleRef"]["name"] = role["metadata"]["name"]
+        kube_cluster.api("POST", f"{rbac}/clusterrolebindings", binding)
+
+        def works():
+            try:
+                return asyncio.run(review())
+            except ReviewUnavailable:
+                return None  # RBAC caches settle within a moment
+
+        who, allowed = kube_cluster.wait_for(works, "the review role in effect", timeout=30)
+        assert who.username == f"system:serviceaccount:{ns_a}:someone" and allowed is False
+    finally:
+        for kind in ("clusterrolebindings", "clusterroles"):
+            kube_cluster.api("DELETE", f"{rbac}/{kind}/ui-auth-ops-{tag}-review", expect=(200, 202, 404))
+
+
+def _find_helm():
+    import subprocess
+
+    from hami_devkit.binaries import find_binaries
+
+    binary = find_binaries().get("helm")
+    if binary is None:
+        pytest.skip("helm is not installed (scripts/install-kube.sh)")
+
+    def run(*args: str) -> str:
+        return subprocess.run([str(binary), *args], text=True, capture_output=True, timeout=120, check=True).stdout
+
+    return run

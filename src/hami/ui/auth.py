@@ -112,7 +112,9 @@ class KubeReviews:
         user = status.get("user")
         if status.get("authenticated") is not True or not isinstance(user, dict) or not user.get("username"):
             return None
-        extra = user.get("extra") if isinstance(user.get("extra"), dict) else {}
+        extra = user.get("extra")
+        if not isinstance(extra, dict):
+            extra = {}
         return Identity(
             username=str(user["username"]),
             uid=str(user.get("uid") or ""),

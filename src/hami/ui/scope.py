@@ -31,7 +31,8 @@ def pods(doc: dict, visible: set[str] | None) -> dict:
     """The pods answer narrowed to ``visible``, with anonymous totals for the rest (above)."""
     if visible is None:
         return {**doc, "othersOnSharedDevices": []}
-    kept, hidden = [], []
+    kept: list[dict] = []
+    hidden: list[dict] = []
     for item in doc["items"]:
         (kept if _shown(item["namespace"], visible) else hidden).append(item)
     used = {_grant_key(i, g) for i in kept for c in i["containers"] for g in c["grants"]}
