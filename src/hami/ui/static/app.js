@@ -343,6 +343,7 @@
     loading = true;
     try {
       const answers = await Promise.all(API.map(fetchDoc));
+      if (needSignIn) return; // signed out while the answers were on their way: show nothing of them
       docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
       $("session").hidden = !token();
       render();
