@@ -755,7 +755,7 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
 
     publish_node(cluster, node, 2)
     ui_port = free_port()
-    proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}").start()
+    proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}", "--ui-auth=none").start()
     webhook = f"hami-vis-{uuid.uuid4().hex[:6]}"
     register_webhook(cluster, proc.url, webhook, label)
     label_namespace(cluster, ns, label)

@@ -107,6 +107,7 @@ def ui_hami(kube_cluster, monitors, tmp_path_factory):
         kube_cluster,
         f"--device-config-file={cfg}",
         f"--ui-bind=127.0.0.1:{ui_port}",
+        "--ui-auth=none",  # loopback, as behind kubectl port-forward; sign-in: tests/integration/test_ui_auth.py
         f"--ui-monitor-url={monitors.url}",
     ).start()
     kube_cluster.configure_hami_scheduler(

@@ -154,3 +154,12 @@ app.kubernetes.io/name: {{ include "hami.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: hami-dra
 {{- end -}}
+
+{{/* (hami-py) scheduler.ui.auth: token (default) or none; anything else fails the render */}}
+{{- define "hami.ui.auth" -}}
+{{- $auth := .Values.scheduler.ui.auth | default "token" -}}
+{{- if not (has $auth (list "token" "none")) -}}
+{{- fail (printf "scheduler.ui.auth: expected token or none, got %q" $auth) -}}
+{{- end -}}
+{{- $auth -}}
+{{- end -}}

@@ -100,6 +100,7 @@ async def main(opts: Options) -> int:
 
 async def _serve_ui(service, opts: Options):
     """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper."""
+    from hami.ui.auth import Authorizer, KubeReviews
     from hami.ui.live import LiveUsage
     from hami.ui.server import UiApi, serve_ui
 
@@ -110,13 +111,19 @@ async def _serve_ui(service, opts: Options):
             opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names() if n in state.nodes]
         )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
-    api = UiApi(state, opts.scheduler_name, live, synced=service.synced)
+    authorizer = Authorizer(KubeReviews(service.kube)) if opts.ui_auth == "token" else None
+    api = UiApi(state, opts.scheduler_name, live, synced=service.synced, authorizer=authorizer)
     try:
         runner = await serve_ui(api, opts.ui_host, opts.ui_port)
     except OSError as exc:  # as the metrics: scheduling matters more than the page
         log.error("the web UI is NOT served: --ui-bind %s:%d: %s", opts.ui_host, opts.ui_port, exc)
         return None
-    log.info("web UI and /api/v1 on http://%s:%d/ (read-only)", opts.ui_host, opts.ui_port)
+    log.info(
+        "web UI and /api/v1 on http://%s:%d/ (read-only; %s)",
+        opts.ui_host,
+        opts.ui_port,
+        "Kubernetes bearer tokens and RBAC" if authorizer else "NO authentication: --ui-auth=none, loopback",
+    )
     return runner
 
 

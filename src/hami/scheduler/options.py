@@ -99,6 +99,7 @@ class Options:
     ui_host: str = ""
     ui_port: int | None = None
     ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
+    ui_auth: str = "token"  # token: bearer tokens + RBAC (TokenReview, SubjectAccessReview); none: loopback only
 
     @property
     def tls(self) -> bool:
@@ -247,8 +248,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ui-bind",
         default="",
         help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "
-        "never on the --http_bind port; empty = off (default). Anyone who reaches it sees every node's devices "
-        "and every pod's grants (docs/security.md)",
+        "never on the --http_bind port; empty = off (default). Who may read what: --ui-auth (docs/security.md)",
+    )
+    a(
+        "--ui-auth",
+        default="token",
+        choices=("token", "none"),
+        help="who may read /api/v1: 'token' (default) asks every request for a Kubernetes bearer token, checked "
+        "with a TokenReview, and shows what its user may list (SubjectAccessReview); 'none' shows everything to "
+        "whoever connects and is refused unless --ui-bind is a loopback address (kubectl port-forward only)",
     )
     a(
         "--ui-monitor-url",
@@ -337,6 +345,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         ui_host=ui_host,
         ui_port=ui_port,
         ui_monitor_url=args.ui_monitor_url,
+        ui_auth=args.ui_auth,
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
@@ -422,6 +431,12 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
             raise ConfigError(
                 f"--ui-bind: {args.ui_bind!r} is the port of another listener of the scheduler; "
                 f"the UI has a port of its own"
+            )
+        if args.ui_auth == "none" and ui_host not in LOOPBACK:
+            raise ConfigError(
+                f"--ui-auth: 'none' shows every namespace to whoever connects, so it is only allowed on a "
+                f"loopback --ui-bind ({', '.join(sorted(LOOPBACK))}; reached with kubectl port-forward), "
+                f"not on {args.ui_bind!r}; use --ui-auth=token"
             )
     if args.ui_monitor_url:
         if not args.ui_bind:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, pod_key
 from hami.core.explain import pending_verdict
@@ -560,16 +560,18 @@ def pending_document(
     params: Mapping[str, str] | None = None,
     budget_s: float | None = None,
     timer: Callable[[], float] = time.perf_counter,
+    only: Collection[str] | None = None,
 ) -> dict:
     """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace``
-    filters). At most ``MAX_PENDING`` pods are explained, and no more once ``budget_s`` of work
-    is spent (the first pod always is); ``truncated`` says when some were left out."""
+    filters; ``only``: the namespaces a caller may see, None = all). At most ``MAX_PENDING`` pods
+    are explained, and no more once ``budget_s`` of work is spent (the first pod always is);
+    ``truncated`` says when some were left out."""
     q = _check_params(params or {}, ("namespace",))
-    pods = [
-        p
-        for p in pending_pods(source, scheduler_name)
-        if _matches((p.get("metadata") or {}).get("namespace") or "default", q.get("namespace"))
-    ]
+    pods = []
+    for p in pending_pods(source, scheduler_name):
+        ns = (p.get("metadata") or {}).get("namespace") or "default"
+        if _matches(ns, q.get("namespace")) and (only is None or ns in only):
+            pods.append(p)
     budget = PENDING_BUDGET_S if budget_s is None else budget_s
     began = timer()
     items = []

@@ -1,12 +1,20 @@
 """The UI listener of ``hami scheduler`` (``--ui-bind``): the ``/api/v1`` API, its OpenAPI
 document and the page. Read-only.
 
-Who may call it: whoever reaches the listener (plain HTTP, no authentication): the flag is off
-by default, the chart exposes it only when ``scheduler.ui.enabled`` and then as a ClusterIP
-Service (docs/security.md, "The web UI"). So it serves nothing that is not already readable
-by anyone who may ``get`` pods and nodes: no Secret, token, environment variable or
-annotation value is copied into its answers, only the ledger's allocations and the
-scheduler's own verdicts.
+Who may call it (docs/ui.md, "Signing in and permissions"; docs/security.md):
+
+- ``--ui-auth=token`` (the default): every ``/api/`` request carries ``Authorization: Bearer
+  <token>``, a Kubernetes token the API server accepts (TokenReview); each answer needs the RBAC
+  permissions of :data:`NEEDS` (SubjectAccessReview) and shows only the namespaces where the
+  caller may list (:mod:`.auth`, :mod:`.scope`). No token or a bad one: 401 with
+  ``WWW-Authenticate: Bearer``; a missing permission: 403 naming it; a review the API server
+  could not answer: 503. The page, its assets and ``/healthz`` need no token (the page asks for
+  one when the API answers 401).
+- ``--ui-auth=none``: no check at all (a loopback bind only, for ``kubectl port-forward``; the
+  scheduler refuses it on any other address). :class:`UiApi` without an ``authorizer``.
+
+Nothing secret is served: no Secret, token, environment variable or annotation value is copied
+into its answers, only the ledger's allocations and the scheduler's own verdicts.
 
 - ``GET``/``HEAD`` only: any other method is 405 (with ``Allow: GET, HEAD``), on every path.
 - A query parameter an endpoint does not take, or one given twice, is 400 naming it; an unknown
@@ -22,6 +30,7 @@ scheduler's own verdicts.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from importlib import resources
 from typing import Any, Callable, Mapping
@@ -31,12 +40,38 @@ from aiohttp import web
 
 from hami.serve import ConnectionGuard, application, security_headers, start
 
-from . import model, page
+from . import model, page, scope
+from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
 STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
+CALLER = web.RequestKey("hami.ui.caller", Caller)
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# what each endpoint needs (docs/ui.md keeps the same table): "ns" = in each namespace shown
+NEEDS = {
+    "/api/v1/nodes": "list nodes (cluster scope); DRA claim names only of namespaces with list pods",
+    "/api/v1/pods": "list pods (cluster scope, or per namespace: those namespaces only)",
+    "/api/v1/pending": "list pods (as /pods); per-node verdicts also need list nodes",
+    "/api/v1/quotas": "list resourcequotas (cluster scope, or per namespace)",
+    "/api/v1/openapi.yaml": "an accepted token only",
+}
+
+
+class Denied(Exception):
+    """The caller lacks ``perm`` (403)."""
+
+    def __init__(self, caller: Caller, perm: Permission, note: str = "") -> None:
+        super().__init__(f'user "{caller.identity.username}" may not {perm.describe()}{note}')
+        self.perm = perm
+
+
+def _unauthenticated(exc: Unauthenticated) -> web.Response:
+    challenge = 'Bearer realm="hami"' + (', error="invalid_token"' if exc.invalid else "")
+    return web.json_response(
+        {"error": str(exc)}, status=401, headers={"WWW-Authenticate": challenge, "Cache-Control": "no-store"}
+    )
 
 
 def openapi_text() -> str:
@@ -61,7 +96,9 @@ async def _read_only(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 class UiApi:
-    """The routes, over a *source* (ClusterState) and an optional live-usage reader."""
+    """The routes, over a *source* (ClusterState) and an optional live-usage reader; with an
+    ``authorizer`` every ``/api/`` request is authenticated and scoped, without one (``--ui-auth
+    none``) everything is shown to whoever connects."""
 
     def __init__(
         self,
@@ -70,6 +107,7 @@ class UiApi:
         live: Any = None,
         clock: Callable[[], float] = time.time,
         synced: Callable[[], bool] = lambda: True,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -78,20 +116,102 @@ class UiApi:
             clock,
             synced,
         )
+        self.authorizer = authorizer
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
         return None if self.live is None else self.live.readings
 
-    def _answer(self, build: Callable[[dict], dict], request: web.Request) -> web.Response:
+    # -- who may see what ---------------------------------------------------------------------
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        try:
+            if self.authorizer is not None:
+                request[CALLER] = await self.authorizer.authenticate(request.headers.get("Authorization"))
+            return await handler(request)
+        except Unauthenticated as exc:
+            return _unauthenticated(exc)
+        except Denied as exc:
+            return web.json_response(
+                {"error": str(exc), "missing": exc.perm.doc()}, status=403, headers={"Cache-Control": "no-store"}
+            )
+        except ReviewUnavailable as exc:
+            log.warning(
+                "ui: %s %s: the Kubernetes API server could not review the caller: %s",
+                request.method,
+                request.path,
+                exc,
+            )
+            return web.json_response(
+                {"error": "the Kubernetes API server could not check the token or its permissions; try again"},
+                status=503,
+                headers={"Cache-Control": "no-store", "Retry-After": "5"},
+            )
+
+    def _caller(self, request: web.Request) -> Caller | None:
+        return request.get(CALLER) if self.authorizer is not None else None
+
+    async def _require(self, request: web.Request, perm: Permission) -> None:
+        caller = self._caller(request)
+        if caller is not None and self.authorizer is not None and not await self.authorizer.allowed(caller, perm):
+            raise Denied(caller, perm)
+
+    async def _may(self, request: web.Request, perm: Permission) -> bool:
+        caller = self._caller(request)
+        return caller is None or self.authorizer is None or await self.authorizer.allowed(caller, perm)
+
+    async def _visible(
+        self, request: web.Request, resource: str, wanted: str | None, candidates: Callable[[], set[str]]
+    ) -> set[str] | None:
+        """The namespaces the caller may ``list resource`` in (None = all): ``wanted`` alone when
+        the query names one (403 without the permission there), else the candidates where it may;
+        403 when it may in none of them."""
+        caller = self._caller(request)
+        if wanted is not None:
+            await self._require(request, Permission("list", resource, wanted))
+            return {wanted}
+        if caller is None or self.authorizer is None:
+            return None
+        visible = await self.authorizer.namespaces(
+            caller, "list", resource, self._known_namespaces(caller, candidates())
+        )
+        if visible is not None and not visible:
+            raise Denied(
+                caller,
+                Permission("list", resource),
+                f" or in any namespace that has {resource} here (ask for one with ?namespace=NAME)",
+            )
+        return visible
+
+    def _known_namespaces(self, caller: Caller, extra: set[str]) -> set[str]:
+        """Where to look for a caller without cluster-wide access: the namespaces of the answer,
+        of every pod in the scheduler's cache (its own and those holding devices) and, for a
+        ServiceAccount, its own namespace (so that a tenant with nothing running yet gets an
+        empty answer, not a 403)."""
+        out = set(extra)
+        out.update(ref.split("/", 1)[0] for ref in getattr(self.source, "pods", {}))
+        parts = caller.identity.username.split(":")
+        if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and parts[2]:
+            out.add(parts[2])
+        return out
+
+    @staticmethod
+    def _query(request: web.Request) -> dict[str, str]:
         twice = [k for k in dict.fromkeys(request.query) if len(request.query.getall(k)) > 1]
         if twice:  # dict() would keep one of them silently
             n = len(request.query.getall(twice[0]))
-            return web.json_response(
-                {"error": f"query parameter {twice[0]!r} given {n} times (give it once)"}, status=400
-            )
+            raise model.FilterError(f"query parameter {twice[0]!r} given {n} times (give it once)")
+        q = dict(request.query)
+        ns = q.get("namespace")
+        if ns is not None and not NAMESPACE.fullmatch(ns):
+            raise model.FilterError(f"query parameter namespace: not a Kubernetes namespace name: {ns[:60]!r}")
+        return q
+
+    async def _answer(self, request: web.Request, build: Callable[[dict], Any]) -> web.Response:
         try:
-            doc = build(dict(request.query))
+            doc = await build(self._query(request))
         except model.FilterError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         doc["cacheSynced"] = self.synced()
@@ -100,31 +220,75 @@ class UiApi:
             body=orjson.dumps(doc), content_type="application/json", headers={"Cache-Control": "no-store"}
         )
 
+    # -- the endpoints ------------------------------------------------------------------------
     async def nodes(self, request: web.Request) -> web.Response:
-        return self._answer(lambda q: model.nodes_document(self.source, self.clock(), self._readings(), q), request)
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("node", "model", "vendor"))
+            await self._require(request, Permission("list", "nodes"))
+            doc = model.nodes_document(self.source, self.clock(), self._readings(), q)
+            claimed = {c.split("/", 1)[0] for n in doc["items"] for d in n["devices"] for c in d.get("claims", ())}
+            if not claimed:
+                return doc
+            caller = self._caller(request)
+            if caller is None or self.authorizer is None:
+                return doc
+            return scope.nodes(doc, await self.authorizer.namespaces(caller, "list", "pods", claimed))
+
+        return await self._answer(request, build)
 
     async def pods(self, request: web.Request) -> web.Response:
-        return self._answer(lambda q: model.pods_document(self.source, self.clock(), self._readings(), q), request)
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("namespace", "node"))
+            wanted = q.pop("namespace", None)
+            doc = model.pods_document(self.source, self.clock(), self._readings(), q)
+            visible = await self._visible(request, "pods", wanted, lambda: {i["namespace"] for i in doc["items"]})
+            return scope.pods(doc, visible)
+
+        return await self._answer(request, build)
 
     async def pending(self, request: web.Request) -> web.Response:
-        return self._answer(self._pending, request)
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("namespace",))
+            visible = await self._visible(
+                request,
+                "pods",
+                q.get("namespace"),
+                lambda: {
+                    (p.get("metadata") or {}).get("namespace") or "default"
+                    for p in model.pending_pods(self.source, self.scheduler_name)
+                },
+            )
+            doc = self._pending(q, visible)
+            if not await self._may(request, Permission("list", "nodes")):
+                doc["items"] = scope.pending_items(doc["items"], False)
+            return doc
 
-    def _pending(self, q: dict) -> dict:
-        """Explaining runs the filter over every node: one answer per query is reused for
-        ``PENDING_TTL`` seconds, however many pages refresh."""
-        key = tuple(sorted(q.items()))
+        return await self._answer(request, build)
+
+    def _pending(self, q: dict, visible: set[str] | None) -> dict:
+        """Explaining runs the filter over every node: one answer per query and scope is reused
+        for ``PENDING_TTL`` seconds, however many pages refresh."""
+        key = (tuple(sorted(q.items())), None if visible is None else tuple(sorted(visible)))
         hit = self._pending_cache.get(key)
         now = self.clock()
         if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
             return dict(hit[1])
-        doc = model.pending_document(self.source, now, self.scheduler_name, q)
+        doc = model.pending_document(self.source, now, self.scheduler_name, q, only=visible)
         if len(self._pending_cache) > 64:
             self._pending_cache.clear()
         self._pending_cache[key] = (now, doc)
         return dict(doc)
 
     async def quotas(self, request: web.Request) -> web.Response:
-        return self._answer(lambda q: model.quotas_document(self.source, self.clock(), q), request)
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("namespace",))
+            doc = model.quotas_document(self.source, self.clock(), q)
+            visible = await self._visible(
+                request, "resourcequotas", q.get("namespace"), lambda: {i["namespace"] for i in doc["items"]}
+            )
+            return scope.by_namespace(doc, visible)
+
+        return await self._answer(request, build)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(text=openapi_text(), content_type="application/yaml")
@@ -142,7 +306,7 @@ class UiApi:
         return web.Response(text="ok")
 
     def app(self) -> web.Application:
-        app = application(security_headers, _read_only, max_body=1024)
+        app = application(security_headers, _read_only, self._authenticate, max_body=1024)
         app.add_routes(
             [
                 web.get("/", self.index),

@@ -13,6 +13,21 @@
   let showAll = false;
   const POD_LIMIT = 200; // pod rows drawn before "Show all pods"
   let showAllPods = false;
+  // Signing in (docs/ui.md): the Kubernetes token lives in this tab's sessionStorage only (never
+  // localStorage or a cookie) and is sent as "Authorization: Bearer" to this server's /api/v1.
+  const TOKEN_KEY = "hami.ui.token";
+  const SECTION = { nodes: "nodes", pods: "pods", pending: "pending", quotas: "quotas" };
+  let memoryToken = ""; // where sessionStorage is unavailable (a sandboxed frame)
+  function token() {
+    try { return window.sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return memoryToken; }
+  }
+  function keepToken(value) {
+    memoryToken = value;
+    try {
+      if (value) window.sessionStorage.setItem(TOKEN_KEY, value); else window.sessionStorage.removeItem(TOKEN_KEY);
+    } catch (e) { /* memory only */ }
+  }
+  let needSignIn = false;
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -188,6 +203,11 @@
     $("pod-table").tBodies[0].replaceChildren(...(rows.length ? rows :
       [el("tr", {}, el("td", { colspan: 4, class: "muted", text: "No pod holds a device here." }))]));
     $("pod-count").textContent = String(shown.length);
+    // pods of namespaces this identity may not list, on the same devices: totals only, no names
+    const others = (docs.pods.othersOnSharedDevices || []).filter((o) => !f.node || o.node === f.node);
+    $("shared-devices").replaceChildren(...others.map((o) => el("li", { "data-shared-uuid": o.uuid, text:
+      "Shared with " + o.pods + " pod" + (o.pods === 1 ? "" : "s") + " of other namespaces on " + o.node + " " + o.uuid +
+      ": " + mib(o.memoryMiB) + ", " + o.cores + " cores allocated" })));
   }
 
   // ------------------------------------------------------------------ pending
@@ -201,7 +221,7 @@
         el("h3", { text: p.namespace + "/" + p.name }),
         asks ? el("p", { class: "muted", text: "asks " + asks }) : null,
         p.error ? el("p", { class: "reason", text: p.error }) :
-          el("p", { class: "reason", text: p.fitsNow ? "fits now on " + p.wouldChoose + " (waiting for kube-scheduler to retry)" : p.summary || "no node with devices" }),
+          el("p", { class: "reason", text: p.fitsNow ? "fits now" + (p.wouldChoose ? " on " + p.wouldChoose : "") + " (waiting for kube-scheduler to retry)" : p.summary || "no node with devices" }),
         nodes.length ? verdictDetails(p, nodes) : null);
     });
     const extra = doc.truncated ? [el("p", { class: "muted", text: "Showing " + doc.items.length + " of " + doc.total + " pending pods." })] : [];
@@ -261,6 +281,56 @@
     renderQuotas(docs.quotas.items, f);
   }
 
+  function showDenied(name, message) {
+    const section = $(SECTION[name]);
+    let note = section.querySelector("p.denied");
+    if (!message) { if (note) note.remove(); return; }
+    if (!note) {
+      note = el("p", { class: "denied", "data-denied": name });
+      section.querySelector("h2").after(note);
+    }
+    note.textContent = "Not allowed: " + message;
+  }
+
+  function showSignIn(message) {
+    needSignIn = true;
+    docs = null;
+    $("signin").hidden = false;
+    $("session").hidden = true;
+    const err = $("signin-error");
+    err.hidden = !message;
+    err.textContent = message || "";
+    $("status").classList.remove("error");
+    $("status").textContent = "Sign in to see the cluster.";
+    for (const name of API) showDenied(name, "");
+    docs = { nodes: { items: [] }, pods: { items: [] }, pending: { items: [], total: 0 }, quotas: { items: [] } };
+    render();
+    docs = null;
+    $("token").focus();
+  }
+
+  async function fetchDoc(name) {
+    const headers = { Accept: "application/json" };
+    const t = token();
+    if (t) headers.Authorization = "Bearer " + t;
+    const r = await fetch("api/v1/" + name, { headers, credentials: "omit", cache: "no-store" });
+    if (r.status === 401) {
+      const body = await r.json().catch(() => ({}));
+      const e = new Error(body.error || "sign-in needed");
+      e.signIn = true;
+      e.hadToken = !!t;
+      throw e;
+    }
+    if (r.status === 403) {
+      const body = await r.json().catch(() => ({}));
+      showDenied(name, body.error || "HTTP 403");
+      return { items: [], total: 0, denied: true };
+    }
+    if (!r.ok) throw new Error("/api/v1/" + name + ": HTTP " + r.status);
+    showDenied(name, "");
+    return r.json();
+  }
+
   async function load() {
     const status = $("status");
     if (snapshot) {
@@ -269,16 +339,22 @@
       status.textContent = "Snapshot from " + (snapshot.title || "hami simulate") + ", generated " + snapshot.nodes.generatedAt;
       return;
     }
-    if (loading) return;
+    if (loading || needSignIn) return;
     loading = true;
     try {
-      const answers = await Promise.all(API.map((name) => fetch("api/v1/" + name, { headers: { Accept: "application/json" } })
-        .then((r) => { if (!r.ok) throw new Error("/api/v1/" + name + ": HTTP " + r.status); return r.json(); })));
+      const answers = await Promise.all(API.map(fetchDoc));
+      if (needSignIn) return; // signed out while the answers were on their way: show nothing of them
       docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
+      $("session").hidden = !token();
       render();
       status.classList.remove("error");
       status.textContent = "Updated " + new Date().toLocaleTimeString() + (docs.nodes.cacheSynced === false ? " (scheduler cache still syncing)" : "");
     } catch (err) {
+      if (err.signIn) {
+        if (err.hadToken) keepToken("");
+        showSignIn(err.hadToken ? "The token was not accepted: " + err.message : "");
+        return;
+      }
       status.classList.add("error");
       status.textContent = "Could not refresh: " + err.message + (docs ? " (showing the previous data)" : "");
     } finally {
@@ -296,6 +372,20 @@
   $("auto-refresh").addEventListener("change", schedule);
   $("refresh-seconds").addEventListener("change", schedule);
   $("refresh-now").addEventListener("click", load);
+  $("signin-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("token").value.trim();
+    if (!value) return;
+    $("token").value = "";
+    keepToken(value);
+    needSignIn = false;
+    $("signin").hidden = true;
+    load();
+  });
+  $("sign-out").addEventListener("click", () => {
+    keepToken("");
+    showSignIn("");
+  });
   if (snapshot) {
     $("source-label").textContent = "snapshot";
     for (const id of ["auto-refresh", "refresh-seconds", "refresh-now"]) $(id).disabled = true;

@@ -1,0 +1,244 @@
+"""Who may read ``/api/v1``: Kubernetes bearer tokens and RBAC, as kube-rbac-proxy and the
+Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
+
+- Authentication: the ``Authorization: Bearer <token>`` header of each request is sent to the
+  API server in a TokenReview (``authentication.k8s.io/v1``); its ``status.user`` is the caller.
+- Authorization: each permission an answer needs (``list pods`` in a namespace, ``list nodes``
+  at the cluster scope, ...) is a SubjectAccessReview (``authorization.k8s.io/v1``) for that user.
+- Both answers are cached for ``TTL`` seconds, at most ``MAX_ENTRIES`` of each (least recently
+  used evicted first), keyed by the SHA-256 of the token: the token itself is never stored
+  after the review, logged or used as a key. A review that fails (API server unreachable, an
+  error status, an answer that cannot be read) raises :class:`ReviewUnavailable` and is never
+  cached: the caller answers 503, never a pass.
+
+The reviews go through :class:`hami.kube.client.KubeClient` (the scheduler's own client and
+ServiceAccount, which needs ``create`` on both review resources: the chart grants it). Tests
+pass any object with the two methods of :class:`Reviews`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+
+TTL = 10.0  # s a review's answer is reused
+MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
+CONCURRENCY = 16  # access reviews in flight for one request (one per namespace)
+REVIEW_TIMEOUT = 5.0  # s for one review request to the API server
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+MAX_TOKEN = 8192  # bytes; a longer "token" is refused without a review
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller as the API server's TokenReview named it."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Permission:
+    """One RBAC check: ``verb`` on ``resource`` (core group) in ``namespace`` ("" = cluster scope)."""
+
+    verb: str
+    resource: str
+    namespace: str = ""
+
+    def describe(self) -> str:
+        where = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        return f"{self.verb} {self.resource} {where}"
+
+    def doc(self) -> dict:
+        return {"verb": self.verb, "resource": self.resource, "namespace": self.namespace}
+
+
+class ReviewUnavailable(Exception):
+    """The API server could not answer a review: the request must fail (503), never pass."""
+
+
+class Unauthenticated(Exception):
+    """No bearer token, or one the API server does not accept (401)."""
+
+    def __init__(self, message: str, invalid: bool) -> None:
+        super().__init__(message)
+        self.invalid = invalid  # a token was given (WWW-Authenticate error="invalid_token")
+
+
+class Reviews(Protocol):
+    async def token(self, token: str) -> Identity | None:
+        """The user of ``token``, None when not authenticated; :class:`ReviewUnavailable` on failure."""
+
+    async def allowed(self, who: Identity, perm: Permission) -> bool:
+        """Whether ``who`` holds ``perm``; :class:`ReviewUnavailable` on failure."""
+
+
+def _str_list(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+class KubeReviews:
+    """:class:`Reviews` over the API server, through the scheduler's KubeClient."""
+
+    def __init__(self, kube: Any, timeout: float = REVIEW_TIMEOUT) -> None:
+        self.kube, self.timeout = kube, timeout
+
+    async def _post(self, path: str, body: dict) -> dict:
+        from hami.kube.client import KubeError
+
+        try:
+            answer = await self.kube.request("POST", path, body=body, timeout=self.timeout)
+        except KubeError as exc:
+            raise ReviewUnavailable(str(exc)) from exc
+        except (OSError, asyncio.TimeoutError, ValueError) as exc:
+            raise ReviewUnavailable(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - aiohttp's client errors and the like: fail closed
+            raise ReviewUnavailable(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+        status = answer.get("status") if isinstance(answer, dict) else None
+        if not isinstance(status, dict):
+            raise ReviewUnavailable(f"POST {path}: the answer has no status")
+        return status
+
+    async def token(self, token: str) -> Identity | None:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        status = await self._post(TOKENREVIEWS, body)
+        user = status.get("user")
+        if status.get("authenticated") is not True or not isinstance(user, dict) or not user.get("username"):
+            return None
+        extra = user.get("extra")
+        if not isinstance(extra, dict):
+            extra = {}
+        return Identity(
+            username=str(user["username"]),
+            uid=str(user.get("uid") or ""),
+            groups=_str_list(user.get("groups")),
+            extra=tuple(sorted((str(k), _str_list(v)) for k, v in extra.items())),
+        )
+
+    async def allowed(self, who: Identity, perm: Permission) -> bool:
+        attrs = {"verb": perm.verb, "group": "", "resource": perm.resource}
+        if perm.namespace:
+            attrs["namespace"] = perm.namespace
+        spec: dict[str, Any] = {"user": who.username, "groups": list(who.groups), "resourceAttributes": attrs}
+        if who.uid:
+            spec["uid"] = who.uid
+        if who.extra:
+            spec["extra"] = {k: list(v) for k, v in who.extra}
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        status = await self._post(ACCESSREVIEWS, body)
+        return status.get("allowed") is True and status.get("denied") is not True
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class TtlCache(Generic[K, V]):
+    """At most ``max_entries`` answers, each for ``ttl`` seconds of ``clock``; least recently
+    used evicted first."""
+
+    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self.ttl, self.max_entries, self.clock = ttl, max_entries, clock
+        self._data: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        hit = self._data.get(key)
+        if hit is None:
+            return False, None
+        if not 0 <= self.clock() - hit[0] < self.ttl:
+            del self._data[key]
+            return False, None
+        self._data.move_to_end(key)
+        return True, hit[1]
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = (self.clock(), value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def token_key(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def bearer_token(header: str | None) -> str:
+    """The token of an ``Authorization`` header; :class:`Unauthenticated` when there is none."""
+    if not header:
+        raise Unauthenticated("this API needs a Kubernetes bearer token (Authorization: Bearer <token>)", False)
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthenticated("the Authorization header is not 'Bearer <token>'", True)
+    if len(token) > MAX_TOKEN or any(c.isspace() for c in token):
+        raise Unauthenticated("the bearer token is malformed", True)
+    return token
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated request: who, and the key its access answers are cached under."""
+
+    identity: Identity
+    key: str
+
+
+class Authorizer:
+    """Authentication and authorization for the UI listener, with the caches (figures above)."""
+
+    def __init__(
+        self,
+        reviews: Reviews,
+        clock: Callable[[], float] = time.monotonic,
+        ttl: float = TTL,
+        max_entries: int = MAX_ENTRIES,
+        concurrency: int = CONCURRENCY,
+    ) -> None:
+        self.reviews = reviews
+        self._tokens: TtlCache[str, Identity | None] = TtlCache(ttl, max_entries, clock)
+        self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
+        self.concurrency = concurrency
+
+    async def authenticate(self, header: str | None) -> Caller:
+        token = bearer_token(header)
+        key = token_key(token)
+        found, who = self._tokens.get(key)
+        if not found:
+            who = await self.reviews.token(token)  # ReviewUnavailable propagates, nothing cached
+            self._tokens.put(key, who)
+        if who is None:
+            raise Unauthenticated("the bearer token was not accepted by the Kubernetes API server", True)
+        return Caller(who, key)
+
+    async def allowed(self, caller: Caller, perm: Permission) -> bool:
+        found, ok = self._access.get((caller.key, perm))
+        if found:
+            return bool(ok)
+        ok = await self.reviews.allowed(caller.identity, perm)
+        self._access.put((caller.key, perm), ok)
+        return ok
+
+    async def namespaces(self, caller: Caller, verb: str, resource: str, candidates: Iterable[str]) -> set[str] | None:
+        """None when ``caller`` may ``verb resource`` in every namespace (checked at the cluster
+        scope first), else the candidates where it may, checked one namespace at a time."""
+        if await self.allowed(caller, Permission(verb, resource)):
+            return None
+        names = sorted(set(candidates))
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(ns: str) -> bool:
+            async with gate:
+                return await self.allowed(caller, Permission(verb, resource, ns))
+
+        answers = await asyncio.gather(*(one(ns) for ns in names))
+        return {ns for ns, ok in zip(names, answers) if ok}

@@ -1,0 +1,111 @@
+"""The chart's part of the web UI's sign-in (issue 27, item 1), rendered with `helm template`:
+
+- ``scheduler.ui.auth: token`` (the default with ``scheduler.ui.enabled``): ``--ui-auth=token``
+  on ``0.0.0.0``, the Service, and a ClusterRole of its own with exactly ``create`` on
+  tokenreviews and subjectaccessreviews (system:auth-delegator's two rules, nothing more) bound
+  to the scheduler's ServiceAccount; the scheduler's main role gains nothing.
+- ``none``: a loopback bind, ``--ui-auth=none``, no Service and no review role.
+- any other value fails the render naming the value.
+The rendered arguments are parsed by the scheduler's own option parser, so the chart can never
+ship a combination the scheduler refuses. The RBAC is exercised for real in test_ui_auth.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+
+from hami.scheduler import options as O
+
+from .test_chart import CHART, KUBE_VERSION
+from .test_chart_vendors import helm_bin  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.integration
+
+REVIEW_RULES = [
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+]
+
+
+def _render(helm_bin, *args: str) -> dict[tuple[str, str], dict]:  # noqa: F811
+    out = helm_bin("template", "hami", str(CHART), "--namespace", "gpu", "--kube-version", KUBE_VERSION, *args).stdout
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+
+
+def _scheduler_args(docs: dict) -> list[str]:
+    dep = docs[("Deployment", "hami-scheduler")]
+    ctr = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-scheduler-extender")
+    return [a for a in ctr["command"] if a.startswith("--")]
+
+
+def _parsed(args: list[str]) -> O.Options:
+    """The UI flags of the rendered command line, through the scheduler's own parser (the other
+    flags name files of the pod: the certificate, the device config)."""
+    parser = argparse.ArgumentParser()
+    O.add_arguments(parser)
+    return O.options_from_args(parser.parse_args([a for a in args if a.startswith("--ui-")]))
+
+
+def _review_grants(docs: dict) -> list[dict]:
+    """Every rule of any role that names a review resource."""
+    return [
+        rule
+        for (kind, _), d in docs.items()
+        if kind in ("ClusterRole", "Role")
+        for rule in d.get("rules") or []
+        if {"tokenreviews", "subjectaccessreviews"} & set(rule.get("resources") or [])
+    ]
+
+
+def test_token_sign_in_gets_exactly_the_two_review_rules(helm_bin):  # noqa: F811
+    docs = _render(helm_bin, "--set", "scheduler.ui.enabled=true")
+    args = _scheduler_args(docs)
+    assert "--ui-bind=0.0.0.0:9090" in args and "--ui-auth=token" in args
+    opts = _parsed(args)
+    assert (opts.ui_host, opts.ui_port, opts.ui_auth) == ("0.0.0.0", 9090, "token")
+    role = docs[("ClusterRole", "hami-scheduler-ui-auth")]
+    assert role["rules"] == REVIEW_RULES
+    binding = docs[("ClusterRoleBinding", "hami-scheduler-ui-auth")]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "hami-scheduler-ui-auth",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hami-scheduler", "namespace": "gpu"}]
+    assert _review_grants(docs) == REVIEW_RULES  # nowhere else, and not in the scheduler's main role
+    assert ("Service", "hami-scheduler-ui") in docs
+    # the review rights are the only difference the sign-in makes to the RBAC
+    off = _render(helm_bin)
+    rbac = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    added = {k for k in docs if k[0] in rbac} - {k for k in off if k[0] in rbac}
+    assert added == {("ClusterRole", "hami-scheduler-ui-auth"), ("ClusterRoleBinding", "hami-scheduler-ui-auth")}
+    assert docs[("ClusterRole", "hami-scheduler")] == off[("ClusterRole", "hami-scheduler")]
+
+
+def test_no_review_rights_while_the_ui_is_off_or_without_sign_in(helm_bin):  # noqa: F811
+    off = _render(helm_bin)
+    assert _review_grants(off) == [] and not [a for a in _scheduler_args(off) if a.startswith("--ui-")]
+    none = _render(helm_bin, "--set", "scheduler.ui.enabled=true", "--set", "scheduler.ui.auth=none")
+    args = _scheduler_args(none)
+    assert "--ui-bind=127.0.0.1:9090" in args and "--ui-auth=none" in args
+    assert _parsed(args).ui_auth == "none"  # accepted: loopback
+    assert _review_grants(none) == []
+    assert ("Service", "hami-scheduler-ui") not in none  # a Service cannot reach the pod's loopback
+
+
+def test_an_unknown_auth_mode_fails_the_render(helm_bin):  # noqa: F811
+    result = helm_bin(
+        "template",
+        "hami",
+        str(CHART),
+        "--set",
+        "scheduler.ui.enabled=true",
+        "--set",
+        "scheduler.ui.auth=basic",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert 'scheduler.ui.auth: expected token or none, got "basic"' in result.stderr
