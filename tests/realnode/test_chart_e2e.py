@@ -5,7 +5,10 @@ containers on the fake driver under libvgpu."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+import signal
 import socket
 import ssl
 import urllib.error
@@ -584,6 +587,62 @@ def test_fault_scheduler_pod_deleted_mid_burst(
     (scheduler,) = product.pods(selector="app.kubernetes.io/component=hami-scheduler")
     real_cluster.api("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{scheduler['metadata']['name']}")
     assert_settled(product, real_cluster, ns, 50, timeout=600)
+
+
+def _kill_product_processes(*programs: str) -> list[int]:
+    """SIGKILL the node's processes running ``hami <program>`` (inside the real node's pod
+    cgroups only, never a process of the test session); returns their host PIDs."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cgroup = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        names = [w.rsplit("/", 1)[-1] for w in words]
+        if "hami-real-node" in cgroup and "hami" in names and any(p in words for p in programs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
+def test_fault_scheduler_and_device_plugin_killed_together_mid_burst(
+    product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str
+):
+    """Both of our components crash at the same moment (SIGKILL, no shutdown path) while pods
+    are being placed; the kubelet restarts both containers."""
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "both", 30, gpumem=200)
+
+    def under_way() -> bool:
+        items = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        return len(items) == 30 and sum(1 for p in items if p["spec"].get("nodeName")) >= 5
+
+    real_cluster.wait_for(under_way, "the burst under way", timeout=120, interval=0.2)
+    killed = _kill_product_processes("scheduler", "device-plugin")
+    assert len(killed) >= 2, f"expected the scheduler and the device plugin, killed {killed}"
+    assert_settled(product, real_cluster, ns, 30, timeout=600)
+
+
+def test_fault_api_server_restarted_mid_burst(
+    product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str
+):
+    """kube-apiserver is killed while pods are being placed and comes back 3 s later: the
+    scheduler's and the plugin's watches, binds and allocations recover."""
+    ns = fault_namespace
+    sleepers(real_cluster, ns, busybox, "apiserver", 30, gpumem=200)
+
+    def under_way() -> bool:
+        items = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+        return len(items) == 30 and sum(1 for p in items if p["spec"].get("nodeName")) >= 5
+
+    real_cluster.wait_for(under_way, "the burst under way", timeout=120, interval=0.2)
+    real_cluster.restart("kube-apiserver", down_for=3.0)
+    assert_settled(product, real_cluster, ns, 30, timeout=600)
 
 
 def test_fault_node_stopped_and_started_again(
