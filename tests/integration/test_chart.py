@@ -972,3 +972,64 @@ def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
         assert mounts["driver-0"] == ("/usr/local/nvidia", True) and mounts["driver-1"] == ("/var/run/fake", False)
     plain = _render(helm, "gpu")
     assert "driver-0" not in yaml.safe_dump_all(plain)
+
+
+def test_the_webhook_fails_closed_for_device_pods_only(kube_cluster, helm, kube_namespace):
+    """With the scheduler down (nothing listens at the webhook's address), a pod asking for a
+    GPU is refused, so its controller retries instead of it going to default-scheduler and
+    staying Pending for ever (A15); a pod asking for no device never reaches the webhook and is
+    created. (Scoped to this test's pods by an object selector: the cluster is shared.)"""
+    from hami_devkit.cluster import ApiError
+
+    ns, release = kube_namespace, f"w{uuid.uuid4().hex[:6]}"
+    helm(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        ns,
+        "--set",
+        "scheduler.admissionWebhook.customURL.enabled=true",
+        "--set",
+        f"scheduler.admissionWebhook.customURL.port={free_port()}",  # nothing listens there
+        "--set",
+        "scheduler.admissionWebhook.objectSelector.matchExpressions[0].key=hami-webhook-test",
+        "--set",
+        "scheduler.admissionWebhook.objectSelector.matchExpressions[0].operator=In",
+        "--set",
+        f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].values[0]={release}",
+        "--set",
+        "scheduler.allocationGuard.enabled=false",
+        "--set",
+        "scheduler.podGuard.enabled=false",
+        "--set",
+        "devicePlugin.nvidiaNodeSelector.hami-chart-test=none",
+    )
+    try:
+
+        def pod(name: str, limits: dict, init: bool = False) -> dict:
+            container = {"name": "main", "image": "busybox", "resources": {"limits": limits}}
+            spec: dict = {"containers": [{"name": "main", "image": "busybox"}] if init else [container]}
+            if init:
+                spec["initContainers"] = [{**container, "name": "init"}]
+            return {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": {"hami-webhook-test": release}},
+                "spec": spec,
+            }
+
+        path = f"/api/v1/namespaces/{ns}/pods"
+        for name, limits, init in (
+            ("gpu", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}, False),
+            ("gpu-in-init", {"nvidia.com/gpu": "1"}, True),
+        ):
+            with pytest.raises(ApiError, match="failed calling webhook"):
+                kube_cluster.api("POST", path, pod(name, limits, init))
+        kube_cluster.api("POST", path, pod("cpu-only", {"cpu": "100m", "memory": "64Mi"}))
+        kube_cluster.api("POST", path, pod("no-resources", {}))
+        mine = kube_cluster.api("GET", f"{path}?labelSelector=hami-webhook-test%3D{release}")["items"]
+        names = {p["metadata"]["name"] for p in mine}
+        assert names == {"cpu-only", "no-resources"}
+    finally:
+        helm("uninstall", release, "--namespace", ns, check=False)

@@ -38,6 +38,7 @@ from typing import Any, Iterator
 import yaml
 
 from hami_devkit.controlplane import KubeCluster
+from hami_devkit.errors import ApiError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "hami"
@@ -247,14 +248,19 @@ class Product:
     def webhook_serves(self) -> bool:
         """A GPU pod (dry run) comes back with ``schedulerName: hami-scheduler``: the API server
         reaches the webhook through its Service (a scheduler pod just Ready may not be in
-        kube-proxy's rules yet; with ``failurePolicy: Ignore`` a pod created then would skip it)."""
+        kube-proxy's rules yet: a GPU pod created then is refused, the webhook failing closed)."""
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "webhook-check"},
             "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
         }
-        made = self.cluster.api("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
+        try:
+            made = self.cluster.api("POST", "/api/v1/namespaces/default/pods?dryRun=All", pod)
+        except ApiError as exc:
+            if "failed calling webhook" in str(exc):
+                return False
+            raise
         if self.front_end == "dra":  # the request became a claim from a template
             return bool(made["spec"].get("resourceClaims"))
         return made["spec"].get("schedulerName") == "hami-scheduler"

@@ -577,9 +577,9 @@ def test_fault_scheduler_pod_deleted_mid_burst(
     sleepers(real_cluster, ns, busybox, "burst", 50, gpumem=200)
 
     def under_way() -> bool:
-        # every pod created (through the webhook: a pod the ReplicaSet creates while the
-        # scheduler pod is gone skips it, failurePolicy Ignore as HAMi's, and stays with
-        # default-scheduler), and the placements started
+        # every pod created (through the webhook: a pod the ReplicaSet tries to create while the
+        # scheduler pod is gone is refused, the chart's webhook failing closed for GPU pods, and
+        # created once it is back), and the placements started
         items = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
         return len(items) == 50 and sum(1 for p in items if p["spec"].get("nodeName")) >= 10
 
@@ -660,8 +660,9 @@ def test_fault_node_stopped_and_started_again(
     for ref, archive in product.archives.items():
         node.import_image(archive)
     product.node = node
-    # the webhook (failurePolicy Ignore, as HAMi's) is back with the scheduler pod: a GPU pod
-    # created before that would go to default-scheduler and stay Pending (Insufficient nvidia.com/gpumem)
+    # the webhook is back with the scheduler pod; GPU pods the ReplicaSets tried to create before
+    # that were refused (the webhook fails closed for GPU pods) and are created now. (With HAMi's
+    # failurePolicy Ignore they went to default-scheduler and stayed Pending: CI saw it once.)
     product.wait_ready()
     sleepers(real_cluster, ns, busybox, "after", 2)
     assert_settled(product, real_cluster, ns, 4, timeout=240)
