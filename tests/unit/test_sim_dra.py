@@ -602,6 +602,7 @@ def test_the_bundled_dra_example(capsys):
         "embed-0": ("scheduled", "a10-node"),
         "embed-1": ("pending", None),
         "chat-2": ("scheduled", "t4-node"),
+        "tune-0": ("scheduled", "a10-node"),  # its CEL selector asks for an A10
     }
     ddp = next(p for p in doc["pods"] if p["name"] == "ddp-0")
     assert sorted(d["device"] for d in ddp["containers"][0]["devices"]) == ["t4-node/gpu-0", "t4-node/gpu-1"]

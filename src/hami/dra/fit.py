@@ -15,8 +15,11 @@ requests in order, each request's devices in slice order; the devices of one req
 distinct (the next is looked for after the last one taken), and a claim, request or device that
 cannot be placed sends the search back to the choice before it. The first complete placement
 wins: kube-scheduler has no scoring between devices. :func:`why_not` and :func:`why_not_claims`
-say why a search found nothing, naming the claim. CEL selectors of a request, ``firstAvailable``
-alternatives and admin access are not evaluated (see docs/dra.md, "Simulating the DRA path").
+say why a search found nothing, naming the claim. A request's devices must satisfy its DeviceClass's
+CEL selectors and its own (:mod:`hami.dra.cel`), evaluated when the search reaches a device, as
+the allocator does; a selector that fails on a device ends the search with an error
+(:attr:`Search.error`). ``firstAvailable`` alternatives and admin access are not evaluated (see
+docs/dra.md, "Simulating the DRA path").
 This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
 unless told to (:func:`commit`, :func:`release`).
 """
@@ -29,8 +32,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.core.shape import META, QTY, ListOf, MapOf
 
+from .cel import CelCompileError, CelRuntimeError, DeviceCel, Selector, compile_selector
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
-from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS
+from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS, device_classes
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
@@ -48,6 +52,7 @@ CLAIM_SPEC = {
                 "firstAvailable": ListOf({}),
                 "exactly": {
                     "deviceClassName": str,
+                    "selectors": ListOf({"cel": {"expression": str}}),
                     "allocationMode": str,
                     "count": int,
                     "capacity": {"requests": MapOf(QTY)},
@@ -137,6 +142,8 @@ class DeviceUse:
     claims: list[str] = field(default_factory=list)
     policies: dict[str, Policy] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)  # "gpu.hami.io/uuid" -> value
+    doc: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the slice device
+    _cel: DeviceCel | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -144,6 +151,21 @@ class DeviceUse:
 
     def left(self, name: str) -> int:
         return self.total.get(name, 0) - self.used.get(name, 0)
+
+    @property
+    def cel(self) -> DeviceCel:
+        """The device as CEL selectors read it (from its slice document, or from what is known)."""
+        if self._cel is None:
+            doc = self.doc
+            if doc is None:  # made by hand: its attributes and capacities are all there is
+                kinds = {bool: "bool", int: "int", str: "string"}
+                doc = {
+                    "attributes": {k: {kinds[type(v)]: v} for k, v in self.attributes.items() if type(v) in kinds},
+                    "capacity": {k: {"value": str(v)} for k, v in self.total.items()},
+                    "allowMultipleAllocations": True,
+                }
+            self._cel = DeviceCel(DRIVER, doc)
+        return self._cel
 
     def policy(self, name: str) -> Policy:
         return self.policies.get(name) or Policy(
@@ -204,6 +226,7 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
                 {k: p.default for k, p in policies.items()},
                 policies=policies,
                 attributes=attrs,
+                doc=d,
             )
     return out
 
@@ -285,6 +308,54 @@ class Request:
     device_class: str
     count: int  # -1: allocationMode All
     capacity: dict[str, Any]
+    selectors: tuple[Selector, ...] = ()  # exactly.selectors, compiled
+
+
+#: each DeviceClass's selectors, as the model publishes the classes
+CLASS_SELECTORS: dict[str, tuple[Selector, ...]] = {
+    c["metadata"]["name"]: tuple(compile_selector(s["cel"]["expression"]) for s in c["spec"].get("selectors") or ())
+    for c in device_classes()
+}
+
+
+class SelectorError(Exception):
+    """A selector failed on a device: kube-scheduler's allocator returns an error, which aborts
+    the pod's scheduling attempt (not only this node). The message names the selector."""
+
+
+def refused_by(dev: DeviceUse, r: Request) -> str:
+    """'' when ``dev`` satisfies the selectors of ``r``'s class and of ``r`` (in that order, as
+    the allocator checks them), else which selector is false. Raises :class:`SelectorError`."""
+    for owner, selectors in ((f"class {r.device_class}", CLASS_SELECTORS.get(r.device_class, ())), ("", r.selectors)):
+        for i, sel in enumerate(selectors):
+            name = f"{owner + ' ' if owner else ''}selector #{i} ({sel.expression})"
+            try:
+                if not dev.cel.matches(sel):
+                    return f"{name} is false"
+            except CelRuntimeError as exc:
+                raise SelectorError(f"{name}: CEL runtime error on {dev.device}: {exc}") from None
+    return ""
+
+
+def _selected(dev: DeviceUse, r: Request) -> bool:
+    return not refused_by(dev, r)
+
+
+def _selectors(ex: Mapping[str, Any], at: str, name: str) -> tuple[Selector, ...]:
+    raw = ex.get("selectors") or []
+    if not isinstance(raw, (list, tuple)):
+        raise ClaimError(f"{at}.exactly.selectors: must be a list")
+    out = []
+    for j, s in enumerate(raw):
+        expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, Mapping) else None
+        where = f"{at}.exactly.selectors[{j}].cel.expression (request {name})"
+        if not isinstance(expr, str):
+            raise ClaimError(f"{where}: must be a string (only CEL selectors exist)")
+        try:
+            out.append(compile_selector(expr))
+        except CelCompileError as exc:
+            raise ClaimError(f"{where}: CEL compile error in {expr!r}: {exc}") from None
+    return tuple(out)
 
 
 class ClaimError(ValueError):
@@ -319,7 +390,13 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
             except QuantityError as exc:
                 raise ClaimError(str(exc)) from None
         out.append(
-            Request(str(r["name"]), str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps))
+            Request(
+                str(r["name"]),
+                str(ex.get("deviceClassName") or ""),
+                -1 if mode == "All" else count,
+                dict(caps),
+                _selectors(ex, at, str(r["name"])),
+            )
         )
     if not out:
         raise ClaimError(f"{where}.devices.requests: no request")
@@ -376,9 +453,15 @@ def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> 
 
 
 def _has_room(dev: DeviceUse, r: Request) -> bool:
-    """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted)."""
+    """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted) and
+    the device satisfies its selectors (a selector that fails counts as not satisfied)."""
     need = wanted(dev, r.capacity)
-    return need is not None and _fits(dev, {}, need)
+    if need is None or not _fits(dev, {}, need):
+        return False
+    try:
+        return _selected(dev, r)
+    except SelectorError:
+        return False
 
 
 def _room(devices: Sequence[DeviceUse], r: Request) -> int:
@@ -419,11 +502,23 @@ class Search:
     gave_up: bool = False
     short: str = ""
     broken: str = ""  # an allocationMode All device a constraint refuses: the allocator stops there
+    error: str = ""  # a selector failed on a device: the allocator returns an error (the pod is not scheduled)
+
+
+class _Failed(Exception):
+    """A selector failed while the search was set up: (claim position, message)."""
+
+    def __init__(self, claim: int, message: str) -> None:
+        super().__init__(message)
+        self.claim, self.message = claim, message
 
 
 def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Slot] | None:
     """The devices to find, in the allocator's order; None when a claim cannot be had on these
-    devices whatever the others do (see :func:`why_not`)."""
+    devices whatever the others do (see :func:`why_not`). The room of an ``exactly`` request is
+    counted by capacity alone: its selectors run when the search reaches a device, as in the
+    allocator (whose error on a failing selector must not come from a device it never reaches).
+    Raises :class:`_Failed` when a selector of an ``allocationMode: All`` request fails."""
     slots: list[_Slot] = []
     for ci, c in enumerate(claims):
         mine = 0
@@ -433,7 +528,12 @@ def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Sl
             needs = tuple(wanted(d, r.capacity) for d in devices)
             room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
             if r.count < 0:
-                # All: the devices that could take it now, fixed before the search starts
+                # All: the devices that could take it now, fixed before the search starts; the
+                # allocator runs the selectors on every device of the node first
+                try:
+                    room = [i for i in room if _selected(devices[i], r)]
+                except SelectorError as exc:
+                    raise _Failed(ci, f"request {r.name}: {exc}") from None
                 if not room:
                     return None
                 slots += [_Slot(ci, r, needs, i) for i in room]
@@ -482,12 +582,28 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
     an earlier claim) and takes the next device there. The first complete placement wins; there
     is no scoring. At most ``steps`` placements are tried. Nothing is changed: commit the picks
     with :func:`commit`."""
-    slots = _slots(devices, claims)
-    if slots is None:
-        return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
-    over = _too_much(devices, claims, slots)
-    if over is not None:
-        return Search(None, stuck=over[0], short=over[1])
+    try:
+        slots = _slots(devices, claims)
+        if slots is None:
+            return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
+        over = _too_much(devices, claims, slots)
+        if over is not None:
+            return Search(None, stuck=over[0], short=over[1])
+        return _walk(devices, claims, slots, steps)
+    except _Failed as exc:  # a selector failed: the allocator returns an error
+        return Search(None, stuck=exc.claim, error=f"claim {claims[exc.claim].name} {exc.message}")
+
+
+def _accepts(dev: DeviceUse, slot: _Slot) -> bool:
+    """Whether ``dev`` satisfies the selectors of ``slot``'s request; raises :class:`_Failed`."""
+    try:
+        return _selected(dev, slot.request)
+    except SelectorError as exc:
+        raise _Failed(slot.claim, f"request {slot.request.name}: {exc}") from None
+
+
+def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Sequence[_Slot], steps: int) -> Search:
+    """The depth-first search of :func:`allocate_claims` over ``slots``."""
     extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
     picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
     mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints
@@ -505,6 +621,9 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
         while pick is None and at < end:
             i = at if slot.fixed is None else slot.fixed
             at = i + 1
+            # the selectors first (All: checked when the slots were made), then capacity and constraints
+            if slot.fixed is None and not _accepts(devices[i], slot):
+                continue
             need = slot.needs[i]
             if need is None:
                 continue
@@ -577,6 +696,16 @@ def release(picks: Iterable[Pick], claim: str) -> None:
             p.device.claims.remove(claim)
 
 
+def device_why(dev: DeviceUse, r: Request) -> str:
+    """'' when ``dev`` could take one device of ``r`` now, else why not: the selector that is false
+    or fails (checked first, as the allocator does), or what is short (:func:`shortfall`)."""
+    try:
+        refused = refused_by(dev, r)
+    except SelectorError as exc:
+        return str(exc)
+    return refused or shortfall(dev, r.capacity)
+
+
 def why_not(
     devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str, constraints: Sequence[Mapping[str, Any]] = ()
 ) -> str:
@@ -598,7 +727,7 @@ def why_not(
         need = 1 if r.count < 0 else r.count
         if room >= need:
             continue
-        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, shortfall(d, r.capacity)) for d in devices) if why)
+        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in devices) if why)
         if need > len(devices):
             parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
         elif need > 1:
@@ -627,6 +756,8 @@ def why_not_claims(
     if not claims:
         return ""
     stuck = claims[max(found.stuck, 0)]
+    if found.error:
+        return f"{found.error} (kube-scheduler's allocator stops with this error)"
     if found.gave_up:
         return (
             f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "
