@@ -197,18 +197,36 @@ def _library_functions() -> frozenset[str]:
 
 
 KNOWN_FUNCTIONS = _library_functions()
+
+
+@lru_cache(maxsize=1)
+def _all_functions() -> dict[str, Callable[..., Any]]:
+    """The library's extensions and Kubernetes' functions, to hand each context at once."""
+    ctx = _cel.Context()
+    add_stdlib_to_context(ctx)
+    return {**ctx.functions, **FUNCTIONS}
+
+
 _STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"|\'((?:[^\'\\\n]|\\.)*)\'')
 _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
+_NAMED_DOMAIN = re.compile(r'\bdevice\.(attributes|capacity)\s*\[\s*"([^"\\]*)"\s*\]')
 _LITERAL_CALL = re.compile(r'\b(quantity|semver)\(\s*"([^"\\]*)"\s*(?:,\s*(true|false)\s*)?\)')
 
 
 @dataclass(frozen=True, eq=False)
 class Selector:
-    """One compiled selector expression."""
+    """One compiled selector expression, with what of a device it may read (a context without
+    the rest is cheaper to build: most of a selector's cost on a device is its input)."""
 
     expression: str
     program: Any  # cel.Program
     domains: frozenset[str]  # string literals that may be domains: they read as {} on a device without them
+    reads: tuple[bool, bool, bool] = (True, True, True)  # attributes, capacity, library functions
+    only: frozenset[str] | None = None  # the domains it reads when it names each one it reads; None: all
+
+    @property
+    def needs(self) -> tuple[bool, bool, bool, frozenset[str], frozenset[str] | None]:
+        return (*self.reads, self.domains, self.only)
 
 
 @lru_cache(maxsize=4096)
@@ -238,7 +256,12 @@ def compile_selector(expression: str) -> Selector:
         except (TypeError, ValueError) as exc:
             raise CelCompileError(f"{m.group(0)}: {exc}") from None
     literals = {a or b for a, b in _STRING.findall(expression)}
-    return Selector(expression, program, frozenset(s for s in literals if _DOMAIN.fullmatch(s)))
+    # a word that is not there cannot be read (a conservative test: a string holding it counts too)
+    reads = ("attributes" in expression, "capacity" in expression, bool(set(program.functions()) - _STANDARD))
+    named = _NAMED_DOMAIN.findall(expression)
+    words = len(re.findall(r"attributes|capacity", expression))
+    only = frozenset(domain for _, domain in named) if len(named) == words else None
+    return Selector(expression, program, frozenset(s for s in literals if _DOMAIN.fullmatch(s)), reads, only)
 
 
 # ------------------------------------------------------------------ one device
@@ -246,7 +269,7 @@ def compile_selector(expression: str) -> Selector:
 
 def _attribute(value: Any) -> Any:
     """A slice attribute (``{"int": 1}``, ``{"version": "1.2.3"}``, ...) as CEL reads it."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         return None
     for kind in ("int", "bool", "string"):
         if kind in value:
@@ -259,20 +282,38 @@ def _attribute(value: Any) -> Any:
     return None
 
 
-def device_input(driver: str, doc: Mapping[str, Any], extra_domains: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _amount(value: Any, name: str) -> Fraction:
+    if isinstance(value, str) and value.isdigit():  # what slices hold, mostly: parse_quantity's fast path
+        return Fraction(int(value))
+    return parse_quantity(value, name)
+
+
+def device_input(
+    driver: str,
+    doc: Mapping[str, Any],
+    extra_domains: frozenset[str] = frozenset(),
+    parts: tuple[bool, bool] = (True, True),
+    only: frozenset[str] | None = None,
+) -> dict[str, Any]:
     """The ``device`` variable for a ResourceSlice device of ``driver``; ``extra_domains`` are added
-    as empty maps where the device has none (Kubernetes reads an unknown domain as ``{}``)."""
+    as empty maps where the device has none (Kubernetes reads an unknown domain as ``{}``).
+    ``parts``: whether to fill in the attributes and the capacities (left empty otherwise);
+    ``only``: the domains to fill in (None: all)."""
     attributes: dict[str, dict[str, Any]] = {}
-    for name, value in (doc.get("attributes") or {}).items():
+    for name, value in (doc.get("attributes") or {}).items() if parts[0] else ():
         domain, _, short = str(name).rpartition("/")
+        if only is not None and (domain or driver) not in only:
+            continue
         got = _attribute(value)
         if got is not None:
             attributes.setdefault(domain or driver, {})[short] = got
     capacity: dict[str, dict[str, Any]] = {}
-    for name, cap in (doc.get("capacity") or {}).items():
+    for name, cap in (doc.get("capacity") or {}).items() if parts[1] else ():
         domain, _, short = str(name).rpartition("/")
+        if only is not None and (domain or driver) not in only:
+            continue
         try:
-            amount = parse_quantity((cap or {}).get("value", 0), name)
+            amount = _amount((cap or {}).get("value", 0), name)
         except QuantityError:
             continue
         capacity.setdefault(domain or driver, {})[short] = _quantity(amount)
@@ -299,19 +340,20 @@ class DeviceCel:
 
     def __init__(self, driver: str, doc: Mapping[str, Any]) -> None:
         self.driver, self.doc = driver, doc
-        self._domains: frozenset[str] = frozenset()
-        self._context: Any = None
+        self._contexts: dict[tuple[bool, bool, bool, frozenset[str], frozenset[str] | None], Any] = {}
         self._verdicts: dict[str, bool | CelRuntimeError] = {}
 
     def _context_for(self, selector: Selector) -> Any:
-        if self._context is None or not selector.domains <= self._domains:
-            self._domains |= selector.domains
-            ctx = _cel.Context(variables={"device": device_input(self.driver, self.doc, self._domains)})
-            add_stdlib_to_context(ctx)
-            for name, fn in FUNCTIONS.items():
-                ctx.add_function(name, fn)
-            self._context = ctx
-        return self._context
+        """The smallest context that serves ``selector`` among those built, or a new one."""
+        a, c, f, d, o = selector.needs
+        for (attrs, caps, funcs, domains, only), ctx in self._contexts.items():
+            if (attrs or not a) and (caps or not c) and (funcs or not f) and d <= domains:
+                if only is None or (o is not None and o <= only):
+                    return ctx
+        device = device_input(self.driver, self.doc, d, (a, c), o)
+        ctx = _cel.Context(variables={"device": device}, functions=_all_functions() if f else None)
+        self._contexts[selector.needs] = ctx
+        return ctx
 
     def matches(self, selector: Selector) -> bool:
         """Whether the device satisfies ``selector``; raises :class:`CelRuntimeError` when the
