@@ -755,9 +755,10 @@ def _selector_template(ns: str, name: str, expression: str, memory: str = "2Gi")
 @pytest.mark.skipif(not NEXT_DEVICE_FIXED, reason="kubernetes/kubernetes#133705: v1.34 stays on a node's first GPU")
 async def test_cel_selectors_pick_the_gpu_kube_scheduler_picks(cluster, kube):
     """Claims with CEL selectors (standard NUMA attribute, compute capability and driver version
-    as versions, memory as a quantity, one that matches nothing, one that fails on a device)
-    created one by one on a one-node cluster: each lands on the GPU `hami simulate --front-end
-    dra` predicts, and the same pods stay pending."""
+    as versions, memory as a quantity, one that matches nothing, one that fails on a device) and
+    with firstAvailable subrequests, created one by one on a one-node cluster: each lands on the
+    GPUs `hami simulate --front-end dra` predicts, under the same (sub)request, consuming the
+    same memory, and the same pods stay pending."""
     from hami.core import SchedulerConfig
     from hami.sim.dra import simulate_dra
     from hami.vendors import build_vendors
@@ -789,6 +790,29 @@ async def test_cel_selectors_pick_the_gpu_kube_scheduler_picks(cluster, kube):
         ("broken", f"{ours}.nosuch == 1", "1Gi"),
     ]
     templates = [_selector_template(ns, name, expr, mem) for name, expr, mem in asks]
+    # firstAvailable: subrequests tried in order (results named gpu/<subrequest>)
+    for name, subs in (
+        ("fa-small", [("big", "20Gi", 1, None), ("numa0", "2Gi", 1, f"{std}.numaNode == 0")]),
+        ("fa-pair", [("pair", "6Gi", 2, None), ("one", "6Gi", 1, None)]),
+    ):
+        t = _selector_template(ns, name, "true")
+        t["spec"]["spec"]["devices"]["requests"] = [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {
+                        "name": sub,
+                        "deviceClassName": SHARE_CLASS,
+                        "count": count,
+                        "capacity": {"requests": {"memory": mem}},
+                        **({"selectors": [{"cel": {"expression": sel}}]} if sel else {}),
+                    }
+                    for sub, mem, count, sel in subs
+                ],
+            }
+        ]
+        templates.append(t)
+        asks.append((name, "", ""))
     pods = []
     for name, _, _ in asks:
         p = hami_pod(f"p-{name}", {}, {"hami.io/test-pool": "cel"})
@@ -828,12 +852,13 @@ async def test_cel_selectors_pick_the_gpu_kube_scheduler_picks(cluster, kube):
             if state == "pending":
                 assert s.status == "pending", f"{name}: kube-scheduler left it pending, the simulation placed it"
             else:
-                [r] = results
-                [d] = s.containers[0]["devices"]
-                assert (s.status, d["device"]) == ("scheduled", f"{node}/{r['device']}"), (name, r, d)
-                assert qty(r["consumedCapacity"]["memory"]) // MIB == d["usedmem"], name
+                got = sorted((r["request"], r["device"], qty(r["consumedCapacity"]["memory"])) for r in results)
+                [row] = [c for c in result.claims if f"{ns}/{name}" in c["pods"]]
+                want = sorted((r["request"], r["device"], qty(r["consumedCapacity"]["memory"])) for r in row["results"])
+                assert (s.status, got) == ("scheduled", want), name
             agree += 1
         assert live["p-h100"][0] == live["p-broken"][0] == "pending"
+        assert {r["request"] for r in live["p-fa-small"][1]} == {"gpu/numa0"}
         assert "CEL runtime error" in simulated["p-broken"].reasons[node]
         placed = sorted((n, r[0]["device"]) for n, (st, r) in live.items() if st == "placed")
         print(f"CEL selectors ({KUBE_VERSION}): {agree}/{len(live)} pods agree with the simulation: {placed}")

@@ -38,6 +38,7 @@ from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS, device_classes
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
+MAX_SUBREQUESTS = 8  # resource.k8s.io's FirstAvailableDeviceRequestMaxSize
 #: the DeviceClasses the simulation knows: both select every device of the driver
 CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
 TOO_BIG = "asks for more than the whole GPU"
@@ -49,7 +50,16 @@ CLAIM_SPEC = {
         "requests": ListOf(
             {
                 "name": str,
-                "firstAvailable": ListOf({}),
+                "firstAvailable": ListOf(
+                    {
+                        "name": str,
+                        "deviceClassName": str,
+                        "selectors": ListOf({"cel": {"expression": str}}),
+                        "allocationMode": str,
+                        "count": int,
+                        "capacity": {"requests": MapOf(QTY)},
+                    }
+                ),
                 "exactly": {
                     "deviceClassName": str,
                     "selectors": ListOf({"cel": {"expression": str}}),
@@ -302,13 +312,21 @@ def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One ``exactly`` request of a claim, as the allocator sees it."""
+    """One request of a claim, as the allocator sees it: ``exactly`` one, or a ``firstAvailable``
+    list of subrequests (``alternatives``, each named ``<request>/<subrequest>`` as its allocation
+    results are, tried in order)."""
 
     name: str
     device_class: str
-    count: int  # -1: allocationMode All
+    count: int  # -1: allocationMode All; 0: firstAvailable (see alternatives)
     capacity: dict[str, Any]
     selectors: tuple[Selector, ...] = ()  # exactly.selectors, compiled
+    alternatives: tuple[Request, ...] = ()
+
+    @property
+    def most(self) -> int:
+        """The most devices it can take by count (All counts none here)."""
+        return max((a.most for a in self.alternatives), default=0) if self.alternatives else max(self.count, 0)
 
 
 #: each DeviceClass's selectors, as the model publishes the classes
@@ -344,11 +362,11 @@ def _selected(dev: DeviceUse, r: Request) -> bool:
 def _selectors(ex: Mapping[str, Any], at: str, name: str) -> tuple[Selector, ...]:
     raw = ex.get("selectors") or []
     if not isinstance(raw, (list, tuple)):
-        raise ClaimError(f"{at}.exactly.selectors: must be a list")
+        raise ClaimError(f"{at}.selectors: must be a list")
     out = []
     for j, s in enumerate(raw):
         expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, Mapping) else None
-        where = f"{at}.exactly.selectors[{j}].cel.expression (request {name})"
+        where = f"{at}.selectors[{j}].cel.expression (request {name})"
         if not isinstance(expr, str):
             raise ClaimError(f"{where}: must be a string (only CEL selectors exist)")
         try:
@@ -362,6 +380,27 @@ class ClaimError(ValueError):
     """A claim spec the simulation cannot read; the message names the field."""
 
 
+def _exact(ex: Mapping[str, Any], at: str, name: str) -> Request:
+    """An ``exactly`` request or a ``firstAvailable`` subrequest (the same fields)."""
+    mode = ex.get("allocationMode") or "ExactCount"
+    if mode not in ("ExactCount", "All"):
+        raise ClaimError(f"{at}.allocationMode: {mode!r} is not ExactCount or All")
+    count = ex.get("count", 1)
+    if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ClaimError(f"{at}.count: must be an integer >= 1, got {count!r}")
+    caps = ((ex.get("capacity") or {}).get("requests")) or {}
+    if not isinstance(caps, Mapping):
+        raise ClaimError(f"{at}.capacity.requests: must be an object")
+    for k, v in caps.items():
+        try:
+            parse_int_quantity(v, f"{at}.capacity.requests.{k}")
+        except QuantityError as exc:
+            raise ClaimError(str(exc)) from None
+    return Request(
+        name, str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps), _selectors(ex, at, name)
+    )
+
+
 def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Request], list[dict[str, Any]]]:
     """The requests and constraints of a ResourceClaimSpec. Raises ClaimError naming the field."""
     devices = (spec or {}).get("devices") or {}
@@ -372,38 +411,27 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
         at = f"{where}.devices.requests[{i}]"
         if not isinstance(r, Mapping) or not r.get("name"):
             raise ClaimError(f"{at}: must be an object with a name")
-        ex = r.get("exactly")
-        if not isinstance(ex, Mapping):
-            raise ClaimError(f"{at} ({r['name']}): only 'exactly' requests are simulated (firstAvailable is not)")
-        mode = ex.get("allocationMode") or "ExactCount"
-        if mode not in ("ExactCount", "All"):
-            raise ClaimError(f"{at}.exactly.allocationMode: {mode!r} is not ExactCount or All")
-        count = ex.get("count", 1)
-        if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
-            raise ClaimError(f"{at}.exactly.count: must be an integer >= 1, got {count!r}")
-        caps = ((ex.get("capacity") or {}).get("requests")) or {}
-        if not isinstance(caps, Mapping):
-            raise ClaimError(f"{at}.exactly.capacity.requests: must be an object")
-        for k, v in caps.items():
-            try:
-                parse_int_quantity(v, f"{at}.exactly.capacity.requests.{k}")
-            except QuantityError as exc:
-                raise ClaimError(str(exc)) from None
-        out.append(
-            Request(
-                str(r["name"]),
-                str(ex.get("deviceClassName") or ""),
-                -1 if mode == "All" else count,
-                dict(caps),
-                _selectors(ex, at, str(r["name"])),
-            )
-        )
+        ex, alts = r.get("exactly"), r.get("firstAvailable")
+        if isinstance(ex, Mapping) == bool(alts):
+            raise ClaimError(f"{at} ({r['name']}): needs exactly one of 'exactly' and 'firstAvailable'")
+        if isinstance(ex, Mapping):
+            out.append(_exact(ex, f"{at}.exactly", str(r["name"])))
+            continue
+        if not isinstance(alts, list) or len(alts) > MAX_SUBREQUESTS:
+            raise ClaimError(f"{at}.firstAvailable: must be a list of 1 to {MAX_SUBREQUESTS} subrequests")
+        subs = []
+        for j, sub in enumerate(alts):
+            if not isinstance(sub, Mapping) or not sub.get("name"):
+                raise ClaimError(f"{at}.firstAvailable[{j}]: must be an object with a name")
+            subs.append(_exact(sub, f"{at}.firstAvailable[{j}]", f"{r['name']}/{sub['name']}"))
+        if len({a.name for a in subs}) < len(subs):
+            raise ClaimError(f"{at}.firstAvailable: subrequest names must be unique")
+        out.append(Request(str(r["name"]), "", 0, {}, alternatives=tuple(subs)))
     if not out:
         raise ClaimError(f"{where}.devices.requests: no request")
-    if sum(max(r.count, 0) for r in out) > MAX_RESULTS:
+    if sum(r.most for r in out) > MAX_RESULTS:
         raise ClaimError(
-            f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
-            f"a claim holds at most {MAX_RESULTS}"
+            f"{where}.devices.requests: {sum(r.most for r in out)} devices asked, a claim holds at most {MAX_RESULTS}"
         )
     constraints = [dict(c) for c in devices.get("constraints") or () if isinstance(c, Mapping)]
     return out, constraints
@@ -430,9 +458,9 @@ class Pick:
 def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pick], new: Pick) -> bool:
     for c in constraints:
         applies = c.get("requests") or None
-        if applies is not None and new.request not in applies:
+        if applies is not None and not _named(new.request, applies):
             continue
-        peers = [p for p in picks if applies is None or p.request in applies]
+        peers = [p for p in picks if applies is None or _named(p.request, applies)]
         if c.get("distinctAttribute"):
             a = c["distinctAttribute"]
             if new.device.attributes.get(a) is None or any(
@@ -446,6 +474,11 @@ def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pic
             ):
                 return False
     return True
+
+
+def _named(request: str, names: Sequence[str]) -> bool:
+    """Whether a constraint's ``requests`` take in ``request`` (a subrequest's parent counts)."""
+    return request in names or request.partition("/")[0] in names
 
 
 def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> bool:
@@ -487,6 +520,8 @@ class _Slot:
     request: Request
     needs: tuple[dict[str, int] | None, ...]
     fixed: int | None = None  # allocationMode All: the device's position, known in advance
+    req: int = 0  # the request's position in its claim
+    first: bool = False  # the first device of its request
 
 
 @dataclass
@@ -513,36 +548,59 @@ class _Failed(Exception):
         self.claim, self.message = claim, message
 
 
-def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Slot] | None:
-    """The devices to find, in the allocator's order; None when a claim cannot be had on these
-    devices whatever the others do (see :func:`why_not`). The room of an ``exactly`` request is
-    counted by capacity alone: its selectors run when the search reaches a device, as in the
-    allocator (whose error on a failing selector must not come from a device it never reaches).
-    Raises :class:`_Failed` when a selector of an ``allocationMode: All`` request fails."""
+def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -> list[_Slot] | None:
+    """The slots of one ``exactly`` request (or subrequest); None when it cannot be had here."""
+    if r.device_class not in CLASSES:
+        return None
+    needs = tuple(wanted(d, r.capacity) for d in devices)
+    room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
+    if r.count < 0:
+        # All: the devices that could take it now, fixed before the search starts; the
+        # allocator runs the selectors on every device of the node first
+        try:
+            room = [i for i in room if _selected(devices[i], r)]
+        except SelectorError as exc:
+            raise _Failed(ci, f"request {r.name}: {exc}") from None
+        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(room)] or None
+    if len(room) < r.count:  # the devices of one request are distinct
+        return None
+    return [_Slot(ci, r, needs, None, ri, n == 0) for n in range(r.count)]
+
+
+def _slots(
+    devices: Sequence[DeviceUse],
+    claims: Sequence[ClaimAsk],
+    choices: dict[tuple[int, int], int] | None = None,
+    start: tuple[int, int] = (0, 0),
+) -> list[_Slot] | None:
+    """The devices to find, in the allocator's order, from request ``start`` (claim, request) on;
+    None when a claim cannot be had on these devices whatever the others do (see :func:`why_not`).
+    A ``firstAvailable`` request takes the first of its subrequests, from the one in ``choices``
+    on, that can be had (recorded there); the requests after ``start`` begin at their first. The
+    room of an ``exactly`` request is counted by capacity alone: its selectors run when the search
+    reaches a device, as in the allocator (whose error on a failing selector must not come from a
+    device it never reaches). Raises :class:`_Failed` when a selector of an ``allocationMode:
+    All`` request fails."""
+    choices = {} if choices is None else choices
     slots: list[_Slot] = []
-    for ci, c in enumerate(claims):
+    for ci in range(start[0], len(claims)):
         mine = 0
-        for r in c.requests:
-            if r.device_class not in CLASSES:
-                return None
-            needs = tuple(wanted(d, r.capacity) for d in devices)
-            room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
-            if r.count < 0:
-                # All: the devices that could take it now, fixed before the search starts; the
-                # allocator runs the selectors on every device of the node first
-                try:
-                    room = [i for i in room if _selected(devices[i], r)]
-                except SelectorError as exc:
-                    raise _Failed(ci, f"request {r.name}: {exc}") from None
-                if not room:
-                    return None
-                slots += [_Slot(ci, r, needs, i) for i in room]
-                mine += len(room)
+        for ri, r in enumerate(claims[ci].requests):
+            if (ci, ri) < start:
+                continue
+            got = None
+            if r.alternatives:
+                at = choices.get((ci, ri), 0) if (ci, ri) == start else 0
+                while got is None and at < len(r.alternatives):
+                    got = _request_slots(devices, ci, ri, r.alternatives[at])
+                    choices[(ci, ri)] = at
+                    at += 1
             else:
-                if len(room) < r.count:  # the devices of one request are distinct
-                    return None
-                slots += [_Slot(ci, r, needs) for _ in range(r.count)]
-                mine += r.count
+                got = _request_slots(devices, ci, ri, r)
+            if got is None:
+                return None
+            slots += got
+            mine += len(got)
         if mine > MAX_RESULTS:
             return None
     return slots
@@ -586,7 +644,8 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
         slots = _slots(devices, claims)
         if slots is None:
             return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
-        over = _too_much(devices, claims, slots)
+        alternatives = any(r.alternatives for c in claims for r in c.requests)
+        over = None if alternatives else _too_much(devices, claims, slots)  # a bound for fixed slots only
         if over is not None:
             return Search(None, stuck=over[0], short=over[1])
         return _walk(devices, claims, slots, steps)
@@ -602,8 +661,14 @@ def _accepts(dev: DeviceUse, slot: _Slot) -> bool:
         raise _Failed(slot.claim, f"request {slot.request.name}: {exc}") from None
 
 
-def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Sequence[_Slot], steps: int) -> Search:
-    """The depth-first search of :func:`allocate_claims` over ``slots``."""
+def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[_Slot], steps: int) -> Search:
+    """The depth-first search of :func:`allocate_claims` over ``slots``. A ``firstAvailable``
+    request is a choice point: when its first device cannot be found the search takes its next
+    subrequest there (the slots from it on made again) before going back, and a search that comes
+    to it afresh starts again at its first subrequest, as the allocator's recursion does."""
+    choices: dict[tuple[int, int], int] = {}
+    _slots(devices, claims, choices)  # the subrequests the slots were made with
+    initial = dict(choices)  # where a search that comes to a firstAvailable request begins
     extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
     picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
     mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints
@@ -643,6 +708,8 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Seque
                 pick = (i, p)
         cursor[level] = at  # All: past its one device once tried
         if pick is None:
+            if _switch(devices, claims, slots, cursor, level, choices, +1):
+                continue  # the request's next subrequest, here
             level -= 1
             if level < 0:
                 return found
@@ -662,6 +729,7 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Seque
             extra[i][k] += p.consumed[k]
         level += 1
         if level < len(slots):
+            _switch(devices, claims, slots, cursor, level, choices, initial)
             nxt = slots[level]
             # the next device of the same request is looked for after this one; anything else from the start
             cursor[level] = i + 1 if nxt.claim == slot.claim and nxt.request is slot.request else 0
@@ -669,6 +737,39 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: Seque
     for (_, p), s in zip(picks, slots):
         out[s.claim].append(p)
     return Search(out)
+
+
+def _switch(
+    devices: Sequence[DeviceUse],
+    claims: Sequence[ClaimAsk],
+    slots: list[_Slot],
+    cursor: list[int],
+    level: int,
+    choices: dict[tuple[int, int], int],
+    to: int | dict[tuple[int, int], int],
+) -> bool:
+    """At the first device of a ``firstAvailable`` request, move it to another subrequest and
+    make the slots from ``level`` on again: ``to`` +1 (its next one, when the current one found
+    nothing) or ``initial`` (its first one, for a search that comes to it afresh). False when
+    there is nothing to change (not such a slot, no further subrequest, already the first)."""
+    slot = slots[level]
+    key = (slot.claim, slot.req)
+    if not slot.first or not claims[slot.claim].requests[slot.req].alternatives:
+        return False
+    if isinstance(to, dict):
+        if choices.get(key) == to.get(key):
+            return False
+        choices[key] = to.get(key, 0)
+    else:
+        choices[key] = choices.get(key, 0) + to
+        if choices[key] >= len(claims[slot.claim].requests[slot.req].alternatives):
+            return False
+    tail = _slots(devices, claims, choices, key)
+    if tail is None:
+        return False
+    slots[level:] = tail
+    cursor[level:] = [0] * len(tail)
+    return True
 
 
 def allocate(
@@ -716,6 +817,16 @@ def why_not(
     parts = []
     asked = 0
     for r in requests:
+        if r.alternatives:
+            if any(_slots(devices, [ClaimAsk(claim, [a])]) is not None for a in r.alternatives):
+                asked += min(a.most for a in r.alternatives)
+                continue
+            parts.append(
+                f"claim {claim} request {r.name}: no subrequest can be had ("
+                + "; ".join(why_not(devices, [a], claim) for a in r.alternatives)
+                + ")"
+            )
+            continue
         if r.device_class not in CLASSES:
             parts.append(
                 f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "

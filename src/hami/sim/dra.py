@@ -604,7 +604,7 @@ def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[di
         for ref in (c.get("resources") or {}).get("claims") or ():
             claim = claims.get(ref.get("name") or "")
             for p in (claim.picks or ()) if claim else ():
-                if ref.get("request") and ref["request"] != p.request:
+                if ref.get("request") and ref["request"] not in (p.request, p.request.partition("/")[0]):
                     continue
                 devs.append(
                     {

@@ -1,0 +1,138 @@
+"""``firstAvailable`` requests on the DRA path: subrequests tried in order inside the allocator's
+one search (hami.dra.fit), results named ``<request>/<subrequest>``, constraints and containers
+that name the parent request."""
+
+import pytest
+
+from hami.core import SchedulerConfig
+from hami.dra import fit
+from hami.dra.model import SliceSettings, resource_slice
+from hami.node.nvml import PhysicalGPU
+from hami.sim.dra import simulate_dra
+from hami.sim.engine import SimulationError
+from hami.vendors import build_vendors
+
+CFG = SchedulerConfig(build_vendors(), "binpack", "spread")
+
+
+def node(name="n", n=2, mib=16384):
+    gpus = [
+        PhysicalGPU(i, f"GPU-{name}-{i}", "Tesla T4", mib, f"0000:{i + 1:02x}:00.0", 0, numa_node=i) for i in range(n)
+    ]
+    return resource_slice(name, gpus, SliceSettings(split_count=4))
+
+
+def sub(name, memory, count=1, selector=None):
+    out = {"name": name, "deviceClassName": "gpu.hami.io", "count": count, "capacity": {"requests": {"memory": memory}}}
+    if selector:
+        out["selectors"] = [{"cel": {"expression": selector}}]
+    return out
+
+
+def claim(name, request, constraints=None):
+    devices = {"requests": [request]}
+    if constraints:
+        devices["constraints"] = constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": devices},
+    }
+
+
+def exactly(memory, count=1):
+    return {
+        "name": "gpu",
+        "exactly": {"deviceClassName": "gpu.hami.io", "count": count, "capacity": {"requests": {"memory": memory}}},
+    }
+
+
+def first(*subs):
+    return {"name": "gpu", "firstAvailable": list(subs)}
+
+
+def pod(name, *claims):
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+            "containers": [
+                {"name": c, "image": "x", "resources": {"claims": [{"name": c, "request": "gpu"}]}} for c in claims
+            ],
+        },
+    }
+
+
+def run(slices, docs):
+    r = simulate_dra(slices, docs, CFG)
+    return {p.name: p for p in r.pods}, {c["name"]: c for c in r.claims}
+
+
+def test_the_first_subrequest_that_can_be_had_wins_and_names_the_result():
+    pods, claims = run([node()], [claim("c", first(sub("big", "20Gi"), sub("small", "4Gi"))), pod("p", "c")])
+    assert [(r["request"], r["device"]) for r in claims["c"]["results"]] == [("gpu/small", "gpu-0")]
+    # a container that names the parent request gets the subrequest's device
+    assert [d["device"] for d in pods["p"].containers[0]["devices"]] == ["n/gpu-0"]
+    pods, claims = run([node()], [claim("c", first(sub("two", "4Gi", count=2), sub("one", "4Gi"))), pod("p", "c")])
+    assert [(r["request"], r["device"]) for r in claims["c"]["results"]] == [("gpu/two", "gpu-0"), ("gpu/two", "gpu-1")]
+
+
+def test_a_later_claim_that_does_not_fit_sends_the_search_back_to_the_next_subrequest():
+    """Two 16Gi GPUs. Claim a takes two 10Gi devices if it can, else one; claim b needs 10Gi. The
+    allocator's one search tries a/two (gpu-0 + gpu-1), finds no room for b, and backs into a's
+    next subrequest: a/one on gpu-0, b on gpu-1. Placing a on its own first would leave b pending."""
+    docs = [
+        claim("a", first(sub("two", "10Gi", count=2), sub("one", "10Gi"))),
+        claim("b", exactly("10Gi")),
+        pod("p", "a", "b"),
+    ]
+    pods, claims = run([node()], docs)
+    assert pods["p"].status == "scheduled"
+    assert [(r["request"], r["device"]) for r in claims["a"]["results"]] == [("gpu/one", "gpu-0")]
+    assert [(r["request"], r["device"]) for r in claims["b"]["results"]] == [("gpu", "gpu-1")]
+
+
+def test_subrequests_have_selectors_and_constraints_name_the_parent():
+    numa1 = 'device.attributes["resource.kubernetes.io"].numaNode == 1'
+    c = claim(
+        "c",
+        first(sub("pair", "1Gi", count=2), sub("numa1", "1Gi", selector=numa1)),
+        constraints=[{"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/numaNode"}],
+    )
+    pods, claims = run([node()], [c, pod("p", "c")])
+    # the two GPUs are on different NUMA nodes: the pair breaks the constraint, the selector picks gpu-1
+    assert [(r["request"], r["device"]) for r in claims["c"]["results"]] == [("gpu/numa1", "gpu-1")]
+
+
+def test_no_subrequest_fits_says_why_for_each():
+    pods, _ = run([node(n=1)], [claim("c", first(sub("a", "20Gi"), sub("b", "17Gi"))), pod("p", "c")])
+    assert pods["p"].status == "pending"
+    assert pods["p"].reasons["n"] == (
+        "claim c request gpu: no subrequest can be had (claim c request gpu/a: gpu-0: asks for more than the "
+        "whole GPU; claim c request gpu/b: gpu-0: asks for more than the whole GPU)"
+    )
+
+
+@pytest.mark.parametrize(
+    "request_, what",
+    [
+        ({"name": "gpu", "firstAvailable": []}, "needs exactly one of 'exactly' and 'firstAvailable'"),
+        ({"name": "gpu", "firstAvailable": [sub("a", "1Gi"), sub("a", "2Gi")]}, "subrequest names must be unique"),
+        ({"name": "gpu", "firstAvailable": [sub(f"s{i}", "1Gi") for i in range(9)]}, "1 to 8 subrequests"),
+        ({"name": "gpu", "firstAvailable": [{**sub("a", "1Gi"), "count": 0}]}, r"firstAvailable\[0\].count: must be"),
+        ({"name": "gpu", "firstAvailable": [sub("a", "1Gi"), sub("b", "1Gi", count=33)]}, "33 devices asked"),
+    ],
+)
+def test_bad_first_available_stops_the_run_naming_the_field(request_, what):
+    with pytest.raises(SimulationError, match=what):
+        run([node()], [claim("c", request_)])
+
+
+def test_fit_request_most_is_the_largest_subrequest():
+    reqs, _ = fit.claim_spec_requests(
+        {"devices": {"requests": [first(sub("a", "1Gi", count=3), sub("b", "1Gi"))]}}, "spec"
+    )
+    assert [a.name for a in reqs[0].alternatives] == ["gpu/a", "gpu/b"] and reqs[0].most == 3
