@@ -18,8 +18,9 @@ wins: kube-scheduler has no scoring between devices. :func:`why_not` and :func:`
 say why a search found nothing, naming the claim. A request's devices must satisfy its DeviceClass's
 CEL selectors and its own (:mod:`hami.dra.cel`), evaluated when the search reaches a device, as
 the allocator does; a selector that fails on a device ends the search with an error
-(:attr:`Search.error`). ``firstAvailable`` alternatives and admin access are not evaluated (see
-docs/dra.md, "Simulating the DRA path").
+(:attr:`Search.error`). A ``firstAvailable`` request is a choice point of the same search: its
+subrequests are tried in order, each with everything after it, before the search goes back past
+it. Admin access is not evaluated (see docs/dra.md, "Simulating the DRA path").
 This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
 unless told to (:func:`commit`, :func:`release`).
 """
