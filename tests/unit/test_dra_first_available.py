@@ -3,6 +3,8 @@ one search (hami.dra.fit), results named ``<request>/<subrequest>``, constraints
 that name the parent request."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hami.core import SchedulerConfig
 from hami.dra import fit
@@ -136,3 +138,81 @@ def test_fit_request_most_is_the_largest_subrequest():
         {"devices": {"requests": [first(sub("a", "1Gi", count=3), sub("b", "1Gi"))]}}, "spec"
     )
     assert [a.name for a in reqs[0].alternatives] == ["gpu/a", "gpu/b"] and reqs[0].most == 3
+
+
+# ------------------------------------------------------------------ against a plain recursive search
+
+
+def _reference(devices, claims):
+    """The allocator's recursion written plainly: requests in order, a firstAvailable request's
+    subrequests in order (each with everything after it), a request's devices distinct and in
+    slice order after the last one taken, the first complete placement wins."""
+    items = [(ci, r) for ci, c in enumerate(claims) for r in c.requests]
+    used = [dict.fromkeys(fit.CAPACITIES, 0) for _ in devices]
+
+    def request(k):
+        if k == len(items):
+            return []
+        ci, r = items[k]
+        for alt in r.alternatives or (r,):
+            got = some(k, ci, alt, alt.count, 0)
+            if got is not None:
+                return got
+        return None
+
+    def some(k, ci, alt, n, start):
+        if n == 0:
+            return request(k + 1)
+        for i in range(start, len(devices)):
+            need = fit.wanted(devices[i], alt.capacity)
+            if need is None or any(need[c] > devices[i].left(c) - used[i][c] for c in fit.CAPACITIES):
+                continue
+            for c in fit.CAPACITIES:
+                used[i][c] += need[c]
+            rest = some(k, ci, alt, n - 1, i + 1)
+            for c in fit.CAPACITIES:
+                used[i][c] -= need[c]
+            if rest is not None:
+                return [(ci, alt.name, i)] + rest
+        return None
+
+    return request(0)
+
+
+_GIB = st.integers(1, 12).map(lambda g: f"{g}Gi")
+_EXACT = st.fixed_dictionaries({"count": st.integers(1, 2), "memory": _GIB})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.lists(st.integers(4, 16), min_size=1, max_size=3),
+    claims=st.lists(
+        st.lists(st.one_of(_EXACT, st.lists(_EXACT, min_size=1, max_size=3)), min_size=1, max_size=2),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_the_search_matches_a_plain_recursive_search(gpus, claims):
+    sl = resource_slice(
+        "n",
+        [PhysicalGPU(i, f"GPU-{i}", "T4", g * 1024, "", 0) for i, g in enumerate(gpus)],
+        SliceSettings(split_count=8),
+    )
+    devices = list(fit.devices_of([sl]).values())
+    asks = []
+    for ci, c in enumerate(claims):
+        requests = []
+        for ri, r in enumerate(c):
+            if isinstance(r, list):
+                req = first(*(sub(f"s{j}", x["memory"], x["count"]) for j, x in enumerate(r)))
+            else:
+                req = exactly(r["memory"], r["count"])
+            requests.append({**req, "name": f"r{ri}"})
+        reqs, _ = fit.claim_spec_requests({"devices": {"requests": requests}}, f"claim {ci}")
+        asks.append(fit.ClaimAsk(f"c{ci}", reqs))
+    want = _reference(devices, asks)
+    found = fit.allocate_claims(devices, asks)
+    got = None
+    if found.picks is not None:
+        got = [(ci, p.request, devices.index(p.device)) for ci, picks in enumerate(found.picks) for p in picks]
+    assert got == want
