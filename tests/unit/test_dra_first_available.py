@@ -118,6 +118,21 @@ def test_no_subrequest_fits_says_why_for_each():
     )
 
 
+def test_a_subrequest_whose_selector_fails_is_explained_not_a_crash():
+    bad = {
+        **sub("all", "1Gi"),
+        "allocationMode": "All",
+        "selectors": [{"cel": {"expression": 'device.attributes["gpu.hami.io"].nosuch'}}],
+    }
+    del bad["count"]
+    found_pods, _ = run([node(n=1)], [claim("c", first(sub("big", "20Gi"), bad)), pod("p", "c")])
+    assert "CEL runtime error on gpu-0: no such key: nosuch" in found_pods["p"].reasons["n"]
+    requests, _ = fit.claim_spec_requests({"devices": {"requests": [first(sub("big", "20Gi"), bad)]}}, "s")
+    why = fit.why_not(list(fit.devices_of([node(n=1)]).values()), requests, "c")
+    assert why.startswith("claim c request gpu: no subrequest can be had (claim c request gpu/big: ")
+    assert "gpu/all (allocationMode All): gpu-0: selector #0" in why and "CEL runtime error" in why
+
+
 @pytest.mark.parametrize(
     "request_, what",
     [

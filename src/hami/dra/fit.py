@@ -808,6 +808,14 @@ def device_why(dev: DeviceUse, r: Request) -> str:
     return refused or shortfall(dev, r.capacity)
 
 
+def _possible(devices: Sequence[DeviceUse], r: Request) -> bool:
+    """Whether ``r`` (a subrequest) could be had on these devices alone (a failing selector: no)."""
+    try:
+        return _request_slots(devices, 0, 0, r) is not None
+    except _Failed:
+        return False
+
+
 def why_not(
     devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str, constraints: Sequence[Mapping[str, Any]] = ()
 ) -> str:
@@ -819,7 +827,7 @@ def why_not(
     asked = 0
     for r in requests:
         if r.alternatives:
-            if any(_slots(devices, [ClaimAsk(claim, [a])]) is not None for a in r.alternatives):
+            if any(_possible(devices, a) for a in r.alternatives):
                 asked += min(a.most for a in r.alternatives)
                 continue
             parts.append(
