@@ -366,7 +366,8 @@ def _selectors(ex: Mapping[str, Any], at: str, name: str) -> tuple[Selector, ...
         raise ClaimError(f"{at}.selectors: must be a list")
     out = []
     for j, s in enumerate(raw):
-        expr = ((s or {}).get("cel") or {}).get("expression") if isinstance(s, Mapping) else None
+        cel = s.get("cel") if isinstance(s, Mapping) else None
+        expr = cel.get("expression") if isinstance(cel, Mapping) else None
         where = f"{at}.selectors[{j}].cel.expression (request {name})"
         if not isinstance(expr, str):
             raise ClaimError(f"{where}: must be a string (only CEL selectors exist)")
