@@ -274,11 +274,7 @@ def test_runtime_errors(expression, error):
         _device(model={"string": "Tesla T4"}).matches(compile_selector(expression))
 
 
-def test_an_expression_is_compiled_once_and_a_device_evaluates_it_once():
-    sel = compile_selector('device.driver == "gpu.hami.io"')
-    assert compile_selector('device.driver == "gpu.hami.io"') is sel
-    dev = _device()
-    calls = []
+def _counting(sel, calls):
     real = sel.program
 
     class Counting:
@@ -287,11 +283,31 @@ def test_an_expression_is_compiled_once_and_a_device_evaluates_it_once():
             return real.execute(ctx)
 
     object.__setattr__(sel, "program", Counting())
+    return real
+
+
+def test_an_expression_is_compiled_once_and_a_device_evaluates_it_once():
+    sel = compile_selector(f'{OURS}.model == "Tesla T4" || true')
+    assert compile_selector(f'{OURS}.model == "Tesla T4" || true') is sel
+    dev, other, calls = _device(model={"string": "Tesla T4"}), _device(model={"string": "A10"}), []
+    real = _counting(sel, calls)
     try:
-        assert dev.matches(sel) and dev.matches(sel)
+        assert dev.matches(sel) and dev.matches(sel) and other.matches(sel)
     finally:
         object.__setattr__(sel, "program", real)
-    assert len(calls) == 1
+    assert len(calls) == 2  # once per device
+
+
+def test_a_selector_that_reads_no_attribute_is_evaluated_once_for_all_devices_of_a_driver():
+    sel = compile_selector('device.driver == "gpu.hami.io" && device.allowMultipleAllocations == true')
+    calls = []
+    real = _counting(sel, calls)
+    try:
+        assert all(_device(model={"string": m}).matches(sel) for m in ("T4", "A10", "A100"))
+        assert not DeviceCel("other.io", {"allowMultipleAllocations": True}).matches(sel)
+    finally:
+        object.__setattr__(sel, "program", real)
+    assert len(calls) == 2  # gpu.hami.io once, other.io once
 
 
 def test_a_compile_error_names_what_is_wrong():

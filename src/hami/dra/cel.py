@@ -334,6 +334,10 @@ def _runtime_message(exc: BaseException) -> str:
     return str(exc).split(". Check that", 1)[0]
 
 
+#: verdicts of selectors that read no attribute or capacity: (expression, driver, multi) -> verdict
+_SHARED: dict[tuple[str, str, bool], bool | CelRuntimeError] = {}
+
+
 class DeviceCel:
     """One device as selectors see it: its CEL context (built on first use, rebuilt when a
     selector names a domain it lacks) and each selector's verdict, so a selector runs once."""
@@ -357,19 +361,29 @@ class DeviceCel:
 
     def matches(self, selector: Selector) -> bool:
         """Whether the device satisfies ``selector``; raises :class:`CelRuntimeError` when the
-        expression fails on it or returns something other than a bool."""
-        verdict = self._verdicts.get(selector.expression)
-        if verdict is None:
-            try:
-                got = selector.program.execute(self._context_for(selector))
-                verdict = (
-                    got
-                    if isinstance(got, bool)
-                    else CelRuntimeError(f"the expression returned {type(got).__name__}, not bool")
-                )
-            except Exception as exc:  # the library raises KeyError, TypeError, ValueError, RuntimeError, ...
-                verdict = CelRuntimeError(_runtime_message(exc))
-            self._verdicts[selector.expression] = verdict
+        expression fails on it or returns something other than a bool. A selector that reads
+        neither attributes nor capacities (a class's ``device.driver == "..."``) sees the same
+        input on every device of a driver, so its verdict is shared between them."""
+        if not selector.reads[0] and not selector.reads[1]:
+            key = (selector.expression, self.driver, bool(self.doc.get("allowMultipleAllocations")))
+            verdict = _SHARED.get(key)
+            if verdict is None:
+                if len(_SHARED) > 4096:
+                    _SHARED.clear()
+                verdict = _SHARED[key] = self._evaluate(selector)
+        else:
+            verdict = self._verdicts.get(selector.expression)
+            if verdict is None:
+                verdict = self._verdicts[selector.expression] = self._evaluate(selector)
         if isinstance(verdict, CelRuntimeError):
             raise verdict
         return verdict
+
+    def _evaluate(self, selector: Selector) -> bool | CelRuntimeError:
+        try:
+            got = selector.program.execute(self._context_for(selector))
+        except Exception as exc:  # the library raises KeyError, TypeError, ValueError, RuntimeError, ...
+            return CelRuntimeError(_runtime_message(exc))
+        return (
+            got if isinstance(got, bool) else CelRuntimeError(f"the expression returned {type(got).__name__}, not bool")
+        )

@@ -345,14 +345,16 @@ class SelectorError(Exception):
 def refused_by(dev: DeviceUse, r: Request) -> str:
     """'' when ``dev`` satisfies the selectors of ``r``'s class and of ``r`` (in that order, as
     the allocator checks them), else which selector is false. Raises :class:`SelectorError`."""
-    for owner, selectors in ((f"class {r.device_class}", CLASS_SELECTORS.get(r.device_class, ())), ("", r.selectors)):
+    for owner, selectors in ((f"class {r.device_class} ", CLASS_SELECTORS.get(r.device_class, ())), ("", r.selectors)):
         for i, sel in enumerate(selectors):
-            name = f"{owner + ' ' if owner else ''}selector #{i} ({sel.expression})"
             try:
-                if not dev.cel.matches(sel):
-                    return f"{name} is false"
+                if dev.cel.matches(sel):
+                    continue
             except CelRuntimeError as exc:
-                raise SelectorError(f"{name}: CEL runtime error on {dev.device}: {exc}") from None
+                raise SelectorError(
+                    f"{owner}selector #{i} ({sel.expression}): CEL runtime error on {dev.device}: {exc}"
+                ) from None
+            return f"{owner}selector #{i} ({sel.expression}) is false"
     return ""
 
 
