@@ -728,6 +728,146 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
         cluster.delete_node(node)
 
 
+def _selector_template(ns: str, name: str, expression: str, memory: str = "2Gi") -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": SHARE_CLASS,
+                                "capacity": {"requests": {"memory": memory, "cores": "10"}},
+                                "selectors": [{"cel": {"expression": expression}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+@pytest.mark.skipif(not NEXT_DEVICE_FIXED, reason="kubernetes/kubernetes#133705: v1.34 stays on a node's first GPU")
+async def test_cel_selectors_pick_the_gpu_kube_scheduler_picks(cluster, kube):
+    """Claims with CEL selectors (standard NUMA attribute, compute capability and driver version
+    as versions, memory as a quantity, one that matches nothing, one that fails on a device) and
+    with firstAvailable subrequests, created one by one on a one-node cluster: each lands on the
+    GPUs `hami simulate --front-end dra` predicts, under the same (sub)request, consuming the
+    same memory, and the same pods stay pending."""
+    from hami.core import SchedulerConfig
+    from hami.sim.dra import simulate_dra
+    from hami.vendors import build_vendors
+
+    await apply_device_classes(kube)
+    node, ns = "dra-cel", "dra-cel"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "cel"})
+    settings = SliceSettings(split_count=SPLIT, driver_version="550.54.15")
+    devs = [
+        PhysicalGPU(i, f"GPU-cel00000-0000-4000-8000-{i:012x}", "Tesla T4", GPU_MIB, f"0000:{i + 1:02x}:00.0", 0)
+        for i in range(3)
+    ]
+    devs = [
+        PhysicalGPU(
+            g.index, g.uuid, g.model, g.memory_mib, g.bus_id, g.numa, numa_node=g.index % 2, compute_capability=cc
+        )
+        for g, cc in zip(devs, ("7.5", "8.6", "10.0"))
+    ]
+    await publish_slice(kube, node, devs, settings)
+    ours, std = 'device.attributes["gpu.hami.io"]', 'device.attributes["resource.kubernetes.io"]'
+    asks = [
+        ("numa1", f"{std}.numaNode == 1", "2Gi"),
+        ("cc9", f'{ours}.cudaComputeCapability.compareTo(semver("9.0.0")) >= 0', "2Gi"),
+        ("bigmem", 'device.capacity["gpu.hami.io"].memory.compareTo(quantity("15Gi")) >= 0', "12Gi"),
+        ("numa1b", f'{std}.numaNode == 1 && {ours}.driverVersion.isGreaterThan(semver("550.0.0"))', "8Gi"),
+        ("h100", f'{ours}.type == "NVIDIA-H100"', "1Gi"),
+        ("numa0", f"{std}.numaNode == 0", "4Gi"),
+        ("broken", f"{ours}.nosuch == 1", "1Gi"),
+    ]
+    templates = [_selector_template(ns, name, expr, mem) for name, expr, mem in asks]
+    # firstAvailable: subrequests tried in order (results named gpu/<subrequest>)
+    for name, subs in (
+        ("fa-small", [("big", "20Gi", 1, None), ("numa0", "2Gi", 1, f"{std}.numaNode == 0")]),
+        ("fa-pair", [("pair", "6Gi", 2, None), ("one", "6Gi", 1, None)]),
+    ):
+        t = _selector_template(ns, name, "true")
+        t["spec"]["spec"]["devices"]["requests"] = [
+            {
+                "name": "gpu",
+                "firstAvailable": [
+                    {
+                        "name": sub,
+                        "deviceClassName": SHARE_CLASS,
+                        "count": count,
+                        "capacity": {"requests": {"memory": mem}},
+                        **({"selectors": [{"cel": {"expression": sel}}]} if sel else {}),
+                    }
+                    for sub, mem, count, sel in subs
+                ],
+            }
+        ]
+        templates.append(t)
+        asks.append((name, "", ""))
+    pods = []
+    for name, _, _ in asks:
+        p = hami_pod(f"p-{name}", {}, {"hami.io/test-pool": "cel"})
+        p["metadata"]["namespace"] = ns
+        p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": name}]
+        p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        pods.append(p)
+    try:
+        live = {}
+        for t, p in zip(templates, pods):
+            cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", t, expect=(201,))
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p)
+            name = p["metadata"]["name"]
+
+            def decided(name=name):
+                got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+                if got["spec"].get("nodeName"):
+                    claim = claims_by_pod(cluster, ns).get(name)
+                    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {})
+                    return ("placed", results.get("results")) if results.get("results") else None
+                conds = (got.get("status") or {}).get("conditions") or []
+                # a failing selector is a scheduler error (reason SchedulerError), not Unschedulable
+                if any(c["type"] == "PodScheduled" and c.get("status") == "False" and c.get("reason") for c in conds):
+                    return ("pending", None)
+                return None
+
+            live[name] = cluster.wait_for(decided, f"{name} placed or pending", timeout=60)
+        result = simulate_dra(
+            [resource_slice(node, devs, settings)],
+            templates + pods,
+            SchedulerConfig(build_vendors(), "binpack", "spread"),
+        )
+        simulated = {p.name: p for p in result.pods}
+        agree = 0
+        for name, (state, results) in live.items():
+            s = simulated[name]
+            if state == "pending":
+                assert s.status == "pending", f"{name}: kube-scheduler left it pending, the simulation placed it"
+            else:
+                got = sorted((r["request"], r["device"], qty(r["consumedCapacity"]["memory"])) for r in results)
+                [row] = [c for c in result.claims if f"{ns}/{name}" in c["pods"]]
+                want = sorted((r["request"], r["device"], qty(r["consumedCapacity"]["memory"])) for r in row["results"])
+                assert (s.status, got) == ("scheduled", want), name
+            agree += 1
+        assert live["p-h100"][0] == live["p-broken"][0] == "pending"
+        assert {r["request"] for r in live["p-fa-small"][1]} == {"gpu/numa0"}
+        assert "CEL runtime error" in simulated["p-broken"].reasons[node]
+        placed = sorted((n, r[0]["device"]) for n, (st, r) in live.items() if st == "placed")
+        print(f"CEL selectors ({KUBE_VERSION}): {agree}/{len(live)} pods agree with the simulation: {placed}")
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)
+
+
 def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quota(cluster):
     """`hami scheduler --front-end dra --ui-bind`: a claim kube-scheduler allocated shows in /api/v1
     (its GPU's use, an allocation of front end `dra` with its claim and pod), and the webhook

@@ -135,8 +135,27 @@ def test_explain_replays_the_search_over_the_pods_claims_together():
     )
     placed = {**_pending_pod("small", "big"), "spec": {**_pending_pod("small", "big")["spec"], "nodeName": "n1"}}
     assert not any("allocator searches" in line for line in explain_pod(placed, [sl], claims))
+    # firstAvailable: the first subrequest is too big for either GPU, the second fits
+    subs = [
+        {"name": "a", "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "40000Mi"}}},
+        {"name": "b", "deviceClassName": "gpu.hami.io", "capacity": {"requests": {"memory": "1Gi"}}},
+    ]
     alt = {
         "metadata": {"namespace": "ns", "name": "alt"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [{"name": "a"}]}]}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": subs}]}},
     }
-    assert explain_pod(_pending_pod("alt"), [sl], [alt])[-1].startswith("kube-scheduler's search is not replayed: ")
+    assert explain_pod(_pending_pod("alt"), [sl], [alt])[-1] == "  n1: fits (alt on gpu-0)"
+    bad = {
+        "metadata": {"namespace": "ns", "name": "bad"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": "gpu.hami.io", "selectors": [{"cel": {"expression": "1 +"}}]},
+                    }
+                ]
+            }
+        },
+    }
+    assert explain_pod(_pending_pod("bad"), [sl], [bad])[-1].startswith("kube-scheduler's search is not replayed: ")

@@ -602,6 +602,7 @@ def test_the_bundled_dra_example(capsys):
         "embed-0": ("scheduled", "a10-node"),
         "embed-1": ("pending", None),
         "chat-2": ("scheduled", "t4-node"),
+        "tune-0": ("scheduled", "a10-node"),  # its CEL selector asks for an A10
     }
     ddp = next(p for p in doc["pods"] if p["name"] == "ddp-0")
     assert sorted(d["device"] for d in ddp["containers"][0]["devices"]) == ["t4-node/gpu-0", "t4-node/gpu-1"]
@@ -625,14 +626,16 @@ def test_the_device_config_shapes_the_translation(tmp_path, capsys):
     assert (got["d"]["usedmem"], got["d"]["usedcores"]) == (1000, 7)  # defaultCores, as the webhook applies it
 
 
-def test_unknown_class_is_a_reason_and_first_available_a_clear_stop():
+def test_unknown_class_is_a_reason_and_a_request_of_neither_kind_a_clear_stop():
     r, pods = run([node("a", n=1)], [claim_doc("c", device_class="other.example.com"), own_claim_pod("p", claim="c")])
     assert pods["p"].reasons == {
         "a": "claim c request gpu: device class 'other.example.com' is not gpu.hami.io or whole-gpu.hami.io"
     }
     alt = claim_doc("alt")
-    alt["spec"]["devices"]["requests"][0] = {"name": "gpu", "firstAvailable": [{"name": "big"}]}
-    with pytest.raises(SimulationError, match=r"requests\[0\] \(gpu\): only 'exactly' requests are simulated"):
+    alt["spec"]["devices"]["requests"][0] = {"name": "gpu"}
+    with pytest.raises(
+        SimulationError, match=r"requests\[0\] \(gpu\): needs exactly one of 'exactly' and 'firstAvailable'"
+    ):
         run([node("a")], [alt])
 
 

@@ -1,4 +1,5 @@
-"""The DRA device model of the driver ``gpu.hami.io``: pure, no I/O, imports only :mod:`hami.core`.
+"""The DRA device model of the driver ``gpu.hami.io``: pure, no I/O, imports only :mod:`hami.core`
+(and the CEL library ``common-expression-language``, which does no I/O either).
 
 On the DRA path kube-scheduler places claims itself; hami publishes what exists and prepares what
 was granted. This package is what every reader of DRA objects shares (the scheduler's quotas and
@@ -8,6 +9,7 @@ UI, the webhook's translation, ``hami simulate --front-end dra``, the node agent
   the DeviceClasses;
 - :mod:`hami.dra.claims`: what an allocated ResourceClaim holds of the driver's GPUs, the one
   reader of allocations;
+- :mod:`hami.dra.cel`: CEL device selectors in the environment kube-scheduler gives them;
 - :mod:`hami.dra.fit`: kube-scheduler's allocator as far as the simulation needs it;
 - :mod:`hami.dra.explain`: why a claim does not fit;
 - :mod:`hami.dra.translate`: a HAMi pod's resources -> a ResourceClaimTemplate.

@@ -7,7 +7,8 @@ and for a claim's request what it would consume there (the device's request poli
 defaults for what it does not ask, memory rounded up to whole MiB) and what is short. For a pod
 not yet placed it then replays the allocator's search (:func:`hami.dra.fit.allocate_claims`) for
 all of the pod's unallocated claims together, node by node (pool by pool): where they would go,
-or which claim stops them, since claims that each fit alone may not fit together. Node
+or which claim stops them, since claims that each fit alone may not fit together. A GPU that a
+request's CEL selector (or its class's) rules out is named with that selector. Node
 selectors, taints and CPU/memory fit stay kube-scheduler's business; this module explains the
 GPUs.
 """
@@ -17,12 +18,15 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .fit import CAPACITIES, DeviceUse, add_claims, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
-from .fit import ClaimAsk, ClaimError, allocate_claims, claim_spec_requests, why_not_claims
+from .fit import ClaimAsk, ClaimError, Request, allocate_claims, claim_spec_requests, device_why, why_not_claims
 from .model import CORES, MEMORY, MIB, SHARES
 
 
-def describe(uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, Any] | None = None) -> list[str]:
-    """One line per GPU (pool order, then device): use, and with ``requests`` whether it fits."""
+def describe(
+    uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, Any] | None = None, request: Request | None = None
+) -> list[str]:
+    """One line per GPU (pool order, then device): use, and with ``requests`` whether it fits
+    (with ``request``, its selectors first: the one that is false or fails is named)."""
     lines = []
     for key in sorted(uses):
         d = uses[key]
@@ -31,7 +35,7 @@ def describe(uses: Mapping[tuple[str, str], DeviceUse], requests: Mapping[str, A
             f"cores {d.used[CORES]}/{d.total[CORES]}, shares {d.used[SHARES]}/{d.total[SHARES]}"
         )
         if requests is not None:
-            why = shortfall(d, requests)
+            why = device_why(d, request) if request is not None else shortfall(d, requests)
             line += f" -> {'fits' if not why else why}"
         lines.append(line)
     return lines
@@ -86,10 +90,15 @@ def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims:
             lines.append(f"claim {claim_name}: allocated on {where}")
             continue
         pending[claim_name or ""] = claim
+        try:  # the requests as the allocator reads them (their selectors compiled)
+            parsed = {r.name: r for r in claim_spec_requests(claim.get("spec") or {}, f"claim {claim_name} spec")[0]}
+        except ClaimError as exc:
+            lines.append(f"claim {claim_name}: {exc}")
+            parsed = {}
         for request, caps in claim_requests(claim):
             asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
             lines.append(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
-            lines += [f"  {line}" for line in describe(uses, caps)]
+            lines += [f"  {line}" for line in describe(uses, caps, parsed.get(request))]
     if pending and uses and not node and not missing:
         lines += _search(pending, uses)
     return lines

@@ -15,8 +15,12 @@ requests in order, each request's devices in slice order; the devices of one req
 distinct (the next is looked for after the last one taken), and a claim, request or device that
 cannot be placed sends the search back to the choice before it. The first complete placement
 wins: kube-scheduler has no scoring between devices. :func:`why_not` and :func:`why_not_claims`
-say why a search found nothing, naming the claim. CEL selectors of a request, ``firstAvailable``
-alternatives and admin access are not evaluated (see docs/dra.md, "Simulating the DRA path").
+say why a search found nothing, naming the claim. A request's devices must satisfy its DeviceClass's
+CEL selectors and its own (:mod:`hami.dra.cel`), evaluated when the search reaches a device, as
+the allocator does; a selector that fails on a device ends the search with an error
+(:attr:`Search.error`). A ``firstAvailable`` request is a choice point of the same search: its
+subrequests are tried in order, each with everything after it, before the search goes back past
+it. Admin access is not evaluated (see docs/dra.md, "Simulating the DRA path").
 This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
 unless told to (:func:`commit`, :func:`release`).
 """
@@ -29,11 +33,13 @@ from typing import Any, Iterable, Mapping, Sequence
 from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.core.shape import META, QTY, ListOf, MapOf
 
+from .cel import CelCompileError, CelRuntimeError, DeviceCel, Selector, compile_selector
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
-from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS
+from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS, device_classes
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
+MAX_SUBREQUESTS = 8  # resource.k8s.io's FirstAvailableDeviceRequestMaxSize
 #: the DeviceClasses the simulation knows: both select every device of the driver
 CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
 TOO_BIG = "asks for more than the whole GPU"
@@ -45,9 +51,19 @@ CLAIM_SPEC = {
         "requests": ListOf(
             {
                 "name": str,
-                "firstAvailable": ListOf({}),
+                "firstAvailable": ListOf(
+                    {
+                        "name": str,
+                        "deviceClassName": str,
+                        "selectors": ListOf({"cel": {"expression": str}}),
+                        "allocationMode": str,
+                        "count": int,
+                        "capacity": {"requests": MapOf(QTY)},
+                    }
+                ),
                 "exactly": {
                     "deviceClassName": str,
+                    "selectors": ListOf({"cel": {"expression": str}}),
                     "allocationMode": str,
                     "count": int,
                     "capacity": {"requests": MapOf(QTY)},
@@ -137,6 +153,8 @@ class DeviceUse:
     claims: list[str] = field(default_factory=list)
     policies: dict[str, Policy] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)  # "gpu.hami.io/uuid" -> value
+    doc: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the slice device
+    _cel: DeviceCel | None = field(default=None, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -144,6 +162,21 @@ class DeviceUse:
 
     def left(self, name: str) -> int:
         return self.total.get(name, 0) - self.used.get(name, 0)
+
+    @property
+    def cel(self) -> DeviceCel:
+        """The device as CEL selectors read it (from its slice document, or from what is known)."""
+        if self._cel is None:
+            doc = self.doc
+            if doc is None:  # made by hand: its attributes and capacities are all there is
+                kinds = {bool: "bool", int: "int", str: "string"}
+                doc = {
+                    "attributes": {k: {kinds[type(v)]: v} for k, v in self.attributes.items() if type(v) in kinds},
+                    "capacity": {k: {"value": str(v)} for k, v in self.total.items()},
+                    "allowMultipleAllocations": True,
+                }
+            self._cel = DeviceCel(DRIVER, doc)
+        return self._cel
 
     def policy(self, name: str) -> Policy:
         return self.policies.get(name) or Policy(
@@ -204,6 +237,7 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
                 {k: p.default for k, p in policies.items()},
                 policies=policies,
                 attributes=attrs,
+                doc=d,
             )
     return out
 
@@ -279,16 +313,96 @@ def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One ``exactly`` request of a claim, as the allocator sees it."""
+    """One request of a claim, as the allocator sees it: ``exactly`` one, or a ``firstAvailable``
+    list of subrequests (``alternatives``, each named ``<request>/<subrequest>`` as its allocation
+    results are, tried in order)."""
 
     name: str
     device_class: str
-    count: int  # -1: allocationMode All
+    count: int  # -1: allocationMode All; 0: firstAvailable (see alternatives)
     capacity: dict[str, Any]
+    selectors: tuple[Selector, ...] = ()  # exactly.selectors, compiled
+    alternatives: tuple[Request, ...] = ()
+
+    @property
+    def most(self) -> int:
+        """The most devices it can take by count (All counts none here)."""
+        return max((a.most for a in self.alternatives), default=0) if self.alternatives else max(self.count, 0)
+
+
+#: each DeviceClass's selectors, as the model publishes the classes
+CLASS_SELECTORS: dict[str, tuple[Selector, ...]] = {
+    c["metadata"]["name"]: tuple(compile_selector(s["cel"]["expression"]) for s in c["spec"].get("selectors") or ())
+    for c in device_classes()
+}
+
+
+class SelectorError(Exception):
+    """A selector failed on a device: kube-scheduler's allocator returns an error, which aborts
+    the pod's scheduling attempt (not only this node). The message names the selector."""
+
+
+def refused_by(dev: DeviceUse, r: Request) -> str:
+    """'' when ``dev`` satisfies the selectors of ``r``'s class and of ``r`` (in that order, as
+    the allocator checks them), else which selector is false. Raises :class:`SelectorError`."""
+    for owner, selectors in ((f"class {r.device_class} ", CLASS_SELECTORS.get(r.device_class, ())), ("", r.selectors)):
+        for i, sel in enumerate(selectors):
+            try:
+                if dev.cel.matches(sel):
+                    continue
+            except CelRuntimeError as exc:
+                raise SelectorError(
+                    f"{owner}selector #{i} ({sel.expression}): CEL runtime error on {dev.device}: {exc}"
+                ) from None
+            return f"{owner}selector #{i} ({sel.expression}) is false"
+    return ""
+
+
+def _selected(dev: DeviceUse, r: Request) -> bool:
+    return not refused_by(dev, r)
+
+
+def _selectors(ex: Mapping[str, Any], at: str, name: str) -> tuple[Selector, ...]:
+    raw = ex.get("selectors") or []
+    if not isinstance(raw, (list, tuple)):
+        raise ClaimError(f"{at}.selectors: must be a list")
+    out = []
+    for j, s in enumerate(raw):
+        cel = s.get("cel") if isinstance(s, Mapping) else None
+        expr = cel.get("expression") if isinstance(cel, Mapping) else None
+        where = f"{at}.selectors[{j}].cel.expression (request {name})"
+        if not isinstance(expr, str):
+            raise ClaimError(f"{where}: must be a string (only CEL selectors exist)")
+        try:
+            out.append(compile_selector(expr))
+        except CelCompileError as exc:
+            raise ClaimError(f"{where}: CEL compile error in {expr!r}: {exc}") from None
+    return tuple(out)
 
 
 class ClaimError(ValueError):
     """A claim spec the simulation cannot read; the message names the field."""
+
+
+def _exact(ex: Mapping[str, Any], at: str, name: str) -> Request:
+    """An ``exactly`` request or a ``firstAvailable`` subrequest (the same fields)."""
+    mode = ex.get("allocationMode") or "ExactCount"
+    if mode not in ("ExactCount", "All"):
+        raise ClaimError(f"{at}.allocationMode: {mode!r} is not ExactCount or All")
+    count = ex.get("count", 1)
+    if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ClaimError(f"{at}.count: must be an integer >= 1, got {count!r}")
+    caps = ((ex.get("capacity") or {}).get("requests")) or {}
+    if not isinstance(caps, Mapping):
+        raise ClaimError(f"{at}.capacity.requests: must be an object")
+    for k, v in caps.items():
+        try:
+            parse_int_quantity(v, f"{at}.capacity.requests.{k}")
+        except QuantityError as exc:
+            raise ClaimError(str(exc)) from None
+    return Request(
+        name, str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps), _selectors(ex, at, name)
+    )
 
 
 def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Request], list[dict[str, Any]]]:
@@ -301,32 +415,27 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
         at = f"{where}.devices.requests[{i}]"
         if not isinstance(r, Mapping) or not r.get("name"):
             raise ClaimError(f"{at}: must be an object with a name")
-        ex = r.get("exactly")
-        if not isinstance(ex, Mapping):
-            raise ClaimError(f"{at} ({r['name']}): only 'exactly' requests are simulated (firstAvailable is not)")
-        mode = ex.get("allocationMode") or "ExactCount"
-        if mode not in ("ExactCount", "All"):
-            raise ClaimError(f"{at}.exactly.allocationMode: {mode!r} is not ExactCount or All")
-        count = ex.get("count", 1)
-        if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
-            raise ClaimError(f"{at}.exactly.count: must be an integer >= 1, got {count!r}")
-        caps = ((ex.get("capacity") or {}).get("requests")) or {}
-        if not isinstance(caps, Mapping):
-            raise ClaimError(f"{at}.exactly.capacity.requests: must be an object")
-        for k, v in caps.items():
-            try:
-                parse_int_quantity(v, f"{at}.exactly.capacity.requests.{k}")
-            except QuantityError as exc:
-                raise ClaimError(str(exc)) from None
-        out.append(
-            Request(str(r["name"]), str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps))
-        )
+        ex, alts = r.get("exactly"), r.get("firstAvailable")
+        if isinstance(ex, Mapping) == bool(alts):
+            raise ClaimError(f"{at} ({r['name']}): needs exactly one of 'exactly' and 'firstAvailable'")
+        if isinstance(ex, Mapping):
+            out.append(_exact(ex, f"{at}.exactly", str(r["name"])))
+            continue
+        if not isinstance(alts, list) or len(alts) > MAX_SUBREQUESTS:
+            raise ClaimError(f"{at}.firstAvailable: must be a list of 1 to {MAX_SUBREQUESTS} subrequests")
+        subs = []
+        for j, sub in enumerate(alts):
+            if not isinstance(sub, Mapping) or not sub.get("name"):
+                raise ClaimError(f"{at}.firstAvailable[{j}]: must be an object with a name")
+            subs.append(_exact(sub, f"{at}.firstAvailable[{j}]", f"{r['name']}/{sub['name']}"))
+        if len({a.name for a in subs}) < len(subs):
+            raise ClaimError(f"{at}.firstAvailable: subrequest names must be unique")
+        out.append(Request(str(r["name"]), "", 0, {}, alternatives=tuple(subs)))
     if not out:
         raise ClaimError(f"{where}.devices.requests: no request")
-    if sum(max(r.count, 0) for r in out) > MAX_RESULTS:
+    if sum(r.most for r in out) > MAX_RESULTS:
         raise ClaimError(
-            f"{where}.devices.requests: {sum(max(r.count, 0) for r in out)} devices asked, "
-            f"a claim holds at most {MAX_RESULTS}"
+            f"{where}.devices.requests: {sum(r.most for r in out)} devices asked, a claim holds at most {MAX_RESULTS}"
         )
     constraints = [dict(c) for c in devices.get("constraints") or () if isinstance(c, Mapping)]
     return out, constraints
@@ -353,9 +462,9 @@ class Pick:
 def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pick], new: Pick) -> bool:
     for c in constraints:
         applies = c.get("requests") or None
-        if applies is not None and new.request not in applies:
+        if applies is not None and not _named(new.request, applies):
             continue
-        peers = [p for p in picks if applies is None or p.request in applies]
+        peers = [p for p in picks if applies is None or _named(p.request, applies)]
         if c.get("distinctAttribute"):
             a = c["distinctAttribute"]
             if new.device.attributes.get(a) is None or any(
@@ -371,14 +480,25 @@ def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pic
     return True
 
 
+def _named(request: str, names: Sequence[str]) -> bool:
+    """Whether a constraint's ``requests`` take in ``request`` (a subrequest's parent counts)."""
+    return request in names or request.partition("/")[0] in names
+
+
 def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> bool:
     return all(need[k] <= dev.left(k) - extra.get(k, 0) for k in CAPACITIES)
 
 
 def _has_room(dev: DeviceUse, r: Request) -> bool:
-    """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted)."""
+    """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted) and
+    the device satisfies its selectors (a selector that fails counts as not satisfied)."""
     need = wanted(dev, r.capacity)
-    return need is not None and _fits(dev, {}, need)
+    if need is None or not _fits(dev, {}, need):
+        return False
+    try:
+        return _selected(dev, r)
+    except SelectorError:
+        return False
 
 
 def _room(devices: Sequence[DeviceUse], r: Request) -> int:
@@ -404,6 +524,8 @@ class _Slot:
     request: Request
     needs: tuple[dict[str, int] | None, ...]
     fixed: int | None = None  # allocationMode All: the device's position, known in advance
+    req: int = 0  # the request's position in its claim
+    first: bool = False  # the first device of its request
 
 
 @dataclass
@@ -419,30 +541,70 @@ class Search:
     gave_up: bool = False
     short: str = ""
     broken: str = ""  # an allocationMode All device a constraint refuses: the allocator stops there
+    error: str = ""  # a selector failed on a device: the allocator returns an error (the pod is not scheduled)
 
 
-def _slots(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk]) -> list[_Slot] | None:
-    """The devices to find, in the allocator's order; None when a claim cannot be had on these
-    devices whatever the others do (see :func:`why_not`)."""
+class _Failed(Exception):
+    """A selector failed while the search was set up: (claim position, message)."""
+
+    def __init__(self, claim: int, message: str) -> None:
+        super().__init__(message)
+        self.claim, self.message = claim, message
+
+
+def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -> list[_Slot] | None:
+    """The slots of one ``exactly`` request (or subrequest); None when it cannot be had here."""
+    if r.device_class not in CLASSES:
+        return None
+    needs = tuple(wanted(d, r.capacity) for d in devices)
+    room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
+    if r.count < 0:
+        # All: the devices that could take it now, fixed before the search starts; the
+        # allocator runs the selectors on every device of the node first
+        try:
+            room = [i for i in room if _selected(devices[i], r)]
+        except SelectorError as exc:
+            raise _Failed(ci, f"request {r.name}: {exc}") from None
+        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(room)] or None
+    if len(room) < r.count:  # the devices of one request are distinct
+        return None
+    return [_Slot(ci, r, needs, None, ri, n == 0) for n in range(r.count)]
+
+
+def _slots(
+    devices: Sequence[DeviceUse],
+    claims: Sequence[ClaimAsk],
+    choices: dict[tuple[int, int], int] | None = None,
+    start: tuple[int, int] = (0, 0),
+) -> list[_Slot] | None:
+    """The devices to find, in the allocator's order, from request ``start`` (claim, request) on;
+    None when a claim cannot be had on these devices whatever the others do (see :func:`why_not`).
+    A ``firstAvailable`` request takes the first of its subrequests, from the one in ``choices``
+    on, that can be had (recorded there); the requests after ``start`` begin at their first. The
+    room of an ``exactly`` request is counted by capacity alone: its selectors run when the search
+    reaches a device, as in the allocator (whose error on a failing selector must not come from a
+    device it never reaches). Raises :class:`_Failed` when a selector of an ``allocationMode:
+    All`` request fails."""
+    choices = {} if choices is None else choices
     slots: list[_Slot] = []
-    for ci, c in enumerate(claims):
+    for ci in range(start[0], len(claims)):
         mine = 0
-        for r in c.requests:
-            if r.device_class not in CLASSES:
-                return None
-            needs = tuple(wanted(d, r.capacity) for d in devices)
-            room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
-            if r.count < 0:
-                # All: the devices that could take it now, fixed before the search starts
-                if not room:
-                    return None
-                slots += [_Slot(ci, r, needs, i) for i in room]
-                mine += len(room)
+        for ri, r in enumerate(claims[ci].requests):
+            if (ci, ri) < start:
+                continue
+            got = None
+            if r.alternatives:
+                at = choices.get((ci, ri), 0) if (ci, ri) == start else 0
+                while got is None and at < len(r.alternatives):
+                    got = _request_slots(devices, ci, ri, r.alternatives[at])
+                    choices[(ci, ri)] = at
+                    at += 1
             else:
-                if len(room) < r.count:  # the devices of one request are distinct
-                    return None
-                slots += [_Slot(ci, r, needs) for _ in range(r.count)]
-                mine += r.count
+                got = _request_slots(devices, ci, ri, r)
+            if got is None:
+                return None
+            slots += got
+            mine += len(got)
         if mine > MAX_RESULTS:
             return None
     return slots
@@ -482,12 +644,35 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
     an earlier claim) and takes the next device there. The first complete placement wins; there
     is no scoring. At most ``steps`` placements are tried. Nothing is changed: commit the picks
     with :func:`commit`."""
-    slots = _slots(devices, claims)
-    if slots is None:
-        return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
-    over = _too_much(devices, claims, slots)
-    if over is not None:
-        return Search(None, stuck=over[0], short=over[1])
+    try:
+        slots = _slots(devices, claims)
+        if slots is None:
+            return Search(None, stuck=next((i for i, c in enumerate(claims) if _slots(devices, [c]) is None), 0))
+        alternatives = any(r.alternatives for c in claims for r in c.requests)
+        over = None if alternatives else _too_much(devices, claims, slots)  # a bound for fixed slots only
+        if over is not None:
+            return Search(None, stuck=over[0], short=over[1])
+        return _walk(devices, claims, slots, steps)
+    except _Failed as exc:  # a selector failed: the allocator returns an error
+        return Search(None, stuck=exc.claim, error=f"claim {claims[exc.claim].name} {exc.message}")
+
+
+def _accepts(dev: DeviceUse, slot: _Slot) -> bool:
+    """Whether ``dev`` satisfies the selectors of ``slot``'s request; raises :class:`_Failed`."""
+    try:
+        return _selected(dev, slot.request)
+    except SelectorError as exc:
+        raise _Failed(slot.claim, f"request {slot.request.name}: {exc}") from None
+
+
+def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[_Slot], steps: int) -> Search:
+    """The depth-first search of :func:`allocate_claims` over ``slots``. A ``firstAvailable``
+    request is a choice point: when its first device cannot be found the search takes its next
+    subrequest there (the slots from it on made again) before going back, and a search that comes
+    to it afresh starts again at its first subrequest, as the allocator's recursion does."""
+    choices: dict[tuple[int, int], int] = {}
+    _slots(devices, claims, choices)  # the subrequests the slots were made with
+    initial = dict(choices)  # where a search that comes to a firstAvailable request begins
     extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
     picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
     mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints
@@ -505,6 +690,9 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
         while pick is None and at < end:
             i = at if slot.fixed is None else slot.fixed
             at = i + 1
+            # the selectors first (All: checked when the slots were made), then capacity and constraints
+            if slot.fixed is None and not _accepts(devices[i], slot):
+                continue
             need = slot.needs[i]
             if need is None:
                 continue
@@ -524,6 +712,8 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
                 pick = (i, p)
         cursor[level] = at  # All: past its one device once tried
         if pick is None:
+            if _switch(devices, claims, slots, cursor, level, choices, +1):
+                continue  # the request's next subrequest, here
             level -= 1
             if level < 0:
                 return found
@@ -543,6 +733,7 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
             extra[i][k] += p.consumed[k]
         level += 1
         if level < len(slots):
+            _switch(devices, claims, slots, cursor, level, choices, initial)
             nxt = slots[level]
             # the next device of the same request is looked for after this one; anything else from the start
             cursor[level] = i + 1 if nxt.claim == slot.claim and nxt.request is slot.request else 0
@@ -550,6 +741,39 @@ def allocate_claims(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], st
     for (_, p), s in zip(picks, slots):
         out[s.claim].append(p)
     return Search(out)
+
+
+def _switch(
+    devices: Sequence[DeviceUse],
+    claims: Sequence[ClaimAsk],
+    slots: list[_Slot],
+    cursor: list[int],
+    level: int,
+    choices: dict[tuple[int, int], int],
+    to: int | dict[tuple[int, int], int],
+) -> bool:
+    """At the first device of a ``firstAvailable`` request, move it to another subrequest and
+    make the slots from ``level`` on again: ``to`` +1 (its next one, when the current one found
+    nothing) or ``initial`` (its first one, for a search that comes to it afresh). False when
+    there is nothing to change (not such a slot, no further subrequest, already the first)."""
+    slot = slots[level]
+    key = (slot.claim, slot.req)
+    if not slot.first or not claims[slot.claim].requests[slot.req].alternatives:
+        return False
+    if isinstance(to, dict):
+        if choices.get(key) == to.get(key):
+            return False
+        choices[key] = to.get(key, 0)
+    else:
+        choices[key] = choices.get(key, 0) + to
+        if choices[key] >= len(claims[slot.claim].requests[slot.req].alternatives):
+            return False
+    tail = _slots(devices, claims, choices, key)
+    if tail is None:
+        return False
+    slots[level:] = tail
+    cursor[level:] = [0] * len(tail)
+    return True
 
 
 def allocate(
@@ -577,6 +801,24 @@ def release(picks: Iterable[Pick], claim: str) -> None:
             p.device.claims.remove(claim)
 
 
+def device_why(dev: DeviceUse, r: Request) -> str:
+    """'' when ``dev`` could take one device of ``r`` now, else why not: the selector that is false
+    or fails (checked first, as the allocator does), or what is short (:func:`shortfall`)."""
+    try:
+        refused = refused_by(dev, r)
+    except SelectorError as exc:
+        return str(exc)
+    return refused or shortfall(dev, r.capacity)
+
+
+def _possible(devices: Sequence[DeviceUse], r: Request) -> bool:
+    """Whether ``r`` (a subrequest) could be had on these devices alone (a failing selector: no)."""
+    try:
+        return _request_slots(devices, 0, 0, r) is not None
+    except _Failed:
+        return False
+
+
 def why_not(
     devices: Sequence[DeviceUse], requests: Sequence[Request], claim: str, constraints: Sequence[Mapping[str, Any]] = ()
 ) -> str:
@@ -587,6 +829,16 @@ def why_not(
     parts = []
     asked = 0
     for r in requests:
+        if r.alternatives:
+            if any(_possible(devices, a) for a in r.alternatives):
+                asked += min(a.most for a in r.alternatives)
+                continue
+            parts.append(
+                f"claim {claim} request {r.name}: no subrequest can be had ("
+                + "; ".join(why_not(devices, [a], claim) for a in r.alternatives)
+                + ")"
+            )
+            continue
         if r.device_class not in CLASSES:
             parts.append(
                 f"claim {claim} request {r.name}: device class {r.device_class or '(none)'!r} is not "
@@ -598,7 +850,7 @@ def why_not(
         need = 1 if r.count < 0 else r.count
         if room >= need:
             continue
-        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, shortfall(d, r.capacity)) for d in devices) if why)
+        gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in devices) if why)
         if need > len(devices):
             parts.append(f"claim {claim} request {r.name} needs {need} GPUs, the node publishes {len(devices)}")
         elif need > 1:
@@ -627,6 +879,8 @@ def why_not_claims(
     if not claims:
         return ""
     stuck = claims[max(found.stuck, 0)]
+    if found.error:
+        return f"{found.error} (kube-scheduler's allocator stops with this error)"
     if found.gave_up:
         return (
             f"claim {stuck.name}: the search gave up after {steps:,} placements tried (kube-scheduler "

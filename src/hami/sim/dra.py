@@ -7,8 +7,9 @@ the driver. Each pod goes through the webhook's admission on the DRA front end
 (:func:`hami.webhook.admission.decide` with ``front_end="dra"``, which calls
 :func:`hami.dra.translate.translate`), and its claims are allocated the way kube-scheduler's
 allocator does (:func:`hami.dra.fit.allocate_claims`: all unallocated claims of a pod on one node
-in one search, devices in slice order, distinct devices within a request, backtracking into
-earlier claims; the first placement found wins). Among the nodes where every claim fits, the
+in one search, devices in slice order, distinct devices within a request, CEL selectors
+(:mod:`hami.dra.cel`), backtracking into earlier claims; the first placement found wins). A
+selector that fails on a device leaves the pod pending, as kube-scheduler's error does. Among the nodes where every claim fits, the
 node is picked by the default ``NodeResourcesFit`` score (least requested CPU and memory, with
 kube-scheduler's defaults of 100m / 200Mi for a container that requests none); ties, which
 kube-scheduler breaks at random, go to the node that comes first in the input.
@@ -442,24 +443,39 @@ class _State:
             }
             return None, {}
         fits: dict[str, dict[str, list[fit.Pick]]] = {}
+        failed = []  # nodes where a selector failed: kube-scheduler's Filter returns an error there
         for name in candidates:
             got = self._try(self.nodes[name], list({id(c): c for c in claims.values() if c.picks is None}.values()))
-            if isinstance(got, str):
+            if isinstance(got, tuple):
+                out.reasons[name], _ = got
+                failed.append(name)
+            elif isinstance(got, str):
                 out.reasons[name] = got
             else:
                 fits[name] = got
+        if failed:
+            # an error from one node's Filter aborts the pod's scheduling attempt on every node
+            # (the scheduler retries it later, with the same result while nothing changes)
+            for name in fits:
+                out.reasons[name] = (
+                    f"the claims fit, but kube-scheduler stops scheduling the pod on the CEL runtime error on {failed[0]}"
+                )
+            return None, {}
         if not fits:
             return None, {}
         req = _pod_requests(pod)
         node = max(fits, key=lambda n: (self.nodes[n].score(req), -candidates.index(n)))
         return node, fits[node]
 
-    def _try(self, node: _Node, claims: list[_Claim]) -> dict[str, list[fit.Pick]] | str:
+    def _try(self, node: _Node, claims: list[_Claim]) -> dict[str, list[fit.Pick]] | str | tuple[str, bool]:
         """Allocate the pod's unallocated claims on one node in one search (:func:`hami.dra.fit.
         allocate_claims`: a later claim that does not fit sends it back into the earlier ones);
-        nothing is committed. The picks per claim, or why not (naming the claim)."""
+        nothing is committed. The picks per claim, or why not (naming the claim), or ``(why,
+        True)`` when a CEL selector failed on a device the search reached."""
         asks = [fit.ClaimAsk(c.name, c.requests, c.constraints) for c in claims]
         found = fit.allocate_claims(node.devices, asks)
+        if found.error:
+            return fit.why_not_claims(node.devices, asks, found), True
         if found.picks is None:
             return fit.why_not_claims(node.devices, asks, found)
         return {c.ref: picks for c, picks in zip(claims, found.picks)}
@@ -588,7 +604,7 @@ def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[di
         for ref in (c.get("resources") or {}).get("claims") or ():
             claim = claims.get(ref.get("name") or "")
             for p in (claim.picks or ()) if claim else ():
-                if ref.get("request") and ref["request"] != p.request:
+                if ref.get("request") and ref["request"] not in (p.request, p.request.partition("/")[0]):
                     continue
                 devs.append(
                     {
