@@ -76,7 +76,7 @@ prepare_source() {
     log "source ready in $SRC ($((SECONDS - start))s)"
 }
 
-# step 2: the C parts koordlet links (libpfm through cgo)
+# step 3: the C parts koordlet links (libpfm through cgo)
 koordlet_prerequisites() {
     "$HERE/apt-install.sh" install-koord "koordlet's build" gcc libc6-dev libpfm4-dev
     command -v gcc >/dev/null || die "step 'koordlet prerequisites': gcc is missing (koordlet needs cgo)"
@@ -84,7 +84,7 @@ koordlet_prerequisites() {
         die "step 'koordlet prerequisites': perfmon/pfmlib.h is missing (Debian: libpfm4-dev; koordlet's perf_group package includes it)"
 }
 
-# build NAME CGO: go build ./cmd/NAME inside the copied module
+# step 4, build NAME CGO: go build ./cmd/NAME inside the copied module
 build() {
     local name=$1 cgo=$2 pin start=$SECONDS
     pin=$(pin_of "$name" "$cgo")
@@ -109,6 +109,16 @@ for component in $COMPONENTS; do
 done
 [[ -n $need_source || ! -d $ROOT/crd ]] && prepare_source
 
+# step 2: the CRDs (Device, Reservation, NodeMetric, ...), which the components expect installed
+# before they start; copied first, so that they are there even if a build below fails
+if [[ ! -d $ROOT/crd ]]; then
+    rm -rf "$ROOT/.crd.new" && mkdir -p "$ROOT/.crd.new"
+    install -m 0644 "$SRC"/config/crd/bases/*.yaml "$ROOT/.crd.new/" ||
+        die "step 'crds': copying $SRC/config/crd/bases failed"
+    mv "$ROOT/.crd.new" "$ROOT/crd"
+fi
+log "CRDs: $(ls "$ROOT/crd" | wc -l) files in $ROOT/crd"
+
 for component in $COMPONENTS; do
     case $component in
         koordlet)
@@ -119,12 +129,4 @@ for component in $COMPONENTS; do
     esac
 done
 
-# step 3: the CRDs (Device, NodeMetric, Reservation, ...), which the components expect installed
-if [[ ! -d $ROOT/crd ]]; then
-    mkdir -p "$ROOT/.crd.new"
-    install -m 0644 "$SRC"/config/crd/bases/*.yaml "$ROOT/.crd.new/" ||
-        die "step 'crds': copying $SRC/config/crd/bases failed"
-    mv "$ROOT/.crd.new" "$ROOT/crd"
-fi
-log "CRDs: $(ls "$ROOT/crd" | wc -l) files in $ROOT/crd"
 log "Koordinator $KOORD_VERSION ready in $BIN ($((SECONDS - total))s)"
