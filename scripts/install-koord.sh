@@ -55,7 +55,16 @@ if command -v flock >/dev/null && ! flock -n 9; then
     flock 9
 fi
 
-pin_of() { echo "$KOORD_MODULE@$KOORD_VERSION ./cmd/$1 cgo=$2"; }
+# koordlet's go-nvml (v0.11.6-0.0.20220823) links the NVML calls with
+# --unresolved-symbols=ignore-in-object-files and expects them bound when it dlopens
+# libnvidia-ml.so.1; linked as a plain executable here, they get no dynamic symbol and nvmlInit_v2
+# jumps to address 0 (SIGSEGV, PC=0), with any NVML. --export-dynamic keeps them dynamic.
+NVML_LDFLAGS="-extldflags=-Wl,--export-dynamic"
+pin_of() {
+    local extra=
+    [[ $1 == koordlet ]] && extra=" $NVML_LDFLAGS"
+    echo "$KOORD_MODULE@$KOORD_VERSION ./cmd/$1 cgo=$2$extra"
+}
 cached() { [[ -x $BIN/$1 && -f $BIN/.$1.pin && "$(cat "$BIN/.$1.pin")" == "$2" ]]; }
 
 # step 1: the module source, copied to a writable directory (once per version)
@@ -86,14 +95,15 @@ koordlet_prerequisites() {
 
 # step 4, build NAME CGO: go build ./cmd/NAME inside the copied module
 build() {
-    local name=$1 cgo=$2 pin start=$SECONDS
+    local name=$1 cgo=$2 pin start=$SECONDS ldflags="-s -w"
     pin=$(pin_of "$name" "$cgo")
+    [[ $name == koordlet ]] && ldflags="$ldflags $NVML_LDFLAGS"
     if cached "$name" "$pin"; then
         log "$name: cached ($pin)"
         return 0
     fi
     log "$name: building $pin (first time: this takes a while)"
-    (cd "$SRC" && CGO_ENABLED=$cgo go build -trimpath -ldflags="-s -w" -o "$BIN/.$name.new" "./cmd/$name") ||
+    (cd "$SRC" && CGO_ENABLED=$cgo go build -trimpath -ldflags="$ldflags" -o "$BIN/.$name.new" "./cmd/$name") ||
         die "step 'build $name': go build ./cmd/$name in $SRC failed (see the messages above)"
     mv -f "$BIN/.$name.new" "$BIN/$name"
     echo "$pin" > "$BIN/.$name.pin"
