@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test check docs-images unit native kube node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
+.PHONY: simulate test check docs-images unit native kube koord node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml devkit/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ proto: $(PROTO_STUB) $(DRA_STUB)
 
 kube:
 	scripts/install-kube.sh
+
+# Koordinator (koord-scheduler, koordlet, koord-manager) from its Go module at a pinned version,
+# for the Koordinator integration (docs/integrations.md); not part of `make test` yet
+koord:
+	scripts/install-koord.sh
 
 # containerd, runc, CNI plugins, iptables (Debian packages) for the real node of the tests
 node:
