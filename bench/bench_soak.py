@@ -116,9 +116,19 @@ def truth_from_pods(pods: list[dict]) -> dict[str, tuple[int, int]]:
 
 
 def scheduler_soak(
-    cluster, proc, ns: str, nodes: list[str], selector: dict, cycles: int, wave: int, log=print
+    cluster,
+    proc,
+    ns: str,
+    nodes: list[str],
+    selector: dict,
+    cycles: int,
+    wave: int,
+    log=print,
+    minutes: float | None = None,
 ) -> SoakReport:
-    """Churn ``cycles`` pods through the running scheduler ``proc`` in waves of ``wave``."""
+    """Churn ``cycles`` pods through the running scheduler ``proc`` in waves of ``wave``; with
+    ``minutes``, stop after the wave that ends past that time (the report says how many went)."""
+    stop_at = time.monotonic() + minutes * 60 if minutes else None
     from tests.integration._hami import KeepAliveApi, gpu_pod
 
     api = KeepAliveApi(cluster)
@@ -139,7 +149,7 @@ def scheduler_soak(
             time.sleep(0.2)
 
     n = 0
-    while report.cycles < cycles:
+    while report.cycles < cycles and (stop_at is None or time.monotonic() < stop_at):
         size = min(wave, cycles - report.cycles)
         pods = [
             gpu_pod(f"s{n + i:06d}", ns, mem=1000 + 100 * ((n + i) % 9), cores=5 + (n + i) % 6, node_selector=selector)
@@ -230,7 +240,7 @@ def run_scheduler(args: argparse.Namespace) -> None:
         time.sleep(2.0)
         began = time.monotonic()
         with PluginStandIn(cluster, workers=max(args.nodes // 2, 4)):
-            report = scheduler_soak(cluster, proc, ns, nodes, selector, args.cycles, args.wave)
+            report = scheduler_soak(cluster, proc, ns, nodes, selector, args.cycles, args.wave, minutes=args.minutes)
         took = time.monotonic() - began
         for line in report.lines(f"scheduler soak ({args.nodes} kwok nodes x 8 GPUs, waves of {args.wave})"):
             print(line)
@@ -333,6 +343,7 @@ def main() -> None:
     ap.add_argument("--wave", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=20)
     ap.add_argument("--dra-cycles", type=int, default=20000, help="claims prepared and unprepared by the DRA agent")
+    ap.add_argument("--minutes", type=float, default=None, help="stop the scheduler soak after this long")
     ap.add_argument("--no-scheduler", action="store_true")
     ap.add_argument("--no-dra-agent", action="store_true")
     args = ap.parse_args()
