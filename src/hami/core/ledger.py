@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from sortedcontainers import SortedList
+
 from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
@@ -30,6 +32,7 @@ from .requests import ordered_containers, pod_name
 from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
 from .usage import collapse
+from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
 CORDON_ANNOTATION = DEVICE_CORDON
@@ -48,6 +51,11 @@ class VendorSummary:
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
     types: frozenset[str] = frozenset()  # models of the schedulable devices
     sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
+    # for exact refusals (hami.core.refuse): every device of the vendor, schedulable or not; the
+    # (model, mode) pairs of the schedulable ones; the least memory free on a device with a slot
+    all: int = 0
+    kinds: frozenset[tuple[str, str]] = frozenset()
+    min_free_mem: int = 0
 
 
 @dataclass(slots=True)
@@ -111,16 +119,20 @@ class NodeState:
             v = s.vendors.get(d.vendor)
             if v is None:
                 v = s.vendors[d.vendor] = VendorSummary()
+            v.all += 1
             if not d.health or d.id in self.node.cordoned:
                 continue
             v.devices += 1
             v.sliced += d.sliced
             if d.type not in v.types:
                 v.types = v.types | {d.type}
-            v.free_slot += u < d.count
+            if (d.type, d.mode) not in v.kinds:
+                v.kinds = v.kinds | {(d.type, d.mode)}
             v.idle += u == 0 or d.devcore != 100
             if u >= d.count:
                 continue  # no container can take it (every summary_prefilter vendor checks slots first)
+            v.free_slot += 1
+            v.min_free_mem = d.devmem - m if v.free_slot == 1 else min(v.min_free_mem, d.devmem - m)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
@@ -140,6 +152,15 @@ class Ledger:
         self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
         self._claims: dict[str, tuple[str, str, int, int]] = {}  # claim key -> (ns, vendor, mem, cores)
         self.ranking = NodeRanking()  # nodes in node-score order (kept current by every change)
+        # node -> version, a new one (from one counter, never reused) on every change of what a
+        # fit reads there: devices, cordons, link scores, usage, slices
+        self._versions: dict[str, int] = {}
+        self._clock = 0
+        self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
+        # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
+        # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
+        self._best: dict[str, tuple[SortedList, SortedList]] = {}
+        self._best_of: dict[str, tuple[tuple[str, int, int], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
@@ -159,13 +180,57 @@ class Ledger:
         self._recheck(st)
         st.resummarise()
         self._rank(st)
+        self._touch(node.name)
 
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self._versions.pop(name, None)
         self.ranking.remove(name)
+        self._set_best(name, ())
+
+    def _set_best(self, name: str, best: tuple[tuple[str, int, int], ...]) -> None:
+        old = self._best_of.get(name, ())
+        if old == best:
+            return
+        for vendor, mem, cores in old:
+            lists = self._best[vendor]
+            lists[0].remove(mem)
+            lists[1].remove(cores)
+            if not lists[0]:
+                del self._best[vendor]
+        for vendor, mem, cores in best:
+            lists = self._best.get(vendor)
+            if lists is None:
+                lists = self._best[vendor] = (SortedList(), SortedList())
+            lists[0].add(mem)
+            lists[1].add(cores)
+        if best:
+            self._best_of[name] = best
+        else:
+            self._best_of.pop(name, None)
+
+    def best_room(self, vendor: str) -> tuple[int, int] | None:
+        """``(most MiB free, most cores free)`` on any one schedulable device of ``vendor`` with a
+        free slot, over the whole cluster (each maximum on its own device); None when no such
+        device exists."""
+        lists = self._best.get(vendor)
+        return None if lists is None else (lists[0][-1], lists[1][-1])
+
+    def _touch(self, name: str) -> None:
+        self._clock += 1
+        self._versions[name] = self._clock
+
+    def versions(self) -> Mapping[str, int]:
+        """``node -> version``: a node's version changes whenever anything a fit reads on it
+        does (:mod:`hami.core.verdicts`). Read-only."""
+        return self._versions
 
     def _rank(self, st: NodeState) -> None:
         s = st.summary
+        self._set_best(
+            st.node.name,
+            tuple((v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+        )
         self.ranking.update(
             st.node.name,
             (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
@@ -272,6 +337,7 @@ class Ledger:
             st.usedmem[i] += sign * u.mem
             st.usedcores[i] += sign * u.cores
         if resummarise:
+            self._touch(alloc.node)
             if st.sliced or st.slices or alloc.slices:
                 self._recheck(st)
             st.resummarise()

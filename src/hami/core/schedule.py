@@ -8,7 +8,10 @@ removes a previous reservation, reserves the new decision, and is what the exten
 simulator call). Node search is lazy: nodes are ranked by a node score computed from the
 ledger's per-node summaries plus this pod's request, obviously-full nodes are skipped without
 visiting devices, and the first node in rank order where the full fit succeeds wins. When no
-node fits, every candidate is fitted so that each gets its exact reason.
+node fits, every candidate gets its exact reason: read from its summary where that settles it
+(:mod:`hami.core.refuse`), the refusal it gave a pod of the same shape when it has not changed
+since (:mod:`hami.core.verdicts`), or else fitted (``exact=True`` fits every node, the path
+before both).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
 from .names import VGPU_TIME
 from .reasons import UNREGISTERED, NodeFailure
+from .refuse import refusal
 from .requests import pod_request
 from .score import (
     DEFAULT_WEIGHTS,
@@ -34,6 +38,7 @@ from .score import (
     parse_weights,
 )
 from .types import PERCENT_UNSET, ContainerKind, PodAllocation, PodRequest
+from .verdicts import signature
 
 TIME_ANNOTATION = VGPU_TIME
 
@@ -197,12 +202,19 @@ def filter_pod(
     config: SchedulerConfig,
     now: float,
     busy: Mapping[str, int] | None = None,
+    exact: bool = False,
 ) -> FilterResult:
-    """Choose a node and devices for ``pod``; does not modify the ledger. Raises RequestError.
+    """Choose a node and devices for ``pod``; does not modify the ledger (its verdict memo
+    aside). Raises RequestError.
 
     ``busy``: nodes to choose only when no other candidate fits (the scheduler passes the nodes
     whose node lock an unfinished bind holds or is about to take: a pod placed there would wait
-    for it); among them, a smaller value (binds in flight) first, then the usual order."""
+    for it); among them, a smaller value (binds in flight) first, then the usual order.
+    ``exact``: fit every node the search visits, device by device (the path before refusals were
+    read from summaries or remembered; ``hami explain`` and the UI fit every node themselves).
+    Otherwise a node's refusal may come from the ledger's memo (the node has not changed since it
+    refused a pod of this shape, :mod:`hami.core.verdicts`) or from its summary
+    (:mod:`hami.core.refuse`): the same node is chosen, and every refusal renders as the fit's."""
     req = pod_request(pod, config.vendors)
     if not req.has_devices:
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
@@ -218,6 +230,12 @@ def filter_pod(
     )
     wanted = None if candidate_nodes is None else set(candidate_nodes)
     failed: dict[str, NodeFailure] = {} if wanted is None else dict.fromkeys(ledger.unknown(wanted), UNREGISTERED)
+    memo = None if exact else ledger.verdicts
+    key = signature(ctx) if memo is not None else None
+    entry = memo.entry(key, config) if memo is not None and key is not None else None
+    versions = ledger.versions()
+    # nodes that refused this pod shape and have not changed since: the same refusal, unfitted
+    known = memo.current(entry, versions, wanted) if memo is not None and entry else {}
     demand = _demand(req)
     search = _Search(
         ledger,
@@ -229,22 +247,38 @@ def filter_pod(
         node_policy,
         failed,
         busy or {},
+        known,
+        exact,
     )
     best = None
-    if search.lazy and (wanted is None or 4 * (len(wanted) - len(failed)) >= len(ledger.ranking)):
+    # the walk pays off over many candidates; over a few (some named, or most of them known to
+    # refuse) ranking just those is cheaper, and chooses the same node
+    open_ = (len(ledger.ranking) if wanted is None else len(wanted) - len(failed)) - len(known)
+    if search.lazy and 4 * open_ >= len(ledger.ranking) and not search.hopeless():
         best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
         remaining = (
             []
             if best is not None
-            else [n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed]
+            else [n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed and n not in known]
         )
     else:
-        remaining = ledger.node_names() if wanted is None else [n for n in wanted if n not in failed]
+        pool = ledger.node_names() if wanted is None else wanted
+        remaining = [n for n in pool if n not in failed and n not in known]
     if best is None:
+        # a remembered refusal stands for its node: those nodes are left out of the search
+        # (they cannot fit), and get their refusal whatever the outcome (as a fit would give)
+        failed.update(known)
         kept: list[str] = []
         skipped: list[str] = []
+        refuse, summary = search.refusal, ledger.summary
         for n in sorted(remaining):
-            (skipped if search.rejects(n) else kept).append(n)
+            why = None if refuse is None else refuse(summary(n))
+            if why is not None:  # the node's exact refusal, read from its summary (hami.core.refuse)
+                failed[n] = search.refused[n] = why
+            elif search.rejects(n):
+                skipped.append(n)
+            else:
+                kept.append(n)
         # skipped nodes are searched only when nothing else fits: that yields their exact
         # reasons, and keeps the result right even if a vendor's prefilter were too strict
         best = (
@@ -252,6 +286,8 @@ def filter_pod(
             or search.among([n for n in kept if n in search.busy], by_busy=True)
             or search.among(skipped)
         )
+    if entry is not None and memo is not None:
+        memo.record(entry, search.refused, versions)
     if best is None:
         return FilterResult(
             pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=search.scores
@@ -288,16 +324,35 @@ class _Search:
         node_policy: str,
         failed: dict[str, NodeFailure],
         busy: Mapping[str, int],
+        known: Mapping[str, NodeFailure],
+        exact: bool = False,
     ) -> None:
         # demand: what the pod needs (fit, prefilters); score_demand: what node scores count
         # (the same, or nothing with request_in_scores=False: HAMi's scores)
         self.ledger, self.ctx, self.demand, self.sign = ledger, ctx, demand, sign
         self.score_demand = score_demand
         self.used_vendors, self.node_policy, self.failed, self.busy = used_vendors, node_policy, failed, busy
+        self.known = known  # remembered refusals (hami.core.verdicts): taken as the fit's answer
+        self.refused: dict[str, NodeFailure] = {}  # refusals found by this search (to remember)
+        self.exact = exact
+        self.refusal = None if exact else refusal(ctx)  # refusals from node summaries, for the pods they cover
         self.lazy = all(v.node_score_neutral for v in used_vendors)
         self.gate = _TypeGate(ctx)
         self.prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
         self.scores: dict[str, float] = {}
+
+    def hopeless(self) -> bool:
+        """True when no device in the whole cluster can take one of the pod's requests (its
+        vendor has no device with a free slot, or none with the memory, or none with the cores,
+        :meth:`Ledger.best_room`): no node fits, so the walk would visit nodes for nothing."""
+        if self.exact:
+            return False
+        for vendor, _, memreq, _, cores in self.demand.checks:
+            if self.prefilter[vendor]:
+                best = self.ledger.best_room(vendor)
+                if best is None or best[0] < memreq or best[1] < cores:
+                    return True
+        return False
 
     def rejects(self, n: str) -> bool:
         return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)
@@ -306,7 +361,11 @@ class _Search:
         return _score(self.ledger.summary(n), self.score_demand, len(self.ledger.node(n).devices))
 
     def _fit(self, n: str, score: float) -> NodeFit | None:
-        res = fit_pod(self.ledger.view(n), self.ctx)
+        res = self.known.get(n)
+        if res is None:
+            res = fit_pod(self.ledger.view(n), self.ctx)
+            if isinstance(res, NodeFailure):
+                self.refused[n] = res
         if isinstance(res, NodeFailure):
             self.failed[n] = res
             return None
@@ -386,6 +445,7 @@ def schedule_pod(
     config: SchedulerConfig,
     now: float,
     busy: Mapping[str, int] | None = None,
+    exact: bool = False,
 ) -> FilterResult:
     """Filter + reserve: drop this pod's previous reservation, choose, reserve the decision.
 
@@ -394,7 +454,7 @@ def schedule_pod(
     """
     previous = ledger.remove_pod(pod_key(pod))
     try:
-        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy)
+        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy, exact)
     except Exception:
         if previous is not None:
             ledger.add_pod(previous)
