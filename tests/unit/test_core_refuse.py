@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -248,22 +249,22 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     # a type no node has: the summary rules do not cover it (a static filter), so nodes are fitted
     p = make_pod("big", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
     first = filter_pod(p, None, led, cfg, 0.0)
-    assert first.node is None and len(first.failed) == 6 and memo.fitted == 6
+    assert first.node is None and len(first.failed) == 6 and memo.recorded == 6
     again = filter_pod(p, None, led, cfg, 0.0)
-    assert memo.fitted == 6 and again.reasons() == first.reasons()
+    assert memo.recorded == 6 and again.reasons() == first.reasons()
     schedule_pod(make_pod("bg", [("NVIDIA", 1, 1000, None)]), ["n3"], led, cfg, 0.0)
     third = filter_pod(p, None, led, cfg, 0.0)
-    assert memo.fitted == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
+    assert memo.recorded == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
     # another pod of the same shape (other name, same request): the same refusals, nothing fitted
     twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
-    assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.fitted == 7
+    assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.recorded == 7
     # another shape is fitted afresh; a node re-registered is fitted afresh
     led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 3))
-    assert filter_pod(p, None, led, cfg, 0.0).failed["n0"].total == 3 and memo.fitted == 8
+    assert filter_pod(p, None, led, cfg, 0.0).failed["n0"].total == 3 and memo.recorded == 8
     # a new configuration object forgets everything
     other = replace(cfg, gpu_policy="binpack")
     filter_pod(p, None, led, other, 0.0)
-    assert memo.fitted == 14
+    assert memo.recorded == 14
 
 
 def test_a_pod_too_big_for_every_gpu_is_refused_from_summaries():
@@ -273,7 +274,7 @@ def test_a_pod_too_big_for_every_gpu_is_refused_from_summaries():
         led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 1, True, False)] * 4))
     schedule_pod(make_pod("bg", [("NVIDIA", 2, 1000, None)]), ["n1"], led, cfg, 0.0)
     result = filter_pod(make_pod("big", [("NVIDIA", 1, 20000, None)]), None, led, cfg, 0.0)
-    assert result.node is None and led.verdicts.fitted == 4
+    assert result.node is None and led.verdicts.recorded == 4
     assert result.reasons()["n0"] == "4/4 CardInsufficientMemory"
     assert result.reasons()["n1"] == "2/4 CardInsufficientMemory, 2/4 CardTimeSlicingExhausted"
     exact = filter_pod(make_pod("big", [("NVIDIA", 1, 20000, None)]), None, led, cfg, 0.0, exact=True)
@@ -300,3 +301,58 @@ def test_cores_refusal_only_when_every_open_gpu_has_the_memory():
         "n1": "2/2 CardInsufficientCore",
     }
     assert fast.reasons() == exact.reasons()
+
+
+def _placed(led: Ledger, cfg: SchedulerConfig, node: str, gpus: list[tuple[int, int, int]]) -> None:
+    """One background pod per ``(gpu, MiB, cores)`` on that very GPU of ``node``."""
+    for k, (gpu, mem, cores) in enumerate(gpus):
+        p = make_pod(f"bg-{node}-{k}", [("NVIDIA", 1, mem, cores)], {"nvidia.com/use-gpuuuid": f"GPU-{node}-{gpu}"})
+        assert schedule_pod(p, [node], led, cfg, 0.0).node == node
+
+
+@pytest.mark.parametrize(
+    "devices, background, probe, annotations, expected",
+    [
+        # a GPU with a slot but every core taken refuses a pod asking no cores
+        (
+            2,
+            [(0, 1000, 100), (1, 1000, 0), (1, 1000, 0)],
+            (2, 1000, None),
+            {},
+            "1/2 CardComputeUnitsExhausted, 1/2 CardTimeSlicingExhausted",
+        ),
+        # under NUMA binding the walk drops a GPU of the other NUMA node
+        (
+            4,
+            [(2, 1000, 0), (2, 1000, 0), (3, 1000, 0), (3, 1000, 0)],
+            (3, 1000, None),
+            {"nvidia.com/numa-bind": "true"},
+            "1/4 AllocatedCardsInsufficientRequest, 1/4 NumaNotFit, 2/4 CardTimeSlicingExhausted",
+        ),
+        # one open GPU lacks the cores, the other is taken, and still too few
+        (
+            3,
+            [(0, 1000, 80), (2, 1000, 10), (2, 1000, 10)],
+            (3, 1000, 30),
+            {},
+            "1/3 AllocatedCardsInsufficientRequest, 1/3 CardInsufficientCore, 1/3 CardTimeSlicingExhausted",
+        ),
+        # the summary settles it: every open GPU would do, there are too few
+        (
+            3,
+            [(2, 1000, 10), (2, 1000, 10)],
+            (3, 1000, 30),
+            {},
+            "1/3 CardTimeSlicingExhausted, 2/3 AllocatedCardsInsufficientRequest",
+        ),
+    ],
+)
+def test_too_few_open_gpus(devices, background, probe, annotations, expected):
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 2, True, False)] * devices))
+    _placed(led, cfg, "n0", background)
+    p = make_pod("probe", [("NVIDIA", *probe)], annotations)
+    exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
+    assert exact.reasons() == {"n0": expected}
+    assert filter_pod(p, None, led, cfg, 0.0).reasons() == {"n0": expected}

@@ -52,10 +52,12 @@ class VendorSummary:
     types: frozenset[str] = frozenset()  # models of the schedulable devices
     sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
     # for exact refusals (hami.core.refuse): every device of the vendor, schedulable or not; the
-    # (model, mode) pairs of the schedulable ones; the least memory free on a device with a slot
+    # (model, mode) pairs of the schedulable ones; the least memory and the fewest cores free on
+    # a device with a free slot
     all: int = 0
     kinds: frozenset[tuple[str, str]] = frozenset()
     min_free_mem: int = 0
+    min_free_cores: int = 0
 
 
 @dataclass(slots=True)
@@ -132,7 +134,11 @@ class NodeState:
             if u >= d.count:
                 continue  # no container can take it (every summary_prefilter vendor checks slots first)
             v.free_slot += 1
-            v.min_free_mem = d.devmem - m if v.free_slot == 1 else min(v.min_free_mem, d.devmem - m)
+            if v.free_slot == 1:
+                v.min_free_mem, v.min_free_cores = d.devmem - m, d.devcore - c
+            else:
+                v.min_free_mem = min(v.min_free_mem, d.devmem - m)
+                v.min_free_cores = min(v.min_free_cores, d.devcore - c)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)

@@ -17,7 +17,12 @@ outcome on many nodes follows from the node's :class:`~hami.core.ledger.VendorSu
     with a slot fails on memory, each without on slots (the capacity rules check slots first,
     then memory): ``k/all CardInsufficientMemory, (all-k)/all CardTimeSlicingExhausted``;
   - every device with a slot has the memory (``min_free_mem >= memreq``) but none the cores
-    (``max_free_cores < coresreq``): the same with ``CardInsufficientCore``.
+    (``max_free_cores < coresreq``): the same with ``CardInsufficientCore``;
+  - every device with a slot passes every capacity rule (the memory, the cores, some cores
+    left when the pod asks none; a pod asking 100 cores, whose rule also reads each device's
+    use, is left to the fit) but there are fewer than ``nums`` of them: the walk took each and
+    fell short, ``k/all AllocatedCardsInsufficientRequest`` beside the slot refusals (not under
+    NUMA binding, whose walk drops devices on the way).
 
 Where these do not settle it (a node with an unhealthy GPU, a pod with quota or ``mutex`` or a
 UUID list, a vendor without ``summary_prefilter``, several containers), the caller fits the node
@@ -41,22 +46,25 @@ from .ledger import NodeSummary
 from .reasons import NodeFailure, Reason
 from .types import DeviceInfo
 
-_MEM, _CORE, _SLOTS, _FEW = (
+_MEM, _CORE, _SLOTS, _FEW, _TAKEN = (
     Reason.CARD_INSUFFICIENT_MEMORY,
     Reason.CARD_INSUFFICIENT_CORE,
     Reason.CARD_TIME_SLICING_EXHAUSTED,
     Reason.NODE_INSUFFICIENT_DEVICE,
+    Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
 )
 
 
 class SummaryRefusal:
     """One pod's refusals from node summaries (:func:`refusal` builds it; None: not such a pod)."""
 
-    __slots__ = ("vendor", "ci", "nums", "memreq", "cores", "_plan", "_kinds", "_made")
+    __slots__ = ("vendor", "ci", "nums", "memreq", "cores", "short", "_plan", "_kinds", "_made")
 
     def __init__(self, ctx: FitContext, ci: int, req: Any) -> None:
         self.vendor, self.ci, self.nums, self.memreq, self.cores = req.vendor, ci, req.nums, req.memreq, req.coresreq
         self._plan = ctx.plans[(ci, req.vendor)]
+        # the "too few open devices" rule applies (see the module docstring)
+        self.short = req.nums > 1 and req.coresreq < 100 and not getattr(self._plan.sel, "numa_bind", True)
         self._kinds: dict[frozenset[tuple[str, str]], bool] = {}  # (model, mode) sets -> all plain candidates
         self._made: dict[tuple[int, int, Reason], NodeFailure] = {}  # shared failures
 
@@ -97,8 +105,16 @@ class SummaryRefusal:
             return self._few(v.all)
         if v.max_free_mem < self.memreq:
             return self._failure(v.all, v.free_slot, _MEM)
-        if v.max_free_cores < self.cores and v.min_free_mem >= self.memreq:
-            return self._failure(v.all, v.free_slot, _CORE)
+        if v.min_free_mem >= self.memreq:
+            if v.max_free_cores < self.cores:
+                return self._failure(v.all, v.free_slot, _CORE)
+            if (
+                self.short
+                and v.free_slot < self.nums
+                and v.min_free_cores >= self.cores
+                and (self.cores or v.min_free_cores > 0)
+            ):
+                return self._failure(v.all, v.free_slot, _TAKEN)
         return None
 
     def _few(self, total: int) -> NodeFailure:

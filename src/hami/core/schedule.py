@@ -24,7 +24,7 @@ from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
 from .names import VGPU_TIME
 from .reasons import UNREGISTERED, NodeFailure
-from .refuse import refusal
+from .refuse import SummaryRefusal, refusal
 from .requests import pod_request
 from .score import (
     DEFAULT_WEIGHTS,
@@ -251,9 +251,12 @@ def filter_pod(
         exact,
     )
     best = None
-    # the walk pays off over many candidates; over a few (some named, or most of them known to
-    # refuse) ranking just those is cheaper, and chooses the same node
-    open_ = (len(ledger.ranking) if wanted is None else len(wanted) - len(failed)) - len(known)
+    # the walk pays off over many candidates; over a few (some named; or, for a pod of a shape
+    # that found no node last time, most of them known to refuse) ranking just those is
+    # cheaper, and chooses the same node
+    open_ = len(ledger.ranking) if wanted is None else len(wanted) - len(failed)
+    if entry is not None and entry.pending:
+        open_ -= len(known)
     if search.lazy and 4 * open_ >= len(ledger.ranking) and not search.hopeless():
         best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
         remaining = (
@@ -288,6 +291,7 @@ def filter_pod(
         )
     if entry is not None and memo is not None:
         memo.record(entry, search.refused, versions)
+        entry.pending = best is None
     if best is None:
         return FilterResult(
             pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=search.scores
@@ -306,6 +310,9 @@ def filter_pod(
         scores=search.scores,
         annotations=annotations,
     )
+
+
+_UNSET = object()
 
 
 class _Search:
@@ -334,12 +341,20 @@ class _Search:
         self.used_vendors, self.node_policy, self.failed, self.busy = used_vendors, node_policy, failed, busy
         self.known = known  # remembered refusals (hami.core.verdicts): taken as the fit's answer
         self.refused: dict[str, NodeFailure] = {}  # refusals found by this search (to remember)
+        self._refusal: object = _UNSET
         self.exact = exact
-        self.refusal = None if exact else refusal(ctx)  # refusals from node summaries, for the pods they cover
         self.lazy = all(v.node_score_neutral for v in used_vendors)
         self.gate = _TypeGate(ctx)
         self.prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
         self.scores: dict[str, float] = {}
+
+    @property
+    def refusal(self) -> SummaryRefusal | None:
+        """Refusals from node summaries (:mod:`hami.core.refuse`), for the pods they cover; built
+        when first needed (a pod that fits is rarely asked)."""
+        if self._refusal is _UNSET:
+            self._refusal = None if self.exact else refusal(self.ctx)
+        return self._refusal  # type: ignore[return-value]
 
     def hopeless(self) -> bool:
         """True when no device in the whole cluster can take one of the pod's requests (its

@@ -11,25 +11,35 @@ requests, each vendor's parsed selection, the device policy, the score weights, 
 quota room and the request-in-scores switch. Two pods with the same signature get the same
 verdict on the same node, so a queue of identical pending jobs shares one set of verdicts.
 
-Only refusals are kept (a node that fits is chosen, and its usage changes). The memo is bounded
-(least recently used signatures go first) and is cleared whenever the scheduler configuration
+Only refusals are kept (a node that fits is chosen, and its usage changes), in a bounded memo
+(the least recently used signatures go first), cleared whenever the scheduler configuration
 object (the vendor table) changes. Pure data, no I/O; owned by the ledger it describes.
 
-Worked example: a 100 GB pod against 5000 nodes of 80 GB GPUs fails on all 5000 (each fitted,
-about 0.1 ms apiece). A pod is then placed on node-0042; the pod is filtered again: 4999 nodes
-still carry the version their verdict was taken at and keep it, node-0042 is fitted again.
+Worked example: a pod asking for a GPU model no node has, against 5000 nodes, is fitted on all
+5000 (about 0.1 ms apiece; the summary rules of :mod:`hami.core.refuse` do not cover a type
+selection). A pod is then placed on node-0042 and the pending pod is filtered again: 4999 nodes
+still carry the version their refusal was taken at and keep it; node-0042 is fitted again.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Hashable, Mapping
 
 from .fit import FitContext
 from .reasons import NodeFailure
 
-#: node -> (the node's ledger version when fitted, its failure)
-Entry = dict[str, tuple[int, NodeFailure]]
+
+class Entry(dict[str, tuple[int, NodeFailure]]):
+    """node -> (the node's ledger version when it refused, its failure); ``pending``: the last
+    Filter of this shape found no node (its next one likely finds none either)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = False
 
 
 def signature(ctx: FitContext) -> Hashable | None:
@@ -52,33 +62,44 @@ def signature(ctx: FitContext) -> Hashable | None:
 
 
 class VerdictMemo:
-    """Per pod signature, the nodes that refused it and the node version each refused at."""
+    """Per pod signature, the nodes that refused it and the node version each refused at.
 
-    __slots__ = ("capacity", "_entries", "_config", "hits", "fitted")
+    Bounded by the number of verdicts held (``max_verdicts``, all signatures together; about
+    70 bytes each, the failures being shared): the least recently used signatures go first. A
+    failure is kept without its per-GPU UUIDs (what the scheduler answers and counts does not
+    use them; ``hami explain`` fits the nodes itself), so equal refusals share one object."""
 
-    def __init__(self, capacity: int = 256) -> None:
-        self.capacity = capacity
+    __slots__ = ("max_verdicts", "_entries", "_size", "_shapes", "_config", "hits", "recorded")
+
+    def __init__(self, max_verdicts: int = 200_000) -> None:
+        self.max_verdicts = max_verdicts
         self._entries: OrderedDict[Hashable, Entry] = OrderedDict()
+        self._size = 0  # verdicts held, all entries together
+        self._shapes: dict[NodeFailure, NodeFailure] = {}  # interned failures (without UUIDs)
         self._config: Any = None  # the SchedulerConfig the entries were taken under
         self.hits = 0  # verdicts reused (for tests and benchmarks)
-        self.fitted = 0  # verdicts recorded
+        self.recorded = 0  # verdicts recorded
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def size(self) -> int:
+        """Verdicts held, all pod signatures together."""
+        return self._size
+
     def clear(self) -> None:
         self._entries.clear()
+        self._shapes.clear()
+        self._size = 0
 
     def entry(self, key: Hashable, config: Any) -> Entry:
         """The (possibly new, empty) entry for ``key``; marks it most recently used."""
         if config is not self._config:
-            self._entries.clear()
+            self.clear()
             self._config = config
         got = self._entries.get(key)
         if got is None:
-            got = self._entries[key] = {}
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            got = self._entries[key] = Entry()
         else:
             self._entries.move_to_end(key)
         return got
@@ -94,9 +115,24 @@ class VerdictMemo:
         return got
 
     def record(self, entry: Entry, failed: Mapping[str, NodeFailure], versions: Mapping[str, int]) -> None:
-        """Remember the refusals a Filter fitted (nodes not in the ledger are left out)."""
+        """Remember the refusals one Filter found (nodes not in the ledger are left out)."""
+        shapes = self._shapes
+        if len(shapes) > 4 * len(failed) + 10_000:
+            shapes.clear()  # only an intern table: held objects stay valid
+        before = len(entry)
         for n, f in failed.items():
             v = versions.get(n)
-            if v is not None:
-                entry[n] = (v, f)
-                self.fitted += 1
+            if v is None:
+                continue
+            if f.devices:  # a fitted refusal: keep a shared copy without the UUIDs
+                f = replace(f, devices=())
+                f = shapes.setdefault(f, f)
+            entry[n] = (v, f)
+            self.recorded += 1
+        self._size += len(entry) - before
+        while self._size > self.max_verdicts and len(self._entries) > 1:
+            oldest = next(iter(self._entries))
+            if self._entries[oldest] is entry:
+                self._entries.move_to_end(oldest)
+                continue
+            self._size -= len(self._entries.pop(oldest))
