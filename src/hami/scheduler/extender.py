@@ -61,22 +61,47 @@ class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
 
-def failed_maps(failed: Mapping[str, NodeFailure]) -> tuple[dict[str, str], dict[str, str]]:
-    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
-    by preemption, so kube-scheduler should not try."""
-    resolvable, unresolvable = {}, {}
+Rows = list[tuple[str, str, tuple[str, ...], bool]]
+
+
+def render_failures(failed: Mapping[str, NodeFailure]) -> Rows:
+    """``(node, reason text, reason codes, unresolvable)`` by node name. A pending pod's nodes
+    mostly refuse it alike (thousands of ``"8/8 CardInsufficientMemory"``), so each distinct
+    failure is rendered once."""
+    seen: dict[object, tuple[str, tuple[str, ...], bool]] = {}
+    out = []
     for node, f in sorted(failed.items()):
-        codes = set(f.codes())
-        (unresolvable if codes and codes <= UNRESOLVABLE else resolvable)[node] = f.render()
+        got = seen.get(id(f))
+        if got is None:
+            key = (f.total, f.counts, f.bare)
+            got = seen.get(key)
+            if got is None:
+                codes = f.codes()
+                got = seen[key] = (
+                    f.render(),
+                    tuple(c.value for c in codes),
+                    bool(codes) and set(codes) <= UNRESOLVABLE,
+                )
+            seen[id(f)] = got  # failed holds f: its id is not reused during this call
+        out.append((node, *got))
+    return out
+
+
+def failed_maps(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
+    by preemption, so kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
+    resolvable, unresolvable = {}, {}
+    for node, text, _, hopeless in render_failures(failed) if rows is None else rows:
+        (unresolvable if hopeless else resolvable)[node] = text
     return resolvable, unresolvable
 
 
-def failure_summary(failed: Mapping[str, NodeFailure]) -> list[str]:
+def failure_summary(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> list[str]:
     """One line per reason: ``"3 nodes CardInsufficientMemory(n1,n2,n3)"`` (HAMi's event text)."""
     by_reason: dict[str, list[str]] = {}
-    for node, f in sorted(failed.items()):
-        for code in f.codes():
-            by_reason.setdefault(code.value, []).append(node)
+    for node, _, codes, _ in render_failures(failed) if rows is None else rows:
+        for code in codes:
+            by_reason.setdefault(code, []).append(node)
     return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
 
 
@@ -190,9 +215,10 @@ class Extender:
             return _error(f"{exc}; nothing is reserved")
         if not result.needs_devices:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
-        failed, unresolvable = failed_maps(result.failed)
+        rows = render_failures(result.failed)
+        failed, unresolvable = failed_maps(result.failed, rows)
         if result.node is None:
-            for line in failure_summary(result.failed) or ["no candidate node"]:
+            for line in failure_summary(result.failed, rows) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         self._in_flight[ref] = (result.node, time.monotonic())
