@@ -18,7 +18,7 @@ serialise access).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedList
 
@@ -162,6 +162,9 @@ class Ledger:
         # fit reads there: devices, cordons, link scores, usage, slices
         self._versions: dict[str, int] = {}
         self._clock = 0
+        self._log: list[str] = []  # the node of each change: _log[i] got version _log_base + i + 1
+        self._log_base = 0
+        self._names: list[str] | None = None  # node names, sorted (None: to sort again)
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
         # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
         # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
@@ -171,6 +174,8 @@ class Ledger:
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
+        if node.name not in self._nodes:
+            self._names = None
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
             node=node,
@@ -189,7 +194,9 @@ class Ledger:
         self._touch(node.name)
 
     def remove_node(self, name: str) -> None:
-        self._nodes.pop(name, None)
+        if self._nodes.pop(name, None) is not None:
+            self._names = None
+            self._touch(name)
         self._versions.pop(name, None)
         self.ranking.remove(name)
         self._set_best(name, ())
@@ -225,6 +232,22 @@ class Ledger:
     def _touch(self, name: str) -> None:
         self._clock += 1
         self._versions[name] = self._clock
+        self._log.append(name)
+        if len(self._log) > 1 << 16:  # keep the recent half
+            half = len(self._log) // 2
+            del self._log[:half]
+            self._log_base += half
+
+    def clock(self) -> int:
+        """The latest node version handed out (a node's version is the clock of its last change)."""
+        return self._clock
+
+    def changed_since(self, clock: int) -> set[str] | None:
+        """The nodes changed after ``clock`` (added, removed, re-registered, usage); None when
+        that is too long ago to tell."""
+        if clock < self._log_base:
+            return None
+        return set(self._log[clock - self._log_base :])
 
     def versions(self) -> Mapping[str, int]:
         """``node -> version``: a node's version changes whenever anything a fit reads on it
@@ -247,7 +270,19 @@ class Ledger:
         )
 
     def node_names(self) -> list[str]:
-        return sorted(self._nodes)
+        if self._names is None:
+            self._names = sorted(self._nodes)
+        return list(self._names)
+
+    def node_set(self) -> Set[str]:
+        """The node names, as a set view (read-only)."""
+        return self._nodes.keys()
+
+    def sorted_names(self) -> Sequence[str]:
+        """The node names, sorted (shared, read-only: cheaper than :meth:`node_names`)."""
+        if self._names is None:
+            self._names = sorted(self._nodes)
+        return self._names
 
     def has_node(self, name: str) -> bool:
         return name in self._nodes

@@ -39,7 +39,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from .fit import FitContext
 from .ledger import NodeSummary
@@ -96,26 +96,43 @@ class SummaryRefusal:
 
     def __call__(self, s: NodeSummary) -> NodeFailure | None:
         """The node's exact failure, or None when its summary does not settle it (fit the node)."""
-        v = s.vendors.get(self.vendor)
-        if v is None:
-            return self._few(0)
-        if v.devices != v.all or not self._plain(v.kinds):
-            return None
-        if self.nums > v.all:
-            return self._few(v.all)
-        if v.max_free_mem < self.memreq:
-            return self._failure(v.all, v.free_slot, _MEM)
-        if v.min_free_mem >= self.memreq:
-            if v.max_free_cores < self.cores:
-                return self._failure(v.all, v.free_slot, _CORE)
-            if (
-                self.short
-                and v.free_slot < self.nums
-                and v.min_free_cores >= self.cores
-                and (self.cores or v.min_free_cores > 0)
-            ):
-                return self._failure(v.all, v.free_slot, _TAKEN)
-        return None
+        out: dict[str, NodeFailure] = {}
+        self.split(("",), lambda _: s, out)
+        return out.get("")
+
+    def split(
+        self, names: Iterable[str], summary: Callable[[str], NodeSummary], refused: dict[str, NodeFailure]
+    ) -> list[str]:
+        """Put the nodes of ``names`` that the summary rules refuse in ``refused`` (node -> failure);
+        return the others, in order. The rules of the module docstring, in that order (one loop,
+        everything it reads held in locals: it runs for every node of a cluster)."""
+        rest = []
+        vendor, nums, memreq, cores, short = self.vendor, self.nums, self.memreq, self.cores, self.short
+        plain, plain_of, failure = self._kinds.get, self._plain, self._failure
+        for n in names:
+            v = summary(n).vendors.get(vendor)
+            if v is None:
+                refused[n] = self._few(0)
+                continue
+            total = v.all
+            ok = plain(v.kinds)
+            if ok is None:
+                ok = plain_of(v.kinds)
+            if v.devices != total or not ok:
+                rest.append(n)
+            elif nums > total:
+                refused[n] = self._few(total)
+            elif v.max_free_mem < memreq:
+                refused[n] = failure(total, v.free_slot, _MEM)
+            elif v.min_free_mem < memreq:
+                rest.append(n)
+            elif v.max_free_cores < cores:
+                refused[n] = failure(total, v.free_slot, _CORE)
+            elif short and v.free_slot < nums and v.min_free_cores >= cores and (cores or v.min_free_cores > 0):
+                refused[n] = failure(total, v.free_slot, _TAKEN)
+            else:
+                rest.append(n)
+        return rest
 
     def _few(self, total: int) -> NodeFailure:
         key = (total, -1, _FEW)

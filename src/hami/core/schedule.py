@@ -235,7 +235,7 @@ def filter_pod(
     entry = memo.entry(key, config) if memo is not None and key is not None else None
     versions = ledger.versions()
     # nodes that refused this pod shape and have not changed since: the same refusal, unfitted
-    known = memo.current(entry, versions, wanted) if memo is not None and entry else {}
+    known = memo.current(entry, ledger, wanted) if memo is not None and entry is not None else {}
     demand = _demand(req)
     search = _Search(
         ledger,
@@ -259,29 +259,25 @@ def filter_pod(
         open_ -= len(known)
     if search.lazy and 4 * open_ >= len(ledger.ranking) and not search.hopeless():
         best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
-        remaining = (
-            []
-            if best is not None
-            else [n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed and n not in known]
-        )
-    else:
-        pool = ledger.node_names() if wanted is None else wanted
-        remaining = [n for n in pool if n not in failed and n not in known]
     if best is None:
         # a remembered refusal stands for its node: those nodes are left out of the search
         # (they cannot fit), and get their refusal whatever the outcome (as a fit would give)
         failed.update(known)
+        # the other candidates, by name (any order would do: the search ranks them, and the
+        # result is sorted; by name, that sort has little left to do)
+        rest = ledger.node_set() - failed.keys() if wanted is None else wanted.difference(failed)
+        if 8 * len(rest) < len(ledger.ranking):
+            remaining = sorted(rest)
+        else:
+            remaining = [n for n in ledger.sorted_names() if n in rest]
+        refuse = search.refusal
+        if refuse is not None:  # exact refusals read from summaries (hami.core.refuse)
+            remaining = refuse.split(remaining, ledger.summary, search.summarised)
+            failed.update(search.summarised)
         kept: list[str] = []
         skipped: list[str] = []
-        refuse, summary = search.refusal, ledger.summary
-        for n in sorted(remaining):
-            why = None if refuse is None else refuse(summary(n))
-            if why is not None:  # the node's exact refusal, read from its summary (hami.core.refuse)
-                failed[n] = search.refused[n] = why
-            elif search.rejects(n):
-                skipped.append(n)
-            else:
-                kept.append(n)
+        for n in remaining:
+            (skipped if search.rejects(n) else kept).append(n)
         # skipped nodes are searched only when nothing else fits: that yields their exact
         # reasons, and keeps the result right even if a vendor's prefilter were too strict
         best = (
@@ -290,11 +286,11 @@ def filter_pod(
             or search.among(skipped)
         )
     if entry is not None and memo is not None:
-        memo.record(entry, search.refused, versions)
+        memo.record(entry, search.refused, search.summarised, versions)
         entry.pending = best is None
     if best is None:
         return FilterResult(
-            pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=search.scores
+            pod=req, node=None, allocation=None, failed={n: failed[n] for n in sorted(failed)}, scores=search.scores
         )
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
@@ -340,7 +336,8 @@ class _Search:
         self.score_demand = score_demand
         self.used_vendors, self.node_policy, self.failed, self.busy = used_vendors, node_policy, failed, busy
         self.known = known  # remembered refusals (hami.core.verdicts): taken as the fit's answer
-        self.refused: dict[str, NodeFailure] = {}  # refusals found by this search (to remember)
+        self.refused: dict[str, NodeFailure] = {}  # refusals fitted by this search (to remember)
+        self.summarised: dict[str, NodeFailure] = {}  # refusals read from summaries (to remember)
         self._refusal: object = _UNSET
         self.exact = exact
         self.lazy = all(v.node_score_neutral for v in used_vendors)

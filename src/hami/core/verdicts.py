@@ -31,15 +31,24 @@ from .fit import FitContext
 from .reasons import NodeFailure
 
 
-class Entry(dict[str, tuple[int, NodeFailure]]):
-    """node -> (the node's ledger version when it refused, its failure); ``pending``: the last
-    Filter of this shape found no node (its next one likely finds none either)."""
+class Entry:
+    """One pod signature's refusals: ``fail`` (node -> its failure) taken at node version
+    ``ver`` (node -> version); ``pending``: the last Filter of this shape found no node (its
+    next one likely finds none either); ``valid``: the refusals still current at ledger clock
+    ``as_of`` (kept so that a retry only drops the nodes changed since, instead of comparing
+    every node's version)."""
 
-    __slots__ = ("pending",)
+    __slots__ = ("ver", "fail", "pending", "valid", "as_of")
 
     def __init__(self) -> None:
-        super().__init__()
+        self.ver: dict[str, int] = {}
+        self.fail: dict[str, NodeFailure] = {}
         self.pending = False
+        self.valid: dict[str, NodeFailure] = {}
+        self.as_of = -1
+
+    def __len__(self) -> int:
+        return len(self.ver)
 
 
 def signature(ctx: FitContext) -> Hashable | None:
@@ -104,31 +113,48 @@ class VerdictMemo:
             self._entries.move_to_end(key)
         return got
 
-    def current(self, entry: Entry, versions: Mapping[str, int], wanted: set[str] | None) -> dict[str, NodeFailure]:
-        """The entry's verdicts whose node still has the version they were taken at (and, when
-        ``wanted`` is given, is one of the candidates)."""
-        if wanted is None:
-            got = {n: f for n, (v, f) in entry.items() if versions.get(n) == v}
+    def current(self, entry: Entry, ledger: Any, wanted: set[str] | None) -> Mapping[str, NodeFailure]:
+        """The entry's refusals whose node still has the version they were taken at (and, when
+        ``wanted`` is given, is one of the candidates). Read-only."""
+        changed = ledger.changed_since(entry.as_of) if entry.as_of >= 0 else None
+        valid = entry.valid
+        if changed is None or 4 * len(changed) > len(valid) + 64:
+            versions = ledger.versions()
+            fail = entry.fail
+            valid = entry.valid = {n: fail[n] for n, v in entry.ver.items() if versions.get(n) == v}
         else:
-            got = {n: f for n, (v, f) in entry.items() if versions.get(n) == v and n in wanted}
-        self.hits += len(got)
-        return got
+            for n in changed:
+                valid.pop(n, None)
+        entry.as_of = ledger.clock()
+        if wanted is not None and not valid.keys() <= wanted:
+            valid = {n: f for n, f in valid.items() if n in wanted}
+        self.hits += len(valid)
+        return valid
 
-    def record(self, entry: Entry, failed: Mapping[str, NodeFailure], versions: Mapping[str, int]) -> None:
-        """Remember the refusals one Filter found (nodes not in the ledger are left out)."""
+    def record(
+        self,
+        entry: Entry,
+        fitted: Mapping[str, NodeFailure],
+        summarised: Mapping[str, NodeFailure],
+        versions: Mapping[str, int],
+    ) -> None:
+        """Remember the refusals one Filter found: ``fitted`` by a fit (kept without their UUIDs),
+        ``summarised`` from summaries (shared objects already). Called after :meth:`current` in
+        the same Filter, the ledger unchanged in between, so they are all current."""
         shapes = self._shapes
-        if len(shapes) > 4 * len(failed) + 10_000:
+        if len(shapes) > 4 * len(fitted) + 10_000:
             shapes.clear()  # only an intern table: held objects stay valid
         before = len(entry)
-        for n, f in failed.items():
-            v = versions.get(n)
-            if v is None:
-                continue
-            if f.devices:  # a fitted refusal: keep a shared copy without the UUIDs
+        for n, f in fitted.items():
+            if f.devices:
                 f = replace(f, devices=())
                 f = shapes.setdefault(f, f)
-            entry[n] = (v, f)
-            self.recorded += 1
+            entry.ver[n] = versions[n]
+            entry.fail[n] = entry.valid[n] = f
+        entry.ver.update(zip(summarised, map(versions.__getitem__, summarised)))
+        entry.fail.update(summarised)
+        entry.valid.update(summarised)
+        self.recorded += len(fitted) + len(summarised)
         self._size += len(entry) - before
         while self._size > self.max_verdicts and len(self._entries) > 1:
             oldest = next(iter(self._entries))

@@ -61,48 +61,48 @@ class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
 
-Rows = list[tuple[str, str, tuple[str, ...], bool]]
+#: one row per distinct refusal: (reason text, reason codes, unresolvable, nodes in ``failed``'s order)
+Rows = list[tuple[str, tuple[str, ...], bool, list[str]]]
 
 
 def render_failures(failed: Mapping[str, NodeFailure]) -> Rows:
-    """``(node, reason text, reason codes, unresolvable)`` by node name. A pending pod's nodes
-    mostly refuse it alike (thousands of ``"8/8 CardInsufficientMemory"``), so each distinct
-    failure is rendered once."""
-    seen: dict[object, tuple[str, tuple[str, ...], bool]] = {}
-    out = []
-    for node, f in sorted(failed.items()):
-        got = seen.get(id(f))
+    """``failed`` grouped by refusal, each rendered once: a pending pod's nodes mostly refuse it
+    alike (thousands of ``"8/8 CardInsufficientMemory"``), often as one shared object."""
+    by_id: dict[int, tuple[NodeFailure, list[str]]] = {}
+    for node, f in failed.items():
+        got = by_id.get(id(f))
         if got is None:
-            key = (f.total, f.counts, f.bare)
-            got = seen.get(key)
-            if got is None:
-                codes = f.codes()
-                got = seen[key] = (
-                    f.render(),
-                    tuple(c.value for c in codes),
-                    bool(codes) and set(codes) <= UNRESOLVABLE,
-                )
-            seen[id(f)] = got  # failed holds f: its id is not reused during this call
-        out.append((node, *got))
-    return out
+            got = by_id[id(f)] = (f, [])
+        got[1].append(node)
+    rows: dict[tuple, tuple[str, tuple[str, ...], bool, list[str]]] = {}
+    for f, nodes in by_id.values():
+        key = (f.total, f.counts, f.bare)
+        row = rows.get(key)
+        if row is None:
+            codes = f.codes()
+            rows[key] = (f.render(), tuple(c.value for c in codes), bool(codes) and set(codes) <= UNRESOLVABLE, nodes)
+        else:
+            row[3].extend(nodes)
+    return list(rows.values())
 
 
 def failed_maps(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
     by preemption, so kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
-    resolvable, unresolvable = {}, {}
-    for node, text, _, hopeless in render_failures(failed) if rows is None else rows:
-        (unresolvable if hopeless else resolvable)[node] = text
+    resolvable: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for text, _, hopeless, nodes in render_failures(failed) if rows is None else rows:
+        (unresolvable if hopeless else resolvable).update(dict.fromkeys(nodes, text))
     return resolvable, unresolvable
 
 
 def failure_summary(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> list[str]:
     """One line per reason: ``"3 nodes CardInsufficientMemory(n1,n2,n3)"`` (HAMi's event text)."""
     by_reason: dict[str, list[str]] = {}
-    for node, _, codes, _ in render_failures(failed) if rows is None else rows:
+    for _, codes, _, nodes in render_failures(failed) if rows is None else rows:
         for code in codes:
-            by_reason.setdefault(code, []).append(node)
-    return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
+            by_reason.setdefault(code, []).extend(nodes)
+    return [f"{len(nodes)} nodes {code}({','.join(sorted(nodes))})" for code, nodes in sorted(by_reason.items())]
 
 
 def _error(message: str) -> dict:
