@@ -212,11 +212,11 @@ class Ledger:
             if not lists[0]:
                 del self._best[vendor]
         for vendor, mem, cores in best:
-            lists = self._best.get(vendor)
-            if lists is None:
-                lists = self._best[vendor] = (SortedList(), SortedList())
-            lists[0].add(mem)
-            lists[1].add(cores)
+            into = self._best.get(vendor)
+            if into is None:
+                into = self._best[vendor] = (SortedList(), SortedList())
+            into[0].add(mem)
+            into[1].add(cores)
         if best:
             self._best_of[name] = best
         else:

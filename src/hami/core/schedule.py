@@ -373,13 +373,13 @@ class _Search:
         return _score(self.ledger.summary(n), self.score_demand, len(self.ledger.node(n).devices))
 
     def _fit(self, n: str, score: float) -> NodeFit | None:
-        res = self.known.get(n)
-        if res is None:
-            res = fit_pod(self.ledger.view(n), self.ctx)
-            if isinstance(res, NodeFailure):
-                self.refused[n] = res
+        refusal = self.known.get(n)
+        if refusal is not None:
+            self.failed[n] = refusal
+            return None
+        res = fit_pod(self.ledger.view(n), self.ctx)
         if isinstance(res, NodeFailure):
-            self.failed[n] = res
+            self.failed[n] = self.refused[n] = res
             return None
         self.scores[n] = score + sum(
             ledger_vendor_score(v, n, res, self.node_policy, self.ledger) for v in self.used_vendors
