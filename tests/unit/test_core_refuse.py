@@ -157,6 +157,14 @@ def check_ledger(led: Ledger) -> None:
     for v in ("NVIDIA", "DCU", "AMD"):
         assert led.best_room(v) == best.get(v), v
     assert set(led.versions()) == set(led.node_names())
+    for v in ("NVIDIA", "DCU", "AMD"):  # refusal classes: every node with the vendor, once
+        classes = led.refusal_classes(v)
+        expect: dict = {}
+        for n in led.node_names():
+            vs = led.summary(n).vendors.get(v)
+            if vs is not None:
+                expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot), set()).add(n)
+        assert {k: set(ns) for k, ns in classes.items()} == expect
 
 
 step_st = st.one_of(

@@ -60,6 +60,10 @@ class VendorSummary:
     min_free_cores: int = 0
 
 
+#: (devices of the vendor, all of them schedulable, their (model, mode) pairs, devices with a free slot)
+RefusalClass = tuple[int, bool, frozenset[tuple[str, str]], int]
+
+
 @dataclass(slots=True)
 class NodeSummary:
     count: int = 0
@@ -170,6 +174,11 @@ class Ledger:
         # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
         self._best: dict[str, tuple[SortedList, SortedList]] = {}
         self._best_of: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
+        # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
+        # devices with a free slot)
+        self._classes: dict[str, dict[RefusalClass, set[str]]] = {}
+        self._class_of: dict[str, tuple[tuple[str, RefusalClass], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
@@ -200,6 +209,7 @@ class Ledger:
         self._versions.pop(name, None)
         self.ranking.remove(name)
         self._set_best(name, ())
+        self._set_classes(name, ())
 
     def _set_best(self, name: str, best: tuple[tuple[str, int, int], ...]) -> None:
         old = self._best_of.get(name, ())
@@ -221,6 +231,26 @@ class Ledger:
             self._best_of[name] = best
         else:
             self._best_of.pop(name, None)
+
+    def _set_classes(self, name: str, keys: tuple[tuple[str, RefusalClass], ...]) -> None:
+        old = self._class_of.get(name, ())
+        if old == keys:
+            return
+        for vendor, key in old:
+            group = self._classes[vendor]
+            group[key].discard(name)
+            if not group[key]:
+                del group[key]
+        for vendor, key in keys:
+            self._classes.setdefault(vendor, {}).setdefault(key, set()).add(name)
+        if keys:
+            self._class_of[name] = keys
+        else:
+            self._class_of.pop(name, None)
+
+    def refusal_classes(self, vendor: str) -> Mapping[RefusalClass, Set[str]]:
+        """Nodes with devices of ``vendor`` by :data:`RefusalClass` (read-only)."""
+        return self._classes.get(vendor, {})
 
     def best_room(self, vendor: str) -> tuple[int, int] | None:
         """``(most MiB free, most cores free)`` on any one schedulable device of ``vendor`` with a
@@ -256,6 +286,10 @@ class Ledger:
 
     def _rank(self, st: NodeState) -> None:
         s = st.summary
+        self._set_classes(
+            st.node.name,
+            tuple((v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot)) for v, vs in sorted(s.vendors.items())),
+        )
         self._set_best(
             st.node.name,
             tuple((v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),

@@ -39,10 +39,10 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import AbstractSet, Any, Callable, Iterable, Mapping
 
 from .fit import FitContext
-from .ledger import NodeSummary
+from .ledger import NodeSummary, RefusalClass
 from .reasons import NodeFailure, Reason
 from .types import DeviceInfo
 
@@ -133,6 +133,32 @@ class SummaryRefusal:
             else:
                 rest.append(n)
         return rest
+
+    def by_class(
+        self,
+        classes: Mapping[RefusalClass, AbstractSet[str]],
+        candidates: AbstractSet[str],
+        refused: dict[str, NodeFailure],
+    ) -> set[str]:
+        """:meth:`split` for a pod that no GPU with a free slot in the whole cluster has the memory
+        for (the caller checks :meth:`Ledger.best_room`): then a node's refusal depends only on
+        its :data:`RefusalClass`, so whole classes are refused at once. Puts the refused
+        ``candidates`` in ``refused``; returns the others (classes the rules do not settle)."""
+        unsettled: set[str] = set()
+        seen: set[str] = set()
+        for (total, schedulable, kinds, free), nodes in classes.items():
+            members = nodes & candidates
+            if not members:
+                continue
+            seen |= members
+            if not schedulable or not self._plain(kinds):
+                unsettled |= members
+            elif self.nums > total:
+                refused.update(dict.fromkeys(members, self._few(total)))
+            else:  # every device with a slot lacks the memory
+                refused.update(dict.fromkeys(members, self._failure(total, free, _MEM)))
+        refused.update(dict.fromkeys(candidates - seen, self._few(0)))  # no device of the vendor
+        return unsettled
 
     def _few(self, total: int) -> NodeFailure:
         key = (total, -1, _FEW)

@@ -266,12 +266,19 @@ def filter_pod(
         # the other candidates, by name (any order would do: the search ranks them, and the
         # result is sorted; by name, that sort has little left to do)
         rest = ledger.node_set() - failed.keys() if wanted is None else wanted.difference(failed)
+        refuse = search.refusal
+        per_node = refuse is not None  # exact refusals read from summaries (hami.core.refuse)
+        if refuse is not None:
+            room = ledger.best_room(refuse.vendor)
+            if room is None or room[0] < refuse.memreq:  # no GPU anywhere has the memory: by class
+                rest = refuse.by_class(ledger.refusal_classes(refuse.vendor), rest, search.summarised)
+                failed.update(search.summarised)
+                per_node = False
         if 8 * len(rest) < len(ledger.ranking):
             remaining = sorted(rest)
         else:
             remaining = [n for n in ledger.sorted_names() if n in rest]
-        refuse = search.refusal
-        if refuse is not None:  # exact refusals read from summaries (hami.core.refuse)
+        if refuse is not None and per_node:
             remaining = refuse.split(remaining, ledger.summary, search.summarised)
             failed.update(search.summarised)
         kept: list[str] = []
