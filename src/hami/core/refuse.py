@@ -29,8 +29,14 @@ UUID list, a vendor without ``summary_prefilter``, several containers), the call
 as before. The rules hold for the vendors that declare ``summary_prefilter`` (the generic
 capacity rules, :func:`hami.vendors.base.slot_check` first): the same promise the node search's
 prefilter already relies on, checked against the full fit by ``tests/unit/test_core_refuse.py``.
-The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU UUIDs:
-``hami explain`` and the UI fit every node themselves for those.
+When no GPU with a free slot in the whole cluster has the memory asked (the ledger's
+:meth:`~hami.core.ledger.Ledger.best_room`), the answer depends only on a node's refusal class
+(devices, all schedulable, models and modes, devices with a slot), which the ledger keeps
+nodes grouped by: whole classes are refused at once (:meth:`SummaryRefusal.by_class`), without
+a Python step per node.
+
+The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU
+UUIDs: ``hami explain`` and the UI fit every node themselves for those.
 
 Worked example: ``nums=1, memreq=8000``; a node of 8 GPUs, 3 with every slot taken and the
 largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
