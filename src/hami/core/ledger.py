@@ -18,7 +18,9 @@ serialise access).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Iterable, Iterator, Mapping, Sequence
+
+from sortedcontainers import SortedList
 
 from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
@@ -30,6 +32,7 @@ from .requests import ordered_containers, pod_name
 from .shape import check_node
 from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
 from .usage import collapse
+from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
 CORDON_ANNOTATION = DEVICE_CORDON
@@ -48,6 +51,17 @@ class VendorSummary:
     max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
     types: frozenset[str] = frozenset()  # models of the schedulable devices
     sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
+    # for exact refusals (hami.core.refuse): every device of the vendor, schedulable or not; the
+    # (model, mode) pairs of the schedulable ones; the least memory and the fewest cores free on
+    # a device with a free slot
+    all: int = 0
+    kinds: frozenset[tuple[str, str]] = frozenset()
+    min_free_mem: int = 0
+    min_free_cores: int = 0
+
+
+#: (devices of the vendor, all of them schedulable, their (model, mode) pairs, devices with a free slot)
+RefusalClass = tuple[int, bool, frozenset[tuple[str, str]], int]
 
 
 @dataclass(slots=True)
@@ -111,16 +125,24 @@ class NodeState:
             v = s.vendors.get(d.vendor)
             if v is None:
                 v = s.vendors[d.vendor] = VendorSummary()
+            v.all += 1
             if not d.health or d.id in self.node.cordoned:
                 continue
             v.devices += 1
             v.sliced += d.sliced
             if d.type not in v.types:
                 v.types = v.types | {d.type}
-            v.free_slot += u < d.count
+            if (d.type, d.mode) not in v.kinds:
+                v.kinds = v.kinds | {(d.type, d.mode)}
             v.idle += u == 0 or d.devcore != 100
             if u >= d.count:
                 continue  # no container can take it (every summary_prefilter vendor checks slots first)
+            v.free_slot += 1
+            if v.free_slot == 1:
+                v.min_free_mem, v.min_free_cores = d.devmem - m, d.devcore - c
+            else:
+                v.min_free_mem = min(v.min_free_mem, d.devmem - m)
+                v.min_free_cores = min(v.min_free_cores, d.devcore - c)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
@@ -140,10 +162,29 @@ class Ledger:
         self._ns_used: dict[str, dict[str, list[int]]] = {}  # ns -> vendor -> [mem, cores]
         self._claims: dict[str, tuple[str, str, int, int]] = {}  # claim key -> (ns, vendor, mem, cores)
         self.ranking = NodeRanking()  # nodes in node-score order (kept current by every change)
+        # node -> version, a new one (from one counter, never reused) on every change of what a
+        # fit reads there: devices, cordons, link scores, usage, slices
+        self._versions: dict[str, int] = {}
+        self._clock = 0
+        self._log: list[str] = []  # the node of each change: _log[i] got version _log_base + i + 1
+        self._log_base = 0
+        self._names: list[str] | None = None  # node names, sorted (None: to sort again)
+        self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
+        # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
+        # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
+        self._best: dict[str, tuple[SortedList, SortedList]] = {}
+        self._best_of: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
+        # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
+        # devices with a free slot)
+        self._classes: dict[str, dict[RefusalClass, set[str]]] = {}
+        self._class_of: dict[str, tuple[tuple[str, RefusalClass], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
+        if node.name not in self._nodes:
+            self._names = None
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
             node=node,
@@ -159,13 +200,100 @@ class Ledger:
         self._recheck(st)
         st.resummarise()
         self._rank(st)
+        self._touch(node.name)
 
     def remove_node(self, name: str) -> None:
-        self._nodes.pop(name, None)
+        if self._nodes.pop(name, None) is not None:
+            self._names = None
+            self._touch(name)
+        self._versions.pop(name, None)
         self.ranking.remove(name)
+        self._set_best(name, ())
+        self._set_classes(name, ())
+
+    def _set_best(self, name: str, best: tuple[tuple[str, int, int], ...]) -> None:
+        old = self._best_of.get(name, ())
+        if old == best:
+            return
+        for vendor, mem, cores in old:
+            lists = self._best[vendor]
+            lists[0].remove(mem)
+            lists[1].remove(cores)
+            if not lists[0]:
+                del self._best[vendor]
+        for vendor, mem, cores in best:
+            into = self._best.get(vendor)
+            if into is None:
+                into = self._best[vendor] = (SortedList(), SortedList())
+            into[0].add(mem)
+            into[1].add(cores)
+        if best:
+            self._best_of[name] = best
+        else:
+            self._best_of.pop(name, None)
+
+    def _set_classes(self, name: str, keys: tuple[tuple[str, RefusalClass], ...]) -> None:
+        old = self._class_of.get(name, ())
+        if old == keys:
+            return
+        for vendor, key in old:
+            group = self._classes[vendor]
+            group[key].discard(name)
+            if not group[key]:
+                del group[key]
+        for vendor, key in keys:
+            self._classes.setdefault(vendor, {}).setdefault(key, set()).add(name)
+        if keys:
+            self._class_of[name] = keys
+        else:
+            self._class_of.pop(name, None)
+
+    def refusal_classes(self, vendor: str) -> Mapping[RefusalClass, Set[str]]:
+        """Nodes with devices of ``vendor`` by :data:`RefusalClass` (read-only)."""
+        return self._classes.get(vendor, {})
+
+    def best_room(self, vendor: str) -> tuple[int, int] | None:
+        """``(most MiB free, most cores free)`` on any one schedulable device of ``vendor`` with a
+        free slot, over the whole cluster (each maximum on its own device); None when no such
+        device exists."""
+        lists = self._best.get(vendor)
+        return None if lists is None else (lists[0][-1], lists[1][-1])
+
+    def _touch(self, name: str) -> None:
+        self._clock += 1
+        self._versions[name] = self._clock
+        self._log.append(name)
+        if len(self._log) > 1 << 16:  # keep the recent half
+            half = len(self._log) // 2
+            del self._log[:half]
+            self._log_base += half
+
+    def clock(self) -> int:
+        """The latest node version handed out (a node's version is the clock of its last change)."""
+        return self._clock
+
+    def changed_since(self, clock: int) -> set[str] | None:
+        """The nodes changed after ``clock`` (added, removed, re-registered, usage); None when
+        that is too long ago to tell."""
+        if clock < self._log_base:
+            return None
+        return set(self._log[clock - self._log_base :])
+
+    def versions(self) -> Mapping[str, int]:
+        """``node -> version``: a node's version changes whenever anything a fit reads on it
+        does (:mod:`hami.core.verdicts`). Read-only."""
+        return self._versions
 
     def _rank(self, st: NodeState) -> None:
         s = st.summary
+        self._set_classes(
+            st.node.name,
+            tuple((v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot)) for v, vs in sorted(s.vendors.items())),
+        )
+        self._set_best(
+            st.node.name,
+            tuple((v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+        )
         self.ranking.update(
             st.node.name,
             (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
@@ -176,7 +304,19 @@ class Ledger:
         )
 
     def node_names(self) -> list[str]:
-        return sorted(self._nodes)
+        if self._names is None:
+            self._names = sorted(self._nodes)
+        return list(self._names)
+
+    def node_set(self) -> Set[str]:
+        """The node names, as a set view (read-only)."""
+        return self._nodes.keys()
+
+    def sorted_names(self) -> Sequence[str]:
+        """The node names, sorted (shared, read-only: cheaper than :meth:`node_names`)."""
+        if self._names is None:
+            self._names = sorted(self._nodes)
+        return self._names
 
     def has_node(self, name: str) -> bool:
         return name in self._nodes
@@ -272,6 +412,7 @@ class Ledger:
             st.usedmem[i] += sign * u.mem
             st.usedcores[i] += sign * u.cores
         if resummarise:
+            self._touch(alloc.node)
             if st.sliced or st.slices or alloc.slices:
                 self._recheck(st)
             st.resummarise()

@@ -8,7 +8,10 @@ removes a previous reservation, reserves the new decision, and is what the exten
 simulator call). Node search is lazy: nodes are ranked by a node score computed from the
 ledger's per-node summaries plus this pod's request, obviously-full nodes are skipped without
 visiting devices, and the first node in rank order where the full fit succeeds wins. When no
-node fits, every candidate is fitted so that each gets its exact reason.
+node fits, every candidate gets its exact reason: read from its summary where that settles it
+(:mod:`hami.core.refuse`), the refusal it gave a pod of the same shape when it has not changed
+since (:mod:`hami.core.verdicts`), or else fitted (``exact=True`` fits every node, the path
+before both).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
 from .names import VGPU_TIME
 from .reasons import UNREGISTERED, NodeFailure
+from .refuse import SummaryRefusal, refusal
 from .requests import pod_request
 from .score import (
     DEFAULT_WEIGHTS,
@@ -34,6 +38,7 @@ from .score import (
     parse_weights,
 )
 from .types import PERCENT_UNSET, ContainerKind, PodAllocation, PodRequest
+from .verdicts import signature
 
 TIME_ANNOTATION = VGPU_TIME
 
@@ -197,12 +202,19 @@ def filter_pod(
     config: SchedulerConfig,
     now: float,
     busy: Mapping[str, int] | None = None,
+    exact: bool = False,
 ) -> FilterResult:
-    """Choose a node and devices for ``pod``; does not modify the ledger. Raises RequestError.
+    """Choose a node and devices for ``pod``; does not modify the ledger (its verdict memo
+    aside). Raises RequestError.
 
     ``busy``: nodes to choose only when no other candidate fits (the scheduler passes the nodes
     whose node lock an unfinished bind holds or is about to take: a pod placed there would wait
-    for it); among them, a smaller value (binds in flight) first, then the usual order."""
+    for it); among them, a smaller value (binds in flight) first, then the usual order.
+    ``exact``: fit every node the search visits, device by device (the path before refusals were
+    read from summaries or remembered; ``hami explain`` and the UI fit every node themselves).
+    Otherwise a node's refusal may come from the ledger's memo (the node has not changed since it
+    refused a pod of this shape, :mod:`hami.core.verdicts`) or from its summary
+    (:mod:`hami.core.refuse`): the same node is chosen, and every refusal renders as the fit's."""
     req = pod_request(pod, config.vendors)
     if not req.has_devices:
         return FilterResult(pod=req, node=None, allocation=None, needs_devices=False)
@@ -218,6 +230,12 @@ def filter_pod(
     )
     wanted = None if candidate_nodes is None else set(candidate_nodes)
     failed: dict[str, NodeFailure] = {} if wanted is None else dict.fromkeys(ledger.unknown(wanted), UNREGISTERED)
+    memo = None if exact else ledger.verdicts
+    key = signature(ctx) if memo is not None else None
+    entry = memo.entry(key, config) if memo is not None and key is not None else None
+    versions = ledger.versions()
+    # nodes that refused this pod shape and have not changed since: the same refusal, unfitted
+    known = memo.current(entry, ledger, wanted) if memo is not None and entry is not None else {}
     demand = _demand(req)
     search = _Search(
         ledger,
@@ -229,21 +247,43 @@ def filter_pod(
         node_policy,
         failed,
         busy or {},
+        known,
+        exact,
     )
     best = None
-    if search.lazy and (wanted is None or 4 * (len(wanted) - len(failed)) >= len(ledger.ranking)):
+    # the walk pays off over many candidates; over a few (some named; or, for a pod of a shape
+    # that found no node last time, most of them known to refuse) ranking just those is
+    # cheaper, and chooses the same node
+    open_ = len(ledger.ranking) if wanted is None else len(wanted) - len(failed)
+    if entry is not None and entry.pending:
+        open_ -= len(known)
+    if search.lazy and 4 * open_ >= len(ledger.ranking) and not search.hopeless():
         best = search.walk(wanted)  # visits nodes in rank order, stops at the first that fits
-        remaining = (
-            []
-            if best is not None
-            else [n for n in (ledger.node_names() if wanted is None else wanted) if n not in failed]
-        )
-    else:
-        remaining = ledger.node_names() if wanted is None else [n for n in wanted if n not in failed]
     if best is None:
+        # a remembered refusal stands for its node: those nodes are left out of the search
+        # (they cannot fit), and get their refusal whatever the outcome (as a fit would give)
+        failed.update(known)
+        # the other candidates, by name (any order would do: the search ranks them, and the
+        # result is sorted; by name, that sort has little left to do)
+        rest = ledger.node_set() - failed.keys() if wanted is None else wanted.difference(failed)
+        refuse = search.refusal
+        per_node = refuse is not None  # exact refusals read from summaries (hami.core.refuse)
+        if refuse is not None:
+            room = ledger.best_room(refuse.vendor)
+            if room is None or room[0] < refuse.memreq:  # no GPU anywhere has the memory: by class
+                rest = refuse.by_class(ledger.refusal_classes(refuse.vendor), rest, search.summarised)
+                failed.update(search.summarised)
+                per_node = False
+        if 8 * len(rest) < len(ledger.ranking):
+            remaining = sorted(rest)
+        else:
+            remaining = [n for n in ledger.sorted_names() if n in rest]
+        if refuse is not None and per_node:
+            remaining = refuse.split(remaining, ledger.summary, search.summarised)
+            failed.update(search.summarised)
         kept: list[str] = []
         skipped: list[str] = []
-        for n in sorted(remaining):
+        for n in remaining:
             (skipped if search.rejects(n) else kept).append(n)
         # skipped nodes are searched only when nothing else fits: that yields their exact
         # reasons, and keeps the result right even if a vendor's prefilter were too strict
@@ -252,9 +292,12 @@ def filter_pod(
             or search.among([n for n in kept if n in search.busy], by_busy=True)
             or search.among(skipped)
         )
+    if entry is not None and memo is not None:
+        memo.record(entry, search.refused, search.summarised, versions)
+        entry.pending = best is None
     if best is None:
         return FilterResult(
-            pod=req, node=None, allocation=None, failed=dict(sorted(failed.items())), scores=search.scores
+            pod=req, node=None, allocation=None, failed={n: failed[n] for n in sorted(failed)}, scores=search.scores
         )
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
@@ -270,6 +313,9 @@ def filter_pod(
         scores=search.scores,
         annotations=annotations,
     )
+
+
+_UNSET = object()
 
 
 class _Search:
@@ -288,16 +334,44 @@ class _Search:
         node_policy: str,
         failed: dict[str, NodeFailure],
         busy: Mapping[str, int],
+        known: Mapping[str, NodeFailure],
+        exact: bool = False,
     ) -> None:
         # demand: what the pod needs (fit, prefilters); score_demand: what node scores count
         # (the same, or nothing with request_in_scores=False: HAMi's scores)
         self.ledger, self.ctx, self.demand, self.sign = ledger, ctx, demand, sign
         self.score_demand = score_demand
         self.used_vendors, self.node_policy, self.failed, self.busy = used_vendors, node_policy, failed, busy
+        self.known = known  # remembered refusals (hami.core.verdicts): taken as the fit's answer
+        self.refused: dict[str, NodeFailure] = {}  # refusals fitted by this search (to remember)
+        self.summarised: dict[str, NodeFailure] = {}  # refusals read from summaries (to remember)
+        self._refusal: object = _UNSET
+        self.exact = exact
         self.lazy = all(v.node_score_neutral for v in used_vendors)
         self.gate = _TypeGate(ctx)
         self.prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
         self.scores: dict[str, float] = {}
+
+    @property
+    def refusal(self) -> SummaryRefusal | None:
+        """Refusals from node summaries (:mod:`hami.core.refuse`), for the pods they cover; built
+        when first needed (a pod that fits is rarely asked)."""
+        if self._refusal is _UNSET:
+            self._refusal = None if self.exact else refusal(self.ctx)
+        return self._refusal  # type: ignore[return-value]
+
+    def hopeless(self) -> bool:
+        """True when no device in the whole cluster can take one of the pod's requests (its
+        vendor has no device with a free slot, or none with the memory, or none with the cores,
+        :meth:`Ledger.best_room`): no node fits, so the walk would visit nodes for nothing."""
+        if self.exact:
+            return False
+        for vendor, _, memreq, _, cores in self.demand.checks:
+            if self.prefilter[vendor]:
+                best = self.ledger.best_room(vendor)
+                if best is None or best[0] < memreq or best[1] < cores:
+                    return True
+        return False
 
     def rejects(self, n: str) -> bool:
         return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)
@@ -306,9 +380,13 @@ class _Search:
         return _score(self.ledger.summary(n), self.score_demand, len(self.ledger.node(n).devices))
 
     def _fit(self, n: str, score: float) -> NodeFit | None:
+        refusal = self.known.get(n)
+        if refusal is not None:
+            self.failed[n] = refusal
+            return None
         res = fit_pod(self.ledger.view(n), self.ctx)
         if isinstance(res, NodeFailure):
-            self.failed[n] = res
+            self.failed[n] = self.refused[n] = res
             return None
         self.scores[n] = score + sum(
             ledger_vendor_score(v, n, res, self.node_policy, self.ledger) for v in self.used_vendors
@@ -386,6 +464,7 @@ def schedule_pod(
     config: SchedulerConfig,
     now: float,
     busy: Mapping[str, int] | None = None,
+    exact: bool = False,
 ) -> FilterResult:
     """Filter + reserve: drop this pod's previous reservation, choose, reserve the decision.
 
@@ -394,7 +473,7 @@ def schedule_pod(
     """
     previous = ledger.remove_pod(pod_key(pod))
     try:
-        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy)
+        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy, exact)
     except Exception:
         if previous is not None:
             ledger.add_pod(previous)

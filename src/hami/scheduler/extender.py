@@ -61,23 +61,48 @@ class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
 
-def failed_maps(failed: Mapping[str, NodeFailure]) -> tuple[dict[str, str], dict[str, str]]:
+#: one row per distinct refusal: (reason text, reason codes, unresolvable, nodes in ``failed``'s order)
+Rows = list[tuple[str, tuple[str, ...], bool, list[str]]]
+
+
+def render_failures(failed: Mapping[str, NodeFailure]) -> Rows:
+    """``failed`` grouped by refusal, each rendered once: a pending pod's nodes mostly refuse it
+    alike (thousands of ``"8/8 CardInsufficientMemory"``), often as one shared object."""
+    by_id: dict[int, tuple[NodeFailure, list[str]]] = {}
+    for node, f in failed.items():
+        got = by_id.get(id(f))
+        if got is None:
+            got = by_id[id(f)] = (f, [])
+        got[1].append(node)
+    rows: dict[tuple, tuple[str, tuple[str, ...], bool, list[str]]] = {}
+    for f, nodes in by_id.values():
+        key = (f.total, f.counts, f.bare)
+        row = rows.get(key)
+        if row is None:
+            codes = f.codes()
+            rows[key] = (f.render(), tuple(c.value for c in codes), bool(codes) and set(codes) <= UNRESOLVABLE, nodes)
+        else:
+            row[3].extend(nodes)
+    return list(rows.values())
+
+
+def failed_maps(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
-    by preemption, so kube-scheduler should not try."""
-    resolvable, unresolvable = {}, {}
-    for node, f in sorted(failed.items()):
-        codes = set(f.codes())
-        (unresolvable if codes and codes <= UNRESOLVABLE else resolvable)[node] = f.render()
+    by preemption, so kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
+    resolvable: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for text, _, hopeless, nodes in render_failures(failed) if rows is None else rows:
+        (unresolvable if hopeless else resolvable).update(dict.fromkeys(nodes, text))
     return resolvable, unresolvable
 
 
-def failure_summary(failed: Mapping[str, NodeFailure]) -> list[str]:
+def failure_summary(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> list[str]:
     """One line per reason: ``"3 nodes CardInsufficientMemory(n1,n2,n3)"`` (HAMi's event text)."""
     by_reason: dict[str, list[str]] = {}
-    for node, f in sorted(failed.items()):
-        for code in f.codes():
-            by_reason.setdefault(code.value, []).append(node)
-    return [f"{len(nodes)} nodes {code}({','.join(nodes)})" for code, nodes in sorted(by_reason.items())]
+    for _, codes, _, nodes in render_failures(failed) if rows is None else rows:
+        for code in codes:
+            by_reason.setdefault(code, []).extend(nodes)
+    return [f"{len(nodes)} nodes {code}({','.join(sorted(nodes))})" for code, nodes in sorted(by_reason.items())]
 
 
 def _error(message: str) -> dict:
@@ -193,9 +218,10 @@ class Extender:
             return _error(f"{exc}; nothing is reserved")
         if not result.needs_devices:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
-        failed, unresolvable = failed_maps(result.failed)
+        rows = render_failures(result.failed)
+        failed, unresolvable = failed_maps(result.failed, rows)
         if result.node is None:
-            for line in failure_summary(result.failed) or ["no candidate node"]:
+            for line in failure_summary(result.failed, rows) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         self._in_flight[ref] = (result.node, time.monotonic())

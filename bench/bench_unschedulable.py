@@ -1,0 +1,148 @@
+"""Filter cost of a pod that fits nowhere, before and after cheap refusals, in one process.
+
+Clusters of 1000 and 5000 nodes x 8 GPUs (5 background pods a node, placed by the core) as in
+``bench_core_filter.py``. Each case times ``hami.core.filter_pod`` on the exact path
+(``exact=True``: every node fitted device by device for its reason, the path before) and on the
+default path (summary refusals, :mod:`hami.core.refuse`; refusals remembered per pod shape and
+node version, :mod:`hami.core.verdicts`), runs interleaved so both see the same machine load,
+and checks that both give the same node and the same reasons:
+
+* ``unschedulable, first Filter``: a 1-GPU pod asking more memory than any GPU has, a new
+  request size every run (nothing remembered helps);
+* ``unschedulable, retry after a change``: the same pod again after one background pod was
+  placed or removed (what kube-scheduler does on every cluster event);
+* ``unschedulable, type nowhere, first`` / ``retry``: a pod asking for a GPU model no node has,
+  which the summary rules do not cover (nodes are fitted; retries take remembered refusals);
+* ``schedulable 1-GPU pod`` (the target case of ``bench_core_filter.py``) and the same after a
+  change: must not get slower.
+
+Also the extender's share for an unschedulable result (``FailedNodes`` and the event lines).
+Run: ``.venv/bin/python bench/bench_unschedulable.py [--sizes 1000,5000] [--runs R] [--fill F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from bench_core_filter import build, make_pod, percentile
+
+from hami.core import SchedulerConfig, admit_pod, filter_pod, schedule_pod
+from hami.scheduler.extender import render_failures, failed_maps, failure_summary
+from hami.vendors import build_vendors
+
+
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t) * 1e3, out
+
+
+def case(label: str, runs: int, make, change, ledger, names, config) -> None:
+    """Time ``make(i)``'s pod on both paths, ``change(i)`` applied before each run."""
+    before, after = [], []
+    for i in range(runs):
+        change(i)
+        pod = make(i)
+        order = (True, False) if i % 2 else (False, True)  # alternate which path goes first
+        got = {}
+        for exact in order:
+            ms, got[exact] = timed(lambda: filter_pod(pod, names, ledger, config, 0.0, exact=exact))
+            (before if exact else after).append(ms)
+        slow, fast = got[True], got[False]
+        assert slow.node == fast.node, (label, slow.node, fast.node)
+        if slow.node is None:
+            assert slow.reasons() == fast.reasons(), label
+    b, a = percentile(before, 50), percentile(after, 50)
+    print(
+        f"  {label:<44} before p50 {b:9.3f} ms  after p50 {a:8.3f} ms  ({b / a:7.1f}x)  "
+        f"p99 {percentile(before, 99):9.3f} / {percentile(after, 99):8.3f} ms  over {runs} runs"
+    )
+
+
+def figures(n_nodes: int, runs: int, fill: str) -> None:
+    config = SchedulerConfig(build_vendors())
+    t0 = time.perf_counter()
+    ledger = build(n_nodes, 5 * n_nodes, config, fill)
+    names = ledger.node_names()
+    print(
+        f"cluster: {n_nodes} nodes x 8 GPUs, {5 * n_nodes} pods placed ({fill} fill, setup {time.perf_counter() - t0:.1f}s)"
+    )
+    rng = random.Random(11)
+    extra: list[str] = []
+
+    def churn(i: int) -> None:  # one cluster change: a pod placed, or the last one removed
+        if extra and i % 2:
+            ledger.remove_pod(extra.pop())
+            return
+        pod = make_pod(f"churn-{i}", 1, 1000, 5)
+        r = schedule_pod(pod, [names[rng.randrange(len(names))]], ledger, config, 0.0)
+        if r.allocation is not None:
+            extra.append(r.allocation.key)
+
+    def still(i: int) -> None:
+        pass
+
+    def admitted(raw: dict) -> dict:
+        return admit_pod(raw, config.vendors)[0]
+
+    slow_runs = max(3, runs // 20)
+    too_big = admitted(make_pod("too-big", 1, 102400, 10))
+    h100 = {"nvidia.com/use-gputype": "B200"}  # a model no node has
+    nowhere = admitted(make_pod("nowhere", 1, 3000, 10, h100))
+    target = admitted(make_pod("probe", 1, 3000, 30))
+    case(
+        "unschedulable, first Filter",
+        slow_runs,
+        lambda i: admitted(make_pod(f"big-{i}", 1, 102400 + i, 10)),
+        still,
+        ledger,
+        names,
+        config,
+    )
+    filter_pod(too_big, names, ledger, config, 0.0)
+    case("unschedulable, retry after a change", slow_runs, lambda i: too_big, churn, ledger, names, config)
+    case(
+        "unschedulable, type nowhere, first Filter",
+        slow_runs,
+        lambda i: admitted(make_pod(f"b200-{i}", 1, 3000 + i, 10, h100)),
+        still,
+        ledger,
+        names,
+        config,
+    )
+    filter_pod(nowhere, names, ledger, config, 0.0)
+    case("unschedulable, type nowhere, retry", slow_runs, lambda i: nowhere, churn, ledger, names, config)
+    case("schedulable 1-GPU pod", runs, lambda i: target, still, ledger, names, config)
+    case("schedulable 1-GPU pod, after a change", runs, lambda i: target, churn, ledger, names, config)
+    result = filter_pod(too_big, names, ledger, config, 0.0)
+    slow = filter_pod(too_big, names, ledger, config, 0.0, exact=True)
+
+    def extender(r) -> None:  # what Extender.filter does with a refusal besides the core
+        rows = render_failures(r.failed)
+        failed_maps(r.failed, rows)
+        failure_summary(r.failed, rows)
+
+    ms = {
+        k: [timed(lambda: extender(r))[0] for _ in range(slow_runs)] for k, r in (("before", slow), ("after", result))
+    }
+    print(
+        "  extender's FailedNodes + event lines for that refusal (besides the above): "
+        f"p50 {percentile(ms['before'], 50):.3f} ms with fitted refusals, {percentile(ms['after'], 50):.3f} ms after"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1000,5000", help="node counts, comma-separated")
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--fill", choices=("binpack", "round-robin"), default="binpack")
+    args = ap.parse_args()
+    print("before: filter_pod(exact=True), every node fitted; after: the default path; p50 over interleaved runs")
+    for size in args.sizes.split(","):
+        figures(int(size), args.runs, args.fill)
+
+
+if __name__ == "__main__":
+    main()

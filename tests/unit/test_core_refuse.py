@@ -1,0 +1,366 @@
+"""Cheap refusals never change a Filter's answer (hami.core.refuse, hami.core.verdicts).
+
+1. Property: on random clusters (NVIDIA with MIG, unhealthy and cordoned GPUs, Hygon DCU, AMD,
+   which has no summary rules) put through random changes (pods placed and removed, nodes
+   re-registered, removed and added back, quotas set), every probe pod gets from ``filter_pod``
+   the same node, devices and annotations as from the exact path (``exact=True``: every visited
+   node fitted, nothing remembered); when it fits nowhere, the same nodes refuse it, each with
+   the exact path's reason (rendering, codes, failing container and vendor); when it fits, every
+   refusal it lists is the one fitting that node alone gives. Probe shapes repeat, so remembered
+   refusals are taken after every kind of change.
+2. Property: a summary refusal, where it is given, renders as the fit of that node does.
+3. A retry re-fits only the nodes that changed; a pod of the same shape shares the refusals.
+4. The ledger's cluster-wide best room and node versions follow every change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hami.config import chart_device_config
+from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod, filter_pod, schedule_pod
+from hami.core.fit import fit_pod, make_context
+from hami.core.reasons import NodeFailure
+from hami.core.refuse import refusal
+from hami.core.requests import pod_request
+from hami.core.schedule import pod_policies
+from hami.vendors import build_vendors
+
+from ._corekit import mig_gpu
+
+VENDORS = build_vendors(chart_device_config())
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MODELS = ("NVIDIA-Tesla T4", "NVIDIA-A100-PCIE-40GB")
+RES = {
+    "NVIDIA": ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"),
+    "DCU": ("hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores"),
+    "AMD": ("amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores"),
+}
+ANNOTATIONS = (
+    {},
+    {"nvidia.com/use-gputype": "T4"},
+    {"nvidia.com/nouse-gputype": "A100"},
+    {"nvidia.com/use-gputype": "H100"},
+    {"nvidia.com/nouse-gpuuuid": "GPU-n1-0"},
+    {"nvidia.com/vgpu-mode": "mig"},
+    {"nvidia.com/numa-bind": "true"},
+    {"hami.io/gpu-scheduler-policy": "topology-aware"},
+    {"hami.io/node-scheduler-policy": "spread"},
+)
+
+
+def device(node: str, i: int, vendor: str, model: int, mem: int, count: int, health: bool, mig: bool) -> DeviceInfo:
+    if vendor == "NVIDIA" and mig:
+        return mig_gpu(node, i, health=health, numa=i % 2)
+    typ = {"NVIDIA": MODELS[model], "DCU": "DCU-Z100", "AMD": "AMD-Instinct-MI300X"}[vendor]
+    return DeviceInfo(
+        id=f"GPU-{node}-{i}",
+        index=i,
+        count=count,
+        devmem=mem,
+        devcore=100,
+        type=typ,
+        numa=i % 2,
+        mode="hami-core",
+        health=health,
+        vendor=vendor,
+    )
+
+
+devices_st = st.lists(
+    st.tuples(
+        st.sampled_from(("NVIDIA", "NVIDIA", "NVIDIA", "DCU", "AMD")),
+        st.integers(0, 1),
+        st.sampled_from((8000, 16384)),
+        st.sampled_from((1, 2, 4)),
+        st.sampled_from((True, True, True, True, False)),
+        st.sampled_from((False, False, False, False, True)),
+    ),
+    min_size=0,
+    max_size=4,
+)
+request_st = st.tuples(
+    st.sampled_from(("NVIDIA", "NVIDIA", "DCU", "AMD")),
+    st.integers(1, 3),
+    st.sampled_from((None, 1000, 4000, 9000, 20000)),
+    st.sampled_from((None, 0, 30, 60, 80, 100)),
+)
+probe_st = st.tuples(
+    st.lists(request_st, min_size=1, max_size=2),
+    st.sampled_from(ANNOTATIONS),
+    st.sampled_from(("default", "team")),
+    st.booleans(),  # a second, GPU-less container
+)
+
+
+def make_node(name: str, spec, cordon: tuple[int, ...] = ()) -> NodeDevices:
+    devs = tuple(device(name, i, *d) for i, d in enumerate(spec))
+    return NodeDevices(name=name, devices=devs, cordoned=frozenset(f"GPU-{name}-{i}" for i in cordon))
+
+
+def make_pod(name: str, reqs, annotations=None, ns: str = "default", idle_ctr: bool = False) -> dict:
+    containers = []
+    for k, (vendor, nums, mem, cores) in enumerate(reqs):
+        count, memory, core = RES[vendor]
+        limits = {count: nums}
+        if mem is not None:
+            limits[memory] = mem
+        if cores:
+            limits[core] = cores
+        containers.append({"name": f"c{k}", "resources": {"limits": limits}})
+    if idle_ctr:
+        containers.append({"name": "idle", "resources": {}})
+    raw = {
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}", "annotations": dict(annotations or {})},
+        "spec": {"containers": containers},
+    }
+    return admit_pod(raw, VENDORS)[0]
+
+
+def same(a: NodeFailure, b: NodeFailure) -> bool:
+    return (a.render(), a.codes(), a.container, a.vendor, a.bare) == (
+        b.render(),
+        b.codes(),
+        b.container,
+        b.vendor,
+        b.bare,
+    )
+
+
+def check(led: Ledger, cfg: SchedulerConfig, p: dict, cands, busy) -> None:
+    fast = filter_pod(p, cands, led, cfg, 0.0, busy=busy)
+    slow = filter_pod(p, cands, led, cfg, 0.0, busy=busy, exact=True)
+    assert fast.node == slow.node
+    assert fast.allocation == slow.allocation and fast.annotations == slow.annotations
+    if slow.node is None:
+        assert set(fast.failed) == set(slow.failed)
+        for n, f in slow.failed.items():
+            assert same(fast.failed[n], f), (n, fast.failed[n], f)
+    else:
+        assert set(slow.failed) <= set(fast.failed)
+        for n, f in fast.failed.items():
+            alone = filter_pod(p, [n], led, cfg, 0.0, exact=True).failed[n]
+            assert same(f, alone), (n, f, alone)
+
+
+def check_ledger(led: Ledger) -> None:
+    best: dict[str, tuple[int, int]] = {}
+    for n in led.node_names():
+        for v, vs in led.summary(n).vendors.items():
+            if vs.free_slot:
+                m, c = best.get(v, (-(10**9), -(10**9)))
+                best[v] = (max(m, vs.max_free_mem), max(c, vs.max_free_cores))
+    for v in ("NVIDIA", "DCU", "AMD"):
+        assert led.best_room(v) == best.get(v), v
+    assert set(led.versions()) == set(led.node_names())
+    for v in ("NVIDIA", "DCU", "AMD"):  # refusal classes: every node with the vendor, once
+        classes = led.refusal_classes(v)
+        expect: dict = {}
+        for n in led.node_names():
+            vs = led.summary(n).vendors.get(v)
+            if vs is not None:
+                expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot), set()).add(n)
+        assert {k: set(ns) for k, ns in classes.items()} == expect
+
+
+step_st = st.one_of(
+    st.tuples(st.just("place"), request_st, st.integers(0, 9)),
+    st.tuples(st.just("remove"), st.integers(0, 30)),
+    st.tuples(st.just("reset"), st.integers(0, 9), devices_st, st.lists(st.integers(0, 3), max_size=2)),
+    st.tuples(st.just("drop"), st.integers(0, 9)),
+    st.tuples(st.just("quota"), st.sampled_from((None, 6000, 30000))),
+    st.tuples(st.just("busy"), st.integers(0, 9), st.sampled_from(("all", "named", "few"))),
+)
+
+
+@SETTINGS
+@given(
+    st.lists(devices_st, min_size=2, max_size=7),
+    st.lists(probe_st, min_size=1, max_size=3),
+    st.lists(step_st, min_size=1, max_size=15),
+    st.sampled_from(("binpack", "spread")),
+)
+def test_cheap_refusals_give_the_exact_paths_answer(nodes, probes, steps, policy):
+    cfg = SchedulerConfig(VENDORS, node_policy=policy)
+    pool = [make_pod(f"probe{k}", reqs, ann, ns, idle) for k, (reqs, ann, ns, idle) in enumerate(probes)]
+    cands, busy = None, None
+    led = Ledger()
+    specs = {f"n{i}": spec for i, spec in enumerate(nodes)}
+    for name, spec in specs.items():
+        led.set_node(make_node(name, spec))
+    names = sorted(specs)
+    placed: list[str] = []
+    for k, step in enumerate(steps):
+        kind = step[0]
+        if kind == "place":
+            _, req, where = step
+            r = schedule_pod(make_pod(f"bg{k}", [req], ns="team"), [names[where % len(names)]], led, cfg, 0.0)
+            if r.allocation is not None:
+                placed.append(r.allocation.key)
+        elif kind == "remove" and placed:
+            led.remove_pod(placed.pop(step[1] % len(placed)))
+        elif kind == "reset":
+            _, where, spec, cordon = step
+            led.set_node(make_node(names[where % len(names)], spec, tuple(cordon)))
+        elif kind == "drop":
+            name = names[step[1] % len(names)]
+            if led.has_node(name):
+                led.remove_node(name)
+            else:
+                led.set_node(make_node(name, specs[name]))
+        elif kind == "quota":
+            hard = {} if step[1] is None else {"limits.nvidia.com/gpumem": step[1]}
+            led.set_quota("team", "q", hard, VENDORS)
+        elif kind == "busy":  # what kube-scheduler offers from now on, and the nodes binding
+            pick, which = step[1], step[2]
+            cands = {"all": None, "named": names + ["ghost"], "few": names[pick % len(names) :][:2]}[which]
+            busy = {names[pick % len(names)]: 2} if pick % 3 == 0 else None
+        # the same pods again after every change (kube-scheduler's retries of pending pods)
+        for p in pool:
+            check(led, cfg, p, cands, busy)
+        check_ledger(led)
+
+
+@SETTINGS
+@given(st.lists(devices_st, min_size=1, max_size=5), st.lists(request_st, max_size=12), request_st, st.data())
+def test_a_summary_refusal_is_the_fits_refusal(nodes, background, req, data):
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    for i, spec in enumerate(nodes):
+        cordon = tuple(data.draw(st.lists(st.integers(0, 3), max_size=1)))
+        led.set_node(make_node(f"n{i}", spec, cordon))
+    for k, b in enumerate(background):
+        schedule_pod(make_pod(f"bg{k}", [b]), [f"n{k % len(nodes)}"], led, cfg, 0.0)
+    p = make_pod("probe", [req], data.draw(st.sampled_from(ANNOTATIONS)))
+    pr = pod_request(p, VENDORS)
+    _, policy, weights = pod_policies(pr, cfg)
+    ctx = make_context(pr, VENDORS, policy, weights)
+    refuse = refusal(ctx)
+    for n in led.node_names():
+        got = refuse(led.summary(n)) if refuse is not None else None
+        if got is not None:
+            fit = fit_pod(led.view(n), ctx)
+            assert isinstance(fit, NodeFailure), (n, got)
+            assert same(got, fit) and got.total == fit.total, (n, got, fit)
+
+
+def test_a_retry_refits_only_the_nodes_that_changed():
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    for i in range(6):
+        led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
+    memo = led.verdicts
+    # a type no node has: the summary rules do not cover it (a static filter), so nodes are fitted
+    p = make_pod("big", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
+    first = filter_pod(p, None, led, cfg, 0.0)
+    assert first.node is None and len(first.failed) == 6 and memo.recorded == 6
+    again = filter_pod(p, None, led, cfg, 0.0)
+    assert memo.recorded == 6 and again.reasons() == first.reasons()
+    schedule_pod(make_pod("bg", [("NVIDIA", 1, 1000, None)]), ["n3"], led, cfg, 0.0)
+    third = filter_pod(p, None, led, cfg, 0.0)
+    assert memo.recorded == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
+    # another pod of the same shape (other name, same request): the same refusals, nothing fitted
+    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
+    assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.recorded == 7
+    # another shape is fitted afresh; a node re-registered is fitted afresh
+    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 3))
+    assert filter_pod(p, None, led, cfg, 0.0).failed["n0"].total == 3 and memo.recorded == 8
+    # a new configuration object forgets everything
+    other = replace(cfg, gpu_policy="binpack")
+    filter_pod(p, None, led, other, 0.0)
+    assert memo.recorded == 14
+
+
+def test_a_pod_too_big_for_every_gpu_is_refused_from_summaries():
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    for i in range(4):
+        led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 1, True, False)] * 4))
+    schedule_pod(make_pod("bg", [("NVIDIA", 2, 1000, None)]), ["n1"], led, cfg, 0.0)
+    result = filter_pod(make_pod("big", [("NVIDIA", 1, 20000, None)]), None, led, cfg, 0.0)
+    assert result.node is None and led.verdicts.recorded == 4
+    assert result.reasons()["n0"] == "4/4 CardInsufficientMemory"
+    assert result.reasons()["n1"] == "2/4 CardInsufficientMemory, 2/4 CardTimeSlicingExhausted"
+    exact = filter_pod(make_pod("big", [("NVIDIA", 1, 20000, None)]), None, led, cfg, 0.0, exact=True)
+    assert exact.reasons() == result.reasons()
+    too_many = filter_pod(make_pod("many", [("NVIDIA", 5, 1000, None)]), None, led, cfg, 0.0)
+    assert too_many.reasons()["n0"] == "NodeInsufficientDevice"
+
+
+def test_cores_refusal_only_when_every_open_gpu_has_the_memory():
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
+    led.set_node(make_node("n1", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
+    for k, (where, mem, cores) in enumerate(((0, 12000, 70), (1, 1000, 80), (2, 1000, 80), (3, 1000, 70))):
+        node, gpu = divmod(where, 2)
+        p = make_pod(f"bg{k}", [("NVIDIA", 1, mem, cores)], {"nvidia.com/use-gpuuuid": f"GPU-n{node}-{gpu}"})
+        assert schedule_pod(p, [f"n{node}"], led, cfg, 0.0).node == f"n{node}"
+    probe = make_pod("probe", [("NVIDIA", 1, 8000, 50)])
+    fast = filter_pod(probe, None, led, cfg, 0.0)
+    exact = filter_pod(probe, None, led, cfg, 0.0, exact=True)
+    # n0: one GPU lacks the memory, the other the cores; n1: both lack the cores (summary-refused)
+    assert exact.reasons() == {
+        "n0": "1/2 CardInsufficientCore, 1/2 CardInsufficientMemory",
+        "n1": "2/2 CardInsufficientCore",
+    }
+    assert fast.reasons() == exact.reasons()
+
+
+def _placed(led: Ledger, cfg: SchedulerConfig, node: str, gpus: list[tuple[int, int, int]]) -> None:
+    """One background pod per ``(gpu, MiB, cores)`` on that very GPU of ``node``."""
+    for k, (gpu, mem, cores) in enumerate(gpus):
+        p = make_pod(f"bg-{node}-{k}", [("NVIDIA", 1, mem, cores)], {"nvidia.com/use-gpuuuid": f"GPU-{node}-{gpu}"})
+        assert schedule_pod(p, [node], led, cfg, 0.0).node == node
+
+
+@pytest.mark.parametrize(
+    "devices, background, probe, annotations, expected",
+    [
+        # a GPU with a slot but every core taken refuses a pod asking no cores
+        (
+            2,
+            [(0, 1000, 100), (1, 1000, 0), (1, 1000, 0)],
+            (2, 1000, None),
+            {},
+            "1/2 CardComputeUnitsExhausted, 1/2 CardTimeSlicingExhausted",
+        ),
+        # under NUMA binding the walk drops a GPU of the other NUMA node
+        (
+            4,
+            [(2, 1000, 0), (2, 1000, 0), (3, 1000, 0), (3, 1000, 0)],
+            (3, 1000, None),
+            {"nvidia.com/numa-bind": "true"},
+            "1/4 AllocatedCardsInsufficientRequest, 1/4 NumaNotFit, 2/4 CardTimeSlicingExhausted",
+        ),
+        # one open GPU lacks the cores, the other is taken, and still too few
+        (
+            3,
+            [(0, 1000, 80), (2, 1000, 10), (2, 1000, 10)],
+            (3, 1000, 30),
+            {},
+            "1/3 AllocatedCardsInsufficientRequest, 1/3 CardInsufficientCore, 1/3 CardTimeSlicingExhausted",
+        ),
+        # the summary settles it: every open GPU would do, there are too few
+        (
+            3,
+            [(2, 1000, 10), (2, 1000, 10)],
+            (3, 1000, 30),
+            {},
+            "1/3 CardTimeSlicingExhausted, 2/3 AllocatedCardsInsufficientRequest",
+        ),
+    ],
+)
+def test_too_few_open_gpus(devices, background, probe, annotations, expected):
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 2, True, False)] * devices))
+    _placed(led, cfg, "n0", background)
+    p = make_pod("probe", [("NVIDIA", *probe)], annotations)
+    exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
+    assert exact.reasons() == {"n0": expected}
+    assert filter_pod(p, None, led, cfg, 0.0).reasons() == {"n0": expected}
