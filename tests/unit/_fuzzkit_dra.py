@@ -187,7 +187,7 @@ def expected_env(claim: Any) -> dict[str, str] | str:
     mine = [r for r in rs if isinstance(r, dict) and r.get("driver") == DRIVER and r.get("pool") == NODE]
     if not mine:
         return "refused"
-    uuids, mems, cores = [], [], None
+    per_gpu: dict[int, list[int]] = {}  # GPU index -> [memory bytes, cores], results on one GPU added
     for r in mine:
         dev = r.get("device")
         if dev not in {f"gpu-{i}" for i in range(N_GPUS)}:
@@ -202,11 +202,19 @@ def expected_env(claim: Any) -> dict[str, str] | str:
             return "refused"
         if not (MIB <= mem <= FULL) or not (0 <= core <= 100):
             return "refused"  # outside the device's capacity: no allocator could have written it
-        uuids.append(gpu_uuid(int(dev.split("-")[1])))
-        mems.append(f"{mem // MIB}m")
-        cores = core if cores is None else cores
-    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "CUDA_DEVICE_SM_LIMIT": str(cores)}
-    env.update({f"CUDA_DEVICE_MEMORY_LIMIT_{i}": m for i, m in enumerate(mems)})
+        held = per_gpu.setdefault(int(dev.split("-")[1]), [0, 0])
+        held[0] += mem
+        held[1] += core
+    # the container sees the GPUs in the node's index order (docs/dra.md); memory per GPU, the
+    # unindexed share is the first GPU's, and per-GPU shares are added when they differ
+    order = sorted(per_gpu)
+    if any(per_gpu[i][0] > FULL or per_gpu[i][1] > 100 for i in order):
+        return "any"  # two results on one GPU past its size: not modelled here
+    shares = [per_gpu[i][1] for i in order]
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuid(i) for i in order), "CUDA_DEVICE_SM_LIMIT": str(shares[0])}
+    env.update({f"CUDA_DEVICE_MEMORY_LIMIT_{n}": f"{per_gpu[i][0] // MIB}m" for n, i in enumerate(order)})
+    if len(set(shares)) > 1:
+        env.update({f"CUDA_DEVICE_SM_LIMIT_{n}": str(c) for n, c in enumerate(shares)})
     return env
 
 
