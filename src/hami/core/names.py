@@ -36,6 +36,10 @@ Node annotations and namespace labels:
   it. Shared by every backend that locks (vendors set it as their ``lock_annotation``).
 * ``NODE_LOCK_HANDOFF`` (beyond HAMi): the device plugin writes ``swap`` when it leaves a
   finished pod's lock for the next Bind to take over; the scheduler reads it.
+* ``NODE_INJECTION`` (beyond HAMi): the device plugin writes ``nri`` once it is registered with
+  the container runtime's NRI socket and gives each container its grant at creation from the
+  pod's annotations; the scheduler then binds a pod to that node without the node lock
+  (docs/nri.md). Absent or any other value: HAMi's lock protocol.
 * ``DEVICE_CORDON``: the operator writes a list of UUIDs; the scheduler's ledger reads it.
 * ``NODE_HANDSHAKE`` and :func:`node_handshake`: the scheduler writes ``Requesting_<time>`` and
   reads it back to judge a backend's node side alive (NVIDIA's key has no suffix).
@@ -96,6 +100,7 @@ SCHEDULER_ROLE = "hami.io/scheduler-role"
 # ---- node annotations, namespace labels
 NODE_LOCK = "hami.io/mutex.lock"
 NODE_LOCK_HANDOFF = "hami.io/node-lock-handoff"
+NODE_INJECTION = "hami.io/node-injection"
 DEVICE_CORDON = "hami.io/device-cordon"
 NODE_HANDSHAKE = "hami.io/node-handshake"
 NODE_ANNOTATION_PREFIX = "hami.io/node-"
