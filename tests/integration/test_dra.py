@@ -1096,3 +1096,114 @@ def test_the_scheduler_runs_on_an_api_server_without_resource_k8s_io():
         if proc is not None:
             proc.stop()
         c.stop()
+
+
+@pytest.mark.skipif(not NEXT_DEVICE_FIXED, reason="kubernetes/kubernetes#133705: v1.34 stays on a node's first GPU")
+async def test_hami_annotations_through_the_dra_webhook_land_only_on_matching_gpus(cluster, kube):
+    """`hami scheduler --front-end dra` as the cluster's webhook: HAMi's GPU type, UUID and
+    numa-bind annotations become CEL selectors and a NUMA constraint, and kube-scheduler puts
+    each pod only on GPUs they allow (where `hami simulate --front-end dra` puts it too); an
+    annotation DRA cannot express is refused, and a quote in a value cannot widen a selector."""
+    import uuid
+
+    from hami.core import SchedulerConfig
+    from hami.sim.dra import simulate_dra
+    from hami.vendors import build_vendors
+    from hami_devkit.errors import ApiError
+    from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
+
+    await apply_device_classes(kube)
+    node, ns, label = "dra-ann", "dra-ann", "hami.io/dra-annotations-test"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "ann"})
+    settings = SliceSettings(split_count=SPLIT)
+    models = ("Tesla T4", "A100-PCIE-40GB", "Tesla T4", "A100-PCIE-40GB")
+    devs = [
+        PhysicalGPU(
+            i, f"GPU-ann00000-0000-4000-8000-{i:012x}", m, GPU_MIB, f"0000:{i + 1:02x}:00.0", 0, numa_node=i // 2
+        )
+        for i, m in enumerate(models)
+    ]
+    uuids = [d.uuid for d in devs]
+    await publish_slice(kube, node, devs, settings)
+    proc = SchedulerProcess(cluster, "--front-end=dra").start()
+    webhook = f"hami-dra-{uuid.uuid4().hex[:6]}"
+    register_webhook(cluster, proc.url, webhook, label)
+    label_namespace(cluster, ns, label)
+    sel = {"hami.io/test-pool": "ann"}
+    one = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 5}
+    two = {**one, "nvidia.com/gpu": 2}
+    asks = [  # (name, annotations, limits, the GPUs it may land on)
+        ("a100", {"nvidia.com/use-gputype": "a100"}, one, {1, 3}),
+        ("t4-not-0", {"nvidia.com/nouse-gputype": "A100", "nvidia.com/nouse-gpuuuid": uuids[0]}, one, {2}),
+        ("uuid3", {"nvidia.com/use-gpuuuid": f"{uuids[3]},GPU-nosuch"}, one, {3}),
+        ("numa", {"nvidia.com/numa-bind": "true", "nvidia.com/nouse-gpuuuid": uuids[1]}, two, {2, 3}),
+        ("h100", {"nvidia.com/use-gputype": "H100"}, one, set()),
+        ("inject", {"nvidia.com/use-gputype": 'x") || true || ("'}, one, set()),
+    ]
+    pods = []
+    for name, ann, limits, _ in asks:
+        p = hami_pod(name, limits, sel)
+        p["metadata"]["annotations"] = ann
+        pods.append(p)
+    try:
+        dry = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
+        cluster.wait_for(
+            lambda: cluster.api("POST", dry, pods[0])["spec"].get("resourceClaims"),
+            "the webhook turning GPU requests into claims",
+            timeout=30,
+            interval=0.2,
+        )
+        live = {}
+        for p in pods:
+            name = p["metadata"]["name"]
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p)
+
+            def decided(name=name):
+                got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+                if got["spec"].get("nodeName"):
+                    claim = claims_by_pod(cluster, ns).get(name)
+                    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {})
+                    return ("placed", results.get("results")) if results.get("results") else None
+                conds = (got.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds):
+                    return ("pending", None)
+                return None
+
+            live[name] = cluster.wait_for(decided, f"{name} placed or unschedulable", timeout=60)
+        for name, _, _, allowed in asks:
+            state, results = live[name]
+            if not allowed:
+                assert state == "pending", (name, results)
+                continue
+            got = {int(r["device"].split("-")[1]) for r in results}
+            assert state == "placed" and got <= allowed, (name, got, allowed)
+        assert {int(r["device"].split("-")[1]) for r in live["numa"][1]} == {2, 3}
+        # what DRA cannot express is refused by the webhook, naming the annotation and its value
+        bad = hami_pod("policy", one, sel)
+        bad["metadata"]["annotations"] = {"hami.io/gpu-scheduler-policy": "binpack"}
+        with pytest.raises(ApiError, match="hami.io/gpu-scheduler-policy='binpack'"):
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", bad)
+        # the simulation of the same documents puts every pod where kube-scheduler did
+        docs = [{**p, "metadata": {**p["metadata"], "namespace": ns}} for p in pods + [bad]]
+        result = simulate_dra(
+            [resource_slice(node, devs, settings)], docs, SchedulerConfig(build_vendors(), "binpack", "spread")
+        )
+        simulated = {p.name: p for p in result.pods}
+        assert simulated["policy"].status == "denied"
+        agree = 0
+        for name, (state, results) in live.items():
+            s = simulated[name]
+            if state == "pending":
+                assert s.status == "pending", name
+            else:
+                want = sorted(d["device"] for c in s.containers for d in c["devices"])
+                assert (s.status, want) == ("scheduled", sorted(f"{node}/{r['device']}" for r in results)), name
+            agree += 1
+        print(f"HAMi annotations through the DRA webhook ({KUBE_VERSION}): {agree}/{len(live)} agree: {live}")
+    finally:
+        delete_webhook(cluster, webhook)
+        proc.stop()
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)

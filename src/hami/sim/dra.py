@@ -374,21 +374,6 @@ class _State:
                 out.status, out.reasons = "denied", {"webhook": f"creating the claim template failed: {exc}"}
                 return None
         admitted = decision.pod or pod
-        nvidia = next((v for v in self.config.vendors if v.name == "NVIDIA"), None)
-        names = (
-            "use_type_annotation",
-            "nouse_type_annotation",
-            "use_uuid_annotation",
-            "nouse_uuid_annotation",
-            "numa_bind_annotation",
-        )
-        unexpressed = {getattr(nvidia, n, None) for n in names} if nvidia is not None else set()
-        ignored = sorted(a for a in ((pod.get("metadata") or {}).get("annotations") or {}) if a in unexpressed)
-        if ignored and decision.templates:
-            self.warnings.append(
-                f"pod {ns}/{out.name}: {', '.join(ignored)} not expressed on the DRA front end "
-                "(the claim can land on any GPU; use a CEL selector in your own claim)"
-            )
         for t in decision.templates:
             self.templates[(ns, t["metadata"]["name"])] = t["spec"]["spec"]
         return admitted
