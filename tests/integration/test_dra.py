@@ -1207,3 +1207,96 @@ async def test_hami_annotations_through_the_dra_webhook_land_only_on_matching_gp
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+async def test_an_admin_access_claim_sees_a_gpu_without_consuming_it(cluster, kube):
+    """kube-scheduler v1.37 places a claim with ``adminAccess: true`` (in a namespace labelled
+    ``resource.kubernetes.io/admin-access``) on a GPU like any claim, checking its capacity
+    request against what is left, but counts nothing for it afterwards; `hami simulate --front-end
+    dra` agrees claim by claim. Outside such a namespace the API server refuses the claim."""
+    from hami.core import SchedulerConfig
+    from hami.sim.dra import simulate_dra
+    from hami.vendors import build_vendors
+    from hami_devkit.errors import ApiError
+
+    await apply_device_classes(kube)
+    node, ns, plain = "dra-admin", "dra-admin", "dra-admin-plain"
+    cluster.create_namespace(ns, labels={"resource.kubernetes.io/admin-access": "true"})
+    cluster.create_namespace(plain)
+    cluster.create_node(node, labels={"hami.io/test-pool": "admin"})
+    settings = SliceSettings(split_count=SPLIT)
+    devs = gpus(node, 1)
+    await publish_slice(kube, node, devs, settings)
+
+    def claim(name, memory, admin=False, namespace=ns):
+        exactly = {"deviceClassName": SHARE_CLASS, "capacity": {"requests": {"memory": memory, "cores": "10"}}}
+        if admin:
+            exactly["adminAccess"] = True
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+
+    def pod(name, claim_name):
+        p = hami_pod(name, {}, {"hami.io/test-pool": "admin"})
+        p["metadata"]["namespace"] = ns
+        p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+        p["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        return p
+
+    asks = [("held", "10000Mi", False), ("watch", "4000Mi", True), ("after", "5360Mi", False), ("big", "6000Mi", True)]
+    docs = []
+    for name, memory, admin in asks:
+        docs += [claim(name, memory, admin), pod(f"p-{name}", name)]
+    try:
+        with pytest.raises(ApiError, match="admin-access"):
+            cluster.api("POST", f"{RESOURCE}/namespaces/{plain}/resourceclaims", claim("x", "1Gi", True, plain))
+        live = {}
+        for c, p in zip(docs[::2], docs[1::2]):
+            cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", c, expect=(201,))
+            cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p)
+            name, cname = p["metadata"]["name"], c["metadata"]["name"]
+
+            def decided(name=name, cname=cname):
+                got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+                if got["spec"].get("nodeName"):
+                    obj = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims/{cname}")
+                    results = ((obj.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
+                    return ("placed", results) if results else None
+                conds = (got.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds):
+                    return ("pending", None)
+                return None
+
+            live[cname] = cluster.wait_for(decided, f"{name} placed or unschedulable", timeout=60)
+        assert {k: v[0] for k, v in live.items()} == {
+            "held": "placed",
+            "watch": "placed",
+            "after": "placed",
+            "big": "pending",
+        }
+        assert live["watch"][1][0].get("adminAccess") is True
+        result = simulate_dra(
+            [resource_slice(node, devs, settings)], docs, SchedulerConfig(build_vendors(), "binpack", "spread")
+        )
+        simulated = {p.name: p for p in result.pods}
+        rows = {c["name"]: c for c in result.claims}
+        for name, (state, results) in live.items():
+            s = simulated[f"p-{name}"]
+            if state == "pending":
+                assert s.status == "pending", name
+                continue
+            want = [(r["device"], bool(r.get("adminAccess")), qty(r["consumedCapacity"]["memory"])) for r in results]
+            got = [
+                (r["device"], bool(r.get("adminAccess")), qty(r["consumedCapacity"]["memory"]))
+                for r in rows[name]["results"]
+            ]
+            assert (s.status, got) == ("scheduled", want), name
+        print(f"admin access ({KUBE_VERSION}): {len(live)}/{len(live)} claims agree with the simulation: {live}")
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.delete_namespace(plain)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)

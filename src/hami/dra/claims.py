@@ -8,7 +8,10 @@ node), ``device`` (``gpu-<index>``), ``request`` and, for a device with
 
 :func:`claim_usage` turns a claim into a :class:`ClaimUsage`; every reader of allocations (the
 scheduler's watch cache and through it the webhook's quota and the UI, ``hami dra --explain``)
-uses it, so they agree on what a claim takes. A capacity missing from ``consumedCapacity`` is
+uses it, so they agree on what a claim takes. A result with ``adminAccess: true`` takes nothing:
+kube-scheduler does not count it as allocated (its DynamicResources plugin skips such results),
+so it is kept apart, in :attr:`ClaimUsage.admin`, and a claim holding only such results holds
+nothing (``None``). A capacity missing from ``consumedCapacity`` is
 ``None``: the allocation took the whole device (:meth:`DeviceShare.resolved` fills it in from the
 device's published capacity when the caller knows it).
 """
@@ -63,6 +66,7 @@ class ClaimUsage:
     uid: str
     results: tuple[DeviceShare, ...]
     reserved_for: tuple[Consumer, ...] = ()
+    admin: tuple[DeviceShare, ...] = ()  # admin-access results: the GPUs it sees, consuming nothing
 
     @property
     def key(self) -> str:
@@ -121,7 +125,7 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
     results = [] if results is None else results
     if not isinstance(results, list):
         raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")
-    shares = []
+    shares, admin = [], []
     for i, r in enumerate(results):
         where = f"{ref}: status.allocation.devices.results[{i}]"
         if not isinstance(r, Mapping):
@@ -132,7 +136,10 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
         if not isinstance(consumed, Mapping):
             raise ClaimError(f"{where}.consumedCapacity must be an object, got {type(consumed).__name__}")
         amounts = {k: _amount(consumed.get(k), f"{where}.consumedCapacity.{k}") for k in CAPACITIES}
-        shares.append(
+        flag = r.get("adminAccess")
+        if flag is not None and not isinstance(flag, bool):
+            raise ClaimError(f"{where}.adminAccess must be true or false, got {flag!r:.40}")
+        (admin if flag else shares).append(
             DeviceShare(
                 str(r.get("pool") or ""),
                 str(r.get("device") or ""),
@@ -155,6 +162,7 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
         str(meta.get("uid") or ""),
         tuple(shares),
         tuple(consumers),
+        tuple(admin),
     )
 
 

@@ -20,7 +20,11 @@ CEL selectors and its own (:mod:`hami.dra.cel`), evaluated when the search reach
 the allocator does; a selector that fails on a device ends the search with an error
 (:attr:`Search.error`). A ``firstAvailable`` request is a choice point of the same search: its
 subrequests are tried in order, each with everything after it, before the search goes back past
-it. Admin access is not evaluated (see docs/dra.md, "Simulating the DRA path").
+it. A request with ``adminAccess: true`` is placed by the same search (its capacity request
+must fit what is left, as the allocator checks it for every request on a device that allows
+multiple allocations) but, once allocated, consumes nothing: kube-scheduler does not count an
+admin-access result as allocated (``foreachAllocatedDevice`` in its DynamicResources plugin), so
+:func:`commit` leaves it out, and :func:`hami.dra.claims.claim_usage` does not count it.
 This module does not choose the node (:mod:`hami.sim.dra` does) and changes no device's use
 unless told to (:func:`commit`, :func:`release`).
 """
@@ -66,6 +70,7 @@ CLAIM_SPEC = {
                     "selectors": ListOf({"cel": {"expression": str}}),
                     "allocationMode": str,
                     "count": int,
+                    "adminAccess": bool,
                     "capacity": {"requests": MapOf(QTY)},
                 },
             }
@@ -73,7 +78,14 @@ CLAIM_SPEC = {
         "constraints": ListOf({"requests": ListOf(str), "distinctAttribute": str, "matchAttribute": str}),
     }
 }
-RESULT = {"request": str, "driver": str, "pool": str, "device": str, "consumedCapacity": MapOf(QTY)}
+RESULT = {
+    "request": str,
+    "driver": str,
+    "pool": str,
+    "device": str,
+    "adminAccess": bool,
+    "consumedCapacity": MapOf(QTY),
+}
 CLAIM = {
     "apiVersion": str,
     "kind": str,
@@ -323,6 +335,7 @@ class Request:
     capacity: dict[str, Any]
     selectors: tuple[Selector, ...] = ()  # exactly.selectors, compiled
     alternatives: tuple[Request, ...] = ()
+    admin: bool = False  # exactly.adminAccess: sees the devices, consumes nothing once allocated
 
     @property
     def most(self) -> int:
@@ -384,8 +397,16 @@ class ClaimError(ValueError):
     """A claim spec the simulation cannot read; the message names the field."""
 
 
-def _exact(ex: Mapping[str, Any], at: str, name: str) -> Request:
-    """An ``exactly`` request or a ``firstAvailable`` subrequest (the same fields)."""
+def _exact(ex: Mapping[str, Any], at: str, name: str, sub: bool = False) -> Request:
+    """An ``exactly`` request or a ``firstAvailable`` subrequest (``sub``: the same fields, less
+    ``adminAccess``, which only an ``exactly`` request has)."""
+    admin = ex.get("adminAccess")
+    if admin is not None and (sub or not isinstance(admin, bool)):
+        raise ClaimError(
+            f"{at}.adminAccess: a subrequest has no such field"
+            if sub
+            else f"{at}.adminAccess: must be true or false, got {admin!r}"
+        )
     mode = ex.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
         raise ClaimError(f"{at}.allocationMode: {mode!r} is not ExactCount or All")
@@ -401,7 +422,12 @@ def _exact(ex: Mapping[str, Any], at: str, name: str) -> Request:
         except QuantityError as exc:
             raise ClaimError(str(exc)) from None
     return Request(
-        name, str(ex.get("deviceClassName") or ""), -1 if mode == "All" else count, dict(caps), _selectors(ex, at, name)
+        name,
+        str(ex.get("deviceClassName") or ""),
+        -1 if mode == "All" else count,
+        dict(caps),
+        _selectors(ex, at, name),
+        admin=bool(admin),
     )
 
 
@@ -427,7 +453,7 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
         for j, sub in enumerate(alts):
             if not isinstance(sub, Mapping) or not sub.get("name"):
                 raise ClaimError(f"{at}.firstAvailable[{j}]: must be an object with a name")
-            subs.append(_exact(sub, f"{at}.firstAvailable[{j}]", f"{r['name']}/{sub['name']}"))
+            subs.append(_exact(sub, f"{at}.firstAvailable[{j}]", f"{r['name']}/{sub['name']}", sub=True))
         if len({a.name for a in subs}) < len(subs):
             raise ClaimError(f"{at}.firstAvailable: subrequest names must be unique")
         out.append(Request(str(r["name"]), "", 0, {}, alternatives=tuple(subs)))
@@ -445,18 +471,22 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
 class Pick:
     request: str
     device: DeviceUse
-    consumed: dict[str, int]
+    consumed: dict[str, int]  # what it takes during the search (and, unless admin, once allocated)
+    admin: bool = False  # an admin-access result: not counted once allocated
 
     def result(self) -> dict[str, Any]:
         """The allocation result kube-scheduler writes for this pick."""
         consumed = {k: (f"{v // MIB}Mi" if k == MEMORY and v % MIB == 0 else str(v)) for k, v in self.consumed.items()}
-        return {
+        out: dict[str, Any] = {
             "request": self.request,
             "driver": DRIVER,
             "pool": self.device.pool,
             "device": self.device.device,
-            "consumedCapacity": consumed,
         }
+        if self.admin:
+            out["adminAccess"] = True
+        out["consumedCapacity"] = consumed
+        return out
 
 
 def _constraint_ok(constraints: Sequence[Mapping[str, Any]], picks: Sequence[Pick], new: Pick) -> bool:
@@ -696,7 +726,7 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
             need = slot.needs[i]
             if need is None:
                 continue
-            p = Pick(slot.request.name, devices[i], need)
+            p = Pick(slot.request.name, devices[i], need, slot.request.admin)
             if slot.fixed is not None and constraints and not _constraint_ok(constraints, mine[slot.claim], p):
                 # All: a device the claim's constraints refuse is an error that ends the whole
                 # search in the allocator, not a dead end to back out of
@@ -786,7 +816,10 @@ def allocate(
 
 
 def commit(picks: Iterable[Pick], claim: str) -> None:
+    """Count ``picks`` as allocated to ``claim`` (admin-access picks are not: module doc)."""
     for p in picks:
+        if p.admin:
+            continue
         for k in CAPACITIES:
             p.device.used[k] += p.consumed[k]
         if claim not in p.device.claims:
@@ -795,6 +828,8 @@ def commit(picks: Iterable[Pick], claim: str) -> None:
 
 def release(picks: Iterable[Pick], claim: str) -> None:
     for p in picks:
+        if p.admin:
+            continue
         for k in CAPACITIES:
             p.device.used[k] -= p.consumed[k]
         if claim in p.device.claims:

@@ -33,6 +33,14 @@ sharing it) are one visible GPU holding their sum. Every container that
 references the claim shares its shared region, hence its memory budget, as processes of one
 container do. A claim from the whole-GPU class (isolation ``none``) gets only
 ``NVIDIA_VISIBLE_DEVICES`` and must have consumed the whole memory.
+
+A claim allocated with admin access (every result ``adminAccess: true``; Kubernetes allows the
+request only in a namespace labelled ``resource.kubernetes.io/admin-access: "true"``) is a
+monitoring or maintenance view of GPUs that other claims use: it is given the GPUs
+(``NVIDIA_VISIBLE_DEVICES`` and the driver mounts) without libvgpu, without limits and without a
+shared region, so nothing it does is counted against the GPUs' shares and ``hami monitor`` has no
+region of it to report. A claim mixing admin and ordinary results is refused (one visible list
+cannot be half limited): use one claim for each.
 """
 
 from __future__ import annotations
@@ -80,6 +88,7 @@ class Share:
     cores: int
     share_id: str | None
     index: int  # the GPU's index on the node (NVML order)
+    admin: bool = False  # an admin-access result: visible, not limited, not counted
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class Plan:
     name: str
     uid: str
     pool: str
-    isolation: str
+    isolation: str  # hami-core, none, or admin (admin access: visible, no libvgpu)
     shares: tuple[Share, ...]
 
     @property
@@ -185,10 +194,20 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
     by_name = {device_name(g.index): g for g in gpus}
     shares: list[Share] = []
     isolation = None
+    admins: set[bool] = set()
     for i, r in enumerate(results):
         if not isinstance(r, Mapping) or r.get("driver") != DRIVER or r.get("pool") != node:
             continue
         where = f"{ref}: status.allocation.devices.results[{i}]"
+        admin = r.get("adminAccess")
+        if admin is not None and not isinstance(admin, bool):
+            raise PrepareError(f"{where}.adminAccess={admin!r:.40}: must be true or false")
+        admins.add(bool(admin))
+        if len(admins) > 1:
+            raise PrepareError(
+                f"{ref}: results mix admin access and ordinary shares ({where}.adminAccess={bool(admin)}); "
+                "use one claim for each"
+            )
         gpu = by_name.get(r["device"]) if isinstance(r.get("device"), str) else None
         if gpu is None:
             raise PrepareError(
@@ -196,7 +215,7 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 f"(it has {', '.join(sorted(by_name)) or 'none'})"
             )
         request = str(r.get("request") or "")
-        iso = _isolation(config, request, f"{ref}: request {request!r}")
+        iso = "admin" if admin else _isolation(config, request, f"{ref}: request {request!r}")
         if isolation is not None and iso != isolation:
             raise PrepareError(f"{ref}: requests mix isolation {isolation!r} and {iso!r}; use one class per claim")
         isolation = iso
@@ -209,8 +228,9 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
             )
         cores = _consumed(r, CORES, where)
         cores = settings.default_cores if cores is None else cores
-        _check_range(where, MEMORY, mem, MIB, full)  # below 1 MiB the limit would read "0m": no limit at all
-        _check_range(where, CORES, cores, 0, total_cores(settings))
+        if not admin:  # an admin view is given no limit, so what it names is only recorded
+            _check_range(where, MEMORY, mem, MIB, full)  # below 1 MiB the limit would read "0m": no limit at all
+            _check_range(where, CORES, cores, 0, total_cores(settings))
         share_id = r.get("shareID")
         shares.append(
             Share(
@@ -221,6 +241,7 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 cores=cores,
                 share_id=share_id if isinstance(share_id, str) and share_id else None,
                 index=gpu.index,
+                admin=bool(admin),
             )
         )
     if not shares:
@@ -251,7 +272,7 @@ def gpu_grants(p: Plan) -> tuple[GpuGrant, ...]:
 
 def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     """The claim's container edits: the libvgpu container contract (hami-core isolation), or the
-    GPUs and the driver mounts only (isolation ``none``)."""
+    GPUs and the driver mounts only (isolation ``none``, and admin access)."""
     grants = gpu_grants(p)
     env = contract.visible_devices([g.uuid for g in grants])
     region_dir = None
@@ -261,6 +282,7 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
         )
         env.update(contract.limit_env(limits, opts))
         region_dir = paths.claim_dir(p.uid)
+    # no region (isolation none, admin access): the driver mounts only, no libvgpu, no preload;
     # preload=True: no container's env is known when a claim is prepared (module doc)
     mounts = [mount_edit(m) for m in contract.container_mounts(paths, region_dir, preload=True)]
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
