@@ -35,6 +35,8 @@ DRA_PREPARED_CLAIMS = "hami_dra_prepared_claims"  # gauge: claims in the checkpo
 DRA_PREPARED_DEVICES = "hami_dra_prepared_devices"  # gauge: their devices (one per GPU share)
 DRA_SWEPT_CLAIMS_TOTAL = "hami_dra_swept_claims_total"  # counter, label reason: deleted / recreated
 DRA_SWEEP_ERRORS_TOTAL = "hami_dra_sweep_errors_total"  # counter: claims the sweep could not check
+DRA_PREPARE_ERRORS_TOTAL = "hami_dra_prepare_errors_total"  # counter, label reason (draplugin.metrics)
+DRA_UNPREPARE_ERRORS_TOTAL = "hami_dra_unprepare_errors_total"  # counter, label reason
 
 
 def build_info_values() -> tuple[str, ...]:

@@ -120,7 +120,9 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         ]["spec"]["containers"]
     ] == ["dra"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} not in rules(off, "hami-dra")
-    assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
+    # the Service stays for the agent's own metrics (dra.metrics), without the monitor's port
+    [svc_off] = [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
+    assert [p["name"] for p in svc_off["spec"]["ports"]] == ["agent-metrics"]
     sc = c["securityContext"]
     assert (
         sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
@@ -266,3 +268,51 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
         for n in (mine, other):
             kube_cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(n)}", expect=(200, 404))
             kube_cluster.delete_node(n)
+
+
+def test_the_agents_metrics_port_is_open_by_default_and_a_value_turns_it_off(helm):
+    """`dra.metrics`: the agent serves its hami_dra_* families on a named container port, the
+    headless Service and the ServiceMonitor carry it; `dra.sweepInterval` reaches the agent."""
+
+    def agent(docs):
+        ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+        return next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "dra")
+
+    def service(docs):
+        return next((d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"), None)
+
+    docs = render(helm, *DRA, "--set", "prometheus.enabled=true")
+    c = agent(docs)
+    assert "--metrics-bind-address=:9396" in c["command"]
+    assert not any(a.startswith("--sweep-interval") for a in c["command"])  # the agent's own default
+    assert c["ports"] == [{"name": "agent-metrics", "containerPort": 9396}]
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service(docs)["spec"]["ports"]}
+    assert ports == {"monitor": (9394, "metrics"), "agent-metrics": (9396, "agent-metrics")}
+    sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "hami-dra-monitor")
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == ["monitor", "agent-metrics"]
+
+    docs = render(helm, *DRA, "--set", "dra.metrics.port=9500", "--set", "dra.sweepInterval=30s")
+    c = agent(docs)
+    assert "--metrics-bind-address=:9500" in c["command"] and "--sweep-interval=30s" in c["command"]
+    assert {p["name"]: p["port"] for p in service(docs)["spec"]["ports"]}["agent-metrics"] == 9500
+
+    off = render(helm, *DRA, "--set", "dra.metrics.enabled=false", "--set", "prometheus.enabled=true")
+    c = agent(off)
+    assert not any(a.startswith("--metrics-bind-address") for a in c["command"]) and "ports" not in c
+    assert [p["name"] for p in service(off)["spec"]["ports"]] == ["monitor"]
+    # the monitor off too: nothing to scrape, no Service, no ServiceMonitor
+    none = render(
+        helm,
+        *DRA,
+        "--set",
+        "dra.metrics.enabled=false",
+        "--set",
+        "dra.monitor.enabled=false",
+        "--set",
+        "prometheus.enabled=true",
+    )
+    assert service(none) is None
+    assert not [d for d in none if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "hami-dra-monitor"]
+    # only the agent's metrics: the Service carries its port alone
+    alone = render(helm, *DRA, "--set", "dra.monitor.enabled=false")
+    assert [p["name"] for p in service(alone)["spec"]["ports"]] == ["agent-metrics"]

@@ -196,9 +196,12 @@ async def test_prepare_and_unprepare_are_counted_by_result(root):
 
     with pytest.raises(PrepareError):  # the API server has another UID under that name
         await driver.prepare("ns", "c1", "uid-other")
-    with pytest.raises(KubeError):  # no such claim
+    with pytest.raises(PrepareError, match="cannot read it from the API server: .*HTTP 404"):  # no such claim
         await driver.prepare("ns", "missing", "uid-m")
     assert sample(driver, "hami_dra_prepare_total", result="error") == 2
+    assert sample(driver, "hami_dra_prepare_errors_total", reason="recreated") == 1
+    assert sample(driver, "hami_dra_prepare_errors_total", reason="api") == 1
+    assert sample(driver, "hami_dra_prepare_errors_total", reason="allocation") == 0
     assert sample(driver, "hami_dra_prepare_total", result="ok") == 1
     assert sample(driver, "hami_dra_prepare_seconds_count") == 3
     assert sample(driver, "hami_dra_prepared_claims") == 1
@@ -253,3 +256,35 @@ def test_flags_defaults_and_bad_values():
         parse_bind("9396x")
     with pytest.raises(UsageError, match=r"--sweep-interval: invalid duration '5 days'"):
         parse_interval("5 days")
+
+
+async def test_prepare_failures_are_counted_by_reason(root):
+    kube = FakeKube()
+    driver, paths = make_driver(root, kube)
+
+    def errors(reason):
+        return sample(driver, "hami_dra_prepare_errors_total", reason=reason)
+
+    assert all(errors(r) == 0 for r in ("invalid_uid", "api", "recreated", "allocation", "checkpoint", "io", "other"))
+    with pytest.raises(PrepareError, match="not a Kubernetes UID"):
+        await driver.prepare("ns", "c", "../etc")
+    kube.claims[("ns", "bare")] = {"metadata": {"namespace": "ns", "name": "bare", "uid": "uid-b"}}
+    with pytest.raises(PrepareError, match="not allocated"):
+        await driver.prepare("ns", "bare", "uid-b")
+    kube.fail = asyncio.TimeoutError()  # an API read that times out is "api", not "io"
+    kube.add("c2", "uid-2")
+    with pytest.raises(PrepareError, match="cannot read it from the API server"):
+        await driver.prepare("ns", "c2", "uid-2")
+    kube.fail = None
+    Path(paths.cdi_dir).parent.mkdir(parents=True, exist_ok=True)
+    Path(paths.cdi_dir).write_text("a file where the CDI directory should be")
+    with pytest.raises(OSError):
+        await driver.prepare("ns", "c2", "uid-2")
+    # nothing half-applied: the region directory and the claim record made before are gone again
+    assert not Path(paths.claim_dir("uid-2")).exists() and not Path(paths.claim_record("uid-2")).exists()
+    assert (errors("invalid_uid"), errors("allocation"), errors("api"), errors("io")) == (1, 1, 1, 1)
+    assert sample(driver, "hami_dra_prepare_total", result="error") == 4
+    assert sample(driver, "hami_dra_prepared_claims") == 0
+    text = generate_latest(driver.metrics.registry).decode()
+    assert "# TYPE hami_dra_prepare_errors_total counter" in text
+    assert 'hami_dra_unprepare_errors_total{reason="checkpoint"} 0.0' in text

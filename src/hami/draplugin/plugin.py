@@ -78,19 +78,22 @@ class Driver:
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """The kubelet's Device entries for the claim; raises PrepareError/CheckpointError/OSError."""
-        start, ok = time.monotonic(), False
+        start, ok, reason = time.monotonic(), False, "other"
         try:
             devices = await self._prepare(namespace, name, uid)
             ok = True
             return devices
+        except BaseException as exc:
+            reason = error_reason(exc)
+            raise
         finally:
-            self.metrics.observe_prepare(time.monotonic() - start, ok)
+            self.metrics.observe_prepare(time.monotonic() - start, ok, reason)
 
     async def _prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         if not uid:
-            raise PrepareError(f"claim {namespace}/{name}: uid is empty")
+            raise PrepareError(f"claim {namespace}/{name}: uid is empty", "invalid_uid")
         if not _UID.fullmatch(uid):  # it names files and a directory: "..", "a/b" must not reach them
-            raise PrepareError(f"claim {namespace}/{name}: uid {uid[:80]!r} is not a Kubernetes UID")
+            raise PrepareError(f"claim {namespace}/{name}: uid {uid[:80]!r} is not a Kubernetes UID", "invalid_uid")
         async with self._lock(uid):
             done = self.checkpoint.get(uid)
             if done is not None:
@@ -99,26 +102,32 @@ class Driver:
                 if _read_json(cdi) != done["cdi_spec"]:
                     write_document(done["cdi_spec"], cdi)
                 return done["devices"]
-            claim = await self.read_claim(namespace, name)
+            try:
+                claim = await self.read_claim(namespace, name)
+            except Exception as exc:  # a 404, a 403, a timeout: the kubelet retries
+                raise PrepareError(
+                    f"ResourceClaim {namespace}/{name}: cannot read it from the API server: {_error(exc)}", "api"
+                ) from exc
             meta = claim.get("metadata") if isinstance(claim, Mapping) else None
             got = meta.get("uid") if isinstance(meta, Mapping) else None
             if got != uid:
                 raise PrepareError(
                     f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
-                    f"asked for {uid!r} (the claim was deleted and re-created)"
+                    f"asked for {uid!r} (the claim was deleted and re-created)",
+                    "recreated",
                 )
             p = plan(claim, self.node, self.gpus, self.settings)
             spec = cdi_spec(p, self.paths, self.options)
             cdi = Path(self.paths.cdi_file(uid))
-            if p.isolation == "hami-core":
-                # the claim's shared region is created by the container's processes, of any UID
-                make_claim_dir(self.paths, uid)
-                write_atomic(
-                    self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid})
-                )
-            write_document(spec, cdi)
             devices = response_devices(p)
             try:
+                if p.isolation == "hami-core":
+                    # the claim's shared region is created by the container's processes, of any UID
+                    make_claim_dir(self.paths, uid)
+                    write_atomic(
+                        self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid})
+                    )
+                write_document(spec, cdi)
                 self.checkpoint.put(
                     uid,
                     {
@@ -130,8 +139,9 @@ class Driver:
                         "claim_dir": self.paths.claim_dir(uid),
                     },
                 )
-            except CheckpointError:
-                cdi.unlink(missing_ok=True)
+            except BaseException:  # nothing half-applied: no record says these files exist
+                _remove(cdi, Path(self.paths.claim_record(uid)))
+                shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
                 raise
             log.info(
                 "prepared claim %s/%s (%s): %s",
@@ -143,12 +153,15 @@ class Driver:
             return devices
 
     async def unprepare(self, namespace: str, name: str, uid: str) -> None:
-        start, ok = time.monotonic(), False
+        start, ok, reason = time.monotonic(), False, "other"
         try:
             await self.release(namespace, name, uid)
             ok = True
+        except BaseException as exc:
+            reason = error_reason(exc)
+            raise
         finally:
-            self.metrics.observe_unprepare(time.monotonic() - start, ok)
+            self.metrics.observe_unprepare(time.monotonic() - start, ok, reason)
 
     async def release(self, namespace: str, name: str, uid: str, why: str = "") -> bool:
         """Remove what was prepared for ``uid`` (CDI spec, region directory, checkpoint entry);
@@ -164,6 +177,27 @@ class Driver:
             log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
         self._locks.pop(uid, None)
         return True
+
+
+def _remove(*files: Path) -> None:
+    """Remove what a failed prepare wrote, each on its own (one that cannot be removed, or a path
+    that cannot exist, does not keep the others)."""
+    for f in files:
+        try:
+            f.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot remove %s after a failed prepare: %s", f, exc)
+
+
+def error_reason(exc: BaseException) -> str:
+    """The metrics' label for a failed prepare or unprepare (:mod:`hami.draplugin.metrics`)."""
+    if isinstance(exc, PrepareError):
+        return exc.reason
+    if isinstance(exc, CheckpointError):
+        return "checkpoint"
+    if isinstance(exc, OSError):
+        return "io"
+    return "other"
 
 
 def _read_json(path: Path) -> Any:

@@ -74,7 +74,12 @@ ISOLATIONS = ("hami-core", "none")
 
 
 class PrepareError(Exception):
-    """The claim cannot be prepared here; the message names the claim and the field at fault."""
+    """The claim cannot be prepared here; the message names the claim and the field at fault.
+    ``reason`` is the metrics' label (:data:`hami.draplugin.metrics.PREPARE_REASONS`)."""
+
+    def __init__(self, message: str, reason: str = "allocation") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
