@@ -291,9 +291,12 @@ def test_the_agents_metrics_port_is_open_by_default_and_a_value_turns_it_off(hel
     sm = next(d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"] == "hami-dra-monitor")
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["monitor", "agent-metrics"]
 
-    docs = render(helm, *DRA, "--set", "dra.metrics.port=9500", "--set", "dra.sweepInterval=30s")
+    docs = render(
+        helm, *DRA, "--set", "dra.metrics.port=9500", "--set", "dra.sweepInterval=30s", "--set", "dra.sweepGrace=2m"
+    )
     c = agent(docs)
     assert "--metrics-bind-address=:9500" in c["command"] and "--sweep-interval=30s" in c["command"]
+    assert "--sweep-grace=2m" in c["command"]
     assert {p["name"]: p["port"] for p in service(docs)["spec"]["ports"]}["agent-metrics"] == 9500
 
     off = render(helm, *DRA, "--set", "dra.metrics.enabled=false", "--set", "prometheus.enabled=true")

@@ -288,3 +288,65 @@ async def test_prepare_failures_are_counted_by_reason(root):
     text = generate_latest(driver.metrics.registry).decode()
     assert "# TYPE hami_dra_prepare_errors_total counter" in text
     assert 'hami_dra_unprepare_errors_total{reason="checkpoint"} 0.0' in text
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+async def test_a_gone_claim_is_swept_only_after_the_grace_period(root):
+    kube = FakeKube()
+    driver, paths = await prepared(root, kube, ("c", "uid-1"), ("d", "uid-2"))
+    del kube.claims[("ns", "c")]
+    kube.claims[("ns", "d")] = claim("d", "uid-new")  # re-created under its name
+    clock, gone = Clock(), {}
+
+    first = await sweep_once(driver, kube, 60, gone, clock)
+    assert first.swept == {} and first.waiting == {"uid-1": "deleted", "uid-2": "recreated"}
+    assert driver.checkpoint.uids() == ["uid-1", "uid-2"] and all(f.exists() for f in files(paths, "uid-1"))
+
+    clock.now += 59  # not yet
+    assert (await sweep_once(driver, kube, 60, gone, clock)).swept == {}
+    kube.fail = KubeError("GET", "x", 503, "unavailable")  # an API error neither sweeps nor resets the wait
+    clock.now += 5
+    failed = await sweep_once(driver, kube, 60, gone, clock)
+    assert failed.swept == {} and set(failed.errors) == {"uid-1", "uid-2"}
+    assert driver.checkpoint.uids() == ["uid-1", "uid-2"]
+    kube.fail = None
+    done = await sweep_once(driver, kube, 60, gone, clock)
+    assert done.swept == {"uid-1": "deleted", "uid-2": "recreated"} and gone == {}
+    assert driver.checkpoint.uids() == [] and not any(f.exists() for f in files(paths, "uid-1"))
+    assert sample(driver, "hami_dra_swept_claims_total", reason="deleted") == 1
+
+
+async def test_a_claim_found_again_or_unprepared_meanwhile_is_forgotten(root):
+    kube = FakeKube()
+    driver, paths = await prepared(root, kube, ("c", "uid-1"), ("d", "uid-2"))
+    saved = kube.claims.pop(("ns", "c"))
+    del kube.claims[("ns", "d")]
+    clock, gone = Clock(), {}
+    assert set((await sweep_once(driver, kube, 60, gone, clock)).waiting) == {"uid-1", "uid-2"}
+    kube.claims[("ns", "c")] = saved  # the API server has it again (same UID): the wait starts over
+    await driver.unprepare("ns", "d", "uid-2")  # the kubelet did it itself
+    clock.now += 30
+    again = await sweep_once(driver, kube, 60, gone, clock)
+    assert again.kept == ["uid-1"] and gone == {}
+    del kube.claims[("ns", "c")]
+    clock.now += 40  # gone again: a new wait from here, not from the first sighting
+    assert (await sweep_once(driver, kube, 60, gone, clock)).waiting == {"uid-1": "deleted"}
+    assert driver.checkpoint.uids() == ["uid-1"]
+
+
+def test_the_grace_flag_defaults_to_a_minute():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args([])
+    assert parse_interval(args.sweep_grace, "--sweep-grace") == 60
+    with pytest.raises(UsageError, match=r"--sweep-grace: invalid duration 'soon'"):
+        parse_interval("soon", "--sweep-grace")

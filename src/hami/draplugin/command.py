@@ -27,6 +27,7 @@ from .prepare import Paths
 log = logging.getLogger("hami.dra")
 EXIT_CONFIG, EXIT_NVML = 2, 3
 DEFAULT_SWEEP = "5m"
+DEFAULT_SWEEP_GRACE = "1m"
 
 
 class UsageError(ValueError):
@@ -95,6 +96,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SWEEP,
         help="how often prepared claims are checked against the API server and the gone ones "
         "unprepared (e.g. 30s, 5m; 0 turns it off; default %(default)s)",
+    )
+    p.add_argument(
+        "--sweep-grace",
+        default=DEFAULT_SWEEP_GRACE,
+        help="a claim the API server no longer has is unprepared by a later sweep that finds it still "
+        "gone at least this long after the first (the kubelet's chance first; 0: at once; default %(default)s)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -184,7 +191,9 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         await server.start()
         changed = asyncio.Event()
         sweeper = (
-            asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop)) if args.sweep_seconds > 0 else None
+            asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop, args.sweep_grace_seconds))
+            if args.sweep_seconds > 0
+            else None
         )
 
         def on_unhealthy(uuids: list[str]) -> None:  # from the watcher thread
@@ -292,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.bind = parse_bind(args.metrics_bind_address)
         args.sweep_seconds = parse_interval(args.sweep_interval)
+        args.sweep_grace_seconds = parse_interval(args.sweep_grace, "--sweep-grace")
     except UsageError as exc:
         print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -10,14 +10,20 @@ name with another UID (``recreated``: the old one was deleted and a new one made
 Nothing is removed on any other answer: an API error, a timeout or a malformed reply is logged and
 counted (``hami_dra_sweep_errors_total``), and the claim is kept until a later sweep can tell. A
 claim that still exists is kept even while it is being deleted (the kubelet unprepares it then).
+
+A grace period (``--sweep-grace``) gives the kubelet its chance first: a claim found gone is only
+noted (``SweepResult.waiting``) and unprepared by a later sweep that still finds it gone at least
+the grace period after the first; found again (same UID) it is forgotten. An API error in between
+neither sweeps it nor resets the wait. :func:`sweep_loop` keeps the notes between sweeps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from hami.kube.client import KubeError
 
@@ -38,12 +44,26 @@ class SweepResult:
     kept: list[str] = field(default_factory=list)  # UIDs the API server still has
     swept: dict[str, str] = field(default_factory=dict)  # UID -> reason (deleted / recreated)
     errors: dict[str, str] = field(default_factory=dict)  # UID -> why it could not be checked (kept)
+    waiting: dict[str, str] = field(default_factory=dict)  # UID -> reason: gone, within the grace period
 
 
-async def sweep_once(driver: Driver, kube: ClaimGetter) -> SweepResult:
-    """Check every prepared claim once against the API server; unprepare the gone ones."""
+async def sweep_once(
+    driver: Driver,
+    kube: ClaimGetter,
+    grace: float = 0.0,
+    gone_since: dict[str, float] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> SweepResult:
+    """Check every prepared claim once against the API server; unprepare the ones gone for at least
+    ``grace`` seconds (``gone_since``: UID -> when a sweep first found it gone, kept by the caller
+    between sweeps and updated here; with ``grace`` 0 a claim found gone is unprepared at once)."""
     out = SweepResult()
-    for uid, (namespace, name) in sorted(driver.checkpoint.refs().items()):
+    gone_since = {} if gone_since is None else gone_since
+    now = clock()
+    refs = driver.checkpoint.refs()
+    for uid in [u for u in gone_since if u not in refs]:  # unprepared meanwhile (by the kubelet)
+        del gone_since[uid]
+    for uid, (namespace, name) in sorted(refs.items()):
         if not namespace or not name:
             out.errors[uid] = "the checkpoint entry has no namespace/name"
             log.warning("sweep: claim %s: the checkpoint has no namespace/name for it; kept", uid)
@@ -74,8 +94,22 @@ async def sweep_once(driver: Driver, kube: ClaimGetter) -> SweepResult:
                 continue
             if got == uid:
                 out.kept.append(uid)
+                gone_since.pop(uid, None)
                 continue
             reason = "recreated"
+        first = gone_since.setdefault(uid, now)
+        if now - first < grace:
+            out.waiting[uid] = reason
+            log.info(
+                "sweep: claim %s/%s (%s) is gone from the API server (%s); unprepared if still gone after %gs",
+                namespace,
+                name,
+                uid,
+                reason,
+                grace,
+            )
+            continue
+        gone_since.pop(uid, None)
         why = (
             "the API server no longer has it" if reason == "deleted" else "the API server has another claim by its name"
         )
@@ -85,8 +119,12 @@ async def sweep_once(driver: Driver, kube: ClaimGetter) -> SweepResult:
     return out
 
 
-async def sweep_loop(driver: Driver, kube: ClaimGetter, interval: float, stop: asyncio.Event) -> None:
-    """:func:`sweep_once` every ``interval`` seconds (the first after one interval) until ``stop``."""
+async def sweep_loop(
+    driver: Driver, kube: ClaimGetter, interval: float, stop: asyncio.Event, grace: float = 0.0
+) -> None:
+    """:func:`sweep_once` every ``interval`` seconds (the first after one interval) until ``stop``,
+    a claim unprepared once gone for ``grace`` seconds."""
+    gone_since: dict[str, float] = {}
     while True:
         try:
             await asyncio.wait_for(stop.wait(), timeout=interval)
@@ -94,11 +132,15 @@ async def sweep_loop(driver: Driver, kube: ClaimGetter, interval: float, stop: a
         except asyncio.TimeoutError:
             pass
         try:
-            result = await sweep_once(driver, kube)
+            result = await sweep_once(driver, kube, grace, gone_since)
         except Exception:  # a checkpoint write failure: logged, the next round tries again
             log.exception("sweep failed")
             continue
-        if result.swept or result.errors:
+        if result.swept or result.errors or result.waiting:
             log.info(
-                "sweep: %d kept, %d swept, %d not checked", len(result.kept), len(result.swept), len(result.errors)
+                "sweep: %d kept, %d swept, %d waiting out the grace period, %d not checked",
+                len(result.kept),
+                len(result.swept),
+                len(result.waiting),
+                len(result.errors),
             )
