@@ -297,6 +297,10 @@ def test_the_agents_metrics_port_is_open_by_default_and_a_value_turns_it_off(hel
     c = agent(docs)
     assert "--metrics-bind-address=:9500" in c["command"] and "--sweep-interval=30s" in c["command"]
     assert "--sweep-grace=2m" in c["command"]
+    assert "--unhealthy-taint=NoSchedule" in c["command"]  # the default
+    assert not any(a.startswith("--health-recovery") for a in c["command"])
+    c = agent(render(helm, *DRA, "--set", "dra.unhealthyTaint=NoExecute", "--set", "dra.healthRecovery=10m"))
+    assert "--unhealthy-taint=NoExecute" in c["command"] and "--health-recovery=10m" in c["command"]
     assert {p["name"]: p["port"] for p in service(docs)["spec"]["ports"]}["agent-metrics"] == 9500
 
     off = render(helm, *DRA, "--set", "dra.metrics.enabled=false", "--set", "prometheus.enabled=true")

@@ -498,9 +498,11 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
 FAKE_NVML = Path(__file__).resolve().parents[2] / "native/build/fakegpu/libnvidia-ml.so.1"
 
 
-def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster, tmp_path):
+def test_the_node_agent_publishes_prepares_and_taints_a_gpu_after_an_xid_until_it_recovers(cluster, tmp_path):
     """`hami dra` as a process (fake NVML): publishes the slice and classes, serves the kubelet's
-    DRA socket for a claim kube-scheduler allocated, republishes without a GPU after an XID."""
+    DRA socket for a claim kube-scheduler allocated; after a fatal XID the GPU carries the device
+    taint gpu.hami.io/unhealthy (NoSchedule: kube-scheduler puts no new claim there), and the taint
+    goes once the GPU has been quiet for --health-recovery and NVML answers for it."""
     import os
     import signal
     import subprocess
@@ -550,6 +552,8 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
             "--nvml-library",
             str(FAKE_NVML),
             "--apply-classes",
+            "--health-recovery",
+            "6s",
         ],
         env=env,
         stdout=log,
@@ -604,15 +608,45 @@ def test_the_node_agent_publishes_prepares_and_drops_a_gpu_after_an_xid(cluster,
         assert env_of["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2500m" and env_of["CUDA_DEVICE_SM_LIMIT"] == "40"
         assert env_of["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-f00dfeed-")
 
-        # a device fault on GPU 1: the agent republishes its slice without it
+        def taints():
+            got = cluster.api("GET", path, expect=(200, 404))
+            return {
+                d["name"]: [(t["key"], t["value"], t["effect"]) for t in d.get("taints") or []]
+                for d in (got.get("spec") or {}).get("devices") or []
+            }
+
+        # a device fault on GPU 1: the agent republishes its slice with gpu-1 tainted
         (root / "fg" / "xid").write_text("1 79\n")
-        assert cluster.wait_for(
-            lambda: devices() == ["gpu-0"] and devices(), "gpu-1 dropped after XID 79", timeout=60
-        ) == ["gpu-0"]
-        assert cluster.api("GET", path)["spec"]["pool"]["generation"] == 2
+        tainted = {"gpu-0": [], "gpu-1": [("gpu.hami.io/unhealthy", "xid", "NoSchedule")]}
+        assert cluster.wait_for(lambda: taints() == tainted, "gpu-1 tainted after XID 79", timeout=60)
+        stored = cluster.api("GET", path)
+        assert stored["spec"]["pool"]["generation"] == 2
+        assert stored["spec"]["devices"][1]["taints"][0].get("timeAdded")  # set by the API server
+        # kube-scheduler now keeps a new claim off gpu-1 although it is idle: a whole-GPU claim
+        # (gpu-0 holds the 2500 MiB share above, so only gpu-1 could take it) stays pending
+        create_hami_pod(cluster, ns, hami_pod("fill-a", {"nvidia.com/gpu": 1}, {"hami.io/test-pool": "agent"}))
+
+        def phase(name):
+            got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+            if got["spec"].get("nodeName"):
+                return "placed"
+            conds = (got.get("status") or {}).get("conditions") or []
+            return "pending" if any(c.get("reason") == "Unschedulable" for c in conds) else None
+
+        assert cluster.wait_for(lambda: phase("fill-a"), "fill-a decided", timeout=60) == "pending"
         # the kubelet deletes its node's slices when it starts: the agent publishes its own again
         cluster.api("DELETE", path)
-        assert cluster.wait_for(devices, "the slice published again after its deletion", timeout=60) == ["gpu-0"]
+        assert cluster.wait_for(devices, "the slice published again after its deletion", timeout=60) == [
+            "gpu-0",
+            "gpu-1",
+        ]
+        # no further XID for 6 s and NVML answers: the taint goes, and the pending share is placed
+        assert cluster.wait_for(
+            lambda: taints() == {"gpu-0": [], "gpu-1": []}, "gpu-1 untainted after recovery", timeout=60
+        )
+        assert cluster.wait_for(lambda: phase("fill-a") == "placed", "fill-a placed on gpu-1", timeout=60)
+        fill = claims_by_pod(cluster, ns)["fill-a"]
+        assert [r["device"] for r in fill["status"]["allocation"]["devices"]["results"]] == ["gpu-1"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         assert not dra_sock.exists() and not reg_sock.exists()

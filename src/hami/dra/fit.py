@@ -63,6 +63,9 @@ CLAIM_SPEC = {
                         "allocationMode": str,
                         "count": int,
                         "capacity": {"requests": MapOf(QTY)},
+                        "tolerations": ListOf(
+                            {"key": str, "operator": str, "value": str, "effect": str, "tolerationSeconds": int}
+                        ),
                     }
                 ),
                 "exactly": {
@@ -72,6 +75,9 @@ CLAIM_SPEC = {
                     "count": int,
                     "adminAccess": bool,
                     "capacity": {"requests": MapOf(QTY)},
+                    "tolerations": ListOf(
+                        {"key": str, "operator": str, "value": str, "effect": str, "tolerationSeconds": int}
+                    ),
                 },
             }
         ),
@@ -106,6 +112,7 @@ SLICE = {
             {
                 "name": str,
                 "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
+                "taints": ListOf({"key": str, "value": str, "effect": str, "timeAdded": str}),
                 "capacity": MapOf(
                     {
                         "value": QTY,
@@ -336,6 +343,7 @@ class Request:
     selectors: tuple[Selector, ...] = ()  # exactly.selectors, compiled
     alternatives: tuple[Request, ...] = ()
     admin: bool = False  # exactly.adminAccess: sees the devices, consumes nothing once allocated
+    tolerations: tuple[Mapping[str, Any], ...] = ()  # of device taints (KEP-5055)
 
     @property
     def most(self) -> int:
@@ -421,6 +429,13 @@ def _exact(ex: Mapping[str, Any], at: str, name: str, sub: bool = False) -> Requ
             parse_int_quantity(v, f"{at}.capacity.requests.{k}")
         except QuantityError as exc:
             raise ClaimError(str(exc)) from None
+    tolerations = ex.get("tolerations") or []
+    if not isinstance(tolerations, list) or not all(isinstance(t, Mapping) for t in tolerations):
+        raise ClaimError(f"{at}.tolerations: must be a list of objects")
+    for j, t in enumerate(tolerations):
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise ClaimError(f"{at}.tolerations[{j}].operator: {op!r} is not Equal or Exists")
     return Request(
         name,
         str(ex.get("deviceClassName") or ""),
@@ -428,7 +443,32 @@ def _exact(ex: Mapping[str, Any], at: str, name: str, sub: bool = False) -> Requ
         dict(caps),
         _selectors(ex, at, name),
         admin=bool(admin),
+        tolerations=tuple(dict(t) for t in tolerations),
     )
+
+
+#: the taint effects that keep the allocator off a device (others, "None" among them, do not)
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def _tolerates(t: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' rule (``resourceclaim.ToleratesTaint``): the effect matches (or is empty), and
+    ``Exists`` with the key (an empty key: every key), or ``Equal`` with key and value."""
+    if t.get("effect") and t.get("effect") != taint.get("effect"):
+        return False
+    if (t.get("operator") or "Equal") == "Exists":
+        return not t.get("key") or t.get("key") == taint.get("key")
+    return t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or "")
+
+
+def taint_refuses(dev: DeviceUse, r: Request) -> str:
+    """'' when no taint of ``dev`` keeps ``r`` off it, else the taint (``key=value:effect``)."""
+    for taint in (dev.doc or {}).get("taints") or ():
+        if not isinstance(taint, Mapping) or taint.get("effect") not in BLOCKING_EFFECTS:
+            continue
+        if not any(_tolerates(t, taint) for t in r.tolerations):
+            return f"taint {taint.get('key')}={taint.get('value') or ''}:{taint.get('effect')} not tolerated"
+    return ""
 
 
 def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Request], list[dict[str, Any]]]:
@@ -523,7 +563,7 @@ def _has_room(dev: DeviceUse, r: Request) -> bool:
     """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted) and
     the device satisfies its selectors (a selector that fails counts as not satisfied)."""
     need = wanted(dev, r.capacity)
-    if need is None or not _fits(dev, {}, need):
+    if need is None or not _fits(dev, {}, need) or taint_refuses(dev, r):
         return False
     try:
         return _selected(dev, r)
@@ -596,6 +636,7 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
         except SelectorError as exc:
             raise _Failed(ci, f"request {r.name}: {exc}") from None
         return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(room)] or None
+    room = [i for i in room if not taint_refuses(devices[i], r)]  # a taint is static: never a place
     if len(room) < r.count:  # the devices of one request are distinct
         return None
     return [_Slot(ci, r, needs, None, ri, n == 0) for n in range(r.count)]
@@ -724,8 +765,8 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
             if slot.fixed is None and not _accepts(devices[i], slot):
                 continue
             need = slot.needs[i]
-            if need is None:
-                continue
+            if need is None or taint_refuses(devices[i], slot.request):
+                continue  # (All: a tainted device of the request ends the search, as in the allocator)
             p = Pick(slot.request.name, devices[i], need, slot.request.admin)
             if slot.fixed is not None and constraints and not _constraint_ok(constraints, mine[slot.claim], p):
                 # All: a device the claim's constraints refuse is an error that ends the whole
@@ -843,7 +884,7 @@ def device_why(dev: DeviceUse, r: Request) -> str:
         refused = refused_by(dev, r)
     except SelectorError as exc:
         return str(exc)
-    return refused or shortfall(dev, r.capacity)
+    return refused or taint_refuses(dev, r) or shortfall(dev, r.capacity)
 
 
 def _possible(devices: Sequence[DeviceUse], r: Request) -> bool:

@@ -191,15 +191,43 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
+#: the taint an unhealthy GPU carries (KEP-5055 device taints, GA in Kubernetes 1.37)
+UNHEALTHY_TAINT_KEY = f"{DRIVER}/unhealthy"
+UNHEALTHY_TAINT_VALUE = "xid"  # a fatal XID (or NVML failing) marked it
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def unhealthy_taint(effect: str) -> dict[str, str]:
+    """The device taint of a GPU a fatal XID marked unhealthy. ``NoSchedule`` keeps new claims
+    off it; ``NoExecute`` also evicts the pods of claims allocated on it."""
+    if effect not in TAINT_EFFECTS:
+        raise ValueError(f"unhealthy taint effect must be one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
+    return {"key": UNHEALTHY_TAINT_KEY, "value": UNHEALTHY_TAINT_VALUE, "effect": effect}
+
+
 def resource_slice(
-    node: str, gpus: Iterable[GpuLike], s: SliceSettings, generation: int = 1, unhealthy: frozenset[str] = frozenset()
+    node: str,
+    gpus: Iterable[GpuLike],
+    s: SliceSettings,
+    generation: int = 1,
+    unhealthy: frozenset[str] = frozenset(),
+    taint: str | None = None,
 ) -> dict[str, Any]:
-    """The node's one ResourceSlice (pool = node name). An unhealthy GPU is left out: DRA has no
-    per-device health in the slice that kube-scheduler honours, so absence is what keeps new
-    claims off it (claims already prepared keep running)."""
+    """The node's one ResourceSlice (pool = node name). An unhealthy GPU carries the device taint
+    :func:`unhealthy_taint` with effect ``taint`` (kube-scheduler allocates no claim there that
+    does not tolerate it); with ``taint`` None it is left out, which keeps new claims off it on
+    clusters without device taints (claims already prepared keep running either way)."""
     if not node:
         raise ValueError("resource_slice: node name is empty")
-    devices = [device(g, s) for g in sorted(gpus, key=lambda g: g.index) if g.uuid not in unhealthy]
+    mark = unhealthy_taint(taint) if taint is not None else None
+    devices = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        if g.uuid in unhealthy:
+            if mark is None:
+                continue
+            devices.append({**device(g, s), "taints": [dict(mark)]})
+        else:
+            devices.append(device(g, s))
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",

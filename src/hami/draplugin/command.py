@@ -103,6 +103,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a claim the API server no longer has is unprepared by a later sweep that finds it still "
         "gone at least this long after the first (the kubelet's chance first; 0: at once; default %(default)s)",
     )
+    p.add_argument(
+        "--unhealthy-taint",
+        default="NoSchedule",
+        choices=("NoSchedule", "NoExecute", "none"),
+        help="the device taint of a GPU a fatal XID marked unhealthy: NoSchedule keeps new claims off it, "
+        "NoExecute also evicts the pods using it, none leaves the GPU out of the slice (default %(default)s)",
+    )
+    p.add_argument(
+        "--health-recovery",
+        default="0",
+        help="a GPU marked unhealthy is healthy again (its taint removed) once this long has passed "
+        "since its last fatal XID and NVML still answers for it, e.g. 10m; 0: only after a restart "
+        "(default %(default)s)",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
@@ -123,6 +137,16 @@ def slice_settings(
     )
 
 
+def _nvml_answers(uuid: str) -> bool:
+    """The health probe: NVML still finds the GPU and answers about it."""
+    try:
+        nvml.minor_number(uuid)
+    except Exception as exc:  # NVMLError of any kind: not back
+        log.info("GPU %s: NVML does not answer (%s)", uuid, exc)
+        return False
+    return True
+
+
 def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
     return nvml.driver_version(), nvml.mig_capable(uuids)
 
@@ -131,6 +155,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
     from hami.kube.client import KubeClient, KubeError
 
     from .checkpoint import Checkpoint, CheckpointError
+    from .health import HealthBook
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, socket_paths
     from .publisher import apply_device_classes, publish_slice
@@ -146,13 +171,14 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    unhealthy: set[str] = set()
+    book = HealthBook(args.health_recovery_seconds, _nvml_answers)
+    taint = None if args.unhealthy_taint == "none" else args.unhealthy_taint
     try:
         if args.apply_classes:
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
         node_uid = (node.get("metadata") or {}).get("uid") or ""
-        await publish_slice(kube, args.node_name, gpus, s, frozenset(unhealthy), node_uid)
+        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint)
 
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
@@ -197,7 +223,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         )
 
         def on_unhealthy(uuids: list[str]) -> None:  # from the watcher thread
-            unhealthy.update(uuids)
+            book.mark(uuids)
             loop.call_soon_threadsafe(changed.set)
 
         ignored = ignored_xids()
@@ -218,13 +244,15 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
         try:
             while not stop.is_set():
                 waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiters, timeout=book.due(), return_when=asyncio.FIRST_COMPLETED)
                 for w in waiters:
                     w.cancel()
+                if book.recover():  # GPUs healthy again: their taints go
+                    changed.set()
                 if changed.is_set():
                     changed.clear()
                     try:
-                        await publish_slice(kube, args.node_name, gpus, s, frozenset(unhealthy), node_uid)
+                        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint)
                     except KubeError as exc:
                         log.error("republishing the ResourceSlice failed: %s", exc)
         finally:
@@ -302,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
         args.bind = parse_bind(args.metrics_bind_address)
         args.sweep_seconds = parse_interval(args.sweep_interval)
         args.sweep_grace_seconds = parse_interval(args.sweep_grace, "--sweep-grace")
+        args.health_recovery_seconds = parse_interval(args.health_recovery, "--health-recovery")
     except UsageError as exc:
         print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -4,6 +4,10 @@ Both are written with server-side apply (field manager ``hami-dra``), so a secon
 same content changes nothing and a restart never needs to read first. The pool generation goes up
 only when the devices change (kube-scheduler uses it to tell a newer pool from an older one).
 The slice is owned by its Node when the Node's UID is known, so deleting the Node removes it.
+An unhealthy GPU is published with a device taint (:func:`hami.dra.model.unhealthy_taint`); when
+the API server drops the taints (a cluster without device taints: ``DRADeviceTaints`` off before
+Kubernetes 1.37) the slice is published again without the unhealthy GPUs, so that they cannot be
+allocated as if healthy.
 
 Who writes what (RBAC in the chart): the node agent may apply ``resourceslices`` (cluster-scoped;
 RBAC cannot narrow it to one node's slice, so docs/dra.md names this), the installer applies
@@ -18,7 +22,7 @@ from typing import Any, Iterable
 from hami.core.quantity import parse_int_quantity
 from hami.kube.client import KubeClient, KubeError
 
-from hami.dra.model import GpuLike, SliceSettings, device_classes, resource_slice, slice_name
+from hami.dra.model import UNHEALTHY_TAINT_KEY, GpuLike, SliceSettings, device_classes, resource_slice, slice_name
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +54,13 @@ async def publish_slice(
     settings: SliceSettings,
     unhealthy: frozenset[str] = frozenset(),
     node_uid: str = "",
+    taint: str | None = None,
 ) -> dict[str, Any]:
-    """Apply the node's slice; returns it as the API server stored it."""
+    """Apply the node's slice; returns it as the API server stored it. ``taint``: the effect of the
+    unhealthy GPUs' device taint (None: they are left out)."""
     path = f"{API}/resourceslices/{slice_name(node)}"
     gpus = list(gpus)
-    wanted = resource_slice(node, gpus, settings, 1, unhealthy)
+    wanted = resource_slice(node, gpus, settings, 1, unhealthy, taint)
     try:
         current = await kube.get(path)
     except KubeError as exc:
@@ -68,6 +74,15 @@ async def publish_slice(
     if node_uid:
         wanted["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
     stored = await _apply(kube, path, wanted)
+    tainted = {d["name"] for d in wanted["spec"]["devices"] if d.get("taints")}
+    if tainted and not tainted <= _tainted(stored):
+        log.warning(
+            "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
+            "in this cluster); publishing it without the unhealthy GPUs instead",
+            slice_name(node),
+            ", ".join(sorted(tainted)),
+        )
+        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None)
     log.info(
         "ResourceSlice %s: %d GPU(s), pool generation %d",
         slice_name(node),
@@ -77,9 +92,19 @@ async def publish_slice(
     return stored
 
 
-def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, int], ...]]]:
-    """Device names, UUIDs and capacity values: the pool's content, compared across the API's
-    re-formatting of quantities (``"16106127360"`` comes back as ``"15Gi"``)."""
+def _tainted(obj: dict[str, Any]) -> set[str]:
+    """Names of the devices of a stored slice that carry the unhealthy taint."""
+    return {
+        d.get("name", "")
+        for d in ((obj or {}).get("spec") or {}).get("devices") or []
+        if any((t or {}).get("key") == UNHEALTHY_TAINT_KEY for t in d.get("taints") or [])
+    }
+
+
+def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, int], ...], tuple[str, ...]]]:
+    """Device names, UUIDs, capacity values and taints: the pool's content, compared across the
+    API's re-formatting of quantities (``"16106127360"`` comes back as ``"15Gi"``) and its
+    ``timeAdded`` on taints."""
 
     def capacity(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
         return tuple(
@@ -88,8 +113,11 @@ def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, in
             )
         )
 
+    def taints(d: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(sorted(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in d.get("taints") or []))
+
     return sorted(
-        (d["name"], ((d.get("attributes") or {}).get("uuid") or {}).get("string", ""), capacity(d))
+        (d["name"], ((d.get("attributes") or {}).get("uuid") or {}).get("string", ""), capacity(d), taints(d))
         for d in obj["spec"].get("devices") or []
     )
 
