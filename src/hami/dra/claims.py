@@ -125,7 +125,8 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
     results = [] if results is None else results
     if not isinstance(results, list):
         raise ClaimError(f"{ref}: status.allocation.devices.results must be a list, got {type(results).__name__}")
-    shares, admin = [], []
+    shares: list[DeviceShare] = []
+    admin: list[DeviceShare] = []
     for i, r in enumerate(results):
         where = f"{ref}: status.allocation.devices.results[{i}]"
         if not isinstance(r, Mapping):
