@@ -426,7 +426,93 @@ def dra_pods(draw) -> tuple[dict, list[dict | None]]:
     if draw(st.integers(0, 3)) == 0:
         spec["resourceClaims"] = [{"name": "hami-gpu-0", "resourceClaimName": "mine"}]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": draw(st.sampled_from(["p", "q-1"]))}, "spec": spec}
+    annotations = draw(selection_annotations())
+    if annotations:
+        pod["metadata"]["annotations"] = annotations
     return pod, asks
+
+
+#: what a user may write in a type or UUID list: quotes, backslashes, CEL syntax, unicode, commas
+_VALUE_TEXT = st.lists(
+    st.sampled_from(list("aA1-_ \"\\'()[]|&!$.,\n\té中😀") + ["T4", "A100", "GPU-0", '") || true || ("']),
+    max_size=8,
+).map("".join)
+
+
+@st.composite
+def selection_annotations(draw) -> dict[str, str]:
+    """HAMi's GPU choice annotations, now and then one DRA cannot express."""
+    out = {}
+    for key in (
+        "nvidia.com/use-gputype",
+        "nvidia.com/nouse-gputype",
+        "nvidia.com/use-gpuuuid",
+        "nvidia.com/nouse-gpuuuid",
+    ):
+        if draw(st.integers(0, 2)) == 0:
+            out[key] = draw(_VALUE_TEXT)
+    if draw(st.integers(0, 4)) == 0:
+        out["nvidia.com/numa-bind"] = draw(st.sampled_from(["true", "True", "false", "yes"]))
+    if draw(st.integers(0, 6)) == 0:
+        out[draw(st.sampled_from(["hami.io/gpu-scheduler-policy", "hami.io/node-scheduler-policy"]))] = draw(
+            st.sampled_from(["binpack", "spread", " ", ""])
+        )
+    return out
+
+
+def _items(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _ascii_lower(text: str) -> str:
+    return "".join(c.lower() if "A" <= c <= "Z" else c for c in text)
+
+
+def _ascii_upper(text: str) -> str:
+    return "".join(c.upper() if "a" <= c <= "z" else c for c in text)
+
+
+def _selection_verdict(annotations: dict[str, str], type_: str, uuid: str) -> bool:
+    """The extender's rules, restated: a type list matches case-insensitively as a substring, a
+    UUID list exactly, an empty list is no rule."""
+    use_t = [v.lower() for v in _items(annotations.get("nvidia.com/use-gputype", ""))]
+    nouse_t = [v.lower() for v in _items(annotations.get("nvidia.com/nouse-gputype", ""))]
+    use_u = _items(annotations.get("nvidia.com/use-gpuuuid", ""))
+    nouse_u = _items(annotations.get("nvidia.com/nouse-gpuuuid", ""))
+    t = type_.lower()
+    if use_t and not any(v in t for v in use_t):
+        return False
+    if any(v in t for v in nouse_t):
+        return False
+    if use_u and uuid not in use_u:
+        return False
+    return uuid not in nouse_u
+
+
+def _check_selectors(annotations: dict[str, str], exactly: dict) -> str | None:
+    """Each template's selectors, run by the simulator's CEL library on devices made from the
+    annotations' own values, give the extender's verdict: no value widens or breaks a selector."""
+    from hami.dra.cel import DeviceCel, compile_selector
+
+    values = [v for k in annotations if k.startswith("nvidia.com/") for v in _items(annotations[k])]
+    if any(v.lower() != _ascii_lower(v) for v in values):
+        return None  # a non-ASCII capital: CEL lowers ASCII only (documented), the extender all letters
+    exprs = [sel["cel"]["expression"] for sel in exactly.get("selectors") or ()]
+    try:
+        compiled = [compile_selector(e) for e in exprs]
+    except Exception as exc:
+        return f"a selector does not compile: {exc} ({exprs})"
+    for v in values + ["zz", "GPU-0"]:
+        for type_, uuid in ((f"NVIDIA-{v}", v), (f"NVIDIA-{_ascii_upper(v)}x", "GPU-other"), ("NVIDIA-L4", v)):
+            device = DeviceCel(DRIVER, {"attributes": {"type": {"string": type_}, "uuid": {"string": uuid}}})
+            try:
+                got = all(device.matches(c) for c in compiled)
+            except Exception as exc:
+                return f"selectors {exprs} fail on type {type_!r} uuid {uuid!r}: {exc}"
+            want = _selection_verdict(annotations, type_, uuid)
+            if got != want:
+                return f"selectors {exprs} say {got} for type {type_!r} uuid {uuid!r}, the extender's rule {want}"
+    return None
 
 
 def _dra_settings() -> Any:
@@ -451,7 +537,16 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
     body = {"request": {"uid": "u", "operation": "CREATE", "namespace": "ns", "kind": {"kind": "Pod"}, "object": pod}}
     answer, templates = review_with_templates(body, DRA_SETTINGS)
     r = answer["response"]
+    annotations = pod["metadata"].get("annotations") or {}
     fraction = [a for a in asks if a and a["percent"] not in (None, 100)]
+    policy = [
+        k for k in ("hami.io/gpu-scheduler-policy", "hami.io/node-scheduler-policy") if annotations.get(k, "").strip()
+    ]
+    if policy and any(asks):  # refused by name (or, as well, for a fraction of memory)
+        msg = (r.get("status") or {}).get("message") or ""
+        if r["allowed"] or not (f"annotation {policy[0]}=" in msg or (fraction and "gpumem-percentage" in msg)):
+            return f"{policy[0]} was not refused by name: {r}"
+        return None
     if fraction:
         msg = (r.get("status") or {}).get("message") or ""
         if r["allowed"] or "gpumem-percentage" not in msg:
@@ -483,6 +578,15 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
             return f"template in namespace {t['metadata'].get('namespace')!r}"
         [req] = t["spec"]["spec"]["devices"]["requests"]
         ex = req["exactly"]
+        bad = _check_selectors(annotations, ex)
+        if bad:
+            return f"container {c['name']}: {bad}"
+        numa = annotations.get("nvidia.com/numa-bind", "").strip().lower() == "true" and ask["count"] > 1
+        constraint = {"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/numaNode"}
+        if numa != (constraint in t["spec"]["spec"]["devices"].get("constraints", [])):
+            return (
+                f"container {c['name']}: numa-bind {annotations.get('nvidia.com/numa-bind')!r} with {ask['count']} GPUs"
+            )
         got = (ex["count"], ex["capacity"]["requests"].get("memory"), ex["capacity"]["requests"].get("cores"))
         whole = ask["percent"] == 100 or ask["memory"] is None  # HAMi: no gpumem is the whole GPU,
         cores = ask["cores"] if ask["cores"] is not None else (100 if whole else 0)  # and then its cores
