@@ -254,3 +254,28 @@ def test_numa_bind_keeps_a_pair_pending_where_no_numa_node_has_two_matching_gpus
     assert b.status == "pending" and "not together" in b.reasons["n1"]
     [f] = simulate_dra([SLICE], [free], CFG).pods
     assert sorted(d["device"] for c in f.containers for d in c["devices"]) == ["n1/gpu-0", "n1/gpu-2"]
+
+
+# ------------------------------------------------------------------ other vendors
+
+
+def test_another_vendors_device_is_refused_unless_the_pod_is_routed_to_the_extender():
+    from hami.vendors.amd import AmdVendor
+
+    vendors = (NvidiaVendor(), AmdVendor())
+    dra = AdmissionSettings(vendors, front_end="dra")
+    amd = pod(None, {"amd.com/gpu": 1}, name="amd")
+    d = decide(amd, dra)
+    assert not d.allowed and d.code == 400
+    assert "container 'c0': amd.com/gpu cannot be expressed on the DRA front end" in d.message
+    assert "spec.schedulerName: hami-scheduler" in d.message
+    # routed to the extender by name: the extender places the AMD GPU, the NVIDIA one becomes a claim
+    both = pod(None, {"amd.com/gpu": 1}, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, name="both")
+    both["spec"]["schedulerName"] = "hami-scheduler"
+    d = decide(both, dra)
+    assert d.allowed and len(d.templates) == 1
+    c0, c1 = d.pod["spec"]["containers"]
+    assert c0["resources"]["limits"] == {"amd.com/gpu": 1} and c1["resources"]["claims"] == [{"name": "hami-gpu-1"}]
+    # the simulator runs the same decision
+    [out] = simulate_dra([SLICE], [amd], SchedulerConfig(vendors, "binpack", "spread")).pods
+    assert out.status == "denied" and "amd.com/gpu cannot be expressed" in out.reasons["webhook"]

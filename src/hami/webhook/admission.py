@@ -214,6 +214,24 @@ def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
     from hami.dra.translate import translate  # the DRA front end only
 
     nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    # other vendors' devices have no DRA driver here: only the extender places them, so a pod that
+    # is not routed to it explicitly would sit with kube-scheduler and never get them
+    scheduler = (pod.get("spec") or {}).get("schedulerName") or ""
+    if not s.scheduler_name or scheduler != s.scheduler_name:
+        try:
+            req = pod_request(pod, s.vendors)
+        except CoreError as exc:
+            return _deny(str(exc), 400)
+        for c in req.containers:
+            for r in c.requests:
+                if r.vendor != "NVIDIA":
+                    name = next((v.resources.count for v in s.vendors if v.name == r.vendor), r.vendor)
+                    return _deny(
+                        f"container {c.name!r}: {name} cannot be expressed on the DRA front end (its DRA driver "
+                        f"serves NVIDIA GPUs only); set spec.schedulerName: {s.scheduler_name or 'hami-scheduler'} "
+                        "to have the extender place it, or use the extender front end",
+                        400,
+                    )
     if nvidia is None:
         return Decision(True, "", pod)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
