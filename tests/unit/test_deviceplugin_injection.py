@@ -272,3 +272,41 @@ def test_nri_injection_refuses_what_allocate_alone_can_make(overrides, settings,
     )
     got = injection_problem(args, replace(NodeSettings(), **settings))
     assert got == problem if problem is None else problem in got
+
+
+async def test_the_agent_writes_and_withdraws_the_node_annotation_with_the_hooks_sessions(tmp_path):
+    from hami.deviceplugin.agent import NodeAgent
+
+    class NodeKube(FakeKube):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.node = {}
+
+        async def node_annotations(self):
+            return dict(self.node), "1"
+
+        async def patch_node_annotations(self, values, resource_version=None):
+            for k, v in values.items():
+                if v is None:
+                    self.node.pop(k, None)
+                else:
+                    self.node[k] = v
+
+    kube = NodeKube()
+    agent = NodeAgent(
+        kube,
+        NodeSettings(),
+        [],
+        tmp_path,
+        HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+        injection="nri",
+        nri_socket=str(tmp_path / "nri.sock"),
+    )
+    assert isinstance(agent.allocator, NriAllocator) and agent.nri is not None
+    assert agent.nri.socket == str(tmp_path / "nri.sock")
+    await agent._injection_ready(True)
+    assert kube.node[NODE_INJECTION] == "nri"
+    await agent._injection_ready(False)
+    assert NODE_INJECTION not in kube.node
+    plain = NodeAgent(kube, NodeSettings(), [], tmp_path, HookPaths(str(tmp_path / "h2"), str(tmp_path / "l2")))
+    assert plain.nri is None and not isinstance(plain.allocator, NriAllocator)
