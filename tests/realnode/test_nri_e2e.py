@@ -83,7 +83,7 @@ def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
     real_cluster.api(
         "POST",
         f"/api/v1/namespaces/{ns}/pods",
-        probe_pod(name, [probe_container(product, "main", limits, ["1000", "2500"])]),
+        probe_pod(name, [probe_container(product, "main", limits, ["1000", "2500", "--hold"])]),
     )
     out = probe_output(real_cluster, ns, name, "main")
     assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out
@@ -95,6 +95,7 @@ def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
     pod = wait_success(real_cluster, ns, name, product)
     granted = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
     assert env["NVIDIA_VISIBLE_DEVICES"] in granted
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
 def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(
@@ -103,7 +104,7 @@ def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(
     ns, name = gpu_namespace, "nri-two"
     small = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20}
     large = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000, "nvidia.com/gpucores": 50}
-    plain = {"name": "plain", "image": busybox, "command": ["sleep", "3600"]}
+    plain = {"name": "plain", "image": busybox, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"]}
     pod = probe_pod(
         name,
         [
