@@ -26,6 +26,8 @@ gpu_namespace = e2e.gpu_namespace
 INJECTION = "hami.io/node-injection"
 BIND_PHASE = "hami.io/bind-phase"
 CUDA_ERROR_OUT_OF_MEMORY = 2
+#: containerd's log line (logfmt, quotes escaped) once the plugin is registered and synchronized
+CONNECTED = 'plugin \\"50-hami\\" connected and synchronized'
 
 
 def nri_values(node) -> dict:
@@ -59,6 +61,32 @@ def wait_success(cluster: KubeCluster, ns: str, name: str, product: Product) -> 
     )
 
 
+def run_to_completion(cluster: KubeCluster, ns: str, pod: dict, product: Product, attempts: int = 5) -> dict:
+    """Create ``pod`` and wait until it has finished. A pod the kubelet refused at admission
+    because the device plugin it talks to was just replaced (``UnexpectedAdmissionError``: the
+    old plugin's devices still unhealthy, a kubelet race the chart's upgrade opens) is created
+    again; any other end is returned."""
+    name = pod["metadata"]["name"]
+    for _ in range(attempts):
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        done = wait_pod(
+            cluster, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "finished", product
+        )
+        if done["status"].get("reason") != "UnexpectedAdmissionError":
+            return done
+        cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
+        cluster.wait_for(
+            lambda: (
+                name
+                not in [p["metadata"]["name"] for p in cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]]
+            ),
+            f"pod {name} gone",
+            timeout=60,
+            interval=0.5,
+        )
+    raise AssertionError(f"pod {ns}/{name} refused at admission {attempts} times: {done['status']}")
+
+
 def test_the_plugin_registers_with_containerds_nri_and_says_so_on_the_node(product: Product, real_cluster: KubeCluster):
     real_cluster.wait_for(
         lambda: node_annotations(real_cluster, product).get(INJECTION) == "nri",
@@ -66,10 +94,7 @@ def test_the_plugin_registers_with_containerds_nri_and_says_so_on_the_node(produ
         timeout=60,
         interval=0.5,
     )
-    log = product.node.log_path("containerd").read_text(errors="replace")
-    assert (
-        'plugin \\"50-hami\\" connected and synchronized' in log or 'plugin "50-hami" connected and synchronized' in log
-    )
+    assert CONNECTED in product.node.log_path("containerd").read_text(errors="replace")
     (plugin,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
     command = next(c["command"] for c in plugin["spec"]["containers"] if c["name"] == "device-plugin")
     assert "--injection=nri" in command
@@ -124,6 +149,36 @@ def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
+def test_after_a_containerd_restart_the_plugin_registers_again(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
+    log = product.node.log_path("containerd")
+    offset = log.stat().st_size
+    e2e.restart(product, "containerd")  # every NRI connection ends with containerd
+
+    def registered_again() -> bool:
+        text = log.read_bytes()
+        text = text[offset:] if len(text) >= offset else text  # appended, or a new file
+        return CONNECTED in text.decode(errors="replace")
+
+    real_cluster.wait_for(registered_again, "the plugin registered with the new containerd", timeout=60, interval=0.5)
+    real_cluster.wait_for(
+        lambda: node_annotations(real_cluster, product).get(INJECTION) == "nri",
+        f"node annotation {INJECTION}=nri again",
+        timeout=60,
+        interval=0.5,
+    )
+    ns, name = gpu_namespace, "nri-after-restart"
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}
+    real_cluster.api(
+        "POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
+    )
+    out = probe_output(real_cluster, ns, name, "main")
+    assert out["cuda_total_mib"] == 1500 and out["env"]["HAMI_NRI_INJECTION"] == "done", out
+    wait_success(real_cluster, ns, name, product)
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
 def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
     product: Product, real_cluster: KubeCluster, gpu_namespace: str, tmp_path_factory
 ):
@@ -158,10 +213,7 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
         "metadata": {"name": name},
         "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
     }
-    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
-    done = wait_pod(
-        real_cluster, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "finished", product
-    )
+    done = run_to_completion(real_cluster, ns, pod, product)
     logs = real_cluster.kubectl("logs", "-n", ns, name, "-c", "main", check=False).stdout
     out = json.loads(next(x for x in logs.splitlines() if x.startswith("{")))
     assert out["visible"] == "void" and out["marker"] == "pending", out
