@@ -176,12 +176,16 @@ async def test_the_api_copy_stands_in_when_the_sandbox_has_no_annotations(tmp_pa
     assert kube.reads == 1
 
 
-async def test_cuda_disable_control_leaves_the_preload_out(tmp_path):
+async def test_cuda_disable_control_is_read_from_the_pod_spec_not_the_image_env(tmp_path):
+    obj = pod_obj(eval_env=[{"name": "CUDA_DISABLE_CONTROL", "value": "true"}])
+    adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), ctr("eval"))
+    assert "/etc/ld.so.preload" not in [m.destination for m in adjust.mounts]
+    # the same switch in the env the runtime composed (an image's ENV) leaves isolation on
     obj = pod_obj()
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(
         sandbox(obj), ctr("eval", {"CUDA_DISABLE_CONTROL": "true"})
     )
-    assert "/etc/ld.so.preload" not in [m.destination for m in adjust.mounts]
+    assert "/etc/ld.so.preload" in [m.destination for m in adjust.mounts]
 
 
 @pytest.mark.parametrize(

@@ -90,9 +90,10 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
     return entries + [[] for _ in range(len(pod.containers) - len(entries))]
 
 
-def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str, env: Mapping[str, str]) -> A.Grant:
-    """The grant of container ``name`` (its env as the runtime has it: the
-    ``CUDA_DISABLE_CONTROL`` switch is read there)."""
+def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str) -> A.Grant:
+    """The grant of container ``name``. The container is the pod spec's, as in the lock mode:
+    ``CUDA_DISABLE_CONTROL`` is read from the spec's env (which the webhook sees), never from the
+    env the runtime composed, where an image's own env could switch isolation off."""
     index = next((i for i, c in enumerate(pod.containers) if c.name == name), None)
     if index is None:
         raise Refusal(f"pod {pod.ref}: container {name!r} is not in the pod's spec")
@@ -101,8 +102,7 @@ def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str, e
         raise Refusal(
             f"pod {pod.ref}: container {name!r} was given GPUs by the kubelet but has no entry in {A.ALLOCATED}"
         )
-    spec = pod.containers[index]
-    return A.Grant(index, A.ContainerView(spec.name, spec.limits, dict(env)), tuple(devices))
+    return A.Grant(index, pod.containers[index], tuple(devices))
 
 
 def last_gpu_container(entries: Sequence[Sequence]) -> int:
@@ -165,7 +165,7 @@ class Injector:
         # the sandbox carries the annotations the kubelet saw (the scheduler's decision); the
         # API server's copy stands in for a runtime that does not pass them
         annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else pod.annotations
-        grant = container_grant(pod, annotations, container.name, env)
+        grant = container_grant(pod, annotations, container.name)
         try:
             response = A.build_response(pod, grant, self.settings, self.paths)
         except A.AllocationError as exc:
