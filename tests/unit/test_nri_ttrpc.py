@@ -204,6 +204,22 @@ async def test_calls_use_odd_streams_and_get_their_own_answers():
     running.cancel()
 
 
+async def test_an_unreadable_response_fails_its_call_and_the_connection_lives_on():
+    mux, peer = await make_pair()
+    ep = mux.endpoint(2)
+    running = asyncio.create_task(mux.run())
+    bad = asyncio.create_task(ep.call("rt", "A", b""))
+    stream, _, _ = await peer.read_message(2)
+    peer.send_message(2, stream, RESPONSE, b"\xff\xff\xff")  # not a ttrpc.Response
+    with pytest.raises(ProtocolError, match="unreadable response"):
+        await bad
+    good = asyncio.create_task(ep.call("rt", "B", b""))
+    stream, _, _ = await peer.read_message(2)
+    peer.send_message(2, stream, RESPONSE, tpb.Response(payload=b"ok").SerializeToString())
+    assert await good == b"ok" and not running.done()
+    running.cancel()
+
+
 async def test_a_peer_that_closes_fails_calls_in_flight_and_ends_run():
     mux, peer = await make_pair()
     ep = mux.endpoint(2)
@@ -237,7 +253,3 @@ async def test_frames_for_a_conn_nobody_reads_are_dropped():
     stream, _, data = await peer.read_message(1)
     assert stream == 1 and tpb.Response.FromString(data).payload == b"ok"
     running.cancel()
-
-
-def test_protocol_error_is_an_exception():
-    assert issubclass(ProtocolError, Exception)

@@ -184,4 +184,6 @@ class NriPlugin:
                 log.warning("NRI: session ended (%s); registering again", reason)
             except (OSError, ConnectionClosed, RemoteError, asyncio.TimeoutError) as exc:
                 log.warning("NRI: cannot register on %s (%s); retrying in %.0fs", self.socket, exc, self.retry)
+            except Exception:  # noqa: BLE001 - whatever the runtime sent, the plugin lives on and dials again
+                log.exception("NRI: session on %s failed; registering again in %.0fs", self.socket, self.retry)
             await asyncio.sleep(self.retry)

@@ -31,6 +31,8 @@ import struct
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from google.protobuf.message import DecodeError
+
 from . import load
 
 log = logging.getLogger(__name__)
@@ -179,7 +181,13 @@ class Endpoint:
         if msg.oversized:
             future.set_exception(RemoteError(RESOURCE_EXHAUSTED, f"response of {msg.oversized} bytes over the limit"))
             return
-        response = tpb.Response.FromString(msg.data)
+        try:
+            response = tpb.Response.FromString(msg.data)
+        except DecodeError as exc:
+            future.set_exception(
+                ProtocolError(f"conn {self.conn_id}: unreadable response on stream {msg.stream_id}: {exc}")
+            )
+            return
         if response.status.code != OK:
             future.set_exception(RemoteError(response.status.code, response.status.message))
         else:
