@@ -31,7 +31,12 @@ DRA_STUB := src/hami/draplugin/api/dra_pb2.py
 $(DRA_STUB): src/hami/draplugin/api/dra.proto src/hami/draplugin/api/registration.proto $(STAMP)
 	$(BIN)/python -c 'from hami.draplugin.api import generate; generate(force=True)'
 
-proto: $(PROTO_STUB) $(DRA_STUB)
+# protobuf messages of the NRI plugin API and its ttrpc envelope (generated, git-ignored)
+NRI_STUB := src/hami/node/nri/nri_pb2.py
+$(NRI_STUB): src/hami/node/nri/nri.proto src/hami/node/nri/ttrpc.proto $(STAMP)
+	$(BIN)/python -c 'from hami.node.nri import generate; generate(force=True)'
+
+proto: $(PROTO_STUB) $(DRA_STUB) $(NRI_STUB)
 
 kube:
 	scripts/install-kube.sh

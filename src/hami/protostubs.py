@@ -1,6 +1,7 @@
 """The gRPC stubs of the kubelet APIs hami serves, compiled from the ``.proto`` files kept in
 the package: the device plugin API (``hami/deviceplugin/api``) and the DRA plugin and plugin
-registration APIs (``hami/draplugin/api``).
+registration APIs (``hami/draplugin/api``), and the protobuf messages of the NRI plugin API and
+its ttrpc envelope (``hami/node/nri``; no gRPC service there).
 
 ``make proto`` and the image build compile them with grpcio-tools (the image runs this file as
 a script, before hami is installed: it needs nothing but the standard library and grpc_tools);
@@ -17,7 +18,11 @@ from pathlib import Path
 
 _SRC = Path(__file__).resolve().parents[1]  # .../src
 #: package directory (under src/hami) -> the protos in it
-STUB_SETS = {"deviceplugin/api": ("api",), "draplugin/api": ("dra", "registration")}
+STUB_SETS = {
+    "deviceplugin/api": ("api",),
+    "draplugin/api": ("dra", "registration"),
+    "node/nri": ("ttrpc", "nri"),  # messages only: NRI speaks ttrpc, hami.node.nri.ttrpc frames it
+}
 
 
 def stub_names(proto: str) -> tuple[str, str]:

@@ -49,7 +49,9 @@ def main(argv: list[str]) -> int:
         if rc == 0:
             kept.append(ptr)
     out["env"] = {
-        k: v for k, v in os.environ.items() if k.startswith(("CUDA_DEVICE", "CUDA_TASK", "NVIDIA_VISIBLE", "GPU_CORE"))
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("CUDA_DEVICE", "CUDA_TASK", "NVIDIA_VISIBLE", "GPU_CORE", "HAMI_"))
     }
     print(json.dumps(out, sort_keys=True), flush=True)
     while hold:

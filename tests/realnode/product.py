@@ -87,6 +87,14 @@ def values(
     return out
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into a copy of ``base``, mappings key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def install_fake_driver(root: Path, gpus: list[str] = FAKE_GPUS) -> tuple[Path, Path]:
     """``<root>/nvidia/lib64/{libcuda.so.1,libnvidia-ml.so.1,fakegpu.conf}`` and ``<root>/state``;
     returns (driver root, state directory) on the host."""
@@ -120,6 +128,8 @@ class Product:
     state: Path | None = None
     front_end: str = "extender"  # or "dra"
     images: dict[str, str] = field(default_factory=dict)
+    #: chart values over :func:`values` (e.g. ``devicePlugin.injection: nri``, test_nri_e2e.py)
+    extra_values: dict[str, Any] = field(default_factory=dict)
     archives: dict[str, Path] = field(default_factory=dict)  # ref -> OCI archive (to import again)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -167,7 +177,8 @@ class Product:
             # nothing the extender's install left in /usr/local/vgpu can stand in for what the
             # DRA agent must prepare itself (ld.so.preload, the lock directory)
             hook = self.workdir / "hook"
-        values_file.write_text(yaml.safe_dump(values(self.node.name, self.driver, self.state, dra, hook)))
+        chosen = merged(values(self.node.name, self.driver, self.state, dra, hook), self.extra_values)
+        values_file.write_text(yaml.safe_dump(chosen))
         began = time.monotonic()
         self.helm(
             "install",
@@ -185,6 +196,17 @@ class Product:
         self.wait_ready()
         self.timings["helm install to all Ready"] = time.monotonic() - began
         return self
+
+    def upgrade(self, overrides: dict[str, Any]) -> None:
+        """``helm upgrade`` keeping the installed values, ``overrides`` over them; waits until
+        every pod of the release is Running and Ready again."""
+        values_file = self.workdir / "upgrade-values.yaml"
+        values_file.write_text(yaml.safe_dump(overrides))
+        self.helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values", "-f", str(values_file),
+            "--wait", "--timeout", "5m",
+        )  # fmt: skip
+        self.wait_ready()
 
     def uninstall(self) -> list[str]:
         problems = []
@@ -305,7 +327,13 @@ class Product:
 
 
 def installed(
-    real_node_holder: Any, cluster: KubeCluster, workdir: Path, request: Any, front_end: str = "extender"
+    real_node_holder: Any,
+    cluster: KubeCluster,
+    workdir: Path,
+    request: Any,
+    front_end: str = "extender",
+    extra_values: Any = None,
+    label: str = "",
 ) -> Iterator[Product]:
     """A module fixture's body: the product images built (skip, or fail under
     ``HAMI_REQUIRE_REAL_NODE=1``, when they cannot be), the chart installed on the session's real
@@ -322,13 +350,15 @@ def installed(
             pytest.fail(f"HAMI_REQUIRE_REAL_NODE=1 but {exc}", pytrace=False)
         pytest.skip(str(exc))
     began = time.monotonic()
-    product = Product(cluster, node, workdir, front_end=front_end)
+    if callable(extra_values):  # values that depend on the node (its NRI socket)
+        extra_values = extra_values(node)
+    product = Product(cluster, node, workdir, front_end=front_end, extra_values=extra_values or {})
     try:
         product.install(images)
     except BaseException:
         product.uninstall()
         raise
-    prefix = "" if front_end == "extender" else f"{front_end} "
+    prefix = f"{label} " if label else "" if front_end == "extender" else f"{front_end} "
     request.config.stash.setdefault("hami_chart_timings", {}).update(
         {**{prefix + k: v for k, v in product.timings.items()}, prefix + "install total": time.monotonic() - began}
     )

@@ -189,3 +189,29 @@ def test_alive_treats_gone_and_zombie_processes_as_dead():
     assert not rn.alive(child.pid)
     child.wait()
     assert not rn.alive(child.pid)
+
+
+def test_containerd_config_enables_nri_on_the_nodes_own_socket(tmp_path):
+    doc = tomllib.loads(
+        rn.containerd_config(
+            tmp_path,
+            socket=tmp_path / "s",
+            sandbox_image="p",
+            cni_bin=tmp_path,
+            restrict_oom_score_adj=True,
+            nri_socket=tmp_path / "nri" / "nri.sock",
+        )
+    )
+    nri = doc["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["disable"] is False and nri["disable_connections"] is False
+    assert nri["socket_path"] == str(tmp_path / "nri" / "nri.sock")
+    assert nri["plugin_path"].startswith(str(tmp_path))  # never the host's /opt/nri/plugins
+
+
+def test_containerd_config_leaves_nri_off_unless_asked(tmp_path):
+    doc = tomllib.loads(
+        rn.containerd_config(
+            tmp_path, socket=tmp_path / "s", sandbox_image="p", cni_bin=tmp_path, restrict_oom_score_adj=True
+        )
+    )
+    assert "io.containerd.nri.v1.nri" not in doc["plugins"]

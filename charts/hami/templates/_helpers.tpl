@@ -163,3 +163,15 @@ app.kubernetes.io/component: hami-dra
 {{- end -}}
 {{- $auth -}}
 {{- end -}}
+
+{{/* devicePlugin.injection, checked: allocate (HAMi's node lock protocol) or nri (docs/nri.md) */}}
+{{- define "hami.injection" -}}
+{{- $v := .injection | default "allocate" -}}
+{{- if not (has $v (list "allocate" "nri")) -}}
+{{- fail (printf "devicePlugin.injection must be allocate or nri, got %q" $v) -}}
+{{- end -}}
+{{- if and (eq $v "nri") (not (hasPrefix "/" (.nriSocket | default ""))) -}}
+{{- fail (printf "devicePlugin.nriSocket must be an absolute host path with injection nri, got %q" (.nriSocket | default "")) -}}
+{{- end -}}
+{{- $v -}}
+{{- end -}}

@@ -18,10 +18,14 @@ def containerd_config(
     cni_bin: Path,
     restrict_oom_score_adj: bool,
     cdi_dir: Path | None = None,
+    nri_socket: Path | None = None,
 ) -> str:
     """containerd's ``config.toml`` (version 2, containerd 1.6/1.7) for a private instance under
     ``root``, listening on ``socket`` (and ``<socket>.ttrpc``). ``cdi_dir``: where the CRI plugin
-    reads CDI specs (``enable_cdi``, containerd >= 1.7): the devices a DRA driver prepares."""
+    reads CDI specs (``enable_cdi``, containerd >= 1.7): the devices a DRA driver prepares.
+    ``nri_socket``: enable NRI (containerd >= 1.7) with its socket there, not the host's
+    ``/var/run/nri/nri.sock``, for external plugins only (no plugin directory is scanned):
+    the device plugin's ``--injection=nri`` registers on it."""
 
     def q(value: object) -> str:
         return json.dumps(str(value))  # a TOML basic string is a JSON string
@@ -60,9 +64,21 @@ def containerd_config(
             f"{cri[:-1]}.cni]",
             f"  bin_dir = {q(cni_bin)}",
             f"  conf_dir = {q(root.parent / 'cni' / 'net.d')}",
+            *(_nri_section(root, nri_socket, q) if nri_socket is not None else []),
             "",
         ]
     )
+
+
+def _nri_section(root: Path, socket: Path, q: Any) -> list[str]:
+    return [
+        '[plugins."io.containerd.nri.v1.nri"]',
+        "  disable = false",
+        "  disable_connections = false",
+        f"  socket_path = {q(socket)}",
+        f"  plugin_path = {q(root / 'nri' / 'plugins')}",
+        f"  plugin_config_path = {q(root / 'nri' / 'conf')}",
+    ]
 
 
 def cni_config(ipam_dir: Path, *, bridge: str = BRIDGE, subnet: str = POD_SUBNET) -> dict[str, Any]:

@@ -242,6 +242,12 @@ class RealNode:
         return self._dir("cdi")
 
     @property
+    def nri_socket(self) -> Path:
+        """containerd's NRI socket (NRI enabled, external plugins only): what the device plugin's
+        ``--injection=nri`` dials on this node, in place of the host's ``/var/run/nri/nri.sock``."""
+        return self._dir("nri", "nri.sock")
+
+    @property
     def kubelet_root(self) -> Path:
         """The kubelet's ``--root-dir`` (pods' volumes; not the device-plugin directory, which the
         kubelet keeps at :data:`DEVICE_PLUGINS_DIR` whatever this says)."""
@@ -438,6 +444,7 @@ class RealNode:
                 cni_bin=cni_bin,
                 restrict_oom_score_adj=restrict,
                 cdi_dir=self.cdi_dir,
+                nri_socket=self.nri_socket,
             )
         )
         (self._dir("cni", "net.d") / "10-hami-bridge.conflist").write_text(

@@ -1,6 +1,9 @@
 """The node agent: gRPC server + kubelet registration + registration annotation + XID watcher,
-plus, per configuration, dynamic MIG (recovery at start, clean-up loop; mig.py) and one more
-gRPC server per static MIG resource (static_mig.py).
+plus, per configuration, dynamic MIG (recovery at start, clean-up loop; mig.py), one more
+gRPC server per static MIG resource (static_mig.py), and with ``injection="nri"`` the NRI plugin
+that gives each container its grant at creation (injection.py; Allocate then answers without a
+pod or the node lock, and the node says ``hami.io/node-injection: nri`` while that plugin is
+registered).
 
 ``NodeAgent`` is what ``hami device-plugin`` runs; tests run it in-process against the fake
 NVML, a kubelet stand-in and the real API server.
@@ -15,16 +18,20 @@ from pathlib import Path
 
 from hami.core.codec import decode_mig_allocations
 from hami.core.errors import CodecError
+from hami.core.names import NODE_INJECTION
 from hami.kube.nodelock import LOCK_HANDOFF
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from hami.node.cdi import CdiConfig
 from hami.node.layout import HookPaths, prepare_hook_dir
+from hami.node.nri import DEFAULT_SOCKET as NRI_SOCKET
+from hami.node.nri.plugin import NriPlugin
 from hami.node.nvml import IGNORED_XIDS, MigError, PhysicalGPU, XidWatcher
 from hami.node.settings import NodeSettings
 
 from .allocator import Allocator
 from .devices import DeviceState
+from .injection import Injector, NriAllocator
 from .kube import Kube
 from .mig import MigManager, PodRef
 from .register import Registrar
@@ -54,6 +61,9 @@ class NodeAgent:
         mig_interval: float = 5.0,
         static_mig: list[StaticMigResource] | None = None,
         asymmetric: tuple = (),
+        injection: str = "allocate",
+        nri_socket: str = NRI_SOCKET,
+        nri_index: str = "50",
     ) -> None:
         self.asymmetric = tuple(asymmetric)  # GPU pairs whose NVLink counts disagree (topology.py)
         self.kube = kube
@@ -62,8 +72,16 @@ class NodeAgent:
         self.pod_watch = pod_watch
         self.state = DeviceState(gpus, settings, scores)
         self.paths = paths
-        self.allocator = Allocator(kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig)
+        self.allocator: Allocator | NriAllocator = Allocator(
+            kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig
+        )
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
+        #: --injection=nri: the runtime's NRI hook gives containers their grants (injection.py)
+        self.nri: NriPlugin | None = None
+        if injection == "nri":
+            self.allocator = NriAllocator()
+            self.injector = Injector(kube, settings, paths)
+            self.nri = NriPlugin(self.injector, socket=nri_socket, index=nri_index, on_ready=self._injection_ready)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
         self.mig_servers = [
@@ -133,6 +151,14 @@ class NodeAgent:
         except Exception as exc:  # noqa: BLE001 - the log line says the same
             log.warning("cannot record the AsymmetricGPUP2PLink event (%s)", exc)
 
+    async def _injection_ready(self, ready: bool) -> None:
+        """The NRI hook registered and synchronized (or its session ended): say so on the node."""
+        self.registrar.injection = "nri" if ready else None
+        try:
+            await self.registrar.sync_once()
+        except Exception as exc:  # noqa: BLE001 - the registration loop writes it on its next round
+            log.error("node %s: %s not updated: %s", self.kube.node_name, NODE_INJECTION, exc)
+
     async def start(self) -> None:
         prepare_hook_dir(self.paths)
         if self.mig is not None:
@@ -155,6 +181,8 @@ class NodeAgent:
         ]
         if self.mig is not None:
             self._tasks.append(asyncio.create_task(self._collect_mig(), name="hami-mig-collect"))
+        if self.nri is not None:
+            self._tasks.append(asyncio.create_task(self.nri.run(), name="hami-nri"))
         if self.pod_watch:  # this node's pods, so Allocate can often skip reading the pod (allocate.py PodCache)
             self._tasks.append(asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"))
 
@@ -174,6 +202,12 @@ class NodeAgent:
             await self.allocator.flush()  # a node lock left for the handoff goes now
         except Exception as exc:  # noqa: BLE001 - shutting down; the scheduler reclaims finished owners' locks
             log.error("node lock not released at shutdown: %s", exc)
+        if self.nri is not None:
+            await self.injector.drain()
+            try:  # containers created from now on get no grant: the scheduler must take the lock again
+                await self.kube.patch_node_annotations({NODE_INJECTION: None})
+            except Exception as exc:  # noqa: BLE001 - shutting down; logged
+                log.error("node %s: %s not withdrawn at shutdown: %s", self.kube.node_name, NODE_INJECTION, exc)
         if self.registrar.handoff:
             # the declaration lives while this plugin runs: a plugin that replaces this one (HAMi's,
             # which releases the lock itself) must not find the scheduler swapping over its locks

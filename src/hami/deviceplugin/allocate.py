@@ -133,6 +133,15 @@ class PodCache:
         if key in self._floor and resource_version:
             self._floor[key] = resource_version
 
+    def by_uid(self, namespace: str, name: str, uid: str) -> PodView | None:
+        """The copy of this pod, if it is the pod with ``uid`` (not one re-created under its
+        name). Only what never changes in a pod may be read from it: its containers (the NRI
+        hook's container order, ``injection.py``)."""
+        entry = self._pods.get(f"{namespace}/{name}")
+        if entry is None or not uid or (entry[1].get("metadata") or {}).get("uid") != uid:
+            return None
+        return pod_view_from_object(entry[1])
+
     def usable(self, namespace: str, name: str, node: str, node_rv: str) -> PodView | None:
         key = f"{namespace}/{name}"
         entry = self._pods.get(key)

@@ -12,10 +12,12 @@ import sys
 from dataclasses import replace
 
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
-from hami.core.names import NODE_LOCK_HANDOFF
+from hami.core.names import NODE_INJECTION, NODE_LOCK_HANDOFF
 from hami.node import flags, nvml
 from hami.node.cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
 from hami.node.layout import HookPaths
+from hami.node.nri import DEFAULT_SOCKET as NRI_SOCKET
+from hami.node.nri.plugin import check_index
 from hami.node.nvml import MigError, NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from hami.node.settings import NodeConfigError, NodeSettings, load_settings
 
@@ -101,11 +103,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="operatingmode mig: seconds between clean-ups of instances whose pod is gone (default 5)",
     )
+    p.add_argument(
+        "--injection",
+        default=env("HAMI_INJECTION", "allocate"),
+        choices=("allocate", "nri"),
+        help="how a container gets its grant: allocate (Allocate finds the pod through the node lock, "
+        "HAMi's protocol) or nri (the container runtime's NRI hook gives it at container creation; "
+        f"Allocate needs no pod and no lock, the node is annotated {NODE_INJECTION}=nri while "
+        "the hook is registered; docs/nri.md) (env HAMI_INJECTION; default allocate)",
+    )
+    p.add_argument(
+        "--nri-socket",
+        default=env("NRI_SOCKET", NRI_SOCKET),
+        help=f"the runtime's NRI socket, with --injection=nri (env NRI_SOCKET; default {NRI_SOCKET})",
+    )
+    p.add_argument(
+        "--nri-plugin-index",
+        default="50",
+        help="the two-digit NRI plugin index (plugins are called in ascending order; default 50)",
+    )
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument(
         "--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit"
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def injection_problem(args: argparse.Namespace, settings: NodeSettings) -> str | None:
+    """Why ``--injection=nri`` cannot go with the rest of the configuration (None: it can). The
+    NRI hook gives a container HAMi-core's env and mounts; MIG instances and CDI devices are made
+    or named in Allocate, which has no pod in this mode."""
+    if args.injection != "nri":
+        return None
+    try:
+        check_index(args.nri_plugin_index)
+    except ValueError as exc:
+        return f"--nri-plugin-index: {exc}"
+    if settings.operating_mode != "hami-core":
+        return f"--injection=nri goes with operatingmode hami-core only (got {settings.operating_mode!r})"
+    if args.device_list_strategy != "envvar":
+        return f"--injection=nri goes with --device-list-strategy envvar only (got {args.device_list_strategy!r})"
+    if settings.mig_strategy == "mixed":
+        return "--injection=nri does not serve migstrategy mixed (static MIG instances)"
+    return None
 
 
 def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
@@ -175,6 +215,9 @@ async def _serve(
         mig_interval=args.mig_collect_interval,
         static_mig=static,
         asymmetric=asymmetric,
+        injection=args.injection,
+        nri_socket=args.nri_socket,
+        nri_index=args.nri_plugin_index,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -255,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if args.mig_strategy:
         settings = replace(settings, mig_strategy=args.mig_strategy)
+    problem = injection_problem(args, settings)
+    if problem:
+        print(f"hami device-plugin: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         check_strategy(settings.mig_strategy, settings.operating_mode)
     except StaticMigError as exc:

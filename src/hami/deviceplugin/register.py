@@ -6,6 +6,10 @@ the handshake reads ``Deleted_…`` (a stale verdict of an old scheduler, A3), t
 ``hami.io/node-handshake: Reported <time>`` so that any HAMi-compatible scheduler re-reads
 the node's devices. The loop runs every ``interval`` seconds, after ``retry`` seconds on an
 error, and at once when a device's health changes.
+
+It also keeps ``hami.io/node-injection`` (``NODE_INJECTION``) equal to :attr:`Registrar.injection`:
+``nri`` while the NRI hook is registered and synchronized (``--injection=nri``, injection.py),
+absent otherwise, so a stale value left by an earlier run is removed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
+from hami.core.names import NODE_INJECTION
 from hami.kube.nodelock import HANDOFF_SWAP, LOCK_HANDOFF
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -37,11 +42,16 @@ def handshake_value(now: datetime) -> str:
 
 
 def registration_patch(
-    state: DeviceState, annotations: dict[str, str], now: datetime, handoff: bool = True
+    state: DeviceState,
+    annotations: dict[str, str],
+    now: datetime,
+    handoff: bool = True,
+    injection: str | None = None,
 ) -> dict[str, str | None] | None:
     """The annotations to write, or None when the node already says the right thing.
     ``handoff``: this plugin leaves a finished pod's node lock for the scheduler to swap over
-    (``hami.io/node-lock-handoff=swap``, see allocator.py); False removes that declaration."""
+    (``hami.io/node-lock-handoff=swap``, see allocator.py); False removes that declaration.
+    ``injection``: the value ``hami.io/node-injection`` must have (None: absent)."""
     value = encode_node_devices_json(state.registration())
     patch: dict[str, str | None] = {}
     if annotations.get(REGISTER) != value:
@@ -56,6 +66,8 @@ def registration_patch(
         patch[LOCK_HANDOFF] = HANDOFF_SWAP
     elif not handoff and LOCK_HANDOFF in annotations:
         patch[LOCK_HANDOFF] = None
+    if annotations.get(NODE_INJECTION) != injection:
+        patch[NODE_INJECTION] = injection
     return patch or None
 
 
@@ -70,6 +82,8 @@ class Registrar:
         handoff: bool = True,
     ) -> None:
         self.handoff = handoff
+        #: what hami.io/node-injection must say: "nri" while the NRI hook is ready, else None
+        self.injection: str | None = None
         self.kube = kube
         self.state = state
         self.interval = interval
@@ -80,7 +94,7 @@ class Registrar:
     async def sync_once(self) -> bool:
         """Write the annotation if needed; True when something was written."""
         annotations, _ = await self.kube.node_annotations()
-        patch = registration_patch(self.state, annotations, self.clock(), self.handoff)
+        patch = registration_patch(self.state, annotations, self.clock(), self.handoff, self.injection)
         if patch is None:
             return False
         await self.kube.patch_node_annotations(patch)

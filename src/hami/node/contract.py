@@ -16,7 +16,10 @@ plugin builds its Allocate answer: the device plugin's Allocate
   directory, the lock directory and ``/etc/ld.so.preload``;
 * :func:`preload_wanted`: HAMi's escape hatch (``CUDA_DISABLE_CONTROL=true`` in the container's
   env: no ``/etc/ld.so.preload``); :func:`ld_preload`: the same library for a process started
-  outside a container (``LD_PRELOAD``).
+  outside a container (``LD_PRELOAD``);
+* :func:`deferred_grant`: the env of a container whose grant comes later, at its creation, from
+  the runtime's NRI hook (``--injection=nri``, docs/nri.md): no GPU, and a marker the hook
+  recognises and replaces.
 
 Every environment variable name the product writes for a GPU process is spelled here and only
 here (the names libvgpu and HAMi read; reference hami-core.md §3); other modules import them.
@@ -76,6 +79,10 @@ DISABLE_CONTROL = names.ENV_DISABLE_CONTROL
 #: the directory whose regions are this process's peers (priority pauses across them)
 PEER_REGIONS = names.ENV_PEER_REGIONS
 LD_PRELOAD = names.ENV_LD_PRELOAD
+#: (beyond HAMi) ``pending`` in a container whose grant the NRI hook must still give it,
+#: ``done`` once given (docs/nri.md)
+NRI_INJECTION = "HAMI_NRI_INJECTION"
+NRI_PENDING, NRI_DONE = "pending", "done"
 
 #: where the container finds the preload file and the lock directory
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
@@ -218,6 +225,15 @@ def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool 
     if preload:
         mounts.append(MountSpec(CONTAINER_PRELOAD, paths.preload_file, True))
     return tuple(mounts)
+
+
+def deferred_grant() -> dict[str, str]:
+    """The env a container gets when its grant is given at creation by the NRI hook
+    (``--injection=nri``): the same for every pod, so it needs no pod and no lock. It fails
+    closed: ``NVIDIA_VISIBLE_DEVICES=void`` shows the container no GPU, so a container the hook
+    never saw (NRI off, the plugin not registered) has none rather than an unlimited one; the
+    hook sets the GPUs, the limits and ``HAMI_NRI_INJECTION=done`` over it."""
+    return {VISIBLE_DEVICES: "void", NRI_INJECTION: NRI_PENDING}
 
 
 def ld_preload(library: str, current: str = "") -> str:

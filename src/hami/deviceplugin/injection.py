@@ -1,0 +1,216 @@
+"""``--injection=nri``: each container gets its grant when the runtime creates it (the NRI hook,
+:class:`Injector`), and Allocate answers without a pod or the node lock (:class:`NriAllocator`).
+
+Why: with ``--injection=allocate`` (HAMi's protocol), Allocate cannot tell which pod it serves,
+so every Bind on the node holds the node lock until Allocate has run. At container creation the
+runtime names the pod, so there the grant can be read from the pod's annotations; a node whose
+plugin says ``hami.io/node-injection: nri`` is bound without the lock (docs/nri.md).
+
+The flow for one GPU container:
+
+1. the kubelet calls Allocate; :class:`NriAllocator` answers the same for every pod:
+   :func:`hami.node.contract.deferred_grant` (no GPU, ``HAMI_NRI_INJECTION=pending``);
+2. the runtime calls the NRI hook's CreateContainer with the sandbox (the pod's uid, namespace,
+   name and annotations) and the container (its name and env): a container without the marker
+   is not ours (no adjustment); for one with it, :func:`container_grant` takes its entry of
+   ``hami.io/vgpu-devices-allocated`` (init containers, then regular ones, from the pod spec),
+   :func:`hami.deviceplugin.allocate.build_response` makes the env and mounts Allocate gives
+   today, and :func:`adjustment` carries them as NRI's ``ContainerAdjustment``;
+3. once the pod's last GPU container is created, ``bind-phase: success`` is written (in the
+   background, riding out API server restarts: the runtime waits at most a couple of seconds
+   for the hook's answer).
+
+A container with the marker whose grant cannot be found is refused: its creation fails with a
+message naming the pod and the container, the kubelet retries it.
+
+Not here: the NRI wire protocol (:mod:`hami.node.nri`) and the registration loop (agent.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import Mapping, Sequence
+
+from hami.core.codec import decode_pod_devices
+from hami.core.errors import CodecError
+from hami.node import contract
+from hami.node.layout import HookPaths, reset_cache_dir
+from hami.node.nri import load
+from hami.node.nri.plugin import Refusal
+from hami.node.settings import NodeSettings
+
+from . import allocate as A
+from .kube import Kube
+
+log = logging.getLogger(__name__)
+_, pb = load()
+#: NRI's ContainerState values of a container that exists and may run: created, paused, running
+LIVE = frozenset({1, 2, 3})
+
+
+class NriAllocator:
+    """Allocate with ``--injection=nri``: the deferred grant, whatever the pod (no read, no lock)."""
+
+    async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
+        return [A.ContainerResponse(contract.deferred_grant(), (), "") for _ in requests]
+
+    async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:
+        return None, None  # GetPreferredAllocation: the kubelet's plain order
+
+    async def flush(self) -> None:
+        return None
+
+    async def reclaim_finished_lock(self) -> bool:
+        return False
+
+
+def env_map(env: Sequence[str]) -> dict[str, str]:
+    """An OCI env list (``KEY=value``) as a dict; the last value of a key wins, as in execve."""
+    return dict(e.split("=", 1) for e in env if "=" in e)
+
+
+def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
+    """Each container's NVIDIA devices from ``hami.io/vgpu-devices-allocated`` (one entry per
+    container, init containers first; missing trailing entries are empty)."""
+    raw = annotations.get(A.ALLOCATED)
+    if raw is None:
+        raise Refusal(f"pod {pod.ref}: annotation {A.ALLOCATED} is missing (was it placed by hami scheduler?)")
+    try:
+        decoded = decode_pod_devices(raw)
+    except CodecError as exc:
+        raise Refusal(f"pod {pod.ref}: annotation {A.ALLOCATED}={raw!r} is invalid: {exc}") from None
+    if len(decoded) > len(pod.containers):
+        raise Refusal(
+            f"pod {pod.ref}: annotation {A.ALLOCATED} has {len(decoded)} container entries "
+            f"but the pod has {len(pod.containers)} containers"
+        )
+    entries = [[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded]
+    return entries + [[] for _ in range(len(pod.containers) - len(entries))]
+
+
+def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str) -> A.Grant:
+    """The grant of container ``name``. The container is the pod spec's, as in the lock mode:
+    ``CUDA_DISABLE_CONTROL`` is read from the spec's env (which the webhook sees), never from the
+    env the runtime composed, where an image's own env could switch isolation off."""
+    index = next((i for i, c in enumerate(pod.containers) if c.name == name), None)
+    if index is None:
+        raise Refusal(f"pod {pod.ref}: container {name!r} is not in the pod's spec")
+    devices = gpu_entries(pod, annotations)[index]
+    if not devices:
+        raise Refusal(
+            f"pod {pod.ref}: container {name!r} was given GPUs by the kubelet but has no entry in {A.ALLOCATED}"
+        )
+    return A.Grant(index, pod.containers[index], tuple(devices))
+
+
+def last_gpu_container(entries: Sequence[Sequence]) -> int:
+    """The index of the pod's last container with GPUs (-1: none)."""
+    return max((i for i, devs in enumerate(entries) if devs), default=-1)
+
+
+def adjustment(response: A.ContainerResponse):
+    """Allocate's answer for one container as NRI's ``ContainerAdjustment``: the env (over the
+    deferred grant's), bind mounts, the marker set to done."""
+    adjust = pb.ContainerAdjustment()
+    for key, value in {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}.items():
+        adjust.env.add(key=key, value=value)
+    for m in response.mounts:
+        adjust.mounts.add(
+            destination=m.container_path,
+            source=m.host_path,
+            type="bind",
+            options=["rbind", "rprivate", "ro" if m.read_only else "rw"],
+        )
+    return adjust
+
+
+class Injector:
+    """The NRI hook (``hami.node.nri.plugin.ContainerHook``) of the device plugin."""
+
+    def __init__(self, kube: Kube, settings: NodeSettings, paths: HookPaths, remember: int = 4096) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.paths = paths
+        self.remember = remember
+        self._done: OrderedDict[str, None] = OrderedDict()  # pod uids marked success (bounded)
+        self._writes: set[asyncio.Task] = set()
+        self.injected = 0
+
+    async def _pod(self, sandbox) -> A.PodView:
+        """The pod of the sandbox: the watch's copy when its uid matches (a pod's containers never
+        change) and the sandbox carries the grant, else read; refused when gone or replaced by a
+        pod of the same name."""
+        if A.ALLOCATED in sandbox.annotations:
+            cached = self.kube.pods.by_uid(sandbox.namespace, sandbox.name, sandbox.uid)
+            if cached is not None:
+                return cached
+        pod = await self.kube.get_pod(sandbox.namespace, sandbox.name)
+        if pod is None or pod.uid != sandbox.uid:
+            raise Refusal(f"pod {sandbox.namespace}/{sandbox.name} (uid {sandbox.uid}) is not on the API server")
+        return pod
+
+    async def create_container(self, sandbox, container):
+        env = env_map(container.env)
+        if env.get(contract.NRI_INJECTION) != contract.NRI_PENDING:
+            return None  # no GPU from this plugin (or given already)
+        ref = f"{sandbox.namespace}/{sandbox.name}"
+        try:
+            pod = await self._pod(sandbox)
+        except Refusal:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any API failure refuses the container; the kubelet retries
+            raise Refusal(f"pod {ref}: container {container.name!r}: cannot read the pod: {exc}") from None
+        # the sandbox carries the annotations the kubelet saw (the scheduler's decision); the
+        # API server's copy stands in for a runtime that does not pass them
+        annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else pod.annotations
+        grant = container_grant(pod, annotations, container.name)
+        try:
+            response = A.build_response(pod, grant, self.settings, self.paths)
+        except A.AllocationError as exc:
+            raise Refusal(f"{exc} (container {container.name!r})") from None
+        if response.cache_dir:
+            reset_cache_dir(response.cache_dir)
+        self.injected += 1
+        entries = gpu_entries(pod, annotations)
+        log.info(
+            "pod %s: container %s given %s by NRI",
+            pod.ref,
+            container.name,
+            ",".join(d.uuid for d in grant.devices),
+        )
+        if grant.index == last_gpu_container(entries) and pod.uid not in self._done:
+            self._spawn(self._mark_success(pod, entries))
+        return adjustment(response)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _mark_success(self, pod: A.PodView, entries: list[list]) -> None:
+        patch = {A.BIND_PHASE: "success", A.TO_ALLOCATE: A.remainder([[] for _ in entries])}
+        try:
+            await self.kube.patch_pod_annotations(pod, patch, labels={A.VGPU_NODE: self.kube.node_name})
+        except Exception as exc:  # noqa: BLE001 - logged; the container runs with its grant either way
+            log.error("pod %s: %s=success not written: %s", pod.ref, A.BIND_PHASE, exc)
+            return
+        self._done[pod.uid] = None
+        while len(self._done) > self.remember:
+            self._done.popitem(last=False)
+
+    async def synchronized(self, pods: Sequence, containers: Sequence) -> list[tuple[str, str]]:
+        """Containers the runtime made while no hook was registered still carry the pending
+        marker (no GPU): evict them, so the kubelet creates them again, this time with their
+        grant."""
+        return [
+            (c.id, "hami: created while the NRI plugin was not registered (no GPU grant); evicted to be created again")
+            for c in containers
+            if c.state in LIVE and env_map(c.env).get(contract.NRI_INJECTION) == contract.NRI_PENDING
+        ]
+
+    async def drain(self) -> None:
+        """Wait for the success writes in flight (shutdown, tests)."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)

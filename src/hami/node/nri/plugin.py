@@ -1,0 +1,189 @@
+"""The NRI plugin: registration, the runtime's calls, reconnection.
+
+One session (:meth:`NriPlugin.session`), as containerd/nri's Go stub runs it:
+
+1. dial the runtime's NRI socket; serve ``nri.pkg.api.v1alpha1.Plugin`` on multiplex conn 1;
+2. call ``Runtime/RegisterPlugin`` on conn 2 with the plugin's name and two-digit index (plugins
+   are called in ascending index order);
+3. the runtime calls ``Configure``: the answer subscribes to CreateContainer only;
+4. the runtime calls ``Synchronize`` with the pods and containers it has (possibly split over
+   several calls, ``more`` set on all but the last); after the last one the plugin is *ready*
+   (``on_ready(True)``) and sees every container created from then on;
+5. each ``CreateContainer`` goes to the :class:`ContainerHook`; its adjustment is the answer, a
+   :class:`Refusal` it raises is an error status, which fails the container's creation;
+6. the session ends when the runtime closes the socket (containerd restarts, ``Shutdown``) or
+   breaks the protocol; ``on_ready(False)`` is called.
+
+:meth:`NriPlugin.run` runs sessions forever, dialling again every ``retry`` seconds: an NRI
+plugin must register again after every runtime restart.
+
+Synchronize also hands the hook the containers that already exist
+(:meth:`ContainerHook.synchronized`): containers created while no session was up, which the
+hook may want evicted (``Runtime/UpdateContainers`` with an eviction list).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Protocol, Sequence
+
+from . import DEFAULT_SOCKET, load
+from .ttrpc import UNIMPLEMENTED, UNKNOWN, ConnectionClosed, Mux, RemoteError
+
+log = logging.getLogger(__name__)
+_, pb = load()
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+#: multiplex conn ids (nri pkg/net/multiplex/ttrpc.go)
+PLUGIN_CONN, RUNTIME_CONN = 1, 2
+#: NRI's event numbers (api.proto ``enum Event``); a subscription sets bit ``event - 1``
+CREATE_CONTAINER = 4
+
+
+def event_mask(*events: int) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+class Refusal(Exception):
+    """The container must not be created; the message says why (it reaches the kubelet)."""
+
+
+class ContainerHook(Protocol):
+    async def create_container(self, pod, container):  # -> pb.ContainerAdjustment | None
+        """The adjustment for a container being created (None: leave it as it is)."""
+
+    async def synchronized(self, pods: Sequence, containers: Sequence) -> list[tuple[str, str]]:
+        """The runtime's existing pods and containers; returns (container id, reason) of those
+        to evict."""
+
+
+def check_index(index: str) -> str:
+    """NRI's rule (api.CheckPluginIndex): exactly two digits."""
+    if len(index) != 2 or not index.isdigit() or not index.isascii():
+        raise ValueError(f"NRI plugin index must be two digits, got {index!r}")
+    return index
+
+
+class NriPlugin:
+    def __init__(
+        self,
+        hook: ContainerHook,
+        socket: str = DEFAULT_SOCKET,
+        name: str = "hami",
+        index: str = "50",
+        on_ready: Callable[[bool], Awaitable[None]] | None = None,
+        retry: float = 1.0,
+        timeout: float = 5.0,
+    ) -> None:
+        self.hook = hook
+        self.socket = socket
+        self.name = name
+        self.index = check_index(index)
+        self.on_ready = on_ready
+        self.retry = retry
+        self.timeout = timeout
+        self.ready = False
+        self.sessions = 0
+        self.runtime = ""  # "containerd v1.7.35", from Configure
+        self._sync_pods: list = []
+        self._sync_containers: list = []
+        self._runtime_ep = None
+        self._notify: set[asyncio.Task] = set()
+
+    # -- the runtime's calls -------------------------------------------------------------------
+
+    async def _handle(self, service: str, method: str, payload: bytes) -> bytes:
+        if service != PLUGIN_SERVICE:
+            raise RemoteError(UNIMPLEMENTED, f"service {service} is not served")
+        if method == "CreateContainer":
+            req = pb.CreateContainerRequest.FromString(payload)
+            try:
+                adjust = await self.hook.create_container(req.pod, req.container)
+            except Refusal as exc:
+                raise RemoteError(UNKNOWN, str(exc)) from None
+            out = pb.CreateContainerResponse()
+            if adjust is not None:
+                out.adjust.CopyFrom(adjust)
+            return out.SerializeToString()
+        if method == "Configure":
+            req = pb.ConfigureRequest.FromString(payload)
+            self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
+            log.info("NRI: configured by %s", self.runtime or "an unnamed runtime")
+            return pb.ConfigureResponse(events=event_mask(CREATE_CONTAINER)).SerializeToString()
+        if method == "Synchronize":
+            return await self._synchronize(pb.SynchronizeRequest.FromString(payload))
+        if method in ("Shutdown", "StateChange"):
+            return pb.Empty().SerializeToString()
+        raise RemoteError(UNIMPLEMENTED, f"{method} is not served (not subscribed)")
+
+    async def _synchronize(self, req) -> bytes:
+        self._sync_pods += list(req.pods)
+        self._sync_containers += list(req.containers)
+        if req.more:
+            return pb.SynchronizeResponse(more=True).SerializeToString()
+        pods, containers = self._sync_pods, self._sync_containers
+        self._sync_pods, self._sync_containers = [], []
+        evict = await self.hook.synchronized(pods, containers)
+        log.info("NRI: synchronized with %d pod(s), %d container(s)", len(pods), len(containers))
+        self._later(self._after_sync(evict))
+        return pb.SynchronizeResponse(more=False).SerializeToString()
+
+    async def _after_sync(self, evict: list[tuple[str, str]]) -> None:
+        self.ready = True
+        if evict:
+            await self._evict(evict)
+        if self.on_ready is not None:
+            await self.on_ready(True)
+
+    async def _evict(self, evict: list[tuple[str, str]]) -> None:
+        req = pb.UpdateContainersRequest(evict=[pb.ContainerEviction(container_id=c, reason=r) for c, r in evict])
+        try:
+            await self._runtime_ep.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), self.timeout)
+            log.warning("NRI: evicted %d container(s) created without their grant", len(evict))
+        except (RemoteError, ConnectionClosed, asyncio.TimeoutError) as exc:
+            log.error("NRI: eviction of %d container(s) failed: %s", len(evict), exc)
+
+    def _later(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._notify.add(task)
+        task.add_done_callback(self._notify.discard)
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def session(self) -> str:
+        """Dial, register, serve until the runtime goes away; returns why the session ended."""
+        reader, writer = await asyncio.open_unix_connection(self.socket)
+        mux = Mux(reader, writer)
+        mux.endpoint(PLUGIN_CONN, self._handle)  # before registering: Configure follows at once
+        self._runtime_ep = mux.endpoint(RUNTIME_CONN)
+        reading = asyncio.get_running_loop().create_task(mux.run())
+        try:
+            req = pb.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
+            await self._runtime_ep.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), self.timeout)
+            self.sessions += 1
+            log.info("NRI: registered as %s-%s on %s", self.index, self.name, self.socket)
+            return await reading
+        finally:
+            await mux.close()
+            reading.cancel()
+            was_ready, self.ready = self.ready, False
+            self._sync_pods, self._sync_containers = [], []
+            if was_ready and self.on_ready is not None:
+                await self.on_ready(False)
+
+    async def run(self) -> None:
+        """Sessions until cancelled, dialling again ``retry`` seconds after each one ends."""
+        while True:
+            try:
+                reason = await self.session()
+                log.warning("NRI: session ended (%s); registering again", reason)
+            except (OSError, ConnectionClosed, RemoteError, asyncio.TimeoutError) as exc:
+                log.warning("NRI: cannot register on %s (%s); retrying in %.0fs", self.socket, exc, self.retry)
+            except Exception:  # noqa: BLE001 - whatever the runtime sent, the plugin lives on and dials again
+                log.exception("NRI: session on %s failed; registering again in %.0fs", self.socket, self.retry)
+            await asyncio.sleep(self.retry)

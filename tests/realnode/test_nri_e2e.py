@@ -1,0 +1,222 @@
+"""``devicePlugin.injection=nri`` end to end on the real node: the chart installed from the
+product image with the device plugin registered on containerd's NRI socket (the node's own,
+``RealNode.nri_socket``), GPU pods whose containers get their grant at creation from the NRI hook
+(docs/nri.md), and the fail-closed case: with the plugin not registered, a GPU container gets no
+GPU at all.
+
+The scheduler here is main's: it may still take the node lock for every Bind; these tests check
+injection (what each container gets, bind-phase written), not how fast pods bind.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hami_devkit.cluster import KubeCluster
+
+from . import test_chart_e2e as e2e
+from .product import Product, installed
+from .test_chart_e2e import probe_container, probe_output, probe_pod, running, wait_pod
+
+#: the probe's namespace fixture of test_chart_e2e.py, here over this module's product
+gpu_namespace = e2e.gpu_namespace
+
+INJECTION = "hami.io/node-injection"
+BIND_PHASE = "hami.io/bind-phase"
+CUDA_ERROR_OUT_OF_MEMORY = 2
+#: containerd's log line (logfmt, quotes escaped) once the plugin is registered and synchronized
+CONNECTED = 'plugin \\"50-hami\\" connected and synchronized'
+
+
+def nri_values(node) -> dict:
+    return {"devicePlugin": {"injection": "nri", "nriSocket": str(node.nri_socket)}}
+
+
+@pytest.fixture(scope="module")
+def product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
+    yield from installed(
+        real_node_holder,
+        real_cluster,
+        tmp_path_factory.mktemp("product-nri"),
+        request,
+        extra_values=nri_values,
+        label="nri",
+    )
+
+
+def node_annotations(cluster: KubeCluster, product: Product) -> dict:
+    return cluster.api("GET", f"/api/v1/nodes/{product.node.name}")["metadata"].get("annotations") or {}
+
+
+def wait_success(cluster: KubeCluster, ns: str, name: str, product: Product) -> dict:
+    return wait_pod(
+        cluster,
+        ns,
+        name,
+        lambda p: p["metadata"]["annotations"].get(BIND_PHASE) == "success",
+        "bind-phase success",
+        product,
+    )
+
+
+def run_to_completion(cluster: KubeCluster, ns: str, pod: dict, product: Product, attempts: int = 5) -> dict:
+    """Create ``pod`` and wait until it has finished. A pod the kubelet refused at admission
+    because the device plugin it talks to was just replaced (``UnexpectedAdmissionError``: the
+    old plugin's devices still unhealthy, a kubelet race the chart's upgrade opens) is created
+    again; any other end is returned."""
+    name = pod["metadata"]["name"]
+    for _ in range(attempts):
+        cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+        done = wait_pod(
+            cluster, ns, name, lambda p: p["status"].get("phase") in ("Succeeded", "Failed"), "finished", product
+        )
+        if done["status"].get("reason") != "UnexpectedAdmissionError":
+            return done
+        cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
+        cluster.wait_for(
+            lambda: (
+                name
+                not in [p["metadata"]["name"] for p in cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]]
+            ),
+            f"pod {name} gone",
+            timeout=60,
+            interval=0.5,
+        )
+    raise AssertionError(f"pod {ns}/{name} refused at admission {attempts} times: {done['status']}")
+
+
+def test_the_plugin_registers_with_containerds_nri_and_says_so_on_the_node(product: Product, real_cluster: KubeCluster):
+    real_cluster.wait_for(
+        lambda: node_annotations(real_cluster, product).get(INJECTION) == "nri",
+        f"node annotation {INJECTION}=nri",
+        timeout=60,
+        interval=0.5,
+    )
+    assert CONNECTED in product.node.log_path("containerd").read_text(errors="replace")
+    (plugin,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    command = next(c["command"] for c in plugin["spec"]["containers"] if c["name"] == "device-plugin")
+    assert "--injection=nri" in command
+
+
+def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
+    ns, name = gpu_namespace, "nri-pod"
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        probe_pod(name, [probe_container(product, "main", limits, ["1000", "2500", "--hold"])]),
+    )
+    out = probe_output(real_cluster, ns, name, "main")
+    assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out
+    assert out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY], out
+    env = out["env"]
+    assert env["HAMI_NRI_INJECTION"] == "done", env
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-a1000000-"), env
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30", env
+    pod = wait_success(real_cluster, ns, name, product)
+    granted = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] in granted
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str, busybox: str
+):
+    ns, name = gpu_namespace, "nri-two"
+    small = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 20}
+    large = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000, "nvidia.com/gpucores": 50}
+    plain = {"name": "plain", "image": busybox, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"]}
+    pod = probe_pod(
+        name,
+        [
+            probe_container(product, "small", small, ["--hold"]),
+            plain,
+            probe_container(product, "large", large, ["--hold"]),
+        ],
+    )
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    wait_pod(real_cluster, ns, name, running, "Running", product)
+    got = {c: probe_output(real_cluster, ns, name, c) for c in ("small", "large")}
+    assert got["small"]["cuda_total_mib"] == 2000 and got["large"]["cuda_total_mib"] == 5000, got
+    assert got["small"]["env"]["CUDA_DEVICE_SM_LIMIT"] == "20" and got["large"]["env"]["CUDA_DEVICE_SM_LIMIT"] == "50"
+    regions = {c: o["env"]["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for c, o in got.items()}
+    assert regions["small"] != regions["large"], regions
+    wait_success(real_cluster, ns, name, product)
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_after_a_containerd_restart_the_plugin_registers_again(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
+    log = product.node.log_path("containerd")
+    offset = log.stat().st_size
+    e2e.restart(product, "containerd")  # every NRI connection ends with containerd
+
+    def registered_again() -> bool:
+        text = log.read_bytes()
+        text = text[offset:] if len(text) >= offset else text  # appended, or a new file
+        return CONNECTED in text.decode(errors="replace")
+
+    real_cluster.wait_for(registered_again, "the plugin registered with the new containerd", timeout=60, interval=0.5)
+    real_cluster.wait_for(
+        lambda: node_annotations(real_cluster, product).get(INJECTION) == "nri",
+        f"node annotation {INJECTION}=nri again",
+        timeout=60,
+        interval=0.5,
+    )
+    ns, name = gpu_namespace, "nri-after-restart"
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}
+    real_cluster.api(
+        "POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [probe_container(product, "main", limits, ["--hold"])])
+    )
+    out = probe_output(real_cluster, ns, name, "main")
+    assert out["cuda_total_mib"] == 1500 and out["env"]["HAMI_NRI_INJECTION"] == "done", out
+    wait_success(real_cluster, ns, name, product)
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str, tmp_path_factory
+):
+    # the plugin pointed at a directory where no runtime listens: Allocate still answers (it
+    # needs no pod), but no hook gives the container its grant
+    nowhere = tmp_path_factory.mktemp("no-nri")
+    product.upgrade({"devicePlugin": {"nriSocket": str(nowhere / "nri.sock")}})
+    real_cluster.wait_for(
+        lambda: INJECTION not in node_annotations(real_cluster, product),
+        f"node annotation {INJECTION} withdrawn",
+        timeout=60,
+        interval=0.5,
+    )
+    ns, name = gpu_namespace, "nri-off"
+    check = (
+        "import ctypes, json, os\n"
+        "try:\n    ctypes.CDLL('libcuda.so.1'); cuda = 'loaded'\n"
+        "except OSError as exc:\n    cuda = str(exc)\n"
+        "print(json.dumps({'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES'), "
+        "'marker': os.environ.get('HAMI_NRI_INJECTION'), 'limit': os.environ.get('CUDA_DEVICE_MEMORY_LIMIT_0'), "
+        "'driver': os.path.exists('/usr/local/nvidia'), 'cuda': cuda}), flush=True)\n"
+    )
+    container = {
+        "name": "main",
+        "image": product.images["hami"],
+        "command": ["python", "-c", check],
+        "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
+    }
+    done = run_to_completion(real_cluster, ns, pod, product)
+    logs = real_cluster.kubectl("logs", "-n", ns, name, "-c", "main", check=False).stdout
+    out = json.loads(next(x for x in logs.splitlines() if x.startswith("{")))
+    assert out["visible"] == "void" and out["marker"] == "pending", out
+    assert out["limit"] is None and out["driver"] is False and out["cuda"] != "loaded", out
+    assert done["metadata"]["annotations"].get(BIND_PHASE) != "success"
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
