@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 import time
 from importlib import resources
 from typing import Any, Callable, Mapping
@@ -322,5 +323,7 @@ class UiApi:
         return app
 
 
-async def serve_ui(api: UiApi, host: str, port: int, guard: ConnectionGuard | None = None) -> web.AppRunner:
-    return await start(api.app(), host, port, guard=guard, backlog=128)
+async def serve_ui(
+    api: UiApi, host: str, port: int, guard: ConnectionGuard | None = None, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    return await start(api.app(), host, port, guard=guard, backlog=128, ssl_context=ssl_context)
