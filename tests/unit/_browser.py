@@ -98,14 +98,18 @@ def browser():
         b.close()
 
 
-def open_page(browser: Any, url: str, wait: str | None = "Updated", **context: Any) -> tuple[Any, list[str]]:
-    """A fresh 1366x800 page at ``url`` with the script errors and console errors/warnings it
-    logs collected (a CSP violation is one); waits for ``wait`` to appear for an http(s) URL."""
+LOADED = "#status[data-updated]"  # the page's status once every answer is in and drawn (any language)
+
+
+def open_page(browser: Any, url: str, wait: str | None = LOADED, **context: Any) -> tuple[Any, list[str]]:
+    """A fresh 1366x800 page at ``url`` (``context``: Playwright's new_page options, e.g. ``locale``)
+    with the script errors and console errors/warnings it logs collected (a CSP violation is
+    one); for an http(s) URL, waits for the selector ``wait``."""
     page = browser.new_page(viewport={"width": 1366, "height": 800}, **context)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
     page.goto(url)
     if wait and url.startswith("http"):
-        page.get_by_text(wait).first.wait_for(timeout=30_000)
+        page.locator(wait).first.wait_for(timeout=30_000)
     return page, errors

@@ -1,13 +1,33 @@
 """The page: ``static/index.html`` with its assets linked (served) or inlined with a snapshot
-(``hami simulate --output html``: one file that opens anywhere, no server, no network)."""
+(``hami simulate --output html``: one file that opens anywhere, no server, no network).
+
+Every text of the page is in the message catalogue ``static/messages.<language>.json`` (flat keys,
+``{name}`` placeholders; :data:`LANGUAGES`); the script reads it from ``window.HAMI_MESSAGES``,
+which :func:`messages_js` writes (served as ``static/messages.js``, inlined in a snapshot).
+To add a language: a JSON file with every key of ``en.json``, and its code in :data:`LANGUAGES`
+(``tests/unit/test_ui_i18n.py`` checks both)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 from typing import Any
 
 HEAD, SCRIPTS = "<!--HAMI-HEAD-->", "<!--HAMI-SCRIPTS-->"
+LANGUAGES = ("en", "zh")  # the first is the fallback of a missing key
+
+
+def catalogue(language: str) -> dict[str, str]:
+    """One language's messages (``static/messages.<language>.json``)."""
+    text = (resources.files("hami.ui") / "static" / f"messages.{language}.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@functools.cache
+def messages_js() -> str:
+    """The script that hands every catalogue to ``app.js``."""
+    return f"window.HAMI_MESSAGES = {_script_json({lang: catalogue(lang) for lang in LANGUAGES})};\n"
 
 
 def asset(name: str) -> str:
@@ -19,7 +39,9 @@ def served_page() -> str:
     return (
         asset("index.html")
         .replace(HEAD, '<link rel="stylesheet" href="static/style.css">')
-        .replace(SCRIPTS, '<script src="static/app.js" defer></script>')
+        .replace(
+            SCRIPTS, '<script src="static/messages.js" defer></script>\n<script src="static/app.js" defer></script>'
+        )
     )
 
 
@@ -39,6 +61,7 @@ def snapshot_page(snapshot: dict) -> str:
     css = asset("style.css").replace("</", "<\\/")
     head = f"<style>\n{css}</style>"
     scripts = (
-        f'<script type="application/json" id="hami-snapshot">{_script_json(snapshot)}</script>\n<script>\n{js}</script>'
+        f'<script type="application/json" id="hami-snapshot">{_script_json(snapshot)}</script>\n'
+        f"<script>\n{messages_js()}</script>\n<script>\n{js}</script>"
     )
     return asset("index.html").replace(HEAD, head).replace(SCRIPTS, scripts)

@@ -46,7 +46,7 @@ from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthentic
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
-STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {"app.js": "text/javascript", "style.css": "text/css", "messages.js": "text/javascript"}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
 CALLER = web.RequestKey("hami.ui.caller", Caller)
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -301,7 +301,8 @@ class UiApi:
         name = request.match_info["name"]
         if name not in STATIC:
             raise web.HTTPNotFound(text=f"no asset {name!r}\n")
-        return web.Response(text=page.asset(name), content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+        text = page.messages_js() if name == "messages.js" else page.asset(name)
+        return web.Response(text=text, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
