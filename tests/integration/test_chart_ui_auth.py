@@ -109,3 +109,40 @@ def test_an_unknown_auth_mode_fails_the_render(helm_bin):  # noqa: F811
     )
     assert result.returncode != 0
     assert 'scheduler.ui.auth: expected token or none, got "basic"' in result.stderr
+
+
+def test_path_prefix_and_frame_ancestors_come_from_values(helm_bin):  # noqa: F811
+    """Issue 27, item 5: scheduler.ui.pathPrefix / frameAncestors become the flags, read back by the
+    scheduler's parser; by default neither flag is written (root path, frame-ancestors 'none')."""
+    default = _scheduler_args(_render(helm_bin, "--set", "scheduler.ui.enabled=true"))
+    assert not [a for a in default if a.startswith(("--ui-path-prefix", "--ui-frame-ancestors"))]
+    assert (_parsed(default).ui_path_prefix, _parsed(default).ui_frame_ancestors) == ("", "'none'")
+    args = _scheduler_args(
+        _render(
+            helm_bin,
+            "--set",
+            "scheduler.ui.enabled=true",
+            "--set",
+            "scheduler.ui.pathPrefix=/tools/gpus",
+            "--set",
+            "scheduler.ui.frameAncestors='self' https://portal.example.com",
+        )
+    )
+    opts = _parsed(args)
+    assert opts.ui_path_prefix == "/tools/gpus"
+    assert opts.ui_frame_ancestors == "'self' https://portal.example.com"
+
+
+@pytest.mark.parametrize("bad", ["'self'; script-src *", "https://a.example, https://b.example"])
+def test_a_frame_ancestors_value_that_ends_the_directive_fails_the_render(helm_bin, bad):  # noqa: F811
+    result = helm_bin(
+        "template",
+        "hami",
+        str(CHART),
+        "--set",
+        "scheduler.ui.enabled=true",
+        "--set-string",
+        "scheduler.ui.frameAncestors=" + bad.replace(",", "\\,"),  # --set splits on an unescaped comma
+        check=False,
+    )
+    assert result.returncode != 0 and "scheduler.ui.frameAncestors" in result.stderr

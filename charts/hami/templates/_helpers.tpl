@@ -163,3 +163,13 @@ app.kubernetes.io/component: hami-dra
 {{- end -}}
 {{- $auth -}}
 {{- end -}}
+
+{{/* (hami-py) scheduler.ui.frameAncestors: "" when 'none' (the scheduler's default); a ';', ','
+or line break would end the CSP directive: fails the render (the scheduler refuses it too) */}}
+{{- define "hami.ui.frameAncestors" -}}
+{{- $fa := .Values.scheduler.ui.frameAncestors | default "'none'" | trim -}}
+{{- if regexMatch "[;,\r\n]" $fa -}}
+{{- fail (printf "scheduler.ui.frameAncestors: %q holds ';', ',' or a line break; give the frame-ancestors sources only, separated by spaces" $fa) -}}
+{{- end -}}
+{{- if ne $fa "'none'" -}}{{ $fa }}{{- end -}}
+{{- end -}}

@@ -112,16 +112,25 @@ async def _serve_ui(service, opts: Options):
         )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
     authorizer = Authorizer(KubeReviews(service.kube)) if opts.ui_auth == "token" else None
-    api = UiApi(state, opts.scheduler_name, live, synced=service.synced, authorizer=authorizer)
+    api = UiApi(
+        state,
+        opts.scheduler_name,
+        live,
+        synced=service.synced,
+        authorizer=authorizer,
+        prefix=opts.ui_path_prefix,
+        frame_ancestors=opts.ui_frame_ancestors,
+    )
     try:
         runner = await serve_ui(api, opts.ui_host, opts.ui_port)
     except OSError as exc:  # as the metrics: scheduling matters more than the page
         log.error("the web UI is NOT served: --ui-bind %s:%d: %s", opts.ui_host, opts.ui_port, exc)
         return None
     log.info(
-        "web UI and /api/v1 on http://%s:%d/ (read-only; %s)",
+        "web UI and /api/v1 on http://%s:%d%s/ (read-only; %s)",
         opts.ui_host,
         opts.ui_port,
+        opts.ui_path_prefix,
         "Kubernetes bearer tokens and RBAC" if authorizer else "NO authentication: --ui-auth=none, loopback",
     )
     return runner

@@ -100,6 +100,8 @@ class Options:
     ui_port: int | None = None
     ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
     ui_auth: str = "token"  # token: bearer tokens + RBAC (TokenReview, SubjectAccessReview); none: loopback only
+    ui_path_prefix: str = ""  # the page and /api/v1 under this path ("/hami"), for a proxy that keeps it
+    ui_frame_ancestors: str = "'none'"  # the page's CSP frame-ancestors: who may embed it
 
     @property
     def tls(self) -> bool:
@@ -265,6 +267,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)",
     )
     a(
+        "--ui-path-prefix",
+        default="",
+        help="serve the page and /api/v1 under this path, e.g. /hami, for a reverse proxy that passes the "
+        "prefix on; a proxy that strips it needs nothing (every URL of the page is relative); empty = / (default)",
+    )
+    a(
+        "--ui-frame-ancestors",
+        default="'none'",
+        help="who may show the page in a frame: the Content-Security-Policy frame-ancestors sources, e.g. "
+        "\"'self' https://portal.example.com\"; default 'none' (no embedding)",
+    )
+    a(
         "--front-end",
         default="extender",
         choices=("extender", "dra"),
@@ -346,6 +360,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         ui_port=ui_port,
         ui_monitor_url=args.ui_monitor_url,
         ui_auth=args.ui_auth,
+        ui_path_prefix=ui_path_prefix(args.ui_path_prefix),
+        ui_frame_ancestors=ui_frame_ancestors(args.ui_frame_ancestors),
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
@@ -422,6 +438,46 @@ def _extender_listener(args: argparse.Namespace, host: str) -> tuple[str, int | 
     return extender_host, extender_port
 
 
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+_SOURCE = re.compile(r"'self'|[a-z][a-z0-9+.-]*:|([a-z][a-z0-9+.-]*://)?(\*\.)?[A-Za-z0-9.-]+(:(\d+|\*))?(/[^\s;,']*)?")
+
+
+def ui_path_prefix(value: str) -> str:
+    """``--ui-path-prefix``: "" or ``/seg[/seg...]`` (a trailing ``/`` dropped); no ``.``/``..``
+    segment, no query, nothing a URL would have to escape."""
+    prefix = value.rstrip("/")
+    if not prefix:
+        return ""
+    if not _PREFIX.fullmatch(prefix) or any(seg in (".", "..") for seg in prefix.split("/")):
+        raise ConfigError(
+            f"--ui-path-prefix: expected a path such as /hami or /tools/gpus (letters, digits, '.', '_', '~', '-' "
+            f"between slashes), got {value[:80]!r}"
+        )
+    return prefix
+
+
+def ui_frame_ancestors(value: str) -> str:
+    """``--ui-frame-ancestors``: CSP frame-ancestors sources, one directive's value only: a ``;``,
+    ``,`` or control character would end the directive or start another, and is refused."""
+    text = value.strip()
+    bad = next((c for c in value if c in ";," or ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ConfigError(
+            f"--ui-frame-ancestors: {value[:80]!r} contains {bad!r}; give the frame-ancestors sources only, "
+            f"separated by spaces (e.g. \"'self' https://portal.example.com\")"
+        )
+    sources = text.split()
+    if sources == ["'none'"]:
+        return "'none'"
+    wrong = [s for s in sources if not _SOURCE.fullmatch(s)]
+    if not sources or "'none'" in sources or wrong:
+        raise ConfigError(
+            f"--ui-frame-ancestors: {value[:80]!r}: expected 'none' alone, or sources such as 'self', https:, "
+            f"https://portal.example.com, *.example.com" + (f" (not a source: {wrong[0]!r})" if wrong else "")
+        )
+    return " ".join(sources)
+
+
 def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tuple[str, int | None]:
     ui_host, ui_port = ("", None)
     if args.ui_bind:
@@ -447,4 +503,10 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
             raise ConfigError(
                 f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, got {args.ui_monitor_url!r}"
             )
+    for flag, value, default in (
+        ("--ui-path-prefix", args.ui_path_prefix, ""),
+        ("--ui-frame-ancestors", args.ui_frame_ancestors, "'none'"),
+    ):
+        if value != default and not args.ui_bind:
+            raise ConfigError(f"{flag}: {value[:80]!r} is only used with --ui-bind")
     return ui_host, ui_port

@@ -21,7 +21,13 @@ into its answers, only the ledger's allocations and the scheduler's own verdicts
   path is 404.
 - Strict headers on every answer (:data:`hami.serve.SECURITY_HEADERS`): a Content-Security-Policy
   that allows the page's own assets only (no inline script, no other origin), ``nosniff``, no
-  framing, no referrer; no caching of API answers.
+  framing, no referrer; no caching of API answers. ``frame_ancestors`` (``--ui-frame-ancestors``,
+  validated by the scheduler's options) replaces the CSP's ``'none'`` to let a portal embed the
+  page; ``X-Frame-Options: DENY`` is then left out (it cannot name a portal).
+- ``prefix`` (``--ui-path-prefix``): every route under it (``/hami/``, ``/hami/api/v1/...``;
+  ``/hami`` redirects to ``/hami/``), for a reverse proxy that passes the prefix on; ``/healthz``
+  also stays at the root for probes. The page's own URLs are all relative, so a proxy that strips
+  the prefix works without it.
 - The listener's connection cap, deadlines and header limits are :func:`hami.serve.start`'s.
 - An unexpected failure while building an answer is logged and answered 503 with one line
   (the scheduler keeps running; the next refresh tries again).
@@ -39,7 +45,7 @@ from typing import Any, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from hami.serve import ConnectionGuard, application, security_headers, start
+from hami.serve import SECURITY_HEADERS, ConnectionGuard, application, start
 
 from . import model, page, scope
 from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
@@ -109,6 +115,8 @@ class UiApi:
         clock: Callable[[], float] = time.time,
         synced: Callable[[], bool] = lambda: True,
         authorizer: Authorizer | None = None,
+        prefix: str = "",
+        frame_ancestors: str = "'none'",
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -118,6 +126,8 @@ class UiApi:
             synced,
         )
         self.authorizer = authorizer
+        self.prefix = prefix.rstrip("/")
+        self.headers = embedding_headers(frame_ancestors)
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
@@ -125,8 +135,19 @@ class UiApi:
 
     # -- who may see what ---------------------------------------------------------------------
     @web.middleware
+    async def _security_headers(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """:data:`headers` on every answer, errors (404, 405, ...) included."""
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(self.headers)
+            raise
+        resp.headers.update(self.headers)
+        return resp
+
+    @web.middleware
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if not request.path.startswith("/api/"):
+        if not request.path.startswith(self.prefix + "/api/"):
             return await handler(request)
         try:
             if self.authorizer is not None:
@@ -307,21 +328,42 @@ class UiApi:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def to_prefix(self, request: web.Request) -> web.Response:
+        # the page's URLs are relative to its own: /hami must become /hami/
+        raise web.HTTPFound(self.prefix + "/")
+
     def app(self) -> web.Application:
-        app = application(security_headers, _read_only, self._authenticate, max_body=1024)
-        app.add_routes(
-            [
-                web.get("/", self.index),
-                web.get("/static/{name}", self.static),
-                web.get("/healthz", self.healthz),
-                web.get("/api/v1/nodes", self.nodes),
-                web.get("/api/v1/pods", self.pods),
-                web.get("/api/v1/pending", self.pending),
-                web.get("/api/v1/quotas", self.quotas),
-                web.get("/api/v1/openapi.yaml", self.openapi),
-            ]
-        )
+        app = application(self._security_headers, _read_only, self._authenticate, max_body=1024)
+        p = self.prefix
+        routes = [
+            web.get(p + "/", self.index),
+            web.get(p + "/static/{name}", self.static),
+            web.get("/healthz", self.healthz),
+            web.get(p + "/api/v1/nodes", self.nodes),
+            web.get(p + "/api/v1/pods", self.pods),
+            web.get(p + "/api/v1/pending", self.pending),
+            web.get(p + "/api/v1/quotas", self.quotas),
+            web.get(p + "/api/v1/openapi.yaml", self.openapi),
+        ]
+        if p:
+            routes += [web.get(p, self.to_prefix), web.get(p + "/healthz", self.healthz)]
+        app.add_routes(routes)
         return app
+
+
+def embedding_headers(frame_ancestors: str = "'none'") -> dict[str, str]:
+    """:data:`hami.serve.SECURITY_HEADERS` with the CSP's ``frame-ancestors`` set to
+    ``frame_ancestors`` (already validated: one directive's sources, no ``;``); without
+    ``X-Frame-Options`` unless it is ``'none'``."""
+    headers = dict(SECURITY_HEADERS)
+    if frame_ancestors == "'none'":
+        return headers
+    csp = headers["Content-Security-Policy"]
+    if any(c in ";,\r\n" for c in frame_ancestors):  # would end the directive: never written
+        raise ValueError(f"frame-ancestors: {frame_ancestors[:80]!r} holds ';', ',' or a line break")
+    headers["Content-Security-Policy"] = csp.replace("frame-ancestors 'none'", f"frame-ancestors {frame_ancestors}")
+    del headers["X-Frame-Options"]
+    return headers
 
 
 async def serve_ui(

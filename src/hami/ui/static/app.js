@@ -49,11 +49,23 @@
   let lang = pickLanguage();
   let messages = CATALOGUE[lang] || {};
   let numbers = new Intl.NumberFormat(lang, { maximumFractionDigits: 1, minimumFractionDigits: 1, useGrouping: false });
+  // a template split once into [text, name, text, ...] (8000 device rows format ~100k messages)
+  let parsed = new Map();
   function t(key, params) {
-    let text = messages[key];
-    if (text === undefined) text = (CATALOGUE.en || {})[key];
-    if (text === undefined) return key;
-    return params ? text.replace(/\{(\w+)\}/g, (m, name) => (name in params ? String(params[name]) : m)) : text;
+    let parts = parsed.get(key);
+    if (parts === undefined) {
+      let text = messages[key];
+      if (text === undefined) text = (CATALOGUE.en || {})[key];
+      parts = text === undefined ? [key] : text.split(/\{(\w+)\}/);
+      parsed.set(key, parts);
+    }
+    if (parts.length === 1) return parts[0];
+    let out = parts[0];
+    for (let i = 1; i < parts.length; i += 2) {
+      const name = parts[i];
+      out += (params && name in params ? params[name] : "{" + name + "}") + parts[i + 1];
+    }
+    return out;
   }
   function plural(key, n, params) {
     const one = key + ".one";
@@ -84,6 +96,7 @@
     if (!CATALOGUE[code]) return;
     lang = code;
     messages = CATALOGUE[code];
+    parsed = new Map();
     numbers = new Intl.NumberFormat(lang, { maximumFractionDigits: 1, minimumFractionDigits: 1, useGrouping: false });
     try { window.sessionStorage.setItem(LANG_KEY, code); } catch (e) { /* this page only */ }
     applyLanguage();
