@@ -173,3 +173,12 @@ or line break would end the CSP directive: fails the render (the scheduler refus
 {{- end -}}
 {{- if ne $fa "'none'" -}}{{ $fa }}{{- end -}}
 {{- end -}}
+
+{{/* (hami-py) the Secret (type kubernetes.io/tls) mounted for the UI's own certificate, or "" when
+the UI uses the scheduler's serving certificate, is plain HTTP, or is off */}}
+{{- define "hami.ui.tlsSecret" -}}
+{{- $ui := .Values.scheduler.ui -}}
+{{- if and $ui.enabled (eq (include "hami.ui.auth" .) "token") $ui.tls.enabled $ui.tls.secretName -}}
+{{- $ui.tls.secretName -}}
+{{- end -}}
+{{- end -}}

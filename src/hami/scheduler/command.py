@@ -100,6 +100,7 @@ async def main(opts: Options) -> int:
 
 async def _serve_ui(service, opts: Options):
     """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper."""
+    from hami.serve import CertReloader
     from hami.ui.auth import Authorizer, KubeReviews
     from hami.ui.live import LiveUsage
     from hami.ui.server import UiApi, serve_ui
@@ -121,13 +122,18 @@ async def _serve_ui(service, opts: Options):
         prefix=opts.ui_path_prefix,
         frame_ancestors=opts.ui_frame_ancestors,
     )
+    tls = None
+    if opts.ui_cert_file:  # its own reloader: it may be another certificate than the webhook's
+        tls = CertReloader(opts.ui_cert_file, opts.ui_key_file, opts.cert_reload_interval)
+        service.tasks.append(asyncio.get_running_loop().create_task(tls.run()))
     try:
-        runner = await serve_ui(api, opts.ui_host, opts.ui_port)
+        runner = await serve_ui(api, opts.ui_host, opts.ui_port, ssl_context=None if tls is None else tls.context)
     except OSError as exc:  # as the metrics: scheduling matters more than the page
         log.error("the web UI is NOT served: --ui-bind %s:%d: %s", opts.ui_host, opts.ui_port, exc)
         return None
     log.info(
-        "web UI and /api/v1 on http://%s:%d%s/ (read-only; %s)",
+        "web UI and /api/v1 on %s://%s:%d%s/ (read-only; %s)",
+        "https" if tls else "http",
         opts.ui_host,
         opts.ui_port,
         opts.ui_path_prefix,
