@@ -122,6 +122,8 @@ async def _serve_ui(service, opts: Options):
         prefix=opts.ui_path_prefix,
         frame_ancestors=opts.ui_frame_ancestors,
     )
+    # the history ring: one sample a minute of every GPU, pod and namespace (docs/ui.md "History")
+    service.tasks.append(asyncio.get_running_loop().create_task(api.run_history()))
     tls = None
     if opts.ui_cert_file:  # its own reloader: it may be another certificate than the webhook's
         tls = CertReloader(opts.ui_cert_file, opts.ui_key_file, opts.cert_reload_interval)

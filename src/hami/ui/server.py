@@ -35,6 +35,7 @@ into its answers, only the ledger's allocations and the scheduler's own verdicts
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -47,6 +48,7 @@ from aiohttp import web
 
 from hami.serve import SECURITY_HEADERS, ConnectionGuard, application, start
 
+from . import history as hist
 from . import model, page, scope
 from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
 
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
 STATIC = {"app.js": "text/javascript", "style.css": "text/css", "messages.js": "text/javascript"}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
+HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
+HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
 CALLER = web.RequestKey("hami.ui.caller", Caller)
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # what each endpoint needs (docs/ui.md keeps the same table): "ns" = in each namespace shown
@@ -62,6 +66,7 @@ NEEDS = {
     "/api/v1/pods": "list pods (cluster scope, or per namespace: those namespaces only)",
     "/api/v1/pending": "list pods (as /pods); per-node verdicts also need list nodes",
     "/api/v1/quotas": "list resourcequotas (cluster scope, or per namespace)",
+    "/api/v1/history": "kind=gpu: list nodes (cluster scope); kind=pod|namespace: list pods, as /pods",
     "/api/v1/openapi.yaml": "an accepted token only",
 }
 
@@ -117,6 +122,7 @@ class UiApi:
         authorizer: Authorizer | None = None,
         prefix: str = "",
         frame_ancestors: str = "'none'",
+        history: hist.History | None = None,
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -128,6 +134,7 @@ class UiApi:
         self.authorizer = authorizer
         self.prefix = prefix.rstrip("/")
         self.headers = embedding_headers(frame_ancestors)
+        self.history = hist.History() if history is None else history
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
@@ -312,6 +319,74 @@ class UiApi:
 
         return await self._answer(request, build)
 
+    async def history_answer(self, request: web.Request) -> web.Response:
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("range", "kind", "namespace", "node", "uuid", "pod"))
+            range_, kind = q.get("range", "1h"), q.get("kind", "namespace")
+            if range_ not in hist.RANGES:
+                raise model.FilterError(
+                    f"query parameter range: expected one of {', '.join(hist.RANGES)}, got {range_[:20]!r}"
+                )
+            if kind not in hist.KINDS:
+                raise model.FilterError(
+                    f"query parameter kind: expected one of {', '.join(hist.KINDS)}, got {kind[:20]!r}"
+                )
+            for name in ("namespace", "node", "uuid", "pod"):
+                if name in q and name not in HISTORY_FILTERS[kind]:
+                    raise model.FilterError(
+                        f"query parameter {name}: not a filter of kind={kind} (it takes: "
+                        f"{', '.join(HISTORY_FILTERS[kind])})"
+                    )
+            if kind == "gpu":
+                await self._require(request, Permission("list", "nodes"))
+                visible = None
+            else:
+                visible = await self._visible(request, "pods", q.get("namespace"), self.history.namespaces)
+            return self._history_document(q, range_, kind, visible)
+
+        return await self._answer(request, build)
+
+    def _history_document(self, q: dict, range_: str, kind: str, visible: set[str] | None) -> dict:
+        now = self.clock()
+        items, total = [], 0
+        for s in self.history.series(kind):
+            ns = s.labels.get("namespace")
+            if (visible is not None and ns not in visible) or not _history_match(s, q):
+                continue
+            total += 1
+            if len(items) < HISTORY_ITEMS:
+                items.append({"kind": s.kind, "key": s.key, "labels": s.labels, "points": s.points(range_, now)})
+        return model.envelope(
+            "History",
+            now,
+            items,
+            range=range_,
+            step=hist.RANGES[range_],
+            source="memory",
+            interval=hist.INTERVAL,
+            total=total,
+            truncated=total > len(items),
+        )
+
+    def sample_history(self) -> None:
+        """One sample of every GPU, pod and namespace into :attr:`history`, from the same documents
+        ``/api/v1/nodes`` and ``/api/v1/pods`` answer (everything, before any caller's scope)."""
+        now = self.clock()
+        nodes = model.nodes_document(self.source, now, self._readings(), {})
+        pods = model.pods_document(self.source, now, self._readings(), {})
+        self.history.record(now, hist.samples(nodes, pods))
+
+    async def run_history(self, interval: float = hist.INTERVAL) -> None:
+        """Sample every ``interval`` seconds, from the first full cache on; a failed sample is
+        logged and the next one tries again."""
+        while True:
+            if self.synced():
+                try:
+                    self.sample_history()
+                except Exception:  # noqa: BLE001 - the history must not stop the scheduler
+                    log.exception("ui: a history sample failed")
+            await asyncio.sleep(interval)
+
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(text=openapi_text(), content_type="application/yaml")
 
@@ -343,12 +418,24 @@ class UiApi:
             web.get(p + "/api/v1/pods", self.pods),
             web.get(p + "/api/v1/pending", self.pending),
             web.get(p + "/api/v1/quotas", self.quotas),
+            web.get(p + "/api/v1/history", self.history_answer),
             web.get(p + "/api/v1/openapi.yaml", self.openapi),
         ]
         if p:
             routes += [web.get(p, self.to_prefix), web.get(p + "/healthz", self.healthz)]
         app.add_routes(routes)
         return app
+
+
+def _history_match(series: hist.Series, q: Mapping[str, str]) -> bool:
+    """Whether a series passes the query's filters (those its kind takes, checked before)."""
+    labels = series.labels
+    return (
+        q.get("namespace", labels.get("namespace")) == labels.get("namespace")
+        and q.get("node", labels.get("node")) == labels.get("node")
+        and q.get("uuid", series.key) == series.key
+        and q.get("pod", series.key.split("/", 1)[-1]) == series.key.split("/", 1)[-1]
+    )
 
 
 def embedding_headers(frame_ancestors: str = "'none'") -> dict[str, str]:
