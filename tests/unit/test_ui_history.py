@@ -169,3 +169,35 @@ async def test_bad_history_queries_are_400_naming_the_parameter(shared, query, t
         assert r.status == 400 and text in body["error"], body
     finally:
         await client.close()
+
+
+async def test_without_the_chart_library_the_page_leaves_it_out(shared, monkeypatch):
+    from hami.ui import page
+
+    monkeypatch.setattr(page, "chart_library", lambda: False)
+    assert "uplot" not in page.served_page()
+    client = await _client(_api(shared, lambda: T0))
+    try:
+        assert (await client.get("/static/uplot.iife.min.js")).status == 404
+    finally:
+        await client.close()
+
+
+def test_the_installed_chart_library_is_the_pinned_one():
+    """scripts/install-ui-assets.sh pins uPlot's version and the npm registry's integrity hash and
+    checks the tarball against it; what lies in the package must be what it pinned."""
+    import base64
+    import re
+    from importlib import resources
+    from pathlib import Path
+
+    script = (Path(__file__).parents[2] / "scripts" / "install-ui-assets.sh").read_text()
+    version = re.search(r"^VERSION=(\S+)$", script, re.M).group(1)
+    integrity = re.search(r"^INTEGRITY=(sha512-\S+)$", script, re.M).group(1)
+    assert len(base64.b64decode(integrity.removeprefix("sha512-"))) == 64
+    stamp = resources.files("hami.ui") / "static" / "uplot.version"
+    if not stamp.is_file():
+        pytest.skip("uPlot is not installed: make ui-assets")
+    assert stamp.read_text().split() == [version, integrity]
+    js = (resources.files("hami.ui") / "static" / "uplot.iife.min.js").read_text()
+    assert "uPlot" in js and len(js) < 80_000  # the small library it was chosen for

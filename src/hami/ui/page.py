@@ -34,14 +34,27 @@ def asset(name: str) -> str:
     return (resources.files("hami.ui") / "static" / name).read_text(encoding="utf-8")
 
 
+CHART_JS, CHART_CSS = "uplot.iife.min.js", "uplot.min.css"  # scripts/install-ui-assets.sh
+
+
+def chart_library() -> bool:
+    """Whether uPlot was installed into the package (``make ui-assets``); without it the page
+    leaves the history charts out and says so."""
+    static = resources.files("hami.ui") / "static"
+    return (static / CHART_JS).is_file() and (static / CHART_CSS).is_file()
+
+
 def served_page() -> str:
     """The page the UI listener serves: assets from ``static/`` (allowed by its CSP)."""
+    head = '<link rel="stylesheet" href="static/style.css">'
+    scripts = '<script src="static/messages.js" defer></script>\n'
+    if chart_library():
+        head = f'<link rel="stylesheet" href="static/{CHART_CSS}">\n' + head
+        scripts += f'<script src="static/{CHART_JS}" defer></script>\n'
     return (
         asset("index.html")
-        .replace(HEAD, '<link rel="stylesheet" href="static/style.css">')
-        .replace(
-            SCRIPTS, '<script src="static/messages.js" defer></script>\n<script src="static/app.js" defer></script>'
-        )
+        .replace(HEAD, head)
+        .replace(SCRIPTS, scripts + '<script src="static/app.js" defer></script>')
     )
 
 

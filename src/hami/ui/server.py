@@ -54,7 +54,13 @@ from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthentic
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
-STATIC = {"app.js": "text/javascript", "style.css": "text/css", "messages.js": "text/javascript"}
+STATIC = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "messages.js": "text/javascript",
+    page.CHART_JS: "text/javascript",  # uPlot, when installed (make ui-assets)
+    page.CHART_CSS: "text/css",
+}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
 HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
 HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
@@ -395,7 +401,7 @@ class UiApi:
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        if name not in STATIC:
+        if name not in STATIC or (name in (page.CHART_JS, page.CHART_CSS) and not page.chart_library()):
             raise web.HTTPNotFound(text=f"no asset {name!r}\n")
         text = page.messages_js() if name == "messages.js" else page.asset(name)
         return web.Response(text=text, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})

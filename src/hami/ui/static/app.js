@@ -16,7 +16,7 @@
   // Signing in (docs/ui.md): the Kubernetes token lives in this tab's sessionStorage only (never
   // localStorage or a cookie) and is sent as "Authorization: Bearer" to this server's /api/v1.
   const TOKEN_KEY = "hami.ui.token";
-  const SECTION = { nodes: "nodes", pods: "pods", pending: "pending", quotas: "quotas" };
+  const SECTION = { nodes: "nodes", pods: "pods", pending: "pending", quotas: "quotas", history: "history" };
   let memoryToken = ""; // where sessionStorage is unavailable (a sandboxed frame)
   function token() {
     try { return window.sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return memoryToken; }
@@ -102,6 +102,7 @@
     applyLanguage();
     if (snapshot) $("source-label").textContent = t("source.snapshot");
     render();
+    if (historyDoc) drawHistory();
     if (docs && !snapshot) showUpdated();
   }
 
@@ -380,17 +381,20 @@
     $("status").classList.remove("error");
     $("status").textContent = t("status.signIn");
     for (const name of API) showDenied(name, "");
+    showDenied("history", "");
+    historyDoc = null;
+    drawHistory();
     docs = { nodes: { items: [] }, pods: { items: [] }, pending: { items: [], total: 0 }, quotas: { items: [] } };
     render();
     docs = null;
     $("token").focus();
   }
 
-  async function fetchDoc(name) {
+  async function fetchDoc(name, query) {
     const headers = { Accept: "application/json" };
     const bearer = token();
     if (bearer) headers.Authorization = "Bearer " + bearer;
-    const r = await fetch("api/v1/" + name, { headers, credentials: "omit", cache: "no-store" });
+    const r = await fetch("api/v1/" + name + (query ? "?" + query : ""), { headers, credentials: "omit", cache: "no-store" });
     if (r.status === 401) {
       const body = await r.json().catch(() => ({}));
       const e = new Error(body.error || t("signin.needed"));
@@ -428,11 +432,12 @@
     if (loading || needSignIn) return;
     loading = true;
     try {
-      const answers = await Promise.all(API.map(fetchDoc));
+      const answers = await Promise.all(API.map((name) => fetchDoc(name)));
       if (needSignIn) return; // signed out while the answers were on their way: show nothing of them
       docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
       $("session").hidden = !token();
       render();
+      loadHistory();
       updatedAt = new Date();
       showUpdated();
     } catch (err) {
@@ -448,13 +453,85 @@
     }
   }
 
+  // ------------------------------------------------------------------ history (docs/ui.md "History")
+  // Fetched only while its section is open: a closed one costs nothing per refresh. Drawn with
+  // uPlot (static/uplot.iife.min.js, installed from npm at build time) when it is there.
+  let historyDoc = null;
+  let plot = null;
+  let historyLoading = false;
+  const HISTORY_FILTERS = { namespace: ["namespace"], gpu: ["node"], pod: ["namespace", "node"] };
+
+  async function loadHistory() {
+    if (snapshot || needSignIn || historyLoading || !$("history-details").open) return;
+    historyLoading = true;
+    try {
+      const kind = $("history-kind").value;
+      const f = filters();
+      const params = new URLSearchParams({ kind, range: $("history-range").value });
+      for (const name of HISTORY_FILTERS[kind]) if (f[name]) params.set(name, f[name]);
+      const doc = await fetchDoc("history", params.toString());
+      historyDoc = doc.denied ? null : doc;
+      drawHistory();
+    } catch (err) {
+      if (err.signIn) {
+        if (err.hadToken) keepToken("");
+        showSignIn(err.hadToken ? t("signin.rejected", { error: err.message }) : "");
+        return;
+      }
+      $("history-note").textContent = t("status.failed", { error: err.message });
+    } finally {
+      historyLoading = false;
+    }
+  }
+
+  function seriesLabel(s) { return s.kind === "gpu" ? s.key + " (" + (s.labels.node || "") + ")" : s.key; }
+  function stepText(seconds) { return t("unit.minutes", { n: Math.round(seconds / 60) }); }
+
+  function drawHistory() {
+    const select = $("history-series");
+    const items = historyDoc ? historyDoc.items : [];
+    const keep = select.value;
+    select.replaceChildren(...items.map((s) => el("option", { value: s.key, text: seriesLabel(s) })));
+    if (items.some((s) => s.key === keep)) select.value = keep;
+    const chosen = items.find((s) => s.key === select.value);
+    const box = $("history-chart");
+    if (plot) { plot.destroy(); plot = null; }
+    box.replaceChildren();
+    box.dataset.points = "0";
+    const note = $("history-note");
+    if (!chosen) { note.textContent = historyDoc ? t("history.none") : ""; return; }
+    const p = chosen.points;
+    const count = p.memoryAllocatedMiB.filter((v) => v !== null).length;
+    box.dataset.points = String(count);
+    const notes = [t("history.points", { n: count, step: stepText(historyDoc.step) })];
+    if (historyDoc.truncated) notes.push(t("history.truncated", { shown: items.length, total: historyDoc.total }));
+    if (!window.uPlot) notes.push(t("history.noLibrary"));
+    note.textContent = notes.join(" ");
+    if (!window.uPlot) return;
+    const memory = (u, v) => mib(v === null || v === undefined ? v : Math.round(v));
+    plot = new window.uPlot({
+      width: Math.max(320, Math.min(1200, box.clientWidth || 800)), height: 260,
+      scales: { x: { time: true } },
+      series: [{ label: t("history.time") },
+        { label: t("history.allocated"), stroke: "#3b6fd4", width: 2, value: memory },
+        { label: t("history.used"), stroke: "#1a7f37", width: 2, value: memory }],
+      axes: [{}, { size: 80, values: (u, ticks) => ticks.map((v) => memory(u, v)) }],
+    }, [p.t, p.memoryAllocatedMiB, p.memoryUsedMiB], box);
+  }
+
   function schedule() {
     if (timer) clearInterval(timer);
     timer = null;
     if (!snapshot && $("auto-refresh").checked) timer = setInterval(load, 1000 * Number($("refresh-seconds").value));
   }
 
-  for (const id of ["filter-namespace", "filter-node", "filter-model"]) $(id).addEventListener("change", render);
+  for (const id of ["filter-namespace", "filter-node", "filter-model"]) {
+    $(id).addEventListener("change", () => { render(); loadHistory(); });
+  }
+  $("history-details").addEventListener("toggle", loadHistory);
+  $("history-kind").addEventListener("change", loadHistory);
+  $("history-range").addEventListener("change", loadHistory);
+  $("history-series").addEventListener("change", drawHistory);
   $("auto-refresh").addEventListener("change", schedule);
   $("refresh-seconds").addEventListener("change", schedule);
   $("refresh-now").addEventListener("click", load);
@@ -476,6 +553,7 @@
   $("lang").addEventListener("change", () => setLanguage($("lang").value));
   if (snapshot) {
     $("source-label").textContent = t("source.snapshot");
+    $("history").hidden = true; // a snapshot has no past
     for (const id of ["auto-refresh", "refresh-seconds", "refresh-now"]) $(id).disabled = true;
   }
   load().then(schedule);
