@@ -1,14 +1,18 @@
 """The history chart in headless Chromium (issue 27, item 2): half an hour of samples in the ring,
 the section opened, a uPlot chart drawn with the points of the chosen series; the series of
-another kind and range on demand; in Chinese the chart's legend is Chinese too."""
+another kind and range on demand; in Chinese the chart's legend is Chinese too. With
+``HAMI_DOCS_IMAGES=1`` the English chart is saved as docs/images/ui-history.png."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
 from hami.ui import page as ui_page
+from hami.ui.live import NodeReading, Usage
 
 from ._browser import browser as _browser_fixture
 from ._browser import open_page, require, serving
@@ -27,10 +31,20 @@ def served(cluster):
     from hami.ui.server import UiApi
 
     now: dict = {"t": None}
-    api = UiApi(cluster, "hami-scheduler", clock=lambda: now["t"] or time.time())
+    live = type("Live", (), {"readings": {}})()
+    api = UiApi(cluster, "hami-scheduler", live, clock=lambda: now["t"] or time.time())
     began = time.time()
-    for minute in range(30):  # the last half hour, one sample a minute
-        now["t"] = began - 60 * (29 - minute)
+    for minute in range(30):  # the last half hour, one sample a minute; team-a/train's use rises
+        now["t"] = t = began - 60 * (29 - minute)
+        used = 600 + 70 * minute
+        live.readings = {
+            "gpu-1": NodeReading(
+                scraped_at=t - 5,
+                stale_after=45,
+                devices={"GPU-gpu-1-0": Usage(used + 100, 40.0)},
+                containers={("team-a", "train", "main", "GPU-gpu-1-0"): Usage(used, 35.0)},
+            )
+        }
         api.sample_history()
     now["t"] = None
     with serving(api) as url:
@@ -53,6 +67,11 @@ def test_a_history_chart_with_data_points(served, browser):
         legend = page.inner_text("#history-chart .u-legend")
         assert "memory allocated" in legend and "memory used" in legend
         assert "30 points, one per 1 min" in page.inner_text("#history-note")
+        assert page.get_attribute("#history-chart", "data-used-points") == "30"  # live use, sampled too
+        if os.environ.get("HAMI_DOCS_IMAGES") == "1":
+            page.locator("#history").screenshot(
+                path=str(Path(__file__).parents[2] / "docs" / "images" / "ui-history.png")
+            )
         # a GPU over 7 days: the same samples in 168-minute buckets (one or two of them)
         page.select_option("#history-kind", "gpu")
         page.select_option("#history-range", "7d")

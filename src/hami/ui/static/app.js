@@ -497,12 +497,13 @@
     const box = $("history-chart");
     if (plot) { plot.destroy(); plot = null; }
     box.replaceChildren();
-    box.dataset.points = "0";
+    box.dataset.points = box.dataset.usedPoints = "0";
     const note = $("history-note");
     if (!chosen) { note.textContent = historyDoc ? t("history.none") : ""; return; }
     const p = chosen.points;
     const count = p.memoryAllocatedMiB.filter((v) => v !== null).length;
     box.dataset.points = String(count);
+    box.dataset.usedPoints = String(p.memoryUsedMiB.filter((v) => v !== null).length);
     const notes = [t("history.points", { n: count, step: stepText(historyDoc.step) })];
     if (historyDoc.truncated) notes.push(t("history.truncated", { shown: items.length, total: historyDoc.total }));
     if (!window.uPlot) notes.push(t("history.noLibrary"));
