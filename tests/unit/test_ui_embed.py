@@ -108,7 +108,6 @@ async def test_routes_under_a_prefix_with_their_headers(cluster):
         assert "frame-ancestors 'self'" in r.headers["Content-Security-Policy"] and "X-Frame-Options" not in r.headers
         for path in (
             "/hami/static/app.js",
-            "/hami/static/messages.js",
             "/hami/api/v1/nodes",
             "/healthz",
             "/hami/healthz",

@@ -60,6 +60,7 @@ def test_a_history_chart_with_data_points(served, browser):
     page, errors = open_page(browser, served, locale="en-US")
     try:
         assert page.locator("#history-chart canvas").count() == 0  # closed: nothing fetched or drawn
+        assert page.evaluate("typeof window.uPlot") == "undefined"  # the library waits for the first chart
         _open_history(page)
         assert page.input_value("#history-series") == "team-a"
         assert page.get_attribute("#history-chart", "data-points") == "30"

@@ -3,7 +3,8 @@
 
 Every text of the page is in the message catalogue ``static/messages.<language>.json`` (flat keys,
 ``{name}`` placeholders; :data:`LANGUAGES`); the script reads it from ``window.HAMI_MESSAGES``,
-which :func:`messages_js` writes (served as ``static/messages.js``, inlined in a snapshot).
+which :func:`messages_js` writes (served in front of ``static/app.js``, one request: :func:`app_js`;
+inlined in a snapshot).
 To add a language: a JSON file with every key of ``en.json``, and its code in :data:`LANGUAGES`
 (``tests/unit/test_ui_i18n.py`` checks both)."""
 
@@ -30,6 +31,12 @@ def messages_js() -> str:
     return f"window.HAMI_MESSAGES = {_script_json({lang: catalogue(lang) for lang in LANGUAGES})};\n"
 
 
+@functools.cache
+def app_js() -> str:
+    """``static/app.js`` as served: the catalogues first, then the script."""
+    return messages_js() + asset("app.js")
+
+
 def asset(name: str) -> str:
     return (resources.files("hami.ui") / "static" / name).read_text(encoding="utf-8")
 
@@ -45,17 +52,14 @@ def chart_library() -> bool:
 
 
 def served_page() -> str:
-    """The page the UI listener serves: assets from ``static/`` (allowed by its CSP)."""
+    """The page the UI listener serves: assets from ``static/`` (allowed by its CSP). uPlot is
+    named in a ``<meta>`` only: the script loads it when the history is first opened, so the
+    first paint never waits for it."""
     head = '<link rel="stylesheet" href="static/style.css">'
-    scripts = '<script src="static/messages.js" defer></script>\n'
     if chart_library():
-        head = f'<link rel="stylesheet" href="static/{CHART_CSS}">\n' + head
-        scripts += f'<script src="static/{CHART_JS}" defer></script>\n'
-    return (
-        asset("index.html")
-        .replace(HEAD, head)
-        .replace(SCRIPTS, scripts + '<script src="static/app.js" defer></script>')
-    )
+        head += f'\n<meta name="hami-chart-library" content="static/{CHART_JS} static/{CHART_CSS}">'
+    scripts = '<script src="static/app.js" defer></script>'
+    return asset("index.html").replace(HEAD, head).replace(SCRIPTS, scripts)
 
 
 def _script_json(doc: Any) -> str:

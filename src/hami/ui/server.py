@@ -57,7 +57,6 @@ ALLOWED = ("GET", "HEAD")
 STATIC = {
     "app.js": "text/javascript",
     "style.css": "text/css",
-    "messages.js": "text/javascript",
     page.CHART_JS: "text/javascript",  # uPlot, when installed (make ui-assets)
     page.CHART_CSS: "text/css",
 }
@@ -403,7 +402,7 @@ class UiApi:
         name = request.match_info["name"]
         if name not in STATIC or (name in (page.CHART_JS, page.CHART_CSS) and not page.chart_library()):
             raise web.HTTPNotFound(text=f"no asset {name!r}\n")
-        text = page.messages_js() if name == "messages.js" else page.asset(name)
+        text = page.app_js() if name == "app.js" else page.asset(name)
         return web.Response(text=text, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@
   let needSignIn = false;
 
   // ------------------------------------------------------------------ languages (docs/ui.md)
-  // Every text of the page is in the catalogue (static/messages.*.json, served as static/messages.js
+  // Every text of the page is in the catalogue (static/messages.*.json, served in front of this file
   // or inlined in a snapshot): English and Chinese, chosen from navigator.languages unless the
   // switch chose one in this tab. Texts from the API (names, reasons, phases) are shown as they are.
   const CATALOGUE = window.HAMI_MESSAGES || { en: {} };
@@ -469,7 +469,7 @@
       const f = filters();
       const params = new URLSearchParams({ kind, range: $("history-range").value });
       for (const name of HISTORY_FILTERS[kind]) if (f[name]) params.set(name, f[name]);
-      const doc = await fetchDoc("history", params.toString());
+      const [doc] = await Promise.all([fetchDoc("history", params.toString()), loadChartLibrary()]);
       historyDoc = doc.denied ? null : doc;
       drawHistory();
     } catch (err) {
@@ -482,6 +482,24 @@
     } finally {
       historyLoading = false;
     }
+  }
+
+  // uPlot is fetched the first time a chart is drawn (never on the first paint)
+  let chartLibrary = null;
+  function loadChartLibrary() {
+    if (window.uPlot) return Promise.resolve();
+    if (chartLibrary) return chartLibrary;
+    const meta = document.querySelector('meta[name="hami-chart-library"]');
+    if (!meta) return Promise.resolve();
+    const [js, css] = meta.content.split(" ");
+    document.head.append(el("link", { rel: "stylesheet", href: css }));
+    chartLibrary = new Promise((resolve) => {
+      const script = el("script", { src: js });
+      script.addEventListener("load", resolve);
+      script.addEventListener("error", resolve); // drawn without it: the note says so
+      document.head.append(script);
+    });
+    return chartLibrary;
   }
 
   function seriesLabel(s) { return s.kind === "gpu" ? s.key + " (" + (s.labels.node || "") + ")" : s.key; }
