@@ -112,33 +112,26 @@ class History:
     def record(self, now: float, batch: Iterable[tuple[str, str, dict[str, str], tuple[float, ...]]]) -> None:
         """One sample per ``(kind, key, labels, values)``, in the order given (namespaces first)."""
         self.samples += 1
+        batch = list(batch)
         for key in [k for k, s in self._series.items() if now - s.last > FORGET]:
             del self._series[key]
-        seen: set[tuple[str, str]] = set()
+        # room for new series: those not in this sample, sampled longest ago first (a deleted pod's)
+        wanted = {(kind, key) for kind, key, _, _ in batch}
+        spare = sorted((s.last, k) for k, s in self._series.items() if k not in wanted)
+        spare.reverse()  # pop() takes the oldest
         for kind, key, labels, values in batch:
             ident = (kind, key)
             series = self._series.get(ident)
             if series is None:
-                if len(self._series) >= self.max_series and not self._make_room(now, seen):
-                    self.refused += 1
-                    continue
+                if len(self._series) >= self.max_series:
+                    if not spare:
+                        self.refused += 1
+                        continue
+                    del self._series[spare.pop()[1]]
                 series = self._series[ident] = Series(kind, key, dict(labels))
-            else:
+            elif series.labels != labels:
                 series.labels = dict(labels)
             series.add(now, values)
-            seen.add(ident)
-
-    def _make_room(self, now: float, keep: set[tuple[str, str]]) -> bool:
-        """Drop the series sampled longest ago, unless it was sampled in this round too."""
-        oldest = min(
-            (s for k, s in self._series.items() if k not in keep and s.last < now),
-            key=lambda s: s.last,
-            default=None,
-        )
-        if oldest is None:
-            return False
-        del self._series[(oldest.kind, oldest.key)]
-        return True
 
     def series(self, kind: str) -> Iterator[Series]:
         for (k, _), s in sorted(self._series.items()):
