@@ -91,10 +91,14 @@ def test_room_is_made_from_the_series_sampled_longest_ago_and_a_week_old_one_is_
     assert len(h) == 0
 
 
-def test_namespaces_are_recorded_before_gpus_and_pods(shared):
+def test_namespaces_then_pods_then_gpus_are_recorded(shared):
     api = UiApi(shared, "hami-scheduler", clock=lambda: T0, history=H.History(max_series=3))
     api.sample_history()
     assert {s.kind for s in api.history._series.values()} == {"namespace"}  # 4 namespaces: 3 kept
+    api = UiApi(shared, "hami-scheduler", clock=lambda: T0, history=H.History(max_series=8))
+    api.sample_history()
+    assert sorted(k for (k, _) in api.history._series) == ["namespace"] * 4 + ["pod"] * 4  # tenants' first
+    assert api.history.refused == 2  # the two GPUs
     api = UiApi(shared, "hami-scheduler", clock=lambda: T0)
     api.sample_history()
     kinds = [k for (k, _) in api.history._series]

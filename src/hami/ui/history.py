@@ -13,8 +13,8 @@ a bucket keeps the mean of the samples that fell in it. Storage per series is fi
 ``len(RANGES) * POINTS`` x (``len(VALUES)`` float32 + one int32 bucket number + one uint16
 count) = 5,280 bytes of arrays; :data:`SERIES_BYTES` (6 KiB) bounds it with the Python objects
 around them, and ``tests/unit/test_ui_history.py`` measures it. At most ``max_series`` series
-are kept (:data:`MAX_SERIES`, 4096: at most 24 MiB): namespaces are recorded first, then GPUs,
-then pods; a series not sampled for 7 days is dropped, and when the ring is full the series
+are kept (:data:`MAX_SERIES`, 4096: at most 24 MiB): namespaces are recorded first, then pods
+(what tenants see), then GPUs; a series not sampled for 7 days is dropped, and when the ring is full the series
 sampled longest ago makes room; a new one that finds no room is counted in ``refused``.
 """
 
@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping
 RANGES = {"1h": 60, "6h": 360, "24h": 1440, "7d": 10080}  # range -> bucket width, seconds
 POINTS = 60  # buckets per range
 VALUES = ("memoryAllocatedMiB", "coresAllocated", "memoryUsedMiB", "utilizationPercent")
-KINDS = ("namespace", "gpu", "pod")  # also the order of recording when the ring is nearly full
+KINDS = ("namespace", "pod", "gpu")  # also the order of recording when the ring is nearly full
 MAX_SERIES = 4096
 SERIES_BYTES = 6 * 1024  # bytes one series takes at most, arrays and Python objects together
 INTERVAL = 60.0  # s between samples: the finest bucket
@@ -184,4 +184,4 @@ def samples(nodes_doc: Mapping[str, Any], pods_doc: Mapping[str, Any]) -> list[t
         if used:
             total[2] = (0.0 if math.isnan(total[2]) else total[2]) + sum(used)
     namespaces = [("namespace", ns, {"namespace": ns}, (t[0], t[1], t[2], NAN)) for ns, t in sorted(per_ns.items())]
-    return namespaces + gpus + pods
+    return namespaces + pods + gpus
