@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: simulate test check docs-images unit native kube koord node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
+.PHONY: ui-assets simulate test check docs-images unit native kube koord node browser bench fuzz clean proto gpu-check image push image-offline images image-tools
 
 $(STAMP): pyproject.toml devkit/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ koord:
 node:
 	scripts/install-node.sh
 
+# uPlot for the web UI's history charts: npm registry, pinned version and integrity hash, copied into
+# src/hami/ui/static/ (git-ignored) so the wheel and the image serve it (scripts/install-ui-assets.sh)
+ui-assets:
+	scripts/install-ui-assets.sh
+
 # Debian's chromium for the web UI's browser tests (driven by Playwright, pinned in the test extras)
 browser:
 	scripts/install-browser.sh
@@ -62,7 +67,7 @@ BUILDER ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
 	elif command -v podman >/dev/null; then echo podman; elif command -v buildah >/dev/null; then echo buildah; fi)
 
 # The product image from the Containerfile, with a registry (`IMAGE=registry/name:tag make image push`)
-image:
+image: ui-assets
 	@test -n "$(BUILDER)" || { echo "make image: no docker daemon, podman or buildah here (offline: make image-offline)" >&2; exit 1; }
 	$(BUILDER) build -f Containerfile --build-arg VERSION=$(VERSION) $(if $(BASE),--build-arg BASE=$(BASE)) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE) .
@@ -72,7 +77,7 @@ push:
 	$(BUILDER) push $(IMAGE)
 
 # The same Containerfile without a registry or daemon: Debian base + buildah -> OCI archive (root)
-image-offline:
+image-offline: ui-assets
 	scripts/build-image.sh
 
 IMAGE_TOOLS := buildah debootstrap busybox-static
@@ -94,17 +99,17 @@ check: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: $(STAMP) check proto native kube node browser images
+test: $(STAMP) check proto native kube node browser ui-assets images
 	$(BIN)/python -m pytest -q -ra tests
 
 # The web UI's screenshots in docs/images/, from the browser tests (make test writes them to a temporary directory)
-docs-images: $(STAMP) proto kube browser
+docs-images: $(STAMP) proto kube browser ui-assets
 	HAMI_DOCS_IMAGES=1 $(BIN)/python -m pytest -q tests/integration/test_ui_browser.py
 
-unit: $(STAMP) proto
+unit: $(STAMP) proto ui-assets
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: $(STAMP) native
+bench: $(STAMP) native ui-assets
 	for b in $(filter-out bench/fuzz_inputs.py,$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 # Every input surface (quantities, registrations, webhook, /filter /bind /webhook, hami simulate, the UI

@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
 from bench_scheduler import node_object, percentile, placed_pods, pod_object  # noqa: E402
 
 from hami.core import SchedulerConfig  # noqa: E402
 from hami.vendors import build_vendors  # noqa: E402
+from tests.unit import _browser  # noqa: E402 - where Chromium is, the listener on a thread
 
 
 def cluster(nodes: int, pods: int):
@@ -99,34 +98,18 @@ async def http_figures(state, runs: int) -> tuple[str, int]:
 
 
 def page_figures(state, runs: int) -> None:
-    chromium = os.environ.get("HAMI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        print("  page: SKIP (no playwright: pip install -e '.[test]')")
+    why = _browser.missing()
+    if why:
+        print(f"  page: SKIP ({why})")
         return
-    if not os.access(chromium, os.X_OK):
-        print("  page: SKIP (no chromium: scripts/install-browser.sh)")
-        return
-    from hami.ui.server import UiApi, serve_ui
+    from playwright.sync_api import sync_playwright
 
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict = {}
+    from hami.ui.server import UiApi
 
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        box["runner"] = loop.run_until_complete(serve_ui(UiApi(state, "hami-scheduler"), "127.0.0.1", 0))
-        ready.set()
-        loop.run_forever()
-
-    threading.Thread(target=serve, daemon=True).start()
-    ready.wait(30)
-    url = f"http://127.0.0.1:{box['runner'].addresses[0][1]}/"
     devices = sum(len(list(state.ledger.device_usage(n))) for n in state.ledger.node_names())
     loads, drawn, everything = [], [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+    with _browser.serving(UiApi(state, "hami-scheduler")) as url, sync_playwright() as p:
+        browser = _browser.launch(p)
         for _ in range(runs):
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.route("**/*", lambda route: route.continue_())  # no HTTP cache between runs
@@ -146,7 +129,6 @@ def page_figures(state, runs: int) -> None:
             everything.append((time.perf_counter() - began) * 1000)
             page.close()
         browser.close()
-    loop.call_soon_threadsafe(loop.stop)
     print(
         f"  page in headless Chromium: load event p50 {percentile(loads, 50):.0f} ms; page drawn with every "
         f"answer (summary, first 48 node cards, pods, pending) p50 {percentile(drawn, 50):.0f} ms "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -77,11 +78,17 @@ def _encode(query: list[tuple[str, str]]) -> str:
     return "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in query)
 
 
+# a Kubernetes namespace name (RFC 1123 label), written here, not taken from the server
+NAMESPACE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
 def expected(path: str, query: list[tuple[str, str]]) -> tuple[int, set[str]]:
     """``(status, the parameters a 400 may name: each one it takes not, or with a bad value, or twice)``."""
     takes = TAKES[path]
     counts = {k: sum(1 for q, _ in query if q == k) for k, _ in query}
     bad = {k for k, v in query if k not in takes or len(v) > 253 or not v.isprintable() or counts[k] > 1}
+    # a namespace must be one (the server says "not a Kubernetes namespace name"): "NVIDIA" is not
+    bad |= {k for k, v in query if k == "namespace" and not NAMESPACE.fullmatch(v)}
     return (400 if bad else 200), bad
 
 

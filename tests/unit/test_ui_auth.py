@@ -352,7 +352,7 @@ def _args(*argv):
 
 
 def test_ui_auth_flag():
-    assert O.options_from_args(_args("--ui-bind", "0.0.0.0:9090")).ui_auth == "token"  # the default
+    assert O.options_from_args(_args("--ui-bind", "0.0.0.0:9090", "--ui-plain-http")).ui_auth == "token"  # default
     for host in ("127.0.0.1", "[::1]", "localhost"):
         assert O.options_from_args(_args("--ui-bind", f"{host}:9090", "--ui-auth", "none")).ui_auth == "none"
     for bind in ("0.0.0.0:9090", ":9090", "10.1.2.3:9090"):

@@ -4,34 +4,26 @@ the CSP) and the `hami simulate --output html` file opened from disk."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from hami.scheduler.state import ClusterState
 
+from ._browser import browser as _browser_fixture
+from ._browser import open_page, require, serving
 from .test_ui_api import CFG, gpu_node, gpu_pod, placed
 
-CHROMIUM = os.environ.get("HAMI_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.browser
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        "no chromium: run scripts/install-browser.sh (Debian's chromium package) for the browser tests",
-        allow_module_level=True,
-    )
-sync_api = pytest.importorskip("playwright.sync_api", reason="no playwright: pip install -e '.[test]'")
+sync_api = require()
+browser = _browser_fixture  # the shared fixture, under its own name
 
 
 @pytest.fixture(scope="module")
 def served():
     """60 nodes x 2 GPUs (more than the grid draws at first), one pod, one pending pod."""
-    from hami.ui import page as _page  # noqa: F401 - the assets must be importable
-    from hami.ui.server import UiApi, serve_ui
+    from hami.ui.server import UiApi
 
     state = ClusterState(CFG)
     state.node_handler.replace(
@@ -39,45 +31,12 @@ def served():
     )
     placed(state, gpu_pod("train"), "n00")
     state.pod_handler.apply("ADDED", gpu_pod("huge", ns="team-c", mem=40000))
-    loop = asyncio.new_event_loop()
-    box: dict = {}
-    ready = threading.Event()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        box["runner"] = loop.run_until_complete(serve_ui(UiApi(state, "hami-scheduler"), "127.0.0.1", 0))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    yield f"http://127.0.0.1:{box['runner'].addresses[0][1]}/"
-    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
-def _open(browser, url):
-    page = browser.new_page(viewport={"width": 1366, "height": 800})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
-    page.goto(url)
-    page.get_by_text("Updated").wait_for(timeout=30_000) if url.startswith("http") else None
-    return page, errors
+    with serving(UiApi(state, "hami-scheduler")) as url:
+        yield url
 
 
 def test_grid_filters_and_show_all(served, browser):
-    page, errors = _open(browser, served)
+    page, errors = open_page(browser, served)
     try:
         assert page.get_attribute("#gpu-count", "data-count") == "120"
         assert page.locator("article.node").count() == 48  # the rest behind "Show all"
@@ -100,7 +59,7 @@ def test_grid_filters_and_show_all(served, browser):
 
 
 def test_pending_verdicts_are_drawn_when_opened_and_stay_open(served, browser):
-    page, errors = _open(browser, served)
+    page, errors = open_page(browser, served)
     try:
         pending = page.locator('[data-pending="team-c/huge"]')
         assert pending.locator("li").count() == 0  # not drawn while closed
@@ -126,7 +85,7 @@ def test_the_simulate_file_opens_from_disk_without_a_server(browser, tmp_path):
             check=True,
         ).stdout
     )
-    page, errors = _open(browser, out.as_uri())
+    page, errors = open_page(browser, out.as_uri())
     try:
         page.locator("article.node").first.wait_for(timeout=30_000)
         assert page.get_attribute("#gpu-count", "data-count") == "14"

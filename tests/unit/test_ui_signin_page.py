@@ -8,51 +8,27 @@ bearer header; a tenant sees its own pod, anonymous totals for the others on its
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import pytest
 
 from hami.ui.auth import Authorizer
 
+from ._browser import browser as _browser_fixture
+from ._browser import require, serving
 from .test_ui_auth import ADMIN, TENANT, FakeReviews
 from .test_ui_auth import shared as _shared_state
-from .test_ui_page import CHROMIUM, sync_api  # skips the module without chromium / playwright
 
 pytestmark = pytest.mark.browser
+sync_api = require()
+browser = _browser_fixture  # the shared fixture, under its own name
 shared = _shared_state  # the fixture, under its own name
 
 
 @pytest.fixture
 def served(shared):
-    from hami.ui.server import UiApi, serve_ui
+    from hami.ui.server import UiApi
 
-    loop = asyncio.new_event_loop()
-    box: dict = {}
-    ready = threading.Event()
-    api = UiApi(shared, "hami-scheduler", authorizer=Authorizer(FakeReviews()))
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        box["runner"] = loop.run_until_complete(serve_ui(api, "127.0.0.1", 0))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    yield f"http://127.0.0.1:{box['runner'].addresses[0][1]}/"
-    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+    with serving(UiApi(shared, "hami-scheduler", authorizer=Authorizer(FakeReviews()))) as url:
+        yield url
 
 
 def _sign_in(page, token: str) -> None:

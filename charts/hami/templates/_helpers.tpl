@@ -175,3 +175,22 @@ app.kubernetes.io/component: hami-dra
 {{- end -}}
 {{- $v -}}
 {{- end -}}
+
+{{/* (hami-py) scheduler.ui.frameAncestors: "" when 'none' (the scheduler's default); a ';', ','
+or line break would end the CSP directive: fails the render (the scheduler refuses it too) */}}
+{{- define "hami.ui.frameAncestors" -}}
+{{- $fa := .Values.scheduler.ui.frameAncestors | default "'none'" | trim -}}
+{{- if regexMatch "[;,\r\n]" $fa -}}
+{{- fail (printf "scheduler.ui.frameAncestors: %q holds ';', ',' or a line break; give the frame-ancestors sources only, separated by spaces" $fa) -}}
+{{- end -}}
+{{- if ne $fa "'none'" -}}{{ $fa }}{{- end -}}
+{{- end -}}
+
+{{/* (hami-py) the Secret (type kubernetes.io/tls) mounted for the UI's own certificate, or "" when
+the UI uses the scheduler's serving certificate, is plain HTTP, or is off */}}
+{{- define "hami.ui.tlsSecret" -}}
+{{- $ui := .Values.scheduler.ui -}}
+{{- if and $ui.enabled (eq (include "hami.ui.auth" .) "token") $ui.tls.enabled $ui.tls.secretName -}}
+{{- $ui.tls.secretName -}}
+{{- end -}}
+{{- end -}}

@@ -100,6 +100,7 @@ async def main(opts: Options) -> int:
 
 async def _serve_ui(service, opts: Options):
     """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper."""
+    from hami.serve import CertReloader
     from hami.ui.auth import Authorizer, KubeReviews
     from hami.ui.live import LiveUsage
     from hami.ui.server import UiApi, serve_ui
@@ -112,16 +113,32 @@ async def _serve_ui(service, opts: Options):
         )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
     authorizer = Authorizer(KubeReviews(service.kube)) if opts.ui_auth == "token" else None
-    api = UiApi(state, opts.scheduler_name, live, synced=service.synced, authorizer=authorizer)
+    api = UiApi(
+        state,
+        opts.scheduler_name,
+        live,
+        synced=service.synced,
+        authorizer=authorizer,
+        prefix=opts.ui_path_prefix,
+        frame_ancestors=opts.ui_frame_ancestors,
+    )
+    # the history ring: one sample a minute of every GPU, pod and namespace (docs/ui.md "History")
+    service.tasks.append(asyncio.get_running_loop().create_task(api.run_history()))
+    tls = None
+    if opts.ui_cert_file:  # its own reloader: it may be another certificate than the webhook's
+        tls = CertReloader(opts.ui_cert_file, opts.ui_key_file, opts.cert_reload_interval)
+        service.tasks.append(asyncio.get_running_loop().create_task(tls.run()))
     try:
-        runner = await serve_ui(api, opts.ui_host, opts.ui_port)
+        runner = await serve_ui(api, opts.ui_host, opts.ui_port, ssl_context=None if tls is None else tls.context)
     except OSError as exc:  # as the metrics: scheduling matters more than the page
         log.error("the web UI is NOT served: --ui-bind %s:%d: %s", opts.ui_host, opts.ui_port, exc)
         return None
     log.info(
-        "web UI and /api/v1 on http://%s:%d/ (read-only; %s)",
+        "web UI and /api/v1 on %s://%s:%d%s/ (read-only; %s)",
+        "https" if tls else "http",
         opts.ui_host,
         opts.ui_port,
+        opts.ui_path_prefix,
         "Kubernetes bearer tokens and RBAC" if authorizer else "NO authentication: --ui-auth=none, loopback",
     )
     return runner

@@ -100,6 +100,12 @@ class Options:
     ui_port: int | None = None
     ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
     ui_auth: str = "token"  # token: bearer tokens + RBAC (TokenReview, SubjectAccessReview); none: loopback only
+    ui_path_prefix: str = ""  # the page and /api/v1 under this path ("/hami"), for a proxy that keeps it
+    ui_frame_ancestors: str = "'none'"  # the page's CSP frame-ancestors: who may embed it
+    # the UI listener's TLS certificate and key (PEM, reloaded when they change); "" = plain HTTP,
+    # only on a loopback --ui-bind or with --ui-plain-http
+    ui_cert_file: str = ""
+    ui_key_file: str = ""
 
     @property
     def tls(self) -> bool:
@@ -247,8 +253,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--ui-bind",
         default="",
-        help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, plain HTTP, "
-        "never on the --http_bind port; empty = off (default). Who may read what: --ui-auth (docs/security.md)",
+        help="serve the read-only web UI and its JSON API (/api/v1, docs/ui.md) here, host:port, never on the "
+        "--http_bind port; HTTPS (--ui-cert-file) unless it is a loopback address or --ui-plain-http; empty = off "
+        "(default). Who may read what: --ui-auth (docs/security.md)",
     )
     a(
         "--ui-auth",
@@ -263,6 +270,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
         "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)",
+    )
+    a(
+        "--ui-cert-file",
+        default="",
+        help="the UI listener's TLS certificate (PEM; reloaded when the file changes), with --ui-key-file; "
+        "required on a non-loopback --ui-bind unless --ui-plain-http",
+    )
+    a("--ui-key-file", default="", help="the private key of --ui-cert-file (PEM)")
+    a(
+        "--ui-plain-http",
+        action="store_true",
+        help="serve the UI over plain HTTP on a non-loopback --ui-bind (TLS ends in front of it: a proxy or a "
+        "service mesh); bearer tokens then cross that hop in the clear",
+    )
+    a(
+        "--ui-path-prefix",
+        default="",
+        help="serve the page and /api/v1 under this path, e.g. /hami, for a reverse proxy that passes the "
+        "prefix on; a proxy that strips it needs nothing (every URL of the page is relative); empty = / (default)",
+    )
+    a(
+        "--ui-frame-ancestors",
+        default="'none'",
+        help="who may show the page in a frame: the Content-Security-Policy frame-ancestors sources, e.g. "
+        "\"'self' https://portal.example.com\"; default 'none' (no embedding)",
     )
     a(
         "--front-end",
@@ -346,6 +378,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
         ui_port=ui_port,
         ui_monitor_url=args.ui_monitor_url,
         ui_auth=args.ui_auth,
+        ui_cert_file=args.ui_cert_file,
+        ui_key_file=args.ui_key_file,
+        ui_path_prefix=ui_path_prefix(args.ui_path_prefix),
+        ui_frame_ancestors=ui_frame_ancestors(args.ui_frame_ancestors),
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
@@ -422,6 +458,71 @@ def _extender_listener(args: argparse.Namespace, host: str) -> tuple[str, int | 
     return extender_host, extender_port
 
 
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+_SOURCE = re.compile(r"'self'|[a-z][a-z0-9+.-]*:|([a-z][a-z0-9+.-]*://)?(\*\.)?[A-Za-z0-9.-]+(:(\d+|\*))?(/[^\s;,']*)?")
+
+
+def ui_path_prefix(value: str) -> str:
+    """``--ui-path-prefix``: "" or ``/seg[/seg...]`` (a trailing ``/`` dropped); no ``.``/``..``
+    segment, no query, nothing a URL would have to escape."""
+    prefix = value.rstrip("/")
+    if not prefix:
+        return ""
+    if not _PREFIX.fullmatch(prefix) or any(seg in (".", "..") for seg in prefix.split("/")):
+        raise ConfigError(
+            f"--ui-path-prefix: expected a path such as /hami or /tools/gpus (letters, digits, '.', '_', '~', '-' "
+            f"between slashes), got {value[:80]!r}"
+        )
+    return prefix
+
+
+def ui_frame_ancestors(value: str) -> str:
+    """``--ui-frame-ancestors``: CSP frame-ancestors sources, one directive's value only: a ``;``,
+    ``,`` or control character would end the directive or start another, and is refused."""
+    text = value.strip()
+    bad = next((c for c in value if c in ";," or ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ConfigError(
+            f"--ui-frame-ancestors: {value[:80]!r} contains {bad!r}; give the frame-ancestors sources only, "
+            f"separated by spaces (e.g. \"'self' https://portal.example.com\")"
+        )
+    sources = text.split()
+    if sources == ["'none'"]:
+        return "'none'"
+    wrong = [s for s in sources if not _SOURCE.fullmatch(s)]
+    if not sources or "'none'" in sources or wrong:
+        raise ConfigError(
+            f"--ui-frame-ancestors: {value[:80]!r}: expected 'none' alone, or sources such as 'self', https:, "
+            f"https://portal.example.com, *.example.com" + (f" (not a source: {wrong[0]!r})" if wrong else "")
+        )
+    return " ".join(sources)
+
+
+def _ui_tls(args: argparse.Namespace, ui_host: str) -> None:
+    """HTTPS unless the UI is on loopback (kubectl port-forward: the tunnel is the API server's TLS)
+    or --ui-plain-http says TLS ends in front of it."""
+    cert, key = args.ui_cert_file, args.ui_key_file
+    if bool(cert) != bool(key):
+        raise ConfigError(f"--ui-cert-file and --ui-key-file go together (got {cert!r} and {key!r})")
+    for flag, path in (("--ui-cert-file", cert), ("--ui-key-file", key)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag}: no such file {path!r}")
+    if cert and args.ui_plain_http:
+        raise ConfigError("--ui-plain-http: given with --ui-cert-file; choose one (HTTPS, or plain HTTP behind TLS)")
+    if cert:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(
+                f"--ui-cert-file/--ui-key-file: {cert!r} and {key!r} are not a usable pair: {exc}"
+            ) from None
+    elif ui_host not in LOOPBACK and not args.ui_plain_http:
+        raise ConfigError(
+            f"--ui-bind: {args.ui_bind!r} is not a loopback address, so the UI (which receives bearer tokens) "
+            f"needs HTTPS: give --ui-cert-file and --ui-key-file, or --ui-plain-http when TLS ends in front of it"
+        )
+
+
 def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tuple[str, int | None]:
     ui_host, ui_port = ("", None)
     if args.ui_bind:
@@ -447,4 +548,15 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
             raise ConfigError(
                 f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, got {args.ui_monitor_url!r}"
             )
+    for flag, value, default in (
+        ("--ui-path-prefix", args.ui_path_prefix, ""),
+        ("--ui-frame-ancestors", args.ui_frame_ancestors, "'none'"),
+        ("--ui-cert-file", args.ui_cert_file, ""),
+        ("--ui-key-file", args.ui_key_file, ""),
+        ("--ui-plain-http", args.ui_plain_http, False),
+    ):
+        if value != default and not args.ui_bind:
+            raise ConfigError(f"{flag}: {str(value)[:80]!r} is only used with --ui-bind")
+    if args.ui_bind:
+        _ui_tls(args, ui_host)
     return ui_host, ui_port

@@ -21,7 +21,13 @@ into its answers, only the ledger's allocations and the scheduler's own verdicts
   path is 404.
 - Strict headers on every answer (:data:`hami.serve.SECURITY_HEADERS`): a Content-Security-Policy
   that allows the page's own assets only (no inline script, no other origin), ``nosniff``, no
-  framing, no referrer; no caching of API answers.
+  framing, no referrer; no caching of API answers. ``frame_ancestors`` (``--ui-frame-ancestors``,
+  validated by the scheduler's options) replaces the CSP's ``'none'`` to let a portal embed the
+  page; ``X-Frame-Options: DENY`` is then left out (it cannot name a portal).
+- ``prefix`` (``--ui-path-prefix``): every route under it (``/hami/``, ``/hami/api/v1/...``;
+  ``/hami`` redirects to ``/hami/``), for a reverse proxy that passes the prefix on; ``/healthz``
+  also stays at the root for probes. The page's own URLs are all relative, so a proxy that strips
+  the prefix works without it.
 - The listener's connection cap, deadlines and header limits are :func:`hami.serve.start`'s.
 - An unexpected failure while building an answer is logged and answered 503 with one line
   (the scheduler keeps running; the next refresh tries again).
@@ -29,8 +35,10 @@ into its answers, only the ledger's allocations and the scheduler's own verdicts
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import ssl
 import time
 from importlib import resources
 from typing import Any, Callable, Mapping
@@ -38,15 +46,23 @@ from typing import Any, Callable, Mapping
 import orjson
 from aiohttp import web
 
-from hami.serve import ConnectionGuard, application, security_headers, start
+from hami.serve import SECURITY_HEADERS, ConnectionGuard, application, start
 
+from . import history as hist
 from . import model, page, scope
 from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
-STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    page.CHART_JS: "text/javascript",  # uPlot, when installed (make ui-assets)
+    page.CHART_CSS: "text/css",
+}
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
+HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
+HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
 CALLER = web.RequestKey("hami.ui.caller", Caller)
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # what each endpoint needs (docs/ui.md keeps the same table): "ns" = in each namespace shown
@@ -55,6 +71,7 @@ NEEDS = {
     "/api/v1/pods": "list pods (cluster scope, or per namespace: those namespaces only)",
     "/api/v1/pending": "list pods (as /pods); per-node verdicts also need list nodes",
     "/api/v1/quotas": "list resourcequotas (cluster scope, or per namespace)",
+    "/api/v1/history": "kind=gpu: list nodes (cluster scope); kind=pod|namespace: list pods, as /pods",
     "/api/v1/openapi.yaml": "an accepted token only",
 }
 
@@ -108,6 +125,9 @@ class UiApi:
         clock: Callable[[], float] = time.time,
         synced: Callable[[], bool] = lambda: True,
         authorizer: Authorizer | None = None,
+        prefix: str = "",
+        frame_ancestors: str = "'none'",
+        history: hist.History | None = None,
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -117,6 +137,9 @@ class UiApi:
             synced,
         )
         self.authorizer = authorizer
+        self.prefix = prefix.rstrip("/")
+        self.headers = embedding_headers(frame_ancestors)
+        self.history = hist.History() if history is None else history
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
@@ -124,8 +147,19 @@ class UiApi:
 
     # -- who may see what ---------------------------------------------------------------------
     @web.middleware
+    async def _security_headers(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """:data:`headers` on every answer, errors (404, 405, ...) included."""
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(self.headers)
+            raise
+        resp.headers.update(self.headers)
+        return resp
+
+    @web.middleware
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if not request.path.startswith("/api/"):
+        if not request.path.startswith(self.prefix + "/api/"):
             return await handler(request)
         try:
             if self.authorizer is not None:
@@ -290,6 +324,74 @@ class UiApi:
 
         return await self._answer(request, build)
 
+    async def history_answer(self, request: web.Request) -> web.Response:
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("range", "kind", "namespace", "node", "uuid", "pod"))
+            range_, kind = q.get("range", "1h"), q.get("kind", "namespace")
+            if range_ not in hist.RANGES:
+                raise model.FilterError(
+                    f"query parameter range: expected one of {', '.join(hist.RANGES)}, got {range_[:20]!r}"
+                )
+            if kind not in hist.KINDS:
+                raise model.FilterError(
+                    f"query parameter kind: expected one of {', '.join(hist.KINDS)}, got {kind[:20]!r}"
+                )
+            for name in ("namespace", "node", "uuid", "pod"):
+                if name in q and name not in HISTORY_FILTERS[kind]:
+                    raise model.FilterError(
+                        f"query parameter {name}: not a filter of kind={kind} (it takes: "
+                        f"{', '.join(HISTORY_FILTERS[kind])})"
+                    )
+            if kind == "gpu":
+                await self._require(request, Permission("list", "nodes"))
+                visible = None
+            else:
+                visible = await self._visible(request, "pods", q.get("namespace"), self.history.namespaces)
+            return self._history_document(q, range_, kind, visible)
+
+        return await self._answer(request, build)
+
+    def _history_document(self, q: dict, range_: str, kind: str, visible: set[str] | None) -> dict:
+        now = self.clock()
+        items, total = [], 0
+        for s in self.history.series(kind):
+            ns = s.labels.get("namespace")
+            if (visible is not None and ns not in visible) or not _history_match(s, q):
+                continue
+            total += 1
+            if len(items) < HISTORY_ITEMS:
+                items.append({"kind": s.kind, "key": s.key, "labels": s.labels, "points": s.points(range_, now)})
+        return model.envelope(
+            "History",
+            now,
+            items,
+            range=range_,
+            step=hist.RANGES[range_],
+            source="memory",
+            interval=hist.INTERVAL,
+            total=total,
+            truncated=total > len(items),
+        )
+
+    def sample_history(self) -> None:
+        """One sample of every GPU, pod and namespace into :attr:`history`, from the same documents
+        ``/api/v1/nodes`` and ``/api/v1/pods`` answer (everything, before any caller's scope)."""
+        now = self.clock()
+        nodes = model.nodes_document(self.source, now, self._readings(), {})
+        pods = model.pods_document(self.source, now, self._readings(), {})
+        self.history.record(now, hist.samples(nodes, pods))
+
+    async def run_history(self, interval: float = hist.INTERVAL) -> None:
+        """Sample every ``interval`` seconds, from the first full cache on; a failed sample is
+        logged and the next one tries again."""
+        while True:
+            if self.synced():
+                try:
+                    self.sample_history()
+                except Exception:  # noqa: BLE001 - the history must not stop the scheduler
+                    log.exception("ui: a history sample failed")
+            await asyncio.sleep(interval)
+
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(text=openapi_text(), content_type="application/yaml")
 
@@ -298,29 +400,65 @@ class UiApi:
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        if name not in STATIC:
+        if name not in STATIC or (name in (page.CHART_JS, page.CHART_CSS) and not page.chart_library()):
             raise web.HTTPNotFound(text=f"no asset {name!r}\n")
-        return web.Response(text=page.asset(name), content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+        text = page.app_js() if name == "app.js" else page.asset(name)
+        return web.Response(text=text, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def to_prefix(self, request: web.Request) -> web.Response:
+        # the page's URLs are relative to its own: /hami must become /hami/
+        raise web.HTTPFound(self.prefix + "/")
+
     def app(self) -> web.Application:
-        app = application(security_headers, _read_only, self._authenticate, max_body=1024)
-        app.add_routes(
-            [
-                web.get("/", self.index),
-                web.get("/static/{name}", self.static),
-                web.get("/healthz", self.healthz),
-                web.get("/api/v1/nodes", self.nodes),
-                web.get("/api/v1/pods", self.pods),
-                web.get("/api/v1/pending", self.pending),
-                web.get("/api/v1/quotas", self.quotas),
-                web.get("/api/v1/openapi.yaml", self.openapi),
-            ]
-        )
+        app = application(self._security_headers, _read_only, self._authenticate, max_body=1024)
+        p = self.prefix
+        routes = [
+            web.get(p + "/", self.index),
+            web.get(p + "/static/{name}", self.static),
+            web.get("/healthz", self.healthz),
+            web.get(p + "/api/v1/nodes", self.nodes),
+            web.get(p + "/api/v1/pods", self.pods),
+            web.get(p + "/api/v1/pending", self.pending),
+            web.get(p + "/api/v1/quotas", self.quotas),
+            web.get(p + "/api/v1/history", self.history_answer),
+            web.get(p + "/api/v1/openapi.yaml", self.openapi),
+        ]
+        if p:
+            routes += [web.get(p, self.to_prefix), web.get(p + "/healthz", self.healthz)]
+        app.add_routes(routes)
         return app
 
 
-async def serve_ui(api: UiApi, host: str, port: int, guard: ConnectionGuard | None = None) -> web.AppRunner:
-    return await start(api.app(), host, port, guard=guard, backlog=128)
+def _history_match(series: hist.Series, q: Mapping[str, str]) -> bool:
+    """Whether a series passes the query's filters (those its kind takes, checked before)."""
+    labels = series.labels
+    return (
+        q.get("namespace", labels.get("namespace")) == labels.get("namespace")
+        and q.get("node", labels.get("node")) == labels.get("node")
+        and q.get("uuid", series.key) == series.key
+        and q.get("pod", series.key.split("/", 1)[-1]) == series.key.split("/", 1)[-1]
+    )
+
+
+def embedding_headers(frame_ancestors: str = "'none'") -> dict[str, str]:
+    """:data:`hami.serve.SECURITY_HEADERS` with the CSP's ``frame-ancestors`` set to
+    ``frame_ancestors`` (already validated: one directive's sources, no ``;``); without
+    ``X-Frame-Options`` unless it is ``'none'``."""
+    headers = dict(SECURITY_HEADERS)
+    if frame_ancestors == "'none'":
+        return headers
+    csp = headers["Content-Security-Policy"]
+    if any(c in ";,\r\n" for c in frame_ancestors):  # would end the directive: never written
+        raise ValueError(f"frame-ancestors: {frame_ancestors[:80]!r} holds ';', ',' or a line break")
+    headers["Content-Security-Policy"] = csp.replace("frame-ancestors 'none'", f"frame-ancestors {frame_ancestors}")
+    del headers["X-Frame-Options"]
+    return headers
+
+
+async def serve_ui(
+    api: UiApi, host: str, port: int, guard: ConnectionGuard | None = None, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    return await start(api.app(), host, port, guard=guard, backlog=128, ssl_context=ssl_context)
