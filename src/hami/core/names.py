@@ -84,6 +84,8 @@ NVIDIA backend's admission defaults and the webhook name a few:
 * ``ENV_PEER_REGIONS`` (beyond HAMi): the directory of the regions a process's priority pauses
   across.
 * ``ENV_LD_PRELOAD``: the dynamic loader's preload list (``hami exec``).
+* ``ENV_NRI_INJECTION`` (beyond HAMi): ``pending`` in a container that the device plugin's
+  Allocate answered in NRI mode, ``done`` once the NRI hook has given it its grant (docs/nri.md).
 """
 
 # ---- pod annotations and labels (scheduler <-> device plugin, §5)
@@ -155,3 +157,4 @@ ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
 ENV_LD_PRELOAD = "LD_PRELOAD"
+ENV_NRI_INJECTION = "HAMI_NRI_INJECTION"

@@ -81,7 +81,7 @@ PEER_REGIONS = names.ENV_PEER_REGIONS
 LD_PRELOAD = names.ENV_LD_PRELOAD
 #: (beyond HAMi) ``pending`` in a container whose grant the NRI hook must still give it,
 #: ``done`` once given (docs/nri.md)
-NRI_INJECTION = "HAMI_NRI_INJECTION"
+NRI_INJECTION = names.ENV_NRI_INJECTION
 NRI_PENDING, NRI_DONE = "pending", "done"
 
 #: where the container finds the preload file and the lock directory
