@@ -165,6 +165,9 @@ def check_ledger(led: Ledger) -> None:
             if vs is not None:
                 expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot), set()).add(n)
         assert {k: set(ns) for k, ns in classes.items()} == expect
+        tags, tag_of = led.refusal_tags(v)  # each class one tag of its own; each node its class's
+        assert set(tags) == set(expect) and len(set(tags.values())) == len(tags)
+        assert tag_of == {n: tags[k] for k, ns in expect.items() for n in ns}
 
 
 step_st = st.one_of(

@@ -178,6 +178,11 @@ class Ledger:
         # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
         # devices with a free slot)
         self._classes: dict[str, dict[RefusalClass, set[str]]] = {}
+        # vendor -> class -> its tag (a small int, unique among the vendor's live classes); vendor
+        # -> node -> its class's tag: nodes mapped to their class without hashing the class
+        self._class_tags: dict[str, dict[RefusalClass, int]] = {}
+        self._tag_of: dict[str, dict[str, int]] = {}
+        self._tag_clock = 0
         self._class_of: dict[str, tuple[tuple[str, RefusalClass], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
@@ -241,8 +246,16 @@ class Ledger:
             group[key].discard(name)
             if not group[key]:
                 del group[key]
+                del self._class_tags[vendor][key]
+            del self._tag_of[vendor][name]
         for vendor, key in keys:
             self._classes.setdefault(vendor, {}).setdefault(key, set()).add(name)
+            tags = self._class_tags.setdefault(vendor, {})
+            tag = tags.get(key)
+            if tag is None:
+                self._tag_clock += 1
+                tag = tags[key] = self._tag_clock
+            self._tag_of.setdefault(vendor, {})[name] = tag
         if keys:
             self._class_of[name] = keys
         else:
@@ -251,6 +264,11 @@ class Ledger:
     def refusal_classes(self, vendor: str) -> Mapping[RefusalClass, Set[str]]:
         """Nodes with devices of ``vendor`` by :data:`RefusalClass` (read-only)."""
         return self._classes.get(vendor, {})
+
+    def refusal_tags(self, vendor: str) -> tuple[Mapping[RefusalClass, int], Mapping[str, int]]:
+        """``(class -> tag, node -> its class's tag)`` for the :meth:`refusal_classes` of
+        ``vendor``: a tag is an int unique among the vendor's classes (read-only)."""
+        return self._class_tags.get(vendor, {}), self._tag_of.get(vendor, {})
 
     def best_room(self, vendor: str) -> tuple[int, int] | None:
         """``(most MiB free, most cores free)`` on any one schedulable device of ``vendor`` with a

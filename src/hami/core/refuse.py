@@ -31,9 +31,9 @@ capacity rules, :func:`hami.vendors.base.slot_check` first): the same promise th
 prefilter already relies on, checked against the full fit by ``tests/unit/test_core_refuse.py``.
 When no GPU with a free slot in the whole cluster has the memory asked (the ledger's
 :meth:`~hami.core.ledger.Ledger.best_room`), the answer depends only on a node's refusal class
-(devices, all schedulable, models and modes, devices with a slot), which the ledger keeps
-nodes grouped by: whole classes are refused at once (:meth:`SummaryRefusal.by_class`), without
-a Python step per node.
+(devices, all schedulable, models and modes, devices with a slot), which the ledger keeps for
+each node: each class is judged once, and the nodes take their class's refusal in one pass
+without a Python step per node (:meth:`SummaryRefusal.by_class`).
 
 The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU
 UUIDs: ``hami explain`` and the UI fit every node themselves for those.
@@ -45,7 +45,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
-from typing import AbstractSet, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .fit import FitContext
 from .ledger import NodeSummary, RefusalClass
@@ -142,29 +142,33 @@ class SummaryRefusal:
 
     def by_class(
         self,
-        classes: Mapping[RefusalClass, AbstractSet[str]],
-        candidates: AbstractSet[str],
+        tags: Mapping[RefusalClass, int],
+        tag_of: Mapping[str, int],
+        names: Sequence[str],
         refused: dict[str, NodeFailure],
-    ) -> set[str]:
+    ) -> list[str]:
         """:meth:`split` for a pod that no GPU with a free slot in the whole cluster has the memory
         for (the caller checks :meth:`Ledger.best_room`): then a node's refusal depends only on
-        its :data:`RefusalClass`, so whole classes are refused at once. Puts the refused
-        ``candidates`` in ``refused``; returns the others (classes the rules do not settle)."""
-        unsettled: set[str] = set()
-        seen: set[str] = set()
-        for (total, schedulable, kinds, free), nodes in classes.items():
-            members = nodes & candidates
-            if not members:
-                continue
-            seen |= members
+        its :data:`RefusalClass`, so each class (``tags``: the class's tag) is judged once and
+        ``names`` (ledger nodes) take their class's refusal (``tag_of``: the node's class's tag;
+        a node without the vendor has none) in one pass, in their order. Puts the refused nodes
+        in ``refused``; returns the others (of classes the rules do not settle), in order."""
+        judged: dict[int | None, NodeFailure | None] = {None: self._few(0)}
+        for (total, schedulable, kinds, free), tag in tags.items():
             if not schedulable or not self._plain(kinds):
-                unsettled |= members
+                judged[tag] = None  # fit these nodes
             elif self.nums > total:
-                refused.update(dict.fromkeys(members, self._few(total)))
+                judged[tag] = self._few(total)
             else:  # every device with a slot lacks the memory
-                refused.update(dict.fromkeys(members, self._failure(total, free, _MEM)))
-        refused.update(dict.fromkeys(candidates - seen, self._few(0)))  # no device of the vendor
-        return unsettled
+                judged[tag] = self._failure(total, free, _MEM)
+        got = dict(zip(names, map(judged.__getitem__, map(tag_of.get, names))))
+        rest: list[str] = []
+        if None in judged.values():
+            rest = [n for n, f in got.items() if f is None]
+            for n in rest:
+                del got[n]
+        refused.update(got)
+        return rest
 
     def _few(self, total: int) -> NodeFailure:
         key = (total, -1, _FEW)

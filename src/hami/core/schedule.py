@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
@@ -233,7 +233,6 @@ def filter_pod(
     memo = None if exact else ledger.verdicts
     key = signature(ctx) if memo is not None else None
     entry = memo.entry(key, config) if memo is not None and key is not None else None
-    versions = ledger.versions()
     # nodes that refused this pod shape and have not changed since: the same refusal, unfitted
     known = memo.current(entry, ledger, wanted) if memo is not None and entry is not None else {}
     demand = _demand(req)
@@ -265,19 +264,22 @@ def filter_pod(
         failed.update(known)
         # the other candidates, by name (any order would do: the search ranks them, and the
         # result is sorted; by name, that sort has little left to do)
-        rest = ledger.node_set() - failed.keys() if wanted is None else wanted.difference(failed)
+        if wanted is None:
+            rest = ledger.node_set() - failed.keys()
+        else:
+            rest = wanted.difference(failed) if failed else wanted  # read-only below
         refuse = search.refusal
         per_node = refuse is not None  # exact refusals read from summaries (hami.core.refuse)
+        remaining: Sequence[str] | None = None
         if refuse is not None:
             room = ledger.best_room(refuse.vendor)
             if room is None or room[0] < refuse.memreq:  # no GPU anywhere has the memory: by class
-                rest = refuse.by_class(ledger.refusal_classes(refuse.vendor), rest, search.summarised)
+                names = _in_order(rest, ledger)
+                remaining = refuse.by_class(*ledger.refusal_tags(refuse.vendor), names, search.summarised)
                 failed.update(search.summarised)
                 per_node = False
-        if 8 * len(rest) < len(ledger.ranking):
-            remaining = sorted(rest)
-        else:
-            remaining = [n for n in ledger.sorted_names() if n in rest]
+        if remaining is None:
+            remaining = _in_order(rest, ledger)
         if refuse is not None and per_node:
             remaining = refuse.split(remaining, ledger.summary, search.summarised)
             failed.update(search.summarised)
@@ -293,12 +295,10 @@ def filter_pod(
             or search.among(skipped)
         )
     if entry is not None and memo is not None:
-        memo.record(entry, search.refused, search.summarised, versions)
+        memo.record(entry, search.refused, search.summarised, ledger.clock())
         entry.pending = best is None
     if best is None:
-        return FilterResult(
-            pod=req, node=None, allocation=None, failed={n: failed[n] for n in sorted(failed)}, scores=search.scores
-        )
+        return FilterResult(pod=req, node=None, allocation=None, failed=_by_name(failed, ledger), scores=search.scores)
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
@@ -313,6 +313,33 @@ def filter_pod(
         scores=search.scores,
         annotations=annotations,
     )
+
+
+def _in_order(nodes: AbstractSet[str], ledger: Ledger) -> Sequence[str]:
+    """``nodes`` (ledger nodes) sorted by name: the ledger's sorted names themselves when they are
+    all of them, a walk of those when they are many, else a sort."""
+    names = ledger.sorted_names()
+    if len(nodes) == len(names):
+        return names
+    if 8 * len(nodes) < len(names):
+        return sorted(nodes)
+    return [n for n in names if n in nodes]
+
+
+def _by_name(failed: dict[str, NodeFailure], ledger: Ledger) -> dict[str, NodeFailure]:
+    """``failed`` sorted by node name: itself when built in that order (refusing a whole cluster
+    by class, :func:`_in_order`); refusing most of a large cluster, the ledger's sorted names are
+    walked instead of sorting thousands of names again."""
+    keys = list(failed)
+    names = ledger.sorted_names()
+    if keys == names:
+        return failed
+    if 8 * len(failed) >= len(names):
+        keep = [n for n in names if n in failed]
+        if len(keep) == len(failed):  # else some are not ledger nodes (UNREGISTERED)
+            return dict(zip(keep, map(failed.__getitem__, keep)))
+    keys.sort()
+    return dict(zip(keys, map(failed.__getitem__, keys)))
 
 
 _UNSET = object()
