@@ -35,6 +35,7 @@ from .usage import collapse
 from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
+_NO_BOUND = float("inf")
 CORDON_ANNOTATION = DEVICE_CORDON
 
 
@@ -48,7 +49,9 @@ class VendorSummary:
     # the three below over the devices with a free slot only (a full device takes nothing)
     max_free_mem: int = 0
     max_free_cores: int = 0
-    max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
+    # max (free+1)*100/devmem: a pct request >= this finds no device with the memory (exactly:
+    # free < devmem*pct//100 on each; infinite when a device with a slot has no memory at all)
+    max_pct_bound: float = 0.0
     types: frozenset[str] = frozenset()  # models of the schedulable devices
     sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
     # for exact refusals (hami.core.refuse): every device of the vendor, schedulable or not; the
@@ -146,6 +149,8 @@ class NodeState:
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
+            else:  # a percentage of no memory is 0 MiB: no bound from the percentage asked
+                v.max_pct_bound = _NO_BOUND
             v.max_free_cores = max(v.max_free_cores, d.devcore - c)
         self.summary = s
 
@@ -172,8 +177,8 @@ class Ledger:
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
         # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
         # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
-        self._best: dict[str, tuple[SortedList, SortedList]] = {}
-        self._best_of: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        self._best: dict[str, tuple[SortedList, SortedList, SortedList]] = {}
+        self._best_of: dict[str, tuple[tuple[str, int, int, float], ...]] = {}
         # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
         # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
         # devices with a free slot)
@@ -216,22 +221,24 @@ class Ledger:
         self._set_best(name, ())
         self._set_classes(name, ())
 
-    def _set_best(self, name: str, best: tuple[tuple[str, int, int], ...]) -> None:
+    def _set_best(self, name: str, best: tuple[tuple[str, int, int, float], ...]) -> None:
         old = self._best_of.get(name, ())
         if old == best:
             return
-        for vendor, mem, cores in old:
+        for vendor, mem, cores, pct in old:
             lists = self._best[vendor]
             lists[0].remove(mem)
             lists[1].remove(cores)
+            lists[2].remove(pct)
             if not lists[0]:
                 del self._best[vendor]
-        for vendor, mem, cores in best:
+        for vendor, mem, cores, pct in best:
             into = self._best.get(vendor)
             if into is None:
-                into = self._best[vendor] = (SortedList(), SortedList())
+                into = self._best[vendor] = (SortedList(), SortedList(), SortedList())
             into[0].add(mem)
             into[1].add(cores)
+            into[2].add(pct)
         if best:
             self._best_of[name] = best
         else:
@@ -277,6 +284,13 @@ class Ledger:
         lists = self._best.get(vendor)
         return None if lists is None else (lists[0][-1], lists[1][-1])
 
+    def best_pct(self, vendor: str) -> float:
+        """The largest :attr:`VendorSummary.max_pct_bound` of ``vendor`` over the cluster: a
+        request of that percentage of a device's memory or more finds no device with a free slot
+        and the memory anywhere (0.0 when no device of ``vendor`` has a free slot)."""
+        lists = self._best.get(vendor)
+        return 0.0 if lists is None else lists[2][-1]
+
     def _touch(self, name: str) -> None:
         self._clock += 1
         self._versions[name] = self._clock
@@ -310,7 +324,11 @@ class Ledger:
         )
         self._set_best(
             st.node.name,
-            tuple((v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+            tuple(
+                (v, vs.max_free_mem, vs.max_free_cores, vs.max_pct_bound)
+                for v, vs in sorted(s.vendors.items())
+                if vs.free_slot
+            ),
         )
         self.ranking.update(
             st.node.name,

@@ -269,18 +269,12 @@ def filter_pod(
         else:
             rest = wanted.difference(failed) if failed else wanted  # read-only below
         refuse = search.refusal
-        per_node = refuse is not None  # exact refusals read from summaries (hami.core.refuse)
-        remaining: Sequence[str] | None = None
-        if refuse is not None:
-            room = ledger.best_room(refuse.vendor)
-            if room is None or room[0] < refuse.memreq:  # no GPU anywhere has the memory: by class
-                names = _in_order(rest, ledger)
-                remaining = refuse.by_class(*ledger.refusal_tags(refuse.vendor), names, search.summarised)
-                failed.update(search.summarised)
-                per_node = False
-        if remaining is None:
-            remaining = _in_order(rest, ledger)
-        if refuse is not None and per_node:
+        remaining = _in_order(rest, ledger)
+        if refuse is not None:  # exact refusals read from summaries (hami.core.refuse)
+            # by class first (the rules that need no node's own memory), then node by node
+            remaining = refuse.by_class(
+                *ledger.refusal_tags(refuse.vendor), remaining, search.summarised, search.no_memory(refuse)
+            )
             remaining = refuse.split(remaining, ledger.summary, search.summarised)
             failed.update(search.summarised)
         kept: list[str] = []
@@ -389,16 +383,32 @@ class _Search:
 
     def hopeless(self) -> bool:
         """True when no device in the whole cluster can take one of the pod's requests (its
-        vendor has no device with a free slot, or none with the memory, or none with the cores,
-        :meth:`Ledger.best_room`): no node fits, so the walk would visit nodes for nothing."""
+        vendor has no device with a free slot, or none with the memory, absolute or as a
+        percentage, or none with the cores, :meth:`Ledger.best_room`; or no node has a model
+        the pod's type selection accepts): no node fits, so the walk would visit nodes for
+        nothing."""
         if self.exact:
             return False
-        for vendor, _, memreq, _, cores in self.demand.checks:
+        ledger = self.ledger
+        for vendor, _, memreq, pct, cores in self.demand.checks:
             if self.prefilter[vendor]:
-                best = self.ledger.best_room(vendor)
+                best = ledger.best_room(vendor)
                 if best is None or best[0] < memreq or best[1] < cores:
                     return True
+                if not memreq and pct != PERCENT_UNSET and pct >= ledger.best_pct(vendor):
+                    return True
+                models = {m for _, _, kinds, _ in ledger.refusal_classes(vendor) for m, _ in kinds}
+                if not self.gate.admits(vendor, frozenset(models)):
+                    return True
         return False
+
+    def no_memory(self, refuse: SummaryRefusal) -> bool:
+        """Whether no device with a free slot in the whole cluster has the memory ``refuse``'s
+        request asks (absolute, or as a percentage of the device's)."""
+        if refuse.pct is not None:
+            return refuse.pct >= self.ledger.best_pct(refuse.vendor)
+        room = self.ledger.best_room(refuse.vendor)
+        return room is None or room[0] < refuse.memreq
 
     def rejects(self, n: str) -> bool:
         return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)
