@@ -28,6 +28,7 @@ from hami.core.fit import fit_pod, make_context
 from hami.core.reasons import NodeFailure, Reason
 from hami.core.refuse import SummaryRefusal, refusal
 from hami.core.requests import pod_request
+from hami.core import schedule as schedule_module
 from hami.core.schedule import pod_policies
 from hami.vendors import build_vendors
 
@@ -469,3 +470,48 @@ def test_too_few_open_gpus(devices, background, probe, annotations, expected):
     exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
     assert exact.reasons() == {"n0": expected}
     assert filter_pod(p, None, led, cfg, 0.0).reasons() == {"n0": expected}
+
+
+def _one_model_cluster() -> tuple[Ledger, SchedulerConfig]:
+    """n0, n1: two T4s each, in use (one pod on each of n0's, one on n1's first); n2: two idle
+    A100s; n3: a T4 and an A100 (models a type selection splits: left to the fit)."""
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    t4, a100 = ("NVIDIA", 0, 16384, 2, True, False), ("NVIDIA", 1, 16384, 2, True, False)
+    for name, spec in (("n0", [t4] * 2), ("n1", [t4] * 2), ("n2", [a100] * 2), ("n3", [t4, a100])):
+        led.set_node(make_node(name, spec))
+    _placed(led, cfg, "n0", [(0, 4000, 10), (1, 4000, 10)])
+    _placed(led, cfg, "n1", [(0, 4000, 10)])
+    return led, cfg
+
+
+@pytest.mark.parametrize(
+    "reqs, annotations, ns, summarised",
+    [
+        # a model the selection refuses on every GPU of the node: one judgment per class
+        ([("NVIDIA", 1, 20000, None)], {"nvidia.com/use-gputype": "A100"}, "default", {"n0", "n1", "n2"}),
+        # a percentage of each GPU's memory (100 %: a whole GPU), every T4 of n0 in use
+        ([("NVIDIA", 2, "100%", None)], {"nvidia.com/nouse-gputype": "A100"}, "default", {"n0", "n2"}),
+        # one GPU's memory exceeds what the namespace quota has left: ResourceQuotaNotFit on every open GPU
+        ([("NVIDIA", 1, 9000, None)], {}, "team", {"n0", "n1", "n2", "n3"}),
+        # two containers: the first one's request decides (it is fitted first, on the node as it is)
+        (
+            [("NVIDIA", 1, 20000, None), ("NVIDIA", 1, 1000, None)],
+            {"nvidia.com/use-gputype": "T4"},
+            "default",
+            {"n0", "n1", "n2"},
+        ),
+    ],
+)
+def test_new_shapes_are_refused_from_summaries(reqs, annotations, ns, summarised, monkeypatch):
+    led, cfg = _one_model_cluster()
+    led.set_quota("team", "q", {"limits.nvidia.com/gpumem": 6000}, VENDORS)
+    p = make_pod("probe", reqs, annotations, ns)
+    exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
+    assert exact.node is None and set(exact.failed) == {"n0", "n1", "n2", "n3"}
+    fitted: list[str] = []
+    real = schedule_module.fit_pod
+    monkeypatch.setattr(schedule_module, "fit_pod", lambda view, ctx: fitted.append(view.name) or real(view, ctx))
+    fast = filter_pod(p, None, led, cfg, 0.0)
+    assert fast.reasons() == exact.reasons()
+    assert set(fitted) == {"n0", "n1", "n2", "n3"} - summarised  # the others read from summaries

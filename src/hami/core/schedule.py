@@ -385,13 +385,18 @@ class _Search:
         """True when no device in the whole cluster can take one of the pod's requests (its
         vendor has no device with a free slot, or none with the memory, absolute or as a
         percentage, or none with the cores, :meth:`Ledger.best_room`; or no node has a model
-        the pod's type selection accepts): no node fits, so the walk would visit nodes for
-        nothing."""
+        the pod's type selection accepts; or one device's use exceeds the namespace's quota
+        room, which the pod's whole use on the vendor cannot be less than): no node fits, so
+        the walk would visit nodes for nothing."""
         if self.exact:
             return False
-        ledger = self.ledger
+        ledger, quota = self.ledger, self.ctx.quota
         for vendor, _, memreq, pct, cores in self.demand.checks:
             if self.prefilter[vendor]:
+                if quota is not None:  # one device's use alone is more than the namespace has left
+                    mem_room, core_room = quota.room.get(vendor, (None, None))
+                    if mem_room is not None and memreq > mem_room or core_room is not None and cores > core_room:
+                        return True
                 best = ledger.best_room(vendor)
                 if best is None or best[0] < memreq or best[1] < cores:
                     return True

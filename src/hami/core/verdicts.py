@@ -15,10 +15,10 @@ Only refusals are kept (a node that fits is chosen, and its usage changes), in a
 (the least recently used signatures go first), cleared whenever the scheduler configuration
 object (the vendor table) changes. Pure data, no I/O; owned by the ledger it describes.
 
-Worked example: a pod asking for a GPU model no node has, against 5000 nodes, is fitted on all
-5000 (about 0.1 ms apiece; the summary rules of :mod:`hami.core.refuse` do not cover a type
-selection). A pod is then placed on node-0042 and the pending pod is filtered again: 4999 nodes
-still carry the version their refusal was taken at and keep it; node-0042 is fitted again.
+Worked example: a pod asking for a GPU by a UUID no node has, against 5000 nodes, is fitted on
+all 5000 (about 0.1 ms apiece; the summary rules of :mod:`hami.core.refuse` do not cover a UUID
+list). A pod is then placed on node-0042 and the pending pod is filtered again: 4999 nodes
+have not changed since their refusal was taken and keep it; node-0042 is fitted again.
 """
 
 from __future__ import annotations
