@@ -50,6 +50,8 @@ ANNOTATIONS = (
     {"nvidia.com/use-gputype": "A100,T4"},
     {"nvidia.com/vgpu-mode": "hami-core"},
     {"nvidia.com/nouse-gpuuuid": "GPU-n1-0"},
+    {"nvidia.com/use-gpuuuid": "GPU-n2-1,GPU-n0-0"},
+    {"nvidia.com/use-gpuuuid": "GPU-elsewhere"},
     {"nvidia.com/vgpu-mode": "mig"},
     {"nvidia.com/numa-bind": "true"},
     {"hami.io/gpu-scheduler-policy": "topology-aware"},
@@ -173,6 +175,9 @@ def check_ledger(led: Ledger) -> None:
     for v in ("NVIDIA", "DCU", "AMD"):
         assert led.best_room(v) == best.get(v), v
     assert set(led.versions()) == set(led.node_names())
+    for n in led.node_names():  # every device UUID leads to its node
+        assert all(n in led.uuid_nodes([d.id]) for d in led.node(n).devices)
+    assert led.uuid_nodes(["GPU-elsewhere"]) == set()
     for v in ("NVIDIA", "DCU", "AMD"):  # refusal classes: every node with the vendor, once
         classes = led.refusal_classes(v)
         expect: dict = {}
@@ -272,9 +277,9 @@ def summary_matches_fit(nodes, background, reqs, quota, data) -> None:
     pr = pod_request(p, VENDORS)
     _, policy, weights = pod_policies(pr, cfg)
     ctx = make_context(pr, VENDORS, policy, weights, led.quota_room(ns, VENDORS))
-    refuse = refusal(ctx)
+    refuse = refusal(ctx, led.uuid_nodes)
     for n in led.node_names():
-        got = refuse(led.summary(n)) if refuse is not None else None
+        got = refuse(led.summary(n), n) if refuse is not None else None
         if got is not None:
             fit = fit_pod(led.view(n), ctx)
             assert isinstance(fit, NodeFailure), (n, got)
@@ -295,8 +300,8 @@ def _plant_quota_ignored(mp: pytest.MonkeyPatch) -> None:
     """A namespace quota that one device's use exceeds, overlooked."""
     real = SummaryRefusal.__init__
 
-    def init(self, ctx, ci, req, over_quota, quota):
-        real(self, ctx, ci, req, False, quota)
+    def init(self, ctx, ci, req, over_quota, *rest):
+        real(self, ctx, ci, req, False, *rest)
 
     mp.setattr(SummaryRefusal, "__init__", init)
 
@@ -305,8 +310,8 @@ def _plant_percent_as_mib(mp: pytest.MonkeyPatch) -> None:
     """A percentage of each device's memory compared with the free MiB as if it were MiB x 100."""
     real = SummaryRefusal.__init__
 
-    def init(self, ctx, ci, req, over_quota, quota):
-        real(self, ctx, ci, req, over_quota, quota)
+    def init(self, *args):
+        real(self, *args)
         if self.pct is not None:
             self.memreq, self.pct = self.pct * 100, None
 
@@ -318,18 +323,30 @@ def _plant_last_request(mp: pytest.MonkeyPatch) -> None:
 
     real = refusal
 
-    def last(ctx):
+    def last(ctx, *rest):
         asks = [(ci, r) for ci, c in enumerate(ctx.pod.containers) for r in c.requests]
-        got = real(ctx)
+        got = real(ctx, *rest)
         if got is None or len(asks) < 2:
             return got
         ci, req = asks[-1]
-        return SummaryRefusal(ctx, ci, req, got.over_quota, False) if (ci, req.vendor) in ctx.plans else got
+        return SummaryRefusal(ctx, ci, req, got.over_quota, False, got.holders)
 
     mp.setattr(sys.modules[__name__], "refusal", last)
 
 
+def _plant_holders_ignored(mp: pytest.MonkeyPatch) -> None:
+    """The nodes holding a GPU the pod names by UUID judged like the others."""
+    real = SummaryRefusal.__init__
+
+    def init(self, *args):
+        real(self, *args)
+        self.holders = frozenset()
+
+    mp.setattr(SummaryRefusal, "__init__", init)
+
+
 FAULTS = {
+    "UUID holders summarised": _plant_holders_ignored,
     "static refusal read as a pass": _plant_static_pass,
     "quota ignored": _plant_quota_ignored,
     "percentage read as MiB": _plant_percent_as_mib,
@@ -359,8 +376,8 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     for i in range(6):
         led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
     memo = led.verdicts
-    # a UUID no node has: the summary rules do not cover a UUID list, so nodes are fitted
-    uuid = {"nvidia.com/use-gpuuuid": "GPU-elsewhere"}
+    # the mutex device policy: the summary rules do not cover it, so nodes are fitted
+    uuid = {"hami.io/gpu-scheduler-policy": "mutex", "nvidia.com/use-gputype": "H100"}
     p = make_pod("big", [("NVIDIA", 1, 1000, None)], uuid)
     first = filter_pod(p, None, led, cfg, 0.0)
     assert first.node is None and len(first.failed) == 6 and memo.recorded == 6
@@ -370,7 +387,7 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     third = filter_pod(p, None, led, cfg, 0.0)
     assert memo.recorded == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
     # another pod of the same shape (other name, same request): the same refusals, nothing fitted
-    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], uuid)
+    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], uuid)  # the same policy and type
     assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.recorded == 7
     # another shape is fitted afresh; a node re-registered is fitted afresh
     led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 3))

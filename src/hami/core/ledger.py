@@ -188,13 +188,16 @@ class Ledger:
         self._class_tags: dict[str, dict[RefusalClass, int]] = {}
         self._tag_of: dict[str, dict[str, int]] = {}
         self._tag_clock = 0
+        self._uuid_nodes: dict[str, set[str]] = {}  # device UUID -> the nodes that registered it
         self._class_of: dict[str, tuple[tuple[str, RefusalClass], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
-        if node.name not in self._nodes:
+        old = self._nodes.get(node.name)
+        if old is None:
             self._names = None
+        self._set_uuids(node.name, () if old is None else old.node.devices, node.devices)
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
             node=node,
@@ -213,8 +216,10 @@ class Ledger:
         self._touch(node.name)
 
     def remove_node(self, name: str) -> None:
-        if self._nodes.pop(name, None) is not None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
             self._names = None
+            self._set_uuids(name, old.node.devices, ())
             self._touch(name)
         self._versions.pop(name, None)
         self.ranking.remove(name)
@@ -243,6 +248,23 @@ class Ledger:
             self._best_of[name] = best
         else:
             self._best_of.pop(name, None)
+
+    def _set_uuids(self, name: str, old: Sequence[DeviceInfo], new: Sequence[DeviceInfo]) -> None:
+        for d in old:
+            holders = self._uuid_nodes.get(d.id)
+            if holders is not None:
+                holders.discard(name)
+                if not holders:
+                    del self._uuid_nodes[d.id]
+        for d in new:
+            self._uuid_nodes.setdefault(d.id, set()).add(name)
+
+    def uuid_nodes(self, uuids: Iterable[str]) -> set[str]:
+        """The nodes that registered a device with one of ``uuids``."""
+        out: set[str] = set()
+        for u in uuids:
+            out |= self._uuid_nodes.get(u, set())
+        return out
 
     def _set_classes(self, name: str, keys: tuple[tuple[str, RefusalClass], ...]) -> None:
         old = self._class_of.get(name, ())

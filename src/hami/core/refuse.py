@@ -12,12 +12,13 @@ devices of an absolute ``memreq`` MiB or a percentage ``pct`` of each device's m
 * the node has no device of the vendor: ``NodeInsufficientDevice`` (HAMi prints the bare code);
 * every device of the vendor is schedulable (healthy, not cordoned) and served, no device may
   serve two of the ``nums`` (no MIG), and the vendor's static filter (the type and mode
-  selection; the pod names no UUIDs) answers alike for all of them (a node of one GPU model, or
-  of models all refused), so the candidates are all ``all`` devices; then
+  selection; UUIDs the pod names, none of them on this node) answers alike for all of them (a
+  node of one GPU model, or of models all refused), so the candidates are all ``all`` devices;
+  then
 
   - ``nums > all``: ``NodeInsufficientDevice``;
-  - the static filter refuses them (``use-gputype`` names another model, say): ``all/all`` of
-    its reason (``CardTypeMismatch``);
+  - the static filter refuses them (``use-gputype`` names another model, or ``use-gpuuuid``
+    GPUs of other nodes): ``all/all`` of its reason (``CardTypeMismatch``, ``CardUuidMismatch``);
   - one device's use alone (the request's memory and cores) exceeds the room left in the
     namespace's quota: each device with a free slot fails on quota, each without on slots (the
     capacity rules check slots, then quota, then memory): ``k/all ResourceQuotaNotFit,
@@ -37,8 +38,9 @@ devices of an absolute ``memreq`` MiB or a percentage ``pct`` of each device's m
 The memory and cores rules hold under a quota whose room takes one device's use: a walk that
 takes no device probes the quota with that one device alone.
 
-Where these do not settle it (a node with an unhealthy GPU, or with models the selection splits;
-a pod with ``mutex`` or a UUID list, or a percentage under a memory quota; a vendor without
+Where these do not settle it (a node with an unhealthy GPU, with models the selection splits,
+or with a GPU the pod names by UUID; a pod with ``mutex``, or a percentage under a memory quota;
+a vendor without
 ``summary_prefilter``; a request after the first, whose node already holds the earlier
 containers' picks), the caller fits the node as before. The rules hold for the vendors that
 declare ``summary_prefilter`` (the generic capacity rules, :func:`hami.vendors.base.slot_check`
@@ -62,7 +64,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, Sequence
 
 from .fit import FitContext
 from .ledger import NodeSummary, RefusalClass
@@ -87,9 +89,26 @@ UNSETTLED = None
 class SummaryRefusal:
     """One pod's refusals from node summaries (:func:`refusal` builds it; None: not such a pod)."""
 
-    __slots__ = ("vendor", "ci", "nums", "memreq", "pct", "cores", "short", "over_quota", "_plan", "_kinds", "_made")
+    __slots__ = (
+        "vendor",
+        "ci",
+        "nums",
+        "memreq",
+        "pct",
+        "cores",
+        "short",
+        "over_quota",
+        "holders",
+        "_plan",
+        "_kinds",
+        "_made",
+    )
 
-    def __init__(self, ctx: FitContext, ci: int, req: Any, over_quota: bool, quota: bool) -> None:
+    def __init__(
+        self, ctx: FitContext, ci: int, req: Any, over_quota: bool, quota: bool, holders: AbstractSet[str] = frozenset()
+    ) -> None:
+        # nodes with a device the pod's selection names by UUID: left to the fit
+        self.holders = holders
         self.vendor, self.ci, self.nums, self.memreq, self.cores = req.vendor, ci, req.nums, req.memreq, req.coresreq
         # a percentage of each device's memory (absolute memory asked: None)
         self.pct: int | None = None if req.memreq > 0 else req.mem_percentage
@@ -137,11 +156,12 @@ class SummaryRefusal:
             f = self._made[key] = NodeFailure(total=total, counts=counts, container=self.ci, vendor=self.vendor)
         return f
 
-    def __call__(self, s: NodeSummary) -> NodeFailure | None:
-        """The node's exact failure, or None when its summary does not settle it (fit the node)."""
+    def __call__(self, s: NodeSummary, name: str = "") -> NodeFailure | None:
+        """Node ``name``'s exact failure, or None when its summary ``s`` does not settle it (fit
+        the node)."""
         out: dict[str, NodeFailure] = {}
-        self.split(("",), lambda _: s, out)
-        return out.get("")
+        self.split((name,), lambda _: s, out)
+        return out.get(name)
 
     def split(
         self, names: Iterable[str], summary: Callable[[str], NodeSummary], refused: dict[str, NodeFailure]
@@ -151,9 +171,12 @@ class SummaryRefusal:
         everything it reads held in locals: it runs for every node of a cluster)."""
         rest = []
         vendor, nums, memreq, pct, cores, short = self.vendor, self.nums, self.memreq, self.pct, self.cores, self.short
-        over_quota = self.over_quota
+        over_quota, holders = self.over_quota, self.holders
         static_of, judge, failure = self._kinds.get, self.static, self._failure
         for n in names:
+            if holders and n in holders:
+                rest.append(n)
+                continue
             v = summary(n).vendors.get(vendor)
             if v is None:
                 refused[n] = self._few(0)
@@ -225,8 +248,11 @@ class SummaryRefusal:
             return names  # no class settled: every node of the vendor is judged alone
         judged[None] = self._few(0)
         got = dict(zip(names, map(judged.__getitem__, map(tag_of.get, names))))
+        for n in self.holders:
+            if n in got:
+                got[n] = None
         rest: list[str] = []
-        if None in judged.values():
+        if None in judged.values() or self.holders:
             rest = [n for n, f in got.items() if f is None]
             for n in rest:
                 del got[n]
@@ -247,12 +273,17 @@ def _code(item: tuple[Reason, int]) -> str:
     return item[0].value
 
 
-def refusal(ctx: FitContext) -> SummaryRefusal | None:
+def refusal(
+    ctx: FitContext, uuid_nodes: Callable[[AbstractSet[str]], AbstractSet[str]] | None = None
+) -> SummaryRefusal | None:
     """The pod's :class:`SummaryRefusal`, for its first device request (the first container
     with one, its first vendor), when the summary rules cover it: a request to a
     ``summary_prefilter`` vendor, of absolute memory or a percentage of it, with no ``mutex``
-    device policy, no UUID list in its selection, and no namespace memory quota for a
-    percentage (whose MiB differ per device) unless the cores alone exceed the room."""
+    device policy, and no namespace memory quota for a percentage (whose MiB differ per
+    device) unless the cores alone exceed the room. A selection by UUID (``use-gpuuuid``,
+    ``nouse-gpuuuid``) needs ``uuid_nodes`` (the ledger's: which nodes hold those UUIDs): the
+    nodes that do are fitted; on the others no device is named, so the static filter answers
+    per model and mode (``CardUuidMismatch`` for each device a ``use`` list leaves out)."""
     asks = [(ci, r) for ci, c in enumerate(ctx.pod.containers) for r in c.requests]
     if not asks:
         return None
@@ -265,8 +296,14 @@ def refusal(ctx: FitContext) -> SummaryRefusal | None:
     if ctx.policy.mutex:
         return None
     sel = plan.sel
-    if getattr(sel, "use_uuids", True) or getattr(sel, "nouse_uuids", True):
-        return None  # a UUID list (or a selection of unknown shape): per device, fit the node
+    named = getattr(sel, "use_uuids", None), getattr(sel, "nouse_uuids", None)
+    if not all(isinstance(u, frozenset) for u in named):
+        return None  # a selection of unknown shape
+    holders: AbstractSet[str] = frozenset()
+    if named[0] or named[1]:
+        if uuid_nodes is None:
+            return None  # no way to tell which nodes hold them: per device, fit the node
+        holders = uuid_nodes(named[0] | named[1])
     mem_room, core_room = (None, None) if ctx.quota is None else ctx.quota.room.get(req.vendor, (None, None))
     over_cores = core_room is not None and req.coresreq > core_room
     if req.memreq > 0:
@@ -275,4 +312,4 @@ def refusal(ctx: FitContext) -> SummaryRefusal | None:
         return None  # a percentage under a memory quota: each device's MiB is checked against it
     else:
         over = over_cores
-    return SummaryRefusal(ctx, ci, req, over, (mem_room, core_room) != (None, None))
+    return SummaryRefusal(ctx, ci, req, over, (mem_room, core_room) != (None, None), holders)

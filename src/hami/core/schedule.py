@@ -378,14 +378,14 @@ class _Search:
         """Refusals from node summaries (:mod:`hami.core.refuse`), for the pods they cover; built
         when first needed (a pod that fits is rarely asked)."""
         if self._refusal is _UNSET:
-            self._refusal = None if self.exact else refusal(self.ctx)
+            self._refusal = None if self.exact else refusal(self.ctx, self.ledger.uuid_nodes)
         return self._refusal  # type: ignore[return-value]
 
     def hopeless(self) -> bool:
         """True when no device in the whole cluster can take one of the pod's requests (its
         vendor has no device with a free slot, or none with the memory, absolute or as a
         percentage, or none with the cores, :meth:`Ledger.best_room`; or no node has a model
-        the pod's type selection accepts; or one device's use exceeds the namespace's quota
+        the pod's type selection accepts, or a GPU it names by UUID; or one device's use exceeds the namespace's quota
         room, which the pod's whole use on the vendor cannot be less than): no node fits, so
         the walk would visit nodes for nothing."""
         if self.exact:
@@ -405,6 +405,9 @@ class _Search:
                 models = {m for _, _, kinds, _ in ledger.refusal_classes(vendor) for m, _ in kinds}
                 if not self.gate.admits(vendor, frozenset(models)):
                     return True
+                named = getattr(self.ctx.selections[vendor], "use_uuids", None)
+                if named and not ledger.uuid_nodes(named):
+                    return True  # the GPUs it names are on no node
         return False
 
     def no_memory(self, refuse: SummaryRefusal) -> bool:
