@@ -16,8 +16,10 @@ CPU time of the default path (the machine is shared: wall time includes waiting 
   and retry;
 * ``quota spent``: a 1-GPU pod in a namespace whose quota has less memory left than it asks;
 * ``two containers``: a pod whose first container asks more memory than any GPU has;
-* ``UUID nowhere``: a pod naming a GPU UUID no node has, which the summary rules do not
-  cover (every node fitted on the first Filter; retries take remembered refusals);
+* ``UUID nowhere``: a pod naming a GPU UUID no node has (``use-gpuuuid``);
+* ``mutex, type nowhere``: the same as ``type nowhere`` under the ``mutex`` device policy, which
+  the summary rules do not cover (every node fitted on the first Filter; retries take
+  remembered refusals);
 * ``schedulable 1-GPU pod`` (the target case of ``bench_core_filter.py``) and the same after a
   change: must not get slower;
 * last, after one sharer is placed on every GPU: ``whole GPU``, a pod asking 100 % of a GPU's
@@ -146,7 +148,7 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     case("quota spent, first Filter", slow_runs, capped, still, ledger, names, config)
     case("two containers, the first too big, first", slow_runs, two, still, ledger, names, config)
     uuid_pod = lambda i: admitted(make_pod(f"uuid-{i}", 1, 3000 + i, 10, uuid))  # noqa: E731
-    case("UUID nowhere (not summarised), first", slow_runs, uuid_pod, still, ledger, names, config)
+    case("UUID nowhere, first", slow_runs, uuid_pod, still, ledger, names, config)
     filter_pod(admitted(make_pod("uuid", 1, 3000, 10, uuid)), names, ledger, config, 0.0)
     case(
         "UUID nowhere, retry",
@@ -157,6 +159,12 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
         names,
         config,
     )
+    mutex = {**b200, "hami.io/gpu-scheduler-policy": "mutex"}
+    mutex_pod = lambda i: admitted(make_pod(f"mutex-{i}", 1, 3000 + i, 10, mutex))  # noqa: E731
+    case("mutex, type nowhere (not summarised), first", slow_runs, mutex_pod, still, ledger, names, config)
+    filter_pod(admitted(make_pod("mutex", 1, 3000, 10, mutex)), names, ledger, config, 0.0)
+    same_mutex = lambda i: admitted(make_pod("mutex", 1, 3000, 10, mutex))  # noqa: E731
+    case("mutex, type nowhere, retry", slow_runs, same_mutex, churn, ledger, names, config)
     case("schedulable 1-GPU pod", runs, lambda i: target, still, ledger, names, config, fits=True)
     case("schedulable 1-GPU pod, after a change", runs, lambda i: target, churn, ledger, names, config, fits=True)
     result = filter_pod(too_big, names, ledger, config, 0.0)
