@@ -135,7 +135,7 @@ class SummaryRefusal:
         if got is False:
             plan = self._plan
             vendor, req, sel = plan.vendor, plan.req, plan.sel
-            answers = set()
+            answers: set[Reason | bool | None] = set()
             for model, mode in kinds:
                 d = DeviceInfo(id="", type=model, mode=mode, health=True, vendor=self.vendor)
                 if not vendor.serves(d, req) or vendor.repeats(d, sel):
@@ -256,7 +256,7 @@ class SummaryRefusal:
             rest = [n for n, f in got.items() if f is None]
             for n in rest:
                 del got[n]
-        refused.update(got)
+        refused.update(got)  # type: ignore[arg-type]  # the Nones were taken out
         return rest
 
     def _few(self, total: int) -> NodeFailure:
@@ -296,14 +296,14 @@ def refusal(
     if ctx.policy.mutex:
         return None
     sel = plan.sel
-    named = getattr(sel, "use_uuids", None), getattr(sel, "nouse_uuids", None)
-    if not all(isinstance(u, frozenset) for u in named):
+    use, nouse = getattr(sel, "use_uuids", None), getattr(sel, "nouse_uuids", None)
+    if not isinstance(use, frozenset) or not isinstance(nouse, frozenset):
         return None  # a selection of unknown shape
     holders: AbstractSet[str] = frozenset()
-    if named[0] or named[1]:
+    if use or nouse:
         if uuid_nodes is None:
             return None  # no way to tell which nodes hold them: per device, fit the node
-        holders = uuid_nodes(named[0] | named[1])
+        holders = uuid_nodes(use | nouse)
     mem_room, core_room = (None, None) if ctx.quota is None else ctx.quota.room.get(req.vendor, (None, None))
     over_cores = core_room is not None and req.coresreq > core_room
     if req.memreq > 0:
