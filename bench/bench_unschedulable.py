@@ -5,16 +5,25 @@ Clusters of 1000 and 5000 nodes x 8 GPUs (5 background pods a node, placed by th
 (``exact=True``: every node fitted device by device for its reason, the path before) and on the
 default path (summary refusals, :mod:`hami.core.refuse`; refusals remembered per pod shape and
 node version, :mod:`hami.core.verdicts`), runs interleaved so both see the same machine load,
-and checks that both give the same node and the same reasons:
+and checks that both give the same node and the same reasons. Beside the wall-clock p50, the
+CPU time of the default path (the machine is shared: wall time includes waiting for a core).
 
 * ``unschedulable, first Filter``: a 1-GPU pod asking more memory than any GPU has, a new
   request size every run (nothing remembered helps);
 * ``unschedulable, retry after a change``: the same pod again after one background pod was
   placed or removed (what kube-scheduler does on every cluster event);
-* ``unschedulable, type nowhere, first`` / ``retry``: a pod asking for a GPU model no node has,
-  which the summary rules do not cover (nodes are fitted; retries take remembered refusals);
+* ``type nowhere``: a pod asking for a GPU model no node has (``use-gputype``), first Filter
+  and retry;
+* ``quota spent``: a 1-GPU pod in a namespace whose quota has less memory left than it asks;
+* ``two containers``: a pod whose first container asks more memory than any GPU has;
+* ``UUID nowhere``: a pod naming a GPU UUID no node has (``use-gpuuuid``);
+* ``mutex, type nowhere``: the same as ``type nowhere`` under the ``mutex`` device policy, which
+  the summary rules do not cover (every node fitted on the first Filter; retries take
+  remembered refusals);
 * ``schedulable 1-GPU pod`` (the target case of ``bench_core_filter.py``) and the same after a
-  change: must not get slower.
+  change: must not get slower;
+* last, after one sharer is placed on every GPU: ``whole GPU``, a pod asking 100 % of a GPU's
+  memory (``gpumem-percentage``, the default of a pod asking ``nvidia.com/gpu`` alone).
 
 Also the extender's share for an unschedulable result (``FailedNodes`` and the event lines).
 Run: ``.venv/bin/python bench/bench_unschedulable.py [--sizes 1000,5000] [--runs R] [--fill F]``.
@@ -29,6 +38,8 @@ import time
 from bench_core_filter import build, make_pod, percentile
 
 from hami.core import SchedulerConfig, admit_pod, filter_pod, schedule_pod
+from hami.core.ledger import make_allocation
+from hami.core.types import ContainerDevice
 from hami.scheduler.extender import render_failures, failed_maps, failure_summary
 from hami.vendors import build_vendors
 
@@ -39,26 +50,41 @@ def timed(fn) -> tuple[float, object]:
     return (time.perf_counter() - t) * 1e3, out
 
 
-def case(label: str, runs: int, make, change, ledger, names, config) -> None:
+def case(label: str, runs: int, make, change, ledger, names, config, fits: bool = False) -> None:
     """Time ``make(i)``'s pod on both paths, ``change(i)`` applied before each run."""
-    before, after = [], []
+    before, after, cpu = [], [], []
     for i in range(runs):
         change(i)
         pod = make(i)
         order = (True, False) if i % 2 else (False, True)  # alternate which path goes first
         got = {}
         for exact in order:
+            c = time.thread_time()
             ms, got[exact] = timed(lambda: filter_pod(pod, names, ledger, config, 0.0, exact=exact))
             (before if exact else after).append(ms)
+            if not exact:
+                cpu.append((time.thread_time() - c) * 1e3)
         slow, fast = got[True], got[False]
         assert slow.node == fast.node, (label, slow.node, fast.node)
+        assert (slow.node is not None) == fits, (label, slow.node)
         if slow.node is None:
             assert slow.reasons() == fast.reasons(), label
     b, a = percentile(before, 50), percentile(after, 50)
     print(
         f"  {label:<44} before p50 {b:9.3f} ms  after p50 {a:8.3f} ms  ({b / a:7.1f}x)  "
-        f"p99 {percentile(before, 99):9.3f} / {percentile(after, 99):8.3f} ms  over {runs} runs"
+        f"p99 {percentile(before, 99):9.3f} / {percentile(after, 99):8.3f} ms  "
+        f"after's CPU p50 {percentile(cpu, 50):.3f} ms  over {runs} runs"
     )
+
+
+def share_every_gpu(ledger) -> None:
+    """One pod a node holding 100 MiB and 1 core of each of its GPUs (no GPU left idle)."""
+    for name in ledger.node_names():
+        gpus = ledger.node(name).devices
+        pod = {"metadata": {"name": f"sharer-{name}", "namespace": "bench", "uid": f"sharer-{name}"}, "spec": {}}
+        pod["spec"]["containers"] = [{"name": "c"}]
+        used = tuple(ContainerDevice(uuid=d.id, type="NVIDIA", usedmem=100, usedcores=1, index=d.index) for d in gpus)
+        ledger.add_pod(make_allocation(pod, name, {"NVIDIA": (used,)}))
 
 
 def figures(n_nodes: int, runs: int, fill: str) -> None:
@@ -84,38 +110,63 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     def still(i: int) -> None:
         pass
 
+    def forget(i: int) -> None:  # nothing remembered: each run a first Filter
+        ledger.verdicts.clear()
+
     def admitted(raw: dict) -> dict:
         return admit_pod(raw, config.vendors)[0]
 
     slow_runs = max(3, runs // 20)
     too_big = admitted(make_pod("too-big", 1, 102400, 10))
-    h100 = {"nvidia.com/use-gputype": "B200"}  # a model no node has
-    nowhere = admitted(make_pod("nowhere", 1, 3000, 10, h100))
+    b200 = {"nvidia.com/use-gputype": "B200"}  # a model no node has
+    nowhere = admitted(make_pod("nowhere", 1, 3000, 10, b200))
+    uuid = {"nvidia.com/use-gpuuuid": "GPU-elsewhere"}  # a GPU no node has
     target = admitted(make_pod("probe", 1, 3000, 30))
-    case(
-        "unschedulable, first Filter",
-        slow_runs,
-        lambda i: admitted(make_pod(f"big-{i}", 1, 102400 + i, 10)),
-        still,
-        ledger,
-        names,
-        config,
-    )
+    ledger.set_quota("capped", "q", {"limits.nvidia.com/gpumem": "2000"}, config.vendors)
+
+    def capped(i: int) -> dict:
+        pod = make_pod(f"capped-{i}", 1, 3000 + i, 10)
+        pod["metadata"]["namespace"] = "capped"
+        return admitted(pod)
+
+    def two(i: int) -> dict:
+        pod = make_pod(f"two-{i}", 1, 102400 + i, 10)
+        pod["spec"]["containers"].append({"name": "d", "resources": {"limits": {"nvidia.com/gpu": 1}}})
+        return admitted(pod)
+
+    def whole(i: int) -> dict:  # nvidia.com/gpu alone: 100 % of a GPU's memory, all its cores
+        return admitted(make_pod(f"whole-{i}", 1, None, None))
+
+    new_size = lambda i: admitted(make_pod(f"big-{i}", 1, 102400 + i, 10))  # noqa: E731
+    case("unschedulable, first Filter", slow_runs, new_size, still, ledger, names, config)
     filter_pod(too_big, names, ledger, config, 0.0)
     case("unschedulable, retry after a change", slow_runs, lambda i: too_big, churn, ledger, names, config)
+    b200_pod = lambda i: admitted(make_pod(f"b200-{i}", 1, 3000 + i, 10, b200))  # noqa: E731
+    case("type nowhere, first Filter", slow_runs, b200_pod, still, ledger, names, config)
+    filter_pod(nowhere, names, ledger, config, 0.0)
+    case("type nowhere, retry", slow_runs, lambda i: nowhere, churn, ledger, names, config)
+    case("quota spent, first Filter", slow_runs, capped, still, ledger, names, config)
+    case("two containers, the first too big, first", slow_runs, two, still, ledger, names, config)
+    uuid_pod = lambda i: admitted(make_pod(f"uuid-{i}", 1, 3000 + i, 10, uuid))  # noqa: E731
+    case("UUID nowhere, first", slow_runs, uuid_pod, still, ledger, names, config)
+    filter_pod(admitted(make_pod("uuid", 1, 3000, 10, uuid)), names, ledger, config, 0.0)
     case(
-        "unschedulable, type nowhere, first Filter",
+        "UUID nowhere, retry",
         slow_runs,
-        lambda i: admitted(make_pod(f"b200-{i}", 1, 3000 + i, 10, h100)),
-        still,
+        lambda i: admitted(make_pod("uuid", 1, 3000, 10, uuid)),
+        churn,
         ledger,
         names,
         config,
     )
-    filter_pod(nowhere, names, ledger, config, 0.0)
-    case("unschedulable, type nowhere, retry", slow_runs, lambda i: nowhere, churn, ledger, names, config)
-    case("schedulable 1-GPU pod", runs, lambda i: target, still, ledger, names, config)
-    case("schedulable 1-GPU pod, after a change", runs, lambda i: target, churn, ledger, names, config)
+    mutex = {**b200, "hami.io/gpu-scheduler-policy": "mutex"}
+    mutex_pod = lambda i: admitted(make_pod(f"mutex-{i}", 1, 3000 + i, 10, mutex))  # noqa: E731
+    case("mutex, type nowhere (not summarised), first", slow_runs, mutex_pod, still, ledger, names, config)
+    filter_pod(admitted(make_pod("mutex", 1, 3000, 10, mutex)), names, ledger, config, 0.0)
+    same_mutex = lambda i: admitted(make_pod("mutex", 1, 3000, 10, mutex))  # noqa: E731
+    case("mutex, type nowhere, retry", slow_runs, same_mutex, churn, ledger, names, config)
+    case("schedulable 1-GPU pod", runs, lambda i: target, still, ledger, names, config, fits=True)
+    case("schedulable 1-GPU pod, after a change", runs, lambda i: target, churn, ledger, names, config, fits=True)
     result = filter_pod(too_big, names, ledger, config, 0.0)
     slow = filter_pod(too_big, names, ledger, config, 0.0, exact=True)
 
@@ -131,6 +182,10 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
         "  extender's FailedNodes + event lines for that refusal (besides the above): "
         f"p50 {percentile(ms['before'], 50):.3f} ms with fitted refusals, {percentile(ms['after'], 50):.3f} ms after"
     )
+    t0 = time.perf_counter()
+    share_every_gpu(ledger)
+    print(f"  then one sharer on every GPU ({time.perf_counter() - t0:.1f}s):")
+    case("whole GPU (100 % of its memory), first", slow_runs, whole, forget, ledger, names, config)
 
 
 def main() -> None:

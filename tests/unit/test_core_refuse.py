@@ -15,18 +15,20 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hami.config import chart_device_config
 from hami.core import DeviceInfo, Ledger, NodeDevices, SchedulerConfig, admit_pod, filter_pod, schedule_pod
 from hami.core.fit import fit_pod, make_context
-from hami.core.reasons import NodeFailure
-from hami.core.refuse import refusal
+from hami.core.reasons import NodeFailure, Reason
+from hami.core.refuse import SummaryRefusal, refusal
 from hami.core.requests import pod_request
+from hami.core import schedule as schedule_module
 from hami.core.schedule import pod_policies
 from hami.vendors import build_vendors
 
@@ -45,7 +47,11 @@ ANNOTATIONS = (
     {"nvidia.com/use-gputype": "T4"},
     {"nvidia.com/nouse-gputype": "A100"},
     {"nvidia.com/use-gputype": "H100"},
+    {"nvidia.com/use-gputype": "A100,T4"},
+    {"nvidia.com/vgpu-mode": "hami-core"},
     {"nvidia.com/nouse-gpuuuid": "GPU-n1-0"},
+    {"nvidia.com/use-gpuuuid": "GPU-n2-1,GPU-n0-0"},
+    {"nvidia.com/use-gpuuuid": "GPU-elsewhere"},
     {"nvidia.com/vgpu-mode": "mig"},
     {"nvidia.com/numa-bind": "true"},
     {"hami.io/gpu-scheduler-policy": "topology-aware"},
@@ -71,23 +77,32 @@ def device(node: str, i: int, vendor: str, model: int, mem: int, count: int, hea
     )
 
 
-devices_st = st.lists(
-    st.tuples(
-        st.sampled_from(("NVIDIA", "NVIDIA", "NVIDIA", "DCU", "AMD")),
-        st.integers(0, 1),
-        st.sampled_from((8000, 16384)),
-        st.sampled_from((1, 2, 4)),
-        st.sampled_from((True, True, True, True, False)),
-        st.sampled_from((False, False, False, False, True)),
-    ),
-    min_size=0,
-    max_size=4,
+device_st = st.tuples(
+    st.sampled_from(("NVIDIA", "NVIDIA", "NVIDIA", "DCU", "AMD")),
+    st.integers(0, 1),
+    st.sampled_from((8000, 16384)),
+    st.sampled_from((1, 2, 4)),
+    st.sampled_from((True, True, True, True, False)),
+    st.sampled_from((False, False, False, False, True)),
+)
+# a node of random devices, or of one kind of device (one model, as most nodes are)
+devices_st = st.one_of(
+    st.lists(device_st, min_size=0, max_size=4),
+    st.builds(lambda d, k: [d] * k, device_st, st.integers(1, 4)),
 )
 request_st = st.tuples(
     st.sampled_from(("NVIDIA", "NVIDIA", "DCU", "AMD")),
     st.integers(1, 3),
-    st.sampled_from((None, 1000, 4000, 9000, 20000)),
+    # MiB, or a percentage of each device's memory (NVIDIA; None: NVIDIA's default, 100 %)
+    st.sampled_from((None, 1000, 4000, 9000, 20000, "30%", "60%", "100%")),
     st.sampled_from((None, 0, 30, 60, 80, 100)),
+)
+QUOTAS = (
+    None,
+    {"limits.nvidia.com/gpumem": 6000},
+    {"limits.nvidia.com/gpumem": 30000},
+    {"limits.nvidia.com/gpucores": 70},
+    {"limits.nvidia.com/gpumem": 20000, "limits.nvidia.com/gpucores": 150},
 )
 probe_st = st.tuples(
     st.lists(request_st, min_size=1, max_size=2),
@@ -107,7 +122,10 @@ def make_pod(name: str, reqs, annotations=None, ns: str = "default", idle_ctr: b
     for k, (vendor, nums, mem, cores) in enumerate(reqs):
         count, memory, core = RES[vendor]
         limits = {count: nums}
-        if mem is not None:
+        if isinstance(mem, str):
+            if vendor == "NVIDIA":
+                limits["nvidia.com/gpumem-percentage"] = int(mem.rstrip("%"))
+        elif mem is not None:
             limits[memory] = mem
         if cores:
             limits[core] = cores
@@ -157,6 +175,9 @@ def check_ledger(led: Ledger) -> None:
     for v in ("NVIDIA", "DCU", "AMD"):
         assert led.best_room(v) == best.get(v), v
     assert set(led.versions()) == set(led.node_names())
+    for n in led.node_names():  # every device UUID leads to its node
+        assert all(n in led.uuid_nodes([d.id]) for d in led.node(n).devices)
+    assert led.uuid_nodes(["GPU-elsewhere"]) == set()
     for v in ("NVIDIA", "DCU", "AMD"):  # refusal classes: every node with the vendor, once
         classes = led.refusal_classes(v)
         expect: dict = {}
@@ -165,6 +186,9 @@ def check_ledger(led: Ledger) -> None:
             if vs is not None:
                 expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot), set()).add(n)
         assert {k: set(ns) for k, ns in classes.items()} == expect
+        tags, tag_of = led.refusal_tags(v)  # each class one tag of its own; each node its class's
+        assert set(tags) == set(expect) and len(set(tags.values())) == len(tags)
+        assert tag_of == {n: tags[k] for k, ns in expect.items() for n in ns}
 
 
 step_st = st.one_of(
@@ -172,7 +196,7 @@ step_st = st.one_of(
     st.tuples(st.just("remove"), st.integers(0, 30)),
     st.tuples(st.just("reset"), st.integers(0, 9), devices_st, st.lists(st.integers(0, 3), max_size=2)),
     st.tuples(st.just("drop"), st.integers(0, 9)),
-    st.tuples(st.just("quota"), st.sampled_from((None, 6000, 30000))),
+    st.tuples(st.just("quota"), st.sampled_from(QUOTAS)),
     st.tuples(st.just("busy"), st.integers(0, 9), st.sampled_from(("all", "named", "few"))),
 )
 
@@ -213,8 +237,7 @@ def test_cheap_refusals_give_the_exact_paths_answer(nodes, probes, steps, policy
             else:
                 led.set_node(make_node(name, specs[name]))
         elif kind == "quota":
-            hard = {} if step[1] is None else {"limits.nvidia.com/gpumem": step[1]}
-            led.set_quota("team", "q", hard, VENDORS)
+            led.set_quota("team", "q", step[1] or {}, VENDORS)
         elif kind == "busy":  # what kube-scheduler offers from now on, and the nodes binding
             pick, which = step[1], step[2]
             cands = {"all": None, "named": names + ["ghost"], "few": names[pick % len(names) :][:2]}[which]
@@ -225,27 +248,126 @@ def test_cheap_refusals_give_the_exact_paths_answer(nodes, probes, steps, policy
         check_ledger(led)
 
 
+single_node_st = (
+    st.lists(devices_st, min_size=1, max_size=5),
+    st.lists(request_st, max_size=12),
+    st.lists(request_st, min_size=1, max_size=3),
+    st.sampled_from(QUOTAS),
+    st.data(),
+)
+
+
 @SETTINGS
-@given(st.lists(devices_st, min_size=1, max_size=5), st.lists(request_st, max_size=12), request_st, st.data())
-def test_a_summary_refusal_is_the_fits_refusal(nodes, background, req, data):
+@given(*single_node_st)
+def test_a_summary_refusal_is_the_fits_refusal(nodes, background, reqs, quota, data):
+    summary_matches_fit(nodes, background, reqs, quota, data)
+
+
+def summary_matches_fit(nodes, background, reqs, quota, data) -> None:
     cfg = SchedulerConfig(VENDORS)
     led = Ledger()
     for i, spec in enumerate(nodes):
         cordon = tuple(data.draw(st.lists(st.integers(0, 3), max_size=1)))
         led.set_node(make_node(f"n{i}", spec, cordon))
+    led.set_quota("team", "q", quota or {}, VENDORS)
     for k, b in enumerate(background):
-        schedule_pod(make_pod(f"bg{k}", [b]), [f"n{k % len(nodes)}"], led, cfg, 0.0)
-    p = make_pod("probe", [req], data.draw(st.sampled_from(ANNOTATIONS)))
+        schedule_pod(make_pod(f"bg{k}", [b], ns="team"), [f"n{k % len(nodes)}"], led, cfg, 0.0)
+    ns = data.draw(st.sampled_from(("default", "team")))
+    p = make_pod("probe", reqs, data.draw(st.sampled_from(ANNOTATIONS)), ns, data.draw(st.booleans()))
     pr = pod_request(p, VENDORS)
     _, policy, weights = pod_policies(pr, cfg)
-    ctx = make_context(pr, VENDORS, policy, weights)
-    refuse = refusal(ctx)
+    ctx = make_context(pr, VENDORS, policy, weights, led.quota_room(ns, VENDORS))
+    refuse = refusal(ctx, led.uuid_nodes)
     for n in led.node_names():
-        got = refuse(led.summary(n)) if refuse is not None else None
+        got = refuse(led.summary(n), n) if refuse is not None else None
         if got is not None:
             fit = fit_pod(led.view(n), ctx)
             assert isinstance(fit, NodeFailure), (n, got)
             assert same(got, fit) and got.total == fit.total, (n, got, fit)
+
+
+def _plant_static_pass(mp: pytest.MonkeyPatch) -> None:
+    """The static filter's refusal read as a pass: a model the pod excludes judged on memory."""
+    real = SummaryRefusal.static
+    mp.setattr(
+        SummaryRefusal,
+        "static",
+        lambda self, kinds: True if isinstance(real(self, kinds), Reason) else real(self, kinds),
+    )
+
+
+def _plant_quota_ignored(mp: pytest.MonkeyPatch) -> None:
+    """A namespace quota that one device's use exceeds, overlooked."""
+    real = SummaryRefusal.__init__
+
+    def init(self, ctx, ci, req, over_quota, *rest):
+        real(self, ctx, ci, req, False, *rest)
+
+    mp.setattr(SummaryRefusal, "__init__", init)
+
+
+def _plant_percent_as_mib(mp: pytest.MonkeyPatch) -> None:
+    """A percentage of each device's memory compared with the free MiB as if it were MiB x 100."""
+    real = SummaryRefusal.__init__
+
+    def init(self, *args):
+        real(self, *args)
+        if self.pct is not None:
+            self.memreq, self.pct = self.pct * 100, None
+
+    mp.setattr(SummaryRefusal, "__init__", init)
+
+
+def _plant_last_request(mp: pytest.MonkeyPatch) -> None:
+    """The last device request summarised, where the fit refuses the node at the first."""
+
+    real = refusal
+
+    def last(ctx, *rest):
+        asks = [(ci, r) for ci, c in enumerate(ctx.pod.containers) for r in c.requests]
+        got = real(ctx, *rest)
+        if got is None or len(asks) < 2:
+            return got
+        ci, req = asks[-1]
+        return SummaryRefusal(ctx, ci, req, got.over_quota, False, got.holders)
+
+    mp.setattr(sys.modules[__name__], "refusal", last)
+
+
+def _plant_holders_ignored(mp: pytest.MonkeyPatch) -> None:
+    """The nodes holding a GPU the pod names by UUID judged like the others."""
+    real = SummaryRefusal.__init__
+
+    def init(self, *args):
+        real(self, *args)
+        self.holders = frozenset()
+
+    mp.setattr(SummaryRefusal, "__init__", init)
+
+
+FAULTS = {
+    "UUID holders summarised": _plant_holders_ignored,
+    "static refusal read as a pass": _plant_static_pass,
+    "quota ignored": _plant_quota_ignored,
+    "percentage read as MiB": _plant_percent_as_mib,
+    "last request summarised": _plant_last_request,
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_wrong_summary_is_caught(fault, monkeypatch):
+    """The comparison with the fit can fail: each planted fault in the summary rules is found."""
+    FAULTS[fault](monkeypatch)
+    run = settings(
+        max_examples=1500,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=(Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+    )(given(*single_node_st)(summary_matches_fit))
+    with pytest.raises(AssertionError):
+        run()
 
 
 def test_a_retry_refits_only_the_nodes_that_changed():
@@ -254,8 +376,9 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     for i in range(6):
         led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
     memo = led.verdicts
-    # a type no node has: the summary rules do not cover it (a static filter), so nodes are fitted
-    p = make_pod("big", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
+    # the mutex device policy: the summary rules do not cover it, so nodes are fitted
+    uuid = {"hami.io/gpu-scheduler-policy": "mutex", "nvidia.com/use-gputype": "H100"}
+    p = make_pod("big", [("NVIDIA", 1, 1000, None)], uuid)
     first = filter_pod(p, None, led, cfg, 0.0)
     assert first.node is None and len(first.failed) == 6 and memo.recorded == 6
     again = filter_pod(p, None, led, cfg, 0.0)
@@ -264,7 +387,7 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     third = filter_pod(p, None, led, cfg, 0.0)
     assert memo.recorded == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
     # another pod of the same shape (other name, same request): the same refusals, nothing fitted
-    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], {"nvidia.com/use-gputype": "H100"})
+    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], uuid)  # the same policy and type
     assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.recorded == 7
     # another shape is fitted afresh; a node re-registered is fitted afresh
     led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 3))
@@ -364,3 +487,48 @@ def test_too_few_open_gpus(devices, background, probe, annotations, expected):
     exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
     assert exact.reasons() == {"n0": expected}
     assert filter_pod(p, None, led, cfg, 0.0).reasons() == {"n0": expected}
+
+
+def _one_model_cluster() -> tuple[Ledger, SchedulerConfig]:
+    """n0, n1: two T4s each, in use (one pod on each of n0's, one on n1's first); n2: two idle
+    A100s; n3: a T4 and an A100 (models a type selection splits: left to the fit)."""
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    t4, a100 = ("NVIDIA", 0, 16384, 2, True, False), ("NVIDIA", 1, 16384, 2, True, False)
+    for name, spec in (("n0", [t4] * 2), ("n1", [t4] * 2), ("n2", [a100] * 2), ("n3", [t4, a100])):
+        led.set_node(make_node(name, spec))
+    _placed(led, cfg, "n0", [(0, 4000, 10), (1, 4000, 10)])
+    _placed(led, cfg, "n1", [(0, 4000, 10)])
+    return led, cfg
+
+
+@pytest.mark.parametrize(
+    "reqs, annotations, ns, summarised",
+    [
+        # a model the selection refuses on every GPU of the node: one judgment per class
+        ([("NVIDIA", 1, 20000, None)], {"nvidia.com/use-gputype": "A100"}, "default", {"n0", "n1", "n2"}),
+        # a percentage of each GPU's memory (100 %: a whole GPU), every T4 of n0 in use
+        ([("NVIDIA", 2, "100%", None)], {"nvidia.com/nouse-gputype": "A100"}, "default", {"n0", "n2"}),
+        # one GPU's memory exceeds what the namespace quota has left: ResourceQuotaNotFit on every open GPU
+        ([("NVIDIA", 1, 9000, None)], {}, "team", {"n0", "n1", "n2", "n3"}),
+        # two containers: the first one's request decides (it is fitted first, on the node as it is)
+        (
+            [("NVIDIA", 1, 20000, None), ("NVIDIA", 1, 1000, None)],
+            {"nvidia.com/use-gputype": "T4"},
+            "default",
+            {"n0", "n1", "n2"},
+        ),
+    ],
+)
+def test_new_shapes_are_refused_from_summaries(reqs, annotations, ns, summarised, monkeypatch):
+    led, cfg = _one_model_cluster()
+    led.set_quota("team", "q", {"limits.nvidia.com/gpumem": 6000}, VENDORS)
+    p = make_pod("probe", reqs, annotations, ns)
+    exact = filter_pod(p, None, led, cfg, 0.0, exact=True)
+    assert exact.node is None and set(exact.failed) == {"n0", "n1", "n2", "n3"}
+    fitted: list[str] = []
+    real = schedule_module.fit_pod
+    monkeypatch.setattr(schedule_module, "fit_pod", lambda view, ctx: fitted.append(view.name) or real(view, ctx))
+    fast = filter_pod(p, None, led, cfg, 0.0)
+    assert fast.reasons() == exact.reasons()
+    assert set(fitted) == {"n0", "n1", "n2", "n3"} - summarised  # the others read from summaries

@@ -35,6 +35,7 @@ from .usage import collapse
 from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
+_NO_BOUND = float("inf")
 CORDON_ANNOTATION = DEVICE_CORDON
 
 
@@ -48,7 +49,9 @@ class VendorSummary:
     # the three below over the devices with a free slot only (a full device takes nothing)
     max_free_mem: int = 0
     max_free_cores: int = 0
-    max_pct_bound: float = 0.0  # max (free+1)*100/devmem: a pct request >= this fits nowhere
+    # max (free+1)*100/devmem: a pct request >= this finds no device with the memory (exactly:
+    # free < devmem*pct//100 on each; infinite when a device with a slot has no memory at all)
+    max_pct_bound: float = 0.0
     types: frozenset[str] = frozenset()  # models of the schedulable devices
     sliced: int = 0  # sliced (MIG) devices: one may serve several of a container's nums
     # for exact refusals (hami.core.refuse): every device of the vendor, schedulable or not; the
@@ -146,6 +149,8 @@ class NodeState:
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
             if d.devmem > 0:
                 v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
+            else:  # a percentage of no memory is 0 MiB: no bound from the percentage asked
+                v.max_pct_bound = _NO_BOUND
             v.max_free_cores = max(v.max_free_cores, d.devcore - c)
         self.summary = s
 
@@ -172,19 +177,27 @@ class Ledger:
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
         # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
         # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
-        self._best: dict[str, tuple[SortedList, SortedList]] = {}
-        self._best_of: dict[str, tuple[tuple[str, int, int], ...]] = {}
+        self._best: dict[str, tuple[SortedList, SortedList, SortedList]] = {}
+        self._best_of: dict[str, tuple[tuple[str, int, int, float], ...]] = {}
         # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
         # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
         # devices with a free slot)
         self._classes: dict[str, dict[RefusalClass, set[str]]] = {}
+        # vendor -> class -> its tag (a small int, unique among the vendor's live classes); vendor
+        # -> node -> its class's tag: nodes mapped to their class without hashing the class
+        self._class_tags: dict[str, dict[RefusalClass, int]] = {}
+        self._tag_of: dict[str, dict[str, int]] = {}
+        self._tag_clock = 0
+        self._uuid_nodes: dict[str, set[str]] = {}  # device UUID -> the nodes that registered it
         self._class_of: dict[str, tuple[tuple[str, RefusalClass], ...]] = {}
 
     # ------------------------------------------------------------------ nodes
     def set_node(self, node: NodeDevices) -> None:
         """Add or replace a node's devices; usage is recomputed from the pods placed on it."""
-        if node.name not in self._nodes:
+        old = self._nodes.get(node.name)
+        if old is None:
             self._names = None
+        self._set_uuids(node.name, () if old is None else old.node.devices, node.devices)
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
             node=node,
@@ -203,34 +216,55 @@ class Ledger:
         self._touch(node.name)
 
     def remove_node(self, name: str) -> None:
-        if self._nodes.pop(name, None) is not None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
             self._names = None
+            self._set_uuids(name, old.node.devices, ())
             self._touch(name)
         self._versions.pop(name, None)
         self.ranking.remove(name)
         self._set_best(name, ())
         self._set_classes(name, ())
 
-    def _set_best(self, name: str, best: tuple[tuple[str, int, int], ...]) -> None:
+    def _set_best(self, name: str, best: tuple[tuple[str, int, int, float], ...]) -> None:
         old = self._best_of.get(name, ())
         if old == best:
             return
-        for vendor, mem, cores in old:
+        for vendor, mem, cores, pct in old:
             lists = self._best[vendor]
             lists[0].remove(mem)
             lists[1].remove(cores)
+            lists[2].remove(pct)
             if not lists[0]:
                 del self._best[vendor]
-        for vendor, mem, cores in best:
+        for vendor, mem, cores, pct in best:
             into = self._best.get(vendor)
             if into is None:
-                into = self._best[vendor] = (SortedList(), SortedList())
+                into = self._best[vendor] = (SortedList(), SortedList(), SortedList())
             into[0].add(mem)
             into[1].add(cores)
+            into[2].add(pct)
         if best:
             self._best_of[name] = best
         else:
             self._best_of.pop(name, None)
+
+    def _set_uuids(self, name: str, old: Sequence[DeviceInfo], new: Sequence[DeviceInfo]) -> None:
+        for d in old:
+            holders = self._uuid_nodes.get(d.id)
+            if holders is not None:
+                holders.discard(name)
+                if not holders:
+                    del self._uuid_nodes[d.id]
+        for d in new:
+            self._uuid_nodes.setdefault(d.id, set()).add(name)
+
+    def uuid_nodes(self, uuids: Iterable[str]) -> set[str]:
+        """The nodes that registered a device with one of ``uuids``."""
+        out: set[str] = set()
+        for u in uuids:
+            out |= self._uuid_nodes.get(u, set())
+        return out
 
     def _set_classes(self, name: str, keys: tuple[tuple[str, RefusalClass], ...]) -> None:
         old = self._class_of.get(name, ())
@@ -241,8 +275,16 @@ class Ledger:
             group[key].discard(name)
             if not group[key]:
                 del group[key]
+                del self._class_tags[vendor][key]
+            del self._tag_of[vendor][name]
         for vendor, key in keys:
             self._classes.setdefault(vendor, {}).setdefault(key, set()).add(name)
+            tags = self._class_tags.setdefault(vendor, {})
+            tag = tags.get(key)
+            if tag is None:
+                self._tag_clock += 1
+                tag = tags[key] = self._tag_clock
+            self._tag_of.setdefault(vendor, {})[name] = tag
         if keys:
             self._class_of[name] = keys
         else:
@@ -252,12 +294,24 @@ class Ledger:
         """Nodes with devices of ``vendor`` by :data:`RefusalClass` (read-only)."""
         return self._classes.get(vendor, {})
 
+    def refusal_tags(self, vendor: str) -> tuple[Mapping[RefusalClass, int], Mapping[str, int]]:
+        """``(class -> tag, node -> its class's tag)`` for the :meth:`refusal_classes` of
+        ``vendor``: a tag is an int unique among the vendor's classes (read-only)."""
+        return self._class_tags.get(vendor, {}), self._tag_of.get(vendor, {})
+
     def best_room(self, vendor: str) -> tuple[int, int] | None:
         """``(most MiB free, most cores free)`` on any one schedulable device of ``vendor`` with a
         free slot, over the whole cluster (each maximum on its own device); None when no such
         device exists."""
         lists = self._best.get(vendor)
         return None if lists is None else (lists[0][-1], lists[1][-1])
+
+    def best_pct(self, vendor: str) -> float:
+        """The largest :attr:`VendorSummary.max_pct_bound` of ``vendor`` over the cluster: a
+        request of that percentage of a device's memory or more finds no device with a free slot
+        and the memory anywhere (0.0 when no device of ``vendor`` has a free slot)."""
+        lists = self._best.get(vendor)
+        return 0.0 if lists is None else lists[2][-1]
 
     def _touch(self, name: str) -> None:
         self._clock += 1
@@ -292,7 +346,11 @@ class Ledger:
         )
         self._set_best(
             st.node.name,
-            tuple((v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+            tuple(
+                (v, vs.max_free_mem, vs.max_free_cores, vs.max_pct_bound)
+                for v, vs in sorted(s.vendors.items())
+                if vs.free_slot
+            ),
         )
         self.ranking.update(
             st.node.name,

@@ -3,37 +3,56 @@
 When a pod fits nowhere, every node must say why, in HAMi's words (``"2/8 CardInsufficientMemory,
 6/8 CardTimeSlicingExhausted"``): kube-scheduler turns those into the pod's events. Fitting each
 node device by device (:func:`hami.core.fit.fit_pod`) costs about 0.1 ms a node, 0.5 s at 5000
-nodes, for every Filter of a pending pod. For the commonest pending pod, one container asking one
-vendor for ``nums`` devices of an absolute ``memreq`` MiB (and ``coresreq`` cores), the walk's
-outcome on many nodes follows from the node's :class:`~hami.core.ledger.VendorSummary` alone:
+nodes, for every Filter of a pending pod. For the pod's first device request (the first one the
+fit tries, on the node as it is: its refusal is the node's), asking one vendor for ``nums``
+devices of an absolute ``memreq`` MiB or a percentage ``pct`` of each device's memory (and
+``coresreq`` cores), the walk's outcome on many nodes follows from the node's
+:class:`~hami.core.ledger.VendorSummary` alone:
 
 * the node has no device of the vendor: ``NodeInsufficientDevice`` (HAMi prints the bare code);
-* every device of the vendor is schedulable (healthy, not cordoned), served and passed by the
-  vendor's static filter (type, mode; the pod names no UUIDs), and no device may serve two of the
-  ``nums`` (no MIG), so the candidates are all ``all`` devices; then
+* every device of the vendor is schedulable (healthy, not cordoned) and served, no device may
+  serve two of the ``nums`` (no MIG), and the vendor's static filter (the type and mode
+  selection; UUIDs the pod names, none of them on this node) answers alike for all of them (a
+  node of one GPU model, or of models all refused), so the candidates are all ``all`` devices;
+  then
 
   - ``nums > all``: ``NodeInsufficientDevice``;
-  - no device with a free slot has ``memreq`` MiB free (``max_free_mem < memreq``): each device
-    with a slot fails on memory, each without on slots (the capacity rules check slots first,
-    then memory): ``k/all CardInsufficientMemory, (all-k)/all CardTimeSlicingExhausted``;
-  - every device with a slot has the memory (``min_free_mem >= memreq``) but none the cores
-    (``max_free_cores < coresreq``): the same with ``CardInsufficientCore``;
+  - the static filter refuses them (``use-gputype`` names another model, or ``use-gpuuuid``
+    GPUs of other nodes): ``all/all`` of its reason (``CardTypeMismatch``, ``CardUuidMismatch``);
+  - one device's use alone (the request's memory and cores) exceeds the room left in the
+    namespace's quota: each device with a free slot fails on quota, each without on slots (the
+    capacity rules check slots, then quota, then memory): ``k/all ResourceQuotaNotFit,
+    (all-k)/all CardTimeSlicingExhausted``;
+  - no device with a free slot has the memory (``max_free_mem < memreq``; for a percentage,
+    ``pct >= max_pct_bound``, exactly ``free < devmem * pct // 100`` on each): the same with
+    ``CardInsufficientMemory``;
+  - every device with a slot has the memory (``min_free_mem >= memreq``, absolute memory only)
+    but none the cores (``max_free_cores < coresreq``): the same with ``CardInsufficientCore``;
   - every device with a slot passes every capacity rule (the memory, the cores, some cores
     left when the pod asks none; a pod asking 100 cores, whose rule also reads each device's
     use, is left to the fit) but there are fewer than ``nums`` of them: the walk took each and
     fell short, ``k/all AllocatedCardsInsufficientRequest`` beside the slot refusals (not under
-    NUMA binding, whose walk drops devices on the way).
+    NUMA binding, whose walk drops devices on the way, nor under a quota, which may stop the
+    walk part way).
 
-Where these do not settle it (a node with an unhealthy GPU, a pod with quota or ``mutex`` or a
-UUID list, a vendor without ``summary_prefilter``, several containers), the caller fits the node
-as before. The rules hold for the vendors that declare ``summary_prefilter`` (the generic
-capacity rules, :func:`hami.vendors.base.slot_check` first): the same promise the node search's
-prefilter already relies on, checked against the full fit by ``tests/unit/test_core_refuse.py``.
-When no GPU with a free slot in the whole cluster has the memory asked (the ledger's
-:meth:`~hami.core.ledger.Ledger.best_room`), the answer depends only on a node's refusal class
-(devices, all schedulable, models and modes, devices with a slot), which the ledger keeps
-nodes grouped by: whole classes are refused at once (:meth:`SummaryRefusal.by_class`), without
-a Python step per node.
+The memory and cores rules hold under a quota whose room takes one device's use: a walk that
+takes no device probes the quota with that one device alone.
+
+Where these do not settle it (a node with an unhealthy GPU, with models the selection splits,
+or with a GPU the pod names by UUID; a pod with ``mutex``, or a percentage under a memory quota;
+a vendor without
+``summary_prefilter``; a request after the first, whose node already holds the earlier
+containers' picks), the caller fits the node as before. The rules hold for the vendors that
+declare ``summary_prefilter`` (the generic capacity rules, :func:`hami.vendors.base.slot_check`
+first): the same promise the node search's prefilter already relies on, checked against the
+full fit by ``tests/unit/test_core_refuse.py``.
+
+A node's answer from the rules that do not read its memory (the static filter, the quota), and
+from the memory rule when no GPU with a free slot in the whole cluster has the memory asked (the
+ledger's :meth:`~hami.core.ledger.Ledger.best_room` and :meth:`~hami.core.ledger.Ledger.best_pct`),
+depends only on its refusal class (devices, all schedulable, models and modes, devices with a
+slot), which the ledger keeps for each node: each class is judged once, and the nodes take their
+class's refusal in one pass without a Python step per node (:meth:`SummaryRefusal.by_class`).
 
 The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU
 UUIDs: ``hami explain`` and the UI fit every node themselves for those.
@@ -45,49 +64,86 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
-from typing import AbstractSet, Any, Callable, Iterable, Mapping
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, Sequence
 
 from .fit import FitContext
 from .ledger import NodeSummary, RefusalClass
 from .reasons import NodeFailure, Reason
 from .types import DeviceInfo
 
-_MEM, _CORE, _SLOTS, _FEW, _TAKEN = (
+_MEM, _CORE, _SLOTS, _FEW, _TAKEN, _QUOTA = (
     Reason.CARD_INSUFFICIENT_MEMORY,
     Reason.CARD_INSUFFICIENT_CORE,
     Reason.CARD_TIME_SLICING_EXHAUSTED,
     Reason.NODE_INSUFFICIENT_DEVICE,
     Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
+    Reason.RESOURCE_QUOTA_NOT_FIT,
 )
+
+#: :meth:`SummaryRefusal.static`'s answer when every device passes the static filter
+PASS = True
+#: ... when the static filter's answers do not settle the node (fit it)
+UNSETTLED = None
 
 
 class SummaryRefusal:
     """One pod's refusals from node summaries (:func:`refusal` builds it; None: not such a pod)."""
 
-    __slots__ = ("vendor", "ci", "nums", "memreq", "cores", "short", "_plan", "_kinds", "_made")
+    __slots__ = (
+        "vendor",
+        "ci",
+        "nums",
+        "memreq",
+        "pct",
+        "cores",
+        "short",
+        "over_quota",
+        "holders",
+        "_plan",
+        "_kinds",
+        "_made",
+    )
 
-    def __init__(self, ctx: FitContext, ci: int, req: Any) -> None:
+    def __init__(
+        self, ctx: FitContext, ci: int, req: Any, over_quota: bool, quota: bool, holders: AbstractSet[str] = frozenset()
+    ) -> None:
+        # nodes with a device the pod's selection names by UUID: left to the fit
+        self.holders = holders
         self.vendor, self.ci, self.nums, self.memreq, self.cores = req.vendor, ci, req.nums, req.memreq, req.coresreq
+        # a percentage of each device's memory (absolute memory asked: None)
+        self.pct: int | None = None if req.memreq > 0 else req.mem_percentage
         self._plan = ctx.plans[(ci, req.vendor)]
+        self.over_quota = over_quota  # one device's use alone exceeds the namespace's room
         # the "too few open devices" rule applies (see the module docstring)
-        self.short = req.nums > 1 and req.coresreq < 100 and not getattr(self._plan.sel, "numa_bind", True)
-        self._kinds: dict[frozenset[tuple[str, str]], bool] = {}  # (model, mode) sets -> all plain candidates
+        self.short = (
+            req.nums > 1
+            and req.coresreq < 100
+            and self.pct is None
+            and not quota
+            and not getattr(self._plan.sel, "numa_bind", True)
+        )
+        self._kinds: dict[frozenset[tuple[str, str]], Reason | bool | None] = {}  # (model, mode) sets -> static
         self._made: dict[tuple[int, int, Reason], NodeFailure] = {}  # shared failures
 
-    def _plain(self, kinds: frozenset[tuple[str, str]]) -> bool:
-        """Every device of these (model, mode) pairs is served, passes the static filter and
-        serves at most one of the ``nums`` (the answers depend on the model and mode only, with
-        no UUID list in the pod's selection: see :func:`refusal`)."""
-        got = self._kinds.get(kinds)
-        if got is None:
+    def static(self, kinds: frozenset[tuple[str, str]]) -> Reason | bool | None:
+        """What the static filter makes of a node whose schedulable devices are of these (model,
+        mode) pairs: :data:`PASS` (each is served, passes and serves at most one of the
+        ``nums``), the one :class:`Reason` it refuses each of them for, or :data:`UNSETTLED`
+        (a device not served or served twice, or answers that differ). The answers depend on the
+        model and mode only, the pod's selection naming no UUIDs: see :func:`refusal`."""
+        got = self._kinds.get(kinds, False)
+        if got is False:
             plan = self._plan
             vendor, req, sel = plan.vendor, plan.req, plan.sel
-            got = True
+            answers: set[Reason | bool | None] = set()
             for model, mode in kinds:
                 d = DeviceInfo(id="", type=model, mode=mode, health=True, vendor=self.vendor)
-                if not vendor.serves(d, req) or vendor.device_filter(d, req, sel) is not None or vendor.repeats(d, sel):
-                    got = False
+                if not vendor.serves(d, req) or vendor.repeats(d, sel):
+                    answers.add(UNSETTLED)
                     break
+                bad = vendor.device_filter(d, req, sel)
+                answers.add(PASS if bad is None else bad)
+            got = answers.pop() if len(answers) == 1 else UNSETTLED
             self._kinds[kinds] = got
         return got
 
@@ -100,11 +156,12 @@ class SummaryRefusal:
             f = self._made[key] = NodeFailure(total=total, counts=counts, container=self.ci, vendor=self.vendor)
         return f
 
-    def __call__(self, s: NodeSummary) -> NodeFailure | None:
-        """The node's exact failure, or None when its summary does not settle it (fit the node)."""
+    def __call__(self, s: NodeSummary, name: str = "") -> NodeFailure | None:
+        """Node ``name``'s exact failure, or None when its summary ``s`` does not settle it (fit
+        the node)."""
         out: dict[str, NodeFailure] = {}
-        self.split(("",), lambda _: s, out)
-        return out.get("")
+        self.split((name,), lambda _: s, out)
+        return out.get(name)
 
     def split(
         self, names: Iterable[str], summary: Callable[[str], NodeSummary], refused: dict[str, NodeFailure]
@@ -113,21 +170,34 @@ class SummaryRefusal:
         return the others, in order. The rules of the module docstring, in that order (one loop,
         everything it reads held in locals: it runs for every node of a cluster)."""
         rest = []
-        vendor, nums, memreq, cores, short = self.vendor, self.nums, self.memreq, self.cores, self.short
-        plain, plain_of, failure = self._kinds.get, self._plain, self._failure
+        vendor, nums, memreq, pct, cores, short = self.vendor, self.nums, self.memreq, self.pct, self.cores, self.short
+        over_quota, holders = self.over_quota, self.holders
+        static_of, judge, failure = self._kinds.get, self.static, self._failure
         for n in names:
+            if holders and n in holders:
+                rest.append(n)
+                continue
             v = summary(n).vendors.get(vendor)
             if v is None:
                 refused[n] = self._few(0)
                 continue
             total = v.all
-            ok = plain(v.kinds)
-            if ok is None:
-                ok = plain_of(v.kinds)
-            if v.devices != total or not ok:
+            ok = static_of(v.kinds, False)
+            if ok is False:
+                ok = judge(v.kinds)
+            if v.devices != total or ok is UNSETTLED:
                 rest.append(n)
             elif nums > total:
                 refused[n] = self._few(total)
+            elif ok is not PASS:
+                refused[n] = failure(total, total, ok)  # type: ignore[arg-type]
+            elif over_quota:
+                refused[n] = failure(total, v.free_slot, _QUOTA)
+            elif pct is not None:
+                if pct >= v.max_pct_bound:
+                    refused[n] = failure(total, v.free_slot, _MEM)
+                else:
+                    rest.append(n)
             elif v.max_free_mem < memreq:
                 refused[n] = failure(total, v.free_slot, _MEM)
             elif v.min_free_mem < memreq:
@@ -140,31 +210,54 @@ class SummaryRefusal:
                 rest.append(n)
         return rest
 
+    def judge_class(self, key: RefusalClass, no_memory: bool) -> NodeFailure | None:
+        """The refusal of every node of refusal class ``key``, when the class alone settles it
+        (the rules of :meth:`split` that do not read a node's memory; the memory rule too when
+        ``no_memory``: no device with a free slot in the whole cluster has the memory asked);
+        None: judge the nodes one by one."""
+        total, schedulable, kinds, free = key
+        ok = self.static(kinds) if schedulable else UNSETTLED
+        if ok is UNSETTLED:
+            return None
+        if self.nums > total:
+            return self._few(total)
+        if ok is not PASS:
+            return self._failure(total, total, ok)  # type: ignore[arg-type]
+        if self.over_quota:
+            return self._failure(total, free, _QUOTA)
+        if no_memory:
+            return self._failure(total, free, _MEM)
+        return None
+
     def by_class(
         self,
-        classes: Mapping[RefusalClass, AbstractSet[str]],
-        candidates: AbstractSet[str],
+        tags: Mapping[RefusalClass, int],
+        tag_of: Mapping[str, int],
+        names: Sequence[str],
         refused: dict[str, NodeFailure],
-    ) -> set[str]:
-        """:meth:`split` for a pod that no GPU with a free slot in the whole cluster has the memory
-        for (the caller checks :meth:`Ledger.best_room`): then a node's refusal depends only on
-        its :data:`RefusalClass`, so whole classes are refused at once. Puts the refused
-        ``candidates`` in ``refused``; returns the others (classes the rules do not settle)."""
-        unsettled: set[str] = set()
-        seen: set[str] = set()
-        for (total, schedulable, kinds, free), nodes in classes.items():
-            members = nodes & candidates
-            if not members:
-                continue
-            seen |= members
-            if not schedulable or not self._plain(kinds):
-                unsettled |= members
-            elif self.nums > total:
-                refused.update(dict.fromkeys(members, self._few(total)))
-            else:  # every device with a slot lacks the memory
-                refused.update(dict.fromkeys(members, self._failure(total, free, _MEM)))
-        refused.update(dict.fromkeys(candidates - seen, self._few(0)))  # no device of the vendor
-        return unsettled
+        no_memory: bool,
+    ) -> Sequence[str]:
+        """The class rules (:meth:`judge_class`) over ``names`` (ledger nodes), each class
+        (``tags``: its tag) judged once and each node given its class's refusal (``tag_of``: the
+        node's class's tag; a node without the vendor has none) in one pass, in their order. Puts
+        the refused nodes in ``refused``; returns the others, in order."""
+        judged: dict[int | None, NodeFailure | None] = {
+            tag: self.judge_class(key, no_memory) for key, tag in tags.items()
+        }
+        if tags and all(f is None for f in judged.values()):
+            return names  # no class settled: every node of the vendor is judged alone
+        judged[None] = self._few(0)
+        got = dict(zip(names, map(judged.__getitem__, map(tag_of.get, names))))
+        for n in self.holders:
+            if n in got:
+                got[n] = None
+        rest: list[str] = []
+        if None in judged.values() or self.holders:
+            rest = [n for n, f in got.items() if f is None]
+            for n in rest:
+                del got[n]
+        refused.update(got)  # type: ignore[arg-type]  # the Nones were taken out
+        return rest
 
     def _few(self, total: int) -> NodeFailure:
         key = (total, -1, _FEW)
@@ -180,20 +273,43 @@ def _code(item: tuple[Reason, int]) -> str:
     return item[0].value
 
 
-def refusal(ctx: FitContext) -> SummaryRefusal | None:
-    """The pod's :class:`SummaryRefusal`, when the pod is one the summary rules cover: one device
-    request in all, to a ``summary_prefilter`` vendor, of absolute memory, with no namespace
-    quota on that vendor, no ``mutex`` device policy and no UUID list in its selection."""
+def refusal(
+    ctx: FitContext, uuid_nodes: Callable[[AbstractSet[str]], AbstractSet[str]] | None = None
+) -> SummaryRefusal | None:
+    """The pod's :class:`SummaryRefusal`, for its first device request (the first container
+    with one, its first vendor), when the summary rules cover it: a request to a
+    ``summary_prefilter`` vendor, of absolute memory or a percentage of it, with no ``mutex``
+    device policy, and no namespace memory quota for a percentage (whose MiB differ per
+    device) unless the cores alone exceed the room. A selection by UUID (``use-gpuuuid``,
+    ``nouse-gpuuuid``) needs ``uuid_nodes`` (the ledger's: which nodes hold those UUIDs): the
+    nodes that do are fitted; on the others no device is named, so the static filter answers
+    per model and mode (``CardUuidMismatch`` for each device a ``use`` list leaves out)."""
     asks = [(ci, r) for ci, c in enumerate(ctx.pod.containers) for r in c.requests]
-    if len(asks) != 1:
+    if not asks:
         return None
     ci, req = asks[0]
     plan = ctx.plans.get((ci, req.vendor))
-    if plan is None or not getattr(plan.vendor, "summary_prefilter", False) or req.memreq <= 0 or req.nums < 1:
+    if plan is None or not getattr(plan.vendor, "summary_prefilter", False) or req.nums < 1:
         return None
-    if ctx.policy.mutex or (ctx.quota is not None and ctx.quota.room.get(req.vendor, (None, None)) != (None, None)):
+    if req.memreq <= 0 and not 0 < req.mem_percentage <= 100:
+        return None  # neither absolute memory nor a percentage (no memory asked)
+    if ctx.policy.mutex:
         return None
     sel = plan.sel
-    if getattr(sel, "use_uuids", True) or getattr(sel, "nouse_uuids", True):
-        return None  # a UUID list (or a selection of unknown shape): per device, fit the node
-    return SummaryRefusal(ctx, ci, req)
+    use, nouse = getattr(sel, "use_uuids", None), getattr(sel, "nouse_uuids", None)
+    if not isinstance(use, frozenset) or not isinstance(nouse, frozenset):
+        return None  # a selection of unknown shape
+    holders: AbstractSet[str] = frozenset()
+    if use or nouse:
+        if uuid_nodes is None:
+            return None  # no way to tell which nodes hold them: per device, fit the node
+        holders = uuid_nodes(use | nouse)
+    mem_room, core_room = (None, None) if ctx.quota is None else ctx.quota.room.get(req.vendor, (None, None))
+    over_cores = core_room is not None and req.coresreq > core_room
+    if req.memreq > 0:
+        over = over_cores or (mem_room is not None and req.memreq > mem_room)
+    elif mem_room is not None and not over_cores:
+        return None  # a percentage under a memory quota: each device's MiB is checked against it
+    else:
+        over = over_cores
+    return SummaryRefusal(ctx, ci, req, over, (mem_room, core_room) != (None, None), holders)

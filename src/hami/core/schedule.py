@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
@@ -233,7 +233,6 @@ def filter_pod(
     memo = None if exact else ledger.verdicts
     key = signature(ctx) if memo is not None else None
     entry = memo.entry(key, config) if memo is not None and key is not None else None
-    versions = ledger.versions()
     # nodes that refused this pod shape and have not changed since: the same refusal, unfitted
     known = memo.current(entry, ledger, wanted) if memo is not None and entry is not None else {}
     demand = _demand(req)
@@ -265,20 +264,17 @@ def filter_pod(
         failed.update(known)
         # the other candidates, by name (any order would do: the search ranks them, and the
         # result is sorted; by name, that sort has little left to do)
-        rest = ledger.node_set() - failed.keys() if wanted is None else wanted.difference(failed)
-        refuse = search.refusal
-        per_node = refuse is not None  # exact refusals read from summaries (hami.core.refuse)
-        if refuse is not None:
-            room = ledger.best_room(refuse.vendor)
-            if room is None or room[0] < refuse.memreq:  # no GPU anywhere has the memory: by class
-                rest = refuse.by_class(ledger.refusal_classes(refuse.vendor), rest, search.summarised)
-                failed.update(search.summarised)
-                per_node = False
-        if 8 * len(rest) < len(ledger.ranking):
-            remaining = sorted(rest)
+        if wanted is None:
+            rest = ledger.node_set() - failed.keys()
         else:
-            remaining = [n for n in ledger.sorted_names() if n in rest]
-        if refuse is not None and per_node:
+            rest = wanted.difference(failed) if failed else wanted  # read-only below
+        refuse = search.refusal
+        remaining = _in_order(rest, ledger)
+        if refuse is not None:  # exact refusals read from summaries (hami.core.refuse)
+            # by class first (the rules that need no node's own memory), then node by node
+            remaining = refuse.by_class(
+                *ledger.refusal_tags(refuse.vendor), remaining, search.summarised, search.no_memory(refuse)
+            )
             remaining = refuse.split(remaining, ledger.summary, search.summarised)
             failed.update(search.summarised)
         kept: list[str] = []
@@ -293,12 +289,10 @@ def filter_pod(
             or search.among(skipped)
         )
     if entry is not None and memo is not None:
-        memo.record(entry, search.refused, search.summarised, versions)
+        memo.record(entry, search.refused, search.summarised, ledger.clock())
         entry.pending = best is None
     if best is None:
-        return FilterResult(
-            pod=req, node=None, allocation=None, failed={n: failed[n] for n in sorted(failed)}, scores=search.scores
-        )
+        return FilterResult(pod=req, node=None, allocation=None, failed=_by_name(failed, ledger), scores=search.scores)
     fit = best[1]
     annotations = {NODE_ANNOTATION: fit.node, TIME_ANNOTATION: str(int(now))}
     for v in used_vendors:
@@ -313,6 +307,33 @@ def filter_pod(
         scores=search.scores,
         annotations=annotations,
     )
+
+
+def _in_order(nodes: AbstractSet[str], ledger: Ledger) -> Sequence[str]:
+    """``nodes`` (ledger nodes) sorted by name: the ledger's sorted names themselves when they are
+    all of them, a walk of those when they are many, else a sort."""
+    names = ledger.sorted_names()
+    if len(nodes) == len(names):
+        return names
+    if 8 * len(nodes) < len(names):
+        return sorted(nodes)
+    return [n for n in names if n in nodes]
+
+
+def _by_name(failed: dict[str, NodeFailure], ledger: Ledger) -> dict[str, NodeFailure]:
+    """``failed`` sorted by node name: itself when built in that order (refusing a whole cluster
+    by class, :func:`_in_order`); refusing most of a large cluster, the ledger's sorted names are
+    walked instead of sorting thousands of names again."""
+    keys = list(failed)
+    names = ledger.sorted_names()
+    if keys == names:
+        return failed
+    if 8 * len(failed) >= len(names):
+        keep = [n for n in names if n in failed]
+        if len(keep) == len(failed):  # else some are not ledger nodes (UNREGISTERED)
+            return dict(zip(keep, map(failed.__getitem__, keep)))
+    keys.sort()
+    return dict(zip(keys, map(failed.__getitem__, keys)))
 
 
 _UNSET = object()
@@ -357,21 +378,45 @@ class _Search:
         """Refusals from node summaries (:mod:`hami.core.refuse`), for the pods they cover; built
         when first needed (a pod that fits is rarely asked)."""
         if self._refusal is _UNSET:
-            self._refusal = None if self.exact else refusal(self.ctx)
+            self._refusal = None if self.exact else refusal(self.ctx, self.ledger.uuid_nodes)
         return self._refusal  # type: ignore[return-value]
 
     def hopeless(self) -> bool:
         """True when no device in the whole cluster can take one of the pod's requests (its
-        vendor has no device with a free slot, or none with the memory, or none with the cores,
-        :meth:`Ledger.best_room`): no node fits, so the walk would visit nodes for nothing."""
+        vendor has no device with a free slot, or none with the memory, absolute or as a
+        percentage, or none with the cores, :meth:`Ledger.best_room`; or no node has a model
+        the pod's type selection accepts, or a GPU it names by UUID; or one device's use exceeds the namespace's quota
+        room, which the pod's whole use on the vendor cannot be less than): no node fits, so
+        the walk would visit nodes for nothing."""
         if self.exact:
             return False
-        for vendor, _, memreq, _, cores in self.demand.checks:
+        ledger, quota = self.ledger, self.ctx.quota
+        for vendor, _, memreq, pct, cores in self.demand.checks:
             if self.prefilter[vendor]:
-                best = self.ledger.best_room(vendor)
+                if quota is not None:  # one device's use alone is more than the namespace has left
+                    mem_room, core_room = quota.room.get(vendor, (None, None))
+                    if mem_room is not None and memreq > mem_room or core_room is not None and cores > core_room:
+                        return True
+                best = ledger.best_room(vendor)
                 if best is None or best[0] < memreq or best[1] < cores:
                     return True
+                if not memreq and pct != PERCENT_UNSET and pct >= ledger.best_pct(vendor):
+                    return True
+                models = {m for _, _, kinds, _ in ledger.refusal_classes(vendor) for m, _ in kinds}
+                if not self.gate.admits(vendor, frozenset(models)):
+                    return True
+                named = getattr(self.ctx.selections[vendor], "use_uuids", None)
+                if named and not ledger.uuid_nodes(named):
+                    return True  # the GPUs it names are on no node
         return False
+
+    def no_memory(self, refuse: SummaryRefusal) -> bool:
+        """Whether no device with a free slot in the whole cluster has the memory ``refuse``'s
+        request asks (absolute, or as a percentage of the device's)."""
+        if refuse.pct is not None:
+            return refuse.pct >= self.ledger.best_pct(refuse.vendor)
+        room = self.ledger.best_room(refuse.vendor)
+        return room is None or room[0] < refuse.memreq
 
     def rejects(self, n: str) -> bool:
         return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)

@@ -15,10 +15,10 @@ Only refusals are kept (a node that fits is chosen, and its usage changes), in a
 (the least recently used signatures go first), cleared whenever the scheduler configuration
 object (the vendor table) changes. Pure data, no I/O; owned by the ledger it describes.
 
-Worked example: a pod asking for a GPU model no node has, against 5000 nodes, is fitted on all
-5000 (about 0.1 ms apiece; the summary rules of :mod:`hami.core.refuse` do not cover a type
-selection). A pod is then placed on node-0042 and the pending pod is filtered again: 4999 nodes
-still carry the version their refusal was taken at and keep it; node-0042 is fitted again.
+Worked example: a pod asking for a GPU by a UUID no node has, against 5000 nodes, is fitted on
+all 5000 (about 0.1 ms apiece; the summary rules of :mod:`hami.core.refuse` do not cover a UUID
+list). A pod is then placed on node-0042 and the pending pod is filtered again: 4999 nodes
+have not changed since their refusal was taken and keep it; node-0042 is fitted again.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from typing import Any, Hashable, Mapping
 from .fit import FitContext
 from .reasons import NodeFailure
 
+_GONE = 1 << 62  # the version of a node no longer in the ledger: later than any refusal
+
 
 class Entry:
-    """One pod signature's refusals: ``fail`` (node -> its failure) taken at node version
-    ``ver`` (node -> version); ``pending``: the last Filter of this shape found no node (its
-    next one likely finds none either); ``valid``: the refusals still current at ledger clock
+    """One pod signature's refusals: ``fail`` (node -> its failure) taken at ledger clock
+    ``ver`` (node -> clock; the refusal holds while the node's version is not later: a node's
+    version is the clock of its last change); ``pending``: the last Filter of this shape found
+    no node (its next one likely finds none either); ``valid``: the refusals still current at ledger clock
     ``as_of`` (kept so that a retry only drops the nodes changed since, instead of comparing
     every node's version)."""
 
@@ -71,7 +74,7 @@ def signature(ctx: FitContext) -> Hashable | None:
 
 
 class VerdictMemo:
-    """Per pod signature, the nodes that refused it and the node version each refused at.
+    """Per pod signature, the nodes that refused it and the ledger clock each refused at.
 
     Bounded by the number of verdicts held (``max_verdicts``, all signatures together; about
     70 bytes each, the failures being shared): the least recently used signatures go first. A
@@ -114,14 +117,14 @@ class VerdictMemo:
         return got
 
     def current(self, entry: Entry, ledger: Any, wanted: set[str] | None) -> Mapping[str, NodeFailure]:
-        """The entry's refusals whose node still has the version they were taken at (and, when
+        """The entry's refusals whose node has not changed since they were taken (and, when
         ``wanted`` is given, is one of the candidates). Read-only."""
         changed = ledger.changed_since(entry.as_of) if entry.as_of >= 0 else None
         valid = entry.valid
         if changed is None or 4 * len(changed) > len(valid) + 64:
             versions = ledger.versions()
             fail = entry.fail
-            valid = entry.valid = {n: fail[n] for n, v in entry.ver.items() if versions.get(n) == v}
+            valid = entry.valid = {n: fail[n] for n, v in entry.ver.items() if versions.get(n, _GONE) <= v}
         else:
             for n in changed:
                 valid.pop(n, None)
@@ -136,11 +139,12 @@ class VerdictMemo:
         entry: Entry,
         fitted: Mapping[str, NodeFailure],
         summarised: Mapping[str, NodeFailure],
-        versions: Mapping[str, int],
+        clock: int,
     ) -> None:
         """Remember the refusals one Filter found: ``fitted`` by a fit (kept without their UUIDs),
-        ``summarised`` from summaries (shared objects already). Called after :meth:`current` in
-        the same Filter, the ledger unchanged in between, so they are all current."""
+        ``summarised`` from summaries (shared objects already), at ledger clock ``clock``. Called
+        after :meth:`current` in the same Filter, the ledger unchanged in between, so they are all
+        current (and each node's version is at most ``clock``)."""
         shapes = self._shapes
         if len(shapes) > 4 * len(fitted) + 10_000:
             shapes.clear()  # only an intern table: held objects stay valid
@@ -149,9 +153,9 @@ class VerdictMemo:
             if f.devices:
                 f = replace(f, devices=())
                 f = shapes.setdefault(f, f)
-            entry.ver[n] = versions[n]
+            entry.ver[n] = clock
             entry.fail[n] = entry.valid[n] = f
-        entry.ver.update(zip(summarised, map(versions.__getitem__, summarised)))
+        entry.ver.update(dict.fromkeys(summarised, clock))
         entry.fail.update(summarised)
         entry.valid.update(summarised)
         self.recorded += len(fitted) + len(summarised)
