@@ -175,9 +175,16 @@ class SchedulerProcess:
     """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
 
     def __init__(
-        self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True, loopback: bool = False
+        self,
+        cluster: KubeCluster,
+        *extra: str,
+        port: int | None = None,
+        tls: bool = True,
+        loopback: bool = False,
+        profile: str | None = None,
     ) -> None:
         self.cluster = cluster
+        self.profile = profile  # a path: run under cProfile, the stats written there at exit (benchmarks)
         self.port = port or free_port()
         # loopback: also --extender-bind (plain HTTP), which extender() then points kube-scheduler at
         self.loopback_port = free_port() if loopback else None
@@ -196,6 +203,7 @@ class SchedulerProcess:
     def start(self, wait_ready: bool = True) -> "SchedulerProcess":
         argv = [
             sys.executable,
+            *(["-m", "cProfile", "-o", self.profile] if self.profile else []),
             "-m",
             "hami",
             "scheduler",
