@@ -10,7 +10,11 @@ paths, which do not see each other's usage, cannot run out.
    webhook's DRA front end does (one ResourceClaimTemplate, each pod a claim from it), created at
    once; kube-controller-manager creates the claims, kube-scheduler allocates and binds.
 2. Extender: the same pods through ``hami scheduler`` (loopback listener, as the chart sets it up)
-   and the test suite's device-plugin stand-in (as in bench_scheduler.py --e2e).
+   and the test suite's device-plugin stand-in (as in bench_scheduler.py --e2e); with
+   ``--injection nri`` the lockless path instead (the nodes say ``hami.io/node-injection: nri``,
+   the NRI agent's stand-in marks the pods, no node lock).
+0. Before both, the GPU-less baseline: the same number of pods without GPUs through
+   default-scheduler on the same nodes; each path's pods/s is printed as a ratio to it.
 
 Both use a kube-scheduler with client qps 1000 (its default 50 caps either path near 50 pods/s) and
 kube-controller-manager with ``--kube-api-qps=1000`` (its default 20 would cap claim creation).
@@ -19,7 +23,7 @@ Printed per path: pods/s from the first creation to the last PodScheduled, and A
 controllers, the scheduler, the plugin stand-in, the creation itself), with the biggest
 verb/resource pairs.
 
-Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000]``; on v1.34 a node's second
+Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000] [--injection nri]``; on v1.34 a node's second
 GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so the pinned v1.37.2
 is the one to measure.
 """
@@ -71,6 +75,15 @@ def request_counts(cluster) -> Counter:
     return out
 
 
+def load() -> str:
+    """The machine's load average (1, 5, 15 min), printed beside each figure."""
+    try:
+        with open("/proc/loadavg") as f:
+            return "load " + " ".join(f.read().split()[:3])
+    except OSError:
+        return "load ?"
+
+
 def per_pod(before: Counter, after: Counter, pods: int) -> str:
     diff = Counter({k: after[k] - before.get(k, 0) for k in after})
     total = sum(diff.values())
@@ -82,12 +95,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=1000)
+    ap.add_argument(
+        "--injection", choices=("allocate", "nri"), default="allocate", help="the extender path's node side"
+    )
     args = ap.parse_args()
 
     from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
     from hami.draplugin.publisher import apply_device_classes, publish_slice
     from hami.kube.client import KubeClient, load_api_client
-    from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
+    from tests.integration._hami import (
+        KeepAliveApi,
+        NriStandIn,
+        PluginStandIn,
+        SchedulerProcess,
+        gpu_pod,
+        make_gpu_node,
+    )
     from tests.integration.test_dra import gates_for
 
     cluster = KubeCluster(
@@ -160,6 +183,22 @@ def main() -> None:
         n = args.pods
         nv = NvidiaVendor()
 
+        # 0. the GPU-less baseline: default-scheduler (the harness's client rate limit), same nodes
+        plain = [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"b{i:04d}"},
+                "spec": {"nodeSelector": {"bench": "on"}, "containers": [{"name": "c", "image": "busybox"}]},
+            }
+            for i in range(n)
+        ]
+        span_b, before, after = run("bench-baseline", plain)
+        base = n / span_b
+        print(f"baseline: {n} pods without GPUs, default-scheduler: {base:.0f} pods/s ({load()})")
+        print(f"  baseline: {per_pod(before, after, n)}")
+        api("DELETE", "/api/v1/namespaces/bench-baseline/pods?gracePeriodSeconds=0")
+
         # 1. DRA: the webhook's translation, kube-scheduler ("hami-scheduler" profile, no extender) places claims
         cluster.configure_hami_scheduler(KubeSchedulerConfig(**fast))
         dra_pods, templates = [], {}
@@ -174,7 +213,8 @@ def main() -> None:
             (r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"]
         )
         print(
-            f"DRA: {n} pods bound after {span:.1f}s -> {n / span:.0f} pods/s; claims on {len(used)} GPUs of "
+            f"DRA: {n} pods bound after {span:.1f}s -> {n / span:.0f} pods/s ({n / span / base:.2f}x the "
+            f"baseline; {load()}); claims on {len(used)} GPUs of "
             f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)"
         )
         print(f"  DRA: {per_pod(before, after, n)}")
@@ -184,9 +224,20 @@ def main() -> None:
         ext_pods = [
             gpu_pod(f"e{i:04d}", "bench-ext", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)
         ]
-        with PluginStandIn(cluster, workers=max(args.nodes // 2, 1)):
+        workers = max(args.nodes // 2, 1)
+        standin = (
+            NriStandIn(cluster, nodes=set(names), workers=workers)
+            if args.injection == "nri"
+            else PluginStandIn(cluster, workers=workers)
+        )
+        with standin:
+            if args.injection == "nri":
+                time.sleep(2.0)  # its hami.io/node-injection writes reach the scheduler's cache
             span_e, before, after = run("bench-ext", ext_pods)
-        print(f"extender: {n} pods bound after {span_e:.1f}s -> {n / span_e:.0f} pods/s")
+        print(
+            f"extender ({args.injection}): {n} pods bound after {span_e:.1f}s -> {n / span_e:.0f} pods/s "
+            f"({n / span_e / base:.2f}x the baseline; {load()})"
+        )
         print(f"  extender: {per_pod(before, after, n)}")
         print(f"DRA / extender pods/s: {(n / span) / (n / span_e):.2f}")
     finally:

@@ -18,11 +18,18 @@
    harness), 100 kwok nodes x 8 GPUs, ``hami scheduler`` as a subprocess called as the chart
    sets it up (plain HTTP on its loopback listener, ``--extender-bind``), 1000
    GPU pods created at once; pods/s from the first creation to the last pod bound (the
-   Binding's PodScheduled condition). kwok runs no device plugin: the test suite's
-   PluginStandIn plays the node side of the handoff as `hami device-plugin` does with its
-   defaults (marks the pod allocated, leaves the node lock for the next Bind to swap over and
-   removes it after 1 s if none did; the nodes declare hami.io/node-lock-handoff=swap), as in
-   the integration tests. ``FailedScheduling`` events of each run are counted and grouped by
+   Binding's PodScheduled condition). One run per node policy (``--policies``, default
+   binpack and spread) and node side (``--injection``): ``allocate``, HAMi's lock protocol, where
+   kwok runs no device plugin and the test suite's PluginStandIn plays the node side of the
+   handoff as `hami device-plugin` does with its defaults (marks the pod allocated, leaves the
+   node lock for the next Bind to swap over and removes it after 1 s if none did; the nodes
+   declare hami.io/node-lock-handoff=swap); ``nri``, the lockless path, where NriStandIn plays
+   `hami device-plugin --injection=nri` (writes hami.io/node-injection=nri on every node, marks
+   each bound pod allocated from its own annotations, never touches a lock). Each run starts on
+   empty nodes (the previous run's pods force-deleted); printed per run: pods/s and the ratio to
+   the baseline, nodes used beside the nodes placing the same pods one by one uses (the
+   simulator), GPUs over capacity (from the pods' own allocation annotations), API requests per
+   pod (kube-apiserver's ``apiserver_request_total``, every client), and the machine's load. ``FailedScheduling`` events of each run are counted and grouped by
    message (numbers and names folded). Filter/Bind latencies including the API writes
    are read from the scheduler's own /metrics histograms (bucket bounds). Beside it: the same
    nodes with GPU-less pods through default-scheduler (both kube-schedulers with the
@@ -33,7 +40,8 @@
    stand-in's own API time per pod. Completion is polled on the unbound pods only (watch cache).
 
 Run: ``.venv/bin/python bench/bench_scheduler.py [--sizes 1000x5000,5000x25000 --runs 500] [--e2e]``
-(``--sizes none --e2e``: the end-to-end run alone).
+(``--sizes none --e2e --injection allocate,nri``: the end-to-end runs alone, before and after the
+lockless path; ``--profile FILE``: the scheduler under cProfile).
 Targets: filter p99 <= 15 ms; >= 50 pods/s; no FailedScheduling event for pods that fit.
 """
 
@@ -360,12 +368,48 @@ def timed_standin(base: type) -> type:
     return Timed
 
 
+def load() -> str:
+    """The machine's load average (1, 5, 15 min), printed beside each figure."""
+    try:
+        with open("/proc/loadavg") as f:
+            return "load " + " ".join(f.read().split()[:3])
+    except OSError:
+        return "load ?"
+
+
+def over_capacity(items: list[dict], slots: int = 10, mem: int = 81920) -> int:
+    """GPUs whose pods, by their own allocation annotations, hold more than the GPU has."""
+    from tests.integration._hami import device_usage
+
+    return sum(1 for s, m, c in device_usage(items).values() if s > slots or m > mem or c > 100)
+
+
+def one_by_one_nodes(nodes: list[dict], pods: list[dict], policy: str) -> int:
+    """How many nodes placing ``pods`` one by one (each decision final before the next, the
+    simulator) uses on the empty ``nodes`` with node policy ``policy``."""
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import SchedulerService
+    from hami.sim.engine import simulate
+
+    config = SchedulerService(Options(node_policy=policy), None).state.config
+    return len({o.node for o in simulate(nodes, pods, config).pods if o.node})
+
+
 def e2e(args: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
     import urllib.request
 
+    from bench.bench_dra import per_pod, request_counts
+    from hami.core.names import NODE_INJECTION
     from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
-    from tests.integration._hami import KeepAliveApi, PluginStandIn, SchedulerProcess, gpu_pod, make_gpu_node
+    from tests.integration._hami import (
+        KeepAliveApi,
+        NriStandIn,
+        PluginStandIn,
+        SchedulerProcess,
+        gpu_pod,
+        make_gpu_node,
+    )
 
     cluster = KubeCluster()
     try:
@@ -375,22 +419,18 @@ def e2e(args: argparse.Namespace) -> None:
         return
     proc = None
     try:
-        # as the chart deploys it: kube-scheduler calls /filter and /bind on the loopback listener
-        proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", *args.scheduler_flags, loopback=True).start()
+        names = [f"bench-{i:03d}" for i in range(args.e2e_nodes)]
         with ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda i: make_gpu_node(cluster, f"bench-{i:03d}", gpus=8, mem=81920, labels={"bench": "on"}),
-                    range(args.e2e_nodes),
-                )
-            )
+            list(pool.map(lambda n: make_gpu_node(cluster, n, gpus=8, mem=81920, labels={"bench": "on"}), names))
         time.sleep(2.0)  # nodes reach the scheduler's cache
         create = KeepAliveApi(cluster)
 
-        def run(ns: str, pods: list[dict]) -> float:
-            """Create the pods at once; seconds from the first creation to the last PodScheduled."""
+        def run(ns: str, pods: list[dict]) -> tuple[float, list[dict], str]:
+            """Create the pods at once; seconds from the first creation to the last PodScheduled,
+            the pods, and the API requests per pod over the run."""
             cluster.create_namespace(ns)
             cpu0 = cpu_seconds()
+            requests0 = request_counts(cluster)
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda p: create("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
@@ -407,6 +447,7 @@ def e2e(args: argparse.Namespace) -> None:
             # only delays the end of the run, and loads the API server less while it is measured
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=600, interval=2.0)
             cpu = cpu_per_pod(cpu0, cpu_seconds(), len(pods))
+            requests = per_pod(requests0, request_counts(cluster), len(pods))
             failed = failed_scheduling(create("GET", f"/api/v1/namespaces/{ns}/events")["items"])
             items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             assert len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items), "a pod is not bound"
@@ -419,8 +460,35 @@ def e2e(args: argparse.Namespace) -> None:
             span = max(max(when.values()) - began, 1e-3)
             print(f"  {ns}: {node_spread(items, when, span)}")
             print(f"  {ns}: {cpu}")
+            print(f"  {ns}: {requests}")
             print(f"  {ns}: {failed}")
-            return span
+            return span, items, requests
+
+        def clear(ns: str) -> None:
+            """Remove a run's pods at once (force), so the next run starts from empty nodes."""
+            create("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+            cluster.wait_for(
+                lambda: not create("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")["items"],
+                f"pods of {ns} gone",
+                timeout=300,
+                interval=1.0,
+            )
+
+        def set_injection(value: str | None) -> None:
+            """Every bench node says (nri) or stops saying (None) that it injects at creation."""
+            with ThreadPoolExecutor(8) as pool:
+                list(
+                    pool.map(
+                        lambda n: create(
+                            "PATCH",
+                            f"/api/v1/nodes/{n}",
+                            {"metadata": {"annotations": {NODE_INJECTION: value}}},
+                            content_type="application/merge-patch+json",
+                        ),
+                        names,
+                    )
+                )
+            time.sleep(2.0)  # the nodes' change reaches the scheduler's cache
 
         n = args.e2e_pods
         plain = [
@@ -434,33 +502,75 @@ def e2e(args: argparse.Namespace) -> None:
         ]
         # both kube-schedulers run with the harness's client rate limit (qps 1000, burst 2000, as
         # the chart sets it; kube-scheduler's own 50/100 would cap GPU-less pods near 50 pods/s)
-        base = run("bench-baseline", plain)
+        print(f"e2e: {n} pods, {args.e2e_nodes} kwok nodes x 8 GPUs; {load()} at the start")
+        base, _, base_requests = run("bench-baseline", plain)
+        clear("bench-baseline")
         print(
-            f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s ({base:.1f}s)"
+            f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s "
+            f"({base:.1f}s; {load()})"
         )
-        cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
-        pods = [gpu_pod(f"p{i:04d}", "bench", mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
-        with timed_standin(PluginStandIn)(
-            cluster, workers=args.e2e_nodes // 2
-        ) as standin:  # a real cluster has one plugin per node
-            span = run("bench", pods)
-        print(f"  plugin stand-in: {standin.summary()}")
-        rate = n / span
-        print(
-            f"e2e: {n} GPU pods on {args.e2e_nodes} kwok nodes x 8 GPUs through hami scheduler: all bound after "
-            f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; "
-            f"target >= 50: {'met' if rate >= 50 else 'NOT met'})"
-        )
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
-        print(
-            f"  /filter (decision reserved, written by the Binding): {_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}"
-        )
-        print(
-            f"  /bind (waits for the node lock, then Binding): {_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}"
-        )
-        print(
-            f"  node-lock wait in Bind: {_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}"
-        )
+        node_objects = [create("GET", f"/api/v1/nodes/{name}") for name in names]
+        rows = []
+        for policy in args.policies.split(","):
+            proc = SchedulerProcess(
+                cluster,
+                "--node-lock-retry-timeout=28s",
+                f"--node-scheduler-policy={policy}",
+                *args.scheduler_flags,
+                loopback=True,
+                profile=f"{args.profile}.{policy}" if args.profile else None,
+            ).start()
+            cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
+            for injection in args.injection.split(","):
+                ns = f"bench-{policy}-{injection}"
+                pods = [gpu_pod(f"p{i:04d}", ns, mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
+                if injection == "nri":  # the NRI agent's stand-in writes hami.io/node-injection: nri
+                    standin: PluginStandIn = timed_standin(NriStandIn)(
+                        cluster, nodes=set(names), workers=args.e2e_nodes // 2
+                    )
+                else:  # a real cluster has one plugin per node
+                    set_injection(None)
+                    standin = timed_standin(PluginStandIn)(cluster, workers=args.e2e_nodes // 2)
+                with standin:
+                    if injection == "nri":
+                        time.sleep(2.0)  # its writes reach the scheduler's cache
+                    span, items, requests = run(ns, pods)
+                print(f"  plugin stand-in ({injection}): {standin.summary()}")
+                rate = n / span
+                used = len({p["spec"]["nodeName"] for p in items})
+                ideal = one_by_one_nodes(node_objects, pods, policy)
+                over = over_capacity(items)
+                print(
+                    f"e2e {policy}, injection {injection}: {n} GPU pods through hami scheduler: all bound after "
+                    f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline); {used} nodes used "
+                    f"(one by one: {ideal}); {over} GPUs over capacity ({load()})"
+                )
+                rows.append((policy, injection, rate, rate / (n / base), used, ideal, over, requests))
+                clear(ns)
+            metrics = (
+                urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+            )
+            print(
+                f"  {policy}: /filter (decision reserved, written by the Binding): "
+                f"{_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}"
+            )
+            print(
+                f"  {policy}: /bind (lock when the node needs one, then Binding): "
+                f"{_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}"
+            )
+            print(
+                f"  {policy}: node-lock wait in Bind: "
+                f"{_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}"
+            )
+            cluster.configure_hami_scheduler(KubeSchedulerConfig())
+            proc.stop()
+            proc = None
+        print(f"summary (baseline {n / base:.0f} pods/s, {base_requests}):")
+        for policy, injection, rate, ratio, used, ideal, over, requests in rows:
+            print(
+                f"  {policy:8} {injection:8} {rate:5.0f} pods/s {ratio:.2f}x  nodes {used} (one by one {ideal})  "
+                f"over capacity {over}  {requests.split(' (')[0]}"
+            )
     finally:
         cluster.configure_hami_scheduler(KubeSchedulerConfig()) if cluster.binaries else None
         if proc:
@@ -483,6 +593,15 @@ def main() -> None:
     ap.add_argument("--e2e", action="store_true", help="also run the end-to-end throughput on the real control plane")
     ap.add_argument("--e2e-nodes", type=int, default=100)
     ap.add_argument("--e2e-pods", type=int, default=1000)
+    ap.add_argument(
+        "--injection",
+        default="nri",
+        help="--e2e: the node side, comma-separated, each a run: allocate (HAMi's lock protocol, the device "
+        "plugin stand-in) and/or nri (the lockless path: nodes say hami.io/node-injection: nri, the NRI agent's "
+        "stand-in)",
+    )
+    ap.add_argument("--profile", help="--e2e: run hami scheduler under cProfile, stats to PROFILE.<policy>")
+    ap.add_argument("--policies", default="binpack,spread", help="--e2e: node policies, comma-separated, each a run")
     ap.add_argument(
         "--scheduler-flag",
         dest="scheduler_flags",

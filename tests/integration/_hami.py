@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
+from hami.core.names import NODE_INJECTION
 from hami.core.types import DeviceInfo
 from hami_devkit.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
 from hami.kube.revision import newer_than
@@ -65,18 +66,22 @@ def gpu_devices(
 
 
 def make_gpu_node(
-    cluster: KubeCluster, name: str, gpus: int = 8, labels: dict | None = None, **kw: Any
+    cluster: KubeCluster,
+    name: str,
+    gpus: int = 8,
+    labels: dict | None = None,
+    injection: str | None = None,
+    **kw: Any,
 ) -> list[DeviceInfo]:
     devices = gpu_devices(name, gpus, **kw)
     # what `hami device-plugin` registers (with its default --lock-release-delay, which
-    # PluginStandIn mirrors): the devices, and that it leaves finished pods' locks to a swap
-    cluster.create_node(
-        name,
-        labels=labels,
-        gpus=gpus,
-        split_count=kw.get("split", 10),
-        annotations={REGISTER: encode_node_devices_json(devices), nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP},
-    )
+    # PluginStandIn mirrors): the devices, and that it leaves finished pods' locks to a swap;
+    # ``injection="nri"``: what `hami device-plugin --injection=nri` adds once registered with
+    # the runtime's NRI socket (NriStandIn plays that node side)
+    annotations = {REGISTER: encode_node_devices_json(devices), nodelock.LOCK_HANDOFF: nodelock.HANDOFF_SWAP}
+    if injection:
+        annotations[NODE_INJECTION] = injection
+    cluster.create_node(name, labels=labels, gpus=gpus, split_count=kw.get("split", 10), annotations=annotations)
     return devices
 
 
@@ -170,9 +175,16 @@ class SchedulerProcess:
     """`python -m hami scheduler` against the test cluster, over HTTPS with a cluster-trusted cert."""
 
     def __init__(
-        self, cluster: KubeCluster, *extra: str, port: int | None = None, tls: bool = True, loopback: bool = False
+        self,
+        cluster: KubeCluster,
+        *extra: str,
+        port: int | None = None,
+        tls: bool = True,
+        loopback: bool = False,
+        profile: str | None = None,
     ) -> None:
         self.cluster = cluster
+        self.profile = profile  # a path: run under cProfile, the stats written there at exit (benchmarks)
         self.port = port or free_port()
         # loopback: also --extender-bind (plain HTTP), which extender() then points kube-scheduler at
         self.loopback_port = free_port() if loopback else None
@@ -191,6 +203,7 @@ class SchedulerProcess:
     def start(self, wait_ready: bool = True) -> "SchedulerProcess":
         argv = [
             sys.executable,
+            *(["-m", "cProfile", "-o", self.profile] if self.profile else []),
             "-m",
             "hami",
             "scheduler",
@@ -539,6 +552,143 @@ class PluginStandIn:
             content_type="application/json-patch+json",
             expect=(200, 409, 422),
         )
+
+
+class NriStandIn(PluginStandIn):
+    """Plays the node side of the lockless bind path (docs/scheduler.md; `hami device-plugin
+    --injection=nri`) for kwok nodes: on entering it writes ``hami.io/node-injection: nri`` on
+    its nodes (what the plugin does once registered with containerd's NRI socket); then each pod
+    bound to one of them with ``bind-phase=allocating`` is served as the NRI CreateContainer hook
+    serves it: the grant is read from the pod's own ``hami.io/vgpu-devices-allocated`` (no lock,
+    no node read) and the pod is marked ``bind-phase=success``. It never reads or writes a node
+    lock. A bound pod without a readable grant is an error (the real agent refuses the container)."""
+
+    def __init__(self, cluster: KubeCluster, nodes: set[str], workers: int = 8) -> None:
+        super().__init__(cluster, nodes=set(nodes), workers=workers, release_delay=0)
+
+    def __enter__(self) -> "NriStandIn":
+        for name in sorted(self.nodes or ()):
+            self._call(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"metadata": {"annotations": {NODE_INJECTION: nodelock.INJECTION_NRI}}},
+                content_type=MERGE,
+            )
+        super().__enter__()
+        return self
+
+    def _serve_safely(self, node: str, pod: dict, key: str) -> None:
+        try:
+            self._serve_pod(node, pod)
+        except (ApiError, OSError, KeyError, ValueError) as exc:
+            self.errors.append(f"{key}: {exc}")
+        finally:
+            with self._mutex:
+                self._busy.discard(key)
+
+    def _serve_pod(self, node: str, pod: dict) -> None:
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        if ALLOCATED not in ann:
+            raise KeyError(f"pod {meta['namespace']}/{meta['name']} on {node} carries no {ALLOCATED}")
+        decode_pod_devices(ann[ALLOCATED])  # the real agent fails the container on a malformed grant
+        with self._mutex:
+            self._served.add(meta.get("uid"))
+        self._call(
+            "PATCH",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
+            content_type=MERGE,
+        )
+        self.allocated.append((node, f"{meta['namespace']}/{meta['name']}", ann[ALLOCATED]))
+
+
+class NodeLockWatch:
+    """Records every node event under ``label_selector`` that shows one of ``keys`` (the node
+    locks): a watch from the nodes' current resourceVersion, in a thread, until ``stop()``."""
+
+    def __init__(self, cluster: KubeCluster, label_selector: str, keys: tuple[str, ...] = (nodelock.NODE_LOCK,)):
+        self.cluster, self.selector, self.keys = cluster, label_selector, keys
+        self.seen: list[tuple[str, str, str]] = []  # (node, key, value)
+        self.events = 0
+        self._probes: set[str | None] = set()
+        self._stop = threading.Event()
+        self._conn: http.client.HTTPSConnection | None = None
+        listed = cluster.api("GET", f"/api/v1/nodes?labelSelector={label_selector}")
+        self._record(listed["items"])
+        self._rv = listed["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "NodeLockWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+
+    def nodes_locked(self) -> set[str]:
+        return {n for n, _, _ in self.seen}
+
+    def check_live(self, node: str) -> None:
+        """Write a probe annotation on ``node`` and wait until this watch has seen it: every node
+        write before it has been seen too (a watch delivers in order), so ``seen`` is complete."""
+        token = f"{time.monotonic_ns()}"
+        self.cluster.api(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"annotations": {"hami.io/test-watch-probe": token}}},
+            content_type=MERGE,
+        )
+        self.cluster.wait_for(lambda: token in self._probes, f"the node watch seeing the probe on {node}", 30, 0.1)
+
+    def _record(self, items: list[dict]) -> None:
+        for obj in items:
+            ann = (obj.get("metadata") or {}).get("annotations") or {}
+            self._probes.add(ann.get("hami.io/test-watch-probe"))
+            for key in self.keys:
+                if key in ann:
+                    self.seen.append((obj["metadata"]["name"], key, ann[key]))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ctx = self.cluster.token_context()
+            self._conn = conn = http.client.HTTPSConnection(
+                "127.0.0.1", self.cluster.ports["kube-apiserver"], context=ctx, timeout=120
+            )
+            try:
+                conn.request(
+                    "GET",
+                    f"/api/v1/nodes?watch=true&allowWatchBookmarks=true&timeoutSeconds=60"
+                    f"&resourceVersion={self._rv}&labelSelector={self.selector}",
+                    headers={"Authorization": f"Bearer {self.cluster.component_token}"},
+                )
+                resp = conn.getresponse()
+                while not self._stop.is_set():
+                    line = resp.readline()
+                    if not line:
+                        break
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # (e.g. 410 Gone) list again, then watch from there
+                        listed = self.cluster.api("GET", f"/api/v1/nodes?labelSelector={self.selector}")
+                        self._record(listed["items"])
+                        self._rv = listed["metadata"]["resourceVersion"]
+                        break
+                    self._rv = (obj.get("metadata") or {}).get("resourceVersion") or self._rv
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self.events += 1
+                        self._record([obj])
+            except (ApiError, OSError, ValueError, http.client.HTTPException):
+                if self._stop.is_set():
+                    return
+                self._stop.wait(0.2)
+            finally:
+                conn.close()
 
 
 WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

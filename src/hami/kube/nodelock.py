@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from hami.core.names import BIND_PHASE, NODE_LOCK, NODE_LOCK_HANDOFF, VGPU_NODE
+from hami.core.names import BIND_PHASE, NODE_INJECTION, NODE_LOCK, NODE_LOCK_HANDOFF, VGPU_NODE
 
 # Beyond HAMi: a node annotation by which the node's device plugin says it leaves a finished
 # pod's lock for the next Bind to swap over (one lock write per pod instead of a release and a
@@ -32,6 +32,13 @@ from hami.core.names import BIND_PHASE, NODE_LOCK, NODE_LOCK_HANDOFF, VGPU_NODE
 # plugin's own release first (HAMi's plugins release right after marking the pod).
 LOCK_HANDOFF = NODE_LOCK_HANDOFF
 HANDOFF_SWAP = "swap"
+
+# Beyond HAMi (docs/nri.md): a node whose agent gives each container its grant when the container
+# runtime creates it (NRI) needs no lock to tell its device plugin which pod an Allocate serves.
+# Only the vendors that agent injects bind without the lock there; any other vendor in the pod
+# (its own device plugin speaks HAMi's lock protocol) makes the Bind take the locks as anywhere.
+INJECTION_NRI = "nri"
+INJECTED_VENDORS = frozenset({"NVIDIA"})
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,19 @@ def vendor_locks(vendors: Iterable[Any], names: Iterable[str]) -> list[LockSpec]
         if spec is not None and all(s.key != spec.key for s in out):
             out.append(spec)
     return out
+
+
+def injects_at_creation(node: Mapping[str, Any] | None) -> bool:
+    """The node says its agent injects each container's grant at creation (``hami.io/node-injection: nri``)."""
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations.get(NODE_INJECTION) == INJECTION_NRI
+
+
+def lockless(node: Mapping[str, Any] | None, vendors: Iterable[str]) -> bool:
+    """A Bind of a pod asking for the vendors ``vendors`` (names) on ``node`` takes no lock: the
+    node injects at creation and every vendor asked for is one its agent injects."""
+    wanted = set(vendors)
+    return bool(wanted) and wanted <= INJECTED_VENDORS and injects_at_creation(node)
 
 
 def _time(text: str) -> datetime | None:

@@ -12,7 +12,11 @@ Cambricon's ``cambricon.com/dsmlu.lock``; :func:`hami.kube.nodelock.vendor_locks
 the Binding (which also sets ``bind-phase=allocating`` and ``bind-time``); a Bind with no
 decision of this replica's for that node needs one recorded on the pod (else it fails and the
 pod is filtered again); every failure releases the lock, except a Binding
-error after which the pod turns out bound to the node (success) or cannot be read (kept). Requests and answers use the Go field names kube-scheduler sends (``Pod``,
+error after which the pod turns out bound to the node (success) or cannot be read (kept); a
+Binding the API server refused (4xx, the pod verifiably not bound there) also gives back the
+decision's reservation. On a node whose agent injects each container's grant at creation
+(``hami.io/node-injection: nri``) a pod asking for NVIDIA GPUs only binds without any lock, and
+Filter never counts that node busy for it (:func:`hami.kube.nodelock.lockless`). Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
 
@@ -55,6 +59,11 @@ class _Decision:
     node: str
     annotations: dict[str, str]
     made: float  # time.monotonic() of the Filter
+
+
+def _refused(exc: BaseException) -> bool:
+    """The API server answered the request with a refusal (4xx): nothing of it was applied."""
+    return isinstance(exc, KubeError) and exc.status is not None and 400 <= exc.status < 500
 
 
 class BindingUnverified(OSError):
@@ -175,6 +184,7 @@ class Extender:
             "lock_waits": 0,
             "lock_reclaims": 0,
             "lock_handoffs": 0,
+            "bind_lockless": 0,
         }
 
     async def _wait_ready(self) -> bool:
@@ -209,7 +219,8 @@ class Extender:
         self._in_flight.pop(ref, None)
         try:
             admitted, _ = admit_pod(pod, self.state.vendors)
-            result = await self._decide(admitted, names or [])
+            wanted = self._wanted(admitted)
+            result = await self._decide(admitted, names or [], wanted)
         except CoreError as exc:
             self.events.record(pod, "FilteringFailed", str(exc), "Warning")
             return _error(str(exc))
@@ -224,7 +235,8 @@ class Extender:
             for line in failure_summary(result.failed, rows) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
-        self._in_flight[ref] = (result.node, time.monotonic())
+        if not self._lockless(result.node, wanted):  # a lockless bind never queues: not in flight
+            self._in_flight[ref] = (result.node, time.monotonic())
         if self.record:
             if self.decision_write == "filter":
                 self._start_recording(pod, result)
@@ -245,18 +257,22 @@ class Extender:
             "Error": "",
         }
 
-    async def _decide(self, pod: dict, names: list[str]) -> Any:
+    async def _decide(self, pod: dict, names: list[str], wanted: frozenset[str] = frozenset()) -> Any:
         """``schedule_pod`` with the busy nodes last (``queue_depth`` or more binds in flight there);
         when the only nodes that fit are busy, wait
         (up to ``busy_wait``) for an allocation in flight to finish and decide again: a Bind sent
         to a busy node waits for every bind ahead of it on that node, and past kube-scheduler's
         timeout it fails (a ``FailedScheduling`` event for a pod that fits). kube-scheduler
-        filters one pod at a time, so this also keeps it from running far ahead of the binds."""
+        filters one pod at a time, so this also keeps it from running far ahead of the binds.
+        A node where this pod binds without the lock (``wanted``: its vendors; :meth:`_lockless`)
+        is never busy for it: its Bind waits for nobody."""
         meta = pod["metadata"]
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
         deadline = time.monotonic() + self.busy_wait
         while True:
-            busy = {n: c for n, c in self.busy_nodes().items() if c >= self.queue_depth}
+            busy = {
+                n: c for n, c in self.busy_nodes().items() if c >= self.queue_depth and not self._lockless(n, wanted)
+            }
             result = schedule_pod(pod, names, self.state.ledger, self.state.config, self.clock(), busy=busy)
             left = deadline - time.monotonic()
             if result.node is None or result.node not in busy or left <= 0:
@@ -416,14 +432,20 @@ class Extender:
             return {"Error": f"pod {ns}/{name} not found"}
         taken: list[tuple[nodelock.LockSpec, str]] = []
         decision = None
+        posted = False  # the Binding was sent (an error after it may be the API server's refusal)
         try:
             decision = self._take_decision(ns, name, node)
             if decision is None:
                 await self.decision_recorded(ns, name)
                 if self._requests_devices(pod):
                     await self._check_decision(ns, name, node)
-            for spec in self._locks(pod):
-                taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
+            wanted = self._wanted(pod)
+            if self._lockless(node, wanted):
+                self.stats["bind_lockless"] += 1
+            else:
+                for spec in nodelock.vendor_locks(self.state.vendors, wanted):
+                    taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
+            posted = True
             # bind-phase and bind-time (and, with decision_write "binding", the whole decision)
             # ride on the Binding: the API server copies a Binding's annotations onto the pod in
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
@@ -434,7 +456,11 @@ class Extender:
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
             if not isinstance(exc, BindingUnverified):
                 self._in_flight.pop(f"{ns}/{name}", None)  # no lock of its own held any more
-            if decision is not None:
+            if decision is not None and posted and _refused(exc):
+                # the API server answered no (and the pod is verifiably not bound here): nothing
+                # of this decision is real, its reservation goes at once
+                self._drop_reservation(f"{ns}/{name}", decision)
+            elif decision is not None:
                 # still reserved: kube-scheduler filters the pod again (which replaces it), else
                 # it expires like any decision no Bind came for
                 self._decisions.setdefault(f"{ns}/{name}", decision)
@@ -445,6 +471,17 @@ class Extender:
             return {"Error": msg}
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
+
+    def _drop_reservation(self, ref: str, decision: _Decision) -> None:
+        """Give back the reservation of ``decision`` (its Binding was refused), unless a newer
+        Filter of the pod replaced it meanwhile (that one stays)."""
+        if ref in self._decisions:
+            return  # a re-filter while the Binding was in flight: its decision and reservation stand
+        held = self.state.ledger.pod(decision.key)
+        if held is not None and held.node == decision.node and self.state.ledger.is_reserved(decision.key):
+            ns, name = ref.split("/", 1)
+            self.state.restore_pod(decision.key, ns, name)
+            log.info("pod %s: Binding to %s refused: reservation dropped", ref, decision.node)
 
     def _take_decision(self, ns: str, name: str, node: str) -> "_Decision | None":
         """This replica's unwritten decision for the pod, when it is for ``node`` and still
@@ -536,16 +573,21 @@ class Extender:
                 f"({VGPU_NODE}={placed!r}); it will be filtered again"
             )
 
-    def _locks(self, pod: Mapping[str, Any]) -> list[nodelock.LockSpec]:
-        """The locks this pod's bind takes, in HAMi's order (backends sorted by key)."""
+    def _wanted(self, pod: Mapping[str, Any]) -> frozenset[str]:
+        """The vendors whose devices the pod asks for (empty when it asks for none or cannot be read)."""
         try:
             req = pod_request(pod, self.state.vendors)
         except CoreError:
-            return []
+            return frozenset()
         # every container counts (HAMi: regular ones only): the device plugin finds the pod
         # through the lock, whichever container asks first
-        wanted = {r.vendor for c in req.containers for r in c.requests}
-        return nodelock.vendor_locks(self.state.vendors, wanted)
+        return frozenset(r.vendor for c in req.containers for r in c.requests)
+
+    def _lockless(self, node: str | None, wanted: frozenset[str]) -> bool:
+        """A Bind of a pod asking for ``wanted`` on ``node`` takes no lock: the node's agent gives
+        each container its grant at creation (``hami.io/node-injection: nri``, as the cache shows
+        the node) and the pod asks for nothing else (docs/scheduler.md, Bind)."""
+        return node is not None and nodelock.lockless(self.state.nodes.get(node), wanted)
 
     async def _get_pod(self, ns: str, name: str) -> dict | None:
         if self.kube is None:  # a cache-only service (benchmarks): the cache is all there is
