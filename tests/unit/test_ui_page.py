@@ -1,5 +1,5 @@
 """The page's own behaviour in headless Chromium, without a cluster: the UI listener over an
-in-memory scheduler state (filters, "Show all", verdicts opened on demand, nothing blocked by
+in-memory scheduler state (filters, the grid's pages, verdicts opened on demand, nothing blocked by
 the CSP) and the `hami simulate --output html` file opened from disk."""
 
 from __future__ import annotations
@@ -35,13 +35,15 @@ def served():
         yield url
 
 
-def test_grid_filters_and_show_all(served, browser):
+def test_grid_filters_and_pages(served, browser):
     page, errors = open_page(browser, served)
     try:
         assert page.get_attribute("#gpu-count", "data-count") == "120"
-        assert page.locator("article.node").count() == 48  # the rest behind "Show all"
-        page.click("#show-all-nodes")
-        assert page.locator("article.node").count() == 60 and page.locator(".gpu").count() == 120
+        assert page.locator("article.node").count() == 48  # the rest on the next page
+        page.click('.pager[data-table="node-grid"] .page-next')
+        assert page.locator("article.node").count() == 12 and page.locator("#node-grid .gpu").count() == 24
+        page.click('.pager[data-table="node-grid"] .page-prev')
+        assert page.locator("article.node").count() == 48
         page.select_option("#filter-model", "NVIDIA-A10")
         assert page.get_attribute("#gpu-count", "data-count") == "60"
         assert page.locator("article.node").count() == 30
