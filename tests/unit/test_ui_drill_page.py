@@ -2,7 +2,8 @@
 the node grid; node, GPU and pod pages linked to each other (hash routes, under a path prefix);
 a pending pod's Kubernetes events beside hami's reasons; a tenant without ``list nodes`` gets
 "Not allowed" on a node page and one without ``list events`` on the events. With
-``HAMI_DOCS_IMAGES=1`` the pending pod's page is saved as docs/images/ui-pod.png."""
+``HAMI_DOCS_IMAGES=1`` a node page and the pending pod's page are saved as
+docs/images/ui-node.png and docs/images/ui-pod.png."""
 
 from __future__ import annotations
 
@@ -125,6 +126,8 @@ def test_from_a_node_to_a_gpu_to_a_pod_and_back(served, browser):
         assert page.inner_text("#detail-title") == "Node n000"
         assert page.locator("#detail-devices tbody tr").count() == 2
         assert sorted(_rows(page, "detail-pods", "data-pod")) == ["team-a/train", "team-b/infer"]
+        if os.environ.get("HAMI_DOCS_IMAGES") == "1":
+            page.locator("#detail").screenshot(path=str(Path(__file__).parents[2] / "docs" / "images" / "ui-node.png"))
         # the GPU train holds
         page.click('#detail-pods tr[data-pod="team-a/train"] .grant a')
         page.wait_for_url("**/#/gpu/*")

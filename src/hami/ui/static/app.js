@@ -557,7 +557,7 @@
     if (p) {
       const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "");
       detail.info.replaceChildren(el("p", {}, t("detail.onNode"), " ", p.node ? link("node", [p.node], p.node) : "–", " · ", phase));
-    } else if (waiting) detail.info.replaceChildren(el("p", { class: "badge warn", text: t("detail.pending") }));
+    } else if (waiting) detail.info.replaceChildren(el("p", {}, el("span", { class: "badge warn", text: t("detail.pending") })));
     else if (docs.pods.denied) detail.info.replaceChildren(notAllowed(docs.pods));
     else detail.info.replaceChildren(el("p", { class: "muted", text: t("detail.podMissing", { name: ref }) }));
     fillTable(detail.grants, { text: (x) => x.c.name + " " + x.g.model + " " + x.g.uuid, empty: t("detail.noGrants"),
@@ -571,7 +571,7 @@
     detail.reasons.replaceChildren(...(waiting ? [
       el("p", { class: "reason", text: waiting.error || (waiting.fitsNow ? (waiting.wouldChoose ? t("pending.fitsOn", { node: waiting.wouldChoose })
         : t("pending.fitsNow")) : waiting.summary || t("pending.noNode")) }),
-      waiting.nodes.length ? verdictList(waiting.nodes.slice(0, 20)) : null] : [el("p", { class: "muted", text: t("detail.notPending") })]));
+      waiting.nodes.length ? verdictDetails(waiting, waiting.nodes) : null] : [el("p", { class: "muted", text: t("detail.notPending") })]));
     drawEvents();
   }
 
