@@ -110,6 +110,10 @@ ROUTE = (
 )
 INTERACTIONS = (
     (
+        "redraw the overview (as each refresh)",
+        TIMED % "const s = document.getElementById('lang'); s.value = 'en'; s.dispatchEvent(new Event('change'))",
+    ),
+    (
         "next page of the device table",
         TIMED % "document.querySelector('.pager[data-table=\"gpu-table\"] .page-next').click()",
     ),
