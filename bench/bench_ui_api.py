@@ -11,7 +11,7 @@ the answer sizes, and the same document built in-process without HTTP (model onl
 
 Then, when Debian's chromium and Playwright are installed (scripts/install-browser.sh), the page
 itself: navigation to ``load`` and to the first useful paint (every answer in and drawn, the
-tables paged: 48 node cards and 100 device rows of the 8000), median of ``--page-runs`` fresh
+tables paged: 12 node cards and 100 device rows of the 8000), median of ``--page-runs`` fresh
 page loads; and the time of each interaction (a page of the device table, a search, a sort, a
 node, GPU and pod page opened, back to the overview), measured in the page.
 
@@ -186,7 +186,7 @@ def page_figures(state, runs: int) -> None:
     print(
         f"  page in headless Chromium ({devices} devices, tables paged): load event p50 "
         f"{percentile(loads, 50):.0f} ms; first useful paint (every answer in and drawn: summary, the first "
-        f"48 node cards, the first 100 device rows, pods, pending) p50 {percentile(drawn, 50):.0f} ms "
+        f"12 node cards, the first 100 device rows, pods, pending) p50 {percentile(drawn, 50):.0f} ms "
         f"(max {max(drawn):.0f} ms), {rows} device rows in the DOM ({runs} loads)"
     )
     for name, samples in acts.items():

@@ -39,14 +39,18 @@ def test_grid_filters_and_pages(served, browser):
     page, errors = open_page(browser, served)
     try:
         assert page.get_attribute("#gpu-count", "data-count") == "120"
-        assert page.locator("article.node").count() == 48  # the rest on the next page
-        page.click('.pager[data-table="node-grid"] .page-next')
+        assert page.locator("article.node").count() == 12  # 12 cards a page: five pages
+        assert page.get_attribute("#node-grid", "data-rows") == "60"
+        for _ in range(4):
+            page.click('.pager[data-table="node-grid"] .page-next')
+        assert page.get_attribute("#node-grid", "data-page") == "5"
         assert page.locator("article.node").count() == 12 and page.locator("#node-grid .gpu").count() == 24
+        assert page.get_attribute("article.node >> nth=0", "data-node") == "n48"
         page.click('.pager[data-table="node-grid"] .page-prev')
-        assert page.locator("article.node").count() == 48
+        assert page.get_attribute("article.node >> nth=0", "data-node") == "n36"
         page.select_option("#filter-model", "NVIDIA-A10")
         assert page.get_attribute("#gpu-count", "data-count") == "60"
-        assert page.locator("article.node").count() == 30
+        assert page.get_attribute("#node-grid", "data-rows") == "30" and page.locator("article.node").count() == 12
         page.select_option("#filter-model", "")
         page.select_option("#filter-node", "n00")
         assert page.locator("article.node").count() == 1

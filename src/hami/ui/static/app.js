@@ -9,7 +9,7 @@
   let docs = null;
   let timer = null;
   let loading = false; // one refresh at a time: a slow answer never piles up requests
-  const GRID_PAGE = 48; // node cards per page of the grid (a 1000-node grid is 8000 device rows)
+  const GRID_PAGE = 12; // node cards per page of the grid: ~100 device rows at 8 GPUs a node (1000 nodes: 8000)
   const PAGE_SIZE = 100; // rows per page of a table (docs/ui.md "Tables")
   // Signing in (docs/ui.md): the Kubernetes token lives in this tab's sessionStorage only (never
   // localStorage or a cookie) and is sent as "Authorization: Bearer" to this server's /api/v1.
@@ -815,7 +815,11 @@
   }
 
   for (const id of ["filter-namespace", "filter-node", "filter-model"]) {
-    $(id).addEventListener("change", () => { render(); loadHistory(); });
+    $(id).addEventListener("change", () => {
+      for (const table of tables.values()) table.page = 0; // other rows: from their first page
+      render();
+      loadHistory();
+    });
   }
   window.addEventListener("hashchange", () => { render(); if (!route()) window.scrollTo(0, 0); });
   $("history-details").addEventListener("toggle", loadHistory);
