@@ -66,6 +66,7 @@ EVENTS_LIMIT = 20  # events per /api/v1/pods/{ns}/{name}/events answer unless ?l
 EVENTS_MAX = 100
 EVENTS_READ = 500  # events asked of the API server for one pod (the newest EVENTS_MAX of them are kept)
 EVENT_MESSAGE = 1024  # characters of one event's message
+EVENTS_TIMEOUT = 5.0  # s for the API server's answer
 POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
 CALLER = web.RequestKey("hami.ui.caller", Caller)
@@ -99,7 +100,9 @@ class KubeEvents:
             ("limit", str(EVENTS_READ)),
         ]
         try:
-            answer = await self.kube.request("GET", f"/api/v1/namespaces/{namespace}/events", query)
+            answer = await self.kube.request(
+                "GET", f"/api/v1/namespaces/{namespace}/events", query, timeout=EVENTS_TIMEOUT
+            )
         except Exception as exc:  # noqa: BLE001 - KubeError, aiohttp's errors, timeouts: said in the answer
             raise EventsUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
         items = answer.get("items") if isinstance(answer, dict) else None

@@ -821,7 +821,11 @@
       loadHistory();
     });
   }
-  window.addEventListener("hashchange", () => { render(); if (!route()) window.scrollTo(0, 0); });
+  window.addEventListener("hashchange", () => {
+    const fromPage = !$("detail").hidden;
+    render();
+    if (fromPage && !route()) window.scrollTo(0, 0); // the overview from its top (not "#nodes", the skip link)
+  });
   $("history-details").addEventListener("toggle", loadHistory);
   $("history-kind").addEventListener("change", loadHistory);
   $("history-range").addEventListener("change", loadHistory);
