@@ -705,9 +705,10 @@
       if (needSignIn) return; // signed out while the answers were on their way: show nothing of them
       docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
       $("session").hidden = !token();
+      const open = detailKey;
       render();
       loadHistory();
-      loadEvents();
+      if (open && open === detailKey) loadEvents(); // a page just opened fetched its events already
       updatedAt = new Date();
       showUpdated();
     } catch (err) {
