@@ -216,3 +216,18 @@ def test_a_tenant_without_list_nodes_or_events_is_told_so(shared, browser):
             assert errors == [], errors
         finally:
             context.close()
+
+
+def test_the_pages_in_chinese(served, browser):
+    page, errors = open_page(browser, served + "#/pod/team-c/huge", locale="zh-CN")
+    try:
+        page.locator('#detail-events tr[data-event-reason="FailedScheduling"]').wait_for(timeout=30_000)
+        assert page.inner_text("#detail-title") == "Pod team-c/huge 的详情"
+        assert "Kubernetes 事件" in page.inner_text("#detail") and "等待原因" in page.inner_text("#detail")
+        page.click("#detail-back")
+        page.locator("#overview").wait_for(state="visible", timeout=10_000)
+        assert "第 1–100 行，共 300 行" in page.inner_text('.pager[data-table="gpu-table"]')
+        assert page.inner_text('.table-tools[data-table="gpu-table"] label').strip() == "搜索"
+        assert errors == [], errors
+    finally:
+        page.close()
