@@ -472,7 +472,7 @@ def test_the_openapi_document_is_well_formed():
     known = set(SPEC["components"]["schemas"]) | set(SPEC["components"]["responses"])
     assert "NodeList" in refs and refs <= known, refs - known
     served = {path for path in SPEC["paths"]}
-    assert served == {*PATHS, "/api/v1/openapi.yaml", "/api/v1/history"}
+    assert served == {*PATHS, "/api/v1/openapi.yaml", "/api/v1/history", "/api/v1/pods/{namespace}/{name}/events"}
 
 
 async def test_a_query_parameter_given_twice_is_400_naming_it(cluster):

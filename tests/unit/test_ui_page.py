@@ -1,5 +1,5 @@
 """The page's own behaviour in headless Chromium, without a cluster: the UI listener over an
-in-memory scheduler state (filters, "Show all", verdicts opened on demand, nothing blocked by
+in-memory scheduler state (filters, the grid's pages, verdicts opened on demand, nothing blocked by
 the CSP) and the `hami simulate --output html` file opened from disk."""
 
 from __future__ import annotations
@@ -35,16 +35,22 @@ def served():
         yield url
 
 
-def test_grid_filters_and_show_all(served, browser):
+def test_grid_filters_and_pages(served, browser):
     page, errors = open_page(browser, served)
     try:
         assert page.get_attribute("#gpu-count", "data-count") == "120"
-        assert page.locator("article.node").count() == 48  # the rest behind "Show all"
-        page.click("#show-all-nodes")
-        assert page.locator("article.node").count() == 60 and page.locator(".gpu").count() == 120
+        assert page.locator("article.node").count() == 12  # 12 cards a page: five pages
+        assert page.get_attribute("#node-grid", "data-rows") == "60"
+        for _ in range(4):
+            page.click('.pager[data-table="node-grid"] .page-next')
+        assert page.get_attribute("#node-grid", "data-page") == "5"
+        assert page.locator("article.node").count() == 12 and page.locator("#node-grid .gpu").count() == 24
+        assert page.get_attribute("article.node >> nth=0", "data-node") == "n48"
+        page.click('.pager[data-table="node-grid"] .page-prev')
+        assert page.get_attribute("article.node >> nth=0", "data-node") == "n36"
         page.select_option("#filter-model", "NVIDIA-A10")
         assert page.get_attribute("#gpu-count", "data-count") == "60"
-        assert page.locator("article.node").count() == 30
+        assert page.get_attribute("#node-grid", "data-rows") == "30" and page.locator("article.node").count() == 12
         page.select_option("#filter-model", "")
         page.select_option("#filter-node", "n00")
         assert page.locator("article.node").count() == 1

@@ -62,6 +62,12 @@ STATIC = {
 }
 PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
 HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
+EVENTS_LIMIT = 20  # events per /api/v1/pods/{ns}/{name}/events answer unless ?limit= (1..EVENTS_MAX)
+EVENTS_MAX = 100
+EVENTS_READ = 500  # events asked of the API server for one pod (the newest EVENTS_MAX of them are kept)
+EVENT_MESSAGE = 1024  # characters of one event's message
+EVENTS_TIMEOUT = 5.0  # s for the API server's answer
+POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
 CALLER = web.RequestKey("hami.ui.caller", Caller)
 NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -72,8 +78,66 @@ NEEDS = {
     "/api/v1/pending": "list pods (as /pods); per-node verdicts also need list nodes",
     "/api/v1/quotas": "list resourcequotas (cluster scope, or per namespace)",
     "/api/v1/history": "kind=gpu: list nodes (cluster scope); kind=pod|namespace: list pods, as /pods",
+    "/api/v1/pods/{namespace}/{name}/events": "list events in that namespace",
     "/api/v1/openapi.yaml": "an accepted token only",
 }
+
+
+class EventsUnavailable(Exception):
+    """The API server could not list a pod's events (the answer says so; the page shows it)."""
+
+
+class KubeEvents:
+    """A pod's events from the API server, read with the scheduler's own client (the caller's
+    ``list events`` is checked first, by :meth:`UiApi.events`)."""
+
+    def __init__(self, kube: Any) -> None:
+        self.kube = kube
+
+    async def __call__(self, namespace: str, name: str) -> list[dict]:
+        query = [
+            ("fieldSelector", f"involvedObject.kind=Pod,involvedObject.name={name}"),
+            ("limit", str(EVENTS_READ)),
+        ]
+        try:
+            answer = await self.kube.request(
+                "GET", f"/api/v1/namespaces/{namespace}/events", query, timeout=EVENTS_TIMEOUT
+            )
+        except Exception as exc:  # noqa: BLE001 - KubeError, aiohttp's errors, timeouts: said in the answer
+            raise EventsUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        items = answer.get("items") if isinstance(answer, dict) else None
+        if not isinstance(items, list):
+            raise EventsUnavailable("the API server's answer has no items")
+        return [i for i in items if isinstance(i, dict)]
+
+
+def _event_time(event: dict) -> str:
+    for key in ("lastTimestamp", "eventTime", "firstTimestamp"):
+        value = event.get(key)
+        if isinstance(value, str) and value:
+            return value
+    meta = event.get("metadata") if isinstance(event.get("metadata"), dict) else {}
+    return str(meta.get("creationTimestamp") or "")
+
+
+def event_items(events: list[dict], limit: int) -> list[dict]:
+    """The newest ``limit`` events, newest first, each cut to the fields the page shows."""
+    out = []
+    for e in sorted(events, key=_event_time, reverse=True)[:limit]:
+        source = e.get("source") if isinstance(e.get("source"), dict) else {}
+        count = e.get("count")
+        series = e.get("series") if isinstance(e.get("series"), dict) else {}
+        out.append(
+            {
+                "type": str(e.get("type") or ""),
+                "reason": str(e.get("reason") or "")[:128],
+                "message": str(e.get("message") or "")[:EVENT_MESSAGE],
+                "count": count if isinstance(count, int) else series.get("count", 1),
+                "lastSeen": _event_time(e) or None,
+                "source": str(source.get("component") or e.get("reportingComponent") or "")[:128],
+            }
+        )
+    return out
 
 
 class Denied(Exception):
@@ -128,6 +192,7 @@ class UiApi:
         prefix: str = "",
         frame_ancestors: str = "'none'",
         history: hist.History | None = None,
+        events: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -141,6 +206,10 @@ class UiApi:
         self.headers = embedding_headers(frame_ancestors)
         self.history = hist.History() if history is None else history
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
+        if events is None:  # the scheduler's client, as the reviews use it (None: --ui-auth=none in tests)
+            kube = getattr(getattr(authorizer, "reviews", None), "kube", None)
+            events = None if kube is None else KubeEvents(kube)
+        self.events_source = events
 
     def _readings(self) -> Mapping[str, Any] | None:
         return None if self.live is None else self.live.readings
@@ -324,6 +393,48 @@ class UiApi:
 
         return await self._answer(request, build)
 
+    async def events(self, request: web.Request) -> web.Response:
+        """A pod's Kubernetes events, newest first, at most ``limit`` (``list events`` in its
+        namespace); ``error`` says why there are none when the API server could not be read."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+
+        async def build(q: dict) -> dict:
+            model._check_params(q, ("limit",))
+            if not NAMESPACE.fullmatch(namespace):
+                raise model.FilterError(f"path namespace: not a Kubernetes namespace name: {namespace[:60]!r}")
+            if not POD_NAME.fullmatch(name):
+                raise model.FilterError(f"path name: not a Kubernetes pod name: {name[:60]!r}")
+            raw = q.get("limit", str(EVENTS_LIMIT))
+            if not raw.isdigit() or not 1 <= int(raw) <= EVENTS_MAX:
+                raise model.FilterError(
+                    f"query parameter limit: expected a whole number 1..{EVENTS_MAX}, got {raw[:20]!r}"
+                )
+            limit = int(raw)
+            await self._require(request, Permission("list", "events", namespace))
+            error = None
+            found: list[dict] = []
+            if self.events_source is None:
+                error = "this listener has no Kubernetes client to read events with"
+            else:
+                try:
+                    found = await self.events_source(namespace, name)
+                except EventsUnavailable as exc:
+                    log.warning("ui: the events of %s/%s could not be read: %s", namespace, name, exc)
+                    error = f"the Kubernetes API server could not list the events: {exc}"
+            items = event_items(found, limit)
+            return model.envelope(
+                "EventList",
+                self.clock(),
+                items,
+                namespace=namespace,
+                name=name,
+                total=len(found),
+                truncated=len(found) > len(items),
+                error=error,
+            )
+
+        return await self._answer(request, build)
+
     async def history_answer(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
             model._check_params(q, ("range", "kind", "namespace", "node", "uuid", "pod"))
@@ -424,6 +535,7 @@ class UiApi:
             web.get(p + "/api/v1/pending", self.pending),
             web.get(p + "/api/v1/quotas", self.quotas),
             web.get(p + "/api/v1/history", self.history_answer),
+            web.get(p + "/api/v1/pods/{namespace}/{name}/events", self.events),
             web.get(p + "/api/v1/openapi.yaml", self.openapi),
         ]
         if p:

@@ -9,10 +9,8 @@
   let docs = null;
   let timer = null;
   let loading = false; // one refresh at a time: a slow answer never piles up requests
-  const GRID_LIMIT = 48; // node cards drawn before "Show all" (a 1000-node grid is 8000 rows)
-  let showAll = false;
-  const POD_LIMIT = 200; // pod rows drawn before "Show all pods"
-  let showAllPods = false;
+  const GRID_PAGE = 12; // node cards per page of the grid: ~100 device rows at 8 GPUs a node (1000 nodes: 8000)
+  const PAGE_SIZE = 100; // rows per page of a table (docs/ui.md "Tables")
   // Signing in (docs/ui.md): the Kubernetes token lives in this tab's sessionStorage only (never
   // localStorage or a cookie) and is sent as "Authorization: Bearer" to this server's /api/v1.
   const TOKEN_KEY = "hami.ui.token";
@@ -160,6 +158,98 @@
     select.value = wanted.includes(keep) ? keep : "";
   }
 
+  // ------------------------------------------------------------------ tables: search, sort, pages
+  // Every table (and the node grid) keeps the rows it was given and draws one page of those that
+  // match its search box, in the order of the header clicked last. Its state survives a refresh.
+  const tables = new Map();
+  function compare(a, b) {
+    if (typeof a === "number" && typeof b === "number") return a - b;
+    return String(a).localeCompare(String(b), lang, { numeric: true });
+  }
+  function tableState(box) {
+    let s = tables.get(box.id);
+    if (s && s.box === box) return s;
+    s = { box, q: "", col: -1, dir: 1, page: 0, rows: [], spec: null };
+    const search = el("input", { type: "search", class: "table-search", "data-table": box.id, autocomplete: "off", spellcheck: "false" });
+    search.addEventListener("input", () => { s.q = search.value.trim().toLowerCase(); s.page = 0; drawTable(s); });
+    const prev = el("button", { type: "button", class: "page-prev" });
+    const next = el("button", { type: "button", class: "page-next" });
+    prev.addEventListener("click", () => { s.page -= 1; drawTable(s); });
+    next.addEventListener("click", () => { s.page += 1; drawTable(s); });
+    s.search = search; s.prev = prev; s.next = next;
+    s.label = el("span", {});
+    s.count = el("span", { class: "table-count muted" });
+    s.where = el("span", { class: "page-where muted" });
+    s.pager = el("div", { class: "pager", "data-table": box.id }, prev, s.where, next);
+    box.before(el("div", { class: "table-tools", "data-table": box.id }, el("label", {}, s.label, " ", search), s.count));
+    box.after(s.pager);
+    for (const button of box.tHead ? box.tHead.querySelectorAll("button.sort") : []) {
+      button.addEventListener("click", () => {
+        const col = Number(button.dataset.col);
+        s.dir = s.col === col ? -s.dir : 1;
+        s.col = col;
+        s.page = 0;
+        drawTable(s);
+      });
+    }
+    tables.set(box.id, s);
+    return s;
+  }
+  // spec: text(row) what the search matches, keys[col](row) the sort value of each column,
+  // draw(row) its element, empty the text when nothing matches, size rows per page
+  function fillTable(box, spec, rows) {
+    const s = tableState(box);
+    s.spec = spec;
+    s.rows = rows;
+    drawTable(s);
+  }
+  function drawTable(s) {
+    const spec = s.spec;
+    let rows = s.q ? s.rows.filter((r) => spec.text(r).toLowerCase().includes(s.q)) : s.rows;
+    const key = s.col >= 0 && spec.keys ? spec.keys[s.col] : null;
+    if (key) rows = rows.map((r) => [key(r), r]).sort((a, b) => s.dir * compare(a[0], b[0])).map((pair) => pair[1]);
+    const size = spec.size || PAGE_SIZE;
+    const pages = Math.max(1, Math.ceil(rows.length / size));
+    s.page = Math.min(Math.max(0, s.page), pages - 1);
+    const shown = rows.slice(s.page * size, (s.page + 1) * size).map(spec.draw);
+    const body = s.box.tBodies ? s.box.tBodies[0] : s.box;
+    const columns = s.box.tHead ? s.box.tHead.rows[0].cells.length : 1;
+    body.replaceChildren(...(shown.length ? shown : [s.box.tBodies
+      ? el("tr", {}, el("td", { colspan: columns, class: "muted", text: spec.empty }))
+      : el("p", { class: "muted", text: spec.empty })]));
+    s.label.textContent = t("table.search");
+    s.count.textContent = s.q ? t("table.matching", { shown: rows.length, total: s.rows.length }) : t("table.count", { total: s.rows.length });
+    s.where.textContent = t("table.page", { page: s.page + 1, pages, first: rows.length ? s.page * size + 1 : 0,
+                                            last: Math.min(rows.length, (s.page + 1) * size), total: rows.length });
+    s.prev.textContent = t("table.prev");
+    s.next.textContent = t("table.next");
+    s.prev.disabled = s.page === 0;
+    s.next.disabled = s.page >= pages - 1;
+    s.pager.hidden = pages <= 1;
+    s.box.dataset.rows = String(rows.length);
+    s.box.dataset.page = String(s.page + 1);
+    for (const th of s.box.tHead ? s.box.tHead.rows[0].cells : []) {
+      const b = th.querySelector("button.sort");
+      th.setAttribute("aria-sort", b && Number(b.dataset.col) === s.col ? (s.dir > 0 ? "ascending" : "descending") : "none");
+    }
+  }
+
+  // ------------------------------------------------------------------ links between the pages
+  // Hash routes (they work under a path prefix and in a snapshot file): #/node/NAME, #/gpu/UUID,
+  // #/pod/NAMESPACE/NAME; anything else is the overview.
+  function href(kind, ...parts) { return "#/" + kind + "/" + parts.map(encodeURIComponent).join("/"); }
+  function link(kind, parts, text, attrs) { return el("a", Object.assign({ href: href(kind, ...parts), text }, attrs || {})); }
+  function route() {
+    const m = /^#\/(node|gpu|pod)\/(.+)$/.exec(location.hash);
+    if (!m) return null;
+    let parts;
+    try { parts = m[2].split("/").map(decodeURIComponent); } catch (e) { return null; }
+    if (parts.some((x) => !x)) return null;
+    if (m[1] === "pod") return parts.length === 2 ? { kind: "pod", namespace: parts[0], name: parts[1] } : null;
+    return parts.length === 1 ? { kind: m[1], name: parts[0] } : null;
+  }
+  const pct100 = (a, b) => (b > 0 ? a / b : 0);
+
   // ------------------------------------------------------------------ summary
   function renderSummary(nodes, f) {
     const groups = new Map();
@@ -183,14 +273,16 @@
     const gpuCount = $("gpu-count");
     gpuCount.textContent = String(count);
     gpuCount.dataset.count = String(count);
-    const rows = [...groups.values()].sort((a, b) => (a.vendor + a.model).localeCompare(b.vendor + b.model)).map((g) =>
-      el("tr", { "data-vendor": g.vendor, "data-model": g.model },
+    const rows = [...groups.values()].sort((a, b) => (a.vendor + a.model).localeCompare(b.vendor + b.model));
+    fillTable($("summary-table"), { text: (g) => g.vendor + " " + g.model, empty: t("nodes.none"),
+      keys: [(g) => g.vendor, (g) => g.model, (g) => g.devices, (g) => g.inUse, (g) => pct100(g.memA, g.memT),
+             (g) => g.memU, (g) => pct100(g.coreA, g.coreT)],
+      draw: (g) => el("tr", { "data-vendor": g.vendor, "data-model": g.model },
         el("td", { text: g.vendor }), el("td", { text: g.model }), el("td", { text: g.devices }),
         el("td", { text: g.inUse }),
         el("td", {}, bar(t("bar.memoryAllocated"), g.memA, g.memT, null, mib)),
         el("td", { text: g.memLive ? t("summary.liveOn", { used: mib(g.memU), live: g.memLive, devices: g.devices }) : t("summary.noLive") }),
-        el("td", {}, bar(t("bar.coresAllocated"), g.coreA, g.coreT, null, (v) => cores(v, g.unit)))));
-    $("summary-table").tBodies[0].replaceChildren(...rows);
+        el("td", {}, bar(t("bar.coresAllocated"), g.coreA, g.coreT, null, (v) => cores(v, g.unit)))) }, rows);
   }
 
   // ------------------------------------------------------------------ node grid
@@ -200,45 +292,61 @@
     return el("span", { class: "badge", title: m.error || "", text: t("nodes.noLive") });
   }
 
+  function deviceFlags(d) {
+    return [!d.health && el("span", { class: "badge bad", text: t("device.unhealthy") }),
+            d.cordoned && el("span", { class: "badge warn", text: t("device.cordoned") }),
+            d.mode !== "hami-core" && el("span", { class: "badge", text: d.mode }),
+            // one short badge (the model column is narrow); the claims are in its title
+            (d.frontEnd === "dra" || (d.claims || []).length > 0) && el("span", { class: "badge dra",
+              title: t("device.claims", { claims: (d.claims || []).join(", ") || t("device.noClaims") }),
+              text: d.frontEnd === "dra" ? "DRA" : "+DRA" }),
+            d.usage.state === "stale" && el("span", { class: "badge warn", text: t("device.stale") })];
+  }
+  function memoryBar(d) { return bar(t("bar.memory"), d.memoryMiB.allocated, d.memoryMiB.total, d.usage.memoryUsedMiB, mib); }
+  function coresBar(d) {
+    return bar(t("bar.cores"), d.cores.allocated, d.cores.total, d.usage.utilizationPercent === null || d.cores.unit !== "percent"
+      ? null : Math.round((d.usage.utilizationPercent * d.cores.total) / 100), (v) => cores(v, d.cores.unit));
+  }
+  function nodeBadges(n) {
+    return [n.ready === false ? el("span", { class: "badge bad", text: t("nodes.notReady") }) : null,
+            n.unschedulable ? el("span", { class: "badge warn", text: t("nodes.cordoned") }) : null,
+            monitorBadge(n.monitor)];
+  }
+
+  function nodeCard(entry) {
+    const n = entry.node;
+    const rows = entry.devices.map((d) => el("div", { class: "gpu", "data-gpu-uuid": d.uuid, "data-vendor": d.vendor },
+      link("gpu", [d.uuid], "#" + d.index, { class: "idx", title: d.uuid }),
+      el("span", { class: "model", title: d.uuid }, d.model, " ", deviceFlags(d)),
+      memoryBar(d), coresBar(d),
+      el("span", { class: "bar-label", title: t("device.slots"), text: d.slots.allocated + "/" + d.slots.total })));
+    return el("article", { class: "node", "data-node": n.name, "aria-label": t("nodes.aria", { name: n.name }) },
+      el("h3", {}, link("node", [n.name], n.name), nodeBadges(n)), rows);
+  }
+
   function renderNodes(nodes, f) {
-    const cards = [];
-    let hidden = 0;
+    const entries = [];
+    const devices = [];
     for (const n of nodes) {
       if (f.node && n.name !== f.node) continue;
-      const devices = n.devices.filter((d) => !f.model || d.model === f.model);
-      if (!devices.length) continue;
-      if (!showAll && cards.length >= GRID_LIMIT) { hidden += 1; continue; }
-      const rows = devices.map((d) => {
-        const flags = [!d.health && el("span", { class: "badge bad", text: t("device.unhealthy") }),
-                       d.cordoned && el("span", { class: "badge warn", text: t("device.cordoned") }),
-                       d.mode !== "hami-core" && el("span", { class: "badge", text: d.mode }),
-                       // one short badge (the model column is narrow); the claims are in its title
-                       (d.frontEnd === "dra" || (d.claims || []).length > 0) && el("span", { class: "badge dra",
-                         title: t("device.claims", { claims: (d.claims || []).join(", ") || t("device.noClaims") }),
-                         text: d.frontEnd === "dra" ? "DRA" : "+DRA" }),
-                       d.usage.state === "stale" && el("span", { class: "badge warn", text: t("device.stale") })];
-        return el("div", { class: "gpu", "data-gpu-uuid": d.uuid, "data-vendor": d.vendor },
-          el("span", { class: "idx", text: "#" + d.index }),
-          el("span", { class: "model", title: d.uuid }, d.model, " ", flags),
-          bar(t("bar.memory"), d.memoryMiB.allocated, d.memoryMiB.total, d.usage.memoryUsedMiB, mib),
-          bar(t("bar.cores"), d.cores.allocated, d.cores.total, d.usage.utilizationPercent === null || d.cores.unit !== "percent"
-              ? null : Math.round((d.usage.utilizationPercent * d.cores.total) / 100), (v) => cores(v, d.cores.unit)),
-          el("span", { class: "bar-label", title: t("device.slots"), text: d.slots.allocated + "/" + d.slots.total }));
-      });
-      cards.push(el("article", { class: "node", "data-node": n.name, "aria-label": t("nodes.aria", { name: n.name }) },
-        el("h3", {}, n.name,
-          n.ready === false ? el("span", { class: "badge bad", text: t("nodes.notReady") }) : null,
-          n.unschedulable ? el("span", { class: "badge warn", text: t("nodes.cordoned") }) : null,
-          monitorBadge(n.monitor)),
-        rows));
+      const shown = n.devices.filter((d) => !f.model || d.model === f.model);
+      if (!shown.length) continue;
+      entries.push({ node: n, devices: shown, text: n.name + " " + shown.map((d) => d.model + " " + d.uuid).join(" ") });
+      for (const d of shown) devices.push({ node: n.name, d });
     }
-    if (hidden) {
-      const more = el("button", { type: "button", id: "show-all-nodes",
-        text: t("nodes.showAll", { total: cards.length + hidden, hidden }) });
-      more.addEventListener("click", () => { showAll = true; render(); });
-      cards.push(more);
-    }
-    $("node-grid").replaceChildren(...(cards.length ? cards : [el("p", { class: "muted", text: t("nodes.none") })]));
+    fillTable($("node-grid"), { text: (e) => e.text, empty: t("nodes.none"), size: GRID_PAGE, draw: nodeCard }, entries);
+    fillTable($("gpu-table"), { text: (r) => r.node + " " + r.d.model + " " + r.d.uuid + " " + r.d.vendor, empty: t("nodes.none"),
+      keys: [(r) => r.node, (r) => r.d.index, (r) => r.d.model, (r) => pct100(r.d.memoryMiB.allocated, r.d.memoryMiB.total),
+             (r) => pct100(r.d.cores.allocated, r.d.cores.total), (r) => r.d.slots.allocated, (r) => (r.d.health ? 1 : 0) + (r.d.cordoned ? 0 : 2)],
+      draw: gpuRow }, devices);
+  }
+  function gpuRow(r) {
+    const d = r.d;
+    return el("tr", { "data-gpu-uuid": d.uuid },
+      el("td", {}, link("node", [r.node], r.node)), el("td", {}, link("gpu", [d.uuid], "#" + d.index, { title: d.uuid })),
+      el("td", {}, d.model, " ", deviceFlags(d)), el("td", {}, memoryBar(d)), el("td", {}, coresBar(d)),
+      el("td", { title: t("device.slots"), text: d.slots.allocated + "/" + d.slots.total }),
+      el("td", { text: !d.health ? t("device.unhealthy") : d.cordoned ? t("device.cordoned") : t("device.healthy") }));
   }
 
   // ------------------------------------------------------------------ pods
@@ -253,34 +361,31 @@
     return text;
   }
 
+  function podRow(p) {
+    const grants = p.containers.flatMap((c) => c.grants.map((g) =>
+      el("span", { class: "grant", "data-grant-uuid": g.uuid }, g.uuid ? link("gpu", [g.uuid], grantText(c, g)) : grantText(c, g))));
+    const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? t("pods.reserved") : "");
+    // a DRA allocation is a ResourceClaim (kube-scheduler placed it): named, and its pods listed
+    const claim = p.frontEnd === "dra" && p.claim;
+    const holders = claim ? claim.reservedFor.filter((r) => r.resource === "pods").map((r) => r.name) : [];
+    const head = claim ? [p.name ? link("pod", [p.namespace, p.name], p.namespace + "/" + p.name) : p.namespace + "/" + t("pods.noPod"), " ",
+      el("span", { class: "badge", title: t("pods.claimTitle", { claim: claim.namespace + "/" + claim.name }) +
+        (holders.length ? t("pods.reservedFor", { pods: holders.join(", ") }) : t("pods.reservedForNone")),
+        text: t("pods.claimBadge", { name: claim.name }) })] : [link("pod", [p.namespace, p.name], p.namespace + "/" + p.name)];
+    return el("tr", claim ? { "data-pod": p.namespace + "/" + p.name, "data-claim": claim.namespace + "/" + claim.name }
+                          : { "data-pod": p.namespace + "/" + p.name },
+      el("th", { scope: "row" }, ...head),
+      el("td", {}, p.node ? link("node", [p.node], p.node) : ""), el("td", { text: phase }), el("td", {}, grants));
+  }
+  const podSpec = () => ({ text: (p) => p.namespace + "/" + p.name + " " + (p.node || "") + " " + p.phase, empty: t("pods.none"),
+    keys: [(p) => p.namespace + "/" + p.name, (p) => p.node || "", (p) => p.phase,
+           (p) => p.containers.reduce((sum, c) => sum + c.grants.reduce((m, g) => m + (g.memoryMiB || 0), 0), 0)],
+    draw: podRow });
+
   function renderPods(pods, f) {
     const shown = pods.filter((p) => (!f.namespace || p.namespace === f.namespace) && (!f.node || p.node === f.node))
       .filter((p) => !f.model || p.containers.some((c) => c.grants.some((g) => g.model === f.model)));
-    const hidden = showAllPods ? 0 : Math.max(0, shown.length - POD_LIMIT);
-    const rows = shown.slice(0, shown.length - hidden).map((p) => {
-      const grants = p.containers.flatMap((c) => c.grants.map((g) =>
-        el("span", { class: "grant", "data-grant-uuid": g.uuid, text: grantText(c, g) })));
-      const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "") + (p.reserved ? t("pods.reserved") : "");
-      // a DRA allocation is a ResourceClaim (kube-scheduler placed it): named, and its pods listed
-      const claim = p.frontEnd === "dra" && p.claim;
-      const holders = claim ? claim.reservedFor.filter((r) => r.resource === "pods").map((r) => r.name) : [];
-      const head = claim ? [p.namespace + "/" + (p.name || t("pods.noPod")), " ",
-        el("span", { class: "badge", title: t("pods.claimTitle", { claim: claim.namespace + "/" + claim.name }) +
-          (holders.length ? t("pods.reservedFor", { pods: holders.join(", ") }) : t("pods.reservedForNone")),
-          text: t("pods.claimBadge", { name: claim.name }) })] : [p.namespace + "/" + p.name];
-      return el("tr", claim ? { "data-pod": p.namespace + "/" + p.name, "data-claim": claim.namespace + "/" + claim.name }
-                            : { "data-pod": p.namespace + "/" + p.name },
-        el("th", { scope: "row" }, ...head),
-        el("td", { text: p.node }), el("td", { text: phase }), el("td", {}, grants));
-    });
-    if (hidden) {
-      const more = el("button", { type: "button", id: "show-all-pods",
-        text: t("pods.showAll", { total: shown.length, hidden }) });
-      more.addEventListener("click", () => { showAllPods = true; render(); });
-      rows.push(el("tr", {}, el("td", { colspan: 4 }, more)));
-    }
-    $("pod-table").tBodies[0].replaceChildren(...(rows.length ? rows :
-      [el("tr", {}, el("td", { colspan: 4, class: "muted", text: t("pods.none") }))]));
+    fillTable($("pod-table"), podSpec(), shown);
     $("pod-count").textContent = String(shown.length);
     // pods of namespaces this identity may not list, on the same devices: totals only, no names
     const others = (docs.pods.othersOnSharedDevices || []).filter((o) => !f.node || o.node === f.node);
@@ -296,7 +401,7 @@
         (r.cores ? " " + cores(r.cores, "cores") : "")).join("; ");
       const nodes = p.nodes.filter((n) => !f.node || n.node === f.node);
       return el("article", { class: "pending-pod", "data-pending": p.namespace + "/" + p.name },
-        el("h3", { text: p.namespace + "/" + p.name }),
+        el("h3", {}, link("pod", [p.namespace, p.name], p.namespace + "/" + p.name)),
         asks ? el("p", { class: "muted", text: t("pending.asks", { asks }) }) : null,
         p.error ? el("p", { class: "reason", text: p.error }) :
           el("p", { class: "reason", text: p.fitsNow ? (p.wouldChoose ? t("pending.fitsOn", { node: p.wouldChoose }) : t("pending.fitsNow")) : p.summary || t("pending.noNode") }),
@@ -333,18 +438,182 @@
   function renderQuotas(quotas, f) {
     const rows = [];
     for (const q of quotas.filter((x) => !f.namespace || x.namespace === f.namespace)) {
-      for (const r of q.resources) {
-        const fmt = r.unit === "MiB" ? mib : (v) => cores(v, r.unit);
-        rows.push(el("tr", {}, el("td", { text: q.namespace }), el("td", { text: q.name }), el("td", { text: r.resource }),
-          el("td", {}, bar(r.resource, r.used, r.limit, null, fmt))));
-      }
+      for (const r of q.resources) rows.push({ q, r });
     }
-    $("quota-table").tBodies[0].replaceChildren(...(rows.length ? rows :
-      [el("tr", {}, el("td", { colspan: 4, class: "muted", text: t("quotas.none") }))]));
+    fillTable($("quota-table"), { text: (x) => x.q.namespace + " " + x.q.name + " " + x.r.resource, empty: t("quotas.none"),
+      keys: [(x) => x.q.namespace, (x) => x.q.name, (x) => x.r.resource, (x) => pct100(x.r.used, x.r.limit)],
+      draw: (x) => {
+        const fmt = x.r.unit === "MiB" ? mib : (v) => cores(v, x.r.unit);
+        return el("tr", {}, el("td", { text: x.q.namespace }), el("td", { text: x.q.name }), el("td", { text: x.r.resource }),
+          el("td", {}, bar(x.r.resource, x.r.used, x.r.limit, null, fmt)));
+      } }, rows);
+  }
+
+  // ------------------------------------------------------------------ node, GPU and pod pages
+  // Drawn from the same answers as the overview (each refresh redraws them); a pod's Kubernetes
+  // events are fetched when its page opens and on each refresh, at most EVENTS of them.
+  const EVENTS = 20;
+  let detailKey = "";
+  let detail = null; // the open page's elements
+  let eventsDoc = null;
+
+  function section(titleKey, table) {
+    return el("section", { class: "detail-part" }, el("h3", { text: t(titleKey) }), table);
+  }
+  function headTable(id, keys) {
+    return el("table", { id }, el("thead", {}, el("tr", {}, keys.map((k, i) => el("th", { scope: "col", "aria-sort": "none" },
+      el("button", { type: "button", class: "sort", "data-col": i, text: t(k) }))))), el("tbody", {}));
+  }
+  function openDetail(r) {
+    const key = JSON.stringify(r) + "\u0000" + lang;
+    if (key === detailKey && detail) return;
+    const box = $("detail");
+    const first = detailKey.split("\u0000")[0] !== JSON.stringify(r);
+    detailKey = key;
+    detail = { title: el("h2", { id: "detail-title" }), info: el("div", { class: "detail-info" }), parts: [] };
+    const back = el("a", { href: "#", id: "detail-back", text: t("detail.back") });
+    if (r.kind === "node") {
+      detail.devices = headTable("detail-devices", ["gpus.index", "gpus.model", "gpus.memory", "gpus.cores", "gpus.slots", "gpus.state"]);
+      detail.pods = headTable("detail-pods", ["pods.pod", "pods.phase", "pods.grants"]);
+      detail.parts = [section("detail.devices", detail.devices), section("detail.pods", detail.pods)];
+    } else if (r.kind === "gpu") {
+      detail.pods = headTable("detail-pods", ["pods.pod", "detail.container", "gpus.memory", "gpus.cores"]);
+      detail.parts = [section("detail.holders", detail.pods)];
+    } else {
+      detail.grants = headTable("detail-grants", ["detail.container", "detail.gpu", "gpus.model", "gpus.memory", "gpus.cores"]);
+      detail.reasons = el("div", { id: "detail-reasons" });
+      detail.events = headTable("detail-events", ["detail.eventType", "detail.eventReason", "detail.eventMessage", "detail.eventCount", "detail.eventLast"]);
+      detail.eventsNote = el("p", { id: "detail-events-note", class: "muted" });
+      detail.parts = [section("detail.grants", detail.grants),
+        el("div", { class: "side-by-side" }, section("detail.reasons", detail.reasons),
+          el("section", { class: "detail-part", id: "detail-events-part" }, el("h3", { text: t("detail.events") }), detail.eventsNote, detail.events))];
+      if (first) { eventsDoc = null; loadEvents(); }
+    }
+    box.replaceChildren(back, detail.title, detail.info, ...detail.parts);
+    if (first) box.focus();
+  }
+
+  function notAllowed(doc) { return el("p", { class: "denied", text: t("denied", { error: doc.error || "HTTP 403" }) }); }
+
+  function renderDetail(r) {
+    openDetail(r);
+    if (r.kind === "node") renderNodePage(r.name);
+    else if (r.kind === "gpu") renderGpuPage(r.name);
+    else renderPodPage(r.namespace, r.name);
+  }
+
+  function grantRows(filter) {
+    const rows = [];
+    for (const p of docs.pods.items) {
+      for (const c of p.containers) for (const g of c.grants) if (filter(p, g)) rows.push({ p, c, g });
+    }
+    return rows;
+  }
+
+  function renderNodePage(name) {
+    detail.title.textContent = t("detail.node", { name });
+    const n = docs.nodes.items.find((x) => x.name === name);
+    if (docs.nodes.denied) detail.info.replaceChildren(notAllowed(docs.nodes));
+    else if (!n) detail.info.replaceChildren(el("p", { class: "muted", text: t("detail.nodeMissing", { name }) }));
+    else detail.info.replaceChildren(el("p", {}, nodeBadges(n)));
+    fillTable(detail.devices, { text: (d) => d.model + " " + d.uuid, empty: t("nodes.none"),
+      keys: [(d) => d.index, (d) => d.model, (d) => pct100(d.memoryMiB.allocated, d.memoryMiB.total),
+             (d) => pct100(d.cores.allocated, d.cores.total), (d) => d.slots.allocated, (d) => (d.health ? 1 : 0)],
+      draw: (d) => { const row = gpuRow({ node: name, d }); row.firstChild.remove(); return row; } }, n ? n.devices : []);
+    const pods = docs.pods.items.filter((p) => p.node === name);
+    fillTable(detail.pods, { text: (p) => p.namespace + "/" + p.name + " " + p.phase, empty: t("pods.none"),
+      keys: [(p) => p.namespace + "/" + p.name, (p) => p.phase, (p) => p.containers.length],
+      draw: (p) => { const row = podRow(p); row.children[1].remove(); return row; } }, pods);
+  }
+
+  function renderGpuPage(uuid) {
+    detail.title.textContent = t("detail.gpuTitle", { uuid });
+    let found = null;
+    for (const n of docs.nodes.items) for (const d of n.devices) if (d.uuid === uuid) found = { node: n.name, d };
+    if (docs.nodes.denied && !found) detail.info.replaceChildren(notAllowed(docs.nodes));
+    else if (!found) detail.info.replaceChildren(el("p", { class: "muted", text: t("detail.gpuMissing", { uuid }) }));
+    else {
+      const d = found.d;
+      detail.info.replaceChildren(
+        el("p", {}, t("detail.onNode"), " ", link("node", [found.node], found.node), " · ", d.vendor + " " + d.model + " #" + d.index, " ", deviceFlags(d)),
+        el("div", { class: "detail-bars" }, memoryBar(d), coresBar(d)));
+    }
+    const others = (docs.pods.othersOnSharedDevices || []).filter((o) => o.uuid === uuid);
+    detail.info.append(...others.map((o) => el("p", { class: "muted", text:
+      plural("pods.shared", o.pods, { node: o.node, uuid: o.uuid, memory: mib(o.memoryMiB), cores: cores(o.cores, "cores") }) })));
+    fillTable(detail.pods, { text: (x) => x.p.namespace + "/" + x.p.name + " " + x.c.name, empty: t("pods.none"),
+      keys: [(x) => x.p.namespace + "/" + x.p.name, (x) => x.c.name || "", (x) => x.g.memoryMiB || 0, (x) => x.g.cores || 0],
+      draw: (x) => el("tr", { "data-pod": x.p.namespace + "/" + x.p.name },
+        el("th", { scope: "row" }, link("pod", [x.p.namespace, x.p.name], x.p.namespace + "/" + x.p.name)),
+        el("td", { text: x.c.name || t("pods.claim") }), el("td", { text: mib(x.g.memoryMiB) }), el("td", { text: cores(x.g.cores, x.g.coreUnit) })) },
+      grantRows((p, g) => g.uuid === uuid));
+  }
+
+  function renderPodPage(namespace, name) {
+    const ref = namespace + "/" + name;
+    detail.title.textContent = t("detail.pod", { name: ref });
+    const p = docs.pods.items.find((x) => x.namespace === namespace && x.name === name);
+    const waiting = docs.pending.items.find((x) => x.namespace === namespace && x.name === name);
+    if (p) {
+      const phase = p.phase + (p.bindPhase ? " (" + p.bindPhase + ")" : "");
+      detail.info.replaceChildren(el("p", {}, t("detail.onNode"), " ", p.node ? link("node", [p.node], p.node) : "–", " · ", phase));
+    } else if (waiting) detail.info.replaceChildren(el("p", {}, el("span", { class: "badge warn", text: t("detail.pending") })));
+    else if (docs.pods.denied) detail.info.replaceChildren(notAllowed(docs.pods));
+    else detail.info.replaceChildren(el("p", { class: "muted", text: t("detail.podMissing", { name: ref }) }));
+    fillTable(detail.grants, { text: (x) => x.c.name + " " + x.g.model + " " + x.g.uuid, empty: t("detail.noGrants"),
+      keys: [(x) => x.c.name || "", (x) => x.g.index ?? -1, (x) => x.g.model, (x) => x.g.memoryMiB || 0, (x) => x.g.cores || 0],
+      draw: (x) => el("tr", { "data-grant-uuid": x.g.uuid },
+        el("td", { text: x.c.name || t("pods.claim") }),
+        el("td", {}, x.g.uuid ? link("gpu", [x.g.uuid], "#" + (x.g.index === null ? "?" : x.g.index) + " " + x.g.uuid) : "–"),
+        el("td", { text: x.g.model }), el("td", { text: mib(x.g.memoryMiB) }), el("td", { text: cores(x.g.cores, x.g.coreUnit) })) },
+      grantRows((q) => q === p));
+    // our reasons beside the Kubernetes events
+    detail.reasons.replaceChildren(...(waiting ? [
+      el("p", { class: "reason", text: waiting.error || (waiting.fitsNow ? (waiting.wouldChoose ? t("pending.fitsOn", { node: waiting.wouldChoose })
+        : t("pending.fitsNow")) : waiting.summary || t("pending.noNode")) }),
+      waiting.nodes.length ? verdictDetails(waiting, waiting.nodes) : null] : [el("p", { class: "muted", text: t("detail.notPending") })]));
+    drawEvents();
+  }
+
+  async function loadEvents() {
+    const r = route();
+    if (!r || r.kind !== "pod") return;
+    if (snapshot) { eventsDoc = { items: [], error: t("detail.eventsSnapshot") }; drawEvents(); return; }
+    try {
+      const doc = await fetchDoc("pods/" + encodeURIComponent(r.namespace) + "/" + encodeURIComponent(r.name) + "/events",
+        "limit=" + EVENTS, null);
+      const now = route();
+      if (!now || now.kind !== "pod" || now.namespace !== r.namespace || now.name !== r.name) return;
+      eventsDoc = doc;
+    } catch (err) {
+      if (err.signIn) return; // the next refresh asks for a token
+      eventsDoc = { items: [], error: err.message };
+    }
+    drawEvents();
+  }
+
+  function drawEvents() {
+    if (!detail || !detail.events) return;
+    const note = detail.eventsNote;
+    if (!eventsDoc) { note.textContent = t("status.loading"); return; }
+    note.className = eventsDoc.denied || eventsDoc.error ? "denied" : "muted";
+    note.textContent = eventsDoc.denied ? t("denied", { error: eventsDoc.error }) : eventsDoc.error ? eventsDoc.error
+      : eventsDoc.truncated ? t("detail.eventsTruncated", { shown: eventsDoc.items.length, total: eventsDoc.total }) : "";
+    fillTable(detail.events, { text: (e) => e.type + " " + e.reason + " " + e.message, empty: t("detail.noEvents"),
+      keys: [(e) => e.type, (e) => e.reason, (e) => e.message, (e) => e.count, (e) => e.lastSeen || ""],
+      draw: (e) => el("tr", { "data-event-reason": e.reason, class: /^warning$/i.test(e.type) ? "warning" : null },
+        el("td", { text: e.type }), el("td", { text: e.reason }), el("td", { text: e.message }), el("td", { text: e.count }),
+        el("td", { text: e.lastSeen ? new Date(e.lastSeen).toLocaleString(lang) : "–" })) }, eventsDoc.items || []);
   }
 
   function render() {
     if (!docs) return;
+    const r = route();
+    $("overview").hidden = !!r;
+    $("detail").hidden = !r;
+    if (r) { renderDetail(r); return; }
+    detailKey = "";
+    detail = null;
     const nodes = docs.nodes.items;
     fillSelect($("filter-node"), nodes.map((n) => n.name));
     fillSelect($("filter-model"), nodes.flatMap((n) => n.devices.map((d) => d.model)));
@@ -390,7 +659,7 @@
     $("token").focus();
   }
 
-  async function fetchDoc(name, query) {
+  async function fetchDoc(name, query, section = name) {
     const headers = { Accept: "application/json" };
     const bearer = token();
     if (bearer) headers.Authorization = "Bearer " + bearer;
@@ -404,11 +673,11 @@
     }
     if (r.status === 403) {
       const body = await r.json().catch(() => ({}));
-      showDenied(name, body.error || "HTTP 403");
-      return { items: [], total: 0, denied: true };
+      if (section) showDenied(section, body.error || "HTTP 403");
+      return { items: [], total: 0, denied: true, error: body.error || "HTTP 403" };
     }
     if (!r.ok) throw new Error(t("error.http", { path: "/api/v1/" + name, status: r.status }));
-    showDenied(name, "");
+    if (section) showDenied(section, "");
     return r.json();
   }
 
@@ -436,8 +705,10 @@
       if (needSignIn) return; // signed out while the answers were on their way: show nothing of them
       docs = Object.fromEntries(API.map((name, i) => [name, answers[i]]));
       $("session").hidden = !token();
+      const open = detailKey;
       render();
       loadHistory();
+      if (open && open === detailKey) loadEvents(); // a page just opened fetched its events already
       updatedAt = new Date();
       showUpdated();
     } catch (err) {
@@ -545,8 +816,17 @@
   }
 
   for (const id of ["filter-namespace", "filter-node", "filter-model"]) {
-    $(id).addEventListener("change", () => { render(); loadHistory(); });
+    $(id).addEventListener("change", () => {
+      for (const table of tables.values()) table.page = 0; // other rows: from their first page
+      render();
+      loadHistory();
+    });
   }
+  window.addEventListener("hashchange", () => {
+    const fromPage = !$("detail").hidden;
+    render();
+    if (fromPage && !route()) window.scrollTo(0, 0); // the overview from its top (not "#nodes", the skip link)
+  });
   $("history-details").addEventListener("toggle", loadHistory);
   $("history-kind").addEventListener("change", loadHistory);
   $("history-range").addEventListener("change", loadHistory);
