@@ -10,7 +10,10 @@ injection (what each container gets, bind-phase written), not how fast pods bind
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +28,7 @@ gpu_namespace = e2e.gpu_namespace
 
 INJECTION = "hami.io/node-injection"
 BIND_PHASE = "hami.io/bind-phase"
+NODE_LOCK = "hami.io/mutex.lock"
 CUDA_ERROR_OUT_OF_MEMORY = 2
 #: containerd's log line (logfmt, quotes escaped) once the plugin is registered and synchronized
 CONNECTED = 'plugin \\"50-hami\\" connected and synchronized'
@@ -177,6 +181,89 @@ def test_after_a_containerd_restart_the_plugin_registers_again(
     assert out["cuda_total_mib"] == 1500 and out["env"]["HAMI_NRI_INJECTION"] == "done", out
     wait_success(real_cluster, ns, name, product)
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def _injection_markers() -> dict[str, int]:
+    """How many processes in the real node's pod cgroups carry each ``HAMI_NRI_INJECTION``
+    value (``pending``: a container Allocate answered that the hook never served)."""
+    counts: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if "hami-real-node" not in (entry / "cgroup").read_text():
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(b"HAMI_NRI_INJECTION="):
+                value = item.split(b"=", 1)[1].decode(errors="replace")
+                counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def test_scheduler_and_plugin_killed_together_mid_burst_no_lock_no_double_booking(
+    product: Product, real_cluster: KubeCluster, real_namespace: str, busybox: str
+):
+    """Issue 29's fault test on the lockless path: 30 GPU pods placed without the node lock
+    while the scheduler and the device plugin (the NRI hook) are SIGKILLed together. Every pod
+    ends Running with one grant, no GPU over capacity (``assert_settled``), the node lock is never
+    taken, and no container is left running with the Allocate-time marker ``pending`` (one created
+    while the hook was down is evicted and created again with its grant)."""
+    ns = real_namespace
+    real_cluster.wait_for(
+        lambda: node_annotations(real_cluster, product).get(INJECTION) == "nri",
+        f"node annotation {INJECTION}=nri",
+        timeout=120,
+        interval=0.5,
+    )
+    locks: list[str] = []
+    stop = threading.Event()
+
+    def watch_lock() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                value = node_annotations(real_cluster, product).get(NODE_LOCK)
+                if value:
+                    locks.append(value)
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch_lock, daemon=True)
+    watcher.start()
+    try:
+        e2e.sleepers(real_cluster, ns, busybox, "nri-burst", 30, gpumem=200)
+
+        def under_way() -> bool:
+            items = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+            return len(items) == 30 and sum(1 for p in items if p["spec"].get("nodeName")) >= 5
+
+        real_cluster.wait_for(under_way, "the burst under way", timeout=120, interval=0.2)
+        killed = e2e._kill_product_processes("scheduler", "device-plugin")
+        assert len(killed) >= 2, f"expected the scheduler and the device plugin, killed {killed}"
+        e2e.assert_settled(product, real_cluster, ns, 30, timeout=600)
+        # containers the kubelet created while the hook was down run with no GPU (fail closed)
+        # until evicted; containerd 1.7 applies an NRI plugin's evictions only on its answer to
+        # a container event, so one more container (any pod's) carries them
+        plain = {"name": "plain", "image": busybox, "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"]}
+        real_cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trigger"}, "spec": {"containers": [plain]}},
+        )
+        real_cluster.wait_for(
+            lambda: _injection_markers().get("pending", 0) == 0,
+            "no container left with HAMI_NRI_INJECTION=pending",
+            timeout=180,
+            interval=1.0,
+        )
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert not locks, f"the node lock was taken on an NRI node: {sorted(set(locks))}"
+    assert _injection_markers().get("done", 0) >= 30, _injection_markers()
+    e2e.assert_settled(product, real_cluster, ns, 31, timeout=300)
+    real_cluster.api("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/nri-burst")
 
 
 def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(

@@ -94,6 +94,10 @@ class NriPlugin:
         self._sync_containers: list = []
         self._runtime_ep = None
         self._notify: set[asyncio.Task] = set()
+        # containers to evict that the runtime may not have evicted yet (container id -> reason):
+        # containerd 1.7 (NRI v0.8) ignores the evictions of an unsolicited UpdateContainers and
+        # applies only those carried by an event's answer, so they ride on the next CreateContainer
+        self._owed: dict[str, str] = {}
 
     # -- the runtime's calls -------------------------------------------------------------------
 
@@ -109,6 +113,11 @@ class NriPlugin:
             out = pb.CreateContainerResponse()
             if adjust is not None:
                 out.adjust.CopyFrom(adjust)
+            owed = {c: r for c, r in self._owed.items() if c != req.container.id}
+            if owed:
+                out.evict.extend(pb.ContainerEviction(container_id=c, reason=r) for c, r in owed.items())
+                self._owed.clear()
+                log.warning("NRI: evicting %d container(s) created without their grant", len(owed))
             return out.SerializeToString()
         if method == "Configure":
             req = pb.ConfigureRequest.FromString(payload)
@@ -141,12 +150,20 @@ class NriPlugin:
             await self.on_ready(True)
 
     async def _evict(self, evict: list[tuple[str, str]]) -> None:
+        """Ask the runtime to evict now (a runtime whose NRI applies unsolicited evictions does),
+        and owe the same evictions to the next CreateContainer answer (containerd 1.7 applies
+        only those; evicting a stopped container again is a no-op)."""
+        self._owed.update(evict)
         req = pb.UpdateContainersRequest(evict=[pb.ContainerEviction(container_id=c, reason=r) for c, r in evict])
         try:
             await self._runtime_ep.call(RUNTIME_SERVICE, "UpdateContainers", req.SerializeToString(), self.timeout)
-            log.warning("NRI: evicted %d container(s) created without their grant", len(evict))
+            log.warning(
+                "NRI: asked the runtime to evict %d container(s) created without their grant "
+                "(again with the next container creation)",
+                len(evict),
+            )
         except (RemoteError, ConnectionClosed, asyncio.TimeoutError) as exc:
-            log.error("NRI: eviction of %d container(s) failed: %s", len(evict), exc)
+            log.error("NRI: eviction of %d container(s) failed: %s (owed to the next creation)", len(evict), exc)
 
     def _later(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
