@@ -275,7 +275,7 @@ def _attr_value(attr: Any) -> Any:
     return None
 
 
-def _pool_counters(slices: Sequence[Mapping[str, Any]]) -> dict[str, Counters]:
+def pool_counters(slices: Sequence[Mapping[str, Any]]) -> dict[str, Counters]:
     """Each pool's shared counters, from the slices of the driver that define them."""
     out: dict[str, Counters] = {}
     for s in slices:
@@ -308,7 +308,7 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
     ``allowMultipleAllocations`` (a MIG device) is exclusive: one allocation takes all of it.
     A device that consumes counters shares its pool's :class:`Counters` with the others."""
     slices = list(slices)
-    books = _pool_counters(slices)
+    books = pool_counters(slices)
     out: dict[tuple[str, str], DeviceUse] = {}
     for s in slices:
         spec = s.get("spec") or {}
