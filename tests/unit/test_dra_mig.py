@@ -322,3 +322,69 @@ def test_without_dynamic_mig_on_the_node_prepare_refuses_a_placement(tmp_path):
 
 def test_share_class_is_still_the_first_class():
     assert device_classes()[0]["metadata"]["name"] == SHARE_CLASS
+
+
+# ------------------------------------------------------------------ the publisher and the agent
+
+
+class SliceApi:
+    """KubeClient's get/request over the ResourceSlices by path (PATCH stores, DELETE removes)."""
+
+    def __init__(self) -> None:
+        self.stored: dict[str, dict] = {}
+        self.deleted: list[str] = []
+
+    async def get(self, path, **query):
+        from hami.kube.client import KubeError
+
+        if path not in self.stored:
+            raise KubeError("GET", path, 404, "not found")
+        return self.stored[path]
+
+    async def request(self, method, path, query=None, body=None, content_type=None):
+        if method == "DELETE":
+            self.deleted.append(path.rsplit("/", 1)[-1])
+            return self.stored.pop(path)
+        assert method == "PATCH"
+        self.stored[path] = json.loads(json.dumps(body))
+        return self.stored[path]
+
+
+def test_the_publisher_writes_every_part_keeps_the_generation_and_drops_parts_no_longer_needed():
+    from hami.draplugin.publisher import publish_slice
+
+    api, s = SliceApi(), SliceSettings(split_count=4)
+    first = asyncio.run(publish_slice(api, "n1", GPUS, s, mig=DYNAMIC))
+    assert len(api.stored) == 2 and first["spec"]["pool"]["generation"] == 1
+    asyncio.run(publish_slice(api, "n1", GPUS, s, mig=DYNAMIC))
+    assert {o["spec"]["pool"]["generation"] for o in api.stored.values()} == {1}
+    sick = asyncio.run(publish_slice(api, "n1", GPUS, s, frozenset({A100}), taint="NoSchedule", mig=DYNAMIC))
+    assert sick["spec"]["pool"]["generation"] == 2
+    assert all(d.get("taints") for d in sick["spec"]["devices"] if d["name"].startswith("gpu-0-"))
+    assert {o["spec"]["pool"]["generation"] for o in api.stored.values()} == {2}
+    plain = asyncio.run(publish_slice(api, "n1", GPUS, s))  # MIG mode off: one slice again
+    assert api.deleted == [slice_name("n1", 1)] and list(api.stored) == [
+        f"/apis/resource.k8s.io/v1/resourceslices/{slice_name('n1')}"
+    ]
+    assert plain["spec"]["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
+
+
+def test_static_layout_reads_the_instances_of_gpus_in_mig_mode(monkeypatch):
+    from hami.draplugin import command
+    from hami.node import nvml
+    from hami.node.settings import NodeSettings
+
+    class Mig:
+        def profiles(self, uuid):
+            return list(A100_PROFILES)
+
+        def instances(self, uuid):
+            return [Instance(1, "3g.20gb", 0, 4, 0, "MIG-1"), Instance(2, "1g.5gb", 6, 1)]  # 2: no compute instance
+
+    monkeypatch.setattr(nvml, "MigNvml", Mig)
+    monkeypatch.setattr(nvml, "mig_enabled", lambda uuid: uuid == A100)
+    layout = command.mig_layout(NodeSettings(mig_strategy="mixed"), GPUS)
+    assert layout == {A100: GpuMig(False, instances=(StaticInstance(1, "3g.20gb", 0, 4, "MIG-1", 19968, 43),))}
+    assert command.mig_layout(NodeSettings(), GPUS) == {}
+    with pytest.raises(ValueError, match="migstrategy 'mixed' cannot be combined with operatingmode 'mig'"):
+        command.mig_layout(NodeSettings(mig_strategy="mixed", operating_mode="mig"), GPUS)
