@@ -1371,6 +1371,7 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
     kube-scheduler v1.37 never gives two claims overlapping placements, and every claim lands on the
     devices `hami simulate --front-end dra` predicts (same pods pending)."""
     import random
+    import time
 
     from hami.core import SchedulerConfig
     from hami.dra.model import GpuMig, MigProfileSpec, resource_slices
@@ -1442,6 +1443,10 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
                     lambda gone=gone: gone not in claims_by_pod(cluster, ns) or None, f"{gone}'s claim gone", timeout=60
                 )
                 deleted.append(gone)
+                # kube-scheduler learns of the claim's deletion from its informer, a moment after
+                # the API server: without this pause the next pod was once placed as if the
+                # deleted claim still held its placement (1 run in about 10)
+                time.sleep(1)
         # the placements kube-scheduler gave the pods still there never overlap
         held: list[tuple[int, int]] = []
         devs = {d["name"]: d for s in parts for d in s["spec"].get("devices") or ()}
