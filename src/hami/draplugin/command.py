@@ -209,7 +209,7 @@ async def _serve(
     from hami.kube.client import KubeClient, KubeError
 
     from .checkpoint import Checkpoint, CheckpointError
-    from .health import HealthBook
+    from .health import HealthBook, HealthFeed
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, socket_paths
     from .publisher import apply_device_classes, publish_slice
@@ -273,7 +273,12 @@ async def _serve(
                 log.info("serving metrics on %s:%d/metrics", args.bind[0], metrics_runner.addresses[0][1])
             except OSError as exc:  # the plugin matters more than its metrics: go on without them
                 log.error("cannot serve metrics on %s:%d: %s; going on without metrics", *args.bind, exc)
-        server = PluginServer(driver, *socket_paths(args.kubelet_dir))
+        feed = HealthFeed(
+            book,
+            [(args.node_name, f"gpu-{g.index}", g.uuid) for g in gpus if g.uuid not in mig]
+            + [(args.node_name, m.name, m.gpu_uuid) for m in driver.migs.values()],
+        )
+        server = PluginServer(driver, *socket_paths(args.kubelet_dir), health=feed)
         await server.start()
         changed = asyncio.Event()
         sweeper = (
@@ -311,6 +316,7 @@ async def _serve(
                     changed.set()
                 if changed.is_set():
                     changed.clear()
+                    await feed.changed()  # the kubelet's health stream (KEP-4680) first: no API call
                     try:
                         await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig)
                     except KubeError as exc:

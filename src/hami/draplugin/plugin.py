@@ -48,7 +48,8 @@ from hami.node.cdi import write_document
 from hami.node.files import read_small, write_atomic
 from hami.node.layout import make_claim_dir
 
-from .api import DRA_SERVICE, PLUGIN_TYPE, load
+from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
+from .health import HealthFeed
 from .checkpoint import Checkpoint, CheckpointError
 from .metrics import DriverMetrics
 from .prepare import Options, Paths, Plan, PrepareError, cdi_spec, plan, response_devices
@@ -56,6 +57,10 @@ from .prepare import Options, Paths, Plan, PrepareError, cdi_spec, plan, respons
 log = logging.getLogger(__name__)
 dra_pb, dra_grpc = load("dra")
 reg_pb, reg_grpc = load("registration")
+health_pb, health_grpc = load("dra_health")
+#: a stream sends the whole snapshot again at least this often, changed or not (the kubelet
+#: counts a device whose health is not refreshed for a while as Unknown)
+HEALTH_RESEND = 30.0
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 #: a claim UID as the API server makes them (a UUID), or any name safe as one path component
@@ -306,15 +311,44 @@ class DRAService(dra_grpc.DRAPluginServicer):
         return out
 
 
+class HealthService(health_grpc.DRAResourceHealthServicer):
+    """KEP-4680 (``v1alpha1.DRAResourceHealth``): streams every device's health to the kubelet,
+    which shows it in the status of the pods holding the device (``kubectl describe pod``:
+    ``allocatedResourcesStatus``). A snapshot at once, then on every change and at least every
+    :data:`HEALTH_RESEND` seconds, until the kubelet closes the stream."""
+
+    def __init__(self, feed: HealthFeed, resend: float = HEALTH_RESEND) -> None:
+        self.feed, self.resend = feed, resend
+
+    def response(self):
+        return health_pb.NodeWatchResourcesResponse(
+            devices=[
+                health_pb.DeviceHealth(
+                    device=health_pb.DeviceIdentifier(pool_name=pool, device_name=name),
+                    health=health_pb.HEALTHY if healthy else health_pb.UNHEALTHY,
+                    last_updated_time=stamp,
+                )
+                for pool, name, healthy, stamp in self.feed.snapshot()
+            ]
+        )
+
+    async def NodeWatchResources(self, request, context):  # noqa: N802 - gRPC name
+        seen = self.feed.version
+        while True:
+            yield self.response()
+            seen = await self.feed.wait(seen, self.resend)
+
+
 class RegistrationService(reg_grpc.RegistrationServicer):
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, services: Sequence[str] = (DRA_SERVICE,)) -> None:
         self.endpoint = endpoint
+        self.services = list(services)  # the kubelet picks the health service from these too
         self.status: tuple[bool, str] | None = None
         self.registered = asyncio.Event()
 
     async def GetInfo(self, request, context):  # noqa: N802
         return reg_pb.PluginInfo(
-            type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint, supported_versions=[DRA_SERVICE]
+            type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint, supported_versions=self.services
         )
 
     async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
@@ -336,10 +370,19 @@ def socket_paths(kubelet_dir: str | Path) -> tuple[Path, Path]:
 class PluginServer:
     """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600)."""
 
-    def __init__(self, driver: Driver, registration_socket: str | Path, dra_socket: str | Path) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        registration_socket: str | Path,
+        dra_socket: str | Path,
+        health: HealthFeed | None = None,
+    ) -> None:
         self.driver = driver
+        self.health = health  # serve KEP-4680's health stream beside the DRA service
         self.registration_socket, self.dra_socket = Path(registration_socket), Path(dra_socket)
-        self.registration = RegistrationService(str(self.dra_socket))
+        self.registration = RegistrationService(
+            str(self.dra_socket), (DRA_SERVICE, HEALTH_SERVICE) if health is not None else (DRA_SERVICE,)
+        )
         self._servers: list[grpc.aio.Server] = []
 
     async def start(self) -> None:
@@ -348,6 +391,8 @@ class PluginServer:
             path.unlink(missing_ok=True)
         dra = grpc.aio.server()
         dra_grpc.add_DRAPluginServicer_to_server(DRAService(self.driver), dra)
+        if self.health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(HealthService(self.health), dra)
         dra.add_insecure_port(f"unix://{self.dra_socket}")
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
