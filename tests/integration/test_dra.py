@@ -47,7 +47,8 @@ def minor(version: str) -> int:
 
 def gates_for(version: str) -> dict[str, bool]:
     """The DRA gates this path needs that are off by default in ``version``."""
-    return {"DRAConsumableCapacity": True, "DRAExtendedResource": True} if minor(version) < 36 else {}
+    old = {"DRAConsumableCapacity": True, "DRAExtendedResource": True, "DRAPartitionableDevices": True}
+    return old if minor(version) < 36 else {}
 
 
 #: v1.34's alpha allocator does not move on to a node's next device once the first one has
@@ -59,7 +60,11 @@ NEXT_DEVICE_FIXED = minor(KUBE_VERSION) >= 35
 
 
 def test_gates_are_needed_only_before_1_36():
-    assert gates_for("v1.34.4") == {"DRAConsumableCapacity": True, "DRAExtendedResource": True}
+    assert gates_for("v1.34.4") == {
+        "DRAConsumableCapacity": True,
+        "DRAExtendedResource": True,
+        "DRAPartitionableDevices": True,  # dynamic MIG (KEP-4815): beta and on from v1.36
+    }
     assert gates_for("v1.37.2") == {}
 
 
