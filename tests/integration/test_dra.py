@@ -63,7 +63,7 @@ def test_gates_are_needed_only_before_1_36():
     assert gates_for("v1.34.4") == {
         "DRAConsumableCapacity": True,
         "DRAExtendedResource": True,
-        "DRAPartitionableDevices": True,  # dynamic MIG (KEP-4815): beta and on from v1.36
+        "DRAPartitionableDevices": True,  # dynamic MIG (KEP-4815): beta and on in v1.37.2
     }
     assert gates_for("v1.37.2") == {}
 
