@@ -17,7 +17,7 @@ from pathlib import Path
 
 _SRC = Path(__file__).resolve().parents[1]  # .../src
 #: package directory (under src/hami) -> the protos in it
-STUB_SETS = {"deviceplugin/api": ("api",), "draplugin/api": ("dra", "registration")}
+STUB_SETS = {"deviceplugin/api": ("api",), "draplugin/api": ("dra", "registration", "dra_health")}
 
 
 def stub_names(proto: str) -> tuple[str, str]:
