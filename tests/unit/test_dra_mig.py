@@ -388,3 +388,25 @@ def test_static_layout_reads_the_instances_of_gpus_in_mig_mode(monkeypatch):
     assert command.mig_layout(NodeSettings(), GPUS) == {}
     with pytest.raises(ValueError, match="migstrategy 'mixed' cannot be combined with operatingmode 'mig'"):
         command.mig_layout(NodeSettings(mig_strategy="mixed", operating_mode="mig"), GPUS)
+
+
+def test_a_static_instance_is_handed_over_by_its_mig_uuid_and_nothing_is_made(tmp_path):
+    mig = {A100: GpuMig(False, instances=(StaticInstance(3, "3g.20gb", 4, 4, "MIG-static-3", 19968, 43),))}
+
+    async def read(ns, name):
+        return allocated("u9", "gpu-0-mig-3")
+
+    d = Driver(
+        "n1",
+        GPUS,
+        SliceSettings(),
+        Checkpoint(tmp_path / "cp.json"),
+        read,
+        Paths(hook_path=str(tmp_path / "hook"), cdi_dir=str(tmp_path / "cdi")),
+        migs=mig_devices(GPUS, mig),
+    )
+    [dev] = asyncio.run(d.prepare("ns", "c-u9", "u9"))
+    assert dev["device_name"] == "gpu-0-mig-3"
+    assert "NVIDIA_VISIBLE_DEVICES=MIG-static-3" in env_of(tmp_path, "u9")
+    asyncio.run(d.unprepare("ns", "c-u9", "u9"))
+    assert d.checkpoint.get("u9") is None
