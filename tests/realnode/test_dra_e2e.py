@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hami_devkit.cluster import KubeCluster
+from hami.core.names import DRA_CDI_KIND
 from hami.dra.model import DRIVER
 
 from .product import MONITOR_PORT, NAMESPACE, Product, installed
@@ -219,12 +220,11 @@ def test_the_kubelet_shows_the_claims_gpu_health_in_the_pod_status(
     dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
 ):
     """KEP-4680: the agent streams device health to the kubelet (``v1alpha1.DRAResourceHealth``),
-    which puts it in the container's ``allocatedResourcesStatus`` (``kubectl describe pod``)."""
+    which puts it in the container's ``allocatedResourcesStatus`` (``kubectl describe pod``), named
+    after the CDI device the claim was prepared into (the kubelet's ResourceID for a DRA device)."""
     ns, name = dra_namespace, "health"
     _, uid = _hold(real_cluster, dra_product, ns, name, 600)
-    (claim,) = [c for c in claims_of(real_cluster, ns) if c["metadata"]["uid"] == uid]
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    device = f"{DRIVER}/{result['pool']}/{result['device']}"
+    device = f"{DRA_CDI_KIND}={uid}"  # the claim's one CDI device (hami.draplugin.prepare)
 
     def shown():
         pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
