@@ -20,7 +20,7 @@ _SRC = Path(__file__).resolve().parents[1]  # .../src
 #: package directory (under src/hami) -> the protos in it
 STUB_SETS = {
     "deviceplugin/api": ("api",),
-    "draplugin/api": ("dra", "registration"),
+    "draplugin/api": ("dra", "registration", "dra_health"),
     "node/nri": ("ttrpc", "nri"),  # messages only: NRI speaks ttrpc, hami.node.nri.ttrpc frames it
 }
 

@@ -89,7 +89,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["get", "list", "watch", "create", "patch"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hami_devkit.cluster import KubeCluster
+from hami.core.names import DRA_CDI_KIND
 from hami.dra.model import DRIVER
 
 from .product import MONITOR_PORT, NAMESPACE, Product, installed
@@ -209,6 +210,41 @@ def test_an_app_container_reuses_the_claim_of_an_init_container_that_asked_the_s
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
     real_cluster.wait_for(
         lambda: claim["metadata"]["uid"] not in cdi_specs(dra_product),
+        "the claim unprepared (its CDI spec removed)",
+        timeout=120,
+        interval=0.5,
+    )
+
+
+def test_the_kubelet_shows_the_claims_gpu_health_in_the_pod_status(
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
+):
+    """KEP-4680: the agent streams device health to the kubelet (``v1alpha1.DRAResourceHealth``),
+    which puts it in the container's ``allocatedResourcesStatus`` (``kubectl describe pod``), named
+    after the CDI device the claim was prepared into (the kubelet's ResourceID for a DRA device)."""
+    ns, name = dra_namespace, "health"
+    _, uid = _hold(real_cluster, dra_product, ns, name, 600)
+    device = f"{DRA_CDI_KIND}={uid}"  # the claim's one CDI device (hami.draplugin.prepare)
+
+    def shown():
+        pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+        found = [
+            r
+            for s in (pod.get("status") or {}).get("containerStatuses") or []
+            for st in s.get("allocatedResourcesStatus") or []
+            for r in st.get("resources") or []
+        ]
+        return found if any(r.get("resourceID") == device for r in found) else None
+
+    try:
+        found = real_cluster.wait_for(shown, "the claim's device health in the pod status", timeout=90, interval=1)
+    except TimeoutError as exc:
+        pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+        raise AssertionError(f"{exc}: {json.dumps(pod.get('status'), indent=1)}") from None
+    assert [r.get("health") for r in found if r.get("resourceID") == device] == ["Healthy"], found
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+    real_cluster.wait_for(
+        lambda: uid not in cdi_specs(dra_product),
         "the claim unprepared (its CDI spec removed)",
         timeout=120,
         interval=0.5,

@@ -171,13 +171,16 @@ def test_gpu_smaller_than_the_minimum_share_is_refused_by_name():
 
 
 def test_device_classes_share_and_whole_with_optional_extended_resource():
-    share, whole = device_classes()
+    share, whole, mig = device_classes()
     assert (share["metadata"]["name"], whole["metadata"]["name"]) == (SHARE_CLASS, WHOLE_CLASS)
-    assert share["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.hami.io"'}}]
+    assert mig["metadata"]["name"] == "mig.gpu.hami.io"
+    assert share["spec"]["selectors"] == [
+        {"cel": {"expression": 'device.driver == "gpu.hami.io" && !("profile" in device.attributes["gpu.hami.io"])'}}
+    ]
     assert share["spec"]["config"][0]["opaque"]["parameters"]["isolation"] == "hami-core"
     assert whole["spec"]["config"][0]["opaque"]["parameters"]["isolation"] == "none"
     assert "extendedResourceName" not in share["spec"]
-    share, whole = device_classes("nvidia.com/gpu")
+    share, whole, _ = device_classes("nvidia.com/gpu")
     assert share["spec"]["extendedResourceName"] == "nvidia.com/gpu" and "extendedResourceName" not in whole["spec"]
 
 

@@ -631,7 +631,7 @@ def test_the_device_config_shapes_the_translation(tmp_path, capsys):
 def test_unknown_class_is_a_reason_and_a_request_of_neither_kind_a_clear_stop():
     r, pods = run([node("a", n=1)], [claim_doc("c", device_class="other.example.com"), own_claim_pod("p", claim="c")])
     assert pods["p"].reasons == {
-        "a": "claim c request gpu: device class 'other.example.com' is not gpu.hami.io or whole-gpu.hami.io"
+        "a": "claim c request gpu: device class 'other.example.com' is not gpu.hami.io or mig.gpu.hami.io or whole-gpu.hami.io"
     }
     alt = claim_doc("alt")
     alt["spec"]["devices"]["requests"][0] = {"name": "gpu"}

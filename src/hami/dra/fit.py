@@ -39,13 +39,13 @@ from hami.core.shape import META, QTY, ListOf, MapOf
 
 from .cel import CelCompileError, CelRuntimeError, DeviceCel, Selector, compile_selector
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
-from .model import DRIVER, MEMORY, MIB, SHARE_CLASS, WHOLE_CLASS, device_classes
+from .model import DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS, device_classes
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
 MAX_SUBREQUESTS = 8  # resource.k8s.io's FirstAvailableDeviceRequestMaxSize
-#: the DeviceClasses the simulation knows: both select every device of the driver
-CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS})
+#: the DeviceClasses the simulation knows (their selectors: :data:`CLASS_SELECTORS`)
+CLASSES = frozenset({SHARE_CLASS, WHOLE_CLASS, MIG_CLASS})
 TOO_BIG = "asks for more than the whole GPU"
 
 
@@ -108,9 +108,12 @@ SLICE = {
         "driver": str,
         "nodeName": str,
         "pool": {"name": str},
+        "sharedCounters": ListOf({"name": str, "counters": MapOf({"value": QTY})}),
         "devices": ListOf(
             {
                 "name": str,
+                "allowMultipleAllocations": bool,
+                "consumesCounters": ListOf({"counterSet": str, "counters": MapOf({"value": QTY})}),
                 "attributes": MapOf({"string": str, "int": int, "bool": bool, "version": str}),
                 "taints": ListOf({"key": str, "value": str, "effect": str, "timeAdded": str}),
                 "capacity": MapOf(
@@ -162,6 +165,29 @@ class Policy:
 
 
 @dataclass
+class Counters:
+    """A pool's shared counters (KEP-4815): ``"<counter set>/<counter>"`` -> total and used. The
+    devices of a pool that consume counters hold the same object, so an allocation on one device
+    counts against all of them."""
+
+    total: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+
+    def left(self, key: str) -> int:
+        return self.total.get(key, 0) - self.used.get(key, 0)
+
+    def fit(self, need: Mapping[str, int], extra: Mapping[str, int] | None = None) -> bool:
+        """Whether ``need`` is left (``extra``: what the search holds besides); a counter the pool
+        does not define is never left, as in the allocator."""
+        extra = extra or {}
+        return all(k in self.total and n <= self.left(k) - extra.get(k, 0) for k, n in need.items())
+
+    def add(self, need: Mapping[str, int], sign: int = 1) -> None:
+        for k, n in need.items():
+            self.used[k] = self.used.get(k, 0) + sign * n
+
+
+@dataclass
 class DeviceUse:
     pool: str
     device: str
@@ -174,6 +200,22 @@ class DeviceUse:
     attributes: dict[str, Any] = field(default_factory=dict)  # "gpu.hami.io/uuid" -> value
     doc: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)  # the slice device
     _cel: DeviceCel | None = field(default=None, repr=False, compare=False)
+    #: False: allocated whole, to one claim at a time (no ``allowMultipleAllocations``); its
+    #: ``shares`` total is then 1 and every capacity is consumed whole
+    multi: bool = True
+    consumes: dict[str, int] = field(default_factory=dict)  # "<set>/<counter>" -> amount (KEP-4815)
+    counters: Counters | None = field(default=None, repr=False, compare=False)  # its pool's
+
+    def counters_fit(self, extra: Mapping[str, int] | None = None) -> bool:
+        """Whether the shared counters it consumes are left (always, for a device consuming none)."""
+        if not self.consumes:
+            return True
+        return self.counters is not None and self.counters.fit(self.consumes, extra)
+
+    def take(self, sign: int = 1) -> None:
+        """Count (or, with -1, uncount) its counters as consumed."""
+        if self.consumes and self.counters is not None:
+            self.counters.add(self.consumes, sign)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -233,8 +275,40 @@ def _attr_value(attr: Any) -> Any:
     return None
 
 
+def pool_counters(slices: Sequence[Mapping[str, Any]]) -> dict[str, Counters]:
+    """Each pool's shared counters, from the slices of the driver that define them."""
+    out: dict[str, Counters] = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER:
+            continue
+        pool = (spec.get("pool") or {}).get("name") or ""
+        for cs in spec.get("sharedCounters") or ():
+            if not isinstance(cs, Mapping):
+                continue
+            book = out.setdefault(pool, Counters())
+            for name, c in (cs.get("counters") or {}).items():
+                book.total[f"{cs.get('name')}/{name}"] = _int((c or {}).get("value"), name)
+    return out
+
+
+def _consumes(d: Mapping[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in d.get("consumesCounters") or ():
+        if not isinstance(c, Mapping):
+            continue
+        for name, v in (c.get("counters") or {}).items():
+            key = f"{c.get('counterSet')}/{name}"
+            out[key] = out.get(key, 0) + _int((v or {}).get("value"), name)
+    return out
+
+
 def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:
-    """Every device of the driver in slice order, nothing used yet."""
+    """Every device of the driver in slice order, nothing used yet. A device without
+    ``allowMultipleAllocations`` (a MIG device) is exclusive: one allocation takes all of it.
+    A device that consumes counters shares its pool's :class:`Counters` with the others."""
+    slices = list(slices)
+    books = pool_counters(slices)
     out: dict[tuple[str, str], DeviceUse] = {}
     for s in slices:
         spec = s.get("spec") or {}
@@ -243,11 +317,16 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
         pool = (spec.get("pool") or {}).get("name") or ""
         for d in spec.get("devices") or ():
             caps = d.get("capacity") or {}
+            multi = d.get("allowMultipleAllocations") is True
             total = {k: _int((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
             policies = {k: _policy(caps.get(k) or {}, total[k], k) for k in CAPACITIES}
+            if not multi:  # whole or nothing: asked at most its capacity, consumes all of it
+                total[SHARES] = 1
+                policies = {k: Policy(total[k], values=(total[k],)) for k in CAPACITIES}
             # a qualified name keeps its domain (resource.kubernetes.io/numaNode); a plain one is ours
             attrs = {k if "/" in k else f"{DRIVER}/{k}": _attr_value(v) for k, v in (d.get("attributes") or {}).items()}
-            uuid = attrs.get(f"{DRIVER}/uuid") or ""
+            uuid = attrs.get(f"{DRIVER}/uuid") or attrs.get(f"{DRIVER}/parentUUID") or ""
+            consumes = _consumes(d)
             out[(pool, d.get("name", ""))] = DeviceUse(
                 pool,
                 d.get("name", ""),
@@ -257,6 +336,9 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
                 policies=policies,
                 attributes=attrs,
                 doc=d,
+                multi=multi,
+                consumes=consumes,
+                counters=books.setdefault(pool, Counters()) if consumes else None,
             )
     return out
 
@@ -279,6 +361,7 @@ def add_claims(
                 continue
             for k, v in r.resolved(dev.total).items():
                 dev.used[k] += v
+            dev.take()
             dev.claims.append(u.key)
     return devices
 
@@ -319,6 +402,10 @@ def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
     need = wanted(dev, requests)
     if need is None or any(need[k] > dev.total[k] for k in CAPACITIES):
         return TOO_BIG
+    if not dev.multi and dev.used[SHARES]:
+        return "allocated to another claim (a MIG device is allocated whole)"
+    if not dev.counters_fit():
+        return "a MIG device overlapping its placement is allocated (shared counters used up)"
     short = []
     for k in CAPACITIES:
         gap = need[k] - dev.left(k)
@@ -525,7 +612,8 @@ class Pick:
         }
         if self.admin:
             out["adminAccess"] = True
-        out["consumedCapacity"] = consumed
+        if self.device.multi:  # kube-scheduler records consumed capacity only for shared devices
+            out["consumedCapacity"] = consumed
         return out
 
 
@@ -563,7 +651,7 @@ def _has_room(dev: DeviceUse, r: Request) -> bool:
     """Whether ``r`` fits ``dev`` with what is allocated now (nothing of the search counted) and
     the device satisfies its selectors (a selector that fails counts as not satisfied)."""
     need = wanted(dev, r.capacity)
-    if need is None or not _fits(dev, {}, need) or taint_refuses(dev, r):
+    if need is None or not _fits(dev, {}, need) or not dev.counters_fit() or taint_refuses(dev, r):
         return False
     try:
         return _selected(dev, r)
@@ -627,7 +715,11 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
     if r.device_class not in CLASSES:
         return None
     needs = tuple(wanted(d, r.capacity) for d in devices)
-    room = [i for i, (d, need) in enumerate(zip(devices, needs)) if need is not None and _fits(d, {}, need)]
+    room = [
+        i
+        for i, (d, need) in enumerate(zip(devices, needs))
+        if need is not None and _fits(d, {}, need) and d.counters_fit()
+    ]
     if r.count < 0:
         # All: the devices that could take it now, fixed before the search starts; the
         # allocator runs the selectors on every device of the node first
@@ -745,6 +837,7 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
     _slots(devices, claims, choices)  # the subrequests the slots were made with
     initial = dict(choices)  # where a search that comes to a firstAvailable request begins
     extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
+    held: dict[str, int] = {}  # the shared counters the search's picks consume (KEP-4815)
     picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
     mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints
     cursor = [0] * len(slots)  # per slot: the position where its next candidate is looked for
@@ -779,6 +872,8 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
                 return found
             if not all(need[k] <= devices[i].left(k) - extra[i][k] for k in CAPACITIES):
                 continue
+            if not devices[i].counters_fit(held):
+                continue
             if not constraints or _constraint_ok(constraints, mine[slot.claim], p):
                 pick = (i, p)
         cursor[level] = at  # All: past its one device once tried
@@ -792,6 +887,8 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
             mine[slots[level].claim].pop()
             for k in CAPACITIES:
                 extra[i][k] -= undo.consumed[k]
+            for c, n in devices[i].consumes.items():
+                held[c] -= n
             continue
         budget -= 1
         if budget < 0:  # kube-scheduler bounds its search in time instead (DRASchedulerFilterTimeout)
@@ -802,6 +899,8 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
         mine[slot.claim].append(p)
         for k in CAPACITIES:
             extra[i][k] += p.consumed[k]
+        for c, n in devices[i].consumes.items():
+            held[c] = held.get(c, 0) + n
         level += 1
         if level < len(slots):
             _switch(devices, claims, slots, cursor, level, choices, initial)
@@ -863,6 +962,7 @@ def commit(picks: Iterable[Pick], claim: str) -> None:
             continue
         for k in CAPACITIES:
             p.device.used[k] += p.consumed[k]
+        p.device.take()
         if claim not in p.device.claims:
             p.device.claims.append(claim)
 
@@ -873,6 +973,7 @@ def release(picks: Iterable[Pick], claim: str) -> None:
             continue
         for k in CAPACITIES:
             p.device.used[k] -= p.consumed[k]
+        p.device.take(-1)
         if claim in p.device.claims:
             p.device.claims.remove(claim)
 

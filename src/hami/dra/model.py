@@ -39,13 +39,29 @@ Two DeviceClasses select these devices: :data:`SHARE_CLASS` (a share, isolated b
 :data:`WHOLE_CLASS` (the whole GPU, no libvgpu: its class configuration tells the kubelet plugin
 so, and a request through it must not ask for a part of the memory). The share class may also
 carry ``extendedResourceName`` (KEP-5004) so that a plain ``nvidia.com/gpu: 1`` is served by DRA.
+
+MIG (:class:`GpuMig`, one per GPU in MIG mode; such a GPU is not published as ``gpu-<index>``):
+
+* static MIG (``migstrategy: mixed``): each MIG instance that exists (made by an administrator)
+  is a device ``gpu-<index>-mig-<gpu instance id>``, allocated whole;
+* dynamic MIG (``operatingmode: mig``): every placement of every profile the extender path
+  would register (:func:`hami.node.nvml.registered_profiles`, the allowlist included) is a
+  device ``gpu-<index>-<profile>-<start>`` that consumes the memory slices of its placement from
+  the GPU's counter set ``gpu-<index>-slices`` (KEP-4815 partitionable devices): kube-scheduler
+  then never allocates two overlapping placements, and the kubelet plugin creates the instance
+  in prepare and destroys it in unprepare.
+
+Both carry the attribute ``profile`` (``1g.5gb``; the share and whole-GPU classes select only
+devices without it) and are selected by :data:`MIG_CLASS`. The API server takes ``sharedCounters``
+only in a slice without devices, and at most 64 devices in a slice that has devices consuming
+counters: :func:`resource_slices` splits the pool into as many slices as that needs.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from hami.core.names import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_SHARE_CLASS, DRA_WHOLE_CLASS
 
@@ -54,7 +70,11 @@ SHARE_CLASS = DRA_SHARE_CLASS
 WHOLE_CLASS = DRA_WHOLE_CLASS
 CONFIG_API_VERSION = DRA_CONFIG_API_VERSION
 CONFIG_KIND = "GpuConfig"
+MIG_CLASS = f"mig.{DRA_DRIVER}"
 MEMORY, CORES, SHARES = "memory", "cores", "shares"
+PROFILE = "profile"  # the attribute that marks a MIG device
+MAX_SLICE_DEVICES = 64  # a slice with devices consuming counters (or tainted) holds at most 64
+MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's limit
 MIB = 1024 * 1024
 
 #: Kubernetes' standard device attributes (``k8s.io/dynamic-resource-allocation/deviceattribute``)
@@ -187,8 +207,142 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
     }
 
 
-def slice_name(node: str) -> str:
-    return f"{node}-{DRIVER}"
+def slice_name(node: str, part: int = 0) -> str:
+    """The name of the node's slice ``part`` (0: the first, which has the GPUs)."""
+    return f"{node}-{DRIVER}" if part == 0 else f"{node}-{DRIVER}-{part}"
+
+
+# ------------------------------------------------------------------ MIG
+
+
+@dataclass(frozen=True)
+class MigProfileSpec:
+    """A profile the extender path registers (:class:`hami.core.types.MigProfile`'s fields)."""
+
+    name: str
+    memory_mb: int
+    core: int
+    slice_count: int
+    placements: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class StaticInstance:
+    """A MIG instance that exists on the GPU (static MIG)."""
+
+    gi: int
+    profile: str
+    start: int
+    size: int
+    mig_uuid: str
+    memory_mb: int = 0
+    core: int = 0
+
+
+@dataclass(frozen=True)
+class GpuMig:
+    """A GPU in MIG mode: ``dynamic`` (its registered profiles) or static (its instances)."""
+
+    dynamic: bool
+    profiles: tuple[MigProfileSpec, ...] = ()
+    instances: tuple[StaticInstance, ...] = ()
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One published MIG device and what prepare needs of it."""
+
+    name: str
+    gpu_uuid: str
+    gpu_index: int
+    profile: str
+    start: int
+    size: int
+    memory_mb: int
+    core: int
+    mig_uuid: str = ""  # static: the existing instance's; dynamic: "" (made in prepare)
+
+    @property
+    def dynamic(self) -> bool:
+        return not self.mig_uuid
+
+
+def _label(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-slices"
+
+
+def mig_devices(gpus: Iterable[GpuLike], mig: Mapping[str, GpuMig]) -> dict[str, MigDevice]:
+    """Every MIG device of the node by name, in GPU index order, then profile order (the
+    registration's: memory, then slices), then placement start; static instances by id."""
+    out: dict[str, MigDevice] = {}
+    for g in sorted(gpus, key=lambda g: g.index):
+        m = mig.get(g.uuid)
+        if m is None:
+            continue
+        if m.dynamic:
+            for p in m.profiles:
+                for start, size in p.placements:
+                    if size <= 0:
+                        continue
+                    name = f"gpu-{g.index}-{_label(p.name)}-{start}"
+                    out[name] = MigDevice(name, g.uuid, g.index, p.name, start, size, p.memory_mb, p.core)
+        else:
+            for i in sorted(m.instances, key=lambda i: i.gi):
+                if not i.mig_uuid:
+                    continue
+                name = f"gpu-{g.index}-mig-{i.gi}"
+                out[name] = MigDevice(
+                    name, g.uuid, g.index, i.profile, i.start, i.size, i.memory_mb, i.core, i.mig_uuid
+                )
+    return out
+
+
+def _mig_device(d: MigDevice, gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "model": _attr("string", gpu.model),
+        "type": _attr("string", gpu.model if gpu.model.startswith("NVIDIA") else f"NVIDIA-{gpu.model}"),
+        PROFILE: _attr("string", d.profile),
+        "parentUUID": _attr("string", gpu.uuid),
+        "index": _attr("int", gpu.index),
+        "numa": _attr("int", gpu.numa),
+        "placementStart": _attr("int", d.start),
+        "placementSize": _attr("int", d.size),
+        **_typed_attributes(gpu, s),
+    }
+    if d.mig_uuid:
+        attrs["uuid"] = _attr("string", d.mig_uuid)
+    out: dict[str, Any] = {
+        "name": d.name,
+        "attributes": attrs,
+        "capacity": {MEMORY: {"value": str(d.memory_mb * MIB)}, CORES: {"value": str(d.core)}},
+    }
+    if d.dynamic:
+        out["consumesCounters"] = [
+            {
+                "counterSet": counter_set_name(d.gpu_index),
+                "counters": {f"slice-{k}": {"value": "1"} for k in range(d.start, d.start + d.size)},
+            }
+        ]
+    return out
+
+
+def counter_sets(gpus: Iterable[GpuLike], mig: Mapping[str, GpuMig]) -> list[dict[str, Any]]:
+    """One counter set per GPU in dynamic MIG mode: one counter per memory slice."""
+    out = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        m = mig.get(g.uuid)
+        if m is None or not m.dynamic:
+            continue
+        slices = max((start + size for p in m.profiles for start, size in p.placements), default=0)
+        if slices:
+            out.append(
+                {"name": counter_set_name(g.index), "counters": {f"slice-{k}": {"value": "1"} for k in range(slices)}}
+            )
+    return out
 
 
 #: the taint an unhealthy GPU carries (KEP-5055 device taints, GA in Kubernetes 1.37)
@@ -205,6 +359,70 @@ def unhealthy_taint(effect: str) -> dict[str, str]:
     return {"key": UNHEALTHY_TAINT_KEY, "value": UNHEALTHY_TAINT_VALUE, "effect": effect}
 
 
+def _slice(node: str, part: int, generation: int, count: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node, part), "labels": {"app.kubernetes.io/managed-by": "hami-dra"}},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            **body,
+        },
+    }
+
+
+def resource_slices(
+    node: str,
+    gpus: Iterable[GpuLike],
+    s: SliceSettings,
+    generation: int = 1,
+    unhealthy: frozenset[str] = frozenset(),
+    taint: str | None = None,
+    mig: Mapping[str, GpuMig] | None = None,
+) -> list[dict[str, Any]]:
+    """The node's ResourceSlices (pool = node name), the first named :func:`slice_name`. An
+    unhealthy GPU (and its MIG devices) carries the device taint :func:`unhealthy_taint` with effect
+    ``taint`` (kube-scheduler allocates no claim there that does not tolerate it); with ``taint``
+    None it is left out, which keeps new claims off it on clusters without device taints (claims
+    already prepared keep running either way). A GPU in ``mig`` is published as its MIG devices
+    (module doc). Without MIG this is one slice, as before."""
+    if not node:
+        raise ValueError("resource_slices: node name is empty")
+    mig = mig or {}
+    gpus = sorted(gpus, key=lambda g: g.index)
+    mark = unhealthy_taint(taint) if taint is not None else None
+    migs = mig_devices(gpus, mig)
+    by_uuid = {g.uuid: g for g in gpus}
+    devices = []
+    for g in gpus:
+        if g.uuid in mig:
+            continue
+        if g.uuid in unhealthy:
+            if mark is None:
+                continue
+            devices.append({**device(g, s), "taints": [dict(mark)]})
+        else:
+            devices.append(device(g, s))
+    for d in migs.values():
+        doc = _mig_device(d, by_uuid[d.gpu_uuid], s)
+        if d.gpu_uuid in unhealthy:
+            if mark is None:
+                continue
+            doc["taints"] = [dict(mark)]
+        devices.append(doc)
+    sets = counter_sets(gpus, mig)
+    if not sets:  # no partitionable devices: the one slice of old
+        return [_slice(node, 0, generation, 1, {"devices": devices})]
+    chunks = [devices[i : i + MAX_SLICE_DEVICES] for i in range(0, len(devices), MAX_SLICE_DEVICES)] or [[]]
+    set_chunks = [sets[i : i + MAX_COUNTER_SETS] for i in range(0, len(sets), MAX_COUNTER_SETS)]
+    count = len(chunks) + len(set_chunks)
+    out = [_slice(node, i, generation, count, {"devices": c}) for i, c in enumerate(chunks)]
+    out += [_slice(node, len(chunks) + i, generation, count, {"sharedCounters": c}) for i, c in enumerate(set_chunks)]
+    return out
+
+
 def resource_slice(
     node: str,
     gpus: Iterable[GpuLike],
@@ -213,32 +431,8 @@ def resource_slice(
     unhealthy: frozenset[str] = frozenset(),
     taint: str | None = None,
 ) -> dict[str, Any]:
-    """The node's one ResourceSlice (pool = node name). An unhealthy GPU carries the device taint
-    :func:`unhealthy_taint` with effect ``taint`` (kube-scheduler allocates no claim there that
-    does not tolerate it); with ``taint`` None it is left out, which keeps new claims off it on
-    clusters without device taints (claims already prepared keep running either way)."""
-    if not node:
-        raise ValueError("resource_slice: node name is empty")
-    mark = unhealthy_taint(taint) if taint is not None else None
-    devices = []
-    for g in sorted(gpus, key=lambda g: g.index):
-        if g.uuid in unhealthy:
-            if mark is None:
-                continue
-            devices.append({**device(g, s), "taints": [dict(mark)]})
-        else:
-            devices.append(device(g, s))
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node), "labels": {"app.kubernetes.io/managed-by": "hami-dra"}},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
+    """The node's one ResourceSlice when no GPU is in MIG mode (:func:`resource_slices`)."""
+    return resource_slices(node, gpus, s, generation, unhealthy, taint)[0]
 
 
 def class_config(isolation: str) -> dict[str, Any]:
@@ -252,15 +446,27 @@ def class_config(isolation: str) -> dict[str, Any]:
     }
 
 
+#: what the share and whole-GPU classes select: our devices that are not MIG devices
+_NOT_MIG = f'!("{PROFILE}" in device.attributes["{DRIVER}"])'
+
+
 def device_classes(extended_resource_name: str | None = None) -> list[dict[str, Any]]:
-    """The share class and the whole-GPU class. ``extended_resource_name`` (e.g.
+    """The share class, the whole-GPU class and the MIG class. ``extended_resource_name`` (e.g.
     ``nvidia.com/gpu``) maps that extended resource onto the share class (KEP-5004)."""
-    selector = [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
-    share: dict[str, Any] = {"selectors": selector, "config": [class_config("hami-core")]}
+    driver = f'device.driver == "{DRIVER}"'
+    gpu_only = [{"cel": {"expression": f"{driver} && {_NOT_MIG}"}}]
+    share: dict[str, Any] = {"selectors": gpu_only, "config": [class_config("hami-core")]}
     if extended_resource_name:
         share["extendedResourceName"] = extended_resource_name
-    whole = {"selectors": selector, "config": [class_config("none")]}
+    whole = {"selectors": gpu_only, "config": [class_config("none")]}
+    mig = {"selectors": [{"cel": {"expression": f'{driver} && "{PROFILE}" in device.attributes["{DRIVER}"]'}}]}
     return [
         {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
-        for name, spec in ((SHARE_CLASS, share), (WHOLE_CLASS, whole))
+        for name, spec in ((SHARE_CLASS, share), (WHOLE_CLASS, whole), (MIG_CLASS, mig))
     ]
+
+
+def mig_profiles_of(profiles: Sequence[Any]) -> tuple[MigProfileSpec, ...]:
+    """:class:`MigProfileSpec` from the registration's profiles (any objects with
+    ``name, memory_mb, core, slice_count, placements``)."""
+    return tuple(MigProfileSpec(p.name, p.memory_mb, p.core, p.slice_count, tuple(p.placements)) for p in profiles)

@@ -15,7 +15,16 @@ import signal
 import sys
 from pathlib import Path
 
-from hami.dra.model import SliceSettings, device_classes, resource_slice, slice_name
+from hami.dra.model import (
+    GpuMig,
+    SliceSettings,
+    StaticInstance,
+    device_classes,
+    mig_devices,
+    mig_profiles_of,
+    resource_slices,
+    slice_name,
+)
 from hami.kube.reflector import Reflector
 from hami.node import contract, flags, nvml
 from hami.node.layout import prepare_hook_dir
@@ -151,15 +160,62 @@ def _nvml_facts(uuids: list[str]) -> tuple[str, frozenset[str]]:
     return nvml.driver_version(), nvml.mig_capable(uuids)
 
 
-async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s: SliceSettings) -> int:
+def mig_layout(settings: NodeSettings, gpus: list) -> dict[str, GpuMig]:
+    """The node's GPUs in MIG mode, as the extender path reads them: ``operatingmode: mig``
+    (dynamic: the profiles discovery registered, allowlist applied) or ``migstrategy: mixed``
+    (static: the instances that exist on GPUs in MIG mode). Raises ValueError naming the key
+    when both are set, as the device plugin refuses it."""
+    if settings.operating_mode == "mig" and settings.mig_strategy == "mixed":
+        raise ValueError(
+            "migstrategy 'mixed' cannot be combined with operatingmode 'mig' (dynamic MIG makes and "
+            "destroys the instances itself); use one of them"
+        )
+    if settings.operating_mode == "mig":
+        return {g.uuid: GpuMig(True, mig_profiles_of(g.mig_profiles)) for g in gpus if g.mig_profiles}
+    if settings.mig_strategy != "mixed":
+        return {}
+    out = {}
+    mig = nvml.MigNvml()
+    for g in gpus:
+        if not nvml.mig_enabled(g.uuid):
+            continue
+        profiles = {
+            p.name: p for p in nvml.registered_profiles(mig.profiles(g.uuid), g.model, ((("",), ()),))
+        }  # every profile (an allowlist entry without profiles keeps all): the cores of each
+        instances = tuple(
+            StaticInstance(
+                i.gi,
+                i.profile,
+                i.start,
+                i.size,
+                i.mig_uuid,
+                profiles[i.profile].memory_mb if i.profile in profiles else 0,
+                profiles[i.profile].core if i.profile in profiles else 0,
+            )
+            for i in mig.instances(g.uuid)
+            if i.mig_uuid
+        )
+        out[g.uuid] = GpuMig(False, instances=instances)
+    return out
+
+
+async def _serve(
+    args: argparse.Namespace,
+    settings: NodeSettings,
+    gpus: list,
+    s: SliceSettings,
+    mig: dict[str, GpuMig] | None = None,
+) -> int:
     from hami.kube.client import KubeClient, KubeError
 
     from .checkpoint import Checkpoint, CheckpointError
-    from .health import HealthBook
+    from .health import HealthBook, HealthFeed
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, socket_paths
     from .publisher import apply_device_classes, publish_slice
     from .sweep import sweep_loop
+
+    mig = mig or {}
 
     try:  # before anything is published: a damaged record is left as it is, for someone to look at
         checkpoint = Checkpoint(Path(args.state_dir) / "checkpoint.json")
@@ -178,7 +234,7 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
         node_uid = (node.get("metadata") or {}).get("uid") or ""
-        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint)
+        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig)
 
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
@@ -198,7 +254,11 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
             paths,
             contract.options(settings),
             DriverMetrics(),
+            mig_devices(gpus, mig),
+            _mig_manager(args, mig),
         )
+        for line in driver.recover_mig():  # before the kubelet can call: no prepare races it
+            log.info("MIG at start-up: %s", line)
         # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
         # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
         prepare_hook_dir(paths)
@@ -213,7 +273,12 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                 log.info("serving metrics on %s:%d/metrics", args.bind[0], metrics_runner.addresses[0][1])
             except OSError as exc:  # the plugin matters more than its metrics: go on without them
                 log.error("cannot serve metrics on %s:%d: %s; going on without metrics", *args.bind, exc)
-        server = PluginServer(driver, *socket_paths(args.kubelet_dir))
+        feed = HealthFeed(
+            book,
+            [(args.node_name, f"gpu-{g.index}", g.uuid) for g in gpus if g.uuid not in mig]
+            + [(args.node_name, m.name, m.gpu_uuid) for m in driver.migs.values()],
+        )
+        server = PluginServer(driver, *socket_paths(args.kubelet_dir), health=feed)
         await server.start()
         changed = asyncio.Event()
         sweeper = (
@@ -251,8 +316,9 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
                     changed.set()
                 if changed.is_set():
                     changed.clear()
+                    await feed.changed()  # the kubelet's health stream (KEP-4680) first: no API call
                     try:
-                        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint)
+                        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig)
                     except KubeError as exc:
                         log.error("republishing the ResourceSlice failed: %s", exc)
         finally:
@@ -267,6 +333,16 @@ async def _serve(args: argparse.Namespace, settings: NodeSettings, gpus: list, s
     finally:
         await kube.close()
     return 0
+
+
+def _mig_manager(args: argparse.Namespace, mig: dict[str, GpuMig]):
+    """The extender path's MIG manager for the GPUs in dynamic MIG mode (None: there are none)."""
+    dynamic = [uuid for uuid, m in mig.items() if m.dynamic]
+    if not dynamic:
+        return None
+    from hami.deviceplugin.mig import Checkpoint as MigCheckpoint, MigManager
+
+    return MigManager(nvml.MigNvml(), MigCheckpoint(Path(args.state_dir) / "mig-checkpoint.json"), dynamic)
 
 
 class SliceKeeper:
@@ -348,11 +424,14 @@ def run(args: argparse.Namespace) -> int:
         gpus = discover(settings, args.sysfs_root)
         try:
             s = slice_settings(settings, args, *_nvml_facts([g.uuid for g in gpus]))
+            mig = mig_layout(settings, gpus)
             if args.dry_run:
+                slices = resource_slices(args.node_name, gpus, s, mig=mig)
                 print(
                     json.dumps(
                         {
-                            "resourceSlice": resource_slice(args.node_name, gpus, s),
+                            "resourceSlice": slices[0],
+                            **({"resourceSlices": slices} if len(slices) > 1 else {}),
                             "deviceClasses": device_classes(args.extended_resource_name or None),
                         },
                         indent=2,
@@ -362,6 +441,6 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"hami dra: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-        return asyncio.run(_serve(args, settings, gpus, s))
+        return asyncio.run(_serve(args, settings, gpus, s, mig))
     finally:
         close_nvml()

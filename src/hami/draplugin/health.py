@@ -11,11 +11,12 @@ stays marked and is probed again one period later. Without it (0, the default) a
 marked until the agent restarts, as HAMi's device plugin and NVIDIA's DRA driver keep it.
 
 :class:`HealthBook` is called from the watcher's thread (:meth:`mark`) and from the agent's loop
-(the rest), hence its lock.
+(the rest), hence its lock. :class:`HealthFeed` hands the same health to the kubelet (KEP-4680).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -86,3 +87,47 @@ class HealthBook:
         for uuid in healed:
             log.info("GPU %s: no fatal XID for %gs and NVML answers: healthy again", uuid, self.recovery)
         return healed
+
+
+class HealthFeed:
+    """What the kubelet's health stream (KEP-4680, :class:`hami.draplugin.plugin.HealthService`)
+    sends: every published device of the node with its GPU's health, as a snapshot, and a version
+    that :meth:`changed` raises so that open streams send a new one. ``devices`` are (pool,
+    device name, GPU UUID); a MIG device has its GPU's health."""
+
+    def __init__(
+        self, book: HealthBook, devices: Iterable[tuple[str, str, str]], clock: Callable[[], float] = time.time
+    ) -> None:
+        self.book, self.devices, self._clock = book, tuple(devices), clock
+        self.version = 0
+        self._cond = asyncio.Condition()
+        self._stamp: dict[str, int] = {}  # device -> Unix seconds its health was last determined
+        self._last: dict[str, bool] = {}
+
+    def snapshot(self) -> list[tuple[str, str, bool, int]]:
+        """(pool, device, healthy, last updated) for every device; the time moves only when the
+        device's health changed (or on the first snapshot)."""
+        bad = self.book.unhealthy()
+        now = int(self._clock())
+        out = []
+        for pool, name, uuid in self.devices:
+            healthy = uuid not in bad
+            if self._last.get(name) != healthy:
+                self._last[name], self._stamp[name] = healthy, now
+            out.append((pool, name, healthy, self._stamp[name]))
+        return out
+
+    async def changed(self) -> None:
+        """Health may have changed (a mark, a recovery): streams send a new snapshot."""
+        async with self._cond:
+            self.version += 1
+            self._cond.notify_all()
+
+    async def wait(self, seen: int, timeout: float) -> int:
+        """The version once it passes ``seen``, or after ``timeout`` seconds (a periodic resend)."""
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: self.version != seen), timeout)
+            except asyncio.TimeoutError:
+                pass
+            return self.version

@@ -16,6 +16,13 @@ RPC itself never fails for a bad claim, and nothing is half-applied: the CDI fil
 before the checkpoint records the claim, and a checkpoint write failure removes the file again.
 A claim prepared before is answered from the checkpoint, its CDI file written again when it is
 missing or is not the recorded spec (truncated, emptied, replaced).
+
+Dynamic MIG devices are made in prepare and destroyed in unprepare by the extender path's
+:class:`hami.deviceplugin.mig.MigManager` and its own checkpoint (one entry per claim UID and
+result), which makes each step restart safe: an instance made for a claim whose prepare did not
+finish is reused when the kubelet retries, and at start-up (:meth:`Driver.recover_mig`) the
+interrupted creations are undone and the instances of claims this plugin's checkpoint does not
+hold are destroyed.
 """
 
 from __future__ import annotations
@@ -27,24 +34,33 @@ import os
 import re
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from hami.dra.model import DRIVER, GpuLike, SliceSettings
+from hami.core.codec import MigAllocation
+from hami.deviceplugin.mig import MigManager, PodRef
+from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
+from hami.node.nvml import MigError
 from hami.node.cdi import write_document
 from hami.node.files import read_small, write_atomic
 from hami.node.layout import make_claim_dir
 
-from .api import DRA_SERVICE, PLUGIN_TYPE, load
+from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
+from .health import HealthFeed
 from .checkpoint import Checkpoint, CheckpointError
 from .metrics import DriverMetrics
-from .prepare import Options, Paths, PrepareError, cdi_spec, plan, response_devices
+from .prepare import Options, Paths, Plan, PrepareError, cdi_spec, plan, response_devices
 
 log = logging.getLogger(__name__)
 dra_pb, dra_grpc = load("dra")
 reg_pb, reg_grpc = load("registration")
+health_pb, health_grpc = load("dra_health")
+#: a stream sends the whole snapshot again at least this often, changed or not (the kubelet
+#: counts a device whose health is not refreshed for a while as Unknown)
+HEALTH_RESEND = 30.0
 
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 #: a claim UID as the API server makes them (a UUID), or any name safe as one path component
@@ -66,8 +82,12 @@ class Driver:
         paths: Paths = Paths(),
         options: Options = Options(),
         metrics: DriverMetrics | None = None,
+        migs: Mapping[str, MigDevice] | None = None,
+        mig: MigManager | None = None,
     ) -> None:
         self.node, self.gpus, self.settings = node, tuple(gpus), settings
+        self.migs = dict(migs or {})  # the node's MIG devices by name (hami.dra.model.mig_devices)
+        self.mig = mig  # makes and destroys dynamic MIG instances (None: no dynamic MIG here)
         self.checkpoint, self.read_claim, self.paths, self.options = checkpoint, read_claim, paths, options
         self._locks: dict[str, asyncio.Lock] = {}
         self.metrics = metrics if metrics is not None else DriverMetrics()
@@ -116,8 +136,17 @@ class Driver:
                     f"asked for {uid!r} (the claim was deleted and re-created)",
                     "recreated",
                 )
-            p = plan(claim, self.node, self.gpus, self.settings)
-            spec = cdi_spec(p, self.paths, self.options)
+            p = plan(claim, self.node, self.gpus, self.settings, self.migs)
+            made = False
+            if any(s.mig is not None and s.mig.dynamic for s in p.shares):
+                p = await self._make_mig(p, uid, namespace, name)
+                made = True
+            try:
+                spec = cdi_spec(p, self.paths, self.options)
+            except BaseException:
+                if made:
+                    await self._destroy_mig(uid)
+                raise
             cdi = Path(self.paths.cdi_file(uid))
             devices = response_devices(p)
             try:
@@ -137,11 +166,14 @@ class Driver:
                         "cdi_file": str(cdi),
                         "cdi_spec": spec,
                         "claim_dir": self.paths.claim_dir(uid),
+                        **({"mig": True} if made else {}),
                     },
                 )
             except BaseException:  # nothing half-applied: no record says these files exist
                 _remove(cdi, Path(self.paths.claim_record(uid)))
                 shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
+                if made:
+                    await self._destroy_mig(uid)
                 raise
             log.info(
                 "prepared claim %s/%s (%s): %s",
@@ -173,10 +205,50 @@ class Driver:
             Path(entry["cdi_file"]).unlink(missing_ok=True)
             shutil.rmtree(entry.get("claim_dir") or self.paths.claim_dir(uid), ignore_errors=True)
             Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
+            if entry.get("mig"):  # the instances first: a failure leaves the record for a retry
+                await self._destroy_mig(uid)
             self.checkpoint.remove(uid)
             log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
         self._locks.pop(uid, None)
         return True
+
+    async def _make_mig(self, p: Plan, uid: str, namespace: str, name: str) -> Plan:
+        """Create (or reuse, on a retry) the claim's dynamic MIG instances; the plan with their UUIDs."""
+        if self.mig is None:
+            raise PrepareError(f"claim {namespace}/{name}: dynamic MIG devices, but dynamic MIG is off on this node")
+        wanted = [
+            (i, s.mig) for i, s in enumerate(p.shares) if s.mig is not None and s.mig.dynamic
+        ]  # device position = result position: one checkpoint entry each
+        allocations = [MigAllocation(0, i, m.gpu_uuid, m.profile, m.start, m.size) for i, m in wanted if m is not None]
+        try:
+            made = await asyncio.to_thread(self.mig.prepare, PodRef(uid, namespace, name), allocations)
+        except MigError as exc:
+            await self._destroy_mig(uid)  # what this claim got before the failure
+            raise PrepareError(f"claim {namespace}/{name}: {exc}", "allocation") from None
+        uuids = {a.device: a.mig_uuid for a in made}
+        return replace(p, shares=tuple(replace(s, uuid=uuids[i]) if i in uuids else s for i, s in enumerate(p.shares)))
+
+    async def _destroy_mig(self, uid: str) -> list[str]:
+        """Destroy the dynamic MIG instances made for claim ``uid`` (none: nothing to do)."""
+        if self.mig is None:
+            return []
+        mig = self.mig
+        snap = mig.snapshot()  # instances other claims make from now on are spared
+        others = {e.pod_uid for e in list(mig.entries.values())} - {uid}
+        done = await asyncio.to_thread(mig.collect, others, snap)
+        for line in done:
+            log.info("claim %s: %s", uid, line.replace("is gone", "is unprepared"))
+        return done
+
+    def recover_mig(self) -> list[str]:
+        """Start-up, before serving: undo interrupted creations, destroy unclaimed instances, then
+        the instances of claims the checkpoint does not hold (prepared but never recorded, or
+        unprepared but not destroyed). What was done, as lines."""
+        if self.mig is None:
+            return []
+        done = self.mig.recover()
+        done += self.mig.collect(set(self.checkpoint.uids()))
+        return done
 
 
 def _remove(*files: Path) -> None:
@@ -239,15 +311,44 @@ class DRAService(dra_grpc.DRAPluginServicer):
         return out
 
 
+class HealthService(health_grpc.DRAResourceHealthServicer):
+    """KEP-4680 (``v1alpha1.DRAResourceHealth``): streams every device's health to the kubelet,
+    which shows it in the status of the pods holding the device (``kubectl describe pod``:
+    ``allocatedResourcesStatus``). A snapshot at once, then on every change and at least every
+    :data:`HEALTH_RESEND` seconds, until the kubelet closes the stream."""
+
+    def __init__(self, feed: HealthFeed, resend: float = HEALTH_RESEND) -> None:
+        self.feed, self.resend = feed, resend
+
+    def response(self):
+        return health_pb.NodeWatchResourcesResponse(
+            devices=[
+                health_pb.DeviceHealth(
+                    device=health_pb.DeviceIdentifier(pool_name=pool, device_name=name),
+                    health=health_pb.HEALTHY if healthy else health_pb.UNHEALTHY,
+                    last_updated_time=stamp,
+                )
+                for pool, name, healthy, stamp in self.feed.snapshot()
+            ]
+        )
+
+    async def NodeWatchResources(self, request, context):  # noqa: N802 - gRPC name
+        seen = self.feed.version
+        while True:
+            yield self.response()
+            seen = await self.feed.wait(seen, self.resend)
+
+
 class RegistrationService(reg_grpc.RegistrationServicer):
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, services: Sequence[str] = (DRA_SERVICE,)) -> None:
         self.endpoint = endpoint
+        self.services = list(services)  # the kubelet picks the health service from these too
         self.status: tuple[bool, str] | None = None
         self.registered = asyncio.Event()
 
     async def GetInfo(self, request, context):  # noqa: N802
         return reg_pb.PluginInfo(
-            type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint, supported_versions=[DRA_SERVICE]
+            type=PLUGIN_TYPE, name=DRIVER, endpoint=self.endpoint, supported_versions=self.services
         )
 
     async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
@@ -269,10 +370,19 @@ def socket_paths(kubelet_dir: str | Path) -> tuple[Path, Path]:
 class PluginServer:
     """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600)."""
 
-    def __init__(self, driver: Driver, registration_socket: str | Path, dra_socket: str | Path) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        registration_socket: str | Path,
+        dra_socket: str | Path,
+        health: HealthFeed | None = None,
+    ) -> None:
         self.driver = driver
+        self.health = health  # serve KEP-4680's health stream beside the DRA service
         self.registration_socket, self.dra_socket = Path(registration_socket), Path(dra_socket)
-        self.registration = RegistrationService(str(self.dra_socket))
+        self.registration = RegistrationService(
+            str(self.dra_socket), (DRA_SERVICE, HEALTH_SERVICE) if health is not None else (DRA_SERVICE,)
+        )
         self._servers: list[grpc.aio.Server] = []
 
     async def start(self) -> None:
@@ -281,6 +391,8 @@ class PluginServer:
             path.unlink(missing_ok=True)
         dra = grpc.aio.server()
         dra_grpc.add_DRAPluginServicer_to_server(DRAService(self.driver), dra)
+        if self.health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(HealthService(self.health), dra)
         dra.add_insecure_port(f"unix://{self.dra_socket}")
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)

@@ -41,6 +41,11 @@ monitoring or maintenance view of GPUs that other claims use: it is given the GP
 shared region, so nothing it does is counted against the GPUs' shares and ``hami monitor`` has no
 region of it to report. A claim mixing admin and ordinary results is refused (one visible list
 cannot be half limited): use one claim for each.
+
+A MIG device (:func:`hami.dra.model.mig_devices`: a static instance, or a dynamic placement that
+the plugin creates in prepare, :mod:`hami.draplugin.plugin`) is handed to the container by its MIG
+device UUID in ``NVIDIA_VISIBLE_DEVICES``, without libvgpu (the instance is the isolation), with
+the driver mounts. A claim mixing MIG devices and GPU shares is refused.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from hami.dra.model import (
     MEMORY,
     MIB,
     GpuLike,
+    MigDevice,
     SliceSettings,
     device_name,
     memory_bytes,
@@ -94,6 +100,7 @@ class Share:
     share_id: str | None
     index: int  # the GPU's index on the node (NVML order)
     admin: bool = False  # an admin-access result: visible, not limited, not counted
+    mig: MigDevice | None = None  # a MIG device; ``uuid`` is then its MIG device UUID ("" until made)
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ class Plan:
     name: str
     uid: str
     pool: str
-    isolation: str  # hami-core, none, or admin (admin access: visible, no libvgpu)
+    isolation: str  # hami-core, none, admin (admin access: visible, no libvgpu), or mig
     shares: tuple[Share, ...]
 
     @property
@@ -185,7 +192,13 @@ def _check_range(where: str, name: str, value: int, low: int, high: int) -> None
         raise PrepareError(f"{where}.consumedCapacity.{name}={value}: outside the GPU's {low}..{high}")
 
 
-def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings: SliceSettings) -> Plan:
+def plan(
+    claim: Mapping[str, Any],
+    node: str,
+    gpus: Sequence[GpuLike],
+    settings: SliceSettings,
+    migs: Mapping[str, MigDevice] | None = None,
+) -> Plan:
     """This node's part of ``claim``'s allocation. Raises :class:`PrepareError` when the claim is
     not allocated, names a device this node does not have, was allocated to another node only, or
     consumed an amount outside the GPU's capacity (memory 1 MiB .. the GPU's, cores 0 .. its total)."""
@@ -196,7 +209,8 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
         raise PrepareError(f"{ref}: status.allocation is not set (the claim is not allocated)")
     results = _get(allocation, "devices", "results") or []
     config = _get(allocation, "devices", "config") or []
-    by_name = {device_name(g.index): g for g in gpus}
+    migs = migs or {}
+    by_name = {device_name(g.index): g for g in gpus if not any(m.gpu_uuid == g.uuid for m in migs.values())}
     shares: list[Share] = []
     isolation = None
     admins: set[bool] = set()
@@ -213,13 +227,22 @@ def plan(claim: Mapping[str, Any], node: str, gpus: Sequence[GpuLike], settings:
                 f"{ref}: results mix admin access and ordinary shares ({where}.adminAccess={bool(admin)}); "
                 "use one claim for each"
             )
+        request = str(r.get("request") or "")
+        m = migs.get(r["device"]) if isinstance(r.get("device"), str) else None
+        if m is not None:
+            if admin:
+                raise PrepareError(f"{where}: a MIG device cannot be given with admin access")
+            if isolation is not None and isolation != "mig":
+                raise PrepareError(f"{ref}: results mix MIG devices and GPU shares; use one claim for each")
+            isolation = "mig"
+            shares.append(Share(request, m.name, m.mig_uuid, m.memory_mb, m.core, None, m.gpu_index, mig=m))
+            continue
         gpu = by_name.get(r["device"]) if isinstance(r.get("device"), str) else None
         if gpu is None:
             raise PrepareError(
                 f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
-                f"(it has {', '.join(sorted(by_name)) or 'none'})"
+                f"(it has {', '.join(sorted([*by_name, *migs])) or 'none'})"
             )
-        request = str(r.get("request") or "")
         iso = "admin" if admin else _isolation(config, request, f"{ref}: request {request!r}")
         if isolation is not None and iso != isolation:
             raise PrepareError(f"{ref}: requests mix isolation {isolation!r} and {iso!r}; use one class per claim")
@@ -278,6 +301,16 @@ def gpu_grants(p: Plan) -> tuple[GpuGrant, ...]:
 def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     """The claim's container edits: the libvgpu container contract (hami-core isolation), or the
     GPUs and the driver mounts only (isolation ``none``, and admin access)."""
+    if p.isolation == "mig":  # the instances are the isolation: their UUIDs and the driver mounts
+        missing = [s.device for s in p.shares if not s.uuid]
+        if missing:
+            raise PrepareError(f"claim {p.namespace}/{p.name}: MIG device(s) {', '.join(missing)} not made yet")
+        mig_env = contract.visible_devices([s.uuid for s in p.shares])
+        mig_mounts = [mount_edit(m) for m in contract.container_mounts(paths, None, preload=False)]
+        out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in mig_env.items()]}
+        if mig_mounts:
+            out["mounts"] = mig_mounts
+        return out
     grants = gpu_grants(p)
     env = contract.visible_devices([g.uuid for g in grants])
     region_dir = None

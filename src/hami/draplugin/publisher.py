@@ -17,12 +17,20 @@ RBAC cannot narrow it to one node's slice, so docs/dra.md names this), the insta
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hami.core.quantity import parse_int_quantity
 from hami.kube.client import KubeClient, KubeError
 
-from hami.dra.model import UNHEALTHY_TAINT_KEY, GpuLike, SliceSettings, device_classes, resource_slice, slice_name
+from hami.dra.model import (
+    UNHEALTHY_TAINT_KEY,
+    GpuLike,
+    GpuMig,
+    SliceSettings,
+    device_classes,
+    resource_slices,
+    slice_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,15 @@ async def apply_device_classes(kube: KubeClient, extended_resource_name: str | N
     return names
 
 
+async def _get(kube: KubeClient, path: str) -> dict[str, Any] | None:
+    try:
+        return await kube.get(path)
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        return None
+
+
 async def publish_slice(
     kube: KubeClient,
     node: str,
@@ -55,41 +72,66 @@ async def publish_slice(
     unhealthy: frozenset[str] = frozenset(),
     node_uid: str = "",
     taint: str | None = None,
+    mig: Mapping[str, GpuMig] | None = None,
 ) -> dict[str, Any]:
-    """Apply the node's slice; returns it as the API server stored it. ``taint``: the effect of the
-    unhealthy GPUs' device taint (None: they are left out)."""
-    path = f"{API}/resourceslices/{slice_name(node)}"
+    """Apply the node's slices (one, or more with MIG: :func:`hami.dra.model.resource_slices`)
+    and delete the parts a previous publish had beyond them; returns the first as the API server
+    stored it. ``taint``: the effect of the unhealthy GPUs' device taint (None: they are left out)."""
     gpus = list(gpus)
-    wanted = resource_slice(node, gpus, settings, 1, unhealthy, taint)
-    try:
-        current = await kube.get(path)
-    except KubeError as exc:
-        if exc.status != 404:
-            raise
-        current = None
-    if current is not None:
-        pool = current["spec"]["pool"]
-        same = _devices_of(current) == _devices_of(wanted)
-        wanted["spec"]["pool"]["generation"] = pool["generation"] if same else pool["generation"] + 1
-    if node_uid:
-        wanted["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
-    stored = await _apply(kube, path, wanted)
-    tainted = {d["name"] for d in wanted["spec"]["devices"] if d.get("taints")}
-    if tainted and not tainted <= _tainted(stored):
+    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig)
+    current = [await _get(kube, f"{API}/resourceslices/{slice_name(node)}")]
+    before = int(((current[0] or {}).get("spec") or {}).get("pool", {}).get("resourceSliceCount") or 1)
+    for part in range(1, max(before, len(wanted))):
+        current.append(await _get(kube, f"{API}/resourceslices/{slice_name(node, part)}"))
+    if current[0] is not None:
+        generation = current[0]["spec"]["pool"]["generation"]
+        same = len(wanted) == before and all(
+            c is not None and _content(c) == _content(w) for c, w in zip(current, wanted)
+        )
+        for w in wanted:
+            w["spec"]["pool"]["generation"] = generation if same else generation + 1
+    stored = []
+    for part, w in enumerate(wanted):
+        if node_uid:
+            w["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
+        stored.append(await _apply(kube, f"{API}/resourceslices/{slice_name(node, part)}", w))
+    for part in range(len(wanted), len(current)):
+        if current[part] is not None:
+            await delete_slice(kube, node, part)
+    tainted = {d["name"] for w in wanted for d in w["spec"].get("devices") or () if d.get("taints")}
+    kept = set().union(*(_tainted(s) for s in stored))
+    if tainted and not tainted <= kept:
         log.warning(
             "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
             "in this cluster); publishing it without the unhealthy GPUs instead",
             slice_name(node),
             ", ".join(sorted(tainted)),
         )
-        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None)
+        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None, mig)
     log.info(
-        "ResourceSlice %s: %d GPU(s), pool generation %d",
+        "ResourceSlice %s: %d device(s) in %d slice(s), pool generation %d",
         slice_name(node),
-        len(wanted["spec"]["devices"]),
-        wanted["spec"]["pool"]["generation"],
+        sum(len(w["spec"].get("devices") or ()) for w in wanted),
+        len(wanted),
+        wanted[0]["spec"]["pool"]["generation"],
     )
-    return stored
+    return stored[0]
+
+
+def _content(obj: dict[str, Any]) -> tuple[Any, ...]:
+    """A slice's devices (:func:`_devices_of`) and counter sets, for comparing across re-formatting."""
+    sets = sorted(
+        (
+            cs.get("name", ""),
+            tuple(
+                sorted(
+                    (k, parse_int_quantity((v or {}).get("value"), k)) for k, v in (cs.get("counters") or {}).items()
+                )
+            ),
+        )
+        for cs in obj["spec"].get("sharedCounters") or []
+    )
+    return _devices_of(obj), sets
 
 
 def _tainted(obj: dict[str, Any]) -> set[str]:
@@ -122,9 +164,9 @@ def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, in
     )
 
 
-async def delete_slice(kube: KubeClient, node: str) -> None:
+async def delete_slice(kube: KubeClient, node: str, part: int = 0) -> None:
     try:
-        await kube.request("DELETE", f"{API}/resourceslices/{slice_name(node)}")
+        await kube.request("DELETE", f"{API}/resourceslices/{slice_name(node, part)}")
     except KubeError as exc:
         if exc.status != 404:
             raise

@@ -177,6 +177,7 @@ def load_nodes(
     given = {s["spec"]["nodeName"] for s, made in slices if not made}
     nodes: dict[str, _Node] = {}
     seen: set[tuple[str, str]] = set()
+    used: list[dict] = []  # the slices read, for their pools' shared counters (KEP-4815)
     for s, made in slices:
         node = s["spec"]["nodeName"]
         if node in given and made:
@@ -187,12 +188,18 @@ def load_nodes(
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
         s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
         n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0))))
+        used.append(s)
         for d in fit.devices_of([s]).values():
             if d.key in seen:
                 warnings.append(f"{source}: device {d.pool}/{d.device} is published twice: the first one is used")
                 continue
             seen.add(d.key)
             n.devices.append(d)
+    books = fit.pool_counters(used)  # a device and the counters it consumes may be in two slices of its pool
+    for n in nodes.values():
+        for d in n.devices:
+            if d.consumes:
+                d.counters = books.setdefault(d.pool, fit.Counters())
     if not nodes:
         first = f": {warnings[0]}" if warnings else ""
         raise SimulationError(
