@@ -28,7 +28,7 @@ $(PROTO_STUB): src/hami/deviceplugin/api/api.proto $(STAMP)
 
 # gRPC stubs of the kubelet DRA plugin and plugin registration APIs (generated, git-ignored)
 DRA_STUB := src/hami/draplugin/api/dra_pb2.py
-$(DRA_STUB): src/hami/draplugin/api/dra.proto src/hami/draplugin/api/registration.proto $(STAMP)
+$(DRA_STUB): src/hami/draplugin/api/dra.proto src/hami/draplugin/api/registration.proto src/hami/draplugin/api/dra_health.proto $(STAMP)
 	$(BIN)/python -c 'from hami.draplugin.api import generate; generate(force=True)'
 
 # protobuf messages of the NRI plugin API and its ttrpc envelope (generated, git-ignored)
