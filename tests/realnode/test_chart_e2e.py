@@ -429,7 +429,15 @@ def test_nobody_but_kube_scheduler_reaches_filter_or_bind(product: Product, real
         socket.create_connection((ip, 9080), timeout=5).close()
 
 
-def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int, gpumem: int = 500) -> None:
+def sleepers(
+    cluster: KubeCluster,
+    ns: str,
+    image: str,
+    name: str,
+    replicas: int,
+    gpumem: int = 500,
+    command: list[str] | None = None,
+) -> None:
     labels = {"app": name}
     cluster.api(
         "POST",
@@ -450,7 +458,7 @@ def sleepers(cluster: KubeCluster, ns: str, image: str, name: str, replicas: int
                                 "name": "main",
                                 "image": image,
                                 "imagePullPolicy": "IfNotPresent",
-                                "command": ["sleep", "3600"],
+                                "command": command or ["sleep", "3600"],
                                 "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": gpumem}},
                             }
                         ],

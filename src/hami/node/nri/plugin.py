@@ -95,8 +95,9 @@ class NriPlugin:
         self._runtime_ep = None
         self._notify: set[asyncio.Task] = set()
         # containers to evict that the runtime may not have evicted yet (container id -> reason):
-        # containerd 1.7 (NRI v0.8) ignores the evictions of an unsolicited UpdateContainers and
-        # applies only those carried by an event's answer, so they ride on the next CreateContainer
+        # some runtimes carry out only the evictions in an answer to a container event, so they
+        # ride on the next CreateContainer answer too (containerd 1.7's NRI v0.8 drops both
+        # kinds: there an unserved container runs without a GPU until it exits; docs/nri.md)
         self._owed: dict[str, str] = {}
 
     # -- the runtime's calls -------------------------------------------------------------------
@@ -151,8 +152,8 @@ class NriPlugin:
 
     async def _evict(self, evict: list[tuple[str, str]]) -> None:
         """Ask the runtime to evict now (a runtime whose NRI applies unsolicited evictions does),
-        and owe the same evictions to the next CreateContainer answer (containerd 1.7 applies
-        only those; evicting a stopped container again is a no-op)."""
+        and owe the same evictions to the next CreateContainer answer, which other runtimes
+        honour (evicting a stopped container again is a no-op)."""
         self._owed.update(evict)
         req = pb.UpdateContainersRequest(evict=[pb.ContainerEviction(container_id=c, reason=r) for c, r in evict])
         try:
