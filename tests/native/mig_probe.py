@@ -14,7 +14,7 @@ import sys
 
 from hami.core.codec import MigAllocation
 from hami.node.nvml import open_nvml
-from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+from hami.node.mig import Checkpoint, MigManager, PodRef
 from hami.node.nvml import MigNvml
 
 

@@ -776,7 +776,7 @@ def _valid_dra_checkpoint() -> dict:
 
 
 def _valid_mig_checkpoint() -> dict:
-    from hami.deviceplugin.mig import Entry
+    from hami.node.mig import Entry
 
     e = Entry("pod-uid", "ns/p", 0, 0, "GPU-x", "1g.10gb", 0, 1, "ready", 1, 0, "MIG-x")
     return {"version": 1, "entries": [asdict(e)]}
@@ -873,7 +873,7 @@ class CheckpointSurface:
 def check_checkpoint(surface: CheckpointSurface, item: tuple[str, str, bytes]) -> str | None:
     """Loading a damaged checkpoint gives the module's own error naming the file, or entries of
     the right shape; the file is left as it was (what was prepared is not lost)."""
-    from hami.deviceplugin.mig import Checkpoint as MigCheckpoint
+    from hami.node.mig import Checkpoint as MigCheckpoint
     from hami.draplugin.checkpoint import Checkpoint, CheckpointError
     from hami.node.nvml import MigError
 

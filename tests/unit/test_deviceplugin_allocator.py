@@ -163,7 +163,7 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
     instance, and writes its runtime identity next to the pod's other annotations."""
     import json
 
-    from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+    from hami.node.mig import Checkpoint, MigManager, PodRef
     from hami.core.codec import MigAllocation
 
     from .test_deviceplugin_mig_topology import MemoryNvml

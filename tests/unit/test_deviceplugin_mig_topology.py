@@ -10,7 +10,7 @@ from hami.core.codec import MigAllocation
 from hami.core.types import MigProfile
 from hami.deviceplugin.devices import DeviceState
 from hami.node.nvml import PhysicalGPU
-from hami.deviceplugin.mig import Checkpoint, MigManager, PodRef
+from hami.node.mig import Checkpoint, MigManager, PodRef
 from hami.node.settings import NodeSettings
 from hami.deviceplugin.topology import pair_scores
 from hami.node.nvml import GpuLinks, GpuProfile, Instance, MigError, Topology, registered_profiles

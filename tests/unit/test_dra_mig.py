@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.deviceplugin.mig import Checkpoint as MigCheckpoint, MigManager
+from hami.node.mig import Checkpoint as MigCheckpoint, MigManager
 from hami.dra import fit
 from hami.dra.model import (
     MAX_SLICE_DEVICES,

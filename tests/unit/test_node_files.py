@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from hami.deviceplugin.mig import Checkpoint as MigCheckpoint, Entry
+from hami.node.mig import Checkpoint as MigCheckpoint, Entry
 from hami.draplugin.checkpoint import Checkpoint as DraCheckpoint, CheckpointError
 from hami.node import files
 from hami.node.cdi import CdiConfig, CdiGpu, spec, write_document, write_spec

@@ -33,7 +33,7 @@ from .allocator import Allocator
 from .devices import DeviceState
 from .injection import Injector, NriAllocator
 from .kube import Kube
-from .mig import MigManager, PodRef
+from hami.node.mig import MigManager, PodRef
 from .register import Registrar
 from .server import PluginServer
 from .static_mig import StaticMigResource, StaticMigService

@@ -33,7 +33,7 @@ from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from . import allocate as A
 from .devices import physical_id
 from .kube import Kube
-from .mig import MigError, MigManager, PlacementHeld, PodRef
+from hami.node.mig import MigError, MigManager, PlacementHeld, PodRef
 
 log = logging.getLogger(__name__)
 

@@ -189,7 +189,7 @@ async def _serve(
 ) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
-    from .mig import Checkpoint, MigManager
+    from hami.node.mig import Checkpoint, MigManager
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
     agent = NodeAgent(

@@ -340,7 +340,7 @@ def _mig_manager(args: argparse.Namespace, mig: dict[str, GpuMig]):
     dynamic = [uuid for uuid, m in mig.items() if m.dynamic]
     if not dynamic:
         return None
-    from hami.deviceplugin.mig import Checkpoint as MigCheckpoint, MigManager
+    from hami.node.mig import Checkpoint as MigCheckpoint, MigManager
 
     return MigManager(nvml.MigNvml(), MigCheckpoint(Path(args.state_dir) / "mig-checkpoint.json"), dynamic)
 

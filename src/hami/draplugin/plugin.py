@@ -18,7 +18,7 @@ A claim prepared before is answered from the checkpoint, its CDI file written ag
 missing or is not the recorded spec (truncated, emptied, replaced).
 
 Dynamic MIG devices are made in prepare and destroyed in unprepare by the extender path's
-:class:`hami.deviceplugin.mig.MigManager` and its own checkpoint (one entry per claim UID and
+:class:`hami.node.mig.MigManager` and its own checkpoint (one entry per claim UID and
 result), which makes each step restart safe: an instance made for a claim whose prepare did not
 finish is reused when the kubelet retries, and at start-up (:meth:`Driver.recover_mig`) the
 interrupted creations are undone and the instances of claims this plugin's checkpoint does not
@@ -41,7 +41,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 import grpc
 
 from hami.core.codec import MigAllocation
-from hami.deviceplugin.mig import MigManager, PodRef
+from hami.node.mig import MigManager, PodRef
 from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document

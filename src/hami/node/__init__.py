@@ -10,7 +10,10 @@
 - :mod:`hami.node.contract`: the libvgpu container contract (a grant -> env, region, mounts);
 - :mod:`hami.node.files`: the one atomic, durable file writer (checkpoints, CDI specs, records);
 - :mod:`hami.node.cdi`: CDI spec writing;
-- :mod:`hami.node.flags`: the command-line flags node programs share.
+- :mod:`hami.node.flags`: the command-line flags node programs share;
+- :mod:`hami.node.mig`: dynamic MIG instances made and destroyed, with their checkpoint (the
+  device plugin's ``operatingmode: mig`` and the DRA agent's partitionable devices);
+- :mod:`hami.node.nri`: the NRI plugin client (the device plugin's ``--injection=nri``).
 
 It imports only ``hami.core``, ``hami.config`` and ``hami.kube``; the node programs import it and
 nothing of each other (a program's ``command.py`` wires; it does not borrow another's modules).

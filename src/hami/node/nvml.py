@@ -18,7 +18,7 @@ What this module owns, by section:
 * host readings: :func:`read_host`, what ``hami monitor`` exports per GPU at scrape time.
 
 What it does not own: decisions on what NVML reports (the MIG lifecycle and its checkpoint,
-``hami.deviceplugin.mig``; pair scores, ``hami.deviceplugin.topology``; metrics,
+``hami.node.mig``; pair scores, ``hami.deviceplugin.topology``; metrics,
 ``hami.monitor.exporter``), and anything written to the node (``hami.node.layout``).
 """
 
