@@ -185,6 +185,20 @@ class Koordinator:
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "koordinator-system"}},
                 expect=(200, 201, 409),
             )
+            # the noderesource controller resets every extended resource of a node (the
+            # GPUDeviceResource plugin's koordinator.sh/gpu* included) while colocation is off,
+            # its default: turned on in koord-manager's config map
+            self.cluster.api(
+                "POST",
+                "/api/v1/namespaces/koordinator-system/configmaps",
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "slo-controller-config"},
+                    "data": {"colocation-config": '{"enable": true}'},
+                },
+                expect=(200, 201, 409),
+            )
             self._launch(
                 "koord-manager",
                 [
@@ -253,19 +267,23 @@ class Koordinator:
         ``numa_node`` for each fake GPU (the fake bus ids have no entry in the real /sys), the
         rest of what koordlet reads there linked from the host."""
         root = self.workdir / "sys"
+        root.mkdir(parents=True, exist_ok=True)
+        for entry in Path("/sys").iterdir():  # everything but bus/ links to the host's
+            link = root / entry.name
+            if entry.name != "bus" and not link.is_symlink():
+                link.symlink_to(entry)
         devices = root / "bus" / "pci" / "devices"
         devices.mkdir(parents=True, exist_ok=True)
-        for name in ("fs", "kernel", "devices/system", "module"):
-            target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists() and Path("/sys", name).exists():
-                target.symlink_to(Path("/sys", name))
+        for entry in Path("/sys/bus").iterdir():  # NUMA nodes (bus/node) and the rest
+            link = root / "bus" / entry.name
+            if entry.name != "pci" and not link.is_symlink():
+                link.symlink_to(entry)
         for bus_id in self.gpu_bus_ids():
-            real = root / "devices" / "pci0000:00" / bus_id
+            real = root / "fake-pci" / "pci0000:00" / bus_id
             real.mkdir(parents=True, exist_ok=True)
             (real / "numa_node").write_text("0\n")
             link = devices / bus_id
-            if not link.exists():
+            if not link.is_symlink():
                 link.symlink_to(real)
         return root
 
