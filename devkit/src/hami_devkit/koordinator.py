@@ -14,7 +14,8 @@ test process.
   crashes, docs/integrations.md).
 - :class:`Koordinator`: starts koord-manager (its ``noderesource`` controller with the
   ``GPUDeviceResource`` plugin writes the node's ``koordinator.sh/gpu*`` allocatable from the
-  ``Device`` object; its webhooks are off), koord-scheduler, and koordlet on the host in
+  ``Device`` object; ``nodeslo`` writes the ``NodeSLO`` koordlet's host-application collector
+  waits for, without which koordlet never starts its runtime hooks; its webhooks are off), koord-scheduler, and koordlet on the host in
   ``agent_mode=hostMode`` with ``GPUEnvInject`` (and ``Accelerators``, which reads the GPUs
   through NVML and writes the ``Device`` object), its NRI plugin on the real node's NRI socket
   and the fake driver's ``libnvidia-ml.so.1`` on its ``LD_LIBRARY_PATH``.
@@ -206,7 +207,7 @@ class Koordinator:
                     f"--kubeconfig={kubeconfig}",
                     "--enable-leader-election=false",
                     "--feature-gates=WebhookFramework=false",
-                    "--controllers=noderesource",
+                    "--controllers=noderesource,nodeslo,nodemetric",
                     "--noderesource-plugins=GPUDeviceResource",
                     f"--health-probe-addr=127.0.0.1:{free_port()}",
                     f"--metrics-addr=127.0.0.1:{free_port()}",
