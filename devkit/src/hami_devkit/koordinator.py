@@ -119,6 +119,7 @@ def koordlet_argv(
     kubeconfig: Path,
     var_run: Path,
     hooks_socket: Path,
+    hooks_config: Path,
     cgroup_root: Path,
     sys_root: Path,
     addr: str,
@@ -136,6 +137,7 @@ def koordlet_argv(
         f"--var-run-root-dir={var_run}",
         "--runtime-hooks-nri-socket-path=nri/nri.sock",
         f"--runtime-hooks-addr={hooks_socket}",
+        f"--runtime-hooks-config-path={hooks_config}",
         f"--cgroup-root-dir={cgroup_root}",
         f"--sys-root-dir={sys_root}",
         f"--addr={addr}",
@@ -234,6 +236,7 @@ class Koordinator:
             kubeconfig=kubeconfig,
             var_run=Path(self.node.nri_socket).parent.parent,
             hooks_socket=self.workdir / "koordlet.sock",
+            hooks_config=self._hooks_config(),
             cgroup_root=cgroup_root,
             sys_root=sys_root,
             addr=f"127.0.0.1:{free_port()}",
@@ -247,6 +250,13 @@ class Koordinator:
             "LD_LIBRARY_PATH": str(self.driver_lib),
         }
         return self._launch("koordlet", argv, env=env)
+
+    def _hooks_config(self) -> Path:
+        """Where koordlet writes ``koordlet.json`` for its proxy-mode hooks (host mode:
+        ``/etc/runtime/hookserver.d``, which it does not create, and stops without)."""
+        path = self.workdir / "hookserver.d"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def _cgroup_root(self) -> Path:
         """koordlet looks for ``<cgroup root>/<controller>/kubepods`` (a fixed name); the real
