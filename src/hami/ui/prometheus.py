@@ -180,10 +180,10 @@ class PrometheusHistory:
         visible: set[str] | None,
         describe: Callable[[str], Mapping[str, str] | None] = lambda key: None,
     ) -> tuple[list[dict], int]:
-        """(the first ``hist``-shaped items, sorted by key, up to the caller's limit is the
-        caller's; the total) of ``kind`` over ``range_``. ``filters`` are the validated query
-        parameters; ``visible`` the namespaces the caller may see (None: all). Raises
-        :class:`PrometheusError`, or ``ValueError`` on a value that is not a safe name."""
+        """(every series of ``kind`` over ``range_``, shaped as the ring's items and sorted by key;
+        their number). ``filters`` are the validated query parameters; ``visible`` the namespaces
+        the caller may see (None: all). Raises :class:`PrometheusError`, or ``ValueError`` on a
+        value that is not a safe name (nothing is sent then)."""
         matchers: dict[str, str | Iterable[str]] = {FILTER_LABELS[k]: v for k, v in filters.items()}
         if visible is not None and kind != "gpu":
             if "namespace" in matchers:
