@@ -147,9 +147,35 @@ class FakePrometheus:
         ]
         return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
 
+    async def query(self, request: web.Request) -> web.Response:
+        """The instant query listing the keys: ``group by (...) (last_over_time(sel[Ns])) or ...``."""
+        form = dict(await request.post())
+        self.forms.append(form)
+        if self.hang_now:
+            await self.hang.wait()
+        if self.fail is not None:
+            return web.json_response({"status": "error", "error": self.fail[1]}, status=self.fail[0])
+        q = form["query"]
+        parts = q.split(" or ")
+        keys: set[tuple] = set()
+        for part in parts:
+            m = re.fullmatch(
+                r"group by \(([a-z_, ]+)\) \(last_over_time\((hami_[a-z_]+)\{([^}]*)\}\[(\d+)s\]\)\)", part
+            )
+            assert m, part
+            by = [x.strip() for x in m.group(1).split(",")]
+            matchers = MATCHER.findall(m.group(3))
+            assert ",".join(f'{n}{op}"{v}"' for n, op, v in matchers) == m.group(3), m.group(3)
+            for labels, _ in SERIES.get(m.group(2), []):
+                if _matches(labels, matchers):
+                    keys.add(tuple((b, labels[b]) for b in by if b in labels))
+        result = [{"metric": dict(k), "value": [int(form["time"]), "1"]} for k in sorted(keys)]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/prom/api/v1/query_range", self.query_range)
+        app.router.add_post("/prom/api/v1/query", self.query)
         return app
 
 
@@ -213,9 +239,10 @@ async def test_an_admin_gets_every_pod_from_prometheus_on_the_rings_grid(shared,
         assert len(p["t"]) == H.POINTS and p["t"][-1] == (NOW // 60) * 60 and p["t"][1] - p["t"][0] == 60
         assert p["memoryAllocatedMiB"] == [2000.0] * H.POINTS and p["coresAllocated"][-1] == 20
         assert p["memoryUsedMiB"][-1] == 500.0 and p["utilizationPercent"][-1] == 42
-        # one range query per value, on the grid: 60 evaluations, each at a bucket's end
-        assert len(prom.forms) == 4
-        for form in prom.forms:
+        # the keys first (an instant query at the grid's end), then one range query per value, on
+        # the grid: 60 evaluations, each at a bucket's end
+        assert len(prom.forms) == 5 and prom.forms[0]["time"] == str((NOW // 60 + 1) * 60)
+        for form in prom.forms[1:]:
             start, end, step = int(form["start"]), int(form["end"]), int(form["step"])
             assert step == 60 and (end - start) // step + 1 == H.POINTS and end == (NOW // 60 + 1) * 60
             assert "avg_over_time" not in form["query"]  # 1-minute buckets: the value at the bucket's end
@@ -235,7 +262,7 @@ async def test_a_tenants_queries_carry_its_namespaces_only(shared, prom):
             for leak in ("team-x", "team-b", "secret-trainer", "elsewhere"):
                 assert leak not in text
             assert prom.forms and all('namespace=~"team-a"' in f["query"] for f in prom.forms), prom.forms
-            assert all("avg_over_time(" in f["query"] and "[360s])" in f["query"] for f in prom.forms)
+            assert all("avg_over_time(" in f["query"] and "[360s])" in f["query"] for f in prom.forms[1:])
         doc = await (await client.get("/api/v1/history?kind=namespace", headers=bearer(TENANT))).json()
         assert [i["key"] for i in doc["items"]] == ["team-a"]
         assert doc["items"][0]["points"]["memoryAllocatedMiB"][-1] == 2000.0
@@ -259,7 +286,7 @@ async def test_gpu_series_over_seven_days(shared, prom):
         (gpu,) = doc["items"]
         assert gpu["key"] == "GPU-1" and gpu["labels"]["model"] == "NVIDIA-A10" and gpu["labels"]["node"] == "gpu-s"
         assert gpu["points"]["memoryAllocatedMiB"][-1] == 6000.0 and gpu["points"]["utilizationPercent"][-1] == 55
-        assert doc["step"] == 10080 and all("[10080s]" in f["query"] for f in prom.forms)
+        assert doc["step"] == 10080 and all("[10080s]" in f["query"] for f in prom.forms[1:])
         assert all('node="gpu-s"' in f["query"] for f in prom.forms)
     finally:
         await _close(prom, server, client)
@@ -382,3 +409,21 @@ def test_the_flag():
 def test_a_bad_flag_is_named(argv, text):
     with pytest.raises(ConfigError, match=re.escape(text)):
         O.options_from_args(_args(*argv))
+
+
+async def test_only_the_first_series_are_asked_for_and_the_total_counts_all(shared, prom):
+    """The keys come first; the range queries then name the first ``limit`` series only, so an
+    answer stays small on a cluster with thousands of GPUs."""
+    api, server = await _setup(shared, prom)
+    client = await _client(api)
+    try:
+        history = P.PrometheusHistory(prom.url)
+        items, total = await history.series("pod", "1h", NOW, {}, None, limit=2)
+        assert total == 3 and [i["key"] for i in items] == ["team-a/mine", "team-b/elsewhere"]
+        for form in prom.forms[1:]:
+            assert 'pod=~"elsewhere|mine"' in form["query"] and "secret-trainer" not in form["query"], form
+        prom.forms.clear()
+        items, total = await history.series("gpu", "1h", NOW, {"uuid": "GPU-9"}, None)
+        assert (items, total) == ([], 0) and len(prom.forms) == 1  # no key: no range query
+    finally:
+        await _close(prom, server, client)

@@ -44,7 +44,8 @@ from . import history as hist
 MIB = 1024 * 1024
 TIMEOUT = 10.0  # s for the queries of one answer together
 MAX_BYTES = 8 * MIB  # of one query's answer
-MAX_SERIES = 10_000  # in one query's answer
+MAX_SERIES = 10_000  # in one range query's answer
+MAX_KEYS = 200_000  # series keys listed by the first, instant, query (a few bytes each)
 AVERAGE_FROM = 300  # s: buckets at least this wide are the mean over the bucket (avg_over_time)
 SAFE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]{0,251}[A-Za-z0-9])?")
 # per kind: the labels that name a series, and the filters (query parameter -> metric label)
@@ -122,6 +123,25 @@ def queries(kind: str, matchers: Mapping[str, str | Iterable[str]], step: int) -
     raise ValueError(f"history kind {kind!r}")
 
 
+def key_query(kind: str, matchers: Mapping[str, str | Iterable[str]], seconds: int, allocated_only: bool) -> str:
+    """An instant query for the keys of every series of ``kind`` with a sample in the last
+    ``seconds``: those of the allocation families and (unless ``allocated_only``) of the usage
+    ones, each reduced to the labels that name a series (a few bytes per series)."""
+    by = ", ".join(KEYS[kind])
+    sources = {
+        "namespace": ((POD_MEMORY_ALLOCATED, ()), (CONTAINER_MEMORY_USED, ("namespace", "pod", "device_uuid"))),
+        "pod": ((POD_MEMORY_ALLOCATED, ()), (CONTAINER_MEMORY_USED, ("namespace", "pod", "device_uuid"))),
+        "gpu": ((GPU_MEMORY_ALLOCATED, ()), (HOST_MEMORY_USED, ())),
+    }[kind]
+    if allocated_only:
+        sources = sources[:1]
+    parts = []
+    for metric, labels in sources:
+        sel = selector(metric, {k: v for k, v in matchers.items() if not labels or k in labels})
+        parts.append(f"group by ({by}) (last_over_time({sel}[{seconds}s]))")
+    return " or ".join(parts)
+
+
 def grid(range_: str, now: float) -> tuple[int, int, int]:
     """(first evaluation time, last, step): the ring's buckets (``t`` = a bucket's start), each
     evaluated at its end, so a bucket holds what was scraped in it."""
@@ -135,14 +155,18 @@ class PrometheusHistory:
     ``http://prometheus.monitoring:9090`` or one with a path prefix)."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT, max_bytes: int = MAX_BYTES) -> None:
-        self.url = url.rstrip("/") + "/api/v1/query_range"
+        self.base = url.rstrip("/")
+        self.url = self.base + "/api/v1/query_range"
         self.timeout = timeout
         self.max_bytes = max_bytes
 
     async def _query(self, session: aiohttp.ClientSession, promql: str, start: int, end: int, step: int) -> list:
         form = {"query": promql, "start": str(start), "end": str(end), "step": str(step)}
+        return await self._post(session, self.url, form, "matrix", MAX_SERIES)
+
+    async def _post(self, session: aiohttp.ClientSession, url: str, form: dict, kind: str, most: int) -> list:
         try:
-            async with session.post(self.url, data=form, allow_redirects=False) as resp:
+            async with session.post(url, data=form, allow_redirects=False) as resp:
                 body = bytearray()
                 async for chunk in resp.content.iter_chunked(64 * 1024):
                     body += chunk
@@ -165,10 +189,10 @@ class PrometheusHistory:
             raise PrometheusError(f"HTTP {status}: {str(error or 'no error text')[:200]}")
         data = doc.get("data")
         result = data.get("result") if isinstance(data, dict) else None
-        if not isinstance(result, list) or data.get("resultType") != "matrix":
-            raise PrometheusError("the answer is not a range vector (matrix)")
-        if len(result) > MAX_SERIES:
-            raise PrometheusError(f"more than {MAX_SERIES} series: narrow the query with namespace, node or uuid")
+        if not isinstance(result, list) or data.get("resultType") != kind:
+            raise PrometheusError(f"the answer is not a {kind}")
+        if len(result) > most:
+            raise PrometheusError(f"more than {most} series: narrow the query with namespace, node or uuid")
         return result
 
     async def series(
@@ -179,10 +203,13 @@ class PrometheusHistory:
         filters: Mapping[str, str],
         visible: set[str] | None,
         describe: Callable[[str], Mapping[str, str] | None] = lambda key: None,
+        limit: int = 100,
     ) -> tuple[list[dict], int]:
         """(every series of ``kind`` over ``range_``, shaped as the ring's items and sorted by key;
         their number). ``filters`` are the validated query parameters; ``visible`` the namespaces
-        the caller may see (None: all). Raises :class:`PrometheusError`, or ``ValueError`` on a
+        the caller may see (None: all). Two steps, so that an answer stays small however many
+        series match: one instant query lists the series' keys over the range (:func:`key_query`),
+        then the range queries ask for the first ``limit`` of them only. Raises :class:`PrometheusError`, or ``ValueError`` on a
         value that is not a safe name (nothing is sent then)."""
         matchers: dict[str, str | Iterable[str]] = {FILTER_LABELS[k]: v for k, v in filters.items()}
         if visible is not None and kind != "gpu":
@@ -194,16 +221,49 @@ class PrometheusHistory:
             else:
                 matchers["namespace"] = visible
         start, end, step = grid(range_, now)
-        exprs = queries(kind, matchers, step)
+        allocated_only = "node" in filters and kind == "pod"
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
-                answers = await asyncio.wait_for(
-                    asyncio.gather(*(self._query(session, e, start, end, step) for e in exprs.values())),
+                return await asyncio.wait_for(
+                    self._series(session, kind, matchers, start, end, step, allocated_only, describe, limit),
                     self.timeout,
                 )
         except asyncio.TimeoutError as exc:
             raise PrometheusError(f"no answer within {self.timeout:g} s") from exc
-        return _assemble(kind, dict(zip(exprs, answers)), start, step, "node" in filters and kind == "pod", describe)
+
+    async def _series(
+        self,
+        session: aiohttp.ClientSession,
+        kind: str,
+        matchers: dict[str, str | Iterable[str]],
+        start: int,
+        end: int,
+        step: int,
+        allocated_only: bool,
+        describe: Callable[[str], Mapping[str, str] | None],
+        limit: int,
+    ) -> tuple[list[dict], int]:
+        form = {"query": key_query(kind, matchers, end - start + step, allocated_only), "time": str(end)}
+        names = KEYS[kind]
+        keys = set()
+        for s in await self._post(session, self.base + "/api/v1/query", form, "vector", MAX_KEYS):
+            metric = s.get("metric") if isinstance(s, dict) else None
+            if isinstance(metric, dict) and all(
+                isinstance(metric.get(n), str) and SAFE.fullmatch(metric[n]) for n in names
+            ):
+                keys.add(tuple(metric[n] for n in names))
+        chosen = sorted(keys)[:limit]
+        if not chosen:
+            return [], len(keys)
+        narrowed = dict(matchers)
+        for i, label in enumerate(names):  # only the chosen series are asked for
+            if not isinstance(narrowed.get(label), str):
+                narrowed[label] = {k[i] for k in chosen}
+        exprs = queries(kind, narrowed, step)
+        answers = await asyncio.gather(*(self._query(session, e, start, end, step) for e in exprs.values()))
+        items, _ = _assemble(kind, dict(zip(exprs, answers)), start, step, allocated_only, describe)
+        wanted = {"/".join(k) for k in chosen}
+        return [i for i in items if i["key"] in wanted], len(keys)
 
 
 def _assemble(

@@ -482,7 +482,7 @@ class UiApi:
         filters = {k: q[k] for k in ("namespace", "node", "uuid", "pod") if k in q}
         try:
             items, total = await self.prometheus.series(
-                kind, range_, now, filters, visible, lambda key: self.history.labels("gpu", key)
+                kind, range_, now, filters, visible, lambda key: self.history.labels("gpu", key), HISTORY_ITEMS
             )
         except PrometheusError as exc:
             log.warning("ui: history from Prometheus failed, answered from the ring: %s", exc)
