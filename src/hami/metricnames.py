@@ -26,6 +26,12 @@ HOST_UTILIZATION = "hami_host_gpu_utilization_ratio"
 CONTAINER_MEMORY_USED = "hami_vgpu_memory_used_bytes"  # per container: namespace, pod, container, device_uuid
 CONTAINER_UTILIZATION = "hami_container_device_utilization_ratio"
 
+# the scheduler's allocation metrics the UI's history reads back from Prometheus (hami.ui.prometheus)
+GPU_MEMORY_ALLOCATED = "hami_gpu_memory_allocated_bytes"  # per device: node, device_uuid, device_type, ...
+GPU_CORES_ALLOCATED = "hami_gpu_core_allocated_ratio"  # per device, in the vendor's core unit
+POD_MEMORY_ALLOCATED = "hami_vgpu_memory_allocated_bytes"  # per pod and device: namespace, node, pod, device_uuid
+POD_CORES_ALLOCATED = "hami_vgpu_core_allocated_ratio"
+
 # the DRA node agent (`hami dra --metrics-bind-address`): its prepare/unprepare work and the sweep
 DRA_PREPARE_TOTAL = "hami_dra_prepare_total"  # counter, label result: ok / error (one per claim)
 DRA_PREPARE_SECONDS = "hami_dra_prepare_seconds"  # histogram: one claim's prepare

@@ -282,7 +282,8 @@ def test_the_web_ui_is_served_and_exposed_only_when_enabled(helm):
     on = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu", "--set", "scheduler.ui.enabled=true")}
     args, ports = scheduler_parts(on)
     assert "--ui-bind=0.0.0.0:9090" in args and ports["ui"] == 9090 and ports["http"] != 9090
-    assert not [a for a in args if a.startswith("--ui-monitor-url")]
+    # live usage is wired to each node's monitor by default (test_chart_ui_live.py)
+    assert [a for a in args if a.startswith("--ui-monitor-url")] == ["--ui-monitor-url=http://{node_ip}:9394/metrics"]
     svc = on[("Service", "hami-scheduler-ui")]
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["ports"] == [{"name": "ui", "port": 9090, "targetPort": "ui"}]

@@ -99,3 +99,23 @@ def test_the_history_in_chinese(served, browser):
         assert errors == [], errors
     finally:
         page.close()
+
+
+def test_the_note_says_when_prometheus_did_not_answer(cluster, browser):
+    """With --ui-prometheus-url and nothing listening there, the page draws the ring's series and
+    its note says why they are not from Prometheus."""
+    from hami.ui.prometheus import PrometheusHistory
+    from hami.ui.server import UiApi
+
+    api = UiApi(cluster, "hami-scheduler", prometheus=PrometheusHistory("http://127.0.0.1:1"))
+    api.sample_history()
+    with serving(api) as url:
+        page, errors = open_page(browser, url, locale="en-US")
+        try:
+            _open_history(page)
+            note = page.inner_text("#history-note")
+            assert "History source: Prometheus could not answer (" in note, note
+            assert "this answer comes from the scheduler's memory" in note
+            assert errors == [], errors
+        finally:
+            page.close()

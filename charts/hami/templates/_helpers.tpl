@@ -194,3 +194,37 @@ the UI uses the scheduler's serving certificate, is plain HTTP, or is off */}}
 {{- $ui.tls.secretName -}}
 {{- end -}}
 {{- end -}}
+
+{{/* (hami-py) the node monitor's hostPort for the UI's live usage: devicePlugin.monitor.metricsPort
+while the UI and the monitor are on, scheduler.ui.liveUsage is true and scheduler.ui.monitorURL is
+empty (the monitor runs on the pod network: its Service's NodePort may answer with another node's
+monitor, so each node's own is reached at <node InternalIP>:<port>); "" otherwise */}}
+{{- define "hami.ui.monitorHostPort" -}}
+{{- $ui := .Values.scheduler.ui -}}
+{{- $dp := .Values.devicePlugin -}}
+{{- if and $ui.enabled (ne (toString $ui.liveUsage) "false") (not $ui.monitorURL) $dp.enabled $dp.monitor.enabled -}}
+{{- $dp.monitor.metricsPort -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (hami-py) the scheduler's --ui-monitor-url: scheduler.ui.monitorURL when set, else each node's
+monitor through hami.ui.monitorHostPort, else "" (no live usage) */}}
+{{- define "hami.ui.monitorURL" -}}
+{{- $ui := .Values.scheduler.ui -}}
+{{- if $ui.enabled -}}
+{{- if $ui.monitorURL -}}
+{{- $ui.monitorURL -}}
+{{- else -}}
+{{- with (include "hami.ui.monitorHostPort" .) -}}http://{node_ip}:{{ . }}/metrics{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (hami-py) scheduler.ui.prometheusURL: the UI history's source; "" = the scheduler's ring */}}
+{{- define "hami.ui.prometheusURL" -}}
+{{- $url := .Values.scheduler.ui.prometheusURL | default "" | trim -}}
+{{- if and $url (not (regexMatch "^https?://[^\\s?#@]+$" $url)) -}}
+{{- fail (printf "scheduler.ui.prometheusURL: expected http(s)://host[:port][/path] with no query, fragment or user name, got %q" $url) -}}
+{{- end -}}
+{{- $url -}}
+{{- end -}}

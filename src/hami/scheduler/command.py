@@ -103,6 +103,7 @@ async def _serve_ui(service, opts: Options):
     from hami.serve import CertReloader
     from hami.ui.auth import Authorizer, KubeReviews
     from hami.ui.live import LiveUsage
+    from hami.ui.prometheus import PrometheusHistory
     from hami.ui.server import KubeEvents, UiApi, serve_ui
 
     state = service.state
@@ -122,6 +123,7 @@ async def _serve_ui(service, opts: Options):
         prefix=opts.ui_path_prefix,
         frame_ancestors=opts.ui_frame_ancestors,
         events=KubeEvents(service.kube),
+        prometheus=PrometheusHistory(opts.ui_prometheus_url) if opts.ui_prometheus_url else None,
     )
     # the history ring: one sample a minute of every GPU, pod and namespace (docs/ui.md "History")
     service.tasks.append(asyncio.get_running_loop().create_task(api.run_history()))

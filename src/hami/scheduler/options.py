@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import ssl
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,6 +100,7 @@ class Options:
     ui_host: str = ""
     ui_port: int | None = None
     ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
+    ui_prometheus_url: str = ""  # the history's source (Prometheus HTTP API base URL); "" = the in-process ring
     ui_auth: str = "token"  # token: bearer tokens + RBAC (TokenReview, SubjectAccessReview); none: loopback only
     ui_path_prefix: str = ""  # the page and /api/v1 under this path ("/hami"), for a proxy that keeps it
     ui_frame_ancestors: str = "'none'"  # the page's CSP frame-ancestors: who may embed it
@@ -272,6 +274,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "InternalIP) and {node}, e.g. http://{node_ip}:9394/metrics; empty = allocations only (default)",
     )
     a(
+        "--ui-prometheus-url",
+        default="",
+        help="where the UI's history comes from: a Prometheus that scrapes the scheduler's and the node monitors' "
+        "metrics, its HTTP API base URL (e.g. http://prometheus.monitoring:9090); empty = the scheduler's "
+        "in-process ring (default), which is also the fallback when Prometheus does not answer",
+    )
+    a(
         "--ui-cert-file",
         default="",
         help="the UI listener's TLS certificate (PEM; reloaded when the file changes), with --ui-key-file; "
@@ -377,6 +386,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         ui_host=ui_host,
         ui_port=ui_port,
         ui_monitor_url=args.ui_monitor_url,
+        ui_prometheus_url=args.ui_prometheus_url,
         ui_auth=args.ui_auth,
         ui_cert_file=args.ui_cert_file,
         ui_key_file=args.ui_key_file,
@@ -547,6 +557,27 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
         ).replace("{node}", ""):
             raise ConfigError(
                 f"--ui-monitor-url: expected an http(s) URL with {{node_ip}} or {{node}}, got {args.ui_monitor_url!r}"
+            )
+    if args.ui_prometheus_url:
+        if not args.ui_bind:
+            raise ConfigError(f"--ui-prometheus-url: {args.ui_prometheus_url!r} is only used with --ui-bind")
+        parsed = urllib.parse.urlsplit(args.ui_prometheus_url)
+        try:
+            port_ok = parsed.port is None or parsed.port > 0
+        except ValueError:
+            port_ok = False
+        if (
+            not port_ok
+            or parsed.scheme not in ("http", "https")
+            or not parsed.hostname
+            or parsed.query
+            or parsed.fragment
+            or parsed.username is not None
+            or any(c.isspace() for c in args.ui_prometheus_url)
+        ):
+            raise ConfigError(
+                f"--ui-prometheus-url: expected an http(s) URL of Prometheus' HTTP API base with no query, "
+                f"fragment or user name, e.g. http://prometheus.monitoring:9090, got {args.ui_prometheus_url!r}"
             )
     for flag, value, default in (
         ("--ui-path-prefix", args.ui_path_prefix, ""),

@@ -138,6 +138,11 @@ class History:
             if k == kind:
                 yield s
 
+    def labels(self, kind: str, key: str) -> dict[str, str] | None:
+        """The labels last recorded for a series (None: not in the ring)."""
+        series = self._series.get((kind, key))
+        return None if series is None else series.labels
+
     def namespaces(self) -> set[str]:
         return {s.labels.get("namespace", "") for s in self._series.values() if s.labels.get("namespace")}
 

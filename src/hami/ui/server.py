@@ -50,6 +50,8 @@ from hami.serve import SECURITY_HEADERS, ConnectionGuard, application, start
 
 from . import history as hist
 from . import model, page, scope
+from .prometheus import SAFE as PROMQL_SAFE
+from .prometheus import PrometheusError, PrometheusHistory
 from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -193,6 +195,7 @@ class UiApi:
         frame_ancestors: str = "'none'",
         history: hist.History | None = None,
         events: Callable[[str, str], Any] | None = None,
+        prometheus: PrometheusHistory | None = None,
     ) -> None:
         self.source, self.scheduler_name, self.live, self.clock, self.synced = (
             source,
@@ -205,6 +208,7 @@ class UiApi:
         self.prefix = prefix.rstrip("/")
         self.headers = embedding_headers(frame_ancestors)
         self.history = hist.History() if history is None else history
+        self.prometheus = prometheus  # --ui-prometheus-url: the history's source when set (the ring: fallback)
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
         if events is None:  # the scheduler's client, as the reviews use it (None: --ui-auth=none in tests)
             kube = getattr(getattr(authorizer, "reviews", None), "kube", None)
@@ -453,14 +457,52 @@ class UiApi:
                         f"query parameter {name}: not a filter of kind={kind} (it takes: "
                         f"{', '.join(HISTORY_FILTERS[kind])})"
                     )
+            for name, pattern, what in (
+                ("node", POD_NAME, "a Kubernetes node name"),
+                ("pod", POD_NAME, "a Kubernetes pod name"),
+                ("uuid", PROMQL_SAFE, "a device UUID (letters, digits, '.', '_', ':', '-')"),
+            ):
+                if name in q and not pattern.fullmatch(q[name]):
+                    raise model.FilterError(f"query parameter {name}: not {what}: {q[name][:60]!r}")
             if kind == "gpu":
                 await self._require(request, Permission("list", "nodes"))
                 visible = None
             else:
                 visible = await self._visible(request, "pods", q.get("namespace"), self.history.namespaces)
-            return self._history_document(q, range_, kind, visible)
+            if self.prometheus is None:
+                return self._history_document(q, range_, kind, visible)
+            return await self._prometheus_document(q, range_, kind, visible)
 
         return await self._answer(request, build)
+
+    async def _prometheus_document(self, q: dict, range_: str, kind: str, visible: set[str] | None) -> dict:
+        """The history from Prometheus; the ring's, with ``error`` saying why, when it fails."""
+        assert self.prometheus is not None
+        now = self.clock()
+        filters = {k: q[k] for k in ("namespace", "node", "uuid", "pod") if k in q}
+        try:
+            items, total = await self.prometheus.series(
+                kind, range_, now, filters, visible, lambda key: self.history.labels("gpu", key), HISTORY_ITEMS
+            )
+        except PrometheusError as exc:
+            log.warning("ui: history from Prometheus failed, answered from the ring: %s", exc)
+            doc = self._history_document(q, range_, kind, visible)
+            doc["error"] = f"Prometheus could not answer ({exc}); this answer comes from the scheduler's memory"
+            return doc
+        except ValueError as exc:  # a value the validation above let through: never sent
+            raise model.FilterError(str(exc)) from exc
+        return model.envelope(
+            "History",
+            now,
+            items[:HISTORY_ITEMS],
+            range=range_,
+            step=hist.RANGES[range_],
+            source="prometheus",
+            interval=hist.RANGES[range_],
+            total=total,
+            truncated=total > HISTORY_ITEMS,
+            error=None,
+        )
 
     def _history_document(self, q: dict, range_: str, kind: str, visible: set[str] | None) -> dict:
         now = self.clock()
@@ -482,6 +524,7 @@ class UiApi:
             interval=hist.INTERVAL,
             total=total,
             truncated=total > len(items),
+            error=None,
         )
 
     def sample_history(self) -> None:

@@ -788,7 +788,9 @@
     box.replaceChildren();
     box.dataset.points = box.dataset.usedPoints = "0";
     const note = $("history-note");
-    if (!chosen) { note.textContent = historyDoc ? t("history.none") : ""; return; }
+    const source = !historyDoc ? "" : historyDoc.error ? t("history.fallback", { error: historyDoc.error })
+      : historyDoc.source === "prometheus" ? t("history.fromPrometheus") : "";
+    if (!chosen) { note.textContent = historyDoc ? [t("history.none"), source].filter(Boolean).join(" ") : ""; return; }
     const p = chosen.points;
     const count = p.memoryAllocatedMiB.filter((v) => v !== null).length;
     box.dataset.points = String(count);
@@ -796,6 +798,7 @@
     const notes = [t("history.points", { n: count, step: stepText(historyDoc.step) })];
     if (historyDoc.truncated) notes.push(t("history.truncated", { shown: items.length, total: historyDoc.total }));
     if (!window.uPlot) notes.push(t("history.noLibrary"));
+    if (source) notes.push(source);
     note.textContent = notes.join(" ");
     if (!window.uPlot) return;
     const memory = (u, v) => mib(v === null || v === undefined ? v : Math.round(v));

@@ -1,0 +1,73 @@
+"""The chart's wiring of the web UI's sources (issue 27, item 2), rendered with `helm template`:
+
+- live usage by default: with ``scheduler.ui.enabled`` and the device plugin's monitor on, the
+  scheduler gets ``--ui-monitor-url=http://{node_ip}:<devicePlugin.monitor.metricsPort>/metrics``
+  and the monitor's ``metrics`` port a ``hostPort`` of the same number (the monitor is on the pod
+  network; the device plugin's NodePort Service may route to another node's monitor); a
+  ``scheduler.ui.monitorURL`` of one's own replaces both, ``scheduler.ui.liveUsage: false`` or a
+  disabled monitor or UI leaves both out;
+- ``scheduler.ui.prometheusURL`` becomes ``--ui-prometheus-url``; a URL with a query fails the render.
+The rendered flags go through the scheduler's own parser (``_parsed``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_chart import CHART
+from .test_chart_ui_auth import _parsed, _render, _scheduler_args
+from .test_chart_vendors import helm_bin  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.integration
+UI = ("--set", "scheduler.ui.enabled=true")
+
+
+def _monitor_ports(docs: dict) -> list[dict]:
+    ds = next(d for (kind, _), d in docs.items() if kind == "DaemonSet" and "device-plugin" in d["metadata"]["name"])
+    ctr = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-monitor")
+    return ctr["ports"]
+
+
+def _monitor_flag(docs: dict) -> list[str]:
+    return [a for a in _scheduler_args(docs) if a.startswith("--ui-monitor-url")]
+
+
+def test_live_usage_is_wired_to_each_nodes_monitor_by_default(helm_bin):  # noqa: F811
+    docs = _render(helm_bin, *UI)
+    assert _parsed(_scheduler_args(docs)).ui_monitor_url == "http://{node_ip}:9394/metrics"
+    assert _monitor_ports(docs) == [{"name": "metrics", "containerPort": 9394, "hostPort": 9394}]
+    moved = _render(helm_bin, *UI, "--set", "devicePlugin.monitor.metricsPort=9500")
+    assert _parsed(_scheduler_args(moved)).ui_monitor_url == "http://{node_ip}:9500/metrics"
+    assert _monitor_ports(moved) == [{"name": "metrics", "containerPort": 9500, "hostPort": 9500}]
+
+
+def test_a_monitor_url_of_ones_own_replaces_the_default_and_its_host_port(helm_bin):  # noqa: F811
+    docs = _render(helm_bin, *UI, "--set", "scheduler.ui.monitorURL=http://{node}.gpu.example:8080/metrics")
+    assert _parsed(_scheduler_args(docs)).ui_monitor_url == "http://{node}.gpu.example:8080/metrics"
+    assert _monitor_ports(docs) == [{"name": "metrics", "containerPort": 9394}]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),  # the UI off
+        (*UI, "--set", "devicePlugin.monitor.enabled=false"),
+        (*UI, "--set", "scheduler.ui.liveUsage=false"),
+    ],
+)
+def test_no_live_usage_and_no_host_port_without_the_ui_or_the_monitor(helm_bin, args):  # noqa: F811
+    docs = _render(helm_bin, *args)
+    assert _monitor_flag(docs) == []
+    if "devicePlugin.monitor.enabled=false" not in args:
+        assert all("hostPort" not in p for p in _monitor_ports(docs))
+
+
+def test_prometheus_url_comes_from_values(helm_bin):  # noqa: F811
+    assert not [a for a in _scheduler_args(_render(helm_bin, *UI)) if a.startswith("--ui-prometheus-url")]
+    docs = _render(helm_bin, *UI, "--set", "scheduler.ui.prometheusURL=http://prometheus.monitoring:9090/prom")
+    assert _parsed(_scheduler_args(docs)).ui_prometheus_url == "http://prometheus.monitoring:9090/prom"
+
+
+@pytest.mark.parametrize("bad", ["http://p:9090/?query=up", "ftp://p/", "http://user:pw@p:9090"])
+def test_a_bad_prometheus_url_fails_the_render(helm_bin, bad):  # noqa: F811
+    result = helm_bin("template", "hami", str(CHART), *UI, "--set", f"scheduler.ui.prometheusURL={bad}", check=False)
+    assert result.returncode != 0 and "scheduler.ui.prometheusURL" in result.stderr
