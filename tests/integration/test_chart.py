@@ -303,6 +303,8 @@ def test_non_default_values_are_honoured(helm):
     dashboard = json.loads(docs[("ConfigMap", "hami-dashboard")]["data"]["hami.json"])
     assert dashboard["uid"] == "hami-gpu-sharing"
     assert ("ServiceMonitor", "hami-scheduler") in docs and ("ServiceMonitor", "hami-device-plugin-monitor") in docs
+    for name in ("hami-scheduler", "hami-device-plugin-monitor"):  # tenant pods' labels kept (the UI's history)
+        assert all(e.get("honorLabels") is True for e in docs[("ServiceMonitor", name)]["spec"]["endpoints"]), name
     assert ("Certificate", "hami-scheduler-serving") in docs and ("Secret", "hami-scheduler-tls") not in docs
     hook = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"][0]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:31998/webhook" and "caBundle" not in hook["clientConfig"]
