@@ -1727,8 +1727,13 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
                     agree += 1
                 else:
                     spec = live[pod]["spec_of"][ref["name"]]
+                    held = [
+                        (c["metadata"]["name"], _consumed(c["status"]["allocation"]["devices"]["results"]))
+                        for c in before
+                    ]
                     disagreements.append(
-                        f"{pod}/{ref['name']} on {node}: kube-scheduler {want}, simulation {got}; spec {json.dumps(spec)}"
+                        f"{pod}/{ref['name']} on {node}: kube-scheduler {want}, simulation {got}; spec {json.dumps(spec)}; "
+                        f"devices {[(d.index, d.model, d.memory_mib, d.numa_node) for d in devs]}; held {held}"
                     )
             # a pending pod is deleted at once (kube-scheduler would retry it when a claim goes,
             # racing the next pod), and now and then a placed one

@@ -721,13 +721,15 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
         if need is not None and _fits(d, {}, need) and d.counters_fit()
     ]
     if r.count < 0:
-        # All: the devices that could take it now, fixed before the search starts; the
-        # allocator runs the selectors on every device of the node first
+        # All: every device of the node the selectors pick, fixed before the search starts
+        # (the allocator runs the selectors on every device first, whatever is allocated); one
+        # without room for it now fails the request in the search, as in the allocator, which
+        # never leaves a selected device out (kube-scheduler v1.37.2 leaves such a pod pending)
         try:
-            room = [i for i in room if _selected(devices[i], r)]
+            every = [i for i in range(len(devices)) if _selected(devices[i], r)]
         except SelectorError as exc:
             raise _Failed(ci, f"request {r.name}: {exc}") from None
-        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(room)] or None
+        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(every)] or None
     room = [i for i in room if not taint_refuses(devices[i], r)]  # a taint is static: never a place
     if len(room) < r.count:  # the devices of one request are distinct
         return None
@@ -1023,8 +1025,22 @@ def why_not(
             )
             continue
         room = _room(devices, r)
-        asked += room if r.count < 0 else r.count
-        need = 1 if r.count < 0 else r.count
+        if r.count < 0:
+            # All takes every device its selectors pick: one of them without room fails it
+            try:
+                picked = [d for d in devices if _selected(d, r)]
+            except SelectorError:
+                picked = list(devices)
+            asked += len(picked)
+            if picked and all(_has_room(d, r) for d in picked):
+                continue
+            gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in picked) if why)
+            parts.append(
+                f"claim {claim} request {r.name} (allocationMode All): " + (gpus if picked else "no GPU is selected")
+            )
+            continue
+        asked += r.count
+        need = r.count
         if room >= need:
             continue
         gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in devices) if why)
@@ -1038,7 +1054,7 @@ def why_not(
             parts.append(f"claim {claim} request {r.name}{' (allocationMode All)' if r.count < 0 else ''}: {gpus}")
     if not parts and asked > MAX_RESULTS:
         return (
-            f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every GPU with room), "
+            f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every selected GPU), "
             f"a claim holds at most {MAX_RESULTS}"
         )
     if not parts:
