@@ -1513,16 +1513,16 @@ def _random_request(rng, uuids: list[str], whole: bool = False) -> dict:
     selector on a type, NUMA node, UUID, version or capacity."""
     std, ours = 'device.attributes["resource.kubernetes.io"]', 'device.attributes["gpu.hami.io"]'
     out: dict = {"deviceClassName": WHOLE_CLASS if whole else SHARE_CLASS}
-    if rng.random() < 0.12:
+    if rng.random() < 0.08:
         out["allocationMode"] = "All"
     else:
-        out["count"] = rng.choice((1, 1, 1, 2, 3))
+        out["count"] = rng.choice((1, 1, 1, 1, 2, 2, 3))
     if not whole:
-        requests = {"memory": rng.choice(("1Gi", "2Gi", "4Gi", "7Gi", "8Gi", "12Gi", "15Gi", "16Gi", "22Gi"))}
+        requests = {"memory": rng.choice(("1Gi", "2Gi", "3Gi", "4Gi", "6Gi", "8Gi", "12Gi", "15Gi", "20Gi"))}
         if rng.random() < 0.6:
-            requests["cores"] = str(rng.choice((0, 10, 25, 50, 75, 100)))
+            requests["cores"] = str(rng.choice((0, 5, 10, 25, 50, 100)))
         out["capacity"] = {"requests": requests}
-    if rng.random() < 0.5:
+    if rng.random() < 0.4:
         expr = rng.choice(
             (
                 f'{ours}.type == "{rng.choice([f"NVIDIA-{m}" if not m.startswith("NVIDIA") else m for m, _, _ in _RANDOM_MODELS])}"',
@@ -1542,7 +1542,7 @@ def _random_claim_spec(rng, uuids: list[str]) -> dict:
     """A claim's spec: one or two requests (one of them sometimes ``firstAvailable``), sometimes a
     ``matchAttribute`` constraint on the NUMA node or the type."""
     requests = []
-    for i in range(rng.choice((1, 1, 1, 2))):
+    for i in range(rng.choice((1, 1, 1, 1, 1, 2))):
         whole = rng.random() < 0.1
         if rng.random() < 0.2:
             subs = [{"name": f"s{j}", **_random_request(rng, uuids, whole)} for j in range(rng.choice((2, 3)))]
@@ -1654,8 +1654,8 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
             node = rng.choice(list(nodes))
             pod = f"p{i}"
             docs, refs = [], []
-            for j in range(rng.choice((1, 1, 2, 3))):
-                spec = _random_claim_spec(rng, uuids)
+            for j in range(rng.choice((1, 1, 1, 2, 2, 3))):
+                spec = _random_claim_spec(rng, [g.uuid for g in nodes[node][0]] + [rng.choice(uuids)])
                 if rng.random() < 0.6:
                     t = {
                         "apiVersion": "resource.k8s.io/v1",
@@ -1740,7 +1740,7 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
             gone = [pod] if state == "pending" else []
             if state == "placed":
                 alive.append(pod)
-            if alive and rng.random() < 0.2:
+            if alive and rng.random() < 0.4:
                 gone.append(rng.choice(alive))
             for g in gone:
                 cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{g}?gracePeriodSeconds=0", expect=(200, 404))
