@@ -165,6 +165,13 @@ def test_allocation_mode_all_fails_when_one_selected_gpu_has_no_room():
     assert devices(pods["f"]) == ["n/gpu-0"]
     assert pods["p"].status == "pending"
     assert "request gpu (allocationMode All): gpu-0: memory" in pods["p"].reasons["n"], pods["p"].reasons
+    # a request one selected GPU can never take (beyond its memory) leaves it pending too
+    pods = run(
+        [slice_of("n", [gpu(0), gpu(1, "NVIDIA A10", 23028)])],
+        [template("big", caps={"memory": "20Gi"}, mode="All"), pod("p", "big")],
+    )
+    assert pods["p"].status == "pending"
+    assert "gpu-0: asks for more than the whole GPU" in pods["p"].reasons["n"], pods["p"].reasons
     # with room on every GPU it takes all three
     pods = run(nodes, [alltake, pod("p", "all")])
     assert devices(pods["p"]) == ["n/gpu-0", "n/gpu-1", "n/gpu-2"]

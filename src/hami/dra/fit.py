@@ -729,6 +729,8 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
             every = [i for i in range(len(devices)) if _selected(devices[i], r)]
         except SelectorError as exc:
             raise _Failed(ci, f"request {r.name}: {exc}") from None
+        if any(needs[i] is None for i in every):
+            return None  # a selected GPU whose request policy refuses the request: never allocatable
         return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(every)] or None
     room = [i for i in room if not taint_refuses(devices[i], r)]  # a taint is static: never a place
     if len(room) < r.count:  # the devices of one request are distinct
@@ -786,7 +788,7 @@ def _too_much(
         asked = 0
         for slot in slots:
             where = slot.needs if slot.fixed is None else slot.needs[slot.fixed : slot.fixed + 1]
-            asked += min(n[k] for n in where if n is not None)  # _slots saw one device at least
+            asked += min((n[k] for n in where if n is not None), default=0)
             if asked > left:
                 what = (
                     (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}")
