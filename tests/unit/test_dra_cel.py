@@ -154,6 +154,29 @@ def test_allocation_mode_all_takes_only_the_devices_its_selectors_accept():
     assert "CEL runtime error on gpu-1: no such key: cudaComputeCapability" in pods["p"].reasons["n"]
 
 
+def test_allocation_mode_all_fails_when_one_selected_gpu_has_no_room():
+    """kube-scheduler v1.37.2 (randomized comparison, seed 1): All takes every device its
+    selectors pick, whatever is allocated; one without room for the request leaves the pod
+    pending, it is not left out (the simulation used to place it on the GPUs with room)."""
+    nodes = [slice_of("n", [gpu(0, "NVIDIA L4", 23034), gpu(1, "NVIDIA L4", 23034), gpu(2, "NVIDIA A10", 23028)])]
+    fill = [template("fill", f"{OURS}.index == 0", caps={"memory": "22Gi"}), pod("f", "fill")]
+    alltake = template("all", caps={"memory": "7Gi", "cores": "100"}, mode="All")
+    pods = run(nodes, [*fill, alltake, pod("p", "all")])
+    assert devices(pods["f"]) == ["n/gpu-0"]
+    assert pods["p"].status == "pending"
+    assert "request gpu (allocationMode All): gpu-0: memory" in pods["p"].reasons["n"], pods["p"].reasons
+    # a request one selected GPU can never take (beyond its memory) leaves it pending too
+    pods = run(
+        [slice_of("n", [gpu(0), gpu(1, "NVIDIA A10", 23028)])],
+        [template("big", caps={"memory": "20Gi"}, mode="All"), pod("p", "big")],
+    )
+    assert pods["p"].status == "pending"
+    assert "gpu-0: asks for more than the whole GPU" in pods["p"].reasons["n"], pods["p"].reasons
+    # with room on every GPU it takes all three
+    pods = run(nodes, [alltake, pod("p", "all")])
+    assert devices(pods["p"]) == ["n/gpu-0", "n/gpu-1", "n/gpu-2"]
+
+
 @pytest.mark.parametrize(
     "expression, what",
     [

@@ -912,15 +912,9 @@ def _reference(devices, claims):
             return None
         return p if fit._constraint_ok(claims[ci].constraints, result[ci], p) else None
 
-    every = {}  # allocationMode All: the devices with room before the search
-    for ci, c in enumerate(claims):
-        for ri, r in enumerate(c.requests):
-            if r.count < 0:
-                every[(ci, ri)] = [
-                    d
-                    for d in devices
-                    if (n := fit.wanted(d, r.capacity)) is not None and all(n[k] <= d.left(k) for k in fit.CAPACITIES)
-                ]
+    # allocationMode All: every device its selectors pick (none here), with room or not: one
+    # that cannot take the request fails it (kube-scheduler v1.37.2, the randomized kwok test)
+    every = {(ci, ri): list(devices) for ci, c in enumerate(claims) for ri, r in enumerate(c.requests) if r.count < 0}
 
     def one(ci, ri, n, start):
         if ci == len(claims):
@@ -1032,12 +1026,14 @@ def test_constraints_read_as_the_allocator_reads_them():
         "claim all request gpu (allocationMode All): gpu-2 breaks a constraint of the claim, which ends "
         "kube-scheduler's search"
     )
-    # without the constraint it takes every GPU with room, a full one left out
-    devs[3].used["memory"] = devs[3].total["memory"]
+    # without the constraint it takes every GPU; a full one is not left out, it fails the request
+    # (kube-scheduler v1.37.2 leaves the pod pending: the randomized kwok test, seed 1)
     found = fit.allocate_claims(devs, [fit.ClaimAsk("all", every.requests)])
-    assert [p.device.device for p in found.picks[0]] == ["gpu-0", "gpu-1", "gpu-2"]
-    # the same inside one claim: its first request took gpu-0 (NUMA 1), the All request's GPUs are
-    # on NUMA 0; the allocator does not go back to move the first request, it stops
+    assert [p.device.device for p in found.picks[0]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    devs[3].used["memory"] = devs[3].total["memory"]
+    assert fit.allocate_claims(devs, [fit.ClaimAsk("all", every.requests)]).picks is None
+    # the same inside one claim: its first request took gpu-0 (NUMA 1), the All request's next
+    # GPU is on NUMA 0; the allocator does not go back to move the first request, it stops
     gpus = [
         PhysicalGPU(0, "GPU-0", "T4", 8192, "", 1),
         PhysicalGPU(1, "GPU-1", "T4", 15360, "", 0),
@@ -1048,7 +1044,7 @@ def test_constraints_read_as_the_allocator_reads_them():
         "mixed",
         [
             fit.Request("one", "gpu.hami.io", 1, {"memory": "1000Mi"}),
-            fit.Request("all", "gpu.hami.io", -1, {"memory": "10000Mi"}),
+            fit.Request("all", "gpu.hami.io", -1, {"memory": "1000Mi"}),
         ],
         [{"matchAttribute": "gpu.hami.io/numa"}],
     )

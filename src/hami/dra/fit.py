@@ -721,13 +721,17 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
         if need is not None and _fits(d, {}, need) and d.counters_fit()
     ]
     if r.count < 0:
-        # All: the devices that could take it now, fixed before the search starts; the
-        # allocator runs the selectors on every device of the node first
+        # All: every device of the node the selectors pick, fixed before the search starts
+        # (the allocator runs the selectors on every device first, whatever is allocated); one
+        # without room for it now fails the request in the search, as in the allocator, which
+        # never leaves a selected device out (kube-scheduler v1.37.2 leaves such a pod pending)
         try:
-            room = [i for i in room if _selected(devices[i], r)]
+            every = [i for i in range(len(devices)) if _selected(devices[i], r)]
         except SelectorError as exc:
             raise _Failed(ci, f"request {r.name}: {exc}") from None
-        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(room)] or None
+        if any(needs[i] is None for i in every):
+            return None  # a selected GPU whose request policy refuses the request: never allocatable
+        return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(every)] or None
     room = [i for i in room if not taint_refuses(devices[i], r)]  # a taint is static: never a place
     if len(room) < r.count:  # the devices of one request are distinct
         return None
@@ -784,7 +788,7 @@ def _too_much(
         asked = 0
         for slot in slots:
             where = slot.needs if slot.fixed is None else slot.needs[slot.fixed : slot.fixed + 1]
-            asked += min(n[k] for n in where if n is not None)  # _slots saw one device at least
+            asked += min((n[k] for n in where if n is not None), default=0)
             if asked > left:
                 what = (
                     (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}")
@@ -1023,8 +1027,22 @@ def why_not(
             )
             continue
         room = _room(devices, r)
-        asked += room if r.count < 0 else r.count
-        need = 1 if r.count < 0 else r.count
+        if r.count < 0:
+            # All takes every device its selectors pick: one of them without room fails it
+            try:
+                picked = [d for d in devices if _selected(d, r)]
+            except SelectorError:
+                picked = list(devices)
+            asked += len(picked)
+            if picked and all(_has_room(d, r) for d in picked):
+                continue
+            gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in picked) if why)
+            parts.append(
+                f"claim {claim} request {r.name} (allocationMode All): " + (gpus if picked else "no GPU is selected")
+            )
+            continue
+        asked += r.count
+        need = r.count
         if room >= need:
             continue
         gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in devices) if why)
@@ -1038,7 +1056,7 @@ def why_not(
             parts.append(f"claim {claim} request {r.name}{' (allocationMode All)' if r.count < 0 else ''}: {gpus}")
     if not parts and asked > MAX_RESULTS:
         return (
-            f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every GPU with room), "
+            f"claim {claim}: {asked} GPUs to allocate (allocationMode All takes every selected GPU), "
             f"a claim holds at most {MAX_RESULTS}"
         )
     if not parts:
