@@ -970,3 +970,37 @@ def test_failed_maps_follow_the_final_flag():
         {"b": "2/2 CardInsufficientMemory"},
         {"a": "NodeInsufficientDevice", "c": "2/2 CardInsufficientMemory"},
     )
+
+
+async def test_a_repeated_event_raises_the_count_of_the_one_written():
+    class Api:
+        def __init__(self):
+            self.calls = []
+
+        async def post(self, path, body):
+            self.calls.append(("POST", path, body))
+
+        async def merge_patch(self, path, body):
+            self.calls.append(("PATCH", path, body))
+
+    now = [100.0]
+    api = Api()
+    rec = EventRecorder(api, "hami-scheduler", repeat_interval=30.0, clock=lambda: now[0])
+    p = pod("w")
+    line = "2 nodes CardInsufficientMemory(n1,n2)"
+    for _ in range(3):  # kube-scheduler's retries, close together
+        rec.record(p, "FilteringFailed", line, "Warning")
+    rec.record(p, "FilteringFailed", "1 nodes CardTypeMismatch(n3)", "Warning")  # another message: its own
+    assert rec.queue.qsize() == 2 and rec.coalesced == 2
+    now[0] += 31
+    rec.record(p, "FilteringFailed", line, "Warning")
+    runner = asyncio.ensure_future(rec.run())
+    while rec.queue.qsize():
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    runner.cancel()
+    verbs = [(verb, path.rsplit("/", 1)[1].startswith("w.")) for verb, path, _ in api.calls]
+    assert verbs == [("POST", False), ("POST", False), ("PATCH", True)]
+    first = api.calls[0][2]["metadata"]["name"]
+    assert api.calls[2][1] == f"/api/v1/namespaces/ns/events/{first}"
+    assert api.calls[2][2]["count"] == 4  # the three first ones and this one
