@@ -175,7 +175,7 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     ceilings = MemoryCeilings()
 
     def extender(r) -> None:  # what Extender.filter does with a refusal besides the core
-        failed = ceilings.mark(r.failed, r.pod, ledger)
+        failed = ceilings.mark(r.failed, r.pod, ledger, config.vendors)
         rows = render_failures(failed)
         resolvable, unresolvable = failed_maps(failed, rows)
         failure_summary(failed, rows)
@@ -185,7 +185,9 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     ms = {
         k: [timed(lambda: extender(r))[0] for _ in range(slow_runs)] for k, r in (("before", slow), ("after", result))
     }
-    marks = [timed(lambda: ceilings.mark(result.failed, result.pod, ledger))[0] for _ in range(slow_runs)]
+    marks = [
+        timed(lambda: ceilings.mark(result.failed, result.pod, ledger, config.vendors))[0] for _ in range(slow_runs)
+    ]
     print(
         "  extender's FailedNodes, FailedAndUnresolvableNodes, event lines and JSON for that refusal "
         f"(besides the above): p50 {percentile(ms['before'], 50):.3f} ms with fitted refusals, "

@@ -345,10 +345,20 @@ class MemoryCeilings:
             got = self._top[nd.name] = (nd, top)
         return got[1]
 
-    def mark(self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any) -> Mapping[str, NodeFailure]:
+    def mark(
+        self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any, vendors: Iterable[Any]
+    ) -> Mapping[str, NodeFailure]:
         """``failed`` with the refusals of the nodes that cannot hold the failing container's
-        memory on any device set ``final``; ``failed`` itself when none changes (never mutated)."""
-        asks = {(ci, r.vendor): r.memreq for ci, c in enumerate(pod.containers) for r in c.requests if r.memreq > 0}
+        memory on any device set ``final``; ``failed`` itself when none changes (never mutated).
+        Only for the ``vendors`` that check each device's memory with the generic capacity rules
+        (``summary_prefilter``): another may count memory its own way."""
+        checked = {v.name for v in vendors if getattr(v, "summary_prefilter", False)}
+        asks = {
+            (ci, r.vendor): r.memreq
+            for ci, c in enumerate(pod.containers)
+            for r in c.requests
+            if r.memreq > 0 and r.vendor in checked
+        }
         if not asks:
             return failed
         out: dict[str, NodeFailure] | None = None

@@ -237,7 +237,7 @@ class Extender:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         refusals = result.failed
         if result.node is None:  # kube-scheduler may try preemption: say where it cannot help
-            refusals = self._ceilings.mark(refusals, result.pod, self.state.ledger)
+            refusals = self._ceilings.mark(refusals, result.pod, self.state.ledger, self.state.vendors)
         rows = render_failures(refusals)
         failed, unresolvable = failed_maps(refusals, rows)
         if result.node is None:
