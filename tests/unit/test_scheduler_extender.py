@@ -1004,3 +1004,14 @@ async def test_a_repeated_event_raises_the_count_of_the_one_written():
     first = api.calls[0][2]["metadata"]["name"]
     assert api.calls[2][1] == f"/api/v1/namespaces/ns/events/{first}"
     assert api.calls[2][2]["count"] == 4  # the three first ones and this one
+
+
+def test_success_events_never_crowd_out_warnings():
+    rec = EventRecorder(object(), "hami-scheduler", maxsize=10)
+    for i in range(20):  # a burst of placements
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    for i in range(5):  # then pods that fit nowhere
+        rec.record(pod(f"w{i}"), "FilteringFailed", "3 nodes CardInsufficientMemory(a,b,c)", "Warning")
+    reasons = [rec.queue.get_nowait()["reason"] for _ in range(rec.queue.qsize())]
+    assert reasons.count("BindingSucceed") == 5 and reasons.count("FilteringFailed") == 5
+    assert rec.dropped == 15

@@ -3,7 +3,10 @@
 Reasons (§5.7): ``FilteringFailed``, ``FilteringSucceed``, ``BindingFailed``, ``BindingSucceed``;
 on a Node (beyond HAMi): ``MalformedRegistration`` (Warning) when its registration cannot be read;
 the source component is the scheduler name. The queue is bounded: when the API server is slow,
-events are dropped (and counted), never the scheduling work.
+events are dropped (and counted), never the scheduling work; success (Normal) events may fill
+only half of it, so a burst of placements cannot crowd out the Warnings (a pending pod's
+``FilteringFailed``: with one writer and a loaded API server, 500 placements kept the queue full
+and not one Warning of 200 pending pods was written). ``workers`` writes run at once.
 
 A repeat (same object, reason, type and message) is not a new Event: as the Kubernetes event
 recorder does, the Event already written gets its ``count`` and ``lastTimestamp`` raised, at most
@@ -81,6 +84,7 @@ class EventRecorder:
         repeat_interval: float = 30.0,
         max_series: int = 4096,
         clock=time.monotonic,
+        workers: int = 4,
     ) -> None:
         self.kube = kube
         self.success = success  # False: Normal (success) events are not recorded
@@ -93,11 +97,15 @@ class EventRecorder:
         self.clock = clock
         self._series: OrderedDict[tuple, _Series] = OrderedDict()
         self.coalesced = 0  # repeats that wrote nothing (counted in a later write)
+        self.workers = workers
 
     def record(
         self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal", involved: str = "Pod"
     ) -> None:
         if self.kube is None or (kind == "Normal" and not self.success):
+            return
+        if kind == "Normal" and self.queue.maxsize and self.queue.qsize() >= self.queue.maxsize // 2:
+            self._drop()  # the other half is kept for Warnings
             return
         meta = pod.get("metadata") or {}
         key = (involved, meta.get("namespace"), meta.get("name"), meta.get("uid"), reason, kind, message[:1024])
@@ -133,11 +141,19 @@ class EventRecorder:
         try:
             self.queue.put_nowait(item)
         except asyncio.QueueFull:
-            self.dropped += 1
+            self._drop()
             return False
         return True
 
+    def _drop(self) -> None:
+        self.dropped += 1
+        if self.dropped & (self.dropped - 1) == 0:  # 1, 2, 4, 8, ...: seen, not flooding the log
+            log.warning("%d events dropped so far: the API server takes them slower than they come", self.dropped)
+
     async def run(self) -> None:
+        await asyncio.gather(*(self._work() for _ in range(max(1, self.workers))))
+
+    async def _work(self) -> None:
         while True:
             body = await self.queue.get()
             path = body.get("_patch")
