@@ -202,6 +202,9 @@ def main() -> None:
             f"{cpu_ratio:.2f}x the pods per CPU second"
         )
     finally:
+        if proc:  # events the scheduler could not write (the recorder logs each and goes on)
+            lost = [line for line in proc.logs().splitlines() if "not recorded" in line or "not updated" in line]
+            print(f"scheduler log: {len(lost)} events not written" + (f"; first: {lost[0][:400]}" if lost else ""))
         if cluster.binaries:
             cluster.configure_hami_scheduler(KubeSchedulerConfig())
         if proc:

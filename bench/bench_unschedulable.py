@@ -32,6 +32,7 @@ Run: ``.venv/bin/python bench/bench_unschedulable.py [--sizes 1000,5000] [--runs
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 
@@ -40,7 +41,8 @@ from bench_core_filter import build, make_pod, percentile
 from hami.core import SchedulerConfig, admit_pod, filter_pod, schedule_pod
 from hami.core.ledger import make_allocation
 from hami.core.types import ContainerDevice
-from hami.scheduler.extender import render_failures, failed_maps, failure_summary
+from hami.core.refuse import MemoryCeilings
+from hami.scheduler.extender import failed_maps, failure_summary, render_failures
 from hami.vendors import build_vendors
 
 
@@ -170,17 +172,27 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     result = filter_pod(too_big, names, ledger, config, 0.0)
     slow = filter_pod(too_big, names, ledger, config, 0.0, exact=True)
 
+    ceilings = MemoryCeilings()
+
     def extender(r) -> None:  # what Extender.filter does with a refusal besides the core
-        rows = render_failures(r.failed)
-        failed_maps(r.failed, rows)
-        failure_summary(r.failed, rows)
+        failed = ceilings.mark(r.failed, r.pod, ledger, config.vendors)
+        rows = render_failures(failed)
+        resolvable, unresolvable = failed_maps(failed, rows)
+        failure_summary(failed, rows)
+        answer = {"NodeNames": [], "FailedNodes": resolvable, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        json.dumps(answer)  # the HTTP answer's body
 
     ms = {
         k: [timed(lambda: extender(r))[0] for _ in range(slow_runs)] for k, r in (("before", slow), ("after", result))
     }
+    marks = [
+        timed(lambda: ceilings.mark(result.failed, result.pod, ledger, config.vendors))[0] for _ in range(slow_runs)
+    ]
     print(
-        "  extender's FailedNodes + event lines for that refusal (besides the above): "
-        f"p50 {percentile(ms['before'], 50):.3f} ms with fitted refusals, {percentile(ms['after'], 50):.3f} ms after"
+        "  extender's FailedNodes, FailedAndUnresolvableNodes, event lines and JSON for that refusal "
+        f"(besides the above): p50 {percentile(ms['before'], 50):.3f} ms with fitted refusals, "
+        f"{percentile(ms['after'], 50):.3f} ms after; of which the memory-ceiling marks "
+        f"{percentile(marks, 50):.3f} ms"
     )
     t0 = time.perf_counter()
     share_every_gpu(ledger)

@@ -9,8 +9,9 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from hami.core.codec import decode_pod_devices
+from hami.core.codec import decode_pod_devices, encode_node_devices_json
 from hami.core.reasons import NodeFailure, Reason
+from hami.core.types import DeviceInfo
 from hami.scheduler.events import EventRecorder
 from hami.scheduler.extender import failed_maps, failure_summary
 from hami.scheduler.leader import holds_lease
@@ -920,3 +921,97 @@ async def test_a_lock_a_failed_bind_could_not_give_back_is_removed_by_the_next_s
     svc.extender._owed_releases.add(("n1", nodelock.NODE_LOCK, value))
     assert await svc.extender.release_owed() == 0 and not svc.extender._owed_releases
     assert api.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK] == newer
+
+
+async def test_refusals_no_eviction_cures_are_unresolvable_the_others_not():
+    # n1: one GPU of 1000 MiB; n2: two, one holding 600 MiB
+    svc = service(node("n1", gpus=1), node("n2", gpus=2))
+    ext = svc.extender
+    held = await ext.filter(args(seen(svc, pod("held", mem=600)), ["n2"]))
+    assert held["NodeNames"] == ["n2"]
+    two = pod("two", mem=600)
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 2
+    a = await ext.filter(args(seen(svc, two), ["n1", "n2"]))
+    # n1 has one GPU for two: final; n2's GPUs are in use: an eviction may free them
+    assert a["NodeNames"] == []
+    assert a["FailedAndUnresolvableNodes"] == {"n1": "NodeInsufficientDevice"}
+    assert set(a["FailedNodes"]) == {"n2"}
+    big = await ext.filter(args(seen(svc, pod("big", mem=1500)), ["n1", "n2"]))
+    # more memory than any GPU of either node has in all: no eviction makes room
+    assert big["NodeNames"] == [] and big["FailedNodes"] == {}
+    assert set(big["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+    fill = await ext.filter(args(seen(svc, pod("fill", mem=900)), ["n1"]))
+    assert fill["NodeNames"] == ["n1"]
+    more = await ext.filter(args(seen(svc, pod("more", mem=900)), ["n1"]))
+    # the memory is taken, not missing: preemption may help
+    assert more["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"} and more["FailedAndUnresolvableNodes"] == {}
+
+
+async def test_too_few_devices_found_by_the_fit_is_unresolvable_too():
+    # an unhealthy GPU keeps the summary rules out: the node is fitted device by device
+    sick = node("n1", gpus=2)
+    devs = [
+        DeviceInfo(id=f"n1-g{i}", index=i, count=10, devmem=1000, devcore=100, type="NVIDIA-T4", health=i == 0)
+        for i in range(2)
+    ]
+    sick["metadata"]["annotations"]["hami.io/node-nvidia-register"] = encode_node_devices_json(devs)
+    svc = service(sick)
+    three = pod("three", mem=100)
+    three["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 3
+    got = await svc.extender.filter(args(seen(svc, three), ["n1"]))
+    assert got["FailedAndUnresolvableNodes"] == {"n1": "NodeInsufficientDevice"}
+
+
+def test_failed_maps_follow_the_final_flag():
+    few = NodeFailure(total=1, counts=((Reason.NODE_INSUFFICIENT_DEVICE, 2),), bare=True, final=True)
+    mem = NodeFailure(total=2, counts=((Reason.CARD_INSUFFICIENT_MEMORY, 2),))
+    huge = NodeFailure(total=2, counts=((Reason.CARD_INSUFFICIENT_MEMORY, 2),), final=True)
+    assert failed_maps({"a": few, "b": mem, "c": huge}) == (
+        {"b": "2/2 CardInsufficientMemory"},
+        {"a": "NodeInsufficientDevice", "c": "2/2 CardInsufficientMemory"},
+    )
+
+
+async def test_a_repeated_event_raises_the_count_of_the_one_written():
+    class Api:
+        def __init__(self):
+            self.calls = []
+
+        async def post(self, path, body):
+            self.calls.append(("POST", path, body))
+
+        async def merge_patch(self, path, body):
+            self.calls.append(("PATCH", path, body))
+
+    now = [100.0]
+    api = Api()
+    rec = EventRecorder(api, "hami-scheduler", repeat_interval=30.0, clock=lambda: now[0])
+    p = pod("w")
+    line = "2 nodes CardInsufficientMemory(n1,n2)"
+    for _ in range(3):  # kube-scheduler's retries, close together
+        rec.record(p, "FilteringFailed", line, "Warning")
+    rec.record(p, "FilteringFailed", "1 nodes CardTypeMismatch(n3)", "Warning")  # another message: its own
+    assert rec.queue.qsize() == 2 and rec.coalesced == 2
+    now[0] += 31
+    rec.record(p, "FilteringFailed", line, "Warning")
+    runner = asyncio.ensure_future(rec.run())
+    while rec.queue.qsize():
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    runner.cancel()
+    verbs = [(verb, path.rsplit("/", 1)[1].startswith("w.")) for verb, path, _ in api.calls]
+    assert verbs == [("POST", False), ("POST", False), ("PATCH", True)]
+    first = api.calls[0][2]["metadata"]["name"]
+    assert api.calls[2][1] == f"/api/v1/namespaces/ns/events/{first}"
+    assert api.calls[2][2]["count"] == 4  # the three first ones and this one
+
+
+def test_success_events_never_crowd_out_warnings():
+    rec = EventRecorder(object(), "hami-scheduler", maxsize=10)
+    for i in range(20):  # a burst of placements
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    for i in range(5):  # then pods that fit nowhere
+        rec.record(pod(f"w{i}"), "FilteringFailed", "3 nodes CardInsufficientMemory(a,b,c)", "Warning")
+    reasons = [rec.queue.get_nowait()["reason"] for _ in range(rec.queue.qsize())]
+    assert reasons.count("BindingSucceed") == 5 and reasons.count("FilteringFailed") == 5
+    assert rec.dropped == 15

@@ -191,6 +191,7 @@ def candidates(view: NodeView, plan: ContainerPlan) -> Candidates | NodeFailure:
             container=plan.ci,
             vendor=req.vendor,
             bare=True,
+            final=True,  # the devices the vendor serves, whatever their usage
         )
     return {i: vendor.resolve_memory(devices[i], req) for i in idxs}
 

@@ -53,6 +53,10 @@ class NodeFailure:
     container: int = -1  # index (annotation order) of the container that failed; -1 = node-level
     vendor: str = ""
     bare: bool = False  # node-level reason: HAMi prints the code alone, without counts
+    #: no eviction can cure it (the node has too few devices of the vendor, or none with the
+    #: memory asked): set only by a producer that knows it from the node's devices, never from
+    #: usage; the extender lists such nodes in ``FailedAndUnresolvableNodes``
+    final: bool = False
 
     def render(self) -> str:
         if self.bare:

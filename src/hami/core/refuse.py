@@ -64,6 +64,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import AbstractSet, Any, Callable, Iterable, Mapping, Sequence
 
 from .fit import FitContext
@@ -264,7 +265,12 @@ class SummaryRefusal:
         f = self._made.get(key)
         if f is None:
             f = self._made[key] = NodeFailure(
-                total=total, counts=((_FEW, self.nums),), container=self.ci, vendor=self.vendor, bare=True
+                total=total,
+                counts=((_FEW, self.nums),),
+                container=self.ci,
+                vendor=self.vendor,
+                bare=True,
+                final=True,  # fewer devices than asked: no eviction adds one
             )
         return f
 
@@ -313,3 +319,63 @@ def refusal(
     else:
         over = over_cores
     return SummaryRefusal(ctx, ci, req, over, (mem_room, core_room) != (None, None), holders)
+
+
+class MemoryCeilings:
+    """Marks refusals no eviction can cure because of memory: a container asking ``memreq`` MiB
+    per device of a vendor on a node where every device of that vendor (healthy or not, used or
+    not) has less memory in all (``devmem``) than that. Read from the node's device list, never
+    from its usage; each node's largest ``devmem`` per vendor is kept while its device list (the
+    ledger's object) stays the same."""
+
+    __slots__ = ("_top",)
+
+    def __init__(self) -> None:
+        self._top: dict[str, tuple[Any, dict[str, int]]] = {}
+
+    def _largest(self, nd: Any) -> dict[str, int]:
+        got = self._top.get(nd.name)
+        if got is None or got[0] is not nd:
+            top: dict[str, int] = {}
+            for d in nd.devices:
+                if d.devmem > top.get(d.vendor, -1):
+                    top[d.vendor] = d.devmem
+            if len(self._top) > 50_000:
+                self._top.clear()  # nodes long gone; rebuilt as asked
+            got = self._top[nd.name] = (nd, top)
+        return got[1]
+
+    def mark(
+        self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any, vendors: Iterable[Any]
+    ) -> Mapping[str, NodeFailure]:
+        """``failed`` with the refusals of the nodes that cannot hold the failing container's
+        memory on any device set ``final``; ``failed`` itself when none changes (never mutated).
+        Only for the ``vendors`` that check each device's memory with the generic capacity rules
+        (``summary_prefilter``): another may count memory its own way."""
+        checked = {v.name for v in vendors if getattr(v, "summary_prefilter", False)}
+        asks = {
+            (ci, r.vendor): r.memreq
+            for ci, c in enumerate(pod.containers)
+            for r in c.requests
+            if r.memreq > 0 and r.vendor in checked
+        }
+        if not asks:
+            return failed
+        out: dict[str, NodeFailure] | None = None
+        flagged: dict[int, NodeFailure] = {}
+        for n, f in failed.items():
+            if f.final:
+                continue
+            need = asks.get((f.container, f.vendor))
+            if need is None or not ledger.has_node(n):
+                continue
+            top = self._largest(ledger.node(n)).get(f.vendor)
+            if top is None or top >= need:
+                continue
+            g = flagged.get(id(f))
+            if g is None:
+                g = flagged[id(f)] = replace(f, final=True)
+            if out is None:
+                out = dict(failed)
+            out[n] = g
+        return failed if out is None else out

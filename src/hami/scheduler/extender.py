@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
 from hami.core.names import BIND_PHASE, BIND_TIME
 from hami.core.reasons import NodeFailure, Reason
+from hami.core.refuse import MemoryCeilings
 from hami.kube import nodelock
 from hami.kube.client import KubeClient, KubeError, node_path, pod_path
 from hami.kube.revision import newer_than
@@ -42,6 +43,8 @@ from .state import VGPU_NODE, ClusterState
 
 log = logging.getLogger(__name__)
 
+#: codes no eviction can cure on their own; a refusal's ``final`` flag (too few devices of the
+#: vendor, or none with the memory asked) says the same for the others
 UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
 
 
@@ -85,19 +88,21 @@ def render_failures(failed: Mapping[str, NodeFailure]) -> Rows:
         got[1].append(node)
     rows: dict[tuple, tuple[str, tuple[str, ...], bool, list[str]]] = {}
     for f, nodes in by_id.values():
-        key = (f.total, f.counts, f.bare)
+        key = (f.total, f.counts, f.bare, f.final)
         row = rows.get(key)
         if row is None:
             codes = f.codes()
-            rows[key] = (f.render(), tuple(c.value for c in codes), bool(codes) and set(codes) <= UNRESOLVABLE, nodes)
+            hopeless = f.final or (bool(codes) and set(codes) <= UNRESOLVABLE)
+            rows[key] = (f.render(), tuple(c.value for c in codes), hopeless, nodes)
         else:
             row[3].extend(nodes)
     return list(rows.values())
 
 
 def failed_maps(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches cannot be resolved
-    by preemption, so kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
+    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches, too few devices and
+    too little memory on every device (a ``final`` refusal) cannot be resolved by preemption, so
+    kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
     resolvable: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     for text, _, hopeless, nodes in render_failures(failed) if rows is None else rows:
@@ -170,6 +175,7 @@ class Extender:
         # binds in flight on a node from which it counts as busy: one is fine (a Bind waits for one
         # handoff at most, and pods arriving one after the other keep binpack's order), more queue
         self.queue_depth = 2
+        self._ceilings = MemoryCeilings()  # marks memory refusals no eviction cures
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # lock values a failed Bind wrote and could not remove (the API server was unreachable):
         # removed by the next sweep, exactly that value (a retried Bind writes a new one)
@@ -229,10 +235,13 @@ class Extender:
             return _error(f"{exc}; nothing is reserved")
         if not result.needs_devices:
             return {"NodeNames": list(names or []), "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
-        rows = render_failures(result.failed)
-        failed, unresolvable = failed_maps(result.failed, rows)
+        refusals = result.failed
+        if result.node is None:  # kube-scheduler may try preemption: say where it cannot help
+            refusals = self._ceilings.mark(refusals, result.pod, self.state.ledger, self.state.vendors)
+        rows = render_failures(refusals)
+        failed, unresolvable = failed_maps(refusals, rows)
         if result.node is None:
-            for line in failure_summary(result.failed, rows) or ["no candidate node"]:
+            for line in failure_summary(refusals, rows) or ["no candidate node"]:
                 self.events.record(pod, "FilteringFailed", line, "Warning")
             return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if not self._lockless(result.node, wanted):  # a lockless bind never queues: not in flight
