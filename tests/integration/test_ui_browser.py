@@ -186,7 +186,10 @@ def test_the_page_shows_the_cluster_new_pods_pending_reasons_and_ascend_units(
             assert page.get_attribute("#gpu-count", "data-count") == "8"
             assert page.locator(f'article[data-node="{gpu_nodes[0]}"] .gpu').count() == 4
             # --- live usage from the node's monitor (hami_host_gpu_memory_used_bytes), and its absence
-            live_row = page.locator(f'[data-gpu-uuid="{gpu_uuid(gpu_nodes[0], 0)}"]')
+            # the GPU's row in its node's card (the "All devices" table shows the same GPU again)
+            live_row = page.locator(
+                f'article[data-node="{gpu_nodes[0]}"] [data-gpu-uuid="{gpu_uuid(gpu_nodes[0], 0)}"]'
+            )
             page.select_option("#refresh-seconds", "2")
             live_row.get_by_text("used 5.0 GiB").wait_for(timeout=WAIT_MS)
             assert page.locator(f'article[data-node="{gpu_nodes[0]}"] .badge.ok').inner_text() == "live usage"
