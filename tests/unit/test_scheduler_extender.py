@@ -1015,3 +1015,44 @@ def test_success_events_never_crowd_out_warnings():
     reasons = [rec.queue.get_nowait()["reason"] for _ in range(rec.queue.qsize())]
     assert reasons.count("BindingSucceed") == 5 and reasons.count("FilteringFailed") == 5
     assert rec.dropped == 15
+
+
+async def test_a_lock_written_whose_answer_was_lost_is_removed_by_the_next_sweep():
+    """Found by tests/integration/test_chaos.py (kube-apiserver killed mid-burst): the lock write
+    was applied but its answer never came, so the Bind failed without knowing it held the lock,
+    which named a pod never bound and blocked the node until its expiry. The value written is
+    owed to the sweep like a failed release; a refused write (4xx) owes nothing."""
+    from hami.kube import nodelock
+    from hami.kube.client import KubeError
+
+    held = node("n1")
+    svc = service(held)
+
+    class LostAnswer(FakeNodeApi):
+        async def merge_patch(self, path, body):
+            await super().merge_patch(path, body)  # applied on the server...
+            raise ConnectionResetError(104, "Connection reset by peer")  # ...answer lost
+
+    lost = LostAnswer(held)
+    svc.extender.kube = lost
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "a"), 5)
+    written = lost.nodes["n1"]["metadata"]["annotations"][nodelock.NODE_LOCK]
+    assert svc.extender._owed_releases == {("n1", nodelock.NODE_LOCK, written)}
+    api = FakeNodeApi(held)
+    api.nodes = lost.nodes
+    svc.extender.kube = api
+    assert await svc.extender.sweep_locks() >= 1
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
+    assert not svc.extender._owed_releases
+
+    class Refused(FakeNodeApi):
+        async def merge_patch(self, path, body):
+            raise KubeError("PATCH", path, 403, '{"message": "forbidden"}')
+
+    refused = Refused(held)
+    refused.nodes = api.nodes
+    svc.extender.kube = refused
+    with pytest.raises(KubeError):
+        await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "b"), 5)
+    assert not svc.extender._owed_releases

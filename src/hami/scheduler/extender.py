@@ -717,6 +717,7 @@ class Extender:
                 mine = spec.value(stamp, ns, name)
                 if mine == value:  # the same second: the write would change nothing (no new revision)
                     if time.monotonic() >= deadline:
+                        self._owed_releases.discard((node, spec.key, value))  # held: not owed
                         return value
                     await asyncio.sleep(0.25)
                     continue
@@ -736,13 +737,27 @@ class Extender:
                             },
                         )
                     self.state.put_node(written)
+                    self._owed_releases.discard((node, spec.key, mine))
                     return mine
                 except KubeError as exc:
                     if not nodelock.lost_swap(exc):
+                        self._owe_unanswered(node, spec.key, mine, exc)
                         raise
                     if time.monotonic() >= deadline:  # e.g. a 422 that is not a lost test, every time
                         raise nodelock.LockContention(node, value or "") from exc
                     fresh = True
+                except (OSError, asyncio.TimeoutError) as exc:
+                    self._owe_unanswered(node, spec.key, mine, exc)
+                    raise
+
+    def _owe_unanswered(self, node: str, key: str, value: str, exc: BaseException) -> None:
+        """A lock write that got no answer (connection lost, timeout, 5xx) may have been applied:
+        the value is owed to the lock sweep, which removes exactly it if the node holds it (found
+        by tests/integration/test_chaos.py: a lock written as kube-apiserver went down named a pod
+        never bound, and no stale-lock rule may take a pending pod's lock). A refusal (4xx) was
+        not applied and owes nothing."""
+        if not _refused(exc):
+            self._owed_releases.add((node, key, value))
 
     async def remove_lock(self, node: str, key: str, value: str) -> bool:
         """Remove lock ``key`` from ``node`` only while it still holds ``value`` (one
