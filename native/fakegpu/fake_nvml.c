@@ -502,19 +502,53 @@ static unsigned pct(unsigned long long busy, unsigned long long period)
     return p > 100 ? 100 : (unsigned)p;
 }
 
-/* One sample per process for the last complete sample period (if newer than last_seen). */
+/* The PID whose kernel ran at instant t on dev, else the one whose kernel ended last before
+ * it within [t0, t); 0 if none. */
+static int resident_at(int dev, unsigned long long t0, unsigned long long t)
+{
+    fg_state *s = fg_st();
+    int pid = 0;
+    unsigned long long last_end = 0;
+    fg_lock();
+    unsigned long long cnt = s->busy_count[dev];
+    unsigned long long lo = cnt > FG_RING ? cnt - FG_RING : 0;
+    for (unsigned long long k = cnt; k > lo; k--) {
+        fg_busy *b = &s->busy[dev][(k - 1) % FG_RING];
+        if (b->start_ns <= t && b->end_ns > t) {
+            pid = b->pid;
+            break;
+        }
+        if (b->end_ns <= t && b->end_ns > t0 && b->end_ns > last_end)
+            last_end = b->end_ns, pid = b->pid;
+    }
+    fg_unlock();
+    return pid;
+}
+
+/* The samples of the last complete sample period (if newer than last_seen): one per process
+ * with its own busy time (util_attribution split, the default), or, as a real driver does
+ * (util_attribution resident), one row naming the process resident on the device at the end
+ * of the period with the device's utilization over the whole period. */
 static nvmlReturn_t util_samples(int dev, unsigned long long last_seen_us, busy_row *rows,
                                  unsigned *n, unsigned long long *stamp_us, unsigned long long *period)
 {
     unsigned long long p = (unsigned long long)fg_cfg()->sample_period_us * 1000ULL;
     unsigned long long now = fg_now_ns();
-    unsigned long long end = now / p * p;
+    unsigned long long end = now / p * p, total;
     *period = p;
     *stamp_us = end / 1000ULL;
     *n = 0;
     if (*stamp_us <= last_seen_us)
         return NVML_ERROR_NOT_FOUND;
-    *n = busy_in(dev, end - p, end, rows, FG_MAX_PROC, NULL);
+    *n = busy_in(dev, end - p, end, rows, FG_MAX_PROC, &total);
+    if (*n && fg_cfg()->util_resident) {
+        int pid = resident_at(dev, end - p, end - 1);
+        if (!pid)
+            pid = rows[0].pid;
+        rows[0].pid = pid;
+        rows[0].busy = total;
+        *n = 1;
+    }
     return *n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
 

@@ -59,6 +59,7 @@ typedef struct {
     double time_scale;              /* multiplies every kernel duration */
     int hostpid_offset;             /* NVML reports getpid()+offset */
     unsigned sample_period_us;      /* NVML utilization sample period */
+    int util_resident;              /* 1: each sample names only the process resident at its instant (the real driver) */
     char state_dir[256];            /* "" = $FAKEGPU_STATE_DIR or /tmp/fakegpu-<uid> */
     char visible_env[64];           /* "" = every device; else the variable naming this process's devices */
     int nvis;                       /* the devices this process may see (physical indices) */

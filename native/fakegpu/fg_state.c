@@ -286,6 +286,13 @@ static void apply_global(fg_config *c, const char *key, const char *val)
         if (*end || v < 1000 || v > 10000000)
             die("sample_period_us", val);
         c->sample_period_us = (unsigned)v;
+    } else if (!strcmp(key, "util_attribution")) {
+        if (!strcmp(val, "split"))
+            c->util_resident = 0;
+        else if (!strcmp(val, "resident"))
+            c->util_resident = 1;
+        else
+            die("util_attribution (split or resident)", val);
     } else if (!strcmp(key, "visible_devices_env")) {
         if (!*val || strlen(val) >= sizeof c->visible_env)
             die("visible_devices_env", val);
@@ -527,6 +534,7 @@ static void cfg_init(void)
     env_global(c, "FAKEGPU_TIME_SCALE", "time_scale");
     env_global(c, "FAKEGPU_HOSTPID_OFFSET", "hostpid_offset");
     env_global(c, "FAKEGPU_SAMPLE_PERIOD_US", "sample_period_us");
+    env_global(c, "FAKEGPU_UTIL_ATTRIBUTION", "util_attribution");
 }
 
 const fg_config *fg_cfg(void)

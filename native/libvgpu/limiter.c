@@ -7,17 +7,30 @@
  * a target share L the gate then admits launches at the rate L / tau, paced by a GCRA
  * (a virtual-time token bucket that forgives oversleeping up to a small burst).
  * Because the rate comes from a fitted ratio rather than from integrating an error,
- * the loop settles in about two sample periods and has nothing to wind up, so it does
- * not oscillate; tau is smoothed so that one noisy sample moves it half-way at most.
+ * the loop has nothing to wind up and does not oscillate.
+ *
+ * Attribution. A real driver does not split a sample period between the processes that
+ * shared it: each sample names one process (the one resident on the GPU when it was taken)
+ * with the device's utilization over the period (seen on an H200, driver 580: two processes
+ * at 30 % and 70 % show up as alternating samples of one PID each). A process is therefore
+ * charged in proportion to how often it is sampled, which is right only on average. So tau
+ * is a ratio of exponentially decayed sums (busy time over launches) in which a period whose
+ * sample names another process counts as zero busy time for us; discarding those periods
+ * (as the first version did) overcharged a process that shares the GPU by 1 / its chance of
+ * being sampled: the 30 % of a 30/70 pair was held to 3.6 %. The window is short
+ * (HAMI_LIMITER_WINDOW_MS, 1 s) while only this container is sampled and longer while others
+ * are (HAMI_LIMITER_SHARED_WINDOW_MS, 10 s), so that enough of our samples fall in it.
  *
  * Container share. L is the container's limit (the region's sm_limit, shared by all its
  * processes). Each process aims at its current share plus an equal part of the
  * container's remaining error, pulled slowly towards an equal split, so the processes'
- * targets always add up to L.
+ * targets always add up to L. The shares are the decayed averages each process publishes
+ * in its slot of the region (device_util[d].sm_util), not one sample's rows.
  *
  * Policies (GPU_CORE_UTILIZATION_POLICY): force = always capped; disable = never;
  * default = capped only while some process outside the container runs on the device
- * (seen in the same NVML samples; held 1 s after it goes quiet), i.e. work-conserving.
+ * (seen in the same NVML samples; held 3 s after it goes quiet: a small user is sampled
+ * rarely), i.e. work-conserving.
  *
  * Priority: a launch pauses while (a) HAMi's monitor marks the region blocked
  * (recent_kernel < 0), or (b) the watcher saw a higher-priority peer launch on one of our
@@ -48,8 +61,7 @@ enum { F_SETUP = 1, F_COUNT = 2, F_PUBLISH = 4, F_PAUSE = 8 };
 #define MAX_SAMPLES 512
 #define MAX_PIDS 64
 #define ALPHA 0.25 /* pull towards an equal split inside a container */
-#define SMOOTH 0.5 /* weight of a new tau estimate */
-#define MIN_LAUNCHES 4 /* launches per tau estimate (periods are pooled until then) */
+#define MIN_LAUNCHES 4 /* decayed launches needed before tau is trusted */
 
 typedef struct {
     uint64_t t_us, n;
@@ -68,7 +80,8 @@ typedef struct {
     uint64_t next_poll_us; /* no new NVML sample expected before this */
     uint64_t counted_since_us; /* launch counts are complete from this wall time on (0 = not counting) */
     double tau; /* seconds of device time per launch */
-    double acc_busy, acc_launches; /* accumulated over periods until enough launches */
+    double ew_busy, ew_launches; /* decayed sums while counting: our busy s, our launches */
+    double ew_ubusy, ew_utime; /* decayed sums of every sample: our busy s, observed s */
     int have_tau;
     uint64_t others_until_ms;
     int binding;
@@ -82,7 +95,9 @@ static pthread_mutex_t g_setup_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_started;
 static unsigned g_tick_ms = 10;
 static unsigned g_quiet_ms = 200;
-static unsigned g_hold_ms = 1000;
+static unsigned g_hold_ms = 3000;
+static unsigned g_window_ms = 1000;
+static unsigned g_shared_window_ms = 10000;
 static uint64_t g_last_publish_ms[VGPU_MAX_DEV];
 static unsigned g_pause_mask; /* region devices paused by a higher-priority peer */
 static int g_single_dev = -1; /* region index when CUDA shows this process one device */
@@ -269,6 +284,20 @@ static int container_pid(unsigned pid)
     return 0;
 }
 
+/* The averaged shares the container's other live processes published for device d. */
+static void container_shares(int d, double *u_cont, int *n_act)
+{
+    int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
+        const vgpu_slot *s = &vgpu_reg->procs[i];
+        if (s == vgpu_my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+            continue;
+        uint64_t u = __atomic_load_n(&s->device_util[d].sm_util, __ATOMIC_RELAXED);
+        *u_cont += (double)u;
+        *n_act += u >= 1;
+    }
+}
+
 static int nvml_handle_unguarded(int d, lim_dev *D)
 {
     if (D->nvml_state)
@@ -382,15 +411,12 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     unsigned me = (unsigned)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE);
     if (!me && !g_warned_pid++)
         LOG_WARN("host PID unknown: compute share not enforced for this process");
-    double u_me = 0, u_cont = 0, u_other = 0;
-    int n_act = 1;
+    double u_me = 0, u_other = 0;
     for (int i = 0; i < n; i++) {
         double u = rows[i].sum / rows[i].n;
         if (me && rows[i].pid == me)
             u_me = u;
-        else if (container_pid(rows[i].pid))
-            u_cont += u, n_act += u >= 1;
-        else
+        else if (!container_pid(rows[i].pid))
             u_other += u;
     }
     if (D->prev_stamp_us && newest > D->prev_stamp_us) {
@@ -399,28 +425,38 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     }
     D->prev_stamp_us = newest;
     D->last_seen_us = newest;
-    if (vgpu_my_slot)
-        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)u_me, __ATOMIC_RELAXED);
-    if (u_me >= 1 && !__atomic_load_n(&D->used, __ATOMIC_RELAXED))
-        __atomic_store_n(&D->used, 1, __ATOMIC_RELAXED);
-    if (D->period_us && D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
-        double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
-        if (a >= 0 && b >= 0) {
-            /* kernels longer than a fraction of the period: pool periods until MIN_LAUNCHES */
-            D->acc_busy += u_me / 100.0 * (double)D->period_us / 1e6;
-            D->acc_launches += b - a;
-        }
-        if (D->acc_launches >= MIN_LAUNCHES) {
-            if (D->acc_busy > 0) {
-                double t = D->acc_busy / D->acc_launches;
-                D->tau = D->have_tau ? D->tau + SMOOTH * (t - D->tau) : t;
-                D->have_tau = 1;
-            }
-            D->acc_busy = D->acc_launches = 0;
-        }
-    }
     if (u_other >= 1)
         D->others_until_ms = now_ms + g_hold_ms;
+    if (u_me >= 1 && !__atomic_load_n(&D->used, __ATOMIC_RELAXED))
+        __atomic_store_n(&D->used, 1, __ATOMIC_RELAXED);
+    if (!D->period_us)
+        return;
+    /* decayed sums over a window of about HAMI_LIMITER_WINDOW_MS (longer while others are
+     * sampled: each of our samples is then rarer); 1 - p/w stands in for exp(-p/w) */
+    double p_s = (double)D->period_us / 1e6;
+    double w_s = (double)(now_ms < D->others_until_ms ? g_shared_window_ms : g_window_ms) / 1e3;
+    double keep = p_s >= w_s ? 0 : 1 - p_s / w_s;
+    double busy = u_me / 100.0 * p_s;
+    D->ew_ubusy = D->ew_ubusy * keep + busy;
+    D->ew_utime = D->ew_utime * keep + p_s;
+    double u_avg = D->ew_ubusy / D->ew_utime * 100.0;
+    if (vgpu_my_slot) /* our share, averaged: read by the container's other processes and the monitor */
+        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)(u_avg + 0.5), __ATOMIC_RELAXED);
+    if (D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
+        double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
+        if (a >= 0 && b >= 0) {
+            /* a period whose sample named someone else is zero busy time for us, not unknown */
+            D->ew_busy = D->ew_busy * keep + busy;
+            D->ew_launches = D->ew_launches * keep + (b - a);
+        }
+        if (D->ew_launches >= MIN_LAUNCHES && D->ew_busy > 0) {
+            D->tau = D->ew_busy / D->ew_launches;
+            D->have_tau = 1;
+        }
+    }
+    double u_cont = 0;
+    int n_act = 1;
+    container_shares(d, &u_cont, &n_act);
     int policy = vgpu_cfg.core_policy, L = limit_of(d);
     int binding = L < 100 && (policy == 1 || (policy == 0 && now_ms < D->others_until_ms));
     if (binding != D->binding)
@@ -432,8 +468,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
         set_interval(d, D, 0);
         return;
     }
-    double total = u_me + u_cont;
-    double target = u_me + (L - total) * (1 - ALPHA) / n_act + ALPHA * ((double)L / n_act - u_me);
+    double total = u_avg + u_cont;
+    double target = u_avg + (L - total) * (1 - ALPHA) / n_act + ALPHA * ((double)L / n_act - u_avg);
     if (target > L)
         target = L;
     if (target < 0.5)
@@ -442,8 +478,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     set_interval(d, D, (int64_t)(iv < 1 ? 1 : iv));
     if (vgpu_my_slot) /* lets a process joining the container start from our cost */
         __atomic_store_n(&vgpu_my_slot->used[d].unused[LIM_DEV_TAU_NS], (uint64_t)(D->tau * 1e9), __ATOMIC_RELAXED);
-    LOG_DEBUG("device %d: me %.0f%% container %.0f%% others %.0f%% tau %.0fus target %.1f%%", d, u_me,
-              total, u_other, D->tau * 1e6, target);
+    LOG_DEBUG("device %d: me %.0f%% (avg %.1f%%) container %.0f%% others %.0f%% tau %.0fus target %.1f%%", d, u_me,
+              u_avg, total, u_other, D->tau * 1e6, target);
 }
 
 static void publish_flags(int pause, int count)
@@ -466,7 +502,7 @@ static void *watcher(void *arg)
             if (limit_of(d) >= 100)
                 continue;
             if (!counting)
-                D->counted_since_us = 0, D->acc_busy = D->acc_launches = 0;
+                D->counted_since_us = 0, D->ew_busy = D->ew_launches = 0;
             else if (!D->counted_since_us)
                 D->counted_since_us = now_us;
             if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED)) {
@@ -514,7 +550,10 @@ static void setup(void)
     g_started = 1;
     g_tick_ms = (unsigned)vgpu_env_int("HAMI_LIMITER_TICK_MS", 10, 1, 1000, "milliseconds");
     g_quiet_ms = (unsigned)vgpu_env_int("HAMI_PRIORITY_QUIET_MS", 200, 10, 60000, "milliseconds");
-    g_hold_ms = (unsigned)vgpu_env_int("HAMI_CONTENTION_HOLD_MS", 1000, 0, 60000, "milliseconds");
+    g_hold_ms = (unsigned)vgpu_env_int("HAMI_CONTENTION_HOLD_MS", 3000, 0, 60000, "milliseconds");
+    g_window_ms = (unsigned)vgpu_env_int("HAMI_LIMITER_WINDOW_MS", 1000, 100, 60000, "milliseconds");
+    g_shared_window_ms =
+        (unsigned)vgpu_env_int("HAMI_LIMITER_SHARED_WINDOW_MS", 10000, 100, 600000, "milliseconds");
     int pid = vgpu_my_slot ? __atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!pid) /* not found at context creation (or written by a node agent) */
         pid = lim_resolve_host_pid(vgpu_current_dev());

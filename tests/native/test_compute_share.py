@@ -22,13 +22,16 @@ from .cshare import Trace, base_env, start
 pytestmark = pytest.mark.native
 
 TOL = 5.0  # percentage points above the limit (the isolation guarantee)
+# With a real driver's attribution (one process per sample) a competing task's share is held on
+# average over a lottery of ~100 samples: up to 6 points over its limit measured in 5 s runs.
+TOL_RESIDENT = 10.0
 LOW = 0.25  # held, not starved: at least this fraction of the limit, even on a saturated CPU
 SETTLE_MS = 500  # measurement starts this long after the first launch
 UNTHROTTLED = 3 * TOL  # "clearly not held at the limit": more than limit + 15 points
 
 
-def held(achieved: float, limit: float, what: object = None) -> None:
-    assert LOW * limit <= achieved <= limit + TOL, (what, limit, achieved)
+def held(achieved: float, limit: float, what: object = None, tol: float = TOL) -> None:
+    assert LOW * limit <= achieved <= limit + tol, (what, limit, achieved)
 
 
 def fair_split(shares: list[float]) -> None:
@@ -63,27 +66,38 @@ def test_disable_policy_never_throttles(env, tmp_path):
     assert steady(tr) > 20 + UNTHROTTLED  # not held at 20 (the load alone reaches ~98 on an idle machine)
 
 
-def test_two_containers_30_70(env, tmp_path):
+# split: every process sampled with its own busy time each period; resident: each sample names
+# only the process on the device at its instant, with the device's utilization (a real driver)
+ATTRIBUTIONS = pytest.mark.parametrize("attribution", ["split", "resident"])
+
+
+@ATTRIBUTIONS
+def test_two_containers_30_70(env, tmp_path, attribution):
     m = tmp_path / "m"
-    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=3) for lim in (30, 70)]
+    env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
+    secs, tol = (3, TOL) if attribution == "split" else (5, TOL_RESIDENT)
+    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in (30, 70)]
     traces = [t.trace() for t in tasks]
     a, b = max(t.start for t in traces), min(t.end for t in traces)
     for lim, tr in zip((30, 70), traces):
         achieved = tr.share(a + SETTLE_MS, b - 50)
-        print(f"30/70 competing: limit {lim} achieved {achieved:.1f}%")
-        held(achieved, lim)
+        print(f"30/70 competing ({attribution}): limit {lim} achieved {achieved:.1f}%")
+        held(achieved, lim, attribution, tol)
 
 
-def test_three_containers_20_30_50(env, tmp_path):
+@ATTRIBUTIONS
+def test_three_containers_20_30_50(env, tmp_path, attribution):
     m = tmp_path / "m"
+    env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
     limits = (20, 30, 50)
-    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=3) for lim in limits]
+    secs, tol = (3, TOL) if attribution == "split" else (5, TOL_RESIDENT)
+    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in limits]
     traces = [t.trace() for t in tasks]
     a, b = max(t.start for t in traces), min(t.end for t in traces)
     for lim, tr in zip(limits, traces):
         achieved = tr.share(a + SETTLE_MS, b - 50)
-        print(f"20/30/50 competing: limit {lim} achieved {achieved:.1f}%")
-        held(achieved, lim)
+        print(f"20/30/50 competing ({attribution}): limit {lim} achieved {achieved:.1f}%")
+        held(achieved, lim, attribution, tol)
 
 
 def test_default_policy_is_work_conserving(env, tmp_path):

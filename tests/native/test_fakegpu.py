@@ -463,3 +463,47 @@ print(err(n.nvmlDeviceSetMigMode, a, 0), n.nvmlDeviceGetMigMode(a))
         "InsufficientResources",
         "ok [0, 0]",
     ]
+
+
+UTIL_PROBE = r"""
+import os, subprocess, sys, time, cuda_probe as c, pynvml as n
+P = 2.0  # FAKEGPU_SAMPLE_PERIOD_US below
+CHILD = "import cuda_probe as c; c.init(); fn = c.function(b'busy_50ms'); [c.launch(fn) for _ in range(2)]; c.check(c.cu.cuCtxSynchronize())"
+c.init(); fn = c.function(b"busy_50ms")
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+for attempt in range(4):
+    time.sleep(P - time.time() % P + 0.01)        # just after a period boundary
+    period = int(time.time() // P)
+    child = subprocess.Popen([sys.executable, "-c", CHILD])
+    for _ in range(4):
+        assert c.launch(fn) == 0
+    c.check(c.cu.cuCtxSynchronize())
+    assert child.wait() == 0
+    if int(time.time() // P) == period:           # all the work fell in one period
+        break
+else:
+    raise SystemExit("the work never fitted in one sample period")
+time.sleep(P - time.time() % P + 0.05)            # that period is now complete
+s = n.nvmlDeviceGetProcessUtilization(h, 0)
+print(sorted(("me" if x.pid == os.getpid() else "child" if x.pid == child.pid else x.pid, x.smUtil) for x in s))
+"""
+
+
+@pytest.mark.parametrize(
+    "attribution, expected",
+    [("split", ["[('child', 5), ('me', 10)]"]), ("resident", ["[('child', 15)]", "[('me', 15)]"])],
+)
+def test_process_utilization_attribution(fake_env, attribution, expected):
+    """split: each process its own busy time (100 ms and 200 ms of a 2 s period); resident, as a
+    real driver: one row per sample, one of the processes, with the device's whole 15 %."""
+    fake_env["FAKEGPU_SAMPLE_PERIOD_US"] = "2000000"
+    fake_env["FAKEGPU_UTIL_ATTRIBUTION"] = attribution
+    out = run_py(UTIL_PROBE, fake_env).stdout.strip()
+    assert out in expected
+
+
+def test_bad_attribution_is_refused_naming_the_key(fake_env):
+    fake_env["FAKEGPU_UTIL_ATTRIBUTION"] = "fair"
+    proc = run_py("import cuda_probe as c; c.init()", fake_env, check=False)
+    assert proc.returncode != 0
+    assert "util_attribution" in proc.stderr and "fair" in proc.stderr
