@@ -381,6 +381,22 @@ static int seed_tau(int d, lim_dev *D)
     return n;
 }
 
+/* Force policy, a process joining a container whose other processes are already held: start
+ * paced at an equal split from their cost per launch, and announce that share at once so that
+ * the others make room before our own averages exist. */
+static void set_interval(int d, lim_dev *D, int64_t iv);
+
+static void seed_pacing(int d, lim_dev *D)
+{
+    int peers = seed_tau(d, D);
+    if (!peers)
+        return;
+    double share = limit_of(d) / (double)(peers + 1);
+    set_interval(d, D, (int64_t)(D->tau / (share / 100.0) * 1e9));
+    if (vgpu_my_slot)
+        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)share, __ATOMIC_RELAXED);
+}
+
 static void set_interval(int d, lim_dev *D, int64_t iv)
 {
     int64_t old = __atomic_exchange_n(&D->interval_ns, iv, __ATOMIC_RELAXED);
@@ -436,9 +452,12 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     double p_s = (double)D->period_us / 1e6;
     double w_s = (double)(now_ms < D->others_until_ms ? g_shared_window_ms : g_window_ms) / 1e3;
     double keep = p_s >= w_s ? 0 : 1 - p_s / w_s;
+    /* the share used to split the container's limit follows faster (an eighth of the window):
+     * its noise moves the split between our processes, never the container's total */
+    double keep_u = p_s >= w_s / 8 ? 0 : 1 - p_s / (w_s / 8);
     double busy = u_me / 100.0 * p_s;
-    D->ew_ubusy = D->ew_ubusy * keep + busy;
-    D->ew_utime = D->ew_utime * keep + p_s;
+    D->ew_ubusy = D->ew_ubusy * keep_u + busy;
+    D->ew_utime = D->ew_utime * keep_u + p_s;
     double u_avg = D->ew_ubusy / D->ew_utime * 100.0;
     if (vgpu_my_slot) /* our share, averaged: read by the container's other processes and the monitor */
         __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)(u_avg + 0.5), __ATOMIC_RELAXED);
@@ -507,11 +526,8 @@ static void *watcher(void *arg)
                 D->counted_since_us = now_us;
             if (counting && __atomic_load_n(&D->used, __ATOMIC_RELAXED)) {
                 snapshot(D, now_us);
-                if (!D->have_tau && vgpu_cfg.core_policy == 1) {
-                    int peers = seed_tau(d, D);
-                    if (peers) /* first guess: an equal split; the first sample corrects it */
-                        set_interval(d, D, (int64_t)(D->tau / (limit_of(d) / 100.0 / (peers + 1)) * 1e9));
-                }
+                if (!D->have_tau && vgpu_cfg.core_policy == 1)
+                    seed_pacing(d, D);
             }
             control(d, D, now_ms, now_us);
             /* count launches while capped, or while others use the GPU (about to be) */
@@ -569,8 +585,15 @@ static void setup(void)
         any |= limit_of(d) < 100;
     unsigned f = 0;
     g_watch = any && vgpu_cfg.core_policy != 2 && vgpu_my_slot;
-    if (g_watch && vgpu_cfg.core_policy == 1)
+    if (g_watch && vgpu_cfg.core_policy == 1) {
         f |= F_COUNT;
+        /* paced from the first launch when the container's other processes are held already
+         * (else the launches before the watcher's first tick go through unpaced) */
+        int ndev = (int)__atomic_load_n(&vgpu_reg->device_num, __ATOMIC_ACQUIRE);
+        for (int d = 0; d < ndev && d < VGPU_MAX_DEV; d++)
+            if (limit_of(d) < 100)
+                seed_pacing(d, &g_dev[d]);
+    }
     if (lim_peers_configured() && vgpu_my_slot)
         f |= F_PUBLISH;
     LOG_INFO("compute share: %s, policy %s, priority %d, host pid %d%s", any ? "limited" : "no limit",
