@@ -123,7 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-recovery",
         default="0",
         help="a GPU marked unhealthy is healthy again (its taint removed) once this long has passed "
-        "since its last fatal XID and NVML still answers for it, e.g. 10m; 0: only after a restart "
+        "since its last fatal XID and NVML still answers for it, e.g. 10m; a non-fatal XID's "
+        "informational taint goes this long after the GPU's last one; 0: only after a restart "
         "(default %(default)s)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
