@@ -1,5 +1,6 @@
 """Shared fixtures for the native tests: build native/ once, give each test its own fake
-machine (FAKEGPU_STATE_DIR) and a helper to run probe programs in a fresh process."""
+machine (FAKEGPU_STATE_DIR) and a helper to run probe programs in a fresh process; the paths of
+the build (``BUILD``, ``FAKE``, ``FAKE_NVML``) and a skip for tests that need the fake NVML built."""
 
 from __future__ import annotations
 
@@ -13,12 +14,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "native" / "build"
 FAKE = BUILD / "fakegpu"
+#: the fake driver's NVML, which the node programs under test load (``--nvml-library``)
+FAKE_NVML = FAKE / "libnvidia-ml.so.1"
 
 
 @pytest.fixture(scope="session")
 def native_build() -> Path:
     subprocess.run(["make", "-s", "-C", str(ROOT / "native")], check=True)
     return BUILD
+
+
+@pytest.fixture
+def need_fake_nvml() -> Path:
+    """Skips the test when the fake NVML is not built (for tests that do not build native/
+    themselves: ``pytestmark = pytest.mark.usefixtures("need_fake_nvml")``)."""
+    if not FAKE_NVML.exists():
+        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
+    return FAKE_NVML
 
 
 @pytest.fixture

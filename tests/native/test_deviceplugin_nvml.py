@@ -6,23 +6,16 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.native
+from .conftest import FAKE_NVML, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+pytestmark = [pytest.mark.native, pytest.mark.usefixtures("need_fake_nvml")]
+
 DEVICES = "name=Tesla T4,memory=16G,pci=0000:3b:00.0;name=NVIDIA A100-SXM4-40GB,memory=40G,pci=0000:5e:00.0"
 G0 = "GPU-f00dfeed-0000-4000-8000-000000000000"
 G1 = "GPU-f00dfeed-0000-4000-8000-000000000001"
-
-
-@pytest.fixture(autouse=True)
-def _need_fake():
-    if not FAKE_NVML.exists():
-        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
 
 
 def env(tmp_path, **extra):
@@ -109,12 +102,13 @@ def test_bad_node_config_is_one_clear_line(tmp_path):
 
 
 def test_xid_watcher_reports_critical_xids_only(tmp_path):
+    """A fault (79) marks its GPU; an application error (13) is only passed to ``on_minor``."""
     script = textwrap.dedent(f"""
         import time
         from hami.node.nvml import open_nvml, XidWatcher
         open_nvml({str(FAKE_NVML)!r})
-        got = []
-        w = XidWatcher([{G0!r}, {G1!r}], got.append, wait_ms=100)
+        got, minor = [], []
+        w = XidWatcher([{G0!r}, {G1!r}], got.append, wait_ms=100, on_minor=lambda u, x: minor.append((u, x)))
         w.start()
         time.sleep(0.3)
         open({str(tmp_path / "xid")!r}, "w").write("0 13\\n{G1} 79\\n")
@@ -123,8 +117,8 @@ def test_xid_watcher_reports_critical_xids_only(tmp_path):
             time.sleep(0.05)
         time.sleep(0.3)
         w.stop()
-        print(got)
+        print(got, minor)
     """)
     out = subprocess.run([sys.executable, "-c", script], env=env(tmp_path), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str([[G1]])
+    assert out.stdout.strip() == f"{[[G1]]} {[(G0, 13)]}"

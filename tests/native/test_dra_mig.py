@@ -13,18 +13,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.native
+from .conftest import FAKE_NVML, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+pytestmark = [pytest.mark.native, pytest.mark.usefixtures("need_fake_nvml")]
+
 A100 = "GPU-f00dfeed-0000-4000-8000-000000000000"
 DEVICES = "name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108"
-
-
-@pytest.fixture(autouse=True)
-def _need_fake():
-    if not FAKE_NVML.exists():
-        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
 
 
 def env(tmp_path: Path) -> dict:

@@ -5,22 +5,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.native
+from .conftest import FAKE_NVML, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
+pytestmark = [pytest.mark.native, pytest.mark.usefixtures("need_fake_nvml")]
+
 DEVICES = "name=Tesla T4,memory=16G,pci=0000:3b:00.0;name=NVIDIA A100-SXM4-40GB,memory=40G,pci=0000:5e:00.0"
 G0 = "GPU-f00dfeed-0000-4000-8000-000000000000"
-
-
-@pytest.fixture(autouse=True)
-def _need_fake():
-    if not FAKE_NVML.exists():
-        pytest.skip(f"{FAKE_NVML} is not built (run `make -C native`)")
 
 
 def hami(*args, tmp_path, devices=DEVICES):

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import BUILD, FAKE, FAKE_NVML, ROOT
+
 pytestmark = pytest.mark.native
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
 A100 = "GPU-f00dfeed-0000-4000-8000-000000000000"
 H100 = "GPU-f00dfeed-0000-4000-8000-000000000001"
 DEVICES = "name=NVIDIA A100-SXM4-40GB,memory=40Gi,sms=108;name=NVIDIA H100 80GB HBM3,memory=80Gi,mig_mode=1"
@@ -275,8 +275,6 @@ def test_container_sees_its_mig_device_and_libvgpu_limits_it(native_build, tmp_p
     """What Allocate hands a MIG container (NVIDIA_VISIBLE_DEVICES=<MIG UUID>, libvgpu with the
     memory limit): the fake runtime shows the instance (its UUID, name, the profile's memory),
     and libvgpu caps it at the limit."""
-    from .conftest import BUILD, FAKE
-
     cfg = tmp_path / "fakegpu.conf"
     cfg.write_text(
         f"state_dir={tmp_path / 'fg'}\nvisible_devices_env=NVIDIA_VISIBLE_DEVICES\n"
@@ -363,8 +361,6 @@ def test_mig_mode_on_a_gpu_without_mig_is_refused_in_one_line(native_build, tmp_
 
 def test_mig_mode_cannot_be_turned_on_under_a_running_process(native_build, tmp_path):
     """operatingmode mig on a GPU a process still uses: refused in one line naming the GPU."""
-    from .conftest import FAKE
-
     env = {
         **os.environ,
         "FAKEGPU_DEVICES": "name=NVIDIA A100-SXM4-40GB,memory=40Gi",

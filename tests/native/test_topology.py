@@ -18,11 +18,10 @@ from hami.vendors import build_vendors
 
 from . import boards
 from .boards import uuid
+from .conftest import FAKE_NVML, ROOT
 
 pytestmark = pytest.mark.native
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_NVML = ROOT / "native/build/fakegpu/libnvidia-ml.so.1"
 SCORE = "hami.io/node-nvidia-score"
 REGISTER = "hami.io/node-nvidia-register"
 

@@ -12,6 +12,7 @@ entry gone), and a new claim is prepared after it.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -33,9 +34,22 @@ from .test_chart_e2e import (
 )
 
 
+#: ``dra.healthRecovery`` of the installed chart, seconds: long enough for the kubelet to show
+#: the Unhealthy device before the agent counts the GPU as recovered
+HEALTH_RECOVERY_S = 30
+
+
 @pytest.fixture(scope="module")
 def dra_product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, request):
-    yield from installed(real_node_holder, real_cluster, tmp_path_factory.mktemp("dra-product"), request, "dra")
+    yield from installed(
+        real_node_holder,
+        real_cluster,
+        tmp_path_factory.mktemp("dra-product"),
+        request,
+        "dra",
+        # a GPU a fatal XID marked is healthy again after this long (the health test below)
+        {"dra": {"healthRecovery": f"{HEALTH_RECOVERY_S}s"}},
+    )
 
 
 @pytest.fixture
@@ -221,27 +235,67 @@ def test_the_kubelet_shows_the_claims_gpu_health_in_the_pod_status(
 ):
     """KEP-4680: the agent streams device health to the kubelet (``v1alpha1.DRAResourceHealth``),
     which puts it in the container's ``allocatedResourcesStatus`` (``kubectl describe pod``), named
-    after the CDI device the claim was prepared into (the kubelet's ResourceID for a DRA device)."""
+    after the CDI device the claim was prepared into (the kubelet's ResourceID for a DRA device).
+    A non-fatal XID that the fake driver raises on the claim's GPU leaves it ``Healthy`` (an
+    informational taint only); a fatal one turns it ``Unhealthy`` there (and taints the GPU
+    ``NoSchedule``); ``dra.healthRecovery`` later it is ``Healthy`` again, the taints gone."""
     ns, name = dra_namespace, "health"
-    _, uid = _hold(real_cluster, dra_product, ns, name, 600)
+    out, uid = _hold(real_cluster, dra_product, ns, name, 600)
     device = f"{DRA_CDI_KIND}={uid}"  # the claim's one CDI device (hami.draplugin.prepare)
+    gpu = out["env"]["NVIDIA_VISIBLE_DEVICES"]
+    (claim,) = [c for c in claims_of(real_cluster, ns) if c["metadata"]["uid"] == uid]
+    ((result,),) = [claim["status"]["allocation"]["devices"]["results"]]
 
-    def shown():
+    def health() -> list[str]:
         pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
-        found = [
-            r
+        return [
+            r.get("health")
             for s in (pod.get("status") or {}).get("containerStatuses") or []
             for st in s.get("allocatedResourcesStatus") or []
             for r in st.get("resources") or []
+            if r.get("resourceID") == device
         ]
-        return found if any(r.get("resourceID") == device for r in found) else None
 
-    try:
-        found = real_cluster.wait_for(shown, "the claim's device health in the pod status", timeout=90, interval=1)
-    except TimeoutError as exc:
-        pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
-        raise AssertionError(f"{exc}: {json.dumps(pod.get('status'), indent=1)}") from None
-    assert [r.get("health") for r in found if r.get("resourceID") == device] == ["Healthy"], found
+    def taints() -> list[tuple[str, str]]:
+        slices = real_cluster.api(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={dra_product.node.name}"
+        )["items"]
+        return [
+            (t["key"], t["effect"])
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["name"] == result["device"]
+            for t in d.get("taints") or []
+        ]
+
+    def shows(state: str, what: str) -> None:
+        began = time.monotonic()
+        try:
+            real_cluster.wait_for(lambda: health() == [state], what, timeout=90, interval=0.5)
+            print(f"{what}: {time.monotonic() - began:.1f}s")
+        except TimeoutError as exc:
+            pod = real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+            raise AssertionError(
+                f"{exc}: {json.dumps(pod.get('status'), indent=1)}\n{dra_product.describe()}"
+            ) from None
+
+    shows("Healthy", "the claim's device Healthy in the pod status")
+    assert dra_product.state is not None
+    # XID 13 (an application error) on the claim's GPU, through the fake NVML's event file: only
+    # an informational taint, the device stays Healthy
+    (dra_product.state / "xid").write_text(f"{gpu} 13\n")
+    noted = [(f"{DRIVER}/xid", "None")]
+    assert real_cluster.wait_for(lambda: taints() == noted, "XID 13 recorded on the GPU", timeout=60)
+    assert health() == ["Healthy"]
+    # XID 79 (the GPU fell off the bus): Unhealthy, and the GPU tainted NoSchedule
+    (dra_product.state / "xid").write_text(f"{gpu} 79\n")
+    shows("Unhealthy", "the claim's device Unhealthy in the pod status after XID 79")
+    unhealthy = (f"{DRIVER}/unhealthy", "NoSchedule")
+    assert real_cluster.wait_for(lambda: unhealthy in taints(), "the GPU tainted", timeout=60)
+    assert running(real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{name}"))  # NoSchedule evicts nothing
+    # quiet for dra.healthRecovery and NVML answers: healthy again, both taints gone
+    shows("Healthy", "the claim's device Healthy again after recovery")
+    assert real_cluster.wait_for(lambda: not taints() and "untainted", "the GPU untainted", timeout=60)
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
     real_cluster.wait_for(
         lambda: uid not in cdi_specs(dra_product),

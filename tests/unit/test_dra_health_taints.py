@@ -1,6 +1,7 @@
 """A GPU a fatal XID marked unhealthy carries a device taint in the ResourceSlice (KEP-5055), the
 taint goes when the GPU recovers, a cluster that drops taints gets the GPU left out instead, and
-the simulator keeps claims off a tainted GPU unless they tolerate it, as kube-scheduler does."""
+the simulator keeps claims off a tainted GPU unless they tolerate it, as kube-scheduler does. A
+non-fatal XID is recorded as an informational taint (effect ``None``) that keeps no claim off."""
 
 import asyncio
 
@@ -8,11 +9,21 @@ import pytest
 
 from hami.core import SchedulerConfig
 from hami.dra import fit
-from hami.dra.model import UNHEALTHY_TAINT_KEY, SliceSettings, resource_slice, unhealthy_taint
+from hami.dra.model import (
+    UNHEALTHY_TAINT_KEY,
+    GpuMig,
+    SliceSettings,
+    StaticInstance,
+    resource_slice,
+    resource_slices,
+    unhealthy_taint,
+    xid_taint,
+)
 from hami.draplugin.health import HealthBook
 from hami.draplugin.publisher import publish_slice
 from hami.kube.client import KubeError
-from hami.node.nvml import PhysicalGPU
+from hami.node import nvml
+from hami.node.nvml import PhysicalGPU, XidWatcher
 from hami.sim.dra import simulate_dra
 from hami.vendors import build_vendors
 
@@ -34,13 +45,48 @@ def test_an_unhealthy_gpu_is_tainted_or_left_out():
         unhealthy_taint("None")
 
 
+XID_13 = {"key": "gpu.hami.io/xid", "value": "13", "effect": "None"}
+
+
+def test_a_minor_xid_is_an_informational_taint_beside_the_unhealthy_one():
+    spec = resource_slice("n", GPUS, S, notes={"GPU-0": 13})["spec"]
+    assert spec["devices"][0]["taints"] == [XID_13] and "taints" not in spec["devices"][1]
+    both = resource_slice("n", GPUS, S, unhealthy=frozenset({"GPU-0"}), taint="NoSchedule", notes={"GPU-0": 13})
+    assert both["spec"]["devices"][0]["taints"] == [unhealthy_taint("NoSchedule"), XID_13]
+    # an unhealthy GPU left out (no taint effect) is left out with its note
+    left_out = resource_slice("n", GPUS, S, unhealthy=frozenset({"GPU-0"}), notes={"GPU-0": 13, "GPU-1": 31})
+    assert [(d["name"], d["taints"]) for d in left_out["spec"]["devices"]] == [("gpu-1", [{**XID_13, "value": "31"}])]
+    for bad in (-1, "13", True):
+        with pytest.raises(ValueError, match=f"XID must be a number >= 0, got {bad!r}"):
+            xid_taint(bad)
+
+
+def test_a_minor_xid_taints_the_mig_devices_of_its_gpu():
+    a100 = PhysicalGPU(0, "GPU-A", "NVIDIA A100-SXM4-40GB", 40960, "0000:01:00.0", 0)
+    mig = {"GPU-A": GpuMig(False, instances=(StaticInstance(1, "1g.5gb", 0, 1, "MIG-1", 4864, 14),))}
+    [sl] = resource_slices("n", [a100], S, mig=mig, notes={"GPU-A": 43})
+    assert [(d["name"], d.get("taints")) for d in sl["spec"]["devices"]] == [
+        (sl["spec"]["devices"][0]["name"], [{**XID_13, "value": "43"}])
+    ]
+
+
+def test_an_informational_taint_keeps_no_claim_off_the_gpu():
+    tainted = resource_slice("n", GPUS[:1], S, notes={"GPU-0": 13})
+    devs = list(fit.devices_of([tainted]).values())
+    requests, constraints = fit.claim_spec_requests(claim_spec(), "c")
+    found = fit.allocate_claims(devs, [fit.ClaimAsk("c", requests, constraints)])
+    assert [p.device.device for p in found.picks[0]] == ["gpu-0"]
+
+
 class FakeApi:
     """KubeClient's get/request over one stored ResourceSlice; ``keep_taints`` False plays an API
-    server without device taints (the field is dropped on write)."""
+    server without device taints (the field is dropped on write), ``refuse_none`` one that refuses
+    the taint effect ``None`` (before Kubernetes 1.35)."""
 
-    def __init__(self, keep_taints=True):
+    def __init__(self, keep_taints=True, refuse_none=False):
         self.stored = None
         self.keep_taints = keep_taints
+        self.refuse_none = refuse_none
         self.writes = []
 
     async def get(self, path, **query):
@@ -53,6 +99,8 @@ class FakeApi:
         import copy
 
         obj = copy.deepcopy(body)
+        if self.refuse_none and any(t["effect"] == "None" for d in obj["spec"]["devices"] for t in d.get("taints", ())):
+            raise KubeError(method, path, 422, 'spec.devices[0].taints[0].effect: Unsupported value: "None"')
         if not self.keep_taints:
             for d in obj["spec"]["devices"]:
                 d.pop("taints", None)
@@ -82,6 +130,34 @@ def test_a_cluster_that_drops_taints_gets_the_unhealthy_gpu_left_out():
     got = asyncio.run(publish_slice(api, "n", GPUS, S, frozenset({"GPU-1"}), "", "NoSchedule"))
     assert names(got) == ["gpu-0"]  # never published as if healthy
     assert [names(w) for w in api.writes[1:]] == [["gpu-0", "gpu-1"], ["gpu-0"]]
+
+
+def test_the_publisher_writes_a_minor_xid_and_falls_back_where_the_cluster_cannot_keep_it():
+    api = FakeApi()
+    asyncio.run(publish_slice(api, "n", GPUS, S, frozenset(), "", "NoSchedule"))
+    got = asyncio.run(publish_slice(api, "n", GPUS, S, frozenset(), "", "NoSchedule", notes={"GPU-1": 13}))
+    assert got["spec"]["devices"][1]["taints"] == [XID_13] and got["spec"]["pool"]["generation"] == 2
+    # taints dropped by the API server: the informational one goes too, nothing is left out for it
+    api = FakeApi(keep_taints=False)
+    got = asyncio.run(publish_slice(api, "n", GPUS, S, frozenset({"GPU-0"}), "", "NoSchedule", notes={"GPU-1": 13}))
+    assert names(got) == ["gpu-1"] and "taints" not in got["spec"]["devices"][0]
+    # effect None refused (422): published again with the unhealthy taint only
+    api = FakeApi(refuse_none=True)
+    got = asyncio.run(publish_slice(api, "n", GPUS, S, frozenset({"GPU-0"}), "", "NoSchedule", notes={"GPU-0": 13}))
+    assert got["spec"]["devices"][0]["taints"] == [unhealthy_taint("NoSchedule")]
+
+
+class RefusingApi(FakeApi):
+    async def request(self, method, path, query=None, body=None, content_type=None):
+        self.writes.append(body)
+        raise KubeError(method, path, 422, "spec.devices: Too many")
+
+
+def test_a_refusal_that_is_not_about_the_xid_taint_reaches_the_caller():
+    api = RefusingApi()
+    with pytest.raises(KubeError, match="Too many"):
+        asyncio.run(publish_slice(api, "n", GPUS, S, frozenset(), "", "NoSchedule", notes={"GPU-0": 13}))
+    assert [[d.get("taints") for d in w["spec"]["devices"]] for w in api.writes] == [[[XID_13], None], [None, None]]
 
 
 class Clock:
@@ -126,6 +202,81 @@ def test_without_recovery_a_gpu_stays_unhealthy_and_a_raising_probe_is_not_back(
     assert book.recover() == [] and book.unhealthy() == {"GPU-0"}
     with pytest.raises(ValueError, match="recovery must be >= 0"):
         HealthBook(-1)
+
+
+def test_a_minor_xid_is_noted_not_marked_and_forgotten_after_the_quiet_period():
+    clock = Clock()
+    book = HealthBook(60, lambda u: True, clock)
+    book.note("GPU-0", 13)
+    assert book.unhealthy() == frozenset() and book.notes() == {"GPU-0": 13} and book.due() == 60
+    clock.now += 40
+    book.note("GPU-0", 31)  # the last one wins, its wait starts again
+    book.mark(["GPU-1"])
+    clock.now += 30
+    assert book.forget() == [] and book.notes() == {"GPU-0": 31} and book.due() == 30
+    clock.now += 30
+    assert book.forget() == ["GPU-0"] and book.notes() == {}
+    assert book.recover() == ["GPU-1"] and book.due() is None
+    forever = HealthBook(0, lambda u: True, clock)
+    forever.note("GPU-0", 13)
+    clock.now += 1e6
+    assert forever.forget() == [] and forever.notes() == {"GPU-0": 13} and forever.due() is None
+
+
+class FakeEvents:
+    """pynvml's event calls over a list of (UUID, event type, XID) events, for :class:`XidWatcher`."""
+
+    def __init__(self, monkeypatch, events):
+        self.events = list(events)
+        for name, fn in {
+            "nvmlEventSetCreate": lambda: "set",
+            "nvmlDeviceGetHandleByUUID": lambda uuid: uuid,
+            "nvmlDeviceRegisterEvents": lambda handle, types, es: None,
+            "nvmlEventSetWait_v2": self.wait,
+            "nvmlDeviceGetUUID": lambda handle: handle,
+            "nvmlEventSetFree": lambda es: None,
+        }.items():
+            monkeypatch.setattr(nvml.pynvml, name, fn)
+
+    def wait(self, es, ms):
+        import types
+
+        if not self.events:
+            raise nvml.pynvml.NVMLError(nvml.pynvml.NVML_ERROR_TIMEOUT)
+        uuid, kind, xid = self.events.pop(0)
+        return types.SimpleNamespace(device=uuid, eventType=kind, eventData=xid)
+
+
+def test_the_watcher_reports_a_minor_xid_apart_from_a_fatal_one(monkeypatch):
+    import threading
+
+    critical = nvml.pynvml.nvmlEventTypeXidCriticalError
+    FakeEvents(
+        monkeypatch,
+        [
+            ("GPU-0", critical, 13),  # an application error: noted
+            ("GPU-1", nvml.pynvml.nvmlEventTypeSingleBitEccError, 0),  # not an XID: neither
+            ("GPU-X", critical, 31),  # not one of ours: neither
+            ("GPU-1", critical, 79),  # a fault: unhealthy
+            ("GPU-1", critical, 48),  # disabled by DP_DISABLE_HEALTHCHECKS=48: noted
+        ],
+    )
+    marked, noted, done = [], [], threading.Event()
+
+    def on_unhealthy(uuids):
+        marked.append(uuids)
+
+    def on_minor(uuid, xid):
+        noted.append((uuid, xid))
+        if xid == 48:
+            done.set()
+
+    ignored = nvml.ignored_xids({"DP_DISABLE_HEALTHCHECKS": "48"})
+    w = XidWatcher(["GPU-0", "GPU-1"], on_unhealthy, ignored, wait_ms=10, on_minor=on_minor)
+    w.start()
+    done.wait()
+    w.stop()
+    assert noted == [("GPU-0", 13), ("GPU-1", 48)] and marked == [["GPU-1"]]
 
 
 # ------------------------------------------------------------------ the allocator's rule

@@ -349,6 +349,10 @@ def counter_sets(gpus: Iterable[GpuLike], mig: Mapping[str, GpuMig]) -> list[dic
 UNHEALTHY_TAINT_KEY = f"{DRIVER}/unhealthy"
 UNHEALTHY_TAINT_VALUE = "xid"  # a fatal XID (or NVML failing) marked it
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+#: the informational taint of a GPU that had a non-fatal XID: the value is the XID's number and
+#: the effect ``None`` (resource.k8s.io/v1 since Kubernetes 1.35: "purely informational", no
+#: claim is kept off the GPU or evicted)
+XID_TAINT_KEY = f"{DRIVER}/xid"
 
 
 def unhealthy_taint(effect: str) -> dict[str, str]:
@@ -357,6 +361,21 @@ def unhealthy_taint(effect: str) -> dict[str, str]:
     if effect not in TAINT_EFFECTS:
         raise ValueError(f"unhealthy taint effect must be one of {', '.join(TAINT_EFFECTS)}, got {effect!r}")
     return {"key": UNHEALTHY_TAINT_KEY, "value": UNHEALTHY_TAINT_VALUE, "effect": effect}
+
+
+def xid_taint(xid: int) -> dict[str, str]:
+    """The informational device taint of a GPU whose last non-fatal XID was ``xid``."""
+    if not isinstance(xid, int) or isinstance(xid, bool) or xid < 0:
+        raise ValueError(f"xid taint: the XID must be a number >= 0, got {xid!r}")
+    return {"key": XID_TAINT_KEY, "value": str(xid), "effect": "None"}
+
+
+def _taints(uuid: str, unhealthy: frozenset[str], mark: dict[str, str] | None, notes: Mapping[str, int]) -> list:
+    """The taints of a device on GPU ``uuid``: the unhealthy mark, then the last non-fatal XID."""
+    out = [dict(mark)] if mark is not None and uuid in unhealthy else []
+    if uuid in notes:
+        out.append(xid_taint(notes[uuid]))
+    return out
 
 
 def _slice(node: str, part: int, generation: int, count: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -381,16 +400,19 @@ def resource_slices(
     unhealthy: frozenset[str] = frozenset(),
     taint: str | None = None,
     mig: Mapping[str, GpuMig] | None = None,
+    notes: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices (pool = node name), the first named :func:`slice_name`. An
     unhealthy GPU (and its MIG devices) carries the device taint :func:`unhealthy_taint` with effect
     ``taint`` (kube-scheduler allocates no claim there that does not tolerate it); with ``taint``
     None it is left out, which keeps new claims off it on clusters without device taints (claims
-    already prepared keep running either way). A GPU in ``mig`` is published as its MIG devices
-    (module doc). Without MIG this is one slice, as before."""
+    already prepared keep running either way). A GPU in ``notes`` (UUID -> its last non-fatal
+    XID) also carries the informational :func:`xid_taint`. A GPU in ``mig`` is published as its
+    MIG devices (module doc). Without MIG this is one slice, as before."""
     if not node:
         raise ValueError("resource_slices: node name is empty")
     mig = mig or {}
+    notes = notes or {}
     gpus = sorted(gpus, key=lambda g: g.index)
     mark = unhealthy_taint(taint) if taint is not None else None
     migs = mig_devices(gpus, mig)
@@ -399,18 +421,17 @@ def resource_slices(
     for g in gpus:
         if g.uuid in mig:
             continue
-        if g.uuid in unhealthy:
-            if mark is None:
-                continue
-            devices.append({**device(g, s), "taints": [dict(mark)]})
-        else:
-            devices.append(device(g, s))
+        if g.uuid in unhealthy and mark is None:
+            continue
+        taints = _taints(g.uuid, unhealthy, mark, notes)
+        devices.append({**device(g, s), "taints": taints} if taints else device(g, s))
     for d in migs.values():
+        if d.gpu_uuid in unhealthy and mark is None:
+            continue
         doc = _mig_device(d, by_uuid[d.gpu_uuid], s)
-        if d.gpu_uuid in unhealthy:
-            if mark is None:
-                continue
-            doc["taints"] = [dict(mark)]
+        taints = _taints(d.gpu_uuid, unhealthy, mark, notes)
+        if taints:
+            doc["taints"] = taints
         devices.append(doc)
     sets = counter_sets(gpus, mig)
     if not sets:  # no partitionable devices: the one slice of old
@@ -430,9 +451,10 @@ def resource_slice(
     generation: int = 1,
     unhealthy: frozenset[str] = frozenset(),
     taint: str | None = None,
+    notes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The node's one ResourceSlice when no GPU is in MIG mode (:func:`resource_slices`)."""
-    return resource_slices(node, gpus, s, generation, unhealthy, taint)[0]
+    return resource_slices(node, gpus, s, generation, unhealthy, taint, notes=notes)[0]
 
 
 def class_config(isolation: str) -> dict[str, Any]:

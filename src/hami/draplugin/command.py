@@ -123,7 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--health-recovery",
         default="0",
         help="a GPU marked unhealthy is healthy again (its taint removed) once this long has passed "
-        "since its last fatal XID and NVML still answers for it, e.g. 10m; 0: only after a restart "
+        "since its last fatal XID and NVML still answers for it, e.g. 10m; a non-fatal XID's "
+        "informational taint goes this long after the GPU's last one; 0: only after a restart "
         "(default %(default)s)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -234,7 +235,7 @@ async def _serve(
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
         node_uid = (node.get("metadata") or {}).get("uid") or ""
-        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig)
+        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig, book.notes())
 
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
@@ -291,8 +292,16 @@ async def _serve(
             book.mark(uuids)
             loop.call_soon_threadsafe(changed.set)
 
+        def on_minor(uuid: str, xid: int) -> None:  # from the watcher thread: an informational taint
+            book.note(uuid, xid)
+            loop.call_soon_threadsafe(changed.set)
+
         ignored = ignored_xids()
-        watcher = XidWatcher([g.uuid for g in gpus], on_unhealthy, ignored) if ignored is not None else None
+        watcher = (
+            XidWatcher([g.uuid for g in gpus], on_unhealthy, ignored, on_minor=on_minor)
+            if ignored is not None
+            else None
+        )
         if watcher:
             watcher.start()
         # the kubelet deletes every ResourceSlice of its node when it starts (and a driver's slices
@@ -312,13 +321,16 @@ async def _serve(
                 await asyncio.wait(waiters, timeout=book.due(), return_when=asyncio.FIRST_COMPLETED)
                 for w in waiters:
                     w.cancel()
-                if book.recover():  # GPUs healthy again: their taints go
+                healed, forgotten = book.recover(), book.forget()
+                if healed or forgotten:  # GPUs healthy again, or XIDs old enough: their taints go
                     changed.set()
                 if changed.is_set():
                     changed.clear()
                     await feed.changed()  # the kubelet's health stream (KEP-4680) first: no API call
                     try:
-                        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig)
+                        await publish_slice(
+                            kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig, book.notes()
+                        )
                     except KubeError as exc:
                         log.error("republishing the ResourceSlice failed: %s", exc)
         finally:

@@ -10,6 +10,12 @@ XID and NVML still answers for it (the probe); its taint is then removed. A GPU 
 stays marked and is probed again one period later. Without it (0, the default) a GPU stays
 marked until the agent restarts, as HAMi's device plugin and NVIDIA's DRA driver keep it.
 
+A non-fatal XID (the ones the watcher does not count as a fault) is only noted (:meth:`HealthBook.note`):
+the GPU stays healthy and the agent publishes the XID as an informational device taint
+(``gpu.hami.io/xid=<code>``, effect ``None``: :func:`hami.dra.model.xid_taint`). A note goes
+``--health-recovery`` after the GPU's last non-fatal XID (no probe: nothing was wrong with it);
+without recovery it stays until the agent restarts, as a fatal mark does.
+
 :class:`HealthBook` is called from the watcher's thread (:meth:`mark`) and from the agent's loop
 (the rest), hence its lock. :class:`HealthFeed` hands the same health to the kubelet (KEP-4680).
 """
@@ -36,6 +42,7 @@ class HealthBook:
             raise ValueError(f"recovery must be >= 0 seconds, got {recovery!r}")
         self.recovery, self._probe, self._clock = recovery, probe, clock
         self._since: dict[str, float] = {}  # UUID -> when it was last marked (or last failed a probe)
+        self._noted: dict[str, tuple[int, float]] = {}  # UUID -> (its last non-fatal XID, when)
         self._lock = threading.Lock()
 
     def mark(self, uuids: Iterable[str]) -> None:
@@ -46,20 +53,42 @@ class HealthBook:
             for uuid in uuids:
                 self._since[uuid] = now
 
+    def note(self, uuid: str, xid: int) -> None:
+        """A non-fatal XID on this GPU: recorded (the last one wins), the GPU's health unchanged."""
+        now = self._clock()
+        with self._lock:
+            self._noted[uuid] = (xid, now)
+
     def unhealthy(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._since)
 
+    def notes(self) -> dict[str, int]:
+        """The last non-fatal XID of each GPU that has one noted."""
+        with self._lock:
+            return {uuid: xid for uuid, (xid, _) in self._noted.items()}
+
     def due(self) -> float | None:
-        """Seconds until the next GPU may recover (0: now); None when none is marked or
-        recovery is off."""
+        """Seconds until the next GPU may recover or lose its note (0: now); None when nothing
+        is marked or noted, or recovery is off."""
         if not self.recovery:
             return None
         with self._lock:
-            if not self._since:
-                return None
-            first = min(self._since.values())
-        return max(first + self.recovery - self._clock(), 0.0)
+            times = [*self._since.values(), *(t for _, t in self._noted.values())]
+        if not times:
+            return None
+        return max(min(times) + self.recovery - self._clock(), 0.0)
+
+    def forget(self) -> list[str]:
+        """The GPUs whose note is dropped now: their last non-fatal XID is ``recovery`` old."""
+        if not self.recovery:
+            return []
+        now = self._clock()
+        with self._lock:
+            old = sorted(u for u, (_, t) in self._noted.items() if now - t >= self.recovery)
+            for uuid in old:
+                del self._noted[uuid]
+        return old
 
     def recover(self) -> list[str]:
         """The GPUs healthy again now (unmarked): marked at least ``recovery`` ago and answering

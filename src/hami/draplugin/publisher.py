@@ -7,7 +7,10 @@ The slice is owned by its Node when the Node's UID is known, so deleting the Nod
 An unhealthy GPU is published with a device taint (:func:`hami.dra.model.unhealthy_taint`); when
 the API server drops the taints (a cluster without device taints: ``DRADeviceTaints`` off before
 Kubernetes 1.37) the slice is published again without the unhealthy GPUs, so that they cannot be
-allocated as if healthy.
+allocated as if healthy. A GPU's last non-fatal XID is published as an informational taint
+(:func:`hami.dra.model.xid_taint`, effect ``None``); a cluster that drops it gets the same
+fallback, and one that refuses the effect (a server older than 1.35 with device taints on) gets
+the slice without the informational taints.
 
 Who writes what (RBAC in the chart): the node agent may apply ``resourceslices`` (cluster-scoped;
 RBAC cannot narrow it to one node's slice, so docs/dra.md names this), the installer applies
@@ -23,7 +26,6 @@ from hami.core.quantity import parse_int_quantity
 from hami.kube.client import KubeClient, KubeError
 
 from hami.dra.model import (
-    UNHEALTHY_TAINT_KEY,
     GpuLike,
     GpuMig,
     SliceSettings,
@@ -73,12 +75,14 @@ async def publish_slice(
     node_uid: str = "",
     taint: str | None = None,
     mig: Mapping[str, GpuMig] | None = None,
+    notes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Apply the node's slices (one, or more with MIG: :func:`hami.dra.model.resource_slices`)
     and delete the parts a previous publish had beyond them; returns the first as the API server
-    stored it. ``taint``: the effect of the unhealthy GPUs' device taint (None: they are left out)."""
+    stored it. ``taint``: the effect of the unhealthy GPUs' device taint (None: they are left out);
+    ``notes``: UUID -> the GPU's last non-fatal XID (an informational taint)."""
     gpus = list(gpus)
-    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig)
+    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig, notes)
     current = [await _get(kube, f"{API}/resourceslices/{slice_name(node)}")]
     before = int(((current[0] or {}).get("spec") or {}).get("pool", {}).get("resourceSliceCount") or 1)
     for part in range(1, max(before, len(wanted))):
@@ -94,18 +98,28 @@ async def publish_slice(
     for part, w in enumerate(wanted):
         if node_uid:
             w["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
-        stored.append(await _apply(kube, f"{API}/resourceslices/{slice_name(node, part)}", w))
+        try:
+            stored.append(await _apply(kube, f"{API}/resourceslices/{slice_name(node, part)}", w))
+        except KubeError as exc:
+            if exc.status != 422 or not notes:
+                raise
+            log.warning(
+                "ResourceSlice %s: the API server refused it (%s); publishing it without the "
+                "informational XID taints (effect None needs Kubernetes 1.35 or later)",
+                slice_name(node),
+                exc,
+            )
+            return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, taint, mig)
     for part in range(len(wanted), len(current)):
         if current[part] is not None:
             await delete_slice(kube, node, part)
-    tainted = {d["name"] for w in wanted for d in w["spec"].get("devices") or () if d.get("taints")}
-    kept = set().union(*(_tainted(s) for s in stored))
-    if tainted and not tainted <= kept:
+    tainted = set().union(*(_taints_of(w) for w in wanted))
+    if not tainted <= set().union(*(_taints_of(s) for s in stored)):
         log.warning(
             "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
-            "in this cluster); publishing it without the unhealthy GPUs instead",
+            "in this cluster); publishing it without the unhealthy GPUs and the XID taints instead",
             slice_name(node),
-            ", ".join(sorted(tainted)),
+            ", ".join(sorted({name for name, _ in tainted})),
         )
         return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None, mig)
     log.info(
@@ -134,12 +148,12 @@ def _content(obj: dict[str, Any]) -> tuple[Any, ...]:
     return _devices_of(obj), sets
 
 
-def _tainted(obj: dict[str, Any]) -> set[str]:
-    """Names of the devices of a stored slice that carry the unhealthy taint."""
+def _taints_of(obj: dict[str, Any]) -> set[tuple[str, str]]:
+    """(device name, taint key) of every taint on a slice's devices."""
     return {
-        d.get("name", "")
+        (d.get("name", ""), (t or {}).get("key", ""))
         for d in ((obj or {}).get("spec") or {}).get("devices") or []
-        if any((t or {}).get("key") == UNHEALTHY_TAINT_KEY for t in d.get("taints") or [])
+        for t in d.get("taints") or []
     }
 
 

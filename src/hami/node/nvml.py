@@ -309,8 +309,11 @@ class XidWatcher:
     """Waits on NVML health events in a thread and reports unhealthy UUIDs.
 
     ``on_unhealthy(uuids)`` is called from the watcher thread with the UUIDs to mark
-    unhealthy (all of them when NVML itself fails, as HAMi does). ``stop()`` ends the thread
-    within one wait period.
+    unhealthy (all of them when NVML itself fails, as HAMi does). ``on_minor(uuid, xid)``, when
+    given, is called for a critical-XID event whose XID is in ``ignored`` (an application error,
+    or one ``DP_DISABLE_HEALTHCHECKS`` names) on one of ``uuids``: not a fault, but worth
+    recording (the DRA agent's informational device taint). ``stop()`` ends the thread within
+    one wait period.
     """
 
     def __init__(
@@ -319,9 +322,11 @@ class XidWatcher:
         on_unhealthy: Callable[[list[str]], None],
         ignored: frozenset[int] = IGNORED_XIDS,
         wait_ms: int = 1000,
+        on_minor: Callable[[str, int], None] | None = None,
     ) -> None:
         self._uuids = list(uuids)
         self._on_unhealthy = on_unhealthy
+        self._on_minor = on_minor
         self._ignored = ignored
         self._wait_ms = wait_ms
         self._stop = threading.Event()
@@ -376,13 +381,15 @@ class XidWatcher:
         if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
             log.info("ECC event type %#x (data %d) noted; only critical XIDs mark a GPU unhealthy", data.eventType, xid)
             return
-        if xid in self._ignored:
-            log.info("ignoring XID %d (application error, not a device fault)", xid)
-            return
         try:
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
         except pynvml.NVMLError:
             uuid = ""
+        if xid in self._ignored:
+            log.info("GPU %s: XID %d is not a device fault (application error or disabled check)", uuid or "?", xid)
+            if self._on_minor is not None and uuid in self._uuids:
+                self._on_minor(uuid, xid)
+            return
         if uuid not in self._uuids:
             log.error("health event (XID %d) for an unknown device; marking all GPUs unhealthy", xid)
             self._on_unhealthy(list(self._uuids))
