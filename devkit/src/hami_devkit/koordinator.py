@@ -14,11 +14,14 @@ test process.
   crashes, docs/integrations.md).
 - :class:`Koordinator`: starts koord-manager (its ``noderesource`` controller with the
   ``GPUDeviceResource`` plugin writes the node's ``koordinator.sh/gpu*`` allocatable from the
-  ``Device`` object; ``nodeslo`` writes the ``NodeSLO`` koordlet's host-application collector
+  ``Device`` object, ``koordinator.sh/gpu.shared`` only with the feature gate
+  ``EnableSyncGPUSharedResource``; ``nodeslo`` writes the ``NodeSLO`` koordlet's host-application collector
   waits for, without which koordlet never starts its runtime hooks; its webhooks are off), koord-scheduler, and koordlet on the host in
   ``agent_mode=hostMode`` with ``GPUEnvInject`` (and ``Accelerators``, which reads the GPUs
   through NVML and writes the ``Device`` object), its NRI plugin on the real node's NRI socket
   and the fake driver's ``libnvidia-ml.so.1`` on its ``LD_LIBRARY_PATH``.
+- :func:`hami_daemon_objects`: the ``hami-daemon`` DaemonSet of Koordinator's chart for a given
+  image (ours, in tests/realnode/test_koordinator.py).
 """
 
 from __future__ import annotations
