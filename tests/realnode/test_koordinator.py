@@ -187,6 +187,8 @@ class Setup:
         self.wait("the node's koordinator.sh/gpu.shared allocatable", self._gpu_allocatable, 240)
         self.wait("koordlet's NRI plugin registered with containerd", self._nri_registered, 240)
         self.wait("the hami-daemon pod Running and Ready", self._daemon_ready, 180)
+        # Ready once its container started (the chart gives it no probe): the monitor listens later
+        self.wait(f"the hami-daemon's monitor serving on {MONITOR_PORT}", self._monitor_serves, 120)
         self.timings["ready"] = time.monotonic() - began
         return self
 
@@ -233,6 +235,12 @@ class Setup:
     def _daemon_ready(self) -> bool:
         pod = self.daemon_pod()
         return bool(pod) and all(c.get("ready") for c in pod["status"].get("containerStatuses") or [{}])
+
+    def _monitor_serves(self) -> bool:
+        try:
+            return bool(self.metrics())
+        except OSError:
+            return False
 
     def metrics(self) -> str:
         pod = self.daemon_pod()
