@@ -42,7 +42,8 @@ kube:
 	scripts/install-kube.sh
 
 # Koordinator (koord-scheduler, koordlet, koord-manager) from its Go module at a pinned version,
-# for the Koordinator integration (docs/integrations.md); not part of `make test` yet
+# for the Koordinator integration (docs/integrations.md, tests/realnode/test_koordinator.py);
+# cached: a second run takes about a second
 koord:
 	scripts/install-koord.sh
 
@@ -99,7 +100,7 @@ check: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: $(STAMP) check proto native kube node browser ui-assets images
+test: $(STAMP) check proto native kube koord node browser ui-assets images
 	$(BIN)/python -m pytest -q -ra tests
 
 # The web UI's screenshots in docs/images/, from the browser tests (make test writes them to a temporary directory)

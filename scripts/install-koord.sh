@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Koordinator's components (koord-scheduler, koordlet, koord-manager) from its Go module at
 # a pinned version, for running Koordinator's "GPU share with HAMi" path against this project's
-# image (issue 28; docs/integrations.md "Koordinator"). Not part of `make test` yet: `make koord`.
+# image (issue 28; docs/integrations.md "Koordinator"). A prerequisite of `make test` (`make koord`).
 #
 #   cache:  ${HAMI_CACHE:-$HOME/.cache/hami}/koord/<koordinator version>/bin   (the binaries)
 #           ${HAMI_CACHE:-$HOME/.cache/hami}/koord/<koordinator version>/crd   (config/crd/bases)

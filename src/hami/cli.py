@@ -89,8 +89,16 @@ def klog_verbosity(argv: list[str]) -> list[str]:
 
 
 def vgpumonitor_main(argv: list[str] | None = None) -> int:
-    """``vGPUmonitor``: HAMi's name for ``hami monitor``, for charts written for HAMi's image."""
-    return main(["monitor", *klog_verbosity(list(sys.argv[1:] if argv is None else argv))])
+    """``vGPUmonitor``: HAMi's name for ``hami monitor``, for charts written for HAMi's image.
+
+    Such a chart cannot pass our flags (Koordinator's hami-daemon runs ``vGPUmonitor -v=4``,
+    fixed) and its users read HAMi's metric names (``HostGPUMemoryUsage``,
+    ``vGPU_device_memory_limit_in_bytes``, ...), so under this name the monitor exports them
+    beside ours (``--legacy-metrics``)."""
+    args = klog_verbosity(list(sys.argv[1:] if argv is None else argv))
+    if "--legacy-metrics" not in args:
+        args.append("--legacy-metrics")
+    return main(["monitor", *args])
 
 
 if __name__ == "__main__":

@@ -100,6 +100,18 @@ def test_vgpumonitor_is_hamis_monitor_on_hamis_port(tmp_path, monkeypatch, capsy
     assert 'hami_monitor_regions{node="gpu-node-1",state="ok"' in out
 
 
+def test_vgpumonitor_exports_hamis_metric_names_without_a_flag(monkeypatch):
+    """The names Koordinator's guide lists for the hami-daemon's port 9394: its chart cannot
+    pass --legacy-metrics (issue 28)."""
+    import hami.cli as cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.vgpumonitor_main(["-v=4"]) == 0
+    assert cli.vgpumonitor_main(["--legacy-metrics"]) == 0
+    assert seen == [["monitor", "-v", "-v", "-v", "-v", "--legacy-metrics"], ["monitor", "--legacy-metrics"]]
+
+
 def test_the_chart_serves_the_monitor_on_hamis_port():
     import yaml
 

@@ -14,11 +14,14 @@ test process.
   crashes, docs/integrations.md).
 - :class:`Koordinator`: starts koord-manager (its ``noderesource`` controller with the
   ``GPUDeviceResource`` plugin writes the node's ``koordinator.sh/gpu*`` allocatable from the
-  ``Device`` object; ``nodeslo`` writes the ``NodeSLO`` koordlet's host-application collector
+  ``Device`` object, ``koordinator.sh/gpu.shared`` only with the feature gate
+  ``EnableSyncGPUSharedResource``; ``nodeslo`` writes the ``NodeSLO`` koordlet's host-application collector
   waits for, without which koordlet never starts its runtime hooks; its webhooks are off), koord-scheduler, and koordlet on the host in
   ``agent_mode=hostMode`` with ``GPUEnvInject`` (and ``Accelerators``, which reads the GPUs
   through NVML and writes the ``Device`` object), its NRI plugin on the real node's NRI socket
   and the fake driver's ``libnvidia-ml.so.1`` on its ``LD_LIBRARY_PATH``.
+- :func:`hami_daemon_objects`: the ``hami-daemon`` DaemonSet of Koordinator's chart for a given
+  image (ours, in tests/realnode/test_koordinator.py).
 """
 
 from __future__ import annotations
@@ -208,7 +211,7 @@ class Koordinator:
                     str(found["koord-manager"]),
                     f"--kubeconfig={kubeconfig}",
                     "--enable-leader-election=false",
-                    "--feature-gates=WebhookFramework=false",
+                    "--feature-gates=WebhookFramework=false,EnableSyncGPUSharedResource=true",
                     "--controllers=noderesource,nodeslo,nodemetric",
                     "--noderesource-plugins=GPUDeviceResource",
                     f"--health-probe-addr=127.0.0.1:{free_port()}",
@@ -340,3 +343,95 @@ class Koordinator:
         for component in reversed(list(self.components.values())):
             component.stop(timeout=5.0)
         self.components.clear()
+
+
+# -- hami-daemon -------------------------------------------------------------------------------
+
+HAMI_DAEMON_NAMESPACE = "koordinator-system"
+HAMI_DAEMON = "hami-daemon"
+#: the chart's ``daemon.hamiCore.libvgpuSoVersion`` for our image (it carries this name)
+LIBVGPU_SO_VERSION = "v2.10.0"
+#: where koordlet mounts the library from, and the hami-daemon chart copies it to (host path)
+HOOK_DIR = "/usr/local/vgpu"
+MONITOR_PORT = 9394
+
+
+def hami_daemon_objects(
+    image: str,
+    *,
+    node: str,
+    libvgpu_version: str = LIBVGPU_SO_VERSION,
+    monitor: bool = True,
+    driver: tuple[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """The ``hami-daemon`` DaemonSet as Koordinator's chart writes it, with ``image`` as
+    ``daemon.hamiCore.image`` and ``runAsUser: 0`` (``daemon.hamiCore.containerSecurityContext``;
+    HAMi's image runs as root, ours as 65532), plus the service account the monitor reads pods
+    with.
+
+    The container copies ``/k8s-vgpu/lib/nvidia/libvgpu.so.<libvgpu_version>`` into the host's
+    :data:`HOOK_DIR` and runs ``vGPUmonitor -v=4`` (port 9394, ``HOOK_PATH`` =
+    :data:`HOOK_DIR`, whose ``containers`` directory koordlet's ``HamiCoreVGPUMonitor`` fills)
+    or sleeps. ``driver``: ``(host dir, container dir)`` of the GPU driver, the part the NVIDIA
+    container runtime plays on a real GPU node (``NVIDIA_VISIBLE_DEVICES=all``); the real node
+    here has no such runtime, so the fake driver is mounted in its place. ``node``: the pod is
+    pinned to it (the chart selects GPU nodes by label)."""
+    tail = "vGPUmonitor -v=4" if monitor else "sleep infinity"
+    command = f"cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.{libvgpu_version} {HOOK_DIR}/libvgpu.so && {tail}"
+    mounts = [{"name": "vgpu", "mountPath": HOOK_DIR}]
+    volumes: list[dict[str, Any]] = [{"name": "vgpu", "hostPath": {"path": HOOK_DIR, "type": "DirectoryOrCreate"}}]
+    if driver is not None:
+        mounts.append({"name": "driver", "mountPath": driver[1], "readOnly": True})
+        volumes.append({"name": "driver", "hostPath": {"path": driver[0], "type": "Directory"}})
+    labels = {"app.kubernetes.io/name": HAMI_DAEMON}
+    container = {
+        "name": HAMI_DAEMON,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", command],
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "HOOK_PATH", "value": HOOK_DIR},
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": MONITOR_PORT}],
+        "securityContext": {"runAsUser": 0},
+        "volumeMounts": mounts,
+    }
+    meta = {"name": HAMI_DAEMON, "namespace": HAMI_DAEMON_NAMESPACE}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": HAMI_DAEMON},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": HAMI_DAEMON},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HAMI_DAEMON},
+            "subjects": [{"kind": "ServiceAccount", "name": HAMI_DAEMON, "namespace": HAMI_DAEMON_NAMESPACE}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {**meta, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": HAMI_DAEMON,
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [container],
+                        "volumes": volumes,
+                    },
+                },
+            },
+        },
+    ]
