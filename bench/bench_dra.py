@@ -54,24 +54,38 @@ from hami.vendors.nvidia import NvidiaVendor  # noqa: E402
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 GPU_MIB = 81920
+WEBHOOK_LABEL = "hami.io/bench-dra"
 
 
-def request_counts(cluster) -> Counter:
-    """kube-apiserver's apiserver_request_total, summed per (verb, resource)."""
+def apiserver_metrics(cluster) -> str:
     conn = http.client.HTTPSConnection(
         "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
     )
     try:
         conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
+        return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+def _labels(line: str) -> dict[str, str]:
+    inner = line[line.index("{") + 1 : line.rindex("}")]
+    return {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in inner.split(",") if "=" in kv)}
+
+
+def request_counts(cluster) -> Counter:
+    """kube-apiserver's apiserver_request_total, summed per (verb, resource[/subresource]); with
+    the webhook's admission latency sums and counts under ("webhook", "sum"|"count")."""
     out: Counter = Counter()
-    for line in text.splitlines():
+    for line in apiserver_metrics(cluster).splitlines():
         if line.startswith("apiserver_request_total{"):
-            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.rindex("}")].split(","))
-            key = (labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"'))
-            out[key] += float(line.rsplit(" ", 1)[1])
+            labels = _labels(line)
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[(labels.get("verb", ""), resource)] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum{"):
+            out[("webhook", "sum")] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{"):
+            out[("webhook", "count")] += float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -85,10 +99,34 @@ def load() -> str:
 
 
 def per_pod(before: Counter, after: Counter, pods: int) -> str:
-    diff = Counter({k: after[k] - before.get(k, 0) for k in after})
+    diff = Counter({k: after[k] - before.get(k, 0) for k in after if k[0] != "webhook"})
     total = sum(diff.values())
-    top = ", ".join(f"{v} {r or '-'} {n / pods:.2f}" for (v, r), n in diff.most_common(6))
-    return f"{total / pods:.1f} API requests per pod (biggest: {top})"
+    top = ", ".join(f"{v} {r or '-'} {n / pods:.2f}" for (v, r), n in diff.most_common(8) if n >= pods / 20)
+    out = f"{total / pods:.1f} API requests per pod (biggest: {top})"
+    calls = after[("webhook", "count")] - before.get(("webhook", "count"), 0)
+    if calls:
+        spent = after[("webhook", "sum")] - before.get(("webhook", "sum"), 0)
+        out += f"; webhook: {calls:.0f} admissions, {1000 * spent / calls:.1f} ms each (kube-apiserver's view)"
+    return out
+
+
+def by_client(cluster, offset: int, pods: int) -> str:
+    """The audit log's requests since ``offset`` per client and request, per pod (``--audit``)."""
+    from hami_devkit import audit
+
+    time.sleep(2.0)  # the batch writer's last flush
+    events = list(audit.read_events(cluster.audit_log, offset))
+    counts = audit.tally(events, skip_verbs=frozenset({"watch"}))
+    lines = [
+        f"    {n / pods:5.2f}  {client:<24} {request}" + (f" -> {code}" if code >= 300 else "")
+        for (client, request, code), n in counts.most_common()
+        if n >= pods / 50
+    ]
+    lines += [
+        f"    {client} PATCH pods/status, e.g.: {body}"
+        for client, body in audit.samples(events, "PATCH pods/status").items()
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -98,6 +136,20 @@ def main() -> None:
     ap.add_argument(
         "--injection", choices=("allocate", "nri"), default="allocate", help="the extender path's node side"
     )
+    ap.add_argument(
+        "--dra-via",
+        choices=("webhook", "direct"),
+        default="webhook",
+        help="webhook: the HAMi pods go through `hami scheduler --front-end dra` as the cluster's mutating "
+        "webhook (its template creation and latency counted); direct: translated here, templates created beforehand",
+    )
+    ap.add_argument(
+        "--audit", action="store_true", help="kube-apiserver's audit log: each path's requests per client, per pod"
+    )
+    ap.add_argument(
+        "--profile-webhook", metavar="PATH", help="run the webhook under cProfile, its stats written to PATH"
+    )
+    ap.add_argument("--no-extender", action="store_true", help="the baseline and DRA only")
     args = ap.parse_args()
 
     from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
@@ -109,20 +161,24 @@ def main() -> None:
         PluginStandIn,
         SchedulerProcess,
         gpu_pod,
+        label_namespace,
         make_gpu_node,
+        register_webhook,
     )
+    from hami_devkit import audit
     from tests.integration.test_dra import gates_for
 
     cluster = KubeCluster(
         feature_gates=gates_for(KUBE_VERSION),
         extra_args={"kube-controller-manager": ["--kube-api-qps=1000", "--kube-api-burst=2000"]},
+        audit=args.audit,
     )
     try:
         cluster.start()
     except MissingBinaries as exc:
         print(f"skipped: {exc}")
         return
-    proc = None
+    proc = hook = None
     try:
         print(f"Kubernetes {KUBE_VERSION}, {args.nodes} kwok nodes x 8 GPUs, {args.pods} pods per path")
         proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", loopback=True).start()
@@ -154,11 +210,14 @@ def main() -> None:
         time.sleep(2.0)
         api = KeepAliveApi(cluster)
 
-        def run(ns: str, pods: list[dict], templates: list[dict] = ()) -> tuple[float, Counter, Counter]:
+        def run(ns: str, pods: list[dict], templates: list[dict] = (), prepare=None) -> tuple[float, Counter, Counter]:
             cluster.create_namespace(ns)
             for t in templates:
                 api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", t)
+            if prepare:
+                prepare(ns)
             before = request_counts(cluster)
+            offset = audit.log_size(cluster.audit_log) if args.audit else 0
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda p: api("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
@@ -170,6 +229,8 @@ def main() -> None:
 
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=900, interval=2.0)
             after = request_counts(cluster)
+            if args.audit:
+                print(f"  {ns}: requests per pod by client (audit log):\n{by_client(cluster, offset, len(pods))}")
             items = api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             when = [
                 calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
@@ -204,10 +265,28 @@ def main() -> None:
         dra_pods, templates = [], {}
         for i in range(n):
             p = gpu_pod(f"d{i:04d}", "bench-dra", mem=4000, cores=5, node_selector={"bench": "on"})
+            if args.dra_via == "webhook":
+                dra_pods.append(p)
+                continue
             out, ts = translate(admit_pod(p, [nv])[0], nv, namespace="bench-dra")
             dra_pods.append(out)
             templates.update({t["metadata"]["name"]: t for t in ts})
-        span, before, after = run("bench-dra", dra_pods, list(templates.values()))
+        prepare = None
+        if args.dra_via == "webhook":
+            hook = SchedulerProcess(cluster, "--front-end=dra", profile=args.profile_webhook).start()
+            register_webhook(cluster, hook.url, "hami-bench-dra", WEBHOOK_LABEL)
+
+            def prepare(ns: str) -> None:  # the namespace's pods go through the webhook, checked with a dry run
+                label_namespace(cluster, ns, WEBHOOK_LABEL)
+                dry = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
+                cluster.wait_for(
+                    lambda: api("POST", dry, dra_pods[0])["spec"].get("resourceClaims"),
+                    "the webhook turning GPU requests into claims",
+                    timeout=30,
+                    interval=0.2,
+                )
+
+        span, before, after = run("bench-dra", dra_pods, list(templates.values()), prepare)
         claims = api("GET", f"{RESOURCE}/namespaces/bench-dra/resourceclaims")["items"]
         used = Counter(
             (r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"]
@@ -219,6 +298,8 @@ def main() -> None:
         )
         print(f"  DRA: {per_pod(before, after, n)}")
 
+        if args.no_extender:
+            return
         # 2. extender: hami scheduler behind the same kube-scheduler, the plugin stand-in on the node side
         cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender(), **fast))
         ext_pods = [
@@ -247,6 +328,8 @@ def main() -> None:
             pass
         if proc:
             proc.stop()
+        if hook:
+            hook.stop()
         cluster.stop()
 
 
