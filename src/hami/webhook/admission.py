@@ -93,18 +93,24 @@ def _containers(pod: Mapping[str, Any]) -> list[dict]:
     return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
 
 
-def uses_disable_control(pod: Mapping[str, Any]) -> list[str]:
-    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value); ``[]`` for a pod
-    of the wrong shape (:func:`decide` denies it)."""
-    try:
-        check_pod(pod, "pod")
-    except ShapeError:
+def uses_disable_control(pod: Any) -> list[str]:
+    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value). Reads what it can of
+    a pod of the wrong shape (:func:`decide` denies that pod anyway) without checking its shape,
+    which costs more than the rest of an admission."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
         return []
-    return [
-        c.get("name") or "?"
-        for c in _containers(pod)
-        if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())
-    ]
+    names_: list[str] = []
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else ():
+            env = c.get("env") if isinstance(c, Mapping) else None
+            if isinstance(env, list) and any(
+                isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in env
+            ):
+                name = c.get("name")
+                names_.append(name if isinstance(name, str) and name else "?")
+    return names_
 
 
 def _deny(message: str, code: int = 403) -> Decision:
@@ -162,6 +168,17 @@ def decide(
         check_pod(pod, "pod")
     except ShapeError as exc:
         return _deny(str(exc), 400)
+    return _decide_checked(pod, s, namespace_labels, quota_room)
+
+
+def _decide_checked(
+    pod: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None,
+) -> Decision:
+    """:func:`decide` for a pod whose shape was checked (the shape check is the costliest step
+    of an admission: one per admission, in :func:`review_with_templates`)."""
     meta = pod.get("metadata") or {}
     if not (pod.get("spec") or {}).get("containers"):
         return _deny("pod has no containers", 400)
@@ -236,7 +253,8 @@ def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
         return Decision(True, "", pod)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     try:
-        out, templates = translate(pod, nvidia, s.dra_device_class, ns)
+        # the pod is admit_pod's copy, made for this admission: translated in place
+        out, templates = translate(pod, nvidia, s.dra_device_class, ns, owned=True)
     except CoreError as exc:
         return _deny(str(exc), 400)
     return Decision(True, "", out, templates=tuple(templates))
@@ -318,7 +336,7 @@ def review_with_templates(
     else:
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
             pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
-        d = decide(pod, s, namespace_labels, quota_room)
+        d = _decide_checked(pod, s, namespace_labels, quota_room)
         templates = d.templates
         if not d.allowed:
             response = {
