@@ -172,3 +172,21 @@ async def test_admissions_needing_the_same_template_at_once_share_one_post():
     gate.set()
     assert await asyncio.gather(*waiting) == [""] * 5
     assert len(kube.calls) == 1 and me._template_posts == {}
+
+
+@pytest.mark.parametrize(
+    "limits, annotations",
+    [
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, None),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 40}, None),
+        ({"nvidia.com/gpu": 1}, {"hami.io/vgpu-node": "n1"}),
+        ({"nvidia.com/gpu": ["1"]}, None),  # a wrong type: denied naming the field either way
+    ],
+)
+def test_a_body_whose_tree_the_server_checked_gets_the_same_answer(limits, annotations):
+    b = body(limits, annotations)
+    assert review_with_templates(b, DRA, tree_checked=True) == review_with_templates(b, DRA)
+    if limits.get("nvidia.com/gpu") == ["1"]:
+        answer, _ = review_with_templates(b, DRA, tree_checked=True)
+        assert answer["response"]["allowed"] is False
+        assert "request.object.spec.containers[0].resources.limits" in answer["response"]["status"]["message"]

@@ -265,7 +265,10 @@ class SchedulerService:
                 labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
             except KubeError as exc:
                 log.warning("namespace %s labels unreadable: %s", ns, exc)
-        answer, templates = review_with_templates(body, self.admission, labels, self.state.ledger.quota_room)
+        # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
+        answer, templates = review_with_templates(
+            body, self.admission, labels, self.state.ledger.quota_room, tree_checked=True
+        )
         if templates:
             ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
             failure = await self._create_templates(ns, templates)

@@ -38,7 +38,7 @@ from hami.core.names import (
     VGPU_NODE,
     VGPU_TIME,
 )
-from hami.core.shape import ShapeError, check, check_pod
+from hami.core.shape import POD, ShapeError, check, check_pod
 from hami.core.types import ContainerKind
 from hami.vendors.nvidia import VGPU_DEVICES_PREFIX
 
@@ -303,9 +303,14 @@ def review_with_templates(
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None = None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+    *,
+    tree_checked: bool = False,
 ) -> tuple[dict, tuple[dict, ...]]:
     """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
-    caller must create them (in the request's namespace) before sending the answer."""
+    caller must create them (in the request's namespace) before sending the answer.
+    ``tree_checked``: the caller ran :func:`hami.core.shape.check_tree` over the whole ``body``
+    with the default limits or tighter (the server does, on every request body), so the pod's
+    subtree is not walked again (only its fields are checked)."""
     templates: tuple[dict, ...] = ()
     request = body.get("request") if isinstance(body, Mapping) else None
     try:
@@ -331,7 +336,7 @@ def review_with_templates(
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
-    elif (bad := _shape_error(pod)) is not None:
+    elif (bad := _shape_error(pod, tree_checked)) is not None:
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": bad, "reason": "BadRequest"}}
     else:
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
@@ -373,9 +378,12 @@ def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
 REVIEW = {"apiVersion": str, "request": {"uid": str, "operation": str, "namespace": str, "kind": {"kind": str}}}
 
 
-def _shape_error(pod: Any) -> str | None:
+def _shape_error(pod: Any, tree_checked: bool = False) -> str | None:
     try:
-        check_pod(pod, "request.object")
+        if tree_checked:  # a subtree of a checked tree: within the same depth and size limits
+            check(pod, POD, "request.object")
+        else:
+            check_pod(pod, "request.object")
     except ShapeError as exc:
         return str(exc)
     return None
