@@ -6,9 +6,12 @@ kube-scheduler, kwok) with the DRA gates a v1.34 cluster needs. The same ``--nod
 written by `hami dra`'s publisher (DRA path); the capacity holds both batches at once, so the two
 paths, which do not see each other's usage, cannot run out.
 
-1. DRA: ``--pods`` HAMi pods (``nvidia.com/gpu: 1, gpumem: 4000, gpucores: 5``) translated as the
-   webhook's DRA front end does (one ResourceClaimTemplate, each pod a claim from it), created at
-   once; kube-controller-manager creates the claims, kube-scheduler allocates and binds.
+1. DRA: ``--pods`` HAMi pods (``nvidia.com/gpu: 1, gpumem: 4000, gpucores: 5``) created at once
+   through ``hami scheduler --front-end dra`` as the cluster's mutating webhook (``--dra-via
+   webhook``, the default: its template creation and its latency in the pods' create path are
+   counted), or translated here beforehand as the webhook would (``--dra-via direct``: the
+   Kubernetes side alone); either way one ResourceClaimTemplate, each pod a claim from it:
+   kube-controller-manager creates the claims, kube-scheduler allocates and binds.
 2. Extender: the same pods through ``hami scheduler`` (loopback listener, as the chart sets it up)
    and the test suite's device-plugin stand-in (as in bench_scheduler.py --e2e); with
    ``--injection nri`` the lockless path instead (the nodes say ``hami.io/node-injection: nri``,
@@ -21,7 +24,11 @@ kube-controller-manager with ``--kube-api-qps=1000`` (its default 20 would cap c
 Printed per path: pods/s from the first creation to the last PodScheduled, and API requests per pod
 (kube-apiserver's ``apiserver_request_total`` over the run, every client included: kwok, the
 controllers, the scheduler, the plugin stand-in, the creation itself), with the biggest
-verb/resource pairs.
+verb/resource[/subresource] pairs, and the webhook's admissions with their mean latency as
+kube-apiserver measures it (``apiserver_admission_webhook_admission_duration_seconds``).
+``--audit`` turns kube-apiserver's audit log on (:mod:`hami_devkit.audit`) and prints each path's
+requests per pod by client (user agent), with what each client writes in a pod's status: which
+requests are HAMi's and which are Kubernetes' own. ``--no-extender`` stops after the DRA path.
 
 Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000] [--injection nri]``; on v1.34 a node's second
 GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so the pinned v1.37.2
@@ -45,6 +52,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "devkit" / "src"))  # the test harness (hami_devkit)
 sys.path.insert(0, str(ROOT))
 
+from bench_pending_queue import process_cpu  # noqa: E402
 from hami.core import admit_pod  # noqa: E402
 from hami.node.nvml import PhysicalGPU  # noqa: E402
 from hami_devkit.binaries import KUBE_VERSION  # noqa: E402
@@ -210,6 +218,19 @@ def main() -> None:
         time.sleep(2.0)
         api = KeepAliveApi(cluster)
 
+        cpu_ms: dict[str, float] = {}  # per namespace: CPU ms per pod, every process of the cluster
+        cpu_text: dict[str, str] = {}
+
+        def pids() -> dict[str, int]:
+            got = {name: c.process.pid for name, c in cluster.components.items() if getattr(c, "process", None)}
+            got.update({"hami webhook": hook.proc.pid} if hook and hook.proc else {})
+            got.update({"hami scheduler": proc.proc.pid} if proc and proc.proc else {})
+            return got
+
+        def cpu_line(ns: str) -> str:
+            ratio = cpu_ms["bench-baseline"] / cpu_ms[ns] if ns != "bench-baseline" else 1.0
+            return f"{cpu_ms[ns]:.1f} ms CPU per pod ({ratio:.2f}x the baseline's pods per CPU second; {cpu_text[ns]})"
+
         def run(ns: str, pods: list[dict], templates: list[dict] = (), prepare=None) -> tuple[float, Counter, Counter]:
             cluster.create_namespace(ns)
             for t in templates:
@@ -217,6 +238,7 @@ def main() -> None:
             if prepare:
                 prepare(ns)
             before = request_counts(cluster)
+            cpu_before = process_cpu(pids())
             offset = audit.log_size(cluster.audit_log) if args.audit else 0
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
@@ -229,6 +251,11 @@ def main() -> None:
 
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=900, interval=2.0)
             after = request_counts(cluster)
+            used = {k: v - cpu_before.get(k, 0.0) for k, v in process_cpu(pids()).items()}
+            cpu_ms[ns] = 1e3 * sum(used.values()) / len(pods)
+            cpu_text[ns] = ", ".join(
+                f"{k} {1e3 * v / len(pods):.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])
+            )
             if args.audit:
                 print(f"  {ns}: requests per pod by client (audit log):\n{by_client(cluster, offset, len(pods))}")
             items = api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
@@ -258,6 +285,7 @@ def main() -> None:
         base = n / span_b
         print(f"baseline: {n} pods without GPUs, default-scheduler: {base:.0f} pods/s ({load()})")
         print(f"  baseline: {per_pod(before, after, n)}")
+        print(f"  baseline: {cpu_line('bench-baseline')}")
         api("DELETE", "/api/v1/namespaces/bench-baseline/pods?gracePeriodSeconds=0")
 
         # 1. DRA: the webhook's translation, kube-scheduler ("hami-scheduler" profile, no extender) places claims
@@ -297,6 +325,7 @@ def main() -> None:
             f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)"
         )
         print(f"  DRA: {per_pod(before, after, n)}")
+        print(f"  DRA: {cpu_line('bench-dra')}")
 
         if args.no_extender:
             return
@@ -320,6 +349,7 @@ def main() -> None:
             f"({n / span_e / base:.2f}x the baseline; {load()})"
         )
         print(f"  extender: {per_pod(before, after, n)}")
+        print(f"  extender: {cpu_line('bench-ext')}")
         print(f"DRA / extender pods/s: {(n / span) / (n / span_e):.2f}")
     finally:
         try:
