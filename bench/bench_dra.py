@@ -137,6 +137,23 @@ def by_client(cluster, offset: int, pods: int) -> str:
     return "\n".join(lines)
 
 
+def delete_pods(cluster, api, ns: str) -> None:
+    """Delete a path's pods and wait until they are gone, so that the next path is not measured
+    while they go (a 504 on a loaded machine: the deletion goes on regardless)."""
+    from hami_devkit.errors import ApiError
+
+    try:
+        api("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+    except ApiError as exc:
+        print(f"  ({ns} pods' deletion: {exc}; waiting for it)")
+    cluster.wait_for(
+        lambda: not api("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")["items"],
+        f"the pods of {ns} deleted",
+        timeout=600,
+        interval=2.0,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
@@ -286,7 +303,7 @@ def main() -> None:
         print(f"baseline: {n} pods without GPUs, default-scheduler: {base:.0f} pods/s ({load()})")
         print(f"  baseline: {per_pod(before, after, n)}")
         print(f"  baseline: {cpu_line('bench-baseline')}")
-        api("DELETE", "/api/v1/namespaces/bench-baseline/pods?gracePeriodSeconds=0")
+        delete_pods(cluster, api, "bench-baseline")
 
         # 1. DRA: the webhook's translation, kube-scheduler ("hami-scheduler" profile, no extender) places claims
         cluster.configure_hami_scheduler(KubeSchedulerConfig(**fast))
