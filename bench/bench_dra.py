@@ -6,9 +6,12 @@ kube-scheduler, kwok) with the DRA gates a v1.34 cluster needs. The same ``--nod
 written by `hami dra`'s publisher (DRA path); the capacity holds both batches at once, so the two
 paths, which do not see each other's usage, cannot run out.
 
-1. DRA: ``--pods`` HAMi pods (``nvidia.com/gpu: 1, gpumem: 4000, gpucores: 5``) translated as the
-   webhook's DRA front end does (one ResourceClaimTemplate, each pod a claim from it), created at
-   once; kube-controller-manager creates the claims, kube-scheduler allocates and binds.
+1. DRA: ``--pods`` HAMi pods (``nvidia.com/gpu: 1, gpumem: 4000, gpucores: 5``) created at once
+   through ``hami scheduler --front-end dra`` as the cluster's mutating webhook (``--dra-via
+   webhook``, the default: its template creation and its latency in the pods' create path are
+   counted), or translated here beforehand as the webhook would (``--dra-via direct``: the
+   Kubernetes side alone); either way one ResourceClaimTemplate, each pod a claim from it:
+   kube-controller-manager creates the claims, kube-scheduler allocates and binds.
 2. Extender: the same pods through ``hami scheduler`` (loopback listener, as the chart sets it up)
    and the test suite's device-plugin stand-in (as in bench_scheduler.py --e2e); with
    ``--injection nri`` the lockless path instead (the nodes say ``hami.io/node-injection: nri``,
@@ -21,7 +24,11 @@ kube-controller-manager with ``--kube-api-qps=1000`` (its default 20 would cap c
 Printed per path: pods/s from the first creation to the last PodScheduled, and API requests per pod
 (kube-apiserver's ``apiserver_request_total`` over the run, every client included: kwok, the
 controllers, the scheduler, the plugin stand-in, the creation itself), with the biggest
-verb/resource pairs.
+verb/resource[/subresource] pairs, and the webhook's admissions with their mean latency as
+kube-apiserver measures it (``apiserver_admission_webhook_admission_duration_seconds``).
+``--audit`` turns kube-apiserver's audit log on (:mod:`hami_devkit.audit`) and prints each path's
+requests per pod by client (user agent), with what each client writes in a pod's status: which
+requests are HAMi's and which are Kubernetes' own. ``--no-extender`` stops after the DRA path.
 
 Run: ``.venv/bin/python bench/bench_dra.py [--nodes 100 --pods 1000] [--injection nri]``; on v1.34 a node's second
 GPU is not used by DRA (kubernetes/kubernetes#133705, docs/dra.md), so the pinned v1.37.2
@@ -45,6 +52,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "devkit" / "src"))  # the test harness (hami_devkit)
 sys.path.insert(0, str(ROOT))
 
+from bench_pending_queue import process_cpu  # noqa: E402
 from hami.core import admit_pod  # noqa: E402
 from hami.node.nvml import PhysicalGPU  # noqa: E402
 from hami_devkit.binaries import KUBE_VERSION  # noqa: E402
@@ -54,24 +62,38 @@ from hami.vendors.nvidia import NvidiaVendor  # noqa: E402
 
 RESOURCE = "/apis/resource.k8s.io/v1"
 GPU_MIB = 81920
+WEBHOOK_LABEL = "hami.io/bench-dra"
 
 
-def request_counts(cluster) -> Counter:
-    """kube-apiserver's apiserver_request_total, summed per (verb, resource)."""
+def apiserver_metrics(cluster) -> str:
     conn = http.client.HTTPSConnection(
         "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
     )
     try:
         conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
+        return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+def _labels(line: str) -> dict[str, str]:
+    inner = line[line.index("{") + 1 : line.rindex("}")]
+    return {k: v.strip('"') for k, v in (kv.split("=", 1) for kv in inner.split(",") if "=" in kv)}
+
+
+def request_counts(cluster) -> Counter:
+    """kube-apiserver's apiserver_request_total, summed per (verb, resource[/subresource]); with
+    the webhook's admission latency sums and counts under ("webhook", "sum"|"count")."""
     out: Counter = Counter()
-    for line in text.splitlines():
+    for line in apiserver_metrics(cluster).splitlines():
         if line.startswith("apiserver_request_total{"):
-            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.rindex("}")].split(","))
-            key = (labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"'))
-            out[key] += float(line.rsplit(" ", 1)[1])
+            labels = _labels(line)
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[(labels.get("verb", ""), resource)] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_sum{"):
+            out[("webhook", "sum")] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{"):
+            out[("webhook", "count")] += float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -85,10 +107,51 @@ def load() -> str:
 
 
 def per_pod(before: Counter, after: Counter, pods: int) -> str:
-    diff = Counter({k: after[k] - before.get(k, 0) for k in after})
+    diff = Counter({k: after[k] - before.get(k, 0) for k in after if k[0] != "webhook"})
     total = sum(diff.values())
-    top = ", ".join(f"{v} {r or '-'} {n / pods:.2f}" for (v, r), n in diff.most_common(6))
-    return f"{total / pods:.1f} API requests per pod (biggest: {top})"
+    top = ", ".join(f"{v} {r or '-'} {n / pods:.2f}" for (v, r), n in diff.most_common(8) if n >= pods / 20)
+    out = f"{total / pods:.1f} API requests per pod (biggest: {top})"
+    calls = after[("webhook", "count")] - before.get(("webhook", "count"), 0)
+    if calls:
+        spent = after[("webhook", "sum")] - before.get(("webhook", "sum"), 0)
+        out += f"; webhook: {calls:.0f} admissions, {1000 * spent / calls:.1f} ms each (kube-apiserver's view)"
+    return out
+
+
+def by_client(cluster, offset: int, pods: int) -> str:
+    """The audit log's requests since ``offset`` per client and request, per pod (``--audit``)."""
+    from hami_devkit import audit
+
+    time.sleep(2.0)  # the batch writer's last flush
+    events = list(audit.read_events(cluster.audit_log, offset))
+    counts = audit.tally(events, skip_verbs=frozenset({"watch"}))
+    lines = [
+        f"    {n / pods:5.2f}  {client:<24} {request}" + (f" -> {code}" if code >= 300 else "")
+        for (client, request, code), n in counts.most_common()
+        if n >= pods / 50
+    ]
+    lines += [
+        f"    {client} PATCH pods/status, e.g.: {body}"
+        for client, body in audit.samples(events, "PATCH pods/status").items()
+    ]
+    return "\n".join(lines)
+
+
+def delete_pods(cluster, api, ns: str) -> None:
+    """Delete a path's pods and wait until they are gone, so that the next path is not measured
+    while they go (a 504 on a loaded machine: the deletion goes on regardless)."""
+    from hami_devkit.errors import ApiError
+
+    try:
+        api("DELETE", f"/api/v1/namespaces/{ns}/pods?gracePeriodSeconds=0")
+    except ApiError as exc:
+        print(f"  ({ns} pods' deletion: {exc}; waiting for it)")
+    cluster.wait_for(
+        lambda: not api("GET", f"/api/v1/namespaces/{ns}/pods?limit=1")["items"],
+        f"the pods of {ns} deleted",
+        timeout=600,
+        interval=2.0,
+    )
 
 
 def main() -> None:
@@ -98,6 +161,20 @@ def main() -> None:
     ap.add_argument(
         "--injection", choices=("allocate", "nri"), default="allocate", help="the extender path's node side"
     )
+    ap.add_argument(
+        "--dra-via",
+        choices=("webhook", "direct"),
+        default="webhook",
+        help="webhook: the HAMi pods go through `hami scheduler --front-end dra` as the cluster's mutating "
+        "webhook (its template creation and latency counted); direct: translated here, templates created beforehand",
+    )
+    ap.add_argument(
+        "--audit", action="store_true", help="kube-apiserver's audit log: each path's requests per client, per pod"
+    )
+    ap.add_argument(
+        "--profile-webhook", metavar="PATH", help="run the webhook under cProfile, its stats written to PATH"
+    )
+    ap.add_argument("--no-extender", action="store_true", help="the baseline and DRA only")
     args = ap.parse_args()
 
     from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
@@ -109,20 +186,24 @@ def main() -> None:
         PluginStandIn,
         SchedulerProcess,
         gpu_pod,
+        label_namespace,
         make_gpu_node,
+        register_webhook,
     )
+    from hami_devkit import audit
     from tests.integration.test_dra import gates_for
 
     cluster = KubeCluster(
         feature_gates=gates_for(KUBE_VERSION),
         extra_args={"kube-controller-manager": ["--kube-api-qps=1000", "--kube-api-burst=2000"]},
+        audit=args.audit,
     )
     try:
         cluster.start()
     except MissingBinaries as exc:
         print(f"skipped: {exc}")
         return
-    proc = None
+    proc = hook = None
     try:
         print(f"Kubernetes {KUBE_VERSION}, {args.nodes} kwok nodes x 8 GPUs, {args.pods} pods per path")
         proc = SchedulerProcess(cluster, "--node-lock-retry-timeout=28s", loopback=True).start()
@@ -154,11 +235,28 @@ def main() -> None:
         time.sleep(2.0)
         api = KeepAliveApi(cluster)
 
-        def run(ns: str, pods: list[dict], templates: list[dict] = ()) -> tuple[float, Counter, Counter]:
+        cpu_ms: dict[str, float] = {}  # per namespace: CPU ms per pod, every process of the cluster
+        cpu_text: dict[str, str] = {}
+
+        def pids() -> dict[str, int]:
+            got = {name: c.process.pid for name, c in cluster.components.items() if getattr(c, "process", None)}
+            got.update({"hami webhook": hook.proc.pid} if hook and hook.proc else {})
+            got.update({"hami scheduler": proc.proc.pid} if proc and proc.proc else {})
+            return got
+
+        def cpu_line(ns: str) -> str:
+            ratio = cpu_ms["bench-baseline"] / cpu_ms[ns] if ns != "bench-baseline" else 1.0
+            return f"{cpu_ms[ns]:.1f} ms CPU per pod ({ratio:.2f}x the baseline's pods per CPU second; {cpu_text[ns]})"
+
+        def run(ns: str, pods: list[dict], templates: list[dict] = (), prepare=None) -> tuple[float, Counter, Counter]:
             cluster.create_namespace(ns)
             for t in templates:
                 api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", t)
+            if prepare:
+                prepare(ns)
             before = request_counts(cluster)
+            cpu_before = process_cpu(pids())
+            offset = audit.log_size(cluster.audit_log) if args.audit else 0
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda p: api("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
@@ -170,6 +268,13 @@ def main() -> None:
 
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=900, interval=2.0)
             after = request_counts(cluster)
+            used = {k: v - cpu_before.get(k, 0.0) for k, v in process_cpu(pids()).items()}
+            cpu_ms[ns] = 1e3 * sum(used.values()) / len(pods)
+            cpu_text[ns] = ", ".join(
+                f"{k} {1e3 * v / len(pods):.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])
+            )
+            if args.audit:
+                print(f"  {ns}: requests per pod by client (audit log):\n{by_client(cluster, offset, len(pods))}")
             items = api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             when = [
                 calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
@@ -197,17 +302,36 @@ def main() -> None:
         base = n / span_b
         print(f"baseline: {n} pods without GPUs, default-scheduler: {base:.0f} pods/s ({load()})")
         print(f"  baseline: {per_pod(before, after, n)}")
-        api("DELETE", "/api/v1/namespaces/bench-baseline/pods?gracePeriodSeconds=0")
+        print(f"  baseline: {cpu_line('bench-baseline')}")
+        delete_pods(cluster, api, "bench-baseline")
 
         # 1. DRA: the webhook's translation, kube-scheduler ("hami-scheduler" profile, no extender) places claims
         cluster.configure_hami_scheduler(KubeSchedulerConfig(**fast))
         dra_pods, templates = [], {}
         for i in range(n):
             p = gpu_pod(f"d{i:04d}", "bench-dra", mem=4000, cores=5, node_selector={"bench": "on"})
+            if args.dra_via == "webhook":
+                dra_pods.append(p)
+                continue
             out, ts = translate(admit_pod(p, [nv])[0], nv, namespace="bench-dra")
             dra_pods.append(out)
             templates.update({t["metadata"]["name"]: t for t in ts})
-        span, before, after = run("bench-dra", dra_pods, list(templates.values()))
+        prepare = None
+        if args.dra_via == "webhook":
+            hook = SchedulerProcess(cluster, "--front-end=dra", profile=args.profile_webhook).start()
+            register_webhook(cluster, hook.url, "hami-bench-dra", WEBHOOK_LABEL)
+
+            def prepare(ns: str) -> None:  # the namespace's pods go through the webhook, checked with a dry run
+                label_namespace(cluster, ns, WEBHOOK_LABEL)
+                dry = f"/api/v1/namespaces/{ns}/pods?dryRun=All"
+                cluster.wait_for(
+                    lambda: api("POST", dry, dra_pods[0])["spec"].get("resourceClaims"),
+                    "the webhook turning GPU requests into claims",
+                    timeout=30,
+                    interval=0.2,
+                )
+
+        span, before, after = run("bench-dra", dra_pods, list(templates.values()), prepare)
         claims = api("GET", f"{RESOURCE}/namespaces/bench-dra/resourceclaims")["items"]
         used = Counter(
             (r["pool"], r["device"]) for c in claims for r in c["status"]["allocation"]["devices"]["results"]
@@ -218,7 +342,10 @@ def main() -> None:
             f"{len({p for p, _ in used})} nodes (at most {max(used.values())} per GPU)"
         )
         print(f"  DRA: {per_pod(before, after, n)}")
+        print(f"  DRA: {cpu_line('bench-dra')}")
 
+        if args.no_extender:
+            return
         # 2. extender: hami scheduler behind the same kube-scheduler, the plugin stand-in on the node side
         cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender(), **fast))
         ext_pods = [
@@ -239,6 +366,7 @@ def main() -> None:
             f"({n / span_e / base:.2f}x the baseline; {load()})"
         )
         print(f"  extender: {per_pod(before, after, n)}")
+        print(f"  extender: {cpu_line('bench-ext')}")
         print(f"DRA / extender pods/s: {(n / span) / (n / span_e):.2f}")
     finally:
         try:
@@ -247,6 +375,8 @@ def main() -> None:
             pass
         if proc:
             proc.stop()
+        if hook:
+            hook.stop()
         cluster.stop()
 
 

@@ -112,34 +112,81 @@ class _Kube:
         return body
 
 
-async def _create(statuses, kube_present=True):
+def _service(kube):
+    """A SchedulerService stand-in with what its template creation reads."""
+    from functools import partial
     from types import SimpleNamespace
 
     from hami.scheduler.server import SchedulerService
+    from hami.webhook.templates import KnownTemplates
 
+    me = SimpleNamespace(kube=kube, known_templates=KnownTemplates(), _template_posts={})
+    me._post_template = partial(SchedulerService._post_template, me)
+    me.create = partial(SchedulerService._create_templates, me)
+    return me
+
+
+async def _create(statuses, kube_present=True):
     _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
     kube = _Kube(statuses) if kube_present else None
-    me = SimpleNamespace(kube=kube)
-    return await SchedulerService._create_templates(me, "ns", templates), kube, templates
+    return await _service(kube).create("ns", templates), kube, templates
 
 
-async def test_server_creates_templates_strictly_and_takes_an_existing_one():
-    failure, kube, templates = await _create([201])
-    assert failure == "" and kube.calls == [
-        (
-            "POST",
-            "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaimtemplates",
-            [("fieldValidation", "Strict")],
-            templates[0]["metadata"]["name"],
-        )
-    ]
-    failure, _, _ = await _create([409])
-    assert failure == ""
+async def test_a_template_created_or_found_is_not_posted_again_at_the_next_admission():
+    _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
+    for first in (201, 409):
+        kube = _Kube([first])
+        me = _service(kube)
+        assert await me.create("ns", templates) == ""
+        assert await me.create("ns", templates) == ""
+        assert len(kube.calls) == 1  # the second admission sent nothing
+        kube.statuses = [409]
+        assert await me.create("other-ns", templates) == ""  # another namespace: its own template
+        assert [c[1] for c in kube.calls][-1].endswith("/namespaces/other-ns/resourceclaimtemplates")
 
 
-async def test_server_reports_why_a_template_could_not_be_created():
-    failure, _, templates = await _create([403])
-    assert failure.startswith(f"cannot create ResourceClaimTemplate ns/{templates[0]['metadata']['name']}:")
-    assert "403" in failure
-    failure, _, _ = await _create([], kube_present=False)
-    assert "no API server client" in failure
+async def test_a_failed_create_is_not_remembered_and_the_next_admission_tries_again():
+    _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
+    kube = _Kube([403, 201])
+    me = _service(kube)
+    assert "403" in await me.create("ns", templates)
+    assert await me.create("ns", templates) == ""
+    assert len(kube.calls) == 2
+
+
+async def test_admissions_needing_the_same_template_at_once_share_one_post():
+    import asyncio
+
+    _, templates = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}), DRA)
+    gate = asyncio.Event()
+
+    class Slow(_Kube):
+        async def request(self, *a, **kw):
+            await gate.wait()
+            return await super().request(*a, **kw)
+
+    kube = Slow([201])
+    me = _service(kube)
+    waiting = [asyncio.ensure_future(me.create("ns", templates)) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(*waiting) == [""] * 5
+    assert len(kube.calls) == 1 and me._template_posts == {}
+
+
+@pytest.mark.parametrize(
+    "limits, annotations",
+    [
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, None),
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 40}, None),
+        ({"nvidia.com/gpu": 1}, {"hami.io/vgpu-node": "n1"}),
+        ({"nvidia.com/gpu": ["1"]}, None),  # a wrong type: denied naming the field either way
+    ],
+)
+def test_a_body_whose_tree_the_server_checked_gets_the_same_answer(limits, annotations):
+    b = body(limits, annotations)
+    assert review_with_templates(b, DRA, tree_checked=True) == review_with_templates(b, DRA)
+    if limits.get("nvidia.com/gpu") == ["1"]:
+        answer, _ = review_with_templates(b, DRA, tree_checked=True)
+        assert answer["response"]["allowed"] is False
+        assert "request.object.spec.containers[0].resources.limits" in answer["response"]["status"]["message"]

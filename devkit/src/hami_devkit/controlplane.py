@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from hami_devkit import kwok
+from hami_devkit import audit, kwok
 from hami_devkit.binaries import KUBE_VERSION, MissingBinaries, bin_dir, find_binaries
 from hami_devkit.errors import ApiError, ClusterError
 from hami_devkit.kwok import node_manifest
@@ -103,6 +103,8 @@ class KubeCluster:
     ``feature_gates``: ``--feature-gates`` of kube-apiserver, kube-scheduler and
     kube-controller-manager (e.g. the DRA gates that are off by default in v1.34).
     ``extra_args``: more flags per component (``{"kube-controller-manager": ["--kube-api-qps=500"]}``).
+    ``audit``: kube-apiserver writes an audit log (:mod:`hami_devkit.audit`) to :attr:`audit_log`,
+    one line per request naming its client (for benches that attribute requests).
     """
 
     workdir: Path | None = None
@@ -111,6 +113,7 @@ class KubeCluster:
     controller_manager: bool | None = None
     feature_gates: dict[str, bool] = field(default_factory=dict)
     extra_args: dict[str, list[str]] = field(default_factory=dict)
+    audit: bool = False
     binaries: dict[str, Path] | None = None
     keep_workdir: bool = False
     start_timeout: float = START_TIMEOUT_S
@@ -335,12 +338,19 @@ class KubeCluster:
                 "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid endpoint for the kubernetes Service
                 "--profiling=false",
                 *self._gate_flags(),
+                *(audit.apiserver_flags(self._paths.config("audit-policy.yaml"), self.audit_log) if self.audit else ()),
                 *self.extra_args.get("kube-apiserver", ()),
                 "--v=1",
             ],
         )
         self._write_kubeconfig()
         self._wait_ready(apiserver, lambda: self._api_ok("/readyz"))
+
+    @property
+    def audit_log(self) -> Path:
+        """Where kube-apiserver writes its audit log when ``audit`` is on."""
+        assert self.workdir is not None
+        return Path(self.workdir) / "logs" / "audit.log"
 
     def _write_kubeconfig(self) -> None:
         assert self._admin

@@ -214,13 +214,21 @@ def _strip(container: dict, names: Sequence[str]) -> None:
 
 
 def translate(
-    pod: Mapping[str, Any], vendor: Any, device_class: str = SHARE_CLASS, namespace: str = ""
+    pod: Mapping[str, Any],
+    vendor: Any,
+    device_class: str = SHARE_CLASS,
+    namespace: str = "",
+    *,
+    owned: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(pod using claims, ResourceClaimTemplates it needs). ``pod`` is admitted (defaults applied);
     ``vendor`` is the NVIDIA vendor (its resource names and defaults). A pod with no NVIDIA
-    request comes back unchanged with no template."""
+    request comes back unchanged with no template. ``owned``: ``pod`` is a dict the caller made
+    for this call and gives up (the webhook's copy from :func:`hami.core.admit_pod`): it is
+    changed in place instead of copied (a pod's managedFields make the copy a quarter of an
+    admission's time)."""
     req = pod_request(pod, [vendor])
-    out = copy.deepcopy(dict(pod))
+    out = pod if owned and isinstance(pod, dict) else copy.deepcopy(dict(pod))
     spec = out.setdefault("spec", {})
     containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
     names = vendor.resources

@@ -40,6 +40,7 @@ from hami.kube.client import KubeClient, KubeError
 from hami.kube.reflector import Reflector
 from hami.serve import ConnectionGuard, application, client_verified, read_body, start
 from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates, uses_disable_control
+from hami.webhook.templates import KnownTemplates
 
 from .events import EventRecorder
 from .extender import Extender
@@ -132,6 +133,9 @@ class SchedulerService:
             opts.disable_control_label,
             front_end=opts.front_end,
         )
+        # the DRA front end's templates created (or found) a moment ago: no POST per admission
+        self.known_templates = KnownTemplates()
+        self._template_posts: dict[tuple[str, str], asyncio.Future[str]] = {}
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
 
@@ -261,7 +265,10 @@ class SchedulerService:
                 labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
             except KubeError as exc:
                 log.warning("namespace %s labels unreadable: %s", ns, exc)
-        answer, templates = review_with_templates(body, self.admission, labels, self.state.ledger.quota_room)
+        # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
+        answer, templates = review_with_templates(
+            body, self.admission, labels, self.state.ledger.quota_room, tree_checked=True
+        )
         if templates:
             ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
             failure = await self._create_templates(ns, templates)
@@ -271,18 +278,38 @@ class SchedulerService:
 
     async def _create_templates(self, namespace: str, templates: tuple[dict, ...]) -> str:
         """Create the DRA front end's ResourceClaimTemplates (content-named: one that exists is the
-        same); '' when all exist, else why not (the pod is then denied, nothing half-applied)."""
+        same); '' when all exist, else why not (the pod is then denied, nothing half-applied).
+        A template created or found moments ago is not sent again (:mod:`hami.webhook.templates`);
+        admissions that need the same unknown template at once share one POST."""
         if self.kube is None:
             return "the webhook has no API server client: it cannot create ResourceClaimTemplates"
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
         for t in templates:
-            body = {**t, "metadata": {**t["metadata"], "namespace": namespace}}
-            try:
-                await self.kube.request("POST", path, [("fieldValidation", "Strict")], body)
-            except KubeError as exc:
-                if exc.status != 409:
-                    log.warning("ResourceClaimTemplate %s/%s: %s", namespace, t["metadata"]["name"], exc)
-                    return f"cannot create ResourceClaimTemplate {namespace}/{t['metadata']['name']}: {exc}"
+            name = t["metadata"]["name"]
+            if self.known_templates.known(namespace, name, time.monotonic()):
+                continue
+            key = (namespace, name)
+            pending = self._template_posts.get(key)
+            if pending is None:
+                pending = asyncio.ensure_future(self._post_template(namespace, t))
+                self._template_posts[key] = pending
+                pending.add_done_callback(lambda _f, key=key: self._template_posts.pop(key, None))
+            failure = await asyncio.shield(pending)
+            if failure:
+                return failure
+        return ""
+
+    async def _post_template(self, namespace: str, template: dict) -> str:
+        assert self.kube is not None
+        name = template["metadata"]["name"]
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        body = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+        try:
+            await self.kube.request("POST", path, [("fieldValidation", "Strict")], body)
+        except KubeError as exc:
+            if exc.status != 409:
+                log.warning("ResourceClaimTemplate %s/%s: %s", namespace, name, exc)
+                return f"cannot create ResourceClaimTemplate {namespace}/{name}: {exc}"
+        self.known_templates.exists(namespace, name, time.monotonic())
         return ""
 
     async def _healthz(self, request: web.Request) -> web.Response:

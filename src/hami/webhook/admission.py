@@ -38,7 +38,7 @@ from hami.core.names import (
     VGPU_NODE,
     VGPU_TIME,
 )
-from hami.core.shape import ShapeError, check, check_pod
+from hami.core.shape import POD, ShapeError, check, check_pod
 from hami.core.types import ContainerKind
 from hami.vendors.nvidia import VGPU_DEVICES_PREFIX
 
@@ -93,18 +93,24 @@ def _containers(pod: Mapping[str, Any]) -> list[dict]:
     return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
 
 
-def uses_disable_control(pod: Mapping[str, Any]) -> list[str]:
-    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value); ``[]`` for a pod
-    of the wrong shape (:func:`decide` denies it)."""
-    try:
-        check_pod(pod, "pod")
-    except ShapeError:
+def uses_disable_control(pod: Any) -> list[str]:
+    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value). Reads what it can of
+    a pod of the wrong shape (:func:`decide` denies that pod anyway) without checking its shape,
+    which costs more than the rest of an admission."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
         return []
-    return [
-        c.get("name") or "?"
-        for c in _containers(pod)
-        if any((e or {}).get("name") == DISABLE_CONTROL_ENV for e in c.get("env") or ())
-    ]
+    names_: list[str] = []
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else ():
+            env = c.get("env") if isinstance(c, Mapping) else None
+            if isinstance(env, list) and any(
+                isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in env
+            ):
+                name = c.get("name")
+                names_.append(name if isinstance(name, str) and name else "?")
+    return names_
 
 
 def _deny(message: str, code: int = 403) -> Decision:
@@ -162,6 +168,17 @@ def decide(
         check_pod(pod, "pod")
     except ShapeError as exc:
         return _deny(str(exc), 400)
+    return _decide_checked(pod, s, namespace_labels, quota_room)
+
+
+def _decide_checked(
+    pod: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None,
+) -> Decision:
+    """:func:`decide` for a pod whose shape was checked (the shape check is the costliest step
+    of an admission: one per admission, in :func:`review_with_templates`)."""
     meta = pod.get("metadata") or {}
     if not (pod.get("spec") or {}).get("containers"):
         return _deny("pod has no containers", 400)
@@ -236,7 +253,8 @@ def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
         return Decision(True, "", pod)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
     try:
-        out, templates = translate(pod, nvidia, s.dra_device_class, ns)
+        # the pod is admit_pod's copy, made for this admission: translated in place
+        out, templates = translate(pod, nvidia, s.dra_device_class, ns, owned=True)
     except CoreError as exc:
         return _deny(str(exc), 400)
     return Decision(True, "", out, templates=tuple(templates))
@@ -285,9 +303,14 @@ def review_with_templates(
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None = None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+    *,
+    tree_checked: bool = False,
 ) -> tuple[dict, tuple[dict, ...]]:
     """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
-    caller must create them (in the request's namespace) before sending the answer."""
+    caller must create them (in the request's namespace) before sending the answer.
+    ``tree_checked``: the caller ran :func:`hami.core.shape.check_tree` over the whole ``body``
+    with the default limits or tighter (the server does, on every request body), so the pod's
+    subtree is not walked again (only its fields are checked)."""
     templates: tuple[dict, ...] = ()
     request = body.get("request") if isinstance(body, Mapping) else None
     try:
@@ -313,12 +336,12 @@ def review_with_templates(
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
-    elif (bad := _shape_error(pod)) is not None:
+    elif (bad := _shape_error(pod, tree_checked)) is not None:
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": bad, "reason": "BadRequest"}}
     else:
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
             pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
-        d = decide(pod, s, namespace_labels, quota_room)
+        d = _decide_checked(pod, s, namespace_labels, quota_room)
         templates = d.templates
         if not d.allowed:
             response = {
@@ -355,9 +378,12 @@ def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
 REVIEW = {"apiVersion": str, "request": {"uid": str, "operation": str, "namespace": str, "kind": {"kind": str}}}
 
 
-def _shape_error(pod: Any) -> str | None:
+def _shape_error(pod: Any, tree_checked: bool = False) -> str | None:
     try:
-        check_pod(pod, "request.object")
+        if tree_checked:  # a subtree of a checked tree: within the same depth and size limits
+            check(pod, POD, "request.object")
+        else:
+            check_pod(pod, "request.object")
     except ShapeError as exc:
         return str(exc)
     return None
