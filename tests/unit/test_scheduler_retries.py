@@ -1,14 +1,18 @@
 """Answers kept across Filters (issue 29): the retry of an unschedulable pod answered from the
 previous answer, the memory ceilings kept per device list, the ledger's generations that say
-when either is stale. Each test changes one thing an answer reads and fails if the kept
-answer were given again."""
+when either is stale, and the quantity memo. Each test changes one thing an answer reads and
+fails if the kept answer were given again."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
+
 from hami.core.codec import encode_node_devices_json
+from hami.core.errors import RequestError
 from hami.core.ledger import Ledger, make_allocation
+from hami.core.quantity import parse_int_quantity
 from hami.core.refuse import MemoryCeilings
 from hami.core.types import ContainerDevice, DeviceInfo, NodeDevices
 from hami.scheduler.retries import RetryAnswers
@@ -169,3 +173,23 @@ def test_memory_ceilings_follow_the_device_lists():
     assert ceilings.below(ledger, "NVIDIA", 2000) == frozenset()
     assert ceilings.below(ledger, "Other", 2000) == frozenset()  # a vendor no node has
     assert vendors  # (the vendor table builds)
+
+
+@pytest.mark.parametrize("value", ["1500m", "lots", "", "1e400", 1.5])
+def test_the_quantity_memo_keeps_each_error_naming_its_field(value):
+    for where in ("first.field", "second.field"):
+        with pytest.raises(RequestError, match=where):
+            parse_int_quantity(value, where)
+
+
+def test_the_quantity_memo_gives_the_parsed_values():
+    assert [parse_int_quantity(v, "f") for v in ("80", "80", "1Gi", " 2k ", 7, "0.5Ki")] == [
+        80,
+        80,
+        2**30,
+        2000,
+        7,
+        512,
+    ]
+    with pytest.raises(RequestError, match="out of range"):
+        parse_int_quantity(2**63, "f")
