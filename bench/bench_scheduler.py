@@ -283,13 +283,25 @@ def node_spread(items: list[dict], when: dict[str, float], span: float) -> str:
     )
 
 
-def cpu_seconds() -> dict[str, float]:
+def cpu_seconds(own: dict[str, int] | None = None) -> dict[str, float]:
     """CPU seconds (user + system) used so far by every process on this machine, by program
-    name (a Python process by its module or script), from /proc; empty where there is none."""
+    name (a Python process by its module or script), from /proc; empty where there is none.
+    ``own``: only these processes (name -> pid), e.g. this run's control plane, its scheduler
+    and this process, when other work shares the machine (other jobs' API servers would
+    otherwise count as this run's)."""
     import os
 
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     out: dict[str, float] = {}
+    if own is not None:
+        for name, pid in own.items():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[f"{pid} {name}"] = (int(fields[11]) + int(fields[12])) / tick
+        return out
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not pid.isdigit():
             continue
@@ -425,11 +437,25 @@ def e2e(args: argparse.Namespace) -> None:
         time.sleep(2.0)  # nodes reach the scheduler's cache
         create = KeepAliveApi(cluster)
 
+        def own_processes() -> dict[str, int]:
+            """This run's processes: the control plane, the hami scheduler, this process (the
+            stand-in and the pods' creation)."""
+            import os
+
+            got = {"bench (stand-in, creation)": os.getpid()}
+            if proc is not None:
+                got["hami scheduler"] = proc.proc.pid
+            for name, component in cluster.components.items():
+                process = getattr(component, "process", None)
+                if process is not None:
+                    got["kube-scheduler (hami's)" if name == "hami-scheduler" else name] = process.pid
+            return got
+
         def run(ns: str, pods: list[dict]) -> tuple[float, list[dict], str]:
             """Create the pods at once; seconds from the first creation to the last PodScheduled,
             the pods, and the API requests per pod over the run."""
             cluster.create_namespace(ns)
-            cpu0 = cpu_seconds()
+            cpu0 = cpu_seconds(own_processes())
             requests0 = request_counts(cluster)
             began = time.time()
             with ThreadPoolExecutor(16) as pool:
@@ -446,7 +472,7 @@ def e2e(args: argparse.Namespace) -> None:
             # the span comes from the PodScheduled timestamps, not from this poll: a slow poll
             # only delays the end of the run, and loads the API server less while it is measured
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=600, interval=2.0)
-            cpu = cpu_per_pod(cpu0, cpu_seconds(), len(pods))
+            cpu = cpu_per_pod(cpu0, cpu_seconds(own_processes()), len(pods))
             requests = per_pod(requests0, request_counts(cluster), len(pods))
             failed = failed_scheduling(create("GET", f"/api/v1/namespaces/{ns}/events")["items"])
             items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
@@ -502,73 +528,89 @@ def e2e(args: argparse.Namespace) -> None:
         ]
         # both kube-schedulers run with the harness's client rate limit (qps 1000, burst 2000, as
         # the chart sets it; kube-scheduler's own 50/100 would cap GPU-less pods near 50 pods/s)
+
+        def policy_runs(base: float, rnd: int) -> list[tuple]:
+            """One run per node policy and node side, each beside the round's baseline ``base``."""
+            out = []
+            nonlocal proc
+            policies = args.policies.split(",")
+            for policy in policies if rnd % 2 == 0 else policies[::-1]:  # every other round the other way round
+                proc = SchedulerProcess(
+                    cluster,
+                    "--node-lock-retry-timeout=28s",
+                    f"--node-scheduler-policy={policy}",
+                    *args.scheduler_flags,
+                    loopback=True,
+                    profile=f"{args.profile}.{policy}" if args.profile else None,
+                ).start()
+                cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
+                for injection in args.injection.split(","):
+                    ns = f"bench-{policy}-{injection}"
+                    pods = [
+                        gpu_pod(f"p{i:04d}", ns, mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)
+                    ]
+                    if injection == "nri":  # the NRI agent's stand-in writes hami.io/node-injection: nri
+                        standin: PluginStandIn = timed_standin(NriStandIn)(
+                            cluster, nodes=set(names), workers=args.e2e_nodes // 2
+                        )
+                    else:  # a real cluster has one plugin per node
+                        set_injection(None)
+                        standin = timed_standin(PluginStandIn)(cluster, workers=args.e2e_nodes // 2)
+                    with standin:
+                        if injection == "nri":
+                            time.sleep(2.0)  # its writes reach the scheduler's cache
+                        span, items, requests = run(ns, pods)
+                    print(f"  plugin stand-in ({injection}): {standin.summary()}")
+                    rate = n / span
+                    used = len({p["spec"]["nodeName"] for p in items})
+                    ideal = one_by_one_nodes(node_objects, pods, policy)
+                    over = over_capacity(items)
+                    print(
+                        f"e2e {policy}, injection {injection}: {n} GPU pods through hami scheduler: all bound after "
+                        f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline); {used} nodes used "
+                        f"(one by one: {ideal}); {over} GPUs over capacity ({load()})"
+                    )
+                    out.append((rnd, policy, injection, rate, rate / (n / base), used, ideal, over, requests))
+                    clear(ns)
+                metrics = (
+                    urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
+                )
+                print(
+                    f"  {policy}: /filter (decision reserved, written by the Binding): "
+                    f"{_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}"
+                )
+                print(
+                    f"  {policy}: /bind (lock when the node needs one, then Binding): "
+                    f"{_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}"
+                )
+                print(
+                    f"  {policy}: node-lock wait in Bind: "
+                    f"{_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}"
+                )
+                cluster.configure_hami_scheduler(KubeSchedulerConfig())
+                proc.stop()
+                proc = None
+            return out
+
         print(f"e2e: {n} pods, {args.e2e_nodes} kwok nodes x 8 GPUs; {load()} at the start")
-        base, _, base_requests = run("bench-baseline", plain)
-        clear("bench-baseline")
-        print(
-            f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s "
-            f"({base:.1f}s; {load()})"
-        )
         node_objects = [create("GET", f"/api/v1/nodes/{name}") for name in names]
         rows = []
-        for policy in args.policies.split(","):
-            proc = SchedulerProcess(
-                cluster,
-                "--node-lock-retry-timeout=28s",
-                f"--node-scheduler-policy={policy}",
-                *args.scheduler_flags,
-                loopback=True,
-                profile=f"{args.profile}.{policy}" if args.profile else None,
-            ).start()
-            cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=proc.extender()))
-            for injection in args.injection.split(","):
-                ns = f"bench-{policy}-{injection}"
-                pods = [gpu_pod(f"p{i:04d}", ns, mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)]
-                if injection == "nri":  # the NRI agent's stand-in writes hami.io/node-injection: nri
-                    standin: PluginStandIn = timed_standin(NriStandIn)(
-                        cluster, nodes=set(names), workers=args.e2e_nodes // 2
-                    )
-                else:  # a real cluster has one plugin per node
-                    set_injection(None)
-                    standin = timed_standin(PluginStandIn)(cluster, workers=args.e2e_nodes // 2)
-                with standin:
-                    if injection == "nri":
-                        time.sleep(2.0)  # its writes reach the scheduler's cache
-                    span, items, requests = run(ns, pods)
-                print(f"  plugin stand-in ({injection}): {standin.summary()}")
-                rate = n / span
-                used = len({p["spec"]["nodeName"] for p in items})
-                ideal = one_by_one_nodes(node_objects, pods, policy)
-                over = over_capacity(items)
-                print(
-                    f"e2e {policy}, injection {injection}: {n} GPU pods through hami scheduler: all bound after "
-                    f"{span:.1f}s -> {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline); {used} nodes used "
-                    f"(one by one: {ideal}); {over} GPUs over capacity ({load()})"
-                )
-                rows.append((policy, injection, rate, rate / (n / base), used, ideal, over, requests))
-                clear(ns)
-            metrics = (
-                urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=10).read().decode()
-            )
+        bases = []
+        for rnd in range(args.rounds):
+            if args.rounds > 1:
+                print(f"round {rnd + 1} of {args.rounds} ({load()})")
+            base, _, base_requests = run("bench-baseline", plain)
+            clear("bench-baseline")
+            bases.append(base)
             print(
-                f"  {policy}: /filter (decision reserved, written by the Binding): "
-                f"{_histogram_quantiles(metrics, 'hami_scheduler_filter_duration_seconds', 'scheduled')}"
+                f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s "
+                f"({base:.1f}s; {load()})"
             )
+            rows += policy_runs(base, rnd)
+        print(f"summary (baseline {', '.join(f'{n / b:.0f}' for b in bases)} pods/s, {base_requests}):")
+        for rnd, policy, injection, rate, ratio, used, ideal, over, requests in rows:
             print(
-                f"  {policy}: /bind (lock when the node needs one, then Binding): "
-                f"{_histogram_quantiles(metrics, 'hami_scheduler_bind_duration_seconds', 'bound')}"
-            )
-            print(
-                f"  {policy}: node-lock wait in Bind: "
-                f"{_histogram_quantiles(metrics, 'hami_scheduler_node_lock_wait_seconds', 'acquired')}"
-            )
-            cluster.configure_hami_scheduler(KubeSchedulerConfig())
-            proc.stop()
-            proc = None
-        print(f"summary (baseline {n / base:.0f} pods/s, {base_requests}):")
-        for policy, injection, rate, ratio, used, ideal, over, requests in rows:
-            print(
-                f"  {policy:8} {injection:8} {rate:5.0f} pods/s {ratio:.2f}x  nodes {used} (one by one {ideal})  "
+                f"  {rnd + 1} {policy:8} {injection:8} {rate:5.0f} pods/s {ratio:.2f}x  nodes {used} (one by one {ideal})  "
                 f"over capacity {over}  {requests.split(' (')[0]}"
             )
     finally:
@@ -601,6 +643,13 @@ def main() -> None:
         "stand-in)",
     )
     ap.add_argument("--profile", help="--e2e: run hami scheduler under cProfile, stats to PROFILE.<policy>")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="--e2e: repeat the baseline and every policy run this many times, alternating (a shared machine's "
+        "load moves: each round's ratios are to its own baseline)",
+    )
     ap.add_argument("--policies", default="binpack,spread", help="--e2e: node policies, comma-separated, each a run")
     ap.add_argument(
         "--scheduler-flag",

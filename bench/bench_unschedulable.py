@@ -25,7 +25,9 @@ CPU time of the default path (the machine is shared: wall time includes waiting 
 * last, after one sharer is placed on every GPU: ``whole GPU``, a pod asking 100 % of a GPU's
   memory (``gpumem-percentage``, the default of a pod asking ``nvidia.com/gpu`` alone).
 
-Also the extender's share for an unschedulable result (``FailedNodes`` and the event lines).
+Also the extender's share for an unschedulable result (``FailedNodes`` and the event lines), and
+the whole ``Extender.filter`` for it: a retry with nothing changed (answered from the previous
+answer) and a retry after a change.
 Run: ``.venv/bin/python bench/bench_unschedulable.py [--sizes 1000,5000] [--runs R] [--fill F]``.
 """
 
@@ -87,6 +89,48 @@ def share_every_gpu(ledger) -> None:
         pod["spec"]["containers"] = [{"name": "c"}]
         used = tuple(ContainerDevice(uuid=d.id, type="NVIDIA", usedmem=100, usedcores=1, index=d.index) for d in gpus)
         ledger.add_pod(make_allocation(pod, name, {"NVIDIA": (used,)}))
+
+
+def extender_figures(ledger, names: list[str], runs: int, churn) -> None:
+    """The whole ``Extender.filter`` for a pod that fits nowhere (the pod read from the cache,
+    the core, the memory-ceiling marks, the maps and event lines; not HTTP nor JSON), on this
+    ledger: kube-scheduler's retry with nothing changed (answered from the previous answer,
+    :mod:`hami.scheduler.retries`), and a retry after a change (a pod placed or removed: decided
+    again, the ceilings kept)."""
+    import asyncio
+
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import SchedulerService
+
+    svc = SchedulerService(Options(), None)
+    svc.extender.record = False
+    svc.state.ledger = ledger
+    pod = make_pod("pending", 1, 102400, 10)
+    pod["metadata"]["resourceVersion"] = "1"
+    pod["spec"]["schedulerName"] = svc.state.scheduler_name
+    svc.state.put_pod(pod)
+    body = {"Pod": pod, "NodeNames": names}
+    loop = asyncio.new_event_loop()
+
+    def filter_ms(change) -> list[float]:
+        out = []
+        for i in range(runs):
+            change(i)
+            t = time.thread_time()
+            answer = loop.run_until_complete(svc.extender.filter(body))
+            out.append((time.thread_time() - t) * 1e3)
+            assert answer["NodeNames"] == [] and len(answer["FailedAndUnresolvableNodes"]) == len(names)
+        return out
+
+    filter_ms(lambda i: None)  # the first answer
+    still = filter_ms(lambda i: None)
+    changed = filter_ms(churn)
+    loop.close()
+    print(
+        f"  Extender.filter, unschedulable pod, CPU p50: retry with nothing changed {percentile(still, 50):.3f} ms "
+        f"({getattr(getattr(svc.extender, 'retries', None), 'hits', 0)} answered from the previous answer); retry after a change "
+        f"{percentile(changed, 50):.3f} ms; over {runs} runs each"
+    )
 
 
 def figures(n_nodes: int, runs: int, fill: str) -> None:
@@ -194,6 +238,7 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
         f"{percentile(ms['after'], 50):.3f} ms after; of which the memory-ceiling marks "
         f"{percentile(marks, 50):.3f} ms"
     )
+    extender_figures(ledger, names, slow_runs, churn)
     t0 = time.perf_counter()
     share_every_gpu(ledger)
     print(f"  then one sharer on every GPU ({time.perf_counter() - t0:.1f}s):")

@@ -1006,6 +1006,17 @@ async def test_a_repeated_event_raises_the_count_of_the_one_written():
     assert api.calls[2][2]["count"] == 4  # the three first ones and this one
 
 
+def test_success_events_are_written_once_and_not_remembered_warnings_are():
+    # issue 26: a series per placed pod's success line filled the bound over a churning soak
+    rec = EventRecorder(object(), "hami-scheduler", maxsize=0)
+    for i in range(50):
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    assert rec.queue.qsize() == 50 and len(rec._series) == 0
+    rec.record(pod("w"), "FilteringFailed", "1 nodes CardInsufficientMemory(n1)", "Warning")
+    rec.record(pod("w"), "FilteringFailed", "1 nodes CardInsufficientMemory(n1)", "Warning")
+    assert rec.queue.qsize() == 51 and len(rec._series) == 1 and rec.coalesced == 1
+
+
 def test_success_events_never_crowd_out_warnings():
     rec = EventRecorder(object(), "hami-scheduler", maxsize=10)
     for i in range(20):  # a burst of placements

@@ -173,6 +173,11 @@ class Ledger:
         self._clock = 0
         self._log: list[str] = []  # the node of each change: _log[i] got version _log_base + i + 1
         self._log_base = 0
+        # caches' validity (never reused, never reset): one counter for every change a Filter's
+        # answer may read (nodes, usage, reservations, quotas, claims), one for the device lists
+        # alone (a node added, removed, or registering other devices)
+        self._generation = 0
+        self._device_generation = 0
         self._names: list[str] | None = None  # node names, sorted (None: to sort again)
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
         # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
@@ -197,6 +202,8 @@ class Ledger:
         old = self._nodes.get(node.name)
         if old is None:
             self._names = None
+        if old is None or old.node.devices != node.devices:
+            self._device_generation += 1
         self._set_uuids(node.name, () if old is None else old.node.devices, node.devices)
         n = len(node.devices)
         st = self._nodes[node.name] = NodeState(
@@ -219,6 +226,7 @@ class Ledger:
         old = self._nodes.pop(name, None)
         if old is not None:
             self._names = None
+            self._device_generation += 1
             self._set_uuids(name, old.node.devices, ())
             self._touch(name)
         self._versions.pop(name, None)
@@ -314,6 +322,7 @@ class Ledger:
         return 0.0 if lists is None else lists[2][-1]
 
     def _touch(self, name: str) -> None:
+        self._generation += 1
         self._clock += 1
         self._versions[name] = self._clock
         self._log.append(name)
@@ -325,6 +334,18 @@ class Ledger:
     def clock(self) -> int:
         """The latest node version handed out (a node's version is the clock of its last change)."""
         return self._clock
+
+    def generation(self) -> int:
+        """A number that changes whenever anything a Filter's answer reads in the ledger may
+        have: a node's devices, health, cordons or usage, a pod placed, reserved or removed
+        (on a node or not: namespace usage), a quota or a DRA claim. Equal numbers: the same
+        ledger for every decision (a cache of answers is valid while it holds)."""
+        return self._generation
+
+    def device_generation(self) -> int:
+        """A number that changes whenever a node is added or removed or its device list
+        changes (not its usage, nor a registration written again unchanged)."""
+        return self._device_generation
 
     def changed_since(self, clock: int) -> set[str] | None:
         """The nodes changed after ``clock`` (added, removed, re-registered, usage); None when
@@ -454,6 +475,7 @@ class Ledger:
         return [self._pods[k] for k in sorted(self._pods)]
 
     def _apply(self, alloc: PodAllocation, sign: int, resummarise: bool = True) -> None:
+        self._generation += 1
         ns = self._ns_used.setdefault(alloc.namespace, {})
         for u in alloc.usage:
             acc = ns.setdefault(u.vendor, [0, 0])
@@ -482,6 +504,7 @@ class Ledger:
         namespace's quota, beside the pods' allocations. Per device placement is kube-scheduler's
         on that path, so only the namespace totals are kept here."""
         self.remove_claim(key)
+        self._generation += 1
         self._claims[key] = (namespace, vendor, mem, cores)
         acc = self._ns_used.setdefault(namespace, {}).setdefault(vendor, [0, 0])
         acc[0] += mem
@@ -490,6 +513,7 @@ class Ledger:
     def remove_claim(self, key: str) -> None:
         old = self._claims.pop(key, None)
         if old is not None:
+            self._generation += 1
             ns, vendor, mem, cores = old
             acc = self._ns_used.setdefault(ns, {}).setdefault(vendor, [0, 0])
             acc[0] -= mem
@@ -515,9 +539,11 @@ class Ledger:
             if key in tracked
         }
         self._quota.setdefault(namespace, {})[name] = limits
+        self._generation += 1
 
     def remove_quota(self, namespace: str, name: str) -> None:
-        self._quota.get(namespace, {}).pop(name, None)
+        if self._quota.get(namespace, {}).pop(name, None) is not None:
+            self._generation += 1
 
     def namespace_usage(self, namespace: str, vendor: str) -> tuple[int, int]:
         mem, cores = self._ns_used.get(namespace, {}).get(vendor, (0, 0))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from fractions import Fraction
 from typing import Any, Mapping
 
@@ -100,9 +101,29 @@ def _in_range(n: int, where: str, shown: Any) -> int:
     return n
 
 
+@lru_cache(maxsize=4096)
+def _whole(text: str) -> int | None:
+    """The value of a whole int64 quantity string; None when it is not one (the caller parses
+    it again for the error naming its field). A memo: a cluster writes few distinct quantities
+    (``"80"``, ``"4000"``, ``"1Gi"``) and reads them on every Filter and node refresh."""
+    try:
+        q = parse_quantity(text, "")
+    except QuantityError:
+        return None
+    if q.denominator != 1 or not INT64_MIN <= q <= INT64_MAX:
+        return None
+    return int(q)
+
+
 def parse_int_quantity(value: Any, where: str) -> int:
     """A whole-number resource quantity (``3000``, ``"3000"``, ``"2k"``, ``"1e3"``, ``"1Gi"``,
     ``"1500m"`` is refused). ``where`` names the field. Raises :class:`QuantityError`."""
+    if type(value) is str:
+        got = _whole(value)
+        if got is not None:
+            return got
+    elif type(value) is int:
+        return _in_range(value, where, value)
     q = parse_quantity(value, where)
     if q.denominator != 1:
         raise QuantityError(f"{where}: must be a whole number, got {_show(value)}")

@@ -325,13 +325,24 @@ class MemoryCeilings:
     """Marks refusals no eviction can cure because of memory: a container asking ``memreq`` MiB
     per device of a vendor on a node where every device of that vendor (healthy or not, used or
     not) has less memory in all (``devmem``) than that. Read from the node's device list, never
-    from its usage; each node's largest ``devmem`` per vendor is kept while its device list (the
-    ledger's object) stays the same."""
+    from its usage.
 
-    __slots__ = ("_top",)
+    Kept across Filters while the ledger's device lists stay the same
+    (:meth:`~hami.core.ledger.Ledger.device_generation`): each node's largest ``devmem`` per
+    vendor, and for each ``(vendor, memreq)`` asked the set of nodes under that ceiling, so a
+    pending pod's retries mark thousands of refusals with set operations instead of a Python
+    step per node. Any change of a device list (a node added, removed or registering other
+    devices) drops both."""
+
+    __slots__ = ("_top", "_below", "_generation")
+
+    #: ``(vendor, memreq)`` sets kept at most (pending pods ask few distinct sizes)
+    MAX_SIZES = 256
 
     def __init__(self) -> None:
         self._top: dict[str, tuple[Any, dict[str, int]]] = {}
+        self._below: dict[tuple[str, int], frozenset[str]] = {}
+        self._generation: int | None = None
 
     def _largest(self, nd: Any) -> dict[str, int]:
         got = self._top.get(nd.name)
@@ -340,10 +351,29 @@ class MemoryCeilings:
             for d in nd.devices:
                 if d.devmem > top.get(d.vendor, -1):
                     top[d.vendor] = d.devmem
-            if len(self._top) > 50_000:
-                self._top.clear()  # nodes long gone; rebuilt as asked
             got = self._top[nd.name] = (nd, top)
         return got[1]
+
+    def below(self, ledger: Any, vendor: str, memreq: int) -> frozenset[str]:
+        """The ledger's nodes with devices of ``vendor``, each of them under ``memreq`` MiB in
+        all (kept while the ledger's device lists stay the same)."""
+        generation = ledger.device_generation()
+        if generation != self._generation:
+            self._below.clear()
+            names = ledger.node_set()
+            for gone in [n for n in self._top if n not in names]:  # nodes removed: forgotten
+                del self._top[gone]
+            self._generation = generation
+        key = (vendor, memreq)
+        got = self._below.get(key)
+        if got is None:
+            if len(self._below) >= self.MAX_SIZES:
+                self._below.clear()
+            largest, node = self._largest, ledger.node
+            got = self._below[key] = frozenset(
+                n for n in ledger.node_set() if largest(node(n)).get(vendor, memreq) < memreq
+            )
+        return got
 
     def mark(
         self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any, vendors: Iterable[Any]
@@ -359,23 +389,27 @@ class MemoryCeilings:
             for r in c.requests
             if r.memreq > 0 and r.vendor in checked
         }
-        if not asks:
-            return failed
         out: dict[str, NodeFailure] | None = None
-        flagged: dict[int, NodeFailure] = {}
-        for n, f in failed.items():
-            if f.final:
+        for (ci, vendor), need in asks.items():
+            low = self.below(ledger, vendor, need)
+            if not low:
                 continue
-            need = asks.get((f.container, f.vendor))
-            if need is None or not ledger.has_node(n):
+            hits = list(low.intersection(failed.keys()))
+            if not hits:
                 continue
-            top = self._largest(ledger.node(n)).get(f.vendor)
-            if top is None or top >= need:
+            got = list(map(failed.__getitem__, hits))
+            # the refusals are mostly a few shared objects: each judged once, by identity
+            marked: dict[int, NodeFailure | None] = {}
+            for f in dict(zip(map(id, got), got)).values():
+                hit = not f.final and f.container == ci and f.vendor == vendor
+                marked[id(f)] = replace(f, final=True) if hit else None
+            new = list(map(marked.__getitem__, map(id, got)))
+            if all(g is None for g in marked.values()):
                 continue
-            g = flagged.get(id(f))
-            if g is None:
-                g = flagged[id(f)] = replace(f, final=True)
             if out is None:
                 out = dict(failed)
-            out[n] = g
+            if None in marked.values():
+                out.update((n, g) for n, g in zip(hits, new) if g is not None)
+            else:
+                out.update(zip(hits, new))  # type: ignore[arg-type]  # no None among them
         return failed if out is None else out

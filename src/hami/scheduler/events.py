@@ -8,11 +8,14 @@ only half of it, so a burst of placements cannot crowd out the Warnings (a pendi
 ``FilteringFailed``: with one writer and a loaded API server, 500 placements kept the queue full
 and not one Warning of 200 pending pods was written). ``workers`` writes run at once.
 
-A repeat (same object, reason, type and message) is not a new Event: as the Kubernetes event
+A repeated Warning (same object, reason and message) is not a new Event: as the Kubernetes event
 recorder does, the Event already written gets its ``count`` and ``lastTimestamp`` raised, at most
 once per ``repeat_interval`` per series (the repeats in between are counted and carried by the
 next write). A pod that fits nowhere is refused again on every retry of kube-scheduler's; without
-this each retry wrote one Event per reason line.
+this each retry wrote one Event per reason line. Success (Normal) events are written once per
+placement and not remembered: a placed pod does not repeat them, and keeping a series for each
+(two per pod) filled the ``max_series`` bound with placed pods' lines, memory that grew with
+the first thousands of pods of a churning cluster (issue 26's soak) for no repeat to find.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ class EventRecorder:
             return
         if kind == "Normal" and self.queue.maxsize and self.queue.qsize() >= self.queue.maxsize // 2:
             self._drop()  # the other half is kept for Warnings
+            return
+        if kind == "Normal":  # written once, not remembered (module docstring)
+            self._put(event_body(pod, reason, message, kind, self.component, datetime.now(timezone.utc), involved))
             return
         meta = pod.get("metadata") or {}
         key = (involved, meta.get("namespace"), meta.get("name"), meta.get("uid"), reason, kind, message[:1024])

@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
 from hami.core.names import BIND_PHASE, BIND_TIME
@@ -39,6 +39,7 @@ from hami.kube.revision import newer_than
 
 from .events import EventRecorder
 from .options import DECISION_WRITES
+from .retries import RetryAnswers, candidates_digest
 from .state import VGPU_NODE, ClusterState
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,9 @@ class Extender:
         # handoff at most, and pods arriving one after the other keep binpack's order), more queue
         self.queue_depth = 2
         self._ceilings = MemoryCeilings()  # marks memory refusals no eviction cures
+        # unschedulable answers, given again to kube-scheduler's retries while nothing they read
+        # has changed (hami.scheduler.retries)
+        self.retries = RetryAnswers()
         self._finished_seen: set[tuple[str, str, str]] = set()  # (node, key, value) a sweep left for the plugin
         # lock values a failed Bind wrote and could not remove (the API server was unreachable):
         # removed by the next sweep, exactly that value (a retried Bind writes a new one)
@@ -191,6 +195,7 @@ class Extender:
             "lock_reclaims": 0,
             "lock_handoffs": 0,
             "bind_lockless": 0,
+            "filter_retry_answered": 0,
         }
 
     async def _wait_ready(self) -> bool:
@@ -223,6 +228,13 @@ class Extender:
         ref = f"{(pod['metadata'].get('namespace') or 'default')}/{pod['metadata']['name']}"
         self._decisions.pop(ref, None)  # a re-filter replaces the decision (schedule_pod drops its reservation)
         self._in_flight.pop(ref, None)
+        uid, rv = pod["metadata"]["uid"], pod["metadata"].get("resourceVersion")
+        digest = candidates_digest(names or [])
+        if rv is not None:
+            again = self.retries.get(uid, (rv, self.state.ledger.generation(), *digest))
+            if again is not None:
+                self.stats["filter_retry_answered"] += 1
+                return self._unschedulable(pod, *again)
         try:
             admitted, _ = admit_pod(pod, self.state.vendors)
             wanted = self._wanted(admitted)
@@ -238,12 +250,14 @@ class Extender:
         refusals = result.failed
         if result.node is None:  # kube-scheduler may try preemption: say where it cannot help
             refusals = self._ceilings.mark(refusals, result.pod, self.state.ledger, self.state.vendors)
+            rows = render_failures(refusals)
+            lines = failure_summary(refusals, rows) or ["no candidate node"]
+            if rv is not None:  # the ledger as this answer read it (nothing awaited since)
+                self.retries.put(uid, (rv, self.state.ledger.generation(), *digest), rows, lines)
+            return self._unschedulable(pod, rows, lines)
+        self.retries.forget(uid)
         rows = render_failures(refusals)
         failed, unresolvable = failed_maps(refusals, rows)
-        if result.node is None:
-            for line in failure_summary(refusals, rows) or ["no candidate node"]:
-                self.events.record(pod, "FilteringFailed", line, "Warning")
-            return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
         if not self._lockless(result.node, wanted):  # a lockless bind never queues: not in flight
             self._in_flight[ref] = (result.node, time.monotonic())
         if self.record:
@@ -265,6 +279,15 @@ class Extender:
             "FailedAndUnresolvableNodes": unresolvable,
             "Error": "",
         }
+
+    def _unschedulable(self, pod: Mapping[str, Any], rows: Rows, lines: Sequence[str]) -> dict:
+        """The answer for a pod that fits nowhere: each node's refusal, those no preemption
+        cures apart, and one ``FilteringFailed`` event line per reason (a repeat raises the
+        count of the event already written, :class:`~hami.scheduler.events.EventRecorder`)."""
+        failed, unresolvable = failed_maps({}, rows)
+        for line in lines:
+            self.events.record(pod, "FilteringFailed", line, "Warning")
+        return {"NodeNames": [], "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
     async def _decide(self, pod: dict, names: list[str], wanted: frozenset[str] = frozenset()) -> Any:
         """``schedule_pod`` with the busy nodes last (``queue_depth`` or more binds in flight there);

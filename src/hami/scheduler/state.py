@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
@@ -105,7 +104,9 @@ class ClusterState:
         self.ledger = Ledger()
         self.nodes: dict[str, dict] = {}  # name -> Node (all nodes, selector applied in the ledger)
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
-        self._deleted: OrderedDict[str, Any] = OrderedDict()  # deleted pod UIDs (bounded), -> delete's resourceVersion
+        # deleted pod UIDs, oldest first (bounded; a plain dict: its order is insertion's, and no
+        # value is kept: the delete's resourceVersion was stored here and never read)
+        self._deleted: dict[str, None] = {}
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
@@ -244,9 +245,9 @@ class ClusterState:
         meta = pod.get("metadata") or {}
         if meta.get("uid"):
             self._deleted.pop(meta["uid"], None)
-            self._deleted[meta["uid"]] = meta.get("resourceVersion")
+            self._deleted[meta["uid"]] = None
             while len(self._deleted) > TOMBSTONES:
-                self._deleted.popitem(last=False)
+                del self._deleted[next(iter(self._deleted))]
 
     def apply_pod(self, kind: str, pod: dict) -> None:
         """Store a watch event. Monotonic in resourceVersion: an older event than the cached
