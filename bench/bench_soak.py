@@ -516,9 +516,13 @@ def run_dra_frontend(args: argparse.Namespace) -> None:
         label_namespace(cluster, ns, "hami.io/dra-soak")
         wait_dra_webhook(cluster, ns)
         began = time.monotonic()
-        report = dra_frontend_soak(
-            cluster, proc, ui_port, ns, nodes, selector, args.dra_pods, args.wave, minutes=args.minutes
-        )
+        try:
+            report = dra_frontend_soak(
+                cluster, proc, ui_port, ns, nodes, selector, args.dra_pods, args.wave, minutes=args.minutes
+            )
+        except Exception:
+            print(f"the scheduler's log, last lines:\n{proc.logs()[-4000:]}")
+            raise
         took = time.monotonic() - began
         for line in report.lines(
             f"DRA front-end soak (Kubernetes {KUBE_VERSION}, {args.nodes} kwok nodes x 8 GPUs, waves of {args.wave})"
