@@ -12,8 +12,6 @@ entry gone), and a new claim is prepared after it.
 from __future__ import annotations
 
 import json
-import struct
-import uuid
 from pathlib import Path
 
 import pytest
@@ -306,6 +304,8 @@ def _region_file(directory: Path) -> Path:
 def _hold_region_lock(region: Path, tid: int) -> None:
     """Leave the region's lock as a thread ``tid`` holds it that will never exit (the kernel marks a
     robust mutex owner-dead only when its holder exits)."""
+    import struct
+
     with open(region, "r+b") as f:
         f.seek(REGION_LOCK_OFFSET)
         f.write(struct.pack("<iIi", tid, 0, tid))
@@ -357,6 +357,7 @@ def test_claims_prepared_before_a_node_reboot_are_served_again_after_it(
     assert (claims_dir / gone).is_dir()
 
     regions = {u: _region_file(claims_dir / u) for u in uids}
+    import uuid
 
     def while_down() -> None:
         # its kubelet is off: the API server forgets the pod at once
