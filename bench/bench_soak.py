@@ -342,7 +342,12 @@ def dra_frontend_soak(
     deleted (grace 0) once all of the wave are bound, which lets kube-controller-manager delete
     the claims. After each wave's binds the scheduler's view of the claims (its ``/api/v1/nodes``,
     per GPU: shares, MiB, cores) is compared with the claims' allocations in the API server;
-    after each deletion no claim may be left and the scheduler's view must be empty again."""
+    after each deletion no claim may be left and the scheduler's view must be empty again.
+
+    Each wave reuses the pod names of the one before (new UIDs, new claims): the UI's history
+    keeps a series per pod name it sampled, a ring bounded at 4096 series (~24 MiB,
+    :mod:`hami.ui.history`), which fresh names would fill over the first hours and show as RSS
+    growth that is no leak (first runs: +4 to +7 % between 2,000 and 4,000 cycles)."""
     import json
     from concurrent.futures import ThreadPoolExecutor
 
@@ -376,9 +381,7 @@ def dra_frontend_soak(
         while report.cycles < cycles and (stop_at is None or time.monotonic() < stop_at):
             size = min(wave, cycles - report.cycles)
             pods = [
-                gpu_pod(
-                    f"d{n + i:06d}", ns, mem=1000 + 100 * ((n + i) % 9), cores=5 + (n + i) % 6, node_selector=selector
-                )
+                gpu_pod(f"d{i:05d}", ns, mem=1000 + 100 * ((n + i) % 9), cores=5 + (n + i) % 6, node_selector=selector)
                 for i in range(size)
             ]
             for p in pods:  # as the user guide writes it: the webhook picks the scheduler
