@@ -6,8 +6,13 @@ monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listen
 
 - :class:`ConnectionGuard`: at most ``MAX_CONNECTIONS`` open connections per listener (one more
   evicts the connection that has waited longest for its request head, never one whose request
-  is being handled) and a complete request head within ``HEAD_TIMEOUT`` of opening or of the
-  previous answer (idle keep-alive included). aiohttp has neither.
+  is being handled), a complete request head within ``HEAD_TIMEOUT`` of opening, and the next
+  one within ``IDLE_TIMEOUT`` of the previous answer (idle keep-alive). aiohttp has neither.
+  ``IDLE_TIMEOUT`` is longer than the 90 s after which Go's HTTP clients (the API server calling
+  the webhook, kube-scheduler calling the extender, Prometheus) drop an idle connection
+  themselves: a server that closes first races the client's reuse of the connection, and the
+  request the client had just sent on it fails with ``EOF`` (a pod creation refused by the
+  webhook's fail-closed policy: seen once in 4,000 pods of the DRA soak, bench/bench_soak.py).
 - request limits: request line and each header field at most ``MAX_HEADER_BYTES``, at most
   ``MAX_HEADERS`` headers, compressed bodies not decoded, a body size per application
   (:func:`application`) and a body deadline (:func:`read_body`, ``BODY_TIMEOUT``: 408). A
@@ -39,7 +44,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
-HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect or the previous answer
+HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect
+IDLE_TIMEOUT = 120.0  # s: the next request head, counted from the previous answer (> Go clients' 90 s idle)
 BODY_TIMEOUT = 30.0  # s: the whole body, once the head is in
 MAX_CONNECTIONS = 512  # open connections per listener
 MAX_HEADER_BYTES = 8190  # one request line / header field
@@ -82,15 +88,21 @@ class _Conn:
 
 
 class ConnectionGuard:
-    """Connection limits aiohttp does not have: a deadline for each request head (idle
-    keep-alive included) and a cap on open connections that evicts the slowest waiter.
+    """Connection limits aiohttp does not have: a deadline for each request head (the first
+    ``head_timeout`` after connecting, the next ``idle_timeout`` after an answer: idle
+    keep-alive) and a cap on open connections that evicts the slowest waiter.
 
     Installed on a runner's low-level ``web.Server`` (:meth:`install`, done by :func:`start`);
     the :func:`guarded` middleware marks a connection busy while its handler runs (a handler may
     wait on a node lock, or format a large scrape in a thread)."""
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS, head_timeout: float = HEAD_TIMEOUT) -> None:
-        self.max_connections, self.head_timeout = max_connections, head_timeout
+    def __init__(
+        self,
+        max_connections: int = MAX_CONNECTIONS,
+        head_timeout: float = HEAD_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
+        self.max_connections, self.head_timeout, self.idle_timeout = max_connections, head_timeout, idle_timeout
         self.conns: dict[Any, _Conn] = {}
         self.evicted = self.timed_out = self.resets = 0
 
@@ -140,12 +152,13 @@ class ConnectionGuard:
         if conn is not None:
             conn.busy = False
             conn.since = asyncio.get_running_loop().time()
-            self._arm(handler, conn)
+            self._arm(handler, conn, self.idle_timeout)
 
-    def _arm(self, handler: Any, conn: _Conn) -> None:
+    def _arm(self, handler: Any, conn: _Conn, timeout: float | None = None) -> None:
         if conn.timer is not None:
             conn.timer.cancel()
-        conn.timer = asyncio.get_running_loop().call_later(self.head_timeout, self._expire, handler)
+        wait = self.head_timeout if timeout is None else timeout
+        conn.timer = asyncio.get_running_loop().call_later(wait, self._expire, handler)
 
     def _expire(self, handler: Any) -> None:
         conn = self.conns.get(handler)
@@ -230,7 +243,7 @@ async def start(
     runner = web.AppRunner(
         app,
         access_log=None,
-        keepalive_timeout=HEAD_TIMEOUT,
+        keepalive_timeout=IDLE_TIMEOUT,
         auto_decompress=False,
         max_line_size=MAX_HEADER_BYTES,
         max_field_size=MAX_HEADER_BYTES,

@@ -303,3 +303,178 @@ def test_the_kubelet_shows_the_claims_gpu_health_in_the_pod_status(
         timeout=120,
         interval=0.5,
     )
+
+
+def _reboot_in_place(product: Product, cluster: KubeCluster, while_down=None) -> None:
+    """A power cut and a boot of the same host: kube-proxy, the kubelet and containerd stop, every
+    container dies, what the kernel held goes (mounts, cgroups, network namespaces, the pod bridge,
+    ``/run``); ``/var/run/cdi`` is a tmpfs, so the CDI specs go too. What is on disk stays: the
+    kubelet's root (its DRA checkpoint), containerd's images, the agent's state directory (its
+    checkpoint) and the hook directory (the claims' shared regions). Then the same node boots:
+    containerd, the kubelet (which restarts the pods it still has bound), kube-proxy.
+    ``while_down``: called while the node is off."""
+    from hami_devkit.kubeproxy import KubeProxy
+    from hami_devkit.nodehost import clean_host, guard_api_server, make_bridge
+    from hami_devkit.realnode import RUN_DIR
+
+    node = product.node
+    proxy, node.proxy = node.proxy, None
+    if proxy is not None:
+        proxy.stop()
+    node.components.pop("kubelet").stop()
+    node._remove_pods()  # the containers die with the machine
+    node.components.pop("containerd").stop()
+    problems = clean_host(
+        node.workdir,
+        device_plugin_entries=node._device_plugin_entries,
+        device_plugin_dir_existed=node._device_plugin_dir_existed,
+    )
+    assert not problems, problems
+    for spec in Path(node.cdi_dir).iterdir():
+        spec.unlink()
+    if while_down is not None:
+        while_down()
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    make_bridge()
+    if cluster.apiserver_bind_address != "127.0.0.1":
+        guard_api_server(cluster.ports["kube-apiserver"])
+    node._start_containerd(node._pause_image().ref)
+    node._start_kubelet()
+    node._wait_node_ready()
+    node.proxy = KubeProxy(cluster, node).start()
+
+
+#: libvgpu's region file (native/libvgpu/region.h): its size, and where the region lock's robust
+#: pthread mutex lies (glibc x86-64: the owner's TID in the first int, ``__owner`` at +8)
+REGION_FILE_SIZE = 2008952 + 1
+REGION_LOCK_OFFSET = 2006976
+
+
+def _region_file(directory: Path) -> Path:
+    (region,) = [p for p in directory.iterdir() if p.is_file() and p.stat().st_size == REGION_FILE_SIZE]
+    return region
+
+
+def _hold_region_lock(region: Path, tid: int) -> None:
+    """Leave the region's lock as a thread ``tid`` holds it that will never exit (the kernel marks a
+    robust mutex owner-dead only when its holder exits)."""
+    import struct
+
+    with open(region, "r+b") as f:
+        f.seek(REGION_LOCK_OFFSET)
+        f.write(struct.pack("<iIi", tid, 0, tid))
+
+
+def test_claims_prepared_before_a_node_reboot_are_served_again_after_it(
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str, real_node_holder
+):
+    """The node reboots (:func:`_reboot_in_place`; last in the module) while three pods hold
+    claims, one of which is deleted while the node is off; the power cut leaves the regions'
+    locks held (as by a process that never exited) and the boot id changes. The two pods left run
+    again with the same grant (their claims not prepared a second time: the same checkpoint entry
+    and CDI spec, written again where the tmpfs lost it; their regions made anew: no lock held,
+    the dead containers' memory not counted); the deleted pod's claim is unprepared (no CDI spec,
+    region or checkpoint entry left of it); deleting the two pods then unprepares theirs."""
+    ns = dra_namespace
+    held = {"r1": 1200, "r2": 800, "gone": 600}
+    before: dict[str, dict] = {}
+    for name, mib in held.items():
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib}
+        real_cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            probe_pod(name, [probe_container(dra_product, "main", limits, ["300", "--hold"])]),
+        )
+    for name, mib in held.items():
+        pod = wait_pod(real_cluster, ns, name, running, "Running", dra_product)
+        out = probe_output(real_cluster, ns, name, "main")
+        assert (out["cuda_total_mib"], out["allocs"]) == (mib, [0]), out
+        (claim,) = [
+            c
+            for c in claims_of(real_cluster, ns)
+            if [r["name"] for r in (c.get("status") or {}).get("reservedFor") or []] == [name]
+        ]
+        before[name] = {
+            "uid": claim["metadata"]["uid"],
+            "container": pod["status"]["containerStatuses"][0]["containerID"],
+            "free": out["cuda_free_mib"],
+        }
+    gone = before.pop("gone")["uid"]
+    del held["gone"]
+    uids = {b["uid"] for b in before.values()}
+    specs = cdi_specs(dra_product)
+    assert set(specs) == uids | {gone}, sorted(specs)
+    checkpoint_path = dra_product.workdir / "dra-state" / "checkpoint.json"
+    entries = json.loads(checkpoint_path.read_text())["claims"]
+    assert set(entries) == uids | {gone}, sorted(entries)
+    claims_dir = dra_product.workdir / "hook" / "vgpu" / "claims"
+    assert (claims_dir / gone).is_dir()
+
+    regions = {u: _region_file(claims_dir / u) for u in uids}
+    import uuid
+
+    def while_down() -> None:
+        # its kubelet is off: the API server forgets the pod at once
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/gone", {"gracePeriodSeconds": 0})
+        # what a power cut leaves and a clean stop does not: the regions' locks still held by
+        # processes that never exited; and the kernel's new boot id, as the agent sees it
+        for region in regions.values():
+            _hold_region_lock(region, tid=4_000_000)
+        (dra_product.workdir / "dra-state" / "boot_id").write_text(str(uuid.uuid4()) + "\n")
+
+    try:
+        _reboot_in_place(dra_product, real_cluster, while_down)
+        dra_product.wait_ready()
+    except BaseException:
+        real_node_holder.stop(keep_workdir=True)  # the next test gets a fresh node
+        raise
+
+    for name, mib in held.items():
+
+        def again(pod: dict, name: str = name) -> bool:
+            statuses = pod["status"].get("containerStatuses") or [{}]
+            return running(pod) and statuses[0].get("containerID") != before[name]["container"]
+
+        wait_pod(real_cluster, ns, name, again, "Running again in a new container", dra_product, timeout=300)
+        out = probe_output(real_cluster, ns, name, "main")
+        # the same grant; the dead container's 300 MiB not counted in the region any more
+        assert (out["cuda_total_mib"], out["allocs"], out["cuda_free_mib"]) == (mib, [0], before[name]["free"]), out
+        assert out["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mib}m", out["env"]
+
+    # the deleted pod's claim: unprepared by the kubelet (or, at the latest, the agent's sweep)
+    def gone_unprepared() -> bool:
+        state = json.loads(checkpoint_path.read_text())["claims"]
+        return gone not in state and not (claims_dir / gone).exists() and not (claims_dir / f"{gone}.json").exists()
+
+    try:
+        real_cluster.wait_for(gone_unprepared, "the deleted pod's claim unprepared", timeout=480, interval=1)
+    except TimeoutError as exc:
+        agent = agent_pod(dra_product)["metadata"]["name"]
+        logs = real_cluster.kubectl("logs", "-n", NAMESPACE, agent, "--all-containers", check=False).stdout
+        raise AssertionError(f"{exc}\n{logs[-3000:]}") from None
+    assert gone not in cdi_specs(dra_product)
+
+    # the same claims, each prepared once: the same checkpoint entry and CDI spec as before the reboot
+    now = {c["metadata"]["uid"] for c in claims_of(real_cluster, ns)}
+    assert now == uids, (now, uids)
+    assert cdi_specs(dra_product) == {u: specs[u] for u in uids}
+    after = json.loads(checkpoint_path.read_text())["claims"]
+    assert after == {u: entries[u] for u in uids}
+    foreign = [p.name for p in claims_dir.iterdir() if p.name.removesuffix(".json") not in uids]
+    assert not foreign, foreign
+    agent = agent_pod(dra_product)["metadata"]["name"]
+    logs = real_cluster.kubectl("logs", "-n", NAMESPACE, agent, "--all-containers", check=False).stdout
+    again_prepared = [line for line in logs.splitlines() if "prepared claim" in line and any(u in line for u in uids)]
+    assert not [line for line in again_prepared if "unprepared" not in line], again_prepared
+
+    for name, b in before.items():
+        real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+        real_cluster.wait_for(
+            lambda uid=b["uid"]: uid not in cdi_specs(dra_product),
+            f"pod {name}'s claim unprepared (its CDI spec removed)",
+            timeout=120,
+            interval=0.5,
+        )
+    assert json.loads(checkpoint_path.read_text())["claims"] == {}
+    left = sorted(p.name for p in claims_dir.iterdir()) if claims_dir.is_dir() else []
+    assert not left, left

@@ -60,6 +60,29 @@ async def test_a_slow_request_head_is_cut_off():
         await runner.cleanup()
 
 
+async def test_an_idle_keep_alive_connection_outlives_the_head_deadline_and_serves_again():
+    """After an answer the connection waits ``idle_timeout`` (longer than Go clients' 90 s idle),
+    not ``head_timeout``, for the next request: closing it first races a client that reuses it
+    (the API server's webhook call failing with EOF)."""
+    port = _free_port()
+    guard = ConnectionGuard(head_timeout=0.3)
+    assert guard.idle_timeout > 90
+    runner = await serve.start(_echo_app(), "127.0.0.1", port, guard=guard)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            await asyncio.wait_for(reader.readexactly(2), 10)
+            await asyncio.sleep(1.0)  # idle past the head deadline
+        assert guard.timed_out == 0
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
 async def test_a_slow_body_gets_408(monkeypatch):
     monkeypatch.setattr(serve, "BODY_TIMEOUT", 0.3)
     port = _free_port()

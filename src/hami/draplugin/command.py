@@ -212,7 +212,7 @@ async def _serve(
     from .checkpoint import Checkpoint, CheckpointError
     from .health import HealthBook, HealthFeed
     from .metrics import DriverMetrics
-    from .plugin import Driver, PluginServer, socket_paths
+    from .plugin import Driver, PluginServer, read_boot_id, socket_paths
     from .publisher import apply_device_classes, publish_slice
     from .sweep import sweep_loop
 
@@ -260,6 +260,8 @@ async def _serve(
         )
         for line in driver.recover_mig():  # before the kubelet can call: no prepare races it
             log.info("MIG at start-up: %s", line)
+        for line in driver.reset_regions_after_boot(Path(args.state_dir) / "boot_id", read_boot_id()):
+            log.info("start-up: %s", line)
         # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
         # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
         prepare_hook_dir(paths)

@@ -23,6 +23,16 @@ result), which makes each step restart safe: an instance made for a claim whose 
 finish is reused when the kubelet retries, and at start-up (:meth:`Driver.recover_mig`) the
 interrupted creations are undone and the instances of claims this plugin's checkpoint does not
 hold are destroyed.
+
+A node reboot keeps what is on disk: the checkpoint, and the claims' shared regions under the
+hook directory (``/usr/local/vgpu``), which still hold the process slots of containers that died
+with the machine and, when the power went while a process held it, the region's lock. That lock
+is a robust mutex, but only a process that exits hands it on (the kernel marks it owner-dead
+then); one whose machine stopped never exits, so the first process of the claim's restarted
+containers would wait on it for ever. At start-up (:meth:`Driver.reset_regions_after_boot`),
+when the kernel's boot id differs from the one the agent recorded, the region directory of every
+prepared claim is emptied before the kubelet can call, and libvgpu makes a fresh region at the
+next attach. The claims stay prepared (same checkpoint entry, same CDI spec).
 """
 
 from __future__ import annotations
@@ -65,6 +75,19 @@ HEALTH_RESEND = 30.0
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 #: a claim UID as the API server makes them (a UUID), or any name safe as one path component
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: where the kernel says which boot this is (a new random UUID at every boot)
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+_BOOT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def read_boot_id(path: str | Path = BOOT_ID) -> str:
+    """This boot's id; "" when it cannot be read or is not a UUID (no reboot is then detected)."""
+    try:
+        text = read_small(path, limit=256).decode().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("cannot read the boot id from %s: %s; a reboot will not be detected", path, exc)
+        return ""
+    return text if _BOOT.fullmatch(text) else ""
 
 
 class Driver:
@@ -238,6 +261,47 @@ class Driver:
         done = await asyncio.to_thread(mig.collect, others, snap)
         for line in done:
             log.info("claim %s: %s", uid, line.replace("is gone", "is unprepared"))
+        return done
+
+    def reset_regions_after_boot(self, record: str | Path, boot_id: str) -> list[str]:
+        """Start-up, before serving: when ``record`` names another boot than ``boot_id`` (the node
+        rebooted since), empty the region directory of every prepared claim (see the module
+        docstring), then record ``boot_id``. Nothing is emptied when the record is missing or not
+        a boot id (no sign of a reboot: an agent upgraded under running containers must not pull
+        their regions away) or when ``boot_id`` is "". What was done, as lines."""
+        if not _BOOT.fullmatch(boot_id):
+            return []
+        record = Path(record)
+        try:
+            previous = read_small(record, limit=256).decode().strip()
+        except FileNotFoundError:
+            previous = ""
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("boot record %s unreadable (%s); written again, no region reset", record, exc)
+            previous = ""
+        done = []
+        if _BOOT.fullmatch(previous) and previous != boot_id:
+            for uid in self.checkpoint.uids():
+                if not _UID.fullmatch(uid):
+                    continue
+                directory = Path(self.paths.claim_dir(uid))
+                try:
+                    entries = list(directory.iterdir()) if directory.is_dir() and not directory.is_symlink() else []
+                    for item in entries:
+                        if item.is_dir() and not item.is_symlink():
+                            shutil.rmtree(item)
+                        else:
+                            item.unlink(missing_ok=True)
+                except OSError as exc:
+                    done.append(f"claim {uid}: cannot reset its shared region after the reboot: {exc}")
+                    continue
+                if entries:
+                    done.append(f"claim {uid}: shared region reset after the reboot ({len(entries)} files removed)")
+        if previous != boot_id:
+            try:
+                write_atomic(record, boot_id + "\n", mode=0o600)
+            except OSError as exc:  # the next start may reset the regions again: they are all fresh then
+                log.warning("cannot record the boot id: %s", exc)
         return done
 
     def recover_mig(self) -> list[str]:

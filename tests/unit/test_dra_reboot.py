@@ -1,0 +1,124 @@
+"""The DRA agent after a node reboot: the shared regions of the claims it still has prepared
+were written by processes that died with the machine (their slots, maybe the region's lock held
+when the power went, which no exit ever hands on), so at start-up, when the kernel's boot id
+differs from the one recorded, each prepared claim's region directory is emptied; the claims stay
+prepared. Without a recorded boot nothing is emptied (no sign of a reboot)."""
+
+import asyncio
+import json
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hami.dra.model import DRIVER, SliceSettings
+from hami.draplugin.checkpoint import Checkpoint
+from hami.draplugin.plugin import Driver, read_boot_id
+from hami.draplugin.prepare import Paths
+from hami.node.nvml import PhysicalGPU
+
+U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+UID = "3f1c2a4e-7b6d-4c1e-9a0b-5d8e7f6a1b2c"
+BOOT_A = "0d6f5c8e-2b1a-4e3d-9c7b-1a2b3c4d5e6f"
+BOOT_B = "9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b"
+
+
+@pytest.fixture
+def root():
+    d = Path(tempfile.mkdtemp(prefix="drb", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _claim() -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": "c", "uid": UID},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER,
+                            "pool": "node-a",
+                            "device": "gpu-0",
+                            "consumedCapacity": {"memory": "3000Mi", "cores": "30", "shares": "1"},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _prepared(root: Path) -> tuple[Driver, Path, Path]:
+    """A driver with one claim prepared, and a region (and a leftover file) libvgpu left in the
+    claim's directory."""
+
+    async def read(namespace, name):
+        return _claim()
+
+    paths = Paths(hook_path=str(root / "usr"), lock_dir=str(root / "lock"), cdi_dir=str(root / "cdi"))
+    gpus = [PhysicalGPU(0, U0, "Tesla T4", 15360, "0000:3b:00.0", 0)]
+    driver = Driver("node-a", gpus, SliceSettings(), Checkpoint(root / "state" / "checkpoint.json"), read, paths)
+    asyncio.run(driver.prepare("ns", "c", UID))
+    claim_dir = Path(paths.claim_dir(UID))
+    (claim_dir / "vgpu.cache").write_bytes(b"\x01" * 64)  # slots of dead processes, a held lock
+    (claim_dir / "sub").mkdir()
+    return driver, claim_dir, root / "state" / "boot_id"
+
+
+def test_a_reboot_empties_the_region_directories_and_keeps_the_claims_prepared(root):
+    driver, claim_dir, record = _prepared(root)
+    entry = driver.checkpoint.get(UID)
+    cdi = Path(entry["cdi_file"]).read_text()
+    record.write_text(BOOT_A + "\n")
+    done = driver.reset_regions_after_boot(record, BOOT_B)
+    assert done == [f"claim {UID}: shared region reset after the reboot (2 files removed)"]
+    assert claim_dir.is_dir() and not list(claim_dir.iterdir())
+    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o777  # any UID in the container makes the new one
+    assert driver.checkpoint.get(UID) == entry and Path(entry["cdi_file"]).read_text() == cdi
+    assert record.read_text() == BOOT_B + "\n"
+    # the same boot again (the agent restarted, the node did not): nothing is touched
+    (claim_dir / "vgpu.cache").write_bytes(b"live")
+    assert driver.reset_regions_after_boot(record, BOOT_B) == []
+    assert (claim_dir / "vgpu.cache").read_bytes() == b"live"
+
+
+@pytest.mark.parametrize("recorded", [None, "", "not a boot id", "\xff"])
+def test_without_a_recorded_boot_nothing_is_emptied_and_the_boot_is_recorded(root, recorded):
+    driver, claim_dir, record = _prepared(root)
+    if recorded is not None:
+        record.write_bytes(recorded.encode("latin-1"))
+    assert driver.reset_regions_after_boot(record, BOOT_B) == []
+    assert (claim_dir / "vgpu.cache").exists() and (claim_dir / "sub").is_dir()
+    assert record.read_text() == BOOT_B + "\n"
+
+
+def test_an_unknown_boot_changes_nothing(root):
+    driver, claim_dir, record = _prepared(root)
+    record.write_text(BOOT_A + "\n")
+    assert driver.reset_regions_after_boot(record, "") == []
+    assert (claim_dir / "vgpu.cache").exists() and record.read_text() == BOOT_A + "\n"
+
+
+def test_the_boot_id_is_read_from_the_kernels_file(tmp_path):
+    path = tmp_path / "boot_id"
+    path.write_text(BOOT_A + "\n")
+    assert read_boot_id(path) == BOOT_A
+    path.write_text("garbage\n")
+    assert read_boot_id(path) == ""
+    assert read_boot_id(tmp_path / "missing") == ""
+    this = read_boot_id()  # this machine's
+    assert this == "" or (len(this) == 36 and this.count("-") == 4), this
+
+
+def test_a_claim_whose_region_directory_is_already_empty_is_not_reported(root):
+    driver, claim_dir, record = _prepared(root)
+    for item in claim_dir.iterdir():
+        shutil.rmtree(item) if item.is_dir() else item.unlink()
+    record.write_text(BOOT_A)
+    assert driver.reset_regions_after_boot(record, BOOT_B) == []
+    assert json.loads((root / "state" / "checkpoint.json").read_text())["claims"].keys() == {UID}
