@@ -200,6 +200,23 @@ def mig_layout(settings: NodeSettings, gpus: list) -> dict[str, GpuMig]:
     return out
 
 
+def _prepare_node(driver, paths: Paths, boot_id_file: Path, boot_id: str) -> bool:
+    """Start-up work before the kubelet can call (no prepare races it): MIG left half done, the
+    regions of a previous boot, and the host files every claim's CDI spec mounts (ld.so.preload
+    naming libvgpu and the lock directory, as the device plugin prepares them: a DRA-only node has
+    no device plugin). False, logged, when a mount source cannot exist."""
+    for line in driver.recover_mig():
+        log.info("MIG at start-up: %s", line)
+    for line in driver.reset_regions_after_boot(boot_id_file, boot_id):
+        log.info("start-up: %s", line)
+    prepare_hook_dir(paths)
+    missing = [p for p in (paths.preload_file, paths.lock_dir) if not os.path.exists(p)]
+    if missing:  # every claim's container would fail to start on the missing mount source
+        log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), paths.vgpu_dir)
+        return False
+    return True
+
+
 async def _serve(
     args: argparse.Namespace,
     settings: NodeSettings,
@@ -258,16 +275,7 @@ async def _serve(
             mig_devices(gpus, mig),
             _mig_manager(args, mig),
         )
-        for line in driver.recover_mig():  # before the kubelet can call: no prepare races it
-            log.info("MIG at start-up: %s", line)
-        for line in driver.reset_regions_after_boot(Path(args.state_dir) / "boot_id", read_boot_id()):
-            log.info("start-up: %s", line)
-        # what every claim's CDI spec mounts from the host: ld.so.preload naming libvgpu and the
-        # lock directory (as the device plugin prepares them; a DRA-only node has no device plugin)
-        prepare_hook_dir(paths)
-        missing = [p for p in (paths.preload_file, paths.lock_dir) if not os.path.exists(p)]
-        if missing:  # every claim's container would fail to start on the missing mount source
-            log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), paths.vgpu_dir)
+        if not _prepare_node(driver, paths, Path(args.state_dir) / "boot_id", read_boot_id()):
             return EXIT_CONFIG
         metrics_runner = None
         if args.bind is not None:
