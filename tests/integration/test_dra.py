@@ -1417,6 +1417,7 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
     asks = [(f"m{i}", rng.choice(names), rng.choice((1, 1, 1, 2))) for i in range(12)]
     deletions = {4: "m1", 8: "m5"}  # after creating the i-th pod, delete this one
     templates, live, deleted = [], {}, []
+    allocations: dict[str, dict] = {}  # pod -> its claim's status.allocation, as kube-scheduler wrote it
     try:
         for i, (name, profile, count) in enumerate(asks):
             t = _mig_template(ns, name, profile, count)
@@ -1433,7 +1434,10 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
                 got = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/{pod}")
                 if got["spec"].get("nodeName"):
                     claim = claims_by_pod(cluster, ns).get(pod)
-                    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {})
+                    allocation = ((claim or {}).get("status") or {}).get("allocation") or {}
+                    results = allocation.get("devices", {})
+                    if results.get("results"):
+                        allocations[pod] = allocation
                     return ("placed", results.get("results")) if results.get("results") else None
                 conds = (got.get("status") or {}).get("conditions") or []
                 if any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds):
@@ -1468,12 +1472,28 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
                 span = (a["placementStart"]["int"], a["placementStart"]["int"] + a["placementSize"]["int"])
                 assert all(span[1] <= s or e <= span[0] for s, e in held), (pod, r["device"], held)
                 held.append(span)
-        # the simulation, replayed in the same order with the same deletions: one pod at a time
+        # the simulation, replayed in the same order with the same deletions, one pod at a time,
+        # against the placements kube-scheduler actually gave the pods still there (re-simulating
+        # them instead can put them elsewhere once an earlier pod is gone: seed 718971483)
         agree, total = 0, 0
         kept: list[dict] = []
+
+        def held_claim(pod_doc: dict, i: int) -> dict:
+            pod_name = pod_doc["metadata"]["name"]
+            spec = templates[i]["spec"]["spec"]
+            meta = {"name": f"held-{pod_name}", "namespace": ns}
+            return {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": meta,
+                "spec": spec,
+                "status": {"allocation": allocations[pod_name]},
+            }
+
+        index = {f"p-{name}": i for i, (name, _, _) in enumerate(asks)}
         for i, (name, _, _) in enumerate(asks):
             pod = f"p-{name}"
-            docs = templates + kept + [live[pod][0]]
+            docs = templates + [held_claim(k, index[k["metadata"]["name"]]) for k in kept] + [live[pod][0]]
             result = simulate_dra(
                 resource_slices(node, [a100, t4], settings, mig=mig),
                 docs,
