@@ -13,7 +13,14 @@
  *
  * Creating or attaching the file is serialised by an open-file-description (OFD) record lock
  * on the byte just past the struct (the file's padding byte): the mutex cannot guard its own
- * initialisation. That lock is taken once per process, at attach. */
+ * initialisation. That lock is taken once per process, at attach.
+ *
+ * Reboots: the file outlives the node's processes (a host directory). The lock slot records the
+ * kernel's boot id at every attach; a process that finds another boot's id is attaching after a
+ * reboot (or a power cut), so every process the file knows of is gone: the mutex may be locked by
+ * a thread that no robust-futex notice will ever release (the container hung in cuInit), and the
+ * slots' PIDs may now belong to unrelated live processes (their memory would be counted against
+ * the limit). Both are reset then; the limits and the rest of the header are kept. */
 #include "vgpu.h"
 
 #include <errno.h>
@@ -236,6 +243,46 @@ static int map_fallback(void)
     return 0;
 }
 
+/* This boot's id (36 characters) into out; "" if it cannot be read. */
+static void read_boot_id(char out[40])
+{
+    out[0] = 0;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, out, 39);
+    close(fd);
+    if (n < 36) {
+        out[0] = 0;
+        return;
+    }
+    out[36] = 0;
+}
+
+/* Under the attach lock, before the mutex is used: a region from another boot (see the top)
+ * gets a fresh lock and empty slots; this boot's id is recorded. */
+static void check_boot(vgpu_region *r, const char *path)
+{
+    char now[40];
+    read_boot_id(now);
+    if (!now[0])
+        return;
+    vgpu_lock_slot *ls = lock_slot(r);
+    if (ls->boot_id[0] && strncmp(ls->boot_id, now, sizeof ls->boot_id) != 0) {
+        int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE), stale = 0;
+        for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++)
+            if (__atomic_load_n(&r->procs[i].pid, __ATOMIC_ACQUIRE)) {
+                stale++;
+                slot_clear(&r->procs[i]);
+            }
+        __atomic_store_n(&r->proc_num, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&r->owner_pid, 0, __ATOMIC_RELAXED);
+        lock_init(r);
+        LOG_INFO("shared region %s: written before the node's last boot; lock and %d slot(s) reset", path, stale);
+    }
+    memcpy(ls->boot_id, now, sizeof ls->boot_id);
+}
+
 /* Open, size, map and (if new) initialise the region file under the file lock; NULL if it
  * cannot be used (logged). */
 static vgpu_region *attach_file(const char *path)
@@ -275,6 +322,8 @@ static vgpu_region *attach_file(const char *path)
             lock_init(r);
         }
     }
+    if (r)
+        check_boot(r, path);
     ofd_lock(fd, F_UNLCK);
     close(fd); /* the mapping stays; the file lock was only needed to attach */
     return r;

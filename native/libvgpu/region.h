@@ -77,6 +77,7 @@ typedef struct {
     uint32_t version;
     unsigned char pad0[24];
     pthread_mutex_t mu;
+    char boot_id[40]; /* the kernel's boot id when the last process attached ("" = unknown) */
 } vgpu_lock_slot;
 #define VGPU_LOCK_MAGIC 0x4c6b5631u /* "1VkL" */
 #define VGPU_LOCK_OFFSET 2006976    /* absolute file offset of `mu` */

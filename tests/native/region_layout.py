@@ -86,6 +86,7 @@ LOCK_SLOT = MAX_PROC - 1
 LOCK_MAGIC = 0x4C6B5631
 LOCK_MAGIC_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 8  # u32, set once the mutex is initialised
 LOCK_OFFSET = 1856 + LOCK_SLOT * SLOT_SIZE + 40  # pthread_mutex_t (40 bytes)
+BOOT_ID_OFFSET = LOCK_OFFSET + 40  # char[40]: the kernel's boot id at the last attach
 
 
 def read_lock_slot(path) -> dict:
@@ -97,6 +98,7 @@ def read_lock_slot(path) -> dict:
         "status": s["status"],
         "magic": struct.unpack_from("<I", buf, LOCK_MAGIC_OFFSET)[0],
         "mutex_owner_tid": struct.unpack_from("<i", buf, LOCK_OFFSET)[0] & 0x3FFFFFFF,
+        "boot_id": buf[BOOT_ID_OFFSET : BOOT_ID_OFFSET + 40].split(b"\0")[0].decode(),
     }
 
 

@@ -212,3 +212,76 @@ def test_unusable_region_file_falls_back_to_a_private_region_that_still_enforces
     )
     assert p.stdout.split() == ["0", "2"]
     assert "cannot size shared region /dev/null" in p.stderr
+
+
+def _power_cut_copy(vgpu_env, tmp_path) -> tuple[Path, int]:
+    """A region as the disk holds it after a power cut: copied while a process (charged 600 MiB)
+    held its lock, that process then gone without any exit (no robust-futex notice reaches a
+    copy). Returns the copy and the dead holder's PID."""
+    cache = tmp_path / "vgpu.cache"
+    holder = _holder(
+        dict(vgpu_env, LIBVGPU_TEST_STALL_IN_LOCK_MS="60000", LIBVGPU_CONTEXT_SIZE=str(600 * MiB)),
+        """
+import cuda_probe as c
+c.init(); print("ready", flush=True)
+c.alloc(1 << 20)
+""",
+    )
+    _wait_for(lambda: read_region(cache)["owner_pid"] == holder.pid, "holder never took the lock")
+    left = tmp_path / "left.cache"
+    shutil.copyfile(cache, left)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    assert read_lock_slot(left)["mutex_owner_tid"] == holder.pid
+    return left, holder.pid
+
+
+def _reuse_pid(path: Path, dead: int, alive: int) -> None:
+    """The dead holder's slot now names a live process (PIDs are handed out again after a boot)."""
+    r = read_region(path)
+    [i] = [k for k, s in enumerate(r["slots"]) if s["pid"] == dead]
+    with open(path, "r+b") as f:
+        f.seek(1856 + i * 1960)
+        f.write(alive.to_bytes(4, "little"))
+
+
+def test_a_region_from_before_a_reboot_gets_a_fresh_lock_and_empty_slots(vgpu_env, tmp_path):
+    """The region's directory outlives a node reboot: its mutex is locked by a thread of the
+    previous boot (nothing will ever release it: the first process of the restarted container
+    hung) and its slots name PIDs the new boot gives to others. The first process to attach sees
+    another boot's id in the lock slot and resets both; the limit is kept."""
+    from .region_layout import BOOT_ID_OFFSET
+
+    left, dead = _power_cut_copy(vgpu_env, tmp_path)
+    _reuse_pid(left, dead, os.getpid())
+    with open(left, "r+b") as f:
+        f.seek(BOOT_ID_OFFSET)
+        f.write(b"00000000-0000-4000-8000-000000000000\0")
+    p = run_py(
+        "import cuda_probe as c; c.init(); print(c.alloc(900 << 20)[0], c.mem_info()[0] >> 20)",
+        dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(left), LIBCUDA_LOG_LEVEL="3", LIBVGPU_CONTEXT_SIZE="0"),
+        timeout=60,
+    )
+    # 900 MiB of the 1 GiB limit fit: the 600 MiB of the reused PID's slot are not counted
+    assert p.stdout.split() == ["0", str(1024 - 900)]
+    assert "written before the node's last boot; lock and 1 slot(s) reset" in p.stderr
+    r, lock = read_region(left), read_lock_slot(left)
+    assert all(s["pid"] != os.getpid() for s in r["slots"])
+    assert lock["mutex_owner_tid"] == 0 and lock["magic"] == LOCK_MAGIC
+    assert lock["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_a_region_of_this_boot_keeps_its_slots(vgpu_env, tmp_path):
+    """The reset is for another boot only: a slot of a live process in a region of this boot is
+    left alone (its memory still counts)."""
+    cache = tmp_path / "vgpu.cache"
+    run_py("import cuda_probe as c; c.init()", dict(vgpu_env, LIBVGPU_CONTEXT_SIZE=str(600 * MiB)))
+    fill_slots(cache, os.getpid(), 1)
+    from .region_layout import poke_slot_total
+
+    poke_slot_total(cache, 0, 0, 600 * MiB)
+    p = run_py(
+        "import cuda_probe as c; c.init(); print(c.alloc(900 << 20)[0])", dict(vgpu_env, LIBVGPU_CONTEXT_SIZE="0")
+    )
+    assert p.stdout.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY: the live slot's 600 MiB count
+    assert read_region(cache)["slots"][0]["pid"] == os.getpid()
