@@ -165,16 +165,60 @@ def test_allocation_mode_all_fails_when_one_selected_gpu_has_no_room():
     assert devices(pods["f"]) == ["n/gpu-0"]
     assert pods["p"].status == "pending"
     assert "request gpu (allocationMode All): gpu-0: memory" in pods["p"].reasons["n"], pods["p"].reasons
-    # a request one selected GPU can never take (beyond its memory) leaves it pending too
-    pods = run(
-        [slice_of("n", [gpu(0), gpu(1, "NVIDIA A10", 23028)])],
-        [template("big", caps={"memory": "20Gi"}, mode="All"), pod("p", "big")],
-    )
-    assert pods["p"].status == "pending"
-    assert "gpu-0: asks for more than the whole GPU" in pods["p"].reasons["n"], pods["p"].reasons
     # with room on every GPU it takes all three
     pods = run(nodes, [alltake, pod("p", "all")])
     assert devices(pods["p"]) == ["n/gpu-0", "n/gpu-1", "n/gpu-2"]
+
+
+def test_allocation_mode_all_leaves_out_a_selected_gpu_too_small_for_the_request():
+    """kube-scheduler v1.37.2 (randomized comparison, seed 908797658): with consumable capacity
+    the allocator drops from All the selected devices whose whole capacity cannot hold the
+    request; only what others use is checked in the search (the simulation used to leave the
+    pod pending, or fall back to a later ``firstAvailable`` subrequest)."""
+    t4_l4 = [slice_of("n", [gpu(0), gpu(1, "NVIDIA A10", 23028)])]
+    pods = run(t4_l4, [template("big", caps={"memory": "20Gi"}, mode="All"), pod("p", "big")])
+    assert devices(pods["p"]) == ["n/gpu-1"]
+    # no selected GPU could hold it: pending, each one named
+    pods = run(t4_l4, [template("huge", caps={"memory": "30Gi"}, mode="All"), pod("p", "huge")])
+    assert pods["p"].status == "pending"
+    assert "no GPU is selected" not in pods["p"].reasons["n"]
+    assert "gpu-1: asks for more than the whole GPU" in pods["p"].reasons["n"], pods["p"].reasons
+    # the case the comparison found: firstAvailable [All 20Gi, one GPU 6Gi] with matchAttribute
+    # on the type, on L4, T4, T4, L4: the first subrequest takes the two L4s
+    node = [slice_of("n", [gpu(0, "NVIDIA L4", 23034), gpu(1), gpu(2), gpu(3, "NVIDIA L4", 23034)])]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "fa", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "firstAvailable": [
+                                {
+                                    "name": "s0",
+                                    "deviceClassName": "gpu.hami.io",
+                                    "allocationMode": "All",
+                                    "capacity": {"requests": {"memory": "20Gi", "cores": "50"}},
+                                },
+                                {
+                                    "name": "s1",
+                                    "deviceClassName": "gpu.hami.io",
+                                    "capacity": {"requests": {"memory": "6Gi", "cores": "5"}},
+                                },
+                            ],
+                        }
+                    ],
+                    "constraints": [{"matchAttribute": "gpu.hami.io/type"}],
+                }
+            }
+        },
+    }
+    r = simulate_dra(node, [claim, pod("p", "fa")], CFG)
+    assert devices(r.pods[0]) == ["n/gpu-0", "n/gpu-3"]
+    assert [x["request"] for x in r.claims[0]["results"]] == ["gpu/s0", "gpu/s0"]
 
 
 @pytest.mark.parametrize(

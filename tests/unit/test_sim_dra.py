@@ -912,9 +912,19 @@ def _reference(devices, claims):
             return None
         return p if fit._constraint_ok(claims[ci].constraints, result[ci], p) else None
 
-    # allocationMode All: every device its selectors pick (none here), with room or not: one
-    # that cannot take the request fails it (kube-scheduler v1.37.2, the randomized kwok test)
-    every = {(ci, ri): list(devices) for ci, c in enumerate(claims) for ri, r in enumerate(c.requests) if r.count < 0}
+    # allocationMode All: every device its selectors pick (none here) whose whole capacity could
+    # hold the request (dynamic-resource-allocation v0.37.2 with consumable capacity), with room
+    # now or not: one without room fails it (kube-scheduler v1.37.2, the randomized kwok tests)
+    def could_hold(d, r):
+        need = fit.wanted(d, r.capacity)
+        return need is not None and all(need[k] <= d.total[k] for k in fit.CAPACITIES)
+
+    every = {
+        (ci, ri): [d for d in devices if could_hold(d, r)]
+        for ci, c in enumerate(claims)
+        for ri, r in enumerate(c.requests)
+        if r.count < 0
+    }
 
     def one(ci, ri, n, start):
         if ci == len(claims):

@@ -710,6 +710,27 @@ class _Failed(Exception):
         self.claim, self.message = claim, message
 
 
+def all_members(
+    devices: Sequence[DeviceUse], r: Request, needs: Sequence[dict[str, int] | None] | None = None
+) -> list[int]:
+    """The positions of the devices an ``allocationMode: All`` request takes: those its selectors
+    pick whose capacity, empty, could hold the request (the request policy allows the amounts and
+    each is within the device's total). The allocator settles this list before its search, with
+    consumable capacity on (``dynamic-resource-allocation`` v0.37.2 compares the request with an
+    unused device): a selected GPU too small for the request is left out, not a failure; what
+    other claims use is checked in the search. Raises :class:`SelectorError`."""
+    if needs is None:
+        needs = [wanted(d, r.capacity) for d in devices]
+    out = []
+    for i, dev in enumerate(devices):
+        if not _selected(dev, r):
+            continue
+        need = needs[i]
+        if need is not None and all(need[k] <= dev.total.get(k, 0) for k in CAPACITIES):
+            out.append(i)
+    return out
+
+
 def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -> list[_Slot] | None:
     """The slots of one ``exactly`` request (or subrequest); None when it cannot be had here."""
     if r.device_class not in CLASSES:
@@ -721,16 +742,13 @@ def _request_slots(devices: Sequence[DeviceUse], ci: int, ri: int, r: Request) -
         if need is not None and _fits(d, {}, need) and d.counters_fit()
     ]
     if r.count < 0:
-        # All: every device of the node the selectors pick, fixed before the search starts
-        # (the allocator runs the selectors on every device first, whatever is allocated); one
-        # without room for it now fails the request in the search, as in the allocator, which
-        # never leaves a selected device out (kube-scheduler v1.37.2 leaves such a pod pending)
+        # All: the devices of :func:`all_members`, fixed before the search starts; one without
+        # room for the request now (what others use) fails the request in the search, as in the
+        # allocator (kube-scheduler v1.37.2 leaves such a pod pending)
         try:
-            every = [i for i in range(len(devices)) if _selected(devices[i], r)]
+            every = all_members(devices, r, needs)
         except SelectorError as exc:
             raise _Failed(ci, f"request {r.name}: {exc}") from None
-        if any(needs[i] is None for i in every):
-            return None  # a selected GPU whose request policy refuses the request: never allocatable
         return [_Slot(ci, r, needs, i, ri, n == 0) for n, i in enumerate(every)] or None
     room = [i for i in room if not taint_refuses(devices[i], r)]  # a taint is static: never a place
     if len(room) < r.count:  # the devices of one request are distinct
@@ -1028,17 +1046,21 @@ def why_not(
             continue
         room = _room(devices, r)
         if r.count < 0:
-            # All takes every device its selectors pick: one of them without room fails it
+            # All takes every device its selectors pick that could hold it: one without room fails it;
+            # none that could: each selected one says why
             try:
-                picked = [d for d in devices if _selected(d, r)]
+                picked = [devices[i] for i in all_members(devices, r)]
+                selected = [d for d in devices if _selected(d, r)]
             except SelectorError:
-                picked = list(devices)
+                picked = selected = list(devices)
             asked += len(picked)
             if picked and all(_has_room(d, r) for d in picked):
                 continue
-            gpus = "; ".join(f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in picked) if why)
+            gpus = "; ".join(
+                f"{d.device}: {why}" for d, why in ((d, device_why(d, r)) for d in picked or selected) if why
+            )
             parts.append(
-                f"claim {claim} request {r.name} (allocationMode All): " + (gpus if picked else "no GPU is selected")
+                f"claim {claim} request {r.name} (allocationMode All): " + (gpus if selected else "no GPU is selected")
             )
             continue
         asked += r.count
