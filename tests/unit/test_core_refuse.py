@@ -56,6 +56,11 @@ ANNOTATIONS = (
     {"nvidia.com/numa-bind": "true"},
     {"hami.io/gpu-scheduler-policy": "topology-aware"},
     {"hami.io/node-scheduler-policy": "spread"},
+    # the mutex device policy: only GPUs nobody uses (the summaries' unused devices)
+    {"hami.io/gpu-scheduler-policy": "mutex"},
+    {"hami.io/gpu-scheduler-policy": "binpack,mutex"},
+    {"hami.io/gpu-scheduler-policy": "mutex", "nvidia.com/use-gputype": "T4"},
+    {"hami.io/gpu-scheduler-policy": "mutex", "nvidia.com/numa-bind": "true"},
 )
 
 
@@ -165,15 +170,36 @@ def check(led: Ledger, cfg: SchedulerConfig, p: dict, cands, busy) -> None:
             assert same(f, alone), (n, f, alone)
 
 
+def unused_devices(led: Ledger, n: str, vendor: str) -> list[tuple[int, int, float]]:
+    """``(MiB free, cores free, percentage bound)`` of each schedulable unused device of the vendor."""
+    cordoned = led.node(n).cordoned
+    return [
+        (d.devmem - mem, d.devcore - cores, (d.devmem - mem + 1) * 100 / d.devmem if d.devmem else float("inf"))
+        for d, used, mem, cores in led.device_usage(n)
+        if d.vendor == vendor and d.health and d.id not in cordoned and used == 0 and d.count > 0
+    ]
+
+
 def check_ledger(led: Ledger) -> None:
     best: dict[str, tuple[int, int]] = {}
+    unused: dict[str, tuple[int, int, float, int]] = {}
     for n in led.node_names():
         for v, vs in led.summary(n).vendors.items():
             if vs.free_slot:
                 m, c = best.get(v, (-(10**9), -(10**9)))
                 best[v] = (max(m, vs.max_free_mem), max(c, vs.max_free_cores))
+            devs = unused_devices(led, n, v)  # the mutex fields, from the devices themselves
+            assert vs.unused == len(devs), (n, v)
+            if devs:
+                mems, cores, pcts = zip(*devs)
+                got = (vs.max_unused_mem, vs.min_unused_mem, vs.max_unused_cores, vs.min_unused_cores)
+                assert got == (max(mems), min(mems), max(cores), min(cores)), (n, v)
+                assert vs.max_unused_pct_bound == max(pcts), (n, v)
+                m, c, p, k = unused.get(v, (-1, -1, -1.0, 0))
+                unused[v] = (max(m, max(mems)), max(c, max(cores)), max(p, max(pcts)), max(k, len(devs)))
     for v in ("NVIDIA", "DCU", "AMD"):
         assert led.best_room(v) == best.get(v), v
+        assert led.best_unused(v) == unused.get(v), v
     assert set(led.versions()) == set(led.node_names())
     for n in led.node_names():  # every device UUID leads to its node
         assert all(n in led.uuid_nodes([d.id]) for d in led.node(n).devices)
@@ -184,7 +210,7 @@ def check_ledger(led: Ledger) -> None:
         for n in led.node_names():
             vs = led.summary(n).vendors.get(v)
             if vs is not None:
-                expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot), set()).add(n)
+                expect.setdefault((vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot, vs.unused), set()).add(n)
         assert {k: set(ns) for k, ns in classes.items()} == expect
         tags, tag_of = led.refusal_tags(v)  # each class one tag of its own; each node its class's
         assert set(tags) == set(expect) and len(set(tags.values())) == len(tags)
@@ -345,7 +371,26 @@ def _plant_holders_ignored(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(SummaryRefusal, "__init__", init)
 
 
+def _plant_mutex_ignored(mp: pytest.MonkeyPatch) -> None:
+    """A pod under the mutex device policy judged as if every GPU with a free slot were open."""
+    real = SummaryRefusal.__init__
+
+    def init(self, *args):
+        real(self, *args)
+        self.mutex = False
+
+    mp.setattr(SummaryRefusal, "__init__", init)
+
+
+def _plant_shared_as_slots(mp: pytest.MonkeyPatch) -> None:
+    """Under mutex, a GPU in use counted on its slots instead of ExclusiveDeviceAllocateConflict."""
+    real = SummaryRefusal._failure
+    mp.setattr(SummaryRefusal, "_failure", lambda self, total, short, why, shared=0: real(self, total, short, why))
+
+
 FAULTS = {
+    "mutex ignored": _plant_mutex_ignored,
+    "shared GPUs counted on slots": _plant_shared_as_slots,
     "UUID holders summarised": _plant_holders_ignored,
     "static refusal read as a pass": _plant_static_pass,
     "quota ignored": _plant_quota_ignored,
@@ -370,14 +415,17 @@ def test_a_wrong_summary_is_caught(fault, monkeypatch):
         run()
 
 
+GOOD, SICK = ("NVIDIA", 0, 16384, 4, True, False), ("NVIDIA", 0, 16384, 4, False, False)
+
+
 def test_a_retry_refits_only_the_nodes_that_changed():
     cfg = SchedulerConfig(VENDORS)
     led = Ledger()
     for i in range(6):
-        led.set_node(make_node(f"n{i}", [("NVIDIA", 0, 16384, 4, True, False)] * 2))
+        led.set_node(make_node(f"n{i}", [GOOD, SICK]))
     memo = led.verdicts
-    # the mutex device policy: the summary rules do not cover it, so nodes are fitted
-    uuid = {"hami.io/gpu-scheduler-policy": "mutex", "nvidia.com/use-gputype": "H100"}
+    # an unhealthy GPU on every node: the summary rules do not cover it, so nodes are fitted
+    uuid = {"nvidia.com/use-gputype": "H100"}
     p = make_pod("big", [("NVIDIA", 1, 1000, None)], uuid)
     first = filter_pod(p, None, led, cfg, 0.0)
     assert first.node is None and len(first.failed) == 6 and memo.recorded == 6
@@ -387,10 +435,10 @@ def test_a_retry_refits_only_the_nodes_that_changed():
     third = filter_pod(p, None, led, cfg, 0.0)
     assert memo.recorded == 7 and third.reasons() == first.reasons()  # n3 alone was fitted again
     # another pod of the same shape (other name, same request): the same refusals, nothing fitted
-    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], uuid)  # the same policy and type
+    twin = make_pod("twin", [("NVIDIA", 1, 1000, None)], uuid)  # the same type
     assert filter_pod(twin, None, led, cfg, 0.0).reasons() == first.reasons() and memo.recorded == 7
     # another shape is fitted afresh; a node re-registered is fitted afresh
-    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False)] * 3))
+    led.set_node(make_node("n0", [GOOD, GOOD, SICK]))
     assert filter_pod(p, None, led, cfg, 0.0).failed["n0"].total == 3 and memo.recorded == 8
     # a new configuration object forgets everything
     other = replace(cfg, gpu_policy="binpack")
@@ -489,6 +537,9 @@ def test_too_few_open_gpus(devices, background, probe, annotations, expected):
     assert filter_pod(p, None, led, cfg, 0.0).reasons() == {"n0": expected}
 
 
+MUTEX = {"hami.io/gpu-scheduler-policy": "mutex"}
+
+
 def _one_model_cluster() -> tuple[Ledger, SchedulerConfig]:
     """n0, n1: two T4s each, in use (one pod on each of n0's, one on n1's first); n2: two idle
     A100s; n3: a T4 and an A100 (models a type selection splits: left to the fit)."""
@@ -518,6 +569,14 @@ def _one_model_cluster() -> tuple[Ledger, SchedulerConfig]:
             "default",
             {"n0", "n1", "n2"},
         ),
+        # mutex: only unused GPUs are open; n0's T4s are both in use, n1 has one unused, too few
+        ([("NVIDIA", 2, 1000, None)], MUTEX | {"nvidia.com/use-gputype": "T4"}, "default", {"n0", "n1", "n2"}),
+        # mutex: no unused GPU has the memory (n0: none unused; n3's two models both pass)
+        ([("NVIDIA", 1, 20000, None)], MUTEX, "default", {"n0", "n1", "n2", "n3"}),
+        # mutex: one GPU's memory exceeds the quota's room: every unused GPU refuses on quota
+        ([("NVIDIA", 1, 9000, 100)], MUTEX, "team", {"n0", "n1", "n2", "n3"}),
+        # mutex, a whole GPU each: n1's unused T4 has the memory (fitted), n0 has none unused
+        ([("NVIDIA", 2, "100%", None)], MUTEX | {"nvidia.com/nouse-gputype": "A100"}, "default", {"n0", "n2"}),
     ],
 )
 def test_new_shapes_are_refused_from_summaries(reqs, annotations, ns, summarised, monkeypatch):

@@ -61,10 +61,20 @@ class VendorSummary:
     kinds: frozenset[tuple[str, str]] = frozenset()
     min_free_mem: int = 0
     min_free_cores: int = 0
+    # the same over the unused devices alone (a free slot and no use at all): the only ones a pod
+    # under the ``mutex`` device policy may take (every other one refuses it, for its slots or
+    # ExclusiveDeviceAllocateConflict)
+    unused: int = 0
+    max_unused_mem: int = 0
+    max_unused_cores: int = 0
+    max_unused_pct_bound: float = 0.0
+    min_unused_mem: int = 0
+    min_unused_cores: int = 0
 
 
-#: (devices of the vendor, all of them schedulable, their (model, mode) pairs, devices with a free slot)
-RefusalClass = tuple[int, bool, frozenset[tuple[str, str]], int]
+#: (devices of the vendor, all of them schedulable, their (model, mode) pairs, devices with a free
+#: slot, unused devices)
+RefusalClass = tuple[int, bool, frozenset[tuple[str, str]], int, int]
 
 
 @dataclass(slots=True)
@@ -147,11 +157,21 @@ class NodeState:
                 v.min_free_mem = min(v.min_free_mem, d.devmem - m)
                 v.min_free_cores = min(v.min_free_cores, d.devcore - c)
             v.max_free_mem = max(v.max_free_mem, d.devmem - m)
-            if d.devmem > 0:
-                v.max_pct_bound = max(v.max_pct_bound, (d.devmem - m + 1) * 100 / d.devmem)
-            else:  # a percentage of no memory is 0 MiB: no bound from the percentage asked
-                v.max_pct_bound = _NO_BOUND
+            bound = (d.devmem - m + 1) * 100 / d.devmem if d.devmem > 0 else _NO_BOUND
+            # (a percentage of no memory is 0 MiB: no bound from the percentage asked)
+            v.max_pct_bound = max(v.max_pct_bound, bound)
             v.max_free_cores = max(v.max_free_cores, d.devcore - c)
+            if u > 0:
+                continue  # mutex: ExclusiveDeviceAllocateConflict
+            v.unused += 1
+            if v.unused == 1:
+                v.min_unused_mem, v.min_unused_cores = d.devmem - m, d.devcore - c
+            else:
+                v.min_unused_mem = min(v.min_unused_mem, d.devmem - m)
+                v.min_unused_cores = min(v.min_unused_cores, d.devcore - c)
+            v.max_unused_mem = max(v.max_unused_mem, d.devmem - m)
+            v.max_unused_pct_bound = max(v.max_unused_pct_bound, bound)
+            v.max_unused_cores = max(v.max_unused_cores, d.devcore - c)
         self.summary = s
 
 
@@ -180,10 +200,12 @@ class Ledger:
         self._device_generation = 0
         self._names: list[str] | None = None  # node names, sorted (None: to sort again)
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
-        # vendor -> (most MiB free on one device with a slot, most cores free), one entry per
-        # node, sorted: the cluster's best device in O(1) (a pod asking more fits nowhere)
-        self._best: dict[str, tuple[SortedList, SortedList, SortedList]] = {}
-        self._best_of: dict[str, tuple[tuple[str, int, int, float], ...]] = {}
+        # vendor -> (most MiB free on one device with a slot, most cores free, the largest
+        # percentage bound; the same three over unused devices, -1 on a node without one, and
+        # the node's unused devices), one entry per node with a free slot, sorted: the cluster's
+        # best device in O(1) (a pod asking more fits nowhere)
+        self._best: dict[str, tuple[SortedList, ...]] = {}
+        self._best_of: dict[str, tuple[tuple[Any, ...], ...]] = {}
         # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
         # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
         # devices with a free slot)
@@ -234,24 +256,24 @@ class Ledger:
         self._set_best(name, ())
         self._set_classes(name, ())
 
-    def _set_best(self, name: str, best: tuple[tuple[str, int, int, float], ...]) -> None:
+    def _set_best(self, name: str, best: tuple[tuple[Any, ...], ...]) -> None:
+        """``best``: ``(vendor, *bounds)`` per vendor with a free slot on node ``name``, the
+        bounds in the order of the vendor's lists in ``_best``."""
         old = self._best_of.get(name, ())
         if old == best:
             return
-        for vendor, mem, cores, pct in old:
+        for vendor, *bounds in old:
             lists = self._best[vendor]
-            lists[0].remove(mem)
-            lists[1].remove(cores)
-            lists[2].remove(pct)
+            for into, b in zip(lists, bounds):
+                into.remove(b)
             if not lists[0]:
                 del self._best[vendor]
-        for vendor, mem, cores, pct in best:
-            into = self._best.get(vendor)
-            if into is None:
-                into = self._best[vendor] = (SortedList(), SortedList(), SortedList())
-            into[0].add(mem)
-            into[1].add(cores)
-            into[2].add(pct)
+        for vendor, *bounds in best:
+            lists = self._best.get(vendor)
+            if lists is None:
+                lists = self._best[vendor] = tuple(SortedList() for _ in bounds)
+            for into, b in zip(lists, bounds):
+                into.add(b)
         if best:
             self._best_of[name] = best
         else:
@@ -314,6 +336,16 @@ class Ledger:
         lists = self._best.get(vendor)
         return None if lists is None else (lists[0][-1], lists[1][-1])
 
+    def best_unused(self, vendor: str) -> tuple[int, int, float, int] | None:
+        """``(most MiB free, most cores free, largest percentage bound, most devices)`` of the
+        schedulable unused devices of ``vendor`` (a free slot, no use: what a ``mutex`` pod may
+        take) over the whole cluster: the first three on any one device, the last on any one
+        node, each maximum on its own; None when no such device exists."""
+        lists = self._best.get(vendor)
+        if lists is None or lists[6][-1] == 0:
+            return None
+        return lists[3][-1], lists[4][-1], lists[5][-1], lists[6][-1]
+
     def best_pct(self, vendor: str) -> float:
         """The largest :attr:`VendorSummary.max_pct_bound` of ``vendor`` over the cluster: a
         request of that percentage of a device's memory or more finds no device with a free slot
@@ -363,12 +395,20 @@ class Ledger:
         s = st.summary
         self._set_classes(
             st.node.name,
-            tuple((v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot)) for v, vs in sorted(s.vendors.items())),
+            tuple(
+                (v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot, vs.unused))
+                for v, vs in sorted(s.vendors.items())
+            ),
         )
         self._set_best(
             st.node.name,
             tuple(
                 (v, vs.max_free_mem, vs.max_free_cores, vs.max_pct_bound)
+                + (
+                    (vs.max_unused_mem, vs.max_unused_cores, vs.max_unused_pct_bound, vs.unused)
+                    if vs.unused
+                    else (-1, -1, -1.0, 0)
+                )
                 for v, vs in sorted(s.vendors.items())
                 if vs.free_slot
             ),

@@ -38,10 +38,19 @@ devices of an absolute ``memreq`` MiB or a percentage ``pct`` of each device's m
 The memory and cores rules hold under a quota whose room takes one device's use: a walk that
 takes no device probes the quota with that one device alone.
 
+Under the ``mutex`` device policy (only GPUs nobody uses) the capacity rules refuse a device in
+use right after the slots (``ExclusiveDeviceAllocateConflict``), before the quota, memory and
+cores: the open devices are the unused ones, and the summary keeps the same fields over them
+(``unused``, ``max_unused_mem`` and so on). The rules above then read those, each device with a
+free slot but in use counting ``ExclusiveDeviceAllocateConflict``: ``k/all <reason>,
+s/all ExclusiveDeviceAllocateConflict, (all-k-s)/all CardTimeSlicingExhausted``. A node with no
+unused device (every GPU has a sharer) refuses on those two alone, whatever the request; a pod
+asking 100 cores is not left out of the "too few" rule (no unused device has a use to
+conflict with).
+
 Where these do not settle it (a node with an unhealthy GPU, with models the selection splits,
-or with a GPU the pod names by UUID; a pod with ``mutex``, or a percentage under a memory quota;
-a vendor without
-``summary_prefilter``; a request after the first, whose node already holds the earlier
+or with a GPU the pod names by UUID; a pod asking a percentage under a memory quota; a vendor
+without ``summary_prefilter``; a request after the first, whose node already holds the earlier
 containers' picks), the caller fits the node as before. The rules hold for the vendors that
 declare ``summary_prefilter`` (the generic capacity rules, :func:`hami.vendors.base.slot_check`
 first): the same promise the node search's prefilter already relies on, checked against the
@@ -51,7 +60,7 @@ A node's answer from the rules that do not read its memory (the static filter, t
 from the memory rule when no GPU with a free slot in the whole cluster has the memory asked (the
 ledger's :meth:`~hami.core.ledger.Ledger.best_room` and :meth:`~hami.core.ledger.Ledger.best_pct`),
 depends only on its refusal class (devices, all schedulable, models and modes, devices with a
-slot), which the ledger keeps for each node: each class is judged once, and the nodes take their
+slot; unused devices), which the ledger keeps for each node: each class is judged once, and the nodes take their
 class's refusal in one pass without a Python step per node (:meth:`SummaryRefusal.by_class`).
 
 The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU
@@ -72,13 +81,14 @@ from .ledger import NodeSummary, RefusalClass
 from .reasons import NodeFailure, Reason
 from .types import DeviceInfo
 
-_MEM, _CORE, _SLOTS, _FEW, _TAKEN, _QUOTA = (
+_MEM, _CORE, _SLOTS, _FEW, _TAKEN, _QUOTA, _SHARED = (
     Reason.CARD_INSUFFICIENT_MEMORY,
     Reason.CARD_INSUFFICIENT_CORE,
     Reason.CARD_TIME_SLICING_EXHAUSTED,
     Reason.NODE_INSUFFICIENT_DEVICE,
     Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
     Reason.RESOURCE_QUOTA_NOT_FIT,
+    Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT,
 )
 
 #: :meth:`SummaryRefusal.static`'s answer when every device passes the static filter
@@ -100,6 +110,7 @@ class SummaryRefusal:
         "short",
         "over_quota",
         "holders",
+        "mutex",
         "_plan",
         "_kinds",
         "_made",
@@ -115,16 +126,19 @@ class SummaryRefusal:
         self.pct: int | None = None if req.memreq > 0 else req.mem_percentage
         self._plan = ctx.plans[(ci, req.vendor)]
         self.over_quota = over_quota  # one device's use alone exceeds the namespace's room
-        # the "too few open devices" rule applies (see the module docstring)
+        # the mutex device policy: only unused devices are open (see the module docstring)
+        self.mutex = bool(ctx.policy.mutex)
+        # the "too few open devices" rule applies (see the module docstring); a 100-core
+        # request's exclusive rule reads each device's use, none on an unused device
         self.short = (
             req.nums > 1
-            and req.coresreq < 100
+            and (req.coresreq < 100 or self.mutex)
             and self.pct is None
             and not quota
             and not getattr(self._plan.sel, "numa_bind", True)
         )
         self._kinds: dict[frozenset[tuple[str, str]], Reason | bool | None] = {}  # (model, mode) sets -> static
-        self._made: dict[tuple[int, int, Reason], NodeFailure] = {}  # shared failures
+        self._made: dict[tuple[int, int, Reason, int], NodeFailure] = {}  # shared failures
 
     def static(self, kinds: frozenset[tuple[str, str]]) -> Reason | bool | None:
         """What the static filter makes of a node whose schedulable devices are of these (model,
@@ -148,12 +162,14 @@ class SummaryRefusal:
             self._kinds[kinds] = got
         return got
 
-    def _failure(self, total: int, short: int, why: Reason) -> NodeFailure:
-        """``short`` devices fail for ``why``, the other ``total - short`` on slots."""
-        key = (total, short, why)
+    def _failure(self, total: int, short: int, why: Reason, shared: int = 0) -> NodeFailure:
+        """``short`` devices fail for ``why``, ``shared`` (in use, under ``mutex``) for
+        ``ExclusiveDeviceAllocateConflict``, the other ``total - short - shared`` on slots."""
+        key = (total, short, why, shared)
         f = self._made.get(key)
         if f is None:
-            counts = tuple(sorted(((r, k) for r, k in ((why, short), (_SLOTS, total - short)) if k), key=_code))
+            each = ((why, short), (_SHARED, shared), (_SLOTS, total - short - shared))
+            counts = tuple(sorted(((r, k) for r, k in each if k), key=_code))
             f = self._made[key] = NodeFailure(total=total, counts=counts, container=self.ci, vendor=self.vendor)
         return f
 
@@ -170,6 +186,8 @@ class SummaryRefusal:
         """Put the nodes of ``names`` that the summary rules refuse in ``refused`` (node -> failure);
         return the others, in order. The rules of the module docstring, in that order (one loop,
         everything it reads held in locals: it runs for every node of a cluster)."""
+        if self.mutex:
+            return self._split_unused(names, summary, refused)
         rest = []
         vendor, nums, memreq, pct, cores, short = self.vendor, self.nums, self.memreq, self.pct, self.cores, self.short
         over_quota, holders = self.over_quota, self.holders
@@ -211,12 +229,65 @@ class SummaryRefusal:
                 rest.append(n)
         return rest
 
+    def _split_unused(
+        self, names: Iterable[str], summary: Callable[[str], NodeSummary], refused: dict[str, NodeFailure]
+    ) -> list[str]:
+        """:meth:`split` under the ``mutex`` device policy: the same rules over the unused
+        devices, each device in use refused for ``ExclusiveDeviceAllocateConflict``."""
+        rest = []
+        vendor, nums, holders = self.vendor, self.nums, self.holders
+        static_of, judge, failure, rule = self._kinds.get, self.static, self._failure, self._unused_rule
+        for n in names:
+            if holders and n in holders:
+                rest.append(n)
+                continue
+            v = summary(n).vendors.get(vendor)
+            if v is None:
+                refused[n] = self._few(0)
+                continue
+            total = v.all
+            ok = static_of(v.kinds, False)
+            if ok is False:
+                ok = judge(v.kinds)
+            if v.devices != total or ok is UNSETTLED:
+                rest.append(n)
+            elif nums > total:
+                refused[n] = self._few(total)
+            elif ok is not PASS:
+                refused[n] = failure(total, total, ok)  # type: ignore[arg-type]
+            else:
+                why = rule(v)
+                if why is None:
+                    rest.append(n)
+                else:
+                    refused[n] = failure(total, v.unused, why, v.free_slot - v.unused)
+        return rest
+
+    def _unused_rule(self, v: Any) -> Reason | None:
+        """Why each unused device of a node (:class:`~hami.core.ledger.VendorSummary` ``v``, its
+        devices all schedulable and passing the static filter) refuses a ``mutex`` pod, when the
+        summary settles it; None: fit the node. No unused device: the reason is counted for none."""
+        if self.over_quota:
+            return _QUOTA
+        if self.pct is not None:
+            return _MEM if self.pct >= v.max_unused_pct_bound else None
+        memreq, cores = self.memreq, self.cores
+        if v.max_unused_mem < memreq:
+            return _MEM
+        if v.min_unused_mem < memreq:
+            return None
+        if v.max_unused_cores < cores:
+            return _CORE
+        if self.short and v.unused < self.nums and v.min_unused_cores >= cores and (cores or v.min_unused_cores > 0):
+            return _TAKEN
+        return None
+
     def judge_class(self, key: RefusalClass, no_memory: bool) -> NodeFailure | None:
         """The refusal of every node of refusal class ``key``, when the class alone settles it
         (the rules of :meth:`split` that do not read a node's memory; the memory rule too when
-        ``no_memory``: no device with a free slot in the whole cluster has the memory asked);
-        None: judge the nodes one by one."""
-        total, schedulable, kinds, free = key
+        ``no_memory``: no device with a free slot in the whole cluster, under ``mutex`` no unused
+        one, has the memory asked); None: judge the nodes one by one."""
+        total, schedulable, kinds, free, unused = key
         ok = self.static(kinds) if schedulable else UNSETTLED
         if ok is UNSETTLED:
             return None
@@ -224,10 +295,11 @@ class SummaryRefusal:
             return self._few(total)
         if ok is not PASS:
             return self._failure(total, total, ok)  # type: ignore[arg-type]
+        open_, shared = (unused, free - unused) if self.mutex else (free, 0)
         if self.over_quota:
-            return self._failure(total, free, _QUOTA)
-        if no_memory:
-            return self._failure(total, free, _MEM)
+            return self._failure(total, open_, _QUOTA, shared)
+        if no_memory or not open_:  # (no open device: each refuses on slots, or as shared)
+            return self._failure(total, open_, _MEM, shared)
         return None
 
     def by_class(
@@ -261,7 +333,7 @@ class SummaryRefusal:
         return rest
 
     def _few(self, total: int) -> NodeFailure:
-        key = (total, -1, _FEW)
+        key = (total, -1, _FEW, 0)
         f = self._made.get(key)
         if f is None:
             f = self._made[key] = NodeFailure(
@@ -284,9 +356,9 @@ def refusal(
 ) -> SummaryRefusal | None:
     """The pod's :class:`SummaryRefusal`, for its first device request (the first container
     with one, its first vendor), when the summary rules cover it: a request to a
-    ``summary_prefilter`` vendor, of absolute memory or a percentage of it, with no ``mutex``
-    device policy, and no namespace memory quota for a percentage (whose MiB differ per
-    device) unless the cores alone exceed the room. A selection by UUID (``use-gpuuuid``,
+    ``summary_prefilter`` vendor, of absolute memory or a percentage of it (under any device
+    policy, ``mutex`` included), and no namespace memory quota for a percentage (whose MiB
+    differ per device) unless the cores alone exceed the room. A selection by UUID (``use-gpuuuid``,
     ``nouse-gpuuuid``) needs ``uuid_nodes`` (the ledger's: which nodes hold those UUIDs): the
     nodes that do are fitted; on the others no device is named, so the static filter answers
     per model and mode (``CardUuidMismatch`` for each device a ``use`` list leaves out)."""
@@ -299,8 +371,6 @@ def refusal(
         return None
     if req.memreq <= 0 and not 0 < req.mem_percentage <= 100:
         return None  # neither absolute memory nor a percentage (no memory asked)
-    if ctx.policy.mutex:
-        return None
     sel = plan.sel
     use, nouse = getattr(sel, "use_uuids", None), getattr(sel, "nouse_uuids", None)
     if not isinstance(use, frozenset) or not isinstance(nouse, frozenset):

@@ -138,11 +138,14 @@ class _TypeGate:
         return hit
 
 
-def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: Mapping[str, bool]) -> bool:
+def _quick_reject(
+    s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: Mapping[str, bool], mutex: bool = False
+) -> bool:
     """Necessary conditions from the summary; True means the pod certainly does not fit.
 
     The capacity conditions mirror the generic capacity rules, so they apply only to vendors
-    that declare ``summary_prefilter`` (their ``capacity_check`` is at least as strict)."""
+    that declare ``summary_prefilter`` (their ``capacity_check`` is at least as strict). Under
+    the ``mutex`` device policy (``mutex``) they read the unused devices, the only ones open."""
     for vendor, nums, memreq, pct, cores in demand.checks:
         v = s.vendors.get(vendor)
         if v is None:
@@ -152,13 +155,17 @@ def _quick_reject(s: NodeSummary, demand: _Demand, gate: _TypeGate, prefilter: M
             return True
         if not prefilter.get(vendor):
             continue
-        if v.free_slot < need or not gate.admits(vendor, v.types):
+        if mutex:
+            open_, mem, pct_bound, free_cores = v.unused, v.max_unused_mem, v.max_unused_pct_bound, v.max_unused_cores
+        else:
+            open_, mem, pct_bound, free_cores = v.free_slot, v.max_free_mem, v.max_pct_bound, v.max_free_cores
+        if open_ < need or not gate.admits(vendor, v.types):
             return True
-        if memreq and v.max_free_mem < memreq:
+        if memreq and mem < memreq:
             return True
-        if not memreq and pct != PERCENT_UNSET and pct >= v.max_pct_bound:
+        if not memreq and pct != PERCENT_UNSET and pct >= pct_bound:
             return True
-        if cores and v.max_free_cores < cores:
+        if cores and free_cores < cores:
             return True
         if cores >= 100 and v.idle < need:
             return True
@@ -371,6 +378,7 @@ class _Search:
         self.lazy = all(v.node_score_neutral for v in used_vendors)
         self.gate = _TypeGate(ctx)
         self.prefilter = {v.name: bool(getattr(v, "summary_prefilter", False)) for v in used_vendors}
+        self.mutex = bool(ctx.policy.mutex)  # only unused devices are open to the pod
         self.scores: dict[str, float] = {}
 
     @property
@@ -384,25 +392,32 @@ class _Search:
     def hopeless(self) -> bool:
         """True when no device in the whole cluster can take one of the pod's requests (its
         vendor has no device with a free slot, or none with the memory, absolute or as a
-        percentage, or none with the cores, :meth:`Ledger.best_room`; or no node has a model
-        the pod's type selection accepts, or a GPU it names by UUID; or one device's use exceeds the namespace's quota
-        room, which the pod's whole use on the vendor cannot be less than): no node fits, so
-        the walk would visit nodes for nothing."""
+        percentage, or none with the cores, :meth:`Ledger.best_room`; under ``mutex`` none of
+        that among unused devices, or no node with as many unused, :meth:`Ledger.best_unused`;
+        or no node has a model the pod's type selection accepts, or a GPU it names by UUID; or
+        one device's use exceeds the namespace's quota room, which the pod's whole use on the
+        vendor cannot be less than): no node fits, so the walk would visit nodes for nothing."""
         if self.exact:
             return False
         ledger, quota = self.ledger, self.ctx.quota
-        for vendor, _, memreq, pct, cores in self.demand.checks:
+        for vendor, nums, memreq, pct, cores in self.demand.checks:
             if self.prefilter[vendor]:
                 if quota is not None:  # one device's use alone is more than the namespace has left
                     mem_room, core_room = quota.room.get(vendor, (None, None))
                     if mem_room is not None and memreq > mem_room or core_room is not None and cores > core_room:
+                        return True
+                if self.mutex:  # only unused devices are open, each for one of the nums
+                    unused = ledger.best_unused(vendor)
+                    if unused is None or unused[0] < memreq or unused[1] < cores or unused[3] < nums:
+                        return True
+                    if not memreq and pct != PERCENT_UNSET and pct >= unused[2]:
                         return True
                 best = ledger.best_room(vendor)
                 if best is None or best[0] < memreq or best[1] < cores:
                     return True
                 if not memreq and pct != PERCENT_UNSET and pct >= ledger.best_pct(vendor):
                     return True
-                models = {m for _, _, kinds, _ in ledger.refusal_classes(vendor) for m, _ in kinds}
+                models = {m for _, _, kinds, *_ in ledger.refusal_classes(vendor) for m, _ in kinds}
                 if not self.gate.admits(vendor, frozenset(models)):
                     return True
                 named = getattr(self.ctx.selections[vendor], "use_uuids", None)
@@ -411,15 +426,21 @@ class _Search:
         return False
 
     def no_memory(self, refuse: SummaryRefusal) -> bool:
-        """Whether no device with a free slot in the whole cluster has the memory ``refuse``'s
-        request asks (absolute, or as a percentage of the device's)."""
+        """Whether no device with a free slot in the whole cluster (under ``mutex``, no unused
+        device) has the memory ``refuse``'s request asks (absolute, or as a percentage of the
+        device's)."""
+        if refuse.mutex:
+            unused = self.ledger.best_unused(refuse.vendor)
+            if unused is None:
+                return True
+            return refuse.pct >= unused[2] if refuse.pct is not None else unused[0] < refuse.memreq
         if refuse.pct is not None:
             return refuse.pct >= self.ledger.best_pct(refuse.vendor)
         room = self.ledger.best_room(refuse.vendor)
         return room is None or room[0] < refuse.memreq
 
     def rejects(self, n: str) -> bool:
-        return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter)
+        return _quick_reject(self.ledger.summary(n), self.demand, self.gate, self.prefilter, self.mutex)
 
     def score(self, n: str) -> float:
         return _score(self.ledger.summary(n), self.score_demand, len(self.ledger.node(n).devices))
