@@ -17,13 +17,16 @@ CPU time of the default path (the machine is shared: wall time includes waiting 
 * ``quota spent``: a 1-GPU pod in a namespace whose quota has less memory left than it asks;
 * ``two containers``: a pod whose first container asks more memory than any GPU has;
 * ``UUID nowhere``: a pod naming a GPU UUID no node has (``use-gpuuuid``);
-* ``mutex, type nowhere``: the same as ``type nowhere`` under the ``mutex`` device policy, which
-  the summary rules do not cover (every node fitted on the first Filter; retries take
-  remembered refusals);
+* ``mutex, type nowhere``: the same as ``type nowhere`` under the ``mutex`` device policy (only
+  GPUs nobody uses), first Filter and retry;
+* ``mutex, larger than any unused GPU``: a 1-GPU ``mutex`` pod asking more memory than any
+  unused GPU has, a new size every run, and its retry after a change;
 * ``schedulable 1-GPU pod`` (the target case of ``bench_core_filter.py``) and the same after a
   change: must not get slower;
 * last, after one sharer is placed on every GPU: ``whole GPU``, a pod asking 100 % of a GPU's
-  memory (``gpumem-percentage``, the default of a pod asking ``nvidia.com/gpu`` alone).
+  memory (``gpumem-percentage``, the default of a pod asking ``nvidia.com/gpu`` alone); and
+  ``mutex, every GPU has a sharer``: a small 1-GPU ``mutex`` pod (a new size every run) that
+  every GPU refuses for its sharer (``ExclusiveDeviceAllocateConflict``).
 
 Also the extender's share for an unschedulable result (``FailedNodes`` and the event lines), and
 the whole ``Extender.filter`` for it: a retry with nothing changed (answered from the previous
@@ -207,10 +210,16 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     )
     mutex = {**b200, "hami.io/gpu-scheduler-policy": "mutex"}
     mutex_pod = lambda i: admitted(make_pod(f"mutex-{i}", 1, 3000 + i, 10, mutex))  # noqa: E731
-    case("mutex, type nowhere (not summarised), first", slow_runs, mutex_pod, still, ledger, names, config)
+    case("mutex, type nowhere, first", slow_runs, mutex_pod, still, ledger, names, config)
     filter_pod(admitted(make_pod("mutex", 1, 3000, 10, mutex)), names, ledger, config, 0.0)
     same_mutex = lambda i: admitted(make_pod("mutex", 1, 3000, 10, mutex))  # noqa: E731
     case("mutex, type nowhere, retry", slow_runs, same_mutex, churn, ledger, names, config)
+    alone = {"hami.io/gpu-scheduler-policy": "mutex"}
+    mutex_big = lambda i: admitted(make_pod(f"mutex-big-{i}", 1, 102400 + i, 10, alone))  # noqa: E731
+    case("mutex, larger than any unused GPU, first", slow_runs, mutex_big, still, ledger, names, config)
+    filter_pod(admitted(make_pod("mutex-big", 1, 102400, 10, alone)), names, ledger, config, 0.0)
+    same_big = lambda i: admitted(make_pod("mutex-big", 1, 102400, 10, alone))  # noqa: E731
+    case("mutex, larger than any unused GPU, retry", slow_runs, same_big, churn, ledger, names, config)
     case("schedulable 1-GPU pod", runs, lambda i: target, still, ledger, names, config, fits=True)
     case("schedulable 1-GPU pod, after a change", runs, lambda i: target, churn, ledger, names, config, fits=True)
     result = filter_pod(too_big, names, ledger, config, 0.0)
@@ -243,6 +252,8 @@ def figures(n_nodes: int, runs: int, fill: str) -> None:
     share_every_gpu(ledger)
     print(f"  then one sharer on every GPU ({time.perf_counter() - t0:.1f}s):")
     case("whole GPU (100 % of its memory), first", slow_runs, whole, forget, ledger, names, config)
+    shy = lambda i: admitted(make_pod(f"mutex-small-{i}", 1, 1000 + i, 10, alone))  # noqa: E731
+    case("mutex, every GPU has a sharer, first", slow_runs, shy, still, ledger, names, config)
 
 
 def main() -> None:

@@ -591,3 +591,47 @@ def test_new_shapes_are_refused_from_summaries(reqs, annotations, ns, summarised
     fast = filter_pod(p, None, led, cfg, 0.0)
     assert fast.reasons() == exact.reasons()
     assert set(fitted) == {"n0", "n1", "n2", "n3"} - summarised  # the others read from summaries
+
+
+def test_the_ledger_keeps_the_unused_gpus_of_each_node_and_the_clusters_best():
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    led.set_node(make_node("n0", [("NVIDIA", 0, 16384, 4, True, False), ("NVIDIA", 1, 8000, 4, True, False)] * 2))
+    led.set_node(make_node("n1", [("NVIDIA", 0, 16384, 4, True, False)] * 2, cordon=(1,)))
+    _placed(led, cfg, "n0", [(0, 1000, 30)])
+    v = led.summary("n0").vendors["NVIDIA"]
+    # GPU 0 in use; the unused: an 8000 MiB A100 (1), a 16384 MiB T4 (2) and an 8000 MiB A100 (3)
+    assert (v.free_slot, v.unused) == (4, 3)
+    assert (v.max_unused_mem, v.min_unused_mem, v.max_unused_cores, v.min_unused_cores) == (16384, 8000, 100, 100)
+    assert led.summary("n1").vendors["NVIDIA"].unused == 1  # the cordoned GPU is not open
+    # the percentage bound: (free + 1) * 100 / memory, largest on the smaller GPU
+    assert led.best_unused("NVIDIA") == (16384, 100, (8000 + 1) * 100 / 8000, 3)
+    _placed(led, cfg, "n1", [(0, 1000, 30)])
+    (gone,) = [a.key for a in led.pods() if a.node == "n0"]
+    led.remove_pod(gone)
+    assert led.summary("n0").vendors["NVIDIA"].unused == 4 and led.best_unused("NVIDIA")[3] == 4
+    for node, gpus in (("n0", 4), ("n1", 1)):  # every schedulable GPU with a sharer: none left
+        _placed(led, cfg, node, [(g, 1000, 10) for g in range(gpus)])
+    assert led.best_unused("NVIDIA") is None and led.best_room("NVIDIA") is not None
+
+
+def test_a_mutex_pod_when_every_gpu_has_a_sharer_is_refused_without_a_fit(monkeypatch):
+    cfg = SchedulerConfig(VENDORS)
+    led = Ledger()
+    for name in ("n0", "n1", "n2"):
+        led.set_node(make_node(name, [("NVIDIA", 0, 16384, 2, True, False)] * 3))
+    _placed(led, cfg, "n0", [(0, 1000, 10), (1, 1000, 10), (2, 1000, 10)])
+    _placed(led, cfg, "n1", [(0, 1000, 10), (0, 1000, 10), (1, 1000, 10), (2, 1000, 10)])
+    _placed(led, cfg, "n2", [(0, 1000, 10), (0, 1000, 10), (1, 1000, 10), (1, 1000, 10), (2, 1000, 10)])
+    p = make_pod("probe", [("NVIDIA", 1, 1000, 10)], MUTEX)
+    expected = {
+        "n0": "3/3 ExclusiveDeviceAllocateConflict",
+        "n1": "1/3 CardTimeSlicingExhausted, 2/3 ExclusiveDeviceAllocateConflict",
+        "n2": "1/3 ExclusiveDeviceAllocateConflict, 2/3 CardTimeSlicingExhausted",
+    }
+    assert filter_pod(p, None, led, cfg, 0.0, exact=True).reasons() == expected
+    fitted: list[str] = []
+    real = schedule_module.fit_pod
+    monkeypatch.setattr(schedule_module, "fit_pod", lambda view, ctx: fitted.append(view.name) or real(view, ctx))
+    assert filter_pod(p, None, led, cfg, 0.0).reasons() == expected
+    assert fitted == []  # no node fitted: not in the search (no unused GPU anywhere), nor for its reason

@@ -269,10 +269,10 @@ class Ledger:
             if not lists[0]:
                 del self._best[vendor]
         for vendor, *bounds in best:
-            lists = self._best.get(vendor)
-            if lists is None:
-                lists = self._best[vendor] = tuple(SortedList() for _ in bounds)
-            for into, b in zip(lists, bounds):
+            got = self._best.get(vendor)
+            if got is None:
+                got = self._best[vendor] = tuple(SortedList() for _ in bounds)
+            for into, b in zip(got, bounds):
                 into.add(b)
         if best:
             self._best_of[name] = best

@@ -60,8 +60,11 @@ A node's answer from the rules that do not read its memory (the static filter, t
 from the memory rule when no GPU with a free slot in the whole cluster has the memory asked (the
 ledger's :meth:`~hami.core.ledger.Ledger.best_room` and :meth:`~hami.core.ledger.Ledger.best_pct`),
 depends only on its refusal class (devices, all schedulable, models and modes, devices with a
-slot; unused devices), which the ledger keeps for each node: each class is judged once, and the nodes take their
-class's refusal in one pass without a Python step per node (:meth:`SummaryRefusal.by_class`).
+slot, unused devices), which the ledger keeps for each node: each class is judged once, and the
+nodes take their class's refusal in one pass without a Python step per node
+(:meth:`SummaryRefusal.by_class`). Under ``mutex`` the memory rule reads the cluster's best
+unused GPU (:meth:`~hami.core.ledger.Ledger.best_unused`), and a class with no unused GPU is
+settled whatever the request.
 
 The failure carries the counts (its rendering and codes are the fit's) but not the per-GPU
 UUIDs: ``hami explain`` and the UI fit every node themselves for those.
