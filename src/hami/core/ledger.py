@@ -150,28 +150,41 @@ class NodeState:
             v.idle += u == 0 or d.devcore != 100
             if u >= d.count:
                 continue  # no container can take it (every summary_prefilter vendor checks slots first)
+            fm, fc = d.devmem - m, d.devcore - c
+            # (a percentage of no memory is 0 MiB: no bound from the percentage asked)
+            bound = (fm + 1) * 100 / d.devmem if d.devmem > 0 else _NO_BOUND
             v.free_slot += 1
             if v.free_slot == 1:
-                v.min_free_mem, v.min_free_cores = d.devmem - m, d.devcore - c
+                v.min_free_mem, v.min_free_cores = fm, fc
+                v.max_free_mem, v.max_free_cores, v.max_pct_bound = fm, fc, bound
             else:
-                v.min_free_mem = min(v.min_free_mem, d.devmem - m)
-                v.min_free_cores = min(v.min_free_cores, d.devcore - c)
-            v.max_free_mem = max(v.max_free_mem, d.devmem - m)
-            bound = (d.devmem - m + 1) * 100 / d.devmem if d.devmem > 0 else _NO_BOUND
-            # (a percentage of no memory is 0 MiB: no bound from the percentage asked)
-            v.max_pct_bound = max(v.max_pct_bound, bound)
-            v.max_free_cores = max(v.max_free_cores, d.devcore - c)
+                if fm < v.min_free_mem:
+                    v.min_free_mem = fm
+                if fc < v.min_free_cores:
+                    v.min_free_cores = fc
+                if fm > v.max_free_mem:
+                    v.max_free_mem = fm
+                if fc > v.max_free_cores:
+                    v.max_free_cores = fc
+                if bound > v.max_pct_bound:
+                    v.max_pct_bound = bound
             if u > 0:
                 continue  # mutex: ExclusiveDeviceAllocateConflict
             v.unused += 1
             if v.unused == 1:
-                v.min_unused_mem, v.min_unused_cores = d.devmem - m, d.devcore - c
+                v.min_unused_mem, v.min_unused_cores = fm, fc
+                v.max_unused_mem, v.max_unused_cores, v.max_unused_pct_bound = fm, fc, bound
             else:
-                v.min_unused_mem = min(v.min_unused_mem, d.devmem - m)
-                v.min_unused_cores = min(v.min_unused_cores, d.devcore - c)
-            v.max_unused_mem = max(v.max_unused_mem, d.devmem - m)
-            v.max_unused_pct_bound = max(v.max_unused_pct_bound, bound)
-            v.max_unused_cores = max(v.max_unused_cores, d.devcore - c)
+                if fm < v.min_unused_mem:
+                    v.min_unused_mem = fm
+                if fc < v.min_unused_cores:
+                    v.min_unused_cores = fc
+                if fm > v.max_unused_mem:
+                    v.max_unused_mem = fm
+                if fc > v.max_unused_cores:
+                    v.max_unused_cores = fc
+                if bound > v.max_unused_pct_bound:
+                    v.max_unused_pct_bound = bound
         self.summary = s
 
 
@@ -201,11 +214,15 @@ class Ledger:
         self._names: list[str] | None = None  # node names, sorted (None: to sort again)
         self.verdicts = VerdictMemo()  # refusals per pod shape, valid while a node's version holds
         # vendor -> (most MiB free on one device with a slot, most cores free, the largest
-        # percentage bound; the same three over unused devices, -1 on a node without one, and
-        # the node's unused devices), one entry per node with a free slot, sorted: the cluster's
-        # best device in O(1) (a pod asking more fits nowhere)
-        self._best: dict[str, tuple[SortedList, ...]] = {}
-        self._best_of: dict[str, tuple[tuple[Any, ...], ...]] = {}
+        # percentage bound), one entry per node, sorted: the cluster's best device in O(1) (a
+        # pod asking more fits nowhere); the same over unused devices (a mutex pod's), and
+        # vendor -> unused devices on a node -> nodes with that many
+        self._best: dict[str, tuple[SortedList, SortedList, SortedList]] = {}
+        self._best_of: dict[str, tuple[tuple[str, int, int, float], ...]] = {}
+        self._unused: dict[str, tuple[SortedList, SortedList, SortedList]] = {}
+        self._unused_of: dict[str, tuple[tuple[str, int, int, float], ...]] = {}
+        self._unused_counts: dict[str, dict[int, int]] = {}
+        self._unused_count_of: dict[str, tuple[tuple[str, int], ...]] = {}
         # vendor -> refusal class -> nodes (hami.core.refuse): nodes alike in every summary
         # field a refusal by a GPU too small reads (devices, all schedulable, models and modes,
         # devices with a free slot)
@@ -253,31 +270,60 @@ class Ledger:
             self._touch(name)
         self._versions.pop(name, None)
         self.ranking.remove(name)
-        self._set_best(name, ())
+        self._set_best(self._best, self._best_of, name, ())
+        self._set_best(self._unused, self._unused_of, name, ())
+        self._set_unused_counts(name, ())
         self._set_classes(name, ())
 
-    def _set_best(self, name: str, best: tuple[tuple[Any, ...], ...]) -> None:
-        """``best``: ``(vendor, *bounds)`` per vendor with a free slot on node ``name``, the
-        bounds in the order of the vendor's lists in ``_best``."""
-        old = self._best_of.get(name, ())
+    @staticmethod
+    def _set_best(
+        index: dict[str, tuple[SortedList, SortedList, SortedList]],
+        of: dict[str, tuple[tuple[str, int, int, float], ...]],
+        name: str,
+        best: tuple[tuple[str, int, int, float], ...],
+    ) -> None:
+        """Node ``name``'s ``(vendor, MiB, cores, percentage bound)`` entries in ``index`` (its
+        previous ones, kept in ``of``, taken out)."""
+        old = of.get(name, ())
         if old == best:
             return
-        for vendor, *bounds in old:
-            lists = self._best[vendor]
-            for into, b in zip(lists, bounds):
-                into.remove(b)
+        for vendor, mem, cores, pct in old:
+            lists = index[vendor]
+            lists[0].remove(mem)
+            lists[1].remove(cores)
+            lists[2].remove(pct)
             if not lists[0]:
-                del self._best[vendor]
-        for vendor, *bounds in best:
-            got = self._best.get(vendor)
-            if got is None:
-                got = self._best[vendor] = tuple(SortedList() for _ in bounds)
-            for into, b in zip(got, bounds):
-                into.add(b)
+                del index[vendor]
+        for vendor, mem, cores, pct in best:
+            into = index.get(vendor)
+            if into is None:
+                into = index[vendor] = (SortedList(), SortedList(), SortedList())
+            into[0].add(mem)
+            into[1].add(cores)
+            into[2].add(pct)
         if best:
-            self._best_of[name] = best
+            of[name] = best
         else:
-            self._best_of.pop(name, None)
+            of.pop(name, None)
+
+    def _set_unused_counts(self, name: str, counts: tuple[tuple[str, int], ...]) -> None:
+        old = self._unused_count_of.get(name, ())
+        if old == counts:
+            return
+        for vendor, k in old:
+            tally = self._unused_counts[vendor]
+            tally[k] -= 1
+            if not tally[k]:
+                del tally[k]
+                if not tally:
+                    del self._unused_counts[vendor]
+        for vendor, k in counts:
+            tally = self._unused_counts.setdefault(vendor, {})
+            tally[k] = tally.get(k, 0) + 1
+        if counts:
+            self._unused_count_of[name] = counts
+        else:
+            self._unused_count_of.pop(name, None)
 
     def _set_uuids(self, name: str, old: Sequence[DeviceInfo], new: Sequence[DeviceInfo]) -> None:
         for d in old:
@@ -341,10 +387,10 @@ class Ledger:
         schedulable unused devices of ``vendor`` (a free slot, no use: what a ``mutex`` pod may
         take) over the whole cluster: the first three on any one device, the last on any one
         node, each maximum on its own; None when no such device exists."""
-        lists = self._best.get(vendor)
-        if lists is None or lists[6][-1] == 0:
+        lists, counts = self._unused.get(vendor), self._unused_counts.get(vendor)
+        if lists is None or counts is None:
             return None
-        return lists[3][-1], lists[4][-1], lists[5][-1], lists[6][-1]
+        return lists[0][-1], lists[1][-1], lists[2][-1], max(counts)
 
     def best_pct(self, vendor: str) -> float:
         """The largest :attr:`VendorSummary.max_pct_bound` of ``vendor`` over the cluster: a
@@ -393,30 +439,30 @@ class Ledger:
 
     def _rank(self, st: NodeState) -> None:
         s = st.summary
+        vendors = sorted(s.vendors.items())
         self._set_classes(
             st.node.name,
-            tuple(
-                (v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot, vs.unused))
-                for v, vs in sorted(s.vendors.items())
-            ),
+            tuple((v, (vs.all, vs.devices == vs.all, vs.kinds, vs.free_slot, vs.unused)) for v, vs in vendors),
         )
         self._set_best(
+            self._best,
+            self._best_of,
+            st.node.name,
+            tuple((v, vs.max_free_mem, vs.max_free_cores, vs.max_pct_bound) for v, vs in vendors if vs.free_slot),
+        )
+        self._set_best(
+            self._unused,
+            self._unused_of,
             st.node.name,
             tuple(
-                (v, vs.max_free_mem, vs.max_free_cores, vs.max_pct_bound)
-                + (
-                    (vs.max_unused_mem, vs.max_unused_cores, vs.max_unused_pct_bound, vs.unused)
-                    if vs.unused
-                    else (-1, -1, -1.0, 0)
-                )
-                for v, vs in sorted(s.vendors.items())
-                if vs.free_slot
+                (v, vs.max_unused_mem, vs.max_unused_cores, vs.max_unused_pct_bound) for v, vs in vendors if vs.unused
             ),
         )
+        self._set_unused_counts(st.node.name, tuple((v, vs.unused) for v, vs in vendors if vs.unused))
         self.ranking.update(
             st.node.name,
             (s.count, s.totalcore, s.totalmem, len(st.node.devices)),
-            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in sorted(s.vendors.items()) if vs.free_slot),
+            tuple(room(v, vs.max_free_mem, vs.max_free_cores) for v, vs in vendors if vs.free_slot),
             s.used,
             s.usedcores,
             s.usedmem,

@@ -155,21 +155,34 @@ def _quick_reject(
             return True
         if not prefilter.get(vendor):
             continue
-        if mutex:
-            open_, mem, pct_bound, free_cores = v.unused, v.max_unused_mem, v.max_unused_pct_bound, v.max_unused_cores
-        else:
-            open_, mem, pct_bound, free_cores = v.free_slot, v.max_free_mem, v.max_pct_bound, v.max_free_cores
-        if open_ < need or not gate.admits(vendor, v.types):
+        if v.free_slot < need or not gate.admits(vendor, v.types):
             return True
-        if memreq and mem < memreq:
+        if memreq and v.max_free_mem < memreq:
             return True
-        if not memreq and pct != PERCENT_UNSET and pct >= pct_bound:
+        if not memreq and pct != PERCENT_UNSET and pct >= v.max_pct_bound:
             return True
-        if cores and free_cores < cores:
+        if cores and v.max_free_cores < cores:
+            return True
+        if mutex and _no_unused_room(v, need, memreq, pct, cores):
             return True
         if cores >= 100 and v.idle < need:
             return True
     return False
+
+
+def _no_unused_room(v: Any, need: int, memreq: int, pct: int, cores: int) -> bool:
+    """:func:`_quick_reject`'s capacity conditions over the unused devices of
+    :class:`~hami.core.ledger.VendorSummary` ``v`` (under ``mutex``, the only open ones)."""
+    return (
+        v.unused < need
+        or bool(memreq)
+        and v.max_unused_mem < memreq
+        or not memreq
+        and pct != PERCENT_UNSET
+        and pct >= v.max_unused_pct_bound
+        or bool(cores)
+        and v.max_unused_cores < cores
+    )
 
 
 def _score(s: NodeSummary, demand: _Demand, devices: int) -> float:
