@@ -7,7 +7,8 @@
    node fitted, nothing remembered); when it fits nowhere, the same nodes refuse it, each with
    the exact path's reason (rendering, codes, failing container and vendor); when it fits, every
    refusal it lists is the one fitting that node alone gives. Probe shapes repeat, so remembered
-   refusals are taken after every kind of change.
+   refusals are taken after every kind of change. Probes include the ``mutex`` device policy,
+   whose refusals are read from the summary's unused GPUs.
 2. Property: a summary refusal, where it is given, renders as the fit of that node does.
 3. A retry re-fits only the nodes that changed; a pod of the same shape shares the refusals.
 4. The ledger's cluster-wide best room and node versions follow every change.
