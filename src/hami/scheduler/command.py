@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from hami import malloc
 from hami.core.errors import ConfigError
 
 from .options import Options, add_arguments as _add_arguments, options_from_args
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"hami scheduler: {exc}", file=sys.stderr)
         return 2
+    malloc.tune()
     try:
         return asyncio.run(main(opts))
     except OSError as exc:
