@@ -372,6 +372,14 @@ def test_node_rebooted_with_nri_pods_running_no_double_booking(
         timeout=300,
         interval=1.0,
     )
+    # that test's pod was bound with the node lock (no hook registered: the node was a lock node);
+    # the scheduler's sweep releases the lock once its owner is gone
+    real_cluster.wait_for(
+        lambda: NODE_LOCK not in node_annotations(real_cluster, product),
+        "no node lock left of the test before",
+        timeout=300,
+        interval=1.0,
+    )
     with node_lock_watched(real_cluster, product) as locks:
         e2e.sleepers(real_cluster, ns, busybox, "nri-reboot", 4, gpumem=15000, command=GPU_PROGRAM)
         e2e.assert_settled(product, real_cluster, ns, 4)
@@ -408,7 +416,7 @@ def test_node_rebooted_with_nri_pods_running_no_double_booking(
             != plugin["status"]["containerStatuses"][0]["containerID"]
         ), "the device plugin's container did not start again"
 
-        e2e.assert_settled(product, real_cluster, ns, 4, timeout=600)
+        e2e.assert_settled(product, real_cluster, ns, 4, timeout=300)
         real_cluster.wait_for(
             lambda: _served(4), "every container served by the hook after the reboot", timeout=300, interval=1.0
         )
