@@ -355,12 +355,13 @@ def test_node_rebooted_with_nri_pods_running_no_double_booking(
     15000 MiB run (two on each 40960 MiB GPU, the most that fit); the node loses power
     (``test_dra_e2e._reboot_in_place``: every container killed, ``/run`` and the NRI socket gone,
     the kubelet's device checkpoint and the node annotations left as they were) and boots:
-    containerd, the kubelet, the device plugin pod, its NRI registration again. Afterwards the
-    four pods run again in new containers, each served by the hook (``HAMI_NRI_INJECTION=done``,
-    none ``pending``), one grant each, no GPU over capacity (``assert_settled``); two pods of
-    10000 MiB placed after the reboot fit only one on each GPU, next to the two pods already there
-    (a GPU counted twice leaves one of them Pending; one counted short puts both on it, over
-    capacity); the node lock is never taken."""
+    containerd, the kubelet, the device plugin pod, its NRI registration again. Afterwards four
+    pods (the same, or the replacements of those the kubelet refused at boot) run in new
+    containers, each served by the hook (``HAMI_NRI_INJECTION=done``, none ``pending``), one
+    grant each, no GPU over capacity (``assert_settled``); two pods of 10000 MiB placed after the
+    reboot fit only one on each GPU, next to the two pods already there (a GPU counted twice, e.g.
+    with a refused pod's grant, leaves one of them Pending; one counted short puts both on it,
+    over capacity); the node lock is never taken."""
     ns = real_namespace
     # the test before this one pointed the plugin at a socket nobody serves
     product.upgrade({"devicePlugin": {"nriSocket": str(product.node.nri_socket)}})
