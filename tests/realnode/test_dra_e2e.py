@@ -339,9 +339,29 @@ def _reboot_in_place(product: Product, cluster: KubeCluster, while_down=None) ->
     if cluster.apiserver_bind_address != "127.0.0.1":
         guard_api_server(cluster.ports["kube-apiserver"])
     node._start_containerd(node._pause_image().ref)
-    node._start_kubelet()
+    _start_kubelet_restarting(node)
     node._wait_node_ready()
     node.proxy = KubeProxy(cluster, node).start()
+
+
+def _start_kubelet_restarting(node, attempts: int = 10) -> None:
+    """Start the node's kubelet; one that exits at start-up because containerd's CRI is still
+    recovering its state after the boot (``server is not initialized yet``: ``ctr version``, which
+    the node's start waits for, answers before it) is started again a second later, as systemd's
+    ``Restart=always`` does on a real node."""
+    import time
+
+    from hami_devkit.errors import RealNodeError
+
+    for attempt in range(attempts):
+        try:
+            node._start_kubelet()
+            return
+        except RealNodeError as exc:
+            if "not initialized yet" not in str(exc) or attempt == attempts - 1:
+                raise
+            node.components.pop("kubelet").stop()
+            time.sleep(1.0)
 
 
 #: libvgpu's region file (native/libvgpu/region.h): its size, and where the region lock's robust
