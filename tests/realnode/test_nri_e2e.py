@@ -74,11 +74,17 @@ def wait_success(cluster: KubeCluster, ns: str, name: str, product: Product) -> 
     )
 
 
+def _allocatable_gpus(cluster: KubeCluster, product: Product) -> int:
+    node = cluster.api("GET", f"/api/v1/nodes/{product.node.name}")
+    return int((node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu", "0"))
+
+
 def run_to_completion(cluster: KubeCluster, ns: str, pod: dict, product: Product, attempts: int = 5) -> dict:
     """Create ``pod`` and wait until it has finished. A pod the kubelet refused at admission
     because the device plugin it talks to was just replaced (``UnexpectedAdmissionError``: the
     old plugin's devices still unhealthy, a kubelet race the chart's upgrade opens) is created
-    again; any other end is returned."""
+    again once the node's allocatable GPUs are back (retrying at once failed five times within
+    3 s: 2 runs in 8); any other end is returned."""
     name = pod["metadata"]["name"]
     for _ in range(attempts):
         cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
@@ -95,6 +101,12 @@ def run_to_completion(cluster: KubeCluster, ns: str, pod: dict, product: Product
             ),
             f"pod {name} gone",
             timeout=60,
+            interval=0.5,
+        )
+        cluster.wait_for(
+            lambda: _allocatable_gpus(cluster, product) > 0,
+            "the node's GPUs allocatable again",
+            timeout=120,
             interval=0.5,
         )
     raise AssertionError(f"pod {ns}/{name} refused at admission {attempts} times: {done['status']}")
