@@ -11,6 +11,7 @@ import signal
 import sys
 from dataclasses import replace
 
+from hami import malloc
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from hami.core.names import NODE_INJECTION, NODE_LOCK_HANDOFF
 from hami.node import flags, nvml
@@ -356,6 +357,7 @@ def run(args: argparse.Namespace) -> int:
             except PreflightError as exc:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
+        malloc.tune()  # weeks under churn: see hami.malloc
         return asyncio.run(_serve(args, settings, state, cdi, static, asymmetric))
     finally:
         close_nvml()

@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hami import malloc
 from hami.dra.model import (
     GpuMig,
     SliceSettings,
@@ -463,6 +464,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"hami dra: {exc}", file=sys.stderr)
             return EXIT_CONFIG
+        malloc.tune()  # weeks under churn: see hami.malloc
         return asyncio.run(_serve(args, settings, gpus, s, mig))
     finally:
         close_nvml()

@@ -23,6 +23,7 @@ from typing import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
+from hami import malloc
 from hami.node.layout import HookPaths
 
 from .containers import remove, scan, scan_claims, stale
@@ -268,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
             registry.register(build_collector(args, None))
             sys.stdout.write(generate_latest(registry).decode())
             return 0
+        malloc.tune()  # weeks under churn: see hami.malloc
         return asyncio.run(_serve(args))
     except UsageError as exc:
         print(f"hami monitor: {exc}", file=sys.stderr)
