@@ -75,16 +75,22 @@ class SoakReport:
 
     def growth(self) -> tuple[tuple[int, int], tuple[int, int], float, float]:
         """((rss, fds) after warm-up, (rss, fds) at the end, rss growth %, fds growth %). Warm-up:
-        the first sample past 10 % of the cycles; the end: the mean of the last three samples."""
+        the first sample past 10 % of the cycles; the end: the mean of the last three samples.
+        Open fds swing with the keep-alive connections open at the moment of a sample (22 to 31
+        all through a 20,000-cycle DRA run), so fds compare the most seen in the first third
+        after warm-up with the most seen in the last third: a leak raises that ceiling."""
         warm_at = self.cycles * 0.1
         warm = next((s for s in self.samples if s[0] >= warm_at), self.samples[0])
         tail = self.samples[-3:]
-        end = (sum(s[1] for s in tail) // len(tail), round(sum(s[2] for s in tail) / len(tail)))
+        end_rss = sum(s[1] for s in tail) // len(tail)
+        after = [s for s in self.samples if s[0] >= warm[0]]
+        third = max(len(after) // 3, 1)
+        fd0, fd1 = max(s[2] for s in after[:third]), max(s[2] for s in after[-third:])
         return (
-            (warm[1], warm[2]),
-            end,
-            100.0 * (end[0] - warm[1]) / warm[1],
-            100.0 * (end[1] - warm[2]) / max(warm[2], 1),
+            (warm[1], fd0),
+            (end_rss, fd1),
+            100.0 * (end_rss - warm[1]) / warm[1],
+            100.0 * (fd1 - fd0) / max(fd0, 1),
         )
 
     def lines(self, what: str) -> list[str]:
@@ -93,7 +99,7 @@ class SoakReport:
         return [
             f"{what}: {self.cycles} cycles in {self.waves} waves",
             f"  RSS {rss0 / 1024:.1f} MiB after warm-up -> {rss1 / 1024:.1f} MiB at the end ({g_rss:+.1f} %); "
-            f"fds {fd0} -> {fd1} ({g_fd:+.1f} %); target < 5 %: {verdict}",
+            f"fds at most {fd0} -> at most {fd1} ({g_fd:+.1f} %); target < 5 %: {verdict}",
             f"  ledger vs API truth after each wave: {len(self.mismatches)} mismatches; phantom reservations after "
             f"deletion: {len(self.phantoms)}; leaked node locks: {len(self.leaked_locks)}; leaked claims/files: "
             f"{len(self.leaked)}",
