@@ -117,6 +117,29 @@ def test_admission_env_runtime_class_and_overwrite_env():
     assert "env" not in raw["spec"]["containers"][0]  # the input is not mutated
 
 
+def test_admission_copies_what_vendors_change_and_shares_status_and_managed_fields():
+    vendors = build_vendors(device_config_from_dict({"nvidia": {"runtimeClassName": "nvidia", "overwriteEnv": True}}))
+    managed = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:containers": {}}}}]
+    status = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False"}]}
+    raw = {
+        "metadata": {"name": "p", "annotations": {"a": "1"}, "labels": {"l": "1"}, "managedFields": managed},
+        "spec": {"containers": [{"name": "g", "resources": {"limits": {"nvidia.com/gpu": 1}}}, {"name": "cpu"}]},
+        "status": status,
+    }
+    out, _ = admit_pod(raw, vendors)
+    assert list(out) == list(raw) and list(out["metadata"]) == list(raw["metadata"])  # key order kept
+    assert out["status"] is status and out["metadata"]["managedFields"] is managed  # not copied
+    for path in (("spec",), ("spec", "containers"), ("metadata",), ("metadata", "annotations")):
+        a, b = out, raw
+        for k in path:
+            a, b = a[k], b[k]
+        assert a is not b, path  # what a vendor may change is a copy
+    out["metadata"]["annotations"]["b"] = "2"
+    out["metadata"]["labels"]["m"] = "2"
+    assert raw["metadata"]["annotations"] == {"a": "1"} and raw["metadata"]["labels"] == {"l": "1"}
+    assert "runtimeClassName" not in raw["spec"] and "env" not in raw["spec"]["containers"][1]
+
+
 def test_pod_without_containers_is_rejected():
     with pytest.raises(RequestError, match="no containers"):
         admit_pod({"metadata": {"name": "p"}, "spec": {}}, CONFIG.vendors)

@@ -69,3 +69,74 @@ def test_check(value, error):
 def test_an_empty_where_names_the_field_alone():
     with pytest.raises(ShapeError, match=r"^spec\.replicas: must be an integer"):
         check({"spec": {"replicas": "2"}}, SCHEMA, "")
+
+
+# ----------------------------------------------------------------------------- check_tree's quick pass
+import math  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hami.core import shape  # noqa: E402
+
+_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.sampled_from([b"x", 1j, (1, 2)]),  # not JSON
+)
+_trees = st.recursive(
+    _leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.dictionaries(st.one_of(st.text(max_size=2), st.integers(0, 3)), kids, max_size=4),
+    ),
+    max_leaves=40,
+)
+
+
+def _exact(value, depth, nodes):
+    try:
+        shape._walk(value, "v", depth, nodes)
+    except ShapeError as exc:
+        return str(exc)
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree=_trees, depth=st.integers(1, 6), nodes=st.integers(1, 60))
+def test_the_quick_pass_accepts_only_what_the_exact_walk_accepts(tree, depth, nodes):
+    quick = shape._quick_ok(tree, depth, nodes)
+    exact = _exact(tree, depth, nodes)
+    if quick:
+        assert exact is None, f"quick pass accepted {tree!r}: {exact}"
+    # and check_tree says what the exact walk says, word for word
+    try:
+        shape.check_tree(tree, "v", depth, nodes)
+        got = None
+    except ShapeError as exc:
+        got = str(exc)
+    assert got == exact
+
+
+def test_the_quick_pass_accepts_an_ordinary_tree_and_leaves_faults_to_the_walk():
+    pod = {"metadata": {"name": "p", "annotations": {"a": "b"}}, "spec": {"containers": [{"name": "c", "x": 1.5}]}}
+    assert shape._quick_ok(pod, 64, 1000)
+    values = 1 + 2 + 2 + 1 + 1 + 1 + 2  # every container's children, and the root
+    assert shape._quick_ok(pod, 64, values) and not shape._quick_ok(pod, 64, values - 1)
+    assert not shape._quick_ok(pod, 3, 1000)  # containers nest 4 deep (root, spec, list, container)
+    assert shape._quick_ok(pod, 4, 1000)
+    for bad in (math.inf, math.nan, b"x", {1: "k"}):
+        assert not shape._quick_ok({"a": [bad]}, 64, 1000)
+    loop: list = []
+    loop.append(loop)
+    assert not shape._quick_ok(loop, 64, 1000)  # runs out of depth, then the walk names it
+    with pytest.raises(ShapeError, match="contains itself"):
+        shape.check_tree(loop, "v")
+    shared = ["x"] * 50
+    bomb = [[shared] * 50] * 50  # 125,000 values with the aliases expanded
+    assert not shape._quick_ok(bomb, 64, 100_000)
+    with pytest.raises(ShapeError, match="more than 100000 values"):
+        shape.check_tree(bomb, "v", max_nodes=100_000)

@@ -39,9 +39,25 @@ def ordered_containers(pod: Mapping[str, Any]) -> list[tuple[dict, ContainerKind
     return out
 
 
+def _copy_for_admission(pod: Mapping[str, Any]) -> dict:
+    """A deep copy of ``pod`` except ``status`` and ``metadata.managedFields``, which are the
+    input's own objects (the vendors change containers, annotations and labels only)."""
+    out = {}
+    for key, value in pod.items():
+        if key == "status":  # (admission never changes these two; a pod's managedFields are often
+            out[key] = value  # most of its size, and this runs on every Filter)
+        elif key == "metadata" and isinstance(value, Mapping):
+            out[key] = {k: v if k == "managedFields" else copy.deepcopy(v) for k, v in value.items()}
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, bool]:
-    """Return ``(mutated deep copy, uses_any_vendor)``. Raises :class:`RequestError`."""
-    out = copy.deepcopy(dict(pod))
+    """Return ``(mutated copy, uses_any_vendor)``: a deep copy but for ``status`` and
+    ``metadata.managedFields``, shared with ``pod`` (treat them as read-only). Raises
+    :class:`RequestError`."""
+    out = _copy_for_admission(pod)
     spec = out.get("spec") or {}
     if not spec.get("containers"):
         raise RequestError(f"pod {pod_name(pod)}: spec.containers: pod has no containers")

@@ -46,8 +46,55 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+FAST_BUDGET = 200_000  # values the quick pass visits before it leaves the tree to the exact walk
+
+
 def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
     """Raise :class:`ShapeError` unless ``value`` is an acyclic JSON tree within the limits."""
+    if _quick_ok(value, max_depth, min(max_nodes, FAST_BUDGET)):
+        return  # (the common case: an ordinary pod or node; the walk below names what is wrong)
+    _walk(value, where, max_depth, max_nodes)
+
+
+def _quick_ok(value: Any, max_depth: int, budget: int) -> bool:
+    """True when ``value`` is plainly a JSON tree within the limits: every container within
+    ``max_depth`` levels, at most ``budget`` values in all (shared subtrees counted per use, so a
+    cycle or an alias bomb runs out of depth or budget), string keys, finite floats. False means
+    "not shown here" (the exact walk decides and words the error). About ten times cheaper than
+    the walk: no paths built, no memo; it runs on every extender body and watched object."""
+    left = [budget - 1]  # the root; each container then counts its children
+
+    def fine(node: Any, depth: int) -> bool:
+        if depth > max_depth:
+            return False
+        if type(node) is dict:
+            items: Any = node.values()
+            if not all(type(k) is str for k in node):
+                return False
+        else:
+            items = node
+        left[0] -= len(node)
+        if left[0] < 0:
+            return False
+        for child in items:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:
+                continue
+            if kind is dict or kind is list:
+                if not fine(child, depth + 1):
+                    return False
+            elif kind is not float or not math.isfinite(child):
+                return False
+        return True
+
+    kind = type(value)
+    if kind is dict or kind is list:
+        return fine(value, 1)
+    return value is None or kind is str or kind is int or kind is bool or (kind is float and math.isfinite(value))
+
+
+def _walk(value: Any, where: str, max_depth: int, max_nodes: int) -> None:
+    """The exact check: the first fault, with its path."""
     # iterative post-order over distinct containers: (height, expanded size) memoised per id
     memo: dict[int, tuple[int, int]] = {}
     active: set[int] = set()
