@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
-from hami.core.names import NODE_INJECTION
+from hami.core.names import BIND_PHASE, NODE_INJECTION
 from hami.core.types import DeviceInfo
 from hami_devkit.cluster import ApiError, ExtenderConfig, KubeCluster, die_with_parent, free_port
 from hami.kube.revision import newer_than
@@ -558,10 +558,11 @@ class NriStandIn(PluginStandIn):
     """Plays the node side of the lockless bind path (docs/scheduler.md; `hami device-plugin
     --injection=nri`) for kwok nodes: on entering it writes ``hami.io/node-injection: nri`` on
     its nodes (what the plugin does once registered with containerd's NRI socket); then each pod
-    bound to one of them with ``bind-phase=allocating`` is served as the NRI CreateContainer hook
-    serves it: the grant is read from the pod's own ``hami.io/vgpu-devices-allocated`` (no lock,
-    no node read) and the pod is marked ``bind-phase=success``. It never reads or writes a node
-    lock. A bound pod without a readable grant is an error (the real agent refuses the container)."""
+    bound to one of them is served once as the NRI CreateContainer hook serves it: the grant is
+    read from the pod's own ``hami.io/vgpu-devices-allocated`` (no lock, no node read); a pod
+    whose Binding said ``bind-phase=allocating`` is marked ``success`` (hami scheduler's Binding
+    says ``success`` already: no write). It never reads or writes a node lock. A bound pod
+    without a readable grant is an error (the real agent refuses the container)."""
 
     def __init__(self, cluster: KubeCluster, nodes: set[str], workers: int = 8) -> None:
         super().__init__(cluster, nodes=set(nodes), workers=workers, release_delay=0)
@@ -576,6 +577,19 @@ class NriStandIn(PluginStandIn):
             )
         super().__enter__()
         return self
+
+    def _offer(self, pod: dict) -> None:
+        self._remember(pod)
+        node = (pod.get("spec") or {}).get("nodeName")
+        meta = pod.get("metadata") or {}
+        if not node or node not in (self.nodes or ()) or BIND_PHASE not in (meta.get("annotations") or {}):
+            return
+        key = f"{meta['namespace']}/{meta['name']}"
+        with self._mutex:
+            if key in self._busy or meta.get("uid") in self._served:
+                return  # (the runtime creates the pod's containers once: a later event is no new call)
+            self._busy.add(key)
+        self._pool.submit(self._serve_safely, node, pod, key)
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
@@ -594,12 +608,13 @@ class NriStandIn(PluginStandIn):
         decode_pod_devices(ann[ALLOCATED])  # the real agent fails the container on a malformed grant
         with self._mutex:
             self._served.add(meta.get("uid"))
-        self._call(
-            "PATCH",
-            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-            {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
-            content_type=MERGE,
-        )
+        if ann.get(BIND_PHASE) != "success":
+            self._call(
+                "PATCH",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                {"metadata": {"annotations": {BIND_PHASE: "success"}}},
+                content_type=MERGE,
+            )
         self.allocated.append((node, f"{meta['namespace']}/{meta['name']}", ann[ALLOCATED]))
 
 

@@ -148,6 +148,20 @@ async def test_success_is_written_once_after_the_last_gpu_container(tmp_path):
     assert len(kube.patches) == 1
 
 
+async def test_a_pod_the_binding_completed_takes_no_write(tmp_path):
+    """hami scheduler's Binding on an injecting node already says success with to-allocate
+    emptied: every container still gets its grant, and the pod takes no write from the node."""
+    obj = pod_obj()
+    obj["metadata"]["annotations"].update({A.BIND_PHASE: "success", A.TO_ALLOCATE: ";;;;"})
+    kube = FakeKube([obj])
+    hook = injector(kube, tmp_path)
+    train = await hook.create_container(sandbox(obj), ctr("train"))
+    evaluation = await hook.create_container(sandbox(obj), ctr("eval"))
+    await hook.drain()
+    assert adjusted_env(evaluation)["NVIDIA_VISIBLE_DEVICES"] == G1 and adjusted_env(train)["NVIDIA_VISIBLE_DEVICES"]
+    assert kube.patches == [] and hook.injected == 2
+
+
 async def test_a_container_without_the_marker_is_left_alone_without_any_read(tmp_path):
     kube = FakeKube([])
     hook = injector(kube, tmp_path)

@@ -82,8 +82,10 @@ async def test_a_bind_on_an_injecting_node_writes_no_lock_and_carries_the_decisi
     assert api.patches == 0 and locks(api) == {}  # no node write at all
     (binding,) = api.bindings
     ann = binding["metadata"]["annotations"]
-    assert ann["hami.io/vgpu-node"] == chosen and ann["hami.io/bind-phase"] == "allocating"
+    # nothing is left for a device plugin: the Binding completes the allocation (no later pod write)
+    assert ann["hami.io/vgpu-node"] == chosen and ann["hami.io/bind-phase"] == "success"
     assert ann["hami.io/vgpu-devices-allocated"] and ann["hami.io/bind-time"]
+    assert ann["hami.io/vgpu-devices-to-allocate"] == ";" * len(svc.state.pod("ns", "a")["spec"]["containers"])
     assert ext.stats["bind_lockless"] == 1
     svc.state.apply_pod("MODIFIED", api.pods["a"])  # the bound pod's event confirms the reservation
     assert not svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == chosen
@@ -118,6 +120,12 @@ async def test_a_mixed_cluster_keeps_the_lock_on_the_nodes_that_do_not_inject():
     assert (await ext.bind(bind_args("b", "n2"))) == {"Error": ""}
     assert set(locks(api)) == {"n2"} and nodelock.owned_by(locks(api)["n2"], "ns", "b")
     assert ext.stats["bind_lockless"] == 1
+    phases = {b["metadata"]["name"]: b["metadata"]["annotations"]["hami.io/bind-phase"] for b in api.bindings}
+    assert phases == {"a": "success", "b": "allocating"}  # the locked node's plugin still has Allocate to do
+    to_allocate = {
+        b["metadata"]["name"]: b["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] for b in api.bindings
+    }
+    assert to_allocate["a"] == ";" and to_allocate["b"].strip(";")  # b's is still there for Allocate
 
 
 async def test_a_pod_asking_for_another_vendor_too_takes_the_lock_on_an_injecting_node():

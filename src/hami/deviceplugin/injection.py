@@ -16,9 +16,12 @@ The flow for one GPU container:
    ``hami.io/vgpu-devices-allocated`` (init containers, then regular ones, from the pod spec),
    :func:`hami.deviceplugin.allocate.build_response` makes the env and mounts Allocate gives
    today, and :func:`adjustment` carries them as NRI's ``ContainerAdjustment``;
-3. once the pod's last GPU container is created, ``bind-phase: success`` is written (in the
-   background, riding out API server restarts: the runtime waits at most a couple of seconds
-   for the hook's answer).
+3. nothing is written back: hami scheduler's Binding of a pod on this node already set
+   ``bind-phase: success`` and emptied ``vgpu-devices-to-allocate`` (no device plugin step
+   remains; the grant is read from ``vgpu-devices-allocated`` at every creation). A pod bound
+   with ``bind-phase: allocating`` (a scheduler from before that, or another one) gets that end
+   state written once its last GPU container is created (in the background, riding out API
+   server restarts: the runtime waits at most a couple of seconds for the hook's answer).
 
 A container with the marker whose grant cannot be found is refused: its creation fails with a
 message naming the pod and the container, the kubelet retries it.
@@ -180,7 +183,12 @@ class Injector:
             container.name,
             ",".join(d.uuid for d in grant.devices),
         )
-        if grant.index == last_gpu_container(entries) and pod.uid not in self._done:
+        if (
+            grant.index == last_gpu_container(entries)
+            and pod.uid not in self._done
+            and annotations.get(A.BIND_PHASE) != "success"  # the Binding completed it (hami scheduler)
+            and pod.annotations.get(A.BIND_PHASE) != "success"
+        ):
             self._spawn(self._mark_success(pod, entries))
         return adjustment(response)
 

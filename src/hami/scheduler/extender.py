@@ -16,7 +16,10 @@ error after which the pod turns out bound to the node (success) or cannot be rea
 Binding the API server refused (4xx, the pod verifiably not bound there) also gives back the
 decision's reservation. On a node whose agent injects each container's grant at creation
 (``hami.io/node-injection: nri``) a pod asking for NVIDIA GPUs only binds without any lock, and
-Filter never counts that node busy for it (:func:`hami.kube.nodelock.lockless`). Requests and answers use the Go field names kube-scheduler sends (``Pod``,
+Filter never counts that node busy for it (:func:`hami.kube.nodelock.lockless`); there the
+Binding also completes the allocation (``bind-phase=success``, ``*-devices-to-allocate``
+emptied: no device plugin step remains, so the pod takes no write after its Binding).
+Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``, ``PodName``, ``Node``, ``Error``).
 """
 
@@ -30,6 +33,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
+from hami.core.codec import encode_pod_devices
 from hami.core.names import BIND_PHASE, BIND_TIME
 from hami.core.reasons import NodeFailure, Reason
 from hami.core.refuse import MemoryCeilings
@@ -472,8 +476,10 @@ class Extender:
                 if self._requests_devices(pod):
                     await self._check_decision(ns, name, node)
             wanted = self._wanted(pod)
+            done: dict[str, str] = {}
             if self._lockless(node, wanted):
                 self.stats["bind_lockless"] += 1
+                done = self._allocation_done(pod, wanted)
             else:
                 for spec in nodelock.vendor_locks(self.state.vendors, wanted):
                     taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
@@ -482,7 +488,7 @@ class Extender:
             # ride on the Binding: the API server copies a Binding's annotations onto the pod in
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
             # pod, and a window where a bound pod has no bind-phase).
-            await self._post_binding(ns, name, uid, node, decision.annotations if decision else {})
+            await self._post_binding(ns, name, uid, node, {**(decision.annotations if decision else {}), **done})
         except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
             if isinstance(exc, BindingUnverified):
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
@@ -566,8 +572,8 @@ class Extender:
                         "namespace": ns,
                         **({"uid": uid} if uid else {}),
                         "annotations": {
-                            **(decision or {}),
                             BIND_PHASE: "allocating",
+                            **(decision or {}),
                             BIND_TIME: str(int(self.clock())),
                         },
                     },
@@ -584,6 +590,19 @@ class Extender:
                 raise
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
+
+    def _allocation_done(self, pod: Mapping[str, Any], wanted: frozenset[str]) -> dict[str, str]:
+        """What a lockless Bind (:meth:`_lockless`) writes beside the decision: on such a node no
+        device plugin step remains (the node's agent gives each container its grant from
+        ``*-devices-allocated`` at creation, as often as the container is created), so the
+        allocation is complete with the Binding: ``bind-phase: success`` and every asked vendor's
+        ``*-devices-to-allocate`` emptied (one empty entry per container, init ones included),
+        the end state the agent wrote before in a pod write of its own."""
+        spec = pod.get("spec") or {}
+        count = len(spec.get("initContainers") or ()) + len(spec.get("containers") or ())
+        empty = encode_pod_devices([() for _ in range(count)])
+        keys = {v.to_allocate_annotation for v in self.state.vendors if v.name in wanted and v.to_allocate_annotation}
+        return {BIND_PHASE: "success", **{key: empty for key in sorted(keys)}}
 
     def _requests_devices(self, pod: Mapping[str, Any]) -> bool:
         try:
