@@ -106,7 +106,8 @@ build() {
     (cd "$SRC" && CGO_ENABLED=$cgo go build -trimpath -ldflags="$ldflags" -o "$BIN/.$name.new" "./cmd/$name") ||
         die "step 'build $name': go build ./cmd/$name in $SRC failed (see the messages above)"
     if [[ $name == koordlet ]] && command -v nm >/dev/null &&
-        ! nm -D "$BIN/.$name.new" | grep -q ' nvmlInit_v2$'; then
+        ! nm -D "$BIN/.$name.new" | grep ' nvmlInit_v2$' >/dev/null; then
+        # (not grep -q: it exits at the first match, nm dies of SIGPIPE, and pipefail fails the test)
         die "step 'build koordlet': nvmlInit_v2 is not a dynamic symbol of the binary (its NVML calls would jump to address 0)"
     fi
     mv -f "$BIN/.$name.new" "$BIN/$name"
