@@ -426,11 +426,7 @@ class PluginStandIn:
         self._remember(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         ann = (pod.get("metadata") or {}).get("annotations") or {}
-        if (
-            not node
-            or ann.get("hami.io/bind-phase") != "allocating"
-            or (self.nodes is not None and node not in self.nodes)
-        ):
+        if not node or not self._due(ann) or (self.nodes is not None and node not in self.nodes):
             return
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         with self._mutex:
@@ -438,6 +434,10 @@ class PluginStandIn:
                 return  # (the kubelet calls Allocate once per pod: a later event of it is no new call)
             self._busy.add(key)
         self._pool.submit(self._serve_safely, node, pod, key)
+
+    def _due(self, annotations: dict) -> bool:
+        """A bound pod (of one of our nodes) this stand-in serves once."""
+        return annotations.get(BIND_PHASE) == "allocating"
 
     def _remember(self, pod: dict) -> None:
         meta = pod.get("metadata") or {}
@@ -578,18 +578,8 @@ class NriStandIn(PluginStandIn):
         super().__enter__()
         return self
 
-    def _offer(self, pod: dict) -> None:
-        self._remember(pod)
-        node = (pod.get("spec") or {}).get("nodeName")
-        meta = pod.get("metadata") or {}
-        if not node or node not in (self.nodes or ()) or BIND_PHASE not in (meta.get("annotations") or {}):
-            return
-        key = f"{meta['namespace']}/{meta['name']}"
-        with self._mutex:
-            if key in self._busy or meta.get("uid") in self._served:
-                return  # (the runtime creates the pod's containers once: a later event is no new call)
-            self._busy.add(key)
-        self._pool.submit(self._serve_safely, node, pod, key)
+    def _due(self, annotations: dict) -> bool:
+        return BIND_PHASE in annotations  # bound by hami scheduler, whichever phase its Binding wrote
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:

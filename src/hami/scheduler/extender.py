@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
 from hami.core.codec import encode_pod_devices
 from hami.core.names import BIND_PHASE, BIND_TIME
+from hami.core.requests import ordered_containers
 from hami.core.reasons import NodeFailure, Reason
 from hami.core.refuse import MemoryCeilings
 from hami.kube import nodelock
@@ -598,9 +599,7 @@ class Extender:
         allocation is complete with the Binding: ``bind-phase: success`` and every asked vendor's
         ``*-devices-to-allocate`` emptied (one empty entry per container, init ones included),
         the end state the agent wrote before in a pod write of its own."""
-        spec = pod.get("spec") or {}
-        count = len(spec.get("initContainers") or ()) + len(spec.get("containers") or ())
-        empty = encode_pod_devices([() for _ in range(count)])
+        empty = encode_pod_devices([() for _ in ordered_containers(pod)])
         keys = {v.to_allocate_annotation for v in self.state.vendors if v.name in wanted and v.to_allocate_annotation}
         return {BIND_PHASE: "success", **{key: empty for key in sorted(keys)}}
 
