@@ -426,6 +426,7 @@ def e2e(args: argparse.Namespace) -> None:
     from hami.core.names import NODE_INJECTION
     from hami_devkit.cluster import KubeCluster, MissingBinaries, SchedulerConfig as KubeSchedulerConfig
     from tests.integration._hami import (
+        METADATA_ONLY,
         KeepAliveApi,
         NriStandIn,
         PluginStandIn,
@@ -434,6 +435,7 @@ def e2e(args: argparse.Namespace) -> None:
         make_gpu_node,
     )
 
+    METADATA_LIST = METADATA_ONLY.replace("PartialObjectMetadata", "PartialObjectMetadataList")
     cluster = KubeCluster()
     try:
         cluster.start()
@@ -473,10 +475,13 @@ def e2e(args: argparse.Namespace) -> None:
                 list(pool.map(lambda p: create("POST", f"/api/v1/namespaces/{ns}/pods", p), pods))
 
             def bound():
-                # poll only the unbound pods, from the watch cache (resourceVersion=0): listing all
-                # 1000 pods every second would load the very API server being measured
+                # poll only for one unbound pod, its metadata alone, from the watch cache
+                # (resourceVersion=0): listing the unbound pods whole every poll cost the very API
+                # server being measured up to ~1 ms per pod, the more the slower the run
                 unbound = create(
-                    "GET", f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0"
+                    "GET",
+                    f"/api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName%3D&resourceVersion=0&limit=1",
+                    accept=METADATA_LIST,
                 )
                 return not unbound["items"]
 

@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from hami.core.codec import decode_pod_devices, encode_node_devices_json
 from hami.core.names import BIND_PHASE, NODE_INJECTION
 from hami.core.types import DeviceInfo
@@ -407,7 +409,7 @@ class PluginStandIn:
                 line = resp.readline()
                 if not line:
                     return rv
-                event = json.loads(line)
+                event = orjson.loads(line)
                 if event.get("type") == "ERROR":
                     return None
                 obj = event.get("object") or {}

@@ -69,3 +69,34 @@ def test_summary_tracks_free_capacity():
     led.add_pod(allocation_from_pod(placed("t", "n", "GPU-n-1,NVIDIA,0,0:;"), CONFIG.vendors))
     s = led.summary("n").vendors["NVIDIA"]
     assert (s.free_slot, s.max_free_mem, s.max_free_cores, s.max_pct_bound) == (1, 0, 0, 0.1)
+
+
+def test_confirm_ends_a_reservation_without_recounting_and_refuses_a_different_one():
+    from dataclasses import replace
+
+    from hami.core import allocation_from_pod, node_devices_from_object
+
+    led = Ledger()
+    led.set_node(node_devices_from_object(node_obj("a"), CONFIG.vendors))
+    decided = allocation_from_pod(placed("p", "a", "GPU-a-0,NVIDIA,3000,30:;"), CONFIG.vendors)
+    written = allocation_from_pod(placed("p", "a", "GPU-a-0,NVIDIA,3000,30:;"), CONFIG.vendors)
+    assert written is not decided
+    led.reserve(decided)
+    before = [u[1:] for u in led.device_usage("a")]
+    assert led.confirm(written)
+    assert not led.is_reserved(written.key) and led.pod(written.key) is written
+    assert [u[1:] for u in led.device_usage("a")] == before == [(1, 3000, 30), (0, 0, 0)]
+    assert led.namespace_usage("default", "NVIDIA") == (3000, 30)
+    assert not led.confirm(written)  # no reservation left to end
+    # a written allocation that counts otherwise is not a confirmation: nothing changes
+    led.reserve(decided)
+    other = allocation_from_pod(placed("p", "a", "GPU-a-1,NVIDIA,3000,30:;"), CONFIG.vendors)
+    for different in (other, replace(decided, node="b"), replace(decided, namespace="x")):
+        assert not led.confirm(different)
+        assert led.is_reserved(decided.key) and led.pod(decided.key) is decided
+    assert [u[1:] for u in led.device_usage("a")] == [(1, 3000, 30), (0, 0, 0)]
+    # removing a confirmed pod gives everything back
+    assert led.confirm(written)
+    led.remove_pod(written.key)
+    assert [u[1:] for u in led.device_usage("a")] == [(0, 0, 0), (0, 0, 0)]
+    assert led.namespace_usage("default", "NVIDIA") == (0, 0)

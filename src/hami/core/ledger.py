@@ -538,6 +538,24 @@ class Ledger:
         self.add_pod(alloc)
         self._reserved.add(alloc.key)
 
+    def confirm(self, alloc: PodAllocation) -> bool:
+        """End the reservation of a pod whose written allocation counts the same as what was
+        reserved (node, namespace, per-device usage, slices): the record is replaced, the counts
+        are not taken out and put back. False (nothing changed) when that does not hold: then
+        :meth:`add_pod` is the way."""
+        held = self._pods.get(alloc.key)
+        if (
+            held is None
+            or alloc.key not in self._reserved
+            or (held.node, held.namespace, held.usage, held.slices)
+            != (alloc.node, alloc.namespace, alloc.usage, alloc.slices)
+        ):
+            return False
+        self._pods[alloc.key] = alloc
+        self._reserved.discard(alloc.key)
+        self._generation += 1  # reserved or not is part of what an answer read
+        return True
+
     def is_reserved(self, key: str) -> bool:
         return key in self._reserved
 

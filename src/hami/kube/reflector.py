@@ -22,6 +22,7 @@ import logging
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from .client import KubeClient, KubeError
 
@@ -123,7 +124,7 @@ class Reflector:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:

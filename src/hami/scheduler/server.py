@@ -33,6 +33,7 @@ import ssl
 import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
@@ -237,7 +238,7 @@ class SchedulerService:
         else:
             answer = await self.extender.filter(body)
         self.metrics.observe_filter(time.perf_counter() - began, *filter_outcome(answer))
-        return web.json_response(answer)
+        return _json_answer(answer)
 
     async def _bind(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -252,7 +253,7 @@ class SchedulerService:
             else:
                 answer = await self.extender.bind(body)
         self.metrics.observe_bind(time.perf_counter() - began, "error" if answer.get("Error") else "bound")
-        return web.json_response(answer)
+        return _json_answer(answer)
 
     async def _webhook(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -274,7 +275,7 @@ class SchedulerService:
             failure = await self._create_templates(ns, templates)
             if failure:
                 answer = deny_answer(answer, failure)
-        return web.json_response(answer)
+        return _json_answer(answer)
 
     async def _create_templates(self, namespace: str, templates: tuple[dict, ...]) -> str:
         """Create the DRA front end's ResourceClaimTemplates (content-named: one that exists is the
@@ -335,11 +336,9 @@ async def read_json_object(request: web.Request) -> dict:
     """The request body as a JSON object, or an HTTP 4xx with one line saying why."""
     raw = await read_body(request)
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        raise web.HTTPBadRequest(text=f"request body is nested more than {MAX_DEPTH} levels deep") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise web.HTTPBadRequest(text=f"request body is not JSON: {str(exc)[:200]}") from None
+        body = orjson.loads(raw)  # the fast path; what it refuses is read again below, for the reason
+    except orjson.JSONDecodeError:
+        body = _slow_json(raw)
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=f"request body must be a JSON object, got {type(body).__name__}")
     try:
@@ -347,6 +346,21 @@ async def read_json_object(request: web.Request) -> dict:
     except ShapeError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     return body
+
+
+def _json_answer(answer: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+
+def _slow_json(raw: bytes) -> Any:
+    """``json`` on a body orjson refused: the error worded for the caller (NaN, nesting, bad
+    bytes), or the value where only orjson refuses it (e.g. a lone surrogate escape)."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise web.HTTPBadRequest(text=f"request body is nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise web.HTTPBadRequest(text=f"request body is not JSON: {str(exc)[:200]}") from None
 
 
 def filter_outcome(answer: dict) -> tuple[str, list[str]]:

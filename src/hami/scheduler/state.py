@@ -286,6 +286,8 @@ class ClusterState:
                 return  # our newer decision's patch has not come back yet: keep the reservation
             # (a bound pod's allocation is final: it replaces any reservation, e.g. one this replica
             # made before another replica, now the leader, bound the pod elsewhere)
+            if reserved and same and self.ledger.confirm(alloc):
+                return  # the decision came back as written: the reservation ends, counts unchanged
             if not same or reserved:
                 self.ledger.add_pod(alloc)  # (an identical add also ends the reservation)
         elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
