@@ -161,7 +161,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     malloc.tune()
     try:
-        return asyncio.run(main(opts))
+        with asyncio.Runner(loop_factory=_loop_factory(opts.event_loop)) as runner:
+            return runner.run(main(opts))
     except OSError as exc:
         print(f"hami scheduler: {exc}", file=sys.stderr)
         return 1
+
+
+def _loop_factory(name: str):
+    """``--event-loop``: uvloop's (libuv; the transports, TLS and timers in C) or, with
+    ``asyncio``, None: the standard library's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None

@@ -1,0 +1,33 @@
+"""``--event-loop``: hami scheduler runs on uvloop unless told to use the standard library's loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+import uvloop
+
+from hami.scheduler import options as O
+from hami.scheduler.command import _loop_factory
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    O.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_uvloop_is_the_default_and_asyncio_can_be_chosen():
+    assert O.options_from_args(_args()).event_loop == "uvloop"
+    assert O.options_from_args(_args("--event-loop=asyncio")).event_loop == "asyncio"
+    with asyncio.Runner(loop_factory=_loop_factory("uvloop")) as runner:
+        assert isinstance(runner.get_loop(), uvloop.Loop)
+    with asyncio.Runner(loop_factory=_loop_factory("asyncio")) as runner:
+        assert not isinstance(runner.get_loop(), uvloop.Loop)
+
+
+def test_an_unknown_event_loop_is_refused_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        _args("--event-loop=trio")
+    assert "--event-loop" in capsys.readouterr().err
