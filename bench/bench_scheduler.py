@@ -418,6 +418,36 @@ def ensure_namespace(cluster, ns: str) -> None:
             raise
 
 
+def whole_gpu_pods(plain: list[dict]) -> list[dict]:
+    """Kubernetes alone with GPU pods: the GPU-less pods asking ``nvidia.com/gpu: 1`` (the count
+    the kwok nodes advertise), for default-scheduler without any extender: what Kubernetes' own
+    path costs for a pod with an extended resource, beside the GPU-less baseline."""
+    limits = {"limits": {"nvidia.com/gpu": 1}}
+    return [
+        {**p, "spec": {**p["spec"], "containers": [{"name": "c", "image": "busybox", "resources": limits}]}}
+        for p in plain
+    ]
+
+
+def kubernetes_alone(on: bool, run, clear, pods: list[dict], base: float, alones: list) -> None:
+    """The run of :func:`whole_gpu_pods` (when ``on``), beside the round's baseline span ``base``."""
+    if not on:
+        return
+    n = len(pods)
+    alone, _, _ = run("bench-kubernetes-gpu", pods)
+    clear("bench-kubernetes-gpu")
+    alones.append((alone, base))
+    print(
+        f"e2e Kubernetes alone: {n} pods asking nvidia.com/gpu: 1, default-scheduler, no extender, same "
+        f"nodes: {n / alone:.0f} pods/s ({base / alone:.2f}x the baseline; {load()})"
+    )
+
+
+def print_alone(alones: list[tuple[float, float]], n: int) -> None:
+    for alone, base in alones:
+        print(f"  Kubernetes alone, nvidia.com/gpu: 1: {n / alone:5.0f} pods/s {base / alone:.2f}x")
+
+
 def e2e(args: argparse.Namespace) -> None:
     from concurrent.futures import ThreadPoolExecutor
     import urllib.request
@@ -533,6 +563,7 @@ def e2e(args: argparse.Namespace) -> None:
             time.sleep(2.0)  # the nodes' change reaches the scheduler's cache
 
         n = args.e2e_pods
+        alones: list[tuple[float, float]] = []  # (span of Kubernetes alone with GPU pods, its round's baseline)
         plain = [
             {
                 "apiVersion": "v1",
@@ -542,6 +573,8 @@ def e2e(args: argparse.Namespace) -> None:
             }
             for i in range(n)
         ]
+        whole = whole_gpu_pods(plain)
+
         # both kube-schedulers run with the harness's client rate limit (qps 1000, burst 2000, as
         # the chart sets it; kube-scheduler's own 50/100 would cap GPU-less pods near 50 pods/s)
 
@@ -622,8 +655,10 @@ def e2e(args: argparse.Namespace) -> None:
                 f"e2e baseline: {n} pods without GPUs, default-scheduler, same nodes: {n / base:.0f} pods/s "
                 f"({base:.1f}s; {load()})"
             )
+            kubernetes_alone(args.kubernetes_gpu, run, clear, whole, base, alones)
             rows += policy_runs(base, rnd)
         print(f"summary (baseline {', '.join(f'{n / b:.0f}' for b in bases)} pods/s, {base_requests}):")
+        print_alone(alones, n)
         for rnd, policy, injection, rate, ratio, used, ideal, over, requests in rows:
             print(
                 f"  {rnd + 1} {policy:8} {injection:8} {rate:5.0f} pods/s {ratio:.2f}x  nodes {used} (one by one {ideal})  "
@@ -665,6 +700,13 @@ def main() -> None:
         default=1,
         help="--e2e: repeat the baseline and every policy run this many times, alternating (a shared machine's "
         "load moves: each round's ratios are to its own baseline)",
+    )
+    ap.add_argument(
+        "--kubernetes-gpu",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--e2e: also run the pods asking nvidia.com/gpu: 1 through default-scheduler alone (no extender): "
+        "what Kubernetes' own path costs for a pod with an extended resource",
     )
     ap.add_argument("--policies", default="binpack,spread", help="--e2e: node policies, comma-separated, each a run")
     ap.add_argument(

@@ -1,4 +1,4 @@
-"""``--event-loop``: hami scheduler runs on uvloop unless told to use the standard library's loop."""
+"""`--event-loop` and `--kube-connections`: how hami scheduler runs its loop and reaches the API server."""
 
 from __future__ import annotations
 
@@ -31,3 +31,15 @@ def test_an_unknown_event_loop_is_refused_naming_the_flag(capsys):
     with pytest.raises(SystemExit):
         _args("--event-loop=trio")
     assert "--event-loop" in capsys.readouterr().err
+
+
+def test_kube_connections_defaults_to_the_pool_and_refuses_too_few(capsys):
+    from hami.kube.client import POOL
+
+    assert O.options_from_args(_args()).kube_connections == POOL == 32
+    assert O.options_from_args(_args("--kube-connections=64")).kube_connections == 64
+    for bad, why in (("4", "at least 8"), ("many", "whole number")):
+        with pytest.raises(SystemExit):
+            _args(f"--kube-connections={bad}")
+        err = capsys.readouterr().err
+        assert "--kube-connections" in err and why in err

@@ -1067,3 +1067,25 @@ async def test_a_lock_written_whose_answer_was_lost_is_removed_by_the_next_sweep
     with pytest.raises(KubeError):
         await asyncio.wait_for(svc.extender.acquire_lock("n1", "ns", "b"), 5)
     assert not svc.extender._owed_releases
+
+
+def test_success_events_are_paced_warnings_are_not():
+    now = [100.0]
+    rec = EventRecorder(
+        object(), "hami-scheduler", maxsize=1000, clock=lambda: now[0], success_rate=10, success_burst=5
+    )
+    for i in range(8):  # a burst: the first five
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    for i in range(8):  # warnings are not paced
+        rec.record(pod(f"w{i}"), "FilteringFailed", "3 nodes CardInsufficientMemory(a,b,c)", "Warning")
+    now[0] += 0.25  # two and a half tokens back: two more
+    for i in range(8, 12):
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    now[0] += 60  # a quiet minute refills the burst, no more
+    for i in range(12, 20):
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    items = [rec.queue.get_nowait() for _ in range(rec.queue.qsize())]
+    written = [i["involvedObject"]["name"] for i in items if i["reason"] == "BindingSucceed"]
+    assert written == ["s0", "s1", "s2", "s3", "s4", "s8", "s9", "s12", "s13", "s14", "s15", "s16"]
+    assert sum(i["reason"] == "FilteringFailed" for i in items) == 8
+    assert rec.skipped == 8 and rec.dropped == 0

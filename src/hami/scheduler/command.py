@@ -26,7 +26,7 @@ async def main(opts: Options) -> int:
 
     from .server import SchedulerService, serve
 
-    kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout)
+    kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout, opts.kube_connections)
     service = SchedulerService(opts, kube)
     reloader = (
         CertReloader(opts.cert_file, opts.key_file, opts.cert_reload_interval, opts.extender_client_ca)

@@ -16,6 +16,13 @@ this each retry wrote one Event per reason line. Success (Normal) events are wri
 placement and not remembered: a placed pod does not repeat them, and keeping a series for each
 (two per pod) filled the ``max_series`` bound with placed pods' lines, memory that grew with
 the first thousands of pods of a churning cluster (issue 26's soak) for no repeat to find.
+
+Success events are also paced: at most ``success_rate`` a second on average, ``success_burst``
+at once (10 and 50). A cluster placing a few pods a second gets every one; a burst of a thousand
+placements gets the first fifty and ten a second after, and the API server's time goes to the
+Bindings (two success events a pod were a quarter of the API server's writes in such a burst,
+kube-scheduler writes its own ``Scheduled`` event for each pod anyway). Skipped ones are counted
+in ``skipped``. Warnings are never paced.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import time
 import uuid
 from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from hami.kube.client import KubeClient, KubeError
 
@@ -88,6 +95,8 @@ class EventRecorder:
         max_series: int = 4096,
         clock=time.monotonic,
         workers: int = 4,
+        success_rate: float = 10.0,
+        success_burst: int = 50,
     ) -> None:
         self.kube = kube
         self.success = success  # False: Normal (success) events are not recorded
@@ -101,18 +110,35 @@ class EventRecorder:
         self._series: OrderedDict[tuple, _Series] = OrderedDict()
         self.coalesced = 0  # repeats that wrote nothing (counted in a later write)
         self.workers = workers
+        self.success_rate, self.success_burst = success_rate, success_burst
+        self._tokens = float(success_burst)  # success events that may be written now
+        self._filled = clock()
+        self.skipped = 0  # success events not written: over the pace
 
     def record(
-        self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Normal", involved: str = "Pod"
+        self,
+        pod: Mapping[str, Any],
+        reason: str,
+        message: str | Callable[[], str],
+        kind: str = "Normal",
+        involved: str = "Pod",
     ) -> None:
+        """Queue an Event (``message``: the text, or a function that words it, called only when
+        the event is written: a paced or dropped success event costs no formatting)."""
         if self.kube is None or (kind == "Normal" and not self.success):
             return
         if kind == "Normal" and self.queue.maxsize and self.queue.qsize() >= self.queue.maxsize // 2:
             self._drop()  # the other half is kept for Warnings
             return
         if kind == "Normal":  # written once, not remembered (module docstring)
-            self._put(event_body(pod, reason, message, kind, self.component, datetime.now(timezone.utc), involved))
+            if not self._paced():
+                self.skipped += 1
+                return
+            text = message if isinstance(message, str) else message()
+            self._put(event_body(pod, reason, text, kind, self.component, datetime.now(timezone.utc), involved))
             return
+        if not isinstance(message, str):
+            message = message()
         meta = pod.get("metadata") or {}
         key = (involved, meta.get("namespace"), meta.get("name"), meta.get("uid"), reason, kind, message[:1024])
         now = self.clock()
@@ -142,6 +168,16 @@ class EventRecorder:
             )
             while len(self._series) > self.max_series:
                 self._series.popitem(last=False)
+
+    def _paced(self) -> bool:
+        """Take one success event's token (``success_rate`` come back a second, up to ``success_burst``)."""
+        now = self.clock()
+        self._tokens = min(float(self.success_burst), self._tokens + (now - self._filled) * self.success_rate)
+        self._filled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
     def _put(self, item: dict) -> bool:
         try:

@@ -272,12 +272,7 @@ class Extender:
                 self._decisions[ref] = _Decision(
                     result.allocation.key, result.node, dict(result.annotations), time.monotonic()
                 )
-        fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
-        self.events.record(
-            pod,
-            "FilteringSucceed",
-            f"find fit node({result.node}), {len(result.failed)} nodes not fit, {len(result.scores)} nodes fit({fits})",
-        )
+        self.events.record(pod, "FilteringSucceed", lambda: _fit_message(result))
         return {
             "NodeNames": [result.node],
             "FailedNodes": failed,
@@ -888,3 +883,9 @@ class Extender:
         except (KubeError, OSError, asyncio.TimeoutError) as exc:
             log.warning("node %s: cannot release stale lock %s: %s", name, spec.key, exc)
         return False
+
+
+def _fit_message(result: Any) -> str:
+    """HAMi's ``FilteringSucceed`` text: the node chosen, how many refused, each fitting node's score."""
+    fits = ",".join(f"{n}:{s:.2f}" for n, s in sorted(result.scores.items()))
+    return f"find fit node({result.node}), {len(result.failed)} nodes not fit, {len(result.scores)} nodes fit({fits})"

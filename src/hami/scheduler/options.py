@@ -81,6 +81,7 @@ class Options:
     pod_namespace: str = ""
     kubeconfig: str | None = None
     kube_timeout: float = 30.0
+    kube_connections: int = 32  # to the API server at once (hami.kube.client.POOL)
     resync_interval: float = 15.0
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
@@ -127,6 +128,16 @@ class Options:
             self.gpu_policy,
             request_in_scores=self.score_with_request,
         )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 8:
+        raise argparse.ArgumentTypeError(f"expected at least 8 (the watches hold 5), got {value}")
+    return value
 
 
 def _bool(text: str) -> bool:
@@ -179,6 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kube-qps", type=float, default=0, help="HAMi's client rate limit: only 0 (no limit) is accepted")
     a("--kube-burst", type=int, default=0, help="HAMi's client burst: only 0 (no limit) is accepted")
     a("--kube-timeout", default="30s", help="API request timeout (default %(default)s)")
+    a(
+        "--kube-connections",
+        type=_positive_int,
+        default=32,
+        help="connections to the API server at once, watches included (HTTP/1.1: one request in flight on "
+        "each; more wait for one); each new one costs a TLS handshake (default %(default)s)",
+    )
     a(
         "--profiling",
         type=_bool,
@@ -381,6 +399,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         pod_namespace=pod_namespace,
         kubeconfig=args.kubeconfig,
         kube_timeout=parse_duration(args.kube_timeout, "--kube-timeout") or 30.0,
+        kube_connections=args.kube_connections,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label,
         device_config=device_config,
