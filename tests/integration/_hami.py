@@ -435,6 +435,10 @@ class PluginStandIn:
             if key in self._busy or pod["metadata"].get("uid") in self._served:
                 return  # (the kubelet calls Allocate once per pod: a later event of it is no new call)
             self._busy.add(key)
+        self._dispatch(node, pod, key)
+
+    def _dispatch(self, node: str, pod: dict, key: str) -> None:
+        """Serve the pod on a worker (the plugin serves pods concurrently)."""
         self._pool.submit(self._serve_safely, node, pod, key)
 
     def _due(self, annotations: dict) -> bool:
@@ -582,6 +586,14 @@ class NriStandIn(PluginStandIn):
 
     def _due(self, annotations: dict) -> bool:
         return BIND_PHASE in annotations  # bound by hami scheduler, whichever phase its Binding wrote
+
+    def _dispatch(self, node: str, pod: dict, key: str) -> None:
+        """A pod whose Binding said success needs no API call: served at once, on the watch's
+        thread (a hand-off to a worker per pod cost the machine more than the serve itself)."""
+        if ((pod.get("metadata") or {}).get("annotations") or {}).get(BIND_PHASE) == "success":
+            self._serve_safely(node, pod, key)
+        else:
+            super()._dispatch(node, pod, key)
 
     def _serve_safely(self, node: str, pod: dict, key: str) -> None:
         try:
