@@ -101,7 +101,8 @@ class KubeClient:
         cost in this process under a burst; the body is encoded here with orjson."""
         rest = self.api.rest_client
         configuration = self.api.configuration
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        # the ApiClient's default headers (its User-Agent, any the caller set), as call_api sends them
+        headers = {**self.api.default_headers, "Content-Type": content_type, "Accept": "application/json"}
         if configuration.api_key:
             for setting in (await configuration.auth_settings()).values():
                 headers[setting["key"]] = setting["value"]

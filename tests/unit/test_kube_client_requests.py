@@ -1,0 +1,88 @@
+"""KubeClient sends its requests straight on kubernetes_asyncio's session: what reaches the API
+server must be what ``call_api`` sent (credentials asked per request, default headers, query,
+JSON body), and a refusal is a KubeError with the server's message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from hami.kube.client import KubeClient, KubeError
+
+
+async def test_a_request_carries_the_token_headers_query_and_body():
+    seen: list[dict] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(
+            {
+                "method": request.method,
+                "path": request.path,
+                "query": list(request.query.items()),
+                "headers": dict(request.headers),
+                "body": await request.read(),
+            }
+        )
+        if request.path.endswith("/missing"):
+            return web.json_response({"kind": "Status", "message": 'pods "missing" not found'}, status=404)
+        return web.json_response({"ok": True, "n": 1 << 40})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    async with TestServer(app) as server:
+        configuration = client.Configuration(host=str(server.make_url("")).rstrip("/"))
+        tokens = iter(["first", "second"])  # a refreshed token (exec plugin, projected token) is asked each time
+
+        async def refresh(conf):
+            conf.api_key["BearerToken"] = next(tokens)
+
+        configuration.api_key = {"BearerToken": "stale"}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        configuration.refresh_api_key_hook = refresh
+        api = client.ApiClient(configuration)
+        api.default_headers["X-Extra"] = "kept"
+        kube = KubeClient(api)
+        try:
+            got = await kube.request(
+                "POST",
+                "/api/v1/namespaces/ns/pods/p/binding",
+                [("dryRun", "All"), ("fieldManager", "hami scheduler")],
+                {"target": {"name": "n1", "ünïcode": "ok"}, "n": 3},
+            )
+            assert got == {"ok": True, "n": 1 << 40}
+            with pytest.raises(KubeError) as refused:
+                await kube.merge_patch("/api/v1/namespaces/ns/pods/missing", {"metadata": {"labels": {"a": "b"}}})
+        finally:
+            await kube.close()
+    assert refused.value.status == 404 and 'pods "missing" not found' in str(refused.value)
+    post, patch = seen
+    assert (post["method"], post["path"]) == ("POST", "/api/v1/namespaces/ns/pods/p/binding")
+    assert post["query"] == [("dryRun", "All"), ("fieldManager", "hami scheduler")]
+    assert post["headers"]["Authorization"] == "Bearer first" and patch["headers"]["Authorization"] == "Bearer second"
+    assert post["headers"]["Content-Type"] == "application/json" and post["headers"]["Accept"] == "application/json"
+    assert post["headers"]["X-Extra"] == "kept" and post["headers"]["User-Agent"] == api.user_agent
+    assert json.loads(post["body"]) == {"target": {"name": "n1", "ünïcode": "ok"}, "n": 3}
+    assert patch["headers"]["Content-Type"] == "application/merge-patch+json"
+    assert json.loads(patch["body"]) == {"metadata": {"labels": {"a": "b"}}}
+
+
+async def test_without_a_token_no_authorization_header_is_sent():
+    headers: list[dict] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        headers.append(dict(request.headers))
+        return web.Response(body=b"", status=200)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/nodes", handler)
+    async with TestServer(app) as server:
+        kube = KubeClient(client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/"))))
+        try:
+            assert await kube.get("/api/v1/nodes") is None  # an empty answer reads as None
+        finally:
+            await kube.close()
+    assert "Authorization" not in headers[0]
