@@ -86,3 +86,21 @@ async def test_without_a_token_no_authorization_header_is_sent():
         finally:
             await kube.close()
     assert "Authorization" not in headers[0]
+
+
+async def test_a_body_orjson_will_not_write_is_sent_as_json_writes_it():
+    bodies: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v1/namespaces/ns/events", handler)
+    async with TestServer(app) as server:
+        kube = KubeClient(client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/"))))
+        try:
+            await kube.post("/api/v1/namespaces/ns/events", {"message": "pod a\ud800 refused"})
+        finally:
+            await kube.close()
+    assert bodies == [json.dumps({"message": "pod a\ud800 refused"}).encode()]

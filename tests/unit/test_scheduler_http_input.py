@@ -136,3 +136,19 @@ def test_a_list_of_strings_counts_every_value_and_its_depth_in_the_tree_check():
     check_tree(deep, "body", max_depth=64)
     with pytest.raises(ShapeError, match="nested more than 64"):
         check_tree([deep], "body", max_depth=64)
+
+
+async def test_a_lone_surrogate_a_body_carried_is_answered_not_a_500():
+    """orjson reads what json read (the escape "\\ud800" decodes to a lone surrogate) but will not
+    write it back; the answers that repeat it (the AdmissionReview's uid, a pod name in an Error)
+    fall back to json, which escapes it."""
+    review = (
+        b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"\\ud800",'
+        b'"operation":"CREATE","object":{"metadata":{"name":"a"},"spec":{"containers":[]}}}}'
+    )
+    args = b'{"Pod":{"metadata":{"name":"a\\ud800","uid":"u1"},"spec":{"containers":[]}},"NodeNames":["n1"]}'
+    async with TestClient(TestServer(service(node("n1")).app())) as client:
+        r = await client.post("/webhook", data=review)
+        assert r.status == 200 and (await r.json())["response"]["uid"] == "\ud800"
+        r = await client.post("/filter", data=args)
+        assert r.status == 200 and "a\ud800" in (await r.json())["Error"]

@@ -121,7 +121,7 @@ class KubeClient:
             method,
             url,
             headers=headers,
-            data=None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS),
+            data=None if body is None else _encode(body),
             timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self.timeout),
             **extra,
         )
@@ -156,6 +156,15 @@ class KubeClient:
 
     async def post(self, path: str, body: Any) -> Any:
         return await self.request("POST", path, body=body)
+
+
+def _encode(body: Any) -> bytes:
+    """A request body as JSON: orjson, or ``json`` for what orjson will not write (a lone
+    surrogate in a string), so that such a body is sent as ``call_api`` sent it."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(body).encode()
 
 
 def pod_path(namespace: str, name: str = "") -> str:

@@ -349,7 +349,13 @@ async def read_json_object(request: web.Request) -> dict:
 
 
 def _json_answer(answer: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(answer), content_type="application/json")
+    """The answer as JSON: orjson, or ``json`` for what orjson will not write (a lone surrogate a
+    request carried, e.g. a uid an AdmissionReview answer repeats: ``json`` escapes it)."""
+    try:
+        body = orjson.dumps(answer)
+    except orjson.JSONEncodeError:
+        body = json.dumps(answer).encode()
+    return web.Response(body=body, content_type="application/json")
 
 
 def _slow_json(raw: bytes) -> Any:
