@@ -121,7 +121,7 @@ class KubeClient:
             method,
             url,
             headers=headers,
-            data=None if body is None else _encode(body),
+            data=None if body is None else encode_json(body),
             timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self.timeout),
             **extra,
         )
@@ -158,9 +158,10 @@ class KubeClient:
         return await self.request("POST", path, body=body)
 
 
-def _encode(body: Any) -> bytes:
-    """A request body as JSON: orjson, or ``json`` for what orjson will not write (a lone
-    surrogate in a string), so that such a body is sent as ``call_api`` sent it."""
+def encode_json(body: Any) -> bytes:
+    """A body as JSON: orjson, or ``json`` for what orjson will not write (a lone surrogate in a
+    string, which ``json`` escapes), so that such a body goes out as it did with ``json``. For
+    the requests sent here and the scheduler's answers."""
     try:
         return orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
     except orjson.JSONEncodeError:

@@ -19,6 +19,7 @@ from hami.config import DeviceConfig, default_device_config, load_device_config
 from hami.core import SchedulerConfig
 from hami.core.errors import ConfigError, CoreError
 from hami.core.names import ALLOW_DISABLE_CONTROL, VGPU_NODE
+from hami.kube.client import POOL
 from hami.vendors import build_vendors
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|h|m|s))+$")
@@ -81,7 +82,7 @@ class Options:
     pod_namespace: str = ""
     kubeconfig: str | None = None
     kube_timeout: float = 30.0
-    kube_connections: int = 32  # to the API server at once (hami.kube.client.POOL)
+    kube_connections: int = POOL  # to the API server at once
     resync_interval: float = 15.0
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
@@ -130,7 +131,7 @@ class Options:
         )
 
 
-def _positive_int(text: str) -> int:
+def _connections(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -192,8 +193,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kube-timeout", default="30s", help="API request timeout (default %(default)s)")
     a(
         "--kube-connections",
-        type=_positive_int,
-        default=32,
+        type=_connections,
+        default=POOL,
         help="connections to the API server at once, watches included (HTTP/1.1: one request in flight on "
         "each; more wait for one); each new one costs a TLS handshake (default %(default)s)",
     )

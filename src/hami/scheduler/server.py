@@ -37,7 +37,7 @@ import orjson
 from aiohttp import web
 
 from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
-from hami.kube.client import KubeClient, KubeError
+from hami.kube.client import KubeClient, KubeError, encode_json
 from hami.kube.reflector import Reflector
 from hami.serve import ConnectionGuard, application, client_verified, read_body, start
 from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates, uses_disable_control
@@ -349,13 +349,9 @@ async def read_json_object(request: web.Request) -> dict:
 
 
 def _json_answer(answer: Any) -> web.Response:
-    """The answer as JSON: orjson, or ``json`` for what orjson will not write (a lone surrogate a
-    request carried, e.g. a uid an AdmissionReview answer repeats: ``json`` escapes it)."""
-    try:
-        body = orjson.dumps(answer)
-    except orjson.JSONEncodeError:
-        body = json.dumps(answer).encode()
-    return web.Response(body=body, content_type="application/json")
+    """The answer as JSON (a lone surrogate a request carried, e.g. a uid an AdmissionReview
+    answer repeats, is escaped: :func:`~hami.kube.client.encode_json`)."""
+    return web.Response(body=encode_json(answer), content_type="application/json")
 
 
 def _slow_json(raw: bytes) -> Any:
