@@ -43,3 +43,26 @@ def test_kube_connections_defaults_to_the_pool_and_refuses_too_few(capsys):
             _args(f"--kube-connections={bad}")
         err = capsys.readouterr().err
         assert "--kube-connections" in err and why in err
+
+
+def test_success_event_pacing_flags_reach_the_recorder_and_refuse_bad_values(capsys):
+    from hami.scheduler.server import SchedulerService
+
+    opts = O.options_from_args(_args())
+    assert (opts.success_event_rate, opts.success_event_burst) == (10.0, 50)
+    opts = O.options_from_args(_args("--success-event-rate=0", "--success-event-burst=7"))
+    assert (opts.success_event_rate, opts.success_event_burst) == (0.0, 7)
+    events = SchedulerService(opts, kube=None).events
+    assert (events.success_rate, events.success_burst) == (0.0, 7)
+    for flag, bad, why in (
+        ("--success-event-rate", "-1", "0 (not paced) or a positive"),
+        ("--success-event-rate", "nan", "0 (not paced) or a positive"),
+        ("--success-event-rate", "inf", "0 (not paced) or a positive"),
+        ("--success-event-rate", "often", "number of events a second"),
+        ("--success-event-burst", "0", "at least 1"),
+        ("--success-event-burst", "2.5", "whole number"),
+    ):
+        with pytest.raises(SystemExit):
+            _args(f"{flag}={bad}")
+        err = capsys.readouterr().err
+        assert flag in err and why in err, (flag, bad, err)

@@ -1089,3 +1089,13 @@ def test_success_events_are_paced_warnings_are_not():
     assert written == ["s0", "s1", "s2", "s3", "s4", "s8", "s9", "s12", "s13", "s14", "s15", "s16"]
     assert sum(i["reason"] == "FilteringFailed" for i in items) == 8
     assert rec.skipped == 8 and rec.dropped == 0
+
+
+def test_a_success_event_rate_of_zero_writes_every_one():
+    now = [100.0]
+    rec = EventRecorder(object(), "hami-scheduler", maxsize=1000, clock=lambda: now[0], success_rate=0, success_burst=5)
+    for i in range(40):  # a burst eight times the burst size, no time passing
+        rec.record(pod(f"s{i}"), "BindingSucceed", f"bound s{i}")
+    items = [rec.queue.get_nowait() for _ in range(rec.queue.qsize())]
+    assert [i["involvedObject"]["name"] for i in items] == [f"s{i}" for i in range(40)]
+    assert rec.skipped == 0

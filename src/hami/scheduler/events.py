@@ -22,7 +22,8 @@ at once (10 and 50). A cluster placing a few pods a second gets every one; a bur
 placements gets the first fifty and ten a second after, and the API server's time goes to the
 Bindings (two success events a pod were a quarter of the API server's writes in such a burst,
 kube-scheduler writes its own ``Scheduled`` event for each pod anyway). Skipped ones are counted
-in ``skipped``. Warnings are never paced.
+in ``skipped``. Warnings are never paced. A ``success_rate`` of 0 writes every one, as HAMi does
+(``--success-event-rate=0``).
 """
 
 from __future__ import annotations
@@ -170,7 +171,10 @@ class EventRecorder:
                 self._series.popitem(last=False)
 
     def _paced(self) -> bool:
-        """Take one success event's token (``success_rate`` come back a second, up to ``success_burst``)."""
+        """Take one success event's token (``success_rate`` come back a second, up to ``success_burst``;
+        a rate of 0 does not pace)."""
+        if self.success_rate <= 0:
+            return True
         now = self.clock()
         self._tokens = min(float(self.success_burst), self._tokens + (now - self._filled) * self.success_rate)
         self._filled = now

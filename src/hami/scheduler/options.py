@@ -88,6 +88,8 @@ class Options:
     disable_control_label: str = DISABLE_CONTROL_LABEL
     front_end: str = "extender"  # "dra": the webhook turns NVIDIA requests into ResourceClaims
     success_events: bool = True
+    success_event_rate: float = 10.0  # success events a second on average; 0 = every one (HAMi's)
+    success_event_burst: int = 50  # success events at once
     event_loop: str = "uvloop"  # "uvloop" | "asyncio" (the standard library's)
     decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
@@ -138,6 +140,26 @@ def _connections(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 8:
         raise argparse.ArgumentTypeError(f"expected at least 8 (the watches hold 5), got {value}")
+    return value
+
+
+def _event_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of events a second, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # NaN fails the comparison
+        raise argparse.ArgumentTypeError(f"expected 0 (not paced) or a positive finite number, got {text!r}")
+    return value
+
+
+def _event_burst(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
 
 
@@ -263,6 +285,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=True,
         default=True,
         help="record FilteringSucceed/BindingSucceed events (default true; failures are always recorded)",
+    )
+    a(
+        "--success-event-rate",
+        type=_event_rate,
+        default=10.0,
+        help="success events written a second on average, beyond --success-event-burst at once; 0 writes "
+        "every one, as HAMi does (default %(default)s; Warnings are never paced)",
+    )
+    a(
+        "--success-event-burst",
+        type=_event_burst,
+        default=50,
+        help="success events that may be written at once before --success-event-rate applies (default %(default)s)",
     )
     a(
         "--event-loop",
@@ -406,6 +441,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         device_config=device_config,
         front_end=args.front_end,
         success_events=args.success_events,
+        success_event_rate=args.success_event_rate,
+        success_event_burst=args.success_event_burst,
         event_loop=args.event_loop,
         decision_write=args.decision_write,
         metrics_host=metrics_host,

@@ -73,7 +73,13 @@ class SchedulerService:
         self.opts = opts
         self.kube = kube
         self.state = ClusterState(opts.scheduler_config(), opts.scheduler_name, opts.node_selector)
-        self.events = EventRecorder(kube, opts.scheduler_name, success=opts.success_events)
+        self.events = EventRecorder(
+            kube,
+            opts.scheduler_name,
+            success=opts.success_events,
+            success_rate=opts.success_event_rate,
+            success_burst=opts.success_event_burst,
+        )
         self.state.on_malformed = lambda node, message: self.events.record(
             node, MALFORMED_REGISTRATION, f"devices not scheduled: {message}", "Warning", involved="Node"
         )
