@@ -232,6 +232,10 @@ class SchedulerProcess:
         return self
 
     def get(self, path: str) -> int:
+        return self.answer(path)[0]
+
+    def answer(self, path: str) -> tuple[int, str]:
+        """(status, body) of a GET; (0, "") when nothing answers."""
         import ssl
         import urllib.error
         import urllib.request
@@ -239,11 +243,11 @@ class SchedulerProcess:
         ctx = ssl.create_default_context(cadata=self.cluster.ca_pem.decode()) if self.tls else None
         try:
             with urllib.request.urlopen(self.url + path, context=ctx, timeout=2) as r:
-                return r.status
+                return r.status, r.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
-            return exc.code
+            return exc.code, exc.read().decode(errors="replace")
         except OSError:
-            return 0
+            return 0, ""
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         self.cluster.wait_for(lambda: self.get("/readyz") == 200 or self._died(), "hami scheduler ready", timeout)

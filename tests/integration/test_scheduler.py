@@ -606,6 +606,9 @@ def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
     asyncio.run(scenario())
 
 
+_FOLLOWER = "ok: follower (%s does not hold the lease)"
+
+
 def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace):
     """Leader election as HAMi does it: each replica follows the Lease that the kube-scheduler in
     its own pod holds. Here the test writes that Lease (holderIdentity `<pod>_<uuid>`)."""
@@ -643,11 +646,17 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
     a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", tls=False).start()
     b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", tls=False).start(wait_ready=False)
     try:
-        kube_cluster.wait_for(lambda: b.get("/healthz") == 200, "replica b up", 30)
+        # both are ready (a rolling update needs the new pod Ready while the old one leads); the
+        # body says which one leads (the chart's Service selects the leader by its pod label)
+        kube_cluster.wait_for(lambda: b.get("/readyz") == 200, "replica b ready", 30)
         time.sleep(2.0)
-        assert (a.get("/readyz"), b.get("/readyz")) == (200, 503)
+        assert (a.answer("/readyz"), b.answer("/readyz")) == ((200, "ok: leader"), (200, _FOLLOWER % "replica-b"))
         hold("replica-b")
-        kube_cluster.wait_for(lambda: (a.get("/readyz"), b.get("/readyz")) == (503, 200), "failover to b", 30)
+        kube_cluster.wait_for(
+            lambda: (a.answer("/readyz"), b.answer("/readyz")) == ((200, _FOLLOWER % "replica-a"), (200, "ok: leader")),
+            "failover to b",
+            30,
+        )
         import json as _json
         import urllib.request
 

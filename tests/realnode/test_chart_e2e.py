@@ -676,3 +676,28 @@ def test_fault_node_stopped_and_started_again(
     product.wait_ready()
     sleepers(real_cluster, ns, busybox, "after", 2)
     assert_settled(product, real_cluster, ns, 4, timeout=900)
+
+
+def test_a_scheduler_upgrade_rolls_over_to_a_new_pod_that_leads(
+    product: Product, real_cluster: KubeCluster, fault_namespace: str, busybox: str
+):
+    """``helm upgrade`` that changes the scheduler's pod template: the Deployment's rolling update
+    starts the new pod while the old one leads. The new pod must become Ready as a follower (were
+    readiness tied to the lease, the rollout, and ``helm upgrade --wait``, would never finish),
+    then lead once the old pod has gone, and place pods."""
+    ns = fault_namespace
+    selector = "app.kubernetes.io/component=hami-scheduler"
+    (old,) = product.pods(selector=selector)
+    assert old["metadata"]["labels"].get("hami.io/scheduler-role") == "leader"
+    product.upgrade({"scheduler": {"podAnnotations": {"hami.test/rollout": old["metadata"]["uid"]}}})
+
+    def new_leader() -> dict | None:
+        pods = [p for p in product.pods(selector=selector) if not p["metadata"].get("deletionTimestamp")]
+        if len(pods) != 1 or pods[0]["metadata"]["uid"] == old["metadata"]["uid"]:
+            return None
+        return pods[0] if pods[0]["metadata"]["labels"].get("hami.io/scheduler-role") == "leader" else None
+
+    new = real_cluster.wait_for(new_leader, "the new scheduler pod leading", timeout=120, interval=0.5)
+    assert new["metadata"]["annotations"]["hami.test/rollout"] == old["metadata"]["uid"]
+    sleepers(real_cluster, ns, busybox, "after-upgrade", 2)
+    assert_settled(product, real_cluster, ns, 2)

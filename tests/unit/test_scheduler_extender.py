@@ -245,8 +245,12 @@ async def test_http_routes_health_readiness_and_bad_bodies():
         assert (await client.get("/healthz")).status == 200
         assert (await client.get("/readyz")).status == 200  # no watches to wait for, always leader
         svc.leader.is_leader = False
+        r = await client.get("/readyz")  # a follower is ready (a rolling update needs it), and says so
+        assert r.status == 200 and "follower" in await r.text()
+        svc.synced = lambda: False
         r = await client.get("/readyz")
-        assert r.status == 503 and "not the leader" in await r.text()
+        assert r.status == 503 and "not synced" in await r.text()
+        svc.synced = lambda: True
         svc.extender.ready_wait = 0.05
         answer = await (await client.post("/filter", json=args(pod("a", mem=10), ["n1"]))).json()
         assert "not the leader" in answer["Error"]

@@ -323,11 +323,15 @@ class SchedulerService:
         return web.Response(text="ok")
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        """200 once the watches have listed, leader or not; the body says which. Readiness does
+        not follow leadership: a follower that is never Ready stalls a rolling update (the new pod
+        waits for the lease the old one keeps) and ``helm install --wait`` with two replicas. The
+        Service reaches the leader through its ``hami.io/scheduler-role`` label instead."""
         if not self.synced():
             return web.Response(status=503, text="caches not synced")
         if not self.leader.is_leader:
-            return web.Response(status=503, text=f"not the leader ({self.opts.identity})")
-        return web.Response(text="ok")
+            return web.Response(text=f"ok: follower ({self.opts.identity} does not hold the lease)")
+        return web.Response(text="ok" if not self.opts.leader_elect else "ok: leader")
 
 
 def _str_or(value: Any) -> str:
