@@ -300,6 +300,15 @@ def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin
             "devicePlugin.libPath=/opt/vgpu is not supported: libvgpu lives in "
             "<global.gpuHookPath>/vgpu (/usr/local/vgpu here); set global.gpuHookPath instead",
         ),
+        (
+            "devicePlugin.monitor.ctrPath=/data/regions/containers",
+            "devicePlugin.monitor.ctrPath=/data/regions/containers is not supported: the device plugin writes the "
+            "regions to <global.gpuHookPath>/vgpu/containers (/usr/local/vgpu/containers here)",
+        ),
+        (
+            "devicePlugin.monitorctrPath=/data/containers",
+            "devicePlugin.monitorctrPath=/data/containers is not supported: the device plugin writes the regions",
+        ),
         ("devices.ascend.enabled=true", "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true"),
         (
             "devicePlugin.deviceListStrategy=cdi",
@@ -770,3 +779,93 @@ def test_mig_strategy_value_reaches_the_plugin_and_node_events_are_allowed_in_de
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     binding = docs[("RoleBinding", "hami-device-plugin-node-events")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hami-device-plugin", "namespace": "gpu"}]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ("devicePlugin.monitor.ctrPath=/usr/local/vgpu/containers",),
+        ("devicePlugin.monitorctrPath=/usr/local/vgpu/containers/",),
+        ("global.gpuHookPath=/opt/hook", "devicePlugin.monitor.ctrPath=/opt/hook/vgpu/containers"),
+    ],
+)
+def test_a_region_path_where_the_plugin_writes_them_is_accepted(helm_bin, settings):
+    args = [a for s in settings for a in ("--set", s)]
+    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
+    assert result.returncode == 0, result.stderr
+    hook = next((s.split("=", 1)[1] for s in settings if s.startswith("global.gpuHookPath=")), "/usr/local")
+    (plugin,) = [
+        d
+        for d in yaml.safe_load_all(result.stdout)
+        if d and d["kind"] == "DaemonSet" and "device-plugin" in d["metadata"]["name"]
+    ]
+    pod = plugin["spec"]["template"]["spec"]
+    (monitor,) = [c for c in pod["containers"] if c["command"][:2] == ["hami", "monitor"]]
+    # the monitor reads <HOOK_PATH>/containers, mounted from the host directory the plugin writes
+    assert {e["name"]: e.get("value") for e in monitor["env"]}["HOOK_PATH"] == f"{hook}/vgpu"
+    volume = next(v for v in pod["volumes"] if v["name"] == "containers")
+    assert volume["hostPath"]["path"] == f"{hook}/vgpu/containers"
+    assert any(
+        m["name"] == "containers" and m["mountPath"] == f"{hook}/vgpu/containers" for m in monitor["volumeMounts"]
+    )
+
+
+@pytest.mark.parametrize("host,field", [("webhook.example.com", "dnsNames"), ("10.0.0.7", "ipAddresses")])
+def test_cert_manager_names_the_custom_webhook_host(helm_bin, host, field):
+    """With customURL the API server calls https://<host>:<port>/webhook, so the serving
+    certificate must name that host whoever makes it (the chart itself, or cert-manager)."""
+    sets = ["scheduler.certManager.enabled=true", "scheduler.admissionWebhook.customURL.enabled=true"]
+    sets.append(f"scheduler.admissionWebhook.customURL.host={host}")
+    args = [a for s in sets for a in ("--set", s)]
+    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
+    assert result.returncode == 0, result.stderr
+    (serving,) = [
+        d
+        for d in yaml.safe_load_all(result.stdout)
+        if d and d["kind"] == "Certificate" and d["metadata"]["name"].endswith("-serving")
+    ]
+    assert host in serving["spec"][field]
+    other = "ipAddresses" if field == "dnsNames" else "dnsNames"
+    assert host not in serving["spec"][other]
+    assert "127.0.0.1" in serving["spec"]["ipAddresses"]
+    assert "hami-scheduler.default.svc" in serving["spec"]["dnsNames"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (
+            "scheduler.certManager.enabled=true",
+            "prometheus.enabled=true",
+            "grafana.dashboard.enabled=true",
+            "scheduler.ui.enabled=true",
+            "devicePlugin.createRuntimeClass=true",
+            "scheduler.service.annotations.own=kept",
+            "scheduler.service.annotations.example\\.com/owner=service-wins",
+        ),
+        ("frontEnd=dra", "dra.enabled=true", "devicePlugin.enabled=false", "prometheus.enabled=true"),
+    ],
+)
+def test_global_annotations_are_on_every_object_under_its_own(helm_bin, extra):
+    """HAMi's ``global.annotations``: on every object the chart makes; an object's own annotations
+    (a Service's, cert-manager's CA injection) are kept and win on the same key. Without it, no
+    object gets an empty ``annotations``."""
+    sets = ["global.annotations.example\\.com/owner=team-a", *extra]
+    args = [a for s in sets for a in ("--set", s)]
+    result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert len(docs) > 10
+    owners = {(d["kind"], d["metadata"]["name"]): (d["metadata"].get("annotations") or {}) for d in docs}
+    scheduler_service = owners.pop(("Service", "hami-scheduler"))
+    assert all(a.get("example.com/owner") == "team-a" for a in owners.values()), owners
+    if "frontEnd=dra" not in extra:
+        assert scheduler_service == {"own": "kept", "example.com/owner": "service-wins"}
+        webhook = owners[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]
+        assert webhook["cert-manager.io/inject-ca-from"] == "default/hami-scheduler-serving"
+    plain_args = [a for s in extra if "owner" not in s for a in ("--set", s)]
+    plain = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *plain_args, check=False)
+    assert plain.returncode == 0, plain.stderr
+    for d in (d for d in yaml.safe_load_all(plain.stdout) if d):
+        assert "example.com/owner" not in (d["metadata"].get("annotations") or {})
+        assert "annotations" not in d["metadata"] or d["metadata"]["annotations"], d["metadata"]

@@ -36,6 +36,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end -}}
 
+{{/*
+The metadata annotations of an object: global.annotations (as in HAMi's chart: on every object the
+chart makes) under the object's own (.extra), which win on the same key. Nothing when both are empty.
+*/}}
+{{- define "hami.annotations" -}}
+{{- $all := merge (dict) (.extra | default dict) (.root.Values.global.annotations | default dict) -}}
+{{- with $all }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- define "hami.scheduler.selector" -}}
 app.kubernetes.io/name: {{ include "hami.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -201,6 +201,14 @@ the value, instead of being accepted and ignored (docs/configuration.md).
 {{- if and $dp.libPath (ne (trimSuffix "/" $dp.libPath) $vgpu) -}}
 {{- fail (printf "devicePlugin.libPath=%s is not supported: libvgpu lives in <global.gpuHookPath>/vgpu (%s here); set global.gpuHookPath instead" $dp.libPath $vgpu) -}}
 {{- end -}}
+{{- /* the regions live where the device plugin writes them, <hook>/vgpu/containers: a monitor pointed
+elsewhere would read a directory nothing writes */ -}}
+{{- $regions := printf "%s/containers" $vgpu -}}
+{{- range $name, $path := dict "devicePlugin.monitor.ctrPath" (($dp.monitor | default dict).ctrPath) "devicePlugin.monitorctrPath" $dp.monitorctrPath -}}
+{{- if and $path (ne (trimSuffix "/" (toString $path)) $regions) -}}
+{{- fail (printf "%s=%s is not supported: the device plugin writes the regions to <global.gpuHookPath>/vgpu/containers (%s here) and the monitor reads them there; set global.gpuHookPath instead" $name $path $regions) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
 {{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
 {{- end -}}
