@@ -9,12 +9,24 @@ adds its model here and one entry in ``hami.vendors.VENDORS``. ``chart_device_co
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hami import safeyaml
 from hami.core.errors import ConfigError
+
+
+def flag_bool(text: str) -> bool:
+    """A boolean flag's value, as Go's flag package reads one (``--x=true``, ``--x=0``): HAMi's
+    manifests pass booleans that way. With ``nargs="?", const=True`` the bare flag means true."""
+    value = str(text).strip().lower()
+    if value in ("1", "t", "true", "yes", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 class _Model(BaseModel):

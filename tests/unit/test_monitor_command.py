@@ -114,3 +114,30 @@ def test_serve_standalone_runs_feedback_and_releases_on_exit(tmp_path):
         out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
     assert read_region(region).utilization_switch == 1  # released: limits back on without a monitor
+
+
+@pytest.mark.parametrize(
+    "argv, legacy",
+    [([], False), (["--legacy-metrics"], True), (["--legacy-metrics=true"], True), (["--legacy-metrics=false"], False)],
+)
+def test_legacy_metrics_takes_the_forms_hami_scheduler_takes(argv, legacy):
+    import argparse
+
+    from hami.monitor.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(argv).legacy_metrics is legacy
+
+
+def test_a_bad_legacy_metrics_value_is_refused_naming_the_flag(capsys):
+    import argparse
+
+    from hami.monitor.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--legacy-metrics=sometimes"])
+    err = capsys.readouterr().err
+    assert "--legacy-metrics" in err and "expected true or false" in err

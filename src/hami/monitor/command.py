@@ -24,6 +24,7 @@ from typing import Mapping
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
 from hami import malloc
+from hami.config import flag_bool
 from hami.node.layout import HookPaths
 
 from .containers import remove, scan, scan_claims, stale
@@ -71,7 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig; in-cluster config when unset")
     p.add_argument("--metrics-bind-address", default=":9394", help="where /metrics is served")
-    p.add_argument("--legacy-metrics", action="store_true", help="also export HAMi's pre-2.5 metric names")
+    p.add_argument(
+        "--legacy-metrics",
+        type=flag_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="also export HAMi's pre-2.5 metric names (bare, or =true/=false as hami scheduler takes it)",
+    )
     p.add_argument(
         "--resync-interval",
         default=env("HAMI_RESYNC_INTERVAL", "5m"),

@@ -15,7 +15,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hami.config import DeviceConfig, default_device_config, load_device_config
+from hami.config import DeviceConfig, default_device_config, flag_bool as _bool, load_device_config
 from hami.core import SchedulerConfig
 from hami.core.errors import ConfigError, CoreError
 from hami.core.names import ALLOW_DISABLE_CONTROL, VGPU_NODE
@@ -161,15 +161,6 @@ def _event_burst(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
-
-
-def _bool(text: str) -> bool:
-    value = str(text).strip().lower()
-    if value in ("1", "t", "true", "yes", "on"):
-        return True
-    if value in ("0", "f", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
