@@ -237,6 +237,30 @@ def test_leadership_follows_the_lease_holder_prefix_and_expiry():
     assert not holds_lease(lease, "hami-1", now)
     assert not holds_lease(lease, "hami-0", now + 20)
     assert not holds_lease(None, "hami-0", now)
+    assert not holds_lease(lease, "hami", now)  # a mere prefix of the holder's name is someone else
+    assert holds_lease({"spec": {**lease["spec"], "holderIdentity": "hami-0"}}, "hami-0", now)
+
+
+def test_the_default_identity_is_the_hostname_kube_scheduler_names_itself_by(monkeypatch):
+    """A pod's hostname is its name cut to 63 characters, and kube-scheduler's Lease identity is
+    ``<hostname>_<uuid>``: with a long release name, ``$POD_NAME`` is not a prefix of it."""
+    import argparse
+    import socket
+
+    from hami.scheduler import options as O
+
+    pod = "a-rather-long-release-name-for-gpus-hami-scheduler-6b8f9c7d5f-x2k9q"  # 67 characters
+    monkeypatch.setenv("POD_NAME", pod)
+    monkeypatch.setattr(socket, "gethostname", lambda: pod[:63])
+    parser = argparse.ArgumentParser()
+    O.add_arguments(parser)
+    opts = O.options_from_args(parser.parse_args(["--leader-elect"]))
+    assert (opts.identity, opts.pod_name) == (pod[:63], pod)  # the pod is still labelled by its name
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    lease = {"spec": {"holderIdentity": f"{pod[:63]}_9d1c", "renewTime": stamp, "leaseDurationSeconds": 15}}
+    assert holds_lease(lease, opts.identity, time.time())
+    explicit = O.options_from_args(parser.parse_args(["--leader-elect", "--leader-elect-identity=other"]))
+    assert explicit.identity == "other"
 
 
 async def test_http_routes_health_readiness_and_bad_bodies():
@@ -1103,3 +1127,26 @@ def test_a_success_event_rate_of_zero_writes_every_one():
     items = [rec.queue.get_nowait() for _ in range(rec.queue.qsize())]
     assert [i["involvedObject"]["name"] for i in items] == [f"s{i}" for i in range(40)]
     assert rec.skipped == 0
+
+
+async def test_a_bind_whose_lease_went_elsewhere_while_it_waited_writes_no_binding():
+    """A rolling update: kube-scheduler gives its Lease up at SIGTERM while this replica's Bind
+    waits for a node lock. The new leader never saw this decision, so a Binding written now
+    could book the same share twice: the Bind fails, its lock is given back, no Binding."""
+    from hami.kube import nodelock
+
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    taking = ext.acquire_lock
+
+    async def acquire_then_lose_the_lease(*a, **kw):
+        value = await taking(*a, **kw)
+        svc.leader.is_leader = False  # the lease changed hands during the wait
+        return value
+
+    ext.acquire_lock = acquire_then_lose_the_lease
+    answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
+    assert "lost the lease" in answer["Error"]
+    assert api.bindings == []
+    assert all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())

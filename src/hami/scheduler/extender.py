@@ -75,6 +75,11 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, KubeError) and exc.status is not None and 400 <= exc.status < 500
 
 
+class LeadershipLost(Exception):
+    """The lease went elsewhere (or the caches were lost) while the Bind waited for a lock: the new
+    leader does not know this replica's decision, so writing its Binding could book a share twice."""
+
+
 class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
@@ -479,13 +484,22 @@ class Extender:
             else:
                 for spec in nodelock.vendor_locks(self.state.vendors, wanted):
                     taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
+            if not self.is_ready():  # a lock wait can outlast the lease (a rolling update's handover)
+                raise LeadershipLost("this replica lost the lease while the Bind waited; the new leader places the pod")
             posted = True
             # bind-phase and bind-time (and, with decision_write "binding", the whole decision)
             # ride on the Binding: the API server copies a Binding's annotations onto the pod in
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
             # pod, and a window where a bound pod has no bind-phase).
             await self._post_binding(ns, name, uid, node, {**(decision.annotations if decision else {}), **done})
-        except (KubeError, nodelock.LockContention, DecisionMissing, OSError, asyncio.TimeoutError) as exc:
+        except (
+            KubeError,
+            nodelock.LockContention,
+            DecisionMissing,
+            LeadershipLost,
+            OSError,
+            asyncio.TimeoutError,
+        ) as exc:
             if isinstance(exc, BindingUnverified):
                 taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
             if not isinstance(exc, BindingUnverified):

@@ -2,7 +2,8 @@
 
 HAMi's extender does not campaign: kube-scheduler (same pod) takes the Lease
 ``<namespace>/hami-scheduler``; this replica is leader while the Lease's ``holderIdentity``
-starts with our identity (the pod name; kube-scheduler appends ``_<uuid>``) and the Lease has
+is our identity followed by ``_<uuid>`` (kube-scheduler's: the hostname, which in a pod is the pod
+name cut to 63 characters; ours defaults to the same hostname) and the Lease has
 not expired. Only the leader answers ``/filter`` and ``/bind`` and is ready; followers keep
 their caches warm, so a failover does not start cold. Without ``--leader-elect`` this replica
 is always leader.
@@ -33,14 +34,17 @@ def _ts(text: str | None) -> float | None:
 
 
 def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> bool:
-    """True when ``lease`` is held by ``identity`` (prefix match) and not expired."""
+    """True when ``lease`` is held by ``identity`` and not expired: the holder is ``identity`` or
+    ``identity_<anything>`` (kube-scheduler's ``<hostname>_<uuid>``); a mere prefix is not enough,
+    ``hami-0`` does not hold ``hami-01_<uuid>``'s lease."""
     if not lease or not identity:
         return False
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity") or ""
     renewed = _ts(spec.get("renewTime")) or _ts(spec.get("acquireTime"))
     duration = spec.get("leaseDurationSeconds") or 15
-    return holder.startswith(identity) and renewed is not None and renewed + duration > now
+    held = holder == identity or holder.startswith(identity + "_")
+    return held and renewed is not None and renewed + duration > now
 
 
 class Leadership:

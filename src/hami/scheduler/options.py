@@ -250,7 +250,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--leader-elect-identity",
         default="",
-        help="leader when the Lease holderIdentity starts with this (default $POD_NAME, else the hostname)",
+        help="leader when the Lease holderIdentity is this, or this and '_<uuid>' as kube-scheduler writes it "
+        "(default: the hostname, which kube-scheduler's identity starts with; in a pod, the pod name cut to 63 characters)",
     )
     a(
         "--legacy-metrics",
@@ -421,7 +422,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         leader_elect=args.leader_elect,
         lease_name=args.leader_elect_resource_name,
         lease_namespace=args.leader_elect_resource_namespace or pod_namespace or "kube-system",
-        identity=args.leader_elect_identity or pod_name or socket.gethostname(),
+        # kube-scheduler's identity is os.Hostname() + "_<uuid>"; a pod's hostname is its name cut to
+        # 63 characters, so a long pod name (a long release name) never matched $POD_NAME
+        identity=args.leader_elect_identity or socket.gethostname(),
         pod_name=pod_name,
         pod_namespace=pod_namespace,
         kubeconfig=args.kubeconfig,
