@@ -223,4 +223,10 @@ elsewhere would read a directory nothing writes */ -}}
 {{- if not (has $dls (list "envvar" "cdi-annotations" "cdi-cri")) -}}
 {{- fail (printf "devicePlugin.deviceListStrategy=%v is not supported: expected envvar, cdi-annotations or cdi-cri" $dls) -}}
 {{- end -}}
+{{- /* a surge pod is a second plugin on the node while the first runs: it fails its preflight check,
+and the old one's exit removes the new one's socket */ -}}
+{{- $ru := ($dp.updateStrategy | default dict).rollingUpdate | default dict -}}
+{{- if and (kindIs "map" $ru) (not (has (toString ($ru.maxSurge | default 0)) (list "0" "0%"))) -}}
+{{- fail (printf "devicePlugin.updateStrategy.rollingUpdate.maxSurge=%v is not supported: a surge pod would be a second device plugin on the node, which fails its preflight check and loses its socket when the old one exits; use maxUnavailable" $ru.maxSurge) -}}
+{{- end -}}
 {{- end -}}
