@@ -32,10 +32,13 @@ from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from . import allocate as A
 from .devices import physical_id
-from .kube import Kube
+from .kube import Kube, describe
 from hami.node.mig import MigError, MigManager, PlacementHeld, PodRef
 
 log = logging.getLogger(__name__)
+#: what a failed API call raises: an answer that is an error, no connection, or no answer in time
+#: (kube.API_TIMEOUT_S; the budget of the retried writes)
+API_FAILURES = (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 
 class Allocator:
@@ -115,7 +118,7 @@ class Allocator:
             except A.AllocationError as exc:
                 await self._fail(pod, str(exc))
                 raise
-            except (ApiException, aiohttp.ClientError, OSError) as exc:
+            except API_FAILURES as exc:  # OSError also: a cache directory that cannot be made
                 what = f"pod {pod.ref}" if pod else f"node {self.node}"
                 msg = f"{what}: allocation failed: {_brief(exc)}"
                 await self._fail(pod, msg)
@@ -241,7 +244,7 @@ class Allocator:
             try:
                 await self.kube.release_held_lock(value)  # left alone when already swapped over
                 self.deferred_stats["released"] += 1
-            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            except API_FAILURES as exc:
                 log.error("node %s: cannot release the node lock %r: %s", self.node, value, _brief(exc))
 
     async def flush(self) -> None:
@@ -278,20 +281,22 @@ class Allocator:
                 await self.kube.release_held_lock(held)
             elif not await self.kube.release_lock(pod):
                 log.error("node %s: node lock of pod %s still held after retries", self.node, pod.ref)
-        except (ApiException, aiohttp.ClientError) as exc:
+        except API_FAILURES as exc:
             log.error("node %s: cannot release the node lock of pod %s: %s", self.node, pod.ref, _brief(exc))
 
     async def _fail(self, pod: A.PodView | None, msg: str) -> None:
+        """Both writes are tried whatever the first one's fate (each bounded in time), so the
+        kubelet gets its answer and the lock is not left behind by a failed pod write."""
         log.error("Allocate failed: %s", msg)
         if pod is None:
             return
         try:
             await self.kube.patch_pod_annotations(pod, {A.BIND_PHASE: "failed"})
-        except ApiException as exc:
+        except API_FAILURES as exc:
             log.error("pod %s: cannot set %s=failed: %s", pod.ref, A.BIND_PHASE, _brief(exc))
         try:
             await self.kube.release_lock(pod)
-        except ApiException as exc:
+        except API_FAILURES as exc:
             log.error("node %s: cannot release the node lock: %s", self.node, _brief(exc))
 
     async def _drop_stale_lock(self, value: str | None) -> None:
@@ -299,7 +304,7 @@ class Allocator:
         if value is not None and annotations.get(A.NODE_LOCK) == value:
             try:
                 await self.kube.patch_node_annotations({A.NODE_LOCK: None}, rv)
-            except ApiException as exc:
+            except API_FAILURES as exc:
                 log.error("node %s: cannot release stale lock: %s", self.node, _brief(exc))
 
 
@@ -308,9 +313,7 @@ class _NotThisPod(Exception):
 
 
 def _brief(exc: Exception) -> str:
-    if isinstance(exc, ApiException):
-        return f"API server answered {exc.status} {exc.reason}"
-    return str(exc)
+    return describe(exc)
 
 
 def preferred_ids(available: Sequence[str], must: Sequence[str], size: int, uuids: Sequence[str]) -> list[str]:
@@ -331,8 +334,8 @@ async def preferred_allocation(allocator: Allocator, requests: Sequence[tuple[Se
     try:
         pod, _ = await allocator.find_pod()
         pending = A.pending_devices(pod) if pod else []
-    except (A.AllocationError, _NotThisPod, ApiException, aiohttp.ClientError) as exc:
-        log.info("GetPreferredAllocation without a pending pod (%s); plain order", exc)
+    except (A.AllocationError, _NotThisPod, *API_FAILURES) as exc:
+        log.info("GetPreferredAllocation without a pending pod (%s); plain order", _brief(exc))
         pending = []
     entries = [[d.uuid for d in devs] for devs in pending if devs]
     out = []

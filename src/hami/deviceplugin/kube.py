@@ -24,9 +24,17 @@ from hami.kube.reflector import Reflector
 from .allocate import ContainerView, PodCache, PodView
 
 T = TypeVar("T")
+#: the longest one API request of the plugin may take (the pod watch has its own bounds:
+#: hami.kube.reflector). kubernetes_asyncio's default is no time-out at all, so a connection the
+#: network black-holes (an API server failing over behind its load balancer) would hang the call
+#: for good, and with it Allocate, which the kubelet calls without a deadline.
+API_TIMEOUT_S = 30.0
 #: how long Allocate's writes ride out an unreachable API server (a kube-apiserver restart takes
-#: seconds); past it the error goes back and the pod is failed as before
+#: seconds); past it the error goes back and the pod is failed as before. Each attempt is cut
+#: off at the budget's end, so a write that gets no answer also ends with it.
 TRANSIENT_BUDGET_S = 15.0
+#: the least time a retried write's last attempt is given when the budget is nearly spent
+MIN_ATTEMPT_S = 1.0
 TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
@@ -38,20 +46,31 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, (aiohttp.ClientConnectionError, ConnectionError, asyncio.TimeoutError))
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a failed API call (a time-out's own text is empty)."""
+    if isinstance(exc, ApiException):
+        return f"API server answered {exc.status} {exc.reason}"
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer from the API server in time ({exc})" if str(exc) else "no answer from the API server in time"
+    return str(exc) or type(exc).__name__
+
+
 async def retry_transient(
-    call: Callable[[], Awaitable[T]], what: str, budget: float = TRANSIENT_BUDGET_S, delay: float = 0.2
+    call: Callable[[], Awaitable[T]], what: str, budget: float | None = None, delay: float = 0.2
 ) -> T:
-    """``await call()``, again after a transient failure, until ``budget`` seconds have passed.
+    """``await call()``, again after a transient failure, until ``budget`` seconds
+    (:data:`TRANSIENT_BUDGET_S`) have passed; an attempt still unanswered then is cut off (given
+    at least :data:`MIN_ATTEMPT_S`), so the whole takes at most about ``budget``.
     Only for idempotent writes (a merge patch of fixed values, a compare-and-remove). Found by
     tests/integration/test_chaos.py: a kube-apiserver restart during Allocate failed the pod."""
-    deadline = time.monotonic() + budget
+    deadline = time.monotonic() + (TRANSIENT_BUDGET_S if budget is None else budget)
     while True:
         try:
-            return await call()
+            return await asyncio.wait_for(call(), max(deadline - time.monotonic(), MIN_ATTEMPT_S))
         except Exception as exc:  # noqa: BLE001 - anything not transient is raised as it was
             if not transient(exc) or time.monotonic() + delay > deadline:
                 raise
-            log.warning("%s: %s; retrying in %.1fs", what, exc, delay)
+            log.warning("%s: %s; retrying in %.1fs", what, describe(exc), delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, 2.0)
 
@@ -104,7 +123,7 @@ class Kube:
     def pod_reflector(self) -> Reflector:
         """The watch that fills :attr:`pods`: this node's pods only, as the kubelet watches them."""
         return Reflector(
-            KubeClient(self.api),
+            KubeClient(self.api, timeout=API_TIMEOUT_S),
             "/api/v1/pods",
             self.pods,
             name=f"pods on {self.node_name}",
@@ -123,7 +142,7 @@ class Kube:
         await self.api.close()
 
     async def node(self) -> Any:
-        return await self.core.read_node(self.node_name)
+        return await self.core.read_node(self.node_name, _request_timeout=API_TIMEOUT_S)
 
     async def node_annotations(self) -> tuple[dict[str, str], str]:
         """This node's annotations and resourceVersion, read as metadata only
@@ -135,7 +154,7 @@ class Kube:
             header_params={"Accept": METADATA_ONLY},
             auth_settings=["BearerToken"],
             _preload_content=False,
-            _request_timeout=30,
+            _request_timeout=API_TIMEOUT_S,
         )
         try:
             data = await resp.read()
@@ -152,7 +171,9 @@ class Kube:
         meta: dict[str, Any] = {"annotations": dict(values)}
         if resource_version:
             meta["resourceVersion"] = resource_version
-        await self.core.patch_node(self.node_name, {"metadata": meta}, _content_type=MERGE)
+        await self.core.patch_node(
+            self.node_name, {"metadata": meta}, _content_type=MERGE, _request_timeout=API_TIMEOUT_S
+        )
 
     async def node_event(self, type_: str, reason: str, message: str) -> None:
         """An Event about this node (namespace ``default``, as node events are)."""
@@ -175,18 +196,21 @@ class Kube:
                 "lastTimestamp": now,
                 "source": {"component": "hami-device-plugin", "host": self.node_name},
             },
+            _request_timeout=API_TIMEOUT_S,
         )
 
     async def get_pod(self, namespace: str, name: str) -> PodView | None:
         try:
-            return pod_view(await self.core.read_namespaced_pod(name, namespace))
+            return pod_view(await self.core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def pods_on_node(self) -> list[PodView]:
-        pods = await self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}")
+        pods = await self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node_name}", _request_timeout=API_TIMEOUT_S
+        )
         return [pod_view(p) for p in pods.items]
 
     async def patch_pod_annotations(
@@ -197,7 +221,9 @@ class Kube:
             body["metadata"]["labels"] = dict(labels)
         self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
         written = await retry_transient(
-            lambda: self.core.patch_namespaced_pod(pod.name, pod.namespace, body, _content_type=MERGE),
+            lambda: self.core.patch_namespaced_pod(
+                pod.name, pod.namespace, body, _content_type=MERGE, _request_timeout=API_TIMEOUT_S
+            ),
             f"pod {pod.namespace}/{pod.name}: annotations not written",
         )
         self.pods.written(
@@ -212,7 +238,10 @@ class Kube:
         try:
             await retry_transient(
                 lambda: self.core.patch_node(
-                    self.node_name, nodelock.swap_patch(key, value, None), _content_type="application/json-patch+json"
+                    self.node_name,
+                    nodelock.swap_patch(key, value, None),
+                    _content_type="application/json-patch+json",
+                    _request_timeout=API_TIMEOUT_S,
                 ),
                 f"node {self.node_name}: lock not released",
             )

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Awaitable, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
@@ -210,7 +210,7 @@ async def _refresh(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.
         api = await api_client(args.kubeconfig)
     try:
         while not stop.is_set():
-            await _refresh_once(args, pods, api)
+            await _unless_stopped(_refresh_once(args, pods, api), stop)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=args.interval_s)
             except asyncio.TimeoutError:
@@ -220,14 +220,33 @@ async def _refresh(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.
             await api.close()
 
 
+async def _unless_stopped(round_: Awaitable[None], stop: asyncio.Event) -> None:
+    """Run one refresh round, cut short when ``stop`` is set meanwhile: a round waiting on the
+    API server (up to kube.API_TIMEOUT_S) must not hold up the shutdown, whose release_all has
+    to run within the pod's grace period. Its only waits are on the pod list, so a round cut
+    short has removed and written nothing."""
+    task = asyncio.ensure_future(round_)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if not task.cancelled():
+        task.result()  # a failure other than the API's (handled in the round) ends the loop as before
+
+
 async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> None:
     if pods is not None:
-        from .kube import node_pods
+        from .kube import API_TIMEOUT_S, node_pods
 
         try:
             pods.set(await node_pods(api, args.node_name))
-        except Exception as exc:  # API trouble: keep the last map, remove nothing
-            log.warning("cannot list the pods of node %s: %s", args.node_name, exc)
+        except Exception as exc:  # API trouble (an error, no answer in time): keep the last map, remove nothing
+            reason = f"no answer within {API_TIMEOUT_S:g}s" if isinstance(exc, asyncio.TimeoutError) else exc
+            log.warning("cannot list the pods of node %s: %s", args.node_name, reason)
         else:
             gone = stale(scan(args.containers_dir), set(pods.get()), time.time(), args.resync_s)
             remove(gone)

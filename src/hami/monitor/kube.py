@@ -11,6 +11,11 @@ from hami.core.names import VGPU_MIG_ALLOCATIONS
 from .exporter import MigDevice, PodRef
 
 MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
+#: the longest one pod-list request may take. kubernetes_asyncio's default is no time-out at all:
+#: a connection the network black-holes (an API server failing over) would stop the refresh loop
+#: for good, and with it the clean-up and the feedback that run in the same round. A few feedback
+#: periods (``--interval``, 5 s) at most; a list that fails keeps the last pod map.
+API_TIMEOUT_S = 10.0
 
 
 def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tuple[MigDevice, ...]:
@@ -66,14 +71,15 @@ async def api_client(kubeconfig: str | None) -> Any:
 
 
 async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
-    """Every pod with ``spec.nodeName == node`` (paged), by UID. Raises ApiException on failure."""
+    """Every pod with ``spec.nodeName == node`` (paged), by UID. Raises ApiException on failure,
+    asyncio.TimeoutError when a page is not in within :data:`API_TIMEOUT_S`."""
     from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api)
     out: dict[str, PodRef] = {}
     token = None
     while True:
-        kwargs = {"field_selector": f"spec.nodeName={node}", "limit": 500}
+        kwargs = {"field_selector": f"spec.nodeName={node}", "limit": 500, "_request_timeout": API_TIMEOUT_S}
         if token:
             kwargs["_continue"] = token
         page = await core.list_pod_for_all_namespaces(**kwargs)

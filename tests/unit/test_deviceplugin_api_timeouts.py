@@ -1,0 +1,191 @@
+"""Every API call of the device plugin is bounded in time (kube.API_TIMEOUT_S, and the retried
+writes by kube.TRANSIENT_BUDGET_S): without a ``_request_timeout`` kubernetes_asyncio waits for
+an answer for ever, so a connection the network black-holes (an API server failing over) hung
+Allocate, and the kubelet, which calls Allocate without a deadline, with it. Here the API server
+accepts connections and never answers (or answers reads only); the calls must fail in time, as
+the API failures they are, and Allocate must still try every write of its failure path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from hami.deviceplugin import allocate as A
+from hami.deviceplugin import kube as dkube
+from hami.deviceplugin.allocator import Allocator, preferred_allocation
+from hami.node.layout import HookPaths
+from hami.node.settings import NodeSettings
+
+LOCK_P = "2026-11-22T03:00:00Z,ns,p"
+GUARD_S = 10.0  # far above every bound below: only a call that waits for ever reaches it
+
+
+@pytest.fixture
+def short(monkeypatch):
+    """Time-outs short enough for a unit test."""
+    monkeypatch.setattr(dkube, "API_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(dkube, "TRANSIENT_BUDGET_S", 0.5)
+    monkeypatch.setattr(dkube, "MIN_ATTEMPT_S", 0.2)
+
+
+async def within(aw, bound: float = GUARD_S):
+    """``await aw``, failing the test (not raising a time-out of its own) if it is still waiting
+    after ``bound`` seconds."""
+    task = asyncio.ensure_future(aw)
+    done, _ = await asyncio.wait({task}, timeout=bound)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task})
+        pytest.fail(f"still waiting for the API server after {bound:g}s")
+    return task.result()
+
+
+@pytest.fixture
+async def black_hole():
+    """An API server address that accepts connections and never answers."""
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):  # until the client gives up and closes
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.close()
+
+
+def api_for(host: str) -> client.ApiClient:
+    return client.ApiClient(client.Configuration(host=host))
+
+
+def pod_obj() -> dict:
+    to_allocate = "GPU-1,NVIDIA,1000,10:;"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "uid-p",
+            "resourceVersion": "9",
+            "annotations": {
+                A.BIND_PHASE: "allocating",
+                A.TO_ALLOCATE: to_allocate,
+                A.ALLOCATED: to_allocate,
+                A.VGPU_NODE: "n1",
+                A.BIND_TIME: "1",
+            },
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+CALLS = {
+    "node": lambda k: k.node(),
+    "node_annotations": lambda k: k.node_annotations(),
+    "patch_node_annotations": lambda k: k.patch_node_annotations({"a": "b"}, "7"),
+    "node_event": lambda k: k.node_event("Warning", "Test", "a message"),
+    "get_pod": lambda k: k.get_pod("ns", "p"),
+    "pods_on_node": lambda k: k.pods_on_node(),
+    "patch_pod_annotations": lambda k: k.patch_pod_annotations(A.pod_view_from_object(pod_obj()), {"a": "b"}),
+    "release_held_lock": lambda k: k.release_held_lock(LOCK_P),
+    "release_lock": lambda k: k.release_lock(None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+async def test_every_call_fails_in_time_as_a_transient_api_failure(name, black_hole, short):
+    kube = dkube.Kube(api_for(black_hole), "n1")
+    try:
+        with pytest.raises(Exception) as failed:
+            await within(CALLS[name](kube))
+        assert dkube.transient(failed.value), failed.value  # what the retries and the callers expect
+        assert "in time" in dkube.describe(failed.value)
+    finally:
+        await kube.close()
+
+
+async def test_a_retried_write_that_gets_no_answer_ends_with_its_budget(monkeypatch):
+    monkeypatch.setattr(dkube, "MIN_ATTEMPT_S", 0.1)
+    attempts = []
+
+    async def unanswered():
+        attempts.append(1)
+        await asyncio.Event().wait()
+
+    with pytest.raises(asyncio.TimeoutError):
+        await within(dkube.retry_transient(unanswered, "test write", budget=0.3, delay=0.05))
+    assert len(attempts) == 1  # the attempt ran to the budget's end: nothing left to retry in
+
+
+async def test_allocate_fails_in_time_when_the_api_server_does_not_answer(black_hole, short, tmp_path):
+    kube = dkube.Kube(api_for(black_hole), "n1")
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")))
+    try:
+        with pytest.raises(A.AllocationError, match="node n1: allocation failed: no answer from the API server"):
+            await within(alloc.allocate([1]))
+    finally:
+        await kube.close()
+
+
+async def test_preferred_allocation_falls_back_to_plain_order_in_time(black_hole, short, tmp_path):
+    kube = dkube.Kube(api_for(black_hole), "n1")
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")))
+    try:
+        assert await within(preferred_allocation(alloc, [(["id-a", "id-b"], [], 1)])) == [["id-a"]]
+    finally:
+        await kube.close()
+
+
+async def test_unanswered_writes_fail_the_allocation_in_time_and_every_failure_write_is_tried(short, tmp_path):
+    """Reads are answered, writes never: the lock release, the success write, the failed write
+    and the lock release of the failure path each time out, and Allocate still answers, with the
+    pod named, after trying each of them (none of them skipped because an earlier one hung)."""
+    patches: list[tuple[str, str, dict | list]] = []
+    release = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and request.path == "/api/v1/nodes/n1":
+            return web.json_response({"metadata": {"annotations": {A.NODE_LOCK: LOCK_P}, "resourceVersion": "7"}})
+        if request.method == "GET" and request.path == "/api/v1/namespaces/ns/pods/p":
+            return web.json_response(pod_obj())
+        if request.method == "PATCH":
+            patches.append((request.path, request.content_type, json.loads(await request.read())))
+            await release.wait()  # no answer (until the test ends)
+            return web.json_response({}, status=500)
+        return web.json_response({"kind": "Status", "message": "unexpected"}, status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    kube = dkube.Kube(api_for(str(server.make_url("")).rstrip("/")), "n1")
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=0)
+    try:
+        with pytest.raises(A.AllocationError, match="pod ns/p: allocation failed: no answer from the API server"):
+            await within(alloc.allocate([1]))
+    finally:
+        release.set()
+        await kube.close()
+        await server.close()
+
+    def kind(path: str, content_type: str, body) -> str:
+        if path == "/api/v1/nodes/n1":
+            return "lock compare-and-remove" if content_type == "application/json-patch+json" else "lock removal"
+        return f"pod {body['metadata']['annotations'].get(A.BIND_PHASE)}"
+
+    kinds = [kind(*p) for p in patches]
+    firsts = list(dict.fromkeys(kinds))
+    # release_delay 0: the lock goes first (its time-out is logged, not fatal), then the success
+    # write; that one's time-out fails the pod: failed write, then the lock release all the same
+    assert firsts == ["lock compare-and-remove", "pod success", "pod failed", "lock removal"], kinds
