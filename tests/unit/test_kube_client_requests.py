@@ -104,3 +104,35 @@ async def test_a_body_orjson_will_not_write_is_sent_as_json_writes_it():
         finally:
             await kube.close()
     assert bodies == [json.dumps({"message": "pod a\ud800 refused"}).encode()]
+
+
+async def test_a_watch_stream_that_goes_quiet_ends_after_idle_not_at_its_total():
+    """A black-holed connection never closes: only a limit on the wait for the next piece of the
+    stream (``idle``) ends it; the total (minutes for a watch) would leave the cache stale."""
+    import asyncio
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b'{"type": "ADDED", "object": {}}\n')
+        await asyncio.sleep(60)  # then nothing, the connection open
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    async with TestServer(app) as server:
+        kube = KubeClient(client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/"))))
+        try:
+            resp = await kube.open("GET", "/api/v1/pods", [("watch", "true")], timeout=600, idle=0.3)
+            lines = []
+
+            async def read() -> None:
+                async for line in resp.content:
+                    lines.append(line)
+
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(read(), 20)  # the guard: far above idle, far below the total
+            assert lines == [b'{"type": "ADDED", "object": {}}\n']
+            resp.release()
+        finally:
+            await kube.close()

@@ -128,3 +128,58 @@ async def test_a_failing_handler_relists_instead_of_stopping():
         task.cancel()
     await server.close()
     assert r.synced.is_set() and len(lists) == 2 and Flaky.calls == 2
+
+
+async def test_a_watch_that_goes_quiet_is_opened_again_from_the_last_event():
+    """No bookmark, no event for ``watch_idle``: the connection is taken for dead and the watch
+    opened again from the version of the last event it delivered, without a relist."""
+    import aiohttp
+
+    lists, watches = [], []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            lists.append(1)
+            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
+        watches.append(request.query["resourceVersion"])
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if len(watches) == 1:
+            await resp.write(
+                json.dumps({"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "12"}}}).encode()
+                + b"\n"
+            )
+        await asyncio.sleep(30)  # then silence on an open connection
+        return resp
+
+    class IdleClient(Client):
+        async def open(self, method, path, query=(), timeout=None, idle=None, **_):
+            return await self.session.request(
+                method,
+                self.base + path,
+                params=[(k, str(v)) for k, v in query],
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_read=idle),
+            )
+
+    app = web.Application()
+    app.router.add_get("/items", handler)
+    server = TestServer(app)
+    await server.start_server()
+
+    class H:
+        def replace(self, items):
+            pass
+
+        def apply(self, kind, obj):
+            pass
+
+    async with aiohttp.ClientSession() as session:
+        r = Reflector(IdleClient(str(server.make_url("")).rstrip("/"), session), "/items", H(), watch_idle=0.3)
+        task = asyncio.create_task(r.run())
+        for _ in range(250):
+            if len(watches) >= 2:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    await server.close()
+    assert watches[:2] == ["10", "12"] and len(lists) == 1

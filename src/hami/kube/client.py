@@ -91,8 +91,11 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        idle: float | None = None,
     ) -> Any:
-        """The raw aiohttp response (for watches); the caller reads and releases it.
+        """The raw aiohttp response (for watches); the caller reads and releases it. ``timeout``
+        bounds the whole exchange; ``idle``, when given, the wait for each next piece of the body
+        (a watch's stream: a connection the network black-holed says nothing, it never closes).
 
         Sent straight on kubernetes_asyncio's session (its TLS, pool and proxy settings) with its
         configuration's credentials, asked for per request (an exec plugin's or a projected
@@ -122,7 +125,7 @@ class KubeClient:
             url,
             headers=headers,
             data=None if body is None else encode_json(body),
-            timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self.timeout),
+            timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self.timeout, sock_read=idle),
             **extra,
         )
 

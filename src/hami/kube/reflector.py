@@ -47,6 +47,13 @@ class Absent(Exception):
         self.status = status
 
 
+#: a watch that has said nothing this long is opened again from the last version it delivered. The
+#: API server sends a watch that allows bookmarks one about every minute even when nothing changes,
+#: so only a dead connection (one the network black-holed never closes) stays this quiet; without
+#: it the cache would stay stale until the watch's own time-out, minutes later.
+WATCH_IDLE_S = 150.0
+
+
 class Reflector:
     def __init__(
         self,
@@ -58,6 +65,7 @@ class Reflector:
         label_selector: str = "",
         field_selector: str = "",
         watch_timeout: int = 300,
+        watch_idle: float = WATCH_IDLE_S,
         resume_from: str | None = None,
         page_size: int = 2000,
         optional: str = "",
@@ -73,6 +81,7 @@ class Reflector:
         self.label_selector = label_selector
         self.field_selector = field_selector
         self.watch_timeout = watch_timeout
+        self.watch_idle = watch_idle
         self.page_size = page_size
         self.synced = asyncio.Event()
         self.resource_version: str | None = resume_from
@@ -111,11 +120,14 @@ class Reflector:
         return (page.get("metadata") or {}).get("resourceVersion") or "0"
 
     async def watch(self, rv: str) -> str:
-        """Watch from ``rv`` until the server closes the stream; returns the last version seen."""
+        """Watch from ``rv`` until the server closes the stream; returns the last version seen
+        (kept in :attr:`resource_version` as each event arrives, so a watch that fails part-way
+        is resumed from there)."""
+        self.resource_version = rv
         query = self._query(
             watch="true", resourceVersion=rv, allowWatchBookmarks="true", timeoutSeconds=self.watch_timeout
         )
-        resp = await self.kube.open("GET", self.path, query, timeout=self.watch_timeout + 30)
+        resp = await self.kube.open("GET", self.path, query, timeout=self.watch_timeout + 30, idle=self.watch_idle)
         try:
             if resp.status == 410:
                 raise Expired(f"{self.name}: HTTP 410")
@@ -169,7 +181,9 @@ class Reflector:
             except asyncio.CancelledError:
                 raise
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-                log.warning("watch %s failed: %s; retrying in %.1fs", self.name, exc, backoff)
+                if rv is not None and self.resource_version is not None:
+                    rv = self.resource_version  # a watch resumes from the last event it delivered
+                log.warning("watch %s failed: %s; retrying in %.1fs", self.name, exc or type(exc).__name__, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except Exception:  # noqa: BLE001 - a handler bug must not freeze the cache silently
