@@ -242,22 +242,22 @@ def test_leadership_follows_the_lease_holder_prefix_and_expiry():
 
 
 def test_the_default_identity_is_the_hostname_kube_scheduler_names_itself_by(monkeypatch):
-    """A pod's hostname is its name cut to 63 characters, and kube-scheduler's Lease identity is
-    ``<hostname>_<uuid>``: with a long release name, ``$POD_NAME`` is not a prefix of it."""
+    """kube-scheduler's Lease identity is ``<hostname>_<uuid>``, and a pod's hostname is not its
+    name with hostNetwork (the node's) or spec.hostname: ``$POD_NAME`` would never match it."""
     import argparse
     import socket
 
     from hami.scheduler import options as O
 
-    pod = "a-rather-long-release-name-for-gpus-hami-scheduler-6b8f9c7d5f-x2k9q"  # 67 characters
+    pod, host = "hami-scheduler-6b8f9c7d5f-x2k9q", "gpu-node-17"  # hostNetwork: the node's hostname
     monkeypatch.setenv("POD_NAME", pod)
-    monkeypatch.setattr(socket, "gethostname", lambda: pod[:63])
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
     parser = argparse.ArgumentParser()
     O.add_arguments(parser)
     opts = O.options_from_args(parser.parse_args(["--leader-elect"]))
-    assert (opts.identity, opts.pod_name) == (pod[:63], pod)  # the pod is still labelled by its name
+    assert (opts.identity, opts.pod_name) == (host, pod)  # the pod is still labelled by its name
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-    lease = {"spec": {"holderIdentity": f"{pod[:63]}_9d1c", "renewTime": stamp, "leaseDurationSeconds": 15}}
+    lease = {"spec": {"holderIdentity": f"{host}_9d1c", "renewTime": stamp, "leaseDurationSeconds": 15}}
     assert holds_lease(lease, opts.identity, time.time())
     explicit = O.options_from_args(parser.parse_args(["--leader-elect", "--leader-elect-identity=other"]))
     assert explicit.identity == "other"
@@ -1150,3 +1150,59 @@ async def test_a_bind_whose_lease_went_elsewhere_while_it_waited_writes_no_bindi
     assert "lost the lease" in answer["Error"]
     assert api.bindings == []
     assert all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+
+
+class _LeaseApi:
+    """A Lease to read (or a read that fails) and the pod label writes, recorded."""
+
+    def __init__(self, lease):
+        self.lease, self.fail_reads, self.fail_patches = lease, False, 0
+        self.labels: list[str] = []
+
+    async def get(self, path):
+        from hami.kube.client import KubeError
+
+        if self.fail_reads:
+            raise KubeError("GET", path, 500, '{"message": "etcdserver: request timed out"}')
+        return self.lease
+
+    async def merge_patch(self, path, body):
+        from hami.kube.client import KubeError
+
+        if self.fail_patches:
+            self.fail_patches -= 1
+            raise KubeError("PATCH", path, 503, '{"message": "unavailable"}')
+        self.labels.append(body["metadata"]["labels"]["hami.io/scheduler-role"])
+
+
+def _lease(holder, renewed, duration=15):
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(renewed))
+    return {"spec": {"holderIdentity": holder, "renewTime": stamp, "leaseDurationSeconds": duration}}
+
+
+async def test_a_failed_lease_read_keeps_the_leader_until_its_lease_would_run_out():
+    from hami.scheduler.leader import Leadership
+
+    now = [1_000_000.0]
+    api = _LeaseApi(_lease("hami-0_1a2b", now[0]))
+    lead = Leadership(api, True, "hami-scheduler", "ns", "hami-0", "hami-0", "ns", clock=lambda: now[0])
+    assert await lead.check() and api.labels == ["leader"]
+    api.fail_reads = True  # the API server busy: no new holder is known
+    now[0] += 5
+    assert await lead.check() and lead.is_leader  # Binds in flight are not failed for it
+    now[0] += 11  # past renewTime + 15 s: the lease may be someone else's by now
+    assert not await lead.check() and api.labels == ["leader", "follower"]
+
+
+async def test_the_role_label_is_written_until_it_is_right():
+    """A follower from the start writes ``follower`` (a restarted leader's pod may still say
+    ``leader``, and the Service would reach it); a label write that failed is retried."""
+    from hami.scheduler.leader import Leadership
+
+    now = [1_000_000.0]
+    api = _LeaseApi(_lease("hami-1_9f9f", now[0]))
+    api.fail_patches = 1
+    lead = Leadership(api, True, "hami-scheduler", "ns", "hami-0", "hami-0", "ns", clock=lambda: now[0])
+    assert not await lead.check() and api.labels == []  # the write failed
+    assert not await lead.check() and api.labels == ["follower"]  # and is made on the next poll
+    assert not await lead.check() and api.labels == ["follower"]  # once right, not again

@@ -183,7 +183,9 @@ class Reflector:
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                 if rv is not None and self.resource_version is not None:
                     rv = self.resource_version  # a watch resumes from the last event it delivered
-                log.warning("watch %s failed: %s; retrying in %.1fs", self.name, exc or type(exc).__name__, backoff)
+                log.warning(
+                    "watch %s failed: %s; retrying in %.1fs", self.name, str(exc) or type(exc).__name__, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except Exception:  # noqa: BLE001 - a handler bug must not freeze the cache silently

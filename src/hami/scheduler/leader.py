@@ -2,8 +2,8 @@
 
 HAMi's extender does not campaign: kube-scheduler (same pod) takes the Lease
 ``<namespace>/hami-scheduler``; this replica is leader while the Lease's ``holderIdentity``
-is our identity followed by ``_<uuid>`` (kube-scheduler's: the hostname, which in a pod is the pod
-name cut to 63 characters; ours defaults to the same hostname) and the Lease has
+is our identity followed by ``_<uuid>`` (kube-scheduler's: the hostname, the pod's name unless it
+sets hostNetwork or spec.hostname; ours defaults to the same hostname) and the Lease has
 not expired. Only the leader answers ``/filter`` and ``/bind`` and is ready; followers keep
 their caches warm, so a failover does not start cold. Without ``--leader-elect`` this replica
 is always leader.
@@ -17,11 +17,14 @@ import time
 from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping
 
+import aiohttp
+
 from hami.core.names import SCHEDULER_ROLE
 from hami.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 ROLE_LABEL = SCHEDULER_ROLE
+_UNREAD: Any = object()  # the Lease could not be read (not: it does not exist)
 
 
 def _ts(text: str | None) -> float | None:
@@ -68,17 +71,37 @@ class Leadership:
         self.interval = interval
         self.clock = clock
         self.is_leader = not enabled
+        self.held_until = 0.0  # when the lease last read as ours runs out, unless renewed
+        self.labelled: bool | None = None  # the role our pod's label says (None: not written yet)
         self.changed = asyncio.Event()
         self.on_elected: list[Callable[[], Awaitable[None]]] = []
 
     async def check(self) -> bool:
+        """Read the Lease and follow it. A read that fails (the API server busy or away) changes
+        nothing until the lease last read as ours runs out: a failed read is not a new holder, and
+        stepping down on one would fail every Bind in flight for a second. The pod's role label is
+        written until it is right (a write that failed, or a restart as a follower, is retried on
+        the next poll), since the Service finds the leader by that label alone."""
+        now = self.clock()
         try:
             lease = await self.kube.get(self.path)
         except KubeError as exc:
             if exc.status != 404:
                 log.warning("cannot read the leader Lease: %s", exc)
-            lease = None
-        leader = holds_lease(lease, self.identity, self.clock())
+                lease = _UNREAD
+            else:
+                lease = None
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot read the leader Lease: %s", str(exc) or type(exc).__name__)
+            lease = _UNREAD
+        if lease is _UNREAD:
+            leader = self.is_leader and now < self.held_until
+        else:
+            leader = holds_lease(lease, self.identity, now)
+            if leader:
+                spec = lease.get("spec") or {}
+                renewed = _ts(spec.get("renewTime")) or _ts(spec.get("acquireTime")) or now
+                self.held_until = renewed + (spec.get("leaseDurationSeconds") or 15)
         if leader != self.is_leader:
             self.is_leader = leader
             log.info("this replica (%s) is now %s", self.identity, "leader" if leader else "a follower")
@@ -88,6 +111,8 @@ class Leadership:
             if leader:
                 for cb in self.on_elected:
                     await cb()
+        elif self.labelled is not leader:
+            await self._label(leader)
         return leader
 
     async def _label(self, leader: bool) -> None:
@@ -98,12 +123,20 @@ class Leadership:
             await self.kube.merge_patch(
                 path, {"metadata": {"labels": {ROLE_LABEL: "leader" if leader else "follower"}}}
             )
-        except KubeError as exc:
-            log.warning("cannot label pod %s/%s: %s", self.pod_namespace, self.pod_name, exc)
+        except (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            self.labelled = None  # written again on the next poll
+            log.warning("cannot label pod %s/%s: %s", self.pod_namespace, self.pod_name, str(exc) or type(exc).__name__)
+        else:
+            self.labelled = leader
 
     async def run(self) -> None:
         if not self.enabled:
             return
         while True:
-            await self.check()
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a bug in one poll must not freeze leadership for good
+                log.exception("leader check failed; trying again")
             await asyncio.sleep(self.interval)

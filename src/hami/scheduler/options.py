@@ -251,7 +251,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--leader-elect-identity",
         default="",
         help="leader when the Lease holderIdentity is this, or this and '_<uuid>' as kube-scheduler writes it "
-        "(default: the hostname, which kube-scheduler's identity starts with; in a pod, the pod name cut to 63 characters)",
+        "(default: the hostname, as kube-scheduler's identity is <hostname>_<uuid>; in a pod that is the pod "
+        "name, unless the pod sets hostNetwork or spec.hostname)",
     )
     a(
         "--legacy-metrics",
@@ -422,8 +423,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         leader_elect=args.leader_elect,
         lease_name=args.leader_elect_resource_name,
         lease_namespace=args.leader_elect_resource_namespace or pod_namespace or "kube-system",
-        # kube-scheduler's identity is os.Hostname() + "_<uuid>"; a pod's hostname is its name cut to
-        # 63 characters, so a long pod name (a long release name) never matched $POD_NAME
+        # kube-scheduler's identity is os.Hostname() + "_<uuid>": the pod's name only without
+        # hostNetwork or spec.hostname, where $POD_NAME never matched
         identity=args.leader_elect_identity or socket.gethostname(),
         pod_name=pod_name,
         pod_namespace=pod_namespace,
