@@ -29,13 +29,16 @@ report; the start-up time is printed in the terminal summary.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
 import uuid
 
 import pytest
 import pytest_asyncio
 
+from hami_devkit.binaries import find_binaries
 from hami_devkit.cluster import KubeCluster, MissingBinaries
 
 _state: dict[str, object] = {}
@@ -107,3 +110,31 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.write_line(cluster.describe_startup())
     if "kept" in _state:
         terminalreporter.write_line(f"Kubernetes component logs kept in {_state['kept']}/logs")
+
+
+@pytest.fixture(scope="module")
+def helm_bin(tmp_path_factory):
+    """`helm` with a home of its own per module: ``run(*args, extra_env=None, check=True)``."""
+    try:
+        binary = find_binaries().get("helm")
+    except MissingBinaries as exc:
+        pytest.skip(str(exc))
+    if binary is None:
+        pytest.skip("helm is not installed (scripts/install-kube.sh)")
+    home = tmp_path_factory.mktemp("helm")
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "c"),
+        "HELM_CONFIG_HOME": str(home / "g"),
+        "HELM_DATA_HOME": str(home / "d"),
+    }
+
+    def run(*args: str, extra_env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(binary), *args], env={**env, **(extra_env or {})}, text=True, capture_output=True, timeout=120
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run

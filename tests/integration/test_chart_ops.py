@@ -14,7 +14,6 @@ Rendered with ``helm template`` only (no cluster):
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -22,39 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami_devkit.binaries import find_binaries
-from hami_devkit.cluster import MissingBinaries
 
 from .test_chart import CHART, KUBE_VERSION
 
 pytestmark = pytest.mark.integration
 
 DRA = ("frontEnd=dra", "dra.enabled=true", "devicePlugin.enabled=false")
-
-
-@pytest.fixture(scope="module")
-def helm_bin(tmp_path_factory):
-    try:
-        binary = find_binaries().get("helm")
-    except MissingBinaries as exc:
-        pytest.skip(str(exc))
-    if binary is None:
-        pytest.skip("helm is not installed (scripts/install-kube.sh)")
-    home = tmp_path_factory.mktemp("helm-ops")
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "c"),
-        "HELM_CONFIG_HOME": str(home / "g"),
-        "HELM_DATA_HOME": str(home / "d"),
-    }
-
-    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([str(binary), *args], env=env, text=True, capture_output=True, timeout=120)
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result
-
-    return run
 
 
 def _template(helm_bin, *sets: str, values: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import urllib.request
 import uuid
@@ -26,8 +25,7 @@ import pytest
 import yaml
 
 from hami.config import load_device_config
-from hami_devkit.binaries import find_binaries
-from hami_devkit.cluster import MissingBinaries, free_port
+from hami_devkit.cluster import free_port
 from hami.vendors import VENDORS, build_vendors, managed_resource_names
 
 from .test_chart import CHART, KUBE_VERSION, _extender_argv, _Procs
@@ -35,33 +33,6 @@ from .test_chart import CHART, KUBE_VERSION, _extender_argv, _Procs
 pytestmark = pytest.mark.integration
 
 SECTIONS = tuple(section for section, _ in VENDORS)
-
-
-@pytest.fixture(scope="module")
-def helm_bin(tmp_path_factory):
-    try:
-        binary = find_binaries().get("helm")
-    except MissingBinaries as exc:
-        pytest.skip(str(exc))
-    if binary is None:
-        pytest.skip("helm is not installed (scripts/install-kube.sh)")
-    home = tmp_path_factory.mktemp("helm-vendors")
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(home / "c"),
-        "HELM_CONFIG_HOME": str(home / "g"),
-        "HELM_DATA_HOME": str(home / "d"),
-    }
-
-    def run(*args: str, extra_env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(binary), *args], env={**env, **(extra_env or {})}, text=True, capture_output=True, timeout=120
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result
-
-    return run
 
 
 def _values_file(tmp_path: Path, values: dict) -> list[str]:

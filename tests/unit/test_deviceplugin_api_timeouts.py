@@ -21,8 +21,9 @@ from hami.deviceplugin.allocator import Allocator, preferred_allocation
 from hami.node.layout import HookPaths
 from hami.node.settings import NodeSettings
 
+from ._apikit import within
+
 LOCK_P = "2026-11-22T03:00:00Z,ns,p"
-GUARD_S = 10.0  # far above every bound below: only a call that waits for ever reaches it
 
 
 @pytest.fixture
@@ -31,33 +32,6 @@ def short(monkeypatch):
     monkeypatch.setattr(dkube, "API_TIMEOUT_S", 0.5)
     monkeypatch.setattr(dkube, "TRANSIENT_BUDGET_S", 0.5)
     monkeypatch.setattr(dkube, "MIN_ATTEMPT_S", 0.2)
-
-
-async def within(aw, bound: float = GUARD_S):
-    """``await aw``, failing the test (not raising a time-out of its own) if it is still waiting
-    after ``bound`` seconds."""
-    task = asyncio.ensure_future(aw)
-    done, _ = await asyncio.wait({task}, timeout=bound)
-    if not done:
-        task.cancel()
-        await asyncio.wait({task})
-        pytest.fail(f"still waiting for the API server after {bound:g}s")
-    return task.result()
-
-
-@pytest.fixture
-async def black_hole():
-    """An API server address that accepts connections and never answers."""
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(65536):  # until the client gives up and closes
-            pass
-        writer.close()
-
-    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.close()
 
 
 def api_for(host: str) -> client.ApiClient:

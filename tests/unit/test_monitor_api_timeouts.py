@@ -18,35 +18,9 @@ from hami.monitor import command
 from hami.monitor import kube as mkube
 from hami.monitor.exporter import PodRef
 
+from ._apikit import within
+
 UID = "0b6f3b4e-1111-4d7e-9a8e-aaaaaaaaaaaa"  # a pod no longer on the node
-GUARD_S = 10.0  # far above every bound below: only a call that waits for ever reaches it
-
-
-async def within(aw, bound: float = GUARD_S):
-    """``await aw``, failing the test (not raising a time-out of its own) if it is still waiting
-    after ``bound`` seconds."""
-    task = asyncio.ensure_future(aw)
-    done, _ = await asyncio.wait({task}, timeout=bound)
-    if not done:
-        task.cancel()
-        await asyncio.wait({task})
-        pytest.fail(f"still waiting for the API server after {bound:g}s")
-    return task.result()
-
-
-@pytest.fixture
-async def black_hole():
-    """An API server address that accepts connections and never answers."""
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await reader.read(65536):  # until the client gives up and closes
-            pass
-        writer.close()
-
-    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.close()
 
 
 def refresh_args(tmp_path, **extra) -> argparse.Namespace:

@@ -12,6 +12,7 @@ import re
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,14 +134,23 @@ class Options:
         )
 
 
-def _connections(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 8:
-        raise argparse.ArgumentTypeError(f"expected at least 8 (the watches hold 5), got {value}")
-    return value
+def _whole_number(least: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (``why``: the reason, in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected at least {least}{why}, got {value}")
+        return value
+
+    return parse
+
+
+_connections = _whole_number(8, " (the watches hold 5)")
+_event_burst = _whole_number(1)
 
 
 def _event_rate(text: str) -> float:
@@ -150,16 +160,6 @@ def _event_rate(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of events a second, got {text!r}") from None
     if not value >= 0 or value == float("inf"):  # NaN fails the comparison
         raise argparse.ArgumentTypeError(f"expected 0 (not paced) or a positive finite number, got {text!r}")
-    return value
-
-
-def _event_burst(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
 
 
