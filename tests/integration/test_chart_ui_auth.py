@@ -23,7 +23,6 @@ import yaml
 from hami.scheduler import options as O
 
 from .test_chart import CHART, KUBE_VERSION
-from .test_chart_vendors import helm_bin  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 

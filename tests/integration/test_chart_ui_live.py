@@ -15,7 +15,6 @@ import pytest
 
 from .test_chart import CHART
 from .test_chart_ui_auth import _parsed, _render, _scheduler_args
-from .test_chart_vendors import helm_bin  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 UI = ("--set", "scheduler.ui.enabled=true")
