@@ -23,8 +23,11 @@ pytestmark = pytest.mark.native
 
 TOL = 5.0  # percentage points above the limit (the isolation guarantee)
 # With a real driver's attribution (one process per sample) a competing task's share is held on
-# average over a lottery of ~100 samples: up to 6 points over its limit measured in 5 s runs.
+# average over a lottery of samples. In 5 s runs we measured up to 7 points over the limit on an
+# idle machine and 11.4 under a full CI run; 10 s runs (RESIDENT_S) halve the spread (at most
+# 5.3 over in repeated idle runs), which leaves the tolerance room for a loaded machine.
 TOL_RESIDENT = 10.0
+RESIDENT_S = 10
 LOW = 0.25  # held, not starved: at least this fraction of the limit, even on a saturated CPU
 SETTLE_MS = 500  # measurement starts this long after the first launch
 UNTHROTTLED = 3 * TOL  # "clearly not held at the limit": more than limit + 15 points
@@ -75,7 +78,7 @@ ATTRIBUTIONS = pytest.mark.parametrize("attribution", ["split", "resident"])
 def test_two_containers_30_70(env, tmp_path, attribution):
     m = tmp_path / "m"
     env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
-    secs, tol = (3, TOL) if attribution == "split" else (5, TOL_RESIDENT)
+    secs, tol = (3, TOL) if attribution == "split" else (RESIDENT_S, TOL_RESIDENT)
     tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in (30, 70)]
     traces = [t.trace() for t in tasks]
     a, b = max(t.start for t in traces), min(t.end for t in traces)
@@ -90,7 +93,7 @@ def test_three_containers_20_30_50(env, tmp_path, attribution):
     m = tmp_path / "m"
     env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
     limits = (20, 30, 50)
-    secs, tol = (3, TOL) if attribution == "split" else (5, TOL_RESIDENT)
+    secs, tol = (3, TOL) if attribution == "split" else (RESIDENT_S, TOL_RESIDENT)
     tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in limits]
     traces = [t.trace() for t in tasks]
     a, b = max(t.start for t in traces), min(t.end for t in traces)
