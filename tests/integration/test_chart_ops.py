@@ -4,6 +4,7 @@ Rendered with ``helm template`` only (no cluster):
 
 - the device plugin's and the DRA agent's pod templates carry a checksum of every chart ConfigMap
   they read at start-up (device-config.yaml, the node ``config.json``), so a changed one rolls them;
+  the checksums cover the data alone, so a change of metadata (``global.annotations``) rolls nothing;
 - the scheduler Deployment never runs two schedulers without a Lease (``Recreate`` without leader
   election), rolls a follower in first with it, and probes with HAMi's 5 s timeout;
 - a device-plugin ``updateStrategy`` with a surge is refused: two plugins on one node fight over
@@ -91,6 +92,32 @@ def test_a_changed_device_or_node_config_rolls_the_dra_agent(helm_bin, tmp_path)
     node = _pod_annotations(_render(helm_bin, *DRA, values=_node_config(tmp_path, 4)), "DaemonSet", "hami-dra")
     assert node["checksum/node-config"] != base["checksum/node-config"]
     assert node["checksum/device-config"] == base["checksum/device-config"]
+
+
+CHECKSUMS = (
+    ("DaemonSet", "hami-device-plugin", (), ("checksum/device-config", "checksum/node-config")),
+    ("DaemonSet", "hami-dra", DRA, ("checksum/device-config", "checksum/node-config")),
+    ("Deployment", "hami-scheduler", (), ("checksum/config", "checksum/device-config")),
+)
+
+
+@pytest.mark.parametrize(("kind", "name", "sets", "keys"), CHECKSUMS, ids=[c[1] for c in CHECKSUMS])
+def test_only_a_configmaps_data_rolls_its_readers(helm_bin, tmp_path, kind, name, sets, keys):
+    """The checksums cover what the programs read (the data), not the ConfigMaps' metadata: a
+    changed global.annotations (on every object, the ConfigMaps included) restarts nothing."""
+    base = _render(helm_bin, *sets)
+    tagged = _render(helm_bin, *sets, "global.annotations.team=gpu")
+    maps = [k for k in base if k[0] == "ConfigMap"]
+    assert maps and all(tagged[k]["metadata"]["annotations"]["team"] == "gpu" for k in maps)  # metadata did change
+    assert {k: _pod_annotations(base, kind, name)[k] for k in keys} == {
+        k: _pod_annotations(tagged, kind, name)[k] for k in keys
+    }
+    # ...and the data still does: each checksum follows its own file
+    files = _render(helm_bin, *sets, "devices.nvidia.gpuCorePolicy=force", values=_node_config(tmp_path, 4))
+    kube = _render(helm_bin, *sets, "scheduler.kubeScheduler.clientConnection.qps=500")  # kube-scheduler's config
+    for key in keys:
+        moved = kube if key == "checksum/config" else files
+        assert _pod_annotations(moved, kind, name)[key] != _pod_annotations(base, kind, name)[key], key
 
 
 def test_an_external_node_config_is_not_rendered_so_its_checksum_is_constant(helm_bin, tmp_path):

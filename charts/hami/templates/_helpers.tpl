@@ -48,6 +48,16 @@ annotations:
 {{- end }}
 {{- end -}}
 
+{{/*
+The sha256 of a chart ConfigMap's data alone, for a pod template's checksum/ annotation: what the
+program reads. Labels and annotations (global.annotations, the chart version) change no file, so
+they roll nothing. Call with (dict "root" $ "template" "/scheduler/configmap.yaml").
+*/}}
+{{- define "hami.dataChecksum" -}}
+{{- $doc := include (print .root.Template.BasePath .template) .root | fromYaml | default dict -}}
+{{- get $doc "data" | default dict | toJson | sha256sum -}}
+{{- end -}}
+
 {{- define "hami.scheduler.selector" -}}
 app.kubernetes.io/name: {{ include "hami.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
