@@ -266,6 +266,25 @@ def _histogram_quantiles(text: str, name: str, label: str) -> str:
     return f"p50 <= {q(0.5) * 1e3:g} ms, p99 <= {q(0.99) * 1e3:g} ms over {int(total)} calls"
 
 
+def bound_times(items: list[dict], events: list[dict]) -> dict[str, float]:
+    """When each pod was bound: the ``eventTime`` of kube-scheduler's ``Scheduled`` event (written
+    once the Binding succeeded; microseconds), else the PodScheduled condition's time (whole
+    seconds: a run of 2-4 s would be cut by up to one, the ratios moving with it)."""
+    from datetime import datetime
+
+    when = {
+        p["metadata"]["name"]: calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+        for p in items
+        for c in p["status"].get("conditions") or ()
+        if c["type"] == "PodScheduled"
+    }
+    for e in events:
+        stamp, name = e.get("eventTime"), (e.get("involvedObject") or {}).get("name")
+        if e.get("reason") == "Scheduled" and stamp and name in when:
+            when[name] = datetime.fromisoformat(stamp).timestamp()
+    return when
+
+
 def node_spread(items: list[dict], when: dict[str, float], span: float) -> str:
     """Where the time went, per node: how many nodes received pods, how many were busy binding
     at once on average (sum of each node's first-to-last bind span / total span), and the rate
@@ -274,7 +293,7 @@ def node_spread(items: list[dict], when: dict[str, float], span: float) -> str:
     by_node: dict[str, list[float]] = {}
     for p in items:
         by_node.setdefault(p["spec"]["nodeName"], []).append(when.get(p["metadata"]["name"], 0.0))
-    spans = [max(ts) - min(ts) + 1.0 for ts in by_node.values()]  # +1: 1-second timestamps
+    spans = [max(ts) - min(ts) + 1e-3 for ts in by_node.values()]
     busy = sum(spans) / span
     per_node = sum(len(ts) for ts in by_node.values()) / sum(spans)
     return (
@@ -520,15 +539,11 @@ def e2e(args: argparse.Namespace) -> None:
             cluster.wait_for(bound, f"{len(pods)} pods bound in {ns}", timeout=600, interval=2.0)
             cpu = cpu_per_pod(cpu0, cpu_seconds(own_processes()), len(pods))
             requests = per_pod(requests0, request_counts(cluster), len(pods))
-            failed = failed_scheduling(create("GET", f"/api/v1/namespaces/{ns}/events")["items"])
+            events = create("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+            failed = failed_scheduling(events)
             items = create("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
             assert len(items) == len(pods) and all(p["spec"].get("nodeName") for p in items), "a pod is not bound"
-            when = {
-                p["metadata"]["name"]: calendar.timegm(time.strptime(c["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ"))
-                for p in items
-                for c in p["status"].get("conditions") or ()
-                if c["type"] == "PodScheduled"
-            }
+            when = bound_times(items, events)
             span = max(max(when.values()) - began, 1e-3)
             print(f"  {ns}: {node_spread(items, when, span)}")
             print(f"  {ns}: {cpu}")
@@ -582,7 +597,7 @@ def e2e(args: argparse.Namespace) -> None:
             """One run per node policy and node side, each beside the round's baseline ``base``."""
             out = []
             nonlocal proc
-            policies = args.policies.split(",")
+            policies = list(filter(None, args.policies.split(",")))
             for policy in policies if rnd % 2 == 0 else policies[::-1]:  # every other round the other way round
                 proc = SchedulerProcess(
                     cluster,
@@ -656,6 +671,12 @@ def e2e(args: argparse.Namespace) -> None:
                 f"({base:.1f}s; {load()})"
             )
             kubernetes_alone(args.kubernetes_gpu, run, clear, whole, base, alones)
+            if args.floor:
+                floor_pods = [
+                    gpu_pod(f"p{i:04d}", "bench-floor", mem=4000, cores=5, node_selector={"bench": "on"})
+                    for i in range(n)
+                ]
+                rows += floor_run(cluster, run, clear, floor_pods, base, rnd)
             rows += policy_runs(base, rnd)
         print(f"summary (baseline {', '.join(f'{n / b:.0f}' for b in bases)} pods/s, {base_requests}):")
         print_alone(alones, n)
@@ -669,6 +690,62 @@ def e2e(args: argparse.Namespace) -> None:
         if proc:
             proc.stop()
         cluster.stop()
+
+
+def floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int) -> list[tuple]:
+    """``pods`` (GPU pods of namespace bench-floor) through hami's kube-scheduler calling the null
+    extender (no hami scheduler, no node stand-in): what the extender protocol itself costs here,
+    beside the round's baseline span ``base``."""
+    import tempfile
+
+    from hami_devkit.schedconfig import ExtenderConfig, SchedulerConfig as KubeSchedulerConfig
+
+    n = len(pods)
+    with tempfile.TemporaryDirectory() as work:
+        floor, addr = null_extender(cluster, Path(work))
+        try:
+            cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=ExtenderConfig(url_prefix=f"http://{addr}")))
+            span, items, requests = run("bench-floor", pods)
+            clear("bench-floor")
+        finally:
+            cluster.configure_hami_scheduler(KubeSchedulerConfig())
+            floor.terminate()
+            floor.wait(10)
+    rate = n / span
+    used = len({p["spec"]["nodeName"] for p in items})
+    print(
+        f"e2e floor: {n} GPU pods through kube-scheduler and the null Go extender (Filter answers the first "
+        f"candidate, Bind forwards the Binding): {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; {load()})"
+    )
+    return [(rnd, "floor", "-", rate, rate / (n / base), used, used, 0, requests)]
+
+
+def null_extender(cluster, workdir: Path):
+    """Build (once, cached by source hash) and start bench/null_extender: the thinnest extender
+    kube-scheduler can call (Filter answers the first candidate, Bind forwards the Binding).
+    Returns (process, "host:port")."""
+    import hashlib
+    import os
+    import subprocess
+
+    source = ROOT / "bench" / "null_extender" / "main.go"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    binary = Path.home() / ".cache" / "hami" / "bench" / f"null-extender-{digest}"
+    if not binary.exists():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false"}
+        subprocess.run(["go", "build", "-o", str(binary), str(source)], check=True, env=env, cwd=source.parent)
+    ca, token = workdir / "ca.pem", workdir / "token"
+    ca.write_bytes(cluster.ca_pem)
+    token.write_text(cluster.component_token)
+    token.chmod(0o600)
+    proc = subprocess.Popen(
+        [str(binary), "-api", cluster.server, "-ca", str(ca), "-token-file", str(token)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
 
 
 def main() -> None:
@@ -708,7 +785,16 @@ def main() -> None:
         help="--e2e: also run the pods asking nvidia.com/gpu: 1 through default-scheduler alone (no extender): "
         "what Kubernetes' own path costs for a pod with an extended resource",
     )
-    ap.add_argument("--policies", default="binpack,spread", help="--e2e: node policies, comma-separated, each a run")
+    ap.add_argument(
+        "--policies", default="binpack,spread", help="--e2e: node policies, comma-separated, each a run ('': none)"
+    )
+    ap.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="--e2e: also run the GPU pods through the null Go extender (bench/null_extender, built with the go "
+        "toolchain): the floor under any extender on this machine",
+    )
     ap.add_argument(
         "--scheduler-flag",
         dest="scheduler_flags",

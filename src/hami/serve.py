@@ -215,8 +215,9 @@ async def read_body(request: web.Request) -> bytes:
     ``BODY_TIMEOUT`` seconds of the head; 413 beyond the application's ``max_body``."""
     timeout = BODY_TIMEOUT
     try:
-        return await asyncio.wait_for(request.read(), timeout)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout):  # (no task per request, unlike wait_for)
+            return await request.read()
+    except TimeoutError:
         answer = web.HTTPRequestTimeout(text=f"request body not received within {timeout:g} s")
         answer.force_close()  # the rest of the body is not waited for
         raise answer from None

@@ -153,3 +153,14 @@ def test_nvidia_registration_accepts_the_legacy_colon_form_too():
     node["metadata"]["annotations"][v.register_annotation] = "[{oops"
     with pytest.raises(CodecError, match="not valid JSON"):
         v.node_devices(node)
+
+
+def test_pod_devices_decode_is_cached_by_text_and_refuses_bad_text_every_time():
+    """A watched pod's allocation text comes back unchanged on each of its events: decoded once."""
+    text = "GPU-a,NVIDIA,4000,5:;GPU-b,NVIDIA,2000,0:;"
+    first = decode_pod_devices(text)
+    assert decode_pod_devices(str(text)) is first  # an equal string: the cached result, not a new one
+    assert decode_pod_devices(text + "GPU-c,NVIDIA,1,1:;") is not first
+    for _ in range(2):  # an error is not cached: raised each time
+        with pytest.raises(CodecError):
+            decode_pod_devices("GPU-a,NVIDIA,lots,5:;")

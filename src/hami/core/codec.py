@@ -18,6 +18,7 @@ The rule for every field (what is accepted, what is refused and why) is in docs/
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -481,8 +482,13 @@ def decode_container_devices(text: str, where: str = "container") -> tuple[Conta
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=8192)
 def decode_pod_devices(text: str) -> PodSingleDevice:
     """Inverse of :func:`encode_pod_devices`; empty container entries are kept (index alignment).
+
+    Cached by text: a watched pod's allocation comes back unchanged on each of its later events
+    (bound, running, status updates), and the result is immutable (tuples of frozen records).
+    A malformed text raises every time (exceptions are not cached).
 
     The final ``;`` is optional (HAMi reads the empty text after it as one more empty container,
     which no container index reaches). ``decode_pod_devices(encode_pod_devices(x)) == x`` and,

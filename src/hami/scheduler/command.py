@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from hami import malloc
+from hami import gcpolicy, malloc
 from hami.core.errors import ConfigError
 
 from .options import Options, add_arguments as _add_arguments, options_from_args
@@ -40,6 +40,8 @@ async def main(opts: Options) -> int:
     runner = metrics_runner = loopback = ui_runner = None
     try:
         service.start_background()
+        if opts.gc_interval:
+            service.tasks.append(loop.create_task(gcpolicy.collect_periodically(opts.gc_interval)))
         if reloader:
             service.tasks.append(loop.create_task(reloader.run()))
         # the --http_bind port (the Service's): /filter and /bind only without --extender-bind,
@@ -160,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami scheduler: {exc}", file=sys.stderr)
         return 2
     malloc.tune()
+    if opts.gc_interval:
+        gcpolicy.tune()  # with collect_periodically in main: see hami.gcpolicy
     try:
         with asyncio.Runner(loop_factory=_loop_factory(opts.event_loop)) as runner:
             return runner.run(main(opts))

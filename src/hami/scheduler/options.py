@@ -92,6 +92,7 @@ class Options:
     success_event_rate: float = 10.0  # success events a second on average; 0 = every one (HAMi's)
     success_event_burst: int = 50  # success events at once
     event_loop: str = "uvloop"  # "uvloop" | "asyncio" (the standard library's)
+    gc_interval: float = 600.0  # seconds between full collections (hami.gcpolicy); 0 = Python's own
     decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
     metrics_host: str = ""
@@ -301,6 +302,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or 'asyncio' (the standard library's)",
     )
     a(
+        "--gc-interval",
+        default="10m",
+        help="Python's garbage collector: young collections every 50,000 allocations, and a full one "
+        "(then freezing what survived) only this often, not whenever the cache has grown a quarter: "
+        "full collections walk every cached pod and stalled scheduling up to 150 ms at a time in "
+        "bench/bench_scheduler.py (hami.gcpolicy); 0 = the interpreter's own collector (default %(default)s)",
+    )
+    a(
         "--decision-write",
         default="binding",
         choices=DECISION_WRITES,
@@ -439,6 +448,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         success_event_rate=args.success_event_rate,
         success_event_burst=args.success_event_burst,
         event_loop=args.event_loop,
+        gc_interval=parse_duration(args.gc_interval, "--gc-interval"),
         decision_write=args.decision_write,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
