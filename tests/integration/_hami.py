@@ -214,6 +214,8 @@ class SchedulerProcess:
             f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
             "--resync-interval=1s",
             "--node-lock-retry-timeout=20s",
+            # no Service routes here: stop() need not wait out the draining delay (a test sets it)
+            *([] if any(a.startswith("--shutdown-delay") for a in self.extra) else ["--shutdown-delay=0"]),
             *self.extra,
         ]
         if self.tls:

@@ -777,3 +777,29 @@ def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_clu
         assert sorted(c.usedmem for c in _containers(done["whole"])[0]) == [16384, 16384]
     finally:
         _cleanup_nodes(kube_cluster, [node])
+
+
+def test_after_sigterm_the_scheduler_serves_out_its_shutdown_delay(kube_cluster):
+    """--shutdown-delay: a terminating pod leaves the Services' endpoints a moment after SIGTERM,
+    so the listeners stay open for the delay (calls routed here meanwhile are answered); then it
+    exits cleanly. SIGINT, or a second signal, ends the wait at once."""
+    import signal as _signal
+
+    proc = SchedulerProcess(kube_cluster, "--shutdown-delay=6s", tls=False).start()
+    try:
+        proc.proc.send_signal(_signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.proc.poll() is None and proc.get("/healthz") == 200  # still serving
+        kube_cluster.wait_for(lambda: "stopping in 6s" in proc.logs(), "the delay logged", 10)
+        proc.proc.send_signal(_signal.SIGTERM)  # a second one: no more waiting
+        assert proc.proc.wait(30) == 0
+    finally:
+        proc.stop()
+    # without a delay (SchedulerProcess's default here, as a process no Service routes to)
+    quick = SchedulerProcess(kube_cluster, tls=False).start()
+    try:
+        quick.proc.send_signal(_signal.SIGTERM)
+        assert quick.proc.wait(30) == 0
+        assert "--shutdown-delay" not in quick.logs()
+    finally:
+        quick.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -33,10 +34,16 @@ async def main(opts: Options) -> int:
         if opts.tls
         else None
     )
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set() or sig == signal.SIGINT:
+            hurry.set()  # Ctrl-C, or a second signal: no delay
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     runner = metrics_runner = loopback = ui_runner = None
     try:
         service.start_background()
@@ -90,6 +97,12 @@ async def main(opts: Options) -> int:
             "on" if opts.leader_elect else "off",
         )
         await stop.wait()
+        if opts.shutdown_delay and not hurry.is_set():
+            # the pod is terminating: the Services drop it, but kube-proxy on each node and the API
+            # server's endpoints take a moment to see it; until then calls still arrive here
+            log.info("stopping in %gs (--shutdown-delay): serving calls routed here meanwhile", opts.shutdown_delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(hurry.wait(), opts.shutdown_delay)
     finally:
         if metrics_runner is not None:
             await metrics_runner.cleanup()

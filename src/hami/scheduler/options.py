@@ -92,6 +92,7 @@ class Options:
     success_event_rate: float = 10.0  # success events a second on average; 0 = every one (HAMi's)
     success_event_burst: int = 50  # success events at once
     event_loop: str = "uvloop"  # "uvloop" | "asyncio" (the standard library's)
+    shutdown_delay: float = 5.0  # seconds of serving after SIGTERM, while endpoints drop the pod
     gc_interval: float = 600.0  # seconds between full collections (hami.gcpolicy); 0 = Python's own
     decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
@@ -302,6 +303,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or 'asyncio' (the standard library's)",
     )
     a(
+        "--shutdown-delay",
+        default="5s",
+        help="after SIGTERM keep serving this long before closing the listeners: the pod has left the "
+        "Services' endpoints, but kube-proxy and the API server see that a moment later, and an admission "
+        "call routed here meanwhile would be refused (a GPU pod refused during every upgrade); SIGINT or a "
+        "second signal skips it; 0 = close at once (default %(default)s)",
+    )
+    a(
         "--gc-interval",
         default="10m",
         help="Python's garbage collector: young collections every 50,000 allocations, and a full one "
@@ -449,6 +458,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         success_event_burst=args.success_event_burst,
         event_loop=args.event_loop,
         gc_interval=parse_duration(args.gc_interval, "--gc-interval"),
+        shutdown_delay=parse_duration(args.shutdown_delay, "--shutdown-delay"),
         decision_write=args.decision_write,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
