@@ -1036,3 +1036,55 @@ def test_the_webhook_fails_closed_for_device_pods_only(kube_cluster, helm, kube_
         assert names == {"cpu-only", "no-resources"}
     finally:
         helm("uninstall", release, "--namespace", ns, check=False)
+
+
+def test_an_upgrade_keeps_a_certificate_made_for_its_names_and_remakes_one_that_is_not(helm, kube_cluster):
+    """The helm-made serving certificate is read back on upgrade (lookup, here against the real API
+    server with --dry-run=server). A Secret made for the names wanted now is reused as it is. One
+    made for other names (an older chart's, without the webhook Service) is made again, and the
+    webhook trusts the new CA and the old one: running pods keep serving the old certificate until
+    the kubelet refreshes their mounted Secret."""
+    import base64
+
+    from cryptography import x509
+
+    ns = "hami-tls-upgrade"
+    kube_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, expect=(201, 409))
+
+    def render() -> dict:
+        out = helm("template", "hami", str(CHART), "-n", ns, "--dry-run=server", "--kube-version", KUBE_VERSION).stdout
+        return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+
+    def bundle(docs: dict) -> list[x509.Certificate]:
+        (hook,) = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"]
+        return x509.load_pem_x509_certificates(base64.b64decode(hook["clientConfig"]["caBundle"]))
+
+    first = render()
+    secret = first[("Secret", "hami-scheduler-tls")]
+    secret["metadata"]["namespace"] = ns
+    kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/secrets", secret, expect=(201,))
+    # made for these names: reused whole, one CA trusted
+    again = render()
+    assert again[("Secret", "hami-scheduler-tls")]["data"] == secret["data"]
+    assert [c.subject for c in bundle(again)] == [
+        x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"])).subject
+    ]
+    # an older chart's Secret (no names annotation): a new certificate naming the webhook Service,
+    # trusted beside the old CA, and the scheduler's pods rolled onto it
+    old = {**secret, "metadata": {k: v for k, v in secret["metadata"].items() if k != "annotations"}}
+    kube_cluster.api("PUT", f"/api/v1/namespaces/{ns}/secrets/hami-scheduler-tls", old, expect=(200,))
+    remade = render()
+    new_secret = remade[("Secret", "hami-scheduler-tls")]
+    assert new_secret["data"]["tls.crt"] != secret["data"]["tls.crt"]
+    old_ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    new_ca = x509.load_pem_x509_certificate(base64.b64decode(new_secret["data"]["ca.crt"]))
+    trusted = bundle(remade)
+    assert [c.fingerprint(c.signature_hash_algorithm) for c in trusted] == [
+        c.fingerprint(c.signature_hash_algorithm) for c in (new_ca, old_ca)
+    ]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(new_secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(new_ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"hami-scheduler-webhook.{ns}.svc" in sans.get_values_for_type(x509.DNSName)
+    annotations = lambda d: d[("Deployment", "hami-scheduler")]["spec"]["template"]["metadata"]["annotations"]  # noqa: E731
+    assert annotations(remade)["checksum/tls"] != annotations(again)["checksum/tls"]

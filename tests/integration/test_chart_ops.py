@@ -219,3 +219,46 @@ def test_no_disruption_budget_for_a_single_scheduler(helm_bin, sets):
     """One replica (or one forced by leaderElect=false): a budget of one would block every drain of
     its node."""
     assert not [k for k in _render(helm_bin, *sets) if k[0] == "PodDisruptionBudget"]
+
+
+def _pem(secret: dict, key: str) -> bytes:
+    import base64
+
+    return base64.b64decode(secret["data"][key])
+
+
+def test_the_webhook_reaches_every_synced_replica_and_the_certificate_names_its_service(helm_bin):
+    """The API server calls the webhook through its own Service, which selects every scheduler
+    replica (readiness: caches synced), so a rolling update or failover never leaves it without
+    an endpoint; the scheduler's Service (metrics, UI) still selects the leader alone."""
+    from cryptography import x509
+
+    docs = _render(helm_bin, "scheduler.replicas=2")
+    (hook,) = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"]
+    assert hook["clientConfig"]["service"]["name"] == "hami-scheduler-webhook"
+    webhook_svc, main_svc = docs[("Service", "hami-scheduler-webhook")], docs[("Service", "hami-scheduler")]
+    assert "hami.io/scheduler-role" not in webhook_svc["spec"]["selector"]
+    assert main_svc["spec"]["selector"] == {**webhook_svc["spec"]["selector"], "hami.io/scheduler-role": "leader"}
+    port = webhook_svc["spec"]["ports"][0]
+    assert (port["port"], port["targetPort"]) == (hook["clientConfig"]["service"]["port"], "http")
+    # the certificate the replicas serve names both Services, and says so on its Secret
+    secret = docs[("Secret", "hami-scheduler-tls")]
+    cert = x509.load_pem_x509_certificate(_pem(secret, "tls.crt"))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert {"hami-scheduler-webhook.default.svc", "hami-scheduler.default.svc"} <= set(names)
+    assert json.loads(secret["metadata"]["annotations"]["hami.io/tls-names"])["dns"] == names
+    # a fresh install trusts its one CA
+    import base64
+
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == _pem(secret, "ca.crt")
+    # cert-manager's certificate names it too; with customURL there is no Service to call
+    managed = _render(helm_bin, "scheduler.certManager.enabled=true")
+    assert (
+        "hami-scheduler-webhook.default.svc" in managed[("Certificate", "hami-scheduler-serving")]["spec"]["dnsNames"]
+    )
+    custom = _render(
+        helm_bin,
+        "scheduler.admissionWebhook.customURL.enabled=true",
+        "scheduler.admissionWebhook.customURL.host=h.example",
+    )
+    assert ("Service", "hami-scheduler-webhook") not in custom

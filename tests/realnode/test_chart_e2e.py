@@ -11,6 +11,8 @@ import os
 import signal
 import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_devkit.cluster import KubeCluster
+from hami_devkit.errors import ApiError
 
 from ..native.cshare import KERNEL_US, Trace
 from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product, installed
@@ -689,6 +692,27 @@ def test_a_scheduler_upgrade_rolls_over_to_a_new_pod_that_leads(
     selector = "app.kubernetes.io/component=hami-scheduler"
     (old,) = product.pods(selector=selector)
     assert old["metadata"]["labels"].get("hami.io/scheduler-role") == "leader"
+    # all through the upgrade, a GPU pod is created every 0.2 s (dry run: admitted, nothing made):
+    # the webhook must answer each one, through the handover too
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "probe-"},
+        "spec": {"containers": [{"name": "c", "image": busybox, "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+    }
+    answered, refused, stop = [0], [], threading.Event()
+
+    def admit() -> None:
+        while not stop.is_set():
+            try:
+                real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", probe, expect=(201,), timeout=15)
+                answered[0] += 1
+            except ApiError as exc:
+                refused.append(str(exc))
+            stop.wait(0.2)
+
+    prober = threading.Thread(target=admit, daemon=True)
+    prober.start()
     product.upgrade({"scheduler": {"podAnnotations": {"hami.test/rollout": old["metadata"]["uid"]}}})
 
     def new_leader() -> dict | None:
@@ -699,5 +723,9 @@ def test_a_scheduler_upgrade_rolls_over_to_a_new_pod_that_leads(
 
     new = real_cluster.wait_for(new_leader, "the new scheduler pod leading", timeout=120, interval=0.5)
     assert new["metadata"]["annotations"]["hami.test/rollout"] == old["metadata"]["uid"]
+    time.sleep(3)  # the new leader's first seconds too
+    stop.set()
+    prober.join(30)
+    assert answered[0] > 20 and refused == [], (answered[0], refused[:3], len(refused))
     sleepers(real_cluster, ns, busybox, "after-upgrade", 2)
     assert_settled(product, real_cluster, ns, 2)

@@ -93,33 +93,57 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{- define "hami.webhookHost" -}}
-{{- printf "%s.%s.svc" (include "hami.scheduler" .) (include "hami.namespace" .) -}}
+
+{{/* The Service the API server calls the admission webhook through: every synced replica. */}}
+{{- define "hami.scheduler.webhookService" -}}{{ include "hami.scheduler" . }}-webhook{{- end -}}
+
+{{/*
+The serving certificate's names, as JSON {"dns": [...], "ips": [...]}: both Services (the
+scheduler's, and the webhook's), localhost, and customURL's host. Used by the helm-made
+certificate and by cert-manager's.
+*/}}
+{{- define "hami.tls.names" -}}
+{{- $ns := include "hami.namespace" . -}}
+{{- $ips := list "127.0.0.1" -}}
+{{- $dns := list "localhost" -}}
+{{- range $svc := list (include "hami.scheduler" .) (include "hami.scheduler.webhookService" .) -}}
+{{- $dns = concat $dns (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) -}}
+{{- end -}}
+{{- $custom := .Values.scheduler.admissionWebhook.customURL -}}
+{{- if and $custom.enabled (ne $custom.host "127.0.0.1") -}}
+{{- if regexMatch "^[0-9.]+$" $custom.host -}}{{- $ips = append $ips $custom.host -}}{{- else -}}{{- $dns = append $dns $custom.host -}}{{- end -}}
+{{- end -}}
+{{- dict "dns" $dns "ips" $ips | toJson -}}
 {{- end -}}
 
 {{/*
 The webhook/extender certificate, made once per render and shared by every template that needs
 it (Secret, webhook caBundle, kube-scheduler's tlsConfig). On upgrade the existing Secret is
-reused (lookup), so the CA does not change under running pods. Not used with cert-manager.
+reused (lookup), so the CA does not change under running pods, as long as it was made for the
+names wanted now (its hami.io/tls-names annotation; a Secret of an older chart has none). A
+certificate made again while an old one exists is trusted beside the old CA (caBundle holds
+both): running pods serve the old certificate until the kubelet refreshes their mounted Secret
+(up to a minute or two), and the API server must accept either in between. Not used with
+cert-manager.
 */}}
 {{- define "hami.tls.generate" -}}
 {{- if not (hasKey .Values "__hamiTLS") -}}
+{{- $names := include "hami.tls.names" . -}}
 {{- $secret := lookup "v1" "Secret" (include "hami.namespace" .) (include "hami.scheduler.tls" .) -}}
-{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") -}}
-{{- $_ := set .Values "__hamiTLS" (dict "ca" (index $secret.data "ca.crt" | b64dec) "crt" (index $secret.data "tls.crt" | b64dec) "key" (index $secret.data "tls.key" | b64dec)) -}}
+{{- $old := "" -}}
+{{- if and $secret $secret.data (hasKey $secret.data "ca.crt") -}}{{- $old = index $secret.data "ca.crt" | b64dec -}}{{- end -}}
+{{- $made := "" -}}
+{{- if $secret -}}{{- $made = index ($secret.metadata.annotations | default dict) "hami.io/tls-names" | default "" -}}{{- end -}}
+{{- if and $old (eq $made $names) -}}
+{{- $_ := set .Values "__hamiTLS" (dict "ca" $old "bundle" $old "crt" (index $secret.data "tls.crt" | b64dec) "key" (index $secret.data "tls.key" | b64dec) "names" $names) -}}
 {{- else -}}
 {{- $days := int .Values.scheduler.tls.validityDays -}}
 {{- $ca := genCA (printf "%s-ca" (include "hami.scheduler" .)) $days -}}
-{{- $svc := include "hami.scheduler" . -}}
-{{- $ns := include "hami.namespace" . -}}
-{{- $ips := list "127.0.0.1" -}}
-{{- $dns := list "localhost" $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
-{{- $custom := .Values.scheduler.admissionWebhook.customURL -}}
-{{- if and $custom.enabled (ne $custom.host "127.0.0.1") -}}
-{{- if regexMatch "^[0-9.]+$" $custom.host -}}{{- $ips = append $ips $custom.host -}}{{- else -}}{{- $dns = append $dns $custom.host -}}{{- end -}}
-{{- end -}}
-{{- $cert := genSignedCert $svc $ips $dns $days $ca -}}
-{{- $_ := set .Values "__hamiTLS" (dict "ca" $ca.Cert "crt" $cert.Cert "key" $cert.Key) -}}
+{{- $want := $names | fromJson -}}
+{{- $cert := genSignedCert (include "hami.scheduler" .) $want.ips $want.dns $days $ca -}}
+{{- $bundle := $ca.Cert -}}
+{{- if $old -}}{{- $bundle = printf "%s\n%s\n" (trim $ca.Cert) (trim $old) -}}{{- end -}}
+{{- $_ := set .Values "__hamiTLS" (dict "ca" $ca.Cert "bundle" $bundle "crt" $cert.Cert "key" $cert.Key "names" $names) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
