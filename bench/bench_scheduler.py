@@ -39,6 +39,11 @@
    process included: on a machine this small, pods/s is about cores / CPU per pod); the
    stand-in's own API time per pod. Completion is polled on the unbound pods only (watch cache).
 
+``--floor`` adds a run of the GPU pods through ``bench/null_extender`` (Go, built once with the
+local toolchain): Filter answers the first candidate, Bind forwards the Binding, nothing else;
+the floor under any extender on this machine. Each pod's end is its ``Scheduled`` event's
+``eventTime`` (microseconds; the PodScheduled condition's whole seconds as the fallback).
+
 Run: ``.venv/bin/python bench/bench_scheduler.py [--sizes 1000x5000,5000x25000 --runs 500] [--e2e]``
 (``--sizes none --e2e --injection allocate,nri``: the end-to-end runs alone, before and after the
 lockless path; ``--profile FILE``: the scheduler under cProfile).
