@@ -163,3 +163,37 @@ async def test_unanswered_writes_fail_the_allocation_in_time_and_every_failure_w
     # release_delay 0: the lock goes first (its time-out is logged, not fatal), then the success
     # write; that one's time-out fails the pod: failed write, then the lock release all the same
     assert firsts == ["lock compare-and-remove", "pod success", "pod failed", "lock removal"], kinds
+
+
+@pytest.mark.parametrize("injection", ["allocate", "nri"])
+async def test_shutdown_writes_are_bounded_as_a_whole(black_hole, monkeypatch, tmp_path, caplog, injection):
+    """SIGTERM with the API server unreachable: the node lock release and the withdrawal of the
+    node's declarations (one patch: hami.io/node-lock-handoff, and hami.io/node-injection with
+    NRI) run side by side under SHUTDOWN_WRITES_S, each call's own time-outs being longer here,
+    so the plugin ends inside the pod's grace period instead of being killed mid-write."""
+    from hami.core.names import NODE_INJECTION
+    from hami.deviceplugin import agent as G
+    from hami.kube.nodelock import LOCK_HANDOFF
+
+    monkeypatch.setattr(dkube, "API_TIMEOUT_S", 60.0)  # alone, each write would outlast the guard
+    monkeypatch.setattr(dkube, "TRANSIENT_BUDGET_S", 60.0)
+    monkeypatch.setattr(G, "SHUTDOWN_WRITES_S", 0.5, raising=False)
+    kube = dkube.Kube(api_for(black_hole), "n1")
+    patches: list[dict] = []
+    patch = kube.patch_node_annotations
+
+    async def recorded(changes, *a, **kw):
+        patches.append(dict(changes))
+        return await patch(changes, *a, **kw)
+
+    monkeypatch.setattr(kube, "patch_node_annotations", recorded)
+    paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock"))
+    node = G.NodeAgent(kube, NodeSettings(), [], tmp_path / "plugins", paths, injection=injection)
+    try:
+        with caplog.at_level("ERROR", logger=G.log.name):
+            await within(node.stop(), bound=5.0)
+    finally:
+        await kube.close()
+    wanted = {LOCK_HANDOFF: None, **({NODE_INJECTION: None} if injection == "nri" else {})}
+    assert patches == [wanted]  # one write for both declarations
+    assert "shutdown writes not done within 0.5s" in caplog.text, caplog.text

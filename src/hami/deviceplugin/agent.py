@@ -40,6 +40,10 @@ from .static_mig import StaticMigResource, StaticMigService
 
 log = logging.getLogger(__name__)
 
+# the shutdown writes (node lock release, node declarations withdrawn) together, at most: well
+# inside the 30 s a pod is given between SIGTERM and the kill
+SHUTDOWN_WRITES_S = 20.0
+
 
 class NodeAgent:
     def __init__(
@@ -198,23 +202,43 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        try:
-            await self.allocator.flush()  # a node lock left for the handoff goes now
-        except Exception as exc:  # noqa: BLE001 - shutting down; the scheduler reclaims finished owners' locks
-            log.error("node lock not released at shutdown: %s", exc)
-        if self.nri is not None:
-            await self.injector.drain()
-            try:  # containers created from now on get no grant: the scheduler must take the lock again
-                await self.kube.patch_node_annotations({NODE_INJECTION: None})
-            except Exception as exc:  # noqa: BLE001 - shutting down; logged
-                log.error("node %s: %s not withdrawn at shutdown: %s", self.kube.node_name, NODE_INJECTION, exc)
-        if self.registrar.handoff:
-            # the declaration lives while this plugin runs: a plugin that replaces this one (HAMi's,
-            # which releases the lock itself) must not find the scheduler swapping over its locks
+        # containers created from now on get no grant (the scheduler must take the lock again), and
+        # a plugin that replaces this one (HAMi's, which releases the lock itself) must not find the
+        # scheduler swapping over its locks: both declarations go, in one write
+        withdraw = {
+            key: None
+            for key, on in ((NODE_INJECTION, self.nri is not None), (LOCK_HANDOFF, self.registrar.handoff))
+            if on
+        }
+
+        async def release() -> None:
             try:
-                await self.kube.patch_node_annotations({LOCK_HANDOFF: None})
+                await self.allocator.flush()  # a node lock left for the handoff goes now
+            except Exception as exc:  # noqa: BLE001 - shutting down; the scheduler reclaims finished owners' locks
+                log.error("node lock not released at shutdown: %s", exc)
+
+        async def unmark() -> None:
+            if self.nri is not None:
+                await self.injector.drain()  # the grants' success writes in flight first
+            if not withdraw:
+                return
+            try:
+                await self.kube.patch_node_annotations(withdraw)
             except Exception as exc:  # noqa: BLE001 - shutting down; logged
-                log.error("node %s: %s not withdrawn at shutdown: %s", self.kube.node_name, LOCK_HANDOFF, exc)
+                log.error("node %s: %s not withdrawn at shutdown: %s", self.kube.node_name, ", ".join(withdraw), exc)
+
+        # side by side and bounded as a whole: one after the other, each retried for its own budget,
+        # they outlasted the pod's 30 s grace with the API server unreachable, and the kill cut them
+        try:
+            async with asyncio.timeout(SHUTDOWN_WRITES_S):
+                await asyncio.gather(release(), unmark())
+        except TimeoutError:
+            log.error(
+                "node %s: shutdown writes not done within %gs (API server unreachable?): %s left as they were",
+                self.kube.node_name,
+                SHUTDOWN_WRITES_S,
+                ", ".join(["the node lock", *withdraw]),
+            )
         if self._watcher is not None:
             await asyncio.to_thread(self._watcher.stop)
             self._watcher = None
