@@ -262,3 +262,12 @@ def test_the_webhook_reaches_every_synced_replica_and_the_certificate_names_its_
         "scheduler.admissionWebhook.customURL.host=h.example",
     )
     assert ("Service", "hami-scheduler-webhook") not in custom
+
+
+def test_a_webhook_service_name_over_63_characters_is_refused_naming_it(helm_bin):
+    long = "a" * 51  # + "-scheduler-webhook": 69 characters
+    result = _template(helm_bin, f"fullnameOverride={long}", check=False)
+    assert result.returncode != 0
+    assert f'"{long}-scheduler-webhook" is 69 characters' in result.stderr and "fullnameOverride" in result.stderr
+    # with customURL there is no such Service, and nothing to refuse
+    _template(helm_bin, f"fullnameOverride={long}", "scheduler.admissionWebhook.customURL.enabled=true")
