@@ -1088,3 +1088,5 @@ def test_an_upgrade_keeps_a_certificate_made_for_its_names_and_remakes_one_that_
     assert f"hami-scheduler-webhook.{ns}.svc" in sans.get_values_for_type(x509.DNSName)
     annotations = lambda d: d[("Deployment", "hami-scheduler")]["spec"]["template"]["metadata"]["annotations"]  # noqa: E731
     assert annotations(remade)["checksum/tls"] != annotations(again)["checksum/tls"]
+    # a certificate reused as it was rolls nothing: the upgrade after the install keeps the checksum
+    assert annotations(again)["checksum/tls"] == annotations(first)["checksum/tls"]

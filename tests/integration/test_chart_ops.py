@@ -251,6 +251,9 @@ def test_the_webhook_reaches_every_synced_replica_and_the_certificate_names_its_
     import base64
 
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == _pem(secret, "ca.crt")
+    # rendered without the cluster (helm template, GitOps) every render makes a new certificate:
+    # no checksum of it, or the scheduler would restart on every sync
+    assert "checksum/tls" not in _pod_annotations(docs, "Deployment", "hami-scheduler")
     # cert-manager's certificate names it too; with customURL there is no Service to call
     managed = _render(helm_bin, "scheduler.certManager.enabled=true")
     assert (
