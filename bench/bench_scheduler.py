@@ -25,7 +25,10 @@
    node lock for the next Bind to swap over and removes it after 1 s if none did; the nodes
    declare hami.io/node-lock-handoff=swap); ``nri``, the lockless path, where NriStandIn plays
    `hami device-plugin --injection=nri` (writes hami.io/node-injection=nri on every node, marks
-   each bound pod allocated from its own annotations, never touches a lock). Each run starts on
+   each bound pod allocated from its own annotations, never touches a lock). The stand-in runs
+   in a process of its own (bench/standin_process.py; its CPU is counted as "node stand-in"):
+   in this process it shared the interpreter lock with the threads creating the pods, which the
+   baseline's creation does not pay. Each run starts on
    empty nodes (the previous run's pods force-deleted); printed per run: pods/s and the ratio to
    the baseline, nodes used beside the nodes placing the same pods one by one uses (the
    simulator), GPUs over capacity (from the pods' own allocation annotations), API requests per
@@ -404,6 +407,18 @@ def timed_standin(base: type) -> type:
     return Timed
 
 
+def node_standin(cluster, injection: str, names: list[str]):
+    """The node side's stand-in for a run, in a process of its own (bench/standin_process.py): on
+    a real cluster it runs on the GPU nodes, and in the bench's process it held the interpreter
+    lock that the threads creating the pods need. With ``nri`` it writes
+    ``hami.io/node-injection: nri`` on the nodes, as the NRI agent does."""
+    from bench.standin_process import StandInProcess
+
+    if injection == "nri":
+        return StandInProcess(cluster, "nri", nodes=set(names), workers=len(names) // 2)
+    return StandInProcess(cluster, "allocate", workers=len(names) // 2)
+
+
 def load() -> str:
     """The machine's load average (1, 5, 15 min), printed beside each figure."""
     try:
@@ -482,8 +497,6 @@ def e2e(args: argparse.Namespace) -> None:
     from tests.integration._hami import (
         METADATA_ONLY,
         KeepAliveApi,
-        NriStandIn,
-        PluginStandIn,
         SchedulerProcess,
         gpu_pod,
         make_gpu_node,
@@ -497,6 +510,7 @@ def e2e(args: argparse.Namespace) -> None:
         print(f"e2e skipped: {exc}")
         return
     proc = None
+    standin_pids: dict[str, int] = {}  # the node side's stand-in process, while one runs
     try:
         names = [f"bench-{i:03d}" for i in range(args.e2e_nodes)]
         with ThreadPoolExecutor(8) as pool:
@@ -509,7 +523,8 @@ def e2e(args: argparse.Namespace) -> None:
             stand-in and the pods' creation)."""
             import os
 
-            got = {"bench (stand-in, creation)": os.getpid()}
+            got = {"bench (creation)": os.getpid()}
+            got.update(standin_pids)
             if proc is not None:
                 got["hami scheduler"] = proc.proc.pid
             for name, component in cluster.components.items():
@@ -618,17 +633,15 @@ def e2e(args: argparse.Namespace) -> None:
                     pods = [
                         gpu_pod(f"p{i:04d}", ns, mem=4000, cores=5, node_selector={"bench": "on"}) for i in range(n)
                     ]
-                    if injection == "nri":  # the NRI agent's stand-in writes hami.io/node-injection: nri
-                        standin: PluginStandIn = timed_standin(NriStandIn)(
-                            cluster, nodes=set(names), workers=args.e2e_nodes // 2
-                        )
-                    else:  # a real cluster has one plugin per node
+                    if injection != "nri":  # a real cluster has one plugin per node
                         set_injection(None)
-                        standin = timed_standin(PluginStandIn)(cluster, workers=args.e2e_nodes // 2)
+                    standin = node_standin(cluster, injection, names)
                     with standin:
+                        standin_pids["node stand-in"] = standin.pid
                         if injection == "nri":
                             time.sleep(2.0)  # its writes reach the scheduler's cache
                         span, items, requests = run(ns, pods)
+                    standin_pids.clear()
                     print(f"  plugin stand-in ({injection}): {standin.summary()}")
                     rate = n / span
                     used = len({p["spec"]["nodeName"] for p in items})
