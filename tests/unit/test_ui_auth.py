@@ -379,3 +379,111 @@ async def test_without_an_authorizer_everything_is_shown(shared):
         assert SECRET not in json.dumps(doc)
     finally:
         await client.close()
+
+
+class SlowReviews(FakeReviews):
+    """Reviews that wait for ``release``, counting how many are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio
+
+        self.release = asyncio.Event()
+        self.in_flight = self.most = 0
+
+    async def _held(self) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.release.wait()
+        finally:
+            self.in_flight -= 1
+
+    async def token(self, token: str) -> Identity | None:
+        await self._held()
+        return await super().token(token)
+
+    async def allowed(self, who: Identity, perm: Permission) -> bool:
+        await self._held()
+        return await super().allowed(who, perm)
+
+
+async def test_a_flood_of_new_tokens_holds_few_reviews_and_the_rest_is_answered_503_at_once(shared):
+    import asyncio
+
+    from hami.ui.auth import TOKEN_REVIEWS_IN_FLIGHT
+
+    reviews = SlowReviews()
+    client = await _client(_api(shared, reviews))
+    try:
+        flood = [asyncio.ensure_future(client.get("/api/v1/pods", headers=bearer(f"random-{i}"))) for i in range(40)]
+        for _ in range(200):  # the requests past the cap come back while the first ones wait
+            await asyncio.sleep(0.01)
+            if sum(f.done() for f in flood) >= 40 - TOKEN_REVIEWS_IN_FLIGHT:
+                break
+        early = [f for f in flood if f.done()]
+        answered = [await f for f in early]
+        assert len(answered) == 40 - TOKEN_REVIEWS_IN_FLIGHT
+        assert {r.status for r in answered} == {503}
+        assert {r.headers["Retry-After"] for r in answered} == {"1"}
+        assert reviews.most == TOKEN_REVIEWS_IN_FLIGHT and len(reviews.token_calls) == 0  # none finished yet
+        reviews.release.set()
+        held = [await f for f in flood if f not in early]
+        assert {r.status for r in held} == {401}  # unknown tokens, reviewed and refused
+        resp = await client.get("/api/v1/pods", headers=bearer(TENANT))  # room again
+        assert resp.status == 200
+    finally:
+        reviews.release.set()
+        await client.close()
+
+
+async def test_access_reviews_in_flight_are_bounded_over_all_requests():
+    import asyncio
+
+    reviews = SlowReviews()
+    auth = Authorizer(reviews, concurrency=5)
+    reviews.release.set()
+    callers = [await auth.authenticate(f"Bearer {t}") for t in (TENANT, IDLE)]
+    for c in callers:  # their cluster-scope checks (refused), cached
+        assert await auth.namespaces(c, "list", "pods", []) == set()
+    reviews.release.clear()
+    reviews.most = 0
+    jobs = [asyncio.ensure_future(auth.namespaces(c, "list", "pods", [f"ns-{i}" for i in range(12)])) for c in callers]
+    await asyncio.sleep(0.05)
+    assert reviews.most == 5  # two requests, one cap
+    reviews.release.set()
+    assert [await j for j in jobs] == [set(), set()]
+    assert reviews.most == 5
+
+
+async def test_the_namespaces_a_tenant_may_see_cost_one_entry_however_many_namespaces():
+    # 1500 namespaces x 4 tenants is 6000 answers, over the access cache's 4096: kept one per
+    # tenant, a refresh asks nothing again (before: every refresh repeated all 6000 checks)
+    reviews = FakeReviews()
+    now = [0.0]
+    auth = Authorizer(reviews, clock=lambda: now[0])
+    names = [f"team-{i}" for i in range(1500)] + ["team-a"]
+    callers = []
+    for i in range(4):
+        token = f"tenant-{i}"
+        USERS[token] = Identity(f"system:serviceaccount:team-a:viewer-{i}", f"u-t{i}")
+        GRANTS.add((f"system:serviceaccount:team-a:viewer-{i}", "list", "pods", "team-a"))
+        callers.append(await auth.authenticate(f"Bearer {token}"))
+    try:
+        for refresh in range(3):
+            before = len(reviews.access_calls)
+            for caller in callers:
+                assert await auth.namespaces(caller, "list", "pods", names) == {"team-a"}
+            asked = len(reviews.access_calls) - before
+            assert asked == (4 * (1 + 1501) if refresh == 0 else 0), (refresh, asked)  # cluster scope + each
+        # a new namespace is asked alone; past the TTL everything is asked again
+        await auth.namespaces(callers[0], "list", "pods", [*names, "team-new"])
+        assert reviews.access_calls[-1][1] == Permission("list", "pods", "team-new")
+        now[0] = 11.0
+        before = len(reviews.access_calls)
+        await auth.namespaces(callers[0], "list", "pods", names)
+        assert len(reviews.access_calls) - before == 1 + 1501
+    finally:
+        for i in range(4):
+            USERS.pop(f"tenant-{i}", None)
+            GRANTS.discard((f"system:serviceaccount:team-a:viewer-{i}", "list", "pods", "team-a"))

@@ -112,6 +112,7 @@ async def test_events_of_another_namespace_are_403_naming_list_events(shared):
         ("/api/v1/pods/team-a/waiting-a/events?limit=101", "limit"),
         ("/api/v1/pods/team-a/waiting-a/events?limit=-1", "limit"),
         ("/api/v1/pods/team-a/waiting-a/events?limit=ten", "limit"),
+        ("/api/v1/pods/team-a/waiting-a/events?limit=%C2%B2", "limit"),  # "²".isdigit(), but not int()
         ("/api/v1/pods/team-a/waiting-a/events?limit=1&limit=2", "limit"),
         ("/api/v1/pods/team-a/waiting-a/events?since=1", "since"),
         ("/api/v1/pods/Team_A/waiting-a/events", "namespace"),

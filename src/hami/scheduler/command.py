@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def main(opts: Options) -> int:
     from hami.kube.client import KubeClient
     from hami.serve import CertReloader
+    from hami.ui.auth import UI_CONNECTIONS
 
     from .server import SchedulerService, serve
 
@@ -44,7 +45,7 @@ async def main(opts: Options) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    runner = metrics_runner = loopback = ui_runner = None
+    runner = metrics_runner = loopback = ui_runner = ui_kube = None
     try:
         service.start_background()
         if opts.gc_interval:
@@ -78,7 +79,9 @@ async def main(opts: Options) -> int:
                     exc,
                 )
         if opts.ui_port is not None:
-            ui_runner = await _serve_ui(service, opts)
+            # its own connections: a flood of sign-ins must not queue Filter's and Bind's writes
+            ui_kube = await KubeClient.connect(opts.kubeconfig, opts.kube_timeout, UI_CONNECTIONS)
+            ui_runner = await _serve_ui(service, opts, ui_kube)
         scheme = "https" if reloader else "http"
         served = (
             "/webhook and health only"
@@ -110,12 +113,15 @@ async def main(opts: Options) -> int:
             if r is not None:
                 await r.cleanup()
         await service.stop()
+        if ui_kube is not None:
+            await ui_kube.close()
         await kube.close()
     return 0
 
 
-async def _serve_ui(service, opts: Options):
-    """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper."""
+async def _serve_ui(service, opts: Options, kube):
+    """The read-only UI listener (--ui-bind) and, with --ui-monitor-url, its live-usage scraper;
+    ``kube``: the UI's own API client (token and access reviews, events)."""
     from hami.serve import CertReloader
     from hami.ui.auth import Authorizer, KubeReviews
     from hami.ui.live import LiveUsage
@@ -129,7 +135,7 @@ async def _serve_ui(service, opts: Options):
             opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names() if n in state.nodes]
         )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
-    authorizer = Authorizer(KubeReviews(service.kube)) if opts.ui_auth == "token" else None
+    authorizer = Authorizer(KubeReviews(kube)) if opts.ui_auth == "token" else None
     api = UiApi(
         state,
         opts.scheduler_name,
@@ -138,7 +144,7 @@ async def _serve_ui(service, opts: Options):
         authorizer=authorizer,
         prefix=opts.ui_path_prefix,
         frame_ancestors=opts.ui_frame_ancestors,
-        events=KubeEvents(service.kube),
+        events=KubeEvents(kube),
         prometheus=PrometheusHistory(opts.ui_prometheus_url) if opts.ui_prometheus_url else None,
     )
     # the history ring: one sample a minute of every GPU, pod and namespace (docs/ui.md "History")

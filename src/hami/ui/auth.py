@@ -10,10 +10,19 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   after the review, logged or used as a key. A review that fails (API server unreachable, an
   error status, an answer that cannot be read) raises :class:`ReviewUnavailable` and is never
   cached: the caller answers 503, never a pass.
+- For a caller without cluster-wide access, the namespaces it may list are kept per caller and
+  resource (at most ``VISIBLE_ENTRIES`` callers): one entry a caller, however many namespaces,
+  so tenants x namespaces beyond ``MAX_ENTRIES`` do not evict each other's answers and repeat
+  every check on each refresh.
+- Load on the API server is bounded whatever callers send: at most ``TOKEN_REVIEWS_IN_FLIGHT``
+  token reviews at once (a request past that is answered 503 at once, :class:`ReviewBusy`, so
+  unauthenticated callers with fresh random tokens cannot queue reviews without limit), and at
+  most ``CONCURRENCY`` access reviews at once over all requests (authenticated callers wait).
 
-The reviews go through :class:`hami.kube.client.KubeClient` (the scheduler's own client and
-ServiceAccount, which needs ``create`` on both review resources: the chart grants it). Tests
-pass any object with the two methods of :class:`Reviews`.
+The reviews go through their own :class:`hami.kube.client.KubeClient` (``UI_CONNECTIONS``
+connections, the scheduler's ServiceAccount, which needs ``create`` on both review resources:
+the chart grants it), not the pool Filter's and Bind's writes use. Tests pass any object with the
+two methods of :class:`Reviews`.
 """
 
 from __future__ import annotations
@@ -27,7 +36,10 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 TTL = 10.0  # s a review's answer is reused
 MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
-CONCURRENCY = 16  # access reviews in flight for one request (one per namespace)
+CONCURRENCY = 16  # access reviews in flight at once, over all requests
+TOKEN_REVIEWS_IN_FLIGHT = 8  # token reviews at once; a request past that is answered 503 at once
+VISIBLE_ENTRIES = 1024  # callers whose visible namespaces are kept (one entry per caller and resource)
+UI_CONNECTIONS = 4  # the UI's own connections to the API server (reviews, events)
 REVIEW_TIMEOUT = 5.0  # s for one review request to the API server
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESSREVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -62,6 +74,10 @@ class Permission:
 
 class ReviewUnavailable(Exception):
     """The API server could not answer a review: the request must fail (503), never pass."""
+
+
+class ReviewBusy(ReviewUnavailable):
+    """Too many token reviews in flight: answered 503 at once, nothing is sent."""
 
 
 class Unauthenticated(Exception):
@@ -207,38 +223,49 @@ class Authorizer:
         self.reviews = reviews
         self._tokens: TtlCache[str, Identity | None] = TtlCache(ttl, max_entries, clock)
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
+        self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
         self.concurrency = concurrency
+        self._access_gate = asyncio.Semaphore(concurrency)
+        self._token_gate = asyncio.Semaphore(TOKEN_REVIEWS_IN_FLIGHT)
 
     async def authenticate(self, header: str | None) -> Caller:
         token = bearer_token(header)
         key = token_key(token)
         found, who = self._tokens.get(key)
         if not found:
-            who = await self.reviews.token(token)  # ReviewUnavailable propagates, nothing cached
+            if self._token_gate.locked():
+                raise ReviewBusy(f"{TOKEN_REVIEWS_IN_FLIGHT} token reviews already in flight")
+            async with self._token_gate:
+                who = await self.reviews.token(token)  # ReviewUnavailable propagates, nothing cached
             self._tokens.put(key, who)
         if who is None:
             raise Unauthenticated("the bearer token was not accepted by the Kubernetes API server", True)
         return Caller(who, key)
 
+    async def _review(self, caller: Caller, perm: Permission) -> bool:
+        async with self._access_gate:
+            return await self.reviews.allowed(caller.identity, perm)
+
     async def allowed(self, caller: Caller, perm: Permission) -> bool:
         found, ok = self._access.get((caller.key, perm))
         if found:
             return bool(ok)
-        ok = await self.reviews.allowed(caller.identity, perm)
+        ok = await self._review(caller, perm)
         self._access.put((caller.key, perm), ok)
         return ok
 
     async def namespaces(self, caller: Caller, verb: str, resource: str, candidates: Iterable[str]) -> set[str] | None:
         """None when ``caller`` may ``verb resource`` in every namespace (checked at the cluster
-        scope first), else the candidates where it may, checked one namespace at a time."""
+        scope first), else the candidates where it may, checked one namespace at a time; the
+        answers are kept in one entry for the caller (the module docstring)."""
         if await self.allowed(caller, Permission(verb, resource)):
             return None
         names = sorted(set(candidates))
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(ns: str) -> bool:
-            async with gate:
-                return await self.allowed(caller, Permission(verb, resource, ns))
-
-        answers = await asyncio.gather(*(one(ns) for ns in names))
-        return {ns for ns, ok in zip(names, answers) if ok}
+        found, known = self._visible.get((caller.key, verb, resource))
+        if not found or known is None:
+            known = {}
+            self._visible.put((caller.key, verb, resource), known)  # filled in place: its time is the first check's
+        new = [ns for ns in names if ns not in known]
+        answers = await asyncio.gather(*(self._review(caller, Permission(verb, resource, ns)) for ns in new))
+        known.update(zip(new, answers))
+        return {ns for ns in names if known[ns]}

@@ -52,7 +52,7 @@ from . import history as hist
 from . import model, page, scope
 from .prometheus import SAFE as PROMQL_SAFE
 from .prometheus import PrometheusError, PrometheusHistory
-from .auth import Authorizer, Caller, Permission, ReviewUnavailable, Unauthenticated
+from .auth import Authorizer, Caller, Permission, ReviewBusy, ReviewUnavailable, Unauthenticated
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
@@ -244,6 +244,12 @@ class UiApi:
             return web.json_response(
                 {"error": str(exc), "missing": exc.perm.doc()}, status=403, headers={"Cache-Control": "no-store"}
             )
+        except ReviewBusy:  # a flood of new tokens: no log line each (it would be the flood's)
+            return web.json_response(
+                {"error": "too many sign-ins are being checked at once; try again"},
+                status=503,
+                headers={"Cache-Control": "no-store", "Retry-After": "1"},
+            )
         except ReviewUnavailable as exc:
             log.warning(
                 "ui: %s %s: the Kubernetes API server could not review the caller: %s",
@@ -409,7 +415,7 @@ class UiApi:
             if not POD_NAME.fullmatch(name):
                 raise model.FilterError(f"path name: not a Kubernetes pod name: {name[:60]!r}")
             raw = q.get("limit", str(EVENTS_LIMIT))
-            if not raw.isdigit() or not 1 <= int(raw) <= EVENTS_MAX:
+            if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= EVENTS_MAX:  # "²".isdigit()
                 raise model.FilterError(
                     f"query parameter limit: expected a whole number 1..{EVENTS_MAX}, got {raw[:20]!r}"
                 )
