@@ -11,6 +11,7 @@ from hami.node.settings import NodeSettings
 
 U0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+NODE_GPUS = (U0, U1)  # this node's GPUs (pop_next refuses any other)
 
 
 def dev(uuid, mem, cores=0):
@@ -60,24 +61,24 @@ def test_choose_pending_none():
 def test_pop_skips_empty_entries_and_blanks_the_taken_one():
     p = pod(encode_pod_devices([[], [dev(U0, 3000)], [dev(U1, 5000)]]), containers=("init", "a", "b"))
     pending = A.pending_devices(p)
-    g = A.pop_next(p, pending, 1)
+    g = A.pop_next(p, pending, 1, gpus=NODE_GPUS)
     assert (g.index, g.container.name, g.devices) == (1, "a", (dev(U0, 3000),))
     assert A.remainder(pending) == f";;{U1},NVIDIA,5000,0:;"
     assert not A.all_done(pending)
-    g2 = A.pop_next(p, pending, 1)
+    g2 = A.pop_next(p, pending, 1, gpus=NODE_GPUS)
     assert g2.container.name == "b" and A.all_done(pending) and A.remainder(pending) == ";;;"
 
 
 def test_pop_count_mismatch_names_pod_and_container():
     p = pod(encode_pod_devices([[dev(U0, 1), dev(U1, 1)]]))
     with pytest.raises(A.AllocationError, match=r"pod ns/p: container 'main' has 2 GPU\(s\).*asked for 1"):
-        A.pop_next(p, A.pending_devices(p), 1)
+        A.pop_next(p, A.pending_devices(p), 1, gpus=NODE_GPUS)
 
 
 def test_pop_when_nothing_left():
     p = pod(";")
     with pytest.raises(A.AllocationError, match="no container left"):
-        A.pop_next(p, A.pending_devices(p), 1)
+        A.pop_next(p, A.pending_devices(p), 1, gpus=NODE_GPUS)
 
 
 @pytest.mark.parametrize("value", ["GPU-x,NVIDIA;", "GPU-x,NVIDIA,lots,0:;"])

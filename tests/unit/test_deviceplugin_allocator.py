@@ -85,7 +85,11 @@ class FakeKube:
 
 def allocator(kube: FakeKube, delay: float, tmp_path) -> Allocator:
     return Allocator(
-        kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=delay
+        kube,
+        NodeSettings(),
+        HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+        release_delay=delay,
+        gpus=["GPU-1"],
     )
 
 
@@ -191,6 +195,7 @@ async def test_mig_allocate_collects_a_gone_pods_instance_before_refusing_its_pl
         HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
         release_delay=0,
         mig=mgr,
+        gpus=["GPU-1"],
     )
     [resp] = await alloc.allocate([1])
     assert [(i.gi, i.start) for i in nvml.instances("GPU-1")] == [(1, 4)] and list(mgr.entries) == ["uid-p/0/0"]

@@ -104,7 +104,7 @@ async def test_a_retried_write_that_gets_no_answer_ends_with_its_budget(monkeypa
 
 async def test_allocate_fails_in_time_when_the_api_server_does_not_answer(black_hole, short, tmp_path):
     kube = dkube.Kube(api_for(black_hole), "n1")
-    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")))
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), gpus=["GPU-1"])
     try:
         with pytest.raises(A.AllocationError, match="node n1: allocation failed: no answer from the API server"):
             await within(alloc.allocate([1]))
@@ -114,7 +114,7 @@ async def test_allocate_fails_in_time_when_the_api_server_does_not_answer(black_
 
 async def test_preferred_allocation_falls_back_to_plain_order_in_time(black_hole, short, tmp_path):
     kube = dkube.Kube(api_for(black_hole), "n1")
-    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")))
+    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), gpus=["GPU-1"])
     try:
         assert await within(preferred_allocation(alloc, [(["id-a", "id-b"], [], 1)])) == [["id-a"]]
     finally:
@@ -144,7 +144,9 @@ async def test_unanswered_writes_fail_the_allocation_in_time_and_every_failure_w
     server = TestServer(app)
     await server.start_server()
     kube = dkube.Kube(api_for(str(server.make_url("")).rstrip("/")), "n1")
-    alloc = Allocator(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=0)
+    alloc = Allocator(
+        kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), release_delay=0, gpus=["GPU-1"]
+    )
     try:
         with pytest.raises(A.AllocationError, match="pod ns/p: allocation failed: no answer from the API server"):
             await within(alloc.allocate([1]))

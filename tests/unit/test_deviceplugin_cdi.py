@@ -123,6 +123,7 @@ async def test_allocate_answers_with_cdi_names(tmp_path):
         HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
         release_delay=0,
         cdi=CdiConfig("cdi-cri"),
+        gpus=[U0, U1],
     )
     [resp] = await alloc.allocate([1])
     assert resp.cdi_devices == (f"hami.io/gpu={U0}",) and "NVIDIA_VISIBLE_DEVICES" not in resp.envs

@@ -85,7 +85,7 @@ def ctr(name: str, env: dict | None = None, marked: bool = True):
 
 
 def injector(kube, tmp_path) -> Injector:
-    return Injector(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")))
+    return Injector(kube, NodeSettings(), HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")), gpus=[G0, G1])
 
 
 def adjusted_env(adjust) -> dict[str, str]:
@@ -114,7 +114,9 @@ async def test_each_gpu_container_gets_its_own_grant_as_allocate_would_give_it(t
     # what Allocate (lock mode) builds for the same grants, from the same pieces
     view = A.pod_view_from_object(obj)
     pending = A.pending_devices(view)
-    want = [A.build_response(view, A.pop_next(view, pending, n), hook.settings, hook.paths) for n in (2, 1)]
+    want = [
+        A.build_response(view, A.pop_next(view, pending, n, gpus=[G0, G1]), hook.settings, hook.paths) for n in (2, 1)
+    ]
     for adjust, response in zip((train, evaluation), want):
         assert adjusted_env(adjust) == {**response.envs, "HAMI_NRI_INJECTION": "done"}
         assert adjusted_mounts(adjust) == [(m.container_path, m.host_path, m.read_only) for m in response.mounts]

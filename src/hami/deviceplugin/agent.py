@@ -77,14 +77,14 @@ class NodeAgent:
         self.state = DeviceState(gpus, settings, scores)
         self.paths = paths
         self.allocator: Allocator | NriAllocator = Allocator(
-            kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig
+            kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig, gpus=self.state.uuids
         )
         self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
         #: --injection=nri: the runtime's NRI hook gives containers their grants (injection.py)
         self.nri: NriPlugin | None = None
         if injection == "nri":
             self.allocator = NriAllocator()
-            self.injector = Injector(kube, settings, paths)
+            self.injector = Injector(kube, settings, paths, gpus=self.state.uuids)
             self.nri = NriPlugin(self.injector, socket=nri_socket, index=nri_index, on_ready=self._injection_ready)
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource

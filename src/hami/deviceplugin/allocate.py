@@ -10,7 +10,7 @@ DRA agent and ``hami exec`` use too; the host paths are :mod:`hami.node.layout`'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
@@ -220,8 +220,26 @@ class Grant:
     devices: tuple[ContainerDevice, ...]
 
 
-def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int) -> Grant:
-    """Take (and blank) the first non-empty container entry; its size must equal ``requested``."""
+def check_on_node(
+    pod: PodView, field: str, container: str, devices: Sequence[ContainerDevice], gpus: Collection[str]
+) -> None:
+    """Refuse a grant naming a device that is not one of this node's GPUs (``gpus``: the UUIDs the
+    plugin discovered and registers, which are all the scheduler places on). The UUID goes into
+    ``NVIDIA_VISIBLE_DEVICES`` as written, so a forged annotation could otherwise name ``all``
+    (every GPU, only the first one limited), ``void`` or another node's GPU. Defense in depth:
+    the webhook and the chart's allocation guard keep such annotations out where they run.
+    MIG mode grants name GPU UUIDs too (the instance is made from them, mig.py)."""
+    for d in devices:
+        if d.uuid not in gpus:
+            raise AllocationError(
+                f"pod {pod.ref}: annotation {field} gives container {container!r} the device {d.uuid!r}, "
+                "which is not a GPU of this node; grant refused"
+            )
+
+
+def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int, *, gpus: Collection[str]) -> Grant:
+    """Take (and blank) the first non-empty container entry; its size must equal ``requested``
+    and each of its devices must be one of ``gpus`` (this node's GPU UUIDs, :func:`check_on_node`)."""
     for index, devs in enumerate(pending):
         nvidia = [d for d in devs if d.type.startswith(NVIDIA_TYPE)]
         if not nvidia:
@@ -231,6 +249,7 @@ def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int)
                 f"pod {pod.ref}: container {pod.containers[index].name!r} has {len(nvidia)} GPU(s) in "
                 f"{TO_ALLOCATE} but the kubelet asked for {requested} (device number not matched)"
             )
+        check_on_node(pod, TO_ALLOCATE, pod.containers[index].name, nvidia, gpus)
         pending[index] = [d for d in devs if d not in nvidia]
         return Grant(index, pod.containers[index], tuple(nvidia))
     raise AllocationError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -50,8 +50,12 @@ class Allocator:
         release_delay: float = 1.0,
         cdi: CdiConfig | None = None,
         mig: MigManager | None = None,
+        *,
+        gpus: Iterable[str],
     ) -> None:
         self.kube = kube
+        #: this node's GPU UUIDs (the discovered devices): a grant naming anything else is refused
+        self.gpus = frozenset(gpus)
         self.mig = mig  # operatingmode mig: makes the instances the scheduler chose
         self.settings = settings
         self.paths = paths
@@ -128,7 +132,7 @@ class Allocator:
         self, pod: A.PodView, requests: Sequence[int], held: str | None
     ) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
-        grants = [A.pop_next(pod, pending, n) for n in requests]
+        grants = [A.pop_next(pod, pending, n, gpus=self.gpus) for n in requests]
         mig_devices: list[list[str]] = [[] for _ in grants]
         mig_patch: dict[str, str] = {}
         if self.mig is not None:

@@ -24,7 +24,9 @@ The flow for one GPU container:
    server restarts: the runtime waits at most a couple of seconds for the hook's answer).
 
 A container with the marker whose grant cannot be found is refused: its creation fails with a
-message naming the pod and the container, the kubelet retries it.
+message naming the pod and the container, the kubelet retries it. So is one whose grant names a
+device that is not a GPU of this node, or a pod whose ``hami.io/vgpu-node`` names another node
+(:func:`container_grant`).
 
 Not here: the NRI wire protocol (:mod:`hami.node.nri`) and the registration loop (agent.py).
 """
@@ -34,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices
 from hami.core.errors import CodecError
@@ -93,10 +95,23 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
     return entries + [[] for _ in range(len(pod.containers) - len(entries))]
 
 
-def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str) -> A.Grant:
+def container_grant(
+    pod: A.PodView, annotations: Mapping[str, str], name: str, *, gpus: Collection[str], node: str
+) -> A.Grant:
     """The grant of container ``name``. The container is the pod spec's, as in the lock mode:
     ``CUDA_DISABLE_CONTROL`` is read from the spec's env (which the webhook sees), never from the
-    env the runtime composed, where an image's own env could switch isolation off."""
+    env the runtime composed, where an image's own env could switch isolation off.
+
+    Refused (defense in depth behind the webhook and the allocation guard, docs/security.md):
+    a pod whose ``hami.io/vgpu-node`` (the scheduler writes it with every decision) names another
+    node than ``node``, and a grant naming a device that is not one of ``gpus`` (this node's GPU
+    UUIDs: ``all``, ``void``, another node's GPU)."""
+    placed = annotations.get(A.VGPU_NODE)
+    if placed is not None and placed != node:
+        raise Refusal(
+            f"pod {pod.ref}: container {name!r}: {A.VGPU_NODE}={placed!r}, the grant in {A.ALLOCATED} "
+            f"is not for this node ({node})"
+        )
     index = next((i for i, c in enumerate(pod.containers) if c.name == name), None)
     if index is None:
         raise Refusal(f"pod {pod.ref}: container {name!r} is not in the pod's spec")
@@ -105,6 +120,10 @@ def container_grant(pod: A.PodView, annotations: Mapping[str, str], name: str) -
         raise Refusal(
             f"pod {pod.ref}: container {name!r} was given GPUs by the kubelet but has no entry in {A.ALLOCATED}"
         )
+    try:
+        A.check_on_node(pod, A.ALLOCATED, name, devices, gpus)
+    except A.AllocationError as exc:
+        raise Refusal(str(exc)) from None
     return A.Grant(index, pod.containers[index], tuple(devices))
 
 
@@ -132,8 +151,12 @@ def adjustment(response: A.ContainerResponse):
 class Injector:
     """The NRI hook (``hami.node.nri.plugin.ContainerHook``) of the device plugin."""
 
-    def __init__(self, kube: Kube, settings: NodeSettings, paths: HookPaths, remember: int = 4096) -> None:
+    def __init__(
+        self, kube: Kube, settings: NodeSettings, paths: HookPaths, remember: int = 4096, *, gpus: Iterable[str]
+    ) -> None:
         self.kube = kube
+        #: this node's GPU UUIDs (the discovered devices): a grant naming anything else is refused
+        self.gpus = frozenset(gpus)
         self.settings = settings
         self.paths = paths
         self.remember = remember
@@ -168,7 +191,7 @@ class Injector:
         # the sandbox carries the annotations the kubelet saw (the scheduler's decision); the
         # API server's copy stands in for a runtime that does not pass them
         annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else pod.annotations
-        grant = container_grant(pod, annotations, container.name)
+        grant = container_grant(pod, annotations, container.name, gpus=self.gpus, node=self.kube.node_name)
         try:
             response = A.build_response(pod, grant, self.settings, self.paths)
         except A.AllocationError as exc:
