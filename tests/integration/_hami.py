@@ -732,7 +732,7 @@ def register_webhook(cluster: KubeCluster, url: str, name: str, label: str) -> N
                 {
                     "name": "vgpu.hami.io",
                     "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
+                    "sideEffects": "NoneOnDryRun",
                     "failurePolicy": "Fail",
                     "timeoutSeconds": 10,
                     "reinvocationPolicy": "Never",

@@ -111,6 +111,9 @@ class _Kube:
             raise KubeError(method, path, status, '{"message": "nope"}')
         return body
 
+    async def get(self, path, **query):  # the namespace read before a create: it exists
+        return {"metadata": {"name": path.rsplit("/", 1)[-1]}, "status": {"phase": "Active"}}
+
 
 def _service(kube):
     """A SchedulerService stand-in with what its template creation reads."""
@@ -118,10 +121,17 @@ def _service(kube):
     from types import SimpleNamespace
 
     from hami.scheduler.server import SchedulerService
-    from hami.webhook.templates import KnownTemplates
+    from hami.webhook.templates import KnownTemplates, TemplateBudget
 
-    me = SimpleNamespace(kube=kube, known_templates=KnownTemplates(), _template_posts={})
+    me = SimpleNamespace(
+        kube=kube,
+        known_templates=KnownTemplates(),
+        seen_templates=KnownTemplates(),
+        template_budget=TemplateBudget(),
+        _template_posts={},
+    )
     me._post_template = partial(SchedulerService._post_template, me)
+    me._read_namespace = partial(SchedulerService._read_namespace, me)
     me.create = partial(SchedulerService._create_templates, me)
     return me
 

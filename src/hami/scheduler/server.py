@@ -33,6 +33,7 @@ import ssl
 import time
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -40,8 +41,18 @@ from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
 from hami.kube.client import KubeClient, KubeError, encode_json
 from hami.kube.reflector import Reflector
 from hami.serve import ConnectionGuard, application, client_verified, read_body, start
-from hami.webhook.admission import AdmissionSettings, deny_answer, review_with_templates, uses_disable_control
-from hami.webhook.templates import KnownTemplates
+from hami.webhook.admission import (
+    AdmissionSettings,
+    deny_answer,
+    deny_review,
+    is_dry_run,
+    is_pod_create,
+    name_error,
+    request_namespace,
+    review_with_templates,
+    uses_disable_control,
+)
+from hami.webhook.templates import SEEN_TTL_S, KnownTemplates, TemplateBudget
 
 from .events import EventRecorder
 from .extender import Extender
@@ -64,6 +75,11 @@ FILTER_ARGS = {
 BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID", "Node", "node")}
 MALFORMED_REGISTRATION = "MalformedRegistration"
 DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be read
+# the webhook's API calls, each bounded so that a namespace read and a template create fit well
+# inside the webhook configuration's timeoutSeconds (10): the API server gets our denial, not its
+# own timeout
+NAMESPACE_READ_TIMEOUT = 4.0
+TEMPLATE_POST_TIMEOUT = 4.0
 
 
 class SchedulerService:
@@ -142,6 +158,9 @@ class SchedulerService:
         )
         # the DRA front end's templates created (or found) a moment ago: no POST per admission
         self.known_templates = KnownTemplates()
+        # templates seen to exist lately (they need no creation budget) and the budget itself
+        self.seen_templates = KnownTemplates(ttl=SEEN_TTL_S)
+        self.template_budget = TemplateBudget()
         self._template_posts: dict[tuple[str, str], asyncio.Future[str]] = {}
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
@@ -262,38 +281,81 @@ class SchedulerService:
         return _json_answer(answer)
 
     async def _webhook(self, request: web.Request) -> web.Response:
+        """Anyone who reaches the port may call this (the API server does not authenticate itself
+        to webhooks): names from the body reach an API URL only once checked (:func:`name_error`,
+        a 400 denial otherwise), a dry run writes nothing, and templates are created only in a
+        namespace that exists, within :class:`~hami.webhook.templates.TemplateBudget`."""
         body = await self._json(request)
         req = body.get("request") if isinstance(body.get("request"), dict) else {}
         pod = req.get("object") if isinstance(req.get("object"), dict) else {}
+        if is_pod_create(req) and (bad := name_error(req, pod)) is not None:
+            return _json_answer(deny_review(body, bad, 400))  # before the name reaches any URL
+        ns = request_namespace(req, pod)
+        namespace: dict | None = None  # the namespace object, once read
         labels = None
-        if uses_disable_control(pod) and self.kube is not None:
-            ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
-            try:
-                labels = ((await self.kube.get(f"/api/v1/namespaces/{ns}")).get("metadata") or {}).get("labels") or {}
-            except KubeError as exc:
-                log.warning("namespace %s labels unreadable: %s", ns, exc)
+        if self.kube is not None and is_pod_create(req) and uses_disable_control(pod):
+            read = await self._read_namespace(ns)
+            if isinstance(read, Denial):
+                return _json_answer(deny_review(body, read, read.code))
+            namespace = read
+            labels = (namespace.get("metadata") or {}).get("labels") or {}
         # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
         answer, templates = review_with_templates(
             body, self.admission, labels, self.state.ledger.quota_room, tree_checked=True
         )
-        if templates:
-            ns = _str_or(req.get("namespace")) or _str_or((pod.get("metadata") or {}).get("namespace")) or "default"
-            failure = await self._create_templates(ns, templates)
-            if failure:
-                answer = deny_answer(answer, failure)
+        # a dry run (kubectl --dry-run=server) persists nothing: the patch names the templates a
+        # real create would make (content-named), none is written
+        if templates and not is_dry_run(req):
+            refused = await self._create_templates(ns, templates, namespace)
+            if refused:
+                answer = deny_answer(answer, refused, getattr(refused, "code", 500))
         return _json_answer(answer)
 
-    async def _create_templates(self, namespace: str, templates: tuple[dict, ...]) -> str:
+    async def _read_namespace(self, ns: str) -> dict | Denial:
+        """The namespace object (``ns`` was checked by :func:`name_error`), or why it cannot be
+        read: every failure (API error, connection, timeout) is a denial naming the read."""
+        assert self.kube is not None
+        what = f"cannot read namespace {ns!r}"
+        try:
+            obj = await asyncio.wait_for(self.kube.get(f"/api/v1/namespaces/{ns}"), NAMESPACE_READ_TIMEOUT)
+        except KubeError as exc:
+            if exc.status == 404:
+                return Denial(f"namespace {ns!r} not found", 404)
+            log.warning("namespace %s unreadable: %s", ns, exc)
+            return Denial(f"{what}: {exc}", 500)
+        except (asyncio.TimeoutError, OSError, aiohttp.ClientError) as exc:
+            reason = _transport_failure(exc, NAMESPACE_READ_TIMEOUT)
+            log.warning("namespace %s unreadable: %s", ns, reason)
+            return Denial(f"{what}: {reason}", 500)
+        if not isinstance(obj, dict):
+            return Denial(f"{what}: the API server answered {type(obj).__name__}, not an object", 500)
+        return obj
+
+    async def _create_templates(self, namespace: str, templates: tuple[dict, ...], ns_obj: dict | None = None) -> str:
         """Create the DRA front end's ResourceClaimTemplates (content-named: one that exists is the
-        same); '' when all exist, else why not (the pod is then denied, nothing half-applied).
-        A template created or found moments ago is not sent again (:mod:`hami.webhook.templates`);
-        admissions that need the same unknown template at once share one POST."""
+        same); '' when all exist, else why not (a :class:`Denial`; the pod is then denied,
+        nothing half-applied). A template created or found moments ago is not sent again
+        (:mod:`hami.webhook.templates`); admissions that need the same unknown template at once
+        share one POST. Before any POST the namespace must exist and not be terminating
+        (``ns_obj``: already read for this admission)."""
         if self.kube is None:
             return "the webhook has no API server client: it cannot create ResourceClaimTemplates"
+        checked = False
         for t in templates:
             name = t["metadata"]["name"]
             if self.known_templates.known(namespace, name, time.monotonic()):
                 continue
+            if not checked:
+                if ns_obj is None:
+                    read = await self._read_namespace(namespace)
+                    if isinstance(read, Denial):
+                        return read
+                    ns_obj = read
+                if ((ns_obj or {}).get("status") or {}).get("phase") == "Terminating":
+                    return Denial(
+                        f"namespace {namespace!r} is terminating: no ResourceClaimTemplate is created in it", 403
+                    )
+                checked = True
             key = (namespace, name)
             pending = self._template_posts.get(key)
             if pending is None:
@@ -310,13 +372,34 @@ class SchedulerService:
         name = template["metadata"]["name"]
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
         body = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+        # a template seen to exist lately costs no budget (a 409, or its re-creation if deleted)
+        free = self.seen_templates.known(namespace, name, time.monotonic())
+        if not free and not self.template_budget.take(namespace, time.monotonic()):
+            log.warning("ResourceClaimTemplate %s/%s: over the creation budget", namespace, name)
+            return Denial(
+                f"cannot create ResourceClaimTemplate {namespace}/{name}: too many new ResourceClaimTemplates "
+                f"lately in namespace {namespace!r} or in all (at most {self.template_budget.burst:g} at once, "
+                f"then one every {1 / self.template_budget.per_s:g} s); retry later",
+                429,
+            )
         try:
-            await self.kube.request("POST", path, [("fieldValidation", "Strict")], body)
+            await asyncio.wait_for(
+                self.kube.request("POST", path, [("fieldValidation", "Strict")], body), TEMPLATE_POST_TIMEOUT
+            )
         except KubeError as exc:
+            if not free:  # the API server answered: nothing was created
+                self.template_budget.give_back(namespace, time.monotonic())
             if exc.status != 409:
                 log.warning("ResourceClaimTemplate %s/%s: %s", namespace, name, exc)
-                return f"cannot create ResourceClaimTemplate {namespace}/{name}: {exc}"
-        self.known_templates.exists(namespace, name, time.monotonic())
+                return Denial(f"cannot create ResourceClaimTemplate {namespace}/{name}: {exc}", 500)
+        except (asyncio.TimeoutError, OSError, aiohttp.ClientError) as exc:
+            # no answer: it may have been created, so the token is not given back
+            reason = _transport_failure(exc, TEMPLATE_POST_TIMEOUT)
+            log.warning("ResourceClaimTemplate %s/%s: %s", namespace, name, reason)
+            return Denial(f"cannot create ResourceClaimTemplate {namespace}/{name}: {reason}", 500)
+        now = time.monotonic()
+        self.known_templates.exists(namespace, name, now)
+        self.seen_templates.exists(namespace, name, now)
         return ""
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -334,8 +417,21 @@ class SchedulerService:
         return web.Response(text="ok" if not self.opts.leader_elect else "ok: leader")
 
 
-def _str_or(value: Any) -> str:
-    return value if isinstance(value, str) else ""
+class Denial(str):
+    """Why the webhook denies a pod, with the AdmissionReview status code to answer."""
+
+    code: int
+
+    def __new__(cls, message: str, code: int = 500) -> "Denial":
+        self = super().__new__(cls, message)
+        self.code = code
+        return self
+
+
+def _transport_failure(exc: BaseException, timeout: float) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer from the API server within {timeout:g} s"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _reject_constant(name: str) -> Any:

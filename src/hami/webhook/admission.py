@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -307,7 +308,10 @@ def review_with_templates(
     tree_checked: bool = False,
 ) -> tuple[dict, tuple[dict, ...]]:
     """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
-    caller must create them (in the request's namespace) before sending the answer.
+    caller must create them (in the request's namespace) before sending the answer, unless the
+    request is a dry run (:func:`is_dry_run`: the patch names them all the same, nothing is written).
+    The server refuses a namespace or pod name that could not be the API server's before it
+    calls this (:func:`name_error`); this pure function does not look at them (``hami simulate``).
     ``tree_checked``: the caller ran :func:`hami.core.shape.check_tree` over the whole ``body``
     with the default limits or tighter (the server does, on every request body), so the pod's
     subtree is not walked again (only its fields are checked)."""
@@ -330,9 +334,7 @@ def review_with_templates(
     uid = request.get("uid") or ""
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if (request.get("operation") or "CREATE") != "CREATE" or (
-        (request.get("kind") or {}).get("kind") or "Pod"
-    ) != "Pod":
+    if not is_pod_create(request):
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
@@ -361,6 +363,9 @@ def review_with_templates(
     return _answer(body, response), templates
 
 
+_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 429: "TooManyRequests"}
+
+
 def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
     """``answer`` turned into a denial (e.g. the templates it needs could not be created)."""
     uid = (answer.get("response") or {}).get("uid") or ""
@@ -369,13 +374,16 @@ def deny_answer(answer: dict, message: str, code: int = 500) -> dict:
         "response": {
             "uid": uid,
             "allowed": False,
-            "status": {"code": code, "message": message, "reason": "InternalError"},
+            "status": {"code": code, "message": message, "reason": _REASONS.get(code, "InternalError")},
         },
     }
 
 
 #: the fields of an AdmissionReview that :func:`review` reads (``request.object`` is checked as a Pod)
-REVIEW = {"apiVersion": str, "request": {"uid": str, "operation": str, "namespace": str, "kind": {"kind": str}}}
+REVIEW = {
+    "apiVersion": str,
+    "request": {"uid": str, "operation": str, "namespace": str, "dryRun": bool, "kind": {"kind": str}},
+}
 
 
 def _shape_error(pod: Any, tree_checked: bool = False) -> str | None:
@@ -387,6 +395,80 @@ def _shape_error(pod: Any, tree_checked: bool = False) -> str | None:
     except ShapeError as exc:
         return str(exc)
     return None
+
+
+# ---------------------------------------------------------------------- names from the body
+#
+# Anyone who reaches the webhook's port can send an AdmissionReview (the API server does not
+# authenticate itself to webhooks), and the namespace it names goes into the scheduler's own API
+# URLs (the namespace read, the DRA front end's template create). The API server only ever sends
+# names it validated (a namespace is a DNS-1123 label; a pod's name a DNS-1123 subdomain, or
+# empty before generateName is applied), so refusing anything else costs a real request nothing.
+
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_LABEL_RULE = (
+    "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+)
+_SUBDOMAIN_RULE = "a DNS-1123 subdomain: at most 253 characters, DNS-1123 labels joined by '.'"
+
+
+def is_dns1123_label(value: str) -> bool:
+    return len(value) <= 63 and _DNS1123_LABEL.match(value) is not None
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    return 0 < len(value) <= 253 and all(_DNS1123_LABEL.match(part) for part in value.split("."))
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 80 else value[:80] + "...")
+
+
+def name_error(request: Mapping[str, Any], pod: Any) -> str | None:
+    """Why the namespace or pod name an AdmissionReview names cannot be used (in an API URL), or
+    None. Values of the wrong type are left to the shape check (:data:`REVIEW`, ``POD``)."""
+    ns = request.get("namespace")
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    pod_ns, pod_name = meta.get("namespace"), meta.get("name")
+    for where, value in (("request.namespace", ns), ("request.object.metadata.namespace", pod_ns)):
+        if isinstance(value, str) and value and not is_dns1123_label(value):
+            return f"{where}: {_shown(value)} is not a namespace name ({_LABEL_RULE})"
+    if isinstance(ns, str) and ns and isinstance(pod_ns, str) and pod_ns and ns != pod_ns:
+        return f"request.object.metadata.namespace {_shown(pod_ns)} is not the request's namespace {_shown(ns)}"
+    if isinstance(pod_name, str) and pod_name and not is_dns1123_subdomain(pod_name):
+        return f"request.object.metadata.name: {_shown(pod_name)} is not a pod name ({_SUBDOMAIN_RULE})"
+    return None
+
+
+def request_namespace(request: Mapping[str, Any], pod: Any) -> str:
+    """The namespace the pod is created in (the request's, else the pod's, else ``default``);
+    valid only where :func:`name_error` found nothing."""
+    ns = request.get("namespace")
+    if isinstance(ns, str) and ns:
+        return ns
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    pod_ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return pod_ns if isinstance(pod_ns, str) and pod_ns else "default"
+
+
+def is_pod_create(request: Mapping[str, Any]) -> bool:
+    """The only requests the rules look at (everything else is allowed as it is)."""
+    kind = request.get("kind")
+    kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
+    return (request.get("operation") or "CREATE") == "CREATE" and (kind_name or "Pod") == "Pod"
+
+
+def is_dry_run(request: Mapping[str, Any]) -> bool:
+    """``request.dryRun``: the API server persists nothing, so the webhook must write nothing."""
+    return request.get("dryRun") is True
+
+
+def deny_review(body: Any, message: str, code: int = 500) -> dict:
+    """A denial answering ``body`` before its pod was looked at (e.g. its namespace is unreadable)."""
+    request = body.get("request") if isinstance(body, Mapping) else None
+    uid = request.get("uid") if isinstance(request, Mapping) else None
+    return deny_answer(_answer(body, {"uid": uid if isinstance(uid, str) else ""}), message, code)
 
 
 def _answer(body: Any, response: dict) -> dict:
