@@ -30,6 +30,7 @@ from hami.dra.model import DRIVER, MIB, SliceSettings
 
 from ._fuzzkit import _apply, json_trees, non_ascii_digit_quantities, quantity_junk
 
+INT64_MAX = 2**63 - 1  # a Kubernetes quantity is an int64 (hami.core.quantity refuses beyond it)
 NODE = "node-a"
 GPU_MIB = 15360
 N_GPUS = 4
@@ -671,8 +672,8 @@ def _claim_reading(claim: Any) -> tuple[str, list[tuple[str, str, int | None, in
             return "any"  # type: ignore[return-value]  # junk text: the quantity tests judge its reading
         mem = _quantity(consumed["memory"]) if "memory" in consumed else None
         core = _quantity(consumed["cores"]) if "cores" in consumed else None
-        if ("memory" in consumed and (mem is None or mem < 0)) or ("cores" in consumed and (core is None or core < 0)):
-            return "bad"  # type: ignore[return-value]
+        if any(k in consumed and (v is None or not 0 <= v <= INT64_MAX) for k, v in (("memory", mem), ("cores", core))):
+            return "bad"  # type: ignore[return-value]  # negative, or beyond a Kubernetes quantity's int64
         out.append((str(r.get("pool") or ""), str(r.get("device") or ""), mem, core))
     meta = claim.get("metadata") if isinstance(claim.get("metadata"), dict) else {}
     return (f"{meta.get('namespace') or ''}/{meta.get('name') or ''}", out) if out else None
