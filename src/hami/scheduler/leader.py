@@ -25,6 +25,13 @@ from hami.kube.client import KubeClient, KubeError
 log = logging.getLogger(__name__)
 ROLE_LABEL = SCHEDULER_ROLE
 _UNREAD: Any = object()  # the Lease could not be read (not: it does not exist)
+# kube-scheduler's defaults (--leader-elect-lease-duration, --leader-elect-renew-deadline): it
+# stops leading (and exits) when it has not renewed for the renew deadline; another replica can
+# take the lease only once the lease duration has passed since the last renewal
+LEASE_DURATION = 15.0
+RENEW_DEADLINE = 10.0
+# each Lease read and label write: a few seconds, so that a poll ends well before the deadline
+REQUEST_TIMEOUT = (LEASE_DURATION - RENEW_DEADLINE) / 2
 
 
 def _ts(text: str | None) -> float | None:
@@ -45,12 +52,22 @@ def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> b
     spec = lease.get("spec") or {}
     holder = spec.get("holderIdentity") or ""
     renewed = _ts(spec.get("renewTime")) or _ts(spec.get("acquireTime"))
-    duration = spec.get("leaseDurationSeconds") or 15
+    duration = spec.get("leaseDurationSeconds") or LEASE_DURATION
     held = holder == identity or holder.startswith(identity + "_")
     return held and renewed is not None and renewed + duration > now
 
 
 class Leadership:
+    """This replica's leadership, as the Lease last read says.
+
+    ``is_leader`` is what callers (readiness, Filter, Bind) read: it turns false by itself once
+    the clock passes ``held_until``, whatever the poll loop is doing (a read hanging, a label
+    write, a resync). ``held_until`` is the renew deadline of the last renewal read as ours,
+    counted from no later than when that read was sent: kube-scheduler beside us gives the lease
+    up (and exits) when it has not renewed for its renew deadline, and no other replica can take
+    it before the lease duration has passed, so the gap between the two covers a Bind that passed
+    the check just before the deadline, and clock differences."""
+
     def __init__(
         self,
         kube: KubeClient | None,
@@ -61,7 +78,8 @@ class Leadership:
         pod_name: str = "",
         pod_namespace: str = "",
         interval: float = 1.0,
-        clock=time.time,
+        clock: Callable[[], float] = time.time,
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.kube = kube
         self.enabled = enabled
@@ -70,58 +88,109 @@ class Leadership:
         self.pod_name, self.pod_namespace = pod_name, pod_namespace
         self.interval = interval
         self.clock = clock
-        self.is_leader = not enabled
-        self.held_until = 0.0  # when the lease last read as ours runs out, unless renewed
+        self.request_timeout = request_timeout  # each Lease read and label write
+        self._leader = not enabled  # the last poll's answer, before its deadline is applied
+        self.held_until = 0.0  # when the lease last read as ours stops counting, unless renewed
         self.labelled: bool | None = None  # the role our pod's label says (None: not written yet)
         self.changed = asyncio.Event()
         self.on_elected: list[Callable[[], Awaitable[None]]] = []
+        self.elected_task: asyncio.Task[None] | None = None  # the on_elected callbacks, running
+
+    @property
+    def is_leader(self) -> bool:
+        """Leader now: the last poll said so and its deadline has not passed (always, without
+        ``--leader-elect``, unless a caller set it false)."""
+        return self._leader and (not self.enabled or self.clock() < self.held_until)
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self._leader = value
+
+    def time_left(self) -> float:
+        """Seconds this replica stays leader unless a poll renews it (0 when not leader; infinite
+        without ``--leader-elect``): a write that must land while leader can be bounded by it
+        plus the gap between the renew deadline and the lease duration."""
+        if not self.is_leader:
+            return 0.0
+        return float("inf") if not self.enabled else self.held_until - self.clock()
+
+    def _deadline(self, lease: Mapping[str, Any], sent: float) -> float:
+        """When a lease read as ours stops counting: its renewal (no later than when we asked:
+        a renewal dated in our future is a clock ahead of ours) plus the renew deadline, scaled
+        to the lease's duration."""
+        spec = lease.get("spec") or {}
+        renewed = _ts(spec.get("renewTime")) or _ts(spec.get("acquireTime")) or sent
+        duration = spec.get("leaseDurationSeconds") or LEASE_DURATION
+        return min(renewed, sent) + duration * RENEW_DEADLINE / LEASE_DURATION
+
+    async def _read(self) -> Any:
+        """The Lease, None when there is none, or ``_UNREAD``; never longer than the timeout."""
+        assert self.kube is not None
+        try:
+            return await asyncio.wait_for(self.kube.get(self.path), self.request_timeout)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            log.warning("cannot read the leader Lease: %s", exc)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot read the leader Lease: %s", str(exc) or type(exc).__name__)
+        return _UNREAD
 
     async def check(self) -> bool:
         """Read the Lease and follow it. A read that fails (the API server busy or away) changes
-        nothing until the lease last read as ours runs out: a failed read is not a new holder, and
-        stepping down on one would fail every Bind in flight for a second. The pod's role label is
-        written until it is right (a write that failed, or a restart as a follower, is retried on
-        the next poll), since the Service finds the leader by that label alone."""
+        nothing until the deadline of the lease last read as ours: a failed read is not a new
+        holder, and stepping down on one would fail every Bind in flight for a second. The time is
+        read after the request (a read can take its whole timeout), and a renewal counts from no
+        later than when the read was sent. The pod's role label is written until it is right (a
+        write that failed, or a restart as a follower, is retried on the next poll), since the
+        Service finds the leader by that label alone. ``on_elected`` runs beside the poll, not in
+        it: a long resync must not keep leadership from being followed."""
+        sent = self.clock()
+        lease = await self._read()
         now = self.clock()
-        try:
-            lease = await self.kube.get(self.path)
-        except KubeError as exc:
-            if exc.status != 404:
-                log.warning("cannot read the leader Lease: %s", exc)
-                lease = _UNREAD
-            else:
-                lease = None
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            log.warning("cannot read the leader Lease: %s", str(exc) or type(exc).__name__)
-            lease = _UNREAD
         if lease is _UNREAD:
-            leader = self.is_leader and now < self.held_until
+            leader = self._leader and now < self.held_until
+        elif holds_lease(lease, self.identity, now):
+            self.held_until = self._deadline(lease, sent)
+            leader = now < self.held_until
         else:
-            leader = holds_lease(lease, self.identity, now)
-            if leader:
-                spec = lease.get("spec") or {}
-                renewed = _ts(spec.get("renewTime")) or _ts(spec.get("acquireTime")) or now
-                self.held_until = renewed + (spec.get("leaseDurationSeconds") or 15)
-        if leader != self.is_leader:
-            self.is_leader = leader
+            leader = False
+        if leader != self._leader:
+            self._leader = leader
             log.info("this replica (%s) is now %s", self.identity, "leader" if leader else "a follower")
             self.changed.set()
             self.changed = asyncio.Event()
             await self._label(leader)
-            if leader:
-                for cb in self.on_elected:
-                    await cb()
+            if leader and self.on_elected:
+                self.elected_task = asyncio.get_running_loop().create_task(self._elected(self.elected_task))
         elif self.labelled is not leader:
             await self._label(leader)
         return leader
 
+    async def _elected(self, before: asyncio.Task[None] | None) -> None:
+        """The ``on_elected`` callbacks, in order, after those of an earlier election (passes never
+        overlap); one that fails is logged and the next still runs."""
+        if before is not None and not before.done():
+            await asyncio.gather(before, return_exceptions=True)
+        for cb in list(self.on_elected):
+            if not self.is_leader:
+                return  # lost again meanwhile: the next election runs them
+            try:
+                await cb()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one failed pass must not skip the others
+                log.exception("leader election callback %s failed", getattr(cb, "__qualname__", cb))
+
     async def _label(self, leader: bool) -> None:
         if not (self.pod_name and self.pod_namespace):
             return
+        assert self.kube is not None
         path = f"/api/v1/namespaces/{self.pod_namespace}/pods/{self.pod_name}"
         try:
-            await self.kube.merge_patch(
-                path, {"metadata": {"labels": {ROLE_LABEL: "leader" if leader else "follower"}}}
+            await asyncio.wait_for(
+                self.kube.merge_patch(path, {"metadata": {"labels": {ROLE_LABEL: "leader" if leader else "follower"}}}),
+                self.request_timeout,
             )
         except (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             self.labelled = None  # written again on the next poll
@@ -132,11 +201,15 @@ class Leadership:
     async def run(self) -> None:
         if not self.enabled:
             return
-        while True:
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - a bug in one poll must not freeze leadership for good
-                log.exception("leader check failed; trying again")
-            await asyncio.sleep(self.interval)
+        try:
+            while True:
+                try:
+                    await self.check()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - a bug in one poll must not freeze leadership for good
+                    log.exception("leader check failed; trying again")
+                await asyncio.sleep(self.interval)
+        finally:
+            if self.elected_task is not None and not self.elected_task.done():
+                self.elected_task.cancel()
