@@ -26,11 +26,12 @@ Requests and answers use the Go field names kube-scheduler sends (``Pod``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, filter_pod, pod_request, rebuild, schedule_pod
 from hami.core.codec import encode_pod_devices
@@ -82,6 +83,16 @@ class LeadershipLost(Exception):
 
 class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
+
+
+class BindDeadline(Exception):
+    """The Bind ran past its deadline (:attr:`Extender.bind_timeout`, below kube-scheduler's
+    extender ``httpTimeout``): kube-scheduler has given up on it, so no Binding is posted."""
+
+
+#: the whole Bind's default deadline when the lock retry timeout is shorter: below kube-scheduler's
+#: default extender ``httpTimeout`` (30 s, the chart's ``scheduler.extenderHTTPTimeout``)
+BIND_TIMEOUT = 28.0
 
 
 #: one row per distinct refusal: (reason text, reason codes, unresolvable, nodes in ``failed``'s order)
@@ -152,6 +163,7 @@ class Extender:
         decision_write: str = "binding",
         decision_ttl: float = 300.0,
         busy_wait: float = 10.0,
+        bind_timeout: float | None = None,
     ) -> None:
         self.state = state
         self.kube = kube
@@ -161,6 +173,12 @@ class Extender:
         self.lock_timeout = lock_timeout
         self.lock_retry_timeout = lock_retry_timeout
         self.ready_wait = ready_wait
+        # one deadline for the whole Bind, from its request on: kube-scheduler stops waiting at
+        # its extender httpTimeout (aiohttp does not cancel a handler whose client went away), and
+        # a Binding posted after that books a pod kube-scheduler has already put back in its
+        # queue. Default: the lock retry timeout (which the docs keep below httpTimeout), at least
+        # BIND_TIMEOUT (a retry timeout of 0 means "do not wait for a busy lock", not "no time").
+        self.bind_timeout = max(lock_retry_timeout, BIND_TIMEOUT) if bind_timeout is None else bind_timeout
         # how long a Bind waits for the device plugin's own release of a lock whose owner has
         # finished (bind-phase success/failed) before taking it over with a compare-and-swap
         self.handoff_grace = handoff_grace
@@ -208,8 +226,10 @@ class Extender:
             "filter_retry_answered": 0,
         }
 
-    async def _wait_ready(self) -> bool:
+    async def _wait_ready(self, until: float | None = None) -> bool:
         deadline = time.monotonic() + self.ready_wait
+        if until is not None:
+            deadline = min(deadline, until)
         while not self.is_ready():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -460,12 +480,22 @@ class Extender:
         node = args.get("Node") or args.get("node") or ""
         if not name or not node:
             return {"Error": f"ExtenderBindingArgs needs PodName and Node (got {name!r}, {node!r})"}
-        if not await self._wait_ready():
+        deadline = time.monotonic() + self.bind_timeout  # kube-scheduler's clock started before ours
+        if not await self._wait_ready(deadline):
             return {"Error": "hami scheduler is not ready (caches not synced, or this replica is not the leader)"}
         self.stats["bind"] += 1
-        pod = self.state.pod(ns, name) or await self._get_pod(ns, name)
+        try:
+            pod = self.state.pod(ns, name) or await self._within(
+                deadline, f"reading pod {ns}/{name}", self._get_pod, ns, name
+            )
+        except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
+            msg = f"binding pod {ns}/{name} to node {node} failed: pod {ns}/{name} cannot be read: {exc}"
+            # nothing taken, nothing dropped: kube-scheduler retries the pod
+            about = {"metadata": {"name": name, "namespace": ns, **({"uid": uid} if uid else {})}}
+            self.events.record(about, "BindingFailed", msg, "Warning")
+            return {"Error": msg}
         if pod is None:
-            self.state.ledger.remove_pod(uid or f"{ns}/{name}")
+            self._forget_missing(ns, name, uid)
             return {"Error": f"pod {ns}/{name} not found"}
         taken: list[tuple[nodelock.LockSpec, str]] = []
         decision = None
@@ -473,9 +503,10 @@ class Extender:
         try:
             decision = self._take_decision(ns, name, node)
             if decision is None:
-                await self.decision_recorded(ns, name)
+                # (the decision patch itself goes on: decision_recorded shields it)
+                await self._within(deadline, "waiting for the decision patch", self.decision_recorded, ns, name)
                 if self._requests_devices(pod):
-                    await self._check_decision(ns, name, node)
+                    await self._within(deadline, "checking the decision", self._check_decision, ns, name, node)
             wanted = self._wanted(pod)
             done: dict[str, str] = {}
             if self._lockless(node, wanted):
@@ -483,20 +514,25 @@ class Extender:
                 done = self._allocation_done(pod, wanted)
             else:
                 for spec in nodelock.vendor_locks(self.state.vendors, wanted):
-                    taken.append((spec, await self.acquire_lock(node, ns, name, spec)))
+                    # (positional: server.py wraps acquire_lock, passing positional arguments on)
+                    taken.append((spec, await self.acquire_lock(node, ns, name, spec, deadline)))
             if not self.is_ready():  # a lock wait can outlast the lease (a rolling update's handover)
                 raise LeadershipLost("this replica lost the lease while the Bind waited; the new leader places the pod")
+            if time.monotonic() >= deadline:  # each step above has its own API timeout
+                raise BindDeadline(self._past_deadline("before its Binding was posted"))
             posted = True
             # bind-phase and bind-time (and, with decision_write "binding", the whole decision)
             # ride on the Binding: the API server copies a Binding's annotations onto the pod in
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
             # pod, and a window where a bound pod has no bind-phase).
-            await self._post_binding(ns, name, uid, node, {**(decision.annotations if decision else {}), **done})
+            annotations = {**(decision.annotations if decision else {}), **done}
+            await self._post_binding(ns, name, uid, node, annotations, deadline)
         except (
             KubeError,
             nodelock.LockContention,
             DecisionMissing,
             LeadershipLost,
+            BindDeadline,
             OSError,
             asyncio.TimeoutError,
         ) as exc:
@@ -519,6 +555,39 @@ class Extender:
             return {"Error": msg}
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
+
+    def _past_deadline(self, when: str) -> str:
+        return (
+            f"the Bind's deadline ({self.bind_timeout:g}s, below kube-scheduler's extender httpTimeout) "
+            f"passed {when}; kube-scheduler has given up on it"
+        )
+
+    async def _within(self, deadline: float, what: str, step: Callable[..., Any], *a: Any) -> Any:
+        """``await step(*a)``, cut at ``deadline`` (BindDeadline). Only for steps a cancel leaves
+        nothing half done by: reads, and waits that shield what they wait for."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BindDeadline(self._past_deadline(f"before {what}"))
+        try:
+            return await asyncio.wait_for(step(*a), left)
+        except asyncio.TimeoutError as exc:
+            if time.monotonic() < deadline:
+                raise  # the step's own timeout (an API request's)
+            raise BindDeadline(self._past_deadline(f"while {what}")) from exc
+
+    def _forget_missing(self, ns: str, name: str, uid: str) -> None:
+        """A Bind for a pod that does not exist: give back this replica's own unwritten decision
+        for that ns/name, when the UID sent (if any) is the decision's. Nothing else is dropped:
+        the UID comes from the request, and the ledger entries of real pods follow the watch."""
+        ref = f"{ns}/{name}"
+        decision = self._decisions.get(ref)
+        if decision is None or (uid and decision.key != uid):
+            return
+        del self._decisions[ref]
+        self._in_flight.pop(ref, None)
+        if self.state.ledger.is_reserved(decision.key):
+            self.state.restore_pod(decision.key, ns, name)
+            log.info("pod %s: gone before its Bind: reservation on %s dropped", ref, decision.node)
 
     def _drop_reservation(self, ref: str, decision: _Decision) -> None:
         """Give back the reservation of ``decision`` (its Binding was refused), unless a newer
@@ -565,32 +634,42 @@ class Extender:
         return len(old)
 
     async def _post_binding(
-        self, ns: str, name: str, uid: str, node: str, decision: Mapping[str, str] | None = None
+        self,
+        ns: str,
+        name: str,
+        uid: str,
+        node: str,
+        decision: Mapping[str, str] | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Create the Binding. When the POST fails (timeout, reset connection, a 409 because an
         earlier try did bind) the pod is read again: bound to ``node`` counts as success;
         raises the error when it is verifiably not bound there, BindingUnverified when the
-        read fails too."""
+        read fails too. The POST gets what is left of ``deadline`` (the Bind's); the read after
+        it is not cut (it tells whether the locks may go, and posts nothing)."""
         try:
-            await self.kube.post(
-                f"{pod_path(ns, name)}/binding",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Binding",
-                    "metadata": {
-                        "name": name,
-                        "namespace": ns,
-                        **({"uid": uid} if uid else {}),
-                        "annotations": {
-                            BIND_PHASE: "allocating",
-                            **(decision or {}),
-                            BIND_TIME: str(int(self.clock())),
+            await self._posted_by(
+                deadline,
+                self.kube.post(
+                    f"{pod_path(ns, name)}/binding",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Binding",
+                        "metadata": {
+                            "name": name,
+                            "namespace": ns,
+                            **({"uid": uid} if uid else {}),
+                            "annotations": {
+                                BIND_PHASE: "allocating",
+                                **(decision or {}),
+                                BIND_TIME: str(int(self.clock())),
+                            },
                         },
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
                     },
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-                },
+                ),
             )
-        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+        except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
             try:
                 pod = await self._get_pod(ns, name)
             except (KubeError, OSError, asyncio.TimeoutError) as again:
@@ -600,6 +679,18 @@ class Extender:
                 raise
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
+
+    async def _posted_by(self, deadline: float | None, post: Any) -> None:
+        """Await the Binding POST ``post``, cut at ``deadline`` (BindDeadline: it may have landed)."""
+        if deadline is None:
+            await post
+            return
+        try:
+            await asyncio.wait_for(post, max(deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError as exc:
+            if time.monotonic() < deadline:
+                raise
+            raise BindDeadline(self._past_deadline("while its Binding was in flight")) from exc
 
     def _allocation_done(self, pod: Mapping[str, Any], wanted: frozenset[str]) -> dict[str, str]:
         """What a lockless Bind (:meth:`_lockless`) writes beside the decision: on such a node no
@@ -707,13 +798,40 @@ class Extender:
             self.state.put_node(node)
         return node
 
-    async def acquire_lock(self, node: str, ns: str, name: str, spec: nodelock.LockSpec = nodelock.HAMI_LOCK) -> str:
+    @contextlib.asynccontextmanager
+    async def _guard(self, guard: asyncio.Lock, node: str, until: float | None) -> AsyncIterator[None]:
+        """Hold ``guard`` (this replica's Binds on one node lock, one at a time); the wait for it
+        ends at ``until`` (the Bind's deadline: BindDeadline) when given."""
+        if until is None:
+            await guard.acquire()
+        else:
+            try:
+                await asyncio.wait_for(guard.acquire(), max(until - time.monotonic(), 0.0))
+            except asyncio.TimeoutError as exc:
+                raise BindDeadline(self._past_deadline(f"while queued for node {node}'s lock")) from exc
+        try:
+            yield
+        finally:
+            guard.release()
+
+    async def acquire_lock(
+        self,
+        node: str,
+        ns: str,
+        name: str,
+        spec: nodelock.LockSpec = nodelock.HAMI_LOCK,
+        until: float | None = None,
+    ) -> str:
         """Take the lock ``spec`` (default ``hami.io/mutex.lock``) on ``node`` for ``ns/name``;
         waits (up to the retry timeout) while another live holder has it; reclaims a stale one
-        at once. Returns the value held (what :meth:`release_lock` needs for a bare-time lock)."""
+        at once. Returns the value held (what :meth:`release_lock` needs for a bare-time lock).
+        ``until``: the Bind's deadline (time.monotonic()): every wait ends there too, and past it
+        no lock is written (BindDeadline)."""
         deadline = time.monotonic() + self.lock_retry_timeout
+        if until is not None:
+            deadline = min(deadline, until)
         guard = self._node_locks.setdefault(f"{node}\0{spec.key}", asyncio.Lock())
-        async with guard:
+        async with self._guard(guard, node, until):
             fresh = False
             handoff: float | None = None  # when this Bind first saw the owner finished
             while True:
@@ -763,6 +881,8 @@ class Extender:
                         why,
                     )
                     self.stats["lock_handoffs" if handed_on else "lock_reclaims"] += 1
+                if until is not None and time.monotonic() >= until:
+                    raise BindDeadline(self._past_deadline(f"before node {node}'s lock was written"))
                 stamp = datetime.fromtimestamp(self.clock(), timezone.utc)
                 mine = spec.value(stamp, ns, name)
                 if mine == value:  # the same second: the write would change nothing (no new revision)

@@ -1,0 +1,255 @@
+"""Bind's edges: a Bind for a pod that does not exist, a pod that cannot be read, and one
+deadline for the whole Bind (below kube-scheduler's extender ``httpTimeout``), past which no
+Binding is posted and what the Bind took is given back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from hami.kube import nodelock
+from hami.kube.client import KubeError
+
+from .test_scheduler_extender import FakeDecisionApi, _decision_setup, args
+from .test_scheduler_state import pod
+
+
+def _events(ext):
+    return [ext.events.queue.get_nowait() for _ in range(ext.events.queue.qsize())]
+
+
+def _bind(name, node, uid=None):
+    return {"PodName": name, "PodNamespace": "ns", "PodUID": uid if uid is not None else f"uid-{name}", "Node": node}
+
+
+def _no_lock(api):
+    return all(nodelock.NODE_LOCK not in (n["metadata"].get("annotations") or {}) for n in api.nodes.values())
+
+
+# ----------------------------------------------------------------------------- a pod not found
+async def test_a_bind_for_a_missing_pod_with_another_pods_uid_leaves_that_pods_allocation():
+    """``PodUID`` comes from the request: it must not drop whatever the ledger holds under it."""
+    svc, api = _decision_setup("binding", "b")
+    ext = svc.extender
+    svc.state.apply_pod("MODIFIED", pod("a", node_name="n1", uuid="n1-g0", mem=1000))  # n1's only GPU, full
+    assert svc.state.ledger.pod("uid-a").node == "n1"
+    answer = await ext.bind(_bind("ghost", "n1", uid="uid-a"))
+    assert "ns/ghost" in answer["Error"] and "not found" in answer["Error"]
+    assert svc.state.ledger.pod("uid-a") is not None and svc.state.ledger.pod("uid-a").node == "n1"
+    # no double booking: b (1000 MiB) still does not fit on n1
+    got = await ext.filter(args(svc.state.pod("ns", "b"), ["n1"]))
+    assert got["NodeNames"] == [] and "n1" in {**got["FailedNodes"], **got["FailedAndUnresolvableNodes"]}
+    assert api.bindings == []
+
+
+async def test_a_bind_for_a_missing_pod_drops_only_this_replicas_own_decision_for_it():
+    """The pod this replica filtered is gone (cache and API): its Bind gives back the decision's
+    reservation when the UID sent is the decision's; another UID leaves it (it expires, or the
+    watch's delete removes it)."""
+    svc, api = _decision_setup("binding", "g")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "g"), ["n1", "n2"])))["NodeNames"][0]
+    assert svc.state.ledger.is_reserved("uid-g")
+    svc.state.pods.pop("ns/g")  # gone, and the watch has not said so yet
+    del api.pods["g"]
+    answer = await ext.bind(_bind("g", chosen, uid="uid-other"))
+    assert "not found" in answer["Error"]
+    assert svc.state.ledger.is_reserved("uid-g")  # not the UID of the decision: left alone
+    answer = await ext.bind(_bind("g", chosen))
+    assert "not found" in answer["Error"]
+    assert svc.state.ledger.pod("uid-g") is None
+    assert sum(m for n in ("n1", "n2") for _, _, m, _ in svc.state.ledger.device_usage(n)) == 0
+    assert api.bindings == [] and _no_lock(api)
+
+
+# ----------------------------------------------------------------------------- the pod cannot be read
+class _UnreadablePods(FakeDecisionApi):
+    def __init__(self, node_, pods_, error):
+        super().__init__(node_, pods_)
+        self.error = error
+
+    async def get(self, path):
+        if "/pods/" in path:
+            raise self.error
+        return await super().get(path)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        KubeError("GET", "/api/v1/namespaces/ns/pods/x", 500, "etcdserver: request timed out"),
+        OSError("reset"),
+        "timeout",
+    ],
+)
+async def test_a_pod_that_cannot_be_read_fails_the_bind_with_an_answer_not_a_500(error):
+    svc, _ = _decision_setup("binding")
+    ext = svc.extender
+    ext.kube = api = _UnreadablePods(svc.state.nodes["n1"], [], asyncio.TimeoutError() if error == "timeout" else error)
+    api.nodes["n2"] = svc.state.nodes["n2"]
+    svc.state.apply_pod("MODIFIED", pod("a", node_name="n1", uuid="n1-g0", mem=1000))
+    answer = await ext.bind(_bind("ghost", "n1", uid="uid-a"))
+    assert "ns/ghost" in answer["Error"] and "cannot be read" in answer["Error"]
+    assert svc.state.ledger.pod("uid-a").node == "n1"  # nothing dropped
+    (event,) = _events(ext)
+    assert event["reason"] == "BindingFailed" and event["type"] == "Warning"
+    assert event["involvedObject"]["name"] == "ghost" and event["involvedObject"]["namespace"] == "ns"
+    assert api.bindings == [] and _no_lock(api)
+
+
+# ----------------------------------------------------------------------------- one deadline
+def _filtered(mode="binding"):
+    svc, api = _decision_setup(mode, "a")
+    return svc, api, svc.extender
+
+
+async def _chosen(svc):
+    return (await svc.extender.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+
+
+def _kept_for_a_retry(svc, api, ext):
+    """The failure path's promise: no Binding, no lock, the decision and its reservation kept."""
+    assert api.bindings == [] and _no_lock(api)
+    assert svc.state.ledger.is_reserved("uid-a") and "ns/a" in ext._decisions
+
+
+async def test_no_binding_is_posted_once_the_binds_deadline_has_passed():
+    """Each API step has its own timeout; together they can outlast kube-scheduler's: a Bind
+    whose steps ran past its deadline posts no Binding (kube-scheduler has given up on it) and
+    gives back the lock it took."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    read_node = FakeDecisionApi.get
+
+    async def slow_node_read(self, path):
+        if "/nodes/" in path:
+            await asyncio.sleep(0.5)  # within the client's own timeout, past the Bind's deadline
+        return await read_node(self, path)
+
+    svc.state.nodes.pop(chosen)  # the lock step reads the node from the API server
+    api.get = slow_node_read.__get__(api)
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    assert "failed" in answer["Error"] and "deadline" in answer["Error"]
+    _kept_for_a_retry(svc, api, ext)
+    assert [e["reason"] for e in _events(ext) if e["reason"].startswith("Binding")] == ["BindingFailed"]
+
+
+async def test_a_lock_wait_ends_at_the_binds_deadline():
+    """The lock retry timeout (28 s) is counted from the lock step; the Bind's deadline from the
+    request: the wait ends at the earlier one."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
+        datetime.now(timezone.utc), "ns", "busy"
+    )
+    svc.state.put_node(api.nodes[chosen])
+    busy = pod("busy", mem=10)
+    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    busy["spec"]["nodeName"] = chosen
+    svc.state.apply_pod("ADDED", busy)
+    api.pods["busy"] = busy
+    ext.lock_retry_timeout = 28.0
+    ext.bind_timeout = 0.3
+    began = time.monotonic()
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    assert time.monotonic() - began < 2
+    assert "failed" in answer["Error"]
+    assert api.bindings == [] and svc.state.ledger.is_reserved("uid-a") and "ns/a" in ext._decisions
+    assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "busy")
+
+
+async def test_a_binding_post_that_hangs_is_cut_at_the_deadline_and_verified():
+    """The POST gets what is left of the deadline; cut there, the pod is read again: not bound,
+    so the lock is given back and the decision kept."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    hung = asyncio.Event()
+
+    async def hang(path, body):
+        await hung.wait()
+
+    api.post = hang
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    assert "failed" in answer["Error"]
+    _kept_for_a_retry(svc, api, ext)
+
+
+async def test_a_binding_post_cut_at_the_deadline_that_landed_is_a_success():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    post = api.post
+
+    async def lands_then_hangs(path, body):
+        await post(path, body)
+        await asyncio.Event().wait()
+
+    api.post = lands_then_hangs
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    assert answer == {"Error": ""}
+    assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a")
+
+
+async def test_a_bind_within_its_deadline_is_unchanged():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    assert await ext.bind(_bind("a", chosen)) == {"Error": ""}
+    assert len(api.bindings) == 1
+
+
+def test_the_binds_deadline_stays_below_kube_schedulers_extender_timeout_by_default():
+    svc, _, ext = _filtered()
+    assert 0 < ext.bind_timeout < 30  # kube-scheduler's httpTimeout default and the chart's
+    assert ext.bind_timeout >= ext.lock_retry_timeout  # a lock wait is not cut short by default
+
+
+async def test_a_filter_mode_decision_patch_that_outlasts_the_deadline_posts_no_binding():
+    """decision_write "filter": Bind waits for the decision patch; past its deadline it stops
+    waiting (the patch goes on) and posts nothing."""
+    svc, api, ext = _filtered("filter")
+    patch = FakeDecisionApi.merge_patch
+
+    async def slow_pod_patch(self, path, body):
+        if "/pods/" in path:
+            await asyncio.sleep(0.6)
+        return await patch(self, path, body)
+
+    api.merge_patch = slow_pod_patch.__get__(api)
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    assert "failed" in answer["Error"]
+    assert api.bindings == [] and _no_lock(api)
+    await ext.decision_recorded("ns", "a")  # the patch itself was not cancelled
+    assert len(api.pod_patches) == 1
+
+
+async def test_the_readiness_wait_counts_against_the_deadline():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    ext.is_ready = lambda: False
+    began = time.monotonic()
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 15)
+    assert "not ready" in answer["Error"] and time.monotonic() - began < 2
+    assert api.bindings == []
+
+
+async def test_a_bind_queued_behind_this_replicas_other_bind_on_the_node_stops_at_its_deadline():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    queue = ext._node_locks.setdefault(f"{chosen}\0{nodelock.NODE_LOCK}", asyncio.Lock())
+    await queue.acquire()  # another Bind of this replica is taking the node's lock
+    try:
+        answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
+    finally:
+        queue.release()
+    assert "failed" in answer["Error"] and "deadline" in answer["Error"]
+    _kept_for_a_retry(svc, api, ext)
+    assert not queue.locked()
