@@ -41,6 +41,7 @@ KUBE_VERSION = "1.34.4"
 NON_DEFAULT_VALUES = {
     "schedulerName": "hami-alt",
     "resourceMem": "nvidia.com/gpu-memory",
+    "resourcePriority": "example.com/gpu-priority",
     "legacyMetrics": True,
     "global": {"imageRegistry": "registry.example.com", "gpuHookPath": "/opt/gpu"},
     "prometheus": {"enabled": True},
@@ -348,6 +349,9 @@ def test_non_default_values_are_honoured(helm):
     ds = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
     monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
     assert "--legacy-metrics" in monitor["command"] and "--priority-blocking" in monitor["command"]
+    # the monitor reads priorities from the resource the device plugin does (resourcePriorityName)
+    assert "--priority-resource=example.com/gpu-priority" in monitor["command"]
+    assert device["nvidia"]["resourcePriorityName"] == "example.com/gpu-priority"
     assert {"name": "HOOK_PATH", "value": "/opt/gpu/vgpu"} in monitor["env"]  # follows gpuHookPath (A13)
     assert monitor["volumeMounts"] == [{"name": "containers", "mountPath": "/opt/gpu/vgpu/containers"}]
     plugin = next(c for c in ds["containers"] if c["name"] == "device-plugin")

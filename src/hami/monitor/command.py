@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Awaitable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 
@@ -28,12 +28,20 @@ from hami.config import flag_bool
 from hami.node.layout import HookPaths
 
 from .containers import remove, scan, scan_claims, stale
-from .exporter import MonitorCollector, PodRef
+from .exporter import MonitorCollector, PodRef, claim_owner
 from .feedback import Reading, Writes, decide, release
+from .kube import DEFAULT_PRIORITY, PRIORITY_RESOURCE
 from .region import RegionError, read_region, write_int32
 
 log = logging.getLogger("hami.monitor")
 EXIT_USAGE, EXIT_NVML = 2, 3
+#: the longest the refresh loop waits for one feedback round (run in a thread of its own); a
+#: round still running then is left to finish, and no other starts until it has
+FEEDBACK_BOUND_S = 30.0
+#: the same for the release at shutdown (which first waits for a round in flight): well within
+#: the pod's termination grace period (30 s by default)
+RELEASE_BOUND_S = 10.0
+_feedback_busy = threading.Lock()
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
 
 
@@ -99,6 +107,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let high-priority containers block low-priority ones (HAMi-core only; see docs/metrics.md)",
     )
+    p.add_argument(
+        "--priority-resource",
+        default=PRIORITY_RESOURCE,
+        help="the resource whose limit is a container's priority (the device plugin's resourcePriorityName)",
+    )
     p.add_argument("--once", action="store_true", help="print the metrics once (text format) and exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -161,21 +174,56 @@ def build_collector(args: argparse.Namespace, pods: PodMap | None) -> MonitorCol
     )
 
 
-def readings(containers_dir: str, claims_dir: str | None = None) -> list[tuple[Reading, str]]:
-    """Feedback inputs for every valid region (containers' and DRA claims'): ``(reading, layout)``."""
-    out = []
-    regions = [d.region for d in scan(containers_dir)] + [
-        c.region for c in (scan_claims(claims_dir) if claims_dir else ())
-    ]
-    for path in regions:
-        if path is None:
+def readings(
+    containers_dir: str, claims_dir: str | None = None, pods: Mapping[str, PodRef] | None = None
+) -> list[tuple[Reading, str]]:
+    """Feedback inputs for every valid region (containers' and DRA claims'): ``(reading, layout)``.
+
+    A region is its container's to write, so with a pod map (``pods``; None = standalone, nothing
+    to check against) its GPUs and priority are not taken from it: a container's region counts
+    only with a grant of its pod on this node (:class:`~.exporter.ContainerGrant`), its UUIDs
+    only where granted ("" elsewhere) and its priority is the pod's. A claim's region counts only
+    when a pod on the node uses the claim; its priority is libvgpu's default (the DRA driver sets
+    none) and a GPU some container was granted through the device plugin is never the claim's
+    (the claim's own devices are not on the pod). Anything else is neither read into the
+    decision nor written."""
+    out: list[tuple[Reading, str]] = []
+    granted: set[str] = set()
+    if pods is not None:
+        granted = {u for pod in pods.values() for g in pod.grants for u in g.uuids}
+    for d in scan(containers_dir):
+        if d.region is None:
             continue
-        try:
-            r = read_region(path)
-        except RegionError:
-            continue  # already warned about by the exporter
-        out.append((Reading(path, r.uuids, r.priority, r.recent_kernel, r.utilization_switch), r.layout))
+        prio: int | None = None
+        allowed: set[str] | None = None
+        if pods is not None:
+            pod = pods.get(d.pod_uid)
+            grant = pod.grant(d.container) if pod is not None else None
+            if grant is None:
+                continue  # no pod on this node gave this container a GPU: nothing to trust
+            prio, allowed = grant.priority, set(grant.uuids)
+        _add(out, d.region, prio, lambda u, allowed=allowed: allowed is None or u in allowed)
+    for c in scan_claims(claims_dir) if claims_dir else ():
+        if c.region is None:
+            continue
+        if pods is not None:
+            if not c.namespace or claim_owner(c, pods) is None:
+                continue
+            _add(out, c.region, DEFAULT_PRIORITY, lambda u: u not in granted)
+        else:
+            _add(out, c.region, None, lambda u: True)
     return out
+
+
+def _add(out: list[tuple[Reading, str]], path: str, priority: int | None, allowed: Callable[[str], bool]) -> None:
+    """Append the reading of ``path``: only its ``allowed`` UUIDs, ``priority`` unless None."""
+    try:
+        r = read_region(path)
+    except RegionError:
+        return  # already warned about by the exporter
+    uuids = tuple(u if u and allowed(u) else "" for u in r.uuids)
+    prio = r.priority if priority is None else priority
+    out.append((Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch), r.layout))
 
 
 def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
@@ -190,16 +238,63 @@ def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
                 log.warning("feedback: cannot write %s of %s: %s", field, path, exc)
 
 
-def feedback_once(containers_dir: str, blocking: bool, claims_dir: str | None = None) -> dict[str, Writes]:
-    items = readings(containers_dir, claims_dir)
+def feedback_once(
+    containers_dir: str,
+    blocking: bool,
+    claims_dir: str | None = None,
+    pods: Mapping[str, PodRef] | None = None,
+) -> dict[str, Writes]:
+    """One feedback period (:func:`readings` for what ``pods`` changes). Blocking file I/O: the
+    refresh loop runs it in a thread (:func:`_off_loop`)."""
+    items = readings(containers_dir, claims_dir, pods)
     writes = decide([r for r, _ in items], blocking=blocking)
     apply(writes, {r.key: lay for r, lay in items})
     return writes
 
 
-def release_all(containers_dir: str, claims_dir: str | None = None) -> None:
-    items = readings(containers_dir, claims_dir)
+def release_all(containers_dir: str, claims_dir: str | None = None, pods: Mapping[str, PodRef] | None = None) -> None:
+    items = readings(containers_dir, claims_dir, pods)
     apply(release([r for r, _ in items]), {r.key: lay for r, lay in items})
+
+
+async def _off_loop(fn, *args, bound: float, wait: bool = False) -> bool:
+    """``fn(*args)`` in a daemon thread, one at a time (``_feedback_busy``), waiting up to
+    ``bound`` seconds for it. With a round still running, nothing starts (``wait`` False: the
+    next period tries again) or the thread first waits for that round, within the same bound
+    (``wait`` True: the release at shutdown, which must not be skipped nor race a round's
+    writes). False when ``fn`` did not run or did not finish in time (it is then left to finish:
+    a daemon thread never holds up the loop nor the exit)."""
+    if not wait and not _feedback_busy.acquire(blocking=False):
+        log.warning("feedback: the previous round is still running; skipping this one")
+        return False
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    ran = False
+
+    def work() -> None:
+        nonlocal ran
+        locked = True if not wait else _feedback_busy.acquire(timeout=bound)
+        try:
+            if locked:
+                fn(*args)
+                ran = True
+        except Exception:  # noqa: BLE001 - logged: a failing round must not end silently in its thread
+            log.exception("feedback: %s failed", getattr(fn, "__name__", fn))
+        finally:
+            if locked:
+                _feedback_busy.release()
+            try:
+                loop.call_soon_threadsafe(done.set)
+            except RuntimeError:  # the loop is gone (the monitor is exiting)
+                pass
+
+    threading.Thread(target=work, name="hami-monitor-feedback", daemon=True).start()
+    try:
+        await asyncio.wait_for(done.wait(), timeout=bound)
+    except asyncio.TimeoutError:
+        log.warning("feedback: %s has not finished after %gs; later rounds wait for it", fn.__name__, bound)
+        return False
+    return ran
 
 
 async def _refresh(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.Event) -> None:
@@ -243,7 +338,7 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
         from .kube import API_TIMEOUT_S, node_pods
 
         try:
-            pods.set(await node_pods(api, args.node_name))
+            pods.set(await node_pods(api, args.node_name, getattr(args, "priority_resource", PRIORITY_RESOURCE)))
         except Exception as exc:  # API trouble (an error, no answer in time): keep the last map, remove nothing
             reason = f"no answer within {API_TIMEOUT_S:g}s" if isinstance(exc, asyncio.TimeoutError) else exc
             log.warning("cannot list the pods of node %s: %s", args.node_name, reason)
@@ -251,7 +346,16 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
             gone = stale(scan(args.containers_dir), set(pods.get()), time.time(), args.resync_s)
             remove(gone)
     if not args.no_feedback:
-        feedback_once(args.containers_dir, args.priority_blocking, args.claims_dir)
+        if pods is not None and not pods.ok:
+            return  # no pod list yet: no grant to check a region against
+        await _off_loop(
+            feedback_once,
+            args.containers_dir,
+            args.priority_blocking,
+            args.claims_dir,
+            None if pods is None else pods.get(),
+            bound=FEEDBACK_BOUND_S,
+        )
 
 
 async def serve_metrics(registry: CollectorRegistry, host: str, port: int, guard=None):
@@ -278,8 +382,10 @@ async def _serve(args: argparse.Namespace) -> int:
         await _refresh(args, pods, stop)
     finally:
         await runner.cleanup()
-        if not args.no_feedback:
-            release_all(args.containers_dir, args.claims_dir)  # leave no container blocked or unthrottled behind us
+        if not args.no_feedback:  # leave no container blocked or unthrottled behind us
+            # every region, matched or not: release writes only the region's own safe values
+            # (limiter on, not blocked), and a pod gone from the map may still be blocked by us
+            await _off_loop(release_all, args.containers_dir, args.claims_dir, bound=RELEASE_BOUND_S, wait=True)
     return 0
 
 

@@ -8,6 +8,15 @@ The DRA front end's kubelet plugin keeps one region per claim instead:
 ``$HOOK_PATH/claims/<claim UID>/`` (mounted into every container using the claim) and, beside it,
 ``claims/<claim UID>.json`` naming the claim (``namespace``, ``name``, ``uid``); :func:`scan_claims`
 finds them. The plugin removes both when the claim is unprepared, so nothing here removes them.
+
+Each region directory is mounted read-write into its container(s), so everything in it is the
+container's to choose: only regular files count as regions (a symbolic link or a FIFO is passed
+over, never followed or opened), and the name the device plugin / DRA driver gave the region
+(:func:`hami.node.contract.container_region` / :func:`~hami.node.contract.claim_region`) is
+read when it is there. Without it, the one ``*.cache`` file is read as HAMi's monitor does
+(HAMi's device plugin draws a random name, ``hami exec --cache`` takes the user's). The
+clean-up's "last change" is that of the directory and the region themselves (``lstat``), never
+of what a link points at.
 """
 
 from __future__ import annotations
@@ -20,7 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from hami.node import contract
+from hami.node.files import read_small
+from hami.node.layout import HookPaths
+
 log = logging.getLogger(__name__)
+_RECORD_LIMIT = 64 << 10  # a claim record is three short strings
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +54,34 @@ def split_name(name: str) -> tuple[str, str] | None:
     return uid, container
 
 
-def _region_file(directory: Path) -> tuple[str | None, str]:
+def region_name(pod_uid: str, container: str) -> str:
+    """The file name the device plugin gives a container's region (the directory's part is the host's)."""
+    return os.path.basename(contract.container_region(HookPaths(), pod_uid, container))
+
+
+def claim_region_name(claim_uid: str) -> str:
+    """The file name the DRA driver gives a claim's region."""
+    return os.path.basename(contract.claim_region(HookPaths(), claim_uid))
+
+
+def _is_regular(entry: os.DirEntry) -> bool:
     try:
-        caches = sorted(p.name for p in directory.iterdir() if p.name.endswith(".cache") and p.is_file())
+        return entry.is_file(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _region_file(directory: Path, expected: str | None = None) -> tuple[str | None, str]:
+    """The directory's region file: ``expected`` when it is a regular file there, else the first
+    regular ``*.cache`` file (with a problem when there are several). Links, FIFOs, devices and
+    directories are never candidates."""
+    try:
+        with os.scandir(directory) as it:
+            caches = sorted(e.name for e in it if e.name.endswith(".cache") and _is_regular(e))
     except OSError as exc:
         return None, f"cannot list {directory}: {exc.strerror}"
+    if expected is not None and expected in caches:
+        return str(directory / expected), ""
     if not caches:
         return None, ""
     if len(caches) > 1:  # one container, one region: the library was pointed at two paths
@@ -62,9 +99,9 @@ def scan(containers_dir: str) -> list[ContainerDir]:
     out: list[ContainerDir] = []
     for entry in entries:
         parts = split_name(entry.name)
-        if parts is None or not entry.is_dir():
+        if parts is None or not entry.is_dir() or entry.is_symlink():
             continue
-        region, problem = _region_file(entry)
+        region, problem = _region_file(entry, region_name(*parts))
         out.append(ContainerDir(parts[0], parts[1], str(entry), region, problem))
     return out
 
@@ -84,7 +121,7 @@ class ClaimDir:
 def _claim_record(path: Path, uid: str) -> tuple[str, str, str]:
     """``(namespace, name, problem)`` from ``claims/<uid>.json``."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_small(path, _RECORD_LIMIT).decode("utf-8"))
     except FileNotFoundError:
         return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)"
     except (OSError, ValueError) as exc:
@@ -104,22 +141,24 @@ def scan_claims(claims_dir: str) -> list[ClaimDir]:
         return []
     out: list[ClaimDir] = []
     for entry in entries:
-        if not entry.is_dir() or "_" in entry.name or entry.name.startswith("."):
+        if not entry.is_dir() or entry.is_symlink() or "_" in entry.name or entry.name.startswith("."):
             continue
         ns, name, problem = _claim_record(root / f"{entry.name}.json", entry.name)
-        region, region_problem = _region_file(entry)
+        region, region_problem = _region_file(entry, claim_region_name(entry.name))
         out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem))
     return out
 
 
 def stale(dirs: Iterable[ContainerDir], live_uids: set[str], now: float, grace_s: float) -> list[ContainerDir]:
-    """Directories of pods not on this node whose last change is older than ``grace_s``."""
+    """Directories of pods not on this node whose last change is older than ``grace_s``. The times
+    are the directory's and the region's own (``lstat``): a link in the directory cannot lend it
+    the age of what it points at."""
     out = []
     for d in dirs:
         if d.pod_uid in live_uids:
             continue
         try:
-            mtime = max([os.stat(d.path).st_mtime] + ([os.stat(d.region).st_mtime] if d.region else []))
+            mtime = max([os.lstat(d.path).st_mtime] + ([os.lstat(d.region).st_mtime] if d.region else []))
         except FileNotFoundError:
             continue
         if now - mtime >= grace_s:

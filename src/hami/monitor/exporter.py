@@ -67,6 +67,17 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerGrant:
+    """What the scheduler gave one container of a pod (``hami.io/vgpu-devices-allocated``, MIG
+    instances of ``hami.io/vgpu-mig-allocations``) and its priority (the priority resource;
+    libvgpu's default, 1, when unset): what the feedback loop trusts, never the region's copy."""
+
+    container: str
+    uuids: tuple[str, ...]  # GPU UUIDs, and MIG device UUIDs in MIG mode
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
 class PodRef:
     namespace: str
     name: str
@@ -74,6 +85,11 @@ class PodRef:
     mig: tuple[MigDevice, ...] = ()
     #: the ResourceClaims the pod uses: (claim name, names of the containers using it)
     claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: the device plugin's grants, one per container given GPUs
+    grants: tuple[ContainerGrant, ...] = ()
+
+    def grant(self, container: str) -> ContainerGrant | None:
+        return next((g for g in self.grants if g.container == container), None)
 
 
 @dataclass(frozen=True, slots=True)

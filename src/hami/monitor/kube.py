@@ -1,16 +1,24 @@
-"""The monitor's only API-server call: the pods bound to this node (uid -> namespace/name)."""
+"""The monitor's only API-server call: the pods bound to this node (uid -> namespace/name), with
+what each container was given (its GPUs and priority), which the feedback loop trusts instead of
+the container's own region."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from hami.core.codec import decode_mig_allocations
+from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.names import VGPU_MIG_ALLOCATIONS
+from hami.vendors.nvidia import NvidiaVendor
 
-from .exporter import MigDevice, PodRef
+from .exporter import ContainerGrant, MigDevice, PodRef
 
 MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
+ALLOCATED = NvidiaVendor.allocated_annotation
+#: the device plugin's default priority resource (device-config ``resourcePriorityName``)
+PRIORITY_RESOURCE = "nvidia.com/priority"
+#: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (hami-core §3: region default 1)
+DEFAULT_PRIORITY = 1
 #: the longest one pod-list request may take. kubernetes_asyncio's default is no time-out at all:
 #: a connection the network black-holes (an API server failing over) would stop the refresh loop
 #: for good, and with it the clean-up and the feedback that run in the same round. A few feedback
@@ -39,6 +47,38 @@ def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tu
         for e in entries
         if e.mig_uuid and e.gpu_instance_id is not None and e.compute_instance_id is not None
     )
+
+
+def _priority(container: Any, resource: str) -> int:
+    limits = (container.resources.limits if container.resources is not None else None) or {}
+    try:
+        return int(str(limits.get(resource, DEFAULT_PRIORITY)).strip())
+    except ValueError:
+        return DEFAULT_PRIORITY  # the device plugin would hand libvgpu a value atoi reads oddly; trust none
+
+
+def container_grants(
+    annotations: dict[str, str] | None, containers: Sequence[Any], priority_resource: str = PRIORITY_RESOURCE
+) -> tuple[ContainerGrant, ...]:
+    """Each container's grant (``containers``: init containers, then regular, the annotation's
+    order; kubernetes_asyncio V1Container objects): the NVIDIA devices of
+    ``hami.io/vgpu-devices-allocated`` plus the MIG instances (GPU and MIG UUIDs) of the MIG
+    annotation, and the container's ``priority_resource`` limit. Containers given nothing have no
+    grant; a malformed annotation gives none (the device plugin refused such a pod)."""
+    try:
+        per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
+        mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
+    except CodecError:
+        return ()
+    out = []
+    for i, c in enumerate(containers):
+        uuids = [d.uuid for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
+        for e in mig:
+            if e.container == i:
+                uuids += [u for u in (e.gpu_uuid, e.mig_uuid) if u]
+        if uuids:
+            out.append(ContainerGrant(c.name, tuple(dict.fromkeys(uuids)), _priority(c, priority_resource)))
+    return tuple(out)
 
 
 def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -70,7 +110,7 @@ async def api_client(kubeconfig: str | None) -> Any:
     return client.ApiClient()
 
 
-async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
+async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOURCE) -> dict[str, PodRef]:
     """Every pod with ``spec.nodeName == node`` (paged), by UID. Raises ApiException on failure,
     asyncio.TimeoutError when a page is not in within :data:`API_TIMEOUT_S`."""
     from kubernetes_asyncio import client
@@ -95,6 +135,7 @@ async def node_pods(api: Any, node: str) -> dict[str, PodRef]:
                     meta.uid,
                     mig_devices(meta.annotations, names),
                     pod_claims(pod),
+                    container_grants(meta.annotations, containers, priority_resource),
                 )
         token = page.metadata._continue if page.metadata else None
         if not token:

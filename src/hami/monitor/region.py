@@ -12,11 +12,19 @@ UTF-8 is dropped. The file is read with ``pread`` rather than ``mmap``: a region
 while we hold it then gives a short read (an error we report) instead of a SIGBUS that would
 kill the exporter. The only writes (the feedback loop's two ``int32`` fields) go through
 ``pwrite`` at fixed offsets, which the library sees through its own ``MAP_SHARED`` mapping.
+
+The file lies in a directory the container mounts read-write, so the container decides what the
+path is. It is opened only as a regular file of its own (:func:`_open_regular`): a symbolic link
+is refused (it could name another pod's region, or anything else the monitor can reach), the
+open never blocks (a FIFO would block it until a writer comes: for ever), and what was opened must
+be a regular file, checked on the descriptor.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -199,12 +207,42 @@ def _slot(buf: bytes, base: int, lay: Layout, ndev: int) -> tuple[int, int, int,
     return pid, hostpid, status, (used, monitorused, util)
 
 
-def read_region(path: str) -> Region:
-    """Read and validate one region file. Raises :class:`RegionError` (never anything else for bad content)."""
+def _open_regular(path: str, flags: int) -> int:
+    """``path`` opened with ``flags`` if it is a regular file and not a symbolic link; never blocks.
+
+    ``lstat`` first, so that a FIFO or a device node is not even opened (opening some devices has
+    effects of its own); then ``O_NOFOLLOW | O_NONBLOCK``, so that a swap after the ``lstat``
+    (the container can rename at any time) neither follows a link nor waits on a FIFO; then
+    ``fstat`` on the descriptor, which is what is read or written. Raises :class:`RegionError`.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        before = os.lstat(path)
     except OSError as exc:
         raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
+    if stat.S_ISLNK(before.st_mode):
+        raise RegionError(f"{path}: is a symbolic link; not following it")
+    if not stat.S_ISREG(before.st_mode):
+        raise RegionError(f"{path}: not a regular file")
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RegionError(f"{path}: is a symbolic link; not following it") from None
+        raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
+        os.close(fd)
+        raise RegionError(f"{path}: not a regular file (replaced while being opened)")
+    return fd
+
+
+def read_region(path: str) -> Region:
+    """Read and validate one region file. Raises :class:`RegionError` (never anything else for bad content)."""
+    fd = _open_regular(path, os.O_RDONLY)
     try:
         return _read_fd(fd, path)
     except OSError as exc:
@@ -284,11 +322,13 @@ def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, retries:
 def write_int32(path: str, field: str, value: int, layout: str = "v1") -> None:
     """Write ``utilization_switch`` or ``recent_kernel`` of a region (the feedback loop's only writes).
 
-    The magic and size are checked again first, so a file replaced by something else is not touched.
+    The file is opened as :func:`read_region` opens it (a regular file, no symbolic link, without
+    blocking), and the magic and size are checked again first, so a file replaced by something
+    else is not touched. Raises :class:`RegionError` or ``OSError``.
     """
     lay = V1 if layout == "v1" else V0
     offset = {"utilization_switch": lay.utilization_switch, "recent_kernel": lay.recent_kernel}[field]
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    fd = _open_regular(path, os.O_RDWR)
     try:
         if os.fstat(fd).st_size < lay.size:
             raise RegionError(f"{path}: shrank below the {lay.name} size; not writing {field}")
