@@ -274,3 +274,17 @@ def test_a_webhook_service_name_over_63_characters_is_refused_naming_it(helm_bin
     assert f'"{long}-scheduler-webhook" is 69 characters' in result.stderr and "fullnameOverride" in result.stderr
     # with customURL there is no such Service, and nothing to refuse
     _template(helm_bin, f"fullnameOverride={long}", "scheduler.admissionWebhook.customURL.enabled=true")
+
+
+@pytest.mark.parametrize("timeout,bind", [(None, "28s"), ("45", "43s")])
+def test_the_bind_deadline_stays_below_kube_schedulers_http_timeout(helm_bin, timeout, bind):
+    docs = _render(helm_bin, *([f"scheduler.extenderHTTPTimeout={timeout}"] if timeout else []))
+    assert f"--bind-timeout={bind}" in _extender(docs)["command"]
+    config = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])
+    assert config["extenders"][0]["httpTimeout"] == f"{timeout or 30}s"
+
+
+def test_an_http_timeout_too_short_for_a_bind_is_refused(helm_bin):
+    result = _template(helm_bin, "scheduler.extenderHTTPTimeout=3", check=False)
+    assert result.returncode != 0
+    assert "scheduler.extenderHTTPTimeout: 3 is too short" in result.stderr, result.stderr

@@ -133,6 +133,8 @@ def _args(*argv):
     "argv, text",
     [
         (["--node-lock-timeout", "5x"], "--node-lock-timeout"),
+        (["--bind-timeout", "soon"], "--bind-timeout"),
+        (["--bind-timeout", "0s"], "--bind-timeout: must be positive"),
         (["--http_bind", "nohost"], "--http_bind"),
         (["--node-label-selector", "gpu"], "--node-label-selector"),
         (["--cert_file", "/etc/hostname"], "go together"),
@@ -174,6 +176,15 @@ def test_flags_with_hami_names(monkeypatch):
     assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")
     assert O.options_from_args(_args("--node-lock-timeout=30s")).node_lock_timeout == 30
     assert O.parse_duration("250ms", "x") == 0.25
+    assert O.options_from_args(_args()).bind_timeout == 28
+    assert O.options_from_args(_args("--bind-timeout=43s")).bind_timeout == 43
+
+
+def test_the_bind_timeout_reaches_the_extender():
+    from hami.scheduler.server import SchedulerService
+
+    service = SchedulerService(O.options_from_args(_args("--bind-timeout=12s")), None)
+    assert service.extender.bind_timeout == 12
 
 
 def test_extender_bind_takes_loopback_addresses_only():

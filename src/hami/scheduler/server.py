@@ -147,6 +147,7 @@ class SchedulerService:
             lock_timeout=opts.node_lock_timeout,
             lock_retry_timeout=opts.node_lock_retry_timeout,
             decision_write=opts.decision_write,
+            bind_timeout=opts.bind_timeout,
         )
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(
