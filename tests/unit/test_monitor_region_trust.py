@@ -355,3 +355,28 @@ async def test_the_release_at_shutdown_waits_for_a_round_in_flight_instead_of_sk
     threading.Timer(0.2, gate.set).start()
     assert await command._off_loop(lambda: order.append("release"), bound=5.0, wait=True)
     assert order == ["round", "release"]
+
+
+def test_the_metrics_show_a_container_only_on_the_gpus_its_pod_was_granted(tmp_path):
+    """A region naming another tenant's GPU does not put its usage under that GPU's label."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hami.monitor.exporter import MonitorCollector
+
+    _region(tmp_path, UID_A, uuids=("GPU-a", "GPU-v"), limits=(1 << 30, 1 << 30))
+    _region(tmp_path, UID_W, uuids=("GPU-w",))  # a pod without grants: as before
+    pods = _pods((UID_A, "main", ("GPU-a",), 1))
+    pods[UID_W] = PodRef("ns", "pod-3333", UID_W)
+
+    def scrape(pod_map) -> str:
+        registry = CollectorRegistry()
+        registry.register(
+            MonitorCollector("node-1", str(tmp_path / "containers"), pods=lambda: pod_map, host=lambda: [])
+        )
+        return generate_latest(registry).decode()
+
+    text = scrape(pods)
+    assert 'device_uuid="GPU-a"' in text and 'device_uuid="GPU-w"' in text
+    assert 'device_uuid="GPU-v"' not in text
+    # before the grant check (no grants known for the pod), the region's word was taken
+    assert 'device_uuid="GPU-v"' in scrape({**pods, UID_A: PodRef("ns", "pod-1111", UID_A)})

@@ -92,11 +92,24 @@ class PodRef:
         return next((g for g in self.grants if g.container == container), None)
 
 
+def _granted(pod: PodRef, container: str) -> frozenset[str] | None:
+    """The GPU (and MIG) UUIDs ``pod`` was granted for ``container``: none when the pod has
+    grants but not for it, None (unchecked) when the pod has no grant at all."""
+    grant = pod.grant(container)
+    if grant is not None:
+        return frozenset(grant.uuids)
+    return frozenset() if pod.grants else None
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerReading:
     dir: ContainerDir
     pod: PodRef | None
     region: Region
+    #: the GPUs its pod was granted for it (None: nothing to check against, e.g. standalone, a
+    #: claim, or a pod without grants); a region's other UUIDs are not exported: the container
+    #: writes its region and could otherwise put its usage under another tenant's GPU
+    granted: frozenset[str] | None = None
 
 
 # name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
@@ -217,7 +230,7 @@ class MonitorCollector(Collector):
                 states["unmatched"] += 1
                 continue
             states["ok"] += 1
-            out.append(ContainerReading(d, pod, region))
+            out.append(ContainerReading(d, pod, region, _granted(pod, d.container) if pods is not None else None))
         for c in scan_claims(self.claims_dir) if self.claims_dir else ():
             region = self._region(c.path, c.problem, c.region, states)
             if region is None:
@@ -301,7 +314,7 @@ class MonitorCollector(Collector):
         for c in containers:
             r = c.region
             for dev, uuid in enumerate(r.uuids):
-                if not uuid:
+                if not uuid or (c.granted is not None and uuid not in c.granted):
                     continue
                 labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
                 for name, (doc, value_of) in _CTR_VALUES.items():
