@@ -738,6 +738,18 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
             assert key in denied(lambda: patch("job", tenant, change))
         assert "hami.io/vgpu-node" in denied(lambda: patch("job", tenant, labels={"hami.io/vgpu-node": "n2"}))
         patch("job", tenant, labels={"team": "a"})  # unrelated updates of an allocated pod still pass
+        # a status write keeps the metadata it sends (only spec is reset): guarded the same way
+        forged_status = {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"}}}
+        assert "hami.io/vgpu-devices-allocated" in denied(
+            lambda: kube_cluster.api("PATCH", f"{pods}/job/status", forged_status, content_type=merge, as_user=tenant)
+        )
+        kube_cluster.api(  # an ordinary status write (a kubelet's, a controller's) still passes
+            "PATCH",
+            f"{pods}/job/status",
+            {"status": {"conditions": [{"type": "example.com/Ready", "status": "True"}]}},
+            content_type=merge,
+            as_user=tenant,
+        )
         patch("job", plugin, {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": None})
         patch("job", "ops:repair-bot", {"hami.io/bind-phase": "failed"})  # a configured trusted user
         final = kube_cluster.api("GET", f"{pods}/job")["metadata"]
@@ -932,7 +944,7 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             interval=0.5,
         )
         status, body = _bearer(kube_cluster, sched, "PATCH", f"{pods}/scheduler", {"metadata": {"labels": role}})
-        assert status == 200 and body["metadata"]["labels"] == role, body
+        assert status == 200 and body["metadata"]["labels"] == role, json.dumps(body)
         denied(
             _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}}),
             f"may change only its own pod, not {ns}/neighbour",
@@ -941,6 +953,16 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             kube_cluster, sched, "PATCH", "/api/v1/namespaces/kube-system/pods/anything", {"metadata": {"labels": role}}
         )
         assert status == 403 and "cannot patch resource" in body["message"], body  # RBAC: no cluster-wide patch
+        # kube-scheduler (the same ServiceAccount) writes every placed pod's status: never its metadata
+        denied(
+            _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour/status", {"metadata": {"labels": role}}),
+            f"may not change the labels or annotations of {ns}/neighbour through its status",
+        )
+        condition = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+        assert _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour/status", condition)[0] == 200
+        assert "hami.io/scheduler-role" not in (
+            kube_cluster.api("GET", f"{pods}/neighbour")["metadata"].get("labels") or {}
+        )
         assert theirs["spec"]["nodeName"] == other_node and neighbour["spec"]["nodeName"] == mine_node
     finally:
         kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)

@@ -107,8 +107,10 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     # specs mount into containers, <gpuHookPath>/vgpu (its claims/ holds one region per claim)
     assert mon["command"][:2] == ["hami", "monitor"] and mon["ports"] == [{"name": "metrics", "containerPort": 9394}]
     hook = next(e["value"] for e in mon["env"] if e["name"] == "HOOK_PATH")
-    assert {m["name"]: m["mountPath"] for m in mon["volumeMounts"]} == {"hook": hook}
+    # only claims/: libvgpu.so and the preload file beside it go into every GPU container
+    assert {m["name"]: m["mountPath"] for m in mon["volumeMounts"]} == {"claims": f"{hook}/claims"}
     assert next(v for v in ds["volumes"] if v["name"] == "hook")["hostPath"]["path"] == hook
+    assert next(v for v in ds["volumes"] if v["name"] == "claims")["hostPath"]["path"] == f"{hook}/claims"
     assert mon["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not mon["securityContext"].get("privileged")
     svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == ds_labels(docs)
