@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -641,8 +642,20 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         except ApiError:
             kube_cluster.api("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body)
 
+    # the holder renews every 2 s, as kube-scheduler does (retry period): a lease not renewed for
+    # the renew deadline (10 s) stops counting for the replica that follows it
+    holder = {"identity": "replica-a"}
+    stop_renewing, writing = threading.Event(), threading.Lock()
+
+    def renew() -> None:
+        while not stop_renewing.wait(2.0):
+            with writing:
+                hold(holder["identity"])
+
     flags = ("--leader-elect", f"--leader-elect-resource-name={lease}", f"--leader-elect-resource-namespace={ns}")
     hold("replica-a")
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
     a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", tls=False).start()
     b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", tls=False).start(wait_ready=False)
     try:
@@ -651,7 +664,9 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         kube_cluster.wait_for(lambda: b.get("/readyz") == 200, "replica b ready", 30)
         time.sleep(2.0)
         assert (a.answer("/readyz"), b.answer("/readyz")) == ((200, "ok: leader"), (200, _FOLLOWER % "replica-b"))
-        hold("replica-b")
+        with writing:
+            holder["identity"] = "replica-b"
+            hold("replica-b")
         kube_cluster.wait_for(
             lambda: (a.answer("/readyz"), b.answer("/readyz")) == ((200, _FOLLOWER % "replica-a"), (200, "ok: leader")),
             "failover to b",
@@ -675,6 +690,7 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
         assert "not the leader" in _json.loads(req(a.url))["Error"]
         assert _json.loads(req(b.url))["Error"] == ""
     finally:
+        stop_renewing.set()
         a.stop()
         b.stop()
 
