@@ -265,6 +265,7 @@ class PluginSurface:
         self.channel = self.loop.run_until_complete(channel())
         self.stub = grpc_mod.DRAPluginStub(self.channel)
         self.prepared: dict[str, list] = {}  # uid -> devices answered when it was prepared
+        self.allocated: dict[str, Any] = {}  # uid -> the claim it was prepared from
 
     def call(self, method: str, refs: list[tuple[str, str, str]]) -> Any:
         claims = [self.pb.Claim(namespace=ns, name=n, uid=u) for ns, n, u in refs]
@@ -315,6 +316,7 @@ def check_plugin(surface: PluginSurface, steps: list[tuple[str, Any, str]]) -> s
             if answer.error:
                 return f"unprepare of {uid!r} failed: {answer.error}"
             surface.prepared.pop(uid, None)
+            surface.allocated.pop(uid, None)
             continue
         surface.api.pop(("ns", name), None)
         if claim is not None:
@@ -323,14 +325,30 @@ def check_plugin(surface: PluginSurface, steps: list[tuple[str, Any, str]]) -> s
         devices = [
             (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids), d.share_id) for d in got.devices
         ]
-        if uid in surface.prepared:  # idempotent: the first answer again, the claim not re-read
+        if uid in surface.prepared and not _allocated_again(surface.allocated[uid], claim, uid):
+            # idempotent: the first answer again (the same allocation, or the claim cannot be read)
             if got.error or devices != surface.prepared[uid]:
                 wrong = wrong or f"second prepare of {uid!r} differs: {got.error or devices}"
             continue
+        # not prepared, or allocated again under its UID: the old preparation is released first
+        surface.prepared.pop(uid, None)
+        surface.allocated.pop(uid, None)
         wrong = wrong or _prepare_verdict(surface, claim, uid, name, got.error)
         if not got.error:
             surface.prepared[uid] = devices  # what the plugin holds now, right or wrong
+            surface.allocated[uid] = claim
     return wrong or check_plugin_files(surface)
+
+
+def _allocated_again(first: Any, now: Any, uid: str) -> bool:
+    """Whether a prepare of ``uid``, prepared from claim ``first``, finds the API server's claim
+    ``now`` (None: no such claim) allocated again: the same UID, another allocation of this node."""
+    from hami.draplugin.prepare import fingerprint
+
+    meta = now.get("metadata") if isinstance(now, dict) else None
+    if not isinstance(meta, dict) or meta.get("uid") != uid:
+        return False  # cannot be read as this claim: answered as prepared
+    return fingerprint(now, NODE) != fingerprint(first, NODE)
 
 
 def _prepare_verdict(surface: PluginSurface, claim: Any, uid: str, name: str, error: str) -> str | None:

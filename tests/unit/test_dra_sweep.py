@@ -239,7 +239,7 @@ async def test_metrics_are_served_on_the_products_listener(root):
     assert 'hami_dra_prepare_total{result="ok"} 1.0' in text
     assert "hami_dra_prepared_claims 1.0" in text and "hami_dra_prepared_devices 1.0" in text
     assert "# TYPE hami_dra_prepare_seconds histogram" in text
-    assert generate_latest(driver.metrics.registry).decode().count("hami_dra_swept_claims_total{") == 2
+    assert generate_latest(driver.metrics.registry).decode().count("hami_dra_swept_claims_total{") == 3
 
 
 def test_flags_defaults_and_bad_values():

@@ -2,10 +2,12 @@
 across plugin and kubelet restarts.
 
 One JSON file (``<state dir>/checkpoint.json``) maps a claim UID to what was prepared for it:
-the kubelet's Device entries and the CDI spec written. The kubelet may call prepare again for a
-claim already prepared (after its own restart, or a retry): the stored answer is returned and the
-CDI file rewritten if it went missing (``/var/run`` is a tmpfs), without reading the claim again.
-Unprepare of an unknown claim succeeds. Every change goes through the node's one durable writer
+the kubelet's Device entries, the CDI spec written and (``allocation``) the fingerprint of the
+allocation prepared (an entry written before it was kept has none; it is checked on its devices).
+The kubelet may call prepare again for a claim already prepared (after its own restart, or a
+retry): when the claim's allocation still has that fingerprint, or the claim cannot be read, the
+stored answer is returned and the CDI file rewritten if it went missing (``/var/run`` is a tmpfs);
+another allocation under the same UID is prepared anew. Unprepare of an unknown claim succeeds. Every change goes through the node's one durable writer
 (:func:`hami.node.files.write_atomic`: temporary file, fsync, rename, fsync of the directory), so a
 crash leaves either the old or the new record, never half of one.
 A corrupt file (not UTF-8, not JSON, another envelope, a claim's record without the fields

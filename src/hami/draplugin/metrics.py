@@ -29,7 +29,7 @@ from hami.metricnames import (
 )
 
 RESULTS = ("ok", "error")
-SWEEP_REASONS = ("deleted", "recreated")
+SWEEP_REASONS = ("deleted", "recreated", "deallocated")
 #: why a prepare failed (:func:`hami.draplugin.plugin.error_reason`): the kubelet's claim UID is not
 #: one, the API server could not be read, the claim was re-created under another UID, its
 #: allocation cannot be prepared here, the checkpoint or a file could not be written, anything else
@@ -56,7 +56,7 @@ class DriverMetrics:
         )
         self.swept = Counter(
             DRA_SWEPT_CLAIMS_TOTAL,
-            "Prepared claims the sweep unprepared because the API server no longer has them",
+            "Prepared claims the sweep unprepared: the API server no longer has them or allocates them here",
             ["reason"],
             registry=r,
         )

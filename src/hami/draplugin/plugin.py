@@ -14,8 +14,13 @@ reads it from the API server (with RBAC ``get`` on ``resourceclaims``) and check
 A failure of one claim is reported in that claim's ``error`` field (the kubelet retries); the
 RPC itself never fails for a bad claim, and nothing is half-applied: the CDI file is written
 before the checkpoint records the claim, and a checkpoint write failure removes the file again.
-A claim prepared before is answered from the checkpoint, its CDI file written again when it is
-missing or is not the recorded spec (truncated, emptied, replaced).
+A claim prepared before is answered from the checkpoint when its allocation is still the one
+prepared (the entry's fingerprint, :func:`hami.draplugin.prepare.fingerprint`) or the claim cannot
+be read, its CDI file written again when it is missing or is not the recorded spec (truncated,
+emptied, replaced), and its region directory and record when they are missing. A claim allocated
+again under its UID (the kubelet never unprepared the old allocation) is released and prepared
+anew. Unprepare of a UID without an entry removes what a prepare that died before recording it
+left under that UID.
 
 Dynamic MIG devices are made in prepare and destroyed in unprepare by the extender path's
 :class:`hami.node.mig.MigManager` and its own checkpoint (one entry per claim UID and
@@ -38,6 +43,7 @@ next attach. The claims stay prepared (same checkpoint entry, same CDI spec).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -46,7 +52,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
@@ -62,7 +68,17 @@ from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
 from .health import HealthFeed
 from .checkpoint import Checkpoint, CheckpointError
 from .metrics import DriverMetrics
-from .prepare import Options, Paths, Plan, PrepareError, cdi_spec, plan, response_devices
+from .prepare import (
+    Options,
+    Paths,
+    Plan,
+    PrepareError,
+    cdi_spec,
+    fingerprint,
+    plan,
+    response_devices,
+    same_devices,
+)
 
 log = logging.getLogger(__name__)
 dra_pb, dra_grpc = load("dra")
@@ -112,12 +128,37 @@ class Driver:
         self.migs = dict(migs or {})  # the node's MIG devices by name (hami.dra.model.mig_devices)
         self.mig = mig  # makes and destroys dynamic MIG instances (None: no dynamic MIG here)
         self.checkpoint, self.read_claim, self.paths, self.options = checkpoint, read_claim, paths, options
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one lock per claim UID while a call uses it (UID -> lock, calls holding or awaiting it)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # UID -> the count of the last prepare that answered it (the sweep's check, :meth:`mark`)
+        self._answered: dict[str, int] = {}
+        self._answers = 0
         self.metrics = metrics if metrics is not None else DriverMetrics()
         self.metrics.track(lambda: checkpoint.counts()[0], lambda: checkpoint.counts()[1])
 
-    def _lock(self, uid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uid, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _lock(self, uid: str) -> AsyncIterator[None]:
+        """Hold claim ``uid``'s lock; the table keeps it only while some call holds or awaits it."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users > 1:
+                self._locks[uid] = (lock, users - 1)
+            else:
+                del self._locks[uid]
+
+    def mark(self, uid: str) -> int:
+        """Which prepare answered claim ``uid`` last (0: none since the start); :meth:`release`
+        with ``unless_answered_since`` keeps a claim that a later prepare answered."""
+        return self._answered.get(uid, 0)
+
+    def _answered_now(self, uid: str) -> None:
+        self._answers += 1
+        self._answered[uid] = self._answers
 
     async def prepare(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """The kubelet's Device entries for the claim; raises PrepareError/CheckpointError/OSError."""
@@ -139,20 +180,29 @@ class Driver:
             raise PrepareError(f"claim {namespace}/{name}: uid {uid[:80]!r} is not a Kubernetes UID", "invalid_uid")
         async with self._lock(uid):
             done = self.checkpoint.get(uid)
-            if done is not None:
-                cdi = Path(done["cdi_file"])
-                # gone (/var/run is a tmpfs and the node rebooted) or damaged: written again
-                if _read_json(cdi) != done["cdi_spec"]:
-                    write_document(done["cdi_spec"], cdi)
-                return done["devices"]
             try:
                 claim = await self.read_claim(namespace, name)
             except Exception as exc:  # a 404, a 403, a timeout: the kubelet retries
+                if done is not None:  # cannot tell whether it was allocated again: as recorded
+                    log.info("claim %s/%s (%s): cannot read it (%s); answered as prepared", namespace, name, uid, exc)
+                    return self._restore(done, uid)
                 raise PrepareError(
                     f"ResourceClaim {namespace}/{name}: cannot read it from the API server: {_error(exc)}", "api"
                 ) from exc
             meta = claim.get("metadata") if isinstance(claim, Mapping) else None
             got = meta.get("uid") if isinstance(meta, Mapping) else None
+            if done is not None:
+                stored = done.get("allocation")
+                if got != uid or (
+                    stored == fingerprint(claim, self.node)
+                    if isinstance(stored, str)
+                    else same_devices(done["devices"], claim, self.node)  # an entry from before fingerprints
+                ):
+                    return self._restore(done, uid)  # (another claim by its name now: the sweep's business)
+                # deallocated and allocated again under its UID, the kubelet never unprepared: the
+                # old allocation's share is free in the scheduler's books, so it is not kept
+                log.info("claim %s/%s (%s): allocated again since it was prepared; prepared anew", namespace, name, uid)
+                await self._release(done, namespace, name, uid, "allocated again")
             if got != uid:
                 raise PrepareError(
                     f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
@@ -172,6 +222,7 @@ class Driver:
                 raise
             cdi = Path(self.paths.cdi_file(uid))
             devices = response_devices(p)
+            stamp = fingerprint(claim, self.node)
             try:
                 if p.isolation == "hami-core":
                     # the claim's shared region is created by the container's processes, of any UID
@@ -189,15 +240,17 @@ class Driver:
                         "cdi_file": str(cdi),
                         "cdi_spec": spec,
                         "claim_dir": self.paths.claim_dir(uid),
+                        "allocation": stamp,
                         **({"mig": True} if made else {}),
                     },
                 )
             except BaseException:  # nothing half-applied: no record says these files exist
                 _remove(cdi, Path(self.paths.claim_record(uid)))
-                shutil.rmtree(self.paths.claim_dir(uid), ignore_errors=True)
+                _remove_tree(Path(self.paths.claim_dir(uid)))
                 if made:
                     await self._destroy_mig(uid)
                 raise
+            self._answered_now(uid)
             log.info(
                 "prepared claim %s/%s (%s): %s",
                 namespace,
@@ -218,22 +271,62 @@ class Driver:
         finally:
             self.metrics.observe_unprepare(time.monotonic() - start, ok, reason)
 
-    async def release(self, namespace: str, name: str, uid: str, why: str = "") -> bool:
+    def _restore(self, done: Mapping[str, Any], uid: str) -> list[dict[str, Any]]:
+        """The recorded answer for a claim prepared before, with its files made again where they
+        went missing: the region directory and its record (an unprepare that removed them, then
+        failed to write the checkpoint, leaves the entry) and the CDI file (gone, as ``/var/run``
+        is a tmpfs and the node rebooted, or damaged). All idempotent."""
+        directory = str(done.get("claim_dir") or self.paths.claim_dir(uid))
+        edits = [d.get("containerEdits") for d in done["cdi_spec"].get("devices") or () if isinstance(d, Mapping)]
+        mounts = [m for e in edits if isinstance(e, Mapping) for m in e.get("mounts") or () if isinstance(m, Mapping)]
+        if any(m.get("hostPath") == directory for m in mounts):  # a region: isolation hami-core
+            Path(directory).mkdir(parents=True, exist_ok=True)  # as make_claim_dir: any UID makes the region
+            os.chmod(directory, 0o777)
+            ref = {"namespace": done.get("namespace") or "", "name": done.get("name") or "", "uid": uid}
+            record = Path(self.paths.claim_record(uid))
+            if _read_json(record) != ref:
+                write_atomic(record, json.dumps(ref))
+        cdi = Path(done["cdi_file"])
+        if _read_json(cdi) != done["cdi_spec"]:
+            write_document(done["cdi_spec"], cdi)
+        self._answered_now(uid)
+        return list(done["devices"])
+
+    async def release(
+        self, namespace: str, name: str, uid: str, why: str = "", unless_answered_since: int | None = None
+    ) -> bool:
         """Remove what was prepared for ``uid`` (CDI spec, region directory, checkpoint entry);
-        False when nothing was. Unprepare, and the sweep (``why`` says why, for the log)."""
+        False when nothing was. Unprepare, and the sweep (``why`` says why, for the log; it passes
+        ``unless_answered_since``, a :meth:`mark` taken before it read the claim, and a claim a
+        prepare answered since is kept). Without an entry, the files a prepare that died before
+        recording it may have left are removed all the same (a UID that is one path component only)."""
         async with self._lock(uid):
             entry = self.checkpoint.get(uid)
             if entry is None:
+                if _UID.fullmatch(uid):
+                    self._remove_files(Path(self.paths.cdi_file(uid)), Path(self.paths.claim_dir(uid)), uid)
                 return False
-            Path(entry["cdi_file"]).unlink(missing_ok=True)
-            shutil.rmtree(entry.get("claim_dir") or self.paths.claim_dir(uid), ignore_errors=True)
-            Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
-            if entry.get("mig"):  # the instances first: a failure leaves the record for a retry
-                await self._destroy_mig(uid)
-            self.checkpoint.remove(uid)
-            log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
-        self._locks.pop(uid, None)
+            if unless_answered_since is not None and self.mark(uid) != unless_answered_since:
+                log.info("claim %s/%s (%s) was prepared again meanwhile; kept", namespace, name, uid)
+                return False
+            await self._release(entry, namespace, name, uid, why)
         return True
+
+    async def _release(self, entry: Mapping[str, Any], namespace: str, name: str, uid: str, why: str) -> None:
+        """Remove ``entry``'s files, dynamic MIG instances and the entry itself (under the UID's lock)."""
+        self._remove_files(Path(entry["cdi_file"]), Path(entry.get("claim_dir") or self.paths.claim_dir(uid)), uid)
+        if entry.get("mig"):  # the instances first: a failure leaves the record for a retry
+            await self._destroy_mig(uid)
+        self.checkpoint.remove(uid)
+        self._answered.pop(uid, None)
+        log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
+
+    def _remove_files(self, cdi: Path, directory: Path, uid: str) -> None:
+        """The CDI file, the region directory (written by the container: no link in it is
+        followed) and its record; what is already gone is no error."""
+        cdi.unlink(missing_ok=True)
+        _remove_tree(directory)
+        Path(self.paths.claim_record(uid)).unlink(missing_ok=True)
 
     async def _make_mig(self, p: Plan, uid: str, namespace: str, name: str) -> Plan:
         """Create (or reuse, on a retry) the claim's dynamic MIG instances; the plan with their UUIDs."""
@@ -315,6 +408,21 @@ class Driver:
         return done
 
 
+def _remove_tree(directory: Path) -> None:
+    """Remove a claim's region directory without following a link: a link in it is removed, not
+    what it points to (``shutil.rmtree`` works on file descriptors here,
+    ``rmtree.avoids_symlink_attacks``), and a link in its place is unlinked. Failures are logged."""
+    try:
+        if directory.is_symlink():
+            directory.unlink()
+        else:
+            shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("cannot remove %s: %s", directory, exc)
+
+
 def _remove(*files: Path) -> None:
     """Remove what a failed prepare wrote, each on its own (one that cannot be removed, or a path
     that cannot exist, does not keep the others)."""
@@ -348,13 +456,25 @@ def _error(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _once(claims: Sequence[Any]) -> list[Any]:
+    """The request's claims, a UID named twice handled once (its first entry; the answer is
+    keyed by UID, so a second would add its devices again)."""
+    seen: set[str] = set()
+    out = []
+    for c in claims:
+        if c.uid not in seen:
+            seen.add(c.uid)
+            out.append(c)
+    return out
+
+
 class DRAService(dra_grpc.DRAPluginServicer):
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
 
     async def NodePrepareResources(self, request, context):  # noqa: N802 - gRPC name
         out = dra_pb.NodePrepareResourcesResponse()
-        for c in request.claims:
+        for c in _once(request.claims):
             try:
                 devices = await self.driver.prepare(c.namespace, c.name, c.uid)
                 out.claims[c.uid].devices.extend(dra_pb.Device(**d) for d in devices)
@@ -365,7 +485,7 @@ class DRAService(dra_grpc.DRAPluginServicer):
 
     async def NodeUnprepareResources(self, request, context):  # noqa: N802
         out = dra_pb.NodeUnprepareResourcesResponse()
-        for c in request.claims:
+        for c in _once(request.claims):
             try:
                 await self.driver.unprepare(c.namespace, c.name, c.uid)
                 out.claims[c.uid].CopyFrom(dra_pb.NodeUnprepareResourceResponse())

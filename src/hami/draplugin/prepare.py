@@ -50,6 +50,8 @@ the driver mounts. A claim mixing MIG devices and GPU shares is refused.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -282,6 +284,61 @@ def plan(
         isolation or "hami-core",
         tuple(shares),
     )
+
+
+def node_results(claim: Any, node: str) -> list[Mapping[str, Any]]:
+    """The results of this driver in ``node``'s pool of ``claim``'s allocation (none when the
+    claim is not allocated, or allocated elsewhere), in their order; :func:`plan` reads these."""
+    results = _get(claim, "status", "allocation", "devices", "results")
+    return [
+        r
+        for r in (results if isinstance(results, list) else [])
+        if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("pool") == node
+    ]
+
+
+def fingerprint(claim: Any, node: str) -> str:
+    """A digest of what :func:`plan` reads of ``claim``'s allocation for ``node``: each of this
+    node's results (request, device, consumed capacity, shareID, admin access) and the allocation's
+    configuration for this driver. Two allocations with one fingerprint are prepared alike; what
+    the allocation does not decide (``reservedFor``, device status) is not in it."""
+    config = _get(claim, "status", "allocation", "devices", "config")
+    mine = {
+        "results": [
+            {k: r.get(k) for k in ("request", "device", "consumedCapacity", "shareID", "adminAccess")}
+            for r in node_results(claim, node)
+        ],
+        "config": [
+            c
+            for c in (config if isinstance(config, list) else [])
+            if isinstance(c, Mapping) and _get(c, "opaque", "driver") == DRIVER
+        ],
+    }
+    try:
+        text = json.dumps(mine, sort_keys=True, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):  # not what an API server sends (keys not strings): still one digest
+        text = repr(mine)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def same_devices(devices: Sequence[Mapping[str, Any]], claim: Any, node: str) -> bool:
+    """Whether the kubelet's Device entries recorded for a claim (:func:`response_devices`) name
+    the results ``claim`` has on ``node`` now: the same requests, devices and shareIDs, in order.
+    What an entry recorded before :func:`fingerprint` was kept can be checked on (the consumed
+    amounts and the configuration were not recorded)."""
+
+    def key(request: Any, device: Any, share: Any) -> tuple[str, str, str]:
+        return str(request or ""), str(device or ""), share if isinstance(share, str) else ""
+
+    now = [key(r.get("request"), r.get("device"), r.get("shareID")) for r in node_results(claim, node)]
+    then = []
+    for d in devices:
+        names = d.get("request_names") if isinstance(d, Mapping) else None
+        if isinstance(d, Mapping):
+            then.append(
+                key(names[0] if isinstance(names, list) and names else "", d.get("device_name"), d.get("share_id"))
+            )
+    return now == then
 
 
 def gpu_grants(p: Plan) -> tuple[GpuGrant, ...]:

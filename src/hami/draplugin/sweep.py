@@ -5,7 +5,11 @@ kubelet restarted and lost track, the claim was force-deleted), the checkpoint w
 claim, its CDI spec and its region directory forever. Every ``--sweep-interval`` the agent reads
 each claim its checkpoint holds from the API server (RBAC ``get`` on ``resourceclaims``, which
 prepare already needs) and unprepares it when the answer is 404 (``deleted``) or a claim of that
-name with another UID (``recreated``: the old one was deleted and a new one made under its name).
+name with another UID (``recreated``: the old one was deleted and a new one made under its name),
+or when the claim's allocation has no result of this driver in this node's pool any more
+(``deallocated``: deallocated, or allocated again elsewhere, under its UID; the kubelet
+unprepares before a claim is deallocated, so an entry left then is one it lost track of).
+A claim that a prepare answers while the sweep reads it (allocated here again meanwhile) is kept.
 
 Nothing is removed on any other answer: an API error, a timeout or a malformed reply is logged and
 counted (``hami_dra_sweep_errors_total``), and the claim is kept until a later sweep can tell. A
@@ -28,6 +32,7 @@ from typing import Any, Callable, Protocol
 from hami.kube.client import KubeError
 
 from .plugin import Driver
+from .prepare import node_results
 
 log = logging.getLogger(__name__)
 RESOURCE_CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
@@ -42,7 +47,7 @@ class ClaimGetter(Protocol):
 @dataclass
 class SweepResult:
     kept: list[str] = field(default_factory=list)  # UIDs the API server still has
-    swept: dict[str, str] = field(default_factory=dict)  # UID -> reason (deleted / recreated)
+    swept: dict[str, str] = field(default_factory=dict)  # UID -> reason (deleted / recreated / deallocated)
     errors: dict[str, str] = field(default_factory=dict)  # UID -> why it could not be checked (kept)
     waiting: dict[str, str] = field(default_factory=dict)  # UID -> reason: gone, within the grace period
 
@@ -64,6 +69,7 @@ async def sweep_once(
     for uid in [u for u in gone_since if u not in refs]:  # unprepared meanwhile (by the kubelet)
         del gone_since[uid]
     for uid, (namespace, name) in sorted(refs.items()):
+        mark = driver.mark(uid)  # a prepare that answers the claim while it is read keeps it
         if not namespace or not name:
             out.errors[uid] = "the checkpoint entry has no namespace/name"
             log.warning("sweep: claim %s: the checkpoint has no namespace/name for it; kept", uid)
@@ -92,11 +98,11 @@ async def sweep_once(
                 log.warning("sweep: claim %s/%s (%s): the answer has no metadata.uid; kept", namespace, name, uid)
                 driver.metrics.sweep_errors.inc()
                 continue
-            if got == uid:
+            if got == uid and node_results(claim, driver.node):
                 out.kept.append(uid)
                 gone_since.pop(uid, None)
                 continue
-            reason = "recreated"
+            reason = "recreated" if got != uid else "deallocated"
         first = gone_since.setdefault(uid, now)
         if now - first < grace:
             out.waiting[uid] = reason
@@ -110,10 +116,12 @@ async def sweep_once(
             )
             continue
         gone_since.pop(uid, None)
-        why = (
-            "the API server no longer has it" if reason == "deleted" else "the API server has another claim by its name"
-        )
-        if await driver.release(namespace, name, uid, why=f"swept, {why}"):
+        why = {
+            "deleted": "the API server no longer has it",
+            "recreated": "the API server has another claim by its name",
+            "deallocated": "its allocation has no device of this node any more",
+        }[reason]
+        if await driver.release(namespace, name, uid, why=f"swept, {why}", unless_answered_since=mark):
             out.swept[uid] = reason
             driver.metrics.swept.labels(reason).inc()
     return out
