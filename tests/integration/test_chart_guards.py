@@ -1,0 +1,286 @@
+"""The chart's device-pod guard and the scheduler's node guard (ValidatingAdmissionPolicies),
+and the webhook's `hami.io/webhook: ignore` object selector.
+
+- `templates/scheduler/device-pod-guard.yaml`: the webhook's device-pod rules (no privileged
+  container, `CUDA_DISABLE_CONTROL` only in namespaces with the allow label) enforced by the API
+  server for every device pod of the chart's scheduler, with no selector to opt out of: a pod that
+  skips the webhook (the label `hami.io/webhook: ignore`, set by its author) and names the
+  scheduler by hand is still refused;
+- `templates/scheduler/node-guard.yaml`: the scheduler's ServiceAccount, which RBAC lets patch
+  every node, may change node annotations only;
+- `templates/scheduler/webhook.yaml`: the per-pod opt-out label is in the webhook's object
+  selector only where the webhook is not limited to device pods (no matchConditions).
+
+The policies are rendered with `helm template` and applied to the real test control plane,
+requests made impersonating the users (as the allocation guard's test in test_chart.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import yaml
+
+from .test_chart import CHART, KUBE_VERSION
+
+pytestmark = pytest.mark.integration
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+ALLOW = "hami.io/allow-disable-control"
+MERGE = "application/merge-patch+json"
+DEVICE_POD_GUARD = "templates/scheduler/device-pod-guard.yaml"
+NODE_GUARD = "templates/scheduler/node-guard.yaml"
+WEBHOOK = "templates/scheduler/webhook.yaml"
+
+
+def _template(helm_bin, *args: str, release: str = "hami", namespace: str = "gpu", version: str = KUBE_VERSION):
+    out = helm_bin("template", release, str(CHART), "--namespace", namespace, "--kube-version", version, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _sets(*sets: str) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+def _webhook(helm_bin, *sets: str, version: str = KUBE_VERSION) -> dict:
+    (doc,) = _template(helm_bin, "--show-only", WEBHOOK, *_sets(*sets), version=version)
+    return doc["webhooks"][0]
+
+
+def _apply(kube_cluster, docs: list[dict]) -> list[tuple[str, str]]:
+    made = []
+    for doc in docs:
+        plural = {
+            "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+            "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+        }[doc["kind"]]
+        kube_cluster.api("POST", f"{ADMISSION}/{plural}", doc)
+        made.append((plural, doc["metadata"]["name"]))
+    return made
+
+
+def _remove(kube_cluster, made: list[tuple[str, str]]) -> None:
+    for plural, name in reversed(made):
+        kube_cluster.api("DELETE", f"{ADMISSION}/{plural}/{name}", expect=(200, 404))
+
+
+def _denied(call) -> str:
+    from hami_devkit.cluster import ApiError
+
+    with pytest.raises(ApiError) as err:
+        call()
+    assert err.value.status in (403, 422), err.value
+    return str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+def test_the_opt_out_label_is_in_the_object_selector_only_without_device_pod_scoping(helm_bin):
+    ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
+    scoped = _webhook(helm_bin)  # default: devicePodsOnly, matchConditions
+    assert scoped["matchConditions"] and "objectSelector" not in scoped
+    assert ignore in scoped["namespaceSelector"]["matchExpressions"]  # namespaces: the admin's label, kept
+    everything = _webhook(helm_bin, "scheduler.admissionWebhook.devicePodsOnly=false")
+    assert "matchConditions" not in everything and everything["objectSelector"]["matchExpressions"] == [ignore]
+    # no matchConditions before 1.28: the chart's own pods must keep skipping the webhook
+    old = _webhook(helm_bin, version="1.27.0")
+    assert "matchConditions" not in old and everything["objectSelector"] == old["objectSelector"]
+    # the user's own expressions are kept either way
+    own = {"key": "team", "operator": "In", "values": ["a"]}
+    mine = ("key=team", "operator=In", "values[0]=a")
+    user = [f"scheduler.admissionWebhook.objectSelector.matchExpressions[0].{s}" for s in mine]
+    assert _webhook(helm_bin, *user)["objectSelector"]["matchExpressions"] == [own]
+    both = _webhook(helm_bin, *user, "scheduler.admissionWebhook.devicePodsOnly=false")
+    assert both["objectSelector"]["matchExpressions"] == [ignore, own]
+
+
+def test_the_guards_are_on_by_default_from_kubernetes_1_30(helm_bin):
+    names = {(d["kind"], d["metadata"]["name"]) for d in _template(helm_bin)}
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert (kind, "hami-device-pod-guard") in names and (kind, "hami-scheduler-node-guard") in names
+    off = _template(helm_bin, *_sets("scheduler.devicePodGuard.enabled=false", "scheduler.nodeGuard.enabled=false"))
+    off_names = {d["metadata"]["name"] for d in off}
+    assert not off_names & {"hami-device-pod-guard", "hami-scheduler-node-guard"}
+    older = {d["metadata"]["name"] for d in _template(helm_bin, version="1.29.0")}
+    assert not older & {"hami-device-pod-guard", "hami-scheduler-node-guard"}
+    # no selector of any kind on the device-pod guard's binding: nothing to opt out with
+    binding = next(d for d in _template(helm_bin, "--show-only", DEVICE_POD_GUARD) if d["kind"].endswith("Binding"))
+    assert "matchResources" not in binding["spec"]
+
+
+@pytest.mark.parametrize(
+    "args", [["--disable-control-label=example.com/gpu-admin"], ["--disable-control-label", "example.com/gpu-admin"]]
+)
+def test_the_allow_label_follows_the_schedulers_flag(helm_bin, args):
+    sets = [f"scheduler.extender.extraArgs[{i}]={a}" for i, a in enumerate(args)]
+    policy = _template(helm_bin, "--show-only", DEVICE_POD_GUARD, *_sets(*sets))[0]
+    allow = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "allowDisable")
+    assert "'example.com/gpu-admin'" in allow and ALLOW not in allow
+    default = _template(helm_bin, "--show-only", DEVICE_POD_GUARD)[0]
+    assert f"'{ALLOW}'" in next(v["expression"] for v in default["spec"]["variables"] if v["name"] == "allowDisable")
+
+
+# ---------------------------------------------------------------------------------------------
+# enforced by the real API server
+
+
+def _pod(name: str, scheduler: str, *, env=None, init_env=None, privileged=False, gpu=True) -> dict:
+    container: dict = {"name": "main", "image": "busybox"}
+    if gpu:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}
+    if env:
+        container["env"] = env
+    if privileged:
+        container["securityContext"] = {"privileged": True}
+    spec: dict = {"schedulerName": scheduler, "containers": [container], "terminationGracePeriodSeconds": 0}
+    if init_env:
+        spec["initContainers"] = [{"name": "setup", "image": "busybox", "env": init_env}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        # the webhook's per-pod opt-out, set by the pod's author: the guard has none
+        "metadata": {"name": name, "labels": {"hami.io/webhook": "ignore"}},
+        "spec": spec,
+    }
+
+
+def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_cluster, helm_bin, kube_namespace):
+    suffix = uuid.uuid4().hex[:6]
+    release, scheduler = f"d{suffix}", f"hami-guard-{suffix}"  # a scheduler name of its own: the cluster is shared
+    docs = _template(helm_bin, "--show-only", DEVICE_POD_GUARD, "--set", f"schedulerName={scheduler}", release=release)
+    plain, allowed = kube_namespace, f"allow-{suffix}"
+    kube_cluster.create_namespace(allowed, labels={ALLOW: "true"})
+    disable = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    tenant = "tenant-a"
+
+    def create(ns: str, pod: dict) -> dict:
+        return kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod, as_user=tenant)
+
+    made = _apply(kube_cluster, docs)
+    try:
+        probe = _pod("probe", scheduler, env=disable)
+
+        def enforced() -> str | None:  # the API server picks a new policy up within seconds
+            from hami_devkit.cluster import ApiError
+
+            try:
+                create(plain, probe)
+            except ApiError as exc:
+                return str(exc) if exc.status in (403, 422) else None
+            kube_cluster.api("DELETE", f"/api/v1/namespaces/{plain}/pods/probe?gracePeriodSeconds=0")
+            return None
+
+        message = kube_cluster.wait_for(enforced, "the device-pod guard in force", timeout=60, interval=0.5)
+        assert "'main'" in message and "CUDA_DISABLE_CONTROL" in message and f"{ALLOW}=true" in message
+
+        # CUDA_DISABLE_CONTROL with any value, in an init container too (the webhook's rule)
+        message = _denied(lambda: create(plain, _pod("init", scheduler, init_env=[{"name": "CUDA_DISABLE_CONTROL"}])))
+        assert "'setup'" in message and "CUDA_DISABLE_CONTROL" in message
+        # allowed where the namespace carries the label (which only namespace editors can set)
+        create(allowed, _pod("opted-in", scheduler, env=disable))
+        # a privileged container is refused even there
+        message = _denied(lambda: create(allowed, _pod("root", scheduler, privileged=True)))
+        assert "'main'" in message and "privileged" in message
+        # pods for another scheduler, and pods of ours that ask for no device, are not affected
+        create(plain, _pod("other", "default-scheduler", env=disable, privileged=True))
+        create(plain, _pod("no-device", scheduler, env=disable, privileged=True, gpu=False))
+        # an ordinary device pod is fine
+        create(plain, _pod("job", scheduler))
+
+        # ephemeral containers added later (kubectl debug) are checked too; those already there are not
+        def debug(ns: str, pod: str, name: str, **extra) -> dict:
+            ephemeral = {"name": name, "image": "busybox", "targetContainerName": "main", **extra}
+            return kube_cluster.api(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/{pod}/ephemeralcontainers",
+                {"spec": {"ephemeralContainers": [ephemeral]}},
+                content_type="application/strategic-merge-patch+json",
+                as_user=tenant,
+            )
+
+        message = _denied(lambda: debug(plain, "job", "rooted", securityContext={"privileged": True}))
+        assert "'rooted'" in message and "privileged" in message
+        message = _denied(lambda: debug(plain, "job", "unlimited", env=disable))
+        assert "'unlimited'" in message and "CUDA_DISABLE_CONTROL" in message
+        debug(plain, "job", "shell")
+        debug(allowed, "opted-in", "shell", env=disable)
+        debug(allowed, "opted-in", "second")  # the earlier ephemeral container is not re-checked
+        pod = kube_cluster.api("GET", f"/api/v1/namespaces/{plain}/pods/job")
+        assert [c["name"] for c in pod["spec"]["ephemeralContainers"]] == ["shell"]
+    finally:
+        _remove(kube_cluster, made)
+        kube_cluster.delete_namespace(allowed)
+
+
+def test_the_scheduler_may_change_only_node_annotations(kube_cluster, helm_bin, kube_namespace):
+    ns, release = kube_namespace, f"n{uuid.uuid4().hex[:6]}"
+    scheduler = f"system:serviceaccount:{ns}:{release}-hami-scheduler"
+    docs = _template(helm_bin, "--show-only", NODE_GUARD, release=release, namespace=ns)
+    node = f"{release}-node"
+    path = f"/api/v1/nodes/{node}"
+
+    def patch(body: dict, user: str = scheduler, sub: str = "") -> dict:
+        return kube_cluster.api("PATCH", path + sub, body, content_type=MERGE, as_user=user)
+
+    kube_cluster.create_node(node, wait_ready=False)
+    made = _apply(kube_cluster, docs)
+    try:
+        # the probe writes a label key of its own: one that lands before the policy is in force
+        # must not be mistaken below for a write the guard let through
+        def enforced() -> str | None:
+            from hami_devkit.cluster import ApiError
+
+            try:
+                patch({"metadata": {"labels": {"hami.io/guard-probe": uuid.uuid4().hex[:8]}}})
+            except ApiError as exc:
+                return str(exc) if exc.status in (403, 422) else None
+            return None
+
+        message = kube_cluster.wait_for(enforced, "the scheduler's node guard in force", timeout=60, interval=0.5)
+        assert f"may change only the annotations of node {node}, not its labels" in message
+
+        # what the scheduler does: the handshake (merge patch) and the node lock (JSON patch with a test)
+        patch({"metadata": {"annotations": {"hami.io/node-handshake": "Requesting_2025.01.01 00:00:00"}}})
+        kube_cluster.api(
+            "PATCH",
+            path,
+            [
+                {
+                    "op": "test",
+                    "path": "/metadata/annotations/hami.io~1node-handshake",
+                    "value": "Requesting_2025.01.01 00:00:00",
+                },
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations/hami.io~1mutex.lock",
+                    "value": "2025-01-01T00:00:00Z,ns,p",
+                },
+            ],
+            content_type="application/json-patch+json",
+            as_user=scheduler,
+        )
+        taint = {"key": "hami.io/evil", "effect": "NoSchedule"}
+        assert "not its taints" in _denied(lambda: patch({"spec": {"taints": [taint]}}))
+        assert "not its unschedulable" in _denied(lambda: patch({"spec": {"unschedulable": True}}))
+        assert "not its labels" in _denied(
+            lambda: patch({"metadata": {"labels": {"gpu": "off"}, "annotations": {"hami.io/x": "y"}}})
+        )
+        assert "not its spec" in _denied(lambda: patch({"spec": {"providerID": "kwok://elsewhere"}}))
+        assert "not its status" in _denied(
+            lambda: patch({"status": {"capacity": {"nvidia.com/gpu": "99"}}}, sub="/status")
+        )
+        # everyone else is left to RBAC
+        patch({"metadata": {"labels": {"team": "a"}}}, user="ops-admin")
+        final = kube_cluster.api("GET", path)
+        annotations, labels = final["metadata"]["annotations"], final["metadata"].get("labels") or {}
+        assert annotations["hami.io/mutex.lock"] == "2025-01-01T00:00:00Z,ns,p" and "hami.io/x" not in annotations
+        assert labels.get("team") == "a" and "gpu" not in labels
+        assert not any(t.get("key") == "hami.io/evil" for t in final["spec"].get("taints") or [])
+        assert not final["spec"].get("unschedulable")
+        assert (final["status"].get("capacity") or {}).get("nvidia.com/gpu") != "99"
+    finally:
+        _remove(kube_cluster, made)
+        kube_cluster.delete_node(node)
