@@ -40,6 +40,7 @@ KUBE_VERSION = "1.34.4"
 
 NON_DEFAULT_VALUES = {
     "schedulerName": "hami-alt",
+    "devices": {"nvidia": {"config": {"overwriteEnv": True}}},
     "resourceMem": "nvidia.com/gpu-memory",
     "resourcePriority": "example.com/gpu-priority",
     "legacyMetrics": True,
@@ -307,11 +308,25 @@ def test_non_default_values_are_honoured(helm):
     for name in ("hami-scheduler", "hami-device-plugin-monitor"):  # tenant pods' labels kept (the UI's history)
         assert all(e.get("honorLabels") is True for e in docs[("ServiceMonitor", name)]["spec"]["endpoints"]), name
     assert ("Certificate", "hami-scheduler-serving") in docs and ("Secret", "hami-scheduler-tls") not in docs
-    hook = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"][0]
+    hook, env = docs[("MutatingWebhookConfiguration", "hami-scheduler-webhook")]["webhooks"]
     assert hook["clientConfig"]["url"] == "https://127.0.0.1:31998/webhook" and "caBundle" not in hook["clientConfig"]
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "monitoring"]} in hook[
         "namespaceSelector"
     ]["matchExpressions"]
+    # overwriteEnv changes pods that ask for no device: a second entry sends those, failing open
+    # (the scheduler down must not refuse every pod), the chart's own pods opted out
+    assert env["name"] == "env.vgpu.hami.io" and env["failurePolicy"] == "Ignore"
+    assert env["clientConfig"] == hook["clientConfig"] and env["namespaceSelector"] == hook["namespaceSelector"]
+    assert env["matchConditions"][0]["expression"].startswith("!(")
+    assert {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]} in env["objectSelector"][
+        "matchExpressions"
+    ]
+    assert (
+        yaml.safe_load(docs[("ConfigMap", "hami-scheduler-device")]["data"]["device-config.yaml"])["nvidia"][
+            "overwriteEnv"
+        ]
+        is True
+    )
     deploy = docs[("Deployment", "hami-scheduler")]
     assert deploy["spec"]["replicas"] == 1  # replicas only count with leader election
     ext = deploy["spec"]["template"]["spec"]["containers"][1]

@@ -230,3 +230,9 @@ and the old one's exit removes the new one's socket */ -}}
 {{- fail (printf "devicePlugin.updateStrategy.rollingUpdate.maxSurge=%v is not supported: a surge pod would be a second device plugin on the node, which fails its preflight check and loses its socket when the old one exits; use maxUnavailable" $ru.maxSurge) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when a vendor section of device-config.yaml turns overwriteEnv on (the webhook then
+     also sees pods that ask for no device: scheduler/webhook.yaml) */}}
+{{- define "hami.overwriteEnv" -}}
+{{- if regexMatch "(?m)^\\s*-?\\s*overwriteEnv:\\s*true\\s*$" (include "hami.deviceConfig" .) }}true{{ end -}}
+{{- end -}}
