@@ -395,8 +395,13 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
             sc = c.get("securityContext") or {}
             assert not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, c["name"]
             assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
+            assert sc.get("readOnlyRootFilesystem") is True, c["name"]  # they write host directories only
     ds = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert ds["hostPID"] is False
+    for d in docs:  # the runtime's default syscall filter for every pod
+        if d["kind"] in ("DaemonSet", "Deployment"):
+            pod = d["spec"]["template"]["spec"]
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, d["metadata"]["name"]
 
 
 # ---------------------------------------------------------------------------------------------
