@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
 
 import pytest
 
 from hami.kube import nodelock
 from hami.kube.client import KubeError
 
-from .test_scheduler_extender import FakeDecisionApi, _decision_setup, args
+from .test_scheduler_extender import FakeDecisionApi, _decision_setup, args, hold_lock_for_busy_pod
 from .test_scheduler_state import pod
 
 
@@ -143,15 +142,7 @@ async def test_a_lock_wait_ends_at_the_binds_deadline():
     request: the wait ends at the earlier one."""
     svc, api, ext = _filtered()
     chosen = await _chosen(svc)
-    api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
-        datetime.now(timezone.utc), "ns", "busy"
-    )
-    svc.state.put_node(api.nodes[chosen])
-    busy = pod("busy", mem=10)
-    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
-    busy["spec"]["nodeName"] = chosen
-    svc.state.apply_pod("ADDED", busy)
-    api.pods["busy"] = busy
+    hold_lock_for_busy_pod(svc, api, chosen)
     ext.lock_retry_timeout = 28.0
     ext.bind_timeout = 0.3
     began = time.monotonic()

@@ -846,26 +846,33 @@ async def test_a_decision_no_bind_comes_for_expires_with_its_reservation():
     assert "carries no decision" in answer["Error"] and api.bindings == []
 
 
-async def test_a_failed_bind_keeps_the_decision_so_it_can_expire():
-    """A Bind that fails (here: the node lock stays busy) leaves the reservation and the decision
-    in place for kube-scheduler's retry; with no retry, the decision expires with it."""
+def hold_lock_for_busy_pod(svc, api, node: str) -> dict:
+    """``node``'s lock held by a live pod "busy", bound there and still allocating."""
     from datetime import datetime, timezone
 
     from hami.kube import nodelock
+
+    api.nodes[node]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
+        datetime.now(timezone.utc), "ns", "busy"
+    )
+    svc.state.put_node(api.nodes[node])
+    busy = pod("busy", mem=10)
+    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    busy["spec"]["nodeName"] = node
+    svc.state.apply_pod("ADDED", busy)
+    api.pods["busy"] = busy
+    return busy
+
+
+async def test_a_failed_bind_keeps_the_decision_so_it_can_expire():
+    """A Bind that fails (here: the node lock stays busy) leaves the reservation and the decision
+    in place for kube-scheduler's retry; with no retry, the decision expires with it."""
 
     svc, api = _decision_setup("binding", "a")
     ext = svc.extender
     ext.lock_retry_timeout = 0
     chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
-    api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK] = nodelock.lock_value(
-        datetime.now(timezone.utc), "ns", "busy"
-    )
-    svc.state.put_node(api.nodes[chosen])
-    busy = pod("busy", mem=10)
-    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
-    busy["spec"]["nodeName"] = chosen
-    svc.state.apply_pod("ADDED", busy)
-    api.pods["busy"] = busy
+    hold_lock_for_busy_pod(svc, api, chosen)
     answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
     assert "failed" in answer["Error"] and api.bindings == []
     assert svc.state.ledger.is_reserved("uid-a")
