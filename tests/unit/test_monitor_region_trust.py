@@ -380,3 +380,20 @@ def test_the_metrics_show_a_container_only_on_the_gpus_its_pod_was_granted(tmp_p
     assert 'device_uuid="GPU-v"' not in text
     # before the grant check (no grants known for the pod), the region's word was taken
     assert 'device_uuid="GPU-v"' in scrape({**pods, UID_A: PodRef("ns", "pod-1111", UID_A)})
+
+
+def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
+    """libvgpu writes a MIG instance as GPU-<its uuid bytes>; the grant names it MIG-<same bytes>
+    (beside its parent GPU): the same device, still counted, written and exported."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hami.monitor.exporter import MonitorCollector
+
+    mig = "1f2e3d4c-0000-4000-8000-555555555555"
+    region = _region(tmp_path, UID_A, uuids=(f"GPU-{mig}",), priority=0)
+    pods = _pods((UID_A, "main", ("GPU-parent", f"MIG-{mig}"), 1))
+    cdir = str(tmp_path / "containers")
+    assert [r.uuids for r, _ in readings(cdir, pods=pods) if r.key == region] == [(f"GPU-{mig}",)]
+    registry = CollectorRegistry()
+    registry.register(MonitorCollector("node-1", cdir, pods=lambda: pods, host=lambda: []))
+    assert f'device_uuid="GPU-{mig}"' in generate_latest(registry).decode()

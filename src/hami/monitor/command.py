@@ -28,7 +28,7 @@ from hami.config import flag_bool
 from hami.node.layout import HookPaths
 
 from .containers import remove, scan, scan_claims, stale
-from .exporter import MonitorCollector, PodRef, claim_owner
+from .exporter import MonitorCollector, PodRef, claim_owner, device_key
 from .feedback import Reading, Writes, decide, release
 from .kube import DEFAULT_PRIORITY, PRIORITY_RESOURCE
 from .region import RegionError, read_region, write_int32
@@ -190,7 +190,7 @@ def readings(
     out: list[tuple[Reading, str]] = []
     granted: set[str] = set()
     if pods is not None:
-        granted = {u for pod in pods.values() for g in pod.grants for u in g.uuids}
+        granted = {device_key(u) for pod in pods.values() for g in pod.grants for u in g.uuids}
     for d in scan(containers_dir):
         if d.region is None:
             continue
@@ -201,15 +201,15 @@ def readings(
             grant = pod.grant(d.container) if pod is not None else None
             if grant is None:
                 continue  # no pod on this node gave this container a GPU: nothing to trust
-            prio, allowed = grant.priority, set(grant.uuids)
-        _add(out, d.region, prio, lambda u, allowed=allowed: allowed is None or u in allowed)
+            prio, allowed = grant.priority, {device_key(u) for u in grant.uuids}
+        _add(out, d.region, prio, lambda u, allowed=allowed: allowed is None or device_key(u) in allowed)
     for c in scan_claims(claims_dir) if claims_dir else ():
         if c.region is None:
             continue
         if pods is not None:
             if not c.namespace or claim_owner(c, pods) is None:
                 continue
-            _add(out, c.region, DEFAULT_PRIORITY, lambda u: u not in granted)
+            _add(out, c.region, DEFAULT_PRIORITY, lambda u: device_key(u) not in granted)
         else:
             _add(out, c.region, None, lambda u: True)
     return out

@@ -92,12 +92,19 @@ class PodRef:
         return next((g for g in self.grants if g.container == container), None)
 
 
+def device_key(uuid: str) -> str:
+    """A device UUID without its 4-character kind prefix: libvgpu writes every device it sees as
+    ``GPU-<uuid bytes>``, a MIG instance included, where the grant says ``MIG-<same bytes>``
+    (libvgpu's region.c compares devices the same way)."""
+    return uuid[4:] if len(uuid) > 4 and uuid[3] == "-" else uuid
+
+
 def _granted(pod: PodRef, container: str) -> frozenset[str] | None:
-    """The GPU (and MIG) UUIDs ``pod`` was granted for ``container``: none when the pod has
-    grants but not for it, None (unchecked) when the pod has no grant at all."""
+    """The devices (:func:`device_key`) ``pod`` was granted for ``container``: none when the pod
+    has grants but not for it, None (unchecked) when the pod has no grant at all."""
     grant = pod.grant(container)
     if grant is not None:
-        return frozenset(grant.uuids)
+        return frozenset(device_key(u) for u in grant.uuids)
     return frozenset() if pod.grants else None
 
 
@@ -314,7 +321,7 @@ class MonitorCollector(Collector):
         for c in containers:
             r = c.region
             for dev, uuid in enumerate(r.uuids):
-                if not uuid or (c.granted is not None and uuid not in c.granted):
+                if not uuid or (c.granted is not None and device_key(uuid) not in c.granted):
                     continue
                 labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
                 for name, (doc, value_of) in _CTR_VALUES.items():
