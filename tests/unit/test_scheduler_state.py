@@ -176,15 +176,24 @@ def test_flags_with_hami_names(monkeypatch):
     assert (o.node_lock_timeout, o.node_lock_retry_timeout, o.leader_elect, o.identity) == (120, 90, True, "me")
     assert O.options_from_args(_args("--node-lock-timeout=30s")).node_lock_timeout == 30
     assert O.parse_duration("250ms", "x") == 0.25
-    assert O.options_from_args(_args()).bind_timeout == 28
+    assert O.options_from_args(_args()).bind_timeout is None
     assert O.options_from_args(_args("--bind-timeout=43s")).bind_timeout == 43
 
 
-def test_the_bind_timeout_reaches_the_extender():
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--bind-timeout=12s"], 12),
+        ([], 28),  # unset: the lock retry timeout (28s), at least 28 s
+        (["--node-lock-retry-timeout=60s"], 60),  # a raised lock wait is not cut at 28 s
+        (["--node-lock-retry-timeout=60s", "--bind-timeout=20s"], 20),
+    ],
+)
+def test_the_bind_timeout_reaches_the_extender(argv, expected):
     from hami.scheduler.server import SchedulerService
 
-    service = SchedulerService(O.options_from_args(_args("--bind-timeout=12s")), None)
-    assert service.extender.bind_timeout == 12
+    service = SchedulerService(O.options_from_args(_args(*argv)), None)
+    assert service.extender.bind_timeout == expected
 
 
 def test_extender_bind_takes_loopback_addresses_only():

@@ -74,7 +74,7 @@ class Options:
     node_selector: dict[str, str] = field(default_factory=dict)
     node_lock_timeout: float = 300.0
     node_lock_retry_timeout: float = 28.0
-    bind_timeout: float = 28.0  # the whole Bind, below kube-scheduler's extender httpTimeout
+    bind_timeout: float | None = None  # the whole Bind (None: the lock retry timeout, at least 28 s)
     force_overwrite_default_scheduler: bool = True
     leader_elect: bool = False
     lease_name: str = "hami-scheduler"
@@ -234,10 +234,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--bind-timeout",
-        default="28s",
+        default=None,
         help="the most one Bind may take, lock wait included; keep it below kube-scheduler's extender "
         "httpTimeout (30s by default; the chart sets it 2s below), past which kube-scheduler has given up "
-        "and no Binding may be posted",
+        "and no Binding may be posted (default: --node-lock-retry-timeout, at least 28s)",
     )
     a(
         "--force-overwrite-default-scheduler",
@@ -445,7 +445,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         node_selector=parse_selector(args.node_label_selector, "--node-label-selector"),
         node_lock_timeout=parse_duration(args.node_lock_timeout, "--node-lock-timeout"),
         node_lock_retry_timeout=parse_duration(args.node_lock_retry_timeout, "--node-lock-retry-timeout"),
-        bind_timeout=parse_duration(args.bind_timeout, "--bind-timeout"),
+        bind_timeout=None if args.bind_timeout is None else parse_duration(args.bind_timeout, "--bind-timeout"),
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
         leader_elect=args.leader_elect,
         lease_name=args.leader_elect_resource_name,
@@ -487,7 +487,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
     )
     if opts.node_lock_timeout <= 0:
         raise ConfigError(f"--node-lock-timeout: must be positive, got {args.node_lock_timeout!r}")
-    if opts.bind_timeout <= 0:
+    if opts.bind_timeout is not None and opts.bind_timeout <= 0:
         raise ConfigError(f"--bind-timeout: must be positive, got {args.bind_timeout!r}")
     try:
         opts.scheduler_config()  # validates the policies (the message names the flag)
