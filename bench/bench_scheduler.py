@@ -44,7 +44,8 @@
 
 ``--floor`` adds a run of the GPU pods through ``bench/null_extender`` (Go, built once with the
 local toolchain): Filter answers the first candidate, Bind forwards the Binding, nothing else;
-the floor under any extender on this machine. Each pod's end is its ``Scheduled`` event's
+the floor under any extender on this machine; ``--floor-filter-only`` also runs it without
+``bindVerb`` (kube-scheduler posts the Binding itself). Each pod's end is its ``Scheduled`` event's
 ``eventTime`` (microseconds; the PodScheduled condition's whole seconds as the fallback).
 
 Run: ``.venv/bin/python bench/bench_scheduler.py [--sizes 1000x5000,5000x25000 --runs 500] [--e2e]``
@@ -694,7 +695,7 @@ def e2e(args: argparse.Namespace) -> None:
                     gpu_pod(f"p{i:04d}", "bench-floor", mem=4000, cores=5, node_selector={"bench": "on"})
                     for i in range(n)
                 ]
-                rows += floor_run(cluster, run, clear, floor_pods, base, rnd)
+                rows += floor_run(cluster, run, clear, floor_pods, base, rnd, args.floor_filter_only)
             rows += policy_runs(base, rnd)
         print(f"summary (baseline {', '.join(f'{n / b:.0f}' for b in bases)} pods/s, {base_requests}):")
         print_alone(alones, n)
@@ -710,10 +711,17 @@ def e2e(args: argparse.Namespace) -> None:
         cluster.stop()
 
 
-def floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int) -> list[tuple]:
+def floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int, filter_only: bool) -> list[tuple]:
     """``pods`` (GPU pods of namespace bench-floor) through hami's kube-scheduler calling the null
     extender (no hami scheduler, no node stand-in): what the extender protocol itself costs here,
-    beside the round's baseline span ``base``."""
+    beside the round's baseline span ``base``; with ``filter_only`` a second run without bindVerb."""
+    rows = []
+    for bind in (True, False)[: 1 + filter_only]:
+        rows += _floor_run(cluster, run, clear, pods, base, rnd, bind)
+    return rows
+
+
+def _floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int, bind: bool) -> list[tuple]:
     import tempfile
 
     from hami_devkit.schedconfig import ExtenderConfig, SchedulerConfig as KubeSchedulerConfig
@@ -722,7 +730,8 @@ def floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int) -> l
     with tempfile.TemporaryDirectory() as work:
         floor, addr = null_extender(cluster, Path(work))
         try:
-            cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=ExtenderConfig(url_prefix=f"http://{addr}")))
+            extender = ExtenderConfig(url_prefix=f"http://{addr}", bind_verb="bind" if bind else None)
+            cluster.configure_hami_scheduler(KubeSchedulerConfig(extender=extender))
             span, items, requests = run("bench-floor", pods)
             clear("bench-floor")
         finally:
@@ -731,11 +740,12 @@ def floor_run(cluster, run, clear, pods: list[dict], base: float, rnd: int) -> l
             floor.wait(10)
     rate = n / span
     used = len({p["spec"]["nodeName"] for p in items})
+    what = "Bind forwards the Binding" if bind else "no Bind: kube-scheduler posts the Binding"
     print(
         f"e2e floor: {n} GPU pods through kube-scheduler and the null Go extender (Filter answers the first "
-        f"candidate, Bind forwards the Binding): {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; {load()})"
+        f"candidate, {what}): {rate:.0f} pods/s ({rate / (n / base):.2f}x the baseline; {load()})"
     )
-    return [(rnd, "floor", "-", rate, rate / (n / base), used, used, 0, requests)]
+    return [(rnd, "floor" if bind else "floor-nb", "-", rate, rate / (n / base), used, used, 0, requests)]
 
 
 def null_extender(cluster, workdir: Path):
@@ -812,6 +822,12 @@ def main() -> None:
         default=False,
         help="--e2e: also run the GPU pods through the null Go extender (bench/null_extender, built with the go "
         "toolchain): the floor under any extender on this machine",
+    )
+    ap.add_argument(
+        "--floor-filter-only",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="--floor: also run the null extender without bindVerb (kube-scheduler posts the Binding itself)",
     )
     ap.add_argument(
         "--scheduler-flag",
