@@ -481,6 +481,8 @@ _NODES = yaml.safe_dump(
 def sim_inputs(draw) -> tuple[bytes, bytes, bool]:
     """``(nodes file, pods file, must succeed)``."""
     pods = [draw(valid_pods())[0] for _ in range(draw(st.integers(1, 3)))]
+    for i, p in enumerate(pods):  # distinct names: the API server holds one pod per name
+        p["metadata"]["name"] += f"-{i}"
     mode = draw(st.sampled_from(["valid", "broken-pod", "broken-node", "bytes", "junk-yaml"]))
     nodes = _NODES.encode()
     if mode == "broken-pod":

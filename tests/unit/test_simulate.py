@@ -239,3 +239,40 @@ def test_pod_with_node_name_is_only_fitted_there(tmp_path, capsys):
     p["spec"]["nodeName"] = "n2"
     code, out, _ = sim(capsys, "--nodes", nodes, "--pods", write(tmp_path, "pods.yaml", [p]), "-o", "json")
     assert code == 0 and json.loads(out)["pods"][0]["node"] == "n2"
+
+
+def test_table_columns_fit_long_node_and_pod_names(tmp_path, capsys):
+    long_node = "ip-10-0-12-34.us-west-2.compute.internal"
+    nodes = write(tmp_path, "nodes.yaml", [node_doc(long_node, n=1), node_doc("n2", n=1)])
+    pods = [pod_doc("inference-deployment-7f9c8d6b5-x0001", {"nvidia.com/gpu": 1}, ns="team-machine-learning")]
+    code, out, err = sim(capsys, "--nodes", nodes, "--pods", write(tmp_path, "pods.yaml", pods))
+    assert code == 0, err
+    lines = out.splitlines()
+    head = lines[lines.index("DEVICES") + 1]
+    rows = [line for line in lines if line.startswith("  ") and " NVIDIA-L4 " in line]
+    assert len(rows) == 2 and all(r.index("NVIDIA-L4") == head.index("TYPE") for r in rows), out
+    head = lines[lines.index("PODS") + 1]
+    (row,) = [line for line in lines if "team-machine-learning/" in line]
+    assert row.index("scheduled") == head.index("STATUS") and row.index("main:") == head.index("DEVICES"), out
+
+
+def test_pending_reasons_are_grouped_by_pod_and_node(tmp_path, capsys):
+    nodes = write(tmp_path, "nodes.yaml", [node_doc(f"n{i}", n=1, mem=1000) for i in range(6)])
+    big = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000}
+    pods = write(tmp_path, "pods.yaml", [pod_doc(f"p{i}", big) for i in range(5)])
+    code, out, err = sim(capsys, "--nodes", nodes, "--pods", pods)
+    assert code == 0, err
+    summary = out[out.index("SUMMARY") :].splitlines()
+    assert "  pending default/p0, default/p1, default/p2 and 2 more:" in summary
+    assert "    n0, n1, n2 and 3 more: 1/1 CardInsufficientMemory" in summary
+    assert len(summary) == 8, summary  # 5 lines of totals, one block of 2 lines, the pointer to reasons.md
+    _, out, _ = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json")  # JSON keeps every node
+    assert len(json.loads(out)["pods"][4]["reasons"]) == 6
+
+
+def test_help_explains_the_inputs_and_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for needle in ("hami.io/node-nvidia-register", "deletionTimestamp", "Exit status: 0", "docs/simulate.md"):
+        assert needle in out, needle

@@ -14,8 +14,10 @@ from importlib import resources
 from hami import safeyaml
 from hami.config import default_device_config, load_device_config
 from hami.core import CoreError, SchedulerConfig
+from hami.core.names import VGPU_NODE
 from hami.core.score import parse_gpu_policy, parse_node_policy
 from hami.vendors import build_vendors
+from hami.vendors.nvidia import NvidiaVendor
 
 from .engine import SimulationError, simulate
 from .report import to_html, to_json, to_table
@@ -30,9 +32,29 @@ EXAMPLES: dict[str, tuple[str, str, str | None]] = {
 }
 
 
+EPILOG = (
+    "Inputs: --nodes takes Node objects (a List or YAML documents); each needs the registration "
+    f"annotation the device plugin writes ({NvidiaVendor.register_annotation} for NVIDIA), and a Node "
+    "whose annotation is missing or malformed is skipped with a warning. --pods takes Pods, handled "
+    "in file order: a pod is admitted and scheduled; a copy with metadata.deletionTimestamp deletes "
+    f"it; a pod with {VGPU_NODE} and {NvidiaVendor.allocated_annotation} is taken as running there; "
+    "a ResourceQuota applies from that point on (--front-end dra also reads ResourceSlices, "
+    "ResourceClaims and ResourceClaimTemplates). Other kinds are skipped with a warning. "
+    "Exit status: 0 with a result (pending pods included), 1 on bad input (one line on stderr "
+    "naming the file, object and field), 2 on a bad option. More: docs/simulate.md."
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", metavar="NODES.yaml", help="Node objects (kubectl get nodes -o yaml)")
-    parser.add_argument("--pods", metavar="PODS.yaml", help="Pod objects, scheduled in file order")
+    parser.epilog = EPILOG
+    parser.add_argument(
+        "--nodes",
+        metavar="NODES.yaml",
+        help="Node objects with HAMi's registration annotation (kubectl get nodes -o yaml); goes with --pods",
+    )
+    parser.add_argument(
+        "--pods", metavar="PODS.yaml", help="Pod objects (kubectl get pods -A -o yaml, or new ones), in file order"
+    )
     parser.add_argument("--config", metavar="device-config.yaml", help="HAMi device configuration")
     parser.add_argument(
         "--example",
@@ -66,16 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--default-cores",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
-        help="--front-end dra: cores a share takes when it asks for none (hami dra --default-cores)",
+        help="--front-end dra only: cores a share takes when it asks for none (hami dra --default-cores; default 0)",
     )
     parser.add_argument(
         "--min-memory",
         type=int,
-        default=1,
+        default=None,
         metavar="MIB",
-        help="--front-end dra: the smallest memory share in MiB (hami dra --min-memory)",
+        help="--front-end dra only: the smallest memory share in MiB (hami dra --min-memory; default 1)",
     )
     parser.add_argument(
         "--output",
@@ -143,11 +165,18 @@ def run(args: argparse.Namespace) -> int:
             request_in_scores=getattr(args, "score_with_request", "true") == "true",
         )
         front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
+        default_cores, min_memory = getattr(args, "default_cores", None), getattr(args, "min_memory", None)
+        if front_end != "dra" and (default_cores is not None or min_memory is not None):
+            flag = "--default-cores" if default_cores is not None else "--min-memory"
+            raise SimulationError(f"{flag} applies to --front-end dra only (add --front-end dra, or leave {flag} out)")
         if front_end == "dra":
             from .dra import DraOptions, simulate_dra
 
             try:
-                opts = DraOptions(default_cores=args.default_cores, min_memory_mib=args.min_memory)
+                opts = DraOptions(
+                    default_cores=0 if default_cores is None else default_cores,
+                    min_memory_mib=1 if min_memory is None else min_memory,
+                )
             except ValueError as exc:
                 raise SimulationError(str(exc)) from None
             result = simulate_dra(

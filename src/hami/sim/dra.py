@@ -43,7 +43,17 @@ from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
 
-from .engine import PodOutcome, SimResult, SimulationError, check_document, flatten_objects
+from .engine import (
+    RECREATE,
+    Names,
+    PodOutcome,
+    SimResult,
+    SimulationError,
+    check_document,
+    check_pod_resources,
+    flatten_objects,
+    object_name,
+)
 
 DEFAULT_CPU_MILLI = 100  # kube-scheduler's non-zero default request (scoring only)
 DEFAULT_MEMORY = 200 * MIB
@@ -155,6 +165,7 @@ def load_nodes(
     warnings: list[str] = []
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
+    names = Names(source)
     for label, obj in flatten_objects(node_docs, source):
         kind = obj.get("kind") or "Node"
         name = (obj.get("metadata") or {}).get("name") or "?"
@@ -168,6 +179,8 @@ def load_nodes(
                 raise SimulationError(f"{source}: ResourceSlice {name}: spec.nodeName and spec.devices are needed")
             slices.append((obj, False))
         elif kind == "Node":
+            name = object_name(obj, source, label)
+            names.add(name, obj, label)
             facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
@@ -624,6 +637,7 @@ def simulate_dra(
     state.warnings = warnings
     outcomes: dict[str, PodOutcome] = {}
     objects: dict[str, dict] = {}
+    live = Names(sources[1])
     for label, obj in flatten_objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
@@ -652,14 +666,18 @@ def simulate_dra(
             )
             continue
         check_document(obj, POD, sources[1], label)
+        object_name(obj, sources[1], label)
         key = pod_key(obj)
         if meta.get("deletionTimestamp"):
+            live.remove(pod_name(obj))
             if state.delete(key) or key in outcomes:
                 if key in outcomes:
                     outcomes[key].status = "deleted"
             else:
                 warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
             continue
+        live.add(pod_name(obj), obj, label, RECREATE)
+        check_pod_resources(obj, config.vendors, sources[1], label, warnings)
         state.delete(key)
         outcomes.pop(key, None)
         try:

@@ -23,7 +23,8 @@ from hami.core import (
     pod_key,
     schedule_pod,
 )
-from hami.core.requests import pod_name
+from hami.core.quantity import QuantityError, parse_quantity
+from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import META, POD, QUOTA, ShapeError, check
 
 
@@ -88,6 +89,97 @@ def check_document(obj: dict, schema: Any, source: str, label: str) -> None:
         raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
 
 
+def object_name(obj: Mapping[str, Any], source: str, label: str) -> str:
+    """``metadata.name`` of a Node or Pod document: the API server has no object without one."""
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        hint = " (generateName is not expanded: give the object a name)" if meta.get("generateName") else ""
+        raise SimulationError(f"{source}: {label} ({obj.get('kind') or 'object'}): metadata.name is missing{hint}")
+    return str(name)
+
+
+#: what to do instead of a second pod of one name (the hint of a duplicate pod's error)
+RECREATE = " (to replace it, delete it first: a copy with metadata.deletionTimestamp set, then the new pod)"
+
+
+def unknown_node(node: str, source: str) -> str:
+    """The reason of a pod bound (``spec.nodeName``) to a node the simulation does not have."""
+    return f"spec.nodeName is {node}, which is not a usable node of {source} (absent, or skipped: see the warnings)"
+
+
+class Names:
+    """Objects seen so far, by name: a second Node (or a second live Pod) of the same name is
+    refused, as the API server refuses to create it (AlreadyExists)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.seen: dict[str, str] = {}  # name -> the label of the document that holds it
+
+    def add(self, name: str, obj: Mapping[str, Any], label: str, hint: str = "") -> None:
+        if name in self.seen:
+            raise SimulationError(
+                f"{self.source}: {label} ({_describe(obj)}): {(obj.get('kind') or 'object').lower()} {name} "
+                f"is already given in {self.seen[name]}{hint}"
+            )
+        self.seen[name] = label
+
+    def remove(self, name: str) -> None:
+        self.seen.pop(name, None)
+
+
+def _extended(resource: str) -> bool:
+    """Kubernetes' non-overcommitable resources: a domain-qualified name outside kubernetes.io."""
+    return "/" in resource and "kubernetes.io/" not in resource
+
+
+def check_pod_resources(
+    pod: Mapping[str, Any], vendors: Iterable[Any], source: str, label: str, warnings: list[str]
+) -> None:
+    """What the API server refuses in a pod's extended resources (a request without a limit, or
+    one that differs from its limit: both a SimulationError with the API server's words), and a
+    warning for a device-memory quantity with a unit suffix (HAMi reads ``gpumem: 8Gi`` as the
+    plain number 8589934592, which no GPU has)."""
+    memory = {v.resources.memory: v.resources.memory_factor for v in vendors if v.resources.memory}
+    for i, (c, _) in enumerate(ordered_containers(pod)):
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        where = f"{source}: {label} ({_describe(pod)}): container {c.get('name') or i!r}"
+        for key, value in requests.items():
+            if not _extended(key):
+                continue
+            if key not in limits:
+                raise SimulationError(
+                    f"{where}: requests.{key}: {value}: limits.{key} is missing (Kubernetes: "
+                    "Limit must be set for non overcommitable resources; set the limit alone)"
+                )
+            try:
+                same = parse_quantity(value, key) == parse_quantity(limits[key], key)
+            except QuantityError:
+                continue  # the admission names the bad quantity
+            if not same:
+                raise SimulationError(
+                    f"{where}: requests.{key}: {value}: must be equal to {key} limit of {limits[key]} "
+                    "(Kubernetes refuses the pod; set the limit alone)"
+                )
+        for key in sorted(set(memory) & (set(limits) | set(requests))):
+            value = limits.get(key, requests.get(key))
+            if not isinstance(value, str) or value.strip().rstrip("KMGTPEikm") == value.strip():
+                continue
+            try:
+                number = parse_quantity(value, key)
+            except QuantityError:
+                continue  # the admission names the bad quantity
+            if number.denominator != 1:
+                continue  # the admission refuses a fraction
+            mib = number / 2**20
+            hint = f"; {value} is {mib} MiB" if memory[key] == 1 and mib >= 1 and mib.denominator == 1 else ""
+            warnings.append(
+                f"{where}: {key}: {value} is the plain number {number} to HAMi, which reads this resource "
+                f"as a count of {'MiB' if memory[key] == 1 else 'its memory unit'}, not bytes{hint}"
+            )
+
+
 def _describe(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     name = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else meta.get("name") or "?"
@@ -118,11 +210,15 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
     ledger = Ledger()
     warnings: list[str] = []
-    for _, obj in flatten_objects(node_docs, source):
-        name = (obj.get("metadata") or {}).get("name") or "?"
+    names = Names(source)
+    for label, obj in flatten_objects(node_docs, source):
         if (obj.get("kind") or "Node") != "Node":
-            warnings.append(f"{source}: skipping {obj.get('kind')} {name}: not a Node")
+            warnings.append(
+                f"{source}: skipping {obj.get('kind')} {(obj.get('metadata') or {}).get('name')}: not a Node"
+            )
             continue
+        name = object_name(obj, source, label)
+        names.add(name, obj, label)
         try:
             nd = node_devices_from_object(obj, config.vendors)
         except CoreError as exc:
@@ -133,6 +229,8 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
             warnings.append(f"skipping node {name}: no device registration annotation ({keys})")
             continue
         ledger.set_node(nd)
+    if not names.seen:
+        raise SimulationError(f"{source}: no Node object in the file (kubectl get nodes -o yaml > {source})")
     if not ledger.node_names():
         first = f": {warnings[0]}" if warnings else ""
         raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation){first}")
@@ -149,6 +247,7 @@ def simulate(
     ledger, warnings = load_nodes(node_docs, config, sources[0])
     outcomes: dict[str, PodOutcome] = {}
     objects: dict[str, dict] = {}
+    live = Names(sources[1])
     for label, obj in flatten_objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
@@ -168,23 +267,28 @@ def simulate(
             warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod")
             continue
         check_document(obj, POD, sources[1], label)
+        object_name(obj, sources[1], label)
         key = pod_key(obj)
         if meta.get("deletionTimestamp"):
+            live.remove(pod_name(obj))
             ledger.remove_pod(key)
             if key in outcomes:
                 outcomes[key].status = "deleted"
             else:
                 warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
             continue
+        live.add(pod_name(obj), obj, label, RECREATE)
+        check_pod_resources(obj, config.vendors, sources[1], label, warnings)
         outcomes.pop(key, None)
-        outcomes[key] = _place(obj, ledger, config, now, sources[1])
+        outcomes[key] = _place(obj, ledger, config, now, sources)
         objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = obj
     return SimResult(
         pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings, ledger=ledger, objects=objects
     )
 
 
-def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, source: str) -> PodOutcome:
+def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, sources: tuple[str, str]) -> PodOutcome:
+    source = sources[1]
     meta = pod.get("metadata") or {}
     out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
     try:
@@ -204,6 +308,8 @@ def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, sourc
         out.containers = _containers(admitted, {})
     elif result.node is None:
         out.reasons = result.reasons()
+        if bound and bound not in ledger.node_names():
+            out.reasons = {bound: unknown_node(bound, sources[0])}
         out.containers = _containers(admitted, {})
     else:
         out.status, out.node = "scheduled", result.node

@@ -42,26 +42,37 @@ def _grant(d: dict) -> str:
     return f"{where}{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%{mig}"
 
 
+def _names(names: list[str], shown: int = 3) -> str:
+    """``a, b, c and 7 more``: a long list of nodes or pods kept to one readable line."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def to_table(result: SimResult) -> str:
+    # columns as wide as their longest value (cloud node names run to 40 characters and more)
+    node_w = max([14] + [len(d["node"]) for d in result.devices] + [len(p.node or "") for p in result.pods])
+    pod_w = max([34] + [len(p.namespace) + 1 + len(p.name) for p in result.pods])
     lines: list[str] = []
     lines.append("DEVICES")
-    lines.append(f"  {'NODE':<14} {'IDX':>3} {'TYPE':<24} {'TASKS':>6}  {'MEMORY':<28} {'CORES':<22} NOTE")
+    lines.append(f"  {'NODE':<{node_w}} {'IDX':>3} {'TYPE':<24} {'TASKS':>6}  {'MEMORY':<28} {'CORES':<22} NOTE")
     for d in result.devices:
         note = "unhealthy" if not d["health"] else "cordoned" if d["cordoned"] else ""
         mem = f"{_bar(d['usedmem'], d['totalmem'])} {_gib(d['usedmem'])}/{_gib(d['totalmem'])}"
         cores = f"{_bar(d['usedcores'], d['totalcore'])} {d['usedcores']}/{d['totalcore']}"
         lines.append(
-            f"  {d['node']:<14} {d['index']:>3} {d['type'][:24]:<24} {str(d['used']) + '/' + str(d['count']):>6}  "
-            f"{mem:<28} {cores:<22} {note}".rstrip()
+            f"  {d['node']:<{node_w}} {d['index']:>3} {d['type'][:24]:<24} "
+            f"{str(d['used']) + '/' + str(d['count']):>6}  {mem:<28} {cores:<22} {note}".rstrip()
         )
     lines.append("")
     lines.append("PODS")
-    lines.append(f"  {'POD':<34} {'STATUS':<10} {'NODE':<14} DEVICES")
+    lines.append(f"  {'POD':<{pod_w}} {'STATUS':<10} {'NODE':<{node_w}} DEVICES")
     for p in result.pods:
         devs = "; ".join(
             f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"]) for c in p.containers if c["devices"]
         )
-        lines.append(f"  {p.namespace + '/' + p.name:<34} {p.status:<10} {p.node or '-':<14} {devs}".rstrip())
+        lines.append(
+            f"  {p.namespace + '/' + p.name:<{pod_w}} {p.status:<10} {p.node or '-':<{node_w}} {devs}".rstrip()
+        )
     lines.append("")
     lines.extend(_summary(result))
     return "\n".join(lines)
@@ -74,7 +85,6 @@ def _summary(result: SimResult) -> list[str]:
     total_mem = sum(d["totalmem"] for d in devs)
     cores = sum(d["usedcores"] for d in devs)
     total_cores = sum(d["totalcore"] for d in devs)
-    pending = [p for p in result.pods if p.status == "pending"]
     counts = Counter(p.status for p in result.pods)
     out = [
         "SUMMARY",
@@ -83,10 +93,20 @@ def _summary(result: SimResult) -> list[str]:
         f"  cores allocated:  {cores} of {total_cores} ({100 * cores / total_cores if total_cores else 0:.0f}%)",
         "  pods:             " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
     ]
-    for p in pending + [p for p in result.pods if p.status == "denied"]:
-        out.append(f"  {p.status} {p.namespace}/{p.name}:")
-        for node, reason in p.reasons.items():
-            out.append(f"    {node}: {reason}")
+    # pods with the same reasons share one block, nodes with the same reason one line (the JSON
+    # output keeps every pod and node): a thousand pending pods on sixty nodes stay readable
+    blocks: dict[tuple, list[str]] = {}
+    for p in [p for p in result.pods if p.status == "pending"] + [p for p in result.pods if p.status == "denied"]:
+        blocks.setdefault((p.status, tuple(p.reasons.items())), []).append(f"{p.namespace}/{p.name}")
+    for (status, reasons), pods in blocks.items():
+        out.append(f"  {status} {_names(pods)}:")
+        by_reason: dict[str, list[str]] = {}
+        for node, reason in reasons:
+            by_reason.setdefault(reason, []).append(node)
+        for reason, nodes in by_reason.items():
+            out.append(f"    {_names(nodes)}: {reason}")
+    if blocks:
+        out.append("  (what each reason means and what to change: docs/reasons.md)")
     return out
 
 
