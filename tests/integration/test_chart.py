@@ -362,7 +362,7 @@ def test_non_default_values_are_honoured(helm):
     node_cfg = json.loads(docs[("ConfigMap", "hami-device-plugin")]["data"]["config.json"])
     assert node_cfg["nodeconfig"][0]["devicesplitcount"] == 4
     ds = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
-    monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
+    (monitor,) = docs[("DaemonSet", "hami-vgpu-monitor")]["spec"]["template"]["spec"]["containers"]
     assert "--legacy-metrics" in monitor["command"] and "--priority-blocking" in monitor["command"]
     # the monitor reads priorities from the resource the device plugin does (resourcePriorityName)
     assert "--priority-resource=example.com/gpu-priority" in monitor["command"]
@@ -376,9 +376,9 @@ def test_non_default_values_are_honoured(helm):
 
 
 def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
-    text = (CHART / "templates" / "scheduler" / "rbac.yaml").read_text() + (
-        CHART / "templates" / "device-plugin" / "rbac.yaml"
-    ).read_text()
+    text = "".join(
+        (CHART / "templates" / part / "rbac.yaml").read_text() for part in ("scheduler", "device-plugin", "monitor")
+    )
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.strip().startswith("- apiGroups:"):
@@ -396,8 +396,10 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
             assert not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False, c["name"]
             assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), c["name"]
             assert sc.get("readOnlyRootFilesystem") is True, c["name"]  # they write host directories only
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
-    assert ds["hostPID"] is False
+    daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 2  # the device plugin's and the monitor's
+    for d in daemonsets:
+        assert d["spec"]["template"]["spec"]["hostPID"] is False, d["metadata"]["name"]
     for d in docs:  # the runtime's default syscall filter for every pod
         if d["kind"] in ("DaemonSet", "Deployment"):
             pod = d["spec"]["template"]["spec"]
@@ -992,7 +994,8 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
 
 def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
     """devicePlugin.driverMounts (nodes without the NVIDIA container runtime): a hostPath volume
-    each, mounted into both DaemonSet containers, and handed to Allocate by --driver-mount."""
+    each in both DaemonSets (the device plugin's and the monitor's), mounted into their
+    containers, and handed to Allocate by --driver-mount."""
     docs = {
         (d["kind"], d["metadata"]["name"]): d
         for d in _render(
@@ -1009,13 +1012,16 @@ def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
         )
     }
     pod = docs[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
-    plugin, monitor = pod["containers"]
+    monitor_pod = docs[("DaemonSet", "hami-vgpu-monitor")]["spec"]["template"]["spec"]
+    (plugin,), (monitor,) = pod["containers"], monitor_pod["containers"]
     assert [a for a in plugin["command"] if a.startswith("--driver-mount")] == [
         "--driver-mount=/home/kubernetes/bin/nvidia:/usr/local/nvidia:ro",
         "--driver-mount=/var/run/fake:/var/run/fake:rw",
     ]
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["driver-0"]["hostPath"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+    for p in (pod, monitor_pod):
+        volumes = {v["name"]: v for v in p["volumes"]}
+        assert volumes["driver-0"]["hostPath"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+        assert volumes["driver-1"]["hostPath"] == {"path": "/var/run/fake", "type": "Directory"}
     for container in (plugin, monitor):
         mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in container["volumeMounts"]}
         assert mounts["driver-0"] == ("/usr/local/nvidia", True) and mounts["driver-1"] == ("/var/run/fake", False)

@@ -3,7 +3,7 @@
 - live usage by default: with ``scheduler.ui.enabled`` and the device plugin's monitor on, the
   scheduler gets ``--ui-monitor-url=http://{node_ip}:<devicePlugin.monitor.metricsPort>/metrics``
   and the monitor's ``metrics`` port a ``hostPort`` of the same number (the monitor is on the pod
-  network; the device plugin's NodePort Service may route to another node's monitor); a
+  network; the monitor's NodePort Service may route to another node's monitor); a
   ``scheduler.ui.monitorURL`` of one's own replaces both, ``scheduler.ui.liveUsage: false`` or a
   disabled monitor or UI leaves both out;
 - ``scheduler.ui.prometheusURL`` becomes ``--ui-prometheus-url``; a URL with a query fails the render.
@@ -21,7 +21,7 @@ UI = ("--set", "scheduler.ui.enabled=true")
 
 
 def _monitor_ports(docs: dict) -> list[dict]:
-    ds = next(d for (kind, _), d in docs.items() if kind == "DaemonSet" and "device-plugin" in d["metadata"]["name"])
+    ds = docs[("DaemonSet", "hami-vgpu-monitor")]  # the monitor's own DaemonSet
     ctr = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-monitor")
     return ctr["ports"]
 

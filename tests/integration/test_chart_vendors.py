@@ -200,7 +200,7 @@ def test_node_monitor_metrics_are_node_port_31992_by_default(helm_bin):
     svc = _render(helm_bin)[("Service", "hami-device-plugin-monitor")]["spec"]
     assert svc["type"] == "NodePort"
     assert svc["ports"] == [{"name": "monitor", "port": 9394, "targetPort": "metrics", "nodePort": 31992}]
-    ds = _render(helm_bin)[("DaemonSet", "hami-device-plugin")]["spec"]["template"]["spec"]
+    ds = _render(helm_bin)[("DaemonSet", "hami-vgpu-monitor")]["spec"]["template"]["spec"]
     monitor = next(c for c in ds["containers"] if c["name"] == "vgpu-monitor")
     assert {"name": "metrics", "containerPort": 9394} in [
         {k: p[k] for k in ("name", "containerPort")} for p in monitor["ports"]
@@ -765,17 +765,19 @@ def test_a_region_path_where_the_plugin_writes_them_is_accepted(helm_bin, settin
     result = helm_bin("template", "hami", str(CHART), "--kube-version", KUBE_VERSION, *args, check=False)
     assert result.returncode == 0, result.stderr
     hook = next((s.split("=", 1)[1] for s in settings if s.startswith("global.gpuHookPath=")), "/usr/local")
-    (plugin,) = [
-        d
+    daemonsets = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
         for d in yaml.safe_load_all(result.stdout)
-        if d and d["kind"] == "DaemonSet" and "device-plugin" in d["metadata"]["name"]
-    ]
-    pod = plugin["spec"]["template"]["spec"]
+        if d and d["kind"] == "DaemonSet"
+    }
+    pod = daemonsets["hami-vgpu-monitor"]  # the monitor's own DaemonSet
     (monitor,) = [c for c in pod["containers"] if c["command"][:2] == ["hami", "monitor"]]
     # the monitor reads <HOOK_PATH>/containers, mounted from the host directory the plugin writes
     assert {e["name"]: e.get("value") for e in monitor["env"]}["HOOK_PATH"] == f"{hook}/vgpu"
     volume = next(v for v in pod["volumes"] if v["name"] == "containers")
     assert volume["hostPath"]["path"] == f"{hook}/vgpu/containers"
+    plugin_hook = next(v for v in daemonsets["hami-device-plugin"]["volumes"] if v["name"] == "hook")
+    assert f"{plugin_hook['hostPath']['path']}/containers" == volume["hostPath"]["path"]
     assert any(
         m["name"] == "containers" and m["mountPath"] == f"{hook}/vgpu/containers" for m in monitor["volumeMounts"]
     )

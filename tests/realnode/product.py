@@ -232,16 +232,22 @@ class Product:
         )
 
     def wait_ready(self, timeout: float = 300) -> None:
-        agent = "dra" if self.front_end == "dra" else "device-plugin"
+        # the node agent, and with the extender front end the monitor's own DaemonSet
+        agents = ["dra"] if self.front_end == "dra" else ["device-plugin", "vgpu-monitor"]
 
         def ready() -> bool:
             deployment = self.cluster.api(
                 "GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{RELEASE}-scheduler"
             )
-            daemonset = self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-{agent}")
+            daemonsets = [
+                self.cluster.api("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-{agent}")
+                for agent in agents
+            ]
             return (
                 deployment["status"].get("readyReplicas") == deployment["spec"]["replicas"]
-                and daemonset["status"].get("numberReady") == daemonset["status"].get("desiredNumberScheduled") == 1
+                and all(
+                    d["status"].get("numberReady") == d["status"].get("desiredNumberScheduled") == 1 for d in daemonsets
+                )
                 and self.product_pods_ready()
                 and self.gpus_advertised()
                 and self.webhook_serves()
@@ -300,7 +306,7 @@ class Product:
             return response.read().decode()
 
     def monitor_metrics(self) -> str:
-        return self.metrics("hami-device-plugin", MONITOR_PORT)
+        return self.metrics("hami-vgpu-monitor", MONITOR_PORT)  # the monitor's own DaemonSet
 
     def scheduler_metrics(self) -> str:
         return self.metrics("hami-scheduler", SCHEDULER_METRICS_PORT)

@@ -114,6 +114,13 @@ def test_every_pod_of_the_chart_is_running_and_ready(product: Product, real_clus
     pods = product.pods()
     containers = sorted(c["name"] for p in pods for c in p["spec"]["containers"])
     assert containers == ["device-plugin", "kube-scheduler", "vgpu-monitor", "vgpu-scheduler-extender"]
+    # the monitor in a pod of its own, under its own read-only ServiceAccount (not the plugin's)
+    (monitor,) = product.pods(selector="app.kubernetes.io/component=hami-vgpu-monitor")
+    (plugin,) = product.pods(selector="app.kubernetes.io/component=hami-device-plugin")
+    assert [c["name"] for c in monitor["spec"]["containers"]] == ["vgpu-monitor"]
+    assert [c["name"] for c in plugin["spec"]["containers"]] == ["device-plugin"]
+    assert monitor["spec"]["serviceAccountName"] == f"{RELEASE}-vgpu-monitor"
+    assert plugin["spec"]["serviceAccountName"] == f"{RELEASE}-device-plugin"
     assert all(p["spec"]["nodeName"] == product.node.name for p in pods)
     # from the product image and the chart's default kube-scheduler image, none pulled
     images = {c["image"] for p in pods for c in p["spec"]["containers"]}

@@ -23,6 +23,8 @@
 
 {{- define "hami.scheduler" -}}{{ include "hami.fullname" . }}-scheduler{{- end -}}
 {{- define "hami.device-plugin" -}}{{ include "hami.fullname" . }}-device-plugin{{- end -}}
+{{- /* (hami-py) `hami monitor` beside the device plugin: a DaemonSet and ServiceAccount of its own (templates/monitor/) */}}
+{{- define "hami.monitor" -}}{{ include "hami.fullname" . }}-vgpu-monitor{{- end -}}
 {{- define "hami.scheduler.tls" -}}{{ include "hami.scheduler" . }}-tls{{- end -}}
 
 {{- define "hami.labels" -}}
@@ -68,6 +70,45 @@ app.kubernetes.io/component: hami-scheduler
 app.kubernetes.io/name: {{ include "hami.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: hami-device-plugin
+{{- end -}}
+
+{{- define "hami.monitor.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hami-vgpu-monitor
+{{- end -}}
+
+{{/* "true" when the node monitor runs (its own DaemonSet, templates/monitor/): devicePlugin.enabled and
+devicePlugin.monitor.enabled (it reads the regions the device plugin writes); "" otherwise */}}
+{{- define "hami.monitor.enabled" -}}
+{{- if and .Values.devicePlugin.enabled .Values.devicePlugin.monitor.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The pod-level settings of the device plugin's DaemonSet and the monitor's (both from devicePlugin.*):
+the same GPU nodes (nvidiaNodeSelector, tolerations), the same runtime class (NVML through the NVIDIA
+runtime), node-critical priority, hostPID (HAMi's key, off by default: neither program needs it),
+image pull secrets and the runtime's default seccomp filter. Indent with nindent 6 under spec:.
+*/}}
+{{- define "hami.gpuNodePod" -}}
+{{- $dp := .Values.devicePlugin -}}
+priorityClassName: system-node-critical
+hostPID: {{ $dp.hostPID }}
+{{- include "hami.imagePullSecrets" . }}
+{{- with $dp.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $dp.nvidiaNodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $dp.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  seccompProfile:
+    type: RuntimeDefault   # the runtime's default syscall filter, as the scheduler pod has
 {{- end -}}
 
 {{/* image: registry/repository:tag with global overrides. Call with (dict "image" .x "root" $) */}}
@@ -175,12 +216,22 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
 {{- end -}}
 {{- end -}}
 
-{{/* The device plugin's and monitor's mounts of devicePlugin.driverMounts (argument: .Values.devicePlugin) */}}
+{{/* The device plugin's, the monitor's and the DRA agent's mounts of devicePlugin.driverMounts (argument: .Values.devicePlugin) */}}
 {{- define "hami.driverVolumeMounts" -}}
 {{- range $i, $m := .driverMounts }}
 - name: driver-{{ $i }}
   mountPath: {{ $m.containerPath | default $m.hostPath }}
   readOnly: {{ ne $m.readOnly false }}
+{{- end }}
+{{- end }}
+
+{{/* The hostPath volumes of devicePlugin.driverMounts, named as hami.driverVolumeMounts mounts them (argument: .Values.devicePlugin) */}}
+{{- define "hami.driverVolumes" -}}
+{{- range $i, $m := .driverMounts }}
+- name: driver-{{ $i }}
+  hostPath:
+    path: {{ $m.hostPath }}
+    type: Directory
 {{- end }}
 {{- end }}
 
@@ -248,7 +299,7 @@ monitor, so each node's own is reached at <node InternalIP>:<port>); "" otherwis
 {{- define "hami.ui.monitorHostPort" -}}
 {{- $ui := .Values.scheduler.ui -}}
 {{- $dp := .Values.devicePlugin -}}
-{{- if and $ui.enabled (ne (toString $ui.liveUsage) "false") (not $ui.monitorURL) $dp.enabled $dp.monitor.enabled -}}
+{{- if and $ui.enabled (ne (toString $ui.liveUsage) "false") (not $ui.monitorURL) (include "hami.monitor.enabled" .) -}}
 {{- $dp.monitor.metricsPort -}}
 {{- end -}}
 {{- end -}}
