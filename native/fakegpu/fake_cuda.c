@@ -57,6 +57,7 @@ struct CUfunc_st {
     unsigned magic;
     unsigned long long ns_per_wave;
     char name[128];
+    int bx, by, bz; /* cuFuncSetBlockShape, for the deprecated cuLaunch / cuLaunchGrid[Async] */
 };
 
 typedef struct {
@@ -1383,6 +1384,30 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return CUDA_SUCCESS;
 }
 
+/* The handle of the allocation mapped at any address of a mapping, with one more reference
+ * (released by cuMemRelease), as the driver does. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    NEED_INIT();
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    fg_vmm *h = NULL;
+    if (!handle || !a)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    for (size_t i = 0; i < g_allocs.cap && !h; i++) {
+        ptrmap_slot *s = &g_allocs.slots[i];
+        if (s->key > PTRMAP_TOMB && s->val.kind == K_VMM_MAP && a >= s->key && a - s->key < s->val.size)
+            h = (fg_vmm *)(uintptr_t)s->val.aux;
+    }
+    if (h)
+        h->refs++;
+    pthread_mutex_unlock(&g_mu);
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
     NEED_INIT();
@@ -1727,6 +1752,34 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     return launch(f, gx, gy, gz, bx, by, bz, s, 1, 1);
 }
 
+/* The deprecated launches (still exported by libcuda 12): the block shape comes from
+ * cuFuncSetBlockShape (unset: CUDA_ERROR_INVALID_VALUE); cuLaunch runs one block. */
+EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z)
+{
+    NEED_INIT();
+    if (!f || f->magic != M_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (x <= 0 || y <= 0 || z <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->bx = x;
+    f->by = y;
+    f->bz = z;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch_grid(CUfunction f, int gw, int gh, CUstream s)
+{
+    if (!f || f->magic != M_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (gw <= 0 || gh <= 0 || f->bx <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, (unsigned)gw, (unsigned)gh, 1, (unsigned)f->bx, (unsigned)f->by, (unsigned)f->bz, s, 0, 0);
+}
+
+EXPORT CUresult cuLaunch(CUfunction f) { return launch_grid(f, 1, 1, NULL); }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int gw, int gh) { return launch_grid(f, gw, gh, NULL); }
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int gw, int gh, CUstream s) { return launch_grid(f, gw, gh, s); }
+
 /* ---- graphs (kernel nodes only, executed in insertion order) ---- */
 
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
@@ -1893,6 +1946,7 @@ static const proc_entry g_procs[] = {
     E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),
     E("cuMemAddressReserve", 10020, cuMemAddressReserve), E("cuMemAddressFree", 10020, cuMemAddressFree),
     E("cuMemMap", 10020, cuMemMap), E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
     E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
@@ -1900,6 +1954,8 @@ static const proc_entry g_procs[] = {
     E("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx), E("cuModuleUnload", 2000, cuModuleUnload),
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuLaunchKernel", 4000, cuLaunchKernel), PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    E("cuFuncSetBlockShape", 2000, cuFuncSetBlockShape), E("cuLaunch", 2000, cuLaunch),
+    E("cuLaunchGrid", 2000, cuLaunchGrid), E("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
     E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
     E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),

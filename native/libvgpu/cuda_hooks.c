@@ -27,9 +27,11 @@ int vgpu_inited;
     X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0)                         \
     X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, 0)                                 \
     X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)                             \
+    X(cuCtxCreate, "cuCtxCreate", 2000, 0)                                                         \
     X(cuCtxCreate_v2, "cuCtxCreate", 3020, 0)                                                      \
     X(cuCtxCreate_v3, "cuCtxCreate", 11040, 0)                                                     \
     X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                                     \
+    X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                                                       \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                    \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                        \
     X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                                             \
@@ -42,11 +44,17 @@ int vgpu_inited;
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0)                                 \
     X(cuMemCreate, "cuMemCreate", 10020, 0)                                                        \
     X(cuMemRelease, "cuMemRelease", 10020, 0)                                                      \
+    X(cuMemMap, "cuMemMap", 10020, 0)                                                              \
+    X(cuMemUnmap, "cuMemUnmap", 10020, 0)                                                          \
+    X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0)                        \
     X(cuMemAllocAsync, "cuMemAllocAsync", 11020, 0)                                                \
     X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, 1)                                           \
     X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, 0)                                \
     X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, 1)                           \
     X(cuMemFreeAsync, "cuMemFreeAsync", 11020, 0)                                                  \
+    X(cuMemPoolCreate, "cuMemPoolCreate", 11020, 0)                                                \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)                            \
+    X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                                          \
     X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                             \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                    \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                            \
@@ -56,6 +64,9 @@ int vgpu_inited;
     X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                                         \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)                             \
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)                        \
+    X(cuLaunch, "cuLaunch", 2000, 0)                                                               \
+    X(cuLaunchGrid, "cuLaunchGrid", 2000, 0)                                                       \
+    X(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0)                                             \
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                                                    \
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
 
@@ -94,6 +105,8 @@ enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC };
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
+static ptrmap g_pools;   /* memory pool -> where it allocates (pool_dev) */
+static ptrmap g_maps;    /* VMM mapping address -> its handle (aux) and size */
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -126,10 +139,32 @@ static int untrack(ptrmap *m, uint64_t key, ptrmap_val *out)
     return found;
 }
 
+/* Sizes are rounded and multiplied with saturation: a result that would wrap 64 bits becomes
+ * UINT64_MAX, which vgpu_reserve refuses (above VGPU_MAX_CHARGE) with CUDA_ERROR_OUT_OF_MEMORY
+ * before the driver is called -- what the driver itself answers for a size no device has. A
+ * wrapped size used to pass the check as a small one; the driver then failed the call and the
+ * roll-back released the huge figure, zeroing the process's whole charge. */
+#define ROUND_MAX (UINT64_MAX - (2ULL << 20))
+
+static uint64_t round_to(uint64_t size, uint64_t a)
+{
+    return size > ROUND_MAX ? UINT64_MAX : (size + a - 1) / a * a;
+}
+
 static uint64_t round_alloc(uint64_t size)
 {
-    uint64_t a = size >= (2ULL << 20) ? (2ULL << 20) : 512;
-    return (size + a - 1) / a * a;
+    return round_to(size, size >= (2ULL << 20) ? (2ULL << 20) : 512);
+}
+
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
 /* ---- initialization ---- */
@@ -146,8 +181,12 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_mu, NULL);
     free(g_ptrs.slots);
     free(g_handles.slots);
+    free(g_pools.slots);
+    free(g_maps.slots);
+    memset(&g_maps, 0, sizeof g_maps);
     memset(&g_ptrs, 0, sizeof g_ptrs);
     memset(&g_handles, 0, sizeof g_handles);
+    memset(&g_pools, 0, sizeof g_pools);
     memset(g_primary_refs, 0, sizeof g_primary_refs);
     vgpu_region_after_fork();
 }
@@ -356,8 +395,9 @@ static void drop_context_allocs(CUcontext ctx)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* The primary context is charged once while retained; every created context is charged.
- * Charged without a limit check: the context exists already. */
+/* The primary context is charged once while retained, without a limit check (a process cannot
+ * run anything without it; its footprint is what the driver takes anyway). Every created context
+ * is reserved under the limit (ctx_create). */
 static void primary_ref(int cuda_dev, int delta, CUcontext ctx)
 {
     int reg = vgpu_cuda_dev(cuda_dev);
@@ -377,17 +417,6 @@ static void primary_ref(int cuda_dev, int delta, CUcontext ctx)
         vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
         drop_context_allocs(primary);
     }
-}
-
-static void created_ref(int cuda_dev, int delta)
-{
-    int reg = vgpu_cuda_dev(cuda_dev);
-    if (reg < 0)
-        return;
-    if (delta > 0)
-        vgpu_charge(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
-    else
-        vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
 }
 
 typedef struct {
@@ -462,7 +491,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 }
 
 typedef struct {
-    int version;
+    int version; /* 1..4: cuCtxCreate, _v2, _v3, _v4 */
     CUcontext *pctx;
     unsigned flags;
     CUdevice dev;
@@ -474,22 +503,54 @@ static CUresult do_create(void *a)
 {
     create_args *x = a;
     switch (x->version) {
+    case 1: return r_cuCtxCreate(x->pctx, x->flags, x->dev);
     case 2: return r_cuCtxCreate_v2(x->pctx, x->flags, x->dev);
     case 3: return r_cuCtxCreate_v3(x->pctx, x->p1, x->n, x->flags, x->dev);
     default: return r_cuCtxCreate_v4(x->pctx, x->p1, x->flags, x->dev);
     }
 }
 
+/* A created context's footprint is reserved under the limit before the driver creates it
+ * (CUDA_ERROR_OUT_OF_MEMORY when it does not fit; returned if the create fails). The first
+ * context of the process on a device has no known footprint yet: it is measured as it is
+ * created, then reserved; if it does not fit it is destroyed again and the call fails. The
+ * charge is remembered with the context and returned by cuCtxDestroy. */
 static CUresult ctx_create(create_args *a, void *real)
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    int reg = vgpu_cuda_dev(a->dev);
+    if (reg < 0 || !a->pctx)
+        return with_context_charge(a->dev, do_create, a);
+    int known = vgpu_cfg.context_size >= 0 || __atomic_load_n(&g_ctx_measured[reg], __ATOMIC_ACQUIRE);
+    uint64_t size = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : g_ctx_size[reg];
+    if (known && vgpu_reserve(reg, size, VGPU_MEM_CONTEXT) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = with_context_charge(a->dev, do_create, a);
-    if (r == CUDA_SUCCESS && a->pctx) {
-        track(&g_handles, (uint64_t)(uintptr_t)*a->pctx, 0, a->dev, T_CTX);
-        created_ref(a->dev, 1);
+    if (r != CUDA_SUCCESS) {
+        if (known)
+            vgpu_release(reg, size, VGPU_MEM_CONTEXT);
+        return r;
     }
+    if (!known) {
+        size = g_ctx_size[reg];
+        if (vgpu_reserve(reg, size, VGPU_MEM_CONTEXT) != 0) {
+            CUcontext made = *a->pctx;
+            if (r_cuCtxDestroy_v2 ? r_cuCtxDestroy_v2(made) : r_cuCtxDestroy(made))
+                LOG_WARN("device %d: could not destroy a context over the limit", reg);
+            *a->pctx = NULL;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    track(&g_handles, (uint64_t)(uintptr_t)*a->pctx, size, reg, T_CTX);
     return r;
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    vgpu_init();
+    create_args a = {1, pctx, flags, dev, NULL, 0};
+    return ctx_create(&a, (void *)r_cuCtxCreate);
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
@@ -513,16 +574,29 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned i
     return ctx_create(&a, (void *)r_cuCtxCreate_v4);
 }
 
-EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+static CUresult ctx_destroy(CUcontext ctx, __typeof__(&cuCtxDestroy_v2) real)
 {
-    READY_OR(r_cuCtxDestroy_v2, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuCtxDestroy_v2(ctx);
+    if (!real)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(ctx);
     ptrmap_val v;
     if (r == CUDA_SUCCESS && untrack(&g_handles, (uint64_t)(uintptr_t)ctx, &v))
-        created_ref(v.dev, -1);
+        vgpu_release(v.dev, v.size, VGPU_MEM_CONTEXT);
     if (r == CUDA_SUCCESS)
         drop_context_allocs(ctx);
     return r;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    vgpu_init();
+    return ctx_destroy(ctx, r_cuCtxDestroy_v2);
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    vgpu_init();
+    return ctx_destroy(ctx, r_cuCtxDestroy);
 }
 
 /* ---- allocations ---- */
@@ -574,11 +648,11 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     if (reg < 0 || !dptr || !pitch || !w || !h)
         return r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
     /* Reserve the estimate (width rounded to 512 B), then settle on the driver's pitch. */
-    uint64_t est = round_alloc((uint64_t)((w + 511) / 512 * 512) * h);
+    uint64_t est = round_alloc(mul_sat(round_to(w, 512), h));
     CUresult r = CHARGED_CALL(reg, est, r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem));
     if (r != CUDA_SUCCESS)
         return r;
-    uint64_t real = round_alloc((uint64_t)*pitch * h);
+    uint64_t real = round_alloc(mul_sat(*pitch, h));
     if (real > est && vgpu_reserve(reg, real - est, VGPU_MEM_DATA) != 0) {
         r_cuMemFree_v2(*dptr);
         vgpu_release(reg, est, VGPU_MEM_DATA);
@@ -623,7 +697,7 @@ static uint64_t format_bytes(CUarray_format f)
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
-    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (ch ? ch : 1);
+    return mul_sat(mul_sat(mul_sat(mul_sat(w, h ? h : 1), d ? d : 1), format_bytes(f)), ch ? ch : 1);
 }
 
 static CUresult array_charged(uint64_t est, void **handle, CUresult (*call)(void *), void *arg)
@@ -692,8 +766,8 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *mip, const CUDA_ARRAY3D
     uint64_t est = 0;
     for (unsigned l = 0; l < levels && l < 64; l++) {
         size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
-        est += array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
-                           d->Format, d->NumChannels);
+        est = add_sat(est, array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                                       d->Format, d->NumChannels));
     }
     array_args a = {NULL, d, levels, mip};
     return array_charged(est, (void **)mip, do_mipmap, &a);
@@ -719,7 +793,30 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray mip)
     return handle_free((uint64_t)(uintptr_t)mip, r_cuMipmappedArrayDestroy(mip));
 }
 
-/* VMM (NCCL, PyTorch expandable segments): physical memory is charged at cuMemCreate. */
+/* VMM (NCCL, PyTorch expandable segments): physical memory is charged at cuMemCreate and
+ * released when the driver frees it: when the allocation's last reference is gone. Like the
+ * driver, each allocation counts references: cuMemCreate 1, each cuMemMap +1, each cuMemUnmap
+ * of a mapping -1, cuMemRetainAllocationHandle +1, cuMemRelease -1 (the count is the record's
+ * aux). cuMemRelease of a mapped allocation frees nothing until it is unmapped. */
+static void vmm_ref(CUmemGenericAllocationHandle handle, int delta)
+{
+    ptrmap_val v = {0};
+    int freed = 0;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *p = ptrmap_get(&g_handles, handle);
+    if (p && p->kind == T_VMM) {
+        if (delta > 0)
+            p->aux++;
+        else if (p->aux <= 1)
+            freed = ptrmap_del(&g_handles, handle, &v);
+        else
+            p->aux--;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (freed)
+        vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+}
+
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -729,23 +826,149 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     int reg = vgpu_cuda_dev(prop->location.id);
     if (reg < 0)
         return r_cuMemCreate(handle, size, prop, flags);
-    uint64_t bytes = (size + (2ULL << 20) - 1) / (2ULL << 20) * (2ULL << 20);
+    uint64_t bytes = round_to(size, 2ULL << 20);
     CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(handle, size, prop, flags));
     if (r == CUDA_SUCCESS)
-        track(&g_handles, *handle, bytes, reg, T_VMM);
+        track_aux(&g_handles, *handle, bytes, reg, T_VMM, 1);
     return r;
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     READY_OR(r_cuMemRelease, CUDA_ERROR_NOT_INITIALIZED);
-    return handle_free(handle, r_cuMemRelease(handle));
+    CUresult r = r_cuMemRelease(handle);
+    if (r == CUDA_SUCCESS)
+        vmm_ref(handle, -1);
+    return r;
 }
 
-/* Stream-ordered allocations are charged per allocation, at the requested size. */
-static CUresult async_charged(CUdeviceptr *dptr, size_t size, CUresult (*call)(void *), void *arg)
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    int reg = vgpu_current_dev();
+    READY_OR(r_cuMemRetainAllocationHandle, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemRetainAllocationHandle(handle, addr);
+    if (r == CUDA_SUCCESS && handle)
+        vmm_ref(*handle, 1);
+    return r;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags)
+{
+    READY_OR(r_cuMemMap, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemMap(ptr, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS || !ptr)
+        return r;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *p = ptrmap_get(&g_handles, handle);
+    if (p && p->kind == T_VMM) {
+        p->aux++;
+        ptrmap_put(&g_maps, ptr, (ptrmap_val){.size = size, .aux = handle, .dev = p->dev, .kind = T_VMM});
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* Every mapping in [ptr, ptr + size) is gone: drop their references. The range is walked mapping
+ * by mapping (the usual case: one mapping, or adjacent ones); a gap falls back to a scan. */
+static void unmap_range(uint64_t ptr, uint64_t size)
+{
+    uint64_t end = ptr + size < ptr ? UINT64_MAX : ptr + size, cur = ptr;
+    CUmemGenericAllocationHandle gone[64];
+    int n = 0;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val v;
+    while (cur < end && n < 64 && ptrmap_del(&g_maps, cur, &v)) {
+        gone[n++] = v.aux;
+        cur = v.size && cur + v.size > cur ? cur + v.size : end;
+    }
+    for (size_t i = 0; cur < end && i < g_maps.cap && n < 64; i++) {
+        ptrmap_slot *s = &g_maps.slots[i];
+        if (s->key > PTRMAP_TOMB && s->key >= cur && s->key < end) {
+            gone[n++] = s->val.aux;
+            ptrmap_del(&g_maps, s->key, NULL);
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    for (int i = 0; i < n; i++)
+        vmm_ref(gone[i], -1);
+    if (n == 64)
+        unmap_range(ptr, size); /* more than a batch: the rest */
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    READY_OR(r_cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemUnmap(ptr, size);
+    if (r == CUDA_SUCCESS && ptr)
+        unmap_range(ptr, size);
+    return r;
+}
+
+/* Memory pools: cuMemAllocFromPoolAsync allocates on the pool's location, whatever the current
+ * context. A pool's location is learnt where a pool handle comes from: cuMemPoolCreate
+ * (props->location) and cuDeviceGetDefaultMemPool / cuDeviceGetMemPool (the device asked
+ * about). A pool in host memory (location HOST / HOST_NUMA) holds no device memory. */
+#define POOL_HOST (-2) /* also: a device libvgpu does not map (not charged, as elsewhere) */
+
+static void pool_note(CUmemoryPool pool, int where)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_pools, (uint64_t)(uintptr_t)pool, (ptrmap_val){.dev = where});
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Region device of `pool`, POOL_HOST, or -1 for a pool whose making we did not see (charged to
+ * the current context's device, as before pools were mapped). */
+static int pool_dev(CUmemoryPool pool)
+{
+    int where = -1;
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = pool ? ptrmap_get(&g_pools, (uint64_t)(uintptr_t)pool) : NULL;
+    if (v)
+        where = v->dev;
+    pthread_mutex_unlock(&g_mu);
+    if (where < 0)
+        return where;
+    int reg = vgpu_cuda_dev(where);
+    return reg >= 0 ? reg : POOL_HOST;
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    READY_OR(r_cuMemPoolCreate, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemPoolCreate(pool, props);
+    if (r == CUDA_SUCCESS && pool && props)
+        pool_note(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : POOL_HOST);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    READY_OR(r_cuDeviceGetDefaultMemPool, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuDeviceGetDefaultMemPool(pool, dev);
+    if (r == CUDA_SUCCESS && pool)
+        pool_note(*pool, dev);
+    return r;
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    READY_OR(r_cuDeviceGetMemPool, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuDeviceGetMemPool(pool, dev);
+    if (r == CUDA_SUCCESS && pool)
+        pool_note(*pool, dev);
+    return r;
+}
+
+/* Stream-ordered allocations are charged per allocation, at the requested size, on the device
+ * of the pool they come from (-1 = the current context's: cuMemAllocAsync). */
+static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUresult (*call)(void *), void *arg)
+{
+    if (where == POOL_HOST)
+        return call(arg);
+    int reg = where >= 0 ? where : vgpu_current_dev();
     if (reg < 0 || !dptr || !size)
         return call(arg);
     uint64_t bytes = round_alloc(size);
@@ -780,28 +1003,28 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, NULL, s, 0};
-    return async_charged(d, n, do_async, &a);
+    return async_charged(d, n, -1, do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, NULL, s, 1};
-    return async_charged(d, n, do_async, &a);
+    return async_charged(d, n, -1, do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 0};
-    return async_charged(d, n, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), do_pool, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 1};
-    return async_charged(d, n, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), do_pool, &a);
 }
 
 static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
@@ -923,6 +1146,29 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     READY_OR(r_cuLaunchCooperativeKernel_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     GATE(VGPU_LAUNCH_COOPERATIVE, gx, gy, gz, s, 1);
     return r_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+/* The deprecated launches (block shape from cuFuncSetBlockShape), still exported by libcuda 12:
+ * the same gate. cuLaunch runs a 1 x 1 grid; both synchronous ones use the legacy stream. */
+EXPORT CUresult cuLaunch(CUfunction f)
+{
+    READY_OR(r_cuLaunch, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_KERNEL, 1, 1, 1, NULL, 0);
+    return r_cuLaunch(f);
+}
+
+EXPORT CUresult cuLaunchGrid(CUfunction f, int gw, int gh)
+{
+    READY_OR(r_cuLaunchGrid, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_KERNEL, gw > 0 ? (unsigned)gw : 0, gh > 0 ? (unsigned)gh : 0, 1, NULL, 0);
+    return r_cuLaunchGrid(f, gw, gh);
+}
+
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int gw, int gh, CUstream s)
+{
+    READY_OR(r_cuLaunchGridAsync, CUDA_ERROR_NOT_INITIALIZED);
+    GATE(VGPU_LAUNCH_KERNEL, gw > 0 ? (unsigned)gw : 0, gh > 0 ? (unsigned)gh : 0, 1, s, 0);
+    return r_cuLaunchGridAsync(f, gw, gh, s);
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)

@@ -390,20 +390,33 @@ static void slot_add(int dev, uint64_t bytes, int type, int sign)
     uint64_t *field = type == VGPU_MEM_CONTEXT ? &s->used[dev].context_size
                       : type == VGPU_MEM_MODULE ? &s->used[dev].module_size
                                                 : &s->used[dev].data_size;
+    uint64_t short_of[2] = {0, 0}; /* what a release found charged, when less than its size */
     __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
     if (sign > 0) {
         __atomic_add_fetch(field, bytes, __ATOMIC_RELAXED);
         __atomic_add_fetch(&s->used[dev].total, bytes, __ATOMIC_RELEASE);
     } else {
         uint64_t *fs[2] = {field, &s->used[dev].total};
-        for (int k = 0; k < 2; k++) { /* saturating subtract: never wrap to ~16 EiB */
+        for (int k = 0; k < 2; k++) {
+            /* Clamped at 0 rather than wrapping to ~16 EiB; but a release larger than what is
+             * charged means the ledger lost track of something: said (below, once the slot is
+             * consistent again: readers spin while the seqlock is odd), not hidden. */
             uint64_t cur = __atomic_load_n(fs[k], __ATOMIC_RELAXED), next;
             do
                 next = cur > bytes ? cur - bytes : 0;
             while (!__atomic_compare_exchange_n(fs[k], &cur, next, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+            if (UNLIKELY(cur < bytes))
+                short_of[k] = cur + 1; /* +1: a charge of 0 is still a shortfall */
         }
     }
     __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+    static const char *const kinds[] = {"data memory", "context memory", "module memory"};
+    for (int k = 0; k < 2; k++)
+        if (UNLIKELY(short_of[k]))
+            LOG_ERROR("device %d: releasing %llu bytes of %s, only %llu charged; clamped to 0 (a "
+                      "ledger bug: please report)", dev, (unsigned long long)bytes,
+                      k ? "the total" : kinds[type == VGPU_MEM_CONTEXT ? 1 : type == VGPU_MEM_MODULE ? 2 : 0],
+                      (unsigned long long)(short_of[k] - 1));
 }
 
 int vgpu_reserve(int dev, uint64_t bytes, int type)
@@ -411,6 +424,12 @@ int vgpu_reserve(int dev, uint64_t bytes, int type)
     if (dev < 0 || dev >= VGPU_MAX_DEV)
         return 0;
     uint64_t limit = vgpu_reg->limit[dev];
+    if (UNLIKELY(bytes > VGPU_MAX_CHARGE)) {
+        /* No device has this much memory; charged, it would wrap the slot's sums (even on a
+         * device without a limit, where the monitor still reads them). */
+        LOG_WARN("device %d: out of memory: %llu bytes requested", dev, (unsigned long long)bytes);
+        return -1;
+    }
     if (limit == 0) {
         slot_add(dev, bytes, type, 1);
         return 0;
@@ -420,10 +439,11 @@ int vgpu_reserve(int dev, uint64_t bytes, int type)
         struct timespec ts = {vgpu_cfg.test_stall_ms / 1000, (long)(vgpu_cfg.test_stall_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
+    /* Never `used + bytes <= limit`: with bytes near 2^64 the sum wraps and the check passes. */
     uint64_t used = vgpu_region_used(dev);
-    if (used + bytes > limit && reap_locked())
+    if (!(bytes <= limit && used <= limit - bytes) && reap_locked())
         used = vgpu_region_used(dev);
-    int ok = used + bytes <= limit;
+    int ok = bytes <= limit && used <= limit - bytes;
     if (ok)
         slot_add(dev, bytes, type, 1);
     vgpu_region_unlock();

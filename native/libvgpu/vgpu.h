@@ -47,7 +47,12 @@ HIDDEN void vgpu_region_lock(void);
 HIDDEN void vgpu_region_unlock(void);
 HIDDEN uint64_t vgpu_region_used(int dev); /* sum over live slots */
 HIDDEN uint64_t vgpu_region_used_reaped(int dev); /* same, after reclaiming dead slots */
-/* Check-and-add under the region lock: 0 on success, -1 when over the limit. */
+/* The largest single charge: 2^62 bytes (4 EiB), more than any device has. vgpu_reserve refuses
+ * above it, so one charge cannot wrap a slot's 64-bit sums (the hooks saturate sizes that would
+ * wrap while rounded or multiplied, which lands here). */
+#define VGPU_MAX_CHARGE (1ULL << 62)
+/* Check-and-add under the region lock: 0 on success, -1 when over the limit (or when `bytes`
+ * is above VGPU_MAX_CHARGE). */
 HIDDEN int vgpu_reserve(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_release(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_charge(int dev, uint64_t bytes, int type); /* add without a limit check */
@@ -89,7 +94,8 @@ HIDDEN const vgpu_hook *vgpu_hook_by_name(const char *name);
 
 /* ---- compute-share hook point (issue 7 plugs its limiter in here) ----
  * Called on every kernel launch path (cuLaunchKernel[_ptsz], cuLaunchKernelEx[_ptsz],
- * cuLaunchCooperativeKernel[_ptsz], cuGraphLaunch[_ptsz]) before the real launch, only
+ * cuLaunchCooperativeKernel[_ptsz], cuGraphLaunch[_ptsz], and the deprecated cuLaunch,
+ * cuLaunchGrid, cuLaunchGridAsync as VGPU_LAUNCH_KERNEL) before the real launch, only
  * when non-NULL. A non-CUDA_SUCCESS return is returned to the caller without launching. */
 typedef enum { VGPU_LAUNCH_KERNEL, VGPU_LAUNCH_EX, VGPU_LAUNCH_COOPERATIVE, VGPU_LAUNCH_GRAPH } vgpu_launch_kind;
 typedef struct {

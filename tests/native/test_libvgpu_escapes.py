@@ -1,0 +1,192 @@
+"""libvgpu against the fake GPU: the ways a process could get past its memory limit or its
+compute share through a path the ledger did not see or misread (review 6): sizes that wrap the
+check, contexts created without a check, pool allocations charged to the wrong device, VMM
+memory kept alive by a mapping after cuMemRelease, and the deprecated launch calls."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import run_py
+from .region_layout import read_region
+
+pytestmark = pytest.mark.native
+
+MiB = 1 << 20
+
+# Shared by the probes: the container's ledger per device (MiB, summed over live slots).
+PRELUDE = """
+import ctypes as C, os, cuda_probe as c
+from region_layout import read_region
+cu = c.cu
+def ledger(dev=0):
+    r = read_region(os.environ["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+    return sum(s["used"][dev]["total"] for s in r["slots"] if s["pid"]) >> 20
+class Loc(C.Structure): _fields_ = [("type", C.c_int), ("id", C.c_int)]
+class Prop(C.Structure):
+    _fields_ = [("type", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p), ("flags", C.c_uint64)]
+def vmm_create(size, dev=0):
+    h = C.c_uint64()
+    rc = cu.cuMemCreate(C.byref(h), C.c_size_t(size), C.byref(Prop(1, 0, Loc(1, dev), None, 0)), C.c_ulonglong(0))
+    return rc, h
+def reserve(size):
+    va = C.c_uint64()
+    c.check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(size), C.c_size_t(0), C.c_uint64(0), C.c_ulonglong(0)))
+    return va
+"""
+
+
+def test_sizes_near_2_64_are_refused_and_never_zero_the_charge(vgpu_env):
+    """A size whose rounding or whose sum with the usage wraps 64 bits must not pass the check:
+    it did, the driver failed the call, and the roll-back zeroed the process's whole charge."""
+    out = run_py(
+        PRELUDE
+        + """
+c.init()
+rc, a = c.alloc(900 << 20)
+p = C.c_uint64()
+top = (1 << 64) - (4 << 20) + 1            # rounding to 2 MiB wraps
+sum_wraps = (1 << 64) - (900 << 20)        # aligned; 900 MiB used + this wraps to 0
+rcs = [cu.cuMemAllocManaged(C.byref(p), C.c_size_t(top), 1), cu.cuMemAllocManaged(C.byref(p), C.c_size_t(top), 0),
+       cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(top)), cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(sum_wraps)),
+       cu.cuMemAllocAsync(C.byref(p), C.c_size_t(top), None), cu.cuMemAllocAsync(C.byref(p), C.c_size_t(sum_wraps), None),
+       vmm_create((1 << 64) - (2 << 20))[0], vmm_create(sum_wraps)[0]]
+print(rc, rcs, ledger(), c.alloc(900 << 20)[0], ledger())
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == f"0 {[2] * 8} 900 2 900"
+
+
+def test_created_contexts_are_checked_against_the_limit_on_every_entry_point(vgpu_env):
+    """cuCtxCreate (v1, by name, dlsym or cuGetProcAddress at 2000) and _v2 reserve the context
+    footprint under the limit before the driver creates it; destroy gives it back."""
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "300m"
+    out = run_py(
+        PRELUDE
+        + """
+c.init()                                   # primary context: 300 MiB, measured
+row = [ledger()]
+ctxs = []
+def create(fn):
+    x = C.c_void_p(); rc = fn(C.byref(x), 0, 0)
+    if rc == 0: ctxs.append(x)
+    return rc
+v1 = cu.cuCtxCreate
+fn, st = C.c_void_p(), C.c_int()
+c.check(cu.cuGetProcAddress_v2(b"cuCtxCreate", C.byref(fn), 2000, C.c_uint64(0), C.byref(st)))
+gpa_v1 = C.CFUNCTYPE(C.c_int, C.POINTER(C.c_void_p), C.c_uint, C.c_int)(fn.value)
+row.append([create(v1), create(gpa_v1), create(v1), create(cu.cuCtxCreate_v2), ledger()])
+c.check(cu.cuCtxDestroy(ctxs.pop())); row.append(ledger())
+row.append([create(cu.cuCtxCreate_v2), create(cu.cuCtxCreate_v2), ledger()])
+c.check(cu.cuCtxDestroy_v2(ctxs.pop())); row.append([ledger(), create(gpa_v1), ledger()])
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[300, [0, 0, 2, 2, 900], 600, [0, 2, 900], [600, 0, 900]]"
+
+
+def test_a_first_created_context_over_the_limit_is_destroyed(vgpu_env):
+    """The first context of a process on a device is measured as it is created; if the
+    footprint does not fit the limit the context is destroyed and the call fails."""
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "300m"
+    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"] = "256m"
+    out = run_py(
+        PRELUDE
+        + """
+import pynvml as n
+c.check(cu.cuInit(0))
+x = C.c_void_p()
+rc = cu.cuCtxCreate_v2(C.byref(x), 0, 0)
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+print(rc, ledger(), n.nvmlDeviceGetMemoryInfo(h).used >> 20)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "2 0 0"
+
+
+def test_pool_allocations_are_charged_to_the_pools_device(vgpu_env):
+    """cuMemAllocFromPoolAsync allocates on the pool's device, whatever the current context."""
+    out = run_py(
+        PRELUDE
+        + """
+ctx1 = c.init(1)
+ctx0 = c.init(0)
+class PoolProps(C.Structure):
+    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
+                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
+dflt, cur, made = C.c_void_p(), C.c_void_p(), C.c_void_p()
+c.check(cu.cuDeviceGetDefaultMemPool(C.byref(dflt), 1))
+c.check(cu.cuDeviceGetMemPool(C.byref(cur), 1))
+c.check(cu.cuMemPoolCreate(C.byref(made), C.byref(PoolProps(1, 0, Loc(1, 1), None, 0, 0))))
+d = C.c_uint64()
+rcs = [cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(400 << 20), pool, None) for pool in (dflt, cur, made)]
+row = [rcs, ledger(0), ledger(1)]
+c.check(cu.cuCtxSetCurrent(ctx1))
+row += [c.alloc(400 << 20)[0], c.alloc(200 << 20)[0], ledger(1)]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[[0, 0, 2], 0, 800, 2, 0, 1000]"
+
+
+def test_vmm_memory_is_charged_until_unmapped_and_released(vgpu_env):
+    """The driver keeps a cuMemCreate allocation while a mapping or a handle reference is left
+    (cuMemRelease alone does not free a mapped allocation); so does the ledger."""
+    out = run_py(
+        PRELUDE
+        + """
+c.init()
+row = []
+vas = []
+for i in range(3):                          # create, map, release: still mapped, still charged
+    rc, h = vmm_create(512 << 20)
+    if rc == 0:
+        va = reserve(512 << 20)
+        c.check(cu.cuMemMap(va, C.c_size_t(512 << 20), C.c_size_t(0), h, C.c_ulonglong(0)))
+        c.check(cu.cuMemRelease(h))
+        vas.append(va)
+    row.append((rc, ledger()))
+c.check(cu.cuMemUnmap(vas.pop(), C.c_size_t(512 << 20))); row.append(ledger())
+# a handle retained from a mapping keeps the allocation alive after the unmap
+h2 = C.c_uint64()
+c.check(cu.cuMemRetainAllocationHandle(C.byref(h2), C.c_void_p(vas[0].value)))
+c.check(cu.cuMemUnmap(vas[0], C.c_size_t(512 << 20))); row.append(ledger())
+row.append(vmm_create(1024 << 20)[0])
+c.check(cu.cuMemRelease(h2)); row.append(ledger())
+# two mappings of one handle: freed after the handle and both mappings are gone
+rc, h = vmm_create(512 << 20)
+va1, va2 = reserve(512 << 20), reserve(512 << 20)
+for va in (va1, va2):
+    c.check(cu.cuMemMap(va, C.c_size_t(512 << 20), C.c_size_t(0), h, C.c_ulonglong(0)))
+c.check(cu.cuMemRelease(h)); c.check(cu.cuMemUnmap(va1, C.c_size_t(512 << 20))); row.append(ledger())
+c.check(cu.cuMemUnmap(va2, C.c_size_t(512 << 20))); row.append(ledger())
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[(0, 512), (0, 1024), (2, 1024), 512, 512, 2, 0, 512, 0]"
+
+
+@pytest.mark.parametrize("call", ["cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync"])
+def test_deprecated_launch_calls_pass_the_launch_gate(vgpu_env, tmp_path, call):
+    """cuLaunch, cuLaunchGrid and cuLaunchGridAsync (still exported by libcuda 12) go through the
+    same launch hook as cuLaunchKernel (compute share gate, last_kernel_time)."""
+    args = {"cuLaunch": "", "cuLaunchGrid": ", 2, 1", "cuLaunchGridAsync": ", 2, 1, None"}[call]
+    run_py(
+        f"""
+import cuda_probe as c
+c.init(); fn = c.function(b"k_1us")
+c.check(c.cu.cuFuncSetBlockShape(fn, 1, 1, 1), "block shape")
+c.check(c.cu.{call}(fn{args}), "{call}")
+c.check(c.cu.cuCtxSynchronize())
+""",
+        vgpu_env,
+    )
+    r = read_region(tmp_path / "vgpu.cache")
+    assert abs(r["last_kernel_time"] - time.time()) < 5
