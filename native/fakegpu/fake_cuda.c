@@ -33,6 +33,8 @@ struct CUctx_st {
     int refcount;
     unsigned flags;
     unsigned long long busy_until;
+    size_t limits[3];             /* set by cuCtxSetLimit: stack, printf FIFO, malloc heap (0: default) */
+    unsigned long long limit_mem; /* device memory those take beyond the defaults */
 };
 
 struct CUstream_st {
@@ -524,8 +526,11 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     CUresult r = CUDA_SUCCESS;
     if (c->refcount == 0)
         r = CUDA_ERROR_INVALID_CONTEXT;
-    else if (--c->refcount == 0)
-        charge(dev, -(long long)fg_cfg()->ctx_mem, -1);
+    else if (--c->refcount == 0) {
+        charge(dev, -(long long)(fg_cfg()->ctx_mem + c->limit_mem), -1);
+        c->limit_mem = 0;
+        memset(c->limits, 0, sizeof c->limits);
+    }
     int gone = r == CUDA_SUCCESS && c->refcount == 0;
     pthread_mutex_unlock(&g_mu);
     if (gone)
@@ -567,6 +572,13 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     drop_ctx_allocs(&g_primary[dev]);
+    pthread_mutex_lock(&g_mu);
+    struct CUctx_st *c = &g_primary[dev];
+    if (c->limit_mem)
+        charge(dev, -(long long)c->limit_mem, 0);
+    c->limit_mem = 0;
+    memset(c->limits, 0, sizeof c->limits);
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
@@ -628,7 +640,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
             t_depth--;
             i--;
         }
-    charge(ctx->dev, -(long long)fg_cfg()->ctx_mem, -1);
+    charge(ctx->dev, -(long long)(fg_cfg()->ctx_mem + ctx->limit_mem), -1);
     drop_ctx_allocs(ctx);
     ctx->magic = 0;
     free(ctx);
@@ -690,6 +702,55 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
         return CUDA_ERROR_INVALID_VALUE;
     *dev = c->dev;
     return CUDA_SUCCESS;
+}
+
+/* Context limits (cuCtxSetLimit): the device-side malloc heap (default 8 MiB), the printf FIFO
+ * (1 MiB) and the per-thread stack (1 KiB), kept in device memory: a stack for every thread the
+ * device can hold at once (SMs x 2048). What a raise above the defaults takes is charged to the
+ * process like an allocation (CUDA_ERROR_OUT_OF_MEMORY when the device has no room) and
+ * released with the context; the defaults are inside the context footprint. */
+static const size_t LIMIT_DEFAULT[3] = {1024, 1 << 20, 8 << 20};
+
+static unsigned long long limit_cost(const struct CUctx_st *c, int which, size_t value)
+{
+    size_t base = LIMIT_DEFAULT[which];
+    unsigned long long extra = value > base ? (unsigned long long)(value - base) : 0;
+    if (which == CU_LIMIT_STACK_SIZE)
+        extra *= (unsigned long long)devcfg(c->dev)->sms * 2048ULL;
+    return extra;
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit)
+{
+    NEED_CTX(c);
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned)limit <= CU_LIMIT_MALLOC_HEAP_SIZE) {
+        *value = c->limits[limit] ? c->limits[limit] : LIMIT_DEFAULT[limit];
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_UNSUPPORTED_LIMIT;
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    NEED_CTX(c);
+    if ((unsigned)limit > CU_LIMIT_MALLOC_HEAP_SIZE)
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    pthread_mutex_lock(&g_mu);
+    size_t was = c->limits[limit] ? c->limits[limit] : LIMIT_DEFAULT[limit];
+    unsigned long long before = limit_cost(c, (int)limit, was), after = limit_cost(c, (int)limit, value);
+    CUresult r = CUDA_SUCCESS;
+    if (after > before)
+        r = charge(c->dev, (long long)(after - before), 0);
+    else if (after < before)
+        charge(c->dev, -(long long)(before - after), 0);
+    if (r == CUDA_SUCCESS) {
+        c->limits[limit] = value;
+        c->limit_mem = c->limit_mem + after - before;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
 }
 
 EXPORT CUresult cuCtxSynchronize(void)
@@ -1917,7 +1978,8 @@ static const proc_entry g_procs[] = {
     E("cuCtxDestroy", 2000, cuCtxDestroy), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent), E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     E("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2), E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
-    E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxGetLimit", 3010, cuCtxGetLimit),
+    E("cuCtxSetLimit", 3010, cuCtxSetLimit), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
     E("cuMemGetInfo", 2000, cuMemGetInfo), E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     E("cuMemAlloc", 2000, cuMemAlloc), E("cuMemAlloc", 3020, cuMemAlloc_v2),
     E("cuMemFree", 2000, cuMemFree), E("cuMemFree", 3020, cuMemFree_v2),

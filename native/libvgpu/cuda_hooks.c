@@ -33,6 +33,7 @@ int vgpu_inited;
     X(cuCtxCreate_v4, "cuCtxCreate", 12050, 0)                                                     \
     X(cuCtxDestroy, "cuCtxDestroy", 2000, 0)                                                       \
     X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                                                    \
+    X(cuCtxSetLimit, "cuCtxSetLimit", 3010, 0)                                                     \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                                        \
     X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                                             \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                              \
@@ -71,7 +72,9 @@ int vgpu_inited;
     X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
 
 /* Real functions used internally without being hooked. */
-#define CUDA_PLAIN(X) X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2)
+#define CUDA_PLAIN(X)                                                                              \
+    X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
+    X(cuDeviceGetAttribute)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -101,7 +104,7 @@ const vgpu_hook *vgpu_hook_by_name(const char *name)
 }
 
 /* ---- process-local tracking ---- */
-enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC };
+enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC, T_LIMIT };
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
@@ -386,9 +389,10 @@ static void drop_context_allocs(CUcontext ctx)
     for (int m = 0; m < 2; m++)
         for (size_t i = 0; i < maps[m]->cap; i++) {
             ptrmap_slot *s = &maps[m]->slots[i];
-            if (s->key > PTRMAP_TOMB && (s->val.kind == T_DATA || s->val.kind == T_ARRAY) &&
+            if (s->key > PTRMAP_TOMB &&
+                (s->val.kind == T_DATA || s->val.kind == T_ARRAY || s->val.kind == T_LIMIT) &&
                 s->val.aux == (uint64_t)(uintptr_t)ctx) {
-                vgpu_release(s->val.dev, s->val.size, VGPU_MEM_DATA);
+                vgpu_release(s->val.dev, s->val.size, s->val.kind == T_LIMIT ? VGPU_MEM_CONTEXT : VGPU_MEM_DATA);
                 ptrmap_del(maps[m], s->key, NULL);
             }
         }
@@ -597,6 +601,72 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
 {
     vgpu_init();
     return ctx_destroy(ctx, r_cuCtxDestroy);
+}
+
+/* ---- context limits ----
+ * cuCtxSetLimit sizes device memory the driver keeps for a context: the device-side malloc heap,
+ * the printf FIFO, and a stack for every thread the device can hold at once (SMs x threads per
+ * SM). Their defaults are inside the measured context footprint; a raise would otherwise be
+ * memory no hook sees (a 64 KiB stack on a 132-SM device is 17 GiB). A raise is reserved under
+ * the limit before the driver is called (CUDA_ERROR_OUT_OF_MEMORY, nothing set, when it does not
+ * fit), remembered per context and limit, given back when the limit is lowered and with the
+ * context (drop_context_allocs). Calls are serialised: the charge follows the value read first. */
+static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t limit_cost(CUlimit limit, uint64_t value, CUdevice dev)
+{
+    if (limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE)
+        return value;
+    if (limit != CU_LIMIT_STACK_SIZE)
+        return 0;
+    int sms = 0, per_sm = 0;
+    if (!p_cuDeviceGetAttribute ||
+        p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) != CUDA_SUCCESS ||
+        p_cuDeviceGetAttribute(&per_sm, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) != CUDA_SUCCESS)
+        sms = per_sm = 0;
+    /* unknown: the largest current devices (256 SMs x 2048 threads) */
+    return mul_sat(value, (uint64_t)(sms > 0 ? sms : 256) * (uint64_t)(per_sm > 0 ? per_sm : 2048));
+}
+
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    READY_OR(r_cuCtxSetLimit, CUDA_ERROR_NOT_INITIALIZED);
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    size_t now = 0;
+    int reg = -1;
+    pthread_mutex_lock(&g_limit_mu);
+    if (p_cuCtxGetCurrent && p_cuCtxGetDevice && p_cuCtxGetLimit && p_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
+        ctx && p_cuCtxGetDevice(&dev) == CUDA_SUCCESS && p_cuCtxGetLimit(&now, limit) == CUDA_SUCCESS)
+        reg = vgpu_cuda_dev(dev);
+    uint64_t was = reg < 0 ? 0 : limit_cost(limit, now, dev), want = reg < 0 ? 0 : limit_cost(limit, value, dev);
+    if (want > was && vgpu_reserve(reg, want - was, VGPU_MEM_CONTEXT) != 0) {
+        pthread_mutex_unlock(&g_limit_mu);
+        LOG_WARN("cuCtxSetLimit(%d, %zu) refused: %llu more bytes of device memory are over the limit", (int)limit,
+                 value, (unsigned long long)(want - was));
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult r = r_cuCtxSetLimit(limit, value);
+    if (reg >= 0 && want != was) {
+        uint64_t key = ((uint64_t)(uintptr_t)ctx << 4) | ((uint64_t)limit & 0xf);
+        ptrmap_val held = {0};
+        int found = untrack(&g_handles, key, &held);
+        uint64_t charged = found ? held.size : 0;
+        if (r != CUDA_SUCCESS) {
+            if (want > was)
+                vgpu_release(reg, want - was, VGPU_MEM_CONTEXT);
+        } else if (want > was) {
+            charged = add_sat(charged, want - was);
+        } else {
+            uint64_t back = was - want < charged ? was - want : charged; /* only what was charged here */
+            vgpu_release(reg, back, VGPU_MEM_CONTEXT);
+            charged -= back;
+        }
+        if (charged)
+            track_aux(&g_handles, key, charged, reg, T_LIMIT, (uint64_t)(uintptr_t)ctx);
+    }
+    pthread_mutex_unlock(&g_limit_mu);
+    return r;
 }
 
 /* ---- allocations ---- */

@@ -190,3 +190,38 @@ c.check(c.cu.cuCtxSynchronize())
     )
     r = read_region(tmp_path / "vgpu.cache")
     assert abs(r["last_kernel_time"] - time.time()) < 5
+
+
+def test_context_limits_are_device_memory_charged_under_the_limit(vgpu_env):
+    """cuCtxSetLimit's malloc heap, printf FIFO and per-thread stack (times every thread the
+    device holds at once) are device memory the driver keeps for the context: a raise is charged
+    under the limit before the driver sets it (a raise past the limit is refused and not set), a
+    lower value gives the charge back, and the context takes the rest with it."""
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "100m"
+    out = run_py(
+        PRELUDE
+        + """
+STACK, FIFO, HEAP = 0, 1, 2
+c.init()
+base = ledger()
+def get(which):
+    v = C.c_size_t(); c.check(cu.cuCtxGetLimit(C.byref(v), which)); return v.value
+sms, per = C.c_int(), C.c_int()
+c.check(cu.cuDeviceGetAttribute(C.byref(sms), 16, 0)); c.check(cu.cuDeviceGetAttribute(C.byref(per), 39, 0))
+threads = sms.value * per.value
+row = [base, cu.cuCtxSetLimit(HEAP, C.c_size_t(300 << 20)), ledger() - base]   # 8 -> 300 MiB: +292
+row += [cu.cuCtxSetLimit(HEAP, C.c_size_t(2 << 30)), get(HEAP) >> 20, ledger() - base]  # past 1 GiB
+row += [cu.cuCtxSetLimit(FIFO, C.c_size_t(101 << 20)), ledger() - base]        # 1 -> 101 MiB: +100
+stack = 1024 + (200 << 20) // threads                                           # about 200 MiB more
+row += [cu.cuCtxSetLimit(STACK, C.c_size_t(stack)), (ledger() - base - 392) == ((stack - 1024) * threads) >> 20]
+row += [cu.cuCtxSetLimit(STACK, C.c_size_t(1 << 20)), get(STACK) == stack]      # 1 MiB stacks: terabytes
+row += [cu.cuCtxSetLimit(HEAP, C.c_size_t(8 << 20)), cu.cuCtxSetLimit(STACK, C.c_size_t(1024)), ledger() - base]
+row += [cu.cuCtxSetLimit(HEAP, C.c_size_t(600 << 20)), ledger() - base]
+c.check(cu.cuDevicePrimaryCtxRelease_v2(0))
+row.append(ledger())
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    # refused raises leave the limit where it was; lowering returns exactly what was charged
+    assert out == str([100, 0, 292, 2, 300, 292, 0, 392, 0, True, 2, True, 0, 0, 100, 0, 692, 0]), out
