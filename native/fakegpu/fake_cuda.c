@@ -1165,9 +1165,11 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct CUmemPoolHandl
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
 {
     NEED_CTX(c);
-    if (!stream_of(s, pt))
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
-    return pool_alloc(dptr, size, g_cur_pool[c->dev]);
+    (void)c;
+    return pool_alloc(dptr, size, g_cur_pool[st->ctx->dev]); /* the pool current to the stream's device */
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, 0); }
@@ -1572,6 +1574,18 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     struct CUstream_st *st = calloc(1, sizeof *st);
     *st = (struct CUstream_st){.magic = M_STREAM, .ctx = c, .flags = flags};
     *s = st;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *pctx)
+{
+    NEED_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = stream_of(s, 0);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = st->ctx;
     return CUDA_SUCCESS;
 }
 
@@ -2021,7 +2035,7 @@ static const proc_entry g_procs[] = {
     E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
     E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
-    E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
+    E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamGetCtx", 9020, cuStreamGetCtx), E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize), PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
     E("cuStreamQuery", 2000, cuStreamQuery), PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),

@@ -74,7 +74,7 @@ int vgpu_inited;
 /* Real functions used internally without being hooked. */
 #define CUDA_PLAIN(X)                                                                              \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
-    X(cuDeviceGetAttribute)
+    X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -1069,18 +1069,35 @@ static CUresult do_pool(void *a)
                  : r_cuMemAllocFromPoolAsync(x->dptr, x->size, x->pool, x->s);
 }
 
+/* Region device of stream `s`: cuMemAllocAsync allocates from the pool current to the stream's
+ * device, which need not be the current context's. The default streams follow the current
+ * context; another stream's context is asked for its device (pushed, read, popped). */
+static int stream_dev(CUstream s)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !p_cuStreamGetCtx ||
+        !p_cuCtxPushCurrent_v2 || !p_cuCtxPopCurrent_v2)
+        return -1;
+    CUcontext ctx = NULL, popped = NULL;
+    CUdevice dev;
+    if (p_cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx || p_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+        return -1;
+    CUresult r = p_cuCtxGetDevice(&dev);
+    p_cuCtxPopCurrent_v2(&popped);
+    return r == CUDA_SUCCESS ? vgpu_cuda_dev(dev) : -1;
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, NULL, s, 0};
-    return async_charged(d, n, -1, do_async, &a);
+    return async_charged(d, n, stream_dev(s), do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, NULL, s, 1};
-    return async_charged(d, n, -1, do_async, &a);
+    return async_charged(d, n, stream_dev(s), do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)

@@ -135,6 +135,31 @@ print(row)
     assert out == "[[0, 0, 2], 0, 800, 2, 0, 1000]"
 
 
+def test_async_allocations_are_charged_to_the_streams_device(vgpu_env):
+    """cuMemAllocAsync allocates from the pool current to the stream's device: a stream made on
+    device 1 charges device 1 while device 0's context is current (it charged device 0, so device
+    1 could be filled past its limit); the default streams follow the current context."""
+    out = run_py(
+        PRELUDE
+        + """
+ctx1 = c.init(1)
+s1 = C.c_void_p()
+c.check(cu.cuStreamCreate(C.byref(s1), 0))
+ctx0 = c.init(0)
+d = C.c_uint64()
+row = [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(600 << 20), s1), ledger(0), ledger(1)]
+row += [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(600 << 20), s1), ledger(1)]   # device 1 is full
+row += [cu.cuMemAllocAsync_ptsz(C.byref(d), C.c_size_t(600 << 20), s1), ledger(1)]
+row += [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(300 << 20), None), ledger(0), ledger(1)]
+cur = C.c_void_p(); c.check(cu.cuCtxGetCurrent(C.byref(cur)))
+row.append(cur.value == ctx0.value)                 # the current context is left as it was
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[0, 0, 600, 2, 600, 2, 600, 0, 300, 600, True]"
+
+
 def test_vmm_memory_is_charged_until_unmapped_and_released(vgpu_env):
     """The driver keeps a cuMemCreate allocation while a mapping or a handle reference is left
     (cuMemRelease alone does not free a mapped allocation); so does the ledger."""
