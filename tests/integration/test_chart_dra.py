@@ -92,8 +92,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
             "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    ]  # the monitor's pod map
+    ]  # no pods: the monitor has an identity of its own (test_chart_dra_monitor.py)
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     for d in classes:
         d["metadata"].pop("labels")
@@ -101,27 +100,34 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"]["template"][
         "spec"
     ]
-    c, mon = ds["containers"]
+    (c,) = ds["containers"]  # hami monitor runs in a DaemonSet of its own (test_chart_dra_monitor.py)
     assert c["command"][:2] == ["hami", "dra"] and "--kubelet-dir=/var/lib/kubelet" in c["command"]
-    # hami monitor beside the agent reads the claims' regions: HOOK_PATH is the directory the CDI
-    # specs mount into containers, <gpuHookPath>/vgpu (its claims/ holds one region per claim)
+    mon_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra-monitor")
+    (mon,) = mon_ds["spec"]["template"]["spec"]["containers"]
+    # hami monitor of the claims' regions: HOOK_PATH is the directory the CDI specs mount into
+    # containers, <gpuHookPath>/vgpu (its claims/ holds one region per claim)
     assert mon["command"][:2] == ["hami", "monitor"] and mon["ports"] == [{"name": "metrics", "containerPort": 9394}]
     hook = next(e["value"] for e in mon["env"] if e["name"] == "HOOK_PATH")
     # only claims/: libvgpu.so and the preload file beside it go into every GPU container
     assert {m["name"]: m["mountPath"] for m in mon["volumeMounts"]} == {"claims": f"{hook}/claims"}
     assert next(v for v in ds["volumes"] if v["name"] == "hook")["hostPath"]["path"] == hook
-    assert next(v for v in ds["volumes"] if v["name"] == "claims")["hostPath"]["path"] == f"{hook}/claims"
+    mon_volumes = mon_ds["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in mon_volumes if v["name"] == "claims")["hostPath"]["path"] == f"{hook}/claims"
     assert mon["securityContext"]["capabilities"] == {"drop": ["ALL"]} and not mon["securityContext"].get("privileged")
     svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor")
-    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == ds_labels(docs)
+    # headless, selecting the agent's pods and the monitor's
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"].items() <= pod_labels(docs, "hami-dra").items()
+    assert svc["spec"]["selector"].items() <= pod_labels(docs, "hami-dra-monitor").items()
     off = render(helm, *DRA, "--set", "dra.monitor.enabled=false")
+    assert not [d for d in off if d["metadata"]["name"] == "hami-dra-monitor" and d["kind"] != "Service"]
     assert [
         x["name"]
         for x in next(d for d in off if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")["spec"][
             "template"
         ]["spec"]["containers"]
     ] == ["dra"]
-    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} not in rules(off, "hami-dra")
+    assert rules(off, "hami-dra") == rules(docs, "hami-dra")
     # the Service stays for the agent's own metrics (dra.metrics), without the monitor's port
     [svc_off] = [d for d in off if d["kind"] == "Service" and d["metadata"]["name"] == "hami-dra-monitor"]
     assert [p["name"] for p in svc_off["spec"]["ports"]] == ["agent-metrics"]
@@ -156,17 +162,18 @@ def test_the_dra_agent_alone_has_every_volume_it_mounts_and_the_driver_mounts(he
     config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
     wanted = {v["configMap"]["name"] for v in ds["volumes"] if "configMap" in v}
     assert wanted and wanted <= config_maps, (wanted, config_maps)  # the node config.json too
-    by_name = {c["name"]: c for c in ds["containers"]}
-    assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in by_name["dra"]["command"]
-    driver = next(v for v in ds["volumes"] if v.get("hostPath", {}).get("path") == "/opt/drv")
-    for name in ("dra", "vgpu-monitor"):  # NVML for both
-        assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in by_name[name][
-            "volumeMounts"
-        ]
+    (agent,) = ds["containers"]
+    assert "--driver-mount=/opt/drv:/usr/local/nvidia:ro" in agent["command"]
+    mon_ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra-monitor")
+    mon_pod = mon_ds["spec"]["template"]["spec"]
+    (mon,) = mon_pod["containers"]
+    for pod, c in ((ds, agent), (mon_pod, mon)):  # NVML for both, each pod with its own volume
+        driver = next(v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/opt/drv")
+        assert {"name": driver["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in c["volumeMounts"]
 
 
-def ds_labels(docs: list[dict]) -> dict:
-    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "hami-dra")
+def pod_labels(docs: list[dict], name: str) -> dict:
+    ds = next(d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == name)
     return {k: v for k, v in ds["spec"]["template"]["metadata"]["labels"].items() if k.startswith("app.kubernetes.io/")}
 
 

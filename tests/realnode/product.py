@@ -232,8 +232,8 @@ class Product:
         )
 
     def wait_ready(self, timeout: float = 300) -> None:
-        # the node agent, and with the extender front end the monitor's own DaemonSet
-        agents = ["dra"] if self.front_end == "dra" else ["device-plugin", "vgpu-monitor"]
+        # the node agent and the monitor's own DaemonSet (<release>-dra-monitor with the DRA front end)
+        agents = ["dra", "dra-monitor"] if self.front_end == "dra" else ["device-plugin", "vgpu-monitor"]
 
         def ready() -> bool:
             deployment = self.cluster.api(
@@ -306,7 +306,9 @@ class Product:
             return response.read().decode()
 
     def monitor_metrics(self) -> str:
-        return self.metrics("hami-vgpu-monitor", MONITOR_PORT)  # the monitor's own DaemonSet
+        # the monitor's own DaemonSet: <release>-vgpu-monitor, or <release>-dra-monitor with the DRA front end
+        component = "hami-dra-monitor" if self.front_end == "dra" else "hami-vgpu-monitor"
+        return self.metrics(component, MONITOR_PORT)
 
     def scheduler_metrics(self) -> str:
         return self.metrics("hami-scheduler", SCHEDULER_METRICS_PORT)

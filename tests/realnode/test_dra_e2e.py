@@ -21,7 +21,7 @@ from hami_devkit.cluster import KubeCluster
 from hami.core.names import DRA_CDI_KIND
 from hami.dra.model import DRIVER
 
-from .product import MONITOR_PORT, NAMESPACE, Product, installed
+from .product import NAMESPACE, RELEASE, Product, installed
 from .test_chart_e2e import (
     CUDA_ERROR_OUT_OF_MEMORY,
     PROBE,
@@ -89,6 +89,23 @@ def agent_pod(product: Product) -> dict:
     return pod
 
 
+def test_the_monitor_runs_apart_from_the_agent_under_its_own_service_account(dra_product: Product):
+    """The chart's DRA monitor is a pod of its own (DaemonSet <release>-dra-monitor) under its own
+    read-only ServiceAccount, not a container of the agent's pod (tests/integration/
+    test_chart_dra_monitor.py renders it; here the kubelet runs both)."""
+    (monitor,) = [
+        p
+        for p in dra_product.pods(selector="app.kubernetes.io/component=hami-dra-monitor")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    agent = agent_pod(dra_product)
+    assert [c["name"] for c in monitor["spec"]["containers"]] == ["vgpu-monitor"]
+    assert [c["name"] for c in agent["spec"]["containers"]] == ["dra"]
+    assert monitor["spec"]["serviceAccountName"] == f"{RELEASE}-dra-monitor"
+    assert agent["spec"]["serviceAccountName"] == f"{RELEASE}-dra"
+    assert monitor["spec"]["nodeName"] == agent["spec"]["nodeName"] == dra_product.node.name
+
+
 def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
     dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
 ):
@@ -118,9 +135,10 @@ def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30", env
     assert claim["metadata"]["uid"] in cdi_specs(dra_product)
 
-    # the monitor in the agent's pod reads the claim's region and names the pod using it
+    # the monitor (a DaemonSet of its own, <release>-dra-monitor) reads the claim's region and
+    # names the pod using it
     def monitor_sees():
-        text = dra_product.metrics("hami-dra", MONITOR_PORT)
+        text = dra_product.monitor_metrics()
         used = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_used_bytes") if lb.get("pod") == name]
         limit = [(lb, v) for lb, v in samples(text, "hami_vgpu_memory_limit_bytes") if lb.get("pod") == name]
         return (used, limit) if used and used[0][1] >= 2500 << 20 else None
@@ -128,7 +146,7 @@ def test_a_user_guide_pod_gets_3000_mib_through_a_claim_and_is_refused_past_it(
     try:
         used, limit = real_cluster.wait_for(monitor_sees, "the DRA monitor reporting the claim", timeout=90, interval=1)
     except TimeoutError as exc:
-        text = dra_product.metrics("hami-dra", MONITOR_PORT)
+        text = dra_product.monitor_metrics()
         lines = [x for x in text.splitlines() if x.startswith("hami_vgpu")]
         claims_dir = dra_product.workdir / "hook" / "vgpu" / "claims"
         files = sorted(str(p) for p in claims_dir.rglob("*")) if claims_dir.is_dir() else ["(no claims directory)"]

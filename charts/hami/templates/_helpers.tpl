@@ -216,7 +216,7 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
 {{- end -}}
 {{- end -}}
 
-{{/* The device plugin's, the monitor's and the DRA agent's mounts of devicePlugin.driverMounts (argument: .Values.devicePlugin) */}}
+{{/* The device plugin's, the DRA agent's and both monitors' mounts of devicePlugin.driverMounts (argument: .Values.devicePlugin) */}}
 {{- define "hami.driverVolumeMounts" -}}
 {{- range $i, $m := .driverMounts }}
 - name: driver-{{ $i }}
@@ -245,11 +245,65 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
 {{- end -}}
 
 {{- define "hami.dra" -}}{{ include "hami.fullname" . }}-dra{{- end -}}
+{{- /* (hami-py) `hami monitor` beside the DRA agent: a DaemonSet and ServiceAccount of its own (templates/monitor/) */}}
+{{- define "hami.dra.monitor" -}}{{ include "hami.dra" . }}-monitor{{- end -}}
 
 {{- define "hami.dra.selector" -}}
 app.kubernetes.io/name: {{ include "hami.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: hami-dra
+{{- end -}}
+
+{{- define "hami.dra.monitor.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hami-dra-monitor
+{{- end -}}
+
+{{/* The pods behind the headless Service <release>-dra-monitor: the DRA agent's (port agent-metrics)
+and the DRA monitor's (port metrics). Both pod templates carry app.kubernetes.io/part-of: hami-dra;
+each Service port finds its named container port on one kind of pod only. */}}
+{{- define "hami.dra.metrics.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: hami-dra
+{{- end -}}
+
+{{/* "true" when the DRA node monitor runs (its own DaemonSet, templates/monitor/): dra.enabled and
+dra.monitor.enabled (it reads the claims' regions the DRA agent writes); "" otherwise */}}
+{{- define "hami.dra.monitor.enabled" -}}
+{{- if and .Values.dra.enabled .Values.dra.monitor.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The node monitors to run, a JSON list: "extender" (beside the device plugin, hami.monitor.enabled)
+and "dra" (beside the DRA agent, hami.dra.monitor.enabled); both on a cluster that runs both agents */}}
+{{- define "hami.monitors" -}}
+{{- $on := list -}}
+{{- if include "hami.monitor.enabled" . -}}{{- $on = append $on "extender" -}}{{- end -}}
+{{- if include "hami.dra.monitor.enabled" . -}}{{- $on = append $on "dra" -}}{{- end -}}
+{{- toJson $on -}}
+{{- end -}}
+
+{{/*
+The pod-level settings of the DRA agent's DaemonSet and the DRA monitor's (both from dra.*): the
+same nodes (nodeSelector, tolerations), node-critical priority, image pull secrets and the
+runtime's default seccomp filter. Indent with nindent 6 under spec:.
+*/}}
+{{- define "hami.draNodePod" -}}
+{{- $d := .Values.dra -}}
+priorityClassName: system-node-critical
+{{- include "hami.imagePullSecrets" . }}
+{{- with $d.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $d.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  seccompProfile:
+    type: RuntimeDefault   # the runtime's default syscall filter, as the scheduler pod has
 {{- end -}}
 
 {{/* (hami-py) scheduler.ui.auth: token (default) or none; anything else fails the render */}}
