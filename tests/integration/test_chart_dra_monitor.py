@@ -204,8 +204,8 @@ def test_the_dra_monitor_lands_on_the_agents_nodes_with_the_users_values(helm_bi
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
     ]
     assert c["resources"] == {"limits": {"memory": "256Mi"}}
-    # no hostPort: the web UI's live usage reads the extender's monitors only (docs/ui.md)
-    assert c["ports"] == [{"name": "metrics", "containerPort": 9500}]
+    # the web UI (on, no device plugin) reads each node's own DRA monitor through the hostPort
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9500, "hostPort": 9500}]
     # the claims' regions and records (where the agent writes them) and the driver, nothing else
     assert c["volumeMounts"] == [
         {"name": "claims", "mountPath": "/opt/gpu/vgpu/claims"},

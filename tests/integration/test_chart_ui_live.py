@@ -6,6 +6,10 @@
   network; the monitor's NodePort Service may route to another node's monitor); a
   ``scheduler.ui.monitorURL`` of one's own replaces both, ``scheduler.ui.liveUsage: false`` or a
   disabled monitor or UI leaves both out;
+- on the DRA front end (``dra.enabled``, the device plugin's monitor off or not rendered) the DRA
+  monitor (``<release>-dra-monitor``) gets that ``hostPort`` instead, ``dra.monitor.metricsPort``;
+  with both monitors on (their nodes may overlap) only the extender's gets one, so no node ever
+  has two pods asking for the same ``hostPort``;
 - ``scheduler.ui.prometheusURL`` becomes ``--ui-prometheus-url``; a URL with a query fails the render.
 The rendered flags go through the scheduler's own parser (``_parsed``)."""
 
@@ -18,12 +22,26 @@ from .test_chart_ui_auth import _parsed, _render, _scheduler_args
 
 pytestmark = pytest.mark.integration
 UI = ("--set", "scheduler.ui.enabled=true")
+#: the DRA front end alone, as docs/dra.md installs it
+DRA = ("--set", "frontEnd=dra", "--set", "dra.enabled=true", "--set", "devicePlugin.enabled=false")
 
 
-def _monitor_ports(docs: dict) -> list[dict]:
-    ds = docs[("DaemonSet", "hami-vgpu-monitor")]  # the monitor's own DaemonSet
+def _monitor_ports(docs: dict, name: str = "hami-vgpu-monitor") -> list[dict]:
+    ds = docs[("DaemonSet", name)]  # the monitor's own DaemonSet
     ctr = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "vgpu-monitor")
     return ctr["ports"]
+
+
+def _host_ports(docs: dict) -> dict[str, list[int]]:
+    """DaemonSet -> the hostPorts its pods ask for (every container, init containers too), where any."""
+    out = {}
+    for (kind, name), d in docs.items():
+        spec = d["spec"]["template"]["spec"] if kind == "DaemonSet" else {}
+        ctrs = spec.get("containers", []) + spec.get("initContainers", [])
+        ports = sorted(p["hostPort"] for c in ctrs for p in c.get("ports") or () if p.get("hostPort"))
+        if ports:
+            out[name] = ports
+    return out
 
 
 def _monitor_flag(docs: dict) -> list[str]:
@@ -58,6 +76,46 @@ def test_no_live_usage_and_no_host_port_without_the_ui_or_the_monitor(helm_bin, 
     assert _monitor_flag(docs) == []
     if "devicePlugin.monitor.enabled=false" not in args:
         assert all("hostPort" not in p for p in _monitor_ports(docs))
+
+
+def test_on_the_dra_front_end_the_dra_monitor_gets_the_host_port(helm_bin):  # noqa: F811
+    docs = _render(helm_bin, *UI, *DRA)
+    assert ("DaemonSet", "hami-vgpu-monitor") not in docs
+    assert _parsed(_scheduler_args(docs)).ui_monitor_url == "http://{node_ip}:9394/metrics"
+    assert _monitor_ports(docs, "hami-dra-monitor") == [{"name": "metrics", "containerPort": 9394, "hostPort": 9394}]
+    assert _host_ports(docs) == {"hami-dra-monitor": [9394]}
+    moved = _render(helm_bin, *UI, *DRA, "--set", "dra.monitor.metricsPort=9500")
+    assert _parsed(_scheduler_args(moved)).ui_monitor_url == "http://{node_ip}:9500/metrics"
+    assert _monitor_ports(moved, "hami-dra-monitor") == [{"name": "metrics", "containerPort": 9500, "hostPort": 9500}]
+    # the device plugin running without its monitor: the DRA monitor is still the one read
+    no_dp_monitor = _render(helm_bin, *UI, "--set", "dra.enabled=true", "--set", "devicePlugin.monitor.enabled=false")
+    assert _host_ports(no_dp_monitor) == {"hami-dra-monitor": [9394]}
+    assert _parsed(_scheduler_args(no_dp_monitor)).ui_monitor_url == "http://{node_ip}:9394/metrics"
+
+
+@pytest.mark.parametrize("dra_port", [9394, 9500])
+def test_with_both_monitors_only_the_extenders_gets_a_host_port(helm_bin, dra_port):  # noqa: F811
+    """The default nodes overlap (dra.nodeSelector {} is every node, the device plugin's gpu=on
+    nodes among them): two pods asking for one hostPort on a node would leave one Pending."""
+    docs = _render(helm_bin, *UI, "--set", "dra.enabled=true", "--set", f"dra.monitor.metricsPort={dra_port}")
+    assert _host_ports(docs) == {"hami-vgpu-monitor": [9394]}
+    assert _monitor_ports(docs, "hami-dra-monitor") == [{"name": "metrics", "containerPort": dra_port}]
+    assert _parsed(_scheduler_args(docs)).ui_monitor_url == "http://{node_ip}:9394/metrics"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        DRA,  # the UI off
+        (*UI, *DRA, "--set", "dra.monitor.enabled=false"),
+        (*UI, *DRA, "--set", "scheduler.ui.liveUsage=false"),
+        (*UI, *DRA, "--set", "scheduler.ui.monitorURL=http://{node}.gpu.example:8080/metrics"),
+    ],
+)
+def test_no_host_port_on_the_dra_monitor_without_the_ui_its_monitor_or_the_default_url(helm_bin, args):  # noqa: F811
+    docs = _render(helm_bin, *args)
+    assert _host_ports(docs) == {}
+    assert [a for a in _monitor_flag(docs) if ":9394/" in a] == []
 
 
 def test_prometheus_url_comes_from_values(helm_bin):  # noqa: F811

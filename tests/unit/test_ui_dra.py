@@ -194,3 +194,94 @@ def test_live_usage_of_a_claim_shared_by_containers_is_found_under_the_claims_na
     ]
     assert [c["name"] for c in item["containers"]] == ["other", "main"]
     assert [c["grants"][0]["usage"]["memoryUsedMiB"] for c in item["containers"]] == [777, 777]
+
+
+# ---------------------------------------------------------------------- a DRA node's own monitor
+# What the chart's DRA monitor (<release>-dra-monitor, reached through its hostPort) serves, made by
+# `hami monitor`'s own code: a claim's region and record as the kubelet plugin leaves them, the pod
+# map through the monitor's pod_claims, host GPUs as NVML reports them, served by serve_metrics and
+# read by the UI's scraper; the figures must land on the DRA GPUs and the claim's grants.
+async def _dra_monitor_reading(tmp_path, pod: dict) -> dict:
+    import json
+
+    import aiohttp
+    from kubernetes_asyncio import client
+    from prometheus_client import CollectorRegistry
+
+    from hami.monitor.command import serve_metrics
+    from hami.monitor.exporter import MonitorCollector, PodRef
+    from hami.monitor.kube import pod_claims
+    from hami.node.nvml import HostGPU
+    from hami.ui.live import LiveUsage
+
+    from . import _regionkit as kit
+
+    MiB = 1 << 20
+    claims = tmp_path / "claims"
+    kit.write(  # claim c1 (uid-c1): 1200 MiB held and 20 % SM on the first DRA GPU
+        claims / "uid-c1" / "r.cache",
+        uuids=("GPU-dra-0",),
+        limits=(3000 * MiB,),
+        procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 1200 * MiB, 1200 * MiB)}, sm_util={0: 20})],
+    )
+    (claims / "uid-c1.json").write_text(json.dumps({"namespace": "team-a", "name": "c1", "uid": "uid-c1"}))
+    async with client.ApiClient() as api:
+        v1pod = api._ApiClient__deserialize(pod, "V1Pod")
+    meta = pod["metadata"]
+    pods = {meta["uid"]: PodRef(meta["namespace"], meta["name"], meta["uid"], claims=pod_claims(v1pod))}
+    gpus = [
+        HostGPU(0, "GPU-dra-0", "Tesla T4", memory_used=5000 * MiB, utilization=61),
+        HostGPU(1, "GPU-dra-1", "Tesla T4", memory_used=0, utilization=0),
+    ]
+    registry = CollectorRegistry()
+    registry.register(
+        MonitorCollector(
+            "dra-1", str(tmp_path / "containers"), lambda: pods, lambda: gpus, claims_dir=str(claims), clock=lambda: NOW
+        )
+    )
+    runner = await serve_metrics(registry, "127.0.0.1", 0)
+    node = {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}
+    scraper = LiveUsage(
+        f"http://{{node_ip}}:{runner.addresses[0][1]}/metrics", lambda: [("dra-1", node)], clock=lambda: NOW - 1
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            await scraper.scrape_all(session)
+    finally:
+        await runner.cleanup()
+    assert scraper.readings["dra-1"].error is None
+    return scraper.readings
+
+
+async def test_a_dra_monitors_metrics_give_the_dra_gpus_and_the_claim_their_live_figures(cluster, tmp_path):
+    live = await _dra_monitor_reading(tmp_path, dra_pod("p1"))
+    [node] = model.nodes_document(cluster, NOW, live, {"node": "dra-1"})["items"]
+    assert node["monitor"] == {"state": "live", "ageSeconds": 1.0, "error": None}
+    assert {d["uuid"]: d["usage"] for d in node["devices"]} == {
+        "GPU-dra-0": {"state": "live", "memoryUsedMiB": 5000, "utilizationPercent": 61.0},
+        "GPU-dra-1": {"state": "live", "memoryUsedMiB": 0, "utilizationPercent": 0.0},
+    }
+    [item] = [
+        i for i in model.pods_document(cluster, NOW, live)["items"] if i["frontEnd"] == "dra" and i["name"] == "p1"
+    ]
+    [ctr] = item["containers"]
+    assert ctr["name"] == "main"
+    assert [(g["uuid"], g["usage"]) for g in ctr["grants"]] == [
+        ("GPU-dra-0", {"state": "live", "memoryUsedMiB": 1200, "utilizationPercent": 20.0})
+    ]
+
+
+async def test_a_dra_monitors_metrics_of_a_claim_shared_by_containers_reach_each_of_them(cluster, tmp_path):
+    pod = dra_pod("p1")
+    pod["metadata"]["resourceVersion"] = "4"
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "hami-gpu-1"}]}  # "other" uses it too
+    cluster.pod_handler.apply("MODIFIED", pod)
+    live = await _dra_monitor_reading(tmp_path, pod)
+    assert [k[2] for k in live["dra-1"].containers] == ["c1"]  # the monitor's label: the claim's name
+    [item] = [
+        i for i in model.pods_document(cluster, NOW, live)["items"] if i["frontEnd"] == "dra" and i["name"] == "p1"
+    ]
+    assert [(c["name"], [g["usage"]["memoryUsedMiB"] for g in c["grants"]]) for c in item["containers"]] == [
+        ("other", [1200]),
+        ("main", [1200]),
+    ]

@@ -346,15 +346,28 @@ the UI uses the scheduler's serving certificate, is plain HTTP, or is off */}}
 {{- end -}}
 {{- end -}}
 
-{{/* (hami-py) the node monitor's hostPort for the UI's live usage: devicePlugin.monitor.metricsPort
-while the UI and the monitor are on, scheduler.ui.liveUsage is true and scheduler.ui.monitorURL is
-empty (the monitor runs on the pod network: its Service's NodePort may answer with another node's
-monitor, so each node's own is reached at <node InternalIP>:<port>); "" otherwise */}}
-{{- define "hami.ui.monitorHostPort" -}}
+{{/* (hami-py) the node monitor the UI's live usage reads through a hostPort: "extender" (the device
+plugin's, <release>-vgpu-monitor) or "dra" (the DRA agent's, <release>-dra-monitor), while the UI is
+on, scheduler.ui.liveUsage is true and scheduler.ui.monitorURL is empty (a monitor runs on the pod
+network: its Service may answer with another node's monitor, so each node's own is reached at
+<node InternalIP>:<port>); "" otherwise. One monitor only, so two never ask for the same hostPort
+on one node: the extender's while it runs, else the DRA one's (a release running both monitors,
+whose node sets may overlap, reads the extender's nodes only; docs/ui.md) */}}
+{{- define "hami.ui.liveMonitor" -}}
 {{- $ui := .Values.scheduler.ui -}}
-{{- $dp := .Values.devicePlugin -}}
-{{- if and $ui.enabled (ne (toString $ui.liveUsage) "false") (not $ui.monitorURL) (include "hami.monitor.enabled" .) -}}
-{{- $dp.monitor.metricsPort -}}
+{{- if and $ui.enabled (ne (toString $ui.liveUsage) "false") (not $ui.monitorURL) -}}
+{{- if include "hami.monitor.enabled" . -}}extender
+{{- else if include "hami.dra.monitor.enabled" . -}}dra
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* (hami-py) that monitor's hostPort, the same number as its metrics port:
+devicePlugin.monitor.metricsPort or dra.monitor.metricsPort; "" without one (hami.ui.liveMonitor) */}}
+{{- define "hami.ui.monitorHostPort" -}}
+{{- $on := include "hami.ui.liveMonitor" . -}}
+{{- if eq $on "extender" -}}{{- .Values.devicePlugin.monitor.metricsPort -}}
+{{- else if eq $on "dra" -}}{{- .Values.dra.monitor.metricsPort -}}
 {{- end -}}
 {{- end -}}
 
