@@ -104,12 +104,16 @@ const vgpu_hook *vgpu_hook_by_name(const char *name)
 }
 
 /* ---- process-local tracking ---- */
-enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC, T_LIMIT };
+enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC, T_LIMIT, T_LIMIT_BASE };
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
 static ptrmap g_pools;   /* memory pool -> where it allocates (pool_dev) */
 static ptrmap g_maps;    /* VMM mapping address -> its handle (aux) and size */
+static ptrmap g_limits;  /* context limit records (limit_key): charge (T_LIMIT), first value (T_LIMIT_BASE) */
+/* cuCtxSetLimit against context teardown (destroy, reset, last release): a limit is charged to a
+ * context that still exists, and a teardown drops every record of its context */
+static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -182,6 +186,9 @@ void *vgpu_nvml_sym(const char *name)
 static void after_fork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
+    pthread_mutex_init(&g_limit_mu, NULL); /* a thread of the parent may have held it */
+    free(g_limits.slots);
+    memset(&g_limits, 0, sizeof g_limits);
     free(g_ptrs.slots);
     free(g_handles.slots);
     free(g_pools.slots);
@@ -384,15 +391,17 @@ static void drop_context_allocs(CUcontext ctx)
 {
     if (!ctx)
         return;
-    ptrmap *maps[2] = {&g_ptrs, &g_handles};
+    ptrmap *maps[3] = {&g_ptrs, &g_handles, &g_limits};
     pthread_mutex_lock(&g_mu);
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < 3; m++)
         for (size_t i = 0; i < maps[m]->cap; i++) {
             ptrmap_slot *s = &maps[m]->slots[i];
             if (s->key > PTRMAP_TOMB &&
-                (s->val.kind == T_DATA || s->val.kind == T_ARRAY || s->val.kind == T_LIMIT) &&
+                (s->val.kind == T_DATA || s->val.kind == T_ARRAY || s->val.kind == T_LIMIT ||
+                 s->val.kind == T_LIMIT_BASE) &&
                 s->val.aux == (uint64_t)(uintptr_t)ctx) {
-                vgpu_release(s->val.dev, s->val.size, s->val.kind == T_LIMIT ? VGPU_MEM_CONTEXT : VGPU_MEM_DATA);
+                if (s->val.kind != T_LIMIT_BASE)
+                    vgpu_release(s->val.dev, s->val.size, s->val.kind == T_LIMIT ? VGPU_MEM_CONTEXT : VGPU_MEM_DATA);
                 ptrmap_del(maps[m], s->key, NULL);
             }
         }
@@ -448,9 +457,11 @@ static CUresult primary_release(CUdevice dev, __typeof__(&cuDevicePrimaryCtxRele
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_limit_mu);
     CUresult r = real(dev);
     if (r == CUDA_SUCCESS)
         primary_ref(dev, -1, NULL);
+    pthread_mutex_unlock(&g_limit_mu);
     return r;
 }
 
@@ -471,6 +482,7 @@ static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_limit_mu);
     CUresult r = real(dev);
     int reg = vgpu_cuda_dev(dev);
     if (r == CUDA_SUCCESS && reg >= 0) {
@@ -479,6 +491,7 @@ static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_
         pthread_mutex_unlock(&g_mu);
         drop_context_allocs(primary);
     }
+    pthread_mutex_unlock(&g_limit_mu);
     return r;
 }
 
@@ -582,12 +595,14 @@ static CUresult ctx_destroy(CUcontext ctx, __typeof__(&cuCtxDestroy_v2) real)
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&g_limit_mu);
     CUresult r = real(ctx);
     ptrmap_val v;
     if (r == CUDA_SUCCESS && untrack(&g_handles, (uint64_t)(uintptr_t)ctx, &v))
         vgpu_release(v.dev, v.size, VGPU_MEM_CONTEXT);
     if (r == CUDA_SUCCESS)
         drop_context_allocs(ctx);
+    pthread_mutex_unlock(&g_limit_mu);
     return r;
 }
 
@@ -606,13 +621,15 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
 /* ---- context limits ----
  * cuCtxSetLimit sizes device memory the driver keeps for a context: the device-side malloc heap,
  * the printf FIFO, and a stack for every thread the device can hold at once (SMs x threads per
- * SM). Their defaults are inside the measured context footprint; a raise would otherwise be
- * memory no hook sees (a 64 KiB stack on a 132-SM device is 17 GiB). A raise is reserved under
- * the limit before the driver is called (CUDA_ERROR_OUT_OF_MEMORY, nothing set, when it does not
- * fit), remembered per context and limit, given back when the limit is lowered and with the
- * context (drop_context_allocs). Calls are serialised: the charge follows the value read first. */
-static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
-
+ * SM). A raise would otherwise be memory no hook sees (a 64 KiB stack on a 132-SM device is
+ * 17 GiB). Per context and limit, the first value seen is the base (inside the measured context
+ * footprint) and the charge is always cost(max(value, base)) - cost(base): reserved under the
+ * limit before the driver is called (CUDA_ERROR_OUT_OF_MEMORY, nothing set, when it does not fit),
+ * settled on the value the driver then reports, given back as the limit comes down and with the
+ * context (drop_context_allocs). g_limit_mu orders these calls with each other and with teardown.
+ * Not charged: CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH and _PENDING_LAUNCH_COUNT (device-runtime buffers
+ * whose size per unit the driver does not tell), and the stack the driver grows by itself for a
+ * kernel that needs more (docs/libvgpu.md). */
 static uint64_t limit_cost(CUlimit limit, uint64_t value, CUdevice dev)
 {
     if (limit == CU_LIMIT_MALLOC_HEAP_SIZE || limit == CU_LIMIT_PRINTF_FIFO_SIZE)
@@ -628,6 +645,23 @@ static uint64_t limit_cost(CUlimit limit, uint64_t value, CUdevice dev)
     return mul_sat(value, (uint64_t)(sms > 0 ? sms : 256) * (uint64_t)(per_sm > 0 ? per_sm : 2048));
 }
 
+static uint64_t limit_key(CUcontext ctx, CUlimit limit, int base)
+{
+    return ((uint64_t)(uintptr_t)ctx << 4) | (base ? 8u : 0u) | ((uint64_t)limit & 7u);
+}
+
+/* The record `key` of g_limits (its size), 0 when there is none; *found says which. */
+static uint64_t limit_record(uint64_t key, int *found)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(&g_limits, key);
+    uint64_t size = v ? v->size : 0;
+    pthread_mutex_unlock(&g_mu);
+    if (found)
+        *found = v != NULL;
+    return size;
+}
+
 EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
 {
     READY_OR(r_cuCtxSetLimit, CUDA_ERROR_NOT_INITIALIZED);
@@ -637,34 +671,44 @@ EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
     int reg = -1;
     pthread_mutex_lock(&g_limit_mu);
     if (p_cuCtxGetCurrent && p_cuCtxGetDevice && p_cuCtxGetLimit && p_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS &&
-        ctx && p_cuCtxGetDevice(&dev) == CUDA_SUCCESS && p_cuCtxGetLimit(&now, limit) == CUDA_SUCCESS)
+        ctx && p_cuCtxGetDevice(&dev) == CUDA_SUCCESS && p_cuCtxGetLimit(&now, limit) == CUDA_SUCCESS &&
+        limit_cost(limit, 1, dev) > 0)
         reg = vgpu_cuda_dev(dev);
-    uint64_t was = reg < 0 ? 0 : limit_cost(limit, now, dev), want = reg < 0 ? 0 : limit_cost(limit, value, dev);
-    if (want > was && vgpu_reserve(reg, want - was, VGPU_MEM_CONTEXT) != 0) {
+    if (reg < 0) {
+        pthread_mutex_unlock(&g_limit_mu);
+        return r_cuCtxSetLimit(limit, value);
+    }
+    uint64_t ckey = limit_key(ctx, limit, 0), bkey = limit_key(ctx, limit, 1);
+    int known = 0;
+    uint64_t base = limit_record(bkey, &known);
+    if (!known) {
+        base = now;
+        track_aux(&g_limits, bkey, base, reg, T_LIMIT_BASE, (uint64_t)(uintptr_t)ctx);
+    }
+    uint64_t held = limit_record(ckey, NULL);
+    uint64_t floor_cost = limit_cost(limit, base, dev);
+    uint64_t want = limit_cost(limit, value > base ? value : base, dev) - floor_cost;
+    if (want > held && vgpu_reserve(reg, want - held, VGPU_MEM_CONTEXT) != 0) {
         pthread_mutex_unlock(&g_limit_mu);
         LOG_WARN("cuCtxSetLimit(%d, %zu) refused: %llu more bytes of device memory are over the limit", (int)limit,
-                 value, (unsigned long long)(want - was));
+                 value, (unsigned long long)(want - held));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    uint64_t reserved = want > held ? want : held; /* charged while the driver runs */
     CUresult r = r_cuCtxSetLimit(limit, value);
-    if (reg >= 0 && want != was) {
-        uint64_t key = ((uint64_t)(uintptr_t)ctx << 4) | ((uint64_t)limit & 0xf);
-        ptrmap_val held = {0};
-        int found = untrack(&g_handles, key, &held);
-        uint64_t charged = found ? held.size : 0;
-        if (r != CUDA_SUCCESS) {
-            if (want > was)
-                vgpu_release(reg, want - was, VGPU_MEM_CONTEXT);
-        } else if (want > was) {
-            charged = add_sat(charged, want - was);
-        } else {
-            uint64_t back = was - want < charged ? was - want : charged; /* only what was charged here */
-            vgpu_release(reg, back, VGPU_MEM_CONTEXT);
-            charged -= back;
-        }
-        if (charged)
-            track_aux(&g_handles, key, charged, reg, T_LIMIT, (uint64_t)(uintptr_t)ctx);
-    }
+    uint64_t settled = held;
+    size_t after = 0;
+    if (r == CUDA_SUCCESS)
+        settled = p_cuCtxGetLimit(&after, limit) == CUDA_SUCCESS
+                      ? limit_cost(limit, after > base ? after : base, dev) - floor_cost
+                      : want;
+    if (settled < reserved)
+        vgpu_release(reg, reserved - settled, VGPU_MEM_CONTEXT);
+    else if (settled > reserved)
+        vgpu_charge(reg, settled - reserved, VGPU_MEM_CONTEXT); /* the driver rounded up: it holds it */
+    untrack(&g_limits, ckey, NULL);
+    if (settled)
+        track_aux(&g_limits, ckey, settled, reg, T_LIMIT, (uint64_t)(uintptr_t)ctx);
     pthread_mutex_unlock(&g_limit_mu);
     return r;
 }

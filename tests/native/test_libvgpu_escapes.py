@@ -250,3 +250,91 @@ print(row)
     ).stdout.strip()
     # refused raises leave the limit where it was; lowering returns exactly what was charged
     assert out == str([100, 0, 292, 2, 300, 292, 0, 392, 0, True, 2, True, 0, 0, 100, 0, 692, 0]), out
+
+
+def test_a_limit_lowered_below_its_first_value_and_raised_again_charges_nothing(vgpu_env):
+    """The value a context's limit had when first seen is inside the context footprint: going
+    below it gives nothing back and coming back to it charges nothing (it charged the way back up
+    each time, so a limit cycled to its default kept eating the container's memory)."""
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "100m"
+    out = run_py(
+        PRELUDE
+        + """
+STACK, FIFO, HEAP = 0, 1, 2
+c.init()
+base = ledger()
+row = []
+for _ in range(3):
+    row += [cu.cuCtxSetLimit(STACK, C.c_size_t(16)), cu.cuCtxSetLimit(STACK, C.c_size_t(1024)), ledger() - base]
+row += [cu.cuCtxSetLimit(HEAP, C.c_size_t(1 << 20)), cu.cuCtxSetLimit(HEAP, C.c_size_t(8 << 20)), ledger() - base]
+row += [cu.cuCtxSetLimit(HEAP, C.c_size_t(108 << 20)), ledger() - base]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == str([0, 0, 0] * 3 + [0, 0, 0] + [0, 100])
+
+
+def test_a_limit_set_while_another_thread_resets_the_context_stays_in_step_with_the_driver(vgpu_env):
+    """cudaDeviceReset on one thread while another raises a limit (held inside its reservation):
+    the reset drops the context's limit records, so the two are ordered; the ledger must end
+    equal to what the driver holds (it kept 292 MiB the driver had let go, or missed 300 it held)."""
+    vgpu_env.update(FAKEGPU_CONTEXT_MEM="100m", LIBVGPU_TEST_STALL_IN_LOCK_MS="1000")
+    out = run_py(
+        PRELUDE
+        + """
+import threading, time, pynvml as n
+n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+def driver():
+    return sum(p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses(h)) >> 20
+HEAP = 2
+ctx = c.init()
+c.check(cu.cuCtxSetLimit(HEAP, C.c_size_t(300 << 20)))
+res = []
+def setter():
+    c.check(cu.cuCtxSetCurrent(ctx))
+    res.append(cu.cuCtxSetLimit(HEAP, C.c_size_t(600 << 20)))
+t = threading.Thread(target=setter); t.start()
+time.sleep(0.3)
+c.check(cu.cuDevicePrimaryCtxReset_v2(0))
+t.join()
+print(res[0], ledger() == driver(), ledger(), driver())
+""",
+        vgpu_env,
+    ).stdout.strip()
+    rc, same = out.split()[:2]
+    assert (rc, same) == ("0", "True"), out
+
+
+def test_a_child_forked_while_a_limit_is_being_set_can_set_limits(vgpu_env):
+    """fork() while another thread is inside cuCtxSetLimit: the child's copy of the lock that
+    orders limit calls is reset with the rest of the process-local state (the child hung in its
+    first cuCtxSetLimit)."""
+    vgpu_env["LIBVGPU_TEST_STALL_IN_LOCK_MS"] = "1000"
+    out = run_py(
+        PRELUDE
+        + """
+import threading, time, signal
+HEAP = 2
+ctx = c.init()
+def setter():
+    c.check(cu.cuCtxSetCurrent(ctx))
+    cu.cuCtxSetLimit(HEAP, C.c_size_t(300 << 20))
+t = threading.Thread(target=setter); t.start()
+time.sleep(0.3)
+pid = os.fork()
+if pid == 0:
+    cu.cuCtxSetLimit(HEAP, C.c_size_t(16 << 20))   # any answer will do; it must come
+    os._exit(0)
+t.join()
+for _ in range(300):
+    done, _status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exited"); break
+    time.sleep(0.1)
+else:
+    os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0); print("child blocked")
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "child exited"
