@@ -281,6 +281,58 @@ class SchedulerProcess:
         return ExtenderConfig(url_prefix=url, **kw)
 
 
+class LeaseHolder:
+    """Plays the kube-scheduler that `hami scheduler --leader-elect` follows: holds the Lease
+    ``namespace/name`` for ``<identity>_<uuid>`` and renews it every 2 s (kube-scheduler's retry
+    period) while the ``with`` block runs; :meth:`give` hands it to another identity, as the
+    kube-scheduler of another replica takes it over."""
+
+    def __init__(self, cluster: KubeCluster, namespace: str, name: str, identity: str) -> None:
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+        self.identity = identity
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self._stop, self._writing = threading.Event(), threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def _write(self) -> None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name},
+            "spec": {
+                "holderIdentity": f"{self.identity}_{os.urandom(4).hex()}",
+                "leaseDurationSeconds": 15,
+                "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
+            },
+        }
+        try:
+            version = self.cluster.api("GET", self.path)["metadata"]["resourceVersion"]
+            self.cluster.api("PUT", self.path, {**body, "metadata": {**body["metadata"], "resourceVersion": version}})
+        except ApiError:
+            self.cluster.api("POST", f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases", body)
+
+    def give(self, identity: str) -> None:
+        with self._writing:
+            self.identity = identity
+            self._write()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(2.0):
+            with self._writing, contextlib.suppress(Exception):
+                self._write()
+
+    def __enter__(self) -> "LeaseHolder":
+        self.give(self.identity)
+        self._thread = threading.Thread(target=self._renew, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 BOUND = "spec.nodeName%21%3D"  # fieldSelector spec.nodeName!= (URL-encoded)
 

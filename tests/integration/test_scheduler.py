@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from hami_devkit.cluster import ApiError, SchedulerConfig
 from ._hami import (
     ALLOCATED,
     ROOT,
+    LeaseHolder,
     PluginStandIn,
     SchedulerProcess,
     delete_webhook,
@@ -612,87 +612,50 @@ _FOLLOWER = "ok: follower (%s does not hold the lease)"
 
 def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace):
     """Leader election as HAMi does it: each replica follows the Lease that the kube-scheduler in
-    its own pod holds. Here the test writes that Lease (holderIdentity `<pod>_<uuid>`)."""
+    its own pod holds. Here the test writes that Lease (holderIdentity `<pod>_<uuid>`), renewed
+    every 2 s as kube-scheduler does: a lease not renewed for the renew deadline (10 s) stops
+    counting for the replica that follows it."""
     ns, lease = kube_namespace, "hami-scheduler-test"
-    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{lease}"
-
-    def hold(identity: str) -> None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": lease},
-            "spec": {
-                "holderIdentity": f"{identity}_{uuid.uuid4().hex[:8]}",
-                "leaseDurationSeconds": 15,
-                "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
-            },
-        }
-        try:
-            kube_cluster.api(
-                "PUT",
-                path,
-                {
-                    **body,
-                    "metadata": {
-                        **body["metadata"],
-                        "resourceVersion": kube_cluster.api("GET", path)["metadata"]["resourceVersion"],
-                    },
-                },
-            )
-        except ApiError:
-            kube_cluster.api("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", body)
-
-    # the holder renews every 2 s, as kube-scheduler does (retry period): a lease not renewed for
-    # the renew deadline (10 s) stops counting for the replica that follows it
-    holder = {"identity": "replica-a"}
-    stop_renewing, writing = threading.Event(), threading.Lock()
-
-    def renew() -> None:
-        while not stop_renewing.wait(2.0):
-            with writing:
-                hold(holder["identity"])
-
     flags = ("--leader-elect", f"--leader-elect-resource-name={lease}", f"--leader-elect-resource-namespace={ns}")
-    hold("replica-a")
-    renewer = threading.Thread(target=renew, daemon=True)
-    renewer.start()
-    a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", tls=False).start()
-    b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", tls=False).start(wait_ready=False)
-    try:
-        # both are ready (a rolling update needs the new pod Ready while the old one leads); the
-        # body says which one leads (the chart's Service selects the leader by its pod label)
-        kube_cluster.wait_for(lambda: b.get("/readyz") == 200, "replica b ready", 30)
-        time.sleep(2.0)
-        assert (a.answer("/readyz"), b.answer("/readyz")) == ((200, "ok: leader"), (200, _FOLLOWER % "replica-b"))
-        with writing:
-            holder["identity"] = "replica-b"
-            hold("replica-b")
-        kube_cluster.wait_for(
-            lambda: (a.answer("/readyz"), b.answer("/readyz")) == ((200, _FOLLOWER % "replica-a"), (200, "ok: leader")),
-            "failover to b",
-            30,
+    with LeaseHolder(kube_cluster, ns, lease, "replica-a") as holder:
+        a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", tls=False).start()
+        b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", tls=False).start(
+            wait_ready=False
         )
-        import json as _json
-        import urllib.request
+        try:
+            # both are ready (a rolling update needs the new pod Ready while the old one leads); the
+            # body says which one leads (the chart's Service selects the leader by its pod label)
+            kube_cluster.wait_for(lambda: b.get("/readyz") == 200, "replica b ready", 30)
+            time.sleep(2.0)
+            assert (a.answer("/readyz"), b.answer("/readyz")) == ((200, "ok: leader"), (200, _FOLLOWER % "replica-b"))
+            holder.give("replica-b")
+            kube_cluster.wait_for(
+                lambda: (
+                    (a.answer("/readyz"), b.answer("/readyz")) == ((200, _FOLLOWER % "replica-a"), (200, "ok: leader"))
+                ),
+                "failover to b",
+                30,
+            )
+            import json as _json
+            import urllib.request
 
-        # a real pending pod of ours that no node can take: kube-scheduler never calls an extender
-        # for it, the test calls /filter itself
-        p = gpu_pod("direct", ns, mem=100, node_selector={"no": "such-node"})
-        created = _create(kube_cluster, ns, p)
-        req = lambda url: urllib.request.urlopen(
-            urllib.request.Request(  # noqa: E731
-                url + "/filter",
-                data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
-                headers={"Content-Type": "application/json"},
-            ),
-            timeout=30,
-        ).read()
-        assert "not the leader" in _json.loads(req(a.url))["Error"]
-        assert _json.loads(req(b.url))["Error"] == ""
-    finally:
-        stop_renewing.set()
-        a.stop()
-        b.stop()
+            # a real pending pod of ours that no node can take: kube-scheduler never calls an
+            # extender for it, the test calls /filter itself
+            p = gpu_pod("direct", ns, mem=100, node_selector={"no": "such-node"})
+            created = _create(kube_cluster, ns, p)
+            req = lambda url: urllib.request.urlopen(
+                urllib.request.Request(  # noqa: E731
+                    url + "/filter",
+                    data=_json.dumps({"Pod": created, "NodeNames": []}).encode(),
+                    headers={"Content-Type": "application/json"},
+                ),
+                timeout=30,
+            ).read()
+            assert "not the leader" in _json.loads(req(a.url))["Error"]
+            assert _json.loads(req(b.url))["Error"] == ""
+        finally:
+            a.stop()
+            b.stop()
 
 
 def test_a_decision_for_a_pod_deleted_before_its_bind_gives_the_capacity_back(kube_cluster, hami, standin, ns):
@@ -797,15 +760,32 @@ def test_filters_for_pods_that_are_not_real_and_pending_reserve_nothing(kube_clu
 
 def test_after_sigterm_the_scheduler_serves_out_its_shutdown_delay(kube_cluster):
     """--shutdown-delay: a terminating pod leaves the Services' endpoints a moment after SIGTERM,
-    so the listeners stay open for the delay (calls routed here meanwhile are answered); then it
+    so the listeners stay open for the delay (calls routed here meanwhile are answered, each with
+    Connection: close so that callers' kept-alive connections move to the other replica); then it
     exits cleanly. SIGINT, or a second signal, ends the wait at once."""
     import signal as _signal
 
+    import http.client
+
+    def connection_header() -> str | None:
+        conn = http.client.HTTPConnection("127.0.0.1", proc.port, timeout=10)
+        try:
+            conn.request("GET", "/healthz")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            return response.getheader("Connection")
+        finally:
+            conn.close()
+
     proc = SchedulerProcess(kube_cluster, "--shutdown-delay=6s", tls=False).start()
     try:
+        assert connection_header() != "close"  # keep-alive while it serves normally
         proc.proc.send_signal(_signal.SIGTERM)
         time.sleep(0.5)
         assert proc.proc.poll() is None and proc.get("/healthz") == 200  # still serving
+        # ... and every answer closes its connection: callers' pooled connections drain from it
+        assert connection_header() == "close"
         kube_cluster.wait_for(lambda: "stopping in 6s" in proc.logs(), "the delay logged", 10)
         proc.proc.send_signal(_signal.SIGTERM)  # a second one: no more waiting
         assert proc.proc.wait(30) == 0

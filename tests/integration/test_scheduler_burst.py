@@ -19,7 +19,17 @@ import pytest
 
 from hami_devkit.cluster import SchedulerConfig
 
-from ._hami import PluginStandIn, SchedulerProcess, device_usage, events, gpu_pod, make_gpu_node, placed, pods
+from ._hami import (
+    LeaseHolder,
+    PluginStandIn,
+    SchedulerProcess,
+    device_usage,
+    events,
+    gpu_pod,
+    make_gpu_node,
+    placed,
+    pods,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +84,79 @@ def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, 
         proc.stop()
         for n in names:
             kube_cluster.delete_node(n)
+
+
+def test_the_leader_killed_mid_burst_the_other_replica_places_the_rest_without_double_booking(
+    kube_cluster, kube_namespace
+):
+    """Two replicas following one Lease (as in the chart's two-replica Deployment). The leader is
+    SIGKILLed while a burst of GPU pods is being bound on node-lock nodes: Binds it had under way
+    die with it, some with the node lock taken and no Binding posted. The Lease then passes to the
+    other replica's kube-scheduler, which calls the survivor. Every pod ends placed and allocated
+    once, on the node its Binding named, no GPU over capacity: the survivor counted what the dead
+    leader bound from the watch, and a lock left by the dead leader's unfinished Bind does not
+    keep its node's pods waiting for the lock timeout (300 s)."""
+    ns, lease, pods_n = kube_namespace, f"hami-crash-{uuid.uuid4().hex[:5]}", 60
+    group = f"crash-{uuid.uuid4().hex[:5]}"
+    names = [f"{group}-{i}" for i in range(4)]
+    flags = (
+        "--leader-elect",
+        f"--leader-elect-resource-name={lease}",
+        f"--leader-elect-resource-namespace={ns}",
+        "--node-lock-retry-timeout=10s",
+    )
+    with LeaseHolder(kube_cluster, ns, lease, "replica-a") as holder:
+        a = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-a", loopback=True).start()
+        b = SchedulerProcess(kube_cluster, *flags, "--leader-elect-identity=replica-b", loopback=True).start(
+            wait_ready=False
+        )
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda n: make_gpu_node(kube_cluster, n, mem=81920, labels={"hami-group": group}), names))
+            kube_cluster.wait_for(lambda: a.get("/readyz") == 200, "replica a leads", 30)
+            kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=a.extender()))
+            burst = [
+                gpu_pod(f"p{i:03d}", ns, mem=4000, cores=5, node_selector={"hami-group": group}) for i in range(pods_n)
+            ]
+            with PluginStandIn(kube_cluster, nodes=set(names), workers=4) as standin:
+                with ThreadPoolExecutor(16) as pool:
+                    list(pool.map(lambda p: kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p), burst))
+                kube_cluster.wait_for(
+                    lambda: sum(1 for p in pods(kube_cluster, ns) if p["spec"].get("nodeName")) >= 10,
+                    "the burst under way",
+                    120,
+                    interval=0.2,
+                )
+                a.kill()
+                holder.give("replica-b")  # the other pod's kube-scheduler takes the Lease ...
+                kube_cluster.wait_for(lambda: b.answer("/readyz") == (200, "ok: leader"), "replica b leads", 30)
+                kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=b.extender()))  # ... and calls b
+                done = kube_cluster.wait_for(
+                    lambda: (
+                        lambda ps: (
+                            ps
+                            if len(ps) == pods_n
+                            and all(
+                                placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
+                                for p in ps
+                            )
+                            else None
+                        )
+                    )(pods(kube_cluster, ns)),
+                    f"{pods_n} pods placed and allocated after the failover",
+                    240,
+                    interval=2.0,
+                )
+                assert not standin.errors, standin.errors[:5]
+            for p in done:
+                assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
+            usage = device_usage(done)
+            assert sum(slots for slots, _, _ in usage.values()) == pods_n  # one grant per pod
+            for uuid_, (slots, mem, cores) in usage.items():
+                assert slots <= 10 and mem <= 81920 and cores <= 100, (uuid_, slots, mem, cores)
+        finally:
+            kube_cluster.configure_hami_scheduler(SchedulerConfig())
+            a.stop()
+            b.stop()
+            for n in names:
+                kube_cluster.delete_node(n)

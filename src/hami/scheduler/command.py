@@ -100,6 +100,7 @@ async def main(opts: Options) -> int:
             "on" if opts.leader_elect else "off",
         )
         await stop.wait()
+        service.draining = True  # answers from now on close their connections
         if opts.shutdown_delay and not hurry.is_set():
             # the pod is terminating: the Services drop it, but kube-proxy on each node and the API
             # server's endpoints take a moment to see it; until then calls still arrive here

@@ -93,7 +93,7 @@ class Options:
     success_event_rate: float = 10.0  # success events a second on average; 0 = every one (HAMi's)
     success_event_burst: int = 50  # success events at once
     event_loop: str = "uvloop"  # "uvloop" | "asyncio" (the standard library's)
-    shutdown_delay: float = 5.0  # seconds of serving after SIGTERM, while endpoints drop the pod
+    shutdown_delay: float = 15.0  # seconds of serving after SIGTERM, while endpoints drop the pod
     gc_interval: float = 600.0  # seconds between full collections (hami.gcpolicy); 0 = Python's own
     decision_write: str = "binding"  # "binding" | "filter" (HAMi's: a pod patch from Filter)
     device_config: DeviceConfig = field(default_factory=default_device_config)
@@ -312,11 +312,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--shutdown-delay",
-        default="5s",
+        default="15s",
         help="after SIGTERM keep serving this long before closing the listeners: the pod has left the "
         "Services' endpoints, but kube-proxy and the API server see that a moment later, and an admission "
-        "call routed here meanwhile would be refused (a GPU pod refused during every upgrade); SIGINT or a "
-        "second signal skips it; 0 = close at once (default %(default)s)",
+        "call routed here meanwhile would be refused (a GPU pod refused during every upgrade); meanwhile "
+        "every answer closes its connection (Connection: close), so callers' pooled connections move to "
+        "the other endpoints; keep it below the pod's terminationGracePeriodSeconds (30 by default); "
+        "SIGINT or a second signal skips it; 0 = close at once (default %(default)s)",
     )
     a(
         "--gc-interval",

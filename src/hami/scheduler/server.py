@@ -165,6 +165,10 @@ class SchedulerService:
         self._template_posts: dict[tuple[str, str], asyncio.Future[str]] = {}
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
+        # set on SIGTERM, for --shutdown-delay: every answer then closes its connection, so the
+        # API server's and kube-scheduler's pooled connections to this terminating pod drain while
+        # it still serves, and their next calls open new ones, which the Service routes elsewhere
+        self.draining = False
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
@@ -242,6 +246,7 @@ class SchedulerService:
         ``client_cert``: /filter and /bind answer 403 unless the TLS peer presented a verified
         client certificate (the listener's context must request one, :class:`hami.serve.CertReloader`)."""
         app = application(max_body=MAX_BODY)
+        app.middlewares.append(self._drain)
         routes = [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)]
         if extender:
             guard = _client_cert_required if client_cert else (lambda handler: handler)
@@ -250,6 +255,14 @@ class SchedulerService:
             routes.append(web.post("/webhook", self._webhook))
         app.add_routes(routes)
         return app
+
+    @web.middleware
+    async def _drain(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """While draining (``self.draining``), answer with ``Connection: close``."""
+        response = await handler(request)
+        if self.draining:
+            response.force_close()
+        return response
 
     async def _json(self, request: web.Request) -> Any:
         return await read_json_object(request)
