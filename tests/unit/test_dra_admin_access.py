@@ -203,3 +203,15 @@ def test_the_driver_prepares_an_admin_claim_without_a_region_and_unprepares_it()
         assert not Path(paths.cdi_file("adm-1")).exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_prepare_names_a_result_field_of_the_wrong_type():
+    """A result's ``request`` that is not a string, or a ``consumedCapacity`` that is not an
+    object, is refused naming the field (the first was echoed as the text of a list, the second
+    failed with an AttributeError's message)."""
+    bad_request = {**result("gpu-0"), "request": ["gpu", "other"]}
+    with pytest.raises(PrepareError, match=r"results\[0\]\.request=\['gpu', 'other'\]: must be the name"):
+        plan(allocated(bad_request), "n1", GPUS, SETTINGS)
+    bad_capacity = {**result("gpu-0"), "consumedCapacity": ["3000Mi"]}
+    with pytest.raises(PrepareError, match=r"results\[0\]\.consumedCapacity=\['3000Mi'\]: must be an object"):
+        plan(allocated(bad_capacity), "n1", GPUS, SETTINGS)

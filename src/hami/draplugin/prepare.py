@@ -178,7 +178,10 @@ def _isolation(config: Sequence[Any], request: str, where: str) -> str:
 
 
 def _consumed(result: Mapping[str, Any], name: str, where: str) -> int | None:
-    raw = (result.get("consumedCapacity") or {}).get(name)
+    consumed = result.get("consumedCapacity") or {}
+    if not isinstance(consumed, Mapping):
+        raise PrepareError(f"{where}.consumedCapacity={consumed!r:.60}: must be an object of quantities")
+    raw = consumed.get(name)
     if raw is None:
         return None
     try:
@@ -229,7 +232,9 @@ def plan(
                 f"{ref}: results mix admin access and ordinary shares ({where}.adminAccess={bool(admin)}); "
                 "use one claim for each"
             )
-        request = str(r.get("request") or "")
+        request = r.get("request") or ""
+        if not isinstance(request, str):
+            raise PrepareError(f"{where}.request={request!r:.60}: must be the name of one of the claim's requests")
         m = migs.get(r["device"]) if isinstance(r.get("device"), str) else None
         if m is not None:
             if admin:
