@@ -956,9 +956,12 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
         # the scheduler (decisionWrite binding): its own pod only, no pod patch outside its namespace
         sched = _pod_token(kube_cluster, ns, sched_sa, sched_pod)
         role = {"hami.io/scheduler-role": "leader"}
+        # as above, the probe writes a key of its own: one that lands before the policy is in force
+        # (under load it did) must not leave the role label on the pod the status check uses below
+        probe = {"hami.test/guard-probe": "x"}
         kube_cluster.wait_for(
             lambda: (
-                _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": role}})[0]
+                _bearer(kube_cluster, sched, "PATCH", f"{pods}/neighbour", {"metadata": {"labels": probe}})[0]
                 in (403, 422)
             ),
             "the scheduler's pod guard in force",
