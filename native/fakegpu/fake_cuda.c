@@ -508,9 +508,14 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     CUresult r = CUDA_SUCCESS;
     if (c->refcount == 0)
         r = charge(dev, (long long)fg_cfg()->ctx_mem, 1);
+    int made = r == CUDA_SUCCESS && c->refcount == 0;
     if (r == CUDA_SUCCESS)
         c->refcount++;
     pthread_mutex_unlock(&g_mu);
+    if (made && fg_cfg()->context_delay_ms) {
+        struct timespec ts = {fg_cfg()->context_delay_ms / 1000, (long)(fg_cfg()->context_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (r == CUDA_SUCCESS)
         *pctx = c;
     return r;

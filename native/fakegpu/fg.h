@@ -58,6 +58,7 @@ typedef struct {
     unsigned long long kernel_ns;   /* default kernel time per wave */
     double time_scale;              /* multiplies every kernel duration */
     int hostpid_offset;             /* NVML reports getpid()+offset */
+    unsigned context_delay_ms;      /* a primary context takes this long to make, once charged (tests) */
     unsigned sample_period_us;      /* NVML utilization sample period */
     int util_resident;              /* 1: each sample names only the process resident at its instant (the real driver) */
     char state_dir[256];            /* "" = $FAKEGPU_STATE_DIR or /tmp/fakegpu-<uid> */

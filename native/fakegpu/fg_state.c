@@ -281,6 +281,11 @@ static void apply_global(fg_config *c, const char *key, const char *val)
         c->hostpid_offset = (int)strtol(val, &end, 10);
         if (*end)
             die("hostpid_offset", val);
+    } else if (!strcmp(key, "context_delay_ms")) {
+        long v = strtol(val, &end, 10);
+        if (*end || v < 0 || v > 600000)
+            die("context_delay_ms", val);
+        c->context_delay_ms = (unsigned)v;
     } else if (!strcmp(key, "sample_period_us")) {
         long v = strtol(val, &end, 10);
         if (*end || v < 1000 || v > 10000000)
@@ -533,6 +538,7 @@ static void cfg_init(void)
     env_global(c, "FAKEGPU_KERNEL_NS", "kernel_ns");
     env_global(c, "FAKEGPU_TIME_SCALE", "time_scale");
     env_global(c, "FAKEGPU_HOSTPID_OFFSET", "hostpid_offset");
+    env_global(c, "FAKEGPU_CONTEXT_DELAY_MS", "context_delay_ms");
     env_global(c, "FAKEGPU_SAMPLE_PERIOD_US", "sample_period_us");
     env_global(c, "FAKEGPU_UTIL_ATTRIBUTION", "util_attribution");
 }

@@ -369,15 +369,23 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
         if (r == CUDA_SUCCESS) {
             nvml_snapshot(reg, &after);
             uint64_t size = after.used > before.used ? after.used - before.used : 0;
-            if (size > (4ULL << 30))
-                size = 0;
-            g_ctx_size[reg] = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : size;
             /* not guessed from this list's difference (racy across containers) */
-            if (vgpu_my_slot && !vgpu_my_slot->hostpid) {
-                int hp = lim_resolve_host_pid_on(cuda_dev, reg);
+            int hp = vgpu_my_slot ? (int)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
+            if (vgpu_my_slot && !hp) {
+                hp = lim_resolve_host_pid_on(cuda_dev, reg);
                 if (hp)
                     __atomic_store_n(&vgpu_my_slot->hostpid, hp, __ATOMIC_RELEASE);
             }
+            /* The device's used memory moves with every process on it: another container's
+             * context made (or memory freed) between the two snapshots skews the difference, to 0
+             * at worst (the context then charged nothing). This process's own figure, once its
+             * host PID is known, holds only its new context (the first of the process here). */
+            long long own = lim_process_used(reg, hp);
+            if (own > 0)
+                size = (uint64_t)own;
+            if (size > (4ULL << 30))
+                size = 0;
+            g_ctx_size[reg] = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : size;
             __atomic_store_n(&g_ctx_measured[reg], 1, __ATOMIC_RELEASE);
             LOG_INFO("device %d: context footprint %llu bytes", reg, (unsigned long long)g_ctx_size[reg]);
         }

@@ -177,6 +177,22 @@ int lim_resolve_host_pid_unguarded(int reg_dev)
     return found ? found : pid;
 }
 
+/* Device memory NVML says host process `host_pid` holds on region device `reg_dev`, or -1 when
+ * NVML does not list it or cannot tell (NVML_VALUE_NOT_AVAILABLE, e.g. on some MIG setups). */
+long long lim_process_used(int reg_dev, int host_pid)
+{
+    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    nvmlDevice_t dev;
+    if (host_pid <= 0 || reg_dev < 0 || !by_uuid || by_uuid(vgpu_reg->uuids[reg_dev], &dev) != NVML_SUCCESS)
+        return -1;
+    proc_mem now[MAX_NVML_PROCS];
+    vgpu_nvml_internal++;
+    int n = list_procs(dev, now);
+    vgpu_nvml_internal--;
+    long long used = n >= 0 ? used_of(now, n, (unsigned)host_pid) : -1;
+    return used; /* NVML_VALUE_NOT_AVAILABLE (all ones) reads as -1 here too */
+}
+
 /* lim_resolve_host_pid, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
 int lim_resolve_host_pid(int reg_dev)
 {

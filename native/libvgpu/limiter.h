@@ -33,6 +33,8 @@ int lim_resolve_host_pid(int reg_dev);
 /* The same, from a context-creation hook: makes the device's primary context current
  * for the probe and restores the caller's current context. */
 int lim_resolve_host_pid_on(int cuda_dev, int reg_dev);
+/* NVML's figure for one host process on a region device (-1: not listed or not available) */
+long long lim_process_used(int reg_dev, int host_pid);
 
 /* priority.c */
 uint64_t lim_wall_ms(void);

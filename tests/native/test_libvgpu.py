@@ -391,3 +391,54 @@ print(row)
         vgpu_env,
     ).stdout.strip()
     assert out == "[(350, 350), (50, 50), (300, 300), (50, 50), (0, 0)]"
+
+
+def test_a_context_made_while_another_process_frees_memory_is_charged_in_full(vgpu_env):
+    """The first context of a process is charged what it takes. Measured as the device's used
+    memory before and after the creation, another container's process freeing memory in between
+    (here 600 MiB, while a 300 MiB context is made) made the figure 0 and the context free of
+    charge; the process's own NVML figure is not moved by other processes."""
+    import subprocess as sp
+    import sys as _sys
+
+    vgpu_env["FAKEGPU_CONTEXT_MEM"] = "300m"
+    # another container's process: the same GPU, no libvgpu (vgpu_env is fake_env with it added)
+    plain = {k: v for k, v in vgpu_env.items() if k not in ("LD_PRELOAD", "CUDA_DEVICE_MEMORY_SHARED_CACHE")}
+    mine_env = dict(vgpu_env, FAKEGPU_CONTEXT_DELAY_MS="3000")
+    other = sp.Popen(
+        [
+            _sys.executable,
+            "-c",
+            "import sys, cuda_probe as c\nc.init(); rc, p = c.alloc(600 << 20); print(rc, flush=True)\n"
+            "sys.stdin.readline(); c.free(p); print('freed', flush=True); sys.stdin.readline()",
+        ],
+        env=plain,
+        stdin=sp.PIPE,
+        stdout=sp.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "0"
+        mine = sp.Popen(
+            [
+                _sys.executable,
+                "-c",
+                "import os, cuda_probe as c\nfrom region_layout import read_region\nprint('making', flush=True)\n"
+                "c.init()\nr = read_region(os.environ['CUDA_DEVICE_MEMORY_SHARED_CACHE'])\n"
+                "print(sum(s['used'][0]['total'] for s in r['slots'] if s['pid']) >> 20, flush=True)",
+            ],
+            env=mine_env,
+            stdout=sp.PIPE,
+            text=True,
+        )
+        assert mine.stdout.readline().strip() == "making"
+        time.sleep(1.0)  # inside the 3 s the context takes to make, once charged by the driver
+        other.stdin.write("\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "freed"
+        charged = mine.stdout.readline().strip()
+        assert mine.wait(60) == 0
+        assert charged == "300"
+    finally:
+        other.kill()
+        other.wait()
