@@ -160,13 +160,18 @@ int lim_resolve_host_pid_on(int cuda_dev, int reg_dev)
     return pid;
 }
 
+/* NVML's handle for region device `reg_dev` (by its UUID); 0 when there is none. */
+static int device_of(int reg_dev, nvmlDevice_t *dev)
+{
+    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    return reg_dev >= 0 && by_uuid && by_uuid(vgpu_reg->uuids[reg_dev], dev) == NVML_SUCCESS;
+}
+
 int lim_resolve_host_pid_unguarded(int reg_dev)
 {
     int pid = lim_host_pid();
-    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
     nvmlDevice_t dev;
-    if (reg_dev < 0 || !by_uuid || !vgpu_real_nvmlInit_v2 || vgpu_real_nvmlInit_v2() != NVML_SUCCESS ||
-        by_uuid(vgpu_reg->uuids[reg_dev], &dev) != NVML_SUCCESS)
+    if (reg_dev < 0 || !vgpu_real_nvmlInit_v2 || vgpu_real_nvmlInit_v2() != NVML_SUCCESS || !device_of(reg_dev, &dev))
         return pid;
     proc_mem now[MAX_NVML_PROCS];
     int n = list_procs(dev, now);
@@ -181,9 +186,8 @@ int lim_resolve_host_pid_unguarded(int reg_dev)
  * NVML does not list it or cannot tell (NVML_VALUE_NOT_AVAILABLE, e.g. on some MIG setups). */
 long long lim_process_used(int reg_dev, int host_pid)
 {
-    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
     nvmlDevice_t dev;
-    if (host_pid <= 0 || reg_dev < 0 || !by_uuid || by_uuid(vgpu_reg->uuids[reg_dev], &dev) != NVML_SUCCESS)
+    if (host_pid <= 0 || !device_of(reg_dev, &dev))
         return -1;
     proc_mem now[MAX_NVML_PROCS];
     vgpu_nvml_internal++;
