@@ -866,5 +866,21 @@ def placed(p: dict) -> bool:
     return bool(p["spec"].get("nodeName")) and ALLOCATED in (p["metadata"].get("annotations") or {})
 
 
+def wait_all_allocated(
+    cluster: KubeCluster, ns: str, count: int, timeout: float, what: str | None = None
+) -> list[dict]:
+    """Wait until ``ns`` holds exactly ``count`` pods, each :func:`placed` and allocated on its node
+    (``hami.io/bind-phase=success``, the device plugin's word); return them."""
+
+    def probe() -> list[dict] | None:
+        ps = pods(cluster, ns)
+        done = len(ps) == count and all(
+            placed(p) and p["metadata"]["annotations"].get(BIND_PHASE) == "success" for p in ps
+        )
+        return ps if done else None
+
+    return cluster.wait_for(probe, what or f"{count} pods placed and allocated", timeout, interval=2.0)
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)[:4000]

@@ -17,86 +17,60 @@ template` (and its RBAC and metrics Service against the real API server):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
 import pytest
 import yaml
 
-from hami.monitor.kube import api_client, node_pods
-
-from .test_chart import CHART, KUBE_VERSION, _bearer, _pod_token
+from ._monitor_chart import (
+    assert_hardened,
+    assert_lists_pods_only,
+    assert_own_daemonset_and_account,
+    assert_service_monitor_picks_only,
+    monitor_on_node,
+    monitor_rbac,
+    pod_labels,
+    pod_spec,
+    render,
+    render_values,
+)
 
 pytestmark = pytest.mark.integration
 
 NAME = "hami-dra-monitor"
 AGENT = "hami-dra"
 EXTENDER_MONITOR = "hami-vgpu-monitor"
-WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate", "*"}
 #: the DRA front end alone, as a DRA cluster installs it (one node agent per node)
 DRA = ("frontEnd=dra", "dra.enabled=true", "devicePlugin.enabled=false")
 
 
-def _sets(*pairs: str) -> list[str]:
-    return [a for p in pairs for a in ("--set", p)]
-
-
-def _render(helm_bin, *pairs: str, args: tuple[str, ...] = ()) -> dict[tuple[str, str], dict]:
-    out = helm_bin(
-        "template", "hami", str(CHART), "--namespace", "gpu", "--kube-version", KUBE_VERSION, *_sets(*pairs), *args
-    ).stdout
-    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
-
-
-def _pod(docs: dict, name: str) -> dict:
-    return docs[("DaemonSet", name)]["spec"]["template"]["spec"]
-
-
-def _pod_labels(docs: dict, name: str) -> dict:
-    return docs[("DaemonSet", name)]["spec"]["template"]["metadata"]["labels"]
-
-
 def _port_names(docs: dict, name: str) -> set[str]:
-    return {p["name"] for c in _pod(docs, name)["containers"] for p in c.get("ports") or ()}
+    return {p["name"] for c in pod_spec(docs, name)["containers"] for p in c.get("ports") or ()}
 
 
 def test_the_dra_monitor_is_a_daemonset_of_its_own_with_its_own_service_account(helm_bin):
-    docs = _render(helm_bin, *DRA)
-    pod = _pod(docs, NAME)
-    assert [c["name"] for c in pod["containers"]] == ["vgpu-monitor"]
-    assert pod["containers"][0]["command"][:2] == ["hami", "monitor"]
-    assert pod["serviceAccountName"] == NAME != _pod(docs, AGENT)["serviceAccountName"]
-    assert ("ServiceAccount", NAME) in docs
-    binding = docs[("ClusterRoleBinding", NAME)]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": "gpu"}]
-    # nothing binds the monitor's ServiceAccount to any other role
-    for (kind, name), d in docs.items():
-        if kind in ("ClusterRoleBinding", "RoleBinding") and name != NAME:
-            assert all(s.get("name") != NAME for s in d.get("subjects") or ()), name
+    assert_own_daemonset_and_account(render(helm_bin, *DRA), NAME, beside=AGENT)
 
 
 def test_each_daemonset_picks_its_own_pods_beside_the_extenders_monitor(helm_bin):
     """With both front ends' agents in one release (on different nodes), the two monitors, the
     agent and the device plugin are four DaemonSets whose selectors never pick another's pods."""
-    docs = _render(helm_bin, "dra.enabled=true")
+    docs = render(helm_bin, "dra.enabled=true")
     daemonsets = {name: d for (kind, name), d in docs.items() if kind == "DaemonSet"}
     assert set(daemonsets) == {"hami-device-plugin", EXTENDER_MONITOR, AGENT, NAME}
     for name, d in daemonsets.items():
         selector = d["spec"]["selector"]["matchLabels"]
-        picked = [n for n, o in daemonsets.items() if selector.items() <= _pod_labels(docs, n).items()]
+        picked = [n for n, o in daemonsets.items() if selector.items() <= pod_labels(docs, n).items()]
         assert picked == [name], (name, picked)
-    assert _pod(docs, NAME)["serviceAccountName"] != _pod(docs, EXTENDER_MONITOR)["serviceAccountName"]
+    assert pod_spec(docs, NAME)["serviceAccountName"] != pod_spec(docs, EXTENDER_MONITOR)["serviceAccountName"]
 
 
 def test_the_dra_monitor_may_only_list_pods_and_the_agent_no_longer_may(helm_bin):
     """Exactly the one call of src/hami/monitor/kube.py (list_pod_for_all_namespaces, which also
     names each claim's users): no write verb, no get or watch, no resourceclaims, nothing else."""
-    docs = _render(helm_bin, *DRA)
-    rules = docs[("ClusterRole", NAME)]["rules"]
-    assert rules == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
-    assert not {v for r in rules for v in r["verbs"]} & WRITE_VERBS
+    docs = render(helm_bin, *DRA)
+    assert_lists_pods_only(docs[("ClusterRole", NAME)]["rules"])
     # the agent reads no pods (src/hami/draplugin): the rule it held for the monitor is gone
     agent = docs[("ClusterRole", AGENT)]["rules"]
     assert not [r for r in agent if "pods" in r["resources"]]
@@ -112,14 +86,14 @@ def test_the_dra_monitor_may_only_list_pods_and_the_agent_no_longer_may(helm_bin
 
 
 def test_the_dra_monitor_is_trusted_by_no_guard(helm_bin):
-    docs = _render(helm_bin, *DRA)
+    docs = render(helm_bin, *DRA)
     guards = [d for (kind, _), d in docs.items() if kind.startswith("ValidatingAdmissionPolicy")]
     assert guards and f"system:serviceaccount:gpu:{NAME}" not in json.dumps(guards)
 
 
 def test_the_dra_agent_pod_has_no_monitor(helm_bin):
-    docs = _render(helm_bin, *DRA, "scheduler.ui.enabled=true")
-    pod = _pod(docs, AGENT)
+    docs = render(helm_bin, *DRA, "scheduler.ui.enabled=true")
+    pod = pod_spec(docs, AGENT)
     assert [c["name"] for c in pod["containers"]] == ["dra"]
     assert not [c for c in pod["containers"] + pod["initContainers"] if c["command"][:2] == ["hami", "monitor"]]
     # nor the monitor's mount or port: the claims' directory and the metrics port left with it
@@ -136,7 +110,7 @@ def test_the_dra_agent_pod_has_no_monitor(helm_bin):
     ],
 )
 def test_no_dra_monitor_objects_when_the_monitor_is_off(helm_bin, sets):
-    docs = _render(helm_bin, *DRA, *sets)
+    docs = render(helm_bin, *DRA, *sets)
     mine = {
         key
         for key, d in docs.items()
@@ -178,10 +152,8 @@ def test_the_dra_monitor_lands_on_the_agents_nodes_with_the_users_values(helm_bi
             },
         },
     }
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    docs = _render(helm_bin, args=("-f", str(path)))
-    ds, agent = docs[("DaemonSet", NAME)], _pod(docs, AGENT)
+    docs = render_values(helm_bin, values, tmp_path)
+    ds, agent = docs[("DaemonSet", NAME)], pod_spec(docs, AGENT)
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     # the agent's pod-level settings, the same on both DaemonSets
@@ -217,58 +189,28 @@ def test_the_dra_monitor_lands_on_the_agents_nodes_with_the_users_values(helm_bi
     ]
     hook = next(v for v in agent["volumes"] if v["name"] == "hook")["hostPath"]["path"]
     assert f"{hook}/claims" == pod["volumes"][0]["hostPath"]["path"]
-    sc = c["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    assert_hardened(c)
 
 
 def test_the_metrics_service_and_service_monitor_select_the_dra_monitors_and_agents_pods(helm_bin):
     """One headless Service <release>-dra-monitor (its name kept): port monitor reaches the
     monitor's pods, port agent-metrics the agent's, each through a named port only one kind of
     pod has. With the extender's agents in the same release it picks none of theirs."""
-    docs = _render(helm_bin, "frontEnd=dra", "dra.enabled=true", "prometheus.enabled=true")
+    docs = render(helm_bin, "frontEnd=dra", "dra.enabled=true", "prometheus.enabled=true")
     svc = docs[("Service", NAME)]
     selector = svc["spec"]["selector"].items()
     assert svc["spec"]["clusterIP"] == "None"
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
     assert ports == {"monitor": (9394, "metrics"), "agent-metrics": (9396, "agent-metrics")}
-    assert selector <= _pod_labels(docs, NAME).items() and selector <= _pod_labels(docs, AGENT).items()
+    assert selector <= pod_labels(docs, NAME).items() and selector <= pod_labels(docs, AGENT).items()
     assert "metrics" in _port_names(docs, NAME) and "metrics" not in _port_names(docs, AGENT)
     assert "agent-metrics" in _port_names(docs, AGENT) and "agent-metrics" not in _port_names(docs, NAME)
     for (kind, name), d in docs.items():
         if kind in ("DaemonSet", "Deployment") and name not in (NAME, AGENT):
             assert not selector <= d["spec"]["template"]["metadata"]["labels"].items(), name
-    sm = docs[("ServiceMonitor", NAME)]
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # the ServiceMonitor picks that Service, and of the chart's Services only that one
+    sm = assert_service_monitor_picks_only(docs, NAME)
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["monitor", "agent-metrics"]
-    # and of the chart's Services only that one
-    for (kind, name), d in docs.items():
-        if kind == "Service" and name != NAME:
-            assert not sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items(), name
-
-
-def _kubeconfig(kube_cluster, token: str, path) -> str:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "c",
-                        "cluster": {
-                            "server": kube_cluster.server,
-                            "certificate-authority-data": kube_cluster.ca_bundle,
-                        },
-                    }
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return str(path)
 
 
 def test_the_dra_monitors_pod_list_works_with_its_role_and_nothing_else_does(
@@ -280,87 +222,22 @@ def test_the_dra_monitors_pod_list_works_with_its_role_and_nothing_else_does(
     patch, an Event) is refused."""
     ns, release = kube_namespace, f"d{uuid.uuid4().hex[:6]}"
     account = f"{release}-hami-dra-monitor"
-    out = helm_bin(
-        "template",
-        release,
-        str(CHART),
-        "--namespace",
-        ns,
-        "--kube-version",
-        KUBE_VERSION,
-        *_sets(*DRA),
-        "--show-only",
-        "templates/monitor/rbac.yaml",
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
-    assert {d["metadata"]["name"] for d in docs} == {account}  # the DRA monitor's alone
-    manifest = yaml.safe_dump_all(docs)
-    node = f"{release}-gpu"
-    pods = f"/api/v1/namespaces/{ns}/pods"
+    rbac = monitor_rbac(helm_bin, release, ns, *DRA)
+    assert {d["metadata"]["name"] for d in rbac} == {account}  # the DRA monitor's alone
     claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-    kube_cluster.kubectl("apply", "-f", "-", input=manifest)
-    try:
-        kube_cluster.create_node(node)
-        made = {}
-        for name, account_name, claim in (("monitor", account, None), ("tenant", "default", "gpu-claim")):
-            spec: dict = {
-                "nodeName": node,
-                "serviceAccountName": account_name,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "c", "image": "busybox"}],
-            }
-            if claim:  # a pod using a claim, as the DRA front end's webhook writes it
-                spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
-                spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-            made[name] = kube_cluster.api(
-                "POST", pods, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-            )
-        token = _pod_token(kube_cluster, ns, account, made["monitor"])
-        kubeconfig = _kubeconfig(kube_cluster, token, tmp_path / "dra-monitor.kubeconfig")
-
-        async def listed() -> dict[str, tuple]:
-            api = await api_client(kubeconfig)
-            try:
-                return {p.name: p.claims for p in (await node_pods(api, node)).values()}
-            finally:
-                await api.close()
-
-        kube_cluster.wait_for(
-            lambda: _bearer(kube_cluster, token, "GET", f"/api/v1/pods?fieldSelector=spec.nodeName={node}")[0] == 200,
-            "the DRA monitor's ClusterRoleBinding in force",
-            timeout=30,
-            interval=0.5,
-        )
-        assert asyncio.run(listed()) == {"monitor": (), "tenant": (("gpu-claim", ("c",)),)}
-
-        def refused(method: str, path: str, body=None, content_type: str = "application/merge-patch+json") -> None:
-            status, answer = _bearer(kube_cluster, token, method, path, body, content_type=content_type)
-            assert status == 403, (method, path, status, answer)
-
-        refused("GET", f"{claims}/gpu-claim")
-        refused("GET", claims)
-        refused("GET", "/apis/resource.k8s.io/v1/resourceslices")
-        refused(
+    kubeconfig = tmp_path / "dra-monitor.kubeconfig"
+    with monitor_on_node(kube_cluster, rbac, ns, release, account, kubeconfig, tenant_claim="gpu-claim") as monitor:
+        assert {p.name: p.claims for p in monitor.listed()} == {"monitor": (), "tenant": (("gpu-claim", ("c",)),)}
+        monitor.refused("GET", f"{claims}/gpu-claim")
+        monitor.refused("GET", claims)
+        monitor.refused("GET", "/apis/resource.k8s.io/v1/resourceslices")
+        monitor.refused(
             "PATCH",
             "/apis/resource.k8s.io/v1/resourceslices/x?fieldManager=m",
             {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "x"}},
             content_type="application/apply-patch+yaml",
         )
-        refused("GET", f"{pods}/tenant")
-        refused("GET", f"/api/v1/pods?watch=true&fieldSelector=spec.nodeName={node}")
-        refused("PATCH", f"{pods}/tenant", {"metadata": {"labels": {"x": "y"}}})
-        refused("DELETE", f"{pods}/tenant")
-        refused("GET", f"/api/v1/nodes/{node}")
-        refused(
-            "POST",
-            f"/api/v1/namespaces/{ns}/events",
-            {"metadata": {"generateName": "m-"}, "involvedObject": {"kind": "Node", "name": node}, "message": "x"},
-            content_type="application/json",
-        )
-        refused("GET", f"/api/v1/namespaces/{ns}/secrets")
-    finally:
-        kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
-        kube_cluster.delete_node(node)
+        monitor.refused_all_but_its_list({"metadata": {"labels": {"x": "y"}}})
 
 
 def test_the_metrics_service_finds_each_port_on_its_own_pods(kube_cluster, helm_bin, kube_namespace):
@@ -368,7 +245,7 @@ def test_the_metrics_service_finds_each_port_on_its_own_pods(kube_cluster, helm_
     <release>-dra-monitor and one pod with each DaemonSet's labels and ports (the monitor's, the
     agent's) on a kwok node; port monitor has the monitor's pod alone, agent-metrics the agent's."""
     ns = kube_namespace
-    docs = _render(helm_bin, *DRA)
+    docs = render(helm_bin, *DRA)
     node = f"m{uuid.uuid4().hex[:6]}-gpu"
     service = docs[("Service", NAME)]
     service["metadata"]["namespace"] = ns

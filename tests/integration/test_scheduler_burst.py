@@ -27,8 +27,8 @@ from ._hami import (
     events,
     gpu_pod,
     make_gpu_node,
-    placed,
     pods,
+    wait_all_allocated,
 )
 
 pytestmark = pytest.mark.integration
@@ -53,22 +53,7 @@ def test_a_burst_of_pods_that_fit_gets_no_failed_scheduling_event(kube_cluster, 
         with PluginStandIn(kube_cluster, nodes=set(names), workers=NODES // 2) as standin:
             with ThreadPoolExecutor(16) as pool:  # created at once, as a Job or a Deployment would
                 list(pool.map(lambda p: kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p), burst))
-            done = kube_cluster.wait_for(
-                lambda: (
-                    lambda ps: (
-                        ps
-                        if len(ps) == PODS
-                        and all(
-                            placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
-                            for p in ps
-                        )
-                        else None
-                    )
-                )(pods(kube_cluster, ns)),
-                f"{PODS} pods placed and allocated",
-                600,
-                interval=2.0,
-            )
+            done = wait_all_allocated(kube_cluster, ns, PODS, 600)
             assert not standin.errors, standin.errors[:5]
         for p in done:
             assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
@@ -131,21 +116,8 @@ def test_the_leader_killed_mid_burst_the_other_replica_places_the_rest_without_d
                 holder.give("replica-b")  # the other pod's kube-scheduler takes the Lease ...
                 kube_cluster.wait_for(lambda: b.answer("/readyz") == (200, "ok: leader"), "replica b leads", 30)
                 kube_cluster.configure_hami_scheduler(SchedulerConfig(extender=b.extender()))  # ... and calls b
-                done = kube_cluster.wait_for(
-                    lambda: (
-                        lambda ps: (
-                            ps
-                            if len(ps) == pods_n
-                            and all(
-                                placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success"
-                                for p in ps
-                            )
-                            else None
-                        )
-                    )(pods(kube_cluster, ns)),
-                    f"{pods_n} pods placed and allocated after the failover",
-                    240,
-                    interval=2.0,
+                done = wait_all_allocated(
+                    kube_cluster, ns, pods_n, 240, f"{pods_n} pods placed and allocated after the failover"
                 )
                 assert not standin.errors, standin.errors[:5]
             for p in done:
