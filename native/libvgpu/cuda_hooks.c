@@ -56,6 +56,9 @@ int vgpu_inited;
     X(cuMemPoolCreate, "cuMemPoolCreate", 11020, 0)                                                \
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)                            \
     X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                                          \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0)                                                \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0)                                    \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0)                                              \
     X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                             \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                                                    \
     X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                                            \
@@ -74,7 +77,8 @@ int vgpu_inited;
 /* Real functions used internally without being hooked. */
 #define CUDA_PLAIN(X)                                                                              \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
-    X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)
+    X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
+    X(cuMemPoolGetAttribute)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -108,7 +112,7 @@ enum { T_DATA = 1, T_ARRAY, T_VMM, T_CTX, T_ASYNC, T_LIMIT, T_LIMIT_BASE };
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
-static ptrmap g_pools;   /* memory pool -> where it allocates (pool_dev) */
+static ptrmap g_pools;   /* memory pool -> where it allocates (pool_dev), its cached memory charged (pool_settle) */
 static ptrmap g_maps;    /* VMM mapping address -> its handle (aux) and size */
 static ptrmap g_limits;  /* context limit records (limit_key): charge (T_LIMIT), first value (T_LIMIT_BASE) */
 /* cuCtxSetLimit against context teardown (destroy, reset, last release): a limit is charged to a
@@ -1032,12 +1036,87 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
  * about). A pool in host memory (location HOST / HOST_NUMA) holds no device memory. */
 #define POOL_HOST (-2) /* also: a device libvgpu does not map (not charged, as elsewhere) */
 
+/* A g_pools entry (made if missing; NULL only if the map cannot grow). g_mu held. */
+static ptrmap_val *pool_entry(CUmemoryPool pool)
+{
+    uint64_t key = (uint64_t)(uintptr_t)pool;
+    ptrmap_val *v = ptrmap_get(&g_pools, key);
+    if (!v) {
+        ptrmap_put(&g_pools, key, (ptrmap_val){.dev = -1});
+        v = ptrmap_get(&g_pools, key);
+    }
+    return v;
+}
+
 static void pool_note(CUmemoryPool pool, int where)
 {
     if (!pool)
         return;
     pthread_mutex_lock(&g_mu);
-    ptrmap_put(&g_pools, (uint64_t)(uintptr_t)pool, (ptrmap_val){.dev = where});
+    ptrmap_val *v = pool_entry(pool);
+    if (v)
+        v->dev = where;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* A pool keeps memory its allocations freed, up to its release threshold
+ * (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; 0 by default: given back at the next synchronization).
+ * That memory is the process's as much as a live allocation is: uncharged, a pool with a high
+ * threshold (TensorFlow's allocator sets it to the pool's size) let a process fill its limit,
+ * free into the pool, and allocate its limit again elsewhere. So each pool's cache -- what the
+ * driver reserves for it above its live allocations, capped at the threshold (what it keeps across
+ * a synchronization) -- is charged without a check (the driver already holds it) and settled after
+ * every call that moves it: an allocation from the pool, a free into it, a trim, a threshold
+ * change; the pool's destruction gives it back. The live allocations are counted here, not read
+ * from the driver (its figure may lag a stream-ordered free). An allocation the cache may serve
+ * first takes its charge from the cache's, so a full container can reuse what its pool keeps.
+ * With the default threshold nothing is charged beyond the live allocations.
+ *
+ * g_pools entry fields: dev = where the pool allocates (pool_dev), owner = bytes of its live
+ * allocations, size = its cache charged, aux = the region device that charge is on. */
+static void pool_live(CUmemoryPool pool, uint64_t add, uint64_t sub)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = pool_entry(pool);
+    if (v)
+        v->owner = add_sat(v->owner > sub ? v->owner - sub : 0, add);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* An allocation of `bytes` about to be made from `pool`: its cache's charge goes first. */
+static void pool_take(CUmemoryPool pool, uint64_t bytes)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(&g_pools, (uint64_t)(uintptr_t)pool);
+    uint64_t dropped = v ? (bytes < v->size ? bytes : v->size) : 0;
+    if (dropped) {
+        v->size -= dropped;
+        vgpu_release((int)v->aux, dropped, VGPU_MEM_DATA);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* Charge `pool`'s cache on region device `reg` as the driver reserves it now. */
+static void pool_settle(CUmemoryPool pool, int reg)
+{
+    cuuint64_t keep = 0, reserved = 0;
+    if (!pool || reg < 0 || !p_cuMemPoolGetAttribute ||
+        p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) != CUDA_SUCCESS ||
+        p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&g_mu); /* the ledger is moved under it: settles of one pool never cross */
+    ptrmap_val *v = pool_entry(pool);
+    if (v) {
+        uint64_t cached = reserved > v->owner ? reserved - v->owner : 0;
+        uint64_t want = cached < keep ? cached : keep, old = v->size;
+        int old_reg = (int)v->aux;
+        v->size = want;
+        v->aux = (uint64_t)reg;
+        if (old && (old_reg != reg || want < old))
+            vgpu_release(old_reg, old_reg == reg ? old - want : old, VGPU_MEM_DATA);
+        if (want && (old_reg != reg || want > old))
+            vgpu_charge(reg, old_reg == reg ? want - old : want, VGPU_MEM_DATA);
+    }
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -1086,7 +1165,8 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 /* Stream-ordered allocations are charged per allocation, at the requested size, on the device
  * of the pool they come from (-1 = the current context's: cuMemAllocAsync). */
-static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUresult (*call)(void *), void *arg)
+static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUresult (*call)(void *),
+                              void *arg)
 {
     if (where == POOL_HOST)
         return call(arg);
@@ -1094,9 +1174,15 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUresul
     if (reg < 0 || !dptr || !size)
         return call(arg);
     uint64_t bytes = round_alloc(size);
+    if (pool)
+        pool_take(pool, bytes);
     CUresult r = CHARGED_CALL(reg, bytes, call(arg));
-    if (r == CUDA_SUCCESS)
-        track(&g_ptrs, *dptr, bytes, reg, T_ASYNC);
+    if (r == CUDA_SUCCESS) {
+        track_aux(&g_ptrs, *dptr, bytes, reg, T_ASYNC, (uint64_t)(uintptr_t)pool);
+        if (pool)
+            pool_live(pool, bytes, 0);
+    }
+    pool_settle(pool, reg);
     return r;
 }
 
@@ -1124,46 +1210,111 @@ static CUresult do_pool(void *a)
 /* Region device of stream `s`: cuMemAllocAsync allocates from the pool current to the stream's
  * device, which need not be the current context's. The default streams follow the current
  * context; another stream's context is asked for its device (pushed, read, popped). */
-static int stream_dev(CUstream s)
+static int stream_dev(CUstream s, CUdevice *cuda_dev)
 {
+    *cuda_dev = -1;
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !p_cuStreamGetCtx ||
-        !p_cuCtxPushCurrent_v2 || !p_cuCtxPopCurrent_v2)
+        !p_cuCtxPushCurrent_v2 || !p_cuCtxPopCurrent_v2) {
+        if (p_cuCtxGetDevice && p_cuCtxGetDevice(cuda_dev) != CUDA_SUCCESS)
+            *cuda_dev = -1;
         return -1;
+    }
     CUcontext ctx = NULL, popped = NULL;
     CUdevice dev;
     if (p_cuStreamGetCtx(s, &ctx) != CUDA_SUCCESS || !ctx || p_cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
         return -1;
     CUresult r = p_cuCtxGetDevice(&dev);
     p_cuCtxPopCurrent_v2(&popped);
-    return r == CUDA_SUCCESS ? vgpu_cuda_dev(dev) : -1;
+    if (r != CUDA_SUCCESS)
+        return -1;
+    *cuda_dev = dev;
+    return vgpu_cuda_dev(dev);
+}
+
+/* The pool cuMemAllocAsync on a stream of CUDA device `cuda_dev` allocates from: the device's
+ * current pool (cuDeviceSetMemPool), or NULL if the driver cannot say. */
+static CUmemoryPool current_pool(CUdevice cuda_dev)
+{
+    CUmemoryPool pool = NULL;
+    if (cuda_dev < 0 || !r_cuDeviceGetMemPool || r_cuDeviceGetMemPool(&pool, cuda_dev) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
+static CUresult alloc_async(CUdeviceptr *d, size_t n, CUstream s, int pt)
+{
+    CUdevice cuda_dev;
+    int where = stream_dev(s, &cuda_dev);
+    async_args a = {d, n, NULL, s, pt};
+    CUmemoryPool pool = current_pool(cuda_dev);
+    pool_note(pool, cuda_dev);
+    return async_charged(d, n, where, pool, do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync, CUDA_ERROR_NOT_INITIALIZED);
-    async_args a = {d, n, NULL, s, 0};
-    return async_charged(d, n, stream_dev(s), do_async, &a);
+    return alloc_async(d, n, s, 0);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s)
 {
     READY_OR(r_cuMemAllocAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
-    async_args a = {d, n, NULL, s, 1};
-    return async_charged(d, n, stream_dev(s), do_async, &a);
+    return alloc_async(d, n, s, 1);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 0};
-    return async_charged(d, n, pool_dev(p), do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, do_pool, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 1};
-    return async_charged(d, n, pool_dev(p), do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, do_pool, &a);
+}
+
+/* Region device a pool's cache is charged on: its location, else the current context's. */
+static int pool_reg(CUmemoryPool pool)
+{
+    int where = pool_dev(pool);
+    return where == POOL_HOST ? -1 : where >= 0 ? where : vgpu_current_dev();
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    READY_OR(r_cuMemPoolTrimTo, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemPoolTrimTo(pool, keep);
+    if (r == CUDA_SUCCESS)
+        pool_settle(pool, pool_reg(pool));
+    return r;
+}
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    READY_OR(r_cuMemPoolSetAttribute, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemPoolSetAttribute(pool, attr, value);
+    if (r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        pool_settle(pool, pool_reg(pool));
+    return r;
+}
+
+/* A destroyed pool gives its cache back (allocations still out stay valid until freed). */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    READY_OR(r_cuMemPoolDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuMemPoolDestroy(pool);
+    if (r == CUDA_SUCCESS && pool) {
+        ptrmap_val v = {0};
+        pthread_mutex_lock(&g_mu);
+        if (ptrmap_del(&g_pools, (uint64_t)(uintptr_t)pool, &v) && v.size)
+            vgpu_release((int)v.aux, v.size, VGPU_MEM_DATA);
+        pthread_mutex_unlock(&g_mu);
+    }
+    return r;
 }
 
 static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
@@ -1178,6 +1329,11 @@ static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync
             vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
         else
             track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
+        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux) {
+            CUmemoryPool pool = (CUmemoryPool)(uintptr_t)v.aux;
+            pool_live(pool, 0, v.size);
+            pool_settle(pool, v.dev); /* what the pool keeps of it */
+        }
     }
     return r;
 }

@@ -135,6 +135,58 @@ print(row)
     assert out == "[[0, 0, 2], 0, 800, 2, 0, 1000]"
 
 
+def test_what_a_pool_keeps_above_its_live_allocations_is_charged(vgpu_env):
+    """A pool with a release threshold keeps what its allocations freed: a process filled its
+    limit from such a pool, freed into it (charged 0), and allocated its limit again with
+    cuMemAlloc, holding twice its limit. The cache is now charged, reusable by the pool's own
+    allocations, and given back by a trim, a lowered threshold or the pool's destruction; with the
+    default threshold (0) nothing is charged beyond the live allocations."""
+    out = run_py(
+        PRELUDE
+        + """
+ctx0 = c.init(0)
+class PoolProps(C.Structure):
+    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
+                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
+THRESHOLD = 4
+def keep(pool, n):
+    c.check(cu.cuMemPoolSetAttribute(pool, THRESHOLD, C.byref(C.c_uint64(n))))
+def from_pool(pool, mib):
+    d = C.c_uint64()
+    return cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(mib << 20), pool, None), d
+pool = C.c_void_p()
+c.check(cu.cuMemPoolCreate(C.byref(pool), C.byref(PoolProps(1, 0, Loc(1, 0), None, 0, 0))))
+keep(pool, 2**64 - 1)
+rc, d = from_pool(pool, 800)
+row = [rc, ledger()]
+row += [cu.cuMemFreeAsync(d, None), ledger()]          # the pool keeps it: still charged
+row.append(c.alloc(800 << 20)[0])                      # was 0: 1600 MiB held under a 1 GiB limit
+rc, d = from_pool(pool, 700)                           # served from the cache: fits
+row += [rc, ledger(), cu.cuMemFreeAsync(d, None), ledger()]
+c.check(cu.cuMemPoolTrimTo(pool, C.c_size_t(0)))
+row.append(ledger())
+rc, big = c.alloc(800 << 20)
+row += [rc, ledger(), c.free(big)]
+rc, d = from_pool(pool, 500)
+row += [rc, cu.cuMemFreeAsync(d, None), ledger()]
+keep(pool, 0)                                          # a lowered threshold gives the cache back
+row.append(ledger())
+rc, d = from_pool(pool, 300)                           # from the 500 the pool still reserves
+keep(pool, 2**64 - 1)
+row += [rc, cu.cuMemFreeAsync(d, None), ledger(), cu.cuMemPoolDestroy(pool), ledger()]
+d = C.c_uint64()                                       # the default pool, default threshold
+row += [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(800 << 20), None), cu.cuMemFreeAsync(d, None), ledger()]
+rc, big = c.alloc(800 << 20)
+row += [rc, ledger(), c.free(big)]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == (
+        "[0, 800, 0, 800, 2, 0, 800, 0, 800, 0, 0, 800, 0, 0, 0, 500, 0, 0, 0, 500, 0, 0, 0, 0, 0, 0, 800, 0]"
+    )
+
+
 def test_async_allocations_are_charged_to_the_streams_device(vgpu_env):
     """cuMemAllocAsync allocates from the pool current to the stream's device: a stream made on
     device 1 charges device 1 while device 0's context is current (it charged device 0, so device
