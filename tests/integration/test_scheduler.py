@@ -20,6 +20,7 @@ from hami.core.codec import decode_pod_devices
 from hami_devkit.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
+    wait_all_allocated,
     ALLOCATED,
     ROOT,
     LeaseHolder,
@@ -503,18 +504,7 @@ def test_kill_scheduler_mid_burst_then_restart(kube_cluster, hami, standin, ns):
             hami.start()
         for p in refused:  # as a client retries a refused create
             _create(kube_cluster, ns, p)
-        done = wait_pods(
-            kube_cluster,
-            ns,
-            lambda ps: (
-                ps
-                if len(ps) == 100
-                and all(placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps)
-                else None
-            ),
-            "100 pods placed after the restart",
-            240,
-        )
+        done = wait_all_allocated(kube_cluster, ns, 100, 240, "100 pods placed after the restart")
         for p in done:
             assert p["metadata"]["annotations"]["hami.io/vgpu-node"] == p["spec"]["nodeName"]
         _check_capacity(done)

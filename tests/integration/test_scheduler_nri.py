@@ -20,6 +20,7 @@ from hami.sim.engine import simulate
 from hami_devkit.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
+    wait_all_allocated,
     NodeLockWatch,
     NriStandIn,
     PluginStandIn,
@@ -29,7 +30,6 @@ from ._hami import (
     gpu_pod,
     make_gpu_node,
     placed,
-    pods,
 )
 
 pytestmark = pytest.mark.integration
@@ -38,22 +38,6 @@ pytestmark = pytest.mark.integration
 def _create_all(cluster, ns: str, burst: list[dict]) -> None:
     with ThreadPoolExecutor(16) as pool:  # created at once, as a Job or a Deployment would
         list(pool.map(lambda p: cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", p), burst))
-
-
-def _all_allocated(cluster, ns: str, n: int) -> list[dict]:
-    return cluster.wait_for(
-        lambda: (
-            lambda ps: (
-                ps
-                if len(ps) == n
-                and all(placed(p) and p["metadata"]["annotations"].get("hami.io/bind-phase") == "success" for p in ps)
-                else None
-            )
-        )(pods(cluster, ns)),
-        f"{n} pods placed and allocated",
-        600,
-        interval=2.0,
-    )
 
 
 def _no_overbooking(done: list[dict], mem: int) -> None:
@@ -87,7 +71,7 @@ def test_a_burst_on_injecting_nodes_takes_no_lock_and_binpack_packs(kube_cluster
         with NodeLockWatch(kube_cluster, f"hami-group={group}") as watch:
             with NriStandIn(kube_cluster, nodes=set(names), workers=n_nodes // 2) as standin:
                 _create_all(kube_cluster, ns, burst)
-                done = _all_allocated(kube_cluster, ns, n_pods)
+                done = wait_all_allocated(kube_cluster, ns, n_pods, 600)
                 assert not standin.errors, standin.errors[:5]
             watch.check_live(names[0])
             assert watch.seen == [], f"node locks written on NRI nodes: {watch.seen[:5]}"
@@ -133,7 +117,7 @@ def test_a_mixed_cluster_keeps_the_lock_on_the_nodes_that_do_not_inject(kube_clu
                 PluginStandIn(kube_cluster, nodes=set(plain), workers=2) as plugin,
             ):
                 _create_all(kube_cluster, ns, burst)
-                done = _all_allocated(kube_cluster, ns, len(burst))
+                done = wait_all_allocated(kube_cluster, ns, len(burst), 600)
                 assert not agent.errors and not plugin.errors, (agent.errors[:5], plugin.errors[:5])
             watch.check_live(plain[0])
         assert watch.nodes_locked() <= set(plain), watch.seen[:5]
