@@ -517,7 +517,7 @@ CASES: dict[str, VendorCase] = {
         {"aws.amazon.com/neuron": 2, "aws.amazon.com/neuroncore": 4},
         {"aws.amazon.com/neuroncore": 1},
         {
-            "hami.io/aws-neuron-devices-allocated": "{node}-awsneuron-0,AWSNeuron,0,1:;",
+            "hami.io/aws-neuron-devices-allocated": "{node}-AWSNeuron-0,AWSNeuron,0,1:;",
             "AWS_NEURON_IDS": "0",
             "NEURON_ALLOC_TIME": "",
             "NEURON_ALLOCATED": "false",

@@ -100,3 +100,20 @@ def test_confirm_ends_a_reservation_without_recounting_and_refuses_a_different_o
     led.remove_pod(written.key)
     assert [u[1:] for u in led.device_usage("a")] == [(0, 0, 0), (0, 0, 0)]
     assert led.namespace_usage("default", "NVIDIA") == (0, 0)
+
+
+def test_rebuild_skips_only_the_vendor_whose_registration_is_unreadable():
+    from hami.config import chart_device_config
+    from hami.vendors import build_vendors
+
+    vendors = build_vendors(chart_device_config())
+    broken = '[{"id":"npu-0","count":4,"devmem":65536.0,"devcore":20,"type":"Ascend910B3"}]'
+    mixed = node_obj("mixed", **{"hami.io/node-register-Ascend910B3": broken})
+    only_npu = {"metadata": {"name": "npu", "annotations": {"hami.io/node-register-Ascend910B3": broken}}}
+    led, warnings = rebuild([mixed, only_npu], [placed("p", "mixed", "GPU-mixed-1,NVIDIA,500,5:;")], vendors)
+    assert led.node_names() == ["mixed"]  # the node of the broken vendor alone has nothing left
+    assert [d.id for d in led.node("mixed").devices] == ["GPU-mixed-0", "GPU-mixed-1"]
+    assert [u[1:] for u in led.device_usage("mixed")] == [(0, 0, 0), (1, 500, 5)]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("skipping the Ascend910B3 devices: node mixed: annotation hami.io/node-register-")
+    assert warnings[1].startswith("skipping node: node npu: annotation hami.io/node-register-Ascend910B3")

@@ -1,10 +1,12 @@
 """``hami simulate`` end to end through the CLI entry point."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
+import hami.sim
 from hami.cli import main
 from hami.core import DeviceInfo, encode_node_devices_json
 
@@ -276,3 +278,17 @@ def test_help_explains_the_inputs_and_exit_status(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for needle in ("hami.io/node-nvidia-register", "deletionTimestamp", "Exit status: 0", "docs/simulate.md"):
         assert needle in out, needle
+
+
+def test_one_vendors_unreadable_registration_skips_only_its_devices(tmp_path, capsys):
+    """As the scheduler (HAMi's RegisterFromNodeAnnotations): a node whose Ascend registration
+    does not parse keeps its GPUs; the warning names the vendor (the whole node was skipped)."""
+    mixed = node_doc("mixed")
+    mixed["metadata"]["annotations"]["hami.io/node-register-Ascend910B3"] = "[{oops"
+    nodes = write(tmp_path, "nodes.yaml", [mixed])
+    pods = write(tmp_path, "pods.yaml", [pod_doc("a", {"nvidia.com/gpu": 1})])
+    cfg = Path(hami.sim.__file__).parent / "examples" / "mixed-device-config.yaml"  # Ascend on
+    code, out, err = sim(capsys, "--nodes", nodes, "--pods", pods, "--config", str(cfg), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["pods"][0]["node"] == "mixed"
+    assert "warning: skipping the Ascend910B3 devices of node mixed: node mixed: annotation" in err

@@ -150,6 +150,27 @@ def test_hami_core_anywhere_when_globally_enabled():
     assert r.node == "n"
 
 
+def test_the_nodes_hami_vnpu_core_annotation_overrides_the_global_flag():
+    """HAMi (pkg/device/ascend TestVNPUModeConfig): the node's ``hami-vnpu-core`` decides, the
+    global ``vnpus.hamiVnpuCore`` only when the node has none. The Ascend device plugin writes
+    ``"true"`` or ``"false"`` on every registration (internal/server/register.go registerHAMi)."""
+    soft_pod = pod("soft", [ctr(limits={B3: 1, B3MEM: 3000, B3CORE: 30})], {"huawei.com/vnpu-mode": "hami-core"})
+    for everywhere in (False, True):
+        cfg = config(chart_device_config().model_copy(update={"vnpus": VnpusConfig(hamiVnpuCore=everywhere)}))
+        for value, soft in (("true", True), ("false", False), ("TRUE", True), (None, everywhere)):
+            n = ascend_node("n", [npu(0), npu(1)])
+            if value is not None:
+                n["metadata"]["annotations"]["hami-vnpu-core"] = value
+            case = f"hamiVnpuCore={everywhere}, hami-vnpu-core={value!r}"
+            r = one([n], soft_pod, cfg)
+            if soft:
+                assert r.node == "n", case
+            else:
+                assert r.node is None and r.reasons() == {"n": "2/2 ModeNotFit"}, case
+            vendor = next(v for v in cfg.vendors if v.name == "Ascend910B3")
+            assert {d.mode for d in vendor.node_devices(n)} == {"hami-core" if soft else ""}, case
+
+
 @pytest.mark.parametrize(
     "name,nodes,p,reason",
     [

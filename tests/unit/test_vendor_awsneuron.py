@@ -1,21 +1,43 @@
-"""AWS Neuron: whole devices or single NeuronCores, from node capacity."""
+"""AWS Neuron: whole devices or single NeuronCores, from node capacity.
+
+Formats as HAMi's ``pkg/device/awsneuron`` writes them: device IDs ``<node>-AWSNeuron-<i>``,
+``devcore`` and every grant's cores are NeuronCore bitmasks (bit n = core n of the device),
+``AWS_NEURON_IDS`` lists the set bits as ``index x cores + n`` for core requests (device indexes
+for ``aws.amazon.com/neuron``), ``NEURON_ALLOC_TIME`` is unix nanoseconds."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
 
+from hami.core import decode_pod_devices, rebuild, schedule_pod
 from hami.core.errors import RequestError
 
 from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
 
 CFG = config()
 DEV, CORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
+ALLOCATED = "hami.io/aws-neuron-devices-allocated"
+NEURON = next(v for v in CFG.vendors if v.name == "AWSNeuron")
 
 
-def inf_node(name: str = "inf", devices: int = 2) -> dict:
-    return node(name, capacity={DEV: devices, CORE: 2 * devices})
+def inf_node(name: str = "inf", devices: int = 2, cores: int = 2) -> dict:
+    return node(name, capacity={DEV: devices, CORE: cores * devices})
+
+
+def running(p: dict, node_name: str, annotations: dict[str, str]) -> dict:
+    """``p`` (admitted) as a running pod on ``node_name`` carrying ``annotations``."""
+    q = admit(copy.deepcopy(p), CFG)
+    q["metadata"]["annotations"].update({"hami.io/vgpu-node": node_name, **annotations})
+    q["spec"]["nodeName"] = node_name
+    q["status"] = {"phase": "Running"}
+    return q
+
+
+def core_pod(name: str) -> dict:
+    return pod(name, [ctr(limits={CORE: 1})])
 
 
 @pytest.mark.parametrize(
@@ -31,11 +53,23 @@ def test_admission_rejects(limits, message):
 
 
 @pytest.mark.parametrize(
+    "cores,mask",
+    [(1, 0b1), (2, 0b11), (4, 0b1111), (8, 0b1111)],  # HAMi addresses at most 4 cores of a device
+)
+def test_devices_as_hami_registers_them(cores, mask):
+    devices = NEURON.node_devices(inf_node("n1", devices=2, cores=cores))
+    assert [(d.id, d.index, d.count, d.devcore, d.devmem, d.type) for d in devices] == [
+        ("n1-AWSNeuron-0", 0, cores, mask, 0, "AWSNeuron"),
+        ("n1-AWSNeuron-1", 1, cores, mask, 0, "AWSNeuron"),
+    ]
+
+
+@pytest.mark.parametrize(
     "limits,allocated,ids,kind",
     [
-        ({DEV: 1}, "inf-awsneuron-0,AWSNeuron,0,2:;", "0", "neuron"),
-        ({CORE: 4}, "inf-awsneuron-0,AWSNeuron,0,2:inf-awsneuron-1,AWSNeuron,0,2:;", "0,1", "neuron"),
-        ({CORE: 1}, "inf-awsneuron-0,AWSNeuron,0,1:;", "0", "neuroncore"),
+        ({DEV: 1}, "inf-AWSNeuron-0,AWSNeuron,0,3:;", "0", "neuron"),
+        ({CORE: 4}, "inf-AWSNeuron-0,AWSNeuron,0,3:inf-AWSNeuron-1,AWSNeuron,0,3:;", "0,1,2,3", "neuroncore"),
+        ({CORE: 1}, "inf-AWSNeuron-0,AWSNeuron,0,1:;", "0", "neuroncore"),
     ],
 )
 def test_annotations_exact(limits, allocated, ids, kind):
@@ -43,9 +77,9 @@ def test_annotations_exact(limits, allocated, ids, kind):
     assert r.annotations == {
         "hami.io/vgpu-node": "inf",
         "hami.io/vgpu-time": str(int(NOW)),
-        "hami.io/aws-neuron-devices-allocated": allocated,
+        ALLOCATED: allocated,
         "AWS_NEURON_IDS": ids,
-        "NEURON_ALLOC_TIME": str(int(NOW)),
+        "NEURON_ALLOC_TIME": str(int(NOW) * 1_000_000_000),  # unix nanoseconds, as HAMi
         "NEURON_ALLOCATED": "false",
         "NEURON_RESOURCE_TYPE": kind,
         "aws.amazon.com/predicate-node": "inf",
@@ -58,8 +92,98 @@ def test_second_core_of_a_device():
         pod("b", [ctr(limits={CORE: 1})], {"hami.io/gpu-scheduler-policy": "binpack"}),
     ]
     results = place([inf_node()], pods)
-    assert results[1].annotations["hami.io/aws-neuron-devices-allocated"] == "inf-awsneuron-0,AWSNeuron,0,1:;"
+    assert results[1].annotations[ALLOCATED] == "inf-AWSNeuron-0,AWSNeuron,0,2:;"  # bit 1 = core 1
     assert results[1].annotations["AWS_NEURON_IDS"] == "1"
+
+
+def test_a_freed_core_is_handed_out_not_a_held_one():
+    """Pods a (core 0) and b (core 1); a ends and the scheduler rebuilds from b alone: the next pod
+    gets core 0, the free one (it got core 1 again when grants counted cores instead of naming them)."""
+    n = inf_node(devices=1)
+    a, b = core_pod("a"), core_pod("b")
+    ra, rb = place([n], [a, b])
+    assert (ra.annotations["AWS_NEURON_IDS"], rb.annotations["AWS_NEURON_IDS"]) == ("0", "1")
+    rc = place([n], [core_pod("c")], placed=[running(b, "inf", rb.annotations)])[0]
+    assert rc.annotations[ALLOCATED] == "inf-AWSNeuron-0,AWSNeuron,0,1:;"
+    assert rc.annotations["AWS_NEURON_IDS"] == "0"
+    r3 = place([n], [core_pod("d")], placed=[running(b, "inf", rb.annotations), running(a, "inf", rc.annotations)])[0]
+    assert r3.reasons() == {"inf": "1/1 CardTimeSlicingExhausted"}
+
+
+@pytest.mark.parametrize(
+    "held,limits,expected",
+    [
+        # HAMi's spelling and masks: a whole device (mask 3) leaves nothing
+        ("n1-AWSNeuron-0,AWSNeuron,0,3:;", {DEV: 1}, None),
+        ("n1-AWSNeuron-0,AWSNeuron,0,3:;", {CORE: 1}, None),
+        # core 1 held (mask 2): the next core request gets core 0 (mask 1)
+        ("n1-AWSNeuron-0,AWSNeuron,0,2:;", {CORE: 1}, ("n1-AWSNeuron-0,AWSNeuron,0,1:;", "0")),
+    ],
+)
+def test_a_pod_hami_placed_is_counted(held, limits, expected):
+    n = inf_node("n1", devices=1)
+    placed = running(pod("old", [ctr(limits=limits)]), "n1", {ALLOCATED: held})
+    r = place([n], [pod("new", [ctr(limits=limits)])], placed=[placed])[0]
+    got = (r.annotations[ALLOCATED], r.annotations["AWS_NEURON_IDS"]) if r.node else None
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "text,annotations,expected",
+    [
+        # our earlier releases: whole devices recorded their core count, single cores 1 and named
+        # the core in AWS_NEURON_IDS (index x cores + n)
+        ("inf-awsneuron-1,AWSNeuron,0,2:;", {}, "inf-AWSNeuron-1,AWSNeuron,0,3:;"),
+        ("inf-awsneuron-0,AWSNeuron,0,4:;", {}, "inf-AWSNeuron-0,AWSNeuron,0,15:;"),
+        (
+            "inf-awsneuron-0,AWSNeuron,0,1:;",
+            {"AWS_NEURON_IDS": "1", "NEURON_RESOURCE_TYPE": "neuroncore"},
+            "inf-AWSNeuron-0,AWSNeuron,0,2:;",
+        ),
+        (
+            "inf-awsneuron-1,AWSNeuron,0,1:;",
+            {"AWS_NEURON_IDS": "3", "NEURON_RESOURCE_TYPE": "neuroncore"},
+            "inf-AWSNeuron-1,AWSNeuron,0,2:;",
+        ),
+        (
+            "inf-awsneuron-1,AWSNeuron,0,1:;",
+            {"AWS_NEURON_IDS": "6", "NEURON_RESOURCE_TYPE": "neuroncore"},  # a 4-core device, core 2
+            "inf-AWSNeuron-1,AWSNeuron,0,4:;",
+        ),
+        (
+            "inf-awsneuron-0,AWSNeuron,0,1:;inf-awsneuron-0,AWSNeuron,0,1:;",
+            {"AWS_NEURON_IDS": "0,1", "NEURON_RESOURCE_TYPE": "neuroncore"},
+            "inf-AWSNeuron-0,AWSNeuron,0,1:;inf-AWSNeuron-0,AWSNeuron,0,2:;",
+        ),
+        # HAMi's spelling is read as it is
+        ("inf-AWSNeuron-0,AWSNeuron,0,2:;", {"AWS_NEURON_IDS": "1"}, "inf-AWSNeuron-0,AWSNeuron,0,2:;"),
+    ],
+)
+def test_legacy_allocations_read_as_hami_writes_them(text, annotations, expected):
+    got = NEURON.read_allocation(decode_pod_devices(text), {ALLOCATED: text, **annotations})
+    assert [[(cd.uuid, cd.usedcores) for cd in c] for c in got] == [
+        [(cd.uuid, cd.usedcores) for cd in c] for c in decode_pod_devices(expected)
+    ]
+
+
+def test_pods_our_earlier_releases_placed_still_count():
+    """After an upgrade from our previous release, its pods (IDs ``<node>-awsneuron-<i>``, cores
+    counted) hold the same devices and cores: no double booking."""
+    n = inf_node("n1", devices=2)
+    whole = running(pod("w", [ctr(limits={DEV: 1})]), "n1", {ALLOCATED: "n1-awsneuron-1,AWSNeuron,0,2:;"})
+    core1 = running(
+        core_pod("c1"),
+        "n1",
+        {ALLOCATED: "n1-awsneuron-0,AWSNeuron,0,1:;", "AWS_NEURON_IDS": "1", "NEURON_RESOURCE_TYPE": "neuroncore"},
+    )
+    ledger, warnings = rebuild([n], [whole, core1], CFG.vendors)
+    assert not warnings
+    usage = {d.id: (used, cores) for d, used, _, cores in ledger.device_usage("n1")}
+    assert usage == {"n1-AWSNeuron-0": (1, 0b10), "n1-AWSNeuron-1": (1, 0b11)}
+    r = schedule_pod(admit(core_pod("new"), CFG), None, ledger, CFG, NOW)
+    assert (r.annotations[ALLOCATED], r.annotations["AWS_NEURON_IDS"]) == ("n1-AWSNeuron-0,AWSNeuron,0,1:;", "0")
+    r = schedule_pod(admit(core_pod("more"), CFG), None, ledger, CFG, NOW)
+    assert r.node is None
 
 
 @pytest.mark.parametrize(

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
 import pytest
 
+from hami.core import decode_pod_devices, rebuild, schedule_pod
 from hami.core.errors import RequestError
 
 from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
 
 CFG = config()
 DRS, GMEM, GCORE, GCU = "enflame.com/drs-gcu", "enflame.com/gcu-memory", "enflame.com/gcu-core", "enflame.com/gcu"
+GCU_ALLOCATED, GCU_TO_ALLOCATE = "hami.io/enflame-gcu-devices-allocated", "hami.io/enflame-gcu-devices-to-allocate"
+WHOLE = next(v for v in CFG.vendors if v.name == "GCU")
+
 PROFILES = {"1g.8gb": 11, "2g.16gb": 12, "3g.24gb": 13, "6g.48gb": 16}
 
 
@@ -83,7 +88,60 @@ def test_slices_run_out():
 def test_whole_gcu():
     n = node("w", capacity={GCU: 2})
     results = place([n], [pod(f"p{i}", [ctr(limits={GCU: 1})]) for i in range(3)])
-    assert results[0].annotations["hami.io/enflame-gcu-devices-allocated"] == "w-enflame-gcu-0,GCU,0,100:;"
-    assert results[0].annotations["hami.io/enflame-gcu-devices-to-allocate"] == "w-enflame-gcu-0,GCU,0,100:;"
-    assert results[1].annotations["hami.io/enflame-gcu-devices-allocated"] == "w-enflame-gcu-1,GCU,0,100:;"
+    assert results[0].annotations[GCU_ALLOCATED] == "w-GCU-0,GCU,100,100:;"
+    assert results[0].annotations[GCU_TO_ALLOCATE] == "w-GCU-0,GCU,100,100:;"
+    assert results[1].annotations[GCU_ALLOCATED] == "w-GCU-1,GCU,100,100:;"
     assert results[2].reasons() == {"w": "2/2 CardTimeSlicingExhausted"}
+
+
+def test_whole_gcus_as_hami_registers_them():
+    devices = WHOLE.node_devices(node("n1", capacity={GCU: 2}))
+    assert [(d.id, d.index, d.count, d.devmem, d.devcore, d.type) for d in devices] == [
+        ("n1-GCU-0", 0, 1, 100, 100, "GCU"),
+        ("n1-GCU-1", 1, 1, 100, 100, "GCU"),
+    ]
+
+
+def running(p: dict, node_name: str, annotations: dict[str, str]) -> dict:
+    q = admit(copy.deepcopy(p), CFG)
+    q["metadata"]["annotations"].update({"hami.io/vgpu-node": node_name, **annotations})
+    q["spec"]["nodeName"] = node_name
+    q["status"] = {"phase": "Running"}
+    return q
+
+
+def test_a_gcu_hami_placed_is_counted():
+    """A running pod HAMi placed holds ``n1-GCU-0`` (HAMi's ID): the only GCU is taken."""
+    held = "n1-GCU-0,GCU,100,100:;"
+    placed = running(pod("old", [ctr(limits={GCU: 1})]), "n1", {GCU_ALLOCATED: held, GCU_TO_ALLOCATE: held})
+    r = place([node("n1", capacity={GCU: 1})], [pod("new", [ctr(limits={GCU: 1})])], placed=[placed])[0]
+    assert r.node is None and r.reasons() == {"n1": "1/1 CardTimeSlicingExhausted"}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("n1-enflame-gcu-1,GCU,0,100:;", "n1-GCU-1,GCU,100,100:;"),  # our earlier releases
+        ("n1-GCU-0,GCU,100,100:;", "n1-GCU-0,GCU,100,100:;"),  # HAMi's spelling, read as it is
+        (";n1-enflame-gcu-0,GCU,0,100:n1-enflame-gcu-1,GCU,0,100:;", ";n1-GCU-0,GCU,100,100:n1-GCU-1,GCU,100,100:;"),
+    ],
+)
+def test_legacy_gcu_allocations_read_as_hami_writes_them(text, expected):
+    assert WHOLE.read_allocation(decode_pod_devices(text), {GCU_ALLOCATED: text}) == decode_pod_devices(expected)
+
+
+def test_gcu_pods_our_earlier_releases_placed_still_count():
+    """After an upgrade from our previous release, its pods (IDs ``<node>-enflame-gcu-<i>``) hold
+    their GCUs: no double booking."""
+    held = "n1-enflame-gcu-0,GCU,0,100:;"
+    placed = running(pod("old", [ctr(limits={GCU: 1})]), "n1", {GCU_ALLOCATED: held, GCU_TO_ALLOCATE: held})
+    ledger, warnings = rebuild([node("n1", capacity={GCU: 2})], [placed], CFG.vendors)
+    assert not warnings
+    assert [(d.id, used, mem) for d, used, mem, _ in ledger.device_usage("n1")] == [
+        ("n1-GCU-0", 1, 100),
+        ("n1-GCU-1", 0, 0),
+    ]
+    r = schedule_pod(admit(pod("new", [ctr(limits={GCU: 1})]), CFG), None, ledger, CFG, NOW)
+    assert r.annotations[GCU_ALLOCATED] == "n1-GCU-1,GCU,100,100:;"
+    r = schedule_pod(admit(pod("more", [ctr(limits={GCU: 1})]), CFG), None, ledger, CFG, NOW)
+    assert r.node is None

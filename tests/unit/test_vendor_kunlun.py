@@ -128,3 +128,49 @@ def test_fragmentation_node_score(policy, winner):
     base = {"a-filling": 2000.0, "b-empty": 1000.0}
     generic = {n: r.scores[n] - base[n] for n in r.scores}
     assert all(0 <= g < 100 for g in generic.values()), r.scores
+
+
+def one_card_vxpu_node(name: str = "vx", cards: int = 1) -> dict:
+    devs = [
+        {"id": f"xpu-{i}", "index": i, "count": 4, "devmem": 98304, "devcore": 100, "type": "P800", "health": True}
+        for i in range(cards)
+    ]
+    return node(name, {"hami.io/node-register-xpu": json.dumps(devs)})
+
+
+def vxpu_pod(name: str, mib: int, annotations: dict | None = None) -> dict:
+    return pod(name, [ctr(limits={VXPU: 1, VMEM: mib})], annotations)
+
+
+@pytest.mark.parametrize(
+    "cards,second,expected",
+    [
+        # HAMi FitVXPU: a card holding vXPUs takes only vXPUs of the same size (Usedmem / Used == Memreq)
+        (1, 49152, "1/1 CardNotFoundCustomFilterRule"),  # memory and cores would allow it
+        (2, 49152, "xpu-1,XPU,49152,50:;"),  # the half goes to the empty card, binpack or not
+        (1, 24576, "xpu-0,XPU,24576,25:;"),  # the same size stacks
+    ],
+)
+def test_vxpu_card_takes_one_size_only(cards, second, expected):
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}  # would put it beside the quarter
+    first, then = place(
+        [one_card_vxpu_node(cards=cards)], [vxpu_pod("quarter", 24576), vxpu_pod("next", second, binpack)]
+    )
+    assert first.annotations["hami.io/xpu-devices-allocated"] == "xpu-0,XPU,24576,25:;"
+    if then.node is None:
+        assert then.reasons() == {"vx": expected}
+    else:
+        assert then.annotations["hami.io/xpu-devices-allocated"] == expected
+
+
+def test_vxpu_size_rule_reads_running_pods():
+    # a running pod holding a half (placed before the rule, or by HAMi) keeps quarters off its card
+    running = vxpu_pod("old", 49152)
+    running["metadata"]["annotations"].update(
+        {"hami.io/vgpu-node": "vx", "hami.io/xpu-devices-allocated": "xpu-0,XPU,49152,50:;"}
+    )
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+    r = place([one_card_vxpu_node(cards=2)], [vxpu_pod("p", 24576, binpack)], placed=[running])[0]
+    assert r.annotations["hami.io/xpu-devices-allocated"] == "xpu-1,XPU,24576,25:;"
+    r = place([one_card_vxpu_node(cards=1)], [vxpu_pod("p", 24576)], placed=[running])[0]
+    assert r.reasons() == {"vx": "1/1 CardNotFoundCustomFilterRule"}

@@ -8,11 +8,14 @@ import re
 import pytest
 
 from hami.core import rebuild
+from hami.core.codec import decode_pod_devices
 from hami.core.errors import RequestError
 
 from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
 
 CFG = config()
+MX_GPU = next(v for v in CFG.vendors if v.name == "Metax-GPU")
+
 GPU = "metax-tech.com/gpu"
 SGPU, VMEM, VCORE = "metax-tech.com/sgpu", "metax-tech.com/vmemory", "metax-tech.com/vcore"
 
@@ -55,7 +58,7 @@ def sgpu_node(name: str, devices: list[dict]) -> dict:
 
 def test_whole_cards_exact_annotations():
     r = one([gpu_node("mx")], pod("p", [ctr(limits={GPU: 2})]))
-    value = "mx-metax-gpu-0,Metax-GPU,65536,100:mx-metax-gpu-1,Metax-GPU,65536,100:;"
+    value = "mx-metax-0,Metax-GPU,65536,100:mx-metax-1,Metax-GPU,65536,100:;"  # IDs as HAMi's GetNodeDevices
     assert r.annotations == {
         "hami.io/vgpu-node": "mx",
         "hami.io/vgpu-time": str(int(NOW)),
@@ -67,6 +70,53 @@ def test_whole_cards_exact_annotations():
 def test_a_card_is_never_shared():
     results = place([gpu_node("mx", cards=1)], [pod("a", [ctr(limits={GPU: 1})]), pod("b", [ctr(limits={GPU: 1})])])
     assert results[1].reasons() == {"mx": "1/1 CardTimeSlicingExhausted"}
+
+
+def running_gpu_pod(node_name: str, allocated: str) -> dict:
+    p = pod("running", [ctr(limits={GPU: 1})])
+    p["metadata"]["annotations"].update(
+        {"hami.io/vgpu-node": node_name, "hami.io/metax-gpu-devices-allocated": allocated}
+    )
+    p["spec"]["nodeName"] = node_name
+    p["status"] = {"phase": "Running"}
+    return p
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        "n1-metax-0,Metax-GPU,65536,100:;",  # placed by HAMi (or by this release)
+        pytest.param("n1-metax-gpu-0,Metax-GPU,65536,100:;"),  # by our earlier releases
+    ],
+)
+def test_running_pods_keep_their_cards(held):
+    running = running_gpu_pod("n1", held)
+    ledger, warnings = rebuild([gpu_node("n1", cards=2)], [running], CFG.vendors)
+    assert not warnings
+    assert [(d.id, used) for d, used, _, _ in ledger.device_usage("n1")] == [("n1-metax-0", 1), ("n1-metax-1", 0)]
+    r = place([gpu_node("n1", cards=1)], [pod("new", [ctr(limits={GPU: 1})])], placed=[running])[0]
+    assert r.reasons() == {"n1": "1/1 CardTimeSlicingExhausted"}  # no double booking
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("n1-metax-gpu-1,Metax-GPU,65536,100:;", "n1-metax-1,Metax-GPU,65536,100:;"),
+        # only the card part of the ID is ours: a node name may hold anything
+        (
+            "a-metax-gpu-1-metax-gpu-0,Metax-GPU,65536,100:a-metax-gpu-1-metax-gpu-3,Metax-GPU,65536,100:;",
+            "a-metax-gpu-1-metax-0,Metax-GPU,65536,100:a-metax-gpu-1-metax-3,Metax-GPU,65536,100:;",
+        ),
+        (  # containers of both spellings, an empty one between
+            "n1-metax-0,Metax-GPU,65536,100:;;n1-metax-gpu-2,Metax-GPU,65536,100:;",
+            "n1-metax-0,Metax-GPU,65536,100:;;n1-metax-2,Metax-GPU,65536,100:;",
+        ),
+        ("n1-metax-0,Metax-GPU,65536,100:;", "n1-metax-0,Metax-GPU,65536,100:;"),  # today's IDs: unchanged
+    ],
+)
+def test_legacy_card_ids_read_as_hami_spells_them(text, expected):
+    got = MX_GPU.read_allocation(decode_pod_devices(text), {"hami.io/metax-gpu-devices-allocated": text})
+    assert got == decode_pod_devices(expected)
 
 
 @pytest.mark.parametrize(
@@ -126,8 +176,12 @@ def test_sgpu_admission_defaults():
     [
         ({}, {SGPU: 1, VMEM: 4, VCORE: 30}, "sgpu-0,Metax-SGPU,4096,30:;"),  # plain number: GiB
         ({}, {SGPU: 1, VMEM: "2Gi"}, "sgpu-0,Metax-SGPU,2048,100:;"),  # with a unit: bytes
-        ({"metax-tech.com/sgpu-qos-policy": "fixed-share"}, {SGPU: 1, VMEM: 1}, "sgpu-1,Metax-SGPU,1024,100:;"),
-        ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1}, "1/3 CardNotHealth, 2/3 CardQosPolicyMismatch"),
+        # vcore 100 (the default) asks for the whole sGPU: HAMi's checkDeviceQos lets it onto a device
+        # of any qosPolicy (the first device here is best-effort)
+        ({"metax-tech.com/sgpu-qos-policy": "fixed-share"}, {SGPU: 1, VMEM: 1}, "sgpu-0,Metax-SGPU,1024,100:;"),
+        ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1}, "sgpu-0,Metax-SGPU,65536,100:;"),
+        ({}, {SGPU: 2, VMEM: 1, VCORE: 100}, "sgpu-0,Metax-SGPU,1024,100:sgpu-1,Metax-SGPU,1024,100:;"),
+        ({}, {SGPU: 3}, "1/3 CardNotHealth, 2/3 AllocatedCardsInsufficientRequest"),
     ],
 )
 def test_sgpu_fit_table(annotations, limits, expected):
@@ -148,7 +202,7 @@ def test_sgpu_annotations_exact():
         "hami.io/metax-sgpu-devices-allocated": "sgpu-0,Metax-SGPU,4096,30:;;",
         "hami.io/metax-sgpu-devices-to-allocate": "sgpu-0,Metax-SGPU,4096,30:;;",
         "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"sgpu-0","compute":30,"vRam":4096}],[]]',
-        "metax-tech.com/predicate-time": str(int(NOW)),
+        "metax-tech.com/predicate-time": str(int(NOW) * 1_000_000_000),  # unix nanoseconds (HAMi UnixNano)
     }
 
 
@@ -166,6 +220,64 @@ def test_sgpu_policy_neutral_score(policy, winner):
     )[0]
     assert r.node == winner
     assert r.scores["busy"] - r.scores["idle"] == pytest.approx(5000.0, abs=20)  # 10000 x (60% - 10%) + base
+
+
+def holding(name: str, node_name: str, allocated: str, annotations: dict | None = None) -> dict:
+    """A running pod that holds ``allocated`` (its hami.io/metax-sgpu-devices-allocated) on ``node_name``."""
+    p = pod(name, [ctr(limits={SGPU: 1})], annotations)
+    p["metadata"]["annotations"].update(
+        {"hami.io/vgpu-node": node_name, "hami.io/metax-sgpu-devices-allocated": allocated}
+    )
+    p["spec"]["nodeName"] = node_name
+    p["status"] = {"phase": "Running"}
+    return p
+
+
+@pytest.mark.parametrize(
+    "annotations,limits,expected",
+    [
+        # HAMi checkDeviceQos: a request for the whole sGPU (vcore 100, the default) skips the QoS
+        # check, on an idle device of another policy ...
+        ({}, {SGPU: 1}, "sgpu-0,Metax-SGPU,65536,100:;"),
+        ({"metax-tech.com/sgpu-qos-policy": "burst-share"}, {SGPU: 1, VMEM: 4}, "sgpu-0,Metax-SGPU,4096,100:;"),
+    ],
+)
+def test_sgpu_exclusive_request_skips_qos_check(annotations, limits, expected):
+    r = one([sgpu_node("sg", [sgpu("sgpu-0", "fixed-share")])], pod("p", [ctr(limits=limits)], annotations))
+    assert r.annotations["hami.io/metax-sgpu-devices-allocated"] == expected
+
+
+@pytest.mark.parametrize(
+    "limits,expected",
+    [
+        # ... and on a device in use it meets the capacity rules (here the sharer's 30% of the
+        # compute), not the QoS one
+        ({SGPU: 1, VMEM: 4}, "1/1 CardInsufficientCore"),
+        ({SGPU: 1, VMEM: 4, VCORE: 20}, "1/1 CardQosPolicyMismatch"),  # a share still checks the policy
+    ],
+)
+def test_sgpu_qos_on_a_device_in_use(limits, expected):
+    sharer = holding("old", "sg", "sgpu-0,Metax-SGPU,4096,30:;", {"metax-tech.com/sgpu-qos-policy": "best-effort"})
+    r = place(
+        [sgpu_node("sg", [sgpu("sgpu-0", "best-effort")])],
+        [pod("p", [ctr(limits=limits)], {"metax-tech.com/sgpu-qos-policy": "fixed-share"})],
+        placed=[sharer],
+    )[0]
+    assert r.reasons() == {"sg": expected}
+
+
+def test_sgpu_predicate_time_is_unix_nanoseconds():
+    r = one([sgpu_node("sg", [sgpu("sgpu-0")])], pod("p", [ctr(limits={SGPU: 1, VMEM: 4, VCORE: 30})]))
+    assert r.annotations["metax-tech.com/predicate-time"] == str(int(NOW) * 1_000_000_000)  # HAMi: UnixNano
+
+
+def test_sgpu_idle_device_takes_any_qos():
+    # HAMi checkDeviceQos: a device nobody uses (Used == 0) switches to any policy
+    r = one(
+        [sgpu_node("sg", [sgpu("sgpu-0", "fixed-share")])],
+        pod("be", [ctr(limits={SGPU: 1, VMEM: 4, VCORE: 30})]),  # best-effort by admission
+    )
+    assert r.annotations["hami.io/metax-sgpu-devices-allocated"] == "sgpu-0,Metax-SGPU,4096,30:;"
 
 
 def test_health_rules():

@@ -244,6 +244,8 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     for i in ranked:
         d = devices[i]
         bad = static_reason(view, plan, d)
+        if bad is None:
+            bad = plan.vendor.usage_filter(d, plan.req, plan.sel, view.used[i])
         if bad is not None:
             reasons.add(bad, d.id)
             continue
@@ -317,11 +319,14 @@ def _granted(
     device plus those placed for this container's earlier picks (HAMi ``AddResourceUsage``)."""
     out = []
     extra: dict[int, tuple[Slice, ...]] = {}
+    cores: dict[int, int] = {}  # cores of this container's earlier picks, per device position
     for j, m in chosen:
         d = view.devices[j]
-        cd = vendor.place(d, vendor.grant(d, req, m), view.slices.get(j, ()) + extra.get(j, ()))
+        granted = vendor.grant_on(d, req, m, view.usedcores[j] + cores.get(j, 0))
+        cd = vendor.place(d, granted, view.slices.get(j, ()) + extra.get(j, ()))
         if cd.slice is not None:
             extra[j] = extra.get(j, ()) + (cd.slice,)
+        cores[j] = cores.get(j, 0) + cd.usedcores
         out.append(cd)
     return tuple(out)
 

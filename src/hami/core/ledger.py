@@ -723,7 +723,25 @@ def _min_limit(quotas: Mapping[str, Mapping[str, int]], resource: str) -> int | 
 def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) -> NodeDevices:
     """A Node dict -> :class:`NodeDevices` (every vendor's registration). Raises CodecError,
     whatever is wrong: a field of the wrong type, an annotation that does not parse, or a vendor
-    parser failing in any other way (a registration that cannot be read is a malformed one)."""
+    parser failing in any other way (a registration that cannot be read is a malformed one).
+    The strict reading (``hami simulate``, the decoders' tests); the scheduler reads a node with
+    :func:`read_node_devices`, which leaves out the unreadable vendors only."""
+    devices, errors = read_node_devices(node, vendors)
+    if errors:
+        raise CodecError(next(iter(errors.values())))
+    return devices
+
+
+def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[NodeDevices, dict[str, str]]:
+    """A Node dict -> ``(its devices, {vendor: why its registration was left out})``.
+
+    As HAMi's RegisterFromNodeAnnotations, one vendor whose registration cannot be read (an
+    annotation that does not parse, a field of the wrong type, a device listed twice, its parser
+    failing in any other way) loses its devices on the node, and only it: the other vendors'
+    devices are returned. A device id that two vendors register is left out with both (no grant
+    could tell which device it names). The messages begin with ``node NAME:`` and name the
+    annotation (or the vendor). Raises CodecError when the Node object itself is of the wrong
+    shape (no vendor's registration can be told apart then)."""
     meta = node.get("metadata") if isinstance(node, Mapping) else None
     name = meta.get("name") if isinstance(meta, Mapping) else None
     label = f"node {name}" if isinstance(name, str) and name else "node"
@@ -735,30 +753,57 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
         raise CodecError(f"{label}: metadata must be an object")
     if not name:
         raise CodecError("node without metadata.name")
-    devices: list[DeviceInfo] = []
-    pairs: dict[str, dict[str, int]] = {}
+    errors: dict[str, str] = {}
+    read: list[tuple[str, tuple[DeviceInfo, ...], dict[str, dict[str, int]]]] = []
     for v in vendors:
+        vendor = str(getattr(v, "name", v))
         try:
-            devices.extend(v.node_devices(node))
-            pairs.update(v.pair_scores(node))
+            found = tuple(v.node_devices(node))
+            pairs = dict(v.pair_scores(node))
         except CoreError as exc:
-            raise CodecError(f"node {name}: {exc}") from None
+            errors[vendor] = f"node {name}: {exc}"
+            continue
         except (ArithmeticError, LookupError, TypeError, AttributeError, ValueError, RecursionError) as exc:
-            raise CodecError(
-                f"node {name}: vendor {getattr(v, 'name', v)!r} cannot read its registration "
-                f"({type(exc).__name__}: {str(exc)[:120]})"
-            ) from None
-    seen: set[str] = set()
-    for d in devices:
-        if d.id in seen:
-            raise CodecError(f"node {name}: device id {d.id!r} is registered twice")
-        seen.add(d.id)
+            errors[vendor] = (
+                f"node {name}: vendor {vendor!r} cannot read its registration ({type(exc).__name__}: {str(exc)[:120]})"
+            )
+            continue
+        seen: set[str] = set()
+        twice = None
+        for d in found:
+            if d.id in seen:
+                twice = d.id
+                break
+            seen.add(d.id)
+        if twice is not None:
+            errors[vendor] = f"node {name}: device id {twice!r} is registered twice"
+            continue
+        read.append((vendor, found, pairs))
+    owners: dict[str, list[str]] = {}
+    for vendor, found, _ in read:
+        for d in found:
+            owners.setdefault(d.id, []).append(vendor)
+    for device_id, names in owners.items():
+        if len(names) > 1:
+            for vendor in names:
+                errors.setdefault(
+                    vendor, f"node {name}: device id {device_id!r} is registered twice ({' and '.join(names)})"
+                )
+    devices: list[DeviceInfo] = []
+    pair_scores: dict[str, dict[str, int]] = {}
+    for vendor, found, pairs in read:
+        if vendor not in errors:
+            devices.extend(found)
+            pair_scores.update(pairs)
     cordon = (meta.get("annotations") or {}).get(CORDON_ANNOTATION, "")
-    return NodeDevices(
-        name=name,
-        devices=tuple(devices),
-        cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
-        pair_scores=pairs,
+    return (
+        NodeDevices(
+            name=name,
+            devices=tuple(devices),
+            cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
+            pair_scores=pair_scores,
+        ),
+        errors,
     )
 
 
@@ -818,7 +863,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
         if text is None:
             continue
         try:
-            devices[v.name] = decode_pod_devices(text)
+            devices[v.name] = v.read_allocation(decode_pod_devices(text), annotations)
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
         try:
@@ -850,14 +895,22 @@ def rebuild(
     vendors: Sequence[Any],
     quotas: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[Ledger, list[str]]:
-    """A ledger from Kubernetes objects. Returns ``(ledger, warnings)``; bad objects are skipped."""
+    """A ledger from Kubernetes objects. Returns ``(ledger, warnings)``; bad objects are skipped,
+    and so are the devices of a vendor whose registration on a node cannot be read (the node
+    keeps the other vendors' devices; with none left, the node is skipped)."""
     ledger = Ledger()
     warnings: list[str] = []
     for node in nodes:
         try:
-            ledger.set_node(node_devices_from_object(node, vendors))
+            devices, errors = read_node_devices(node, vendors)
         except CoreError as exc:
             warnings.append(f"skipping node: {exc}")
+            continue
+        if errors and not devices.devices:
+            warnings.extend(f"skipping node: {message}" for message in errors.values())
+            continue
+        warnings.extend(f"skipping the {vendor} devices: {message}" for vendor, message in errors.items())
+        ledger.set_node(devices)
     for pod in pods:
         try:
             alloc = allocation_from_pod(pod, vendors)

@@ -25,7 +25,8 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
-from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, node_devices_from_object, pod_key
+from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, pod_key
+from hami.core.ledger import read_node_devices
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
@@ -69,15 +70,23 @@ def vendor_alive(node: Mapping[str, Any], vendor: Any, now: float) -> bool:
     return now - written < HANDSHAKE_TIMEOUT_S
 
 
-def schedulable_node(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> NodeDevices:
-    """A Node dict -> its devices, without the vendors whose node side is not alive. Raises CodecError."""
+def schedulable_node(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> tuple[NodeDevices, dict[str, str]]:
+    """A Node dict -> (its devices, without the vendors whose node side is not alive nor those
+    whose registration cannot be read; ``{vendor: why}`` for the latter). Raises CodecError when
+    the Node object itself is of the wrong shape."""
     alive = [v for v in vendors if vendor_alive(node, v, now)]
-    return node_devices_from_object(node, alive)
+    return read_node_devices(node, alive)
 
 
 def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> tuple:
+    """What a node's devices are read from: the ``hami.io/node-*`` annotations, the cordon, each
+    vendor's registration and the other node annotations it reads (``node_annotations``: the
+    Ascend ``hami-vnpu-core`` mode), and each vendor's liveness."""
+    vendors = list(vendors)
     annotations = (node.get("metadata") or {}).get("annotations") or {}
-    keys = sorted(k for k in annotations if k.startswith((NODE_ANNOTATION_PREFIX, DEVICE_CORDON)))
+    read = {v.register_annotation for v in vendors if v.register_annotation}
+    read.update(k for v in vendors for k in getattr(v, "node_annotations", ()))
+    keys = sorted(k for k in annotations if k.startswith((NODE_ANNOTATION_PREFIX, DEVICE_CORDON)) or k in read)
     return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors))
 
 
@@ -123,8 +132,13 @@ class ClusterState:
         self._node_changed: dict[str, asyncio.Event] = {}
         self._pod_finished: asyncio.Event | None = None  # set when some pod finished its allocation or went away
         self.warnings: list[str] = []
-        #: called with (node, message) when a node's registration cannot be read (an event)
+        #: called with (node, message) when a node's registration cannot be read (an event), once
+        #: per vendor whose registration it is (or once for the whole node when the Node object
+        #: itself is of the wrong shape)
         self.on_malformed: Callable[[dict, str], None] | None = None
+        #: node -> {vendor: why its registration there is left out}, as last read (the key ``""``:
+        #: the Node object itself is of the wrong shape, every vendor's devices are left out)
+        self.registration_errors: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------ nodes
     @property
@@ -144,6 +158,7 @@ class ClusterState:
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self._fingerprints.pop(name, None)
+            self.registration_errors.pop(name, None)
             self.locked_nodes.discard(name)
             self.ledger.remove_node(name)
         else:
@@ -161,22 +176,36 @@ class ClusterState:
         try:
             if not selector_matches(node, self.node_selector):
                 self._fingerprints.pop(name, None)
+                self.registration_errors.pop(name, None)
                 self.ledger.remove_node(name)
                 return
             fp = _node_fingerprint(node, self.vendors, now)
             if not force and self._fingerprints.get(name) == fp:
                 return
             self._fingerprints[name] = fp
-            devices = schedulable_node(node, self.vendors, now)
+            devices, errors = schedulable_node(node, self.vendors, now)
         except (CoreError, ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
-            # whatever the failure, a registration we cannot read is a malformed one: the node's
-            # devices leave the ledger (no stale GPUs stay in use) and the node gets an event
+            # whatever the failure, a node we cannot read is a malformed one: its devices leave
+            # the ledger (no stale GPUs stay in use) and the node gets an event
             message = str(exc) if isinstance(exc, CoreError) else f"{type(exc).__name__}: {exc}"
             log.warning("node %s: ignoring its devices: %s", name, message)
+            self.registration_errors[name] = {"": message}
             self.ledger.remove_node(name)
             if self.on_malformed is not None:
                 self.on_malformed(node, message[:1000])
             return
+        # one vendor's unreadable registration takes that vendor's devices out, and only them
+        # (HAMi's RegisterFromNodeAnnotations goes on with the other vendors): its stale devices
+        # leave the ledger, the node gets an event per such vendor. The pods holding them stay
+        # recorded; they count again when the registration can be read again (Ledger.set_node).
+        for vendor, message in errors.items():
+            log.warning("node %s: ignoring its %s devices: %s", name, vendor, message)
+            if self.on_malformed is not None:
+                self.on_malformed(node, message[:1000])
+        if errors:
+            self.registration_errors[name] = errors
+        else:
+            self.registration_errors.pop(name, None)
         if devices.devices:
             self.ledger.set_node(devices)
         else:

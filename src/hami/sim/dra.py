@@ -30,7 +30,7 @@ from hami.core import (
     Ledger,
     SchedulerConfig,
     allocation_from_pod,
-    node_devices_from_object,
+    read_node_devices,
     pod_key,
     pod_request,
 )
@@ -122,10 +122,15 @@ def _gpu_device(d: Any, opts: DraOptions) -> dict:
 def _node_slice(obj: Mapping[str, Any], config: SchedulerConfig, opts: DraOptions, warnings: list[str]) -> dict | None:
     name = (obj.get("metadata") or {}).get("name") or "?"
     try:
-        nd = node_devices_from_object(obj, config.vendors)
+        nd, dropped = read_node_devices(obj, config.vendors)
     except CoreError as exc:
         warnings.append(f"skipping node {name}: {exc}")
         return None
+    if dropped and not nd.devices:
+        warnings.append(f"skipping node {name}: {'; '.join(dropped.values())}")
+        return None
+    for vendor, why in dropped.items():
+        warnings.append(f"skipping the {vendor} devices of node {name}: {why}")
     devices, other = [], 0
     for d in nd.devices:
         if d.vendor != "NVIDIA":

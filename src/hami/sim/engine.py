@@ -19,7 +19,7 @@ from hami.core import (
     SchedulerConfig,
     admit_pod,
     allocation_from_pod,
-    node_devices_from_object,
+    read_node_devices,
     pod_key,
     schedule_pod,
 )
@@ -220,10 +220,15 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
         name = object_name(obj, source, label)
         names.add(name, obj, label)
         try:
-            nd = node_devices_from_object(obj, config.vendors)
+            nd, dropped = read_node_devices(obj, config.vendors)
         except CoreError as exc:
             warnings.append(f"skipping node {name}: {exc}")
             continue
+        if dropped and not nd.devices:
+            warnings.append(f"skipping node {name}: {'; '.join(dropped.values())}")
+            continue
+        for vendor, why in dropped.items():  # as the scheduler: only that vendor's devices leave
+            warnings.append(f"skipping the {vendor} devices of node {name}: {why}")
         if not nd.devices:
             keys = ", ".join(v.register_annotation for v in config.vendors)
             warnings.append(f"skipping node {name}: no device registration annotation ({keys})")

@@ -6,8 +6,10 @@ Facts: reference §3.4 (admission), §4.5 (keys), §5.6 (NetworkID node score), 
 * Memory is snapped up to the smallest vNPU template (hard split); a request above every template
   but within ``memoryCapacity`` becomes the whole card (``memoryAllocatable``).
 * Soft split: pod annotation ``huawei.com/vnpu-mode: hami-core`` takes memory raw and cores as a
-  percentage; only on nodes annotated ``hami-vnpu-core: "true"`` (or ``vnpus.hamiVnpuCore``),
-  elsewhere ``ModeNotFit``.
+  percentage; only on soft-split nodes, elsewhere ``ModeNotFit``. A node is soft-split when its
+  ``hami-vnpu-core`` annotation says ``"true"`` (the Ascend device plugin writes ``"true"`` or
+  ``"false"`` with every registration); ``vnpus.hamiVnpuCore`` decides only for a node without
+  that annotation (HAMi: the node's annotation takes precedence over the global default).
 * 910-series nodes whose devices all carry ``custominfo.NetworkID``: multi-NPU requests take the
   NetworkID groups with the most fitting devices first, and the node score rewards one-group picks.
 * 910C (``superPod: true``): whole modules only (NPUs ``2k`` and ``2k+1``), a request of 1 is
@@ -53,6 +55,8 @@ class AscendVendor(BaseVendor):
     lock_annotation = NODE_LOCK
     mode_annotation = MODE_ANNOTATION
     chooses = True
+    #: node annotations read beside the registration (the scheduler re-reads a node when they change)
+    node_annotations = (NODE_SOFT_ANNOTATION,)
 
     def core_unit(self, device: DeviceInfo) -> str:
         """AI cores of the chip (vNPU templates), or percent of the card in soft (hami-core) mode."""
@@ -89,8 +93,15 @@ class AscendVendor(BaseVendor):
     # ------------------------------------------------------------------ registration
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         devices = super().node_devices(node)
-        soft = self.soft_everywhere or annotations_of(node).get(NODE_SOFT_ANNOTATION, "").lower() == "true"
-        return tuple(replace(d, mode=HAMI_CORE) for d in devices) if soft else devices
+        return tuple(replace(d, mode=HAMI_CORE) for d in devices) if self.node_is_soft(node) else devices
+
+    def node_is_soft(self, node: Mapping[str, Any]) -> bool:
+        """HAMi ``nodeSupportsHamiCore``: the node's ``hami-vnpu-core`` annotation when present,
+        else the global ``vnpus.hamiVnpuCore``."""
+        value = annotations_of(node).get(NODE_SOFT_ANNOTATION)
+        if value is None:
+            return self.soft_everywhere
+        return value.lower() == "true"
 
     # ------------------------------------------------------------------ admission (§3.4)
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:

@@ -3,16 +3,29 @@
 Facts: §3.4, §4.1, §8.2, §8.3. ``aws.amazon.com/neuron: n`` takes n whole devices;
 ``aws.amazon.com/neuroncore: k`` takes one core (k = 1) or k / coresPerDevice whole devices (k a
 multiple of the cores per device, ``awsneuron.coresPerDevice``, default 2). Devices: ``capacity(
-neuron)`` of them with ``capacity(neuroncore) / capacity(neuron)`` cores each, IDs
-``<node>-awsneuron-<i>``; a device record has one slot per core and ``devcore`` = its cores.
-Decision annotations: ``AWS_NEURON_IDS`` (device indexes, or core IDs ``index x cores + n`` for a
-single core), ``NEURON_ALLOC_TIME`` (unix s), ``NEURON_ALLOCATED=false``, ``NEURON_RESOURCE_TYPE``
-(``neuron`` | ``neuroncore``), ``aws.amazon.com/predicate-node``. No node lock.
+neuron)`` of them with ``cores = capacity(neuroncore) / capacity(neuron)`` cores each, IDs
+``<node>-AWSNeuron-<i>`` (HAMi's ``GetNodeDevices``); a device record has one slot per core.
+
+Cores are bitmasks, as in HAMi: bit n stands for NeuronCore n of the device. ``devcore`` is the
+mask of the device's addressable cores (HAMi addresses at most 4: ``0b11`` on Inf2 / Trn1,
+``0b1111`` on Inf1), and a grant's cores are the mask of the cores it holds: the whole mask for a
+whole device, the lowest free bit for one core. Grants on one device never share a bit, so the
+sum the ledger keeps per device is their union.
+
+Decision annotations: ``AWS_NEURON_IDS`` (device indexes for ``aws.amazon.com/neuron``; for
+``aws.amazon.com/neuroncore`` the set bits of each grant as core IDs ``index x cores + n``),
+``NEURON_ALLOC_TIME`` (unix ns), ``NEURON_ALLOCATED=false``, ``NEURON_RESOURCE_TYPE`` (``neuron`` |
+``neuroncore``), ``aws.amazon.com/predicate-node``. No node lock.
+
+Our releases before this one wrote IDs ``<node>-awsneuron-<i>`` and counted cores instead of
+naming them (a whole device: its core count; one core: 1, the core named in ``AWS_NEURON_IDS``):
+:meth:`AwsNeuronVendor.read_allocation` reads such allocations in today's form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import AwsNeuronConfig
@@ -23,14 +36,30 @@ from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo,
 from .base import BaseVendor, ResourceNames, lookup
 from .common import capacity, present, synth_cards, where_of
 
+#: HAMi's ``maxCoresPerNeuronDevice``: the cores of one device a mask addresses.
+MAX_ADDRESSABLE_CORES = 4
+#: Device IDs our earlier releases synthesised: ``<node>-awsneuron-<i>``.
+_LEGACY_ID = re.compile(r"^(?P<node>.*)-awsneuron-(?P<index>\d+)$")
+
+
+def core_mask(cores: int) -> int:
+    """The mask of a device's addressable cores (its ``devcore``)."""
+    return (1 << max(0, min(cores, MAX_ADDRESSABLE_CORES))) - 1
+
+
+def set_bits(mask: int) -> list[int]:
+    """Positions of the set bits of ``mask``, lowest first."""
+    return [n for n in range(mask.bit_length()) if mask >> n & 1]
+
 
 @dataclass(frozen=True, slots=True)
 class NeuronRequest(ContainerDeviceRequest):
     single_core: bool = False  # True: one NeuronCore; False: whole devices
+    by_core: bool = False  # asked through the core resource (AWS_NEURON_IDS lists cores)
 
 
 class AwsNeuronVendor(BaseVendor):
-    cores_unit = "NeuronCores"  # devcore = the device's cores
+    cores_unit = "NeuronCores"  # devcore = mask of the device's cores, a grant = mask of its cores
     name = "AWSNeuron"
     request_type = "AWSNeuron"
     allocated_annotation = "hami.io/aws-neuron-devices-allocated"
@@ -48,7 +77,9 @@ class AwsNeuronVendor(BaseVendor):
         if devices <= 0:
             return ()
         cores = capacity(node, self.resources.cores) // devices or self.config.cores_per_device
-        return synth_cards(node, self.name, "awsneuron", devices, count=cores, devmem=0, devcore=cores, type_=self.name)
+        return synth_cards(
+            node, self.name, self.name, devices, count=cores, devmem=0, devcore=core_mask(cores), type_=self.name
+        )
 
     def _amounts(self, container: Mapping[str, Any], where: str) -> tuple[int, int]:
         r = self.resources
@@ -73,50 +104,105 @@ class AwsNeuronVendor(BaseVendor):
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         devices, cores = self._amounts(container, where)
         if cores == 1:
-            return NeuronRequest(vendor=self.name, nums=1, type=self.request_type, single_core=True)
+            return NeuronRequest(vendor=self.name, nums=1, type=self.request_type, single_core=True, by_core=True)
         n = devices or cores // self.config.cores_per_device
-        return NeuronRequest(vendor=self.name, nums=n, type=self.request_type) if n else None
+        return NeuronRequest(vendor=self.name, nums=n, type=self.request_type, by_core=not devices) if n else None
 
     def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
         single = getattr(request, "single_core", False)
         if not single and used > 0:
             return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-        if device.count <= used or device.devcore - usedcores < 1:
+        if device.count <= used or not device.devcore & ~usedcores:
             return Reason.CARD_TIME_SLICING_EXHAUSTED
         if not quota_fits():
             return Reason.RESOURCE_QUOTA_NOT_FIT
         return None
 
+    def grant_on(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int, usedcores: int
+    ) -> ContainerDevice:
+        mask = device.devcore  # a whole device: every core (capacity_check found none in use)
+        if getattr(request, "single_core", False):
+            free = device.devcore & ~usedcores
+            mask = free & -free  # the lowest free core (HAMi's allocateCoreMask for one core)
+        return ContainerDevice(uuid=device.id, type=self.request_type, usedmem=0, usedcores=mask, index=device.index)
+
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
-        cores = 1 if getattr(request, "single_core", False) else device.devcore
-        return ContainerDevice(uuid=device.id, type=self.request_type, usedmem=0, usedcores=cores, index=device.index)
+        return self.grant_on(device, request, mem, 0)
+
+    def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """A placed pod's allocation in today's form: grants our earlier releases wrote (IDs
+        ``<node>-awsneuron-<i>``, cores counted) get HAMi's ID and their core mask. A whole device
+        recorded its core count c: mask ``core_mask(c)``. One core recorded 1 and was named in
+        ``AWS_NEURON_IDS`` (one ID per grant, in order, ``index x cores + n``): bit n. Other grants
+        are returned unchanged."""
+        grants = [cd for ctr in devices for cd in ctr]
+        if not any(_LEGACY_ID.match(cd.uuid) for cd in grants):
+            return devices
+        named: list[int] = []
+        if annotations.get("NEURON_RESOURCE_TYPE") == "neuroncore":
+            try:
+                named = [int(p) for p in (annotations.get("AWS_NEURON_IDS") or "").split(",")]
+            except ValueError:
+                named = []
+        if len(named) != len(grants):
+            named = []
+        out, k = [], 0
+        for ctr in devices:
+            row = []
+            for cd in ctr:
+                m = _LEGACY_ID.match(cd.uuid)
+                if m is not None:
+                    index = int(m["index"])
+                    mask = core_mask(cd.usedcores)
+                    if cd.usedcores == 1 and named:
+                        mask = _legacy_core_bit(named[k], index)
+                    cd = replace(cd, uuid=f"{m['node']}-{self.name}-{index}", usedcores=mask)
+                row.append(cd)
+                k += 1
+            out.append(tuple(row))
+        return tuple(out)
 
     def pod_annotations(
         self, devices: PodSingleDevice, *, node: str = "", now: float = 0.0, pod: Any = None, view: Any = None
     ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
-        grants = [cd for ctr in devices for cd in ctr]
-        if not grants:
+        if not any(devices):
             return out
-        pos = {d.id: i for i, d in enumerate(view.devices)} if view is not None else {}
-        per_dev = {cd.uuid: view.devices[pos[cd.uuid]].devcore for cd in grants if cd.uuid in pos}
-        single = any(cd.usedcores < per_dev.get(cd.uuid, cd.usedcores) for cd in grants)
-        if single:
-            taken: dict[str, int] = {}
-            ids = []
-            for cd in grants:
-                base = view.usedcores[pos[cd.uuid]] + taken.get(cd.uuid, 0)
-                taken[cd.uuid] = taken.get(cd.uuid, 0) + cd.usedcores
-                ids.append(cd.index * per_dev[cd.uuid] + base)
-        else:
-            ids = list(dict.fromkeys(cd.index for cd in grants))
+        cores_of = {d.id: d.count for d in view.devices} if view is not None else {}
+        containers = pod.containers if pod is not None else ()
+        ids: list[int] = []
+        by_core = False
+        for ci, ctr in enumerate(devices):
+            req = containers[ci].for_vendor(self.name) if ci < len(containers) else None
+            whole = req is not None and not getattr(req, "by_core", True)
+            for cd in ctr:
+                if whole:
+                    ids.append(cd.index)
+                    continue
+                by_core = True
+                stride = cores_of.get(cd.uuid) or cd.usedcores.bit_length()
+                ids.extend(cd.index * stride + n for n in set_bits(cd.usedcores))
         out.update(
             {
                 "AWS_NEURON_IDS": ",".join(map(str, ids)),
-                "NEURON_ALLOC_TIME": str(int(now)),
+                "NEURON_ALLOC_TIME": str(int(now * 1_000_000_000)),
                 "NEURON_ALLOCATED": "false",
-                "NEURON_RESOURCE_TYPE": "neuroncore" if single else "neuron",
+                "NEURON_RESOURCE_TYPE": "neuroncore" if by_core else "neuron",
                 "aws.amazon.com/predicate-node": node,
             }
         )
         return out
+
+
+def _legacy_core_bit(core_id: int, index: int) -> int:
+    """The mask of the core our earlier releases named ``core_id = index x cores + n`` on device
+    ``index``. Device 0: n = core_id. Others: the device's core count, not recorded, is taken as
+    the one power of two in ``[core_id // index / 2, core_id // index]`` (Neuron devices have 1, 2,
+    4 or 8 cores). A core beyond the addressable ones, or an ID that fits no device, gives 0."""
+    if index <= 0:
+        n = core_id
+    else:
+        per = core_id // index
+        n = core_id - index * (1 << (per.bit_length() - 1)) if per > 0 else -1
+    return 1 << n if 0 <= n < MAX_ADDRESSABLE_CORES else 0

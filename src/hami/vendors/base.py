@@ -274,6 +274,14 @@ class BaseVendor:
         many picks of ``mem`` this container already made on ``device``. None = fits."""
         return None
 
+    def usage_filter(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection, used: int
+    ) -> Reason | None:
+        """A selection rule that depends on whether the device is in use (``used``: the grants
+        it holds), checked after :meth:`device_filter` (MetaX sGPU's QoS policy binds only a
+        device in use). Default: None."""
+        return None
+
     def repeats(self, device: DeviceInfo, sel: Selection) -> bool:
         """True when ``device`` may serve more than one of a container's ``nums`` (the fit loop then
         visits it again, with the earlier picks counted). Also lifts ``NodeInsufficientDevice``."""
@@ -285,11 +293,25 @@ class BaseVendor:
             uuid=device.id, type=request.type, usedmem=mem, usedcores=request.coresreq, index=device.index
         )
 
+    def grant_on(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int, usedcores: int
+    ) -> ContainerDevice:
+        """:meth:`grant`, given the cores the device already holds (the ledger's figure plus this
+        container's earlier picks of it): for a vendor whose grant names which cores it takes
+        (AWS Neuron's core masks). Default: :meth:`grant`."""
+        return self.grant(device, request, mem)
+
     def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
         """HAMi's ``AddResourceUsage`` side effects for one granted device, given the slices already
         held on it: the default changes nothing; a slicing vendor returns the record with its
         :class:`Slice` (and the slice's own memory and cores)."""
         return granted
+
+    def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """A placed pod's decoded allocation (``allocated_annotation``) in today's form, given all
+        the pod's annotations: where an earlier release of ours wrote other device IDs or units, the
+        vendor maps them here, so those pods keep counting against the right device. Default: as is."""
+        return devices
 
     def read_slices(self, annotations: Mapping[str, str]) -> tuple[tuple[int, int, Slice], ...]:
         """Slices recorded on a placed pod, as ``(container index, device index, slice)``; ``()`` when

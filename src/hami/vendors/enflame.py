@@ -11,14 +11,17 @@ profile that covers both. One device per container. In our model a DRS GCU has `
 devcore = capacity`` (slices) and ``devmem = capacity x`` the memory of one slice; a grant records
 the slices as cores. Device IDs: ``<node>-enflame-drs-<index>``.
 
-Whole GCU: ``enflame.com/gcu`` from node capacity, one slot per card, IDs ``<node>-enflame-gcu-<i>``.
-Neither backend locks the node.
+Whole GCU: ``enflame.com/gcu`` from node capacity, as HAMi's ``GetNodeDevices`` registers them:
+IDs ``<node>-GCU-<i>``, one slot, ``devmem`` 100 and ``devcore`` 100 per card; a grant takes all of
+it (``usedmem`` 100, ``usedcores`` 100). Our releases before this one wrote IDs
+``<node>-enflame-gcu-<i>`` with ``usedmem`` 0: :meth:`EnflameGcuVendor.read_allocation` reads them
+in today's form. Neither backend locks the node.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import EnflameConfig
@@ -41,6 +44,10 @@ from .common import (
 
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
 _PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
+#: Whole-GCU device IDs our earlier releases synthesised: ``<node>-enflame-gcu-<i>``.
+_LEGACY_GCU_ID = re.compile(r"^(?P<node>.*)-enflame-gcu-(?P<index>\d+)$")
+#: What HAMi registers per whole GCU as ``devmem`` and grants as ``usedmem`` (not MiB: all of it).
+GCU_WHOLE_MEMORY = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,13 +247,32 @@ class EnflameGcuVendor(BaseVendor):
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
         cards = capacity(node, self.resources.count)
         return (
-            synth_cards(node, self.name, "enflame-gcu", cards, count=1, devmem=0, devcore=100, type_=self.name)
+            synth_cards(
+                node, self.name, self.name, cards, count=1, devmem=GCU_WHOLE_MEMORY, devcore=100, type_=self.name
+            )
             if cards > 0
             else ()
         )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
-        return whole_card_request(self, container, where)
+        return whole_card_request(self, container, where)  # 100% of the memory: usedmem 100
+
+    def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """A placed pod's allocation in today's form: grants our earlier releases wrote (IDs
+        ``<node>-enflame-gcu-<i>``, ``usedmem`` 0) get HAMi's ID and ``usedmem`` 100; others are
+        returned unchanged."""
+        if not any(_LEGACY_GCU_ID.match(cd.uuid) for ctr in devices for cd in ctr):
+            return devices
+        out = []
+        for ctr in devices:
+            row = []
+            for cd in ctr:
+                m = _LEGACY_GCU_ID.match(cd.uuid)
+                if m is not None:
+                    cd = replace(cd, uuid=f"{m['node']}-{self.name}-{m['index']}", usedmem=GCU_WHOLE_MEMORY)
+                row.append(cd)
+            out.append(tuple(row))
+        return tuple(out)
 
 
 def make_enflame(config: EnflameConfig) -> tuple[BaseVendor, ...]:

@@ -12,7 +12,8 @@ adds one / adds several "bubbles" (groups left partly used). Decision annotation
 
 vXPU: registration ``hami.io/node-register-xpu`` (JSON); ``kunlunxin.com/vxpu-memory`` is rounded
 up to 24576, 49152 or 98304 MiB (admission writes the rounded value to limits and requests) and
-takes ``memory x 100 / 98304`` percent of the cores; no memory means the whole card.
+takes ``memory x 100 / 98304`` percent of the cores; no memory means the whole card. A card that
+already holds vXPUs takes only vXPUs of that same size (``CardNotFoundCustomFilterRule``).
 """
 
 from __future__ import annotations
@@ -160,6 +161,15 @@ class KunlunVxpuVendor(BaseVendor):
                 raise RequestError(f"{where}: {r.memory} must be in 1..{CARD_MEMORY} MiB, got {raw}")
             set_both(container, r.memory, size)
         return True
+
+    def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
+        """The generic rules, then HAMi's vXPU rule: a card that already holds vXPUs takes only
+        vXPUs of the size it holds (its used memory over its used slots equals the size asked),
+        so a P800 is cut into equal quarters or equal halves."""
+        bad = super().capacity_check(device, used, usedmem, usedcores, request, mem, mutex, quota_fits)
+        if bad is None and used > 0 and usedmem // used != mem:
+            return Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+        return bad
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         r = self.resources

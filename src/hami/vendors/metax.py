@@ -3,8 +3,8 @@
 Facts: §3.4, §4.1, §4.5, §5.6, §7.1 ``metax``, §8.2, §8.3.
 
 MetaX GPU: ``metax-tech.com/gpu`` whole cards synthesised from node capacity (1 slot, 65536 MiB,
-100 cores each, IDs ``<node>-metax-gpu-<i>``). The node score reads the node annotations
-``metax-tech.com/gpu.topology.losses`` (binpack: ``2000 - losses[n]``) and
+100 cores each, IDs ``<node>-metax-<i>`` as HAMi's ``GetNodeDevices`` spells them). The node score
+reads the node annotations ``metax-tech.com/gpu.topology.losses`` (binpack: ``2000 - losses[n]``) and
 ``metax-tech.com/gpu.topology.scores`` (spread: ``2000 - scores[n]``), JSON maps from the number of
 cards the pod takes on the node to a value. No node lock.
 
@@ -13,16 +13,24 @@ MetaX sGPU: devices from ``metax-tech.com/node-gpu-devices`` (MetaX's own JSON l
 percentage, default 100. Admission: ``metax-tech.com/sgpu-app-class`` must be ``online`` or
 ``offline`` and such a pod asks for exactly one sGPU; non-online pods get
 ``metax-tech.com/sgpu-qos-policy: best-effort`` by default, and the policy must be ``best-effort``,
-``fixed-share`` or ``burst-share``. A device whose ``qosPolicy`` is set only takes pods of the same
-policy (``CardQosPolicyMismatch``). Online pods take no compute share. The node score is
+``fixed-share`` or ``burst-share``. A device whose ``qosPolicy`` is set takes a share (``vcore``
+below 100) only from pods of the same policy (``CardQosPolicyMismatch``); a request for the whole
+sGPU (``vcore`` 100, the default) and an online pod skip the check, as in HAMi's
+``checkDeviceQos``, and so does a share of an idle device (the plugin switches its policy). HAMi
+also keeps pods apart by app class (``checkAppClass``), over the app classes of the pods holding a
+device, which the ledger does not record (docs/vendors/metax.md, Not done). Online pods take no compute share. The node score is
 policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs after placement
-(binpack keeps the highest node score, spread the lowest).
+(binpack keeps the highest node score, spread the lowest). The decision annotation
+``metax-tech.com/predicate-time`` is in unix nanoseconds (HAMi ``UnixNano``).
+
+Our releases before this one spelled the MetaX GPU card IDs ``<node>-metax-gpu-<i>``:
+:meth:`MetaxGpuVendor.read_allocation` reads such allocations with today's IDs.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import MetaxConfig
@@ -52,9 +60,22 @@ LOSSES_ANNOTATION = "metax-tech.com/gpu.topology.losses"
 SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
 APP_CLASS_ANNOTATION = "metax-tech.com/sgpu-app-class"
 QOS_ANNOTATION = "metax-tech.com/sgpu-qos-policy"
+PREDICATE_TIME_ANNOTATION = "metax-tech.com/predicate-time"  # decision time, unix nanoseconds (HAMi UnixNano)
 QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
 APP_CLASSES = ("online", "offline")
 CARD_MEMORY = 65536
+GPU_ID_WORD = "metax"  # card IDs <node>-metax-<i> (HAMi GetNodeDevices)
+#: the card IDs of our earlier releases, <node>-metax-gpu-<i> (a node's own name may contain anything)
+_LEGACY_GPU_ID = re.compile(r"^(?P<node>.+)-metax-gpu-(?P<index>\d+)$")
+EXCLUSIVE_CORES = 100  # a request for all of an sGPU's compute: HAMi skips the QoS check for it
+
+
+def unix_nanoseconds(seconds: float) -> int:
+    """Unix seconds (a float) as integer nanoseconds, exact for whole seconds (what Go's
+    ``time.Now().UnixNano()`` writes; the sub-second part is rounded to the microsecond, as
+    far as a float holds it)."""
+    whole = int(seconds)
+    return whole * 1_000_000_000 + round((seconds - whole) * 1_000_000) * 1_000
 
 
 class MetaxGpuVendor(BaseVendor):
@@ -85,7 +106,7 @@ class MetaxGpuVendor(BaseVendor):
         return synth_cards(
             node,
             self.name,
-            "metax-gpu",
+            GPU_ID_WORD,
             cards,
             count=1,
             devmem=CARD_MEMORY,
@@ -96,6 +117,23 @@ class MetaxGpuVendor(BaseVendor):
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)
+
+    def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """A placed pod's allocation in today's form: card IDs our earlier releases wrote
+        (``<node>-metax-gpu-<i>``) become HAMi's (``<node>-metax-<i>``), so that those pods keep
+        their cards after an upgrade; other grants are returned unchanged."""
+        if not any(_LEGACY_GPU_ID.match(cd.uuid) for ctr in devices for cd in ctr):
+            return devices
+        out = []
+        for ctr in devices:
+            row = []
+            for cd in ctr:
+                m = _LEGACY_GPU_ID.match(cd.uuid)
+                if m is not None:
+                    cd = replace(cd, uuid=f"{m['node']}-{GPU_ID_WORD}-{m['index']}")
+                row.append(cd)
+            out.append(tuple(row))
+        return tuple(out)
 
     def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
         n = sum(len(ctr) for ctr in devices)
@@ -250,12 +288,19 @@ class MetaxSgpuVendor(BaseVendor):
             app_class=annotations.get(APP_CLASS_ANNOTATION) or "",
         )
 
-    def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
-        bad = super().device_filter(device, request, sel)
-        if bad is not None:
-            return bad
+    def usage_filter(
+        self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection, used: int
+    ) -> Reason | None:
+        """HAMi's ``checkDeviceQos`` for pods that are not online: an idle device takes any policy
+        (the plugin switches it), and so does a request for the whole sGPU (``vcore`` 100; on a
+        device in use the capacity rules then refuse it); a share of a device in use needs the
+        device's ``qosPolicy`` unset or equal to the pod's."""
+        if used == 0 or not isinstance(sel, SgpuSelection) or sel.app_class == "online":
+            return None
+        if request.coresreq == EXCLUSIVE_CORES:
+            return None
         policy = (device.custominfo or {}).get("qosPolicy")
-        if policy and isinstance(sel, SgpuSelection) and sel.app_class != "online" and policy != sel.qos:
+        if policy and policy != sel.qos:
             return Reason.CARD_QOS_POLICY_MISMATCH
         return None
 
@@ -283,7 +328,7 @@ class MetaxSgpuVendor(BaseVendor):
             out["metax-tech.com/gpu-devices-allocated"] = go_json(
                 [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices]
             )
-            out["metax-tech.com/predicate-time"] = str(int(now))
+            out[PREDICATE_TIME_ANNOTATION] = str(unix_nanoseconds(now))
         return out
 
 
