@@ -53,7 +53,7 @@ int lim_peers_configured(void)
 static int is_self(const struct stat *st)
 {
     struct stat me;
-    return stat(vgpu_cfg.cache_path, &me) == 0 && me.st_dev == st->st_dev && me.st_ino == st->st_ino;
+    return vgpu_stat(vgpu_cfg.cache_path, &me) == 0 && me.st_dev == st->st_dev && me.st_ino == st->st_ino;
 }
 
 static int live_slots(const vgpu_region *r)
@@ -67,7 +67,7 @@ static int live_slots(const vgpu_region *r)
 static void consider(const char *path)
 {
     struct stat st;
-    if (stat(path, &st) || !S_ISREG(st.st_mode) || st.st_size != VGPU_REGION_SIZE + 1 || is_self(&st))
+    if (vgpu_stat(path, &st) || !S_ISREG(st.st_mode) || st.st_size != VGPU_REGION_SIZE + 1 || is_self(&st))
         return;
     for (int i = 0; i < g_npeers; i++)
         if (g_peers[i].dev == st.st_dev && g_peers[i].ino == st.st_ino) {

@@ -298,7 +298,7 @@ static vgpu_region *attach_file(const char *path)
     vgpu_region *r = NULL;
     ofd_lock(fd, F_WRLCK);
     struct stat st;
-    fstat(fd, &st);
+    vgpu_fstat(fd, &st);
     if (st.st_size != 0 && st.st_size != VGPU_REGION_SIZE + 1)
         LOG_WARN("shared region %s has size %lld, expected %d; reinitializing", path,
                  (long long)st.st_size, VGPU_REGION_SIZE + 1);
