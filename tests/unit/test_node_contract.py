@@ -95,7 +95,13 @@ def test_without_isolation_only_the_driver_mounts_remain_on_both_front_ends():
 # ----------------------------------------------------------------------- unification 2: the preload
 
 
-@pytest.mark.parametrize("value,mounted", [("true", False), ("TRUE", False), ("false", True), ("", True), (None, True)])
+@pytest.mark.parametrize(
+    "value,mounted",
+    [
+        *((v, False) for v in ("true", "TRUE", "True", "1", "t", "T")),  # Go's strconv.ParseBool, as HAMi
+        *((v, True) for v in ("false", "", None, "tRuE", "yes", "0")),
+    ],
+)
 def test_disable_control_is_one_rule(value, mounted):
     env = {} if value is None else {"CUDA_DISABLE_CONTROL": value}
     assert contract.preload_wanted(env) is mounted

@@ -14,8 +14,8 @@ plugin builds its Allocate answer: the device plugin's Allocate
   sees it (``<hook>/vgpu/<name>.cache``, deterministic);
 * :func:`container_mounts`: the host driver directories, then ``libvgpu.so``, the region
   directory, the lock directory and ``/etc/ld.so.preload``;
-* :func:`preload_wanted`: HAMi's escape hatch (``CUDA_DISABLE_CONTROL=true`` in the container's
-  env: no ``/etc/ld.so.preload``); :func:`ld_preload`: the same library for a process started
+* :func:`preload_wanted`: HAMi's escape hatch (``CUDA_DISABLE_CONTROL`` true as Go's ``ParseBool``
+  reads it, in the container's env: no ``/etc/ld.so.preload``); :func:`ld_preload`: the same library for a process started
   outside a container (``LD_PRELOAD``);
 * :func:`deferred_grant`: the env of a container whose grant comes later, at its creation, from
   the runtime's NRI hook (``--injection=nri``, docs/nri.md): no GPU, and a marker the hook
@@ -204,9 +204,14 @@ def claim_region(paths: HookPaths, claim_uid: str) -> str:
 # ------------------------------------------------------------------------------- mounts and preload
 
 
+#: the values Go's strconv.ParseBool reads as true (HAMi's Allocate parses CUDA_DISABLE_CONTROL so)
+_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
 def preload_wanted(env: Mapping[str, str]) -> bool:
-    """False when the container sets ``CUDA_DISABLE_CONTROL=true`` (any case), as HAMi decides."""
-    return str(env.get(DISABLE_CONTROL, "")).lower() != "true"
+    """False when the container sets ``CUDA_DISABLE_CONTROL`` to a value Go's ``ParseBool`` reads
+    as true (``1``, ``t``, ``T``, ``true``, ``True``, ``TRUE``), as HAMi's device plugin decides."""
+    return str(env.get(DISABLE_CONTROL, "")) not in _GO_TRUE
 
 
 def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool = True) -> tuple[MountSpec, ...]:
