@@ -73,6 +73,38 @@ def test_bad_node_entry_names_field_and_value(tmp_path, entry, field):
         load_settings("n1", None, cfg)
 
 
+def test_node_entry_keys_are_read_in_any_case_as_hamis_go_decoder_reads_them(tmp_path):
+    """HAMi's device plugin decodes config.json with Go's encoding/json, which matches keys in any
+    case: a file written with camel-case keys configures the node there, and did nothing here."""
+    cfg = write(
+        tmp_path,
+        "config.json",
+        json.dumps(
+            {
+                "NodeConfig": [
+                    {
+                        "Name": "n1",
+                        "deviceSplitCount": 4,
+                        "deviceMemoryScaling": 2,
+                        "libCudaLogLevel": 3,
+                        "FilterDevices": {"UUID": [U0]},
+                    }
+                ]
+            }
+        ),
+    )
+    s = load_settings("n1", tmp_path / "missing.yaml", cfg)
+    assert (s.device_split_count, s.device_memory_scaling, s.libcuda_log_level) == (4, 2.0, "3")
+    assert s.filter_uuids == {U0}
+
+
+def test_of_two_spellings_of_one_key_the_later_wins(tmp_path):
+    doc = '{"nodeconfig": [{"name": "n1", "devicesplitcount": 3, "DeviceSplitCount": 5}]}'
+    assert load_settings("n1", tmp_path / "missing.yaml", write(tmp_path, "c.json", doc)).device_split_count == 5
+    doc = '{"nodeconfig": [{"name": "n1", "DeviceSplitCount": 5, "devicesplitcount": 3}]}'
+    assert load_settings("n1", tmp_path / "missing.yaml", write(tmp_path, "c.json", doc)).device_split_count == 3
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(NodeConfigError, match="not valid"):
         load_settings("n1", None, write(tmp_path, "c.json", "{nope"))

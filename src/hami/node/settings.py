@@ -80,7 +80,8 @@ class _FilterDevices(_Strict):
 
 
 class _NodeEntry(_Strict):
-    """One ``nodeconfig`` entry of config.json (lower-case keys, as HAMi reads them)."""
+    """One ``nodeconfig`` entry of config.json (HAMi's lower-case keys; any case is read, as Go's
+    encoding/json does: apply_node_config)."""
 
     name: str
     operatingmode: OperatingMode | None = None
@@ -145,13 +146,37 @@ def apply_device_config(base: NodeSettings, nvidia: NvidiaConfig | None) -> Node
     )
 
 
+def _fold(obj: Any, known: frozenset[str]) -> Any:
+    """``obj``'s keys matched to ``known`` (lower-case) names in any case, as Go's encoding/json
+    decodes HAMi's config.json (``deviceSplitCount`` is ``devicesplitcount``; of two spellings of
+    one key, the later wins, as in Go). Keys matching no known name are kept as they are."""
+    if not isinstance(obj, dict):
+        return obj
+    out: dict[Any, Any] = {}
+    for key, value in obj.items():
+        name = key.lower() if isinstance(key, str) and key.lower() in known else key
+        out.pop(name, None)
+        out[name] = value
+    return out
+
+
+_ENTRY_KEYS = frozenset(_NodeEntry.model_fields)
+_FILTER_KEYS = frozenset(_FilterDevices.model_fields)
+
+
 def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) -> NodeSettings:
-    """Overlay the ``config.json`` entry named ``node_name`` (other entries are not validated)."""
+    """Overlay the ``config.json`` entry named ``node_name`` (other entries are not validated).
+    Keys are matched in any case, as HAMi's device plugin (Go's encoding/json) reads them."""
     if doc is None:
         return base
+    doc = _fold(doc, frozenset({"nodeconfig"}))
     entries = doc.get("nodeconfig") if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise NodeConfigError(f"{where}: field 'nodeconfig' must be a list of node entries, got {entries!r}")
+    entries = [_fold(e, _ENTRY_KEYS) for e in entries]
+    for e in entries:
+        if isinstance(e, dict) and "filterdevices" in e:
+            e["filterdevices"] = _fold(e["filterdevices"], _FILTER_KEYS)
     mine = [(i, e) for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == node_name]
     if len(mine) > 1:
         raise NodeConfigError(f"{where}: node {node_name!r} has {len(mine)} entries in 'nodeconfig'; keep one")
