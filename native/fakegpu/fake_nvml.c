@@ -339,6 +339,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *m
     return NVML_SUCCESS;
 }
 
+/* ECC: the aggregate counters of an ECC-capable board, per device (index + 1 corrected errors,
+ * none uncorrected), so that a reader can tell devices apart; volatile counters read 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t type,
+                                                nvmlEccCounterType_t counter, unsigned long long *count)
+{
+    CHECK_DEV(device, cfg);
+    (void)cfg;
+    if (!count || (type != NVML_MEMORY_ERROR_TYPE_CORRECTED && type != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
+        (counter != NVML_VOLATILE_ECC && counter != NVML_AGGREGATE_ECC))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = counter == NVML_AGGREGATE_ECC && type == NVML_MEMORY_ERROR_TYPE_CORRECTED ? (unsigned long long)device->index + 1 : 0;
+    return NVML_SUCCESS;
+}
+
 static void mem_used(int dev, unsigned long long *used)
 {
     fg_lock();

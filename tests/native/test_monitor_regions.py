@@ -114,6 +114,12 @@ def test_regions_of_two_hami_exec_processes_are_exported(fake_env, tmp_path):
     assert _one(got["hami_vgpu_memory_buffer_bytes"], **ctr_labels) == 160 * MiB
     assert _one(got["hami_host_gpu_memory_used_bytes"], device_uuid=uuid0, device_index="0") == 160 * MiB
     assert _one(got["hami_host_gpu_memory_used_bytes"], device_index="1") == 0
+    # HAMi's host families of Aug 2026 (PR #2732), from NVML: the fake's 40 C and 100 W; its ECC
+    # counters (aggregate corrected = index + 1) as a counter with error_type
+    assert _one(got["hami_host_gpu_temperature_celsius"], device_uuid=uuid0) == 40
+    assert _one(got["hami_host_gpu_power_usage_watts"], device_index="1") == 100.0
+    assert _one(got["hami_host_gpu_ecc_errors"], device_index="1", error_type="corrected") == 2
+    assert _one(got["hami_host_gpu_ecc_errors"], device_index="0", error_type="uncorrected") == 0
     assert _one(got["hami_vgpu_memory_drift_bytes"], **ctr_labels) == 0
     assert (
         _one(got["hami_monitor_regions"], state="invalid") == 1 and _one(got["hami_monitor_regions"], state="ok") == 1

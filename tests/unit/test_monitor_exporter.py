@@ -37,6 +37,10 @@ REFERENCE_MONITOR = {
     "hami_vgpu_memory_module_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
     "hami_vgpu_memory_buffer_bytes": {"namespace", "pod", "container", "vdevice_index", "device_uuid"},
     "hami_build_info": {"version", "revision", "build_date", "go_version", "compiler", "platform"},
+    # added by HAMi PR #2732 (Aug 2026, cmd/vGPUmonitor/metrics.go), after the reference was written
+    "hami_host_gpu_temperature_celsius": {"node", "device_index", "device_uuid", "device_type"},
+    "hami_host_gpu_power_usage_watts": {"node", "device_index", "device_uuid", "device_type"},
+    "hami_host_gpu_ecc_errors_total": {"node", "device_index", "device_uuid", "device_type", "error_type"},
 }
 REFERENCE_MONITOR_LEGACY = {
     "HostGPUMemoryUsage",

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hami.metricnames import (
@@ -45,6 +45,9 @@ from .region import Region, RegionError, read_region
 log = logging.getLogger(__name__)
 
 HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
+HOST_TEMPERATURE = "hami_host_gpu_temperature_celsius"
+HOST_POWER = "hami_host_gpu_power_usage_watts"
+HOST_ECC = "hami_host_gpu_ecc_errors"  # a counter: exported as hami_host_gpu_ecc_errors_total
 HOST_MC_LABELS = ("device_index", "device_uuid", "device_type")
 CTR_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 MIG_LABELS = CTR_LABELS + ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id")
@@ -128,6 +131,8 @@ _HOST_VALUES: dict[str, tuple[str, str, bool]] = {
         "memory_utilization",
         False,
     ),
+    HOST_TEMPERATURE: ("GPU temperature, degrees Celsius (NVML)", "temperature", True),
+    HOST_POWER: ("GPU power draw, watts (NVML)", "power_watts", True),
 }
 _HOST_LEGACY = {
     HOST_MEMORY_USED: "HostGPUMemoryUsage",
@@ -182,6 +187,9 @@ METRICS: dict[str, tuple[str, ...]] = {
     HOST_MEMORY_USED: HOST_LABELS + ("zone",),
     HOST_UTILIZATION: HOST_LABELS + ("zone",),
     "hami_host_gpu_memory_controller_utilization_ratio": HOST_MC_LABELS + ("zone",),
+    HOST_TEMPERATURE: HOST_LABELS + ("zone",),
+    HOST_POWER: HOST_LABELS + ("zone",),
+    HOST_ECC + "_total": HOST_LABELS + ("error_type", "zone"),
     **{name: CTR_LABELS + ("zone",) for name in _CTR_VALUES},
     DRIFT: CTR_LABELS + ("zone",),
     REGIONS: ("node", "state", "zone"),
@@ -295,6 +303,16 @@ class MonitorCollector(Collector):
         fam(BUILD_INFO, BUILD_INFO_HELP).add_metric(list(build_info_values()) + [ZONE], 1)
         gpus = self._host()
         self._host_metrics(gpus, fam)
+        ecc = CounterMetricFamily(
+            HOST_ECC,
+            "GPU ECC errors since the driver was loaded, by type (NVML)",
+            labels=list(HOST_LABELS) + ["error_type", "zone"],
+        )
+        for g in sorted(gpus, key=lambda g: g.index):
+            for kind, n in sorted(g.ecc_errors.items()):
+                ecc.add_metric([self.node, str(g.index), g.uuid, g.device_type, kind, ZONE], n)
+        if ecc.samples:
+            yield ecc
         containers, states = self.read_containers()
         self._container_metrics(containers, {g.uuid: g for g in gpus}, fam)
         self._mig_metrics(fam)

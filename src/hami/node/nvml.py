@@ -669,6 +669,10 @@ class HostGPU:
     utilization: int | None = None  # percent (0-100)
     memory_utilization: int | None = None  # percent
     process_memory: Mapping[int, int] = field(default_factory=dict)  # host PID -> bytes
+    temperature: int | None = None  # degrees Celsius (the GPU die sensor)
+    power_watts: float | None = None  # power draw
+    #: lifetime ECC error counts (NVML's aggregate counter): error type -> count
+    ecc_errors: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def device_type(self) -> str:
@@ -706,6 +710,8 @@ def read_host() -> list[HostGPU]:
             continue
         mem = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle), "memory info")
         util = _try(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle), "utilization")
+        temp = _try(lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU), "temperature")
+        power = _try(lambda: pynvml.nvmlDeviceGetPowerUsage(handle), "power usage")  # milliwatts
         gpus.append(
             HostGPU(
                 index=i,
@@ -715,6 +721,23 @@ def read_host() -> list[HostGPU]:
                 utilization=int(util.gpu) if util is not None else None,
                 memory_utilization=int(util.memory) if util is not None else None,
                 process_memory=_processes(handle),
+                temperature=int(temp) if isinstance(temp, int) else None,
+                power_watts=power / 1000.0 if isinstance(power, int) else None,
+                ecc_errors=_ecc(handle),
             )
         )
     return gpus
+
+
+def _ecc(handle: object) -> dict[str, int]:
+    """Lifetime ECC errors by type (``corrected``, ``uncorrected``); empty where ECC is off or
+    not supported (most consumer GPUs)."""
+    out: dict[str, int] = {}
+    for kind, code in (
+        ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+    ):
+        n = _try(lambda: pynvml.nvmlDeviceGetTotalEccErrors(handle, code, pynvml.NVML_AGGREGATE_ECC), "ECC errors")
+        if isinstance(n, int):
+            out[kind] = n
+    return out
