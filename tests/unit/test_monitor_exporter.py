@@ -358,3 +358,25 @@ def test_different_gpus_do_not_interact():
 def test_release_leaves_limits_on_and_nothing_blocked():
     out = release([R("a", recent=-1, switch=0), R("b", recent=2, switch=1), R("c", recent=0, switch=0)])
     assert out == {"a": Writes(0, 1), "c": Writes(utilization_switch=1)}
+
+
+def test_a_mig_containers_usage_is_labelled_with_the_instance_the_pod_was_granted(tmp_path):
+    """libvgpu writes every device it sees as GPU-<uuid bytes>, a MIG instance included; that name
+    is no device's, so the container's usage could be joined neither to its instance
+    (hami_mig_device_info's mig_uuid) nor to its GPU. The grant's MIG-<same bytes> is exported."""
+    from hami.monitor.exporter import ContainerGrant
+
+    root = tmp_path / "containers"
+    kit.write(
+        root / f"{UID_A}_main" / "x.cache",
+        uuids=("GPU-bd0dfeed-0000-4000-8000-000001000001",),
+        limits=(1000 * MiB,),
+        procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 300 * MiB, 300 * MiB)})],
+    )
+    grant = ContainerGrant("main", ("MIG-bd0dfeed-0000-4000-8000-000001000001",), 1)
+    pods = {UID_A: PodRef("team-a", "train-0", UID_A, grants=(grant,))}
+    got = _scrape(_collector(root, pods=lambda: pods))
+    assert [s.labels["device_uuid"] for s in got["hami_vgpu_memory_used_bytes"]] == [
+        "MIG-bd0dfeed-0000-4000-8000-000001000001"
+    ]
+    assert _values(got["hami_vgpu_memory_used_bytes"], pod="train-0") == [300 * MiB]

@@ -384,7 +384,8 @@ def test_the_metrics_show_a_container_only_on_the_gpus_its_pod_was_granted(tmp_p
 
 def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
     """libvgpu writes a MIG instance as GPU-<its uuid bytes>; the grant names it MIG-<same bytes>
-    (beside its parent GPU): the same device, still counted, written and exported."""
+    (beside its parent GPU): the same device, still counted, written, and exported under the
+    grant's name (GPU-<bytes> names no device)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from hami.monitor.exporter import MonitorCollector
@@ -396,4 +397,5 @@ def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
     assert [r.uuids for r, _ in readings(cdir, pods=pods) if r.key == region] == [(f"GPU-{mig}",)]
     registry = CollectorRegistry()
     registry.register(MonitorCollector("node-1", cdir, pods=lambda: pods, host=lambda: []))
-    assert f'device_uuid="GPU-{mig}"' in generate_latest(registry).decode()
+    text = generate_latest(registry).decode()
+    assert f'device_uuid="MIG-{mig}"' in text and f"GPU-{mig}" not in text  # exported as its grant names it

@@ -102,13 +102,14 @@ def device_key(uuid: str) -> str:
     return uuid[4:] if len(uuid) > 4 and uuid[3] == "-" else uuid
 
 
-def _granted(pod: PodRef, container: str) -> frozenset[str] | None:
-    """The devices (:func:`device_key`) ``pod`` was granted for ``container``: none when the pod
-    has grants but not for it, None (unchecked) when the pod has no grant at all."""
+def _granted(pod: PodRef, container: str) -> Mapping[str, str] | None:
+    """The devices ``pod`` was granted for ``container``, :func:`device_key` -> the UUID the grant
+    names (``MIG-...`` for a MIG instance): none when the pod has grants but not for it, None
+    (unchecked) when the pod has no grant at all."""
     grant = pod.grant(container)
     if grant is not None:
-        return frozenset(device_key(u) for u in grant.uuids)
-    return frozenset() if pod.grants else None
+        return {device_key(u): u for u in grant.uuids}
+    return {} if pod.grants else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class ContainerReading:
     #: the GPUs its pod was granted for it (None: nothing to check against, e.g. standalone, a
     #: claim, or a pod without grants); a region's other UUIDs are not exported: the container
     #: writes its region and could otherwise put its usage under another tenant's GPU
-    granted: frozenset[str] | None = None
+    granted: Mapping[str, str] | None = None
 
 
 # name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
@@ -338,9 +339,12 @@ class MonitorCollector(Collector):
         now = self.clock()
         for c in containers:
             r = c.region
-            for dev, uuid in enumerate(r.uuids):
-                if not uuid or (c.granted is not None and device_key(uuid) not in c.granted):
+            for dev, seen in enumerate(r.uuids):
+                if not seen or (c.granted is not None and device_key(seen) not in c.granted):
                     continue
+                # the UUID of the grant: libvgpu writes a MIG instance's as GPU-<bytes>, which
+                # names no device; the grant's MIG-<bytes> joins hami_mig_device_info
+                uuid = c.granted[device_key(seen)] if c.granted is not None else seen
                 labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
                 for name, (doc, value_of) in _CTR_VALUES.items():
                     value = value_of(r, dev, now)
