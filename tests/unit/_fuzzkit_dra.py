@@ -471,7 +471,7 @@ def selection_annotations(draw) -> dict[str, str]:
         if draw(st.integers(0, 2)) == 0:
             out[key] = draw(_VALUE_TEXT)
     if draw(st.integers(0, 4)) == 0:
-        out["nvidia.com/numa-bind"] = draw(st.sampled_from(["true", "True", "false", "yes"]))
+        out["nvidia.com/numa-bind"] = draw(st.sampled_from(["true", "True", "1", "T", "tRUE", " true", "false", "yes"]))
     if draw(st.integers(0, 6)) == 0:
         out[draw(st.sampled_from(["hami.io/gpu-scheduler-policy", "hami.io/node-scheduler-policy"]))] = draw(
             st.sampled_from(["binpack", "spread", " ", ""])
@@ -600,7 +600,9 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
         bad = _check_selectors(annotations, ex)
         if bad:
             return f"container {c['name']}: {bad}"
-        numa = annotations.get("nvidia.com/numa-bind", "").strip().lower() == "true" and ask["count"] > 1
+        numa = (
+            annotations.get("nvidia.com/numa-bind", "") in {"1", "t", "T", "TRUE", "true", "True"} and ask["count"] > 1
+        )
         constraint = {"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/numaNode"}
         if numa != (constraint in t["spec"]["spec"]["devices"].get("constraints", [])):
             return (

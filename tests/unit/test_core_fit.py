@@ -399,3 +399,27 @@ def test_summary_prefilter_only_for_vendors_that_declare_it():
     p = pod(containers=[ctr(mem=5000, cores=5)])
     assert filter_pod(p, None, led, cfg, 0).node == "a"  # binpack: fuller node, not pre-rejected
     assert filter_pod(p, None, led, CONFIG, 0).node == "b"  # NVIDIA rules: a has no room
+
+
+@pytest.mark.parametrize(
+    "value, binds",
+    [
+        ("true", True),
+        ("True", True),
+        ("TRUE", True),
+        ("1", True),
+        ("t", True),
+        ("T", True),
+        (" true", False),
+        ("tRUE", False),
+        ("yes", False),
+        ("false", False),
+        ("", False),
+    ],
+)
+def test_numa_bind_is_read_as_hamis_parse_bool(value, binds):
+    """HAMi's assertNuma reads nvidia.com/numa-bind with Go's strconv.ParseBool: "1" and "T" bind
+    there (they were ignored here, so the GPUs could span NUMA nodes), " true" and "tRUE" do not."""
+    from hami.vendors import NvidiaVendor
+
+    assert NvidiaVendor().selection({"nvidia.com/numa-bind": value}).numa_bind is binds

@@ -134,3 +134,14 @@ def container_resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any]
     """``(limits, requests)`` of a container dict, empty mappings when absent."""
     res = container.get("resources") or {}
     return (res.get("limits") or {}), (res.get("requests") or {})
+
+
+#: what Go's ``strconv.ParseBool`` reads as true: HAMi parses its boolean annotations and
+#: environment variables so (``nvidia.com/numa-bind``, ``CUDA_DISABLE_CONTROL``)
+GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
+
+def go_true(text: object) -> bool:
+    """True when ``text`` is true as Go's ``strconv.ParseBool`` reads it (no trimming, no other
+    case: ``" true"`` and ``"tRUE"`` are not, ``"1"`` and ``"T"`` are)."""
+    return isinstance(text, str) and text in GO_TRUE

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from hami.core import names
+from hami.core.quantity import go_true
 
 from .layout import LIBRARY_NAME, HookPaths, MountSpec
 
@@ -204,14 +205,10 @@ def claim_region(paths: HookPaths, claim_uid: str) -> str:
 # ------------------------------------------------------------------------------- mounts and preload
 
 
-#: the values Go's strconv.ParseBool reads as true (HAMi's Allocate parses CUDA_DISABLE_CONTROL so)
-_GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-
-
 def preload_wanted(env: Mapping[str, str]) -> bool:
     """False when the container sets ``CUDA_DISABLE_CONTROL`` to a value Go's ``ParseBool`` reads
     as true (``1``, ``t``, ``T``, ``true``, ``True``, ``TRUE``), as HAMi's device plugin decides."""
-    return str(env.get(DISABLE_CONTROL, "")) not in _GO_TRUE
+    return not go_true(env.get(DISABLE_CONTROL))
 
 
 def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool = True) -> tuple[MountSpec, ...]:

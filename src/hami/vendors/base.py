@@ -43,6 +43,7 @@ from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy
 from hami.core.errors import CodecError, CoreError
 from hami.core.health import HealthMemo, HealthVerdict, handshake_health
 from hami.core.names import NODE_LOCK
+from hami.core.quantity import go_true
 from hami.core.quantity import container_resources, parse_int_quantity
 from hami.core.reasons import Reason
 from hami.core.types import (
@@ -207,7 +208,7 @@ class BaseVendor:
             use_uuids=frozenset(_split_list(get(self.use_uuid_annotation or ""))),
             nouse_uuids=frozenset(_split_list(get(self.nouse_uuid_annotation or ""))),
             modes=get(self.mode_annotation) if self.mode_annotation else None,
-            numa_bind=(get(self.numa_bind_annotation or "") or "").strip().lower() == "true",
+            numa_bind=go_true(get(self.numa_bind_annotation or "")),  # as HAMi's assertNuma (ParseBool)
         )
 
     def device_filter(self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection) -> Reason | None:
