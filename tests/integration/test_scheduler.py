@@ -428,10 +428,14 @@ def test_webhook_denials_and_mutations(kube_cluster, hami, ns):
     pinned = gpu_pod("pinned", ns, mem=100)
     pinned["spec"]["nodeName"] = "somewhere"
     deny(pinned, "pod has node assigned")
-    deny(
-        gpu_pod("forged", ns, mem=100, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;"}),
-        "internal annotations",
+    # a copy of a placed pod: the decision it carries is removed, the pod is placed afresh
+    copied = _create(
+        kube_cluster,
+        ns,
+        gpu_pod("copied", ns, mem=100, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;"}),
     )
+    assert "hami.io/vgpu-devices-allocated" not in (copied["metadata"].get("annotations") or {}), copied["metadata"]
+    assert copied["spec"]["schedulerName"] == "hami-scheduler"
     pct = gpu_pod("pct", ns)
     pct["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = 150
     deny(pct, "0..100")

@@ -64,7 +64,10 @@ def test_extender_front_end_is_unchanged():
 
 def test_dra_front_end_keeps_the_security_rules_and_names_what_it_cannot_express():
     forged, t = review_with_templates(body({"nvidia.com/gpu": 1}, {"hami.io/vgpu-node": "n1"}), DRA)
-    assert forged["response"]["allowed"] is False and t == ()
+    assert forged["response"]["allowed"] is True and len(t) == 1  # the key removed, the pod translated
+    ops = json.loads(base64.b64decode(forged["response"]["patch"]))
+    assert {"op": "remove", "path": "/metadata/annotations/hami.io~1vgpu-node"} in ops
+    assert "hami.io/vgpu-node" in forged["response"]["warnings"][0]
     pct, t = review_with_templates(body({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 40}), DRA)
     assert pct["response"]["allowed"] is False and t == ()
     assert pct["response"]["status"]["code"] == 400

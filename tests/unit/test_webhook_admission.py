@@ -55,27 +55,6 @@ OFF = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
     "case, p, labels, text",
     [
         ("no containers", {"metadata": {"name": "p"}, "spec": {"containers": []}}, None, "pod has no containers"),
-        (
-            "forged allocation",
-            pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "x"}),
-            None,
-            "internal annotations",
-        ),
-        (
-            "forged to-allocate",
-            pod(annotations={"hami.io/vgpu-devices-to-allocate": "x"}),
-            None,
-            "internal annotations",
-        ),
-        ("forged node", pod(annotations={"hami.io/vgpu-node": "n1"}), None, "hami.io/vgpu-node"),
-        ("forged bind phase", pod(annotations={"hami.io/bind-phase": "success"}), None, "hami.io/bind-phase"),
-        ("forged label", pod(labels={"hami.io/vgpu-node": "n1"}), None, "label hami.io/vgpu-node"),
-        (
-            "forged on another scheduler",
-            pod(scheduler="volcano", annotations={"hami.io/vgpu-time": "1"}),
-            None,
-            "internal",
-        ),
         ("disable control", pod(GPU, env=OFF), {}, "CUDA_DISABLE_CONTROL"),
         (
             "disable control, label false",
@@ -93,6 +72,60 @@ OFF = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
 def test_denials(case, p, labels, text):
     d = decide(p, S, labels)
     assert not d.allowed and text in d.message, (case, d)
+
+
+@pytest.mark.parametrize(
+    "case, p, removed",
+    [
+        (
+            "allocation",
+            pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "x", "keep": "1"}),
+            "hami.io/vgpu-devices-allocated",
+        ),
+        ("to-allocate", pod(annotations={"hami.io/vgpu-devices-to-allocate": "x"}), "hami.io/vgpu-devices-to-allocate"),
+        ("node", pod(GPU, annotations={"hami.io/vgpu-node": "n1"}), "hami.io/vgpu-node"),
+        ("bind phase", pod(GPU, annotations={"hami.io/bind-phase": "success"}), "hami.io/bind-phase"),
+        ("label", pod(GPU, labels={"hami.io/vgpu-node": "n1", "app": "x"}), "label hami.io/vgpu-node"),
+        ("another scheduler", pod(scheduler="volcano", annotations={"hami.io/vgpu-time": "1"}), "hami.io/vgpu-time"),
+    ],
+)
+def test_internal_annotations_are_removed_and_the_pod_placed_afresh(case, p, removed):
+    """A copy of a placed pod (kubectl debug --copy-to, a re-applied get -o yaml) carries another
+    pod's decision: it was refused (403), which HAMi does not do; now the keys are removed by the
+    patch, with a warning naming them, and nothing else of the pod's metadata changes."""
+    d = decide(p, S)
+    assert d.allowed, (case, d)
+    meta = d.pod["metadata"]
+    assert not [k for k in meta.get("annotations", {}) if k.startswith("hami.io/")], case
+    assert "hami.io/vgpu-node" not in meta.get("labels", {}), case
+    assert {k: v for k, v in p["metadata"]["annotations"].items() if not k.startswith("hami.io/")} == meta.get(
+        "annotations", {}
+    )
+    assert {k: v for k, v in p["metadata"]["labels"].items() if not k.startswith("hami.io/")} == meta.get("labels", {})
+    assert len(d.warnings) == 1 and removed in d.warnings[0], d.warnings
+
+
+def test_the_answer_patches_the_internal_keys_out_and_warns():
+    p = pod(GPU, annotations={"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1,1:;", "keep": "1"})
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u1", "operation": "CREATE", "namespace": "ns", "kind": {"kind": "Pod"}, "object": p},
+    }
+    resp = review(body, S)["response"]
+    assert resp["allowed"] is True
+    ops = json.loads(base64.b64decode(resp["patch"]))
+    assert {"op": "remove", "path": "/metadata/annotations/hami.io~1vgpu-devices-allocated"} in ops, ops
+    assert not any(o["path"] == "/metadata/annotations/keep" for o in ops)
+    assert resp["warnings"] == [
+        "hami: removed the internal annotations only hami scheduler writes (the pod is placed afresh): "
+        "hami.io/vgpu-devices-allocated"
+    ]
+
+
+def test_a_refused_pod_with_internal_keys_is_still_refused_for_its_own_reason():
+    d = decide(pod(GPU, privileged=True, annotations={"hami.io/vgpu-node": "n1"}), S)
+    assert not d.allowed and "privileged" in d.message
 
 
 def test_opt_in_label_allows_disable_control():

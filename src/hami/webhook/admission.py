@@ -1,9 +1,10 @@
 """Admission rules for pods (reference §3.2-§3.3), in order:
 
 1. a pod with no containers is denied;
-2. (security, beyond HAMi) a pod that sets an internal allocation annotation or label at
-   creation (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ...) is
-   denied, whatever its scheduler: the scheduler trusts these to rebuild its ledger;
+2. (security, beyond HAMi) an internal allocation annotation or label a pod carries at creation
+   (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ...) is removed by
+   the patch, whatever its scheduler, with a warning naming the keys: the scheduler trusts these
+   to rebuild its ledger, and a copy of a placed pod (``kubectl debug --copy-to``) carries them;
 3. (security) ``CUDA_DISABLE_CONTROL`` in a container's env is denied unless the namespace
    carries the opt-in label (``hami.io/allow-disable-control: "true"``), which only someone who
    may edit namespaces can set;
@@ -26,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, names, pod_request
@@ -87,6 +88,7 @@ class Decision:
     pod: dict | None = None  # the mutated pod when allowed
     code: int = 200
     templates: tuple[dict, ...] = ()  # ResourceClaimTemplates the pod needs (DRA front end)
+    warnings: tuple[str, ...] = ()  # AdmissionReview warnings (kubectl prints them)
 
 
 def _containers(pod: Mapping[str, Any]) -> list[dict]:
@@ -183,10 +185,33 @@ def _decide_checked(
     meta = pod.get("metadata") or {}
     if not (pod.get("spec") or {}).get("containers"):
         return _deny("pod has no containers", 400)
-    forged = sorted(k for k in (meta.get("annotations") or {}) if s.internal_annotation(k))
-    forged += sorted(f"label {k}" for k in (meta.get("labels") or {}) if k in INTERNAL_LABELS)
-    if forged:
-        return _deny(f"pod sets internal annotations that only hami scheduler may write: {', '.join(forged)}")
+    keys = sorted(k for k in (meta.get("annotations") or {}) if s.internal_annotation(k))
+    labels = sorted(k for k in (meta.get("labels") or {}) if k in INTERNAL_LABELS)
+    if not keys and not labels:
+        return _decide_clean(pod, s, namespace_labels, quota_room)
+    # A copy of a placed pod (kubectl debug --copy-to, a re-applied `get -o yaml`, a restore)
+    # carries the decision of another pod: it is removed, never trusted, and the pod is placed
+    # afresh (HAMi admits such a pod and overwrites the decision at Filter). The allocation guard
+    # refuses the keys on any pod this webhook does not see.
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in keys}
+    lab = {k: v for k, v in (meta.get("labels") or {}).items() if k not in labels}
+    clean = {**pod, "metadata": {**meta, "annotations": ann, "labels": lab}}
+    for part, value in (("annotations", meta.get("annotations")), ("labels", meta.get("labels"))):
+        if value is None:
+            clean["metadata"].pop(part)
+    d = _decide_clean(clean, s, namespace_labels, quota_room)
+    removed = ", ".join(keys + [f"label {k}" for k in labels])
+    note = f"hami: removed the internal annotations only hami scheduler writes (the pod is placed afresh): {removed}"
+    return replace(d, warnings=d.warnings + (note,))
+
+
+def _decide_clean(
+    pod: Mapping[str, Any],
+    s: AdmissionSettings,
+    namespace_labels: Mapping[str, str] | None,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None,
+) -> Decision:
+    """:func:`_decide_checked` for a pod without internal annotations."""
     disablers = uses_disable_control(pod)
     if disablers and (namespace_labels or {}).get(s.disable_control_label) != "true":
         return _deny(
@@ -360,6 +385,8 @@ def review_with_templates(
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+        if d.warnings:
+            response["warnings"] = list(d.warnings)
     return _answer(body, response), templates
 
 
