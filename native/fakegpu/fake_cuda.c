@@ -845,7 +845,9 @@ static CUresult free_dev(CUdeviceptr dptr, int want_async)
         struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)(uintptr_t)v.aux;
         pthread_mutex_lock(&g_mu);
         pool->used -= v.size;
-        unsigned long long keep = pool->used + pool->threshold;
+        /* the threshold bounds what the pool keeps reserved in all, live allocations included
+         * (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; the driver releases at the next synchronization) */
+        unsigned long long keep = pool->used > pool->threshold ? pool->used : pool->threshold;
         long long rel = pool->reserved > keep ? (long long)(pool->reserved - keep) : 0;
         rel = rel / (long long)FG_LARGE_ALIGN * (long long)FG_LARGE_ALIGN;
         pool->reserved -= (unsigned long long)rel;

@@ -57,6 +57,7 @@ int vgpu_inited;
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, 0)                            \
     X(cuDeviceGetMemPool, "cuDeviceGetMemPool", 11020, 0)                                          \
     X(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, 0)                                                \
+    X(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, 0)                                          \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 11020, 0)                                    \
     X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, 0)                                              \
     X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, 1)                                             \
@@ -78,7 +79,7 @@ int vgpu_inited;
 #define CUDA_PLAIN(X)                                                                              \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
-    X(cuMemPoolGetAttribute)
+    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -113,11 +114,16 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ptrmap g_ptrs;    /* device pointer -> charged bytes */
 static ptrmap g_handles; /* arrays, VMM handles, created contexts */
 static ptrmap g_pools;   /* memory pool -> where it allocates (pool_dev), its cached memory charged (pool_settle) */
+static ptrmap g_pool_keep; /* memory pool -> its release threshold (size), once read or set */
+static CUmemoryPool g_cur_pool[VGPU_MAX_DEV]; /* CUDA device -> its current pool (cuMemAllocAsync's) */
 static ptrmap g_maps;    /* VMM mapping address -> its handle (aux) and size */
 static ptrmap g_limits;  /* context limit records (limit_key): charge (T_LIMIT), first value (T_LIMIT_BASE) */
 /* cuCtxSetLimit against context teardown (destroy, reset, last release): a limit is charged to a
  * context that still exists, and a teardown drops every record of its context */
 static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
+/* a pool's settle (the driver's figures read, then applied) as one: an older reading applied
+ * after a newer one left the wrong charge until the pool's next call */
+static pthread_mutex_t g_settle_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -191,11 +197,15 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
     pthread_mutex_init(&g_limit_mu, NULL); /* a thread of the parent may have held it */
+    pthread_mutex_init(&g_settle_mu, NULL);
     free(g_limits.slots);
     memset(&g_limits, 0, sizeof g_limits);
     free(g_ptrs.slots);
     free(g_handles.slots);
     free(g_pools.slots);
+    free(g_pool_keep.slots);
+    memset(&g_pool_keep, 0, sizeof g_pool_keep);
+    memset(g_cur_pool, 0, sizeof g_cur_pool);
     free(g_maps.slots);
     memset(&g_maps, 0, sizeof g_maps);
     memset(&g_ptrs, 0, sizeof g_ptrs);
@@ -790,6 +800,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     return CUDA_SUCCESS;
 }
 
+static void pool_freed(CUmemoryPool pool, uint64_t bytes, int reg);
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     READY_OR(r_cuMemFree_v2, CUDA_ERROR_NOT_INITIALIZED);
@@ -801,6 +812,8 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
             vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
         else
             track_aux(&g_ptrs, dptr, v.size, v.dev, (int)v.kind, v.aux);
+        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux)
+            pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev);
     }
     return r;
 }
@@ -1059,18 +1072,21 @@ static void pool_note(CUmemoryPool pool, int where)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* A pool keeps memory its allocations freed, up to its release threshold
- * (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD; 0 by default: given back at the next synchronization).
- * That memory is the process's as much as a live allocation is: uncharged, a pool with a high
- * threshold (TensorFlow's allocator sets it to the pool's size) let a process fill its limit,
- * free into the pool, and allocate its limit again elsewhere. So each pool's cache -- what the
- * driver reserves for it above its live allocations, capped at the threshold (what it keeps across
- * a synchronization) -- is charged without a check (the driver already holds it) and settled after
- * every call that moves it: an allocation from the pool, a free into it, a trim, a threshold
- * change; the pool's destruction gives it back. The live allocations are counted here, not read
- * from the driver (its figure may lag a stream-ordered free). An allocation the cache may serve
- * first takes its charge from the cache's, so a full container can reuse what its pool keeps.
- * With the default threshold nothing is charged beyond the live allocations.
+/* A pool keeps memory its allocations freed: across a synchronization, up to its release
+ * threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0 by default) reserved in all, live allocations
+ * included. That memory is the process's as much as a live allocation is: uncharged, a pool with a
+ * high threshold (PyTorch's and TensorFlow's async allocators set it to the maximum) let a process
+ * fill its limit, free into the pool, and allocate its limit again elsewhere. So each pool's cache
+ * -- what the driver reserves for it above its live allocations, at most threshold - live -- is
+ * charged without a check (the driver already holds it) and settled after every call that moves
+ * it: an allocation from the pool, a free into it (cuMemFreeAsync or cuMemFree), a trim, a
+ * threshold change; the pool's destruction gives it back. The live allocations are counted here,
+ * not read from the driver (its figure may lag a stream-ordered free). An allocation from the
+ * pool first moves up to its size from the cache's charge to its own, without the ledger moving
+ * (so no other thread takes that room meanwhile): a full container can reuse what its pool
+ * keeps. Allocations made while a stream is captured come from the graph's pool, not this one.
+ * The threshold is remembered once read or set, so with the default threshold the hot path makes
+ * no driver call of its own, and nothing is charged beyond the live allocations.
  *
  * g_pools entry fields: dev = where the pool allocates (pool_dev), owner = bytes of its live
  * allocations, size = its cache charged, aux = the region device that charge is on. */
@@ -1083,32 +1099,79 @@ static void pool_live(CUmemoryPool pool, uint64_t add, uint64_t sub)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* An allocation of `bytes` about to be made from `pool`: its cache's charge goes first. */
-static void pool_take(CUmemoryPool pool, uint64_t bytes)
+/* An allocation of `bytes` on region device `reg` about to be made from `pool`: up to `bytes` of
+ * its cache's charge moves to the allocation (the ledger does not move: nobody can take the room
+ * in between); returns what moved, to reserve only the rest. */
+static uint64_t pool_take(CUmemoryPool pool, uint64_t bytes, int reg, int *keeps)
 {
     pthread_mutex_lock(&g_mu);
     ptrmap_val *v = ptrmap_get(&g_pools, (uint64_t)(uintptr_t)pool);
-    uint64_t dropped = v ? (bytes < v->size ? bytes : v->size) : 0;
-    if (dropped) {
-        v->size -= dropped;
-        vgpu_release((int)v->aux, dropped, VGPU_MEM_DATA);
-    }
+    ptrmap_val *k = ptrmap_get(&g_pool_keep, (uint64_t)(uintptr_t)pool);
+    *keeps = !k || k->size || (v && v->size); /* unknown: as if it kept (pool_settle reads it) */
+    uint64_t moved = v && (int)v->aux == reg ? (bytes < v->size ? bytes : v->size) : 0;
+    if (moved)
+        v->size -= moved;
+    pthread_mutex_unlock(&g_mu);
+    return moved;
+}
+
+static void pool_untake(CUmemoryPool pool, uint64_t moved, int reg)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(&g_pools, (uint64_t)(uintptr_t)pool);
+    if (v && (int)v->aux == reg)
+        v->size += moved;
+    else /* the pool went (destroyed) or its charge moved: nothing holds the memory any more */
+        vgpu_release(reg, moved, VGPU_MEM_DATA);
     pthread_mutex_unlock(&g_mu);
 }
+
+static void pool_threshold(CUmemoryPool pool, uint64_t keep)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(&g_pool_keep, (uint64_t)(uintptr_t)pool, (ptrmap_val){.size = keep});
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void pool_settle_locked(CUmemoryPool pool, int reg);
 
 /* Charge `pool`'s cache on region device `reg` as the driver reserves it now. */
 static void pool_settle(CUmemoryPool pool, int reg)
 {
-    cuuint64_t keep = 0, reserved = 0;
-    if (!pool || reg < 0 || !p_cuMemPoolGetAttribute ||
-        p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) != CUDA_SUCCESS ||
-        p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+    if (!pool || reg < 0)
         return;
-    pthread_mutex_lock(&g_mu); /* the ledger is moved under it: settles of one pool never cross */
+    pthread_mutex_lock(&g_settle_mu);
+    pool_settle_locked(pool, reg);
+    pthread_mutex_unlock(&g_settle_mu);
+}
+static void pool_settle_locked(CUmemoryPool pool, int reg)
+{
+    cuuint64_t keep = 0, reserved = 0;
+    if (!pool || reg < 0 || !p_cuMemPoolGetAttribute)
+        return;
+    /* The threshold is known once read (0 by default; only cuMemPoolSetAttribute, hooked, changes
+     * it): a pool that keeps nothing and is charged nothing needs no driver call. */
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *e = pool_entry(pool), *k = ptrmap_get(&g_pool_keep, (uint64_t)(uintptr_t)pool);
+    uint64_t charged = e ? e->size : 0;
+    int known = k != NULL;
+    keep = k ? k->size : 0;
+    pthread_mutex_unlock(&g_mu);
+    if (!known) {
+        if (p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) != CUDA_SUCCESS)
+            return;
+        pool_threshold(pool, keep);
+    }
+    if (!keep && !charged)
+        return;
+    if (keep && p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&g_mu); /* the ledger is moved under it */
     ptrmap_val *v = pool_entry(pool);
     if (v) {
         uint64_t cached = reserved > v->owner ? reserved - v->owner : 0;
-        uint64_t want = cached < keep ? cached : keep, old = v->size;
+        uint64_t room = keep > v->owner ? keep - v->owner : 0; /* what a sync leaves above the live ones */
+        uint64_t want = cached < room ? cached : room, old = v->size;
         int old_reg = (int)v->aux;
         v->size = want;
         v->aux = (uint64_t)reg;
@@ -1165,8 +1228,8 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 /* Stream-ordered allocations are charged per allocation, at the requested size, on the device
  * of the pool they come from (-1 = the current context's: cuMemAllocAsync). */
-static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUresult (*call)(void *),
-                              void *arg)
+static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s,
+                              CUresult (*call)(void *), void *arg)
 {
     if (where == POOL_HOST)
         return call(arg);
@@ -1174,15 +1237,37 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemor
     if (reg < 0 || !dptr || !size)
         return call(arg);
     uint64_t bytes = round_alloc(size);
-    if (pool)
-        pool_take(pool, bytes);
-    CUresult r = CHARGED_CALL(reg, bytes, call(arg));
+    int keeps = 0;
+    uint64_t moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
+    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (keeps && p_cuStreamIsCapturing && p_cuStreamIsCapturing(s, &capturing) == CUDA_SUCCESS &&
+        capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
+        if (moved) /* captured: the graph's own pool serves it when the graph runs, not this one */
+            pool_untake(pool, moved, reg);
+        moved = 0;
+        pool = NULL;
+    }
+    CUresult r = CHARGED_CALL(reg, bytes - moved, call(arg));
+    if (r != CUDA_SUCCESS && moved)
+        pool_untake(pool, moved, reg);
+    CUmemoryPool real = NULL;
+    if (r == CUDA_SUCCESS && keeps && pool && p_cuPointerGetAttribute &&
+        p_cuPointerGetAttribute(&real, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, *dptr) == CUDA_SUCCESS && real &&
+        real != pool) { /* another pool served it (the device's pool changed meanwhile) */
+        if (moved) {
+            pool_untake(pool, moved, reg); /* that cache still holds its memory */
+            vgpu_charge(reg, moved, VGPU_MEM_DATA);
+        }
+        pool_settle(pool, reg);
+        pool = real;
+    }
     if (r == CUDA_SUCCESS) {
         track_aux(&g_ptrs, *dptr, bytes, reg, T_ASYNC, (uint64_t)(uintptr_t)pool);
         if (pool)
             pool_live(pool, bytes, 0);
     }
-    pool_settle(pool, reg);
+    if (keeps)
+        pool_settle(pool, reg);
     return r;
 }
 
@@ -1235,10 +1320,25 @@ static int stream_dev(CUstream s, CUdevice *cuda_dev)
  * current pool (cuDeviceSetMemPool), or NULL if the driver cannot say. */
 static CUmemoryPool current_pool(CUdevice cuda_dev)
 {
-    CUmemoryPool pool = NULL;
-    if (cuda_dev < 0 || !r_cuDeviceGetMemPool || r_cuDeviceGetMemPool(&pool, cuda_dev) != CUDA_SUCCESS)
+    if (cuda_dev < 0)
         return NULL;
+    CUmemoryPool pool = cuda_dev < VGPU_MAX_DEV ? __atomic_load_n(&g_cur_pool[cuda_dev], __ATOMIC_ACQUIRE) : NULL;
+    if (pool)
+        return pool; /* kept by the cuDeviceSetMemPool hook */
+    if (!r_cuDeviceGetMemPool || r_cuDeviceGetMemPool(&pool, cuda_dev) != CUDA_SUCCESS)
+        return NULL;
+    if (cuda_dev < VGPU_MAX_DEV)
+        __atomic_store_n(&g_cur_pool[cuda_dev], pool, __ATOMIC_RELEASE);
     return pool;
+}
+
+EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    READY_OR(r_cuDeviceSetMemPool, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuDeviceSetMemPool(dev, pool);
+    if (r == CUDA_SUCCESS && dev >= 0 && dev < VGPU_MAX_DEV)
+        __atomic_store_n(&g_cur_pool[dev], pool, __ATOMIC_RELEASE);
+    return r;
 }
 
 static CUresult alloc_async(CUdeviceptr *d, size_t n, CUstream s, int pt)
@@ -1248,7 +1348,7 @@ static CUresult alloc_async(CUdeviceptr *d, size_t n, CUstream s, int pt)
     async_args a = {d, n, NULL, s, pt};
     CUmemoryPool pool = current_pool(cuda_dev);
     pool_note(pool, cuda_dev);
-    return async_charged(d, n, where, pool, do_async, &a);
+    return async_charged(d, n, where, pool, s, do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
@@ -1267,14 +1367,14 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p
 {
     READY_OR(r_cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 0};
-    return async_charged(d, n, pool_dev(p), p, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, s, do_pool, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 1};
-    return async_charged(d, n, pool_dev(p), p, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, s, do_pool, &a);
 }
 
 /* Region device a pool's cache is charged on: its location, else the current context's. */
@@ -1297,8 +1397,10 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 {
     READY_OR(r_cuMemPoolSetAttribute, CUDA_ERROR_NOT_INITIALIZED);
     CUresult r = r_cuMemPoolSetAttribute(pool, attr, value);
-    if (r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    if (r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && value) {
+        pool_threshold(pool, *(cuuint64_t *)value);
         pool_settle(pool, pool_reg(pool));
+    }
     return r;
 }
 
@@ -1312,9 +1414,22 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         pthread_mutex_lock(&g_mu);
         if (ptrmap_del(&g_pools, (uint64_t)(uintptr_t)pool, &v) && v.size)
             vgpu_release((int)v.aux, v.size, VGPU_MEM_DATA);
+        ptrmap_del(&g_pool_keep, (uint64_t)(uintptr_t)pool, NULL);
         pthread_mutex_unlock(&g_mu);
     }
     return r;
+}
+
+static void pool_freed(CUmemoryPool pool, uint64_t bytes, int reg)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = pool_entry(pool), *k = ptrmap_get(&g_pool_keep, (uint64_t)(uintptr_t)pool);
+    if (v)
+        v->owner = v->owner > bytes ? v->owner - bytes : 0;
+    int keeps = !k || k->size || (v && v->size);
+    pthread_mutex_unlock(&g_mu);
+    if (keeps)
+        pool_settle(pool, reg); /* what the pool keeps of it */
 }
 
 static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
@@ -1329,11 +1444,8 @@ static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync
             vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
         else
             track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
-        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux) {
-            CUmemoryPool pool = (CUmemoryPool)(uintptr_t)v.aux;
-            pool_live(pool, 0, v.size);
-            pool_settle(pool, v.dev); /* what the pool keeps of it */
-        }
+        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux)
+            pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev);
     }
     return r;
 }

@@ -187,6 +187,97 @@ print(row)
     )
 
 
+POOLS = """
+class PoolProps(C.Structure):
+    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
+                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
+THRESHOLD, RESERVED = 4, 5
+def keep(pool, n):
+    c.check(cu.cuMemPoolSetAttribute(pool, THRESHOLD, C.byref(C.c_uint64(n))))
+def reserved(pool):
+    v = C.c_uint64(); c.check(cu.cuMemPoolGetAttribute(pool, RESERVED, C.byref(v))); return v.value >> 20
+def mkpool(dev=0):
+    p = C.c_void_p()
+    c.check(cu.cuMemPoolCreate(C.byref(p), C.byref(PoolProps(1, 0, Loc(1, dev), None, 0, 0))))
+    return p
+def from_pool(pool, mib):
+    d = C.c_uint64()
+    return cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(mib << 20), pool, None), d
+"""
+
+
+def test_a_pool_allocation_freed_with_cumemfree_leaves_its_cache_charged(vgpu_env):
+    """cuMemFree of stream-ordered memory is legal: it returned the allocation's charge but not the
+    pool's count of live bytes, so the pool's cache (800 MiB it kept) was never charged and a
+    second 800 MiB fitted under the 1 GiB limit (1600 MiB held; review of 1d0b0e5)."""
+    out = run_py(
+        PRELUDE
+        + POOLS
+        + """
+ctx = c.init(0)
+pool = mkpool(); keep(pool, 2**64 - 1)
+rc, d = from_pool(pool, 800)
+row = [rc, cu.cuMemFree_v2(d), ledger(), reserved(pool), c.alloc(800 << 20)[0]]
+c.check(cu.cuMemPoolTrimTo(pool, C.c_size_t(0)))
+row += [ledger(), c.alloc(800 << 20)[0]]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[0, 0, 800, 800, 2, 0, 0]"
+
+
+def test_the_threshold_bounds_what_a_pool_keeps_in_all(vgpu_env):
+    """The release threshold bounds the pool's whole reservation, live allocations included: with
+    500 MiB live under a 300 MiB threshold, a freed 300 MiB is given back at the next
+    synchronization. It was charged as kept (min(cache, threshold)), and a correct program's
+    cuMemAlloc of 300 MiB failed at 800 of 1024 MiB."""
+    out = run_py(
+        PRELUDE
+        + POOLS
+        + """
+ctx = c.init(0)
+pool = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(pool), 0))
+keep(pool, 300 << 20)
+live, tmp = C.c_uint64(), C.c_uint64()
+row = [cu.cuMemAllocAsync(C.byref(live), C.c_size_t(500 << 20), None), cu.cuMemAllocAsync(C.byref(tmp), C.c_size_t(300 << 20), None)]
+row += [cu.cuMemFreeAsync(tmp, None), cu.cuStreamSynchronize(None), ledger(), c.alloc(300 << 20)[0], ledger()]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[0, 0, 0, 0, 500, 0, 800]"
+
+
+def test_an_allocation_served_by_the_cache_leaves_no_room_for_another_thread(vgpu_env):
+    """An allocation from a pool's cache gave the cache's charge back before reserving its own: a
+    cuMemAlloc waiting in the region lock took that room, and both succeeded (1600 MiB under
+    1 GiB). The charge now moves from the cache to the allocation without the ledger moving."""
+    env = {**vgpu_env, "LIBVGPU_TEST_STALL_IN_LOCK_MS": "400"}
+    out = run_py(
+        PRELUDE
+        + POOLS
+        + """
+import threading, time
+ctx = c.init(0)
+pool = mkpool(); keep(pool, 2**64 - 1)
+rc, d = from_pool(pool, 800)
+c.check(cu.cuMemFreeAsync(d, None))
+res = {}
+def other():
+    c.check(cu.cuCtxSetCurrent(ctx))
+    res["b"] = c.alloc(800 << 20)[0]
+t = threading.Thread(target=other); t.start()
+time.sleep(0.15)
+rc2, d2 = from_pool(pool, 800)
+t.join()
+print(sorted([res["b"], rc2]), ledger())
+""",
+        env,
+    ).stdout.strip()
+    assert out == "[0, 2] 800"
+
+
 def test_async_allocations_are_charged_to_the_streams_device(vgpu_env):
     """cuMemAllocAsync allocates from the pool current to the stream's device: a stream made on
     device 1 charges device 1 while device 0's context is current (it charged device 0, so device
