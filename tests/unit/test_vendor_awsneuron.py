@@ -196,3 +196,16 @@ def test_pods_our_earlier_releases_placed_still_count():
 def test_misfits(first, second, reason):
     results = place([inf_node(devices=1)], [pod("a", [ctr(limits=first)]), pod("b", [ctr(limits=second)])])
     assert results[1].reasons() == {"inf": reason}
+
+
+def test_a_namespace_quota_counts_the_cores_a_mask_names_not_the_mask():
+    """A grant records its cores as a bit mask (core 1 = 2, a whole 2-core device = 3); a
+    namespace's core usage summed the masks, so the pod on core 1 counted 2 cores."""
+    n = inf_node(devices=2)
+    a, b = core_pod("a"), core_pod("b")
+    ra, rb = place([n], [a, b])
+    assert (ra.annotations["AWS_NEURON_IDS"], rb.annotations["AWS_NEURON_IDS"]) == ("0", "1")
+    placed = [running(a, "inf", ra.annotations), running(b, "inf", rb.annotations)]
+    ledger, warnings = rebuild([n], placed, CFG.vendors)
+    assert not warnings
+    assert ledger.namespace_usage("default", "AWSNeuron") == (0, 2)  # two cores, masks 1 and 2

@@ -191,7 +191,11 @@ class NodeState:
 class Ledger:
     """Nodes' devices and usage, pods' allocations, namespace quota usage and limits."""
 
-    def __init__(self) -> None:
+    def __init__(self, vendors: Iterable[Any] = ()) -> None:
+        """``vendors``: the backends whose grants record cores as a bit mask
+        (``cores_are_masks``, AWS Neuron as HAMi writes it) count their set bits against a
+        namespace's quota; every other grant's cores count as they are."""
+        self._mask_vendors = frozenset(v.name for v in vendors if getattr(v, "cores_are_masks", False))
         self._nodes: dict[str, NodeState] = {}
         self._pods: dict[str, PodAllocation] = {}
         self._pods_by_node: dict[str, set[str]] = {}
@@ -584,7 +588,7 @@ class Ledger:
         for u in alloc.usage:
             acc = ns.setdefault(u.vendor, [0, 0])
             acc[0] += sign * u.mem
-            acc[1] += sign * u.cores
+            acc[1] += sign * (u.cores.bit_count() if u.vendor in self._mask_vendors else u.cores)
         st = self._nodes.get(alloc.node)
         if st is None:
             return
@@ -898,7 +902,7 @@ def rebuild(
     """A ledger from Kubernetes objects. Returns ``(ledger, warnings)``; bad objects are skipped,
     and so are the devices of a vendor whose registration on a node cannot be read (the node
     keeps the other vendors' devices; with none left, the node is skipped)."""
-    ledger = Ledger()
+    ledger = Ledger(vendors)
     warnings: list[str] = []
     for node in nodes:
         try:

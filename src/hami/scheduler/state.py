@@ -110,7 +110,7 @@ class ClusterState:
         self.scheduler_name = scheduler_name
         self.node_selector = dict(node_selector or {})
         self.clock = clock
-        self.ledger = Ledger()
+        self.ledger = Ledger(config.vendors)
         self.nodes: dict[str, dict] = {}  # name -> Node (all nodes, selector applied in the ledger)
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
         # deleted pod UIDs, oldest first (bounded; a plain dict: its order is insertion's, and no

@@ -208,7 +208,7 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 
 
 def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
-    ledger = Ledger()
+    ledger = Ledger(config.vendors)
     warnings: list[str] = []
     names = Names(source)
     for label, obj in flatten_objects(node_docs, source):

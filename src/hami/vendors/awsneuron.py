@@ -60,6 +60,7 @@ class NeuronRequest(ContainerDeviceRequest):
 
 class AwsNeuronVendor(BaseVendor):
     cores_unit = "NeuronCores"  # devcore = mask of the device's cores, a grant = mask of its cores
+    cores_are_masks = True  # a namespace quota counts a grant's set bits (the ledger)
     name = "AWSNeuron"
     request_type = "AWSNeuron"
     allocated_annotation = "hami.io/aws-neuron-devices-allocated"
