@@ -1014,6 +1014,9 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
         return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = copy.dev; break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: /* the pool a stream-ordered allocation came from */
+        *(CUmemoryPool *)data = copy.kind == K_ASYNC ? (CUmemoryPool)(uintptr_t)copy.aux : NULL;
+        break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned *)data = copy.kind == K_MANAGED; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned *)data = (copy.kind == K_HOST || copy.kind == K_HOSTREG) ? CU_MEMORYTYPE_HOST

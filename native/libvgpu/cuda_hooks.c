@@ -1416,6 +1416,11 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
             vgpu_release((int)v.aux, v.size, VGPU_MEM_DATA);
         ptrmap_del(&g_pool_keep, (uint64_t)(uintptr_t)pool, NULL);
         pthread_mutex_unlock(&g_mu);
+        /* the driver makes the default pool current again where this one was */
+        for (int i = 0; i < VGPU_MAX_DEV; i++) {
+            CUmemoryPool expected = pool;
+            __atomic_compare_exchange_n(&g_cur_pool[i], &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        }
     }
     return r;
 }

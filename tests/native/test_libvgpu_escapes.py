@@ -278,6 +278,32 @@ print(sorted([res["b"], rc2]), ledger())
     assert out == "[0, 2] 800"
 
 
+def test_a_destroyed_current_pool_is_forgotten(vgpu_env):
+    """A pool made current (cuDeviceSetMemPool) and destroyed: the driver makes the default pool
+    current again, but libvgpu kept the destroyed handle as the device's current pool, so the
+    default pool's cache (PyTorch's backend keeps everything) went uncharged and a second 800 MiB
+    fitted under the 1 GiB limit (review of 1268f8b)."""
+    out = run_py(
+        PRELUDE
+        + POOLS
+        + """
+ctx = c.init(0)
+p = mkpool(); keep(p, 2**64 - 1)
+c.check(cu.cuDeviceSetMemPool(0, p))
+d = C.c_uint64()
+row = [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(300 << 20), None), cu.cuMemFreeAsync(d, None), ledger()]
+row += [cu.cuMemPoolDestroy(p), ledger()]
+dp = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(dp), 0))
+keep(dp, 2**64 - 1)
+row += [cu.cuMemAllocAsync(C.byref(d), C.c_size_t(800 << 20), None), cu.cuMemFreeAsync(d, None), ledger()]
+row += [c.alloc(800 << 20)[0], ledger()]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "[0, 0, 300, 0, 0, 0, 0, 800, 2, 800]"
+
+
 def test_async_allocations_are_charged_to_the_streams_device(vgpu_env):
     """cuMemAllocAsync allocates from the pool current to the stream's device: a stream made on
     device 1 charges device 1 while device 0's context is current (it charged device 0, so device

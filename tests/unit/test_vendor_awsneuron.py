@@ -131,29 +131,19 @@ def test_a_pod_hami_placed_is_counted(held, limits, expected):
 @pytest.mark.parametrize(
     "text,annotations,expected",
     [
-        # our earlier releases: whole devices recorded their core count, single cores 1 and named
-        # the core in AWS_NEURON_IDS (index x cores + n)
+        # our earlier releases: whole devices recorded their core count, single cores 1 (named only
+        # in AWS_NEURON_IDS, which the pod's owner may edit: not trusted, the core is "unknown")
         ("inf-awsneuron-1,AWSNeuron,0,2:;", {}, "inf-AWSNeuron-1,AWSNeuron,0,3:;"),
         ("inf-awsneuron-0,AWSNeuron,0,4:;", {}, "inf-AWSNeuron-0,AWSNeuron,0,15:;"),
         (
             "inf-awsneuron-0,AWSNeuron,0,1:;",
             {"AWS_NEURON_IDS": "1", "NEURON_RESOURCE_TYPE": "neuroncore"},
-            "inf-AWSNeuron-0,AWSNeuron,0,2:;",
-        ),
-        (
-            "inf-awsneuron-1,AWSNeuron,0,1:;",
-            {"AWS_NEURON_IDS": "3", "NEURON_RESOURCE_TYPE": "neuroncore"},
-            "inf-AWSNeuron-1,AWSNeuron,0,2:;",
-        ),
-        (
-            "inf-awsneuron-1,AWSNeuron,0,1:;",
-            {"AWS_NEURON_IDS": "6", "NEURON_RESOURCE_TYPE": "neuroncore"},  # a 4-core device, core 2
-            "inf-AWSNeuron-1,AWSNeuron,0,4:;",
+            "inf-AWSNeuron-0,AWSNeuron,0,16:;",
         ),
         (
             "inf-awsneuron-0,AWSNeuron,0,1:;inf-awsneuron-0,AWSNeuron,0,1:;",
             {"AWS_NEURON_IDS": "0,1", "NEURON_RESOURCE_TYPE": "neuroncore"},
-            "inf-AWSNeuron-0,AWSNeuron,0,1:;inf-AWSNeuron-0,AWSNeuron,0,2:;",
+            "inf-AWSNeuron-0,AWSNeuron,0,16:;inf-AWSNeuron-0,AWSNeuron,0,16:;",
         ),
         # HAMi's spelling is read as it is
         ("inf-AWSNeuron-0,AWSNeuron,0,2:;", {"AWS_NEURON_IDS": "1"}, "inf-AWSNeuron-0,AWSNeuron,0,2:;"),
@@ -168,21 +158,26 @@ def test_legacy_allocations_read_as_hami_writes_them(text, annotations, expected
 
 def test_pods_our_earlier_releases_placed_still_count():
     """After an upgrade from our previous release, its pods (IDs ``<node>-awsneuron-<i>``, cores
-    counted) hold the same devices and cores: no double booking."""
-    n = inf_node("n1", devices=2)
+    counted) hold the same devices: no double booking. A single core's position was only in
+    AWS_NEURON_IDS, which its owner may edit (editing it made a new pod land on the old pod's
+    core): its device takes no new core until the old pod ends; the other devices do."""
+    n = inf_node("n1", devices=3)
     whole = running(pod("w", [ctr(limits={DEV: 1})]), "n1", {ALLOCATED: "n1-awsneuron-1,AWSNeuron,0,2:;"})
     core1 = running(
         core_pod("c1"),
         "n1",
-        {ALLOCATED: "n1-awsneuron-0,AWSNeuron,0,1:;", "AWS_NEURON_IDS": "1", "NEURON_RESOURCE_TYPE": "neuroncore"},
+        {ALLOCATED: "n1-awsneuron-0,AWSNeuron,0,1:;", "AWS_NEURON_IDS": "0", "NEURON_RESOURCE_TYPE": "neuroncore"},
     )
     ledger, warnings = rebuild([n], [whole, core1], CFG.vendors)
     assert not warnings
     usage = {d.id: (used, cores) for d, used, _, cores in ledger.device_usage("n1")}
-    assert usage == {"n1-AWSNeuron-0": (1, 0b10), "n1-AWSNeuron-1": (1, 0b11)}
+    assert usage == {"n1-AWSNeuron-0": (1, 0b10000), "n1-AWSNeuron-1": (1, 0b11), "n1-AWSNeuron-2": (0, 0)}
+    assert ledger.namespace_usage("default", "AWSNeuron") == (0, 3)  # the unknown core counts as one
     r = schedule_pod(admit(core_pod("new"), CFG), None, ledger, CFG, NOW)
-    assert (r.annotations[ALLOCATED], r.annotations["AWS_NEURON_IDS"]) == ("n1-AWSNeuron-0,AWSNeuron,0,1:;", "0")
+    assert (r.annotations[ALLOCATED], r.annotations["AWS_NEURON_IDS"]) == ("n1-AWSNeuron-2,AWSNeuron,0,1:;", "4")
     r = schedule_pod(admit(core_pod("more"), CFG), None, ledger, CFG, NOW)
+    assert r.annotations[ALLOCATED] == "n1-AWSNeuron-2,AWSNeuron,0,2:;"
+    r = schedule_pod(admit(core_pod("full"), CFG), None, ledger, CFG, NOW)
     assert r.node is None
 
 

@@ -4,6 +4,8 @@ slices, Moore Threads cores, NeuronCores), and every placement is on the request
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -121,3 +123,67 @@ def test_no_device_is_ever_over_capacity(requests):
                 usedmem,
                 usedcores,
             )
+
+
+@pytest.mark.parametrize(
+    "case, node_annotations, capacity, limits, pod_annotations, expected",
+    [
+        (
+            "MetaX GPU cordon",
+            {"hami.io/device-cordon": "n1-metax-gpu-0"},
+            {"metax-tech.com/gpu": 1},
+            {"metax-tech.com/gpu": 1},
+            {},
+            {"n1": "1/1 CardCordoned"},
+        ),
+        (
+            "Enflame GCU cordon",
+            {"hami.io/device-cordon": "n1-enflame-gcu-0"},
+            {"enflame.com/gcu": 1},
+            {"enflame.com/gcu": 1},
+            {},
+            {"n1": "1/1 CardCordoned"},
+        ),
+        (
+            "AWS Neuron cordon",
+            {"hami.io/device-cordon": "n1-awsneuron-0"},
+            {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 2},
+            {"aws.amazon.com/neuron": 1},
+            {},
+            {"n1": "1/1 CardCordoned"},
+        ),
+        (
+            "AWS Neuron nouse",
+            {},
+            {"aws.amazon.com/neuron": 1, "aws.amazon.com/neuroncore": 2},
+            {"aws.amazon.com/neuron": 1},
+            {"aws.amazon.com/nouse-neuron-uuid": "n1-awsneuron-0"},
+            {"n1": "1/1 CardUuidMismatch"},
+        ),
+        (
+            "AWS Neuron use",
+            {},
+            {"aws.amazon.com/neuron": 2, "aws.amazon.com/neuroncore": 4},
+            {"aws.amazon.com/neuron": 1},
+            {"aws.amazon.com/use-neuron-uuid": "n1-awsneuron-1"},
+            "n1-AWSNeuron-1",
+        ),
+    ],
+)
+def test_device_ids_our_earlier_releases_spelled_still_name_their_devices(
+    case, node_annotations, capacity, limits, pod_annotations, expected
+):
+    """MetaX GPU, Enflame GCU and AWS Neuron devices took HAMi's ID spelling; a cordon list or a
+    use/nouse annotation written with the old spelling named no device after the upgrade (a
+    cordoned card took pods, an excluded device was given, an asked-for one never was)."""
+    from ._vendorkit import config, ctr, node, one, pod
+
+    r = one(
+        [node("n1", node_annotations, capacity=capacity)], pod("p", [ctr(limits=limits)], pod_annotations), config()
+    )
+    if isinstance(expected, dict):
+        assert r.node is None and r.reasons() == expected, case
+    else:
+        assert r.node == "n1" and any(
+            v.startswith(expected + ",") for k, v in r.annotations.items() if k.endswith("-allocated")
+        ), (case, r.annotations)

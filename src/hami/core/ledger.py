@@ -757,6 +757,7 @@ def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[
         raise CodecError(f"{label}: metadata must be an object")
     if not name:
         raise CodecError("node without metadata.name")
+    vendors = tuple(vendors)  # read twice: the registrations, then the cordon list's IDs
     errors: dict[str, str] = {}
     read: list[tuple[str, tuple[DeviceInfo, ...], dict[str, dict[str, int]]]] = []
     for v in vendors:
@@ -800,15 +801,26 @@ def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[
             devices.extend(found)
             pair_scores.update(pairs)
     cordon = (meta.get("annotations") or {}).get(CORDON_ANNOTATION, "")
+    readers = [v.read_device_id for v in vendors if hasattr(v, "read_device_id")]
     return (
         NodeDevices(
             name=name,
             devices=tuple(devices),
-            cordoned=frozenset(p.strip() for p in cordon.split(",") if p.strip()),
+            cordoned=frozenset(_current_id(p.strip(), readers) for p in cordon.split(",") if p.strip()),
             pair_scores=pair_scores,
         ),
         errors,
     )
+
+
+def _current_id(device_id: str, readers: Sequence[Any]) -> str:
+    """``device_id`` in today's spelling (the first vendor that rewrites it; an ID our earlier
+    releases wrote for a vendor whose IDs changed), else as written."""
+    for read in readers:
+        now = read(device_id)
+        if now != device_id:
+            return now
+    return device_id
 
 
 def init_containers_done(pod: Mapping[str, Any]) -> bool:

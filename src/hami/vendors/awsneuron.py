@@ -18,8 +18,10 @@ Decision annotations: ``AWS_NEURON_IDS`` (device indexes for ``aws.amazon.com/ne
 ``neuroncore``), ``aws.amazon.com/predicate-node``. No node lock.
 
 Our releases before this one wrote IDs ``<node>-awsneuron-<i>`` and counted cores instead of
-naming them (a whole device: its core count; one core: 1, the core named in ``AWS_NEURON_IDS``):
-:meth:`AwsNeuronVendor.read_allocation` reads such allocations in today's form.
+naming them (a whole device: its core count; one core: 1, the core named only in the
+owner-editable ``AWS_NEURON_IDS``): :meth:`AwsNeuronVendor.read_allocation` reads such
+allocations in today's form, a single core of unknown position closing its device to new cores
+until it ends.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from .common import capacity, present, synth_cards, where_of
 
 #: HAMi's ``maxCoresPerNeuronDevice``: the cores of one device a mask addresses.
 MAX_ADDRESSABLE_CORES = 4
+#: A core of the device, which one unknown (a single-core grant of our earlier releases): a bit
+#: above every addressable core, so that it counts as one core and never as a real one.
+UNKNOWN_CORE = 1 << MAX_ADDRESSABLE_CORES
 #: Device IDs our earlier releases synthesised: ``<node>-awsneuron-<i>``.
 _LEGACY_ID = re.compile(r"^(?P<node>.*)-awsneuron-(?P<index>\d+)$")
 
@@ -113,7 +118,9 @@ class AwsNeuronVendor(BaseVendor):
         single = getattr(request, "single_core", False)
         if not single and used > 0:
             return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-        if device.count <= used or not device.devcore & ~usedcores:
+        if device.count <= used or not device.devcore & ~usedcores or usedcores & ~device.devcore:
+            # (a bit outside the device's cores: a grant whose core is unknown, or masks that
+            # overlap; which cores are free cannot be told, so none is handed out)
             return Reason.CARD_TIME_SLICING_EXHAUSTED
         if not quota_fits():
             return Reason.RESOURCE_QUOTA_NOT_FIT
@@ -131,36 +138,31 @@ class AwsNeuronVendor(BaseVendor):
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         return self.grant_on(device, request, mem, 0)
 
+    def read_device_id(self, device_id: str) -> str:
+        """``<node>-awsneuron-<i>`` (our earlier releases' spelling, e.g. in a cordon list or a
+        use/nouse annotation written then) is today's ``<node>-AWSNeuron-<i>``."""
+        m = _LEGACY_ID.match(device_id)
+        return f"{m['node']}-{self.name}-{m['index']}" if m else device_id
+
     def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
         """A placed pod's allocation in today's form: grants our earlier releases wrote (IDs
-        ``<node>-awsneuron-<i>``, cores counted) get HAMi's ID and their core mask. A whole device
-        recorded its core count c: mask ``core_mask(c)``. One core recorded 1 and was named in
-        ``AWS_NEURON_IDS`` (one ID per grant, in order, ``index x cores + n``): bit n. Other grants
+        ``<node>-awsneuron-<i>``, cores counted) get HAMi's ID and a core mask. A whole device
+        recorded its core count c: mask ``core_mask(c)``. One core recorded 1; which core it was
+        is only in ``AWS_NEURON_IDS``, which the pod's owner may edit (no guard covers it), so it
+        is not trusted: the grant holds :data:`UNKNOWN_CORE`, a bit above every addressable core,
+        and the device takes no other core until that pod ends (``capacity_check``). Other grants
         are returned unchanged."""
-        grants = [cd for ctr in devices for cd in ctr]
-        if not any(_LEGACY_ID.match(cd.uuid) for cd in grants):
+        if not any(_LEGACY_ID.match(cd.uuid) for ctr in devices for cd in ctr):
             return devices
-        named: list[int] = []
-        if annotations.get("NEURON_RESOURCE_TYPE") == "neuroncore":
-            try:
-                named = [int(p) for p in (annotations.get("AWS_NEURON_IDS") or "").split(",")]
-            except ValueError:
-                named = []
-        if len(named) != len(grants):
-            named = []
-        out, k = [], 0
+        out = []
         for ctr in devices:
             row = []
             for cd in ctr:
                 m = _LEGACY_ID.match(cd.uuid)
                 if m is not None:
-                    index = int(m["index"])
-                    mask = core_mask(cd.usedcores)
-                    if cd.usedcores == 1 and named:
-                        mask = _legacy_core_bit(named[k], index)
-                    cd = replace(cd, uuid=f"{m['node']}-{self.name}-{index}", usedcores=mask)
+                    mask = UNKNOWN_CORE if cd.usedcores == 1 else core_mask(cd.usedcores)
+                    cd = replace(cd, uuid=f"{m['node']}-{self.name}-{m['index']}", usedcores=mask)
                 row.append(cd)
-                k += 1
             out.append(tuple(row))
         return tuple(out)
 
@@ -194,16 +196,3 @@ class AwsNeuronVendor(BaseVendor):
             }
         )
         return out
-
-
-def _legacy_core_bit(core_id: int, index: int) -> int:
-    """The mask of the core our earlier releases named ``core_id = index x cores + n`` on device
-    ``index``. Device 0: n = core_id. Others: the device's core count, not recorded, is taken as
-    the one power of two in ``[core_id // index / 2, core_id // index]`` (Neuron devices have 1, 2,
-    4 or 8 cores). A core beyond the addressable ones, or an ID that fits no device, gives 0."""
-    if index <= 0:
-        n = core_id
-    else:
-        per = core_id // index
-        n = core_id - index * (1 << (per.bit_length() - 1)) if per > 0 else -1
-    return 1 << n if 0 <= n < MAX_ADDRESSABLE_CORES else 0

@@ -205,8 +205,8 @@ class BaseVendor:
         return Selection(
             use_types=tuple(t.lower() for t in _split_list(get(self.use_type_annotation or ""))),
             nouse_types=tuple(t.lower() for t in _split_list(get(self.nouse_type_annotation or ""))),
-            use_uuids=frozenset(_split_list(get(self.use_uuid_annotation or ""))),
-            nouse_uuids=frozenset(_split_list(get(self.nouse_uuid_annotation or ""))),
+            use_uuids=frozenset(map(self.read_device_id, _split_list(get(self.use_uuid_annotation or "")))),
+            nouse_uuids=frozenset(map(self.read_device_id, _split_list(get(self.nouse_uuid_annotation or "")))),
             modes=get(self.mode_annotation) if self.mode_annotation else None,
             numa_bind=go_true(get(self.numa_bind_annotation or "")),  # as HAMi's assertNuma (ParseBool)
         )
@@ -307,6 +307,11 @@ class BaseVendor:
         held on it: the default changes nothing; a slicing vendor returns the record with its
         :class:`Slice` (and the slice's own memory and cores)."""
         return granted
+
+    def read_device_id(self, device_id: str) -> str:
+        """A device ID a person or an earlier release of ours wrote (a cordon list, a use/nouse
+        annotation) in today's spelling, for a vendor whose IDs changed. Default: as is."""
+        return device_id
 
     def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
         """A placed pod's decoded allocation (``allocated_annotation``) in today's form, given all

@@ -257,6 +257,12 @@ class EnflameGcuVendor(BaseVendor):
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)  # 100% of the memory: usedmem 100
 
+    def read_device_id(self, device_id: str) -> str:
+        """``<node>-enflame-gcu-<i>`` (our earlier releases' spelling, e.g. in a cordon list or a
+        use/nouse annotation written then) is today's ``<node>-GCU-<i>``."""
+        m = _LEGACY_GCU_ID.match(device_id)
+        return f"{m['node']}-{self.name}-{m['index']}" if m else device_id
+
     def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
         """A placed pod's allocation in today's form: grants our earlier releases wrote (IDs
         ``<node>-enflame-gcu-<i>``, ``usedmem`` 0) get HAMi's ID and ``usedmem`` 100; others are

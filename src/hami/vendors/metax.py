@@ -118,6 +118,12 @@ class MetaxGpuVendor(BaseVendor):
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         return whole_card_request(self, container, where)
 
+    def read_device_id(self, device_id: str) -> str:
+        """``<node>-metax-gpu-<i>`` (our earlier releases' spelling, e.g. in a cordon list or a
+        use/nouse annotation written then) is today's ``<node>-metax-<i>``."""
+        m = _LEGACY_GPU_ID.match(device_id)
+        return f"{m['node']}-{GPU_ID_WORD}-{m['index']}" if m else device_id
+
     def read_allocation(self, devices: PodSingleDevice, annotations: Mapping[str, str]) -> PodSingleDevice:
         """A placed pod's allocation in today's form: card IDs our earlier releases wrote
         (``<node>-metax-gpu-<i>``) become HAMi's (``<node>-metax-<i>``), so that those pods keep
