@@ -204,3 +204,18 @@ def test_a_namespace_quota_counts_the_cores_a_mask_names_not_the_mask():
     ledger, warnings = rebuild([n], placed, CFG.vendors)
     assert not warnings
     assert ledger.namespace_usage("default", "AWSNeuron") == (0, 2)  # two cores, masks 1 and 2
+
+
+def test_a_namespace_quota_on_cores_refuses_the_pod_that_would_pass_it():
+    """A Neuron request counted 0 cores in the quota probe, so limits.aws.amazon.com/neuroncore: 1
+    let a second single-core pod past it (found by the final review)."""
+    quota = {
+        "metadata": {"name": "q", "namespace": "default"},
+        "spec": {"hard": {"limits.aws.amazon.com/neuroncore": "1"}},
+    }
+    ledger, warnings = rebuild([inf_node(devices=2)], [], CFG.vendors, [quota])
+    assert not warnings
+    first = schedule_pod(admit(core_pod("a"), CFG), None, ledger, CFG, NOW)
+    assert first.node == "inf"
+    second = schedule_pod(admit(core_pod("b"), CFG), None, ledger, CFG, NOW)
+    assert second.node is None and "ResourceQuotaNotFit" in str(second.reasons()), second.reasons()

@@ -109,10 +109,17 @@ class AwsNeuronVendor(BaseVendor):
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         devices, cores = self._amounts(container, where)
+        # coresreq: the cores each pick takes, for a namespace quota on the core resource (the
+        # ledger counts a grant's set bits); a whole device, the configured cores per device
         if cores == 1:
-            return NeuronRequest(vendor=self.name, nums=1, type=self.request_type, single_core=True, by_core=True)
+            return NeuronRequest(
+                vendor=self.name, nums=1, type=self.request_type, coresreq=1, single_core=True, by_core=True
+            )
         n = devices or cores // self.config.cores_per_device
-        return NeuronRequest(vendor=self.name, nums=n, type=self.request_type, by_core=not devices) if n else None
+        if not n:
+            return None
+        per = self.config.cores_per_device
+        return NeuronRequest(vendor=self.name, nums=n, type=self.request_type, coresreq=per, by_core=not devices)
 
     def capacity_check(self, device, used, usedmem, usedcores, request, mem, mutex, quota_fits):
         single = getattr(request, "single_core", False)
