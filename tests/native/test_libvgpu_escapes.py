@@ -35,6 +35,21 @@ def reserve(size):
     va = C.c_uint64()
     c.check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(size), C.c_size_t(0), C.c_uint64(0), C.c_ulonglong(0)))
     return va
+class PoolProps(C.Structure):
+    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
+                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
+THRESHOLD, RESERVED = 4, 5
+def keep(pool, n):
+    c.check(cu.cuMemPoolSetAttribute(pool, THRESHOLD, C.byref(C.c_uint64(n))))
+def reserved(pool):
+    v = C.c_uint64(); c.check(cu.cuMemPoolGetAttribute(pool, RESERVED, C.byref(v))); return v.value >> 20
+def mkpool(dev=0):
+    p = C.c_void_p()
+    c.check(cu.cuMemPoolCreate(C.byref(p), C.byref(PoolProps(1, 0, Loc(1, dev), None, 0, 0))))
+    return p
+def from_pool(pool, mib):
+    d = C.c_uint64()
+    return cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(mib << 20), pool, None), d
 """
 
 
@@ -116,13 +131,10 @@ def test_pool_allocations_are_charged_to_the_pools_device(vgpu_env):
         + """
 ctx1 = c.init(1)
 ctx0 = c.init(0)
-class PoolProps(C.Structure):
-    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
-                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
-dflt, cur, made = C.c_void_p(), C.c_void_p(), C.c_void_p()
+dflt, cur = C.c_void_p(), C.c_void_p()
 c.check(cu.cuDeviceGetDefaultMemPool(C.byref(dflt), 1))
 c.check(cu.cuDeviceGetMemPool(C.byref(cur), 1))
-c.check(cu.cuMemPoolCreate(C.byref(made), C.byref(PoolProps(1, 0, Loc(1, 1), None, 0, 0))))
+made = mkpool(1)
 d = C.c_uint64()
 rcs = [cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(400 << 20), pool, None) for pool in (dflt, cur, made)]
 row = [rcs, ledger(0), ledger(1)]
@@ -145,17 +157,7 @@ def test_what_a_pool_keeps_above_its_live_allocations_is_charged(vgpu_env):
         PRELUDE
         + """
 ctx0 = c.init(0)
-class PoolProps(C.Structure):
-    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
-                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
-THRESHOLD = 4
-def keep(pool, n):
-    c.check(cu.cuMemPoolSetAttribute(pool, THRESHOLD, C.byref(C.c_uint64(n))))
-def from_pool(pool, mib):
-    d = C.c_uint64()
-    return cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(mib << 20), pool, None), d
-pool = C.c_void_p()
-c.check(cu.cuMemPoolCreate(C.byref(pool), C.byref(PoolProps(1, 0, Loc(1, 0), None, 0, 0))))
+pool = mkpool()
 keep(pool, 2**64 - 1)
 rc, d = from_pool(pool, 800)
 row = [rc, ledger()]
@@ -187,32 +189,12 @@ print(row)
     )
 
 
-POOLS = """
-class PoolProps(C.Structure):
-    _fields_ = [("atype", C.c_int), ("htypes", C.c_int), ("loc", Loc), ("win", C.c_void_p),
-                ("maxsize", C.c_size_t), ("usage", C.c_ushort), ("reserved", C.c_ubyte * 54)]
-THRESHOLD, RESERVED = 4, 5
-def keep(pool, n):
-    c.check(cu.cuMemPoolSetAttribute(pool, THRESHOLD, C.byref(C.c_uint64(n))))
-def reserved(pool):
-    v = C.c_uint64(); c.check(cu.cuMemPoolGetAttribute(pool, RESERVED, C.byref(v))); return v.value >> 20
-def mkpool(dev=0):
-    p = C.c_void_p()
-    c.check(cu.cuMemPoolCreate(C.byref(p), C.byref(PoolProps(1, 0, Loc(1, dev), None, 0, 0))))
-    return p
-def from_pool(pool, mib):
-    d = C.c_uint64()
-    return cu.cuMemAllocFromPoolAsync(C.byref(d), C.c_size_t(mib << 20), pool, None), d
-"""
-
-
 def test_a_pool_allocation_freed_with_cumemfree_leaves_its_cache_charged(vgpu_env):
     """cuMemFree of stream-ordered memory is legal: it returned the allocation's charge but not the
     pool's count of live bytes, so the pool's cache (800 MiB it kept) was never charged and a
     second 800 MiB fitted under the 1 GiB limit (1600 MiB held; review of 1d0b0e5)."""
     out = run_py(
         PRELUDE
-        + POOLS
         + """
 ctx = c.init(0)
 pool = mkpool(); keep(pool, 2**64 - 1)
@@ -234,7 +216,6 @@ def test_the_threshold_bounds_what_a_pool_keeps_in_all(vgpu_env):
     cuMemAlloc of 300 MiB failed at 800 of 1024 MiB."""
     out = run_py(
         PRELUDE
-        + POOLS
         + """
 ctx = c.init(0)
 pool = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(pool), 0))
@@ -256,7 +237,6 @@ def test_an_allocation_served_by_the_cache_leaves_no_room_for_another_thread(vgp
     env = {**vgpu_env, "LIBVGPU_TEST_STALL_IN_LOCK_MS": "400"}
     out = run_py(
         PRELUDE
-        + POOLS
         + """
 import threading, time
 ctx = c.init(0)
@@ -285,7 +265,6 @@ def test_a_destroyed_current_pool_is_forgotten(vgpu_env):
     fitted under the 1 GiB limit (review of 1268f8b)."""
     out = run_py(
         PRELUDE
-        + POOLS
         + """
 ctx = c.init(0)
 p = mkpool(); keep(p, 2**64 - 1)

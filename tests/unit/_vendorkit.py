@@ -61,3 +61,18 @@ def place(
 
 def one(nodes: list[dict], p: dict, cfg: SchedulerConfig | None = None) -> FilterResult:
     return place(nodes, [p], cfg)[0]
+
+
+def on_node(p: dict, node_name: str, annotations: Mapping[str, str]) -> dict:
+    """A copy of ``p`` running on ``node_name`` (placed there, as the scheduler records it) and
+    carrying ``annotations`` (e.g. an allocation another scheduler or release wrote)."""
+    q = copy.deepcopy(p)
+    q["metadata"].setdefault("annotations", {}).update({"hami.io/vgpu-node": node_name, **annotations})
+    q["spec"]["nodeName"] = node_name
+    q["status"] = {"phase": "Running"}
+    return q
+
+
+def running(p: dict, node_name: str, annotations: Mapping[str, str], cfg: SchedulerConfig | None = None) -> dict:
+    """:func:`on_node` of ``p`` after admission."""
+    return on_node(admit(copy.deepcopy(p), cfg or config()), node_name, annotations)

@@ -7,7 +7,6 @@ for ``aws.amazon.com/neuron``), ``NEURON_ALLOC_TIME`` is unix nanoseconds."""
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from hami.core import decode_pod_devices, rebuild, schedule_pod
 from hami.core.errors import RequestError
 
-from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
+from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod, running
 
 CFG = config()
 DEV, CORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
@@ -25,15 +24,6 @@ NEURON = next(v for v in CFG.vendors if v.name == "AWSNeuron")
 
 def inf_node(name: str = "inf", devices: int = 2, cores: int = 2) -> dict:
     return node(name, capacity={DEV: devices, CORE: cores * devices})
-
-
-def running(p: dict, node_name: str, annotations: dict[str, str]) -> dict:
-    """``p`` (admitted) as a running pod on ``node_name`` carrying ``annotations``."""
-    q = admit(copy.deepcopy(p), CFG)
-    q["metadata"]["annotations"].update({"hami.io/vgpu-node": node_name, **annotations})
-    q["spec"]["nodeName"] = node_name
-    q["status"] = {"phase": "Running"}
-    return q
 
 
 def core_pod(name: str) -> dict:

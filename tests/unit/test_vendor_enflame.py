@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 
@@ -11,7 +10,7 @@ import pytest
 from hami.core import decode_pod_devices, rebuild, schedule_pod
 from hami.core.errors import RequestError
 
-from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
+from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod, running
 
 CFG = config()
 DRS, GMEM, GCORE, GCU = "enflame.com/drs-gcu", "enflame.com/gcu-memory", "enflame.com/gcu-core", "enflame.com/gcu"
@@ -100,14 +99,6 @@ def test_whole_gcus_as_hami_registers_them():
         ("n1-GCU-0", 0, 1, 100, 100, "GCU"),
         ("n1-GCU-1", 1, 1, 100, 100, "GCU"),
     ]
-
-
-def running(p: dict, node_name: str, annotations: dict[str, str]) -> dict:
-    q = admit(copy.deepcopy(p), CFG)
-    q["metadata"]["annotations"].update({"hami.io/vgpu-node": node_name, **annotations})
-    q["spec"]["nodeName"] = node_name
-    q["status"] = {"phase": "Running"}
-    return q
 
 
 def test_a_gcu_hami_placed_is_counted():

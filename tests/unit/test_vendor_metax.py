@@ -11,7 +11,7 @@ from hami.core import rebuild
 from hami.core.codec import decode_pod_devices
 from hami.core.errors import RequestError
 
-from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod
+from ._vendorkit import NOW, admit, config, ctr, node, one, place, pod, on_node
 
 CFG = config()
 MX_GPU = next(v for v in CFG.vendors if v.name == "Metax-GPU")
@@ -73,13 +73,9 @@ def test_a_card_is_never_shared():
 
 
 def running_gpu_pod(node_name: str, allocated: str) -> dict:
-    p = pod("running", [ctr(limits={GPU: 1})])
-    p["metadata"]["annotations"].update(
-        {"hami.io/vgpu-node": node_name, "hami.io/metax-gpu-devices-allocated": allocated}
+    return on_node(
+        pod("running", [ctr(limits={GPU: 1})]), node_name, {"hami.io/metax-gpu-devices-allocated": allocated}
     )
-    p["spec"]["nodeName"] = node_name
-    p["status"] = {"phase": "Running"}
-    return p
 
 
 @pytest.mark.parametrize(
@@ -224,13 +220,9 @@ def test_sgpu_policy_neutral_score(policy, winner):
 
 def holding(name: str, node_name: str, allocated: str, annotations: dict | None = None) -> dict:
     """A running pod that holds ``allocated`` (its hami.io/metax-sgpu-devices-allocated) on ``node_name``."""
-    p = pod(name, [ctr(limits={SGPU: 1})], annotations)
-    p["metadata"]["annotations"].update(
-        {"hami.io/vgpu-node": node_name, "hami.io/metax-sgpu-devices-allocated": allocated}
+    return on_node(
+        pod(name, [ctr(limits={SGPU: 1})], annotations), node_name, {"hami.io/metax-sgpu-devices-allocated": allocated}
     )
-    p["spec"]["nodeName"] = node_name
-    p["status"] = {"phase": "Running"}
-    return p
 
 
 @pytest.mark.parametrize(
