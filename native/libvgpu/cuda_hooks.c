@@ -1294,15 +1294,18 @@ static CUresult do_pool(void *a)
 
 /* Region device of stream `s`: cuMemAllocAsync allocates from the pool current to the stream's
  * device, which need not be the current context's. The default streams follow the current
- * context; another stream's context is asked for its device (pushed, read, popped). */
+ * context; another stream's context is asked for its device (pushed, read, popped). The CUDA
+ * ordinal goes to *cuda_dev (-1: unknown, and -1 is returned: the current context's device). */
 static int stream_dev(CUstream s, CUdevice *cuda_dev)
 {
     *cuda_dev = -1;
     if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || !p_cuStreamGetCtx ||
-        !p_cuCtxPushCurrent_v2 || !p_cuCtxPopCurrent_v2) {
-        if (p_cuCtxGetDevice && p_cuCtxGetDevice(cuda_dev) != CUDA_SUCCESS)
+        !p_cuCtxPushCurrent_v2 || !p_cuCtxPopCurrent_v2) { /* the current context's device */
+        if (!p_cuCtxGetDevice || p_cuCtxGetDevice(cuda_dev) != CUDA_SUCCESS) {
             *cuda_dev = -1;
-        return -1;
+            return -1;
+        }
+        return vgpu_cuda_dev(*cuda_dev);
     }
     CUcontext ctx = NULL, popped = NULL;
     CUdevice dev;

@@ -25,8 +25,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
-from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, pod_key
-from hami.core.ledger import read_node_devices
+from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, pod_key, read_node_devices
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
