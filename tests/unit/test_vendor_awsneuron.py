@@ -209,3 +209,58 @@ def test_a_namespace_quota_on_cores_refuses_the_pod_that_would_pass_it():
     assert first.node == "inf"
     second = schedule_pod(admit(core_pod("b"), CFG), None, ledger, CFG, NOW)
     assert second.node is None and "ResourceQuotaNotFit" in str(second.reasons()), second.reasons()
+
+
+def core_quota(limit: int) -> dict:
+    return {
+        "metadata": {"name": "q", "namespace": "default"},
+        "spec": {"hard": {"limits.aws.amazon.com/neuroncore": str(limit)}},
+    }
+
+
+@pytest.mark.parametrize(
+    "limit,fits",
+    [
+        (3, False),  # a whole 4-core device takes 4 cores: over a quota of 3 ...
+        (4, True),  # ... within one of 4
+    ],
+)
+def test_a_whole_device_charges_the_quota_the_cores_the_node_has(limit, fits):
+    """A whole device asked ``awsneuron.coresPerDevice`` (2) of the quota whatever the node's
+    devices have, while the grant's mask (4 cores on an Inf1 node) counted 4 once placed: a pod
+    passed a quota of 3 and the namespace then held 4."""
+    ledger, warnings = rebuild([inf_node(devices=2, cores=4)], [], CFG.vendors, [core_quota(limit)])
+    assert not warnings
+    r = schedule_pod(admit(pod("w", [ctr(limits={DEV: 1})]), CFG), None, ledger, CFG, NOW)
+    if fits:
+        assert r.annotations[ALLOCATED] == "inf-AWSNeuron-0,AWSNeuron,0,15:;"
+        assert ledger.namespace_usage("default", "AWSNeuron") == (0, 4)
+        more = schedule_pod(admit(core_pod("c"), CFG), None, ledger, CFG, NOW)  # the quota is spent
+        assert more.node is None and "ResourceQuotaNotFit" in str(more.reasons()), more.reasons()
+    else:
+        assert r.node is None and r.reasons() == {"inf": "2/2 ResourceQuotaNotFit"}, r.reasons()
+        assert ledger.namespace_usage("default", "AWSNeuron") == (0, 0)
+
+
+@pytest.mark.parametrize("cores", [2, 4])
+def test_a_pods_earlier_containers_charge_the_quota_their_cores_not_their_masks(cores):
+    """Two containers each asking a whole device, under a quota of exactly their cores: the
+    first container's pick counted its mask (3 for a 2-core device, 15 for 4 cores) beside the
+    second's ``coresPerDevice``, so the pod was refused a quota it fits."""
+    n = inf_node(devices=2, cores=cores)
+    ledger, warnings = rebuild([n], [], CFG.vendors, [core_quota(2 * cores)])
+    assert not warnings
+    p = pod("two", [ctr("a", limits={DEV: 1}), ctr("b", limits={DEV: 1})])
+    r = schedule_pod(admit(p, CFG), None, ledger, CFG, NOW)
+    assert r.node == "inf", r.reasons()
+    assert ledger.namespace_usage("default", "AWSNeuron") == (0, 2 * cores)
+
+
+def test_single_cores_of_one_pod_charge_one_core_each():
+    """Two single-core containers on one device charge 2 cores (masks 1 and 2), not 3."""
+    ledger, warnings = rebuild([inf_node(devices=1)], [], CFG.vendors, [core_quota(2)])
+    assert not warnings
+    p = pod("two", [ctr("a", limits={CORE: 1}), ctr("b", limits={CORE: 1})])
+    r = schedule_pod(admit(p, CFG), None, ledger, CFG, NOW)
+    assert r.annotations[ALLOCATED] == "inf-AWSNeuron-0,AWSNeuron,0,1:;inf-AWSNeuron-0,AWSNeuron,0,2:;", r.reasons()
+    assert ledger.namespace_usage("default", "AWSNeuron") == (0, 2)

@@ -281,3 +281,91 @@ def test_health_rules():
     assert sg.check_health(sgpu_node("sg", [sgpu("a")]), None, None).healthy
     assert not sg.check_health(sgpu_node("sg", []), None, None).healthy
     assert not sg.check_health(node("sg", {"metax-tech.com/node-gpu-devices": "{"}), None, None).healthy
+
+
+APP = "metax-tech.com/sgpu-app-class"
+SHARE = {SGPU: 1, VMEM: 4, VCORE: 20}
+
+
+@pytest.mark.parametrize(
+    "held_by,asks,expected",
+    [
+        # HAMi checkAppClass (pkg/device/metax/sdevice.go): on a device in use, pods with an app class
+        # and pods without one do not share ...
+        (None, None, "sgpu-0,Metax-SGPU,4096,20:;"),
+        (None, "online", "1/1 CardAppClassMismatch"),
+        (None, "offline", "1/1 CardAppClassMismatch"),
+        ("online", None, "1/1 CardAppClassMismatch"),
+        ("offline", None, "1/1 CardAppClassMismatch"),
+        # ... online and offline pods do, except an offline pod joining an online one
+        ("online", "online", "sgpu-0,Metax-SGPU,4096,0:;"),  # online pods take no compute share
+        ("offline", "offline", "sgpu-0,Metax-SGPU,4096,20:;"),
+        ("offline", "online", "sgpu-0,Metax-SGPU,4096,0:;"),
+        ("online", "offline", "1/1 CardAppClassMismatch"),
+    ],
+)
+def test_sgpu_app_classes_keep_pods_apart(held_by, asks, expected):
+    sharer = holding("old", "sg", "sgpu-0,Metax-SGPU,4096,30:;", {APP: held_by} if held_by else {})
+    r = place(
+        [sgpu_node("sg", [sgpu("sgpu-0")])],
+        [pod("p", [ctr(limits=SHARE)], {APP: asks} if asks else {})],
+        placed=[sharer],
+    )[0]
+    got = r.annotations["hami.io/metax-sgpu-devices-allocated"] if r.node else r.reasons()["sg"]
+    assert got == expected
+
+
+@pytest.mark.parametrize("asks", [None, "online", "offline"])
+def test_sgpu_idle_device_takes_any_app_class(asks):
+    r = one([sgpu_node("sg", [sgpu("sgpu-0")])], pod("p", [ctr(limits=SHARE)], {APP: asks} if asks else {}))
+    assert r.node == "sg"
+
+
+def test_sgpu_app_class_of_a_decision_and_of_each_holder_is_counted():
+    """The ledger records the app class of each pod holding a device: of a decision it reserves
+    (the next pod is judged against it), and of every holder (one online pod among offline ones
+    still closes the device to offline pods; its end opens it again)."""
+    n = sgpu_node("sg", [sgpu("sgpu-0"), sgpu("sgpu-1")])
+    online = pod("on", [ctr(limits=SHARE)], {APP: "online"})
+    plain, offline = pod("plain", [ctr(limits=SHARE)]), pod("off", [ctr(limits=SHARE)], {APP: "offline"})
+    first, second, third = place([n], [online, plain, offline])
+    held = {r.annotations["hami.io/metax-sgpu-devices-allocated"].split(",")[0] for r in (first, second)}
+    assert held == {"sgpu-0", "sgpu-1"}  # the plain pod does not join the online one
+    assert third.reasons() == {"sg": "2/2 CardAppClassMismatch"}
+
+    holders = [
+        holding("a", "sg", "sgpu-0,Metax-SGPU,4096,10:;", {APP: "offline"}),
+        holding("b", "sg", "sgpu-0,Metax-SGPU,4096,0:;", {APP: "online"}),
+    ]
+    one_gpu = sgpu_node("sg", [sgpu("sgpu-0")])
+    ledger, warnings = rebuild([one_gpu], holders, CFG.vendors)
+    assert not warnings
+    assert ledger.view("sg").classes == {0: {"offline": 1, "online": 1}}
+    from hami.core import schedule_pod
+
+    r = schedule_pod(admit(pod("off2", [ctr(limits=SHARE)], {APP: "offline"}), CFG), None, ledger, CFG, NOW)
+    assert r.reasons() == {"sg": "1/1 CardAppClassMismatch"}
+    ledger.remove_pod("uid-b")
+    r = schedule_pod(admit(pod("off3", [ctr(limits=SHARE)], {APP: "offline"}), CFG), None, ledger, CFG, NOW)
+    assert r.annotations["hami.io/metax-sgpu-devices-allocated"] == "sgpu-0,Metax-SGPU,4096,20:;"
+    assert ledger.view("sg").classes == {0: {"offline": 2}}
+
+
+def test_sgpu_app_class_follows_pod_events():
+    """The scheduler's watch-fed ledger records a holder's app class, and an edit of it on a
+    running pod (same devices) reaches the ledger (HAMi's pod cache keeps the updated pod)."""
+    from hami.scheduler.state import ClusterState
+
+    s = ClusterState(CFG)
+    s.node_handler.replace([sgpu_node("sg", [sgpu("sgpu-0")])])
+    holder = holding("old", "sg", "sgpu-0,Metax-SGPU,4096,30:;", {APP: "offline"})
+    holder["metadata"]["resourceVersion"] = "1"
+    s.pod_handler.replace([holder])
+    assert s.ledger.view("sg").classes == {0: {"offline": 1}}
+    edited = json.loads(json.dumps(holder))
+    edited["metadata"]["annotations"][APP] = "online"
+    edited["metadata"]["resourceVersion"] = "2"
+    s.pod_handler.apply("MODIFIED", edited)
+    assert s.ledger.view("sg").classes == {0: {"online": 1}}
+    s.pod_handler.apply("DELETED", edited)
+    assert s.ledger.view("sg").classes == {}

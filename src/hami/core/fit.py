@@ -48,6 +48,9 @@ class NodeView:
     cordoned: frozenset[str] = frozenset()
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     slices: dict[int, tuple[Slice, ...]] = field(default_factory=dict)  # device position -> slices held
+    #: device position -> the classes of the pods holding it (a vendor's ``holder_class``, e.g.
+    #: MetaX sGPU's app class) -> how many of those pods; read-only (the pod being fitted adds none)
+    classes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     def copy(self) -> "NodeView":
         return NodeView(
@@ -59,6 +62,7 @@ class NodeView:
             self.cordoned,
             self.pair_scores,
             dict(self.slices),
+            self.classes,
         )
 
     def take(self, i: int, mem: int, cores: int, slots: int = 1) -> None:
@@ -70,11 +74,18 @@ class NodeView:
         self.slices[i] = self.slices.get(i, ()) + (piece,)
 
 
+_NO_CLASSES: Mapping[str, int] = {}  # a device no classed pod holds
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaRoom:
-    """What the pod's namespace may still allocate per vendor: ``(mem, cores)``; None = no limit."""
+    """What the pod's namespace may still allocate per vendor: ``(mem, cores)``; None = no limit.
+
+    ``masks``: the vendors whose grants record cores as a bit mask (AWS Neuron): a pick counts
+    the cores its mask names (its set bits), as the ledger counts placed pods."""
 
     room: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    masks: frozenset[str] = frozenset()
 
     def allows(self, picks: Sequence[Pick], kinds: Sequence[ContainerKind], vendor: str) -> bool:
         mem_room, core_room = self.room.get(vendor, (None, None))
@@ -83,7 +94,11 @@ class QuotaRoom:
         uses = [u for u in collapse_picks(picks, kinds) if u.vendor == vendor]
         if mem_room is not None and sum(u.mem for u in uses) > mem_room:
             return False
-        return core_room is None or sum(u.cores for u in uses) <= core_room
+        if core_room is None:
+            return True
+        if vendor in self.masks:
+            return sum(u.cores.bit_count() for u in uses) <= core_room
+        return sum(u.cores for u in uses) <= core_room
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +260,7 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
         d = devices[i]
         bad = static_reason(view, plan, d)
         if bad is None:
-            bad = plan.vendor.usage_filter(d, plan.req, plan.sel, view.used[i])
+            bad = plan.vendor.usage_filter(d, plan.req, plan.sel, view.used[i], view.classes.get(i, _NO_CLASSES))
         if bad is not None:
             reasons.add(bad, d.id)
             continue
@@ -260,7 +275,9 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
         while True:
             prior = [] if collect else chosen  # collecting: combinations are checked jointly later
             quota_fits = (
-                _always if quota is None else _quota_probe(quota, picks, prior, view, plan.ci, req, d, mem, plan.kinds)
+                _always
+                if quota is None
+                else _quota_probe(quota, picks, prior, view, plan.ci, req, i, mem, plan.kinds, vendor, n)
             )
             bad = vendor.capacity_check(
                 d,
@@ -345,7 +362,9 @@ def _vendor_choice(
         raise ValueError(f"vendor {req.vendor}: choose() must return {req.nums} of the candidates, got {list(got)}")
     combo = [(j, mem_of[j]) for j in got]
     if plan.quota is not None:
-        trial = picks + [(plan.ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        trial = picks + [
+            (plan.ci, req.vendor, view.devices[j].id, m, _quota_cores(plan.vendor, view, j, req)) for j, m in combo
+        ]
         if not plan.quota.allows(trial, plan.kinds, req.vendor):
             return Reason.RESOURCE_QUOTA_NOT_FIT
     return combo
@@ -369,7 +388,9 @@ def _best_topology(
     def quota_ok(combo) -> bool:
         if quota is None:
             return True
-        trial = picks + [(plan.ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in combo]
+        trial = picks + [
+            (plan.ci, req.vendor, view.devices[j].id, m, _quota_cores(plan.vendor, view, j, req)) for j, m in combo
+        ]
         return quota.allows(trial, plan.kinds, req.vendor)
 
     if req.nums == 1:
@@ -392,6 +413,13 @@ def _always() -> bool:
     return True
 
 
+def _quota_cores(vendor: Any, view: NodeView, j: int, req: ContainerDeviceRequest, repeat: int = 0) -> int:
+    """The cores one more pick of ``req`` on device ``j`` counts in a quota check (the vendor's
+    ``quota_cores``, given what the device holds: the ledger's figure and this container's
+    ``repeat`` earlier picks of it)."""
+    return vendor.quota_cores(view.devices[j], req, view.usedcores[j] + repeat * req.coresreq)
+
+
 def _quota_probe(
     quota: QuotaRoom,
     picks: list[Pick],
@@ -399,15 +427,21 @@ def _quota_probe(
     view: NodeView,
     ci: int,
     req: ContainerDeviceRequest,
-    d: DeviceInfo,
+    i: int,
     mem: int,
     kinds: Sequence[ContainerKind],
+    vendor: Any,
+    repeat: int,
 ) -> Callable[[], bool]:
-    """Would the pod's collapsed usage, with this device added, still fit the namespace quota?"""
+    """Would the pod's collapsed usage, with device ``i`` added, still fit the namespace quota?"""
 
     def probe() -> bool:
-        trial = picks + [(ci, req.vendor, view.devices[j].id, m, req.coresreq) for j, m in chosen]
-        trial.append((ci, req.vendor, d.id, mem, req.coresreq))
+        taken: dict[int, int] = {}  # this container's earlier picks per device (a vendor that repeats)
+        trial = list(picks)
+        for j, m in chosen:
+            trial.append((ci, req.vendor, view.devices[j].id, m, _quota_cores(vendor, view, j, req, taken.get(j, 0))))
+            taken[j] = taken.get(j, 0) + 1
+        trial.append((ci, req.vendor, view.devices[i].id, mem, _quota_cores(vendor, view, i, req, repeat)))
         return quota.allows(trial, kinds, req.vendor)
 
     return probe

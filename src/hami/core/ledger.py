@@ -99,6 +99,8 @@ class NodeState:
     devices: tuple[DeviceInfo, ...] = ()  # node.devices, with inconsistent sliced devices marked unhealthy
     slices: dict[int, tuple[Slice, ...]] = field(default_factory=dict)  # device position -> slices held
     sliced: bool = False  # the node has a sliced (MIG-mode) device
+    #: device position -> the classes of the pods holding it (PodAllocation.classes) -> how many pods
+    classes: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def recheck_slices(self, allocs: Iterable[PodAllocation]) -> None:
         """Attach every pod's slices to their device and mark inconsistent devices unhealthy."""
@@ -511,6 +513,7 @@ class Ledger:
             st.node.cordoned,
             st.node.pair_scores,
             dict(st.slices),
+            {i: dict(held) for i, held in st.classes.items()} if st.classes else {},
         )
 
     def device_usage(self, name: str) -> Iterator[tuple[DeviceInfo, int, int, int]]:
@@ -551,8 +554,8 @@ class Ledger:
         if (
             held is None
             or alloc.key not in self._reserved
-            or (held.node, held.namespace, held.usage, held.slices)
-            != (alloc.node, alloc.namespace, alloc.usage, alloc.slices)
+            or (held.node, held.namespace, held.usage, held.slices, held.classes)
+            != (alloc.node, alloc.namespace, alloc.usage, alloc.slices, alloc.classes)
         ):
             return False
         self._pods[alloc.key] = alloc
@@ -592,6 +595,7 @@ class Ledger:
         st = self._nodes.get(alloc.node)
         if st is None:
             return
+        classes = alloc.classes
         for u in alloc.usage:
             i = st.index_of.get(u.uuid)
             if i is None:
@@ -599,6 +603,16 @@ class Ledger:
             st.used[i] += sign * u.slots
             st.usedmem[i] += sign * u.mem
             st.usedcores[i] += sign * u.cores
+            mark = classes.get(u.vendor) if classes else None
+            if mark:
+                held = st.classes.setdefault(i, {})
+                n = held.get(mark, 0) + sign
+                if n > 0:
+                    held[mark] = n
+                else:
+                    held.pop(mark, None)
+                    if not held:
+                        del st.classes[i]
         if resummarise:
             self._touch(alloc.node)
             if st.sliced or st.slices or alloc.slices:
@@ -679,7 +693,7 @@ class Ledger:
             )
         if all(r == (None, None) for r in room.values()):
             return None
-        return QuotaRoom(room)
+        return QuotaRoom(room, self._mask_vendors.intersection(room))
 
 
 def quota_admission_check(ledger: Ledger, pod: PodRequest, vendors: Sequence[Any]) -> str | None:
@@ -843,9 +857,15 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 
 
 def make_allocation(
-    pod: Mapping[str, Any], node: str, devices: Mapping[str, PodSingleDevice], slices: tuple[Slice, ...] | None = None
+    pod: Mapping[str, Any],
+    node: str,
+    devices: Mapping[str, PodSingleDevice],
+    slices: tuple[Slice, ...] | None = None,
+    vendors: Iterable[Any] = (),
 ) -> PodAllocation:
-    """A pod's allocation; ``slices`` default to those recorded on the container devices."""
+    """A pod's allocation; ``slices`` default to those recorded on the container devices. The
+    pod's class on each of ``vendors`` it holds devices of (the vendor's ``holder_class`` of its
+    annotations) is recorded when the vendor names one."""
     meta = pod.get("metadata") or {}
     kinds = tuple(k for _, k in ordered_containers(pod))
     if slices is None:
@@ -859,7 +879,24 @@ def make_allocation(
         kinds=kinds,
         usage=collapse(devices, kinds, app_only=init_containers_done(pod)),
         slices=slices,
+        classes=holder_classes(meta.get("annotations") or {}, devices, vendors),
     )
+
+
+def holder_classes(
+    annotations: Mapping[str, str], devices: Mapping[str, PodSingleDevice], vendors: Iterable[Any]
+) -> dict[str, str]:
+    """``vendor -> class`` for each of ``vendors`` whose devices the pod holds and whose
+    ``holder_class`` puts the pod (by its annotations) in one."""
+    out: dict[str, str] = {}
+    for v in vendors:
+        name = str(getattr(v, "name", ""))
+        read = getattr(v, "holder_class", None)
+        if name in devices and read is not None and any(devices[name]):
+            mark = read(annotations)
+            if mark:
+                out[name] = str(mark)
+    return out
 
 
 def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAllocation | None:
@@ -867,6 +904,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
 
     Pods in phase Succeeded/Failed hold nothing. Raises CodecError on a malformed annotation.
     """
+    vendors = tuple(vendors)  # read twice: the allocations, then the pod's classes
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     node = annotations.get(NODE_ANNOTATION)
@@ -890,7 +928,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
         slices.extend(piece for _, _, piece in found)
     if not devices:
         return None
-    return make_allocation(pod, node, devices, tuple(slices))
+    return make_allocation(pod, node, devices, tuple(slices), vendors)
 
 
 def _attach_slices(devices: PodSingleDevice, found: Sequence[tuple[int, int, Slice]]) -> PodSingleDevice:

@@ -322,7 +322,7 @@ def filter_pod(
     return FilterResult(
         pod=req,
         node=fit.node,
-        allocation=make_allocation(pod, fit.node, fit.devices),
+        allocation=make_allocation(pod, fit.node, fit.devices, vendors=used_vendors),
         failed=dict(sorted(failed.items())),
         scores=search.scores,
         annotations=annotations,

@@ -178,6 +178,9 @@ class PodAllocation:
     usage: tuple[DeviceUse, ...]  # collapsed, sorted by uuid
     #: every slice the pod holds (all containers, init included: held for the pod's whole life)
     slices: tuple[Slice, ...] = ()
+    #: vendor -> the class the pod's annotations put it in on that vendor's devices (the vendor's
+    #: ``holder_class``: MetaX sGPU's app class); only vendors it holds devices of and that name one
+    classes: Mapping[str, str] = field(default_factory=dict)
 
     def memory(self) -> int:
         return sum(u.mem for u in self.usage)

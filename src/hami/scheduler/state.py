@@ -466,8 +466,9 @@ class ClusterState:
 
 
 def _same_allocation(a: Any, b: Any) -> bool:
-    """Same placement (decoded annotations carry no device index, so compare what they say)."""
-    return (a.node, a.kinds, a.usage) == (b.node, b.kinds, b.usage) and {
+    """Same placement (decoded annotations carry no device index, so compare what they say),
+    held by a pod of the same classes (MetaX sGPU's app class, which the pod's owner may edit)."""
+    return (a.node, a.kinds, a.usage, a.classes) == (b.node, b.kinds, b.usage, b.classes) and {
         v: [[d.uuid for d in c] for c in per] for v, per in a.devices.items()
     } == {v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
 

@@ -17,6 +17,10 @@ Decision annotations: ``AWS_NEURON_IDS`` (device indexes for ``aws.amazon.com/ne
 ``NEURON_ALLOC_TIME`` (unix ns), ``NEURON_ALLOCATED=false``, ``NEURON_RESOURCE_TYPE`` (``neuron`` |
 ``neuroncore``), ``aws.amazon.com/predicate-node``. No node lock.
 
+A namespace quota on the core resource counts the cores a grant's mask names (its set bits), both
+for the pods placed (the ledger) and for the device a pod is fitted on (:meth:`AwsNeuronVendor.quota_cores`):
+a whole device charges the cores the node's devices have, not ``coresPerDevice``.
+
 Our releases before this one wrote IDs ``<node>-awsneuron-<i>`` and counted cores instead of
 naming them (a whole device: its core count; one core: 1, the core named only in the
 owner-editable ``AWS_NEURON_IDS``): :meth:`AwsNeuronVendor.read_allocation` reads such
@@ -109,8 +113,9 @@ class AwsNeuronVendor(BaseVendor):
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:
         devices, cores = self._amounts(container, where)
-        # coresreq: the cores each pick takes, for a namespace quota on the core resource (the
-        # ledger counts a grant's set bits); a whole device, the configured cores per device
+        # coresreq: the cores each pick asks (HAMi's Coresreq): a whole device, the configured cores
+        # per device; a namespace quota on the core resource is charged the cores the grant takes
+        # on the device chosen (quota_cores), which may have more
         if cores == 1:
             return NeuronRequest(
                 vendor=self.name, nums=1, type=self.request_type, coresreq=1, single_core=True, by_core=True
@@ -144,6 +149,13 @@ class AwsNeuronVendor(BaseVendor):
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         return self.grant_on(device, request, mem, 0)
+
+    def quota_cores(self, device: DeviceInfo, request: ContainerDeviceRequest, usedcores: int) -> int:
+        """The mask the grant on ``device`` records (:meth:`grant_on`): a namespace quota counts
+        its set bits, the cores the grant takes on that device (a whole device: every core it
+        has, 4 on an Inf1 node whatever ``awsneuron.coresPerDevice`` says), as the ledger counts
+        the pod once placed."""
+        return self.grant_on(device, request, 0, usedcores).usedcores
 
     def read_device_id(self, device_id: str) -> str:
         """``<node>-awsneuron-<i>`` (our earlier releases' spelling, e.g. in a cordon list or a

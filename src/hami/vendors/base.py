@@ -276,12 +276,25 @@ class BaseVendor:
         return None
 
     def usage_filter(
-        self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection, used: int
+        self,
+        device: DeviceInfo,
+        request: ContainerDeviceRequest,
+        sel: Selection,
+        used: int,
+        holders: Mapping[str, int],
     ) -> Reason | None:
         """A selection rule that depends on whether the device is in use (``used``: the grants
-        it holds), checked after :meth:`device_filter` (MetaX sGPU's QoS policy binds only a
-        device in use). Default: None."""
+        it holds, this pod's earlier containers included) and by whom (``holders``: the
+        :meth:`holder_class` of each placed pod holding it -> how many such pods), checked after
+        :meth:`device_filter` (MetaX sGPU's QoS policy binds only a device in use; its app
+        classes keep pods apart). Default: None."""
         return None
+
+    def holder_class(self, annotations: Mapping[str, str]) -> str:
+        """The class a pod's annotations put it in on this vendor's devices, which the ledger
+        records per device for :meth:`usage_filter` (MetaX sGPU: its app class). Default: ""
+        (none; nothing is recorded)."""
+        return ""
 
     def repeats(self, device: DeviceInfo, sel: Selection) -> bool:
         """True when ``device`` may serve more than one of a container's ``nums`` (the fit loop then
@@ -301,6 +314,13 @@ class BaseVendor:
         container's earlier picks of it): for a vendor whose grant names which cores it takes
         (AWS Neuron's core masks). Default: :meth:`grant`."""
         return self.grant(device, request, mem)
+
+    def quota_cores(self, device: DeviceInfo, request: ContainerDeviceRequest, usedcores: int) -> int:
+        """The cores one pick of ``request`` on ``device`` (which holds ``usedcores``) counts
+        when the fit checks a namespace quota, in the unit of the grants (the pod's earlier picks
+        count their grants' cores). Default: ``request.coresreq`` (HAMi's ask); a vendor whose
+        grant's cores depend on the device says so (AWS Neuron: the mask :meth:`grant_on` records)."""
+        return request.coresreq
 
     def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
         """HAMi's ``AddResourceUsage`` side effects for one granted device, given the slices already

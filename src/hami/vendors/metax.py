@@ -16,9 +16,11 @@ percentage, default 100. Admission: ``metax-tech.com/sgpu-app-class`` must be ``
 ``fixed-share`` or ``burst-share``. A device whose ``qosPolicy`` is set takes a share (``vcore``
 below 100) only from pods of the same policy (``CardQosPolicyMismatch``); a request for the whole
 sGPU (``vcore`` 100, the default) and an online pod skip the check, as in HAMi's
-``checkDeviceQos``, and so does a share of an idle device (the plugin switches its policy). HAMi
-also keeps pods apart by app class (``checkAppClass``), over the app classes of the pods holding a
-device, which the ledger does not record (docs/vendors/metax.md, Not done). Online pods take no compute share. The node score is
+``checkDeviceQos``, and so does a share of an idle device (the plugin switches its policy). App
+classes keep pods apart as HAMi's ``checkAppClass`` does: on a device in use, pods with an app class
+(online, offline) and pods without one do not share, and an offline pod does not join an online
+one (``CardAppClassMismatch``); the ledger records the app class of each pod holding a device
+(:meth:`MetaxSgpuVendor.holder_class`). Online pods take no compute share. The node score is
 policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs after placement
 (binpack keeps the highest node score, spread the lowest). The decision annotation
 ``metax-tech.com/predicate-time`` is in unix nanoseconds (HAMi ``UnixNano``).
@@ -294,16 +296,38 @@ class MetaxSgpuVendor(BaseVendor):
             app_class=annotations.get(APP_CLASS_ANNOTATION) or "",
         )
 
+    def holder_class(self, annotations: Mapping[str, str]) -> str:
+        """The pod's app class (``metax-tech.com/sgpu-app-class``), which the ledger records on
+        the sGPUs it holds for :meth:`usage_filter`."""
+        return annotations.get(APP_CLASS_ANNOTATION) or ""
+
     def usage_filter(
-        self, device: DeviceInfo, request: ContainerDeviceRequest, sel: Selection, used: int
+        self,
+        device: DeviceInfo,
+        request: ContainerDeviceRequest,
+        sel: Selection,
+        used: int,
+        holders: Mapping[str, int],
     ) -> Reason | None:
-        """HAMi's ``checkDeviceQos`` for pods that are not online: an idle device takes any policy
-        (the plugin switches it), and so does a request for the whole sGPU (``vcore`` 100; on a
-        device in use the capacity rules then refuse it); a share of a device in use needs the
-        device's ``qosPolicy`` unset or equal to the pod's."""
-        if used == 0 or not isinstance(sel, SgpuSelection) or sel.app_class == "online":
+        """HAMi's ``checkAppClass``, then its ``checkDeviceQos`` for pods that are not online.
+
+        App class (on a device in use only; ``holders``: the app classes of the placed pods
+        holding it): a device held by an online or offline pod takes only online / offline
+        pods, a device held by none of them only pods without an app class, and an offline pod
+        never joins an online one (the device suspends offline work while online work runs);
+        else ``CardAppClassMismatch``. As in HAMi, the pod's own earlier containers make the
+        device in use but add no app class.
+
+        QoS: an idle device takes any policy (the plugin switches it), and so does a request
+        for the whole sGPU (``vcore`` 100; on a device in use the capacity rules then refuse
+        it); a share of a device in use needs the device's ``qosPolicy`` unset or equal to the
+        pod's."""
+        if used == 0 or not isinstance(sel, SgpuSelection):
             return None
-        if request.coresreq == EXCLUSIVE_CORES:
+        online, offline = holders.get("online", 0) > 0, holders.get("offline", 0) > 0
+        if (online or offline) != (sel.app_class in APP_CLASSES) or (online and sel.app_class == "offline"):
+            return Reason.CARD_APP_CLASS_MISMATCH
+        if sel.app_class == "online" or request.coresreq == EXCLUSIVE_CORES:
             return None
         policy = (device.custominfo or {}).get("qosPolicy")
         if policy and policy != sel.qos:
