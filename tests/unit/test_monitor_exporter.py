@@ -51,6 +51,20 @@ REFERENCE_MONITOR_LEGACY = {
     "Device_utilization_desc_of_container",
     "Device_last_kernel_of_container",
 }
+#: the legacy names' labels, from HAMi's cmd/vGPUmonitor/metrics.go (initLegacyDescriptors, the
+#: versions with --legacy-metrics: v2.9/v2.10); the host ones gained "nodeid" with the new names'
+#: "node". MigInfo's have not changed since it was added (podnamespace ... deviceuuid, instanceid).
+_LEGACY_CTR = {"podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"}
+REFERENCE_LEGACY_LABELS = {
+    "HostGPUMemoryUsage": {"nodeid", "deviceidx", "deviceuuid", "devicetype"},
+    "HostCoreUtilization": {"nodeid", "deviceidx", "deviceuuid", "devicetype"},
+    "vGPU_device_memory_usage_in_bytes": _LEGACY_CTR,
+    "vGPU_device_memory_limit_in_bytes": _LEGACY_CTR,
+    "Device_memory_desc_of_container": _LEGACY_CTR | {"context", "module", "data", "offset"},
+    "Device_utilization_desc_of_container": _LEGACY_CTR,
+    "Device_last_kernel_of_container": _LEGACY_CTR,
+    "MigInfo": _LEGACY_CTR | {"instanceid"},
+}
 OURS = {"hami_vgpu_memory_drift_bytes", "hami_monitor_regions"}  # additions, documented in docs/metrics.md
 REFERENCE_MIG = {
     "namespace",
@@ -71,6 +85,8 @@ def test_metric_names_and_labels_match_the_reference():
     assert set(METRICS["hami_mig_device_info"]) == REFERENCE_MIG | {"zone"}
     assert set(METRICS) - set(REFERENCE_MONITOR) - {"hami_mig_device_info"} == OURS
     assert set(LEGACY_METRICS) == REFERENCE_MONITOR_LEGACY | {"MigInfo"}
+    for name, labels in REFERENCE_LEGACY_LABELS.items():
+        assert set(LEGACY_METRICS[name]) == labels | {"zone"}, name
 
 
 def test_mig_device_info_from_the_pods_annotation(node_dir):
@@ -114,7 +130,18 @@ def test_mig_device_info_from_the_pods_annotation(node_dir):
         "compute_instance_id": "0",
         "zone": "vGPU",
     }
-    assert [x.labels["mig_uuid"] for x in got["MigInfo"]] == ["MIG-x"]
+    # HAMi's legacy MigInfo: its own label names, the GPU instance ID as "instanceid", one series
+    # per instance (not a copy of hami_mig_device_info's labels, which no HAMi query names)
+    [legacy] = got["MigInfo"]
+    assert legacy.value == 1 and dict(legacy.labels) == {
+        "podnamespace": "team-a",
+        "podname": "train-0",
+        "ctrname": "main",
+        "vdeviceid": "0",
+        "deviceuuid": "GPU-a",
+        "instanceid": "2",
+        "zone": "vGPU",
+    }
     assert mig_devices({"hami.io/vgpu-mig-allocations": "not json"}, ["main"]) == ()
 
 
@@ -245,13 +272,20 @@ def test_host_metrics_drift_and_legacy_names(node_dir):
         device_type="NVIDIA-Tesla T4",
     ) == [9 * MiB]
     assert _values(got["hami_host_gpu_utilization_ratio"], device_uuid="GPU-a") == [70]
-    assert _values(got["hami_host_gpu_memory_controller_utilization_ratio"], device_type="NVIDIA H100") == [0]
+    # HAMi's monitor (v2.10 and before) prefixes the NVML name unconditionally, unlike the
+    # registration's type: a current driver's "NVIDIA H100" is "NVIDIA-NVIDIA H100" here
+    assert _values(got["hami_host_gpu_memory_controller_utilization_ratio"], device_type="NVIDIA-NVIDIA H100") == [0]
+    assert {s.labels["device_type"] for s in got["hami_host_gpu_memory_used_bytes"]} == {
+        "NVIDIA-Tesla T4",
+        "NVIDIA-NVIDIA H100",
+    }
     assert "node" not in got["hami_host_gpu_memory_controller_utilization_ratio"][0].labels
     # 170 MiB by NVML for PIDs 70+80 vs 150 MiB in the ledger; GPU-b has none of their memory
     assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_A, device_uuid="GPU-a") == [20 * MiB]
     assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_A, device_uuid="GPU-b") == [-7]
     assert _values(got["hami_vgpu_memory_drift_bytes"], pod=UID_B) == []  # host PID unknown: no guess
     assert _values(got["HostGPUMemoryUsage"], deviceuuid="GPU-a", deviceidx="0") == [9 * MiB]
+    assert _values(got["HostCoreUtilization"], nodeid="node-1", devicetype="NVIDIA-NVIDIA H100") == [0]
     assert _values(got["vGPU_device_memory_usage_in_bytes"], podname=UID_A, ctrname="main", vdeviceid="0") == [
         150 * MiB
     ]
@@ -262,6 +296,21 @@ def test_host_metrics_drift_and_legacy_names(node_dir):
         table = METRICS if name in METRICS else LEGACY_METRICS
         for s in samples:
             assert set(s.labels) == set(table[name]), name
+
+
+def test_legacy_memory_desc_offset_is_what_the_parts_leave_of_the_total(tmp_path):
+    # HAMi: offset = total - context - module - data (HAMi-core's own offset field is not read)
+    kit.write(
+        tmp_path / f"{UID_A}_main" / "x.cache",
+        uuids=("GPU-a",),
+        procs=[
+            kit.Proc(pid=7, hostpid=70, used={0: (1, 2, 3, 10)}),
+            kit.Proc(pid=8, hostpid=80, used={0: (0, 0, 5, 9)}),
+        ],
+    )
+    [desc] = _scrape(_collector(tmp_path, legacy=True))["Device_memory_desc_of_container"]
+    assert desc.value == 19
+    assert [desc.labels[k] for k in ("context", "module", "data", "offset")] == ["1", "2", "8", "8"]
 
 
 def test_nvml_failure_keeps_container_metrics(node_dir):

@@ -55,6 +55,7 @@ class NodeAgent:
         paths: HookPaths,
         register_interval: float = 30.0,
         poll: float = 1.0,
+        legacy_handshake: str = "auto",
         ignored_xids: frozenset[int] | None = IGNORED_XIDS,
         xid_wait_ms: int = 1000,
         pod_watch: bool = True,
@@ -79,7 +80,13 @@ class NodeAgent:
         self.allocator: Allocator | NriAllocator = Allocator(
             kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig, gpus=self.state.uuids
         )
-        self.registrar = Registrar(kube, self.state, interval=register_interval, handoff=lock_release_delay > 0)
+        self.registrar = Registrar(
+            kube,
+            self.state,
+            interval=register_interval,
+            handoff=lock_release_delay > 0,
+            legacy_handshake=legacy_handshake,
+        )
         #: --injection=nri: the runtime's NRI hook gives containers their grants (injection.py)
         self.nri: NriPlugin | None = None
         if injection == "nri":

@@ -25,7 +25,7 @@ from hami.node.settings import NodeConfigError, NodeSettings, load_settings
 from .devices import DeviceState
 from .static_mig import StaticMigError, check_strategy, discover_static, resources, settings_without_mig_gpus
 from .preflight import PreflightError, check_other_plugins
-from .register import REGISTER, SCORE
+from .register import HANDSHAKE, LEGACY_HANDSHAKE_MODES, REGISTER, SCORE
 from .topology import pair_scores
 
 log = logging.getLogger("hami.deviceplugin")
@@ -41,6 +41,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--register-interval", type=float, default=30.0, help="seconds between registration checks")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between kubelet socket checks")
+    p.add_argument(
+        "--legacy-handshake",
+        default="auto",
+        choices=LEGACY_HANDSHAKE_MODES,
+        help=f"answer the {HANDSHAKE} requests of a HAMi scheduler before v2.8, which drops a node whose "
+        "request goes unanswered for 60 s: on (always, within 30 s), off (never), auto (once the node "
+        "shows such a scheduler: its first expiry, or its pre-2025 time format; our scheduler's standing "
+        "request is then left alone, no write) (default auto)",
+    )
     p.add_argument(
         "--pod-watch",
         type=flags.bool_flag,
@@ -200,6 +209,7 @@ async def _serve(
         args.device_plugin_dir,
         HookPaths(args.hook_path, args.lock_dir, tuple(args.driver_mount)),
         register_interval=args.register_interval,
+        legacy_handshake=args.legacy_handshake,
         poll=args.poll_interval,
         ignored_xids=ignored_xids(),
         pod_watch=args.pod_watch,

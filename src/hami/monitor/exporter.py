@@ -13,7 +13,10 @@ that pod using it, or the claim's name when several share it (they share one reg
 budget). Standalone, ``pod`` is the claim's UID and ``container`` its name.
 
 Metric names and labels are HAMi's (reference hami-control-plane §9.2); every metric carries
-``zone="vGPU"``. With ``legacy=True`` the old names are exported as well.
+``zone="vGPU"``. With ``legacy=True`` the old names are exported as well, with HAMi's old label
+names (``MigInfo`` included: ``podnamespace, podname, ctrname, vdeviceid, deviceuuid, instanceid``).
+The host metrics' ``device_type`` is :func:`host_device_type`, as HAMi's monitor writes it, which
+is not the registration's ``type``.
 """
 
 from __future__ import annotations
@@ -52,8 +55,18 @@ HOST_MC_LABELS = ("device_index", "device_uuid", "device_type")
 CTR_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
 MIG_LABELS = CTR_LABELS + ("mig_uuid", "profile", "gpu_instance_id", "compute_instance_id")
 MIG_INFO = "hami_mig_device_info"
-LEGACY_HOST_LABELS = ("deviceidx", "deviceuuid", "devicetype")
+LEGACY_HOST_LABELS = ("nodeid", "deviceidx", "deviceuuid", "devicetype")
 LEGACY_CTR_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
+LEGACY_MIG_LABELS = LEGACY_CTR_LABELS + ("instanceid",)  # the GPU instance ID
+
+
+def host_device_type(nvml_name: str) -> str:
+    """The ``device_type`` (legacy ``devicetype``) of the host metrics: ``NVIDIA-`` + the NVML
+    name, always, as HAMi's monitor writes it up to v2.10 (``"NVIDIA-" + deviceName`` in
+    cmd/vGPUmonitor/metrics.go), so ``NVIDIA-NVIDIA H100 80GB HBM3`` on current drivers. The
+    registration's type (and so the scheduler's ``device_type``) prefixes only a name without
+    ``NVIDIA``; HAMi's monitor took that rule after v2.10 (HAMi PR #2991)."""
+    return f"NVIDIA-{nvml_name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +214,7 @@ LEGACY_METRICS: dict[str, tuple[str, ...]] = {
     "HostCoreUtilization": LEGACY_HOST_LABELS + ("zone",),
     **{legacy: LEGACY_CTR_LABELS + ("zone",) for legacy in _CTR_LEGACY.values()},
     "Device_memory_desc_of_container": LEGACY_CTR_LABELS + ("context", "module", "data", "offset", "zone"),
-    "MigInfo": MIG_LABELS + ("zone",),
+    "MigInfo": LEGACY_MIG_LABELS + ("zone",),
 }
 
 
@@ -311,7 +324,7 @@ class MonitorCollector(Collector):
         )
         for g in sorted(gpus, key=lambda g: g.index):
             for kind, n in sorted(g.ecc_errors.items()):
-                ecc.add_metric([self.node, str(g.index), g.uuid, g.device_type, kind, ZONE], n)
+                ecc.add_metric([self.node, str(g.index), g.uuid, host_device_type(g.name), kind, ZONE], n)
         if ecc.samples:
             yield ecc
         containers, states = self.read_containers()
@@ -324,14 +337,14 @@ class MonitorCollector(Collector):
 
     def _host_metrics(self, gpus: Sequence[HostGPU], fam: Callable[..., GaugeMetricFamily]) -> None:
         for g in sorted(gpus, key=lambda g: g.index):
-            full = [self.node, str(g.index), g.uuid, g.device_type, ZONE]
+            full = [self.node, str(g.index), g.uuid, host_device_type(g.name), ZONE]
             for name, (doc, attr, with_node) in _HOST_VALUES.items():
                 value = getattr(g, attr)
                 if value is None:
                     continue
                 fam(name, doc).add_metric(full if with_node else full[1:], value)
-                if self.legacy and name in _HOST_LEGACY:
-                    fam(_HOST_LEGACY[name], f"Legacy name of {name}").add_metric(full[1:], value)
+                if self.legacy and name in _HOST_LEGACY:  # nodeid, deviceidx, deviceuuid, devicetype
+                    fam(_HOST_LEGACY[name], f"Legacy name of {name}").add_metric(full, value)
 
     def _container_metrics(
         self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU], fam: Callable[..., GaugeMetricFamily]
@@ -355,8 +368,9 @@ class MonitorCollector(Collector):
                         fam(_CTR_LEGACY[name], f"Legacy name of {name}").add_metric(labels, value)
                 if self.legacy:
                     u = r.used(dev)
+                    offset = u.total - u.context - u.module - u.buffer  # as HAMi computes it
                     fam("Device_memory_desc_of_container", "Legacy: memory breakdown of the container").add_metric(
-                        labels[:-1] + [str(u.context), str(u.module), str(u.buffer), "0", ZONE], u.total
+                        labels[:-1] + [str(u.context), str(u.module), str(u.buffer), str(offset), ZONE], u.total
                     )
                 drift = memory_drift(r, dev, gpus.get(uuid))
                 if drift is not None:
@@ -382,8 +396,10 @@ class MonitorCollector(Collector):
                     ZONE,
                 ]
                 fam(MIG_INFO, "A MIG instance held by a pod's container (1)").add_metric(labels, 1)
-                if self.legacy:
-                    fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(labels, 1)
+                if self.legacy:  # HAMi's labels: the pod's, the GPU's and the GPU instance ID
+                    fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(
+                        labels[:5] + [str(m.gpu_instance_id), ZONE], 1
+                    )
 
 
 def claim_owner(c: ClaimDir, pods: Mapping[str, PodRef] | None) -> tuple[PodRef, str] | None:

@@ -674,11 +674,6 @@ class HostGPU:
     #: lifetime ECC error counts (NVML's aggregate counter): error type -> count
     ecc_errors: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def device_type(self) -> str:
-        """Same rule as the node registration ``type`` (:func:`type_name`)."""
-        return type_name(self.name)
-
 
 def _try(call: Callable[[], object], what: str) -> object | None:
     try:
