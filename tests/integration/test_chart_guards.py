@@ -123,14 +123,41 @@ def test_the_allow_label_follows_the_schedulers_flag(helm_bin, args):
     assert f"'{ALLOW}'" in next(v["expression"] for v in default["spec"]["variables"] if v["name"] == "allowDisable")
 
 
+def _variable(policy: dict, name: str) -> str:
+    return next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == name)
+
+
+def test_the_guard_names_the_webhooks_grant_variables_and_follows_the_chart(helm_bin):
+    """The guard spells the webhook's list (hami.core.names.GRANT_ENV) in CEL: the same names,
+    the chart's priority resource, and the policy opt-in only where the node-wide policy is not
+    already disable (the webhook writes it into every GPU container then)."""
+    from hami.core import names
+
+    policy = _template(helm_bin, "--show-only", DEVICE_POD_GUARD)[0]
+    reserved = _variable(policy, "reserved")
+    assert all(f'"{n}"' in reserved for n in names.GRANT_ENV) and f"'{names.GRANT_ENV_PREFIX}'" in reserved
+    assert "'nvidia.com/priority'" in reserved and "GPU_CORE_UTILIZATION_POLICY" in _variable(policy, "disablers")
+    custom = _template(
+        helm_bin,
+        "--show-only",
+        DEVICE_POD_GUARD,
+        *_sets("resourcePriority=example.com/prio", "devices.nvidia.gpuCorePolicy=disable"),
+    )[0]
+    assert "'example.com/prio'" in _variable(custom, "reserved")
+    assert "GPU_CORE_UTILIZATION_POLICY" not in _variable(custom, "disablers")
+    assert '"example.com/prio"' in _variable(custom, "managed")
+
+
 # ---------------------------------------------------------------------------------------------
 # enforced by the real API server
 
 
-def _pod(name: str, scheduler: str, *, env=None, init_env=None, privileged=False, gpu=True) -> dict:
+def _pod(
+    name: str, scheduler: str, *, env=None, init_env=None, privileged=False, gpu=True, node=None, limits=None
+) -> dict:
     container: dict = {"name": "main", "image": "busybox"}
     if gpu:
-        container["resources"] = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", **(limits or {})}}
     if env:
         container["env"] = env
     if privileged:
@@ -138,6 +165,8 @@ def _pod(name: str, scheduler: str, *, env=None, init_env=None, privileged=False
     spec: dict = {"schedulerName": scheduler, "containers": [container], "terminationGracePeriodSeconds": 0}
     if init_env:
         spec["initContainers"] = [{"name": "setup", "image": "busybox", "env": init_env}]
+    if node:
+        spec["nodeName"] = node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -187,6 +216,48 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         # pods for another scheduler, and pods of ours that ask for no device, are not affected
         create(plain, _pod("other", "default-scheduler", env=disable, privileged=True))
         create(plain, _pod("no-device", scheduler, env=disable, privileged=True, gpu=False))
+        # GPU_CORE_UTILIZATION_POLICY=disable is the same opt-in (any letter case); force is not
+        policy_off = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "Disable"}]
+        message = _denied(lambda: create(plain, _pod("policy-off", scheduler, env=policy_off)))
+        assert "'main'" in message and "GPU_CORE_UTILIZATION_POLICY=disable" in message
+        create(allowed, _pod("policy-off", scheduler, env=policy_off))
+        create(plain, _pod("policy-force", scheduler, env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}]))
+
+        # the grant's own variables (a pod's env comes after the device plugin's, so these would
+        # replace the grant's values), in any container, even where isolation may be switched off
+        for ns, variable, value in (
+            (plain, "NVIDIA_VISIBLE_DEVICES", "all"),
+            (plain, "CUDA_DEVICE_MEMORY_LIMIT_0", "0"),
+            (plain, "CUDA_DEVICE_SM_LIMIT", "100"),
+            (allowed, "CUDA_OVERSUBSCRIBE", "true"),
+            (plain, "HAMI_NRI_INJECTION", "done"),
+            (plain, "LIBVGPU_CONTEXT_SIZE", "0"),
+            (plain, "CUDA_TASK_PRIORITY", "0"),
+        ):
+            env = [{"name": variable, "value": value}]
+            message = _denied(lambda: create(ns, _pod("grant", scheduler, init_env=env)))
+            assert "'setup'" in message and "the grant" in message, (variable, message)
+        from_config = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
+        _denied(lambda: create(plain, _pod("grant", scheduler, env=from_config)))
+        create(plain, _pod("fewer", scheduler, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]))
+        # the priority the webhook writes from the priority resource
+        create(
+            plain,
+            _pod(
+                "prio",
+                scheduler,
+                env=[{"name": "CUDA_TASK_PRIORITY", "value": "1"}],
+                limits={"nvidia.com/priority": "1"},
+            ),
+        )
+
+        # a pod with a node assigned that asks for one of our resources, whatever its scheduler
+        # (the kubelet would call our Allocate for a pod no scheduler of ours placed)
+        for name, sched in (("pinned", scheduler), ("pinned-other", "no-such-scheduler")):
+            message = _denied(lambda: create(plain, _pod(name, sched, node="gpu-node-1")))
+            assert "spec.nodeName=gpu-node-1" in message, message
+        create(plain, _pod("pinned-plain", "no-such-scheduler", node="gpu-node-1", gpu=False))
+
         # an ordinary device pod is fine
         create(plain, _pod("job", scheduler))
 
@@ -205,6 +276,10 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         assert "'rooted'" in message and "privileged" in message
         message = _denied(lambda: debug(plain, "job", "unlimited", env=disable))
         assert "'unlimited'" in message and "CUDA_DISABLE_CONTROL" in message
+        message = _denied(
+            lambda: debug(plain, "job", "all-gpus", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+        )
+        assert "'all-gpus'" in message and "the grant" in message
         debug(plain, "job", "shell")
         debug(allowed, "opted-in", "shell", env=disable)
         debug(allowed, "opted-in", "second")  # the earlier ephemeral container is not re-checked

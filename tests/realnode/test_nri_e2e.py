@@ -130,11 +130,22 @@ def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
 ):
     ns, name = gpu_namespace, "nri-pod"
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+    # the pod's own envFrom (which no admission rule reads) tries to lift its limits and see every
+    # GPU: the hook's adjustment removes libvgpu settings the grant does not give and sets its own
+    tenant_env = {
+        "CUDA_DEVICE_SM_LIMIT_0": "100",
+        "CUDA_DEVICE_MEMORY_LIMIT": "80g",
+        "GPU_CORE_UTILIZATION_POLICY": "disable",
+        "NVIDIA_VISIBLE_DEVICES": "all",
+    }
     real_cluster.api(
         "POST",
-        f"/api/v1/namespaces/{ns}/pods",
-        probe_pod(name, [probe_container(product, "main", limits, ["1000", "2500", "--hold"])]),
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tenant-env"}, "data": tenant_env},
     )
+    container = probe_container(product, "main", limits, ["1000", "2500", "--hold"])
+    container["envFrom"] = [{"configMapRef": {"name": "tenant-env"}}]
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [container]))
     out = probe_output(real_cluster, ns, name, "main")
     assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out
     assert out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY], out
@@ -142,10 +153,43 @@ def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
     assert env["HAMI_NRI_INJECTION"] == "done", env
     assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-a1000000-"), env
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30", env
+    assert not {"CUDA_DEVICE_SM_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT", "GPU_CORE_UTILIZATION_POLICY"} & set(env), env
     pod = wait_success(real_cluster, ns, name, product)
     granted = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
     assert env["NVIDIA_VISIBLE_DEVICES"] in granted
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
+def test_a_container_whose_env_replaces_the_hooks_marker_is_not_created(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str
+):
+    """The marker is Allocate's; a pod's envFrom replacing it would have the hook give nothing
+    and the container run with the NVIDIA_VISIBLE_DEVICES of its choice: refused at creation."""
+    ns, name = gpu_namespace, "nri-marker"
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "marker-env"},
+            "data": {"HAMI_NRI_INJECTION": "done", "NVIDIA_VISIBLE_DEVICES": "all"},
+        },
+    )
+    container = probe_container(product, "main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ["100"])
+    container["envFrom"] = [{"configMapRef": {"name": "marker-env"}}]
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [container]))
+
+    def refused(pod: dict) -> bool:
+        for status in (pod.get("status") or {}).get("containerStatuses") or ():
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") == "CreateContainerError" and "HAMI_NRI_INJECTION" in waiting.get("message", ""):
+                return True
+        return False
+
+    pod = wait_pod(real_cluster, ns, name, refused, "refused at container creation", product)
+    assert not any(s.get("state", {}).get("running") for s in pod["status"]["containerStatuses"])
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
 
 
 def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(

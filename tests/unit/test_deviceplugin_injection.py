@@ -330,3 +330,57 @@ async def test_the_agent_writes_and_withdraws_the_node_annotation_with_the_hooks
     assert NODE_INJECTION not in kube.node
     plain = NodeAgent(kube, NodeSettings(), [], tmp_path, HookPaths(str(tmp_path / "h2"), str(tmp_path / "l2")))
     assert plain.nri is None and not isinstance(plain.allocator, NriAllocator)
+
+
+def composed(name: str, tenant: dict) -> object:
+    """A container as the runtime composes it: the device plugin's deferred grant first, the
+    pod's own env (env, envFrom) after it, the later value of a key winning (env_map)."""
+    env = {**contract.deferred_grant(), **tenant}
+    return pb.Container(id=f"id-{name}", name=name, env=[f"{k}={v}" for k, v in env.items()], state=3)
+
+
+@pytest.mark.parametrize("marker", ["done", "", "no"])
+async def test_a_marker_the_pods_env_replaced_is_refused(tmp_path, marker):
+    """The pod's env comes after Allocate's, so an envFrom (which no admission rule reads) could
+    set HAMI_NRI_INJECTION=done: the hook then gave nothing and the container ran with the
+    NVIDIA_VISIBLE_DEVICES of its choice (all), unlimited. Found by review; fails before."""
+    obj = pod_obj()
+    kube = FakeKube([obj])
+    tenant = {"HAMI_NRI_INJECTION": marker, "NVIDIA_VISIBLE_DEVICES": "all"}
+    with pytest.raises(Refusal, match=f"HAMI_NRI_INJECTION={marker!r} comes from the pod's env"):
+        await injector(kube, tmp_path).create_container(sandbox(obj), composed("eval", tenant))
+
+
+async def test_libvgpu_settings_the_grant_does_not_give_are_removed_and_the_grants_win(tmp_path):
+    """An envFrom or the image can give libvgpu settings of their own: a per-device share over
+    the grant's unindexed one, oversubscription, the policy off, a priority, a context size.
+    The adjustment removes them (NRI's -NAME) and sets the grant's over the rest."""
+    obj = pod_obj(eval_env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}])
+    tenant = {
+        "CUDA_DEVICE_SM_LIMIT_0": "100",
+        "CUDA_DEVICE_MEMORY_LIMIT": "80g",
+        "CUDA_OVERSUBSCRIBE": "true",
+        "LIBVGPU_CONTEXT_SIZE": "0",
+        "CUDA_TASK_PRIORITY": "0",
+        "GPU_CORE_UTILIZATION_POLICY": "disable",
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "CUDA_DEVICE_SM_LIMIT": "100",
+        "MY_APP_SETTING": "kept",
+    }
+    adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), composed("eval", tenant))
+    env = adjusted_env(adjust)
+    removed = sorted(k[1:] for k in env if k.startswith("-"))
+    assert removed == [
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT_0",
+        "CUDA_OVERSUBSCRIBE",
+        "CUDA_TASK_PRIORITY",
+        "LIBVGPU_CONTEXT_SIZE",
+    ]
+    # removals come first: NRI applies the adjustment's entries in order
+    assert [e.key.startswith("-") for e in adjust.env] == sorted(
+        (e.key.startswith("-") for e in adjust.env), reverse=True
+    )
+    assert env["NVIDIA_VISIBLE_DEVICES"] == G1 and env["CUDA_DEVICE_SM_LIMIT"] == "10"
+    assert env["GPU_CORE_UTILIZATION_POLICY"] == "force"  # the pod spec's literal value, which admission checked
+    assert "MY_APP_SETTING" not in env and "-MY_APP_SETTING" not in env

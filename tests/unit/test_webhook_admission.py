@@ -339,3 +339,89 @@ def test_null_fields_are_filled_not_crashed_on(container):
 def test_a_null_container_is_denied():
     d = decide({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}], "initContainers": [None]}}, S)
     assert not d.allowed and d.code == 400 and "spec.initContainers[0]: must not be null" in d.message
+
+
+# ---------------------------------------------------------------------------------------------
+# the grant's own variables (found by an adversarial review: a pod's env comes after the device
+# plugin's in the runtime's list, so each of these replaced the grant's value)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "0"),  # no memory limit on the granted GPU
+        ("CUDA_DEVICE_MEMORY_LIMIT", "80g"),
+        ("CUDA_DEVICE_SM_LIMIT", "100"),
+        ("CUDA_DEVICE_SM_LIMIT_0", "100"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/mine.cache"),
+        ("CUDA_OVERSUBSCRIBE", "true"),
+        ("HAMI_NRI_INJECTION", "done"),
+        ("HAMI_PEER_REGIONS", "/tmp"),
+        ("LIBVGPU_CONTEXT_SIZE", "0"),
+        ("NVIDIA_VISIBLE_DEVICES", "all"),  # every GPU of the node, none of them limited
+        ("NVIDIA_VISIBLE_DEVICES", "GPU-other"),
+        ("CUDA_TASK_PRIORITY", "0"),  # high priority without asking for it
+    ],
+)
+def test_a_device_pod_may_not_set_the_variables_of_its_grant(name, value):
+    for p in (
+        pod(GPU, env=[{"name": name, "value": value}]),
+        pod(GPU, init=[{"name": "i", "env": [{"name": name, "value": value}]}]),
+    ):
+        d = decide(p, S, {})
+        assert not d.allowed and name in d.message and "docs/security.md" in d.message, d
+    from_config = {"name": name, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    assert not decide(pod(GPU, env=[from_config]), S, {}).allowed
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}],  # fewer GPUs is fine
+        [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}],  # CUDA's choice among the granted GPUs
+        [{"name": "CUDA_DEVICE_MEMORY_LIMITS", "value": "x"}],  # not one of libvgpu's names, nor a suffix
+        [{"name": "LIBCUDA_LOG_LEVEL", "value": "4"}],
+        [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
+    ],
+)
+def test_variables_that_give_no_more_are_allowed(env):
+    assert decide(pod(GPU, env=env), S, {}).allowed
+
+
+def test_a_pod_without_devices_may_set_them():
+    assert decide(pod(env=[{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "0"}]), S, {}).allowed
+
+
+def test_priority_env_only_with_the_priority_resource_whose_value_the_webhook_writes():
+    d = decide(pod({**GPU, "nvidia.com/priority": 1}, env=[{"name": "CUDA_TASK_PRIORITY", "value": "0"}]), S, {})
+    assert d.allowed
+    env = d.pod["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "CUDA_TASK_PRIORITY"] == [{"name": "CUDA_TASK_PRIORITY", "value": "1"}]
+    d = decide(pod(GPU, env=[{"name": "CUDA_TASK_PRIORITY", "value": "0"}]), S, {})
+    assert not d.allowed and "nvidia.com/priority" in d.message
+
+
+@pytest.mark.parametrize("value", ["disable", "DISABLE", "Disable"])
+def test_core_policy_disable_is_an_opt_in_like_disable_control(value):
+    env = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": value}]
+    d = decide(pod(GPU, env=env), S, {})
+    assert not d.allowed and "GPU_CORE_UTILIZATION_POLICY=disable" in d.message
+    assert "hami.io/allow-disable-control=true" in d.message
+    assert decide(pod(GPU, env=env), S, {"hami.io/allow-disable-control": "true"}).allowed
+    # the node-wide policy: the webhook writes it itself, so a pod may too
+    settings = AdmissionSettings(build_vendors(device_config_from_dict({"nvidia": {"gpuCorePolicy": "disable"}})))
+    assert decide(pod(GPU, env=env), settings, {}).allowed
+
+
+@pytest.mark.parametrize("scheduler", ["volcano", "no-such-scheduler"])
+def test_a_device_pod_with_a_node_assigned_is_denied_whatever_its_scheduler(scheduler):
+    """A pod naming any other scheduler skipped the nodeName rule; the kubelet then called the
+    device plugin's Allocate for it, which in the lock mode hands out the grant of the pod the
+    node lock names (another tenant's GPU). Found by an adversarial review."""
+    d = decide(pod(GPU, scheduler=scheduler, node="n1"), S)
+    assert not d.allowed and "spec.nodeName=n1" in d.message
+    # without a device, or without a node, such a pod is left to its scheduler as before
+    assert decide(pod(scheduler=scheduler, node="n1"), S).allowed
+    d = decide(pod(GPU, scheduler=scheduler), S)
+    assert d.allowed and d.pod["spec"]["schedulerName"] == scheduler

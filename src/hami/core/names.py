@@ -86,6 +86,10 @@ NVIDIA backend's admission defaults and the webhook name a few:
 * ``ENV_LD_PRELOAD``: the dynamic loader's preload list (``hami exec``).
 * ``ENV_NRI_INJECTION`` (beyond HAMi): ``pending`` in a container that the device plugin's
   Allocate answered in NRI mode, ``done`` once the NRI hook has given it its grant (docs/nri.md).
+* ``GRANT_ENV``, ``GRANT_ENV_PREFIX`` and :func:`grant_env` (beyond HAMi): the variables only a
+  grant may set (libvgpu's limits and tuning, the region file, the NRI marker); the webhook
+  refuses them in a device pod's env, the chart's device-pod guard spells the same list, and the
+  NRI hook removes those its grant does not set (docs/security.md).
 """
 
 # ---- pod annotations and labels (scheduler <-> device plugin, §5)
@@ -158,3 +162,20 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
 ENV_LD_PRELOAD = "LD_PRELOAD"
 ENV_NRI_INJECTION = "HAMI_NRI_INJECTION"
+#: set by the grant only; any ``_`` suffix (``_<i>``, per device) too
+GRANT_ENV = (
+    ENV_MEMORY_LIMIT,
+    ENV_SM_LIMIT,
+    ENV_SHARED_CACHE,
+    ENV_OVERSUBSCRIBE,
+    ENV_PEER_REGIONS,
+    ENV_NRI_INJECTION,
+)
+#: libvgpu's own tuning and test variables (``LIBVGPU_CONTEXT_SIZE``, ...)
+GRANT_ENV_PREFIX = "LIBVGPU_"
+
+
+def grant_env(name: str) -> bool:
+    """Is ``name`` a variable only a grant sets? A container's env comes after the device
+    plugin's in the runtime's list, so one set by the pod would replace the grant's value."""
+    return name.startswith(GRANT_ENV_PREFIX) or any(name == n or name.startswith(n + "_") for n in GRANT_ENV)

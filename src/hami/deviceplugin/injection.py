@@ -40,6 +40,7 @@ from typing import Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices
 from hami.core.errors import CodecError
+from hami.core.names import grant_env
 from hami.node import contract
 from hami.node.layout import HookPaths, reset_cache_dir
 from hami.node.nri import load
@@ -132,11 +133,38 @@ def last_gpu_container(entries: Sequence[Sequence]) -> int:
     return max((i for i, devs in enumerate(entries) if devs), default=-1)
 
 
-def adjustment(response: A.ContainerResponse):
+#: libvgpu settings the webhook writes into the pod spec (from the priority resource, the
+#: node-wide compute policy) and the admission rules check there
+SPEC_ENV = (contract.TASK_PRIORITY, contract.CORE_POLICY)
+
+
+def adjustment(
+    response: A.ContainerResponse, env: Mapping[str, str] | None = None, spec_env: Mapping[str, str] | None = None
+):
     """Allocate's answer for one container as NRI's ``ContainerAdjustment``: the env (over the
-    deferred grant's), bind mounts, the marker set to done."""
+    deferred grant's), bind mounts, the marker set to done.
+
+    ``env`` (the env the runtime composed) is read for libvgpu settings the grant does not give:
+    a variable only a grant sets (:func:`hami.core.names.grant_env`) is removed (NRI's
+    ``-NAME``), and ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY`` keep only the pod
+    spec's literal value (``spec_env``, which the admission rules checked): a pod's ``envFrom``
+    or its image could otherwise give libvgpu settings of their own (``CUDA_DEVICE_SM_LIMIT_0=100``
+    over the grant's unindexed share). The adjustment is applied after the env the runtime
+    composed, so what it sets wins."""
     adjust = pb.ContainerAdjustment()
-    for key, value in {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}.items():
+    given = {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}
+    spec_env = spec_env or {}
+    drop = []
+    for key in sorted(env or ()):
+        if key in given:
+            continue
+        if key in SPEC_ENV and key in spec_env:
+            given[key] = spec_env[key]
+        elif key in SPEC_ENV or grant_env(key):
+            drop.append(key)
+    for key in drop:
+        adjust.env.add(key="-" + key, value="")
+    for key, value in given.items():
         adjust.env.add(key=key, value=value)
     for m in response.mounts:
         adjust.mounts.add(
@@ -179,9 +207,18 @@ class Injector:
 
     async def create_container(self, sandbox, container):
         env = env_map(container.env)
-        if env.get(contract.NRI_INJECTION) != contract.NRI_PENDING:
-            return None  # no GPU from this plugin (or given already)
+        marker = env.get(contract.NRI_INJECTION)
+        if marker is None:
+            return None  # no GPU from this plugin
         ref = f"{sandbox.namespace}/{sandbox.name}"
+        if marker != contract.NRI_PENDING:
+            # Allocate wrote pending and the runtime composes the env afresh for every creation,
+            # so any other value is the pod's own (an envFrom no admission rule reads): it would
+            # leave the container with whatever NVIDIA_VISIBLE_DEVICES the pod chose, unlimited
+            raise Refusal(
+                f"pod {ref}: container {container.name!r}: {contract.NRI_INJECTION}={marker!r} comes from the "
+                "pod's env (only the device plugin sets it): refused, the container would bypass its grant"
+            )
         try:
             pod = await self._pod(sandbox)
         except Refusal:
@@ -213,7 +250,7 @@ class Injector:
             and pod.annotations.get(A.BIND_PHASE) != "success"
         ):
             self._spawn(self._mark_success(pod, entries))
-        return adjustment(response)
+        return adjustment(response, env, grant.container.env)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

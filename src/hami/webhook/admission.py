@@ -5,12 +5,16 @@
    (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ...) is removed by
    the patch, whatever its scheduler, with a warning naming the keys: the scheduler trusts these
    to rebuild its ledger, and a copy of a placed pod (``kubectl debug --copy-to``) carries them;
-3. (security) ``CUDA_DISABLE_CONTROL`` in a container's env is denied unless the namespace
-   carries the opt-in label (``hami.io/allow-disable-control: "true"``), which only someone who
-   may edit namespaces can set;
+3. (security) ``CUDA_DISABLE_CONTROL`` or ``GPU_CORE_UTILIZATION_POLICY=disable`` in a
+   container's env is denied unless the namespace carries the opt-in label
+   (``hami.io/allow-disable-control: "true"``), which only someone who may edit namespaces can
+   set (the policy is allowed anywhere when it is the node-wide one, which the webhook writes);
 4. scheduler-name gate: only pods with no scheduler, ``default-scheduler`` (when
-   ``--force-overwrite-default-scheduler``) or ours are mutated;
+   ``--force-overwrite-default-scheduler``) or ours are mutated; (security, beyond HAMi) a pod
+   for another scheduler that asks for a device with ``spec.nodeName`` set is denied;
 5. every vendor's admission defaults and validation (the core's :func:`hami.core.admit_pod`);
+   (security, beyond HAMi) a device pod may not set the variables its grant sets
+   (:func:`reserved_env_error`);
 6. a privileged container in a pod with device resources is denied;
 7. a pod with device resources gets ``spec.schedulerName``; if it already has ``spec.nodeName``
    it is denied (it would bypass the extender);
@@ -56,6 +60,7 @@ INTERNAL_ANNOTATIONS = frozenset(
 INTERNAL_PREFIXES = (VGPU_DEVICES_PREFIX,)
 INTERNAL_LABELS = frozenset({VGPU_NODE})
 DISABLE_CONTROL_ENV = names.ENV_DISABLE_CONTROL
+CORE_POLICY_ENV = names.ENV_CORE_POLICY
 FRONT_ENDS = ("extender", "dra")
 
 
@@ -96,24 +101,71 @@ def _containers(pod: Mapping[str, Any]) -> list[dict]:
     return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
 
 
-def uses_disable_control(pod: Any) -> list[str]:
-    """Names of containers whose env sets CUDA_DISABLE_CONTROL (any value). Reads what it can of
-    a pod of the wrong shape (:func:`decide` denies that pod anyway) without checking its shape,
-    which costs more than the rest of an admission."""
+def isolation_switches(pod: Any) -> list[tuple[str, str]]:
+    """``(container, variable)`` for each container whose env switches libvgpu's isolation off:
+    ``CUDA_DISABLE_CONTROL`` (any value) or ``GPU_CORE_UTILIZATION_POLICY=disable`` (compute
+    shares not enforced; any letter case, as libvgpu reads it). Reads what it can of a pod of the
+    wrong shape (:func:`decide` denies that pod anyway) without checking its shape, which costs
+    more than the rest of an admission."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return []
-    names_: list[str] = []
+    found: list[tuple[str, str]] = []
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
         for c in containers if isinstance(containers, list) else ():
             env = c.get("env") if isinstance(c, Mapping) else None
-            if isinstance(env, list) and any(
-                isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in env
-            ):
-                name = c.get("name")
-                names_.append(name if isinstance(name, str) and name else "?")
-    return names_
+            for e in env if isinstance(env, list) else ():
+                if not isinstance(e, Mapping):
+                    continue
+                if e.get("name") == DISABLE_CONTROL_ENV or (
+                    e.get("name") == CORE_POLICY_ENV and str(e.get("value", "")).lower() == "disable"
+                ):
+                    name = c.get("name")
+                    found.append((name if isinstance(name, str) and name else "?", str(e["name"])))
+                    break
+    return found
+
+
+def uses_disable_control(pod: Any) -> list[str]:
+    """Names of containers whose env switches isolation off (:func:`isolation_switches`): the
+    pods whose namespace's labels the server reads before :func:`decide`."""
+    return [c for c, _ in isolation_switches(pod)]
+
+
+#: values of ``NVIDIA_VISIBLE_DEVICES`` a pod may set itself: they show fewer GPUs, never more
+#: (``none`` is what the webhook writes into containers without a GPU, with overwriteEnv)
+VISIBLE_DEVICES_OK = frozenset({"none", "void"})
+
+
+def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
+    """Why a device pod's env may not be admitted ("" when it may): a variable the grant sets
+    (:func:`hami.core.names.grant_env`: a pod's env comes after the device plugin's in the
+    runtime's list, so ``CUDA_DEVICE_MEMORY_LIMIT_0=0`` would lift the memory limit),
+    ``NVIDIA_VISIBLE_DEVICES`` other than none/void (``all``: every GPU of the node), or
+    ``CUDA_TASK_PRIORITY`` in a container that does not ask for that priority with the priority
+    resource (the webhook then writes the resource's value over it, as HAMi's does). A value
+    from ``valueFrom`` counts as set. (``envFrom`` cannot be read here: docs/security.md.)"""
+    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    priority = nvidia.resources.priority if nvidia is not None else None
+    for c in _containers(pod):
+        env = c.get("env") or ()
+        limits = (c.get("resources") or {}).get("limits") or {}
+        for e in env:
+            name, value = e.get("name") or "", e.get("value")
+            why = ""
+            if names.grant_env(name):
+                why = "it is set by the device plugin from the pod's grant"
+            elif name == names.ENV_VISIBLE_DEVICES and (value not in VISIBLE_DEVICES_OK or "valueFrom" in e):
+                why = "it would show the container GPUs other than those granted (only none or void may be set)"
+            elif name == names.ENV_TASK_PRIORITY and not (priority and priority in limits):
+                why = f"ask for a priority with the resource {priority} instead" if priority else "it is the grant's"
+            if why:
+                return (
+                    f"container {c.get('name')!r}: env {name} may not be set in a pod that asks for a device: "
+                    f"{why} (docs/security.md)"
+                )
+    return ""
 
 
 def _deny(message: str, code: int = 403) -> Decision:
@@ -127,6 +179,32 @@ def _gate_passes(pod: Mapping[str, Any], s: AdmissionSettings) -> bool:
     if name == "default-scheduler" and s.force_overwrite_default_scheduler:
         return True
     return bool(s.scheduler_name) and name == s.scheduler_name
+
+
+def _policy_is_disable(s: AdmissionSettings) -> bool:
+    """The node-wide compute policy is ``disable`` (the webhook writes it into every GPU container)."""
+    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    return nvidia is not None and str(getattr(nvidia.config, "gpu_core_policy", "")).lower() == "disable"
+
+
+def _other_scheduler(pod: Mapping[str, Any], s: AdmissionSettings) -> Decision:
+    """A pod for another scheduler is admitted as it is (HAMi's rule 4), except one that asks for
+    our devices with ``spec.nodeName`` already set: the kubelet would then call our device
+    plugin's Allocate for a pod no scheduler of ours placed, and on a node in HAMi's lock mode
+    Allocate hands out the grant of the pod the node lock names (it cannot tell the pods apart),
+    another tenant's GPU. (HAMi admits it: its gate comes first.)"""
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return Decision(True, "", dict(pod))
+    try:
+        _, uses = admit_pod(pod, s.vendors)
+    except CoreError:
+        uses = False  # not a request of ours that the vendors can read: nothing of ours to hand out
+    if uses:
+        return _deny(
+            f"pod has node assigned (spec.nodeName={pod['spec']['nodeName']}) and asks for a device: "
+            "a pod asking for a device must be placed by the scheduler, whatever its schedulerName"
+        )
+    return Decision(True, "", dict(pod))
 
 
 def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[str, Sequence[Any]], Any]) -> str:
@@ -212,14 +290,16 @@ def _decide_clean(
     quota_room: Callable[[str, Sequence[Any]], Any] | None,
 ) -> Decision:
     """:func:`_decide_checked` for a pod without internal annotations."""
-    disablers = uses_disable_control(pod)
-    if disablers and (namespace_labels or {}).get(s.disable_control_label) != "true":
+    switches = [(c, v) for c, v in isolation_switches(pod) if v == DISABLE_CONTROL_ENV or not _policy_is_disable(s)]
+    if switches and (namespace_labels or {}).get(s.disable_control_label) != "true":
+        container, variable = switches[0]
+        what = variable if variable == DISABLE_CONTROL_ENV else f"{variable}=disable"
         return _deny(
-            f"container {disablers[0]!r} sets {DISABLE_CONTROL_ENV}, which switches GPU isolation off; "
+            f"container {container!r} sets {what}, which switches GPU isolation off; "
             f"allowed only in namespaces labelled {s.disable_control_label}=true"
         )
     if not _gate_passes(pod, s):
-        return Decision(True, "", dict(pod))
+        return _other_scheduler(pod, s)
     try:
         mutated, uses = admit_pod(pod, s.vendors)
     except CoreError as exc:
@@ -227,6 +307,8 @@ def _decide_clean(
     if not uses:  # nothing to route or default (overwriteEnv's NVIDIA_VISIBLE_DEVICES=none aside)
         return Decision(True, "", mutated)
     if uses:
+        if bad := reserved_env_error(pod, s):
+            return _deny(bad)
         for c in _containers(mutated):
             if ((c.get("securityContext") or {}).get("privileged")) is True:
                 return _deny(
