@@ -351,10 +351,26 @@ async def test_a_marker_the_pods_env_replaced_is_refused(tmp_path, marker):
         await injector(kube, tmp_path).create_container(sandbox(obj), composed("eval", tenant))
 
 
-async def test_libvgpu_settings_the_grant_does_not_give_are_removed_and_the_grants_win(tmp_path):
+async def test_a_gpu_list_the_pods_env_chose_is_refused(tmp_path):
+    """containerd keeps Allocate's NVIDIA_VISIBLE_DEVICES=void and the pod's value (envFrom)
+    both, and its NRI puts the later one back over the hook's: refused instead. none/void (no
+    GPU, the pod's own choice) are left to stand."""
+    obj = pod_obj()
+    with pytest.raises(Refusal, match="NVIDIA_VISIBLE_DEVICES='all' comes from the pod's env"):
+        await injector(FakeKube([obj]), tmp_path).create_container(
+            sandbox(obj), composed("eval", {"NVIDIA_VISIBLE_DEVICES": "all"})
+        )
+    adjust = await injector(FakeKube([obj]), tmp_path).create_container(
+        sandbox(obj), composed("eval", {"NVIDIA_VISIBLE_DEVICES": "none"})
+    )
+    assert adjusted_env(adjust)["NVIDIA_VISIBLE_DEVICES"] == G1
+
+
+async def test_libvgpu_settings_the_grant_does_not_give_are_emptied_and_the_grants_win(tmp_path):
     """An envFrom or the image can give libvgpu settings of their own: a per-device share over
     the grant's unindexed one, oversubscription, the policy off, a priority, a context size.
-    The adjustment removes them (NRI's -NAME) and sets the grant's over the rest."""
+    The adjustment sets them empty (libvgpu reads that as unset; containerd 1.7's NRI drops
+    removals) and sets the grant's over the rest."""
     obj = pod_obj(eval_env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}])
     tenant = {
         "CUDA_DEVICE_SM_LIMIT_0": "100",
@@ -363,24 +379,20 @@ async def test_libvgpu_settings_the_grant_does_not_give_are_removed_and_the_gran
         "LIBVGPU_CONTEXT_SIZE": "0",
         "CUDA_TASK_PRIORITY": "0",
         "GPU_CORE_UTILIZATION_POLICY": "disable",
-        "NVIDIA_VISIBLE_DEVICES": "all",
         "CUDA_DEVICE_SM_LIMIT": "100",
         "MY_APP_SETTING": "kept",
     }
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), composed("eval", tenant))
     env = adjusted_env(adjust)
-    removed = sorted(k[1:] for k in env if k.startswith("-"))
-    assert removed == [
+    emptied = sorted(k for k, v in env.items() if v == "")
+    assert emptied == [
         "CUDA_DEVICE_MEMORY_LIMIT",
         "CUDA_DEVICE_SM_LIMIT_0",
         "CUDA_OVERSUBSCRIBE",
         "CUDA_TASK_PRIORITY",
         "LIBVGPU_CONTEXT_SIZE",
     ]
-    # removals come first: NRI applies the adjustment's entries in order
-    assert [e.key.startswith("-") for e in adjust.env] == sorted(
-        (e.key.startswith("-") for e in adjust.env), reverse=True
-    )
+    assert not any(k.startswith("-") for k in env)  # no removal: containerd 1.7's NRI would drop it
     assert env["NVIDIA_VISIBLE_DEVICES"] == G1 and env["CUDA_DEVICE_SM_LIMIT"] == "10"
     assert env["GPU_CORE_UTILIZATION_POLICY"] == "force"  # the pod spec's literal value, which admission checked
-    assert "MY_APP_SETTING" not in env and "-MY_APP_SETTING" not in env
+    assert "MY_APP_SETTING" not in env

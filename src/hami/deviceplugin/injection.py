@@ -136,6 +136,8 @@ def last_gpu_container(entries: Sequence[Sequence]) -> int:
 #: libvgpu settings the webhook writes into the pod spec (from the priority resource, the
 #: node-wide compute policy) and the admission rules check there
 SPEC_ENV = (contract.TASK_PRIORITY, contract.CORE_POLICY)
+#: what Allocate writes, and what the pod may also say: no GPU
+NO_GPU = frozenset({"void", "none"})
 
 
 def adjustment(
@@ -145,25 +147,25 @@ def adjustment(
     deferred grant's), bind mounts, the marker set to done.
 
     ``env`` (the env the runtime composed) is read for libvgpu settings the grant does not give:
-    a variable only a grant sets (:func:`hami.core.names.grant_env`) is removed (NRI's
-    ``-NAME``), and ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY`` keep only the pod
-    spec's literal value (``spec_env``, which the admission rules checked): a pod's ``envFrom``
-    or its image could otherwise give libvgpu settings of their own (``CUDA_DEVICE_SM_LIMIT_0=100``
-    over the grant's unindexed share). The adjustment is applied after the env the runtime
-    composed, so what it sets wins."""
+    a variable only a grant sets (:func:`hami.core.names.grant_env`) is set empty, which libvgpu
+    reads as unset, and ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY`` keep only the
+    pod spec's literal value (``spec_env``, which the admission rules checked), else are set
+    empty: a pod's ``envFrom`` or its image could otherwise give libvgpu settings of their own
+    (``CUDA_DEVICE_SM_LIMIT_0=100`` over the grant's unindexed share). Set empty, not removed:
+    containerd 1.7's NRI (v0.8) drops a plugin's env removals. A value the adjustment sets
+    replaces the container's, as long as the name occurs once in the container's env; only
+    ``NVIDIA_VISIBLE_DEVICES`` and the marker occur twice (Allocate's and the pod's), and
+    :meth:`Injector.create_container` refuses those."""
     adjust = pb.ContainerAdjustment()
     given = {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}
     spec_env = spec_env or {}
-    drop = []
     for key in sorted(env or ()):
         if key in given:
             continue
-        if key in SPEC_ENV and key in spec_env:
-            given[key] = spec_env[key]
-        elif key in SPEC_ENV or grant_env(key):
-            drop.append(key)
-    for key in drop:
-        adjust.env.add(key="-" + key, value="")
+        if key in SPEC_ENV:
+            given[key] = spec_env.get(key, "")
+        elif grant_env(key):
+            given[key] = ""
     for key, value in given.items():
         adjust.env.add(key=key, value=value)
     for m in response.mounts:
@@ -211,14 +213,20 @@ class Injector:
         if marker is None:
             return None  # no GPU from this plugin
         ref = f"{sandbox.namespace}/{sandbox.name}"
-        if marker != contract.NRI_PENDING:
-            # Allocate wrote pending and the runtime composes the env afresh for every creation,
-            # so any other value is the pod's own (an envFrom no admission rule reads): it would
-            # leave the container with whatever NVIDIA_VISIBLE_DEVICES the pod chose, unlimited
-            raise Refusal(
-                f"pod {ref}: container {container.name!r}: {contract.NRI_INJECTION}={marker!r} comes from the "
-                "pod's env (only the device plugin sets it): refused, the container would bypass its grant"
-            )
+        # Allocate wrote pending and void, and the runtime composes the env afresh for every
+        # creation, so another value is the pod's own (an envFrom no admission rule reads). The
+        # pod's value follows Allocate's in the list, and containerd's NRI puts it back over the
+        # adjustment's: the container would keep the GPUs of the pod's choosing, unlimited.
+        visible = env.get(contract.VISIBLE_DEVICES)
+        for name, value, ok in (
+            (contract.NRI_INJECTION, marker, marker == contract.NRI_PENDING),
+            (contract.VISIBLE_DEVICES, visible, visible in NO_GPU),
+        ):
+            if not ok:
+                raise Refusal(
+                    f"pod {ref}: container {container.name!r}: {name}={value!r} comes from the pod's env "
+                    "(only the device plugin sets it in a GPU container): refused, the container would bypass its grant"
+                )
         try:
             pod = await self._pod(sandbox)
         except Refusal:
