@@ -5,8 +5,10 @@ webhook port, its loopback extender port, the web UI, the scheduler's ``/metrics
 monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listener"):
 
 - :class:`ConnectionGuard`: at most ``MAX_CONNECTIONS`` open connections per listener (one more
-  evicts the connection that has waited longest for its request head, never one whose request
-  is being handled), a complete request head within ``HEAD_TIMEOUT`` of opening, and the next
+  evicts the connection that has waited longest for its client: for its request head, or for the
+  rest of a request body still coming in; never one whose request is all in and being handled,
+  so that connections trickling a body cannot fill the listener and lock every other caller out),
+  a complete request head within ``HEAD_TIMEOUT`` of opening, and the next
   one within ``IDLE_TIMEOUT`` of the previous answer (idle keep-alive). aiohttp has neither.
   ``IDLE_TIMEOUT`` is longer than the 90 s after which Go's HTTP clients (the API server calling
   the webhook, kube-scheduler calling the extender, Prometheus) drop an idle connection
@@ -15,7 +17,8 @@ monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listen
   webhook's fail-closed policy: seen once in 4,000 pods of the DRA soak, bench/bench_soak.py).
 - request limits: request line and each header field at most ``MAX_HEADER_BYTES``, at most
   ``MAX_HEADERS`` headers, compressed bodies not decoded, a body size per application
-  (:func:`application`) and a body deadline (:func:`read_body`, ``BODY_TIMEOUT``: 408). A
+  (:func:`application`) and a body deadline (:func:`read_body`: :func:`body_deadline`, at most
+  ``BODY_TIMEOUT``, shorter for a small body; 408). A
   request refused by these limits or by the parser is one line in the log, not a traceback.
 - :class:`CertReloader`: the TLS context (TLS 1.2 or later, an optional client CA) whose
   certificate, key and client CA are re-read when their files change.
@@ -46,7 +49,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 log = logging.getLogger(__name__)
 HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect
 IDLE_TIMEOUT = 120.0  # s: the next request head, counted from the previous answer (> Go clients' 90 s idle)
-BODY_TIMEOUT = 30.0  # s: the whole body, once the head is in
+BODY_TIMEOUT = 30.0  # s: the whole body, once the head is in (the most; see body_deadline)
+BODY_GRACE = 5.0  # s: the whole of a small body, once the head is in
+BODY_RATE = 128 * 1024  # bytes/s: the slowest a larger body may come in, beyond BODY_GRACE
 MAX_CONNECTIONS = 512  # open connections per listener
 MAX_HEADER_BYTES = 8190  # one request line / header field
 MAX_HEADERS = 64
@@ -81,10 +86,18 @@ class _ServerLog(logging.LoggerAdapter):
 
 
 class _Conn:
-    __slots__ = ("transport", "since", "busy", "timer")
+    __slots__ = ("transport", "since", "busy", "timer", "request")
 
     def __init__(self, transport: Any, since: float) -> None:
         self.transport, self.since, self.busy, self.timer = transport, since, False, None
+        self.request: web.BaseRequest | None = None  # the request being handled (busy)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the connection waits for its client: for a request head (not busy), or for
+        the rest of the body of the request being handled (a handler reading it, e.g.
+        :func:`read_body`, waits on the client, not on the server)."""
+        return not self.busy or (self.request is not None and not self.request.content.is_eof())
 
 
 class ConnectionGuard:
@@ -94,7 +107,12 @@ class ConnectionGuard:
 
     Installed on a runner's low-level ``web.Server`` (:meth:`install`, done by :func:`start`);
     the :func:`guarded` middleware marks a connection busy while its handler runs (a handler may
-    wait on a node lock, or format a large scrape in a thread)."""
+    wait on a node lock, or format a large scrape in a thread). A busy connection whose request
+    body is not all in yet still counts as waiting (:attr:`_Conn.waiting`): past the cap it is
+    evicted like one that waits for its head, oldest first. Were it protected, ``max_connections``
+    POSTs that declare a large ``Content-Length`` and trickle their body, renewed each
+    ``BODY_TIMEOUT``, would hold the listener and every new connection would be closed at once
+    (the webhook answers any caller: an unauthenticated client could refuse every pod)."""
 
     def __init__(
         self,
@@ -129,7 +147,7 @@ class ConnectionGuard:
         conn = self.conns[handler] = _Conn(transport, loop.time())
         self._arm(handler, conn)
         if len(self.conns) > self.max_connections:
-            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if not c.busy]
+            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if c.waiting]
             victim = min(waiting)[2] if waiting else handler
             self.evicted += 1
             self._close(victim)
@@ -139,10 +157,12 @@ class ConnectionGuard:
         if conn is not None and conn.timer is not None:
             conn.timer.cancel()
 
-    def begin(self, handler: Any) -> None:
+    def begin(self, handler: Any, request: web.BaseRequest | None = None) -> None:
+        """The handler of ``request`` runs on the connection (``request``: whose body may still be
+        coming in; None: the connection is busy whatever its body)."""
         conn = self.conns.get(handler)
         if conn is not None:
-            conn.busy = True
+            conn.busy, conn.request = True, request
             if conn.timer is not None:
                 conn.timer.cancel()
                 conn.timer = None
@@ -150,7 +170,7 @@ class ConnectionGuard:
     def end(self, handler: Any) -> None:
         conn = self.conns.get(handler)
         if conn is not None:
-            conn.busy = False
+            conn.busy, conn.request = False, None
             conn.since = asyncio.get_running_loop().time()
             self._arm(handler, conn, self.idle_timeout)
 
@@ -181,11 +201,11 @@ GUARD = web.AppKey("connection_guard", ConnectionGuard)
 @web.middleware
 async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Marks the connection busy while its handler runs (a no-op on an app without a guard,
-    e.g. under aiohttp's TestServer)."""
+    e.g. under aiohttp's TestServer); evictable all the same until the request body is all in."""
     guard = request.app.get(GUARD)
     if guard is None:
         return await handler(request)
-    guard.begin(request.protocol)
+    guard.begin(request.protocol, request)
     try:
         return await handler(request)
     finally:
@@ -210,10 +230,22 @@ def application(*middlewares: Any, max_body: int = SMALL_BODY) -> web.Applicatio
     return web.Application(client_max_size=max_body, middlewares=[guarded, *middlewares])
 
 
+def body_deadline(length: int | None) -> float:
+    """Seconds a body of ``length`` bytes (None: chunked, size unknown) may take to come in once
+    the head is in: ``BODY_GRACE`` plus one second per ``BODY_RATE`` bytes, at most
+    ``BODY_TIMEOUT`` (5 s for an AdmissionReview or a Filter, which their callers send at once;
+    the 30 s only for a body of about 3 MiB or more, or one of unknown size)."""
+    if length is None:
+        return BODY_TIMEOUT
+    return min(BODY_TIMEOUT, BODY_GRACE + length / BODY_RATE)
+
+
 async def read_body(request: web.Request) -> bytes:
     """The request body, or 408 (and the connection closed) when it is not all in within
-    ``BODY_TIMEOUT`` seconds of the head; 413 beyond the application's ``max_body``."""
-    timeout = BODY_TIMEOUT
+    :func:`body_deadline` of the head; 413 beyond the application's ``max_body``. A client
+    that goes away (or a connection the guard evicts) before its body is in ends the request
+    with one debug line, not a traceback: nobody is left to answer."""
+    timeout = body_deadline(request.content_length)
     try:
         async with asyncio.timeout(timeout):  # (no task per request, unlike wait_for)
             return await request.read()
@@ -221,6 +253,11 @@ async def read_body(request: web.Request) -> bytes:
         answer = web.HTTPRequestTimeout(text=f"request body not received within {timeout:g} s")
         answer.force_close()  # the rest of the body is not waited for
         raise answer from None
+    except ConnectionError as exc:
+        log.debug("connection from %s lost before its request body was in: %s", request.remote or "a client", exc)
+        gone = web.HTTPBadRequest(text="connection lost before the request body was in")
+        gone.force_close()
+        raise gone from None
 
 
 async def start(

@@ -119,6 +119,77 @@ async def test_idle_connections_cannot_crowd_out_a_real_client():
         await runner.cleanup()
 
 
+async def test_a_small_body_has_a_shorter_deadline(monkeypatch):
+    """The body deadline is ``BODY_GRACE`` plus one second per ``BODY_RATE`` bytes declared, at
+    most ``BODY_TIMEOUT``: a small body that trickles is cut off long before the 30 s."""
+    assert serve.body_deadline(0) == pytest.approx(serve.body_deadline(100), abs=0.01) == serve.BODY_GRACE
+    assert serve.BODY_GRACE < serve.body_deadline(1 << 20) < serve.BODY_TIMEOUT
+    assert serve.body_deadline(4 << 20) == serve.body_deadline(None) == serve.BODY_TIMEOUT
+    monkeypatch.setattr(serve, "BODY_GRACE", 0.3)
+    port = _free_port()
+    runner = await serve.start(_echo_app(), "127.0.0.1", port)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        began = asyncio.get_running_loop().time()
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readline(), 10)
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert asyncio.get_running_loop().time() - began < 5  # not BODY_TIMEOUT (30 s)
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("listener", ["echo", "webhook"])
+async def test_slow_bodies_cannot_crowd_out_a_real_client(listener, caplog):
+    """With the cap at 8, 20 connections whose head is in and whose body trickles (their handler
+    runs, waiting on the body) do not keep a real request out: a connection still waiting for its
+    body is evicted like one waiting for its head, oldest first, and its handler ends without a
+    traceback. (They used to count as busy, never evicted: 8 of them closed every new
+    connection at once, the API server's admission call included.)"""
+    caplog.set_level(logging.DEBUG)
+    port = _free_port()
+    guard = ConnectionGuard(max_connections=8, head_timeout=60)
+    if listener == "echo":
+        runner, path = await serve.start(_echo_app(), "127.0.0.1", port, guard=guard), "/echo"
+    else:
+        runner, path = (await _extender(guard, port))[0], "/webhook"
+    review = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1"}}'
+    slow = []
+    try:
+        for _ in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 4000000\r\n\r\n{{".encode()
+            )
+            await writer.drain()
+            slow.append((reader, writer))
+            await asyncio.sleep(0.02)  # its handler starts (the connection is busy) before the next one
+        await asyncio.sleep(0.1)
+        assert len(guard.conns) <= 8 and guard.evicted >= 12
+        assert all(c.busy for c in guard.conns.values())  # all of them in a handler, reading the body
+        closed = [await _closed(reader, 0.5) for reader, _ in slow[:12]]
+        assert all(closed), closed  # the oldest slow ones were closed by the server
+        async with ClientSession() as session:
+            async with session.post(
+                f"http://127.0.0.1:{port}{path}", data=review, headers={"Content-Type": "application/json"}
+            ) as r:
+                assert r.status == 200
+                if listener == "webhook":
+                    assert (await r.json())["response"]["uid"] == "u1"
+                else:
+                    assert await r.read() == review
+    finally:
+        for _, w in slow:
+            w.close()
+        await runner.cleanup()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR
+    ]
+
+
 async def test_request_lines_and_header_fields_are_limited(caplog):
     """Each refused request costs one line in the log, not aiohttp's ERROR with a traceback (found by
     make fuzz on the UI listener: a GET with 70 headers logged "Error handling request" and a
