@@ -771,8 +771,20 @@ class NodeLockWatch:
 WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
-def register_webhook(cluster: KubeCluster, url: str, name: str, label: str) -> None:
-    """Send pod CREATEs in namespaces labelled ``<label>: on`` to our webhook at ``<url>/webhook``."""
+def register_webhook(cluster: KubeCluster, url: str, name: str, label: str, claims: bool = False) -> None:
+    """Send pod CREATEs in namespaces labelled ``<label>: on`` to our webhook at ``<url>/webhook``
+    (and, with ``claims``, ResourceClaim CREATEs, as the chart does with ``dra.enabled``)."""
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "*"}]
+    if claims:
+        rules.append(
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["resourceclaims"],
+                "scope": "Namespaced",
+            }
+        )
     cluster.api(
         "POST",
         WEBHOOK_CONFIGS,
@@ -789,15 +801,7 @@ def register_webhook(cluster: KubeCluster, url: str, name: str, label: str) -> N
                     "timeoutSeconds": 10,
                     "reinvocationPolicy": "Never",
                     "clientConfig": {"url": f"{url}/webhook", "caBundle": cluster.ca_bundle},
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["pods"],
-                            "scope": "*",
-                        }
-                    ],
+                    "rules": rules,
                     "namespaceSelector": {"matchLabels": {label: "on"}},
                 }
             ],

@@ -123,6 +123,31 @@ def test_the_allow_label_follows_the_schedulers_flag(helm_bin, args):
     assert f"'{ALLOW}'" in next(v["expression"] for v in default["spec"]["variables"] if v["name"] == "allowDisable")
 
 
+def test_claims_of_the_dra_driver_reach_the_webhook_for_the_quota_check_with_dra_enabled(helm_bin):
+    """With dra.enabled the webhook configuration has an entry for ResourceClaim CREATEs naming the
+    driver's classes (the namespace quota check, docs/dra.md); without it, none."""
+
+    def entries(*sets: str) -> dict:
+        (doc,) = _template(helm_bin, "--show-only", WEBHOOK, *_sets(*sets))
+        return {w["name"]: w for w in doc["webhooks"]}
+
+    assert "claims.vgpu.hami.io" not in entries()
+    claims = entries("dra.enabled=true")["claims.vgpu.hami.io"]
+    assert claims["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["resourceclaims"],
+            "scope": "Namespaced",
+        }
+    ]
+    (condition,) = claims["matchConditions"]
+    assert all(c in condition["expression"] for c in ("gpu.hami.io", "whole-gpu.hami.io", "mig.gpu.hami.io"))
+    assert claims["failurePolicy"] == "Fail" and claims["sideEffects"] == "None"
+    assert claims["clientConfig"]["service"]["path"] == "/webhook"
+
+
 def _variable(policy: dict, name: str) -> str:
     return next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == name)
 

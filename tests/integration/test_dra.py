@@ -941,7 +941,7 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     ui_port = free_port()
     proc = SchedulerProcess(cluster, "--front-end=dra", f"--ui-bind=127.0.0.1:{ui_port}", "--ui-auth=none").start()
     webhook = f"hami-vis-{uuid.uuid4().hex[:6]}"
-    register_webhook(cluster, proc.url, webhook, label)
+    register_webhook(cluster, proc.url, webhook, label, claims=True)
     label_namespace(cluster, ns, label)
 
     def api(path: str) -> dict:
@@ -994,9 +994,39 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
             ApiError, match=f"exceeding resource quota: nvidia.com/gpumem requests 3000, namespace {ns} has 2000 left"
         ):
             cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", second)
-        # 2000 still fits
+        # 2000 still fits, and its claim (made by kube-controller-manager from the template) passes
+        # the claim check too
         small = hami_pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 5}, sel)
         cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", small)
+        cluster.wait_for(
+            lambda: len(cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]) == 2,
+            "the small pod's claim made from its template",
+            timeout=60,
+        )
+        # a claim written by hand asks for no extended resource on any pod: the claim check counts
+        # it (it held 140000 MiB in a namespace with 5000 before; found by review)
+        mine = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "mine"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu.hami.io",
+                                "capacity": {"requests": {"memory": "140000Mi", "cores": "10"}},
+                            },
+                        }
+                    ]
+                }
+            },
+        }
+        with pytest.raises(
+            ApiError, match=f"ResourceClaim {ns}/mine: exceeding resource quota: nvidia.com/gpumem requests 140000"
+        ):
+            cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", mine)
     finally:
         delete_webhook(cluster, webhook)
         proc.stop()

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 
 from hami.core.quantity import QuantityError, parse_int_quantity
 
-from .model import CORES, DRIVER, MEMORY, MIB, SHARES
+from .model import CORES, DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS
 
 CAPACITIES = (MEMORY, CORES, SHARES)
 
@@ -207,3 +207,65 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
 def _text(value: Any) -> str:
     """A name field: the string, or "" for anything else."""
     return value if isinstance(value, str) else ""
+
+
+# ------------------------------------------------------------------------- what a claim asks for
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """What a claim's spec asks of this driver's classes, before any allocation: memory (MiB,
+    rounded up) and cores summed over its requests, each request at its largest alternative
+    (``firstAvailable``). A request without a memory amount asks for the whole device, whose
+    size is not known before allocation: it counts 0 memory here (as HAMi's webhook counts a
+    whole card) and its full size once allocated (:func:`claim_usage`); without cores it asks
+    for the class's default per device (:data:`WHOLE_CORES`: 100 on a GPU; a MIG instance's
+    cores are known only once allocated). ``unbounded`` names a request the spec does not bound
+    (``allocationMode: All``)."""
+
+    memory_mib: int
+    cores: int
+    unbounded: str | None = None
+
+
+#: this driver's DeviceClasses -> the cores a device of the class counts when a request names none
+WHOLE_CORES = {SHARE_CLASS: 100, WHOLE_CLASS: 100, MIG_CLASS: 0}
+
+
+def claim_ask(claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES) -> ClaimAsk | None:
+    """What ``claim`` asks of ``classes`` (this driver's DeviceClasses, each with the cores a
+    device counts when a request names none); None when it asks nothing of them. Requests with
+    ``adminAccess`` ask nothing (they consume nothing: :func:`claim_usage`). Raises
+    :class:`ClaimError` naming the field for an amount that is not a quantity."""
+    ours = classes
+    requests = _object(_object(claim.get("spec")).get("devices")).get("requests")
+    mem = cores = 0
+    unbounded = None
+    asked = False
+    for i, request in enumerate(requests if isinstance(requests, list) else ()):
+        request = _object(request)
+        name = _text(request.get("name")) or str(i)
+        exactly = request.get("exactly")
+        subs = [("exactly", _object(exactly))] if exactly is not None else []
+        first = request.get("firstAvailable")
+        subs += [(f"firstAvailable[{j}]", _object(s)) for j, s in enumerate(first if isinstance(first, list) else ())]
+        best: tuple[int, int] | None = None
+        for where, sub in subs:
+            if _text(sub.get("deviceClassName")) not in ours or sub.get("adminAccess") is True:
+                continue
+            at = f"spec.devices.requests[{name}].{where}"
+            asked = True
+            if (sub.get("allocationMode") or "ExactCount") == "All":
+                unbounded = unbounded or f"{at}.allocationMode=All"
+                continue
+            count = _amount(sub.get("count", 1), f"{at}.count") or 0
+            capacity = _object(_object(sub.get("capacity")).get("requests"))
+            memory = _amount(capacity.get(MEMORY), f"{at}.capacity.requests.memory")
+            core = _amount(capacity.get(CORES), f"{at}.capacity.requests.cores")
+            each = (-(-(memory or 0) // MIB), ours[_text(sub.get("deviceClassName"))] if core is None else core)
+            take = (each[0] * count, each[1] * count)
+            best = take if best is None else (max(best[0], take[0]), max(best[1], take[1]))
+        if best is not None:
+            mem += best[0]
+            cores += best[1]
+    return ClaimAsk(mem, cores, unbounded) if asked else None

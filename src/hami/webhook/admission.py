@@ -441,7 +441,20 @@ def review_with_templates(
     uid = request.get("uid") or ""
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if not is_pod_create(request):
+    if is_claim_create(request):
+        if isinstance(pod, dict):
+            claim = pod
+            if not (claim.get("metadata") or {}).get("namespace") and request.get("namespace"):
+                claim = {**claim, "metadata": {**(claim.get("metadata") or {}), "namespace": request["namespace"]}}
+            d = decide_claim(claim, s, quota_room)
+            if not d.allowed:
+                reason = "Forbidden" if d.code == 403 else "BadRequest"
+                response = {
+                    "uid": uid,
+                    "allowed": False,
+                    "status": {"code": d.code, "message": d.message, "reason": reason},
+                }
+    elif not is_pod_create(request):
         pass
     elif not isinstance(pod, dict):
         response = {"uid": uid, "allowed": False, "status": {"code": 400, "message": "request.object is not a Pod"}}
@@ -566,6 +579,53 @@ def is_pod_create(request: Mapping[str, Any]) -> bool:
     kind = request.get("kind")
     kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
     return (request.get("operation") or "CREATE") == "CREATE" and (kind_name or "Pod") == "Pod"
+
+
+def is_claim_create(request: Mapping[str, Any]) -> bool:
+    """A ResourceClaim being created (the DRA driver's claims: :func:`decide_claim`)."""
+    kind = request.get("kind")
+    kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
+    return request.get("operation") == "CREATE" and kind_name == "ResourceClaim"
+
+
+def decide_claim(
+    claim: Mapping[str, Any], s: AdmissionSettings, quota_room: Callable[[str, Sequence[Any]], Any] | None
+) -> Decision:
+    """(security, beyond HAMi) A ResourceClaim asking for this driver's GPUs must fit its
+    namespace's quota (``limits.nvidia.com/gpumem`` / ``gpucores``), as a pod asking for them
+    must: a pod naming a claim of its own (written by hand, or from a template of its own)
+    asks for no extended resource, so the pod's quota check never sees it, and kube-scheduler
+    allocates it without looking at the quota. Claims the controller makes from the webhook's
+    templates come here too. What the claim asks is :func:`hami.dra.claims.claim_ask` (memory
+    of a request without an amount counts once allocated, like a whole card's at the pod
+    check); the room is what allocated claims and placed pods leave (the same ledger)."""
+    from hami.dra.claims import ClaimError, claim_ask  # the DRA model, only for claims
+
+    meta = claim.get("metadata") or {}
+    ns = meta.get("namespace") or "default"
+    where = f"ResourceClaim {ns}/{meta.get('name') or meta.get('generateName') or ''}"
+    try:
+        ask = claim_ask(claim)
+    except ClaimError as exc:
+        return _deny(f"{where}: {exc}", 400)
+    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    if ask is None or quota_room is None or nvidia is None:
+        return Decision(True)
+    quota = quota_room(ns, s.vendors)
+    mem_room, core_room = quota.room.get(nvidia.name, (None, None)) if quota is not None else (None, None)
+    if mem_room is None and core_room is None:
+        return Decision(True)
+    if ask.unbounded:
+        return _deny(f"{where}: {ask.unbounded} cannot be counted against namespace {ns}'s GPU quota; ask for a count")
+    for n, left, res in (
+        (ask.memory_mib, mem_room, nvidia.resources.memory),
+        (ask.cores, core_room, nvidia.resources.cores),
+    ):
+        if left is not None and n > left:
+            return _deny(
+                f"{where}: exceeding resource quota: {res} requests {n}, namespace {ns} has {max(left, 0)} left"
+            )
+    return Decision(True)
 
 
 def is_dry_run(request: Mapping[str, Any]) -> bool:

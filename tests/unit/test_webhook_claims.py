@@ -1,0 +1,138 @@
+"""The webhook's check of ResourceClaims against the namespace GPU quota (DRA driver gpu.hami.io).
+
+Found by an adversarial review (29 Nov): a pod naming a claim of its own asks for no extended
+resource, so the pod's quota check never saw it, and kube-scheduler allocates a claim without
+looking at the quota: a namespace with `limits.nvidia.com/gpumem: 1000` held a 140000 MiB claim.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hami.core.fit import QuotaRoom
+from hami.dra.claims import ClaimAsk, claim_ask
+from hami.vendors import build_vendors
+from hami.webhook.admission import AdmissionSettings, review
+
+S = AdmissionSettings(build_vendors())
+
+
+def claim(*requests: dict, name: str = "mine") -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": list(requests)}},
+    }
+
+
+def exactly(cls: str = "gpu.hami.io", count: int | None = None, memory: str | None = None, cores=None, **extra):
+    sub: dict = {"deviceClassName": cls, **extra}
+    if count is not None:
+        sub["count"] = count
+    reqs = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
+    if reqs:
+        sub["capacity"] = {"requests": reqs}
+    return {"name": "gpu", "exactly": sub}
+
+
+def answer(obj: dict, room, operation: str = "CREATE") -> dict:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "operation": operation,
+            "namespace": "team",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "object": obj,
+        },
+    }
+    return review(body, S, quota_room=room)["response"]
+
+
+def room(mem=None, cores=None):
+    return lambda ns, vendors: QuotaRoom({"NVIDIA": (mem, cores)}) if ns == "team" else None
+
+
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        (exactly(memory="140000Mi", cores="10"), ClaimAsk(140000, 10)),
+        (exactly(count=2, memory="3000Mi", cores=30), ClaimAsk(6000, 60)),
+        (exactly(memory="1Gi"), ClaimAsk(1024, 100)),  # no cores: the whole device's
+        (exactly(memory="1500000000"), ClaimAsk(1431, 100)),  # bytes, rounded up to MiB
+        (exactly("whole-gpu.hami.io", count=2), ClaimAsk(0, 200)),  # memory counted once allocated
+        (exactly("mig.gpu.hami.io"), ClaimAsk(0, 0)),
+        (exactly(allocationMode="All"), ClaimAsk(0, 0, "spec.devices.requests[gpu].exactly.allocationMode=All")),
+        (exactly(memory="1Gi", adminAccess=True), None),
+        (exactly("example.com/fpga", memory="1Gi"), None),
+        (
+            {
+                "name": "either",
+                "firstAvailable": [
+                    {
+                        "name": "big",
+                        "deviceClassName": "gpu.hami.io",
+                        "capacity": {"requests": {"memory": "8Gi", "cores": "20"}},
+                    },
+                    {
+                        "name": "two",
+                        "deviceClassName": "gpu.hami.io",
+                        "count": 2,
+                        "capacity": {"requests": {"memory": "1Gi", "cores": "30"}},
+                    },
+                ],
+            },
+            ClaimAsk(8192, 60),  # each amount at its largest alternative
+        ),
+    ],
+)
+def test_what_a_claim_asks(spec, want):
+    assert claim_ask(claim(spec)) == want
+
+
+def test_two_requests_add_up():
+    assert claim_ask(
+        claim(exactly(memory="1Gi", cores=10), {**exactly(memory="2Gi", cores=5), "name": "b"})
+    ) == ClaimAsk(3072, 15)
+
+
+def test_a_claim_over_the_quota_is_refused_naming_the_claim_and_the_room():
+    resp = answer(claim(exactly(memory="140000Mi", cores="100")), room(mem=1000))
+    assert resp["allowed"] is False and resp["status"]["code"] == 403
+    msg = resp["status"]["message"]
+    assert (
+        msg
+        == "ResourceClaim team/mine: exceeding resource quota: nvidia.com/gpumem requests 140000, namespace team has 1000 left"
+    )
+    resp = answer(claim(exactly(memory="500Mi", cores="100")), room(mem=1000, cores=50))
+    assert (
+        not resp["allowed"]
+        and "nvidia.com/gpucores requests 100, namespace team has 50 left" in resp["status"]["message"]
+    )
+
+
+def test_a_claim_within_the_quota_or_without_one_is_allowed_unchanged():
+    for r in (room(mem=1000, cores=20), room(), None, lambda ns, vendors: None):
+        resp = answer(claim(exactly(memory="1000Mi", cores="20")), r)
+        assert resp["allowed"] is True and "patch" not in resp
+    # another driver's claim is not ours to count
+    assert answer(claim(exactly("example.com/fpga", memory="1Ti")), room(mem=1))["allowed"] is True
+
+
+def test_an_unbounded_request_is_refused_only_under_a_quota():
+    spec = exactly(allocationMode="All")
+    resp = answer(claim(spec), room(cores=100))
+    assert not resp["allowed"] and "allocationMode=All cannot be counted" in resp["status"]["message"]
+    assert answer(claim(spec), None)["allowed"] is True
+
+
+def test_a_bad_amount_is_a_400_naming_the_field():
+    resp = answer(claim(exactly(memory="lots")), room(mem=1000))
+    assert not resp["allowed"] and resp["status"]["code"] == 400
+    assert "spec.devices.requests[gpu].exactly.capacity.requests.memory" in resp["status"]["message"]
+
+
+def test_only_creation_is_checked():
+    assert answer(claim(exactly(memory="140000Mi")), room(mem=1), operation="UPDATE")["allowed"] is True
