@@ -446,14 +446,11 @@ def review_with_templates(
             claim = pod
             if not (claim.get("metadata") or {}).get("namespace") and request.get("namespace"):
                 claim = {**claim, "metadata": {**(claim.get("metadata") or {}), "namespace": request["namespace"]}}
-            d = decide_claim(claim, s, quota_room)
-            if not d.allowed:
-                reason = "Forbidden" if d.code == 403 else "BadRequest"
-                response = {
-                    "uid": uid,
-                    "allowed": False,
-                    "status": {"code": d.code, "message": d.message, "reason": reason},
-                }
+            verdict = decide_claim(claim, s, quota_room)
+            if not verdict.allowed:
+                reason = "Forbidden" if verdict.code == 403 else "BadRequest"
+                status = {"code": verdict.code, "message": verdict.message, "reason": reason}
+                response = {"uid": uid, "allowed": False, "status": status}
     elif not is_pod_create(request):
         pass
     elif not isinstance(pod, dict):
