@@ -371,7 +371,8 @@ def _prepare_verdict(surface: PluginSurface, claim: Any, uid: str, name: str, er
         wrong = {k: (env.get(k), v) for k, v in want.items() if env.get(k) != v}
         if wrong:
             return f"claim {uid!r}: env (got, want) {wrong}"
-        extra = [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT_") and k not in want]
+        # every index libvgpu reads is named; one for a GPU not given must be empty (unset)
+        extra = [k for k in env if k.startswith("CUDA_DEVICE_MEMORY_LIMIT_") and k not in want and env[k]]
         if extra:
             return f"claim {uid!r}: env has {extra} for GPUs it was not given"
     return None

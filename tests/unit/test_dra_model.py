@@ -247,7 +247,7 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
         "CUDA_DEVICE_MEMORY_SHARED_CACHE"
     ].endswith(".cache")
     assert env["LIBCUDA_LOG_LEVEL"] == "2" and env["GPU_CORE_UTILIZATION_POLICY"] == "force"
-    assert "CUDA_OVERSUBSCRIBE" not in env
+    assert env["CUDA_OVERSUBSCRIBE"] == ""  # empty: unset to libvgpu, and no pod's value survives
     mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
     assert mounts["/etc/ld.so.preload"]["hostPath"] == "/usr/local/vgpu/ld.so.preload"
     assert "ro" in mounts["/etc/ld.so.preload"]["options"]
@@ -288,7 +288,8 @@ def test_each_gpu_of_a_claim_gets_its_own_memory_and_core_share():
 def test_equal_shares_keep_the_single_unindexed_core_share():
     results = [result(cores="30"), result(device="gpu-1", memory="5000Mi", cores="30", share="s-2")]
     env = env_of(cdi_spec(plan(claim(results), "node-a", GPUS, SliceSettings()), PATHS, Options()))
-    assert env["CUDA_DEVICE_SM_LIMIT"] == "30" and not any(k.startswith("CUDA_DEVICE_SM_LIMIT_") for k in env)
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert not any(v for k, v in env.items() if k.startswith("CUDA_DEVICE_SM_LIMIT_"))  # all empty: unset
 
 
 def test_gpus_are_numbered_in_the_nodes_index_order_not_the_results_order():
@@ -308,7 +309,7 @@ def test_two_results_on_one_gpu_are_one_visible_gpu_holding_their_sum():
     env = env_of(cdi_spec(plan(claim(results), "node-a", GPUS, SliceSettings()), PATHS, Options()))
     assert env["NVIDIA_VISIBLE_DEVICES"] == U0
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "4000m" and env["CUDA_DEVICE_SM_LIMIT"] == "30"
-    assert "CUDA_DEVICE_MEMORY_LIMIT_1" not in env
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_1"] == ""  # set empty, which libvgpu reads as unset
 
 
 def test_same_claim_gives_the_same_shared_region_and_another_claim_another():

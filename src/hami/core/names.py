@@ -87,7 +87,8 @@ NVIDIA backend's admission defaults and the webhook name a few:
 * ``ENV_NRI_INJECTION`` (beyond HAMi): ``pending`` in a container that the device plugin's
   Allocate answered in NRI mode, ``done`` once the NRI hook has given it its grant (docs/nri.md).
 * ``GRANT_ENV``, ``GRANT_ENV_PREFIX`` and :func:`grant_env` (beyond HAMi): the variables only a
-  grant may set (libvgpu's limits and tuning, the region file, the NRI marker); the webhook
+  grant may set (libvgpu's limits and tuning, ``ENV_LIMITER_TUNING`` (its compute-share
+  controller's knobs), the region file, the NRI marker); the webhook
   refuses them in a device pod's env, the chart's device-pod guard spells the same list, and the
   NRI hook removes those its grant does not set (docs/security.md).
 """
@@ -162,7 +163,17 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
 ENV_LD_PRELOAD = "LD_PRELOAD"
 ENV_NRI_INJECTION = "HAMI_NRI_INJECTION"
-#: set by the grant only; any ``_`` suffix (``_<i>``, per device) too
+#: libvgpu's compute-share controller (native/libvgpu/limiter.c, docs/compute-shares.md): its
+#: period, the priority's quiet time, the contention hold and the two averaging windows; a pod
+#: setting them could loosen its own cap (``HAMI_CONTENTION_HOLD_MS=0``)
+ENV_LIMITER_TUNING = (
+    "HAMI_LIMITER_TICK_MS",
+    "HAMI_PRIORITY_QUIET_MS",
+    "HAMI_CONTENTION_HOLD_MS",
+    "HAMI_LIMITER_WINDOW_MS",
+    "HAMI_LIMITER_SHARED_WINDOW_MS",
+)
+#: set by the grant only (or left to libvgpu's defaults); any ``_`` suffix (``_<i>``, per device) too
 GRANT_ENV = (
     ENV_MEMORY_LIMIT,
     ENV_SM_LIMIT,
@@ -170,6 +181,7 @@ GRANT_ENV = (
     ENV_OVERSUBSCRIBE,
     ENV_PEER_REGIONS,
     ENV_NRI_INJECTION,
+    *ENV_LIMITER_TUNING,
 )
 #: libvgpu's own tuning and test variables (``LIBVGPU_CONTEXT_SIZE``, ...)
 GRANT_ENV_PREFIX = "LIBVGPU_"

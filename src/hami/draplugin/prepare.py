@@ -15,6 +15,15 @@ same functions the device plugin's Allocate calls:
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
+- every other variable libvgpu reads, set empty (:func:`contract.sealed_env`): the unindexed
+  memory limit, ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` and ``CUDA_DEVICE_SM_LIMIT_<i>`` for each index
+  libvgpu reads (16) that the grant does not set, ``CUDA_OVERSUBSCRIBE`` and
+  ``GPU_CORE_UTILIZATION_POLICY`` unless the node sets them, ``CUDA_TASK_PRIORITY``,
+  ``HAMI_PEER_REGIONS``, ``LIBVGPU_*`` and the compute-share controller's ``HAMI_*_MS``. The
+  runtime applies a CDI spec's env by name over the container's (its ``env``, ``envFrom`` and
+  image ``ENV``), and libvgpu reads an empty value as unset, so no setting of the pod's survives
+  (a pod's ``CUDA_DEVICE_SM_LIMIT_0=100`` would win over the claim's unindexed share);
+  ``LIBCUDA_LOG_LEVEL`` stays the pod's unless the node sets it;
 - mounts of the host's driver directories given with ``--driver-mount`` (both classes), first,
   as the device plugin's Allocate gives them on nodes without the NVIDIA container runtime;
 - mounts of ``libvgpu.so``, the claim's cache directory, the lock directory and
@@ -380,7 +389,8 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
         limits = contract.device_limits(
             [g.memory_mib for g in grants], [g.cores for g in grants], contract.claim_region(paths, p.uid)
         )
-        env.update(contract.limit_env(limits, opts))
+        # sealed: every other variable libvgpu reads set empty (module doc), so none comes from the pod
+        env.update(contract.sealed_env(contract.limit_env(limits, opts)))
         region_dir = paths.claim_dir(p.uid)
     # no region (isolation none, admin access): the driver mounts only, no libvgpu, no preload;
     # preload=True: no container's env is known when a claim is prepared (module doc)

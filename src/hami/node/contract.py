@@ -9,7 +9,8 @@ plugin builds its Allocate answer: the device plugin's Allocate
 * :func:`limit_env`: a grant (:class:`Limits`) and the node's knobs (:class:`Options`) as
   libvgpu's variables (memory per device, compute share, region file, priority, policy, ...);
   :func:`device_limits` builds the grant of several devices, each with its own memory and
-  compute share;
+  compute share; :func:`sealed_env` adds every other variable libvgpu reads
+  (:func:`libvgpu_names`), set empty, for an env applied over the container's (a CDI spec's);
 * :func:`container_region` / :func:`claim_region`: the shared-region file, as the container
   sees it (``<hook>/vgpu/<name>.cache``, deterministic);
 * :func:`container_mounts`: the host driver directories, then ``libvgpu.so``, the region
@@ -31,6 +32,11 @@ Where the front ends differ, it is a named parameter, never a second copy:
   references it, before any of them runs, so no container's env is known; isolation stays on);
 * ``region_dir`` of :func:`container_mounts`: None when the grant has no libvgpu isolation (a
   non-hami-core operating mode, the whole-GPU DRA class): the driver mounts only;
+* the DRA agent passes its env through :func:`sealed_env` (a CDI spec's env replaces the
+  container's variables of the same names, so every libvgpu variable it names is the claim's);
+  the device plugin's Allocate cannot (its env comes before the container's in the runtime's
+  list: the webhook's rule and the NRI hook guard it, docs/security.md), nor ``hami exec``
+  (the caller's own process);
 * ``Limits.cores`` None leaves ``CUDA_DEVICE_SM_LIMIT`` unset (``hami exec`` without
   ``--gpucores``); ``Limits.all_devices_memory`` sets the unindexed
   ``CUDA_DEVICE_MEMORY_LIMIT`` (``hami exec``, which may not know the device list).
@@ -84,6 +90,15 @@ LD_PRELOAD = names.ENV_LD_PRELOAD
 #: ``done`` once given (docs/nri.md)
 NRI_INJECTION = names.ENV_NRI_INJECTION
 NRI_PENDING, NRI_DONE = "pending", "done"
+#: libvgpu's own tuning and test variables (under ``names.GRANT_ENV_PREFIX``): the memory it
+#: counts for a CUDA context, and a stall inside the region lock (tests only)
+CONTEXT_SIZE = f"{names.GRANT_ENV_PREFIX}CONTEXT_SIZE"
+TEST_STALL = f"{names.GRANT_ENV_PREFIX}TEST_STALL_IN_LOCK_MS"
+#: libvgpu's compute-share controller (native/libvgpu/limiter.c, docs/compute-shares.md): its
+#: period, the priority's quiet time, the contention hold and the two averaging windows
+LIMITER_TUNING = names.ENV_LIMITER_TUNING
+#: the devices libvgpu reads a ``_<i>`` variable for: i < ``VGPU_MAX_DEV`` (native/libvgpu/region.h)
+LIBVGPU_MAX_DEVICES = 16
 
 #: where the container finds the preload file and the lock directory
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
@@ -187,6 +202,31 @@ def limit_env(limits: Limits, opts: Options) -> dict[str, str]:
     if opts.core_policy:
         env[CORE_POLICY] = opts.core_policy
     return env
+
+
+def libvgpu_names() -> tuple[str, ...]:
+    """Every variable libvgpu reads (native/libvgpu: ``vgpu_config_load`` in config.c, limiter.c,
+    priority.c) but its log level: the grant's (:data:`hami.core.names.GRANT_ENV` but the NRI
+    marker, which libvgpu does not read; the per-device limits unindexed and for every index
+    libvgpu reads), the priority, the compute policy, its own tuning (``LIBVGPU_*``) and the
+    controller's (:data:`LIMITER_TUNING`). libvgpu reads an empty value of each as unset (its
+    default). ``LIBCUDA_LOG_LEVEL`` is left out: it changes no limit, and a pod may choose it
+    (as on every front end). tests/unit/test_dra_env_sealed.py checks the list against
+    libvgpu's source."""
+    grant = [n for n in names.GRANT_ENV if n != NRI_INJECTION]
+    per_device = [f"{n}_{i}" for n in (MEMORY_LIMIT, SM_LIMIT) for i in range(LIBVGPU_MAX_DEVICES)]
+    tuning = [n for n in LIMITER_TUNING if n not in grant]  # in the grant's list too (names.GRANT_ENV)
+    return (*grant, *per_device, TASK_PRIORITY, CORE_POLICY, CONTEXT_SIZE, TEST_STALL, *tuning)
+
+
+def sealed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` (a grant's, :func:`limit_env`) followed by every other variable of
+    :func:`libvgpu_names` set empty, which libvgpu reads as unset: an env applied by name over a
+    container's whole env (a CDI spec's) then leaves none of libvgpu's settings to the pod's
+    env, ``envFrom`` or image (``CUDA_DEVICE_SM_LIMIT_0=100`` over a grant's unindexed share).
+    Only the DRA agent's prepare calls it; the device plugin's Allocate and ``hami exec`` give
+    :func:`limit_env` as it is."""
+    return {**env, **{n: "" for n in libvgpu_names() if n not in env}}
 
 
 # ------------------------------------------------------------------------------- the region
