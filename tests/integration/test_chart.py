@@ -772,6 +772,28 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
             content_type=merge,
             as_user=tenant,
         )
+
+        # a Binding's annotations land on the pod: any scheduler's identity could write a grant
+        # when it binds (found by review); only hami's scheduler's Binding may carry one
+        def bind(name: str, user: str, annotations: dict) -> dict:
+            kube_cluster.api("POST", pods, pod(name), as_user=tenant)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "annotations": annotations},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+            }
+            return kube_cluster.api("POST", f"{pods}/{name}/binding", body, as_user=user)
+
+        grant = {"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,81920,100:;", "hami.io/bind-phase": "allocating"}
+        message = denied(lambda: bind("bound-by-other", "system:kube-scheduler", grant))
+        assert "hami.io/vgpu-devices-to-allocate" in message and "system:kube-scheduler" in message
+        bind("bound-plain", "system:kube-scheduler", {"team": "a"})  # an ordinary Binding still passes
+        bind("bound-by-hami", scheduler, grant)
+        assert (
+            kube_cluster.api("GET", f"{pods}/bound-by-hami")["metadata"]["annotations"]["hami.io/bind-phase"]
+            == "allocating"
+        )
         patch("job", plugin, {"hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": None})
         patch("job", "ops:repair-bot", {"hami.io/bind-phase": "failed"})  # a configured trusted user
         final = kube_cluster.api("GET", f"{pods}/job")["metadata"]
@@ -940,6 +962,35 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             f"may change only the annotations of node {mine_node}",
         )
         assert annotate(plugin, f"{pods}/neighbour", "x")[0] == 200  # a pod bound to its node
+        # with the label it writes, and nothing else of a pod on its node (found by review: an
+        # image swapped, a pod relabelled into another Service, an owner that does not exist)
+        assert annotate(plugin, f"{pods}/neighbour", "y", labels={"hami.io/vgpu-node": mine_node})[0] == 200
+        image = {"spec": {"containers": [{"name": "c", "image": "evil/backdoor"}]}}
+        denied(
+            _bearer(
+                kube_cluster,
+                plugin,
+                "PATCH",
+                f"{pods}/neighbour",
+                image,
+                content_type="application/strategic-merge-patch+json",
+            ),
+            f"may change only the annotations and the label hami.io/vgpu-node of pod {ns}/neighbour",
+        )
+        denied(
+            annotate(plugin, f"{pods}/neighbour", "z", labels={"app": "db"}),
+            f"may change only the annotations and the label hami.io/vgpu-node of pod {ns}/neighbour",
+        )
+        owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": str(uuid.uuid4())}
+        for path, what in (
+            (f"{pods}/neighbour", f"pod {ns}/neighbour"),
+            (f"/api/v1/nodes/{mine_node}", f"node {mine_node}"),
+        ):
+            for meta in ({"ownerReferences": [owner]}, {"finalizers": ["example.com/hold"]}):
+                denied(
+                    _bearer(kube_cluster, plugin, "PATCH", path, {"metadata": meta}),
+                    f"may not change the finalizers or owner references of {what}",
+                )
         denied(annotate(plugin, f"{pods}/theirs", "x"), f"may not change pod {ns}/theirs (bound to node {other_node})")
         # a token that is not bound to a pod names no node: no writes at all
         unbound = _pod_token(kube_cluster, ns, plugin_sa, None)
