@@ -981,6 +981,18 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             annotate(plugin, f"{pods}/neighbour", "z", labels={"app": "db"}),
             f"may change only the annotations and the label hami.io/vgpu-node of pod {ns}/neighbour",
         )
+        # its node's annotations of other components (a CNI's) are not its to change
+        flannel = "flannel.alpha.coreos.com/public-ip"
+        denied(
+            _bearer(
+                kube_cluster,
+                plugin,
+                "PATCH",
+                f"/api/v1/nodes/{mine_node}",
+                {"metadata": {"annotations": {flannel: "x"}}},
+            ),
+            f"may change only its own annotations (hami.io/...) of node {mine_node}, not {flannel}",
+        )
         owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": str(uuid.uuid4())}
         for path, what in (
             (f"{pods}/neighbour", f"pod {ns}/neighbour"),

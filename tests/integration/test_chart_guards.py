@@ -369,6 +369,13 @@ def test_the_scheduler_may_change_only_node_annotations(kube_cluster, helm_bin, 
             lambda: patch({"metadata": {"labels": {"gpu": "off"}, "annotations": {"hami.io/x": "y"}}})
         )
         assert "not its spec" in _denied(lambda: patch({"spec": {"providerID": "kwok://elsewhere"}}))
+        # another component's annotation (a CNI reads some: found by review), added or changed
+        flannel = "flannel.alpha.coreos.com/public-ip"
+        patch({"metadata": {"annotations": {flannel: "10.0.0.1"}}}, user="ops-admin")
+        for value in ("203.0.113.9", None):
+            message = _denied(lambda: patch({"metadata": {"annotations": {flannel: value}}}))
+            assert f"may change only its own annotations (hami.io/...) of node {node}, not {flannel}" in message
+        patch({"metadata": {"annotations": {"cambricon.com/dsmlu.lock": "2025-01-01T00:00:00Z,ns,p"}}})
         assert "not its status" in _denied(
             lambda: patch({"status": {"capacity": {"nvidia.com/gpu": "99"}}}, sub="/status")
         )
