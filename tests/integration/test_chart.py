@@ -1208,3 +1208,22 @@ def test_an_upgrade_keeps_a_certificate_made_for_its_names_and_remakes_one_that_
     assert annotations(remade)["checksum/tls"] != annotations(again)["checksum/tls"]
     # a certificate reused as it was rolls nothing: the upgrade after the install keeps the checksum
     assert annotations(again)["checksum/tls"] == annotations(first)["checksum/tls"]
+
+
+def test_the_install_notes_warn_when_writes_rbac_cannot_narrow_are_unguarded(helm):
+    """NOTES.txt (helm install prints it) names every guard the release goes without: a policy
+    switched off, decisionWrite filter (cluster-wide pod patch), a cluster too old for a guard.
+    Found by review: the guards could disappear silently while the write rights stayed."""
+
+    def notes(*sets: str) -> str:
+        args = [a for s in sets for a in ("--set", s)]
+        out = helm("install", "notes-probe", str(CHART), "--namespace", "default", "--dry-run=server", *args).stdout
+        return out[out.index("NOTES:") :]
+
+    quiet = notes()
+    assert "hami" in quiet and "WARNING" not in quiet
+    loud = notes("scheduler.extender.decisionWrite=filter", "devicePlugin.nodeGuard.enabled=false")
+    assert "WARNING: writes that RBAC cannot narrow are not guarded" in loud
+    assert "decisionWrite=filter: the scheduler's identity may patch every pod of the cluster" in loud
+    assert "devicePlugin.nodeGuard is off" in loud
+    assert "scheduler.podGuard" not in loud  # filter mode's warning covers the pods

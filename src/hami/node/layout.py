@@ -107,7 +107,10 @@ def prepare_hook_dir(paths: HookPaths) -> None:
         Path(paths.vgpu_dir, "containers").mkdir(parents=True, exist_ok=True)
         for d in (paths.lock_dir,):
             Path(d).mkdir(parents=True, exist_ok=True)
-            os.chmod(d, 0o777)
+            # shared by every GPU container of the node: anyone may create a file in it, only its
+            # owner may remove or rename it (the sticky bit, as /tmp); plain 0777 let one tenant
+            # delete another's lock file (found by review)
+            os.chmod(d, 0o1777)
         preload = Path(paths.preload_file)
         wanted = paths.library + "\n"
         if not preload.exists() or preload.read_text() != wanted:
