@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -672,6 +673,78 @@ def test_helm_install_and_a_gpu_pod_scheduled_through_the_chart(
 # the chart's allocation guard (ValidatingAdmissionPolicy), enforced by the real API server
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+ENFLAME_DECISION = (
+    "enflame.com/gcu-request-size",
+    "enflame.com/gcu-assigned-id",
+    "enflame.com/gcu-assigned",
+    "enflame.com/gcu-assigned-index",
+    "enflame.com/gcu-assigned-minor",
+    "enflame.com/gcu-assigned-time",
+    "enflame.com/assigned-containers",
+)
+
+
+def guarded_decision_keys(policy: dict) -> list[str]:
+    """The vendors' decision annotations the allocation guard's ``internal`` variable lists
+    (the JSON list after its fixed hami.io/ keys; [] when no enabled vendor has any)."""
+    expr = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "internal")
+    found = re.findall(r"\|\| k in (\[\".*?\"\])", expr)
+    assert len(found) <= 1, expr
+    return json.loads(found[0]) if found else []
+
+
+def _guard_policy(helm_bin, *args: str) -> dict:
+    out = helm_bin(
+        "template",
+        "hami",
+        str(CHART),
+        "--namespace",
+        "gpu",
+        "--kube-version",
+        KUBE_VERSION,
+        "--show-only",
+        "templates/scheduler/allocation-guard.yaml",
+        *args,
+    ).stdout
+    return next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingAdmissionPolicy")
+
+
+def test_allocation_guard_keeps_the_decision_annotations_of_enabled_vendors_only(helm_bin):
+    """Enflame's, MetaX's, Cambricon's ... decisions write keys outside hami.io/ that their own
+    device plugins read at Allocate: the guard lists those of the vendors the release enables,
+    and no others (an unrelated workload may use a disabled vendor's keys)."""
+    assert guarded_decision_keys(_guard_policy(helm_bin)) == []  # NVIDIA only: its key is in the fixed list
+    enflame = guarded_decision_keys(_guard_policy(helm_bin, "--set", "devices.enflame.enabled=true"))
+    assert enflame == sorted(ENFLAME_DECISION)
+    both = guarded_decision_keys(
+        _guard_policy(
+            helm_bin,
+            "--set",
+            "devices.enflame.enabled=true",
+            "--set",
+            "devices.cambricon.enabled=true",
+            "--set",
+            "devices.vnpus.enabled=true",
+            "--set",
+            "devices.vnpus.config.configs[0].commonWord=Ascend910B3",
+            "--set",
+            "devices.vnpus.config.configs[0].resourceName=huawei.com/npu",
+            "--set",
+            "devices.vnpus.config.configs[0].memoryAllocatable=65536",
+            "--set",
+            "devices.vnpus.config.configs[0].memoryCapacity=65536",
+        )
+    )
+    assert both == sorted(
+        [
+            *ENFLAME_DECISION,
+            "CAMBRICON_DSMLU_PROFILE",
+            "CAMBRICON_DSMLU_ASSIGNED",
+            "huawei.com/Ascend910B3",
+            "predicate-time",
+        ]
+    )
+    assert not [k for k in both if k.startswith(("metax-tech.com/", "mthreads.com/", "NEURON_"))]
 
 
 def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_annotations(
@@ -695,6 +768,8 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         f"scheduler.allocationGuard.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={ns}",
         "--set",
         "scheduler.allocationGuard.trustedUsers[0]=ops:repair-bot",
+        "--set",
+        "devices.enflame.enabled=true",
     ).stdout
     policy, binding = [d for d in yaml.safe_load_all(out) if d]
     tenant, scheduler = "tenant-a", f"system:serviceaccount:{ns}:{full}-scheduler"
@@ -736,6 +811,10 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         message = kube_cluster.wait_for(enforced, "the allocation guard in force", timeout=60, interval=0.5)
         assert "hami.io/vgpu-devices-allocated" in message and tenant in message
 
+        # an enabled vendor's decision annotations, outside hami.io/, are guarded the same way
+        message = denied(lambda: kube_cluster.api("POST", pods, pod("gcu", {ENFLAME_DECISION[3]: "0"}), as_user=tenant))
+        assert ENFLAME_DECISION[3] in message and tenant in message
+
         kube_cluster.api("POST", pods, pod("job"), as_user=tenant)  # an ordinary pod is fine
         patch("job", tenant, {"team": "a"})  # and so is an ordinary annotation
         assert "hami.io/bind-phase" in denied(lambda: patch("job", tenant, {"hami.io/bind-phase": "success"}))
@@ -748,18 +827,24 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
                 "hami.io/vgpu-node": "n1",
                 "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,10:;",
                 "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,10:;",
+                "enflame.com/gcu-assigned-index": "0",
+                "enflame.com/gcu-assigned": "false",
             },
             labels={"hami.io/vgpu-node": "n1"},
         )
         for change in (
             {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"},  # edit
             {"hami.io/vgpu-devices-to-allocate": None},  # removal
-            {"hami.io/kunlun-allocated": "x"},
-        ):  # another vendor's key
+            {"hami.io/kunlun-allocated": "x"},  # another vendor's key
+            {"enflame.com/gcu-assigned-index": "1"},  # an enabled vendor's decision: another GCU
+            {"enflame.com/gcu-assigned": None},
+            {"enflame.com/assigned-containers": "{}"},
+        ):
             key = next(iter(change))
             assert key in denied(lambda: patch("job", tenant, change))
         assert "hami.io/vgpu-node" in denied(lambda: patch("job", tenant, labels={"hami.io/vgpu-node": "n2"}))
         patch("job", tenant, labels={"team": "a"})  # unrelated updates of an allocated pod still pass
+        patch("job", tenant, {"CAMBRICON_DSMLU_PROFILE": "x"})  # a vendor this release does not enable: not guarded
         # a status write keeps the metadata it sends (only spec is reset): guarded the same way
         forged_status = {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"}}}
         assert "hami.io/vgpu-devices-allocated" in denied(
@@ -799,6 +884,7 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         final = kube_cluster.api("GET", f"{pods}/job")["metadata"]
         assert final["annotations"]["hami.io/vgpu-devices-allocated"] == "GPU-1,NVIDIA,1000,10:;"
         assert final["annotations"]["hami.io/bind-phase"] == "failed"
+        assert final["annotations"]["enflame.com/gcu-assigned-index"] == "0"
         assert "hami.io/vgpu-devices-to-allocate" not in final["annotations"]
         assert final["labels"] == {"hami.io/vgpu-node": "n1", "team": "a"}
     finally:

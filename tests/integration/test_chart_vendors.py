@@ -3,7 +3,8 @@
 - Rendering: the kube-scheduler configuration's ``managedResources`` is exactly the list of
   resource names our vendors read (``hami.vendors.managed_resource_names``) for the device-config
   the chart writes, per vendor alone, all together, renamed through values, and from a
-  ``device-config.content`` of the user's; vendors' plugin identities join the allocation guard.
+  ``device-config.content`` of the user's; vendors' plugin identities join the allocation guard,
+  which keeps exactly the enabled vendors' decision annotations (``BaseVendor.decision_annotations``).
 - Install: the chart with all thirteen backends enabled (one resource renamed), its own
   kube-scheduler configuration and webhook run for real (processes, as in test_chart.py), one
   node per vendor carrying that vendor's registration, and one example pod per vendor that names
@@ -28,7 +29,7 @@ from hami.config import load_device_config
 from hami_devkit.cluster import free_port
 from hami.vendors import VENDORS, build_vendors, managed_resource_names
 
-from .test_chart import CHART, KUBE_VERSION, _extender_argv, _Procs
+from .test_chart import CHART, KUBE_VERSION, _extender_argv, _Procs, guarded_decision_keys
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +122,18 @@ def test_managed_resources_are_every_name_of_every_enabled_vendor(helm_bin, tmp_
     managed = _managed(docs)
     assert [m["name"] for m in managed] == list(expected)
     assert all(m["ignoredByScheduler"] is True for m in managed)
+
+
+@pytest.mark.parametrize("values", list(RENDER_CASES.values()), ids=list(RENDER_CASES))
+def test_the_allocation_guard_keeps_every_decision_annotation_of_every_enabled_vendor(helm_bin, tmp_path, values):
+    """The chart spells the vendors' decision keys once more ("hami.decisionAnnotationKeys"): they
+    must be those our vendors write for the device-config the chart renders, no more, no fewer
+    (NVIDIA's hami.io/vgpu-mig-allocations is in the guard's fixed list)."""
+    docs = _render(helm_bin, *_values_file(tmp_path, values))
+    config = load_device_config(_device_config(docs))
+    expected = {k for v in build_vendors(config) for k in v.decision_annotations} - {"hami.io/vgpu-mig-allocations"}
+    policy = docs[("ValidatingAdmissionPolicy", "hami-allocation-guard")]
+    assert guarded_decision_keys(policy) == sorted(expected)
 
 
 def test_renamed_resources_replace_the_defaults(helm_bin, tmp_path):

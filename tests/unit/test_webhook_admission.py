@@ -128,6 +128,129 @@ def test_a_refused_pod_with_internal_keys_is_still_refused_for_its_own_reason():
     assert not d.allowed and "privileged" in d.message
 
 
+def _with(section: str) -> AdmissionSettings:
+    """The settings of a release serving NVIDIA and the vendor of ``section`` (at its defaults)."""
+    return AdmissionSettings(
+        build_vendors(device_config_from_dict({"nvidia": {"gpuCorePolicy": "default"}, section: {}}))
+    )
+
+
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("enflame", "enflame.com/gcu-assigned-index"),
+        ("enflame", "enflame.com/gcu-assigned-id"),
+        ("enflame", "enflame.com/gcu-assigned"),
+        ("enflame", "enflame.com/gcu-request-size"),
+        ("enflame", "enflame.com/gcu-assigned-minor"),
+        ("enflame", "enflame.com/gcu-assigned-time"),
+        ("enflame", "enflame.com/assigned-containers"),
+        ("metax", "metax-tech.com/gpu-devices-allocated"),
+        ("metax", "metax-tech.com/predicate-time"),
+        ("cambricon", "CAMBRICON_DSMLU_PROFILE"),
+        ("cambricon", "CAMBRICON_DSMLU_ASSIGNED"),
+        ("kunlun", "BAIDU_COM_DEVICE_IDX"),
+        ("awsneuron", "AWS_NEURON_IDS"),
+        ("awsneuron", "NEURON_ALLOCATED"),
+        ("awsneuron", "aws.amazon.com/predicate-node"),
+        ("mthreads", "mthreads.com/gpu-index"),
+        ("mthreads", "mthreads.com/predicate-node"),
+        ("vnpus", "huawei.com/Ascend910B3"),
+        ("vnpus", "predicate-time"),
+    ],
+)
+def test_an_enabled_vendors_decision_annotations_are_removed_like_hamis_own(section, key):
+    """Beside the hami.io allocation pair, some vendors' decisions write keys of their own that
+    their device plugins read at Allocate (which GCU slice, which MLU profile, which NeuronCores):
+    a pod created with one (a copy of a placed pod, or a tenant choosing its own grant) has it
+    removed, with the warning, when that vendor is enabled; without the vendor it is the pod's own."""
+    p = pod(GPU, annotations={key: "0", "keep": "1"})
+    d = decide(p, _with(section))
+    assert d.allowed, d
+    assert d.pod["metadata"]["annotations"] == {"keep": "1"}
+    assert len(d.warnings) == 1 and d.warnings[0].endswith(f"(the pod is placed afresh): {key}"), d.warnings
+    kept = decide(p, S)  # NVIDIA only
+    assert kept.allowed and kept.pod["metadata"]["annotations"] == {key: "0", "keep": "1"} and not kept.warnings
+
+
+def test_every_key_a_vendors_decision_writes_is_one_the_webhook_removes():
+    """One pod per vendor placed by the real core: each decision writes exactly the vendor's
+    allocation pair and its decision_annotations (no key missing from that list, none listed that
+    is never written), and the webhook of a release serving those vendors treats each as internal."""
+    from hami.config import chart_device_config
+    from hami.core.names import BIND_PHASE, VGPU_NODE, VGPU_TIME
+
+    from ._vendorkit import config, ctr, node, one
+    from ._vendorkit import pod as vpod
+
+    npus = [
+        {
+            "id": f"npu-{i}",
+            "index": i,
+            "count": 4,
+            "devmem": 65536,
+            "devcore": 20,
+            "type": "Ascend910B3",
+            "health": True,
+        }
+        for i in range(2)
+    ]
+    sgpu = {
+        "uuid": "sgpu-0",
+        "bdf": "0000:0a:00.0",
+        "model": "MXC500",
+        "totalDevCount": 16,
+        "totalCompute": 100,
+        "totalVRam": 65536,
+        "availableDevCount": 16,
+        "availableCompute": 100,
+        "availableVRam": 65536,
+        "numa": 0,
+        "healthy": True,
+    }
+    drs = {"devices": [{"index": 0, "minor": 3, "capacity": 6}], "profiles": {"1g.8gb": 1, "2g.16gb": 2}}
+    cases = {
+        "Ascend910B3": (
+            node("n", {"hami.io/node-register-Ascend910B3": json.dumps(npus)}),
+            {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 16384},
+        ),
+        "MLU": (
+            node("n", capacity={"cambricon.com/mlu.smlu.vcore": 200, "cambricon.com/mlu.smlu.vmemory": 128}),
+            {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 4, "cambricon.com/mlu.smlu.vcore": 10},
+        ),
+        "Metax-SGPU": (
+            node("n", {"metax-tech.com/node-gpu-devices": json.dumps([sgpu])}),
+            {"metax-tech.com/sgpu": 1, "metax-tech.com/vmemory": 4, "metax-tech.com/vcore": 30},
+        ),
+        "Metax-GPU": (node("n", capacity={"metax-tech.com/gpu": 2}), {"metax-tech.com/gpu": 1}),
+        "Mthreads": (
+            node("n", capacity={"mthreads.com/sgpu-core": 32, "mthreads.com/sgpu-memory": 192}),
+            {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 8, "mthreads.com/sgpu-core": 4},
+        ),
+        "Enflame": (node("n", {"enflame.com/gcu-drs-capacity": json.dumps(drs)}), {"enflame.com/drs-gcu": 2}),
+        "GCU": (node("n", capacity={"enflame.com/gcu": 2}), {"enflame.com/gcu": 1}),
+        "kunlun": (node("n", capacity={"kunlunxin.com/xpu": 4}), {"kunlunxin.com/xpu": 2}),
+        "AWSNeuron": (
+            node("n", capacity={"aws.amazon.com/neuron": 2, "aws.amazon.com/neuroncore": 4}),
+            {"aws.amazon.com/neuroncore": 1},
+        ),
+        "DCU": (
+            node("n", {"hami.io/node-dcu-register": "d0,4,16000,100,DCU,0,true:"}),
+            {"hygon.com/dcunum": 1, "hygon.com/dcumem": 1000},
+        ),
+    }
+    cfg = config(chart_device_config())
+    settings = AdmissionSettings(cfg.vendors)
+    by_name = {v.name: v for v in cfg.vendors}
+    for name, (n, limits) in cases.items():
+        r = one([n], vpod("p", [ctr(limits=limits)]), cfg)
+        assert r.node == "n", (name, r.reasons())
+        v = by_name[name]
+        written = set(r.annotations) - {VGPU_NODE, VGPU_TIME, BIND_PHASE}
+        assert written == {v.allocated_annotation, v.to_allocate_annotation, *v.decision_annotations} - {None}, name
+        assert all(settings.internal_annotation(k) for k in r.annotations), name
+
+
 def test_opt_in_label_allows_disable_control():
     assert decide(pod(GPU, env=OFF), S, {"hami.io/allow-disable-control": "true"}).allowed
 

@@ -163,6 +163,56 @@ vnpus:
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
 
+{{/*
+The annotations each vendor section's decision writes besides the hami.io/ allocation pair, as
+src/hami/vendors/ spells them (BaseVendor.decision_annotations): that vendor's own device plugin reads
+them at Allocate (which slice, profile or cores the pod gets), so the allocation guard keeps them
+as it keeps the pair. vnpus: one huawei.com/<commonWord> per chip (written "huawei.com/{chip}" here).
+nvidia's hami.io/vgpu-mig-allocations is in the guard's own list. tests/integration/test_chart_vendors.py
+keeps these equal to the vendors' lists.
+*/}}
+{{- define "hami.decisionAnnotationKeys" -}}
+cambricon: [CAMBRICON_DSMLU_PROFILE, CAMBRICON_DSMLU_ASSIGNED]
+metax: [metax-tech.com/gpu-devices-allocated, metax-tech.com/predicate-time]
+mthreads: [mthreads.com/gpu-index, mthreads.com/predicate-time, mthreads.com/predicate-node]
+enflame:
+  - enflame.com/gcu-request-size
+  - enflame.com/gcu-assigned-id
+  - enflame.com/gcu-assigned
+  - enflame.com/gcu-assigned-index
+  - enflame.com/gcu-assigned-minor
+  - enflame.com/gcu-assigned-time
+  - enflame.com/assigned-containers
+kunlun: [BAIDU_COM_DEVICE_IDX]
+awsneuron: [AWS_NEURON_IDS, NEURON_ALLOC_TIME, NEURON_ALLOCATED, NEURON_RESOURCE_TYPE, aws.amazon.com/predicate-node]
+vnpus: ["huawei.com/{chip}", predicate-time]
+{{- end -}}
+
+{{/* The decision annotations of every vendor enabled in device-config.yaml (a JSON list, sorted),
+     enabled as "hami.managedResources" reads the sections. */}}
+{{- define "hami.decisionAnnotations" -}}
+{{- $cfg := include "hami.deviceConfig" . | fromYaml -}}
+{{- $keys := list -}}
+{{- range $section, $names := include "hami.decisionAnnotationKeys" . | fromYaml -}}
+{{- $s := index $cfg $section -}}
+{{- if kindIs "map" $s -}}
+{{- $chips := list -}}
+{{- if eq $section "vnpus" -}}
+{{- range ($s.configs | default list) -}}{{- $chips = append $chips (toString .commonWord) -}}{{- end -}}
+{{- if not $chips -}}{{- $chips = include "hami.ascendCommonWords" $ | fromJsonArray -}}{{- end -}}
+{{- end -}}
+{{- range $name := $names -}}
+{{- if contains "{chip}" $name -}}
+{{- range $chip := $chips -}}{{- $keys = append $keys (replace "{chip}" $chip $name) -}}{{- end -}}
+{{- else -}}
+{{- $keys = append $keys $name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $keys | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
 {{/* Identities of the enabled vendors' own device plugins (devices.<vendor>.devicePluginUsers). */}}
 {{- define "hami.vendorPluginUsers" -}}
 {{- $users := list -}}

@@ -14,6 +14,9 @@ Facts: reference §3.4 (admission), §4.5 (keys), §5.6 (NetworkID node score), 
   NetworkID groups with the most fitting devices first, and the node score rewards one-group picks.
 * 910C (``superPod: true``): whole modules only (NPUs ``2k`` and ``2k+1``), a request of 1 is
   admitted as 2.
+* Decision annotations, read by the Ascend device plugin besides the allocation pair:
+  ``huawei.com/<commonWord>`` (JSON list of the grants: UUID, and the vNPU template as ``temp``, or
+  ``memory``/``core`` in soft mode) and ``predicate-time`` (unix seconds).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class AscendVendor(BaseVendor):
         cw = chip.common_word
         name_after_chip(self, cw, f"hami.io/node-register-{cw}")
         self.runtime_annotation = f"huawei.com/{cw}"
+        self.decision_annotations = (self.runtime_annotation, PREDICATE_TIME)
         self.node_score_neutral = not cw.startswith("Ascend910")
         self.templates = sorted(chip.templates, key=lambda t: t.memory)
         super().__init__(

@@ -49,6 +49,11 @@ MAX_ADDRESSABLE_CORES = 4
 UNKNOWN_CORE = 1 << MAX_ADDRESSABLE_CORES
 #: Device IDs our earlier releases synthesised: ``<node>-awsneuron-<i>``.
 _LEGACY_ID = re.compile(r"^(?P<node>.*)-awsneuron-(?P<index>\d+)$")
+IDS_ANNOTATION = "AWS_NEURON_IDS"
+ALLOC_TIME_ANNOTATION = "NEURON_ALLOC_TIME"
+ALLOCATED_ANNOTATION = "NEURON_ALLOCATED"
+RESOURCE_TYPE_ANNOTATION = "NEURON_RESOURCE_TYPE"
+PREDICATE_NODE_ANNOTATION = "aws.amazon.com/predicate-node"
 
 
 def core_mask(cores: int) -> int:
@@ -77,6 +82,13 @@ class AwsNeuronVendor(BaseVendor):
     lock_annotation = None
     use_uuid_annotation = "aws.amazon.com/use-neuron-uuid"
     nouse_uuid_annotation = "aws.amazon.com/nouse-neuron-uuid"
+    decision_annotations = (
+        IDS_ANNOTATION,
+        ALLOC_TIME_ANNOTATION,
+        ALLOCATED_ANNOTATION,
+        RESOURCE_TYPE_ANNOTATION,
+        PREDICATE_NODE_ANNOTATION,
+    )
 
     def __init__(self, config: AwsNeuronConfig | None = None) -> None:
         c = self.config = config or AwsNeuronConfig()
@@ -207,11 +219,11 @@ class AwsNeuronVendor(BaseVendor):
                 ids.extend(cd.index * stride + n for n in set_bits(cd.usedcores))
         out.update(
             {
-                "AWS_NEURON_IDS": ",".join(map(str, ids)),
-                "NEURON_ALLOC_TIME": str(int(now * 1_000_000_000)),
-                "NEURON_ALLOCATED": "false",
-                "NEURON_RESOURCE_TYPE": "neuroncore" if by_core else "neuron",
-                "aws.amazon.com/predicate-node": node,
+                IDS_ANNOTATION: ",".join(map(str, ids)),
+                ALLOC_TIME_ANNOTATION: str(int(now * 1_000_000_000)),
+                ALLOCATED_ANNOTATION: "false",
+                RESOURCE_TYPE_ANNOTATION: "neuroncore" if by_core else "neuron",
+                PREDICATE_NODE_ANNOTATION: node,
             }
         )
         return out

@@ -27,7 +27,12 @@ How to add a vendor (e.g. Hygon DCU)
    * ``choose`` (with ``chooses = True``) - pick ``nums`` devices among ALL fitting candidates
      (topology groups, module pairs, one-card-per-pod rules) instead of the first ``nums``;
    * ``node_score`` (with ``node_score_neutral = False``) - a vendor term added to the node score;
-   * ``pod_annotations`` - extra annotations the device plugin needs (gets node, now, pod).
+   * ``pod_annotations`` - extra annotations the device plugin needs (gets node, now, pod); list
+     their keys in ``decision_annotations`` (spelled once, as module constants both use): the
+     webhook strips them from a pod that carries them at creation and the chart's allocation
+     guard lets only hami's identities write them (the chart repeats them per device-config
+     section in ``hami.decisionAnnotationKeys``, charts/hami/templates/_vendors.tpl; a test keeps
+     the two equal).
 3. Add one entry to ``hami.vendors.VENDORS`` (section name -> class). Nothing registers itself
    at import time; ``build_vendors(config)`` instantiates the vendors whose section is set.
 4. Add table-driven tests in ``tests/unit/test_vendor_<name>.py``.
@@ -102,6 +107,10 @@ class BaseVendor:
     nouse_uuid_annotation: ClassVar[str | None] = None
     mode_annotation: ClassVar[str | None] = None
     numa_bind_annotation: ClassVar[str | None] = None
+    #: Every key :meth:`pod_annotations` writes besides ``allocated_annotation`` and
+    #: ``to_allocate_annotation`` (the vendor's device plugin reads them at Allocate, so they carry
+    #: the decision as much as the allocation pair does): internal, like that pair.
+    decision_annotations: ClassVar[tuple[str, ...]] = ()
     #: True when ``node_score`` always returns 0, which lets the core rank nodes from summaries.
     node_score_neutral: ClassVar[bool] = True
     #: True when :meth:`capacity_check` is at least as strict as the generic NVIDIA rules (free slot,

@@ -37,6 +37,7 @@ class CambriconVendor(BaseVendor):
     nouse_type_annotation = "cambricon.com/nouse-mlutype"
     use_uuid_annotation = "cambricon.com/use-gpuuuid"
     nouse_uuid_annotation = "cambricon.com/nouse-gpuuuid"
+    decision_annotations = (PROFILE_ANNOTATION, ASSIGNED_ANNOTATION)
     summary_prefilter = True  # generic capacity rules: the summary checks are safe
 
     def __init__(self, config: CambriconConfig | None = None) -> None:

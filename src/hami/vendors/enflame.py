@@ -16,6 +16,13 @@ IDs ``<node>-GCU-<i>``, one slot, ``devmem`` 100 and ``devcore`` 100 per card; a
 it (``usedmem`` 100, ``usedcores`` 100). Our releases before this one wrote IDs
 ``<node>-enflame-gcu-<i>`` with ``usedmem`` 0: :meth:`EnflameGcuVendor.read_allocation` reads them
 in today's form. Neither backend locks the node.
+
+DRS decision annotations, read by Enflame's device plugin at Allocate (besides
+``hami.io/enflame-vgpu-devices-allocated``), for the first GCU the pod holds:
+``enflame.com/gcu-request-size`` (slices), ``enflame.com/gcu-assigned-id`` (profile ID),
+``enflame.com/gcu-assigned`` (``false``; the plugin sets ``true``), ``enflame.com/gcu-assigned-index``,
+``enflame.com/gcu-assigned-minor``, ``enflame.com/gcu-assigned-time`` (unix ns) and
+``enflame.com/assigned-containers`` (JSON: container -> allocated, request, profileID, profileName).
 """
 
 from __future__ import annotations
@@ -48,6 +55,13 @@ _PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
 _LEGACY_GCU_ID = re.compile(r"^(?P<node>.*)-enflame-gcu-(?P<index>\d+)$")
 #: What HAMi registers per whole GCU as ``devmem`` and grants as ``usedmem`` (not MiB: all of it).
 GCU_WHOLE_MEMORY = 100
+REQUEST_SIZE_ANNOTATION = "enflame.com/gcu-request-size"
+ASSIGNED_ID_ANNOTATION = "enflame.com/gcu-assigned-id"
+ASSIGNED_ANNOTATION = "enflame.com/gcu-assigned"
+ASSIGNED_INDEX_ANNOTATION = "enflame.com/gcu-assigned-index"
+ASSIGNED_MINOR_ANNOTATION = "enflame.com/gcu-assigned-minor"
+ASSIGNED_TIME_ANNOTATION = "enflame.com/gcu-assigned-time"
+ASSIGNED_CONTAINERS_ANNOTATION = "enflame.com/assigned-containers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,15 @@ class EnflameDrsVendor(BaseVendor):
     lock_annotation = None
     use_uuid_annotation = "enflame.com/use-gpuuuid"
     nouse_uuid_annotation = "enflame.com/nouse-gpuuuid"
+    decision_annotations = (
+        REQUEST_SIZE_ANNOTATION,
+        ASSIGNED_ID_ANNOTATION,
+        ASSIGNED_ANNOTATION,
+        ASSIGNED_INDEX_ANNOTATION,
+        ASSIGNED_MINOR_ANNOTATION,
+        ASSIGNED_TIME_ANNOTATION,
+        ASSIGNED_CONTAINERS_ANNOTATION,
+    )
 
     def __init__(self, config: EnflameConfig | None = None) -> None:
         c = self.config = config or EnflameConfig()
@@ -219,15 +242,13 @@ class EnflameDrsVendor(BaseVendor):
         cd, dev, entry = first
         out.update(
             {
-                "enflame.com/gcu-request-size": str(cd.usedcores),
-                "enflame.com/gcu-assigned-id": "" if entry["profileID"] is None else str(entry["profileID"]),
-                "enflame.com/gcu-assigned": "false",
-                "enflame.com/gcu-assigned-index": str(cd.index),
-                "enflame.com/gcu-assigned-minor": str(
-                    (dev.custominfo or {}).get("minor", cd.index) if dev else cd.index
-                ),
-                "enflame.com/gcu-assigned-time": str(int(now * 1_000_000_000)),
-                "enflame.com/assigned-containers": go_json(assigned),
+                REQUEST_SIZE_ANNOTATION: str(cd.usedcores),
+                ASSIGNED_ID_ANNOTATION: "" if entry["profileID"] is None else str(entry["profileID"]),
+                ASSIGNED_ANNOTATION: "false",
+                ASSIGNED_INDEX_ANNOTATION: str(cd.index),
+                ASSIGNED_MINOR_ANNOTATION: str((dev.custominfo or {}).get("minor", cd.index) if dev else cd.index),
+                ASSIGNED_TIME_ANNOTATION: str(int(now * 1_000_000_000)),
+                ASSIGNED_CONTAINERS_ANNOTATION: go_json(assigned),
             }
         )
         return out

@@ -47,6 +47,7 @@ class KunlunVendor(BaseVendor):
     lock_annotation = None
     use_uuid_annotation = "baidu.com/use-gpuuuid"
     nouse_uuid_annotation = "baidu.com/nouse-gpuuuid"
+    decision_annotations = (INDEX_ANNOTATION,)
     chooses = True
     node_score_neutral = False
 

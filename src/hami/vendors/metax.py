@@ -22,8 +22,10 @@ classes keep pods apart as HAMi's ``checkAppClass`` does: on a device in use, po
 one (``CardAppClassMismatch``); the ledger records the app class of each pod holding a device
 (:meth:`MetaxSgpuVendor.holder_class`). Online pods take no compute share. The node score is
 policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs after placement
-(binpack keeps the highest node score, spread the lowest). The decision annotation
-``metax-tech.com/predicate-time`` is in unix nanoseconds (HAMi ``UnixNano``).
+(binpack keeps the highest node score, spread the lowest). The decision annotations, read by
+MetaX's device plugin at Allocate besides the HAMi allocation pair: ``metax-tech.com/gpu-devices-allocated``
+(JSON, per container: uuid, compute, vRam of each sGPU) and ``metax-tech.com/predicate-time`` (unix
+nanoseconds, HAMi ``UnixNano``).
 
 Our releases before this one spelled the MetaX GPU card IDs ``<node>-metax-gpu-<i>``:
 :meth:`MetaxGpuVendor.read_allocation` reads such allocations with today's IDs.
@@ -63,6 +65,7 @@ SCORES_ANNOTATION = "metax-tech.com/gpu.topology.scores"
 APP_CLASS_ANNOTATION = "metax-tech.com/sgpu-app-class"
 QOS_ANNOTATION = "metax-tech.com/sgpu-qos-policy"
 PREDICATE_TIME_ANNOTATION = "metax-tech.com/predicate-time"  # decision time, unix nanoseconds (HAMi UnixNano)
+SGPU_ALLOCATED_ANNOTATION = "metax-tech.com/gpu-devices-allocated"  # the sGPU grants, as MetaX's plugin reads them
 QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
 APP_CLASSES = ("online", "offline")
 CARD_MEMORY = 65536
@@ -196,6 +199,7 @@ class MetaxSgpuVendor(BaseVendor):
     lock_annotation = NODE_LOCK
     use_uuid_annotation = "metax-tech.com/use-gpuuuid"
     nouse_uuid_annotation = "metax-tech.com/nouse-gpuuuid"
+    decision_annotations = (SGPU_ALLOCATED_ANNOTATION, PREDICATE_TIME_ANNOTATION)
     node_score_neutral = False
 
     def __init__(self, config: MetaxConfig | None = None) -> None:
@@ -355,7 +359,7 @@ class MetaxSgpuVendor(BaseVendor):
     ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         if any(devices):
-            out["metax-tech.com/gpu-devices-allocated"] = go_json(
+            out[SGPU_ALLOCATED_ANNOTATION] = go_json(
                 [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices]
             )
             out[PREDICATE_TIME_ANNOTATION] = str(unix_nanoseconds(now))

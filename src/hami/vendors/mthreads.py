@@ -29,6 +29,9 @@ CORES_PER_GPU = 16
 FULL_MEMORY_UNITS = 96
 LEGAL_MEMORY = (2, 4, 8, 16, 32, 64, 96)
 GPU_NUM_ANNOTATION = "mthreads.com/request-gpu-num"
+GPU_INDEX_ANNOTATION = "mthreads.com/gpu-index"
+PREDICATE_TIME_ANNOTATION = "mthreads.com/predicate-time"
+PREDICATE_NODE_ANNOTATION = "mthreads.com/predicate-node"
 
 
 class MthreadsVendor(BaseVendor):
@@ -39,6 +42,7 @@ class MthreadsVendor(BaseVendor):
     lock_annotation = None
     use_uuid_annotation = "mthreads.ai/use-gpuuuid"
     nouse_uuid_annotation = "mthreads.ai/nouse-gpuuuid"
+    decision_annotations = (GPU_INDEX_ANNOTATION, PREDICATE_TIME_ANNOTATION, PREDICATE_NODE_ANNOTATION)
     chooses = True
 
     def __init__(self, config: MthreadsConfig | None = None) -> None:
@@ -122,7 +126,7 @@ class MthreadsVendor(BaseVendor):
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         indexes = list(dict.fromkeys(cd.index for ctr in devices for cd in ctr))
         if indexes:
-            out["mthreads.com/gpu-index"] = ",".join(map(str, indexes))
-            out["mthreads.com/predicate-time"] = str(int(now * 1_000_000_000))
-            out["mthreads.com/predicate-node"] = node
+            out[GPU_INDEX_ANNOTATION] = ",".join(map(str, indexes))
+            out[PREDICATE_TIME_ANNOTATION] = str(int(now * 1_000_000_000))
+            out[PREDICATE_NODE_ANNOTATION] = node
         return out

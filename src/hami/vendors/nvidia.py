@@ -85,6 +85,7 @@ class NvidiaVendor(BaseVendor):
     nouse_uuid_annotation = "nvidia.com/nouse-gpuuuid"
     mode_annotation = "nvidia.com/vgpu-mode"
     numa_bind_annotation = "nvidia.com/numa-bind"
+    decision_annotations = (MIG_ALLOCATIONS_ANNOTATION,)
     score_annotation = "hami.io/node-nvidia-score"
     summary_prefilter = True
     type_contains_request = True  # HAMi: the registered type must contain "NVIDIA" (compatibility.md)

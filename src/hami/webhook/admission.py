@@ -2,9 +2,11 @@
 
 1. a pod with no containers is denied;
 2. (security, beyond HAMi) an internal allocation annotation or label a pod carries at creation
-   (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ...) is removed by
-   the patch, whatever its scheduler, with a warning naming the keys: the scheduler trusts these
-   to rebuild its ledger, and a copy of a placed pod (``kubectl debug --copy-to``) carries them;
+   (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ..., and each enabled
+   vendor's decision annotations, :attr:`~hami.vendors.base.BaseVendor.decision_annotations`, e.g.
+   ``enflame.com/gcu-assigned-index``) is removed by the patch, whatever its scheduler, with a
+   warning naming the keys: the scheduler trusts these to rebuild its ledger, the vendors' device
+   plugins read them at Allocate, and a copy of a placed pod (``kubectl debug --copy-to``) carries them;
 3. (security) ``CUDA_DISABLE_CONTROL`` or ``GPU_CORE_UTILIZATION_POLICY=disable`` in a
    container's env is denied unless the namespace carries the opt-in label
    (``hami.io/allow-disable-control: "true"``), which only someone who may edit namespaces can
@@ -81,9 +83,14 @@ class AdmissionSettings:
             )
 
     def internal_annotation(self, key: str) -> bool:
+        """A key only hami writes: the scheduler's own, or one an enabled vendor's decision writes
+        (its allocation pair and its :attr:`~hami.vendors.base.BaseVendor.decision_annotations`)."""
         if key in INTERNAL_ANNOTATIONS or key in self.extra_internal or key.startswith(INTERNAL_PREFIXES):
             return True
-        return any(key in (v.allocated_annotation, v.to_allocate_annotation) for v in self.vendors)
+        return any(
+            key in (v.allocated_annotation, v.to_allocate_annotation) or key in v.decision_annotations
+            for v in self.vendors
+        )
 
 
 @dataclass(frozen=True)
