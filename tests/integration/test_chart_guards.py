@@ -162,15 +162,41 @@ def test_the_guard_names_the_webhooks_grant_variables_and_follows_the_chart(helm
     reserved = _variable(policy, "reserved")
     assert all(f'"{n}"' in reserved for n in names.GRANT_ENV) and f"'{names.GRANT_ENV_PREFIX}'" in reserved
     assert "'nvidia.com/priority'" in reserved and "GPU_CORE_UTILIZATION_POLICY" in _variable(policy, "disablers")
-    custom = _template(
+    custom_docs = _template(
         helm_bin,
         "--show-only",
         DEVICE_POD_GUARD,
         *_sets("resourcePriority=example.com/prio", "devices.nvidia.gpuCorePolicy=disable"),
-    )[0]
+    )
+    custom = custom_docs[0]
     assert "'example.com/prio'" in _variable(custom, "reserved")
+    # the placement rule (no spec.nodeName for a pod asking for our resources, any scheduler) is a
+    # policy of its own: not for the kubelet's mirror pods, not in the namespaces the webhook skips,
+    # and only where our device plugin runs (found by the regression review: it had none of these)
+    docs = _template(
+        helm_bin,
+        "--show-only",
+        DEVICE_POD_GUARD,
+        "--set",
+        "scheduler.admissionWebhook.whitelistNamespaces={gpu-operator}",
+    )
+    placement = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "hami-device-pod-placement-guard" and d["kind"] == "ValidatingAdmissionPolicy"
+    )
+    conditions = {c["name"]: c["expression"] for c in placement["spec"]["matchConditions"]}
+    assert "system:node:" in conditions["not-a-kubelet"] and '"nvidia.com/gpu"' in conditions["asks-for-our-devices"]
+    binding = next(
+        d for d in docs if d["metadata"]["name"] == "hami-device-pod-placement-guard" and d["kind"].endswith("Binding")
+    )
+    expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["gpu-operator"]} in expressions
+    without_plugin = _template(helm_bin, "--show-only", DEVICE_POD_GUARD, "--set", "devicePlugin.enabled=false")
+    assert [d["metadata"]["name"] for d in without_plugin] == ["hami-device-pod-guard"] * 2
     assert "GPU_CORE_UTILIZATION_POLICY" not in _variable(custom, "disablers")
-    assert '"example.com/prio"' in _variable(custom, "managed")
+    custom_placement = next(d for d in custom_docs if d["metadata"]["name"] == "hami-device-pod-placement-guard")
+    assert '"example.com/prio"' in custom_placement["spec"]["matchConditions"][2]["expression"]
 
 
 # ---------------------------------------------------------------------------------------------

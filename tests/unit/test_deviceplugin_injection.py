@@ -6,6 +6,7 @@ annotation, and the flag's checks."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 from datetime import datetime
 
 import pytest
@@ -96,11 +97,21 @@ def adjusted_mounts(adjust) -> list[tuple[str, str, bool]]:
     return [(m.destination, m.source, "ro" in m.options) for m in adjust.mounts]
 
 
-async def test_allocate_answers_the_same_for_every_pod_and_fails_closed():
-    answers = await NriAllocator().allocate([1, 2])
-    assert [(r.envs, r.mounts) for r in answers] == [
-        ({"NVIDIA_VISIBLE_DEVICES": "void", "HAMI_NRI_INJECTION": "pending"}, ()),
-    ] * 2
+async def test_allocate_answers_the_same_for_every_pod_and_only_while_the_hook_is_registered():
+    allocator = NriAllocator()
+    allocator.READY_WAIT_S = 0.05
+    with pytest.raises(A.AllocationError, match="NRI hook is not registered"):
+        await allocator.allocate([1])
+    # an Allocate that comes while the hook is (re)connecting waits for it
+    waiting = asyncio.ensure_future(allocator.allocate([1]))
+    allocator.READY_WAIT_S = 5.0
+    await asyncio.sleep(0)
+    allocator.ready = True
+    assert [r.envs for r in await waiting] == [{"HAMI_NRI_INJECTION": "pending"}]
+    answers = await allocator.allocate([1, 2])
+    # no NVIDIA_VISIBLE_DEVICES of its own: an image's (CUDA's: all) would be a second entry,
+    # and containerd's NRI puts the last entry back over the hook's (the container saw void)
+    assert [(r.envs, r.mounts) for r in answers] == [({"HAMI_NRI_INJECTION": "pending"}, ())] * 2
     assert await NriAllocator().find_pod() == (None, None)
 
 
@@ -351,19 +362,51 @@ async def test_a_marker_the_pods_env_replaced_is_refused(tmp_path, marker):
         await injector(kube, tmp_path).create_container(sandbox(obj), composed("eval", tenant))
 
 
-async def test_a_gpu_list_the_pods_env_chose_is_refused(tmp_path):
-    """containerd keeps Allocate's NVIDIA_VISIBLE_DEVICES=void and the pod's value (envFrom)
-    both, and its NRI puts the later one back over the hook's: refused instead. none/void (no
-    GPU, the pod's own choice) are left to stand."""
+def raw(name: str, env: list[str]):
+    """A container whose env list is ``env`` as the runtime composed it (image first, then the
+    kubelet's: Allocate's, then the pod's), names not merged."""
+    return pb.Container(id=f"id-{name}", name=name, env=env, state=3)
+
+
+async def test_an_image_that_sets_the_gpu_list_itself_gets_the_grants(tmp_path):
+    """CUDA's base images say NVIDIA_VISIBLE_DEVICES=all: one entry, which the hook's replaces."""
     obj = pod_obj()
-    with pytest.raises(Refusal, match="NVIDIA_VISIBLE_DEVICES='all' comes from the pod's env"):
-        await injector(FakeKube([obj]), tmp_path).create_container(
-            sandbox(obj), composed("eval", {"NVIDIA_VISIBLE_DEVICES": "all"})
-        )
+    image = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(
-        sandbox(obj), composed("eval", {"NVIDIA_VISIBLE_DEVICES": "none"})
+        sandbox(obj), raw("eval", [*image, "HAMI_NRI_INJECTION=pending"])
     )
     assert adjusted_env(adjust)["NVIDIA_VISIBLE_DEVICES"] == G1
+
+
+@pytest.mark.parametrize(
+    "env, name, value",
+    [
+        # the image's and the pod's (envFrom): containerd's NRI would give the container 'all'
+        (
+            ["NVIDIA_VISIBLE_DEVICES=all", "HAMI_NRI_INJECTION=pending", "NVIDIA_VISIBLE_DEVICES=all"],
+            "NVIDIA_VISIBLE_DEVICES",
+            "all",
+        ),
+        (
+            ["CUDA_DEVICE_SM_LIMIT_0=100", "HAMI_NRI_INJECTION=pending", "CUDA_DEVICE_SM_LIMIT_0=100"],
+            "CUDA_DEVICE_SM_LIMIT_0",
+            "100",
+        ),
+    ],
+)
+async def test_a_name_the_grant_sets_twice_in_the_env_is_refused(tmp_path, env, name, value):
+    obj = pod_obj()
+    with pytest.raises(Refusal, match=f"{name} is set more than once in its env .* would keep {value!r}"):
+        await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), raw("eval", env))
+
+
+async def test_twice_with_the_grants_own_value_last_is_fine(tmp_path):
+    """The image's policy and the webhook's (the node-wide one) in the pod spec: the last is the
+    spec's, which the adjustment sets too."""
+    obj = pod_obj(eval_env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}])
+    env = ["GPU_CORE_UTILIZATION_POLICY=default", "HAMI_NRI_INJECTION=pending", "GPU_CORE_UTILIZATION_POLICY=force"]
+    adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), raw("eval", env))
+    assert adjusted_env(adjust)["GPU_CORE_UTILIZATION_POLICY"] == "force"
 
 
 async def test_libvgpu_settings_the_grant_does_not_give_are_emptied_and_the_grants_win(tmp_path):
@@ -380,6 +423,7 @@ async def test_libvgpu_settings_the_grant_does_not_give_are_emptied_and_the_gran
         "CUDA_TASK_PRIORITY": "0",
         "GPU_CORE_UTILIZATION_POLICY": "disable",
         "CUDA_DEVICE_SM_LIMIT": "100",
+        "NVIDIA_VISIBLE_DEVICES": "all",  # once: the hook's replaces it
         "MY_APP_SETTING": "kept",
     }
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), composed("eval", tenant))

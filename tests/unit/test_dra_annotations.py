@@ -149,12 +149,19 @@ def test_a_refused_annotation_on_a_pod_without_gpus_is_left_alone():
     assert d.allowed and not d.templates
 
 
-def test_the_priority_resource_leaves_the_container_and_stays_in_its_env():
-    p = admit_pod(pod(None, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0}), [NV])[0]
+def test_the_priority_resource_and_its_env_leave_the_container():
+    """The priority has no effect on the DRA front end (the claim's CDI spec sets
+    CUDA_TASK_PRIORITY empty); the variable admission wrote goes with its resource, else the pod
+    carries it without the resource, which the webhook (on reinvocation) and the device-pod guard
+    refuse (found by the regression review). Other env is kept."""
+    raw = pod(None, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0})
+    raw["spec"]["containers"][0]["env"] = [{"name": "APP", "value": "1"}]
+    p = admit_pod(raw, [NV])[0]
+    assert {"name": "CUDA_TASK_PRIORITY", "value": "0"} in p["spec"]["containers"][0]["env"]
     out, _ = translate(p, NV)
     [c] = out["spec"]["containers"]
     assert "nvidia.com/priority" not in (c["resources"].get("limits") or {})
-    assert {"name": "CUDA_TASK_PRIORITY", "value": "0"} in c["env"]
+    assert c["env"] == [{"name": "APP", "value": "1"}]
 
 
 # ------------------------------------------------------------------ CEL string safety

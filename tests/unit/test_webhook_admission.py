@@ -532,6 +532,10 @@ def test_core_policy_disable_is_an_opt_in_like_disable_control(value):
     assert not d.allowed and "GPU_CORE_UTILIZATION_POLICY=disable" in d.message
     assert "hami.io/allow-disable-control=true" in d.message
     assert decide(pod(GPU, env=env), S, {"hami.io/allow-disable-control": "true"}).allowed
+    # a value admission cannot read counts as disable (found by the regression review)
+    from_config = [{"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
+    d = decide(pod(GPU, env=from_config), S, {})
+    assert not d.allowed and "GPU_CORE_UTILIZATION_POLICY=disable" in d.message
     # the node-wide policy: the webhook writes it itself, so a pod may too
     settings = AdmissionSettings(build_vendors(device_config_from_dict({"nvidia": {"gpuCorePolicy": "disable"}})))
     assert decide(pod(GPU, env=env), settings, {}).allowed

@@ -60,8 +60,8 @@ def room(mem=None, cores=None):
     [
         (exactly(memory="140000Mi", cores="10"), ClaimAsk(140000, 10)),
         (exactly(count=2, memory="3000Mi", cores=30), ClaimAsk(6000, 60)),
-        (exactly(memory="1Gi"), ClaimAsk(1024, 100)),  # no cores: the whole device's
-        (exactly(memory="1500000000"), ClaimAsk(1431, 100)),  # bytes, rounded up to MiB
+        (exactly(memory="1Gi"), ClaimAsk(1024, 0)),  # no cores: the slice's default (defaultCores, 0)
+        (exactly(memory="1500000000"), ClaimAsk(1431, 0)),  # bytes, rounded up to MiB
         (exactly("whole-gpu.hami.io", count=2), ClaimAsk(0, 200)),  # memory counted once allocated
         (exactly("mig.gpu.hami.io"), ClaimAsk(0, 0)),
         (exactly(allocationMode="All"), ClaimAsk(0, 0, "spec.devices.requests[gpu].exactly.allocationMode=All")),

@@ -340,13 +340,21 @@ def build_pause_image(cache: Path | None = None, cc: str = "cc") -> ImageArchive
     return _cached("pause", key, PAUSE_REF, build, cache)
 
 
-def build_busybox_image(cache: Path | None = None, busybox: Path = BUSYBOX_BINARY) -> ImageArchive:
+def build_busybox_image(
+    cache: Path | None = None,
+    busybox: Path = BUSYBOX_BINARY,
+    env: Iterable[str] = (),
+    ref: str = BUSYBOX_REF,
+) -> ImageArchive:
     """``localhost/hami/busybox:latest``: Debian's static busybox with a link per applet in
-    ``/bin``; ``Cmd`` is ``sh``. For smoke tests of the real node."""
+    ``/bin``; ``Cmd`` is ``sh``. For smoke tests of the real node. ``env`` (``KEY=value``) goes
+    into the image's config after ``PATH`` (as a CUDA base image's ``ENV
+    NVIDIA_VISIBLE_DEVICES=all``), under its own ``ref``."""
     if not busybox.is_file():
         raise ImageUnavailable(f"busybox image: {busybox} is missing (apt-get install busybox-static)")
     binary = busybox.read_bytes()
-    key = _inputs_hash(binary)
+    env = list(env)
+    key = _inputs_hash(binary, *env, ref)
 
     def build(dest: Path) -> ImageArchive:
         applets = _run([str(busybox), "--list"], "busybox image").stdout.decode().split()
@@ -358,16 +366,16 @@ def build_busybox_image(cache: Path | None = None, busybox: Path = BUSYBOX_BINAR
         for applet in applets:
             if applet != "busybox":
                 layer.symlink(f"bin/{applet}", "busybox")
-        config = {"Cmd": ["sh"], "Env": ["PATH=/bin"], "WorkingDir": "/"}
+        config = {"Cmd": ["sh"], "Env": ["PATH=/bin", *env], "WorkingDir": "/"}
         return write_oci_archive(
             dest,
-            BUSYBOX_REF,
+            ref,
             [layer.tar()],
             config,
             _labels("hami busybox", "Debian busybox-static, for smoke tests", licenses="GPL-2.0-only"),
         )
 
-    return _cached("busybox", key, BUSYBOX_REF, build, cache)
+    return _cached("busybox", key, ref, build, cache)
 
 
 def build_kube_scheduler_image(

@@ -8,8 +8,8 @@ plugin says ``hami.io/node-injection: nri`` is bound without the lock (docs/nri.
 
 The flow for one GPU container:
 
-1. the kubelet calls Allocate; :class:`NriAllocator` answers the same for every pod:
-   :func:`hami.node.contract.deferred_grant` (no GPU, ``HAMI_NRI_INJECTION=pending``);
+1. the kubelet calls Allocate; :class:`NriAllocator` answers the same for every pod while the
+   hook is registered: :func:`hami.node.contract.deferred_grant` (``HAMI_NRI_INJECTION=pending``);
 2. the runtime calls the NRI hook's CreateContainer with the sandbox (the pod's uid, namespace,
    name and annotations) and the container (its name and env): a container without the marker
    is not ours (no adjustment); for one with it, :func:`container_grant` takes its entry of
@@ -57,9 +57,43 @@ LIVE = frozenset({1, 2, 3})
 
 
 class NriAllocator:
-    """Allocate with ``--injection=nri``: the deferred grant, whatever the pod (no read, no lock)."""
+    """Allocate with ``--injection=nri``: the deferred grant, whatever the pod (no read, no lock).
+
+    Refused while the NRI hook is not registered with the runtime (``ready``, which the agent
+    keeps with the hook's session): the deferred grant names no GPU of its own (see
+    :func:`hami.node.contract.deferred_grant`), so a container created with no hook would keep
+    whatever ``NVIDIA_VISIBLE_DEVICES`` its image says. The kubelet fails the pod's admission
+    instead, and its controller makes it again."""
+
+    #: how long an Allocate waits for the hook to (re)register before refusing (the plugin's start,
+    #: a containerd restart: the hook connects again within seconds)
+    READY_WAIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        if value:
+            self._ready.set()
+        else:
+            self._ready.clear()
 
     async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
+        if not self.ready:
+            try:
+                await asyncio.wait_for(self._ready.wait(), self.READY_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        if not self.ready:
+            raise A.AllocationError(
+                "the device plugin's NRI hook is not registered with the container runtime "
+                "(--injection=nri): refused, the container would start without its grant"
+            )
         return [A.ContainerResponse(contract.deferred_grant(), (), "") for _ in requests]
 
     async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:
@@ -70,6 +104,17 @@ class NriAllocator:
 
     async def reclaim_finished_lock(self) -> bool:
         return False
+
+
+def _overridden(raw: Sequence[str], given: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(name, value)`` of a name the adjustment sets (``given``) that the container's env holds
+    more than once with a last value that differs: containerd's NRI would put that value back."""
+    seen: dict[str, list[str]] = {}
+    for entry in raw:
+        key, sep, value = entry.partition("=")
+        if sep and key in given:
+            seen.setdefault(key, []).append(value)
+    return next(((k, vs[-1]) for k, vs in seen.items() if len(vs) > 1 and vs[-1] != given[k]), None)
 
 
 def env_map(env: Sequence[str]) -> dict[str, str]:
@@ -136,8 +181,6 @@ def last_gpu_container(entries: Sequence[Sequence]) -> int:
 #: libvgpu settings the webhook writes into the pod spec (from the priority resource, the
 #: node-wide compute policy) and the admission rules check there
 SPEC_ENV = (contract.TASK_PRIORITY, contract.CORE_POLICY)
-#: what Allocate writes, and what the pod may also say: no GPU
-NO_GPU = frozenset({"void", "none"})
 
 
 def adjustment(
@@ -153,9 +196,9 @@ def adjustment(
     empty: a pod's ``envFrom`` or its image could otherwise give libvgpu settings of their own
     (``CUDA_DEVICE_SM_LIMIT_0=100`` over the grant's unindexed share). Set empty, not removed:
     containerd 1.7's NRI (v0.8) drops a plugin's env removals. A value the adjustment sets
-    replaces the container's, as long as the name occurs once in the container's env; only
-    ``NVIDIA_VISIBLE_DEVICES`` and the marker occur twice (Allocate's and the pod's), and
-    :meth:`Injector.create_container` refuses those."""
+    replaces the container's as long as the name occurs once in the container's env (the image's
+    and the kubelet's entries are not merged): :meth:`Injector.create_container` refuses a
+    container where a second entry would win."""
     adjust = pb.ContainerAdjustment()
     given = {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}
     spec_env = spec_env or {}
@@ -217,16 +260,11 @@ class Injector:
         # creation, so another value is the pod's own (an envFrom no admission rule reads). The
         # pod's value follows Allocate's in the list, and containerd's NRI puts it back over the
         # adjustment's: the container would keep the GPUs of the pod's choosing, unlimited.
-        visible = env.get(contract.VISIBLE_DEVICES)
-        for name, value, ok in (
-            (contract.NRI_INJECTION, marker, marker == contract.NRI_PENDING),
-            (contract.VISIBLE_DEVICES, visible, visible in NO_GPU),
-        ):
-            if not ok:
-                raise Refusal(
-                    f"pod {ref}: container {container.name!r}: {name}={value!r} comes from the pod's env "
-                    "(only the device plugin sets it in a GPU container): refused, the container would bypass its grant"
-                )
+        if marker != contract.NRI_PENDING:
+            raise Refusal(
+                f"pod {ref}: container {container.name!r}: {contract.NRI_INJECTION}={marker!r} comes from the pod's "
+                "env (only the device plugin sets it): refused, the container would bypass its grant"
+            )
         try:
             pod = await self._pod(sandbox)
         except Refusal:
@@ -241,6 +279,19 @@ class Injector:
             response = A.build_response(pod, grant, self.settings, self.paths)
         except A.AllocationError as exc:
             raise Refusal(f"{exc} (container {container.name!r})") from None
+        adjust = adjustment(response, env, grant.container.env)
+        # containerd puts the image's env and the kubelet's in one list without merging names, and
+        # its NRI (1.7) gives a name that occurs twice the LAST of those values back over the
+        # adjustment's: a container whose image and pod (envFrom) both set one of the names the
+        # grant sets would keep the pod's value. Refused: it would bypass its grant.
+        overridden = _overridden(container.env, {e.key: e.value for e in adjust.env})
+        if overridden:
+            name, value = overridden
+            raise Refusal(
+                f"pod {ref}: container {container.name!r}: {name} is set more than once in its env (its image and "
+                f"the pod's env), and the runtime would keep {value!r} over the grant's: refused, the container would "
+                "bypass its grant"
+            )
         if response.cache_dir:
             reset_cache_dir(response.cache_dir)
         self.injected += 1
@@ -258,7 +309,7 @@ class Injector:
             and pod.annotations.get(A.BIND_PHASE) != "success"
         ):
             self._spawn(self._mark_success(pod, entries))
-        return adjustment(response, env, grant.container.env)
+        return adjust
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

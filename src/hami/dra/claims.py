@@ -219,8 +219,7 @@ class ClaimAsk:
     (``firstAvailable``). A request without a memory amount asks for the whole device, whose
     size is not known before allocation: it counts 0 memory here (as HAMi's webhook counts a
     whole card) and its full size once allocated (:func:`claim_usage`); without cores it asks
-    for the class's default per device (:data:`WHOLE_CORES`: 100 on a GPU; a MIG instance's
-    cores are known only once allocated). ``unbounded`` names a request the spec does not bound
+    for the class's default per device (:data:`WHOLE_CORES`). ``unbounded`` names a request the spec does not bound
     (``allocationMode: All``)."""
 
     memory_mib: int
@@ -228,8 +227,11 @@ class ClaimAsk:
     unbounded: str | None = None
 
 
-#: this driver's DeviceClasses -> the cores a device of the class counts when a request names none
-WHOLE_CORES = {SHARE_CLASS: 100, WHOLE_CLASS: 100, MIG_CLASS: 0}
+#: this driver's DeviceClasses -> the cores a device of the class counts when a request names none:
+#: a share takes the slice's default (``defaultCores``, 0 unless a node configures more; the same
+#: 0 a pod asking for ``gpumem`` without ``gpucores`` counts), a whole GPU all of it, a MIG
+#: instance's are known once allocated
+WHOLE_CORES = {SHARE_CLASS: 0, WHOLE_CLASS: 100, MIG_CLASS: 0}
 
 
 def claim_ask(claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES) -> ClaimAsk | None:

@@ -65,7 +65,7 @@ from typing import Any, Mapping, Sequence
 
 from hami.core import pod_request
 from hami.core.errors import RequestError
-from hami.core.names import DEVICE_SCORING_WEIGHTS, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
+from hami.core.names import DEVICE_SCORING_WEIGHTS, ENV_TASK_PRIORITY, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
 from hami.core.types import PERCENT_UNSET
 
 from .model import CORES, DRIVER, MEMORY, NUMA_NODE, SHARE_CLASS
@@ -232,8 +232,11 @@ def translate(
     spec = out.setdefault("spec", {})
     containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
     names = vendor.resources
-    # the priority is in the container's env already (CUDA_TASK_PRIORITY, set at admission); as a
-    # resource it would keep the pod pending: no DRA node advertises it
+    # the priority: as a resource it would keep the pod pending (no DRA node advertises it), and
+    # the CUDA_TASK_PRIORITY admission wrote from it has no effect here (a claim's CDI spec sets
+    # every libvgpu variable, that one empty: a claim runs at priority 1, as the monitor counts
+    # it); both go, so the pod does not carry a priority variable without its resource, which the
+    # admission rules refuse (docs/security.md, "The grant's own variables")
     gpu_resources = [n for n in (names.count, names.memory, names.memory_percentage, names.cores, names.priority) if n]
     templates: dict[str, dict[str, Any]] = {}
     claims = list(spec.get("resourceClaims") or [])
@@ -279,6 +282,10 @@ def translate(
             if i < n_init and c.get("restartPolicy") != "Always":
                 reusable.setdefault(tname, []).append(claim)
         _strip(c, gpu_resources)
+        if isinstance(c.get("env"), list):
+            c["env"] = [e for e in c["env"] if not (isinstance(e, dict) and e.get("name") == ENV_TASK_PRIORITY)]
+            if not c["env"]:
+                c.pop("env")
         resources = c.setdefault("resources", {})
         resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
     if templates:

@@ -271,11 +271,17 @@ def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool 
 
 def deferred_grant() -> dict[str, str]:
     """The env a container gets when its grant is given at creation by the NRI hook
-    (``--injection=nri``): the same for every pod, so it needs no pod and no lock. It fails
-    closed: ``NVIDIA_VISIBLE_DEVICES=void`` shows the container no GPU, so a container the hook
-    never saw (NRI off, the plugin not registered) has none rather than an unlimited one; the
-    hook sets the GPUs, the limits and ``HAMI_NRI_INJECTION=done`` over it."""
-    return {VISIBLE_DEVICES: "void", NRI_INJECTION: NRI_PENDING}
+    (``--injection=nri``): the same for every pod, so it needs no pod and no lock; the hook sets
+    the GPUs, the limits and ``HAMI_NRI_INJECTION=done`` over it.
+
+    It names no ``NVIDIA_VISIBLE_DEVICES``: containerd puts the image's env and the kubelet's in
+    one list without merging names, and its NRI (1.7) gives a name that occurs twice the last of
+    those values back over the hook's, so a ``void`` here left every container of an image that
+    sets the variable (CUDA's base images: ``all``) with no GPU at all. What stops a container
+    from starting without its grant is elsewhere: Allocate is refused while the hook is not
+    registered (``NriAllocator``), and a container still ``pending`` when the hook registers
+    again is evicted (``Injector.synchronized``)."""
+    return {NRI_INJECTION: NRI_PENDING}
 
 
 def ld_preload(library: str, current: str = "") -> str:

@@ -111,7 +111,8 @@ def _containers(pod: Mapping[str, Any]) -> list[dict]:
 def isolation_switches(pod: Any) -> list[tuple[str, str]]:
     """``(container, variable)`` for each container whose env switches libvgpu's isolation off:
     ``CUDA_DISABLE_CONTROL`` (any value) or ``GPU_CORE_UTILIZATION_POLICY=disable`` (compute
-    shares not enforced; any letter case, as libvgpu reads it). Reads what it can of a pod of the
+    shares not enforced; any letter case, as libvgpu reads it; a value from ``valueFrom``, which
+    admission cannot read, counts as disable). Reads what it can of a pod of the
     wrong shape (:func:`decide` denies that pod anyway) without checking its shape, which costs
     more than the rest of an admission."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
@@ -126,7 +127,8 @@ def isolation_switches(pod: Any) -> list[tuple[str, str]]:
                 if not isinstance(e, Mapping):
                     continue
                 if e.get("name") == DISABLE_CONTROL_ENV or (
-                    e.get("name") == CORE_POLICY_ENV and str(e.get("value", "")).lower() == "disable"
+                    e.get("name") == CORE_POLICY_ENV
+                    and ("valueFrom" in e or str(e.get("value", "")).lower() == "disable")
                 ):
                     name = c.get("name")
                     found.append((name if isinstance(name, str) and name else "?", str(e["name"])))
