@@ -165,8 +165,6 @@ class NodeAgent:
     async def _injection_ready(self, ready: bool) -> None:
         """The NRI hook registered and synchronized (or its session ended): say so on the node."""
         self.registrar.injection = "nri" if ready else None
-        if isinstance(self.allocator, NriAllocator):
-            self.allocator.ready = ready
         try:
             await self.registrar.sync_once()
         except Exception as exc:  # noqa: BLE001 - the registration loop writes it on its next round

@@ -8,8 +8,8 @@ plugin says ``hami.io/node-injection: nri`` is bound without the lock (docs/nri.
 
 The flow for one GPU container:
 
-1. the kubelet calls Allocate; :class:`NriAllocator` answers the same for every pod while the
-   hook is registered: :func:`hami.node.contract.deferred_grant` (``HAMI_NRI_INJECTION=pending``);
+1. the kubelet calls Allocate; :class:`NriAllocator` answers the same for every pod:
+   :func:`hami.node.contract.deferred_grant` (``HAMI_NRI_INJECTION=pending``);
 2. the runtime calls the NRI hook's CreateContainer with the sandbox (the pod's uid, namespace,
    name and annotations) and the container (its name and env): a container without the marker
    is not ours (no adjustment); for one with it, :func:`container_grant` takes its entry of
@@ -58,42 +58,11 @@ LIVE = frozenset({1, 2, 3})
 
 class NriAllocator:
     """Allocate with ``--injection=nri``: the deferred grant, whatever the pod (no read, no lock).
-
-    Refused while the NRI hook is not registered with the runtime (``ready``, which the agent
-    keeps with the hook's session): the deferred grant names no GPU of its own (see
-    :func:`hami.node.contract.deferred_grant`), so a container created with no hook would keep
-    whatever ``NVIDIA_VISIBLE_DEVICES`` its image says. The kubelet fails the pod's admission
-    instead, and its controller makes it again."""
-
-    #: how long an Allocate waits for the hook to (re)register before refusing (the plugin's start,
-    #: a containerd restart: the hook connects again within seconds)
-    READY_WAIT_S = 10.0
-
-    def __init__(self) -> None:
-        self._ready = asyncio.Event()
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    @ready.setter
-    def ready(self, value: bool) -> None:
-        if value:
-            self._ready.set()
-        else:
-            self._ready.clear()
+    The grant names no GPU of its own (:func:`hami.node.contract.deferred_grant`); a container
+    created while the hook is away keeps what its image says (docs/nri.md, "When something
+    fails")."""
 
     async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
-        if not self.ready:
-            try:
-                await asyncio.wait_for(self._ready.wait(), self.READY_WAIT_S)
-            except asyncio.TimeoutError:
-                pass
-        if not self.ready:
-            raise A.AllocationError(
-                "the device plugin's NRI hook is not registered with the container runtime "
-                "(--injection=nri): refused, the container would start without its grant"
-            )
         return [A.ContainerResponse(contract.deferred_grant(), (), "") for _ in requests]
 
     async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:

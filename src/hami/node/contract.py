@@ -277,10 +277,10 @@ def deferred_grant() -> dict[str, str]:
     It names no ``NVIDIA_VISIBLE_DEVICES``: containerd puts the image's env and the kubelet's in
     one list without merging names, and its NRI (1.7) gives a name that occurs twice the last of
     those values back over the hook's, so a ``void`` here left every container of an image that
-    sets the variable (CUDA's base images: ``all``) with no GPU at all. What stops a container
-    from starting without its grant is elsewhere: Allocate is refused while the hook is not
-    registered (``NriAllocator``), and a container still ``pending`` when the hook registers
-    again is evicted (``Injector.synchronized``)."""
+    sets the variable (CUDA's base images: ``all``) with no GPU at all. A container created while
+    the hook is away keeps what its image says (none for most images; docs/nri.md), and one still
+    ``pending`` when the hook registers again is evicted where the runtime carries out NRI
+    evictions (``Injector.synchronized``)."""
     return {NRI_INJECTION: NRI_PENDING}
 
 
