@@ -74,33 +74,45 @@ def test_disable_policy_never_throttles(env, tmp_path):
 ATTRIBUTIONS = pytest.mark.parametrize("attribution", ["split", "resident"])
 
 
-@ATTRIBUTIONS
-def test_two_containers_30_70(env, tmp_path, attribution):
-    m = tmp_path / "m"
+def competing(env, tmp_path, attribution: str, limits: tuple[int, ...], tries: int = 2) -> None:
+    """Containers of ``limits`` compete on one fake GPU; each is held at its share. A run whose
+    shares fall outside the bounds is measured once more on a fresh fake machine, and the test
+    fails only if that one does too: the shares are a statistical figure on a shared 2-core
+    machine (with the resident attribution a lottery of samples), and a single run outside the
+    bound under load failed the CI in sessions of 21, 26 and 29 Nov with nothing wrong in the
+    limiter. A limiter that does not hold a share fails every run."""
     env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
     secs, tol = (3, TOL) if attribution == "split" else (RESIDENT_S, TOL_RESIDENT)
-    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in (30, 70)]
-    traces = [t.trace() for t in tasks]
-    a, b = max(t.start for t in traces), min(t.end for t in traces)
-    for lim, tr in zip((30, 70), traces):
-        achieved = tr.share(a + SETTLE_MS, b - 50)
-        print(f"30/70 competing ({attribution}): limit {lim} achieved {achieved:.1f}%")
+    for attempt in range(tries):
+        m = tmp_path / f"m{attempt}"
+        tasks = [start(env, m, tmp_path / f"c{lim}-{attempt}.cache", limit=lim, seconds=secs) for lim in limits]
+        traces = [t.trace() for t in tasks]
+        a, b = max(t.start for t in traces), min(t.end for t in traces)
+        shares = [tr.share(a + SETTLE_MS, b - 50) for tr in traces]
+        label = "/".join(map(str, limits))
+        for lim, achieved in zip(limits, shares):
+            print(f"{label} competing ({attribution}, run {attempt + 1}): limit {lim} achieved {achieved:.1f}%")
+        if all(LOW * lim <= got <= lim + tol for lim, got in zip(limits, shares)) or attempt == tries - 1:
+            break
+    for lim, achieved in zip(limits, shares):
         held(achieved, lim, attribution, tol)
+
+
+@ATTRIBUTIONS
+def test_two_containers_30_70(env, tmp_path, attribution):
+    competing(env, tmp_path, attribution, (30, 70))
 
 
 @ATTRIBUTIONS
 def test_three_containers_20_30_50(env, tmp_path, attribution):
-    m = tmp_path / "m"
-    env = dict(env, FAKEGPU_UTIL_ATTRIBUTION=attribution)
-    limits = (20, 30, 50)
-    secs, tol = (3, TOL) if attribution == "split" else (RESIDENT_S, TOL_RESIDENT)
-    tasks = [start(env, m, tmp_path / f"c{lim}.cache", limit=lim, seconds=secs) for lim in limits]
-    traces = [t.trace() for t in tasks]
-    a, b = max(t.start for t in traces), min(t.end for t in traces)
-    for lim, tr in zip(limits, traces):
-        achieved = tr.share(a + SETTLE_MS, b - 50)
-        print(f"20/30/50 competing ({attribution}): limit {lim} achieved {achieved:.1f}%")
-        held(achieved, lim, attribution, tol)
+    competing(env, tmp_path, attribution, (20, 30, 50))
+
+
+def test_a_second_run_does_not_hide_a_limiter_that_never_holds(env, tmp_path):
+    """The retry above must not turn a broken limiter into a pass: with the policy off (nothing
+    held) both runs are far over the 30 % share and the check fails."""
+    with pytest.raises(AssertionError):
+        competing(dict(env, GPU_CORE_UTILIZATION_POLICY="disable"), tmp_path, "split", (30,))
 
 
 def test_default_policy_is_work_conserving(env, tmp_path):
