@@ -6,6 +6,7 @@ annotation, and the flag's checks."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 from datetime import datetime
 
 import pytest
@@ -15,7 +16,7 @@ from hami.deviceplugin import allocate as A
 from hami.deviceplugin.command import injection_problem
 from hami.deviceplugin.devices import DeviceState
 from hami.deviceplugin.injection import Injector, NriAllocator, env_map
-from hami.deviceplugin.register import registration_patch
+from hami.deviceplugin.register import KEEP, registration_patch
 from hami.node import contract
 from hami.node.layout import HookPaths
 from hami.node.nri import load
@@ -264,6 +265,9 @@ def test_env_map_keeps_the_last_value_and_values_with_equals():
         ({NODE_INJECTION: "nri"}, "nri", None),
         ({}, None, None),
         ({NODE_INJECTION: "bogus"}, None, {NODE_INJECTION: None}),  # a stale value of an earlier run
+        # a starting plugin whose hook has not registered yet leaves the node as it is
+        ({NODE_INJECTION: "nri"}, KEEP, None),
+        ({}, KEEP, None),
     ],
 )
 def test_the_node_says_nri_exactly_while_the_hook_is_ready(before, want, patch):
@@ -294,7 +298,8 @@ def test_nri_injection_refuses_what_allocate_alone_can_make(overrides, settings,
     assert got == problem if problem is None else problem in got
 
 
-async def test_the_agent_writes_and_withdraws_the_node_annotation_with_the_hooks_sessions(tmp_path):
+async def test_the_agent_writes_the_node_annotation_with_the_hooks_sessions_and_a_grace(tmp_path, monkeypatch):
+    from hami.deviceplugin import agent as agent_module
     from hami.deviceplugin.agent import NodeAgent
 
     class NodeKube(FakeKube):
@@ -324,9 +329,36 @@ async def test_the_agent_writes_and_withdraws_the_node_annotation_with_the_hooks
     )
     assert isinstance(agent.allocator, NriAllocator) and agent.nri is not None
     assert agent.nri.socket == str(tmp_path / "nri.sock")
+    # a restarted plugin keeps its predecessor's nri while its hook registers (withdrawing it at
+    # start had the scheduler bind with the node lock for the second until the hook was back)
+    kube.node[NODE_INJECTION] = "nri"
+    await agent.registrar.sync_once()
+    assert kube.node[NODE_INJECTION] == "nri"
     await agent._injection_ready(True)
     assert kube.node[NODE_INJECTION] == "nri"
+    # the hook's session ends (a containerd restart): kept for the grace, the hook back within it
+    monkeypatch.setattr(agent_module, "NRI_START_GRACE_S", 0.05)
     await agent._injection_ready(False)
+    assert kube.node[NODE_INJECTION] == "nri"
+    await agent._injection_ready(True)
+    await asyncio.sleep(0.1)
+    assert kube.node[NODE_INJECTION] == "nri"  # the grace was called off
+    # not back within the grace: the node stops saying nri
+    await agent._injection_ready(False)
+    await asyncio.sleep(0.1)
+    assert NODE_INJECTION not in kube.node
+    # a starting plugin whose hook never registers: withdrawn when its grace ends
+    late = NodeAgent(
+        kube,
+        NodeSettings(),
+        [],
+        tmp_path,
+        HookPaths(str(tmp_path / "h3"), str(tmp_path / "l3")),
+        injection="nri",
+        nri_socket=str(tmp_path / "nri.sock"),
+    )
+    kube.node[NODE_INJECTION] = "nri"
+    await late._injection_grace()
     assert NODE_INJECTION not in kube.node
     plain = NodeAgent(kube, NodeSettings(), [], tmp_path, HookPaths(str(tmp_path / "h2"), str(tmp_path / "l2")))
     assert plain.nri is None and not isinstance(plain.allocator, NriAllocator)

@@ -118,9 +118,9 @@ async def test_register_configure_sync_create_and_reconnect(tmp_path):
     while states != [True]:
         await asyncio.sleep(0.01)
     assert plugin.ready
-    assert [(e.container_id, e.reason) for u in runtime.updates for e in u.evict] == [
-        ("c2", "created without its grant")
-    ]
+    # no unsolicited UpdateContainers to containerd 1.x: there it deadlocks against a concurrent
+    # CreateContainer (lock order in its NRI v0.8), wedging every later creation of the node
+    assert runtime.updates == []
 
     made = await call(
         ep,
@@ -183,3 +183,19 @@ async def test_no_socket_yet_is_retried_until_the_runtime_listens(tmp_path):
 def test_plugin_index_is_two_ascii_digits(index):
     with pytest.raises(ValueError, match="two digits"):
         check_index(index)
+
+
+@pytest.mark.parametrize(
+    "runtime, safe",
+    [
+        ("containerd v1.7.35", False),
+        ("containerd 1.7.29", False),
+        ("containerd v2.1.0", True),
+        ("cri-o 1.31.0", True),
+        ("", True),
+    ],
+)
+def test_unsolicited_evictions_are_sent_only_where_they_cannot_deadlock(tmp_path, runtime, safe):
+    plugin = NriPlugin(Hook(), socket=str(tmp_path / "nri.sock"))
+    plugin.runtime = runtime
+    assert plugin._unsolicited_updates_safe() is safe

@@ -34,11 +34,13 @@ from .devices import DeviceState
 from .injection import Injector, NriAllocator
 from .kube import Kube
 from hami.node.mig import MigManager, PodRef
-from .register import Registrar
+from .register import KEEP, Registrar
 from .server import PluginServer
 from .static_mig import StaticMigResource, StaticMigService
 
 log = logging.getLogger(__name__)
+#: how long a starting plugin keeps the node's hami.io/node-injection while its NRI hook registers
+NRI_START_GRACE_S = 15.0
 
 # the shutdown writes (node lock release, node declarations withdrawn) together, at most: well
 # inside the 30 s a pod is given between SIGTERM and the kill
@@ -93,6 +95,12 @@ class NodeAgent:
             self.allocator = NriAllocator()
             self.injector = Injector(kube, settings, paths, gpus=self.state.uuids)
             self.nri = NriPlugin(self.injector, socket=nri_socket, index=nri_index, on_ready=self._injection_ready)
+            # A plugin restarting (an upgrade, a crash) finds the node saying nri from its
+            # predecessor; withdrawing it at start and writing it again a second later, once the
+            # hook has registered, had the scheduler bind with the node lock in between (the
+            # real-node kill-mid-burst test). It is kept for NRI_START_GRACE_S, or until the hook
+            # says how it is; a hook that has not registered by then has the node withdraw it.
+            self.registrar.injection = KEEP
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
         self.mig_servers = [
@@ -102,6 +110,7 @@ class NodeAgent:
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
         self._tasks: list[asyncio.Task] = []
+        self._grace: asyncio.Task | None = None  # the NRI hook's grace (_injection_grace)
         self._watcher: XidWatcher | None = None
 
     def _start_watcher(self) -> None:
@@ -162,9 +171,38 @@ class NodeAgent:
         except Exception as exc:  # noqa: BLE001 - the log line says the same
             log.warning("cannot record the AsymmetricGPUP2PLink event (%s)", exc)
 
+    async def _injection_grace(self) -> None:
+        """End a grace (the plugin's start, a hook session that ended): a hook still not
+        registered has the node withdraw ``nri``."""
+        await asyncio.sleep(NRI_START_GRACE_S)
+        if self.registrar.injection == KEEP:
+            log.warning("node %s: the NRI hook has not registered in %.0f s", self.kube.node_name, NRI_START_GRACE_S)
+            self.registrar.injection = None
+            await self._sync_injection()
+
+    def _start_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        self._grace = asyncio.get_running_loop().create_task(self._injection_grace(), name="hami-nri-grace")
+
     async def _injection_ready(self, ready: bool) -> None:
-        """The NRI hook registered and synchronized (or its session ended): say so on the node."""
-        self.registrar.injection = "nri" if ready else None
+        """The NRI hook registered and synchronized: the node says ``nri``. Its session ended (a
+        containerd restart, this plugin stopping): the node keeps what it says for
+        NRI_START_GRACE_S, and says nothing once that passes with no hook. The lock a scheduler
+        takes on a node without ``nri`` is no use to this plugin's Allocate, and withdrawing the
+        annotation for the second until the hook was back had the scheduler bind with the lock
+        (the real-node kill and reboot tests)."""
+        if ready:
+            if self._grace is not None:
+                self._grace.cancel()
+                self._grace = None
+            self.registrar.injection = "nri"
+        else:
+            self.registrar.injection = KEEP
+            self._start_grace()
+        await self._sync_injection()
+
+    async def _sync_injection(self) -> None:
         try:
             await self.registrar.sync_once()
         except Exception as exc:  # noqa: BLE001 - the registration loop writes it on its next round
@@ -194,6 +232,7 @@ class NodeAgent:
             self._tasks.append(asyncio.create_task(self._collect_mig(), name="hami-mig-collect"))
         if self.nri is not None:
             self._tasks.append(asyncio.create_task(self.nri.run(), name="hami-nri"))
+            self._start_grace()
         if self.pod_watch:  # this node's pods, so Allocate can often skip reading the pod (allocate.py PodCache)
             self._tasks.append(asyncio.create_task(self.kube.pod_reflector().run(), name="hami-pod-watch"))
 
@@ -209,14 +248,14 @@ class NodeAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        # containers created from now on get no grant (the scheduler must take the lock again), and
+        if self._grace is not None:  # the hook's session ended with the NRI task: no grace left to run
+            self._grace.cancel()
+            self._grace = None
         # a plugin that replaces this one (HAMi's, which releases the lock itself) must not find the
-        # scheduler swapping over its locks: both declarations go, in one write
-        withdraw = {
-            key: None
-            for key, on in ((NODE_INJECTION, self.nri is not None), (LOCK_HANDOFF, self.registrar.handoff))
-            if on
-        }
+        # scheduler swapping over its locks: that declaration goes. hami.io/node-injection stays: the
+        # next plugin keeps it while its hook registers, or withdraws it (its grace, or its first
+        # write in lock mode); withdrawn here, the scheduler bound with the lock in the gap
+        withdraw = {LOCK_HANDOFF: None} if self.registrar.handoff else {}
 
         async def release() -> None:
             try:

@@ -64,6 +64,11 @@ ANSWER_WITHIN_S = 30.0
 _DOTTED = re.compile(r"Requesting_\d{4}\.\d{2}\.\d{2} ")
 
 
+#: Registrar.injection while a starting plugin's NRI hook has not yet registered: the node's
+#: ``hami.io/node-injection`` is left as it is (see agent.py, the start-up grace)
+KEEP = "keep"
+
+
 def handshake_value(now: datetime) -> str:
     return f"Reported {now.strftime('%Y-%m-%d %H:%M:%S')}"
 
@@ -91,7 +96,8 @@ def registration_patch(
     """The annotations to write, or None when the node already says the right thing.
     ``handoff``: this plugin leaves a finished pod's node lock for the scheduler to swap over
     (``hami.io/node-lock-handoff=swap``, see allocator.py); False removes that declaration.
-    ``injection``: the value ``hami.io/node-injection`` must have (None: absent).
+    ``injection``: the value ``hami.io/node-injection`` must have (None: absent; :data:`KEEP`:
+    whatever it says now).
     ``answer_requests``: a ``Requesting_…`` handshake is answered with ``Reported <now>`` (a
     legacy scheduler's request, see the module docstring)."""
     value = encode_node_devices_json(state.registration())
@@ -109,7 +115,7 @@ def registration_patch(
         patch[LOCK_HANDOFF] = HANDOFF_SWAP
     elif not handoff and LOCK_HANDOFF in annotations:
         patch[LOCK_HANDOFF] = None
-    if annotations.get(NODE_INJECTION) != injection:
+    if injection != KEEP and annotations.get(NODE_INJECTION) != injection:
         patch[NODE_INJECTION] = injection
     return patch or None
 

@@ -143,10 +143,29 @@ class NriPlugin:
         self._later(self._after_sync(evict))
         return pb.SynchronizeResponse(more=False).SerializeToString()
 
+    def _unsolicited_updates_safe(self) -> bool:
+        """Whether the runtime may be sent an unsolicited ``UpdateContainers``. Not containerd
+        1.x: its NRI (v0.8) handles one under the adaptation's lock and then containerd's own,
+        while a ``CreateContainer`` takes them in the other order, so the two running at once
+        deadlock every later container creation of the node (the kubelet's retries then fail
+        with "failed to reserve container name"; seen in the real-node kill-mid-burst test), and
+        it drops the evictions such a request carries anyway."""
+        name, _, version = self.runtime.partition(" ")
+        return not (name == "containerd" and version.lstrip("v").startswith("1."))
+
     async def _after_sync(self, evict: list[tuple[str, str]]) -> None:
         self.ready = True
         if evict:
-            await self._evict(evict)
+            if self._unsolicited_updates_safe():
+                await self._evict(evict)
+            else:
+                self._owed.update(evict)
+                log.warning(
+                    "NRI: %d container(s) were created without their grant; %s cannot be asked to evict them "
+                    "safely (they are named again in the next creation's answer)",
+                    len(evict),
+                    self.runtime,
+                )
         if self.on_ready is not None:
             await self.on_ready(True)
 
