@@ -82,6 +82,11 @@ class AdmissionSettings:
                 f"AdmissionSettings.front_end must be one of {', '.join(FRONT_ENDS)}, got {self.front_end!r}"
             )
 
+    @property
+    def nvidia(self) -> Any:
+        """The NVIDIA vendor of :attr:`vendors` (its resource names and config), None without it."""
+        return next((v for v in self.vendors if v.name == "NVIDIA"), None)
+
     def internal_annotation(self, key: str) -> bool:
         """A key only hami writes: the scheduler's own, or one an enabled vendor's decision writes
         (its allocation pair and its :attr:`~hami.vendors.base.BaseVendor.decision_annotations`)."""
@@ -155,7 +160,7 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     ``CUDA_TASK_PRIORITY`` in a container that does not ask for that priority with the priority
     resource (the webhook then writes the resource's value over it, as HAMi's does). A value
     from ``valueFrom`` counts as set. (``envFrom`` cannot be read here: docs/security.md.)"""
-    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    nvidia = s.nvidia
     priority = nvidia.resources.priority if nvidia is not None else None
     for c in _containers(pod):
         env = c.get("env") or ()
@@ -192,7 +197,7 @@ def _gate_passes(pod: Mapping[str, Any], s: AdmissionSettings) -> bool:
 
 def _policy_is_disable(s: AdmissionSettings) -> bool:
     """The node-wide compute policy is ``disable`` (the webhook writes it into every GPU container)."""
-    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    nvidia = s.nvidia
     return nvidia is not None and str(getattr(nvidia.config, "gpu_core_policy", "")).lower() == "disable"
 
 
@@ -347,7 +352,7 @@ def _decide_clean(
 def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
     from hami.dra.translate import translate  # the DRA front end only
 
-    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    nvidia = s.nvidia
     # other vendors' devices have no DRA driver here: only the extender places them, so a pod that
     # is not routed to it explicitly would sit with kube-scheduler and never get them
     scheduler = (pod.get("spec") or {}).get("schedulerName") or ""
@@ -614,7 +619,7 @@ def decide_claim(
         ask = claim_ask(claim)
     except ClaimError as exc:
         return _deny(f"{where}: {exc}", 400)
-    nvidia = next((v for v in s.vendors if v.name == "NVIDIA"), None)
+    nvidia = s.nvidia
     if ask is None or quota_room is None or nvidia is None:
         return Decision(True)
     quota = quota_room(ns, s.vendors)
