@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Awaitable, Callable, Protocol, Sequence
 
 from . import DEFAULT_SOCKET, load
 from .ttrpc import UNIMPLEMENTED, UNKNOWN, ConnectionClosed, Mux, RemoteError
 
 log = logging.getLogger(__name__)
+
+# The runtime as the plugin's Configure names it ("containerd v1.7.35"): containerd 1.x.
+_CONTAINERD_1 = re.compile(r"containerd v?1\.")
 _, pb = load()
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
@@ -150,8 +154,7 @@ class NriPlugin:
         deadlock every later container creation of the node (the kubelet's retries then fail
         with "failed to reserve container name"; seen in the real-node kill-mid-burst test), and
         it drops the evictions such a request carries anyway."""
-        name, _, version = self.runtime.partition(" ")
-        return not (name == "containerd" and version.lstrip("v").startswith("1."))
+        return _CONTAINERD_1.match(self.runtime) is None
 
     async def _after_sync(self, evict: list[tuple[str, str]]) -> None:
         self.ready = True
