@@ -16,6 +16,7 @@
 HIDDEN extern __thread int vgpu_in_init;
 vgpu_launch_gate_fn vgpu_launch_gate;
 int vgpu_inited;
+int vgpu_refused;
 
 /* ---- hooked CUDA functions: name, cuGetProcAddress base, since, per-thread ---- */
 #define CUDA_HOOKS(X)                                                                              \
@@ -215,9 +216,28 @@ static void after_fork_child(void)
     vgpu_region_after_fork();
 }
 
+/* The device plugin's NRI mode (docs/nri.md): Allocate gives every GPU container the marker
+ * HAMI_NRI_INJECTION=pending with this library preloaded, and the NRI hook sets the grant and
+ * `done` when the runtime creates the container. `pending` here means the hook never served this
+ * container (it was away): whatever GPUs the container sees (an image's own
+ * NVIDIA_VISIBLE_DEVICES=all) are not its grant, so CUDA and NVML report none. */
+static int grant_missing(void)
+{
+    const char *marker = getenv("HAMI_NRI_INJECTION");
+    return marker && !strcmp(marker, "pending");
+}
+
 static void init_once(void)
 {
     vgpu_in_init = 1;
+    if (grant_missing()) {
+        LOG_ERROR("no GPU: this container's grant was never applied (HAMI_NRI_INJECTION=pending: it was "
+                  "created while the node's hami NRI hook was away); it gets its GPUs when it is created again");
+        vgpu_refused = 1;
+        __atomic_store_n(&vgpu_inited, 1, __ATOMIC_RELEASE);
+        vgpu_in_init = 0;
+        return;
+    }
     vgpu_config_load();
     LOG_INFO("initializing (cache %s)", vgpu_cfg.cache_path);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
@@ -307,7 +327,13 @@ int vgpu_current_dev(void)
 
 EXPORT CUresult cuInit(unsigned int flags)
 {
-    READY_OR(r_cuInit, CUDA_ERROR_NOT_INITIALIZED);
+    if (UNLIKELY(!r_cuInit)) {
+        vgpu_init();
+        if (vgpu_refused)
+            return CUDA_ERROR_NO_DEVICE;
+        if (!r_cuInit)
+            return CUDA_ERROR_NOT_INITIALIZED;
+    }
     CUresult r = r_cuInit(flags);
     if (r == CUDA_SUCCESS)
         vgpu_cuda_dev(0);

@@ -50,6 +50,8 @@ EXPORT nvmlReturn_t nvmlInit_v2(void)
     if (vgpu_nvml_internal && vgpu_real_nvmlInit_v2)
         return vgpu_real_nvmlInit_v2();
     vgpu_init();
+    if (vgpu_refused)
+        return NVML_ERROR_NO_PERMISSION;
     if (!vgpu_real_nvmlInit_v2)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
     APP_INIT(vgpu_real_nvmlInit_v2());
@@ -60,6 +62,8 @@ EXPORT nvmlReturn_t nvmlInit(void)
     if (vgpu_nvml_internal && vgpu_real_nvmlInit)
         return vgpu_real_nvmlInit();
     vgpu_init();
+    if (vgpu_refused)
+        return NVML_ERROR_NO_PERMISSION;
     if (!vgpu_real_nvmlInit)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
     APP_INIT(vgpu_real_nvmlInit());
@@ -70,6 +74,8 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     if (vgpu_nvml_internal && vgpu_real_nvmlInitWithFlags)
         return vgpu_real_nvmlInitWithFlags(flags);
     vgpu_init();
+    if (vgpu_refused)
+        return NVML_ERROR_NO_PERMISSION;
     if (!vgpu_real_nvmlInitWithFlags)
         return NVML_ERROR_LIBRARY_NOT_FOUND;
     APP_INIT(vgpu_real_nvmlInitWithFlags(flags));

@@ -72,6 +72,8 @@ HIDDEN void vgpu_note_kernel(void);        /* launch bookkeeping (last_kernel_ti
 HIDDEN void *vgpu_real_dlsym_fn(void *handle, const char *name);
 HIDDEN void vgpu_init(void);               /* idempotent, cheap after the first call */
 HIDDEN extern int vgpu_inited;
+/* 1 when the container's grant was never applied (HAMI_NRI_INJECTION=pending): no device */
+HIDDEN extern int vgpu_refused;
 HIDDEN void *vgpu_nvml_sym(const char *name); /* real NVML function or NULL */
 HIDDEN int vgpu_cuda_dev(int cuda_ordinal); /* region index, -1 if unknown */
 HIDDEN int vgpu_current_dev(void);          /* region index of the current context */

@@ -442,3 +442,24 @@ def test_a_context_made_while_another_process_frees_memory_is_charged_in_full(vg
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_container_the_nri_hook_never_served_sees_no_device(vgpu_env, tmp_path):
+    """``HAMI_NRI_INJECTION=pending``: Allocate's marker, which the NRI hook turns to ``done`` with
+    the grant; still pending, the container was created while the hook was away and what it sees
+    (an image's ``NVIDIA_VISIBLE_DEVICES=all``) is not its grant: CUDA and NVML report no device,
+    without touching a region (none is mounted in that case)."""
+    probe = """
+import ctypes as C
+cu = C.CDLL("libcuda.so.1"); nvml = C.CDLL("libnvidia-ml.so.1")
+n = C.c_int(-1)
+print(cu.cuInit(0), cu.cuDeviceGetCount(C.byref(n)), nvml.nvmlInit_v2(), nvml.nvmlInit())
+"""
+    vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "not-mounted" / "vgpu.cache")  # opening it: exit 78
+    vgpu_env["HAMI_NRI_INJECTION"] = "pending"
+    p = run_py(probe, vgpu_env)
+    assert p.stdout.split() == ["100", "3", "4", "4"], p  # NO_DEVICE, NOT_INITIALIZED; NVML NO_PERMISSION
+    assert "grant was never applied" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    vgpu_env["HAMI_NRI_INJECTION"] = "done"  # the hook's: the grant applies
+    vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
+    assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]

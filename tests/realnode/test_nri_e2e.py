@@ -23,7 +23,7 @@ from hami_devkit.cluster import KubeCluster
 
 from . import test_chart_e2e as e2e
 from . import test_dra_e2e as dra
-from .product import Product, installed
+from .product import DRIVER_IN_CONTAINER, STATE_IN_CONTAINER, Product, installed
 from .test_chart_e2e import probe_container, probe_output, probe_pod, running, wait_pod
 
 #: the probe's namespace fixture of test_chart_e2e.py, here over this module's product
@@ -292,6 +292,60 @@ def test_two_gpu_containers_of_one_pod_each_get_their_own_grant(
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
+def test_a_container_that_switched_isolation_off_has_no_preload(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str, busybox: str
+):
+    """Allocate mounts ``/etc/ld.so.preload`` (libvgpu refuses a container the hook never
+    served); for a container whose spec sets ``CUDA_DISABLE_CONTROL=true`` (allowed by its
+    namespace's label) the hook removes that mount (NRI's removal marker), as the lock mode
+    leaves it out; its sibling without the switch keeps it."""
+    ns, name = gpu_namespace, "nri-no-control"
+    real_cluster.api(
+        "PATCH",
+        f"/api/v1/namespaces/{ns}",
+        {"metadata": {"labels": {"hami.io/allow-disable-control": "true"}}},
+        content_type="application/merge-patch+json",
+    )
+    show = [
+        "sh",
+        "-c",
+        'echo "marker=$HAMI_NRI_INJECTION preload=$(cat /etc/ld.so.preload 2>/dev/null || echo none)"; sleep 3600',
+    ]
+
+    def gpu(cname: str, env: list[dict]) -> dict:
+        return {
+            "name": cname,
+            "image": busybox,
+            "imagePullPolicy": "IfNotPresent",
+            "command": show,
+            "env": env,
+            "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500}},
+        }
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [gpu("off", [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]), gpu("on", [])],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+
+    def line(cname: str):
+        def read() -> str | None:
+            out = real_cluster.kubectl("logs", "-n", ns, name, "-c", cname, check=False).stdout
+            return next((x for x in out.splitlines() if x.startswith("marker=")), None)
+
+        return real_cluster.wait_for(read, f"the output of {name}/{cname}", timeout=120, interval=0.5)
+
+    assert line("off") == "marker=done preload=none"
+    on = line("on")
+    assert on.startswith("marker=done preload=/") and on.endswith("/libvgpu.so"), on
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}?gracePeriodSeconds=0")
+
+
 def test_after_a_containerd_restart_the_plugin_registers_again(
     product: Product, real_cluster: KubeCluster, gpu_namespace: str
 ):
@@ -410,9 +464,13 @@ def test_scheduler_and_plugin_killed_together_mid_burst_no_lock_no_double_bookin
 def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
     product: Product, real_cluster: KubeCluster, gpu_namespace: str, tmp_path_factory
 ):
-    # the plugin pointed at a directory where no runtime listens: Allocate still answers (it
-    # needs no pod), but no hook gives the container its grant: it keeps what its image says of
-    # NVIDIA_VISIBLE_DEVICES, here nothing (the product image sets none), so no GPU
+    """The plugin pointed at a directory where no runtime listens: Allocate still answers (it
+    needs no pod), but no hook gives the container its grant. The container keeps what its image
+    says of ``NVIDIA_VISIBLE_DEVICES``; for an image that says ``all`` (CUDA's base images) the
+    NVIDIA runtime would show it every GPU of the node with the driver, which the pod's hostPath
+    volumes stand in for here. Allocate's libvgpu, preloaded with the marker still ``pending``,
+    gives it no device: CUDA ``CUDA_ERROR_NO_DEVICE`` (100), NVML ``NVML_ERROR_NO_PERMISSION`` (4).
+    Before 30 Nov the same container ran on the fake driver with no limit (``cuInit`` 0)."""
     nowhere = tmp_path_factory.mktemp("no-nri")
     product.upgrade({"devicePlugin": {"nriSocket": str(nowhere / "nri.sock")}})
     real_cluster.wait_for(
@@ -424,29 +482,49 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
     ns, name = gpu_namespace, "nri-off"
     check = (
         "import ctypes, json, os\n"
-        "try:\n    ctypes.CDLL('libcuda.so.1'); cuda = 'loaded'\n"
-        "except OSError as exc:\n    cuda = str(exc)\n"
-        "print(json.dumps({'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES'), "
-        "'marker': os.environ.get('HAMI_NRI_INJECTION'), 'limit': os.environ.get('CUDA_DEVICE_MEMORY_LIMIT_0'), "
-        "'driver': os.path.exists('/usr/local/nvidia'), 'cuda': cuda}), flush=True)\n"
+        "out = {'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES'), 'marker': os.environ.get('HAMI_NRI_INJECTION'),\n"
+        "       'limit': os.environ.get('CUDA_DEVICE_MEMORY_LIMIT_0'),\n"
+        "       'preload': open('/etc/ld.so.preload').read().strip() if os.path.exists('/etc/ld.so.preload') else None}\n"
+        "cuda, nvml = ctypes.CDLL('libcuda.so.1'), ctypes.CDLL('libnvidia-ml.so.1')\n"
+        "count = ctypes.c_int(-1)\n"
+        "out.update(cu_init=cuda.cuInit(0), cu_count=cuda.cuDeviceGetCount(ctypes.byref(count)), "
+        "nvml_init=nvml.nvmlInit_v2())\n"
+        "print(json.dumps(out), flush=True)\n"
     )
+    driver, state = product.driver, product.state
     container = {
         "name": "main",
         "image": product.images["hami"],
         "command": ["python", "-c", check],
         "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
+        "volumeMounts": [
+            {"name": "driver", "mountPath": DRIVER_IN_CONTAINER, "readOnly": True},
+            {"name": "state", "mountPath": STATE_IN_CONTAINER},
+        ],
     }
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
-        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 1},
+        "spec": {
+            "containers": [container],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [
+                {"name": "driver", "hostPath": {"path": str(driver), "type": "Directory"}},
+                {"name": "state", "hostPath": {"path": str(state), "type": "Directory"}},
+            ],
+        },
     }
     done = run_to_completion(real_cluster, ns, pod, product)
     logs = real_cluster.kubectl("logs", "-n", ns, name, "-c", "main", check=False).stdout
-    out = json.loads(next(x for x in logs.splitlines() if x.startswith("{")))
-    assert out["visible"] is None and out["marker"] == "pending", out
-    assert out["limit"] is None and out["driver"] is False and out["cuda"] != "loaded", out
+    lines = [x for x in logs.splitlines() if x.startswith("{")]
+    assert lines, logs
+    out = json.loads(lines[0])
+    assert out["visible"] is None and out["marker"] == "pending" and out["limit"] is None, out
+    assert out["preload"] and out["preload"].endswith("/libvgpu.so"), out
+    assert (out["cu_init"], out["cu_count"], out["nvml_init"]) == (100, 3, 4), out
+    assert "grant was never applied" in logs, logs
     assert done["metadata"]["annotations"].get(BIND_PHASE) != "success"
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 

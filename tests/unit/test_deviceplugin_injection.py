@@ -97,12 +97,19 @@ def adjusted_mounts(adjust) -> list[tuple[str, str, bool]]:
     return [(m.destination, m.source, "ro" in m.options) for m in adjust.mounts]
 
 
-async def test_allocate_answers_the_same_for_every_pod():
-    answers = await NriAllocator().allocate([1, 2])
+async def test_allocate_answers_the_same_for_every_pod(tmp_path):
+    paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock"))
+    answers = await NriAllocator(paths).allocate([1, 2])
     # no NVIDIA_VISIBLE_DEVICES of its own: an image's (CUDA's: all) would be a second entry,
-    # and containerd's NRI puts the last entry back over the hook's (the container saw void)
-    assert [(r.envs, r.mounts) for r in answers] == [({"HAMI_NRI_INJECTION": "pending"}, ())] * 2
-    assert await NriAllocator().find_pod() == (None, None)
+    # and containerd's NRI puts the last entry back over the hook's (the container saw void);
+    # libvgpu preloaded, which refuses every GPU while the marker is pending
+    preload = [
+        (paths.library, paths.library, True),
+        ("/etc/ld.so.preload", paths.preload_file, True),
+    ]
+    got = [(r.envs, [(m.container_path, m.host_path, m.read_only) for m in r.mounts]) for r in answers]
+    assert got == [({"HAMI_NRI_INJECTION": "pending"}, preload)] * 2
+    assert await NriAllocator(paths).find_pod() == (None, None)
 
 
 async def test_each_gpu_container_gets_its_own_grant_as_allocate_would_give_it(tmp_path):
@@ -196,13 +203,14 @@ async def test_the_api_copy_stands_in_when_the_sandbox_has_no_annotations(tmp_pa
 async def test_cuda_disable_control_is_read_from_the_pod_spec_not_the_image_env(tmp_path):
     obj = pod_obj(eval_env=[{"name": "CUDA_DISABLE_CONTROL", "value": "true"}])
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(sandbox(obj), ctr("eval"))
-    assert "/etc/ld.so.preload" not in [m.destination for m in adjust.mounts]
+    # Allocate's preload (deferred_mounts) is removed: "-" is NRI's removal marker
+    assert [m.destination for m in adjust.mounts if "ld.so.preload" in m.destination] == ["-/etc/ld.so.preload"]
     # the same switch in the env the runtime composed (an image's ENV) leaves isolation on
     obj = pod_obj()
     adjust = await injector(FakeKube([obj]), tmp_path).create_container(
         sandbox(obj), ctr("eval", {"CUDA_DISABLE_CONTROL": "true"})
     )
-    assert "/etc/ld.so.preload" in [m.destination for m in adjust.mounts]
+    assert [m.destination for m in adjust.mounts if "ld.so.preload" in m.destination] == ["/etc/ld.so.preload"]
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,7 @@ class NodeAgent:
         #: --injection=nri: the runtime's NRI hook gives containers their grants (injection.py)
         self.nri: NriPlugin | None = None
         if injection == "nri":
-            self.allocator = NriAllocator()
+            self.allocator = NriAllocator(paths)
             self.injector = Injector(kube, settings, paths, gpus=self.state.uuids)
             self.nri = NriPlugin(self.injector, socket=nri_socket, index=nri_index, on_ready=self._injection_ready)
             # A plugin restarting (an upgrade, a crash) finds the node saying nri from its

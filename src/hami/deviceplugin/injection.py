@@ -42,7 +42,7 @@ from hami.core.codec import decode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.names import grant_env
 from hami.node import contract
-from hami.node.layout import HookPaths, reset_cache_dir
+from hami.node.layout import HookPaths, MountSpec, reset_cache_dir
 from hami.node.nri import load
 from hami.node.nri.plugin import Refusal
 from hami.node.settings import NodeSettings
@@ -54,16 +54,22 @@ log = logging.getLogger(__name__)
 _, pb = load()
 #: NRI's ContainerState values of a container that exists and may run: created, paused, running
 LIVE = frozenset({1, 2, 3})
+#: NRI's removal marker: a mount whose destination starts with it removes the mount there
+REMOVE = "-"
 
 
 class NriAllocator:
     """Allocate with ``--injection=nri``: the deferred grant, whatever the pod (no read, no lock).
-    The grant names no GPU of its own (:func:`hami.node.contract.deferred_grant`); a container
-    created while the hook is away keeps what its image says (docs/nri.md, "When something
+    The grant names no GPU of its own (:func:`hami.node.contract.deferred_grant`) and preloads
+    libvgpu (:func:`hami.node.contract.deferred_mounts`): a container created while the hook is
+    away sees what its image says, and libvgpu gives it no device (docs/nri.md, "When something
     fails")."""
 
+    def __init__(self, paths: HookPaths) -> None:
+        self.mounts = contract.deferred_mounts(paths)
+
     async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
-        return [A.ContainerResponse(contract.deferred_grant(), (), "") for _ in requests]
+        return [A.ContainerResponse(contract.deferred_grant(), self.mounts, "") for _ in requests]
 
     async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:
         return None, None  # GetPreferredAllocation: the kubelet's plain order
@@ -153,7 +159,10 @@ SPEC_ENV = (contract.TASK_PRIORITY, contract.CORE_POLICY)
 
 
 def adjustment(
-    response: A.ContainerResponse, env: Mapping[str, str] | None = None, spec_env: Mapping[str, str] | None = None
+    response: A.ContainerResponse,
+    env: Mapping[str, str] | None = None,
+    spec_env: Mapping[str, str] | None = None,
+    deferred: Sequence[MountSpec] = (),
 ):
     """Allocate's answer for one container as NRI's ``ContainerAdjustment``: the env (over the
     deferred grant's), bind mounts, the marker set to done.
@@ -167,7 +176,11 @@ def adjustment(
     containerd 1.7's NRI (v0.8) drops a plugin's env removals. A value the adjustment sets
     replaces the container's as long as the name occurs once in the container's env (the image's
     and the kubelet's entries are not merged): :meth:`Injector.create_container` refuses a
-    container where a second entry would win."""
+    container where a second entry would win.
+
+    ``deferred``: Allocate's mounts (:func:`hami.node.contract.deferred_mounts`); one whose
+    destination the response does not mount is removed (``/etc/ld.so.preload`` for a container
+    that switched isolation off), the others are replaced by the response's."""
     adjust = pb.ContainerAdjustment()
     given = {**response.envs, contract.NRI_INJECTION: contract.NRI_DONE}
     spec_env = spec_env or {}
@@ -187,6 +200,10 @@ def adjustment(
             type="bind",
             options=["rbind", "rprivate", "ro" if m.read_only else "rw"],
         )
+    mounted = {m.container_path for m in response.mounts}
+    for m in deferred:
+        if m.container_path not in mounted:
+            adjust.mounts.add(destination=REMOVE + m.container_path)
     return adjust
 
 
@@ -248,7 +265,7 @@ class Injector:
             response = A.build_response(pod, grant, self.settings, self.paths)
         except A.AllocationError as exc:
             raise Refusal(f"{exc} (container {container.name!r})") from None
-        adjust = adjustment(response, env, grant.container.env)
+        adjust = adjustment(response, env, grant.container.env, contract.deferred_mounts(self.paths))
         # containerd puts the image's env and the kubelet's in one list without merging names, and
         # its NRI (1.7) gives a name that occurs twice the LAST of those values back over the
         # adjustment's: a container whose image and pod (envFrom) both set one of the names the

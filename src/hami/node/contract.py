@@ -207,7 +207,7 @@ def limit_env(limits: Limits, opts: Options) -> dict[str, str]:
 def libvgpu_names() -> tuple[str, ...]:
     """Every variable libvgpu reads (native/libvgpu: ``vgpu_config_load`` in config.c, limiter.c,
     priority.c) but its log level: the grant's (:data:`hami.core.names.GRANT_ENV` but the NRI
-    marker, which libvgpu does not read; the per-device limits unindexed and for every index
+    marker, which libvgpu reads only to refuse every device while it is ``pending``; the per-device limits unindexed and for every index
     libvgpu reads), the priority, the compute policy, its own tuning (``LIBVGPU_*``) and the
     controller's (:data:`LIMITER_TUNING`). libvgpu reads an empty value of each as unset (its
     default). ``LIBCUDA_LOG_LEVEL`` is left out: it changes no limit, and a pod may choose it
@@ -278,10 +278,22 @@ def deferred_grant() -> dict[str, str]:
     one list without merging names, and its NRI (1.7) gives a name that occurs twice the last of
     those values back over the hook's, so a ``void`` here left every container of an image that
     sets the variable (CUDA's base images: ``all``) with no GPU at all. A container created while
-    the hook is away keeps what its image says (none for most images; docs/nri.md), and one still
-    ``pending`` when the hook registers again is evicted where the runtime carries out NRI
-    evictions (``Injector.synchronized``)."""
+    the hook is away keeps what its image says of the variable, but with :func:`deferred_mounts`
+    libvgpu refuses to run it on any GPU; one still ``pending`` when the hook registers again is
+    evicted where the runtime carries out NRI evictions (``Injector.synchronized``)."""
     return {NRI_INJECTION: NRI_PENDING}
+
+
+def deferred_mounts(paths: HookPaths) -> tuple[MountSpec, ...]:
+    """The mounts that go with :func:`deferred_grant`: libvgpu and ``/etc/ld.so.preload`` naming
+    it. The hook's mounts replace them by destination (NRI) or remove the preload
+    (``CUDA_DISABLE_CONTROL``); in a container the hook never served, libvgpu finds the marker
+    still ``pending`` and CUDA and NVML report no device (native/libvgpu: ``grant_missing``),
+    whatever GPUs the image's own ``NVIDIA_VISIBLE_DEVICES`` shows it."""
+    return (
+        MountSpec(paths.library, paths.library, True),
+        MountSpec(CONTAINER_PRELOAD, paths.preload_file, True),
+    )
 
 
 def ld_preload(library: str, current: str = "") -> str:
