@@ -216,15 +216,28 @@ static void after_fork_child(void)
     vgpu_region_after_fork();
 }
 
-/* The device plugin's NRI mode (docs/nri.md): Allocate gives every GPU container the marker
- * HAMI_NRI_INJECTION=pending with this library preloaded, and the NRI hook sets the grant and
- * `done` when the runtime creates the container. `pending` here means the hook never served this
- * container (it was away): whatever GPUs the container sees (an image's own
- * NVIDIA_VISIBLE_DEVICES=all) are not its grant, so CUDA and NVML report none. */
+/* The device plugin's NRI mode (docs/nri.md): Allocate gives every GPU container this library
+ * preloaded, the file PENDING_MARKER mounted beside it and HAMI_NRI_INJECTION=pending; the NRI
+ * hook, when the runtime creates the container, sets the grant and `done`, and removes that mount.
+ * Either still there means the hook never served this container (it was away): whatever GPUs the
+ * container sees (an image's own NVIDIA_VISIBLE_DEVICES=all) are not its grant, so CUDA and NVML
+ * report none. The file is what a pod cannot undo (an envFrom can replace the variable). */
+#define PENDING_MARKER "grant-pending"
+
 static int grant_missing(void)
 {
     const char *marker = getenv("HAMI_NRI_INJECTION");
-    return marker && !strcmp(marker, "pending");
+    if (marker && !strcmp(marker, "pending"))
+        return 1;
+    Dl_info self;
+    if (!dladdr((void *)grant_missing, &self) || !self.dli_fname)
+        return 0;
+    const char *slash = strrchr(self.dli_fname, '/');
+    if (!slash)
+        return 0;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%.*s/" PENDING_MARKER, (int)(slash - self.dli_fname), self.dli_fname);
+    return n > 0 && (size_t)n < sizeof path && access(path, F_OK) == 0;
 }
 
 static void init_once(void)

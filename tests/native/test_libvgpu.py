@@ -4,6 +4,7 @@ points (dlsym, cuGetProcAddress), multi-process sharing and robustness to SIGKIL
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -463,3 +464,13 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(C.byref(n)), nvml.nvmlInit_v2(), nvml.nv
     vgpu_env["HAMI_NRI_INJECTION"] = "done"  # the hook's: the grant applies
     vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
     assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]
+    # Allocate's other marker, a file mounted beside the library, which the hook removes: a pod's
+    # envFrom can put "done" over the variable, not take a mount away
+    lib = tmp_path / "hook" / "vgpu"
+    lib.mkdir(parents=True)
+    shutil.copy(BUILD / "libvgpu.so", lib / "libvgpu.so")
+    vgpu_env["LD_PRELOAD"] = str(lib / "libvgpu.so")
+    assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]
+    (lib / "grant-pending").write_text("")
+    p = run_py(probe, vgpu_env)
+    assert p.stdout.split() == ["100", "3", "4", "4"] and "grant was never applied" in p.stderr, p

@@ -469,8 +469,10 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
     says of ``NVIDIA_VISIBLE_DEVICES``; for an image that says ``all`` (CUDA's base images) the
     NVIDIA runtime would show it every GPU of the node with the driver, which the pod's hostPath
     volumes stand in for here. Allocate's libvgpu, preloaded with the marker still ``pending``,
-    gives it no device: CUDA ``CUDA_ERROR_NO_DEVICE`` (100), NVML ``NVML_ERROR_NO_PERMISSION`` (4).
-    Before 30 Nov the same container ran on the fake driver with no limit (``cuInit`` 0)."""
+    gives it no device: CUDA ``CUDA_ERROR_NO_DEVICE`` (100), NVML ``NVML_ERROR_NO_PERMISSION`` (4),
+    even with the pod's ``envFrom`` setting the marker to ``done`` (libvgpu also finds the marker
+    file Allocate mounts beside it, which only the hook removes). Before 30 Nov the same container
+    ran on the fake driver with no limit (``cuInit`` 0)."""
     nowhere = tmp_path_factory.mktemp("no-nri")
     product.upgrade({"devicePlugin": {"nriSocket": str(nowhere / "nri.sock")}})
     real_cluster.wait_for(
@@ -480,6 +482,17 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
         interval=0.5,
     )
     ns, name = gpu_namespace, "nri-off"
+    # the pod's own envFrom (no admission rule reads it) claims the hook's marker and every GPU
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "claims-done"},
+            "data": {"HAMI_NRI_INJECTION": "done", "NVIDIA_VISIBLE_DEVICES": "all"},
+        },
+    )
     check = (
         "import ctypes, json, os\n"
         "out = {'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES'), 'marker': os.environ.get('HAMI_NRI_INJECTION'),\n"
@@ -497,6 +510,7 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
         "image": product.images["hami"],
         "command": ["python", "-c", check],
         "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}},
+        "envFrom": [{"configMapRef": {"name": "claims-done"}}],
         "volumeMounts": [
             {"name": "driver", "mountPath": DRIVER_IN_CONTAINER, "readOnly": True},
             {"name": "state", "mountPath": STATE_IN_CONTAINER},
@@ -521,7 +535,8 @@ def test_without_the_nri_plugin_a_gpu_container_gets_no_gpu(
     lines = [x for x in logs.splitlines() if x.startswith("{")]
     assert lines, logs
     out = json.loads(lines[0])
-    assert out["visible"] is None and out["marker"] == "pending" and out["limit"] is None, out
+    # the pod's values won over Allocate's marker; the file Allocate mounted beside libvgpu did not go
+    assert out["visible"] == "all" and out["marker"] == "done" and out["limit"] is None, out
     assert out["preload"] and out["preload"].endswith("/libvgpu.so"), out
     assert (out["cu_init"], out["cu_count"], out["nvml_init"]) == (100, 3, 4), out
     assert "grant was never applied" in logs, logs

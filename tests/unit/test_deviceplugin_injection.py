@@ -106,6 +106,7 @@ async def test_allocate_answers_the_same_for_every_pod(tmp_path):
     preload = [
         (paths.library, paths.library, True),
         ("/etc/ld.so.preload", paths.preload_file, True),
+        (f"{paths.vgpu_dir}/grant-pending", f"{paths.vgpu_dir}/nri/grant-pending", True),
     ]
     got = [(r.envs, [(m.container_path, m.host_path, m.read_only) for m in r.mounts]) for r in answers]
     assert got == [({"HAMI_NRI_INJECTION": "pending"}, preload)] * 2
@@ -127,7 +128,11 @@ async def test_each_gpu_container_gets_its_own_grant_as_allocate_would_give_it(t
     ]
     for adjust, response in zip((train, evaluation), want):
         assert adjusted_env(adjust) == {**response.envs, "HAMI_NRI_INJECTION": "done"}
-        assert adjusted_mounts(adjust) == [(m.container_path, m.host_path, m.read_only) for m in response.mounts]
+        # Allocate's pending marker (deferred_mounts) removed: "-" is NRI's removal marker
+        removed = [(f"-{hook.paths.pending_marker}", "", False)]
+        assert (
+            adjusted_mounts(adjust) == [(m.container_path, m.host_path, m.read_only) for m in response.mounts] + removed
+        )
     assert adjusted_env(train)["NVIDIA_VISIBLE_DEVICES"] == f"{G0},{G1}"
     assert adjusted_env(train)["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
     assert adjusted_env(evaluation)["NVIDIA_VISIBLE_DEVICES"] == G1
@@ -137,7 +142,7 @@ async def test_each_gpu_container_gets_its_own_grant_as_allocate_would_give_it(t
         != adjusted_env(evaluation)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
     )
     assert "/etc/ld.so.preload" in [m.destination for m in evaluation.mounts]
-    assert all(m.type == "bind" and "rbind" in m.options for m in train.mounts)
+    assert all(m.type == "bind" and "rbind" in m.options for m in train.mounts if not m.destination.startswith("-"))
 
 
 async def test_success_is_written_once_after_the_last_gpu_container(tmp_path):
@@ -469,3 +474,17 @@ async def test_libvgpu_settings_the_grant_does_not_give_are_emptied_and_the_gran
     assert env["NVIDIA_VISIBLE_DEVICES"] == G1 and env["CUDA_DEVICE_SM_LIMIT"] == "10"
     assert env["GPU_CORE_UTILIZATION_POLICY"] == "force"  # the pod spec's literal value, which admission checked
     assert "MY_APP_SETTING" not in env
+
+
+def test_the_pending_marker_is_the_file_libvgpu_looks_for(tmp_path):
+    from pathlib import Path
+
+    from hami.node.layout import PENDING_MARKER, prepare_hook_dir
+
+    source = (Path(__file__).resolve().parents[2] / "native" / "libvgpu" / "cuda_hooks.c").read_text()
+    assert f'#define PENDING_MARKER "{PENDING_MARKER}"' in source
+    paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock"))
+    prepare_hook_dir(paths)
+    # the host's file is not beside the host's library (libvgpu there would refuse every device)
+    assert Path(paths.pending_marker_source).is_file() and not Path(paths.pending_marker).exists()
+    assert Path(paths.pending_marker).parent == Path(paths.library).parent

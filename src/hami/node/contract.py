@@ -285,14 +285,18 @@ def deferred_grant() -> dict[str, str]:
 
 
 def deferred_mounts(paths: HookPaths) -> tuple[MountSpec, ...]:
-    """The mounts that go with :func:`deferred_grant`: libvgpu and ``/etc/ld.so.preload`` naming
-    it. The hook's mounts replace them by destination (NRI) or remove the preload
-    (``CUDA_DISABLE_CONTROL``); in a container the hook never served, libvgpu finds the marker
-    still ``pending`` and CUDA and NVML report no device (native/libvgpu: ``grant_missing``),
-    whatever GPUs the image's own ``NVIDIA_VISIBLE_DEVICES`` shows it."""
+    """The mounts that go with :func:`deferred_grant`: libvgpu, ``/etc/ld.so.preload`` naming it,
+    and the pending marker file beside it (:data:`hami.node.layout.PENDING_MARKER`). The hook's
+    mounts replace the first two by destination (NRI), and it removes the marker (and the preload
+    for ``CUDA_DISABLE_CONTROL``); in a container the hook never served, libvgpu finds the marker
+    (file, or the variable still ``pending``) and CUDA and NVML report no device
+    (native/libvgpu: ``grant_missing``), whatever GPUs the image's or the pod's own
+    ``NVIDIA_VISIBLE_DEVICES`` shows it. The file is what a pod cannot take away: its ``envFrom``
+    can replace the variable."""
     return (
         MountSpec(paths.library, paths.library, True),
         MountSpec(CONTAINER_PRELOAD, paths.preload_file, True),
+        MountSpec(paths.pending_marker, paths.pending_marker_source, True),
     )
 
 

@@ -25,6 +25,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LIBRARY_NAME = "libvgpu.so"
+#: a file beside libvgpu in a container that the NRI hook has not served (Allocate mounts it, the
+#: hook removes it): libvgpu then gives no device (native/libvgpu/cuda_hooks.c, PENDING_MARKER)
+PENDING_MARKER = "grant-pending"
 #: the host's default hook path (HAMi's), and so where libvgpu and the containers' regions live
 DEFAULT_HOOK_PATH = "/usr/local"
 #: the host's default lock directory (mounted at the same path in the container)
@@ -81,6 +84,16 @@ class HookPaths:
     def preload_file(self) -> str:
         return f"{self.vgpu_dir}/ld.so.preload"
 
+    @property
+    def pending_marker(self) -> str:
+        """Where a container sees :data:`PENDING_MARKER` (beside the library)."""
+        return f"{self.vgpu_dir}/{PENDING_MARKER}"
+
+    @property
+    def pending_marker_source(self) -> str:
+        """The host file shown there: not beside the host's library, whose users it would stop."""
+        return f"{self.vgpu_dir}/nri/{PENDING_MARKER}"
+
     def cache_dir(self, pod_uid: str, container: str) -> str:
         """A device-plugin container's region directory on the host."""
         return f"{self.vgpu_dir}/containers/{pod_uid}_{container}"
@@ -115,6 +128,10 @@ def prepare_hook_dir(paths: HookPaths) -> None:
         wanted = paths.library + "\n"
         if not preload.exists() or preload.read_text() != wanted:
             preload.write_text(wanted)
+        marker = Path(paths.pending_marker_source)
+        marker.parent.mkdir(exist_ok=True)
+        if not marker.exists():
+            marker.write_text("this container's GPU grant was never applied (the node's hami NRI hook was away)\n")
     except OSError as exc:
         log.error("cannot prepare hook directory %s: %s", paths.vgpu_dir, exc)
     if not Path(paths.library).exists():
