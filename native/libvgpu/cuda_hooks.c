@@ -8,6 +8,7 @@
 #include <nvml.h>
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -217,35 +218,81 @@ static void after_fork_child(void)
 }
 
 /* The device plugin's NRI mode (docs/nri.md): Allocate gives every GPU container this library
- * preloaded, the file PENDING_MARKER mounted beside it and HAMI_NRI_INJECTION=pending; the NRI
+ * preloaded, a file mounted at <hook>/vgpu/PENDING_MARKER and HAMI_NRI_INJECTION=pending; the NRI
  * hook, when the runtime creates the container, sets the grant and `done`, and removes that mount.
  * Either still there means the hook never served this container (it was away): whatever GPUs the
  * container sees (an image's own NVIDIA_VISIBLE_DEVICES=all) are not its grant, so CUDA and NVML
- * report none. The file is what a pod cannot undo (an envFrom can replace the variable). */
+ * report none. The mount is what a pod cannot undo (an envFrom can replace the variable): it is
+ * looked up in the process's mount table, by the name of its mount point, not beside the path the
+ * library was loaded under (a pod's LD_PRELOAD could name a copy elsewhere) nor as a plain file (a
+ * pod could create one in a directory it may write, a shared DRA claim's). */
 #define PENDING_MARKER "grant-pending"
 
-static int grant_missing(void)
+/* Whether the mount point (the fifth field) of one /proc/self/mountinfo line ends in
+ * "/" PENDING_MARKER. */
+static int marker_line(const char *line)
+{
+    for (int field = 0; field < 4; field++) {
+        line = strchr(line, ' ');
+        if (!line)
+            return 0;
+        line++;
+    }
+    const char *end = strchr(line, ' ');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    static const char want[] = "/" PENDING_MARKER;
+    return len >= sizeof want - 1 && memcmp(line + len - (sizeof want - 1), want, sizeof want - 1) == 0;
+}
+
+static int marker_mounted(void)
+{
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[16384];
+    size_t len = 0;
+    int found = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
+        if (n <= 0) {
+            buf[len] = 0;
+            found |= len && marker_line(buf);
+            break;
+        }
+        len += (size_t)n;
+        buf[len] = 0;
+        char *start = buf, *nl;
+        while ((nl = memchr(start, '\n', (size_t)(buf + len - start)))) {
+            *nl = 0;
+            found |= marker_line(start);
+            start = nl + 1;
+        }
+        len -= (size_t)(start - buf);
+        memmove(buf, start, len);
+        if (len == sizeof buf - 1)
+            len = 0; /* a line longer than the buffer: not a mount of ours */
+    }
+    close(fd);
+    return found;
+}
+
+static const char *grant_missing(void)
 {
     const char *marker = getenv("HAMI_NRI_INJECTION");
     if (marker && !strcmp(marker, "pending"))
-        return 1;
-    Dl_info self;
-    if (!dladdr((void *)grant_missing, &self) || !self.dli_fname)
-        return 0;
-    const char *slash = strrchr(self.dli_fname, '/');
-    if (!slash)
-        return 0;
-    char path[4096];
-    int n = snprintf(path, sizeof path, "%.*s/" PENDING_MARKER, (int)(slash - self.dli_fname), self.dli_fname);
-    return n > 0 && (size_t)n < sizeof path && access(path, F_OK) == 0;
+        return "HAMI_NRI_INJECTION=pending";
+    if (marker_mounted())
+        return "<hook>/vgpu/" PENDING_MARKER " is mounted";
+    return NULL;
 }
 
 static void init_once(void)
 {
     vgpu_in_init = 1;
-    if (grant_missing()) {
-        LOG_ERROR("no GPU: this container's grant was never applied (HAMI_NRI_INJECTION=pending: it was "
-                  "created while the node's hami NRI hook was away); it gets its GPUs when it is created again");
+    const char *missing = grant_missing();
+    if (missing) {
+        LOG_ERROR("no GPU: this container's grant was never applied (%s: it was created while the node's "
+                  "hami NRI hook was away); it gets its GPUs when it is created again", missing);
         vgpu_refused = 1;
         __atomic_store_n(&vgpu_inited, 1, __ATOMIC_RELEASE);
         vgpu_in_init = 0;

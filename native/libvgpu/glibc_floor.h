@@ -34,7 +34,6 @@ __asm__(".symver dlopen,dlopen@" VGPU_GLIBC_BASE);
 __asm__(".symver dlerror,dlerror@" VGPU_GLIBC_BASE);
 __asm__(".symver dlvsym,dlvsym@" VGPU_GLIBC_BASE);
 __asm__(".symver dlclose,dlclose@" VGPU_GLIBC_BASE);
-__asm__(".symver dladdr,dladdr@" VGPU_GLIBC_BASE);
 /* dlsym is not bound here: libvgpu defines its own (dlsym.c) and reaches glibc's by dlvsym */
 #endif
 

@@ -291,6 +291,18 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         from_config = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
         _denied(lambda: create(plain, _pod("grant", scheduler, env=from_config)))
         create(plain, _pod("fewer", scheduler, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]))
+
+        # a volume over libvgpu's mounts (the pod's comes after the device plugin's and wins)
+        def mounting(name: str, path: str) -> dict:
+            pod = _pod(name, scheduler)
+            pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path, "subPath": "k"}]
+            pod["spec"]["volumes"] = [{"name": "v", "configMap": {"name": "mine"}}]
+            return pod
+
+        for path in ("/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/etc//ld.so.preload"):
+            message = _denied(lambda: create(allowed, mounting("mount", path)))
+            assert "'main'" in message and "libvgpu" in message, (path, message)
+        create(plain, mounting("mount-ok", "/usr/local/vgpu-data/x"))
         # the priority the webhook writes from the priority resource
         create(
             plain,

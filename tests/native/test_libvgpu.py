@@ -4,7 +4,6 @@ points (dlsym, cuGetProcAddress), multi-process sharing and robustness to SIGKIL
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -464,13 +463,22 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(C.byref(n)), nvml.nvmlInit_v2(), nvml.nv
     vgpu_env["HAMI_NRI_INJECTION"] = "done"  # the hook's: the grant applies
     vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(tmp_path / "vgpu.cache")
     assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]
-    # Allocate's other marker, a file mounted beside the library, which the hook removes: a pod's
-    # envFrom can put "done" over the variable, not take a mount away
-    lib = tmp_path / "hook" / "vgpu"
-    lib.mkdir(parents=True)
-    shutil.copy(BUILD / "libvgpu.so", lib / "libvgpu.so")
-    vgpu_env["LD_PRELOAD"] = str(lib / "libvgpu.so")
+    # Allocate's other marker, a file mounted at <hook>/vgpu/grant-pending, which the hook removes:
+    # a pod's envFrom can put "done" over the variable, not take a mount away. libvgpu finds it in
+    # the mount table (a mount namespace of the test's own, as the container's): a plain file of
+    # that name is not the marker (a pod could make one where it may write)
+    hook = tmp_path / "hook" / "vgpu"
+    hook.mkdir(parents=True)
+    (hook / "grant-pending").write_text("")
+    (tmp_path / "marker").write_text("")
     assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]
-    (lib / "grant-pending").write_text("")
-    p = run_py(probe, vgpu_env)
-    assert p.stdout.split() == ["100", "3", "4", "4"] and "grant was never applied" in p.stderr, p
+    script = f'mount --bind {tmp_path / "marker"} {hook / "grant-pending"} && exec {sys.executable} -c "$PROBE"'
+    p = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={**vgpu_env, "PROBE": probe},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.stdout.split() == ["100", "3", "4", "4"], p
+    assert "grant was never applied (<hook>/vgpu/grant-pending is mounted" in p.stderr, p.stderr

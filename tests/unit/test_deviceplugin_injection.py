@@ -262,8 +262,15 @@ async def test_a_resync_evicts_live_containers_still_waiting_for_their_grant(tmp
     stopped = ctr("old")
     stopped.state = 4
     given = pb.Container(id="id-given", env=["HAMI_NRI_INJECTION=done"], state=3)
-    evict = await hook.synchronized([], [ctr("waiting"), stopped, given, ctr("plain", marked=False)])
-    assert [c for c, _ in evict] == ["id-waiting"]
+    # a pod's envFrom set the variable to done while the hook was away: Allocate's marker mount is still there
+    claimed = pb.Container(
+        id="id-claimed",
+        env=["HAMI_NRI_INJECTION=pending", "HAMI_NRI_INJECTION=done"],
+        state=3,
+        mounts=[pb.Mount(destination=hook.paths.pending_marker, source="/x", type="bind")],
+    )
+    evict = await hook.synchronized([], [ctr("waiting"), stopped, given, ctr("plain", marked=False), claimed])
+    assert [c for c, _ in evict] == ["id-waiting", "id-claimed"]
 
 
 def test_env_map_keeps_the_last_value_and_values_with_equals():

@@ -6,6 +6,8 @@ import base64
 import copy
 import json
 
+from dataclasses import replace
+
 import pytest
 
 from hami.config import device_config_from_dict
@@ -510,6 +512,51 @@ def test_a_device_pod_may_not_set_the_variables_of_its_grant(name, value):
 )
 def test_variables_that_give_no_more_are_allowed(env):
     assert decide(pod(GPU, env=env), S, {}).allowed
+
+
+def _mounting(path: str, *, init: bool = False) -> dict:
+    mount = {
+        "name": "main" if not init else "i",
+        "image": "busybox",
+        "volumeMounts": [{"name": "v", "mountPath": path}],
+    }
+    p = pod(GPU, init=[mount] if init else None)
+    if not init:
+        p["spec"]["containers"][0]["volumeMounts"] = mount["volumeMounts"]
+    p["spec"]["volumes"] = [{"name": "v", "configMap": {"name": "mine"}}]
+    return p
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/ld.so.preload",  # a ConfigMap key there (subPath): no libvgpu at all
+        "/etc//ld.so.preload/",
+        "/usr/local/vgpu/libvgpu.so",  # the pod's own library
+        "/usr/local/vgpu",
+        "/usr/local/./vgpu/x",
+        "/usr/local/lib/../vgpu",
+    ],
+)
+def test_a_device_pod_may_not_mount_over_libvgpus_mounts(path):
+    for init in (False, True):
+        d = decide(_mounting(path, init=init), S, {})
+        assert not d.allowed and repr(path) in d.message and "/usr/local/vgpu" in d.message, d
+
+
+@pytest.mark.parametrize("mounts", [None, [None], ["x"], [{"mountPath": None}], {"a": 1}])
+def test_odd_volume_mounts_are_not_crashed_on(mounts):
+    p = pod(GPU)
+    p["spec"]["containers"][0]["volumeMounts"] = mounts
+    assert decide(p, S, {}).allowed in (True, False)  # the API server's validation refuses the shape; no exception
+
+
+def test_libvgpus_mounts_follow_the_hook_path():
+    moved = replace(S, hook_path="/opt/hami/")
+    assert not decide(_mounting("/opt/hami/vgpu/libvgpu.so"), moved, {}).allowed
+    assert decide(_mounting("/usr/local/vgpu/libvgpu.so"), moved, {}).allowed
+    for path in ("/etc/ld.so.preload.d", "/usr/local/vgpu-data", "/etc", "/usr/local"):
+        assert decide(_mounting(path), S, {}).allowed, path
 
 
 def test_a_pod_without_devices_may_set_them():

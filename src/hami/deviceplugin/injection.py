@@ -320,8 +320,16 @@ class Injector:
         return [
             (c.id, "hami: created while the NRI plugin was not registered (no GPU grant); evicted to be created again")
             for c in containers
-            if c.state in LIVE and env_map(c.env).get(contract.NRI_INJECTION) == contract.NRI_PENDING
+            if c.state in LIVE and self.unserved(c)
         ]
+
+    def unserved(self, container) -> bool:
+        """Whether ``container`` carries Allocate's markers still: the variable ``pending``, or the
+        marker mount (:func:`hami.node.contract.deferred_mounts`), which a pod's ``envFrom``
+        setting the variable to ``done`` does not remove."""
+        if env_map(container.env).get(contract.NRI_INJECTION) == contract.NRI_PENDING:
+            return True
+        return any(m.destination == self.paths.pending_marker for m in container.mounts)
 
     async def drain(self) -> None:
         """Wait for the success writes in flight (shutdown, tests)."""

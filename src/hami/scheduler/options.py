@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import posixpath
 import re
 import socket
 import ssl
@@ -49,6 +50,13 @@ def parse_selector(text: str, flag: str) -> dict[str, str]:
     return out
 
 
+def _absolute(text: str, flag: str) -> str:
+    """An absolute path, cleaned (``/usr/local/`` -> ``/usr/local``)."""
+    if not str(text).startswith("/"):
+        raise ConfigError(f"{flag}: expected an absolute path, got {text!r}")
+    return posixpath.normpath(str(text))
+
+
 LOOPBACK = frozenset({"127.0.0.1", "::1", "[::1]", "localhost"})
 DECISION_WRITES = ("binding", "filter")
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -88,6 +96,7 @@ class Options:
     resync_interval: float = 15.0
     cert_reload_interval: float = 1.0
     disable_control_label: str = DISABLE_CONTROL_LABEL
+    gpu_hook_path: str = "/usr/local"
     front_end: str = "extender"  # "dra": the webhook turns NVIDIA requests into ResourceClaims
     success_events: bool = True
     success_event_rate: float = 10.0  # success events a second on average; 0 = every one (HAMi's)
@@ -403,6 +412,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DISABLE_CONTROL_LABEL,
         help='namespace label (value "true") that allows CUDA_DISABLE_CONTROL in pods (default %(default)s)',
     )
+    a(
+        "--gpu-hook-path",
+        default="/usr/local",
+        help="the nodes' hook path (the chart's global.gpuHookPath): GPU containers get libvgpu under "
+        "<path>/vgpu, where the webhook refuses a pod's own volume mounts (default %(default)s)",
+    )
 
 
 def _check_ca_bundle(path: str, flag: str) -> None:
@@ -462,6 +477,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         kube_connections=args.kube_connections,
         resync_interval=parse_duration(args.resync_interval, "--resync-interval") or 15.0,
         disable_control_label=args.disable_control_label,
+        gpu_hook_path=_absolute(args.gpu_hook_path, "--gpu-hook-path"),
         device_config=device_config,
         front_end=args.front_end,
         success_events=args.success_events,

@@ -156,6 +156,7 @@ class SchedulerService:
             opts.force_overwrite_default_scheduler,
             opts.disable_control_label,
             front_end=opts.front_end,
+            hook_path=opts.gpu_hook_path,
         )
         # the DRA front end's templates created (or found) a moment ago: no POST per admission
         self.known_templates = KnownTemplates()

@@ -30,6 +30,8 @@ The answer carries a JSON patch from the original pod to the mutated one.
 
 from __future__ import annotations
 
+import posixpath
+
 import base64
 import json
 import re
@@ -75,6 +77,8 @@ class AdmissionSettings:
     extra_internal: frozenset[str] = field(default_factory=frozenset)
     front_end: str = "extender"  # or "dra": NVIDIA requests become ResourceClaims (docs/dra.md)
     dra_device_class: str = DRA_SHARE_CLASS
+    #: the nodes' ``global.gpuHookPath``: libvgpu is mounted at ``<hook_path>/vgpu/libvgpu.so``
+    hook_path: str = "/usr/local"
 
     def __post_init__(self) -> None:
         if self.front_end not in FRONT_ENDS:
@@ -178,6 +182,39 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
                 return (
                     f"container {c.get('name')!r}: env {name} may not be set in a pod that asks for a device: "
                     f"{why} (docs/security.md)"
+                )
+    return ""
+
+
+#: where every GPU container gets ``/etc/ld.so.preload`` naming libvgpu (hami.node.contract)
+PRELOAD_PATH = "/etc/ld.so.preload"
+
+
+def _clean(path: str) -> str:
+    """``path`` as an absolute path without ``//``, ``.`` or ``..`` segments (``normpath`` keeps a
+    leading ``//``)."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def reserved_mount_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
+    """Why a device pod's volume mounts may not be admitted ("" when they may): a mount at
+    ``/etc/ld.so.preload`` or at or under ``<hook_path>/vgpu``. The kubelet lists a pod's volume
+    mounts after the device plugin's and the runtime orders mounts by depth only, so a pod's
+    mount at the same path (a ConfigMap's key with ``subPath``) is mounted over the grant's:
+    libvgpu is then not loaded, or the pod's own library is, and the container runs without its
+    limits (found by review). The path is compared as the runtime will use it (``//`` and ``.``
+    segments cleaned)."""
+    vgpu = posixpath.join(_clean(s.hook_path), "vgpu")
+    for c in _containers(pod):
+        mounts = c.get("volumeMounts") if isinstance(c, Mapping) else None
+        for m in mounts if isinstance(mounts, list) else ():
+            raw = str(m.get("mountPath") or "") if isinstance(m, Mapping) else ""
+            path = _clean(raw)
+            if path == PRELOAD_PATH or path == vgpu or path.startswith(vgpu + "/"):
+                return (
+                    f"container {c.get('name')!r}: volumeMounts mountPath {raw!r} may not be used in a pod that asks "
+                    f"for a device: the device plugin mounts {PRELOAD_PATH} and {vgpu} (libvgpu) there, and a volume "
+                    "would replace them (docs/security.md)"
                 )
     return ""
 
@@ -321,7 +358,7 @@ def _decide_clean(
     if not uses:  # nothing to route or default (overwriteEnv's NVIDIA_VISIBLE_DEVICES=none aside)
         return Decision(True, "", mutated)
     if uses:
-        if bad := reserved_env_error(pod, s):
+        if bad := reserved_env_error(pod, s) or reserved_mount_error(pod, s):
             return _deny(bad)
         for c in _containers(mutated):
             if ((c.get("securityContext") or {}).get("privileged")) is True:
