@@ -316,6 +316,19 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
 
         # a pod with a node assigned that asks for one of our resources, whatever its scheduler
         # (the kubelet would call our Allocate for a pod no scheduler of ours placed)
+        # the placement guard is a policy of its own: the API server may take it up a moment
+        # after the device-pod guard (a CI run found it not yet in force here)
+        def placement_enforced() -> str | None:
+            from hami_devkit.cluster import ApiError
+
+            try:
+                create(plain, _pod("pinned-probe", scheduler, node="gpu-node-1"))
+            except ApiError as exc:
+                return str(exc) if exc.status in (403, 422) else None
+            kube_cluster.api("DELETE", f"/api/v1/namespaces/{plain}/pods/pinned-probe?gracePeriodSeconds=0")
+            return None
+
+        kube_cluster.wait_for(placement_enforced, "the placement guard in force", timeout=60, interval=0.5)
         for name, sched in (("pinned", scheduler), ("pinned-other", "no-such-scheduler")):
             message = _denied(lambda: create(plain, _pod(name, sched, node="gpu-node-1")))
             assert "spec.nodeName=gpu-node-1" in message, message
