@@ -3,6 +3,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +77,119 @@ int vgpu_parse_size(const char *s, uint64_t *out)
     return -1;
 }
 
+/* ---- where a setting comes from ----
+ *
+ * The device plugin writes the grant into a file (every variable libvgpu reads: the grant's
+ * values, the rest empty) and mounts it read-only at <hook>/vgpu/GRANT_FILE: a mount point, which
+ * a process in the container can neither rewrite nor replace nor remove, and which it cannot make
+ * itself (no mount rights; the webhook refuses a pod's volume mounts there). libvgpu takes every
+ * setting it names from it, so the container's environment (an envFrom the admission rules cannot
+ * read, an image's ENV, a parent that changed it) changes no limit. Without that mount (HAMi's
+ * device plugin, `hami exec`, a process outside a container) the environment is read as before. */
+#define GRANT_FILE "hami-grant.env"
+#define GRANT_MAX 512
+
+static char *g_grant_names[GRANT_MAX], *g_grant_values[GRANT_MAX];
+static int g_grant_count;
+
+/* Whether the mount point (the fifth field) of one /proc/self/mountinfo line is named `name`;
+ * copied (octal escapes kept) into out. */
+static int mount_line(const char *line, const char *name, char *out, size_t len)
+{
+    for (int field = 0; field < 4; field++) {
+        line = strchr(line, ' ');
+        if (!line)
+            return 0;
+        line++;
+    }
+    const char *end = strchr(line, ' ');
+    size_t n = end ? (size_t)(end - line) : strlen(line);
+    size_t want = strlen(name);
+    if (n < want + 1 || line[n - want - 1] != '/' || memcmp(line + n - want, name, want) != 0)
+        return 0;
+    if (out && len) {
+        size_t k = n < len - 1 ? n : len - 1;
+        memcpy(out, line, k);
+        out[k] = 0;
+    }
+    return 1;
+}
+
+int vgpu_mount_point(const char *name, char *out, size_t len)
+{
+    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[16384];
+    size_t have = 0;
+    int found = 0;
+    while (!found) {
+        ssize_t n = read(fd, buf + have, sizeof buf - 1 - have);
+        if (n <= 0) {
+            buf[have] = 0;
+            found = have && mount_line(buf, name, out, len);
+            break;
+        }
+        have += (size_t)n;
+        buf[have] = 0;
+        char *start = buf, *nl;
+        while (!found && (nl = memchr(start, '\n', (size_t)(buf + have - start)))) {
+            *nl = 0;
+            found = mount_line(start, name, out, len);
+            start = nl + 1;
+        }
+        have -= (size_t)(start - buf);
+        memmove(buf, start, have);
+        if (have == sizeof buf - 1)
+            have = 0; /* a line longer than the buffer: not a mount of ours */
+    }
+    close(fd);
+    return found;
+}
+
+static void grant_load(void)
+{
+    char path[4096];
+    if (!vgpu_mount_point(GRANT_FILE, path, sizeof path))
+        return;
+    if (strchr(path, '\\')) /* an escaped character in the path: not a mount of ours */
+        return;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        vgpu_log(0, "cannot read the grant %s (%s); refusing to run without it", path, strerror(errno));
+        _exit(78);
+    }
+    static char text[65536];
+    size_t have = 0;
+    ssize_t n;
+    while (have < sizeof text - 1 && (n = read(fd, text + have, sizeof text - 1 - have)) > 0)
+        have += (size_t)n;
+    close(fd);
+    text[have] = 0;
+    for (char *line = text, *next; line && *line && g_grant_count < GRANT_MAX; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        char *eq = strchr(line, '=');
+        if (!eq || eq == line || line[0] == '#')
+            continue;
+        *eq = 0;
+        g_grant_names[g_grant_count] = line;
+        g_grant_values[g_grant_count] = eq + 1;
+        g_grant_count++;
+    }
+}
+
+const char *vgpu_getenv(const char *name)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, grant_load);
+    for (int i = 0; i < g_grant_count; i++)
+        if (!strcmp(g_grant_names[i], name))
+            return g_grant_values[i];
+    return getenv(name);
+}
+
 static void bad(const char *name, const char *value, const char *expect)
 {
     vgpu_log(0, "invalid %s='%s' (expected %s); refusing to run with a setting it cannot honour",
@@ -84,7 +199,7 @@ static void bad(const char *name, const char *value, const char *expect)
 
 static uint64_t env_size(const char *name, uint64_t dflt)
 {
-    const char *v = getenv(name);
+    const char *v = vgpu_getenv(name);
     uint64_t out;
     if (!v || !*v)
         return dflt;
@@ -97,7 +212,7 @@ static uint64_t env_size(const char *name, uint64_t dflt)
  * `unit` (e.g. "milliseconds") only shapes the message; NULL for a plain number. */
 HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const char *unit)
 {
-    const char *v = getenv(name);
+    const char *v = vgpu_getenv(name);
     if (!v || !*v)
         return dflt;
     char *end;
@@ -114,7 +229,7 @@ HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const ch
 
 static int env_bool(const char *name)
 {
-    const char *v = getenv(name);
+    const char *v = vgpu_getenv(name);
     return v && (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes"));
 }
 
@@ -132,13 +247,13 @@ void vgpu_config_load(void)
         long sm = vgpu_env_int(name, sm_all, 0, 100000, NULL);
         c->sm_limit[i] = sm <= 0 ? 100 : (uint64_t)sm;
     }
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = vgpu_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     snprintf(c->cache_path, sizeof c->cache_path, "%s", path && *path ? path : "/tmp/cudevshr.cache");
     c->oversubscribe = env_bool("CUDA_OVERSUBSCRIBE");
     c->priority = (int)vgpu_env_int("CUDA_TASK_PRIORITY", 1, -1000, 1000, NULL);
-    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
+    const char *pol = vgpu_getenv("GPU_CORE_UTILIZATION_POLICY");
     c->core_policy = !pol ? 0 : !strcasecmp(pol, "force") ? 1 : !strcasecmp(pol, "disable") ? 2 : 0;
-    const char *cs = getenv("LIBVGPU_CONTEXT_SIZE");
+    const char *cs = vgpu_getenv("LIBVGPU_CONTEXT_SIZE");
     uint64_t csv;
     if (cs && *cs) {
         if (vgpu_parse_size(cs, &csv))

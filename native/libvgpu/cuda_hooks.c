@@ -228,60 +228,12 @@ static void after_fork_child(void)
  * pod could create one in a directory it may write, a shared DRA claim's). */
 #define PENDING_MARKER "grant-pending"
 
-/* Whether the mount point (the fifth field) of one /proc/self/mountinfo line ends in
- * "/" PENDING_MARKER. */
-static int marker_line(const char *line)
-{
-    for (int field = 0; field < 4; field++) {
-        line = strchr(line, ' ');
-        if (!line)
-            return 0;
-        line++;
-    }
-    const char *end = strchr(line, ' ');
-    size_t len = end ? (size_t)(end - line) : strlen(line);
-    static const char want[] = "/" PENDING_MARKER;
-    return len >= sizeof want - 1 && memcmp(line + len - (sizeof want - 1), want, sizeof want - 1) == 0;
-}
-
-static int marker_mounted(void)
-{
-    int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    char buf[16384];
-    size_t len = 0;
-    int found = 0;
-    for (;;) {
-        ssize_t n = read(fd, buf + len, sizeof buf - 1 - len);
-        if (n <= 0) {
-            buf[len] = 0;
-            found |= len && marker_line(buf);
-            break;
-        }
-        len += (size_t)n;
-        buf[len] = 0;
-        char *start = buf, *nl;
-        while ((nl = memchr(start, '\n', (size_t)(buf + len - start)))) {
-            *nl = 0;
-            found |= marker_line(start);
-            start = nl + 1;
-        }
-        len -= (size_t)(start - buf);
-        memmove(buf, start, len);
-        if (len == sizeof buf - 1)
-            len = 0; /* a line longer than the buffer: not a mount of ours */
-    }
-    close(fd);
-    return found;
-}
-
 static const char *grant_missing(void)
 {
     const char *marker = getenv("HAMI_NRI_INJECTION");
     if (marker && !strcmp(marker, "pending"))
         return "HAMI_NRI_INJECTION=pending";
-    if (marker_mounted())
+    if (vgpu_mount_point(PENDING_MARKER, NULL, 0))
         return "<hook>/vgpu/" PENDING_MARKER " is mounted";
     return NULL;
 }

@@ -46,7 +46,7 @@ uint64_t lim_wall_ms(void)
 
 int lim_peers_configured(void)
 {
-    const char *d = getenv("HAMI_PEER_REGIONS");
+    const char *d = vgpu_getenv("HAMI_PEER_REGIONS");
     return d && *d;
 }
 
@@ -120,7 +120,7 @@ static void scan_dir(const char *dir, int depth)
 static void rescan(void)
 {
     g_gen++;
-    scan_dir(getenv("HAMI_PEER_REGIONS"), 1);
+    scan_dir(vgpu_getenv("HAMI_PEER_REGIONS"), 1);
     for (int i = 0; i < g_npeers;) { /* drop regions whose files are gone */
         if (g_peers[i].seen != g_gen) {
             munmap((void *)g_peers[i].r, sizeof(vgpu_region));

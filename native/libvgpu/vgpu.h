@@ -34,6 +34,12 @@ HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
 
 HIDDEN void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const char *unit);
+/* A setting: the grant file's value when the device plugin mounted one (GRANT_FILE), else the
+ * environment's. */
+HIDDEN const char *vgpu_getenv(const char *name);
+/* 1 when a mount point of this process is named `name` (its last component); its path into
+ * `out` when given. */
+HIDDEN int vgpu_mount_point(const char *name, char *out, size_t len);
 #define LOG_ERROR(...) vgpu_log(0, __VA_ARGS__)
 #define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
 #define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)

@@ -299,7 +299,13 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
             pod["spec"]["volumes"] = [{"name": "v", "configMap": {"name": "mine"}}]
             return pod
 
-        for path in ("/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/etc//ld.so.preload"):
+        for path in (
+            "/etc/ld.so.preload",
+            "/usr/local/vgpu/libvgpu.so",
+            "/usr/local/vgpu",
+            "/etc//ld.so.preload",
+            "/data/hami-grant.env",
+        ):
             message = _denied(lambda: create(allowed, mounting("mount", path)))
             assert "'main'" in message and "libvgpu" in message, (path, message)
         create(plain, mounting("mount-ok", "/usr/local/vgpu-data/x"))

@@ -482,3 +482,33 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(C.byref(n)), nvml.nvmlInit_v2(), nvml.nv
     )
     assert p.stdout.split() == ["100", "3", "4", "4"], p
     assert "grant was never applied (<hook>/vgpu/grant-pending is mounted" in p.stderr, p.stderr
+
+
+def test_the_mounted_grant_file_wins_over_the_environment(vgpu_env, tmp_path):
+    """The device plugin mounts the grant read-only at ``<hook>/vgpu/hami-grant.env``; libvgpu
+    finds it in its mount table and takes every setting it names from it, so the container's
+    env (a pod's ``envFrom``, an image's ``ENV``) changes no limit. A plain file of that name is
+    not the grant (a pod could write one), and without the mount the env is read as before."""
+    hook = tmp_path / "hook" / "vgpu"
+    hook.mkdir(parents=True)
+    region = tmp_path / "granted.cache"
+    (tmp_path / "grant").write_text(
+        f"CUDA_DEVICE_MEMORY_LIMIT=\nCUDA_DEVICE_MEMORY_LIMIT_0=256m\nCUDA_DEVICE_SM_LIMIT=30\n"
+        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={region}\nCUDA_OVERSUBSCRIBE=\n# a comment\nnot a setting\n"
+    )
+    (hook / "hami-grant.env").write_text("CUDA_DEVICE_MEMORY_LIMIT_0=128m\n")  # a plain file: ignored
+    # the pod's own values, as an envFrom would give them
+    vgpu_env.update({"CUDA_DEVICE_MEMORY_LIMIT_0": "4g", "CUDA_DEVICE_SM_LIMIT": "100", "CUDA_OVERSUBSCRIBE": "true"})
+    probe = "import cuda_probe as c; c.init(); print(c.mem_info()[1])"
+    assert run_py(probe, vgpu_env).stdout.split() == [str(4 * GiB)]
+    script = f'mount --bind -o ro {tmp_path / "grant"} {hook / "hami-grant.env"} && exec {sys.executable} -c "$PROBE"'
+    p = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={**vgpu_env, "PROBE": probe},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and p.stdout.split() == [str(256 * MiB)], p
+    r = read_region(region)  # the grant's region, not the env's
+    assert r["limit"][0] == 256 * MiB and r["sm_limit"][0] == 30

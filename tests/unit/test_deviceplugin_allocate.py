@@ -120,8 +120,26 @@ def test_response_env_and_mounts():
         ("/opt/h/vgpu/libvgpu.so", "/opt/h/vgpu/libvgpu.so", True),
         ("/opt/h/vgpu", "/opt/h/vgpu/containers/uid-p_main", False),
         ("/tmp/vgpulock", "/tmp/vl", False),
+        ("/opt/h/vgpu/hami-grant.env", "/opt/h/vgpu/containers/uid-p_main/hami-grant.env", True),
         ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True),
     ]
+    # the grant file: every variable libvgpu reads, the grant's values, the rest empty
+    grant = dict(line.split("=", 1) for line in r.grant.splitlines())
+    assert set(grant) == set(contract.libvgpu_names())
+    assert {k: v for k, v in grant.items() if v} == {k: v for k, v in r.envs.items() if k in grant}
+    assert grant["CUDA_DEVICE_MEMORY_LIMIT"] == "" and grant["CUDA_DEVICE_SM_LIMIT_0"] == ""
+
+
+def test_the_grant_file_keeps_the_pod_specs_policy_and_no_other_value():
+    # the webhook writes GPU_CORE_UTILIZATION_POLICY=disable into a pod of a namespace allowed to
+    # switch it off; an envFrom's or image's value of any libvgpu variable is never read
+    ctr = A.ContainerView("main", env={"GPU_CORE_UTILIZATION_POLICY": "disable", "CUDA_DEVICE_SM_LIMIT_0": "100"})
+    r = A.build_response(pod("", containers=(ctr,)), A.Grant(0, ctr, (dev(U0, 3000, 30),)), NodeSettings(), HookPaths())
+    grant = dict(line.split("=", 1) for line in r.grant.splitlines())
+    assert grant["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    assert grant["CUDA_DEVICE_SM_LIMIT_0"] == "" and grant["CUDA_DEVICE_SM_LIMIT"] == "30"
+    with pytest.raises(ValueError, match="line break"):
+        contract.grant_file({"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/x\nCUDA_DEVICE_MEMORY_LIMIT=0"}, {})
 
 
 def test_response_defaults_and_disable_control():

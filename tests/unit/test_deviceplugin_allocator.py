@@ -106,6 +106,20 @@ async def test_the_lock_is_left_for_a_swap_and_removed_after_the_delay(tmp_path)
     assert alloc.deferred_stats == {"released": 1, "taken_over": 0}
 
 
+async def test_allocate_writes_the_grant_file_it_mounts(tmp_path):
+    import stat
+    from pathlib import Path
+
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, 0, tmp_path)
+    (answer,) = await alloc.allocate([1])
+    (mount,) = [m for m in answer.mounts if m.container_path.endswith("/hami-grant.env")]
+    grant = Path(mount.host_path)
+    assert mount.read_only and grant.read_text() == answer.grant and stat.S_IMODE(grant.stat().st_mode) == 0o644
+    assert grant.parent == Path(answer.cache_dir)
+    assert f"CUDA_DEVICE_MEMORY_SHARED_CACHE={answer.envs['CUDA_DEVICE_MEMORY_SHARED_CACHE']}\n" in answer.grant
+
+
 async def test_a_lock_swapped_over_is_never_removed_and_its_removal_is_dropped(tmp_path):
     kube = FakeKube(LOCK_P, [pod_obj("p"), pod_obj("q")])
     alloc = allocator(kube, 0.3, tmp_path)

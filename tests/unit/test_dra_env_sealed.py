@@ -40,7 +40,9 @@ def libvgpu_reads() -> tuple[set[str], int]:
     found: set[str] = set()
     for src in sorted(LIBVGPU.glob("*.c")):
         text = src.read_text()
-        found |= set(re.findall(r"\b(?:getenv|env_size|vgpu_env_int|env_bool)\(\s*\"([A-Z][A-Z0-9_]*)\"", text))
+        found |= set(
+            re.findall(r"\b(?:getenv|vgpu_getenv|env_size|vgpu_env_int|env_bool)\(\s*\"([A-Z][A-Z0-9_]*)\"", text)
+        )
         found |= {f"{base}_{i}" for base in re.findall(r"\"([A-Z][A-Z0-9_]*)_%d\"", text) for i in range(max_dev)}
     return found, max_dev
 

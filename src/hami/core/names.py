@@ -91,6 +91,11 @@ NVIDIA backend's admission defaults and the webhook name a few:
   controller's knobs), the region file, the NRI marker); the webhook
   refuses them in a device pod's env, the chart's device-pod guard spells the same list, and the
   NRI hook removes those its grant does not set (docs/security.md).
+* ``GRANT_FILE`` and ``PENDING_MARKER`` (beyond HAMi): file names libvgpu looks up in its mount
+  table. The device plugin writes the grant file into a container's region directory and mounts
+  it read-only at ``<hook>/vgpu/hami-grant.env``; libvgpu reads its settings from it over the
+  environment. In NRI mode Allocate mounts the pending marker and the hook removes it; libvgpu
+  finding it gives no device. The webhook refuses a pod's own volume mount of either name.
 """
 
 # ---- pod annotations and labels (scheduler <-> device plugin, §5)
@@ -163,6 +168,13 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
 ENV_LD_PRELOAD = "LD_PRELOAD"
 ENV_NRI_INJECTION = "HAMI_NRI_INJECTION"
+
+#: files libvgpu finds by name in its process's mount table (native/libvgpu/config.c and
+#: cuda_hooks.c): the grant, mounted read-only at ``<hook>/vgpu/hami-grant.env`` (its settings
+#: over the environment's), and the NRI mode's pending marker (no device until the hook served the
+#: container). The webhook refuses a pod's own volume mount of either name.
+GRANT_FILE = "hami-grant.env"
+PENDING_MARKER = "grant-pending"
 #: libvgpu's compute-share controller (native/libvgpu/limiter.c, docs/compute-shares.md): its
 #: period, the priority's quiet time, the contention hold and the two averaging windows; a pod
 #: setting them could loosen its own cap (``HAMI_CONTENTION_HOLD_MS=0``)

@@ -275,6 +275,7 @@ class ContainerResponse:
     cache_dir: str  # host directory to (re)create before answering
     annotations: dict[str, str] = field(default_factory=dict)  # CDI devices (cdi-annotations), see hami.node.cdi
     cdi_devices: tuple[str, ...] = ()  # CDI devices (cdi-cri)
+    grant: str = ""  # the grant file to write into cache_dir (hami.node.contract.grant_file)
 
 
 def build_response(
@@ -306,5 +307,5 @@ def build_response(
         priority=ctr.limits.get(settings.priority_resource),
     )
     envs.update(contract.limit_env(limits, contract.options(settings)))
-    mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env))
-    return ContainerResponse(envs, mounts, cache_dir)
+    mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env), grant=True)
+    return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env))

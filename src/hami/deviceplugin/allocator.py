@@ -26,7 +26,7 @@ from hami.core.codec import MigAllocation, decode_mig_allocations, encode_mig_al
 from hami.core.errors import CodecError
 from hami.kube import nodelock
 from hami.node.cdi import CdiConfig, apply as cdi_apply
-from hami.node.layout import HookPaths, reset_cache_dir
+from hami.node.layout import HookPaths, reset_cache_dir, write_grant
 from hami.node.settings import NodeSettings
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
@@ -145,6 +145,7 @@ class Allocator:
         for r in responses:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
+                write_grant(r.cache_dir, r.grant)
         done = A.all_done(pending)
         handoff = done and held is not None and self.release_delay > 0
         if done and not handoff:

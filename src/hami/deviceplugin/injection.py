@@ -42,7 +42,7 @@ from hami.core.codec import decode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.names import grant_env
 from hami.node import contract
-from hami.node.layout import HookPaths, MountSpec, reset_cache_dir
+from hami.node.layout import HookPaths, MountSpec, reset_cache_dir, write_grant
 from hami.node.nri import load
 from hami.node.nri.plugin import Refusal
 from hami.node.settings import NodeSettings
@@ -280,6 +280,7 @@ class Injector:
             )
         if response.cache_dir:
             reset_cache_dir(response.cache_dir)
+            write_grant(response.cache_dir, response.grant)
         self.injected += 1
         entries = gpu_entries(pod, annotations)
         log.info(

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from hami.core import names
 from hami.core.quantity import go_true
 
-from .layout import LIBRARY_NAME, HookPaths, MountSpec
+from .layout import GRANT_FILE, LIBRARY_NAME, HookPaths, MountSpec
 
 if TYPE_CHECKING:  # only read, never built here: ``hami exec`` needs no settings (nor pydantic)
     from .settings import NodeSettings
@@ -219,6 +219,25 @@ def libvgpu_names() -> tuple[str, ...]:
     return (*grant, *per_device, TASK_PRIORITY, CORE_POLICY, CONTEXT_SIZE, TEST_STALL, *tuning)
 
 
+def grant_file(env: Mapping[str, str], spec_env: Mapping[str, str]) -> str:
+    """The grant file's text (``NAME=value`` lines): every variable of :func:`libvgpu_names`,
+    the grant's value (from ``env``, a :func:`limit_env`), else for ``CUDA_TASK_PRIORITY`` and
+    ``GPU_CORE_UTILIZATION_POLICY`` the pod spec's literal value (``spec_env``, which the
+    admission rules checked), else empty (libvgpu's default). Mounted read-only at
+    ``<hook>/vgpu/hami-grant.env`` (:func:`container_mounts` with ``grant``), it is where libvgpu
+    takes its settings from, over the container's environment: a pod's ``envFrom`` (which no
+    admission rule reads) or its image's ``ENV`` then changes no limit (docs/security.md)."""
+    values = {n: "" for n in libvgpu_names()}
+    for name in (TASK_PRIORITY, CORE_POLICY):
+        if spec_env.get(name) is not None:
+            values[name] = spec_env[name]
+    values.update({k: v for k, v in env.items() if k in values})
+    for name, value in values.items():
+        if "\n" in value:
+            raise ValueError(f"grant file: {name}={value!r} holds a line break")
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
 def sealed_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` (a grant's, :func:`limit_env`) followed by every other variable of
     :func:`libvgpu_names` set empty, which libvgpu reads as unset: an env applied by name over a
@@ -251,11 +270,14 @@ def preload_wanted(env: Mapping[str, str]) -> bool:
     return not go_true(env.get(DISABLE_CONTROL))
 
 
-def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool = True) -> tuple[MountSpec, ...]:
+def container_mounts(
+    paths: HookPaths, region_dir: str | None, *, preload: bool = True, grant: bool = False
+) -> tuple[MountSpec, ...]:
     """The driver directories first, then, with a ``region_dir`` (the host directory shown at
-    ``<hook>/vgpu``), libvgpu's: the library, the region directory, the lock directory and,
-    with ``preload``, ``/etc/ld.so.preload``. Driver mounts come first on every path, so a
-    driver directory mounted over a parent of ``<hook>/vgpu`` cannot hide libvgpu's mounts."""
+    ``<hook>/vgpu``), libvgpu's: the library, the region directory, with ``grant`` the grant
+    file in it (:func:`grant_file`) read-only over itself, the lock directory and, with
+    ``preload``, ``/etc/ld.so.preload``. Driver mounts come first on every path, so a driver
+    directory mounted over a parent of ``<hook>/vgpu`` cannot hide libvgpu's mounts."""
     mounts = list(paths.driver_mounts)
     if region_dir is None:
         return tuple(mounts)
@@ -264,6 +286,8 @@ def container_mounts(paths: HookPaths, region_dir: str | None, *, preload: bool 
         MountSpec(paths.vgpu_dir, region_dir, False),
         MountSpec(CONTAINER_LOCK_DIR, paths.lock_dir, False),
     ]
+    if grant:
+        mounts.append(MountSpec(f"{paths.vgpu_dir}/{GRANT_FILE}", f"{region_dir}/{GRANT_FILE}", True))
     if preload:
         mounts.append(MountSpec(CONTAINER_PRELOAD, paths.preload_file, True))
     return tuple(mounts)

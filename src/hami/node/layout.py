@@ -22,12 +22,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from hami.core import names
+
 log = logging.getLogger(__name__)
 
 LIBRARY_NAME = "libvgpu.so"
-#: a file beside libvgpu in a container that the NRI hook has not served (Allocate mounts it, the
-#: hook removes it): libvgpu then gives no device (native/libvgpu/cuda_hooks.c, PENDING_MARKER)
-PENDING_MARKER = "grant-pending"
+#: the NRI pending marker and the grant file (hami.core.names: libvgpu finds them in its mount table)
+PENDING_MARKER = names.PENDING_MARKER
+GRANT_FILE = names.GRANT_FILE
 #: the host's default hook path (HAMi's), and so where libvgpu and the containers' regions live
 DEFAULT_HOOK_PATH = "/usr/local"
 #: the host's default lock directory (mounted at the same path in the container)
@@ -143,6 +145,14 @@ def reset_cache_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o777)
+
+
+def write_grant(cache_dir: str, text: str) -> None:
+    """The grant file (:data:`GRANT_FILE`) in a container's region directory, readable by any UID
+    (the container mounts it read-only over the same name)."""
+    path = Path(cache_dir, GRANT_FILE)
+    path.write_text(text)
+    os.chmod(path, 0o644)
 
 
 def make_claim_dir(paths: HookPaths, uid: str) -> str:

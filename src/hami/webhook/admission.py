@@ -188,6 +188,8 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
 
 #: where every GPU container gets ``/etc/ld.so.preload`` naming libvgpu (hami.node.contract)
 PRELOAD_PATH = "/etc/ld.so.preload"
+#: mounts libvgpu finds by name in its mount table, wherever they are (hami.node.layout)
+LIBVGPU_MOUNT_NAMES = frozenset({names.GRANT_FILE, names.PENDING_MARKER})
 
 
 def _clean(path: str) -> str:
@@ -202,15 +204,21 @@ def reserved_mount_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     mounts after the device plugin's and the runtime orders mounts by depth only, so a pod's
     mount at the same path (a ConfigMap's key with ``subPath``) is mounted over the grant's:
     libvgpu is then not loaded, or the pod's own library is, and the container runs without its
-    limits (found by review). The path is compared as the runtime will use it (``//`` and ``.``
-    segments cleaned)."""
+    limits (found by review); and a mount named as one libvgpu looks up in its mount table (the
+    grant file, the NRI pending marker), wherever it is. The path is compared as the runtime will
+    use it (``//`` and ``.`` segments cleaned)."""
     vgpu = posixpath.join(_clean(s.hook_path), "vgpu")
     for c in _containers(pod):
         mounts = c.get("volumeMounts") if isinstance(c, Mapping) else None
         for m in mounts if isinstance(mounts, list) else ():
             raw = str(m.get("mountPath") or "") if isinstance(m, Mapping) else ""
             path = _clean(raw)
-            if path == PRELOAD_PATH or path == vgpu or path.startswith(vgpu + "/"):
+            if (
+                path == PRELOAD_PATH
+                or path == vgpu
+                or path.startswith(vgpu + "/")
+                or posixpath.basename(path) in LIBVGPU_MOUNT_NAMES
+            ):
                 return (
                     f"container {c.get('name')!r}: volumeMounts mountPath {raw!r} may not be used in a pod that asks "
                     f"for a device: the device plugin mounts {PRELOAD_PATH} and {vgpu} (libvgpu) there, and a volume "
