@@ -244,6 +244,42 @@ def test_each_container_and_init_container_sees_only_its_own_grant(
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
 
+def test_a_pods_envfrom_does_not_lift_its_limits(product: Product, real_cluster: KubeCluster, gpu_namespace: str):
+    """The kubelet puts a pod's ``envFrom`` after Allocate's env and no admission rule can read
+    it, so before 30 Nov a ConfigMap lifted the memory limit and the compute share (lock mode).
+    libvgpu now reads its settings from the grant file Allocate mounts read-only."""
+    ns, name = gpu_namespace, "envfrom"
+    tenant_env = {
+        "CUDA_DEVICE_MEMORY_LIMIT_0": "80g",
+        "CUDA_DEVICE_MEMORY_LIMIT": "80g",
+        "CUDA_DEVICE_SM_LIMIT": "100",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/mine.cache",
+    }
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "lift"}, "data": tenant_env},
+    )
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
+    container = probe_container(product, "main", limits, ["1000", "2500", "--hold"])
+    container["envFrom"] = [{"configMapRef": {"name": "lift"}}]
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [container]))
+    wait_pod(real_cluster, ns, name, running, "Running", product)
+    out = probe_output(real_cluster, ns, name, "main")
+    assert out["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "80g", out  # the pod's value is in the env ...
+    assert out["cuda_total_mib"] == 3000 and out["nvml_total_mib"] == 3000, out  # ... and changes nothing
+    assert out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY], out
+
+    def counted():  # the grant's region (the monitor reads it), not the pod's /tmp/mine.cache
+        text = product.monitor_metrics()
+        return [v for lb, v in samples(text, "hami_vgpu_memory_limit_bytes") if lb.get("pod") == name] or None
+
+    assert real_cluster.wait_for(counted, "the monitor reporting the container", timeout=90, interval=1) == [
+        float(3000 << 20)
+    ]
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+
+
 GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
 
 LOAD = Path(__file__).resolve().parents[2] / "native" / "build" / "tests" / "cshare_load"
