@@ -444,6 +444,19 @@ def test_a_context_made_while_another_process_frees_memory_is_charged_in_full(vg
         other.wait()
 
 
+def run_with_mount(code: str, env: dict[str, str], source, target) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter in a mount namespace of its own where ``source`` is bind
+    mounted read-only at ``target`` (as the device plugin's mounts appear in a container)."""
+    script = f'mount --bind -o ro {source} {target} && exec {sys.executable} -c "$PROBE"'
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={**env, "PROBE": code},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_a_container_the_nri_hook_never_served_sees_no_device(vgpu_env, tmp_path):
     """``HAMI_NRI_INJECTION=pending``: Allocate's marker, which the NRI hook turns to ``done`` with
     the grant; still pending, the container was created while the hook was away and what it sees
@@ -472,14 +485,7 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(C.byref(n)), nvml.nvmlInit_v2(), nvml.nv
     (hook / "grant-pending").write_text("")
     (tmp_path / "marker").write_text("")
     assert run_py(probe, vgpu_env).stdout.split() == ["0", "0", "0", "0"]
-    script = f'mount --bind {tmp_path / "marker"} {hook / "grant-pending"} && exec {sys.executable} -c "$PROBE"'
-    p = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        env={**vgpu_env, "PROBE": probe},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = run_with_mount(probe, vgpu_env, tmp_path / "marker", hook / "grant-pending")
     assert p.stdout.split() == ["100", "3", "4", "4"], p
     assert "grant was never applied (<hook>/vgpu/grant-pending is mounted" in p.stderr, p.stderr
 
@@ -501,14 +507,7 @@ def test_the_mounted_grant_file_wins_over_the_environment(vgpu_env, tmp_path):
     vgpu_env.update({"CUDA_DEVICE_MEMORY_LIMIT_0": "4g", "CUDA_DEVICE_SM_LIMIT": "100", "CUDA_OVERSUBSCRIBE": "true"})
     probe = "import cuda_probe as c; c.init(); print(c.mem_info()[1])"
     assert run_py(probe, vgpu_env).stdout.split() == [str(4 * GiB)]
-    script = f'mount --bind -o ro {tmp_path / "grant"} {hook / "hami-grant.env"} && exec {sys.executable} -c "$PROBE"'
-    p = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        env={**vgpu_env, "PROBE": probe},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = run_with_mount(probe, vgpu_env, tmp_path / "grant", hook / "hami-grant.env")
     assert p.returncode == 0 and p.stdout.split() == [str(256 * MiB)], p
     r = read_region(region)  # the grant's region, not the env's
     assert r["limit"][0] == 256 * MiB and r["sm_limit"][0] == 30
