@@ -122,26 +122,31 @@ int vgpu_mount_point(const char *name, char *out, size_t len)
         return 0;
     char buf[16384];
     size_t have = 0;
-    int found = 0;
-    while (!found) {
+    int found = 0, skipping = 0; /* skipping: the rest of a line longer than the buffer */
+    for (;;) {
         ssize_t n = read(fd, buf + have, sizeof buf - 1 - have);
         if (n <= 0) {
             buf[have] = 0;
-            found = have && mount_line(buf, name, out, len);
+            if (have && !skipping)
+                found += mount_line(buf, name, found ? NULL : out, len);
             break;
         }
         have += (size_t)n;
         buf[have] = 0;
         char *start = buf, *nl;
-        while (!found && (nl = memchr(start, '\n', (size_t)(buf + have - start)))) {
+        while ((nl = memchr(start, '\n', (size_t)(buf + have - start)))) {
             *nl = 0;
-            found = mount_line(start, name, out, len);
+            if (!skipping)
+                found += mount_line(start, name, found ? NULL : out, len);
+            skipping = 0;
             start = nl + 1;
         }
         have -= (size_t)(start - buf);
         memmove(buf, start, have);
-        if (have == sizeof buf - 1)
-            have = 0; /* a line longer than the buffer: not a mount of ours */
+        if (have == sizeof buf - 1) {
+            have = 0; /* a line longer than the buffer: no mount of ours, skipped to its end */
+            skipping = 1;
+        }
     }
     close(fd);
     return found;
@@ -150,10 +155,19 @@ int vgpu_mount_point(const char *name, char *out, size_t len)
 static void grant_load(void)
 {
     char path[4096];
-    if (!vgpu_mount_point(GRANT_FILE, path, sizeof path))
+    int mounts = vgpu_mount_point(GRANT_FILE, path, sizeof path);
+    if (!mounts)
         return;
-    if (strchr(path, '\\')) /* an escaped character in the path: not a mount of ours */
-        return;
+    /* the device plugin mounts one; another (a pod's own volume, an image's VOLUME, a termination
+     * message path of that name) could be read first: refuse to choose */
+    if (mounts > 1) {
+        vgpu_log(0, "%d mounts are named %s (the device plugin makes one); refusing to run", mounts, GRANT_FILE);
+        _exit(78);
+    }
+    if (strchr(path, '\\')) {
+        vgpu_log(0, "the grant's mount point %s has an escaped character; refusing to run", path);
+        _exit(78);
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         vgpu_log(0, "cannot read the grant %s (%s); refusing to run without it", path, strerror(errno));
@@ -161,10 +175,14 @@ static void grant_load(void)
     }
     static char text[65536];
     size_t have = 0;
-    ssize_t n;
+    ssize_t n = 0;
     while (have < sizeof text - 1 && (n = read(fd, text + have, sizeof text - 1 - have)) > 0)
         have += (size_t)n;
     close(fd);
+    if (n < 0) {
+        vgpu_log(0, "cannot read the grant %s (%s); refusing to run without it", path, strerror(errno));
+        _exit(78);
+    }
     text[have] = 0;
     for (char *line = text, *next; line && *line && g_grant_count < GRANT_MAX; line = next) {
         next = strchr(line, '\n');
@@ -177,6 +195,10 @@ static void grant_load(void)
         g_grant_names[g_grant_count] = line;
         g_grant_values[g_grant_count] = eq + 1;
         g_grant_count++;
+    }
+    if (!g_grant_count) {
+        vgpu_log(0, "the grant %s names no setting; refusing to run without it", path);
+        _exit(78);
     }
 }
 

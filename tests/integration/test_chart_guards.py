@@ -305,9 +305,16 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
             "/usr/local/vgpu",
             "/etc//ld.so.preload",
             "/data/hami-grant.env",
+            "/x/hami-grant.env/.",
         ):
             message = _denied(lambda: create(allowed, mounting("mount", path)))
             assert "'main'" in message and "libvgpu" in message, (path, message)
+        # the kubelet mounts a file at the termination message path, after the device plugin's
+        for path in ("/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/hami-grant.env"):
+            pod = _pod("message", scheduler)
+            pod["spec"]["containers"][0]["terminationMessagePath"] = path
+            message = _denied(lambda: create(plain, pod))
+            assert "'main'" in message and "terminationMessagePath" in message, (path, message)
         create(plain, mounting("mount-ok", "/usr/local/vgpu-data/x"))
         # the priority the webhook writes from the priority resource
         create(

@@ -444,10 +444,12 @@ def test_a_context_made_while_another_process_frees_memory_is_charged_in_full(vg
         other.wait()
 
 
-def run_with_mount(code: str, env: dict[str, str], source, target) -> subprocess.CompletedProcess:
+def run_with_mount(code: str, env: dict[str, str], source, target, *more) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter in a mount namespace of its own where ``source`` is bind
-    mounted read-only at ``target`` (as the device plugin's mounts appear in a container)."""
-    script = f'mount --bind -o ro {source} {target} && exec {sys.executable} -c "$PROBE"'
+    mounted read-only at ``target`` (as the device plugin's mounts appear in a container), and
+    each further ``(source, target)`` of ``more`` too."""
+    mounts = "".join(f"mount --bind -o ro {s} {t} && " for s, t in ((source, target), *more))
+    script = f'{mounts}exec {sys.executable} -c "$PROBE"'
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
         env={**env, "PROBE": code},
@@ -511,3 +513,22 @@ def test_the_mounted_grant_file_wins_over_the_environment(vgpu_env, tmp_path):
     assert p.returncode == 0 and p.stdout.split() == [str(256 * MiB)], p
     r = read_region(region)  # the grant's region, not the env's
     assert r["limit"][0] == 256 * MiB and r["sm_limit"][0] == 30
+
+
+def test_a_second_mount_named_as_the_grant_or_an_empty_grant_stops_the_process(vgpu_env, tmp_path):
+    """A pod's own mount of that name (a termination message path, an image's VOLUME, which no
+    admission rule sees) could be found first and give the env back its say: with more than one,
+    libvgpu refuses to choose; a grant it cannot read or that names nothing stops it too."""
+    hook, elsewhere = tmp_path / "hook" / "vgpu", tmp_path / "data"
+    for d in (hook, elsewhere):
+        d.mkdir(parents=True)
+        (d / "hami-grant.env").write_text("")
+    (tmp_path / "grant").write_text("CUDA_DEVICE_MEMORY_LIMIT_0=256m\n")
+    (tmp_path / "empty").write_text("")
+    probe = "import cuda_probe as c; c.init(); print(c.mem_info()[1])"
+    grant = (tmp_path / "grant", hook / "hami-grant.env")
+    p = run_with_mount(probe, vgpu_env, tmp_path / "empty", elsewhere / "hami-grant.env", grant)
+    assert p.returncode == 78 and "2 mounts are named hami-grant.env" in p.stderr, p
+    p = run_with_mount(probe, vgpu_env, tmp_path / "empty", hook / "hami-grant.env")
+    assert p.returncode == 78 and "names no setting" in p.stderr, p
+    assert run_with_mount(probe, vgpu_env, *grant).stdout.split() == [str(256 * MiB)]

@@ -538,6 +538,7 @@ def _mounting(path: str, *, init: bool = False) -> dict:
         "/usr/local/lib/../vgpu",
         "/data/hami-grant.env",  # libvgpu finds these two by name in its mount table
         "/tmp/grant-pending/",
+        "/x/hami-grant.env/.",
     ],
 )
 def test_a_device_pod_may_not_mount_over_libvgpus_mounts(path):
@@ -551,6 +552,17 @@ def test_odd_volume_mounts_are_not_crashed_on(mounts):
     p = pod(GPU)
     p["spec"]["containers"][0]["volumeMounts"] = mounts
     assert decide(p, S, {}).allowed in (True, False)  # the API server's validation refuses the shape; no exception
+
+
+@pytest.mark.parametrize("path", ["/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/hami-grant.env"])
+def test_a_termination_message_path_over_libvgpus_mounts_is_refused(path):
+    # the kubelet mounts a file of its own there, after the device plugin's mounts
+    p = pod(GPU)
+    p["spec"]["containers"][0]["terminationMessagePath"] = path
+    d = decide(p, S, {})
+    assert not d.allowed and "terminationMessagePath" in d.message and repr(path) in d.message, d
+    p["spec"]["containers"][0]["terminationMessagePath"] = "/dev/termination-log"
+    assert decide(p, S, {}).allowed
 
 
 def test_libvgpus_mounts_follow_the_hook_path():

@@ -199,30 +199,41 @@ def _clean(path: str) -> str:
 
 
 def reserved_mount_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
-    """Why a device pod's volume mounts may not be admitted ("" when they may): a mount at
-    ``/etc/ld.so.preload`` or at or under ``<hook_path>/vgpu``. The kubelet lists a pod's volume
-    mounts after the device plugin's and the runtime orders mounts by depth only, so a pod's
-    mount at the same path (a ConfigMap's key with ``subPath``) is mounted over the grant's:
-    libvgpu is then not loaded, or the pod's own library is, and the container runs without its
-    limits (found by review); and a mount named as one libvgpu looks up in its mount table (the
-    grant file, the NRI pending marker), wherever it is. The path is compared as the runtime will
-    use it (``//`` and ``.`` segments cleaned)."""
+    """Why a device pod's mounts may not be admitted ("" when they may): a volume mount or a
+    ``terminationMessagePath`` (the kubelet mounts a file there) at ``/etc/ld.so.preload`` or at
+    or under ``<hook_path>/vgpu``. The kubelet lists a pod's mounts after the device plugin's and
+    the runtime orders mounts by depth only, so a pod's mount at the same path (a ConfigMap's key
+    with ``subPath``) is mounted over the grant's: libvgpu is then not loaded, or the pod's own
+    library is, and the container runs without its limits (found by review); and a path naming
+    one of the files libvgpu looks up in its mount table (the grant file, the NRI pending
+    marker), wherever it is. The path is compared as the runtime will use it (``//`` and ``.``
+    segments cleaned)."""
     vgpu = posixpath.join(_clean(s.hook_path), "vgpu")
     for c in _containers(pod):
-        mounts = c.get("volumeMounts") if isinstance(c, Mapping) else None
-        for m in mounts if isinstance(mounts, list) else ():
-            raw = str(m.get("mountPath") or "") if isinstance(m, Mapping) else ""
+        if not isinstance(c, Mapping):
+            continue
+        mounts = c.get("volumeMounts")
+        paths = [
+            ("volumeMounts mountPath", m.get("mountPath"))
+            for m in (mounts if isinstance(mounts, list) else ())
+            if isinstance(m, Mapping)
+        ]
+        paths.append(("terminationMessagePath", c.get("terminationMessagePath")))
+        for what, value in paths:
+            if not value:
+                continue
+            raw = str(value)
             path = _clean(raw)
             if (
                 path == PRELOAD_PATH
                 or path == vgpu
                 or path.startswith(vgpu + "/")
-                or posixpath.basename(path) in LIBVGPU_MOUNT_NAMES
+                or any(name in raw for name in LIBVGPU_MOUNT_NAMES)
             ):
                 return (
-                    f"container {c.get('name')!r}: volumeMounts mountPath {raw!r} may not be used in a pod that asks "
-                    f"for a device: the device plugin mounts {PRELOAD_PATH} and {vgpu} (libvgpu) there, and a volume "
-                    "would replace them (docs/security.md)"
+                    f"container {c.get('name')!r}: {what} {raw!r} may not be used in a pod that asks "
+                    f"for a device: the device plugin mounts {PRELOAD_PATH} and {vgpu} (libvgpu and its grant) "
+                    "there, and a mount of the pod's would replace them (docs/security.md)"
                 )
     return ""
 
