@@ -108,8 +108,10 @@ async def test_a_claim_allocated_again_to_another_gpu_gets_the_new_gpu_and_limit
     assert e["NVIDIA_VISIBLE_DEVICES"] == U1 and e["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m"
     assert e["CUDA_DEVICE_SM_LIMIT"] == "50"
     assert driver.checkpoint.get("u1")["devices"] == [dev]
-    # the old allocation's region went with it: the new one starts fresh
-    assert list(Path(paths.claim_dir("u1")).iterdir()) == []
+    # the old allocation's region went with it: the new one starts fresh, with the new grant file
+    left = list(Path(paths.claim_dir("u1")).iterdir())
+    assert [p.name for p in left] == ["hami-grant.env"]
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=8000m\n" in left[0].read_text()
     assert driver.metrics.registry.get_sample_value("hami_dra_prepared_claims") == 1
 
 
@@ -321,6 +323,15 @@ async def test_a_hit_after_a_failed_unprepare_makes_the_claim_directory_and_reco
     assert directory.is_dir() and directory.stat().st_mode & 0o777 == 0o777
     assert json.loads(Path(paths.claim_record("u1")).read_text()) == record
     assert Path(paths.cdi_file("u1")).exists()
+    # the grant file the CDI spec mounts read-only, made again from the spec's env
+    spec = json.loads(Path(paths.cdi_file("u1")).read_text())
+    (grant,) = [
+        m for m in spec["devices"][0]["containerEdits"]["mounts"] if m["containerPath"].endswith("/hami-grant.env")
+    ]
+    assert grant["hostPath"] == str(directory / "hami-grant.env") and "ro" in grant["options"]
+    env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+    text = (directory / "hami-grant.env").read_text()
+    assert f"CUDA_DEVICE_MEMORY_LIMIT_0={env['CUDA_DEVICE_MEMORY_LIMIT_0']}\n" in text
 
 
 async def test_a_hit_for_a_claim_without_a_region_makes_no_directory(root):

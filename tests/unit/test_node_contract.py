@@ -75,11 +75,14 @@ def test_driver_mounts_come_first_on_both_front_ends():
     a driver directory mounted over a parent of <hook>/vgpu cannot hide libvgpu's mounts."""
     dp = [m.container_path for m in dp_response(paths=HookPaths("/usr/local", "/tmp/vl", DRIVER_MOUNTS)).mounts]
     dra = [m["containerPath"] for m in dra_edits(Paths(hook_path="/usr/local", driver_mounts=DRIVER_MOUNTS))["mounts"]]
-    libvgpu = ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/tmp/vgpulock", "/etc/ld.so.preload"]
-    assert dra == ["/usr/local/nvidia", "/var/run/state", *libvgpu]
-    # the device plugin's grant file (the DRA agent's CDI spec sets the env after the pod's instead)
-    grant = "/usr/local/vgpu/hami-grant.env"
-    assert dp == ["/usr/local/nvidia", "/var/run/state", *libvgpu[:3], grant, libvgpu[3]]
+    libvgpu = [
+        "/usr/local/vgpu/libvgpu.so",
+        "/usr/local/vgpu",
+        "/tmp/vgpulock",
+        "/usr/local/vgpu/hami-grant.env",
+        "/etc/ld.so.preload",
+    ]
+    assert dp == dra == ["/usr/local/nvidia", "/var/run/state", *libvgpu]
 
 
 def test_without_isolation_only_the_driver_mounts_remain_on_both_front_ends():

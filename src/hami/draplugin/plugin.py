@@ -62,7 +62,7 @@ from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document
 from hami.node.files import read_small, write_atomic
-from hami.node.layout import make_claim_dir
+from hami.node.layout import GRANT_FILE, make_claim_dir, write_grant
 
 from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
 from .health import HealthFeed
@@ -74,6 +74,7 @@ from .prepare import (
     Plan,
     PrepareError,
     cdi_spec,
+    claim_grant,
     fingerprint,
     plan,
     response_devices,
@@ -226,7 +227,7 @@ class Driver:
             try:
                 if p.isolation == "hami-core":
                     # the claim's shared region is created by the container's processes, of any UID
-                    make_claim_dir(self.paths, uid)
+                    write_grant(make_claim_dir(self.paths, uid), claim_grant(spec))
                     write_atomic(
                         self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid})
                     )
@@ -282,6 +283,10 @@ class Driver:
         if any(m.get("hostPath") == directory for m in mounts):  # a region: isolation hami-core
             Path(directory).mkdir(parents=True, exist_ok=True)  # as make_claim_dir: any UID makes the region
             os.chmod(directory, 0o777)
+            grant = claim_grant(done["cdi_spec"])
+            path = Path(directory, GRANT_FILE)
+            if not path.is_file() or path.read_text() != grant:
+                write_grant(directory, grant)
             ref = {"namespace": done.get("namespace") or "", "name": done.get("name") or "", "uid": uid}
             record = Path(self.paths.claim_record(uid))
             if _read_json(record) != ref:
@@ -380,6 +385,8 @@ class Driver:
                 directory = Path(self.paths.claim_dir(uid))
                 try:
                     entries = list(directory.iterdir()) if directory.is_dir() and not directory.is_symlink() else []
+                    # the grant file stays: the claim's containers mount it (prepare wrote it)
+                    entries = [e for e in entries if e.name != GRANT_FILE]
                     for item in entries:
                         if item.is_dir() and not item.is_symlink():
                             shutil.rmtree(item)

@@ -394,11 +394,24 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
         region_dir = paths.claim_dir(p.uid)
     # no region (isolation none, admin access): the driver mounts only, no libvgpu, no preload;
     # preload=True: no container's env is known when a claim is prepared (module doc)
-    mounts = [mount_edit(m) for m in contract.container_mounts(paths, region_dir, preload=True)]
+    # the grant file too (written by the agent from this env, claim_grant): libvgpu takes its
+    # settings from it, and a pod's own mount of that name then makes two, which libvgpu refuses
+    mounts = [mount_edit(m) for m in contract.container_mounts(paths, region_dir, preload=True, grant=True)]
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if mounts:
         edits["mounts"] = mounts
     return edits
+
+
+def claim_grant(spec: Mapping[str, Any]) -> str:
+    """The grant file's text for a claim's CDI spec (:func:`hami.node.contract.grant_file` of its
+    env): what the agent writes into the claim's region directory, which the spec mounts."""
+    env: dict[str, str] = {}
+    for device in spec.get("devices") or ():
+        for entry in ((device or {}).get("containerEdits") or {}).get("env") or ():
+            key, _, value = str(entry).partition("=")
+            env[key] = value
+    return contract.grant_file(env, {})
 
 
 def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
