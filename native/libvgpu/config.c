@@ -212,6 +212,24 @@ const char *vgpu_getenv(const char *name)
     return getenv(name);
 }
 
+int vgpu_device_granted(const char *uuid)
+{
+    const char *list = vgpu_getenv("HAMI_GRANT_DEVICES");
+    if (!list || !*list)
+        return 1; /* no list: every device the process sees is its grant's (HAMi-core's contract) */
+    size_t n = strlen(uuid);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncasecmp(p, uuid, n) == 0)
+            return 1;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 static void bad(const char *name, const char *value, const char *expect)
 {
     vgpu_log(0, "invalid %s='%s' (expected %s); refusing to run with a setting it cannot honour",

@@ -337,6 +337,32 @@ int vgpu_current_dev(void)
         }                                                                                          \
     } while (0)
 
+/* Whether every device CUDA shows the process is one its grant names (vgpu_device_granted): a
+ * pod's own NVIDIA_VISIBLE_DEVICES (an envFrom, which no admission rule reads) could have the
+ * runtime show it other GPUs of the node. Checked once. */
+static int cuda_devices_granted(void)
+{
+    static int state; /* 0 unknown, 1 granted, -1 not */
+    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE))
+        return state > 0;
+    int n = 0, ok = 1;
+    if (p_cuDeviceGetCount && p_cuDeviceGetCount(&n) == CUDA_SUCCESS)
+        for (int i = 0; i < n && ok; i++) {
+            CUuuid u;
+            char s[VGPU_UUID_LEN];
+            if (!p_cuDeviceGetUuid_v2 || p_cuDeviceGetUuid_v2(&u, i) != CUDA_SUCCESS)
+                continue;
+            uuid_string(&u, s, sizeof s);
+            if (!vgpu_device_granted(s)) {
+                LOG_ERROR("no GPU: the process sees %s, which its grant does not name (NVIDIA_VISIBLE_DEVICES set by the "
+                          "pod?); CUDA reports no device", s);
+                ok = 0;
+            }
+        }
+    __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
+    return ok;
+}
+
 EXPORT CUresult cuInit(unsigned int flags)
 {
     if (UNLIKELY(!r_cuInit)) {
@@ -347,8 +373,13 @@ EXPORT CUresult cuInit(unsigned int flags)
             return CUDA_ERROR_NOT_INITIALIZED;
     }
     CUresult r = r_cuInit(flags);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        if (!cuda_devices_granted()) {
+            vgpu_refused = 1; /* no context either: a program that goes on after cuInit failed */
+            return CUDA_ERROR_NO_DEVICE;
+        }
         vgpu_cuda_dev(0);
+    }
     return r;
 }
 
@@ -407,6 +438,8 @@ static void nvml_snapshot(int reg, nvml_snap *s)
  * the host PID is learnt from the NVML process list difference. */
 static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), void *arg)
 {
+    if (UNLIKELY(vgpu_refused)) /* cuInit found a device the grant does not name */
+        return CUDA_ERROR_NO_DEVICE;
     int reg = vgpu_cuda_dev(cuda_dev);
     if (reg < 0)
         return create(arg);

@@ -16,21 +16,31 @@ NVML_REAL(nvmlDeviceGetMemoryInfo_v2)
 
 __thread int vgpu_nvml_internal __attribute__((tls_model("initial-exec")));
 
-/* Register the devices NVML sees (by UUID) so NVML-only processes map onto the region. */
-static void register_devices(void)
+/* Register the devices NVML sees (by UUID) so NVML-only processes map onto the region; 0 when
+ * one of them is not the grant's (vgpu_device_granted). */
+static int register_devices(void)
 {
     __typeof__(&nvmlDeviceGetCount_v2) count = vgpu_nvml_sym("nvmlDeviceGetCount_v2");
     __typeof__(&nvmlDeviceGetHandleByIndex_v2) by_index = vgpu_nvml_sym("nvmlDeviceGetHandleByIndex_v2");
     __typeof__(&nvmlDeviceGetUUID) get_uuid = vgpu_nvml_sym("nvmlDeviceGetUUID");
     unsigned n = 0;
     if (!count || !by_index || !get_uuid || count(&n) != NVML_SUCCESS)
-        return;
+        return 1;
+    int ok = 1;
     for (unsigned i = 0; i < n && i < VGPU_MAX_DEV; i++) {
         nvmlDevice_t d;
         char uuid[VGPU_UUID_LEN];
-        if (by_index(i, &d) == NVML_SUCCESS && get_uuid(d, uuid, sizeof uuid) == NVML_SUCCESS)
+        if (by_index(i, &d) == NVML_SUCCESS && get_uuid(d, uuid, sizeof uuid) == NVML_SUCCESS) {
+            if (!vgpu_device_granted(uuid)) {
+                vgpu_log(0, "no GPU: the process sees %s, which its grant does not name (NVIDIA_VISIBLE_DEVICES set "
+                            "by the pod?); NVML refuses to start", uuid);
+                ok = 0;
+                continue;
+            }
             vgpu_region_dev_for_uuid(uuid, 1);
+        }
     }
+    return ok;
 }
 
 /* An application's NVML init: the real one (whose own calls into its exported names pass through
@@ -39,8 +49,8 @@ static void register_devices(void)
     do {                                                                                           \
         vgpu_nvml_internal++;                                                                      \
         nvmlReturn_t r_ = (real_call);                                                             \
-        if (r_ == NVML_SUCCESS)                                                                    \
-            register_devices();                                                                    \
+        if (r_ == NVML_SUCCESS && !register_devices())                                             \
+            r_ = NVML_ERROR_NO_PERMISSION;                                                         \
         vgpu_nvml_internal--;                                                                      \
         return r_;                                                                                 \
     } while (0)

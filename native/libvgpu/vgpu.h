@@ -40,6 +40,9 @@ HIDDEN const char *vgpu_getenv(const char *name);
 /* 1 when a mount point of this process is named `name` (its last component); its path into
  * `out` when given. */
 HIDDEN int vgpu_mount_point(const char *name, char *out, size_t len);
+/* Whether a device the process sees (its UUID) is one its grant names (HAMI_GRANT_DEVICES, the
+ * grant file's; every device when there is no list). */
+HIDDEN int vgpu_device_granted(const char *uuid);
 #define LOG_ERROR(...) vgpu_log(0, __VA_ARGS__)
 #define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
 #define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)

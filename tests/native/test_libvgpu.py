@@ -532,3 +532,30 @@ def test_a_second_mount_named_as_the_grant_or_an_empty_grant_stops_the_process(v
     p = run_with_mount(probe, vgpu_env, tmp_path / "empty", hook / "hami-grant.env")
     assert p.returncode == 78 and "names no setting" in p.stderr, p
     assert run_with_mount(probe, vgpu_env, *grant).stdout.split() == [str(256 * MiB)]
+
+
+def test_a_process_that_sees_a_gpu_its_grant_does_not_name_gets_none(vgpu_env, tmp_path):
+    """``HAMI_GRANT_DEVICES`` (the grant file's): a pod's own ``NVIDIA_VISIBLE_DEVICES`` (an envFrom)
+    could have the runtime show it every GPU of the node; libvgpu then gives it none, through CUDA
+    and NVML."""
+    probe = """
+import ctypes as C
+cu = C.CDLL("libcuda.so.1"); nvml = C.CDLL("libnvidia-ml.so.1")
+n = C.c_int(-1)
+u = C.create_string_buffer(96); d = C.c_void_p()
+nvml.nvmlInit_v2(); nvml.nvmlDeviceGetHandleByIndex_v2(0, C.byref(d)); nvml.nvmlDeviceGetUUID(d, u, 96)
+first = u.value.decode()
+nvml.nvmlDeviceGetHandleByIndex_v2(1, C.byref(d)); nvml.nvmlDeviceGetUUID(d, u, 96)
+print(first, u.value.decode())
+"""
+    first, second = run_py(probe, vgpu_env).stdout.split()  # no list: every device (HAMi-core's contract)
+    check = probe.replace(
+        "print(first, u.value.decode())",
+        "ctx = C.c_void_p()\nprint(cu.cuInit(0), nvml.nvmlInit_v2(), cu.cuDevicePrimaryCtxRetain(C.byref(ctx), 0))",
+    )
+    vgpu_env["HAMI_GRANT_DEVICES"] = f"{first.upper()},GPU-other"  # compared in any letter case
+    p = run_py(check, vgpu_env)
+    # no context either, for a program that goes on after cuInit failed
+    assert p.stdout.split() == ["100", "4", "100"] and f"the process sees {second}" in p.stderr, p
+    vgpu_env["HAMI_GRANT_DEVICES"] = f"{first},{second}"
+    assert run_py(check, vgpu_env).stdout.split() == ["0", "0", "0"]

@@ -279,6 +279,29 @@ def test_a_pods_envfrom_does_not_lift_its_limits(product: Product, real_cluster:
     ]
     real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
 
+    # every GPU of the node through the pod's own NVIDIA_VISIBLE_DEVICES: libvgpu sees a GPU the
+    # grant (HAMI_GRANT_DEVICES in the grant file) does not name and gives the process none
+    real_cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "all-gpus"},
+            "data": {"NVIDIA_VISIBLE_DEVICES": "all"},
+        },
+    )
+    greedy = probe_container(product, "main", limits, ["1000"])
+    greedy["envFrom"] = [{"configMapRef": {"name": "all-gpus"}}]
+    pod = probe_pod("all-gpus", [greedy])
+    pod["spec"]["restartPolicy"] = "Never"
+    real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    out = probe_output(real_cluster, ns, "all-gpus", "main")
+    assert out["env"]["NVIDIA_VISIBLE_DEVICES"] == "all", out
+    assert (out["cuInit"], out["ctx"], out["nvmlInit"]) == (100, 100, 4), out  # NO_DEVICE, NO_PERMISSION
+    assert out["allocs"][0] != 0, out
+    real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/all-gpus")
+
 
 GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
 

@@ -126,7 +126,8 @@ def test_response_env_and_mounts():
     # the grant file: every variable libvgpu reads, the grant's values, the rest empty
     grant = dict(line.split("=", 1) for line in r.grant.splitlines())
     assert set(grant) == set(contract.libvgpu_names())
-    assert {k: v for k, v in grant.items() if v} == {k: v for k, v in r.envs.items() if k in grant}
+    granted = {k: v for k, v in r.envs.items() if k in grant}
+    assert {k: v for k, v in grant.items() if v} == {**granted, "HAMI_GRANT_DEVICES": f"{U0},{U1}"}
     assert grant["CUDA_DEVICE_MEMORY_LIMIT"] == "" and grant["CUDA_DEVICE_SM_LIMIT_0"] == ""
 
 

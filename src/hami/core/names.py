@@ -91,6 +91,9 @@ NVIDIA backend's admission defaults and the webhook name a few:
   controller's knobs), the region file, the NRI marker); the webhook
   refuses them in a device pod's env, the chart's device-pod guard spells the same list, and the
   NRI hook removes those its grant does not set (docs/security.md).
+* ``ENV_GRANT_DEVICES`` (beyond HAMi): the UUIDs of the GPUs a grant names, comma-separated, in
+  the grant file (and a DRA claim's CDI spec); libvgpu gives no device to a process that sees
+  another (a pod's own ``NVIDIA_VISIBLE_DEVICES``). Empty or unset: no check (HAMi-core's contract).
 * ``GRANT_FILE`` and ``PENDING_MARKER`` (beyond HAMi): file names libvgpu looks up in its mount
   table. The device plugin writes the grant file into a container's region directory and mounts
   it read-only at ``<hook>/vgpu/hami-grant.env``; libvgpu reads its settings from it over the
@@ -168,6 +171,7 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"
 ENV_LD_PRELOAD = "LD_PRELOAD"
 ENV_NRI_INJECTION = "HAMI_NRI_INJECTION"
+ENV_GRANT_DEVICES = "HAMI_GRANT_DEVICES"
 
 #: files libvgpu finds by name in its process's mount table (native/libvgpu/config.c and
 #: cuda_hooks.c): the grant, mounted read-only at ``<hook>/vgpu/hami-grant.env`` (its settings

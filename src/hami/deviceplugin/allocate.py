@@ -308,4 +308,6 @@ def build_response(
     )
     envs.update(contract.limit_env(limits, contract.options(settings)))
     mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env), grant=True)
-    return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env))
+    # the granted GPUs' UUIDs (not in MIG mode: the container sees the instances)
+    granted = () if mig else [d.uuid for d in devs]
+    return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env, granted))

@@ -391,6 +391,7 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
         )
         # sealed: every other variable libvgpu reads set empty (module doc), so none comes from the pod
         env.update(contract.sealed_env(contract.limit_env(limits, opts)))
+        env[contract.GRANT_DEVICES] = ",".join(g.uuid for g in grants)  # libvgpu: no other GPU
         region_dir = paths.claim_dir(p.uid)
     # no region (isolation none, admin access): the driver mounts only, no libvgpu, no preload;
     # preload=True: no container's env is known when a claim is prepared (module doc)

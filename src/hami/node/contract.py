@@ -89,6 +89,7 @@ LD_PRELOAD = names.ENV_LD_PRELOAD
 #: (beyond HAMi) ``pending`` in a container whose grant the NRI hook must still give it,
 #: ``done`` once given (docs/nri.md)
 NRI_INJECTION = names.ENV_NRI_INJECTION
+GRANT_DEVICES = names.ENV_GRANT_DEVICES
 NRI_PENDING, NRI_DONE = "pending", "done"
 #: libvgpu's own tuning and test variables (under ``names.GRANT_ENV_PREFIX``): the memory it
 #: counts for a CUDA context, and a stall inside the region lock (tests only)
@@ -216,18 +217,22 @@ def libvgpu_names() -> tuple[str, ...]:
     grant = [n for n in names.GRANT_ENV if n != NRI_INJECTION]
     per_device = [f"{n}_{i}" for n in (MEMORY_LIMIT, SM_LIMIT) for i in range(LIBVGPU_MAX_DEVICES)]
     tuning = [n for n in LIMITER_TUNING if n not in grant]  # in the grant's list too (names.GRANT_ENV)
-    return (*grant, *per_device, TASK_PRIORITY, CORE_POLICY, CONTEXT_SIZE, TEST_STALL, *tuning)
+    return (*grant, *per_device, TASK_PRIORITY, CORE_POLICY, CONTEXT_SIZE, TEST_STALL, *tuning, GRANT_DEVICES)
 
 
-def grant_file(env: Mapping[str, str], spec_env: Mapping[str, str]) -> str:
+def grant_file(env: Mapping[str, str], spec_env: Mapping[str, str], devices: Sequence[str] = ()) -> str:
     """The grant file's text (``NAME=value`` lines): every variable of :func:`libvgpu_names`,
     the grant's value (from ``env``, a :func:`limit_env`), else for ``CUDA_TASK_PRIORITY`` and
     ``GPU_CORE_UTILIZATION_POLICY`` the pod spec's literal value (``spec_env``, which the
     admission rules checked), else empty (libvgpu's default). Mounted read-only at
     ``<hook>/vgpu/hami-grant.env`` (:func:`container_mounts` with ``grant``), it is where libvgpu
     takes its settings from, over the container's environment: a pod's ``envFrom`` (which no
-    admission rule reads) or its image's ``ENV`` then changes no limit (docs/security.md)."""
+    admission rule reads) or its image's ``ENV`` then changes no limit (docs/security.md).
+    ``devices``: the granted GPUs' UUIDs (``HAMI_GRANT_DEVICES``): libvgpu gives no device to a
+    process that sees another (a pod's own ``NVIDIA_VISIBLE_DEVICES``); none: no check."""
     values = {n: "" for n in libvgpu_names()}
+    if devices:
+        values[GRANT_DEVICES] = ",".join(devices)
     for name in (TASK_PRIORITY, CORE_POLICY):
         if spec_env.get(name) is not None:
             values[name] = spec_env[name]
