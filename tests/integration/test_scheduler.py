@@ -652,6 +652,61 @@ def test_two_replicas_only_the_lease_holder_filters(kube_cluster, kube_namespace
             b.stop()
 
 
+def test_replicas_without_a_kube_scheduler_beside_them_campaign_for_a_lease_of_their_own(kube_cluster, kube_namespace):
+    """``--leader-elect-mode=campaign`` (the chart's kube-scheduler in a pod of its own): the
+    replicas elect one leader among themselves on the real API server; a leader that stops gives
+    the Lease up and the other leads within seconds; one killed outright (no release) is replaced
+    once its record has stood still for the lease duration."""
+    ns, lease = kube_namespace, "hami-extender-test"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{lease}"
+    flags = (
+        "--leader-elect",
+        "--leader-elect-mode=campaign",
+        f"--leader-elect-resource-name={lease}",
+        f"--leader-elect-resource-namespace={ns}",
+    )
+    procs = [
+        SchedulerProcess(kube_cluster, *flags, f"--leader-elect-identity=replica-{x}", tls=False).start(
+            wait_ready=False
+        )
+        for x in "abc"
+    ]
+
+    def roles() -> list[str]:
+        return [p.answer("/readyz")[1] for p in procs]
+
+    try:
+        for p in procs:
+            p.wait_ready()
+        kube_cluster.wait_for(lambda: roles().count("ok: leader") == 1, "one leader of three", 30)
+        time.sleep(3.0)  # renewals keep it: still exactly one, the same one
+        first = roles().index("ok: leader")
+        assert roles().count("ok: leader") == 1 and roles()[first] == "ok: leader"
+        holder = kube_cluster.api("GET", path)["spec"]["holderIdentity"]
+        assert holder.startswith(f"replica-{'abc'[first]}_")
+        # a graceful stop gives the Lease up: another replica leads well before a lease duration
+        stopped_at = time.monotonic()
+        procs[first].stop()
+        rest = [p for i, p in enumerate(procs) if i != first]
+        kube_cluster.wait_for(
+            lambda: [p.answer("/readyz")[1] for p in rest].count("ok: leader") == 1, "a new leader", 30
+        )
+        assert time.monotonic() - stopped_at < 10, "the Lease was not given up on stop"
+        assert "gave the leader Lease" in procs[first].logs()
+        second = next(p for p in rest if p.answer("/readyz")[1] == "ok: leader")
+        other = next(p for p in rest if p is not second)
+        # killed outright: no release; the last replica takes over once the record stood still
+        renewed = kube_cluster.api("GET", path)["spec"]["renewTime"]
+        second.kill()
+        kube_cluster.wait_for(lambda: other.answer("/readyz")[1] == "ok: leader", "the last replica leads", 45)
+        after = kube_cluster.api("GET", path)["spec"]
+        assert after["holderIdentity"].startswith(other.extra[-1].split("=")[1] + "_")
+        assert after["renewTime"] != renewed and after["leaseTransitions"] >= 2
+    finally:
+        for p in procs:
+            p.stop()
+
+
 def test_a_decision_for_a_pod_deleted_before_its_bind_gives_the_capacity_back(kube_cluster, hami, standin, ns):
     """A pod deleted between its Filter and its Bind (with --decision-write=filter, its decision
     patch may fail too): the reservation goes (a real pod then gets the capacity) and its Bind

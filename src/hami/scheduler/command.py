@@ -97,7 +97,9 @@ async def main(opts: Options) -> int:
             opts.host,
             opts.port,
             served,
-            "on" if opts.leader_elect else "off",
+            ("campaigning as " if opts.leader_campaign else "on, following ") + service.leader.identity
+            if opts.leader_elect
+            else "off",
         )
         await stop.wait()
         service.draining = True  # answers from now on close their connections
@@ -113,6 +115,8 @@ async def main(opts: Options) -> int:
         for r in (ui_runner, loopback, runner):
             if r is not None:
                 await r.cleanup()
+        # nothing is served any more: a campaigned Lease goes to the next replica now
+        await service.leader.release()
         await service.stop()
         if ui_kube is not None:
             await ui_kube.close()

@@ -7,6 +7,13 @@ sets hostNetwork or spec.hostname; ours defaults to the same hostname) and the L
 not expired. Only the leader answers ``/filter`` and ``/bind`` and is ready; followers keep
 their caches warm, so a failover does not start cold. Without ``--leader-elect`` this replica
 is always leader.
+
+With ``--leader-elect-mode=campaign`` (the chart's ``scheduler.kubeScheduler.separatePod``, where
+kube-scheduler runs in a pod of its own under another ServiceAccount and calls the extender
+through its Service) there is no kube-scheduler beside us to follow: each replica campaigns for a
+Lease of its own as client-go's leader election does (create it, or take it once its record has
+not changed for its duration on our own clock, or renew it while ours; every write conditional on
+the resourceVersion read), with a unique ``<identity>_<uuid>``, and gives it up when it stops.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime
+import uuid
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping
 
 import aiohttp
@@ -41,6 +49,11 @@ def _ts(text: str | None) -> float | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _stamp(when: float) -> str:
+    """A Lease's MicroTime: RFC 3339 in UTC with microseconds."""
+    return datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def holds_lease(lease: Mapping[str, Any] | None, identity: str, now: float) -> bool:
@@ -80,11 +93,18 @@ class Leadership:
         interval: float = 1.0,
         clock: Callable[[], float] = time.time,
         request_timeout: float = REQUEST_TIMEOUT,
+        campaign: bool = False,
     ) -> None:
         self.kube = kube
         self.enabled = enabled
+        self.name, self.namespace = name, namespace
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        self.identity = identity
+        # campaigning, the identity written in the Lease is unique to this process (a restarted
+        # replica must not mistake its predecessor's record for its own)
+        self.campaign = campaign
+        self.identity = f"{identity}_{uuid.uuid4()}" if campaign else identity
+        self._observed: tuple[Any, ...] | None = None  # campaign: the record last read
+        self._observed_at = 0.0  # campaign: our clock when that record last changed
         self.pod_name, self.pod_namespace = pod_name, pod_namespace
         self.interval = interval
         self.clock = clock
@@ -147,6 +167,8 @@ class Leadership:
         it: a long resync must not keep leadership from being followed."""
         sent = self.clock()
         lease = await self._read()
+        if self.campaign and lease is not _UNREAD:
+            lease = await self._campaign(lease)
         now = self.clock()
         if lease is _UNREAD:
             leader = self._leader and now < self.held_until
@@ -166,6 +188,72 @@ class Leadership:
         elif self.labelled is not leader:
             await self._label(leader)
         return leader
+
+    async def _campaign(self, lease: Mapping[str, Any] | None) -> Any:
+        """One round of the campaign on the Lease just read (None: there is none): create it, take
+        it, renew it, or leave it to its holder. Returns the Lease as it now stands for
+        :meth:`check` (ours after a write that succeeded; ``{}`` after one another replica beat us
+        to; ``_UNREAD`` after a write that failed otherwise). Another holder's Lease is taken only
+        once its record has stood unchanged for its duration on our clock (a holder whose clock
+        runs behind ours cannot be taken over early), or when its holder gave it up (empty)."""
+        assert self.kube is not None
+        now = self.clock()
+        spec = dict((lease or {}).get("spec") or {})
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
+        duration = spec.get("leaseDurationSeconds") or LEASE_DURATION
+        if holder and holder != self.identity and self._observed_at + duration > now:
+            return lease
+        stamp = _stamp(now)
+        mine = {"holderIdentity": self.identity, "leaseDurationSeconds": int(LEASE_DURATION), "renewTime": stamp}
+        if holder != self.identity:
+            mine["acquireTime"] = stamp
+            mine["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease is not None else 0)
+        try:
+            if lease is None:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": mine,
+                }
+                write = self.kube.post(self.path.rsplit("/", 1)[0], body)
+            else:
+                body = {**lease, "spec": {**spec, **mine}}
+                write = self.kube.request("PUT", self.path, body=body)
+            return await asyncio.wait_for(write, self.request_timeout)
+        except KubeError as exc:
+            if exc.status == 409:  # another replica created or wrote it first
+                return {}
+            log.warning("cannot write the leader Lease: %s", exc)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot write the leader Lease: %s", str(exc) or type(exc).__name__)
+        return _UNREAD
+
+    async def release(self) -> None:
+        """Campaigning: stop leading now and give the Lease up (holder emptied, as client-go does
+        on a cancelled election) so that another replica takes it at once rather than after its
+        duration. For a stop, once nothing is served any more. Following, there is nothing to do:
+        kube-scheduler gives its Lease up itself."""
+        if not (self.enabled and self.campaign and self.kube is not None):
+            return
+        self._leader = False
+        self.held_until = 0.0
+        try:
+            lease = await asyncio.wait_for(self.kube.get(self.path), self.request_timeout)
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return
+            stamp = _stamp(self.clock())
+            spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
+            await asyncio.wait_for(
+                self.kube.request("PUT", self.path, body={**lease, "spec": spec}), self.request_timeout
+            )
+            log.info("gave the leader Lease %s up", self.name)
+        except (KubeError, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("cannot give the leader Lease up (it expires by itself): %s", str(exc) or type(exc).__name__)
 
     async def _elected(self, before: asyncio.Task[None] | None) -> None:
         """The ``on_elected`` callbacks, in order, after those of an earlier election (passes never

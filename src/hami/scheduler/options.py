@@ -85,6 +85,7 @@ class Options:
     bind_timeout: float | None = None  # the whole Bind (None: the lock retry timeout, at least 28 s)
     force_overwrite_default_scheduler: bool = True
     leader_elect: bool = False
+    leader_campaign: bool = False  # --leader-elect-mode=campaign
     lease_name: str = "hami-scheduler"
     lease_namespace: str = "kube-system"
     identity: str = ""
@@ -263,6 +264,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=True,
         default=False,
         help="follow the kube-scheduler Lease; only the leader filters and binds",
+    )
+    a(
+        "--leader-elect-mode",
+        choices=("follow", "campaign"),
+        default="follow",
+        help="(hami-py) follow: lead while the kube-scheduler in this pod holds the Lease (HAMi's way); "
+        "campaign: campaign for the Lease itself, for an extender whose kube-scheduler runs in a pod of "
+        "its own (default %(default)s)",
     )
     a("--leader-elect-resource-name", default="hami-scheduler", help="Lease name (default %(default)s)")
     a("--leader-elect-resource-namespace", default="", help="Lease namespace (default $POD_NAMESPACE or kube-system)")
@@ -465,6 +474,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         bind_timeout=None if args.bind_timeout is None else parse_duration(args.bind_timeout, "--bind-timeout"),
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
         leader_elect=args.leader_elect,
+        leader_campaign=args.leader_elect_mode == "campaign",
         lease_name=args.leader_elect_resource_name,
         lease_namespace=args.leader_elect_resource_namespace or pod_namespace or "kube-system",
         # kube-scheduler's identity is os.Hostname() + "_<uuid>": the pod's name only without

@@ -107,6 +107,7 @@ class SchedulerService:
             opts.identity,
             opts.pod_name,
             opts.pod_namespace,
+            campaign=opts.leader_campaign,
         )
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
         self.reflectors: list[Reflector] = []
