@@ -160,7 +160,12 @@ def _render(helm, ns: str, *values: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-@pytest.mark.parametrize("values", [[], NON_DEFAULT], ids=["defaults", "non-defaults"])
+SEPARATE_KUBE_SCHEDULER = ["--set", "scheduler.kubeScheduler.separatePod=true", "--set", "scheduler.replicas=2"]
+
+
+@pytest.mark.parametrize(
+    "values", [[], NON_DEFAULT, SEPARATE_KUBE_SCHEDULER], ids=["defaults", "non-defaults", "separate-kube-scheduler"]
+)
 def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kube_namespace, values):
     docs = _render(helm, kube_namespace, *values)
     kinds = sorted({d["kind"] for d in docs})
@@ -179,7 +184,7 @@ def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kub
     assert expected <= set(kinds), kinds
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-        assert ((kind, "hami-allocation-guard") in names) == (not values)  # switched off in the non-defaults
+        assert ((kind, "hami-allocation-guard") in names) == (values is not NON_DEFAULT)  # off in the non-defaults
         assert (kind, "hami-device-plugin-node-guard") in names and (kind, "hami-scheduler-pod-guard") in names
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
@@ -248,6 +253,94 @@ def test_over_https_kube_scheduler_presents_a_client_certificate_of_its_own_ca(h
     cert.verify_directly_issued_by(client_ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in usages
+
+
+def test_kube_scheduler_in_a_pod_of_its_own_takes_its_roles_away_from_the_extender(helm):
+    """scheduler.kubeScheduler.separatePod: kube-scheduler runs in a Deployment and ServiceAccount of
+    its own, calls the extender through the scheduler's Service over https with its client
+    certificate, and holds Kubernetes' scheduler roles; the extender's ServiceAccount holds none of
+    them and its replicas campaign for a Lease of their own. The default layout is HAMi's."""
+    default = {(d["kind"], d["metadata"]["name"]): d for d in _render(helm, "gpu")}
+    assert ("Deployment", "hami-kube-scheduler") not in default
+    subjects = lambda docs, name: [s["name"] for s in docs[("ClusterRoleBinding", name)]["subjects"]]  # noqa: E731
+    assert subjects(default, "hami-scheduler-kube-scheduler") == ["hami-scheduler"]
+
+    aliases = '[{"ip": "10.96.7.7", "hostnames": ["hami-scheduler.gpu.svc"]}]'
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in _render(
+            helm, "gpu", *SEPARATE_KUBE_SCHEDULER, "--set-json", f"scheduler.kubeScheduler.hostAliases={aliases}"
+        )
+    }
+    ext_pod = docs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
+    ks_deploy = docs[("Deployment", "hami-kube-scheduler")]
+    ks_pod = ks_deploy["spec"]["template"]["spec"]
+    assert [c["name"] for c in ext_pod["containers"]] == ["vgpu-scheduler-extender"]
+    assert [c["name"] for c in ks_pod["containers"]] == ["kube-scheduler"]
+    assert ext_pod["serviceAccountName"] == "hami-scheduler" and ks_pod["serviceAccountName"] == "hami-kube-scheduler"
+    assert ks_pod["hostAliases"] == [{"ip": "10.96.7.7", "hostnames": ["hami-scheduler.gpu.svc"]}]
+    assert ks_deploy["spec"]["replicas"] == 2
+    # Kubernetes' scheduler roles go to kube-scheduler's identity only
+    for binding in ("hami-scheduler-kube-scheduler", "hami-scheduler-volume-scheduler"):
+        assert subjects(docs, binding) == ["hami-kube-scheduler"]
+    assert [s["name"] for s in docs[("RoleBinding", "hami-scheduler-auth-reader")]["subjects"]] == [
+        "hami-kube-scheduler"
+    ]
+    extender_roles = [
+        d["roleRef"]["name"]
+        for (kind, _), d in docs.items()
+        if kind in ("ClusterRoleBinding", "RoleBinding") and "hami-scheduler" in [s["name"] for s in d["subjects"]]
+    ]
+    assert not any(r.startswith("system:") or r == "extension-apiserver-authentication-reader" for r in extender_roles)
+    # the extender campaigns for a Lease of its own, which it alone may read and renew
+    ext = ext_pod["containers"][0]["command"]
+    assert "--leader-elect-mode=campaign" in ext and "--leader-elect-resource-name=hami-scheduler-extender" in ext
+    assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext
+    assert not any(a.startswith("--extender-bind") for a in ext)
+    lease_rules = [r for r in docs[("Role", "hami-scheduler")]["rules"] if "leases" in r["resources"]]
+    assert lease_rules == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["hami-scheduler-extender"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    assert docs[("Role", "hami-kube-scheduler")]["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["hami-scheduler"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    # kube-scheduler calls the Service over https with its client certificate; the serving
+    # certificate names that host
+    config = yaml.safe_load(docs[("ConfigMap", "hami-scheduler")]["data"]["config.yaml"])
+    extender = config["extenders"][0]
+    assert extender["urlPrefix"] == "https://hami-scheduler.gpu.svc:443" and extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {
+        "caFile": "/extender-tls/ca.crt",
+        "certFile": "/extender-client/tls.crt",
+        "keyFile": "/extender-client/tls.key",
+    }
+    names = json.loads(docs[("Secret", "hami-scheduler-tls")]["metadata"]["annotations"]["hami.io/tls-names"])
+    assert "hami-scheduler.gpu.svc" in names["dns"]
+    volumes = lambda pod: {v["name"] for v in pod["volumes"]}  # noqa: E731
+    assert volumes(ks_pod) == {"scheduler-config", "extender-client", "extender-tls-ca"}
+    assert volumes(ext_pod) == {"device-config", "tls", "extender-client-ca"}  # no client key in the extender's pod
+    # the Services and the scheduler's PDB select extender pods only; kube-scheduler has a PDB of its own
+    ks_labels = ks_deploy["spec"]["template"]["metadata"]["labels"]
+    for service in ("hami-scheduler", "hami-scheduler-webhook"):
+        selector = docs[("Service", service)]["spec"]["selector"]
+        assert not all(ks_labels.get(k) == v for k, v in selector.items()), service
+    assert (
+        docs[("PodDisruptionBudget", "hami-kube-scheduler")]["spec"]["selector"]["matchLabels"]
+        == (ks_deploy["spec"]["selector"]["matchLabels"])
+    )
+    ext_selector = docs[("Deployment", "hami-scheduler")]["spec"]["selector"]["matchLabels"]
+    assert not all(ks_labels.get(k) == v for k, v in ext_selector.items())
 
 
 def test_the_scheduler_has_no_cluster_wide_pod_patch_unless_decision_write_filter(helm):
@@ -385,7 +478,8 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
         if line.strip().startswith("- apiGroups:"):
             assert lines[i - 1].strip().startswith("#"), f"rule without a comment: {line.strip()} (line {i + 1})"
     docs = _render(helm, "gpu")
-    for d in docs:
+    separate = [d for d in _render(helm, "gpu", *SEPARATE_KUBE_SCHEDULER) if d["kind"] != "DaemonSet"]
+    for d in docs + separate:
         for rule in d.get("rules") or ():
             assert "*" not in rule.get("verbs", []) and "*" not in rule.get("resources", []), (
                 d["metadata"]["name"],
@@ -401,7 +495,7 @@ def test_every_privilege_has_a_reason_and_nothing_is_privileged(helm):
     assert len(daemonsets) == 2  # the device plugin's and the monitor's
     for d in daemonsets:
         assert d["spec"]["template"]["spec"]["hostPID"] is False, d["metadata"]["name"]
-    for d in docs:  # the runtime's default syscall filter for every pod
+    for d in docs + separate:  # the runtime's default syscall filter for every pod
         if d["kind"] in ("DaemonSet", "Deployment"):
             pod = d["spec"]["template"]["spec"]
             assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, d["metadata"]["name"]

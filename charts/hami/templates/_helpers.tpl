@@ -191,9 +191,22 @@ cert-manager.
 
 {{- define "hami.scheduler.extenderClient" -}}{{ include "hami.scheduler" . }}-extender-client{{- end -}}
 
-{{/* Whether kube-scheduler calls the extender over https (loopbackPort 0): then with mTLS. */}}
+{{/* (hami-py) kube-scheduler in a Deployment and ServiceAccount of its own
+(scheduler.kubeScheduler.separatePod): it calls the extender through the scheduler's Service. */}}
+{{- define "hami.kubeScheduler.separate" -}}
+{{- if and .Values.scheduler.kubeScheduler.enabled .Values.scheduler.kubeScheduler.separatePod -}}true{{- end -}}
+{{- end -}}
+{{- define "hami.kubeScheduler" -}}{{ include "hami.fullname" . }}-kube-scheduler{{- end -}}
+{{- define "hami.kubeScheduler.selector" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kube-scheduler
+{{- end -}}
+
+{{/* Whether kube-scheduler calls the extender over https (loopbackPort 0, or from a pod of its
+own): then with mTLS. */}}
 {{- define "hami.extender.mtls" -}}
-{{- if not (int .Values.scheduler.extender.loopbackPort) -}}true{{- end -}}
+{{- if or (not (int .Values.scheduler.extender.loopbackPort)) (include "hami.kubeScheduler.separate" .) -}}true{{- end -}}
 {{- end -}}
 
 {{/*
