@@ -795,3 +795,85 @@ def test_a_scheduler_upgrade_rolls_over_to_a_new_pod_that_leads(
     assert answered[0] > 20 and refused == [], (answered[0], refused[:3], len(refused))
     sleepers(real_cluster, ns, busybox, "after-upgrade", 2)
     assert_settled(product, real_cluster, ns, 2)
+
+
+def _may(cluster: KubeCluster, user: str, verb: str, resource: str, subresource: str = "") -> bool:
+    """What RBAC lets ``user`` do, as the API server answers a SubjectAccessReview."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
+            "resourceAttributes": {"verb": verb, "resource": resource, "subresource": subresource, "namespace": "x"},
+        },
+    }
+    return bool(cluster.api("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"]["allowed"])
+
+
+def test_kube_scheduler_in_a_pod_of_its_own_schedules_gpu_pods_and_the_extender_loses_its_roles(
+    product: Product, real_cluster: KubeCluster, gpu_namespace: str, busybox: str
+):
+    """``scheduler.kubeScheduler.separatePod`` on a running release: kube-scheduler moves to a
+    Deployment and ServiceAccount of its own and calls /filter and /bind through the scheduler's
+    Service (kube-proxy on the node; the node has no cluster DNS, so the Service's name comes from
+    ``hostAliases``) with its client certificate; the extender's replicas campaign for a Lease of
+    their own. GPU pods are placed and get their limits; the extender's ServiceAccount can no
+    longer delete pods or write their status, kube-scheduler's can. Switched back afterwards."""
+    ns = gpu_namespace
+    service = real_cluster.api("GET", f"/api/v1/namespaces/{NAMESPACE}/services/{RELEASE}-scheduler")
+    host = f"{RELEASE}-scheduler.{NAMESPACE}.svc"
+    extender_sa = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-scheduler"
+    kube_sa = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-kube-scheduler"
+    assert _may(real_cluster, extender_sa, "delete", "pods")  # HAMi's layout: kube-scheduler's roles shared
+    separate = {"separatePod": True, "hostAliases": [{"ip": service["spec"]["clusterIP"], "hostnames": [host]}]}
+    try:
+        product.upgrade({"scheduler": {"kubeScheduler": separate}})
+        (ks,) = product.pods(selector="app.kubernetes.io/component=kube-scheduler")
+        assert ks["spec"]["serviceAccountName"] == f"{RELEASE}-kube-scheduler"
+        assert [c["name"] for c in ks["spec"]["containers"]] == ["kube-scheduler"]
+
+        def extender_leads() -> dict | None:
+            pods = [
+                p
+                for p in product.pods(selector="app.kubernetes.io/component=hami-scheduler")
+                if not p["metadata"].get("deletionTimestamp")
+            ]
+            if len(pods) != 1 or [c["name"] for c in pods[0]["spec"]["containers"]] != ["vgpu-scheduler-extender"]:
+                return None
+            return pods[0] if pods[0]["metadata"]["labels"].get("hami.io/scheduler-role") == "leader" else None
+
+        ext = real_cluster.wait_for(extender_leads, "the extender pod alone, leading", timeout=120, interval=0.5)
+        lease = real_cluster.api(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/hami-scheduler-extender"
+        )
+        assert lease["spec"]["holderIdentity"].startswith(ext["metadata"]["name"] + "_")
+        # RBAC as the API server applies it: Kubernetes' scheduler roles are kube-scheduler's alone
+        for verb, resource, sub in (
+            ("delete", "pods", ""),
+            ("update", "pods", "status"),
+            ("update", "persistentvolumes", ""),
+        ):
+            assert not _may(real_cluster, extender_sa, verb, resource, sub), (verb, resource, sub)
+            assert _may(real_cluster, kube_sa, verb, resource, sub), (verb, resource, sub)
+        assert _may(real_cluster, extender_sa, "create", "pods", "binding")  # Bind is the extender's
+        # a GPU pod scheduled through the Service gets its limits on the node
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}
+        real_cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            probe_pod("separate", [probe_container(product, "main", limits, ["500", "1800", "--hold"])]),
+        )
+        pod = wait_pod(real_cluster, ns, "separate", running, "Running", product)
+        assert pod["spec"]["nodeName"] == product.node.name
+        out = probe_output(real_cluster, ns, "separate", "main")
+        assert out["cuda_total_mib"] == 2000 and out["allocs"] == [0, CUDA_ERROR_OUT_OF_MEMORY], out
+        sleepers(real_cluster, ns, busybox, "separate-sleepers", 2)
+        assert_settled(product, real_cluster, ns, 3)
+        # kube-scheduler reached the extender over https, and no other way
+        logs = real_cluster.kubectl("logs", "-n", NAMESPACE, ext["metadata"]["name"], check=False).stdout
+        assert "campaigning as" in logs and "client certificates of --extender-client-ca" in logs, logs[-2000:]
+    finally:
+        product.upgrade({"scheduler": {"kubeScheduler": {"separatePod": False, "hostAliases": []}}})
+    assert not product.pods(selector="app.kubernetes.io/component=kube-scheduler")
+    assert _may(real_cluster, extender_sa, "delete", "pods")
