@@ -115,20 +115,28 @@ static int mount_line(const char *line, const char *name, char *out, size_t len)
     return 1;
 }
 
-int vgpu_mount_point(const char *name, char *out, size_t len)
+static struct vgpu_mounts g_mounts;
+
+static void mount_lines(const char *line)
+{
+    g_mounts.grant += mount_line(line, GRANT_FILE, g_mounts.grant ? NULL : g_mounts.grant_path, sizeof g_mounts.grant_path);
+    g_mounts.pending += mount_line(line, PENDING_MARKER, NULL, 0);
+}
+
+static void mounts_scan(void)
 {
     int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return;
     char buf[16384];
     size_t have = 0;
-    int found = 0, skipping = 0; /* skipping: the rest of a line longer than the buffer */
+    int skipping = 0; /* skipping: the rest of a line longer than the buffer */
     for (;;) {
         ssize_t n = read(fd, buf + have, sizeof buf - 1 - have);
         if (n <= 0) {
             buf[have] = 0;
             if (have && !skipping)
-                found += mount_line(buf, name, found ? NULL : out, len);
+                mount_lines(buf);
             break;
         }
         have += (size_t)n;
@@ -137,7 +145,7 @@ int vgpu_mount_point(const char *name, char *out, size_t len)
         while ((nl = memchr(start, '\n', (size_t)(buf + have - start)))) {
             *nl = 0;
             if (!skipping)
-                found += mount_line(start, name, found ? NULL : out, len);
+                mount_lines(start);
             skipping = 0;
             start = nl + 1;
         }
@@ -149,13 +157,19 @@ int vgpu_mount_point(const char *name, char *out, size_t len)
         }
     }
     close(fd);
-    return found;
+}
+
+const struct vgpu_mounts *vgpu_mounts(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, mounts_scan);
+    return &g_mounts;
 }
 
 static void grant_load(void)
 {
-    char path[4096];
-    int mounts = vgpu_mount_point(GRANT_FILE, path, sizeof path);
+    const char *path = vgpu_mounts()->grant_path;
+    int mounts = vgpu_mounts()->grant;
     if (!mounts)
         return;
     /* the device plugin mounts one; another (a pod's own volume, an image's VOLUME, a termination

@@ -226,14 +226,13 @@ static void after_fork_child(void)
  * looked up in the process's mount table, by the name of its mount point, not beside the path the
  * library was loaded under (a pod's LD_PRELOAD could name a copy elsewhere) nor as a plain file (a
  * pod could create one in a directory it may write, a shared DRA claim's). */
-#define PENDING_MARKER "grant-pending"
 
 static const char *grant_missing(void)
 {
     const char *marker = getenv("HAMI_NRI_INJECTION");
     if (marker && !strcmp(marker, "pending"))
         return "HAMI_NRI_INJECTION=pending";
-    if (vgpu_mount_point(PENDING_MARKER, NULL, 0))
+    if (vgpu_mounts()->pending)
         return "<hook>/vgpu/" PENDING_MARKER " is mounted";
     return NULL;
 }
@@ -292,19 +291,32 @@ static void uuid_string(const CUuuid *u, char *out, size_t len)
              b[14], b[15]);
 }
 
-/* CUDA ordinal -> region index, by UUID (built once after cuInit succeeded). */
+/* Set by devmap_build when CUDA shows the process a device its grant does not name
+ * (vgpu_device_granted): a pod's own NVIDIA_VISIBLE_DEVICES (an envFrom, which no admission rule
+ * reads) could have the runtime show it other GPUs of the node. cuInit then refuses. */
+static int g_cuda_ungranted;
+
+/* CUDA ordinal -> region index, by UUID (built once after cuInit succeeded), and whether every
+ * device is one the grant names, from the same walk. */
 static void devmap_build(void)
 {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
     int n = 0;
     if (g_ndev < 0 && p_cuDeviceGetCount && p_cuDeviceGetCount(&n) == CUDA_SUCCESS) {
-        for (int i = 0; i < n && i < VGPU_MAX_DEV; i++) {
+        for (int i = 0; i < n; i++) {
             CUuuid u;
             char s[VGPU_UUID_LEN];
-            g_cuda2reg[i] = -1;
-            if (p_cuDeviceGetUuid_v2 && p_cuDeviceGetUuid_v2(&u, i) == CUDA_SUCCESS) {
-                uuid_string(&u, s, sizeof s);
+            if (i < VGPU_MAX_DEV)
+                g_cuda2reg[i] = -1;
+            if (!p_cuDeviceGetUuid_v2 || p_cuDeviceGetUuid_v2(&u, i) != CUDA_SUCCESS)
+                continue;
+            uuid_string(&u, s, sizeof s);
+            if (!vgpu_device_granted(s)) {
+                LOG_ERROR("no GPU: the process sees %s, which its grant does not name (NVIDIA_VISIBLE_DEVICES set by the "
+                          "pod?); CUDA reports no device", s);
+                __atomic_store_n(&g_cuda_ungranted, 1, __ATOMIC_RELEASE);
+            } else if (i < VGPU_MAX_DEV) {
                 g_cuda2reg[i] = vgpu_region_dev_for_uuid(s, 1);
             }
         }
@@ -337,32 +349,6 @@ int vgpu_current_dev(void)
         }                                                                                          \
     } while (0)
 
-/* Whether every device CUDA shows the process is one its grant names (vgpu_device_granted): a
- * pod's own NVIDIA_VISIBLE_DEVICES (an envFrom, which no admission rule reads) could have the
- * runtime show it other GPUs of the node. Checked once. */
-static int cuda_devices_granted(void)
-{
-    static int state; /* 0 unknown, 1 granted, -1 not */
-    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE))
-        return state > 0;
-    int n = 0, ok = 1;
-    if (p_cuDeviceGetCount && p_cuDeviceGetCount(&n) == CUDA_SUCCESS)
-        for (int i = 0; i < n && ok; i++) {
-            CUuuid u;
-            char s[VGPU_UUID_LEN];
-            if (!p_cuDeviceGetUuid_v2 || p_cuDeviceGetUuid_v2(&u, i) != CUDA_SUCCESS)
-                continue;
-            uuid_string(&u, s, sizeof s);
-            if (!vgpu_device_granted(s)) {
-                LOG_ERROR("no GPU: the process sees %s, which its grant does not name (NVIDIA_VISIBLE_DEVICES set by the "
-                          "pod?); CUDA reports no device", s);
-                ok = 0;
-            }
-        }
-    __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
-    return ok;
-}
-
 EXPORT CUresult cuInit(unsigned int flags)
 {
     if (UNLIKELY(!r_cuInit)) {
@@ -374,11 +360,11 @@ EXPORT CUresult cuInit(unsigned int flags)
     }
     CUresult r = r_cuInit(flags);
     if (r == CUDA_SUCCESS) {
-        if (!cuda_devices_granted()) {
+        vgpu_cuda_dev(0); /* the device map, and the check of every device against the grant */
+        if (__atomic_load_n(&g_cuda_ungranted, __ATOMIC_ACQUIRE)) {
             vgpu_refused = 1; /* no context either: a program that goes on after cuInit failed */
             return CUDA_ERROR_NO_DEVICE;
         }
-        vgpu_cuda_dev(0);
     }
     return r;
 }

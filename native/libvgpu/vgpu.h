@@ -37,9 +37,16 @@ HIDDEN long vgpu_env_int(const char *name, long dflt, long lo, long hi, const ch
 /* A setting: the grant file's value when the device plugin mounted one (GRANT_FILE), else the
  * environment's. */
 HIDDEN const char *vgpu_getenv(const char *name);
-/* 1 when a mount point of this process is named `name` (its last component); its path into
- * `out` when given. */
-HIDDEN int vgpu_mount_point(const char *name, char *out, size_t len);
+/* The mounts of libvgpu's own that this process has, from one scan of /proc/self/mountinfo (the
+ * first call's): how many mount points are named GRANT_FILE (the grant, config.c; the path of the
+ * first in grant_path) and PENDING_MARKER (the NRI hook never served this container,
+ * cuda_hooks.c). */
+#define PENDING_MARKER "grant-pending"
+struct vgpu_mounts {
+    int grant, pending;
+    char grant_path[4096];
+};
+HIDDEN const struct vgpu_mounts *vgpu_mounts(void);
 /* Whether a device the process sees (its UUID) is one its grant names (HAMI_GRANT_DEVICES, the
  * grant file's; every device when there is no list). */
 HIDDEN int vgpu_device_granted(const char *uuid);

@@ -491,7 +491,7 @@ def test_the_pending_marker_is_the_file_libvgpu_looks_for(tmp_path):
     from hami.node.layout import GRANT_FILE
 
     native = Path(__file__).resolve().parents[2] / "native" / "libvgpu"
-    assert f'#define PENDING_MARKER "{PENDING_MARKER}"' in (native / "cuda_hooks.c").read_text()
+    assert f'#define PENDING_MARKER "{PENDING_MARKER}"' in (native / "vgpu.h").read_text()
     assert f'#define GRANT_FILE "{GRANT_FILE}"' in (native / "config.c").read_text()
     paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock"))
     prepare_hook_dir(paths)
