@@ -298,8 +298,8 @@ def test_kube_scheduler_in_a_pod_of_its_own_takes_its_roles_away_from_the_extend
     assert "--extender-client-ca=/extender-client-ca/ca.crt" in ext
     assert not any(a.startswith("--extender-bind") for a in ext)
     lease_rules = [r for r in docs[("Role", "hami-scheduler")]["rules"] if "leases" in r["resources"]]
+    assert docs[("Lease", "hami-scheduler-extender")]["spec"] == {}  # the chart makes it: no create right
     assert lease_rules == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
@@ -327,6 +327,11 @@ def test_kube_scheduler_in_a_pod_of_its_own_takes_its_roles_away_from_the_extend
     }
     names = json.loads(docs[("Secret", "hami-scheduler-tls")]["metadata"]["annotations"]["hami.io/tls-names"])
     assert "hami-scheduler.gpu.svc" in names["dns"]
+    # kube-scheduler's configuration restarts kube-scheduler, not the extender (a needless hand-over)
+    assert "checksum/config" in ks_deploy["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        "checksum/config" not in docs[("Deployment", "hami-scheduler")]["spec"]["template"]["metadata"]["annotations"]
+    )
     volumes = lambda pod: {v["name"] for v in pod["volumes"]}  # noqa: E731
     assert volumes(ks_pod) == {"scheduler-config", "extender-client", "extender-tls-ca"}
     assert volumes(ext_pod) == {"device-config", "tls", "extender-client-ca"}  # no client key in the extender's pod

@@ -666,9 +666,9 @@ def test_replicas_without_a_kube_scheduler_beside_them_campaign_for_a_lease_of_t
         f"--leader-elect-resource-namespace={ns}",
     )
     procs = [
-        SchedulerProcess(kube_cluster, *flags, f"--leader-elect-identity=replica-{x}", tls=False).start(
-            wait_ready=False
-        )
+        SchedulerProcess(
+            kube_cluster, *flags, "--shutdown-delay=60s", f"--leader-elect-identity=replica-{x}", tls=False
+        ).start(wait_ready=False)
         for x in "abc"
     ]
 
@@ -684,15 +684,17 @@ def test_replicas_without_a_kube_scheduler_beside_them_campaign_for_a_lease_of_t
         assert roles().count("ok: leader") == 1 and roles()[first] == "ok: leader"
         holder = kube_cluster.api("GET", path)["spec"]["holderIdentity"]
         assert holder.startswith(f"replica-{'abc'[first]}_")
-        # a graceful stop gives the Lease up: another replica leads well before a lease duration
-        stopped_at = time.monotonic()
-        procs[first].stop()
+        # SIGTERM hands the Lease over at once: another replica leads while the stopping one is
+        # still in its shutdown delay (serving the webhook), not a lease duration after it exits
+        procs[first].proc.terminate()
         rest = [p for i, p in enumerate(procs) if i != first]
         kube_cluster.wait_for(
             lambda: [p.answer("/readyz")[1] for p in rest].count("ok: leader") == 1, "a new leader", 30
         )
-        assert time.monotonic() - stopped_at < 10, "the Lease was not given up on stop"
+        assert procs[first].proc.poll() is None, "the Lease was given up only at exit"
+        assert procs[first].answer("/readyz")[0] == 200  # still serving (the webhook) through its delay
         assert "gave the leader Lease" in procs[first].logs()
+        procs[first].kill()
         second = next(p for p in rest if p.answer("/readyz")[1] == "ok: leader")
         other = next(p for p in rest if p is not second)
         # killed outright: no release; the last replica takes over once the record stood still
@@ -704,6 +706,7 @@ def test_replicas_without_a_kube_scheduler_beside_them_campaign_for_a_lease_of_t
         assert after["renewTime"] != renewed and after["leaseTransitions"] >= 2
     finally:
         for p in procs:
+            p.kill()  # (a stop would sit out the 60 s delay)
             p.stop()
 
 

@@ -7,6 +7,7 @@ together cannot both win. The real API server: tests/integration/test_scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -68,7 +69,7 @@ class Store:
 
 
 def _replica(store: Store, clock: Clock, name: str) -> Leadership:
-    return Leadership(store, True, "hami-extender", "ns", name, clock=clock, campaign=True)  # type: ignore[arg-type]
+    return Leadership(store, True, "hami-extender", "ns", name, name, "ns", clock=clock, campaign=True)  # type: ignore[arg-type]
 
 
 async def test_one_replica_creates_the_lease_and_leads_the_other_follows():
@@ -197,3 +198,106 @@ async def test_following_mode_is_unchanged_by_the_campaign():
     assert store.lease is None and store.writes == []
     await follower.release()
     assert store.writes == []
+
+
+async def test_a_release_waits_for_a_poll_in_progress_and_no_poll_takes_the_lease_back():
+    """The poll loop keeps running while the process stops: a renewal in flight when the release
+    starts must not make the release fail (409), and no later poll may take the emptied Lease."""
+    clock, store = Clock(), Store()
+    a, b = _replica(store, clock, "sched-a"), _replica(store, clock, "sched-b")
+    assert await a.check()
+    gate = asyncio.Event()
+    real_get = store.get
+
+    async def slow_get(path):
+        lease = await real_get(path)
+        await gate.wait()
+        return lease
+
+    store.get = slow_get  # type: ignore[method-assign]
+    clock.now += 1
+    renewing = asyncio.ensure_future(a.check())
+    await asyncio.sleep(0)
+    releasing = asyncio.ensure_future(a.release())
+    await asyncio.sleep(0)
+    assert not a.is_leader  # stepped down at once: Binds that have not posted give up
+    store.get = real_get  # type: ignore[method-assign]
+    gate.set()
+    await asyncio.gather(renewing, releasing)
+    assert store.lease is not None and store.lease["spec"]["holderIdentity"] == ""  # the release landed
+    assert not await a.check() and not a.is_leader  # and a stopping replica never campaigns again
+    assert store.lease["spec"]["holderIdentity"] == ""
+    assert store.labels[-1] == "follower"
+    assert await b.check()
+
+
+async def test_campaign_deadlines_run_on_a_monotonic_clock_not_the_wall_clock():
+    """client-go counts these intervals on a monotonic clock: a wall clock stepped forward must not
+    make a follower take a live leader's Lease, nor one stepped back keep a leader past its
+    deadline. The wall clock only stamps what is written."""
+    mono_a, mono_b, wall = Clock(), Clock(), Clock()
+    store = Store()
+    a = Leadership(store, True, "hami-extender", "ns", "a", clock=mono_a, wall=wall, campaign=True)  # type: ignore[arg-type]
+    b = Leadership(store, True, "hami-extender", "ns", "b", clock=mono_b, wall=wall, campaign=True)  # type: ignore[arg-type]
+    assert await a.check()
+    assert not await b.check()
+    wall.now += 3600  # an NTP step: every renewal now looks an hour old or new
+    for _ in range(5):
+        mono_a.now += 1
+        mono_b.now += 1
+        assert await a.check() and not await b.check()
+    wall.now -= 7200
+    mono_a.now += RENEW_DEADLINE + 0.5  # a stalls: its deadline passes on its own clock whatever the wall says
+    assert not a.is_leader
+
+
+def test_defaults_monotonic_when_campaigning_wall_clock_when_following():
+    import time as _time
+
+    assert Leadership(None, True, "l", "ns", "x", campaign=True).clock is _time.monotonic
+    assert Leadership(None, True, "l", "ns", "x").clock is _time.time
+
+
+def test_campaigning_for_kube_schedulers_own_lease_is_refused_naming_the_flag():
+    import argparse
+
+    from hami.scheduler import options as O
+
+    parser = argparse.ArgumentParser()
+    O.add_arguments(parser)
+    args = lambda *a: parser.parse_args(list(a))  # noqa: E731
+    with pytest.raises(O.ConfigError, match="--leader-elect-resource-name=hami-scheduler: .*Lease of its own"):
+        O.options_from_args(args("--leader-elect", "--leader-elect-mode=campaign"))
+    opts = O.options_from_args(
+        args("--leader-elect", "--leader-elect-mode=campaign", "--leader-elect-resource-name=hami-scheduler-extender")
+    )
+    assert opts.leader_campaign and opts.lease_name == "hami-scheduler-extender"
+    assert not O.options_from_args(args("--leader-elect")).leader_campaign  # following kube-scheduler's, as HAMi
+
+
+async def test_a_replica_that_does_not_lead_closes_kube_schedulers_connection_and_a_stopping_one_answers_at_once():
+    """Through the Service, kube-scheduler's kept-alive connection stays on the pod it first
+    reached: a follower's error answer closes it, so the next call is routed to the leader. A
+    replica handing over (SIGTERM) refuses Filter and Bind at once instead of waiting to lead."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import _STOPPING, SchedulerService
+
+    svc = SchedulerService(Options(leader_elect=True, leader_campaign=True, lease_name="hami-scheduler-extender"), None)
+    svc.extender.ready_wait = 0.05
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}, "spec": {"containers": []}}
+    async with TestClient(TestServer(svc.app())) as client:
+        r = await client.post("/filter", json={"Pod": pod, "NodeNames": ["n1"]})
+        assert "not the leader" in (await r.json())["Error"] or "not ready" in (await r.json())["Error"]
+        assert r.headers.get("Connection", "").lower() == "close"
+        await svc.hand_over(1.0)  # no Bind in flight; no API client, so nothing to give up
+        assert svc.leader.stopping and not svc.leader.is_leader
+        for path, body in (
+            ("/filter", {"Pod": pod, "NodeNames": ["n1"]}),
+            ("/bind", {"PodName": "p", "PodNamespace": "ns", "PodUID": "u1", "Node": "n1"}),
+        ):
+            r = await client.post(path, json=body)
+            assert (await r.json())["Error"] == _STOPPING, path
+            assert r.headers.get("Connection", "").lower() == "close"
+        assert svc.binds_in_flight == 0

@@ -103,6 +103,8 @@ async def main(opts: Options) -> int:
         )
         await stop.wait()
         service.draining = True  # answers from now on close their connections
+        # campaigning: the Lease goes to the next replica now, not after the delay below
+        await service.hand_over(service.extender.bind_timeout)
         if opts.shutdown_delay and not hurry.is_set():
             # the pod is terminating: the Services drop it, but kube-proxy on each node and the API
             # server's endpoints take a moment to see it; until then calls still arrive here

@@ -863,6 +863,8 @@ class Extender:
                             fresh = False
                             continue
                     if why is None:
+                        if not self.is_ready():  # stepped down meanwhile: the next leader places it
+                            raise LeadershipLost("this replica leads no more; the new leader places the pod")
                         left = deadline - time.monotonic()
                         if left <= 0:
                             raise nodelock.LockContention(node, value)

@@ -91,9 +91,10 @@ class Leadership:
         pod_name: str = "",
         pod_namespace: str = "",
         interval: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
         campaign: bool = False,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self.kube = kube
         self.enabled = enabled
@@ -107,7 +108,14 @@ class Leadership:
         self._observed_at = 0.0  # campaign: our clock when that record last changed
         self.pod_name, self.pod_namespace = pod_name, pod_namespace
         self.interval = interval
-        self.clock = clock
+        # what deadlines are counted on: following, the wall clock (they are compared with the
+        # renewals kube-scheduler writes); campaigning, a monotonic one (only our own intervals
+        # count, and a stepped wall clock must not end or extend them), the wall clock only
+        # stamping what we write. A test passes one clock for both.
+        self.clock = clock or (time.monotonic if campaign else time.time)
+        self.wall = wall or clock or time.time
+        self._lock = asyncio.Lock()  # campaigning: one poll or release at a time
+        self.stopping = False  # campaigning: stop_leading() was called; never lead again
         self.request_timeout = request_timeout  # each Lease read and label write
         self._leader = not enabled  # the last poll's answer, before its deadline is applied
         self.held_until = 0.0  # when the lease last read as ours stops counting, unless renewed
@@ -165,18 +173,15 @@ class Leadership:
         write that failed, or a restart as a follower, is retried on the next poll), since the
         Service finds the leader by that label alone. ``on_elected`` runs beside the poll, not in
         it: a long resync must not keep leadership from being followed."""
-        sent = self.clock()
-        lease = await self._read()
-        if self.campaign and lease is not _UNREAD:
-            lease = await self._campaign(lease)
-        now = self.clock()
-        if lease is _UNREAD:
-            leader = self._leader and now < self.held_until
-        elif holds_lease(lease, self.identity, now):
-            self.held_until = self._deadline(lease, sent)
-            leader = now < self.held_until
+        if self.campaign:
+            async with self._lock:
+                if self.stopping:
+                    return False
+                leader = await self._campaign_round()
+                if self.stopping:  # stop_leading() came while this round was out: it stands
+                    return False
         else:
-            leader = False
+            leader = await self._follow_round()
         if leader != self._leader:
             self._leader = leader
             log.info("this replica (%s) is now %s", self.identity, "leader" if leader else "a follower")
@@ -189,13 +194,41 @@ class Leadership:
             await self._label(leader)
         return leader
 
+    async def _follow_round(self) -> bool:
+        """Following: leader while the Lease read names us and its renewal's deadline is ahead."""
+        sent = self.clock()
+        lease = await self._read()
+        now = self.clock()
+        if lease is _UNREAD:
+            return self._leader and now < self.held_until
+        if holds_lease(lease, self.identity, now):
+            self.held_until = self._deadline(lease, sent)
+            return now < self.held_until
+        return False
+
+    async def _campaign_round(self) -> bool:
+        """Campaigning: leader while our last renewal that the API server took was sent less than
+        the renew deadline ago (on the monotonic clock; another replica can take over only a lease
+        duration after it saw that renewal)."""
+        sent = self.clock()
+        lease = await self._read()
+        outcome = _UNREAD if lease is _UNREAD else await self._campaign(lease)
+        now = self.clock()
+        if outcome is _UNREAD:
+            return self._leader and now < self.held_until
+        if outcome:
+            self.held_until = sent + RENEW_DEADLINE  # we wrote leaseDurationSeconds LEASE_DURATION
+            return now < self.held_until
+        return False
+
     async def _campaign(self, lease: Mapping[str, Any] | None) -> Any:
         """One round of the campaign on the Lease just read (None: there is none): create it, take
-        it, renew it, or leave it to its holder. Returns the Lease as it now stands for
-        :meth:`check` (ours after a write that succeeded; ``{}`` after one another replica beat us
-        to; ``_UNREAD`` after a write that failed otherwise). Another holder's Lease is taken only
-        once its record has stood unchanged for its duration on our clock (a holder whose clock
-        runs behind ours cannot be taken over early), or when its holder gave it up (empty)."""
+        it, renew it, or leave it to its holder. Returns the Lease we wrote after a write that
+        succeeded, ``{}`` when the Lease is another's (left to it, or a write another replica beat
+        us to: 409), ``_UNREAD`` after a write that failed otherwise (which may have landed: the
+        deadline then stays that of the last write known to have). Another holder's Lease is taken
+        only once its record has stood unchanged for its duration on our monotonic clock (neither
+        its holder's clock nor a step of ours counts), or when its holder gave it up (empty)."""
         assert self.kube is not None
         now = self.clock()
         spec = dict((lease or {}).get("spec") or {})
@@ -205,8 +238,8 @@ class Leadership:
             self._observed, self._observed_at = record, now
         duration = spec.get("leaseDurationSeconds") or LEASE_DURATION
         if holder and holder != self.identity and self._observed_at + duration > now:
-            return lease
-        stamp = _stamp(now)
+            return {}
+        stamp = _stamp(self.wall())
         mine = {"holderIdentity": self.identity, "leaseDurationSeconds": int(LEASE_DURATION), "renewTime": stamp}
         if holder != self.identity:
             mine["acquireTime"] = stamp
@@ -232,21 +265,37 @@ class Leadership:
             log.warning("cannot write the leader Lease: %s", str(exc) or type(exc).__name__)
         return _UNREAD
 
+    def stop_leading(self) -> None:
+        """Campaigning, at a stop: lead no more from now on (``is_leader`` false at once, so a Bind
+        that has not posted its Binding gives up; no poll takes the Lease again). The Lease stays
+        ours until :meth:`release`, once the Binds already posting have ended."""
+        if self.enabled and self.campaign:
+            self.stopping = True
+            self._leader = False
+            self.held_until = 0.0
+
     async def release(self) -> None:
-        """Campaigning: stop leading now and give the Lease up (holder emptied, as client-go does
-        on a cancelled election) so that another replica takes it at once rather than after its
-        duration. For a stop, once nothing is served any more. Following, there is nothing to do:
+        """Campaigning: stop leading (:meth:`stop_leading`) and give the Lease up (holder emptied,
+        as client-go does on a cancelled election) so that another replica takes it at once rather
+        than after its duration. A poll in progress is waited for (its renewal would otherwise land
+        after the release and make it fail); none starts after. Following, there is nothing to do:
         kube-scheduler gives its Lease up itself."""
         if not (self.enabled and self.campaign and self.kube is not None):
             return
-        self._leader = False
-        self.held_until = 0.0
+        self.stop_leading()
+        async with self._lock:
+            await self._give_up()
+        if self.labelled is not False:
+            await self._label(False)
+
+    async def _give_up(self) -> None:
+        assert self.kube is not None
         try:
             lease = await asyncio.wait_for(self.kube.get(self.path), self.request_timeout)
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
-            stamp = _stamp(self.clock())
+            stamp = _stamp(self.wall())
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
             await asyncio.wait_for(
                 self.kube.request("PUT", self.path, body={**lease, "spec": spec}), self.request_timeout
@@ -290,7 +339,7 @@ class Leadership:
         if not self.enabled:
             return
         try:
-            while True:
+            while not self.stopping:
                 try:
                     await self.check()
                 except asyncio.CancelledError:

@@ -449,6 +449,18 @@ def options_from_args(args: argparse.Namespace) -> Options:
     the extender's listener (who may call /filter and /bind), the UI's listener."""
     host, port = parse_bind(args.http_bind)
     _refuse_unsupported(args)
+    if (
+        args.leader_elect
+        and args.leader_elect_mode == "campaign"
+        and args.leader_elect_resource_name == args.scheduler_name
+    ):
+        # kube-scheduler campaigns for the Lease named after its profile: sharing it, the two would
+        # take it from each other
+        raise ConfigError(
+            f"--leader-elect-resource-name={args.leader_elect_resource_name}: with --leader-elect-mode=campaign the "
+            "extender needs a Lease of its own, not kube-scheduler's (named after the scheduler, "
+            f"--scheduler-name); e.g. {args.scheduler_name}-extender"
+        )
     _check_tls_files(args)
     device_config = _device_config(args.device_config_file)
     pod_name = os.environ.get("POD_NAME", "")

@@ -171,6 +171,7 @@ class SchedulerService:
         # API server's and kube-scheduler's pooled connections to this terminating pod drain while
         # it still serves, and their next calls open new ones, which the Service routes elsewhere
         self.draining = False
+        self.binds_in_flight = 0  # /bind requests being answered (hand_over waits for them)
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
@@ -277,24 +278,59 @@ class SchedulerService:
         except ShapeError as exc:
             answer = {"NodeNames": None, "FailedNodes": {}, "Error": str(exc)}
         else:
-            answer = await self.extender.filter(body)
+            if self.leader.stopping:
+                answer = {"NodeNames": None, "FailedNodes": {}, "Error": _STOPPING}
+            else:
+                answer = await self.extender.filter(body)
         self.metrics.observe_filter(time.perf_counter() - began, *filter_outcome(answer))
-        return _json_answer(answer)
+        return self._extender_answer(answer)
 
     async def _bind(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         began = time.perf_counter()
+        self.binds_in_flight += 1
         try:
             check(body, BIND_ARGS, "ExtenderBindingArgs")
         except ShapeError as exc:
             answer = {"Error": str(exc)}
         else:
-            if self.extender.kube is None:  # a cache-only service (benchmarks) has nothing to bind with
+            if self.leader.stopping:
+                answer = {"Error": _STOPPING}
+            elif self.extender.kube is None:  # a cache-only service (benchmarks) has nothing to bind with
                 answer = {"Error": "this scheduler has no API server client: it cannot bind"}
             else:
                 answer = await self.extender.bind(body)
+        finally:
+            self.binds_in_flight -= 1
         self.metrics.observe_bind(time.perf_counter() - began, "error" if answer.get("Error") else "bound")
-        return _json_answer(answer)
+        return self._extender_answer(answer)
+
+    def _extender_answer(self, answer: Any) -> web.Response:
+        """An answer to kube-scheduler. One that failed here because this replica does not lead
+        closes its connection: with kube-scheduler in a pod of its own (calling through the
+        Service), a kept-alive connection stays on the pod it first reached, and would keep
+        landing on this follower after the leader's label moved."""
+        response = _json_answer(answer)
+        if answer.get("Error") and not self.leader.is_leader:
+            response.force_close()
+        return response
+
+    async def hand_over(self, timeout: float) -> None:
+        """Campaigning, at a stop (SIGTERM): lead no more from now on (Filter and Bind answer at
+        once that this replica is stopping; a Bind that has not posted its Binding gives up), let
+        the Binds already answering end (at most ``timeout``), then give the Lease up, so that a
+        follower leads within a poll and the Service's leader label moves to it while this pod
+        still serves the webhook through its shutdown delay. Following, kube-scheduler beside us
+        hands over, and this does nothing."""
+        if not (self.opts.leader_elect and self.opts.leader_campaign):
+            return
+        self.leader.stop_leading()
+        deadline = time.monotonic() + timeout
+        while self.binds_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.binds_in_flight:
+            log.warning("%d Binds still running after %gs; giving the Lease up anyway", self.binds_in_flight, timeout)
+        await self.leader.release()
 
     async def _webhook(self, request: web.Request) -> web.Response:
         """Anyone who reaches the port may call this (the API server does not authenticate itself
@@ -468,6 +504,9 @@ async def read_json_object(request: web.Request) -> dict:
     except ShapeError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     return body
+
+
+_STOPPING = "this hami scheduler replica is stopping and leads no more; the next leader places the pod"
 
 
 def _json_answer(answer: Any) -> web.Response:
