@@ -1159,6 +1159,36 @@ async def test_a_bind_whose_lease_went_elsewhere_while_it_waited_writes_no_bindi
     assert all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
 
 
+async def test_a_binding_post_is_cut_where_this_replicas_leadership_ends():
+    """A Binding sent just before the leader's deadline on a slow API server must not land after
+    another replica has taken over: the POST gets what is left of the lease (plus a margin), not
+    the whole Bind timeout; the pod, read again, is not bound, so the lock is given back."""
+    from hami.kube import nodelock
+    from hami.scheduler.leader import LEASE_MARGIN
+
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    ext.bind_timeout = 3600.0  # were the POST given the Bind's deadline, this test would hang
+    svc.leader.time_left = lambda: 0.05  # type: ignore[method-assign]
+    posted = asyncio.Event()
+
+    async def slow_post(path, body):
+        posted.set()
+        await asyncio.Event().wait()  # the API server never answers
+
+    api.post = slow_post  # type: ignore[method-assign]
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    assert 0 < ext.lease_left() <= 0.05 + LEASE_MARGIN
+    answer = await asyncio.wait_for(
+        ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen}), 60
+    )
+    assert posted.is_set() and "failed" in answer["Error"], answer
+    assert all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+    # without leader election there is no lease to run out: the Bind's own deadline applies
+    plain, _ = _decision_setup("binding", "b")
+    assert plain.extender.lease_left() == float("inf")
+
+
 class _LeaseApi:
     """A Lease to read (or a read that fails) and the pod label writes, recorded."""
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -164,8 +165,12 @@ class Extender:
         decision_ttl: float = 300.0,
         busy_wait: float = 10.0,
         bind_timeout: float | None = None,
+        lease_left: Callable[[], float] = lambda: math.inf,
     ) -> None:
         self.state = state
+        # seconds a write may still land as this replica's (its leadership's deadline, plus part
+        # of the margin before another replica can take over): the Binding POST is cut there
+        self.lease_left = lease_left
         self.kube = kube
         self.events = events
         self.is_ready = is_ready
@@ -526,7 +531,11 @@ class Extender:
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
             # pod, and a window where a bound pod has no bind-phase).
             annotations = {**(decision.annotations if decision else {}), **done}
-            await self._post_binding(ns, name, uid, node, annotations, deadline)
+            # the POST must land while this replica leads: one sent just before its deadline on a
+            # slow API server could otherwise land after another replica, which never saw this
+            # decision, has placed pods on the same shares
+            post_by = min(deadline, time.monotonic() + self.lease_left())
+            await self._post_binding(ns, name, uid, node, annotations, post_by)
         except (
             KubeError,
             nodelock.LockContention,

@@ -40,6 +40,9 @@ LEASE_DURATION = 15.0
 RENEW_DEADLINE = 10.0
 # each Lease read and label write: a few seconds, so that a poll ends well before the deadline
 REQUEST_TIMEOUT = (LEASE_DURATION - RENEW_DEADLINE) / 2
+# how far past its deadline a write sent while leader may still be in flight: half the gap before
+# another replica can take the Lease over (the other half for clock rates and the watch)
+LEASE_MARGIN = (LEASE_DURATION - RENEW_DEADLINE) / 2
 
 
 def _ts(text: str | None) -> float | None:

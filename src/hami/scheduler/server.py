@@ -56,7 +56,7 @@ from hami.webhook.templates import SEEN_TTL_S, KnownTemplates, TemplateBudget
 
 from .events import EventRecorder
 from .extender import Extender
-from .leader import Leadership
+from .leader import LEASE_MARGIN, Leadership
 from .metrics import SchedulerMetrics, snapshot_of
 from .options import Options
 from .state import ClusterState, handshake_value
@@ -149,6 +149,7 @@ class SchedulerService:
             lock_retry_timeout=opts.node_lock_retry_timeout,
             decision_write=opts.decision_write,
             bind_timeout=opts.bind_timeout,
+            lease_left=lambda: self.leader.time_left() + LEASE_MARGIN,
         )
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(
