@@ -1027,10 +1027,52 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
             ApiError, match=f"ResourceClaim {ns}/mine: exceeding resource quota: nvidia.com/gpumem requests 140000"
         ):
             cluster.api("POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", mine)
+
+        # claims created at the same moment: each of six fits the room (5000) alone, two together;
+        # an admitted claim counts at once (and a claim not allocated yet counts what it asks), so
+        # no more than two are created (before, all six were)
+        import threading
+
+        burst = f"{ns}-burst"
+        cluster.create_namespace(burst)
+        label_namespace(cluster, burst, label)
+        cluster.api(
+            "POST",
+            f"/api/v1/namespaces/{burst}/resourcequotas",
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "gpu"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}},
+            },
+        )
+        cluster.wait_for(
+            lambda: api(f"/api/v1/quotas?namespace={burst}")["items"], "the scheduler seeing the quota", timeout=30
+        )
+        results: list[str] = []
+
+        def create(i: int) -> None:
+            body = json.loads(json.dumps(mine))
+            body["metadata"]["name"] = f"c{i}"
+            body["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"] = {"memory": "2000Mi"}
+            try:
+                cluster.api("POST", f"{RESOURCE}/namespaces/{burst}/resourceclaims", body)
+                results.append("created")
+            except ApiError as exc:
+                results.append("refused" if "exceeding resource quota" in str(exc) else str(exc))
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(results) == ["created"] * 2 + ["refused"] * 4, results
+        assert len(cluster.api("GET", f"{RESOURCE}/namespaces/{burst}/resourceclaims")["items"]) == 2
     finally:
         delete_webhook(cluster, webhook)
         proc.stop()
         cluster.delete_namespace(ns)
+        cluster.delete_namespace(f"{ns}-burst")
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
 

@@ -319,3 +319,57 @@ def test_the_watch_cache_takes_malformed_slices_and_claims_without_an_exception(
     assert sorted(state.claims) == ["/"] and state.ledger.claim_keys() == ["/"]
     state.claim_handler.apply("DELETED", nameless)
     assert state.claims == {} and state.ledger.claim_keys() == []
+
+
+def asking(name: str, memory: str = "3000Mi", cores: str = "25", **kw) -> dict:
+    """A claim whose request names its amounts (claim(): the class's defaults, counting nothing)."""
+    c = claim(name, **kw)
+    c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": memory, "cores": cores}}
+    return c
+
+
+def test_a_claim_counts_what_it_asks_from_its_creation_and_what_it_holds_once_allocated(state):
+    """As Kubernetes' own quota counts claims: from creation. Counting allocated claims only let
+    claims created together all pass the webhook (kube-scheduler allocates without any quota)."""
+    state.claim_handler.apply("ADDED", asking("w"))  # not allocated yet: it asks 3000 MiB, 25 cores
+    assert room(state) == (5000, 35) and state.waiting_claims == {"team-a/w": (3000, 25)}
+    allocated = asking("w", results=[result("n1", memory="2000Mi", cores="20")], rv="6")
+    state.claim_handler.apply("MODIFIED", allocated)  # counted once, as what it holds
+    assert room(state) == (6000, 40) and not state.waiting_claims and "team-a/w" in state.claims
+    state.claim_handler.apply("MODIFIED", asking("w", rv="7"))  # deallocated: it still asks
+    assert room(state) == (5000, 35) and "team-a/w" not in state.claims
+    state.claim_handler.replace([])  # a relist without it
+    assert room(state) == (8000, 60) and not state.waiting_claims
+    state.claim_handler.apply("ADDED", asking("x"))
+    state.claim_handler.apply("DELETED", asking("x"))
+    assert room(state) == (8000, 60)
+    state.claim_handler.apply("ADDED", asking("all", memory="1Gi", cores="1"))
+    state.claim_handler.apply("ADDED", claim("defaults"))  # no amounts: counts once allocated
+    assert room(state) == (8000 - 1024, 59)
+
+
+def test_claims_admitted_together_see_each_other_until_their_watch_events_arrive(state):
+    from hami.scheduler.state import ADMITTED_CLAIM_TTL
+
+    state.admit_claim(asking("a"), now=100.0)
+    assert room(state) == (5000, 35)
+    generated = asking("")
+    generated["metadata"]["generateName"] = "pod-gpu-"  # named by the API server after admission
+    state.admit_claim(generated, now=100.5)
+    assert room(state) == (2000, 10)
+    # their watch events: each counts as itself, the admissions no more (nothing counted twice)
+    state.claim_handler.apply("ADDED", asking("a"))
+    state.claim_handler.apply("ADDED", asking("pod-gpu-x7k2"))
+    assert room(state) == (2000, 10)
+    assert sorted(state.waiting_claims) == ["team-a/a", "team-a/pod-gpu-x7k2"]
+    # an admission whose create the API server refused afterwards stops counting after the TTL
+    state.admit_claim(asking("refused-later", memory="1000Mi", cores="5"), now=200.0)
+    assert room(state) == (1000, 5)
+    state.expire_admitted(200.0 + ADMITTED_CLAIM_TTL - 1)
+    assert room(state) == (1000, 5)
+    state.expire_admitted(200.0 + ADMITTED_CLAIM_TTL)
+    assert room(state) == (2000, 10)
+    # another namespace's claim of the same shape answers no admission of this one
+    state.admit_claim(asking("b"), now=300.0)
+    state.claim_handler.apply("ADDED", asking("b", ns="team-b"))
+    assert room(state) == (2000 - 3000, 10 - 25)

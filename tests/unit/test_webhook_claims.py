@@ -136,3 +136,46 @@ def test_a_bad_amount_is_a_400_naming_the_field():
 
 def test_only_creation_is_checked():
     assert answer(claim(exactly(memory="140000Mi")), room(mem=1), operation="UPDATE")["allowed"] is True
+
+
+async def test_claims_created_at_the_same_moment_cannot_pass_the_quota_together():
+    """Each of three claims fits the room alone; admitted back to back (before any watch event),
+    the third is refused: an admitted claim counts at once. A dry run counts nothing."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import SchedulerService
+
+    svc = SchedulerService(Options(), None)
+    svc.state.quota_handler.replace(
+        [{"metadata": {"name": "q", "namespace": "team"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "8000"}}}]
+    )
+
+    def review_body(name: str, dry: bool = False) -> dict:
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": f"u-{name}",
+                "operation": "CREATE",
+                "namespace": "team",
+                "dryRun": dry,
+                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                "object": claim(exactly(memory="3000Mi"), name=name),
+            },
+        }
+
+    async with TestClient(TestServer(svc.app())) as client:
+
+        async def allowed(name: str, dry: bool = False) -> tuple[bool, str]:
+            r = await client.post("/webhook", json=review_body(name, dry))
+            response = (await r.json())["response"]
+            return response["allowed"], (response.get("status") or {}).get("message", "")
+
+        assert await allowed("dry", dry=True) == (True, "")
+        assert await allowed("one") == (True, "")
+        assert await allowed("two") == (True, "")
+        ok, message = await allowed("three")
+        assert not ok and "exceeding resource quota: nvidia.com/gpumem requests 3000, namespace team has 2000 left" in (
+            message
+        )

@@ -45,6 +45,7 @@ from hami.webhook.admission import (
     AdmissionSettings,
     deny_answer,
     deny_review,
+    is_claim_create,
     is_dry_run,
     is_pod_create,
     name_error,
@@ -353,9 +354,18 @@ class SchedulerService:
             namespace = read
             labels = (namespace.get("metadata") or {}).get("labels") or {}
         # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
+        claim = is_claim_create(req) and bool(pod)
+        if claim:
+            self.state.expire_admitted(time.monotonic())
         answer, templates = review_with_templates(
             body, self.admission, labels, self.state.ledger.quota_room, tree_checked=True
         )
+        if claim and (answer.get("response") or {}).get("allowed") and not is_dry_run(req):
+            # counted now, before any other admission runs (no await since the check): claims
+            # created at the same moment cannot pass the quota together
+            self.state.admit_claim(
+                {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": ns}}, time.monotonic()
+            )
         # a dry run (kubectl --dry-run=server) persists nothing: the patch names the templates a
         # real create would make (content-named), none is written
         if templates and not is_dry_run(req):

@@ -29,7 +29,7 @@ from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, p
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
-from hami.dra.claims import ClaimError, ClaimUsage, claim_usage, slice_devices
+from hami.dra.claims import ClaimError, ClaimUsage, claim_ask, claim_usage, slice_devices
 from hami.dra.model import DRIVER as DRA_DRIVER
 from hami.kube.revision import revision
 
@@ -40,6 +40,9 @@ REQUESTING = "Requesting_"
 HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4.3)
 DONE_PHASES = ("success", "failed")
 TOMBSTONES = 4096  # deleted pod UIDs remembered (with the delete's resourceVersion)
+# how long a ResourceClaim this replica's webhook admitted holds its ask in the quota before the
+# claim's watch event arrives (a create the API server then refused never arrives)
+ADMITTED_CLAIM_TTL = 30.0
 
 
 def handshake_value(now: float) -> str:
@@ -118,6 +121,14 @@ class ClusterState:
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
+        # "ns/name" -> (memory MiB, cores) a claim not allocated yet asks: it counts against the
+        # quota from its creation, as Kubernetes' own quota counts claims (claims created together
+        # could otherwise all pass the webhook, kube-scheduler allocating without any quota)
+        self.waiting_claims: dict[str, tuple[int, int]] = {}
+        # claims the webhook admitted that no watch event has shown yet (ledger key ->
+        # (namespace, name, generateName, (memory, cores), expiry on time.monotonic()))
+        self._admitted: dict[str, tuple[str, str, str, tuple[int, int], float]] = {}
+        self._admitted_seq = 0
         self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
         self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
         self._dra_totals: dict[tuple[str, str], dict] = {}  # (node, device) -> its capacity values
@@ -393,29 +404,86 @@ class ClusterState:
 
     def _replace_claims(self, items: list[dict]) -> None:
         keep = {_ref(c) for c in items}
-        for ref in list(self.claims):
+        for ref in list(self.claims) + list(self.waiting_claims):
             if ref not in keep:
-                self.claims.pop(ref)
+                self.claims.pop(ref, None)
+                self.waiting_claims.pop(ref, None)
                 self.ledger.remove_claim(ref)
         for c in items:
             self._apply_claim("MODIFIED", c)
 
     def _apply_claim(self, kind: str, claim: dict) -> None:
         """A ResourceClaim event: an allocation of driver gpu.hami.io counts against its
-        namespace's quota (the ledger) and shows in the UI; anything else is dropped."""
+        namespace's quota (the ledger) and shows in the UI; a claim asking for its GPUs and not
+        allocated (yet, or any more) counts what it asks; anything else is dropped."""
         ref = _ref(claim)
-        usage = None
+        usage = ask = None
         if kind != "DELETED":
+            self._claim_seen(claim)
             try:
                 usage = claim_usage(claim)
+                ask = claim_ask(claim) if usage is None else None
             except ClaimError as exc:
                 log.warning("%s; the claim is counted as holding nothing", exc)
-        if usage is None:
-            if self.claims.pop(ref, None) is not None:
-                self.ledger.remove_claim(ref)
+        self.claims.pop(ref, None)
+        self.waiting_claims.pop(ref, None)
+        if usage is not None:
+            self.claims[ref] = usage
+            self._count_claim(usage)
+        elif ask is not None and not ask.unbounded and (ask.memory_mib or ask.cores):
+            self.waiting_claims[ref] = (ask.memory_mib, ask.cores)
+            namespace = ref.split("/", 1)[0]
+            self.ledger.set_claim(ref, namespace, self.dra_vendor, ask.memory_mib, ask.cores)
+        else:
+            self.ledger.remove_claim(ref)
+
+    def admit_claim(self, claim: Mapping[str, Any], now: float) -> None:
+        """The webhook has just allowed ``claim`` (not a dry run): what it asks counts against its
+        namespace's quota at once, until the claim's own watch event arrives (then it counts as
+        that claim) or :data:`ADMITTED_CLAIM_TTL` passes (a create the API server refused after
+        admission). Claims admitted at the same moment therefore see each other. The name may
+        still be empty (``generateName``: the API server names the claim after admission)."""
+        self.expire_admitted(now)
+        try:
+            ask = claim_ask(claim)
+        except ClaimError:
             return
-        self.claims[ref] = usage
-        self._count_claim(usage)
+        if ask is None or ask.unbounded or not (ask.memory_mib or ask.cores):
+            return
+        meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
+        ns = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
+        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+        prefix = meta.get("generateName") if isinstance(meta.get("generateName"), str) else ""
+        self._admitted_seq += 1
+        key = f"admitted:{self._admitted_seq}"
+        self._admitted[key] = (ns or "default", name, prefix, (ask.memory_mib, ask.cores), now + ADMITTED_CLAIM_TTL)
+        self.ledger.set_claim(key, ns or "default", self.dra_vendor, ask.memory_mib, ask.cores)
+
+    def expire_admitted(self, now: float) -> None:
+        for key, entry in list(self._admitted.items()):
+            if entry[4] <= now:
+                del self._admitted[key]
+                self.ledger.remove_claim(key)
+
+    def _claim_seen(self, claim: Mapping[str, Any]) -> None:
+        """A claim's watch event: the oldest admission it answers (same namespace, its name or
+        its generateName's prefix, the same ask) stops counting; the claim counts itself."""
+        if not self._admitted or _ref(claim) in self.claims or _ref(claim) in self.waiting_claims:
+            return
+        meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
+        ns, name = meta.get("namespace") or "default", meta.get("name") or ""
+        try:
+            ask = claim_ask(claim)
+        except ClaimError:
+            return
+        if ask is None:
+            return
+        for key, (a_ns, a_name, a_prefix, a_ask, _) in self._admitted.items():
+            named = name == a_name if a_name else bool(a_prefix) and name.startswith(a_prefix)
+            if a_ns == ns and named and a_ask == (ask.memory_mib, ask.cores):
+                del self._admitted[key]
+                self.ledger.remove_claim(key)
+                return
 
     def _count_claim(self, usage: ClaimUsage) -> None:
         mem, cores = usage.totals(self._dra_totals)
