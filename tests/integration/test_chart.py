@@ -1412,3 +1412,8 @@ def test_the_install_notes_warn_when_writes_rbac_cannot_narrow_are_unguarded(hel
     assert "decisionWrite=filter: the scheduler's identity may patch every pod of the cluster" in loud
     assert "devicePlugin.nodeGuard is off" in loud
     assert "scheduler.podGuard" not in loud  # filter mode's warning covers the pods
+    # the UI in the process that holds kube-scheduler's roles: the notes point at the separate layout
+    assert "kubeScheduler.separatePod=true" not in quiet
+    ui = notes("scheduler.ui.enabled=true")
+    assert "NOTE: the web UI is served by the scheduler process" in ui and "kubeScheduler.separatePod=true" in ui
+    assert "NOTE: the web UI" not in notes("scheduler.ui.enabled=true", "scheduler.kubeScheduler.separatePod=true")
