@@ -348,28 +348,72 @@ def test_a_claim_counts_what_it_asks_from_its_creation_and_what_it_holds_once_al
     assert room(state) == (8000 - 1024, 59)
 
 
+def claim_room(s: ClusterState, ns: str = "team-a") -> tuple:
+    return s.claim_room(ns, CFG.vendors).room["NVIDIA"]
+
+
 def test_claims_admitted_together_see_each_other_until_their_watch_events_arrive(state):
     from hami.scheduler.state import ADMITTED_CLAIM_TTL
 
-    state.admit_claim(asking("a"), now=100.0)
-    assert room(state) == (5000, 35)
+    state.admit_claim(asking("a"), 100.0, CFG.vendors)
+    assert claim_room(state) == (5000, 35)
+    assert room(state) == (8000, 60)  # only the claim check counts admissions: not pods, not Filter
     generated = asking("")
     generated["metadata"]["generateName"] = "pod-gpu-"  # named by the API server after admission
-    state.admit_claim(generated, now=100.5)
-    assert room(state) == (2000, 10)
+    state.admit_claim(generated, 100.5, CFG.vendors)
+    assert claim_room(state) == (2000, 10)
     # their watch events: each counts as itself, the admissions no more (nothing counted twice)
     state.claim_handler.apply("ADDED", asking("a"))
-    state.claim_handler.apply("ADDED", asking("pod-gpu-x7k2"))
-    assert room(state) == (2000, 10)
-    assert sorted(state.waiting_claims) == ["team-a/a", "team-a/pod-gpu-x7k2"]
+    state.claim_handler.apply("ADDED", asking("pod-gpu-x7k2q"))
+    assert claim_room(state) == room(state) == (2000, 10)
+    assert sorted(state.waiting_claims) == ["team-a/a", "team-a/pod-gpu-x7k2q"]
     # an admission whose create the API server refused afterwards stops counting after the TTL
-    state.admit_claim(asking("refused-later", memory="1000Mi", cores="5"), now=200.0)
-    assert room(state) == (1000, 5)
-    state.expire_admitted(200.0 + ADMITTED_CLAIM_TTL - 1)
-    assert room(state) == (1000, 5)
+    state.admit_claim(asking("refused-later", memory="1000Mi", cores="5"), 200.0, CFG.vendors)
+    assert claim_room(state) == (1000, 5)
+    state.expire_admitted(200.0 + ADMITTED_CLAIM_TTL - 0.1)
+    assert claim_room(state) == (1000, 5)
     state.expire_admitted(200.0 + ADMITTED_CLAIM_TTL)
-    assert room(state) == (2000, 10)
+    assert claim_room(state) == (2000, 10)
     # another namespace's claim of the same shape answers no admission of this one
-    state.admit_claim(asking("b"), now=300.0)
+    state.admit_claim(asking("b"), 300.0, CFG.vendors)
     state.claim_handler.apply("ADDED", asking("b", ns="team-b"))
-    assert room(state) == (2000 - 3000, 10 - 25)
+    assert claim_room(state) == (2000 - 3000, 10 - 25)
+
+
+def test_an_admission_is_answered_by_its_own_claim_only(state):
+    """Overlapping generateName prefixes: the longest prefix (an exact name first) answers; a name
+    deleted and created again (a new uid, seen in a relist) answers a new admission; odd names
+    are no crash."""
+    for prefix, at in (("a-", 1.0), ("a-b-", 1.1)):
+        gen = asking("")
+        gen["metadata"]["generateName"] = prefix
+        state.admit_claim(gen, at, CFG.vendors)
+    assert claim_room(state) == (2000, 10)
+    state.claim_handler.apply("ADDED", asking("a-b-xxxxx"))  # answers a-b-, not a-
+    state.claim_handler.apply("ADDED", asking("a-qwert"))  # answers a-
+    assert claim_room(state) == room(state) == (2000, 10)
+    state.claim_handler.replace([])
+    state.admit_claim(asking("foo"), 2.0, CFG.vendors)
+    state.claim_handler.replace([asking("foo")])
+    state.admit_claim(asking("foo"), 3.0, CFG.vendors)  # deleted and made again meanwhile
+    again = asking("foo")
+    again["metadata"]["uid"] = "uid-foo-2"
+    state.claim_handler.replace([again])  # a relist shows the new one
+    assert claim_room(state) == room(state) == (5000, 35)
+    odd = asking("x")
+    odd["metadata"]["name"] = 7
+    state.claim_handler.apply("ADDED", odd)  # logged or dropped, never an exception
+    odd["metadata"] = "not an object"
+    state.admit_claim(odd, 4.0, CFG.vendors)
+
+
+def test_a_claim_being_deleted_counts_what_it_holds_not_what_it_asks(state):
+    going = asking("going")
+    going["metadata"]["deletionTimestamp"] = "2026-11-29T20:00:00Z"
+    state.claim_handler.apply("MODIFIED", going)  # deallocated on its way out
+    assert room(state) == (8000, 60) and not state.waiting_claims
+
+
+def test_no_quota_no_admission_recorded(state):
+    state.admit_claim(asking("free", ns="no-quota"), 1.0, CFG.vendors)
+    assert not state._admitted

@@ -1160,9 +1160,10 @@ async def test_a_bind_whose_lease_went_elsewhere_while_it_waited_writes_no_bindi
 
 
 async def test_a_binding_post_is_cut_where_this_replicas_leadership_ends():
-    """A Binding sent just before the leader's deadline on a slow API server must not land after
-    another replica has taken over: the POST gets what is left of the lease (plus a margin), not
-    the whole Bind timeout; the pod, read again, is not bound, so the lock is given back."""
+    """A Binding sent just before the leader's deadline on a slow API server is not waited for
+    past it (plus a margin), not for the whole Bind timeout: another replica may lead by then. The
+    API server may still write it, so the Bind fails as unverified: its node lock and its
+    reservation stay (the pod's watch event confirms them if it lands)."""
     from hami.kube import nodelock
     from hami.scheduler.leader import LEASE_MARGIN
 
@@ -1174,7 +1175,8 @@ async def test_a_binding_post_is_cut_where_this_replicas_leadership_ends():
 
     async def slow_post(path, body):
         posted.set()
-        await asyncio.Event().wait()  # the API server never answers
+        svc.leader.is_leader = False  # the lease is lost while the POST is out
+        await asyncio.Event().wait()  # and the API server never answers
 
     api.post = slow_post  # type: ignore[method-assign]
     chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
@@ -1182,11 +1184,33 @@ async def test_a_binding_post_is_cut_where_this_replicas_leadership_ends():
     answer = await asyncio.wait_for(
         ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen}), 60
     )
-    assert posted.is_set() and "failed" in answer["Error"], answer
-    assert all(nodelock.NODE_LOCK not in n["metadata"]["annotations"] for n in api.nodes.values())
+    assert posted.is_set() and "leadership ended while its Binding was in flight" in answer["Error"], answer
+    assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"].get(nodelock.NODE_LOCK), "ns", "a")
+    assert svc.state.ledger.is_reserved("uid-a")
     # without leader election there is no lease to run out: the Bind's own deadline applies
     plain, _ = _decision_setup("binding", "b")
     assert plain.extender.lease_left() == float("inf")
+
+
+async def test_renewals_while_a_binding_is_in_flight_extend_how_long_it_is_waited_for():
+    """The cut is read again as the POST runs: a leader that keeps renewing waits for a slow POST
+    (here longer than the lease end and margin read when it was sent) as long as the Bind's
+    deadline allows."""
+    from hami.scheduler import leader as L
+
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    svc.leader.time_left = lambda: 0.1  # type: ignore[method-assign]  # renewed on every poll
+    landed = api.post
+
+    async def slow_post(path, body):
+        await asyncio.sleep(0.1 + L.LEASE_MARGIN + 1.0)
+        return await landed(path, body)
+
+    api.post = slow_post  # type: ignore[method-assign]
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    answer = await ext.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": chosen})
+    assert answer == {"Error": ""} and len(api.bindings) == 1
 
 
 class _LeaseApi:

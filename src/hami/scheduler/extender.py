@@ -86,6 +86,11 @@ class BindingUnverified(OSError):
     """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
 
 
+class LeaseCut(Exception):
+    """The Binding POST was still running where this replica's leadership ends (plus its margin):
+    it is no longer waited for, and may still land (the Bind's locks stay)."""
+
+
 class BindDeadline(Exception):
     """The Bind ran past its deadline (:attr:`Extender.bind_timeout`, below kube-scheduler's
     extender ``httpTimeout``): kube-scheduler has given up on it, so no Binding is posted."""
@@ -531,11 +536,7 @@ class Extender:
             # the same write that sets spec.nodeName (HAMi patches the pod first: a write more per
             # pod, and a window where a bound pod has no bind-phase).
             annotations = {**(decision.annotations if decision else {}), **done}
-            # the POST must land while this replica leads: one sent just before its deadline on a
-            # slow API server could otherwise land after another replica, which never saw this
-            # decision, has placed pods on the same shares
-            post_by = min(deadline, time.monotonic() + self.lease_left())
-            await self._post_binding(ns, name, uid, node, annotations, post_by)
+            await self._post_binding(ns, name, uid, node, annotations, deadline)
         except (
             KubeError,
             nodelock.LockContention,
@@ -678,6 +679,9 @@ class Extender:
                     },
                 ),
             )
+        except LeaseCut as exc:
+            # no read can tell: the API server may still write the Binding it received
+            raise BindingUnverified(str(exc)) from exc
         except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
             try:
                 pod = await self._get_pod(ns, name)
@@ -690,16 +694,30 @@ class Extender:
             self.state.put_pod(pod)
 
     async def _posted_by(self, deadline: float | None, post: Any) -> None:
-        """Await the Binding POST ``post``, cut at ``deadline`` (BindDeadline: it may have landed)."""
-        if deadline is None:
-            await post
-            return
+        """Await the Binding POST ``post``, cut at ``deadline`` (BindDeadline: it may have landed)
+        or where this replica's leadership ends (:attr:`lease_left`, read again as the POST runs,
+        so renewals extend it; LeaseCut): a Binding sent just before the leader's deadline on a
+        slow API server must not be waited for past it, since another replica, which never saw
+        this decision, may then place pods on the same shares."""
+        task = asyncio.ensure_future(post)
+        lease_end = time.monotonic() + self.lease_left()
         try:
-            await asyncio.wait_for(post, max(deadline - time.monotonic(), 0.0))
-        except asyncio.TimeoutError as exc:
-            if time.monotonic() < deadline:
-                raise
-            raise BindDeadline(self._past_deadline("while its Binding was in flight")) from exc
+            while True:
+                now = time.monotonic()
+                if self.is_ready():  # still leading: a renewal since moves the end on
+                    lease_end = max(lease_end, now + self.lease_left())
+                end = lease_end if deadline is None else min(deadline, lease_end)
+                if end <= now:
+                    if deadline is not None and deadline <= now:
+                        raise BindDeadline(self._past_deadline("while its Binding was in flight"))
+                    raise LeaseCut("this replica's leadership ended while its Binding was in flight: it may still land")
+                done, _ = await asyncio.wait({task}, timeout=min(end - now, 1.0))
+                if done:
+                    task.result()
+                    return
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _allocation_done(self, pod: Mapping[str, Any], wanted: frozenset[str]) -> dict[str, str]:
         """What a lockless Bind (:meth:`_lockless`) writes beside the decision: on such a node no

@@ -342,8 +342,9 @@ class SchedulerService:
         body = await self._json(request)
         req = body.get("request") if isinstance(body.get("request"), dict) else {}
         pod = req.get("object") if isinstance(req.get("object"), dict) else {}
-        if is_pod_create(req) and (bad := name_error(req, pod)) is not None:
-            return _json_answer(deny_review(body, bad, 400))  # before the name reaches any URL
+        claim = is_claim_create(req) and bool(pod)
+        if (is_pod_create(req) or claim) and (bad := name_error(req, pod)) is not None:
+            return _json_answer(deny_review(body, bad, 400))  # before the name reaches any URL or record
         ns = request_namespace(req, pod)
         namespace: dict | None = None  # the namespace object, once read
         labels = None
@@ -354,17 +355,21 @@ class SchedulerService:
             namespace = read
             labels = (namespace.get("metadata") or {}).get("labels") or {}
         # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
-        claim = is_claim_create(req) and bool(pod)
         if claim:
             self.state.expire_admitted(time.monotonic())
         answer, templates = review_with_templates(
-            body, self.admission, labels, self.state.ledger.quota_room, tree_checked=True
+            body,
+            self.admission,
+            labels,
+            self.state.claim_room if claim else self.state.ledger.quota_room,
+            tree_checked=True,
         )
         if claim and (answer.get("response") or {}).get("allowed") and not is_dry_run(req):
             # counted now, before any other admission runs (no await since the check): claims
             # created at the same moment cannot pass the quota together
+            meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
             self.state.admit_claim(
-                {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": ns}}, time.monotonic()
+                {**pod, "metadata": {**meta, "namespace": ns}}, time.monotonic(), self.admission.vendors
             )
         # a dry run (kubectl --dry-run=server) persists nothing: the patch names the templates a
         # real create would make (content-named), none is written

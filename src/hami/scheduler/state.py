@@ -20,6 +20,7 @@ its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from datetime import datetime
@@ -40,9 +41,12 @@ REQUESTING = "Requesting_"
 HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # Go time.DateTime, local time (§4.3)
 DONE_PHASES = ("success", "failed")
 TOMBSTONES = 4096  # deleted pod UIDs remembered (with the delete's resourceVersion)
-# how long a ResourceClaim this replica's webhook admitted holds its ask in the quota before the
-# claim's watch event arrives (a create the API server then refused never arrives)
-ADMITTED_CLAIM_TTL = 30.0
+# how long a ResourceClaim this replica's webhook admitted holds its ask against the next claims'
+# quota check before the claim's watch event arrives (normally milliseconds; a create the API
+# server refused after admission never arrives, and a forged review must not hold a namespace's
+# room for long: see admit_claim)
+ADMITTED_CLAIM_TTL = 5.0
+ADMITTED_PER_NAMESPACE = 256  # at most this many such admissions counted per namespace
 
 
 def handshake_value(now: float) -> str:
@@ -125,10 +129,11 @@ class ClusterState:
         # quota from its creation, as Kubernetes' own quota counts claims (claims created together
         # could otherwise all pass the webhook, kube-scheduler allocating without any quota)
         self.waiting_claims: dict[str, tuple[int, int]] = {}
-        # claims the webhook admitted that no watch event has shown yet (ledger key ->
-        # (namespace, name, generateName, (memory, cores), expiry on time.monotonic()))
-        self._admitted: dict[str, tuple[str, str, str, tuple[int, int], float]] = {}
+        # claims the webhook admitted that no watch event has shown yet: key -> (namespace, name,
+        # generateName, (memory, cores), expiry on time.monotonic()); counted by claim_room only
+        self._admitted: dict[int, tuple[str, str, str, tuple[int, int], float]] = {}
         self._admitted_seq = 0
+        self._claim_uids: dict[str, str] = {}  # "ns/name" -> the uid of the claim counted under it
         self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
         self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
         self._dra_totals: dict[tuple[str, str], dict] = {}  # (node, device) -> its capacity values
@@ -408,6 +413,7 @@ class ClusterState:
             if ref not in keep:
                 self.claims.pop(ref, None)
                 self.waiting_claims.pop(ref, None)
+                self._claim_uids.pop(ref, None)
                 self.ledger.remove_claim(ref)
         for c in items:
             self._apply_claim("MODIFIED", c)
@@ -415,14 +421,17 @@ class ClusterState:
     def _apply_claim(self, kind: str, claim: dict) -> None:
         """A ResourceClaim event: an allocation of driver gpu.hami.io counts against its
         namespace's quota (the ledger) and shows in the UI; a claim asking for its GPUs and not
-        allocated (yet, or any more) counts what it asks; anything else is dropped."""
+        allocated (yet, or any more, unless it is being deleted) counts what it asks, as
+        Kubernetes' own quota counts claims from their creation (counting allocated claims only
+        let claims created together all pass the webhook, kube-scheduler allocating without any
+        quota); anything else is dropped."""
         ref = _ref(claim)
         usage = ask = None
         if kind != "DELETED":
-            self._claim_seen(claim)
+            self._claim_seen(ref, claim)
             try:
                 usage = claim_usage(claim)
-                ask = claim_ask(claim) if usage is None else None
+                ask = claim_ask(claim) if usage is None and not _deleting(claim) else None
             except ClaimError as exc:
                 log.warning("%s; the claim is counted as holding nothing", exc)
         self.claims.pop(ref, None)
@@ -436,13 +445,34 @@ class ClusterState:
             self.ledger.set_claim(ref, namespace, self.dra_vendor, ask.memory_mib, ask.cores)
         else:
             self.ledger.remove_claim(ref)
+        if kind == "DELETED" or (usage is None and ref not in self.waiting_claims):
+            self._claim_uids.pop(ref, None)
 
-    def admit_claim(self, claim: Mapping[str, Any], now: float) -> None:
-        """The webhook has just allowed ``claim`` (not a dry run): what it asks counts against its
-        namespace's quota at once, until the claim's own watch event arrives (then it counts as
-        that claim) or :data:`ADMITTED_CLAIM_TTL` passes (a create the API server refused after
-        admission). Claims admitted at the same moment therefore see each other. The name may
-        still be empty (``generateName``: the API server names the claim after admission)."""
+    def claim_room(self, namespace: str, vendors: Any) -> Any:
+        """The quota room a ResourceClaim's admission sees: the ledger's, less what this replica's
+        webhook admitted in the last :data:`ADMITTED_CLAIM_TTL` seconds that no watch event has
+        shown yet (so claims created at the same moment see each other). Only the claim check
+        counts those admissions: a review that never became a claim (refused by the API server
+        after us, or sent by anyone who can reach the webhook port, which the API server does not
+        authenticate to) can delay other claims of its namespace by that long at most, never
+        pods nor Filter."""
+        room = self.ledger.quota_room(namespace, vendors)
+        mem = cores = 0
+        for a_ns, _, _, (a_mem, a_cores), _ in self._admitted.values():
+            if a_ns == namespace:
+                mem, cores = mem + a_mem, cores + a_cores
+        if room is None or not (mem or cores) or self.dra_vendor not in room.room:
+            return room
+        left_mem, left_cores = room.room[self.dra_vendor]
+        less = (None if left_mem is None else left_mem - mem, None if left_cores is None else left_cores - cores)
+        return dataclasses.replace(room, room={**room.room, self.dra_vendor: less})
+
+    def admit_claim(self, claim: Mapping[str, Any], now: float, vendors: Any) -> None:
+        """The webhook has just allowed ``claim`` (not a dry run) in a namespace with a GPU quota:
+        what it asks counts in :meth:`claim_room` at once, until the claim's own watch event
+        arrives (then it counts as that claim, in the ledger) or :data:`ADMITTED_CLAIM_TTL`
+        passes. The name may still be empty (``generateName``: the API server names the claim
+        after admission)."""
         self.expire_admitted(now)
         try:
             ask = claim_ask(claim)
@@ -451,39 +481,57 @@ class ClusterState:
         if ask is None or ask.unbounded or not (ask.memory_mib or ask.cores):
             return
         meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
-        ns = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
-        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
-        prefix = meta.get("generateName") if isinstance(meta.get("generateName"), str) else ""
+        ns = _text(meta.get("namespace")) or "default"
+        room = self.ledger.quota_room(ns, vendors)
+        if room is None or room.room.get(self.dra_vendor, (None, None)) == (None, None):
+            return  # no quota to count against
+        mine = [k for k, a in self._admitted.items() if a[0] == ns]
+        if len(mine) >= ADMITTED_PER_NAMESPACE:
+            del self._admitted[mine[0]]  # the oldest (a flood of reviews: keep memory bounded)
         self._admitted_seq += 1
-        key = f"admitted:{self._admitted_seq}"
-        self._admitted[key] = (ns or "default", name, prefix, (ask.memory_mib, ask.cores), now + ADMITTED_CLAIM_TTL)
-        self.ledger.set_claim(key, ns or "default", self.dra_vendor, ask.memory_mib, ask.cores)
+        self._admitted[self._admitted_seq] = (
+            ns,
+            _text(meta.get("name")),
+            _text(meta.get("generateName")),
+            (ask.memory_mib, ask.cores),
+            now + ADMITTED_CLAIM_TTL,
+        )
 
     def expire_admitted(self, now: float) -> None:
-        for key, entry in list(self._admitted.items()):
-            if entry[4] <= now:
-                del self._admitted[key]
-                self.ledger.remove_claim(key)
+        for key in [k for k, a in self._admitted.items() if a[4] <= now]:
+            del self._admitted[key]
 
-    def _claim_seen(self, claim: Mapping[str, Any]) -> None:
-        """A claim's watch event: the oldest admission it answers (same namespace, its name or
-        its generateName's prefix, the same ask) stops counting; the claim counts itself."""
-        if not self._admitted or _ref(claim) in self.claims or _ref(claim) in self.waiting_claims:
-            return
+    def _claim_seen(self, ref: str, claim: Mapping[str, Any]) -> None:
+        """A claim's watch event: the first time this claim (by uid) is seen, the admission it
+        answers stops counting (same namespace and ask; its own name, else the generateName it
+        was made from, the longest such prefix first); the claim counts itself from now on."""
         meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
-        ns, name = meta.get("namespace") or "default", meta.get("name") or ""
+        uid = _text(meta.get("uid"))
+        if self._claim_uids.get(ref) == uid and uid:
+            return
+        self._claim_uids[ref] = uid
+        if not self._admitted:
+            return
+        ns, name = _text(meta.get("namespace")) or "default", _text(meta.get("name"))
         try:
             ask = claim_ask(claim)
         except ClaimError:
             return
         if ask is None:
             return
+        want = (ask.memory_mib, ask.cores)
+        best, best_len = None, -1
         for key, (a_ns, a_name, a_prefix, a_ask, _) in self._admitted.items():
-            named = name == a_name if a_name else bool(a_prefix) and name.startswith(a_prefix)
-            if a_ns == ns and named and a_ask == (ask.memory_mib, ask.cores):
-                del self._admitted[key]
-                self.ledger.remove_claim(key)
-                return
+            if a_ns != ns or a_ask != want:
+                continue
+            if a_name:
+                if a_name == name:
+                    best, best_len = key, len(name) + 1  # an exact name beats any prefix
+                    break
+            elif a_prefix and name.startswith(a_prefix) and len(a_prefix) > best_len:
+                best, best_len = key, len(a_prefix)
+        if best is not None:
+            del self._admitted[best]
 
     def _count_claim(self, usage: ClaimUsage) -> None:
         mem, cores = usage.totals(self._dra_totals)
@@ -531,6 +579,15 @@ class ClusterState:
         for usage in self.claims.values():
             if any(None in (r.memory, r.cores) and (nodes is None or r.pool in nodes) for r in usage.results):
                 self._count_claim(usage)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _deleting(obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
 
 
 def _same_allocation(a: Any, b: Any) -> bool:
