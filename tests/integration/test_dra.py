@@ -912,6 +912,20 @@ async def test_cel_selectors_pick_the_gpu_kube_scheduler_picks(cluster, kube):
         cluster.delete_node(node)
 
 
+def gpu_memory_quota(cluster, ns: str, mib: int) -> None:
+    """A ResourceQuota ``gpu`` in ``ns`` with ``limits.nvidia.com/gpumem: mib``."""
+    cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{ns}/resourcequotas",
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpu"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": str(mib)}},
+        },
+    )
+
+
 def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quota(cluster):
     """`hami scheduler --front-end dra --ui-bind`: a claim kube-scheduler allocated shows in /api/v1
     (its GPU's use, an allocation of front end `dra` with its claim and pod), and the webhook
@@ -926,16 +940,7 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     node, ns, label = "dra-vis", "dra-vis", "hami.io/dra-vis-test"
     cluster.create_namespace(ns)
     cluster.create_node(node, labels={"hami.io/test-pool": "vis"})
-    cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/resourcequotas",
-        {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": "gpu"},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}},
-        },
-    )
+    gpu_memory_quota(cluster, ns, 5000)
 
     publish_node(cluster, node, 2)
     ui_port = free_port()
@@ -1036,16 +1041,7 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
         burst = f"{ns}-burst"
         cluster.create_namespace(burst)
         label_namespace(cluster, burst, label)
-        cluster.api(
-            "POST",
-            f"/api/v1/namespaces/{burst}/resourcequotas",
-            {
-                "apiVersion": "v1",
-                "kind": "ResourceQuota",
-                "metadata": {"name": "gpu"},
-                "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}},
-            },
-        )
+        gpu_memory_quota(cluster, burst, 5000)
         cluster.wait_for(
             lambda: api(f"/api/v1/quotas?namespace={burst}")["items"], "the scheduler seeing the quota", timeout=30
         )
