@@ -95,6 +95,16 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def create_config_map(cluster: Any, namespace: str, name: str, data: dict[str, str]) -> None:
+    """A ConfigMap ``name`` in ``namespace`` (a pod's ``envFrom`` in the tests that try to lift
+    its grant with one)."""
+    cluster.api(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data},
+    )
+
+
 def install_fake_driver(root: Path, gpus: list[str] = FAKE_GPUS) -> tuple[Path, Path]:
     """``<root>/nvidia/lib64/{libcuda.so.1,libnvidia-ml.so.1,fakegpu.conf}`` and ``<root>/state``;
     returns (driver root, state directory) on the host."""

@@ -24,7 +24,7 @@ from hami_devkit.cluster import KubeCluster
 from hami_devkit.errors import ApiError
 
 from ..native.cshare import KERNEL_US, Trace
-from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product, installed
+from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, SPLIT_COUNT, Product, create_config_map, installed
 
 PROBE = Path(__file__).with_name("gpu_probe.py")
 REGISTER = "hami.io/node-nvidia-register"
@@ -255,11 +255,7 @@ def test_a_pods_envfrom_does_not_lift_its_limits(product: Product, real_cluster:
         "CUDA_DEVICE_SM_LIMIT": "100",
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/mine.cache",
     }
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "lift"}, "data": tenant_env},
-    )
+    create_config_map(real_cluster, ns, "lift", tenant_env)
     limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}
     container = probe_container(product, "main", limits, ["1000", "2500", "--hold"])
     container["envFrom"] = [{"configMapRef": {"name": "lift"}}]
@@ -281,16 +277,7 @@ def test_a_pods_envfrom_does_not_lift_its_limits(product: Product, real_cluster:
 
     # every GPU of the node through the pod's own NVIDIA_VISIBLE_DEVICES: libvgpu sees a GPU the
     # grant (HAMI_GRANT_DEVICES in the grant file) does not name and gives the process none
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "all-gpus"},
-            "data": {"NVIDIA_VISIBLE_DEVICES": "all"},
-        },
-    )
+    create_config_map(real_cluster, ns, "all-gpus", {"NVIDIA_VISIBLE_DEVICES": "all"})
     greedy = probe_container(product, "main", limits, ["1000"])
     greedy["envFrom"] = [{"configMapRef": {"name": "all-gpus"}}]
     pod = probe_pod("all-gpus", [greedy])

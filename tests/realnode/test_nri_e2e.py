@@ -23,7 +23,7 @@ from hami_devkit.cluster import KubeCluster
 
 from . import test_chart_e2e as e2e
 from . import test_dra_e2e as dra
-from .product import DRIVER_IN_CONTAINER, STATE_IN_CONTAINER, Product, installed
+from .product import DRIVER_IN_CONTAINER, STATE_IN_CONTAINER, Product, create_config_map, installed
 from .test_chart_e2e import probe_container, probe_output, probe_pod, running, wait_pod
 
 #: the probe's namespace fixture of test_chart_e2e.py, here over this module's product
@@ -138,11 +138,7 @@ def test_a_gpu_container_gets_the_limits_of_its_grant_at_creation(
         "GPU_CORE_UTILIZATION_POLICY": "disable",
         "NVIDIA_VISIBLE_DEVICES": "all",  # one entry (the image sets none): the hook's replaces it
     }
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tenant-env"}, "data": tenant_env},
-    )
+    create_config_map(real_cluster, ns, "tenant-env", tenant_env)
     container = probe_container(product, "main", limits, ["1000", "2500", "--hold"])
     container["envFrom"] = [{"configMapRef": {"name": "tenant-env"}}]
     real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [container]))
@@ -200,16 +196,7 @@ def test_an_image_that_sets_nvidia_visible_devices_itself_gets_its_grant(
 
     # the same image with the pod's own envFrom asking for every GPU: two entries, and the runtime
     # would keep the pod's over the hook's, so the container is not created
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "all-gpus"},
-            "data": {"NVIDIA_VISIBLE_DEVICES": "all"},
-        },
-    )
+    create_config_map(real_cluster, ns, "all-gpus", {"NVIDIA_VISIBLE_DEVICES": "all"})
     greedy = {**container, "envFrom": [{"configMapRef": {"name": "all-gpus"}}]}
     real_cluster.api(
         "POST",
@@ -249,11 +236,7 @@ def test_a_container_whose_env_replaces_allocates_marker_is_not_created(
     and the container keep the GPUs of the pod's choosing: refused at creation."""
     ns, name, named = gpu_namespace, "nri-marker", "HAMI_NRI_INJECTION"
     tenant_env = {"HAMI_NRI_INJECTION": "done", "NVIDIA_VISIBLE_DEVICES": "all"}
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{ns}/configmaps",
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": tenant_env},
-    )
+    create_config_map(real_cluster, ns, name, tenant_env)
     container = probe_container(product, "main", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ["100"])
     container["envFrom"] = [{"configMapRef": {"name": name}}]
     real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", probe_pod(name, [container]))

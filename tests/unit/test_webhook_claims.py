@@ -179,3 +179,33 @@ async def test_claims_created_at_the_same_moment_cannot_pass_the_quota_together(
         assert not ok and "exceeding resource quota: nvidia.com/gpumem requests 3000, namespace team has 2000 left" in (
             message
         )
+
+
+async def test_a_claim_review_naming_a_namespace_or_claim_no_api_server_could_is_refused_naming_it():
+    """The names of a claim review are checked before anything is recorded for them (anyone who
+    reaches the port can send one)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import SchedulerService
+
+    svc = SchedulerService(Options(), None)
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1",
+            "operation": "CREATE",
+            "namespace": "Not_A_Namespace",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "object": claim(exactly(memory="3000Mi")),
+        },
+    }
+    async with TestClient(TestServer(svc.app())) as client:
+        response = (await (await client.post("/webhook", json=body)).json())["response"]
+        assert not response["allowed"] and "request.namespace" in response["status"]["message"]
+        body["request"]["namespace"] = "team"
+        body["request"]["object"] = claim(exactly(memory="3000Mi"), name="Bad_Name")
+        response = (await (await client.post("/webhook", json=body)).json())["response"]
+        assert not response["allowed"] and "is not a ResourceClaim name" in response["status"]["message"]
+    assert not svc.state._admitted

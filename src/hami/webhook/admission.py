@@ -626,7 +626,8 @@ def name_error(request: Mapping[str, Any], pod: Any) -> str | None:
     if isinstance(ns, str) and ns and isinstance(pod_ns, str) and pod_ns and ns != pod_ns:
         return f"request.object.metadata.namespace {_shown(pod_ns)} is not the request's namespace {_shown(ns)}"
     if isinstance(pod_name, str) and pod_name and not is_dns1123_subdomain(pod_name):
-        return f"request.object.metadata.name: {_shown(pod_name)} is not a pod name ({_SUBDOMAIN_RULE})"
+        kind = "ResourceClaim" if is_claim_create(request) else "pod"
+        return f"request.object.metadata.name: {_shown(pod_name)} is not a {kind} name ({_SUBDOMAIN_RULE})"
     return None
 
 
