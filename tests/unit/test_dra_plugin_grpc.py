@@ -125,7 +125,7 @@ async def test_prepare_writes_cdi_and_unprepare_removes_it_idempotently_across_r
             # the record naming the claim for `hami monitor` is beside the directory the container mounts
             record = Path(paths.claim_record("uid-1"))
             assert record.parent == Path(paths.claim_dir("uid-1")).parent
-            assert json.loads(record.read_text()) == {"namespace": "ns", "name": "c1", "uid": "uid-1"}
+            assert json.loads(record.read_text()) == {"namespace": "ns", "name": "c1", "uid": "uid-1", "devices": [U0]}
             assert claims.reads == 1
     finally:
         await server.stop()

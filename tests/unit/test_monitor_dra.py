@@ -116,6 +116,29 @@ def test_the_feedback_loop_sees_claim_regions_too(hook):
     assert len(readings(str(hook / "containers"))) == 1
 
 
+def test_a_claims_region_counts_only_on_the_gpus_the_driver_gave_the_claim(hook):
+    """The claim's container writes its region: a UUID it adds (another tenant's GPU) is neither
+    exported nor fed back, where the driver's record names the claim's GPUs."""
+    claims = hook / "claims"
+    kit.write(
+        claims / CLAIM_UID / "r.cache",
+        uuids=("GPU-a", "GPU-victim"),
+        procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 5, 5), 1: (0, 0, 70 * MiB, 70 * MiB)})],
+        recent_kernel=1000,
+    )
+    record = {"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID, "devices": ["GPU-a"]}
+    (claims / f"{CLAIM_UID}.json").write_text(json.dumps(record))
+    pods = {"u": PodRef("team-a", "p1", "u", claims=(("p1-hami-gpu-0-x7k", ("main",)),))}
+    used = _scrape(collector(hook, lambda: pods))["hami_vgpu_memory_used_bytes"]
+    assert {s.labels["device_uuid"] for s in used if s.labels["pod"] == "p1"} == {"GPU-a"}
+    [(r, _)] = [x for x in readings(str(hook / "containers"), str(claims), pods) if CLAIM_UID in x[0].key]
+    assert r.uuids == ("GPU-a", "")
+    record["devices"] = "GPU-a"
+    (claims / f"{CLAIM_UID}.json").write_text(json.dumps(record))
+    [c] = [c for c in scan_claims(str(claims)) if c.uid == CLAIM_UID]
+    assert "devices must be a list" in c.problem and c.namespace == ""
+
+
 def test_pod_claims_resolves_template_claims_through_the_pods_status():
     def ctr(name, *claims):
         return NS(name=name, resources=NS(claims=[NS(name=c) for c in claims]))

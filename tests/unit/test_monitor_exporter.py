@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.monitor.containers import remove, scan, split_name, stale
+from hami.monitor.containers import GoneDirs, remove, scan, split_name
 from hami.monitor.exporter import LEGACY_METRICS, METRICS, MonitorCollector, PodRef, memory_drift
 from hami.monitor.feedback import Reading, Writes, decide, release
 from hami.node.nvml import HostGPU
@@ -242,6 +240,24 @@ def test_corrupt_and_truncated_regions_are_skipped_with_one_warning(node_dir, ca
     assert any("bad magic 12345" in w for w in warnings) and any("smaller than any known layout" in w for w in warnings)
 
 
+def test_a_region_that_changes_its_garbage_every_scrape_is_said_once_and_forgotten_when_gone(node_dir, caplog):
+    """The container writes what goes into the warning (the magic, the sizes): the warnings kept
+    are one per path and kind of problem, and a path gone from the directory is forgotten."""
+    bad = node_dir / "0b6f3b4e-3333-4d7e-9a8e-cccccccccccc_bad" / "z.cache"
+    bad.parent.mkdir()
+    collector = _collector(node_dir)
+    with caplog.at_level(logging.WARNING, logger="hami.monitor.exporter"):
+        for magic in range(1000, 1050):
+            bad.write_bytes(kit.build(magic=magic))
+            _scrape(collector)
+    assert len([r for r in caplog.records if "bad magic" in r.getMessage()]) == 1
+    assert list(collector._warned) == [str(bad)]
+    bad.unlink()
+    bad.parent.rmdir()
+    _scrape(collector)
+    assert collector._warned == {}
+
+
 def test_region_replaced_by_garbage_after_a_good_scrape_is_skipped(node_dir):
     collector = _collector(node_dir)
     assert len(_scrape(collector)["hami_vgpu_memory_used_bytes"]) == 3
@@ -340,16 +356,23 @@ def test_split_name():
 
 def test_stale_directories_of_gone_pods_are_removed_after_the_grace(node_dir):
     dirs = scan(str(node_dir))
-    now = time.time()
-    assert stale(dirs, {UID_A, UID_B}, now, 0) == []
-    assert stale(dirs, {UID_A}, now, 300) == []  # B is gone but changed recently
-    old = now - 600
-    for p in (node_dir / f"{UID_B}_side", node_dir / f"{UID_B}_side" / "y.cache"):
-        os.utime(p, (old, old))
-    gone = stale(dirs, {UID_A}, now, 300)
-    assert [d.pod_uid for d in gone] == [UID_B]
-    assert remove(gone) == [str(node_dir / f"{UID_B}_side")]
+    gone = GoneDirs()
+    assert gone.due(dirs, {UID_A, UID_B}, 1000.0, 0) == []
+    assert gone.due(dirs, {UID_A}, 1000.0, 300) == []  # B first seen gone now
+    assert gone.due(dirs, {UID_A}, 1299.0, 300) == []
+    due = gone.due(dirs, {UID_A}, 1300.0, 300)
+    assert [d.pod_uid for d in due] == [UID_B]
+    assert remove(due) == [str(node_dir / f"{UID_B}_side")]
     assert [d.pod_uid for d in scan(str(node_dir))] == [UID_A]
+
+
+def test_a_pod_back_in_the_list_starts_its_grace_again(node_dir):
+    dirs = scan(str(node_dir))
+    gone = GoneDirs()
+    assert gone.due(dirs, {UID_A}, 0.0, 300) == []
+    assert gone.due(dirs, {UID_A, UID_B}, 200.0, 300) == []  # back (a stale list before)
+    assert gone.due(dirs, {UID_A}, 400.0, 300) == []
+    assert [d.pod_uid for d in gone.due(dirs, {UID_A}, 700.0, 300)] == [UID_B]
 
 
 def test_scan_of_a_missing_directory_is_empty(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -148,3 +149,59 @@ def test_write_int32_refuses_a_replaced_file(tmp_path):
     path.write_bytes(struct.pack("<iii", 1, 1, 2) + bytes(V1.size))
     with pytest.raises(RegionError, match="bad magic"):
         write_int32(str(path), "recent_kernel", -1)
+
+
+def _slot_passes(monkeypatch, path, edits):
+    """Serve the n-th read of the slot array with ``edits[n]`` applied (a writer between reads).
+
+    Each edit maps (slot, field) to a value; fields are ``seq``, ``context`` and ``total`` of device
+    0. The last edit repeats. Returns the list of reads made, for counting.
+    """
+    import hami.monitor.region as region
+
+    real = os.pread
+    reads = []
+
+    def pread(fd, size, offset):
+        data = real(fd, size, offset)
+        if offset != V1.procs or size % V1.slot_size:
+            return data
+        buf = bytearray(data)
+        for (slot, name), value in edits[min(len(reads), len(edits) - 1)].items():
+            base = slot * V1.slot_size
+            at = {"seq": V1.slot_seqlock, "context": 8, "total": 8 + 32}[name]
+            struct.pack_into("<Q", buf, base + at, value)
+        reads.append(offset)
+        return bytes(buf)
+
+    monkeypatch.setattr(region.os, "pread", pread)
+    return reads
+
+
+def test_a_slot_read_mid_update_is_taken_from_a_pass_its_sequence_brackets(tmp_path, monkeypatch):
+    """One pass alone cannot show a torn slot: its sequence is read after its data. The writer
+    went 2 -> 3 -> 4 during the first pass (context old, total new, sequence even again); the
+    reading must come from a pass whose sequence is the same before and after it."""
+    path = kit.write(tmp_path / "r.cache", procs=[kit.Proc(pid=10, used={0: (100, 0, 0, 100)})])
+    old_context_new_total = {(0, "seq"): 4, (0, "context"): 100, (0, "total"): 300}
+    settled = {(0, "seq"): 4, (0, "context"): 300, (0, "total"): 300}
+    reads = _slot_passes(monkeypatch, path, [old_context_new_total, settled])
+    r = read_region(path)
+    assert (r.used(0).context, r.used(0).total) == (300, 300)
+    assert len(reads) == 2
+
+
+def test_a_slot_kept_mid_update_costs_a_bounded_number_of_reads(tmp_path, monkeypatch):
+    """A container that keeps every sequence odd (or its writer died mid-update) buys at most
+    2 + 3 reads of the slot array per region, not retries per slot; the slot's last reading is kept."""
+    procs = [kit.Proc(pid=10 + i, used={0: (1, 0, 0, 1)}) for i in range(50)]
+    path = kit.write(tmp_path / "r.cache", procs=procs)
+    reads = _slot_passes(monkeypatch, path, [{(i, "seq"): 7 for i in range(50)}])
+    r = read_region(path)
+    assert len(reads) == 5 and len(r.procs) == 50 and r.used(0).total == 50
+
+
+def test_slots_that_never_move_are_read_twice(tmp_path, monkeypatch):
+    path = kit.write(tmp_path / "r.cache", procs=_two_procs())
+    reads = _slot_passes(monkeypatch, path, [{}])
+    assert read_region(path).used(0).total == 660 and len(reads) == 2

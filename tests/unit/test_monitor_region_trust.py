@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import argparse
 import os
+import stat
 import threading
 import time
 import uuid as uuidlib
@@ -22,7 +23,7 @@ import pytest
 
 from hami.monitor import command
 from hami.monitor.command import feedback_once, readings, release_all
-from hami.monitor.containers import ContainerDir, scan, stale
+from hami.monitor.containers import region_name, scan
 from hami.monitor.exporter import ContainerGrant, PodRef
 from hami.monitor.kube import container_grants
 from hami.monitor.region import RegionError, read_region, write_int32
@@ -84,6 +85,35 @@ def test_a_fifo_in_place_of_a_region_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(RegionError, match="not a regular file"):
         within(read_region, str(fifo), unblock=_release_fifo(fifo))
+
+
+@pytest.mark.parametrize("swap", ["device", "fifo"])
+def test_a_node_renamed_over_the_region_between_checks_is_never_opened_for_reading(tmp_path, monkeypatch, swap):
+    """The container (CAP_MKNOD by default) can rename a device node over its region at any
+    instant: the name is resolved once, without opening what it names, and what that resolved
+    to is what gets checked and read."""
+    import hami.monitor.region as region
+
+    path = kit.write(tmp_path / "r.cache")
+    node = tmp_path / "node"
+    if swap == "device":
+        os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+    else:
+        os.mkfifo(node)
+    real_open = os.open
+    opened = []
+
+    def open_(name, flags, *rest):
+        fd = real_open(name, flags, *rest)
+        opened.append((str(name), flags))
+        if str(name) == path and flags & os.O_PATH:
+            os.rename(node, path)  # the swap, right after the name was resolved
+        return fd
+
+    monkeypatch.setattr(region.os, "open", open_)
+    r = within(read_region, path, unblock=_release_fifo(Path(path)))
+    assert r.layout == "v1"  # the file the name resolved to, not the node renamed over it
+    assert [flags & os.O_PATH for name, flags in opened if name == path] == [os.O_PATH]
 
 
 def test_a_symlink_to_a_fifo_is_refused_without_blocking(tmp_path):
@@ -160,18 +190,33 @@ def test_any_one_region_name_still_works(tmp_path):
     assert (c.region, c.problem) == (path, "")
 
 
-def test_a_symlinks_target_does_not_keep_a_gone_pods_directory(tmp_path):
-    fresh = tmp_path / "fresh"
-    fresh.write_bytes(b"x")
+def test_a_directory_stamped_in_the_future_is_still_removed(tmp_path):
+    """The container sets its directory's and region's times (``utimensat``): a pod gone for the
+    grace is removed whatever they say."""
+    d = tmp_path / "containers" / f"{UID_A}_main"
+    path = kit.write(d / "0.cache")
+    future = time.time() + 80 * 365 * 86400
+    os.utime(path, (future, future))
+    os.utime(d, (future, future))
+    removed = []
+    for now in (0.0, 599.0, 600.0):
+        removed += command.sweep(str(tmp_path / "containers"), set(), 600, now)
+    assert removed == [str(d)] and not d.exists()
+
+
+def test_a_flood_of_files_in_a_container_directory_is_looked_at_in_bounded_pieces(tmp_path):
+    """The expected region is found with one lstat; without it, the listing stops after a bounded
+    number of entries and the problem names at most three files, each cut short."""
     d = tmp_path / "containers" / f"{UID_A}_main"
     d.mkdir(parents=True)
-    link = d / "0.cache"
-    link.symlink_to(fresh)
-    old = time.time() - 3600
-    os.utime(link, (old, old), follow_symlinks=False)
-    os.utime(d, (old, old))
-    gone = ContainerDir(UID_A, "main", str(d), str(link))
-    assert stale([gone], set(), time.time(), 600) == [gone]
+    for i in range(5000):
+        (d / (f"{i:05d}" + "x" * 150 + ".cache")).write_bytes(b"")
+    [c] = scan(str(tmp_path / "containers"))
+    assert c.problem.startswith("4096 region files (") and c.problem.count(", ") == 3  # three names, then "..."
+    assert len(c.problem) < 400
+    expected = kit.write(d / region_name(UID_A, "main"))
+    [c] = scan(str(tmp_path / "containers"))
+    assert (c.region, c.problem) == (expected, "")
 
 
 # ------------------------------------------------------------------ the feedback loop's inputs

@@ -75,6 +75,7 @@ from .prepare import (
     PrepareError,
     cdi_spec,
     claim_grant,
+    claim_record,
     fingerprint,
     plan,
     response_devices,
@@ -228,9 +229,7 @@ class Driver:
                 if p.isolation == "hami-core":
                     # the claim's shared region is created by the container's processes, of any UID
                     write_grant(make_claim_dir(self.paths, uid), claim_grant(spec))
-                    write_atomic(
-                        self.paths.claim_record(uid), json.dumps({"namespace": namespace, "name": name, "uid": uid})
-                    )
+                    write_atomic(self.paths.claim_record(uid), json.dumps(claim_record(namespace, name, uid, spec)))
                 write_document(spec, cdi)
                 self.checkpoint.put(
                     uid,
@@ -287,7 +286,7 @@ class Driver:
             path = Path(directory, GRANT_FILE)
             if not path.is_file() or path.read_text() != grant:
                 write_grant(directory, grant)
-            ref = {"namespace": done.get("namespace") or "", "name": done.get("name") or "", "uid": uid}
+            ref = claim_record(done.get("namespace") or "", done.get("name") or "", uid, done["cdi_spec"])
             record = Path(self.paths.claim_record(uid))
             if _read_json(record) != ref:
                 write_atomic(record, json.dumps(ref))

@@ -415,6 +415,19 @@ def claim_grant(spec: Mapping[str, Any]) -> str:
     return contract.grant_file(env, {})
 
 
+def claim_record(namespace: str, name: str, uid: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """``claims/<uid>.json`` for ``hami monitor``: who the claim is and the GPUs it was given (the
+    UUIDs of its spec's ``NVIDIA_VISIBLE_DEVICES``). The file lies outside what the container can
+    write, so the monitor counts a claim's region on these GPUs only."""
+    devices: list[str] = []
+    for device in spec.get("devices") or ():
+        for entry in ((device or {}).get("containerEdits") or {}).get("env") or ():
+            key, _, value = str(entry).partition("=")
+            if key == contract.VISIBLE_DEVICES:
+                devices += [u for u in value.split(",") if u]
+    return {"namespace": namespace, "name": name, "uid": uid, "devices": devices}
+
+
 def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     """The claim's CDI spec (one device named after the claim UID)."""
     return {

@@ -27,7 +27,7 @@ from hami import malloc
 from hami.config import flag_bool
 from hami.node.layout import HookPaths
 
-from .containers import remove, scan, scan_claims, stale
+from .containers import GoneDirs, remove, scan, scan_claims
 from .exporter import MonitorCollector, PodRef, claim_owner, device_key
 from .feedback import Reading, Writes, decide, release
 from .kube import DEFAULT_PRIORITY, PRIORITY_RESOURCE
@@ -42,6 +42,8 @@ FEEDBACK_BOUND_S = 30.0
 #: the pod's termination grace period (30 s by default)
 RELEASE_BOUND_S = 10.0
 _feedback_busy = threading.Lock()
+_sweep_busy = threading.Lock()  # the removal of gone pods' directories: one at a time, off the loop
+_gone = GoneDirs()
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
 
 
@@ -184,8 +186,9 @@ def readings(
     only with a grant of its pod on this node (:class:`~.exporter.ContainerGrant`), its UUIDs
     only where granted ("" elsewhere) and its priority is the pod's. A claim's region counts only
     when a pod on the node uses the claim; its priority is libvgpu's default (the DRA driver sets
-    none) and a GPU some container was granted through the device plugin is never the claim's
-    (the claim's own devices are not on the pod). Anything else is neither read into the
+    none) and its UUIDs count only where the driver's record of the claim names them (a record
+    from an older driver names none: then a GPU some container was granted through the device
+    plugin is never the claim's). Anything else is neither read into the
     decision nor written."""
     out: list[tuple[Reading, str]] = []
     granted: set[str] = set()
@@ -209,7 +212,11 @@ def readings(
         if pods is not None:
             if not c.namespace or claim_owner(c, pods) is None:
                 continue
-            _add(out, c.region, DEFAULT_PRIORITY, lambda u: device_key(u) not in granted)
+            if c.devices is not None:  # the driver's record names the claim's GPUs
+                given = {device_key(u) for u in c.devices}
+                _add(out, c.region, DEFAULT_PRIORITY, lambda u, given=given: device_key(u) in given)
+            else:
+                _add(out, c.region, DEFAULT_PRIORITY, lambda u: device_key(u) not in granted)
         else:
             _add(out, c.region, None, lambda u: True)
     return out
@@ -257,15 +264,21 @@ def release_all(containers_dir: str, claims_dir: str | None = None, pods: Mappin
     apply(release([r for r, _ in items]), {r.key: lay for r, lay in items})
 
 
-async def _off_loop(fn, *args, bound: float, wait: bool = False) -> bool:
-    """``fn(*args)`` in a daemon thread, one at a time (``_feedback_busy``), waiting up to
+def sweep(containers_dir: str, live_uids: set[str], grace_s: float, now: float) -> list[str]:
+    """Remove the directories of pods gone from the node for ``grace_s`` (:class:`GoneDirs`).
+    A directory holds what the container wrote (any number of files): this runs in a thread."""
+    return remove(_gone.due(scan(containers_dir), live_uids, now, grace_s))
+
+
+async def _off_loop(fn, *args, bound: float, wait: bool = False, busy: threading.Lock = _feedback_busy) -> bool:
+    """``fn(*args)`` in a daemon thread, one at a time (``busy``, the feedback's lock unless told), waiting up to
     ``bound`` seconds for it. With a round still running, nothing starts (``wait`` False: the
     next period tries again) or the thread first waits for that round, within the same bound
     (``wait`` True: the release at shutdown, which must not be skipped nor race a round's
     writes). False when ``fn`` did not run or did not finish in time (it is then left to finish:
     a daemon thread never holds up the loop nor the exit)."""
-    if not wait and not _feedback_busy.acquire(blocking=False):
-        log.warning("feedback: the previous round is still running; skipping this one")
+    if not wait and not busy.acquire(blocking=False):
+        log.warning("%s: the previous round is still running; skipping this one", fn.__name__)
         return False
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -273,7 +286,7 @@ async def _off_loop(fn, *args, bound: float, wait: bool = False) -> bool:
 
     def work() -> None:
         nonlocal ran
-        locked = True if not wait else _feedback_busy.acquire(timeout=bound)
+        locked = True if not wait else busy.acquire(timeout=bound)
         try:
             if locked:
                 fn(*args)
@@ -282,7 +295,7 @@ async def _off_loop(fn, *args, bound: float, wait: bool = False) -> bool:
             log.exception("feedback: %s failed", getattr(fn, "__name__", fn))
         finally:
             if locked:
-                _feedback_busy.release()
+                busy.release()
             try:
                 loop.call_soon_threadsafe(done.set)
             except RuntimeError:  # the loop is gone (the monitor is exiting)
@@ -343,8 +356,16 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
             reason = f"no answer within {API_TIMEOUT_S:g}s" if isinstance(exc, asyncio.TimeoutError) else exc
             log.warning("cannot list the pods of node %s: %s", args.node_name, reason)
         else:
-            gone = stale(scan(args.containers_dir), set(pods.get()), time.time(), args.resync_s)
-            remove(gone)
+            live = set(pods.get())
+            await _off_loop(
+                sweep,
+                args.containers_dir,
+                live,
+                args.resync_s,
+                time.monotonic(),
+                bound=FEEDBACK_BOUND_S,
+                busy=_sweep_busy,
+            )
     if not args.no_feedback:
         if pods is not None and not pods.ok:
             return  # no pod list yet: no grant to check a region against

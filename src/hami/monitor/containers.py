@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -71,21 +72,42 @@ def _is_regular(entry: os.DirEntry) -> bool:
         return False
 
 
+_LIST_LIMIT = 4096  # directory entries looked at when the region is not where it is expected
+_NAMES_SHOWN = 3
+
+
+def _short(name: str, width: int = 64) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
 def _region_file(directory: Path, expected: str | None = None) -> tuple[str | None, str]:
-    """The directory's region file: ``expected`` when it is a regular file there, else the first
-    regular ``*.cache`` file (with a problem when there are several). Links, FIFOs, devices and
-    directories are never candidates."""
+    """The directory's region file: ``expected`` when it is a regular file there (one ``lstat``),
+    else the first regular ``*.cache`` file among the first ``_LIST_LIMIT`` entries (with a
+    problem when there are several). Links, FIFOs, devices and directories are never candidates.
+    The container owns the directory: the listing and the problem text are bounded whatever it
+    puts there."""
+    if expected is not None:
+        try:
+            if stat.S_ISREG(os.lstat(directory / expected).st_mode):
+                return str(directory / expected), ""
+        except OSError:
+            pass
+    caches = []
     try:
         with os.scandir(directory) as it:
-            caches = sorted(e.name for e in it if e.name.endswith(".cache") and _is_regular(e))
+            for n, e in enumerate(it):
+                if n >= _LIST_LIMIT:
+                    break
+                if e.name.endswith(".cache") and _is_regular(e):
+                    caches.append(e.name)
     except OSError as exc:
         return None, f"cannot list {directory}: {exc.strerror}"
-    if expected is not None and expected in caches:
-        return str(directory / expected), ""
     if not caches:
         return None, ""
+    caches.sort()
     if len(caches) > 1:  # one container, one region: the library was pointed at two paths
-        return str(directory / caches[0]), f"{len(caches)} region files ({', '.join(caches)}); reading {caches[0]}"
+        shown = ", ".join(_short(c) for c in caches[:_NAMES_SHOWN]) + (", ..." if len(caches) > _NAMES_SHOWN else "")
+        return str(directory / caches[0]), f"{len(caches)} region files ({shown}); reading {_short(caches[0])}"
     return str(directory / caches[0]), ""
 
 
@@ -116,20 +138,26 @@ class ClaimDir:
     path: str
     region: str | None
     problem: str = ""
+    #: the GPUs the driver gave the claim (its record's ``devices``); None: a record from before
+    #: they were written, nothing to check the region's UUIDs against
+    devices: tuple[str, ...] | None = None
 
 
-def _claim_record(path: Path, uid: str) -> tuple[str, str, str]:
-    """``(namespace, name, problem)`` from ``claims/<uid>.json``."""
+def _claim_record(path: Path, uid: str) -> tuple[str, str, str, tuple[str, ...] | None]:
+    """``(namespace, name, problem, devices)`` from ``claims/<uid>.json``."""
     try:
         raw = json.loads(read_small(path, _RECORD_LIMIT).decode("utf-8"))
     except FileNotFoundError:
-        return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)"
+        return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)", None
     except (OSError, ValueError) as exc:
-        return "", "", f"{path}: unreadable claim record: {exc}"
+        return "", "", f"{path}: unreadable claim record: {exc}", None
     ns, name = (raw.get("namespace"), raw.get("name")) if isinstance(raw, dict) else (None, None)
     if not isinstance(ns, str) or not ns or not isinstance(name, str) or not name or raw.get("uid") != uid:
-        return "", "", f"{path}: the claim record must hold namespace, name and uid {uid!r}"
-    return ns, name, ""
+        return "", "", f"{path}: the claim record must hold namespace, name and uid {uid!r}", None
+    devices = raw.get("devices")
+    if devices is not None and not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+        return "", "", f"{path}: the claim record's devices must be a list of UUIDs", None
+    return ns, name, "", None if devices is None else tuple(devices)
 
 
 def scan_claims(claims_dir: str) -> list[ClaimDir]:
@@ -143,27 +171,36 @@ def scan_claims(claims_dir: str) -> list[ClaimDir]:
     for entry in entries:
         if not entry.is_dir() or entry.is_symlink() or "_" in entry.name or entry.name.startswith("."):
             continue
-        ns, name, problem = _claim_record(root / f"{entry.name}.json", entry.name)
+        ns, name, problem, devices = _claim_record(root / f"{entry.name}.json", entry.name)
         region, region_problem = _region_file(entry, claim_region_name(entry.name))
-        out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem))
+        out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem, devices))
     return out
 
 
-def stale(dirs: Iterable[ContainerDir], live_uids: set[str], now: float, grace_s: float) -> list[ContainerDir]:
-    """Directories of pods not on this node whose last change is older than ``grace_s``. The times
-    are the directory's and the region's own (``lstat``): a link in the directory cannot lend it
-    the age of what it points at."""
-    out = []
-    for d in dirs:
-        if d.pod_uid in live_uids:
-            continue
-        try:
-            mtime = max([os.lstat(d.path).st_mtime] + ([os.lstat(d.region).st_mtime] if d.region else []))
-        except FileNotFoundError:
-            continue
-        if now - mtime >= grace_s:
-            out.append(d)
-    return out
+class GoneDirs:
+    """The directories of pods gone from this node, due for removal once gone for ``grace_s``.
+
+    "Gone" is timed from when this process first saw the pod missing from the node's pod list,
+    on its own clock: never from the directory's or the region's modification times, which the
+    container sets (a region stamped in the year 2100 would otherwise never be due). A pod back
+    in the list, or whose directories are all gone, is forgotten; a restarted monitor starts the
+    grace again.
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def due(self, dirs: Iterable[ContainerDir], live_uids: set[str], now: float, grace_s: float) -> list[ContainerDir]:
+        since: dict[str, float] = {}
+        out = []
+        for d in dirs:
+            if d.pod_uid in live_uids:
+                continue
+            first = since.setdefault(d.pod_uid, self._since.get(d.pod_uid, now))
+            if now - first >= grace_s:
+                out.append(d)
+        self._since = since
+        return out
 
 
 def remove(dirs: Iterable[ContainerDir]) -> list[str]:

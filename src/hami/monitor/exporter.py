@@ -22,6 +22,7 @@ is not the registration's ``type``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,6 +47,9 @@ from .containers import ClaimDir, ContainerDir, scan, scan_claims
 from .region import Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
+
+_DIGITS = re.compile(r"\d+")
+_MESSAGE_LIMIT = 400  # characters of a problem logged; the container writes what goes into it
 
 HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
 HOST_TEMPERATURE = "hami_host_gpu_temperature_celsius"
@@ -242,7 +246,10 @@ class MonitorCollector(Collector):
         self.host = host
         self.legacy = legacy
         self.clock = clock
-        self._warned: set[tuple[str, str]] = set()
+        # path -> the last problem said about it, digits masked: one log line per kind of problem,
+        # forgotten with the path (the container writes what goes into these messages)
+        self._warned: dict[str, str] = {}
+        self._before: dict[str, str] = {}
 
     # ------------------------------------------------------------------ reading
     def read_containers(self) -> tuple[list[ContainerReading], dict[str, int]]:
@@ -250,6 +257,7 @@ class MonitorCollector(Collector):
         states = {"ok": 0, "invalid": 0, "waiting": 0, "unmatched": 0}
         pods = self.pods() if self.pods is not None else None
         out: list[ContainerReading] = []
+        self._before, self._warned = self._warned, {}  # paths not seen in this scan are forgotten
         for d in scan(self.containers_dir):
             region = self._region(d.path, d.problem, d.region, states)
             if region is None:
@@ -270,7 +278,8 @@ class MonitorCollector(Collector):
                 continue
             states["ok"] += 1
             pod, container = owner
-            out.append(ContainerReading(ContainerDir(pod.uid, container, c.path, c.region), pod, region))
+            granted = None if c.devices is None else {device_key(u): u for u in c.devices}
+            out.append(ContainerReading(ContainerDir(pod.uid, container, c.path, c.region), pod, region, granted))
         return out, states
 
     def _region(self, path: str, problem: str | None, region_path: str | None, states: dict[str, int]) -> Any:
@@ -288,9 +297,11 @@ class MonitorCollector(Collector):
             return None
 
     def _warn(self, path: str, message: str) -> None:
-        if (path, message) not in self._warned:
-            self._warned.add((path, message))
-            log.warning("skipping region: %s", message)
+        kind = _DIGITS.sub("#", message[:_MESSAGE_LIMIT])
+        said = self._before.get(path)
+        self._warned[path] = kind
+        if said != kind:
+            log.warning("skipping region: %s", message[:_MESSAGE_LIMIT])
 
     def _host(self) -> Sequence[HostGPU]:
         if self.host is None:

@@ -22,7 +22,6 @@ be a regular file, checked on the descriptor.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import struct
@@ -210,31 +209,33 @@ def _slot(buf: bytes, base: int, lay: Layout, ndev: int) -> tuple[int, int, int,
 def _open_regular(path: str, flags: int) -> int:
     """``path`` opened with ``flags`` if it is a regular file and not a symbolic link; never blocks.
 
-    ``lstat`` first, so that a FIFO or a device node is not even opened (opening some devices has
-    effects of its own); then ``O_NOFOLLOW | O_NONBLOCK``, so that a swap after the ``lstat``
-    (the container can rename at any time) neither follows a link nor waits on a FIFO; then
-    ``fstat`` on the descriptor, which is what is read or written. Raises :class:`RegionError`.
+    The name is resolved once, with ``O_PATH | O_NOFOLLOW``: that opens neither a device nor a
+    FIFO (opening some devices has effects of its own) and gives the link itself for a link. The
+    descriptor is checked with ``fstat``, and only a regular file is then opened for reading or
+    writing, through ``/proc/self/fd`` (the same inode, whatever the container renames over the
+    name meanwhile), with ``O_NONBLOCK | O_NOCTTY``. Raises :class:`RegionError`.
     """
     try:
-        before = os.lstat(path)
+        ref = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
-    if stat.S_ISLNK(before.st_mode):
-        raise RegionError(f"{path}: is a symbolic link; not following it")
-    if not stat.S_ISREG(before.st_mode):
-        raise RegionError(f"{path}: not a regular file")
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        info = os.fstat(ref)
+        if stat.S_ISLNK(info.st_mode):
+            raise RegionError(f"{path}: is a symbolic link; not following it")
+        if not stat.S_ISREG(info.st_mode):
+            raise RegionError(f"{path}: not a regular file")
+        fd = os.open(f"/proc/self/fd/{ref}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RegionError(f"{path}: is a symbolic link; not following it") from None
         raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
+    finally:
+        os.close(ref)
     try:
-        info = os.fstat(fd)
+        now = os.fstat(fd)
     except OSError as exc:
         os.close(fd)
         raise RegionError(f"{path}: cannot open: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
+    if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
         os.close(fd)
         raise RegionError(f"{path}: not a regular file (replaced while being opened)")
     return fd
@@ -292,22 +293,40 @@ def _read_fd(fd: int, path: str) -> Region:
     )
 
 
-def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, retries: int = 3) -> tuple[ProcessSlot, ...]:
+def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, rounds: int = 3) -> tuple[ProcessSlot, ...]:
+    """The live process slots, each read consistently where the layout has a seqlock.
+
+    A slot's owner makes its ``seqlock`` odd while it updates the slot, and the seqlock lies after
+    the slot's data. So a slot read in one pass is consistent when its sequence read in the pass
+    before (before this pass read the data) and in this pass (after it) are the same even number.
+    The slots that are not consistent are read again in up to ``rounds`` more passes of the whole
+    array: the cost is bounded per region (a container that keeps every sequence odd buys at most
+    ``2 + rounds`` reads of its slot array), and a slot that never settles (its owner died
+    mid-update) is taken from the last pass, at most one update off.
+    """
     if nproc == 0:
         return ()
-    buf = _pread_exact(fd, nproc * lay.slot_size, lay.procs, path)
+    size = nproc * lay.slot_size
+    buf = _pread_exact(fd, size, lay.procs, path)
+    source = [buf] * nproc
+    if lay.slot_seqlock is not None:
+        seq_at = lay.slot_seqlock
+        pending = range(nproc)
+        for _ in range(1 + rounds):
+            prev, buf = buf, _pread_exact(fd, size, lay.procs, path)
+            left = []
+            for i in pending:
+                off = i * lay.slot_size + seq_at
+                before = struct.unpack_from("<Q", prev, off)[0]
+                source[i] = buf
+                if before % 2 or before != struct.unpack_from("<Q", buf, off)[0]:
+                    left.append(i)
+            if not left:
+                break
+            pending = left
     out = []
     for i in range(nproc):
-        base = i * lay.slot_size
-        pid, hostpid, status, parts = _slot(buf, base, lay, ndev)
-        if lay.slot_seqlock is not None:
-            for _ in range(retries):  # a writer mid-update leaves the sequence odd: read that slot again
-                (seq,) = struct.unpack_from("<Q", buf, base + lay.slot_seqlock)
-                if seq % 2 == 0:
-                    break
-                one = _pread_exact(fd, lay.slot_size, lay.procs + base, path)
-                pid, hostpid, status, parts = _slot(one, 0, lay, ndev)
-                buf = buf[:base] + one + buf[base + lay.slot_size :]
+        pid, hostpid, status, parts = _slot(source[i], i * lay.slot_size, lay, ndev)
         if status == 0 or pid == 0:
             continue
         used, monitorused, util = parts
