@@ -163,3 +163,42 @@ def test_the_agent_gives_allocate_and_the_hook_its_discovered_gpus(injection, tm
     agent = NodeAgent(NriKube([]), NodeSettings(), gpus, tmp_path / "plugins", paths(tmp_path), injection=injection)
     served = agent.injector if injection == "nri" else agent.allocator
     assert set(served.gpus) == {HERE, "GPU-2"}
+
+
+# ------------------------------------------------------- a grant on a container that asks for no GPU
+
+
+def _asks_for_nothing(obj: dict) -> dict:
+    for c in obj["spec"]["containers"]:
+        c["resources"] = {}
+    return obj
+
+
+async def test_allocate_without_a_lock_refuses_a_candidate_whose_container_asks_for_no_gpu(tmp_path):
+    """A pod that asks for no device never meets the webhook (devicePodsOnly), so annotations it
+    forged at creation stay; without a node lock, Allocate's fallback found it "waiting for
+    allocation" and handed its forged grant to the pod being admitted. Found by an adversarial
+    review."""
+    forged = _asks_for_nothing(pod_obj("forged", to_allocate=grant_text(HERE)))
+    kube = FakeKube(None, [forged])
+    alloc = Allocator(kube, NodeSettings(), paths(tmp_path), release_delay=0, gpus=[HERE])
+    with pytest.raises(A.AllocationError, match="container 'main' .* asks for nvidia.com/gpu=nothing; grant refused"):
+        await alloc.allocate([1])
+    assert kube.pods_by_name["forged"]["metadata"]["annotations"][A.TO_ALLOCATE] == grant_text(HERE)  # nothing popped
+
+
+def test_pop_next_wants_the_count_the_container_asks_for():
+    pod = A.PodView(
+        "ns", "p", "uid1", {A.TO_ALLOCATE: grant_text(HERE)}, (A.ContainerView("c", {"nvidia.com/gpu": "2"}),)
+    )
+    with pytest.raises(A.AllocationError, match="asks for nvidia.com/gpu=2"):
+        A.pop_next(pod, A.pending_devices(pod), 1, gpus=[HERE], resource="nvidia.com/gpu")
+
+
+async def test_the_hook_refuses_a_container_that_asks_for_no_gpu_but_carries_the_marker(tmp_path):
+    """The injection marker is an env variable any pod can set on itself."""
+    obj = _asks_for_nothing(nri_pod(grant_text(HERE)))
+    hook = injector(NriKube([obj]), tmp_path)
+    with pytest.raises(Refusal, match="container 'c' .* asks for nvidia.com/gpu=nothing; grant refused"):
+        await hook.create_container(sandbox(obj), ctr())
+    assert hook.injected == 0

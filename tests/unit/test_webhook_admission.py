@@ -613,3 +613,19 @@ def test_a_device_pod_with_a_node_assigned_is_denied_whatever_its_scheduler(sche
     assert decide(pod(scheduler=scheduler, node="n1"), S).allowed
     d = decide(pod(GPU, scheduler=scheduler), S)
     assert d.allowed and d.pod["spec"]["schedulerName"] == scheduler
+
+
+@pytest.mark.parametrize("scheduler", ["volcano", "hami-scheduler"])
+def test_a_pinned_pod_whose_device_request_is_unreadable_is_denied_not_waved_through(scheduler):
+    """A value the vendors refuse (gpumem-percentage 101) once made a pinned pod of another
+    scheduler "not ours": admitted, the kubelet kept the count it could read (nvidia.com/gpu: 1)
+    and called Allocate for it. Found by an adversarial review."""
+    d = decide(pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 101}, scheduler=scheduler, node="n1"), S)
+    assert not d.allowed and d.code == 400 and "gpumem-percentage" in d.message
+
+
+def test_a_pinned_device_pod_is_denied_on_the_dra_front_end_too():
+    dra = AdmissionSettings(build_vendors(), scheduler_name="hami-scheduler", front_end="dra")
+    d = decide(pod(GPU, scheduler="hami-scheduler", node="n1"), dra)
+    assert not d.allowed and "spec.nodeName=n1" in d.message
+    assert decide(pod(GPU, scheduler="hami-scheduler"), dra).allowed

@@ -237,9 +237,14 @@ def check_on_node(
             )
 
 
-def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int, *, gpus: Collection[str]) -> Grant:
-    """Take (and blank) the first non-empty container entry; its size must equal ``requested``
-    and each of its devices must be one of ``gpus`` (this node's GPU UUIDs, :func:`check_on_node`)."""
+def pop_next(
+    pod: PodView, pending: list[list[ContainerDevice]], requested: int, *, gpus: Collection[str], resource: str = ""
+) -> Grant:
+    """Take (and blank) the first non-empty container entry; its size must equal ``requested``,
+    the container must ask for that many of ``resource`` (when given: the kubelet calls Allocate
+    only for a container that does, so an entry on any other container was not written by a
+    scheduler for it) and each of its devices must be one of ``gpus`` (this node's GPU UUIDs,
+    :func:`check_on_node`)."""
     for index, devs in enumerate(pending):
         nvidia = [d for d in devs if d.type.startswith(NVIDIA_TYPE)]
         if not nvidia:
@@ -250,6 +255,13 @@ def pop_next(pod: PodView, pending: list[list[ContainerDevice]], requested: int,
                 f"{TO_ALLOCATE} but the kubelet asked for {requested} (device number not matched)"
             )
         check_on_node(pod, TO_ALLOCATE, pod.containers[index].name, nvidia, gpus)
+        asked = pod.containers[index].limits.get(resource) if resource else str(requested)
+        if asked is None or asked.strip() != str(requested):
+            raise AllocationError(
+                f"pod {pod.ref}: container {pod.containers[index].name!r} has {len(nvidia)} GPU(s) in "
+                f"{TO_ALLOCATE} but asks for {resource}={asked if asked is not None else 'nothing'}; "
+                "grant refused (the annotation was not written for this container)"
+            )
         pending[index] = [d for d in devs if d not in nvidia]
         return Grant(index, pod.containers[index], tuple(nvidia))
     raise AllocationError(

@@ -132,7 +132,7 @@ class Allocator:
         self, pod: A.PodView, requests: Sequence[int], held: str | None
     ) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
-        grants = [A.pop_next(pod, pending, n, gpus=self.gpus) for n in requests]
+        grants = [A.pop_next(pod, pending, n, gpus=self.gpus, resource=self.settings.resource_name) for n in requests]
         mig_devices: list[list[str]] = [[] for _ in grants]
         mig_patch: dict[str, str] = {}
         if self.mig is not None:

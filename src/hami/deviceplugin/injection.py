@@ -117,7 +117,7 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
 
 
 def container_grant(
-    pod: A.PodView, annotations: Mapping[str, str], name: str, *, gpus: Collection[str], node: str
+    pod: A.PodView, annotations: Mapping[str, str], name: str, *, gpus: Collection[str], node: str, resource: str = ""
 ) -> A.Grant:
     """The grant of container ``name``. The container is the pod spec's, as in the lock mode:
     ``CUDA_DISABLE_CONTROL`` is read from the spec's env (which the webhook sees), never from the
@@ -126,7 +126,9 @@ def container_grant(
     Refused (defense in depth behind the webhook and the allocation guard, docs/security.md):
     a pod whose ``hami.io/vgpu-node`` (the scheduler writes it with every decision) names another
     node than ``node``, and a grant naming a device that is not one of ``gpus`` (this node's GPU
-    UUIDs: ``all``, ``void``, another node's GPU)."""
+    UUIDs: ``all``, ``void``, another node's GPU), and a container whose spec does not ask for as
+    many of ``resource`` (when given) as its entry has GPUs: the injection marker is an env
+    variable, which any pod can set on itself."""
     placed = annotations.get(A.VGPU_NODE)
     if placed is not None and placed != node:
         raise Refusal(
@@ -145,6 +147,12 @@ def container_grant(
         A.check_on_node(pod, A.ALLOCATED, name, devices, gpus)
     except A.AllocationError as exc:
         raise Refusal(str(exc)) from None
+    asked = pod.containers[index].limits.get(resource) if resource else str(len(devices))
+    if asked is None or asked.strip() != str(len(devices)):
+        raise Refusal(
+            f"pod {pod.ref}: container {name!r} has {len(devices)} GPU(s) in {A.ALLOCATED} but asks for "
+            f"{resource}={asked if asked is not None else 'nothing'}; grant refused"
+        )
     return A.Grant(index, pod.containers[index], tuple(devices))
 
 
@@ -260,7 +268,14 @@ class Injector:
         # the sandbox carries the annotations the kubelet saw (the scheduler's decision); the
         # API server's copy stands in for a runtime that does not pass them
         annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else pod.annotations
-        grant = container_grant(pod, annotations, container.name, gpus=self.gpus, node=self.kube.node_name)
+        grant = container_grant(
+            pod,
+            annotations,
+            container.name,
+            gpus=self.gpus,
+            node=self.kube.node_name,
+            resource=self.settings.resource_name,
+        )
         try:
             response = A.build_response(pod, grant, self.settings, self.paths)
         except A.AllocationError as exc:

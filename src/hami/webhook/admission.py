@@ -267,8 +267,9 @@ def _other_scheduler(pod: Mapping[str, Any], s: AdmissionSettings) -> Decision:
         return Decision(True, "", dict(pod))
     try:
         _, uses = admit_pod(pod, s.vendors)
-    except CoreError:
-        uses = False  # not a request of ours that the vendors can read: nothing of ours to hand out
+    except CoreError as exc:  # it names a resource of ours the vendors cannot read: the kubelet
+        # would still call the device plugin for the count it can read
+        return _deny(f"pod has node assigned (spec.nodeName={pod['spec']['nodeName']}): {exc}", 400)
     if uses:
         return _deny(
             f"pod has node assigned (spec.nodeName={pod['spec']['nodeName']}) and asks for a device: "
@@ -385,13 +386,12 @@ def _decide_clean(
                     f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
                     "so it cannot be given a GPU share"
                 )
+        spec = mutated.setdefault("spec", {})
+        if spec.get("nodeName"):  # either front end: no scheduler of ours would have placed it
+            return _deny(
+                f"pod has node assigned (spec.nodeName={spec['nodeName']}): a GPU pod must be placed by the scheduler"
+            )
         if s.scheduler_name and s.front_end == "extender":
-            spec = mutated.setdefault("spec", {})
-            if spec.get("nodeName"):
-                return _deny(
-                    f"pod has node assigned (spec.nodeName={spec['nodeName']}): "
-                    "a GPU pod must be placed by the scheduler"
-                )
             spec["schedulerName"] = s.scheduler_name
         if quota_room is not None:
             try:
