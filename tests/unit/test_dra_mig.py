@@ -410,3 +410,41 @@ def test_a_static_instance_is_handed_over_by_its_mig_uuid_and_nothing_is_made(tm
     assert "NVIDIA_VISIBLE_DEVICES=MIG-static-3" in env_of(tmp_path, "u9")
     asyncio.run(d.unprepare("ns", "c-u9", "u9"))
     assert d.checkpoint.get("u9") is None
+
+
+def test_after_a_reboot_a_claims_instances_are_made_again_and_its_unprepare_spares_the_new_ones(tmp_path):
+    """Dynamic instances do not survive a reboot and NVML hands their ids out again: the recorded
+    answer named a dead MIG device, and the claim's unprepare destroyed, by id, the instance
+    another claim got since. Found by an adversarial review."""
+    nvml = FakeMig()
+    claims = {"c-u1": allocated("u1", "gpu-0-3g-20gb-4"), "c-u2": allocated("u2", "gpu-0-1g-5gb-0")}
+    node = Node(tmp_path, nvml, claims)
+    asyncio.run(node.driver().prepare("ns", "c-u1", "u1"))
+    assert "NVIDIA_VISIBLE_DEVICES=MIG-0001" in env_of(tmp_path, "u1")
+    nvml.live.clear()  # the reboot
+    after = node.driver()
+    after.recover_mig()
+    asyncio.run(after.prepare("ns", "c-u2", "u2"))  # gets GPU instance 1 again
+    assert [(i.gi, i.profile) for i in nvml.instances(A100)] == [(1, "1g.5gb")]
+    asyncio.run(after.prepare("ns", "c-u1", "u1"))  # the kubelet prepares u1 again after its restart
+    assert sorted((i.profile, i.start) for i in nvml.instances(A100)) == [("1g.5gb", 0), ("3g.20gb", 4)]
+    [mine] = [i for i in nvml.instances(A100) if i.profile == "3g.20gb"]
+    assert f"NVIDIA_VISIBLE_DEVICES={mine.mig_uuid}" in env_of(tmp_path, "u1")
+    asyncio.run(after.unprepare("ns", "c-u1", "u1"))
+    assert [(i.gi, i.profile) for i in nvml.instances(A100)] == [(1, "1g.5gb")]  # u2's is kept
+
+
+def test_an_unprepare_without_an_entry_destroys_instances_a_cut_short_prepare_made(tmp_path):
+    """The kubelet's deadline cancels a Prepare while its thread still makes the instance: no
+    entry is recorded, and the unprepare that follows must not leave the instance (its placement
+    would be held until the agent restarts)."""
+    nvml = FakeMig()
+    claims = {"c-u1": allocated("u1", "gpu-0-3g-20gb-4"), "c-u2": allocated("u2", "gpu-0-3g-20gb-4")}
+    node = Node(tmp_path, nvml, claims)
+    driver = node.driver()
+    asyncio.run(driver.prepare("ns", "c-u1", "u1"))
+    driver.checkpoint.remove("u1")  # as if the answer never came: made, not recorded
+    asyncio.run(driver.unprepare("ns", "c-u1", "u1"))
+    assert nvml.live == {}
+    asyncio.run(driver.prepare("ns", "c-u2", "u2"))  # the placement is free again
+    assert [(i.profile, i.start) for i in nvml.instances(A100)] == [("3g.20gb", 4)]

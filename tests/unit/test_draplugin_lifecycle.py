@@ -374,3 +374,40 @@ async def test_the_lock_table_keeps_no_entry_for_a_claim_done_with(root):
     assert driver._locks == {}
     await driver.unprepare("ns", "c", "u1")
     assert driver._locks == {}
+
+
+async def test_a_prepare_whose_checkpoint_write_failed_is_not_answered_from_memory(root, monkeypatch):
+    """The entry was kept in memory after the file write failed, while the prepare's error path
+    removed the files: a retry answered success from memory, and a restart forgot the claim.
+    Found by an adversarial review."""
+    import hami.draplugin.checkpoint as ck
+
+    api = Api()
+    driver, paths = make(root, api)
+    api.set("c", "u1", result())
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ck, "write_atomic", full)
+    with pytest.raises(CheckpointError):
+        await driver.prepare("ns", "c", "u1")
+    assert driver.checkpoint.get("u1") is None and not Path(paths.cdi_file("u1")).exists()
+    monkeypatch.undo()
+    await driver.prepare("ns", "c", "u1")
+    assert Checkpoint(driver.checkpoint.path).get("u1") is not None  # on disk, not only in memory
+    assert Path(paths.cdi_file("u1")).exists()
+
+
+def test_a_removal_whose_checkpoint_write_failed_keeps_the_entry(tmp_path, monkeypatch):
+    import hami.draplugin.checkpoint as ck
+
+    c = Checkpoint(tmp_path / "c.json")
+    entry = {"devices": [], "cdi_file": "/x", "cdi_spec": {}}
+    c.put("u1", entry)
+    monkeypatch.setattr(ck, "write_atomic", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    with pytest.raises(CheckpointError):
+        c.remove("u1")
+    with pytest.raises(CheckpointError):
+        c.put("u1", dict(entry, cdi_file="/y"))
+    assert c.get("u1") == entry

@@ -92,15 +92,29 @@ class Checkpoint:
             return json.loads(json.dumps(entry)) if entry is not None else None
 
     def put(self, uid: str, entry: dict[str, Any]) -> None:
+        """Record ``entry``; if the file cannot be written, the memory is as before too (a retry
+        must not find an entry that neither the disk nor the node's files hold)."""
         with self._lock:
+            before = self._claims.get(uid)
             self._claims[uid] = entry
-            self._save()
+            try:
+                self._save()
+            except BaseException:
+                if before is None:
+                    del self._claims[uid]
+                else:
+                    self._claims[uid] = before
+                raise
 
     def remove(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
             entry = self._claims.pop(uid, None)
             if entry is not None:
-                self._save()
+                try:
+                    self._save()
+                except BaseException:
+                    self._claims[uid] = entry
+                    raise
             return entry
 
     def uids(self) -> list[str]:

@@ -185,7 +185,8 @@ class Driver:
             try:
                 claim = await self.read_claim(namespace, name)
             except Exception as exc:  # a 404, a 403, a timeout: the kubelet retries
-                if done is not None:  # cannot tell whether it was allocated again: as recorded
+                if done is not None and await self._instances_intact(done, uid):  # cannot tell whether it
+                    # was allocated again: as recorded
                     log.info("claim %s/%s (%s): cannot read it (%s); answered as prepared", namespace, name, uid, exc)
                     return self._restore(done, uid)
                 raise PrepareError(
@@ -195,16 +196,20 @@ class Driver:
             got = meta.get("uid") if isinstance(meta, Mapping) else None
             if done is not None:
                 stored = done.get("allocation")
-                if got != uid or (
+                same = got != uid or (  # (another claim by its name now: the sweep's business)
                     stored == fingerprint(claim, self.node)
                     if isinstance(stored, str)
                     else same_devices(done["devices"], claim, self.node)  # an entry from before fingerprints
-                ):
-                    return self._restore(done, uid)  # (another claim by its name now: the sweep's business)
-                # deallocated and allocated again under its UID, the kubelet never unprepared: the
-                # old allocation's share is free in the scheduler's books, so it is not kept
-                log.info("claim %s/%s (%s): allocated again since it was prepared; prepared anew", namespace, name, uid)
-                await self._release(done, namespace, name, uid, "allocated again")
+                )
+                if same and await self._instances_intact(done, uid):
+                    return self._restore(done, uid)
+                if same:  # its dynamic MIG instances did not survive a reboot: made again
+                    why = "its MIG instances are gone (a reboot, a GPU reset?)"
+                else:  # deallocated and allocated again under its UID, the kubelet never unprepared:
+                    # the old allocation's share is free in the scheduler's books, so it is not kept
+                    why = "allocated again since it was prepared"
+                log.info("claim %s/%s (%s): %s; prepared anew", namespace, name, uid, why)
+                await self._release(done, namespace, name, uid, why)
             if got != uid:
                 raise PrepareError(
                     f"ResourceClaim {namespace}/{name}: the API server has uid {got!r}, the kubelet "
@@ -309,6 +314,8 @@ class Driver:
             if entry is None:
                 if _UID.fullmatch(uid):
                     self._remove_files(Path(self.paths.cdi_file(uid)), Path(self.paths.claim_dir(uid)), uid)
+                    # a prepare cut short (the kubelet's deadline) may have made instances it never recorded
+                    await self._destroy_mig(uid)
                 return False
             if unless_answered_since is not None and self.mark(uid) != unless_answered_since:
                 log.info("claim %s/%s (%s) was prepared again meanwhile; kept", namespace, name, uid)
@@ -347,6 +354,14 @@ class Driver:
             raise PrepareError(f"claim {namespace}/{name}: {exc}", "allocation") from None
         uuids = {a.device: a.mig_uuid for a in made}
         return replace(p, shares=tuple(replace(s, uuid=uuids[i]) if i in uuids else s for i, s in enumerate(p.shares)))
+
+    async def _instances_intact(self, entry: Mapping[str, Any], uid: str) -> bool:
+        """A claim prepared with dynamic MIG instances still has them (True without any): they do
+        not survive a reboot or a GPU reset, and the recorded answer would name dead devices.
+        In a thread: the manager's lock is held while another claim's instances are made."""
+        if not entry.get("mig"):
+            return True
+        return self.mig is not None and await asyncio.to_thread(self.mig.intact, uid)
 
     async def _destroy_mig(self, uid: str) -> list[str]:
         """Destroy the dynamic MIG instances made for claim ``uid`` (none: nothing to do)."""

@@ -214,6 +214,8 @@ class MigManager:
                 ),
                 None,
             )
+        if gi is not None and e.gpu_instance_id is not None and not self._is_its(e, gi):
+            gi = None  # the instance is gone (a reboot, a GPU reset) and its id names another now
         if gi is not None:
             self.nvml.destroy(e.gpu_uuid, gi)
         return (
@@ -318,9 +320,31 @@ class MigManager:
             a, mig_uuid=e.mig_uuid, gpu_instance_id=e.gpu_instance_id, compute_instance_id=e.compute_instance_id
         )
 
+    def _is_its(self, e: Entry, gi: int) -> bool:
+        """GPU instance ``gi`` on ``e``'s GPU is still ``e``'s: same profile and placement (and MIG
+        device, where both are known). Instances do not survive a reboot or a GPU reset, and NVML
+        hands their ids out again: an id alone may name another claim's instance."""
+        inst = next((i for i in self.nvml.instances(e.gpu_uuid) if i.gi == gi), None)
+        return (
+            inst is not None
+            and inst.profile == e.profile
+            and inst.start == e.start
+            and (e.mig_uuid is None or inst.mig_uuid is None or inst.mig_uuid == e.mig_uuid)
+        )
+
+    def intact(self, pod_uid: str) -> bool:
+        """Every instance recorded for ``pod_uid`` is made and still there (False: none recorded,
+        or one vanished, as after a reboot, which dynamic instances do not survive)."""
+        with self._lock:
+            mine = [e for e in self.entries.values() if e.pod_uid == pod_uid]
+            return bool(mine) and all(e.state == "ready" and self._still_there(e) for e in mine)
+
     def _still_there(self, e: Entry) -> bool:
         return any(
-            i.gi == e.gpu_instance_id and i.ci is not None and i.mig_uuid == e.mig_uuid
+            i.gi == e.gpu_instance_id
+            and i.ci is not None
+            and i.mig_uuid == e.mig_uuid
+            and (i.profile, i.start) == (e.profile, e.start)
             for i in self.nvml.instances(e.gpu_uuid)
         )
 
@@ -362,13 +386,16 @@ class MigManager:
                 if e.pod_uid in live_pod_uids or (upto is not None and self._made.get(key, 0) > upto):
                     continue
                 self._made.pop(key, None)
-                if e.gpu_instance_id is not None:
+                mine = e.gpu_instance_id is not None and self._is_its(e, e.gpu_instance_id)
+                if mine:
                     self.nvml.destroy(e.gpu_uuid, e.gpu_instance_id)
                 del self.entries[key]
                 self.checkpoint.save(self.entries)
                 done.append(
                     f"pod {e.pod} is gone: destroyed GPU instance {e.gpu_instance_id} ({e.profile} at "
                     f"{e.start}) on {e.gpu_uuid}"
+                    if mine
+                    else f"pod {e.pod} is gone: its {e.profile} at {e.start} on {e.gpu_uuid} was gone already"
                 )
             return done
 
