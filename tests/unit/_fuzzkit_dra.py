@@ -26,6 +26,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.dra.model import DRIVER, MIB, SliceSettings
 
 from ._fuzzkit import _apply, json_trees, non_ascii_digit_quantities, quantity_junk
@@ -51,6 +52,22 @@ def _byte_forms(n: int) -> list[str]:
     return forms
 
 
+def _not_a_quantity(raw: Any) -> bool:
+    """Junk that is junk: the junk strategy also draws real quantities ("1G" is 10^9 bytes), which
+    a driver must read, so those are left out of it."""
+    if not isinstance(raw, str):
+        return True
+    try:
+        parse_int_quantity(raw, "junk")
+    except QuantityError:
+        return True
+    return False
+
+
+#: values a driver must refuse as unreadable
+unreadable = quantity_junk.filter(_not_a_quantity)
+
+
 @st.composite
 def memory_amounts(draw) -> tuple[Any, int | None]:
     """``(consumedCapacity.memory as written, its value in bytes or None when unreadable)``."""
@@ -62,7 +79,7 @@ def memory_amounts(draw) -> tuple[Any, int | None]:
     elif kind == "edge":
         n = draw(st.sampled_from([0, 1, MIB - 1, MIB, FULL - 1, FULL, FULL + 1, FULL + MIB, -MIB, 2**63 - 1]))
     else:
-        return draw(quantity_junk | non_ascii_digit_quantities | st.just("1.5")), None
+        return draw(unreadable | non_ascii_digit_quantities | st.just("1.5")), None
     return draw(st.sampled_from(_byte_forms(n))), n
 
 
@@ -70,7 +87,7 @@ def memory_amounts(draw) -> tuple[Any, int | None]:
 def core_amounts(draw) -> tuple[Any, int | None]:
     n = draw(st.sampled_from([-1, 0, 1, 30, 99, 100, 101, 1000]) | st.integers(-5, 120))
     if draw(st.integers(0, 9)) == 0:
-        return draw(quantity_junk), None
+        return draw(unreadable), None
     return draw(st.sampled_from([str(n), n])), n
 
 

@@ -132,6 +132,66 @@ def test_a_cluster_that_drops_taints_gets_the_unhealthy_gpu_left_out():
     assert [names(w) for w in api.writes[1:]] == [["gpu-0", "gpu-1"], ["gpu-0"]]
 
 
+def test_a_fallback_is_told_so_later_publishes_never_show_the_unhealthy_gpu_untainted():
+    """Each publish first wrote the unhealthy GPU with its taint, which the API server dropped:
+    for a moment the slice named it healthy. The caller is told, and leaves the taint (and the
+    GPU) out from the start. Found by an adversarial review."""
+    api = FakeApi(keep_taints=False)
+    told: list[str] = []
+    asyncio.run(publish_slice(api, "n", GPUS, S, frozenset({"GPU-1"}), "", "NoSchedule", fell_back=told.append))
+    assert told == ["taints"]
+    before = len(api.writes)
+    asyncio.run(publish_slice(api, "n", GPUS, S, frozenset({"GPU-1"}), "", None))  # what the caller does next
+    assert [names(w) for w in api.writes[before:]] == [["gpu-0"]]
+    told.clear()
+    api = FakeApi(refuse_none=True)
+    asyncio.run(
+        publish_slice(api, "n", GPUS, S, frozenset(), "", "NoSchedule", notes={"GPU-0": 13}, fell_back=told.append)
+    )
+    assert told == ["notes"]
+
+
+def test_a_failed_republish_is_tried_again_without_another_change():
+    """A republish that failed was only logged, and with no recovery timer the loop waited for the
+    next event: a GPU just marked unhealthy stayed published healthy. Found by an adversarial review."""
+    from hami.draplugin import command
+
+    async def run() -> list[str]:
+        stop, changed = asyncio.Event(), asyncio.Event()
+        calls: list[str] = []
+
+        class Book:
+            def due(self):
+                return None
+
+            def recover(self):
+                return False
+
+            def forget(self):
+                return False
+
+        class Feed:
+            async def changed(self):
+                pass
+
+        async def publish():
+            calls.append("publish")
+            if len(calls) < 3:
+                raise OSError("connection reset")  # not only the API's own errors
+            stop.set()
+
+        changed.set()
+        await asyncio.wait_for(command.republish_on_change(stop, changed, Book(), Feed(), publish), 10)
+        return calls
+
+    saved = command.REPUBLISH_RETRY_S
+    command.REPUBLISH_RETRY_S = 0.01
+    try:
+        assert asyncio.run(run()) == ["publish"] * 3
+    finally:
+        command.REPUBLISH_RETRY_S = saved
+
+
 def test_the_publisher_writes_a_minor_xid_and_falls_back_where_the_cluster_cannot_keep_it():
     api = FakeApi()
     asyncio.run(publish_slice(api, "n", GPUS, S, frozenset(), "", "NoSchedule"))

@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any, Awaitable, Callable
 
 from hami import malloc
 from hami.dra.model import (
@@ -38,6 +39,8 @@ log = logging.getLogger("hami.dra")
 EXIT_CONFIG, EXIT_NVML = 2, 3
 DEFAULT_SWEEP = "5m"
 DEFAULT_SWEEP_GRACE = "1m"
+REPUBLISH_RETRY_S = 1.0  # the first retry of a failed ResourceSlice republish; doubled up to the next
+REPUBLISH_RETRY_MAX_S = 60.0
 
 
 class UsageError(ValueError):
@@ -218,6 +221,39 @@ def _prepare_node(driver, paths: Paths, boot_id_file: Path, boot_id: str) -> boo
     return True
 
 
+async def republish_on_change(
+    stop: asyncio.Event, changed: asyncio.Event, book: Any, feed: Any, publish: Callable[[], Awaitable[None]]
+) -> None:
+    """Publish the node's ResourceSlice again whenever ``changed`` is set (a health mark, an XID
+    note, the slice deleted under us) or ``book`` heals or forgets a GPU, until ``stop``. A publish
+    that fails (an API error, no answer) is tried again after 1 s, doubling up to 60 s, whatever
+    else happens meanwhile: a GPU just marked unhealthy must not stay published as healthy."""
+    retry: float | None = None  # seconds until a failed publish is tried again
+    while not stop.is_set():
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
+        due = book.due()
+        timeout = retry if due is None else due if retry is None else min(due, retry)
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        if stop.is_set():
+            return
+        healed, forgotten = book.recover(), book.forget()
+        if healed or forgotten:  # GPUs healthy again, or XIDs old enough: their taints go
+            changed.set()
+        if not changed.is_set() and retry is None:
+            continue
+        changed.clear()
+        await feed.changed()  # the kubelet's health stream (KEP-4680) first: no API call
+        try:
+            await publish()
+        except Exception as exc:  # noqa: BLE001 - logged, and tried again: never dropped
+            retry = min(2 * retry, REPUBLISH_RETRY_MAX_S) if retry else REPUBLISH_RETRY_S
+            log.error("republishing the ResourceSlice failed (trying again in %gs): %s", retry, exc)
+        else:
+            retry = None
+
+
 async def _serve(
     args: argparse.Namespace,
     settings: NodeSettings,
@@ -225,7 +261,7 @@ async def _serve(
     s: SliceSettings,
     mig: dict[str, GpuMig] | None = None,
 ) -> int:
-    from hami.kube.client import KubeClient, KubeError
+    from hami.kube.client import KubeClient
 
     from .checkpoint import Checkpoint, CheckpointError
     from .health import HealthBook, HealthFeed
@@ -247,13 +283,27 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     book = HealthBook(args.health_recovery_seconds, _nvml_answers)
-    taint = None if args.unhealthy_taint == "none" else args.unhealthy_taint
+    # what this cluster keeps of a slice: once it refused the XID taints (before 1.35) or dropped
+    # device taints (the feature off), later publishes leave them out from the start
+    kept = {"taint": None if args.unhealthy_taint == "none" else args.unhealthy_taint, "notes": True}
+
+    def fell_back(what: str) -> None:
+        if what == "taints":
+            kept["taint"] = None
+        kept["notes"] = False
+
+    async def publish() -> None:
+        notes = book.notes() if kept["notes"] else None
+        await publish_slice(
+            kube, args.node_name, gpus, s, book.unhealthy(), node_uid, kept["taint"], mig, notes, fell_back
+        )
+
     try:
         if args.apply_classes:
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
         node_uid = (node.get("metadata") or {}).get("uid") or ""
-        await publish_slice(kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig, book.notes())
+        await publish()
 
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
@@ -327,23 +377,7 @@ async def _serve(
             ).run()
         )
         try:
-            while not stop.is_set():
-                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(changed.wait())]
-                await asyncio.wait(waiters, timeout=book.due(), return_when=asyncio.FIRST_COMPLETED)
-                for w in waiters:
-                    w.cancel()
-                healed, forgotten = book.recover(), book.forget()
-                if healed or forgotten:  # GPUs healthy again, or XIDs old enough: their taints go
-                    changed.set()
-                if changed.is_set():
-                    changed.clear()
-                    await feed.changed()  # the kubelet's health stream (KEP-4680) first: no API call
-                    try:
-                        await publish_slice(
-                            kube, args.node_name, gpus, s, book.unhealthy(), node_uid, taint, mig, book.notes()
-                        )
-                    except KubeError as exc:
-                        log.error("republishing the ResourceSlice failed: %s", exc)
+            await republish_on_change(stop, changed, book, feed, publish)
         finally:
             guard.cancel()
             if sweeper:

@@ -20,7 +20,7 @@ RBAC cannot narrow it to one node's slice, so docs/dra.md names this), the insta
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from hami.core.quantity import parse_int_quantity
 from hami.kube.client import KubeClient, KubeError
@@ -76,11 +76,16 @@ async def publish_slice(
     taint: str | None = None,
     mig: Mapping[str, GpuMig] | None = None,
     notes: Mapping[str, int] | None = None,
+    fell_back: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Apply the node's slices (one, or more with MIG: :func:`hami.dra.model.resource_slices`)
     and delete the parts a previous publish had beyond them; returns the first as the API server
     stored it. ``taint``: the effect of the unhealthy GPUs' device taint (None: they are left out);
-    ``notes``: UUID -> the GPU's last non-fatal XID (an informational taint)."""
+    ``notes``: UUID -> the GPU's last non-fatal XID (an informational taint). A cluster that
+    refuses the XID taints or drops device taints gets the slice again without them, and
+    ``fell_back`` is told (``"notes"``, ``"taints"``), so that the caller's next publishes leave
+    them out from the start: a slice naming an unhealthy GPU untainted, even for a moment, lets
+    kube-scheduler place a claim on it."""
     gpus = list(gpus)
     wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig, notes)
     current = [await _get(kube, f"{API}/resourceslices/{slice_name(node)}")]
@@ -109,7 +114,9 @@ async def publish_slice(
                 slice_name(node),
                 exc,
             )
-            return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, taint, mig)
+            if fell_back is not None:
+                fell_back("notes")
+            return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, taint, mig, None, fell_back)
     for part in range(len(wanted), len(current)):
         if current[part] is not None:
             await delete_slice(kube, node, part)
@@ -121,7 +128,9 @@ async def publish_slice(
             slice_name(node),
             ", ".join(sorted({name for name, _ in tainted})),
         )
-        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None, mig)
+        if fell_back is not None:
+            fell_back("taints")
+        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None, mig, None, fell_back)
     log.info(
         "ResourceSlice %s: %d device(s) in %d slice(s), pool generation %d",
         slice_name(node),
