@@ -394,8 +394,25 @@ async def test_a_failing_answer_is_503_and_the_server_keeps_serving(cluster):
     client = await _client(UiApi(Broken(), "hami-scheduler", clock=lambda: NOW))
     try:
         resp = await client.get("/api/v1/nodes")
-        assert resp.status == 503 and "try again" in await resp.text()
+        assert resp.status == 503 and resp.headers["Retry-After"] == "5"
+        body = await resp.json()  # the spec's Unavailable: JSON with an error (was text/plain)
+        validator_for("/api/v1/nodes", "503").validate(body)
+        assert "try again" in body["error"]
         assert (await client.get("/healthz")).status == 200
+    finally:
+        await client.close()
+
+
+async def test_the_openapi_document_takes_no_query_parameters(cluster):
+    client = await _client(UiApi(cluster, "hami-scheduler", clock=lambda: NOW))
+    try:
+        assert (await client.get("/api/v1/openapi.yaml")).status == 200
+        for query in ("?anything=1", "?a=1&a=2"):
+            resp = await client.get("/api/v1/openapi.yaml" + query)
+            assert resp.status == 400, query
+            body = await resp.json()
+            validator_for("/api/v1/openapi.yaml", "400").validate(body)
+            assert "'a" in body["error"]
     finally:
         await client.close()
 

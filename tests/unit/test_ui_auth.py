@@ -381,6 +381,53 @@ async def test_without_an_authorizer_everything_is_shown(shared):
         await client.close()
 
 
+@pytest.mark.parametrize(
+    "host, status",
+    [
+        ("rebind.attacker.example:9090", 421),
+        ("10.0.0.7:9090", 421),
+        ("localhost.attacker.example", 421),
+        ("localhost:9090", 200),
+        ("127.0.0.1:9090", 200),
+        ("[::1]:9090", 200),
+        ("app.localhost", 200),
+    ],
+)
+async def test_without_an_authorizer_only_a_loopback_host_is_answered(shared, host, status):
+    """A page the operator opens while the port-forward runs could rebind its own name to
+    127.0.0.1 and read everything as same-origin; its requests still name its own site.
+    Found by an adversarial review."""
+    client = await _client(UiApi(shared, "hami-scheduler", clock=lambda: NOW))
+    try:
+        r = await client.get("/api/v1/pods", headers={"Host": host})
+        assert r.status == status
+        if status != 200:
+            body = await r.json()
+            assert "loopback" in body["error"] and host.split(":")[0] in body["error"]
+            validator_for("/api/v1/pods", "421").validate(body)
+            assert "secret-trainer" not in json.dumps(body)
+    finally:
+        await client.close()
+
+
+async def test_a_caller_without_permission_costs_no_pods_document(shared, monkeypatch):
+    """The cluster-wide document was built before the 403: any token made the scheduler's loop
+    build it. Found by an adversarial review."""
+    from hami.ui import model as ui_model
+
+    built = []
+    real = ui_model.pods_document
+    monkeypatch.setattr(ui_model, "pods_document", lambda *a, **k: built.append(1) or real(*a, **k))
+    client = await _client(_api(shared, FakeReviews()))
+    try:
+        assert (await client.get("/api/v1/pods", headers=bearer(NOBODY))).status == 403
+        assert built == []
+        assert (await client.get("/api/v1/pods", headers=bearer(TENANT))).status == 200
+        assert built == [1]
+    finally:
+        await client.close()
+
+
 class SlowReviews(FakeReviews):
     """Reviews that wait for ``release``, counting how many are in flight at once."""
 

@@ -175,7 +175,28 @@ async def _read_only(request: web.Request, handler: Any) -> web.StreamResponse:
         raise
     except Exception:  # noqa: BLE001 - one bad answer must not take the scheduler down
         log.exception("ui: %s %s failed", request.method, request.path)
-        return web.Response(status=503, text="the answer could not be built; try again\n")
+        return web.json_response(
+            {"error": "the answer could not be built; try again"},
+            status=503,
+            headers={"Cache-Control": "no-store", "Retry-After": "5"},
+        )
+
+
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+def _loopback_host(host: str | None) -> bool:
+    """``Host`` names the loopback interface (``localhost``, ``*.localhost``, 127.0.0.1, [::1],
+    with or without a port); an absent one (HTTP/1.0, no browser) counts as loopback."""
+    if host is None:
+        return True
+    host = host.strip().lower()
+    if host.startswith("["):
+        name = host[1 : host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".")
+    return name in _LOOPBACK_NAMES or name.endswith(".localhost")
 
 
 class UiApi:
@@ -234,6 +255,18 @@ class UiApi:
     async def _authenticate(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if not request.path.startswith(self.prefix + "/api/"):
             return await handler(request)
+        if self.authorizer is None and not _loopback_host(request.headers.get("Host")):
+            # --ui-auth=none answers whoever reaches the loopback port: a web page the operator
+            # opens could rebind its own name to 127.0.0.1 and read the answers (its Host header
+            # still names the page's site), so only a loopback name is answered
+            return web.json_response(
+                {
+                    "error": f"Host {request.headers.get('Host', '')[:80]!r} is not a loopback name; "
+                    "with --ui-auth=none the UI answers only http://localhost, 127.0.0.1 or [::1]"
+                },
+                status=421,
+                headers={"Cache-Control": "no-store"},
+            )
         try:
             if self.authorizer is not None:
                 request[CALLER] = await self.authorizer.authenticate(request.headers.get("Authorization"))
@@ -298,6 +331,13 @@ class UiApi:
             )
         return visible
 
+    def _holder_namespaces(self) -> set[str]:
+        """The namespaces of the pods and claims that hold devices (what ``/pods`` lists), from the
+        ledger and the claim cache, without building an answer."""
+        out = {a.namespace for a in self.source.ledger.pods()}
+        out.update(ref.split("/", 1)[0] for ref in getattr(self.source, "claims", None) or {})
+        return out
+
     def _known_namespaces(self, caller: Caller, extra: set[str]) -> set[str]:
         """Where to look for a caller without cluster-wide access: the namespaces of the answer,
         of every pod in the scheduler's cache (its own and those holding devices) and, for a
@@ -353,8 +393,9 @@ class UiApi:
         async def build(q: dict) -> dict:
             model._check_params(q, ("namespace", "node"))
             wanted = q.pop("namespace", None)
+            # who may see what first: a caller with no permission costs no document
+            visible = await self._visible(request, "pods", wanted, self._holder_namespaces)
             doc = model.pods_document(self.source, self.clock(), self._readings(), q)
-            visible = await self._visible(request, "pods", wanted, lambda: {i["namespace"] for i in doc["items"]})
             return scope.pods(doc, visible)
 
         return await self._answer(request, build)
@@ -395,10 +436,14 @@ class UiApi:
     async def quotas(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
             model._check_params(q, ("namespace",))
-            doc = model.quotas_document(self.source, self.clock(), q)
-            visible = await self._visible(
-                request, "resourcequotas", q.get("namespace"), lambda: {i["namespace"] for i in doc["items"]}
-            )
+            box: dict[str, dict] = {}
+
+            def namespaces() -> set[str]:
+                box["doc"] = model.quotas_document(self.source, self.clock(), q)
+                return {i["namespace"] for i in box["doc"]["items"]}
+
+            visible = await self._visible(request, "resourcequotas", q.get("namespace"), namespaces)
+            doc = box.get("doc") or model.quotas_document(self.source, self.clock(), q)
             return scope.by_namespace(doc, visible)
 
         return await self._answer(request, build)
@@ -553,6 +598,10 @@ class UiApi:
             await asyncio.sleep(interval)
 
     async def openapi(self, request: web.Request) -> web.Response:
+        try:
+            model._check_params(self._query(request), ())
+        except model.FilterError as exc:
+            return web.json_response({"error": str(exc)}, status=400, headers={"Cache-Control": "no-store"})
         return web.Response(text=openapi_text(), content_type="application/yaml")
 
     async def index(self, request: web.Request) -> web.Response:
