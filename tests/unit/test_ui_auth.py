@@ -428,6 +428,32 @@ async def test_a_caller_without_permission_costs_no_pods_document(shared, monkey
         await client.close()
 
 
+async def test_a_pending_pod_is_explained_once_for_every_callers_scope(shared, monkeypatch):
+    """Each scope had an answer of its own, each explaining its pods anew on the scheduler's loop:
+    callers with different scopes multiplied the work. Found by an adversarial review."""
+    from hami.ui import model as ui_model
+
+    explained = []
+    real = ui_model.explain_doc
+    monkeypatch.setattr(ui_model, "explain_doc", lambda p, *a: explained.append(p["metadata"]["name"]) or real(p, *a))
+    client = await _client(_api(shared, FakeReviews()))
+    try:
+        for who, query in ((ADMIN, ""), (TENANT, ""), (ADMIN, "?namespace=team-a"), (ADMIN, "?namespace=team-x")):
+            assert (await client.get("/api/v1/pending" + query, headers=bearer(who))).status == 200
+        assert sorted(explained) == ["waiting-a", "waiting-x"]
+    finally:
+        await client.close()
+
+
+def test_the_explaining_budget_is_shared_by_all_answers_in_a_window(shared, monkeypatch):
+    """Once the window's budget is spent, an answer explains its first pod only (and says it is
+    truncated), whatever its scope."""
+    api = UiApi(shared, "hami-scheduler", clock=lambda: NOW)
+    api._spent[:] = [__import__("time").perf_counter(), 10.0]
+    doc = api._pending({}, None)
+    assert len(doc["items"]) == 1 and doc["truncated"] and doc["total"] == 2
+
+
 class SlowReviews(FakeReviews):
     """Reviews that wait for ``release``, counting how many are in flight at once."""
 

@@ -427,3 +427,32 @@ async def test_only_the_first_series_are_asked_for_and_the_total_counts_all(shar
         assert (items, total) == ([], 0) and len(prom.forms) == 1  # no key: no range query
     finally:
         await _close(prom, server, client)
+
+
+def test_callers_cannot_multiply_the_queries_sent_to_prometheus():
+    """Each history answer opened its own session and sent its queries, with no bound: many
+    parallel requests were many parallel query sets. Found by an adversarial review."""
+    from hami.ui.prometheus import PrometheusHistory
+
+    async def run() -> tuple[int, int]:
+        prom = PrometheusHistory("http://prometheus.invalid:9090", concurrent=2)
+        calls = in_flight = most = 0
+
+        async def series(session, kind, matchers, *rest):
+            nonlocal calls, in_flight, most
+            calls += 1
+            in_flight += 1
+            most = max(most, in_flight)
+            await asyncio.sleep(0.01)
+            in_flight -= 1
+            return [{"key": str(matchers)}], 1
+
+        prom._series = series
+        same = [prom.series("pod", "1h", 1_795_000_000.0, {}, {"team-a"}) for _ in range(10)]
+        other = [prom.series("pod", "1h", 1_795_000_000.0, {"node": f"n{i}"}, None) for i in range(6)]
+        answers = await asyncio.gather(*same, *other)
+        assert all(a == answers[0] for a in answers[:10])
+        return calls, most
+
+    calls, most = asyncio.run(run())
+    assert calls == 7 and most == 2  # one for the ten same questions, one per other; two at a time

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import re
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import aiohttp
 import orjson
@@ -44,6 +45,7 @@ from . import history as hist
 MIB = 1024 * 1024
 TIMEOUT = 10.0  # s for the queries of one answer together
 MAX_BYTES = 8 * MIB  # of one query's answer
+CONCURRENT = 4  # answers querying Prometheus at once (each sends up to five queries)
 MAX_SERIES = 10_000  # in one range query's answer
 MAX_KEYS = 200_000  # series keys listed by the first, instant, query (a few bytes each)
 AVERAGE_FROM = 300  # s: buckets at least this wide are the mean over the bucket (avg_over_time)
@@ -154,11 +156,18 @@ class PrometheusHistory:
     """Reads history series from the Prometheus HTTP API at ``url`` (its base, e.g.
     ``http://prometheus.monitoring:9090`` or one with a path prefix)."""
 
-    def __init__(self, url: str, timeout: float = TIMEOUT, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self, url: str, timeout: float = TIMEOUT, max_bytes: int = MAX_BYTES, concurrent: int = CONCURRENT
+    ) -> None:
         self.base = url.rstrip("/")
         self.url = self.base + "/api/v1/query_range"
         self.timeout = timeout
         self.max_bytes = max_bytes
+        # at most ``concurrent`` answers query Prometheus at once, and an answer already given for
+        # the same question and grid step is given again: callers cannot multiply the queries
+        self._slots = asyncio.Semaphore(concurrent)
+        self._answers: dict[tuple, tuple[list[dict], int]] = {}
+        self._asking: dict[tuple, asyncio.Future] = {}
 
     async def _query(self, session: aiohttp.ClientSession, promql: str, start: int, end: int, step: int) -> list:
         form = {"query": promql, "start": str(start), "end": str(end), "step": str(step)}
@@ -222,14 +231,36 @@ class PrometheusHistory:
                 matchers["namespace"] = visible
         start, end, step = grid(range_, now)
         allocated_only = "node" in filters and kind == "pod"
+        key = (kind, range_, tuple(sorted(filters.items())), None if visible is None else tuple(sorted(visible)), limit)
+        key += (end,)
+        if key in self._answers:
+            return self._answers[key]
+        task = self._asking.get(key)
+        if task is None:  # the first to ask: the others wait for its answer
+            task = self._asking[key] = asyncio.ensure_future(
+                self._ask(key, kind, matchers, start, end, step, allocated_only, describe, limit)
+            )
+            task.add_done_callback(lambda _t, key=key: self._asking.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _ask(self, key: tuple, kind: str, matchers: dict, *rest: Any) -> tuple[list[dict], int]:
+        began = time.monotonic()
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
-                return await asyncio.wait_for(
-                    self._series(session, kind, matchers, start, end, step, allocated_only, describe, limit),
-                    self.timeout,
-                )
+            await asyncio.wait_for(self._slots.acquire(), self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise PrometheusError(f"Prometheus is busy with other answers (no slot within {self.timeout:g} s)") from exc
+        try:
+            left = max(0.1, self.timeout - (time.monotonic() - began))
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=left)) as session:
+                got = await asyncio.wait_for(self._series(session, kind, matchers, *rest), left)
         except asyncio.TimeoutError as exc:
             raise PrometheusError(f"no answer within {self.timeout:g} s") from exc
+        finally:
+            self._slots.release()
+        if len(self._answers) >= 64:
+            self._answers.clear()
+        self._answers[key] = got
+        return got
 
     async def _series(
         self,

@@ -231,6 +231,11 @@ class UiApi:
         self.history = hist.History() if history is None else history
         self.prometheus = prometheus  # --ui-prometheus-url: the history's source when set (the ring: fallback)
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
+        # one pod's explanation, by (uid, resourceVersion), shared by every caller's scope for
+        # PENDING_TTL; and the explaining done on the loop in the current PENDING_TTL window, over
+        # all answers: [window start, seconds spent] (perf_counter)
+        self._explained: dict[tuple[str, str], tuple[float, dict]] = {}
+        self._spent = [0.0, 0.0]
         if events is None:  # the scheduler's client, as the reviews use it (None: --ui-auth=none in tests)
             kube = getattr(getattr(authorizer, "reviews", None), "kube", None)
             events = None if kube is None else KubeEvents(kube)
@@ -427,11 +432,33 @@ class UiApi:
         now = self.clock()
         if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
             return dict(hit[1])
-        doc = model.pending_document(self.source, now, self.scheduler_name, q, only=visible)
+        began = time.perf_counter()
+        if began - self._spent[0] >= PENDING_TTL:
+            self._spent[:] = [began, 0.0]
+        budget = max(0.0, model.PENDING_BUDGET_S - self._spent[1])  # shared: scopes cannot multiply it
+        try:
+            doc = model.pending_document(
+                self.source, now, self.scheduler_name, q, budget_s=budget, only=visible, explain=self._explain
+            )
+        finally:
+            self._spent[1] += time.perf_counter() - began
         if len(self._pending_cache) > 64:
             self._pending_cache.clear()
         self._pending_cache[key] = (now, doc)
         return dict(doc)
+
+    def _explain(self, pod: Mapping[str, Any], source: Any, now: float) -> dict:
+        meta = pod.get("metadata") or {}
+        ref = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        key = (str(ref), str(meta.get("resourceVersion") or ""))
+        hit = self._explained.get(key)
+        if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
+            return hit[1]
+        doc = model.explain_doc(pod, source, now)
+        if len(self._explained) >= 4 * model.MAX_PENDING:
+            self._explained = {k: v for k, v in self._explained.items() if 0 <= now - v[0] < PENDING_TTL}
+        self._explained[key] = (now, doc)
+        return doc
 
     async def quotas(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
