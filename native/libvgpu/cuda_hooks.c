@@ -131,6 +131,7 @@ static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
 static CUcontext g_primary_ctx[VGPU_MAX_DEV];
 static uint64_t g_ctx_size[VGPU_MAX_DEV];
+static uint64_t g_primary_charged[VGPU_MAX_DEV]; /* under g_mu: what the retained primary context holds */
 static int g_ctx_measured[VGPU_MAX_DEV];
 static void *g_nvml;
 
@@ -396,7 +397,9 @@ static void nvml_snapshot_unguarded(int reg, nvml_snap *s)
     __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
     __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3) procs =
         vgpu_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
-    if (!by_uuid || by_uuid(vgpu_reg->uuids[reg], &s->dev) != NVML_SUCCESS) {
+    char uuid[VGPU_UUID_LEN + 1];
+    vgpu_region_uuid(reg, uuid);
+    if (!by_uuid || by_uuid(uuid, &s->dev) != NVML_SUCCESS) {
         s->dev = NULL;
         return;
     }
@@ -433,7 +436,13 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
     nvml_snap before, after;
     if (measure) {
         vgpu_region_lock();
-        nvml_snapshot(reg, &before);
+        /* another thread of this process may have measured while this one waited for the lock:
+         * measured again, the figure would hold that thread's context and allocations too */
+        measure = !__atomic_load_n(&g_ctx_measured[reg], __ATOMIC_ACQUIRE);
+        if (measure)
+            nvml_snapshot(reg, &before);
+        else
+            vgpu_region_unlock();
     }
     CUresult r = create(arg);
     if (measure) {
@@ -502,11 +511,19 @@ static void primary_ref(int cuda_dev, int delta, CUcontext ctx)
     if (ctx)
         g_primary_ctx[reg] = ctx;
     CUcontext primary = g_primary_ctx[reg];
+    /* what is released is what was charged: the footprint may be measured anew meanwhile */
+    uint64_t charge = 0, release = 0;
+    if (before == 0 && after > 0)
+        charge = g_primary_charged[reg] = g_ctx_size[reg];
+    if (before > 0 && after == 0) {
+        release = g_primary_charged[reg];
+        g_primary_charged[reg] = 0;
+    }
     pthread_mutex_unlock(&g_mu);
     if (before == 0 && after > 0)
-        vgpu_charge(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+        vgpu_charge(reg, charge, VGPU_MEM_CONTEXT);
     if (before > 0 && after == 0) {
-        vgpu_release(reg, g_ctx_size[reg], VGPU_MEM_CONTEXT);
+        vgpu_release(reg, release, VGPU_MEM_CONTEXT);
         drop_context_allocs(primary);
     }
 }

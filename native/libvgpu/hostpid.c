@@ -164,7 +164,9 @@ int lim_resolve_host_pid_on(int cuda_dev, int reg_dev)
 static int device_of(int reg_dev, nvmlDevice_t *dev)
 {
     __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
-    return reg_dev >= 0 && by_uuid && by_uuid(vgpu_reg->uuids[reg_dev], dev) == NVML_SUCCESS;
+    char uuid[VGPU_UUID_LEN + 1];
+    vgpu_region_uuid(reg_dev, uuid);
+    return reg_dev >= 0 && by_uuid && by_uuid(uuid, dev) == NVML_SUCCESS;
 }
 
 int lim_resolve_host_pid_unguarded(int reg_dev)

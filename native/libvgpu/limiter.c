@@ -304,8 +304,10 @@ static int nvml_handle_unguarded(int d, lim_dev *D)
         return D->nvml_state > 0;
     __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
     D->nvml_state = -1;
+    char uuid[VGPU_UUID_LEN + 1];
+    vgpu_region_uuid(d, uuid);
     if (vgpu_real_nvmlInit_v2 && vgpu_real_nvmlInit_v2() == NVML_SUCCESS && by_uuid &&
-        by_uuid(vgpu_reg->uuids[d], &D->nvml) == NVML_SUCCESS)
+        by_uuid(uuid, &D->nvml) == NVML_SUCCESS)
         D->nvml_state = 1;
     else
         LOG_WARN("device %d: NVML utilization unavailable; compute share not enforced", d);

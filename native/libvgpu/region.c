@@ -39,6 +39,10 @@ vgpu_region *vgpu_reg;
 vgpu_slot *vgpu_my_slot;
 static pthread_mutex_t *g_lock;
 static int g_pid; /* getpid() is a system call in glibc >= 2.25: cached, refreshed after fork */
+/* The region file, kept open (O_CLOEXEC) for the slot locks below, and this process's PID
+ * namespace (the inode of /proc/self/ns/pid; 0 when unknown). */
+static int g_region_fd = -1;
+static uint32_t g_pidns;
 static uint64_t g_last_kernel_sec;
 
 static int reap_locked(void);
@@ -138,6 +142,41 @@ static int pid_alive(int pid)
     return 1;
 }
 
+/* A region can be shared by processes of several PID namespaces (a DRA claim's containers, or
+ * pods sharing a claim): a PID means nothing outside its namespace (kill(pid, 0) there answers
+ * for another process, or none). So each process holds an OFD lock on a byte of the file past
+ * the region, one per slot (VGPU_REGION_SIZE + 1 + index; the kernel drops it when the process,
+ * or the last process sharing its open file, is gone), and marks its slot with its namespace
+ * (the slot's padding, which HAMi's monitor does not read; 0: no lock taken, judged by PID as
+ * before). A slot of another namespace is dead when nothing holds its byte. */
+static uint32_t pid_namespace(void)
+{
+    char link[64];
+    ssize_t n = readlink("/proc/self/ns/pid", link, sizeof link - 1); /* "pid:[4026531836]" */
+    unsigned long ino = 0;
+    if (n > 0) {
+        link[n] = 0;
+        if (sscanf(link, "pid:[%lu]", &ino) != 1)
+            ino = 0;
+    }
+    return (uint32_t)ino;
+}
+
+static int slot_lock(const vgpu_slot *s, int cmd, short type)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)VGPU_REGION_SIZE + 1 + (s - vgpu_reg->procs), .l_len = 1};
+    if (g_region_fd < 0 || fcntl(g_region_fd, cmd, &fl) != 0)
+        return -1;
+    return fl.l_type;
+}
+
+/* Whether the process of another namespace that took slot `s` still holds its byte. */
+static int slot_held(const vgpu_slot *s)
+{
+    int t = slot_lock(s, F_OFD_GETLK, F_WRLCK);
+    return t < 0 || t != F_UNLCK; /* cannot tell: alive */
+}
+
 static void slot_clear(vgpu_slot *s)
 {
     __atomic_store_n(&s->status, 0, __ATOMIC_RELAXED);
@@ -160,7 +199,8 @@ static int reap_locked(void)
     for (int i = 0; i < n; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
-        if (pid && s != vgpu_my_slot && !pid_alive(pid)) {
+        uint32_t ns = (uint32_t)__atomic_load_n(&s->pad0, __ATOMIC_ACQUIRE);
+        if (pid && s != vgpu_my_slot && (ns && ns != g_pidns ? !slot_held(s) : !pid_alive(pid))) {
             LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
             slot_clear(s);
             reaped++;
@@ -178,9 +218,11 @@ static vgpu_slot *register_locked(void)
     int pid = g_pid, n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n; /* never the lock's slot */
     vgpu_slot *slot = NULL;
-    for (int i = 0; i < n && !slot; i++)
-        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid)
-            slot = &vgpu_reg->procs[i]; /* a stale slot of a previous process with our PID */
+    for (int i = 0; i < n && !slot; i++) {
+        uint32_t ns = (uint32_t)__atomic_load_n(&vgpu_reg->procs[i].pad0, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid && (!ns || ns == g_pidns))
+            slot = &vgpu_reg->procs[i]; /* a stale slot of a previous process with our PID (in our namespace) */
+    }
     for (int i = 0; i < n && !slot; i++)
         if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == 0)
             slot = &vgpu_reg->procs[i];
@@ -191,6 +233,8 @@ static vgpu_slot *register_locked(void)
     if (!slot)
         return NULL;
     slot_clear(slot);
+    int locked = g_pidns && slot_lock(slot, F_OFD_SETLK, F_WRLCK) >= 0;
+    __atomic_store_n(&slot->pad0, locked ? (int32_t)g_pidns : 0, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->status, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->pid, pid, __ATOMIC_RELEASE);
     return slot;
@@ -205,6 +249,24 @@ static void init_header(vgpu_region *r)
         r->limit[i] = vgpu_cfg.limit[i];
         r->sm_limit[i] = vgpu_cfg.sm_limit[i];
     }
+    /* The grant numbers its limits by its device list's order (HAMI_GRANT_DEVICES): the devices
+     * take those indices from the start, whatever CUDA ordinal the first process sees them at
+     * (a first process with CUDA_VISIBLE_DEVICES=1 would otherwise give GPU 1 the limit of 0). */
+    const char *list = vgpu_getenv("HAMI_GRANT_DEVICES");
+    int n = 0;
+    for (const char *p = list; p && *p && n < VGPU_MAX_DEV;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > 0 && len < VGPU_UUID_LEN) {
+            memcpy(r->uuids[n], p, len);
+            r->uuids[n][len] = 0;
+            n++;
+        }
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    r->device_num = (uint64_t)n;
     sem_init((sem_t *)(void *)r->sem, 1, 1);
     sem_init((sem_t *)(void *)r->sem_postinit, 1, 1);
     r->utilization_switch = 1;
@@ -325,7 +387,10 @@ static vgpu_region *attach_file(const char *path)
     if (r)
         check_boot(r, path);
     ofd_lock(fd, F_UNLCK);
-    close(fd); /* the mapping stays; the file lock was only needed to attach */
+    if (r)
+        g_region_fd = fd; /* the mapping stays; the file stays open for the slot locks */
+    else
+        close(fd);
     return r;
 }
 
@@ -333,6 +398,7 @@ int vgpu_region_open(void)
 {
     const char *path = vgpu_cfg.cache_path;
     g_pid = (int)getpid();
+    g_pidns = pid_namespace();
     vgpu_reg = attach_file(path);
     if (!vgpu_reg && map_fallback())
         return -1;
@@ -355,6 +421,14 @@ void vgpu_region_after_fork(void)
     g_pid = (int)getpid();
     if (!vgpu_reg)
         return;
+    g_pidns = pid_namespace();
+    if (g_region_fd >= 0) {
+        /* the parent's open file (and its slot lock) is the parent's: this child locks its own
+         * slot through an open file of its own */
+        int fd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
+        close(g_region_fd);
+        g_region_fd = fd;
+    }
     vgpu_my_slot = NULL;
     vgpu_region_lock();
     vgpu_my_slot = register_locked();
@@ -435,6 +509,18 @@ int vgpu_reserve(int dev, uint64_t bytes, int type)
         return 0;
     }
     vgpu_region_lock();
+    if (UNLIKELY(!vgpu_my_slot)) {
+        /* every slot was taken when this process registered: one may have freed since. Without
+         * one nothing could be charged, and the limit would not hold: refused. */
+        reap_locked();
+        vgpu_my_slot = register_locked();
+        if (!vgpu_my_slot) {
+            vgpu_region_unlock();
+            LOG_WARN("device %d: out of memory: no free process slot in the shared region (%d in use) to "
+                     "charge %llu bytes to", dev, VGPU_PROC_SLOTS, (unsigned long long)bytes);
+            return -1;
+        }
+    }
     if (UNLIKELY(vgpu_cfg.test_stall_ms)) {
         struct timespec ts = {vgpu_cfg.test_stall_ms / 1000, (long)(vgpu_cfg.test_stall_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
@@ -471,16 +557,34 @@ void vgpu_release(int dev, uint64_t bytes, int type)
  * "MIG-" + the same bytes, so the 4-character prefix is not compared when both have one. */
 static int same_device(const char *a, const char *b)
 {
-    if (strlen(a) > 4 && strlen(b) > 4 && a[3] == '-' && b[3] == '-')
+    /* a: the region's (any bytes: never read past its VGPU_UUID_LEN) */
+    if (strnlen(a, VGPU_UUID_LEN) > 4 && strnlen(b, VGPU_UUID_LEN) > 4 && a[3] == '-' && b[3] == '-')
         return !strncmp(a + 4, b + 4, VGPU_UUID_LEN - 4);
     return !strncmp(a, b, VGPU_UUID_LEN);
+}
+
+/* The region's device count, bounded: the file is the container's to write (a negative or huge
+ * count must not index outside uuids[]). */
+static int device_count(const vgpu_region *r)
+{
+    uint64_t d = __atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE);
+    return d > VGPU_MAX_DEV ? VGPU_MAX_DEV : (int)d;
+}
+
+void vgpu_region_uuid(int dev, char out[VGPU_UUID_LEN + 1])
+{
+    out[0] = 0;
+    if (vgpu_reg && dev >= 0 && dev < VGPU_MAX_DEV) {
+        memcpy(out, (const char *)vgpu_reg->uuids[dev], VGPU_UUID_LEN);
+        out[VGPU_UUID_LEN] = 0;
+    }
 }
 
 int vgpu_region_dev_for_uuid(const char *uuid, int add)
 {
     int found = -1;
     vgpu_region_lock();
-    int n = (int)vgpu_reg->device_num;
+    int n = device_count(vgpu_reg);
     for (int i = 0; i < n && i < VGPU_MAX_DEV && found < 0; i++)
         if (same_device(vgpu_reg->uuids[i], uuid))
             found = i;

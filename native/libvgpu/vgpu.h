@@ -73,6 +73,8 @@ HIDDEN int vgpu_reserve(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_release(int dev, uint64_t bytes, int type);
 HIDDEN void vgpu_charge(int dev, uint64_t bytes, int type); /* add without a limit check */
 HIDDEN int vgpu_region_dev_for_uuid(const char *uuid, int add); /* -1 if unknown/full */
+/* Region device `dev`'s UUID, NUL-terminated whatever the region holds ("" if none). */
+HIDDEN void vgpu_region_uuid(int dev, char out[VGPU_UUID_LEN + 1]);
 /* The region lock is reentrant within a thread: the real libnvidia-ml.so.1 calls its own exported
  * names (nvmlInit_v2 -> nvmlInitWithFlags), which resolve to our hooks, so a hook can run inside a
  * section of ours that already holds the lock (a context's first measurement). */

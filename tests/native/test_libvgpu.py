@@ -559,3 +559,45 @@ print(first, u.value.decode())
     assert p.stdout.split() == ["100", "4", "100"] and f"the process sees {second}" in p.stderr, p
     vgpu_env["HAMI_GRANT_DEVICES"] = f"{first},{second}"
     assert run_py(check, vgpu_env).stdout.split() == ["0", "0", "0"]
+
+
+def test_limits_follow_the_grants_device_order_whatever_the_first_process_sees(vgpu_env):
+    """The grant numbers its limits by its device list (HAMI_GRANT_DEVICES); the region gave its
+    device indices to GPUs in the order the first process met them, so a first process with
+    CUDA_VISIBLE_DEVICES=1 gave GPU 1 the limit of GPU 0 for every later process. Found by an
+    adversarial review."""
+    uuids = run_py(
+        """
+import ctypes as C
+nvml = C.CDLL("libnvidia-ml.so.1"); u = C.create_string_buffer(96); d = C.c_void_p()
+nvml.nvmlInit_v2()
+for i in (0, 1):
+    nvml.nvmlDeviceGetHandleByIndex_v2(i, C.byref(d)); nvml.nvmlDeviceGetUUID(d, u, 96); print(u.value.decode())
+""",
+        vgpu_env,
+    ).stdout.split()
+    del vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"]
+    vgpu_env.update(
+        CUDA_DEVICE_MEMORY_LIMIT_0="1g", CUDA_DEVICE_MEMORY_LIMIT_1="4g", HAMI_GRANT_DEVICES=",".join(uuids)
+    )
+    vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] += ".granted"  # a region this grant's first process makes
+    total = "import cuda_probe as c; c.init(); print(c.mem_info()[1] >> 20)"
+    assert run_py(total, dict(vgpu_env, CUDA_VISIBLE_DEVICES="1")).stdout.split() == ["4096"]  # the first process
+    assert run_py(total, vgpu_env).stdout.split() == ["1024"]  # GPU 0 keeps GPU 0's limit
+    assert run_py(total, dict(vgpu_env, CUDA_VISIBLE_DEVICES="1")).stdout.split() == ["4096"]
+
+
+def test_a_device_count_written_into_the_region_cannot_move_writes_outside_it(vgpu_env, tmp_path):
+    """device_num is read from a file the container writes: a negative or huge count indexed
+    uuids[] out of bounds (a crash, or a write before the mapping that also left the process
+    unlimited). Found by an adversarial review."""
+    import struct
+
+    cache = tmp_path / "vgpu.cache"
+    run_py("import cuda_probe as c; c.init()", vgpu_env)
+    for count in (0x80000000, 0xFFFFFFFFFFFFFFFF, 0xFFFFFFF0):
+        with open(cache, "r+b") as f:
+            f.seek(56)  # device_num
+            f.write(struct.pack("<Q", count))
+        p = run_py("import cuda_probe as c; c.init(); print(c.alloc(2 << 30)[0])", vgpu_env, check=False)
+        assert p.returncode == 0 and p.stdout.split() == ["2"], (count, p)  # refused: still limited

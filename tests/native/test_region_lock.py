@@ -173,16 +173,18 @@ c.alloc(1 << 20)
 
 def test_the_lock_slot_is_never_taken_by_a_process(vgpu_env, tmp_path):
     """A region with every usable slot busy (1023 live processes): a newcomer finds no slot and
-    says so, the lock's slot (pid 0, status 0, so HAMi's monitor skips it) stays intact, and
-    allocations still serialise on the lock."""
+    says so, the lock's slot (pid 0, status 0, so HAMi's monitor skips it) stays intact, and an
+    allocation under the limit is refused: with no slot nothing could be charged (it used to
+    succeed uncharged, past the limit; found by an adversarial review)."""
     cache = tmp_path / "vgpu.cache"
     run_py("import cuda_probe as c; c.init()", vgpu_env)
     lock = read_lock_slot(cache)
     assert (lock["pid"], lock["status"], lock["magic"]) == (0, 0, LOCK_MAGIC)
     fill_slots(cache, os.getpid(), LOCK_SLOT)  # this test process is alive: nothing to reap
     p = run_py("import cuda_probe as c; c.init(); print(c.alloc(1 << 20)[0])", dict(vgpu_env, LIBCUDA_LOG_LEVEL="2"))
-    assert p.stdout.strip() == "0"
+    assert p.stdout.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY
     assert f"no free process slot in {cache} ({LOCK_SLOT} in use)" in p.stderr
+    assert "out of memory: no free process slot in the shared region" in p.stderr
     assert read_region(cache)["proc_num"] == LOCK_SLOT
     lock = read_lock_slot(cache)
     assert (lock["pid"], lock["status"], lock["magic"], lock["mutex_owner_tid"]) == (0, 0, LOCK_MAGIC, 0)
@@ -285,3 +287,46 @@ def test_a_region_of_this_boot_keeps_its_slots(vgpu_env, tmp_path):
     )
     assert p.stdout.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY: the live slot's 600 MiB count
     assert read_region(cache)["slots"][0]["pid"] == os.getpid()
+
+
+def _in_own_pid_namespace(env: dict, code: str, **kw) -> subprocess.Popen:
+    """``code`` as PID 1 of a new PID namespace (as each container of a pod, sharing a DRA
+    claim's region, runs)."""
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+HOLD = """
+import sys, cuda_probe as c
+c.init(); rc, _ = c.alloc(800 << 20); print("held", rc, flush=True); sys.stdin.read()
+"""
+
+
+def test_processes_of_two_pid_namespaces_sharing_a_region_keep_each_others_charges(vgpu_env):
+    """Both PID 1 of their own namespace: the second took the first's live slot as its own
+    "stale" one, or reaped it (kill() answers for its own namespace), and 800 MiB + 800 MiB fit
+    under a 1 GiB claim. Found by an adversarial review."""
+    first = _in_own_pid_namespace(vgpu_env, HOLD)
+    try:
+        assert first.stdout.readline().split() == ["held", "0"], first.stderr.read()
+        second = _in_own_pid_namespace(vgpu_env, HOLD)
+        line = second.stdout.readline().split()
+        second.stdin.close()
+        second.wait(timeout=30)
+        assert line == ["held", "2"], second.stderr.read()  # over the limit: refused
+    finally:
+        first.stdin.close()
+        first.wait(timeout=30)
+    # the first is gone (its namespace with it): its slot is reclaimed by a process of another one
+    third = _in_own_pid_namespace(vgpu_env, HOLD)
+    line = third.stdout.readline().split()
+    third.stdin.close()
+    third.wait(timeout=30)
+    assert line == ["held", "0"], third.stderr.read()

@@ -412,7 +412,10 @@ def claim_grant(spec: Mapping[str, Any]) -> str:
         for entry in ((device or {}).get("containerEdits") or {}).get("env") or ():
             key, _, value = str(entry).partition("=")
             env[key] = value
-    return contract.grant_file(env, {})
+    # the claim's GPUs, in the order its limits are numbered: libvgpu gives the region's device
+    # indices in this order (and refuses a device the process sees that is not one of them)
+    devices = [u for u in env.get(contract.VISIBLE_DEVICES, "").split(",") if u]
+    return contract.grant_file(env, {}, devices)
 
 
 def claim_record(namespace: str, name: str, uid: str, spec: Mapping[str, Any]) -> dict[str, Any]:
