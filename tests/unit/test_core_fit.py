@@ -361,6 +361,34 @@ def test_topology_aware_single_gpu_keeps_well_connected_groups_free():
     assert [d.uuid for d in devs] == ["GPU-n-2"]
 
 
+def test_topology_aware_on_a_node_of_forty_gpus_chooses_greedily_not_every_combination():
+    """C(40, 10) is 850 million combinations: a node that registers 40 GPUs held the Filter (and
+    the scheduler's loop) for minutes. Past TOPOLOGY_EXHAUSTIVE the choice is greedy: the best
+    pair, then the device best connected to those chosen. Found by an adversarial review."""
+    from hami.core import encode_node_devices_json, node_devices_from_object
+    from hami.core.codec import encode_pair_scores
+
+    n = 40
+    group = set(range(20, 30))  # ten GPUs linked 100 to each other, 10 to the rest
+    scores = {
+        f"GPU-n-{a}": {f"GPU-n-{b}": 100 if {a, b} <= group else 10 for b in range(n) if b != a} for a in range(n)
+    }
+    obj = {
+        "metadata": {
+            "name": "n",
+            "annotations": {
+                "hami.io/node-nvidia-register": encode_node_devices_json([gpu("n", i) for i in range(n)]),
+                "hami.io/node-nvidia-score": encode_pair_scores(scores),
+            },
+        }
+    }
+    p = pod(containers=[ctr(gpu=10, mem=100, cores=5)], annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    (devs,) = filter_pod(p, None, ledger(node_devices_from_object(obj, CONFIG.vendors)), CONFIG, 0).allocation.devices[
+        "NVIDIA"
+    ]
+    assert sorted(int(d.uuid.rsplit("-", 1)[1]) for d in devs) == sorted(group)
+
+
 def test_malformed_pair_scores_name_the_annotation():
     from hami.core import CodecError, node_devices_from_object
 

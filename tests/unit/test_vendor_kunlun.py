@@ -174,3 +174,30 @@ def test_vxpu_size_rule_reads_running_pods():
     assert r.annotations["hami.io/xpu-devices-allocated"] == "xpu-1,XPU,24576,25:;"
     r = place([one_card_vxpu_node(cards=1)], [vxpu_pod("p", 24576)], placed=[running])[0]
     assert r.reasons() == {"vx": "1/1 CardNotFoundCustomFilterRule"}
+
+
+def test_a_node_claiming_a_hundred_million_cards_is_refused_not_held():
+    """The node writes its own capacity: 10^8 cards made 10^8 devices in the scheduler's memory
+    (a MemoryError, and the same on every restart). Found by an adversarial review."""
+    from hami.core.ledger import read_node_devices
+
+    devices, errors = read_node_devices(xpu_node(cards=100_000_000), CFG.vendors)
+    assert "kunlun" in errors and "more than any machine has (1024 at most)" in errors["kunlun"]
+    devices, errors = read_node_devices(xpu_node(cards=8), CFG.vendors)
+    assert not errors
+
+
+def test_a_node_whose_card_count_changes_is_read_again():
+    """Capacity vendors have no registration annotation: a node going from 8 cards to 2 (or 0,
+    its plugin gone) kept 8 in the ledger. Found by an adversarial review."""
+    from hami.scheduler.state import ClusterState
+
+    s = ClusterState(CFG)
+    first = xpu_node(cards=8)
+    first["metadata"]["resourceVersion"] = "1"
+    s.node_handler.apply("ADDED", first)
+    assert len(list(s.ledger.device_usage("kl"))) == 8
+    fewer = xpu_node(cards=2)
+    fewer["metadata"]["resourceVersion"] = "2"
+    s.node_handler.apply("MODIFIED", fewer)
+    assert len(list(s.ledger.device_usage("kl"))) == 2

@@ -369,3 +369,18 @@ def test_a_gpu_that_served_some_picks_is_counted_once_as_allocated():
     res = fit(mig_ledger(profiles=two_places), ctr(gpu=3, mem=4000))
     # HAMi would print 2/1 here (one entry per pick); the GPU that took two picks counts once
     assert res.reasons() == {"m": "1/1 AllocatedCardsInsufficientRequest, 1/1 CardMigTopologyInfeasible"}
+
+
+def test_mig_picks_of_one_container_on_one_gpu_are_bounded():
+    """Each pick replays the earlier ones through the profile search: a node registering a
+    profile with 200 placements made a pod asking 200 instances cost 15 s. Found by an
+    adversarial review."""
+    from hami.core.reasons import Reason
+    from hami.core.types import ContainerDeviceRequest
+    from hami.vendors.nvidia import MAX_MIG_INSTANCES
+
+    v = NvidiaVendor()
+    req = ContainerDeviceRequest("NVIDIA", 1, "NVIDIA", memreq=1)
+    d = mig_gpu("m", 0)
+    assert v.custom_filter(d, req, 1, [], 0) is None
+    assert v.custom_filter(d, req, 1, [], MAX_MIG_INSTANCES) is Reason.CARD_MIG_TOPOLOGY_INFEASIBLE

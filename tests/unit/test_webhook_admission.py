@@ -629,3 +629,19 @@ def test_a_pinned_device_pod_is_denied_on_the_dra_front_end_too():
     d = decide(pod(GPU, scheduler="hami-scheduler", node="n1"), dra)
     assert not d.allowed and "spec.nodeName=n1" in d.message
     assert decide(pod(GPU, scheduler="hami-scheduler"), dra).allowed
+
+
+def test_a_pod_with_more_than_64_device_containers_is_refused_by_name():
+    """Each device container is fitted against every earlier one's picks; with a quota, 4000 init
+    containers held a Filter for 26 s. Found by an adversarial review."""
+    from hami.core.requests import MAX_DEVICE_CONTAINERS, pod_request
+
+    init = [
+        {"name": f"i{i}", "image": "b", "resources": {"limits": dict(GPU)}} for i in range(MAX_DEVICE_CONTAINERS + 1)
+    ]
+    p = pod(GPU, init=init)
+    d = decide(p, S)
+    assert not d.allowed and d.code == 400 and "more than 64 containers ask for devices" in d.message
+    with pytest.raises(Exception, match="more than 64 containers ask for devices"):
+        pod_request(p, S.vendors)
+    assert decide(pod(GPU, init=init[:63]), S).allowed  # 63 + 1 is the bound

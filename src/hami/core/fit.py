@@ -26,6 +26,7 @@ split: :func:`make_context` plans each container once per pod; the phases only r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Any, Callable, Mapping, Sequence
@@ -399,6 +400,8 @@ def _best_topology(
             key=lambda k: (sum(_pair(view, cands[k][0], o[0]) for o in cands if o[0] != cands[k][0]), k),
         )
         return next(([cands[k]] for k in order if quota_ok([cands[k]])), None)
+    if math.comb(len(cands), req.nums) > TOPOLOGY_EXHAUSTIVE:
+        return _topology_greedy(plan, view, cands, quota_ok)
     best, best_score = None, -1
     for combo in combinations(cands, req.nums):
         if plan.sel.numa_bind and len({view.devices[j].numa for j, _ in combo}) > 1:
@@ -407,6 +410,44 @@ def _best_topology(
         if score > best_score and quota_ok(combo):
             best, best_score = list(combo), score
     return best
+
+
+#: combinations the topology-aware choice weighs one by one (C(16, 8) = 12,870: every 8 of a
+#: 16-GPU node); past it, a greedy choice (a node writes its own device list, and C(40, 10) is
+#: 850 million: the Filter would hold the scheduler's loop for minutes)
+TOPOLOGY_EXHAUSTIVE = 20_000
+
+
+def _topology_greedy(
+    plan: ContainerPlan, view: NodeView, cands: list[tuple[int, int]], quota_ok: Callable[[Any], bool]
+) -> list[tuple[int, int]] | None:
+    """The best-connected pair, then one device at a time, the one best connected to those
+    chosen (ties to the earlier-ranked); with ``numa_bind`` within the pair's NUMA node."""
+    n, nums = len(cands), plan.req.nums
+    best, score = None, -1
+    for a in range(n):
+        for b in range(a + 1, n):
+            if plan.sel.numa_bind and view.devices[cands[a][0]].numa != view.devices[cands[b][0]].numa:
+                continue
+            s = _pair(view, cands[a][0], cands[b][0])
+            if s > score:
+                best, score = [a, b], s
+    if best is None:
+        return None
+    numa = view.devices[cands[best[0]][0]].numa
+    while len(best) < nums:
+        pick, pick_score = None, -1
+        for k in range(n):
+            if k in best or (plan.sel.numa_bind and view.devices[cands[k][0]].numa != numa):
+                continue
+            s = sum(_pair(view, cands[k][0], cands[c][0]) for c in best)
+            if s > pick_score:
+                pick, pick_score = k, s
+        if pick is None:
+            return None
+        best.append(pick)
+    combo = [cands[k] for k in best]
+    return combo if quota_ok(combo) else None
 
 
 def _always() -> bool:

@@ -30,7 +30,16 @@ from .quantity import parse_int_quantity
 from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
 from .shape import check_node
-from .types import ContainerKind, DeviceInfo, NodeDevices, PodRequest, PodAllocation, PodSingleDevice, Slice
+from .types import (
+    MAX_NODE_DEVICES,
+    ContainerKind,
+    DeviceInfo,
+    NodeDevices,
+    PodRequest,
+    PodAllocation,
+    PodSingleDevice,
+    Slice,
+)
 from .usage import collapse
 from .verdicts import VerdictMemo
 
@@ -786,6 +795,9 @@ def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[
             errors[vendor] = (
                 f"node {name}: vendor {vendor!r} cannot read its registration ({type(exc).__name__}: {str(exc)[:120]})"
             )
+            continue
+        if len(found) > MAX_NODE_DEVICES:
+            errors[vendor] = f"node {name}: {len(found)} devices registered, more than {MAX_NODE_DEVICES}"
             continue
         seen: set[str] = set()
         twice = None

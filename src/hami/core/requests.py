@@ -53,6 +53,18 @@ def _copy_for_admission(pod: Mapping[str, Any]) -> dict:
     return out
 
 
+#: containers of one pod (init ones included) that may ask for devices
+MAX_DEVICE_CONTAINERS = 64
+
+
+def _too_many(pod: Mapping[str, Any]) -> RequestError:
+    return RequestError(
+        f"pod {pod_name(pod)}: more than {MAX_DEVICE_CONTAINERS} containers ask for devices (each is "
+        "fitted against every earlier one's picks: the check would cost the scheduler minutes); split "
+        "the work into pods"
+    )
+
+
 def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, bool]:
     """Return ``(mutated copy, uses_any_vendor)``: a deep copy but for ``status`` and
     ``metadata.managedFields``, shared with ``pod`` (treat them as read-only). Raises
@@ -62,12 +74,18 @@ def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, boo
     if not spec.get("containers"):
         raise RequestError(f"pod {pod_name(pod)}: spec.containers: pod has no containers")
     uses = False
+    asking = 0
     for container, _ in ordered_containers(out):
+        mine = False
         for vendor in vendors:
             try:
-                uses = vendor.admit_container(container, out) or uses
+                mine = vendor.admit_container(container, out) or mine
             except RequestError as exc:
                 raise RequestError(f"pod {pod_name(pod)}: {exc}") from None
+        asking += mine
+        if asking > MAX_DEVICE_CONTAINERS:
+            raise _too_many(pod)
+        uses = uses or mine
     return out, uses
 
 
@@ -76,9 +94,13 @@ def pod_request(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodRequest:
     vendors = tuple(vendors)
     meta = _meta(pod)
     containers = []
+    asking = 0
     for i, (c, kind) in enumerate(ordered_containers(pod)):
         where = f"pod {pod_name(pod)} container {c.get('name') or i!r}"
         reqs = tuple(r for r in (v.container_request(c, where) for v in vendors) if r is not None)
+        asking += bool(reqs)
+        if asking > MAX_DEVICE_CONTAINERS:
+            raise _too_many(pod)
         containers.append(ContainerRequest(name=str(c.get("name") or i), kind=kind, requests=reqs))
     return PodRequest(
         namespace=meta.get("namespace") or "default",

@@ -13,6 +13,9 @@ from typing import Any, Mapping
 
 #: ``MemPercentagereq`` sentinel meaning "no percentage given" (HAMi uses 101).
 PERCENT_UNSET = 101
+#: devices one vendor may register on one node: the node writes its registration (annotations,
+#: capacity), so a number past any machine's is refused rather than held in the scheduler's memory
+MAX_NODE_DEVICES = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,7 +93,17 @@ def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: floa
     read = {v.register_annotation for v in vendors if v.register_annotation}
     read.update(k for v in vendors for k in getattr(v, "node_annotations", ()))
     keys = sorted(k for k in annotations if k.startswith((NODE_ANNOTATION_PREFIX, DEVICE_CORDON)) or k in read)
-    return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors))
+    # vendors that make their devices from the node's capacity (Kunlun, MetaX, Enflame, Neuron,
+    # Cambricon, Mthreads): a changed count is a changed device list
+    names = {
+        n
+        for v in vendors
+        for n in (getattr(getattr(v, "resources", None), f, "") for f in ("count", "memory", "cores"))
+        if n
+    }
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    counts = tuple(sorted((k, str(capacity[k])) for k in names if k in capacity))
+    return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors), counts)
 
 
 def selector_matches(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:

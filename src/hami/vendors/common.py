@@ -17,7 +17,7 @@ from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.names import devices_allocated, devices_to_allocate, no_use_uuid, node_handshake, use_uuid
 from hami.core.quantity import container_resources, parse_int_quantity
-from hami.core.types import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.types import MAX_NODE_DEVICES, PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 
 from .base import BaseVendor, lookup
 
@@ -105,8 +105,13 @@ def synth_cards(
     numa_split: bool = False,
     custominfo: Mapping[str, Any] | None = None,
 ) -> tuple[DeviceInfo, ...]:
-    """Per-card devices synthesised from node capacity, IDs ``<node>-<word>-<i>`` (§4.1 path b)."""
+    """Per-card devices synthesised from node capacity, IDs ``<node>-<word>-<i>`` (§4.1 path b).
+    Raises CodecError past :data:`MAX_NODE_DEVICES` cards (the node writes its own capacity)."""
     name = node_name(node)
+    if cards > MAX_NODE_DEVICES:
+        raise CodecError(
+            f"{cards} {word} cards in the node's capacity: more than any machine has ({MAX_NODE_DEVICES} at most)"
+        )
     return tuple(
         DeviceInfo(
             id=f"{name}-{word}-{i}",

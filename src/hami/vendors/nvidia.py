@@ -42,6 +42,7 @@ MIG_ALLOCATIONS_ANNOTATION = VGPU_MIG_ALLOCATIONS
 #: the family of the two decision annotations below (the webhook keeps users off it)
 VGPU_DEVICES_PREFIX = "hami.io/vgpu-devices-"
 MIG_MODE = "mig"
+MAX_MIG_INSTANCES = 16  # MIG instances of one container on one GPU
 
 Placement = tuple[int, int]  # (start, size) in memory-slice units
 
@@ -225,6 +226,8 @@ class NvidiaVendor(BaseVendor):
         ``mem`` MiB must still find a profile and a free placement (``CardMigTopologyInfeasible``)."""
         if device.mode != MIG_MODE:
             return None
+        if repeat >= MAX_MIG_INSTANCES:  # no GPU has more (7 on an A100 or H100); the node writes
+            return Reason.CARD_MIG_TOPOLOGY_INFEASIBLE  # its own profiles, and each pick replays the last
         profiles = self.allowed_profiles(device)
         occupied = [(s.start, s.size) for s in held]
         for _ in range(repeat + 1):
