@@ -193,7 +193,10 @@ def test_the_guard_names_the_webhooks_grant_variables_and_follows_the_chart(helm
     expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["gpu-operator"]} in expressions
     without_plugin = _template(helm_bin, "--show-only", DEVICE_POD_GUARD, "--set", "devicePlugin.enabled=false")
-    assert [d["metadata"]["name"] for d in without_plugin] == ["hami-device-pod-guard"] * 2
+    assert (
+        sorted(d["metadata"]["name"] for d in without_plugin)
+        == ["hami-device-pod-guard"] * 2 + ["hami-namespace-label-guard"] * 2
+    )
     assert "GPU_CORE_UTILIZATION_POLICY" not in _variable(custom, "disablers")
     custom_placement = next(d for d in custom_docs if d["metadata"]["name"] == "hami-device-pod-placement-guard")
     assert '"example.com/prio"' in custom_placement["spec"]["matchConditions"][2]["expression"]
@@ -306,11 +309,13 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
             "/etc//ld.so.preload",
             "/data/hami-grant.env",
             "/x/hami-grant.env/.",
+            "etc/ld.so.preload",  # relative: the runtime's from "/" (found by a review)
+            "usr/local/vgpu/libvgpu.so",
         ):
             message = _denied(lambda: create(allowed, mounting("mount", path)))
             assert "'main'" in message and "libvgpu" in message, (path, message)
         # the kubelet mounts a file at the termination message path, after the device plugin's
-        for path in ("/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/hami-grant.env"):
+        for path in ("/etc/ld.so.preload", "/usr/local/vgpu/libvgpu.so", "/hami-grant.env", "etc/ld.so.preload"):
             pod = _pod("message", scheduler)
             pod["spec"]["containers"][0]["terminationMessagePath"] = path
             message = _denied(lambda: create(plain, pod))
@@ -455,3 +460,61 @@ def test_the_scheduler_may_change_only_node_annotations(kube_cluster, helm_bin, 
     finally:
         _remove(kube_cluster, made)
         kube_cluster.delete_node(node)
+
+
+def test_only_administrators_label_a_namespace_out_of_the_guards(kube_cluster, helm_bin):
+    """Anyone who may create namespaces could create one labelled to allow CUDA_DISABLE_CONTROL
+    or to skip the webhook, and get GPUs without limits there. Found by an adversarial review."""
+    suffix = uuid.uuid4().hex[:6]
+    docs = [
+        d
+        for d in _template(helm_bin, "--show-only", DEVICE_POD_GUARD, release=f"n{suffix}")
+        if d["metadata"]["name"].endswith("namespace-label-guard")
+    ]
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    maker, rbac = f"ns-maker-{suffix}", "/apis/rbac.authorization.k8s.io/v1"
+    role = {
+        "metadata": {"name": maker},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create", "update", "patch", "get"]}],
+    }
+    binding = {
+        "metadata": {"name": maker},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": maker},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": maker}],
+    }
+    kube_cluster.api("POST", f"{rbac}/clusterroles", role)
+    kube_cluster.api("POST", f"{rbac}/clusterrolebindings", binding)
+    made = _apply(kube_cluster, docs)
+    names: list[str] = []
+
+    def create(name: str, labels: dict, **who) -> dict:
+        names.append(name)
+        return kube_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name, "labels": labels}}, **who)
+
+    tenant = dict(as_user=maker, as_groups=("system:authenticated",))
+    try:
+
+        def enforced() -> str | None:
+            from hami_devkit.cluster import ApiError
+
+            try:
+                create(f"probe-{suffix}-{len(names)}", {ALLOW: "true"}, **tenant)
+            except ApiError as exc:
+                return str(exc) if exc.status in (403, 422) else None
+            return None
+
+        message = kube_cluster.wait_for(enforced, "the namespace label guard in force", timeout=60, interval=0.5)
+        assert ALLOW in message and "system:masters" in message
+        assert "hami.io/webhook" in _denied(lambda: create(f"ignore-{suffix}", {"hami.io/webhook": "ignore"}, **tenant))
+        create(f"plain-{suffix}", {"team": "a"}, **tenant)  # other labels: as before
+        create(f"admin-{suffix}", {ALLOW: "true"})  # a cluster administrator may
+        patch = {"metadata": {"labels": {ALLOW: "true"}}}
+        path = f"/api/v1/namespaces/plain-{suffix}"
+        assert ALLOW in _denied(lambda: kube_cluster.api("PATCH", path, patch, content_type=MERGE, **tenant))
+        kube_cluster.api("PATCH", path, {"metadata": {"labels": {"team": "b"}}}, content_type=MERGE, **tenant)
+    finally:
+        _remove(kube_cluster, made)
+        for name in names:
+            kube_cluster.api("DELETE", f"/api/v1/namespaces/{name}", expect=(200, 202, 404))
+        kube_cluster.api("DELETE", f"{rbac}/clusterrolebindings/{maker}", expect=(200, 404))
+        kube_cluster.api("DELETE", f"{rbac}/clusterroles/{maker}", expect=(200, 404))

@@ -120,7 +120,12 @@ securityContext:
 
 {{- define "hami.kubeSchedulerImage" -}}
 {{- $img := .Values.scheduler.kubeScheduler.image -}}
-{{- $tag := $img.tag | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
+{{- $tag := $img.tag -}}
+{{- if not $tag -}}
+{{- /* the cluster's own version, as vX.Y.Z: Argo CD and others pass "v1.34" without a patch */ -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{- $tag = printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch -}}
+{{- end -}}
 {{- $registry := default $img.registry .Values.global.imageRegistry -}}
 {{- printf "%s/%s:%s" $registry $img.repository $tag -}}
 {{- end -}}
@@ -129,7 +134,7 @@ securityContext:
 {{- with .Values.global.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ . }}
+  - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end -}}

@@ -573,10 +573,11 @@ class KubeCluster:
         content_type: str = "application/json",
         timeout: float = 30.0,
         as_user: str | None = None,
+        as_groups: tuple[str, ...] = ("system:masters",),
     ) -> Any:
         """One request to the API server as admin (or, with ``as_user``, impersonating that user,
-        still in group ``system:masters`` so RBAC lets it through and only admission can say no);
-        returns the decoded JSON or raises :class:`ApiError`."""
+        by default in group ``system:masters`` so RBAC lets it through and only admission can say
+        no; ``as_groups`` for others); returns the decoded JSON or raises :class:`ApiError`."""
         connection = http.client.HTTPSConnection(
             "127.0.0.1", self.ports["kube-apiserver"], context=self._client_context(), timeout=timeout
         )
@@ -584,8 +585,15 @@ class KubeCluster:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Accept": "application/json", "Content-Type": content_type}
             if as_user:
-                headers.update({"Impersonate-User": as_user, "Impersonate-Group": "system:masters"})
-            connection.request(method, path, body=payload, headers=headers)
+                headers["Impersonate-User"] = as_user
+            connection.putrequest(method, path)
+            for key, value in headers.items():
+                connection.putheader(key, value)
+            for group in as_groups if as_user else ():
+                connection.putheader("Impersonate-Group", group)  # one header per group
+            if payload is not None:
+                connection.putheader("Content-Length", str(len(payload)))
+            connection.endheaders(payload)
             response = connection.getresponse()
             text = response.read().decode(errors="replace")
         finally:
