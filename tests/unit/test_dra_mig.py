@@ -448,3 +448,18 @@ def test_an_unprepare_without_an_entry_destroys_instances_a_cut_short_prepare_ma
     assert nvml.live == {}
     asyncio.run(driver.prepare("ns", "c-u2", "u2"))  # the placement is free again
     assert [(i.profile, i.start) for i in nvml.instances(A100)] == [("3g.20gb", 4)]
+
+
+def test_an_instance_whose_mig_device_nvml_cannot_name_is_still_destroyed(tmp_path):
+    """NVML answers "" for the MIG device of an instance without its compute instance (or when
+    the handle lookup fails): the instance is still the entry's by profile and placement, and
+    is destroyed (found by the regression review: it was orphaned)."""
+    nvml = FakeMig()
+    node = Node(tmp_path, nvml, {"c-u1": allocated("u1", "gpu-0-3g-20gb-4")})
+    driver = node.driver()
+    asyncio.run(driver.prepare("ns", "c-u1", "u1"))
+    [gi] = list(nvml.live)
+    i = nvml.live[gi]
+    nvml.live[gi] = Instance(i.gi, i.profile, i.start, i.size, None, "")
+    asyncio.run(driver.unprepare("ns", "c-u1", "u1"))
+    assert nvml.live == {}

@@ -452,6 +452,13 @@ def test_the_explaining_budget_is_shared_by_all_answers_in_a_window(shared, monk
     api._spent[:] = [__import__("time").perf_counter(), 10.0]
     doc = api._pending({}, None)
     assert len(doc["items"]) == 1 and doc["truncated"] and doc["total"] == 2
+    # explanations already made cost nothing: another scope's answer in the same window is whole
+    # (found by the regression review: it was cut to one pod, and cached so)
+    fresh = UiApi(shared, "hami-scheduler", clock=lambda: NOW)
+    assert len(fresh._pending({}, None)["items"]) == 2
+    fresh._spent[1] = 10.0
+    doc = fresh._pending({}, {"team-a", "team-x"})
+    assert len(doc["items"]) == 2 and not doc["truncated"]
 
 
 class SlowReviews(FakeReviews):

@@ -329,7 +329,7 @@ class MigManager:
             inst is not None
             and inst.profile == e.profile
             and inst.start == e.start
-            and (e.mig_uuid is None or inst.mig_uuid is None or inst.mig_uuid == e.mig_uuid)
+            and (not e.mig_uuid or not inst.mig_uuid or inst.mig_uuid == e.mig_uuid)  # "" or None: unknown
         )
 
     def intact(self, pod_uid: str) -> bool:

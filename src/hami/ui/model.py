@@ -561,13 +561,14 @@ def pending_document(
     budget_s: float | None = None,
     timer: Callable[[], float] = time.perf_counter,
     only: Collection[str] | None = None,
-    explain: Callable[[Mapping[str, Any], Any, float], dict] | None = None,
+    explain: Callable[[Mapping[str, Any], Any, float], dict | None] | None = None,
 ) -> dict:
     """``/api/v1/pending``: pods waiting for devices and why, per node and per device (``namespace``
     filters; ``only``: the namespaces a caller may see, None = all). At most ``MAX_PENDING`` pods
     are explained, and no more once ``budget_s`` of work is spent (the first pod always is);
     ``truncated`` says when some were left out. ``explain``: how one pod is explained
-    (:func:`explain_doc`; the UI passes one that reuses recent explanations across callers)."""
+    (:func:`explain_doc`; the UI passes one that reuses recent explanations across callers and
+    answers None once its shared budget is spent)."""
     q = _check_params(params or {}, ("namespace",))
     pods = []
     for p in pending_pods(source, scheduler_name):
@@ -580,7 +581,10 @@ def pending_document(
     for p in pods[:MAX_PENDING]:
         if items and timer() - began > budget:
             break
-        items.append((explain or explain_doc)(p, source, now))
+        doc = (explain or explain_doc)(p, source, now)
+        if doc is None:  # the caller's budget says stop
+            break
+        items.append(doc)
     return envelope("PendingList", now, items, total=len(pods), truncated=len(items) < len(pods))
 
 

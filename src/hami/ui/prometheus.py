@@ -46,6 +46,7 @@ MIB = 1024 * 1024
 TIMEOUT = 10.0  # s for the queries of one answer together
 MAX_BYTES = 8 * MIB  # of one query's answer
 CONCURRENT = 4  # answers querying Prometheus at once (each sends up to five queries)
+ANSWER_REUSE_S = 15  # s an answer is given again to the same question (within one grid step)
 MAX_SERIES = 10_000  # in one range query's answer
 MAX_KEYS = 200_000  # series keys listed by the first, instant, query (a few bytes each)
 AVERAGE_FROM = 300  # s: buckets at least this wide are the mean over the bucket (avg_over_time)
@@ -232,7 +233,7 @@ class PrometheusHistory:
         start, end, step = grid(range_, now)
         allocated_only = "node" in filters and kind == "pod"
         key = (kind, range_, tuple(sorted(filters.items())), None if visible is None else tuple(sorted(visible)), limit)
-        key += (end,)
+        key += (end, int(now // ANSWER_REUSE_S))  # the last bucket keeps moving: reused briefly only
         if key in self._answers:
             return self._answers[key]
         task = self._asking.get(key)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import ssl
 import time
@@ -236,6 +237,7 @@ class UiApi:
         # all answers: [window start, seconds spent] (perf_counter)
         self._explained: dict[tuple[str, str], tuple[float, dict]] = {}
         self._spent = [0.0, 0.0]
+        self._answer_items = 0  # pods in the answer being built (the first is always explained)
         if events is None:  # the scheduler's client, as the reviews use it (None: --ui-auth=none in tests)
             kube = getattr(getattr(authorizer, "reviews", None), "kube", None)
             events = None if kube is None else KubeEvents(kube)
@@ -435,26 +437,31 @@ class UiApi:
         began = time.perf_counter()
         if began - self._spent[0] >= PENDING_TTL:
             self._spent[:] = [began, 0.0]
-        budget = max(0.0, model.PENDING_BUDGET_S - self._spent[1])  # shared: scopes cannot multiply it
-        try:
-            doc = model.pending_document(
-                self.source, now, self.scheduler_name, q, budget_s=budget, only=visible, explain=self._explain
-            )
-        finally:
-            self._spent[1] += time.perf_counter() - began
+        self._answer_items = 0
+        # the budget is _explain's (shared by all answers, charged for explanations made, not for
+        # those reused): unbounded here
+        doc = model.pending_document(
+            self.source, now, self.scheduler_name, q, budget_s=math.inf, only=visible, explain=self._explain
+        )
         if len(self._pending_cache) > 64:
             self._pending_cache.clear()
         self._pending_cache[key] = (now, doc)
         return dict(doc)
 
-    def _explain(self, pod: Mapping[str, Any], source: Any, now: float) -> dict:
+    def _explain(self, pod: Mapping[str, Any], source: Any, now: float) -> dict | None:
         meta = pod.get("metadata") or {}
         ref = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         key = (str(ref), str(meta.get("resourceVersion") or ""))
         hit = self._explained.get(key)
         if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
+            self._answer_items += 1
             return hit[1]
+        if self._answer_items and self._spent[1] >= model.PENDING_BUDGET_S:
+            return None  # the window's budget is spent: the answer stops here (the first pod always is)
+        began = time.perf_counter()
         doc = model.explain_doc(pod, source, now)
+        self._spent[1] += time.perf_counter() - began
+        self._answer_items += 1
         if len(self._explained) >= 4 * model.MAX_PENDING:
             self._explained = {k: v for k, v in self._explained.items() if 0 <= now - v[0] < PENDING_TTL}
         self._explained[key] = (now, doc)

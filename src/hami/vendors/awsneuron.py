@@ -100,7 +100,15 @@ class AwsNeuronVendor(BaseVendor):
             return ()
         cores = capacity(node, self.resources.cores) // devices or self.config.cores_per_device
         return synth_cards(
-            node, self.name, self.name, devices, count=cores, devmem=0, devcore=core_mask(cores), type_=self.name
+            node,
+            self.name,
+            self.name,
+            devices,
+            count=cores,
+            devmem=0,
+            devcore=core_mask(cores),
+            type_=self.name,
+            source=self.resources.count,
         )
 
     def _amounts(self, container: Mapping[str, Any], where: str) -> tuple[int, int]:

@@ -66,6 +66,7 @@ class CambriconVendor(BaseVendor):
             devmem=vmem * UNIT_MIB * 100 // vcore,
             devcore=100,
             type_=self.name,
+            source=f"{self.resources.cores} / 100",
         )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:

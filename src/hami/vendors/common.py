@@ -104,13 +104,15 @@ def synth_cards(
     type_: str,
     numa_split: bool = False,
     custominfo: Mapping[str, Any] | None = None,
+    source: str = "",
 ) -> tuple[DeviceInfo, ...]:
     """Per-card devices synthesised from node capacity, IDs ``<node>-<word>-<i>`` (§4.1 path b).
     Raises CodecError past :data:`MAX_NODE_DEVICES` cards (the node writes its own capacity)."""
     name = node_name(node)
     if cards > MAX_NODE_DEVICES:
         raise CodecError(
-            f"{cards} {word} cards in the node's capacity: more than any machine has ({MAX_NODE_DEVICES} at most)"
+            f"status.capacity[{source or word}] gives {cards} cards: more than any machine has "
+            f"({MAX_NODE_DEVICES} at most)"
         )
     return tuple(
         DeviceInfo(

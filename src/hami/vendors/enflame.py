@@ -269,7 +269,15 @@ class EnflameGcuVendor(BaseVendor):
         cards = capacity(node, self.resources.count)
         return (
             synth_cards(
-                node, self.name, self.name, cards, count=1, devmem=GCU_WHOLE_MEMORY, devcore=100, type_=self.name
+                node,
+                self.name,
+                self.name,
+                cards,
+                count=1,
+                devmem=GCU_WHOLE_MEMORY,
+                devcore=100,
+                type_=self.name,
+                source=self.resources.count,
             )
             if cards > 0
             else ()

@@ -68,6 +68,7 @@ class KunlunVendor(BaseVendor):
                 devcore=100,
                 type_=self.name,
                 numa_split=True,
+                source=self.resources.count,
             )
             if cards > 0
             else ()

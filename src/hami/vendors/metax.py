@@ -118,6 +118,7 @@ class MetaxGpuVendor(BaseVendor):
             devcore=100,
             type_=self.name,
             custominfo=topo or None,
+            source=self.resources.count,
         )
 
     def container_request(self, container: Mapping[str, Any], where: str) -> ContainerDeviceRequest | None:

@@ -62,7 +62,15 @@ class MthreadsVendor(BaseVendor):
             return ()
         mem = capacity(node, self.resources.memory) * UNIT_MIB // cards
         return synth_cards(
-            node, self.name, "mthreads", cards, count=100, devmem=mem, devcore=CORES_PER_GPU, type_=self.name
+            node,
+            self.name,
+            "mthreads",
+            cards,
+            count=100,
+            devmem=mem,
+            devcore=CORES_PER_GPU,
+            type_=self.name,
+            source=f"{self.resources.cores} / {CORES_PER_GPU}",
         )
 
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
