@@ -1123,7 +1123,8 @@ def test_the_monitor_names_a_claims_region_after_the_pod_using_it(cluster, tmp_p
         )
         asyncio.run(driver.prepare(ns, meta["name"], meta["uid"]))
         record = json.loads(Path(paths.claim_record(meta["uid"])).read_text())
-        assert record == {"namespace": ns, "name": meta["name"], "uid": meta["uid"]}
+        uuid0 = gpus(node, 1)[0].uuid
+        assert record == {"namespace": ns, "name": meta["name"], "uid": meta["uid"], "devices": [uuid0]}
         # what libvgpu writes in the container's <hook>/vgpu (the claim's directory on the host)
         kit.write(
             Path(paths.claim_dir(meta["uid"])) / "r.cache",

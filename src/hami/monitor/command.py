@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resync-interval",
         default=env("HAMI_RESYNC_INTERVAL", "5m"),
-        help="a gone pod's directory is removed once unchanged this long (env HAMI_RESYNC_INTERVAL)",
+        help="a pod's directory is removed once the pod has been missing from the node's pod list this long, "
+        "as this monitor saw it (env HAMI_RESYNC_INTERVAL)",
     )
     p.add_argument("--interval", default="5s", help="refresh and feedback period")
     p.add_argument(
