@@ -211,15 +211,18 @@ def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
     assert running(real_cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/before"))
     _, after = _hold(real_cluster, dra_product, ns, "after", 800)
     assert {before, after} <= set(cdi_specs(dra_product))
+    checkpoint = dra_product.workdir / "dra-state" / "checkpoint.json"
     for name, uid in (("before", before), ("after", after)):
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
+        # the agent unlinks the CDI spec first and drops the checkpoint entry last (a failure in
+        # between leaves the entry for the kubelet's retry), so both are waited for
         real_cluster.wait_for(
-            lambda uid=uid: uid not in cdi_specs(dra_product),
-            f"pod {name}'s claim unprepared (its CDI spec removed)",
+            lambda uid=uid: uid not in cdi_specs(dra_product) and uid not in checkpoint.read_text(),
+            f"pod {name}'s claim unprepared (its CDI spec and checkpoint entry removed)",
             timeout=120,
             interval=0.5,
         )
-    state = json.loads((dra_product.workdir / "dra-state" / "checkpoint.json").read_text())
+    state = json.loads(checkpoint.read_text())
     assert before not in json.dumps(state) and after not in json.dumps(state), state
 
 
@@ -508,8 +511,8 @@ def test_claims_prepared_before_a_node_reboot_are_served_again_after_it(
     for name, b in before.items():
         real_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}")
         real_cluster.wait_for(
-            lambda uid=b["uid"]: uid not in cdi_specs(dra_product),
-            f"pod {name}'s claim unprepared (its CDI spec removed)",
+            lambda uid=b["uid"]: uid not in cdi_specs(dra_product) and uid not in checkpoint_path.read_text(),
+            f"pod {name}'s claim unprepared (its CDI spec and checkpoint entry removed)",
             timeout=120,
             interval=0.5,
         )
