@@ -237,6 +237,21 @@ def check_on_node(
             )
 
 
+def check_asked(pod: PodView, field: str, index: int, count: int, resource: str) -> None:
+    """:class:`AllocationError` unless container ``index`` asks for exactly ``count`` of
+    ``resource`` (no check without one): an entry of ``count`` GPUs in ``field`` on a container
+    asking for another number, or none, was not written by a scheduler for that container."""
+    if not resource:
+        return
+    asked = pod.containers[index].limits.get(resource)
+    if asked is None or asked.strip() != str(count):
+        raise AllocationError(
+            f"pod {pod.ref}: container {pod.containers[index].name!r} has {count} GPU(s) in {field} but asks "
+            f"for {resource}={asked if asked is not None else 'nothing'}; grant refused "
+            "(the annotation was not written for this container)"
+        )
+
+
 def pop_next(
     pod: PodView, pending: list[list[ContainerDevice]], requested: int, *, gpus: Collection[str], resource: str = ""
 ) -> Grant:
@@ -255,13 +270,7 @@ def pop_next(
                 f"{TO_ALLOCATE} but the kubelet asked for {requested} (device number not matched)"
             )
         check_on_node(pod, TO_ALLOCATE, pod.containers[index].name, nvidia, gpus)
-        asked = pod.containers[index].limits.get(resource) if resource else str(requested)
-        if asked is None or asked.strip() != str(requested):
-            raise AllocationError(
-                f"pod {pod.ref}: container {pod.containers[index].name!r} has {len(nvidia)} GPU(s) in "
-                f"{TO_ALLOCATE} but asks for {resource}={asked if asked is not None else 'nothing'}; "
-                "grant refused (the annotation was not written for this container)"
-            )
+        check_asked(pod, TO_ALLOCATE, index, len(nvidia), resource)
         pending[index] = [d for d in devs if d not in nvidia]
         return Grant(index, pod.containers[index], tuple(nvidia))
     raise AllocationError(

@@ -145,14 +145,9 @@ def container_grant(
         )
     try:
         A.check_on_node(pod, A.ALLOCATED, name, devices, gpus)
+        A.check_asked(pod, A.ALLOCATED, index, len(devices), resource)
     except A.AllocationError as exc:
         raise Refusal(str(exc)) from None
-    asked = pod.containers[index].limits.get(resource) if resource else str(len(devices))
-    if asked is None or asked.strip() != str(len(devices)):
-        raise Refusal(
-            f"pod {pod.ref}: container {name!r} has {len(devices)} GPU(s) in {A.ALLOCATED} but asks for "
-            f"{resource}={asked if asked is not None else 'nothing'}; grant refused"
-        )
     return A.Grant(index, pod.containers[index], tuple(devices))
 
 

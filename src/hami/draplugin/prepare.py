@@ -404,14 +404,20 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     return edits
 
 
-def claim_grant(spec: Mapping[str, Any]) -> str:
-    """The grant file's text for a claim's CDI spec (:func:`hami.node.contract.grant_file` of its
-    env): what the agent writes into the claim's region directory, which the spec mounts."""
+def spec_env(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The env a claim's CDI spec sets, over all its devices (a later entry of a name wins)."""
     env: dict[str, str] = {}
     for device in spec.get("devices") or ():
         for entry in ((device or {}).get("containerEdits") or {}).get("env") or ():
             key, _, value = str(entry).partition("=")
             env[key] = value
+    return env
+
+
+def claim_grant(spec: Mapping[str, Any]) -> str:
+    """The grant file's text for a claim's CDI spec (:func:`hami.node.contract.grant_file` of its
+    env): what the agent writes into the claim's region directory, which the spec mounts."""
+    env = spec_env(spec)
     # the claim's GPUs, in the order its limits are numbered: libvgpu gives the region's device
     # indices in this order (and refuses a device the process sees that is not one of them)
     devices = [u for u in env.get(contract.VISIBLE_DEVICES, "").split(",") if u]
@@ -422,12 +428,7 @@ def claim_record(namespace: str, name: str, uid: str, spec: Mapping[str, Any]) -
     """``claims/<uid>.json`` for ``hami monitor``: who the claim is and the GPUs it was given (the
     UUIDs of its spec's ``NVIDIA_VISIBLE_DEVICES``). The file lies outside what the container can
     write, so the monitor counts a claim's region on these GPUs only."""
-    devices: list[str] = []
-    for device in spec.get("devices") or ():
-        for entry in ((device or {}).get("containerEdits") or {}).get("env") or ():
-            key, _, value = str(entry).partition("=")
-            if key == contract.VISIBLE_DEVICES:
-                devices += [u for u in value.split(",") if u]
+    devices = [u for u in spec_env(spec).get(contract.VISIBLE_DEVICES, "").split(",") if u]
     return {"namespace": namespace, "name": name, "uid": uid, "devices": devices}
 
 
