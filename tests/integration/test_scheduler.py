@@ -562,7 +562,7 @@ def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
         def __init__(self):
             self.items: dict[str, dict] = {}
 
-        def replace(self, items):
+        def replace(self, items, resource_version=None):
             self.items = {i["metadata"]["name"]: i for i in items}
 
         def apply(self, kind, obj):

@@ -14,6 +14,7 @@ import json
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from hami.kube.client import KubeError
 from hami.kube.reflector import Reflector
 
 
@@ -25,6 +26,8 @@ class Client:
 
     async def request(self, method, path, query=(), **_):
         async with self.session.request(method, self.base + path, params=list(query)) as r:
+            if r.status >= 400:
+                raise KubeError(method, path, r.status, await r.text())
             return await r.json()
 
     async def open(self, method, path, query=(), timeout=None, **_):
@@ -69,7 +72,7 @@ async def test_relists_on_410_event_and_on_http_410():
     seen: dict[str, list] = {"replace": [], "apply": []}
 
     class H:
-        def replace(self, items):
+        def replace(self, items, resource_version=None):
             seen["replace"].append([i["metadata"]["name"] for i in items])
 
         def apply(self, kind, obj):
@@ -110,7 +113,7 @@ async def test_a_failing_handler_relists_instead_of_stopping():
     class Flaky:
         calls = 0
 
-        def replace(self, items):
+        def replace(self, items, resource_version=None):
             Flaky.calls += 1
             if Flaky.calls == 1:
                 raise KeyError("bug")
@@ -167,7 +170,7 @@ async def test_a_watch_that_goes_quiet_is_opened_again_from_the_last_event():
     await server.start_server()
 
     class H:
-        def replace(self, items):
+        def replace(self, items, resource_version=None):
             pass
 
         def apply(self, kind, obj):
@@ -183,3 +186,111 @@ async def test_a_watch_that_goes_quiet_is_opened_again_from_the_last_event():
         task.cancel()
     await server.close()
     assert watches[:2] == ["10", "12"] and len(lists) == 1
+
+
+async def _run_against(handler, reflector_handler, until, seconds=1.0, **kwargs):
+    """Run a Reflector against ``handler`` (an aiohttp handler of /items) until ``until(r)`` or
+    ``seconds`` pass; returns the Reflector."""
+    import aiohttp
+
+    app = web.Application()
+    app.router.add_get("/items", handler)
+    server = TestServer(app)
+    await server.start_server()
+    async with aiohttp.ClientSession() as session:
+        r = Reflector(Client(str(server.make_url("")).rstrip("/"), session), "/items", reflector_handler, **kwargs)
+        task = asyncio.create_task(r.run())
+        for _ in range(int(seconds / 0.02)):
+            if until(r):
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+    await server.close()
+    return r
+
+
+class _Quiet:
+    def __init__(self):
+        self.replaced, self.applied = [], []
+
+    def replace(self, items, resource_version=None):
+        self.replaced.append(([i["metadata"]["name"] for i in items], resource_version))
+
+    def apply(self, kind, obj):
+        self.applied.append((kind, obj["metadata"]["name"]))
+
+
+async def test_an_expiring_watch_or_one_closed_at_once_waits_the_backoff():
+    """A server that answers every watch 410 (a list whose version is already compacted) or ends
+    every watch at once with no event: the reflector relists/re-watches after a growing wait,
+    not thousands of times a second (it did: ~65,000 full lists in a second)."""
+    counts = {"list": 0, "watch": 0}
+
+    def server(mode):
+        async def handler(request):
+            if request.query.get("watch") != "true":
+                counts["list"] += 1
+                return web.json_response({"metadata": {"resourceVersion": "7"}, "items": []})
+            counts["watch"] += 1
+            if mode == "410":
+                return web.Response(status=410, text="too old")
+            return web.Response(status=200, text="")  # ended at once, no event
+
+        return handler
+
+    await _run_against(server("410"), _Quiet(), lambda r: False, seconds=1.0)
+    assert 2 <= counts["list"] <= 8 and counts["watch"] <= 8, counts
+    counts.update(list=0, watch=0)
+    await _run_against(server("empty"), _Quiet(), lambda r: False, seconds=1.0)
+    assert counts["list"] == 1 and 2 <= counts["watch"] <= 8, counts
+
+
+async def test_a_handler_failing_on_an_event_relists_and_the_next_events_arrive():
+    """A handler raising ValueError (CoreError is one) on an event was taken for a transport error:
+    the watch resumed from the version before it, replayed it every 5 s and never got past it."""
+    watches = []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "100"}, "items": []})
+        watches.append(request.query["resourceVersion"])
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for name, rv in (("poison", "101"), ("fine", "102")):
+            event = {"type": "ADDED", "object": {"metadata": {"name": name, "resourceVersion": rv}}}
+            await resp.write(json.dumps(event).encode() + b"\n")
+        await asyncio.sleep(30)
+        return resp
+
+    class Picky(_Quiet):
+        failed = 0
+
+        def apply(self, kind, obj):
+            if obj["metadata"]["name"] == "poison" and not Picky.failed:
+                Picky.failed += 1
+                raise ValueError("a parser bug")
+            super().apply(kind, obj)
+
+    h = Picky()
+    r = await _run_against(handler, h, lambda r: ("ADDED", "fine") in h.applied, seconds=5.0)
+    assert ("ADDED", "fine") in h.applied and r.relists == 2, (h.applied, r.relists, watches)
+    assert [rv for _, rv in h.replaced] == ["100", "100"]
+
+
+async def test_an_optional_resource_whose_watch_is_refused_is_listed_again_and_found_absent():
+    """resource.k8s.io switched off (or the read right taken away) while the watch was down: the
+    watch is answered 404; the next list finds it absent and the handler drops what it held (it
+    resumed the watch every 5 s forever, the cached claims still counted against quotas)."""
+    served = {"list": 0}
+
+    async def handler(request):
+        if request.query.get("watch") == "true":
+            return web.Response(status=404, text="not found")
+        served["list"] += 1
+        if served["list"] == 1:
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": [{"metadata": {"name": "c1"}}]})
+        return web.Response(status=404, text="not found")
+
+    h = _Quiet()
+    r = await _run_against(handler, h, lambda r: r.absent is not None, seconds=5.0, optional="claims")
+    assert r.absent == 404 and h.replaced == [(["c1"], "5"), ([], None)], h.replaced

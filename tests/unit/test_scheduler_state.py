@@ -344,3 +344,80 @@ def test_a_node_of_the_wrong_shape_is_malformed_not_a_crash(mutate):
     mutate(broken)
     s.node_handler.apply("MODIFIED", broken)
     assert s.ledger.node_names() == [] and len(seen) == 1
+
+
+def _rv(p, rv):
+    return {**p, "metadata": {**p["metadata"], "resourceVersion": rv}}
+
+
+def test_a_relist_keeps_a_reservation_for_a_pod_newer_than_its_snapshot():
+    """A Filter read pod p (created after the list's snapshot, so the list does not name it) and
+    reserved its GPU; the relist must not free that GPU (another pod was given it while p's Bind
+    posted the decision); a pod older than the snapshot and not listed is gone, reservation and all."""
+    from hami.core import schedule_pod
+
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1", gpus=1)])
+    p, old = _rv(pod("p", mem=600), "120"), _rv(pod("old", mem=300), "90")
+    for x in (p, old):
+        s.put_pod(x)
+        assert schedule_pod(x, ["n1"], s.ledger, CONFIG, 0).node == "n1"
+    assert used(s, "n1") == [900]
+    s.pod_handler.replace([], "100")  # a relist as of revision 100
+    assert s.ledger.is_reserved(pod_key(p)) and used(s, "n1") == [600]
+    assert s.pod("ns", "p") is not None and s.pod("ns", "old") is None
+    q = _rv(pod("q", mem=600), "130")
+    s.put_pod(q)
+    assert schedule_pod(q, ["n1"], s.ledger, CONFIG, 0).node is None  # 600 + 600 > 1000
+    # the watch from 100 then tells p's fate: deleted, its reservation goes
+    s.pod_handler.apply("DELETED", p)
+    assert used(s, "n1") == [0]
+
+
+def test_a_relist_without_comparable_versions_keeps_reserved_pods_only():
+    from hami.core import schedule_pod
+
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1", gpus=1)])
+    p = pod("p", mem=600)
+    s.put_pod(p)
+    s.put_pod(pod("idle"))
+    schedule_pod(p, ["n1"], s.ledger, CONFIG, 0)
+    s.pod_handler.replace([], None)
+    assert used(s, "n1") == [600] and s.pod("ns", "p") is not None and s.pod("ns", "idle") is None
+
+
+def test_a_node_written_back_after_its_deletion_stays_deleted():
+    """A lock PATCH's answer applied after the node's DELETED event brought it back (GPUs in the
+    ledger, metrics, the UI) until the next relist; a node made again under that name counts."""
+    s = ClusterState(CONFIG)
+    old = node("n1")
+    old["metadata"]["uid"] = "node-uid-1"
+    s.node_handler.replace([old])
+    s.node_handler.apply("DELETED", _rv(old, "5"))
+    s.put_node(_rv(old, "4"))  # the answer of a write made before the delete
+    assert "n1" not in s.nodes and not s.ledger.has_node("n1")
+    new = _rv(node("n1"), "9")
+    new["metadata"]["uid"] = "node-uid-2"
+    s.put_node(new)  # read before the watch delivered the old node's delete ...
+    s.node_handler.apply("DELETED", _rv(old, "5"))  # ... which must not remove the new node
+    assert s.nodes["n1"]["metadata"]["uid"] == "node-uid-2" and used(s, "n1") == [0, 0]
+
+
+def test_a_namespace_that_holds_nothing_any_more_is_forgotten():
+    """Per-namespace usage and quota entries were kept forever: 50,000 CI namespaces, each with a
+    GPU pod and a quota, all deleted, left 50,000 of each (31 MiB)."""
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1")])
+    for i in range(3):
+        ns = f"ci-{i}"
+        p = pod("a", "n1", "n1-g0", 100, uid=f"u{i}")
+        p["metadata"]["namespace"] = ns
+        q = {"metadata": {"name": "gpu", "namespace": ns}, "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}}}
+        s.pod_handler.apply("ADDED", p)
+        s.quota_handler.apply("ADDED", q)
+        assert s.ledger.namespace_usage(ns, "NVIDIA")[0] == 100 and s.ledger.quota_room(ns, CONFIG.vendors)
+        s.pod_handler.apply("DELETED", p)
+        s.quota_handler.apply("DELETED", q)
+        assert s.ledger.namespace_usage(ns, "NVIDIA") == (0, 0) and s.ledger.quota_room(ns, CONFIG.vendors) is None
+    assert s.ledger._ns_used == {} and s.ledger._quota == {}

@@ -601,6 +601,8 @@ class Ledger:
             acc = ns.setdefault(u.vendor, [0, 0])
             acc[0] += sign * u.mem
             acc[1] += sign * (u.cores.bit_count() if u.vendor in self._mask_vendors else u.cores)
+        if sign < 0:
+            self._prune_namespace(alloc.namespace)
         st = self._nodes.get(alloc.node)
         if st is None:
             return
@@ -649,6 +651,14 @@ class Ledger:
             acc = self._ns_used.setdefault(ns, {}).setdefault(vendor, [0, 0])
             acc[0] -= mem
             acc[1] -= cores
+            self._prune_namespace(ns)
+
+    def _prune_namespace(self, namespace: str) -> None:
+        """Forget a namespace's usage once it holds nothing (namespaces come and go: CI makes
+        thousands a day, and each kept its zeros)."""
+        used = self._ns_used.get(namespace)
+        if used is not None and not any(mem or cores for mem, cores in used.values()):
+            del self._ns_used[namespace]
 
     def claim_keys(self) -> list[str]:
         return sorted(self._claims)
@@ -673,8 +683,11 @@ class Ledger:
         self._generation += 1
 
     def remove_quota(self, namespace: str, name: str) -> None:
-        if self._quota.get(namespace, {}).pop(name, None) is not None:
+        quotas = self._quota.get(namespace)
+        if quotas is not None and quotas.pop(name, None) is not None:
             self._generation += 1
+            if not quotas:
+                del self._quota[namespace]
 
     def namespace_usage(self, namespace: str, vendor: str) -> tuple[int, int]:
         mem, cores = self._ns_used.get(namespace, {}).get(vendor, (0, 0))

@@ -110,7 +110,7 @@ class PodCache:
         meta = obj.get("metadata") or {}
         return f"{meta.get('namespace')}/{meta.get('name')}"
 
-    def replace(self, items: list[dict]) -> None:
+    def replace(self, items: list[dict], resource_version: str | None = None) -> None:
         self._pods = {self._key(o): ((o.get("metadata") or {}).get("resourceVersion") or "", o) for o in items}
 
     def apply(self, event_type: str, obj: dict) -> None:

@@ -410,7 +410,7 @@ class SliceKeeper:
         self.name = name
         self.changed = changed
 
-    def replace(self, items: list[dict]) -> None:
+    def replace(self, items: list[dict], resource_version: str | None = None) -> None:
         if not any((i.get("metadata") or {}).get("name") == self.name for i in items):
             log.warning("ResourceSlice %s is missing; publishing it again", self.name)
             self.changed.set()

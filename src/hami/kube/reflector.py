@@ -1,6 +1,6 @@
 """List+watch of one resource into a handler, resumed after drops and relisted on expiry.
 
-``Reflector(kube, "/api/v1/pods", handler).run()`` lists, calls ``handler.replace(items)``,
+``Reflector(kube, "/api/v1/pods", handler).run()`` lists, calls ``handler.replace(items, rv)``,
 then watches from the list's resourceVersion and calls ``handler.apply(type, obj)`` for each
 ADDED/MODIFIED/DELETED event. A dropped connection resumes the watch from the last version
 seen (bookmarks included); a "410 Gone" (the version was compacted away) triggers a fresh
@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
+import time
 from typing import Any, Protocol
 
 import aiohttp
@@ -30,13 +32,21 @@ log = logging.getLogger(__name__)
 
 
 class Handler(Protocol):
-    def replace(self, items: list[dict]) -> None: ...
+    def replace(self, items: list[dict], resource_version: str | None = None) -> None:
+        """Hold exactly ``items``: the list as of ``resource_version`` (its metadata's; None when
+        there is none, e.g. an optional resource found absent). An object the handler holds at a
+        later version than that was written after the list's snapshot: the watch from that
+        version delivers what becomes of it, so a handler may keep it."""
 
     def apply(self, event_type: str, obj: dict) -> None: ...
 
 
 class Expired(Exception):
     """The watch's resourceVersion is too old (HTTP/event 410): relist."""
+
+
+class HandlerFailed(Exception):
+    """The handler raised on what the API server sent (a bug): relist, never resume past it."""
 
 
 class Absent(Exception):
@@ -46,6 +56,11 @@ class Absent(Exception):
         super().__init__(message)
         self.status = status
 
+
+#: a watch that delivers no event and ends sooner than this (the API server closing it at once)
+#: counts as a failure: the next one waits the backoff, so a server that ends every watch cannot
+#: spin the loop (client-go does the same).
+SHORT_WATCH_S = 1.0
 
 #: a watch that has said nothing this long is opened again from the last version it delivered. The
 #: API server sends a watch that allows bookmarks one about every minute even when nothing changes,
@@ -86,6 +101,7 @@ class Reflector:
         self.synced = asyncio.Event()
         self.resource_version: str | None = resume_from
         self.relists = 0  # how many times the list ran (1 + one per expiry/error)
+        self.events = 0  # events (bookmarks included) the watches delivered
 
     def _query(self, **extra: Any) -> list[tuple[str, Any]]:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
@@ -112,12 +128,16 @@ class Reflector:
             if not cont:
                 break
         self.relists += 1
-        self.handler.replace(items)
+        rv = (page.get("metadata") or {}).get("resourceVersion") or "0"
+        try:
+            self.handler.replace(items, rv)
+        except Exception as exc:  # noqa: BLE001 - a bug, not the network: relist after the backoff
+            raise HandlerFailed(f"{self.name}: handler failed on a list: {exc!r}") from exc
         self.synced.set()
         if self.absent is not None:
             log.info("%s: the API server serves it now", self.name)
             self.absent = None
-        return (page.get("metadata") or {}).get("resourceVersion") or "0"
+        return rv
 
     async def watch(self, rv: str) -> str:
         """Watch from ``rv`` until the server closes the stream; returns the last version seen
@@ -143,24 +163,37 @@ class Reflector:
                         raise Expired(f"{self.name}: {obj.get('message')}")
                     raise KubeError("WATCH", self.path, obj.get("code") or 0, json.dumps(obj))
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                self.events += 1
                 if kind != "BOOKMARK":
-                    self.handler.apply(kind, obj)
+                    try:
+                        self.handler.apply(kind, obj)
+                    except Exception as exc:  # noqa: BLE001 - see HandlerFailed
+                        raise HandlerFailed(f"{self.name}: handler failed on a {kind} event: {exc!r}") from exc
                 self.resource_version = rv
         finally:
             resp.release()
         return rv
 
     async def run(self) -> None:
+        """List and watch until cancelled. Every failure waits the backoff (0.2 s doubling to
+        5 s, with jitter) before the next request: an expired version (relist), a failed or
+        refused watch (resumed from the last version delivered), a handler that raised (relist:
+        the event it failed on is never skipped over), a watch ended at once with no event. A
+        watch that delivered an event, or lasted :data:`SHORT_WATCH_S`, resets it."""
         backoff = 0.2
         rv = self.resource_version
         while True:
             try:
                 if rv is None:
                     rv = await self.list()
+                started, seen = time.monotonic(), self.events
                 rv = await self.watch(rv)
-                backoff = 0.2
+                if self.events > seen or time.monotonic() - started >= SHORT_WATCH_S:
+                    backoff = 0.2
+                    continue
+                log.debug("watch %s ended at once with no event; again in %.1fs", self.name, backoff)
             except Expired as exc:
-                log.info("watch %s expired (%s); relisting", self.name, exc)
+                log.info("watch %s expired (%s); relisting in %.1fs", self.name, exc, backoff)
                 rv = None
             except Absent as exc:
                 if self.absent != exc.status:
@@ -174,22 +207,26 @@ class Reflector:
                         self.absent_retry,
                     )
                 self.absent = exc.status
-                self.handler.replace([])
+                self.handler.replace([], None)
                 self.synced.set()
                 rv = None
                 await asyncio.sleep(self.absent_retry)
+                continue
             except asyncio.CancelledError:
                 raise
+            except HandlerFailed:
+                log.exception("watch %s: handler failed; relisting in %.1fs", self.name, backoff)
+                rv = None
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-                if rv is not None and self.resource_version is not None:
+                if self.optional and isinstance(exc, KubeError) and exc.status in (403, 404):
+                    rv = None  # gone (an upgrade, RBAC taken away): the list says so, as Absent
+                elif rv is not None and self.resource_version is not None:
                     rv = self.resource_version  # a watch resumes from the last event it delivered
                 log.warning(
                     "watch %s failed: %s; retrying in %.1fs", self.name, str(exc) or type(exc).__name__, backoff
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except Exception:  # noqa: BLE001 - a handler bug must not freeze the cache silently
-                log.exception("watch %s: handler failed; relisting in %.1fs", self.name, backoff)
+            except Exception:  # noqa: BLE001 - a bug here must not freeze the cache silently
+                log.exception("watch %s failed; relisting in %.1fs", self.name, backoff)
                 rv = None
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+            await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+            backoff = min(backoff * 2, 5.0)

@@ -861,9 +861,15 @@ class Extender:
         async with self._guard(guard, node, until):
             fresh = False
             handoff: float | None = None  # when this Bind first saw the owner finished
+            refused: tuple[str, KubeError] | None = None  # the node version a lock write was refused at
             while True:
                 obj = await self._node(node, fresh)
                 meta = obj.get("metadata") or {}
+                if refused is not None and refused[0] and meta.get("resourceVersion") == refused[0]:
+                    # refused (409/422) though the node had not changed: no lost race but a write
+                    # the API server will never take (e.g. annotations over 256 KiB); said, not retried
+                    raise refused[1]
+                refused = None
                 value = (meta.get("annotations") or {}).get(spec.key)
                 holder = spec.holder(value)
                 if holder is not None and (holder.namespace, holder.name) == (ns, name):
@@ -942,9 +948,9 @@ class Extender:
                     if not nodelock.lost_swap(exc):
                         self._owe_unanswered(node, spec.key, mine, exc)
                         raise
-                    if time.monotonic() >= deadline:  # e.g. a 422 that is not a lost test, every time
+                    if time.monotonic() >= deadline:
                         raise nodelock.LockContention(node, value or "") from exc
-                    fresh = True
+                    fresh, refused = True, (str(meta.get("resourceVersion") or ""), exc)
                 except (OSError, asyncio.TimeoutError) as exc:
                     self._owe_unanswered(node, spec.key, mine, exc)
                     raise

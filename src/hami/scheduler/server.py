@@ -570,9 +570,9 @@ class _Touching:
     def __init__(self, handler: Any, metrics: SchedulerMetrics, resource: str) -> None:
         self.handler, self.metrics, self.resource = handler, metrics, resource
 
-    def replace(self, items: list[dict]) -> None:
+    def replace(self, items: list[dict], resource_version: str | None = None) -> None:
         self.metrics.cache_touched(self.resource)
-        self.handler.replace(items)
+        self.handler.replace(items, resource_version)
 
     def apply(self, event_type: str, obj: dict) -> None:
         self.metrics.cache_touched(self.resource)

@@ -132,6 +132,7 @@ class ClusterState:
         # deleted pod UIDs, oldest first (bounded; a plain dict: its order is insertion's, and no
         # value is kept: the delete's resourceVersion was stored here and never read)
         self._deleted: dict[str, None] = {}
+        self._deleted_nodes: dict[str, None] = {}  # deleted Node UIDs, the same way
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
@@ -170,7 +171,7 @@ class ClusterState:
     def node_handler(self) -> "_Handler":
         return _Handler(self._replace_nodes, self._apply_node)
 
-    def _replace_nodes(self, items: list[dict]) -> None:
+    def _replace_nodes(self, items: list[dict], resource_version: str | None = None) -> None:
         names = {(n.get("metadata") or {}).get("name") for n in items}
         for name in list(self.nodes):
             if name not in names:
@@ -179,8 +180,14 @@ class ClusterState:
             self._apply_node("MODIFIED", n)
 
     def _apply_node(self, kind: str, node: dict) -> None:
-        name = (node.get("metadata") or {}).get("name") or ""
+        meta = node.get("metadata") or {}
+        name = meta.get("name") or ""
         if kind == "DELETED":
+            cached_uid = ((self.nodes.get(name) or {}).get("metadata") or {}).get("uid")
+            if cached_uid and meta.get("uid") and cached_uid != meta["uid"]:
+                _remember(self._deleted_nodes, meta["uid"])
+                return  # an earlier node of that name: the one cached was made since
+            _remember(self._deleted_nodes, meta.get("uid"))
             self.nodes.pop(name, None)
             self._fingerprints.pop(name, None)
             self.registration_errors.pop(name, None)
@@ -255,8 +262,13 @@ class ClusterState:
             pass
 
     def put_node(self, node: dict) -> None:
-        """Store a node object we just wrote (fresher than the watch), if it is newer."""
-        name = (node.get("metadata") or {}).get("name") or ""
+        """Store a node object we just wrote (fresher than the watch), if it is newer and its
+        deletion was not seen already (an answer that arrives after the node's DELETED event
+        brought it back, GPUs and all, until the next relist)."""
+        meta = node.get("metadata") or {}
+        name = meta.get("name") or ""
+        if meta.get("uid") in self._deleted_nodes:
+            return
         old = self.nodes.get(name)
         if old is None or _not_older(node, old):
             self._apply_node("MODIFIED", node)
@@ -276,17 +288,37 @@ class ClusterState:
             or bool(spec.get("resourceClaims"))
         )
 
-    def _replace_pods(self, items: list[dict]) -> None:
-        keys = {pod_key(p) for p in items}
+    def _replace_pods(self, items: list[dict], resource_version: str | None = None) -> None:
+        """The pods a (re)list returned, as of ``resource_version``. A cached pod the list does
+        not name stays when the cache has it at a later version (created, or read by a Filter,
+        after the list's snapshot: the watch from that version tells what becomes of it) or,
+        where versions cannot be compared, while it holds a reservation (a decision whose Bind
+        may be under way): dropping it freed GPUs a Bind then posted, and another pod got them."""
+        listed = {_ref(p) for p in items}
+        kept = [
+            pod for ref, pod in self.pods.items() if ref not in listed and self._outlives_list(pod, resource_version)
+        ]
+        keys = {pod_key(p) for p in (*items, *kept)}
         for alloc in self.ledger.pods():
             if alloc.key not in keys:
                 self.ledger.remove_pod(alloc.key)
-        old, self.pods = self.pods, {}
+        old, self.pods = self.pods, {_ref(p): p for p in kept}
         for p in items:
             cached = old.get(_ref(p))
             # a pod we wrote while the list was in flight stays (monotonic, like every path)
             keep = cached is not None and not _not_older(p, cached)
             self.apply_pod("MODIFIED", cached if keep else p)
+
+    def _outlives_list(self, pod: Mapping[str, Any], resource_version: str | None) -> bool:
+        """A cached pod a list did not name is kept (see :meth:`_replace_pods`)."""
+        try:
+            listed_at = int(resource_version or "")
+        except ValueError:
+            listed_at = None
+        mine = revision(pod)
+        if mine is None or listed_at is None:
+            return self.ledger.is_reserved(pod_key(pod))
+        return mine > listed_at
 
     def _stale(self, pod: Mapping[str, Any]) -> bool:
         """An event older than what is cached, or for a pod whose deletion was seen already."""
@@ -296,12 +328,7 @@ class ClusterState:
         return (pod.get("metadata") or {}).get("uid") in self._deleted  # a UID never comes back
 
     def _tombstone(self, pod: Mapping[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        if meta.get("uid"):
-            self._deleted.pop(meta["uid"], None)
-            self._deleted[meta["uid"]] = None
-            while len(self._deleted) > TOMBSTONES:
-                del self._deleted[next(iter(self._deleted))]
+        _remember(self._deleted, (pod.get("metadata") or {}).get("uid"))
 
     def apply_pod(self, kind: str, pod: dict) -> None:
         """Store a watch event. Monotonic in resourceVersion: an older event than the cached
@@ -390,7 +417,7 @@ class ClusterState:
     def quota_handler(self) -> "_Handler":
         return _Handler(self._replace_quotas, self._apply_quota)
 
-    def _replace_quotas(self, items: list[dict]) -> None:
+    def _replace_quotas(self, items: list[dict], resource_version: str | None = None) -> None:
         for ref in list(self.quotas):
             ns, name = ref.split("/", 1)
             self.ledger.remove_quota(ns, name)
@@ -417,7 +444,7 @@ class ClusterState:
     def claim_handler(self) -> "_Handler":
         return _Handler(self._replace_claims, self._apply_claim)
 
-    def _replace_claims(self, items: list[dict]) -> None:
+    def _replace_claims(self, items: list[dict], resource_version: str | None = None) -> None:
         keep = {_ref(c) for c in items}
         for ref in list(self.claims) + list(self.waiting_claims):
             if ref not in keep:
@@ -551,7 +578,7 @@ class ClusterState:
     def slice_handler(self) -> "_Handler":
         return _Handler(self._replace_slices, self._apply_slice)
 
-    def _replace_slices(self, items: list[dict]) -> None:
+    def _replace_slices(self, items: list[dict], resource_version: str | None = None) -> None:
         self.slices, self._slice_keys, self.dra_devices, self._dra_totals = {}, {}, {}, {}
         for s in items:
             self._apply_slice("MODIFIED", s, recount=False)
@@ -612,6 +639,15 @@ def _ref(obj: Mapping[str, Any]) -> str:
     """``namespace/name``, a missing part empty (as :class:`hami.dra.claims.ClaimUsage` keys a claim)."""
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+
+
+def _remember(deleted: dict[str, None], uid: str | None) -> None:
+    """Add ``uid`` to a bounded record of deleted objects (the oldest forgotten first)."""
+    if uid:
+        deleted.pop(uid, None)
+        deleted[uid] = None
+        while len(deleted) > TOMBSTONES:
+            del deleted[next(iter(deleted))]
 
 
 def _not_older(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
