@@ -231,3 +231,70 @@ async def test_at_start_a_lock_left_by_a_killed_predecessor_for_a_finished_pod_i
     assert await allocator(kube, 1.0, tmp_path).reclaim_finished_lock() is removed
     assert (A.NODE_LOCK not in kube.annotations) is removed
     assert kube.journal == ([("release", LOCK_P, True)] if removed else [])
+
+
+def _with(obj: dict, **annotations: str) -> dict:
+    obj["metadata"]["annotations"].update(annotations)
+    return obj
+
+
+DCU = "hami.io/dcu-devices-to-allocate"
+
+
+@pytest.mark.parametrize("delay", [0, 1.0])
+async def test_a_pod_with_another_vendors_devices_left_keeps_its_lock_and_phase(tmp_path, delay):
+    """GPUs and a Hygon DCU in one pod: with the GPUs handed out, the DCU plugin still has to
+    find this pod by the node lock. It was marked success and the lock released (or left for a
+    swap): the scheduler took it for the next pod, whose name the DCU plugin then read."""
+    kube = FakeKube(LOCK_P, [_with(pod_obj("p"), **{DCU: "DCU-0,DCU,1000,10:;"})])
+    alloc = allocator(kube, delay, tmp_path)
+    await alloc.allocate([1])
+    ann = kube.pods_by_name["p"]["metadata"]["annotations"]
+    assert ann[A.BIND_PHASE] == "allocating" and kube.annotations[A.NODE_LOCK] == LOCK_P
+    assert not [j for j in kube.journal if j[0].startswith("release")], kube.journal
+    assert ann[A.TO_ALLOCATE].strip(";") == ""  # our part is done
+    await alloc.flush()
+    assert kube.annotations[A.NODE_LOCK] == LOCK_P
+
+
+async def test_a_lock_owner_marked_success_by_another_vendor_with_gpus_left_is_the_pod_admitted(tmp_path):
+    """The DCU plugin finished first and wrote success (HAMi's looks at its own key only): the
+    pod named by the lock still has GPUs to hand out, so it is the one the kubelet admits."""
+    p = _with(pod_obj("p", phase="success"), **{DCU: ";"})
+    q = pod_obj("q")
+    kube = FakeKube(LOCK_P, [p, q])
+    (answer,) = await allocator(kube, 0, tmp_path).allocate([1])
+    assert "uid-p" in answer.cache_dir
+    assert kube.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "success"
+    assert kube.pods_by_name["q"]["metadata"]["annotations"][A.BIND_PHASE] == "allocating"
+
+
+async def test_an_unexpected_failure_fails_the_pod_and_releases_the_lock(tmp_path):
+    """A value of the pod's spec the grant cannot carry (a line break in
+    GPU_CORE_UTILIZATION_POLICY) raised ValueError past the failure path: bind-phase stayed
+    allocating and the node lock held, by any tenant's choice."""
+    obj = pod_obj("p")
+    obj["spec"]["containers"][0]["env"] = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force\nX=1"}]
+    kube = FakeKube(LOCK_P, [obj])
+    with pytest.raises(A.AllocationError, match="line break"):
+        await allocator(kube, 0, tmp_path).allocate([1])
+    assert kube.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "failed"
+    assert A.NODE_LOCK not in kube.annotations
+
+
+async def test_a_grant_naming_a_gpu_unhealthy_since_it_was_placed_is_refused(tmp_path):
+    """A fatal XID after the pod was placed: ListAndWatch marks the GPU's IDs unhealthy, but
+    Allocate granted whatever the annotation named, the failed GPU included."""
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    alloc = Allocator(
+        kube,
+        NodeSettings(),
+        HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
+        release_delay=0,
+        gpus=["GPU-1"],
+        healthy=lambda uuid: uuid != "GPU-1",
+    )
+    with pytest.raises(A.AllocationError, match="GPU-1, unhealthy"):
+        await alloc.allocate([1])
+    assert kube.pods_by_name["p"]["metadata"]["annotations"][A.BIND_PHASE] == "failed"
+    assert A.NODE_LOCK not in kube.annotations

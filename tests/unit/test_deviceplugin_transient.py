@@ -68,3 +68,50 @@ async def test_a_non_transient_error_is_raised_at_once_and_an_outage_past_the_bu
     with pytest.raises(ConnectionRefusedError):
         await dkube.retry_transient(down, "test write", budget=0.05, delay=0.01)
     assert 2 <= len(calls) < 50
+
+
+async def test_allocates_reads_ride_out_a_busy_api_server(monkeypatch):
+    """One 429 (API Priority and Fairness) or refused connection on Allocate's first reads failed
+    the pod for good (the kubelet's UnexpectedAdmissionError), nothing written: reads are retried
+    as the writes are."""
+    from types import SimpleNamespace
+
+    from kubernetes_asyncio import client
+
+    monkeypatch.setattr(dkube, "TRANSIENT_BUDGET_S", 5.0)
+    kube = dkube.Kube(client.ApiClient(), "n1")
+    tries = {"pod": 0, "list": 0, "node": 0}
+
+    def pod_obj():
+        meta = SimpleNamespace(namespace="ns", name="p", uid="u", annotations={})
+        spec = SimpleNamespace(init_containers=None, containers=[], node_name="n1")
+        return SimpleNamespace(metadata=meta, spec=spec, status=None)
+
+    async def read_namespaced_pod(name, namespace, **_):
+        tries["pod"] += 1
+        if tries["pod"] == 1:
+            raise _api_error(429)
+        return pod_obj()
+
+    async def list_pod_for_all_namespaces(**_):
+        tries["list"] += 1
+        if tries["list"] == 1:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return SimpleNamespace(items=[pod_obj()])
+
+    async def node_annotations():
+        tries["node"] += 1
+        if tries["node"] == 1:
+            raise _api_error(503)
+        return {"k": "v"}, "7"
+
+    monkeypatch.setattr(kube.core, "read_namespaced_pod", read_namespaced_pod)
+    monkeypatch.setattr(kube.core, "list_pod_for_all_namespaces", list_pod_for_all_namespaces)
+    monkeypatch.setattr(kube, "_node_annotations", node_annotations)
+    try:
+        assert (await kube.get_pod("ns", "p")).name == "p"
+        assert [p.name for p in await kube.pods_on_node()] == ["p"]
+        assert await kube.node_annotations() == ({"k": "v"}, "7")
+        assert tries == {"pod": 2, "list": 2, "node": 2}
+    finally:
+        await kube.api.close()

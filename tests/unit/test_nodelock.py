@@ -166,3 +166,15 @@ def test_an_owner_that_ended_is_finished_for_good():
     assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Failed"))
     assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Succeeded"))
     assert not L.finished(owner(node_name="n1", phase="allocating", pod_phase="Pending"))
+
+
+def test_a_success_with_another_vendors_devices_left_is_not_finished():
+    """A pod asking for GPUs and a DCU: HAMi's DCU plugin writes success for its own part; the
+    NVIDIA part still finds its pod by the lock, so the owner has not finished with it."""
+    left = owner(node_name="n1", vgpu_node="n1", phase="success")
+    left["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] = "GPU-1,NVIDIA,1000,10:;"
+    left["metadata"]["annotations"]["hami.io/dcu-devices-to-allocate"] = ";"
+    assert L.stale_reason(VALUE, "n1", NOW, 300, left) is None and not L.finished(left)
+    assert L.devices_pending(left["metadata"]["annotations"]) == ["hami.io/vgpu-devices-to-allocate"]
+    left["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] = ";"
+    assert "finished" in L.stale_reason(VALUE, "n1", NOW, 300, left) and L.finished(left)

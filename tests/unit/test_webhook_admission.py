@@ -645,3 +645,11 @@ def test_a_pod_with_more_than_64_device_containers_is_refused_by_name():
     with pytest.raises(Exception, match="more than 64 containers ask for devices"):
         pod_request(p, S.vendors)
     assert decide(pod(GPU, init=init[:63]), S).allowed  # 63 + 1 is the bound
+
+
+@pytest.mark.parametrize("value", ["force\nCUDA_DEVICE_SM_LIMIT=100", "force\r", "de\tfault"])
+def test_a_core_policy_with_a_control_character_is_refused(value):
+    """The grant file carries the pod's GPU_CORE_UTILIZATION_POLICY one line per setting: a line
+    break in it failed Allocate (the device plugin refuses to write it), so it is refused here."""
+    d = decide(pod(GPU, env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": value}]), S, {})
+    assert not d.allowed and "GPU_CORE_UTILIZATION_POLICY" in d.message and "control character" in d.message, d

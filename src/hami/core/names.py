@@ -51,7 +51,9 @@ Node annotations and namespace labels:
 Per-chip backends (Ascend, Iluvatar) name their keys after the chip's word: the vendor module
 calls :func:`devices_allocated`, :func:`devices_to_allocate`, :func:`use_uuid` and
 :func:`no_use_uuid` (the scheduler writes the first two, the vendor's device plugin reads them;
-the user writes the last two).
+the user writes the last two). :func:`is_devices_to_allocate` tells any backend's
+to-allocate key: the scheduler's lock handling and our device plugin read them all, so that a pod
+still owed another vendor's devices has not finished its allocation.
 
 The DRA front end and CDI (beyond HAMi):
 
@@ -145,6 +147,11 @@ def devices_allocated(word: str) -> str:
 def devices_to_allocate(word: str) -> str:
     """``hami.io/<word>-devices-to-allocate``: what the backend's device plugin still has to hand out."""
     return f"{_DOMAIN}{word}-devices-to-allocate"
+
+
+def is_devices_to_allocate(key: str) -> bool:
+    """``key`` is some backend's :func:`devices_to_allocate` annotation."""
+    return key.startswith(_DOMAIN) and key.endswith("-devices-to-allocate")
 
 
 def use_uuid(word: str) -> str:

@@ -80,7 +80,14 @@ class NodeAgent:
         self.state = DeviceState(gpus, settings, scores)
         self.paths = paths
         self.allocator: Allocator | NriAllocator = Allocator(
-            kube, settings, paths, release_delay=lock_release_delay, cdi=cdi, mig=mig, gpus=self.state.uuids
+            kube,
+            settings,
+            paths,
+            release_delay=lock_release_delay,
+            cdi=cdi,
+            mig=mig,
+            gpus=self.state.uuids,
+            healthy=self.state.healthy,
         )
         self.registrar = Registrar(
             kube,

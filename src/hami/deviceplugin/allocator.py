@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -52,10 +52,14 @@ class Allocator:
         mig: MigManager | None = None,
         *,
         gpus: Iterable[str],
+        healthy: Callable[[str], bool] = lambda uuid: True,
     ) -> None:
         self.kube = kube
         #: this node's GPU UUIDs (the discovered devices): a grant naming anything else is refused
         self.gpus = frozenset(gpus)
+        #: whether a GPU is healthy now (DeviceState.healthy): a grant naming one that had a fatal
+        #: XID is refused, as the kubelet keeps its own picks off the IDs reported unhealthy
+        self.healthy = healthy
         self.mig = mig  # operatingmode mig: makes the instances the scheduler chose
         self.settings = settings
         self.paths = paths
@@ -79,7 +83,11 @@ class Allocator:
             pod, cached = await self.kube.lock_owner(lock.namespace, lock.name, node_rv)
             if pod is None:
                 return None, raw
-            if pod.annotations.get(A.BIND_PHASE) in ("success", "failed") and pod.node_name == self.node:
+            phase = pod.annotations.get(A.BIND_PHASE)
+            ours_left = A.TO_ALLOCATE in nodelock.devices_pending(pod.annotations)
+            if (phase == "failed" or (phase == "success" and not ours_left)) and pod.node_name == self.node:
+                # (success with GPUs still to hand out: another vendor's plugin wrote it for its
+                # own part of the pod, which is the pod being admitted all the same)
                 # A lock left to be handed on names a pod whose allocation is over: it cannot be
                 # the pod being admitted (each lock holder is allocated once). Not ours to touch
                 # (its delayed removal, or the scheduler's swap, deals with it): look for the
@@ -127,12 +135,26 @@ class Allocator:
                 msg = f"{what}: allocation failed: {_brief(exc)}"
                 await self._fail(pod, msg)
                 raise A.AllocationError(msg) from None
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the pod fails and the lock goes
+                # (a value from the pod's spec the grant cannot carry raised ValueError past _fail:
+                # bind-phase stayed allocating and the node's lock held, any tenant could do it)
+                what = f"pod {pod.ref}" if pod else f"node {self.node}"
+                msg = f"{what}: allocation failed: {exc}"
+                log.exception("Allocate: unexpected failure")
+                await self._fail(pod, msg)
+                raise A.AllocationError(msg) from None
 
     async def _allocate_pod(
         self, pod: A.PodView, requests: Sequence[int], held: str | None
     ) -> list[A.ContainerResponse]:
         pending = A.pending_devices(pod)
         grants = [A.pop_next(pod, pending, n, gpus=self.gpus, resource=self.settings.resource_name) for n in requests]
+        sick = sorted({d.uuid for g in grants for d in g.devices if not self.healthy(d.uuid)})
+        if sick:
+            raise A.AllocationError(
+                f"pod {pod.ref}: its grant names GPU(s) {', '.join(sick)}, unhealthy on node {self.node} since it was "
+                "placed (a fatal XID); refused"
+            )
         mig_devices: list[list[str]] = [[] for _ in grants]
         mig_patch: dict[str, str] = {}
         if self.mig is not None:
@@ -146,7 +168,13 @@ class Allocator:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
                 write_grant(r.cache_dir, r.grant)
-        done = A.all_done(pending)
+        # the pod's allocation is over when no vendor's devices are left to hand out: a pod asking
+        # for another vendor's devices too keeps bind-phase and the lock for that vendor's plugin,
+        # which finds its pod by the same lock (marked success here, the lock went to the next pod)
+        others = [k for k in nodelock.devices_pending(pod.annotations) if k != A.TO_ALLOCATE]
+        done = A.all_done(pending) and not others
+        if A.all_done(pending) and others:
+            log.info("pod %s: its GPUs are allocated; %s still to be allocated by another plugin", pod.ref, others)
         handoff = done and held is not None and self.release_delay > 0
         if done and not handoff:
             # The lock's one job, telling this plugin which pod the kubelet is admitting, is over

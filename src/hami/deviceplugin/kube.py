@@ -61,7 +61,7 @@ async def retry_transient(
     """``await call()``, again after a transient failure, until ``budget`` seconds
     (:data:`TRANSIENT_BUDGET_S`) have passed; an attempt still unanswered then is cut off (given
     at least :data:`MIN_ATTEMPT_S`), so the whole takes at most about ``budget``.
-    Only for idempotent writes (a merge patch of fixed values, a compare-and-remove). Found by
+    Only for reads and idempotent writes (a merge patch of fixed values, a compare-and-remove). Found by
     tests/integration/test_chaos.py: a kube-apiserver restart during Allocate failed the pod."""
     deadline = time.monotonic() + (TRANSIENT_BUDGET_S if budget is None else budget)
     while True:
@@ -147,7 +147,12 @@ class Kube:
     async def node_annotations(self) -> tuple[dict[str, str], str]:
         """This node's annotations and resourceVersion, read as metadata only
         (PartialObjectMetadata): a node's status (images, conditions, ...) can be tens of KB
-        that every Allocate would otherwise fetch and decode."""
+        that every Allocate would otherwise fetch and decode. A transient failure (429 from
+        API Priority and Fairness, a restarting API server) is retried, as the writes are: one
+        lost read failed the pod for good (the kubelet's UnexpectedAdmissionError)."""
+        return await retry_transient(self._node_annotations, f"node {self.node_name}: annotations not read")
+
+    async def _node_annotations(self) -> tuple[dict[str, str], str]:
         resp = await self.api.call_api(
             f"/api/v1/nodes/{self.node_name}",
             "GET",
@@ -200,16 +205,25 @@ class Kube:
         )
 
     async def get_pod(self, namespace: str, name: str) -> PodView | None:
+        """The pod (None when it does not exist); transient failures retried (see :meth:`node_annotations`)."""
         try:
-            return pod_view(await self.core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S))
+            return pod_view(
+                await retry_transient(
+                    lambda: self.core.read_namespaced_pod(name, namespace, _request_timeout=API_TIMEOUT_S),
+                    f"pod {namespace}/{name}: not read",
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def pods_on_node(self) -> list[PodView]:
-        pods = await self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node_name}", _request_timeout=API_TIMEOUT_S
+        pods = await retry_transient(
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node_name}", _request_timeout=API_TIMEOUT_S
+            ),
+            f"node {self.node_name}: its pods not listed",
         )
         return [pod_view(p) for p in pods.items]
 

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
-from hami.core.names import BIND_PHASE, NODE_INJECTION, NODE_LOCK, NODE_LOCK_HANDOFF, VGPU_NODE
+from hami.core.names import (
+    BIND_PHASE,
+    NODE_INJECTION,
+    NODE_LOCK,
+    NODE_LOCK_HANDOFF,
+    VGPU_NODE,
+    is_devices_to_allocate,
+)
 
 # Beyond HAMi: a node annotation by which the node's device plugin says it leaves a finished
 # pod's lock for the next Bind to swap over (one lock write per pod instead of a release and a
@@ -156,15 +163,28 @@ MISSING = object()  # owner lookup answer: the pod does not exist
 OWNER_FINISHED = "owner pod finished its allocation"  # the stale reason a handoff waits on
 
 
+def devices_pending(annotations: Mapping[str, str]) -> list[str]:
+    """The pod's ``hami.io/<vendor>-devices-to-allocate`` annotations that still name a device
+    (a device plugin has its part of the pod still to hand out); an emptied one is only
+    separators (``;``, ``:``, ``,``)."""
+    return sorted(k for k, v in annotations.items() if is_devices_to_allocate(k) and str(v).strip(" ;:,\n"))
+
+
 def finished(owner: Any) -> bool:
     """The owner pod can never need its lock again, whatever happens next (being deleted, or
-    its allocation ended); a cached copy saying so needs no fresh read."""
+    its allocation ended); a cached copy saying so needs no fresh read. ``bind-phase: success``
+    ends it only once no vendor's devices are left to hand out: in a pod asking for two vendors'
+    devices, HAMi's plugins write success when their own part is done, and the other plugin,
+    finding its pod by this lock, would meet the next pod's name."""
     if owner is None or owner is MISSING:
         return False
     meta = owner.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    phase = annotations.get(BIND_PHASE)
     return (
         bool(meta.get("deletionTimestamp"))
-        or (meta.get("annotations") or {}).get(BIND_PHASE) in ("success", "failed")
+        or phase == "failed"
+        or (phase == "success" and not devices_pending(annotations))
         or (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded")
     )
 
@@ -188,7 +208,9 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
     annotations = meta.get("annotations") or {}
     if meta.get("deletionTimestamp"):
         return "owner pod is being deleted"
-    if annotations.get(BIND_PHASE) in ("success", "failed"):
+    if annotations.get(BIND_PHASE) == "failed" or (
+        annotations.get(BIND_PHASE) == "success" and not devices_pending(annotations)
+    ):
         return f"{OWNER_FINISHED} (bind-phase={annotations[BIND_PHASE]})"
     phase = (owner.get("status") or {}).get("phase")
     if phase in ("Failed", "Succeeded"):

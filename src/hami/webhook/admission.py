@@ -178,6 +178,10 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
                 why = "it would show the container GPUs other than those granted (only none or void may be set)"
             elif name == names.ENV_TASK_PRIORITY and not (priority and priority in limits):
                 why = f"ask for a priority with the resource {priority} instead" if priority else "it is the grant's"
+            elif name in (names.ENV_TASK_PRIORITY, names.ENV_CORE_POLICY) and any(
+                ord(ch) < 32 for ch in str(value or "")
+            ):
+                why = f"its value {value!r} holds a control character (the grant file is one line per setting)"
             if why:
                 return (
                     f"container {c.get('name')!r}: env {name} may not be set in a pod that asks for a device: "
