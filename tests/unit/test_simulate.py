@@ -160,11 +160,6 @@ def test_malformed_node_is_skipped_with_a_warning(tmp_path, capsys):
             "pod default/pct: container 'main': nvidia.com/gpumem-percentage must be an integer in 0..100, got 150",
         ),
         (
-            [pod_doc("pol", {"nvidia.com/gpu": 1}, annotations={"hami.io/gpu-scheduler-policy": "fastest"})],
-            [],
-            "unknown GPU policy 'fastest'",
-        ),
-        (
             [pod_doc("a", {"nvidia.com/gpu": 1})],
             ["--node-policy", "random"],
             "--node-policy: unknown node policy 'random'",

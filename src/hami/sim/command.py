@@ -1,4 +1,4 @@
-"""``hami simulate``: read Nodes and Pods from YAML, schedule the pods in order, report.
+"""``hami simulate``: read Nodes and Pods from YAML, schedule the pods, report.
 
 With no ``--nodes``/``--pods`` it runs the bundled example (``hami/sim/examples``).
 Exit status: 0 on success (pending pods are a result, not an error), 1 on bad input, with one
@@ -19,7 +19,7 @@ from hami.core.score import parse_gpu_policy, parse_node_policy
 from hami.vendors import build_vendors
 from hami.vendors.nvidia import NvidiaVendor
 
-from .engine import SimulationError, simulate
+from .engine import DEFAULT_SCHEDULER, SimulationError, simulate
 from .report import to_html, to_json, to_table
 
 
@@ -35,9 +35,13 @@ EXAMPLES: dict[str, tuple[str, str, str | None]] = {
 EPILOG = (
     "Inputs: --nodes takes Node objects (a List or YAML documents); each needs the registration "
     f"annotation the device plugin writes ({NvidiaVendor.register_annotation} for NVIDIA), and a Node "
-    "whose annotation is missing or malformed is skipped with a warning. --pods takes Pods, handled "
-    "in file order: a pod is admitted and scheduled; a copy with metadata.deletionTimestamp deletes "
-    f"it; a pod with {VGPU_NODE} and {NvidiaVendor.allocated_annotation} is taken as running there; "
+    "whose annotation is missing or malformed is skipped with a warning. --pods takes Pods (a dump "
+    f"of a cluster, then events): a pod with {VGPU_NODE} and {NvidiaVendor.allocated_annotation} is "
+    "taken as running there and a terminating one as still holding its GPUs, both from the start; "
+    "a pod with only spec.nodeName is fitted on that node; a Succeeded or Failed pod holds nothing; "
+    "then, in file order, a new pod is admitted (the webhook's rules), its nodes filtered as "
+    "kube-scheduler filters them (nodeSelector, node affinity, taints, cordons) and scheduled; a copy "
+    "with metadata.deletionTimestamp of a pod given earlier deletes it; "
     "a ResourceQuota applies from that point on (--front-end dra also reads ResourceSlices, "
     "ResourceClaims and ResourceClaimTemplates). Other kinds are skipped with a warning. "
     "Exit status: 0 with a result (pending pods included), 1 on bad input (one line on stderr "
@@ -53,7 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Node objects with HAMi's registration annotation (kubectl get nodes -o yaml); goes with --pods",
     )
     parser.add_argument(
-        "--pods", metavar="PODS.yaml", help="Pod objects (kubectl get pods -A -o yaml, or new ones), in file order"
+        "--pods",
+        metavar="PODS.yaml",
+        help="Pod objects (kubectl get pods -A -o yaml, and new ones); running pods first, then file order",
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        default=DEFAULT_SCHEDULER,
+        metavar="NAME",
+        help=f"HAMi's scheduler name, as the webhook's --scheduler-name (default {DEFAULT_SCHEDULER}): "
+        "a pod for another scheduler is left alone by the webhook and not placed",
     )
     parser.add_argument("--config", metavar="device-config.yaml", help="HAMi device configuration")
     parser.add_argument(
@@ -166,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         )
         front_end = getattr(args, "front_end", None) or ("dra" if example == "dra" else "extender")
         default_cores, min_memory = getattr(args, "default_cores", None), getattr(args, "min_memory", None)
+        scheduler_name = getattr(args, "scheduler_name", None) or DEFAULT_SCHEDULER
         if front_end != "dra" and (default_cores is not None or min_memory is not None):
             flag = "--default-cores" if default_cores is not None else "--min-memory"
             raise SimulationError(f"{flag} applies to --front-end dra only (add --front-end dra, or leave {flag} out)")
@@ -176,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 opts = DraOptions(
                     default_cores=0 if default_cores is None else default_cores,
                     min_memory_mib=1 if min_memory is None else min_memory,
+                    scheduler_name=scheduler_name,
                 )
             except ValueError as exc:
                 raise SimulationError(str(exc)) from None
@@ -192,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 _yaml_docs(pods_text, pods_src),
                 config,
                 sources=(nodes_src, pods_src),
+                scheduler_name=scheduler_name,
             )
     except (SimulationError, CoreError) as exc:
         print(f"hami simulate: {_one_line(exc)}", file=sys.stderr)

@@ -9,10 +9,13 @@ the driver. Each pod goes through the webhook's admission on the DRA front end
 allocator does (:func:`hami.dra.fit.allocate_claims`: all unallocated claims of a pod on one node
 in one search, devices in slice order, distinct devices within a request, CEL selectors
 (:mod:`hami.dra.cel`), backtracking into earlier claims; the first placement found wins). A
-selector that fails on a device leaves the pod pending, as kube-scheduler's error does. Among the nodes where every claim fits, the
-node is picked by the default ``NodeResourcesFit`` score (least requested CPU and memory, with
-kube-scheduler's defaults of 100m / 200Mi for a container that requests none); ties, which
-kube-scheduler breaks at random, go to the node that comes first in the input.
+selector that fails on a device leaves the pod pending, as kube-scheduler's error does. Nodes
+given as Node documents are filtered first as kube-scheduler filters them (cordon, taints, node
+affinity: :mod:`hami.sim.nodefit`); one known by its ResourceSlice alone is not. Among the nodes
+where every claim fits, the node is picked by the default ``NodeResourcesFit`` score (least
+requested CPU and memory, with kube-scheduler's defaults of 100m / 200Mi for a container that
+requests none); ties, which kube-scheduler breaks at random, go to the node that comes first in
+the input.
 
 Pods may also name their own claims: ResourceClaim and ResourceClaimTemplate documents in the pods
 file (before the pod) are read as kube-controller-manager and kube-scheduler would (a claim from a
@@ -38,22 +41,27 @@ from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import POD
 from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevices, PodAllocation
-from hami.core.names import DRA_SHARE_CLASS
+from hami.core.names import DRA_SHARE_CLASS, VGPU_NODE
 from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
 
 from .engine import (
+    DEFAULT_SCHEDULER,
     RECREATE,
     Names,
     PodOutcome,
     SimResult,
     SimulationError,
+    bound_node,
     check_document,
     check_pod_resources,
+    finished,
     flatten_objects,
     object_name,
+    pod_ref,
 )
+from .nodefit import NODE_FIELDS, POD_FIELDS, NodeFacts, NodeFitError, filter_nodes, node_facts, pod_asks
 
 DEFAULT_CPU_MILLI = 100  # kube-scheduler's non-zero default request (scoring only)
 DEFAULT_MEMORY = 200 * MIB
@@ -66,6 +74,7 @@ class DraOptions:
     default_cores: int = 0
     min_memory_mib: int = 1
     device_class: str = DRA_SHARE_CLASS  # the webhook's --dra-device-class
+    scheduler_name: str = DEFAULT_SCHEDULER  # the webhook's --scheduler-name
 
     def __post_init__(self) -> None:
         if isinstance(self.default_cores, bool) or not isinstance(self.default_cores, int) or self.default_cores < 0:
@@ -81,6 +90,7 @@ class _Node:
     cpu_milli: int = 0  # allocatable; 0 = unknown
     memory: int = 0
     requested: list[int] = field(default_factory=lambda: [0, 0])
+    filters: NodeFacts | None = None  # its Node's labels, taints, cordon (None: known by its slices alone)
 
     def score(self, pod: tuple[int, int]) -> int:
         parts = []
@@ -170,6 +180,7 @@ def load_nodes(
     warnings: list[str] = []
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
+    filters: dict[str, NodeFacts] = {}
     names = Names(source)
     for label, obj in flatten_objects(node_docs, source):
         kind = obj.get("kind") or "Node"
@@ -186,6 +197,8 @@ def load_nodes(
         elif kind == "Node":
             name = object_name(obj, source, label)
             names.add(name, obj, label)
+            check_document(obj, NODE_FIELDS, source, label)
+            filters[name] = node_facts(obj)
             facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
@@ -205,7 +218,7 @@ def load_nodes(
             continue
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
         s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
-        n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0))))
+        n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0)), filters=filters.get(node)))
         used.append(s)
         for d in fit.devices_of([s]).values():
             if d.key in seen:
@@ -323,7 +336,7 @@ class _State:
         """One pod: admission as the webhook does it, then its claims placed (or why not)."""
         meta = pod.get("metadata") or {}
         out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
-        admitted = self._admit(pod, out)
+        admitted = self._admit(pod, out, source)
         if admitted is None:
             return out, pod
         refs = (admitted.get("spec") or {}).get("resourceClaims") or []
@@ -372,13 +385,19 @@ class _State:
         out.containers = _containers(admitted, claims)
         return out, admitted
 
-    def _admit(self, pod: dict, out: PodOutcome) -> dict | None:
+    def _admit(self, pod: dict, out: PodOutcome, source: str) -> dict | None:
         """The webhook's decision on the DRA front end: the mutated pod (its templates recorded),
         or None with ``out`` saying why (already placed by the extender, or denied)."""
         from hami.webhook.admission import AdmissionSettings, decide
 
         ns = out.namespace
-        existing = allocation_from_pod(pod, self.config.vendors)
+        try:
+            existing = allocation_from_pod(pod, self.config.vendors)
+        except CoreError as exc:  # as the scheduler's cache: warned, counted as holding nothing
+            out.status = "pre-placed"
+            out.node = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE) or bound_node(pod)
+            self.warnings.append(f"{source}: {exc}; the pod is counted as holding nothing, as the scheduler counts it")
+            return None
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
             self.warnings.append(
@@ -387,7 +406,13 @@ class _State:
             )
             return None
         decision = decide(
-            pod, AdmissionSettings(self.config.vendors, front_end="dra", dra_device_class=self.opts.device_class)
+            pod,
+            AdmissionSettings(
+                self.config.vendors,
+                scheduler_name=self.opts.scheduler_name,
+                front_end="dra",
+                dra_device_class=self.opts.device_class,
+            ),
         )
         if not decision.allowed:
             out.status, out.reasons = "denied", {"webhook": decision.message}
@@ -454,7 +479,14 @@ class _State:
             return None, {}
         fits: dict[str, dict[str, list[fit.Pick]]] = {}
         failed = []  # nodes where a selector failed: kube-scheduler's Filter returns an error there
+        # kube-scheduler's node filters (cordon, taints, node affinity) run before the DRA plugin's;
+        # a node known by its ResourceSlice alone is not filtered (its labels and taints are not given)
+        known = [f for f in (self.nodes[n].filters for n in candidates) if f is not None]
+        refused = filter_nodes(pod_asks(pod), known)
         for name in candidates:
+            if name in refused:
+                out.reasons[name] = refused[name]
+                continue
             got = self._try(self.nodes[name], list({id(c): c for c in claims.values() if c.picks is None}.values()))
             if isinstance(got, tuple):
                 out.reasons[name], _ = got
@@ -630,6 +662,22 @@ def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[di
     return out
 
 
+def _settled(pod: Mapping[str, Any]) -> PodOutcome:
+    """A pod in phase Succeeded or Failed (``finished``: it holds nothing) or one being deleted
+    that the file did not give before (``terminating``: its claims, given as ResourceClaims,
+    stay allocated; it is not placed anew)."""
+    meta = pod.get("metadata") or {}
+    return PodOutcome(
+        namespace=meta.get("namespace") or "default",
+        name=meta.get("name") or "",
+        status="finished" if finished(pod) else "terminating",
+        node=None if finished(pod) else bound_node(pod),
+        containers=[
+            {"name": c.get("name") or str(i), "devices": []} for i, (c, _) in enumerate(ordered_containers(pod))
+        ],
+    )
+
+
 def simulate_dra(
     node_docs: Iterable[Any],
     pod_docs: Iterable[Any],
@@ -640,9 +688,11 @@ def simulate_dra(
     nodes, warnings = load_nodes(node_docs, config, opts, sources[0])
     state = _State(nodes, config, opts)
     state.warnings = warnings
-    outcomes: dict[str, PodOutcome] = {}
+    outcomes: dict[str, PodOutcome] = {}  # namespace/name -> outcome
     objects: dict[str, dict] = {}
     live = Names(sources[1])
+    seen: set[str] = set()  # pods given so far (a deletionTimestamp copy of one deletes it)
+    keys: dict[str, str] = {}  # namespace/name -> the key of the pod in the state
     for label, obj in flatten_objects(pod_docs, sources[1]):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
@@ -671,25 +721,34 @@ def simulate_dra(
             )
             continue
         check_document(obj, POD, sources[1], label)
+        check_document(obj, POD_FIELDS, sources[1], label)
         object_name(obj, sources[1], label)
-        key = pod_key(obj)
-        if meta.get("deletionTimestamp"):
+        ref = pod_ref(obj)
+        if meta.get("deletionTimestamp") and ref in seen:  # a pod given earlier is deleted here
             live.remove(pod_name(obj))
-            if state.delete(key) or key in outcomes:
-                if key in outcomes:
-                    outcomes[key].status = "deleted"
-            else:
-                warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
+            state.delete(keys.pop(ref, ""))
+            if ref in outcomes:
+                outcomes[ref].status = "deleted"
             continue
+        seen.add(ref)
         live.add(pod_name(obj), obj, label, RECREATE)
         check_pod_resources(obj, config.vendors, sources[1], label, warnings)
-        state.delete(key)
-        outcomes.pop(key, None)
         try:
-            outcomes[key], admitted = state.place(obj, sources[1])
-        except CoreError as exc:
-            raise SimulationError(f"{sources[1]}: {exc}") from None
-        objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = admitted
+            pod_asks(obj)  # what the API server refuses in its node affinity or tolerations
+        except NodeFitError as exc:
+            raise SimulationError(f"{sources[1]}: {label} (Pod {ref}): {exc}") from None
+        state.delete(keys.pop(ref, ""))
+        outcomes.pop(ref, None)
+        admitted = obj
+        if finished(obj) or meta.get("deletionTimestamp"):  # holds nothing here / is not placed anew
+            outcomes[ref] = _settled(obj)
+        else:
+            try:
+                outcomes[ref], admitted = state.place(obj, sources[1])
+            except CoreError as exc:
+                raise SimulationError(f"{sources[1]}: {exc}") from None
+            keys[ref] = pod_key(admitted)
+        objects[ref] = admitted
     return SimResult(
         pods=list(outcomes.values()),
         devices=state.device_rows(),

@@ -1,31 +1,55 @@
 """The simulation: Kubernetes objects in, placement report out (no I/O here).
 
-Pods go through the same admission defaults (:func:`hami.core.admit_pod`) and the same
-:func:`hami.core.schedule_pod` the extender uses. A pod document with
-``metadata.deletionTimestamp`` deletes that pod; a pod that already carries
-``hami.io/vgpu-node`` and allocation annotations is taken as already placed, one with only
-``spec.nodeName`` is fitted on that node alone; a ResourceQuota
-document sets namespace quota from that point on.
+Pods go through the webhook's admission (:func:`hami.webhook.admission.decide`, whose denials
+are the pod's outcome), the same admission defaults (:func:`hami.core.admit_pod`), the node
+filters kube-scheduler runs before the extender (:mod:`hami.sim.nodefit`) and the same
+:func:`hami.core.schedule_pod` the extender uses.
+
+The pods file is read as the state of a cluster followed by events (:func:`play_order`): a pod
+that already carries ``hami.io/vgpu-node`` and allocation annotations holds them from the start
+(its first document, whatever its place in the file), as does a terminating one
+(``metadata.deletionTimestamp`` on its first document); a pod with only ``spec.nodeName`` is
+fitted on that node alone, before the others; a pod in phase Succeeded or Failed holds nothing.
+Then the documents play in file order: a new pod is scheduled, a copy with
+``metadata.deletionTimestamp`` of a pod given earlier deletes it (by namespace/name), a
+ResourceQuota document sets namespace quota from that point on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from hami.core import (
     CoreError,
     Ledger,
+    PodAllocation,
     SchedulerConfig,
     admit_pod,
     allocation_from_pod,
+    pod_request,
     read_node_devices,
-    pod_key,
     schedule_pod,
 )
+from hami.core.names import VGPU_NODE
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import META, POD, QUOTA, ShapeError, check
+from hami.webhook.admission import AdmissionSettings, decide
+
+from .nodefit import (
+    FILTERED_EFFECTS,
+    NODE_FIELDS,
+    POD_FIELDS,
+    NodeFacts,
+    NodeFitError,
+    PodAsks,
+    filter_nodes,
+    node_facts,
+    pod_asks,
+)
+
+DEFAULT_SCHEDULER = "hami-scheduler"  # the webhook's --scheduler-name default
 
 
 class SimulationError(Exception):
@@ -36,7 +60,8 @@ class SimulationError(Exception):
 class PodOutcome:
     namespace: str
     name: str
-    status: str  # "scheduled" | "pending" | "no-devices" | "pre-placed" | "deleted"
+    #: "scheduled" | "pending" | "no-devices" | "pre-placed" | "terminating" | "finished" | "denied" | "deleted"
+    status: str
     node: str | None = None
     containers: list[dict] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
@@ -207,9 +232,14 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
     return out
 
 
-def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes") -> tuple[Ledger, list[str]]:
+def load_nodes(
+    node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes"
+) -> tuple[Ledger, list[str], dict[str, NodeFacts]]:
+    """The nodes file -> ``(ledger of the usable nodes, warnings, what kube-scheduler's node
+    filters read of each Node)``."""
     ledger = Ledger(config.vendors)
     warnings: list[str] = []
+    facts: dict[str, NodeFacts] = {}
     names = Names(source)
     for label, obj in flatten_objects(node_docs, source):
         if (obj.get("kind") or "Node") != "Node":
@@ -219,6 +249,8 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
             continue
         name = object_name(obj, source, label)
         names.add(name, obj, label)
+        check_document(obj, NODE_FIELDS, source, label)
+        facts[name] = node_facts(obj)
         try:
             nd, dropped = read_node_devices(obj, config.vendors)
         except CoreError as exc:
@@ -239,7 +271,120 @@ def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, source: str = 
     if not ledger.node_names():
         first = f": {warnings[0]}" if warnings else ""
         raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation){first}")
-    return ledger, warnings
+    return ledger, warnings, facts
+
+
+# ---------------------------------------------------------------------- the pods file
+
+
+FINISHED = ("Succeeded", "Failed")  # phases of a pod that holds nothing any more
+
+
+def pod_ref(pod: Mapping[str, Any]) -> str:
+    """``namespace/name``: what names a pod in the file (its ``uid``, when given, keys the ledger)."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in FINISHED
+
+
+def bound_node(pod: Mapping[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or None
+
+
+@dataclass
+class PodDoc:
+    """One Pod document of the pods file, read once (shape, name, what it holds, what it asks)."""
+
+    index: int  # position among the file's objects: the order of the output
+    label: str
+    obj: dict
+    ref: str
+    delete: bool  # metadata.deletionTimestamp on a pod the file gave earlier: it is deleted here
+    first: bool  # the first document of its namespace/name
+    allocation: PodAllocation | None = None  # what its allocation annotations say it holds
+    unreadable: str = ""  # why its allocation annotation cannot be read (it then holds nothing)
+    asks: PodAsks | None = None  # what it asks of a node (kube-scheduler's filters)
+
+    @property
+    def terminating(self) -> bool:
+        return not self.delete and bool((self.obj.get("metadata") or {}).get("deletionTimestamp"))
+
+    @property
+    def held(self) -> bool:
+        """Placed before the file's events: it holds what its annotations say (nothing when they
+        cannot be read and it is bound), or it is terminating."""
+        if finished(self.obj):
+            return False
+        return self.allocation is not None or self.terminating or bool(self.unreadable and bound_node(self.obj))
+
+
+def play_order(docs: Sequence[PodDoc | None]) -> list[int]:
+    """The order the documents are played in (positions into ``docs``; None = not a pod).
+
+    The first document of each pod that was placed before the file's events (it holds an
+    allocation, or it is terminating) comes first, then the first document of each pod bound by
+    ``spec.nodeName`` without one (fitted on its node), then everything else in file order: a
+    dump (``kubectl get pods -A -o yaml``, sorted by name) has each pod once, and a pending pod
+    listed before a running one does not take the running one's GPUs; deletions and later
+    copies of a pod keep their place in the sequence."""
+    held = [i for i, d in enumerate(docs) if d is not None and d.first and d.held]
+    bound = [
+        i
+        for i, d in enumerate(docs)
+        if d is not None and d.first and not d.held and not finished(d.obj) and bound_node(d.obj)
+    ]
+    early = set(held) | set(bound)
+    return held + bound + [i for i in range(len(docs)) if i not in early]
+
+
+def _read_pods(
+    objects: list[tuple[str, dict]], config: SchedulerConfig, source: str, warnings: list[str]
+) -> list[PodDoc | None]:
+    """Check every document of the pods file in file order (what the API server refuses stops
+    the run there; the warnings come in file order); None for the objects that are not pods."""
+    seen: set[str] = set()
+    out: list[PodDoc | None] = []
+    for i, (label, obj) in enumerate(objects):
+        kind = obj.get("kind") or "Pod"
+        if kind == "ResourceQuota":
+            check_document(obj, QUOTA, source, label)
+        elif kind != "Pod":
+            warnings.append(f"{source}: skipping {kind} {(obj.get('metadata') or {}).get('name')}: not a Pod")
+        if kind != "Pod":
+            out.append(None)
+            continue
+        check_document(obj, POD, source, label)
+        check_document(obj, POD_FIELDS, source, label)
+        object_name(obj, source, label)
+        ref = pod_ref(obj)
+        doc = PodDoc(
+            i,
+            label,
+            obj,
+            ref,
+            bool((obj.get("metadata") or {}).get("deletionTimestamp")) and ref in seen,
+            ref not in seen,
+        )
+        seen.add(ref)
+        out.append(doc)
+        if doc.delete:
+            continue
+        check_pod_resources(obj, config.vendors, source, label, warnings)
+        try:
+            doc.asks = pod_asks(obj)
+        except NodeFitError as exc:
+            raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
+        try:
+            doc.allocation = allocation_from_pod(obj, config.vendors)
+        except CoreError as exc:
+            doc.unreadable = str(exc)
+            warnings.append(
+                f"{source}: {label}: {exc}; the pod is counted as holding nothing, as the scheduler counts it"
+            )
+    return out
 
 
 def simulate(
@@ -248,77 +393,217 @@ def simulate(
     config: SchedulerConfig,
     now: float = 0.0,
     sources: tuple[str, str] = ("nodes", "pods"),
+    scheduler_name: str = DEFAULT_SCHEDULER,
 ) -> SimResult:
-    ledger, warnings = load_nodes(node_docs, config, sources[0])
-    outcomes: dict[str, PodOutcome] = {}
-    objects: dict[str, dict] = {}
-    live = Names(sources[1])
-    for label, obj in flatten_objects(pod_docs, sources[1]):
-        kind = obj.get("kind") or "Pod"
+    ledger, warnings, facts = load_nodes(node_docs, config, sources[0])
+    run = _Run(ledger, facts, config, now, sources, warnings, scheduler_name)
+    objects = flatten_objects(pod_docs, sources[1])
+    docs = _read_pods(objects, config, sources[1], warnings)
+    for i in play_order(docs):
+        doc = docs[i]
+        if doc is None:
+            run.other(objects[i][1])
+        elif doc.delete:
+            run.delete(doc)
+        else:
+            run.add(doc)
+    return run.result()
+
+
+class _Run:
+    """One simulation on the extender front end: the ledger and the outcomes so far."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        facts: Mapping[str, NodeFacts],
+        config: SchedulerConfig,
+        now: float,
+        sources: tuple[str, str],
+        warnings: list[str],
+        scheduler_name: str,
+    ) -> None:
+        self.ledger, self.config, self.now, self.sources, self.warnings = ledger, config, now, sources, warnings
+        self.facts = [facts[n] for n in ledger.node_names()]
+        # the nodes a pod asking nothing of labels may still be refused by (cordoned or tainted)
+        self.guarded = [f for f in self.facts if f.unschedulable or any(t.effect in FILTERED_EFFECTS for t in f.taints)]
+        self.admission = AdmissionSettings(config.vendors, scheduler_name=scheduler_name, front_end="extender")
+        self.outcomes: dict[str, tuple[int, PodOutcome]] = {}  # ref -> (document position, outcome)
+        self.keys: dict[str, str] = {}  # ref -> the ledger key of the live pod holding devices
+        self.objects: dict[str, dict] = {}
+        self.live = Names(sources[1])
+
+    def result(self) -> SimResult:
+        pods = [o for _, o in sorted(self.outcomes.values(), key=lambda pair: pair[0])]
+        return SimResult(
+            pods=pods, devices=_devices(self.ledger), warnings=self.warnings, ledger=self.ledger, objects=self.objects
+        )
+
+    # -------------------------------------------------------------- events
+    def other(self, obj: dict) -> None:
+        """A document that is not a pod: a ResourceQuota applies from here on (others were
+        skipped with a warning when the file was read)."""
         meta = obj.get("metadata") or {}
-        if kind == "ResourceQuota":
-            check_document(obj, QUOTA, sources[1], label)
-            try:
-                ledger.set_quota(
-                    meta.get("namespace") or "default",
-                    meta.get("name") or "",
-                    (obj.get("spec") or {}).get("hard") or {},
-                    config.vendors,
-                )
-            except CoreError as exc:
-                raise SimulationError(f"{sources[1]}: {exc}") from None
-            continue
-        if kind != "Pod":
-            warnings.append(f"{sources[1]}: skipping {kind} {meta.get('name')}: not a Pod")
-            continue
-        check_document(obj, POD, sources[1], label)
-        object_name(obj, sources[1], label)
-        key = pod_key(obj)
-        if meta.get("deletionTimestamp"):
-            live.remove(pod_name(obj))
-            ledger.remove_pod(key)
-            if key in outcomes:
-                outcomes[key].status = "deleted"
-            else:
-                warnings.append(f"{sources[1]}: pod {pod_name(obj)} deleted before it was created")
-            continue
-        live.add(pod_name(obj), obj, label, RECREATE)
-        check_pod_resources(obj, config.vendors, sources[1], label, warnings)
-        outcomes.pop(key, None)
-        outcomes[key] = _place(obj, ledger, config, now, sources)
-        objects[f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"] = obj
-    return SimResult(
-        pods=list(outcomes.values()), devices=_devices(ledger), warnings=warnings, ledger=ledger, objects=objects
+        if obj.get("kind") != "ResourceQuota":
+            return
+        try:
+            self.ledger.set_quota(
+                meta.get("namespace") or "default",
+                meta.get("name") or "",
+                (obj.get("spec") or {}).get("hard") or {},
+                self.config.vendors,
+            )
+        except CoreError as exc:
+            raise SimulationError(f"{self.sources[1]}: {exc}") from None
+
+    def delete(self, doc: PodDoc) -> None:
+        """The pod of this namespace/name goes, and its devices with it (whatever its uid)."""
+        self.live.remove(pod_name(doc.obj))
+        key = self.keys.pop(doc.ref, None)
+        if key is not None:
+            self.ledger.remove_pod(key)
+        if doc.ref in self.outcomes:
+            self.outcomes[doc.ref][1].status = "deleted"
+
+    def add(self, doc: PodDoc) -> None:
+        self.live.add(pod_name(doc.obj), doc.obj, doc.label, RECREATE)
+        self.outcomes.pop(doc.ref, None)
+        self.outcomes[doc.ref] = (doc.index, self._place(doc))
+        self.objects[doc.ref] = doc.obj
+
+    # -------------------------------------------------------------- one pod
+    def _place(self, doc: PodDoc) -> PodOutcome:
+        pod = doc.obj
+        meta = pod.get("metadata") or {}
+        out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
+        if finished(pod):  # Succeeded or Failed: holds nothing, is not scheduled again
+            out.status, out.containers = "finished", _containers(pod, {})
+            return out
+        if doc.allocation is not None:
+            self._hold(doc, doc.allocation)
+            out.status, out.node = ("terminating" if doc.terminating else "pre-placed"), doc.allocation.node
+            out.containers = _containers(pod, doc.allocation.devices)
+            return out
+        if doc.terminating or (doc.unreadable and bound_node(pod)):  # placed already: not scheduled anew
+            out.status = "terminating" if doc.terminating else "pre-placed"
+            out.node, out.containers = bound_node(pod), _containers(pod, {})
+            return out
+        try:
+            if bound_node(pod):
+                return self._fit_bound(pod, out)
+            return self._schedule(doc, out)
+        except CoreError as exc:
+            raise SimulationError(f"{self.sources[1]}: {exc}") from None
+
+    def _hold(self, doc: PodDoc, alloc: PodAllocation) -> None:
+        """A pod placed before: counted as its annotations say (as the scheduler counts it), with
+        a warning for what no scheduler could have given (an unknown node or GPU, a GPU over its
+        capacity)."""
+        self.ledger.add_pod(alloc)
+        self.keys[doc.ref] = alloc.key
+        for problem in placement_problems(self.ledger, alloc, self.config.vendors, self.sources[0]):
+            self.warnings.append(f"{self.sources[1]}: {doc.label} ({_describe(doc.obj)}): {problem}")
+
+    def _fit_bound(self, pod: dict, out: PodOutcome) -> PodOutcome:
+        """A pod bound by ``spec.nodeName`` without an allocation: fitted on that node alone."""
+        admitted, _ = admit_pod(pod, self.config.vendors)
+        bound = bound_node(pod)
+        try:
+            result = schedule_pod(admitted, [bound] if bound else None, self.ledger, self.config, self.now)
+        except CoreError as exc:  # the scheduler's Filter fails on the pod (e.g. a bad policy annotation)
+            return _stuck(out, admitted, {"*": str(exc)})
+        if bound and not self.ledger.has_node(bound) and result.needs_devices and result.node is None:
+            return _stuck(out, admitted, {bound: unknown_node(bound, self.sources[0])})
+        return self._outcome(out, admitted, result, {})
+
+    def _schedule(self, doc: PodDoc, out: PodOutcome) -> PodOutcome:
+        """A new pod: the webhook's admission, kube-scheduler's node filters, HAMi's Filter."""
+        pod = doc.obj
+        decision = decide(pod, self.admission)
+        if not decision.allowed:
+            admit_pod(pod, self.config.vendors)  # a request the admission cannot read stops the run
+            out.status, out.reasons = "denied", {"webhook": decision.message}
+            out.containers = _containers(pod, {})
+            return out
+        admitted, _ = admit_pod(pod, self.config.vendors)
+        try:
+            if not pod_request(admitted, self.config.vendors).has_devices:
+                out.status, out.containers = "no-devices", _containers(admitted, {})
+                return out
+        except CoreError as exc:
+            return _stuck(out, admitted, {"*": str(exc)})
+        scheduler = ((decision.pod or pod).get("spec") or {}).get("schedulerName")
+        if scheduler != self.admission.scheduler_name:
+            return _stuck(out, admitted, {"*": other_scheduler(scheduler, self.admission.scheduler_name)})
+        refused = self._filter(doc.asks)
+        candidates = None if not refused else [n for n in self.ledger.node_names() if n not in refused]
+        if candidates == []:
+            return _stuck(out, admitted, refused)
+        try:
+            result = schedule_pod(admitted, candidates, self.ledger, self.config, self.now)
+        except CoreError as exc:  # the scheduler's Filter fails on the pod (e.g. a bad policy annotation)
+            return _stuck(out, admitted, {"*": str(exc)})
+        return self._outcome(out, admitted, result, refused)
+
+    def _filter(self, asks: PodAsks | None) -> dict[str, str]:
+        """kube-scheduler's refusals of the usable nodes (node -> reason) for a pod asking ``asks``."""
+        if asks is None:
+            return {}
+        return filter_nodes(asks, self.facts if asks.anything else self.guarded)
+
+    def _outcome(self, out: PodOutcome, admitted: dict, result: Any, refused: Mapping[str, str]) -> PodOutcome:
+        if not result.needs_devices:
+            out.status, out.containers = "no-devices", _containers(admitted, {})
+        elif result.node is None:
+            _stuck(out, admitted, dict(sorted({**refused, **result.reasons()}.items())))
+        else:
+            out.status, out.node = "scheduled", result.node
+            out.containers = _containers(admitted, result.allocation.devices)
+            self.keys[pod_ref(admitted)] = result.allocation.key
+        return out
+
+
+def _stuck(out: PodOutcome, pod: Mapping[str, Any], reasons: dict[str, str]) -> PodOutcome:
+    """``out`` as a pending pod with ``reasons`` (node, or ``*`` for every node -> why)."""
+    out.status, out.reasons, out.containers = "pending", reasons, _containers(pod, {})
+    return out
+
+
+def other_scheduler(name: Any, ours: str) -> str:
+    """The reason of a device pod for another scheduler (the webhook leaves it alone)."""
+    return (
+        f"spec.schedulerName is {name!r}: the webhook leaves the pod alone and HAMi's scheduler ({ours}) "
+        "does not place it (its own scheduler does, unseen by HAMi's accounting)"
     )
 
 
-def _place(pod: dict, ledger: Ledger, config: SchedulerConfig, now: float, sources: tuple[str, str]) -> PodOutcome:
-    source = sources[1]
-    meta = pod.get("metadata") or {}
-    out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
-    try:
-        existing = allocation_from_pod(pod, config.vendors)
-        if existing is not None:
-            ledger.add_pod(existing)
-            out.status, out.node = "pre-placed", existing.node
-            out.containers = _containers(pod, existing.devices)
-            return out
-        admitted, _ = admit_pod(pod, config.vendors)
-        bound = (pod.get("spec") or {}).get("nodeName")  # already bound: only that node is a candidate
-        result = schedule_pod(admitted, [bound] if bound else None, ledger, config, now)
-    except CoreError as exc:
-        raise SimulationError(f"{source}: {exc}") from None
-    if not result.needs_devices:
-        out.status = "no-devices"
-        out.containers = _containers(admitted, {})
-    elif result.node is None:
-        out.reasons = result.reasons()
-        if bound and bound not in ledger.node_names():
-            out.reasons = {bound: unknown_node(bound, sources[0])}
-        out.containers = _containers(admitted, {})
-    else:
-        out.status, out.node = "scheduled", result.node
-        out.containers = _containers(admitted, result.allocation.devices)
+def placement_problems(ledger: Ledger, alloc: PodAllocation, vendors: Iterable[Any], nodes_source: str) -> list[str]:
+    """What no scheduler could have given, in an allocation read from a pod's annotations (the
+    ledger already counting it): a node that is not a usable node, a GPU its node does not
+    register, a GPU now over its slots, memory or cores."""
+    if not ledger.has_node(alloc.node):
+        return [
+            f"{VGPU_NODE} is {alloc.node}, which is not a usable node of {nodes_source}: its grants count "
+            "against its namespace's quota only, as the scheduler counts them"
+        ]
+    ids = {d.id for d in ledger.node(alloc.node).devices}
+    out = [
+        f"its grant names {uuid}, which node {alloc.node} does not register: that grant counts against no GPU"
+        for uuid in sorted({u.uuid for u in alloc.usage} - ids)
+    ]
+    masks = {v.name for v in vendors if getattr(v, "cores_are_masks", False)}
+    mine = {u.uuid for u in alloc.usage}
+    for d, used, usedmem, usedcores in ledger.device_usage(alloc.node):
+        if d.id not in mine:
+            continue
+        over = [f"slots {used}/{d.count}"] if used > d.count else []
+        over += [f"memory {usedmem}/{d.devmem} MiB"] if usedmem > d.devmem else []
+        over += [f"cores {usedcores}/{d.devcore}"] if usedcores > d.devcore and d.vendor not in masks else []
+        if over:
+            out.append(
+                f"{d.id} on node {alloc.node} is over its capacity with this pod ({', '.join(over)}); "
+                "the scheduler counts the grant as written"
+            )
     return out
 
 

@@ -52,6 +52,7 @@ def to_table(result: SimResult) -> str:
     # columns as wide as their longest value (cloud node names run to 40 characters and more)
     node_w = max([14] + [len(d["node"]) for d in result.devices] + [len(p.node or "") for p in result.pods])
     pod_w = max([34] + [len(p.namespace) + 1 + len(p.name) for p in result.pods])
+    status_w = max([10] + [len(p.status) for p in result.pods])  # "terminating" is 11
     lines: list[str] = []
     lines.append("DEVICES")
     lines.append(f"  {'NODE':<{node_w}} {'IDX':>3} {'TYPE':<24} {'TASKS':>6}  {'MEMORY':<28} {'CORES':<22} NOTE")
@@ -65,13 +66,13 @@ def to_table(result: SimResult) -> str:
         )
     lines.append("")
     lines.append("PODS")
-    lines.append(f"  {'POD':<{pod_w}} {'STATUS':<10} {'NODE':<{node_w}} DEVICES")
+    lines.append(f"  {'POD':<{pod_w}} {'STATUS':<{status_w}} {'NODE':<{node_w}} DEVICES")
     for p in result.pods:
         devs = "; ".join(
             f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"]) for c in p.containers if c["devices"]
         )
         lines.append(
-            f"  {p.namespace + '/' + p.name:<{pod_w}} {p.status:<10} {p.node or '-':<{node_w}} {devs}".rstrip()
+            f"  {p.namespace + '/' + p.name:<{pod_w}} {p.status:<{status_w}} {p.node or '-':<{node_w}} {devs}".rstrip()
         )
     lines.append("")
     lines.extend(_summary(result))
