@@ -1417,3 +1417,49 @@ def test_the_install_notes_warn_when_writes_rbac_cannot_narrow_are_unguarded(hel
     ui = notes("scheduler.ui.enabled=true")
     assert "NOTE: the web UI is served by the scheduler process" in ui and "kubeScheduler.separatePod=true" in ui
     assert "NOTE: the web UI" not in notes("scheduler.ui.enabled=true", "scheduler.kubeScheduler.separatePod=true")
+    # no kube-scheduler of the chart: how to give the cluster's own the extender
+    external = notes("scheduler.kubeScheduler.enabled=false")
+    assert "scheduler.kubeScheduler.enabled is false" in external and "hami-scheduler-extender-client" in external
+    assert "scheduler.kubeScheduler.enabled is false" not in quiet
+
+
+def test_the_monitor_service_type_changes_on_upgrade_as_kubernetes_allows(helm, kube_cluster):
+    """Kubernetes never changes a Service's clusterIP between None (headless) and an address: an
+    upgrade NodePort -> ClusterIP rendered a headless Service and failed, leaving the release
+    failed. Read back with lookup (--dry-run=server): a Service with an address keeps it as
+    ClusterIP; a headless one asked to become NodePort fails the render saying what to do."""
+    ns = "hami-monitor-svc"
+    kube_cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": ns}}, expect=(201, 409))
+
+    def render(*sets: str):
+        args = [a for s in sets for a in ("--set", s)]
+        return helm(
+            "template",
+            "hami",
+            str(CHART),
+            "-n",
+            ns,
+            "--dry-run=server",
+            "--kube-version",
+            KUBE_VERSION,
+            *args,
+            "--show-only",
+            "templates/monitor/service.yaml",
+            check=False,
+        )
+
+    def post(spec: dict) -> None:
+        kube_cluster.api("DELETE", f"/api/v1/namespaces/{ns}/services/hami-device-plugin-monitor", expect=(200, 404))
+        body = {"metadata": {"name": "hami-device-plugin-monitor"}, "spec": {"ports": [{"port": 9394}], **spec}}
+        kube_cluster.api("POST", f"/api/v1/namespaces/{ns}/services", body, expect=(201,))
+
+    fresh = yaml.safe_load(render("devicePlugin.service.type=ClusterIP").stdout)
+    assert fresh["spec"]["clusterIP"] == "None"  # a new Service: headless
+    post({"type": "NodePort"})  # installed with the default NodePort
+    kept = yaml.safe_load(render("devicePlugin.service.type=ClusterIP").stdout)
+    assert kept["spec"]["type"] == "ClusterIP" and "clusterIP" not in kept["spec"]
+    post({"type": "ClusterIP", "clusterIP": "None"})
+    refused = render()  # back to the default NodePort
+    assert refused.returncode != 0
+    assert f"Service {ns}/hami-device-plugin-monitor is headless" in refused.stderr
+    assert f"kubectl -n {ns} delete service hami-device-plugin-monitor" in refused.stderr

@@ -106,7 +106,7 @@ def test_the_dra_agent_pod_has_no_monitor(helm_bin):
     [
         ("dra.monitor.enabled=false",),
         ("dra.monitor.enabled=false", "prometheus.enabled=true", "scheduler.ui.enabled=true"),
-        ("dra.enabled=false",),
+        ("dra.enabled=false", "frontEnd=extender"),  # (frontEnd=dra without the driver is refused)
     ],
 )
 def test_no_dra_monitor_objects_when_the_monitor_is_off(helm_bin, sets):

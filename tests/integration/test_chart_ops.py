@@ -272,8 +272,17 @@ def test_a_webhook_service_name_over_63_characters_is_refused_naming_it(helm_bin
     result = _template(helm_bin, f"fullnameOverride={long}", check=False)
     assert result.returncode != 0
     assert f'"{long}-scheduler-webhook" is 69 characters' in result.stderr and "fullnameOverride" in result.stderr
-    # with customURL there is no such Service, and nothing to refuse
-    _template(helm_bin, f"fullnameOverride={long}", "scheduler.admissionWebhook.customURL.enabled=true")
+    # with customURL there is no such Service; the monitor's (-device-plugin-monitor) is refused the same way
+    result = _template(
+        helm_bin, f"fullnameOverride={long}", "scheduler.admissionWebhook.customURL.enabled=true", check=False
+    )
+    assert result.returncode != 0 and f'"{long}-device-plugin-monitor" is 73 characters' in result.stderr
+    _template(
+        helm_bin,
+        f"fullnameOverride={long}",
+        "scheduler.admissionWebhook.customURL.enabled=true",
+        "devicePlugin.enabled=false",
+    )
 
 
 @pytest.mark.parametrize("timeout,bind", [(None, "28s"), ("45", "43s")])

@@ -126,5 +126,15 @@ def test_prometheus_url_comes_from_values(helm_bin):  # noqa: F811
 
 @pytest.mark.parametrize("bad", ["http://p:9090/?query=up", "ftp://p/", "http://user:pw@p:9090"])
 def test_a_bad_prometheus_url_fails_the_render(helm_bin, bad):  # noqa: F811
-    result = helm_bin("template", "hami", str(CHART), *UI, "--set", f"scheduler.ui.prometheusURL={bad}", check=False)
+    result = helm_bin(
+        "template",
+        "hami",
+        str(CHART),
+        "--kube-version",
+        "1.33.0",
+        *UI,
+        "--set",
+        f"scheduler.ui.prometheusURL={bad}",
+        check=False,
+    )
     assert result.returncode != 0 and "scheduler.ui.prometheusURL" in result.stderr

@@ -92,7 +92,9 @@ image pull secrets and the runtime's default seccomp filter. Indent with nindent
 */}}
 {{- define "hami.gpuNodePod" -}}
 {{- $dp := .Values.devicePlugin -}}
-priorityClassName: system-node-critical
+{{- with .Values.global.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 hostPID: {{ $dp.hostPID }}
 {{- include "hami.imagePullSecrets" . }}
 {{- with $dp.runtimeClassName }}
@@ -208,10 +210,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: kube-scheduler
 {{- end -}}
 
-{{/* Whether kube-scheduler calls the extender over https (loopbackPort 0, or from a pod of its
-own): then with mTLS. */}}
+{{/* (hami-py) Whether the kube-scheduler the extender serves runs outside its pod: its own
+Deployment (separatePod), or none of the chart's (kubeScheduler.enabled false: the cluster's own
+scheduler, configured with the rendered ConfigMap's extender entry). The extender then campaigns
+for a Lease of its own and is called through its Service with mTLS. */}}
+{{- define "hami.extender.remote" -}}
+{{- if or (not .Values.scheduler.kubeScheduler.enabled) .Values.scheduler.kubeScheduler.separatePod -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether kube-scheduler calls the extender over https (loopbackPort 0, or from outside the
+pod): then with mTLS. */}}
 {{- define "hami.extender.mtls" -}}
-{{- if or (not (int .Values.scheduler.extender.loopbackPort)) (include "hami.kubeScheduler.separate" .) -}}true{{- end -}}
+{{- if or (not (int .Values.scheduler.extender.loopbackPort)) (include "hami.extender.remote" .) -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -258,6 +268,12 @@ signed by it). Not used with cert-manager (an Issuer makes them there).
 {{- $fe := .Values.frontEnd | default "extender" -}}
 {{- if not (has $fe (list "extender" "dra")) -}}
 {{- fail (printf "frontEnd: expected extender or dra, got %q" $fe) -}}
+{{- end -}}
+{{- if and (eq $fe "dra") (not .Values.dra.enabled) -}}
+{{- fail "frontEnd: dra turns GPU pods into claims of the DeviceClass gpu.hami.io, which dra.enabled makes (with the node agent): set dra.enabled=true" -}}
+{{- end -}}
+{{- if and .Values.dra.enabled (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "dra.enabled: the DRA driver needs resource.k8s.io/v1 (Kubernetes 1.34 or later; docs/dra.md), this cluster is %s" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- $fe -}}
 {{- end -}}
@@ -309,7 +325,9 @@ runtime's default seccomp filter. Indent with nindent 6 under spec:.
 */}}
 {{- define "hami.draNodePod" -}}
 {{- $d := .Values.dra -}}
-priorityClassName: system-node-critical
+{{- with .Values.global.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- include "hami.imagePullSecrets" . }}
 {{- with $d.nodeSelector }}
 nodeSelector:
@@ -409,4 +427,13 @@ monitor through hami.ui.monitorHostPort, else "" (no live usage) */}}
 {{- fail (printf "scheduler.ui.prometheusURL: expected http(s)://host[:port][/path] with no query, fragment or user name, got %q" $url) -}}
 {{- end -}}
 {{- $url -}}
+{{- end -}}
+
+{{/* (hami-py) A Service's name, refused at render when over the 63 characters of a DNS label (the
+API server would refuse the Service, and the release would be left failed). */}}
+{{- define "hami.serviceName" -}}
+{{- if gt (len .) 63 -}}
+{{- fail (printf "the Service name %q is %d characters, over Kubernetes' 63: shorten the release name or set fullnameOverride" . (len .)) -}}
+{{- end -}}
+{{- . -}}
 {{- end -}}
