@@ -105,3 +105,11 @@ def test_the_priority_class_and_the_monitors_node_port_may_be_left_to_the_cluste
     default = template()
     (port,) = default[("Service", "x-hami-device-plugin-monitor")]["spec"]["ports"]
     assert port["nodePort"] == 31992  # HAMi's
+
+
+def test_a_release_upgraded_with_reused_values_keeps_its_priority_class():
+    """--reuse-values takes the old release's values, which have no global.priorityClassName:
+    the pods kept the class they always had (null deletes the key, as reusing old values does)."""
+    docs = template(*sets("global.priorityClassName=null"))
+    pods = [d["spec"]["template"]["spec"] for d in docs.values() if d["kind"] in ("Deployment", "DaemonSet")]
+    assert pods and {p.get("priorityClassName") for p in pods} == {"system-node-critical"}

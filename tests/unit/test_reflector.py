@@ -294,3 +294,34 @@ async def test_an_optional_resource_whose_watch_is_refused_is_listed_again_and_f
     h = _Quiet()
     r = await _run_against(handler, h, lambda r: r.absent is not None, seconds=5.0, optional="claims")
     assert r.absent == 404 and h.replaced == [(["c1"], "5"), ([], None)], h.replaced
+
+
+async def test_a_watch_that_worked_then_expired_relists_at_once_whatever_failed_before():
+    """Refused watches (an API server restarting) raised the backoff to seconds; the watch that
+    then delivered events and expired waited that backoff before relisting (5 s of a stale cache
+    right after a restart). A watch that delivered events counts as healthy however it ends."""
+    import time
+
+    watches, lists = [], []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            lists.append(time.monotonic())
+            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
+        watches.append(1)
+        if len(watches) <= 4:
+            return web.Response(status=503, text="starting")
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        event = {"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}
+        await resp.write(json.dumps(event).encode() + b"\n")
+        expired = {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
+        await resp.write(json.dumps(expired).encode() + b"\n")
+        watches.append(time.monotonic())  # when it expired
+        await asyncio.sleep(30)
+        return resp
+
+    h = _Quiet()
+    await _run_against(handler, h, lambda r: len(lists) >= 2, seconds=20.0)
+    expired_at = next(w for w in watches if isinstance(w, float))
+    assert len(lists) >= 2 and lists[1] - expired_at < 1.0, (lists, expired_at)

@@ -139,16 +139,28 @@ def test_a_running_pod_listed_after_a_pending_one_keeps_its_gpu(tmp_path, capsys
     assert held(data) == {"GPU-solo-0": (1, 10000, 0)}
 
 
-def test_a_bound_pod_is_fitted_before_the_new_pods_after_the_placed_ones(tmp_path, capsys):
+def test_a_pod_bound_by_node_name_alone_keeps_its_place_after_the_placed_ones(tmp_path, capsys):
+    """The placed pod first; the nodeName-only pod in file order, so a quota given before it
+    applies to it (it was hoisted past the quota: placed where the webhook would refuse it)."""
     new = pod_doc("a-new", GPU)
     bound = pod_doc("b-bound", GPU)
     bound["spec"]["nodeName"] = "solo"
     running = placed("c-running", "solo", "GPU-solo-0", mem=6000)
     pods, data, _ = run(tmp_path, capsys, [node("solo")], [new, bound, running])
     assert pods["c-running"]["status"] == "pre-placed"
-    assert (pods["b-bound"]["status"], pods["b-bound"]["node"]) == ("scheduled", "solo")
-    assert pods["a-new"]["reasons"] == {"solo": "1/1 CardInsufficientMemory"}
+    assert (pods["a-new"]["status"], pods["a-new"]["node"]) == ("scheduled", "solo")
+    assert pods["b-bound"]["status"] == "pending" and pods["b-bound"]["reasons"] == {
+        "solo": "1/1 CardInsufficientMemory"
+    }
     assert held(data) == {"GPU-solo-0": (2, 16000, 0)}
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "q", "namespace": "default"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "1000"}},
+    }
+    pods, _, _ = run(tmp_path, capsys, [node("solo")], [quota, bound])
+    assert pods["b-bound"]["status"] == "pending" and "ResourceQuotaNotFit" in str(pods["b-bound"]["reasons"])
 
 
 def test_events_after_the_dump_still_play_in_file_order(tmp_path, capsys):

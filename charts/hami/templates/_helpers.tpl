@@ -92,9 +92,7 @@ image pull secrets and the runtime's default seccomp filter. Indent with nindent
 */}}
 {{- define "hami.gpuNodePod" -}}
 {{- $dp := .Values.devicePlugin -}}
-{{- with .Values.global.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
+{{- include "hami.priorityClass" . }}
 hostPID: {{ $dp.hostPID }}
 {{- include "hami.imagePullSecrets" . }}
 {{- with $dp.runtimeClassName }}
@@ -325,9 +323,7 @@ runtime's default seccomp filter. Indent with nindent 6 under spec:.
 */}}
 {{- define "hami.draNodePod" -}}
 {{- $d := .Values.dra -}}
-{{- with .Values.global.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
+{{- include "hami.priorityClass" . }}
 {{- include "hami.imagePullSecrets" . }}
 {{- with $d.nodeSelector }}
 nodeSelector:
@@ -436,4 +432,13 @@ API server would refuse the Service, and the release would be left failed). */}}
 {{- fail (printf "the Service name %q is %d characters, over Kubernetes' 63: shorten the release name or set fullnameOverride" . (len .)) -}}
 {{- end -}}
 {{- . -}}
+{{- end -}}
+
+{{/* (hami-py) every pod's priorityClassName line (global.priorityClassName; "" for none). A release
+upgraded with --reuse-values from a chart without the key has no value at all: then the class it
+always had, not none. Indent as the pod spec's fields. */}}
+{{- define "hami.priorityClass" -}}
+{{- $pc := "system-node-critical" -}}
+{{- if hasKey (.Values.global | default dict) "priorityClassName" -}}{{- $pc = .Values.global.priorityClassName -}}{{- end -}}
+{{- with $pc -}}priorityClassName: {{ . }}{{- end -}}
 {{- end -}}

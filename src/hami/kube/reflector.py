@@ -101,7 +101,7 @@ class Reflector:
         self.synced = asyncio.Event()
         self.resource_version: str | None = resume_from
         self.relists = 0  # how many times the list ran (1 + one per expiry/error)
-        self.events = 0  # events (bookmarks included) the watches delivered
+        self.events = 0  # events (bookmarks included) the watches delivered and the handler took
 
     def _query(self, **extra: Any) -> list[tuple[str, Any]]:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
@@ -163,12 +163,12 @@ class Reflector:
                         raise Expired(f"{self.name}: {obj.get('message')}")
                     raise KubeError("WATCH", self.path, obj.get("code") or 0, json.dumps(obj))
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                self.events += 1
                 if kind != "BOOKMARK":
                     try:
                         self.handler.apply(kind, obj)
                     except Exception as exc:  # noqa: BLE001 - see HandlerFailed
                         raise HandlerFailed(f"{self.name}: handler failed on a {kind} event: {exc!r}") from exc
+                self.events += 1  # (one its handler took: a failing one does not make the watch healthy)
                 self.resource_version = rv
         finally:
             resp.release()
@@ -179,20 +179,24 @@ class Reflector:
         5 s, with jitter) before the next request: an expired version (relist), a failed or
         refused watch (resumed from the last version delivered), a handler that raised (relist:
         the event it failed on is never skipped over), a watch ended at once with no event. A
-        watch that delivered an event, or lasted :data:`SHORT_WATCH_S`, resets it."""
+        watch that delivered an event, or lasted :data:`SHORT_WATCH_S`, resets it, however it
+        ended; one that delivered events and then expired relists at once."""
         backoff = 0.2
         rv = self.resource_version
         while True:
+            started, seen = time.monotonic(), self.events
             try:
                 if rv is None:
                     rv = await self.list()
-                started, seen = time.monotonic(), self.events
+                    started = time.monotonic()
                 rv = await self.watch(rv)
                 if self.events > seen or time.monotonic() - started >= SHORT_WATCH_S:
                     backoff = 0.2
                     continue
                 log.debug("watch %s ended at once with no event; again in %.1fs", self.name, backoff)
             except Expired as exc:
+                if self.events > seen:  # a working watch that expired: relist at once
+                    backoff = 0.0
                 log.info("watch %s expired (%s); relisting in %.1fs", self.name, exc, backoff)
                 rv = None
             except Absent as exc:
@@ -228,5 +232,9 @@ class Reflector:
             except Exception:  # noqa: BLE001 - a bug here must not freeze the cache silently
                 log.exception("watch %s failed; relisting in %.1fs", self.name, backoff)
                 rv = None
-            await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-            backoff = min(backoff * 2, 5.0)
+            if backoff:
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+            if self.events > seen:  # it delivered events before failing: it was healthy
+                backoff = 0.2
+            else:
+                backoff = min(max(backoff, 0.1) * 2, 5.0)

@@ -8,9 +8,9 @@ filters kube-scheduler runs before the extender (:mod:`hami.sim.nodefit`) and th
 The pods file is read as the state of a cluster followed by events (:func:`play_order`): a pod
 that already carries ``hami.io/vgpu-node`` and allocation annotations holds them from the start
 (its first document, whatever its place in the file), as does a terminating one
-(``metadata.deletionTimestamp`` on its first document); a pod with only ``spec.nodeName`` is
-fitted on that node alone, before the others; a pod in phase Succeeded or Failed holds nothing.
-Then the documents play in file order: a new pod is scheduled, a copy with
+(``metadata.deletionTimestamp`` on its first document); a pod in phase Succeeded or Failed
+holds nothing. Then the documents play in file order: a new pod is scheduled (one with only
+``spec.nodeName`` is fitted on that node alone), a copy with
 ``metadata.deletionTimestamp`` of a pod given earlier deletes it (by namespace/name), a
 ResourceQuota document sets namespace quota from that point on.
 """
@@ -325,19 +325,15 @@ def play_order(docs: Sequence[PodDoc | None]) -> list[int]:
     """The order the documents are played in (positions into ``docs``; None = not a pod).
 
     The first document of each pod that was placed before the file's events (it holds an
-    allocation, or it is terminating) comes first, then the first document of each pod bound by
-    ``spec.nodeName`` without one (fitted on its node), then everything else in file order: a
-    dump (``kubectl get pods -A -o yaml``, sorted by name) has each pod once, and a pending pod
-    listed before a running one does not take the running one's GPUs; deletions and later
-    copies of a pod keep their place in the sequence."""
+    allocation, or it is terminating) comes first, then everything else in file order: a dump
+    (``kubectl get pods -A -o yaml``, sorted by name) has each pod once, and a pending pod listed
+    before a running one does not take the running one's GPUs; deletions and later copies of a
+    pod keep their place in the sequence. A pod bound by ``spec.nodeName`` alone (no allocation:
+    the live scheduler counts it as holding nothing) keeps its place too, so a ResourceQuota
+    the file gives before it applies to it."""
     held = [i for i, d in enumerate(docs) if d is not None and d.first and d.held]
-    bound = [
-        i
-        for i, d in enumerate(docs)
-        if d is not None and d.first and not d.held and not finished(d.obj) and bound_node(d.obj)
-    ]
-    early = set(held) | set(bound)
-    return held + bound + [i for i in range(len(docs)) if i not in early]
+    early = set(held)
+    return held + [i for i in range(len(docs)) if i not in early]
 
 
 def _read_pods(
