@@ -55,10 +55,10 @@ async def test_filter_reserves_refilter_releases_and_reasons():
     c = await ext.filter(args(seen(svc, pod("c", mem=600)), ["n1", "n2", "ghost"]))
     assert c["NodeNames"] == [] and c["Error"] == ""
     assert c["FailedNodes"] == {
-        "ghost": "node unregistered",
         "n1": "1/1 CardInsufficientMemory",
         "n2": "1/1 CardInsufficientMemory",
     }
+    assert c["FailedAndUnresolvableNodes"] == {"ghost": "node unregistered"}  # no eviction registers it
     typed = pod("t", mem=10)
     typed["metadata"]["annotations"] = {"nvidia.com/use-gputype": "H100"}
     t = await ext.filter(args(seen(svc, typed), ["n1", "n2"]))

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fit import fit_pod, make_context
+from .fit import FitContext, NodeView, fit_pod, make_context
 from .ledger import Ledger
-from .reasons import NodeFailure
+from .reasons import NodeFailure, Reason
 from .requests import admit_pod, pod_request
 from .schedule import SchedulerConfig, filter_pod, pod_policies
 from .types import DeviceInfo, PodRequest
@@ -27,24 +27,34 @@ def _why_devices(failure: NodeFailure) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DeviceVerdict:
-    """One device of a node, its usage and why it cannot serve the pod ("ok" when it can)."""
+    """One device of a node, its usage and why it cannot serve the pod ("ok" when it can).
+
+    The usage is the node's as the failing container saw it: ``pod_slots``, ``pod_mem`` and
+    ``pod_cores`` are the part of ``slots``, ``mem`` and ``cores`` that this pod's earlier
+    containers took on the device (0 for the pod's first container)."""
 
     device: DeviceInfo
     slots: int
     mem: int
     cores: int
     reason: str
+    pod_slots: int = 0
+    pod_mem: int = 0
+    pod_cores: int = 0
 
 
 @dataclass(frozen=True)
 class NodeVerdict:
-    """One node's answer for a pending pod: ``reason`` is HAMi's string ("" when it fits)."""
+    """One node's answer for a pending pod: ``reason`` is HAMi's string ("" when it fits);
+    ``detail`` says in plain words what a bare code leaves out (``NodeInsufficientDevice``: how
+    many devices the node has of those asked)."""
 
     node: str
     fits: bool
     reason: str = ""
     container: int = -1  # the failing container (annotation order); -1 = node-level
     devices: tuple[DeviceVerdict, ...] = ()
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,14 +87,37 @@ def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors:
     )
     verdicts = []
     for name in ledger.node_names():
-        res = fit_pod(ledger.view(name), ctx)
-        if not isinstance(res, NodeFailure):
+        seen: list[NodeView] = []
+        res = fit_pod(ledger.view(name), ctx, seen)
+        if isinstance(res, NodeFailure):
+            verdicts.append(_refused(name, res, ledger, ctx, seen[0] if seen else None))
+        else:
             verdicts.append(NodeVerdict(name, True))
-            continue
-        why = _why_devices(res)
-        devices = tuple(
-            DeviceVerdict(d, slots, mem, cores, why.get(d.id, "ok"))
-            for d, slots, mem, cores in ledger.device_usage(name)
-        )
-        verdicts.append(NodeVerdict(name, False, res.render(), res.container, devices))
     return PendingVerdict(req, result.node, tuple(verdicts))
+
+
+def _refused(name: str, failure: NodeFailure, ledger: Ledger, ctx: FitContext, seen: NodeView | None) -> NodeVerdict:
+    """Node ``name``'s verdict for ``failure``: each device's reason, and its usage as the
+    failing container saw it (``seen``). A device the failing request never considered (another
+    vendor's, or one its vendor does not serve) says so instead of "ok"; under a bare
+    ``NodeInsufficientDevice`` each device considered says how many there are of those asked."""
+    why = _why_devices(failure)
+    plan = ctx.plans.get((failure.container, failure.vendor))
+    fallback, detail = "ok", ""
+    if failure.bare and failure.codes() == (Reason.NODE_INSUFFICIENT_DEVICE,):
+        asked = failure.counts[0][1]
+        detail = f"the node has {failure.total} of the {asked} {failure.vendor} devices the container asks for"
+        fallback = f"considered, but too few: {failure.total} of the {asked} asked (NodeInsufficientDevice)"
+    at = {d.id: i for i, d in enumerate(seen.devices)} if seen is not None else {}
+    devices = []
+    for d, slots, mem, cores in ledger.device_usage(name):
+        if plan is not None and (d.vendor != failure.vendor or not plan.vendor.serves(d, plan.req)):
+            reason = f"not considered ({d.vendor})"
+        else:
+            reason = why.get(d.id, fallback)
+        own = (0, 0, 0)
+        i = at.get(d.id)
+        if seen is not None and i is not None:
+            own = (seen.used[i] - slots, seen.usedmem[i] - mem, seen.usedcores[i] - cores)
+        devices.append(DeviceVerdict(d, slots + own[0], mem + own[1], cores + own[2], reason, *own))
+    return NodeVerdict(name, False, failure.render(), failure.container, tuple(devices), detail)

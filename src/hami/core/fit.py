@@ -18,8 +18,10 @@ split: :func:`make_context` plans each container once per pod; the phases only r
    whatever its usage (health, cordon, the vendor's type / UUID / mode filter);
 2. :func:`rank` - the order they are tried in (GPU policy, score, NUMA, index);
 3. :func:`walk` - devices taken in that order while the request is not met, with the reason
-   each device is passed over (NUMA binding restarts the walk on a new NUMA node);
-4. :func:`choose` - the devices granted, or the node's failure.
+   each device is passed over (NUMA binding restarts the walk on a new NUMA node; a collecting
+   walk keeps each NUMA node's devices apart instead);
+4. :func:`choose` - the devices granted, or the node's failure (each device counted under one
+   reason, so the counts add up to the devices considered).
 
 :func:`fit_container` is their composition.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from itertools import combinations
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .reasons import NodeFailure, Reason, ReasonCounter
 from .score import DevicePolicy, Weights, device_score, device_sort_key
@@ -175,6 +177,12 @@ class Walk:
     chosen: list[tuple[int, int]]  # (device position, MiB) taken, in order; a position repeats when the vendor allows
     reasons: ReasonCounter  # the reason for each device passed over
     met: bool = False  # the request was met on the way (first fit: nothing left to choose)
+    #: collecting under NUMA binding: what was taken on each NUMA node walked before the last,
+    #: in walk order (``chosen`` holds the last one's); the choice is made within one of them
+    groups: list[list[tuple[int, int]]] = field(default_factory=list)
+    #: positions already counted in ``reasons``: a device that took some of the request and then
+    #: refused one more pick (a full MIG GPU) counts once, under the reason it refused it for
+    counted: set[int] = field(default_factory=set)
 
 
 def fit_container(
@@ -242,9 +250,13 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     """Phase 3: take devices in ``ranked`` order until the request is met (or, when the plan
     collects, every device that fits), with the reason for each device passed over: its
     :func:`static_reason`, or the vendor's ``capacity_check`` / ``custom_filter`` on its usage.
-    A device the vendor ``repeats`` is taken again while it fits (not when collecting). Under
-    NUMA binding, a device on another NUMA node than the one before drops what was taken so far
-    (each dropped device counts ``NumaNotFit``) and the walk goes on from there."""
+    A device the vendor ``repeats`` is taken again while it fits (collecting: up to ``nums``
+    times, as many as one choice can use). Each device counts under one reason: one that took
+    some of the request and refused one more pick counts under that refusal. Under NUMA
+    binding, a device on another NUMA node than the one before drops what was taken so far
+    (each dropped device counts ``NumaNotFit``) and the walk goes on from there; a collecting
+    walk sets it aside instead (:attr:`Walk.groups`) for :func:`choose`, which chooses within
+    any NUMA node with enough devices."""
     req, vendor, sel, collect, quota, mutex = (
         plan.req,
         plan.vendor,
@@ -256,6 +268,8 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     devices = view.devices
     reasons = ReasonCounter(total=len(cands))
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
+    groups: list[list[tuple[int, int]]] = []  # collecting under NUMA binding: the earlier NUMA nodes' picks
+    counted: set[int] = set()  # devices taken and then refused one more pick (already counted)
     prev_numa: int | None = None
     for i in ranked:
         d = devices[i]
@@ -266,8 +280,11 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
             reasons.add(bad, d.id)
             continue
         if sel.numa_bind and prev_numa is not None and d.numa != prev_numa:
-            for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
-                reasons.add(Reason.NUMA_NOT_FIT, devices[j].id)
+            if collect:
+                if chosen:
+                    groups.append(chosen)
+            else:
+                _count(reasons, view, (chosen,), Reason.NUMA_NOT_FIT, counted)
             chosen = []
         prev_numa = d.numa
         mem = cands[i]
@@ -293,15 +310,17 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
             if bad is None:
                 bad = vendor.custom_filter(d, req, mem, held, n)
             if bad is not None:
+                if n:
+                    counted.add(i)
                 reasons.add(bad, d.id)
                 break
             chosen.append((i, mem))
             if len(chosen) == req.nums and not collect:
-                return Walk(chosen, reasons, True)
-            if collect or not vendor.repeats(d, sel):
+                return Walk(chosen, reasons, True, groups, counted)
+            if not vendor.repeats(d, sel) or collect and n + 1 >= req.nums:
                 break
             n += 1
-    return Walk(chosen, reasons)
+    return Walk(chosen, reasons, False, groups, counted)
 
 
 def choose(
@@ -309,25 +328,60 @@ def choose(
 ) -> tuple[ContainerDevice, ...] | NodeFailure:
     """Phase 4: the devices granted, or the node's failure. A first-fit walk that met the request
     is granted as is; a collecting walk is chosen from by the vendor (``choose``) or by the
-    topology-aware policy; a walk that fell short adds ``AllocatedCardsInsufficientRequest`` for
-    each device it had taken."""
-    req, vendor, chosen, reasons = plan.req, plan.vendor, done.chosen, done.reasons
+    topology-aware policy, within the NUMA nodes that gave ``nums`` devices or more under NUMA
+    binding (the others' devices count ``NumaNotFit``); a walk that fell short counts
+    ``NumaNotFit`` for the devices of the NUMA nodes it left and
+    ``AllocatedCardsInsufficientRequest`` for those of the last one. A device already counted
+    (:attr:`Walk.counted`) is not counted again."""
+    req, vendor, reasons, counted = plan.req, plan.vendor, done.reasons, done.counted
     if done.met:
-        return _granted(view, vendor, req, chosen)
-    if len(chosen) >= req.nums and (vendor.chooses or plan.policy.topology_aware):
-        if vendor.chooses:
-            got = _vendor_choice(view, plan, chosen, picks)
-        else:
-            best = _best_topology(view, plan, chosen, picks)
-            got = Reason.RESOURCE_QUOTA_NOT_FIT if best is None else best
-        if not isinstance(got, Reason):
-            return _granted(view, vendor, req, got)
-        for j, _ in chosen:
-            reasons.add(got, view.devices[j].id)
-        return reasons.failure(plan.ci, req.vendor)
-    for j in dict.fromkeys(j for j, _ in chosen):  # each device once (MIG GPUs may repeat)
-        reasons.add(Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, view.devices[j].id)
+        return _granted(view, vendor, req, done.chosen)
+    groups = [*done.groups, done.chosen]
+    if vendor.chooses or plan.policy.topology_aware:
+        enough = [g for g in groups if len(g) >= req.nums]
+        if enough:
+            got = _choice(view, plan, enough, picks)
+            if not isinstance(got, Reason):
+                return _granted(view, vendor, req, got)
+            _count(reasons, view, [g for g in groups if len(g) < req.nums], Reason.NUMA_NOT_FIT, counted)
+            _count(reasons, view, enough, got, counted)
+            return reasons.failure(plan.ci, req.vendor)
+    _count(reasons, view, groups[:-1], Reason.NUMA_NOT_FIT, counted)
+    _count(reasons, view, groups[-1:], Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST, counted)
     return reasons.failure(plan.ci, req.vendor)
+
+
+def _count(
+    reasons: ReasonCounter,
+    view: NodeView,
+    groups: Sequence[Sequence[tuple[int, int]]],
+    why: Reason,
+    counted: set[int],
+) -> None:
+    """Count ``why`` once for each device taken in ``groups`` (a MIG GPU may have been taken
+    several times) that is not counted yet."""
+    for j in dict.fromkeys(j for g in groups for j, _ in g):
+        if j not in counted:
+            reasons.add(why, view.devices[j].id)
+
+
+def _choice(
+    view: NodeView, plan: ContainerPlan, enough: Sequence[list[tuple[int, int]]], picks: list[Pick]
+) -> list[tuple[int, int]] | Reason:
+    """A collecting walk's choice among ``enough``, the groups (NUMA nodes, under NUMA binding;
+    else the one) with ``nums`` fitting devices or more: the vendor's (``choose``), in the first
+    group where it finds one; else the topology-aware policy's over all of them (it keeps a
+    NUMA-bound choice within one NUMA node)."""
+    if plan.vendor.chooses:
+        got: list[tuple[int, int]] | Reason = Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST
+        for group in enough:
+            got = _vendor_choice(view, plan, group, picks)
+            if not isinstance(got, Reason):
+                break
+        return got
+    pool = enough[0] if len(enough) == 1 else [x for g in enough for x in g]
+    best = _best_topology(view, plan, pool, picks)
+    return Reason.RESOURCE_QUOTA_NOT_FIT if best is None else best
 
 
 def _granted(
@@ -356,7 +410,7 @@ def _vendor_choice(
     req = plan.req
     mem_of = dict(cands)
     prior = [p[2] for p in picks if p[1] == req.vendor]
-    got = plan.vendor.choose(view.devices, req, [j for j, _ in cands], prior)
+    got = plan.vendor.choose(view.devices, req, list(mem_of), prior)  # each device once
     if isinstance(got, Reason):
         return got
     if len(got) != req.nums or len(set(got)) != req.nums or any(j not in mem_of for j in got):
@@ -400,15 +454,22 @@ def _best_topology(
             key=lambda k: (sum(_pair(view, cands[k][0], o[0]) for o in cands if o[0] != cands[k][0]), k),
         )
         return next(([cands[k]] for k in order if quota_ok([cands[k]])), None)
-    if math.comb(len(cands), req.nums) > TOPOLOGY_EXHAUSTIVE:
+    if _choices(cands, req.nums) > TOPOLOGY_EXHAUSTIVE:
         return _topology_greedy(plan, view, cands, quota_ok)
+    # the link scores among the candidates, read once (a node without link scores: all 0, the
+    # first combination that may be taken wins)
+    where = list(dict.fromkeys(j for j, _ in cands))
+    links = {(a, b): _pair(view, a, b) for a in where for b in where if a != b} if view.pair_scores else {}
+    numa = {j: view.devices[j].numa for j in where} if plan.sel.numa_bind else None
     best, best_score = None, -1
-    for combo in combinations(cands, req.nums):
-        if plan.sel.numa_bind and len({view.devices[j].numa for j, _ in combo}) > 1:
+    for combo in _combinations(cands, req.nums):
+        if numa is not None and len({numa[j] for j, _ in combo}) > 1:
             continue
-        score = sum(_pair(view, a[0], b[0]) for a, b in combinations(combo, 2))
+        score = sum(links.get((a[0], b[0]), 0) for a, b in combinations(combo, 2)) if links else 0
         if score > best_score and quota_ok(combo):
             best, best_score = list(combo), score
+            if not links:
+                break
     return best
 
 
@@ -416,6 +477,39 @@ def _best_topology(
 #: 16-GPU node); past it, a greedy choice (a node writes its own device list, and C(40, 10) is
 #: 850 million: the Filter would hold the scheduler's loop for minutes)
 TOPOLOGY_EXHAUSTIVE = 20_000
+
+
+def _choices(cands: Sequence[tuple[int, int]], nums: int) -> int:
+    """How many choices :func:`_combinations` yields at most."""
+    distinct = len(set(j for j, _ in cands))
+    if distinct == len(cands):
+        return math.comb(len(cands), nums)
+    return min(math.comb(len(cands), nums), math.comb(distinct + nums - 1, nums))
+
+
+def _combinations(cands: Sequence[tuple[int, int]], nums: int) -> Iterator[tuple[tuple[int, int], ...]]:
+    """Every choice of ``nums`` of ``cands``, in the order of ``itertools.combinations``; a device
+    that appears several times (a MIG GPU offered once per pick it can take) is taken at most
+    that many times, and each choice is yielded once (6 MIG GPUs offered 4 times each make
+    C(24, 4) = 10,626 combinations but 126 choices)."""
+    positions = list(dict.fromkeys(j for j, _ in cands))
+    if len(positions) == len(cands):
+        yield from combinations(cands, nums)
+        return
+    mem = dict(cands)
+    room = [sum(1 for j, _ in cands if j == p) for p in positions]
+
+    def pick(k: int, left: int, acc: tuple[tuple[int, int], ...]) -> Iterator[tuple[tuple[int, int], ...]]:
+        if left == 0:
+            yield acc
+            return
+        if k == len(positions) or sum(room[k:]) < left:
+            return
+        j = positions[k]
+        for take in range(min(room[k], left), -1, -1):  # the earlier-ranked device as often as it can first
+            yield from pick(k + 1, left - take, acc + ((j, mem[j]),) * take)
+
+    yield from pick(0, nums, ())
 
 
 def _topology_greedy(
@@ -496,11 +590,13 @@ def _apply(view: NodeView, devices: Sequence[ContainerDevice], index_of: Mapping
             view.hold(i, cd.slice)
 
 
-def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
+def fit_pod(view: NodeView, ctx: FitContext, seen: list[NodeView] | None = None) -> NodeFit | NodeFailure:
     """Fit every container of the pod on one node, phase by phase. ``view`` is not modified.
 
     Classic init containers are each fitted on a copy holding the sidecars declared before them;
     sidecars and regular containers accumulate on one copy (they run together).
+    ``seen``: on a failure, the node as the failing container saw it (the pod's earlier
+    containers' picks applied) is appended to it (``hami explain`` shows that usage).
     """
     containers = ctx.pod.containers
     vendors = ctx.pod.vendors()
@@ -514,6 +610,8 @@ def fit_pod(view: NodeView, ctx: FitContext) -> NodeFit | NodeFailure:
         for req in c.requests:
             res = fit_container(target, ci, req, ctx, picks)
             if isinstance(res, NodeFailure):
+                if seen is not None:
+                    seen.append(target)
                 return res
             got[req.vendor] = res
             _apply(target, res, index_of)

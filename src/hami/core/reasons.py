@@ -38,6 +38,8 @@ class Reason(str, Enum):
     CARD_APP_CLASS_MISMATCH = "CardAppClassMismatch"
     # node-level, not from a device walk
     NODE_UNREGISTERED = "node unregistered"
+    #: the scheduler's ``--node-label-selector`` leaves the node out (HAMi says "node unregistered")
+    NODE_LABEL_SELECTOR_MISMATCH = "NodeLabelSelectorMismatch"
 
     def __str__(self) -> str:  # pragma: no cover - trivial
         return self.value
@@ -93,6 +95,8 @@ class ReasonCounter:
 
 
 UNREGISTERED = NodeFailure(total=0, counts=((Reason.NODE_UNREGISTERED, 1),), bare=True)
+#: a node the scheduler's ``--node-label-selector`` leaves out (no eviction brings it in)
+NOT_SELECTED = NodeFailure(total=0, counts=((Reason.NODE_LABEL_SELECTOR_MISMATCH, 1),), bare=True, final=True)
 
 
 def parse_reason(text: str) -> dict[str, tuple[int, int]]:

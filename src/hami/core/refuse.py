@@ -77,7 +77,7 @@ largest free memory among the other 5 at 6000 MiB: ``5/8 CardInsufficientMemory,
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import AbstractSet, Any, Callable, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from .fit import FitContext
 from .ledger import NodeSummary, RefusalClass
@@ -396,40 +396,51 @@ def refusal(
 
 class MemoryCeilings:
     """Marks refusals no eviction can cure because of memory: a container asking ``memreq`` MiB
-    per device of a vendor on a node where every device of that vendor (healthy or not, used or
-    not) has less memory in all (``devmem``) than that. Read from the node's device list, never
-    from its usage.
+    per device of a vendor on a node where every device of that vendor the container could use
+    (healthy, and passing its type, UUID and mode selection: the walk's static checks, used or
+    not) has less memory in all (``devmem``) than that, or where there is no such device. Read
+    from the node's device list, never from its usage. A cordoned GPU still counts (the cordon
+    is an annotation an operator lifts, and the device lists' generation does not follow it).
 
     Kept across Filters while the ledger's device lists stay the same
-    (:meth:`~hami.core.ledger.Ledger.device_generation`): each node's largest ``devmem`` per
-    vendor, and for each ``(vendor, memreq)`` asked the set of nodes under that ceiling, so a
-    pending pod's retries mark thousands of refusals with set operations instead of a Python
-    step per node. Any change of a device list (a node added, removed or registering other
-    devices) drops both."""
+    (:meth:`~hami.core.ledger.Ledger.device_generation`): each node's largest usable ``devmem``
+    per request shape, and for each ``(vendor, memreq, shape)`` asked the set of nodes under
+    that ceiling, so a pending pod's retries mark thousands of refusals with set operations
+    instead of a Python step per node. Any change of a device list (a node added, removed or
+    registering other devices, a GPU's health) drops both."""
 
     __slots__ = ("_top", "_below", "_generation")
 
-    #: ``(vendor, memreq)`` sets kept at most (pending pods ask few distinct sizes)
+    #: ``(vendor, memreq, shape)`` sets kept at most (pending pods ask few distinct sizes)
     MAX_SIZES = 256
 
     def __init__(self) -> None:
-        self._top: dict[str, tuple[Any, dict[str, int]]] = {}
-        self._below: dict[tuple[str, int], frozenset[str]] = {}
+        # node -> (its NodeDevices, usable-device key -> {vendor: largest usable devmem, -1: none})
+        self._top: dict[str, tuple[Any, dict[Hashable, dict[str, int]]]] = {}
+        self._below: dict[tuple[str, int, Hashable], frozenset[str]] = {}
         self._generation: int | None = None
 
-    def _largest(self, nd: Any) -> dict[str, int]:
+    def _largest(self, nd: Any, key: Hashable, usable: Callable[[DeviceInfo], bool]) -> dict[str, int]:
         got = self._top.get(nd.name)
         if got is None or got[0] is not nd:
-            top: dict[str, int] = {}
+            got = self._top[nd.name] = (nd, {})
+        top = got[1].get(key)
+        if top is None:
+            top = {}
             for d in nd.devices:
-                if d.devmem > top.get(d.vendor, -1):
-                    top[d.vendor] = d.devmem
-            got = self._top[nd.name] = (nd, top)
-        return got[1]
+                mem = d.devmem if usable(d) else -1
+                if mem > top.get(d.vendor, -2):
+                    top[d.vendor] = mem
+            got[1][key] = top
+        return top
 
-    def below(self, ledger: Any, vendor: str, memreq: int) -> frozenset[str]:
+    def below(
+        self, ledger: Any, vendor: str, memreq: int, usable: tuple[Hashable, Callable[[DeviceInfo], bool]] | None = None
+    ) -> frozenset[str]:
         """The ledger's nodes with devices of ``vendor``, each of them under ``memreq`` MiB in
-        all (kept while the ledger's device lists stay the same)."""
+        all (kept while the ledger's device lists stay the same). ``usable``: ``(key, test)``,
+        only the devices ``test`` accepts count (``key`` names the test; a node whose devices of
+        ``vendor`` it all refuses is under any ceiling); None: every device."""
         generation = ledger.device_generation()
         if generation != self._generation:
             self._below.clear()
@@ -437,14 +448,17 @@ class MemoryCeilings:
             for gone in [n for n in self._top if n not in names]:  # nodes removed: forgotten
                 del self._top[gone]
             self._generation = generation
-        key = (vendor, memreq)
-        got = self._below.get(key)
+        key, test = usable if usable is not None else (None, _every)
+        want = (vendor, memreq, key)
+        got = self._below.get(want)
         if got is None:
             if len(self._below) >= self.MAX_SIZES:
                 self._below.clear()
+                for _, tops in self._top.values():
+                    tops.clear()
             largest, node = self._largest, ledger.node
-            got = self._below[key] = frozenset(
-                n for n in ledger.node_set() if largest(node(n)).get(vendor, memreq) < memreq
+            got = self._below[want] = frozenset(
+                n for n in ledger.node_set() if largest(node(n), key, test).get(vendor, memreq) < memreq
             )
         return got
 
@@ -452,19 +466,19 @@ class MemoryCeilings:
         self, failed: Mapping[str, NodeFailure], pod: Any, ledger: Any, vendors: Iterable[Any]
     ) -> Mapping[str, NodeFailure]:
         """``failed`` with the refusals of the nodes that cannot hold the failing container's
-        memory on any device set ``final``; ``failed`` itself when none changes (never mutated).
-        Only for the ``vendors`` that check each device's memory with the generic capacity rules
-        (``summary_prefilter``): another may count memory its own way."""
-        checked = {v.name for v in vendors if getattr(v, "summary_prefilter", False)}
+        memory on any device it could use set ``final``; ``failed`` itself when none changes
+        (never mutated). Only for the ``vendors`` that check each device's memory with the
+        generic capacity rules (``summary_prefilter``): another may count memory its own way."""
+        checked = {v.name: v for v in vendors if getattr(v, "summary_prefilter", False)}
         asks = {
-            (ci, r.vendor): r.memreq
+            (ci, r.vendor): r
             for ci, c in enumerate(pod.containers)
             for r in c.requests
             if r.memreq > 0 and r.vendor in checked
         }
         out: dict[str, NodeFailure] | None = None
-        for (ci, vendor), need in asks.items():
-            low = self.below(ledger, vendor, need)
+        for (ci, vendor), req in asks.items():
+            low = self.below(ledger, vendor, req.memreq, _usable(checked[vendor], req, pod.annotations))
             if not low:
                 continue
             hits = list(low.intersection(failed.keys()))
@@ -486,3 +500,42 @@ class MemoryCeilings:
             else:
                 out.update(zip(hits, new))  # type: ignore[arg-type]  # no None among them
         return failed if out is None else out
+
+
+def _every(device: DeviceInfo) -> bool:
+    return True
+
+
+def _usable(vendor: Any, req: Any, annotations: Mapping[str, str]) -> tuple[Hashable, Callable[[DeviceInfo], bool]]:
+    """``(key, test)`` for :meth:`MemoryCeilings.below`: the devices ``req`` could ever use, as the
+    walk's static checks see them (:func:`hami.core.fit.static_reason` less the cordon: healthy,
+    served, passing the vendor's ``device_filter`` for the pod's selection). A selection that
+    names no UUIDs answers per model and mode (as :meth:`SummaryRefusal.static` reads it), once
+    each. A selection that cannot be hashed: the health check alone (a ceiling over more devices
+    marks fewer nodes)."""
+    sel = vendor.selection(annotations)
+    try:
+        key: Hashable = (vendor.name, req, sel)
+        hash(key)
+    except TypeError:
+        return (vendor.name, "healthy"), _healthy
+    name = vendor.name
+    by_kind: dict[tuple[str, str], bool] | None = (
+        None if getattr(sel, "use_uuids", None) or getattr(sel, "nouse_uuids", None) else {}
+    )
+
+    def test(d: DeviceInfo) -> bool:
+        if not d.health or d.vendor != name:
+            return False
+        if by_kind is None:
+            return vendor.serves(d, req) and vendor.device_filter(d, req, sel) is None
+        got = by_kind.get((d.type, d.mode))
+        if got is None:
+            got = by_kind[(d.type, d.mode)] = vendor.serves(d, req) and vendor.device_filter(d, req, sel) is None
+        return got
+
+    return key, test
+
+
+def _healthy(device: DeviceInfo) -> bool:
+    return bool(device.health)

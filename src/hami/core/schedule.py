@@ -23,7 +23,7 @@ from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 from .fit import FitContext, NodeFit, fit_pod, make_context
 from .ledger import NODE_ANNOTATION, Ledger, NodeSummary, make_allocation, pod_key
 from .names import VGPU_TIME
-from .reasons import UNREGISTERED, NodeFailure
+from .reasons import NOT_SELECTED, UNREGISTERED, NodeFailure
 from .refuse import SummaryRefusal, refusal
 from .requests import pod_request
 from .score import (
@@ -223,9 +223,14 @@ def filter_pod(
     now: float,
     busy: Mapping[str, int] | None = None,
     exact: bool = False,
+    outside: AbstractSet[str] = frozenset(),
 ) -> FilterResult:
     """Choose a node and devices for ``pod``; does not modify the ledger (its verdict memo
     aside). Raises RequestError.
+
+    ``outside``: nodes the scheduler's node selector (``--node-label-selector``) leaves out; a
+    candidate among them that the ledger does not hold is refused ``NodeLabelSelectorMismatch``
+    (any other candidate the ledger lacks: ``node unregistered``).
 
     ``busy``: nodes to choose only when no other candidate fits (the scheduler passes the nodes
     whose node lock an unfinished bind holds or is about to take: a pod placed there would wait
@@ -249,7 +254,9 @@ def filter_pod(
         request_in_scores=config.request_in_scores,
     )
     wanted = None if candidate_nodes is None else set(candidate_nodes)
-    failed: dict[str, NodeFailure] = {} if wanted is None else dict.fromkeys(ledger.unknown(wanted), UNREGISTERED)
+    failed: dict[str, NodeFailure] = {}
+    if wanted is not None:
+        failed = {n: NOT_SELECTED if n in outside else UNREGISTERED for n in ledger.unknown(wanted)}
     memo = None if exact else ledger.verdicts
     key = signature(ctx) if memo is not None else None
     entry = memo.entry(key, config) if memo is not None and key is not None else None
@@ -350,7 +357,7 @@ def _by_name(failed: dict[str, NodeFailure], ledger: Ledger) -> dict[str, NodeFa
         return failed
     if 8 * len(failed) >= len(names):
         keep = [n for n in names if n in failed]
-        if len(keep) == len(failed):  # else some are not ledger nodes (UNREGISTERED)
+        if len(keep) == len(failed):  # else some are not ledger nodes (UNREGISTERED, NOT_SELECTED)
             return dict(zip(keep, map(failed.__getitem__, keep)))
     keys.sort()
     return dict(zip(keys, map(failed.__getitem__, keys)))
@@ -544,6 +551,7 @@ def schedule_pod(
     now: float,
     busy: Mapping[str, int] | None = None,
     exact: bool = False,
+    outside: AbstractSet[str] = frozenset(),
 ) -> FilterResult:
     """Filter + reserve: drop this pod's previous reservation, choose, reserve the decision.
 
@@ -552,7 +560,7 @@ def schedule_pod(
     """
     previous = ledger.remove_pod(pod_key(pod))
     try:
-        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy, exact)
+        result = filter_pod(pod, candidate_nodes, ledger, config, now, busy, exact, outside)
     except Exception:
         if previous is not None:
             ledger.add_pod(previous)

@@ -51,9 +51,19 @@ from .state import VGPU_NODE, ClusterState
 
 log = logging.getLogger(__name__)
 
-#: codes no eviction can cure on their own; a refusal's ``final`` flag (too few devices of the
-#: vendor, or none with the memory asked) says the same for the others
-UNRESOLVABLE = frozenset({Reason.CARD_TYPE_MISMATCH, Reason.CARD_UUID_MISMATCH})
+#: codes no eviction can cure on their own (the GPU's model, UUID, health or cordon; a node
+#: without a registration, or one the node selector leaves out); a refusal's ``final`` flag (too
+#: few devices of the vendor, or none it could use with the memory asked) says the same for the others
+UNRESOLVABLE = frozenset(
+    {
+        Reason.CARD_TYPE_MISMATCH,
+        Reason.CARD_UUID_MISMATCH,
+        Reason.CARD_NOT_HEALTH,
+        Reason.CARD_CORDONED,
+        Reason.NODE_UNREGISTERED,
+        Reason.NODE_LABEL_SELECTOR_MISMATCH,
+    }
+)
 
 
 class NotPending(Exception):
@@ -128,9 +138,11 @@ def render_failures(failed: Mapping[str, NodeFailure]) -> Rows:
 
 
 def failed_maps(failed: Mapping[str, NodeFailure], rows: Rows | None = None) -> tuple[dict[str, str], dict[str, str]]:
-    """``(FailedNodes, FailedAndUnresolvableNodes)``: type/UUID mismatches, too few devices and
-    too little memory on every device (a ``final`` refusal) cannot be resolved by preemption, so
-    kube-scheduler should not try. ``rows``: ``render_failures(failed)`` when at hand."""
+    """``(FailedNodes, FailedAndUnresolvableNodes)``: a node whose every refusal code is in
+    :data:`UNRESOLVABLE` (type/UUID mismatches, unhealthy or cordoned GPUs, no registration, left
+    out by the node selector), too few devices and too little memory on every device the pod
+    could use (a ``final`` refusal) cannot be resolved by preemption, so kube-scheduler should
+    not try. ``rows``: ``render_failures(failed)`` when at hand."""
     resolvable: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     for text, _, hopeless, nodes in render_failures(failed) if rows is None else rows:
@@ -271,7 +283,7 @@ class Extender:
         uid, rv = pod["metadata"]["uid"], pod["metadata"].get("resourceVersion")
         digest = candidates_digest(names or [])
         if rv is not None:
-            again = self.retries.get(uid, (rv, self.state.ledger.generation(), *digest))
+            again = self.retries.get(uid, self._answer_version(rv, digest))
             if again is not None:
                 self.stats["filter_retry_answered"] += 1
                 return self._unschedulable(pod, *again)
@@ -293,7 +305,7 @@ class Extender:
             rows = render_failures(refusals)
             lines = failure_summary(refusals, rows) or ["no candidate node"]
             if rv is not None:  # the ledger as this answer read it (nothing awaited since)
-                self.retries.put(uid, (rv, self.state.ledger.generation(), *digest), rows, lines)
+                self.retries.put(uid, self._answer_version(rv, digest), rows, lines)
             return self._unschedulable(pod, rows, lines)
         self.retries.forget(uid)
         rows = render_failures(refusals)
@@ -314,6 +326,11 @@ class Extender:
             "FailedAndUnresolvableNodes": unresolvable,
             "Error": "",
         }
+
+    def _answer_version(self, rv: Any, digest: tuple[int, int]) -> tuple[Any, ...]:
+        """What an unschedulable answer read (:mod:`hami.scheduler.retries`): the pod's version,
+        the ledger's, the node selector's (the nodes it leaves out) and the candidates'."""
+        return (rv, self.state.ledger.generation(), self.state.unselected_generation, *digest)
 
     def _unschedulable(self, pod: Mapping[str, Any], rows: Rows, lines: Sequence[str]) -> dict:
         """The answer for a pod that fits nowhere: each node's refusal, those no preemption
@@ -340,7 +357,15 @@ class Extender:
             busy = {
                 n: c for n, c in self.busy_nodes().items() if c >= self.queue_depth and not self._lockless(n, wanted)
             }
-            result = schedule_pod(pod, names, self.state.ledger, self.state.config, self.clock(), busy=busy)
+            result = schedule_pod(
+                pod,
+                names,
+                self.state.ledger,
+                self.state.config,
+                self.clock(),
+                busy=busy,
+                outside=self.state.unselected,
+            )
             left = deadline - time.monotonic()
             if result.node is None or result.node not in busy or left <= 0:
                 return result

@@ -4,9 +4,11 @@ kube-scheduler keeps a pod that fits nowhere and sends it to ``/filter`` again a
 cluster event and at least every five minutes. When nothing the answer reads has changed since
 the last one, the answer is the same: the ledger (:meth:`hami.core.ledger.Ledger.generation`
 moves on every change of a node's devices, health or usage, of a reservation, a quota or a
-claim), the pod as the API server has it (its UID and resourceVersion: a pod edited, or deleted
-and created again, is a new question), and the candidate nodes kube-scheduler sent (their count
-and a digest of the list; kube-scheduler sends the same list while its own view is unchanged).
+claim), the nodes the scheduler's ``--node-label-selector`` leaves out (a node that leaves or
+joins it changes their refusal), the pod as the API server has it (its UID and resourceVersion:
+a pod edited, or deleted and created again, is a new question), and the candidate nodes
+kube-scheduler sent (their count and a digest of the list; kube-scheduler sends the same list
+while its own view is unchanged).
 The configuration and the vendors are fixed for the process's life.
 
 What is kept per pod is the grouped refusal (:data:`hami.scheduler.extender.Rows`: one text per
@@ -24,7 +26,7 @@ from typing import Any, Sequence
 
 @dataclass(frozen=True)
 class _Entry:
-    version: tuple[Any, ...]  # (pod resourceVersion, ledger generation, candidate count, candidates' digest)
+    version: tuple[Any, ...]  # (pod resourceVersion, ledger and selector generations, candidate count, digest)
     rows: list  # render_failures' rows
     lines: tuple[str, ...]  # the FilteringFailed event lines
     size: int  # node entries in rows

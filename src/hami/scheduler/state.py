@@ -128,6 +128,10 @@ class ClusterState:
         self.clock = clock
         self.ledger = Ledger(config.vendors)
         self.nodes: dict[str, dict] = {}  # name -> Node (all nodes, selector applied in the ledger)
+        # the nodes ``node_selector`` leaves out (Filter refuses them NodeLabelSelectorMismatch,
+        # not "node unregistered"), and a counter moved on each change of that set
+        self.unselected: set[str] = set()
+        self.unselected_generation = 0
         self.pods: dict[str, dict] = {}  # "ns/name" -> Pod (ours or carrying an allocation)
         # deleted pod UIDs, oldest first (bounded; a plain dict: its order is insertion's, and no
         # value is kept: the delete's resourceVersion was stored here and never read)
@@ -189,6 +193,7 @@ class ClusterState:
                 return  # an earlier node of that name: the one cached was made since
             _remember(self._deleted_nodes, meta.get("uid"))
             self.nodes.pop(name, None)
+            self._select(name, True)
             self._fingerprints.pop(name, None)
             self.registration_errors.pop(name, None)
             self.locked_nodes.discard(name)
@@ -206,7 +211,9 @@ class ClusterState:
     def _refresh_node(self, name: str, node: dict, force: bool = False) -> None:
         now = self.clock()
         try:
-            if not selector_matches(node, self.node_selector):
+            selected = selector_matches(node, self.node_selector)
+            self._select(name, selected)
+            if not selected:
                 self._fingerprints.pop(name, None)
                 self.registration_errors.pop(name, None)
                 self.ledger.remove_node(name)
@@ -242,6 +249,16 @@ class ClusterState:
             self.ledger.set_node(devices)
         else:
             self.ledger.remove_node(name)
+
+    def _select(self, name: str, selected: bool) -> None:
+        """Record whether the node selector takes node ``name`` (a deleted node: True)."""
+        if selected == (name not in self.unselected):
+            return
+        if selected:
+            self.unselected.discard(name)
+        else:
+            self.unselected.add(name)
+        self.unselected_generation += 1
 
     def recheck_nodes(self) -> None:
         """Re-evaluate time-dependent node health (handshake expiry)."""
