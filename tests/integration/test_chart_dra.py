@@ -85,7 +85,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]},
     ]
     assert rules(docs, "hami-dra") == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],

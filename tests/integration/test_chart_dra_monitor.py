@@ -75,7 +75,7 @@ def test_the_dra_monitor_may_only_list_pods_and_the_agent_no_longer_may(helm_bin
     agent = docs[("ClusterRole", AGENT)]["rules"]
     assert not [r for r in agent if "pods" in r["resources"]]
     assert agent == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],

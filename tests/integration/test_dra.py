@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from hami.core import admit_pod
+from hami.core.quantity import parse_quantity
 from hami.node.nvml import PhysicalGPU
 from hami_devkit.binaries import KUBE_VERSION
 from hami_devkit.cluster import KubeCluster, MissingBinaries
@@ -148,6 +149,12 @@ def qty(text: str) -> int:
     return parse_int_quantity(text, "q")
 
 
+def whole_cores(text: str) -> int:
+    """Consumed cores as the driver counts them: the whole part (a share that asked for no cores
+    consumes a thousandth, "1m", docs/dra.md)."""
+    return int(parse_quantity(text, "cores"))
+
+
 async def test_published_slice_is_accepted_and_its_generation_follows_the_devices(cluster, kube):
     node = "dra-slice"
     cluster.create_node(node)
@@ -209,12 +216,12 @@ async def test_kube_scheduler_shares_gpus_without_going_over_capacity(cluster, k
                 )
                 [r] = claim["status"]["allocation"]["devices"]["results"]
                 assert r["pool"] == node, f"{name}: bound to {node}, claim allocated on {r['pool']}"
-                mem, cores = wanted[name]
+                mem, want_cores = wanted[name]
                 assert qty(r["consumedCapacity"]["memory"]) == mem * MIB
-                assert qty(r["consumedCapacity"]["cores"]) == cores
+                assert whole_cores(r["consumedCapacity"]["cores"]) == want_cores
                 u = used[(node, r["device"])]
                 u[0] += mem
-                u[1] += cores
+                u[1] += want_cores
                 u[2] += qty(r["consumedCapacity"]["shares"])
             pending = [n for n, p in pods.items() if not p["spec"].get("nodeName")]
             for n in pending:  # nothing pending could still fit somewhere: the scheduler is done
@@ -383,10 +390,11 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
             env={"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "PATH": "/usr/bin:/bin"},
         )
         assert out.returncode == 0, out.stderr
-        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT}" in out.stdout, out.stdout
+        # (a claim that names no cores consumes a thousandth: docs/dra.md, "A share that asks for no cores")
+        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT}" in out.stdout, out.stdout
         assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
         assert (
-            f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short"
+            f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT} -> memory 100 MiB short"
             in out.stdout
         ), out.stdout
         # `hami explain` (the extender's explainer) gives the same DRA lines, not an extender verdict
@@ -400,7 +408,7 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
         assert ex.returncode == 0, ex.stderr
         assert "It uses DRA ResourceClaims" in ex.stdout and "fits on none" not in ex.stdout, ex.stdout
         assert (
-            f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0/100, shares 1/{SPLIT} -> memory 100 MiB short"
+            f"    {node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT} -> memory 100 MiB short"
             in ex.stdout
         ), ex.stdout
     finally:
@@ -485,7 +493,7 @@ def test_webhook_front_end_dra_turns_a_hami_pod_into_a_claim_that_kube_scheduler
         assert pod["spec"]["nodeName"] == node
         [claim] = cluster.api("GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
         [r] = claim["status"]["allocation"]["devices"]["results"]
-        assert qty(r["consumedCapacity"]["memory"]) == 3000 * MIB and qty(r["consumedCapacity"]["cores"]) == 25
+        assert qty(r["consumedCapacity"]["memory"]) == 3000 * MIB and whole_cores(r["consumedCapacity"]["cores"]) == 25
         # what the DRA front end cannot express is refused with the reason, not silently changed
         bad = hami_pod("pct", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50})
         from hami_devkit.errors import ApiError
@@ -757,7 +765,7 @@ async def test_hami_simulate_front_end_dra_places_claims_where_kube_scheduler_do
             [r] = results
             [d] = s.containers[0]["devices"]
             assert (s.status, d["device"]) == ("scheduled", f"{node}/{r['device']}"), (name, r, d)
-            assert (qty(r["consumedCapacity"]["memory"]) // MIB, qty(r["consumedCapacity"]["cores"])) == (
+            assert (qty(r["consumedCapacity"]["memory"]) // MIB, whole_cores(r["consumedCapacity"]["cores"])) == (
                 d["usedmem"],
                 d["usedcores"],
             ), name
@@ -1662,7 +1670,7 @@ def _consumed(results: list[dict]) -> list[tuple]:
                 r["pool"],
                 r["device"],
                 qty(c["memory"]) if "memory" in c else None,
-                qty(c["cores"]) if "cores" in c else None,
+                parse_quantity(c["cores"], "cores") if "cores" in c else None,
             )
         )
     return sorted(out)

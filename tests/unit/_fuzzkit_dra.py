@@ -173,6 +173,23 @@ def claims(draw, uid: str | None = None) -> dict:
 # ------------------------------------------------------------------------------- the oracle
 
 
+def _cores(raw: Any) -> int | None:
+    """Consumed cores as the driver reads them: a whole amount as :func:`_quantity` reads it, or
+    the whole part of a fraction (a share that asked for no cores consumed ``1m``); None when it is
+    not a quantity. Fractions are read with the product's quantity parser, which
+    tests/unit/test_fuzz_inputs.py checks on its own."""
+    whole = _quantity(raw)
+    if whole is not None:
+        return whole
+    from hami.core.quantity import QuantityError, parse_quantity
+
+    try:
+        q = parse_quantity(raw, "cores")
+    except QuantityError:
+        return None
+    return q.numerator // q.denominator
+
+
 def _quantity(raw: Any) -> int | None:
     """An independent reading of the byte/percent amounts the generator writes (None: unreadable)."""
     if isinstance(raw, float) and raw.is_integer() and abs(raw) < 2**63:
@@ -215,7 +232,7 @@ def expected_env(claim: Any) -> dict[str, str] | str:
             return "refused"
         consumed = {k: v for k, v in consumed.items() if v is not None}
         mem = _quantity(consumed["memory"]) if "memory" in consumed else FULL
-        core = _quantity(consumed["cores"]) if "cores" in consumed else 0
+        core = _cores(consumed["cores"]) if "cores" in consumed else 0
         if mem is None or core is None:
             return "refused"
         if not (MIB <= mem <= FULL) or not (0 <= core <= 100):
@@ -598,7 +615,8 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
     by_claim = {c["name"]: c.get("resourceClaimTemplateName") for c in spec.get("resourceClaims") or ()}
     by_template = {t["metadata"]["name"]: t for t in templates}
     containers = list(spec.get("initContainers") or []) + list(spec["containers"])
-    for c, ask in zip(containers, asks):
+    wants = _translation_wants(containers, asks, len(spec.get("initContainers") or []))
+    for c, ask, want in zip(containers, asks, wants):
         res = c.get("resources") or {}
         left = [k for s in ("limits", "requests") for k in res.get(s) or {} if k.startswith("nvidia.com/")]
         if left:
@@ -626,14 +644,59 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
             return (
                 f"container {c['name']}: numa-bind {annotations.get('nvidia.com/numa-bind')!r} with {ask['count']} GPUs"
             )
-        got = (ex["count"], ex["capacity"]["requests"].get("memory"), ex["capacity"]["requests"].get("cores"))
-        whole = ask["percent"] == 100 or ask["memory"] is None  # HAMi: no gpumem is the whole GPU,
-        cores = ask["cores"] if ask["cores"] is not None else (100 if whole else 0)  # and then its cores
-        whole = whole or cores >= 100
-        want = (ask["count"], None if whole else f"{ask['memory']}Mi", str(cores))
+        caps = (ex.get("capacity") or {}).get("requests") or {}
+        got = (ex["count"], caps.get("memory"), caps.get("cores"))
         if got != want:
             return f"container {c['name']} asked {ask}, its claim asks (count, memory, cores) {got}, want {want}"
     return None
+
+
+def _shape(ask: dict) -> tuple[int, int | None, int]:
+    """(GPUs, MiB per GPU or None for all of it, cores) a container's claim asks: the memory asked
+    is kept whatever the cores; no gpumem (or gpumem-percentage: 100 alone) is the whole GPU and
+    then 100 cores unless cores are asked (HAMi's admission rule)."""
+    whole = ask["memory"] is None
+    cores = ask["cores"] if ask["cores"] is not None else (100 if whole else 0)
+    return ask["count"], None if whole else ask["memory"], cores
+
+
+def _translation_wants(containers: list[dict], asks: list, n_init: int) -> list:
+    """Per container, the (count, memory, cores) its claim asks: init containers that run to
+    completion share one claim with the app container it enlarges least, sized to the larger of
+    each dimension; sidecars and the other app containers have their own. Cores 0 are not named."""
+    shapes = [_shape(a) if a else None for a in asks]
+    inits = [i for i in range(n_init) if shapes[i] and containers[i].get("restartPolicy") != "Always"]
+    apps = [i for i in range(n_init, len(containers)) if shapes[i]]
+
+    def join(a, b):
+        mem = None if None in (a[1], b[1]) else max(a[1], b[1])
+        return max(a[0], b[0]), mem, max(a[2], b[2])
+
+    def total(s):
+        return (float("inf") if s[1] is None else s[1]) * s[0]
+
+    def growth(i, merged):
+        to, me = join(shapes[i], merged), shapes[i]
+        extra = 0.0 if total(to) == total(me) else total(to) - total(me)
+        return (float(to[0] - me[0]), extra, float(to[2] * to[0] - me[2] * me[0])), i
+
+    group_shape = {i: shapes[i] for i in range(len(containers)) if shapes[i]}
+    if inits:
+        merged = shapes[inits[0]]
+        for i in inits[1:]:
+            merged = join(merged, shapes[i])
+        members = list(inits)
+        if apps:
+            partner = min(apps, key=lambda i: growth(i, merged))
+            merged = join(merged, shapes[partner])
+            members.append(partner)
+        for i in members:
+            group_shape[i] = merged
+    out = []
+    for i in range(len(containers)):
+        s = group_shape.get(i)
+        out.append(None if s is None else (s[0], None if s[1] is None else f"{s[1]}Mi", str(s[2]) if s[2] else None))
+    return out
 
 
 # ------------------------------------------------------------------------------- claims and slices read
@@ -706,10 +769,10 @@ def _claim_reading(claim: Any) -> tuple[str, list[tuple[str, str, int | None, in
         consumed = {k: v for k, v in consumed.items() if v is not None} if isinstance(consumed, dict) else consumed
         if not isinstance(consumed, dict):
             return "bad"  # type: ignore[return-value]
-        if any(isinstance(v, str) and _quantity(v) is None for v in consumed.values()):
+        if any(isinstance(v, str) and (_cores if k == "cores" else _quantity)(v) is None for k, v in consumed.items()):
             return "any"  # type: ignore[return-value]  # junk text: the quantity tests judge its reading
         mem = _quantity(consumed["memory"]) if "memory" in consumed else None
-        core = _quantity(consumed["cores"]) if "cores" in consumed else None
+        core = _cores(consumed["cores"]) if "cores" in consumed else None
         if any(k in consumed and (v is None or not 0 <= v <= INT64_MAX) for k, v in (("memory", mem), ("cores", core))):
             return "bad"  # type: ignore[return-value]  # negative, or beyond a Kubernetes quantity's int64
         out.append((str(r.get("pool") or ""), str(r.get("device") or ""), mem, core))

@@ -159,7 +159,9 @@ def test_allocation_mode_all_fails_when_one_selected_gpu_has_no_room():
     selectors pick, whatever is allocated; one without room for the request leaves the pod
     pending, it is not left out (the simulation used to place it on the GPUs with room)."""
     nodes = [slice_of("n", [gpu(0, "NVIDIA L4", 23034), gpu(1, "NVIDIA L4", 23034), gpu(2, "NVIDIA A10", 23028)])]
-    fill = [template("fill", f"{OURS}.index == 0", caps={"memory": "22Gi"}), pod("f", "fill")]
+    # the fill names cores 0, as the claims of that run did (a request naming none now consumes a
+    # thousandth of a core, which would make the All request short of cores first)
+    fill = [template("fill", f"{OURS}.index == 0", caps={"memory": "22Gi", "cores": "0"}), pod("f", "fill")]
     alltake = template("all", caps={"memory": "7Gi", "cores": "100"}, mode="All")
     pods = run(nodes, [*fill, alltake, pod("p", "all")])
     assert devices(pods["f"]) == ["n/gpu-0"]

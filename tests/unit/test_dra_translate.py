@@ -66,12 +66,30 @@ def test_same_shape_shares_a_template_and_another_shape_gets_another():
     [
         {"nvidia.com/gpu": 1},
         {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100},
-        {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 100},
     ],
 )
-def test_exclusive_requests_take_the_default_memory_which_is_all_of_it(limits):
+def test_requests_without_memory_take_the_default_memory_which_is_all_of_it(limits):
     [t] = translate(admitted(pod(limits)), NV)[1]
     assert requests_of(t)["capacity"]["requests"] == {"cores": "100"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "config", "want"),
+    [
+        # gpucores: 100 keeps other shares off the GPU by its cores; its memory stays the hard limit
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000, "nvidia.com/gpucores": 100}, {}, "2000Mi"),
+        # a bare nvidia.com/gpu with defaultMemory: that much, as the extender grants
+        ({"nvidia.com/gpu": 1}, {"defaultMemory": 4000}, "4000Mi"),
+        # gpumem beside gpumem-percentage: 100 (the amount wins on the extender)
+        ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500, "nvidia.com/gpumem-percentage": 100}, {}, "1500Mi"),
+    ],
+)
+def test_the_memory_asked_is_kept_as_the_limit_also_for_an_exclusive_share(limits, config, want):
+    """Review, finding A: ``gpucores: 100`` or a bare GPU under ``defaultMemory`` used to drop the
+    memory request, so the claim (and libvgpu's limit) took the whole GPU's memory."""
+    vendor = NvidiaVendor(NvidiaConfig(**config))
+    [t] = translate(admitted(pod(limits), vendor), vendor)[1]
+    assert requests_of(t)["capacity"]["requests"] == {"memory": want, "cores": "100"}
 
 
 def test_several_gpus_must_be_distinct_devices():
@@ -88,20 +106,23 @@ def test_memory_factor_and_default_cores_apply_as_on_the_extender_path():
     assert requests_of(t)["capacity"]["requests"] == {"memory": "3000Mi", "cores": "15"}
 
 
-def test_containers_with_other_requests_get_their_own_claims_init_included():
+def test_an_init_container_asking_less_shares_an_app_containers_claim():
     p = pod(
         {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
         {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": 10},
         init={"nvidia.com/gpu": 1, "nvidia.com/gpumem": 500, "nvidia.com/gpucores": 5},
     )
-    out, templates = translate(admitted(p), NV)
-    assert len(templates) == 2  # two shapes
-    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["hami-gpu-0", "hami-gpu-1", "hami-gpu-2"]
+    notes: list[str] = []
+    out, templates = translate(admitted(p), NV, notes=notes)
+    assert len(templates) == 1  # the init container's claim takes the first app container's shape
+    assert requests_of(templates[0])["capacity"]["requests"] == {"memory": "1000Mi", "cores": "10"}
+    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["hami-gpu-0", "hami-gpu-2"]
     assert out["spec"]["initContainers"][0]["resources"]["claims"] == [{"name": "hami-gpu-0"}]
     assert [c["resources"]["claims"] for c in out["spec"]["containers"]] == [
-        [{"name": "hami-gpu-1"}],
+        [{"name": "hami-gpu-0"}],
         [{"name": "hami-gpu-2"}],
     ]
+    assert notes == []  # no app container is given more than it asked
 
 
 def test_an_app_container_asking_what_an_init_container_asked_takes_its_claim_once():

@@ -152,7 +152,8 @@ def test_what_a_claim_gets_is_what_the_webhooks_translation_asks(limits):
     assert len(got) == req["exactly"]["count"]
     fresh = fit.devices_of([resource_slice("a", [PhysicalGPU(0, "GPU-a-0", "T4", 15360, "", 0)], SliceSettings())])
     want = fit.wanted(next(iter(fresh.values())), req["exactly"]["capacity"]["requests"])
-    assert all((d["usedmem"], d["usedcores"]) == (want["memory"] // MIB, want["cores"]) for d in got)
+    # the tables show whole cores (a request naming none consumes a thousandth: 0 shown)
+    assert all((d["usedmem"], d["usedcores"]) == (want["memory"] // MIB, fit.whole(want["cores"])) for d in got)
     if req["exactly"]["count"] > 1:
         assert len({d["uuid"] for d in got}) == len(got)  # distinct GPUs (distinctAttribute)
 
@@ -168,7 +169,8 @@ def test_a_request_the_webhook_refuses_is_denied_with_its_message():
 def test_default_cores_and_min_memory_are_the_node_agents_policy():
     r, pods = run([node("a", n=1)], [pod("p", gpu=1, gpumem=10)], DraOptions(default_cores=7, min_memory_mib=64))
     [d] = pods["p"].containers[0]["devices"]
-    assert (d["usedmem"], d["usedcores"]) == (64, 0)  # the webhook asks cores 0 explicitly: no default
+    # the webhook's defaultCores is 0, so the claim names no cores and takes the agent's default
+    assert (d["usedmem"], d["usedcores"]) == (64, 7)
     r, pods = run(
         [node("a", n=1)],
         [

@@ -13,15 +13,19 @@ kube-scheduler does not count it as allocated (its DynamicResources plugin skips
 so it is kept apart, in :attr:`ClaimUsage.admin`, and a claim holding only such results holds
 nothing (``None``). A capacity missing from ``consumedCapacity`` is
 ``None``: the allocation took the whole device (:meth:`DeviceShare.resolved` fills it in from the
-device's published capacity when the caller knows it).
+device's published capacity when the caller knows it). Consumed ``cores`` may be a fraction (a
+share that names no cores consumes a thousandth, :data:`hami.dra.model.IDLE_CORES`): a share
+counts, and its container is given, the whole part (:attr:`DeviceShare.cores`); the exact amount
+is kept for the simulation of kube-scheduler's arithmetic (:meth:`DeviceShare.consumed`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Iterable, Mapping
 
-from hami.core.quantity import QuantityError, parse_int_quantity
+from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
 
 from .model import CORES, DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS
 
@@ -49,14 +53,23 @@ class DeviceShare:
     device: str  # gpu-<index>
     request: str
     memory: int | None  # bytes; None: not recorded, the whole device
-    cores: int | None  # percent; None: the whole device
+    cores: int | None  # percent, the whole part of what was consumed; None: the whole device
     shares: int | None
     share_id: str | None = None
+    exact_cores: Fraction | None = None  # what was consumed when it is not a whole number
 
-    def resolved(self, total: Mapping[str, int]) -> dict[str, int]:
-        """``{memory, cores, shares}`` with a missing amount taken as ``total``'s (0 when unknown)."""
+    def resolved(self, total: Mapping[str, Any]) -> dict[str, int]:
+        """``{memory, cores, shares}`` with a missing amount taken as ``total``'s (0 when unknown),
+        each a whole number (what quotas, tables and the container count)."""
         own = {MEMORY: self.memory, CORES: self.cores, SHARES: self.shares}
         return {k: amount if (amount := own[k]) is not None else int(total.get(k, 0)) for k in CAPACITIES}
+
+    def consumed(self, total: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`resolved` with the cores exactly as kube-scheduler counts them (a fraction too)."""
+        out: dict[str, Any] = dict(self.resolved(total))
+        if self.exact_cores is not None:
+            out[CORES] = self.exact_cores
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +117,21 @@ def _amount(raw: Any, where: str) -> int | None:
     return value
 
 
+def _cores(raw: Any, where: str) -> tuple[int | None, Fraction | None]:
+    """(whole cores, the exact amount when it is not whole) of a cores quantity; (None, None)
+    when there is none. Raises :class:`ClaimError` for what is not a quantity, or a negative one."""
+    if raw is None:
+        return None, None
+    try:
+        value = parse_quantity(raw, where)
+    except QuantityError as exc:
+        raise ClaimError(str(exc)) from None
+    if value < 0:
+        raise ClaimError(f"{where}: must not be negative, got {raw!r}")
+    whole = value.numerator // value.denominator
+    return whole, (value if value.denominator != 1 else None)
+
+
 def _object(value: Any) -> Mapping[str, Any]:
     """``value`` when it is an object, else an empty one (a missing or malformed optional field)."""
     return value if isinstance(value, Mapping) else {}
@@ -136,7 +164,8 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
         consumed = r.get("consumedCapacity") or {}
         if not isinstance(consumed, Mapping):
             raise ClaimError(f"{where}.consumedCapacity must be an object, got {type(consumed).__name__}")
-        amounts = {k: _amount(consumed.get(k), f"{where}.consumedCapacity.{k}") for k in CAPACITIES}
+        amounts = {k: _amount(consumed.get(k), f"{where}.consumedCapacity.{k}") for k in (MEMORY, SHARES)}
+        amounts[CORES], exact = _cores(consumed.get(CORES), f"{where}.consumedCapacity.{CORES}")
         flag = r.get("adminAccess")
         if flag is not None and not isinstance(flag, bool):
             raise ClaimError(f"{where}.adminAccess must be true or false, got {flag!r:.40}")
@@ -149,6 +178,7 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
                 amounts[CORES],
                 amounts[SHARES],
                 str(r["shareID"]) if r.get("shareID") else None,
+                exact,
             )
         )
     if not shares:
@@ -263,7 +293,7 @@ def claim_ask(claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES
             count = _amount(sub.get("count", 1), f"{at}.count") or 0
             capacity = _object(_object(sub.get("capacity")).get("requests"))
             memory = _amount(capacity.get(MEMORY), f"{at}.capacity.requests.memory")
-            core = _amount(capacity.get(CORES), f"{at}.capacity.requests.cores")
+            core = _cores(capacity.get(CORES), f"{at}.capacity.requests.cores")[0]  # a thousandth counts 0
             each = (-(-(memory or 0) // MIB), ours[_text(sub.get("deviceClassName"))] if core is None else core)
             take = (each[0] * count, each[1] * count)
             best = take if best is None else (max(best[0], take[0]), max(best[1], take[1]))

@@ -15,10 +15,10 @@ GPUs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .fit import CAPACITIES, DeviceUse, add_claims, shortfall, usage, wanted  # noqa: F401  (this module's API since it began)
-from .fit import ClaimAsk, ClaimError, Request, allocate_claims, claim_spec_requests, device_why, why_not_claims
+from .fit import ClaimAsk, ClaimError, Request, allocate_claims, claim_spec_requests, device_why, show, why_not_claims
 from .model import CORES, MEMORY, MIB, SHARES
 
 
@@ -32,7 +32,7 @@ def describe(
         d = uses[key]
         line = (
             f"{d.pool}/{d.device}: memory {d.used[MEMORY] // MIB}/{d.total[MEMORY] // MIB} MiB, "
-            f"cores {d.used[CORES]}/{d.total[CORES]}, shares {d.used[SHARES]}/{d.total[SHARES]}"
+            f"cores {show(d.used[CORES])}/{show(d.total[CORES])}, shares {d.used[SHARES]}/{d.total[SHARES]}"
         )
         if requests is not None:
             why = device_why(d, request) if request is not None else shortfall(d, requests)
@@ -56,9 +56,38 @@ def uses_dra(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("resourceClaims"))
 
 
-def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims: list[Mapping[str, Any]]) -> list[str]:
+#: the reason of the event kube-controller-manager records on a pod when it cannot create a
+#: claim from the pod's template (its message begins ``PodResourceClaim <entry>: ``)
+CLAIM_CREATION_FAILED = "FailedResourceClaimCreation"
+
+
+def creation_refusals(pod: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The pod's ``resourceClaims`` entry -> the message of the latest event saying its claim could
+    not be created (a quota refusal by the webhook, a template that does not exist, ...)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    out: dict[str, str] = {}
+    for e in sorted(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")):
+        involved = e.get("involvedObject") or {}
+        if e.get("reason") != CLAIM_CREATION_FAILED or (uid and involved.get("uid") not in (None, uid)):
+            continue
+        message = str(e.get("message") or e.get("note") or "")
+        entry, sep, rest = message.partition(": ")
+        if sep and entry.startswith("PodResourceClaim "):
+            out[entry.removeprefix("PodResourceClaim ")] = rest
+    return out
+
+
+def explain_pod(
+    pod: Mapping[str, Any],
+    slices: list[Mapping[str, Any]],
+    claims: list[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]] = (),
+) -> list[str]:
     """The lines of ``hami dra --explain``: every GPU's use, then each claim of the pod: where it is
-    allocated, or GPU by GPU what its requests would consume and what is short."""
+    allocated, or GPU by GPU what its requests would consume and what is short. ``events``: the
+    pod's events; a claim that kube-controller-manager could not create (its
+    ``FailedResourceClaimCreation``, e.g. the webhook refusing it for the namespace quota) is
+    named with the refusal instead of "not created yet"."""
     meta = pod.get("metadata") or {}
     namespace, name = meta.get("namespace") or "default", meta.get("name") or "?"
     uses = usage(slices, claims)
@@ -75,12 +104,17 @@ def explain_pod(pod: Mapping[str, Any], slices: list[Mapping[str, Any]], claims:
     lines += describe(uses) if uses else ["no gpu.hami.io GPU is published"]
     pending: dict[str, Mapping[str, Any]] = {}  # the unallocated claims, in the pod's order
     missing = False
+    refused = creation_refusals(pod, events)
     for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
         claim_name = statuses.get(ref.get("name")) or ref.get("resourceClaimName")
         claim = by_name.get(claim_name or "")
         if claim is None:
+            why = refused.get(str(ref.get("name")))
             lines.append(
-                f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template)"
+                f"claim {ref.get('name')}: not created: kube-controller-manager's last attempt failed: {why}"
+                if why
+                else f"claim {ref.get('name')}: not created yet (kube-controller-manager makes it from its template; "
+                "a refused creation shows as a FailedResourceClaimCreation event on the pod)"
             )
             missing = True
             continue

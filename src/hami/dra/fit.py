@@ -32,14 +32,15 @@ unless told to (:func:`commit`, :func:`release`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from fractions import Fraction
+from typing import Any, Iterable, Mapping, Sequence, Union
 
-from hami.core.quantity import QuantityError, parse_int_quantity
+from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
 from hami.core.shape import META, QTY, ListOf, MapOf
 
 from .cel import CelCompileError, CelRuntimeError, DeviceCel, Selector, compile_selector
 from .claims import CAPACITIES, ClaimError as AllocationError, ClaimUsage, claim_usage
-from .model import DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS, device_classes
+from .model import CORES, DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS, device_classes
 
 SEARCH_STEPS = 100_000  # placements tried per pod and node before giving up
 MAX_RESULTS = 32  # resource.k8s.io's AllocationResultsMaxSize: devices in one claim's allocation
@@ -140,25 +141,68 @@ POD_CLAIMS = {
 }
 
 
+#: an amount of a capacity: a whole number, or an exact fraction (the ``cores`` a share that names
+#: none consumes is a thousandth, :data:`hami.dra.model.IDLE_CORES`)
+Amount = Union[int, Fraction]
+
+
+def amount(value: Any, where: str) -> Amount:
+    """The exact value of a quantity (an int when whole); 0 for what is not a quantity (the API
+    server would not have stored it)."""
+    try:
+        q = parse_quantity(value, where)
+    except QuantityError:
+        return 0
+    return int(q) if q.denominator == 1 else q
+
+
+def show(value: Amount) -> str:
+    """An amount for people: a whole number as it is, a fraction as a decimal (``0.001``)."""
+    if isinstance(value, Fraction) and value.denominator != 1:
+        return f"{float(value):.3f}".rstrip("0").rstrip(".") or "0"
+    return str(int(value))
+
+
+def whole(value: Amount) -> int:
+    """The whole part of an amount: what a container is given (libvgpu's limits are whole) and
+    what quotas and tables count."""
+    return int(value) if isinstance(value, int) else value.numerator // value.denominator
+
+
+def quantity_text(value: Amount) -> str:
+    """An amount written as a quantity, as kube-scheduler writes ``consumedCapacity`` (``1m``)."""
+    if isinstance(value, Fraction) and value.denominator != 1:
+        for suffix, scale in (("m", 10**3), ("u", 10**6), ("n", 10**9)):
+            scaled = value * scale
+            if scaled.denominator == 1:
+                return f"{scaled.numerator}{suffix}"
+        return show(value)
+    return str(int(value))
+
+
 @dataclass(frozen=True)
 class Policy:
-    """A capacity's request policy, in the capacity's unit (bytes for memory)."""
+    """A capacity's request policy, in the capacity's unit (bytes for memory). ``step`` None: a
+    ``validRange`` without a step, which takes an amount at or above ``min`` as it is."""
 
-    default: int
-    min: int = 0
-    max: int | None = None
-    step: int = 1
-    values: tuple[int, ...] = ()
+    default: Amount
+    min: Amount = 0
+    max: Amount | None = None
+    step: Amount | None = 1
+    values: tuple[Amount, ...] = ()
 
-    def consume(self, requested: int | None) -> int | None:
-        """What a request consumes; None when the policy forbids the amount."""
+    def consume(self, requested: Amount | None) -> Amount | None:
+        """What a request consumes; None when the policy forbids the amount. The default is
+        taken as it is, as the allocator takes it (``fillEmptyRequest``)."""
         if requested is None:
             return self.default
         if self.values:
             return next((v for v in self.values if v >= requested), None)
         amount = max(requested, self.min)
-        step = max(self.step, 1)
-        amount = self.min + -(-(amount - self.min) // step) * step
+        if self.step:
+            n = -(-(amount - self.min) // self.step)
+            amount = self.min + n * self.step
+            amount = int(amount) if isinstance(amount, Fraction) and amount.denominator == 1 else amount
         if self.max is not None and amount > self.max:
             return None
         return amount
@@ -192,9 +236,9 @@ class DeviceUse:
     pool: str
     device: str
     uuid: str
-    total: dict[str, int]
-    default: dict[str, int]
-    used: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAPACITIES, 0))
+    total: dict[str, Amount]
+    default: dict[str, Amount]
+    used: dict[str, Amount] = field(default_factory=lambda: dict.fromkeys(CAPACITIES, 0))
     claims: list[str] = field(default_factory=list)
     policies: dict[str, Policy] = field(default_factory=dict)
     attributes: dict[str, Any] = field(default_factory=dict)  # "gpu.hami.io/uuid" -> value
@@ -221,7 +265,7 @@ class DeviceUse:
     def key(self) -> tuple[str, str]:
         return self.pool, self.device
 
-    def left(self, name: str) -> int:
+    def left(self, name: str) -> Amount:
         return self.total.get(name, 0) - self.used.get(name, 0)
 
     @property
@@ -252,17 +296,17 @@ def _int(value: Any, where: str) -> int:
         return 0
 
 
-def _policy(cap: Mapping[str, Any], total: int, name: str) -> Policy:
+def _policy(cap: Mapping[str, Any], total: Amount, name: str) -> Policy:
     pol = cap.get("requestPolicy") or {}
-    default = _int(pol.get("default", total), name) if pol else total
+    default = amount(pol.get("default", total), name) if pol else total
     rng = pol.get("validRange") or {}
-    values = tuple(sorted(_int(v, name) for v in pol.get("validValues") or ()))
-    step = _int(rng.get("step"), name) if rng.get("step") is not None else 1
+    values = tuple(sorted(amount(v, name) for v in pol.get("validValues") or ()))
+    step = amount(rng.get("step"), name) if rng.get("step") is not None else None
     return Policy(
         default,
-        min=_int(rng.get("min"), name) if rng.get("min") is not None else 0,
-        max=_int(rng["max"], name) if rng.get("max") is not None else None,
-        step=step or 1,
+        min=amount(rng.get("min"), name) if rng.get("min") is not None else 0,
+        max=amount(rng["max"], name) if rng.get("max") is not None else None,
+        step=step or None,
         values=values,
     )
 
@@ -318,7 +362,7 @@ def devices_of(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Dev
         for d in spec.get("devices") or ():
             caps = d.get("capacity") or {}
             multi = d.get("allowMultipleAllocations") is True
-            total = {k: _int((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
+            total = {k: amount((caps.get(k) or {}).get("value"), k) for k in CAPACITIES}
             policies = {k: _policy(caps.get(k) or {}, total[k], k) for k in CAPACITIES}
             if not multi:  # whole or nothing: asked at most its capacity, consumes all of it
                 total[SHARES] = 1
@@ -350,16 +394,18 @@ def allocation_results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def add_claims(
-    devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage]
+    devices: dict[tuple[str, str], DeviceUse], claims: Iterable[ClaimUsage], exact: bool = False
 ) -> dict[tuple[str, str], DeviceUse]:
     """Add what ``claims`` consume to ``devices`` (a capacity a result does not record takes all
-    of it: an exclusive allocation; a result on a device not listed is left out)."""
+    of it: an exclusive allocation; a result on a device not listed is left out). Whole amounts
+    (what tables show), or with ``exact`` the cores as kube-scheduler adds them up (a thousandth
+    of a core too: the simulation and the explanation)."""
     for u in claims:
         for r in u.results:
             dev = devices.get((r.pool, r.device))
             if dev is None:
                 continue
-            for k, v in r.resolved(dev.total).items():
+            for k, v in (r.consumed(dev.total) if exact else r.resolved(dev.total)).items():
                 dev.used[k] += v
             dev.take()
             dev.claims.append(u.key)
@@ -374,7 +420,7 @@ def add_claim(devices: dict[tuple[str, str], DeviceUse], claim: Mapping[str, Any
     except AllocationError:
         return  # an allocation the API server could not have stored: counted as nothing
     if used is not None:
-        add_claims(devices, [used])
+        add_claims(devices, [used], exact=True)
 
 
 def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], DeviceUse]:
@@ -385,15 +431,15 @@ def usage(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
     return out
 
 
-def wanted(dev: DeviceUse, requests: Mapping[str, Any]) -> dict[str, int] | None:
+def wanted(dev: DeviceUse, requests: Mapping[str, Any]) -> dict[str, Amount] | None:
     """What a request with these capacity requests would consume on ``dev`` (the request policy
     applied); None when a requested amount is beyond what the policy allows."""
     out = {}
     for k in CAPACITIES:
-        amount = dev.policy(k).consume(_int(requests[k], k) if k in requests else None)
-        if amount is None:
+        got = dev.policy(k).consume(amount(requests[k], k) if k in requests else None)
+        if got is None:
             return None
-        out[k] = amount
+        out[k] = got
     return out
 
 
@@ -409,8 +455,10 @@ def shortfall(dev: DeviceUse, requests: Mapping[str, Any]) -> str:
     short = []
     for k in CAPACITIES:
         gap = need[k] - dev.left(k)
-        if gap > 0:
-            short.append(f"memory {-(-gap // MIB)} MiB short" if k == MEMORY else f"{k} {gap} short")
+        if gap > 0 and k == CORES and 0 < need[k] < 1:  # a share asking for none: HAMi's exhausted GPU
+            short.append("no cores left (a share that asks for none needs a GPU with some cores left)")
+        elif gap > 0:
+            short.append(f"memory {-(-gap // MIB)} MiB short" if k == MEMORY else f"{k} {show(gap)} short")
     return ", ".join(short)
 
 
@@ -511,9 +559,9 @@ def _exact(ex: Mapping[str, Any], at: str, name: str, sub: bool = False) -> Requ
     caps = ((ex.get("capacity") or {}).get("requests")) or {}
     if not isinstance(caps, Mapping):
         raise ClaimError(f"{at}.capacity.requests: must be an object")
-    for k, v in caps.items():
+    for k, v in caps.items():  # any quantity (a thousandth of a core too), as the API server takes it
         try:
-            parse_int_quantity(v, f"{at}.capacity.requests.{k}")
+            parse_quantity(v, f"{at}.capacity.requests.{k}")
         except QuantityError as exc:
             raise ClaimError(str(exc)) from None
     tolerations = ex.get("tolerations") or []
@@ -598,12 +646,14 @@ def claim_spec_requests(spec: Mapping[str, Any], where: str) -> tuple[list[Reque
 class Pick:
     request: str
     device: DeviceUse
-    consumed: dict[str, int]  # what it takes during the search (and, unless admin, once allocated)
+    consumed: dict[str, Amount]  # what it takes during the search (and, unless admin, once allocated)
     admin: bool = False  # an admin-access result: not counted once allocated
 
     def result(self) -> dict[str, Any]:
         """The allocation result kube-scheduler writes for this pick."""
-        consumed = {k: (f"{v // MIB}Mi" if k == MEMORY and v % MIB == 0 else str(v)) for k, v in self.consumed.items()}
+        consumed = {
+            k: (f"{v // MIB}Mi" if k == MEMORY and v % MIB == 0 else quantity_text(v)) for k, v in self.consumed.items()
+        }
         out: dict[str, Any] = {
             "request": self.request,
             "driver": DRIVER,
@@ -643,7 +693,7 @@ def _named(request: str, names: Sequence[str]) -> bool:
     return request in names or request.partition("/")[0] in names
 
 
-def _fits(dev: DeviceUse, extra: Mapping[str, int], need: Mapping[str, int]) -> bool:
+def _fits(dev: DeviceUse, extra: Mapping[str, Amount], need: Mapping[str, Amount]) -> bool:
     return all(need[k] <= dev.left(k) - extra.get(k, 0) for k in CAPACITIES)
 
 
@@ -680,7 +730,7 @@ class _Slot:
 
     claim: int
     request: Request
-    needs: tuple[dict[str, int] | None, ...]
+    needs: tuple[dict[str, Amount] | None, ...]
     fixed: int | None = None  # allocationMode All: the device's position, known in advance
     req: int = 0  # the request's position in its claim
     first: bool = False  # the first device of its request
@@ -711,7 +761,7 @@ class _Failed(Exception):
 
 
 def all_members(
-    devices: Sequence[DeviceUse], r: Request, needs: Sequence[dict[str, int] | None] | None = None
+    devices: Sequence[DeviceUse], r: Request, needs: Sequence[dict[str, Amount] | None] | None = None
 ) -> list[int]:
     """The positions of the devices an ``allocationMode: All`` request takes: those its selectors
     pick whose capacity, empty, could hold the request (the request policy allows the amounts and
@@ -803,15 +853,15 @@ def _too_much(
     have left. The first claim where they would, and what is asked; None when within."""
     for k in CAPACITIES:
         left = sum(max(d.left(k), 0) for d in devices)
-        asked = 0
+        asked: Amount = 0
         for slot in slots:
             where = slot.needs if slot.fixed is None else slot.needs[slot.fixed : slot.fixed + 1]
             asked += min((n[k] for n in where if n is not None), default=0)
             if asked > left:
                 what = (
-                    (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {asked}")
+                    (f"memory {-(-asked // MIB)} MiB" if k == MEMORY else f"{k} {show(asked)}")
                     + ", the GPUs have "
-                    + (f"{left // MIB} MiB" if k == MEMORY else f"{left}")
+                    + (f"{left // MIB} MiB" if k == MEMORY else show(left))
                     + " left"
                 )
                 return slot.claim, what
@@ -858,7 +908,7 @@ def _walk(devices: Sequence[DeviceUse], claims: Sequence[ClaimAsk], slots: list[
     choices: dict[tuple[int, int], int] = {}
     _slots(devices, claims, choices)  # the subrequests the slots were made with
     initial = dict(choices)  # where a search that comes to a firstAvailable request begins
-    extra = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
+    extra: list[dict[str, Amount]] = [dict.fromkeys(CAPACITIES, 0) for _ in devices]
     held: dict[str, int] = {}  # the shared counters the search's picks consume (KEP-4815)
     picks: list[tuple[int, Pick]] = []  # (device position, pick) per slot placed
     mine: list[list[Pick]] = [[] for _ in claims]  # the picks of each claim, for its constraints

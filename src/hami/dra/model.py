@@ -14,10 +14,20 @@ capacity    value                               request policy (what one allocat
 ==========  ==================================  ================================================
 memory      bytes (NVML total x memory scaling) default: all of it (HAMi: no ``gpumem`` means
                                                 100%); range min_memory .. value in MiB steps
-cores       percent x core scaling (100)        default: ``defaultCores`` (0); range 0 .. value
+cores       percent x core scaling (100)        default: ``defaultCores``, or :data:`IDLE_CORES`
+                                                (a thousandth) when that is 0; range 0 .. value
 shares      ``deviceSplitCount``                exactly 1 per allocation: the split count caps
                                                 the number of claims sharing a GPU
 ==========  ==================================  ================================================
+
+HAMi keeps a share that asks for no cores off a GPU whose cores are all taken
+(``CardComputeUnitsExhausted``), and a consumable capacity can only say "the amounts fit". A
+request that names no cores therefore consumes :data:`IDLE_CORES`, one thousandth of a core: it
+does not fit beside shares that took every core, and neither does a ``gpucores: 100`` share
+beside it. What the container is given is the whole part of what it consumed (no core limit for
+the thousandth), and quotas count the whole part too. The cores range has no step, so kube-scheduler
+takes the default and any explicit amount as they are (an explicit ``cores: 0`` consumes nothing,
+as before; docs/dra.md says where this differs from the extender).
 
 Attributes in the driver's domain (a CEL selector reads ``device.attributes["gpu.hami.io"]``):
 ``model``, ``type`` (HAMi's registration type, ``NVIDIA-<model>``), ``uuid``, ``index``,
@@ -63,7 +73,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from hami.core.names import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_SHARE_CLASS, DRA_WHOLE_CLASS
+from hami.core.names import DEVICE_CORDON, DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_SHARE_CLASS, DRA_WHOLE_CLASS
 
 DRIVER = DRA_DRIVER
 SHARE_CLASS = DRA_SHARE_CLASS
@@ -76,6 +86,8 @@ PROFILE = "profile"  # the attribute that marks a MIG device
 MAX_SLICE_DEVICES = 64  # a slice with devices consuming counters (or tainted) holds at most 64
 MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's limit
 MIB = 1024 * 1024
+#: what a share that names no cores consumes on a device whose ``defaultCores`` is 0 (module doc)
+IDLE_CORES = "1m"
 
 #: Kubernetes' standard device attributes (``k8s.io/dynamic-resource-allocation/deviceattribute``)
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -136,6 +148,14 @@ def total_cores(s: SliceSettings) -> int:
     return int(100 * s.core_scaling)
 
 
+def cores_policy(total: int, default_cores: int) -> dict[str, Any]:
+    """The ``cores`` request policy of a device with ``total`` cores: the default is
+    ``default_cores`` (at most ``total``), or :data:`IDLE_CORES` when that is 0; any amount from 0
+    to ``total``, taken as asked (no step, so the default is never rounded up to a whole core)."""
+    default = str(min(default_cores, total)) if default_cores > 0 or total < 1 else IDLE_CORES
+    return {"default": default, "validRange": {"min": "0", "max": str(total)}}
+
+
 def _attr(kind: str, value: Any) -> dict[str, Any]:
     return {kind: value}
 
@@ -174,7 +194,6 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
     cores = total_cores(s)
     if mem < s.min_memory_mib * MIB:
         raise ValueError(f"GPU {gpu.uuid}: memory {mem // MIB} MiB is below min_memory_mib={s.min_memory_mib}")
-    default_cores = min(s.default_cores, cores)
     return {
         "name": device_name(gpu.index),
         "attributes": {
@@ -194,13 +213,7 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
                     "validRange": {"min": f"{s.min_memory_mib}Mi", "max": str(mem), "step": "1Mi"},
                 },
             },
-            CORES: {
-                "value": str(cores),
-                "requestPolicy": {
-                    "default": str(default_cores),
-                    "validRange": {"min": "0", "max": str(cores), "step": "1"},
-                },
-            },
+            CORES: {"value": str(cores), "requestPolicy": cores_policy(cores, s.default_cores)},
             SHARES: {"value": str(s.split_count), "requestPolicy": {"default": "1", "validValues": ["1"]}},
         },
         "allowMultipleAllocations": True,
@@ -370,9 +383,39 @@ def xid_taint(xid: int) -> dict[str, str]:
     return {"key": XID_TAINT_KEY, "value": str(xid), "effect": "None"}
 
 
-def _taints(uuid: str, unhealthy: frozenset[str], mark: dict[str, str] | None, notes: Mapping[str, int]) -> list:
-    """The taints of a device on GPU ``uuid``: the unhealthy mark, then the last non-fatal XID."""
+#: the taint of a GPU the operator cordoned: its UUID is in the Node's ``hami.io/device-cordon``
+CORDON_TAINT_KEY = f"{DRIVER}/cordoned"
+
+
+def cordon_taint() -> dict[str, str]:
+    """The device taint of a cordoned GPU: ``NoSchedule`` (new claims stay off it unless they
+    tolerate it; claims already there keep running, as the extender's cordon leaves running pods)."""
+    return {"key": CORDON_TAINT_KEY, "effect": "NoSchedule"}
+
+
+def cordoned_gpus(node: Mapping[str, Any]) -> frozenset[str]:
+    """The GPU UUIDs a Node's ``hami.io/device-cordon`` annotation lists (comma separated, blanks
+    around each ignored), as the extender's ledger reads it; empty for anything else."""
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    text = annotations.get(DEVICE_CORDON) if isinstance(annotations, Mapping) else None
+    if not isinstance(text, str):
+        return frozenset()
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def _taints(
+    uuid: str,
+    unhealthy: frozenset[str],
+    mark: dict[str, str] | None,
+    notes: Mapping[str, int],
+    cordoned: frozenset[str] = frozenset(),
+) -> list:
+    """The taints of a device on GPU ``uuid``: the unhealthy mark, the cordon, then the last
+    non-fatal XID."""
     out = [dict(mark)] if mark is not None and uuid in unhealthy else []
+    if uuid in cordoned:
+        out.append(cordon_taint())
     if uuid in notes:
         out.append(xid_taint(notes[uuid]))
     return out
@@ -401,14 +444,18 @@ def resource_slices(
     taint: str | None = None,
     mig: Mapping[str, GpuMig] | None = None,
     notes: Mapping[str, int] | None = None,
+    cordoned: frozenset[str] = frozenset(),
+    device_taints: bool = True,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices (pool = node name), the first named :func:`slice_name`. An
     unhealthy GPU (and its MIG devices) carries the device taint :func:`unhealthy_taint` with effect
     ``taint`` (kube-scheduler allocates no claim there that does not tolerate it); with ``taint``
     None it is left out, which keeps new claims off it on clusters without device taints (claims
-    already prepared keep running either way). A GPU in ``notes`` (UUID -> its last non-fatal
-    XID) also carries the informational :func:`xid_taint`. A GPU in ``mig`` is published as its
-    MIG devices (module doc). Without MIG this is one slice, as before."""
+    already prepared keep running either way). A GPU in ``cordoned`` (the UUIDs of the Node's
+    ``hami.io/device-cordon``, :func:`cordoned_gpus`) carries :func:`cordon_taint`, or is left
+    out when ``device_taints`` is False (a cluster that drops device taints). A GPU in ``notes``
+    (UUID -> its last non-fatal XID) also carries the informational :func:`xid_taint`. A GPU in
+    ``mig`` is published as its MIG devices (module doc). Without MIG this is one slice, as before."""
     if not node:
         raise ValueError("resource_slices: node name is empty")
     mig = mig or {}
@@ -417,19 +464,22 @@ def resource_slices(
     mark = unhealthy_taint(taint) if taint is not None else None
     migs = mig_devices(gpus, mig)
     by_uuid = {g.uuid: g for g in gpus}
+
+    def left_out(uuid: str) -> bool:
+        return (uuid in unhealthy and mark is None) or (uuid in cordoned and not device_taints)
+
+    cordons = cordoned if device_taints else frozenset()
     devices = []
     for g in gpus:
-        if g.uuid in mig:
+        if g.uuid in mig or left_out(g.uuid):
             continue
-        if g.uuid in unhealthy and mark is None:
-            continue
-        taints = _taints(g.uuid, unhealthy, mark, notes)
+        taints = _taints(g.uuid, unhealthy, mark, notes, cordons)
         devices.append({**device(g, s), "taints": taints} if taints else device(g, s))
     for d in migs.values():
-        if d.gpu_uuid in unhealthy and mark is None:
+        if left_out(d.gpu_uuid):
             continue
         doc = _mig_device(d, by_uuid[d.gpu_uuid], s)
-        taints = _taints(d.gpu_uuid, unhealthy, mark, notes)
+        taints = _taints(d.gpu_uuid, unhealthy, mark, notes, cordons)
         if taints:
             doc["taints"] = taints
         devices.append(doc)

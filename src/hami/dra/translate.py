@@ -2,34 +2,46 @@
 front end (pure: the webhook calls :func:`translate` and creates the templates it returns).
 
 A container asking for ``nvidia.com/gpu: N`` (+ ``gpumem`` / ``gpumem-percentage`` /
-``gpucores``), after the same admission defaults as on the extender path, gets its own claim
-from a ResourceClaimTemplate whose one request asks the share class for N devices with these
+``gpucores``), after the same admission defaults as on the extender path, gets a claim (its own,
+or one shared with the pod's init containers, below) from a ResourceClaimTemplate whose one request asks the share class for N devices with these
 capacity requests:
 
 ================================================  ==========================================
 HAMi request (after defaults)                     DRA request
 ================================================  ==========================================
-``gpumem: M`` (MiB, times ``memoryFactor``)       ``capacity.requests.memory: <M>Mi``
-no memory, or ``gpumem-percentage: 100``          no memory request: the device's default,
+``gpumem: M`` (MiB, times ``memoryFactor``), or   ``capacity.requests.memory: <M>Mi``, whatever
+``defaultMemory`` when none is asked              the cores: it is the container's hard limit,
+                                                  on the extender as here
+no memory, or ``gpumem-percentage: 100`` alone    no memory request: the device's default,
                                                   which is all of its memory
 ``gpumem-percentage: P`` (P < 100)                refused: DRA capacity requests are amounts,
                                                   not fractions of a device of unknown size
-``gpucores: C``                                   ``capacity.requests.cores: C``
-``gpucores: 100`` (HAMi: the GPU is exclusive)    cores 100 and no memory request (all of it),
-                                                  so nothing else fits beside it
+``gpucores: C`` (C > 0)                           ``capacity.requests.cores: C``
+no cores (0)                                      no cores request: the device's default, a
+                                                  thousandth of a core
+                                                  (:data:`hami.dra.model.IDLE_CORES`), which
+                                                  keeps the share off a GPU whose cores are
+                                                  all taken, as HAMi does; written out as
+                                                  ``1m`` when the webhook's ``defaultCores``
+                                                  is set (the node's default would be that)
+``gpucores: 100`` (HAMi: the GPU is exclusive)    cores 100: no other share fits beside it
 N > 1                                             a ``distinctAttribute`` constraint on the
                                                   UUID: N different GPUs, as HAMi gives
+``nvidia.com/priority``                           removed, with a note (:func:`translate`'s
+                                                  ``notes``): a claim runs at priority 1
 ================================================  ==========================================
 
 The template name is derived from its content (``hami-gpu-<hash>``), so every pod with the same
 request shares one template per namespace and creating it again is a no-op. The container's GPU
 resources are removed from ``limits``/``requests`` (nothing advertises them on a DRA node) and a
-``resources.claims`` entry names the pod's claim. Each container gets its own claim, except that
-an app container whose request is the same as an init container's takes that init container's
-claim (HAMi's reuse of an init container's GPU: the init container has exited by then, so the pod
-holds one share, not two). Each init claim is reused by one app container at most (app containers
-run together and must not share one budget), and never that of a sidecar (an init container with
-``restartPolicy: Always`` runs beside the app containers).
+``resources.claims`` entry names the pod's claim. A claim is held for the pod's whole life, so
+the init containers that run to completion (they run one at a time, and have exited before the
+app containers start) share one claim with one app container, the one whose request it enlarges
+least; the claim is sized to the larger of their requests in each dimension (GPU count, memory
+and cores per GPU): HAMi counts the larger of a pod's init and app containers. Every other app
+container (app containers run together and must not share one budget) and every sidecar (an init
+container with ``restartPolicy: Always``, which runs beside them) has a claim of its own. An app
+container given more than it asked, through such a shared claim, is noted.
 
 HAMi's pod annotations that choose GPUs become part of every GPU claim of the pod, read by the
 vendor's own parser (:meth:`hami.vendors.base.BaseVendor.selection`, the extender's):
@@ -61,6 +73,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from hami.core import pod_request
@@ -68,7 +81,7 @@ from hami.core.errors import RequestError
 from hami.core.names import DEVICE_SCORING_WEIGHTS, ENV_TASK_PRIORITY, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
 from hami.core.types import PERCENT_UNSET
 
-from .model import CORES, DRIVER, MEMORY, NUMA_NODE, SHARE_CLASS
+from .model import CORES, DRIVER, IDLE_CORES, MEMORY, NUMA_NODE, SHARE_CLASS
 
 REQUEST_NAME = "gpu"
 CLAIM_PREFIX = "hami-gpu-"
@@ -177,16 +190,18 @@ def _claim_spec(
     device_class: str,
     selectors: Sequence[str] = (),
     numa_bind: bool = False,
+    idle: str | None = None,
 ) -> dict[str, Any]:
-    requests: dict[str, str] = {CORES: str(cores)}
+    requests: dict[str, str] = {}
+    if cores > 0:
+        requests[CORES] = str(cores)
+    elif idle is not None:  # no cores: the device's default (a thousandth), or ``idle`` said explicitly
+        requests[CORES] = idle
     if memory_mib is not None:
         requests[MEMORY] = f"{memory_mib}Mi"
-    exactly: dict[str, Any] = {
-        "deviceClassName": device_class,
-        "allocationMode": "ExactCount",
-        "count": nums,
-        "capacity": {"requests": requests},
-    }
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": nums}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
@@ -213,6 +228,65 @@ def _strip(container: dict, names: Sequence[str]) -> None:
                 resources.pop(section)
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What one claim asks per GPU: ``nums`` GPUs, ``memory`` MiB each (None: all of it), ``cores``."""
+
+    nums: int
+    memory: int | None
+    cores: int
+
+    def join(self, other: "_Shape") -> "_Shape":
+        """The larger of each dimension (all of the memory is larger than any amount)."""
+        memory = None if None in (self.memory, other.memory) else max(self.memory or 0, other.memory or 0)
+        return _Shape(max(self.nums, other.nums), memory, max(self.cores, other.cores))
+
+    def growth(self, to: "_Shape") -> tuple[float, float, float]:
+        """How much more ``to`` holds than this (GPUs, memory, cores over all GPUs): an app
+        container is chosen to share an init container's claim where this is least."""
+        mine = (self.memory if self.memory is not None else float("inf")) * self.nums
+        theirs = (to.memory if to.memory is not None else float("inf")) * to.nums
+        extra = 0.0 if mine == theirs else theirs - mine
+        return float(to.nums - self.nums), extra, float(to.cores * to.nums - self.cores * self.nums)
+
+    def text(self) -> str:
+        memory = "all of its memory" if self.memory is None else f"memory {self.memory} MiB"
+        return f"{self.nums} GPU(s), {memory} and {self.cores} cores each"
+
+
+@dataclass
+class _Gpu:
+    """One container asking for NVIDIA GPUs, in the pod's order (init containers first)."""
+
+    index: int
+    container: dict
+    name: str
+    shape: _Shape
+    init: bool  # an init container that runs to completion (not a sidecar)
+    sidecar: bool  # an init container with restartPolicy: Always (runs beside the app containers)
+    priority: Any = None  # its nvidia.com/priority, which the DRA front end does not carry
+
+
+def _groups(gpus: Sequence[_Gpu]) -> list[list[_Gpu]]:
+    """The containers that share one claim, in the order their first member comes. Init
+    containers run one at a time and have exited before the app containers start, so they all
+    share one claim, with the app container whose own request it enlarges least (ties: the first);
+    every other container (app containers run together; a sidecar runs beside them) has its own."""
+    inits = [g for g in gpus if g.init]
+    apps = [g for g in gpus if not g.init and not g.sidecar]
+    groups: list[list[_Gpu]] = []
+    partner = None
+    if inits:
+        joined = inits[0].shape
+        for g in inits[1:]:
+            joined = joined.join(g.shape)
+        if apps:
+            partner = min(apps, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index))
+        groups.append(inits + ([partner] if partner is not None else []))
+    groups += [[g] for g in gpus if not g.init and g is not partner]
+    return sorted(groups, key=lambda members: members[0].index)
+
+
 def translate(
     pod: Mapping[str, Any],
     vendor: Any,
@@ -220,13 +294,15 @@ def translate(
     namespace: str = "",
     *,
     owned: bool = False,
+    notes: list[str] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(pod using claims, ResourceClaimTemplates it needs). ``pod`` is admitted (defaults applied);
     ``vendor`` is the NVIDIA vendor (its resource names and defaults). A pod with no NVIDIA
     request comes back unchanged with no template. ``owned``: ``pod`` is a dict the caller made
     for this call and gives up (the webhook's copy from :func:`hami.core.admit_pod`): it is
     changed in place instead of copied (a pod's managedFields make the copy a quarter of an
-    admission's time)."""
+    admission's time). ``notes``: a list the translation appends to, one line per thing it does
+    differently from the extender for this pod (the webhook returns them as warnings)."""
     req = pod_request(pod, [vendor])
     out = pod if owned and isinstance(pod, dict) else copy.deepcopy(dict(pod))
     spec = out.setdefault("spec", {})
@@ -235,31 +311,40 @@ def translate(
     # the priority: as a resource it would keep the pod pending (no DRA node advertises it), and
     # the CUDA_TASK_PRIORITY admission wrote from it has no effect here (a claim's CDI spec sets
     # every libvgpu variable, that one empty: a claim runs at priority 1, as the monitor counts
-    # it); both go, so the pod does not carry a priority variable without its resource, which the
-    # admission rules refuse (docs/security.md, "The grant's own variables")
+    # it); both go (with a note), so the pod does not carry a priority variable without its
+    # resource, which the admission rules refuse (docs/security.md, "The grant's own variables")
     gpu_resources = [n for n in (names.count, names.memory, names.memory_percentage, names.cores, names.priority) if n]
-    templates: dict[str, dict[str, Any]] = {}
-    claims = list(spec.get("resourceClaims") or [])
-    taken = {c.get("name") for c in claims}
     n_init = len(spec.get("initContainers") or [])
-    reusable: dict[str, list[str]] = {}  # template name -> init claims an app container may take
-    selectors: list[str] | None = None  # the annotations' selectors, read at the first GPU container
-    numa_bind = False
+    podname = (pod.get("metadata") or {}).get("name") or "?"
+    gpus: list[_Gpu] = []
     for i, (c, creq) in enumerate(zip(containers, req.containers)):
         r = creq.for_vendor(vendor.name)
         if r is None:
             continue
-        where = f"pod {(pod.get('metadata') or {}).get('name') or '?'} container {creq.name!r}"
         pct = r.mem_percentage
         if pct != PERCENT_UNSET and pct != 100:
             raise TranslationError(
-                f"{where}: {names.memory_percentage}={pct} cannot be expressed on the DRA front end "
-                f"(capacity requests are amounts); ask for {names.memory} in MiB instead"
+                f"pod {podname} container {creq.name!r}: {names.memory_percentage}={pct} cannot be expressed on "
+                f"the DRA front end (capacity requests are amounts); ask for {names.memory} in MiB instead"
             )
-        if selectors is None:
-            selectors, numa_bind = annotation_selectors(pod, vendor)
-        exclusive = r.coresreq >= 100 or pct == 100 or r.memreq <= 0
-        cspec = _claim_spec(r.nums, None if exclusive else r.memreq, r.coresreq, device_class, selectors, numa_bind)
+        # the memory asked is the hard limit, on the extender as here: gpucores: 100 keeps other
+        # shares off the GPU through its cores, not by taking all of its memory
+        shape = _Shape(r.nums, r.memreq if r.memreq > 0 else None, r.coresreq)
+        sidecar = i < n_init and c.get("restartPolicy") == "Always"
+        priority = _limit(c, names.priority) if names.priority else None
+        gpus.append(_Gpu(i, c, creq.name, shape, i < n_init and not sidecar, sidecar, priority))
+    if not gpus:
+        return out, []
+    selectors, numa_bind = annotation_selectors(pod, vendor)
+    idle = _idle_cores(vendor)
+    templates: dict[str, dict[str, Any]] = {}
+    claims = list(spec.get("resourceClaims") or [])
+    taken = {c.get("name") for c in claims}
+    for members in _groups(gpus):
+        shape = members[0].shape
+        for g in members[1:]:
+            shape = shape.join(g.shape)
+        cspec = _claim_spec(shape.nums, shape.memory, shape.cores, device_class, selectors, numa_bind, idle)
         tname = template_name(cspec)
         templates[tname] = {
             "apiVersion": "resource.k8s.io/v1",
@@ -271,23 +356,63 @@ def translate(
             },
             "spec": {"spec": cspec},
         }
-        if i >= n_init and reusable.get(tname):
-            claim = reusable[tname].pop(0)  # the init container's, which has exited by now
-        else:
-            claim = f"{CLAIM_PREFIX}{i}"
-            while claim in taken:
-                claim += "x"
-            taken.add(claim)
-            claims.append({"name": claim, "resourceClaimTemplateName": tname})
-            if i < n_init and c.get("restartPolicy") != "Always":
-                reusable.setdefault(tname, []).append(claim)
-        _strip(c, gpu_resources)
-        if isinstance(c.get("env"), list):
-            c["env"] = [e for e in c["env"] if not (isinstance(e, dict) and e.get("name") == ENV_TASK_PRIORITY)]
-            if not c["env"]:
-                c.pop("env")
-        resources = c.setdefault("resources", {})
-        resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
-    if templates:
-        spec["resourceClaims"] = claims
+        claim = f"{CLAIM_PREFIX}{members[0].index}"
+        while claim in taken:
+            claim += "x"
+        taken.add(claim)
+        claims.append({"name": claim, "resourceClaimTemplateName": tname})
+        if notes is not None:
+            notes += _sharing_notes(members, shape, claim)
+        for g in members:
+            if notes is not None and g.priority is not None:
+                notes.append(
+                    f"container {g.name!r}: {names.priority}={g.priority} is ignored on the DRA front end "
+                    "(the claim's CDI spec runs it at libvgpu's default priority 1); use the extender front end "
+                    "for task priorities"
+                )
+            _strip(g.container, gpu_resources)
+            if isinstance(g.container.get("env"), list):
+                env = [
+                    e for e in g.container["env"] if not (isinstance(e, dict) and e.get("name") == ENV_TASK_PRIORITY)
+                ]
+                g.container["env"] = env
+                if not env:
+                    g.container.pop("env")
+            resources = g.container.setdefault("resources", {})
+            resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
+    spec["resourceClaims"] = claims
     return out, list(templates.values())
+
+
+def _limit(container: Mapping[str, Any], name: str) -> Any:
+    """The value ``container`` gives resource ``name`` (limits first), None without it."""
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section)
+        if isinstance(values, Mapping) and name in values:
+            return values[name]
+    return None
+
+
+def _idle_cores(vendor: Any) -> str | None:
+    """The cores a claim asking for none names: nothing (the device's default, a thousandth of a
+    core: :data:`hami.dra.model.IDLE_CORES`) unless the webhook's ``defaultCores`` is set, which
+    the node agent's default would then be too; then the thousandth, said explicitly."""
+    default = getattr(getattr(vendor, "config", None), "default_cores", 0)
+    return IDLE_CORES if isinstance(default, int) and default > 0 else None
+
+
+def _sharing_notes(members: Sequence[_Gpu], shape: _Shape, claim: str) -> list[str]:
+    """A note for each app container given more than it asked because it shares its claim with
+    init containers (an init container given more is not noted: it has exited before the app
+    containers start)."""
+    if len(members) < 2:
+        return []
+    inits = ", ".join(repr(g.name) for g in members if g.init)
+    return [
+        f"container {g.name!r} shares claim {claim} with init container(s) {inits} (on the DRA front end a "
+        f"pod holds its claims for its whole life); the claim is sized to the larger of their requests: "
+        f"{shape.text()}, where {g.name!r} asked for {g.shape.text()}"
+        for g in members
+        if not g.init and g.shape != shape
+    ]

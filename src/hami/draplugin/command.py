@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from hami import malloc
+from hami.core.names import DEVICE_CORDON
 from hami.dra.model import (
     GpuMig,
     SliceSettings,
     StaticInstance,
+    cordoned_gpus,
     device_classes,
     mig_devices,
     mig_profiles_of,
@@ -285,17 +287,35 @@ async def _serve(
     book = HealthBook(args.health_recovery_seconds, _nvml_answers)
     # what this cluster keeps of a slice: once it refused the XID taints (before 1.35) or dropped
     # device taints (the feature off), later publishes leave them out from the start
-    kept = {"taint": None if args.unhealthy_taint == "none" else args.unhealthy_taint, "notes": True}
+    kept: dict[str, Any] = {
+        "taint": None if args.unhealthy_taint == "none" else args.unhealthy_taint,
+        "notes": True,
+        "taints": True,
+    }
+    changed = asyncio.Event()
+    cordons = CordonKeeper(args.node_name, changed)
 
     def fell_back(what: str) -> None:
         if what == "taints":
             kept["taint"] = None
+            kept["taints"] = False
         kept["notes"] = False
 
     async def publish() -> None:
         notes = book.notes() if kept["notes"] else None
         await publish_slice(
-            kube, args.node_name, gpus, s, book.unhealthy(), node_uid, kept["taint"], mig, notes, fell_back
+            kube,
+            args.node_name,
+            gpus,
+            s,
+            book.unhealthy(),
+            node_uid,
+            kept["taint"],
+            mig,
+            notes,
+            fell_back,
+            cordons.cordoned,
+            kept["taints"],
         )
 
     try:
@@ -303,6 +323,8 @@ async def _serve(
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
         node_uid = (node.get("metadata") or {}).get("uid") or ""
+        cordons.read(node)
+        changed.clear()  # the first publish below has the cordons read
         await publish()
 
         async def read_claim(namespace: str, name: str) -> dict:
@@ -342,7 +364,6 @@ async def _serve(
         )
         server = PluginServer(driver, *socket_paths(args.kubelet_dir), health=feed)
         await server.start()
-        changed = asyncio.Event()
         sweeper = (
             asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop, args.sweep_grace_seconds))
             if args.sweep_seconds > 0
@@ -376,9 +397,23 @@ async def _serve(
                 field_selector=f"metadata.name={slice_name(args.node_name)}",
             ).run()
         )
+        # the operator's cordon (hami.io/device-cordon) on the node's GPUs: watch the Node by name
+        # and publish again when the list changes (a 403, RBAC without list/watch on nodes, is
+        # logged once: the cordons read at start-up then stay until a restart)
+        node_watch = asyncio.create_task(
+            Reflector(
+                kube,
+                "/api/v1/nodes",
+                cordons,
+                name="own Node",
+                field_selector=f"metadata.name={args.node_name}",
+                optional=f"changes of {DEVICE_CORDON} are seen only at the agent's start",
+            ).run()
+        )
         try:
             await republish_on_change(stop, changed, book, feed, publish)
         finally:
+            node_watch.cancel()
             guard.cancel()
             if sweeper:
                 sweeper.cancel()
@@ -425,6 +460,35 @@ class SliceKeeper:
             self.changed.set()
 
 
+class CordonKeeper:
+    """Reflector handler for the agent's own Node: keeps the GPU UUIDs its ``hami.io/device-cordon``
+    annotation lists (:func:`hami.dra.model.cordoned_gpus`) and sets ``changed`` (publish again)
+    when they change. A list without the Node (an API that may not be read: the reflector's
+    optional resource) keeps what is known."""
+
+    def __init__(self, node: str, changed: asyncio.Event) -> None:
+        self.node = node
+        self.changed = changed
+        self.cordoned: frozenset[str] = frozenset()
+
+    def read(self, obj: dict) -> None:
+        if (obj.get("metadata") or {}).get("name") != self.node:
+            return
+        now = cordoned_gpus(obj)
+        if now != self.cordoned:
+            log.info("Node %s: cordoned GPUs (%s) now %s", self.node, DEVICE_CORDON, ", ".join(sorted(now)) or "none")
+            self.cordoned = now
+            self.changed.set()
+
+    def replace(self, items: list[dict], resource_version: str | None = None) -> None:
+        for item in items:
+            self.read(item)
+
+    def apply(self, event_type: str, obj: dict) -> None:
+        if event_type in ("ADDED", "MODIFIED"):
+            self.read(obj)
+
+
 async def _explain(args: argparse.Namespace) -> int:
     from hami.kube.client import KubeClient, KubeError
 
@@ -440,12 +504,23 @@ async def _explain(args: argparse.Namespace) -> int:
         pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
         slices = (await kube.get(f"{api}/resourceslices"))["items"]
         claims = (await kube.get(f"{api}/resourceclaims"))["items"]
+        try:  # why a claim could not be created (the webhook's quota refusal): optional
+            events = (
+                await kube.request(
+                    "GET",
+                    f"/api/v1/namespaces/{namespace}/events",
+                    [("fieldSelector", f"involvedObject.name={name},involvedObject.kind=Pod")],
+                )
+            )["items"]
+        except KubeError as exc:
+            log.debug("--explain: the pod's events could not be read: %s", exc)
+            events = []
     except KubeError as exc:
         print(f"hami dra: --explain {args.explain}: {exc}", file=sys.stderr)
         return 1
     finally:
         await kube.close()
-    print("\n".join(explain_pod(pod, slices, claims)))
+    print("\n".join(explain_pod(pod, slices, claims, events)))
     return 0
 
 

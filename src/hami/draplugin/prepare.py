@@ -10,8 +10,10 @@ same functions the device plugin's Allocate calls:
 
 - ``NVIDIA_VISIBLE_DEVICES``: the allocated GPUs' UUIDs, in the node's GPU index order;
 - ``CUDA_DEVICE_MEMORY_LIMIT_<i>``: the consumed memory of the i-th GPU, in MiB (``<n>m``);
-- ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent), and, when the GPUs'
-  shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>``: the i-th GPU's (:func:`contract.device_limits`);
+- ``CUDA_DEVICE_SM_LIMIT``: the consumed cores of the first GPU (percent, the whole part: a
+  share that named no cores consumed a thousandth and gets 0, no core limit, as on the extender
+  path), and, when the GPUs' shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>``: the i-th GPU's
+  (:func:`contract.device_limits`);
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
@@ -65,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from hami.core.names import DRA_CDI_KIND
-from hami.core.quantity import QuantityError, parse_int_quantity
+from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
 from hami.dra.model import (
     CONFIG_API_VERSION,
     CONFIG_KIND,
@@ -186,7 +188,10 @@ def _isolation(config: Sequence[Any], request: str, where: str) -> str:
     return chosen
 
 
-def _consumed(result: Mapping[str, Any], name: str, where: str) -> int | None:
+def _consumed(result: Mapping[str, Any], name: str, where: str, whole_part: bool = False) -> int | None:
+    """A consumed amount (None when not recorded). ``whole_part``: a fraction is allowed and its
+    whole part taken (cores: a share that named none consumed a thousandth of a core,
+    :data:`hami.dra.model.IDLE_CORES`, and gets no core limit, as on the extender path)."""
     consumed = result.get("consumedCapacity") or {}
     if not isinstance(consumed, Mapping):
         raise PrepareError(f"{where}.consumedCapacity={consumed!r:.60}: must be an object of quantities")
@@ -194,6 +199,9 @@ def _consumed(result: Mapping[str, Any], name: str, where: str) -> int | None:
     if raw is None:
         return None
     try:
+        if whole_part:
+            value = parse_quantity(raw, f"{where}.consumedCapacity.{name}")
+            return value.numerator // value.denominator
         return parse_int_quantity(raw, f"{where}.consumedCapacity.{name}")
     except QuantityError as exc:
         raise PrepareError(str(exc)) from None
@@ -270,7 +278,7 @@ def plan(
             raise PrepareError(
                 f"{where}: the whole-GPU class must not ask for part of the memory (consumed {mem} of {full} bytes)"
             )
-        cores = _consumed(r, CORES, where)
+        cores = _consumed(r, CORES, where, whole_part=True)
         cores = settings.default_cores if cores is None else cores
         if not admin:  # an admin view is given no limit, so what it names is only recorded
             _check_range(where, MEMORY, mem, MIB, full)  # below 1 MiB the limit would read "0m": no limit at all

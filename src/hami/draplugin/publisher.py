@@ -10,7 +10,9 @@ Kubernetes 1.37) the slice is published again without the unhealthy GPUs, so tha
 allocated as if healthy. A GPU's last non-fatal XID is published as an informational taint
 (:func:`hami.dra.model.xid_taint`, effect ``None``); a cluster that drops it gets the same
 fallback, and one that refuses the effect (a server older than 1.35 with device taints on) gets
-the slice without the informational taints.
+the slice without the informational taints. A GPU the operator cordoned (the Node's
+``hami.io/device-cordon``) carries :func:`hami.dra.model.cordon_taint`, or is left out where
+device taints are dropped.
 
 Who writes what (RBAC in the chart): the node agent may apply ``resourceslices`` (cluster-scoped;
 RBAC cannot narrow it to one node's slice, so docs/dra.md names this), the installer applies
@@ -77,17 +79,21 @@ async def publish_slice(
     mig: Mapping[str, GpuMig] | None = None,
     notes: Mapping[str, int] | None = None,
     fell_back: Callable[[str], None] | None = None,
+    cordoned: frozenset[str] = frozenset(),
+    device_taints: bool = True,
 ) -> dict[str, Any]:
     """Apply the node's slices (one, or more with MIG: :func:`hami.dra.model.resource_slices`)
     and delete the parts a previous publish had beyond them; returns the first as the API server
     stored it. ``taint``: the effect of the unhealthy GPUs' device taint (None: they are left out);
-    ``notes``: UUID -> the GPU's last non-fatal XID (an informational taint). A cluster that
-    refuses the XID taints or drops device taints gets the slice again without them, and
-    ``fell_back`` is told (``"notes"``, ``"taints"``), so that the caller's next publishes leave
-    them out from the start: a slice naming an unhealthy GPU untainted, even for a moment, lets
-    kube-scheduler place a claim on it."""
+    ``notes``: UUID -> the GPU's last non-fatal XID (an informational taint); ``cordoned``: the
+    UUIDs the operator cordoned (tainted ``NoSchedule``; left out when ``device_taints`` is False).
+    A cluster that refuses the XID taints or drops device taints gets the slice again without
+    them (the unhealthy and cordoned GPUs left out), and ``fell_back`` is told (``"notes"``,
+    ``"taints"``), so that the caller's next publishes leave them out from the start: a slice
+    naming an unhealthy or cordoned GPU untainted, even for a moment, lets kube-scheduler place a
+    claim on it."""
     gpus = list(gpus)
-    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig, notes)
+    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig, notes, cordoned, device_taints)
     current = [await _get(kube, f"{API}/resourceslices/{slice_name(node)}")]
     before = int(((current[0] or {}).get("spec") or {}).get("pool", {}).get("resourceSliceCount") or 1)
     for part in range(1, max(before, len(wanted))):
@@ -116,7 +122,9 @@ async def publish_slice(
             )
             if fell_back is not None:
                 fell_back("notes")
-            return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, taint, mig, None, fell_back)
+            return await publish_slice(
+                kube, node, gpus, settings, unhealthy, node_uid, taint, mig, None, fell_back, cordoned, device_taints
+            )
     for part in range(len(wanted), len(current)):
         if current[part] is not None:
             await delete_slice(kube, node, part)
@@ -124,13 +132,15 @@ async def publish_slice(
     if not tainted <= set().union(*(_taints_of(s) for s in stored)):
         log.warning(
             "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
-            "in this cluster); publishing it without the unhealthy GPUs and the XID taints instead",
+            "in this cluster); publishing it without the unhealthy and cordoned GPUs and the XID taints instead",
             slice_name(node),
             ", ".join(sorted({name for name, _ in tainted})),
         )
         if fell_back is not None:
             fell_back("taints")
-        return await publish_slice(kube, node, gpus, settings, unhealthy, node_uid, None, mig, None, fell_back)
+        return await publish_slice(
+            kube, node, gpus, settings, unhealthy, node_uid, None, mig, None, fell_back, cordoned, False
+        )
     log.info(
         "ResourceSlice %s: %d device(s) in %d slice(s), pool generation %d",
         slice_name(node),

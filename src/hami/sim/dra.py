@@ -44,7 +44,20 @@ from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevi
 from hami.core.names import DRA_SHARE_CLASS, VGPU_NODE
 from hami.core.usage import collapse
 from hami.dra import fit
-from hami.dra.model import CORES, DRIVER, MEMORY, MIB, SHARES, SliceSettings, device, resource_slice
+from hami.dra.model import (
+    CORDON_TAINT_KEY,
+    CORES,
+    DRIVER,
+    MEMORY,
+    MIB,
+    SHARES,
+    SliceSettings,
+    cordon_taint,
+    cordoned_gpus,
+    cores_policy,
+    device,
+    resource_slice,
+)
 
 from .engine import (
     DEFAULT_SCHEDULER,
@@ -123,10 +136,30 @@ def _gpu_device(d: Any, opts: DraOptions) -> dict:
 
     s = SliceSettings(split_count=d.count, default_cores=opts.default_cores, min_memory_mib=opts.min_memory_mib)
     out = device(_Gpu, s)
-    cores = out["capacity"][CORES]  # devcore is already 100 x deviceCoreScaling
-    cores["value"] = cores["requestPolicy"]["validRange"]["max"] = str(d.devcore)
-    cores["requestPolicy"]["default"] = str(min(opts.default_cores, d.devcore))
+    # devcore is already 100 x deviceCoreScaling
+    out["capacity"][CORES] = {"value": str(d.devcore), "requestPolicy": cores_policy(d.devcore, opts.default_cores)}
     return out
+
+
+def _cordon(slice_doc: dict, cordoned: frozenset[str]) -> dict:
+    """``slice_doc`` with the cordon taint on the devices of the GPUs in ``cordoned`` (UUIDs, the
+    Node's ``hami.io/device-cordon``), as the node agent publishes them."""
+    if not cordoned:
+        return slice_doc
+    devices = []
+    for d in (slice_doc.get("spec") or {}).get("devices") or ():
+        attrs = d.get("attributes") or {}
+        uuid = (attrs.get("parentUUID") or attrs.get("uuid") or {}).get("string")  # a MIG device: its GPU's
+        taints = list(d.get("taints") or ())
+        if uuid in cordoned and not any((t or {}).get("key") == CORDON_TAINT_KEY for t in taints):
+            d = {**d, "taints": [*taints, cordon_taint()]}
+        devices.append(d)
+    return {**slice_doc, "spec": {**slice_doc["spec"], "devices": devices}}
+
+
+def cordoned(d: fit.DeviceUse) -> bool:
+    """Whether the device carries the cordon taint (its GPU is in its Node's ``hami.io/device-cordon``)."""
+    return any(isinstance(t, Mapping) and t.get("key") == CORDON_TAINT_KEY for t in (d.doc or {}).get("taints") or ())
 
 
 def _node_slice(obj: Mapping[str, Any], config: SchedulerConfig, opts: DraOptions, warnings: list[str]) -> dict | None:
@@ -181,6 +214,7 @@ def load_nodes(
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
     filters: dict[str, NodeFacts] = {}
+    cordons: dict[str, frozenset[str]] = {}  # node -> its hami.io/device-cordon
     names = Names(source)
     for label, obj in flatten_objects(node_docs, source):
         kind = obj.get("kind") or "Node"
@@ -200,6 +234,7 @@ def load_nodes(
             check_document(obj, NODE_FIELDS, source, label)
             filters[name] = node_facts(obj)
             facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
+            cordons[name] = cordoned_gpus(obj)
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
                 slices.append((made, True))
@@ -217,7 +252,7 @@ def load_nodes(
             )
             continue
         pool = ((s["spec"].get("pool") or {}).get("name")) or node
-        s = {**s, "spec": {**s["spec"], "pool": {"name": pool}}}
+        s = _cordon({**s, "spec": {**s["spec"], "pool": {"name": pool}}}, cordons.get(node, frozenset()))
         n = nodes.setdefault(node, _Node(node, [], *facts.get(node, (0, 0)), filters=filters.get(node)))
         used.append(s)
         for d in fit.devices_of([s]).values():
@@ -297,7 +332,7 @@ class _State:
                     fit.Pick(
                         r.get("request", ""),
                         dev,
-                        {k: fit._int(consumed[k], k) if k in consumed else dev.total[k] for k in fit.CAPACITIES},
+                        {k: fit.amount(consumed[k], k) if k in consumed else dev.total[k] for k in fit.CAPACITIES},
                     )
                 )
             fit.commit(picks, claim.ref)
@@ -551,10 +586,10 @@ class _State:
                         "count": d.total[SHARES],
                         "usedmem": -(-d.used[MEMORY] // MIB),
                         "totalmem": d.total[MEMORY] // MIB,
-                        "usedcores": d.used[CORES],
-                        "totalcore": d.total[CORES],
+                        "usedcores": fit.whole(d.used[CORES]),
+                        "totalcore": fit.whole(d.total[CORES]),
                         "health": True,
-                        "cordoned": False,
+                        "cordoned": cordoned(d),
                         "claims": list(d.claims),
                     }
                 )
@@ -574,7 +609,7 @@ def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
                 index=_index(d),
                 count=d.total[SHARES],
                 devmem=d.total[MEMORY] // MIB,
-                devcore=d.total[CORES],
+                devcore=fit.whole(d.total[CORES]),
                 type=_type(d),
                 mode="hami-core",
                 health=True,
@@ -583,7 +618,8 @@ def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
             )
             for d in n.devices
         )
-        ledger.set_node(NodeDevices(n.name, devs))
+        gone = frozenset(d.uuid or f"{d.pool}/{d.device}" for d in n.devices if cordoned(d))
+        ledger.set_node(NodeDevices(n.name, devs, cordoned=gone))
     counted: set[str] = set()
     for key, (claims, node, _) in state.pods.items():
         pod = objects.get(key)
@@ -603,7 +639,7 @@ def to_ledger(state: _State, objects: Mapping[str, dict]) -> Ledger:
                         p.device.uuid or f"{p.device.pool}/{p.device.device}",
                         "NVIDIA",
                         -(-p.consumed[MEMORY] // MIB),
-                        p.consumed[CORES],
+                        fit.whole(p.consumed[CORES]),
                         _index(p.device),
                     )
                     for p in claim.picks or ()
@@ -653,7 +689,7 @@ def _containers(pod: Mapping[str, Any], claims: Mapping[str, _Claim]) -> list[di
                         "uuid": p.device.uuid,
                         "type": str(p.device.attributes.get(f"{DRIVER}/type") or ""),
                         "usedmem": -(-p.consumed[MEMORY] // MIB),
-                        "usedcores": p.consumed[CORES],
+                        "usedcores": fit.whole(p.consumed[CORES]),
                         "device": f"{p.device.pool}/{p.device.device}",
                         "claim": claim.ref,
                     }

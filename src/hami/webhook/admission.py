@@ -23,7 +23,9 @@
 8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request;
 9. on the DRA front end (``front_end="dra"``), instead of routing the pod to our scheduler, its
    NVIDIA requests become claims from ResourceClaimTemplates (:func:`hami.dra.translate.translate`);
-   the decision lists the templates, which the server creates before answering.
+   the decision lists the templates, which the server creates before answering, and warns of
+   what the front end ignores (a priority, an isolation opt-out; an app container enlarged by a
+   claim it shares with init containers). Rule 8 then counts what those claims will ask.
 
 The answer carries a JSON patch from the original pod to the mutated one.
 """
@@ -44,6 +46,7 @@ from hami.core.names import (
     BIND_PHASE,
     BIND_TIME,
     DRA_SHARE_CLASS,
+    DRA_WHOLE_CLASS,
     VGPU_MIG_ALLOCATIONS,
     VGPU_NODE,
     VGPU_TIME,
@@ -282,8 +285,38 @@ def _other_scheduler(pod: Mapping[str, Any], s: AdmissionSettings) -> Decision:
     return Decision(True, "", dict(pod))
 
 
-def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[str, Sequence[Any]], Any]) -> str:
-    """Admission-time quota (§10.1): max(sum over apps, max over inits) of memreq*nums and cores*nums."""
+def _in_unit(mib: int, factor: int) -> str:
+    """MiB in the unit of the memory resource (``memoryFactor`` MiB): ``20`` for 20480 with 1024,
+    ``2.93`` for 3000; with a factor of 1 the MiB themselves."""
+    if factor <= 1 or mib % factor == 0:
+        return str(mib // max(factor, 1))
+    return f"{mib / factor:.2f}".rstrip("0").rstrip(".")
+
+
+def quota_message(res: str, need: int, left: int, ns: str, factor: int = 1) -> str:
+    """The quota refusal, in the unit the namespace's quota and the pod are written in: the memory
+    resource counts ``memoryFactor`` MiB a unit, so with a factor other than 1 the MiB follow in
+    parentheses (``nvidia.com/gpumem requests 20 (20480 MiB), namespace NS has 16 (16384 MiB)
+    left``); cores, and memory with a factor of 1, are said as they are."""
+    left = max(left, 0)
+    if factor <= 1:
+        return f"exceeding resource quota: {res} requests {need}, namespace {ns} has {left} left"
+    return (
+        f"exceeding resource quota: {res} requests {_in_unit(need, factor)} ({need} MiB), "
+        f"namespace {ns} has {_in_unit(left, factor)} ({left} MiB) left"
+    )
+
+
+def _quota_excess(
+    pod: Mapping[str, Any],
+    s: AdmissionSettings,
+    room: Callable[[str, Sequence[Any]], Any],
+    claims: Mapping[str, tuple[int, int]] | None = None,
+) -> str:
+    """Admission-time quota (§10.1): max(sum over apps, max over inits) of memreq*nums and cores*nums.
+    ``claims``: vendor name -> (MiB, cores) the pod's translated claims ask (the DRA front end:
+    what the claims will be counted as, :func:`hami.dra.claims.claim_ask`), used for that vendor
+    instead of its container requests."""
     ns = (pod.get("metadata") or {}).get("namespace") or "default"
     quota = room(ns, s.vendors)
     if quota is None:
@@ -301,14 +334,32 @@ def _quota_excess(pod: Mapping[str, Any], s: AdmissionSettings, room: Callable[[
             else:
                 app = [a + b for a, b in zip(app, amounts)]
         need = [max(a, b) for a, b in zip(app, init)]
+        if claims is not None and v.name in claims:
+            need = [a + b for a, b in zip(need, claims[v.name])]
         mem_room, core_room = quota.room.get(v.name, (None, None))
-        for what, n, left, res in (
-            ("memory", need[0], mem_room, v.resources.memory),
-            ("cores", need[1], core_room, v.resources.cores),
+        for n, left, res, factor in (
+            (need[0], mem_room, v.resources.memory, v.resources.memory_factor),
+            (need[1], core_room, v.resources.cores, 1),
         ):
             if left is not None and n > left:
-                return f"exceeding resource quota: {res} requests {n}, namespace {ns} has {max(left, 0)} left"
+                return quota_message(res, n, left, ns, factor)
     return ""
+
+
+def _claims_ask(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(MiB, cores) the claims the pod's translated entries make will ask, each counted as the claim
+    check counts it (:func:`hami.dra.claims.claim_ask`): one claim per ``resourceClaims`` entry
+    naming one of ``templates``."""
+    from hami.dra.claims import claim_ask  # the DRA model, only on that front end
+
+    specs = {(t.get("metadata") or {}).get("name"): (t.get("spec") or {}).get("spec") or {} for t in templates}
+    mem = cores = 0
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        spec = specs.get(entry.get("resourceClaimTemplateName"))
+        ask = claim_ask({"spec": spec}) if spec is not None else None
+        if ask is not None:
+            mem, cores = mem + ask.memory_mib, cores + ask.cores
+    return mem, cores
 
 
 def decide(
@@ -397,6 +448,8 @@ def _decide_clean(
             )
         if s.scheduler_name and s.front_end == "extender":
             spec["schedulerName"] = s.scheduler_name
+        if s.front_end == "dra":
+            return _dra_quota(_to_dra(mutated, s, switches), s, quota_room)
         if quota_room is not None:
             try:
                 excess = _quota_excess(mutated, s, quota_room)
@@ -404,12 +457,25 @@ def _decide_clean(
                 return _deny(str(exc), 400)
             if excess:
                 return _deny(excess)
-        if s.front_end == "dra":
-            return _to_dra(mutated, s)
     return Decision(True, "", mutated)
 
 
-def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
+def _dra_quota(d: Decision, s: AdmissionSettings, quota_room: Callable[[str, Sequence[Any]], Any] | None) -> Decision:
+    """The quota check of a pod the DRA front end translated (:func:`_to_dra`): its NVIDIA share is
+    what its claims will ask when kube-controller-manager makes them (each claim is checked
+    again then, :func:`decide_claim`), its other vendors' devices as on the extender path."""
+    if not d.allowed or quota_room is None or d.pod is None:
+        return d
+    nvidia = s.nvidia
+    claims = {nvidia.name: _claims_ask(d.pod, d.templates)} if nvidia is not None else None
+    try:
+        excess = _quota_excess(d.pod, s, quota_room, claims)
+    except CoreError as exc:
+        return _deny(str(exc), 400)
+    return _deny(excess) if excess else d
+
+
+def _to_dra(pod: dict, s: AdmissionSettings, switches: Sequence[tuple[str, str]] = ()) -> Decision:
     from hami.dra.translate import translate  # the DRA front end only
 
     nvidia = s.nvidia
@@ -434,12 +500,37 @@ def _to_dra(pod: dict, s: AdmissionSettings) -> Decision:
     if nvidia is None:
         return Decision(True, "", pod)
     ns = (pod.get("metadata") or {}).get("namespace") or ""
+    notes: list[str] = []
     try:
         # the pod is admit_pod's copy, made for this admission: translated in place
-        out, templates = translate(pod, nvidia, s.dra_device_class, ns, owned=True)
+        out, templates = translate(pod, nvidia, s.dra_device_class, ns, owned=True, notes=notes)
     except CoreError as exc:
         return _deny(str(exc), 400)
-    return Decision(True, "", out, templates=tuple(templates))
+    notes += _isolation_notes(out, switches)
+    return Decision(True, "", out, templates=tuple(templates), warnings=tuple(f"hami: {n}" for n in notes))
+
+
+def _isolation_notes(pod: Mapping[str, Any], switches: Sequence[tuple[str, str]]) -> list[str]:
+    """A note for each GPU container (one the translation gave a claim) whose env switches isolation
+    off (admitted in a namespace that allows it): the claim's CDI spec sets libvgpu's variables and
+    mounts its preload whatever the container's env says, so the switch has no effect on DRA."""
+    from hami.dra.translate import CLAIM_PREFIX  # the DRA front end only
+
+    with_claims = {
+        c.get("name")
+        for c in _containers(pod)
+        if any(
+            str(ref.get("name", "")).startswith(CLAIM_PREFIX) for ref in (c.get("resources") or {}).get("claims") or ()
+        )
+    }
+    return [
+        f"container {container!r}: {variable if variable == DISABLE_CONTROL_ENV else variable + '=disable'} "
+        "is ignored on the DRA front end (the claim's CDI spec keeps libvgpu's limits on and sets "
+        f"{CORE_POLICY_ENV} from the node's settings); for a GPU without libvgpu use a ResourceClaim of "
+        f"class {DRA_WHOLE_CLASS}, or the extender front end"
+        for container, variable in switches
+        if container in with_claims
+    ]
 
 
 # ---------------------------------------------------------------------- JSON patch (RFC 6902)
@@ -689,14 +780,12 @@ def decide_claim(
         return Decision(True)
     if ask.unbounded:
         return _deny(f"{where}: {ask.unbounded} cannot be counted against namespace {ns}'s GPU quota; ask for a count")
-    for n, left, res in (
-        (ask.memory_mib, mem_room, nvidia.resources.memory),
-        (ask.cores, core_room, nvidia.resources.cores),
+    for n, left, res, factor in (
+        (ask.memory_mib, mem_room, nvidia.resources.memory, nvidia.resources.memory_factor),
+        (ask.cores, core_room, nvidia.resources.cores, 1),
     ):
         if left is not None and n > left:
-            return _deny(
-                f"{where}: exceeding resource quota: {res} requests {n}, namespace {ns} has {max(left, 0)} left"
-            )
+            return _deny(f"{where}: {quota_message(res, n, left, ns, factor)}")
     return Decision(True)
 
 
