@@ -391,7 +391,9 @@ async def test_a_whole_gpu_claim_keeps_shares_off_that_gpu(cluster, kube):
         )
         assert out.returncode == 0, out.stderr
         # (a claim that names no cores consumes a thousandth: docs/dra.md, "A share that asks for no cores")
-        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT}" in out.stdout, out.stdout
+        assert f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT}" in out.stdout, (
+            out.stdout
+        )
         assert "request gpu (cores 1, memory 100Mi), GPU by GPU:" in out.stdout, out.stdout
         assert (
             f"{node}/gpu-0: memory {GPU_MIB}/{GPU_MIB} MiB, cores 0.001/100, shares 1/{SPLIT} -> memory 100 MiB short"

@@ -662,8 +662,9 @@ def _shape(ask: dict) -> tuple[int, int | None, int]:
 
 def _translation_wants(containers: list[dict], asks: list, n_init: int) -> list:
     """Per container, the (count, memory, cores) its claim asks: init containers that run to
-    completion share one claim with the app container it enlarges least, sized to the larger of
-    each dimension; sidecars and the other app containers have their own. Cores 0 are not named."""
+    completion share one claim with the app container it enlarges least, when one request of the
+    group holds all the others (the claim is that one); requests that cross keep their own
+    claims, as sidecars and the other app containers do. Cores 0 are named as a thousandth, 1m."""
     shapes = [_shape(a) if a else None for a in asks]
     inits = [i for i in range(n_init) if shapes[i] and containers[i].get("restartPolicy") != "Always"]
     apps = [i for i in range(n_init, len(containers)) if shapes[i]]
@@ -680,14 +681,19 @@ def _translation_wants(containers: list[dict], asks: list, n_init: int) -> list:
         extra = 0.0 if total(to) == total(me) else total(to) - total(me)
         return (float(to[0] - me[0]), extra, float(to[2] * to[0] - me[2] * me[0])), i
 
+    def covering(group):
+        merged = group[0]
+        for s in group[1:]:
+            merged = join(merged, s)
+        return merged if merged in group else None
+
     group_shape = {i: shapes[i] for i in range(len(containers)) if shapes[i]}
-    if inits:
-        merged = shapes[inits[0]]
-        for i in inits[1:]:
-            merged = join(merged, shapes[i])
+    merged = covering([shapes[i] for i in inits]) if inits else None
+    if merged is not None:
         members = list(inits)
-        if apps:
-            partner = min(apps, key=lambda i: growth(i, merged))
+        fits = [i for i in apps if covering([merged, shapes[i]]) is not None]
+        if fits:
+            partner = min(fits, key=lambda i: growth(i, merged))
             merged = join(merged, shapes[partner])
             members.append(partner)
         for i in members:
@@ -695,7 +701,7 @@ def _translation_wants(containers: list[dict], asks: list, n_init: int) -> list:
     out = []
     for i in range(len(containers)):
         s = group_shape.get(i)
-        out.append(None if s is None else (s[0], None if s[1] is None else f"{s[1]}Mi", str(s[2]) if s[2] else None))
+        out.append(None if s is None else (s[0], None if s[1] is None else f"{s[1]}Mi", str(s[2]) if s[2] else "1m"))
     return out
 
 

@@ -219,7 +219,7 @@ def test_a_share_asking_for_no_cores_consumes_a_thousandth_gets_no_limit_and_cou
     core; the container gets no core limit (0, as on the extender) and the quota counts 0 cores."""
     d = decide(pod("p", ctr("c", gpu=1, gpumem=1000)), DRA)
     t = template_of(d, "hami-gpu-0")
-    assert requests_of(t) == {"memory": "1000Mi"}
+    assert requests_of(t) == {"memory": "1000Mi", "cores": "1m"}  # said explicitly: no agent default applies
     sl = resource_slice("n1", GPU, SliceSettings())
     assert sl["spec"]["devices"][0]["capacity"]["cores"]["requestPolicy"] == {
         "default": IDLE_CORES,
@@ -311,19 +311,20 @@ def test_the_init_claim_passes_the_quota_the_pod_passed():
 
 
 def test_the_pod_check_counts_what_its_claims_will_ask():
-    """Finding C: where sharing makes a claim larger than either request (init 2 GPUs of 1000 MiB,
-    app 1 GPU of 3000 MiB: one claim of 2 x 3000), the pod is refused at once, naming the amount,
-    rather than admitted with a claim the claim check then refuses."""
+    """Finding C: requests that cross (init 2 GPUs of 1000 MiB, app 1 GPU of 3000 MiB) keep a
+    claim each (one claim of the larger of each, 2 x 3000, was more than either and could fit
+    nowhere: regression review), and the pod is counted as its claims will be (5000 MiB), refused
+    at once, naming the amount, rather than admitted with a claim the claim check then refuses."""
     quota = lambda ns, vendors: QuotaRoom({"NVIDIA": (4000, None)})  # noqa: E731
     p = pod("p", ctr("app", gpu=1, gpumem=3000), init=[ctr("warm", gpu=2, gpumem=1000)])
     d = decide(p, DRA, quota_room=quota)
     assert not d.allowed
-    assert d.message == "exceeding resource quota: nvidia.com/gpumem requests 6000, namespace default has 4000 left"
-    assert decide(p, DRA).warnings == (
-        "hami: container 'app' shares claim hami-gpu-0 with init container(s) 'warm' (on the DRA front end a pod "
-        "holds its claims for its whole life); the claim is sized to the larger of their requests: 2 GPU(s), "
-        "memory 3000 MiB and 0 cores each, where 'app' asked for 1 GPU(s), memory 3000 MiB and 0 cores each",
-    )
+    assert d.message == "exceeding resource quota: nvidia.com/gpumem requests 5000, namespace default has 4000 left"
+    ok = decide(p, DRA)
+    assert ok.warnings == () and len(ok.pod["spec"]["resourceClaims"]) == 2
+    # one that holds the other (init 1 x 1000 under app 1 x 3000) shares the app's claim: 3000
+    shared = pod("q", ctr("app", gpu=1, gpumem=3000), init=[ctr("warm", gpu=1, gpumem=1000)])
+    assert decide(shared, DRA, quota_room=quota).allowed
 
 
 def test_init_containers_share_one_claim_and_sidecars_keep_their_own():
@@ -346,7 +347,7 @@ def test_init_containers_share_one_claim_and_sidecars_keep_their_own():
         "side": "hami-gpu-1",
         "small": "hami-gpu-3",
     }
-    assert requests_of(template_of(d, "hami-gpu-0")) == {"memory": "4000Mi"}
+    assert requests_of(template_of(d, "hami-gpu-0")) == {"memory": "4000Mi", "cores": "1m"}
 
 
 def test_the_explanation_names_a_claim_whose_creation_was_refused():
@@ -380,12 +381,20 @@ def test_a_priority_is_said_to_be_ignored_on_dra():
     """Finding D (/tmp/review-dra/prio.py): ``nvidia.com/priority`` was removed without a word."""
     d = decide(pod("p", ctr("c", gpu=1, gpumem=3000, gpucores=30, priority=0)), DRA)
     assert d.allowed
-    assert d.warnings == (
-        "hami: container 'c': nvidia.com/priority=0 is ignored on the DRA front end (the claim's CDI spec runs it "
-        "at libvgpu's default priority 1); use the extender front end for task priorities",
-    )
+    assert d.warnings == ("hami: nvidia.com/priority ignored on DRA (claims run at priority 1): 'c'",)
     extender = decide(pod("p", ctr("c", gpu=1, gpumem=3000, gpucores=30, priority=0)), AdmissionSettings(CFG.vendors))
     assert extender.warnings == ()
+
+
+def test_dra_warnings_are_short_and_one_per_kind():
+    """Kubernetes asks for warnings under 120 characters, may cut them at 256 and drops them past
+    4 KiB in all: 30 prioritized containers made 30 warnings of 187 characters (regression review)."""
+    many = pod("p", *[ctr(f"container-with-a-long-name-{i:02d}", gpu=1, gpumem=100, priority=0) for i in range(30)])
+    d = decide(many, DRA)
+    assert d.allowed and len(d.warnings) == 1 and len(d.warnings[0]) < 120 and "more" in d.warnings[0]
+    shared = pod("q", ctr("app-" + "x" * 60, gpu=1, gpumem=1000), init=[ctr("warm", gpu=1, gpumem=3000)])
+    (note,) = decide(shared, DRA).warnings
+    assert len(note) < 120 and "1x3000MiB/0c (asked 1x1000MiB/0c)" in note, note
 
 
 @pytest.mark.parametrize(
@@ -403,10 +412,7 @@ def test_an_isolation_opt_out_is_said_to_be_ignored_on_dra(env, said):
     plain["env"] = [env]
     d = decide(pod("p", c, plain), DRA, {"hami.io/allow-disable-control": "true"})
     assert d.allowed
-    assert len(d.warnings) == 1 and d.warnings[0].startswith(
-        f"hami: container 'c': {said} is ignored on the DRA front end"
-    ), d.warnings
-    assert "whole-gpu.hami.io" in d.warnings[0]
+    assert d.warnings == ("hami: isolation opt-out ignored on DRA, use class whole-gpu.hami.io: c",), said
 
 
 # ------------------------------------------------------------------------------------- E

@@ -370,8 +370,9 @@ def _choice(
 ) -> list[tuple[int, int]] | Reason:
     """A collecting walk's choice among ``enough``, the groups (NUMA nodes, under NUMA binding;
     else the one) with ``nums`` fitting devices or more: the vendor's (``choose``), in the first
-    group where it finds one; else the topology-aware policy's over all of them (it keeps a
-    NUMA-bound choice within one NUMA node)."""
+    group where it finds one; else the topology-aware policy's in each group, the best of those
+    (each group searched on its own: pooled, a 20-GPU node of two NUMA nodes went past the
+    exhaustive search's limit, and one GPU was weighed against the other NUMA node's)."""
     if plan.vendor.chooses:
         got: list[tuple[int, int]] | Reason = Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST
         for group in enough:
@@ -379,9 +380,28 @@ def _choice(
             if not isinstance(got, Reason):
                 break
         return got
-    pool = enough[0] if len(enough) == 1 else [x for g in enough for x in g]
-    best = _best_topology(view, plan, pool, picks)
+    best: list[tuple[int, int]] | None = None
+    best_score = 0
+    for group in enough:
+        found = _best_topology(view, plan, group, picks)
+        if found is None:
+            continue
+        if len(enough) == 1:
+            return found
+        score = _topology_score(view, found, group)
+        if best is None or score > best_score:
+            best, best_score = found, score
     return Reason.RESOURCE_QUOTA_NOT_FIT if best is None else best
+
+
+def _topology_score(view: NodeView, combo: Sequence[tuple[int, int]], group: Sequence[tuple[int, int]]) -> int:
+    """How good a topology-aware choice is, to compare the choices of several groups: the links
+    among several devices (more is better), or for one device minus its links to the rest of its
+    group (less connected is better, as :func:`_best_topology` chooses it)."""
+    if len(combo) == 1:
+        j = combo[0][0]
+        return -sum(_pair(view, j, o) for o in dict.fromkeys(k for k, _ in group) if o != j)
+    return sum(_pair(view, a[0], b[0]) for a, b in combinations(combo, 2))
 
 
 def _granted(

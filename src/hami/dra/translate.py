@@ -249,9 +249,10 @@ class _Shape:
         extra = 0.0 if mine == theirs else theirs - mine
         return float(to.nums - self.nums), extra, float(to.cores * to.nums - self.cores * self.nums)
 
-    def text(self) -> str:
-        memory = "all of its memory" if self.memory is None else f"memory {self.memory} MiB"
-        return f"{self.nums} GPU(s), {memory} and {self.cores} cores each"
+    def brief(self) -> str:
+        """For a warning line: ``2x3000MiB/30c``."""
+        memory = "all" if self.memory is None else f"{self.memory}MiB"
+        return f"{self.nums}x{memory}/{self.cores}c"
 
 
 @dataclass
@@ -269,22 +270,36 @@ class _Gpu:
 
 def _groups(gpus: Sequence[_Gpu]) -> list[list[_Gpu]]:
     """The containers that share one claim, in the order their first member comes. Init
-    containers run one at a time and have exited before the app containers start, so they all
-    share one claim, with the app container whose own request it enlarges least (ties: the first);
-    every other container (app containers run together; a sidecar runs beside them) has its own."""
+    containers run one at a time and have exited before the app containers start, so they share
+    one claim, with the app container whose own request it enlarges least (ties: the first), as
+    long as one request of the group holds every other (it is then the claim's size, the larger of
+    the two as HAMi counts it). Requests that cross (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not
+    joined: a claim of the larger of each (2 x 15000) is more than either and may fit nowhere;
+    each keeps its own claim, as every other container does (app containers run together; a
+    sidecar runs beside them)."""
     inits = [g for g in gpus if g.init]
     apps = [g for g in gpus if not g.init and not g.sidecar]
-    groups: list[list[_Gpu]] = []
-    partner = None
-    if inits:
-        joined = inits[0].shape
-        for g in inits[1:]:
-            joined = joined.join(g.shape)
-        if apps:
-            partner = min(apps, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index))
-        groups.append(inits + ([partner] if partner is not None else []))
-    groups += [[g] for g in gpus if not g.init and g is not partner]
+    shared: list[_Gpu] = []
+    joined = _covering([g.shape for g in inits])
+    if joined is not None:
+        shared = list(inits)
+        fits = [a for a in apps if _covering([joined, a.shape]) is not None]
+        if fits:
+            shared.append(min(fits, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index)))
+    groups = [shared] if shared else []
+    groups += [[g] for g in gpus if g not in shared and not (g.init and shared)]
     return sorted(groups, key=lambda members: members[0].index)
+
+
+def _covering(shapes: Sequence[_Shape]) -> _Shape | None:
+    """The one of ``shapes`` that holds all the others (their join is it); None when none does
+    (or there are none)."""
+    if not shapes:
+        return None
+    joined = shapes[0]
+    for s in shapes[1:]:
+        joined = joined.join(s)
+    return joined if joined in shapes else None
 
 
 def translate(
@@ -364,12 +379,6 @@ def translate(
         if notes is not None:
             notes += _sharing_notes(members, shape, claim)
         for g in members:
-            if notes is not None and g.priority is not None:
-                notes.append(
-                    f"container {g.name!r}: {names.priority}={g.priority} is ignored on the DRA front end "
-                    "(the claim's CDI spec runs it at libvgpu's default priority 1); use the extender front end "
-                    "for task priorities"
-                )
             _strip(g.container, gpu_resources)
             if isinstance(g.container.get("env"), list):
                 env = [
@@ -380,6 +389,9 @@ def translate(
                     g.container.pop("env")
             resources = g.container.setdefault("resources", {})
             resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
+    prioritized = [g.name for g in gpus if g.priority is not None]
+    if notes is not None and prioritized:  # one line (warnings: under 120 characters each, few)
+        notes.append(f"{names.priority} ignored on DRA (claims run at priority 1): {_names(prioritized)}")
     spec["resourceClaims"] = claims
     return out, list(templates.values())
 
@@ -394,12 +406,13 @@ def _limit(container: Mapping[str, Any], name: str) -> Any:
     return None
 
 
-def _idle_cores(vendor: Any) -> str | None:
-    """The cores a claim asking for none names: nothing (the device's default, a thousandth of a
-    core: :data:`hami.dra.model.IDLE_CORES`) unless the webhook's ``defaultCores`` is set, which
-    the node agent's default would then be too; then the thousandth, said explicitly."""
-    default = getattr(getattr(vendor, "config", None), "default_cores", 0)
-    return IDLE_CORES if isinstance(default, int) and default > 0 else None
+def _idle_cores(vendor: Any) -> str:
+    """The cores a claim asking for none names: the thousandth of a core
+    (:data:`hami.dra.model.IDLE_CORES`), said explicitly, so that the node agent's own default for
+    claims naming no cores (``dra.defaultCores``, for claims users write) never applies to a
+    translated pod: the webhook counted it against the quota as 0 cores, and it would have run
+    under that default's compute limit (found by the regression review)."""
+    return IDLE_CORES
 
 
 def _sharing_notes(members: Sequence[_Gpu], shape: _Shape, claim: str) -> list[str]:
@@ -408,11 +421,21 @@ def _sharing_notes(members: Sequence[_Gpu], shape: _Shape, claim: str) -> list[s
     containers start)."""
     if len(members) < 2:
         return []
-    inits = ", ".join(repr(g.name) for g in members if g.init)
     return [
-        f"container {g.name!r} shares claim {claim} with init container(s) {inits} (on the DRA front end a "
-        f"pod holds its claims for its whole life); the claim is sized to the larger of their requests: "
-        f"{shape.text()}, where {g.name!r} asked for {g.shape.text()}"
+        f"{g.name[:30]!r} shares claim {claim} with init containers: {shape.brief()} (asked {g.shape.brief()})"
         for g in members
         if not g.init and g.shape != shape
     ]
+
+
+def _names(names: Sequence[str], room: int = 40) -> str:
+    """Container names for a warning line: as many as fit in about ``room`` characters (one at
+    least, cut to 30), then how many more."""
+    shown: list[str] = []
+    for n in names:
+        text = repr(n[:30])
+        if shown and len(", ".join([*shown, text])) > room:
+            break
+        shown.append(text)
+    left = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {left} more" if left else "")

@@ -523,14 +523,12 @@ def _isolation_notes(pod: Mapping[str, Any], switches: Sequence[tuple[str, str]]
             str(ref.get("name", "")).startswith(CLAIM_PREFIX) for ref in (c.get("resources") or {}).get("claims") or ()
         )
     }
-    return [
-        f"container {container!r}: {variable if variable == DISABLE_CONTROL_ENV else variable + '=disable'} "
-        "is ignored on the DRA front end (the claim's CDI spec keeps libvgpu's limits on and sets "
-        f"{CORE_POLICY_ENV} from the node's settings); for a GPU without libvgpu use a ResourceClaim of "
-        f"class {DRA_WHOLE_CLASS}, or the extender front end"
-        for container, variable in switches
-        if container in with_claims
-    ]
+    ignored = [str(c)[:30] for c, _ in switches if c in with_claims]
+    if not ignored:
+        return []
+    more = f" +{len(ignored) - 3}" if len(ignored) > 3 else ""
+    # one line (warnings: under 120 characters each, few): the class to use instead, the containers
+    return [f"isolation opt-out ignored on DRA, use class {DRA_WHOLE_CLASS}: {', '.join(ignored[:3])}{more}"]
 
 
 # ---------------------------------------------------------------------- JSON patch (RFC 6902)
