@@ -105,11 +105,13 @@ class ClaimUsage:
         return mem, cores
 
 
-def _amount(raw: Any, where: str) -> int | None:
+def _quantity(raw: Any, where: str, parse: Any) -> Any:
+    """``raw`` parsed by ``parse``, as a :class:`ClaimError` when it is not a quantity or is
+    negative; None when there is none."""
     if raw is None:
         return None
     try:
-        value = parse_int_quantity(raw, where)
+        value = parse(raw, where)
     except QuantityError as exc:
         raise ClaimError(str(exc)) from None
     if value < 0:
@@ -117,17 +119,17 @@ def _amount(raw: Any, where: str) -> int | None:
     return value
 
 
+def _amount(raw: Any, where: str) -> int | None:
+    value: int | None = _quantity(raw, where, parse_int_quantity)
+    return value
+
+
 def _cores(raw: Any, where: str) -> tuple[int | None, Fraction | None]:
     """(whole cores, the exact amount when it is not whole) of a cores quantity; (None, None)
     when there is none. Raises :class:`ClaimError` for what is not a quantity, or a negative one."""
-    if raw is None:
+    value: Fraction | None = _quantity(raw, where, parse_quantity)
+    if value is None:
         return None, None
-    try:
-        value = parse_quantity(raw, where)
-    except QuantityError as exc:
-        raise ClaimError(str(exc)) from None
-    if value < 0:
-        raise ClaimError(f"{where}: must not be negative, got {raw!r}")
     whole = value.numerator // value.denominator
     return whole, (value if value.denominator != 1 else None)
 
