@@ -839,6 +839,7 @@ def test_allocation_guard_keeps_the_decision_annotations_of_enabled_vendors_only
             *ENFLAME_DECISION,
             "CAMBRICON_DSMLU_PROFILE",
             "CAMBRICON_DSMLU_ASSIGNED",
+            "CAMBRICON_DSMLU_ASSIGHED",
             "huawei.com/Ascend910B3",
             "predicate-time",
         ]

@@ -441,6 +441,7 @@ CASES: dict[str, VendorCase] = {
             **_pair("cambricon-mlu", "{node}-cambricon-mlu-0,MLU,1024,10:;"),
             "CAMBRICON_DSMLU_PROFILE": "0_10_4",
             "CAMBRICON_DSMLU_ASSIGNED": "false",
+            "CAMBRICON_DSMLU_ASSIGHED": "false",
         },
     ),
     # renamed in this install: hygon.resourceMemoryName = hygon.com/dcu-memory
@@ -534,7 +535,7 @@ CASES: dict[str, VendorCase] = {
             "AWS_NEURON_IDS": "0",
             "NEURON_ALLOC_TIME": "",
             "NEURON_ALLOCATED": "false",
-            "NEURON_RESOURCE_TYPE": "neuroncore",
+            "NEURON_RESOURCE_TYPE": "aws.amazon.com/neuroncore",
             "aws.amazon.com/predicate-node": "{node}",
         },
     ),

@@ -57,9 +57,9 @@ def test_devices_as_hami_registers_them(cores, mask):
 @pytest.mark.parametrize(
     "limits,allocated,ids,kind",
     [
-        ({DEV: 1}, "inf-AWSNeuron-0,AWSNeuron,0,3:;", "0", "neuron"),
-        ({CORE: 4}, "inf-AWSNeuron-0,AWSNeuron,0,3:inf-AWSNeuron-1,AWSNeuron,0,3:;", "0,1,2,3", "neuroncore"),
-        ({CORE: 1}, "inf-AWSNeuron-0,AWSNeuron,0,1:;", "0", "neuroncore"),
+        ({DEV: 1}, "inf-AWSNeuron-0,AWSNeuron,0,3:;", "0", None),  # device IDs: no resource type (HAMi)
+        ({CORE: 4}, "inf-AWSNeuron-0,AWSNeuron,0,3:inf-AWSNeuron-1,AWSNeuron,0,3:;", "0,1,2,3", CORE),
+        ({CORE: 1}, "inf-AWSNeuron-0,AWSNeuron,0,1:;", "0", CORE),
     ],
 )
 def test_annotations_exact(limits, allocated, ids, kind):
@@ -71,7 +71,7 @@ def test_annotations_exact(limits, allocated, ids, kind):
         "AWS_NEURON_IDS": ids,
         "NEURON_ALLOC_TIME": str(int(NOW) * 1_000_000_000),  # unix nanoseconds, as HAMi
         "NEURON_ALLOCATED": "false",
-        "NEURON_RESOURCE_TYPE": kind,
+        **({"NEURON_RESOURCE_TYPE": kind} if kind else {}),
         "aws.amazon.com/predicate-node": "inf",
     }
 

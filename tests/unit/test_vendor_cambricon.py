@@ -50,6 +50,7 @@ def test_annotations_exact(limits, allocated, profile):
         "hami.io/cambricon-mlu-devices-to-allocate": allocated,
         "CAMBRICON_DSMLU_PROFILE": profile,
         "CAMBRICON_DSMLU_ASSIGNED": "false",
+        "CAMBRICON_DSMLU_ASSIGHED": "false",
     }
 
 

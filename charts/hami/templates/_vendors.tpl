@@ -172,7 +172,7 @@ nvidia's hami.io/vgpu-mig-allocations is in the guard's own list. tests/integrat
 keeps these equal to the vendors' lists.
 */}}
 {{- define "hami.decisionAnnotationKeys" -}}
-cambricon: [CAMBRICON_DSMLU_PROFILE, CAMBRICON_DSMLU_ASSIGNED]
+cambricon: [CAMBRICON_DSMLU_PROFILE, CAMBRICON_DSMLU_ASSIGNED, CAMBRICON_DSMLU_ASSIGHED]
 metax: [metax-tech.com/gpu-devices-allocated, metax-tech.com/predicate-time]
 mthreads: [mthreads.com/gpu-index, mthreads.com/predicate-time, mthreads.com/predicate-node]
 enflame:

@@ -12,10 +12,18 @@ mask of the device's addressable cores (HAMi addresses at most 4: ``0b11`` on In
 whole device, the lowest free bit for one core. Grants on one device never share a bit, so the
 sum the ledger keeps per device is their union.
 
+Several devices are taken as one contiguous run, as HAMi's ``graphSelect`` takes them (the
+devices of an instance are linked in a ring on Inferentia, in a torus on Trainium): on a node
+whose ``node.kubernetes.io/instance-type`` names an Inferentia (``inf``) any run of consecutive
+indexes; on another instance type (Trainium) runs of 4, 8 or 16 starting at a multiple of their
+size, other counts refused (``NumaNotFit``). Without that label (HAMi then refuses several
+devices) any run of consecutive indexes.
+
 Decision annotations: ``AWS_NEURON_IDS`` (device indexes for ``aws.amazon.com/neuron``; for
 ``aws.amazon.com/neuroncore`` the set bits of each grant as core IDs ``index x cores + n``),
-``NEURON_ALLOC_TIME`` (unix ns), ``NEURON_ALLOCATED=false``, ``NEURON_RESOURCE_TYPE`` (``neuron`` |
-``neuroncore``), ``aws.amazon.com/predicate-node``. No node lock.
+``NEURON_ALLOC_TIME`` (unix ns), ``NEURON_ALLOCATED=false``, ``NEURON_RESOURCE_TYPE`` (the core
+resource's name, ``aws.amazon.com/neuroncore``, when the IDs are cores; absent when they are
+devices, as HAMi writes it), ``aws.amazon.com/predicate-node``. No node lock.
 
 A namespace quota on the core resource counts the cores a grant's mask names (its set bits), both
 for the pods placed (the ledger) and for the device a pod is fitted on (:meth:`AwsNeuronVendor.quota_cores`):
@@ -32,7 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from hami.config import AwsNeuronConfig
 from hami.core.errors import RequestError
@@ -54,6 +62,9 @@ ALLOC_TIME_ANNOTATION = "NEURON_ALLOC_TIME"
 ALLOCATED_ANNOTATION = "NEURON_ALLOCATED"
 RESOURCE_TYPE_ANNOTATION = "NEURON_RESOURCE_TYPE"
 PREDICATE_NODE_ANNOTATION = "aws.amazon.com/predicate-node"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+#: device counts a Trainium instance takes, each as a run aligned on its size (HAMi ``graphSelect``)
+TRAINIUM_RUNS = (4, 8, 16)
 
 
 def core_mask(cores: int) -> int:
@@ -90,6 +101,8 @@ class AwsNeuronVendor(BaseVendor):
         PREDICATE_NODE_ANNOTATION,
     )
 
+    chooses = True  # several devices: a contiguous run (choose)
+
     def __init__(self, config: AwsNeuronConfig | None = None) -> None:
         c = self.config = config or AwsNeuronConfig()
         super().__init__(ResourceNames(count=c.resource_count_name, cores=c.resource_core_name))
@@ -99,6 +112,7 @@ class AwsNeuronVendor(BaseVendor):
         if devices <= 0:
             return ()
         cores = capacity(node, self.resources.cores) // devices or self.config.cores_per_device
+        kind = ((node.get("metadata") or {}).get("labels") or {}).get(INSTANCE_TYPE_LABEL)
         return synth_cards(
             node,
             self.name,
@@ -108,8 +122,35 @@ class AwsNeuronVendor(BaseVendor):
             devmem=0,
             devcore=core_mask(cores),
             type_=self.name,
+            custominfo={"instanceType": kind} if isinstance(kind, str) and kind else None,
             source=self.resources.count,
         )
+
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
+        """One device: the best-ranked. Several: the first contiguous run of free devices (the
+        Neuron runtime links them in a ring or torus, and the device plugin hands out what
+        ``AWS_NEURON_IDS`` names)."""
+        n = request.nums
+        if n == 1:
+            return list(candidates[:1])
+        at = {devices[j].index: j for j in candidates}
+        kind = str((devices[candidates[0]].custominfo or {}).get("instanceType") or "") if candidates else ""
+        if kind and "inf" not in kind.lower():
+            if n not in TRAINIUM_RUNS:
+                return Reason.NUMA_NOT_FIT
+            starts: Sequence[int] = range(0, max(at) + 1, n)
+        else:
+            starts = sorted(at)
+        for s in starts:
+            if all(s + k in at for k in range(n)):
+                return [at[s + k] for k in range(n)]
+        return Reason.NUMA_NOT_FIT
 
     def _amounts(self, container: Mapping[str, Any], where: str) -> tuple[int, int]:
         r = self.resources
@@ -214,7 +255,7 @@ class AwsNeuronVendor(BaseVendor):
         cores_of = {d.id: d.count for d in view.devices} if view is not None else {}
         containers = pod.containers if pod is not None else ()
         ids: list[int] = []
-        by_core = False
+        by_core = False  # HAMi writes the resource type only when the IDs are cores
         for ci, ctr in enumerate(devices):
             req = containers[ci].for_vendor(self.name) if ci < len(containers) else None
             whole = req is not None and not getattr(req, "by_core", True)
@@ -230,8 +271,9 @@ class AwsNeuronVendor(BaseVendor):
                 IDS_ANNOTATION: ",".join(map(str, ids)),
                 ALLOC_TIME_ANNOTATION: str(int(now * 1_000_000_000)),
                 ALLOCATED_ANNOTATION: "false",
-                RESOURCE_TYPE_ANNOTATION: "neuroncore" if by_core else "neuron",
                 PREDICATE_NODE_ANNOTATION: node,
             }
         )
+        if by_core:
+            out[RESOURCE_TYPE_ANNOTATION] = self.resources.cores
         return out

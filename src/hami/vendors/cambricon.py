@@ -5,8 +5,11 @@
 * Cards: ``capacity(vcore) / 100`` of them, each with ``capacity(vmemory)*256*100/capacity(vcore)``
   MiB, 100 slots and 100 cores; IDs ``<node>-cambricon-mlu-<i>``.
 * Decision annotations: the HAMi allocation pair plus ``CAMBRICON_DSMLU_PROFILE =
-  "<index>_<cores>_<memory/256>"`` (first container holding an MLU) and
-  ``CAMBRICON_DSMLU_ASSIGNED = "false"``. Node lock: ``cambricon.com/dsmlu.lock`` (bare RFC3339
+  "<index>_<cores>_<memory/256>"`` (first container holding an MLU) and the "not yet assigned"
+  mark ``"false"`` under both spellings: ``CAMBRICON_DSMLU_ASSIGNED`` (HAMi's today) and
+  ``CAMBRICON_DSMLU_ASSIGHED`` (Cambricon's device plugin, and HAMi before it fixed the typo: the
+  plugin in dynamic-smlu mode looks for its pending pod by that key, sets it ``"true"`` and frees
+  the node lock). Node lock: ``cambricon.com/dsmlu.lock`` (bare RFC3339
   time, expires after 2 minutes).
 """
 
@@ -23,6 +26,8 @@ from .common import capacity, percent_request, synth_cards
 UNIT_MIB = 256
 PROFILE_ANNOTATION = "CAMBRICON_DSMLU_PROFILE"
 ASSIGNED_ANNOTATION = "CAMBRICON_DSMLU_ASSIGNED"
+#: the key Cambricon's own device plugin reads (its spelling; HAMi wrote it so until it fixed the typo)
+PLUGIN_ASSIGNED_ANNOTATION = "CAMBRICON_DSMLU_ASSIGHED"
 
 
 class CambriconVendor(BaseVendor):
@@ -37,7 +42,7 @@ class CambriconVendor(BaseVendor):
     nouse_type_annotation = "cambricon.com/nouse-mlutype"
     use_uuid_annotation = "cambricon.com/use-gpuuuid"
     nouse_uuid_annotation = "cambricon.com/nouse-gpuuuid"
-    decision_annotations = (PROFILE_ANNOTATION, ASSIGNED_ANNOTATION)
+    decision_annotations = (PROFILE_ANNOTATION, ASSIGNED_ANNOTATION, PLUGIN_ASSIGNED_ANNOTATION)
     summary_prefilter = True  # generic capacity rules: the summary checks are safe
 
     def __init__(self, config: CambriconConfig | None = None) -> None:
@@ -80,4 +85,5 @@ class CambriconVendor(BaseVendor):
         if first is not None:
             out[PROFILE_ANNOTATION] = f"{first.index}_{first.usedcores}_{first.usedmem // UNIT_MIB}"
             out[ASSIGNED_ANNOTATION] = "false"
+            out[PLUGIN_ASSIGNED_ANNOTATION] = "false"
         return out

@@ -3,11 +3,16 @@
 Facts: §3.4, §4.1, §4.5, §7.1 ``kunlun``, §8.2, §8.3.
 
 Whole cards: ``kunlunxin.com/xpu`` from node capacity (IDs ``<node>-kunlun-<i>``, 98304 MiB; cards
-with index >= cards/2 are on NUMA 1). A card is never shared. Cards are wired in fixed groups of
-four (``0-1-4-5``, ``2-3-6-7``, then the same pattern for each further eight): a request of up to
-four cards takes them from ONE group, the group with the fewest fitting cards that still holds the
-request (least fragmentation), else the best-ranked cards. The node score adds 3000 / 2000 / 1000 / 0 when the pod removes / keeps /
-adds one / adds several "bubbles" (groups left partly used). Decision annotation
+with index >= cards/2 are on NUMA 1). A card is never shared. HAMi's topology (``graghSelect``):
+each eight cards form two fully linked groups of four, ``0-3`` and ``4-7``, joined only by the
+links ``0-4``, ``1-5``, ``2-6``, ``3-7``. A request of 1, 2 or 4 cards takes them inside one group,
+the group whose free cards equal the request or exceed it least (for one card: a group with 1,
+then 3, then 2, then 4 free, keeping pairs whole); when no group holds it, 2 cards take a linked
+pair across groups (``i``, ``i+4``) and 4 cards one of HAMi's cross-group rings (``0-1-4-5``,
+``2-3-6-7``, ``0-2-4-6``, ``1-3-5-7``, ``0-3-4-7``, ``1-2-5-6``), else the node does not fit
+(``NumaNotFit``, as HAMi). 8 cards take a whole eight; other counts (HAMi refuses them) the
+free cards of lowest index. The node score adds 3000 / 2000 / 1000 / 0 when the pod removes / keeps /
+adds one / adds several "bubbles" (groups of four left partly used). Decision annotation
 ``BAIDU_COM_DEVICE_IDX`` lists the card indexes. No node lock.
 
 vXPU: registration ``hami.io/node-register-xpu`` (JSON); ``kunlunxin.com/vxpu-memory`` is rounded
@@ -34,9 +39,20 @@ VXPU_SIZES = (24576, 49152, 98304)
 INDEX_ANNOTATION = "BAIDU_COM_DEVICE_IDX"
 
 
+#: HAMi's ``InterGroupConnection2``: the 4-card rings across the two groups of an eight, in its order
+CROSS_RINGS = ((0, 1, 4, 5), (2, 3, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7), (0, 3, 4, 7), (1, 2, 5, 6))
+#: HAMi tries the groups whose free cards number these, in order (one card: odd counts first)
+_GROUP_ORDER = {1: (1, 3, 2, 4), 2: (2, 3, 4), 4: (4,)}
+
+
 def interconnect_group(index: int) -> int:
-    """0-1-4-5 -> 0, 2-3-6-7 -> 1, 8-9-12-13 -> 2, ..."""
-    return (index // 2) % 2 + 2 * (index // 8)
+    """The fully linked group of four a card belongs to: 0-3 -> 0, 4-7 -> 1, 8-11 -> 2, ..."""
+    return index // 4
+
+
+def _linked(a: int, b: int) -> bool:
+    """Whether two cards have a direct link: same group of four, or partners across (i, i+4)."""
+    return interconnect_group(a) == interconnect_group(b) or (a // 8 == b // 8 and abs(a - b) == 4)
 
 
 class KunlunVendor(BaseVendor):
@@ -94,10 +110,20 @@ class KunlunVendor(BaseVendor):
         groups: dict[int, list[int]] = {}
         for j in candidates:
             groups.setdefault(interconnect_group(devices[j].index), []).append(j)
-        fitting = [g for g in groups.values() if len(g) >= n]
-        if n <= 4 and fitting:
-            return min(fitting, key=len)[:n]  # min keeps the best-ranked group among equals
-        return list(candidates[:n])
+        if n in _GROUP_ORDER:
+            for free in _GROUP_ORDER[n]:
+                for g in groups.values():
+                    if len(g) == free:
+                        return g[:n]
+            across = _across_groups(devices, candidates, n)
+            return across if across is not None else Reason.NUMA_NOT_FIT
+        if n == 8:  # a whole eight (HAMi: all eight cards free)
+            eights: dict[int, list[int]] = {}
+            for j in candidates:
+                eights.setdefault(devices[j].index // 8, []).append(j)
+            whole = [g for g in eights.values() if len(g) == 8]
+            return whole[0] if whole else Reason.NUMA_NOT_FIT
+        return candidates[:n]  # lowest indexes: HAMi refuses these counts
 
     def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
         """3000 / 2000 / 1000 / 0 when the pod removes / keeps / adds one / adds several "bubbles"
@@ -119,6 +145,34 @@ class KunlunVendor(BaseVendor):
         if indexes:
             out[INDEX_ANNOTATION] = ",".join(map(str, indexes))
         return out
+
+
+def _across_groups(devices: Sequence[DeviceInfo], candidates: list[int], n: int) -> list[int] | None:
+    """HAMi's ``interconnect``, for a request no group of four holds: 2 cards = a linked pair
+    across the groups; 4 cards = a free ring of :data:`CROSS_RINGS` (with six free, one that
+    leaves a linked pair free, else the last free ring, as HAMi). None when there is none."""
+    at = {devices[j].index: j for j in candidates}
+    if n == 2:
+        for j in candidates:
+            i = devices[j].index
+            mate = i + 4 if i % 8 < 4 else i - 4
+            if mate in at:
+                return [j, at[mate]]
+        return None
+    if n != 4:
+        return None
+    for base in sorted({i - i % 8 for i in at}):
+        free = {i for i in at if i - base in range(8)}
+        rings = [[base + k for k in ring] for ring in CROSS_RINGS if all(base + k in free for k in ring)]
+        if not rings:
+            continue
+        if len(free) == 6:
+            for ring in rings:
+                a, b = sorted(free - set(ring))
+                if _linked(a, b):
+                    return [at[i] for i in ring]
+        return [at[i] for i in rings[-1 if len(free) == 6 else 0]]
+    return None
 
 
 def _bubbles(cards: list[tuple[DeviceInfo, bool]]) -> int:

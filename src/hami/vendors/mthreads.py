@@ -113,7 +113,8 @@ class MthreadsVendor(BaseVendor):
             type=self.request_type,
             memreq=mem,
             mem_percentage=PERCENT_UNSET if mem else 100,
-            coresreq=min(cores // n, CORES_PER_GPU),
+            # as asked (HAMi caps at 100 only): more than a GPU's 16 cores does not fit, not 16
+            coresreq=min(cores // n, 100),
         )
 
     def choose(
