@@ -100,10 +100,10 @@ def test_allocation_metrics_follow_the_ledger():
     used_cores = sum(a.usage[0].cores for a in placed if a.usage[0].uuid == a_uuid)
     assert _v(got["hami_gpu_memory_limit_bytes"], node="n1", device_uuid=a_uuid, zone="vGPU") == [16000 * MIB]
     assert _v(got["hami_gpu_core_limit_ratio"], node="n2", device_index=0) == [100]
-    assert _v(got["hami_gpu_memory_allocated_bytes"], device_uuid=a_uuid, device_cores=used_cores) == [used_mem * MIB]
+    assert _v(got["hami_gpu_memory_allocated_bytes"], device_uuid=a_uuid, device_cores=100) == [used_mem * MIB]
     assert sum(_v(got["hami_gpu_shared_count"], node="n1")) == 2
     assert _v(got["hami_gpu_core_allocated_ratio"], device_uuid=a_uuid) == [used_cores]
-    assert _v(got["hami_node_gpu_overview"], device_uuid=a_uuid, device_memory_limit=16000) == [used_mem]
+    assert _v(got["hami_node_gpu_overview"], device_uuid=a_uuid, device_memory_limit=16000) == [used_mem * MIB]
     assert _v(got["hami_node_gpu_memory_allocated_ratio"], device_uuid=a_uuid) == [pytest.approx(used_mem / 16000)]
     assert _v(
         got["hami_vgpu_memory_allocated_bytes"],

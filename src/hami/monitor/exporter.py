@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -226,6 +227,18 @@ def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
+class _Flight:
+    """One collection in progress, and the scrapes waiting for its metrics."""
+
+    __slots__ = ("done", "metrics", "error", "joined")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.metrics: list[Metric] = []
+        self.error: BaseException | None = None
+        self.joined = 0  # scrapes that came while it ran
+
+
 class MonitorCollector(Collector):
     """``registry.register(MonitorCollector(...))``; see the module docstring."""
 
@@ -250,6 +263,8 @@ class MonitorCollector(Collector):
         # forgotten with the path (the container writes what goes into these messages)
         self._warned: dict[str, str] = {}
         self._before: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._flight: _Flight | None = None
 
     # ------------------------------------------------------------------ reading
     def read_containers(self) -> tuple[list[ContainerReading], dict[str, int]]:
@@ -317,6 +332,36 @@ class MonitorCollector(Collector):
         return []  # collected on demand; no fixed series to describe
 
     def collect(self) -> Iterator[Metric]:
+        """The metrics of one collection. The endpoint answers whoever reaches it (NodePort 31992
+        by default) and a collection reads every region (a hostile one costs ~75 ms of CPU): a
+        scrape that comes while one is being collected gets that one's metrics, so many clients
+        at once cost one collection, not one each (in threads that would also slow the feedback
+        round). The metrics are only read by the exposition, so they are shared as they are."""
+        with self._lock:
+            flight = self._flight
+            lead = flight is None
+            if flight is None:
+                flight = self._flight = _Flight()
+            else:
+                flight.joined += 1
+        if not lead:
+            flight.done.wait()
+            if flight.error is not None:
+                raise RuntimeError(f"the collection this scrape joined failed: {flight.error}")
+            yield from flight.metrics
+            return
+        try:
+            flight.metrics = list(self._collect())
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._lock:
+                self._flight = None
+            flight.done.set()
+        yield from flight.metrics
+
+    def _collect(self) -> Iterator[Metric]:
         fams: dict[str, GaugeMetricFamily] = {}
 
         def fam(name: str, doc: str = "", labels: Sequence[str] | None = None) -> GaugeMetricFamily:
@@ -361,6 +406,13 @@ class MonitorCollector(Collector):
         self, containers: Sequence[ContainerReading], gpus: Mapping[str, HostGPU], fam: Callable[..., GaugeMetricFamily]
     ) -> None:
         now = self.clock()
+        # a region's host PIDs are its container's to write: one that another region names too
+        # (a neighbour's process copied from NVML, or a PID reused) is nobody's for the drift
+        named: dict[int, int] = {}
+        for c in containers:
+            for pid in c.region.hostpids():
+                named[pid] = named.get(pid, 0) + 1
+        contested = {pid for pid, n in named.items() if n > 1}
         for c in containers:
             r = c.region
             for dev, seen in enumerate(r.uuids):
@@ -383,7 +435,7 @@ class MonitorCollector(Collector):
                     fam("Device_memory_desc_of_container", "Legacy: memory breakdown of the container").add_metric(
                         labels[:-1] + [str(u.context), str(u.module), str(u.buffer), str(offset), ZONE], u.total
                     )
-                drift = memory_drift(r, dev, gpus.get(uuid))
+                drift = memory_drift(r, dev, gpus.get(uuid), contested)
                 if drift is not None:
                     fam(
                         DRIFT, "NVML per-process memory of the container's processes minus the library ledger"
@@ -427,12 +479,15 @@ def claim_owner(c: ClaimDir, pods: Mapping[str, PodRef] | None) -> tuple[PodRef,
     return None
 
 
-def memory_drift(region: Region, dev: int, gpu: HostGPU | None) -> int | None:
-    """NVML's usage of the container's host PIDs on the device minus the ledger's; None if unknowable."""
+def memory_drift(region: Region, dev: int, gpu: HostGPU | None, contested: Collection[int] = ()) -> int | None:
+    """NVML's usage of the container's host PIDs on the device minus the ledger's; None if unknowable:
+    a process's host PID unknown, or one of them in ``contested`` (named by another region too)."""
     if gpu is None:
         return None
     pids = [p.hostpid for p in region.procs if p.hostpid > 0]
     if not pids or len(pids) != len(region.procs):
         return None  # a process whose host PID is unknown would show up as false drift
+    if any(pid in contested for pid in pids):
+        return None  # another container's process would be counted as this one's
     nvml = sum(gpu.process_memory.get(pid, 0) for pid in set(pids))
     return nvml - region.used(dev).total

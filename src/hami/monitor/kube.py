@@ -19,6 +19,9 @@ ALLOCATED = NvidiaVendor.allocated_annotation
 PRIORITY_RESOURCE = "nvidia.com/priority"
 #: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (hami-core §3: region default 1)
 DEFAULT_PRIORITY = 1
+#: phases of a pod that will never run again (a Job's pod stays in the API after it, until its
+#: TTL or for ever): the scheduler has released its GPUs, so the monitor treats it as gone
+FINISHED = ("Succeeded", "Failed")
 #: the longest one pod-list request may take. kubernetes_asyncio's default is no time-out at all:
 #: a connection the network black-holes (an API server failing over) would stop the refresh loop
 #: for good, and with it the clean-up and the feedback that run in the same round. A few feedback
@@ -111,8 +114,11 @@ async def api_client(kubeconfig: str | None) -> Any:
 
 
 async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOURCE) -> dict[str, PodRef]:
-    """Every pod with ``spec.nodeName == node`` (paged), by UID. Raises ApiException on failure,
-    asyncio.TimeoutError when a page is not in within :data:`API_TIMEOUT_S`."""
+    """Every pod with ``spec.nodeName == node`` (paged) that can still run, by UID: a pod in a
+    :data:`FINISHED` phase is left out, so its series go and its directories are swept (a process
+    killed with it leaves its slot behind, which showed as memory in use for as long as the pod
+    object lived). Raises ApiException on failure, asyncio.TimeoutError when a page is not in
+    within :data:`API_TIMEOUT_S`."""
     from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api)
@@ -125,6 +131,8 @@ async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOU
         page = await core.list_pod_for_all_namespaces(**kwargs)
         for pod in page.items:
             meta = pod.metadata
+            if pod.status is not None and pod.status.phase in FINISHED:
+                continue
             if meta.uid:
                 spec = pod.spec
                 containers = list(spec.init_containers or []) + list(spec.containers or []) if spec else []

@@ -33,8 +33,9 @@ Integration (what ``hami scheduler`` calls)::
 ``reasons`` accepts :class:`hami.core.reasons.NodeFailure` objects, :class:`Reason` values or
 plain strings. ``serve`` copies the allocation rows out of the ledger on the event loop that
 mutates it (a few ms for 1000 nodes x 8 GPUs, so a scrape never sees the ledger half-updated)
-and formats the text in a worker thread (~130 ms for that cluster, ``bench/bench_scheduler_metrics.py``);
-:meth:`render` does both at once for any other server.
+and formats the text in a worker thread (~130 ms for that cluster, ``bench/bench_scheduler_metrics.py``).
+Scrapes that arrive while one is being made share its answer (one copy, one render, however
+many clients call at once). :meth:`render` does both at once for any other server.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] 
         OVERVIEW,
         "nodeGPUOverview",
         ("nodeid", "deviceuuid", "deviceidx", "devicecores", "devicememorylimit", "devicetype"),
-        "Device memory allocated (MiB), with cores and memory limit as labels",
+        "Device memory allocated, with registered cores and memory (MiB) as labels",
     ),
     "hami_node_gpu_memory_allocated_ratio": (
         DEV,
@@ -298,10 +299,12 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
         shared = (_labels(DEV, dev), _labels(_LEGACY_DEV, dev) if legacy else "")
         t.add("hami_gpu_memory_limit_bytes", dev, devmem * MIB, shared)
         t.add("hami_gpu_core_limit_ratio", dev, devcore, shared)
-        t.add("hami_gpu_memory_allocated_bytes", (node, uuid, index, usedcores, typ), usedmem * MIB)
+        # device_cores is the GPU's registered cores, as HAMi since #2142: a label that followed
+        # the allocation began a new series (and ended one) at every placement and release
+        t.add("hami_gpu_memory_allocated_bytes", (node, uuid, index, devcore, typ), usedmem * MIB)
         t.add("hami_gpu_shared_count", dev, used, shared)
         t.add("hami_gpu_core_allocated_ratio", dev, usedcores, shared)
-        t.add("hami_node_gpu_overview", (node, uuid, index, usedcores, devmem, typ), usedmem)
+        t.add("hami_node_gpu_overview", (node, uuid, index, devcore, devmem, typ), usedmem * MIB)
         t.add("hami_node_gpu_memory_allocated_ratio", dev, usedmem / devmem if devmem else 0.0, shared)
     for row in rows.mig:
         t.add("hami_node_gpu_mig_instance_info", row, 1)
@@ -421,9 +424,21 @@ class SchedulerMetrics:
 
         from hami.serve import application, start
 
-        async def handler(_request: web.Request) -> web.Response:
+        flight: asyncio.Future[bytes] | None = None
+
+        async def scrape() -> bytes:
             rows = self.rows()  # on the loop: a consistent copy; the formatting runs in a thread
-            body = await asyncio.to_thread(self.render, rows)
+            return await asyncio.to_thread(self.render, rows)
+
+        async def handler(_request: web.Request) -> web.Response:
+            # anyone who reaches the port may scrape: those who come while a scrape is being
+            # made get its answer (at most one render old) instead of one more copy of the
+            # ledger on this loop and one more render each
+            nonlocal flight
+            if flight is None or flight.done():
+                flight = asyncio.ensure_future(scrape())
+                flight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
+            body = await asyncio.shield(flight)  # a client that leaves does not cancel the others' answer
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = application()
