@@ -14,7 +14,8 @@ decision of this replica's for that node needs one recorded on the pod (else it 
 pod is filtered again); every failure releases the lock, except a Binding
 error after which the pod turns out bound to the node (success) or cannot be read (kept); a
 Binding the API server refused (4xx, the pod verifiably not bound there) also gives back the
-decision's reservation. On a node whose agent injects each container's grant at creation
+decision's reservation. A Bind for a pod already bound (a repeated Bind) writes nothing: success
+when bound to that node. On a node whose agent injects each container's grant at creation
 (``hami.io/node-injection: nri``) a pod asking for NVIDIA GPUs only binds without any lock, and
 Filter never counts that node busy for it (:func:`hami.kube.nodelock.lockless`); there the
 Binding also completes the allocation (``bind-phase=success``, ``*-devices-to-allocate``
@@ -425,6 +426,10 @@ class Extender:
             real = (pod.get("metadata") or {}).get("uid")
             if real != uid:
                 raise NotPending(f"pod {ns}/{name} has UID {real}, not {uid}")
+            if self.state.was_deleted(uid):
+                # its deletion came through the watch while the GET was answered: a reservation
+                # now would be dropped by nothing but a Bind or the decision's expiry
+                raise NotPending(f"pod {ns}/{name} (UID {uid}) was deleted")
             self.state.put_pod(pod)
         spec = pod.get("spec") or {}
         if spec.get("schedulerName") != self.state.scheduler_name:
@@ -532,6 +537,15 @@ class Extender:
         if pod is None:
             self._forget_missing(ns, name, uid)
             return {"Error": f"pod {ns}/{name} not found"}
+        meta, bound_to = pod.get("metadata") or {}, (pod.get("spec") or {}).get("nodeName")
+        if bound_to and (not uid or meta.get("uid") == uid):
+            # A Bind repeated after one that landed: the lock is not written again (that replaced
+            # the value of a lock the device plugin was allocating under, so its release by value
+            # missed and the lock stayed), nor a second Binding posted.
+            if bound_to != node:
+                return {"Error": f"pod {ns}/{name} is already bound to node {bound_to}, not {node}"}
+            log.info("pod %s/%s: already bound to node %s; nothing to do", ns, name, node)
+            return {"Error": ""}
         taken: list[tuple[nodelock.LockSpec, str]] = []
         decision = None
         posted = False  # the Binding was sent (an error after it may be the API server's refusal)
@@ -823,6 +837,10 @@ class Extender:
         holder = spec.holder(value)
         cached = self.state.pod(holder.namespace, holder.name) if holder is not None else None
         owner = await self._owner(value, spec)
+        if isinstance(owner, Mapping) and self.state.lock_predates(node, spec.key, value, owner):
+            # a StatefulSet's pod deleted while it held the lock and re-created at once: the new
+            # pod, pending, only shares the name (it blocked the node until the lock's expiry)
+            return "the lock was held by a deleted pod of the same name (re-created since)"
         why = nodelock.stale_reason(value, node, now, expiry, owner)
         if why is None or cached is None:
             return why  # live, or just read from the API server

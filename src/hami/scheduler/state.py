@@ -4,7 +4,9 @@ The ledger (``hami.core.Ledger``) is rebuilt from the API server: node registrat
 annotations and pod allocation annotations. Handlers are level-triggered (a relist replaces
 everything); the only state that exists nowhere else is a Filter reservation whose pod patch
 has not come back through the watch yet (kept until the pod's annotations arrive, rolled
-back by the extender when the patch fails).
+back by the extender when the patch fails). A bound pod's grant is final: the first one the
+ledger read from a bound copy counts until the pod ends or goes, whatever its owner writes into
+its annotations later (as HAMi's scheduler keeps the first it saw).
 
 The DRA front end's allocations are learnt too (either front end): ResourceClaims allocated by
 driver ``gpu.hami.io`` (read by :func:`hami.dra.claims.claim_usage`) count against their
@@ -26,7 +28,15 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping
 
-from hami.core import CoreError, Ledger, SchedulerConfig, allocation_from_pod, pod_key, read_node_devices
+from hami.core import (
+    CoreError,
+    Ledger,
+    SchedulerConfig,
+    allocation_from_pod,
+    make_allocation,
+    pod_key,
+    read_node_devices,
+)
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
@@ -137,6 +147,9 @@ class ClusterState:
         # value is kept: the delete's resourceVersion was stored here and never read)
         self._deleted: dict[str, None] = {}
         self._deleted_nodes: dict[str, None] = {}  # deleted Node UIDs, the same way
+        # ledger keys whose allocation was read from a bound copy of the pod: final from then on
+        # (apply_pod keeps that grant whatever the annotations say later)
+        self._final: set[str] = set()
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
@@ -159,6 +172,12 @@ class ClusterState:
         # the node locks the vendors declare, and the nodes that carry one of them now
         self.lock_keys = frozenset(k for k in (getattr(v, "lock_annotation", None) for v in self.vendors) if k)
         self.locked_nodes: set[str] = set()
+        # (node, lock key) -> (the lock's value, the node's resourceVersion where this replica first
+        # saw that value), and "ns/name" -> (UID, resourceVersion) of that name's last deletion seen
+        # (bounded): a lock seen before its holder's name was deleted was the deleted pod's
+        # (lock_predates)
+        self._lock_seen: dict[tuple[str, str], tuple[str, int | None]] = {}
+        self._gone_names: dict[str, tuple[str, int]] = {}
         self._node_changed: dict[str, asyncio.Event] = {}
         self._pod_finished: asyncio.Event | None = None  # set when some pod finished its allocation or went away
         self.warnings: list[str] = []
@@ -197,6 +216,8 @@ class ClusterState:
             self._fingerprints.pop(name, None)
             self.registration_errors.pop(name, None)
             self.locked_nodes.discard(name)
+            for key in self.lock_keys:
+                self._lock_seen.pop((name, key), None)
             self.ledger.remove_node(name)
         else:
             self.nodes[name] = node
@@ -205,6 +226,12 @@ class ClusterState:
                 self.locked_nodes.add(name)
             else:
                 self.locked_nodes.discard(name)
+            for key in self.lock_keys:
+                value = annotations.get(key) if isinstance(annotations, Mapping) else None
+                if not isinstance(value, str):
+                    self._lock_seen.pop((name, key), None)
+                elif (self._lock_seen.get((name, key)) or ("",))[0] != value:
+                    self._lock_seen[(name, key)] = (value, revision(node))
             self._refresh_node(name, node)
         self._wake(name)
 
@@ -311,14 +338,19 @@ class ClusterState:
         after the list's snapshot: the watch from that version tells what becomes of it) or,
         where versions cannot be compared, while it holds a reservation (a decision whose Bind
         may be under way): dropping it freed GPUs a Bind then posted, and another pod got them."""
-        listed = {_ref(p) for p in items}
+        listed = {_ref(p): pod_key(p) for p in items}
+        # (a cached pod the list names with another UID is a successor of the listed one, created
+        # after the list's snapshot: its reservation stays just the same)
         kept = [
-            pod for ref, pod in self.pods.items() if ref not in listed and self._outlives_list(pod, resource_version)
+            pod
+            for ref, pod in self.pods.items()
+            if listed.get(ref) != pod_key(pod) and self._outlives_list(pod, resource_version)
         ]
         keys = {pod_key(p) for p in (*items, *kept)}
         for alloc in self.ledger.pods():
             if alloc.key not in keys:
                 self.ledger.remove_pod(alloc.key)
+                self._final.discard(alloc.key)
         old, self.pods = self.pods, {_ref(p): p for p in kept}
         for p in items:
             cached = old.get(_ref(p))
@@ -344,6 +376,10 @@ class ClusterState:
             return True
         return (pod.get("metadata") or {}).get("uid") in self._deleted  # a UID never comes back
 
+    def was_deleted(self, uid: str) -> bool:
+        """The pod watch has shown the deletion of the pod with this UID (a UID never comes back)."""
+        return uid in self._deleted
+
     def _tombstone(self, pod: Mapping[str, Any]) -> None:
         _remember(self._deleted, (pod.get("metadata") or {}).get("uid"))
 
@@ -358,6 +394,13 @@ class ClusterState:
                 self.pods.pop(ref, None)
             self._tombstone(pod)
             self.ledger.remove_pod(key)
+            self._final.discard(key)
+            uid, at = (pod.get("metadata") or {}).get("uid"), revision(pod)
+            if uid and at is not None:
+                self._gone_names.pop(ref, None)
+                self._gone_names[ref] = (uid, at)
+                while len(self._gone_names) > TOMBSTONES:
+                    del self._gone_names[next(iter(self._gone_names))]
             self._wake_lock_waiters(pod, True)
             return
         if self._stale(pod):
@@ -376,6 +419,28 @@ class ClusterState:
         except CoreError as exc:
             log.warning("%s; the pod is counted as holding nothing", exc)
             alloc = None
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        held = self.ledger.pod(key)
+        if (
+            key in self._final
+            and held is not None
+            and not self.ledger.is_reserved(key)
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ):
+            # A bound pod's grant is final (HAMi's scheduler, too, keeps the first it saw): the
+            # pod's owner may edit its annotations, and a grant rewritten smaller, moved or removed
+            # must not free GPUs its containers still hold (nor leave its namespace's quota).
+            # What follows the pod's status (init containers done) and its classes still count.
+            if alloc is None or not _same_grant(alloc, held):
+                log.warning(
+                    "pod %s: its allocation annotations changed after it was bound; "
+                    "the grant it was bound with (node %s) still counts",
+                    ref,
+                    held.node,
+                )
+                alloc = make_allocation(pod, held.node, held.devices, held.slices, self.vendors)
+        if bound and alloc is not None:
+            self._final.add(key)  # (a bound pod's allocation always lands in the ledger below)
         if alloc is not None:
             current = self.ledger.pod(key)
             reserved = self.ledger.is_reserved(key)
@@ -390,6 +455,18 @@ class ClusterState:
                 self.ledger.add_pod(alloc)  # (an identical add also ends the reservation)
         elif not self.ledger.is_reserved(key) or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             self.ledger.remove_pod(key)
+            self._final.discard(key)
+
+    def lock_predates(self, node: str, key: str, value: str, owner: Mapping[str, Any]) -> bool:
+        """The lock ``key=value`` on ``node`` was seen there before a pod of ``owner``'s name, not
+        ``owner``, was deleted: it was the deleted pod's. A name is free again only once its pod is
+        gone, so ``owner`` was created after that deletion and could not have written the lock,
+        which names pods by name only (HAMi's format). Unknown revisions answer False."""
+        seen = self._lock_seen.get((node, key))
+        gone = self._gone_names.get(_ref(owner))
+        if seen is None or gone is None or seen[0] != value or seen[1] is None:
+            return False
+        return gone[0] != (owner.get("metadata") or {}).get("uid") and seen[1] < gone[1]
 
     def _wake_lock_waiters(self, pod: Mapping[str, Any], gone: bool) -> None:
         """A pod that is gone or finished its allocation (bind-phase success/failed) no longer
@@ -650,6 +727,13 @@ def _same_allocation(a: Any, b: Any) -> bool:
     return (a.node, a.kinds, a.usage, a.classes) == (b.node, b.kinds, b.usage, b.classes) and {
         v: [[d.uuid for d in c] for c in per] for v, per in a.devices.items()
     } == {v: [[d.uuid for d in c] for c in per] for v, per in b.devices.items()}
+
+
+def _same_grant(a: Any, b: Any) -> bool:
+    """Same node, the same devices with the same memory and cores per container, same slices."""
+    return (a.node, tuple(a.slices)) == (b.node, tuple(b.slices)) and {
+        v: [[(d.uuid, d.type, d.usedmem, d.usedcores) for d in c] for c in per] for v, per in a.devices.items()
+    } == {v: [[(d.uuid, d.type, d.usedmem, d.usedcores) for d in c] for c in per] for v, per in b.devices.items()}
 
 
 def _ref(obj: Mapping[str, Any]) -> str:
