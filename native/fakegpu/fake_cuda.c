@@ -1086,6 +1086,23 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
                      (void **)arr);
 }
 
+/* The CUDA 2.x/3.0 entry points (32-bit sizes), still exported by the driver for old binaries:
+ * the same arrays. */
+EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(M_ARRAY, array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr);
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    if (!arr || !d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return array_new(M_ARRAY, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                     (void **)arr);
+}
+
 static CUresult array_free(void *h, unsigned magic)
 {
     NEED_INIT();
@@ -2016,7 +2033,8 @@ static const proc_entry g_procs[] = {
     E("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2), E("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     E("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2), E("cuMemsetD8", 3020, cuMemsetD8_v2),
     E("cuMemsetD32", 3020, cuMemsetD32_v2), E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
-    E("cuArrayCreate", 3020, cuArrayCreate_v2), E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    E("cuArrayCreate", 2000, cuArrayCreate), E("cuArrayCreate", 3020, cuArrayCreate_v2),
+    E("cuArray3DCreate", 2000, cuArray3DCreate), E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     E("cuArrayDestroy", 2000, cuArrayDestroy), E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
     E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
     E("cuMemAllocAsync", 11020, cuMemAllocAsync), PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),

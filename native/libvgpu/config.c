@@ -68,7 +68,8 @@ int vgpu_parse_size(const char *s, uint64_t *out)
             if (i < 2 && v != (double)(uint64_t)v)
                 return -1; /* fractional bytes */
             double bytes = v * units[i].mul;
-            if (!(bytes < 1.8e19))
+            /* a nonzero size that rounds to no byte ("1e-9g") would read as 0: no limit */
+            if (!(bytes < 1.8e19) || (v > 0 && bytes < 1.0))
                 return -1;
             *out = (uint64_t)bytes;
             return 0;

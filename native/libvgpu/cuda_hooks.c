@@ -40,7 +40,9 @@ int vgpu_refused;
     X(cuMemAllocManaged, "cuMemAllocManaged", 6000, 0)                                             \
     X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                                              \
     X(cuMemFree_v2, "cuMemFree", 3020, 0)                                                          \
+    X(cuArrayCreate, "cuArrayCreate", 2000, 0)                                                     \
     X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0)                                                  \
+    X(cuArray3DCreate, "cuArray3DCreate", 2000, 0)                                                 \
     X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0)                                              \
     X(cuArrayDestroy, "cuArrayDestroy", 2000, 0)                                                   \
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0)                                   \
@@ -944,6 +946,18 @@ static CUresult do_array3d(void *a)
     return r_cuArray3DCreate_v2(x->arr, x->desc);
 }
 
+static CUresult do_array_v1(void *a)
+{
+    array_args *x = a;
+    return r_cuArrayCreate(x->arr, x->desc);
+}
+
+static CUresult do_array3d_v1(void *a)
+{
+    array_args *x = a;
+    return r_cuArray3DCreate(x->arr, x->desc);
+}
+
 static CUresult do_mipmap(void *a)
 {
     array_args *x = a;
@@ -968,6 +982,28 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
     array_args a = {arr, d, 0, NULL};
     return array_charged(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
                          (void **)arr, do_array3d, &a);
+}
+
+/* The pre-3.2 entry points (32-bit sizes): still exported by the driver and reached by name
+ * (dlsym, or cuGetProcAddress below version 3020); they make the same arrays. */
+EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    READY_OR(r_cuArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
+    if (!arr || !d)
+        return r_cuArrayCreate(arr, d);
+    array_args a = {arr, d, 0, NULL};
+    return array_charged(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr,
+                         do_array_v1, &a);
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    READY_OR(r_cuArray3DCreate, CUDA_ERROR_NOT_INITIALIZED);
+    if (!arr || !d)
+        return r_cuArray3DCreate(arr, d);
+    array_args a = {arr, d, 0, NULL};
+    return array_charged(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+                         (void **)arr, do_array3d_v1, &a);
 }
 
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *mip, const CUDA_ARRAY3D_DESCRIPTOR *d,

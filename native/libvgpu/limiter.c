@@ -204,12 +204,13 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
     int d = (f & (F_PUBLISH | F_PAUSE | F_COUNT)) ? launch_dev() : -1;
     if (d >= VGPU_MAX_DEV)
         d = -1;
-    if ((f & F_PUBLISH) && d >= 0 && vgpu_my_slot) {
+    vgpu_slot *mine = vgpu_my_slot; /* read once: the exit handler clears it (region.c) */
+    if ((f & F_PUBLISH) && d >= 0 && mine) {
         uint64_t ms = lim_wall_ms();
         if (ms != __atomic_load_n(&g_last_publish_ms[d], __ATOMIC_RELAXED)) {
             __atomic_store_n(&g_last_publish_ms[d], ms, __ATOMIC_RELAXED);
-            __atomic_store_n(&vgpu_my_slot->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
-            __atomic_store_n(&vgpu_my_slot->unused[LIM_SLOT_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
+            __atomic_store_n(&mine->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
+            __atomic_store_n(&mine->unused[LIM_SLOT_LAST_LAUNCH_MS], ms, __ATOMIC_RELEASE);
         }
     }
     if (f & F_PAUSE)
@@ -426,7 +427,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     }
     if (D->period_us && newest + D->period_us > now_us)
         D->next_poll_us = newest + D->period_us;
-    unsigned me = (unsigned)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE);
+    vgpu_slot *mine = vgpu_my_slot; /* NULL once the exit handler gave it back */
+    unsigned me = mine ? (unsigned)__atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!me && !g_warned_pid++)
         LOG_WARN("host PID unknown: compute share not enforced for this process");
     double u_me = 0, u_other = 0;

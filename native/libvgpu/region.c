@@ -189,6 +189,19 @@ static void slot_clear(vgpu_slot *s)
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
+/* Whether the process that took slot `s` is gone. A slot whose owner took its byte lock is
+ * judged by that lock: in the owner's own namespace too, where its PID alone can mislead -- a
+ * process that exec()'d keeps its PID but not its driver memory (the region's file, close-on-exec,
+ * drops the lock), and a dead process's PID handed to another process (or thread) would keep its
+ * memory counted for as long as that one lives. The PID is asked first there: a process in exit
+ * is dead before the kernel drops its locks (pid_alive). */
+static int slot_dead(const vgpu_slot *s, int pid, uint32_t ns)
+{
+    if (ns && ns != g_pidns)
+        return !slot_held(s);
+    return !pid_alive(pid) || (ns && !slot_held(s));
+}
+
 /* Under the lock: free the slots of dead processes (their driver memory died with them).
  * Live slots never move, so no process's cached slot pointer goes stale. */
 static int reap_locked(void)
@@ -200,7 +213,7 @@ static int reap_locked(void)
         vgpu_slot *s = &vgpu_reg->procs[i];
         int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         uint32_t ns = (uint32_t)__atomic_load_n(&s->pad0, __ATOMIC_ACQUIRE);
-        if (pid && s != vgpu_my_slot && (ns && ns != g_pidns ? !slot_held(s) : !pid_alive(pid))) {
+        if (pid && s != vgpu_my_slot && slot_dead(s, pid, ns)) {
             LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
             slot_clear(s);
             reaped++;
@@ -288,11 +301,17 @@ static void check_header(vgpu_region *r)
                      (unsigned long long)vgpu_cfg.limit[i]);
 }
 
+/* At exit the slot is given back; the process is no longer charged through it first: exit
+ * handlers registered before this one (static destructors, a caching allocator emptying itself)
+ * still free memory afterwards, and another process may have taken the slot by then. A later
+ * allocation under a limit takes a new slot (vgpu_reserve), reclaimed once the process is gone. */
 static void on_exit_release(void)
 {
     vgpu_slot *s = vgpu_my_slot;
-    if (s && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == getpid())
+    if (s && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == getpid()) {
+        __atomic_store_n(&vgpu_my_slot, NULL, __ATOMIC_RELEASE);
         slot_clear(s);
+    }
 }
 
 static int map_fallback(void)

@@ -103,12 +103,14 @@ def read_lock_slot(path) -> dict:
 
 
 def fill_slots(path, pid: int, count: int) -> None:
-    """Mark slots 0..count-1 as taken by `pid` and set proc_num = count (a full region)."""
+    """Mark slots 0..count-1 as taken by `pid` and set proc_num = count (a full region). The
+    slots name no PID namespace (as a libvgpu that takes no slot lock writes them): judged by
+    `pid` alone, not by a lock byte that nobody holds for them (which would make them dead)."""
     with open(path, "r+b") as f:
         for i in range(count):
             f.seek(1856 + i * SLOT_SIZE)
             f.write(struct.pack("<i", pid))
             f.seek(1856 + i * SLOT_SIZE + 1928)
-            f.write(struct.pack("<i", 1))
+            f.write(struct.pack("<ii", 1, 0))
         f.seek(2_008_896)
         f.write(struct.pack("<i", count))

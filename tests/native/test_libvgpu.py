@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,6 +51,9 @@ def test_limit_parsing(vgpu_env, value, expected):
         ("CUDA_DEVICE_MEMORY_LIMIT", "1x"),
         ("CUDA_DEVICE_MEMORY_LIMIT", "-1g"),
         ("CUDA_DEVICE_MEMORY_LIMIT_1", "1.5"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1e30m"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1e-12g"),  # a limit, but less than a byte: it read as 0 (none)
+        ("CUDA_DEVICE_MEMORY_LIMIT", "0.0001k"),
         ("CUDA_DEVICE_SM_LIMIT", "thirty"),
     ],
 )
@@ -245,6 +249,79 @@ print("ready", flush=True); sys.stdin.read()
     assert out == ["0", "424"]
     r = read_region(tmp_path / "vgpu.cache")
     assert all(s["pid"] != pid for s in r["slots"])
+
+
+def test_a_process_that_execs_leaves_no_charge_behind(vgpu_env, tmp_path):
+    """exec() frees a process's driver memory but keeps its PID: judged by the PID, its slot
+    held 900 MiB of the 1 GiB for as long as the new program (here `sleep`) ran."""
+    holder = _holder(
+        vgpu_env,
+        """
+import os, cuda_probe as c
+c.init(); assert c.alloc(900 << 20)[0] == 0
+print("ready", flush=True)
+os.execv("/bin/sleep", ["sleep", "600"])
+""",
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while os.readlink(f"/proc/{holder.pid}/exe") != os.path.realpath("/bin/sleep"):
+            assert time.monotonic() < deadline, "the holder never exec'd"
+            time.sleep(0.02)
+        out = run_py("import cuda_probe as c; c.init(); print(c.alloc(900 << 20)[0])", vgpu_env).stdout
+        assert out.strip() == "0"
+        r = read_region(tmp_path / "vgpu.cache")
+        assert [s["used"][0]["total"] for s in r["slots"] if s["pid"] == holder.pid] == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_frees_after_the_exit_handler_never_reach_a_slot_another_process_took(vgpu_env, tmp_path):
+    """At exit libvgpu gives its slot back, but a handler registered before it (a library's static
+    destructors: a caching allocator emptying itself) still frees memory afterwards. Those frees
+    were subtracted from the slot, which meanwhile another process could have taken: its 600 MiB
+    were counted as 88 and a further 900 MiB fitted in 1 GiB."""
+    prog = tmp_path / "late_free"
+    subprocess.run(
+        [
+            "cc",
+            "-O2",
+            f"-I{BUILD / 'include'}",
+            "-o",
+            str(prog),
+            str(Path(__file__).parent / "late_free.c"),
+            f"-L{BUILD / 'fakegpu'}",
+            "-l:libcuda.so.1",
+        ],
+        check=True,
+    )
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    a = subprocess.Popen([str(prog), str(sync), "512"], env=vgpu_env, stdout=subprocess.PIPE, text=True)
+    b = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
+import os, time, cuda_probe as c
+sync = {str(sync)!r}
+while not os.path.exists(sync + "/exiting"): time.sleep(0.01)
+c.init(); print(c.alloc(600 << 20)[0], flush=True)
+open(sync + "/go", "w").close()
+while not os.path.exists(sync + "/freed"): time.sleep(0.01)
+print(c.alloc(900 << 20)[0])
+""",
+        ],
+        env=vgpu_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    a_out = a.communicate(timeout=60)[0]
+    (sync / "freed").touch()
+    b_out = b.communicate(timeout=60)[0]
+    assert a_out.splitlines() == ["alloc 0", "late free 0"]
+    assert b_out.split() == ["0", "2"]
 
 
 def test_sigkill_while_holding_the_lock_does_not_block_others(vgpu_env, tmp_path):

@@ -486,3 +486,28 @@ else:
         vgpu_env,
     ).stdout.strip()
     assert out == "child exited"
+
+
+def test_arrays_made_through_the_pre_3_2_entry_points_are_charged(vgpu_env):
+    """cuArrayCreate and cuArray3DCreate (32-bit sizes), which the driver still exports and a
+    program reaches by name (dlsym, or cuGetProcAddress below 3020): they went to the driver
+    unseen, so 600 MiB arrays filled the 1 GiB limit twice over."""
+    out = run_py(
+        PRELUDE
+        + """
+class Desc(C.Structure): _fields_ = [("w", C.c_uint), ("h", C.c_uint), ("fmt", C.c_int), ("ch", C.c_uint)]
+class Desc3(C.Structure):
+    _fields_ = [("w", C.c_uint), ("h", C.c_uint), ("d", C.c_uint), ("fmt", C.c_int), ("ch", C.c_uint), ("flags", C.c_uint)]
+c.init()
+FLOAT = 0x20
+a2, a3 = C.c_void_p(), C.c_void_p()
+p = C.c_void_p(); st = C.c_int()
+c.check(cu.cuGetProcAddress_v2(b"cuArray3DCreate", C.byref(p), 3000, C.c_uint64(0), C.byref(st)))
+create3d = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p)(p.value)
+rc2 = cu.cuArrayCreate(C.byref(a2), C.byref(Desc(40960, 3840, FLOAT, 1)))          # 600 MiB
+print(rc2, ledger(), create3d(C.byref(a3), C.byref(Desc3(4096, 4096, 10, FLOAT, 1, 0))), ledger())
+print(cu.cuArrayDestroy(a2), ledger(), create3d(C.byref(a3), C.byref(Desc3(4096, 4096, 10, FLOAT, 1, 0))), ledger())
+""",
+        vgpu_env,
+    ).stdout.splitlines()
+    assert out == ["0 600 2 600", "0 0 0 640"]
