@@ -53,7 +53,9 @@ calls :func:`devices_allocated`, :func:`devices_to_allocate`, :func:`use_uuid` a
 :func:`no_use_uuid` (the scheduler writes the first two, the vendor's device plugin reads them;
 the user writes the last two). :func:`is_devices_to_allocate` tells any backend's
 to-allocate key: the scheduler's lock handling and our device plugin read them all, so that a pod
-still owed another vendor's devices has not finished its allocation.
+still owed another vendor's devices has not finished its allocation. :func:`is_allocation_annotation`
+tells either key of any backend's pair: the webhook strips them from new pods (only the scheduler
+writes them).
 
 The DRA front end and CDI (beyond HAMi):
 
@@ -152,6 +154,13 @@ def devices_to_allocate(word: str) -> str:
 def is_devices_to_allocate(key: str) -> bool:
     """``key`` is some backend's :func:`devices_to_allocate` annotation."""
     return key.startswith(_DOMAIN) and key.endswith("-devices-to-allocate")
+
+
+def is_allocation_annotation(key: str) -> bool:
+    """``key`` is some backend's allocation pair (:func:`devices_allocated` or
+    :func:`devices_to_allocate`; a ``hami.io/`` key ending ``-allocated`` or ``-to-allocate``, as
+    the chart's allocation guard matches them), enabled in this install or not."""
+    return key.startswith(_DOMAIN) and key.endswith(("-allocated", "-to-allocate"))
 
 
 def use_uuid(word: str) -> str:

@@ -2,7 +2,8 @@
 
 1. a pod with no containers is denied;
 2. (security, beyond HAMi) an internal allocation annotation or label a pod carries at creation
-   (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, ..., and each enabled
+   (``hami.io/vgpu-devices-*``, ``hami.io/vgpu-node``, ``hami.io/bind-phase``, any backend's
+   ``hami.io/*-allocated`` / ``hami.io/*-to-allocate``, ..., and each enabled
    vendor's decision annotations, :attr:`~hami.vendors.base.BaseVendor.decision_annotations`, e.g.
    ``enflame.com/gcu-assigned-index``) is removed by the patch, whatever its scheduler, with a
    warning naming the keys: the scheduler trusts these to rebuild its ledger, the vendors' device
@@ -53,6 +54,8 @@ from hami.core.names import (
 )
 from hami.core.shape import POD, ShapeError, check, check_pod
 from hami.core.types import ContainerKind
+from hami.vendors.base import lookup
+from hami.vendors.common import present
 from hami.vendors.nvidia import VGPU_DEVICES_PREFIX
 
 INTERNAL_ANNOTATIONS = frozenset(
@@ -95,9 +98,15 @@ class AdmissionSettings:
         return next((v for v in self.vendors if v.name == "NVIDIA"), None)
 
     def internal_annotation(self, key: str) -> bool:
-        """A key only hami writes: the scheduler's own, or one an enabled vendor's decision writes
-        (its allocation pair and its :attr:`~hami.vendors.base.BaseVendor.decision_annotations`)."""
+        """A key only hami writes: the scheduler's own, any backend's allocation pair
+        (:func:`hami.core.names.is_allocation_annotation`), or one an enabled vendor's decision
+        writes (its :attr:`~hami.vendors.base.BaseVendor.decision_annotations`)."""
         if key in INTERNAL_ANNOTATIONS or key in self.extra_internal or key.startswith(INTERNAL_PREFIXES):
+            return True
+        if names.is_allocation_annotation(key):
+            # enabled here or not: the node lock stays with its owner pod while any such key names
+            # a device (hami.kube.nodelock.devices_pending), so a forged one held a node's lock
+            # until it expired
             return True
         return any(
             key in (v.allocated_annotation, v.to_allocate_annotation) or key in v.decision_annotations
@@ -193,6 +202,36 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     return ""
 
 
+#: the task priorities libvgpu runs with (native/libvgpu/config.c reads ``CUDA_TASK_PRIORITY`` in
+#: -1000..1000 and stops the process on any other value; the API server refuses negative ones)
+PRIORITY_RANGE = (0, 1000)
+
+
+def priority_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
+    """Why a device pod's priority resource may not be admitted ("" when it may): a value libvgpu
+    refuses to run with (the webhook and the grant pass it on as ``CUDA_TASK_PRIORITY``), so every
+    CUDA process of the container would exit (78) at its first call, long after admission."""
+    nvidia = s.nvidia
+    priority = nvidia.resources.priority if nvidia is not None else None
+    if not priority:
+        return ""
+    low, high = PRIORITY_RANGE
+    for c in _containers(pod):
+        limits = (c.get("resources") or {}).get("limits") or {}
+        if priority not in limits:
+            continue
+        try:
+            value = lookup(c, f"container {c.get('name')!r}")(priority)
+        except CoreError as exc:  # in a container without a GPU, admit_pod did not read it
+            return str(exc)
+        if not low <= value <= high:
+            return (
+                f"container {c.get('name')!r}: {priority} must be an integer in {low}..{high} "
+                f"(0 high, 1 low), got {value}"
+            )
+    return ""
+
+
 #: where every GPU container gets ``/etc/ld.so.preload`` naming libvgpu (hami.node.contract)
 PRELOAD_PATH = "/etc/ld.so.preload"
 #: mounts libvgpu finds by name in its mount table, wherever they are (hami.node.layout)
@@ -243,6 +282,41 @@ def reserved_mount_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
                     "there, and a mount of the pod's would replace them (docs/security.md)"
                 )
     return ""
+
+
+def ignored_asks(pod: Mapping[str, Any], mutated: Mapping[str, Any], s: AdmissionSettings) -> list[str]:
+    """Warnings for NVIDIA asks a pod writes that are read otherwise than written (HAMi admits
+    them as they are; refusing would break its manifests, e.g. a chart's ``gpu: 0`` that turns its
+    GPU off): memory or cores beside ``nvidia.com/gpu: 0`` (no GPU is given), cores over 100 (per
+    GPU, read as 100), a percentage beside ``gpumem`` (gpumem wins). ``pod`` as written (what the
+    user asked), ``mutated`` its admitted copy (the count defaulted), container for container;
+    their quantities were read once already."""
+    nvidia = s.nvidia
+    if nvidia is None:
+        return []
+    r = nvidia.resources
+    notes: list[str] = []
+    for written, c in zip(_containers(pod), _containers(mutated)):
+        name = str(c.get("name") or "?")[:30]
+        has = present(written)
+        try:
+            res = lookup(c, f"container {name!r}")
+            count, mem, cores, pct = res(r.count), res(r.memory), res(r.cores), res(r.memory_percentage)
+        except CoreError:  # admit_pod read them: left to its message
+            continue
+        if r.count not in present(c):
+            continue
+        asks = [n for n in (r.memory, r.memory_percentage, r.cores) if n and n in has]
+        if count == 0:
+            if asks:
+                ignored = ", ".join(n.rsplit("/", 1)[-1] for n in asks)  # short: a warning is one line
+                notes.append(f"container {name!r}: {r.count} 0 gives no GPU ({ignored} ignored)")
+            continue
+        if r.cores and r.cores in has and cores > 100:
+            notes.append(f"container {name!r}: {r.cores} {cores} is read as 100 (per GPU: 100 is a whole GPU)")
+        if r.memory_percentage in has and r.memory and r.memory in has and mem > 0:
+            notes.append(f"container {name!r}: {r.memory_percentage} {pct} is ignored, {r.memory} {mem} is given")
+    return [f"hami: {n}" for n in notes]
 
 
 def _deny(message: str, code: int = 403) -> Decision:
@@ -313,7 +387,11 @@ def _quota_excess(
     room: Callable[[str, Sequence[Any]], Any],
     claims: Mapping[str, tuple[int, int]] | None = None,
 ) -> str:
-    """Admission-time quota (§10.1): max(sum over apps, max over inits) of memreq*nums and cores*nums.
+    """Admission-time quota (§10.1): max(sum over apps, max over inits) of memreq*nums and cores*nums,
+    where a classic init container runs beside the sidecars (``restartPolicy: Always`` init
+    containers) declared before it, as the scheduler's quota check counts the pod
+    (:func:`hami.core.usage.collapse_picks`): counted alone, a pod the scheduler can never place
+    within the quota was admitted and stayed Pending.
     ``claims``: vendor name -> (MiB, cores) the pod's translated claims ask (the DRA front end:
     what the claims will be counted as, :func:`hami.dra.claims.claim_ask`), used for that vendor
     instead of its container requests."""
@@ -323,16 +401,18 @@ def _quota_excess(
         return ""
     req = pod_request(pod, s.vendors)
     for v in s.vendors:
-        app, init = [0, 0], [0, 0]
+        app, init, sidecars = [0, 0], [0, 0], [0, 0]
         for c in req.containers:
             r = c.for_vendor(v.name)
             if r is None:
                 continue
             amounts = (r.memreq * r.nums, r.coresreq * r.nums)
             if c.kind is ContainerKind.INIT:
-                init = [max(a, b) for a, b in zip(init, amounts)]
+                init = [max(a, b + side) for a, b, side in zip(init, amounts, sidecars)]
             else:
                 app = [a + b for a, b in zip(app, amounts)]
+                if c.kind is ContainerKind.SIDECAR:
+                    sidecars = [a + b for a, b in zip(sidecars, amounts)]
         need = [max(a, b) for a, b in zip(app, init)]
         if claims is not None and v.name in claims:
             need = [a + b for a, b in zip(need, claims[v.name])]
@@ -433,6 +513,8 @@ def _decide_clean(
     if not uses:  # nothing to route or default (overwriteEnv's NVIDIA_VISIBLE_DEVICES=none aside)
         return Decision(True, "", mutated)
     if uses:
+        if bad := priority_error(mutated, s):
+            return _deny(bad, 400)
         if bad := reserved_env_error(pod, s) or reserved_mount_error(pod, s):
             return _deny(bad)
         for c in _containers(mutated):
@@ -448,8 +530,10 @@ def _decide_clean(
             )
         if s.scheduler_name and s.front_end == "extender":
             spec["schedulerName"] = s.scheduler_name
+        notes = tuple(ignored_asks(pod, mutated, s))
         if s.front_end == "dra":
-            return _dra_quota(_to_dra(mutated, s, switches), s, quota_room)
+            d = _dra_quota(_to_dra(mutated, s, switches), s, quota_room)
+            return replace(d, warnings=notes + d.warnings) if d.allowed else d
         if quota_room is not None:
             try:
                 excess = _quota_excess(mutated, s, quota_room)
@@ -457,6 +541,7 @@ def _decide_clean(
                 return _deny(str(exc), 400)
             if excess:
                 return _deny(excess)
+        return Decision(True, "", mutated, warnings=notes)
     return Decision(True, "", mutated)
 
 
