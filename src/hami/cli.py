@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -67,6 +68,40 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        line = startup_error(exc, args)
+        if line is None:
+            raise
+        print(f"hami {name}: {line}", file=sys.stderr)
+        return 1
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def startup_error(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """One line for the failures a command meets before it does any work (a listener's port
+    taken, no Kubernetes credentials), or None for anything else, which keeps its traceback.
+
+    Matched by the exception's module, not imported: ``hami simulate`` loads neither aiohttp
+    nor the Kubernetes client."""
+    for leaf in _leaves(exc):
+        module = type(leaf).__module__
+        if module == "hami.serve" and type(leaf).__name__ == "ListenError":
+            return str(leaf)
+        if module.startswith("kubernetes_asyncio.config"):
+            kubeconfig = getattr(args, "kubeconfig", None)
+            if kubeconfig and os.pathsep not in kubeconfig and not os.path.isfile(kubeconfig):
+                # the client reads a missing file as an empty one ("Expected key current-context")
+                return f"--kubeconfig: no such file {kubeconfig!r}"
+            return (
+                f"cannot load Kubernetes credentials: {leaf} (give --kubeconfig, set KUBECONFIG, "
+                "or run in a pod with a service account)"
+            )
+    return None
 
 
 def klog_verbosity(argv: list[str]) -> list[str]:

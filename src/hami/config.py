@@ -10,12 +10,16 @@ adds its model here and one entry in ``hami.vendors.VENDORS``. ``chart_device_co
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import difflib
+import logging
+from typing import Any, Callable, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hami import safeyaml
 from hami.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def flag_bool(text: str) -> bool:
@@ -33,6 +37,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
 
+#: HAMi reads these counts into Go's int32 (a larger value fails its load); past it, ours would
+#: come back as a pod's limit no quantity parser takes, blamed on the pod
+INT32_MAX = 2**31 - 1
+#: kubelet IDs per GPU: the device plugin builds them all at every start (config.json's bound too)
+MAX_SPLIT_COUNT = 1024
+#: registered memory and cores are NVML's figures times these: at most 1000 keeps even a 2 TiB
+#: GPU's registration an int32 (HAMi's Devmem); an unbounded 1e308 turned it into infinity
+MAX_SCALING = 1000.0
+
+
 class MigAllowlistEntry(_Model):
     models: list[str] = Field(default_factory=list)
     profiles: list[str] = Field(default_factory=list)
@@ -47,19 +61,19 @@ class NvidiaConfig(_Model):
     resource_core_name: str = Field("nvidia.com/gpucores", alias="resourceCoreName")
     resource_priority_name: str = Field("nvidia.com/priority", alias="resourcePriorityName")
     overwrite_env: bool = Field(False, alias="overwriteEnv")
-    default_memory: int = Field(0, alias="defaultMemory", ge=0)
+    default_memory: int = Field(0, alias="defaultMemory", ge=0, le=INT32_MAX)
     default_cores: int = Field(0, alias="defaultCores", ge=0, le=100)
-    default_gpu_num: int = Field(1, alias="defaultGPUNum", ge=0)
-    memory_factor: int = Field(1, alias="memoryFactor", ge=1)
+    default_gpu_num: int = Field(1, alias="defaultGPUNum", ge=0, le=INT32_MAX)
+    memory_factor: int = Field(1, alias="memoryFactor", ge=1, le=INT32_MAX)
     disable_core_limit: bool = Field(False, alias="disableCoreLimit")
     gpu_core_policy: str = Field("default", alias="gpuCorePolicy")
     runtime_class_name: str = Field("", alias="runtimeClassName")
     mig_profile_allowlist: list[MigAllowlistEntry] = Field(default_factory=list, alias="migProfileAllowlist")
     # node-overridable defaults
-    device_split_count: int = Field(10, alias="deviceSplitCount", ge=1)
-    device_memory_scaling: float = Field(1.0, alias="deviceMemoryScaling", gt=0)
-    device_core_scaling: float = Field(1.0, alias="deviceCoreScaling", gt=0)
-    pre_configured_device_memory: int = Field(0, alias="preConfiguredDeviceMemory", ge=0)
+    device_split_count: int = Field(10, alias="deviceSplitCount", ge=1, le=MAX_SPLIT_COUNT)
+    device_memory_scaling: float = Field(1.0, alias="deviceMemoryScaling", gt=0, le=MAX_SCALING)
+    device_core_scaling: float = Field(1.0, alias="deviceCoreScaling", gt=0, le=MAX_SCALING)
+    pre_configured_device_memory: int = Field(0, alias="preConfiguredDeviceMemory", ge=0, le=INT32_MAX)
     lib_cuda_log_level: int = Field(1, alias="libCudaLogLevel")
     enable_numa_topology: bool = Field(False, alias="enableNumaTopology")
 
@@ -67,7 +81,7 @@ class NvidiaConfig(_Model):
     @classmethod
     def _policy(cls, v: str) -> str:
         if v not in ("default", "force", "disable"):
-            raise ValueError(f"must be one of default, force, disable (got {v!r})")
+            raise ValueError("must be one of default, force, disable")
         return v
 
 
@@ -89,7 +103,7 @@ class HygonConfig(_Names):
     resource_count_name: str = Field("hygon.com/dcunum", alias="resourceCountName")
     resource_memory_name: str = Field("hygon.com/dcumem", alias="resourceMemoryName")
     resource_core_name: str = Field("hygon.com/dcucores", alias="resourceCoreName")
-    memory_factor: int = Field(1, alias="memoryFactor", ge=1)
+    memory_factor: int = Field(1, alias="memoryFactor", ge=1, le=INT32_MAX)
 
 
 class MetaxConfig(_Model):
@@ -154,7 +168,7 @@ class AwsNeuronConfig(_Names):
     resource_count_name: str = Field("aws.amazon.com/neuron", alias="resourceCountName")
     resource_core_name: str = Field("aws.amazon.com/neuroncore", alias="resourceCoreName")
     #: our extension: NeuronCores per device, used by admission (HAMi hard-codes 2)
-    cores_per_device: int = Field(2, alias="coresPerDevice", ge=1)
+    cores_per_device: int = Field(2, alias="coresPerDevice", ge=1, le=INT32_MAX)
 
 
 class AmdConfig(_Names):
@@ -179,9 +193,9 @@ class BirenConfig(WholeDeviceConfig):
 
 class VnpuTemplate(_Model):
     name: str = Field(min_length=1)
-    memory: int = Field(gt=0)
-    ai_core: int = Field(0, alias="aiCore", ge=0)
-    ai_cpu: int = Field(0, alias="aiCPU", ge=0)
+    memory: int = Field(gt=0, le=INT32_MAX)
+    ai_core: int = Field(0, alias="aiCore", ge=0, le=INT32_MAX)
+    ai_cpu: int = Field(0, alias="aiCPU", ge=0, le=INT32_MAX)
 
 
 class VnpuChip(_Model):
@@ -192,11 +206,11 @@ class VnpuChip(_Model):
     resource_name: str = Field(alias="resourceName", min_length=1)
     resource_memory_name: str = Field("", alias="resourceMemoryName")
     resource_core_name: str = Field("", alias="resourceCoreName")
-    memory_allocatable: int = Field(alias="memoryAllocatable", gt=0)
-    memory_capacity: int = Field(alias="memoryCapacity", gt=0)
-    memory_factor: int = Field(1, alias="memoryFactor", ge=1)
-    ai_core: int = Field(0, alias="aiCore", ge=0)
-    ai_cpu: int = Field(0, alias="aiCPU", ge=0)
+    memory_allocatable: int = Field(alias="memoryAllocatable", gt=0, le=INT32_MAX)
+    memory_capacity: int = Field(alias="memoryCapacity", gt=0, le=INT32_MAX)
+    memory_factor: int = Field(1, alias="memoryFactor", ge=1, le=INT32_MAX)
+    ai_core: int = Field(0, alias="aiCore", ge=0, le=INT32_MAX)
+    ai_cpu: int = Field(0, alias="aiCPU", ge=0, le=INT32_MAX)
     runtime_class_name: str = Field("", alias="runtimeClassName")
     overwrite_env: bool = Field(False, alias="overwriteEnv")
     super_pod: bool = Field(False, alias="superPod")
@@ -346,7 +360,47 @@ def _describe(err: dict) -> str:
     return f"{loc}: {err.get('msg', 'invalid')} (got {err.get('input')!r})"
 
 
-def device_config_from_dict(data: Any, source: str = "device-config.yaml") -> DeviceConfig:
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, in a list, or optional (``list[VnpuChip] | None``)."""
+    for arg in (annotation, *get_args(annotation)):
+        for inner in (arg, *get_args(arg)):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                return inner
+    return None
+
+
+def ignored_keys(data: Any, model: type[BaseModel] = DeviceConfig, where: str = "") -> list[tuple[str, str]]:
+    """``(path, likely key)`` for every key of ``data`` the models do not read
+    (``("nvidia.deviceSplitcount", "deviceSplitCount")``; ``""`` when none is close). HAMi ignores
+    such keys too, so they are not refused."""
+    if not isinstance(data, dict):
+        return []
+    known: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        known[name] = known[field.alias or name] = field
+    out: list[tuple[str, str]] = []
+    for key, value in data.items():
+        here = f"{where}.{key}" if where else str(key)
+        field = known.get(key)
+        if field is None:
+            aliases = [f.alias or n for n, f in model.model_fields.items()]
+            close = [a for a in aliases if a.lower() == str(key).lower()] or difflib.get_close_matches(
+                str(key), aliases, n=1, cutoff=0.8
+            )
+            out.append((here, close[0] if close else ""))
+            continue
+        sub = _model_of(field.annotation)
+        if sub is None:
+            continue
+        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            out += ignored_keys(item, sub, here if i is None else f"{here}[{i}]")
+    return out
+
+
+def device_config_from_dict(
+    data: Any, source: str = "device-config.yaml", warn: Callable[[str], None] | None = None
+) -> DeviceConfig:
+    """``warn`` gets one line per key nothing reads (default: a warning in the log)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -354,14 +408,21 @@ def device_config_from_dict(data: Any, source: str = "device-config.yaml") -> De
     if not any(data.get(k) for k in VENDOR_SECTIONS):
         raise ConfigError(f"{source}: no vendor section is set (expected one of {', '.join(VENDOR_SECTIONS)})")
     try:
-        return DeviceConfig.model_validate(data)
+        config = DeviceConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc.errors()[0])}") from None
+    for key, likely in ignored_keys(data):
+        # a misspelt key would otherwise leave its default in force without a word
+        hint = f" (did you mean {likely}?)" if likely else ""
+        (warn or log.warning)(f"{source}: {key}: not a key hami reads, ignored{hint}")
+    return config
 
 
-def load_device_config(text: str, source: str = "device-config.yaml") -> DeviceConfig:
+def load_device_config(
+    text: str, source: str = "device-config.yaml", warn: Callable[[str], None] | None = None
+) -> DeviceConfig:
     try:
         data = safeyaml.load(text, source)
     except safeyaml.YamlInputError as exc:
         raise ConfigError(str(exc)) from None
-    return device_config_from_dict(data, source)
+    return device_config_from_dict(data, source, warn)

@@ -23,7 +23,8 @@ monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listen
 - :class:`CertReloader`: the TLS context (TLS 1.2 or later, an optional client CA) whose
   certificate, key and client CA are re-read when their files change.
 - ``SECURITY_HEADERS`` and :func:`security_headers`, for listeners that serve a browser.
-- :func:`start`: the one function that opens a listening site with all of the above.
+- :func:`start`: the one function that opens a listening site with all of the above (a port
+  it cannot open is a :class:`ListenError`).
 - :func:`wsgi_application`: a WSGI app (prometheus_client's exposition) behind the same rules.
 
 What it does not own: routes, who may call them (each program's module decides: the scheduler's
@@ -298,10 +299,25 @@ async def start(
         else:
             site = web.TCPSite(runner, host or None, port, ssl_context=ssl_context, backlog=backlog)
         await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(host, port, exc) from None
     except BaseException:
         await runner.cleanup()
         raise
     return runner
+
+
+class ListenError(OSError):
+    """A listener that could not open (its port taken, an address not this host's): one line
+    naming the address, which ``hami``'s entry point prints instead of a traceback."""
+
+    def __init__(self, host: str | None, port: int, cause: OSError) -> None:
+        where = f"[{host}]" if host and ":" in host and not host.startswith("[") else (host or "*")
+        # asyncio's strerror repeats the address; the errno's own words are enough beside ours
+        reason = os.strerror(cause.errno) if (cause.errno or 0) > 0 else (cause.strerror or str(cause))
+        super().__init__(f"cannot listen on {where}:{port} ({reason})")
+        self.errno = cause.errno
 
 
 # ---------------------------------------------------------------------------- WSGI

@@ -155,6 +155,7 @@ def _one_line(exc: Exception) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    config_warnings: list[str] = []  # keys of --config nothing reads, printed with the run's warnings
     try:
         if (args.nodes is None) != (args.pods is None):
             raise SimulationError("--nodes and --pods go together (give both, or neither for the bundled example)")
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         pods_text, pods_src = _read(args.pods, pods_file)
         if args.config or config_file:
             text, src = _read(args.config, config_file or "")
-            device_config = load_device_config(text, src)
+            device_config = load_device_config(text, src, warn=config_warnings.append)
         else:
             device_config = default_device_config()
         parse_node_policy(args.node_policy, "--node-policy")
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     except RecursionError:
         print("hami simulate: input nested too deeply", file=sys.stderr)
         return 1
-    for w in result.warnings:
+    for w in config_warnings + result.warnings:
         print(f"hami simulate: warning: {w}", file=sys.stderr)
     if args.output == "html":
         import time

@@ -241,8 +241,10 @@ def load_nodes(
     warnings: list[str] = []
     facts: dict[str, NodeFacts] = {}
     names = Names(source)
+    kinds: set[str] = set()  # of the objects that are not Nodes
     for label, obj in flatten_objects(node_docs, source):
         if (obj.get("kind") or "Node") != "Node":
+            kinds.add(str(obj.get("kind")))
             warnings.append(
                 f"{source}: skipping {obj.get('kind')} {(obj.get('metadata') or {}).get('name')}: not a Node"
             )
@@ -267,6 +269,9 @@ def load_nodes(
             continue
         ledger.set_node(nd)
     if not names.seen:
+        if kinds:  # the hint below would have the user overwrite a pods file with the nodes
+            hint = " (did you swap --nodes and --pods?)" if "Pod" in kinds else ""
+            raise SimulationError(f"{source}: no Node object in the file, only {', '.join(sorted(kinds))}{hint}")
         raise SimulationError(f"{source}: no Node object in the file (kubectl get nodes -o yaml > {source})")
     if not ledger.node_names():
         first = f": {warnings[0]}" if warnings else ""

@@ -92,7 +92,7 @@ def _summary(result: SimResult) -> list[str]:
         f"  GPUs in use:      {used}/{len(devs)}",
         f"  memory allocated: {_gib(mem)} of {_gib(total_mem)} ({100 * mem / total_mem if total_mem else 0:.0f}%)",
         f"  cores allocated:  {cores} of {total_cores} ({100 * cores / total_cores if total_cores else 0:.0f}%)",
-        "  pods:             " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+        "  pods:             " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"),
     ]
     # pods with the same reasons share one block, nodes with the same reason one line (the JSON
     # output keeps every pod and node): a thousand pending pods on sixty nodes stay readable
