@@ -97,6 +97,21 @@ def test_more_entries_than_containers():
         A.pending_devices(pod(encode_pod_devices([[dev(U0, 1)], [dev(U1, 1)]])))
 
 
+@pytest.mark.parametrize(("stored", "env"), [("1k", "1000"), ("0", "0"), ("1", "1")])
+def test_a_priority_in_the_api_servers_canonical_form_reaches_libvgpu_as_a_number(stored, env):
+    ctr = A.ContainerView("main", limits={"nvidia.com/priority": stored})
+    p = pod("", containers=(ctr,))
+    r = A.build_response(p, A.Grant(0, ctr, (dev(U0, 3000, 30),)), NodeSettings(), HookPaths("/opt/h", "/tmp/vl"))
+    assert r.envs["CUDA_TASK_PRIORITY"] == env
+
+
+def test_a_priority_that_is_no_number_is_an_allocation_error_naming_it():
+    ctr = A.ContainerView("main", limits={"nvidia.com/priority": "high"})
+    p = pod("", containers=(ctr,))
+    with pytest.raises(A.AllocationError, match="container 'main' limits.nvidia.com/priority"):
+        A.build_response(p, A.Grant(0, ctr, (dev(U0, 3000, 30),)), NodeSettings(), HookPaths("/opt/h", "/tmp/vl"))
+
+
 def test_response_env_and_mounts():
     paths = HookPaths("/opt/h", "/tmp/vl")
     settings = NodeSettings(device_memory_scaling=2.0, libcuda_log_level="1", gpu_core_policy="force")

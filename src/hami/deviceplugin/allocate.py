@@ -15,6 +15,7 @@ from typing import Any, Collection, Mapping, Sequence
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_NODE
+from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.kube.revision import newer_than
 from hami.core.types import ContainerDevice, PodSingleDevice
 from hami.kube.nodelock import NodeLock, owned_by, parse_node_lock  # noqa: F401 - shared with the scheduler
@@ -299,6 +300,19 @@ class ContainerResponse:
     grant: str = ""  # the grant file to write into cache_dir (hami.node.contract.grant_file)
 
 
+def _priority(pod: Any, ctr: Any, resource: str) -> int | None:
+    """The container's priority limit as the number libvgpu reads (None: not asked). The API
+    server keeps a quantity in its canonical form, so a pod's ``1000`` comes back ``1k``, which
+    libvgpu refuses to start with."""
+    raw = ctr.limits.get(resource)
+    if raw is None:
+        return None
+    try:
+        return parse_int_quantity(raw, f"container {ctr.name!r} limits.{resource}")
+    except QuantityError as exc:
+        raise AllocationError(f"pod {pod.ref}: {exc}") from None
+
+
 def build_response(
     pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths, mig_devices: Sequence[str] = ()
 ) -> ContainerResponse:
@@ -325,7 +339,7 @@ def build_response(
         memory=tuple(contract.mib(d.usedmem) for d in devs),
         cores=100 if mig else devs[0].usedcores,
         region=contract.container_region(paths, pod.uid, ctr.name),
-        priority=ctr.limits.get(settings.priority_resource),
+        priority=_priority(pod, ctr, settings.priority_resource),
     )
     envs.update(contract.limit_env(limits, contract.options(settings)))
     mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env), grant=True)
