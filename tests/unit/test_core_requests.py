@@ -117,6 +117,22 @@ def test_admission_env_runtime_class_and_overwrite_env():
     assert "env" not in raw["spec"]["containers"][0]  # the input is not mutated
 
 
+def test_overwrite_env_leaves_one_entry_of_a_name_the_container_repeated():
+    """The container gets the last entry of a repeated name: a second ``all`` kept the GPUs."""
+    vendors = build_vendors(device_config_from_dict({"nvidia": {"overwriteEnv": True}}))
+    visible = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    cpu = {"name": "cpu", "env": [*visible, {"name": "X", "value": "1"}, *visible]}
+    raw = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "g", "resources": {"limits": {"nvidia.com/gpu": 1}}}, cpu]},
+    }
+    out, _ = admit_pod(raw, vendors)
+    assert out["spec"]["containers"][1]["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
+        {"name": "X", "value": "1"},
+    ]
+
+
 def test_admission_copies_what_vendors_change_and_shares_status_and_managed_fields():
     vendors = build_vendors(device_config_from_dict({"nvidia": {"runtimeClassName": "nvidia", "overwriteEnv": True}}))
     managed = [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:containers": {}}}}]

@@ -51,14 +51,18 @@ def set_limit(container: dict, name: str, value: int) -> None:
 
 
 def env_append(container: dict, name: str, value: str) -> None:
-    """Set ``name=value`` in the container's env: an entry of that name is replaced, not added
-    twice (the webhook may be invoked again on its own output: reinvocationPolicy IfNeeded)."""
+    """Set ``name=value`` in the container's env: the first entry of that name is replaced, not
+    added twice (the webhook may be invoked again on its own output: reinvocationPolicy
+    IfNeeded), and any later one removed (the last of a repeated name is the one the container
+    gets, so a second ``NVIDIA_VISIBLE_DEVICES=all`` outlived the replaced first)."""
     env = ensure_field(container, "env", [])
-    for i, e in enumerate(env):
-        if isinstance(e, dict) and e.get("name") == name:
-            env[i] = {"name": name, "value": value}
-            return
-    env.append({"name": name, "value": value})
+    mine = [i for i, e in enumerate(env) if isinstance(e, dict) and e.get("name") == name]
+    if not mine:
+        env.append({"name": name, "value": value})
+        return
+    env[mine[0]] = {"name": name, "value": value}
+    for i in reversed(mine[1:]):
+        del env[i]
 
 
 def set_runtime_class(pod: dict, name: str) -> None:
