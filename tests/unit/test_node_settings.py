@@ -65,6 +65,9 @@ def test_node_entry_overrides_yaml(tmp_path):
         ({"name": "n1", "devicesplitcount": 0}, "devicesplitcount"),
         ({"name": "n1", "operatingmode": "turbo"}, "operatingmode"),
         ({"name": "n1", "devicememoryscaling": -1}, "devicememoryscaling"),
+        # unbounded, 1e308 made the registration infinity: an OverflowError at every start
+        ({"name": "n1", "devicememoryscaling": 1e308}, "devicememoryscaling"),
+        ({"name": "n1", "devicecorescaling": 1001}, "devicecorescaling"),
     ],
 )
 def test_bad_node_entry_names_field_and_value(tmp_path, entry, field):

@@ -20,7 +20,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hami.config import NvidiaConfig, load_device_config
+from hami.config import MAX_SCALING, MAX_SPLIT_COUNT, NvidiaConfig, load_device_config
 from hami.core.errors import ConfigError
 
 from .files import read_small
@@ -85,9 +85,10 @@ class _NodeEntry(_Strict):
 
     name: str
     operatingmode: OperatingMode | None = None
-    devicememoryscaling: float | None = Field(default=None, gt=0)
-    devicecorescaling: float | None = Field(default=None, gt=0)
-    devicesplitcount: int | None = Field(default=None, ge=1, le=1024)
+    # (bounded as device-config.yaml's: 1e308 made the registration an OverflowError)
+    devicememoryscaling: float | None = Field(default=None, gt=0, le=MAX_SCALING)
+    devicecorescaling: float | None = Field(default=None, gt=0, le=MAX_SCALING)
+    devicesplitcount: int | None = Field(default=None, ge=1, le=MAX_SPLIT_COUNT)
     preconfigureddevicememory: int | None = Field(default=None, ge=0)
     libcudaloglevel: str | int | None = None
     enablenumatopology: bool | None = None
