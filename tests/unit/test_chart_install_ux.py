@@ -113,3 +113,25 @@ def test_a_release_upgraded_with_reused_values_keeps_its_priority_class():
     docs = template(*sets("global.priorityClassName=null"))
     pods = [d["spec"]["template"]["spec"] for d in docs.values() if d["kind"] in ("Deployment", "DaemonSet")]
     assert pods and {p.get("priorityClassName") for p in pods} == {"system-node-critical"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "devicePlugin.deviceSplitCount=2000",
+            "devicePlugin.deviceSplitCount: expected 1 to 1024 tasks per GPU, got 2000",
+        ),
+        ("devicePlugin.deviceSplitCount=0", "devicePlugin.deviceSplitCount: expected 1 to 1024"),
+        ("devicePlugin.deviceCoreScaling=0", "devicePlugin.deviceCoreScaling: expected a number above 0"),
+        ("devicePlugin.deviceMemoryScaling=5000", "devicePlugin.deviceMemoryScaling: expected a number above 0"),
+    ],
+)
+def test_node_figures_the_scheduler_would_refuse_fail_the_install(setting, message):
+    """The scheduler refuses them at start (hami.config); the install failed nothing, the pods did."""
+    out = template(*sets(setting), ok=False)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+
+
+def test_node_figures_at_their_bounds_install():
+    template(*sets("devicePlugin.deviceSplitCount=1024", "devicePlugin.deviceMemoryScaling=1000"))

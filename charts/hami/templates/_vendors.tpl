@@ -72,6 +72,17 @@ biren:
 
 {{/* The nvidia section generated from the chart's values (as before vendors were configurable). */}}
 {{- define "hami.nvidiaSection" -}}
+{{- /* the scheduler refuses these at start (src/hami/config.py); refused here, the install fails instead of the pods */ -}}
+{{- $split := int64 .Values.devicePlugin.deviceSplitCount -}}
+{{- if or (lt $split 1) (gt $split 1024) -}}
+{{- fail (printf "devicePlugin.deviceSplitCount: expected 1 to 1024 tasks per GPU, got %v" .Values.devicePlugin.deviceSplitCount) -}}
+{{- end -}}
+{{- range $k := list "deviceMemoryScaling" "deviceCoreScaling" -}}
+{{- $v := index $.Values.devicePlugin $k -}}
+{{- if or (le (float64 $v) 0.0) (gt (float64 $v) 1000.0) -}}
+{{- fail (printf "devicePlugin.%s: expected a number above 0 and at most 1000, got %v" $k $v) -}}
+{{- end -}}
+{{- end -}}
 resourceCountName: {{ .Values.resourceName }}
 resourceMemoryName: {{ .Values.resourceMem }}
 resourceMemoryPercentageName: {{ .Values.resourceMemPercentage }}
