@@ -21,3 +21,16 @@ async def test_env_lookups_stay_on_only_when_a_proxy_variable_is_set(monkeypatch
         assert api.rest_client.pool_manager._trust_env is bool(var)
     finally:
         await api.close()
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n"])
+async def test_a_kubeconfig_that_is_not_one_is_a_config_error_naming_the_file(tmp_path, text):
+    """The client read an empty file (or a list) with a TypeError, which the CLI showed as a traceback."""
+    from kubernetes_asyncio.config import ConfigException
+
+    from hami.kube.client import load_api_client
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    with pytest.raises(ConfigException, match=f"{path}: not a kubeconfig"):
+        await load_api_client(str(path))

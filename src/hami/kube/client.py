@@ -61,7 +61,10 @@ async def load_api_client(kubeconfig: str | None = None, qps_pool: int = POOL) -
     configuration = client.Configuration()
     try:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    except (config.ConfigException, FileNotFoundError, TypeError):
+    except (config.ConfigException, FileNotFoundError, TypeError) as exc:
+        if kubeconfig and isinstance(exc, TypeError):
+            # the client's reading of an empty file or one that is not a mapping: a traceback
+            raise config.ConfigException(f"{kubeconfig}: not a kubeconfig (empty, or not a YAML mapping)") from None
         if kubeconfig:
             raise
         config.load_incluster_config(client_configuration=configuration)
