@@ -193,3 +193,12 @@ def test_scheduler_config_rejects_unknown_policies():
         SchedulerConfig(build_vendors(), node_policy="random")
     with pytest.raises(RequestError, match="gpu-scheduler-policy"):
         SchedulerConfig(build_vendors(), gpu_policy="best")
+
+
+def test_a_controller_made_pod_is_named_by_its_generate_name_at_admission():
+    """A Deployment's pod has no name when the webhook sees it: a refusal said ``pod t/?``."""
+    from hami.core.requests import pod_name
+
+    assert pod_name({"metadata": {"namespace": "t", "generateName": "web-7d9f-"}}) == "t/web-7d9f-*"
+    assert pod_name({"metadata": {"namespace": "t", "name": "a", "generateName": "web-"}}) == "t/a"
+    assert pod_name({"metadata": {}}) == "default/?"

@@ -20,8 +20,11 @@ def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def pod_name(pod: Mapping[str, Any]) -> str:
+    """``namespace/name``; a pod a controller makes has no name at admission yet, only its
+    ``generateName`` (``web-7d9f-``), shown as ``web-7d9f-*`` so a refusal says which workload."""
     m = _meta(pod)
-    return f"{m.get('namespace') or 'default'}/{m.get('name') or '?'}"
+    name = m.get("name") or (f"{m['generateName']}*" if isinstance(m.get("generateName"), str) else "?")
+    return f"{m.get('namespace') or 'default'}/{name}"
 
 
 def ordered_containers(pod: Mapping[str, Any]) -> list[tuple[dict, ContainerKind]]:
