@@ -261,6 +261,43 @@ async def read_body(request: web.Request) -> bytes:
         raise gone from None
 
 
+#: bytes handed to the connection at a time by :func:`send_body`, each after the last one drained
+SEND_CHUNK = 64 * 1024
+#: the slowest a client may read a large answer (a metrics body of 1000 nodes is ~9 MB)
+SEND_RATE = 256 * 1024
+
+
+def send_deadline(length: int) -> float:
+    """Seconds a client has to take an answer of ``length`` bytes: ``BODY_GRACE`` plus one second
+    per ``SEND_RATE`` bytes (40 s for 9 MB)."""
+    return BODY_GRACE + length / SEND_RATE
+
+
+async def send_body(
+    request: web.Request, body: bytes, headers: Any, status: int = 200, reason: str | None = None
+) -> web.StreamResponse:
+    """Answer with ``body`` a chunk at a time, each once the connection has taken the last: a
+    whole ``web.Response`` is copied into the connection's buffer at once, so every client that
+    never reads held a copy (512 of a 9 MB metrics answer: 4.6 GB). A client that has not taken
+    it all within :func:`send_deadline` is disconnected. (``headers``: a mapping or pairs.)"""
+    if len(body) <= SEND_CHUNK or request.method == "HEAD":
+        return web.Response(body=body, status=status, reason=reason, headers=headers)
+    resp = web.StreamResponse(status=status, reason=reason, headers=headers)
+    resp.content_length = len(body)
+    view = memoryview(body)
+    try:
+        async with asyncio.timeout(send_deadline(len(body))):
+            await resp.prepare(request)
+            for at in range(0, len(body), SEND_CHUNK):
+                await resp.write(view[at : at + SEND_CHUNK])  # (waits while the buffer is over its mark)
+            await resp.write_eof()
+    except TimeoutError:
+        log.debug("%s did not take a %d-byte answer in time; disconnected", request.remote or "a client", len(body))
+        if request.transport is not None:
+            request.transport.abort()  # (what is buffered for it goes too)
+    return resp
+
+
 async def start(
     app: web.Application,
     host: str | None,
@@ -328,11 +365,11 @@ def wsgi_application(wsgi: Callable[..., Iterable[bytes]]) -> web.Application:
     read): prometheus_client's ``make_wsgi_app`` keeps its exposition, content negotiation,
     ``name[]`` filter and gzip exactly as its own threaded server served them."""
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.StreamResponse:
         environ = _environ(request)
         status, headers, body = await asyncio.to_thread(_call, wsgi, environ)
         code, _, reason = status.partition(" ")
-        return web.Response(body=body, status=int(code), reason=reason or None, headers=headers)
+        return await send_body(request, body, headers, int(code), reason or None)
 
     app = application()
     app.router.add_route("*", "/{tail:.*}", handle)

@@ -471,3 +471,80 @@ async def test_an_ipv6_wildcard_takes_ipv4_too_when_asked():
                 assert r.status == 200
     finally:
         await runner.cleanup()
+
+
+# ------------------------------------------------------------------ large answers (send_body)
+
+BIG = bytes(range(256)) * (32 * 1024)  # 8 MiB, a scheduler's metrics answer for ~1000 nodes
+
+
+async def _big_answer_server() -> tuple[web.AppRunner, int, list[web.Request], asyncio.Event]:
+    seen: list[web.Request] = []
+    done = asyncio.Event()
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        seen.append(request)
+        try:
+            return await serve.send_body(request, BIG, {"Content-Type": "text/plain"})
+        finally:
+            done.set()
+
+    app = serve.application()
+    app.router.add_get("/big", big)
+    port = _free_port()
+    return await serve.start(app, "127.0.0.1", port), port, seen, done
+
+
+async def _stalled_client(port: int) -> socket.socket:
+    """A client that asks for the answer and reads none of it (a small receive buffer)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    sock.send(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+async def test_a_client_that_does_not_read_holds_no_copy_of_a_large_answer():
+    """A whole web.Response went into the connection's buffer at once: each stalled client held
+    ~8 MiB (512 of them: 4 GiB). Sent a chunk at a time, what waits for it stays under 1 MiB."""
+    runner, port, seen, _ = await _big_answer_server()
+    sock = await _stalled_client(port)
+    try:
+        for _ in range(100):  # until the answer has begun and the kernel's buffers are full
+            await asyncio.sleep(0.05)
+            if seen and seen[0].transport is not None and seen[0].transport.get_write_buffer_size() > 0:
+                break
+        await asyncio.sleep(0.3)
+        assert seen and seen[0].transport is not None
+        assert seen[0].transport.get_write_buffer_size() < 1 << 20
+    finally:
+        sock.close()
+        await runner.cleanup()
+
+
+async def test_a_client_that_does_not_take_the_answer_in_time_is_disconnected(monkeypatch):
+    monkeypatch.setattr(serve, "send_deadline", lambda length: 0.3)
+    runner, port, seen, done = await _big_answer_server()
+    sock = await _stalled_client(port)
+    try:
+        await asyncio.wait_for(done.wait(), 10)
+        for _ in range(100):
+            if seen[0].transport is None or seen[0].transport.is_closing():
+                break
+            await asyncio.sleep(0.05)
+        assert seen[0].transport is None or seen[0].transport.is_closing()  # (it was held for ever)
+    finally:
+        sock.close()
+        await runner.cleanup()
+
+
+async def test_a_large_answer_arrives_whole():
+    runner, port, _, _ = await _big_answer_server()
+    try:
+        async with ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/big") as resp:
+                assert resp.status == 200 and resp.headers["Content-Length"] == str(len(BIG))
+                assert await resp.read() == BIG
+    finally:
+        await runner.cleanup()

@@ -422,7 +422,7 @@ class SchedulerMetrics:
         (``cleanup()`` it). ``guard``: a :class:`hami.serve.ConnectionGuard` (tests)."""
         from aiohttp import web
 
-        from hami.serve import application, start
+        from hami.serve import application, send_body, start
 
         flight: asyncio.Future[bytes] | None = None
 
@@ -430,7 +430,7 @@ class SchedulerMetrics:
             rows = self.rows()  # on the loop: a consistent copy; the formatting runs in a thread
             return await asyncio.to_thread(self.render, rows)
 
-        async def handler(_request: web.Request) -> web.Response:
+        async def handler(request: web.Request) -> web.StreamResponse:
             # anyone who reaches the port may scrape: those who come while a scrape is being
             # made get its answer (at most one render old) instead of one more copy of the
             # ledger on this loop and one more render each
@@ -439,7 +439,7 @@ class SchedulerMetrics:
                 flight = asyncio.ensure_future(scrape())
                 flight.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
             body = await asyncio.shield(flight)  # a client that leaves does not cancel the others' answer
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+            return await send_body(request, body, {"Content-Type": CONTENT_TYPE_LATEST})
 
         app = application()
         app.router.add_get("/metrics", handler)
