@@ -237,7 +237,7 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
         SliceSettings(),
     )
     spec = cdi_spec(p, PATHS, Options(libcuda_log_level="2", core_policy="force"))
-    assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.hami.io/claim"
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "gpu.hami.io/claim"
     assert spec["devices"][0]["name"] == "uid-1"
     env = env_of(spec)
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"

@@ -77,6 +77,7 @@ from .prepare import (
     claim_grant,
     claim_record,
     fingerprint,
+    for_kubelet,
     plan,
     response_devices,
     same_devices,
@@ -93,6 +94,10 @@ HEALTH_RESEND = 30.0
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 #: a claim UID as the API server makes them (a UUID), or any name safe as one path component
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: a namespace (DNS label) and a claim name (DNS subdomain), as the API server allows them: they
+#: go into the path of the API request, where "../" or "?" would make it another request
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: where the kernel says which boot this is (a new random UUID at every boot)
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _BOOT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -180,6 +185,11 @@ class Driver:
             raise PrepareError(f"claim {namespace}/{name}: uid is empty", "invalid_uid")
         if not _UID.fullmatch(uid):  # it names files and a directory: "..", "a/b" must not reach them
             raise PrepareError(f"claim {namespace}/{name}: uid {uid[:80]!r} is not a Kubernetes UID", "invalid_uid")
+        if not _NAMESPACE.fullmatch(namespace) or not _NAME.fullmatch(name):
+            raise PrepareError(
+                f"claim {namespace[:80]!r}/{name[:260]!r} ({uid}): not a Kubernetes namespace and ResourceClaim name",
+                "invalid_uid",
+            )
         async with self._lock(uid):
             done = self.checkpoint.get(uid)
             try:
@@ -299,7 +309,7 @@ class Driver:
         if _read_json(cdi) != done["cdi_spec"]:
             write_document(done["cdi_spec"], cdi)
         self._answered_now(uid)
-        return list(done["devices"])
+        return for_kubelet(done["devices"])  # an entry of an older agent: its names made as the kubelet matches them
 
     async def release(
         self, namespace: str, name: str, uid: str, why: str = "", unless_answered_since: int | None = None

@@ -34,8 +34,9 @@ same functions the device plugin's Allocate calls:
   containers exists, so ``CUDA_DISABLE_CONTROL`` cannot be seen here (the contract's named
   ``preload`` parameter; the whole-GPU class is the DRA way to run without libvgpu).
 
-One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of the
-claim's results: libvgpu's per-GPU variables are numbered by the position of the GPU in the
+One CDI device per claim (``gpu.hami.io/claim=<claim UID>``), listed on the first device of each
+of the claim's requests (:func:`for_kubelet`: a container naming one request gets the whole
+claim): libvgpu's per-GPU variables are numbered by the position of the GPU in the
 container's visible list, so all GPUs of a claim must be described together (:func:`gpu_grants`).
 That position is the GPU's rank in the node's index order (NVML's, which is PCI bus order, the
 order in which NVML, and CUDA for GPUs of one model, enumerate the claim's GPUs inside the
@@ -87,7 +88,9 @@ from hami.node.cdi import mount_edit
 from hami.node.contract import Options
 from hami.node.layout import HookPaths
 
-CDI_VERSION = "0.6.0"
+#: the lowest version whose rules the spec needs (a device name that starts with a digit, a claim
+#: UID's): containerd 1.7.0-1.7.12 carry a CDI library (0.5.4) that refuses a "0.6.0" spec
+CDI_VERSION = "0.5.0"
 CDI_KIND = DRA_CDI_KIND
 ISOLATIONS = ("hami-core", "none")
 
@@ -352,13 +355,20 @@ def same_devices(devices: Sequence[Mapping[str, Any]], claim: Any, node: str) ->
     def key(request: Any, device: Any, share: Any) -> tuple[str, str, str]:
         return str(request or ""), str(device or ""), share if isinstance(share, str) else ""
 
-    now = [key(r.get("request"), r.get("device"), r.get("shareID")) for r in node_results(claim, node)]
+    now = [
+        key(base_request(str(r.get("request") or "")), r.get("device"), r.get("shareID"))
+        for r in node_results(claim, node)
+    ]
     then = []
     for d in devices:
         names = d.get("request_names") if isinstance(d, Mapping) else None
         if isinstance(d, Mapping):
             then.append(
-                key(names[0] if isinstance(names, list) and names else "", d.get("device_name"), d.get("share_id"))
+                key(
+                    base_request(str(names[0])) if isinstance(names, list) and names else "",
+                    d.get("device_name"),
+                    d.get("share_id"),
+                )
             )
     return now == then
 
@@ -449,17 +459,44 @@ def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     }
 
 
+def base_request(name: str) -> str:
+    """The claim's request a result belongs to: ``gpu`` for a ``firstAvailable`` subrequest's
+    ``gpu/big``, which is how a container names it (``resources.claims[].request``)."""
+    return name.split("/", 1)[0]
+
+
 def response_devices(p: Plan) -> list[dict[str, Any]]:
-    """The kubelet's Device entries: one per result; the claim's CDI device on the first."""
+    """The kubelet's Device entries: one per result (:func:`for_kubelet`)."""
     out = []
-    for i, s in enumerate(p.shares):
+    for s in p.shares:
         d: dict[str, Any] = {
             "request_names": [s.request],
             "pool_name": p.pool,
             "device_name": s.device,
-            "cdi_device_ids": [p.cdi_device_id] if i == 0 else [],
+            "cdi_device_ids": [p.cdi_device_id],
         }
         if s.share_id:
             d["share_id"] = s.share_id
         out.append(d)
+    return for_kubelet(out)
+
+
+def for_kubelet(devices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Device entries as the kubelet matches them to containers. It gives a container that names
+    one request of the claim the CDI devices of the entries whose ``request_names`` contain that
+    name, as the container wrote it: a request, never ``request/subrequest`` (so the names are cut
+    to their request, as Kubernetes' own kubelet plugin helper does), and the claim's one CDI
+    device goes on the first entry of each request, not of the claim, or a container naming the
+    second request got no GPU at all. It then sees all of the claim's GPUs (module doc: a claim's
+    GPUs are described together). Also applied to what the checkpoint recorded before (full
+    names, the CDI device on the first entry only)."""
+    ids: list[str] = []
+    for d in devices:
+        ids += [i for i in d.get("cdi_device_ids") or () if isinstance(i, str) and i not in ids]
+    out, seen = [], set()
+    for d in devices:
+        names = [base_request(str(n)) for n in d.get("request_names") or ()]
+        first = [n for n in names if n not in seen]
+        seen.update(names)
+        out.append({**d, "request_names": names, "cdi_device_ids": list(ids) if first or not names else []})
     return out

@@ -2,7 +2,8 @@
 
 Both are written with server-side apply (field manager ``hami-dra``), so a second publish of the
 same content changes nothing and a restart never needs to read first. The pool generation goes up
-only when the devices change (kube-scheduler uses it to tell a newer pool from an older one).
+only when the devices change, in anything the slice says of them (attributes too), or the counter
+sets (kube-scheduler uses it to tell a newer pool from an older one).
 The slice is owned by its Node when the Node's UID is known, so deleting the Node removes it.
 An unhealthy GPU is published with a device taint (:func:`hami.dra.model.unhealthy_taint`); when
 the API server drops the taints (a cluster without device taints: ``DRADeviceTaints`` off before
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Mapping
 
-from hami.core.quantity import parse_int_quantity
+from hami.core.quantity import QuantityError, parse_quantity
 from hami.kube.client import KubeClient, KubeError
 
 from hami.dra.model import (
@@ -152,19 +153,39 @@ async def publish_slice(
 
 
 def _content(obj: dict[str, Any]) -> tuple[Any, ...]:
-    """A slice's devices (:func:`_devices_of`) and counter sets, for comparing across re-formatting."""
+    """What a slice says of the pool, compared across publishes: its devices (all of each: the
+    attributes too, as a new driver version after a driver upgrade is a change of the pool that
+    must raise its generation) and counter sets (:func:`_canonical`)."""
+    spec = obj.get("spec") or {}
+    devices = sorted((d for d in spec.get("devices") or [] if isinstance(d, dict)), key=lambda d: str(d.get("name")))
     sets = sorted(
-        (
-            cs.get("name", ""),
-            tuple(
-                sorted(
-                    (k, parse_int_quantity((v or {}).get("value"), k)) for k, v in (cs.get("counters") or {}).items()
-                )
-            ),
-        )
-        for cs in obj["spec"].get("sharedCounters") or []
+        (c for c in spec.get("sharedCounters") or [] if isinstance(c, dict)), key=lambda c: str(c.get("name"))
     )
-    return _devices_of(obj), sets
+    return _canonical(devices), _canonical(sets)
+
+
+#: the fields whose strings are quantities, which the API server writes back in its own form
+_QUANTITY_FIELDS = frozenset({"capacity", "consumesCounters", "counters"})
+
+
+def _canonical(value: Any, quantities: bool = False) -> Any:
+    """``value`` in a form that compares equal across the API's re-formatting: a quantity under
+    :data:`_QUANTITY_FIELDS` by its value (``"16106127360"`` comes back as ``"15Gi"``), and
+    without the ``timeAdded`` the API server puts on a taint."""
+    if isinstance(value, dict):
+        return tuple(
+            sorted(
+                (k, _canonical(v, quantities or k in _QUANTITY_FIELDS)) for k, v in value.items() if k != "timeAdded"
+            )
+        )
+    if isinstance(value, list):
+        return tuple(_canonical(v, quantities) for v in value)
+    if quantities and isinstance(value, str):
+        try:
+            return parse_quantity(value, "")
+        except QuantityError:  # a name (a counter set's), not an amount
+            return value
+    return value
 
 
 def _taints_of(obj: dict[str, Any]) -> set[tuple[str, str]]:
@@ -174,27 +195,6 @@ def _taints_of(obj: dict[str, Any]) -> set[tuple[str, str]]:
         for d in ((obj or {}).get("spec") or {}).get("devices") or []
         for t in d.get("taints") or []
     }
-
-
-def _devices_of(obj: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, int], ...], tuple[str, ...]]]:
-    """Device names, UUIDs, capacity values and taints: the pool's content, compared across the
-    API's re-formatting of quantities (``"16106127360"`` comes back as ``"15Gi"``) and its
-    ``timeAdded`` on taints."""
-
-    def capacity(d: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-        return tuple(
-            sorted(
-                (k, parse_int_quantity(v.get("value"), f"capacity.{k}")) for k, v in (d.get("capacity") or {}).items()
-            )
-        )
-
-    def taints(d: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(sorted(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in d.get("taints") or []))
-
-    return sorted(
-        (d["name"], ((d.get("attributes") or {}).get("uuid") or {}).get("string", ""), capacity(d), taints(d))
-        for d in obj["spec"].get("devices") or []
-    )
 
 
 async def delete_slice(kube: KubeClient, node: str, part: int = 0) -> None:
