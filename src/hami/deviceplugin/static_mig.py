@@ -60,7 +60,9 @@ def check_strategy(strategy: str, operating_mode: str) -> None:
 
 def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[str, list[str]]:
     """``resource -> MIG device UUIDs`` over the GPUs in MIG mode (instances with a compute
-    instance only; a GPU instance without one is no device yet)."""
+    instance only; a GPU instance without one is no device yet). A ``+`` in NVML's profile name
+    (media extensions, ``1g.10gb+me``) becomes ``.``, as NVIDIA's plugin names the resource: a
+    resource name cannot hold ``+``."""
     nvml = MigNvml()
     out: dict[str, list[str]] = {}
     for uuid in uuids:
@@ -68,7 +70,7 @@ def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[st
             continue
         for inst in nvml.instances(uuid):
             if inst.mig_uuid:
-                out.setdefault(f"{domain}/mig-{inst.profile}", []).append(inst.mig_uuid)
+                out.setdefault(f"{domain}/mig-{inst.profile.replace('+', '.')}", []).append(inst.mig_uuid)
     return dict(sorted(out.items()))
 
 

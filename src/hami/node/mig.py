@@ -19,7 +19,10 @@ kept and reused when the kubelet retries the same Allocate. Instances nobody cla
 checkpoint, not in a live pod's ``hami.io/vgpu-mig-allocations``) are destroyed at start-up, so
 a lost checkpoint cannot make a placement look free while an old instance still holds it; the
 ones a live pod's annotation names are adopted into the checkpoint instead. An instance is
-claimed by one entry only, so two pods never share one.
+claimed by one entry only, so two pods never share one, and a MIG device made outside this
+plugin is never handed to a pod. An instance NVML refuses to destroy (processes on it) is
+reported and kept, never stopping the rest: a recorded one is tried again by the next
+:meth:`~MigManager.collect`.
 
 Not here: which profile and placement a container gets (the scheduler, ``vendors/nvidia.py``),
 the NVML calls (:class:`hami.node.nvml.MigNvml`, which the manager is given), the gRPC and
@@ -35,6 +38,8 @@ import threading
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import pynvml
 
 from hami.core.codec import MigAllocation
 from hami.node.files import read_small, write_atomic
@@ -194,7 +199,7 @@ class MigManager:
             done = []
             for key, e in list(self.entries.items()):
                 if e.state != "ready":
-                    done.append(self._undo(e, "interrupted creation"))
+                    done.append(self._undo(e, "interrupted creation")[0])
                     del self.entries[key]
             self._adopt(claims, done)
             self.checkpoint.save(self.entries)
@@ -202,7 +207,9 @@ class MigManager:
                 done += self._destroy_unclaimed()
             return done
 
-    def _undo(self, e: Entry, why: str) -> str:
+    def _undo(self, e: Entry, why: str) -> tuple[str, bool]:
+        """Destroy what ``e`` made; returns a line saying what was done and whether nothing of it
+        is left (False: NVML refused to destroy it)."""
         gi = e.gpu_instance_id
         if gi is None:  # killed before recording the id: the instance at that placement nobody claims
             owned = {x.gpu_instance_id for x in self.entries.values() if x.gpu_uuid == e.gpu_uuid and x.key != e.key}
@@ -216,12 +223,30 @@ class MigManager:
             )
         if gi is not None and e.gpu_instance_id is not None and not self._is_its(e, gi):
             gi = None  # the instance is gone (a reboot, a GPU reset) and its id names another now
-        if gi is not None:
-            self.nvml.destroy(e.gpu_uuid, gi)
-        return (
+        failed = self._destroy(e.gpu_uuid, gi) if gi is not None else None
+        line = (
             f"{why}: pod {e.pod} container {e.container} device {e.device}: {e.profile} at {e.start} on "
-            f"{e.gpu_uuid}" + (f" (GPU instance {gi} destroyed)" if gi is not None else " (nothing was created)")
+            f"{e.gpu_uuid}"
+            + (
+                " (nothing was created)"
+                if gi is None
+                else f" (GPU instance {gi} destroyed)"
+                if failed is None
+                else f" (cannot destroy GPU instance {gi}: {failed})"
+            )
         )
+        return line, failed is None
+
+    def _destroy(self, gpu: str, gi: int) -> str | None:
+        """Destroy GPU instance ``gi``; None when done, else why not. NVML refuses an instance
+        that processes still use (``NVML_ERROR_IN_USE``): that one is reported, not raised, so it
+        never stops the clean-up of the others or the plugin's start."""
+        try:
+            self.nvml.destroy(gpu, gi)
+        except (MigError, pynvml.NVMLError) as exc:
+            log.warning("GPU %s: cannot destroy GPU instance %d: %s", gpu, gi, exc)
+            return str(exc) or type(exc).__name__
+        return None
 
     def _adopt(self, claims: Sequence[tuple[PodRef, MigAllocation]], done: list[str]) -> None:
         for pod, a in claims:
@@ -259,9 +284,12 @@ class MigManager:
             owned = {e.gpu_instance_id for e in self.entries.values() if e.gpu_uuid == gpu}
             for inst in self.nvml.instances(gpu):
                 if inst.gi not in owned:
-                    self.nvml.destroy(gpu, inst.gi)
+                    failed = self._destroy(gpu, inst.gi)
                     done.append(
                         f"destroyed GPU instance {inst.gi} ({inst.profile} at {inst.start}) on {gpu}: claimed by no pod"
+                        if failed is None
+                        else f"kept GPU instance {inst.gi} ({inst.profile} at {inst.start}) on {gpu}: claimed by no "
+                        f"pod but in use ({failed}); a pod placed over it will not start until it is removed"
                     )
         return done
 
@@ -290,13 +318,26 @@ class MigManager:
         if e is not None and e.state == "ready" and self._still_there(e):
             return self._runtime(a, e)
         if e is not None:  # a half-made or vanished instance of this very entry: start over
-            self._undo(e, "redo")
+            line, gone = self._undo(e, "redo")
+            if not gone:  # still there: the entry keeps it (collected with its pod), no second one
+                raise MigError(line)
             del self.entries[key]
         self._check_free(pod, a)
+        if self._unclaimed_at(a) is None:
+            self._check_no_other(pod, a)
         e = Entry(pod.uid, f"{pod.namespace}/{pod.name}", a.container, a.device, a.gpu_uuid, a.profile, a.start, a.size)
         self.entries[key] = e
         self._save("intent")
-        gi = self._unclaimed_at(a) or self.nvml.create_gi(a.gpu_uuid, profile, a.start)
+        gi = self._unclaimed_at(a)
+        if gi is None:
+            try:
+                gi = self.nvml.create_gi(a.gpu_uuid, profile, a.start)
+            except MigError:
+                # nothing was made (NVML creates a GPU instance whole or not at all): an intent left
+                # behind would have the retry or the next start destroy whatever holds the placement
+                del self.entries[key]
+                self.checkpoint.save(self.entries)
+                raise
         self.after_step("gi-created")
         e = self.entries[key] = replace(e, gpu_instance_id=gi)
         self._save("gi-recorded")
@@ -362,15 +403,42 @@ class MigManager:
                     f"is still held by pod {x.pod} ({x.profile} at {x.start})",
                 )
 
+    def _check_no_other(self, pod: PodRef, a: MigAllocation) -> None:
+        """No instance that is not to be reused overlaps the placement: NVML would refuse to
+        create over it with a bare "Insufficient Resources"; the pod is told which instance
+        holds it instead."""
+        held = [i for i in self.nvml.instances(a.gpu_uuid) if i.start < a.start + a.size and a.start < i.start + i.size]
+        if held:
+            owners = {x.gpu_instance_id: x.pod for x in self.entries.values() if x.gpu_uuid == a.gpu_uuid}
+            what = ", ".join(
+                f"GPU instance {i.gi} ({i.profile} at {i.start}"
+                + (f", pod {owners[i.gi]})" if i.gi in owners else ", claimed by no pod: made outside hami?)")
+                for i in held
+            )
+            raise MigError(
+                f"pod {pod.namespace}/{pod.name}: placement {a.start}+{a.size} of {a.profile} on {a.gpu_uuid} "
+                f"overlaps {what}"
+            )
+
     def _unclaimed_at(self, a: MigAllocation) -> int | None:
-        """An instance of that profile at that placement that no entry claims (left by an earlier
-        attempt of this entry): reused instead of created."""
+        """An instance of that profile at that placement that no entry claims, reused instead of
+        created: a GPU instance without a compute instance (nothing runs on it; an earlier attempt
+        of this entry), or the one the pod's own annotation names (its checkpoint entry was lost).
+        A MIG device nobody here made for this pod (an administrator's, one kept at start-up
+        because it was busy or the pods could not be listed) is never handed over: creating over
+        it fails instead."""
         owned = {x.gpu_instance_id for x in self.entries.values() if x.gpu_uuid == a.gpu_uuid}
         return next(
             (
                 i.gi
                 for i in self.nvml.instances(a.gpu_uuid)
-                if i.profile == a.profile and i.start == a.start and i.gi not in owned
+                if i.profile == a.profile
+                and i.start == a.start
+                and i.gi not in owned
+                and (
+                    i.ci is None
+                    or (i.gi == a.gpu_instance_id and bool(i.mig_uuid) and (not a.mig_uuid or a.mig_uuid == i.mig_uuid))
+                )
             ),
             None,
         )
@@ -385,10 +453,17 @@ class MigManager:
             for key, e in list(self.entries.items()):
                 if e.pod_uid in live_pod_uids or (upto is not None and self._made.get(key, 0) > upto):
                     continue
-                self._made.pop(key, None)
                 mine = e.gpu_instance_id is not None and self._is_its(e, e.gpu_instance_id)
                 if mine:
-                    self.nvml.destroy(e.gpu_uuid, e.gpu_instance_id)
+                    assert e.gpu_instance_id is not None
+                    failed = self._destroy(e.gpu_uuid, e.gpu_instance_id)
+                    if failed is not None:  # still there: the entry keeps it, the next round tries again
+                        done.append(
+                            f"pod {e.pod} is gone: cannot destroy GPU instance {e.gpu_instance_id} ({e.profile} at "
+                            f"{e.start}) on {e.gpu_uuid} yet ({failed}); tried again next round"
+                        )
+                        continue
+                self._made.pop(key, None)
                 del self.entries[key]
                 self.checkpoint.save(self.entries)
                 done.append(
