@@ -18,7 +18,7 @@ from hami.scheduler.extender import failed_maps
 from hami.scheduler.options import Options
 from hami.scheduler.server import SchedulerService
 
-from ._corekit import CONFIG, ctr, gpu, ledger, node, pod
+from ._corekit import CONFIG, ctr, gpu, ledger, mig_gpu, node, pod
 from .test_scheduler_state import node as node_obj
 from .test_scheduler_state import pod as pod_obj
 
@@ -139,3 +139,14 @@ async def test_a_node_leaving_the_selector_changes_the_retry_answer():
     assert again["FailedAndUnresolvableNodes"]["late"] == "NodeLabelSelectorMismatch"
     svc.state.node_handler.apply("DELETED", moved)
     assert "late" not in svc.state.unselected
+
+
+@pytest.mark.parametrize(("mem", "final"), [(40500, True), (40192, False), (30000, False)])
+def test_a_mig_gpus_ceiling_is_its_largest_profile(mem, final):
+    """An A100-40GB in MIG mode hands out at most 7g.40gb's 40192 of its 40960 MiB: a pod asking
+    40500 was resolvable there, so kube-scheduler could evict pods for a pod it would refuse again."""
+    led = ledger(NodeDevices(name="m", devices=(mig_gpu("m", 0),)))
+    # the GPU taken whole, so that every pod below is refused on m
+    assert schedule_pod(pod("big", containers=[ctr(mem=40192)]), None, led, CONFIG, 0.0).node == "m"
+    resolvable, unresolvable = answer(led, pod(containers=[ctr(mem=mem)]))
+    assert ("m" in unresolvable) is final and ("m" in resolvable) is not final

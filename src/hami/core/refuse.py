@@ -394,11 +394,19 @@ def refusal(
     return SummaryRefusal(ctx, ci, req, over, (mem_room, core_room) != (None, None), holders)
 
 
+def _largest_grant(d: DeviceInfo) -> int:
+    """The most memory one container can get of ``d``: a MIG GPU's largest profile (an A100-40GB
+    hands out at most 40192 of its 40960 MiB), a shared GPU's whole memory."""
+    if d.sliced and d.mig_profiles:
+        return max(p.memory_mb for p in d.mig_profiles)
+    return d.devmem
+
+
 class MemoryCeilings:
     """Marks refusals no eviction can cure because of memory: a container asking ``memreq`` MiB
     per device of a vendor on a node where every device of that vendor the container could use
     (healthy, and passing its type, UUID and mode selection: the walk's static checks, used or
-    not) has less memory in all (``devmem``) than that, or where there is no such device. Read
+    not) has less memory in all (``devmem``; a MIG GPU's largest profile) than that, or where there is no such device. Read
     from the node's device list, never from its usage. A cordoned GPU still counts (the cordon
     is an annotation an operator lifts, and the device lists' generation does not follow it).
 
@@ -428,7 +436,7 @@ class MemoryCeilings:
         if top is None:
             top = {}
             for d in nd.devices:
-                mem = d.devmem if usable(d) else -1
+                mem = _largest_grant(d) if usable(d) else -1
                 if mem > top.get(d.vendor, -2):
                     top[d.vendor] = mem
             got[1][key] = top
