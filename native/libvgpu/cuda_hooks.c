@@ -452,11 +452,12 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
             nvml_snapshot(reg, &after);
             uint64_t size = after.used > before.used ? after.used - before.used : 0;
             /* not guessed from this list's difference (racy across containers) */
-            int hp = vgpu_my_slot ? (int)__atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
-            if (vgpu_my_slot && !hp) {
+            vgpu_slot *mine = vgpu_slot_mine();
+            int hp = mine ? (int)__atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
+            if (mine && !hp) {
                 hp = lim_resolve_host_pid_on(cuda_dev, reg);
                 if (hp)
-                    __atomic_store_n(&vgpu_my_slot->hostpid, hp, __ATOMIC_RELEASE);
+                    __atomic_store_n(&mine->hostpid, hp, __ATOMIC_RELEASE);
             }
             /* The device's used memory moves with every process on it: another container's
              * context made (or memory freed) between the two snapshots skews the difference, to 0

@@ -131,7 +131,7 @@ static void sleep_ns(int64_t ns)
 
 static void slot_state(unsigned bit, int on)
 {
-    vgpu_slot *s = vgpu_my_slot;
+    vgpu_slot *s = vgpu_slot_mine();
     if (!s)
         return;
     if (on)
@@ -204,7 +204,7 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
     int d = (f & (F_PUBLISH | F_PAUSE | F_COUNT)) ? launch_dev() : -1;
     if (d >= VGPU_MAX_DEV)
         d = -1;
-    vgpu_slot *mine = vgpu_my_slot; /* read once: the exit handler clears it (region.c) */
+    vgpu_slot *mine = vgpu_slot_mine(); /* read once: the exit handler clears it (region.c) */
     if ((f & F_PUBLISH) && d >= 0 && mine) {
         uint64_t ms = lim_wall_ms();
         if (ms != __atomic_load_n(&g_last_publish_ms[d], __ATOMIC_RELAXED)) {
@@ -396,8 +396,9 @@ static void seed_pacing(int d, lim_dev *D)
         return;
     double share = limit_of(d) / (double)(peers + 1);
     set_interval(d, D, (int64_t)(D->tau / (share / 100.0) * 1e9));
-    if (vgpu_my_slot)
-        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)share, __ATOMIC_RELAXED);
+    vgpu_slot *mine = vgpu_slot_mine();
+    if (mine)
+        __atomic_store_n(&mine->device_util[d].sm_util, (uint64_t)share, __ATOMIC_RELAXED);
 }
 
 static void set_interval(int d, lim_dev *D, int64_t iv)
@@ -427,7 +428,7 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     }
     if (D->period_us && newest + D->period_us > now_us)
         D->next_poll_us = newest + D->period_us;
-    vgpu_slot *mine = vgpu_my_slot; /* NULL once the exit handler gave it back */
+    vgpu_slot *mine = vgpu_slot_mine(); /* NULL once the exit handler gave it back */
     unsigned me = mine ? (unsigned)__atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!me && !g_warned_pid++)
         LOG_WARN("host PID unknown: compute share not enforced for this process");
@@ -463,8 +464,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     D->ew_ubusy = D->ew_ubusy * keep_u + busy;
     D->ew_utime = D->ew_utime * keep_u + p_s;
     double u_avg = D->ew_ubusy / D->ew_utime * 100.0;
-    if (vgpu_my_slot) /* our share, averaged: read by the container's other processes and the monitor */
-        __atomic_store_n(&vgpu_my_slot->device_util[d].sm_util, (uint64_t)(u_avg + 0.5), __ATOMIC_RELAXED);
+    if (mine) /* our share, averaged: read by the container's other processes and the monitor */
+        __atomic_store_n(&mine->device_util[d].sm_util, (uint64_t)(u_avg + 0.5), __ATOMIC_RELAXED);
     if (D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
         double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
         if (a >= 0 && b >= 0) {
@@ -499,8 +500,8 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
         target = 0.5;
     double iv = D->tau / (target / 100.0) * 1e9;
     set_interval(d, D, (int64_t)(iv < 1 ? 1 : iv));
-    if (vgpu_my_slot) /* lets a process joining the container start from our cost */
-        __atomic_store_n(&vgpu_my_slot->used[d].unused[LIM_DEV_TAU_NS], (uint64_t)(D->tau * 1e9), __ATOMIC_RELAXED);
+    if (mine) /* lets a process joining the container start from our cost */
+        __atomic_store_n(&mine->used[d].unused[LIM_DEV_TAU_NS], (uint64_t)(D->tau * 1e9), __ATOMIC_RELAXED);
     LOG_DEBUG("device %d: me %.0f%% (avg %.1f%%) container %.0f%% others %.0f%% tau %.0fus target %.1f%%", d, u_me,
               u_avg, total, u_other, D->tau * 1e6, target);
 }
@@ -574,11 +575,12 @@ static void setup(void)
     g_window_ms = (unsigned)vgpu_env_int("HAMI_LIMITER_WINDOW_MS", 1000, 100, 60000, "milliseconds");
     g_shared_window_ms =
         (unsigned)vgpu_env_int("HAMI_LIMITER_SHARED_WINDOW_MS", 10000, 100, 600000, "milliseconds");
-    int pid = vgpu_my_slot ? __atomic_load_n(&vgpu_my_slot->hostpid, __ATOMIC_ACQUIRE) : 0;
+    vgpu_slot *mine = vgpu_slot_mine();
+    int pid = mine ? __atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!pid) /* not found at context creation (or written by a node agent) */
         pid = lim_resolve_host_pid(vgpu_current_dev());
-    if (pid && vgpu_my_slot)
-        __atomic_store_n(&vgpu_my_slot->hostpid, pid, __ATOMIC_RELEASE);
+    if (pid && mine)
+        __atomic_store_n(&mine->hostpid, pid, __ATOMIC_RELEASE);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     __typeof__(&cuDeviceGetCount) count = cuda ? vgpu_real_dlsym_fn(cuda, "cuDeviceGetCount") : NULL;
     int ndev = 0;

@@ -186,6 +186,9 @@ static void slot_clear(vgpu_slot *s)
         memset(&s->device_util[d], 0, sizeof s->device_util[d]);
     }
     s->hostpid = 0;
+    /* the namespace mark too: a writer that keeps no mark (HAMi-core, or an older libvgpu during
+     * an upgrade) reusing this slot would otherwise be judged by a lock byte it never takes */
+    __atomic_store_n(&s->pad0, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 

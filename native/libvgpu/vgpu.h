@@ -58,6 +58,12 @@ HIDDEN int vgpu_device_granted(const char *uuid);
 /* ---- the shared region ---- */
 HIDDEN extern vgpu_region *vgpu_reg;
 HIDDEN extern vgpu_slot *vgpu_my_slot;
+/* this process's slot, read once: NULL once the exit handler gave it back (which may happen while
+ * another thread runs), so a caller keeps this copy rather than reading the global again */
+static inline vgpu_slot *vgpu_slot_mine(void)
+{
+    return __atomic_load_n(&vgpu_my_slot, __ATOMIC_ACQUIRE);
+}
 HIDDEN int vgpu_region_open(void);        /* create or attach, register this process */
 HIDDEN void vgpu_region_lock(void);
 HIDDEN void vgpu_region_unlock(void);

@@ -114,3 +114,21 @@ def fill_slots(path, pid: int, count: int) -> None:
             f.write(struct.pack("<ii", 1, 0))
         f.seek(2_008_896)
         f.write(struct.pack("<i", count))
+
+
+def take_slot_as_hami_core(path, slot: int, pid: int, dev: int, total: int) -> None:
+    """Register ``pid`` in ``slot`` holding ``total`` bytes on ``dev`` the way a library that keeps
+    no namespace mark writes it (HAMi-core, an older libvgpu): pid, status and the device's usage
+    only, the rest of the slot left as it was; proc_num raised to cover the slot."""
+    base = 1856 + slot * SLOT_SIZE
+    with open(path, "r+b") as f:
+        f.seek(base)
+        f.write(struct.pack("<i", pid))
+        f.seek(base + 8 + dev * 64 + 32)
+        f.write(struct.pack("<Q", total))
+        f.seek(base + 1928)
+        f.write(struct.pack("<i", 1))
+        f.seek(2_008_896)
+        (n,) = struct.unpack("<i", f.read(4))
+        f.seek(2_008_896)
+        f.write(struct.pack("<i", max(n, slot + 1)))

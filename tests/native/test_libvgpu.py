@@ -277,6 +277,23 @@ os.execv("/bin/sleep", ["sleep", "600"])
         holder.wait()
 
 
+def test_a_slot_freed_by_libvgpu_and_taken_by_hami_core_is_judged_by_its_pid(vgpu_env, tmp_path):
+    """A slot libvgpu gave back kept its namespace mark; HAMi-core (or an older libvgpu mid-upgrade)
+    registering there writes no mark and takes no lock byte, so the slot was judged by a lock
+    nobody held: dead while its process lived, and its 900 MiB free for another 900 MiB."""
+    from .region_layout import take_slot_as_hami_core
+
+    run_py("import cuda_probe as c; c.init(); assert c.alloc(100 << 20)[0] == 0", vgpu_env)
+    live = subprocess.Popen(["sleep", "600"])
+    try:
+        take_slot_as_hami_core(tmp_path / "vgpu.cache", 0, live.pid, 0, 900 << 20)
+        out = run_py("import cuda_probe as c; c.init(); print(c.alloc(900 << 20)[0])", vgpu_env).stdout
+        assert out.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY: the live process's 900 MiB still count
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_frees_after_the_exit_handler_never_reach_a_slot_another_process_took(vgpu_env, tmp_path):
     """At exit libvgpu gives its slot back, but a handler registered before it (a library's static
     destructors: a caching allocator emptying itself) still frees memory afterwards. Those frees
