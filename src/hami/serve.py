@@ -295,6 +295,10 @@ async def send_body(
         log.debug("%s did not take a %d-byte answer in time; disconnected", request.remote or "a client", len(body))
         if request.transport is not None:
             request.transport.abort()  # (what is buffered for it goes too)
+    except ConnectionError as exc:
+        # a client that left mid-answer (a scrape's time-out): nobody to tell, and no traceback
+        # in the log for it (aiohttp's own writing of a whole answer drops it the same way)
+        log.debug("%s left before the end of a %d-byte answer: %s", request.remote or "a client", len(body), exc)
     return resp
 
 

@@ -548,3 +548,23 @@ async def test_a_large_answer_arrives_whole():
                 assert await resp.read() == BIG
     finally:
         await runner.cleanup()
+
+
+async def test_a_client_that_leaves_mid_answer_logs_no_error(caplog):
+    """A scrape that times out and resets: written by send_body, the ConnectionError left the
+    handler and aiohttp logged "Error handling request" with a traceback, once per scrape."""
+    runner, port, _, done = await _big_answer_server()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            await reader.read(1000)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+            writer.close()
+            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.2)  # (aiohttp logs after the handler returns)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    finally:
+        await runner.cleanup()
