@@ -369,6 +369,14 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+#: keys of HAMi's own device-config that this project does not need, and why: not warned about
+#: (HAMi's chart writes them, so every start of every component warned), only logged at info
+HAMI_KEYS_UNUSED = {
+    "mthreads.memoryPerCard": "a node's cards are counted from its core capacity, 16 per card",
+    "nvidia.knownMigGeometries": "MIG profiles and placements are read from NVML on the node",
+}
+
+
 def ignored_keys(data: Any, model: type[BaseModel] = DeviceConfig, where: str = "") -> list[tuple[str, str]]:
     """``(path, likely key)`` for every key of ``data`` the models do not read
     (``("nvidia.deviceSplitcount", "deviceSplitCount")``; ``""`` when none is close). HAMi ignores
@@ -412,6 +420,9 @@ def device_config_from_dict(
     except ValidationError as exc:
         raise ConfigError(f"{source}: {_describe(exc.errors()[0])}") from None
     for key, likely in ignored_keys(data):
+        if key in HAMI_KEYS_UNUSED:
+            log.info("%s: %s: HAMi's key, not used here (%s)", source, key, HAMI_KEYS_UNUSED[key])
+            continue
         # a misspelt key would otherwise leave its default in force without a word
         hint = f" (did you mean {likely}?)" if likely else ""
         (warn or log.warning)(f"{source}: {key}: not a key hami reads, ignored{hint}")
