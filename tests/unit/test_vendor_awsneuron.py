@@ -23,7 +23,9 @@ NEURON = next(v for v in CFG.vendors if v.name == "AWSNeuron")
 
 
 def inf_node(name: str = "inf", devices: int = 2, cores: int = 2) -> dict:
-    return node(name, capacity={DEV: devices, CORE: cores * devices})
+    n = node(name, capacity={DEV: devices, CORE: cores * devices})
+    n["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "inf2.48xlarge"  # (any run of devices)
+    return n
 
 
 def core_pod(name: str) -> dict:

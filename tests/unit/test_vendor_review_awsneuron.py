@@ -43,7 +43,8 @@ def ids(kind: str | None, devices: int, used: tuple[int, ...], limits: dict) -> 
     [
         ("inf2.48xlarge", 12, (1, 3), {DEV: 2}, "4,5"),  # was 0,2: not neighbours on the ring
         ("inf2.48xlarge", 12, (1, 3), {CORE: 4}, "8,9,10,11"),  # cores of devices 4 and 5
-        (None, 6, (2,), {DEV: 3}, "3,4,5"),  # no instance type: still a run
+        (None, 6, (2,), {DEV: 3}, None),  # no instance type: Trainium's rules, as HAMi reads it
+        (None, 8, (1,), {DEV: 4}, "4,5,6,7"),
         ("trn1.32xlarge", 16, (1,), {DEV: 4}, "4,5,6,7"),  # aligned on 4: not 2,3,4,5
         ("trn1.32xlarge", 16, (5,), {DEV: 8}, "8,9,10,11,12,13,14,15"),
         ("inf2.48xlarge", 12, (1, 3, 5, 7, 9, 11), {DEV: 2}, None),  # no two neighbours free

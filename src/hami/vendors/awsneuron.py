@@ -16,8 +16,8 @@ Several devices are taken as one contiguous run, as HAMi's ``graphSelect`` takes
 devices of an instance are linked in a ring on Inferentia, in a torus on Trainium): on a node
 whose ``node.kubernetes.io/instance-type`` names an Inferentia (``inf``) any run of consecutive
 indexes; on another instance type (Trainium) runs of 4, 8 or 16 starting at a multiple of their
-size, other counts refused (``NumaNotFit``). Without that label (HAMi then refuses several
-devices) any run of consecutive indexes.
+size, other counts refused (``NumaNotFit``). A node without that label is not an Inferentia: the
+Trainium rules (HAMi reads the missing label as an empty type).
 
 Decision annotations: ``AWS_NEURON_IDS`` (device indexes for ``aws.amazon.com/neuron``; for
 ``aws.amazon.com/neuroncore`` the set bits of each grant as core IDs ``index x cores + n``),
@@ -141,7 +141,7 @@ class AwsNeuronVendor(BaseVendor):
             return list(candidates[:1])
         at = {devices[j].index: j for j in candidates}
         kind = str((devices[candidates[0]].custominfo or {}).get("instanceType") or "") if candidates else ""
-        if kind and "inf" not in kind.lower():
+        if "inf" not in kind.lower():  # (no label: an empty type, not an Inferentia, as in HAMi)
             if n not in TRAINIUM_RUNS:
                 return Reason.NUMA_NOT_FIT
             starts: Sequence[int] = range(0, max(at) + 1, n)
