@@ -106,7 +106,7 @@ async def test_register_configure_sync_create_and_reconnect(tmp_path):
     configured = await call(
         ep, "Configure", pb.ConfigureRequest(runtime_name="containerd", runtime_version="v1.7.35"), pb.ConfigureResponse
     )
-    assert configured.events == event_mask(4) == 0b1000  # CreateContainer only
+    assert configured.events == event_mask(3, 4) == 0b1100  # RemovePodSandbox, CreateContainer
     assert plugin.runtime == "containerd v1.7.35"
 
     first = pb.SynchronizeRequest(pods=[pod("a")], containers=[pb.Container(id="c1", name="ok")], more=True)

@@ -16,9 +16,13 @@ The flow for one GPU container:
    ``hami.io/vgpu-devices-allocated`` (init containers, then regular ones, from the pod spec),
    :func:`hami.deviceplugin.allocate.build_response` makes the env and mounts Allocate gives
    today, and :func:`adjustment` carries them as NRI's ``ContainerAdjustment``;
-3. nothing is written back: hami scheduler's Binding of a pod on this node already set
+3. the first ``hami.io/vgpu-devices-allocated`` served for a pod uid is recorded
+   (:class:`GrantRecords`, on the host): the pod's later containers (restarts, a new sandbox,
+   after an agent restart) are served from it, whatever the annotation says by then;
+4. nothing is written back: hami scheduler's Binding of a pod on this node already set
    ``bind-phase: success`` and emptied ``vgpu-devices-to-allocate`` (no device plugin step
-   remains; the grant is read from ``vgpu-devices-allocated`` at every creation). A pod bound
+   remains; the grant is read from ``vgpu-devices-allocated``, or the record, at every
+   creation). A pod bound
    with ``bind-phase: allocating`` (a scheduler from before that, or another one) gets that end
    state written once its last GPU container is created (in the background, riding out API
    server restarts: the runtime waits at most a couple of seconds for the hook's answer).
@@ -34,8 +38,12 @@ Not here: the NRI wire protocol (:mod:`hami.node.nri`) and the registration loop
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import re
 from collections import OrderedDict
+from pathlib import Path
 from typing import Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices
@@ -210,6 +218,97 @@ def adjustment(
     return adjust
 
 
+#: a pod uid that can name a record file (the API server's are UUIDs, static pods' hex hashes)
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+
+
+class GrantRecords:
+    """The ``hami.io/vgpu-devices-allocated`` the hook first served for each pod uid, and the
+    sandbox it last served it in: one small JSON file per pod in ``directory`` (host-only, under
+    ``<hook>/vgpu/nri``), so the grant a pod's containers get stays the one it was bound with
+    through container restarts, a new sandbox and agent restarts. The annotation is the
+    scheduler's and never changes after the bind; a copy that differs later was rewritten by
+    someone else (a cluster without the allocation guard, a tool restoring pods), and a restarted
+    container must not get GPUs its pod was never counted for.
+
+    A record goes when the runtime removes the sandbox it was last served in (an older sandbox of
+    the same pod, removed after its replacement started, leaves it), and at each synchronization
+    for the pods the runtime no longer has. A uid that is no safe file name, or a failed write,
+    is kept in memory only (bounded by ``remember``)."""
+
+    def __init__(self, directory: str, remember: int = 4096) -> None:
+        self.directory = directory
+        self.remember = remember
+        self._memory: OrderedDict[str, tuple[str, str]] = OrderedDict()  # uid -> (allocated, sandbox id)
+
+    def _path(self, uid: str) -> Path | None:
+        return Path(self.directory, uid) if _UID.fullmatch(uid) else None
+
+    def _keep(self, uid: str, record: tuple[str, str]) -> None:
+        self._memory[uid] = record
+        self._memory.move_to_end(uid)
+        while len(self._memory) > self.remember:
+            self._memory.popitem(last=False)
+
+    def get(self, uid: str) -> tuple[str, str] | None:
+        """(allocated, sandbox id) of the pod's first grant, None when it has none."""
+        if uid in self._memory:
+            return self._memory[uid]
+        path = self._path(uid)
+        if path is None:
+            return None
+        try:
+            data = json.loads(path.read_text())
+            record = (str(data["allocated"]), str(data.get("sandbox", "")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # unreadable: the annotation serves, as for a pod never served (and is recorded again)
+            log.error("NRI grant record %s unreadable (%s); ignored", path, exc)
+            return None
+        self._keep(uid, record)
+        return record
+
+    def put(self, uid: str, allocated: str, sandbox: str) -> None:
+        self._keep(uid, (allocated, sandbox))
+        path = self._path(uid)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{uid}.tmp")
+            tmp.write_text(json.dumps({"allocated": allocated, "sandbox": sandbox}))
+            os.replace(tmp, path)  # whole or not at all: a crash mid-write leaves the old record
+        except OSError as exc:
+            log.error("NRI grant record %s not written (%s); kept in memory only", path, exc)
+
+    def drop(self, uid: str, sandbox: str | None = None) -> None:
+        """Forget the pod's record (only if it was last served in ``sandbox``, when given)."""
+        record = self.get(uid)
+        if record is None or (sandbox is not None and record[1] != sandbox):
+            return
+        self._memory.pop(uid, None)
+        path = self._path(uid)
+        if path is not None:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.error("NRI grant record %s not removed: %s", path, exc)
+
+    def keep_only(self, uids: Collection[str]) -> int:
+        """Forget every pod but ``uids`` (the runtime's pods); returns how many were forgotten."""
+        gone = {uid for uid in self._memory if uid not in uids}
+        try:
+            gone |= {name for name in os.listdir(self.directory) if _UID.fullmatch(name) and name not in uids}
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("NRI grant records in %s not listed: %s", self.directory, exc)
+        for uid in gone:
+            self.drop(uid)
+        return len(gone)
+
+
 class Injector:
     """The NRI hook (``hami.node.nri.plugin.ContainerHook``) of the device plugin."""
 
@@ -225,6 +324,7 @@ class Injector:
         self._done: OrderedDict[str, None] = OrderedDict()  # pod uids marked success (bounded)
         self._writes: set[asyncio.Task] = set()
         self.injected = 0
+        self.records = GrantRecords(f"{paths.vgpu_dir}/nri/grants", remember)
 
     async def _pod(self, sandbox) -> A.PodView:
         """The pod of the sandbox: the watch's copy when its uid matches (a pod's containers never
@@ -262,7 +362,17 @@ class Injector:
             raise Refusal(f"pod {ref}: container {container.name!r}: cannot read the pod: {exc}") from None
         # the sandbox carries the annotations the kubelet saw (the scheduler's decision); the
         # API server's copy stands in for a runtime that does not pass them
-        annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else pod.annotations
+        annotations = dict(sandbox.annotations) if A.ALLOCATED in sandbox.annotations else dict(pod.annotations)
+        record = self.records.get(pod.uid)
+        if record is not None and record[0] != annotations.get(A.ALLOCATED):
+            log.warning(
+                "pod %s: %s is %r now, not the %r its first container was given: the first grant stays",
+                pod.ref,
+                A.ALLOCATED,
+                annotations.get(A.ALLOCATED),
+                record[0],
+            )
+            annotations[A.ALLOCATED] = record[0]
         grant = container_grant(
             pod,
             annotations,
@@ -288,6 +398,8 @@ class Injector:
                 f"the pod's env), and the runtime would keep {value!r} over the grant's: refused, the container would "
                 "bypass its grant"
             )
+        if record is None or record[1] != sandbox.id:
+            self.records.put(pod.uid, annotations[A.ALLOCATED], sandbox.id)
         if response.cache_dir:
             reset_cache_dir(response.cache_dir)
             write_grant(response.cache_dir, response.grant)
@@ -327,12 +439,20 @@ class Injector:
     async def synchronized(self, pods: Sequence, containers: Sequence) -> list[tuple[str, str]]:
         """Containers the runtime made while no hook was registered still carry the pending
         marker (no GPU): evict them, so the kubelet creates them again, this time with their
-        grant."""
+        grant. The grant records of pods the runtime no longer has are forgotten."""
+        forgotten = self.records.keep_only({p.uid for p in pods})
+        if forgotten:
+            log.info("NRI: forgot the grants of %d pod(s) the runtime no longer has", forgotten)
         return [
             (c.id, "hami: created while the NRI plugin was not registered (no GPU grant); evicted to be created again")
             for c in containers
             if c.state in LIVE and self.unserved(c)
         ]
+
+    async def pod_removed(self, sandbox) -> None:
+        """The runtime removed a pod sandbox: its pod's grant record goes, unless a newer sandbox
+        of the pod was served since."""
+        self.records.drop(sandbox.uid, sandbox.id)
 
     def unserved(self, container) -> bool:
         """Whether ``container`` carries Allocate's markers still: the variable ``pending``, or the

@@ -5,12 +5,17 @@ One session (:meth:`NriPlugin.session`), as containerd/nri's Go stub runs it:
 1. dial the runtime's NRI socket; serve ``nri.pkg.api.v1alpha1.Plugin`` on multiplex conn 1;
 2. call ``Runtime/RegisterPlugin`` on conn 2 with the plugin's name and two-digit index (plugins
    are called in ascending index order);
-3. the runtime calls ``Configure``: the answer subscribes to CreateContainer only;
+3. the runtime calls ``Configure`` (naming its per-request timeout): the answer subscribes to
+   CreateContainer and RemovePodSandbox;
 4. the runtime calls ``Synchronize`` with the pods and containers it has (possibly split over
    several calls, ``more`` set on all but the last); after the last one the plugin is *ready*
    (``on_ready(True)``) and sees every container created from then on;
 5. each ``CreateContainer`` goes to the :class:`ContainerHook`; its adjustment is the answer, a
-   :class:`Refusal` it raises is an error status, which fails the container's creation;
+   :class:`Refusal` it raises is an error status, which fails the container's creation. So is a
+   hook that has not answered by :meth:`NriPlugin.answer_within`: past the runtime's request
+   timeout (2 s by default) containerd drops the plugin's connection and creates the container
+   without its adjustment, and every creation until the plugin is back goes the same way;
+   ``RemovePodSandbox`` (a state change) goes to :meth:`ContainerHook.pod_removed`;
 6. the session ends when the runtime closes the socket (containerd restarts, ``Shutdown``) or
    breaks the protocol; ``on_ready(False)`` is called.
 
@@ -43,7 +48,13 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 #: multiplex conn ids (nri pkg/net/multiplex/ttrpc.go)
 PLUGIN_CONN, RUNTIME_CONN = 1, 2
 #: NRI's event numbers (api.proto ``enum Event``); a subscription sets bit ``event - 1``
-CREATE_CONTAINER = 4
+REMOVE_POD_SANDBOX, CREATE_CONTAINER = 3, 4
+#: what containerd and CRI-O give a plugin per request unless configured otherwise (seconds);
+#: Configure names the runtime's own (``request_timeout``, milliseconds)
+DEFAULT_REQUEST_TIMEOUT = 2.0
+#: the share of the runtime's request timeout the hook may take before the container is refused
+#: (the rest covers the socket, the answer's encoding and a busy event loop)
+ANSWER_SHARE = 0.75
 
 
 def event_mask(*events: int) -> int:
@@ -64,6 +75,9 @@ class ContainerHook(Protocol):
     async def synchronized(self, pods: Sequence, containers: Sequence) -> list[tuple[str, str]]:
         """The runtime's existing pods and containers; returns (container id, reason) of those
         to evict."""
+
+    async def pod_removed(self, pod) -> None:
+        """The runtime removed a pod sandbox."""
 
 
 def check_index(index: str) -> str:
@@ -94,9 +108,11 @@ class NriPlugin:
         self.ready = False
         self.sessions = 0
         self.runtime = ""  # "containerd v1.7.35", from Configure
+        self.request_timeout = DEFAULT_REQUEST_TIMEOUT  # the runtime's, from Configure
         self._sync_pods: list = []
         self._sync_containers: list = []
         self._runtime_ep = None
+        self._mux: Mux | None = None  # the session's connection
         self._notify: set[asyncio.Task] = set()
         # containers to evict that the runtime may not have evicted yet (container id -> reason):
         # some runtimes carry out only the evictions in an answer to a container event, so they
@@ -106,15 +122,29 @@ class NriPlugin:
 
     # -- the runtime's calls -------------------------------------------------------------------
 
+    def answer_within(self) -> float:
+        """Seconds the hook is given for one container: a share of the runtime's request timeout."""
+        return self.request_timeout * ANSWER_SHARE
+
     async def _handle(self, service: str, method: str, payload: bytes) -> bytes:
         if service != PLUGIN_SERVICE:
             raise RemoteError(UNIMPLEMENTED, f"service {service} is not served")
         if method == "CreateContainer":
             req = pb.CreateContainerRequest.FromString(payload)
+            within = self.answer_within()
             try:
-                adjust = await self.hook.create_container(req.pod, req.container)
+                adjust = await asyncio.wait_for(self.hook.create_container(req.pod, req.container), within)
             except Refusal as exc:
                 raise RemoteError(UNKNOWN, str(exc)) from None
+            except asyncio.TimeoutError:
+                # an error status only fails this creation (the kubelet retries it); no answer by
+                # the runtime's deadline would cost the connection and every creation meanwhile
+                text = (
+                    f"pod {req.pod.namespace}/{req.pod.name}: container {req.container.name!r}: its grant was not "
+                    f"found within {within:.1f}s (the runtime waits {self.request_timeout:.1f}s for a plugin): refused"
+                )
+                log.warning("NRI: %s", text)
+                raise RemoteError(UNKNOWN, text) from None
             out = pb.CreateContainerResponse()
             if adjust is not None:
                 out.adjust.CopyFrom(adjust)
@@ -127,11 +157,25 @@ class NriPlugin:
         if method == "Configure":
             req = pb.ConfigureRequest.FromString(payload)
             self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
-            log.info("NRI: configured by %s", self.runtime or "an unnamed runtime")
-            return pb.ConfigureResponse(events=event_mask(CREATE_CONTAINER)).SerializeToString()
+            self.request_timeout = req.request_timeout / 1000 if req.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
+            log.info(
+                "NRI: configured by %s (request timeout %.1fs)",
+                self.runtime or "an unnamed runtime",
+                self.request_timeout,
+            )
+            return pb.ConfigureResponse(events=event_mask(CREATE_CONTAINER, REMOVE_POD_SANDBOX)).SerializeToString()
         if method == "Synchronize":
             return await self._synchronize(pb.SynchronizeRequest.FromString(payload))
-        if method in ("Shutdown", "StateChange"):
+        if method == "StateChange":
+            event = pb.StateChangeEvent.FromString(payload)
+            removed = getattr(self.hook, "pod_removed", None)
+            if event.event == REMOVE_POD_SANDBOX and removed is not None:
+                try:
+                    await asyncio.wait_for(removed(event.pod), self.answer_within())
+                except Exception as exc:  # noqa: BLE001 - an error status would fail the sandbox's removal
+                    log.warning("NRI: pod %s/%s removed: %s", event.pod.namespace, event.pod.name, exc)
+            return pb.Empty().SerializeToString()
+        if method == "Shutdown":
             return pb.Empty().SerializeToString()
         raise RemoteError(UNIMPLEMENTED, f"{method} is not served (not subscribed)")
 
@@ -144,7 +188,7 @@ class NriPlugin:
         self._sync_pods, self._sync_containers = [], []
         evict = await self.hook.synchronized(pods, containers)
         log.info("NRI: synchronized with %d pod(s), %d container(s)", len(pods), len(containers))
-        self._later(self._after_sync(evict))
+        self._later(self._after_sync(evict, self._mux))
         return pb.SynchronizeResponse(more=False).SerializeToString()
 
     def _unsolicited_updates_safe(self) -> bool:
@@ -156,7 +200,12 @@ class NriPlugin:
         it drops the evictions such a request carries anyway."""
         return _CONTAINERD_1.match(self.runtime) is None
 
-    async def _after_sync(self, evict: list[tuple[str, str]]) -> None:
+    async def _after_sync(self, evict: list[tuple[str, str]], mux: Mux | None) -> None:
+        """Ready, once the evictions are asked for; nothing if the session (``mux``) has ended by
+        then: its end already said "not ready", and a late "ready" would have the node say
+        ``nri`` with no hook connected."""
+        if mux is None or mux.closed:
+            return
         self.ready = True
         if evict:
             if self._unsolicited_updates_safe():
@@ -169,6 +218,8 @@ class NriPlugin:
                     len(evict),
                     self.runtime,
                 )
+        if mux.closed:
+            return
         if self.on_ready is not None:
             await self.on_ready(True)
 
@@ -198,7 +249,7 @@ class NriPlugin:
     async def session(self) -> str:
         """Dial, register, serve until the runtime goes away; returns why the session ended."""
         reader, writer = await asyncio.open_unix_connection(self.socket)
-        mux = Mux(reader, writer)
+        mux = self._mux = Mux(reader, writer)
         mux.endpoint(PLUGIN_CONN, self._handle)  # before registering: Configure follows at once
         self._runtime_ep = mux.endpoint(RUNTIME_CONN)
         reading = asyncio.get_running_loop().create_task(mux.run())

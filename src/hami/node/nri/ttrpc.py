@@ -44,6 +44,9 @@ MESSAGE_HEADER = struct.Struct(">IIBB")
 MESSAGE_MAX = 4 << 20
 #: the most this side puts in one multiplex frame (see the module docstring)
 FRAME_MAX = 4096
+#: the largest frame payload NRI's multiplexer writes (``maxPayloadSize``): a header claiming
+#: more is garbage, refused before its payload is buffered
+MUX_PAYLOAD_MAX = 1 << 24
 #: multiplex conn id 0 is reserved
 RESERVED_CONN = 0
 
@@ -257,6 +260,8 @@ class Mux:
         try:
             while True:
                 conn_id, length = MUX_HEADER.unpack(await self.reader.readexactly(MUX_HEADER.size))
+                if length > MUX_PAYLOAD_MAX:
+                    raise ProtocolError(f"multiplex frame of {length} bytes for conn {conn_id}, over {MUX_PAYLOAD_MAX}")
                 data = await self.reader.readexactly(length) if length else b""
                 ep = self.endpoints.get(conn_id)
                 if ep is None:
