@@ -30,7 +30,7 @@ from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
 from hami.dra.claims import ClaimUsage, slice_devices
 from hami.dra.explain import DeviceUse, add_claims
-from hami.dra.model import CORES, MEMORY, MIB, SHARES
+from hami.dra.model import CORDON_TAINT_KEY, CORES, DRIVER, MEMORY, MIB, PROFILE, SHARES, UNHEALTHY_TAINT_KEY
 
 from .live import NodeReading, Usage
 
@@ -128,6 +128,8 @@ class DraView:
     uses: dict[tuple[str, str], DeviceUse]  # (node, device) -> capacity and use
     info: dict[tuple[str, str], dict]  # (node, device) -> uuid, index, model, numa
     claims: dict[str, ClaimUsage]
+    taints: dict[tuple[str, str], list[Mapping[str, Any]]] = field(default_factory=dict)  # (node, device) -> taints
+    mig: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (node, device) -> _mig_attrs
 
     @property
     def totals(self) -> dict[tuple[str, str], dict[str, int]]:
@@ -145,14 +147,73 @@ def dra_view(source: Any) -> DraView:
         info = slice_devices((getattr(source, "slices", None) or {}).values())
     claims = dict(getattr(source, "claims", None) or {})
     uses = {key: DeviceUse(key[0], key[1], d["uuid"], dict(d["total"]), {}) for key, d in info.items()}
-    return DraView(add_claims(uses, (claims[k] for k in sorted(claims))), info, claims)
+    taints, mig = _slice_marks(source)
+    return DraView(add_claims(uses, (claims[k] for k in sorted(claims))), info, claims, taints, mig)
+
+
+def _mig_attrs(attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A MIG device's GPU and place on it (``parent``, ``profile``, ``start``, ``size``), None for
+    a whole GPU."""
+
+    def value(name: str, kind: type) -> Any:
+        got = attrs.get(name)
+        got = got.get("string" if kind is str else "int") if isinstance(got, Mapping) else None
+        return got if isinstance(got, kind) and not isinstance(got, bool) else None
+
+    profile, parent = value(PROFILE, str), value("parentUUID", str)
+    if profile is None or not parent:
+        return None
+    return {
+        "parent": parent,
+        "profile": profile,
+        "start": value("placementStart", int) or 0,
+        "size": value("placementSize", int) or 0,
+    }
+
+
+def _slice_marks(
+    source: Any,
+) -> tuple[dict[tuple[str, str], list[Mapping[str, Any]]], dict[tuple[str, str], dict[str, Any]]]:
+    """``(pool, device) -> taints`` of the driver's devices that carry any, and ``(pool, device)
+    -> _mig_attrs`` of its MIG devices: the kubelet plugin marks an unhealthy GPU and a cordoned
+    one with device taints, and publishes a MIG GPU as one device per instance (static) or per
+    possible placement (dynamic), none of which the parsed devices keep (pool and device named
+    as :func:`hami.dra.claims.slice_devices` names them)."""
+    out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    mig: dict[tuple[str, str], dict[str, Any]] = {}
+    for rs in (getattr(source, "slices", None) or {}).values():
+        spec = rs.get("spec") if isinstance(rs, Mapping) else None
+        if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
+            continue
+        pool_obj = spec.get("pool")
+        pool = pool_obj.get("name") if isinstance(pool_obj, Mapping) else None
+        if not isinstance(pool, str) or not pool:
+            pool = spec.get("nodeName") if isinstance(spec.get("nodeName"), str) else ""
+        devices = spec.get("devices")
+        for d in devices if isinstance(devices, list) else ():
+            if not isinstance(d, Mapping) or not isinstance(d.get("name"), str):
+                continue
+            taints = d.get("taints")
+            if isinstance(taints, list) and taints:
+                out[(pool, d["name"])] = [t for t in taints if isinstance(t, Mapping)]
+            attrs = d.get("attributes")
+            placed = _mig_attrs(attrs) if isinstance(attrs, Mapping) else None
+            if placed is not None:
+                mig[(pool, d["name"])] = placed
+    return out, mig
 
 
 def _mib(amount: int) -> int:
     return -(-amount // MIB)
 
 
-def dra_device_doc(use: DeviceUse, info: Mapping[str, Any], usage: Usage | None, state: str) -> dict:
+def dra_device_doc(
+    use: DeviceUse, info: Mapping[str, Any], usage: Usage | None, state: str, taints: Iterable[Mapping[str, Any]] = ()
+) -> dict:
+    """One GPU the DRA front end publishes; ``taints``: its device taints in the slice (the
+    kubelet plugin's unhealthy mark is ``health`` false, its cordon mark ``cordoned``, as the
+    extender's devices show them)."""
+    keys = {t.get("key") for t in taints}
     index = info.get("index")
     if not isinstance(index, int):
         tail = use.device.rsplit("-", 1)[-1]
@@ -164,8 +225,8 @@ def dra_device_doc(use: DeviceUse, info: Mapping[str, Any], usage: Usage | None,
         "model": info.get("model") or "",
         "mode": "hami-core",
         "numa": info.get("numa") if isinstance(info.get("numa"), int) else 0,
-        "health": True,
-        "cordoned": False,
+        "health": UNHEALTHY_TAINT_KEY not in keys,
+        "cordoned": CORDON_TAINT_KEY in keys,
         "slots": {"allocated": use.used[SHARES], "total": use.total[SHARES]},
         "memoryMiB": {"allocated": _mib(use.used[MEMORY]), "total": use.total[MEMORY] // MIB},
         "cores": {"allocated": use.used[CORES], "total": use.total[CORES], "unit": "percent"},
@@ -173,6 +234,51 @@ def dra_device_doc(use: DeviceUse, info: Mapping[str, Any], usage: Usage | None,
         "usage": _usage_doc(usage, state),
         "frontEnd": "dra",
         "claims": list(use.claims),
+    }
+
+
+def dra_mig_doc(
+    members: list[tuple[DeviceUse, Mapping[str, Any], Mapping[str, Any], Iterable[Mapping[str, Any]]]],
+    usage: Usage | None,
+    state: str,
+) -> dict:
+    """One MIG GPU of the DRA front end, from its published MIG devices ``(use, info, mig, taints)``
+    (:func:`_mig_attrs`): listed once, as the extender lists a MIG GPU (``mode`` mig, the
+    instances in use as ``slices``), not as one device per instance or possible placement with
+    no UUID. Totals: the largest profile's memory and cores (what one claim can have at most);
+    ``slots``: instances allocated, of at most the existing instances (static MIG) or the most
+    placements of one profile (dynamic: 7 on an A100)."""
+    use0, info0, mig0, _ = members[0]
+    taints = {t.get("key") for m in members for t in m[3]}
+    static = any(info.get("uuid") for _, info, _, _ in members)
+    per_profile: dict[str, int] = {}
+    for _, _, mig, _ in members:
+        per_profile[mig["profile"]] = per_profile.get(mig["profile"], 0) + 1
+    held = sorted((m for m in members if m[0].claims), key=lambda m: (m[2]["start"], m[2]["size"]))
+    index = info0.get("index")
+    return {
+        "uuid": mig0["parent"],
+        "index": index if isinstance(index, int) else -1,
+        "vendor": "NVIDIA",
+        "model": info0.get("model") or "",
+        "mode": "mig",
+        "numa": info0.get("numa") if isinstance(info0.get("numa"), int) else 0,
+        "health": UNHEALTHY_TAINT_KEY not in taints,
+        "cordoned": CORDON_TAINT_KEY in taints,
+        "slots": {"allocated": len(held), "total": len(members) if static else max(per_profile.values())},
+        "memoryMiB": {
+            "allocated": sum(_mib(m[0].used[MEMORY]) for m in members),
+            "total": max(m[0].total[MEMORY] for m in members) // MIB,
+        },
+        "cores": {
+            "allocated": sum(m[0].used[CORES] for m in members),
+            "total": max(m[0].total[CORES] for m in members),
+            "unit": "percent",
+        },
+        "slices": [{"profile": m[2]["profile"], "start": m[2]["start"], "size": m[2]["size"]} for m in held],
+        "usage": _usage_doc(usage, state),
+        "frontEnd": "dra",
+        "claims": sorted(c for m in members for c in m[0].claims),
     }
 
 
@@ -244,16 +350,29 @@ def nodes_document(
                     doc["cores"]["allocated"] += claimed.used[CORES]
                     doc["claims"] = list(claimed.claims)
                 devices.append(doc)
+        migs: dict[str, list] = {}  # parent UUID -> its MIG devices, listed as one GPU
+        dra_docs: list[Any] = []  # device documents, and a MIG GPU's UUID where it goes
         for key in dra_nodes.get(name, ()):
-            use, info = dra.uses[key], dra.info.get(key, {})
+            use, info, mig = dra.uses[key], dra.info.get(key, {}), dra.mig.get(key)
+            uuid = use.uuid if mig is None else mig["parent"]
             if (
-                use.uuid in seen
+                uuid in seen
                 or not _matches(info.get("model") or "", q.get("model"))
                 or not _matches("NVIDIA", q.get("vendor"))
             ):
                 continue
-            usage = reading.devices.get(use.uuid) if reading is not None else None
-            devices.append(dra_device_doc(use, info, usage, state))
+            usage = reading.devices.get(uuid) if reading is not None else None
+            if mig is None:
+                dra_docs.append(dra_device_doc(use, info, usage, state, dra.taints.get(key, ())))
+                continue
+            if uuid not in migs:
+                migs[uuid] = []
+                dra_docs.append(uuid)
+            migs[uuid].append((use, info, mig, dra.taints.get(key, ())))
+        for d in dra_docs:
+            if isinstance(d, str):
+                d = dra_mig_doc(migs[d], reading.devices.get(d) if reading is not None else None, state)
+            devices.append(d)
         if not devices and (q.get("model") or q.get("vendor")):
             continue
         node = source.nodes.get(name)
@@ -403,7 +522,9 @@ def claim_doc(
         for r in claim.results:
             use, info = dra.uses.get((r.pool, r.device)), dra.info.get((r.pool, r.device), {})
             got = r.resolved(use.total if use is not None else {})
-            uuid = info.get("uuid") or ""
+            mig = dra.mig.get((r.pool, r.device))
+            # a MIG instance is shown on its GPU (as the extender's grants and /nodes show it)
+            uuid = mig["parent"] if mig is not None else info.get("uuid") or ""
             usage = None
             if reading is not None and first is not None:
                 # hami monitor labels a claim's region with the one container using it, or with the
@@ -411,21 +532,22 @@ def claim_doc(
                 usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or reading.containers.get(
                     (claim.namespace, first.name, claim.name, uuid)
                 )
-            grants.append(
-                {
-                    "vendor": "NVIDIA",
-                    "uuid": uuid,
-                    "index": info.get("index") if isinstance(info.get("index"), int) else None,
-                    "model": info.get("model") or "",
-                    "memoryMiB": _mib(got[MEMORY]),
-                    "cores": got[CORES],
-                    "coreUnit": "percent",
-                    "usage": _usage_doc(usage, state),
-                    "node": r.pool,
-                    "device": r.device,
-                    "request": r.request,
-                }
-            )
+            grant = {
+                "vendor": "NVIDIA",
+                "uuid": uuid,
+                "index": info.get("index") if isinstance(info.get("index"), int) else None,
+                "model": info.get("model") or "",
+                "memoryMiB": _mib(got[MEMORY]),
+                "cores": got[CORES],
+                "coreUnit": "percent",
+                "usage": _usage_doc(usage, state),
+                "node": r.pool,
+                "device": r.device,
+                "request": r.request,
+            }
+            if mig is not None:
+                grant["slice"] = {"profile": mig["profile"], "start": mig["start"], "size": mig["size"]}
+            grants.append(grant)
         docs.append({"name": cname, "kind": kind, "grants": grants})
     mem, _ = claim.totals(dra.totals if totals is None else totals)
     return {
