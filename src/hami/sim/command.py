@@ -44,8 +44,9 @@ EPILOG = (
     "with metadata.deletionTimestamp of a pod given earlier deletes it; "
     "a ResourceQuota applies from that point on (--front-end dra also reads ResourceSlices, "
     "ResourceClaims and ResourceClaimTemplates). Other kinds are skipped with a warning. "
-    "Exit status: 0 with a result (pending pods included), 1 on bad input (one line on stderr "
-    "naming the file, object and field), 2 on a bad option. More: docs/simulate.md."
+    "Exit status: 0 with a result (pending pods included), 1 on bad input or a bad option value "
+    "(one line on stderr naming the file, object and field, or the option), 2 on an unknown option "
+    "or one missing its value. More: docs/simulate.md."
 )
 
 
