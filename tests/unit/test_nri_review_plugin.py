@@ -7,7 +7,7 @@ import asyncio
 import struct
 
 from hami.node.nri import load
-from hami.node.nri.plugin import PLUGIN_SERVICE, REMOVE_POD_SANDBOX, NriPlugin, event_mask
+from hami.node.nri.plugin import MAX_REFUSAL, PLUGIN_SERVICE, REMOVE_POD_SANDBOX, NriPlugin, Refusal, event_mask
 from hami.node.nri.ttrpc import UNKNOWN, RemoteError
 
 from .test_nri_plugin import FakeRuntime, Hook, call, pod
@@ -108,3 +108,21 @@ async def test_pod_sandbox_removal_is_subscribed_and_reaches_the_hook(tmp_path):
     event = pb.StateChangeEvent(event=REMOVE_POD_SANDBOX, pod=pod("gone"))
     await plugin._handle(PLUGIN_SERVICE, "StateChange", event.SerializeToString())
     assert hook.removed == [("sb-gone", "u-gone")]
+
+
+class LongRefusal(Hook):
+    async def create_container(self, pod, container):
+        raise Refusal("annotation hami.io/vgpu-devices-allocated=" + "x" * 300_000 + " is invalid")
+
+
+async def test_a_refusal_quoting_a_huge_annotation_is_cut(tmp_path):
+    """It becomes the kubelet's event for the container: a 256 KiB annotation went whole."""
+    plugin = NriPlugin(LongRefusal(), socket=str(tmp_path / "nri.sock"))
+    req = pb.CreateContainerRequest(pod=pod("train"), container=pb.Container(name="gpu"))
+    try:
+        await plugin._handle(PLUGIN_SERVICE, "CreateContainer", req.SerializeToString())
+    except RemoteError as exc:
+        assert exc.message.startswith("annotation hami.io/vgpu-devices-allocated=xxx")
+        assert len(exc.message) == MAX_REFUSAL
+    else:
+        raise AssertionError("refused")

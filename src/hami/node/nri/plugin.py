@@ -55,6 +55,9 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 #: the share of the runtime's request timeout the hook may take before the container is refused
 #: (the rest covers the socket, the answer's encoding and a busy event loop)
 ANSWER_SHARE = 0.75
+#: the longest refusal sent back: it becomes the container's error in the kubelet's event, and a
+#: refusal may quote a pod's annotation (up to 256 KiB)
+MAX_REFUSAL = 1024
 
 
 def event_mask(*events: int) -> int:
@@ -135,7 +138,10 @@ class NriPlugin:
             try:
                 adjust = await asyncio.wait_for(self.hook.create_container(req.pod, req.container), within)
             except Refusal as exc:
-                raise RemoteError(UNKNOWN, str(exc)) from None
+                text = str(exc)
+                if len(text) > MAX_REFUSAL:
+                    text = text[: MAX_REFUSAL - 1] + "…"
+                raise RemoteError(UNKNOWN, text) from None
             except asyncio.TimeoutError:
                 # an error status only fails this creation (the kubelet retries it); no answer by
                 # the runtime's deadline would cost the connection and every creation meanwhile
