@@ -95,3 +95,27 @@ async def test_event_reads_are_bounded_and_shared(shared):  # noqa: F811
     finally:
         events.release.set()
         await client.close()
+
+
+async def test_events_are_kept_cut_and_only_while_they_may_be_reused(shared):  # noqa: F811
+    """The raw events (managedFields and all, ~0.4 MiB a pod) stayed until a 1024th pod wiped the
+    cache: 200 pods read an hour ago held 88 MiB in the scheduler."""
+    events = SlowEvents()
+    events.release.set()
+    now = [NOW]
+    api = UiApi(shared, "hami-scheduler", clock=lambda: now[0], events=events)
+    client = await _client(api)
+    try:
+        for i in range(20):
+            assert (await client.get(f"/api/v1/pods/team-a/pod-{i}/events")).status == 200
+        assert len(api._events_cache) == 20
+        assert all(set(e) == {"type", "reason", "message", "count", "lastSeen", "source"} for e in cached(api))
+        now[0] += 3600
+        assert (await client.get("/api/v1/pods/team-a/pod-x/events")).status == 200
+        assert list(api._events_cache) == [("team-a", "pod-x")]
+    finally:
+        await client.close()
+
+
+def cached(api: UiApi) -> list[dict]:
+    return [e for entry in api._events_cache.values() for e in entry[1]]

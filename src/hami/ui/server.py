@@ -251,7 +251,9 @@ class UiApi:
             kube = getattr(getattr(authorizer, "reviews", None), "kube", None)
             events = None if kube is None else KubeEvents(kube)
         self.events_source = events
-        self._events_cache: dict[tuple[str, str], tuple[float, list[dict], str | None]] = {}
+        # (namespace, pod) -> (when read, the newest EVENTS_MAX events cut to what the page shows,
+        # how many were read, why none)
+        self._events_cache: dict[tuple[str, str], tuple[float, list[dict], int, str | None]] = {}
         self._events_asking: dict[tuple[str, str], asyncio.Future] = {}
 
     def _readings(self) -> Mapping[str, Any] | None:
@@ -528,16 +530,16 @@ class UiApi:
                 )
             limit = int(raw)
             await self._require(request, Permission("list", "events", namespace))
-            found, error = await self._pod_events(namespace, name)
-            items = event_items(found, limit)
+            newest, total, error = await self._pod_events(namespace, name)
+            items = newest[:limit]
             return model.envelope(
                 "EventList",
                 self.clock(),
                 items,
                 namespace=namespace,
                 name=name,
-                total=len(found),
-                truncated=len(found) > len(items),
+                total=total,
+                truncated=total > len(items),
                 error=error,
             )
 
@@ -550,16 +552,16 @@ class UiApi:
                 headers={"Cache-Control": "no-store", "Retry-After": "1"},
             )
 
-    async def _pod_events(self, namespace: str, name: str) -> tuple[list[dict], str | None]:
+    async def _pod_events(self, namespace: str, name: str) -> tuple[list[dict], int, str | None]:
         """A pod's events and why there are none (None: read), read once for every caller asking
         within ``EVENTS_REUSE_S`` (callers asking meanwhile wait for the same read), at most
         ``EVENTS_IN_FLIGHT`` pods at once (:class:`EventsBusy` past that)."""
         if self.events_source is None:
-            return [], "this listener has no Kubernetes client to read events with"
+            return [], 0, "this listener has no Kubernetes client to read events with"
         key = (namespace, name)
         hit = self._events_cache.get(key)
         if hit is not None and 0 <= self.clock() - hit[0] < EVENTS_REUSE_S:
-            return hit[1], hit[2]
+            return hit[1], hit[2], hit[3]
         task = self._events_asking.get(key)
         if task is None:
             if len(self._events_asking) >= EVENTS_IN_FLIGHT:
@@ -569,7 +571,7 @@ class UiApi:
         # a caller that leaves does not cancel the read the others wait for
         return await asyncio.shield(task)
 
-    async def _read_events(self, namespace: str, name: str) -> tuple[list[dict], str | None]:
+    async def _read_events(self, namespace: str, name: str) -> tuple[list[dict], int, str | None]:
         assert self.events_source is not None
         found: list[dict] = []
         error = None
@@ -578,10 +580,16 @@ class UiApi:
         except EventsUnavailable as exc:
             log.warning("ui: the events of %s/%s could not be read: %s", namespace, name, exc)
             error = f"the Kubernetes API server could not list the events: {exc}"
+        # kept cut to what an answer can show (raw events, managedFields and all, held ~0.4 MiB
+        # a pod), and only while they may be reused
+        now = self.clock()
+        for gone in [k for k, v in self._events_cache.items() if not 0 <= now - v[0] < EVENTS_REUSE_S]:
+            del self._events_cache[gone]
         if len(self._events_cache) >= 1024:
             self._events_cache.clear()
-        self._events_cache[(namespace, name)] = (self.clock(), found, error)
-        return found, error
+        newest = event_items(found, EVENTS_MAX)
+        self._events_cache[(namespace, name)] = (now, newest, len(found), error)
+        return newest, len(found), error
 
     async def history_answer(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
