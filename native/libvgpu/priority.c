@@ -160,8 +160,9 @@ static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quie
 static unsigned my_devices(void)
 {
     unsigned mask = 0;
-    for (int d = 0; vgpu_my_slot && d < VGPU_MAX_DEV; d++)
-        if (__atomic_load_n(&vgpu_my_slot->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_RELAXED))
+    vgpu_slot *mine = vgpu_slot_mine();
+    for (int d = 0; mine && d < VGPU_MAX_DEV; d++)
+        if (__atomic_load_n(&mine->used[d].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_RELAXED))
             mask |= 1u << d;
     return mask;
 }

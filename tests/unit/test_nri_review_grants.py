@@ -89,3 +89,16 @@ async def test_a_grant_annotation_removed_after_the_first_creation_still_serves_
     del obj["metadata"]["annotations"][A.ALLOCATED]
     again = await hook.create_container(edited_sandbox(obj, "sb2", None), ctr("eval"))
     assert adjusted_env(again)["NVIDIA_VISIBLE_DEVICES"] == G1
+
+
+def test_a_record_write_a_crash_cut_short_is_swept_at_synchronize(tmp_path):
+    """``.<uid>.tmp`` files left by a crash mid-write were never removed (the sweep read only
+    record names, which never start with a dot)."""
+    from hami.deviceplugin.injection import GrantRecords
+
+    records = GrantRecords(tmp_path)
+    records.put("uid-p", "GPU-a,NVIDIA,1000,10:;", "sb-1")
+    (tmp_path / ".uid-q.tmp").write_text("{")
+    (tmp_path / ".not a record.tmp").write_text("")  # (not ours: left alone)
+    assert records.keep_only({"uid-p"}) == 0
+    assert sorted(os.listdir(tmp_path)) == [".not a record.tmp", "uid-p"]

@@ -277,7 +277,10 @@ class GrantRecords:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{uid}.tmp")
-            tmp.write_text(json.dumps({"allocated": allocated, "sandbox": sandbox}))
+            with open(tmp, "w") as f:
+                f.write(json.dumps({"allocated": allocated, "sandbox": sandbox}))
+                f.flush()
+                os.fsync(f.fileno())  # (unsynced, a power loss could leave the renamed file empty)
             os.replace(tmp, path)  # whole or not at all: a crash mid-write leaves the old record
         except OSError as exc:
             log.error("NRI grant record %s not written (%s); kept in memory only", path, exc)
@@ -299,7 +302,11 @@ class GrantRecords:
         """Forget every pod but ``uids`` (the runtime's pods); returns how many were forgotten."""
         gone = {uid for uid in self._memory if uid not in uids}
         try:
-            gone |= {name for name in os.listdir(self.directory) if _UID.fullmatch(name) and name not in uids}
+            names = os.listdir(self.directory)
+            gone |= {name for name in names if _UID.fullmatch(name) and name not in uids}
+            for name in names:  # a write a crash cut short
+                if name.startswith(".") and name.endswith(".tmp") and _UID.fullmatch(name[1:-4]):
+                    Path(self.directory, name).unlink(missing_ok=True)
         except FileNotFoundError:
             pass
         except OSError as exc:
