@@ -386,7 +386,7 @@ class UiApi:
         try:
             doc = await build(self._query(request))
         except model.FilterError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return web.json_response({"error": str(exc)}, status=400, headers={"Cache-Control": "no-store"})
         doc["cacheSynced"] = self.synced()
         # orjson: the nodes answer at 1000 nodes x 8 GPUs is ~3 MB, ~8x faster to write than with json
         return web.Response(
