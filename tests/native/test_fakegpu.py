@@ -123,7 +123,7 @@ print(t, t - f0, f0 - f1, f1 - f2, c.free(p), c.free(p), c.free(0))
 def test_kernels_take_time_and_show_up_in_process_utilization(fake_env):
     out = run_py(
         """
-import os, cuda_probe as c, pynvml as n
+import os, time, cuda_probe as c, pynvml as n
 c.init()
 fn = c.function(b"busy_50ms")
 def work():
@@ -134,8 +134,14 @@ print(c.elapsed_ms(work))
 c.check(c.cu.cuCtxSynchronize())
 assert c.cu.cuStreamQuery(None) == 0
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+# Sampled 550 ms into 900 ms of queued work, the last complete sample period (1/6 s) lies
+# inside the work unless this process stalls 200 ms. Sampled right after the work instead,
+# the period could reach past its end (99% once in CI, on a loaded machine).
+assert c.launch(c.function(b"busy_900ms")) == 0
+time.sleep(0.55)
 s = n.nvmlDeviceGetProcessUtilization(h, 0)
 print([(x.pid == os.getpid(), x.smUtil) for x in s])
+c.check(c.cu.cuCtxSynchronize())
 """,
         fake_env,
     ).stdout.splitlines()
