@@ -943,6 +943,8 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
     import urllib.request
     import uuid
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     from hami_devkit.cluster import free_port
     from hami_devkit.errors import ApiError
     from tests.integration._hami import SchedulerProcess, delete_webhook, label_namespace, register_webhook
@@ -998,6 +1000,14 @@ def test_dra_allocations_show_in_the_ui_api_and_count_against_the_namespace_quot
         assert by_name[r["device"]]["memoryMiB"] == {"allocated": 3000, "total": GPU_MIB}
         assert by_name[r["device"]]["cores"]["allocated"] == 25 and by_name[r["device"]]["frontEnd"] == "dra"
         assert by_name[r["device"]]["claims"] == [f"{ns}/{claim['metadata']['name']}"]
+        # the scheduler's allocation metrics count the claim as the UI does, on HAMi's names
+        with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics", timeout=5) as resp:
+            families = {f.name: f.samples for f in text_string_to_metric_families(resp.read().decode())}
+        uuid_of = by_name[r["device"]]["uuid"]
+        [mem] = [x for x in families["hami_gpu_memory_allocated_bytes"] if x.labels["device_uuid"] == uuid_of]
+        assert mem.labels["node"] == node and mem.value == 3000 * MIB
+        [pod_mem] = [x for x in families["hami_vgpu_memory_allocated_bytes"] if x.labels["namespace"] == ns]
+        assert (pod_mem.labels["pod"], pod_mem.labels["device_uuid"], pod_mem.value) == ("first", uuid_of, 3000 * MIB)
         [q] = api(f"/api/v1/quotas?namespace={ns}")["items"]
         assert [(x["resource"], x["used"], x["limit"]) for x in q["resources"]] == [
             ("limits.nvidia.com/gpumem", 3000, 5000)

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
 
-from .model import CORES, DRIVER, MEMORY, MIB, MIG_CLASS, SHARE_CLASS, SHARES, WHOLE_CLASS
+from .model import CORES, DRIVER, MEMORY, MIB, MIG_CLASS, PROFILE, SHARE_CLASS, SHARES, WHOLE_CLASS
 
 CAPACITIES = (MEMORY, CORES, SHARES)
 
@@ -200,9 +200,10 @@ def claim_usage(claim: Mapping[str, Any]) -> ClaimUsage | None:
 
 
 def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """``(pool, device) -> {uuid, index, model, numa, total: {memory, cores, shares}}`` for every
-    device of this driver's ResourceSlices (values the API could not have stored are 0, or empty;
-    a field of the wrong type is read as missing, a device that is not an object is skipped)."""
+    """``(pool, device) -> {uuid, index, model, numa, parent, total: {memory, cores, shares}}`` for
+    every device of this driver's ResourceSlices (values the API could not have stored are 0, or
+    empty; a field of the wrong type is read as missing, a device that is not an object is
+    skipped). ``parent``: a MIG device's GPU UUID (it has a ``profile``), "" for a whole GPU."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for s in slices:
         spec = _object(_object(s).get("spec"))
@@ -231,6 +232,7 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
                 "index": attr("index", int, None),
                 "model": attr("type", str, "") or attr("model", str, ""),
                 "numa": attr("numa", int, 0),
+                "parent": attr("parentUUID", str, "") if attr(PROFILE, str, "") else "",
                 "total": total,
             }
     return out

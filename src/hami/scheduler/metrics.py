@@ -1,8 +1,8 @@
 """Scheduler metrics on ``--metrics-bind-address`` (``:9395``): HAMi's allocation metrics plus SLIs.
 
 Allocation metrics (reference hami-control-plane §9.1, names and labels as HAMi's, every one
-with ``zone="vGPU"``) are computed at scrape time from the ledger: no API calls, nothing cached
-between scrapes. The scheduler's own signals, which HAMi lacks (A20), are recorded as they happen:
+with ``zone="vGPU"``) are computed at scrape time from the ledger and, for the DRA front end, the
+watch cache's ResourceSlices and allocated claims: no API calls, nothing cached between scrapes. The scheduler's own signals, which HAMi lacks (A20), are recorded as they happen:
 
 =================================================  ======================================================
 ``hami_scheduler_filter_duration_seconds``         histogram, label ``outcome`` (``scheduled``,
@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -51,6 +51,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from hami.core.ledger import Ledger
+from hami.dra.claims import ClaimUsage
+from hami.dra.fit import DeviceUse, add_claims
+from hami.dra.model import CORES, MEMORY, SHARES
 from hami.metricnames import BUILD_INFO, BUILD_INFO_HELP, BUILD_LABELS as BUILD, ZONE, build_info_values
 
 if TYPE_CHECKING:
@@ -176,12 +179,24 @@ class AllocationSnapshot:
     ledger: Ledger
     vendors: Sequence[Any] = ()  # to name quota resources (vendor.resources.memory / .cores, .name)
     quota_namespaces: Iterable[str] = ()
+    #: the DRA front end: (node, device) -> :func:`hami.dra.claims.slice_devices` entry, and the
+    #: allocated claims of driver gpu.hami.io
+    dra_devices: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    claims: Sequence[ClaimUsage] = ()
 
 
 def snapshot_of(state: Any) -> AllocationSnapshot:
-    """From a ``hami.scheduler.state.ClusterState`` (``ledger``, ``vendors``, ``quotas`` "ns/name")."""
+    """From a ``hami.scheduler.state.ClusterState`` (``ledger``, ``vendors``, ``quotas`` "ns/name",
+    and the DRA front end's ``dra_devices`` and ``claims`` when it has them)."""
     namespaces = sorted({key.split("/", 1)[0] for key in getattr(state, "quotas", {})})
-    return AllocationSnapshot(state.ledger, tuple(state.vendors), namespaces)
+    claims = getattr(state, "claims", None) or {}
+    return AllocationSnapshot(
+        state.ledger,
+        tuple(state.vendors),
+        namespaces,
+        dict(getattr(state, "dra_devices", None) or {}),
+        [claims[k] for k in sorted(claims)],
+    )
 
 
 def _quota_rows(snap: AllocationSnapshot) -> Iterator[tuple[str, str, int, int]]:
@@ -240,7 +255,78 @@ def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
         for s in pieces
         if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None
     ]
+    if snap.dra_devices:
+        devices, pods = _with_dra(snap, devices, pods)
     return AllocationRows(devices, pods, list(_quota_rows(snap)), mig)
+
+
+def _dra_index(device: str, info: Mapping[str, Any]) -> int:
+    index = info.get("index")
+    if isinstance(index, int):
+        return index
+    tail = device.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _with_dra(snap: AllocationSnapshot, devices: list, pods: list) -> tuple[list, list]:
+    """The extender's rows with the DRA front end's GPUs and claims added, counted as the UI counts
+    them: a whole GPU is one device (added to the extender's row when both front ends publish
+    it); a MIG GPU's devices (instances, or possible placements) are one device named by the
+    GPU's UUID, its totals the largest profile's and its shares the devices held; a claim is a
+    pod row of its first consumer pod (none until a pod reserves it), per GPU."""
+    uses = {k: DeviceUse(k[0], k[1], d.get("uuid") or "", dict(d["total"]), {}) for k, d in snap.dra_devices.items()}
+    add_claims(uses, snap.claims)
+    rows = {(r[0], r[1]): r for r in devices}
+    migs: dict[tuple[str, str], list[tuple[DeviceUse, Mapping[str, Any]]]] = {}
+    for key in sorted(uses):
+        use, info = uses[key], snap.dra_devices[key]
+        if info.get("parent"):
+            migs.setdefault((key[0], info["parent"]), []).append((use, info))
+            continue
+        uuid = use.uuid or key[1]
+        used = (use.used[SHARES], -(-use.used[MEMORY] // MIB), use.used[CORES])
+        old = rows.get((key[0], uuid))
+        if old is not None:  # one GPU published by both front ends
+            rows[(key[0], uuid)] = old[:6] + tuple(a + b for a, b in zip(old[6:], used))
+            continue
+        total = use.total
+        rows[(key[0], uuid)] = (
+            key[0],
+            uuid,
+            _dra_index(key[1], info),
+            info.get("model") or "",
+            total[MEMORY] // MIB,
+            total[CORES],
+            *used,
+        )
+    for (node, parent), members in migs.items():
+        use0, info0 = members[0]
+        rows[(node, parent)] = (
+            node,
+            parent,
+            _dra_index(use0.device, info0),
+            info0.get("model") or "",
+            max(u.total[MEMORY] for u, _ in members) // MIB,
+            max(u.total[CORES] for u, _ in members),
+            sum(1 for u, _ in members if u.claims),
+            sum(-(-u.used[MEMORY] // MIB) for u, _ in members),
+            sum(u.used[CORES] for u, _ in members),
+        )
+    by_pod: dict[tuple[str, str, str, str], list[int]] = {(r[0], r[1], r[2], r[3]): [r[4], r[5]] for r in pods}
+    for claim in snap.claims:
+        consumers = sorted(c.name for c in claim.pods)
+        if not consumers:
+            continue
+        for r in claim.results:
+            dev = uses.get((r.pool, r.device))
+            if dev is None:
+                continue
+            got = r.resolved(dev.total)
+            uuid = snap.dra_devices[(r.pool, r.device)].get("parent") or dev.uuid or r.device
+            at = by_pod.setdefault((claim.namespace, r.pool, consumers[0], uuid), [0, 0])
+            at[0] += -(-got[MEMORY] // MIB)
+            at[1] += got[CORES]
+    return list(rows.values()), [(*k, mem, cores) for k, (mem, cores) in by_pod.items()]
 
 
 def _esc(value: Any) -> str:
