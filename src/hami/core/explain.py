@@ -41,6 +41,7 @@ class DeviceVerdict:
     pod_slots: int = 0
     pod_mem: int = 0
     pod_cores: int = 0
+    detail: str = ""  # the reason in plain words where the code leaves out what to do (MIG: too small or fragmented)
 
 
 @dataclass(frozen=True)
@@ -119,5 +120,10 @@ def _refused(name: str, failure: NodeFailure, ledger: Ledger, ctx: FitContext, s
         i = at.get(d.id)
         if seen is not None and i is not None:
             own = (seen.used[i] - slots, seen.usedmem[i] - mem, seen.usedcores[i] - cores)
-        devices.append(DeviceVerdict(d, slots + own[0], mem + own[1], cores + own[2], reason, *own))
+        more = ""
+        if reason == Reason.CARD_MIG_TOPOLOGY_INFEASIBLE.value and plan is not None:
+            mig_detail = getattr(plan.vendor, "mig_detail", None)
+            if mig_detail is not None:
+                more = mig_detail(d, plan.vendor.resolve_memory(d, plan.req), ledger.slices(name).get(d.id, ()))
+        devices.append(DeviceVerdict(d, slots + own[0], mem + own[1], cores + own[2], reason, *own, detail=more))
     return NodeVerdict(name, False, failure.render(), failure.container, tuple(devices), detail)

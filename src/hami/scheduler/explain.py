@@ -126,6 +126,7 @@ def render(
             lines.append(
                 f"    gpu {d.index} {d.id} {d.type}: slots {dv.slots}/{d.count}, mem {dv.mem}/{d.devmem} MiB, "
                 f"cores {dv.cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'}{own} -> {reason}"
+                + (f": {dv.detail}" if dv.detail else "")
             )
     missing = set(state.nodes) - set(ledger.node_names())
     for label, names in (

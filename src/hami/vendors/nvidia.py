@@ -237,6 +237,23 @@ class NvidiaVendor(BaseVendor):
             occupied.append(got[1])
         return None
 
+    def mig_detail(self, device: DeviceInfo, mem: int, held: Sequence[Slice]) -> str:
+        """Why ``CardMigTopologyInfeasible`` for one more instance of ``mem`` MiB among ``held``, in
+        words: no allowed profile is big enough (a request to change), or the big-enough ones have
+        no placement clear of the instances there (fragmented: wait, or ask for less)."""
+        profiles = self.allowed_profiles(device)
+        narrowed = len(profiles) < len(device.mig_profiles)
+        allow = " allowed by migProfileAllowlist" if narrowed else ""
+        if not profiles:
+            return f"no MIG profile{allow} on this GPU"
+        big = sorted((p for p in profiles if p.memory_mb >= mem), key=lambda p: (p.memory_mb, p.slice_count))
+        if not big:
+            largest = max(profiles, key=lambda p: p.memory_mb)
+            return f"too small: no MIG profile{allow} has {mem} MiB (the largest, {largest.name}, has {largest.memory_mb} MiB)"
+        taken = ", ".join(f"{s.profile or '?'}@{s.start}" for s in sorted(held, key=lambda s: s.start)) or "none"
+        names = ", ".join(dict.fromkeys(p.name for p in big))
+        return f"fragmented: {names} would hold {mem} MiB, but no placement of it is clear of the instances there ({taken})"
+
     def place(self, device: DeviceInfo, granted: ContainerDevice, held: Sequence[Slice]) -> ContainerDevice:
         if device.mode != MIG_MODE:
             return granted
