@@ -122,3 +122,30 @@ def test_xid_watcher_reports_critical_xids_only(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env(tmp_path), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{[[G1]]} {[(G0, 13)]}"
+
+
+@pytest.mark.parametrize("mode", ["hami-core", "mig"])
+def test_a_gpu_in_mig_mode_is_left_out_unless_something_cuts_it_into_instances(tmp_path, mode):
+    """A whole-GPU share of a GPU in MIG mode would give its containers no CUDA device: under
+    operatingmode hami-core it is not registered (a warning says why and what to set); under
+    operatingmode mig it is, with its profiles."""
+    cfg = tmp_path / "config.json"
+    entry = {"name": "n1", "operatingmode": mode}
+    if mode == "mig":
+        entry["filterdevices"] = {"index": [0]}  # the T4 has no MIG: refused under operatingmode mig
+    cfg.write_text(json.dumps({"nodeconfig": [entry]}))
+    out = subprocess.run(
+        [sys.executable, "-m", "hami", "device-plugin", "--dry-run", "--node-name", "n1"]
+        + ["--node-config", str(cfg), "--nvml-library", str(FAKE_NVML)],
+        env=env(tmp_path, FAKEGPU_DEVICES=DEVICES.replace("memory=40G,", "memory=40G,mig_mode=1,")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    uuids = [g["uuid"] for g in json.loads(out.stdout)["gpus"]]
+    if mode == "hami-core":
+        assert uuids == [G0]
+        assert f"GPU 1 ({G1}) is in MIG mode: no CUDA process can use it whole, so it is left out" in out.stderr
+    else:
+        assert uuids == [G1] and "is in MIG mode" not in out.stderr

@@ -130,6 +130,7 @@ def _nvml(monkeypatch, supported: dict[int, int | None]) -> None:
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetPciInfo", lambda h: _Pci())
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: b"NVIDIA GB10")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", lambda h: (0, 0))
 
 
 @pytest.mark.parametrize(

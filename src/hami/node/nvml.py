@@ -176,14 +176,36 @@ def _memory_mib(handle, settings: NodeSettings, uuid: str) -> int | None:
         return None
 
 
+def _mig_on(handle) -> bool:
+    try:
+        current, _ = pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:  # NotSupported: a GPU without MIG
+        return False
+    return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+
 def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[PhysicalGPU]:
-    """The node's physical GPUs in NVML index order, minus those filtered out by config."""
+    """The node's physical GPUs in NVML index order, minus those filtered out by config and those in
+    MIG mode that nothing here would cut into instances (shared whole, their containers would find
+    no CUDA device)."""
     out = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         if uuid in settings.filter_uuids or index in settings.filter_indexes:
             log.info("GPU %d (%s) excluded by filterdevices", index, uuid)
+            continue
+        if settings.operating_mode != "mig" and settings.mig_strategy != "mixed" and _mig_on(handle):
+            log.warning(
+                "GPU %d (%s) is in MIG mode: no CUDA process can use it whole, so it is left out "
+                "(operatingmode %s, migstrategy %s); set operatingmode mig or migstrategy mixed for it, "
+                "or turn MIG mode off (nvidia-smi -i %d -mig 0)",
+                index,
+                uuid,
+                settings.operating_mode,
+                settings.mig_strategy,
+                index,
+            )
             continue
         memory = _memory_mib(handle, settings, uuid)
         if memory is None:
