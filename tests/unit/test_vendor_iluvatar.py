@@ -23,6 +23,16 @@ def test_admission_env_and_whole_gpus_for_multi_gpu():
     assert "env" not in log
 
 
+def test_whole_gpus_set_the_cores_request_too_where_the_container_names_one():
+    """Extended resources need request == limit: the API server refused the pod when only the
+    limit was raised to 100 x count."""
+    p = admit(pod("p", [ctr(limits={CNT: 2, CORE: 30}, requests={CNT: 2, CORE: 30})]), CFG)
+    res = p["spec"]["containers"][0]["resources"]
+    assert res["limits"][CORE] == res["requests"][CORE] == 200
+    p = admit(pod("p", [ctr(limits={CNT: 2}, requests={CNT: 2})]), CFG)
+    assert CORE not in p["spec"]["containers"][0]["resources"]["requests"]  # defaulted from the limit
+
+
 @pytest.mark.parametrize(
     "limits,allocated",
     [

@@ -47,7 +47,13 @@ def set_both(container: dict, name: str, value: int) -> None:
 
 
 def set_limit(container: dict, name: str, value: int) -> None:
-    ensure_field(ensure_field(container, "resources", {}), "limits", {})[name] = value
+    """``resources.limits[name] = value``, and ``requests[name]`` too where the container names it
+    there: the API server refuses an extended resource whose request differs from its limit."""
+    resources = ensure_field(container, "resources", {})
+    ensure_field(resources, "limits", {})[name] = value
+    requests = resources.get("requests")
+    if isinstance(requests, dict) and name in requests:
+        requests[name] = value
 
 
 def env_append(container: dict, name: str, value: str) -> None:
