@@ -83,6 +83,12 @@ def test_no_memory_means_the_whole_card():
             {},
             "huawei.com/Ascend910C must be 1 or an even number on Ascend910C (superPod), got 3",
         ),
+        (  # was "cannot span 2 devices" for a request of 1
+            {"huawei.com/Ascend910C": 1, "huawei.com/Ascend910C-memory": 16000},
+            {},
+            "huawei.com/Ascend910C-memory 16384 asks for a vNPU, but Ascend910C (superPod) is taken by whole "
+            "modules of 2 NPUs (a request of 1 is 2)",
+        ),
     ],
 )
 def test_admission_rejects(limits, annotations, message):

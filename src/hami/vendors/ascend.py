@@ -141,6 +141,11 @@ class AscendVendor(BaseVendor):
                     f"{self.templates[-1].memory if self.templates else 0} MiB, card capacity "
                     f"{c.memory_capacity} MiB)"
                 )
+        if n > 1 and mem != c.memory_allocatable and c.super_pod:
+            raise RequestError(
+                f"{where}: {r.memory} {mem} asks for a vNPU, but {self.name} (superPod) is taken by whole "
+                f"modules of 2 NPUs (a request of 1 is 2); leave {r.memory} out, or ask for whole NPUs"
+            )
         if n > 1 and mem != c.memory_allocatable:
             raise RequestError(
                 f"{where}: a vNPU ({r.memory} {mem}) cannot span {n} devices; ask for one device or whole cards"
