@@ -110,9 +110,10 @@ class NodeAgent:
             self.registrar.injection = KEEP
         self.server = PluginServer(plugin_dir, self.state, self.allocator, poll=poll)
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
+        self.static_mig = list(static_mig or ())
         self.mig_servers = [
             PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
-            for r in static_mig or ()
+            for r in self.static_mig
         ]
         self.ignored_xids = ignored_xids
         self.xid_wait_ms = xid_wait_ms
@@ -126,10 +127,18 @@ class NodeAgent:
             return
         loop = asyncio.get_running_loop()
 
-        def report(uuids: list[str]) -> None:
-            asyncio.run_coroutine_threadsafe(self.state.mark_unhealthy(uuids), loop)
+        mig = self.static_mig
 
-        self._watcher = XidWatcher(self.state.uuids, report, self.ignored_xids, self.xid_wait_ms)
+        async def mark(uuids: list[str]) -> None:
+            await self.state.mark_unhealthy(uuids)
+            for r in mig:  # migstrategy mixed: the instances on a faulty GPU in MIG mode
+                await r.mark_unhealthy(uuids)
+
+        def report(uuids: list[str]) -> None:
+            asyncio.run_coroutine_threadsafe(mark(uuids), loop)
+
+        watched = list(dict.fromkeys([*self.state.uuids, *(g for r in mig for g in r.gpu_uuids)]))
+        self._watcher = XidWatcher(watched, report, self.ignored_xids, self.xid_wait_ms)
         self._watcher.start()
 
     async def _recover_mig(self) -> None:

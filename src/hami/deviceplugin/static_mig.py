@@ -9,7 +9,8 @@ What this module owns: finding the instances (:func:`discover_static`), the per-
 device lists (:class:`StaticMigResource`, shaped like :class:`~.devices.DeviceState` for
 :class:`~.server.PluginServer`) and their Allocate (:class:`StaticMigService`). GPUs in MIG
 mode are served only here; GPUs not in MIG mode stay shared ``nvidia.com/gpu`` devices.
-The layout is read at start-up: restart the plugin after changing it.
+The layout is read at start-up: restart the plugin after changing it. A critical XID on a GPU
+marks its instances unhealthy (the agent's health watcher covers the GPUs in MIG mode too).
 
 Strategies: ``none`` (default) ignores MIG instances, ``mixed`` is this module, ``single``
 (every GPU the same profile, advertised as ``nvidia.com/gpu``) is refused at start-up: it
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import grpc
 
@@ -30,7 +31,7 @@ from hami.node.layout import MountSpec
 from hami.node.nvml import MigNvml, mig_enabled
 from hami.node.settings import NodeSettings
 
-from .api import HEALTHY, load
+from .api import HEALTHY, UNHEALTHY, load
 
 log = logging.getLogger(__name__)
 pb, pb_grpc = load()
@@ -58,11 +59,14 @@ def check_strategy(strategy: str, operating_mode: str) -> None:
         )
 
 
-def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[str, list[str]]:
+def discover_static(
+    uuids: Sequence[str], domain: str = "nvidia.com", parents: dict[str, str] | None = None
+) -> dict[str, list[str]]:
     """``resource -> MIG device UUIDs`` over the GPUs in MIG mode (instances with a compute
     instance only; a GPU instance without one is no device yet). A ``+`` in NVML's profile name
     (media extensions, ``1g.10gb+me``) becomes ``.``, as NVIDIA's plugin names the resource: a
-    resource name cannot hold ``+``."""
+    resource name cannot hold ``+``. ``parents``, when given, gets ``MIG device UUID -> its GPU's
+    UUID`` (what a health event names)."""
     nvml = MigNvml()
     out: dict[str, list[str]] = {}
     for uuid in uuids:
@@ -71,6 +75,8 @@ def discover_static(uuids: Sequence[str], domain: str = "nvidia.com") -> dict[st
         for inst in nvml.instances(uuid):
             if inst.mig_uuid:
                 out.setdefault(f"{domain}/mig-{inst.profile.replace('+', '.')}", []).append(inst.mig_uuid)
+                if parents is not None:
+                    parents[inst.mig_uuid] = uuid
     return dict(sorted(out.items()))
 
 
@@ -87,19 +93,54 @@ class _ResourceSettings:
 
 
 class StaticMigResource:
-    """One ``nvidia.com/mig-<profile>`` resource: its MIG devices, all healthy, never changing."""
+    """One ``nvidia.com/mig-<profile>`` resource: its MIG devices (a fixed set) and their health.
+    A fault on a GPU (its XID, :meth:`mark_unhealthy` with the GPU's UUID) takes every instance
+    on it out of the kubelet's healthy devices, as a shared GPU's fault takes out its shares (an
+    instance whose GPU is not known, ``parents`` without it, is never marked)."""
 
-    def __init__(self, resource: str, mig_uuids: Sequence[str]) -> None:
+    def __init__(self, resource: str, mig_uuids: Sequence[str], parents: Mapping[str, str] | None = None) -> None:
         self.settings = _ResourceSettings(resource)
         self.mig_uuids = tuple(mig_uuids)
+        self.parents = {u: (parents or {}).get(u, "") for u in self.mig_uuids}
+        self.unhealthy: set[str] = set()
         self.version = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        """The GPUs its instances are on (those known)."""
+        return sorted({p for p in self.parents.values() if p})
 
     def kubelet_devices(self) -> list[tuple[str, bool, int | None]]:
-        return [(u, True, None) for u in self.mig_uuids]
+        return [(u, u not in self.unhealthy, None) for u in self.mig_uuids]
+
+    async def mark_unhealthy(self, gpu_uuids: Iterable[str]) -> None:
+        faulty = set(gpu_uuids)
+        new = {u for u, p in self.parents.items() if p and p in faulty} - self.unhealthy
+        if not new:
+            return
+        self.unhealthy |= new
+        log.warning(
+            "%s: %s unhealthy (a fault on GPU %s)",
+            self.settings.resource_name,
+            ", ".join(sorted(new)),
+            ", ".join(sorted(faulty)),
+        )
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
 
     async def wait_change(self, seen: int, timeout: float | None = None) -> int:
-        await asyncio.sleep(timeout if timeout is not None else 3600)
-        return self.version
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
+            except TimeoutError:
+                pass
+            return self.version
+
+
+def _devices(resource: StaticMigResource) -> list:
+    return [pb.Device(ID=u, health=HEALTHY if ok else UNHEALTHY) for u, ok, _ in resource.kubelet_devices()]
 
 
 class StaticMigService(pb_grpc.DevicePluginServicer):
@@ -114,8 +155,13 @@ class StaticMigService(pb_grpc.DevicePluginServicer):
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
 
     async def ListAndWatch(self, request, context):
-        yield pb.ListAndWatchResponse(devices=[pb.Device(ID=u, health=HEALTHY) for u in self.resource.mig_uuids])
-        await self.closing.wait()
+        seen = self.resource.version
+        yield pb.ListAndWatchResponse(devices=_devices(self.resource))
+        while not self.closing.is_set():
+            version = await self.resource.wait_change(seen, timeout=1.0)
+            if version != seen:
+                seen = version
+                yield pb.ListAndWatchResponse(devices=_devices(self.resource))
 
     async def GetPreferredAllocation(self, request, context):
         return pb.PreferredAllocationResponse()
@@ -145,8 +191,8 @@ class StaticMigService(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-def resources(found: Mapping[str, Sequence[str]]) -> list[StaticMigResource]:
-    return [StaticMigResource(name, uuids) for name, uuids in found.items()]
+def resources(found: Mapping[str, Sequence[str]], parents: Mapping[str, str] | None = None) -> list[StaticMigResource]:
+    return [StaticMigResource(name, uuids, parents) for name, uuids in found.items()]
 
 
 def settings_without_mig_gpus(settings: NodeSettings, mig_gpus: Sequence[str]) -> NodeSettings:
