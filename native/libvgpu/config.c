@@ -288,6 +288,51 @@ static int env_bool(const char *name)
     return v && (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes"));
 }
 
+/* Whether a region path's file name is koordlet's, `<pod UID>_<container>.cache`: a UID as the
+ * API server writes it (8-4-4-4-12 hex digits), then a container name (a DNS label). */
+static int koordlet_region_name(const char *path)
+{
+    const char *name = strrchr(path, '/');
+    name = name ? name + 1 : path;
+    for (int i = 0; i < 36; i++) {
+        int dash = i == 8 || i == 13 || i == 18 || i == 23;
+        if (dash ? name[i] != '-' : !isxdigit((unsigned char)name[i]))
+            return 0;
+    }
+    if (name[36] != '_')
+        return 0;
+    const char *ctr = name + 37, *end = strrchr(ctr, '.');
+    if (!end || end == ctr || end - ctr > 63 || strcmp(end, ".cache"))
+        return 0;
+    for (const char *p = ctr; p < end; p++)
+        if (!islower((unsigned char)*p) && !isdigit((unsigned char)*p) && *p != '-')
+            return 0;
+    return 1;
+}
+
+/* Whether the settings are the ones Koordinator's koordlet injects for a HAMi-core pod (its
+ * GPUEnvInject hook): no grant file, CUDA_DEVICE_MEMORY_LIMIT unindexed only (the first GPU's
+ * grant in bytes, for every GPU), and no region path, or the one its HamiCoreVGPUMonitor gate
+ * names. Every device plugin (ours, HAMi's, Volcano's) and our DRA agent write indexed limits;
+ * `hami exec` names its region `hami-exec-*.cache` or as its user says. */
+static int koordlet_settings(void)
+{
+    if (vgpu_mounts()->grant)
+        return 0;
+    const char *all = vgpu_getenv("CUDA_DEVICE_MEMORY_LIMIT");
+    if (!all || !*all)
+        return 0;
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        const char *v = vgpu_getenv(name);
+        if (v && *v)
+            return 0;
+    }
+    const char *region = vgpu_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    return !region || !*region || koordlet_region_name(region);
+}
+
 void vgpu_config_load(void)
 {
     vgpu_config *c = &vgpu_cfg;
@@ -308,6 +353,13 @@ void vgpu_config_load(void)
     c->priority = (int)vgpu_env_int("CUDA_TASK_PRIORITY", 1, -1000, 1000, NULL);
     const char *pol = vgpu_getenv("GPU_CORE_UTILIZATION_POLICY");
     c->core_policy = !pol ? 0 : !strcasecmp(pol, "force") ? 1 : !strcasecmp(pol, "disable") ? 2 : 0;
+    /* HAMi-core, which koordlet's settings are written for, holds such a pod to `gpu-core` even
+     * alone on its GPU (its region's utilization switch starts on; koordlet runs nothing that
+     * clears it): so do we, unless the pod names a policy (`default`: the work-conserving one). */
+    if ((!pol || !*pol) && koordlet_settings()) {
+        c->core_policy = 1;
+        c->core_policy_implied = 1;
+    }
     const char *cs = vgpu_getenv("LIBVGPU_CONTEXT_SIZE");
     uint64_t csv;
     if (cs && *cs) {

@@ -602,9 +602,10 @@ static void setup(void)
     }
     if (lim_peers_configured() && vgpu_my_slot)
         f |= F_PUBLISH;
-    LOG_INFO("compute share: %s, policy %s, priority %d, host pid %d%s", any ? "limited" : "no limit",
+    LOG_INFO("compute share: %s, policy %s%s, priority %d, host pid %d%s", any ? "limited" : "no limit",
              vgpu_cfg.core_policy == 1 ? "force" : vgpu_cfg.core_policy == 2 ? "disable" : "default",
-             vgpu_reg->priority, pid, f & F_PUBLISH ? ", peers watched" : "");
+             vgpu_cfg.core_policy_implied ? " (koordlet's HAMi-core settings)" : "", vgpu_reg->priority, pid,
+             f & F_PUBLISH ? ", peers watched" : "");
     __atomic_store_n(&g_flags, f, __ATOMIC_RELEASE);
     if (g_watch || f) {
         pthread_t t;

@@ -24,6 +24,7 @@ typedef struct {
     int log_level;                   /* LIBCUDA_LOG_LEVEL */
     int priority;                    /* CUDA_TASK_PRIORITY */
     int core_policy;                 /* GPU_CORE_UTILIZATION_POLICY: 0 default, 1 force, 2 disable */
+    int core_policy_implied;         /* force without the variable: koordlet's settings (config.c) */
     long long context_size;          /* LIBVGPU_CONTEXT_SIZE, -1 = measure */
     unsigned test_stall_ms;          /* LIBVGPU_TEST_STALL_IN_LOCK_MS (tests only) */
 } vgpu_config;

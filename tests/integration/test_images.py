@@ -133,25 +133,28 @@ def test_libvgpu_is_where_the_chart_copies_it_from(hami_root: Path) -> None:
     assert (hami_root / "hook/libvgpu.so").read_bytes() == lib.read_bytes()
 
 
-def test_the_image_serves_as_hamis_for_koordinators_hami_daemon(hami_root: Path) -> None:
+@pytest.mark.parametrize("version", ["v2.6.0", "v2.10.0"])  # the koord chart's default, the one our docs set
+def test_the_image_serves_as_hamis_for_koordinators_hami_daemon(hami_root: Path, version: str) -> None:
     """Koordinator's hami-daemon chart runs HAMi's image as `sh -c "cp -f
     /k8s-vgpu/lib/nvidia/libvgpu.so.<libvgpuSoVersion> /usr/local/vgpu/libvgpu.so && vGPUmonitor
-    -v=4"` (docs/integrations.md): the library is at HAMi's path and the monitor answers to HAMi's
-    command name and klog flag, serving on HAMi's port."""
+    -v=4"` (docs/integrations.md): the library is at HAMi's path under the chart's default version
+    name (v2.6.0: without it the default install's `cp` failed and its pod restarted for ever) and
+    the monitor answers to HAMi's command name and klog flag, serving on HAMi's port."""
     _needs("chroot")
     (hami_root / "usr/local/vgpu").mkdir(parents=True, exist_ok=True)
+    (hami_root / "usr/local/vgpu/libvgpu.so").unlink(missing_ok=True)
     out = _chroot(
         hami_root,
         "sh",
         "-c",
-        "cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.v2.10.0 /usr/local/vgpu/libvgpu.so && vGPUmonitor -v=4 --help",
+        f"cp -f /k8s-vgpu/lib/nvidia/libvgpu.so.{version} /usr/local/vgpu/libvgpu.so && vGPUmonitor -v=4 --help",
         user="0:0",
     )
     assert out.returncode == 0, out.stderr
     assert "--metrics-bind-address" in out.stdout  # default :9394 (tests/unit/test_hami_compat.py)
     lib = (hami_root / "opt/hami/libvgpu.so").read_bytes()
     assert (hami_root / "usr/local/vgpu/libvgpu.so").read_bytes() == lib
-    for name in ("libvgpu.so", "libvgpu.so.v2.10.0"):
+    for name in ("libvgpu.so", f"libvgpu.so.{version}"):
         assert os.readlink(hami_root / "k8s-vgpu/lib/nvidia" / name) == "/opt/hami/libvgpu.so"
 
 
