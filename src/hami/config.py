@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
+import stat
 from typing import Any, Callable, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -437,3 +439,46 @@ def load_device_config(
     except safeyaml.YamlInputError as exc:
         raise ConfigError(str(exc)) from None
     return device_config_from_dict(data, source, warn)
+
+
+#: a device-config.yaml is a few KiB; a path naming a log or a core dump is refused, not read
+MAX_CONFIG_BYTES = 4 << 20
+
+
+def read_device_config_file(path: str, flag: str, warn: Callable[[str], None] | None = None) -> DeviceConfig:
+    """The device-config.yaml a flag names, for every command that takes one. A file that is
+    missing, not a regular file, unreadable, not UTF-8 or not valid is a :class:`ConfigError`
+    of one line naming the flag and the path: running on the defaults instead would serve other
+    resource names and split counts than the scheduler's, without a word."""
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{flag}: {why}")
+
+    try:
+        # O_NONBLOCK: a FIFO at the path must not hang the start; it is refused below
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise refuse(f"no such file {path!r}") from None
+    except OSError as exc:
+        raise refuse(f"cannot read {path!r} ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise refuse(f"{path!r} is {kind}")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise refuse(f"{path!r} is {st.st_size} bytes, more than a device-config.yaml ({MAX_CONFIG_BYTES})")
+        try:
+            raw = os.read(fd, MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise refuse(f"cannot read {path!r} ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise refuse(f"{path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return load_device_config(text, path, warn)
+    except ConfigError as exc:  # the message names the path and the key
+        raise refuse(str(exc)) from None

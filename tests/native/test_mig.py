@@ -246,6 +246,7 @@ def test_mixed_strategy_advertises_existing_instances_per_profile(node):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["migResources"] == {"nvidia.com/mig-1g.10gb": [a, b], "nvidia.com/mig-3g.40gb": [c]}
+    assert doc["migGpus"] == {a: H100, b: H100, c: H100}  # an XID on the H100 marks all three unhealthy
     # the GPU in MIG mode is served as MIG devices only; the other one stays a shared nvidia.com/gpu
     assert [g["uuid"] for g in doc["gpus"]] == [A100]
     # config.json says the same through its key

@@ -12,6 +12,8 @@ import sys
 from dataclasses import replace
 
 from hami import malloc
+from hami.config import read_device_config_file
+from hami.core.errors import ConfigError
 from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from hami.core.names import NODE_INJECTION, NODE_LOCK_HANDOFF
 from hami.node import flags, nvml
@@ -182,6 +184,7 @@ def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None =
         ],
         "kubeletDevices": len(state.kubelet_devices()),
         "migResources": {r.settings.resource_name: list(r.mig_uuids) for r in static},
+        "migGpus": {u: p for r in static for u, p in r.parents.items()},  # whose fault marks it unhealthy
         "annotations": {
             REGISTER: encode_node_devices_json(state.registration()),
             **({SCORE: encode_pair_scores(state.pair_scores)} if state.pair_scores is not None else {}),
@@ -259,7 +262,8 @@ def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
     if settings.mig_strategy != "mixed":
         return settings, []
     mig_gpus = [u for u in nvml.gpu_uuids() if nvml.mig_enabled(u)]
-    static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0]))
+    parents: dict[str, str] = {}  # MIG device -> its GPU: a fault on the GPU marks its instances
+    static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0], parents), parents)
     log.info(
         "migstrategy mixed: %s",
         ", ".join(f"{r.settings.resource_name} x{len(r.mig_uuids)}" for r in static) or "no MIG instances",
@@ -303,8 +307,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return EXIT_CONFIG
     try:
+        if args.config_file:  # named but missing is refused, as the scheduler refuses it
+            read_device_config_file(args.config_file, "--config-file", warn=lambda _: None)
         settings = load_settings(args.node_name, args.config_file, args.node_config)
-    except NodeConfigError as exc:
+    except (ConfigError, NodeConfigError) as exc:
         print(f"hami device-plugin: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.mig_strategy:

@@ -19,6 +19,8 @@ start and leaves the file as it is, for someone to look at (docs/dra.md).
 from __future__ import annotations
 
 import json
+import logging
+import math
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 from hami.node.files import read_small, write_atomic
 
 VERSION = 1
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(Exception):
@@ -130,3 +133,94 @@ class Checkpoint:
         """(claims, devices) prepared: the metrics' gauges."""
         with self._lock:
             return len(self._claims), sum(len(e.get("devices") or ()) for e in self._claims.values())
+
+
+#: the version of ``health.json``; a file of another version is read as no marks (logged)
+HEALTH_VERSION = 1
+
+
+class HealthRecord:
+    """The node-local record of the GPUs the agent marked unhealthy and of their informational
+    XID notes (:class:`hami.draplugin.health.HealthBook`), so that a restart of the agent does not
+    publish a failed GPU as healthy until it fails again. Times are Unix seconds (a monotonic
+    clock does not survive the restart); ``boot`` is the boot id they were made under.
+
+    A sibling of ``checkpoint.json``, not a part of it: that file's version stays 1, so an older
+    agent rolled back to still reads its claims, and a damaged health record costs the marks,
+    never the prepared claims. A record that cannot be read, another version, or one made before
+    the node rebooted (its GPUs were reset) is read as no marks, logged, and replaced by the next
+    write; the agent starts either way."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def load(self, boot: str = "") -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
+        """(UUID -> when it was marked, UUID -> (its last non-fatal XID, when)); both empty when
+        there is no usable record, or it was made under another boot than ``boot``."""
+        try:
+            text = read_small(self.path).decode()
+        except FileNotFoundError:
+            return {}, {}
+        except (OSError, UnicodeDecodeError) as exc:
+            return self._unusable(f"cannot read it ({exc})")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return self._unusable(f"not JSON ({exc})")
+        if not isinstance(doc, dict) or doc.get("version") != HEALTH_VERSION:
+            found = doc.get("version") if isinstance(doc, dict) else None
+            return self._unusable(f"expected version {HEALTH_VERSION}, got {found!r}")
+        made = doc.get("boot")
+        if boot and isinstance(made, str) and made and made != boot:
+            log.info(
+                "health record %s: made before the node rebooted (its GPUs were reset): no GPU stays marked", self.path
+            )
+            return {}, {}
+        marks, notes = doc.get("unhealthy"), doc.get("notes", {})
+        if not isinstance(marks, dict) or not isinstance(notes, dict):
+            return self._unusable("expected the objects 'unhealthy' and 'notes'")
+        try:
+            return (
+                {str(u): _seconds(t) for u, t in marks.items()},
+                {str(u): (_xid(n["xid"]), _seconds(n["at"])) for u, n in notes.items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            return self._unusable(f"a malformed entry ({exc!r})")
+
+    def _unusable(self, why: str) -> tuple[dict[str, float], dict[str, tuple[int, float]]]:
+        log.warning(
+            "health record %s: %s; starting with no GPU marked unhealthy (it is rewritten at the next mark)",
+            self.path,
+            why,
+        )
+        return {}, {}
+
+    def save(self, boot: str, marks: dict[str, float], notes: dict[str, tuple[int, float]]) -> None:
+        data = json.dumps(
+            {
+                "version": HEALTH_VERSION,
+                "boot": boot,
+                "unhealthy": marks,
+                "notes": {u: {"xid": x, "at": t} for u, (x, t) in notes.items()},
+            },
+            sort_keys=True,
+            indent=1,
+        )
+        with self._lock:
+            try:
+                write_atomic(self.path, data, mode=0o600)
+            except OSError as exc:  # a WriteError, which names the path
+                raise CheckpointError(f"health record {exc}") from None
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected Unix seconds, got {value!r}")
+    return float(value)
+
+
+def _xid(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an XID, got {value!r}")
+    return value

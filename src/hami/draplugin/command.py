@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from hami import malloc
+from hami.config import read_device_config_file
+from hami.core.errors import ConfigError
 from hami.core.names import DEVICE_CORDON
 from hami.dra.model import (
     GpuMig,
@@ -130,8 +132,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="0",
         help="a GPU marked unhealthy is healthy again (its taint removed) once this long has passed "
         "since its last fatal XID and NVML still answers for it, e.g. 10m; a non-fatal XID's "
-        "informational taint goes this long after the GPU's last one; 0: only after a restart "
-        "(default %(default)s)",
+        "informational taint goes this long after the GPU's last one; 0: only when the node reboots "
+        "(marks outlive a restart of the agent: <state-dir>/health.json) (default %(default)s)",
     )
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -263,9 +265,9 @@ async def _serve(
     s: SliceSettings,
     mig: dict[str, GpuMig] | None = None,
 ) -> int:
-    from hami.kube.client import KubeClient
+    from hami.kube.client import KubeClient, until_answered
 
-    from .checkpoint import Checkpoint, CheckpointError
+    from .checkpoint import Checkpoint, CheckpointError, HealthRecord
     from .health import HealthBook, HealthFeed
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, read_boot_id, socket_paths
@@ -285,6 +287,11 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     book = HealthBook(args.health_recovery_seconds, _nvml_answers)
+    # the GPUs marked unhealthy before a restart stay so (published tainted from the first
+    # publish on) until they recover by the same rule as at run time; a reboot resets them
+    record, boot = HealthRecord(Path(args.state_dir) / "health.json"), read_boot_id()
+    book.restore(*record.load(boot))
+    book.saved = lambda marks, notes: record.save(boot, marks, notes)
     # what this cluster keeps of a slice: once it refused the XID taints (before 1.35) or dropped
     # device taints (the feature off), later publishes leave them out from the start
     kept: dict[str, Any] = {
@@ -318,7 +325,10 @@ async def _serve(
             kept["taints"],
         )
 
-    try:
+    node_uid = ""
+
+    async def first_publish() -> bool:
+        nonlocal node_uid
         if args.apply_classes:
             await apply_device_classes(kube, args.extended_resource_name or None)
         node = await kube.get(f"/api/v1/nodes/{args.node_name}")
@@ -326,6 +336,15 @@ async def _serve(
         cordons.read(node)
         changed.clear()  # the first publish below has the cordons read
         await publish()
+        return True
+
+    try:
+        # an API server not there yet (a control plane restarting with the nodes) is waited for,
+        # and said so, rather than a traceback and the kubelet's crash-loop back-off, which kept
+        # the agent away minutes after the server was back; the kubelet plugin is not registered
+        # meanwhile, so no claim is prepared on a node whose slice is not published
+        if not await until_answered(kube, first_publish, f"Node {args.node_name} and its ResourceSlice", stop, log):
+            return 0  # stopped while waiting
 
         async def read_claim(namespace: str, name: str) -> dict:
             return await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
@@ -348,7 +367,7 @@ async def _serve(
             mig_devices(gpus, mig),
             _mig_manager(args, mig),
         )
-        if not _prepare_node(driver, paths, Path(args.state_dir) / "boot_id", read_boot_id()):
+        if not _prepare_node(driver, paths, Path(args.state_dir) / "boot_id", boot):
             return EXIT_CONFIG
         metrics_runner = None
         if args.bind is not None:
@@ -543,8 +562,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
+        if args.config_file:  # named but missing is refused, as the scheduler refuses it
+            read_device_config_file(args.config_file, "--config-file", warn=lambda _: None)
         settings = load_settings(args.node_name, args.config_file, args.node_config)
-    except NodeConfigError as exc:
+    except (ConfigError, NodeConfigError) as exc:
         print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:

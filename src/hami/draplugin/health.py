@@ -8,13 +8,19 @@ GPU with the device taint ``gpu.hami.io/unhealthy=xid`` (:func:`hami.dra.model.u
 ``--health-recovery`` set a GPU counts as recovered once that long has passed since its last fatal
 XID and NVML still answers for it (the probe); its taint is then removed. A GPU whose probe fails
 stays marked and is probed again one period later. Without it (0, the default) a GPU stays
-marked until the agent restarts, as HAMi's device plugin and NVIDIA's DRA driver keep it.
+marked until the node reboots (which resets it).
+
+Marks and notes outlive a restart of the agent (:class:`hami.draplugin.checkpoint.HealthRecord`,
+``<state dir>/health.json``): HAMi's device plugin and NVIDIA's DRA driver keep them in memory
+only, so a restarted agent published a failed GPU as healthy until it failed again. Restored, a
+mark clears by the rule above, its wait counted from the mark, not from the restart; a record
+made before the node rebooted is not restored.
 
 A non-fatal XID (the ones the watcher does not count as a fault) is only noted (:meth:`HealthBook.note`):
 the GPU stays healthy and the agent publishes the XID as an informational device taint
 (``gpu.hami.io/xid=<code>``, effect ``None``: :func:`hami.dra.model.xid_taint`). A note goes
 ``--health-recovery`` after the GPU's last non-fatal XID (no probe: nothing was wrong with it);
-without recovery it stays until the agent restarts, as a fatal mark does.
+without recovery it stays until the node reboots, as a fatal mark does.
 
 :class:`HealthBook` is called from the watcher's thread (:meth:`mark`) and from the agent's loop
 (the rest), hence its lock. :class:`HealthFeed` hands the same health to the kubelet (KEP-4680).
@@ -37,13 +43,46 @@ class HealthBook:
         recovery: float = 0.0,
         probe: Callable[[str], bool] = lambda uuid: True,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        saved: Callable[[dict[str, float], dict[str, tuple[int, float]]], None] | None = None,
     ) -> None:
         if recovery < 0:
             raise ValueError(f"recovery must be >= 0 seconds, got {recovery!r}")
-        self.recovery, self._probe, self._clock = recovery, probe, clock
+        self.recovery, self._probe, self._clock, self._wall = recovery, probe, clock, wall
         self._since: dict[str, float] = {}  # UUID -> when it was last marked (or last failed a probe)
         self._noted: dict[str, tuple[int, float]] = {}  # UUID -> (its last non-fatal XID, when)
         self._lock = threading.Lock()
+        #: told the marks and notes (in Unix seconds) after every change: the agent's
+        #: :class:`hami.draplugin.checkpoint.HealthRecord`, so that a restart keeps them
+        self.saved = saved
+        self._save_lock = threading.Lock()  # one save at a time, each with the newest state
+
+    def restore(self, marks: dict[str, float], notes: dict[str, tuple[int, float]]) -> None:
+        """Take back what a previous run recorded (Unix seconds): a GPU marked then is unhealthy
+        now, and recovers by the rule it would have recovered by had the agent kept running (its
+        wait counted from the mark; a mark dated in the future, a clock set back, waits anew)."""
+        now, wall = self._clock(), self._wall()
+        with self._lock:
+            for uuid, at in marks.items():
+                self._since[uuid] = now - max(wall - at, 0.0)
+            for uuid, (xid, at) in notes.items():
+                self._noted[uuid] = (xid, now - max(wall - at, 0.0))
+        for uuid in sorted(marks):
+            log.warning("GPU %s: marked unhealthy before the restart (fatal XID); still unhealthy", uuid)
+
+    def _changed(self) -> None:
+        """Hand the new state to :attr:`saved`; a failure is logged, the marks in memory stay."""
+        if self.saved is None:
+            return
+        with self._save_lock:
+            now, wall = self._clock(), self._wall()
+            with self._lock:
+                marks = {u: wall - (now - t) for u, t in self._since.items()}
+                notes = {u: (x, wall - (now - t)) for u, (x, t) in self._noted.items()}
+            try:
+                self.saved(marks, notes)
+            except Exception as exc:  # noqa: BLE001 - the mark holds until the agent restarts
+                log.error("GPU health not recorded (a restart would forget it): %s", exc)
 
     def mark(self, uuids: Iterable[str]) -> None:
         """A fatal XID (or NVML failing) on these GPUs: unhealthy from now on, the recovery wait
@@ -52,12 +91,14 @@ class HealthBook:
         with self._lock:
             for uuid in uuids:
                 self._since[uuid] = now
+        self._changed()
 
     def note(self, uuid: str, xid: int) -> None:
         """A non-fatal XID on this GPU: recorded (the last one wins), the GPU's health unchanged."""
         now = self._clock()
         with self._lock:
             self._noted[uuid] = (xid, now)
+        self._changed()
 
     def unhealthy(self) -> frozenset[str]:
         with self._lock:
@@ -88,6 +129,8 @@ class HealthBook:
             old = sorted(u for u, (_, t) in self._noted.items() if now - t >= self.recovery)
             for uuid in old:
                 del self._noted[uuid]
+        if old:
+            self._changed()
         return old
 
     def recover(self) -> list[str]:
@@ -115,6 +158,8 @@ class HealthBook:
                     self._since[uuid] = now
         for uuid in healed:
             log.info("GPU %s: no fatal XID for %gs and NVML answers: healthy again", uuid, self.recovery)
+        if ready:  # healed, or a failed probe's new wait
+            self._changed()
         return healed
 
 

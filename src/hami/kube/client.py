@@ -6,8 +6,11 @@ both faster and what the pure core wants. Non-2xx answers raise :class:`KubeErro
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, Iterable
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
@@ -16,6 +19,10 @@ from kubernetes_asyncio import client, config
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class KubeError(Exception):
@@ -78,6 +85,14 @@ class KubeClient:
     def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
         self.api = api
         self.timeout = timeout
+        #: why the last request got no answer (no connection, a time-out); None once one is
+        #: answered, whatever its status: what a start-up waiting on the API server reports
+        self.failure: str | None = None
+        self.answered = False  # some request was answered
+
+    @property
+    def server(self) -> str:
+        return str(self.api.configuration.host)
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, timeout: float = 30.0, pool: int = POOL) -> "KubeClient":
@@ -123,14 +138,21 @@ class KubeClient:
                 extra["proxy_headers"] = rest.proxy_headers
         if rest.server_hostname:
             extra["server_hostname"] = rest.server_hostname
-        return await rest.pool_manager.request(
-            method,
-            url,
-            headers=headers,
-            data=None if body is None else encode_json(body),
-            timeout=aiohttp.ClientTimeout(total=timeout if timeout is not None else self.timeout, sock_read=idle),
-            **extra,
-        )
+        total = timeout if timeout is not None else self.timeout
+        try:
+            resp = await rest.pool_manager.request(
+                method,
+                url,
+                headers=headers,
+                data=None if body is None else encode_json(body),
+                timeout=aiohttp.ClientTimeout(total=total, sock_read=idle),
+                **extra,
+            )
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.failure = no_answer(exc, total)
+            raise
+        self.failure, self.answered = None, True
+        return resp
 
     async def request(
         self,
@@ -180,3 +202,120 @@ def pod_path(namespace: str, name: str = "") -> str:
 
 def node_path(name: str = "") -> str:
     return "/api/v1/nodes" + (f"/{name}" if name else "")
+
+
+def no_answer(exc: BaseException, timeout: float | None = None) -> str:
+    """One line for a request the API server did not answer (a time-out's own text is empty)."""
+    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+        return f"no answer within {timeout:g}s" if timeout else "no answer in time"
+    return str(exc) or type(exc).__name__
+
+
+def unanswered(exc: BaseException) -> bool:
+    """The API server could not be reached, or answered that it cannot serve yet (starting,
+    overloaded, behind a load balancer with no backend): worth waiting for at start-up."""
+    if isinstance(exc, KubeError):
+        return exc.status in (0, 429, 500, 502, 503, 504)
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, OSError))
+
+
+#: a program waiting on the API server at start says so at its first failure, then this often
+WAIT_LOG_S = 30.0
+
+
+class ApiWait:
+    """What a start-up waiting on the API server logs, and when: a line at the first failure
+    (or, when requests just hang, once :data:`WAIT_LOG_S` passed without an answer), then one
+    every ``every`` seconds while it still waits, and one when the wait is over, if it was
+    reported at all. A component that retries every second or two would otherwise either log
+    nothing (its failures swallowed until it is up) or one line per retry."""
+
+    def __init__(self, server: str, start: float, every: float = WAIT_LOG_S) -> None:
+        self.server, self.start, self.every = server, start, every
+        self.last: float | None = None  # when the last line was due
+
+    def waiting(self, now: float, what: str, failure: str | None, answered: bool = False) -> str | None:
+        """The line to log now while ``what`` is awaited (None: not yet). ``failure``: why the
+        last request got no answer (None when it was answered or is still out)."""
+        waited = now - self.start
+        if self.last is None and failure is None and waited < self.every:
+            return None
+        if self.last is not None and now - self.last < self.every:
+            return None
+        self.last = now
+        if failure is not None:
+            why = failure
+        elif answered:
+            why = "it answers, the rest is still to come"
+        else:
+            why = "no answer yet"
+        return f"waiting for the API server at {self.server} ({what}, {waited:.0f}s so far): {why}; still retrying"
+
+    def over(self, now: float, what: str) -> str | None:
+        """The line to log once the wait is over (None when it never was reported)."""
+        if self.last is None:
+            return None
+        return f"the API server at {self.server} answered: {what} after {now - self.start:.0f}s"
+
+
+async def report_wait(
+    kube: KubeClient,
+    pending: Callable[[], list[str]],
+    what: str,
+    logger: logging.Logger = log,
+    every: float = WAIT_LOG_S,
+    poll: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Log, at the pace of :class:`ApiWait`, while ``pending()`` (what is still awaited, e.g. the
+    watches not listed yet) is not empty; ends when it is. The requests themselves are other
+    tasks' (the reflectors', which retry on their own): this only reads ``kube.failure``."""
+    wait = ApiWait(kube.server, clock(), every)
+    while True:
+        left = pending()
+        if not left:
+            line = wait.over(clock(), what)
+            if line:
+                logger.info("%s", line)
+            return
+        line = wait.waiting(clock(), f"{what}: {', '.join(left)}", kube.failure, kube.answered)
+        if line:
+            logger.warning("%s", line)
+        await asyncio.sleep(poll)
+
+
+async def until_answered(
+    kube: KubeClient,
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    stop: asyncio.Event,
+    logger: logging.Logger = log,
+    every: float = WAIT_LOG_S,
+    delay: float = 1.0,
+    max_delay: float = 15.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> T | None:
+    """``await call()`` until it is not refused for want of an API server (:func:`unanswered`):
+    again after 1 s, doubling up to ``max_delay``, logged at the pace of :class:`ApiWait`. Any
+    other error is raised; None when ``stop`` is set first. For a start-up's requests, which
+    must be idempotent (a read, a server-side apply)."""
+    wait = ApiWait(kube.server, clock(), every)
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:  # noqa: BLE001 - only the API server's absence is waited out
+            if not unanswered(exc):
+                raise
+            line = wait.waiting(clock(), what, no_answer(exc, kube.timeout), kube.answered)
+            if line:
+                logger.warning("%s", line)
+        else:
+            line = wait.over(clock(), what)
+            if line:
+                logger.info("%s", line)
+            return result
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return None
+        except asyncio.TimeoutError:
+            delay = min(delay * 2, max_delay)

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def main(opts: Options) -> int:
-    from hami.kube.client import KubeClient
+    from hami.kube.client import KubeClient, report_wait
     from hami.serve import CertReloader
     from hami.ui.auth import UI_CONNECTIONS
 
@@ -48,6 +48,15 @@ async def main(opts: Options) -> int:
     runner = metrics_runner = loopback = ui_runner = ui_kube = None
     try:
         service.start_background()
+        # /readyz answers 503 until every watch has listed; meanwhile the log says why (the
+        # reflectors' own retries go on without a word of the server they wait for)
+        service.tasks.append(
+            loop.create_task(
+                report_wait(
+                    kube, lambda: [r.name for r in service.reflectors if not r.synced.is_set()], "first lists", log
+                )
+            )
+        )
         if opts.gc_interval:
             service.tasks.append(loop.create_task(gcpolicy.collect_periodically(opts.gc_interval)))
         if reloader:

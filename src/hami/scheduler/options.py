@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hami.config import DeviceConfig, default_device_config, flag_bool as _bool, load_device_config
+from hami.config import DeviceConfig, default_device_config, flag_bool as _bool, read_device_config_file
 from hami.core import SchedulerConfig
 from hami.core.errors import ConfigError, CoreError
 from hami.core.names import ALLOW_DISABLE_CONTROL, VGPU_NODE
@@ -560,10 +560,7 @@ def _check_tls_files(args: argparse.Namespace) -> None:
 def _device_config(file: str | None):
     if not file:
         return default_device_config()
-    path = Path(file)
-    if not path.is_file():
-        raise ConfigError(f"--device-config-file: no such file {file!r}")
-    return load_device_config(path.read_text(), str(path))
+    return read_device_config_file(file, "--device-config-file")
 
 
 def _extender_listener(args: argparse.Namespace, host: str) -> tuple[str, int | None]:
