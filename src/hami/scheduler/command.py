@@ -151,7 +151,7 @@ async def _serve_ui(service, opts: Options, kube):
             opts.ui_monitor_url, lambda: [(n, state.nodes[n]) for n in state.device_node_names() if n in state.nodes]
         )
         service.tasks.append(asyncio.get_running_loop().create_task(live.run()))
-    authorizer = Authorizer(KubeReviews(kube)) if opts.ui_auth == "token" else None
+    authorizer = Authorizer(KubeReviews(kube, audiences=opts.ui_token_audiences)) if opts.ui_auth == "token" else None
     api = UiApi(
         state,
         opts.scheduler_name,

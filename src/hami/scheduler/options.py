@@ -122,6 +122,7 @@ class Options:
     ui_monitor_url: str = ""  # node monitors' /metrics template ({node}, {node_ip}); "" = no live usage
     ui_prometheus_url: str = ""  # the history's source (Prometheus HTTP API base URL); "" = the in-process ring
     ui_auth: str = "token"  # token: bearer tokens + RBAC (TokenReview, SubjectAccessReview); none: loopback only
+    ui_token_audiences: tuple[str, ...] = ()  # the TokenReview's audiences; () = the API server's default
     ui_path_prefix: str = ""  # the page and /api/v1 under this path ("/hami"), for a proxy that keeps it
     ui_frame_ancestors: str = "'none'"  # the page's CSP frame-ancestors: who may embed it
     # the UI listener's TLS certificate and key (PEM, reloaded when they change); "" = plain HTTP,
@@ -371,6 +372,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "whoever connects and is refused unless --ui-bind is a loopback address (kubectl port-forward only)",
     )
     a(
+        "--ui-token-audiences",
+        default="",
+        help="with --ui-auth token: the audiences the UI's TokenReviews ask for, comma-separated (a token "
+        "made for none of them is refused, e.g. `kubectl create token NAME --audience hami-ui`); empty = the "
+        "API server's own audience (default)",
+    )
+    a(
         "--ui-monitor-url",
         default="",
         help="where the UI reads live usage: each node monitor's /metrics, a template with {node_ip} (the Node's "
@@ -520,6 +528,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         ui_monitor_url=args.ui_monitor_url,
         ui_prometheus_url=args.ui_prometheus_url,
         ui_auth=args.ui_auth,
+        ui_token_audiences=_audiences(args.ui_token_audiences),
         ui_cert_file=args.ui_cert_file,
         ui_key_file=args.ui_key_file,
         ui_path_prefix=ui_path_prefix(args.ui_path_prefix),
@@ -555,6 +564,17 @@ def _check_tls_files(args: argparse.Namespace) -> None:
     for flag, path in (("--cert_file", args.cert_file), ("--key_file", args.key_file)):
         if path and not Path(path).is_file():
             raise ConfigError(f"{flag}: no such file {path!r}")
+
+
+def _audiences(text: str) -> tuple[str, ...]:
+    """``--ui-token-audiences``: names without spaces, commas between; empty = none."""
+    out = tuple(a.strip() for a in text.split(",") if a.strip())
+    for a in out:
+        if any(c.isspace() for c in a) or len(a) > 253:
+            raise ConfigError(
+                f"--ui-token-audiences: {a[:60]!r} is not an audience (no spaces, at most 253 characters)"
+            )
+    return out
 
 
 def _device_config(file: str | None):
@@ -716,9 +736,14 @@ def _ui_listener(args: argparse.Namespace, taken: tuple[int | None, ...]) -> tup
         ("--ui-cert-file", args.ui_cert_file, ""),
         ("--ui-key-file", args.ui_key_file, ""),
         ("--ui-plain-http", args.ui_plain_http, False),
+        ("--ui-token-audiences", args.ui_token_audiences, ""),
     ):
         if value != default and not args.ui_bind:
             raise ConfigError(f"{flag}: {str(value)[:80]!r} is only used with --ui-bind")
+    if args.ui_token_audiences and args.ui_auth != "token":
+        raise ConfigError(
+            f"--ui-token-audiences: {args.ui_token_audiences[:80]!r} is only used with --ui-auth=token (tokens are checked)"
+        )
     if args.ui_bind:
         _ui_tls(args, ui_host)
     return ui_host, ui_port

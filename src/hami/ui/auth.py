@@ -6,18 +6,27 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
 - Authorization: each permission an answer needs (``list pods`` in a namespace, ``list nodes``
   at the cluster scope, ...) is a SubjectAccessReview (``authorization.k8s.io/v1``) for that user.
 - Both answers are cached for ``TTL`` seconds, at most ``MAX_ENTRIES`` of each (least recently
-  used evicted first), keyed by the SHA-256 of the token: the token itself is never stored
-  after the review, logged or used as a key. A review that fails (API server unreachable, an
-  error status, an answer that cannot be read) raises :class:`ReviewUnavailable` and is never
-  cached: the caller answers 503, never a pass.
+  used evicted first): a token's review keyed by the SHA-256 of the token (the token itself is
+  never stored after the review, logged or used as a key), a permission by the user the token
+  review named (:func:`identity_key`): the access review is asked of that user, not of the
+  token, so every token of one user (tabs, ``kubectl create token`` each time) shares one
+  answer. A review that fails (API server unreachable, an error status, an answer that cannot
+  be read) raises :class:`ReviewUnavailable` and is never cached: the caller answers 503, never
+  a pass.
+- With ``audiences`` (``KubeReviews``), the TokenReview asks for them and a review whose
+  ``status.audiences`` names none of them is a refusal, as the API server's own webhook
+  authenticator does; without, the API server's default audience.
 - For a caller without cluster-wide access, the namespaces it may list are kept per caller and
   resource (at most ``VISIBLE_ENTRIES`` callers): one entry a caller, however many namespaces,
   so tenants x namespaces beyond ``MAX_ENTRIES`` do not evict each other's answers and repeat
   every check on each refresh.
 - Load on the API server is bounded whatever callers send: at most ``TOKEN_REVIEWS_IN_FLIGHT``
   token reviews at once (a request past that is answered 503 at once, :class:`ReviewBusy`, so
-  unauthenticated callers with fresh random tokens cannot queue reviews without limit), and at
-  most ``CONCURRENCY`` access reviews at once over all requests (authenticated callers wait).
+  unauthenticated callers with fresh random tokens cannot queue reviews without limit), at
+  most ``CONCURRENCY`` access reviews at once over all requests and ``PER_USER`` of one user's
+  (authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
+  checks). Requests asking the same permission of the same user at once share one review (a
+  page's five answers scanned the same namespaces three times).
 
 The reviews go through their own :class:`hami.kube.client.KubeClient` (``UI_CONNECTIONS``
 connections, the scheduler's ServiceAccount, which needs ``create`` on both review resources:
@@ -31,12 +40,15 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+
+import orjson
 
 TTL = 10.0  # s a review's answer is reused
 MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
 CONCURRENCY = 16  # access reviews in flight at once, over all requests
+PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY)
 TOKEN_REVIEWS_IN_FLIGHT = 8  # token reviews at once; a request past that is answered 503 at once
 VISIBLE_ENTRIES = 1024  # callers whose visible namespaces are kept (one entry per caller and resource)
 UI_CONNECTIONS = 4  # the UI's own connections to the API server (reviews, events)
@@ -103,8 +115,9 @@ def _str_list(value: Any) -> tuple[str, ...]:
 class KubeReviews:
     """:class:`Reviews` over the API server, through the scheduler's KubeClient."""
 
-    def __init__(self, kube: Any, timeout: float = REVIEW_TIMEOUT) -> None:
+    def __init__(self, kube: Any, timeout: float = REVIEW_TIMEOUT, audiences: Iterable[str] = ()) -> None:
         self.kube, self.timeout = kube, timeout
+        self.audiences = tuple(a for a in audiences if a)  # () = the API server's default audience
 
     async def _post(self, path: str, body: dict) -> dict:
         from hami.kube.client import KubeError
@@ -123,10 +136,17 @@ class KubeReviews:
         return status
 
     async def token(self, token: str) -> Identity | None:
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        spec: dict[str, Any] = {"token": token}
+        if self.audiences:
+            spec["audiences"] = list(self.audiences)
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         status = await self._post(TOKENREVIEWS, body)
         user = status.get("user")
         if status.get("authenticated") is not True or not isinstance(user, dict) or not user.get("username"):
+            return None
+        if self.audiences and not set(_str_list(status.get("audiences"))) & set(self.audiences):
+            # a token for another audience (an authenticator that ignored the request, or none
+            # of ours accepted): refused, as kube-apiserver's webhook token authenticator does
             return None
         extra = user.get("extra")
         if not isinstance(extra, dict):
@@ -188,6 +208,12 @@ def token_key(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+def identity_key(who: Identity) -> str:
+    """What an access review is asked of (user, uid, groups, extra), as one key: equal keys get
+    the same answer from the API server whatever token named them."""
+    return hashlib.sha256(orjson.dumps([who.username, who.uid, who.groups, who.extra])).hexdigest()
+
+
 def bearer_token(header: str | None) -> str:
     """The token of an ``Authorization`` header; :class:`Unauthenticated` when there is none."""
     if not header:
@@ -203,10 +229,16 @@ def bearer_token(header: str | None) -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated request: who, and the key its access answers are cached under."""
+    """An authenticated request: who, its token's key, and the key its access answers are cached
+    under (``who``: one per user, however many tokens)."""
 
     identity: Identity
     key: str
+    who: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.who:
+            object.__setattr__(self, "who", identity_key(self.identity))
 
 
 class Authorizer:
@@ -219,14 +251,18 @@ class Authorizer:
         ttl: float = TTL,
         max_entries: int = MAX_ENTRIES,
         concurrency: int = CONCURRENCY,
+        per_user: int = PER_USER,
     ) -> None:
         self.reviews = reviews
         self._tokens: TtlCache[str, Identity | None] = TtlCache(ttl, max_entries, clock)
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
         self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
-        self.concurrency = concurrency
+        self.concurrency, self.per_user = concurrency, per_user
         self._access_gate = asyncio.Semaphore(concurrency)
         self._token_gate = asyncio.Semaphore(TOKEN_REVIEWS_IN_FLIGHT)
+        # one user's gate while it has reviews waiting or in flight: [semaphore, how many use it]
+        self._user_gates: dict[str, list[Any]] = {}
+        self._asking: dict[tuple[str, Permission], asyncio.Future] = {}  # reviews in flight, shared
 
     async def authenticate(self, header: str | None) -> Caller:
         token = bearer_token(header)
@@ -243,29 +279,46 @@ class Authorizer:
         return Caller(who, key)
 
     async def _review(self, caller: Caller, perm: Permission) -> bool:
-        async with self._access_gate:
-            return await self.reviews.allowed(caller.identity, perm)
+        gate = self._user_gates.setdefault(caller.who, [asyncio.Semaphore(self.per_user), 0])
+        gate[1] += 1
+        try:
+            async with gate[0], self._access_gate:
+                return await self.reviews.allowed(caller.identity, perm)
+        finally:
+            gate[1] -= 1
+            if not gate[1]:
+                del self._user_gates[caller.who]
+
+    async def _shared(self, caller: Caller, perm: Permission) -> bool:
+        """One review for every request asking it of the same user at once; a request that
+        leaves does not cancel it for the others."""
+        key = (caller.who, perm)
+        task = self._asking.get(key)
+        if task is None:
+            task = self._asking[key] = asyncio.ensure_future(self._review(caller, perm))
+            task.add_done_callback(lambda _t: self._asking.pop(key, None))
+        return await asyncio.shield(task)
 
     async def allowed(self, caller: Caller, perm: Permission) -> bool:
-        found, ok = self._access.get((caller.key, perm))
+        found, ok = self._access.get((caller.who, perm))
         if found:
             return bool(ok)
-        ok = await self._review(caller, perm)
-        self._access.put((caller.key, perm), ok)
+        ok = await self._shared(caller, perm)
+        self._access.put((caller.who, perm), ok)
         return ok
 
     async def namespaces(self, caller: Caller, verb: str, resource: str, candidates: Iterable[str]) -> set[str] | None:
         """None when ``caller`` may ``verb resource`` in every namespace (checked at the cluster
         scope first), else the candidates where it may, checked one namespace at a time; the
-        answers are kept in one entry for the caller (the module docstring)."""
+        answers are kept in one entry for the caller's user (the module docstring)."""
         if await self.allowed(caller, Permission(verb, resource)):
             return None
         names = sorted(set(candidates))
-        found, known = self._visible.get((caller.key, verb, resource))
+        found, known = self._visible.get((caller.who, verb, resource))
         if not found or known is None:
             known = {}
-            self._visible.put((caller.key, verb, resource), known)  # filled in place: its time is the first check's
+            self._visible.put((caller.who, verb, resource), known)  # filled in place: its time is the first check's
         new = [ns for ns in names if ns not in known]
-        answers = await asyncio.gather(*(self._review(caller, Permission(verb, resource, ns)) for ns in new))
+        answers = await asyncio.gather(*(self._shared(caller, Permission(verb, resource, ns)) for ns in new))
         known.update(zip(new, answers))
         return {ns for ns in names if known[ns]}

@@ -63,7 +63,8 @@ STATIC = {
     page.CHART_JS: "text/javascript",  # uPlot, when installed (make ui-assets)
     page.CHART_CSS: "text/css",
 }
-PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused
+PENDING_TTL = 2.0  # s an /api/v1/pending answer is reused (and the shared nodes and pods documents)
+SHARED_DOCS = 64  # queries whose nodes (pods) document is kept: ?node= values, each a cheap build
 HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
 EVENTS_LIMIT = 20  # events per /api/v1/pods/{ns}/{name}/events answer unless ?limit= (1..EVENTS_MAX)
 EVENTS_MAX = 100
@@ -73,6 +74,12 @@ EVENTS_TIMEOUT = 5.0  # s for the API server's answer
 # pods whose events are being read at once, over all callers: the reads share the UI's 4
 # connections with every caller's sign-in (auth.UI_CONNECTIONS), so the rest is answered 503
 EVENTS_IN_FLIGHT = 2
+# of them, started by one user (however many tokens): one caller's slow reads leave the other
+# slot to everyone else (a caller joining a read already under way costs nothing)
+EVENTS_PER_USER = 1
+# history answers one user may have asking Prometheus at once (its slots, prometheus.CONCURRENT,
+# are shared by every caller: made-up ?uuid= values each started new queries and held them all)
+HISTORY_PER_USER = 2
 EVENTS_REUSE_S = 2.0  # s one pod's events (or why they could not be read) are given again
 POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 HISTORY_FILTERS = {"namespace": ("namespace",), "gpu": ("node", "uuid"), "pod": ("namespace", "node", "pod")}
@@ -95,7 +102,8 @@ class EventsUnavailable(Exception):
 
 
 class EventsBusy(Exception):
-    """``EVENTS_IN_FLIGHT`` other pods' events are being read: answered 503 at once."""
+    """``EVENTS_IN_FLIGHT`` other pods' events are being read (or ``EVENTS_PER_USER`` of the
+    caller's own): answered 503 at once, the message saying which."""
 
 
 class KubeEvents:
@@ -149,6 +157,10 @@ def event_items(events: list[dict], limit: int) -> list[dict]:
             }
         )
     return out
+
+
+class HistoryBusy(Exception):
+    """``HISTORY_PER_USER`` of the caller's history answers are asking Prometheus: 503 at once."""
 
 
 class Denied(Exception):
@@ -241,6 +253,7 @@ class UiApi:
         self.prometheus = prometheus  # --ui-prometheus-url: the history's source when set (the ring: fallback)
         self._pending_cache: dict[tuple, tuple[float, dict]] = {}
         self._pods_cache: dict[tuple, tuple[float, int | None, dict]] = {}  # query -> (built, ledger generation, doc)
+        self._nodes_cache: dict[tuple, tuple[float, int | None, dict]] = {}  # the same, of /api/v1/nodes
         # one pod's explanation, by (uid, resourceVersion), shared by every caller's scope for
         # PENDING_TTL; and the explaining done on the loop in the current PENDING_TTL window, over
         # all answers: [window start, seconds spent] (perf_counter)
@@ -255,6 +268,8 @@ class UiApi:
         # how many were read, why none)
         self._events_cache: dict[tuple[str, str], tuple[float, list[dict], int, str | None]] = {}
         self._events_asking: dict[tuple[str, str], asyncio.Future] = {}
+        self._events_by: dict[tuple[str, str], str] = {}  # a read in flight -> the user who started it
+        self._history_by: dict[str, int] = {}  # user -> its history answers asking Prometheus now
 
     def _readings(self) -> Mapping[str, Any] | None:
         return None if self.live is None else self.live.readings
@@ -398,13 +413,11 @@ class UiApi:
         async def build(q: dict) -> dict:
             model._check_params(q, ("node", "model", "vendor"))
             await self._require(request, Permission("list", "nodes"))
-            doc = model.nodes_document(self.source, self.clock(), self._readings(), q)
+            doc = self._shared_doc(self._nodes_cache, q, model.nodes_document)
             claimed = {c.split("/", 1)[0] for n in doc["items"] for d in n["devices"] for c in d.get("claims", ())}
-            if not claimed:
-                return doc
             caller = self._caller(request)
-            if caller is None or self.authorizer is None:
-                return doc
+            if not claimed or caller is None or self.authorizer is None:
+                return dict(doc)  # the shared one is never written (cacheSynced goes on the copy)
             return scope.nodes(doc, await self.authorizer.namespaces(caller, "list", "pods", claimed))
 
         return await self._answer(request, build)
@@ -424,17 +437,28 @@ class UiApi:
         time proportional to every pod in the ledger (~40 us each: 0.3 s at 8000) however few
         the caller may see: one is reused for every caller and refresh for ``PENDING_TTL``
         seconds while the ledger holds (a pod placed or removed builds it again at once)."""
+        return self._shared_doc(self._pods_cache, q, model.pods_document)
+
+    def _shared_doc(self, cache: dict, q: dict, build: Callable[..., dict]) -> dict:
+        """``build``'s document for the query ``q`` (every node's or pod's, before any caller's
+        scope: never to be written), reused for ``PENDING_TTL`` seconds while the ledger holds.
+        At most ``SHARED_DOCS`` queries are kept: past that the stale ones go, then the filtered
+        ones (``?node=`` values a caller makes up), never the unfiltered answer everyone shares."""
         now = self.clock()
         current = getattr(getattr(self.source, "ledger", None), "generation", None)
         generation = current() if callable(current) else None
         key = tuple(sorted(q.items()))
-        hit = self._pods_cache.get(key)
+        hit = cache.get(key)
         if hit is not None and hit[1] == generation and 0 <= now - hit[0] < PENDING_TTL:
             return hit[2]
-        doc = model.pods_document(self.source, now, self._readings(), q)
-        if len(self._pods_cache) >= 64:  # ?node= values: each a cheap build, kept briefly
-            self._pods_cache.clear()
-        self._pods_cache[key] = (now, generation, doc)
+        doc = build(self.source, now, self._readings(), q)
+        if len(cache) >= SHARED_DOCS:
+            for old in [k for k, v in cache.items() if v[1] != generation or not 0 <= now - v[0] < PENDING_TTL]:
+                del cache[old]
+        if len(cache) >= SHARED_DOCS:
+            for old in [k for k in cache if k]:
+                del cache[old]
+        cache[key] = (now, generation, doc)
         return doc
 
     async def pending(self, request: web.Request) -> web.Response:
@@ -530,7 +554,8 @@ class UiApi:
                 )
             limit = int(raw)
             await self._require(request, Permission("list", "events", namespace))
-            newest, total, error = await self._pod_events(namespace, name)
+            caller = self._caller(request)
+            newest, total, error = await self._pod_events(namespace, name, None if caller is None else caller.who)
             items = newest[:limit]
             return model.envelope(
                 "EventList",
@@ -545,17 +570,20 @@ class UiApi:
 
         try:
             return await self._answer(request, build)
-        except EventsBusy:
+        except EventsBusy as exc:
             return web.json_response(
-                {"error": f"the events of {EVENTS_IN_FLIGHT} other pods are being read; try again"},
+                {"error": f"{exc}; try again"},
                 status=503,
                 headers={"Cache-Control": "no-store", "Retry-After": "1"},
             )
 
-    async def _pod_events(self, namespace: str, name: str) -> tuple[list[dict], int, str | None]:
+    async def _pod_events(
+        self, namespace: str, name: str, who: str | None = None
+    ) -> tuple[list[dict], int, str | None]:
         """A pod's events and why there are none (None: read), read once for every caller asking
         within ``EVENTS_REUSE_S`` (callers asking meanwhile wait for the same read), at most
-        ``EVENTS_IN_FLIGHT`` pods at once (:class:`EventsBusy` past that)."""
+        ``EVENTS_IN_FLIGHT`` pods at once and ``EVENTS_PER_USER`` started by the user ``who``
+        (None: no sign-in, the first bound only); :class:`EventsBusy` past either."""
         if self.events_source is None:
             return [], 0, "this listener has no Kubernetes client to read events with"
         key = (namespace, name)
@@ -564,10 +592,19 @@ class UiApi:
             return hit[1], hit[2], hit[3]
         task = self._events_asking.get(key)
         if task is None:
+            if who is not None and sum(1 for w in self._events_by.values() if w == who) >= EVENTS_PER_USER:
+                raise EventsBusy(f"the events of {EVENTS_PER_USER} other pod(s) you asked for are being read")
             if len(self._events_asking) >= EVENTS_IN_FLIGHT:
-                raise EventsBusy()
+                raise EventsBusy(f"the events of {EVENTS_IN_FLIGHT} other pods are being read")
             task = self._events_asking[key] = asyncio.ensure_future(self._read_events(namespace, name))
-            task.add_done_callback(lambda _t: self._events_asking.pop(key, None))
+            if who is not None:
+                self._events_by[key] = who
+
+            def done(_t: asyncio.Future) -> None:
+                self._events_asking.pop(key, None)
+                self._events_by.pop(key, None)
+
+            task.add_done_callback(done)
         # a caller that leaves does not cancel the read the others wait for
         return await asyncio.shield(task)
 
@@ -623,9 +660,27 @@ class UiApi:
                 visible = await self._visible(request, "pods", q.get("namespace"), self.history.namespaces)
             if self.prometheus is None:
                 return self._history_document(q, range_, kind, visible)
-            return await self._prometheus_document(q, range_, kind, visible)
+            caller = self._caller(request)
+            if caller is None:
+                return await self._prometheus_document(q, range_, kind, visible)
+            if self._history_by.get(caller.who, 0) >= HISTORY_PER_USER:
+                raise HistoryBusy()
+            self._history_by[caller.who] = self._history_by.get(caller.who, 0) + 1
+            try:
+                return await self._prometheus_document(q, range_, kind, visible)
+            finally:
+                self._history_by[caller.who] -= 1
+                if not self._history_by[caller.who]:
+                    del self._history_by[caller.who]
 
-        return await self._answer(request, build)
+        try:
+            return await self._answer(request, build)
+        except HistoryBusy:
+            return web.json_response(
+                {"error": f"{HISTORY_PER_USER} of your history answers are being read from Prometheus; try again"},
+                status=503,
+                headers={"Cache-Control": "no-store", "Retry-After": "1"},
+            )
 
     async def _prometheus_document(self, q: dict, range_: str, kind: str, visible: set[str] | None) -> dict:
         """The history from Prometheus; the ring's, with ``error`` saying why, when it fails."""

@@ -659,11 +659,51 @@
     $("token").focus();
   }
 
+  // A 503 with Retry-After (the server busy: too many sign-ins or event reads at once, a review
+  // the API server could not answer) is waited out as the server asks, at least 1 s and at most
+  // RETRY_MAX_S, RETRIES times for one document, the status line saying so; then it fails as any
+  // other error. One refresh at a time (`loading`): waiting never piles up requests.
+  const RETRY_MAX_S = 30;
+  const RETRIES = 3;
+  let waits = 0; // documents waiting out a Retry-After now
+
+  function retryAfter(r) {
+    const value = (r.headers.get("Retry-After") || "").trim();
+    if (!value) return null;
+    const seconds = /^\d+$/.test(value) ? Number(value) : (Date.parse(value) - Date.now()) / 1000; // seconds or an HTTP date
+    if (!Number.isFinite(seconds)) return null;
+    return Math.min(RETRY_MAX_S, Math.max(1, Math.ceil(seconds)));
+  }
+
+  async function waitOut(seconds) {
+    const status = $("status");
+    waits += 1;
+    status.classList.remove("error");
+    status.dataset.waiting = String(seconds);
+    status.textContent = t("status.busy", { seconds });
+    try {
+      await new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+    } finally {
+      waits -= 1;
+      if (!waits) {
+        delete status.dataset.waiting;
+        if (docs && updatedAt && !loading) showUpdated(); // an events wait after the refresh: back to "Updated"
+      }
+    }
+  }
+
   async function fetchDoc(name, query, section = name) {
     const headers = { Accept: "application/json" };
     const bearer = token();
     if (bearer) headers.Authorization = "Bearer " + bearer;
-    const r = await fetch("api/v1/" + name + (query ? "?" + query : ""), { headers, credentials: "omit", cache: "no-store" });
+    let r;
+    for (let attempt = 0; ; attempt++) {
+      r = await fetch("api/v1/" + name + (query ? "?" + query : ""), { headers, credentials: "omit", cache: "no-store" });
+      const wait = r.status === 503 && attempt < RETRIES ? retryAfter(r) : null;
+      if (wait === null) break;
+      await r.body?.cancel().catch(() => {});
+      await waitOut(wait);
+    }
     if (r.status === 401) {
       const body = await r.json().catch(() => ({}));
       const e = new Error(body.error || t("signin.needed"));
