@@ -130,8 +130,6 @@ class Plugin:
             str(self.plugin_dir),
             "--node-config",
             str(self.tmp / "config.json"),
-            "--config-file",
-            str(self.tmp / "none.yaml"),
             "--hook-path",
             str(self.hook),
             "--lock-dir",

@@ -561,8 +561,6 @@ def test_the_node_agent_publishes_prepares_and_taints_a_gpu_after_an_xid_until_i
             str(root / "lock"),
             "--node-config",
             str(root / "config.json"),
-            "--config-file",
-            str(root / "none.yaml"),
             "--sysfs-root",
             str(root / "sys"),
             "--nvml-library",

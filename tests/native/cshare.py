@@ -148,8 +148,10 @@ class Trace:
                 return self.t[i - 1]
         return None
 
-    def first_after_gap(self, after: float, gap_ms: float = 100) -> float | None:
-        for i in range(1, len(self.t)):
-            if self.t[i] > after and self.t[i] - self.t[i - 1] >= gap_ms:
-                return self.t[i]
+    def gap_across(self, ms: float, gap_ms: float = 100) -> tuple[float, float] | None:
+        """The reports either side of wall-clock `ms` when they are >= gap_ms apart (a pause
+        across that instant), else None."""
+        i = bisect.bisect_right(self.t, ms)
+        if 0 < i < len(self.t) and self.t[i] - self.t[i - 1] >= gap_ms:
+            return self.t[i - 1], self.t[i]
         return None

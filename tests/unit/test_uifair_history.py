@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from aiohttp import web
 
 from hami.ui import prometheus as P
@@ -44,8 +46,12 @@ async def test_one_users_slow_history_answers_leave_prometheus_slots_for_the_oth
             asyncio.ensure_future(client.get(f"/api/v1/history?kind=gpu&uuid=GPU-made-up-{i}", headers=bearer(ADMIN)))
             for i in range(P.CONCURRENT)
         ]
-        while prom.held < HISTORY_PER_USER:  # the first ones are asking Prometheus
+        for _ in range(6000):  # the first ones are asking Prometheus (bounded: a hang is a failure)
+            if prom.held >= HISTORY_PER_USER:
+                break
             await asyncio.sleep(0.01)
+        else:
+            pytest.fail(f"{prom.held} of {HISTORY_PER_USER} history answers reached Prometheus")
         refused = [await t for t in mine[HISTORY_PER_USER:]]
         assert {r.status for r in refused} == {503} and {r.headers["Retry-After"] for r in refused} == {"1"}
         # the tenant's answer still comes from Prometheus (before: no slot within 10 s, the ring's)
