@@ -108,6 +108,8 @@ class PodRef:
     claims: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: the device plugin's grants, one per container given GPUs
     grants: tuple[ContainerGrant, ...] = ()
+    #: init containers that ran to their end (not sidecars): they hold nothing and run no more
+    finished: frozenset[str] = frozenset()
 
     def grant(self, container: str) -> ContainerGrant | None:
         return next((g for g in self.grants if g.container == container), None)
@@ -269,7 +271,7 @@ class MonitorCollector(Collector):
     # ------------------------------------------------------------------ reading
     def read_containers(self) -> tuple[list[ContainerReading], dict[str, int]]:
         """Valid, matched regions plus counts per state (ok, invalid, waiting, unmatched)."""
-        states = {"ok": 0, "invalid": 0, "waiting": 0, "unmatched": 0}
+        states = {"ok": 0, "invalid": 0, "waiting": 0, "unmatched": 0, "finished": 0}
         pods = self.pods() if self.pods is not None else None
         out: list[ContainerReading] = []
         self._before, self._warned = self._warned, {}  # paths not seen in this scan are forgotten
@@ -280,6 +282,9 @@ class MonitorCollector(Collector):
             pod = pods.get(d.pod_uid) if pods is not None else PodRef("", d.pod_uid, d.pod_uid)
             if pod is None:
                 states["unmatched"] += 1
+                continue
+            if d.container in pod.finished:  # its limit is no longer held: no series (the pod's
+                states["finished"] += 1  # sum of limits on a GPU counted it as long as the pod lived)
                 continue
             states["ok"] += 1
             out.append(ContainerReading(d, pod, region, _granted(pod, d.container) if pods is not None else None))

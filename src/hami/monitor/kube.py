@@ -104,6 +104,23 @@ def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((claim, tuple(names)) for claim, names in sorted(users.items()))
 
 
+def finished_init_containers(pod: Any) -> frozenset[str]:
+    """The pod's init containers that ran to their end and will not run again while the pod
+    lives: terminated, and not sidecars (``restartPolicy: Always``, which the kubelet restarts)."""
+    spec, status = pod.spec, pod.status
+    sidecars = (
+        {c.name for c in (spec.init_containers or []) if getattr(c, "restart_policy", None) == "Always"}
+        if spec
+        else set()
+    )
+    done = set()
+    for cs in (status.init_container_statuses if status is not None else None) or ():
+        state = cs.state
+        if state is not None and state.terminated is not None and cs.name not in sidecars:
+            done.add(cs.name)
+    return frozenset(done)
+
+
 async def api_client(kubeconfig: str | None) -> Any:
     from kubernetes_asyncio import client, config
 
@@ -144,6 +161,7 @@ async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOU
                     mig_devices(meta.annotations, names),
                     pod_claims(pod),
                     container_grants(meta.annotations, containers, priority_resource),
+                    finished_init_containers(pod),
                 )
         token = page.metadata._continue if page.metadata else None
         if not token:
