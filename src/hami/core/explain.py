@@ -124,6 +124,11 @@ def _refused(name: str, failure: NodeFailure, ledger: Ledger, ctx: FitContext, s
         if reason == Reason.CARD_MIG_TOPOLOGY_INFEASIBLE.value and plan is not None:
             mig_detail = getattr(plan.vendor, "mig_detail", None)
             if mig_detail is not None:
-                more = mig_detail(d, plan.vendor.resolve_memory(d, plan.req), ledger.slices(name).get(d.id, ()))
+                # the instances as the failing container saw them (the pod's earlier containers'
+                # too), and how many it asks for: its own instances may be what does not fit
+                held = (
+                    seen.slices.get(i, ()) if seen is not None and i is not None else ledger.slices(name).get(d.id, ())
+                )
+                more = mig_detail(d, plan.vendor.resolve_memory(d, plan.req), held, plan.req.nums)
         devices.append(DeviceVerdict(d, slots + own[0], mem + own[1], cores + own[2], reason, *own, detail=more))
     return NodeVerdict(name, False, failure.render(), failure.container, tuple(devices), detail)

@@ -227,6 +227,18 @@ class AllocationRows:
     quotas: list[tuple[str, str, int, int]]  # namespace, resource, used, limit
     #: node, uuid, index, mig uuid, profile, GPU instance id, compute instance id, start, size
     mig: list[tuple[str, str, int, str, str, int, int, int, int]] = field(default_factory=list)
+    #: the DRA front end's devices and claims as the snapshot had them (entries never written:
+    #: the watch cache replaces them), added to ``devices`` and ``pods`` by :meth:`merged` in
+    #: the formatting thread: 8000 DRA GPUs took ~150 ms, which on the loop held up Filter
+    dra_devices: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    claims: Sequence[ClaimUsage] = ()
+
+    def merged(self) -> AllocationRows:
+        """These rows with the DRA front end's GPUs and claims counted in (:func:`_with_dra`)."""
+        if not self.dra_devices:
+            return self
+        devices, pods = _with_dra(self.dra_devices, self.claims, self.devices, self.pods)
+        return AllocationRows(devices, pods, self.quotas, self.mig)
 
 
 def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
@@ -255,9 +267,7 @@ def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
         for s in pieces
         if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None
     ]
-    if snap.dra_devices:
-        devices, pods = _with_dra(snap, devices, pods)
-    return AllocationRows(devices, pods, list(_quota_rows(snap)), mig)
+    return AllocationRows(devices, pods, list(_quota_rows(snap)), mig, dict(snap.dra_devices), list(snap.claims))
 
 
 def _dra_index(device: str, info: Mapping[str, Any]) -> int:
@@ -268,18 +278,22 @@ def _dra_index(device: str, info: Mapping[str, Any]) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-def _with_dra(snap: AllocationSnapshot, devices: list, pods: list) -> tuple[list, list]:
+def _with_dra(
+    dra_devices: Mapping[tuple[str, str], Mapping[str, Any]], claims: Sequence[ClaimUsage], devices: list, pods: list
+) -> tuple[list, list]:
     """The extender's rows with the DRA front end's GPUs and claims added, counted as the UI counts
     them: a whole GPU is one device (added to the extender's row when both front ends publish
     it); a MIG GPU's devices (instances, or possible placements) are one device named by the
-    GPU's UUID, its totals the largest profile's and its shares the devices held; a claim is a
-    pod row of its first consumer pod (none until a pod reserves it), per GPU."""
-    uses = {k: DeviceUse(k[0], k[1], d.get("uuid") or "", dict(d["total"]), {}) for k, d in snap.dra_devices.items()}
-    add_claims(uses, snap.claims)
+    GPU's UUID, its totals the largest profile's and its shares the devices held (added to the
+    extender's row, totals and all, when the extender registers that GPU too: a row replaced
+    lost the extender's instances); a claim is a pod row of its first consumer pod (none until
+    a pod reserves it), per GPU."""
+    uses = {k: DeviceUse(k[0], k[1], d.get("uuid") or "", dict(d["total"]), {}) for k, d in dra_devices.items()}
+    add_claims(uses, claims)
     rows = {(r[0], r[1]): r for r in devices}
     migs: dict[tuple[str, str], list[tuple[DeviceUse, Mapping[str, Any]]]] = {}
     for key in sorted(uses):
-        use, info = uses[key], snap.dra_devices[key]
+        use, info = uses[key], dra_devices[key]
         if info.get("parent"):
             migs.setdefault((key[0], info["parent"]), []).append((use, info))
             continue
@@ -301,6 +315,15 @@ def _with_dra(snap: AllocationSnapshot, devices: list, pods: list) -> tuple[list
         )
     for (node, parent), members in migs.items():
         use0, info0 = members[0]
+        used = (
+            sum(1 for u, _ in members if u.claims),
+            sum(-(-u.used[MEMORY] // MIB) for u, _ in members),
+            sum(u.used[CORES] for u, _ in members),
+        )
+        old = rows.get((node, parent))
+        if old is not None:  # the extender registers it too: its row, with the claims' instances added
+            rows[(node, parent)] = old[:6] + tuple(a + b for a, b in zip(old[6:], used))
+            continue
         rows[(node, parent)] = (
             node,
             parent,
@@ -308,12 +331,10 @@ def _with_dra(snap: AllocationSnapshot, devices: list, pods: list) -> tuple[list
             info0.get("model") or "",
             max(u.total[MEMORY] for u, _ in members) // MIB,
             max(u.total[CORES] for u, _ in members),
-            sum(1 for u, _ in members if u.claims),
-            sum(-(-u.used[MEMORY] // MIB) for u, _ in members),
-            sum(u.used[CORES] for u, _ in members),
+            *used,
         )
     by_pod: dict[tuple[str, str, str, str], list[int]] = {(r[0], r[1], r[2], r[3]): [r[4], r[5]] for r in pods}
-    for claim in snap.claims:
+    for claim in claims:
         consumers = sorted(c.name for c in claim.pods)
         if not consumers:
             continue
@@ -322,7 +343,7 @@ def _with_dra(snap: AllocationSnapshot, devices: list, pods: list) -> tuple[list
             if dev is None:
                 continue
             got = r.resolved(dev.total)
-            uuid = snap.dra_devices[(r.pool, r.device)].get("parent") or dev.uuid or r.device
+            uuid = dra_devices[(r.pool, r.device)].get("parent") or dev.uuid or r.device
             at = by_pod.setdefault((claim.namespace, r.pool, consumers[0], uuid), [0, 0])
             at[0] += -(-got[MEMORY] // MIB)
             at[1] += got[CORES]
@@ -377,6 +398,7 @@ _LEGACY_DEV = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
 
 def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
     """HAMi's §9.1 metrics (and ``hami_build_info``) as exposition text."""
+    rows = rows.merged()
     t = _Text(legacy)
     info = _labels(BUILD, build_info_values())
     head = f'# HELP {BUILD_INFO} {BUILD_INFO_HELP}\n# TYPE {BUILD_INFO} gauge\n{BUILD_INFO}{{{info},zone="{ZONE}"}} 1\n'

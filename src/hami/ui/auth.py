@@ -9,8 +9,8 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   used evicted first): a token's review keyed by the SHA-256 of the token (the token itself is
   never stored after the review, logged or used as a key), a permission by the user the token
   review named (:func:`identity_key`): the access review is asked of that user, not of the
-  token, so every token of one user (tabs, ``kubectl create token`` each time) shares one
-  answer. A review that fails (API server unreachable, an error status, an answer that cannot
+  token, so tokens naming the same identity share one answer (not a ServiceAccount's: the API
+  server names each of its tokens in ``extra``, ``authentication.kubernetes.io/credential-id``). A review that fails (API server unreachable, an error status, an answer that cannot
   be read) raises :class:`ReviewUnavailable` and is never cached: the caller answers 503, never
   a pass.
 - With ``audiences`` (``KubeReviews``), the TokenReview asks for them and a review whose
@@ -24,7 +24,7 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   token reviews at once (a request past that is answered 503 at once, :class:`ReviewBusy`, so
   unauthenticated callers with fresh random tokens cannot queue reviews without limit), at
   most ``CONCURRENCY`` access reviews at once over all requests and ``PER_USER`` of one user's
-  (authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
+  (by username, :attr:`Caller.user`; authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
   checks). Requests asking the same permission of the same user at once share one review (a
   page's five answers scanned the same namespaces three times).
 
@@ -229,16 +229,23 @@ def bearer_token(header: str | None) -> str:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated request: who, its token's key, and the key its access answers are cached
-    under (``who``: one per user, however many tokens)."""
+    """An authenticated request: who, its token's key, the key its access answers are cached
+    under (``who``: everything the access review is asked of) and the user its fair shares are
+    counted by (``user``: the username). ``who`` is one per token for ServiceAccount tokens (the
+    API server names each token in ``extra``, ``authentication.kubernetes.io/credential-id``),
+    so the per-user limits go by the username: minting tokens (or a tab per token) must not
+    multiply them."""
 
     identity: Identity
     key: str
     who: str = field(default="", compare=False)
+    user: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not self.who:
             object.__setattr__(self, "who", identity_key(self.identity))
+        if not self.user:
+            object.__setattr__(self, "user", self.identity.username)
 
 
 class Authorizer:
@@ -279,7 +286,7 @@ class Authorizer:
         return Caller(who, key)
 
     async def _review(self, caller: Caller, perm: Permission) -> bool:
-        gate = self._user_gates.setdefault(caller.who, [asyncio.Semaphore(self.per_user), 0])
+        gate = self._user_gates.setdefault(caller.user, [asyncio.Semaphore(self.per_user), 0])
         gate[1] += 1
         try:
             async with gate[0], self._access_gate:
@@ -287,7 +294,7 @@ class Authorizer:
         finally:
             gate[1] -= 1
             if not gate[1]:
-                del self._user_gates[caller.who]
+                del self._user_gates[caller.user]
 
     async def _shared(self, caller: Caller, perm: Permission) -> bool:
         """One review for every request asking it of the same user at once; a request that

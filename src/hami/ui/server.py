@@ -555,7 +555,7 @@ class UiApi:
             limit = int(raw)
             await self._require(request, Permission("list", "events", namespace))
             caller = self._caller(request)
-            newest, total, error = await self._pod_events(namespace, name, None if caller is None else caller.who)
+            newest, total, error = await self._pod_events(namespace, name, None if caller is None else caller.user)
             items = newest[:limit]
             return model.envelope(
                 "EventList",
@@ -663,15 +663,15 @@ class UiApi:
             caller = self._caller(request)
             if caller is None:
                 return await self._prometheus_document(q, range_, kind, visible)
-            if self._history_by.get(caller.who, 0) >= HISTORY_PER_USER:
+            if self._history_by.get(caller.user, 0) >= HISTORY_PER_USER:
                 raise HistoryBusy()
-            self._history_by[caller.who] = self._history_by.get(caller.who, 0) + 1
+            self._history_by[caller.user] = self._history_by.get(caller.user, 0) + 1
             try:
                 return await self._prometheus_document(q, range_, kind, visible)
             finally:
-                self._history_by[caller.who] -= 1
-                if not self._history_by[caller.who]:
-                    del self._history_by[caller.who]
+                self._history_by[caller.user] -= 1
+                if not self._history_by[caller.user]:
+                    del self._history_by[caller.user]
 
         try:
             return await self._answer(request, build)

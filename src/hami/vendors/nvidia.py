@@ -237,10 +237,12 @@ class NvidiaVendor(BaseVendor):
             occupied.append(got[1])
         return None
 
-    def mig_detail(self, device: DeviceInfo, mem: int, held: Sequence[Slice]) -> str:
-        """Why ``CardMigTopologyInfeasible`` for one more instance of ``mem`` MiB among ``held``, in
-        words: no allowed profile is big enough (a request to change), or the big-enough ones have
-        no placement clear of the instances there (fragmented: wait, or ask for less)."""
+    def mig_detail(self, device: DeviceInfo, mem: int, held: Sequence[Slice], count: int = 1) -> str:
+        """Why ``CardMigTopologyInfeasible`` for a container's ``count`` instances of ``mem`` MiB
+        among ``held``, in words: no allowed profile is big enough (a request to change), fewer
+        than ``count`` fit beside the instances there though one does (too many: the container's
+        own instances fill the GPU), or the big-enough ones have no placement clear of the
+        instances there (fragmented: wait, or ask for less)."""
         profiles = self.allowed_profiles(device)
         narrowed = len(profiles) < len(device.mig_profiles)
         allow = " allowed by migProfileAllowlist" if narrowed else ""
@@ -251,6 +253,15 @@ class NvidiaVendor(BaseVendor):
             largest = max(profiles, key=lambda p: p.memory_mb)
             return f"too small: no MIG profile{allow} has {mem} MiB (the largest, {largest.name}, has {largest.memory_mb} MiB)"
         taken = ", ".join(f"{s.profile or '?'}@{s.start}" for s in sorted(held, key=lambda s: s.start)) or "none"
+        occupied, fit = [(s.start, s.size) for s in held], 0
+        while fit < count and (got := select_mig(profiles, occupied, mem)) is not None:
+            occupied.append(got[1])
+            fit += 1
+        if 0 < fit < count:
+            return (
+                f"too many: {count} instances of {mem} MiB asked, {fit} fit{'' if fit > 1 else 's'} beside the "
+                f"instances there ({taken})"
+            )
         names = ", ".join(dict.fromkeys(p.name for p in big))
         return f"fragmented: {names} would hold {mem} MiB, but no placement of it is clear of the instances there ({taken})"
 
