@@ -389,20 +389,7 @@ async def _serve(
             else None
         )
 
-        def on_unhealthy(uuids: list[str]) -> None:  # from the watcher thread
-            book.mark(uuids)
-            loop.call_soon_threadsafe(changed.set)
-
-        def on_minor(uuid: str, xid: int) -> None:  # from the watcher thread: an informational taint
-            book.note(uuid, xid)
-            loop.call_soon_threadsafe(changed.set)
-
-        ignored = ignored_xids()
-        watcher = (
-            XidWatcher([g.uuid for g in gpus], on_unhealthy, ignored, on_minor=on_minor)
-            if ignored is not None
-            else None
-        )
+        watcher = health_watcher([g.uuid for g in gpus], book, lambda: loop.call_soon_threadsafe(changed.set))
         if watcher:
             watcher.start()
         # the kubelet deletes every ResourceSlice of its node when it starts (and a driver's slices
@@ -444,6 +431,31 @@ async def _serve(
     finally:
         await kube.close()
     return 0
+
+
+def health_watcher(uuids: list[str], book: Any, changed: Callable[[], None]) -> XidWatcher | None:
+    """The agent's XID watcher over ``uuids``, reporting to ``book`` (a HealthBook) and calling
+    ``changed`` (from the watcher's thread) after each report; None when DP_DISABLE_HEALTHCHECKS
+    turns health checks off. NVML failing marks every GPU, but as a passing mark: kept out of
+    health.json, which would otherwise hold every GPU tainted across restarts, until the node
+    reboots, for a failure of the watcher itself."""
+    ignored = ignored_xids()
+    if ignored is None:
+        return None
+
+    def on_unhealthy(uuids: list[str]) -> None:
+        book.mark(uuids)
+        changed()
+
+    def on_failure(uuids: list[str]) -> None:
+        book.mark(uuids, lasting=False)
+        changed()
+
+    def on_minor(uuid: str, xid: int) -> None:  # an informational taint
+        book.note(uuid, xid)
+        changed()
+
+    return XidWatcher(uuids, on_unhealthy, ignored, on_minor=on_minor, on_failure=on_failure)
 
 
 def _mig_manager(args: argparse.Namespace, mig: dict[str, GpuMig]):

@@ -14,7 +14,8 @@ Marks and notes outlive a restart of the agent (:class:`hami.draplugin.checkpoin
 ``<state dir>/health.json``): HAMi's device plugin and NVIDIA's DRA driver keep them in memory
 only, so a restarted agent published a failed GPU as healthy until it failed again. Restored, a
 mark clears by the rule above, its wait counted from the mark, not from the restart; a record
-made before the node rebooted is not restored.
+made before the node rebooted is not restored. The marks of NVML itself failing (``mark(...,
+lasting=False)``) are not recorded: a restart is what clears the watcher's own failure.
 
 A non-fatal XID (the ones the watcher does not count as a fault) is only noted (:meth:`HealthBook.note`):
 the GPU stays healthy and the agent publishes the XID as an informational device taint
@@ -51,6 +52,8 @@ class HealthBook:
         self.recovery, self._probe, self._clock, self._wall = recovery, probe, clock, wall
         self._since: dict[str, float] = {}  # UUID -> when it was last marked (or last failed a probe)
         self._noted: dict[str, tuple[int, float]] = {}  # UUID -> (its last non-fatal XID, when)
+        #: marked only because NVML itself failed (``mark(..., lasting=False)``): not recorded
+        self._passing: set[str] = set()
         self._lock = threading.Lock()
         #: told the marks and notes (in Unix seconds) after every change: the agent's
         #: :class:`hami.draplugin.checkpoint.HealthRecord`, so that a restart keeps them
@@ -77,21 +80,31 @@ class HealthBook:
         with self._save_lock:
             now, wall = self._clock(), self._wall()
             with self._lock:
-                marks = {u: wall - (now - t) for u, t in self._since.items()}
+                marks = {u: wall - (now - t) for u, t in self._since.items() if u not in self._passing}
                 notes = {u: (x, wall - (now - t)) for u, (x, t) in self._noted.items()}
             try:
                 self.saved(marks, notes)
             except Exception as exc:  # noqa: BLE001 - the mark holds until the agent restarts
                 log.error("GPU health not recorded (a restart would forget it): %s", exc)
 
-    def mark(self, uuids: Iterable[str]) -> None:
+    def mark(self, uuids: Iterable[str], lasting: bool = True) -> None:
         """A fatal XID (or NVML failing) on these GPUs: unhealthy from now on, the recovery wait
-        starting again for a GPU already marked."""
+        starting again for a GPU already marked. ``lasting`` False: NVML itself failed (the
+        watcher's ``on_failure``), not the GPU; such a mark is not recorded for the next run, as a
+        restart is what clears a watcher's failure (and a failing wait marks every GPU once a
+        period: no write each time). A GPU an XID marked stays recorded."""
         now = self._clock()
+        recorded = False
         with self._lock:
             for uuid in uuids:
+                if lasting:
+                    self._passing.discard(uuid)
+                elif uuid not in self._since or uuid in self._passing:
+                    self._passing.add(uuid)
+                recorded = recorded or uuid not in self._passing
                 self._since[uuid] = now
-        self._changed()
+        if recorded:
+            self._changed()
 
     def note(self, uuid: str, xid: int) -> None:
         """A non-fatal XID on this GPU: recorded (the last one wins), the GPU's health unchanged."""
@@ -153,6 +166,7 @@ class HealthBook:
                     continue  # marked again meanwhile: the new XID wins
                 if ok:
                     del self._since[uuid]
+                    self._passing.discard(uuid)
                     healed.append(uuid)
                 else:
                     self._since[uuid] = now

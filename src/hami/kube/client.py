@@ -300,9 +300,23 @@ async def until_answered(
     other error is raised; None when ``stop`` is set first. For a start-up's requests, which
     must be idempotent (a read, a server-side apply)."""
     wait = ApiWait(kube.server, clock(), every)
-    while True:
+    while not stop.is_set():
+        # raced against the stop: a request to a server that accepts and never answers hangs
+        # for the client's time-out (30 s, the kubelet's whole grace period), and a SIGTERM
+        # meanwhile must end the wait, not get the program killed
+        attempt = asyncio.ensure_future(call())
+        stopped = asyncio.ensure_future(stop.wait())
         try:
-            result = await call()
+            await asyncio.wait((attempt, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not attempt.done():
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+        if not attempt.done() or attempt.cancelled():
+            return None
+        try:
+            result = attempt.result()
         except Exception as exc:  # noqa: BLE001 - only the API server's absence is waited out
             if not unanswered(exc):
                 raise
@@ -319,3 +333,4 @@ async def until_answered(
             return None
         except asyncio.TimeoutError:
             delay = min(delay * 2, max_delay)
+    return None

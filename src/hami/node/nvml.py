@@ -334,8 +334,12 @@ class XidWatcher:
     unhealthy (all of them when NVML itself fails, as HAMi does). ``on_minor(uuid, xid)``, when
     given, is called for a critical-XID event whose XID is in ``ignored`` (an application error,
     or one ``DP_DISABLE_HEALTHCHECKS`` names) on one of ``uuids``: not a fault, but worth
-    recording (the DRA agent's informational device taint). ``stop()`` ends the thread within
-    one wait period.
+    recording (the DRA agent's informational device taint). ``on_failure(uuids)``, when given,
+    is called instead of ``on_unhealthy`` when the marks come from NVML itself failing (events
+    not registered, a failed wait, an event naming no device of ours) rather than an XID on a
+    GPU: a caller that keeps marks across restarts (the DRA agent) keeps only the XIDs', since
+    a restart is what clears a watcher's own failure. ``stop()`` ends the thread within one
+    wait period.
     """
 
     def __init__(
@@ -345,9 +349,11 @@ class XidWatcher:
         ignored: frozenset[int] = IGNORED_XIDS,
         wait_ms: int = 1000,
         on_minor: Callable[[str, int], None] | None = None,
+        on_failure: Callable[[list[str]], None] | None = None,
     ) -> None:
         self._uuids = list(uuids)
         self._on_unhealthy = on_unhealthy
+        self._on_failure = on_failure or on_unhealthy
         self._on_minor = on_minor
         self._ignored = ignored
         self._wait_ms = wait_ms
@@ -378,7 +384,7 @@ class XidWatcher:
             event_set = self._register()
         except pynvml.NVMLError as exc:
             log.error("cannot register NVML health events (%s); marking all GPUs unhealthy", exc)
-            self._on_unhealthy(list(self._uuids))
+            self._on_failure(list(self._uuids))
             return
         try:
             while not self._stop.is_set():
@@ -396,7 +402,7 @@ class XidWatcher:
             return
         except pynvml.NVMLError as exc:
             log.error("NVML event wait failed (%s); marking all GPUs unhealthy", exc)
-            self._on_unhealthy(list(self._uuids))
+            self._on_failure(list(self._uuids))
             self._stop.wait(self._wait_ms / 1000)
             return
         xid = int(data.eventData)
@@ -414,7 +420,7 @@ class XidWatcher:
             return
         if uuid not in self._uuids:
             log.error("health event (XID %d) for an unknown device; marking all GPUs unhealthy", xid)
-            self._on_unhealthy(list(self._uuids))
+            self._on_failure(list(self._uuids))
             return
         log.warning("GPU %s: XID %d (event type %#x); marking it unhealthy", uuid, xid, data.eventType)
         self._on_unhealthy([uuid])
