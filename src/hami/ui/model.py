@@ -332,6 +332,13 @@ def nodes_document(
         state = _reading_state(reading, now) if live is not None else "unavailable"
         devices = []
         seen: set[str] = set()
+        # a MIG GPU's DRA instances held by claims, by the GPU's UUID: added to the extender's
+        # document when the extender registers that GPU too (the metrics count them the same)
+        mig_held: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+        for key in dra_nodes.get(name, ()):
+            placed = dra.mig.get(key)
+            if placed is not None and dra.uses[key].claims:
+                mig_held.setdefault(placed["parent"], []).append((dra.uses[key], placed))
         if ledger.has_node(name):
             cordoned = ledger.node(name).cordoned
             slices = ledger.slices(name)
@@ -349,6 +356,13 @@ def nodes_document(
                     doc["memoryMiB"]["allocated"] += _mib(claimed.used[MEMORY])
                     doc["cores"]["allocated"] += claimed.used[CORES]
                     doc["claims"] = list(claimed.claims)
+                held = sorted(mig_held.get(d.id, ()), key=lambda h: (h[1]["start"], h[1]["size"]))
+                if held:  # a MIG GPU both front ends publish
+                    doc["slots"]["allocated"] += len(held)
+                    doc["memoryMiB"]["allocated"] += sum(_mib(u.used[MEMORY]) for u, _ in held)
+                    doc["cores"]["allocated"] += sum(u.used[CORES] for u, _ in held)
+                    doc["slices"] += [{k: m[k] for k in ("profile", "start", "size")} for _, m in held]
+                    doc["claims"] = sorted({c for u, _ in held for c in u.claims})
                 devices.append(doc)
         migs: dict[str, list] = {}  # parent UUID -> its MIG devices, listed as one GPU
         dra_docs: list[Any] = []  # device documents, and a MIG GPU's UUID where it goes
