@@ -254,6 +254,11 @@ def test_mixed_strategy_advertises_existing_instances_per_profile(node):
     assert same["migResources"] == doc["migResources"]
     # the default (none) leaves MIG instances alone
     assert json.loads(dry_run(node).stdout)["migResources"] == {}
+    # filterdevices leaves the GPU out of static MIG too (its instances were served, its XIDs watched)
+    gone = json.loads(dry_run(node, node_config={"migstrategy": "mixed", "filterdevices": {"uuid": [H100]}}).stdout)
+    assert gone["migResources"] == {} and [g["uuid"] for g in gone["gpus"]] == [A100]
+    gone = json.loads(dry_run(node, node_config={"migstrategy": "mixed", "filterdevices": {"index": [1]}}).stdout)
+    assert gone["migResources"] == {}
 
 
 @pytest.mark.parametrize(

@@ -261,7 +261,11 @@ def _static_mig(settings: NodeSettings) -> tuple[NodeSettings, list]:
     """migstrategy mixed: the MIG resources, and the settings without the GPUs they come from."""
     if settings.mig_strategy != "mixed":
         return settings, []
-    mig_gpus = [u for u in nvml.gpu_uuids() if nvml.mig_enabled(u)]
+    mig_gpus = [
+        u
+        for i, u in enumerate(nvml.gpu_uuids())
+        if u not in settings.filter_uuids and i not in settings.filter_indexes and nvml.mig_enabled(u)
+    ]  # filterdevices leaves a GPU out whatever serves it
     parents: dict[str, str] = {}  # MIG device -> its GPU: a fault on the GPU marks its instances
     static = resources(discover_static(mig_gpus, settings.resource_name.split("/", 1)[0], parents), parents)
     log.info(
