@@ -28,7 +28,29 @@ def physical_id(device_id: str) -> str:
     return device_id
 
 
-class DeviceState:
+class ChangeFeed:
+    """A version that waiters (ListAndWatch, registration) wait to see change."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    async def changed(self) -> None:
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def wait_change(self, seen: int, timeout: float | None = None) -> int:
+        """Wait until ``version`` differs from ``seen`` (or the timeout passes); return it."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
+            except TimeoutError:
+                pass
+            return self.version
+
+
+class DeviceState(ChangeFeed):
     """Physical GPUs plus their health; wakes waiters (ListAndWatch, registration) on change."""
 
     def __init__(
@@ -39,8 +61,7 @@ class DeviceState:
         #: ``hami.io/node-nvidia-score`` content (topology.py); None: not published
         self.pair_scores = pair_scores
         self.unhealthy: set[str] = set()
-        self.version = 0
-        self._changed = asyncio.Condition()
+        super().__init__()
 
     @property
     def uuids(self) -> list[str]:
@@ -54,18 +75,7 @@ class DeviceState:
         if not new:
             return
         self.unhealthy |= new
-        async with self._changed:
-            self.version += 1
-            self._changed.notify_all()
-
-    async def wait_change(self, seen: int, timeout: float | None = None) -> int:
-        """Wait until ``version`` differs from ``seen`` (or the timeout passes); return it."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
-            except TimeoutError:
-                pass
-            return self.version
+        await self.changed()
 
     def kubelet_devices(self) -> list[tuple[str, bool, int | None]]:
         """(ID, healthy, NUMA node or None) for every kubelet-visible ID, in GPU index order."""

@@ -32,6 +32,7 @@ from hami.node.nvml import MigNvml, mig_enabled
 from hami.node.settings import NodeSettings
 
 from .api import HEALTHY, UNHEALTHY, load
+from .devices import ChangeFeed
 
 log = logging.getLogger(__name__)
 pb, pb_grpc = load()
@@ -92,7 +93,7 @@ class _ResourceSettings:
         return f"nvidia-{self.resource_name.rsplit('/', 1)[-1]}.sock"
 
 
-class StaticMigResource:
+class StaticMigResource(ChangeFeed):
     """One ``nvidia.com/mig-<profile>`` resource: its MIG devices (a fixed set) and their health.
     A fault on a GPU (its XID, :meth:`mark_unhealthy` with the GPU's UUID) takes every instance
     on it out of the kubelet's healthy devices, as a shared GPU's fault takes out its shares (an
@@ -103,8 +104,7 @@ class StaticMigResource:
         self.mig_uuids = tuple(mig_uuids)
         self.parents = {u: (parents or {}).get(u, "") for u in self.mig_uuids}
         self.unhealthy: set[str] = set()
-        self.version = 0
-        self._changed = asyncio.Condition()
+        super().__init__()
 
     @property
     def gpu_uuids(self) -> list[str]:
@@ -126,17 +126,7 @@ class StaticMigResource:
             ", ".join(sorted(new)),
             ", ".join(sorted(faulty)),
         )
-        async with self._changed:
-            self.version += 1
-            self._changed.notify_all()
-
-    async def wait_change(self, seen: int, timeout: float | None = None) -> int:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version != seen), timeout)
-            except TimeoutError:
-                pass
-            return self.version
+        await self.changed()
 
 
 def _devices(resource: StaticMigResource) -> list:
