@@ -101,3 +101,42 @@ def test_prepare_creates_the_instance_a_restart_keeps_it_and_unprepare_destroys_
     assert clash["instances"][A100] == first["instances"][A100]
     gone = probe(tmp_path, unprepare=["u1"])
     assert gone["instances"][A100] == []
+
+
+def test_mig_strategy_mixed_as_a_flag_publishes_the_existing_instances(tmp_path):
+    """``hami dra --mig-strategy mixed`` (the chart's devicePlugin.migStrategy) serves a GPU in MIG
+    mode by its instances, as config.json's migstrategy does; without it the GPU is left out
+    (shared whole, its containers would find no CUDA device)."""
+    from .test_mig import MAKE
+
+    e = {**env(tmp_path), "FAKEGPU_DEVICES": DEVICES + ",mig_mode=1"}
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE, json.dumps([[A100, "3g.20gb", 4]])],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    [mig_uuid] = json.loads(made.stdout)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1"}]}))
+
+    def dry_run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "hami", "dra", "--dry-run", "--node-name", "n1", "--node-config", str(cfg)]
+            + ["--sysfs-root", str(tmp_path / "sys"), "--nvml-library", str(FAKE_NVML), *extra],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    out = dry_run("--mig-strategy", "mixed")
+    assert out.returncode == 0, out.stderr
+    devices = json.loads(out.stdout)["resourceSlice"]["spec"]["devices"]
+    assert [d["attributes"]["uuid"]["string"] for d in devices] == [mig_uuid]
+    out = dry_run()
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["resourceSlice"]["spec"]["devices"] == []
+    assert "is in MIG mode: no CUDA process can use it whole" in out.stderr

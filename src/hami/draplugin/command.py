@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -75,6 +76,13 @@ def parse_interval(text: str, flag: str = "--sweep-interval") -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_node_flags(p)
+    p.add_argument(
+        "--mig-strategy",
+        default=os.environ.get("MIG_STRATEGY"),
+        choices=("none", "mixed"),
+        help="static MIG: 'mixed' publishes the MIG instances that exist on GPUs in MIG mode as devices "
+        "(class mig.gpu.hami.io; env MIG_STRATEGY; overrides config.json migstrategy; default none)",
+    )
     p.add_argument(
         "--kubelet-dir",
         default="/var/lib/kubelet",
@@ -580,6 +588,8 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, NodeConfigError) as exc:
         print(f"hami dra: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.mig_strategy:
+        settings = replace(settings, mig_strategy=args.mig_strategy)
     try:
         open_nvml(args.nvml_library)
     except NvmlUnavailable as exc:
