@@ -17,6 +17,7 @@ serialise access).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet as Set, Any, Iterable, Iterator, Mapping, Sequence
 
@@ -26,7 +27,7 @@ from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .names import DEVICE_CORDON, VGPU_NODE
-from .quantity import parse_int_quantity
+from .quantity import QuantityError, parse_quantity
 from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
 from .shape import check_node
@@ -269,8 +270,10 @@ class Ledger:
             devices=node.devices,
             sliced=any(d.sliced for d in node.devices),
         )
+        # (the node's side only: the pods' namespace usage is counted already, whatever becomes
+        # of their node; counting it again inflated the quota on every re-registration)
         for key in sorted(self._pods_by_node.get(node.name, ())):
-            self._apply(self._pods[key], +1, resummarise=False)
+            self._apply(self._pods[key], +1, resummarise=False, namespace=False)
         self._recheck(st)
         st.resummarise()
         self._rank(st)
@@ -594,15 +597,18 @@ class Ledger:
     def pods(self) -> list[PodAllocation]:
         return [self._pods[k] for k in sorted(self._pods)]
 
-    def _apply(self, alloc: PodAllocation, sign: int, resummarise: bool = True) -> None:
+    def _apply(self, alloc: PodAllocation, sign: int, resummarise: bool = True, namespace: bool = True) -> None:
+        """Add (``sign`` +1) or take out (-1) a pod's usage: its namespace's (unless ``namespace``
+        is False) and its node's devices' (when the ledger holds the node)."""
         self._generation += 1
-        ns = self._ns_used.setdefault(alloc.namespace, {})
-        for u in alloc.usage:
-            acc = ns.setdefault(u.vendor, [0, 0])
-            acc[0] += sign * u.mem
-            acc[1] += sign * (u.cores.bit_count() if u.vendor in self._mask_vendors else u.cores)
-        if sign < 0:
-            self._prune_namespace(alloc.namespace)
+        if namespace:
+            ns = self._ns_used.setdefault(alloc.namespace, {})
+            for u in alloc.usage:
+                acc = ns.setdefault(u.vendor, [0, 0])
+                acc[0] += sign * u.mem
+                acc[1] += sign * (u.cores.bit_count() if u.vendor in self._mask_vendors else u.cores)
+            if sign < 0:
+                self._prune_namespace(alloc.namespace)
         st = self._nodes.get(alloc.node)
         if st is None:
             return
@@ -665,7 +671,12 @@ class Ledger:
 
     # ------------------------------------------------------------------ quota (§10.1)
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any], vendors: Sequence[Any]) -> None:
-        """Replace one ResourceQuota's limits atomically. Only ``limits.<memory|cores resource>``."""
+        """Replace one ResourceQuota's limits atomically. Only ``limits.<memory|cores resource>``.
+
+        A fractional limit (``1500m``, ``7.5``) counts as its whole part: usage is whole MiB and
+        cores, so ``used <= 7.5`` is ``used <= 7``. A value that cannot be read at all is left
+        out and the quota's other limits still apply; QuantityError names it afterwards (dropping
+        the whole quota for one such value lifted its every limit)."""
         tracked = {}
         for v in vendors:
             r = v.resources
@@ -673,14 +684,22 @@ class Ledger:
                 tracked[f"limits.{r.memory}"] = r.memory_factor
             if r.cores:
                 tracked[f"limits.{r.cores}"] = 1
-        limits = {
-            key[len("limits.") :]: parse_int_quantity(val, f"ResourceQuota {namespace}/{name} spec.hard.{key}")
-            * tracked[key]
-            for key, val in hard.items()
-            if key in tracked
-        }
+        limits: dict[str, int] = {}
+        bad: list[str] = []
+        for key, val in hard.items():
+            factor = tracked.get(key)
+            if factor is None:
+                continue
+            try:
+                exact = parse_quantity(val, f"ResourceQuota {namespace}/{name} spec.hard.{key}")
+            except QuantityError as exc:
+                bad.append(str(exc))
+                continue
+            limits[key[len("limits.") :]] = math.floor(exact * factor)
         self._quota.setdefault(namespace, {})[name] = limits
         self._generation += 1
+        if bad:
+            raise QuantityError("; ".join(bad) + " (left out; the quota's other limits apply)")
 
     def remove_quota(self, namespace: str, name: str) -> None:
         quotas = self._quota.get(namespace)
@@ -1007,6 +1026,6 @@ def rebuild(
                 (q.get("spec") or {}).get("hard") or {},
                 vendors,
             )
-        except CoreError as exc:
-            warnings.append(f"skipping quota: {exc}")
+        except CoreError as exc:  # (the quota's readable limits apply)
+            warnings.append(f"ignoring {exc}")
     return ledger, warnings

@@ -410,7 +410,10 @@ class ClusterState:
                 (pod.get("metadata") or {}).get("resourceVersion"),
             )
             return
-        if not self._interesting(pod):
+        if not self._interesting(pod) and self.ledger.pod(key) is None:
+            # (a pod the ledger holds is followed whatever it says now: one placed with our
+            # annotations under another scheduler's name, its owner removing hami.io/vgpu-node,
+            # held its GPUs and quota after it finished, until it was deleted)
             return
         self.pods[ref] = pod
         self._wake_lock_waiters(pod, False)
@@ -529,9 +532,8 @@ class ClusterState:
         self.quotas[f"{ns}/{name}"] = quota
         try:
             self.ledger.set_quota(ns, name, (quota.get("spec") or {}).get("hard") or {}, self.vendors)
-        except CoreError as exc:
+        except CoreError as exc:  # a value that cannot be read: its key is left out, the rest apply
             log.warning("ignoring %s", exc)
-            self.ledger.remove_quota(ns, name)
 
     # ------------------------------------------------------------------ DRA claims and slices
     @property
