@@ -28,6 +28,7 @@ def compute_units(device: DeviceInfo, pct: int) -> int:
 
 class AmdVendor(BaseVendor):
     cores_unit = "compute units"  # devcore = the GPU's CUs; grants record CUs
+    admission_quota_cores = False  # the quota's unit (CUs) depends on the GPU: the scheduler checks it
     name = "AMD"
     request_type = "AMD"
     register_annotation = "hami.io/node-amd-register"
@@ -67,6 +68,12 @@ class AmdVendor(BaseVendor):
             return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
         in_cus = replace(request, coresreq=compute_units(device, request.coresreq))
         return super().capacity_check(device, used, usedmem, usedcores, in_cus, mem, mutex, quota_fits)
+
+    def quota_cores(self, device: DeviceInfo, request: ContainerDeviceRequest, usedcores: int) -> int:
+        """Compute units, as the grant records them and the ledger counts the pod once placed: a
+        namespace's ``limits.amd.com/gpucores`` is in CUs (HAMi's quota usage counts the same).
+        Counted in percent here, a 50% pick on a 304-CU MI300X was checked as 50 but charged 152."""
+        return compute_units(device, request.coresreq)
 
     def grant(self, device: DeviceInfo, request: ContainerDeviceRequest, mem: int) -> ContainerDevice:
         return ContainerDevice(

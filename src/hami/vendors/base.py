@@ -131,6 +131,10 @@ class BaseVendor:
     #: What a device's ``devcore`` and a grant's cores count, for people (the UI, docs): "percent" of
     #: one device for most vendors; see :meth:`core_unit` for vendors whose unit depends on the device.
     cores_unit: ClassVar[str] = "percent"
+    #: Whether the webhook checks a namespace's cores quota with the pod's requested cores: False
+    #: for a vendor whose quota counts a unit only the chosen device gives (AMD's compute units);
+    #: the scheduler's fit checks it then, pick by pick.
+    admission_quota_cores: ClassVar[bool] = True
 
     def core_unit(self, device: DeviceInfo) -> str:
         """The unit of ``device.devcore`` and of the cores granted on it (display only)."""

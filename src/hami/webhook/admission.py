@@ -417,6 +417,8 @@ def _quota_excess(
         if claims is not None and v.name in claims:
             need = [a + b for a, b in zip(need, claims[v.name])]
         mem_room, core_room = quota.room.get(v.name, (None, None))
+        if not getattr(v, "admission_quota_cores", True):
+            core_room = None  # counted in the device's unit: the scheduler checks it at placement
         for n, left, res, factor in (
             (need[0], mem_room, v.resources.memory, v.resources.memory_factor),
             (need[1], core_room, v.resources.cores, 1),
