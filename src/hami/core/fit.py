@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .reasons import NodeFailure, Reason, ReasonCounter
 from .score import DevicePolicy, Weights, device_score, device_sort_key
 from .types import ContainerDevice, ContainerDeviceRequest, ContainerKind, DeviceInfo, PodRequest, Slice
-from .usage import Pick, collapse_picks
+from .usage import Pick, pod_peak
 
 
 @dataclass(slots=True)
@@ -94,14 +94,10 @@ class QuotaRoom:
         mem_room, core_room = self.room.get(vendor, (None, None))
         if mem_room is None and core_room is None:
             return True
-        uses = [u for u in collapse_picks(picks, kinds) if u.vendor == vendor]
-        if mem_room is not None and sum(u.mem for u in uses) > mem_room:
+        mem, cores = pod_peak(picks, kinds, vendor, masks=vendor in self.masks)
+        if mem_room is not None and mem > mem_room:
             return False
-        if core_room is None:
-            return True
-        if vendor in self.masks:
-            return sum(u.cores.bit_count() for u in uses) <= core_room
-        return sum(u.cores for u in uses) <= core_room
+        return core_room is None or cores <= core_room
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from .types import (
     PodSingleDevice,
     Slice,
 )
-from .usage import collapse
+from .usage import collapse, picks_of, pod_peak
 from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
@@ -602,11 +602,16 @@ class Ledger:
         is False) and its node's devices' (when the ledger holds the node)."""
         self._generation += 1
         if namespace:
+            # the pod's peak over all its devices of a vendor (usage.pod_peak), as the fit's quota
+            # check and the webhook count it: each device's own peak summed over-counted a pod
+            # whose init container and app containers use different GPUs
             ns = self._ns_used.setdefault(alloc.namespace, {})
-            for u in alloc.usage:
-                acc = ns.setdefault(u.vendor, [0, 0])
-                acc[0] += sign * u.mem
-                acc[1] += sign * (u.cores.bit_count() if u.vendor in self._mask_vendors else u.cores)
+            picks = picks_of(alloc.devices)
+            for vendor in sorted({u.vendor for u in alloc.usage}):
+                mem, cores = pod_peak(picks, alloc.kinds, vendor, alloc.app_only, vendor in self._mask_vendors)
+                acc = ns.setdefault(vendor, [0, 0])
+                acc[0] += sign * mem
+                acc[1] += sign * cores
             if sign < 0:
                 self._prune_namespace(alloc.namespace)
         st = self._nodes.get(alloc.node)
@@ -912,6 +917,7 @@ def make_allocation(
     annotations) is recorded when the vendor names one."""
     meta = pod.get("metadata") or {}
     kinds = tuple(k for _, k in ordered_containers(pod))
+    done = init_containers_done(pod)
     if slices is None:
         slices = tuple(cd.slice for v in sorted(devices) for ctr in devices[v] for cd in ctr if cd.slice is not None)
     return PodAllocation(
@@ -921,9 +927,10 @@ def make_allocation(
         node=node,
         devices=dict(devices),
         kinds=kinds,
-        usage=collapse(devices, kinds, app_only=init_containers_done(pod)),
+        usage=collapse(devices, kinds, app_only=done),
         slices=slices,
         classes=holder_classes(meta.get("annotations") or {}, devices, vendors),
+        app_only=done,
     )
 
 

@@ -184,6 +184,8 @@ class PodAllocation:
     #: vendor -> the class the pod's annotations put it in on that vendor's devices (the vendor's
     #: ``holder_class``: MetaX sGPU's app class); only vendors it holds devices of and that name one
     classes: Mapping[str, str] = field(default_factory=dict)
+    #: its classic init containers have all finished: they hold nothing any more (``usage`` too)
+    app_only: bool = False
 
     def memory(self) -> int:
         return sum(u.mem for u in self.usage)

@@ -77,3 +77,36 @@ def collapse(
 ) -> tuple[DeviceUse, ...]:
     """Collapsed per-device usage of one pod's allocation."""
     return collapse_picks(picks_of(devices), kinds, app_only)
+
+
+def pod_peak(
+    picks: Iterable[Pick], kinds: Sequence[ContainerKind], vendor: str, app_only: bool = False, masks: bool = False
+) -> tuple[int, int]:
+    """The most memory and cores the pod holds at once of ``vendor``'s devices, all of them
+    together: the steady phase or one classic init container's phase (with the sidecars declared
+    before it), each summed over the devices, each term its own maximum (``masks``: cores are
+    core masks, counted by their bits). What a namespace quota counts, as the webhook does:
+    :func:`collapse_picks` summed over the devices adds each device's own peak, which for a pod
+    whose init container and regular containers use different GPUs is more than it ever holds."""
+    steady = [0, 0]
+    sides: list[tuple[int, int, int]] = []
+    inits: list[tuple[int, int, int]] = []
+    for ci, v, _uuid, mem, cores in sorted(picks):
+        if v != vendor:
+            continue
+        kind = kinds[ci] if ci < len(kinds) else ContainerKind.APP
+        n = cores.bit_count() if masks else cores
+        if kind is ContainerKind.INIT:
+            if not app_only:
+                inits.append((ci, mem, n))
+            continue
+        steady[0] += mem
+        steady[1] += n
+        if kind is ContainerKind.SIDECAR:
+            sides.append((ci, mem, n))
+    mem, cores = steady
+    for ci, imem, icores in inits:
+        before = [x for x in sides if x[0] < ci]
+        mem = max(mem, imem + sum(x[1] for x in before))
+        cores = max(cores, icores + sum(x[2] for x in before))
+    return mem, cores
