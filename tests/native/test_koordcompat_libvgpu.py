@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_py
+from .conftest import ROOT, run_py
 from .cshare import LIB, LOAD, Trace, base_env
 
 pytestmark = pytest.mark.native
@@ -69,7 +69,15 @@ def run_load(env: dict[str, str], machine: Path, injected: dict[str, str], secon
     argv = [str(LOAD), "plain", "1000", str(seconds), "32", "0", "0"]
     if private_tmp:
         e["FAKEGPU_STATE_DIR"] = "/tmp/fakegpu-machine"
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /tmp && exec "$@"', "sh"]
+        # the checkout may itself be under /tmp (a CI clone): it is opened before the tmpfs hides
+        # it and bound back at its path through that descriptor (no canonicalising: the path
+        # would then name the new, empty directory)
+        script = (
+            'exec 3<"$HAMI_ROOT" && mount -t tmpfs none /tmp && mkdir -p "$HAMI_ROOT" && '
+            'mount --no-canonicalize --bind /proc/self/fd/3 "$HAMI_ROOT" && exec 3<&- && exec "$@"'
+        )
+        e["HAMI_ROOT"] = str(ROOT)
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
         argv += [str(LOAD), "plain", "1000", str(seconds), "32", "0", "0"]
     proc = subprocess.run(argv, env=e, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stderr}"
