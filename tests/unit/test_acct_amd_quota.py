@@ -48,3 +48,12 @@ def test_the_webhook_checks_the_memory_quota_but_not_amds_cores():
     assert _quota_excess(ok, s, ledger.quota_room) == ""
     big = admit(pod("p", [ctr(limits={GPU: 1, MEM: 4096, CORES: 10})], ns="team"), CFG)
     assert "amd.com/gpumem" in _quota_excess(big, s, ledger.quota_room)
+
+
+def test_the_cores_quota_check_of_the_core_api_leaves_amd_to_the_fit_too():
+    from hami.core import pod_request, quota_admission_check
+
+    ledger, _ = rebuild([amd_node(n=2)], [], CFG.vendors)
+    ledger.set_quota("team", "q", {"limits.amd.com/gpucores": "304"}, CFG.vendors)
+    p = admit(pod("p", [ctr(limits={GPU: 4, MEM: 256, CORES: 100})], ns="team"), CFG)
+    assert quota_admission_check(ledger, pod_request(p, CFG.vendors), CFG.vendors) is None  # 400 "percent"

@@ -559,15 +559,19 @@ class Ledger:
 
     def confirm(self, alloc: PodAllocation) -> bool:
         """End the reservation of a pod whose written allocation counts the same as what was
-        reserved (node, namespace, per-device usage, slices): the record is replaced, the counts
-        are not taken out and put back. False (nothing changed) when that does not hold: then
-        :meth:`add_pod` is the way."""
+        reserved (node, namespace, per-device usage, slices, each container's picks): the record
+        is replaced, the counts are not taken out and put back. False (nothing changed) when that
+        does not hold: then :meth:`add_pod` is the way."""
         held = self._pods.get(alloc.key)
         if (
             held is None
             or alloc.key not in self._reserved
             or (held.node, held.namespace, held.usage, held.slices, held.classes)
             != (alloc.node, alloc.namespace, alloc.usage, alloc.slices, alloc.classes)
+            # the namespace charge (usage.pod_peak) reads each container's picks, which the same
+            # per-device usage does not pin down: removing the record gives back its own charge
+            or (held.kinds, held.app_only, picks_of(held.devices))
+            != (alloc.kinds, alloc.app_only, picks_of(alloc.devices))
         ):
             return False
         self._pods[alloc.key] = alloc
@@ -752,6 +756,8 @@ def quota_admission_check(ledger: Ledger, pod: PodRequest, vendors: Sequence[Any
         if room is None:
             continue
         mem_room, core_room = room.room.get(v.name, (None, None))
+        if not getattr(v, "admission_quota_cores", True):
+            core_room = None  # a unit only the chosen device gives (AMD's CUs): Filter checks it
         steady, side, peak = [0, 0], [0, 0], [0, 0]
         for c in pod.containers:
             r = c.for_vendor(v.name)

@@ -90,7 +90,9 @@ def pod_peak(
     whose init container and regular containers use different GPUs is more than it ever holds."""
     steady = [0, 0]
     sides: list[tuple[int, int, int]] = []
-    inits: list[tuple[int, int, int]] = []
+    # init container index -> [mem, cores] over all its devices: one that takes several GPUs
+    # holds them all at once in its phase (the webhook's memreq x nums)
+    inits: dict[int, list[int]] = {}
     for ci, v, _uuid, mem, cores in sorted(picks):
         if v != vendor:
             continue
@@ -98,14 +100,16 @@ def pod_peak(
         n = cores.bit_count() if masks else cores
         if kind is ContainerKind.INIT:
             if not app_only:
-                inits.append((ci, mem, n))
+                acc = inits.setdefault(ci, [0, 0])
+                acc[0] += mem
+                acc[1] += n
             continue
         steady[0] += mem
         steady[1] += n
         if kind is ContainerKind.SIDECAR:
             sides.append((ci, mem, n))
     mem, cores = steady
-    for ci, imem, icores in inits:
+    for ci, (imem, icores) in inits.items():
         before = [x for x in sides if x[0] < ci]
         mem = max(mem, imem + sum(x[1] for x in before))
         cores = max(cores, icores + sum(x[2] for x in before))

@@ -106,7 +106,8 @@ def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def finished_init_containers(pod: Any) -> frozenset[str]:
     """The pod's init containers that ran to their end and will not run again while the pod
-    lives: terminated, and not sidecars (``restartPolicy: Always``, which the kubelet restarts)."""
+    lives: terminated with exit code 0 (one that failed is run again, unless the pod fails with
+    it), and not sidecars (``restartPolicy: Always``, which the kubelet restarts)."""
     spec, status = pod.spec, pod.status
     sidecars = (
         {c.name for c in (spec.init_containers or []) if getattr(c, "restart_policy", None) == "Always"}
@@ -116,7 +117,8 @@ def finished_init_containers(pod: Any) -> frozenset[str]:
     done = set()
     for cs in (status.init_container_statuses if status is not None else None) or ():
         state = cs.state
-        if state is not None and state.terminated is not None and cs.name not in sidecars:
+        ended = state.terminated if state is not None else None
+        if ended is not None and getattr(ended, "exit_code", None) == 0 and cs.name not in sidecars:
             done.add(cs.name)
     return frozenset(done)
 
