@@ -302,12 +302,15 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
     running the saturating kernel load of the compute-share tests (tests/native/cshare.py) in its
     own container, so both are PID 1 of their own PID namespace and libvgpu finds each one's
     NVML PID by its probe. Shares come from the fake GPU's accounting (admitted launches times
-    the kernel's device time, over the window both ran) and must be within 5 points of target."""
+    the kernel's device time, over the window both ran) and must be within 5 points of target.
+    A loaded kubelet can start the second pod many seconds after the first (14 s in one CI run),
+    so each container waits at a gate, a host directory mounted in both, until the test has seen
+    both running; then `exec` makes the load PID 1 as before."""
     if not LOAD.is_file():
         pytest.fail(f"{LOAD} missing (run `make native`)", pytrace=False)
-    # long enough that the second pod, bound after the first's Allocate and started by a loaded
-    # kubelet, still runs beside it for several seconds (8 s left 9 s of start skew no overlap)
-    ns, seconds = gpu_namespace, 15
+    ns, seconds = gpu_namespace, 10
+    gate = product.workdir / f"gate-{ns}"
+    gate.mkdir(mode=0o755)
     real_cluster.api(
         "POST",
         f"/api/v1/namespaces/{ns}/configmaps",
@@ -330,18 +333,46 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
                     {
                         "name": "load",
                         "image": product.images["hami"],
-                        "command": ["/load/cshare_load", "plain", str(KERNEL_US), str(seconds), "32", "0", "0"],
+                        "command": [
+                            "sh",
+                            "-c",
+                            'until [ -e /gate/open ]; do sleep 0.05; done; exec /load/cshare_load "$@"',
+                            "gated",
+                            "plain",
+                            str(KERNEL_US),
+                            str(seconds),
+                            "32",
+                            "0",
+                            "0",
+                        ],
                         "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}],
                         "resources": {
                             "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/gpucores": cores}
                         },
-                        "volumeMounts": [{"name": "load", "mountPath": "/load"}],
+                        "volumeMounts": [
+                            {"name": "load", "mountPath": "/load"},
+                            {"name": "gate", "mountPath": "/gate", "readOnly": True},
+                        ],
                     }
                 ],
-                "volumes": [{"name": "load", "configMap": {"name": "cshare-load", "defaultMode": 0o755}}],
+                "volumes": [
+                    {"name": "load", "configMap": {"name": "cshare-load", "defaultMode": 0o755}},
+                    {"name": "gate", "hostPath": {"path": str(gate), "type": "Directory"}},
+                ],
             },
         }
         real_cluster.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    for cores in (30, 70):
+        wait_pod(
+            real_cluster,
+            ns,
+            f"share-{cores}",
+            lambda p: p["status"].get("phase") != "Pending",
+            "started",
+            product,
+            timeout=180,
+        )
+    (gate / "open").touch()
     traces = {}
     for cores in (30, 70):
         name = f"share-{cores}"
@@ -359,6 +390,7 @@ def test_two_pods_on_one_gpu_get_their_30_and_70_percent_compute_shares(
         assert pod["spec"]["nodeName"] == product.node.name
         traces[cores] = Trace.parse(logs.stdout)
     began, ended = max(t.start for t in traces.values()), min(t.end for t in traces.values())
+    print(f"real node, the two gated loads ran together for {ended - began:.0f} ms of {seconds * 1000}")
     assert ended - began > 3000, f"the two loads overlapped only {ended - began:.0f} ms"
     for cores, trace in traces.items():
         achieved = trace.share(began + 1000, ended - 50)  # after a second of settling
