@@ -66,3 +66,27 @@ def test_the_dra_counting_runs_in_render_not_in_the_copy_taken_on_the_loop(monke
     rows = metrics.rows()  # on the scheduler's loop: a copy only
     assert calls == []
     assert b"gpu-0-3g-20gb" not in metrics.render(rows) and calls == [1]
+
+
+def test_a_dra_gpu_without_an_index_attribute_is_numbered_by_its_device_names():
+    """Slices without the ``index`` attribute (an older or foreign agent): the metrics, /nodes and
+    the grants number a GPU by the ``gpu-N`` its device names start with; the metrics took the
+    name's last number, a MIG placement's start (0 for GPU 2's first placement)."""
+    gpus = [dataclasses.replace(GPUS[0], index=2), dataclasses.replace(GPUS[1], index=3)]
+    slices = resource_slices("n1", gpus, SliceSettings(split_count=4), mig=DYNAMIC)
+    for s in slices:
+        for d in s["spec"].get("devices", ()):
+            d["attributes"].pop("index")
+    s = ClusterState(config())
+    s.slice_handler.replace(slices)
+    assert {k[1]: d["index"] for k, d in s.dra_devices.items()} == {
+        k[1]: 2 if k[1].startswith("gpu-2-") else 3 for k in s.dra_devices
+    }
+    text = SchedulerMetrics(lambda: snapshot_of(s)).render().decode()
+    got = {
+        x.labels["device_uuid"]: x.labels["device_index"]
+        for f in text_string_to_metric_families(text)
+        if f.name == "hami_gpu_memory_limit_bytes"
+        for x in f.samples
+    }
+    assert got == {A100: "2", GPUS[1].uuid: "3"}

@@ -21,6 +21,8 @@ is kept for the simulation of kube-scheduler's arithmetic (:meth:`DeviceShare.co
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterable, Mapping
@@ -203,7 +205,10 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
     """``(pool, device) -> {uuid, index, model, numa, parent, total: {memory, cores, shares}}`` for
     every device of this driver's ResourceSlices (values the API could not have stored are 0, or
     empty; a field of the wrong type is read as missing, a device that is not an object is
-    skipped). ``parent``: a MIG device's GPU UUID (it has a ``profile``), "" for a whole GPU."""
+    skipped). ``parent``: a MIG device's GPU UUID (it has a ``profile``), "" for a whole GPU.
+    ``index``: the GPU's ``index`` attribute; without one, the GPU index every device name of
+    the kubelet plugin starts with (``gpu-N``, ``gpu-N-mig-G``, ``gpu-N-<profile>-S``); -1 when
+    neither says."""
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for s in slices:
         spec = _object(_object(s).get("spec"))
@@ -227,15 +232,24 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
                 value = _object(attrs.get(name)).get(kind.__name__ if kind is not str else "string", default)
                 return value if isinstance(value, kind) and not isinstance(value, bool) else default
 
-            out[(pool, _text(d.get("name")))] = {
+            name = _text(d.get("name"))
+            index = attr("index", int, None)
+            if index is None:
+                named = _GPU_NAME.match(name)
+                index = int(named.group(1)) if named else -1
+            out[(pool, name)] = {
                 "uuid": attr("uuid", str, ""),
-                "index": attr("index", int, None),
+                "index": index,
                 "model": attr("type", str, "") or attr("model", str, ""),
                 "numa": attr("numa", int, 0),
                 "parent": attr("parentUUID", str, "") if attr(PROFILE, str, "") else "",
                 "total": total,
             }
     return out
+
+
+#: the GPU index a kubelet-plugin device name starts with (:func:`hami.dra.model.device_name`)
+_GPU_NAME = re.compile(r"gpu-(\d+)(?:-|$)")
 
 
 def _text(value: Any) -> str:

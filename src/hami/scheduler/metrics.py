@@ -270,14 +270,6 @@ def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
     return AllocationRows(devices, pods, list(_quota_rows(snap)), mig, dict(snap.dra_devices), list(snap.claims))
 
 
-def _dra_index(device: str, info: Mapping[str, Any]) -> int:
-    index = info.get("index")
-    if isinstance(index, int):
-        return index
-    tail = device.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
-
-
 def _with_dra(
     dra_devices: Mapping[tuple[str, str], Mapping[str, Any]], claims: Sequence[ClaimUsage], devices: list, pods: list
 ) -> tuple[list, list]:
@@ -307,7 +299,7 @@ def _with_dra(
         rows[(key[0], uuid)] = (
             key[0],
             uuid,
-            _dra_index(key[1], info),
+            info.get("index", -1),
             info.get("model") or "",
             total[MEMORY] // MIB,
             total[CORES],
@@ -327,7 +319,7 @@ def _with_dra(
         rows[(node, parent)] = (
             node,
             parent,
-            _dra_index(use0.device, info0),
+            info0.get("index", -1),
             info0.get("model") or "",
             max(u.total[MEMORY] for u, _ in members) // MIB,
             max(u.total[CORES] for u, _ in members),

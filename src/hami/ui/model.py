@@ -214,13 +214,9 @@ def dra_device_doc(
     kubelet plugin's unhealthy mark is ``health`` false, its cordon mark ``cordoned``, as the
     extender's devices show them)."""
     keys = {t.get("key") for t in taints}
-    index = info.get("index")
-    if not isinstance(index, int):
-        tail = use.device.rsplit("-", 1)[-1]
-        index = int(tail) if tail.isdigit() else -1
     return {
         "uuid": use.uuid,
-        "index": index,
+        "index": info.get("index", -1),
         "vendor": "NVIDIA",
         "model": info.get("model") or "",
         "mode": "hami-core",
@@ -255,10 +251,9 @@ def dra_mig_doc(
     for _, _, mig, _ in members:
         per_profile[mig["profile"]] = per_profile.get(mig["profile"], 0) + 1
     held = sorted((m for m in members if m[0].claims), key=lambda m: (m[2]["start"], m[2]["size"]))
-    index = info0.get("index")
     return {
         "uuid": mig0["parent"],
-        "index": index if isinstance(index, int) else -1,
+        "index": info0.get("index", -1),
         "vendor": "NVIDIA",
         "model": info0.get("model") or "",
         "mode": "mig",
