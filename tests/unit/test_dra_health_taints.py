@@ -399,3 +399,42 @@ def test_the_simulator_reads_taints_from_given_slices():
     }
     [out] = simulate_dra([tainted], [pod], CFG).pods
     assert out.status == "pending" and "not tolerated" in out.reasons["n"]
+
+
+def test_the_recovery_probe_and_its_record_run_off_the_event_loop():
+    """A marked GPU's recovery asks NVML about it (a call a failing GPU can stall) and writes the
+    record with an fsync: neither may hold the agent's event loop (its gRPC and health stream)."""
+    import threading
+
+    from hami.draplugin import command
+
+    threads: list[str] = []
+    clock = [0.0]
+
+    def probe(uuid):
+        threads.append(f"probe {threading.current_thread() is threading.main_thread()}")
+        return True
+
+    def saved(marks, notes):
+        threads.append(f"save {threading.current_thread() is threading.main_thread()}")
+
+    book = HealthBook(recovery=5, probe=probe, clock=lambda: clock[0], saved=saved)
+    book.mark(["GPU-0"])
+    threads.clear()
+    clock[0] = 10
+
+    class Feed:
+        async def changed(self):
+            pass
+
+    async def run():
+        stop, changed = asyncio.Event(), asyncio.Event()
+
+        async def publish():
+            stop.set()
+
+        await asyncio.wait_for(command.republish_on_change(stop, changed, book, Feed(), publish), 10)
+
+    asyncio.run(run())
+    assert book.unhealthy() == frozenset()
+    assert threads == ["probe False", "save False"]  # was True, True: on the loop's thread

@@ -250,7 +250,9 @@ async def republish_on_change(
             w.cancel()
         if stop.is_set():
             return
-        healed, forgotten = book.recover(), book.forget()
+        # off the loop: the probe asks NVML about a GPU that just failed (a call that can stall)
+        # and a change is written to health.json with an fsync
+        healed, forgotten = await asyncio.to_thread(lambda: (book.recover(), book.forget()))
         if healed or forgotten:  # GPUs healthy again, or XIDs old enough: their taints go
             changed.set()
         if not changed.is_set() and retry is None:
