@@ -325,3 +325,38 @@ async def test_a_watch_that_worked_then_expired_relists_at_once_whatever_failed_
     await _run_against(handler, h, lambda r: len(lists) >= 2, seconds=20.0)
     expired_at = next(w for w in watches if isinstance(w, float))
     assert len(lists) >= 2 and lists[1] - expired_at < 1.0, (lists, expired_at)
+
+
+async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_works(monkeypatch, caplog):
+    """The API server down: every reflector logged a warning for each failed try (every 5 s each,
+    a dozen watches: 150 lines a minute that said nothing new). Now the first failure warns, the
+    next ones within a minute are debug lines, and the recovery is one info line with the count."""
+    import logging
+
+    from hami.kube import reflector
+
+    monkeypatch.setattr(reflector.random, "uniform", lambda a, b: 0.0)  # no backoff wait
+    watches = []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
+        watches.append(1)
+        if len(watches) <= 6:
+            return web.Response(status=503, text="the API server is starting")
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        event = {"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}
+        await resp.write(json.dumps(event).encode() + b"\n")
+        await asyncio.sleep(30)
+        return resp
+
+    h = _Quiet()
+    with caplog.at_level(logging.DEBUG, logger=reflector.log.name):
+        await _run_against(handler, h, lambda r: ("ADDED", "w") in h.applied, seconds=10.0)
+    assert ("ADDED", "w") in h.applied
+    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if "/items" in rec.getMessage()]
+    warned = [m for lv, m in lines if lv == "WARNING"]
+    assert len(warned) == 1 and "starting" in warned[0], lines
+    assert sum(1 for lv, m in lines if lv == "DEBUG" and "failed" in m) == 5, lines
+    assert ("INFO", "watch /items works again after 6 failures in a row") in lines, lines

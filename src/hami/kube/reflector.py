@@ -61,6 +61,8 @@ class Absent(Exception):
 #: counts as a failure: the next one waits the backoff, so a server that ends every watch cannot
 #: spin the loop (client-go does the same).
 SHORT_WATCH_S = 1.0
+#: while a watch keeps failing (the API server down), one warning per this many seconds
+FAILING_REPORT_S = 60.0
 
 #: a watch that has said nothing this long is opened again from the last version it delivered. The
 #: API server sends a watch that allows bookmarks one about every minute even when nothing changes,
@@ -102,6 +104,7 @@ class Reflector:
         self.resource_version: str | None = resume_from
         self.relists = 0  # how many times the list ran (1 + one per expiry/error)
         self.events = 0  # events (bookmarks included) the watches delivered and the handler took
+        self._failing, self._reported = 0, 0.0  # failures in a row (the API server down), last warned of
 
     def _query(self, **extra: Any) -> list[tuple[str, Any]]:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
@@ -134,6 +137,7 @@ class Reflector:
         except Exception as exc:  # noqa: BLE001 - a bug, not the network: relist after the backoff
             raise HandlerFailed(f"{self.name}: handler failed on a list: {exc!r}") from exc
         self.synced.set()
+        self._recovered()
         if self.absent is not None:
             log.info("%s: the API server serves it now", self.name)
             self.absent = None
@@ -153,6 +157,7 @@ class Reflector:
                 raise Expired(f"{self.name}: HTTP 410")
             if resp.status != 200:
                 raise KubeError("WATCH", self.path, resp.status, (await resp.read()).decode(errors="replace"))
+            self._recovered()
             async for line in resp.content:
                 if not line.strip():
                     continue
@@ -173,6 +178,13 @@ class Reflector:
         finally:
             resp.release()
         return rv
+
+    def _recovered(self) -> None:
+        """A list answered, or a watch opened: say so if it had been failing."""
+        if self._failing:
+            n = self._failing
+            log.info("watch %s works again after %d failure%s in a row", self.name, n, "s"[: n - 1])
+        self._failing = 0
 
     async def run(self) -> None:
         """List and watch until cancelled. Every failure waits the backoff (0.2 s doubling to
@@ -226,9 +238,15 @@ class Reflector:
                     rv = None  # gone (an upgrade, RBAC taken away): the list says so, as Absent
                 elif rv is not None and self.resource_version is not None:
                     rv = self.resource_version  # a watch resumes from the last event it delivered
-                log.warning(
-                    "watch %s failed: %s; retrying in %.1fs", self.name, str(exc) or type(exc).__name__, backoff
-                )
+                self._failing += 1
+                why = str(exc) or type(exc).__name__
+                if self._failing == 1 or time.monotonic() - self._reported >= FAILING_REPORT_S:
+                    # once, then once a minute: an outage is not a line per watch every 5 s
+                    self._reported = time.monotonic()
+                    again = f" ({self._failing} times in a row)" if self._failing > 1 else ""
+                    log.warning("watch %s failed%s: %s; retrying in %.1fs", self.name, again, why, backoff)
+                else:
+                    log.debug("watch %s failed: %s; retrying in %.1fs", self.name, why, backoff)
             except Exception:  # noqa: BLE001 - a bug here must not freeze the cache silently
                 log.exception("watch %s failed; relisting in %.1fs", self.name, backoff)
                 rv = None
