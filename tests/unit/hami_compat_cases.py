@@ -33,6 +33,8 @@ from hami.core import (
     rebuild,
     schedule_pod,
 )
+from hami.core.ledger import Ledger
+from hami.core.quantity import QuantityError
 from hami.core.codec import (
     MigAllocation,
     decode_mig_allocations,
@@ -912,9 +914,46 @@ DECISIONS = {
 }
 
 
-ALL = {**DECODERS, **ENCODERS, **DECISIONS}
+def _quota(hard: Mapping[str, str]) -> dict[str, int]:
+    """The limits a ResourceQuota's ``spec.hard`` sets for GPU pods (memory in MiB), as the
+    scheduler reads them; an unreadable value is left out (the others still apply)."""
+    ledger = Ledger()
+    try:
+        ledger.set_quota("team", "q", hard, build_vendors())
+    except QuantityError:
+        pass
+    return ledger.quota_limits("team", "q") or {}
+
+
+QUOTAS = {
+    "quotas": [
+        Case(
+            "whole limits of the memory and cores resources",
+            _quota,
+            {"limits.nvidia.com/gpumem": "20000", "limits.nvidia.com/gpucores": "150", "limits.cpu": "4"},
+            {"nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 150},
+        ),
+        Case(
+            "a quantity with a suffix is read as Kubernetes reads it",
+            _quota,
+            {"limits.nvidia.com/gpumem": "20k"},
+            {"nvidia.com/gpumem": 20000},
+        ),
+        Case(
+            "a fractional limit counts as its whole part",
+            _quota,
+            {"limits.nvidia.com/gpumem": "7.5", "limits.nvidia.com/gpucores": "1500m"},
+            {"nvidia.com/gpumem": 7, "nvidia.com/gpucores": 1},
+            hami={},
+            doc="quota-fraction",
+        ),
+    ]
+}
+
+
+ALL = {**DECODERS, **ENCODERS, **DECISIONS, **QUOTAS}
 CODEC_GROUPS = (*DECODERS, *ENCODERS)
-DECISION_GROUPS = tuple(DECISIONS)
+DECISION_GROUPS = (*DECISIONS, *QUOTAS)
 
 
 def counts(groups: tuple[str, ...]) -> tuple[int, int, int]:
