@@ -1433,6 +1433,52 @@ async def test_an_admin_access_claim_sees_a_gpu_without_consuming_it(cluster, ku
         cluster.delete_node(node)
 
 
+class SchedulerClaimFence:
+    """Waits until kube-scheduler has seen every ResourceClaim change made so far. It learns of a
+    claim's deletion from its informer, a moment after the API server (more than a second on a
+    loaded machine), and until then places the next pod as if the claim still held its devices.
+    A claim created now comes after those changes in the same watch, so once kube-scheduler has
+    allocated it (to a pod on a node of its own, out of the test's way), it has seen them too."""
+
+    def __init__(self, cluster, ns: str) -> None:
+        self.cluster, self.ns, self.node = cluster, ns, f"{ns}-fence"
+        self.count = 0
+
+    async def start(self, kube) -> None:
+        gpu = PhysicalGPU(
+            0, "GPU-fe0ce000-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-80GB", 81920, "0000:01:00.0", 0
+        )
+        self.cluster.create_node(self.node, labels={"hami.io/fence": self.node})
+        await publish_slice(kube, self.node, [gpu], SliceSettings(split_count=100))
+
+    def wait(self) -> None:
+        self.count += 1
+        name = f"fence-{self.count}"
+        exactly = {"deviceClassName": SHARE_CLASS, "capacity": {"requests": {"memory": "256Mi", "cores": "0"}}}
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        self.cluster.api("POST", f"{RESOURCE}/namespaces/{self.ns}/resourceclaims", claim, expect=(201,))
+        pod = hami_pod(name, {}, {"hami.io/fence": self.node})
+        pod["metadata"]["namespace"] = self.ns
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+        self.cluster.api("POST", f"/api/v1/namespaces/{self.ns}/pods", pod)
+
+        def allocated() -> bool:
+            got = self.cluster.api("GET", f"{RESOURCE}/namespaces/{self.ns}/resourceclaims/{name}")
+            return bool((got.get("status") or {}).get("allocation"))
+
+        self.cluster.wait_for(allocated, f"kube-scheduler allocating the fence claim {name}", timeout=120, interval=0.2)
+
+    def stop(self) -> None:
+        self.cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(self.node)}", expect=(200, 404))
+        self.cluster.delete_node(self.node)
+
+
 def _mig_template(ns: str, name: str, profile: str, count: int) -> dict:
     from hami.dra.model import MIG_CLASS
 
@@ -1468,7 +1514,6 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
     kube-scheduler v1.37 never gives two claims overlapping placements, and every claim lands on the
     devices `hami simulate --front-end dra` predicts (same pods pending)."""
     import random
-    import time
 
     from hami.core import SchedulerConfig
     from hami.dra.model import GpuMig, MigProfileSpec, resource_slices
@@ -1478,6 +1523,8 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
     await apply_device_classes(kube)
     node, ns = "dra-mig", "dra-mig"
     cluster.create_namespace(ns)
+    fence = SchedulerClaimFence(cluster, ns)
+    await fence.start(kube)
     cluster.create_node(node, labels={"hami.io/test-pool": "mig"})
     settings = SliceSettings(split_count=SPLIT)
     a100 = PhysicalGPU(0, "GPU-a1000000-0000-4000-8000-000000000000", "NVIDIA A100-SXM4-40GB", 40960, "0000:01:00.0", 0)
@@ -1546,9 +1593,9 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
                 )
                 deleted.append(gone)
                 # kube-scheduler learns of the claim's deletion from its informer, a moment after
-                # the API server: without this pause the next pod was once placed as if the
+                # the API server: without waiting for it the next pod was once placed as if the
                 # deleted claim still held its placement (1 run in about 10)
-                time.sleep(1)
+                fence.wait()
         # the placements kube-scheduler gave the pods still there never overlap
         held: list[tuple[int, int]] = []
         devs = {d["name"]: d for s in parts for d in s["spec"].get("devices") or ()}
@@ -1612,6 +1659,7 @@ async def test_kube_scheduler_allocates_dynamic_mig_placements_where_the_simulat
         )
     finally:
         cluster.delete_namespace(ns)
+        fence.stop()
         for s in parts:
             cluster.api("DELETE", f"{RESOURCE}/resourceslices/{s['metadata']['name']}", expect=(200, 404))
         cluster.delete_node(node)
@@ -1700,7 +1748,6 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
     claim that agrees counts; the count is printed as agreements/total."""
     import os
     import random
-    import time
 
     from hami.core import SchedulerConfig
     from hami.sim.dra import simulate_dra
@@ -1713,6 +1760,8 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
     await apply_device_classes(kube)
     ns, pool = "dra-rnd", "rnd"
     cluster.create_namespace(ns)
+    fence = SchedulerClaimFence(cluster, ns)
+    await fence.start(kube)
     nodes: dict[str, tuple[list[PhysicalGPU], SliceSettings]] = {}
     for n in range(3):
         node = f"dra-rnd-{n}"
@@ -1872,7 +1921,7 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
                     alive.remove(g)
                 # kube-scheduler learns of a claim's deletion from its informer, a moment after
                 # the API server (see the dynamic MIG test)
-                time.sleep(1)
+                fence.wait()
         placed = sum(1 for v in live.values() if v["state"] == "placed")
         print(
             f"randomized DRA comparison ({KUBE_VERSION}, seed {seed}): {agree}/{total} claims agree with the "
@@ -1881,6 +1930,7 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
         assert not disagreements, f"seed {seed}: {agree}/{total} agree;\n" + "\n".join(disagreements)
     finally:
         cluster.delete_namespace(ns)
+        fence.stop()
         for node in nodes:
             cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
             cluster.delete_node(node)

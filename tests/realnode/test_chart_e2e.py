@@ -94,6 +94,22 @@ def running(pod: dict) -> bool:
 
 
 def probe_output(cluster: KubeCluster, namespace: str, pod: str, container: str) -> dict:
+    """The probe's JSON line of ``container``. Waited for in two steps: the container started
+    (placing and starting a pod is the loaded kubelet's time: seconds late in CI, more after a
+    containerd restart), then its line (the probe's own time)."""
+
+    def started():
+        got = cluster.api("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        status = got.get("status") or {}
+        for s in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            if s.get("name") == container and (
+                {"running", "terminated"} & set(s.get("state") or {}) or s.get("lastState")
+            ):
+                return True
+        return False
+
+    cluster.wait_for(started, f"container {pod}/{container} started", timeout=180, interval=0.3)
+
     def line():
         out = cluster.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
         return next((json.loads(x) for x in out.splitlines() if x.startswith("{")), None)
@@ -896,5 +912,12 @@ def test_kube_scheduler_in_a_pod_of_its_own_schedules_gpu_pods_and_the_extender_
         assert "campaigning as" in logs and "client certificates of --extender-client-ca" in logs, logs[-2000:]
     finally:
         product.upgrade({"scheduler": {"kubeScheduler": {"separatePod": False, "hostAliases": []}}})
-    assert not product.pods(selector="app.kubernetes.io/component=kube-scheduler")
+    # helm deletes the Deployment with background propagation: its pod goes when the garbage
+    # collector and the kubelet get to it, which --wait does not wait for (seconds when loaded)
+    real_cluster.wait_for(
+        lambda: not product.pods(selector="app.kubernetes.io/component=kube-scheduler"),
+        "the separate kube-scheduler pod gone",
+        timeout=120,
+        interval=0.5,
+    )
     assert _may(real_cluster, extender_sa, "delete", "pods")
