@@ -1284,8 +1284,8 @@ def test_driver_mounts_reach_the_plugin_the_monitor_and_allocate(helm):
 def test_the_webhook_fails_closed_for_device_pods_only(kube_cluster, helm, kube_namespace):
     """With the scheduler down (nothing listens at the webhook's address), a pod asking for a
     GPU is refused, so its controller retries instead of it going to default-scheduler and
-    staying Pending for ever (A15); a pod asking for no device never reaches the webhook and is
-    created. (Scoped to this test's pods by an object selector: the cluster is shared.)"""
+    staying Pending for ever (A15); a pod asking for no device, or only for another device
+    plugin's resources, never reaches the webhook and is created. (Scoped to this test's pods by an object selector: the cluster is shared.)"""
     from hami_devkit.cluster import ApiError
 
     ns, release = kube_namespace, f"w{uuid.uuid4().hex[:6]}"
@@ -1335,9 +1335,12 @@ def test_the_webhook_fails_closed_for_device_pods_only(kube_cluster, helm, kube_
                 kube_cluster.api("POST", path, pod(name, limits, init))
         kube_cluster.api("POST", path, pod("cpu-only", {"cpu": "100m", "memory": "64Mi"}))
         kube_cluster.api("POST", path, pod("no-resources", {}))
+        # another device plugin's pods are not ours to refuse (they were: any domain/name matched)
+        kube_cluster.api("POST", path, pod("kubevirt", {"devices.kubevirt.io/kvm": "1"}))
+        kube_cluster.api("POST", path, pod("sriov-in-init", {"intel.com/sriov_netdevice": "1"}, True))
         mine = kube_cluster.api("GET", f"{path}?labelSelector=hami-webhook-test%3D{release}")["items"]
         names = {p["metadata"]["name"] for p in mine}
-        assert names == {"cpu-only", "no-resources"}
+        assert names == {"cpu-only", "no-resources", "kubevirt", "sriov-in-init"}
     finally:
         helm("uninstall", release, "--namespace", ns, check=False)
 
