@@ -18,7 +18,9 @@ adds one / adds several "bubbles" (groups of four left partly used). Decision an
 vXPU: registration ``hami.io/node-register-xpu`` (JSON); ``kunlunxin.com/vxpu-memory`` is rounded
 up to 24576, 49152 or 98304 MiB (admission writes the rounded value to limits and requests) and
 takes ``memory x 100 / 98304`` percent of the cores; no memory means the whole card. A card that
-already holds vXPUs takes only vXPUs of that same size (``CardNotFoundCustomFilterRule``).
+already holds vXPUs takes only vXPUs of that same size (``CardNotFoundCustomFilterRule``). The
+cards are chosen as whole cards are (HAMi runs the same ``graghSelect``), among those that can take
+one more vXPU of the size asked.
 """
 
 from __future__ import annotations
@@ -105,25 +107,8 @@ class KunlunVendor(BaseVendor):
         candidates: Sequence[int],
         prior: Sequence[str],
     ) -> Sequence[int] | Reason:
-        n = request.nums
-        candidates = sorted(candidates, key=lambda j: devices[j].index)  # HAMi walks the cards in index order
-        groups: dict[int, list[int]] = {}
-        for j in candidates:
-            groups.setdefault(interconnect_group(devices[j].index), []).append(j)
-        if n in _GROUP_ORDER:
-            for free in _GROUP_ORDER[n]:
-                for g in groups.values():
-                    if len(g) == free:
-                        return g[:n]
-            across = _across_groups(devices, candidates, n)
-            return across if across is not None else Reason.NUMA_NOT_FIT
-        if n == 8:  # a whole eight (HAMi: all eight cards free)
-            eights: dict[int, list[int]] = {}
-            for j in candidates:
-                eights.setdefault(devices[j].index // 8, []).append(j)
-            whole = [g for g in eights.values() if len(g) == 8]
-            return whole[0] if whole else Reason.NUMA_NOT_FIT
-        return candidates[:n]  # lowest indexes: HAMi refuses these counts
+        # HAMi walks the free cards in index order (they are all alike: nothing else to rank them by)
+        return graph_select(devices, sorted(candidates, key=lambda j: devices[j].index), request.nums)
 
     def node_score(self, node: str, devices: PodSingleDevice, policy: str, view: Any = None) -> float:
         """3000 / 2000 / 1000 / 0 when the pod removes / keeps / adds one / adds several "bubbles"
@@ -145,6 +130,31 @@ class KunlunVendor(BaseVendor):
         if indexes:
             out[INDEX_ANNOTATION] = ",".join(map(str, indexes))
         return out
+
+
+def graph_select(devices: Sequence[DeviceInfo], candidates: Sequence[int], n: int) -> list[int] | Reason:
+    """HAMi's ``graghSelect`` over the cards that can take the request (``candidates``, in the order
+    to take them within a group): 1, 2 or 4 cards inside one group of four (the group whose
+    fitting cards equal ``n`` or exceed it least, lower group first on a tie), else across the
+    groups along the links (:func:`_across_groups`); 8 cards a whole eight; ``NumaNotFit`` when
+    none of these is free. Other counts (HAMi refuses them): the first ``n`` candidates."""
+    groups: dict[int, list[int]] = {}
+    for j in sorted(candidates, key=lambda j: interconnect_group(devices[j].index)):  # stable: keeps the order within
+        groups.setdefault(interconnect_group(devices[j].index), []).append(j)
+    if n in _GROUP_ORDER:
+        for free in _GROUP_ORDER[n]:
+            for g in groups.values():
+                if len(g) == free:
+                    return g[:n]
+        across = _across_groups(devices, list(candidates), n)
+        return across if across is not None else Reason.NUMA_NOT_FIT
+    if n == 8:  # a whole eight (HAMi: all eight cards fit)
+        eights: dict[int, list[int]] = {}
+        for j in sorted(candidates, key=lambda j: devices[j].index):
+            eights.setdefault(devices[j].index // 8, []).append(j)
+        whole = [g for g in eights.values() if len(g) == 8]
+        return whole[0] if whole else Reason.NUMA_NOT_FIT
+    return list(candidates[:n])
 
 
 def _across_groups(devices: Sequence[DeviceInfo], candidates: list[int], n: int) -> list[int] | None:
@@ -199,10 +209,23 @@ class KunlunVxpuVendor(BaseVendor):
     lock_annotation = NODE_LOCK
     use_uuid_annotation = "hami.io/use-xpu-uuid"
     nouse_uuid_annotation = "hami.io/no-use-xpu-uuid"
+    chooses = True  # HAMi places vXPUs with the whole cards' graghSelect
 
     def __init__(self, config: KunlunConfig | None = None) -> None:
         c = self.config = config or KunlunConfig()
         super().__init__(ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name))
+
+    def choose(
+        self,
+        devices: Sequence[DeviceInfo],
+        request: ContainerDeviceRequest,
+        candidates: Sequence[int],
+        prior: Sequence[str],
+    ) -> Sequence[int] | Reason:
+        """The cards along the links, as for whole cards (:func:`graph_select`), among those
+        that can take one more vXPU of the size asked; within the chosen group, in the GPU
+        policy's order (a partly used card first under binpack)."""
+        return graph_select(devices, candidates, request.nums)
 
     def admit_container(self, container: dict, pod: Mapping[str, Any]) -> bool:
         r = self.resources

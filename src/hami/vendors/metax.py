@@ -24,8 +24,8 @@ one (``CardAppClassMismatch``); the ledger records the app class of each pod hol
 policy-neutral: ``10000 x`` the average compute utilisation of the chosen sGPUs after placement
 (binpack keeps the highest node score, spread the lowest). The decision annotations, read by
 MetaX's device plugin at Allocate besides the HAMi allocation pair: ``metax-tech.com/gpu-devices-allocated``
-(JSON, per container: uuid, compute, vRam of each sGPU) and ``metax-tech.com/predicate-time`` (unix
-nanoseconds, HAMi ``UnixNano``).
+(JSON, per container: uuid, compute, vRam of each sGPU, zeros left out as Go's ``omitempty``
+leaves them) and ``metax-tech.com/predicate-time`` (unix nanoseconds, HAMi ``UnixNano``).
 
 Our releases before this one spelled the MetaX GPU card IDs ``<node>-metax-gpu-<i>``:
 :meth:`MetaxGpuVendor.read_allocation` reads such allocations with today's IDs.
@@ -360,11 +360,20 @@ class MetaxSgpuVendor(BaseVendor):
     ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         if any(devices):
-            out[SGPU_ALLOCATED_ANNOTATION] = go_json(
-                [[{"uuid": cd.uuid, "compute": cd.usedcores, "vRam": cd.usedmem} for cd in ctr] for ctr in devices]
-            )
+            out[SGPU_ALLOCATED_ANNOTATION] = go_json([[_sgpu_grant(cd) for cd in ctr] for ctr in devices])
             out[PREDICATE_TIME_ANNOTATION] = str(unix_nanoseconds(now))
         return out
+
+
+def _sgpu_grant(cd: Any) -> dict[str, Any]:
+    """One sGPU grant as HAMi's ``ContainerMetaxSDevice`` marshals it: ``compute`` and ``vRam`` are
+    ``omitempty``, so an online pod's grant (compute 0) has no ``compute`` key."""
+    out: dict[str, Any] = {"uuid": cd.uuid}
+    if cd.usedcores:
+        out["compute"] = cd.usedcores
+    if cd.usedmem:
+        out["vRam"] = cd.usedmem
+    return out
 
 
 def make_metax(config: MetaxConfig) -> tuple[BaseVendor, ...]:

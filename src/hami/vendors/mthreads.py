@@ -7,7 +7,8 @@
   ``sgpu-memory = 96n`` and the pod annotation ``mthreads.com/request-gpu-num = n``); a count of 1
   without memory takes a whole GPU.
 * Cards: ``capacity(sgpu-core) / 16``, each ``capacity(sgpu-memory) * 512 / cards`` MiB, 100 slots.
-* Single-card rule: all shared (count 1) containers of a pod land on the same GPU.
+* Single-card rule (HAMi ``customFilterRule``): a pod holds one GPU; the containers after the first
+  one asking for a GPU each take that same GPU, so only single-GPU containers can follow it.
 * Decision annotations: ``hami.io/mthreads-vgpu-devices-allocated``, ``mthreads.com/gpu-index``,
   ``mthreads.com/predicate-time`` (unix ns) and ``mthreads.com/predicate-node``. No node lock.
 """
@@ -124,9 +125,16 @@ class MthreadsVendor(BaseVendor):
         candidates: Sequence[int],
         prior: Sequence[str],
     ) -> Sequence[int] | Reason:
-        if request.nums == 1 and prior:
-            same = [j for j in candidates if devices[j].id in prior]
-            return same[:1] if same else Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+        if prior:
+            # HAMi's customFilterRule: a card fits only when every card the pod's earlier containers
+            # hold is that card, so the pod holds one GPU: a later container asking several GPUs,
+            # or any after one that holds several, does not fit (the plugin reads one gpu-index
+            # list and one request-gpu-num for the whole pod)
+            held = set(prior)
+            same = [j for j in candidates if devices[j].id in held]
+            if len(held) > 1 or request.nums > 1 or not same:
+                return Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+            return same
         return list(candidates[: request.nums])
 
     def pod_annotations(
