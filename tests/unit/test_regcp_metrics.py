@@ -90,3 +90,17 @@ def test_a_dra_gpu_without_an_index_attribute_is_numbered_by_its_device_names():
         for x in f.samples
     }
     assert got == {A100: "2", GPUS[1].uuid: "3"}
+
+
+def test_the_dra_simulation_numbers_an_unindexed_gpu_as_the_live_views_do():
+    """`hami simulate --front-end dra` said 0 for every GPU without an ``index`` attribute, while
+    the scheduler's metrics and /nodes (hami.dra.claims.gpu_index) read the gpu-N of its name."""
+    from hami.sim.dra import simulate_dra
+
+    gpus = [dataclasses.replace(GPUS[1], index=3)]
+    slices = resource_slices("n1", gpus, SliceSettings(split_count=4))
+    for s in slices:
+        for d in s["spec"].get("devices", ()):
+            d["attributes"].pop("index")
+    r = simulate_dra(slices, [], config())
+    assert [(d["device"], d["index"]) for d in r.devices] == [("gpu-3", 3)]  # was 0

@@ -233,13 +233,9 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
                 return value if isinstance(value, kind) and not isinstance(value, bool) else default
 
             name = _text(d.get("name"))
-            index = attr("index", int, None)
-            if index is None:
-                named = _GPU_NAME.match(name)
-                index = int(named.group(1)) if named else -1
             out[(pool, name)] = {
                 "uuid": attr("uuid", str, ""),
-                "index": index,
+                "index": gpu_index(name, attr("index", int, None)),
                 "model": attr("type", str, "") or attr("model", str, ""),
                 "numa": attr("numa", int, 0),
                 "parent": attr("parentUUID", str, "") if attr(PROFILE, str, "") else "",
@@ -250,6 +246,15 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], 
 
 #: the GPU index a kubelet-plugin device name starts with (:func:`hami.dra.model.device_name`)
 _GPU_NAME = re.compile(r"gpu-(\d+)(?:-|$)")
+
+
+def gpu_index(name: str, attribute: Any) -> int:
+    """A published device's GPU index: its ``index`` attribute (an int), else the ``gpu-N`` its
+    name starts with, else -1."""
+    if isinstance(attribute, int) and not isinstance(attribute, bool):
+        return attribute
+    named = _GPU_NAME.match(name)
+    return int(named.group(1)) if named else -1
 
 
 def _text(value: Any) -> str:

@@ -44,6 +44,7 @@ from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevi
 from hami.core.names import DRA_SHARE_CLASS, VGPU_NODE
 from hami.core.usage import collapse
 from hami.dra import fit
+from hami.dra.claims import gpu_index
 from hami.dra.model import (
     CORDON_TAINT_KEY,
     CORES,
@@ -668,7 +669,8 @@ def _int_attr(d: fit.DeviceUse, name: str) -> int:
 
 
 def _index(d: fit.DeviceUse) -> int:
-    return _int_attr(d, "index")
+    """As the scheduler's metrics and the UI number it (:func:`hami.dra.claims.gpu_index`)."""
+    return gpu_index(d.device, d.attributes.get(f"{DRIVER}/index"))
 
 
 def _type(d: fit.DeviceUse) -> str:

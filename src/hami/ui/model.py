@@ -544,7 +544,8 @@ def claim_doc(
             grant = {
                 "vendor": "NVIDIA",
                 "uuid": uuid,
-                "index": info.get("index") if isinstance(info.get("index"), int) else None,
+                # null when unknown (slice_devices' -1, or no device): the page shows "#?"
+                "index": info["index"] if isinstance(info.get("index"), int) and info["index"] >= 0 else None,
                 "model": info.get("model") or "",
                 "memoryMiB": _mib(got[MEMORY]),
                 "cores": got[CORES],
