@@ -272,7 +272,6 @@ def test_gpu_operator_toolkit_wait_holds_the_plugin_until_toolkit_ready(helm_bin
         ),
         ("devicePlugin.gdrcopyEnabled=true", "devicePlugin.gdrcopyEnabled=true is not supported"),
         ("devicePlugin.mofedEnabled=true", "devicePlugin.mofedEnabled=true is not supported"),
-        ("devicePlugin.passDeviceSpecsEnabled=true", "devicePlugin.passDeviceSpecsEnabled=true is not supported"),
         (
             "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver",
             "devicePlugin.nvidiaDriverRoot=/run/nvidia/driver is not supported by this chart: use devicePlugin.driverMounts",

@@ -5,12 +5,13 @@ the hami image's Python): what the container's driver (the fake, under libvgpu) 
 keeps its allocations and sleeps (so the monitor sees its usage), else exits 0. Fields:
 ``cuda_total_mib``/``cuda_free_mib`` (cuMemGetInfo), ``nvml_total_mib`` (nvmlDeviceGetMemoryInfo
 of device 0), ``allocs`` (the CUresult of cuMemAlloc for each size, in order), ``env`` (what
-Allocate gave the container).
+Allocate gave the container), ``dev_nodes`` (its ``/dev/nvidia*``: ``char`` for a character device).
 """
 
 import ctypes as C
 import json
 import os
+import stat
 import sys
 import time
 
@@ -52,6 +53,12 @@ def main(argv: list[str]) -> int:
         k: v
         for k, v in os.environ.items()
         if k.startswith(("CUDA_DEVICE", "CUDA_TASK", "NVIDIA_VISIBLE", "GPU_CORE", "HAMI_"))
+    }
+    # the NVIDIA device nodes the container was given (name -> "char" for a character device)
+    out["dev_nodes"] = {
+        n: "char" if stat.S_ISCHR(os.stat(f"/dev/{n}").st_mode) else "other"
+        for n in sorted(os.listdir("/dev"))
+        if n.startswith("nvidia")
     }
     print(json.dumps(out, sort_keys=True), flush=True)
     while hold:

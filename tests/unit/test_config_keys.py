@@ -232,9 +232,7 @@ def test_hamis_stock_values_of_those_keys_are_accepted(tmp_path):
     options_from_args(parser.parse_args([f"--device-config-file={dc}"]))
 
 
-@pytest.mark.parametrize(
-    "flag", ["--gds-enabled", "--pass-device-specs", "--nvidia-driver-root=/", "--device-id-strategy=index"]
-)
+@pytest.mark.parametrize("flag", ["--gds-enabled", "--nvidia-driver-root=/", "--device-id-strategy=index"])
 def test_hami_plugin_flags_we_do_not_have_are_refused_by_name(capsys, flag):
     with pytest.raises(SystemExit) as exc:
         main(["device-plugin", "--node-name", "n1", flag])

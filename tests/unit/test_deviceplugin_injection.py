@@ -306,13 +306,20 @@ def test_the_node_says_nri_exactly_while_the_hook_is_ready(before, want, patch):
         ({}, {"operating_mode": "mig"}, "operatingmode hami-core only (got 'mig')"),
         ({"device_list_strategy": "cdi-cri"}, {}, "--device-list-strategy envvar only (got 'cdi-cri')"),
         ({}, {"mig_strategy": "mixed"}, "does not serve migstrategy mixed"),
+        ({"pass_device_specs": True}, {}, "cannot go with --pass-device-specs"),
     ],
 )
 def test_nri_injection_refuses_what_allocate_alone_can_make(overrides, settings, problem):
     from dataclasses import replace
 
     args = argparse.Namespace(
-        **{"injection": "nri", "nri_plugin_index": "50", "device_list_strategy": "envvar", **overrides}
+        **{
+            "injection": "nri",
+            "nri_plugin_index": "50",
+            "device_list_strategy": "envvar",
+            "pass_device_specs": False,
+            **overrides,
+        }
     )
     got = injection_problem(args, replace(NodeSettings(), **settings))
     assert got == problem if problem is None else problem in got

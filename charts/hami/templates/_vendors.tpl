@@ -250,12 +250,26 @@ the value, instead of being accepted and ignored (docs/configuration.md).
     "gdrcopyEnabled" "GPUDirect RDMA (NVIDIA_GDRCOPY) is not injected by this device plugin"
     "gdsEnabled" "GPUDirect Storage (NVIDIA_GDS) is not injected by this device plugin"
     "mofedEnabled" "MOFED (NVIDIA_MOFED) is not injected by this device plugin"
-    "passDeviceSpecsEnabled" "device specs are left to the NVIDIA container runtime"
-    "nvidiaDriverRoot" "use devicePlugin.driverMounts for a driver outside the NVIDIA container runtime"
     "nvidiaHookPath" "the NVIDIA CDI hook is not used; see devicePlugin.deviceListStrategy"
     "runtimeType" "the container runtime is not configured by this chart" -}}
 {{- if and (hasKey $dp $key) (index $dp $key) -}}
 {{- fail (printf "devicePlugin.%s=%v is not supported by this chart: %s (docs/configuration.md)" $key (index $dp $key) $why) -}}
+{{- end -}}
+{{- end -}}
+{{- /* HAMi's "auto" (GPU Operator's driver-ready contract, else /) and "/" both mean the driver the
+NVIDIA container runtime injects, which is what this chart assumes: no override */ -}}
+{{- if and $dp.nvidiaDriverRoot (not (has (toString $dp.nvidiaDriverRoot) (list "auto" "/"))) -}}
+{{- fail (printf "devicePlugin.nvidiaDriverRoot=%v is not supported by this chart: use devicePlugin.driverMounts for a driver outside the NVIDIA container runtime (docs/configuration.md)" $dp.nvidiaDriverRoot) -}}
+{{- end -}}
+{{- if $dp.passDeviceSpecsEnabled -}}
+{{- if ne ($dp.deviceListStrategy | default "envvar") "envvar" -}}
+{{- fail (printf "devicePlugin.passDeviceSpecsEnabled=true goes with devicePlugin.deviceListStrategy=envvar only (got %v: the CDI spec gives the device nodes already)" $dp.deviceListStrategy) -}}
+{{- end -}}
+{{- if eq (include "hami.injection" $dp) "nri" -}}
+{{- fail "devicePlugin.passDeviceSpecsEnabled=true cannot go with devicePlugin.injection=nri (Allocate does not know the GPUs in that mode)" -}}
+{{- end -}}
+{{- if not (isAbs (toString ($dp.devRoot | default "/"))) -}}
+{{- fail (printf "devicePlugin.devRoot=%v: expected an absolute host path" $dp.devRoot) -}}
 {{- end -}}
 {{- end -}}
 {{- $vgpu := printf "%s/vgpu" (trimSuffix "/" .Values.global.gpuHookPath) -}}

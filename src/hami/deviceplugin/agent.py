@@ -29,6 +29,7 @@ from hami.node.nri.plugin import NriPlugin
 from hami.node.nvml import IGNORED_XIDS, MigError, PhysicalGPU, XidWatcher
 from hami.node.settings import NodeSettings
 
+from .allocate import DeviceSpecs
 from .allocator import Allocator
 from .devices import DeviceState
 from .injection import Injector, NriAllocator
@@ -71,6 +72,7 @@ class NodeAgent:
         injection: str = "allocate",
         nri_socket: str = NRI_SOCKET,
         nri_index: str = "50",
+        device_specs: DeviceSpecs | None = None,
     ) -> None:
         self.asymmetric = tuple(asymmetric)  # GPU pairs whose NVLink counts disagree (topology.py)
         self.kube = kube
@@ -88,6 +90,7 @@ class NodeAgent:
             mig=mig,
             gpus=self.state.uuids,
             healthy=self.state.healthy,
+            device_specs=device_specs,
         )
         self.registrar = Registrar(
             kube,
@@ -112,7 +115,7 @@ class NodeAgent:
         #: migstrategy mixed: one more plugin server per nvidia.com/mig-<profile> resource
         self.static_mig = list(static_mig or ())
         self.mig_servers = [
-            PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts))
+            PluginServer(plugin_dir, r, None, poll=poll, service=StaticMigService(r, paths.driver_mounts, device_specs))
             for r in self.static_mig
         ]
         self.ignored_xids = ignored_xids

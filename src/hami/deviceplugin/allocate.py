@@ -9,8 +9,11 @@ DRA agent and ``hami exec`` use too; the host paths are :mod:`hami.node.layout`'
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.errors import CodecError
@@ -298,6 +301,82 @@ class ContainerResponse:
     annotations: dict[str, str] = field(default_factory=dict)  # CDI devices (cdi-annotations), see hami.node.cdi
     cdi_devices: tuple[str, ...] = ()  # CDI devices (cdi-cri)
     grant: str = ""  # the grant file to write into cache_dir (hami.node.contract.grant_file)
+    devices: tuple[DeviceNode, ...] = ()  # device specs (--pass-device-specs, DeviceSpecs)
+
+
+# ------------------------------------------------------------------------------- device specs
+
+#: the driver's control nodes: passed with every grant, each only where the host has it (as
+#: NVIDIA's and HAMi's plugins do: nvidia-modeset and nvidia-uvm-tools are often absent)
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+#: where the driver says which nvidia-caps node grants access to a MIG GPU/compute instance
+_CAP_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """One DeviceSpec of a ContainerAllocateResponse: the kubelet has the runtime create
+    ``container_path`` in the container from the host's ``host_path`` and allow it in the
+    container's device cgroup."""
+
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True)
+class DeviceSpecs:
+    """``--pass-device-specs``: HAMi's ``passDeviceSpecsEnabled``. Each grant also names its GPUs'
+    device nodes (``/dev/nvidia<minor>``), the driver's control nodes and, for a MIG device, its
+    ``nvidia-caps`` nodes, so a container gets them from the kubelet even where no NVIDIA
+    container runtime reads ``NVIDIA_VISIBLE_DEVICES``.
+
+    ``host_root``: the host root the nodes are under, as the kubelet sees it (HAMi's
+    ``--dev-root``: ``host_path`` is ``<host_root>/dev/<node>``); ``view``: the same root as this
+    plugin sees it (it may be mounted elsewhere in the plugin's container). A node is passed only
+    if ``<view>/dev/<node>`` exists when Allocate answers: a spec naming a missing node makes the
+    runtime fail the container. ``nodes``: device UUID -> its own nodes, relative to /dev (a GPU:
+    ``nvidia<minor>``; a MIG device: its GPU's plus ``nvidia-caps/nvidia-cap<n>`` of its GPU and
+    compute instance), fixed at start-up."""
+
+    nodes: Mapping[str, tuple[str, ...]]
+    host_root: str = "/"
+    view: str = ""  # "" = host_root
+
+    def specs(self, uuids: Iterable[str]) -> tuple[DeviceNode, ...]:
+        """The specs of a grant of ``uuids`` (in grant order, control nodes last, no repeats): a
+        UUID without known nodes adds none (its container still gets NVIDIA_VISIBLE_DEVICES)."""
+        names: list[str] = []
+        for uuid in uuids:
+            names += [n for n in self.nodes.get(uuid, ()) if n not in names]
+        names += CONTROL_NODES
+        view = Path(self.view or self.host_root) / "dev"
+        return tuple(
+            DeviceNode(f"/dev/{n}", os.path.join(self.host_root, "dev", n)) for n in names if os.path.exists(view / n)
+        )
+
+
+def gpu_node(minor: int) -> str:
+    """A GPU's device node, relative to /dev."""
+    return f"nvidia{minor}"
+
+
+def mig_cap_nodes(proc_root: str | os.PathLike, minor: int, gi: int, ci: int) -> tuple[str, ...]:
+    """The ``nvidia-caps`` nodes (relative to /dev) that give access to GPU instance ``gi`` and its
+    compute instance ``ci`` on GPU ``/dev/nvidia<minor>``, as the driver lists them under
+    ``<proc>/driver/nvidia/capabilities/gpu<minor>/mig/gi<gi>[/ci<ci>]/access``; () when the
+    driver does not say (an older driver, or one whose /proc is not visible here)."""
+    base = Path(proc_root) / "driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+    out = []
+    for access in (base / "access", base / f"ci{ci}" / "access"):
+        try:
+            found = _CAP_MINOR.search(access.read_text())
+        except OSError:
+            return ()
+        if found is None:
+            return ()
+        out.append(f"nvidia-caps/nvidia-cap{found.group(1)}")
+    return tuple(out)
 
 
 def _priority(pod: Any, ctr: Any, resource: str) -> int | None:
@@ -314,7 +393,12 @@ def _priority(pod: Any, ctr: Any, resource: str) -> int | None:
 
 
 def build_response(
-    pod: PodView, grant: Grant, settings: NodeSettings, paths: HookPaths, mig_devices: Sequence[str] = ()
+    pod: PodView,
+    grant: Grant,
+    settings: NodeSettings,
+    paths: HookPaths,
+    mig_devices: Sequence[str] = (),
+    device_specs: DeviceSpecs | None = None,
 ) -> ContainerResponse:
     """Env and mounts for one container (§6.4 tables), from the libvgpu container contract
     (:mod:`hami.node.contract`); ``CUDA_DISABLE_CONTROL=true`` in the container's env leaves
@@ -322,8 +406,13 @@ def build_response(
 
     MIG mode: ``mig_devices`` are the MIG device UUIDs made for this container (mig.py), one per
     granted device; the container sees those instead of the GPUs, and libvgpu still limits it
-    to the profile's memory (the instance's SMs are all its own: no compute limit)."""
+    to the profile's memory (the instance's SMs are all its own: no compute limit).
+
+    ``device_specs`` (``--pass-device-specs``): the granted GPUs' device nodes go into the
+    response too (in MIG mode the GPUs' own nodes: an instance made at Allocate has no
+    ``nvidia-caps`` node known at start-up, the NVIDIA runtime adds those)."""
     devs = grant.devices
+    nodes = device_specs.specs(d.uuid for d in devs) if device_specs is not None else ()
     ctr = grant.container
     mig = settings.operating_mode == "mig"
     if mig and len(mig_devices) != len(devs):
@@ -333,7 +422,7 @@ def build_response(
         )
     envs = contract.visible_devices(list(mig_devices) if mig else [d.uuid for d in devs])
     if settings.operating_mode not in ("hami-core", "mig"):
-        return ContainerResponse(envs, contract.container_mounts(paths, None), "")
+        return ContainerResponse(envs, contract.container_mounts(paths, None), "", devices=nodes)
     cache_dir = paths.cache_dir(pod.uid, ctr.name)
     limits = contract.Limits(
         memory=tuple(contract.mib(d.usedmem) for d in devs),
@@ -345,4 +434,4 @@ def build_response(
     mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env), grant=True)
     # the granted GPUs' UUIDs (not in MIG mode: the container sees the instances)
     granted = () if mig else [d.uuid for d in devs]
-    return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env, granted))
+    return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env, granted), devices=nodes)

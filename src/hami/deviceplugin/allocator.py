@@ -53,6 +53,7 @@ class Allocator:
         *,
         gpus: Iterable[str],
         healthy: Callable[[str], bool] = lambda uuid: True,
+        device_specs: A.DeviceSpecs | None = None,
     ) -> None:
         self.kube = kube
         #: this node's GPU UUIDs (the discovered devices): a grant naming anything else is refused
@@ -60,6 +61,7 @@ class Allocator:
         #: whether a GPU is healthy now (DeviceState.healthy): a grant naming one that had a fatal
         #: XID is refused, as the kubelet keeps its own picks off the IDs reported unhealthy
         self.healthy = healthy
+        self.device_specs = device_specs  # --pass-device-specs
         self.mig = mig  # operatingmode mig: makes the instances the scheduler chose
         self.settings = settings
         self.paths = paths
@@ -161,7 +163,12 @@ class Allocator:
             mig_devices, text = await self._make_mig(pod, grants)
             mig_patch[MIG_ALLOCATIONS_ANNOTATION] = text
         responses = [
-            cdi_apply(A.build_response(pod, g, self.settings, self.paths, m), self.cdi, pod.uid, g.container.name)
+            cdi_apply(
+                A.build_response(pod, g, self.settings, self.paths, m, self.device_specs),
+                self.cdi,
+                pod.uid,
+                g.container.name,
+            )
             for g, m in zip(grants, mig_devices)
         ]
         for r in responses:

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from dataclasses import replace
+from typing import Any, Sequence
 
 from hami import malloc
 from hami.config import read_device_config_file
@@ -24,6 +25,7 @@ from hami.node.nri.plugin import check_index
 from hami.node.nvml import MigError, NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
 from hami.node.settings import NodeConfigError, NodeSettings, load_settings
 
+from .allocate import DeviceSpecs, gpu_node, mig_cap_nodes
 from .devices import DeviceState
 from .static_mig import StaticMigError, check_strategy, discover_static, resources, settings_without_mig_gpus
 from .preflight import PreflightError, check_other_plugins
@@ -134,6 +136,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="50",
         help="the two-digit NRI plugin index (plugins are called in ascending order; default 50)",
     )
+    p.add_argument(
+        "--pass-device-specs",
+        nargs="?",
+        const=True,
+        type=flags.bool_flag,
+        default=env("PASS_DEVICE_SPECS", "false"),
+        metavar="BOOL",
+        help="also give each GPU container its device nodes in Allocate (DeviceSpecs, HAMi's "
+        "passDeviceSpecsEnabled): /dev/nvidia<minor> of its GPUs, a MIG device's nvidia-caps nodes, "
+        "and nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset; each only if it exists under "
+        "--dev-root (env PASS_DEVICE_SPECS; default false)",
+    )
+    p.add_argument(
+        "--dev-root",
+        default=env("NVIDIA_DEV_ROOT", "/"),
+        metavar="DIR",
+        help="with --pass-device-specs: the host root of the NVIDIA device nodes, <DIR>/dev/nvidia0 "
+        "(env NVIDIA_DEV_ROOT; default /)",
+    )
+    p.add_argument(
+        "--dev-root-ctr-path",
+        default="",
+        metavar="DIR",
+        help="with --pass-device-specs: where this plugin sees --dev-root, when it is mounted elsewhere in "
+        "its container (default: --dev-root itself)",
+    )
     p.add_argument("--skip-preflight", action="store_true", help="do not look for other plugins serving the GPUs")
     p.add_argument(
         "--dry-run", action="store_true", help="print the discovered GPUs and the registration annotation, then exit"
@@ -157,7 +185,56 @@ def injection_problem(args: argparse.Namespace, settings: NodeSettings) -> str |
         return f"--injection=nri goes with --device-list-strategy envvar only (got {args.device_list_strategy!r})"
     if settings.mig_strategy == "mixed":
         return "--injection=nri does not serve migstrategy mixed (static MIG instances)"
+    if args.pass_device_specs:
+        return "--injection=nri cannot go with --pass-device-specs (Allocate does not know the GPUs in this mode)"
     return None
+
+
+def device_specs_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--pass-device-specs`` cannot go with the rest of the flags (None: it can)."""
+    if not args.pass_device_specs:
+        return None
+    if args.device_list_strategy != "envvar":
+        return (
+            f"--pass-device-specs goes with --device-list-strategy envvar only (got {args.device_list_strategy!r}: "
+            "the CDI spec gives the device nodes already)"
+        )
+    for name, value in (("--dev-root", args.dev_root), ("--dev-root-ctr-path", args.dev_root_ctr_path)):
+        if value and not os.path.isabs(value):
+            return f"{name}: expected an absolute directory, got {value!r}"
+    view = os.path.join(args.dev_root_ctr_path or args.dev_root, "dev")
+    if not os.path.isdir(view):
+        return f"--pass-device-specs: the device directory {view!r} does not exist here"
+    return None
+
+
+def device_specs(
+    args: argparse.Namespace, state: DeviceState, static: Sequence = (), proc_root: str = "/proc"
+) -> DeviceSpecs | None:
+    """What ``--pass-device-specs`` passes (None: off). Each GPU's node from NVML's minor number
+    (as for the CDI spec); a static MIG device's from its GPU's minor and the driver's
+    capability files of its GPU and compute instance (:func:`~.allocate.mig_cap_nodes`)."""
+    if not args.pass_device_specs:
+        return None
+    nodes: dict[str, tuple[str, ...]] = {g.uuid: (gpu_node(nvml.minor_number(g.uuid)),) for g in state.gpus}
+    parents = {u: p for r in static for u, p in r.parents.items() if p}
+    mig = nvml.MigNvml() if parents else None
+    for gpu in sorted(set(parents.values())):
+        minor = nvml.minor_number(gpu)
+        for inst in mig.instances(gpu) if mig else ():
+            if inst.mig_uuid in parents and inst.ci is not None:
+                caps = mig_cap_nodes(proc_root, minor, inst.gi, inst.ci)
+                if not caps:
+                    log.warning(
+                        "MIG device %s: the driver names no nvidia-caps nodes for GPU instance %d "
+                        "(%s/driver/nvidia/capabilities); only /dev/nvidia%d is passed",
+                        inst.mig_uuid,
+                        inst.gi,
+                        proc_root,
+                        minor,
+                    )
+                nodes[inst.mig_uuid] = (gpu_node(minor), *caps)
+    return DeviceSpecs(nodes, args.dev_root, args.dev_root_ctr_path)
 
 
 def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
@@ -165,8 +242,19 @@ def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
     return [CdiGpu(g.uuid, nvml.minor_number(g.uuid)) for g in state.gpus]
 
 
-def describe(settings: NodeSettings, state: DeviceState, cdi: CdiConfig | None = None, static: list = ()) -> dict:
-    extra = {"cdiSpec": cdi_spec(cdi_gpus(state), cdi)} if cdi is not None and cdi.enabled else {}
+def describe(
+    settings: NodeSettings,
+    state: DeviceState,
+    cdi: CdiConfig | None = None,
+    static: Sequence = (),
+    specs: DeviceSpecs | None = None,
+) -> dict:
+    extra: dict = {"cdiSpec": cdi_spec(cdi_gpus(state), cdi)} if cdi is not None and cdi.enabled else {}
+    if specs is not None:  # what each device's Allocate would pass, as the host has it now
+        extra["deviceSpecs"] = {
+            u: [{"containerPath": d.container_path, "hostPath": d.host_path} for d in specs.specs([u])]
+            for u in specs.nodes
+        }
     return {
         **extra,
         "resource": settings.resource_name,
@@ -199,12 +287,15 @@ async def _serve(
     cdi: CdiConfig,
     static: list,
     asymmetric: tuple = (),
+    specs: DeviceSpecs | None = None,
 ) -> int:
     from .agent import NodeAgent
     from .kube import Kube, api_client
     from hami.node.mig import Checkpoint, MigManager
 
     kube = Kube(await api_client(args.kubeconfig), args.node_name)
+    # only when on, so an agent without device-spec support still starts with the flag off
+    wiring: dict[str, Any] = {"device_specs": specs} if specs is not None else {}
     agent = NodeAgent(
         kube,
         settings,
@@ -232,6 +323,7 @@ async def _serve(
         injection=args.injection,
         nri_socket=args.nri_socket,
         nri_index=args.nri_plugin_index,
+        **wiring,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -319,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     if args.mig_strategy:
         settings = replace(settings, mig_strategy=args.mig_strategy)
-    problem = injection_problem(args, settings)
+    problem = injection_problem(args, settings) or device_specs_problem(args)
     if problem:
         print(f"hami device-plugin: {problem}", file=sys.stderr)
         return EXIT_CONFIG
@@ -361,8 +453,9 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         scores, asymmetric = _topology(gpus) if args.topology_score else (None, ())
         state = DeviceState(gpus, settings, scores)
+        specs = device_specs(args, state, static)
         if args.dry_run:
-            print(json.dumps(describe(settings, state, cdi, static), indent=2))
+            print(json.dumps(describe(settings, state, cdi, static, specs), indent=2))
             return 0
         if cdi.enabled:
             path = write_spec(cdi_spec(cdi_gpus(state), cdi), cdi.spec_dir)
@@ -378,6 +471,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
                 return EXIT_PREFLIGHT
         malloc.tune()  # weeks under churn: see hami.malloc
-        return asyncio.run(_serve(args, settings, state, cdi, static, asymmetric))
+        return asyncio.run(_serve(args, settings, state, cdi, static, asymmetric, specs))
     finally:
         close_nvml()

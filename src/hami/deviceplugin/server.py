@@ -43,6 +43,10 @@ def container_response(r: ContainerResponse):
         ],
         annotations=r.annotations,
         cdi_devices=[pb.CDIDevice(name=n) for n in r.cdi_devices],
+        devices=[
+            pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+            for d in r.devices
+        ],
     )
 
 

@@ -31,6 +31,7 @@ from hami.node.layout import MountSpec
 from hami.node.nvml import MigNvml, mig_enabled
 from hami.node.settings import NodeSettings
 
+from .allocate import DeviceSpecs
 from .api import HEALTHY, UNHEALTHY, load
 from .devices import ChangeFeed
 
@@ -136,9 +137,15 @@ def _devices(resource: StaticMigResource) -> list:
 class StaticMigService(pb_grpc.DevicePluginServicer):
     """DevicePlugin service of one MIG resource: the kubelet picks the instances, we pass them on."""
 
-    def __init__(self, resource: StaticMigResource, driver_mounts: Sequence[MountSpec] = ()) -> None:
+    def __init__(
+        self,
+        resource: StaticMigResource,
+        driver_mounts: Sequence[MountSpec] = (),
+        device_specs: DeviceSpecs | None = None,
+    ) -> None:
         self.resource = resource
         self.driver_mounts = tuple(driver_mounts)
+        self.device_specs = device_specs  # --pass-device-specs: each instance's nodes
         self.closing = asyncio.Event()
 
     async def GetDevicePluginOptions(self, request, context):
@@ -171,6 +178,10 @@ class StaticMigService(pb_grpc.DevicePluginServicer):
                     mounts=[
                         pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
                         for m in self.driver_mounts
+                    ],
+                    devices=[
+                        pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+                        for d in (self.device_specs.specs(req.devices_ids) if self.device_specs else ())
                     ],
                 )
             )
