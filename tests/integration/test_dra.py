@@ -1934,3 +1934,43 @@ async def test_random_pods_and_claims_land_where_the_simulation_puts_them(cluste
         for node in nodes:
             cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
             cluster.delete_node(node)
+
+
+async def test_a_pods_priority_rides_in_its_claim_to_cuda_task_priority(cluster, kube):
+    """``nvidia.com/priority: 0`` on the DRA front end: the template the translation writes (a
+    ``GpuConfig`` with ``priority`` for its request) passes the API server's strict validation of
+    opaque parameters, kube-scheduler copies it into the allocation (``source: FromClaim``, after
+    the class's), and the kubelet plugin's CDI spec sets ``CUDA_TASK_PRIORITY=0`` from it."""
+    from hami.draplugin.prepare import Options, cdi_spec, plan, spec_env
+
+    await apply_device_classes(kube)
+    node, ns = "dra-prio", "dra-prio"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "prio"})
+    await publish_slice(kube, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
+    try:
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "nvidia.com/priority": 0}
+        created = create_hami_pod(cluster, ns, hami_pod("prio", limits, {"hami.io/test-pool": "prio"}))
+        [ref] = created["spec"]["resourceClaims"]
+        template = cluster.api(
+            "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates/{ref['resourceClaimTemplateName']}"
+        )
+        [cfg] = template["spec"]["spec"]["devices"]["config"]
+        assert cfg["opaque"]["parameters"]["priority"] == 0
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/prio")["spec"].get("nodeName"),
+            "the prioritized pod placed",
+            timeout=60,
+        )
+        claim = claims_by_pod(cluster, ns)["prio"]
+        sources = [(c["source"], c["opaque"]["parameters"]) for c in claim["status"]["allocation"]["devices"]["config"]]
+        assert sources[-1] == ("FromClaim", {"apiVersion": "gpu.hami.io/v1alpha1", "kind": "GpuConfig", "priority": 0})
+        assert [s for s, _ in sources] == ["FromClass", "FromClaim"]
+        # what NodePrepareResources writes for this claim (cdi_spec writes no file)
+        p = plan(claim, node, gpus(node, 1), SliceSettings(split_count=SPLIT))
+        env = spec_env(cdi_spec(p, Paths(), Options()))
+        assert env["CUDA_TASK_PRIORITY"] == "0" and env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)

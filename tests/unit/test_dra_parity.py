@@ -377,21 +377,28 @@ def test_the_explanation_names_a_claim_whose_creation_was_refused():
 # ------------------------------------------------------------------------------------- D
 
 
-def test_a_priority_is_said_to_be_ignored_on_dra():
-    """Finding D (/tmp/review-dra/prio.py): ``nvidia.com/priority`` was removed without a word."""
+def test_a_priority_rides_in_the_claim_on_dra():
+    """Finding D (/tmp/review-dra/prio.py): ``nvidia.com/priority`` was removed without a word; then
+    with a warning that it was ignored; now the claim's configuration carries it (the kubelet
+    plugin sets CUDA_TASK_PRIORITY from it, tests/unit/test_dra_priority_*.py)."""
     d = decide(pod("p", ctr("c", gpu=1, gpumem=3000, gpucores=30, priority=0)), DRA)
-    assert d.allowed
-    assert d.warnings == ("hami: nvidia.com/priority ignored on DRA (claims run at priority 1): 'c'",)
+    assert d.allowed and d.warnings == ()
+    [t] = d.templates
+    [entry] = t["spec"]["spec"]["devices"]["config"]
+    assert entry["opaque"]["parameters"]["priority"] == 0
     extender = decide(pod("p", ctr("c", gpu=1, gpumem=3000, gpucores=30, priority=0)), AdmissionSettings(CFG.vendors))
     assert extender.warnings == ()
 
 
 def test_dra_warnings_are_short_and_one_per_kind():
     """Kubernetes asks for warnings under 120 characters, may cut them at 256 and drops them past
-    4 KiB in all: 30 prioritized containers made 30 warnings of 187 characters (regression review)."""
-    many = pod("p", *[ctr(f"container-with-a-long-name-{i:02d}", gpu=1, gpumem=100, priority=0) for i in range(30)])
-    d = decide(many, DRA)
-    assert d.allowed and len(d.warnings) == 1 and len(d.warnings[0]) < 120 and "more" in d.warnings[0]
+    4 KiB in all: 30 prioritized containers made 30 warnings of 187 characters (regression review;
+    a priority is carried now, so 30 isolation opt-outs stand for them)."""
+    off = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    many = pod("p", *[{**ctr(f"container-with-a-long-name-{i:02d}", gpu=1, gpumem=100), "env": off} for i in range(30)])
+    d = decide(many, DRA, {"hami.io/allow-disable-control": "true"})
+    # was 164 characters (three names of up to 30 after a 70-character head): as many as fit
+    assert d.allowed and len(d.warnings) == 1 and len(d.warnings[0]) < 120 and d.warnings[0].endswith(" +29")
     shared = pod("q", ctr("app-" + "x" * 60, gpu=1, gpumem=1000), init=[ctr("warm", gpu=1, gpumem=3000)])
     (note,) = decide(shared, DRA).warnings
     assert len(note) < 120 and "1x3000MiB/0c (asked 1x1000MiB/0c)" in note, note

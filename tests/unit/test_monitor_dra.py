@@ -173,3 +173,27 @@ async def test_pod_claims_reads_the_kubernetes_client_s_own_pod_objects():
     async with client.ApiClient() as api:
         pod = api._ApiClient__deserialize(raw, "V1Pod")
     assert pod_claims(pod) == (("p-hami-gpu-0-x7k", ("main",)),)
+
+
+def test_a_claims_priority_comes_from_the_drivers_record_not_its_region(hook):
+    """A claim's configuration may set a task priority (the webhook writes nvidia.com/priority into
+    it); the driver records it beside the claim and the feedback loop takes it from there. The
+    region's own field is the container's to write: 0 there lifts nothing (it was the default,
+    1, for every claim whatever its configuration said)."""
+    claims = hook / "claims"
+    pods = {"u": PodRef("team-a", "p1", "u", claims=(("p1-hami-gpu-0-x7k", ("main",)),))}
+    record = {"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID, "devices": ["GPU-a"]}
+
+    def priority():
+        [(r, _)] = [x for x in readings(str(hook / "containers"), str(claims), pods) if CLAIM_UID in x[0].key]
+        return r.priority
+
+    kit.write(claims / CLAIM_UID / "r.cache", uuids=("GPU-a",), priority=0)  # the container's claim
+    (claims / f"{CLAIM_UID}.json").write_text(json.dumps(record))
+    assert priority() == 1
+    (claims / f"{CLAIM_UID}.json").write_text(json.dumps({**record, "priority": 0}))
+    assert priority() == 0
+    for bad in (-1, 1001, "0", True):
+        (claims / f"{CLAIM_UID}.json").write_text(json.dumps({**record, "priority": bad}))
+        [c] = [c for c in scan_claims(str(claims)) if c.uid == CLAIM_UID]
+        assert "priority must be an integer 0..1000" in c.problem and c.namespace == ""

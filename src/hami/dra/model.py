@@ -88,6 +88,12 @@ MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's 
 MIB = 1024 * 1024
 #: what a share that names no cores consumes on a device whose ``defaultCores`` is 0 (module doc)
 IDLE_CORES = "1m"
+#: the task priorities a ``GpuConfig`` may name (``priority``, given to libvgpu as
+#: ``CUDA_TASK_PRIORITY``; 0 high, 1 low): the values the webhook admits for the priority resource
+#: (``hami.webhook.admission.PRIORITY_RANGE``), so a translated pod's priority always fits
+PRIORITY_RANGE = (0, 1000)
+#: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (native/libvgpu/config.c)
+DEFAULT_PRIORITY = 1
 
 #: Kubernetes' standard device attributes (``k8s.io/dynamic-resource-allocation/deviceattribute``)
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -507,15 +513,21 @@ def resource_slice(
     return resource_slices(node, gpus, s, generation, unhealthy, taint, notes=notes)[0]
 
 
-def class_config(isolation: str) -> dict[str, Any]:
-    """The opaque configuration a DeviceClass hands the kubelet plugin: ``hami-core`` (libvgpu)
-    or ``none`` (a whole GPU, no preload)."""
+def gpu_config(**parameters: Any) -> dict[str, Any]:
+    """An opaque configuration entry for this driver: a ``GpuConfig`` with ``parameters``
+    (``isolation``, ``priority``; the kubelet plugin reads them, :mod:`hami.draplugin.prepare`)."""
     return {
         "opaque": {
             "driver": DRIVER,
-            "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "isolation": isolation},
+            "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, **parameters},
         }
     }
+
+
+def class_config(isolation: str) -> dict[str, Any]:
+    """The opaque configuration a DeviceClass hands the kubelet plugin: ``hami-core`` (libvgpu)
+    or ``none`` (a whole GPU, no preload)."""
+    return gpu_config(isolation=isolation)
 
 
 #: what the share and whole-GPU classes select: our devices that are not MIG devices

@@ -27,8 +27,12 @@ no cores (0)                                      no cores request: the device's
 ``gpucores: 100`` (HAMi: the GPU is exclusive)    cores 100: no other share fits beside it
 N > 1                                             a ``distinctAttribute`` constraint on the
                                                   UUID: N different GPUs, as HAMi gives
-``nvidia.com/priority``                           removed, with a note (:func:`translate`'s
-                                                  ``notes``): a claim runs at priority 1
+``nvidia.com/priority: P`` (0..1000, 0 high)     the claim's configuration for its request:
+                                                  a ``GpuConfig`` with ``priority: P``, which
+                                                  the kubelet plugin gives libvgpu as
+                                                  ``CUDA_TASK_PRIORITY`` (as the device plugin
+                                                  does from the resource); any other value is
+                                                  refused
 ================================================  ==========================================
 
 The template name is derived from its content (``hami-gpu-<hash>``), so every pod with the same
@@ -41,7 +45,9 @@ least; the claim is sized to the larger of their requests in each dimension (GPU
 and cores per GPU): HAMi counts the larger of a pod's init and app containers. Every other app
 container (app containers run together and must not share one budget) and every sidecar (an init
 container with ``restartPolicy: Always``, which runs beside them) has a claim of its own. An app
-container given more than it asked, through such a shared claim, is noted.
+container given more than it asked, through such a shared claim, is noted. A claim has one task
+priority, so only containers running at one priority (no priority is libvgpu's, 1) share a claim;
+an app container kept apart from the init containers by its priority is noted.
 
 HAMi's pod annotations that choose GPUs become part of every GPU claim of the pod, read by the
 vendor's own parser (:meth:`hami.vendors.base.BaseVendor.selection`, the extender's):
@@ -78,10 +84,21 @@ from typing import Any, Mapping, Sequence
 
 from hami.core import pod_request
 from hami.core.errors import RequestError
+from hami.core.quantity import parse_int_quantity
 from hami.core.names import DEVICE_SCORING_WEIGHTS, ENV_TASK_PRIORITY, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
 from hami.core.types import PERCENT_UNSET
 
-from .model import CORES, DRIVER, IDLE_CORES, MEMORY, NUMA_NODE, SHARE_CLASS
+from .model import (
+    CORES,
+    DEFAULT_PRIORITY,
+    DRIVER,
+    IDLE_CORES,
+    MEMORY,
+    NUMA_NODE,
+    PRIORITY_RANGE,
+    SHARE_CLASS,
+    gpu_config,
+)
 
 REQUEST_NAME = "gpu"
 CLAIM_PREFIX = "hami-gpu-"
@@ -191,6 +208,7 @@ def _claim_spec(
     selectors: Sequence[str] = (),
     numa_bind: bool = False,
     idle: str | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     requests: dict[str, str] = {}
     if cores > 0:
@@ -209,6 +227,8 @@ def _claim_spec(
         devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
         if numa_bind:  # HAMi: all of a container's GPUs on one NUMA node (one GPU: nothing to align)
             devices["constraints"].append({"requests": [REQUEST_NAME], "matchAttribute": NUMA_NODE})
+    if priority is not None:  # the kubelet plugin's CUDA_TASK_PRIORITY (no priority: no entry, as before)
+        devices["config"] = [{"requests": [REQUEST_NAME], **gpu_config(priority=priority)}]
     return {"devices": devices}  # a ResourceClaimSpec
 
 
@@ -265,27 +285,40 @@ class _Gpu:
     shape: _Shape
     init: bool  # an init container that runs to completion (not a sidecar)
     sidecar: bool  # an init container with restartPolicy: Always (runs beside the app containers)
-    priority: Any = None  # its nvidia.com/priority, which the DRA front end does not carry
+    priority: int | None = None  # its nvidia.com/priority; None: not asked
+
+    @property
+    def runs_at(self) -> int:
+        """The priority libvgpu runs it at (unset: libvgpu's default)."""
+        return DEFAULT_PRIORITY if self.priority is None else self.priority
 
 
-def _groups(gpus: Sequence[_Gpu]) -> list[list[_Gpu]]:
+def _groups(gpus: Sequence[_Gpu], notes: list[str] | None = None) -> list[list[_Gpu]]:
     """The containers that share one claim, in the order their first member comes. Init
     containers run one at a time and have exited before the app containers start, so they share
     one claim, with the app container whose own request it enlarges least (ties: the first), as
     long as one request of the group holds every other (it is then the claim's size, the larger of
-    the two as HAMi counts it). Requests that cross (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not
-    joined: a claim of the larger of each (2 x 15000) is more than either and may fit nowhere;
-    each keeps its own claim, as every other container does (app containers run together; a
-    sidecar runs beside them)."""
+    the two as HAMi counts it) and all run at one priority (a claim has one). Requests that cross
+    (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not joined: a claim of the larger of each
+    (2 x 15000) is more than either and may fit nowhere; each keeps its own claim, as every other
+    container does (app containers run together; a sidecar runs beside them). ``notes``: an app
+    container that only its priority keeps from the init containers' claim is noted (it holds a
+    claim more than the extender counts)."""
     inits = [g for g in gpus if g.init]
     apps = [g for g in gpus if not g.init and not g.sidecar]
     shared: list[_Gpu] = []
     joined = _covering([g.shape for g in inits])
-    if joined is not None:
+    if joined is not None and len({g.runs_at for g in inits}) == 1:
         shared = list(inits)
-        fits = [a for a in apps if _covering([joined, a.shape]) is not None]
+        by_shape = [a for a in apps if _covering([joined, a.shape]) is not None]
+        fits = [a for a in by_shape if a.runs_at == inits[0].runs_at]
         if fits:
             shared.append(min(fits, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index)))
+        elif by_shape and notes is not None:
+            notes.append(
+                f"{_names([a.name for a in by_shape])} not sharing the init containers' claim: "
+                f"priority {by_shape[0].runs_at}, theirs {inits[0].runs_at}"
+            )
     groups = [shared] if shared else []
     groups += [[g] for g in gpus if g not in shared and not (g.init and shared)]
     return sorted(groups, key=lambda members: members[0].index)
@@ -323,11 +356,11 @@ def translate(
     spec = out.setdefault("spec", {})
     containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
     names = vendor.resources
-    # the priority: as a resource it would keep the pod pending (no DRA node advertises it), and
-    # the CUDA_TASK_PRIORITY admission wrote from it has no effect here (a claim's CDI spec sets
-    # every libvgpu variable, that one empty: a claim runs at priority 1, as the monitor counts
-    # it); both go (with a note), so the pod does not carry a priority variable without its
-    # resource, which the admission rules refuse (docs/security.md, "The grant's own variables")
+    # the priority goes into the claim's configuration (the kubelet plugin sets CUDA_TASK_PRIORITY
+    # from it in the claim's CDI spec); as a resource it would keep the pod pending (no DRA node
+    # advertises it), and the CUDA_TASK_PRIORITY admission wrote from it is the CDI spec's to set:
+    # both leave the container, so it does not carry a priority variable without its resource,
+    # which the admission rules refuse (docs/security.md, "The grant's own variables")
     gpu_resources = [n for n in (names.count, names.memory, names.memory_percentage, names.cores, names.priority) if n]
     n_init = len(spec.get("initContainers") or [])
     podname = (pod.get("metadata") or {}).get("name") or "?"
@@ -346,7 +379,7 @@ def translate(
         # shares off the GPU through its cores, not by taking all of its memory
         shape = _Shape(r.nums, r.memreq if r.memreq > 0 else None, r.coresreq)
         sidecar = i < n_init and c.get("restartPolicy") == "Always"
-        priority = _limit(c, names.priority) if names.priority else None
+        priority = _priority(c, creq.name, names.priority, podname)
         gpus.append(_Gpu(i, c, creq.name, shape, i < n_init and not sidecar, sidecar, priority))
     if not gpus:
         return out, []
@@ -355,11 +388,15 @@ def translate(
     templates: dict[str, dict[str, Any]] = {}
     claims = list(spec.get("resourceClaims") or [])
     taken = {c.get("name") for c in claims}
-    for members in _groups(gpus):
+    for members in _groups(gpus, notes):
         shape = members[0].shape
         for g in members[1:]:
             shape = shape.join(g.shape)
-        cspec = _claim_spec(shape.nums, shape.memory, shape.cores, device_class, selectors, numa_bind, idle)
+        # one priority per group (_groups); written when a member asked for it, so a pod asking
+        # for none keeps the template it had
+        asked = [g.priority for g in members if g.priority is not None]
+        priority = members[0].runs_at if asked else None
+        cspec = _claim_spec(shape.nums, shape.memory, shape.cores, device_class, selectors, numa_bind, idle, priority)
         tname = template_name(cspec)
         templates[tname] = {
             "apiVersion": "resource.k8s.io/v1",
@@ -389,21 +426,29 @@ def translate(
                     g.container.pop("env")
             resources = g.container.setdefault("resources", {})
             resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
-    prioritized = [g.name for g in gpus if g.priority is not None]
-    if notes is not None and prioritized:  # one line (warnings: under 120 characters each, few)
-        notes.append(f"{names.priority} ignored on DRA (claims run at priority 1): {_names(prioritized)}")
     spec["resourceClaims"] = claims
     return out, list(templates.values())
 
 
-def _limit(container: Mapping[str, Any], name: str) -> Any:
-    """The value ``container`` gives resource ``name`` (limits first), None without it."""
+def _priority(container: Mapping[str, Any], cname: str, resource: str, podname: str) -> int | None:
+    """The task priority ``container`` asks with ``resource`` (limits first), None without it;
+    a value the webhook refuses (``hami.webhook.admission.priority_error``, which libvgpu would
+    stop on) is refused here too, for the callers that do not run the admission rules first
+    (``hami simulate --front-end dra``)."""
     resources = container.get("resources") or {}
-    for section in ("limits", "requests"):
+    for section in ("limits", "requests"):  # limits first, as the extender reads it
         values = resources.get(section)
-        if isinstance(values, Mapping) and name in values:
-            return values[name]
-    return None
+        if resource and isinstance(values, Mapping) and resource in values:
+            break
+    else:
+        return None
+    where = f"pod {podname} container {cname!r}"
+    # a QuantityError naming the field when it is not an integer quantity
+    value = parse_int_quantity(values[resource], f"{where} {section}.{resource}")
+    low, high = PRIORITY_RANGE
+    if not low <= value <= high:
+        raise TranslationError(f"{where}: {resource} must be an integer in {low}..{high} (0 high, 1 low), got {value}")
+    return value
 
 
 def _idle_cores(vendor: Any) -> str:

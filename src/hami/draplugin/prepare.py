@@ -17,10 +17,12 @@ same functions the device plugin's Allocate calls:
 - ``CUDA_DEVICE_MEMORY_SHARED_CACHE``: the claim's shared-region file (on the host in
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
+- ``CUDA_TASK_PRIORITY``: the ``priority`` of the claim's ``GpuConfig`` (below), when it has one;
 - every other variable libvgpu reads, set empty (:func:`contract.sealed_env`): the unindexed
   memory limit, ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` and ``CUDA_DEVICE_SM_LIMIT_<i>`` for each index
   libvgpu reads (16) that the grant does not set, ``CUDA_OVERSUBSCRIBE`` and
-  ``GPU_CORE_UTILIZATION_POLICY`` unless the node sets them, ``CUDA_TASK_PRIORITY``,
+  ``GPU_CORE_UTILIZATION_POLICY`` unless the node sets them, ``CUDA_TASK_PRIORITY`` without a
+  configured priority,
   ``HAMI_PEER_REGIONS``, ``LIBVGPU_*`` and the compute-share controller's ``HAMI_*_MS``. The
   runtime applies a CDI spec's env by name over the container's (its ``env``, ``envFrom`` and
   image ``ENV``), and libvgpu reads an empty value as unset, so no setting of the pod's survives
@@ -54,6 +56,15 @@ shared region, so nothing it does is counted against the GPUs' shares and ``hami
 region of it to report. A claim mixing admin and ordinary results is refused (one visible list
 cannot be half limited): use one claim for each.
 
+The allocation's opaque configuration for this driver (``apiVersion gpu.hami.io/v1alpha1``,
+``kind GpuConfig``; the DeviceClass's entries, then the claim's) gives each request two optional
+parameters, each from the last entry that names it (:func:`_gpu_config`): ``isolation``
+(``hami-core``, the default, or ``none``) and ``priority``, libvgpu's task priority (an integer in
+:data:`hami.dra.model.PRIORITY_RANGE`, 0 high, 1 low, as the extender's ``nvidia.com/priority``;
+the webhook's translation writes it from that resource). One claim is one CDI device, so its
+requests must agree on both. A priority on a claim that runs without libvgpu (isolation ``none``,
+admin access, MIG devices) is refused rather than dropped unseen.
+
 A MIG device (:func:`hami.dra.model.mig_devices`: a static instance, or a dynamic placement that
 the plugin creates in prepare, :mod:`hami.draplugin.plugin`) is handed to the container by its MIG
 device UUID in ``NVIDIA_VISIBLE_DEVICES``, without libvgpu (the instance is the isolation), with
@@ -73,9 +84,11 @@ from hami.dra.model import (
     CONFIG_API_VERSION,
     CONFIG_KIND,
     CORES,
+    DEFAULT_PRIORITY,
     DRIVER,
     MEMORY,
     MIB,
+    PRIORITY_RANGE,
     GpuLike,
     MigDevice,
     SliceSettings,
@@ -136,6 +149,7 @@ class Plan:
     pool: str
     isolation: str  # hami-core, none, admin (admin access: visible, no libvgpu), or mig
     shares: tuple[Share, ...]
+    priority: int | None = None  # the configuration's task priority (hami-core only); None: libvgpu's
 
     @property
     def cdi_device_id(self) -> str:
@@ -160,9 +174,13 @@ def _get(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def _isolation(config: Sequence[Any], request: str, where: str) -> str:
-    """The class or claim configuration for ``request`` (claim configuration wins, later wins)."""
+def _gpu_config(config: Sequence[Any], request: str, where: str) -> tuple[str, int | None]:
+    """``(isolation, priority)`` for ``request`` from the class and claim configuration: each
+    parameter from the last entry that names it, claim entries after class entries (claim
+    configuration wins, later wins). An entry that leaves a parameter out keeps what came before
+    (a claim naming only a ``priority`` keeps its class's isolation). ``priority`` None: not set."""
     chosen = "hami-core"
+    priority: int | None = None
     ordered = sorted(
         (c for c in config if isinstance(c, Mapping)) if isinstance(config, list) else (),
         key=lambda c: 0 if c.get("source") == "FromClass" else 1,
@@ -184,11 +202,21 @@ def _isolation(config: Sequence[Any], request: str, where: str) -> str:
                 f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
                 f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}"
             )
-        value = params.get("isolation", "hami-core")
-        if value not in ISOLATIONS:
-            raise PrepareError(f"{where}: configuration isolation={value!r} is not one of {', '.join(ISOLATIONS)}")
-        chosen = value
-    return chosen
+        value = params.get("isolation")
+        if value is not None:
+            if value not in ISOLATIONS:
+                raise PrepareError(f"{where}: configuration isolation={value!r} is not one of {', '.join(ISOLATIONS)}")
+            chosen = value
+        value = params.get("priority")
+        if value is not None:
+            low, high = PRIORITY_RANGE
+            # bool is an int to Python; a float (1.0) or a string is not what libvgpu reads
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise PrepareError(
+                    f"{where}: configuration priority={value!r:.40} must be an integer in {low}..{high} (0 high, 1 low)"
+                )
+            priority = value
+    return chosen, priority
 
 
 def _consumed(result: Mapping[str, Any], name: str, where: str, whole_part: bool = False) -> int | None:
@@ -238,6 +266,8 @@ def plan(
     by_name = {device_name(g.index): g for g in gpus if not any(m.gpu_uuid == g.uuid for m in migs.values())}
     shares: list[Share] = []
     isolation = None
+    priority: int | None = None
+    priorities: set[int] = set()  # as libvgpu runs them (unset: its default)
     admins: set[bool] = set()
     for i, r in enumerate(results):
         if not isinstance(r, Mapping) or r.get("driver") != DRIVER or r.get("pool") != node:
@@ -255,7 +285,25 @@ def plan(
         request = r.get("request") or ""
         if not isinstance(request, str):
             raise PrepareError(f"{where}.request={request!r:.60}: must be the name of one of the claim's requests")
+        iso, prio = _gpu_config(config, request, f"{ref}: request {request!r}")
+        if prio is not None:
+            priority = prio
+        priorities.add(DEFAULT_PRIORITY if prio is None else prio)
+        if len(priorities) > 1:
+            raise PrepareError(
+                f"{ref}: requests mix priority {' and '.join(map(str, sorted(priorities)))} (one CDI device, "
+                "one CUDA_TASK_PRIORITY per claim); use one claim for each"
+            )
         m = migs.get(r["device"]) if isinstance(r.get("device"), str) else None
+        # a priority is libvgpu's (CUDA_TASK_PRIORITY): refused where none runs, not dropped unseen
+        without = (
+            "a MIG device" if m is not None else "admin access" if admin else "isolation none" if iso == "none" else ""
+        )
+        if prio is not None and without:
+            raise PrepareError(
+                f"{ref}: request {request!r}: configuration priority={prio} needs libvgpu (isolation hami-core), "
+                f"and {without} runs without it; remove the priority"
+            )
         if m is not None:
             if admin:
                 raise PrepareError(f"{where}: a MIG device cannot be given with admin access")
@@ -270,7 +318,7 @@ def plan(
                 f"{where}.device={r.get('device')!r}: node {node} has no such GPU "
                 f"(it has {', '.join(sorted([*by_name, *migs])) or 'none'})"
             )
-        iso = "admin" if admin else _isolation(config, request, f"{ref}: request {request!r}")
+        iso = "admin" if admin else iso
         if isolation is not None and iso != isolation:
             raise PrepareError(f"{ref}: requests mix isolation {isolation!r} and {iso!r}; use one class per claim")
         isolation = iso
@@ -308,6 +356,7 @@ def plan(
         node,
         isolation or "hami-core",
         tuple(shares),
+        priority,
     )
 
 
@@ -405,7 +454,10 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
     region_dir = None
     if p.isolation == "hami-core":
         limits = contract.device_limits(
-            [g.memory_mib for g in grants], [g.cores for g in grants], contract.claim_region(paths, p.uid)
+            [g.memory_mib for g in grants],
+            [g.cores for g in grants],
+            contract.claim_region(paths, p.uid),
+            p.priority,  # CUDA_TASK_PRIORITY; unset: sealed empty below, libvgpu's default
         )
         # sealed: every other variable libvgpu reads set empty (module doc), so none comes from the pod
         env.update(contract.sealed_env(contract.limit_env(limits, opts)))
@@ -443,11 +495,20 @@ def claim_grant(spec: Mapping[str, Any]) -> str:
 
 
 def claim_record(namespace: str, name: str, uid: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """``claims/<uid>.json`` for ``hami monitor``: who the claim is and the GPUs it was given (the
-    UUIDs of its spec's ``NVIDIA_VISIBLE_DEVICES``). The file lies outside what the container can
-    write, so the monitor counts a claim's region on these GPUs only."""
-    devices = [u for u in spec_env(spec).get(contract.VISIBLE_DEVICES, "").split(",") if u]
-    return {"namespace": namespace, "name": name, "uid": uid, "devices": devices}
+    """``claims/<uid>.json`` for ``hami monitor``: who the claim is, the GPUs it was given (the
+    UUIDs of its spec's ``NVIDIA_VISIBLE_DEVICES``) and, when its configuration set one, its task
+    priority (its spec's ``CUDA_TASK_PRIORITY``). The file lies outside what the container can
+    write, so the monitor counts a claim's region on these GPUs only, and can trust this priority
+    where the region's own field is the container's to write."""
+    env = spec_env(spec)
+    devices = [u for u in env.get(contract.VISIBLE_DEVICES, "").split(",") if u]
+    record: dict[str, Any] = {"namespace": namespace, "name": name, "uid": uid, "devices": devices}
+    priority = env.get(contract.TASK_PRIORITY, "")
+    if (
+        priority.isascii() and priority.isdigit()
+    ):  # absent from a record when unset, so records of other claims are unchanged
+        record["priority"] = int(priority)
+    return record
 
 
 def cdi_spec(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:

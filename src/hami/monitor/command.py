@@ -186,8 +186,8 @@ def readings(
     to check against) its GPUs and priority are not taken from it: a container's region counts
     only with a grant of its pod on this node (:class:`~.exporter.ContainerGrant`), its UUIDs
     only where granted ("" elsewhere) and its priority is the pod's. A claim's region counts only
-    when a pod on the node uses the claim; its priority is libvgpu's default (the DRA driver sets
-    none) and its UUIDs count only where the driver's record of the claim names them (a record
+    when a pod on the node uses the claim; its priority is the one its configuration set, as the
+    driver's record of the claim says (libvgpu's default, 1, when none) and its UUIDs count only where the driver's record of the claim names them (a record
     from an older driver names none: then a GPU some container was granted through the device
     plugin is never the claim's). Anything else is neither read into the
     decision nor written."""
@@ -213,11 +213,14 @@ def readings(
         if pods is not None:
             if not c.namespace or claim_owner(c, pods) is None:
                 continue
+            # the priority the claim's configuration set, from the driver's record (the region's
+            # own field is the container's to write)
+            prio = DEFAULT_PRIORITY if c.priority is None else c.priority
             if c.devices is not None:  # the driver's record names the claim's GPUs
                 given = {device_key(u) for u in c.devices}
-                _add(out, c.region, DEFAULT_PRIORITY, lambda u, given=given: device_key(u) in given)
+                _add(out, c.region, prio, lambda u, given=given: device_key(u) in given)
             else:
-                _add(out, c.region, DEFAULT_PRIORITY, lambda u: device_key(u) not in granted)
+                _add(out, c.region, prio, lambda u: device_key(u) not in granted)
         else:
             _add(out, c.region, None, lambda u: True)
     return out

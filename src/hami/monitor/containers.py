@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from hami.dra.model import PRIORITY_RANGE
 from hami.node import contract
 from hami.node.files import read_small
 from hami.node.layout import HookPaths
@@ -141,23 +142,30 @@ class ClaimDir:
     #: the GPUs the driver gave the claim (its record's ``devices``); None: a record from before
     #: they were written, nothing to check the region's UUIDs against
     devices: tuple[str, ...] | None = None
+    #: the task priority its configuration set (the record's ``priority``, 0..1000; None: none set)
+    priority: int | None = None
 
 
-def _claim_record(path: Path, uid: str) -> tuple[str, str, str, tuple[str, ...] | None]:
-    """``(namespace, name, problem, devices)`` from ``claims/<uid>.json``."""
+def _claim_record(path: Path, uid: str) -> tuple[str, str, str, tuple[str, ...] | None, int | None]:
+    """``(namespace, name, problem, devices, priority)`` from ``claims/<uid>.json``."""
     try:
         raw = json.loads(read_small(path, _RECORD_LIMIT).decode("utf-8"))
     except FileNotFoundError:
-        return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)", None
+        return "", "", f"{path}: no record of the claim (prepared by an older hami dra?)", None, None
     except (OSError, ValueError) as exc:
-        return "", "", f"{path}: unreadable claim record: {exc}", None
+        return "", "", f"{path}: unreadable claim record: {exc}", None, None
     ns, name = (raw.get("namespace"), raw.get("name")) if isinstance(raw, dict) else (None, None)
     if not isinstance(ns, str) or not ns or not isinstance(name, str) or not name or raw.get("uid") != uid:
-        return "", "", f"{path}: the claim record must hold namespace, name and uid {uid!r}", None
+        return "", "", f"{path}: the claim record must hold namespace, name and uid {uid!r}", None, None
     devices = raw.get("devices")
     if devices is not None and not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
-        return "", "", f"{path}: the claim record's devices must be a list of UUIDs", None
-    return ns, name, "", None if devices is None else tuple(devices)
+        return "", "", f"{path}: the claim record's devices must be a list of UUIDs", None, None
+    priority, (low, high) = raw.get("priority"), PRIORITY_RANGE
+    if priority is not None and (
+        not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high
+    ):
+        return "", "", f"{path}: the claim record's priority must be an integer {low}..{high}", None, None
+    return ns, name, "", None if devices is None else tuple(devices), priority
 
 
 def scan_claims(claims_dir: str) -> list[ClaimDir]:
@@ -171,9 +179,9 @@ def scan_claims(claims_dir: str) -> list[ClaimDir]:
     for entry in entries:
         if not entry.is_dir() or entry.is_symlink() or "_" in entry.name or entry.name.startswith("."):
             continue
-        ns, name, problem, devices = _claim_record(root / f"{entry.name}.json", entry.name)
+        ns, name, problem, devices, priority = _claim_record(root / f"{entry.name}.json", entry.name)
         region, region_problem = _region_file(entry, claim_region_name(entry.name))
-        out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem, devices))
+        out.append(ClaimDir(entry.name, ns, name, str(entry), region, problem or region_problem, devices, priority))
     return out
 
 

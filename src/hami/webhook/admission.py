@@ -25,8 +25,9 @@
 9. on the DRA front end (``front_end="dra"``), instead of routing the pod to our scheduler, its
    NVIDIA requests become claims from ResourceClaimTemplates (:func:`hami.dra.translate.translate`);
    the decision lists the templates, which the server creates before answering, and warns of
-   what the front end ignores (a priority, an isolation opt-out; an app container enlarged by a
-   claim it shares with init containers). Rule 8 then counts what those claims will ask.
+   what the front end ignores (an isolation opt-out) or does otherwise (an app container enlarged
+   by a claim it shares with init containers, or kept from theirs by its priority; a priority
+   itself goes into the claim). Rule 8 then counts what those claims will ask.
 
 The answer carries a JSON patch from the original pod to the mutated one.
 """
@@ -613,9 +614,19 @@ def _isolation_notes(pod: Mapping[str, Any], switches: Sequence[tuple[str, str]]
     ignored = [str(c)[:30] for c, _ in switches if c in with_claims]
     if not ignored:
         return []
-    more = f" +{len(ignored) - 3}" if len(ignored) > 3 else ""
     # one line (warnings: under 120 characters each, few): the class to use instead, the containers
-    return [f"isolation opt-out ignored on DRA, use class {DRA_WHOLE_CLASS}: {', '.join(ignored[:3])}{more}"]
+    return [_listed(f"isolation opt-out ignored on DRA, use class {DRA_WHOLE_CLASS}: ", ignored)]
+
+
+def _listed(head: str, names: Sequence[str], width: int = 119 - len("hami: ")) -> str:
+    """``head`` and as many of ``names`` as fit in ``width`` characters, then ``+N`` for the rest
+    (at least the first name: a warning that names no container says too little)."""
+    for shown in range(len(names), 0, -1):
+        more = f" +{len(names) - shown}" if shown < len(names) else ""
+        line = f"{head}{', '.join(names[:shown])}{more}"
+        if len(line) <= width or shown == 1:
+            return line
+    return head.rstrip(": ")
 
 
 # ---------------------------------------------------------------------- JSON patch (RFC 6902)
