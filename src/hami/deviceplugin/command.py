@@ -234,7 +234,26 @@ def device_specs(
                         minor,
                     )
                 nodes[inst.mig_uuid] = (gpu_node(minor), *caps)
-    return DeviceSpecs(nodes, args.dev_root, args.dev_root_ctr_path)
+    specs = DeviceSpecs(nodes, args.dev_root, args.dev_root_ctr_path)
+    # a GPU node missing under the dev root is skipped at every Allocate without a word: said once
+    # here, since the usual cause is a root that holds none (GPU Operator's driver container makes
+    # them under /run/nvidia/driver/dev, which HAMi's nvidiaDriverRoot "auto" finds; we do not)
+    view = os.path.join(args.dev_root_ctr_path or args.dev_root, "dev")
+    try:
+        present = set(os.listdir(view))
+    except OSError:  # device_specs_problem refuses a missing directory before this
+        present = set()
+    missing = sorted({own[0] for own in nodes.values()} - present)  # each GPU's node (a MIG device's: its GPU's)
+    if missing:
+        log.warning(
+            "--pass-device-specs: --dev-root=%s has no %s under %s; those GPUs' containers get no device "
+            "node from the plugin (only the NVIDIA container runtime's). GPU Operator's driver container: "
+            "--dev-root=/run/nvidia/driver (chart: devicePlugin.devRoot)",
+            args.dev_root,
+            ", ".join(missing),
+            view,
+        )
+    return specs
 
 
 def cdi_gpus(state: DeviceState) -> list[CdiGpu]:
