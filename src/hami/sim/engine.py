@@ -205,6 +205,10 @@ def check_pod_resources(
             )
 
 
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def _describe(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     name = f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else meta.get("name") or "?"
@@ -242,6 +246,7 @@ def load_nodes(
     facts: dict[str, NodeFacts] = {}
     names = Names(source)
     kinds: set[str] = set()  # of the objects that are not Nodes
+    bare: list[str] = []  # Nodes without any registration annotation
     for label, obj in flatten_objects(node_docs, source):
         if (obj.get("kind") or "Node") != "Node":
             kinds.add(str(obj.get("kind")))
@@ -264,10 +269,13 @@ def load_nodes(
         for vendor, why in dropped.items():  # as the scheduler: only that vendor's devices leave
             warnings.append(f"skipping the {vendor} devices of node {name}: {why}")
         if not nd.devices:
-            keys = ", ".join(v.register_annotation for v in config.vendors)
-            warnings.append(f"skipping node {name}: no device registration annotation ({keys})")
+            bare.append(name)
             continue
         ledger.set_node(nd)
+    if bare:  # a cluster's CPU nodes: one line for all of them, not one per node
+        keys = ", ".join(v.register_annotation for v in config.vendors)
+        which = f"node {bare[0]}" if len(bare) == 1 else f"{len(bare)} nodes ({_names(bare)})"
+        warnings.append(f"skipping {which}: no device registration annotation ({keys})")
     if not names.seen:
         if kinds:  # the hint below would have the user overwrite a pods file with the nodes
             hint = " (did you swap --nodes and --pods?)" if "Pod" in kinds else ""
@@ -403,7 +411,7 @@ def simulate(
     for i in play_order(docs):
         doc = docs[i]
         if doc is None:
-            run.other(objects[i][1])
+            run.other(objects[i][1], objects[i][0])
         elif doc.delete:
             run.delete(doc)
         else:
@@ -433,6 +441,7 @@ class _Run:
         self.keys: dict[str, str] = {}  # ref -> the ledger key of the live pod holding devices
         self.objects: dict[str, dict] = {}
         self.live = Names(sources[1])
+        self.placed: dict[str, list[str]] = {}  # namespace -> the pods the simulation placed so far
 
     def result(self) -> SimResult:
         pods = [o for _, o in sorted(self.outcomes.values(), key=lambda pair: pair[0])]
@@ -441,17 +450,27 @@ class _Run:
         )
 
     # -------------------------------------------------------------- events
-    def other(self, obj: dict) -> None:
+    def other(self, obj: dict, label: str = "") -> None:
         """A document that is not a pod: a ResourceQuota applies from here on (others were
         skipped with a warning when the file was read)."""
         meta = obj.get("metadata") or {}
         if obj.get("kind") != "ResourceQuota":
             return
+        namespace = meta.get("namespace") or "default"
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        limited = {f"limits.{r}" for v in self.config.vendors for r in (v.resources.memory, v.resources.cores) if r}
+        if (before := self.placed.get(namespace)) and limited & set(hard):
+            # kubectl get pods,resourcequotas lists the quotas last: said, or it is silently not applied
+            self.warnings.append(
+                f"{self.sources[1]}: {label} ({_describe(obj)}): comes after pods of namespace {namespace} "
+                f"placed without it ({_names(before)}): a quota applies from its place in the file on; to "
+                "apply it to every pending pod, list the quotas first (kubectl get resourcequotas,pods -A -o yaml)"
+            )
         try:
             self.ledger.set_quota(
-                meta.get("namespace") or "default",
+                namespace,
                 meta.get("name") or "",
-                (obj.get("spec") or {}).get("hard") or {},
+                hard,
                 self.config.vendors,
             )
         except CoreError as exc:
@@ -559,6 +578,7 @@ class _Run:
             _stuck(out, admitted, dict(sorted({**refused, **result.reasons()}.items())))
         else:
             out.status, out.node = "scheduled", result.node
+            self.placed.setdefault(out.namespace, []).append(out.name)
             out.containers = _containers(admitted, result.allocation.devices)
             self.keys[pod_ref(admitted)] = result.allocation.key
         return out
