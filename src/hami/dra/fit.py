@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence, Union
 
 from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
@@ -149,8 +150,19 @@ Amount = Union[int, Fraction]
 def amount(value: Any, where: str) -> Amount:
     """The exact value of a quantity (an int when whole); 0 for what is not a quantity (the API
     server would not have stored it)."""
+    if isinstance(value, str):
+        return _amount_of_text(value)  # the same few strings, asked for on every device tried
     try:
         q = parse_quantity(value, where)
+    except QuantityError:
+        return 0
+    return int(q) if q.denominator == 1 else q
+
+
+@lru_cache(maxsize=4096)
+def _amount_of_text(text: str) -> Amount:
+    try:
+        q = parse_quantity(text, "quantity")
     except QuantityError:
         return 0
     return int(q) if q.denominator == 1 else q
