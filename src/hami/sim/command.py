@@ -140,7 +140,10 @@ def _read(path: str | None, bundled: str) -> tuple[str, str]:
         return ref.read_text(encoding="utf-8"), f"(bundled) {bundled}"
     try:
         if path == "-":  # kubectl get pods -A -o yaml | hami simulate --nodes nodes.yaml --pods -
-            data, path = sys.stdin.buffer.read(MAX_FILE + 1), "(stdin)"
+            path = "(stdin)"
+            if sys.stdin is None or getattr(sys.stdin, "closed", False):  # started with it closed (<&-)
+                raise SimulationError(f"{path}: cannot read (standard input is closed)")
+            data = sys.stdin.buffer.read(MAX_FILE + 1)
         else:
             with open(path, "rb") as f:
                 data = f.read(MAX_FILE + 1)
@@ -164,10 +167,23 @@ def _yaml_docs(text: str, source: str) -> list:
         return safeyaml.load_all(text, source)
     except safeyaml.YamlInputError as exc:
         raise SimulationError(str(exc)) from None
+    except (KeyError, IndexError, TypeError) as exc:  # PyYAML's own: !!bool abc, !!int ''
+        raise SimulationError(f"{source}: not valid YAML (a tagged value its tag cannot read: {exc!r:.80})") from None
 
 
 #: a float as YAML 1.1 (PyYAML) reads one in JSON's syntax: a dot, a signed exponent
 _YAML_FLOAT = re.compile(r"-?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?")
+
+#: what PyYAML reads otherwise than libyaml or json: a tab (libyaml takes one where PyYAML
+#: refuses it, e.g. indenting JSON), C1 controls and U+FFFE/U+FFFF (json takes them, PyYAML
+#: refuses them; NEL inside a JSON string PyYAML folds to a space), a byte order mark past the
+#: first character (libyaml skips one at a line's start, PyYAML reads it as text: cat a.yaml b.yaml)
+_ODD_CHARS = re.compile("[\t\x7f-\x9f\ufeff\ufffe\uffff]")
+#: a JSON surrogate escape: json joins a pair into one character, PyYAML keeps two
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+
+#: PyYAML has libyaml (the fast path parses twice; in pure Python that is slower than safeyaml)
+_LIBYAML = hasattr(yaml, "CSafeLoader")
 
 
 class _Refused(Exception):
@@ -218,6 +234,8 @@ def _fast_docs(text: str) -> list | None:
     limits are safeyaml's: nesting is counted on libyaml's events before anything is composed
     (its composer recurses in C and would overflow the stack on deep nesting), integers and
     aliases as safeyaml checks them."""
+    if _ODD_CHARS.search(text, 1 if text[:1] == "\ufeff" else 0) or _SURROGATE_ESCAPE.search(text):
+        return None
     try:
         if text.lstrip()[:1] == "{":
             try:
@@ -227,10 +245,12 @@ def _fast_docs(text: str) -> list | None:
         else:
             docs = None
         if docs is None:
-            if _CLoader is yaml.SafeLoader:
+            if not _LIBYAML:
                 return None  # PyYAML without libyaml: nothing faster to try
             depth = 0
             for event in yaml.parse(text, Loader=_CLoader):
+                if getattr(event, "tag", None) is not None:
+                    return None  # an explicit tag (no dump has one): libyaml and PyYAML differ on some (!)
                 if isinstance(event, _NESTING):
                     depth += 1
                     if depth >= MAX_DEPTH:  # safeyaml counts the scalars inside too
@@ -241,6 +261,8 @@ def _fast_docs(text: str) -> list | None:
         for i, doc in enumerate(docs):
             check_tree(doc, f"document {i + 1}", max_depth=MAX_DEPTH - 1)
     except (_Refused, yaml.YAMLError, ShapeError, ValueError, RecursionError):
+        return None
+    except Exception:  # noqa: BLE001 - whatever else (KeyError from !!bool abc): safeyaml's to word
         return None
     return docs
 
