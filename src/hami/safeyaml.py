@@ -77,6 +77,8 @@ def load_all(text: str, source: str) -> list[Any]:
         raise YamlInputError(f"{source}: not valid YAML (nested too deeply)") from None
     except ValueError as exc:  # a constructor's own failure (e.g. a timestamp out of range)
         raise YamlInputError(f"{source}: not valid YAML ({str(exc)[:160]})") from None
+    except (KeyError, IndexError, TypeError) as exc:  # PyYAML's constructors on a bad explicit tag
+        raise YamlInputError(f"{source}: not valid YAML (a tagged value PyYAML cannot read: {exc!r:.120})") from None
     finally:
         if loader is not None:
             loader.dispose()
