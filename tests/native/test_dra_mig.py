@@ -107,18 +107,10 @@ def test_mig_strategy_mixed_as_a_flag_publishes_the_existing_instances(tmp_path)
     """``hami dra --mig-strategy mixed`` (the chart's devicePlugin.migStrategy) serves a GPU in MIG
     mode by its instances, as config.json's migstrategy does; without it the GPU is left out
     (shared whole, its containers would find no CUDA device)."""
-    from .test_mig import MAKE
+    from .test_mig import make_instances
 
     e = {**env(tmp_path), "FAKEGPU_DEVICES": DEVICES + ",mig_mode=1"}
-    made = subprocess.run(
-        [sys.executable, "-c", MAKE, json.dumps([[A100, "3g.20gb", 4]])],
-        env=e,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert made.returncode == 0, made.stderr
-    [mig_uuid] = json.loads(made.stdout)
+    [mig_uuid] = make_instances(e, [[A100, "3g.20gb", 4]])
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"nodeconfig": [{"name": "n1"}]}))
 

@@ -205,9 +205,10 @@ print(json.dumps(out))
 """
 
 
-def make_instances(node: Node, wanted: list) -> list[str]:
+def make_instances(env: dict, wanted: list) -> list[str]:
+    """Instances made by MAKE on the fake machine of ``env``: their MIG UUIDs."""
     out = subprocess.run(
-        [sys.executable, "-c", MAKE, json.dumps(wanted)], env=node.env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", MAKE, json.dumps(wanted)], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -241,7 +242,7 @@ def dry_run(node: Node, *args: str, node_config: dict | None = None) -> subproce
 
 
 def test_mixed_strategy_advertises_existing_instances_per_profile(node):
-    a, b, c = make_instances(node, [[H100, "1g.10gb", 6], [H100, "1g.10gb", 5], [H100, "3g.40gb", 0]])
+    a, b, c = make_instances(node.env, [[H100, "1g.10gb", 6], [H100, "1g.10gb", 5], [H100, "3g.40gb", 0]])
     out = dry_run(node, "--mig-strategy", "mixed")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -293,15 +294,7 @@ def test_container_sees_its_mig_device_and_libvgpu_limits_it(native_build, tmp_p
         FAKE_NVML=str(FAKE_NVML),
         PYTHONPATH=f"{Path(__file__).parent}:{ROOT / 'src'}",
     )
-    made = subprocess.run(
-        [sys.executable, "-c", MAKE, json.dumps([[A100, "3g.20gb", 4]])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert made.returncode == 0, made.stderr
-    [mig] = json.loads(made.stdout)
+    [mig] = make_instances(env, [[A100, "3g.20gb", 4]])
     probe = """
 import cuda_probe as c, pynvml as n
 n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)

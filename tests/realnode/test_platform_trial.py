@@ -15,7 +15,6 @@ import ssl
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 from typing import Any, Generator, Iterator, cast
 
 import pytest
@@ -23,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami_devkit.cluster import KubeCluster
 
+from . import test_chart_e2e as e2e
 from .product import GPU_MEMORY_MIB, NAMESPACE, RELEASE, Product, installed
 
-PROBE = Path(__file__).with_name("gpu_probe.py")
 GPU0, GPU1 = "GPU-a1000000-0000-4000-8000-000000000000", "GPU-a1000000-0000-4000-8000-000000000001"
 UI_PORT = 9090
 MiB = 1 << 20
@@ -97,20 +96,14 @@ def product(real_node_holder, real_cluster: KubeCluster, tmp_path_factory, reque
         next(body, None)
 
 
+#: the probe's namespace fixture of test_chart_e2e.py, here over this module's product
+gpu_namespace = e2e.gpu_namespace
+
+
 @pytest.fixture
-def ns(real_cluster: KubeCluster, product: Product, real_namespace: str) -> str:
+def ns(gpu_namespace: str) -> str:
     """A namespace with the probe script as ConfigMap ``gpu-probe``."""
-    real_cluster.api(
-        "POST",
-        f"/api/v1/namespaces/{real_namespace}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "gpu-probe"},
-            "data": {"gpu_probe.py": PROBE.read_text()},
-        },
-    )
-    return real_namespace
+    return gpu_namespace
 
 
 def gpu_pod(
