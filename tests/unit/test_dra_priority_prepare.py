@@ -135,10 +135,26 @@ def test_every_priority_the_webhook_admits_is_taken(value):
 
 
 def test_the_range_is_the_webhooks():
+    # both front ends take the one constant below them: the webhook refuses what a claim may not name
+    from hami.core import names
     from hami.dra.model import PRIORITY_RANGE
-    from hami.webhook.admission import PRIORITY_RANGE as ADMITTED
 
-    assert PRIORITY_RANGE == ADMITTED
+    assert PRIORITY_RANGE is names.PRIORITY_RANGE
+    low, high = names.PRIORITY_RANGE
+    pod = {
+        "spec": {
+            "containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": str(high + 1)}}}
+            ]
+        }
+    }
+    from hami.webhook.admission import AdmissionSettings, priority_error
+
+    from ._fuzzkit import VENDORS
+
+    assert str(high + 1) in priority_error(pod, AdmissionSettings(VENDORS))
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/priority"] = str(high)
+    assert priority_error(pod, AdmissionSettings(VENDORS)) == ""
 
 
 def test_requests_of_one_claim_must_run_at_one_priority():

@@ -182,6 +182,13 @@ ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 ENV_OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"
 ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+#: the ``CUDA_TASK_PRIORITY`` values a pod may ask for, 0 high, 1 low: libvgpu (native/libvgpu/
+#: config.c) reads -1000..1000 and stops the process on any other value, and the API server
+#: refuses a negative extended resource. The webhook admits these for the priority resource and a
+#: DRA ``GpuConfig`` may name them, so the two front ends agree by construction.
+PRIORITY_RANGE = (0, 1000)
+#: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (native/libvgpu/config.c)
+DEFAULT_PRIORITY = 1
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_PEER_REGIONS = "HAMI_PEER_REGIONS"

@@ -73,7 +73,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from hami.core.names import DEVICE_CORDON, DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_SHARE_CLASS, DRA_WHOLE_CLASS
+from hami.core.names import (
+    DEFAULT_PRIORITY,  # noqa: F401  (re-exported: the priority a GpuConfig without one runs at)
+    DEVICE_CORDON,
+    DRA_CONFIG_API_VERSION,
+    DRA_DRIVER,
+    DRA_SHARE_CLASS,
+    DRA_WHOLE_CLASS,
+    PRIORITY_RANGE,  # noqa: F401  (re-exported: the priorities a GpuConfig may name)
+)
 
 DRIVER = DRA_DRIVER
 SHARE_CLASS = DRA_SHARE_CLASS
@@ -88,12 +96,6 @@ MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's 
 MIB = 1024 * 1024
 #: what a share that names no cores consumes on a device whose ``defaultCores`` is 0 (module doc)
 IDLE_CORES = "1m"
-#: the task priorities a ``GpuConfig`` may name (``priority``, given to libvgpu as
-#: ``CUDA_TASK_PRIORITY``; 0 high, 1 low): the values the webhook admits for the priority resource
-#: (``hami.webhook.admission.PRIORITY_RANGE``), so a translated pod's priority always fits
-PRIORITY_RANGE = (0, 1000)
-#: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (native/libvgpu/config.c)
-DEFAULT_PRIORITY = 1
 
 #: Kubernetes' standard device attributes (``k8s.io/dynamic-resource-allocation/deviceattribute``)
 STANDARD_DOMAIN = "resource.kubernetes.io"

@@ -60,7 +60,7 @@ The allocation's opaque configuration for this driver (``apiVersion gpu.hami.io/
 ``kind GpuConfig``; the DeviceClass's entries, then the claim's) gives each request two optional
 parameters, each from the last entry that names it (:func:`_gpu_config`): ``isolation``
 (``hami-core``, the default, or ``none``) and ``priority``, libvgpu's task priority (an integer in
-:data:`hami.dra.model.PRIORITY_RANGE`, 0 high, 1 low, as the extender's ``nvidia.com/priority``;
+:data:`hami.core.names.PRIORITY_RANGE`, 0 high, 1 low, as the extender's ``nvidia.com/priority``;
 the webhook's translation writes it from that resource). One claim is one CDI device, so its
 requests must agree on both. A priority on a claim that runs without libvgpu (isolation ``none``,
 admin access, MIG devices) is refused rather than dropped unseen.

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hami.dra.model import PRIORITY_RANGE
+from hami.core.names import PRIORITY_RANGE
 from hami.node import contract
 from hami.node.files import read_small
 from hami.node.layout import HookPaths

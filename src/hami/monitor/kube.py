@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
-from hami.core.names import VGPU_MIG_ALLOCATIONS
+from hami.core.names import DEFAULT_PRIORITY, VGPU_MIG_ALLOCATIONS
 from hami.vendors.nvidia import NvidiaVendor
 
 from .exporter import ContainerGrant, MigDevice, PodRef
@@ -17,8 +17,6 @@ MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
 ALLOCATED = NvidiaVendor.allocated_annotation
 #: the device plugin's default priority resource (device-config ``resourcePriorityName``)
 PRIORITY_RESOURCE = "nvidia.com/priority"
-#: libvgpu's priority when ``CUDA_TASK_PRIORITY`` is unset (hami-core §3: region default 1)
-DEFAULT_PRIORITY = 1
 #: phases of a pod that will never run again (a Job's pod stays in the API after it, until its
 #: TTL or for ever): the scheduler has released its GPUs, so the monitor treats it as gone
 FINISHED = ("Succeeded", "Failed")

@@ -203,11 +203,6 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     return ""
 
 
-#: the task priorities libvgpu runs with (native/libvgpu/config.c reads ``CUDA_TASK_PRIORITY`` in
-#: -1000..1000 and stops the process on any other value; the API server refuses negative ones)
-PRIORITY_RANGE = (0, 1000)
-
-
 def priority_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     """Why a device pod's priority resource may not be admitted ("" when it may): a value libvgpu
     refuses to run with (the webhook and the grant pass it on as ``CUDA_TASK_PRIORITY``), so every
@@ -216,7 +211,7 @@ def priority_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     priority = nvidia.resources.priority if nvidia is not None else None
     if not priority:
         return ""
-    low, high = PRIORITY_RANGE
+    low, high = names.PRIORITY_RANGE
     for c in _containers(pod):
         limits = (c.get("resources") or {}).get("limits") or {}
         if priority not in limits:
