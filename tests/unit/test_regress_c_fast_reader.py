@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from hami import safeyaml
 from hami.sim import command
-from hami.sim.command import _fast_docs, _yaml_docs
+from hami.safeyaml import fast_docs as _fast_docs
+from hami.sim.command import _yaml_docs
 
 pytestmark = pytest.mark.skipif(not hasattr(yaml, "CSafeLoader"), reason="PyYAML without libyaml")
 
@@ -81,12 +82,12 @@ def test_without_libyaml_the_fast_path_leaves_yaml_to_safeyaml(monkeypatch):
     # a copy of the module as PyYAML without libyaml builds it: the YAML path would parse the
     # text twice in pure Python (slower than safeyaml's one read) for nothing
     monkeypatch.delattr(yaml, "CSafeLoader")
-    spec = importlib.util.spec_from_file_location("hami.sim._command_without_libyaml", command.__file__)
+    spec = importlib.util.spec_from_file_location("hami._safeyaml_without_libyaml", safeyaml.__file__)
     assert spec is not None and spec.loader is not None
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
-    assert copy._fast_docs("kind: Pod\nmetadata: {name: p}\n") is None
-    assert copy._fast_docs('{"kind": "Pod"}') == [{"kind": "Pod"}]  # json needs no libyaml
+    assert copy.fast_docs("kind: Pod\nmetadata: {name: p}\n") is None
+    assert copy.fast_docs('{"kind": "Pod"}') == [{"kind": "Pod"}]  # json needs no libyaml
 
 
 # ------------------------------------------------------------------ differential, at random

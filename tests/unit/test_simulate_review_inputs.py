@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from hami import safeyaml
-from hami.sim import command
 
 from .test_simulate import node_doc, pod_doc, sim, write
 
@@ -53,7 +52,7 @@ def test_the_fast_and_the_pure_readers_give_the_same_answer(tmp_path, capsys, mo
     nodes = write(tmp_path, "nodes.yaml", [node_doc("n1")])
     pods = write(tmp_path, "pods.yaml", DUMP)
     fast = sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json")
-    monkeypatch.setattr(command, "_fast_docs", lambda text: None)
+    monkeypatch.setattr(safeyaml, "fast_docs", lambda text: None)
     assert sim(capsys, "--nodes", nodes, "--pods", pods, "-o", "json") == fast
 
 
@@ -79,14 +78,14 @@ MAX = safeyaml.MAX_DEPTH
     ],
 )
 def test_the_fast_readers_read_as_safeyaml_reads(text):
-    got = command._fast_docs(text)
+    got = safeyaml.fast_docs(text)
     assert got is not None
     assert json.dumps(got) == json.dumps(safeyaml.load_all(text, "f"))
 
 
 @pytest.mark.parametrize("text", ['{"a": 1e3}', '{"a": 1.5e3}', '{"a": NaN}', '{"a": -Infinity}', "a: -.inf\n"])
 def test_json_that_yaml_reads_otherwise_is_left_to_safeyaml(text):
-    assert command._fast_docs(text) is None  # YAML 1.1 reads 1e3 and NaN as strings, .inf is refused
+    assert safeyaml.fast_docs(text) is None  # YAML 1.1 reads 1e3 and NaN as strings, .inf is refused
 
 
 @pytest.mark.parametrize(
@@ -110,7 +109,7 @@ def test_json_that_yaml_reads_otherwise_is_left_to_safeyaml(text):
 def test_what_safeyaml_refuses_is_left_to_it(text):
     with pytest.raises(safeyaml.YamlInputError):
         safeyaml.load_all(text, "f")
-    assert command._fast_docs(text) is None  # the pure reader words the refusal
+    assert safeyaml.fast_docs(text) is None  # the pure reader words the refusal
 
 
 class _Stdin:

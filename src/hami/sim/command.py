@@ -8,19 +8,14 @@ line on stderr naming the file, object and field.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from importlib import resources
-from typing import Any
 
-import yaml
 
 from hami import safeyaml
 from hami.config import default_device_config, load_device_config
 from hami.core import CoreError, SchedulerConfig
 from hami.core.names import VGPU_NODE
-from hami.core.shape import MAX_DEPTH, ShapeError, check_tree
 from hami.core.score import parse_gpu_policy, parse_node_policy
 from hami.vendors import build_vendors
 from hami.vendors.nvidia import NvidiaVendor
@@ -160,111 +155,10 @@ def _read(path: str | None, bundled: str) -> tuple[str, str]:
 
 
 def _yaml_docs(text: str, source: str) -> list:
-    docs = _fast_docs(text)
-    if docs is not None:
-        return docs
     try:
-        return safeyaml.load_all(text, source)
+        return safeyaml.load_all_fast(text, source)
     except safeyaml.YamlInputError as exc:
         raise SimulationError(str(exc)) from None
-    except (KeyError, IndexError, TypeError) as exc:  # PyYAML's own: !!bool abc, !!int ''
-        raise SimulationError(f"{source}: not valid YAML (a tagged value its tag cannot read: {exc!r:.80})") from None
-
-
-#: a float as YAML 1.1 (PyYAML) reads one in JSON's syntax: a dot, a signed exponent
-_YAML_FLOAT = re.compile(r"-?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?")
-
-#: what PyYAML reads otherwise than libyaml or json: a tab (libyaml takes one where PyYAML
-#: refuses it, e.g. indenting JSON), C1 controls and U+FFFE/U+FFFF (json takes them, PyYAML
-#: refuses them; NEL inside a JSON string PyYAML folds to a space), a byte order mark past the
-#: first character (libyaml skips one at a line's start, PyYAML reads it as text: cat a.yaml b.yaml)
-_ODD_CHARS = re.compile("[\t\x7f-\x9f\ufeff\ufffe\uffff]")
-#: a JSON surrogate escape: json joins a pair into one character, PyYAML keeps two
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
-
-#: PyYAML has libyaml (the fast path parses twice; in pure Python that is slower than safeyaml)
-_LIBYAML = hasattr(yaml, "CSafeLoader")
-
-
-class _Refused(Exception):
-    """The fast readers met something only :mod:`hami.safeyaml` words well (it reads the text again)."""
-
-
-def _json_int(text: str) -> int:
-    if sum(ch.isdigit() for ch in text) > safeyaml.MAX_INT_DIGITS:
-        raise _Refused
-    return int(text)
-
-
-def _json_float(text: str) -> float:
-    if not _YAML_FLOAT.fullmatch(text):
-        raise _Refused  # 1e3: YAML 1.1 reads it as a string, and so must this reader
-    return float(text)
-
-
-def _json_constant(text: str) -> Any:
-    raise _Refused  # NaN, Infinity: not JSON, and nothing a Kubernetes object holds
-
-
-class _CLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """libyaml's parser with :mod:`hami.safeyaml`'s scalar rules (an integer past the digit limit
-    is refused, a timestamp stays its text)."""
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        if sum(ch.isdigit() for ch in str(node.value)) > safeyaml.MAX_INT_DIGITS:
-            raise _Refused
-        return super().construct_yaml_int(node)
-
-    def construct_timestamp_text(self, node: Any) -> str:
-        return str(node.value)
-
-
-_CLoader.add_constructor("tag:yaml.org,2002:int", _CLoader.construct_yaml_int)
-_CLoader.add_constructor("tag:yaml.org,2002:timestamp", _CLoader.construct_timestamp_text)
-
-_NESTING = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
-_UNNESTING = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
-
-
-def _fast_docs(text: str) -> list | None:
-    """The documents of ``text`` read by C parsers (``kubectl get -o json`` by :mod:`json`, YAML
-    by libyaml), or None when that is not possible or the text is not plainly good: the caller
-    then reads it with :mod:`hami.safeyaml`, pure Python and about four times slower than
-    libyaml (a 1000-node, 10,000-pod dump took 25 s to read), which words every refusal. The
-    limits are safeyaml's: nesting is counted on libyaml's events before anything is composed
-    (its composer recurses in C and would overflow the stack on deep nesting), integers and
-    aliases as safeyaml checks them."""
-    if _ODD_CHARS.search(text, 1 if text[:1] == "\ufeff" else 0) or _SURROGATE_ESCAPE.search(text):
-        return None
-    try:
-        if text.lstrip()[:1] == "{":
-            try:
-                docs = [json.loads(text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant)]
-            except ValueError:
-                docs = None  # not JSON (YAML in flow style, or a mistake safeyaml words)
-        else:
-            docs = None
-        if docs is None:
-            if not _LIBYAML:
-                return None  # PyYAML without libyaml: nothing faster to try
-            depth = 0
-            for event in yaml.parse(text, Loader=_CLoader):
-                if getattr(event, "tag", None) is not None:
-                    return None  # an explicit tag (no dump has one): libyaml and PyYAML differ on some (!)
-                if isinstance(event, _NESTING):
-                    depth += 1
-                    if depth >= MAX_DEPTH:  # safeyaml counts the scalars inside too
-                        return None
-                elif isinstance(event, _UNNESTING):
-                    depth -= 1
-            docs = list(yaml.load_all(text, Loader=_CLoader))
-        for i, doc in enumerate(docs):
-            check_tree(doc, f"document {i + 1}", max_depth=MAX_DEPTH - 1)
-    except (_Refused, yaml.YAMLError, ShapeError, ValueError, RecursionError):
-        return None
-    except Exception:  # noqa: BLE001 - whatever else (KeyError from !!bool abc): safeyaml's to word
-        return None
-    return docs
 
 
 def _one_line(exc: Exception) -> str:
