@@ -360,3 +360,38 @@ async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_work
     assert len(warned) == 1 and "starting" in warned[0], lines
     assert sum(1 for lv, m in lines if lv == "DEBUG" and "failed" in m) == 5, lines
     assert ("INFO", "watch /items works again after 6 failures in a row") in lines, lines
+
+
+async def test_a_watch_that_opens_and_then_breaks_is_not_logged_as_working_on_each_try(monkeypatch, caplog):
+    """A proxy that lets each watch open (HTTP 200) and then cuts it before anything arrives:
+    "works again" was logged on every opening, so the failure after it warned again, two lines
+    per try for as long as it lasted. An opened watch has worked only once something arrives."""
+    import logging
+
+    from hami.kube import reflector
+
+    monkeypatch.setattr(reflector.random, "uniform", lambda a, b: 0.0)  # no backoff wait
+    watches = []
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
+        watches.append(1)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if len(watches) <= 6:
+            await resp.write(b'{"type": "ADDED", "obj')  # half an event, then the connection is cut
+            request.transport.close()
+            return resp
+        event = {"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}
+        await resp.write(json.dumps(event).encode() + b"\n")
+        await asyncio.sleep(30)
+        return resp
+
+    h = _Quiet()
+    with caplog.at_level(logging.DEBUG, logger=reflector.log.name):
+        await _run_against(handler, h, lambda r: ("ADDED", "w") in h.applied, seconds=10.0)
+    assert ("ADDED", "w") in h.applied and len(watches) == 7
+    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if "/items" in rec.getMessage()]
+    assert sum(1 for lv, m in lines if lv == "WARNING") == 1, lines
+    assert [m for lv, m in lines if "works again" in m] == ["watch /items works again after 6 failures in a row"], lines

@@ -157,10 +157,14 @@ class Reflector:
                 raise Expired(f"{self.name}: HTTP 410")
             if resp.status != 200:
                 raise KubeError("WATCH", self.path, resp.status, (await resp.read()).decode(errors="replace"))
-            self._recovered()
+            # not "works again" on opening: a watch that opens and then breaks at once (a proxy
+            # cutting streams) would log that line and a warning on every try; it has worked
+            # when something arrives on it, or it lasted (:meth:`run`)
             async for line in resp.content:
                 if not line.strip():
                     continue
+                if self._failing:
+                    self._recovered()
                 event = orjson.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -204,6 +208,7 @@ class Reflector:
                 rv = await self.watch(rv)
                 if self.events > seen or time.monotonic() - started >= SHORT_WATCH_S:
                     backoff = 0.2
+                    self._recovered()
                     continue
                 log.debug("watch %s ended at once with no event; again in %.1fs", self.name, backoff)
             except Expired as exc:
