@@ -29,14 +29,21 @@ void *vgpu_real_dlsym_fn(void *handle, const char *name)
 
 void *vgpu_dlsym_lookup(void *handle, const char *name)
 {
-    (void)handle;
     pthread_once(&g_once, find_real_dlsym);
     if (!name || vgpu_in_init)
         return NULL;
     if (!((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4)))
         return NULL;
     const vgpu_hook *h = vgpu_hook_by_name(name);
-    return h ? h->hook : NULL;
+    if (!h)
+        return NULL;
+    /* A library handle answers only for the names it has: an older driver without a newer entry
+     * point (or libm, asked for a CUDA name) says NULL, as it would without libvgpu, so the
+     * caller takes its fallback rather than a hook with no driver function behind it.
+     * RTLD_DEFAULT and RTLD_NEXT find libvgpu's own export first, so they keep the hook. */
+    if (handle != RTLD_DEFAULT && handle != RTLD_NEXT && !vgpu_real_dlsym_fn(handle, name))
+        return NULL;
+    return h->hook;
 }
 
 #if defined(__x86_64__)

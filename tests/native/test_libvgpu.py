@@ -396,6 +396,25 @@ c.check(c.cu.cuCtxSynchronize())
     assert r["recent_kernel"] == 2
 
 
+def test_dlsym_on_a_library_without_the_name_finds_nothing(vgpu_env):
+    """dlsym(handle, "cuMemAllocAsync") gave libvgpu's hook whatever the handle held: libm had
+    CUDA entry points, and an older driver lacking a newer one seemed to have it (the caller
+    then got CUDA_ERROR_NOT_INITIALIZED from a hook with nothing behind it instead of taking its
+    fallback). A library that has the name still leads to the hook."""
+    out = run_py(
+        f"""
+import ctypes as C, ctypes.util
+vg = C.CDLL({str(BUILD / "libvgpu.so")!r})
+cu, m = C.CDLL("libcuda.so.1"), C.CDLL(ctypes.util.find_library("m"))
+def addr(lib, name): return C.cast(getattr(lib, name), C.c_void_p).value
+print(hasattr(m, "cuMemAllocAsync"), hasattr(m, "nvmlDeviceGetMemoryInfo"), hasattr(m, "cos"))
+print(addr(cu, "cuMemAllocAsync") == addr(vg, "cuMemAllocAsync"), addr(C.CDLL(None), "cuMemAlloc_v2") == addr(vg, "cuMemAlloc_v2"))
+""",
+        vgpu_env,
+    ).stdout.split()
+    assert out == ["False", "False", "True", "True", "True"]
+
+
 def test_dlsym_rtld_next_keeps_the_callers_meaning(vgpu_env):
     """dlsym(RTLD_NEXT, "which") from libnext_a must find libnext_b's symbol; a naive C
     interposer calling glibc's dlsym would resolve it relative to libvgpu (-> "A")."""
