@@ -82,6 +82,10 @@ NVIDIA backend's admission defaults and the webhook name a few:
 * ``ENV_OVERSUBSCRIBE``: ``true`` when the node oversubscribes memory.
 * ``ENV_LOG_LEVEL``: libvgpu's log level.
 * ``ENV_TASK_PRIORITY``: 0 high, 1 low.
+* ``PRIORITY_RANGE``: the values of it a pod may ask for; the webhook checks the priority resource
+  against it, the DRA translation and the DRA agent a ``GpuConfig``'s ``priority``, the monitor a
+  claim file's. ``DEFAULT_PRIORITY``: libvgpu's value without it; the DRA agent and the monitor
+  read it.
 * ``ENV_CORE_POLICY``: default / force / disable.
 * ``ENV_DISABLE_CONTROL``: ``true`` in a container's env: no ``/etc/ld.so.preload`` (the
   webhook gates who may set it).
