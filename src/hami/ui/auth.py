@@ -5,9 +5,13 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   API server in a TokenReview (``authentication.k8s.io/v1``); its ``status.user`` is the caller.
 - Authorization: each permission an answer needs (``list pods`` in a namespace, ``list nodes``
   at the cluster scope, ...) is a SubjectAccessReview (``authorization.k8s.io/v1``) for that user.
-- Both answers are cached for ``TTL`` seconds, at most ``MAX_ENTRIES`` of each (least recently
-  used evicted first): a token's review keyed by the SHA-256 of the token (the token itself is
-  never stored after the review, logged or used as a key), a permission by the user the token
+- Both answers are cached, at most ``MAX_ENTRIES`` of each (least recently used evicted first):
+  a yes (a token accepted, a permission held) for ``TTL`` seconds, so a revoked token or
+  RoleBinding still works for up to that long; a no for ``DENIED_TTL`` seconds, as the API
+  server's webhook authorizer keeps its denials shorter than its grants (a tenant who was just
+  granted access must not stay refused for the grant's TTL). A token's review is keyed by the
+  SHA-256 of the token (the token itself is never stored after the review, logged or used as a
+  key), a permission by the user the token
   review named (:func:`identity_key`): the access review is asked of that user, not of the
   token, so tokens naming the same identity share one answer (not a ServiceAccount's: the API
   server names each of its tokens in ``extra``, ``authentication.kubernetes.io/credential-id``). A review that fails (API server unreachable, an error status, an answer that cannot
@@ -19,10 +23,12 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
 - For a caller without cluster-wide access, the namespaces it may list are kept per caller and
   resource (at most ``VISIBLE_ENTRIES`` callers): one entry a caller, however many namespaces,
   so tenants x namespaces beyond ``MAX_ENTRIES`` do not evict each other's answers and repeat
-  every check on each refresh.
+  every check on each refresh; kept ``DENIED_TTL`` while it allows no namespace, ``TTL`` once
+  it allows one (:meth:`Authorizer.namespaces`).
 - Load on the API server is bounded whatever callers send: at most ``TOKEN_REVIEWS_IN_FLIGHT``
   token reviews at once (a request past that is answered 503 at once, :class:`ReviewBusy`, so
-  unauthenticated callers with fresh random tokens cannot queue reviews without limit), at
+  unauthenticated callers with fresh random tokens cannot queue reviews without limit; requests
+  with a token already being reviewed share that review and take no place), at
   most ``CONCURRENCY`` access reviews at once over all requests and ``PER_USER`` of one user's
   (by username, :attr:`Caller.user`; authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
   checks). Requests asking the same permission of the same user at once share one review (a
@@ -45,7 +51,10 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 
 import orjson
 
-TTL = 10.0  # s a review's answer is reused
+TTL = 10.0  # s a review's yes is reused (a revoked grant keeps working this long)
+DENIED_TTL = (
+    2.0  # s a review's no is reused (a new grant is seen this late); a flood of refusals still costs one review per 2 s
+)
 MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
 CONCURRENCY = 16  # access reviews in flight at once, over all requests
 PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY)
@@ -177,28 +186,34 @@ V = TypeVar("V")
 
 
 class TtlCache(Generic[K, V]):
-    """At most ``max_entries`` answers, each for ``ttl`` seconds of ``clock``; least recently
-    used evicted first."""
+    """At most ``max_entries`` answers, each for ``ttl`` seconds of ``clock`` (or the ``ttl``
+    it was put with); least recently used evicted first."""
 
     def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
         self.ttl, self.max_entries, self.clock = ttl, max_entries, clock
-        self._data: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._data: OrderedDict[K, tuple[float, float, V]] = OrderedDict()  # key -> (put at, ttl, value)
 
     def get(self, key: K) -> tuple[bool, V | None]:
         hit = self._data.get(key)
         if hit is None:
             return False, None
-        if not 0 <= self.clock() - hit[0] < self.ttl:
+        if not 0 <= self.clock() - hit[0] < hit[1]:
             del self._data[key]
             return False, None
         self._data.move_to_end(key)
-        return True, hit[1]
+        return True, hit[2]
 
-    def put(self, key: K, value: V) -> None:
-        self._data[key] = (self.clock(), value)
+    def put(self, key: K, value: V, ttl: float | None = None) -> None:
+        self._data[key] = (self.clock(), self.ttl if ttl is None else ttl, value)
         self._data.move_to_end(key)
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
+
+    def keep_for(self, key: K, ttl: float) -> None:
+        """``key``'s answer lives ``ttl`` seconds from when it was put (not from now)."""
+        hit = self._data.get(key)
+        if hit is not None:
+            self._data[key] = (hit[0], ttl, hit[2])
 
     def __len__(self) -> int:
         return len(self._data)
@@ -256,11 +271,13 @@ class Authorizer:
         reviews: Reviews,
         clock: Callable[[], float] = time.monotonic,
         ttl: float = TTL,
+        denied_ttl: float = DENIED_TTL,
         max_entries: int = MAX_ENTRIES,
         concurrency: int = CONCURRENCY,
         per_user: int = PER_USER,
     ) -> None:
         self.reviews = reviews
+        self.denied_ttl = min(denied_ttl, ttl)
         self._tokens: TtlCache[str, Identity | None] = TtlCache(ttl, max_entries, clock)
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
         self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
@@ -270,20 +287,35 @@ class Authorizer:
         # one user's gate while it has reviews waiting or in flight: [semaphore, how many use it]
         self._user_gates: dict[str, list[Any]] = {}
         self._asking: dict[tuple[str, Permission], asyncio.Future] = {}  # reviews in flight, shared
+        self._signing_in: dict[str, asyncio.Future] = {}  # token reviews in flight, by token key
 
     async def authenticate(self, header: str | None) -> Caller:
         token = bearer_token(header)
         key = token_key(token)
         found, who = self._tokens.get(key)
         if not found:
-            if self._token_gate.locked():
-                raise ReviewBusy(f"{TOKEN_REVIEWS_IN_FLIGHT} token reviews already in flight")
-            async with self._token_gate:
-                who = await self.reviews.token(token)  # ReviewUnavailable propagates, nothing cached
-            self._tokens.put(key, who)
+            # a page's five answers (or two tabs) with a token not yet reviewed share one review:
+            # each asked its own, and past TOKEN_REVIEWS_IN_FLIGHT the user's own requests got 503
+            task = self._signing_in.get(key)
+            if task is None:
+                if self._token_gate.locked():
+                    raise ReviewBusy(f"{TOKEN_REVIEWS_IN_FLIGHT} token reviews already in flight")
+                await self._token_gate.acquire()  # free: taken at once, before any other request runs
+                task = self._signing_in[key] = asyncio.ensure_future(self._token_review(token, key))
+                task.add_done_callback(lambda _t: self._signing_in.pop(key, None))
+            who = await asyncio.shield(task)  # a request that leaves does not cancel it for the others
         if who is None:
             raise Unauthenticated("the bearer token was not accepted by the Kubernetes API server", True)
         return Caller(who, key)
+
+    async def _token_review(self, token: str, key: str) -> Identity | None:
+        """One TokenReview, the gate already taken; its answer cached (ReviewUnavailable is not)."""
+        try:
+            who = await self.reviews.token(token)
+        finally:
+            self._token_gate.release()
+        self._tokens.put(key, who, None if who is not None else self.denied_ttl)
+        return who
 
     async def _review(self, caller: Caller, perm: Permission) -> bool:
         gate = self._user_gates.setdefault(caller.user, [asyncio.Semaphore(self.per_user), 0])
@@ -311,21 +343,29 @@ class Authorizer:
         if found:
             return bool(ok)
         ok = await self._shared(caller, perm)
-        self._access.put((caller.who, perm), ok)
+        self._access.put((caller.who, perm), ok, None if ok else self.denied_ttl)
         return ok
 
     async def namespaces(self, caller: Caller, verb: str, resource: str, candidates: Iterable[str]) -> set[str] | None:
         """None when ``caller`` may ``verb resource`` in every namespace (checked at the cluster
         scope first), else the candidates where it may, checked one namespace at a time; the
-        answers are kept in one entry for the caller's user (the module docstring)."""
+        answers are kept in one entry for the caller's user (the module docstring): for
+        ``denied_ttl`` while it allows none of them (the answer is a 403, which a new grant must
+        lift as soon as any other denial), for the TTL of a grant once it allows one (a namespace
+        granted later shows up within that TTL; asking every denied namespace again each
+        ``denied_ttl`` would cost a tenant that may see one namespace of 1500 another 1499
+        reviews a refresh)."""
         if await self.allowed(caller, Permission(verb, resource)):
             return None
         names = sorted(set(candidates))
-        found, known = self._visible.get((caller.who, verb, resource))
+        key = (caller.who, verb, resource)
+        found, known = self._visible.get(key)
         if not found or known is None:
             known = {}
-            self._visible.put((caller.who, verb, resource), known)  # filled in place: its time is the first check's
+            self._visible.put(key, known, self.denied_ttl)  # filled in place: its time is the first check's
         new = [ns for ns in names if ns not in known]
         answers = await asyncio.gather(*(self._shared(caller, Permission(verb, resource, ns)) for ns in new))
         known.update(zip(new, answers))
+        if any(answers):
+            self._visible.keep_for(key, self._visible.ttl)
         return {ns for ns in names if known[ns]}

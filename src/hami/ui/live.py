@@ -99,6 +99,18 @@ def monitor_url(template: str, name: str, node: Mapping[str, Any]) -> str | None
     return template.replace("{node_ip}", host_ip).replace("{node}", name)
 
 
+async def read_capped(stream: Any, most: int) -> bytes:
+    """The whole body, ValueError past ``most`` bytes. One ``read(n)`` returns what has arrived
+    so far (one network chunk, ~64 KiB), not n bytes: a busy node's page was cut mid-line."""
+    chunks, size = [], 0
+    async for chunk in stream.iter_any():
+        size += len(chunk)
+        if size > most:
+            raise ValueError(f"answer larger than {most >> 20} MiB")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class LiveUsage:
     """Scrapes every node with devices; ``readings`` is what the API joins in (read-only there)."""
 
@@ -147,9 +159,7 @@ class LiveUsage:
             ) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                body = await resp.content.read(MAX_METRICS_BYTES + 1)
-                if len(body) > MAX_METRICS_BYTES:
-                    raise ValueError(f"answer larger than {MAX_METRICS_BYTES >> 20} MiB")
+                body = await read_capped(resp.content, MAX_METRICS_BYTES)
             devices, containers = parse_metrics(body.decode("utf-8", errors="replace"))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             reading.error = f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__

@@ -412,6 +412,7 @@ class UiApi:
     async def nodes(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
             model._check_params(q, ("node", "model", "vendor"))
+            _check_node(q)
             await self._require(request, Permission("list", "nodes"))
             doc = self._shared_doc(self._nodes_cache, q, model.nodes_document)
             claimed = {c.split("/", 1)[0] for n in doc["items"] for d in n["devices"] for c in d.get("claims", ())}
@@ -425,6 +426,7 @@ class UiApi:
     async def pods(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
             model._check_params(q, ("namespace", "node"))
+            _check_node(q)
             wanted = q.pop("namespace", None)
             # who may see what first: a caller with no permission costs no document
             visible = await self._visible(request, "pods", wanted, self._holder_namespaces)
@@ -796,6 +798,13 @@ class UiApi:
             routes += [web.get(p, self.to_prefix), web.get(p + "/healthz", self.healthz)]
         app.add_routes(routes)
         return app
+
+
+def _check_node(q: Mapping[str, str]) -> None:
+    """``node`` must be a node name (as /history checks it): ``Gpu_1``, an empty value or a typo
+    of that kind answered an empty list, as if the node had nothing."""
+    if "node" in q and not POD_NAME.fullmatch(q["node"]):
+        raise model.FilterError(f"query parameter node: not a Kubernetes node name: {q['node'][:60]!r}")
 
 
 def _history_match(series: hist.Series, q: Mapping[str, str]) -> bool:
