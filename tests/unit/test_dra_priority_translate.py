@@ -127,9 +127,11 @@ def test_init_containers_share_a_claim_only_with_an_app_container_of_their_prior
     assert apart.allowed and len(apart.pod["spec"]["resourceClaims"]) == 2
     (note,) = apart.warnings
     assert note == "hami: 'app' not sharing the init containers' claim: priority 0, theirs 1" and len(note) < 120
-    # init containers of different priorities do not share one claim either
+    # init containers of different priorities do not share one claim either: 'b' (no priority,
+    # 1) shares the app's, 'a' (0) keeps its own, which is held for the pod's life: said
     mixed = decide(pod(ctr("app"), init=[ctr("a", 0), ctr("b")]), DRA)
-    assert len(mixed.pod["spec"]["resourceClaims"]) == 3
+    assert len(mixed.pod["spec"]["resourceClaims"]) == 2
+    assert mixed.warnings == ("hami: a claim per init priority, held for the pod's life: 'a'=0, 'b'=1",)
 
 
 def test_simulate_places_a_prioritized_pod_and_a_claim_carrying_the_configuration():

@@ -31,7 +31,8 @@ as before; docs/dra.md says where this differs from the extender).
 
 Attributes in the driver's domain (a CEL selector reads ``device.attributes["gpu.hami.io"]``):
 ``model``, ``type`` (HAMi's registration type, ``NVIDIA-<model>``), ``uuid``, ``index``,
-``numa`` (0 when unknown, as in the registration), ``migCapable``, and two ``version``
+``numa`` (0 when unknown, as in the registration), ``migCapable``, ``taskPriority`` (true: the
+agent honours a ``GpuConfig``'s ``priority``, :data:`TASK_PRIORITY`), and two ``version``
 attributes named as NVIDIA's driver names them, ``driverVersion`` and ``cudaComputeCapability``
 (semver: ``550.54.15``, ``8.6.0``). Kubernetes' standard device attributes (``numaNode``:
 KEP-6072; the helper library ``k8s.io/dynamic-resource-allocation/deviceattribute``), in the
@@ -91,6 +92,10 @@ CONFIG_KIND = "GpuConfig"
 MIG_CLASS = f"mig.{DRA_DRIVER}"
 MEMORY, CORES, SHARES = "memory", "cores", "shares"
 PROFILE = "profile"  # the attribute that marks a MIG device
+#: the attribute that says the node's agent sets CUDA_TASK_PRIORITY from a ``GpuConfig``'s
+#: ``priority``: an agent older than that ignored the field, so the webhook's claims that carry a
+#: priority select only devices with it (a pod stays pending rather than run at the default)
+TASK_PRIORITY = "taskPriority"
 MAX_SLICE_DEVICES = 64  # a slice with devices consuming counters (or tainted) holds at most 64
 MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's limit
 MIB = 1024 * 1024
@@ -211,6 +216,7 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
             "index": _attr("int", gpu.index),
             "numa": _attr("int", gpu.numa),
             "migCapable": _attr("bool", gpu.uuid in s.mig_capable),
+            TASK_PRIORITY: _attr("bool", True),
             **_typed_attributes(gpu, s),
         },
         "capacity": {

@@ -31,8 +31,13 @@ N > 1                                             a ``distinctAttribute`` constr
                                                   a ``GpuConfig`` with ``priority: P``, which
                                                   the kubelet plugin gives libvgpu as
                                                   ``CUDA_TASK_PRIORITY`` (as the device plugin
-                                                  does from the resource); any other value is
-                                                  refused
+                                                  does from the resource), and a selector of
+                                                  devices whose agent publishes
+                                                  ``taskPriority`` (an older one ignored the
+                                                  field); any other value is refused. On the
+                                                  whole-GPU class (no libvgpu, whose plugin
+                                                  refuses a priority) it is left out, noted,
+                                                  as the extender ignores it without libvgpu
 ================================================  ==========================================
 
 The template name is derived from its content (``hami-gpu-<hash>``), so every pod with the same
@@ -46,8 +51,12 @@ and cores per GPU): HAMi counts the larger of a pod's init and app containers. E
 container (app containers run together and must not share one budget) and every sidecar (an init
 container with ``restartPolicy: Always``, which runs beside them) has a claim of its own. An app
 container given more than it asked, through such a shared claim, is noted. A claim has one task
-priority, so only containers running at one priority (no priority is libvgpu's, 1) share a claim;
-an app container kept apart from the init containers by its priority is noted.
+priority, so only containers running at one priority (no priority is libvgpu's, 1) share a claim:
+the init containers of each priority share one, with an app container of that priority, and each
+container runs at its own priority, as on the extender. Init containers of several priorities
+therefore hold several claims for the pod's life where the extender counts the largest once, and
+an app container kept apart from the init containers by its priority holds one more: both are
+noted.
 
 HAMi's pod annotations that choose GPUs become part of every GPU claim of the pod, read by the
 vendor's own parser (:meth:`hami.vendors.base.BaseVendor.selection`, the extender's):
@@ -97,6 +106,8 @@ from .model import (
     NUMA_NODE,
     PRIORITY_RANGE,
     SHARE_CLASS,
+    TASK_PRIORITY,
+    WHOLE_CLASS,
     gpu_config,
 )
 
@@ -114,6 +125,10 @@ DRA_MODE = "hami-core"
 #: resource.k8s.io's CELSelectorExpressionMaxLength (the API server refuses a longer selector)
 MAX_SELECTOR = 10 * 1024
 _ATTRS = f'device.attributes["{DRIVER}"]'
+#: what a claim carrying a priority asks of its devices: an agent that publishes
+#: :data:`hami.dra.model.TASK_PRIORITY` (one that predates it ignored the field; an absent
+#: attribute is tested with ``in``, as reading it would stop kube-scheduler's allocation)
+PRIORITY_SELECTOR = f'"{TASK_PRIORITY}" in {_ATTRS}'
 #: pod annotations the extender honours and the DRA front end cannot express, and why
 UNEXPRESSIBLE = {
     GPU_SCHEDULER_POLICY: "kube-scheduler's allocator takes the first GPU that fits and has no GPU policy",
@@ -220,6 +235,8 @@ def _claim_spec(
     exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": nums}
     if requests:
         exactly["capacity"] = {"requests": requests}
+    if priority is not None:  # only devices whose agent honours it: an older one dropped it unseen
+        selectors = [*selectors, PRIORITY_SELECTOR]
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
@@ -295,32 +312,47 @@ class _Gpu:
 
 def _groups(gpus: Sequence[_Gpu], notes: list[str] | None = None) -> list[list[_Gpu]]:
     """The containers that share one claim, in the order their first member comes. Init
-    containers run one at a time and have exited before the app containers start, so they share
-    one claim, with the app container whose own request it enlarges least (ties: the first), as
-    long as one request of the group holds every other (it is then the claim's size, the larger of
-    the two as HAMi counts it) and all run at one priority (a claim has one). Requests that cross
-    (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not joined: a claim of the larger of each
+    containers run one at a time and have exited before the app containers start, so those of one
+    priority (a claim has one) share one claim, with the app container of that priority whose own
+    request it enlarges least (ties: the first), as long as one request of the group holds every
+    other (it is then the claim's size, the larger of the two as HAMi counts it). Requests that
+    cross (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not joined: a claim of the larger of each
     (2 x 15000) is more than either and may fit nowhere; each keeps its own claim, as every other
-    container does (app containers run together; a sidecar runs beside them). ``notes``: an app
-    container that only its priority keeps from the init containers' claim is noted (it holds a
-    claim more than the extender counts)."""
+    container does (app containers run together; a sidecar runs beside them). ``notes``: init
+    containers held in a claim per priority (the extender counts the largest of them once), and
+    an app container that only its priority keeps from the init containers' claim (it holds a
+    claim more than the extender counts), are noted."""
     inits = [g for g in gpus if g.init]
     apps = [g for g in gpus if not g.init and not g.sidecar]
-    shared: list[_Gpu] = []
-    joined = _covering([g.shape for g in inits])
-    if joined is not None and len({g.runs_at for g in inits}) == 1:
-        shared = list(inits)
-        by_shape = [a for a in apps if _covering([joined, a.shape]) is not None]
-        fits = [a for a in by_shape if a.runs_at == inits[0].runs_at]
+    by_priority: dict[int, list[_Gpu]] = {}
+    for g in inits:
+        by_priority.setdefault(g.runs_at, []).append(g)
+    joined_groups: list[list[_Gpu]] = []
+    taken: list[_Gpu] = []  # app containers that joined a group (each holds one claim)
+    for runs_at, members in by_priority.items():
+        joined = _covering([g.shape for g in members])
+        if joined is None:
+            continue  # each keeps its own claim
+        group = list(members)
+        by_shape = [a for a in apps if a not in taken and _covering([joined, a.shape]) is not None]
+        fits = [a for a in by_shape if a.runs_at == runs_at]
         if fits:
-            shared.append(min(fits, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index)))
-        elif by_shape and notes is not None:
+            best = min(fits, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index))
+            group.append(best)
+            taken.append(best)
+        elif by_shape and notes is not None and len(by_priority) == 1:
             notes.append(
                 f"{_names([a.name for a in by_shape])} not sharing the init containers' claim: "
-                f"priority {by_shape[0].runs_at}, theirs {inits[0].runs_at}"
+                f"priority {by_shape[0].runs_at}, theirs {runs_at}"
             )
-    groups = [shared] if shared else []
-    groups += [[g] for g in gpus if g not in shared and not (g.init and shared)]
+        joined_groups.append(group)
+    if len(by_priority) > 1 and notes is not None:
+        # each runs at its own priority, as on the extender, but every claim is held for the
+        # pod's whole life where the extender counts the largest init container once
+        named = _names([g.name for g in inits], room=44, values=[f"={g.runs_at}" for g in inits])
+        notes.append(f"a claim per init priority, held for the pod's life: {named}")
+    in_groups = [g for group in joined_groups for g in group]
+    groups = joined_groups + [[g] for g in gpus if g not in in_groups]
     return sorted(groups, key=lambda members: members[0].index)
 
 
@@ -365,6 +397,7 @@ def translate(
     n_init = len(spec.get("initContainers") or [])
     podname = (pod.get("metadata") or {}).get("name") or "?"
     gpus: list[_Gpu] = []
+    unhonoured: list[tuple[str, int]] = []  # (container, priority) on the whole-GPU class
     for i, (c, creq) in enumerate(zip(containers, req.containers)):
         r = creq.for_vendor(vendor.name)
         if r is None:
@@ -380,7 +413,15 @@ def translate(
         shape = _Shape(r.nums, r.memreq if r.memreq > 0 else None, r.coresreq)
         sidecar = i < n_init and c.get("restartPolicy") == "Always"
         priority = _priority(c, creq.name, names.priority, podname)
+        if priority is not None and device_class == WHOLE_CLASS:
+            # no libvgpu runs there to honour it, and the kubelet plugin refuses a priority on
+            # such a claim: written, the pod would be admitted and never start
+            unhonoured.append((creq.name, priority))
+            priority = None
         gpus.append(_Gpu(i, c, creq.name, shape, i < n_init and not sidecar, sidecar, priority))
+    if unhonoured and notes is not None:
+        named = _names([n for n, _ in unhonoured], room=40, values=[f"={v}" for _, v in unhonoured])
+        notes.append(f"priority ignored, class {WHOLE_CLASS} has no libvgpu: {named}")
     if not gpus:
         return out, []
     selectors, numa_bind = annotation_selectors(pod, vendor)
@@ -473,12 +514,12 @@ def _sharing_notes(members: Sequence[_Gpu], shape: _Shape, claim: str) -> list[s
     ]
 
 
-def _names(names: Sequence[str], room: int = 40) -> str:
+def _names(names: Sequence[str], room: int = 40, values: Sequence[str] = ()) -> str:
     """Container names for a warning line: as many as fit in about ``room`` characters (one at
-    least, cut to 30), then how many more."""
+    least, cut to 30; ``values``: what to write after each, ``=1``), then how many more."""
     shown: list[str] = []
-    for n in names:
-        text = repr(n[:30])
+    for i, n in enumerate(names):
+        text = repr(n[:30]) + (values[i] if i < len(values) else "")
         if shown and len(", ".join([*shown, text])) > room:
             break
         shown.append(text)

@@ -63,7 +63,10 @@ parameters, each from the last entry that names it (:func:`_gpu_config`): ``isol
 :data:`hami.core.names.PRIORITY_RANGE`, 0 high, 1 low, as the extender's ``nvidia.com/priority``;
 the webhook's translation writes it from that resource). One claim is one CDI device, so its
 requests must agree on both. A priority on a claim that runs without libvgpu (isolation ``none``,
-admin access, MIG devices) is refused rather than dropped unseen.
+admin access, MIG devices) is refused rather than dropped unseen, and so is a parameter this
+agent does not know (a misspelt one, or one a newer webhook writes): the claim would run without
+it. Devices carry the attribute ``taskPriority`` (:data:`hami.dra.model.TASK_PRIORITY`), which
+the webhook's claims with a priority select: an agent older than the field ignored it.
 
 A MIG device (:func:`hami.dra.model.mig_devices`: a static instance, or a dynamic placement that
 the plugin creates in prepare, :mod:`hami.draplugin.plugin`) is handed to the container by its MIG
@@ -106,6 +109,8 @@ from hami.node.layout import HookPaths
 CDI_VERSION = "0.5.0"
 CDI_KIND = DRA_CDI_KIND
 ISOLATIONS = ("hami-core", "none")
+#: the parameters of a ``GpuConfig`` (any other is refused, :func:`_gpu_config`)
+GPU_CONFIG_FIELDS = ("apiVersion", "kind", "isolation", "priority")
 
 
 class PrepareError(Exception):
@@ -202,6 +207,15 @@ def _gpu_config(config: Sequence[Any], request: str, where: str) -> tuple[str, i
                 f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
                 f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}"
             )
+        # strict, as Kubernetes decodes its own kinds: a field this agent does not know is one a
+        # newer webhook or user meant to take effect, and ignoring it would run the claim without
+        # it (an agent that predates ``priority`` ran such claims at the default priority, unseen)
+        for key in params:
+            if key not in GPU_CONFIG_FIELDS:
+                raise PrepareError(
+                    f"{where}: configuration parameter {str(key)[:40]!r}={params[key]!r:.40} is not a {CONFIG_KIND} "
+                    f"field this agent knows ({', '.join(GPU_CONFIG_FIELDS[2:])}); remove it, or upgrade the agent"
+                )
         value = params.get("isolation")
         if value is not None:
             if value not in ISOLATIONS:
