@@ -174,9 +174,13 @@ def test_device_specs_problems_name_the_flag(tmp_path):
     root = dev_root(tmp_path)
     assert command.device_specs_problem(parse("--pass-device-specs", f"--dev-root={root}")) is None
     assert command.device_specs_problem(parse("--dev-root=/nowhere")) is None  # off: not looked at
-    assert "envvar only" in command.device_specs_problem(
-        parse("--pass-device-specs", f"--dev-root={root}", "--device-list-strategy=cdi-cri")
-    )
+    for strategy in ("cdi-annotations", "cdi-cri"):  # as NVIDIA's plugin: test_nodecfg_review_devspecs_cdi.py
+        assert (
+            command.device_specs_problem(
+                parse("--pass-device-specs", f"--dev-root={root}", f"--device-list-strategy={strategy}")
+            )
+            is None
+        )
     assert "absolute" in command.device_specs_problem(parse("--pass-device-specs", "--dev-root=rel"))
     assert f"{tmp_path}/nowhere/dev" in command.device_specs_problem(
         parse("--pass-device-specs", f"--dev-root={tmp_path}/nowhere")

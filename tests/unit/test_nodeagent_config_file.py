@@ -30,8 +30,10 @@ def no_nvml(monkeypatch):
 
 
 def _run(command: str, path: str, tmp_path) -> int:
+    node_config = tmp_path / "node-config.json"  # (a named --node-config that is missing is refused too)
+    node_config.write_text('{"nodeconfig": []}')
     return cli.main(
-        [command, "--dry-run", "--node-name", "n1", "--config-file", path, "--node-config", str(tmp_path / "none.json")]
+        [command, "--dry-run", "--node-name", "n1", "--config-file", path, "--node-config", str(node_config)]
     )
 
 
@@ -41,6 +43,17 @@ def test_a_missing_config_file_is_refused_naming_the_flag_and_the_path(command, 
     assert _run(command, missing, tmp_path) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"hami {command}: --config-file: no such file {missing!r}"]
+
+
+@pytest.mark.parametrize("command", ["device-plugin", "dra"])
+def test_a_named_node_config_that_is_missing_is_refused_by_both_agents(command, tmp_path, capsys, no_nvml):
+    # the DRA agent ran on the defaults before, every per-node setting lost without a word
+    config = tmp_path / "device-config.yaml"
+    config.write_text("nvidia:\n  deviceSplitCount: 10\n")
+    missing = str(tmp_path / "nope.json")
+    code = cli.main([command, "--dry-run", "--node-name", "n1", "--config-file", str(config), "--node-config", missing])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"hami {command}: --node-config: no such file {missing!r}"]
 
 
 @pytest.mark.parametrize("command", ["device-plugin", "dra"])

@@ -262,9 +262,6 @@ NVIDIA container runtime injects, which is what this chart assumes: no override 
 {{- fail (printf "devicePlugin.nvidiaDriverRoot=%v is not supported by this chart: use devicePlugin.driverMounts for a driver outside the NVIDIA container runtime (docs/configuration.md)" $dp.nvidiaDriverRoot) -}}
 {{- end -}}
 {{- if $dp.passDeviceSpecsEnabled -}}
-{{- if ne ($dp.deviceListStrategy | default "envvar") "envvar" -}}
-{{- fail (printf "devicePlugin.passDeviceSpecsEnabled=true goes with devicePlugin.deviceListStrategy=envvar only (got %v: the CDI spec gives the device nodes already)" $dp.deviceListStrategy) -}}
-{{- end -}}
 {{- if eq (include "hami.injection" $dp) "nri" -}}
 {{- fail "devicePlugin.passDeviceSpecsEnabled=true cannot go with devicePlugin.injection=nri (Allocate does not know the GPUs in that mode)" -}}
 {{- end -}}

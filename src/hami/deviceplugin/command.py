@@ -23,7 +23,7 @@ from hami.node.layout import HookPaths
 from hami.node.nri import DEFAULT_SOCKET as NRI_SOCKET
 from hami.node.nri.plugin import check_index
 from hami.node.nvml import MigError, NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
-from hami.node.settings import NodeConfigError, NodeSettings, load_settings
+from hami.node.settings import NodeConfigError, NodeSettings, check_node_config, load_settings
 
 from .allocate import DeviceSpecs, gpu_node, mig_cap_nodes
 from .devices import DeviceState
@@ -144,9 +144,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=env("PASS_DEVICE_SPECS", "false"),
         metavar="BOOL",
         help="also give each GPU container its device nodes in Allocate (DeviceSpecs, HAMi's "
-        "passDeviceSpecsEnabled): /dev/nvidia<minor> of its GPUs, a MIG device's nvidia-caps nodes, "
-        "and nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset; each only if it exists under "
-        "--dev-root (env PASS_DEVICE_SPECS; default false)",
+        "passDeviceSpecsEnabled), with any --device-list-strategy: /dev/nvidia<minor> of its GPUs, a MIG "
+        "device's nvidia-caps nodes, and nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset; each only "
+        "if it exists under --dev-root (env PASS_DEVICE_SPECS; default false)",
     )
     p.add_argument(
         "--dev-root",
@@ -191,14 +191,11 @@ def injection_problem(args: argparse.Namespace, settings: NodeSettings) -> str |
 
 
 def device_specs_problem(args: argparse.Namespace) -> str | None:
-    """Why ``--pass-device-specs`` cannot go with the rest of the flags (None: it can)."""
+    """Why ``--pass-device-specs`` cannot go with the rest of the flags (None: it can). Any
+    ``--device-list-strategy`` takes it, as in NVIDIA's plugin: with a CDI one the runtime applies
+    the spec's device nodes over the DeviceSpecs' same paths (one node per path in the container)."""
     if not args.pass_device_specs:
         return None
-    if args.device_list_strategy != "envvar":
-        return (
-            f"--pass-device-specs goes with --device-list-strategy envvar only (got {args.device_list_strategy!r}: "
-            "the CDI spec gives the device nodes already)"
-        )
     for name, value in (("--dev-root", args.dev_root), ("--dev-root-ctr-path", args.dev_root_ctr_path)):
         if value and not os.path.isabs(value):
             return f"{name}: expected an absolute directory, got {value!r}"
@@ -397,6 +394,30 @@ def _topology(gpus: list) -> tuple[dict[str, dict[str, int]], tuple]:
     return found.scores, found.asymmetric
 
 
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a flag's value on its own (None: nothing), in one line naming it."""
+    if not args.node_name and not args.dry_run:
+        return "--node-name (or env NODE_NAME) is required"
+    # argparse checks the choices of a value given on the command line only: one from the env
+    # went through unchecked (HAMI_INJECTION=NRI ran the lock protocol without a word)
+    for flag, env_name, value, choices in (
+        ("--injection", "HAMI_INJECTION", args.injection, ("allocate", "nri")),
+        ("--mig-strategy", "MIG_STRATEGY", args.mig_strategy or "none", ("none", "single", "mixed")),
+    ):
+        if value not in choices:
+            return f"{flag} (env {env_name}): expected one of {', '.join(choices)}, got {value!r}"
+    # (a negative or zero interval made a loop that never waits, NaN one that never wakes)
+    for flag, value, low, high in (
+        ("--register-interval", args.register_interval, 0.1, 3600),
+        ("--poll-interval", args.poll_interval, 0.1, 60),
+        ("--mig-collect-interval", args.mig_collect_interval, 0.1, 3600),
+        ("--lock-release-delay", args.lock_release_delay, 0, 60),
+    ):
+        if not low <= value <= high:
+            return f"{flag}: expected {low} to {high} seconds, got {value!r}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.DEBUG
@@ -406,24 +427,14 @@ def run(args: argparse.Namespace) -> int:
         else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.node_name and not args.dry_run:
-        print("hami device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
-        return EXIT_CONFIG
-    if not 0.1 <= args.mig_collect_interval <= 3600:
-        print(
-            f"hami device-plugin: --mig-collect-interval: expected 0.1 to 3600 seconds, got {args.mig_collect_interval!r}",
-            file=sys.stderr,
-        )
-        return EXIT_CONFIG
-    if not 0 <= args.lock_release_delay <= 60:
-        print(
-            f"hami device-plugin: --lock-release-delay: expected 0 to 60 seconds, got {args.lock_release_delay!r}",
-            file=sys.stderr,
-        )
+    problem = flag_problem(args)
+    if problem:
+        print(f"hami device-plugin: {problem}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         if args.config_file:  # named but missing is refused, as the scheduler refuses it
             read_device_config_file(args.config_file, "--config-file", warn=lambda _: None)
+        check_node_config(args.node_config)
         settings = load_settings(args.node_name, args.config_file, args.node_config)
     except (ConfigError, NodeConfigError) as exc:
         print(f"hami device-plugin: {exc}", file=sys.stderr)

@@ -36,7 +36,7 @@ from hami.kube.reflector import Reflector
 from hami.node import contract, flags, nvml
 from hami.node.layout import prepare_hook_dir
 from hami.node.nvml import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
-from hami.node.settings import NodeConfigError, NodeSettings, load_settings
+from hami.node.settings import NodeConfigError, NodeSettings, check_node_config, load_settings
 
 from .prepare import Paths
 
@@ -586,6 +586,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.config_file:  # named but missing is refused, as the scheduler refuses it
             read_device_config_file(args.config_file, "--config-file", warn=lambda _: None)
+        check_node_config(args.node_config)  # named but missing: refused, as the device plugin does
         settings = load_settings(args.node_name, args.config_file, args.node_config)
     except (ConfigError, NodeConfigError) as exc:
         print(f"hami dra: {exc}", file=sys.stderr)

@@ -16,8 +16,8 @@ answers Allocate with fully qualified CDI device names (``<kind>=<uuid>``) inste
 variable: as the annotation ``<prefix><plugin>_<id>`` of the ContainerAllocateResponse
 (``cdi-annotations``, read by containerd >= 1.7 / CRI-O) or in its ``cdi_devices`` field
 (``cdi-cri``, kubelet >= 1.28 passes them in the CRI request). The runtime applies the spec's
-edits (device nodes) itself. Everything else in the response (libvgpu's env and mounts) is
-unchanged.
+edits (device nodes) itself. Everything else in the response (libvgpu's env and mounts, the
+DeviceSpecs of ``--pass-device-specs``) is unchanged.
 
 Pure functions; ``write_spec`` / ``write_document`` are the ones with I/O. The spec's shape
 follows the CDI spec (``cdiVersion``, ``kind``, ``devices[].name``, ``devices[].containerEdits.deviceNodes[].path``,
@@ -77,6 +77,10 @@ class CdiConfig:
         vendor, _, cls = self.kind.partition("/")
         if not (_VENDOR.match(vendor) and _CLASS.match(cls)):
             raise CdiConfigError(f"--cdi-kind: expected <vendor>/<class> (e.g. {DEFAULT_KIND}), got {self.kind!r}")
+        if not self.spec_dir.startswith("/"):
+            # the runtime reads the spec from its own absolute directory: one written relative to
+            # the plugin's working directory would name devices no runtime can resolve
+            raise CdiConfigError(f"--cdi-spec-dir: expected an absolute directory, got {self.spec_dir!r}")
         if not _PREFIX.match(self.annotation_prefix):
             raise CdiConfigError(
                 f"--cdi-annotation-prefix: expected a DNS prefix ending in '/' "

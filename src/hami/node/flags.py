@@ -18,6 +18,7 @@ import argparse
 import os
 
 from .layout import DEFAULT_HOOK_PATH, DEFAULT_LOCK_DIR, MountSpec, parse_driver_mount
+from .settings import DEFAULT_NODE_CONFIG
 
 
 def driver_mount_arg(text: str) -> MountSpec:
@@ -28,12 +29,21 @@ def driver_mount_arg(text: str) -> MountSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def abs_path_arg(text: str) -> str:
+    """argparse type of a host directory the plugin hands to the kubelet: a relative one would
+    reach every GPU container's mounts and fail its creation, far from the flag."""
+    if not os.path.isabs(text):
+        raise argparse.ArgumentTypeError(f"expected an absolute path, got {text!r}")
+    return text
+
+
 def bool_flag(text: str) -> bool:
-    """argparse type of a BOOL flag: 1/true/yes/on or 0/false/no/off."""
+    """argparse type of a BOOL flag: 1/t/true/yes/on or 0/f/false/no/off (any case; ``t`` and
+    ``f`` as Go's strconv.ParseBool, which reads HAMi's plugin's flags and their env)."""
     value = str(text).strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in ("1", "t", "true", "yes", "on"):
         return True
-    if value in ("0", "false", "no", "off"):
+    if value in ("0", "f", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
@@ -49,7 +59,12 @@ def add_settings(p: argparse.ArgumentParser) -> None:
     """``--config-file`` (device-config.yaml) and ``--node-config`` (config.json)."""
     env = os.environ.get
     p.add_argument("--config-file", default=env("CONFIG_FILE"), help="device-config.yaml (env CONFIG_FILE)")
-    p.add_argument("--node-config", default="/config/config.json", help="node config.json (per-node overrides)")
+    p.add_argument(
+        "--node-config",
+        default=DEFAULT_NODE_CONFIG,
+        help=f"node config.json (per-node overrides); a missing file is refused, except at {DEFAULT_NODE_CONFIG} "
+        "(HAMi's path: logged, the node runs on device-config.yaml's settings)",
+    )
 
 
 def add_layout(p: argparse.ArgumentParser) -> None:
@@ -58,9 +73,12 @@ def add_layout(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hook-path",
         default=env("HOOK_PATH", DEFAULT_HOOK_PATH),
+        type=abs_path_arg,
         help="libvgpu prefix: <hook>/vgpu/libvgpu.so (env HOOK_PATH)",
     )
-    p.add_argument("--lock-dir", default=DEFAULT_LOCK_DIR, help=f"host directory mounted at {DEFAULT_LOCK_DIR}")
+    p.add_argument(
+        "--lock-dir", default=DEFAULT_LOCK_DIR, type=abs_path_arg, help=f"host directory mounted at {DEFAULT_LOCK_DIR}"
+    )
     p.add_argument(
         "--driver-mount",
         action="append",

@@ -14,6 +14,8 @@ cluster-wide ``device-config.yaml`` model (:mod:`hami.config`).
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -24,6 +26,13 @@ from hami.config import MAX_SCALING, MAX_SPLIT_COUNT, NvidiaConfig, load_device_
 from hami.core.errors import ConfigError
 
 from .files import read_small
+
+log = logging.getLogger(__name__)
+
+#: where HAMi's device plugin reads config.json, and where the chart mounts its ConfigMap
+DEFAULT_NODE_CONFIG = "/config/config.json"
+#: a Kubernetes node name (an RFC 1123 subdomain): an entry named otherwise matches no node
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class NodeConfigError(ValueError):
@@ -71,7 +80,10 @@ class NodeSettings:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=False, populate_by_name=True)
+    # strict: a value is taken as JSON typed it, as Go's encoding/json takes it in HAMi (which then
+    # drops the whole file): lax, ``"devicesplitcount": true`` was a split count of 1 and
+    # ``"enablenumatopology": "no"`` false, with no word
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
 
 class _FilterDevices(_Strict):
@@ -165,15 +177,55 @@ _ENTRY_KEYS = frozenset(_NodeEntry.model_fields)
 _FILTER_KEYS = frozenset(_FilterDevices.model_fields)
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_entry_name(entry: Any, where: str) -> None:
+    """Every entry is an object (Go's decoder refuses the whole file otherwise), named by a node
+    name. One named otherwise applies to no node, so the node it was written for runs on defaults:
+    that is a warning, not a refusal, since every node's plugin reads every entry and a dead entry
+    must not stop the plugin on all of them."""
+    if not isinstance(entry, dict):
+        raise NodeConfigError(f"{where}: expected an object with a 'name', got {_short(entry)}")
+    names = [v for k, v in entry.items() if isinstance(k, str) and k.lower() == "name"]
+    if not names:
+        log.warning("%s: field 'name' is missing: the entry applies to no node", where)
+        return
+    name = names[-1]  # of two spellings the later wins (_fold)
+    if not isinstance(name, str) or len(name) > 253 or not _NODE_NAME.match(name):
+        log.warning(
+            "%s: field 'name': %s is not a Kubernetes node name (lower-case letters, digits, '-' and '.'): "
+            "the entry applies to no node",
+            where,
+            _short(name),
+        )
+
+
 def apply_node_config(base: NodeSettings, doc: Any, node_name: str, where: str) -> NodeSettings:
-    """Overlay the ``config.json`` entry named ``node_name`` (other entries are not validated).
-    Keys are matched in any case, as HAMi's device plugin (Go's encoding/json) reads them."""
+    """Overlay the ``config.json`` entry named ``node_name``. Of the other entries only the shape
+    and the ``name`` are checked (a bad value of another node's entry stops that node's plugin,
+    not this one). Keys are matched in any case, as HAMi's device plugin (Go's encoding/json)
+    reads them."""
     if doc is None:
         return base
+    if not isinstance(doc, dict):
+        raise NodeConfigError(
+            f'{where}: expected a JSON object {{"nodeconfig": [...]}}, got a {type(doc).__name__}: {_short(doc)}'
+        )
     doc = _fold(doc, frozenset({"nodeconfig"}))
-    entries = doc.get("nodeconfig") if isinstance(doc, dict) else None
+    if doc.get("nodeconfig") is None:
+        # no entries: the node keeps its defaults, as in HAMi ({} included); other keys alone
+        # are a misspelled "nodeconfig", which would leave every node at its defaults unnoticed
+        if set(doc) - {"nodeconfig"}:
+            raise NodeConfigError(f"{where}: no 'nodeconfig' list (keys found: {', '.join(map(repr, doc))})")
+        return base
+    entries = doc["nodeconfig"]
     if not isinstance(entries, list):
-        raise NodeConfigError(f"{where}: field 'nodeconfig' must be a list of node entries, got {entries!r}")
+        raise NodeConfigError(f"{where}: field 'nodeconfig' must be a list of node entries, got {_short(entries)}")
+    for i, e in enumerate(entries):
+        _check_entry_name(e, f"{where} nodeconfig[{i}]")
     entries = [_fold(e, _ENTRY_KEYS) for e in entries]
     for e in entries:
         if isinstance(e, dict) and "filterdevices" in e:
@@ -218,6 +270,24 @@ def _read(path: Path, loader, what: str) -> Any:
         raise NodeConfigError(f"{what} {path}: not valid ({exc})") from None
 
 
+def check_node_config(path: str | Path | None) -> None:
+    """At start-up: a ``--node-config`` file that is not there is refused, except at HAMi's path
+    (:data:`DEFAULT_NODE_CONFIG`), which the chart fills from a ConfigMap: one named by
+    ``devicePlugin.nodeConfiguration.externalConfigName`` may have no ``config.json`` key, and
+    HAMi's plugin then runs on the defaults (logged here). ``None`` / "" names no file."""
+    if not path or Path(path).exists():
+        return
+    if str(path) == DEFAULT_NODE_CONFIG:
+        log.warning(
+            "%s does not exist: no per-node settings, this node runs on device-config.yaml's "
+            "(the chart's ConfigMap always has config.json; one named by "
+            "devicePlugin.nodeConfiguration.externalConfigName needs a config.json key)",
+            path,
+        )
+        return
+    raise NodeConfigError(f"--node-config: no such file {str(path)!r}")
+
+
 def load_settings(
     node_name: str,
     device_config: str | Path | None = None,
@@ -226,8 +296,9 @@ def load_settings(
 ) -> NodeSettings:
     """Defaults <- device-config.yaml ``nvidia`` <- config.json entry for ``node_name``.
 
-    Missing files are fine (the chart defaults of :class:`hami.config.NvidiaConfig` apply);
-    unreadable or invalid ones are errors.
+    Missing files are fine here (the chart defaults of :class:`hami.config.NvidiaConfig` apply;
+    the commands refuse a named one first: :func:`check_node_config`); unreadable or invalid
+    ones are errors.
     """
     nvidia = NvidiaConfig()
     if device_config:
