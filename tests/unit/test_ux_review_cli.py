@@ -48,6 +48,23 @@ def test_a_missing_kubeconfig_file_is_named(tmp_path, capsys):
     assert f"--kubeconfig: no such file '{missing}'" in err
 
 
+def test_a_missing_kubeconfig_is_one_line_in_a_real_process(tmp_path):
+    # the client library's own "Config not found: <path>" warning came first (pytest's logging
+    # handlers hide it in-process, so a process of its own)
+    import subprocess
+    import sys
+
+    missing = tmp_path / "nope.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hami", "explain", "default/p", "--kubeconfig", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [f"hami explain: --kubeconfig: no such file '{missing}'"]
+
+
 def test_no_credentials_at_all_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))

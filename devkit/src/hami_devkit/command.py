@@ -91,8 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions.add_parser("down", help="stop the control plane started by `up`")
     actions.add_parser("env", help="print shell exports for the running control plane")
     actions.add_parser("status", help="say whether a control plane is running")
-    serve = actions.add_parser("serve", help=argparse.SUPPRESS)
+    # internal (`up` starts it in the background): no help line. argparse before 3.12 prints
+    # help=SUPPRESS as "==SUPPRESS==" in the list, so the parser is left out of the list instead
+    serve = actions.add_parser("serve")
     serve.add_argument("--options", required=True)
+    actions._choices_actions = [a for a in actions._choices_actions if a.dest != "serve"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,9 @@ JSON_PATCH = "application/json-patch+json"
 
 
 log = logging.getLogger(__name__)
+#: its "Config not found: <path>" warning came before the one line every command prints for a
+#: missing kubeconfig (:func:`hami.cli.startup_error`), saying the same thing less well
+logging.getLogger("kubernetes_asyncio.config.kube_config").setLevel(logging.ERROR)
 T = TypeVar("T")
 
 

@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node-policy", default="binpack", help="binpack (default) or spread")
     parser.add_argument(
-        "--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex or a comma chain"
+        "--gpu-policy", default="spread", help="binpack, spread (default), numa, mutex, topology-aware or a comma chain"
     )
     parser.add_argument(
         "--score-with-request",
@@ -169,11 +169,11 @@ def _one_line(exc: Exception) -> str:
 def run(args: argparse.Namespace) -> int:
     config_warnings: list[str] = []  # keys of --config nothing reads, printed with the run's warnings
     try:
+        example = getattr(args, "example", None)
+        if example and (args.nodes is not None or args.pods is not None):
+            raise SimulationError("--example runs a bundled example; it does not go with --nodes/--pods")
         if (args.nodes is None) != (args.pods is None):
             raise SimulationError("--nodes and --pods go together (give both, or neither for the bundled example)")
-        example = getattr(args, "example", None)
-        if example and args.nodes is not None:
-            raise SimulationError("--example runs a bundled example; it does not go with --nodes/--pods")
         if [args.nodes, args.pods, args.config].count("-") > 1:
             raise SimulationError("only one of --nodes, --pods and --config can be - (standard input)")
         nodes_file, pods_file, config_file = EXAMPLES[example or "default"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping
 
 from .engine import SimResult
 
@@ -36,10 +36,27 @@ def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f}G"
 
 
-def _grant(d: dict) -> str:
+#: a device id is shown by its first characters ("GPU-7d1c55e0"), more where two devices share them
+SHORT_ID = 12
+
+
+def _short_ids(uuids: set[str]) -> dict[str, str]:
+    """Each id cut to :data:`SHORT_ID` characters, or to as many as tell it from every other id
+    shown: vendors number a board's chips under one prefix (``NPU-7f3c0a1e-0002``, ``-0003``),
+    which a fixed cut showed as one device granted twice."""
+    out = {}
+    for u in uuids:
+        n = SHORT_ID
+        while n < len(u) and any(o != u and o[:n] == u[:n] for o in uuids):
+            n += 1
+        out[u] = u[:n]
+    return out
+
+
+def _grant(d: dict, short: Mapping[str, str]) -> str:
     mig = f" MIG {d['mig']['profile']}@{d['mig']['start']}" if "mig" in d else ""
     where = f"{d['device'].rpartition('/')[2]} " if "device" in d else ""  # DRA: the slice device (gpu-0)
-    return f"{where}{d['uuid'][:12]} {d['usedmem']}MiB {d['usedcores']}%{mig}"
+    return f"{where}{short.get(d['uuid'], d['uuid'])} {d['usedmem']}MiB {d['usedcores']}%{mig}"
 
 
 def _names(names: list[str], shown: int = 3) -> str:
@@ -67,9 +84,10 @@ def to_table(result: SimResult) -> str:
     lines.append("")
     lines.append("PODS")
     lines.append(f"  {'POD':<{pod_w}} {'STATUS':<{status_w}} {'NODE':<{node_w}} DEVICES")
+    short = _short_ids({d["uuid"] for p in result.pods for c in p.containers for d in c["devices"]})
     for p in result.pods:
         devs = "; ".join(
-            f"{c['name']}: " + ", ".join(_grant(d) for d in c["devices"]) for c in p.containers if c["devices"]
+            f"{c['name']}: " + ", ".join(_grant(d, short) for d in c["devices"]) for c in p.containers if c["devices"]
         )
         lines.append(
             f"  {p.namespace + '/' + p.name:<{pod_w}} {p.status:<{status_w}} {p.node or '-':<{node_w}} {devs}".rstrip()
