@@ -163,14 +163,14 @@ class Reflector:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                if self._failing:
-                    self._recovered()
                 event = orjson.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Expired(f"{self.name}: {obj.get('message')}")
                     raise KubeError("WATCH", self.path, obj.get("code") or 0, json.dumps(obj))
+                if self._failing:  # (not on an ERROR event: that is the failure, not the watch working)
+                    self._recovered()
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if kind != "BOOKMARK":
                     try:
@@ -184,7 +184,7 @@ class Reflector:
         return rv
 
     def _recovered(self) -> None:
-        """A list answered, or a watch opened: say so if it had been failing."""
+        """A list answered, or a watch delivered an event or lasted: say so if it had been failing."""
         if self._failing:
             n = self._failing
             log.info("watch %s works again after %d failure%s in a row", self.name, n, "s"[: n - 1])

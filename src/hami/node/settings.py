@@ -183,10 +183,13 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _check_entry_name(entry: Any, where: str) -> None:
-    """Every entry is an object (Go's decoder refuses the whole file otherwise), named by a node
+    """Every entry is an object or null (Go's decoder refuses the whole file otherwise), named by a node
     name. One named otherwise applies to no node, so the node it was written for runs on defaults:
     that is a warning, not a refusal, since every node's plugin reads every entry and a dead entry
-    must not stop the plugin on all of them."""
+    must not stop the plugin on all of them. ``null`` is Go's zero entry (no name, no error)."""
+    if entry is None:
+        log.warning("%s: a null entry applies to no node", where)
+        return
     if not isinstance(entry, dict):
         raise NodeConfigError(f"{where}: expected an object with a 'name', got {_short(entry)}")
     names = [v for k, v in entry.items() if isinstance(k, str) and k.lower() == "name"]
