@@ -1974,3 +1974,58 @@ async def test_a_pods_priority_rides_in_its_claim_to_cuda_task_priority(cluster,
         cluster.delete_namespace(ns)
         cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
         cluster.delete_node(node)
+
+
+async def test_a_claim_with_a_priority_waits_for_an_agent_that_honours_it(cluster, kube):
+    """Version skew against the real kube-scheduler: a node whose slice lacks ``taskPriority`` (an
+    agent that predates the ``priority`` field, which it ignored) gets no claim with a priority
+    (the pod is Unschedulable, its claim unallocated, while a pod without one is placed there);
+    once the agent is upgraded and publishes the attribute, kube-scheduler allocates the waiting
+    claim there, with the priority in its configuration."""
+    from hami.dra.model import TASK_PRIORITY
+
+    await apply_device_classes(kube)
+    node, ns = "dra-old-agent", "dra-old-agent"
+    cluster.create_namespace(ns)
+    cluster.create_node(node, labels={"hami.io/test-pool": "old-agent"})
+    settings = SliceSettings(split_count=SPLIT)
+    old = resource_slice(node, gpus(node, 1), settings)
+    for dev in old["spec"]["devices"]:  # as an agent that predates the attribute publishes them
+        del dev["attributes"][TASK_PRIORITY]
+    cluster.api("POST", f"{RESOURCE}/resourceslices", old)
+    where = {"hami.io/test-pool": "old-agent"}
+    try:
+        limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
+        create_hami_pod(cluster, ns, hami_pod("plain", limits, where))
+        create_hami_pod(cluster, ns, hami_pod("urgent", {**limits, "nvidia.com/priority": 0}, where))
+
+        def unschedulable():
+            pod = cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/urgent")
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/plain")["spec"].get("nodeName") == node,
+            "the pod without a priority placed on the old agent's node",
+            timeout=60,
+        )
+        cluster.wait_for(unschedulable, "kube-scheduler's verdict on the prioritized pod", timeout=60)
+        assert not cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/urgent")["spec"].get("nodeName")
+        assert "allocation" not in (claims_by_pod(cluster, ns)["urgent"].get("status") or {})
+
+        # the agent is upgraded: its publish adds the attribute (a new generation of the pool)
+        stored = await publish_slice(kube, node, gpus(node, 1), settings)
+        assert stored["spec"]["devices"][0]["attributes"][TASK_PRIORITY] == {"bool": True}
+        cluster.wait_for(
+            lambda: cluster.api("GET", f"/api/v1/namespaces/{ns}/pods/urgent")["spec"].get("nodeName") == node,
+            "the prioritized pod placed once the node's agent honours its priority",
+            timeout=90,
+        )
+        claim = claims_by_pod(cluster, ns)["urgent"]
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (node, "gpu-0")
+        assert claim["status"]["allocation"]["devices"]["config"][-1]["opaque"]["parameters"]["priority"] == 0
+    finally:
+        cluster.delete_namespace(ns)
+        cluster.api("DELETE", f"{RESOURCE}/resourceslices/{slice_name(node)}", expect=(200, 404))
+        cluster.delete_node(node)

@@ -12,7 +12,9 @@ UI, the webhook's translation, ``hami simulate --front-end dra``, the node agent
 - :mod:`hami.dra.cel`: CEL device selectors in the environment kube-scheduler gives them;
 - :mod:`hami.dra.fit`: kube-scheduler's allocator as far as the simulation needs it;
 - :mod:`hami.dra.explain`: why a claim does not fit;
-- :mod:`hami.dra.translate`: a HAMi pod's resources -> a ResourceClaimTemplate.
+- :mod:`hami.dra.translate`: a HAMi pod's resources -> a ResourceClaimTemplate;
+- :mod:`hami.dra.gpuconfig`: the rules of a ``GpuConfig``, which the node agent applies at
+  prepare and the webhook at a claim's or template's creation.
 
 The node agent (kubelet plugin, prepare, checkpoint, publisher, ``hami dra``) is
 :mod:`hami.draplugin`, one floor up. See docs/dra.md.

@@ -83,15 +83,12 @@ from typing import Any, Mapping, Sequence
 
 from hami.core.names import DRA_CDI_KIND
 from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
+from hami.dra import gpuconfig
 from hami.dra.model import (
-    CONFIG_API_VERSION,
-    CONFIG_KIND,
     CORES,
-    DEFAULT_PRIORITY,
     DRIVER,
     MEMORY,
     MIB,
-    PRIORITY_RANGE,
     GpuLike,
     MigDevice,
     SliceSettings,
@@ -108,9 +105,9 @@ from hami.node.layout import HookPaths
 #: UID's): containerd 1.7.0-1.7.12 carry a CDI library (0.5.4) that refuses a "0.6.0" spec
 CDI_VERSION = "0.5.0"
 CDI_KIND = DRA_CDI_KIND
-ISOLATIONS = ("hami-core", "none")
+ISOLATIONS = gpuconfig.ISOLATIONS
 #: the parameters of a ``GpuConfig`` (any other is refused, :func:`_gpu_config`)
-GPU_CONFIG_FIELDS = ("apiVersion", "kind", "isolation", "priority")
+GPU_CONFIG_FIELDS = gpuconfig.FIELDS
 
 
 class PrepareError(Exception):
@@ -180,57 +177,13 @@ def _get(obj: Any, *keys: str) -> Any:
 
 
 def _gpu_config(config: Sequence[Any], request: str, where: str) -> tuple[str, int | None]:
-    """``(isolation, priority)`` for ``request`` from the class and claim configuration: each
-    parameter from the last entry that names it, claim entries after class entries (claim
-    configuration wins, later wins). An entry that leaves a parameter out keeps what came before
-    (a claim naming only a ``priority`` keeps its class's isolation). ``priority`` None: not set."""
-    chosen = "hami-core"
-    priority: int | None = None
-    ordered = sorted(
-        (c for c in config if isinstance(c, Mapping)) if isinstance(config, list) else (),
-        key=lambda c: 0 if c.get("source") == "FromClass" else 1,
-    )
-    for c in ordered:
-        names = c.get("requests")
-        if names and not isinstance(names, list):
-            raise PrepareError(f"{where}: configuration requests must be a list, got {names!r:.60}")
-        if names and request not in names and request.split("/")[0] not in names:
-            continue
-        opaque = c.get("opaque")
-        if not isinstance(opaque, Mapping) or opaque.get("driver") != DRIVER:
-            continue
-        params = opaque.get("parameters") or {}
-        if not isinstance(params, Mapping):
-            raise PrepareError(f"{where}: configuration parameters must be an object, got {params!r:.60}")
-        if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
-            raise PrepareError(
-                f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
-                f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}"
-            )
-        # strict, as Kubernetes decodes its own kinds: a field this agent does not know is one a
-        # newer webhook or user meant to take effect, and ignoring it would run the claim without
-        # it (an agent that predates ``priority`` ran such claims at the default priority, unseen)
-        for key in params:
-            if key not in GPU_CONFIG_FIELDS:
-                raise PrepareError(
-                    f"{where}: configuration parameter {str(key)[:40]!r}={params[key]!r:.40} is not a {CONFIG_KIND} "
-                    f"field this agent knows ({', '.join(GPU_CONFIG_FIELDS[2:])}); remove it, or upgrade the agent"
-                )
-        value = params.get("isolation")
-        if value is not None:
-            if value not in ISOLATIONS:
-                raise PrepareError(f"{where}: configuration isolation={value!r} is not one of {', '.join(ISOLATIONS)}")
-            chosen = value
-        value = params.get("priority")
-        if value is not None:
-            low, high = PRIORITY_RANGE
-            # bool is an int to Python; a float (1.0) or a string is not what libvgpu reads
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise PrepareError(
-                    f"{where}: configuration priority={value!r:.40} must be an integer in {low}..{high} (0 high, 1 low)"
-                )
-            priority = value
-    return chosen, priority
+    """``(isolation, priority)`` for ``request`` from the class and claim configuration
+    (:func:`hami.dra.gpuconfig.resolve`, the rules the webhook checks at a claim's creation too).
+    ``priority`` None: not set."""
+    try:
+        return gpuconfig.resolve(config, request, where)
+    except gpuconfig.GpuConfigError as exc:
+        raise PrepareError(str(exc)) from None
 
 
 def _consumed(result: Mapping[str, Any], name: str, where: str, whole_part: bool = False) -> int | None:
@@ -302,22 +255,14 @@ def plan(
         iso, prio = _gpu_config(config, request, f"{ref}: request {request!r}")
         if prio is not None:
             priority = prio
-        priorities.add(DEFAULT_PRIORITY if prio is None else prio)
+        priorities.add(gpuconfig.runs_at(prio))
         if len(priorities) > 1:
-            raise PrepareError(
-                f"{ref}: requests mix priority {' and '.join(map(str, sorted(priorities)))} (one CDI device, "
-                "one CUDA_TASK_PRIORITY per claim); use one claim for each"
-            )
+            raise PrepareError(f"{ref}: {gpuconfig.mixed(sorted(priorities))}")
         m = migs.get(r["device"]) if isinstance(r.get("device"), str) else None
         # a priority is libvgpu's (CUDA_TASK_PRIORITY): refused where none runs, not dropped unseen
-        without = (
-            "a MIG device" if m is not None else "admin access" if admin else "isolation none" if iso == "none" else ""
-        )
+        without = gpuconfig.without_libvgpu(m is not None, bool(admin), iso)
         if prio is not None and without:
-            raise PrepareError(
-                f"{ref}: request {request!r}: configuration priority={prio} needs libvgpu (isolation hami-core), "
-                f"and {without} runs without it; remove the priority"
-            )
+            raise PrepareError(f"{ref}: {gpuconfig.unhonoured(request, prio, without)}")
         if m is not None:
             if admin:
                 raise PrepareError(f"{where}: a MIG device cannot be given with admin access")

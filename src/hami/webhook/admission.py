@@ -697,16 +697,18 @@ def review_with_templates(
     uid = request.get("uid") or ""
     pod = request.get("object")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if is_claim_create(request):
+    if is_claim_create(request) or is_template_create(request):
         if isinstance(pod, dict):
             claim = pod
             if not (claim.get("metadata") or {}).get("namespace") and request.get("namespace"):
                 claim = {**claim, "metadata": {**(claim.get("metadata") or {}), "namespace": request["namespace"]}}
-            verdict = decide_claim(claim, s, quota_room)
+            verdict = decide_claim(claim, s, quota_room) if is_claim_create(request) else decide_template(claim)
             if not verdict.allowed:
                 reason = "Forbidden" if verdict.code == 403 else "BadRequest"
                 status = {"code": verdict.code, "message": verdict.message, "reason": reason}
                 response = {"uid": uid, "allowed": False, "status": status}
+            elif verdict.warnings:
+                response["warnings"] = list(verdict.warnings)
     elif not is_pod_create(request):
         pass
     elif not isinstance(pod, dict):
@@ -842,6 +844,47 @@ def is_claim_create(request: Mapping[str, Any]) -> bool:
     return request.get("operation") == "CREATE" and kind_name == "ResourceClaim"
 
 
+def is_template_create(request: Mapping[str, Any]) -> bool:
+    """A ResourceClaimTemplate being created (its claim spec is checked: :func:`decide_template`)."""
+    kind = request.get("kind")
+    kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
+    return request.get("operation") == "CREATE" and kind_name == "ResourceClaimTemplate"
+
+
+def _where(kind: str, obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    return f"{kind} {meta.get('namespace') or 'default'}/{meta.get('name') or meta.get('generateName') or ''}"
+
+
+def decide_template(template: Mapping[str, Any]) -> Decision:
+    """A ResourceClaimTemplate whose claim spec breaks this driver's configuration rules
+    (:func:`hami.dra.gpuconfig.claim_spec_error`) is refused (400) at its creation: every claim
+    made from it would be refused, and before this check each was, at prepare, after its pod was
+    scheduled. Nothing else of a template is looked at (it consumes nothing: its claims are
+    checked against the quota, :func:`decide_claim`)."""
+    from hami.dra.gpuconfig import claim_spec_error  # the DRA model, only for claims
+
+    spec = template.get("spec")
+    claim_spec = spec.get("spec") if isinstance(spec, Mapping) else None
+    if bad := claim_spec_error(claim_spec, path="spec.spec"):
+        return _deny(f"{_where('ResourceClaimTemplate', template)}: {bad}", 400)
+    return Decision(True, warnings=_priority_notes(claim_spec))
+
+
+def _priority_notes(spec: Any) -> tuple[str, ...]:
+    """A warning for requests with a priority that do not select devices whose agent honours it
+    (:func:`hami.dra.gpuconfig.unselected_priorities`): on a node whose agent predates the field
+    the claim would run at the default priority, unseen. A warning, not a refusal: every agent of
+    this version honours the priority, and the selector is the user's to choose."""
+    from hami.dra.gpuconfig import unselected_priorities
+    from hami.dra.model import TASK_PRIORITY
+
+    names = unselected_priorities(spec)
+    if not names:
+        return ()
+    return ("hami: " + _listed(f"priority without a {TASK_PRIORITY} selector (older agents ignore it): ", names),)
+
+
 def decide_claim(
     claim: Mapping[str, Any], s: AdmissionSettings, quota_room: Callable[[str, Sequence[Any]], Any] | None
 ) -> Decision:
@@ -852,23 +895,33 @@ def decide_claim(
     allocates it without looking at the quota. Claims the controller makes from the webhook's
     templates come here too. What the claim asks is :func:`hami.dra.claims.claim_ask` (memory
     of a request without an amount counts once allocated, like a whole card's at the pod
-    check); the room is what allocated claims and placed pods leave (the same ledger)."""
+    check); the room is what allocated claims and placed pods leave (the same ledger).
+
+    First (400), a configuration of this driver the node agent would refuse at prepare
+    (:func:`hami.dra.gpuconfig.claim_spec_error`: a ``GpuConfig`` field it does not know, an
+    isolation or priority out of its values, a priority where no libvgpu runs, requests at two
+    priorities), the same rules and message: refused here, the claim's pod never gets scheduled
+    only to fail to start."""
     from hami.dra.claims import ClaimError, claim_ask  # the DRA model, only for claims
+    from hami.dra.gpuconfig import claim_spec_error
 
     meta = claim.get("metadata") or {}
     ns = meta.get("namespace") or "default"
-    where = f"ResourceClaim {ns}/{meta.get('name') or meta.get('generateName') or ''}"
+    where = _where("ResourceClaim", claim)
+    if bad := claim_spec_error(claim.get("spec")):
+        return _deny(f"{where}: {bad}", 400)
+    notes = _priority_notes(claim.get("spec"))
     try:
         ask = claim_ask(claim)
     except ClaimError as exc:
         return _deny(f"{where}: {exc}", 400)
     nvidia = s.nvidia
     if ask is None or quota_room is None or nvidia is None:
-        return Decision(True)
+        return Decision(True, warnings=notes)
     quota = quota_room(ns, s.vendors)
     mem_room, core_room = quota.room.get(nvidia.name, (None, None)) if quota is not None else (None, None)
     if mem_room is None and core_room is None:
-        return Decision(True)
+        return Decision(True, warnings=notes)
     if ask.unbounded:
         return _deny(f"{where}: {ask.unbounded} cannot be counted against namespace {ns}'s GPU quota; ask for a count")
     for n, left, res, factor in (
@@ -877,7 +930,7 @@ def decide_claim(
     ):
         if left is not None and n > left:
             return _deny(f"{where}: {quota_message(res, n, left, ns, factor)}")
-    return Decision(True)
+    return Decision(True, warnings=notes)
 
 
 def is_dry_run(request: Mapping[str, Any]) -> bool:

@@ -1,0 +1,259 @@
+"""The rules of this driver's opaque configuration, a ``GpuConfig`` (``apiVersion
+gpu.hami.io/v1alpha1``): one place for the node agent, which refuses a claim that breaks them at
+prepare (:func:`hami.draplugin.prepare.plan`), and the webhook, which refuses a ResourceClaim or
+ResourceClaimTemplate that breaks them at creation (:func:`claim_spec_error`), so that a rule the
+webhook enforces is one every agent of this version enforces too, with the same message.
+
+A ``GpuConfig`` has two optional parameters, each taken from the last entry that names it (class
+entries first, then the claim's, :func:`resolve`): ``isolation`` (:data:`ISOLATIONS`) and
+``priority``, libvgpu's task priority (an integer in :data:`PRIORITY_RANGE`, 0 high, 1 low). Any
+other parameter is refused: it is one a newer webhook or a user meant to take effect, and an agent
+that ignored it would run the claim without it. A priority where no libvgpu runs (isolation
+``none``, admin access, a MIG device, :func:`without_libvgpu`) is refused too, and so are requests
+of one claim that run at different priorities (one claim is one CDI device, one
+``CUDA_TASK_PRIORITY``). Another driver's configuration is never looked at.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from hami.dra.model import (
+    TASK_PRIORITY,
+    CONFIG_API_VERSION,
+    CONFIG_KIND,
+    DEFAULT_PRIORITY,
+    DRIVER,
+    MIG_CLASS,
+    PRIORITY_RANGE,
+    device_classes,
+)
+
+ISOLATIONS = ("hami-core", "none")
+#: the parameters of a ``GpuConfig`` (any other is refused, :func:`parameters`)
+FIELDS = ("apiVersion", "kind", "isolation", "priority")
+#: how the agent names itself in a refusal of a field it does not know
+AGENT = "this agent"
+
+
+class GpuConfigError(ValueError):
+    """A configuration entry of this driver breaks a rule; the message names the field and value."""
+
+
+def parameters(params: Any, where: str, knower: str = AGENT) -> tuple[str | None, int | None]:
+    """``(isolation, priority)`` one ``GpuConfig`` names (None: left out), or GpuConfigError.
+    ``knower`` is who does not know a field (the agent, or the webhook speaking for the agents)."""
+    params = params or {}
+    if not isinstance(params, Mapping):
+        raise GpuConfigError(f"{where}: configuration parameters must be an object, got {params!r:.60}")
+    if params.get("apiVersion") != CONFIG_API_VERSION or params.get("kind") != CONFIG_KIND:
+        raise GpuConfigError(
+            f"{where}: configuration parameters must be apiVersion {CONFIG_API_VERSION} "
+            f"kind {CONFIG_KIND}, got {params.get('apiVersion')!r} {params.get('kind')!r}"
+        )
+    # strict, as Kubernetes decodes its own kinds: a field this agent does not know is one a
+    # newer webhook or user meant to take effect, and ignoring it would run the claim without
+    # it (an agent that predates ``priority`` ran such claims at the default priority, unseen)
+    for key in params:
+        if key not in FIELDS:
+            raise GpuConfigError(
+                f"{where}: configuration parameter {str(key)[:40]!r}={params[key]!r:.40} is not a {CONFIG_KIND} "
+                f"field {knower} knows ({', '.join(FIELDS[2:])}); remove it, or upgrade the agent"
+            )
+    isolation = params.get("isolation")
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise GpuConfigError(
+            f"{where}: configuration isolation={isolation!r:.40} is not one of {', '.join(ISOLATIONS)}"
+        )
+    priority = params.get("priority")
+    if priority is not None:
+        low, high = PRIORITY_RANGE
+        # bool is an int to Python; a float (1.0) or a string is not what libvgpu reads
+        if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+            raise GpuConfigError(
+                f"{where}: configuration priority={priority!r:.40} must be an integer in {low}..{high} (0 high, 1 low)"
+            )
+    return isolation, priority
+
+
+def ours(entry: Any) -> bool:
+    """Whether a configuration entry is this driver's (an opaque one naming ``gpu.hami.io``)."""
+    opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+    return isinstance(opaque, Mapping) and opaque.get("driver") == DRIVER
+
+
+def resolve(config: Any, request: str, where: str, knower: str = AGENT) -> tuple[str, int | None]:
+    """``(isolation, priority)`` for ``request`` (``gpu``, or ``gpu/sub`` for a ``firstAvailable``
+    subrequest) from class and claim configuration: each parameter from the last entry that names
+    it, claim entries after class entries (``source: FromClass`` first, claim configuration wins,
+    later wins). An entry that leaves a parameter out keeps what came before (a claim naming only
+    a ``priority`` keeps its class's isolation). ``priority`` None: not set."""
+    chosen = "hami-core"
+    priority: int | None = None
+    ordered = sorted(
+        (c for c in config if isinstance(c, Mapping)) if isinstance(config, list) else (),
+        key=lambda c: 0 if c.get("source") == "FromClass" else 1,
+    )
+    for c in ordered:
+        names = c.get("requests")
+        if names and not isinstance(names, list):
+            raise GpuConfigError(f"{where}: configuration requests must be a list, got {names!r:.60}")
+        if names and request not in names and request.split("/")[0] not in names:
+            continue
+        if not ours(c):
+            continue
+        isolation, prio = parameters(c["opaque"].get("parameters"), where, knower)
+        if isolation is not None:
+            chosen = isolation
+        if prio is not None:
+            priority = prio
+    return chosen, priority
+
+
+def without_libvgpu(mig: bool, admin: bool, isolation: str) -> str:
+    """What makes a request run without libvgpu ("" when it runs with it)."""
+    return "a MIG device" if mig else "admin access" if admin else "isolation none" if isolation == "none" else ""
+
+
+def unhonoured(request: str, priority: int, without: str) -> str:
+    """The refusal of a priority on a request that runs without libvgpu (it would be dropped unseen)."""
+    return (
+        f"request {request!r}: configuration priority={priority} needs libvgpu (isolation hami-core), "
+        f"and {without} runs without it; remove the priority"
+    )
+
+
+def mixed(priorities: Sequence[int]) -> str:
+    """The refusal of a claim whose requests run at different priorities."""
+    return (
+        f"requests mix priority {' and '.join(map(str, sorted(set(priorities))))} (one CDI device, "
+        "one CUDA_TASK_PRIORITY per claim); use one claim for each"
+    )
+
+
+def runs_at(priority: int | None) -> int:
+    """The priority libvgpu runs a request at (unset: its default)."""
+    return DEFAULT_PRIORITY if priority is None else priority
+
+
+def class_configs() -> dict[str, list[dict[str, Any]]]:
+    """This driver's DeviceClasses (as :func:`hami.dra.model.device_classes` publishes them) ->
+    their configuration, as an allocation carries it (``source: FromClass``)."""
+    return {
+        c["metadata"]["name"]: [{"source": "FromClass", **e} for e in c["spec"].get("config") or ()]
+        for c in device_classes()
+    }
+
+
+#: who the webhook says does not know a field: the agents its refusal speaks for
+AGENTS = "a node agent of this version"
+#: bounds far above the API server's (32 requests, 32 configuration entries, 8 subrequests): the
+#: check is requests x entries, and anyone reaching the webhook's port can send a body of 4 MiB
+MAX_REQUESTS, MAX_CONFIG, MAX_SUBREQUESTS = 256, 256, 64
+
+
+def _alternatives(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(name, body)`` of what a request may be allocated as: its ``exactly``, or each
+    ``firstAvailable`` subrequest as ``request/sub`` (the name a result and a config entry carry)."""
+    subs = request.get("firstAvailable")
+    if isinstance(subs, list):
+        return [(f"{request['name']}/{s.get('name')}", s) for s in subs if isinstance(s, Mapping)]
+    exactly = request.get("exactly")
+    return [(request["name"], exactly)] if isinstance(exactly, Mapping) else []
+
+
+def claim_spec_error(
+    spec: Any, classes: Mapping[str, Sequence[Mapping[str, Any]]] | None = None, path: str = "spec"
+) -> str:
+    """Why a ResourceClaim's ``spec`` (a template's ``spec.spec``) would be refused at prepare by
+    the configuration rules ("" when it would not): every entry of this driver is checked, then
+    each request of one of ``classes`` (default: this driver's, :func:`class_configs`) is resolved
+    as the agent resolves its results. A request of another class (another driver's, or a class
+    of the administrator's whose configuration is not known here) gets only the entry check. For
+    a ``firstAvailable`` request each subrequest is checked (any of them may be allocated); its
+    requests mix priorities only when whichever subrequests are taken would. ``path``: where
+    ``spec`` is in the object (``spec.spec`` in a template), for the message."""
+    classes = class_configs() if classes is None else classes
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    devices = devices if isinstance(devices, Mapping) else {}
+    config = devices.get("config")
+    config = [c for c in config if isinstance(c, Mapping)] if isinstance(config, list) else []
+    requests = devices.get("requests")
+    requests = requests if isinstance(requests, list) else []
+    most_subs = max(
+        (
+            len(r["firstAvailable"])
+            for r in requests
+            if isinstance(r, Mapping) and isinstance(r.get("firstAvailable"), list)
+        ),
+        default=0,
+    )
+    for what, n, most in (
+        ("requests", len(requests), MAX_REQUESTS),
+        ("config", len(config), MAX_CONFIG),
+        ("requests[].firstAvailable", most_subs, MAX_SUBREQUESTS),
+    ):
+        if n > most:
+            return f"{path}.devices.{what}: {n} entries, more than the API server takes"
+    try:
+        for i, c in enumerate(config):
+            if ours(c):
+                parameters(c["opaque"].get("parameters"), f"{path}.devices.config[{i}].opaque.parameters", AGENTS)
+        possible: list[set[int]] = []  # per request of ours: the priorities it may run at
+        for r in requests:
+            if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
+                continue
+            runs: set[int] = set()
+            known = True  # every alternative's class known: what it runs at is known
+            for name, sub in _alternatives(r):
+                cls = sub.get("deviceClassName")
+                if not isinstance(cls, str) or cls not in classes:
+                    known = False
+                    continue
+                where = f"request {name!r}"
+                isolation, priority = resolve([*classes[cls], *config], name, where, AGENTS)
+                without = without_libvgpu(cls == MIG_CLASS, sub.get("adminAccess") is True, isolation)
+                if priority is not None and without:
+                    return unhonoured(name, priority, without)
+                runs.add(runs_at(priority))
+            if known and runs:
+                possible.append(runs)
+        if possible and all(len(p) == 1 for p in possible) and len(set().union(*possible)) > 1:
+            return mixed([next(iter(p)) for p in possible])
+    except GpuConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def unselected_priorities(spec: Any) -> list[str]:
+    """The requests (``gpu``, ``gpu/sub``) of this driver's classes whose configuration sets a
+    priority but whose selectors never name :data:`hami.dra.model.TASK_PRIORITY`: kube-scheduler
+    may then give them a device whose agent predates the field, which runs them at libvgpu's
+    default priority (the webhook's own claims select it, :mod:`hami.dra.translate`). Read after
+    :func:`claim_spec_error` found nothing."""
+    classes = class_configs()
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    devices = devices if isinstance(devices, Mapping) else {}
+    config = devices.get("config")
+    config = [c for c in config if isinstance(c, Mapping)] if isinstance(config, list) else []
+    requests = devices.get("requests")
+    found = []
+    for r in requests if isinstance(requests, list) else ():
+        if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
+            continue
+        for name, sub in _alternatives(r):
+            cls = sub.get("deviceClassName")
+            if not isinstance(cls, str) or cls not in classes or cls == MIG_CLASS:
+                continue
+            try:
+                _, priority = resolve([*classes[cls], *config], name, name, AGENTS)
+            except GpuConfigError:
+                continue
+            selectors = sub.get("selectors")
+            named = any(
+                TASK_PRIORITY in str((s.get("cel") or {}).get("expression", "")) if isinstance(s, Mapping) else False
+                for s in (selectors if isinstance(selectors, list) else ())
+            )
+            if priority is not None and not named:
+                found.append(name)
+    return found
