@@ -109,3 +109,34 @@ def test_refuses_without_node_name_or_nvml(tmp_path):
     assert out.returncode == 3 and "NVML could not be loaded" in out.stderr
     out = hami("--explain", "just-a-pod", tmp_path=tmp_path)
     assert out.returncode == 2 and "--explain: expected NAMESPACE/POD, got 'just-a-pod'" in out.stderr
+
+
+def test_dry_run_keeps_the_names_a_previous_start_recorded(tmp_path):
+    # the record of a start that saw three GPUs; the one between is gone now, so NVML numbers
+    # GPU-c 1: it keeps gpu-2, the name claims were booked on
+    uuids = ["GPU-a0000000-0000-4000-8000-000000000000", "GPU-b0000000-0000-4000-8000-000000000000"]
+    uuids.append("GPU-c0000000-0000-4000-8000-000000000000")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "device-names.json").write_text(json.dumps({"version": 1, "slots": {u: i for i, u in enumerate(uuids)}}))
+    devices = ";".join(f"name=Tesla T4,memory=16G,uuid={u}" for u in (uuids[0], uuids[2]))
+    out = hami(
+        "--dry-run",
+        "--node-name",
+        "n1",
+        "--state-dir",
+        str(state),
+        "--sysfs-root",
+        str(tmp_path / "sys"),
+        "--nvml-library",
+        str(FAKE_NVML),
+        tmp_path=tmp_path,
+        devices=devices,
+    )
+    assert out.returncode == 0, out.stderr
+    got = [
+        (d["name"], d["attributes"]["uuid"]["string"], d["attributes"]["index"]["int"])
+        for d in json.loads(out.stdout)["resourceSlice"]["spec"]["devices"]
+    ]
+    assert got == [("gpu-0", uuids[0], 0), ("gpu-2", uuids[2], 1)]
+    assert "gpu-1" in out.stderr  # the gone GPU's name is said to stay unused

@@ -152,6 +152,19 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
+def slot_of(gpu: GpuLike) -> int:
+    """The number in a GPU's device names (``gpu-<slot>``, its MIG devices and counter set): the
+    agent keeps it per UUID across restarts (:mod:`hami.draplugin.names`), so a name never comes
+    to mean another GPU when one drops off the bus and NVML numbers the rest again; NVML's index
+    where nothing keeps one (first start, ``hami simulate``)."""
+    slot = getattr(gpu, "slot", None)
+    return gpu.index if slot is None else slot
+
+
+def gpu_device_name(gpu: GpuLike) -> str:
+    return device_name(slot_of(gpu))
+
+
 def memory_bytes(gpu: GpuLike, s: SliceSettings) -> int:
     """Published memory, whole MiB: the NVML total times ``deviceMemoryScaling``."""
     return int(gpu.memory_mib * s.memory_scaling) * MIB
@@ -208,7 +221,7 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
     if mem < s.min_memory_mib * MIB:
         raise ValueError(f"GPU {gpu.uuid}: memory {mem // MIB} MiB is below min_memory_mib={s.min_memory_mib}")
     return {
-        "name": device_name(gpu.index),
+        "name": gpu_device_name(gpu),
         "attributes": {
             "model": _attr("string", gpu.model),
             "type": _attr("string", gpu.model if gpu.model.startswith("NVIDIA") else f"NVIDIA-{gpu.model}"),
@@ -315,13 +328,13 @@ def mig_devices(gpus: Iterable[GpuLike], mig: Mapping[str, GpuMig]) -> dict[str,
                 for start, size in p.placements:
                     if size <= 0:
                         continue
-                    name = f"gpu-{g.index}-{_label(p.name)}-{start}"
+                    name = f"{gpu_device_name(g)}-{_label(p.name)}-{start}"
                     out[name] = MigDevice(name, g.uuid, g.index, p.name, start, size, p.memory_mb, p.core)
         else:
             for i in sorted(m.instances, key=lambda i: i.gi):
                 if not i.mig_uuid:
                     continue
-                name = f"gpu-{g.index}-mig-{i.gi}"
+                name = f"{gpu_device_name(g)}-mig-{i.gi}"
                 out[name] = MigDevice(
                     name, g.uuid, g.index, i.profile, i.start, i.size, i.memory_mb, i.core, i.mig_uuid
                 )
@@ -350,7 +363,7 @@ def _mig_device(d: MigDevice, gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
     if d.dynamic:
         out["consumesCounters"] = [
             {
-                "counterSet": counter_set_name(d.gpu_index),
+                "counterSet": counter_set_name(slot_of(gpu)),
                 "counters": {f"slice-{k}": {"value": "1"} for k in range(d.start, d.start + d.size)},
             }
         ]
@@ -367,7 +380,10 @@ def counter_sets(gpus: Iterable[GpuLike], mig: Mapping[str, GpuMig]) -> list[dic
         slices = max((start + size for p in m.profiles for start, size in p.placements), default=0)
         if slices:
             out.append(
-                {"name": counter_set_name(g.index), "counters": {f"slice-{k}": {"value": "1"} for k in range(slices)}}
+                {
+                    "name": counter_set_name(slot_of(g)),
+                    "counters": {f"slice-{k}": {"value": "1"} for k in range(slices)},
+                }
             )
     return out
 

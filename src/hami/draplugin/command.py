@@ -27,6 +27,7 @@ from hami.dra.model import (
     StaticInstance,
     cordoned_gpus,
     device_classes,
+    gpu_device_name,
     mig_devices,
     mig_profiles_of,
     resource_slices,
@@ -38,6 +39,7 @@ from hami.node.layout import prepare_hook_dir
 from hami.node.nvml import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
 from hami.node.settings import NodeConfigError, NodeSettings, check_node_config, load_settings
 
+from .names import NamesError, keep_names
 from .prepare import Paths
 
 log = logging.getLogger("hami.dra")
@@ -388,7 +390,7 @@ async def _serve(
                 log.error("cannot serve metrics on %s:%d: %s; going on without metrics", *args.bind, exc)
         feed = HealthFeed(
             book,
-            [(args.node_name, f"gpu-{g.index}", g.uuid) for g in gpus if g.uuid not in mig]
+            [(args.node_name, gpu_device_name(g), g.uuid) for g in gpus if g.uuid not in mig]
             + [(args.node_name, m.name, m.gpu_uuid) for m in driver.migs.values()],
         )
         server = PluginServer(driver, *socket_paths(args.kubelet_dir), health=feed)
@@ -600,6 +602,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_NVML
     try:
         gpus = discover(settings, args.sysfs_root)
+        try:  # each GPU's device names, kept per UUID across restarts (hami.draplugin.names)
+            gpus = keep_names(gpus, args.state_dir, write=not args.dry_run)
+        except NamesError as exc:
+            print(f"hami dra: refusing to start: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         try:
             s = slice_settings(settings, args, *_nvml_facts([g.uuid for g in gpus]))
             mig = mig_layout(settings, gpus)

@@ -92,7 +92,7 @@ from hami.dra.model import (
     GpuLike,
     MigDevice,
     SliceSettings,
-    device_name,
+    gpu_device_name,
     memory_bytes,
     total_cores,
 )
@@ -230,7 +230,7 @@ def plan(
     results = _get(allocation, "devices", "results") or []
     config = _get(allocation, "devices", "config") or []
     migs = migs or {}
-    by_name = {device_name(g.index): g for g in gpus if not any(m.gpu_uuid == g.uuid for m in migs.values())}
+    by_name = {gpu_device_name(g): g for g in gpus if not any(m.gpu_uuid == g.uuid for m in migs.values())}
     shares: list[Share] = []
     isolation = None
     priority: int | None = None
@@ -297,7 +297,7 @@ def plan(
         shares.append(
             Share(
                 request=request,
-                device=device_name(gpu.index),
+                device=gpu_device_name(gpu),
                 uuid=gpu.uuid,
                 memory_mib=mem // MIB,
                 cores=cores,

@@ -66,6 +66,9 @@ class PhysicalGPU:
     numa_node: int | None = None  # sysfs numa_node when it is >= 0
     pcie_root: str | None = None  # "pci<domain>:<bus>", the root complex above the GPU in sysfs
     compute_capability: str | None = None  # NVML's CUDA compute capability, "<major>.<minor>"
+    #: the number in the GPU's DRA device names when the DRA agent keeps them per UUID
+    #: (:mod:`hami.draplugin.names`): None = the NVML index, as the device plugin names it
+    slot: int | None = None
 
     @property
     def type_name(self) -> str:
