@@ -152,3 +152,28 @@ async def test_an_api_server_that_cannot_list_events_is_said_in_the_answer(share
             await bare.close()
     finally:
         await client.close()
+
+
+class PagedKube(FakeKube):
+    """The API server's chunked list: ``page`` items an answer, a continue token while more remain."""
+
+    def __init__(self, items: list[dict], page: int) -> None:
+        super().__init__(items)
+        self.page = page
+
+    async def request(self, method, path, query=(), body=None, **kw):
+        self.calls.append((method, path, list(query)))
+        start = int(dict(query).get("continue", "0"))
+        rest = self.items[start + self.page :]
+        meta = {"continue": str(start + self.page)} if rest else {}
+        return {"kind": "EventList", "metadata": meta, "items": self.items[start : start + self.page]}
+
+
+async def test_the_newest_event_on_a_later_page_is_found():
+    # the list comes in name order: the newest event may be on the last page (only the first
+    # page was read before, so it was missed and the total said one page)
+    items = [event("Old", m % 50) for m in range(7)] + [event("Newest", 59)]
+    kube = PagedKube(items, page=3)
+    found = await KubeEvents(kube)("team-a", "waiting-a")
+    assert len(found) == 8 and "Newest" in [e["reason"] for e in found]
+    assert [dict(q).get("continue") for _, _, q in kube.calls] == [None, "3", "6"]

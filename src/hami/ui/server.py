@@ -68,7 +68,10 @@ SHARED_DOCS = 64  # queries whose nodes (pods) document is kept: ?node= values, 
 HISTORY_ITEMS = 100  # series per /api/v1/history answer (narrow it with node, namespace, uuid, pod)
 EVENTS_LIMIT = 20  # events per /api/v1/pods/{ns}/{name}/events answer unless ?limit= (1..EVENTS_MAX)
 EVENTS_MAX = 100
-EVENTS_READ = 500  # events asked of the API server for one pod (the newest EVENTS_MAX of them are kept)
+EVENTS_READ = 500  # events asked of the API server for one pod per page (the newest EVENTS_MAX of them are kept)
+#: pages read for one pod: the list is in name order, not time order, so the newest event may be
+#: on any page (a pod with thousands of distinct events is rare: series fold repeats into one)
+EVENTS_PAGES = 10
 EVENT_MESSAGE = 1024  # characters of one event's message
 EVENTS_TIMEOUT = 5.0  # s for the API server's answer
 # pods whose events are being read at once, over all callers: the reads share the UI's 4
@@ -118,16 +121,24 @@ class KubeEvents:
             ("fieldSelector", f"involvedObject.kind=Pod,involvedObject.name={name}"),
             ("limit", str(EVENTS_READ)),
         ]
-        try:
-            answer = await self.kube.request(
-                "GET", f"/api/v1/namespaces/{namespace}/events", query, timeout=EVENTS_TIMEOUT
-            )
-        except Exception as exc:  # noqa: BLE001 - KubeError, aiohttp's errors, timeouts: said in the answer
-            raise EventsUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
-        items = answer.get("items") if isinstance(answer, dict) else None
-        if not isinstance(items, list):
-            raise EventsUnavailable("the API server's answer has no items")
-        return [i for i in items if isinstance(i, dict)]
+        out: list[dict] = []
+        for _ in range(EVENTS_PAGES):
+            try:
+                answer = await self.kube.request(
+                    "GET", f"/api/v1/namespaces/{namespace}/events", query, timeout=EVENTS_TIMEOUT
+                )
+            except Exception as exc:  # noqa: BLE001 - KubeError, aiohttp's errors, timeouts: said in the answer
+                raise EventsUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            items = answer.get("items") if isinstance(answer, dict) else None
+            if not isinstance(items, list):
+                raise EventsUnavailable("the API server's answer has no items")
+            out += [i for i in items if isinstance(i, dict)]
+            meta = answer.get("metadata")
+            token = meta.get("continue") if isinstance(meta, dict) else None
+            if not token or not isinstance(token, str):
+                break
+            query = [*query[:2], ("continue", token)]
+        return out
 
 
 def _event_time(event: dict) -> str:
