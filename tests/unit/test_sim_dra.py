@@ -439,7 +439,27 @@ def test_a_pod_placed_by_the_extender_is_pre_placed_and_not_counted():
     r, pods = run([node("a", n=1)], [old, pod("new", gpu=1, gpumem=15000)])
     assert pods["old"].status == "pre-placed" and pods["old"].node == "a"
     assert pods["new"].status == "scheduled"  # the DRA path does not see the extender's 15000 MiB
-    assert any("holds an extender allocation on a" in w for w in r.warnings)
+    assert [w for w in r.warnings if "extender allocation" in w] == [
+        "1 pod holds an extender allocation (default/old on a): the DRA path does not count it "
+        "(docs/dra.md, Migrating from the extender)"
+    ]
+
+
+def test_many_pods_placed_by_the_extender_are_one_warning():
+    # a cluster dump's running pods gave one warning each before
+    olds = []
+    for i in range(5):
+        old = pod(f"old{i}", gpu=1, gpumem=1000)
+        old["metadata"]["annotations"] = {
+            "hami.io/vgpu-node": "a",
+            "hami.io/vgpu-devices-allocated": "GPU-a-0,NVIDIA,1000,0:;",
+        }
+        olds.append(old)
+    r, pods = run([node("a", n=1)], olds)
+    (line,) = [w for w in r.warnings if "extender allocation" in w]
+    assert line.startswith(
+        "5 pods hold an extender allocation (default/old0 on a, default/old1 on a, default/old2 on a and 2 more)"
+    )
 
 
 def test_allocate_tries_sets_of_devices_not_their_orderings():

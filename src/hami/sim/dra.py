@@ -298,6 +298,7 @@ class _State:
     def __init__(self, nodes: dict[str, _Node], config: SchedulerConfig, opts: DraOptions) -> None:
         self.nodes, self.config, self.opts = nodes, config, opts
         self.warnings: list[str] = []
+        self.extender_held: list[str] = []  # "ns/name on node": said in one warning at the end
         self.by_key = {d.key: d for n in nodes.values() for d in n.devices}
         self.templates: dict[tuple[str, str], dict] = {}
         self.claims: dict[tuple[str, str], _Claim] = {}
@@ -436,10 +437,7 @@ class _State:
             return None
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
-            self.warnings.append(
-                f"pod {ns}/{out.name} holds an extender allocation on {existing.node}: the DRA "
-                "path does not count it (docs/dra.md, Migrating from the extender)"
-            )
+            self.extender_held.append(f"{ns}/{out.name} on {existing.node}")
             return None
         decision = decide(
             pod,
@@ -787,6 +785,13 @@ def simulate_dra(
                 raise SimulationError(f"{sources[1]}: {exc}") from None
             keys[ref] = pod_key(admitted)
         objects[ref] = admitted
+    if state.extender_held:  # one line, not one a running pod (a cluster dump has thousands)
+        held, n = state.extender_held, len(state.extender_held)
+        shown = ", ".join(held[:3]) + (f" and {n - 3} more" if n > 3 else "")
+        warnings.append(
+            f"{n} pod{'s' if n > 1 else ''} hold{'' if n > 1 else 's'} an extender allocation ({shown}): "
+            f"the DRA path does not count {'them' if n > 1 else 'it'} (docs/dra.md, Migrating from the extender)"
+        )
     return SimResult(
         pods=list(outcomes.values()),
         devices=state.device_rows(),
