@@ -131,12 +131,35 @@ securityContext:
 {{- end -}}
 
 {{- define "hami.imagePullSecrets" -}}
-{{- with .Values.global.imagePullSecrets }}
+{{- /* global.imagePullSecrets and each image's pullSecrets (HAMi's per-image key), in every pod: a
+secret a pod's images do not need costs nothing */ -}}
+{{- $names := list -}}
+{{- $v := .Values -}}
+{{- range $list := list $v.global.imagePullSecrets $v.scheduler.extender.image.pullSecrets $v.scheduler.kubeScheduler.image.pullSecrets $v.devicePlugin.image.pullSecrets ($v.devicePlugin.monitor.image | default dict).pullSecrets ($v.dra.image | default dict).pullSecrets -}}
+{{- range ($list | default list) -}}
+{{- if kindIs "map" . -}}{{- $names = append $names (toString .name) -}}{{- else -}}{{- $names = append $names (toString .) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $names | compact | uniq }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
+  - name: {{ . }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The scheduler PodDisruptionBudget's budget: HAMi's scheduler.podDisruptionBudget (minAvailable
+or maxUnavailable), else minAvailable 1 */}}
+{{- define "hami.scheduler.pdbBudget" -}}
+{{- $pdb := .Values.scheduler.podDisruptionBudget | default dict -}}
+{{- if and (hasKey $pdb "minAvailable") (hasKey $pdb "maxUnavailable") -}}
+{{- fail "scheduler.podDisruptionBudget: give minAvailable or maxUnavailable, not both (the API server refuses both)" -}}
+{{- end -}}
+{{- if hasKey $pdb "maxUnavailable" -}}
+maxUnavailable: {{ $pdb.maxUnavailable }}
+{{- else -}}
+minAvailable: {{ ternary $pdb.minAvailable 1 (hasKey $pdb "minAvailable") }}
+{{- end -}}
 {{- end -}}
 
 

@@ -72,23 +72,12 @@ biren:
 
 {{/* The nvidia section generated from the chart's values (as before vendors were configurable). */}}
 {{- define "hami.nvidiaSection" -}}
-{{- /* the scheduler refuses these at start (src/hami/config.py); refused here, the install fails instead of the pods */ -}}
-{{- $split := int64 .Values.devicePlugin.deviceSplitCount -}}
-{{- if or (lt $split 1) (gt $split 1024) -}}
-{{- fail (printf "devicePlugin.deviceSplitCount: expected 1 to 1024 tasks per GPU, got %v" .Values.devicePlugin.deviceSplitCount) -}}
-{{- end -}}
-{{- range $k := list "deviceMemoryScaling" "deviceCoreScaling" -}}
-{{- $v := index $.Values.devicePlugin $k -}}
-{{- if or (le (float64 $v) 0.0) (gt (float64 $v) 1000.0) -}}
-{{- fail (printf "devicePlugin.%s: expected a number above 0 and at most 1000, got %v" $k $v) -}}
-{{- end -}}
-{{- end -}}
 resourceCountName: {{ .Values.resourceName }}
 resourceMemoryName: {{ .Values.resourceMem }}
 resourceMemoryPercentageName: {{ .Values.resourceMemPercentage }}
 resourceCoreName: {{ .Values.resourceCores }}
 resourcePriorityName: {{ .Values.resourcePriority }}
-overwriteEnv: false
+overwriteEnv: {{ include "hami.scheduler.overwriteEnv" . }}
 defaultMemory: 0
 defaultCores: 0
 defaultGPUNum: 1
@@ -103,6 +92,93 @@ libCudaLogLevel: {{ .Values.devices.nvidia.libCudaLogLevel }}
 runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
 {{- end -}}
 
+{{/* HAMi's scheduler.overwriteEnv (a string in HAMi's values, "false"): the nvidia section's overwriteEnv
+     (containers without a GPU get NVIDIA_VISIBLE_DEVICES=none), as HAMi's device-config is made */}}
+{{- define "hami.scheduler.overwriteEnv" -}}
+{{- $v := toString (.Values.scheduler.overwriteEnv | default "false") | lower -}}
+{{- if not (has $v (list "true" "false")) -}}
+{{- fail (printf "scheduler.overwriteEnv: expected true or false, got %q" $v) -}}
+{{- end -}}
+{{- $v -}}
+{{- end -}}
+
+{{/* The keys of devices.<section> that are not the chart's own: HAMi's newer layout gives a vendor's
+     device-config keys there (devices.nvidia.deviceSplitCount, devices.hygon.resourceCountName), so
+     they are keys of that section; "true"/"false" strings are read as booleans, nulls left out */}}
+{{- define "hami.devicesSectionKeys" -}}
+{{- $out := dict -}}
+{{- range $k, $v := omit (.devices | default dict) "enabled" "config" "devicePluginUsers" "customresources" "createRuntimeClass" "runtimeClassName" -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- if and (kindIs "string" $v) (has (lower $v) (list "true" "false")) -}}{{- $v = eq (lower $v) "true" -}}{{- end -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* The nvidia section: from devicePlugin.* and the top-level resource names (HAMi's older layout),
+     under devices.nvidia's own keys (HAMi's newer layout), under devices.nvidia.config. The figures
+     the scheduler refuses at start (src/hami/config.py) are refused here, naming the key they came
+     from, so the install fails instead of the pods. */}}
+{{- define "hami.nvidiaConfig" -}}
+{{- $n := .Values.devices.nvidia -}}
+{{- $own := include "hami.devicesSectionKeys" (dict "devices" $n) | fromJson -}}
+{{- $config := $n.config | default dict -}}
+{{- $merged := mergeOverwrite (include "hami.nvidiaSection" . | fromYaml) $own (deepCopy $config) -}}
+{{- range $k := list "deviceSplitCount" "deviceMemoryScaling" "deviceCoreScaling" -}}
+{{- $src := printf "devicePlugin.%s" $k -}}
+{{- if hasKey $own $k -}}{{- $src = printf "devices.nvidia.%s" $k -}}{{- end -}}
+{{- if hasKey $config $k -}}{{- $src = printf "devices.nvidia.config.%s" $k -}}{{- end -}}
+{{- $v := index $merged $k -}}
+{{- if eq $k "deviceSplitCount" -}}
+{{- if or (lt (int64 $v) 1) (gt (int64 $v) 1024) -}}
+{{- fail (printf "%s: expected 1 to 1024 tasks per GPU, got %v" $src $v) -}}
+{{- end -}}
+{{- else if or (le (float64 $v) 0.0) (gt (float64 $v) 1000.0) -}}
+{{- fail (printf "%s: expected a number above 0 and at most 1000, got %v" $src $v) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $merged -}}
+{{- end -}}
+
+{{/* HAMi's older layout: vendor resource names at the top level of values.yaml, and the key of the
+     vendor's device-config section each one is */}}
+{{- define "hami.topLevelVendorKeys" -}}
+cambricon: {mluResourceName: resourceCountName, mluResourceMem: resourceMemoryName, mluResourceCores: resourceCoreName}
+hygon: {hcuResourceName: resourceCountName, hcuResourceMem: resourceMemoryName, hcuResourceCores: resourceCoreName}
+metax: {metaxResourceName: resourceVCountName, metaxResourceCore: resourceVCoreName, metaxResourceMem: resourceVMemoryName, metaxsGPUTopologyAware: sgpuTopologyAware}
+enflame: {enflameResourceNameDRSGCU: resourceNameDRSGCU, enflameResourceNameGCUMemory: resourceNameGCUMemory, enflameResourceNameGCUCore: resourceNameGCUCore}
+kunlun: {kunlunResourceName: resourceCountName, kunlunResourceVCountName: resourceVCountName, kunlunResourceVMemoryName: resourceVMemoryName}
+vastai: {vastaiResourceName: resourceCountName}
+biren: {birenResourceName: resourceCountName}
+{{- end -}}
+
+{{/* Values HAMi's chart ships for a vendor section where they differ from hami.resourceDefaults
+     (its hygon names are hcu*, the code's dcu*): a copied HAMi values file holds them */}}
+{{- define "hami.hamiChartVendorDefaults" -}}
+hygon: {resourceCountName: hygon.com/hcunum, resourceMemoryName: hygon.com/hcumem, resourceCoreName: hygon.com/hcucores, memoryFactor: 1}
+metax: {sgpuTopologyAware: false}
+mthreads: {memoryPerCard: [96]}
+{{- end -}}
+
+{{/* A vendor section's keys given in HAMi's places ({key: {from: <the value's name>, value: ...}}):
+     the top-level names of the older layout, then devices.<section>'s own keys (the newer one) */}}
+{{- define "hami.hamiVendorKeys" -}}
+{{- $root := .root -}}
+{{- $out := dict -}}
+{{- range $top, $key := index (include "hami.topLevelVendorKeys" $root | fromYaml) .section | default dict -}}
+{{- $v := index $root.Values $top -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- if and (kindIs "string" $v) (has (lower $v) (list "true" "false")) -}}{{- $v = eq (lower $v) "true" -}}{{- end -}}
+{{- $_ := set $out $key (dict "from" $top "value" $v) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $v := include "hami.devicesSectionKeys" (dict "devices" (index $root.Values.devices .section)) | fromJson -}}
+{{- $_ := set $out $key (dict "from" (printf "devices.%s.%s" $.section $key) "value" $v) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{/* device-config.yaml: device-config.content, or one section per enabled entry of .Values.devices. */}}
 {{- define "hami.deviceConfig" -}}
 {{- $content := (index .Values "device-config").content -}}
@@ -113,14 +189,27 @@ runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
 {{- $devices := .Values.devices -}}
 {{- if $devices.nvidia.enabled }}
 nvidia:
-{{ mergeOverwrite (include "hami.nvidiaSection" . | fromYaml) (deepCopy ($devices.nvidia.config | default dict)) | toYaml | indent 2 }}
+{{ include "hami.nvidiaConfig" . | indent 2 }}
 {{- end }}
 {{- range $section := list "cambricon" "hygon" "metax" "mthreads" "enflame" "kunlun" "awsneuron" "amd" "vastai" "biren" }}
 {{- $v := index $devices $section | default dict }}
 {{- if $v.enabled }}
 {{- $body := deepCopy ($v.config | default dict) }}
+{{- /* HAMi's places for the section's keys (hami.hamiVendorKeys), under config */}}
+{{- range $key, $h := include "hami.hamiVendorKeys" (dict "root" $ "section" $section) | fromJson }}
+{{- if not (hasKey $body $key) }}{{ $_ := set $body $key $h.value }}{{ end }}
+{{- end }}
 {{- range $key, $default := index $defaults $section }}
 {{- if not (hasKey $body $key) }}{{ $_ := set $body $key $default }}{{ end }}
+{{- end }}
+{{- /* HAMi's customresources: names kube-scheduler hands to the extender. One the section does not
+read would be placed by the extender without being counted: refused */}}
+{{- $names := list }}
+{{- range $key := keys (index $defaults $section) }}{{ $names = append $names (toString (index $body $key)) }}{{ end }}
+{{- range $name := $v.customresources | default list }}
+{{- if not (has (toString $name) $names) }}
+{{- fail (printf "devices.%s.customresources: %s is not one of the %s section's resource names (%s): the extender would place pods asking for it without counting it; name it in the section's resource-name keys (devices.%s.config) instead" $section $name $section (join ", " ($names | compact | sortAlpha)) $section) }}
+{{- end }}
 {{- end }}
 {{ $section }}:
 {{ $body | toYaml | indent 2 }}
@@ -281,6 +370,7 @@ elsewhere would read a directory nothing writes */ -}}
 {{- fail (printf "%s=%s is not supported: the device plugin writes the regions to <global.gpuHookPath>/vgpu/containers (%s here) and the monitor reads them there; set global.gpuHookPath instead" $name $path $regions) -}}
 {{- end -}}
 {{- end -}}
+{{- include "hami.refuseHamiOnly" . -}}
 {{- if and .Values.devices.ascend (kindIs "map" .Values.devices.ascend) .Values.devices.ascend.enabled -}}
 {{- fail "devices.ascend.enabled=true is HAMi's name: set devices.vnpus.enabled=true (and devices.vnpus.devicePluginUsers for the Ascend plugin's identity)" -}}
 {{- end -}}
@@ -300,6 +390,88 @@ and the old one's exit removes the new one's socket */ -}}
 {{- $ru := ($dp.updateStrategy | default dict).rollingUpdate | default dict -}}
 {{- if and (kindIs "map" $ru) (not (has (toString ($ru.maxSurge | default 0)) (list "0" "0%"))) -}}
 {{- fail (printf "devicePlugin.updateStrategy.rollingUpdate.maxSurge=%v is not supported: a surge pod would be a second device plugin on the node, which fails its preflight check and loses its socket when the old one exits; use maxUnavailable" $ru.maxSurge) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The value at a dotted path of .values as JSON, or "" when a key on the way is missing. */}}
+{{- define "hami.valueAt" -}}
+{{- $cur := .values -}}
+{{- $found := true -}}
+{{- range $k := splitList "." .path -}}
+{{- if and $found (kindIs "map" $cur) (hasKey $cur $k) -}}{{- $cur = index $cur $k -}}{{- else -}}{{- $found = false -}}{{- end -}}
+{{- end -}}
+{{- if $found -}}{{- toJson $cur -}}{{- end -}}
+{{- end -}}
+
+{{/*
+HAMi chart values with no counterpart here. Unset, or at HAMi's own default (a copied HAMi values
+file holds them all), they change nothing in HAMi's chart either; any other value stops the install
+with one line naming it and what to do, instead of being accepted and ignored (docs/configuration.md).
+Each row: the value, the JSON forms that are HAMi's default (its own or a string of it), why.
+*/}}
+{{- define "hami.refuseHamiOnly" -}}
+{{- $off := list "null" "false" "\"false\"" "\"\"" -}}
+{{- range $row := list
+  (list "platform.openshift" $off "OpenShift SecurityContextConstraints are not made by this chart; grant an SCC to its service accounts yourself (its pods need no privilege)")
+  (list "selinux.enabled" $off "host directories are not relabelled by this chart")
+  (list "podSecurityPolicy.enabled" $off "PodSecurityPolicy was removed in Kubernetes 1.25; use Pod Security admission")
+  (list "mockDevicePlugin.enabled" $off "there is no mock device plugin in this chart")
+  (list "scheduler.networkPolicy.enabled" $off "no NetworkPolicy is rendered, and the Service's port serves no unauthenticated /filter or /bind")
+  (list "scheduler.admissionWebhook.manageNamespaceSelector" (list "null" "true" "\"true\"") "the webhook's namespaceSelector is always rendered: whitelistNamespaces and the hami.io/webhook=ignore exclusion live in it")
+  (list "scheduler.service.monitorTargetPort" (list "null" "\"metrics\"" "\"\"") "the metrics Service always targets the container port named metrics (scheduler.metricsBindAddress)")
+  (list "scheduler.extenderPort" (list "null" "9444" "\"9444\"" "\"\"") "set scheduler.extender.loopbackPort, this chart's loopback port for /filter and /bind")
+  (list "devicePlugin.hostPIDBroker.enabled" $off "the device plugin serves no host PID broker: the monitor matches processes through the regions, never host PIDs")
+  (list "devicePlugin.numaRefit.enabled" $off "NUMA alignment refit is not implemented")
+  (list "devicePlugin.reportNodeCapacity" $off "GPU memory and cores are not reported as node capacity")
+  (list "devicePlugin.vgpuCache.gracePeriod" (list "null" "\"5m\"" "\"\"") "a gone pod's directory is removed after devicePlugin.monitor.resyncInterval; set that instead")
+  (list "devicePlugin.monitor.securityContext" (list "null" "{}" "{\"allowPrivilegeEscalation\":false,\"capabilities\":{\"add\":[\"SYS_ADMIN\"],\"drop\":[\"ALL\"]}}") "the monitor runs with a securityContext of its own, unprivileged")
+  (list "devicePlugin.gpuOperatorToolkitReady.securityContext" (list "null" "{}" "{\"privileged\":true,\"runAsUser\":0}") "the toolkit wait runs with a securityContext of its own, unprivileged")
+  (list "devices.iluvatar.enabled" $off "HAMi's name: set devices.iluvatars.enabled=true")
+  (list "devices.remotegpu.enabled" $off "remote GPUs (lupine) are not supported")
+  (list "devices.nvidia.runtimeClassName" (list "null" "\"\"") "set devicePlugin.runtimeClassName (the device plugin's, the monitor's and GPU pods' RuntimeClass)")
+  (list "devices.nvidia.createRuntimeClass" $off "set devicePlugin.createRuntimeClass")
+  (list "metaxsGPUTopologyAware" $off "MetaX sGPU topology-aware placement is not supported")
+  (list "devices.metax.sgpuTopologyAware" $off "MetaX sGPU topology-aware placement is not supported")
+-}}
+{{- $got := include "hami.valueAt" (dict "values" $.Values "path" (index $row 0)) -}}
+{{- if and $got (not (has $got (index $row 1))) -}}
+{{- fail (printf "%s=%s is not supported by this chart: %s (docs/configuration.md)" (index $row 0) $got (index $row 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- /* HAMi's client-side limits (its defaults: 5 QPS, burst 10): the scheduler's API client has no
+such limit, so a higher one holds as set; a lower one cannot be kept */ -}}
+{{- range $key, $floor := dict "kubeQPS" 5 "kubeBurst" 10 -}}
+{{- $v := toString (index $.Values.scheduler $key | default "") -}}
+{{- if and $v (or (not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $v)) (lt (float64 $v) (float64 $floor))) -}}
+{{- fail (printf "scheduler.%s=%s is not supported by this chart: the scheduler's API client has no client-side rate limit, so only a limit of at least HAMi's default (%v) is met; remove the key (docs/configuration.md)" $key $v $floor) -}}
+{{- end -}}
+{{- end -}}
+{{- /* HAMi's kubeTimeout: seconds, 0 = none; the scheduler always times a request out (30s unless set) */ -}}
+{{- with include "hami.valueAt" (dict "values" .Values "path" "scheduler.kubeTimeout") | trimAll "\"" | replace "null" "" -}}
+{{- if not (regexMatch "^[1-9][0-9]*$" .) -}}
+{{- fail (printf "scheduler.kubeTimeout=%s is not supported by this chart: expected a whole number of seconds above 0 (an API request always times out here, after 30s when unset) (docs/configuration.md)" .) -}}
+{{- end -}}
+{{- end -}}
+{{- /* a vendor's keys given in HAMi's places while the vendor is off here: HAMi's chart serves every
+vendor, this one only those enabled */ -}}
+{{- $defaults := include "hami.resourceDefaults" . | fromYaml -}}
+{{- $hamiDefaults := include "hami.hamiChartVendorDefaults" . | fromYaml -}}
+{{- range $section := list "cambricon" "hygon" "metax" "mthreads" "enflame" "kunlun" "awsneuron" "amd" "vastai" "biren" -}}
+{{- if not (index $.Values.devices $section | default dict).enabled -}}
+{{- range $key, $h := include "hami.hamiVendorKeys" (dict "root" $ "section" $section) | fromJson -}}
+{{- $v := toJson $h.value -}}
+{{- $same := list (toJson (index (index $defaults $section | default dict) $key)) (toJson (index (index $hamiDefaults $section | default dict) $key)) -}}
+{{- if not (has $v $same) -}}
+{{- fail (printf "%s=%s has no effect while devices.%s.enabled is false: this chart serves a vendor only when it is enabled; set devices.%s.enabled=true (docs/configuration.md)" $h.from $v $section $section) -}}
+{{- end -}}
+{{- end -}}
+{{- $names := values (index $defaults $section | default dict) | toStrings -}}
+{{- range $name := (index $.Values.devices $section | default dict).customresources | default list -}}
+{{- if not (has (toString $name) $names) -}}
+{{- fail (printf "devices.%s.customresources: %s has no effect while devices.%s.enabled is false: this chart serves a vendor only when it is enabled; set devices.%s.enabled=true (docs/configuration.md)" $section $name $section $section) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
