@@ -161,10 +161,15 @@ def _render(helm, ns: str, *values: str) -> list[dict]:
 
 
 SEPARATE_KUBE_SCHEDULER = ["--set", "scheduler.kubeScheduler.separatePod=true", "--set", "scheduler.replicas=2"]
+#: the DRA front end: the webhook's claim and claim-template entries, whose match conditions
+#: (CEL) only the API server compiles
+DRA_FRONT_END = ["--set", "dra.enabled=true", "--set", "frontEnd=dra"]
 
 
 @pytest.mark.parametrize(
-    "values", [[], NON_DEFAULT, SEPARATE_KUBE_SCHEDULER], ids=["defaults", "non-defaults", "separate-kube-scheduler"]
+    "values",
+    [[], NON_DEFAULT, SEPARATE_KUBE_SCHEDULER, DRA_FRONT_END],
+    ids=["defaults", "non-defaults", "separate-kube-scheduler", "dra"],
 )
 def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kube_namespace, values):
     docs = _render(helm, kube_namespace, *values)
@@ -186,6 +191,11 @@ def test_rendered_objects_pass_server_side_dry_run(kube_cluster, helm, crds, kub
     for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         assert ((kind, "hami-allocation-guard") in names) == (values is not NON_DEFAULT)  # off in the non-defaults
         assert (kind, "hami-device-plugin-node-guard") in names and (kind, "hami-scheduler-pod-guard") in names
+    if values is DRA_FRONT_END:
+        (hooks,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+        entries = {w["name"]: w for w in hooks["webhooks"]}
+        assert {"claims.vgpu.hami.io", "claimtemplates.vgpu.hami.io"} <= set(entries)
+        assert entries["claimtemplates.vgpu.hami.io"]["rules"][0]["resources"] == ["resourceclaimtemplates"]
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(docs)

@@ -190,6 +190,49 @@ def _hold(cluster: KubeCluster, product: Product, ns: str, name: str, mib: int) 
     return out, claim["metadata"]["uid"]
 
 
+def test_a_claim_template_the_agent_would_refuse_is_refused_at_creation(
+    dra_product: Product, real_cluster: KubeCluster, dra_namespace: str
+):
+    """The chart's webhook entry for ResourceClaimTemplates: a GpuConfig the agent refuses at
+    Prepare (a priority outside 0..1000) is refused when the template is created, not in the
+    events of each pod made from it; a good one is created."""
+    from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND
+
+    from hami_devkit.cluster import ApiError
+
+    def template(name: str, priority: int) -> dict:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.hami.io"}}],
+                        "config": [
+                            {
+                                "opaque": {
+                                    "driver": DRIVER,
+                                    "parameters": {
+                                        "apiVersion": CONFIG_API_VERSION,
+                                        "kind": CONFIG_KIND,
+                                        "priority": priority,
+                                    },
+                                }
+                            }
+                        ],
+                    }
+                }
+            },
+        }
+
+    path = f"/apis/resource.k8s.io/v1/namespaces/{dra_namespace}/resourceclaimtemplates"
+    with pytest.raises(ApiError, match=r'claimtemplates.vgpu.hami.io" denied the request: .*priority=5000'):
+        real_cluster.api("POST", path, template("bad", 5000))
+    real_cluster.api("POST", path, template("good", 0))
+    assert [t["metadata"]["name"] for t in real_cluster.api("GET", path)["items"]] == ["good"]
+
+
 @pytest.mark.parametrize("restarted", ["agent", "kubelet"])
 def test_a_claim_prepared_before_a_restart_is_unprepared_after_it(
     dra_product: Product, real_cluster: KubeCluster, dra_namespace: str, restarted: str
