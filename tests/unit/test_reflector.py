@@ -327,10 +327,10 @@ async def test_a_watch_that_worked_then_expired_relists_at_once_whatever_failed_
     assert len(lists) >= 2 and lists[1] - expired_at < 1.0, (lists, expired_at)
 
 
-async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_works(monkeypatch, caplog):
-    """The API server down: every reflector logged a warning for each failed try (every 5 s each,
-    a dozen watches: 150 lines a minute that said nothing new). Now the first failure warns, the
-    next ones within a minute are debug lines, and the recovery is one info line with the count."""
+async def _six_failures_then_a_watch(monkeypatch, caplog, fail) -> tuple[list[tuple[str, str]], int]:
+    """A reflector against a server whose first six watches end as ``await fail(request)``
+    answers them, the seventh delivering an event: the reflector's log lines about /items, and
+    how many watches were opened."""
     import logging
 
     from hami.kube import reflector
@@ -343,7 +343,7 @@ async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_work
             return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
         watches.append(1)
         if len(watches) <= 6:
-            return web.Response(status=503, text="the API server is starting")
+            return await fail(request)
         resp = web.StreamResponse()
         await resp.prepare(request)
         event = {"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}
@@ -355,7 +355,18 @@ async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_work
     with caplog.at_level(logging.DEBUG, logger=reflector.log.name):
         await _run_against(handler, h, lambda r: ("ADDED", "w") in h.applied, seconds=10.0)
     assert ("ADDED", "w") in h.applied
-    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if "/items" in rec.getMessage()]
+    return [(rec.levelname, rec.getMessage()) for rec in caplog.records if "/items" in rec.getMessage()], len(watches)
+
+
+async def test_a_watch_failing_again_and_again_warns_once_then_says_when_it_works(monkeypatch, caplog):
+    """The API server down: every reflector logged a warning for each failed try (every 5 s each,
+    a dozen watches: 150 lines a minute that said nothing new). Now the first failure warns, the
+    next ones within a minute are debug lines, and the recovery is one info line with the count."""
+
+    async def refused(request):
+        return web.Response(status=503, text="the API server is starting")
+
+    lines, _ = await _six_failures_then_a_watch(monkeypatch, caplog, refused)
     warned = [m for lv, m in lines if lv == "WARNING"]
     assert len(warned) == 1 and "starting" in warned[0], lines
     assert sum(1 for lv, m in lines if lv == "DEBUG" and "failed" in m) == 5, lines
@@ -366,32 +377,31 @@ async def test_a_watch_that_opens_and_then_breaks_is_not_logged_as_working_on_ea
     """A proxy that lets each watch open (HTTP 200) and then cuts it before anything arrives:
     "works again" was logged on every opening, so the failure after it warned again, two lines
     per try for as long as it lasted. An opened watch has worked only once something arrives."""
-    import logging
 
-    from hami.kube import reflector
-
-    monkeypatch.setattr(reflector.random, "uniform", lambda a, b: 0.0)  # no backoff wait
-    watches = []
-
-    async def handler(request):
-        if request.query.get("watch") != "true":
-            return web.json_response({"metadata": {"resourceVersion": "10"}, "items": []})
-        watches.append(1)
+    async def cut(request):
         resp = web.StreamResponse()
         await resp.prepare(request)
-        if len(watches) <= 6:
-            await resp.write(b'{"type": "ADDED", "obj')  # half an event, then the connection is cut
-            request.transport.close()
-            return resp
-        event = {"type": "ADDED", "object": {"metadata": {"name": "w", "resourceVersion": "11"}}}
-        await resp.write(json.dumps(event).encode() + b"\n")
-        await asyncio.sleep(30)
+        await resp.write(b'{"type": "ADDED", "obj')  # half an event, then the connection is cut
+        request.transport.close()
         return resp
 
-    h = _Quiet()
-    with caplog.at_level(logging.DEBUG, logger=reflector.log.name):
-        await _run_against(handler, h, lambda r: ("ADDED", "w") in h.applied, seconds=10.0)
-    assert ("ADDED", "w") in h.applied and len(watches) == 7
-    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if "/items" in rec.getMessage()]
-    assert sum(1 for lv, m in lines if lv == "WARNING") == 1, lines
+    lines, watches = await _six_failures_then_a_watch(monkeypatch, caplog, cut)
+    assert watches == 7 and sum(1 for lv, m in lines if lv == "WARNING") == 1, lines
+    assert [m for lv, m in lines if "works again" in m] == ["watch /items works again after 6 failures in a row"], lines
+
+
+async def test_a_watch_answering_only_error_events_warns_once(monkeypatch, caplog):
+    """An ERROR event is something arriving, and it is the failure itself: an API server
+    answering each watch with one (a watch cache behind the asked version: code 504; an etcd
+    error: 500) logged "works again" and then the failure's warning on every try."""
+
+    async def error_event(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        error = {"kind": "Status", "status": "Failure", "reason": "Timeout", "code": 504}
+        await resp.write(json.dumps({"type": "ERROR", "object": error}).encode() + b"\n")
+        return resp
+
+    lines, watches = await _six_failures_then_a_watch(monkeypatch, caplog, error_event)
+    assert watches == 7 and sum(1 for lv, m in lines if lv == "WARNING") == 1, lines
     assert [m for lv, m in lines if "works again" in m] == ["watch /items works again after 6 failures in a row"], lines
