@@ -32,7 +32,10 @@ def dev_root(tmp_path: Path, *names: str) -> Path:
     return tmp_path / "root"
 
 
-async def test_the_allocators_answer_carries_the_granted_gpus_nodes_to_the_kubelet(tmp_path):
+async def allocate_gpu1_with_specs(tmp_path, **options):
+    """The container answer for a pod granted U1, the device specs of both GPUs known: the GPU's
+    node and the control nodes present under the root, checked here; ``options`` go to the
+    Allocator (e.g. ``cdi=``)."""
     root = dev_root(tmp_path, "nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")
     kube = FakeKube("2026-11-22T03:00:00Z,ns,p", [pod_obj("p", to_allocate=f"{U1},NVIDIA,1000,10:;")])
     alloc = Allocator(
@@ -42,6 +45,7 @@ async def test_the_allocators_answer_carries_the_granted_gpus_nodes_to_the_kubel
         release_delay=0,
         gpus=[U0, U1],
         device_specs=A.DeviceSpecs({U0: ("nvidia0",), U1: ("nvidia1",)}, str(root)),
+        **options,
     )
     [resp] = await alloc.allocate([1])
     wire = container_response(resp)
@@ -50,6 +54,11 @@ async def test_the_allocators_answer_carries_the_granted_gpus_nodes_to_the_kubel
         ("/dev/nvidiactl", f"{root}/dev/nvidiactl", "rw"),
         ("/dev/nvidia-uvm", f"{root}/dev/nvidia-uvm", "rw"),
     ]
+    return wire
+
+
+async def test_the_allocators_answer_carries_the_granted_gpus_nodes_to_the_kubelet(tmp_path):
+    wire = await allocate_gpu1_with_specs(tmp_path)
     assert wire.envs["NVIDIA_VISIBLE_DEVICES"] == U1
 
 

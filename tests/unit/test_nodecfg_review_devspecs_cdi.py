@@ -12,17 +12,12 @@ from pathlib import Path
 import pytest
 
 from hami.cli import main
-from hami.deviceplugin import allocate as A
 from hami.deviceplugin import command
-from hami.deviceplugin.allocator import Allocator
-from hami.deviceplugin.server import container_response
 from hami.node import nvml
 from hami.node.cdi import CdiConfig
-from hami.node.layout import HookPaths
 from hami.node.nvml import PhysicalGPU
-from hami.node.settings import NodeSettings
 
-from .test_deviceplugin_allocator import FakeKube, pod_obj
+from .test_deviceplugin_devspecs_wiring import allocate_gpu1_with_specs
 
 U0 = "GPU-aaaaaaaa-0000-4000-8000-000000000000"
 U1 = "GPU-bbbbbbbb-0000-4000-8000-000000000001"
@@ -68,24 +63,7 @@ def test_the_plugin_starts_with_device_specs_and_a_cdi_strategy(monkeypatch, cap
 
 @pytest.mark.parametrize("strategy", ["cdi-annotations", "cdi-cri"])
 async def test_the_allocate_answer_has_the_cdi_devices_and_the_device_specs(tmp_path, strategy):
-    root = dev_root(tmp_path, "nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")
-    kube = FakeKube("2026-11-22T03:00:00Z,ns,p", [pod_obj("p", to_allocate=f"{U1},NVIDIA,1000,10:;")])
-    alloc = Allocator(
-        kube,
-        NodeSettings(),
-        HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock")),
-        release_delay=0,
-        cdi=CdiConfig(strategy),
-        gpus=[U0, U1],
-        device_specs=A.DeviceSpecs({U0: ("nvidia0",), U1: ("nvidia1",)}, str(root)),
-    )
-    [resp] = await alloc.allocate([1])
-    wire = container_response(resp)
-    assert [(d.container_path, d.host_path, d.permissions) for d in wire.devices] == [
-        ("/dev/nvidia1", f"{root}/dev/nvidia1", "rw"),
-        ("/dev/nvidiactl", f"{root}/dev/nvidiactl", "rw"),
-        ("/dev/nvidia-uvm", f"{root}/dev/nvidia-uvm", "rw"),
-    ]
+    wire = await allocate_gpu1_with_specs(tmp_path, cdi=CdiConfig(strategy))
     names = [d.name for d in wire.cdi_devices] if strategy == "cdi-cri" else list(wire.annotations.values())
     assert names == [f"hami.io/gpu={U1}"]
     assert "NVIDIA_VISIBLE_DEVICES" not in wire.envs
