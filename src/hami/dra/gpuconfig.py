@@ -147,9 +147,12 @@ def class_configs() -> dict[str, list[dict[str, Any]]]:
 
 #: who the webhook says does not know a field: the agents its refusal speaks for
 AGENTS = "a node agent of this version"
-#: bounds far above the API server's (32 requests, 32 configuration entries, 8 subrequests): the
-#: check is requests x entries, and anyone reaching the webhook's port can send a body of 4 MiB
-MAX_REQUESTS, MAX_CONFIG, MAX_SUBREQUESTS = 256, 256, 64
+#: the API server's bounds (``DeviceRequestsMaxSize``, ``DeviceConfigMaxSize``,
+#: ``FirstAvailableDeviceRequestMaxSize``): the check resolves every subrequest over every entry,
+#: and anyone reaching the webhook's port can send a body of 4 MiB; at 256/256/64 one such body
+#: held the scheduler's event loop for half a minute. A claim beyond them is refused by the API
+#: server's validation anyway (the mutating webhook sees it first), so only the message differs
+MAX_REQUESTS, MAX_CONFIG, MAX_SUBREQUESTS = 32, 32, 8
 
 
 def _alternatives(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -250,8 +253,12 @@ def unselected_priorities(spec: Any) -> list[str]:
             except GpuConfigError:
                 continue
             selectors = sub.get("selectors")
+            # a selector is read as the API server types it; anything else (only a body sent to the
+            # port by hand) names nothing, rather than an exception and a 500
             named = any(
-                TASK_PRIORITY in str((s.get("cel") or {}).get("expression", "")) if isinstance(s, Mapping) else False
+                isinstance(s, Mapping)
+                and isinstance(s.get("cel"), Mapping)
+                and TASK_PRIORITY in str(s["cel"].get("expression", ""))
                 for s in (selectors if isinstance(selectors, list) else ())
             )
             if priority is not None and not named:

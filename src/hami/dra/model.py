@@ -4,7 +4,8 @@ Pure functions from the discovered GPUs (:class:`hami.node.nvml.PhysicalGPU`-lik
 objects) and the node settings to ``resource.k8s.io/v1`` objects as plain dicts. No I/O: the
 publisher (:mod:`hami.draplugin.publisher`) writes what these return.
 
-Each GPU is one device named ``gpu-<index>`` with ``allowMultipleAllocations: true`` (DRA
+Each GPU is one device named ``gpu-<n>`` (``n``: NVML's index when the agent first saw the GPU,
+kept per UUID after, :func:`slot_of`) with ``allowMultipleAllocations: true`` (DRA
 consumable capacity, KEP-5075), so kube-scheduler itself places several claims on one GPU as
 long as the sum of what they consume stays within each capacity. The capacities and their
 request policies restate HAMi's rules for a share:
@@ -51,14 +52,14 @@ Two DeviceClasses select these devices: :data:`SHARE_CLASS` (a share, isolated b
 so, and a request through it must not ask for a part of the memory). The share class may also
 carry ``extendedResourceName`` (KEP-5004) so that a plain ``nvidia.com/gpu: 1`` is served by DRA.
 
-MIG (:class:`GpuMig`, one per GPU in MIG mode; such a GPU is not published as ``gpu-<index>``):
+MIG (:class:`GpuMig`, one per GPU in MIG mode; such a GPU is not published as ``gpu-<n>``):
 
 * static MIG (``migstrategy: mixed``): each MIG instance that exists (made by an administrator)
-  is a device ``gpu-<index>-mig-<gpu instance id>``, allocated whole;
+  is a device ``gpu-<n>-mig-<gpu instance id>``, allocated whole;
 * dynamic MIG (``operatingmode: mig``): every placement of every profile the extender path
   would register (:func:`hami.node.nvml.registered_profiles`, the allowlist included) is a
-  device ``gpu-<index>-<profile>-<start>`` that consumes the memory slices of its placement from
-  the GPU's counter set ``gpu-<index>-slices`` (KEP-4815 partitionable devices): kube-scheduler
+  device ``gpu-<n>-<profile>-<start>`` that consumes the memory slices of its placement from
+  the GPU's counter set ``gpu-<n>-slices`` (KEP-4815 partitionable devices): kube-scheduler
   then never allocates two overlapping placements, and the kubelet plugin creates the instance
   in prepare and destroys it in unprepare.
 

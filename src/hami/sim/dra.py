@@ -298,7 +298,9 @@ class _State:
     def __init__(self, nodes: dict[str, _Node], config: SchedulerConfig, opts: DraOptions) -> None:
         self.nodes, self.config, self.opts = nodes, config, opts
         self.warnings: list[str] = []
-        self.extender_held: list[str] = []  # "ns/name on node": said in one warning at the end
+        #: namespace/name -> "namespace/name on node": said in one warning at the end (keyed, so
+        #: that a pod deleted or given again later in the file is not counted, or not twice)
+        self.extender_held: dict[str, str] = {}
         self.by_key = {d.key: d for n in nodes.values() for d in n.devices}
         self.templates: dict[tuple[str, str], dict] = {}
         self.claims: dict[tuple[str, str], _Claim] = {}
@@ -437,7 +439,7 @@ class _State:
             return None
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
-            self.extender_held.append(f"{ns}/{out.name} on {existing.node}")
+            self.extender_held[f"{ns}/{out.name}"] = f"{ns}/{out.name} on {existing.node}"
             return None
         decision = decide(
             pod,
@@ -763,6 +765,7 @@ def simulate_dra(
         if meta.get("deletionTimestamp") and ref in seen:  # a pod given earlier is deleted here
             live.remove(pod_name(obj))
             state.delete(keys.pop(ref, ""))
+            state.extender_held.pop(ref, None)
             if ref in outcomes:
                 outcomes[ref].status = "deleted"
             continue
@@ -774,6 +777,7 @@ def simulate_dra(
         except NodeFitError as exc:
             raise SimulationError(f"{sources[1]}: {label} (Pod {ref}): {exc}") from None
         state.delete(keys.pop(ref, ""))
+        state.extender_held.pop(ref, None)
         outcomes.pop(ref, None)
         admitted = obj
         if finished(obj) or meta.get("deletionTimestamp"):  # holds nothing here / is not placed anew
@@ -786,7 +790,7 @@ def simulate_dra(
             keys[ref] = pod_key(admitted)
         objects[ref] = admitted
     if state.extender_held:  # one line, not one a running pod (a cluster dump has thousands)
-        held, n = state.extender_held, len(state.extender_held)
+        held, n = list(state.extender_held.values()), len(state.extender_held)
         shown = ", ".join(held[:3]) + (f" and {n - 3} more" if n > 3 else "")
         warnings.append(
             f"{n} pod{'s' if n > 1 else ''} hold{'' if n > 1 else 's'} an extender allocation ({shown}): "

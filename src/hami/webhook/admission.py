@@ -699,9 +699,12 @@ def review_with_templates(
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if is_claim_create(request) or is_template_create(request):
         if isinstance(pod, dict):
-            claim = pod
-            if not (claim.get("metadata") or {}).get("namespace") and request.get("namespace"):
-                claim = {**claim, "metadata": {**(claim.get("metadata") or {}), "namespace": request["namespace"]}}
+            # metadata that is not an object (only in a body sent to the port by hand: the API
+            # server sends typed objects) is read as empty, not an exception and a 500
+            meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+            claim = {**pod, "metadata": meta}
+            if not meta.get("namespace") and request.get("namespace"):
+                claim = {**claim, "metadata": {**meta, "namespace": request["namespace"]}}
             verdict = decide_claim(claim, s, quota_room) if is_claim_create(request) else decide_template(claim)
             if not verdict.allowed:
                 reason = "Forbidden" if verdict.code == 403 else "BadRequest"
