@@ -148,17 +148,18 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The scheduler PodDisruptionBudget's budget: HAMi's scheduler.podDisruptionBudget (minAvailable
-or maxUnavailable), else minAvailable 1 */}}
+{{/* The scheduler PodDisruptionBudget's budget: HAMi's scheduler.podDisruptionBudget, read as
+HAMi's chart reads it: maxUnavailable when given, else minAvailable, else minAvailable 1. HAMi's
+values.yaml has minAvailable: 1 with "# maxUnavailable: 1" below it, so a copied file with that line
+uncommented (or --set ...maxUnavailable=1 over it) has both; a null is a key left unset */}}
 {{- define "hami.scheduler.pdbBudget" -}}
 {{- $pdb := .Values.scheduler.podDisruptionBudget | default dict -}}
-{{- if and (hasKey $pdb "minAvailable") (hasKey $pdb "maxUnavailable") -}}
-{{- fail "scheduler.podDisruptionBudget: give minAvailable or maxUnavailable, not both (the API server refuses both)" -}}
-{{- end -}}
-{{- if hasKey $pdb "maxUnavailable" -}}
+{{- if not (kindIs "invalid" $pdb.maxUnavailable) -}}
 maxUnavailable: {{ $pdb.maxUnavailable }}
+{{- else if not (kindIs "invalid" $pdb.minAvailable) -}}
+minAvailable: {{ $pdb.minAvailable }}
 {{- else -}}
-minAvailable: {{ ternary $pdb.minAvailable 1 (hasKey $pdb "minAvailable") }}
+minAvailable: 1
 {{- end -}}
 {{- end -}}
 

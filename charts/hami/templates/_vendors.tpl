@@ -438,6 +438,15 @@ Each row: the value, the JSON forms that are HAMi's default (its own or a string
 {{- fail (printf "%s=%s is not supported by this chart: %s (docs/configuration.md)" (index $row 0) $got (index $row 2)) -}}
 {{- end -}}
 {{- end -}}
+{{- /* HAMi's own image (its Go programs; a copied HAMi values file names it for every component):
+it has no `hami` command, so every pod would crash-loop after an install that looked fine */ -}}
+{{- range $key := list "scheduler.extender.image" "devicePlugin.image" "devicePlugin.monitor.image" "dra.image" -}}
+{{- $image := include "hami.valueAt" (dict "values" $.Values "path" $key) | default "{}" | fromJson -}}
+{{- $repo := toString ($image.repository | default "") -}}
+{{- if or (eq $repo "projecthami/hami") (hasSuffix "/projecthami/hami" $repo) -}}
+{{- fail (printf "%s.repository=%s is HAMi's image, which has none of this chart's programs (its pods would crash-loop): remove the image keys copied from HAMi's values (%s.registry, .repository, .tag and global.imageTag) to use this chart's image (docs/configuration.md)" $key $repo $key) -}}
+{{- end -}}
+{{- end -}}
 {{- /* HAMi's client-side limits (its defaults: 5 QPS, burst 10): the scheduler's API client has no
 such limit, so a higher one holds as set; a lower one cannot be kept */ -}}
 {{- range $key, $floor := dict "kubeQPS" 5 "kubeBurst" 10 -}}

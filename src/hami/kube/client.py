@@ -77,9 +77,31 @@ async def load_api_client(kubeconfig: str | None = None, qps_pool: int = POOL) -
             raise config.ConfigException(f"{kubeconfig}: not a kubeconfig (empty, or not a YAML mapping)") from None
         if kubeconfig:
             raise
-        config.load_incluster_config(client_configuration=configuration)
+        # the client library's own "Config not found" warning is silenced (above): a $KUBECONFIG
+        # naming no file that exists is said here, or a typo in it would pass unnoticed (in a pod:
+        # the pod's service account used instead, without a word)
+        missing = _missing_kubeconfig_env()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as incluster:
+            if missing:
+                raise config.ConfigException(f"{missing}; and not in a pod ({incluster})") from None
+            raise
+        if missing:
+            log.warning("%s: using the pod's service account", missing)
     configuration.connection_pool_maxsize = qps_pool
     return skip_env_lookups(client.ApiClient(configuration))
+
+
+def _missing_kubeconfig_env() -> str | None:
+    """Why ``$KUBECONFIG`` gave no credentials when it names only files that are not there (the
+    client library then reads nothing and falls back as if it were unset), else None."""
+    import os
+
+    paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if not paths or any(os.path.exists(os.path.expanduser(p)) for p in paths):
+        return None
+    return f"KUBECONFIG={os.environ['KUBECONFIG']!r}: no such file"
 
 
 class KubeClient:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hami.config import MAX_SCALING, MAX_SPLIT_COUNT, NvidiaConfig, load_device_config
 from hami.core.errors import ConfigError
@@ -89,6 +89,13 @@ class _Strict(BaseModel):
 class _FilterDevices(_Strict):
     uuid: list[str] = Field(default_factory=list)
     index: list[int] = Field(default_factory=list)
+
+    @field_validator("uuid", "index", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: Any) -> Any:
+        # Go's decoder reads a JSON null into a slice as an empty one ("uuid": null filters
+        # nothing); refused here, it stopped the node's plugin
+        return [] if value is None else value
 
 
 class _NodeEntry(_Strict):

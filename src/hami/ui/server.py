@@ -117,17 +117,27 @@ class KubeEvents:
         self.kube = kube
 
     async def __call__(self, namespace: str, name: str) -> list[dict]:
-        query = [
+        first = [
             ("fieldSelector", f"involvedObject.kind=Pod,involvedObject.name={name}"),
             ("limit", str(EVENTS_READ)),
         ]
+        query = first
         out: list[dict] = []
-        for _ in range(EVENTS_PAGES):
+        restarted = False
+        pages = 0
+        while pages < EVENTS_PAGES:
+            pages += 1
             try:
                 answer = await self.kube.request(
                     "GET", f"/api/v1/namespaces/{namespace}/events", query, timeout=EVENTS_TIMEOUT
                 )
             except Exception as exc:  # noqa: BLE001 - KubeError, aiohttp's errors, timeouts: said in the answer
+                if query is not first and getattr(exc, "status", None) == 410 and not restarted:
+                    # the continue token expired between pages (the API server compacted its
+                    # snapshot): the pages read are of an older list, so it is read again from
+                    # the start, once, as client-go's pager falls back to a fresh list
+                    query, out, pages, restarted = first, [], 0, True
+                    continue
                 raise EventsUnavailable(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
             items = answer.get("items") if isinstance(answer, dict) else None
             if not isinstance(items, list):
@@ -137,7 +147,7 @@ class KubeEvents:
             token = meta.get("continue") if isinstance(meta, dict) else None
             if not token or not isinstance(token, str):
                 break
-            query = [*query[:2], ("continue", token)]
+            query = [*first, ("continue", token)]
         return out
 
 
