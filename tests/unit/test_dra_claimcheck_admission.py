@@ -42,9 +42,9 @@ def spec(*configs, requests=None) -> dict:
     return {"devices": {"requests": requests or [exactly()], "config": list(configs)}}
 
 
-def answer(obj_spec: dict, kind: str = "ResourceClaim") -> dict:
-    obj = {"metadata": {"name": "c"}, "spec": obj_spec if kind == "ResourceClaim" else {"spec": obj_spec}}
-    body = {
+def review_body(obj: dict, kind: str = "ResourceClaim") -> dict:
+    """The API server's AdmissionReview of creating ``obj`` (a claim or template) in ``team``."""
+    return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
@@ -55,7 +55,11 @@ def answer(obj_spec: dict, kind: str = "ResourceClaim") -> dict:
             "object": obj,
         },
     }
-    return review(body, S)["response"]
+
+
+def answer(obj_spec: dict, kind: str = "ResourceClaim") -> dict:
+    obj = {"metadata": {"name": "c"}, "spec": obj_spec if kind == "ResourceClaim" else {"spec": obj_spec}}
+    return review(review_body(obj, kind), S)["response"]
 
 
 BAD = [

@@ -14,6 +14,9 @@ from hami.draplugin.names import FILE, NamesError, keep_names
 from hami.draplugin.prepare import plan
 from hami.node.nvml import PhysicalGPU
 
+from .test_dra_priority_prepare import claim as prepare_claim
+from .test_dra_priority_prepare import result as prepare_result
+
 SETTINGS = SliceSettings(split_count=4)
 
 
@@ -51,26 +54,7 @@ def test_a_gpu_gone_from_the_bus_does_not_move_the_others_names(tmp_path):
         "gpu-3": ("GPU-d", 2),
     }
     # a claim kube-scheduler allocated on gpu-2 before the restart is prepared on GPU-c, not GPU-d
-    claim = {
-        "metadata": {"namespace": "ns", "name": "c", "uid": "u1"},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": "gpu.hami.io",
-                            "pool": "n1",
-                            "device": "gpu-2",
-                            "shareID": "s1",
-                            "consumedCapacity": {"memory": "3000Mi", "cores": "10", "shares": "1"},
-                        }
-                    ],
-                    "config": [],
-                }
-            }
-        },
-    }
+    claim = prepare_claim(results=[prepare_result("gpu-2")])
     (share,) = plan(claim, "n1", after, SETTINGS).shares
     assert (share.device, share.uuid, share.index) == ("gpu-2", "GPU-c", 1)
 

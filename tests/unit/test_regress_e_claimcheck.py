@@ -21,6 +21,8 @@ from hami.dra.model import CONFIG_API_VERSION, CONFIG_KIND, DRIVER, SHARE_CLASS
 from hami.vendors import build_vendors
 from hami.webhook.admission import AdmissionSettings, review_with_templates
 
+from .test_dra_claimcheck_admission import review_body
+
 S = AdmissionSettings(build_vendors(), front_end="dra")
 PRIORITY = {
     "opaque": {"driver": DRIVER, "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "priority": 0}}
@@ -37,18 +39,7 @@ def request(name: str, subs: int = 0, **extra) -> dict:
 
 
 def answer(obj: dict, kind: str = "ResourceClaim") -> dict:
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u1",
-            "operation": "CREATE",
-            "namespace": "team",
-            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
-            "object": obj,
-        },
-    }
-    return review_with_templates(body, S, None, lambda ns, vendors: None)[0]["response"]
+    return review_with_templates(review_body(obj, kind), S, None, lambda ns, vendors: None)[0]["response"]
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,22 @@ Two checks:
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .errors import CoreError
+
+#: a DNS-1123 label (a namespace); a subdomain (a pod's or a node's name) is labels joined by '.'
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+
+
+def is_dns1123_label(value: str) -> bool:
+    return len(value) <= 63 and _DNS1123_LABEL.match(value) is not None
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    return 0 < len(value) <= 253 and all(_DNS1123_LABEL.match(part) for part in value.split("."))
+
 
 MAX_DEPTH = 64  # a Pod nests about 12 deep (affinity terms); 64 is generous
 MAX_NODES = 20_000_000  # values in one object tree, aliases expanded (a 64 MiB file holds fewer)

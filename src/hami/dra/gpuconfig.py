@@ -165,6 +165,16 @@ def _alternatives(request: Mapping[str, Any]) -> list[tuple[str, Mapping[str, An
     return [(request["name"], exactly)] if isinstance(exactly, Mapping) else []
 
 
+def _devices(spec: Any) -> tuple[list[Mapping[str, Any]], list[Any]]:
+    """A claim spec's ``devices.config`` entries (objects only) and ``devices.requests``, each []
+    where the body has something else there (a body sent to the port by hand)."""
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    devices = devices if isinstance(devices, Mapping) else {}
+    config, requests = devices.get("config"), devices.get("requests")
+    config = [c for c in config if isinstance(c, Mapping)] if isinstance(config, list) else []
+    return config, requests if isinstance(requests, list) else []
+
+
 def claim_spec_error(
     spec: Any, classes: Mapping[str, Sequence[Mapping[str, Any]]] | None = None, path: str = "spec"
 ) -> str:
@@ -177,12 +187,7 @@ def claim_spec_error(
     requests mix priorities only when whichever subrequests are taken would. ``path``: where
     ``spec`` is in the object (``spec.spec`` in a template), for the message."""
     classes = class_configs() if classes is None else classes
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    devices = devices if isinstance(devices, Mapping) else {}
-    config = devices.get("config")
-    config = [c for c in config if isinstance(c, Mapping)] if isinstance(config, list) else []
-    requests = devices.get("requests")
-    requests = requests if isinstance(requests, list) else []
+    config, requests = _devices(spec)
     most_subs = max(
         (
             len(r["firstAvailable"])
@@ -235,13 +240,9 @@ def unselected_priorities(spec: Any) -> list[str]:
     default priority (the webhook's own claims select it, :mod:`hami.dra.translate`). Read after
     :func:`claim_spec_error` found nothing."""
     classes = class_configs()
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    devices = devices if isinstance(devices, Mapping) else {}
-    config = devices.get("config")
-    config = [c for c in config if isinstance(c, Mapping)] if isinstance(config, list) else []
-    requests = devices.get("requests")
+    config, requests = _devices(spec)
     found = []
-    for r in requests if isinstance(requests, list) else ():
+    for r in requests:
         if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
             continue
         for name, sub in _alternatives(r):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hami.config import MAX_SCALING, MAX_SPLIT_COUNT, NvidiaConfig, load_device_config
 from hami.core.errors import ConfigError
+from hami.core.shape import is_dns1123_subdomain
 
 from .files import read_small
 
@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 
 #: where HAMi's device plugin reads config.json, and where the chart mounts its ConfigMap
 DEFAULT_NODE_CONFIG = "/config/config.json"
-#: a Kubernetes node name (an RFC 1123 subdomain): an entry named otherwise matches no node
-_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class NodeConfigError(ValueError):
@@ -204,7 +202,7 @@ def _check_entry_name(entry: Any, where: str) -> None:
         log.warning("%s: field 'name' is missing: the entry applies to no node", where)
         return
     name = names[-1]  # of two spellings the later wins (_fold)
-    if not isinstance(name, str) or len(name) > 253 or not _NODE_NAME.match(name):
+    if not isinstance(name, str) or not is_dns1123_subdomain(name):  # a node name: no node matches it
         log.warning(
             "%s: field 'name': %s is not a Kubernetes node name (lower-case letters, digits, '-' and '.'): "
             "the entry applies to no node",

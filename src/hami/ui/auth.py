@@ -52,9 +52,9 @@ from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
 import orjson
 
 TTL = 10.0  # s a review's yes is reused (a revoked grant keeps working this long)
-DENIED_TTL = (
-    2.0  # s a review's no is reused (a new grant is seen this late); a flood of refusals still costs one review per 2 s
-)
+#: s a review's no is reused (a new grant is seen this late); a flood of refusals still costs one
+#: review per 2 s
+DENIED_TTL = 2.0
 MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
 CONCURRENCY = 16  # access reviews in flight at once, over all requests
 PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY)

@@ -38,11 +38,11 @@ import posixpath
 
 import base64
 import json
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, names, pod_request
+from hami.core.shape import is_dns1123_label, is_dns1123_subdomain
 from hami.core.names import (
     ALLOW_DISABLE_CONTROL,
     BIND_PHASE,
@@ -785,19 +785,10 @@ def _shape_error(pod: Any, tree_checked: bool = False) -> str | None:
 # names it validated (a namespace is a DNS-1123 label; a pod's name a DNS-1123 subdomain, or
 # empty before generateName is applied), so refusing anything else costs a real request nothing.
 
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _LABEL_RULE = (
     "a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 )
 _SUBDOMAIN_RULE = "a DNS-1123 subdomain: at most 253 characters, DNS-1123 labels joined by '.'"
-
-
-def is_dns1123_label(value: str) -> bool:
-    return len(value) <= 63 and _DNS1123_LABEL.match(value) is not None
-
-
-def is_dns1123_subdomain(value: str) -> bool:
-    return 0 < len(value) <= 253 and all(_DNS1123_LABEL.match(part) for part in value.split("."))
 
 
 def _shown(value: str) -> str:
@@ -840,18 +831,20 @@ def is_pod_create(request: Mapping[str, Any]) -> bool:
     return (request.get("operation") or "CREATE") == "CREATE" and (kind_name or "Pod") == "Pod"
 
 
+def _creates(request: Mapping[str, Any], kind_name: str) -> bool:
+    """Whether the review is of a CREATE of an object of kind ``kind_name``."""
+    kind = request.get("kind")
+    return request.get("operation") == "CREATE" and isinstance(kind, Mapping) and kind.get("kind") == kind_name
+
+
 def is_claim_create(request: Mapping[str, Any]) -> bool:
     """A ResourceClaim being created (the DRA driver's claims: :func:`decide_claim`)."""
-    kind = request.get("kind")
-    kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
-    return request.get("operation") == "CREATE" and kind_name == "ResourceClaim"
+    return _creates(request, "ResourceClaim")
 
 
 def is_template_create(request: Mapping[str, Any]) -> bool:
     """A ResourceClaimTemplate being created (its claim spec is checked: :func:`decide_template`)."""
-    kind = request.get("kind")
-    kind_name = kind.get("kind") if isinstance(kind, Mapping) else None
-    return request.get("operation") == "CREATE" and kind_name == "ResourceClaimTemplate"
+    return _creates(request, "ResourceClaimTemplate")
 
 
 def _where(kind: str, obj: Mapping[str, Any]) -> str:
