@@ -27,8 +27,8 @@ from hami import malloc
 from hami.config import flag_bool
 from hami.node.layout import HookPaths
 
-from .containers import GoneDirs, remove, scan, scan_claims
-from .exporter import MonitorCollector, PodRef, claim_owner, device_key
+from .containers import GoneDirs, printable, remove, scan, scan_claims
+from .exporter import MonitorCollector, PodRef, claim_owner, device_key, taken_devices
 from .feedback import Reading, Writes, decide, release
 from .kube import DEFAULT_PRIORITY, PRIORITY_RESOURCE
 from .region import RegionError, read_region, write_int32
@@ -188,13 +188,12 @@ def readings(
     only where granted ("" elsewhere) and its priority is the pod's. A claim's region counts only
     when a pod on the node uses the claim; its priority is the one its configuration set, as the
     driver's record of the claim says (libvgpu's default, 1, when none) and its UUIDs count only where the driver's record of the claim names them (a record
-    from an older driver names none: then a GPU some container was granted through the device
-    plugin is never the claim's). Anything else is neither read into the
-    decision nor written."""
+    from an older driver names none: then a GPU some grant on the node names, a container's or
+    another claim's, is never the claim's: :func:`~.exporter.taken_devices`). Anything else is
+    neither read into the decision nor written."""
     out: list[tuple[Reading, str]] = []
-    granted: set[str] = set()
-    if pods is not None:
-        granted = {device_key(u) for pod in pods.values() for g in pod.grants for u in g.uuids}
+    claims = scan_claims(claims_dir) if claims_dir else []
+    taken = taken_devices(pods, claims) if pods is not None else frozenset()
     for d in scan(containers_dir):
         if d.region is None:
             continue
@@ -207,7 +206,7 @@ def readings(
                 continue  # no pod on this node gave this container a GPU: nothing to trust
             prio, allowed = grant.priority, {device_key(u) for u in grant.uuids}
         _add(out, d.region, prio, lambda u, allowed=allowed: allowed is None or device_key(u) in allowed)
-    for c in scan_claims(claims_dir) if claims_dir else ():
+    for c in claims:
         if c.region is None:
             continue
         if pods is not None:
@@ -220,7 +219,7 @@ def readings(
                 given = {device_key(u) for u in c.devices}
                 _add(out, c.region, prio, lambda u, given=given: device_key(u) in given)
             else:
-                _add(out, c.region, prio, lambda u: device_key(u) not in granted)
+                _add(out, c.region, prio, lambda u: device_key(u) not in taken)
         else:
             _add(out, c.region, None, lambda u: True)
     return out
@@ -246,7 +245,8 @@ def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
             try:
                 write_int32(path, field, value, layouts.get(path, "v1"))
             except (OSError, RegionError) as exc:
-                log.warning("feedback: cannot write %s of %s: %s", field, path, exc)
+                # the path ends in a name the container may have chosen
+                log.warning("feedback: cannot write %s of %s: %s", field, printable(path), printable(str(exc)))
 
 
 def feedback_once(

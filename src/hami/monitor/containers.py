@@ -77,6 +77,13 @@ _LIST_LIMIT = 4096  # directory entries looked at when the region is not where i
 _NAMES_SHOWN = 3
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable written as its escape (``\\n``,
+    ``\\x1b``): file names in a region directory are the container's to choose, and one holding a
+    newline or a terminal escape would otherwise write lines of its choosing into the log."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _short(name: str, width: int = 64) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 

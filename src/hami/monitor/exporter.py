@@ -22,7 +22,9 @@ is not the registration's ``type``.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from hami.metricnames import (
 )
 from hami.node.nvml import HostGPU
 
-from .containers import ClaimDir, ContainerDir, scan, scan_claims
+from .containers import ClaimDir, ContainerDir, printable, scan, scan_claims
 from .region import Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,16 @@ def _granted(pod: PodRef, container: str) -> Mapping[str, str] | None:
     return {} if pod.grants else None
 
 
+def taken_devices(pods: Mapping[str, PodRef], claims: Iterable[ClaimDir] = ()) -> frozenset[str]:
+    """The :func:`device_key` of every GPU a grant on this node names: the device plugin's (the
+    pods' annotations) and the DRA driver's (its records of the claims). A region with no grant
+    to check it against counts only on other GPUs: it is its container's to write, and would
+    otherwise put its usage (or its activity, for the feedback loop) on another tenant's GPU."""
+    out = {device_key(u) for pod in pods.values() for g in pod.grants for u in g.uuids}
+    out.update(device_key(u) for c in claims for u in c.devices or ())
+    return frozenset(out)
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerReading:
     dir: ContainerDir
@@ -141,6 +153,8 @@ class ContainerReading:
     #: claim, or a pod without grants); a region's other UUIDs are not exported: the container
     #: writes its region and could otherwise put its usage under another tenant's GPU
     granted: Mapping[str, str] | None = None
+    #: without ``granted``, the GPUs other grants name (:func:`taken_devices`), not exported
+    taken: frozenset[str] = frozenset()
 
 
 # name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
@@ -275,6 +289,8 @@ class MonitorCollector(Collector):
         pods = self.pods() if self.pods is not None else None
         out: list[ContainerReading] = []
         self._before, self._warned = self._warned, {}  # paths not seen in this scan are forgotten
+        claims = scan_claims(self.claims_dir) if self.claims_dir else []
+        taken = taken_devices(pods, claims) if pods is not None else frozenset()
         for d in scan(self.containers_dir):
             region = self._region(d.path, d.problem, d.region, states)
             if region is None:
@@ -287,8 +303,9 @@ class MonitorCollector(Collector):
                 states["finished"] += 1  # sum of limits on a GPU counted it as long as the pod lived)
                 continue
             states["ok"] += 1
-            out.append(ContainerReading(d, pod, region, _granted(pod, d.container) if pods is not None else None))
-        for c in scan_claims(self.claims_dir) if self.claims_dir else ():
+            granted = _granted(pod, d.container) if pods is not None else None
+            out.append(ContainerReading(d, pod, region, granted, taken if granted is None else frozenset()))
+        for c in claims:
             region = self._region(c.path, c.problem, c.region, states)
             if region is None:
                 continue
@@ -298,12 +315,20 @@ class MonitorCollector(Collector):
                 continue
             states["ok"] += 1
             pod, container = owner
-            granted = None if c.devices is None else {device_key(u): u for u in c.devices}
-            out.append(ContainerReading(ContainerDir(pod.uid, container, c.path, c.region), pod, region, granted))
+            cdir = ContainerDir(pod.uid, container, c.path, c.region)
+            if c.devices is None:  # a record from an older driver: nothing of its own to check against
+                out.append(ContainerReading(cdir, pod, region, None, taken))
+            else:
+                out.append(ContainerReading(cdir, pod, region, {device_key(u): u for u in c.devices}))
         return out, states
 
     def _region(self, path: str, problem: str | None, region_path: str | None, states: dict[str, int]) -> Any:
-        """A directory's region, read; None (counted as waiting or invalid) when there is none to read."""
+        """A directory's region, read; None (counted as waiting or invalid) when there is none to
+        read, and None, neither counted nor warned about, when the directory itself has gone since
+        it was listed (its pod's end: the sweep or the DRA driver removed it meanwhile)."""
+        if problem or region_path is None:
+            if _gone(path):
+                return None
         if problem:
             self._warn(path, problem)
         if region_path is None:
@@ -312,16 +337,19 @@ class MonitorCollector(Collector):
         try:
             return read_region(region_path)
         except RegionError as exc:
+            if _gone(path):
+                return None
             self._warn(region_path, str(exc))
             states["invalid"] += 1
             return None
 
     def _warn(self, path: str, message: str) -> None:
-        kind = _DIGITS.sub("#", message[:_MESSAGE_LIMIT])
+        text = printable(message)[:_MESSAGE_LIMIT]
+        kind = _DIGITS.sub("#", text)
         said = self._before.get(path)
         self._warned[path] = kind
         if said != kind:
-            log.warning("skipping region: %s", message[:_MESSAGE_LIMIT])
+            log.warning("skipping region: %s", text)
 
     def _host(self) -> Sequence[HostGPU]:
         if self.host is None:
@@ -420,12 +448,15 @@ class MonitorCollector(Collector):
         contested = {pid for pid, n in named.items() if n > 1}
         for c in containers:
             r = c.region
+            done: set[str] = set()  # libvgpu lists a device once: a repeat would count its usage again
             for dev, seen in enumerate(r.uuids):
-                if not seen or (c.granted is not None and device_key(seen) not in c.granted):
+                key = device_key(seen)
+                if not seen or key in done or key in c.taken or (c.granted is not None and key not in c.granted):
                     continue
+                done.add(key)
                 # the UUID of the grant: libvgpu writes a MIG instance's as GPU-<bytes>, which
                 # names no device; the grant's MIG-<bytes> joins hami_mig_device_info
-                uuid = c.granted[device_key(seen)] if c.granted is not None else seen
+                uuid = c.granted[key] if c.granted is not None else seen
                 labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
                 for name, (doc, value_of) in _CTR_VALUES.items():
                     value = value_of(r, dev, now)
@@ -468,6 +499,15 @@ class MonitorCollector(Collector):
                     fam("MigInfo", f"Legacy name of {MIG_INFO}").add_metric(
                         labels[:5] + [str(m.gpu_instance_id), ZONE], 1
                     )
+
+
+def _gone(directory: str) -> bool:
+    try:
+        return not stat.S_ISDIR(os.lstat(directory).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
 
 
 def claim_owner(c: ClaimDir, pods: Mapping[str, PodRef] | None) -> tuple[PodRef, str] | None:
