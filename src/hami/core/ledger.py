@@ -960,6 +960,9 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     """Rebuild a pod's allocation from its annotations; None when it holds nothing.
 
     Pods in phase Succeeded/Failed hold nothing. Raises CodecError on a malformed annotation.
+    Allocations HAMi's earlier releases wrote are read as they meant them: one entry per regular
+    container only (:func:`_init_offset`), MIG grants named ``UUID[template-slot]``
+    (:func:`_parent_ids`).
     """
     vendors = tuple(vendors)  # read twice: the allocations, then the pod's classes
     meta = pod.get("metadata") or {}
@@ -974,18 +977,50 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
         if text is None:
             continue
         try:
-            devices[v.name] = v.read_allocation(decode_pod_devices(text), annotations)
+            decoded = _parent_ids(v.read_allocation(decode_pod_devices(text), annotations))
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
+        shift = _init_offset(pod, decoded)
+        devices[v.name] = ((),) * shift + decoded
         try:
             found = v.read_slices(annotations)
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: {exc}") from None
+        if shift:
+            found = tuple((ci + shift, di, piece) for ci, di, piece in found)
         devices[v.name] = _attach_slices(devices[v.name], found)
         slices.extend(piece for _, _, piece in found)
     if not devices:
         return None
     return make_allocation(pod, node, devices, tuple(slices), vendors)
+
+
+def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice) -> int:
+    """How many empty entries to put before an allocation written without its init containers'.
+
+    HAMi wrote one entry per regular container until its releases counted init containers too
+    (``Resourcereqs`` over ``pod.Spec.Containers`` only); today's writers, ours and HAMi's, write
+    one per container, init containers first. Read in today's order, an older pod's first regular
+    container passed for its init container, and once the init containers had finished
+    (``app_only``) the pod held nothing. No more entries than regular containers in a pod with
+    init containers can only be the old layout."""
+    spec = pod.get("spec") or {}
+    inits = len(spec.get("initContainers") or ())
+    if inits and devices and len(devices) <= len(spec.get("containers") or ()):
+        return inits
+    return 0
+
+
+def _parent_ids(devices: PodSingleDevice) -> PodSingleDevice:
+    """HAMi's MIG grants before ``hami.io/vgpu-mig-allocations`` named the instance as
+    ``<GPU UUID>[<template>-<slot>]``; HAMi counts them on the GPU before the ``[`` (its usage
+    pass cuts the ID there), and so does the ledger: kept whole, the ID matched no device and the
+    GPU looked free under a running MIG instance."""
+    if not any("[" in cd.uuid for ctr in devices for cd in ctr):
+        return devices
+    return tuple(
+        tuple(replace(cd, uuid=cd.uuid.split("[", 1)[0]) if "[" in cd.uuid else cd for cd in ctr) for ctr in devices
+    )
 
 
 def _attach_slices(devices: PodSingleDevice, found: Sequence[tuple[int, int, Slice]]) -> PodSingleDevice:

@@ -167,7 +167,18 @@ def devices_pending(annotations: Mapping[str, str]) -> list[str]:
     """The pod's ``hami.io/<vendor>-devices-to-allocate`` annotations that still name a device
     (a device plugin has its part of the pod still to hand out); an emptied one is only
     separators (``;``, ``:``, ``,``)."""
-    return sorted(k for k, v in annotations.items() if is_devices_to_allocate(k) and str(v).strip(" ;:,\n"))
+    return sorted(k for k, v in annotations.items() if is_devices_to_allocate(k) and _names_device(str(v)))
+
+
+def _names_device(value: str) -> bool:
+    """Some ``UUID,TYPE,MEM,CORES`` entry of a to-allocate value names a device. HAMi's releases
+    that padded a GPU-less container after a GPU one with a zero ``ContainerDevice`` wrote
+    ``,,0,0`` there, which no plugin hands out (HAMi's own counts the pod done once the value no
+    longer holds its device word); any other text left counts as a device."""
+    for entry in value.replace(";", ":").split(":"):
+        if entry.strip(" ,\n") and not entry.startswith(","):
+            return True
+    return False
 
 
 def finished(owner: Any) -> bool:

@@ -1,0 +1,93 @@
+"""Migrating in place from HAMi: pods HAMi placed, read as HAMi meant them.
+
+Each test is built from the strings HAMi's releases write; each failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+from hami.core import rebuild
+from hami.vendors import build_vendors
+
+VENDORS = build_vendors()
+GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
+
+
+def _node(mode: str = "hami-core") -> dict:
+    # the JSON registration HAMi's NVIDIA plugin writes (MarshalNodeDevices, pkg/device/devices.go)
+    reg = (
+        f'[{{"id":"{GPU}","count":10,"devmem":40960,"devcore":100,'
+        f'"type":"NVIDIA-A100-PCIE-40GB","mode":"{mode}","health":true}}]'
+    )
+    return {
+        "metadata": {"name": "n1", "annotations": {"hami.io/node-nvidia-register": reg}},
+        "status": {"allocatable": {"nvidia.com/gpu": "10"}},
+    }
+
+
+def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True) -> dict:
+    """A running pod HAMi bound to n1, its init containers finished (exit 0) when ``inits_done``."""
+    done = {"terminated": {"exitCode": 0}} if inits_done else {"running": {}}
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "annotations": {
+                "hami.io/vgpu-node": "n1",
+                "hami.io/bind-phase": "success",
+                "hami.io/vgpu-devices-allocated": allocated,
+            },
+        },
+        "spec": {
+            "nodeName": "n1",
+            "initContainers": [{"name": f"init{i}"} for i in range(inits)],
+            "containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(apps)],
+        },
+        "status": {
+            "phase": "Running",
+            "initContainerStatuses": [{"name": f"init{i}", "state": done} for i in range(inits)],
+        },
+    }
+
+
+def _held(pod: dict, mode: str = "hami-core") -> tuple[tuple[int, int, int, bool], tuple[int, int]]:
+    ledger, warnings = rebuild([_node(mode)], [pod], VENDORS)
+    assert not warnings
+    [(device, used, mem, cores)] = ledger.device_usage("n1")
+    return (used, mem, cores, device.health), ledger.namespace_usage("ns", "NVIDIA")
+
+
+def test_a_pod_placed_before_hami_counted_init_containers_keeps_its_gpu():
+    """HAMi's releases before init containers were counted (Project-HAMi/HAMi
+    pkg/k8sutil/pod.go at 30c896e5, ``Resourcereqs``: ``make(util.PodDeviceRequests,
+    len(pod.Spec.Containers))``) wrote one entry per regular container (EncodePodSingleDevice).
+    Read init containers first, the GPU container's 20000 MiB / 30 cores passed for the init
+    container's, and once that had finished the pod held 0 MiB and 0 cores of the GPU (and of its
+    namespace's quota): another pod could be given the 20000 MiB still in use."""
+    old_layout = f"{GPU},NVIDIA,20000,30:;"
+    assert _held(_pod(old_layout, inits=1)) == ((1, 20000, 30, True), (20000, 30))
+    assert _held(_pod(old_layout, inits=1, inits_done=False)) == ((1, 20000, 30, True), (20000, 30))
+    # two regular containers, the second without a GPU (HAMi pads it with an empty entry)
+    assert _held(_pod(f"{GPU},NVIDIA,20000,30:;;", inits=2, apps=2)) == ((1, 20000, 30, True), (20000, 30))
+
+
+def test_todays_layout_with_init_containers_is_read_as_before():
+    """One entry per container, init containers first (HAMi v2.10 ``Resourcereqs``, ours): an init
+    container's grant is released once it finished."""
+    assert _held(_pod(f"{GPU},NVIDIA,5000,0:;{GPU},NVIDIA,2000,10:;", inits=1)) == ((1, 2000, 10, True), (2000, 10))
+    assert _held(_pod(f"{GPU},NVIDIA,5000,0:;;", inits=1)) == ((1, 0, 0, True), (0, 0))
+
+
+def test_a_mig_grant_in_hamis_legacy_form_counts_on_its_gpu():
+    """HAMi's MIG grants before ``hami.io/vgpu-mig-allocations`` name the instance
+    ``<GPU UUID>[<template>-<slot>]`` (Project-HAMi/HAMi pkg/device/nvidia/device.go at 024910e1,
+    AddResourceUsage: ``ctr.UUID = ctr.UUID + "[" + fmt.Sprint(tidx) + "-0]"``), and HAMi's usage
+    pass counts it on the GPU before the ``[`` (pkg/scheduler/scheduler.go at 024910e1,
+    getNodesUsage: ``deviceID = strings.Split(deviceID, "[")[0]``). Kept whole, the ID matched no
+    device: the GPU showed 0 slots and 0 MiB used under a running MIG instance."""
+    grant = f"{GPU}[1-0],NVIDIA,9984,0:;"
+    assert _held(_pod(grant)) == ((1, 9984, 0, True), (9984, 0))
+    # on a GPU registered in MIG mode, a grant without a placement cannot be told apart from a
+    # free slice: the GPU takes no new pod until it ends (the ledger's rule for a MIG pod without
+    # a reservation)
+    assert _held(_pod(grant), mode="mig") == ((1, 9984, 0, False), (9984, 0))
