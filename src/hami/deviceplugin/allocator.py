@@ -305,9 +305,11 @@ class Allocator:
         if value is None or owner is None:
             return False
         pod = await self.kube.get_pod(owner.namespace, owner.name)
-        if pod is not None and not (
-            pod.annotations.get(A.BIND_PHASE) in ("success", "failed") or pod.phase in ("Succeeded", "Failed")
-        ):
+        phase = pod.annotations.get(A.BIND_PHASE) if pod is not None else None
+        # success ends it only with no vendor's devices left (nodelock.finished): another vendor's
+        # plugin writes it for its own part, and ours (or it) still finds the pod by this lock
+        over = phase == "failed" or (phase == "success" and not nodelock.devices_pending(pod.annotations))
+        if pod is not None and not (over or pod.phase in ("Succeeded", "Failed")):
             return False  # still being admitted: Allocate finds it by this lock
         await self.kube.release_held_lock(value)
         log.info("node %s: removed the node lock %r its finished owner left", self.node, value)

@@ -191,4 +191,15 @@ class Registrar:
             except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
                 log.error("node %s: registration failed (%s); retrying in %.0fs", self.kube.node_name, exc, self.retry)
                 delay = self.retry
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive an outage whatever it answers
+                # (a proxy's own page in place of the node: the JSON error ended this task, and the
+                # plugin, which stops when any of its tasks does)
+                log.error(
+                    "node %s: registration failed (%s: %s); retrying in %.0fs",
+                    self.kube.node_name,
+                    type(exc).__name__,
+                    exc,
+                    self.retry,
+                )
+                delay = self.retry
             await self.state.wait_change(seen, timeout=delay)

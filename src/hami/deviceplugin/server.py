@@ -23,6 +23,11 @@ from .devices import DeviceState
 
 log = logging.getLogger(__name__)
 pb, pb_grpc = load()
+#: at shutdown, how long the calls in flight may take to finish: an Allocate cut off had the
+#: kubelet fail the pod it was admitting (a DaemonSet rollout under load) and left the pod
+#: ``allocating`` with the node lock held. Allocate normally takes milliseconds; ListAndWatch
+#: ends within its one-second wait once ``closing`` is set.
+STOP_GRACE_S = 5.0
 
 
 def list_response(state: DeviceState):
@@ -139,6 +144,7 @@ class PluginServer:
         self.registrations = 0
         self._server: grpc.aio.Server | None = None
         self._kubelet: tuple[int, int] | None = None
+        self._serve_failed = False  # the last serve() failed (logged once until it works)
 
     async def serve(self) -> None:
         if self.socket.exists() or self.socket.is_symlink():
@@ -171,18 +177,28 @@ class PluginServer:
             await self.on_registered()
         return True
 
-    async def stop_serving(self) -> None:
+    async def stop_serving(self, grace: float = 0.5) -> None:
         if self._server is not None:
-            await self._server.stop(grace=0.5)
+            await self._server.stop(grace=grace)
             self._server = None
 
     async def check(self) -> None:
         """One watch step: re-serve if our socket vanished, re-register if the kubelet changed."""
         if not self.socket.exists():
-            log.warning("socket %s disappeared (kubelet restart?); serving again", self.socket)
-            await self.stop_serving()
-            await self.serve()
-            self._kubelet = None
+            if self._server is not None:
+                log.warning("socket %s disappeared (kubelet restart?); serving again", self.socket)
+                await self.stop_serving()
+                self._kubelet = None
+            try:
+                await self.serve()
+            except (RuntimeError, OSError) as exc:
+                # the directory itself is gone (a kubelet restart that removed it, not yet made
+                # again): raised out of run(), this stopped the plugin; try again next step
+                if not self._serve_failed:
+                    log.error("cannot serve on %s (%s); trying again every %gs", self.socket, exc, self.poll)
+                self._serve_failed = True
+                return
+            self._serve_failed = False
         ident = _identity(self.plugin_dir / KUBELET_SOCKET)
         if ident is not None and ident != self._kubelet:
             await self.register()
@@ -197,7 +213,7 @@ class PluginServer:
                 await self.check()
         finally:
             self.service.closing.set()
-            await self.stop_serving()
+            await self.stop_serving(grace=STOP_GRACE_S)
             try:
                 self.socket.unlink()
             except FileNotFoundError:
