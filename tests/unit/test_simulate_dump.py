@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hami.core import DeviceInfo, SchedulerConfig, encode_node_devices_json
 from hami.dra.model import SliceSettings, resource_slice
 from hami.node.nvml import PhysicalGPU
-from hami.sim import nodefit
+from hami.core import nodefit
 from hami.sim.dra import simulate_dra
 from hami.sim.engine import SimulationError, simulate
 from hami.vendors import build_vendors

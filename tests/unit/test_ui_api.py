@@ -417,6 +417,21 @@ async def test_the_openapi_document_takes_no_query_parameters(cluster):
         await client.close()
 
 
+def test_a_node_the_pods_selector_leaves_out_is_never_where_it_would_go(cluster):
+    # gpu-2 has room, but kube-scheduler never offers it to a pod selecting pool=batch: the page
+    # must not say the pod fits now there (as hami explain, hami.core.nodefit)
+    cluster.pod_handler.apply("ADDED", gpu_pod("picky", ns="team-c", node_selector={"pool": "batch"}))
+    doc = model.pending_document(cluster, NOW, "hami-scheduler")
+    item = next(i for i in doc["items"] if i["name"] == "picky")
+    assert (item["fitsNow"], item["wouldChoose"]) == (False, None)
+    gpu2 = next(v for v in item["nodes"] if v["node"] == "gpu-2")
+    assert gpu2["fits"] and gpu2["leftOut"] == "node(s) didn't match Pod's node affinity/selector"
+    assert "left out by kube-scheduler: node(s) didn't match Pod's node affinity/selector" in item["summary"]
+    huge = next(i for i in doc["items"] if i["name"] == "huge")
+    assert all(v["leftOut"] is None for v in huge["nodes"])
+    assert not list(validator_for("/api/v1/pending").iter_errors(doc))
+
+
 def test_pending_pod_with_unreadable_requests_says_why(cluster):
     bad = gpu_pod("bad")
     bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "lots"

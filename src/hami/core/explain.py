@@ -11,7 +11,7 @@ passed in and nothing is changed. It does not read the cluster nor print: ``hami
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from .fit import FitContext, NodeView, fit_pod, make_context
 from .ledger import Ledger
@@ -67,15 +67,26 @@ class PendingVerdict:
     nodes: tuple[NodeVerdict, ...]
 
 
-def pending_verdict(pod: dict, ledger: Ledger, config: SchedulerConfig, vendors: Any, now: float) -> PendingVerdict:
+def pending_verdict(
+    pod: dict,
+    ledger: Ledger,
+    config: SchedulerConfig,
+    vendors: Any,
+    now: float,
+    candidates: Iterable[str] | None = None,
+) -> PendingVerdict:
     """Run the scheduler's filter and the per-node fit for a pod that holds nothing in
     ``ledger`` (read-only: the ledger is not changed). Raises CoreError on a pod whose
-    requests or annotations cannot be read."""
+    requests or annotations cannot be read.
+
+    ``candidates``: the nodes kube-scheduler offers the extender (None: every node); ``chosen``
+    is chosen among them, as the scheduler chooses. Every node still gets its verdict: a node
+    kube-scheduler leaves out may be the one whose devices would take the pod."""
     admitted, _ = admit_pod(pod, vendors)
     req = pod_request(admitted, vendors)
     if not req.has_devices:
         return PendingVerdict(req, None, ())
-    result = filter_pod(admitted, None, ledger, config, now)
+    result = filter_pod(admitted, None if candidates is None else list(candidates), ledger, config, now)
     _, gpu_policy, weights = pod_policies(req, config)
     used = [v for v in vendors if v.name in req.vendors()]
     ctx = make_context(

@@ -21,13 +21,21 @@ from hami.core import CoreError, SchedulerConfig, pod_key
 from hami.core.errors import ConfigError
 from hami.core.explain import pending_verdict
 from hami.core.names import BIND_PHASE
+from hami.core.nodefit import left_out as nodefit_left_out
 from hami.core.requests import pod_request
 from hami.vendors import build_vendors
 
 from .options import parse_selector
-from .state import ClusterState
+from .state import HANDSHAKE_TIMEOUT_S, ClusterState, vendor_alive
 
 DRA_API = "/apis/resource.k8s.io/v1"
+
+#: nodes printed one by one, device by device (``--nodes``); the rest are only counted per reason
+NODES_SHOWN = 20
+#: reasons listed with their node counts (the most frequent first); the rest are counted together
+REASONS_SHOWN = 20
+#: names listed per kind of node whose devices are ignored
+NAMES_SHOWN = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +59,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="as the scheduler's flag of that name: only nodes with these labels, k=v[,k=v]",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=NODES_SHOWN,
+        help="nodes printed one by one, GPU by GPU; the others are counted per reason (0: every node; "
+        "default %(default)s)",
+    )
 
 
 def render(
-    pod: dict, state: ClusterState, events: list[dict], now: float, dra: tuple[list[dict], list[dict]] | None = None
+    pod: dict,
+    state: ClusterState,
+    events: list[dict],
+    now: float,
+    dra: tuple[list[dict], list[dict]] | None = None,
+    limit: int = NODES_SHOWN,
 ) -> str:
-    """``dra``: the ResourceSlices and ResourceClaims, read when the pod names ResourceClaims."""
+    """``dra``: the ResourceSlices and ResourceClaims, read when the pod names ResourceClaims;
+    ``limit``: the nodes printed one by one (0: every node)."""
     from hami.dra.explain import explain_pod, uses_dra
 
     meta = pod["metadata"]
@@ -94,7 +115,11 @@ def render(
             "the next Filter drops that decision and decides again, as below."
         )
     ledger.remove_pod(pod_key(pod))
-    verdict = pending_verdict(pod, ledger, state.config, state.vendors, now)
+    # kube-scheduler offers the extender only the nodes its own filters pass: the others are
+    # never chosen, whatever their devices say
+    left_out, unread = nodefit_left_out(pod, state.nodes, state.ledger.node_names())
+    offered = [n for n in ledger.node_names() if n not in left_out]
+    verdict = pending_verdict(pod, ledger, state.config, state.vendors, now, offered if left_out else None)
     req = verdict.request
     for c in req.containers:
         asks = "; ".join(f"{r.vendor} x{r.nums} mem={_memory(r)} cores={r.coresreq}" for r in c.requests)
@@ -102,18 +127,37 @@ def render(
     if not req.has_devices:
         lines.append("It requests no device: hami scheduler passes it through.")
         return "\n".join(lines)
+    if unread:
+        lines.append(f"  (kube-scheduler's node filters are not applied: {unread})")
     if verdict.chosen:
         lines.append(
             f"It fits now: the scheduler would choose node {verdict.chosen} (kube-scheduler retries pending pods)."
         )
+    elif left_out:
+        lines.append(
+            f"It fits on none of the {len(offered)} nodes with devices kube-scheduler offers it "
+            f"({len(left_out)} more are left out by kube-scheduler's node selector, affinity, taint and cordon filters):"
+        )
     else:
         lines.append(f"It fits on none of the {len(ledger.node_names())} nodes with devices:")
-    for v in verdict.nodes:
+    elsewhere = [v.node for v in verdict.nodes if v.fits and v.node in left_out]
+    if not verdict.chosen and elsewhere:
+        lines.append(
+            f"Its devices would fit on {len(elsewhere)} node(s) kube-scheduler leaves out: "
+            f"{', '.join(elsewhere[:NAMES_SHOWN])}{' ...' if len(elsewhere) > NAMES_SHOWN else ''} "
+            "(check the pod's nodeSelector, node affinity and tolerations, and the nodes' taints and cordon)"
+        )
+    lines += _by_reason(verdict.nodes, left_out)
+    shown = _shown(verdict, left_out, limit)
+    ignored = _ignored(state, now)
+    for v in shown:
+        outside = f"left out by kube-scheduler: {left_out[v.node]}; its devices: " if v.node in left_out else ""
+        note = f" [{ignored[v.node]}]" if v.node in ignored else ""
         if v.fits:
-            lines.append(f"  node {v.node}: fits")
+            lines.append(f"  node {v.node}: {outside}fit{'' if outside else 's'}{note}")
             continue
         where = f" (container #{v.container})" if v.container >= 0 else ""
-        lines.append(f"  node {v.node}: {v.reason}{where}{': ' + v.detail if v.detail else ''}")
+        lines.append(f"  node {v.node}: {outside}{v.reason}{where}{': ' + v.detail if v.detail else ''}{note}")
         for dv in v.devices:
             d, reason = dv.device, dv.reason
             if reason == "AllocatedCardsInsufficientRequest":
@@ -128,18 +172,107 @@ def render(
                 f"cores {dv.cores}/{d.devcore}, numa {d.numa}{'' if d.health else ', UNHEALTHY'}{own} -> {reason}"
                 + (f": {dv.detail}" if dv.detail else "")
             )
-    missing = set(state.nodes) - set(ledger.node_names())
-    for label, names in (
-        ("nodes without registered devices (ignored)", sorted(missing - state.unselected)),
-        ("nodes outside --node-label-selector (NodeLabelSelectorMismatch)", sorted(missing & state.unselected)),
-    ):
-        if names:
-            lines.append(f"  {label}: {', '.join(names[:20])}" + (" ..." if len(names) > 20 else ""))
-    recent = [e for e in events if e.get("reason") in ("FilteringFailed", "FailedScheduling", "BindingFailed")][-5:]
+    if len(shown) < len(verdict.nodes):
+        lines.append(
+            f"  ... {len(verdict.nodes) - len(shown)} more nodes not shown (counted above; --nodes 0 shows every node)"
+        )
+    lines += _ignored_lines(state, ignored)
+    recent = [
+        e for e in _own(events, pod) if e.get("reason") in ("FilteringFailed", "FailedScheduling", "BindingFailed")
+    ]
     if recent:
         lines.append("Recent events:")
-        lines += [f"  {e.get('reason')}: {e.get('message')}" for e in recent]
+        lines += [f"  {e.get('reason')}: {e.get('message')}" for e in recent[-5:]]
     return "\n".join(lines)
+
+
+def _ignored_lines(state: ClusterState, ignored: Mapping[str, str]) -> list[str]:
+    """The nodes without devices in the ledger, by why: a registration that cannot be read, a
+    device plugin that stopped answering, none registered, or outside ``--node-label-selector``
+    (at most :data:`NAMES_SHOWN` names each, and how many more)."""
+    lines: list[str] = []
+    missing = set(state.nodes) - set(state.ledger.node_names())
+    unregistered = sorted(missing - state.unselected)
+    groups: dict[str, list[str]] = {}
+    for name in unregistered:
+        why = ignored.get(name)
+        label = (
+            "nodes without registered devices (ignored)"
+            if why is None
+            else "nodes whose device registration cannot be read (their devices are ignored)"
+            if name in state.registration_errors
+            else "nodes whose device plugin stopped answering (their devices are ignored)"
+        )
+        groups.setdefault(label, []).append(f"{name} ({why})" if why else name)
+    groups["nodes outside --node-label-selector (NodeLabelSelectorMismatch)"] = sorted(missing & state.unselected)
+    for label, names in groups.items():
+        if names:
+            more = len(names) - NAMES_SHOWN
+            lines.append(f"  {label}: {', '.join(names[:NAMES_SHOWN])}" + (f" ... and {more} more" if more > 0 else ""))
+    return lines
+
+
+def _by_reason(nodes: Any, left_out: Mapping[str, str]) -> list[str]:
+    """How many nodes give each answer, the most frequent first (so the counts add up to every
+    node with devices): "fits", HAMi's reason string, or kube-scheduler's for a node it leaves out."""
+    counts: dict[str, int] = {}
+    for v in nodes:
+        key = f"left out by kube-scheduler: {left_out[v.node]}" if v.node in left_out else "fit" if v.fits else v.reason
+        counts[key] = counts.get(key, 0) + 1
+    if len(counts) < 2 and len(nodes) < 2:
+        return []  # one node: its own line says it
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = [f"  {n} node{'s' if n != 1 else ''}: {reason}" for reason, n in ranked[:REASONS_SHOWN]]
+    rest = ranked[REASONS_SHOWN:]
+    if rest:
+        out.append(f"  {sum(n for _, n in rest)} nodes: {len(rest)} other reasons")
+    return out
+
+
+def _shown(verdict: Any, left_out: Mapping[str, str], limit: int) -> list[Any]:
+    """The nodes printed one by one: the chosen node, then the others that fit, then those the
+    extender refuses, then those kube-scheduler leaves out (each in name order); ``limit`` of
+    them (0: every node)."""
+
+    def order(v: Any) -> int:
+        if v.node == verdict.chosen:
+            return 0
+        return 3 if v.node in left_out else 1 if v.fits else 2
+
+    ranked = sorted(verdict.nodes, key=lambda v: (order(v), v.node))
+    return ranked if limit <= 0 else ranked[:limit]
+
+
+def _ignored(state: ClusterState, now: float) -> dict[str, str]:
+    """Node -> why some of its devices are left out of the ledger: a vendor's registration that
+    cannot be read (the error), or a device plugin that stopped answering the handshake."""
+    out: dict[str, str] = {}
+    for name, node in state.nodes.items():
+        whys = [f"{vendor or 'node'}: {message}" for vendor, message in state.registration_errors.get(name, {}).items()]
+        annotations = ((node.get("metadata") or {}).get("annotations")) or {}
+        for v in state.vendors:
+            if v.register_annotation in annotations and not vendor_alive(node, v, now):
+                value = annotations.get(v.handshake_annotation or "", "")
+                whys.append(
+                    f"{v.name}: handshake {v.handshake_annotation} {value} is older than "
+                    f"{HANDSHAKE_TIMEOUT_S:.0f} s and the node advertises no {v.resources.count}"
+                )
+        if whys:
+            out[name] = "; ".join(whys)
+    return out
+
+
+def _own(events: list[dict], pod: Mapping[str, Any]) -> list[dict]:
+    """The events about this pod: the field selector matches a name, so an earlier pod of the
+    same name (a StatefulSet's, recreated) and other kinds of objects of that name are dropped."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    out = []
+    for e in events:
+        involved = e.get("involvedObject") or e.get("regarding") or {}
+        if involved.get("kind", "Pod") != "Pod" or uid and involved.get("uid", uid) != uid:
+            continue
+        out.append(e)
+    return out
 
 
 def _memory(r: Any) -> str:
@@ -202,16 +335,25 @@ async def _main(args: argparse.Namespace) -> int:
             print(f"hami explain: pod {ns}/{name}: {exc}", file=sys.stderr)
             return 1
         state = ClusterState(config, args.scheduler_name, selector)
-        dra = await read_cluster(kube, state, pod)
-        evs = (
-            await kube.request(
-                "GET", f"/api/v1/namespaces/{ns}/events", [("fieldSelector", f"involvedObject.name={name}")]
+        try:
+            dra = await read_cluster(kube, state, pod)
+            evs = (
+                await kube.request(
+                    "GET", f"/api/v1/namespaces/{ns}/events", [("fieldSelector", f"involvedObject.name={name}")]
+                )
+            )["items"]
+        except KubeError as exc:
+            # it rebuilds the scheduler's view: every node, pod and quota of the cluster
+            print(
+                f"hami explain: {exc} (it needs list on nodes, pods and resourcequotas "
+                "in all namespaces, and on the pod's events)",
+                file=sys.stderr,
             )
-        )["items"]
+            return 1
         evs.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         import time
 
-        print(render(pod, state, evs, time.time(), dra))
+        print(render(pod, state, evs, time.time(), dra, max(getattr(args, "nodes", NODES_SHOWN), 0)))
         return 0
     finally:
         await kube.close()

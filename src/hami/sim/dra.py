@@ -11,7 +11,7 @@ in one search, devices in slice order, distinct devices within a request, CEL se
 (:mod:`hami.dra.cel`), backtracking into earlier claims; the first placement found wins). A
 selector that fails on a device leaves the pod pending, as kube-scheduler's error does. Nodes
 given as Node documents are filtered first as kube-scheduler filters them (cordon, taints, node
-affinity: :mod:`hami.sim.nodefit`); one known by its ResourceSlice alone is not. Among the nodes
+affinity: :mod:`hami.core.nodefit`); one known by its ResourceSlice alone is not. Among the nodes
 where every claim fits, the node is picked by the default ``NodeResourcesFit`` score (least
 requested CPU and memory, with kube-scheduler's defaults of 100m / 200Mi for a container that
 requests none); ties, which kube-scheduler breaks at random, go to the node that comes first in
@@ -75,7 +75,7 @@ from .engine import (
     object_name,
     pod_ref,
 )
-from .nodefit import NODE_FIELDS, POD_FIELDS, NodeFacts, NodeFitError, filter_nodes, node_facts, pod_asks
+from hami.core.nodefit import NODE_FIELDS, POD_FIELDS, NodeFacts, NodeFitError, filter_nodes, node_facts, pod_asks
 
 DEFAULT_CPU_MILLI = 100  # kube-scheduler's non-zero default request (scoring only)
 DEFAULT_MEMORY = 200 * MIB

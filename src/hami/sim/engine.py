@@ -2,7 +2,7 @@
 
 Pods go through the webhook's admission (:func:`hami.webhook.admission.decide`, whose denials
 are the pod's outcome), the same admission defaults (:func:`hami.core.admit_pod`), the node
-filters kube-scheduler runs before the extender (:mod:`hami.sim.nodefit`) and the same
+filters kube-scheduler runs before the extender (:mod:`hami.core.nodefit`) and the same
 :func:`hami.core.schedule_pod` the extender uses.
 
 The pods file is read as the state of a cluster followed by events (:func:`play_order`): a pod
@@ -37,7 +37,7 @@ from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import META, POD, QUOTA, ShapeError, check
 from hami.webhook.admission import AdmissionSettings, decide
 
-from .nodefit import (
+from hami.core.nodefit import (
     FILTERED_EFFECTS,
     NODE_FIELDS,
     POD_FIELDS,

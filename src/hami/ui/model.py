@@ -25,6 +25,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 
 from hami.core import CoreError, Ledger, pod_key
 from hami.core.explain import pending_verdict
+from hami.core.nodefit import left_out as nodefit_left_out
 from hami.core.names import BIND_PHASE
 from hami.core.requests import ordered_containers
 from hami.core.types import ContainerDevice, DeviceInfo
@@ -624,8 +625,11 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
         "uid": meta.get("uid") or "",
         "createdAt": meta.get("creationTimestamp") or None,
     }
+    # kube-scheduler offers the extender only the nodes its own filters pass (hami explain's rule)
+    left_out, _ = nodefit_left_out(pod, source.nodes, source.ledger.node_names())
+    offered = [n for n in source.ledger.node_names() if n not in left_out] if left_out else None
     try:
-        verdict = pending_verdict(dict(pod), source.ledger, source.config, source.vendors, now)
+        verdict = pending_verdict(dict(pod), source.ledger, source.config, source.vendors, now, offered)
     except (CoreError, ArithmeticError, LookupError, TypeError, ValueError) as exc:
         return {
             **base,
@@ -661,6 +665,7 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
                 "node": v.node,
                 "fits": v.fits,
                 "reason": v.reason or None,
+                "leftOut": left_out.get(v.node),
                 "container": v.container if v.container >= 0 else None,
                 "devices": devices,
             }
@@ -671,7 +676,11 @@ def explain_doc(pod: Mapping[str, Any], source: Any, now: float) -> dict:
         "fitsNow": verdict.chosen is not None,
         "wouldChoose": verdict.chosen,
         "error": None,
-        "summary": summarise(v.reason for v in verdict.nodes if not v.fits),
+        "summary": summarise(
+            f"left out by kube-scheduler: {left_out[v.node]}" if v.node in left_out else v.reason
+            for v in verdict.nodes
+            if not v.fits or v.node in left_out
+        ),
         "nodes": nodes,
     }
 

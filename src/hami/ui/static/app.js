@@ -428,7 +428,7 @@
 
   function verdictList(nodes) {
     return el("ul", {}, nodes.map((n) => el("li", { "data-node": n.node },
-            n.node + ": " + (n.fits ? t("pending.fits") : n.reason) + (n.container === null ? "" : t("pending.container", { n: n.container })),
+            n.node + ": " + (n.leftOut ? t("pending.leftOut", { why: n.leftOut }) + " " : "") + (n.fits ? t("pending.fits") : n.reason) + (n.container === null ? "" : t("pending.container", { n: n.container })),
             n.devices.length ? el("ul", {}, n.devices.map((d) => el("li", { text: t("pending.device", {
               index: d.index, model: d.model, slots: d.slots.allocated + "/" + d.slots.total,
               memory: mib(d.memoryMiB.allocated) + "/" + mib(d.memoryMiB.total),

@@ -282,3 +282,28 @@ def filter_nodes(asks: PodAsks, nodes: Iterable[NodeFacts]) -> dict[str, str]:
         if why is not None:
             out[node.name] = why
     return out
+
+
+def left_out(
+    pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], names: Iterable[str]
+) -> tuple[dict[str, str], str]:
+    """``node -> reason`` for the nodes of ``names`` (looked up in ``nodes``) that these filters
+    leave out for ``pod``, and why they could not be applied at all ("" when they were: a pod the
+    API server would not have taken leaves every node in). A Node whose fields cannot be read is
+    not said to be left out."""
+    try:
+        asks = pod_asks(pod)
+    except (NodeFitError, AttributeError, TypeError, ValueError) as exc:
+        return {}, str(exc)
+    out: dict[str, str] = {}
+    for name in names:
+        node = nodes.get(name)
+        if node is None:
+            continue
+        try:
+            why = refusal(asks, node_facts(node))
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if why:
+            out[name] = why
+    return out, ""
