@@ -290,8 +290,9 @@ def test_a_summary_refusal_is_the_fits_refusal(nodes, background, reqs, quota, d
     summary_matches_fit(nodes, background, reqs, quota, data)
 
 
-def summary_matches_fit(nodes, background, reqs, quota, data) -> None:
-    cfg = SchedulerConfig(VENDORS)
+def drawn_cluster(nodes, background, reqs, quota, data, cfg: SchedulerConfig) -> tuple[Ledger, dict, str]:
+    """The ledger of drawn nodes (some GPUs cordoned), a quota in ``team`` and the background pods
+    placed by ``cfg``; and the probe pod with its namespace."""
     led = Ledger()
     for i, spec in enumerate(nodes):
         cordon = tuple(data.draw(st.lists(st.integers(0, 3), max_size=1)))
@@ -301,6 +302,12 @@ def summary_matches_fit(nodes, background, reqs, quota, data) -> None:
         schedule_pod(make_pod(f"bg{k}", [b], ns="team"), [f"n{k % len(nodes)}"], led, cfg, 0.0)
     ns = data.draw(st.sampled_from(("default", "team")))
     p = make_pod("probe", reqs, data.draw(st.sampled_from(ANNOTATIONS)), ns, data.draw(st.booleans()))
+    return led, p, ns
+
+
+def summary_matches_fit(nodes, background, reqs, quota, data) -> None:
+    cfg = SchedulerConfig(VENDORS)
+    led, p, ns = drawn_cluster(nodes, background, reqs, quota, data, cfg)
     pr = pod_request(p, VENDORS)
     _, policy, weights = pod_policies(pr, cfg)
     ctx = make_context(pr, VENDORS, policy, weights, led.quota_room(ns, VENDORS))

@@ -18,11 +18,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami.core import Ledger, SchedulerConfig, filter_pod, schedule_pod
+from hami.core import SchedulerConfig, filter_pod
 from hami.core.explain import pending_verdict
 from hami.core.reasons import parse_reason
 
-from .test_core_refuse import ANNOTATIONS, QUOTAS, SETTINGS, VENDORS, devices_st, make_node, make_pod, request_st
+from .test_core_refuse import QUOTAS, SETTINGS, VENDORS, devices_st, drawn_cluster, request_st
 
 NOT_COUNTED = ("not considered", "considered, but too few")
 
@@ -38,15 +38,7 @@ NOT_COUNTED = ("not considered", "considered, but too few")
 )
 def test_explain_agrees_with_the_scheduler(nodes, background, reqs, quota, policy, data):
     cfg = SchedulerConfig(VENDORS, node_policy=policy)
-    led = Ledger()
-    for i, spec in enumerate(nodes):
-        cordon = tuple(data.draw(st.lists(st.integers(0, 3), max_size=1)))
-        led.set_node(make_node(f"n{i}", spec, cordon))
-    led.set_quota("team", "q", quota or {}, VENDORS)
-    for k, b in enumerate(background):
-        schedule_pod(make_pod(f"bg{k}", [b], ns="team"), [f"n{k % len(nodes)}"], led, cfg, 0.0)
-    ns = data.draw(st.sampled_from(("default", "team")))
-    p = make_pod("probe", reqs, data.draw(st.sampled_from(ANNOTATIONS)), ns, data.draw(st.booleans()))
+    led, p, _ = drawn_cluster(nodes, background, reqs, quota, data, cfg)
     usage = {n: {d.id: (s, m, c) for d, s, m, c in led.device_usage(n)} for n in led.node_names()}
 
     verdict = pending_verdict(p, led, cfg, VENDORS, 0.0)
