@@ -91,3 +91,25 @@ def test_a_mig_grant_in_hamis_legacy_form_counts_on_its_gpu():
     # free slice: the GPU takes no new pod until it ends (the ledger's rule for a MIG pod without
     # a reservation)
     assert _held(_pod(grant), mode="mig") == ((1, 9984, 0, False), (9984, 0))
+
+
+def _asking(pod: dict, *asks: bool) -> dict:
+    """``pod`` with the GPU asked only by the containers whose flag is set (init containers first)."""
+    spec = pod["spec"]
+    for container, ask in zip(spec["initContainers"] + spec["containers"], asks):
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}} if ask else {}
+    return pod
+
+
+def test_hamis_short_layout_with_init_containers_is_not_taken_for_the_old_one():
+    """HAMi v2.10 pads a container without a GPU under the node's device types, not under
+    ``NVIDIA`` (pkg/scheduler/score.go, calcScore), so its ``NVIDIA`` entries can stop short:
+    an init container with a GPU, a GPU container and a GPU-less one get two entries. Taken for
+    the old layout by their count, they were shifted past the init container and the finished
+    init container's 5000 MiB stayed held (7000 MiB and 2 slots instead of 2000 and 1)."""
+    pod = _asking(_pod(f"{GPU},NVIDIA,5000,0:;{GPU},NVIDIA,2000,10:;", inits=1, apps=2), True, True, False)
+    assert _held(pod) == ((1, 2000, 10, True), (2000, 10))
+    # the init container alone asks: its memory and cores end with it (the pod keeps its slot, as
+    # before the old layout was read)
+    pod = _asking(_pod(f"{GPU},NVIDIA,5000,0:;", inits=1, apps=1), True, False)
+    assert _held(pod) == ((1, 0, 0, True), (0, 0))

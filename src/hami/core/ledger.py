@@ -980,7 +980,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
             decoded = _parent_ids(v.read_allocation(decode_pod_devices(text), annotations))
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
-        shift = _init_offset(pod, decoded)
+        shift = _init_offset(pod, decoded, v)
         devices[v.name] = ((),) * shift + decoded
         try:
             found = v.read_slices(annotations)
@@ -995,20 +995,37 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     return make_allocation(pod, node, devices, tuple(slices), vendors)
 
 
-def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice) -> int:
+def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, vendor: Any = None) -> int:
     """How many empty entries to put before an allocation written without its init containers'.
 
     HAMi wrote one entry per regular container until its releases counted init containers too
     (``Resourcereqs`` over ``pod.Spec.Containers`` only); today's writers, ours and HAMi's, write
-    one per container, init containers first. Read in today's order, an older pod's first regular
-    container passed for its init container, and once the init containers had finished
-    (``app_only``) the pod held nothing. No more entries than regular containers in a pod with
-    init containers can only be the old layout."""
+    one per container, init containers first, but HAMi's may stop short (it pads a container
+    without a GPU under the node's device types, not under ``NVIDIA``). So the entry count alone
+    does not tell the layouts apart: the entries that name devices do. Read in today's order, each
+    must fall on a container that asks for the vendor's resources; when one does not and, read
+    past the init containers, each falls on a regular container that asks, the allocation is the
+    old layout (read in today's order, an older pod's first regular container passed for its init
+    container, and once the init containers had finished the pod held nothing). Anything else is
+    read in today's order, as before."""
     spec = pod.get("spec") or {}
-    inits = len(spec.get("initContainers") or ())
-    if inits and devices and len(devices) <= len(spec.get("containers") or ()):
-        return inits
-    return 0
+    inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
+    if not inits or not devices or len(devices) > len(regular):
+        return 0
+    res = getattr(vendor, "resources", None)
+    names = {n for n in (getattr(res, a, "") for a in ("count", "memory", "memory_percentage", "cores")) if n}
+    if not names:
+        return len(inits)  # no resource names to tell by: the count alone
+
+    def asks(container: Any) -> bool:
+        r = container.get("resources") or {} if isinstance(container, Mapping) else {}
+        return any(n in (r.get("limits") or {}) or n in (r.get("requests") or {}) for n in names)
+
+    granted = [i for i, ctr in enumerate(devices) if ctr]
+    everyone = inits + regular
+    if all(asks(everyone[i]) for i in granted):
+        return 0
+    return len(inits) if all(asks(regular[i]) for i in granted) else 0
 
 
 def _parent_ids(devices: PodSingleDevice) -> PodSingleDevice:
