@@ -123,3 +123,16 @@ def test_a_claim_whose_region_directory_is_already_empty_is_not_reported(root):
     record.write_text(BOOT_A)
     assert driver.reset_regions_after_boot(record, BOOT_B) == []
     assert json.loads((root / "state" / "checkpoint.json").read_text())["claims"].keys() == {UID}
+
+
+def test_at_start_a_record_an_older_agent_wrote_is_written_again_with_the_claims_gpus(root):
+    """An older agent's record of a claim names no GPUs; the monitor then keeps the claim's usage
+    off every GPU another grant names, so a claim sharing its GPU with a newer one went unseen
+    until prepared again. At start-up the agent writes each prepared claim's record as it would."""
+    driver, _, _ = _prepared(root)
+    record = Path(driver.paths.claim_record(UID))
+    assert json.loads(record.read_text())["devices"] == [U0]
+    record.write_text(json.dumps({"namespace": "ns", "name": "c", "uid": UID}))  # as an older agent wrote it
+    assert driver.refresh_records() == [f"claim {UID}: monitor record written again"]
+    assert json.loads(record.read_text()) == {"namespace": "ns", "name": "c", "uid": UID, "devices": [U0]}
+    assert driver.refresh_records() == []  # nothing to do the next time

@@ -227,6 +227,8 @@ def _prepare_node(driver, paths: Paths, boot_id_file: Path, boot_id: str) -> boo
         log.info("MIG at start-up: %s", line)
     for line in driver.reset_regions_after_boot(boot_id_file, boot_id):
         log.info("start-up: %s", line)
+    for line in driver.refresh_records():
+        log.info("start-up: %s", line)
     prepare_hook_dir(paths)
     missing = [p for p in (paths.preload_file, paths.lock_dir) if not os.path.exists(p)]
     if missing:  # every claim's container would fail to start on the missing mount source

@@ -301,15 +301,43 @@ class Driver:
             path = Path(directory, GRANT_FILE)
             if not path.is_file() or path.read_text() != grant:
                 write_grant(directory, grant)
-            ref = claim_record(done.get("namespace") or "", done.get("name") or "", uid, done["cdi_spec"])
-            record = Path(self.paths.claim_record(uid))
-            if _read_json(record) != ref:
-                write_atomic(record, json.dumps(ref))
+            self._write_record(done, uid)
         cdi = Path(done["cdi_file"])
         if _read_json(cdi) != done["cdi_spec"]:
             write_document(done["cdi_spec"], cdi)
         self._answered_now(uid)
         return for_kubelet(done["devices"])  # an entry of an older agent: its names made as the kubelet matches them
+
+    def _write_record(self, done: Mapping[str, Any], uid: str) -> bool:
+        """Write the monitor's record of a prepared claim where it differs from what this agent
+        writes (True when written)."""
+        ref = claim_record(done.get("namespace") or "", done.get("name") or "", uid, done["cdi_spec"])
+        record = Path(self.paths.claim_record(uid))
+        if _read_json(record) == ref:
+            return False
+        write_atomic(record, json.dumps(ref))
+        return True
+
+    def refresh_records(self) -> list[str]:
+        """Start-up, before serving: the monitor's record of every prepared claim with a region
+        written as this agent writes it. A record an older agent wrote names no GPUs, and the
+        monitor then keeps the claim's usage off every GPU another grant names (the region is the
+        container's to write), so a claim sharing its GPU with a newer claim went unseen until
+        it was prepared again. What was done, as lines."""
+        done = []
+        for uid in self.checkpoint.uids():
+            entry = self.checkpoint.get(uid)
+            if entry is None or not _UID.fullmatch(uid):
+                continue
+            record = Path(self.paths.claim_record(uid))
+            if not record.exists():
+                continue  # no region (isolation other than hami-core), or released meanwhile
+            try:
+                if self._write_record(entry, uid):
+                    done.append(f"claim {uid}: monitor record written again")
+            except (OSError, KeyError, TypeError, ValueError) as exc:
+                done.append(f"claim {uid}: cannot write its monitor record again: {exc}")
+        return done
 
     async def release(
         self, namespace: str, name: str, uid: str, why: str = "", unless_answered_since: int | None = None
