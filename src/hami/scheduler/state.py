@@ -6,7 +6,10 @@ everything); the only state that exists nowhere else is a Filter reservation who
 has not come back through the watch yet (kept until the pod's annotations arrive, rolled
 back by the extender when the patch fails). A bound pod's grant is final: the first one the
 ledger read from a bound copy counts until the pod ends or goes, whatever its owner writes into
-its annotations later (as HAMi's scheduler keeps the first it saw).
+its annotations later (as HAMi's scheduler keeps the first it saw). A bound pod whose grant for
+some vendor cannot be read holds devices of that vendor on its node that nobody can name: what
+can be read counts, and that vendor's devices on the node take no new pod until the grant can be
+read or the pod ends (:class:`UnreadableGrant`; HAMi counted such a pod as holding nothing).
 
 The DRA front end's allocations are learnt too (either front end): ResourceClaims allocated by
 driver ``gpu.hami.io`` (read by :func:`hami.dra.claims.claim_usage`) count against their
@@ -16,7 +19,8 @@ device) and the UI's DRA devices. Pods with ResourceClaims are cached for the UI
 
 Node health follows HAMi's handshake semantics per vendor (§4.4): a node's devices count
 while the kubelet advertises the vendor's count resource (``status.allocatable``), or while
-its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s.
+its ``hami.io/node-handshake`` is not a ``Requesting_<time>`` older than 60 s (the time in
+today's form or in the one HAMi up to v2.3 wrote, :func:`hami.core.health.handshake_time`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from hami.core import (
     pod_key,
     read_node_devices,
 )
+from hami.core.health import handshake_time
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
@@ -79,11 +84,14 @@ def vendor_alive(node: Mapping[str, Any], vendor: Any, now: float) -> bool:
     value = ((node.get("metadata") or {}).get("annotations") or {}).get(key or "", "")
     if not key or REQUESTING not in value:
         return True
+    _, _, stamp = value.partition("_")
+    written = handshake_time(stamp)
+    if written is None:
+        return True  # (as HAMi: an unreadable time is no proof the plugin is gone)
     try:
-        written = datetime.strptime(value.split("_", 1)[1], HANDSHAKE_TIME_FORMAT).timestamp()
-    except (IndexError, ValueError):
+        return now - written.timestamp() < HANDSHAKE_TIMEOUT_S
+    except (OverflowError, OSError, ValueError):  # a date the platform cannot place (year 1)
         return True
-    return now - written < HANDSHAKE_TIMEOUT_S
 
 
 def schedulable_node(node: Mapping[str, Any], vendors: Iterable[Any], now: float) -> tuple[NodeDevices, dict[str, str]]:
@@ -114,6 +122,18 @@ def _node_fingerprint(node: Mapping[str, Any], vendors: Iterable[Any], now: floa
     capacity = (node.get("status") or {}).get("capacity") or {}
     counts = tuple(sorted((k, str(capacity[k])) for k in names if k in capacity))
     return (tuple((k, annotations[k]) for k in keys), tuple(vendor_alive(node, v, now) for v in vendors), counts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UnreadableGrant:
+    """A running (bound, not finished) pod whose allocation annotation of some vendor cannot be
+    read: ``errors`` is ``{vendor: why}``. Until it is readable or the pod ends, the vendor's
+    devices on ``node`` are cordoned (``CardCordoned``): counting them free let a new pod onto a
+    GPU the running one uses."""
+
+    pod: str  # "ns/name"
+    node: str
+    errors: Mapping[str, str]
 
 
 def selector_matches(obj: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
@@ -150,6 +170,9 @@ class ClusterState:
         # ledger keys whose allocation was read from a bound copy of the pod: final from then on
         # (apply_pod keeps that grant whatever the annotations say later)
         self._final: set[str] = set()
+        # the latest resourceVersion the pod list or watch has shown: a later list can only be at
+        # this version or after, unless the API server's store went back (an etcd restore)
+        self._pods_watched_to: int | None = None
         self.quotas: dict[str, dict] = {}  # "ns/name" -> ResourceQuota
         # the DRA front end (driver gpu.hami.io): allocated claims and the driver's slices
         self.claims: dict[str, ClaimUsage] = {}  # "ns/name" -> what the claim holds
@@ -188,6 +211,11 @@ class ClusterState:
         #: node -> {vendor: why its registration there is left out}, as last read (the key ``""``:
         #: the Node object itself is of the wrong shape, every vendor's devices are left out)
         self.registration_errors: dict[str, dict[str, str]] = {}
+        #: pod key -> the grant of a running pod that cannot be read (see UnreadableGrant)
+        self.unreadable: dict[str, UnreadableGrant] = {}
+        #: called with (pod, message) when a running pod's grant is found unreadable (an event; once
+        #: per change of what cannot be read, not on every watch event)
+        self.on_unreadable_pod: Callable[[dict, str], None] | None = None
 
     # ------------------------------------------------------------------ nodes
     @property
@@ -245,11 +273,15 @@ class ClusterState:
                 self.registration_errors.pop(name, None)
                 self.ledger.remove_node(name)
                 return
-            fp = _node_fingerprint(node, self.vendors, now)
+            blind = self._blind_vendors(name)
+            fp = (_node_fingerprint(node, self.vendors, now), blind)
             if not force and self._fingerprints.get(name) == fp:
                 return
             self._fingerprints[name] = fp
             devices, errors = schedulable_node(node, self.vendors, now)
+            if blind:
+                held = frozenset(d.id for d in devices.devices if d.vendor in blind)
+                devices = dataclasses.replace(devices, cordoned=devices.cordoned | held)
         except (CoreError, ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
             # whatever the failure, a node we cannot read is a malformed one: its devices leave
             # the ledger (no stale GPUs stay in use) and the node gets an event
@@ -276,6 +308,57 @@ class ClusterState:
             self.ledger.set_node(devices)
         else:
             self.ledger.remove_node(name)
+
+    def _blind_vendors(self, name: str) -> frozenset[str]:
+        """The vendors whose devices on node ``name`` a running pod holds unreadably."""
+        return frozenset(v for g in self.unreadable.values() if g.node == name for v in g.errors)
+
+    def _set_unreadable(self, key: str, grant: UnreadableGrant | None, pod: dict | None = None) -> None:
+        """Record (or clear, None) pod ``key``'s unreadable grant; the nodes concerned are read
+        again (their cordons follow)."""
+        old = self.unreadable.get(key)
+        if old == grant:
+            return
+        if grant is None:
+            del self.unreadable[key]
+        else:
+            self.unreadable[key] = grant
+            if old is None or old.errors != grant.errors:
+                message = (
+                    f"{'; '.join(grant.errors.values())}; the pod runs on node {grant.node}, whose "
+                    f"{', '.join(sorted(grant.errors))} devices take no new pod until its grant can be "
+                    "read or it ends"
+                )
+                log.warning("%s", message)
+                if self.on_unreadable_pod is not None and pod is not None:
+                    self.on_unreadable_pod(pod, message[:1000])
+        for name in {g.node for g in (old, grant) if g is not None}:
+            node = self.nodes.get(name)
+            if node is not None:
+                self._refresh_node(name, node)
+
+    def _read_allocation(self, pod: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
+        """``(the pod's allocation, {vendor: why its grant cannot be read})``: one vendor's
+        malformed annotation leaves out that vendor's grant only (HAMi's reader, and ours before,
+        dropped the whole pod: its readable GPUs looked free too)."""
+        try:
+            return allocation_from_pod(pod, self.vendors), {}
+        except CoreError as whole:
+            annotations = (pod.get("metadata") or {}).get("annotations") or {}
+            errors: dict[str, str] = {}
+            for v in self.vendors:
+                if annotations.get(v.allocated_annotation) is None:
+                    continue
+                try:
+                    allocation_from_pod(pod, (v,))
+                except CoreError as exc:
+                    errors[v.name] = str(exc)
+            if not errors:  # not one vendor's annotation: nothing is known
+                return None, {"": str(whole)}
+            try:
+                return allocation_from_pod(pod, tuple(v for v in self.vendors if v.name not in errors)), errors
+            except CoreError as exc:
+                return None, {**errors, "": str(exc)}
 
     def _select(self, name: str, selected: bool) -> None:
         """Record whether the node selector takes node ``name`` (a deleted node: True)."""
@@ -320,7 +403,14 @@ class ClusterState:
     # ------------------------------------------------------------------ pods
     @property
     def pod_handler(self) -> "_Handler":
-        return _Handler(self._replace_pods, self.apply_pod)
+        return _Handler(self._replace_pods, self._watched_pod)
+
+    def _watched_pod(self, kind: str, pod: dict) -> None:
+        """A pod watch event (our own writes come through :meth:`put_pod`, not here)."""
+        at = revision(pod)
+        if at is not None and (self._pods_watched_to is None or at > self._pods_watched_to):
+            self._pods_watched_to = at
+        self.apply_pod(kind, pod)
 
     def _interesting(self, pod: Mapping[str, Any]) -> bool:
         meta = pod.get("metadata") or {}
@@ -338,6 +428,25 @@ class ClusterState:
         after the list's snapshot: the watch from that version tells what becomes of it) or,
         where versions cannot be compared, while it holds a reservation (a decision whose Bind
         may be under way): dropping it freed GPUs a Bind then posted, and another pod got them."""
+        listed_at = revision({"metadata": {"resourceVersion": resource_version}})
+        if listed_at is not None and self._pods_watched_to is not None and listed_at < self._pods_watched_to:
+            # The store went back (an etcd restore): the versions cached are from a history the
+            # API server no longer has. The list is the truth: a cached copy "newer" than it is
+            # not kept (every later event of that pod was dropped as stale, a finished pod held
+            # its GPUs; a pod made after the snapshot stayed for good), and a pod seen deleted
+            # may exist again, with its UID (its events were dropped: its GPUs looked free).
+            log.warning(
+                "pods listed at resourceVersion %s, before %s the watch had shown: the API server's "
+                "store went back (an etcd restore?); the cache is rebuilt from the list",
+                listed_at,
+                self._pods_watched_to,
+            )
+            self.pods = {}
+            self._deleted.clear()
+            self._gone_names.clear()
+            self._final.clear()  # (a grant read since may be one the store no longer has)
+        if listed_at is not None:
+            self._pods_watched_to = listed_at
         listed = {_ref(p): pod_key(p) for p in items}
         # (a cached pod the list names with another UID is a successor of the listed one, created
         # after the list's snapshot: its reservation stays just the same)
@@ -347,6 +456,8 @@ class ClusterState:
             if listed.get(ref) != pod_key(pod) and self._outlives_list(pod, resource_version)
         ]
         keys = {pod_key(p) for p in (*items, *kept)}
+        for key in [k for k in self.unreadable if k not in keys]:
+            self._set_unreadable(key, None)
         for alloc in self.ledger.pods():
             if alloc.key not in keys:
                 self.ledger.remove_pod(alloc.key)
@@ -395,6 +506,8 @@ class ClusterState:
             self._tombstone(pod)
             self.ledger.remove_pod(key)
             self._final.discard(key)
+            if key in self.unreadable:
+                self._set_unreadable(key, None)
             uid, at = (pod.get("metadata") or {}).get("uid"), revision(pod)
             if uid and at is not None:
                 self._gone_names.pop(ref, None)
@@ -410,18 +523,17 @@ class ClusterState:
                 (pod.get("metadata") or {}).get("resourceVersion"),
             )
             return
-        if not self._interesting(pod) and self.ledger.pod(key) is None:
+        if not self._interesting(pod) and self.ledger.pod(key) is None and key not in self.unreadable:
             # (a pod the ledger holds is followed whatever it says now: one placed with our
             # annotations under another scheduler's name, its owner removing hami.io/vgpu-node,
             # held its GPUs and quota after it finished, until it was deleted)
             return
         self.pods[ref] = pod
         self._wake_lock_waiters(pod, False)
-        try:
-            alloc = allocation_from_pod(pod, self.vendors)
-        except CoreError as exc:
-            log.warning("%s; the pod is counted as holding nothing", exc)
-            alloc = None
+        alloc, errors = self._read_allocation(pod)
+        if errors and not (pod.get("spec") or {}).get("nodeName"):
+            # (not running anywhere: the device plugin refuses such a grant, nothing is held)
+            log.warning("pod %s: %s; its grant is left out", ref, "; ".join(errors.values()))
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         held = self.ledger.pod(key)
         if (
@@ -434,7 +546,10 @@ class ClusterState:
             # pod's owner may edit its annotations, and a grant rewritten smaller, moved or removed
             # must not free GPUs its containers still hold (nor leave its namespace's quota).
             # What follows the pod's status (init containers done) and its classes still count.
-            if alloc is None or not _same_grant(alloc, held):
+            pending = self.unreadable.get(key)
+            if alloc is not None and pending is not None and _extends_grant(alloc, held, pending.errors):
+                pass  # the grant of a vendor that could not be read is readable now: it counts too
+            elif alloc is None or not _same_grant(alloc, held):
                 log.warning(
                     "pod %s: its allocation annotations changed after it was bound; "
                     "the grant it was bound with (node %s) still counts",
@@ -442,6 +557,13 @@ class ClusterState:
                     held.node,
                 )
                 alloc = make_allocation(pod, held.node, held.devices, held.slices, self.vendors)
+        # what of a running pod's grant is neither read now nor held from before
+        blind = {v: m for v, m in errors.items() if v and (alloc is None or not any(alloc.devices.get(v, ())))}
+        running = bound and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        if running and blind:
+            self._set_unreadable(key, UnreadableGrant(ref, (pod.get("spec") or {})["nodeName"], blind), pod)
+        elif key in self.unreadable:
+            self._set_unreadable(key, None)
         if bound and alloc is not None:
             self._final.add(key)  # (a bound pod's allocation always lands in the ledger below)
         if alloc is not None:
@@ -736,6 +858,23 @@ def _same_grant(a: Any, b: Any) -> bool:
     return (a.node, tuple(a.slices)) == (b.node, tuple(b.slices)) and {
         v: [[(d.uuid, d.type, d.usedmem, d.usedcores) for d in c] for c in per] for v, per in a.devices.items()
     } == {v: [[(d.uuid, d.type, d.usedmem, d.usedcores) for d in c] for c in per] for v, per in b.devices.items()}
+
+
+def _extends_grant(a: Any, held: Any, vendors: Iterable[str]) -> bool:
+    """``a`` is the grant ``held`` plus that of some of ``vendors`` (whose grants could not be
+    read when ``held`` was), the rest unchanged."""
+    added = set(a.devices) - set(held.devices)
+    return (
+        bool(added)
+        and added <= set(vendors)
+        and set(held.slices) <= set(a.slices)
+        and _same_grant(
+            dataclasses.replace(
+                a, devices={v: a.devices[v] for v in held.devices if v in a.devices}, slices=held.slices
+            ),
+            held,
+        )
+    )
 
 
 def _ref(obj: Mapping[str, Any]) -> str:
