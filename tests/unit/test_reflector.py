@@ -405,3 +405,42 @@ async def test_a_watch_answering_only_error_events_warns_once(monkeypatch, caplo
     lines, watches = await _six_failures_then_a_watch(monkeypatch, caplog, error_event)
     assert watches == 7 and sum(1 for lv, m in lines if lv == "WARNING") == 1, lines
     assert [m for lv, m in lines if "works again" in m] == ["watch /items works again after 6 failures in a row"], lines
+
+
+TOO_LARGE = {
+    "kind": "Status",
+    "status": "Failure",
+    "message": "Too large resource version: 900, current: 500",
+    "reason": "Timeout",
+    "details": {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]},
+    "code": 504,
+}
+
+
+async def test_a_watch_ahead_of_the_store_relists():
+    """After an etcd restore the store is behind the version the watch reached: the API server
+    answers the watch 504 ResourceVersionTooLarge (as the HTTP status, or as an ERROR event) and
+    the reflector relists, as client-go does (it resumed from the same version every backoff)."""
+    served = {"list": 0, "watch": 0}
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            served["list"] += 1
+            return web.json_response(
+                {"metadata": {"resourceVersion": "900" if served["list"] < 3 else "500"}, "items": []}
+            )
+        served["watch"] += 1
+        if request.query["resourceVersion"] == "500":
+            await asyncio.sleep(30)
+        if served["watch"] == 1:
+            return web.json_response(TOO_LARGE, status=504)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(json.dumps({"type": "ERROR", "object": TOO_LARGE}).encode() + b"\n")
+        return resp
+
+    h = _Quiet()
+    r = await _run_against(handler, h, lambda r: len(h.replaced) >= 3, seconds=5.0)
+    # the HTTP 504 relists, the ERROR event relists, and the watch goes on from the store's version
+    assert h.replaced == [([], "900"), ([], "900"), ([], "500")], h.replaced
+    assert r.relists == 3 and served["watch"] == 3

@@ -41,6 +41,23 @@ class Handler(Protocol):
     def apply(self, event_type: str, obj: dict) -> None: ...
 
 
+#: the cause an API server gives a request for a resourceVersion newer than its store has
+TOO_LARGE_CAUSE = "ResourceVersionTooLarge"
+
+
+def too_large(exc: KubeError) -> bool:
+    """``exc`` is the API server saying the resourceVersion asked for is ahead of its store (HTTP
+    504, or an ERROR event with code 504, with the cause ``ResourceVersionTooLarge``)."""
+    if exc.status != 504:
+        return False
+    try:
+        body = json.loads(exc.body)
+    except ValueError:
+        return False
+    causes = ((body.get("details") or {}).get("causes") or ()) if isinstance(body, dict) else ()
+    return any(isinstance(c, dict) and c.get("reason") == TOO_LARGE_CAUSE for c in causes)
+
+
 class Expired(Exception):
     """The watch's resourceVersion is too old (HTTP/event 410): relist."""
 
@@ -241,6 +258,11 @@ class Reflector:
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
                 if self.optional and isinstance(exc, KubeError) and exc.status in (403, 404):
                     rv = None  # gone (an upgrade, RBAC taken away): the list says so, as Absent
+                elif isinstance(exc, KubeError) and too_large(exc):
+                    # the version is ahead of the API server's store: it went back (an etcd
+                    # restore); resumed from it, the watch failed again and again, or waited and
+                    # then skipped every change in between. Relisted, as client-go does
+                    rv = None
                 elif rv is not None and self.resource_version is not None:
                     rv = self.resource_version  # a watch resumes from the last event it delivered
                 self._failing += 1
