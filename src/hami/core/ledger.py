@@ -961,7 +961,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
 
     Pods in phase Succeeded/Failed hold nothing. Raises CodecError on a malformed annotation.
     Allocations HAMi's earlier releases wrote are read as they meant them: one entry per regular
-    container only (:func:`_init_offset`), MIG grants named ``UUID[template-slot]``
+    container only (:func:`init_offset`), MIG grants named ``UUID[template-slot]``
     (:func:`_parent_ids`).
     """
     vendors = tuple(vendors)  # read twice: the allocations, then the pod's classes
@@ -980,7 +980,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
             decoded = _parent_ids(v.read_allocation(decode_pod_devices(text), annotations))
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
-        shift = _init_offset(pod, decoded, v)
+        shift = init_offset(pod, decoded, _resource_names(v))
         devices[v.name] = ((),) * shift + decoded
         try:
             found = v.read_slices(annotations)
@@ -995,7 +995,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     return make_allocation(pod, node, devices, tuple(slices), vendors)
 
 
-def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, vendor: Any = None) -> int:
+def init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, names: Set[str]) -> int:
     """How many empty entries to put before an allocation written without its init containers'.
 
     HAMi wrote one entry per regular container until its releases counted init containers too
@@ -1007,13 +1007,12 @@ def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, vendor: Any =
     past the init containers, each falls on a regular container that asks, the allocation is the
     old layout (read in today's order, an older pod's first regular container passed for its init
     container, and once the init containers had finished the pod held nothing). Anything else is
-    read in today's order, as before."""
+    read in today's order, as before. ``names``: the vendor's resource names (asking is having one
+    in limits or requests)."""
     spec = pod.get("spec") or {}
     inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
     if not inits or not devices or len(devices) > len(regular):
         return 0
-    res = getattr(vendor, "resources", None)
-    names = {n for n in (getattr(res, a, "") for a in ("count", "memory", "memory_percentage", "cores")) if n}
     if not names:
         return len(inits)  # no resource names to tell by: the count alone
 
@@ -1026,6 +1025,11 @@ def _init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, vendor: Any =
     if all(asks(everyone[i]) for i in granted):
         return 0
     return len(inits) if all(asks(regular[i]) for i in granted) else 0
+
+
+def _resource_names(vendor: Any) -> frozenset[str]:
+    res = getattr(vendor, "resources", None)
+    return frozenset(n for n in (getattr(res, a, "") for a in ("count", "memory", "memory_percentage", "cores")) if n)
 
 
 def _parent_ids(devices: PodSingleDevice) -> PodSingleDevice:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
+from hami.core.ledger import init_offset  # the one rule for HAMi's layout without init containers
 from hami.core.errors import CodecError
 from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_NODE
 from hami.core.quantity import QuantityError, parse_int_quantity
@@ -48,7 +49,8 @@ class ContainerView:
 
 @dataclass(frozen=True)
 class PodView:
-    """The parts of a pod that Allocate needs. ``containers``: init containers, then regular."""
+    """The parts of a pod that Allocate needs. ``containers``: init containers, then regular
+    (the first ``inits`` of them are the init containers)."""
 
     namespace: str
     name: str
@@ -57,6 +59,7 @@ class PodView:
     containers: tuple[ContainerView, ...]
     node_name: str = ""
     phase: str = ""
+    inits: int = 0
 
     @property
     def ref(self) -> str:
@@ -82,6 +85,7 @@ def pod_view_from_object(obj: Mapping[str, Any]) -> PodView:
         ),
         node_name=spec.get("nodeName") or "",
         phase=(obj.get("status") or {}).get("phase") or "",
+        inits=len(spec.get("initContainers") or ()),
     )
 
 
@@ -184,35 +188,90 @@ def is_pending_candidate(pod: PodView, node: str) -> bool:
     )
 
 
-def choose_pending(candidates: Sequence[PodView], node: str) -> PodView:
-    """The single pod mid-allocation on ``node``; refuses to guess between several."""
+def choose_pending(candidates: Sequence[PodView], node: str, finished: PodView | None = None) -> PodView:
+    """The single pod mid-allocation on ``node``; refuses to guess between several. ``finished``:
+    the pod the node lock names, whose allocation is over (the messages said "no node lock" when
+    there was one, sending whoever read them after the wrong cause)."""
     pods = sorted((p for p in candidates if is_pending_candidate(p, node)), key=lambda p: p.ref)
+    if finished is None:
+        lock, retry = "no node lock,", ""
+    else:
+        phase = finished.annotations.get(BIND_PHASE)
+        lock = f"a node lock naming pod {finished.ref}, whose allocation is over ({BIND_PHASE}={phase}),"
+        retry = (
+            f"; a second Allocate for {finished.ref} (a kubelet restarted during its first) is answered "
+            "again only when this plugin saw the first answer lost"
+        )
     if not pods:
-        raise AllocationError(f"no pod is waiting for GPU allocation on node {node} (no node lock, no candidate pod)")
+        raise AllocationError(f"no pod is waiting for GPU allocation on node {node} ({lock} no candidate pod){retry}")
     if len(pods) > 1:
         names = ", ".join(p.ref for p in pods)
         raise AllocationError(
-            f"node {node} has no node lock and {len(pods)} pods waiting for GPU allocation ({names}); "
+            f"node {node} has {lock} and {len(pods)} pods waiting for GPU allocation ({names}); "
             "refusing to guess which one the kubelet is admitting"
         )
     return pods[0]
 
 
-def pending_devices(pod: PodView) -> list[list[ContainerDevice]]:
-    """Decode the pod's to-allocate annotation (kept per container, empty entries included)."""
-    raw = pod.annotations.get(TO_ALLOCATE)
+#: the resource a container asks GPUs with, unless the node's config names another
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def layout_shift(pod: PodView, decoded: PodSingleDevice, resource: str = GPU_RESOURCE) -> int:
+    """How many init containers an allocation of ``decoded`` entries skips: non-zero only for one
+    HAMi wrote before it counted init containers (one entry per regular container), told apart
+    by the scheduler's ledger's rule (:func:`hami.core.ledger.init_offset`) with asking meaning
+    what the kubelet calls Allocate for: ``resource`` in the container's limits. Read in today's
+    order such an entry went to an init container: refused there by the ask check (the pod failed
+    at admission), or given the wrong container's cache directory and limits."""
+
+    def ctr(c: ContainerView) -> dict:
+        return {"resources": {"limits": dict(c.limits)}}
+
+    spec = {
+        "initContainers": [ctr(c) for c in pod.containers[: pod.inits]],
+        "containers": [ctr(c) for c in pod.containers[pod.inits :]],
+    }
+    return init_offset({"spec": spec}, decoded, {resource})
+
+
+def decoded_devices(pod: PodView, field: str, resource: str = GPU_RESOURCE) -> tuple[PodSingleDevice, int]:
+    """The pod's ``field`` annotation decoded as written, and its :func:`layout_shift`."""
+    raw = pod.annotations.get(field)
     if raw is None:
-        raise AllocationError(f"pod {pod.ref}: annotation {TO_ALLOCATE} is missing (was it placed by hami scheduler?)")
+        raise AllocationError(f"pod {pod.ref}: annotation {field} is missing (was it placed by hami scheduler?)")
     try:
         decoded: PodSingleDevice = decode_pod_devices(raw)
     except CodecError as exc:
-        raise AllocationError(f"pod {pod.ref}: annotation {TO_ALLOCATE}={raw!r} is invalid: {exc}") from None
+        raise AllocationError(f"pod {pod.ref}: annotation {field}={raw!r} is invalid: {exc}") from None
     if len(decoded) > len(pod.containers):
         raise AllocationError(
-            f"pod {pod.ref}: annotation {TO_ALLOCATE} has {len(decoded)} container entries "
+            f"pod {pod.ref}: annotation {field} has {len(decoded)} container entries "
             f"but the pod has {len(pod.containers)} containers"
         )
-    return [list(c) for c in decoded]
+    return decoded, layout_shift(pod, decoded, resource)
+
+
+def pending_devices(pod: PodView, resource: str = GPU_RESOURCE) -> list[list[ContainerDevice]]:
+    """Decode the pod's to-allocate annotation, one entry per container of the pod (empty entries
+    included; an old layout's entries moved past the init containers, :func:`layout_shift`)."""
+    return pending_layout(pod, resource)[0]
+
+
+def pending_layout(pod: PodView, resource: str = GPU_RESOURCE) -> tuple[list[list[ContainerDevice]], int]:
+    """:func:`pending_devices` and the :func:`layout_shift` to write the remainder back with.
+
+    The layout is told from the allocated annotation when it has as many entries (the scheduler
+    writes both in one layout, and only to-allocate is emptied as containers are served): read
+    from a remainder whose first entries are emptied, an old layout can look like today's."""
+    decoded, shift = decoded_devices(pod, TO_ALLOCATE, resource)
+    try:
+        whole = decode_pod_devices(pod.annotations.get(ALLOCATED) or "")
+    except CodecError:
+        whole = ()
+    if len(whole) == len(decoded):
+        shift = layout_shift(pod, whole, resource)
+    return [[] for _ in range(shift)] + [list(c) for c in decoded], shift
 
 
 @dataclass(frozen=True)
@@ -232,8 +291,20 @@ def check_on_node(
     ``NVIDIA_VISIBLE_DEVICES`` as written, so a forged annotation could otherwise name ``all``
     (every GPU, only the first one limited), ``void`` or another node's GPU. Defense in depth:
     the webhook and the chart's allocation guard keep such annotations out where they run.
-    MIG mode grants name GPU UUIDs too (the instance is made from them, mig.py)."""
+    MIG mode grants name GPU UUIDs too (the instance is made from them, mig.py).
+
+    HAMi's MIG grants before ``hami.io/vgpu-mig-allocations`` named the instance
+    ``<GPU UUID>[<template>-<slot>]``, a slot of a whole-GPU geometry from HAMi's (deprecated)
+    template list: no placement this plugin could make the instance at, so such a grant, left
+    ``allocating`` by a switch from HAMi, is refused by name rather than as a GPU of another node."""
     for d in devices:
+        if "[" in d.uuid and d.uuid.split("[", 1)[0] in gpus:
+            raise AllocationError(
+                f"pod {pod.ref}: annotation {field} gives container {container!r} {d.uuid!r}, HAMi's legacy MIG "
+                f"instance name (<GPU UUID>[<template>-<slot>]; {field}={pod.annotations.get(field)!r}), written "
+                "before hami.io/vgpu-mig-allocations: this plugin makes MIG instances only from that annotation's "
+                "placements; grant refused (delete the pod to have it placed again)"
+            )
         if d.uuid not in gpus:
             raise AllocationError(
                 f"pod {pod.ref}: annotation {field} gives container {container!r} the device {d.uuid!r}, "
@@ -282,8 +353,9 @@ def pop_next(
     )
 
 
-def remainder(pending: list[list[ContainerDevice]]) -> str:
-    return encode_pod_devices(pending)
+def remainder(pending: list[list[ContainerDevice]], shift: int = 0) -> str:
+    """The annotation for what is left, in the layout it was read in (``shift``: :func:`layout_shift`)."""
+    return encode_pod_devices(pending[shift:])
 
 
 def all_done(pending: list[list[ContainerDevice]]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import aiohttp
@@ -71,6 +72,8 @@ class Allocator:
         self._lock = asyncio.Lock()
         self._deferred: tuple[str, asyncio.Task] | None = None  # (lock value, its delayed removal)
         self.deferred_stats = {"released": 0, "taken_over": 0}
+        self._answering: _Answer | None = None  # the answer of the call in flight, from its first write on
+        self._lost: _Answer | None = None  # an answer the kubelet went away without (see allocate)
 
     async def find_pod(self, allocating: bool = False) -> tuple[A.PodView | None, str | None]:
         """(pod, the lock value read). The lock names the pod; without one, exactly one candidate.
@@ -100,7 +103,7 @@ class Allocator:
                     self.node,
                     pod.ref,
                 )
-                return A.choose_pending(await self.kube.pods_on_node(), self.node), None
+                return A.choose_pending(await self.kube.pods_on_node(), self.node, finished=pod), None
             if cached:
                 log.debug("pod %s: read from the watch cache (newer than the node lock)", pod.ref)
             if pod.node_name != self.node:
@@ -114,9 +117,20 @@ class Allocator:
         return A.choose_pending(await self.kube.pods_on_node(), self.node), None
 
     async def allocate(self, requests: Sequence[int]) -> list[A.ContainerResponse]:
+        """A call cancelled from its first write on (gRPC cancels it when the kubelet goes away:
+        a kubelet restart) keeps its answer as lost: the kubelet never recorded it and, admitting
+        the pod anew, asks for the same container again; that call finds the entry taken (the pod
+        over, the lock maybe handed to the next pod, whose entry it would take). While the pod
+        still waits for it, an Allocate that can be that retry gets the same answer again, and
+        one that could as well be another pod's admission is refused touching neither pod."""
         async with self._lock:
             pod: A.PodView | None = None
+            self._answering = None
             try:
+                if self._lost is not None:
+                    lost = await self._lost_retry(requests)
+                    if lost is not None:
+                        return await self._answer_again(lost)
                 try:
                     pod, held = await self.find_pod(allocating=True)
                 except _NotThisPod as exc:
@@ -145,11 +159,64 @@ class Allocator:
                 log.exception("Allocate: unexpected failure")
                 await self._fail(pod, msg)
                 raise A.AllocationError(msg) from None
+            except asyncio.CancelledError:
+                if self._answering is not None:
+                    self._lost = self._answering
+                    log.warning(
+                        "pod %s: Allocate cancelled (the kubelet went away) after its first write; its answer "
+                        "is kept for the kubelet's retry",
+                        self._lost.ref,
+                    )
+                raise
+            finally:
+                self._answering = None
+
+    async def _lost_retry(self, requests: Sequence[int]) -> _Answer | None:
+        """The lost answer when this call can be the kubelet's retry for it, else None (and the
+        record dropped once the pod no longer waits for one: rejected, gone, or its writes never
+        landed, which leaves its entry to hand out again the ordinary way)."""
+        lost = self._lost
+        assert lost is not None
+        pod = await self.kube.get_pod(lost.namespace, lost.name)
+        if (
+            pod is None
+            or pod.uid != lost.uid
+            or pod.node_name != self.node
+            or pod.phase != "Pending"
+            or pod.annotations.get(A.BIND_PHASE) == "failed"
+            or pod.annotations.get(A.TO_ALLOCATE) != lost.written
+        ):
+            self._lost = None
+            return None
+        if tuple(requests) != lost.requests:
+            return None  # not the same container's request: not the retry, which may still come
+        try:
+            other, _ = await self.find_pod(allocating=True)
+        except (A.AllocationError, _NotThisPod):
+            other = None  # no pod is being admitted: the retry is the only call this can be
+        if other is not None and other.uid != lost.uid and other.phase == "Pending":
+            raise A.AllocationError(
+                f"node {self.node}: the kubelet went away during pod {lost.ref}'s Allocate after its grant was "
+                f"taken, and pod {other.ref} is now waiting for GPU allocation: this call may be either one's "
+                f"(the kubelet names no pod); refused, neither pod's grant touched"
+            )
+        return lost
+
+    async def _answer_again(self, lost: _Answer) -> list[A.ContainerResponse]:
+        """The same answer as the lost one (its container is not created yet: its cache directory
+        and grant file are made again), no write to the API server."""
+        for r in lost.responses:
+            if r.cache_dir:
+                reset_cache_dir(r.cache_dir)
+                write_grant(r.cache_dir, r.grant)
+        self._lost = None
+        log.info("pod %s: the kubelet's retry of an Allocate whose answer it lost; answered again", lost.ref)
+        return list(lost.responses)
 
     async def _allocate_pod(
         self, pod: A.PodView, requests: Sequence[int], held: str | None
     ) -> list[A.ContainerResponse]:
-        pending = A.pending_devices(pod)
+        pending, shift = A.pending_layout(pod, self.settings.resource_name)
         grants = [A.pop_next(pod, pending, n, gpus=self.gpus, resource=self.settings.resource_name) for n in requests]
         sick = sorted({d.uuid for g in grants for d in g.devices if not self.healthy(d.uuid)})
         if sick:
@@ -160,7 +227,7 @@ class Allocator:
         mig_devices: list[list[str]] = [[] for _ in grants]
         mig_patch: dict[str, str] = {}
         if self.mig is not None:
-            mig_devices, text = await self._make_mig(pod, grants)
+            mig_devices, text = await self._make_mig(pod, grants, shift)
             mig_patch[MIG_ALLOCATIONS_ANNOTATION] = text
         responses = [
             cdi_apply(
@@ -175,6 +242,8 @@ class Allocator:
             if r.cache_dir:
                 reset_cache_dir(r.cache_dir)
                 write_grant(r.cache_dir, r.grant)
+        remains = A.remainder(pending, shift)
+        self._answering = _Answer(pod.namespace, pod.name, pod.uid, tuple(requests), tuple(responses), remains)
         # the pod's allocation is over when no vendor's devices are left to hand out: a pod asking
         # for another vendor's devices too keeps bind-phase and the lock for that vendor's plugin,
         # which finds its pod by the same lock (marked success here, the lock went to the next pod)
@@ -190,7 +259,7 @@ class Allocator:
             # once per container; the lock stays until the last one.) A failed write below still
             # marks the pod failed through _fail.
             await self._release_done(pod, held)
-        patch = {A.TO_ALLOCATE: A.remainder(pending), **mig_patch}
+        patch = {A.TO_ALLOCATE: remains, **mig_patch}
         if done:
             patch[A.BIND_PHASE] = "success"
         # the label hami.io/vgpu-node is how a vGPU monitor (ours, HAMi's) finds this node's
@@ -211,9 +280,11 @@ class Allocator:
         )
         return responses
 
-    async def _make_mig(self, pod: A.PodView, grants: Sequence[A.Grant]) -> tuple[list[list[str]], str]:
+    async def _make_mig(self, pod: A.PodView, grants: Sequence[A.Grant], shift: int = 0) -> tuple[list[list[str]], str]:
         """Create (or reuse) the MIG instances of these containers; returns each one's MIG device
-        UUIDs and the pod's ``hami.io/vgpu-mig-allocations`` with their runtime identity added."""
+        UUIDs and the pod's ``hami.io/vgpu-mig-allocations`` with their runtime identity added.
+        Its container indexes follow the to-allocate annotation's layout (``shift``: an old
+        layout's, counted without the init containers, as the ledger reads them)."""
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")
         try:
             allocs = list(decode_mig_allocations(raw))
@@ -224,7 +295,7 @@ class Allocator:
         ref = PodRef(pod.uid, pod.namespace, pod.name)
         out = []
         for g in grants:
-            mine = sorted((a for a in allocs if a.container == g.index), key=lambda a: a.device)
+            mine = sorted((a for a in allocs if a.container + shift == g.index), key=lambda a: a.device)
             if [a.device for a in mine] != list(range(len(g.devices))) or any(
                 a.gpu_uuid != d.uuid for a, d in zip(mine, g.devices)
             ):
@@ -350,6 +421,22 @@ class Allocator:
                 log.error("node %s: cannot release stale lock: %s", self.node, _brief(exc))
 
 
+@dataclass(frozen=True)
+class _Answer:
+    """One Allocate call's answer, and the to-allocate value its write leaves on the pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    requests: tuple[int, ...]
+    responses: tuple[A.ContainerResponse, ...]
+    written: str
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 class _NotThisPod(Exception):
     """The lock names a pod the kubelet cannot be admitting (not bound here)."""
 
@@ -375,7 +462,7 @@ async def preferred_allocation(allocator: Allocator, requests: Sequence[tuple[Se
     """GetPreferredAllocation: align kubelet IDs with the pending pod's annotated GPUs (read-only)."""
     try:
         pod, _ = await allocator.find_pod()
-        pending = A.pending_devices(pod) if pod else []
+        pending = A.pending_devices(pod, allocator.settings.resource_name) if pod else []
     except (A.AllocationError, _NotThisPod, *API_FAILURES) as exc:
         log.info("GetPreferredAllocation without a pending pod (%s); plain order", _brief(exc))
         pending = []

@@ -107,7 +107,8 @@ def env_map(env: Sequence[str]) -> dict[str, str]:
 
 def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
     """Each container's NVIDIA devices from ``hami.io/vgpu-devices-allocated`` (one entry per
-    container, init containers first; missing trailing entries are empty)."""
+    container, init containers first; missing trailing entries are empty; HAMi's old layout
+    without init containers read past them, :func:`hami.deviceplugin.allocate.layout_shift`)."""
     raw = annotations.get(A.ALLOCATED)
     if raw is None:
         raise Refusal(f"pod {pod.ref}: annotation {A.ALLOCATED} is missing (was it placed by hami scheduler?)")
@@ -120,7 +121,9 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
             f"pod {pod.ref}: annotation {A.ALLOCATED} has {len(decoded)} container entries "
             f"but the pod has {len(pod.containers)} containers"
         )
-    entries = [[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded]
+    # (one HAMi wrote before it counted init containers starts at the first regular container)
+    entries = [[] for _ in range(A.layout_shift(pod, decoded))]
+    entries += [[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded]
     return entries + [[] for _ in range(len(pod.containers) - len(entries))]
 
 

@@ -108,6 +108,7 @@ def pod_view(pod: Any) -> PodView:
         containers=tuple(ContainerView(c.name, _limits(c), _env(c)) for c in ctrs),
         node_name=spec.node_name or "",
         phase=(pod.status.phase if pod.status else "") or "",
+        inits=len(spec.init_containers or ()),
     )
 
 

@@ -1,0 +1,129 @@
+"""Allocate asked again after a kubelet restart: the kubelet goes away during an Allocate (gRPC
+cancels the call), never records the answer, and asks for the same container again when it
+admits the pod anew. Each test failed before the fix."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hami.deviceplugin import allocate as A
+from hami.deviceplugin.allocator import Allocator
+from hami.node.layout import HookPaths
+from hami.node.settings import NodeSettings
+
+from .test_deviceplugin_allocator import LOCK_P, LOCK_Q, FakeKube, pod_obj
+
+
+class KubeletGoesAway(FakeKube):
+    """Pod writes that stall (the kubelet goes away meanwhile), ``after`` or ``before`` they land."""
+
+    def __init__(self, lock, pods) -> None:
+        super().__init__(lock, pods)
+        self.stall: str | None = None
+        self.stalled = asyncio.Event()
+
+    async def patch_pod_annotations(self, pod, values, labels=None):
+        if self.stall == "before":
+            self.stalled.set()
+            await asyncio.Event().wait()
+        await super().patch_pod_annotations(pod, values, labels)
+        if self.stall == "after":
+            self.stalled.set()
+            await asyncio.Event().wait()
+
+
+def allocator(kube: FakeKube, tmp_path, delay: float = 1.0) -> Allocator:
+    paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "lock"))
+    return Allocator(kube, NodeSettings(), paths, release_delay=delay, gpus=["GPU-1", "GPU-2"])
+
+
+async def cancelled_call(kube: KubeletGoesAway, alloc: Allocator, stall: str) -> None:
+    kube.stall = stall
+    call = asyncio.create_task(alloc.allocate([1]))
+    await kube.stalled.wait()
+    call.cancel()  # what gRPC does to the handler when the kubelet's connection goes
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    kube.stall = None
+
+
+def ann(kube: FakeKube, name: str) -> dict:
+    return kube.pods_by_name[name]["metadata"]["annotations"]
+
+
+async def test_a_lock_naming_a_finished_pod_is_not_reported_as_no_lock(tmp_path):
+    kube = FakeKube(LOCK_P, [pod_obj("p", phase="success", to_allocate=";")])
+    with pytest.raises(A.AllocationError) as err:
+        await allocator(kube, tmp_path).allocate([1])
+    msg = str(err.value)
+    assert "no node lock" not in msg
+    assert f"node lock naming pod ns/p, whose allocation is over ({A.BIND_PHASE}=success)" in msg
+
+
+async def test_the_retry_of_an_answer_the_kubelet_lost_gets_the_same_answer(tmp_path):
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, tmp_path)
+    await cancelled_call(kube, alloc, "after")
+    assert ann(kube, "p")[A.BIND_PHASE] == "success" and ann(kube, "p")[A.TO_ALLOCATE] == ";"
+    writes = len(kube.journal)
+    (again,) = await alloc.allocate([1])  # the restarted kubelet admits p again
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and again.cache_dir.endswith("uid-p_main")
+    assert (tmp_path / again.cache_dir / "hami-grant.env").read_text() == again.grant
+    assert len(kube.journal) == writes and ann(kube, "p")[A.BIND_PHASE] == "success"
+    # answered once more only: a later call is not taken for the retry
+    with pytest.raises(A.AllocationError, match="no candidate pod"):
+        await alloc.allocate([1])
+
+
+async def test_the_retry_never_takes_the_entry_of_the_pod_the_lock_moved_on_to(tmp_path):
+    q = pod_obj("q", to_allocate="GPU-2,NVIDIA,2000,20:;")
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p"), q])
+    alloc = allocator(kube, tmp_path)
+    await cancelled_call(kube, alloc, "after")
+    kube.annotations[A.NODE_LOCK] = LOCK_Q  # the scheduler saw p finished and bound q here
+    # p's retry or q's admission: the kubelet does not say which; neither pod's grant is touched
+    with pytest.raises(A.AllocationError, match="may be either one's"):
+        await alloc.allocate([1])
+    assert ann(kube, "q")[A.TO_ALLOCATE] == "GPU-2,NVIDIA,2000,20:;" and ann(kube, "q")[A.BIND_PHASE] == "allocating"
+    assert ann(kube, "p")[A.BIND_PHASE] == "success" and kube.annotations[A.NODE_LOCK] == LOCK_Q
+    # that call was q's: the kubelet rejected q; p's retry comes and gets p's own answer
+    q["status"]["phase"] = "Failed"
+    (again,) = await alloc.allocate([1])
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and again.cache_dir.endswith("uid-p_main")
+    assert ann(kube, "q")[A.TO_ALLOCATE] == "GPU-2,NVIDIA,2000,20:;"
+
+
+async def test_once_the_kubelet_rejected_the_pod_the_next_pod_is_served(tmp_path):
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p"), pod_obj("q", to_allocate="GPU-2,NVIDIA,2000,20:;")])
+    alloc = allocator(kube, tmp_path)
+    await cancelled_call(kube, alloc, "after")
+    kube.annotations[A.NODE_LOCK] = LOCK_Q
+    kube.pods_by_name["p"]["status"]["phase"] = "Failed"  # the kubelet rejected p's retry
+    (answer,) = await alloc.allocate([1])
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2" and ann(kube, "q")[A.BIND_PHASE] == "success"
+
+
+async def test_a_call_cancelled_before_its_write_landed_is_served_again_from_the_entry(tmp_path):
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, tmp_path)
+    await cancelled_call(kube, alloc, "before")
+    assert ann(kube, "p")[A.TO_ALLOCATE] == "GPU-1,NVIDIA,1000,10:;"
+    (again,) = await alloc.allocate([1])
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and ann(kube, "p")[A.BIND_PHASE] == "success"
+    assert ann(kube, "p")[A.TO_ALLOCATE] == ";"
+
+
+async def test_a_retry_of_one_container_of_several_gets_that_containers_answer(tmp_path):
+    # the kubelet went away during the first of two containers' calls, after the write landed
+    p = pod_obj("p", to_allocate="GPU-1,NVIDIA,1000,10:;GPU-2,NVIDIA,2000,20:;")
+    p["spec"]["containers"].append({"name": "second", "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    kube = KubeletGoesAway(LOCK_P, [p])
+    alloc = allocator(kube, tmp_path)
+    await cancelled_call(kube, alloc, "after")
+    (first,) = await alloc.allocate([1])  # the retry for the first container
+    (second,) = await alloc.allocate([1])
+    assert first.cache_dir.endswith("uid-p_main") and first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
+    assert second.cache_dir.endswith("uid-p_second") and second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2"
+    assert ann(kube, "p")[A.BIND_PHASE] == "success"
