@@ -81,6 +81,7 @@ class _Decision:
     node: str
     annotations: dict[str, str]
     made: float  # time.monotonic() of the Filter
+    term: Any = None  # the leadership term it was taken in (Extender.term)
 
 
 def _refused(exc: BaseException) -> bool:
@@ -106,6 +107,10 @@ class BindDeadline(Exception):
     """The Bind ran past its deadline (:attr:`Extender.bind_timeout`, below kube-scheduler's
     extender ``httpTimeout``): kube-scheduler has given up on it, so no Binding is posted."""
 
+
+#: how long a Binding POST cut where the lease ended may still be written by the API server (its
+#: own request timeout, kube-apiserver's --request-timeout, 60 s by default)
+CUT_BINDING_LIVES = 60.0
 
 #: the whole Bind's default deadline when the lock retry timeout is shorter: below kube-scheduler's
 #: default extender ``httpTimeout`` (30 s, the chart's ``scheduler.extenderHTTPTimeout``)
@@ -184,8 +189,12 @@ class Extender:
         busy_wait: float = 10.0,
         bind_timeout: float | None = None,
         lease_left: Callable[[], float] = lambda: math.inf,
+        term: Callable[[], Any] = lambda: None,
     ) -> None:
         self.state = state
+        # the leadership term being led (hami.scheduler.leader.Leadership.term): a decision is
+        # bound only in the term it was taken in
+        self.term = term
         # seconds a write may still land as this replica's (its leadership's deadline, plus part
         # of the margin before another replica can take over): the Binding POST is cut there
         self.lease_left = lease_left
@@ -235,6 +244,7 @@ class Extender:
         # lock values a failed Bind wrote and could not remove (the API server was unreachable):
         # removed by the next sweep, exactly that value (a retried Bind writes a new one)
         self._owed_releases: set[tuple[str, str, str]] = set()  # (node, key, value)
+        self._cut_at: float | None = None  # time.monotonic() of the last Binding POST cut (LeaseCut)
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
         self._lock_specs = list({s.key: s for s in self._vendor_locks.values() if s is not None}.values())
@@ -271,6 +281,7 @@ class Extender:
             return self._simulate(pod, (nodes or {}).get("items") or [])
         if not await self._wait_ready():
             return _error("hami scheduler is not ready (caches not synced, or this replica is not the leader)")
+        term = self.term()
         self.stats["filter"] += 1
         try:
             pod = await self.pending_pod(pod)
@@ -308,6 +319,11 @@ class Extender:
             if rv is not None:  # the ledger as this answer read it (nothing awaited since)
                 self.retries.put(uid, self._answer_version(rv, digest), rows, lines)
             return self._unschedulable(pod, rows, lines)
+        if not self.is_ready() or self.term() != term:
+            # the Lease moved while this Filter read the pod or waited for a busy node: the Bind
+            # goes to the next leader, which never saw this decision, so none is kept here
+            self.state.restore_pod(result.allocation.key, *ref.split("/", 1))
+            return _error("this hami scheduler replica lost the lease while the Filter ran; nothing is reserved")
         self.retries.forget(uid)
         rows = render_failures(refusals)
         failed, unresolvable = failed_maps(refusals, rows)
@@ -318,7 +334,7 @@ class Extender:
                 self._start_recording(pod, result)
             else:
                 self._decisions[ref] = _Decision(
-                    result.allocation.key, result.node, dict(result.annotations), time.monotonic()
+                    result.allocation.key, result.node, dict(result.annotations), time.monotonic(), term
                 )
         self.events.record(pod, "FilteringSucceed", lambda: _fit_message(result))
         return {
@@ -593,6 +609,9 @@ class Extender:
                 # the API server answered no (and the pod is verifiably not bound here): nothing
                 # of this decision is real, its reservation goes at once
                 self._drop_reservation(f"{ns}/{name}", decision)
+            elif decision is not None and decision.term != self.term() and not isinstance(exc, BindingUnverified):
+                # the term ended during the Bind (LeadershipLost): nothing will bind it now
+                self._drop_reservation(f"{ns}/{name}", decision)
             elif decision is not None:
                 # still reserved: kube-scheduler filters the pod again (which replaces it), else
                 # it expires like any decision no Bind came for
@@ -660,7 +679,29 @@ class Extender:
         held = self.state.ledger.pod(decision.key)
         if held is None or held.node != node or not self.state.ledger.is_reserved(decision.key):
             return None
+        if decision.term != self.term():
+            # an earlier term's (on_deposed did not run: a caller without Leadership): another
+            # replica may have placed pods on its shares meanwhile
+            self.state.restore_pod(decision.key, ns, name)
+            return None
         return decision
+
+    def drop_decisions(self) -> int:
+        """This replica's term ended (:attr:`hami.scheduler.leader.Leadership.on_deposed`): its
+        unwritten decisions will never be bound (kube-scheduler beside it exited with the Lease;
+        otherwise the next Bind goes to the new leader), so their reservations go now rather than
+        at their expiry (a follower's ledger feeds its webhook's quota check, and one elected again
+        must not count shares for Binds that never come), and nodes stop counting busy for them.
+        A Bind already under way took its decision out first. Returns how many were dropped."""
+        dropped, self._decisions = self._decisions, {}
+        self._in_flight.clear()  # (locks actually held still make their nodes busy: busy_nodes)
+        for ref, decision in dropped.items():
+            if self.state.ledger.is_reserved(decision.key):
+                ns, name = ref.split("/", 1)
+                self.state.restore_pod(decision.key, ns, name)
+        if dropped:
+            log.info("leadership term ended: %d unbound Filter decisions and their reservations dropped", len(dropped))
+        return len(dropped)
 
     def expire_decisions(self, now: float | None = None) -> int:
         """Drop decisions no Bind came for within ``decision_ttl`` (kube-scheduler gave up on
@@ -720,6 +761,7 @@ class Extender:
             )
         except LeaseCut as exc:
             # no read can tell: the API server may still write the Binding it received
+            self._cut_at = time.monotonic()
             raise BindingUnverified(str(exc)) from exc
         except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
             try:
@@ -731,6 +773,12 @@ class Extender:
                 raise
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
+
+    def binding_may_land(self) -> bool:
+        """A Binding POST cut where this replica's leadership ended (LeaseCut) may still be written
+        by the API server: while so, the Lease must not be given up early (the next leader would
+        place pods from a ledger without it at once, not a lease duration later)."""
+        return self._cut_at is not None and time.monotonic() - self._cut_at < CUT_BINDING_LIVES
 
     async def _posted_by(self, deadline: float | None, post: Any) -> None:
         """Await the Binding POST ``post``, cut at ``deadline`` (BindDeadline: it may have landed)

@@ -14,6 +14,12 @@ through its Service) there is no kube-scheduler beside us to follow: each replic
 Lease of its own as client-go's leader election does (create it, or take it once its record has
 not changed for its duration on our own clock, or renew it while ours; every write conditional on
 the resourceVersion read), with a unique ``<identity>_<uuid>``, and gives it up when it stops.
+
+A *term* is one holding of the Lease: its holder and ``acquireTime`` while ours (:attr:`Leadership.term`).
+Filter decisions live in memory for their term only (``on_deposed``): a kube-scheduler that lost the
+Lease exits, and one restarted beside us holds it under a new ``<hostname>_<uuid>``, so no Bind of
+an earlier term's decision comes from it, and another replica may have placed pods on the same
+shares meanwhile.
 """
 
 from __future__ import annotations
@@ -125,6 +131,14 @@ class Leadership:
         self.labelled: bool | None = None  # the role our pod's label says (None: not written yet)
         self.changed = asyncio.Event()
         self.on_elected: list[Callable[[], Awaitable[None]]] = []
+        # run (in the poll, at once) when this replica's term ends: it leads no more, or the Lease
+        # read as ours names another holder or acquisition than before (a new term)
+        self.on_deposed: list[Callable[[], None]] = []
+        # the term being led: (holderIdentity, acquireTime) of the Lease last read (or written) as
+        # ours; None while not leading; one fixed value without --leader-elect
+        self.term: Any = None if enabled else ()
+        self._round_term: Any = None  # the term the last round read as ours
+        self._written_term: Any = None  # campaigning: the term of the Lease last written
         self.elected_task: asyncio.Task[None] | None = None  # the on_elected callbacks, running
 
     @property
@@ -185,6 +199,17 @@ class Leadership:
                     return False
         else:
             leader = await self._follow_round()
+        term = self._round_term if leader else None
+        # a new holder (or acquisition) while we lead: kube-scheduler beside us restarted, or the
+        # Lease went elsewhere and came back, with no poll of ours seeing the gap
+        new_term = leader and self._leader and term != self.term
+        if self._leader and (not leader or new_term):
+            self._deposed()
+        self.term = term
+        if new_term:
+            log.info("this replica (%s) leads under a new lease term %s", self.identity, term)
+            if self.on_elected:
+                self.elected_task = asyncio.get_running_loop().create_task(self._elected(self.elected_task))
         if leader != self._leader:
             self._leader = leader
             log.info("this replica (%s) is now %s", self.identity, "leader" if leader else "a follower")
@@ -206,6 +231,8 @@ class Leadership:
             return self._leader and now < self.held_until
         if holds_lease(lease, self.identity, now):
             self.held_until = self._deadline(lease, sent)
+            spec = lease.get("spec") or {}
+            self._round_term = (spec.get("holderIdentity") or "", spec.get("acquireTime") or "")
             return now < self.held_until
         return False
 
@@ -221,6 +248,7 @@ class Leadership:
             return self._leader and now < self.held_until
         if outcome:
             self.held_until = sent + RENEW_DEADLINE  # we wrote leaseDurationSeconds LEASE_DURATION
+            self._round_term = self._written_term
             return now < self.held_until
         return False
 
@@ -247,6 +275,7 @@ class Leadership:
         if holder != self.identity:
             mine["acquireTime"] = stamp
             mine["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease is not None else 0)
+        self._written_term = (self.identity, mine.get("acquireTime") or spec.get("acquireTime") or "")
         try:
             if lease is None:
                 body = {
@@ -274,20 +303,33 @@ class Leadership:
         ours until :meth:`release`, once the Binds already posting have ended."""
         if self.enabled and self.campaign:
             self.stopping = True
+            if self._leader:
+                self._deposed()
             self._leader = False
+            self.term = None
             self.held_until = 0.0
 
-    async def release(self) -> None:
+    def _deposed(self) -> None:
+        """The term ends: the ``on_deposed`` callbacks, each whatever the others do."""
+        for cb in list(self.on_deposed):
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - one failed callback must not keep the others from running
+                log.exception("leader deposition callback %s failed", getattr(cb, "__qualname__", cb))
+
+    async def release(self, give_up: bool = True) -> None:
         """Campaigning: stop leading (:meth:`stop_leading`) and give the Lease up (holder emptied,
         as client-go does on a cancelled election) so that another replica takes it at once rather
         than after its duration. A poll in progress is waited for (its renewal would otherwise land
-        after the release and make it fail); none starts after. Following, there is nothing to do:
-        kube-scheduler gives its Lease up itself."""
+        after the release and make it fail); none starts after. ``give_up=False``: the Lease is
+        left to expire (a write of ours may still land), only the pod's label changes. Following,
+        there is nothing to do: kube-scheduler gives its Lease up itself."""
         if not (self.enabled and self.campaign and self.kube is not None):
             return
         self.stop_leading()
         async with self._lock:
-            await self._give_up()
+            if give_up:
+                await self._give_up()
         if self.labelled is not False:
             await self._label(False)
 

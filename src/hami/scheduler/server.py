@@ -151,7 +151,9 @@ class SchedulerService:
             decision_write=opts.decision_write,
             bind_timeout=opts.bind_timeout,
             lease_left=lambda: self.leader.time_left() + LEASE_MARGIN,
+            term=lambda: self.leader.term,
         )
+        self.leader.on_deposed.append(self.extender.drop_decisions)
         self.extender.acquire_lock = _timed_lock(self.extender.acquire_lock, self.metrics)
         self.admission = AdmissionSettings(
             self.state.vendors,
@@ -212,6 +214,12 @@ class SchedulerService:
             self.extender.expire_decisions()
             try:
                 await self.resync()
+                if not self.leader.is_leader and self.extender.kube is not None:
+                    # a lock value a failed Bind of ours left (the API server went away, and the
+                    # Lease with it) names a pod still pending: live to every other replica until
+                    # its expiry, so ours to remove, exactly it, leader or not (the leader's pass
+                    # above does it in its sweep)
+                    await self.extender.release_owed()
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                 log.exception("leader pass failed")
 
@@ -332,6 +340,12 @@ class SchedulerService:
             await asyncio.sleep(0.05)
         if self.binds_in_flight:
             log.warning("%d Binds still running after %gs; giving the Lease up anyway", self.binds_in_flight, timeout)
+        if self.extender.binding_may_land():
+            # a Binding cut at the lease's end may still be written: the next leader must wait the
+            # lease duration (as after a crash), not place pods at once from a ledger without it
+            log.warning("a Binding this replica stopped waiting for may still land: the Lease is left to expire")
+            await self.leader.release(give_up=False)
+            return
         await self.leader.release()
 
     async def _webhook(self, request: web.Request) -> web.Response:
