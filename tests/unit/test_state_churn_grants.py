@@ -147,3 +147,20 @@ def test_a_grant_read_once_still_counts_when_it_becomes_unreadable():
     s.pod_handler.apply("MODIFIED", running("p", {"hami.io/vgpu-devices-allocated": "garbage"}, rv="6"))
     assert usage(s)["g0"] == (1, 1000) and s.unreadable == {}  # the grant it was bound with counts
     assert fits(s, {"nvidia.com/gpu": 1}) == "n1"  # on g1
+
+
+def test_the_scheduler_tells_of_an_unreadable_grant_by_an_event_and_a_gauge():
+    """An operator sees it: an ``UnreadableAllocation`` Warning on the pod, and
+    ``hami_scheduler_unreadable_allocations`` (a log line alone was all there was)."""
+    from hami.scheduler.options import Options
+    from hami.scheduler.server import UNREADABLE_GRANT, SchedulerService
+
+    svc = SchedulerService(Options(), None)
+    recorded = []
+    svc.events.record = lambda pod, reason, message, kind="Normal", involved="Pod": recorded.append(
+        (pod["metadata"]["name"], reason, kind)
+    )
+    svc.state.node_handler.replace([gpu_node()])
+    svc.state.pod_handler.replace([running("p", {"hami.io/vgpu-devices-allocated": "g0,NVIDIA,notanumber,100:;"})])
+    assert recorded == [("p", UNREADABLE_GRANT, "Warning")]
+    assert b"hami_scheduler_unreadable_allocations 1.0" in svc.metrics.render()

@@ -441,6 +441,19 @@ class _CacheAge(Collector):
         yield fam
 
 
+class _Count(Collector):
+    """One gauge read from ``count`` at each scrape."""
+
+    def __init__(self, name: str, doc: str, count: Callable[[], int]) -> None:
+        self.name, self.doc, self.count = name, doc, count
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.doc, value=self.count())
+
+
 def _reason_codes(reasons: Iterable[Any]) -> set[str]:
     codes: set[str] = set()
     for r in reasons:
@@ -504,6 +517,10 @@ class SchedulerMetrics:
 
     def observe_lock_wait(self, seconds: float, outcome: str = "acquired") -> None:
         self.lock_wait.labels(outcome).observe(max(seconds, 0.0))
+
+    def count(self, name: str, doc: str, count: Callable[[], int]) -> None:
+        """Export ``name``, a gauge of ``count()`` read at each scrape."""
+        self.registry.register(_Count(name, doc, count))
 
     def cache_touched(self, resource: str) -> None:
         self._touched[resource] = self.clock()

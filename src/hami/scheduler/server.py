@@ -75,6 +75,8 @@ FILTER_ARGS = {
 }
 BIND_ARGS = {k: str for k in ("PodName", "podName", "PodNamespace", "podNamespace", "PodUID", "podUID", "Node", "node")}
 MALFORMED_REGISTRATION = "MalformedRegistration"
+#: a running pod's allocation annotation of some vendor cannot be read (ClusterState.unreadable)
+UNREADABLE_GRANT = "UnreadableAllocation"
 DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be read
 # the webhook's API calls, each bounded so that a namespace read and a template create fit well
 # inside the webhook configuration's timeoutSeconds (10): the API server gets our denial, not its
@@ -111,6 +113,16 @@ class SchedulerService:
             campaign=opts.leader_campaign,
         )
         self.metrics = SchedulerMetrics(lambda: snapshot_of(self.state), legacy=opts.legacy_metrics)
+        # a running pod whose grant cannot be read: its node's devices of that vendor are held back
+        self.state.on_unreadable_pod = lambda pod, message: self.events.record(
+            pod, UNREADABLE_GRANT, message, "Warning"
+        )
+        self.metrics.count(
+            "hami_scheduler_unreadable_allocations",
+            "Running pods with an allocation annotation that cannot be read (their node's devices of "
+            "that vendor take no new pod)",
+            lambda: len(self.state.unreadable),
+        )
         self.reflectors: list[Reflector] = []
         if kube is not None:
             self.reflectors = [
