@@ -18,7 +18,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 from hami.core.codec import decode_pod_devices, encode_pod_devices
 from hami.core.ledger import init_offset  # the one rule for HAMi's layout without init containers
 from hami.core.errors import CodecError
-from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_NODE
+from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_MIG_ALLOCATIONS, VGPU_NODE
 from hami.core.quantity import QuantityError, parse_int_quantity
 from hami.kube.revision import newer_than
 from hami.core.types import ContainerDevice, PodSingleDevice
@@ -302,7 +302,7 @@ def check_on_node(
             raise AllocationError(
                 f"pod {pod.ref}: annotation {field} gives container {container!r} {d.uuid!r}, HAMi's legacy MIG "
                 f"instance name (<GPU UUID>[<template>-<slot>]; {field}={pod.annotations.get(field)!r}), written "
-                "before hami.io/vgpu-mig-allocations: this plugin makes MIG instances only from that annotation's "
+                f"before {VGPU_MIG_ALLOCATIONS}: this plugin makes MIG instances only from that annotation's "
                 "placements; grant refused (delete the pod to have it placed again)"
             )
         if d.uuid not in gpus:
