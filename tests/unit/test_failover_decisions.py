@@ -240,3 +240,33 @@ def _campaigner(store):
     lead = Leadership(store, True, "hami-extender", "ns", "hami-0", "hami-0", "ns", campaign=True)
     assert lead.path == PATH
     return lead
+
+
+async def test_a_bind_that_waited_across_a_new_term_does_not_post_its_decision():
+    """The Bind took its decision, then waited for the node lock while kube-scheduler beside us
+    restarted and another replica placed pod x on n1-g0 in the gap: the decision of the earlier
+    term must not be posted once the lock comes (it was: 1200 MiB on the 1000 MiB GPU)."""
+    svc, api, now = _led("a")
+    ext = svc.extender
+    assert await svc.leader.check()
+    assert (await ext.filter(args(svc.state.pod("ns", "a"), ["n1"])))["NodeNames"] == ["n1"]
+    gate, waiting = asyncio.Event(), asyncio.Event()
+    real = ext.acquire_lock
+
+    async def busy_lock(*a, **k):
+        waiting.set()
+        await gate.wait()  # another pod's allocation holds the node lock
+        return await real(*a, **k)
+
+    ext.acquire_lock = busy_lock
+    bind = asyncio.create_task(ext.bind(_bind("a", "n1")))
+    await waiting.wait()
+    now[0] += 16
+    svc.state.apply_pod("MODIFIED", _bound("x", "n1", "n1-g0"))
+    svc.leader.kube.lease = _lease("hami-0_dddd", now[0])
+    assert await svc.leader.check()
+    gate.set()
+    answer = await bind
+    assert answer["Error"] and "term" in answer["Error"] and api.bindings == [], answer
+    assert _mem(svc, "n1") == [600]  # x alone
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]

@@ -444,3 +444,19 @@ async def test_a_watch_ahead_of_the_store_relists():
     # the HTTP 504 relists, the ERROR event relists, and the watch goes on from the store's version
     assert h.replaced == [([], "900"), ([], "900"), ([], "500")], h.replaced
     assert r.relists == 3 and served["watch"] == 3
+
+
+def test_a_504_of_another_shape_is_not_taken_for_a_version_ahead_of_the_store():
+    """A proxy's own 504 (details a string, a list, causes not a list) is an ordinary failure: the
+    check raised AttributeError inside the reflector's except clause, which ended its task."""
+    from hami.kube.reflector import too_large
+
+    for body in (
+        '{"code":504,"details":"upstream request timeout"}',
+        '{"code":504,"details":["x"]}',
+        '{"code":504,"details":{"causes":"x"}}',
+        '["not", "a", "status"]',
+        "<html>gateway timeout</html>",
+    ):
+        assert too_large(KubeError("WATCH", "/api/v1/pods", 504, body)) is False, body
+    assert too_large(KubeError("WATCH", "/api/v1/pods", 504, json.dumps(TOO_LARGE))) is True

@@ -12,6 +12,12 @@ ResourceClaims on a cluster older than v1.34) may be absent: a list answered 404
 served) or 403 (this identity may not read it) logs one warning naming the resource and what is
 lost, hands the handler an empty list, sets ``synced`` (readiness does not wait for it) and lists
 again every ``absent_retry`` seconds, quietly, until the API server serves it.
+
+``await reflector.relist()`` returns once a list begun after the call has reached the handler:
+the watch in progress is dropped for it and the next one starts from that list. ``synced`` says
+a list was applied once, not that the watch is current (one held by a proxy stays quiet until
+``watch_idle``): a caller about to act on what the cache lacks (a newly elected scheduler
+leader) asks for a relist.
 """
 
 from __future__ import annotations
@@ -54,8 +60,10 @@ def too_large(exc: KubeError) -> bool:
         body = json.loads(exc.body)
     except ValueError:
         return False
-    causes = ((body.get("details") or {}).get("causes") or ()) if isinstance(body, dict) else ()
-    return any(isinstance(c, dict) and c.get("reason") == TOO_LARGE_CAUSE for c in causes)
+    details = body.get("details") if isinstance(body, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    # (any other shape, a proxy's own 504 say, is not this: the watch is resumed as before)
+    return isinstance(causes, list) and any(isinstance(c, dict) and c.get("reason") == TOO_LARGE_CAUSE for c in causes)
 
 
 class Expired(Exception):
@@ -122,6 +130,11 @@ class Reflector:
         self.relists = 0  # how many times the list ran (1 + one per expiry/error)
         self.events = 0  # events (bookmarks included) the watches delivered and the handler took
         self._failing, self._reported = 0, 0.0  # failures in a row (the API server down), last warned of
+        self._lists_begun = 0  # lists started (each numbered by this count when it starts)
+        self._lists_applied = 0  # the number of the last list that reached the handler
+        self._relist_to = 0  # relist(): a list numbered this or later is owed
+        self._relist_asked = asyncio.Event()  # relist() was called: the watch in progress stops
+        self._list_applied = asyncio.Event()  # set (and replaced) whenever a list reached the handler
 
     def _query(self, **extra: Any) -> list[tuple[str, Any]]:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
@@ -131,9 +144,27 @@ class Reflector:
             q.append(("fieldSelector", self.field_selector))
         return q
 
+    async def relist(self) -> None:
+        """Return once a list begun after this call has reached the handler (a list already under
+        way may have read the API server before the caller's reason to ask): the watch in
+        progress stops at once for it. Waits as long as that takes (the API server away: every
+        backoff); a caller bounds it."""
+        need = self._lists_begun + 1
+        self._relist_to = max(self._relist_to, need)
+        self._relist_asked.set()
+        while self._lists_applied < need:
+            await self._list_applied.wait()
+
+    def _applied(self, number: int) -> None:
+        self._lists_applied = max(self._lists_applied, number)
+        self._list_applied.set()
+        self._list_applied = asyncio.Event()
+
     async def list(self) -> str:
         items: list[dict] = []
         cont = None
+        self._lists_begun += 1
+        number = self._lists_begun
         while True:
             try:
                 page = await self.kube.request(
@@ -154,6 +185,7 @@ class Reflector:
         except Exception as exc:  # noqa: BLE001 - a bug, not the network: relist after the backoff
             raise HandlerFailed(f"{self.name}: handler failed on a list: {exc!r}") from exc
         self.synced.set()
+        self._applied(number)
         self._recovered()
         if self.absent is not None:
             log.info("%s: the API server serves it now", self.name)
@@ -200,6 +232,24 @@ class Reflector:
             resp.release()
         return rv
 
+    async def _watch_unless_relisted(self, rv: str) -> str | None:
+        """:meth:`watch` from ``rv``, or None as soon as :meth:`relist` asks for a list."""
+        self._relist_asked.clear()
+        if self._lists_begun < self._relist_to:
+            return None
+        watch = asyncio.ensure_future(self.watch(rv))
+        asked = asyncio.ensure_future(self._relist_asked.wait())
+        try:
+            await asyncio.wait({watch, asked}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+            if not watch.done():
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+        if watch.cancelled():
+            return None
+        return watch.result()
+
     def _recovered(self) -> None:
         """A list answered, or a watch delivered an event or lasted: say so if it had been failing."""
         if self._failing:
@@ -219,10 +269,15 @@ class Reflector:
         while True:
             started, seen = time.monotonic(), self.events
             try:
-                if rv is None:
+                if rv is None or self._lists_begun < self._relist_to:
                     rv = await self.list()
                     started = time.monotonic()
-                rv = await self.watch(rv)
+                watched = await self._watch_unless_relisted(rv)
+                if watched is None:  # relist() asked: listed at once, the watch resumes from it
+                    log.info("watch %s: relisting on request", self.name)
+                    rv, backoff = None, 0.2
+                    continue
+                rv = watched
                 if self.events > seen or time.monotonic() - started >= SHORT_WATCH_S:
                     backoff = 0.2
                     self._recovered()
@@ -247,6 +302,7 @@ class Reflector:
                 self.absent = exc.status
                 self.handler.replace([], None)
                 self.synced.set()
+                self._applied(self._lists_begun)  # (the list that found it absent)
                 rv = None
                 await asyncio.sleep(self.absent_retry)
                 continue

@@ -75,6 +75,16 @@ class DecisionMissing(Exception):
     """Bind for a pod whose Filter decision is not recorded on it."""
 
 
+class DecisionRefused(DecisionMissing):
+    """decision_write "filter": the pod is no longer the pending pod the decision was taken for
+    (bound meanwhile, being deleted, or re-created under its name), so its patch was not made."""
+
+
+#: decision_write "filter": how many times a decision patch refused for a stale resourceVersion
+#: (the pod changed since the copy it was built from) is made again on the pod read anew
+DECISION_PATCH_TRIES = 3
+
+
 @dataclass(frozen=True)
 class _Decision:
     key: str  # the ledger key of the reservation
@@ -280,7 +290,9 @@ class Extender:
         if names is None and nodes:
             return self._simulate(pod, (nodes or {}).get("items") or [])
         if not await self._wait_ready():
-            return _error("hami scheduler is not ready (caches not synced, or this replica is not the leader)")
+            return _error(
+                "hami scheduler is not ready (caches not synced or catching up after an election, or this replica is not the leader)"
+            )
         term = self.term()
         self.stats["filter"] += 1
         try:
@@ -488,7 +500,7 @@ class Extender:
         ns = meta.get("namespace") or "default"
         try:
             await self._record_decision(meta, result.annotations, result.node)
-        except (KubeError, OSError, asyncio.TimeoutError) as exc:
+        except (KubeError, OSError, asyncio.TimeoutError, DecisionRefused) as exc:
             key = result.allocation.key
             if self.state.ledger.is_reserved(key) and self.state.ledger.pod(key) == result.allocation:
                 self.state.restore_pod(key, ns, meta["name"])
@@ -504,9 +516,64 @@ class Extender:
             await asyncio.shield(task)
 
     async def _record_decision(self, meta: Mapping[str, Any], annotations: Mapping[str, str], node: str) -> None:
-        body = {"metadata": {"annotations": dict(annotations), "labels": {VGPU_NODE: node}}}
-        patched = await self.kube.merge_patch(pod_path(meta.get("namespace") or "default", meta["name"]), body)
-        self.state.put_pod(patched)
+        """Patch the decision onto the pod, only while it is the pending pod it was taken for: the
+        patch names the resourceVersion of the copy checked (the cache's, when newer than the one
+        Filter read: an earlier patch of this pod), so the API server refuses it (409) on a pod
+        changed since; the pod is then read again (the cache learns it) and, still pending, patched
+        at that version. A cache that lagged a Binding (a late one, a new leader's watch) let
+        Filter decide again for a bound pod: written, its grant named another node's GPUs while
+        it ran on the first, whose share the ledger then counted free."""
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid")
+        term = self.term()
+        pod: Mapping[str, Any] = {"metadata": meta}
+        cached = self.state.pod(ns, name)
+        if cached is not None and (cached.get("metadata") or {}).get("uid") == uid:
+            if newer_than((cached.get("metadata") or {}).get("resourceVersion"), meta.get("resourceVersion")):
+                pod = cached
+        for _ in range(DECISION_PATCH_TRIES):
+            self._still_pending(pod, ns, name, uid)
+            rv = (pod.get("metadata") or {}).get("resourceVersion")
+            body: dict[str, Any] = {"annotations": dict(annotations), "labels": {VGPU_NODE: node}}
+            if rv:
+                body["resourceVersion"] = rv
+            try:
+                patched = await self.kube.merge_patch(pod_path(ns, name), {"metadata": body})
+            except KubeError as exc:
+                if exc.status != 409 or not rv:
+                    raise
+                fresh = await self._get_pod(ns, name)
+                if fresh is None:
+                    raise DecisionRefused(f"pod {ns}/{name} was deleted; its decision is not written") from exc
+                if (fresh.get("metadata") or {}).get("uid") == uid:
+                    self.state.put_pod(fresh)  # (what the cache lagged, e.g. the Binding)
+                if not self.is_ready() or self.term() != term:
+                    # the next leader may have written its own decision since: ours must not replace it
+                    raise DecisionRefused(
+                        f"this replica lost the lease; the decision for {ns}/{name} is not written"
+                    ) from exc
+                pod = fresh
+                continue
+            self.state.put_pod(patched)
+            return
+        self._still_pending(pod, ns, name, uid)
+        raise KubeError(
+            "PATCH", pod_path(ns, name), 409, f"the pod changed under {DECISION_PATCH_TRIES} decision patches in a row"
+        )
+
+    @staticmethod
+    def _still_pending(pod: Mapping[str, Any], ns: str, name: str, uid: Any) -> None:
+        """Raise DecisionRefused unless ``pod`` is the pending pod ``uid`` a decision was taken for."""
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if meta.get("uid") != uid:
+            raise DecisionRefused(
+                f"pod {ns}/{name} is now UID {meta.get('uid')}, not {uid}; its decision is not written"
+            )
+        if spec.get("nodeName"):
+            raise DecisionRefused(
+                f"pod {ns}/{name} is already bound to node {spec['nodeName']}; the decision is not written"
+            )
+        if meta.get("deletionTimestamp"):
+            raise DecisionRefused(f"pod {ns}/{name} is being deleted; its decision is not written")
 
     def _simulate(self, pod: dict, nodes: list) -> dict:
         """``Nodes`` given (nodeCacheCapable false / Cluster Autoscaler): read-only, zero usage (§5.11)."""
@@ -538,7 +605,9 @@ class Extender:
             return {"Error": f"ExtenderBindingArgs needs PodName and Node (got {name!r}, {node!r})"}
         deadline = time.monotonic() + self.bind_timeout  # kube-scheduler's clock started before ours
         if not await self._wait_ready(deadline):
-            return {"Error": "hami scheduler is not ready (caches not synced, or this replica is not the leader)"}
+            return {
+                "Error": "hami scheduler is not ready (caches not synced or catching up after an election, or this replica is not the leader)"
+            }
         self.stats["bind"] += 1
         try:
             pod = self.state.pod(ns, name) or await self._within(
@@ -581,8 +650,7 @@ class Extender:
                 for spec in nodelock.vendor_locks(self.state.vendors, wanted):
                     # (positional: server.py wraps acquire_lock, passing positional arguments on)
                     taken.append((spec, await self.acquire_lock(node, ns, name, spec, deadline)))
-            if not self.is_ready():  # a lock wait can outlast the lease (a rolling update's handover)
-                raise LeadershipLost("this replica lost the lease while the Bind waited; the new leader places the pod")
+            self._check_still_leading(decision)
             if time.monotonic() >= deadline:  # each step above has its own API timeout
                 raise BindDeadline(self._past_deadline("before its Binding was posted"))
             posted = True
@@ -623,6 +691,16 @@ class Extender:
             return {"Error": msg}
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
         return {"Error": ""}
+
+    def _check_still_leading(self, decision: "_Decision | None") -> None:
+        """Raise LeadershipLost unless this replica still leads in the term ``decision`` was taken
+        in: a lock wait can outlast the lease (a rolling update's handover), and a replica led
+        again under a new term while it waited (for a node lock, the decision patch) may find the
+        decision's shares given out by another replica meanwhile."""
+        if not self.is_ready():
+            raise LeadershipLost("this replica lost the lease while the Bind waited; the new leader places the pod")
+        if decision is not None and decision.term != self.term():
+            raise LeadershipLost("the lease term this pod was decided in ended while the Bind waited; filter it again")
 
     def _past_deadline(self, when: str) -> str:
         return (

@@ -20,6 +20,11 @@ Filter decisions live in memory for their term only (``on_deposed``): a kube-sch
 Lease exits, and one restarted beside us holds it under a new ``<hostname>_<uuid>``, so no Bind of
 an earlier term's decision comes from it, and another replica may have placed pods on the same
 shares meanwhile.
+
+A new term is led only once :attr:`Leadership.catch_up` has run for it (:attr:`Leadership.caught_up`):
+a follower's caches may lag the API server unseen (a watch held by a proxy, an API server restart),
+and a leader placing pods from a ledger without its predecessor's last Bindings books shares twice.
+Renewals of the same term cost nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ REQUEST_TIMEOUT = (LEASE_DURATION - RENEW_DEADLINE) / 2
 # how far past its deadline a write sent while leader may still be in flight: half the gap before
 # another replica can take the Lease over (the other half for clock rates and the watch)
 LEASE_MARGIN = (LEASE_DURATION - RENEW_DEADLINE) / 2
+# a catch-up still running after this long is worth a warning (Filter answers "not ready" meanwhile)
+CATCH_UP_SLOW = 10.0
 
 
 def _ts(text: str | None) -> float | None:
@@ -140,6 +147,10 @@ class Leadership:
         self._round_term: Any = None  # the term the last round read as ours
         self._written_term: Any = None  # campaigning: the term of the Lease last written
         self.elected_task: asyncio.Task[None] | None = None  # the on_elected callbacks, running
+        # run on each new term before anything else (the on_elected callbacks, Filter, Bind): bring
+        # the caches up to the API server's (a relist); None: nothing to catch up (always caught up)
+        self.catch_up: Callable[[], Awaitable[None]] | None = None
+        self._caught_up_term: Any = None  # the term catch_up last finished for (None after a deposition)
 
     @property
     def is_leader(self) -> bool:
@@ -150,6 +161,14 @@ class Leadership:
     @is_leader.setter
     def is_leader(self, value: bool) -> None:
         self._leader = value
+
+    @property
+    def caught_up(self) -> bool:
+        """The term being led has had its :attr:`catch_up` (always, without ``--leader-elect`` or a
+        catch-up to run): until then this replica does not place or bind pods."""
+        if not self.enabled or self.catch_up is None:
+            return True
+        return self.term is not None and self._caught_up_term == self.term
 
     def time_left(self) -> float:
         """Seconds this replica stays leader unless a poll renews it (0 when not leader; infinite
@@ -310,7 +329,9 @@ class Leadership:
             self.held_until = 0.0
 
     def _deposed(self) -> None:
-        """The term ends: the ``on_deposed`` callbacks, each whatever the others do."""
+        """The term ends: the ``on_deposed`` callbacks, each whatever the others do. The next term
+        catches up again (the caches may lag from here on, unseen)."""
+        self._caught_up_term = None
         for cb in list(self.on_deposed):
             try:
                 cb()
@@ -350,10 +371,13 @@ class Leadership:
             log.warning("cannot give the leader Lease up (it expires by itself): %s", str(exc) or type(exc).__name__)
 
     async def _elected(self, before: asyncio.Task[None] | None) -> None:
-        """The ``on_elected`` callbacks, in order, after those of an earlier election (passes never
-        overlap); one that fails is logged and the next still runs."""
+        """The :attr:`catch_up` of the new term, then the ``on_elected`` callbacks, in order, after
+        those of an earlier election (passes never overlap); one that fails is logged and the next
+        still runs."""
         if before is not None and not before.done():
             await asyncio.gather(before, return_exceptions=True)
+        if not await self._catch_up():
+            return  # the term ended first: the next election's pass runs
         for cb in list(self.on_elected):
             if not self.is_leader:
                 return  # lost again meanwhile: the next election runs them
@@ -363,6 +387,52 @@ class Leadership:
                 raise
             except Exception:  # noqa: BLE001 - one failed pass must not skip the others
                 log.exception("leader election callback %s failed", getattr(cb, "__qualname__", cb))
+
+    async def _catch_up(self) -> bool:
+        """Run :attr:`catch_up` for the term being led now, again after a failure, until it ends
+        or the term does (False then: a relist that waits on an API server gone away must not
+        hold the next election's pass). Meanwhile :attr:`caught_up` is false."""
+        term = self.term
+        if self.catch_up is None or term is None:
+            return self.catch_up is None or not self.enabled
+        if self._caught_up_term == term:
+            return True
+        began = time.monotonic()
+        warned = False
+        while self.term == term:
+            task = asyncio.ensure_future(self.catch_up())
+            try:
+                while not task.done() and self.term == term:
+                    # (woken by a change of leadership too: a lost term ends the wait at once)
+                    changed = asyncio.ensure_future(self.changed.wait())
+                    try:
+                        await asyncio.wait({task, changed}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        changed.cancel()
+                    if not task.done() and not warned and time.monotonic() - began >= CATCH_UP_SLOW:
+                        warned = True
+                        log.warning(
+                            "new lease term %s: the caches have not caught up with the API server after %.0fs; "
+                            "Filter and Bind answer 'not ready' until they have",
+                            term,
+                            time.monotonic() - began,
+                        )
+            finally:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            if task.cancelled():
+                break  # the term ended
+            if task.exception() is None:
+                if self.term != term:
+                    break
+                self._caught_up_term = term
+                log.info("new lease term %s: caches caught up in %.2fs", term, time.monotonic() - began)
+                return True
+            log.error("new lease term %s: catching up failed (again in 1s): %r", term, task.exception())
+            await asyncio.sleep(1.0)
+        log.info("lease term %s ended before the caches caught up", term)
+        return False
 
     async def _label(self, leader: bool) -> None:
         if not (self.pod_name and self.pod_namespace):

@@ -181,6 +181,10 @@ class SchedulerService:
         self.seen_templates = KnownTemplates(ttl=SEEN_TTL_S)
         self.template_budget = TemplateBudget()
         self._template_posts: dict[tuple[str, str], asyncio.Future[str]] = {}
+        if self.reflectors:
+            # a new term places pods only from a pod cache listed since it began (a follower's
+            # watch may have missed the old leader's last Bindings unseen); before the resync
+            self.leader.catch_up = self.catch_up
         self.leader.on_elected.append(self.resync)
         self.tasks: list[asyncio.Task] = []
         # set on SIGTERM, for --shutdown-delay: every answer then closes its connection, so the
@@ -193,12 +197,18 @@ class SchedulerService:
         return all(r.synced.is_set() for r in self.reflectors)
 
     def ready(self) -> bool:
-        return self.synced() and self.leader.is_leader
+        return self.synced() and self.leader.is_leader and self.leader.caught_up
+
+    async def catch_up(self) -> None:
+        """A new lease term (:attr:`Leadership.catch_up`): the pod cache lists again."""
+        for r in self.reflectors:
+            if r.name == "pods":
+                await r.relist()
 
     # ------------------------------------------------------------------ leader pass
     async def resync(self) -> None:
         """Leader pass: node health re-check, handshake writes, stale lock release."""
-        if not self.synced() or not self.leader.is_leader or self.kube is None:
+        if not self.ready() or self.kube is None:
             return
         self.state.recheck_nodes()
         now = time.time()
@@ -508,6 +518,8 @@ class SchedulerService:
             return web.Response(status=503, text="caches not synced")
         if not self.leader.is_leader:
             return web.Response(text=f"ok: follower ({self.opts.identity} does not hold the lease)")
+        if not self.leader.caught_up:  # (for a moment after an election: Filter and Bind wait)
+            return web.Response(text="ok: leader, catching up with the API server before it places pods")
         return web.Response(text="ok" if not self.opts.leader_elect else "ok: leader")
 
 
