@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import orjson
+
 from hami import malloc
 from hami.config import read_device_config_file
 from hami.core.errors import ConfigError
@@ -285,7 +287,7 @@ async def _serve(
     from .health import HealthBook, HealthFeed
     from .metrics import DriverMetrics
     from .plugin import Driver, PluginServer, read_boot_id, socket_paths
-    from .publisher import apply_device_classes, publish_slice
+    from .publisher import GarbledAnswer, apply_device_classes, publish_slice
     from .sweep import sweep_loop
 
     mig = mig or {}
@@ -345,8 +347,13 @@ async def _serve(
         nonlocal node_uid
         if args.apply_classes:
             await apply_device_classes(kube, args.extended_resource_name or None)
-        node = await kube.get(f"/api/v1/nodes/{args.node_name}")
-        node_uid = (node.get("metadata") or {}).get("uid") or ""
+        try:
+            node = await kube.get(f"/api/v1/nodes/{args.node_name}")
+        except orjson.JSONDecodeError as exc:  # a proxy's page while the server restarts: waited out
+            raise GarbledAnswer(f"Node {args.node_name}: the answer is not JSON ({exc})") from None
+        if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
+            raise GarbledAnswer(f"Node {args.node_name}: the answer is no Node")
+        node_uid = node["metadata"].get("uid") or ""
         cordons.read(node)
         changed.clear()  # the first publish below has the cordons read
         await publish()
@@ -397,6 +404,9 @@ async def _serve(
         )
         server = PluginServer(driver, *socket_paths(args.kubelet_dir), health=feed)
         await server.start()
+        # a socket removed under the agent (a kubelet restart cleaning its directories) is served
+        # again: the kubelet registers the plugin by its registration socket only
+        sockets = asyncio.create_task(server.watch())
         sweeper = (
             asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop, args.sweep_grace_seconds))
             if args.sweep_seconds > 0
@@ -433,6 +443,7 @@ async def _serve(
         try:
             await republish_on_change(stop, changed, book, feed, publish)
         finally:
+            sockets.cancel()
             node_watch.cancel()
             guard.cancel()
             if sweeper:

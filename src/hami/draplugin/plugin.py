@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -94,6 +95,11 @@ HEALTH_RESEND = 30.0
 ClaimReader = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 #: a claim UID as the API server makes them (a UUID), or any name safe as one path component
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: the time calls in flight at a stop get to finish: a prepare may wait on the API server or make
+#: MIG instances (the pod's termination grace is 30 s)
+STOP_GRACE_S = 10.0
+#: how often the plugin's sockets are checked (:meth:`PluginServer.check`)
+WATCH_S = 1.0
 #: a namespace (DNS label) and a claim name (DNS subdomain), as the API server allows them: they
 #: go into the path of the API request, where "../" or "?" would make it another request
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -335,7 +341,7 @@ class Driver:
             try:
                 if self._write_record(entry, uid):
                     done.append(f"claim {uid}: monitor record written again")
-            except (OSError, KeyError, TypeError, ValueError) as exc:
+            except (OSError, AttributeError, KeyError, TypeError, ValueError) as exc:
                 done.append(f"claim {uid}: cannot write its monitor record again: {exc}")
         return done
 
@@ -562,6 +568,9 @@ class HealthService(health_grpc.DRAResourceHealthServicer):
 
     def __init__(self, feed: HealthFeed, resend: float = HEALTH_RESEND) -> None:
         self.feed, self.resend = feed, resend
+        #: set when the server stops: open streams end (the kubelet dials again), rather than
+        #: hold the stop for the grace that prepares in flight get and then be cut
+        self.closing = asyncio.Event()
 
     def response(self):
         return health_pb.NodeWatchResourcesResponse(
@@ -577,9 +586,20 @@ class HealthService(health_grpc.DRAResourceHealthServicer):
 
     async def NodeWatchResources(self, request, context):  # noqa: N802 - gRPC name
         seen = self.feed.version
-        while True:
+        while not self.closing.is_set():
             yield self.response()
-            seen = await self.feed.wait(seen, self.resend)
+            seen = await self._next(seen)
+
+    async def _next(self, seen: int) -> int:
+        """The feed's next version (or the resend), unless the server stops first."""
+        waiting = asyncio.ensure_future(self.feed.wait(seen, self.resend))
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait((waiting, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            closing.cancel()
+        return waiting.result() if waiting.done() and not waiting.cancelled() else seen
 
 
 class RegistrationService(reg_grpc.RegistrationServicer):
@@ -610,8 +630,30 @@ def socket_paths(kubelet_dir: str | Path) -> tuple[Path, Path]:
     return root / "plugins_registry" / f"{DRIVER}-reg.sock", root / "plugins" / DRIVER / "dra.sock"
 
 
+_BINDS = itertools.count()  # a number for each hidden socket name (PluginServer._bind)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of what is at ``path`` now (None: nothing): tells the socket this server
+    bound from one another process bound there since."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class PluginServer:
-    """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600)."""
+    """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600).
+
+    :meth:`watch` (:meth:`check` every second) serves a socket again when it is gone: the kubelet
+    finds the plugin by its registration socket, and one removed under a running agent (a
+    kubelet restart that cleaned its plugin directories, someone's clean-up) left the agent
+    serving a file nobody could dial, never registered again until it restarted. A socket
+    another process bound at the path since (the next agent of a DaemonSet update with
+    ``maxSurge``) is left to it, and the stop removes only the sockets this server bound: the
+    stop of the agent being replaced removed the new agent's, which left the node without its
+    DRA plugin. Calls in flight at a stop get :data:`STOP_GRACE_S` to finish."""
 
     def __init__(
         self,
@@ -626,29 +668,112 @@ class PluginServer:
         self.registration = RegistrationService(
             str(self.dra_socket), (DRA_SERVICE, HEALTH_SERVICE) if health is not None else (DRA_SERVICE,)
         )
-        self._servers: list[grpc.aio.Server] = []
+        # socket path -> (its server, the identity of the socket it bound, its health service)
+        self._servers: dict[Path, tuple[grpc.aio.Server, tuple[int, int] | None, HealthService | None]] = {}
+        self._retiring: set[asyncio.Task] = set()  # servers of sockets served again, finishing their calls
+        self._unserved: set[Path] = set()  # sockets whose last check failed or found another's (logged once)
+
+    def _server(self, path: Path) -> tuple[grpc.aio.Server, HealthService | None]:
+        server, health = grpc.aio.server(), None
+        if path == self.dra_socket:
+            dra_grpc.add_DRAPluginServicer_to_server(DRAService(self.driver), server)
+            if self.health is not None:
+                health = HealthService(self.health)
+                health_grpc.add_DRAResourceHealthServicer_to_server(health, server)
+        else:
+            reg_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        return server, health
+
+    async def _bind(self, path: Path, replace: bool = False) -> None:
+        """Serve ``path`` with a new server (raises RuntimeError/OSError when it cannot bind).
+        gRPC unlinks a unix socket's path when it binds it and again when its server stops,
+        whatever is there then: bound at that path, the stop of one server (this agent's
+        replaced one, or the agent a DaemonSet update replaces) removed the socket of the next.
+        So the server binds a hidden name of its own (the kubelet ignores names starting with
+        a dot) and the socket is then moved to ``path``: over what is there with ``replace`` (the
+        start), else only where nothing is (a link fails on an existing name)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        hidden = path.with_name(f".{path.name}.{os.getpid()}.{next(_BINDS)}")
+        server, health = self._server(path)
+        try:
+            server.add_insecure_port(f"unix://{hidden}")
+            await server.start()
+            os.chmod(hidden, 0o600)
+            if replace:
+                os.replace(hidden, path)
+            else:
+                os.link(hidden, path)
+                hidden.unlink()
+        except BaseException:
+            hidden.unlink(missing_ok=True)
+            await server.stop(None)
+            raise
+        self._servers[path] = (server, _identity(path), health)
 
     async def start(self) -> None:
-        for path in (self.registration_socket, self.dra_socket):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
-        dra = grpc.aio.server()
-        dra_grpc.add_DRAPluginServicer_to_server(DRAService(self.driver), dra)
-        if self.health is not None:
-            health_grpc.add_DRAResourceHealthServicer_to_server(HealthService(self.health), dra)
-        dra.add_insecure_port(f"unix://{self.dra_socket}")
-        reg = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
-        reg.add_insecure_port(f"unix://{self.registration_socket}")
         # the DRA socket first: the kubelet dials the endpoint as soon as registration answers
-        for server, path in ((dra, self.dra_socket), (reg, self.registration_socket)):
-            await server.start()
-            os.chmod(path, 0o600)
-            self._servers.append(server)
+        for path in (self.dra_socket, self.registration_socket):
+            await self._bind(path, replace=True)
 
-    async def stop(self, grace: float = 1.0) -> None:
-        for server in reversed(self._servers):
-            await server.stop(grace)
-        self._servers.clear()
-        for path in (self.registration_socket, self.dra_socket):
-            path.unlink(missing_ok=True)
+    async def check(self) -> None:
+        """One watch step: serve again each socket that is gone (the DRA socket first, as at the
+        start). A bind that fails (the directory gone and not to be made) is tried again at the
+        next step."""
+        for path in (self.dra_socket, self.registration_socket):
+            current = self._servers.get(path)
+            now = _identity(path)
+            if current is not None and now == current[1]:
+                self._unserved.discard(path)
+                continue
+            if now is not None:  # another process's socket (the next agent's): its to serve
+                if path not in self._unserved:
+                    log.warning("%s was bound by another process; left to it", path)
+                    self._unserved.add(path)
+                continue
+            if current is not None and path not in self._unserved:
+                log.warning("socket %s is gone (kubelet restart?); serving it again", path)
+            try:
+                await self._bind(path)
+            except (RuntimeError, OSError) as exc:
+                if path not in self._unserved:
+                    log.error("cannot serve %s (%s); trying again every %gs", path, exc, WATCH_S)
+                self._unserved.add(path)
+                continue
+            self._unserved.discard(path)
+            if path == self.registration_socket:
+                log.info("serving %s again; the kubelet registers the plugin anew", path)
+            if current is not None:  # its calls in flight (on connections made before) finish
+                task = asyncio.get_running_loop().create_task(self._retire(*current[::2]))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+
+    @staticmethod
+    async def _retire(server: grpc.aio.Server, health: HealthService | None, grace: float = STOP_GRACE_S) -> None:
+        if health is not None:
+            health.closing.set()
+        await server.stop(grace)
+
+    async def watch(self, poll: float = WATCH_S) -> None:
+        """:meth:`check` every ``poll`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(poll)
+            try:
+                await self.check()
+            except Exception:  # noqa: BLE001 - the watch must outlive whatever went wrong once
+                log.exception("checking the plugin sockets failed; trying again in %gs", poll)
+
+    async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Stop serving: registration first (the kubelet learns the plugin is going), calls in
+        flight given ``grace`` seconds, health streams ended; the sockets removed when they are
+        still the ones this server bound."""
+        bound = {
+            path: self._servers.pop(path)
+            for path in (self.registration_socket, self.dra_socket)
+            if path in self._servers
+        }
+        await asyncio.gather(
+            *(self._retire(server, health, grace) for server, _, health in bound.values()), *list(self._retiring)
+        )
+        for path, (_, identity, _) in bound.items():
+            if identity is not None and _identity(path) == identity:
+                path.unlink(missing_ok=True)

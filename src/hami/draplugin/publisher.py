@@ -25,6 +25,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Mapping
 
+import aiohttp
+import orjson
+
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.kube.client import KubeClient, KubeError
 
@@ -44,10 +47,32 @@ APPLY = "application/apply-patch+yaml"
 API = "/apis/resource.k8s.io/v1"
 
 
+class GarbledAnswer(aiohttp.ClientError):
+    """A 200 answer that is not the API server's (a proxy's or load balancer's own page while the
+    server restarts, an object of another kind). An ``aiohttp.ClientError``: the start-up's wait
+    (:func:`hami.kube.client.until_answered`) waits it out as no answer, where a JSON or key error
+    ended the agent; nothing is applied on what it said."""
+
+
+async def _answer(kube: KubeClient, method: str, path: str, *args: Any) -> Any:
+    try:
+        return await (kube.get(path) if method == "GET" else kube.request(method, path, *args))
+    except orjson.JSONDecodeError as exc:
+        raise GarbledAnswer(f"{method} {path}: the answer is not JSON ({exc})") from None
+
+
 async def _apply(kube: KubeClient, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return await kube.request(
-        "PATCH", path, [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")], obj, APPLY
+    stored = await _answer(
+        kube,
+        "PATCH",
+        path,
+        [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")],
+        obj,
+        APPLY,
     )
+    if not isinstance(stored, dict):
+        raise GarbledAnswer(f"PATCH {path}: the answer is no object ({type(stored).__name__})")
+    return stored
 
 
 async def apply_device_classes(kube: KubeClient, extended_resource_name: str | None = None) -> list[str]:
@@ -61,12 +86,18 @@ async def apply_device_classes(kube: KubeClient, extended_resource_name: str | N
 
 
 async def _get(kube: KubeClient, path: str) -> dict[str, Any] | None:
+    """The stored slice (None: there is none); a slice whose pool generation cannot be read is
+    a :class:`GarbledAnswer` (the next generation would be a guess)."""
     try:
-        return await kube.get(path)
+        got = await _answer(kube, "GET", path)
     except KubeError as exc:
         if exc.status != 404:
             raise
         return None
+    pool = ((got.get("spec") if isinstance(got, dict) else None) or {}).get("pool")
+    if not isinstance(pool, dict) or not isinstance(pool.get("generation"), int):
+        raise GarbledAnswer(f"GET {path}: the answer is no ResourceSlice (no spec.pool.generation)")
+    return got
 
 
 async def publish_slice(
@@ -199,7 +230,7 @@ def _taints_of(obj: dict[str, Any]) -> set[tuple[str, str]]:
 
 async def delete_slice(kube: KubeClient, node: str, part: int = 0) -> None:
     try:
-        await kube.request("DELETE", f"{API}/resourceslices/{slice_name(node, part)}")
+        await _answer(kube, "DELETE", f"{API}/resourceslices/{slice_name(node, part)}")
     except KubeError as exc:
         if exc.status != 404:
             raise

@@ -17,7 +17,10 @@ One session (:meth:`NriPlugin.session`), as containerd/nri's Go stub runs it:
    without its adjustment, and every creation until the plugin is back goes the same way;
    ``RemovePodSandbox`` (a state change) goes to :meth:`ContainerHook.pod_removed`;
 6. the session ends when the runtime closes the socket (containerd restarts, ``Shutdown``) or
-   breaks the protocol; ``on_ready(False)`` is called.
+   breaks the protocol; ``on_ready(False)`` is called. A session cancelled (the agent stops)
+   first answers the creations in flight (:data:`FINISH_MARGIN` past the hook's own deadline
+   at most) and refuses those that arrive meanwhile: the runtime takes a connection closed
+   under a call for the plugin gone and creates that container without its adjustment.
 
 :meth:`NriPlugin.run` runs sessions forever, dialling again every ``retry`` seconds: an NRI
 plugin must register again after every runtime restart.
@@ -55,6 +58,11 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 #: the share of the runtime's request timeout the hook may take before the container is refused
 #: (the rest covers the socket, the answer's encoding and a busy event loop)
 ANSWER_SHARE = 0.75
+#: how often a plugin that cannot register says so again while it keeps trying
+RETRY_LOG_S = 60.0
+#: what a stopping session waits for its answers in flight beyond the hook's own deadline (their
+#: encoding and sending)
+FINISH_MARGIN = 0.5
 #: the longest refusal sent back: it becomes the container's error in the kubelet's event, and a
 #: refusal may quote a pod's annotation (up to 256 KiB)
 MAX_REFUSAL = 1024
@@ -109,6 +117,7 @@ class NriPlugin:
         self.retry = retry
         self.timeout = timeout
         self.ready = False
+        self.stopping = False  # a cancelled session answering its creations in flight
         self.sessions = 0
         self.runtime = ""  # "containerd v1.7.35", from Configure
         self.request_timeout = DEFAULT_REQUEST_TIMEOUT  # the runtime's, from Configure
@@ -134,6 +143,12 @@ class NriPlugin:
             raise RemoteError(UNIMPLEMENTED, f"service {service} is not served")
         if method == "CreateContainer":
             req = pb.CreateContainerRequest.FromString(payload)
+            if self.stopping:  # refused, the kubelet creates it again (the next plugin serves it)
+                raise RemoteError(
+                    UNKNOWN,
+                    f"pod {req.pod.namespace}/{req.pod.name}: container {req.container.name!r}: the hami NRI "
+                    "plugin is stopping: refused, to be created again",
+                )
             within = self.answer_within()
             try:
                 adjust = await asyncio.wait_for(self.hook.create_container(req.pod, req.container), within)
@@ -254,9 +269,10 @@ class NriPlugin:
 
     async def session(self) -> str:
         """Dial, register, serve until the runtime goes away; returns why the session ended."""
+        self.stopping = False
         reader, writer = await asyncio.open_unix_connection(self.socket)
         mux = self._mux = Mux(reader, writer)
-        mux.endpoint(PLUGIN_CONN, self._handle)  # before registering: Configure follows at once
+        served = mux.endpoint(PLUGIN_CONN, self._handle)  # before registering: Configure follows at once
         self._runtime_ep = mux.endpoint(RUNTIME_CONN)
         reading = asyncio.get_running_loop().create_task(mux.run())
         try:
@@ -265,6 +281,19 @@ class NriPlugin:
             self.sessions += 1
             log.info("NRI: registered as %s-%s on %s", self.index, self.name, self.socket)
             return await reading
+        except asyncio.CancelledError:
+            # the agent stops: the runtime's calls in flight are answered before the connection
+            # closes (closed under a CreateContainer, the container is created without its
+            # adjustment), new creations refused meanwhile; the connection then closes with no
+            # await in between, so nothing arrives unanswered after the wait. The cancel reached
+            # the reading too (awaited here): it goes on where it stopped, for the answers' time
+            self.stopping = True
+            if not mux.closed:
+                if reading.cancelled():
+                    reading = asyncio.get_running_loop().create_task(mux.run())
+                if not await served.finish(self.answer_within() + FINISH_MARGIN):
+                    log.warning("NRI: stopping with calls of the runtime still unanswered")
+            raise
         finally:
             await mux.close()
             reading.cancel()
@@ -274,13 +303,27 @@ class NriPlugin:
                 await self.on_ready(False)
 
     async def run(self) -> None:
-        """Sessions until cancelled, dialling again ``retry`` seconds after each one ends."""
+        """Sessions until cancelled, dialling again ``retry`` seconds after each one ends. A dial
+        that fails is logged at the first failure, then every :data:`RETRY_LOG_S` while it goes on:
+        once a second, a node whose runtime has NRI off (or a runtime restarting for minutes)
+        wrote a warning a second for as long as it lasted."""
+        loop = asyncio.get_running_loop()
+        failing: tuple[float, float] | None = None  # (first failure, last line) of the failures since a session
         while True:
+            before = self.sessions
             try:
                 reason = await self.session()
                 log.warning("NRI: session ended (%s); registering again", reason)
             except (OSError, ConnectionClosed, RemoteError, asyncio.TimeoutError) as exc:
-                log.warning("NRI: cannot register on %s (%s); retrying in %.0fs", self.socket, exc, self.retry)
+                now = loop.time()
+                if failing is None or now - failing[1] >= RETRY_LOG_S:
+                    since = f", failing for {now - failing[0]:.0f}s" if failing is not None else ""
+                    log.warning(
+                        "NRI: cannot register on %s (%s); retrying every %gs%s", self.socket, exc, self.retry, since
+                    )
+                    failing = (failing[0] if failing is not None else now, now)
             except Exception:  # noqa: BLE001 - whatever the runtime sent, the plugin lives on and dials again
                 log.exception("NRI: session on %s failed; registering again in %.0fs", self.socket, self.retry)
+            if self.sessions != before:  # it registered: a failure from now on is a new outage
+                failing = None
             await asyncio.sleep(self.retry)

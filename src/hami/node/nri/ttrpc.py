@@ -217,6 +217,17 @@ class Endpoint:
         except ConnectionClosed:
             log.debug("conn %d: connection closed before the answer on stream %d", self.conn_id, msg.stream_id)
 
+    async def finish(self, timeout: float) -> bool:
+        """Wait until the peer's requests being served (and any that arrive meanwhile) are
+        answered, for ``timeout`` seconds at most; False when some were still out then."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._serving:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            await asyncio.wait(list(self._serving), timeout=left)
+        return True
+
     def closed(self, reason: str) -> None:
         for future in self._calls.values():
             if not future.done():
@@ -235,6 +246,7 @@ class Mux:
         self.closed = False
         self.reason = ""
         self._drain = asyncio.Lock()
+        self._header: tuple[int, int] | None = None  # a frame's header read, its payload not yet
 
     def endpoint(self, conn_id: int, handler: Handler | None = None) -> Endpoint:
         if conn_id == RESERVED_CONN:
@@ -256,13 +268,18 @@ class Mux:
             raise ConnectionClosed(self.reason) from None
 
     async def run(self) -> str:
-        """Read until the peer closes or breaks the protocol; returns why it ended."""
+        """Read until the peer closes or breaks the protocol; returns why it ended. A run
+        cancelled may be started again: it goes on where the cancelled one stopped (a read
+        cancelled while it waits takes nothing, and a frame's header read is kept)."""
         try:
             while True:
-                conn_id, length = MUX_HEADER.unpack(await self.reader.readexactly(MUX_HEADER.size))
+                if self._header is None:
+                    self._header = MUX_HEADER.unpack(await self.reader.readexactly(MUX_HEADER.size))
+                conn_id, length = self._header
                 if length > MUX_PAYLOAD_MAX:
                     raise ProtocolError(f"multiplex frame of {length} bytes for conn {conn_id}, over {MUX_PAYLOAD_MAX}")
                 data = await self.reader.readexactly(length) if length else b""
+                self._header = None
                 ep = self.endpoints.get(conn_id)
                 if ep is None:
                     log.debug("multiplex frame for conn %d, which nothing reads; dropped", conn_id)
