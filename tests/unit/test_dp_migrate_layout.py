@@ -151,3 +151,19 @@ async def test_a_pod_read_from_the_api_server_knows_its_init_containers():
         view = pod_view(api._ApiClient__deserialize(raw, "V1Pod"))
     assert view.inits == 1 and [c.name for c in view.containers] == ["istio-init", "main"]
     assert A.pending_devices(view)[0] == [] and A.pending_devices(view)[1][0].uuid == G1
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/vgpu"])
+def test_the_nri_path_reads_an_old_layout_by_the_resource_the_node_serves(resource):
+    """NRI nodes read the grant at container creation: with a renamed GPU resource the old layout
+    was told by nvidia.com/gpu, its entry stayed on the init container and the GPU container was
+    refused ("has no entry")."""
+    from hami.deviceplugin.injection import container_grant, gpu_entries
+
+    obj = hami_pod(
+        f"{G1},NVIDIA,1000,10:;", [{"name": "init"}], [{"name": "app", "resources": {"limits": {resource: "1"}}}]
+    )
+    view, ann = A.pod_view_from_object(obj), obj["metadata"]["annotations"]
+    assert [[d.uuid for d in e] for e in gpu_entries(view, ann, resource)] == [[], [G1]]
+    grant = container_grant(view, ann, "app", gpus=[G1, G2], node="n1", resource=resource)
+    assert [d.uuid for d in grant.devices] == [G1]

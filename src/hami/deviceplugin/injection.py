@@ -105,7 +105,7 @@ def env_map(env: Sequence[str]) -> dict[str, str]:
     return dict(e.split("=", 1) for e in env if "=" in e)
 
 
-def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
+def gpu_entries(pod: A.PodView, annotations: Mapping[str, str], resource: str = "") -> list[list]:
     """Each container's NVIDIA devices from ``hami.io/vgpu-devices-allocated`` (one entry per
     container, init containers first; missing trailing entries are empty; HAMi's old layout
     without init containers read past them, :func:`hami.deviceplugin.allocate.layout_shift`)."""
@@ -122,7 +122,7 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str]) -> list[list]:
             f"but the pod has {len(pod.containers)} containers"
         )
     # (one HAMi wrote before it counted init containers starts at the first regular container)
-    entries = [[] for _ in range(A.layout_shift(pod, decoded))]
+    entries = [[] for _ in range(A.layout_shift(pod, decoded, resource or A.GPU_RESOURCE))]
     entries += [[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded]
     return entries + [[] for _ in range(len(pod.containers) - len(entries))]
 
@@ -149,7 +149,7 @@ def container_grant(
     index = next((i for i, c in enumerate(pod.containers) if c.name == name), None)
     if index is None:
         raise Refusal(f"pod {pod.ref}: container {name!r} is not in the pod's spec")
-    devices = gpu_entries(pod, annotations)[index]
+    devices = gpu_entries(pod, annotations, resource)[index]
     if not devices:
         raise Refusal(
             f"pod {pod.ref}: container {name!r} was given GPUs by the kubelet but has no entry in {A.ALLOCATED}"
@@ -414,7 +414,7 @@ class Injector:
             reset_cache_dir(response.cache_dir)
             write_grant(response.cache_dir, response.grant)
         self.injected += 1
-        entries = gpu_entries(pod, annotations)
+        entries = gpu_entries(pod, annotations, self.settings.resource_name)
         log.info(
             "pod %s: container %s given %s by NRI",
             pod.ref,
