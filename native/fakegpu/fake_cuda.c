@@ -24,7 +24,7 @@
 
 enum { M_CTX = 0x43545831, M_STREAM, M_EVENT, M_MODULE, M_FUNC, M_GRAPH, M_EXEC, M_POOL, M_ARRAY,
        M_MIPMAP, M_VMM, M_NODE };
-enum { K_DEVICE = 1, K_MANAGED, K_PITCH, K_ASYNC, K_HOST, K_HOSTREG, K_VMM_MAP, K_ARRAY };
+enum { K_DEVICE = 1, K_MANAGED, K_PITCH, K_ASYNC, K_HOST, K_HOSTREG, K_VMM_MAP, K_ARRAY, K_GRAPH };
 
 struct CUctx_st {
     unsigned magic;
@@ -42,6 +42,8 @@ struct CUstream_st {
     struct CUctx_st *ctx;
     unsigned flags;
     unsigned long long busy_until;
+    struct CUgraph_st *capture;         /* the graph being captured (cuStreamBeginCapture) */
+    struct CUgraphNode_st *capture_last; /* its last node: what the next captured one follows */
 };
 
 struct CUevent_st {
@@ -67,20 +69,49 @@ typedef struct {
     unsigned gx, gy, gz;
 } fg_knode;
 
+/* A graph node: a kernel, a memory allocation (its fixed address, size, device and pool
+ * properties, as cuGraphMemAllocNodeGetParams returns them), a free of such an allocation, or a
+ * child graph (moved into its parent: the only way one may hold memory nodes). */
 struct CUgraphNode_st {
     unsigned magic;
+    CUgraphNodeType type;
+    fg_knode k;
+    CUdeviceptr dptr;
+    unsigned long long size;
+    int dev;
+    int reused; /* a free node whose address a later allocation took */
+    CUmemPoolProps props;
+    struct CUgraph_st *child;
 };
 
 struct CUgraph_st {
     unsigned magic;
     int n, cap;
-    fg_knode *nodes;
+    struct CUgraphNode_st **nodes;
+    int has_exec; /* a graph with memory nodes has at most one executable graph at a time */
 };
+
+/* An allocation of an executable graph: mapped for the graph when it is launched or uploaded;
+ * one not freed inside the graph stays live after the launch until cuMemFree[Async]. */
+typedef struct {
+    CUdeviceptr dptr;
+    unsigned long long size;
+    int dev;
+    int freed_in_graph;
+} fg_gmem;
 
 struct CUgraphExec_st {
     unsigned magic;
     int n;
     fg_knode *nodes;
+    int nmem;
+    fg_gmem *mem;
+    struct CUgraph_st *graph;
+    unsigned long long flags;
+    unsigned long long foot[FG_MAX_DEV]; /* device memory its allocations map: 2 MiB pages touched */
+    int mapped;                          /* holds its pages in the device's graph pool */
+    int live;                            /* allocations of its last launch not freed yet */
+    struct CUgraphExec_st *next;
 };
 
 struct CUmemPoolHandle_st {
@@ -120,6 +151,12 @@ static struct CUmemPoolHandle_st g_default_pool[FG_MAX_DEV];
 static struct CUmemPoolHandle_st *g_cur_pool[FG_MAX_DEV];
 static struct CUstream_st g_null_stream[FG_MAX_DEV];
 static __thread struct CUstream_st t_pt_stream[FG_MAX_DEV];
+/* The graph memory pool of each device (cuDeviceGetGraphMemAttribute): what graphs map (used)
+ * and what the process holds for them (reserved, kept until cuDeviceGraphMemTrim). */
+static struct {
+    unsigned long long reserved, used, reserved_high, used_high;
+} g_gpool[FG_MAX_DEV];
+static struct CUgraphExec_st *g_execs; /* every executable graph (under g_mu) */
 static __thread struct CUctx_st *t_ctx[16];
 static __thread int t_depth;
 
@@ -841,6 +878,14 @@ static CUresult free_dev(CUdeviceptr dptr, int want_async)
     pthread_mutex_unlock(&g_mu);
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
+    if (v.kind == K_GRAPH) { /* back to its graph: the pages stay mapped for it (graph_trim) */
+        struct CUgraphExec_st *x = (struct CUgraphExec_st *)(uintptr_t)v.aux;
+        pthread_mutex_lock(&g_mu);
+        if (x && x->live > 0)
+            x->live--;
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
     if (v.kind == K_ASYNC) {
         struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)(uintptr_t)v.aux;
         pthread_mutex_lock(&g_mu);
@@ -1189,6 +1234,9 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, struct CUmemPoolHandl
     return CUDA_SUCCESS;
 }
 
+static CUresult capture_alloc(struct CUstream_st *st, CUdeviceptr *dptr, size_t size, int dev);
+static CUresult capture_free(struct CUstream_st *st, CUdeviceptr dptr);
+
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
 {
     NEED_CTX(c);
@@ -1196,6 +1244,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
     (void)c;
+    if (st->capture) /* an allocation node: memory only when the graph runs */
+        return capture_alloc(st, dptr, size, st->ctx->dev);
     return pool_alloc(dptr, size, g_cur_pool[st->ctx->dev]); /* the pool current to the stream's device */
 }
 
@@ -1205,8 +1255,14 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { ret
 static CUresult from_pool(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s, int pt)
 {
     NEED_CTX(c);
-    if (!stream_of(s, pt))
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capture) {
+        if (!pool || pool->magic != M_POOL)
+            return CUDA_ERROR_INVALID_HANDLE;
+        return capture_alloc(st, d, n, pool->dev);
+    }
     return pool_alloc(d, n, pool);
 }
 
@@ -1223,10 +1279,13 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryP
 static CUresult free_async(CUdeviceptr d, CUstream s, int pt)
 {
     NEED_CTX(c);
-    if (!stream_of(s, pt))
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!d)
         return CUDA_ERROR_INVALID_VALUE;
+    if (st->capture) /* a free node, of an allocation of the captured graph only */
+        return capture_free(st, d);
     return free_dev(d, 1);
 }
 
@@ -1787,6 +1846,15 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     fg_knode k = {f, gx, gy, gz};
+    if (st->capture) {
+        CUgraphNode node;
+        CUDA_KERNEL_NODE_PARAMS p = {.func = f, .gridDimX = gx, .gridDimY = gy, .gridDimZ = gz};
+        CUresult r = cuGraphAddKernelNode_v2(&node, st->capture, st->capture_last ? (CUgraphNode *)&st->capture_last : NULL,
+                                             st->capture_last ? 1 : 0, &p);
+        if (r == CUDA_SUCCESS)
+            st->capture_last = node;
+        return r;
+    }
     return run_kernels(st, &k, 1);
 }
 
@@ -1882,7 +1950,39 @@ EXPORT CUresult cuLaunch(CUfunction f) { return launch_grid(f, 1, 1, NULL); }
 EXPORT CUresult cuLaunchGrid(CUfunction f, int gw, int gh) { return launch_grid(f, gw, gh, NULL); }
 EXPORT CUresult cuLaunchGridAsync(CUfunction f, int gw, int gh, CUstream s) { return launch_grid(f, gw, gh, s); }
 
-/* ---- graphs (kernel nodes only, executed in insertion order) ---- */
+/* ---- graphs: kernel nodes (run back to back), memory nodes, child graphs, stream capture ----
+ *
+ * Memory nodes follow the driver's graph memory model: an allocation node gets a fixed address
+ * when it is added (an allocation that follows the free of an earlier one of at least its size
+ * takes that one's address, as the driver reuses addresses of allocations whose lifetimes do not
+ * overlap); its memory comes from the device's graph pool when the executable graph is launched
+ * or uploaded (CUDA_ERROR_OUT_OF_MEMORY, nothing run, when the device has no room). The graph
+ * then keeps its pages mapped between launches; cuDeviceGraphMemTrim gives back the pool's pages
+ * that no graph holds, and unmaps idle graphs (no allocation of theirs still live). */
+
+static struct CUgraphNode_st *new_node(CUgraph g, CUgraphNodeType type)
+{
+    if (g->n == g->cap) {
+        int ncap = g->cap ? g->cap * 2 : 8;
+        struct CUgraphNode_st **nn = realloc(g->nodes, sizeof *nn * (size_t)ncap);
+        if (!nn)
+            return NULL;
+        g->nodes = nn;
+        g->cap = ncap;
+    }
+    struct CUgraphNode_st *node = calloc(1, sizeof *node);
+    if (!node)
+        return NULL;
+    node->magic = M_NODE;
+    node->type = type;
+    g->nodes[g->n++] = node;
+    return node;
+}
+
+static int valid_graph(CUgraph g)
+{
+    return g && g->magic == M_GRAPH;
+}
 
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
 {
@@ -1898,18 +1998,13 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags)
 static CUresult add_knode(CUgraphNode *node, CUgraph g, CUfunction f, unsigned gx, unsigned gy, unsigned gz)
 {
     NEED_INIT();
-    if (!node || !g || g->magic != M_GRAPH || !f || f->magic != M_FUNC || !gx || !gy || !gz)
+    if (!node || !valid_graph(g) || !f || f->magic != M_FUNC || !gx || !gy || !gz)
         return CUDA_ERROR_INVALID_VALUE;
-    if (g->n == g->cap) {
-        int ncap = g->cap ? g->cap * 2 : 8;
-        fg_knode *nn = realloc(g->nodes, sizeof *nn * (size_t)ncap);
-        if (!nn)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        g->nodes = nn;
-        g->cap = ncap;
-    }
-    g->nodes[g->n++] = (fg_knode){f, gx, gy, gz};
-    *node = (CUgraphNode)(uintptr_t)(0x1000 + (uintptr_t)g->n);
+    struct CUgraphNode_st *n = new_node(g, CU_GRAPH_NODE_TYPE_KERNEL);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->k = (fg_knode){f, gx, gy, gz};
+    *node = n;
     return CUDA_SUCCESS;
 }
 
@@ -1933,20 +2028,359 @@ EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraph
     return add_knode(node, g, p->func, p->gridDimX, p->gridDimY, p->gridDimZ);
 }
 
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+static unsigned long long gmem_round(unsigned long long size)
+{
+    return (size + FG_LARGE_ALIGN - 1) / FG_LARGE_ALIGN * FG_LARGE_ALIGN;
+}
+
+static CUresult add_alloc_node(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                               const CUmemPoolProps *props, size_t size, CUdeviceptr *dptr)
 {
     NEED_INIT();
-    (void)flags;
-    if (!e || !g || g->magic != M_GRAPH)
+    if (!node || !valid_graph(g) || !props || !dptr || !size || g->has_exec ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_dev(props->location.id) ||
+        props->handleTypes != CU_MEM_HANDLE_TYPE_NONE)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr at = 0;
+    for (size_t i = 0; deps && i < ndeps && !at; i++) {
+        struct CUgraphNode_st *d = deps[i];
+        if (d && d->magic == M_NODE && d->type == CU_GRAPH_NODE_TYPE_MEM_FREE && !d->reused && d->dev == props->location.id &&
+            d->size >= size) {
+            at = d->dptr;
+            d->reused = 1;
+        }
+    }
+    struct CUgraphNode_st *n = new_node(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    /* its own pages: a large allocation is 2 MiB aligned; a small one starts a page of its own */
+    n->dptr = at ? at : (CUdeviceptr)new_va(gmem_round(size));
+    n->size = size;
+    n->dev = props->location.id;
+    n->props = *props;
+    *dptr = n->dptr;
+    *node = n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    return add_alloc_node(node, g, deps, n, &p->poolProps, p->bytesize, &p->dptr);
+}
+
+/* The alloc node of `dptr` in `g` (and the graphs moved into it), or NULL. */
+static struct CUgraphNode_st *alloc_node_of(CUgraph g, CUdeviceptr dptr)
+{
+    struct CUgraphNode_st *found = NULL;
+    for (int i = 0; i < g->n; i++) {
+        struct CUgraphNode_st *x = g->nodes[i];
+        if (x->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && x->dptr == dptr)
+            found = x; /* the latest: an address may be taken again after a free */
+        else if (x->type == CU_GRAPH_NODE_TYPE_GRAPH && x->child) {
+            struct CUgraphNode_st *c = alloc_node_of(x->child, dptr);
+            if (c)
+                found = c;
+        }
+    }
+    return found;
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n, CUdeviceptr dptr)
+{
+    NEED_INIT();
+    (void)deps;
+    (void)n;
+    if (!node || !valid_graph(g) || g->has_exec)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st *a = alloc_node_of(g, dptr);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE; /* only an allocation of this graph (simplified) */
+    struct CUgraphNode_st *f = new_node(g, CU_GRAPH_NODE_TYPE_MEM_FREE);
+    if (!f)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    f->dptr = dptr;
+    f->dev = a->dev;
+    f->size = a->size;
+    *node = f;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *out)
+{
+    NEED_INIT();
+    if (!node || node->magic != M_NODE || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(out, 0, sizeof *out);
+    out->poolProps = node->props;
+    out->bytesize = node->size;
+    out->dptr = node->dptr;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr *out)
+{
+    NEED_INIT();
+    if (!node || node->magic != M_NODE || node->type != CU_GRAPH_NODE_TYPE_MEM_FREE || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = node->dptr;
+    return CUDA_SUCCESS;
+}
+
+static void graph_free(struct CUgraph_st *g);
+
+/* cuGraphAddNode (CUDA 12.2): kernel, memory and child graph nodes. A child graph with memory
+ * nodes must be moved into its parent (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE); a cloned one may
+ * hold none. */
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n, CUgraphNodeParams *p)
+{
+    NEED_INIT();
+    if (!p || !node || !valid_graph(g))
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+        return add_knode(node, g, p->kernel.func, p->kernel.gridDimX, p->kernel.gridDimY, p->kernel.gridDimZ);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC:
+        return add_alloc_node(node, g, deps, n, &p->alloc.poolProps, p->alloc.bytesize, &p->alloc.dptr);
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: return cuGraphAddMemFreeNode(node, g, deps, n, p->free.dptr);
+    case CU_GRAPH_NODE_TYPE_GRAPH: {
+        struct CUgraph_st *c = p->graph.graph;
+        if (!valid_graph(c) || c == g || p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+            return CUDA_ERROR_NOT_SUPPORTED; /* clones are not modelled */
+        struct CUgraphNode_st *x = new_node(g, CU_GRAPH_NODE_TYPE_GRAPH);
+        if (!x)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        x->child = c;
+        *node = x;
+        return CUDA_SUCCESS;
+    }
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+    }
+}
+
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                                  size_t n, CUgraphNodeParams *p)
+{
+    (void)edges;
+    return cuGraphAddNode(node, g, deps, n, p);
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *out)
+{
+    NEED_INIT();
+    if (!node || node->magic != M_NODE || node->type != CU_GRAPH_NODE_TYPE_GRAPH || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = node->child;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
+{
+    NEED_INIT();
+    if (!valid_graph(g) || !num)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes)
+        for (size_t i = 0; i < *num && i < (size_t)g->n; i++)
+            nodes[i] = g->nodes[i];
+    *num = (size_t)g->n;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
+{
+    NEED_INIT();
+    if (!node || node->magic != M_NODE || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = node->type;
+    return CUDA_SUCCESS;
+}
+
+/* Flatten `g` (child graphs inlined) into the executable graph's kernels and allocations. */
+static int flatten(struct CUgraphExec_st *x, struct CUgraph_st *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        struct CUgraphNode_st *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+            fg_knode *k = realloc(x->nodes, sizeof *k * (size_t)(x->n + 1));
+            if (!k)
+                return -1;
+            x->nodes = k;
+            x->nodes[x->n++] = n->k;
+        } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            fg_gmem *m = realloc(x->mem, sizeof *m * (size_t)(x->nmem + 1));
+            if (!m)
+                return -1;
+            x->mem = m;
+            x->mem[x->nmem++] = (fg_gmem){n->dptr, n->size, n->dev, 0};
+        } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            for (int j = x->nmem - 1; j >= 0; j--)
+                if (x->mem[j].dptr == n->dptr && !x->mem[j].freed_in_graph) {
+                    x->mem[j].freed_in_graph = 1;
+                    break;
+                }
+        } else if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && n->child && flatten(x, n->child) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int cmp_gmem(const void *a, const void *b)
+{
+    const fg_gmem *x = a, *y = b;
+    return x->dev != y->dev ? x->dev - y->dev : (x->dptr > y->dptr) - (x->dptr < y->dptr);
+}
+
+/* What the graph maps per device: the 2 MiB pages its allocations' address ranges touch. */
+static void footprint(struct CUgraphExec_st *x)
+{
+    fg_gmem *m = malloc(sizeof *m * (size_t)(x->nmem ? x->nmem : 1));
+    if (!m)
+        return;
+    memcpy(m, x->mem, sizeof *m * (size_t)x->nmem);
+    qsort(m, (size_t)x->nmem, sizeof *m, cmp_gmem);
+    unsigned long long end = 0;
+    int dev = -1;
+    for (int i = 0; i < x->nmem; i++) {
+        unsigned long long lo = m[i].dptr / FG_LARGE_ALIGN * FG_LARGE_ALIGN, hi = gmem_round(m[i].dptr + m[i].size);
+        if (m[i].dev != dev)
+            end = 0;
+        dev = m[i].dev;
+        if (lo < end)
+            lo = end;
+        if (hi > lo)
+            x->foot[dev] += hi - lo;
+        if (hi > end)
+            end = hi;
+    }
+    free(m);
+}
+
+static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload);
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    return instantiate(e, g, flags, NULL);
+}
+
+/* The pre-11.4 signature: still exported (cuGraphInstantiate, _v2), reached by name. */
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    (void)err;
+    if (log && n)
+        log[0] = 0;
+    return instantiate(e, g, 0, NULL);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    return cuGraphInstantiate(e, g, err, log, n);
+}
+
+static CUresult with_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = instantiate(e, g, p->flags, p->hUploadStream);
+    p->hErrNode_out = NULL;
+    p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return r;
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return with_params(e, g, p);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return with_params(e, g, p);
+}
+
+/* Map the executable graph's pages in the graph pools (once, until a trim unmaps it). */
+static CUresult graph_map(struct CUgraphExec_st *x)
+{
+    pthread_mutex_lock(&g_mu);
+    if (x->mapped) {
+        pthread_mutex_unlock(&g_mu);
+        return CUDA_SUCCESS;
+    }
+    int done = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (; done < g_nvis && r == CUDA_SUCCESS; done++) {
+        unsigned long long need = x->foot[done], have = g_gpool[done].reserved - g_gpool[done].used;
+        if (need > have && (r = charge(done, (long long)(need - have), 0)) == CUDA_SUCCESS)
+            g_gpool[done].reserved += need - have;
+        if (r == CUDA_SUCCESS)
+            g_gpool[done].used += need;
+    }
+    if (r != CUDA_SUCCESS) /* what was mapped on the devices before stays reserved (a trim frees it) */
+        for (int d = 0; d < done - 1; d++)
+            g_gpool[d].used -= x->foot[d];
+    for (int d = 0; r == CUDA_SUCCESS && d < g_nvis; d++) {
+        if (g_gpool[d].used > g_gpool[d].used_high)
+            g_gpool[d].used_high = g_gpool[d].used;
+        if (g_gpool[d].reserved > g_gpool[d].reserved_high)
+            g_gpool[d].reserved_high = g_gpool[d].reserved;
+    }
+    x->mapped = r == CUDA_SUCCESS;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload)
+{
+    NEED_INIT();
+    if (!e || !valid_graph(g))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    if (!x || flatten(x, g) != 0) {
+        if (x) {
+            free(x->nodes);
+            free(x->mem);
+        }
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (x->nmem && g->has_exec) { /* one executable graph at a time for a graph with memory nodes */
+        free(x->nodes);
+        free(x->mem);
+        free(x);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     x->magic = M_EXEC;
-    x->n = g->n;
-    x->nodes = malloc(sizeof *x->nodes * (size_t)(g->n ? g->n : 1));
-    memcpy(x->nodes, g->nodes, sizeof *x->nodes * (size_t)g->n);
+    x->flags = flags;
+    x->graph = g;
+    footprint(x);
+    if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) && graph_map(x) != CUDA_SUCCESS) {
+        (void)upload;
+        free(x->nodes);
+        free(x->mem);
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (x->nmem)
+        g->has_exec = 1;
+    x->next = g_execs;
+    g_execs = x;
+    pthread_mutex_unlock(&g_mu);
     *e = x;
     return CUDA_SUCCESS;
 }
+
+static CUresult graph_upload(CUgraphExec e, CUstream s, int pt)
+{
+    NEED_CTX(c);
+    if (!e || e->magic != M_EXEC || !stream_of(s, pt))
+        return CUDA_ERROR_INVALID_VALUE;
+    return graph_map(e);
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) { return graph_upload(e, s, 0); }
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec e, CUstream s) { return graph_upload(e, s, 1); }
 
 static CUresult graph_launch(CUgraphExec e, CUstream s, int pt)
 {
@@ -1956,32 +2390,227 @@ static CUresult graph_launch(CUgraphExec e, CUstream s, int pt)
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (e->live) { /* allocations of the last launch still out */
+        if (!(e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH))
+            return CUDA_ERROR_INVALID_VALUE;
+        for (int i = 0; i < e->nmem; i++)
+            if (!e->mem[i].freed_in_graph)
+                free_dev(e->mem[i].dptr, 1);
+    }
+    CUresult r = graph_map(e);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < e->nmem; i++)
+        if (!e->mem[i].freed_in_graph) {
+            ptrmap_put(&g_allocs, e->mem[i].dptr,
+                       (ptrmap_val){.size = e->mem[i].size, .aux = (uint64_t)(uintptr_t)e, .dev = e->mem[i].dev,
+                                    .kind = K_GRAPH});
+            e->live++;
+        }
+    pthread_mutex_unlock(&g_mu);
     return e->n ? run_kernels(st, e->nodes, e->n) : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s, 0); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s, 1); }
 
+/* An executable graph's pages go back to the pool (still reserved); its live allocations stay
+ * valid (freed with cuMemFree[Async], which finds no graph then). */
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     NEED_INIT();
     if (!e || e->magic != M_EXEC)
         return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUgraphExec_st **p = &g_execs; *p; p = &(*p)->next)
+        if (*p == e) {
+            *p = e->next;
+            break;
+        }
+    if (e->mapped)
+        for (int d = 0; d < g_nvis; d++)
+            g_gpool[d].used -= e->foot[d];
+    for (int i = 0; i < e->nmem; i++) {
+        ptrmap_val *v = ptrmap_get(&g_allocs, e->mem[i].dptr);
+        if (v && v->kind == K_GRAPH && v->aux == (uint64_t)(uintptr_t)e)
+            v->aux = 0;
+    }
+    if (e->nmem && e->graph && e->graph->magic == M_GRAPH)
+        e->graph->has_exec = 0;
+    pthread_mutex_unlock(&g_mu);
     e->magic = 0;
     free(e->nodes);
+    free(e->mem);
     free(e);
     return CUDA_SUCCESS;
+}
+
+static void graph_free(struct CUgraph_st *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        if (g->nodes[i]->child)
+            graph_free(g->nodes[i]->child);
+        g->nodes[i]->magic = 0;
+        free(g->nodes[i]);
+    }
+    g->magic = 0;
+    free(g->nodes);
+    free(g);
 }
 
 EXPORT CUresult cuGraphDestroy(CUgraph g)
 {
     NEED_INIT();
-    if (!g || g->magic != M_GRAPH)
+    if (!valid_graph(g))
         return CUDA_ERROR_INVALID_VALUE;
-    g->magic = 0;
-    free(g->nodes);
-    free(g);
+    pthread_mutex_lock(&g_mu);
+    for (struct CUgraphExec_st *x = g_execs; x; x = x->next)
+        if (x->graph == g)
+            x->graph = NULL;
+    pthread_mutex_unlock(&g_mu);
+    graph_free(g);
     return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUgraphExec_st *x = g_execs; x; x = x->next)
+        if (x->mapped && !x->live && x->foot[dev]) { /* idle: its pages can go */
+            g_gpool[dev].used -= x->foot[dev];
+            x->mapped = 0;
+        }
+    unsigned long long rel = g_gpool[dev].reserved - g_gpool[dev].used;
+    g_gpool[dev].reserved -= rel;
+    pthread_mutex_unlock(&g_mu);
+    if (rel)
+        charge(dev, -(long long)rel, 0);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    cuuint64_t *v = value;
+    pthread_mutex_lock(&g_mu);
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *v = g_gpool[dev].used; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *v = g_gpool[dev].used_high; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *v = g_gpool[dev].reserved; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *v = g_gpool[dev].reserved_high; break;
+    default: pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    NEED_INIT();
+    if (!valid_dev(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (!value || *(cuuint64_t *)value) /* a high watermark can only be reset to zero */
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+        g_gpool[dev].used_high = g_gpool[dev].used;
+    else if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+        g_gpool[dev].reserved_high = g_gpool[dev].reserved;
+    pthread_mutex_unlock(&g_mu);
+    return attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH || attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH ? CUDA_SUCCESS
+                                                                                                : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Stream capture (created streams only): kernels, stream-ordered allocations and their frees on
+ * a capturing stream become nodes of its graph, one after the other; nothing runs or allocates. */
+static CUresult begin_capture(CUstream s, int pt)
+{
+    NEED_CTX(c);
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (st == &g_null_stream[c->dev] || st == &t_pt_stream[c->dev])
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (st->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    CUgraph g;
+    CUresult r = cuGraphCreate(&g, 0);
+    if (r == CUDA_SUCCESS) {
+        st->capture = g;
+        st->capture_last = NULL;
+    }
+    return r;
+}
+
+EXPORT CUresult cuStreamBeginCapture(CUstream s) { return begin_capture(s, 0); }
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, 1); }
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    return begin_capture(s, 0);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    return begin_capture(s, 1);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *g, int pt)
+{
+    NEED_INIT();
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!st->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    *g = st->capture;
+    st->capture = NULL;
+    st->capture_last = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end_capture(s, g, 0); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end_capture(s, g, 1); }
+
+static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *out, int pt)
+{
+    NEED_INIT();
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 0); }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 1); }
+
+static CUresult capture_alloc(struct CUstream_st *st, CUdeviceptr *dptr, size_t size, int dev)
+{
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev}};
+    CUgraphNode node, last = st->capture_last;
+    CUresult r = add_alloc_node(&node, st->capture, last ? &last : NULL, last ? 1 : 0, &props, size, dptr);
+    if (r == CUDA_SUCCESS)
+        st->capture_last = node;
+    return r;
+}
+
+static CUresult capture_free(struct CUstream_st *st, CUdeviceptr dptr)
+{
+    CUgraphNode node, last = st->capture_last;
+    CUresult r = cuGraphAddMemFreeNode(&node, st->capture, last ? &last : NULL, last ? 1 : 0, dptr);
+    if (r == CUDA_SUCCESS)
+        st->capture_last = node;
+    return r;
 }
 
 /* ---- cuGetProcAddress ---- */
@@ -2073,9 +2702,28 @@ static const proc_entry g_procs[] = {
     E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2), E("cuEventDestroy", 4000, cuEventDestroy_v2),
     E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphAddKernelNode", 10000, cuGraphAddKernelNode),
     E("cuGraphAddKernelNode", 12000, cuGraphAddKernelNode_v2),
+    E("cuGraphInstantiate", 10000, cuGraphInstantiate), E("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
+    E("cuGraphUpload", 11010, cuGraphUpload), PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
     E("cuGraphLaunch", 10000, cuGraphLaunch), PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy), E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode), E("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    E("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    E("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
+    E("cuGraphAddNode", 12020, cuGraphAddNode), E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    E("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes), E("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    E("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute),
+    E("cuStreamBeginCapture", 10000, cuStreamBeginCapture), PT("cuStreamBeginCapture", 10000, cuStreamBeginCapture_ptsz),
+    E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    E("cuStreamEndCapture", 10000, cuStreamEndCapture), PT("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
+    E("cuStreamIsCapturing", 10000, cuStreamIsCapturing), PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
     E("cuGetProcAddress", 11030, cuGetProcAddress), E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
 };
 

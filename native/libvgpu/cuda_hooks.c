@@ -77,13 +77,24 @@ int vgpu_refused;
     X(cuLaunchGrid, "cuLaunchGrid", 2000, 0)                                                       \
     X(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0)                                             \
     X(cuGraphLaunch, "cuGraphLaunch", 10000, 0)                                                    \
-    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                                               \
+    X(cuGraphInstantiate, "cuGraphInstantiate", 10000, 0)                                          \
+    X(cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, 0)                                       \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, 0)                        \
+    X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, 0)                      \
+    X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, 1)                 \
+    X(cuGraphUpload, "cuGraphUpload", 11010, 0)                                                    \
+    X(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1)                                               \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0)                                          \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0)
 
 /* Real functions used internally without being hooked. */
 #define CUDA_PLAIN(X)                                                                              \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
-    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute)
+    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute) X(cuGraphGetNodes)          \
+    X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
+    X(cuDeviceGetGraphMemAttribute)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -128,6 +139,8 @@ static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
 /* a pool's settle (the driver's figures read, then applied) as one: an older reading applied
  * after a newer one left the wrong charge until the pool's next call */
 static pthread_mutex_t g_settle_mu = PTHREAD_MUTEX_INITIALIZER;
+/* CUDA graph memory: orders its maps, trims and settles (graph_map) */
+static pthread_mutex_t g_graph_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -203,6 +216,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_mu, NULL);
     pthread_mutex_init(&g_limit_mu, NULL); /* a thread of the parent may have held it */
     pthread_mutex_init(&g_settle_mu, NULL);
+    pthread_mutex_init(&g_graph_mu, NULL);
     free(g_limits.slots);
     memset(&g_limits, 0, sizeof g_limits);
     free(g_ptrs.slots);
@@ -1195,7 +1209,7 @@ static void pool_note(CUmemoryPool pool, int where)
  * not read from the driver (its figure may lag a stream-ordered free). An allocation from the
  * pool first moves up to its size from the cache's charge to its own, without the ledger moving
  * (so no other thread takes that room meanwhile): a full container can reuse what its pool
- * keeps. Allocations made while a stream is captured come from the graph's pool, not this one.
+ * keeps. Allocations made while a stream is captured come from the graph's pool (graph_map).
  * The threshold is remembered once read or set, so with the default threshold the hot path makes
  * no driver call of its own, and nothing is charged beyond the live allocations.
  *
@@ -1337,27 +1351,33 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
     return r;
 }
 
+/* Whether `s` is capturing (cuStreamBeginCapture): a stream-ordered allocation there allocates
+ * nothing; it records an allocation node, whose memory the graph pool maps when the graph runs
+ * (charged then: graph_map). */
+static int capturing(CUstream s, int pt)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (pt && s == NULL)
+        s = CU_STREAM_PER_THREAD;
+    return p_cuStreamIsCapturing && p_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
+           st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Stream-ordered allocations are charged per allocation, at the requested size, on the device
- * of the pool they come from (-1 = the current context's: cuMemAllocAsync). */
-static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s,
+ * of the pool they come from (-1 = the current context's: cuMemAllocAsync). Captured ones are
+ * not: charged at capture, a captured allocation freed in the same capture gave its charge back
+ * before the graph ever ran, and every launch then held that memory uncharged. */
+static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s, int pt,
                               CUresult (*call)(void *), void *arg)
 {
     if (where == POOL_HOST)
         return call(arg);
     int reg = where >= 0 ? where : vgpu_current_dev();
-    if (reg < 0 || !dptr || !size)
+    if (reg < 0 || !dptr || !size || capturing(s, pt))
         return call(arg);
     uint64_t bytes = round_alloc(size);
     int keeps = 0;
     uint64_t moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
-    CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (keeps && p_cuStreamIsCapturing && p_cuStreamIsCapturing(s, &capturing) == CUDA_SUCCESS &&
-        capturing != CU_STREAM_CAPTURE_STATUS_NONE) {
-        if (moved) /* captured: the graph's own pool serves it when the graph runs, not this one */
-            pool_untake(pool, moved, reg);
-        moved = 0;
-        pool = NULL;
-    }
     CUresult r = CHARGED_CALL(reg, bytes - moved, call(arg));
     if (r != CUDA_SUCCESS && moved)
         pool_untake(pool, moved, reg);
@@ -1462,7 +1482,7 @@ static CUresult alloc_async(CUdeviceptr *d, size_t n, CUstream s, int pt)
     async_args a = {d, n, NULL, s, pt};
     CUmemoryPool pool = current_pool(cuda_dev);
     pool_note(pool, cuda_dev);
-    return async_charged(d, n, where, pool, s, do_async, &a);
+    return async_charged(d, n, where, pool, s, pt, do_async, &a);
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s)
@@ -1481,14 +1501,14 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p
 {
     READY_OR(r_cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 0};
-    return async_charged(d, n, pool_dev(p), p, s, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, s, 0, do_pool, &a);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
 {
     READY_OR(r_cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     async_args a = {d, n, p, s, 1};
-    return async_charged(d, n, pool_dev(p), p, s, do_pool, &a);
+    return async_charged(d, n, pool_dev(p), p, s, 1, do_pool, &a);
 }
 
 /* Region device a pool's cache is charged on: its location, else the current context's. */
@@ -1608,6 +1628,380 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
+/* ---- CUDA graph memory (cuGraphAddMemAllocNode, cuGraphAddNode, stream capture) ----
+ * A graph's allocation nodes take no memory when they are added: each gets a fixed address, and
+ * the device's graph memory pool maps pages behind those addresses when the executable graph is
+ * uploaded or first launched (or instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD). The graph
+ * keeps them between launches, and the pool keeps what graphs gave back until
+ * cuDeviceGraphMemTrim. None of it passes an allocation hook, so:
+ *  - at instantiation the graph's nodes (child graphs too) are walked once for their allocation
+ *    nodes: the graph's footprint on a device is the 2 MiB pages their address ranges touch (the
+ *    driver gives allocations whose lifetimes do not overlap the same addresses, so this is their
+ *    peak, not their sum). A graph whose footprint alone is over the limit is refused there with
+ *    CUDA_ERROR_OUT_OF_MEMORY;
+ *  - an upload or launch that maps the graph (its first, or its first since a trim) reserves its
+ *    footprint, less what the pool holds unused (reserved - used, the driver's figures), under the
+ *    limit before the driver is called (CUDA_ERROR_OUT_OF_MEMORY, nothing run, when it does not
+ *    fit); then the pool's reservation (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) is charged as the
+ *    driver reports it, the reservation turned into that charge without the ledger moving;
+ *  - a trim and the destruction of an executable graph settle that charge again.
+ * Launches of graphs without allocation nodes (all of them, in most programs) pay one load of a
+ * counter; a graph already mapped, a lookup. */
+#define GRAPH_PAGE (2ULL << 20)
+
+typedef struct {
+    uint64_t foot[VGPU_MAX_DEV];   /* per CUDA ordinal */
+    unsigned mapped[VGPU_MAX_DEV]; /* trim epoch + 1 when mapped in it; 0: not mapped */
+} graph_mem;
+
+static ptrmap g_gexecs;  /* executable graph with allocation nodes -> its graph_mem (aux), under g_graph_mu */
+static int g_gexec_n;    /* how many there are (0: the launch hooks skip all of this) */
+static unsigned g_trim_epoch[VGPU_MAX_DEV];     /* cuDeviceGraphMemTrim calls per CUDA ordinal */
+static uint64_t g_graph_charged[VGPU_MAX_DEV];  /* the graph pool's reservation charged, per CUDA ordinal */
+
+typedef struct {
+    uint64_t lo, hi;
+    int dev;
+} graph_range;
+
+typedef struct {
+    graph_range *r;
+    size_t n, cap;
+} graph_ranges;
+
+/* Collect the address ranges (widened to whole pages) of `g`'s allocation nodes. */
+static void graph_collect(CUgraph g, graph_ranges *out, int depth)
+{
+    size_t n = 0;
+    if (depth > 32 || !p_cuGraphGetNodes || !p_cuGraphNodeGetType || p_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS ||
+        !n)
+        return;
+    CUgraphNode *nodes = malloc(n * sizeof *nodes);
+    if (!nodes || p_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
+        n = 0;
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNodeType type;
+        if (p_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
+            continue;
+        if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && p_cuGraphMemAllocNodeGetParams) {
+            CUDA_MEM_ALLOC_NODE_PARAMS prm;
+            memset(&prm, 0, sizeof prm);
+            if (p_cuGraphMemAllocNodeGetParams(nodes[i], &prm) != CUDA_SUCCESS || !prm.bytesize ||
+                prm.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+                continue;
+            if (out->n == out->cap) {
+                size_t ncap = out->cap ? out->cap * 2 : 16;
+                graph_range *nr = realloc(out->r, ncap * sizeof *nr);
+                if (!nr)
+                    continue;
+                out->r = nr;
+                out->cap = ncap;
+            }
+            uint64_t lo = prm.dptr / GRAPH_PAGE * GRAPH_PAGE;
+            uint64_t hi = round_to(add_sat(prm.dptr, prm.bytesize), GRAPH_PAGE);
+            out->r[out->n++] = (graph_range){lo, hi, prm.poolProps.location.id};
+        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && p_cuGraphChildGraphNodeGetGraph) {
+            CUgraph child = NULL; /* moved into this one: the only way a child holds memory nodes */
+            if (p_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS && child)
+                graph_collect(child, out, depth + 1);
+        }
+    }
+    free(nodes);
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+    const graph_range *x = a, *y = b;
+    if (x->dev != y->dev)
+        return x->dev < y->dev ? -1 : 1;
+    return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* `g`'s footprint per CUDA device: the union of its allocations' pages. Returns whether it has any. */
+static int graph_footprint(CUgraph g, graph_mem *m)
+{
+    memset(m, 0, sizeof *m);
+    graph_ranges rs = {0};
+    if (g)
+        graph_collect(g, &rs, 0);
+    qsort(rs.r, rs.n, sizeof *rs.r, range_cmp);
+    int any = 0, dev = -1;
+    uint64_t end = 0;
+    for (size_t i = 0; i < rs.n; i++) {
+        graph_range *x = &rs.r[i];
+        if (x->dev < 0 || x->dev >= VGPU_MAX_DEV)
+            continue;
+        if (x->dev != dev)
+            end = 0;
+        dev = x->dev;
+        uint64_t lo = x->lo > end ? x->lo : end;
+        if (x->hi > lo) {
+            m->foot[dev] = add_sat(m->foot[dev], x->hi - lo);
+            any = 1;
+        }
+        if (x->hi > end)
+            end = x->hi;
+    }
+    free(rs.r);
+    return any;
+}
+
+/* Charge CUDA device `d`'s graph pool as the driver reserves it now; `held` bytes reserved for
+ * this on its region device turn into that charge (g_graph_mu held). */
+static void graph_settle(int d, uint64_t held)
+{
+    int reg = vgpu_cuda_dev(d);
+    cuuint64_t now = 0;
+    if (reg < 0)
+        return;
+    if (!p_cuDeviceGetGraphMemAttribute ||
+        p_cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS) {
+        g_graph_charged[d] = add_sat(g_graph_charged[d], held); /* unknown: what was reserved stays */
+        return;
+    }
+    uint64_t was = add_sat(g_graph_charged[d], held); /* on the ledger now */
+    if (now > was)
+        vgpu_charge(reg, now - was, VGPU_MEM_DATA); /* the driver holds it: no check */
+    else if (now < was)
+        vgpu_release(reg, was - now, VGPU_MEM_DATA);
+    g_graph_charged[d] = now;
+}
+
+/* Run `call` (an upload, launch, or instantiation that uploads) that maps the graph of `m` where
+ * it is not mapped, under the limit; marks it mapped. g_graph_mu held. */
+static CUresult graph_map(graph_mem *m, CUresult (*call)(void *), void *arg)
+{
+    uint64_t held[VGPU_MAX_DEV] = {0};
+    int touched[VGPU_MAX_DEV] = {0};
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        int reg = m->foot[d] && m->mapped[d] != g_trim_epoch[d] + 1 ? vgpu_cuda_dev(d) : -1;
+        if (reg < 0)
+            continue;
+        cuuint64_t reserved = 0, used = 0;
+        if (p_cuDeviceGetGraphMemAttribute &&
+            (p_cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS ||
+             p_cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS))
+            reserved = used = 0;
+        uint64_t spare = reserved > used ? reserved - used : 0; /* the pool's pages no graph holds */
+        uint64_t need = m->foot[d] > spare ? m->foot[d] - spare : 0;
+        if (need && vgpu_reserve(reg, need, VGPU_MEM_DATA) != 0) {
+            for (int e = 0; e < d; e++)
+                if (held[e])
+                    vgpu_release(vgpu_cuda_dev(e), held[e], VGPU_MEM_DATA);
+            LOG_WARN("CUDA graph refused: its allocation nodes need %llu more bytes of device memory on device %d, "
+                     "over the limit", (unsigned long long)need, reg);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        held[d] = need;
+        touched[d] = 1;
+    }
+    CUresult r = call(arg);
+    for (int d = 0; d < VGPU_MAX_DEV; d++)
+        if (touched[d]) {
+            graph_settle(d, held[d]);
+            if (r == CUDA_SUCCESS)
+                m->mapped[d] = g_trim_epoch[d] + 1;
+        }
+    return r;
+}
+
+/* An upload or launch of `exec`: through graph_map when it has allocation nodes not mapped now. */
+static CUresult graph_run(CUgraphExec exec, CUresult (*call)(void *), void *arg)
+{
+    pthread_mutex_lock(&g_graph_mu);
+    ptrmap_val *v = ptrmap_get(&g_gexecs, (uint64_t)(uintptr_t)exec);
+    graph_mem *m = v ? (graph_mem *)(uintptr_t)v->aux : NULL;
+    int mapped = 1;
+    for (int d = 0; m && d < VGPU_MAX_DEV; d++)
+        if (m->foot[d] && m->mapped[d] != g_trim_epoch[d] + 1)
+            mapped = 0;
+    if (mapped) { /* nothing to map: other launches need not wait for this one */
+        pthread_mutex_unlock(&g_graph_mu);
+        return call(arg);
+    }
+    CUresult r = graph_map(m, call, arg);
+    pthread_mutex_unlock(&g_graph_mu);
+    return r;
+}
+
+/* Instantiate `g` through `call`: refused when its footprint alone is over a device's limit;
+ * mapped under the limit when the instantiation uploads it; remembered for its launches. */
+static CUresult graph_instantiate(CUgraphExec *exec, CUgraph g, int upload, CUresult (*call)(void *), void *arg)
+{
+    graph_mem m;
+    if (!exec)
+        return call(arg);
+    if (!graph_footprint(g, &m)) {
+        CUresult r = call(arg);
+        if (r == CUDA_SUCCESS && *exec && __atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)) {
+            ptrmap_val old; /* a handle of an executable graph gone with its context, given out again */
+            pthread_mutex_lock(&g_graph_mu);
+            if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)*exec, &old)) {
+                free((void *)(uintptr_t)old.aux);
+                __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+            }
+            pthread_mutex_unlock(&g_graph_mu);
+        }
+        return r;
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        int reg = m.foot[d] ? vgpu_cuda_dev(d) : -1;
+        if (reg >= 0 && vgpu_reg->limit[reg] && m.foot[d] > vgpu_reg->limit[reg]) {
+            LOG_WARN("CUDA graph refused: its allocation nodes need %llu bytes of device memory on device %d, over "
+                     "its limit of %llu", (unsigned long long)m.foot[d], reg, (unsigned long long)vgpu_reg->limit[reg]);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_lock(&g_graph_mu);
+    CUresult r = upload ? graph_map(&m, call, arg) : call(arg);
+    graph_mem *keep = r == CUDA_SUCCESS && *exec ? malloc(sizeof *keep) : NULL;
+    if (keep) {
+        *keep = m;
+        ptrmap_val old;
+        if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)*exec, &old)) { /* a handle the driver reused */
+            free((void *)(uintptr_t)old.aux);
+            __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+        }
+        if (ptrmap_put(&g_gexecs, (uint64_t)(uintptr_t)*exec, (ptrmap_val){.aux = (uint64_t)(uintptr_t)keep}) == 0)
+            __atomic_fetch_add(&g_gexec_n, 1, __ATOMIC_RELAXED);
+        else
+            free(keep);
+    }
+    pthread_mutex_unlock(&g_graph_mu);
+    return r;
+}
+
+typedef struct {
+    CUgraphExec *exec;
+    CUgraph g;
+    int version; /* 1: cuGraphInstantiate, 2: _v2, 3: WithFlags, 4: WithParams, 5: its _ptsz */
+    CUgraphNode *err;
+    char *log;
+    size_t len;
+    unsigned long long flags;
+    CUDA_GRAPH_INSTANTIATE_PARAMS *params;
+} inst_args;
+
+static CUresult do_instantiate(void *a)
+{
+    inst_args *x = a;
+    switch (x->version) {
+    case 1: return r_cuGraphInstantiate(x->exec, x->g, x->err, x->log, x->len);
+    case 2: return r_cuGraphInstantiate_v2(x->exec, x->g, x->err, x->log, x->len);
+    case 3: return r_cuGraphInstantiateWithFlags(x->exec, x->g, x->flags);
+    case 4: return r_cuGraphInstantiateWithParams(x->exec, x->g, x->params);
+    default: return r_cuGraphInstantiateWithParams_ptsz(x->exec, x->g, x->params);
+    }
+}
+
+/* The pre-11.4 signature (error node and log): still exported, reached by name or through
+ * cuGetProcAddress below 12000. */
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph g, CUgraphNode *err, char *log, size_t len)
+{
+    READY_OR(r_cuGraphInstantiate, CUDA_ERROR_NOT_INITIALIZED);
+    inst_args a = {exec, g, 1, err, log, len, 0, NULL};
+    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph g, CUgraphNode *err, char *log, size_t len)
+{
+    READY_OR(r_cuGraphInstantiate_v2, CUDA_ERROR_NOT_INITIALIZED);
+    inst_args a = {exec, g, 2, err, log, len, 0, NULL};
+    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags)
+{
+    READY_OR(r_cuGraphInstantiateWithFlags, CUDA_ERROR_NOT_INITIALIZED);
+    inst_args a = {exec, g, 3, NULL, NULL, 0, flags, NULL};
+    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    READY_OR(r_cuGraphInstantiateWithParams, CUDA_ERROR_NOT_INITIALIZED);
+    inst_args a = {exec, g, 4, NULL, NULL, 0, 0, p};
+    return graph_instantiate(exec, g, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), do_instantiate, &a);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    READY_OR(r_cuGraphInstantiateWithParams_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    inst_args a = {exec, g, 5, NULL, NULL, 0, 0, p};
+    return graph_instantiate(exec, g, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), do_instantiate, &a);
+}
+
+typedef struct {
+    CUgraphExec exec;
+    CUstream s;
+    int op; /* 0 launch, 1 launch_ptsz, 2 upload, 3 upload_ptsz */
+} run_args;
+
+static CUresult do_graph(void *a)
+{
+    run_args *x = a;
+    switch (x->op) {
+    case 0: return r_cuGraphLaunch(x->exec, x->s);
+    case 1: return r_cuGraphLaunch_ptsz(x->exec, x->s);
+    case 2: return r_cuGraphUpload(x->exec, x->s);
+    default: return r_cuGraphUpload_ptsz(x->exec, x->s);
+    }
+}
+
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream s)
+{
+    READY_OR(r_cuGraphUpload, CUDA_ERROR_NOT_INITIALIZED);
+    if (LIKELY(!__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)))
+        return r_cuGraphUpload(exec, s);
+    run_args a = {exec, s, 2};
+    return graph_run(exec, do_graph, &a);
+}
+
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream s)
+{
+    READY_OR(r_cuGraphUpload_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    if (LIKELY(!__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)))
+        return r_cuGraphUpload_ptsz(exec, s);
+    run_args a = {exec, s, 3};
+    return graph_run(exec, do_graph, &a);
+}
+
+/* Its pages go back to the pool (still reserved, still charged until a trim). */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
+{
+    READY_OR(r_cuGraphExecDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = r_cuGraphExecDestroy(exec);
+    if (r != CUDA_SUCCESS || !__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))
+        return r;
+    pthread_mutex_lock(&g_graph_mu);
+    ptrmap_val v;
+    if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)exec, &v)) {
+        graph_mem *m = (graph_mem *)(uintptr_t)v.aux;
+        __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+        for (int d = 0; d < VGPU_MAX_DEV; d++)
+            if (m->foot[d])
+                graph_settle(d, 0);
+        free(m);
+    }
+    pthread_mutex_unlock(&g_graph_mu);
+    return r;
+}
+
+/* The pool gives back what no graph holds; graphs idle then are unmapped too, so each one's next
+ * upload or launch is checked again (a new epoch). */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    READY_OR(r_cuDeviceGraphMemTrim, CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_graph_mu);
+    CUresult r = r_cuDeviceGraphMemTrim(dev);
+    if (r == CUDA_SUCCESS && dev >= 0 && dev < VGPU_MAX_DEV) {
+        g_trim_epoch[dev]++;
+        graph_settle(dev, 0);
+    }
+    pthread_mutex_unlock(&g_graph_mu);
+    return r;
+}
+
 /* ---- launches: the fast path. No lock, no syscall; the compute-share gate is a single
  * predictable branch while no limiter is installed. ---- */
 
@@ -1697,10 +2091,15 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int gw, int gh, CUstream s)
     return r_cuLaunchGridAsync(f, gw, gh, s);
 }
 
+/* A graph with allocation nodes maps its memory at its first launch (graph_run). */
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
     READY_OR(r_cuGraphLaunch, CUDA_ERROR_NOT_INITIALIZED);
     GATE(VGPU_LAUNCH_GRAPH, 0, 0, 0, s, 0);
+    if (UNLIKELY(__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))) {
+        run_args a = {g, s, 0};
+        return graph_run(g, do_graph, &a);
+    }
     return r_cuGraphLaunch(g, s);
 }
 
@@ -1708,6 +2107,10 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
     READY_OR(r_cuGraphLaunch_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     GATE(VGPU_LAUNCH_GRAPH, 0, 0, 0, s, 1);
+    if (UNLIKELY(__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))) {
+        run_args a = {g, s, 1};
+        return graph_run(g, do_graph, &a);
+    }
     return r_cuGraphLaunch_ptsz(g, s);
 }
 
@@ -1721,6 +2124,9 @@ static void *to_hook(const char *sym, void *fn, int version, cuuint64_t flags)
     for (int i = 0; i < vgpu_nhooks; i++)
         if (vgpu_hooks[i].name[0] == 'c' && *vgpu_hooks[i].real == fn)
             return vgpu_hooks[i].hook;
+    /* from 12.0 "cuGraphInstantiate" is the three-argument one (cuda.h's alias), not _v2 */
+    if (!strcmp(sym, "cuGraphInstantiate") && version >= 12000)
+        sym = "cuGraphInstantiateWithFlags";
     int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, has_pt = 0;
     for (int i = 0; i < vgpu_nhooks; i++)
         if (!strcmp(vgpu_hooks[i].base, sym) && vgpu_hooks[i].per_thread && *vgpu_hooks[i].real)
