@@ -448,3 +448,15 @@ def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
     registry.register(MonitorCollector("node-1", cdir, pods=lambda: pods, host=lambda: []))
     text = generate_latest(registry).decode()
     assert f'device_uuid="MIG-{mig}"' in text and f"GPU-{mig}" not in text  # exported as its grant names it
+
+
+def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_gpu_container():
+    """HAMi's releases before init containers were counted wrote one entry per regular container;
+    read in today's order the grant went to the init container, and the GPU container's region was
+    neither exported nor fed back (the ledger and the device plugin read it past them)."""
+    containers = [NS(name="istio-init", resources=None), NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}))]
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,30:;"}
+    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (ContainerGrant("main", ("GPU-1",), 1),)
+    # today's layout, the init container's own entry first, is read as it is
+    today = {"hami.io/vgpu-devices-allocated": ";GPU-1,NVIDIA,1000,30:;"}
+    assert container_grants(today, containers, "nvidia.com/priority", 1) == (ContainerGrant("main", ("GPU-1",), 1),)

@@ -4,10 +4,12 @@ the container's own region."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
+from hami.core.ledger import init_offset
 from hami.core.names import DEFAULT_PRIORITY, VGPU_MIG_ALLOCATIONS
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -15,6 +17,9 @@ from .exporter import ContainerGrant, MigDevice, PodRef
 
 MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
 ALLOCATED = NvidiaVendor.allocated_annotation
+_R = NvidiaVendor().resources
+#: what a container asks NVIDIA GPUs with (the chart's default names)
+_NVIDIA_NAMES = frozenset(n for n in (_R.count, _R.memory, _R.memory_percentage, _R.cores) if n)
 #: the device plugin's default priority resource (device-config ``resourcePriorityName``)
 PRIORITY_RESOURCE = "nvidia.com/priority"
 #: phases of a pod that will never run again (a Job's pod stays in the API after it, until its
@@ -58,19 +63,44 @@ def _priority(container: Any, resource: str) -> int:
         return DEFAULT_PRIORITY  # the device plugin would hand libvgpu a value atoi reads oddly; trust none
 
 
+def _asks(c: Any) -> dict:
+    """A V1Container's resources as :func:`hami.core.ledger.init_offset` reads a container."""
+    res = getattr(c, "resources", None)
+    return {
+        "resources": {
+            "limits": dict(getattr(res, "limits", None) or {}),
+            "requests": dict(getattr(res, "requests", None) or {}),
+        }
+    }
+
+
 def container_grants(
-    annotations: dict[str, str] | None, containers: Sequence[Any], priority_resource: str = PRIORITY_RESOURCE
+    annotations: dict[str, str] | None,
+    containers: Sequence[Any],
+    priority_resource: str = PRIORITY_RESOURCE,
+    inits: int = 0,
 ) -> tuple[ContainerGrant, ...]:
     """Each container's grant (``containers``: init containers, then regular, the annotation's
     order; kubernetes_asyncio V1Container objects): the NVIDIA devices of
     ``hami.io/vgpu-devices-allocated`` plus the MIG instances (GPU and MIG UUIDs) of the MIG
     annotation, and the container's ``priority_resource`` limit. Containers given nothing have no
-    grant; a malformed annotation gives none (the device plugin refused such a pod)."""
+    grant; a malformed annotation gives none (the device plugin refused such a pod). ``inits``:
+    how many of ``containers`` are init containers, to read an allocation HAMi wrote before it
+    counted them past them, as the scheduler's ledger and the device plugin do (its GPU container's
+    region was otherwise not exported, and the feedback loop skipped it)."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
+    if inits:
+        spec = {
+            "initContainers": [_asks(c) for c in containers[:inits]],
+            "containers": [_asks(c) for c in containers[inits:]],
+        }
+        shift = init_offset({"spec": spec}, per_container, _NVIDIA_NAMES)
+        per_container = ((),) * shift + per_container
+        mig = [replace(e, container=e.container + shift) for e in mig] if shift else mig
     out = []
     for i, c in enumerate(containers):
         uuids = [d.uuid for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
@@ -160,7 +190,9 @@ async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOU
                     meta.uid,
                     mig_devices(meta.annotations, names),
                     pod_claims(pod),
-                    container_grants(meta.annotations, containers, priority_resource),
+                    container_grants(
+                        meta.annotations, containers, priority_resource, len(spec.init_containers or []) if spec else 0
+                    ),
                     finished_init_containers(pod),
                 )
         token = page.metadata._continue if page.metadata else None
