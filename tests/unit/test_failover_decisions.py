@@ -13,12 +13,10 @@ import time
 from datetime import datetime, timezone
 
 from hami.kube import nodelock
-from hami.scheduler.events import EventRecorder
 from hami.scheduler.options import Options
-from hami.scheduler.server import SchedulerService
 
-from .test_scheduler_extender import FakeDecisionApi, args
-from .test_scheduler_state import node, pod
+from .test_scheduler_extender import _decision_setup, args
+from .test_scheduler_state import pod
 
 T0 = 1_000_000.0
 
@@ -45,18 +43,10 @@ class _Lease:
 def _led(*names: str, gpus: int = 1):
     """A service following kube-scheduler's Lease as replica ``hami-0``, two nodes of ``gpus``
     1000 MiB GPUs, pods ``names`` asking 600 MiB each; the clock is ``now[0]``."""
-    svc = SchedulerService(Options(leader_elect=True, identity="hami-0", decision_write="binding"), None)
+    svc, api = _decision_setup("binding", *names, gpus=gpus, leader_elect=True, identity="hami-0")
     now = [T0]
     svc.leader.kube = _Lease(_lease("hami-0_aaaa", now[0]))
     svc.leader.clock = lambda: now[0]
-    svc.state.node_handler.replace([node("n1", gpus=gpus), node("n2", gpus=gpus)])
-    pods_ = [pod(n, mem=600) for n in names]
-    for p in pods_:
-        svc.state.apply_pod("ADDED", p)
-    api = FakeDecisionApi(svc.state.nodes["n1"], pods_)
-    api.nodes["n2"] = svc.state.nodes["n2"]
-    svc.extender.kube = api
-    svc.extender.events = EventRecorder(object(), "hami-scheduler")
     return svc, api, now
 
 

@@ -13,12 +13,10 @@ import pytest
 
 from hami.kube.client import KubeError
 from hami.scheduler.extender import DecisionMissing
-from hami.scheduler.events import EventRecorder
-from hami.scheduler.options import Options
 from hami.scheduler.server import SchedulerService
 
-from .test_scheduler_extender import FakeDecisionApi, args
-from .test_scheduler_state import node, pod
+from .test_scheduler_extender import FakeDecisionApi, _decision_setup, args
+from .test_scheduler_state import pod
 
 
 class _Api(FakeDecisionApi):
@@ -37,16 +35,7 @@ class _Api(FakeDecisionApi):
 
 
 def _setup(*names: str) -> tuple[SchedulerService, _Api]:
-    svc = SchedulerService(Options(decision_write="filter"), None)
-    svc.state.node_handler.replace([node("n1", gpus=1), node("n2", gpus=1)])
-    pods_ = [pod(n, mem=600) for n in names]
-    for p in pods_:
-        svc.state.apply_pod("ADDED", p)
-    api = _Api(svc.state.nodes["n1"], pods_)
-    api.nodes["n2"] = svc.state.nodes["n2"]
-    svc.extender.kube = api
-    svc.extender.events = EventRecorder(object(), "hami-scheduler")
-    return svc, api
+    return _decision_setup("filter", *names, api_class=_Api)
 
 
 def _bind(name: str, node_name: str) -> dict:

@@ -818,13 +818,15 @@ class FakeDecisionApi(FakeNodeApi):
         return {"kind": "Status", "status": "Success"}
 
 
-def _decision_setup(mode, *names, gpus=1):
-    svc = SchedulerService(Options(decision_write=mode), None)
+def _decision_setup(mode, *names, gpus=1, api_class=None, **options):
+    """A service writing decisions by ``mode``, nodes n1 and n2 of ``gpus`` 1000 MiB GPUs, pods
+    ``names`` asking 600 MiB each, its API ``api_class`` (FakeDecisionApi) over them."""
+    svc = SchedulerService(Options(decision_write=mode, **options), None)
     svc.state.node_handler.replace([node("n1", gpus=gpus), node("n2", gpus=gpus)])
     pods_ = [pod(n, mem=600) for n in names]
     for p in pods_:
         svc.state.apply_pod("ADDED", p)
-    api = FakeDecisionApi(svc.state.nodes["n1"], pods_)
+    api = (api_class or FakeDecisionApi)(svc.state.nodes["n1"], pods_)
     api.nodes["n2"] = svc.state.nodes["n2"]
     svc.extender.kube = api
     svc.extender.events = EventRecorder(object(), "hami-scheduler")
