@@ -46,6 +46,7 @@ from .prepare import Paths
 
 log = logging.getLogger("hami.dra")
 EXIT_CONFIG, EXIT_NVML = 2, 3
+EXIT_PLUGIN_DIR = 4  # a kubelet plugin directory removed under the agent: restarted with fresh mounts
 DEFAULT_SWEEP = "5m"
 DEFAULT_SWEEP_GRACE = "1m"
 REPUBLISH_RETRY_S = 1.0  # the first retry of a failed ResourceSlice republish; doubled up to the next
@@ -406,7 +407,7 @@ async def _serve(
         await server.start()
         # a socket removed under the agent (a kubelet restart cleaning its directories) is served
         # again: the kubelet registers the plugin by its registration socket only
-        sockets = asyncio.create_task(server.watch())
+        sockets = asyncio.create_task(watch_sockets(server, stop))
         sweeper = (
             asyncio.create_task(sweep_loop(driver, kube, args.sweep_seconds, stop, args.sweep_grace_seconds))
             if args.sweep_seconds > 0
@@ -455,6 +456,22 @@ async def _serve(
                 await metrics_runner.cleanup()
     finally:
         await kube.close()
+    return sockets.result() if sockets.done() and not sockets.cancelled() else 0
+
+
+async def watch_sockets(server: Any, stop: asyncio.Event) -> int:
+    """The plugin server's watch of its sockets (:meth:`PluginServer.watch`) until cancelled. It
+    ends by itself only when a plugin directory was removed under the container's mount, where
+    nothing served reaches the kubelet any more: logged, ``stop`` set, and the exit status
+    :data:`EXIT_PLUGIN_DIR` returned (the kubelet restarts the container with fresh mounts)."""
+    from .plugin import PluginDirectoryGone
+
+    try:
+        await server.watch()
+    except PluginDirectoryGone as exc:
+        log.error("%s", exc)
+        stop.set()
+        return EXIT_PLUGIN_DIR
     return 0
 
 

@@ -392,7 +392,7 @@ class Driver:
         ]  # device position = result position: one checkpoint entry each
         allocations = [MigAllocation(0, i, m.gpu_uuid, m.profile, m.start, m.size) for i, m in wanted if m is not None]
         try:
-            made = await asyncio.to_thread(self.mig.prepare, PodRef(uid, namespace, name), allocations)
+            made = await _off_loop(self.mig.prepare, PodRef(uid, namespace, name), allocations)
         except MigError as exc:
             await self._destroy_mig(uid)  # what this claim got before the failure
             raise PrepareError(f"claim {namespace}/{name}: {exc}", "allocation") from None
@@ -405,16 +405,22 @@ class Driver:
         In a thread: the manager's lock is held while another claim's instances are made."""
         if not entry.get("mig"):
             return True
-        return self.mig is not None and await asyncio.to_thread(self.mig.intact, uid)
+        return self.mig is not None and await _off_loop(self.mig.intact, uid)
 
     async def _destroy_mig(self, uid: str) -> list[str]:
-        """Destroy the dynamic MIG instances made for claim ``uid`` (none: nothing to do)."""
+        """Destroy the dynamic MIG instances made for claim ``uid`` (none: nothing to do). In a
+        thread, the snapshot too: it waits on the manager's lock, which another claim's creation
+        holds for seconds, and on the event loop that stalled every call of the plugin."""
         if self.mig is None:
             return []
         mig = self.mig
-        snap = mig.snapshot()  # instances other claims make from now on are spared
-        others = {e.pod_uid for e in list(mig.entries.values())} - {uid}
-        done = await asyncio.to_thread(mig.collect, others, snap)
+
+        def collect() -> list[str]:
+            snap = mig.snapshot()  # instances other claims make from now on are spared
+            others = {e.pod_uid for e in list(mig.entries.values())} - {uid}
+            return mig.collect(others, snap)
+
+        done = await _off_loop(collect)
         for line in done:
             log.info("claim %s: %s", uid, line.replace("is gone", "is unprepared"))
         return done
@@ -471,6 +477,25 @@ class Driver:
         done = self.mig.recover()
         done += self.mig.collect(set(self.checkpoint.uids()))
         return done
+
+
+async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread: the MIG manager's calls wait on its lock while another claim's
+    instances are made (seconds on a GPU), which on the event loop held up every call of the
+    plugin, the kubelet's registration and the health stream. A caller cancelled meanwhile (the
+    kubelet's deadline, the stop) still waits for the thread before the cancellation goes on: the
+    claim's lock (:meth:`Driver._lock`) is not let go while the claim's MIG work still runs."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        while not work.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((work,))
+        failed = None if work.cancelled() else work.exception()  # retrieved: the cancellation is the answer
+        if failed is not None:
+            log.warning("MIG work finished after its call was cancelled: %s", _error(failed))
+        raise
 
 
 def _remove_tree(directory: Path) -> None:
@@ -643,6 +668,24 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+class PluginDirectoryGone(RuntimeError):
+    """A socket's directory was removed under the agent while the agent still sees it: the chart
+    mounts the kubelet's plugin directories as hostPath volumes, and a container keeps the
+    directory its mount was made from after the host removed it (and maybe made a new one at the
+    path), where nothing can be created and nothing the kubelet sees. Only a restart of the
+    container, with mounts made afresh, serves the plugin again."""
+
+
+def _removed(directory: Path) -> bool:
+    """``directory`` resolves to a directory that was removed (no link left to it): a mount of
+    it, or an open handle, keeps it. A path that names nothing is not (it can be made again)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return st.st_nlink == 0
+
+
 class PluginServer:
     """Serves registration on ``registration_socket`` and DRA on ``dra_socket`` (mode 0600).
 
@@ -653,7 +696,11 @@ class PluginServer:
     another process bound at the path since (the next agent of a DaemonSet update with
     ``maxSurge``) is left to it, and the stop removes only the sockets this server bound: the
     stop of the agent being replaced removed the new agent's, which left the node without its
-    DRA plugin. Calls in flight at a stop get :data:`STOP_GRACE_S` to finish."""
+    DRA plugin. A socket's directory removed while this process still sees it (a hostPath
+    mount of it: the host removed the directory, and maybe made it again) raises
+    :class:`PluginDirectoryGone` out of :meth:`check` and :meth:`watch`: the agent was serving,
+    for ever, sockets in a directory the kubelet could no longer see. Calls in flight at a stop
+    get :data:`STOP_GRACE_S` to finish."""
 
     def __init__(
         self,
@@ -718,8 +765,15 @@ class PluginServer:
     async def check(self) -> None:
         """One watch step: serve again each socket that is gone (the DRA socket first, as at the
         start). A bind that fails (the directory gone and not to be made) is tried again at the
-        next step."""
+        next step; a directory removed while this process still sees it raises
+        :class:`PluginDirectoryGone` (nothing it binds there can reach the kubelet)."""
         for path in (self.dra_socket, self.registration_socket):
+            if _removed(path.parent):
+                raise PluginDirectoryGone(
+                    f"{path.parent} was removed under the agent (on the host, maybe made again since): "
+                    f"this container still sees the removed directory, and {path.name} bound there is "
+                    "invisible to the kubelet; exiting so that the container restarts with fresh mounts"
+                )
             current = self._servers.get(path)
             now = _identity(path)
             if current is not None and now == current[1]:
@@ -754,11 +808,14 @@ class PluginServer:
         await server.stop(grace)
 
     async def watch(self, poll: float = WATCH_S) -> None:
-        """:meth:`check` every ``poll`` seconds until cancelled."""
+        """:meth:`check` every ``poll`` seconds until cancelled or a socket's directory is gone
+        for good (:class:`PluginDirectoryGone`, raised: the agent must restart)."""
         while True:
             await asyncio.sleep(poll)
             try:
                 await self.check()
+            except PluginDirectoryGone:
+                raise
             except Exception:  # noqa: BLE001 - the watch must outlive whatever went wrong once
                 log.exception("checking the plugin sockets failed; trying again in %gs", poll)
 
