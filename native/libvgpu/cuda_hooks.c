@@ -211,6 +211,8 @@ void *vgpu_nvml_sym(const char *name)
     return vgpu_real_dlsym_fn(g_nvml, name);
 }
 
+static void graph_after_fork(void);
+
 static void after_fork_child(void)
 {
     pthread_mutex_init(&g_mu, NULL);
@@ -231,6 +233,7 @@ static void after_fork_child(void)
     memset(&g_handles, 0, sizeof g_handles);
     memset(&g_pools, 0, sizeof g_pools);
     memset(g_primary_refs, 0, sizeof g_primary_refs);
+    graph_after_fork();
     vgpu_region_after_fork();
 }
 
@@ -1658,6 +1661,18 @@ static ptrmap g_gexecs;  /* executable graph with allocation nodes -> its graph_
 static int g_gexec_n;    /* how many there are (0: the launch hooks skip all of this) */
 static unsigned g_trim_epoch[VGPU_MAX_DEV];     /* cuDeviceGraphMemTrim calls per CUDA ordinal */
 static uint64_t g_graph_charged[VGPU_MAX_DEV];  /* the graph pool's reservation charged, per CUDA ordinal */
+
+/* The child of a fork() starts with none of its parent's graphs or graph-pool charge: kept, its
+ * first settle released the parent's charge from the child's own slot (the records themselves
+ * are the parent's, left allocated). */
+static void graph_after_fork(void)
+{
+    free(g_gexecs.slots);
+    memset(&g_gexecs, 0, sizeof g_gexecs);
+    g_gexec_n = 0;
+    memset(g_trim_epoch, 0, sizeof g_trim_epoch);
+    memset(g_graph_charged, 0, sizeof g_graph_charged);
+}
 
 typedef struct {
     uint64_t lo, hi;

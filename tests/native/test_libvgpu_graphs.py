@@ -60,7 +60,8 @@ def stream():
     s = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(s), 0)); return s
 def proc(name, version=12080, pt=False):
     fn, st = C.c_void_p(), C.c_int()
-    c.check(cu.cuGetProcAddress_v2(name, C.byref(fn), version, C.c_uint64(1 if pt else 0), C.byref(st)), name)
+    # CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM is 1 << 1 (1 is LEGACY_STREAM)
+    c.check(cu.cuGetProcAddress_v2(name, C.byref(fn), version, C.c_uint64(2 if pt else 0), C.byref(st)), name)
     return fn.value
 """
 
@@ -214,3 +215,32 @@ print(row)
         vgpu_env,
     ).stdout.strip()
     assert out == "[2, 0, 0, 0, 600, 0, 600, 2, 0, 0, 600, 600]"
+
+
+def test_a_forked_child_starts_with_no_graph_charge_of_its_parents(vgpu_env):
+    """fork() copied the parent's graph records and graph-pool charge into the child: its first
+    trim (or graph launch) then released the parent's charge from the child's own slot, and the
+    child got 600 MiB past its 1 GiB limit."""
+    out = run_py(
+        PRELUDE
+        + """
+c.init()
+g = graph(); a, d = alloc_node(g, 600); free_node(g, d, a)
+rc, x = instantiate(g); c.check(rc); c.check(launch(x)); c.check(cu.cuCtxSynchronize())
+parent = ledger()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    c.init()
+    rc, p = c.alloc(300 * MiB)
+    before = ledger() - parent
+    trim()
+    after = ledger() - parent
+    rc2, q = c.alloc(300 * MiB)  # parent 600 + child 300 + 300 > the 1 GiB limit
+    os.write(w, repr([rc, before, after, rc2]).encode()); os._exit(0)
+os.waitpid(pid, 0)
+print(parent, os.read(r, 200).decode())
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == "600 [0, 300, 300, 2]", out
