@@ -209,3 +209,19 @@ def test_a_forbidden_cluster_read_is_one_line_not_a_traceback(monkeypatch, capsy
     err = capsys.readouterr().err
     assert "hami explain: GET /api/v1/nodes: HTTP 403: forbidden" in err
     assert "list" in err and "Traceback" not in err
+
+
+def test_devices_held_back_for_an_unreadable_grant_say_by_whom():
+    """A running pod whose allocation cannot be read has its node's NVIDIA devices cordoned (the
+    scheduler cannot name the GPUs it holds); explain said only CardCordoned, which reads like
+    hami.io/device-cordon: it names the pod and why."""
+    state = state_of(node_obj("n1", gpus=1))
+    running = pending(
+        "old", annotations={"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": "GPU-n1-0,NVIDIA,x,0:;"}
+    )
+    running["spec"]["nodeName"] = "n1"
+    running["status"]["phase"] = "Running"
+    state.pod_handler.replace([running])
+    out = render(pending(), state, [], NOW)
+    assert "CardCordoned" in out
+    assert "NVIDIA devices held back: running pod default/old's allocation cannot be read" in out, out

@@ -245,7 +245,8 @@ def _shown(verdict: Any, left_out: Mapping[str, str], limit: int) -> list[Any]:
 
 def _ignored(state: ClusterState, now: float) -> dict[str, str]:
     """Node -> why some of its devices are left out of the ledger: a vendor's registration that
-    cannot be read (the error), or a device plugin that stopped answering the handshake."""
+    cannot be read (the error), or a device plugin that stopped answering the handshake; or held
+    back: a running pod's allocation that cannot be read (:class:`~.state.UnreadableGrant`)."""
     out: dict[str, str] = {}
     for name, node in state.nodes.items():
         whys = [f"{vendor or 'node'}: {message}" for vendor, message in state.registration_errors.get(name, {}).items()]
@@ -256,6 +257,12 @@ def _ignored(state: ClusterState, now: float) -> dict[str, str]:
                 whys.append(
                     f"{v.name}: handshake {v.handshake_annotation} {value} is older than "
                     f"{HANDSHAKE_TIMEOUT_S:.0f} s and the node advertises no {v.resources.count}"
+                )
+        for g in state.unreadable.values():
+            if g.node == name:  # (its vendors' devices there are cordoned: say by whom, not a bare CardCordoned)
+                whys.append(
+                    f"{', '.join(sorted(g.errors))} devices held back: running pod {g.pod}'s allocation "
+                    f"cannot be read ({'; '.join(g.errors.values())[:300]})"
                 )
         if whys:
             out[name] = "; ".join(whys)
