@@ -11,11 +11,18 @@ other parameter is refused: it is one a newer webhook or a user meant to take ef
 that ignored it would run the claim without it. A priority where no libvgpu runs (isolation
 ``none``, admin access, a MIG device, :func:`without_libvgpu`) is refused too, and so are requests
 of one claim that run at different priorities (one claim is one CDI device, one
-``CUDA_TASK_PRIORITY``). Another driver's configuration is never looked at.
+``CUDA_TASK_PRIORITY``). Another driver's configuration is never looked at, nor an entry of this
+driver that names only requests kept off its devices (:func:`claim_spec_error`).
+
+The webhook also refuses what the agent refuses of a claim's results together, where the
+requests alone decide it (:func:`claim_spec_error`): admin access beside ordinary shares, MIG
+devices beside GPU shares, two isolations (the share and the whole-GPU class), admin access to a
+MIG device; with the agent's words.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Sequence
 
 from hami.dra.model import (
@@ -175,17 +182,123 @@ def _devices(spec: Any) -> tuple[list[Mapping[str, Any]], list[Any]]:
     return config, requests if isinstance(requests, list) else []
 
 
+#: a selector that keeps a request off this driver's devices whatever its class selects: its
+#: expression is ``device.driver == "<another>"`` (or ``device.driver != "gpu.hami.io"``), alone
+#: or as the first operand of ``&&``. Anything with ``||`` or ``?`` (lower than ``&&`` in CEL)
+#: is not read, so the comparison is always a conjunct of the whole
+_PINNED = re.compile(r"""\s*device\.driver\s*(==|!=)\s*(?:"([a-z0-9.-]+)"|'([a-z0-9.-]+)')\s*(&&.*)?""", re.S)
+
+
+def _pinned_elsewhere(sub: Mapping[str, Any]) -> bool:
+    """Whether one of a request's own selectors allows no device of this driver (module doc)."""
+    selectors = sub.get("selectors")
+    for s in selectors if isinstance(selectors, list) else ():
+        cel = s.get("cel") if isinstance(s, Mapping) else None
+        text = cel.get("expression") if isinstance(cel, Mapping) else None
+        if not isinstance(text, str) or "||" in text or "?" in text:
+            continue
+        m = _PINNED.fullmatch(text)
+        if m and (m[1] == "==") == ((m[2] or m[3]) != DRIVER):
+            return True
+    return False
+
+
+def _reaching(requests: Sequence[Any], classes: Mapping[str, Any]) -> set[str] | None:
+    """The names (``gpu``, ``gpu/sub``) of the requests and subrequests that may be given a device
+    of this driver: one of its classes, or a class not known here (an administrator's may select
+    this driver's devices) unless the request's own selectors keep it off them. None: a request
+    that cannot be read (only a body sent to the port by hand), so every entry is read."""
+    reach: set[str] = set()
+    for r in requests:
+        if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
+            return None
+        for name, sub in _alternatives(r):
+            cls = sub.get("deviceClassName")
+            if (isinstance(cls, str) and cls in classes) or not _pinned_elsewhere(sub):
+                reach.add(name)
+    return reach
+
+
+def _read(entry: Mapping[str, Any], reach: set[str] | None) -> bool:
+    """Whether the agent may read ``entry``: it names (or, naming none, applies to) a request or
+    subrequest that may be given this driver's devices; an entry scoped only to requests of
+    another driver's devices is never looked at by the agent (:func:`resolve` skips it)."""
+    names = entry.get("requests")
+    if reach is None or (names and not isinstance(names, list)):
+        return True  # read as the agent would read it (a ``requests`` not a list is refused there)
+    if not names:  # every request's
+        return bool(reach)
+    return any(n in names or n.split("/")[0] in names for n in reach)
+
+
+def _mix_error(requests: Sequence[Any], classes: Mapping[str, Sequence[Mapping[str, Any]]], config: Any) -> str:
+    """What :func:`hami.draplugin.prepare.plan` refuses of a claim's results together, where the
+    requests alone decide it ("" otherwise): admin access beside ordinary shares, MIG devices
+    beside GPU shares, two isolations, admin access to a MIG device. The requests are walked in
+    order (kube-scheduler's results follow them) as the agent walks results, so the first refusal
+    and its words are the agent's. A request is counted only when whatever it may be given is
+    known: each alternative of one of this driver's classes, all of one kind. A class not known
+    here may be another driver's (no result here), and ``firstAvailable`` subrequests of
+    different kinds may or may not mix depending on which kube-scheduler takes: both are left
+    to prepare, which refuses the mix if it comes."""
+    admins: dict[bool, str] = {}  # admin access or not -> the first request with it
+    isolation: tuple[str, str] | None = None  # (kind, the first request of it)
+    for r in requests:
+        if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
+            continue
+        kinds: set[tuple[bool, str] | None] = set()
+        for name, sub in _alternatives(r):
+            cls = sub.get("deviceClassName")
+            if not isinstance(cls, str) or cls not in classes:
+                kinds.add(None)
+                continue
+            admin = sub.get("adminAccess") is True
+            iso = resolve([*classes[cls], *config], name, f"request {name!r}", AGENTS)[0]
+            kinds.add((admin, "mig" if cls == MIG_CLASS else "admin" if admin else iso))
+        (only,) = kinds if len(kinds) == 1 else (None,)
+        if only is None:
+            continue
+        admin, kind = only
+        name = r["name"]
+        admins.setdefault(admin, name)
+        if len(admins) > 1:
+            return (
+                f"results mix admin access and ordinary shares (requests {admins[not admin]!r} and {name!r}); "
+                "use one claim for each"
+            )
+        if kind == "mig":
+            if admin:
+                return f"request {name!r}: a MIG device cannot be given with admin access"
+            if isolation is not None and isolation[0] != "mig":
+                return (
+                    f"results mix MIG devices and GPU shares (requests {isolation[1]!r} and {name!r}); "
+                    "use one claim for each"
+                )
+        elif isolation is not None and isolation[0] != kind:
+            return (
+                f"requests mix isolation {isolation[0]!r} and {kind!r} (requests {isolation[1]!r} and {name!r}); "
+                "use one class per claim"
+            )
+        isolation = isolation or (kind, name)
+    return ""
+
+
 def claim_spec_error(
     spec: Any, classes: Mapping[str, Sequence[Mapping[str, Any]]] | None = None, path: str = "spec"
 ) -> str:
     """Why a ResourceClaim's ``spec`` (a template's ``spec.spec``) would be refused at prepare by
-    the configuration rules ("" when it would not): every entry of this driver is checked, then
-    each request of one of ``classes`` (default: this driver's, :func:`class_configs`) is resolved
-    as the agent resolves its results. A request of another class (another driver's, or a class
-    of the administrator's whose configuration is not known here) gets only the entry check. For
-    a ``firstAvailable`` request each subrequest is checked (any of them may be allocated); its
-    requests mix priorities only when whichever subrequests are taken would. ``path``: where
-    ``spec`` is in the object (``spec.spec`` in a template), for the message."""
+    the configuration rules ("" when it would not): every entry of this driver the agent may read
+    is checked, then each request of one of ``classes`` (default: this driver's,
+    :func:`class_configs`) is resolved as the agent resolves its results. A request of another
+    class (another driver's, or a class of the administrator's whose configuration is not known
+    here) gets only the entry check, and the entries it names are skipped only when its own
+    selectors keep it off this driver's devices (``device.driver == "nic.example.com"``): the
+    agent never reads those (:func:`resolve` skips an entry naming none of its results), while
+    an unknown class may be an administrator's selecting this driver's devices, whose entries it
+    does read. For a ``firstAvailable`` request each subrequest is checked (any of them may be
+    allocated); its requests mix priorities only when whichever subrequests are taken would.
+    Last, the results' mixing rules (:func:`_mix_error`). ``path``: where ``spec`` is in the
+    object (``spec.spec`` in a template), for the message."""
     classes = class_configs() if classes is None else classes
     config, requests = _devices(spec)
     most_subs = max(
@@ -204,8 +317,9 @@ def claim_spec_error(
         if n > most:
             return f"{path}.devices.{what}: {n} entries, more than the API server takes"
     try:
+        reach = _reaching(requests, classes)
         for i, c in enumerate(config):
-            if ours(c):
+            if ours(c) and _read(c, reach):
                 parameters(c["opaque"].get("parameters"), f"{path}.devices.config[{i}].opaque.parameters", AGENTS)
         possible: list[set[int]] = []  # per request of ours: the priorities it may run at
         for r in requests:
@@ -228,9 +342,9 @@ def claim_spec_error(
                 possible.append(runs)
         if possible and all(len(p) == 1 for p in possible) and len(set().union(*possible)) > 1:
             return mixed([next(iter(p)) for p in possible])
+        return _mix_error(requests, classes, config)
     except GpuConfigError as exc:
         return str(exc)
-    return ""
 
 
 def unselected_priorities(spec: Any) -> list[str]:
