@@ -60,6 +60,9 @@ def build_before(rev: str, dest: Path) -> Path | None:
     subprocess.run(["tar", "-x", "-C", str(src)], input=arch, check=True)
     lib = dest / "libvgpu.so"
     sources = sorted(str(p) for p in (src / "native" / "libvgpu").glob("*.c"))
+    # revisions with glibc_floor.h are built with it included first, as the Makefile does (it
+    # defines the stat wrappers their sources call)
+    floor = src / "native" / "libvgpu" / "glibc_floor.h"
     subprocess.run(
         [
             "cc",
@@ -68,6 +71,7 @@ def build_before(rev: str, dest: Path) -> Path | None:
             "-std=gnu11",
             "-pthread",
             "-fvisibility=hidden",
+            *(["-include", str(floor)] if floor.is_file() else []),
             f"-I{BUILD / 'include'}",
             "-shared",
             "-Wl,-soname,libvgpu.so",
