@@ -62,13 +62,13 @@ def test_defaults_keep_the_extender_and_render_nothing_of_dra(helm):
     assert "--front-end=extender" in scheduler_args(docs)
     assert not [d for d in docs if d["kind"] == "DeviceClass" or d["metadata"]["name"] == "hami-dra"]
     assert not [r for r in rules(docs, "hami-scheduler") if "resourceclaimtemplates" in r["resources"]]
-    # on either front end the scheduler reads DRA claims and slices (quotas, UI), and only reads
+    # on either front end the scheduler watches DRA claims and slices (quotas, UI), and only watches
     dra_rules = [r for r in rules(docs, "hami-scheduler") if r["apiGroups"] == ["resource.k8s.io"]]
     assert dra_rules == [
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims", "resourceslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],  # watched only, never read by name
         }
     ]
 
@@ -80,7 +80,7 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims", "resourceslices"],
-            "verbs": ["get", "list", "watch"],
+            "verbs": ["list", "watch"],  # watched only, never read by name
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"]},
     ]
