@@ -1,6 +1,7 @@
 """The GPU path of `make gpu-check` (tests/gpu/gpu_check.py) against the fake GPU, with an
-nvidia-smi stand-in over NVML: discovery, nvidia-smi inside `hami exec`, and the libvgpu
-overhead rows from bench_driver. (PyTorch is not installed here; those rows need a real GPU.)"""
+nvidia-smi stand-in over NVML: discovery, nvidia-smi inside `hami exec`, two processes under one limit, the driver-API rows of
+the CUDA graph check, and the libvgpu overhead rows from bench_driver. (PyTorch is not installed
+here; its rows need a real GPU.)"""
 
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
             str(ROOT / "tests" / "gpu" / "gpu_check.py"),
             "--nvidia-smi",
             str(smi),
+            "--torch-python",
+            "-",
             "--only",
-            "discovery,smi,overhead",
+            "discovery,smi,shared,graphs,overhead",
             "--overhead-n",
             "300",
         ],
@@ -51,6 +54,9 @@ def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
     assert rows["device plugin discovery (real NVML)"].endswith("PASS")
     assert "memory.total 3000 MiB" in rows["nvidia-smi in limited process"]
     assert rows["nvidia-smi in limited process"].endswith("PASS")
+    assert rows["two processes, one limit"].endswith("PASS"), p.stdout
+    graph_rows = [ln for claim, ln in rows.items() if claim.startswith("graph: ")]
+    assert len(graph_rows) == 4 and all(ln.endswith("PASS") for ln in graph_rows), p.stdout
     for op in (
         "cuLaunchKernel (empty kernel)",
         "cuMemAlloc+cuMemFree 1 MiB",

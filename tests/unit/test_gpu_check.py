@@ -124,3 +124,91 @@ def test_a_hung_probe_is_killed_and_fails_its_check(tmp_path):
     with pytest.raises(RuntimeError, match=r"^loop probe \(without libvgpu\) hung: no exit within 1 s$"):
         c.torch_loop()
     assert time.monotonic() - t0 < 30
+
+
+GRAPH_OK = {
+    "free0": 2500,
+    "part": 1500,
+    "half": 1250,
+    "over": 1800,
+    "over_rc": 2,
+    "seq": [True, 0, 0],
+    "inst_rc": 0,
+    "launch_beside": 2,
+    "launch": 0,
+    "free_after_launch": 1248,
+    "alloc_after_launch": 2,
+    "free_after_trim": 2500,
+    "alloc_after_trim": 0,
+}
+
+
+@pytest.mark.parametrize(
+    "change,failing",
+    [
+        ({}, []),
+        ({"over_rc": 0}, ["graph: live alloc nodes over the limit"]),  # instantiated past the limit
+        ({"seq": [False, 2, -1]}, ["graph: alloc, free, alloc again"]),  # the sum refused, not the peak
+        ({"launch_beside": 0}, ["graph: memory charged at first launch"]),  # ran beside a full limit
+        ({"free_after_launch": 2500}, ["graph: memory charged at first launch"]),  # nothing charged
+        ({"alloc_after_launch": 0}, ["graph: memory charged at first launch"]),
+        ({"free_after_trim": 1250}, ["graph: cuDeviceGraphMemTrim gives it back"]),  # charge kept
+        ({"alloc_after_trim": 2}, ["graph: cuDeviceGraphMemTrim gives it back"]),
+    ],
+)
+def test_graph_verdicts(change, failing):
+    rows = gc.graph_rows(dict(GRAPH_OK, **change))
+    assert len(rows) == 4
+    assert [r.claim for r in rows if not r.ok] == failing
+
+
+def test_graph_probe_failure_is_one_failing_row():
+    (row,) = gc.graph_rows({"err": "cuInit -> CUresult 100"})
+    assert not row.ok and "cuInit -> CUresult 100" in row.measured
+
+
+@pytest.mark.parametrize(
+    "fits,over,ok",
+    [
+        (
+            {"mib": 875, "replays": 5, "right": True, "after": True},
+            {"mib": 1500, "phase": "capture", "err": "OutOfMemoryError: CUDA out of memory.", "after": True},
+            [True, True],
+        ),
+        (  # ran past the limit: no error at all
+            {"mib": 875, "replays": 5, "right": True, "after": True},
+            {"mib": 1500, "phase": "replay", "replays": 5, "right": True, "after": True},
+            [True, False],
+        ),
+        (  # refused, but not as out of memory; and the graph that fits gave a wrong sum
+            {"mib": 875, "replays": 5, "right": False, "after": True},
+            {"mib": 1500, "phase": "capture", "err": "RuntimeError: operation not permitted", "after": True},
+            [False, False],
+        ),
+        (  # out of memory, but the process is broken after it
+            {"mib": 875, "phase": "capture", "err": "RuntimeError: CUDA error: out of memory", "after": True},
+            {"mib": 1500, "phase": "capture", "err": "OutOfMemoryError: CUDA out of memory.", "after": False},
+            [False, False],
+        ),
+    ],
+)
+def test_torch_graph_verdicts(fits, over, ok):
+    rows = gc.torch_graph_rows("backend:cudaMallocAsync", {"fits": fits, "over": over})
+    assert [r.ok for r in rows] == ok
+    assert rows[0].claim == "PyTorch CUDA graph under the limit (backend:cudaMallocAsync)"
+    (row,) = gc.torch_graph_rows("default allocator", {"probe": "exit 1: ModuleNotFoundError: torch"})
+    assert not row.ok and "ModuleNotFoundError" in row.measured
+
+
+@pytest.mark.parametrize(
+    "first,second,ok",
+    [
+        ({"reached": 1216}, {"free0": 1266, "reached": 1216, "rc": 2}, True),  # contexts charged too
+        ({"reached": 1216}, {"free0": 3000, "reached": 2944, "rc": 2}, False),  # the first's memory unseen
+        ({"reached": 1216}, {"free0": 1784, "reached": 1728, "rc": 0}, False),  # never refused
+        ({"reached": 1216}, {"free0": 1784, "reached": 64, "rc": 2}, False),  # refused far short
+    ],
+)
+def test_shared_verdict(first, second, ok):
+    row = gc.shared_row(3000, first, second)
+    assert row.ok is ok and row.claim == "two processes, one limit"
