@@ -26,6 +26,8 @@ Claims:
 * PyTorch CUDA graphs (default allocator and cudaMallocAsync): a graph under the limit captures
   and replays with the right result; one whose live temporaries exceed the limit is refused with
   an out-of-memory error and the process stays usable;
+* task priority (`--priority 0|1`): a low-priority matmul loop beside a high-priority one pauses
+  (at most 15 % of its rate alone) while the high one keeps at least 70 % of its own;
 * what libvgpu adds to small operations: cuLaunchKernel of an empty kernel, a 1 MiB
   cuMemAlloc+cuMemFree pair, cuMemGetInfo, nvmlDeviceGetMemoryInfo (native/bench/bench_driver
   with BENCH_PTX=1) and a PyTorch x.add_(1) loop, with vs without the library (ratio).
@@ -257,6 +259,19 @@ def shared_row(limit_mib: int, first: dict, second: dict) -> Row:
     )
 
 
+PRIORITY_HIGH_MIN, PRIORITY_LOW_MAX = 70.0, 15.0  # % of the task's rate alone
+
+
+def priority_row(high: float, low: float) -> Row:
+    """Rates (% of one task alone) of a high- and a low-priority task run together."""
+    return Row(
+        "priority: high and low together",
+        f"high {high:.1f} %, low {low:.1f} % of its rate alone",
+        f"high >= {PRIORITY_HIGH_MIN:.0f} %, low <= {PRIORITY_LOW_MAX:.0f} %",
+        high >= PRIORITY_HIGH_MIN and low <= PRIORITY_LOW_MAX,
+    )
+
+
 def render(rows: list[Row]) -> str:
     w = [
         max(len(h), *(len(getattr(r, f)) for r in rows))
@@ -457,6 +472,28 @@ sys.stdin.read()
 """
 
 
+# Matmul batches completed inside a fixed wall-clock window [argv[1], argv[2]] (epoch seconds),
+# per second. A task paused by a higher-priority one blocks inside a launch (its warm-up too), so
+# only the window tells what it got while the other ran: a rate counted from its own start after
+# the pause would be its rate alone.
+WINDOW_WORKER = r"""
+import sys, time, torch
+t_start, t_end = float(sys.argv[1]), float(sys.argv[2])
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16); b = a.clone()
+for _ in range(20):
+    a @ b
+torch.cuda.synchronize()
+n = 0
+while time.time() < t_end:
+    for _ in range(8):
+        a @ b
+    torch.cuda.synchronize()
+    if t_start <= time.time() <= t_end:
+        n += 8
+print(n / (t_end - t_start))
+"""
+
+
 class Checker:
     def __init__(self, args: argparse.Namespace, tmp: Path):
         self.a, self.tmp, self.n = args, tmp, 0
@@ -567,27 +604,36 @@ class Checker:
         return float(out.strip().splitlines()[-1])
 
     def _worker(self, cores: int | None, policy: str | None = None) -> subprocess.Popen:
+        """A matmul loop printing its rate; under `hami exec` when given a share."""
         cmd = [self.a.torch_python, "-c", SHARE_WORKER, str(self.a.seconds), "2"]
-        if cores is not None:
-            self.n += 1
-            cmd = [
-                sys.executable,
-                "-m",
-                "hami",
-                "exec",
-                "--gpumem",
-                "1T",
-                "--gpucores",
-                str(cores),
-                *(["--core-policy", policy] if policy else []),
-                "--lib",
-                str(LIB),
-                "--cache",
-                str(self.tmp / f"{self.n}.cache"),
-                "--",
-                *cmd,
-            ]
+        extra = [
+            *(["--gpucores", str(cores)] if cores is not None else []),
+            *(["--core-policy", policy] if policy else []),
+        ]
+        if extra:
+            cmd = self._argv(cmd, "1T", extra)
         return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def _window(self, lead: float, priority: int | None = None) -> subprocess.Popen:
+        t0 = time.time() + lead  # room for PyTorch's import and the warm-up
+        cmd = [self.a.torch_python, "-c", WINDOW_WORKER, f"{t0:.3f}", f"{t0 + self.a.seconds:.3f}"]
+        if priority is not None:
+            cmd = self._argv(cmd, "1T", ["--priority", str(priority)])
+        return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def priority(self) -> list[Row]:
+        """A high- (0) and a low-priority (1) task on one GPU, both matmul loops, no share: what
+        each completes in one wall-clock window, against one task alone in the same kind of window."""
+        base = self._rate(self._window(8.0))
+        pair = [self._window(10.0, priority=0), self._window(10.0, priority=1)]
+        try:
+            high, low = (self._rate(p) / base * 100 for p in pair)
+        finally:
+            for p in pair:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        return [priority_row(high, low)]
 
     def graphs(self) -> list[Row]:
         try:
@@ -722,7 +768,7 @@ class Checker:
         return [overhead_row("PyTorch x.add_(1) loop", min(loop["without"]), min(loop["with"]), 50, 1.05)]
 
 
-CHECKS = ("discovery", "alloc", "smi", "shared", "graphs", "share", "overhead", "torch_loop")
+CHECKS = ("discovery", "alloc", "smi", "shared", "graphs", "share", "priority", "overhead", "torch_loop")
 
 
 def main(argv: list[str] | None = None) -> int:

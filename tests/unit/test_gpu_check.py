@@ -212,3 +212,10 @@ def test_torch_graph_verdicts(fits, over, ok):
 def test_shared_verdict(first, second, ok):
     row = gc.shared_row(3000, first, second)
     assert row.ok is ok and row.claim == "two processes, one limit"
+
+
+def test_priority_verdict():
+    assert gc.priority_row(92.0, 3.5).ok
+    assert not gc.priority_row(52.0, 48.0).ok  # shared evenly: priority not applied
+    assert not gc.priority_row(60.0, 2.0).ok  # the high task slowed too
+    assert gc.priority_row(92.0, 3.5).claim == "priority: high and low together"
