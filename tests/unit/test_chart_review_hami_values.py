@@ -140,6 +140,15 @@ HONOURED = [
         {"devices": {"hygon": {"enabled": True}}},
         lambda d: "hygon.com/hcunum" in managed(d),
     ),
+    (
+        "resourceMem",
+        "example.com/vmem",
+        {},
+        lambda d: (
+            "--resource-names=example.com/vmem,nvidia.com/gpu,nvidia.com/gpucores,nvidia.com/gpumem-percentage"
+            in pod(d, "DaemonSet", "t-hami-vgpu-monitor")["containers"][0]["command"]
+        ),
+    ),
     ("devices.nvidia.deviceSplitCount", 4, {}, lambda d: device_config(d)["nvidia"]["deviceSplitCount"] == 4),
     (
         "devices.kunlun.resourceVCountName",

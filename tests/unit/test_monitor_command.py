@@ -46,6 +46,7 @@ def test_bind_addresses():
         (["--resync-interval", "soon"], "--resync-interval: invalid duration 'soon'"),
         (["--metrics-bind-address", "nope"], "--metrics-bind-address: invalid address 'nope'"),
         (["--node-name", ""], "--node-name (or NODE_NAME) is required"),
+        (["--resource-names", " , "], "--resource-names: no resource name in ' , '"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, message, capsys, monkeypatch):

@@ -450,6 +450,17 @@ def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
     assert f'device_uuid="MIG-{mig}"' in text and f"GPU-{mig}" not in text  # exported as its grant names it
 
 
+def test_the_old_layout_is_told_by_the_resource_names_the_cluster_configured():
+    """A cluster whose device plugin serves GPUs under its own name (the chart's resourceName):
+    the monitor read HAMi's old layout by the default names, found no container asking, and gave
+    the init container the GPU container's grant. ``resources`` (``--resource-names``) names them."""
+    containers = [NS(name="init", resources=None), NS(name="main", resources=NS(limits={"example.com/gpu": "1"}))]
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,30:;"}
+    named = container_grants(ann, containers, "nvidia.com/priority", 1, frozenset({"example.com/gpu"}))
+    assert named == (ContainerGrant("main", ("GPU-1",), 1),)
+    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (ContainerGrant("init", ("GPU-1",), 1),)
+
+
 def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_gpu_container():
     """HAMi's releases before init containers were counted wrote one entry per regular container;
     read in today's order the grant went to the init container, and the GPU container's region was

@@ -980,7 +980,8 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
             decoded = _parent_ids(v.read_allocation(decode_pod_devices(text), annotations))
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
-        shift = init_offset(pod, decoded, _resource_names(v))
+        asks, inits = container_asks(pod, v.resources.asking)
+        shift = init_offset(decoded, inits, asks)
         devices[v.name] = ((),) * shift + decoded
         try:
             found = v.read_slices(annotations)
@@ -995,7 +996,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     return make_allocation(pod, node, devices, tuple(slices), vendors)
 
 
-def init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, names: Set[str]) -> int:
+def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool]) -> int:
     """How many empty entries to put before an allocation written without its init containers'.
 
     HAMi wrote one entry per regular container until its releases counted init containers too
@@ -1007,29 +1008,28 @@ def init_offset(pod: Mapping[str, Any], devices: PodSingleDevice, names: Set[str
     past the init containers, each falls on a regular container that asks, the allocation is the
     old layout (read in today's order, an older pod's first regular container passed for its init
     container, and once the init containers had finished the pod held nothing). Anything else is
-    read in today's order, as before. ``names``: the vendor's resource names (asking is having one
-    in limits or requests)."""
+    read in today's order, as before. ``asks``: per container, init containers first (``inits`` of
+    them), whether it asks for the vendor (:func:`container_asks`)."""
+    regular = len(asks) - inits
+    if not inits or not devices or len(devices) > regular:
+        return 0
+    granted = [i for i, ctr in enumerate(devices) if ctr]
+    if all(asks[i] for i in granted):
+        return 0
+    return inits if all(asks[inits + i] for i in granted) else 0
+
+
+def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool, ...], int]:
+    """Per container of ``pod`` (init containers first), whether it asks for one of ``names`` in
+    its limits or requests; and how many init containers there are. For :func:`init_offset`."""
     spec = pod.get("spec") or {}
     inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
-    if not inits or not devices or len(devices) > len(regular):
-        return 0
-    if not names:
-        return len(inits)  # no resource names to tell by: the count alone
 
     def asks(container: Any) -> bool:
         r = container.get("resources") or {} if isinstance(container, Mapping) else {}
         return any(n in (r.get("limits") or {}) or n in (r.get("requests") or {}) for n in names)
 
-    granted = [i for i, ctr in enumerate(devices) if ctr]
-    everyone = inits + regular
-    if all(asks(everyone[i]) for i in granted):
-        return 0
-    return len(inits) if all(asks(regular[i]) for i in granted) else 0
-
-
-def _resource_names(vendor: Any) -> frozenset[str]:
-    res = getattr(vendor, "resources", None)
-    return frozenset(n for n in (getattr(res, a, "") for a in ("count", "memory", "memory_percentage", "cores")) if n)
+    return tuple(asks(c) for c in inits + regular), len(inits)
 
 
 def _parent_ids(devices: PodSingleDevice) -> PodSingleDevice:

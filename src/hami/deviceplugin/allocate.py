@@ -225,14 +225,7 @@ def layout_shift(pod: PodView, decoded: PodSingleDevice, resource: str = GPU_RES
     order such an entry went to an init container: refused there by the ask check (the pod failed
     at admission), or given the wrong container's cache directory and limits."""
 
-    def ctr(c: ContainerView) -> dict:
-        return {"resources": {"limits": dict(c.limits)}}
-
-    spec = {
-        "initContainers": [ctr(c) for c in pod.containers[: pod.inits]],
-        "containers": [ctr(c) for c in pod.containers[pod.inits :]],
-    }
-    return init_offset({"spec": spec}, decoded, {resource})
+    return init_offset(decoded, pod.inits, [resource in c.limits for c in pod.containers])
 
 
 def decoded_devices(pod: PodView, field: str, resource: str = GPU_RESOURCE) -> tuple[PodSingleDevice, int]:

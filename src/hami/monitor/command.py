@@ -30,7 +30,7 @@ from hami.node.layout import HookPaths
 from .containers import GoneDirs, printable, remove, scan, scan_claims
 from .exporter import MonitorCollector, PodRef, claim_owner, device_key, taken_devices
 from .feedback import Reading, Writes, decide, release
-from .kube import DEFAULT_PRIORITY, PRIORITY_RESOURCE
+from .kube import DEFAULT_PRIORITY, NVIDIA_RESOURCES, PRIORITY_RESOURCE
 from .region import RegionError, read_region, write_int32
 
 log = logging.getLogger("hami.monitor")
@@ -115,11 +115,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=PRIORITY_RESOURCE,
         help="the resource whose limit is a container's priority (the device plugin's resourcePriorityName)",
     )
+    p.add_argument(
+        "--resource-names",
+        default=",".join(sorted(NVIDIA_RESOURCES)),
+        help="comma list of the resources a container asks NVIDIA GPUs with (the device plugin's resourceName, "
+        "resourceMem, resourceMemPercentage, resourceCores): tell apart an allocation HAMi wrote without its "
+        "init containers",
+    )
     p.add_argument("--once", action="store_true", help="print the metrics once (text format) and exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
 
 
 def _check(args: argparse.Namespace) -> None:
+    args.resources = frozenset(n.strip() for n in (args.resource_names or "").split(",") if n.strip())
+    if not args.resources:
+        raise UsageError(f"--resource-names: no resource name in {args.resource_names!r}")
     args.resync_s = parse_duration(args.resync_interval, "--resync-interval")
     args.interval_s = parse_duration(args.interval, "--interval")
     if args.interval_s <= 0:
@@ -355,7 +365,14 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
         from .kube import API_TIMEOUT_S, node_pods
 
         try:
-            pods.set(await node_pods(api, args.node_name, getattr(args, "priority_resource", PRIORITY_RESOURCE)))
+            pods.set(
+                await node_pods(
+                    api,
+                    args.node_name,
+                    getattr(args, "priority_resource", PRIORITY_RESOURCE),
+                    getattr(args, "resources", NVIDIA_RESOURCES),
+                )
+            )
         except Exception as exc:  # API trouble (an error, no answer in time): keep the last map, remove nothing
             reason = f"no answer within {API_TIMEOUT_S:g}s" if isinstance(exc, asyncio.TimeoutError) else exc
             log.warning("cannot list the pods of node %s: %s", args.node_name, reason)

@@ -17,9 +17,9 @@ from .exporter import ContainerGrant, MigDevice, PodRef
 
 MIG_ANNOTATION = VGPU_MIG_ALLOCATIONS
 ALLOCATED = NvidiaVendor.allocated_annotation
-_R = NvidiaVendor().resources
-#: what a container asks NVIDIA GPUs with (the chart's default names)
-_NVIDIA_NAMES = frozenset(n for n in (_R.count, _R.memory, _R.memory_percentage, _R.cores) if n)
+#: what a container asks NVIDIA GPUs with, unless configured otherwise (the chart's resourceName,
+#: resourceMem, resourceMemPercentage and resourceCores; ``--resource-names``)
+NVIDIA_RESOURCES = NvidiaVendor().resources.asking
 #: the device plugin's default priority resource (device-config ``resourcePriorityName``)
 PRIORITY_RESOURCE = "nvidia.com/priority"
 #: phases of a pod that will never run again (a Job's pod stays in the API after it, until its
@@ -63,15 +63,11 @@ def _priority(container: Any, resource: str) -> int:
         return DEFAULT_PRIORITY  # the device plugin would hand libvgpu a value atoi reads oddly; trust none
 
 
-def _asks(c: Any) -> dict:
-    """A V1Container's resources as :func:`hami.core.ledger.init_offset` reads a container."""
+def _asks(c: Any, names: frozenset[str]) -> bool:
+    """Whether a V1Container asks for one of ``names`` in its limits or requests."""
     res = getattr(c, "resources", None)
-    return {
-        "resources": {
-            "limits": dict(getattr(res, "limits", None) or {}),
-            "requests": dict(getattr(res, "requests", None) or {}),
-        }
-    }
+    limits, requests = getattr(res, "limits", None) or {}, getattr(res, "requests", None) or {}
+    return any(n in limits or n in requests for n in names)
 
 
 def container_grants(
@@ -79,6 +75,7 @@ def container_grants(
     containers: Sequence[Any],
     priority_resource: str = PRIORITY_RESOURCE,
     inits: int = 0,
+    resources: frozenset[str] = NVIDIA_RESOURCES,
 ) -> tuple[ContainerGrant, ...]:
     """Each container's grant (``containers``: init containers, then regular, the annotation's
     order; kubernetes_asyncio V1Container objects): the NVIDIA devices of
@@ -87,18 +84,15 @@ def container_grants(
     grant; a malformed annotation gives none (the device plugin refused such a pod). ``inits``:
     how many of ``containers`` are init containers, to read an allocation HAMi wrote before it
     counted them past them, as the scheduler's ledger and the device plugin do (its GPU container's
-    region was otherwise not exported, and the feedback loop skipped it)."""
+    region was otherwise not exported, and the feedback loop skipped it); ``resources``: the names
+    a container asks NVIDIA GPUs with, which tell that layout apart."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
     if inits:
-        spec = {
-            "initContainers": [_asks(c) for c in containers[:inits]],
-            "containers": [_asks(c) for c in containers[inits:]],
-        }
-        shift = init_offset({"spec": spec}, per_container, _NVIDIA_NAMES)
+        shift = init_offset(per_container, inits, [_asks(c, resources) for c in containers])
         per_container = ((),) * shift + per_container
         mig = [replace(e, container=e.container + shift) for e in mig] if shift else mig
     out = []
@@ -160,7 +154,9 @@ async def api_client(kubeconfig: str | None) -> Any:
     return client.ApiClient()
 
 
-async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOURCE) -> dict[str, PodRef]:
+async def node_pods(
+    api: Any, node: str, priority_resource: str = PRIORITY_RESOURCE, resources: frozenset[str] = NVIDIA_RESOURCES
+) -> dict[str, PodRef]:
     """Every pod with ``spec.nodeName == node`` (paged) that can still run, by UID: a pod in a
     :data:`FINISHED` phase is left out, so its series go and its directories are swept (a process
     killed with it leaves its slot behind, which showed as memory in use for as long as the pod
@@ -191,7 +187,11 @@ async def node_pods(api: Any, node: str, priority_resource: str = PRIORITY_RESOU
                     mig_devices(meta.annotations, names),
                     pod_claims(pod),
                     container_grants(
-                        meta.annotations, containers, priority_resource, len(spec.init_containers or []) if spec else 0
+                        meta.annotations,
+                        containers,
+                        priority_resource,
+                        len(spec.init_containers or []) if spec else 0,
+                        resources,
                     ),
                     finished_init_containers(pod),
                 )

@@ -72,6 +72,12 @@ class ResourceNames:
     priority: str = ""
     memory_factor: int = 1  # quota limits and requests are multiplied by it
 
+    @property
+    def asking(self) -> frozenset[str]:
+        """The names a container asks for devices with (count, memory, memory percentage, cores;
+        not priority): a container with one of them in its limits or requests wants this vendor."""
+        return frozenset(n for n in (self.count, self.memory, self.memory_percentage, self.cores) if n)
+
 
 @dataclass(frozen=True, slots=True)
 class Selection:
