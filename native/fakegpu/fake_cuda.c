@@ -620,7 +620,19 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         charge(dev, -(long long)c->limit_mem, 0);
     c->limit_mem = 0;
     memset(c->limits, 0, sizeof c->limits);
+    /* The reset frees the device's graph memory too (modelled so: every graph's pages unmapped,
+     * its live allocations gone, the pool's whole reservation back); a graph launched again maps
+     * its pages afresh. */
+    for (struct CUgraphExec_st *x = g_execs; x; x = x->next)
+        if (x->mapped && x->foot[dev]) {
+            x->mapped = 0;
+            x->live = 0;
+        }
+    unsigned long long rel = g_gpool[dev].reserved;
+    g_gpool[dev].reserved = g_gpool[dev].used = 0;
     pthread_mutex_unlock(&g_mu);
+    if (rel)
+        charge(dev, -(long long)rel, 0);
     return CUDA_SUCCESS;
 }
 

@@ -593,6 +593,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
     return primary_release(dev, r_cuDevicePrimaryCtxRelease);
 }
 
+static void graph_after_reset(CUdevice dev);
+
 /* cudaDeviceReset: the driver frees every allocation of the primary context. */
 static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_v2) real)
 {
@@ -606,6 +608,7 @@ static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_
         CUcontext primary = g_primary_ctx[reg];
         pthread_mutex_unlock(&g_mu);
         drop_context_allocs(primary);
+        graph_after_reset(dev);
     }
     pthread_mutex_unlock(&g_limit_mu);
     return r;
@@ -1780,6 +1783,20 @@ static void graph_settle(int d, uint64_t held)
     else if (now < was)
         vgpu_release(reg, was - now, VGPU_MEM_DATA);
     g_graph_charged[d] = now;
+}
+
+/* After a reset of CUDA device `dev`'s primary context: the graph pool's charge follows what the
+ * driver still reserves (a reset frees the graphs' memory with the context's), and every graph
+ * counts as unmapped there, so a launch maps, checks and charges it again. */
+static void graph_after_reset(CUdevice dev)
+{
+    if (dev < 0 || dev >= VGPU_MAX_DEV)
+        return;
+    pthread_mutex_lock(&g_graph_mu);
+    g_trim_epoch[dev]++;
+    if (g_graph_charged[dev])
+        graph_settle(dev, 0);
+    pthread_mutex_unlock(&g_graph_mu);
 }
 
 /* Run `call` (an upload, launch, or instantiation that uploads) that maps the graph of `m` where

@@ -244,3 +244,28 @@ print(parent, os.read(r, 200).decode())
         vgpu_env,
     ).stdout.strip()
     assert out == "600 [0, 300, 300, 2]", out
+
+
+def test_a_device_reset_gives_back_the_graph_pools_charge(vgpu_env):
+    """cudaDeviceReset (cuDevicePrimaryCtxReset) frees the primary context's memory, its graphs'
+    too: the graph pool's reservation was kept on the ledger, so after a reset the process could
+    allocate 600 MiB less than its limit allowed, until it exited. The charge now follows the
+    driver's own figure after a reset, and a graph still launchable after it counts as unmapped:
+    its next launch is checked again (here beside 900 MiB under the 1 GiB limit: refused)."""
+    out = run_py(
+        PRELUDE
+        + """
+c.init()
+g = graph(); a, d = alloc_node(g, 600); free_node(g, d, a)
+rc, x = instantiate(g); c.check(rc); c.check(launch(x)); c.check(cu.cuCtxSynchronize())
+row = [ledger(), held()]
+c.check(cu.cuDevicePrimaryCtxReset_v2(0), "reset")
+c.init()
+row += [ledger(), held()]
+rc, big = c.alloc(900 * MiB)
+row += [rc, ledger(), launch(x), ledger(), held()]
+print(row)
+""",
+        vgpu_env,
+    ).stdout.strip()
+    assert out == str([600, 600, 0, 0, 0, 900, 2, 900, 900]), out
