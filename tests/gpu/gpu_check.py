@@ -228,7 +228,10 @@ def torch_graph_rows(conf: str, res: dict) -> list[Row]:
             not fits.get("err") and fits.get("right") is True,
         )
     ]
-    oom = bool(over.get("err")) and "out of memory" in over["err"].lower()
+    # refused in the graph (capture or first replay), not in the small warm-up before it
+    oom = (
+        bool(over.get("err")) and "out of memory" in over["err"].lower() and over.get("phase") in ("capture", "replay")
+    )
     rows.append(
         Row(
             f"PyTorch CUDA graph over the limit ({conf})",
@@ -246,7 +249,8 @@ def shared_row(limit_mib: int, first: dict, second: dict) -> Row:
     """Two processes of one container: `first` stopped at its figure, `second` ran until refused."""
     a, b = first["reached"], second["reached"]
     ok = (
-        second["rc"] == 2
+        first.get("rc") == 0  # the first holds what it was told to, not what it was refused at
+        and second["rc"] == 2
         and a + b <= limit_mib
         and second["free0"] <= limit_mib - a
         and b >= second["free0"] - 128  # its 64 MiB steps, short of what it saw free
@@ -511,9 +515,9 @@ class Checker:
         try:
             p = subprocess.run(argv, env=env or self.env, capture_output=True, text=True, timeout=self.a.timeout, **kw)
         except subprocess.TimeoutExpired as e:
-            self._keep(argv, "killed: " + hung(e), e.stdout, e.stderr)
+            self._keep(argv, "killed: " + hung(e), e.stdout, e.stderr, self.n)
             raise
-        self._keep(argv, f"exit {p.returncode}", p.stdout, p.stderr)
+        self._keep(argv, f"exit {p.returncode}", p.stdout, p.stderr, self.n)
         return p
 
     def _argv(self, cmd: list[str], gpumem: str | None = None, extra=(), cache: str | None = None) -> list[str]:
@@ -535,15 +539,15 @@ class Checker:
             *cmd,
         ]
 
-    def _keep(self, argv: list[str], how: str, out, err) -> None:
-        """With --raw DIR: the probe's command, exit and whole output in DIR/NN.log."""
+    def _keep(self, argv: list[str], how: str, out, err, n: int) -> None:
+        """With --raw DIR: probe number `n`'s command, exit and whole output in DIR/<pid>-NN.log."""
         if not self.a.raw:
             return
         text = [t.decode(errors="replace") if isinstance(t, bytes) else (t or "") for t in (out, err)]
         Path(self.a.raw).mkdir(parents=True, exist_ok=True)
         cmd = " ".join(a if len(a) < 200 else a[:60] + "..." for a in argv)
         body = f"$ {cmd}\n{how}\n--- stdout\n{text[0]}--- stderr\n{text[1]}"
-        (Path(self.a.raw) / f"{os.getpid()}-{self.n:02d}.log").write_text(body)
+        (Path(self.a.raw) / f"{os.getpid()}-{n:02d}.log").write_text(body)
 
     def discovery(self) -> list[Row]:
         smi = subprocess.run(
@@ -663,8 +667,10 @@ class Checker:
         second allocates until refused. Together they stay under the limit."""
         cache = str(self.tmp / "shared.cache")
         hold = self.a.limit_mib * 4 // 10
+        argv_a = self._argv([sys.executable, "-c", SHARED_PROBE, str(hold)], cache=cache)
+        n_a, line = self.n, ""
         a = subprocess.Popen(
-            self._argv([sys.executable, "-c", SHARED_PROBE, str(hold)], cache=cache),
+            argv_a,
             env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -673,18 +679,20 @@ class Checker:
         )
         try:
             ready, _, _ = select.select([a.stdout], [], [], self.a.timeout)
-            first = json.loads(a.stdout.readline()) if ready else None
+            line = a.stdout.readline() if ready else ""
+            first = json.loads(line) if line else None
             if not first:
                 raise RuntimeError(f"first process: no figure within {self.a.timeout:.0f} s")
+            argv_b = self._argv([sys.executable, "-c", SHARED_PROBE, "0"], cache=cache)
             p = subprocess.run(
-                self._argv([sys.executable, "-c", SHARED_PROBE, "0"], cache=cache),
+                argv_b,
                 env=self.env,
                 input="",
                 capture_output=True,
                 text=True,
                 timeout=self.a.timeout,
             )
-            self._keep(["shared second"], f"exit {p.returncode}", p.stdout, p.stderr)
+            self._keep(argv_b, f"exit {p.returncode}", p.stdout, p.stderr, self.n)
             second = json.loads(p.stdout.strip().splitlines()[-1])
         finally:
             try:
@@ -692,7 +700,7 @@ class Checker:
             except subprocess.TimeoutExpired:
                 a.kill()
                 out, err = a.communicate()
-            self._keep(["shared first"], f"exit {a.returncode}", out, err)
+            self._keep(argv_a, f"exit {a.returncode}", line + (out or ""), err, n_a)
         return [shared_row(self.a.limit_mib, first, second)]
 
     def share(self) -> list[Row]:

@@ -185,6 +185,11 @@ def test_graph_probe_failure_is_one_failing_row():
             {"mib": 1500, "phase": "capture", "err": "RuntimeError: operation not permitted", "after": True},
             [False, False],
         ),
+        (  # out of memory in the small warm-up: the graph was never tried
+            {"mib": 875, "replays": 5, "right": True, "after": True},
+            {"mib": 1500, "phase": "warm-up", "err": "OutOfMemoryError: CUDA out of memory.", "after": True},
+            [True, False],
+        ),
         (  # out of memory, but the process is broken after it
             {"mib": 875, "phase": "capture", "err": "RuntimeError: CUDA error: out of memory", "after": True},
             {"mib": 1500, "phase": "capture", "err": "OutOfMemoryError: CUDA out of memory.", "after": False},
@@ -203,10 +208,11 @@ def test_torch_graph_verdicts(fits, over, ok):
 @pytest.mark.parametrize(
     "first,second,ok",
     [
-        ({"reached": 1216}, {"free0": 1266, "reached": 1216, "rc": 2}, True),  # contexts charged too
-        ({"reached": 1216}, {"free0": 3000, "reached": 2944, "rc": 2}, False),  # the first's memory unseen
-        ({"reached": 1216}, {"free0": 1784, "reached": 1728, "rc": 0}, False),  # never refused
-        ({"reached": 1216}, {"free0": 1784, "reached": 64, "rc": 2}, False),  # refused far short
+        ({"reached": 1216, "rc": 0}, {"free0": 1266, "reached": 1216, "rc": 2}, True),  # contexts charged too
+        ({"reached": 1216, "rc": 0}, {"free0": 3000, "reached": 2944, "rc": 2}, False),  # the first's memory unseen
+        ({"reached": 1216, "rc": 0}, {"free0": 1784, "reached": 1728, "rc": 0}, False),  # never refused
+        ({"reached": 1216, "rc": 0}, {"free0": 1784, "reached": 64, "rc": 2}, False),  # refused far short
+        ({"reached": 640, "rc": 2}, {"free0": 2360, "reached": 2304, "rc": 2}, False),  # the first refused early
     ],
 )
 def test_shared_verdict(first, second, ok):

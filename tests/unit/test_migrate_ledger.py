@@ -113,3 +113,19 @@ def test_hamis_short_layout_with_init_containers_is_not_taken_for_the_old_one():
     # before the old layout was read)
     pod = _asking(_pod(f"{GPU},NVIDIA,5000,0:;", inits=1, apps=1), True, False)
     assert _held(pod) == ((1, 0, 0, True), (0, 0))
+
+
+def test_a_vendor_without_resource_names_reads_the_old_layout_by_the_count_alone():
+    """With no resource names to tell by (a vendor configured without them), an allocation with
+    one entry per regular container is read past the init containers, as before the rule took
+    each container's ask (the refactor first read it in today's order)."""
+    from hami.core.types import ContainerDevice
+    from hami.core.ledger import container_asks, init_offset
+
+    pod = {"spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "a"}, {"name": "b"}]}}
+    asks, inits = container_asks(pod, frozenset())
+    grant = ((ContainerDevice("GPU-1", "NVIDIA", 1000, 30),), ())
+    assert (asks, inits) == ((None, None, None), 1)
+    assert init_offset(grant, inits, asks) == 1
+    named, _ = container_asks(pod, frozenset({"nvidia.com/gpu"}))
+    assert named == (False, False, False) and init_offset(grant, inits, named) == 0

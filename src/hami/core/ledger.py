@@ -996,7 +996,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     return make_allocation(pod, node, devices, tuple(slices), vendors)
 
 
-def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool]) -> int:
+def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool | None]) -> int:
     """How many empty entries to put before an allocation written without its init containers'.
 
     HAMi wrote one entry per regular container until its releases counted init containers too
@@ -1009,19 +1009,23 @@ def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool]) -> i
     old layout (read in today's order, an older pod's first regular container passed for its init
     container, and once the init containers had finished the pod held nothing). Anything else is
     read in today's order, as before. ``asks``: per container, init containers first (``inits`` of
-    them), whether it asks for the vendor (:func:`container_asks`)."""
+    them), whether it asks for the vendor (:func:`container_asks`); None where that cannot be told
+    (a vendor without resource names), and then the count alone decides."""
     regular = len(asks) - inits
     if not inits or not devices or len(devices) > regular:
         return 0
+    if any(a is None for a in asks):
+        return inits
     granted = [i for i, ctr in enumerate(devices) if ctr]
     if all(asks[i] for i in granted):
         return 0
     return inits if all(asks[inits + i] for i in granted) else 0
 
 
-def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool, ...], int]:
+def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool | None, ...], int]:
     """Per container of ``pod`` (init containers first), whether it asks for one of ``names`` in
-    its limits or requests; and how many init containers there are. For :func:`init_offset`."""
+    its limits or requests (None for each when there are no names to tell by); and how many init
+    containers there are. For :func:`init_offset`."""
     spec = pod.get("spec") or {}
     inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
 
@@ -1029,6 +1033,8 @@ def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool,
         r = container.get("resources") or {} if isinstance(container, Mapping) else {}
         return any(n in (r.get("limits") or {}) or n in (r.get("requests") or {}) for n in names)
 
+    if not names:
+        return (None,) * (len(inits) + len(regular)), len(inits)
     return tuple(asks(c) for c in inits + regular), len(inits)
 
 
