@@ -471,3 +471,32 @@ def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_
     # today's layout, the init container's own entry first, is read as it is
     today = {"hami.io/vgpu-devices-allocated": ";GPU-1,NVIDIA,1000,30:;"}
     assert container_grants(today, containers, "nvidia.com/priority", 1) == (ContainerGrant("main", ("GPU-1",), 1),)
+
+
+def test_mig_series_name_the_container_the_old_layout_granted():
+    """An allocation HAMi wrote before it counted init containers: the MIG series named the init
+    container (index 0 read in today's order) while the grant went to the GPU container."""
+    import json
+
+    from hami.monitor.kube import layout_shift, mig_devices
+
+    containers = [NS(name="init", resources=None), NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}))]
+    entry = {
+        "containerIndex": 0,
+        "deviceIndex": 0,
+        "gpuUUID": "GPU-1",
+        "profile": "1g.10gb",
+        "placement": {"start": 0, "size": 1},
+        "migUUID": "MIG-1",
+        "gpuInstanceID": 7,
+        "computeInstanceID": 0,
+    }
+    ann = {
+        "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,10240,0:;",
+        "hami.io/vgpu-mig-allocations": json.dumps([entry]),
+    }
+    shift = layout_shift(ann, containers, 1, frozenset({"nvidia.com/gpu"}))
+    assert shift == 1
+    [dev] = mig_devices(ann, ["init", "main"], shift)
+    assert dev.container == "main"
+    assert container_grants(ann, containers, "nvidia.com/priority", 1)[0].container == "main"

@@ -32,17 +32,18 @@ FINISHED = ("Succeeded", "Failed")
 API_TIMEOUT_S = 10.0
 
 
-def mig_devices(annotations: dict[str, str] | None, containers: list[str]) -> tuple[MigDevice, ...]:
+def mig_devices(annotations: dict[str, str] | None, containers: list[str], shift: int = 0) -> tuple[MigDevice, ...]:
     """The instances a pod's annotation names with their runtime identity (set by the device
-    plugin once made); ``containers``: init containers, then regular (the annotation's order).
-    A malformed annotation yields none (the scheduler reports it)."""
+    plugin once made); ``containers``: init containers, then regular (the annotation's order);
+    ``shift``: the init containers an allocation HAMi wrote without them skips
+    (:func:`layout_shift`). A malformed annotation yields none (the scheduler reports it)."""
     try:
         entries = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
     return tuple(
         MigDevice(
-            containers[e.container] if e.container < len(containers) else str(e.container),
+            containers[e.container + shift] if e.container + shift < len(containers) else str(e.container + shift),
             e.device,
             e.gpu_uuid,
             e.mig_uuid,
@@ -70,6 +71,21 @@ def _asks(c: Any, names: frozenset[str]) -> bool:
     return any(n in limits or n in requests for n in names)
 
 
+def layout_shift(
+    annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
+) -> int:
+    """How many init containers the pod's NVIDIA allocation skips: non-zero only for one HAMi wrote
+    before it counted them (:func:`hami.core.ledger.init_offset`, asking meaning one of
+    ``resources`` in a container's limits or requests). 0 for a malformed annotation."""
+    if not inits:
+        return 0
+    try:
+        per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
+    except CodecError:
+        return 0
+    return init_offset(per_container, inits, [_asks(c, resources) for c in containers])
+
+
 def container_grants(
     annotations: dict[str, str] | None,
     containers: Sequence[Any],
@@ -91,10 +107,10 @@ def container_grants(
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
-    if inits:
-        shift = init_offset(per_container, inits, [_asks(c, resources) for c in containers])
+    shift = layout_shift(annotations, containers, inits, resources)
+    if shift:
         per_container = ((),) * shift + per_container
-        mig = [replace(e, container=e.container + shift) for e in mig] if shift else mig
+        mig = [replace(e, container=e.container + shift) for e in mig]
     out = []
     for i, c in enumerate(containers):
         uuids = [d.uuid for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
@@ -180,17 +196,18 @@ async def node_pods(
                 spec = pod.spec
                 containers = list(spec.init_containers or []) + list(spec.containers or []) if spec else []
                 names = [c.name for c in containers]
+                inits = len(spec.init_containers or []) if spec else 0
                 out[meta.uid] = PodRef(
                     meta.namespace or "",
                     meta.name or "",
                     meta.uid,
-                    mig_devices(meta.annotations, names),
+                    mig_devices(meta.annotations, names, layout_shift(meta.annotations, containers, inits, resources)),
                     pod_claims(pod),
                     container_grants(
                         meta.annotations,
                         containers,
                         priority_resource,
-                        len(spec.init_containers or []) if spec else 0,
+                        inits,
                         resources,
                     ),
                     finished_init_containers(pod),
