@@ -19,7 +19,9 @@ pytestmark = pytest.mark.native
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
+def fake_gpu(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """An nvidia-smi stand-in over the fake NVML, and an environment on the fake GPU (no library
+    preloaded, no limits inherited)."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / "fake_nvidia_smi.py"} "$@"\n')
     smi.chmod(0o755)
@@ -28,8 +30,13 @@ def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
         LD_LIBRARY_PATH=str(FAKE),
         FAKEGPU_STATE_DIR=str(tmp_path / "machine"),
         HAMI_NVML_LIBRARY=str(FAKE / "libnvidia-ml.so.1"),
-        PYTHONPATH=str(ROOT / "src"),
     )
+    return smi, env
+
+
+def test_gpu_path_against_the_fake_gpu(native_build, tmp_path):
+    smi, env = fake_gpu(tmp_path)
+    env["PYTHONPATH"] = str(ROOT / "src")
     p = subprocess.run(
         [
             sys.executable,
@@ -71,14 +78,8 @@ def test_the_offline_runner_against_the_fake_gpu(native_build, tmp_path):
     """scripts/gpu-check-offline.sh, as on a GPU machine without a package index: each check alone
     under its time limit, every table in OUT/log, each probe's whole output in OUT/raw.tgz. (No
     PyTorch here: its rows fail, the driver-API rows must pass.)"""
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / "fake_nvidia_smi.py"} "$@"\n')
-    smi.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKEGPU_", "CUDA_", "LD_PRELOAD"))}
+    smi, env = fake_gpu(tmp_path)
     env.update(
-        LD_LIBRARY_PATH=str(FAKE),
-        FAKEGPU_STATE_DIR=str(tmp_path / "machine"),
-        HAMI_NVML_LIBRARY=str(FAKE / "libnvidia-ml.so.1"),
         NVIDIA_SMI=str(smi),
         GPU_CHECK_PYTHON=sys.executable,
         GPU_CHECK_CHECKS="shared:120 graphs:120",
