@@ -243,3 +243,24 @@ async def test_a_bind_queued_behind_this_replicas_other_bind_on_the_node_stops_a
     assert "failed" in answer["Error"] and "deadline" in answer["Error"]
     _kept_for_a_retry(svc, api, ext)
     assert not queue.locked()
+
+
+async def test_a_filter_mode_decision_patch_refused_leaves_its_node_not_busy():
+    """decision_write "filter": a decision patch refused rolls the reservation back, and no Bind
+    will take that node's lock for it, so the node is not counted busy for it either (it was,
+    until the lock timeout: with queue_depth binds ahead, Filter offered it last)."""
+    svc, api, ext = _filtered("filter")
+    patch = FakeDecisionApi.merge_patch
+
+    async def refused_pod_patch(self, path, body):
+        if "/pods/" in path:
+            raise KubeError("PATCH", path, 422, '{"message": "denied by policy"}')
+        return await patch(self, path, body)
+
+    api.merge_patch = refused_pod_patch.__get__(api)
+    chosen = await _chosen(svc)
+    assert ext.busy_nodes() == {chosen: 1}
+    with pytest.raises(KubeError):
+        await ext.decision_recorded("ns", "a")
+    assert not svc.state.ledger.is_reserved("uid-a")
+    assert ext.busy_nodes() == {}

@@ -504,6 +504,11 @@ class Extender:
             key = result.allocation.key
             if self.state.ledger.is_reserved(key) and self.state.ledger.pod(key) == result.allocation:
                 self.state.restore_pod(key, ns, meta["name"])
+            ref = f"{ns}/{meta['name']}"
+            if self._recording.get(ref) is asyncio.current_task():
+                # no Bind will take a lock for this decision: its node is not busy for it (a
+                # later Filter of the pod has its own recording task and its own entry)
+                self._in_flight.pop(ref, None)
             msg = f"cannot record the decision on pod {ns}/{meta['name']}: {exc}"
             log.warning("%s; reservation rolled back", msg)
             self.events.record(pod, "FilteringFailed", msg, "Warning")
