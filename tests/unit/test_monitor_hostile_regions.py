@@ -77,6 +77,38 @@ def test_a_feedback_write_failure_names_the_file_without_its_control_characters(
     assert "a\\r\\nFAKE LINE.cache" in said[0]
 
 
+def test_a_feedback_write_that_keeps_failing_is_warned_about_once(tmp_path, caplog, monkeypatch):
+    """A region the container made unwritable fails every period (5 s): it was two warnings a
+    period for as long as the pod ran. Now once, again after a success, or for another error."""
+    path = kit.write(tmp_path / "containers" / f"{TENANT}_main" / "x.cache", uuids=("GPU-t",), recent_kernel=3)
+    errors = [OSError(13, "Permission denied")]
+
+    def write(*args, **kwargs):
+        if errors[0] is not None:
+            raise errors[0]
+
+    monkeypatch.setattr(command, "write_int32", write)
+    monkeypatch.setattr(command, "_write_failures", {})
+
+    def warned(writes: int) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            for _ in range(writes):
+                command.apply({path: command.Writes(recent_kernel=2)}, {path: "v1"})
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("feedback:")]
+
+    assert len(warned(5)) == 1
+    errors[0] = OSError(28, "No space left on device")  # another error: said
+    (said,) = warned(3)
+    assert "No space left" in said
+    errors[0] = None
+    assert warned(2) == [f"feedback: recent_kernel of {path} written again"]
+    errors[0] = OSError(13, "Permission denied")
+    assert len(warned(2)) == 1
+    command.apply({}, {})  # the region is no longer read: forgotten
+    assert command._write_failures == {}
+
+
 # ------------------------------------------------------------------ whose GPU
 
 

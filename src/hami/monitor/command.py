@@ -246,6 +246,12 @@ def _add(out: list[tuple[Reading, str]], path: str, priority: int | None, allowe
     out.append((Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch), r.layout))
 
 
+#: (region path, field) -> the error its last write failed with: a failure is warned about once
+#: until the write succeeds again or fails otherwise (a region the container made read-only
+#: failed every period, two warnings each 5 s for as long as the pod ran)
+_write_failures: dict[tuple[str, str], str] = {}
+
+
 def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
     for path, w in sorted(writes.items()):
         for field in ("recent_kernel", "utilization_switch"):
@@ -255,8 +261,18 @@ def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
             try:
                 write_int32(path, field, value, layouts.get(path, "v1"))
             except (OSError, RegionError) as exc:
-                # the path ends in a name the container may have chosen
-                log.warning("feedback: cannot write %s of %s: %s", field, printable(path), printable(str(exc)))
+                said = printable(str(exc))
+                if _write_failures.get((path, field)) != said:
+                    # the path ends in a name the container may have chosen
+                    log.warning(
+                        "feedback: cannot write %s of %s: %s (said once until it changes)", field, printable(path), said
+                    )
+                _write_failures[(path, field)] = said
+            else:
+                if _write_failures.pop((path, field), None) is not None:
+                    log.info("feedback: %s of %s written again", field, printable(path))
+    for gone in [k for k in _write_failures if k[0] not in layouts]:  # regions no longer read
+        del _write_failures[gone]
 
 
 def feedback_once(
