@@ -150,11 +150,13 @@ async def test_flush_removes_a_pending_lock_at_once(tmp_path):
     assert A.NODE_LOCK not in kube.annotations and alloc.deferred_stats["released"] == 1
 
 
-async def test_with_no_delay_the_lock_goes_before_the_success_write(tmp_path):
+async def test_with_no_delay_the_lock_goes_right_after_the_success_write(tmp_path):
+    """Not before it: a write the kubelet cut would leave the pod allocating with no lock
+    (test_dp_migrate_retry.py::test_without_a_release_delay_the_lock_outlives_a_write_the_kubelet_cut)."""
     kube = FakeKube(LOCK_P, [pod_obj("p")])
     await allocator(kube, 0, tmp_path).allocate([1])
-    assert kube.journal[0] == ("release", LOCK_P, True)
-    assert kube.journal[1][:2] == ("pod", "p") and kube.journal[1][2][A.BIND_PHASE] == "success"
+    assert kube.journal[0][:2] == ("pod", "p") and kube.journal[0][2][A.BIND_PHASE] == "success"
+    assert kube.journal[1] == ("release", LOCK_P, True)
 
 
 async def test_a_lock_naming_a_finished_pod_is_not_taken_for_the_pod_being_admitted(tmp_path):

@@ -127,3 +127,18 @@ async def test_a_retry_of_one_container_of_several_gets_that_containers_answer(t
     assert first.cache_dir.endswith("uid-p_main") and first.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1"
     assert second.cache_dir.endswith("uid-p_second") and second.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2"
     assert ann(kube, "p")[A.BIND_PHASE] == "success"
+
+
+async def test_without_a_release_delay_the_lock_outlives_a_write_the_kubelet_cut(tmp_path):
+    """--lock-release-delay=0 handed the lock back before the success write: a kubelet gone
+    during that write left the pod allocating with no lock, the scheduler bound the next pod
+    under a new one, and the pod's retry took that pod's entry (found by review). The lock now
+    goes only once the pod is marked, so the retry finds its own pod by it."""
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p"), pod_obj("q", to_allocate="GPU-2,NVIDIA,2000,20:;")])
+    alloc = allocator(kube, tmp_path, delay=0)
+    await cancelled_call(kube, alloc, "before")
+    assert kube.annotations[A.NODE_LOCK] == LOCK_P  # the scheduler binds no other pod here
+    (again,) = await alloc.allocate([1])  # the restarted kubelet admits p again
+    assert again.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and again.cache_dir.endswith("uid-p_main")
+    assert ann(kube, "p")[A.BIND_PHASE] == "success" and ann(kube, "q")[A.BIND_PHASE] == "allocating"
+    assert A.NODE_LOCK not in kube.annotations  # released once p was marked

@@ -45,6 +45,13 @@ def owner(node_name=None, vgpu_node=None, phase=None, deleting=False, pod_phase=
         (301, owner(vgpu_node="n1"), "expired"),
         (10, L.MISSING, "no longer exists"),
         (10, owner(deleting=True), "being deleted"),
+        (10, owner(deleting=True, vgpu_node="n1", phase="allocating"), "being deleted"),  # never bound
+        # bound here and being deleted before the kubelet admitted it: the kubelet may still call
+        # Allocate, which finds its pod by this lock (found by review: handed on, two pods swapped grants)
+        (10, owner(deleting=True, node_name="n1", vgpu_node="n1", phase="allocating"), None),
+        (301, owner(deleting=True, node_name="n1", vgpu_node="n1", phase="allocating"), "expired"),
+        (10, owner(deleting=True, node_name="n1", vgpu_node="n1", phase="success"), "finished"),
+        (10, owner(deleting=True, node_name="n2", vgpu_node="n2", phase="allocating"), "being deleted"),
         (10, owner(vgpu_node="n1", phase="success"), "finished"),
         (10, owner(vgpu_node="n1", phase="failed"), "finished"),
         (10, owner(node_name="n2"), "bound to node n2"),
@@ -166,6 +173,12 @@ def test_an_owner_that_ended_is_finished_for_good():
     assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Failed"))
     assert L.finished(owner(node_name="n1", phase="allocating", pod_phase="Succeeded"))
     assert not L.finished(owner(node_name="n1", phase="allocating", pod_phase="Pending"))
+
+
+def test_an_owner_being_deleted_is_finished_only_if_it_was_never_bound():
+    assert L.finished(owner(deleting=True, vgpu_node="n1", phase="allocating"))
+    assert not L.finished(owner(deleting=True, node_name="n1", vgpu_node="n1", phase="allocating"))
+    assert L.finished(owner(deleting=True, node_name="n1", vgpu_node="n1", phase="success"))
 
 
 def test_a_success_with_another_vendors_devices_left_is_not_finished():

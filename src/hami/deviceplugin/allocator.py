@@ -252,19 +252,20 @@ class Allocator:
         if A.all_done(pending) and others:
             log.info("pod %s: its GPUs are allocated; %s still to be allocated by another plugin", pod.ref, others)
         handoff = done and held is not None and self.release_delay > 0
-        if done and not handoff:
-            # The lock's one job, telling this plugin which pod the kubelet is admitting, is over
-            # once the last container's grant is built: hand it back before recording the result,
-            # so the scheduler's next Bind on this node overlaps with that write. (Allocate comes
-            # once per container; the lock stays until the last one.) A failed write below still
-            # marks the pod failed through _fail.
-            await self._release_done(pod, held)
         patch = {A.TO_ALLOCATE: remains, **mig_patch}
         if done:
             patch[A.BIND_PHASE] = "success"
         # the label hami.io/vgpu-node is how a vGPU monitor (ours, HAMi's) finds this node's
         # pods; HAMi's scheduler sets it from Filter, ours (--decision-write=binding) leaves it here
         await self.kube.patch_pod_annotations(pod, patch, labels={A.VGPU_NODE: self.node})
+        if done and not handoff:
+            # The lock's one job, telling this plugin which pod the kubelet is admitting, is over
+            # once the pod is marked (Allocate comes once per container; the lock stays until the
+            # last one). Not before that write: a kubelet gone during it (the write cut) retries
+            # this pod, which, its entry not taken on the pod, is found by the lock again; with
+            # the lock handed on, the retry took the next pod's entry (found by review). A failed
+            # write above marks the pod failed and releases the lock through _fail.
+            await self._release_done(pod, held)
         if handoff:
             # the pod is marked: the scheduler swaps the lock over for its next Bind here on
             # seeing that; if none comes within release_delay, remove it ourselves

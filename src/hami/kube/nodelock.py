@@ -182,18 +182,20 @@ def _names_device(value: str) -> bool:
 
 
 def finished(owner: Any) -> bool:
-    """The owner pod can never need its lock again, whatever happens next (being deleted, or
-    its allocation ended); a cached copy saying so needs no fresh read. ``bind-phase: success``
-    ends it only once no vendor's devices are left to hand out: in a pod asking for two vendors'
-    devices, HAMi's plugins write success when their own part is done, and the other plugin,
-    finding its pod by this lock, would meet the next pod's name."""
+    """The owner pod can never need its lock again, whatever happens next (its allocation
+    ended, or it is being deleted before it was bound); a cached copy saying so needs no fresh
+    read. ``bind-phase: success`` ends it only once no vendor's devices are left to hand out: in
+    a pod asking for two vendors' devices, HAMi's plugins write success when their own part is
+    done, and the other plugin, finding its pod by this lock, would meet the next pod's name.
+    A pod being deleted once bound may still be admitted (a kubelet that first sees it with its
+    deletion set still calls Allocate), so it is not finished while it is allocating."""
     if owner is None or owner is MISSING:
         return False
     meta = owner.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     phase = annotations.get(BIND_PHASE)
     return (
-        bool(meta.get("deletionTimestamp"))
+        (bool(meta.get("deletionTimestamp")) and not (owner.get("spec") or {}).get("nodeName"))
         or phase == "failed"
         or (phase == "success" and not devices_pending(annotations))
         or (owner.get("status") or {}).get("phase") in ("Failed", "Succeeded")
@@ -217,8 +219,6 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
         return "owner pod no longer exists"
     meta, spec = owner.get("metadata") or {}, owner.get("spec") or {}
     annotations = meta.get("annotations") or {}
-    if meta.get("deletionTimestamp"):
-        return "owner pod is being deleted"
     if annotations.get(BIND_PHASE) == "failed" or (
         annotations.get(BIND_PHASE) == "success" and not devices_pending(annotations)
     ):
@@ -229,7 +229,13 @@ def stale_reason(value: str, node: str, now: datetime, expiry_s: float, owner: A
         # device plugin was restarting), so no Allocate will ever release the lock
         return f"owner pod ended ({phase}) before its allocation"
     if spec.get("nodeName") == node:
-        return None  # bound here, allocation not finished: the device plugin finds it by this lock
+        # bound here, allocation not finished: the device plugin finds it by this lock, even
+        # while it is being deleted (a kubelet that first sees it then still admits it and calls
+        # Allocate; with the lock handed on, that call took the next pod's grant, and the next
+        # pod, finding itself done, this one's). It ends with the pod gone, ended or expired.
+        return None
+    if meta.get("deletionTimestamp"):
+        return "owner pod is being deleted"
     if spec.get("nodeName"):
         return f"owner pod is bound to node {spec['nodeName']}"
     if annotations.get(VGPU_NODE) and annotations[VGPU_NODE] != node:
