@@ -118,6 +118,25 @@ async def test_webhook_answers_a_well_formed_review():
         assert r.status == 200 and body["response"] == {"uid": "u", "allowed": True}
 
 
+async def test_a_review_of_more_values_than_any_stored_pod_gets_400_without_the_exact_walk(monkeypatch):
+    """Anyone who reaches the port may POST a review: 4 MiB of empty lists (1.3 million values)
+    held the event loop, Filter and Bind with it, about 7 s (found by review). Refused after the
+    quick pass; /filter keeps the general limit (a Filter without a node cache carries nodes)."""
+    from hami.core import shape
+
+    attack = b'{"request": {"object": {"spec": {"x": [' + b",".join([b"[]"] * 1_300_000) + b"]}}}}"
+    assert len(attack) < S.MAX_BODY
+    walk = shape._walk
+    walked = []
+    monkeypatch.setattr(shape, "_walk", lambda *a: walked.append(1) or walk(*a))
+    async with TestClient(TestServer(service(node("n1")).app())) as client:
+        r = await client.post("/webhook", data=attack)
+        assert r.status == 400 and f"more than {S.WEBHOOK_MAX_VALUES} values" in await r.text()
+        assert walked == []
+        r = await client.post("/filter", data=attack)  # not a review: within the general limit
+        assert r.status == 200 and walked == [1]
+
+
 async def test_bind_without_an_api_client_is_an_error_not_a_500():
     async with TestClient(TestServer(service(node("n1")).app())) as client:
         r = await client.post("/bind", json={"PodName": "a", "PodNamespace": "ns", "Node": "n1"})

@@ -63,18 +63,33 @@ FAST_BUDGET = 200_000  # values the quick pass visits before it leaves the tree 
 
 
 def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> None:
-    """Raise :class:`ShapeError` unless ``value`` is an acyclic JSON tree within the limits."""
-    if _quick_ok(value, max_depth, min(max_nodes, FAST_BUDGET)):
+    """Raise :class:`ShapeError` unless ``value`` is an acyclic JSON tree within the limits.
+    With ``max_nodes`` at most :data:`FAST_BUDGET`, a tree over it costs the quick pass alone
+    (cut at the limit): the exact walk would visit all of it, whatever its size, to say so."""
+    budget = min(max_nodes, FAST_BUDGET)
+    verdict = _quick(value, max_depth, budget)
+    if verdict is True:
         return  # (the common case: an ordinary pod or node; the walk below names what is wrong)
+    if verdict == _OVER and budget == max_nodes:
+        raise ShapeError(f"{where}: more than {max_nodes} values (with aliases expanded)")
     _walk(value, where, max_depth, max_nodes)
 
 
+_OVER = "over"  # what _quick says of a tree with more values than its budget
+
+
 def _quick_ok(value: Any, max_depth: int, budget: int) -> bool:
+    """:func:`_quick` as a yes or no."""
+    return _quick(value, max_depth, budget) is True
+
+
+def _quick(value: Any, max_depth: int, budget: int) -> bool | str:
     """True when ``value`` is plainly a JSON tree within the limits: every container within
     ``max_depth`` levels, at most ``budget`` values in all (shared subtrees counted per use, so a
-    cycle or an alias bomb runs out of depth or budget), string keys, finite floats. False means
-    "not shown here" (the exact walk decides and words the error). About ten times cheaper than
-    the walk: no paths built, no memo; it runs on every extender body and watched object."""
+    cycle or an alias bomb runs out of depth or budget), string keys, finite floats. :data:`_OVER`
+    when it holds more than ``budget`` values (counted so far), False otherwise: "not shown here"
+    (the exact walk decides and words the error). About ten times cheaper than the walk: no
+    paths built, no memo; it runs on every extender body and watched object."""
     left = [budget - 1]  # the root; each container then counts its children
 
     def fine(node: Any, depth: int) -> bool:
@@ -102,7 +117,7 @@ def _quick_ok(value: Any, max_depth: int, budget: int) -> bool:
 
     kind = type(value)
     if kind is dict or kind is list:
-        return fine(value, 1)
+        return fine(value, 1) or (_OVER if left[0] < 0 else False)
     return value is None or kind is str or kind is int or kind is bool or (kind is float and math.isfinite(value))
 
 

@@ -37,7 +37,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from hami.core.shape import NODE, POD, ListOf, ShapeError, check, check_tree
+from hami.core.shape import FAST_BUDGET, MAX_NODES, NODE, POD, ListOf, ShapeError, check, check_tree
 from hami.kube.client import KubeClient, KubeError, encode_json
 from hami.kube.reflector import Reflector
 from hami.serve import ConnectionGuard, application, client_verified, read_body, start
@@ -65,6 +65,9 @@ from .state import ClusterState, handshake_value
 log = logging.getLogger(__name__)
 MAX_BODY = 4 << 20
 MAX_DEPTH = 64  # JSON nesting (a Pod nests about 12 deep)
+#: values in an AdmissionReview (object and oldObject): a pod the API server stores is at most
+#: 1.5 MiB (etcd's request limit), tens of thousands of values unless written to attack
+WEBHOOK_MAX_VALUES = FAST_BUDGET
 FILTER_ARGS = {
     "Pod": POD,
     "pod": POD,
@@ -299,8 +302,8 @@ class SchedulerService:
             response.force_close()
         return response
 
-    async def _json(self, request: web.Request) -> Any:
-        return await read_json_object(request)
+    async def _json(self, request: web.Request, max_values: int = MAX_NODES) -> Any:
+        return await read_json_object(request, max_values)
 
     async def _filter(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -374,8 +377,11 @@ class SchedulerService:
         """Anyone who reaches the port may call this (the API server does not authenticate itself
         to webhooks): names from the body reach an API URL only once checked (:func:`name_error`,
         a 400 denial otherwise), a dry run writes nothing, and templates are created only in a
-        namespace that exists, within :class:`~hami.webhook.templates.TemplateBudget`."""
-        body = await self._json(request)
+        namespace that exists, within :class:`~hami.webhook.templates.TemplateBudget`. A body of
+        more than ``WEBHOOK_MAX_VALUES`` values is refused (400) after the quick pass alone: no
+        pod or claim the API server stores comes near it, and one of 4 MiB of empty lists (1.3
+        million values) held this event loop, Filter and Bind with it, about 7 s (found by review)."""
+        body = await self._json(request, WEBHOOK_MAX_VALUES)
         req = body.get("request") if isinstance(body.get("request"), dict) else {}
         pod = req.get("object") if isinstance(req.get("object"), dict) else {}
         claim = is_claim_create(req) and bool(pod)
@@ -544,8 +550,9 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
-async def read_json_object(request: web.Request) -> dict:
-    """The request body as a JSON object, or an HTTP 4xx with one line saying why."""
+async def read_json_object(request: web.Request, max_values: int = MAX_NODES) -> dict:
+    """The request body as a JSON object of at most ``max_values`` values, or an HTTP 4xx with
+    one line saying why."""
     raw = await read_body(request)
     try:
         body = orjson.loads(raw)  # the fast path; what it refuses is read again below, for the reason
@@ -554,7 +561,7 @@ async def read_json_object(request: web.Request) -> dict:
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text=f"request body must be a JSON object, got {type(body).__name__}")
     try:
-        check_tree(body, "request body", max_depth=MAX_DEPTH)
+        check_tree(body, "request body", max_depth=MAX_DEPTH, max_nodes=max_values)
     except ShapeError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from None
     return body
