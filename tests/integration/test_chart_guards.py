@@ -267,6 +267,12 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         # a privileged container is refused even there
         message = _denied(lambda: create(allowed, _pod("root", scheduler, privileged=True)))
         assert "'main'" in message and "privileged" in message
+        # and so is one adding SYS_ADMIN (the NVIDIA runtime counts it privileged), any spelling
+        for cap in ("SYS_ADMIN", "cap_sys_admin", "ALL"):
+            admin = _pod(f"admin-{cap.lower().replace('_', '-')}", scheduler)
+            admin["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": [cap]}}
+            message = _denied(lambda admin=admin: create(plain, admin))
+            assert "'main'" in message and "adds the capability SYS_ADMIN" in message
         # pods for another scheduler, and pods of ours that ask for no device, are not affected
         create(plain, _pod("other", "default-scheduler", env=disable, privileged=True))
         create(plain, _pod("no-device", scheduler, env=disable, privileged=True, gpu=False))
@@ -445,6 +451,10 @@ def test_the_scheduler_may_change_only_node_annotations(kube_cluster, helm_bin, 
             message = _denied(lambda: patch({"metadata": {"annotations": {flannel: value}}}))
             assert f"may change only its own annotations (hami.io/...) of node {node}, not {flannel}" in message
         patch({"metadata": {"annotations": {"cambricon.com/dsmlu.lock": "2025-01-01T00:00:00Z,ns,p"}}})
+        # the operator's GPU cordon is hami.io/ by name but not the scheduler's
+        cordon = "hami.io/device-cordon"
+        message = _denied(lambda: patch({"metadata": {"annotations": {cordon: "GPU-x"}}}))
+        assert f"may change only its own annotations (hami.io/...) of node {node}, not {cordon}" in message
         assert "not its status" in _denied(
             lambda: patch({"status": {"capacity": {"nvidia.com/gpu": "99"}}}, sub="/status")
         )

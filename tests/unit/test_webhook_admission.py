@@ -257,6 +257,22 @@ def test_opt_in_label_allows_disable_control():
     assert decide(pod(GPU, env=OFF), S, {"hami.io/allow-disable-control": "true"}).allowed
 
 
+@pytest.mark.parametrize("cap", ["SYS_ADMIN", "sys_admin", "CAP_SYS_ADMIN", "ALL", "cap_all"])
+def test_a_device_container_adding_sys_admin_is_refused_like_a_privileged_one(cap):
+    """The NVIDIA runtime counts CAP_SYS_ADMIN in the bounding set as privileged: its
+    NVIDIA_VISIBLE_DEVICES (the image's, an envFrom's) is honoured where an unprivileged one is
+    not, every GPU of the node (found by review)."""
+    p = pod(GPU)
+    p["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["NET_ADMIN", cap]}}
+    d = decide(p, S)
+    assert not d.allowed and d.code == 403 and f"adds capability {cap!r}" in d.message
+    p["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["NET_ADMIN", "SYS_PTRACE"]}}
+    assert decide(p, S).allowed
+    init = {"name": "setup", "image": "busybox", "securityContext": {"capabilities": {"add": [cap]}}}
+    assert not decide(pod(GPU, init=[init]), S).allowed  # in an init container too
+    assert decide(pod(init=[init]), S).allowed  # a pod asking for no device: not ours to judge
+
+
 def test_privileged_without_devices_is_left_alone():
     d = decide(pod(privileged=True), S)
     assert d.allowed and d.pod["spec"].get("schedulerName") is None

@@ -18,7 +18,8 @@
 5. every vendor's admission defaults and validation (the core's :func:`hami.core.admit_pod`);
    (security, beyond HAMi) a device pod may not set the variables its grant sets
    (:func:`reserved_env_error`);
-6. a privileged container in a pod with device resources is denied;
+6. a privileged container in a pod with device resources is denied, and so is one adding the
+   capability SYS_ADMIN (or ALL), which the NVIDIA runtime counts as privileged;
 7. a pod with device resources gets ``spec.schedulerName``; if it already has ``spec.nodeName``
    it is denied (it would bypass the extender);
 8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request;
@@ -123,6 +124,19 @@ class Decision:
     code: int = 200
     templates: tuple[dict, ...] = ()  # ResourceClaimTemplates the pod needs (DRA front end)
     warnings: tuple[str, ...] = ()  # AdmissionReview warnings (kubectl prints them)
+
+
+def sys_admin(container: Mapping[str, Any]) -> str | None:
+    """The entry of ``securityContext.capabilities.add`` that gives ``container`` CAP_SYS_ADMIN
+    (``SYS_ADMIN`` or ``ALL``, any letter case, with or without ``CAP_``, as the container runtime
+    reads them), or None."""
+    sc = container.get("securityContext")
+    caps = sc.get("capabilities") if isinstance(sc, Mapping) else None
+    added = caps.get("add") if isinstance(caps, Mapping) else None
+    for cap in added if isinstance(added, list) else ():
+        if isinstance(cap, str) and cap.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
+            return cap
+    return None
 
 
 def _containers(pod: Mapping[str, Any]) -> list[dict]:
@@ -520,6 +534,13 @@ def _decide_clean(
                 return _deny(
                     f"container {c.get('name')!r} is privileged: a privileged container sees every GPU, "
                     "so it cannot be given a GPU share"
+                )
+            if (cap := sys_admin(c)) is not None:
+                return _deny(
+                    f"container {c.get('name')!r} adds capability {cap!r}: the NVIDIA container runtime counts "
+                    "a container holding CAP_SYS_ADMIN as privileged (its NVIDIA_VISIBLE_DEVICES, from the image "
+                    "or an envFrom, is then honoured: every GPU), and it could unmount the GPU share's files, so "
+                    "it cannot be given a GPU share"
                 )
         spec = mutated.setdefault("spec", {})
         if spec.get("nodeName"):  # either front end: no scheduler of ours would have placed it
