@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from hami.ui import model as ui_model
-from hami.ui.server import PENDING_TTL, UiApi
+from hami.ui.server import LOOP_SHARE, PENDING_TTL, UiApi
 
 from .test_ui_api import NOW, gpu_pod, placed
 from .test_ui_auth import TENANT, FakeReviews, _api, _client, bearer, shared  # noqa: F401 - the fixture
@@ -28,8 +28,10 @@ async def test_tenant_refreshes_share_one_pods_document(shared, monkeypatch):  #
             assert resp.status == 200
             assert [i["name"] for i in (await resp.json())["items"]] == ["mine"]
         assert len(built) == 1
-        # a pod placed changes the ledger: the next answer shows it at once
+        # a pod placed changes the ledger: it shows once the document is LOOP_SHARE times as old
+        # as its build took (a few ms here)
         placed(shared, gpu_pod("second", ns="team-a", mem=500, cores=5), "gpu-o")
+        now[0] += LOOP_SHARE * api._pods_cache[()][3] + 1e-6
         names = [i["name"] for i in (await (await client.get("/api/v1/pods", headers=bearer(TENANT))).json())["items"]]
         assert sorted(names) == ["mine", "second"] and len(built) == 2
         now[0] += PENDING_TTL  # and an unchanged ledger is read again after the window

@@ -5,7 +5,7 @@ everybody shares out of the cache."""
 from __future__ import annotations
 
 from hami.ui import model as ui_model
-from hami.ui.server import PENDING_TTL, SHARED_DOCS
+from hami.ui.server import LOOP_SHARE, PENDING_TTL, SHARED_DOCS
 
 from .test_ui_api import NOW, gpu_pod, placed
 from .test_ui_auth import ADMIN, FakeReviews, _api, _client, bearer, shared  # noqa: F401 - the fixture
@@ -32,14 +32,53 @@ async def test_node_refreshes_share_one_nodes_document(shared, monkeypatch):  # 
             assert doc["cacheSynced"] is True
         assert len(built) == 1
         assert "cacheSynced" not in api._nodes_cache[()][2]  # the shared document is never written
-        # a pod placed changes the ledger: its allocation shows at once
+        # a pod placed changes the ledger: its allocation shows once the document is LOOP_SHARE
+        # times as old as its build took (a few ms here)
         placed(shared, gpu_pod("second", ns="team-a", mem=500, cores=5), "gpu-o")
+        now[0] += LOOP_SHARE * api._nodes_cache[()][3] + 1e-6
         doc = await (await client.get("/api/v1/nodes", headers=bearer(ADMIN))).json()
         gpu_o = next(n for n in doc["items"] if n["name"] == "gpu-o")
         assert sum(d["memoryMiB"]["allocated"] for d in gpu_o["devices"]) == 1500 and len(built) == 2
         now[0] += PENDING_TTL  # an unchanged ledger is read again after the window (live usage, readiness)
         assert (await client.get("/api/v1/nodes", headers=bearer(ADMIN))).status == 200
         assert len(built) == 3
+    finally:
+        await client.close()
+
+
+async def test_a_ledger_changing_all_the_time_does_not_rebuild_the_document_for_every_request(
+    shared,  # noqa: F811
+    monkeypatch,
+):
+    """Pods placed between any two requests changed the ledger's generation every time, so each
+    request built the whole cluster's document on the scheduler's loop (0.4 s at 8000 pods: one
+    tenant polling /api/v1/pods without pause held Filter and Bind ~0.3 s a time; found by
+    review). A document is reused until it is LOOP_SHARE times as old as its build took."""
+    built = _counting(monkeypatch, "pods_document")
+    now = [NOW]
+    api = _api(shared, FakeReviews())
+    api.clock = lambda: now[0]
+    client = await _client(api)
+    try:
+        assert (await client.get("/api/v1/pods", headers=bearer(ADMIN))).status == 200
+        when, generation, doc, _ = api._pods_cache[()]
+        api._pods_cache[()] = (when, generation, doc, 0.5)  # as if the build took 0.5 s (8000 pods)
+        churn = None
+        for i in range(10):  # a pod placed or removed before every request, for LOOP_SHARE x 0.5 s
+            seen = shared.ledger.generation()
+            if churn is None:
+                churn = placed(shared, gpu_pod("churn", ns="team-a", mem=10, cores=1), "gpu-o")
+            else:
+                shared.pod_handler.apply("DELETED", churn)
+                churn = None
+            assert shared.ledger.generation() != seen
+            now[0] = NOW + i * LOOP_SHARE * 0.5 / 10
+            assert (await client.get("/api/v1/pods", headers=bearer(ADMIN))).status == 200
+        assert len(built) == 1
+        placed(shared, gpu_pod("last", ns="team-a", mem=10, cores=1), "gpu-o")
+        now[0] = NOW + LOOP_SHARE * 0.5  # then it is built again, with what changed meanwhile
+        names = {p["name"] for p in (await (await client.get("/api/v1/pods", headers=bearer(ADMIN))).json())["items"]}
+        assert len(built) == 2 and "last" in names
     finally:
         await client.close()
 
