@@ -100,3 +100,25 @@ async def test_made_up_node_filters_do_not_evict_the_shared_documents(shared, mo
         assert [q for q in nodes if not q] == [{}] and [q for q in pods if not q] == [{}]
     finally:
         await client.close()
+
+
+async def test_callers_without_permission_do_not_walk_every_pod_each_request(shared, monkeypatch):  # noqa: F811
+    """/api/v1/pending read the namespaces of every pending pod before the caller's permission
+    was known (~15 ms at 8000 pods): any token the API server accepts could run it in a loop
+    (found by review). Read at most once per PENDING_TTL now."""
+    from .test_ui_auth import NOBODY
+
+    walks = _counting(monkeypatch, "pending_pods")
+    now = [NOW]
+    api = _api(shared, FakeReviews())
+    api.clock = lambda: now[0]
+    client = await _client(api)
+    try:
+        for _ in range(10):
+            assert (await client.get("/api/v1/pending", headers=bearer(NOBODY))).status == 403
+        assert len(walks) == 1
+        now[0] += PENDING_TTL
+        assert (await client.get("/api/v1/pending", headers=bearer(NOBODY))).status == 403
+        assert len(walks) == 2
+    finally:
+        await client.close()

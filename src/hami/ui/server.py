@@ -279,6 +279,7 @@ class UiApi:
         # query -> (built, ledger generation, doc, seconds the build took)
         self._pods_cache: dict[tuple, tuple[float, int | None, dict, float]] = {}
         self._nodes_cache: dict[tuple, tuple[float, int | None, dict, float]] = {}  # the same, of /api/v1/nodes
+        self._pending_ns: tuple[float, set[str]] | None = None  # (read, namespaces of pending pods)
         # one pod's explanation, by (uid, resourceVersion), shared by every caller's scope for
         # PENDING_TTL; and the explaining done on the loop in the current PENDING_TTL window, over
         # all answers: [window start, seconds spent] (perf_counter)
@@ -499,21 +500,28 @@ class UiApi:
     async def pending(self, request: web.Request) -> web.Response:
         async def build(q: dict) -> dict:
             model._check_params(q, ("namespace",))
-            visible = await self._visible(
-                request,
-                "pods",
-                q.get("namespace"),
-                lambda: {
-                    (p.get("metadata") or {}).get("namespace") or "default"
-                    for p in model.pending_pods(self.source, self.scheduler_name)
-                },
-            )
+            visible = await self._visible(request, "pods", q.get("namespace"), self._pending_namespaces)
             doc = self._pending(q, visible)
             if not await self._may(request, Permission("list", "nodes")):
                 doc["items"] = scope.pending_items(doc["items"], False)
             return doc
 
         return await self._answer(request, build)
+
+    def _pending_namespaces(self) -> set[str]:
+        """The namespaces of this scheduler's pending pods, read again at most every
+        ``PENDING_TTL`` seconds: a walk over every pod (~15 ms at 8000) made before the caller's
+        permission is known, which any token the API server accepts could have run each request."""
+        now = self.clock()
+        hit = self._pending_ns
+        if hit is not None and 0 <= now - hit[0] < PENDING_TTL:
+            return hit[1]
+        found = {
+            (p.get("metadata") or {}).get("namespace") or "default"
+            for p in model.pending_pods(self.source, self.scheduler_name)
+        }
+        self._pending_ns = (now, found)
+        return found
 
     def _pending(self, q: dict, visible: set[str] | None) -> dict:
         """Explaining runs the filter over every node: one answer per query and scope is reused
