@@ -686,6 +686,42 @@ async def test_lock_of_an_unbound_pod_is_left_alone(plugin, kube_api, kube_names
     )
 
 
+async def test_a_pod_write_never_lands_on_a_pod_re_created_under_the_same_name(kube_api, kube_namespace):
+    """A StatefulSet's pod force-deleted and re-created while its Allocate ran (MIG instance
+    creation takes seconds): the late success or failure write, by name, landed on the new pod
+    and overwrote its decision with the old pod's grant (found by review). The write now names
+    the UID read, which the real API server takes as a precondition: 409, nothing written."""
+    from hami.deviceplugin import kube as dkube
+
+    ns = kube_namespace
+    first = pod_view_of(await create_pod(kube_api, ns, "sts-0", [gpu_container("main", 1)]))
+    core = client.CoreV1Api(kube_api)
+    await core.delete_namespaced_pod("sts-0", ns, grace_period_seconds=0)
+    for _ in range(100):  # (no kubelet: the pod goes at once with a grace period of 0)
+        try:
+            await core.read_namespaced_pod("sts-0", ns)
+        except ApiException as exc:
+            if exc.status == 404:
+                break
+        await asyncio.sleep(0.1)
+    second = await create_pod(kube_api, ns, "sts-0", [gpu_container("main", 1)])
+    assert second.metadata.uid != first.uid
+    kube = dkube.Kube(kube_api, "nowhere")
+    with pytest.raises(ApiException) as err:
+        await kube.patch_pod_annotations(first, {A.BIND_PHASE: "failed"}, labels={A.VGPU_NODE: "nowhere"})
+    assert err.value.status == 409 and "UID" in err.value.body
+    assert A.BIND_PHASE not in await pod_annotations(kube_api, ns, "sts-0")
+    # the pod it was read as is written as ever
+    await kube.patch_pod_annotations(pod_view_of(second), {A.BIND_PHASE: "failed"})
+    assert (await pod_annotations(kube_api, ns, "sts-0"))[A.BIND_PHASE] == "failed"
+
+
+def pod_view_of(pod) -> A.PodView:
+    from hami.deviceplugin.kube import pod_view
+
+    return pod_view(pod)
+
+
 async def test_lock_of_a_deleted_pod_is_released(plugin, kube_api, kube_namespace):
     ns = kube_namespace
     await take_lock(kube_api, plugin.node, ns, "gone")

@@ -163,8 +163,12 @@ async def test_unanswered_writes_fail_the_allocation_in_time_and_every_failure_w
     kinds = [kind(*p) for p in patches]
     firsts = list(dict.fromkeys(kinds))
     # release_delay 0: the success write first (the lock goes once it lands); its time-out fails
-    # the pod: failed write, then the lock release all the same
-    assert firsts == ["pod success", "pod failed", "lock removal"], kinds
+    # the pod: failed write, then the lock release all the same (a compare-and-remove of the
+    # value read); each pod write names the UID read (a precondition)
+    assert firsts == ["pod success", "pod failed", "lock compare-and-remove"], kinds
+    assert {body["metadata"].get("uid") for path, _, body in patches if "/pods/" in path} == {
+        pod_obj()["metadata"]["uid"]
+    }
 
 
 @pytest.mark.parametrize("injection", ["allocate", "nri"])

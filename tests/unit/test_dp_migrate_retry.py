@@ -142,3 +142,24 @@ async def test_without_a_release_delay_the_lock_outlives_a_write_the_kubelet_cut
     assert again.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-1" and again.cache_dir.endswith("uid-p_main")
     assert ann(kube, "p")[A.BIND_PHASE] == "success" and ann(kube, "q")[A.BIND_PHASE] == "allocating"
     assert A.NODE_LOCK not in kube.annotations  # released once p was marked
+
+
+async def test_a_pod_re_created_under_its_name_during_allocate_keeps_its_new_lock(tmp_path):
+    """The success write of a pod force-deleted and re-created (same name) meanwhile is refused
+    (409: its UID is the write's precondition). The failure path then released whatever lock
+    named that name: the re-created pod's, which the scheduler had just written for it (found
+    by review). It goes by the value read now: a lock written since is left alone."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    kube = FakeKube(LOCK_P, [pod_obj("p")])
+    renewed = "2026-11-22T03:00:09Z,ns,p"  # the scheduler's lock for the new pod of that name
+
+    async def recreated(pod, values, labels=None):
+        kube.annotations[A.NODE_LOCK] = renewed
+        raise ApiException(status=409, reason="Conflict")
+
+    kube.patch_pod_annotations = recreated
+    with pytest.raises(A.AllocationError, match="pod ns/p: allocation failed"):
+        await allocator(kube, tmp_path, delay=0).allocate([1])
+    assert kube.annotations[A.NODE_LOCK] == renewed
+    assert ("release", LOCK_P, False) in kube.journal and not [j for j in kube.journal if j[0] == "release_owned"]

@@ -125,6 +125,7 @@ class Allocator:
         one that could as well be another pod's admission is refused touching neither pod."""
         async with self._lock:
             pod: A.PodView | None = None
+            held: str | None = None  # the node lock value naming ``pod``, as read
             self._answering = None
             try:
                 if self._lost is not None:
@@ -144,12 +145,12 @@ class Allocator:
                     )
                 return await self._allocate_pod(pod, requests, held)
             except A.AllocationError as exc:
-                await self._fail(pod, str(exc))
+                await self._fail(pod, str(exc), held)
                 raise
             except API_FAILURES as exc:  # OSError also: a cache directory that cannot be made
                 what = f"pod {pod.ref}" if pod else f"node {self.node}"
                 msg = f"{what}: allocation failed: {_brief(exc)}"
-                await self._fail(pod, msg)
+                await self._fail(pod, msg, held)
                 raise A.AllocationError(msg) from None
             except Exception as exc:  # noqa: BLE001 - whatever it is, the pod fails and the lock goes
                 # (a value from the pod's spec the grant cannot carry raised ValueError past _fail:
@@ -157,7 +158,7 @@ class Allocator:
                 what = f"pod {pod.ref}" if pod else f"node {self.node}"
                 msg = f"{what}: allocation failed: {exc}"
                 log.exception("Allocate: unexpected failure")
-                await self._fail(pod, msg)
+                await self._fail(pod, msg, held)
                 raise A.AllocationError(msg) from None
             except asyncio.CancelledError:
                 if self._answering is not None:
@@ -398,9 +399,12 @@ class Allocator:
         except API_FAILURES as exc:
             log.error("node %s: cannot release the node lock of pod %s: %s", self.node, pod.ref, _brief(exc))
 
-    async def _fail(self, pod: A.PodView | None, msg: str) -> None:
+    async def _fail(self, pod: A.PodView | None, msg: str, held: str | None = None) -> None:
         """Both writes are tried whatever the first one's fate (each bounded in time), so the
-        kubelet gets its answer and the lock is not left behind by a failed pod write."""
+        kubelet gets its answer and the lock is not left behind by a failed pod write. The pod
+        write names the pod's UID and the lock goes by the value read (``held``) when there was
+        one: a pod deleted and re-created under its name meanwhile (a StatefulSet's, force
+        deleted) is neither marked failed nor robbed of the lock the scheduler gave it."""
         log.error("Allocate failed: %s", msg)
         if pod is None:
             return
@@ -409,7 +413,10 @@ class Allocator:
         except API_FAILURES as exc:
             log.error("pod %s: cannot set %s=failed: %s", pod.ref, A.BIND_PHASE, _brief(exc))
         try:
-            await self.kube.release_lock(pod)
+            if held is not None:
+                await self.kube.release_held_lock(held)
+            else:
+                await self.kube.release_lock(pod)
         except API_FAILURES as exc:
             log.error("node %s: cannot release the node lock: %s", self.node, _brief(exc))
 

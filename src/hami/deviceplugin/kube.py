@@ -232,6 +232,11 @@ class Kube:
         self, pod: PodView, values: Mapping[str, str | None], labels: Mapping[str, str] | None = None
     ) -> None:
         body: dict[str, Any] = {"metadata": {"annotations": dict(values)}}
+        if pod.uid:
+            # a precondition (as the kubelet's own status patches carry): the API server refuses
+            # the write (409) when the name now belongs to a pod re-created since it was read,
+            # which it would otherwise mark allocated or failed with the first pod's grant
+            body["metadata"]["uid"] = pod.uid
         if labels:
             body["metadata"]["labels"] = dict(labels)
         self.pods.writing(pod.namespace, pod.name)  # the next Allocate of this pod must see this write
