@@ -134,7 +134,7 @@ def test_response_env_and_mounts():
     assert [(m.container_path, m.host_path, m.read_only) for m in r.mounts] == [
         ("/opt/h/vgpu/libvgpu.so", "/opt/h/vgpu/libvgpu.so", True),
         ("/opt/h/vgpu", "/opt/h/vgpu/containers/uid-p_main", False),
-        ("/tmp/vgpulock", "/tmp/vl", False),
+        ("/tmp/vgpulock", "/tmp/vl", True),  # libvgpu never writes there: no shared writable host dir
         ("/opt/h/vgpu/hami-grant.env", "/opt/h/vgpu/containers/uid-p_main/hami-grant.env", True),
         ("/etc/ld.so.preload", "/opt/h/vgpu/ld.so.preload", True),
     ]

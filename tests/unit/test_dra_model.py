@@ -255,7 +255,7 @@ def test_share_becomes_libvgpu_env_and_mounts_in_one_cdi_device():
     assert mounts["/usr/local/vgpu/libvgpu.so"]["hostPath"] == "/usr/local/vgpu/libvgpu.so"
     assert mounts["/usr/local/vgpu"]["hostPath"] == "/usr/local/vgpu/claims/uid-1"
     assert "rw" in mounts["/usr/local/vgpu"]["options"]
-    assert mounts["/tmp/vgpulock"]["hostPath"] == "/tmp/vgpulock"
+    assert mounts["/tmp/vgpulock"]["hostPath"] == "/tmp/vgpulock" and "ro" in mounts["/tmp/vgpulock"]["options"]
     devices = response_devices(p)
     assert devices == [
         {

@@ -280,7 +280,7 @@ def container_mounts(
 ) -> tuple[MountSpec, ...]:
     """The driver directories first, then, with a ``region_dir`` (the host directory shown at
     ``<hook>/vgpu``), libvgpu's: the library, the region directory, with ``grant`` the grant
-    file in it (:func:`grant_file`) read-only over itself, the lock directory and, with
+    file in it (:func:`grant_file`) read-only over itself, the lock directory (read-only) and, with
     ``preload``, ``/etc/ld.so.preload``. Driver mounts come first on every path, so a driver
     directory mounted over a parent of ``<hook>/vgpu`` cannot hide libvgpu's mounts."""
     mounts = list(paths.driver_mounts)
@@ -289,7 +289,10 @@ def container_mounts(
     mounts += [
         MountSpec(paths.library, paths.library, True),
         MountSpec(paths.vgpu_dir, region_dir, False),
-        MountSpec(CONTAINER_LOCK_DIR, paths.lock_dir, False),
+        # read-only: libvgpu keeps its lock in the region and never writes here; HAMi's mount
+        # is kept for what expects the path, but rw it was one host directory every GPU tenant
+        # of the node could fill (not counted as the pod's storage) and read each other's files in
+        MountSpec(CONTAINER_LOCK_DIR, paths.lock_dir, True),
     ]
     if grant:
         mounts.append(MountSpec(f"{paths.vgpu_dir}/{GRANT_FILE}", f"{region_dir}/{GRANT_FILE}", True))
