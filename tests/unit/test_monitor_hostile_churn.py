@@ -111,3 +111,32 @@ def test_a_claim_unprepared_during_a_scrape_is_not_reported_as_an_old_drivers(tm
         shown, states = _scrape(root, pods, str(claims))
     assert _warnings(caplog) == []
     assert states["ok"] == 2 and states["invalid"] == 0 and states["waiting"] == 0
+
+
+def test_a_gone_pods_directory_is_not_read_and_an_unremovable_one_is_said_once(tmp_path, monkeypatch, caplog):
+    """A tenant can make its directory's removal fail for good (a subdirectory of its own, mode
+    0700: the monitor holds no capability to override it). Every scrape then read its region
+    again (a hostile one ~64 ms) and every period warned again (found by review). A directory of
+    a pod not on the node is now counted, not read; the failure is said once."""
+    root, pods = _setup(tmp_path)
+    del pods[GONE]
+    read = []
+    real = exporter.MonitorCollector._region
+    monkeypatch.setattr(
+        exporter.MonitorCollector, "_region", lambda self, path, *a: read.append(path) or real(self, path, *a)
+    )
+    shown, states = _scrape(root, pods)
+    assert shown == {"stays"} and states["unmatched"] == 1
+    assert not [p for p in read if GONE in str(p)] and read
+
+    def refuse(path, *a, **k):
+        raise PermissionError(13, "Permission denied", f"{path}/x\nFAKE")
+
+    monkeypatch.setattr(containers.shutil, "rmtree", refuse)
+    monkeypatch.setattr(containers, "_unremovable", set())
+    gone = [d for d in containers.scan(str(root)) if d.pod_uid == GONE]
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            assert containers.remove(gone) == []
+    (said,) = _warnings(caplog)
+    assert said.isprintable() and "said once" in said

@@ -218,6 +218,11 @@ class GoneDirs:
         return out
 
 
+#: directories whose removal failed, warned about once (a tenant can make one fail for good: a
+#: subdirectory of its own with mode 0700, which the monitor, holding no capability, cannot list)
+_unremovable: set[str] = set()
+
+
 def remove(dirs: Iterable[ContainerDir]) -> list[str]:
     """Delete the given directories; returns the paths removed."""
     removed = []
@@ -225,10 +230,20 @@ def remove(dirs: Iterable[ContainerDir]) -> list[str]:
         try:
             shutil.rmtree(d.path)
         except FileNotFoundError:
+            _unremovable.discard(d.path)
             continue
         except OSError as exc:
-            log.warning("could not remove %s: %s", d.path, exc)
+            if d.path not in _unremovable:
+                if len(_unremovable) >= 4096:
+                    _unremovable.clear()
+                _unremovable.add(d.path)
+                log.warning(  # the error names a file the container may have named
+                    "could not remove %s: %s (tried again every period, said once)",
+                    printable(d.path),
+                    printable(str(exc)),
+                )
             continue
+        _unremovable.discard(d.path)
         log.info("removed the region of pod %s container %s (pod is gone)", d.pod_uid, d.container)
         removed.append(d.path)
     return removed
