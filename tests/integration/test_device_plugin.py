@@ -690,7 +690,7 @@ async def test_a_pod_write_never_lands_on_a_pod_re_created_under_the_same_name(k
     """A StatefulSet's pod force-deleted and re-created while its Allocate ran (MIG instance
     creation takes seconds): the late success or failure write, by name, landed on the new pod
     and overwrote its decision with the old pod's grant (found by review). The write now names
-    the UID read, which the real API server takes as a precondition: 409, nothing written."""
+    the UID read, which the real API server refuses (422: metadata.uid is immutable), nothing written."""
     from hami.deviceplugin import kube as dkube
 
     ns = kube_namespace
@@ -709,7 +709,7 @@ async def test_a_pod_write_never_lands_on_a_pod_re_created_under_the_same_name(k
     kube = dkube.Kube(kube_api, "nowhere")
     with pytest.raises(ApiException) as err:
         await kube.patch_pod_annotations(first, {A.BIND_PHASE: "failed"}, labels={A.VGPU_NODE: "nowhere"})
-    assert err.value.status == 409 and "UID" in err.value.body
+    assert err.value.status == 422 and "metadata.uid" in err.value.body, err.value.body
     assert A.BIND_PHASE not in await pod_annotations(kube_api, ns, "sts-0")
     # the pod it was read as is written as ever
     await kube.patch_pod_annotations(pod_view_of(second), {A.BIND_PHASE: "failed"})

@@ -146,7 +146,7 @@ async def test_without_a_release_delay_the_lock_outlives_a_write_the_kubelet_cut
 
 async def test_a_pod_re_created_under_its_name_during_allocate_keeps_its_new_lock(tmp_path):
     """The success write of a pod force-deleted and re-created (same name) meanwhile is refused
-    (409: its UID is the write's precondition). The failure path then released whatever lock
+    (422: the UID it names cannot change). The failure path then released whatever lock
     named that name: the re-created pod's, which the scheduler had just written for it (found
     by review). It goes by the value read now: a lock written since is left alone."""
     from kubernetes_asyncio.client.exceptions import ApiException
@@ -156,7 +156,7 @@ async def test_a_pod_re_created_under_its_name_during_allocate_keeps_its_new_loc
 
     async def recreated(pod, values, labels=None):
         kube.annotations[A.NODE_LOCK] = renewed
-        raise ApiException(status=409, reason="Conflict")
+        raise ApiException(status=422, reason="Unprocessable Entity")
 
     kube.patch_pod_annotations = recreated
     with pytest.raises(A.AllocationError, match="pod ns/p: allocation failed"):

@@ -234,7 +234,7 @@ class Kube:
         body: dict[str, Any] = {"metadata": {"annotations": dict(values)}}
         if pod.uid:
             # a precondition (as the kubelet's own status patches carry): the API server refuses
-            # the write (409) when the name now belongs to a pod re-created since it was read,
+            # the write (422: metadata.uid is immutable) when the name now belongs to a pod re-created since it was read,
             # which it would otherwise mark allocated or failed with the first pod's grant
             body["metadata"]["uid"] = pod.uid
         if labels:
