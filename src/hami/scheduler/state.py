@@ -709,8 +709,8 @@ class ClusterState:
         shown yet (so claims created at the same moment see each other). Only the claim check
         counts those admissions: a review that never became a claim (refused by the API server
         after us, or sent by anyone who can reach the webhook port, which the API server does not
-        authenticate to) can delay other claims of its namespace by that long at most, never
-        pods nor Filter."""
+        authenticate to) delays other claims of its namespace by that long, and as long as it
+        is sent again (docs/dra.md: restrict the port), never pods nor Filter."""
         room = self.ledger.quota_room(namespace, vendors)
         mem = cores = 0
         for a_ns, _, _, (a_mem, a_cores), _ in self._admitted.values():
