@@ -1189,6 +1189,17 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             ),
             f"may change only its own annotations (hami.io/...) of node {mine_node}, not {flannel}",
         )
+        cordon = "hami.io/device-cordon"  # the operator's, hami.io/ by name
+        denied(
+            _bearer(
+                kube_cluster,
+                plugin,
+                "PATCH",
+                f"/api/v1/nodes/{mine_node}",
+                {"metadata": {"annotations": {cordon: "GPU-x"}}},
+            ),
+            f"may change only its own annotations (hami.io/...) of node {mine_node}, not {cordon}",
+        )
         owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": str(uuid.uuid4())}
         for path, what in (
             (f"{pods}/neighbour", f"pod {ns}/neighbour"),

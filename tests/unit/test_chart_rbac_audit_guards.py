@@ -195,3 +195,33 @@ def test_the_plugin_writes_its_node_registration_and_nothing_else_there(node_gua
     assert admit(node_guard, request(PLUGIN, "gpu-1", "nodes", "gpu-1"), ours, node(base)) == []
     redirected = node({"flannel.alpha.coreos.com/public-ip": "203.0.113.9"})
     assert admit(node_guard, request(PLUGIN, "gpu-1", "nodes", "gpu-1"), redirected, node(base))
+
+
+# ---------------------------------------------------------------------------------------------
+# the operator's GPU cordon: hami.io/ by name, written by neither agent (found by review: both
+# node guards let their identity add, change or remove it, taking GPUs out of service or back in)
+
+SCHEDULER = f"system:serviceaccount:{NS}:x-hami-scheduler"
+
+
+@pytest.fixture(scope="module")
+def scheduler_node_guard() -> dict:
+    return policy("templates/scheduler/node-guard.yaml")
+
+
+@pytest.mark.parametrize("before, after", [(None, "GPU-a"), ("GPU-a", "GPU-a,GPU-b"), ("GPU-a", None)])
+@pytest.mark.parametrize("who", ["plugin", "scheduler"])
+def test_neither_agent_may_change_the_operators_gpu_cordon(node_guard, scheduler_node_guard, who, before, after):
+    def node(cordon: str | None) -> dict:
+        annotations = {"hami.io/node-nvidia-register": "[]"}
+        if cordon is not None:
+            annotations[names.DEVICE_CORDON] = cordon
+        return {"metadata": {"name": "gpu-1", "annotations": annotations}, "spec": {}}
+
+    guard, user = (node_guard, PLUGIN) if who == "plugin" else (scheduler_node_guard, SCHEDULER)
+    req = request(user, "gpu-1", "nodes", "gpu-1")
+    assert admit(guard, req, node(after), node(before))
+    # what the agent does write there still passes, the cordon left as it was
+    ours = node(before)
+    ours["metadata"]["annotations"][names.NODE_LOCK] = "2025-01-01T00:00:00Z,ns,p"
+    assert admit(guard, req, ours, node(before)) == []
