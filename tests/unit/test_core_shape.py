@@ -121,7 +121,7 @@ def test_the_quick_pass_accepts_only_what_the_exact_walk_accepts(tree, depth, no
     except ShapeError as exc:
         got = str(exc)
     if got == f"v: more than {nodes} values (with aliases expanded)":
-        assert exact is not None and shape._quick(tree, depth, nodes) == shape._OVER
+        assert exact is not None and shape._more_than(tree, nodes)
     else:
         assert got == exact
 
@@ -139,6 +139,17 @@ def test_a_tree_over_a_small_limit_costs_the_quick_pass_alone(monkeypatch):
     with pytest.raises(ShapeError, match="^request body: more than 200000 values"):
         shape.check_tree(attack, "request body", max_nodes=shape.FAST_BUDGET)
     shape.check_tree({"request": {"object": {"spec": {"x": [[]] * 1000}}}}, "b", max_nodes=shape.FAST_BUDGET)
+    # a fault the quick pass meets first (a list nested too deep) does not hand the rest to the
+    # walk (found by review: 5.4 s for this body)
+    deep: list = []
+    for _ in range(70):
+        deep = [deep]
+    with pytest.raises(ShapeError, match="more than 200000 values"):
+        shape.check_tree({"a": deep, "z": attack}, "request body", max_nodes=shape.FAST_BUDGET)
+    loop: list = []
+    loop.append(loop)  # a cycle: counted to the limit, not for ever
+    with pytest.raises(ShapeError, match="more than 1000 values"):
+        shape.check_tree([loop], "v", max_nodes=1000)
 
 
 def test_the_quick_pass_accepts_an_ordinary_tree_and_leaves_faults_to_the_walk():

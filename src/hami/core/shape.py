@@ -70,9 +70,31 @@ def check_tree(value: Any, where: str, max_depth: int = MAX_DEPTH, max_nodes: in
     verdict = _quick(value, max_depth, budget)
     if verdict is True:
         return  # (the common case: an ordinary pod or node; the walk below names what is wrong)
-    if verdict == _OVER and budget == max_nodes:
+    if budget == max_nodes and (verdict == _OVER or _more_than(value, max_nodes)):
+        # (the quick pass stops at the first fault: one early, a list nested too deep, left the
+        # rest of a huge body to the walk, seconds of it; found by review)
         raise ShapeError(f"{where}: more than {max_nodes} values (with aliases expanded)")
     _walk(value, where, max_depth, max_nodes)
+
+
+def _more_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds more than ``limit`` values (shared subtrees counted per use, as the
+    walk counts them); at most ``limit`` steps, whatever its shape (a cycle, any depth)."""
+    left = limit - 1
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            children: Any = node.values()
+        elif type(node) is list:
+            children = node
+        else:
+            continue
+        left -= len(node)
+        if left < 0:
+            return True
+        stack.extend(c for c in children if type(c) is dict or type(c) is list)
+    return False
 
 
 _OVER = "over"  # what _quick says of a tree with more values than its budget
