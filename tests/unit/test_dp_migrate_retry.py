@@ -163,3 +163,18 @@ async def test_a_pod_re_created_under_its_name_during_allocate_keeps_its_new_loc
         await allocator(kube, tmp_path, delay=0).allocate([1])
     assert kube.annotations[A.NODE_LOCK] == renewed
     assert ("release", LOCK_P, False) in kube.journal and not [j for j in kube.journal if j[0] == "release_owned"]
+
+
+@pytest.mark.parametrize("delay", [0, 0.2])
+async def test_a_call_cut_after_its_success_write_hands_the_lock_on_at_the_retry(tmp_path, delay):
+    """With the lock released after the success write, a kubelet gone between the two left the
+    lock for good (--lock-release-delay=0: HAMi's scheduler waits a lock out for 5 minutes;
+    found by review). The retry that is answered again hands it on as the call would have."""
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p")])
+    alloc = allocator(kube, tmp_path, delay=delay)
+    await cancelled_call(kube, alloc, "after")
+    assert kube.annotations[A.NODE_LOCK] == LOCK_P and ann(kube, "p")[A.BIND_PHASE] == "success"
+    (again,) = await alloc.allocate([1])
+    assert again.cache_dir.endswith("uid-p_main")
+    await asyncio.sleep(delay + 0.2)
+    assert A.NODE_LOCK not in kube.annotations

@@ -8,7 +8,7 @@ the lock is left for the scheduler's next Bind on this node to swap over, which 
 soon as it sees the pod finished: one lock write per pod instead of a release and a take. The
 plugin removes it itself (one compare-and-remove of the value it read) only if it still holds
 that value after the delay, and drops that pending removal as soon as a later read shows the
-lock moved on. With 0 the lock is removed at once, before the success write.
+lock moved on. With 0 the lock is removed at once, right after the success write.
 Any failure patches ``bind-phase=failed`` and releases the lock before the error goes back
 to the kubelet.
 """
@@ -212,6 +212,17 @@ class Allocator:
                 write_grant(r.cache_dir, r.grant)
         self._lost = None
         log.info("pod %s: the kubelet's retry of an Allocate whose answer it lost; answered again", lost.ref)
+        if lost.handed is not None:
+            # the call was cut after the success write, before the lock was handed on: hand it
+            # on now (with release_delay 0 it stayed for good: HAMi's scheduler, which does not
+            # swap, waits out a lock for 5 minutes; found by review)
+            if self.release_delay > 0:
+                self._defer_release(lost.handed)
+            else:
+                try:
+                    await self.kube.release_held_lock(lost.handed)
+                except API_FAILURES as exc:
+                    log.error("node %s: cannot release the node lock of pod %s: %s", self.node, lost.ref, _brief(exc))
         return list(lost.responses)
 
     async def _allocate_pod(
@@ -244,12 +255,14 @@ class Allocator:
                 reset_cache_dir(r.cache_dir)
                 write_grant(r.cache_dir, r.grant)
         remains = A.remainder(pending, shift)
-        self._answering = _Answer(pod.namespace, pod.name, pod.uid, tuple(requests), tuple(responses), remains)
         # the pod's allocation is over when no vendor's devices are left to hand out: a pod asking
         # for another vendor's devices too keeps bind-phase and the lock for that vendor's plugin,
         # which finds its pod by the same lock (marked success here, the lock went to the next pod)
         others = [k for k in nodelock.devices_pending(pod.annotations) if k != A.TO_ALLOCATE]
         done = A.all_done(pending) and not others
+        self._answering = _Answer(
+            pod.namespace, pod.name, pod.uid, tuple(requests), tuple(responses), remains, held if done else None
+        )
         if A.all_done(pending) and others:
             log.info("pod %s: its GPUs are allocated; %s still to be allocated by another plugin", pod.ref, others)
         handoff = done and held is not None and self.release_delay > 0
@@ -439,6 +452,9 @@ class _Answer:
     requests: tuple[int, ...]
     responses: tuple[A.ContainerResponse, ...]
     written: str
+    # the node lock value read for the pod, when this answer ends its allocation (the lock is
+    # handed on after the write: a call cut between the two leaves it to the retry)
+    handed: str | None = None
 
     @property
     def ref(self) -> str:
