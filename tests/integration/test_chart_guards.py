@@ -268,8 +268,8 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         message = _denied(lambda: create(allowed, _pod("root", scheduler, privileged=True)))
         assert "'main'" in message and "privileged" in message
         # and so is one adding SYS_ADMIN (the NVIDIA runtime counts it privileged), any spelling
-        for cap in ("SYS_ADMIN", "cap_sys_admin", "ALL"):
-            admin = _pod(f"admin-{cap.lower().replace('_', '-')}", scheduler)
+        for i, cap in enumerate(("SYS_ADMIN", "cap_sys_admin", "ALL", "sys_adm\u0131n")):  # (a dotless i)
+            admin = _pod(f"admin-{i}", scheduler)
             admin["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": [cap]}}
             message = _denied(lambda admin=admin: create(plain, admin))
             assert "'main'" in message and "adds the capability SYS_ADMIN" in message

@@ -257,7 +257,9 @@ def test_opt_in_label_allows_disable_control():
     assert decide(pod(GPU, env=OFF), S, {"hami.io/allow-disable-control": "true"}).allowed
 
 
-@pytest.mark.parametrize("cap", ["SYS_ADMIN", "sys_admin", "CAP_SYS_ADMIN", "ALL", "cap_all"])
+@pytest.mark.parametrize(
+    "cap", ["SYS_ADMIN", "sys_admin", "CAP_SYS_ADMIN", "ALL", "cap_all", "sys_adm\u0131n", "NET_\u0280AW"]
+)
 def test_a_device_container_adding_sys_admin_is_refused_like_a_privileged_one(cap):
     """The NVIDIA runtime counts CAP_SYS_ADMIN in the bounding set as privileged: its
     NVIDIA_VISIBLE_DEVICES (the image's, an envFrom's) is honoured where an unprivileged one is

@@ -134,8 +134,8 @@ def sys_admin(container: Mapping[str, Any]) -> str | None:
     caps = sc.get("capabilities") if isinstance(sc, Mapping) else None
     added = caps.get("add") if isinstance(caps, Mapping) else None
     for cap in added if isinstance(added, list) else ():
-        if isinstance(cap, str) and cap.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL"):
-            return cap
+        if isinstance(cap, str) and (not cap.isascii() or cap.upper().removeprefix("CAP_") in ("SYS_ADMIN", "ALL")):
+            return cap  # (a name not ASCII: the runtime upper-cases it by Unicode's rules, as the guard refuses it)
     return None
 
 
