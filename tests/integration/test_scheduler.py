@@ -601,6 +601,82 @@ def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
     asyncio.run(scenario())
 
 
+def test_a_claim_nested_deeper_than_orjson_reads_is_listed_and_watched(kube_cluster, kube_namespace):
+    """The real API server stores a ResourceClaim whose opaque parameters (another driver's) nest
+    1100 levels, deeper than orjson reads (1024): the list and the watch that carried it failed
+    for good, so the scheduler's claim cache froze and, restarted, never synced (found by review).
+    Listed and watched now, its deepest parts read as null."""
+    import asyncio
+
+    from hami.kube.client import KubeClient
+    from hami.kube.reflector import Reflector
+
+    path = f"/apis/resource.k8s.io/v1/namespaces/{kube_namespace}/resourceclaims"
+
+    def create(name: str, depth: int) -> None:
+        """POST the claim as JSON text (json and orjson both refuse to write 1100 levels)."""
+        import http.client
+        import json as jsonlib
+
+        shell = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "r", "exactly": {"deviceClassName": "other.example.com"}}],
+                    "config": [{"opaque": {"driver": "x.example.com", "parameters": {"p": "PARAMS"}}}],
+                }
+            },
+        }
+        text = jsonlib.dumps(shell).replace('"PARAMS"', "[" * depth + '{"v": 1}' + "]" * depth)
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", kube_cluster.ports["kube-apiserver"], context=kube_cluster._client_context(), timeout=30
+        )
+        try:
+            conn.request(
+                "POST", path, text.encode(), {"Content-Type": "application/json", "Accept": "application/json"}
+            )
+            answer = conn.getresponse()
+            assert answer.status == 201, (answer.status, answer.read()[:300])
+            answer.read()
+        finally:
+            conn.close()
+
+    create("deep-before", 1100)
+
+    class Seen:
+        def __init__(self):
+            self.items: dict[str, dict] = {}
+
+        def replace(self, items, resource_version=None):
+            self.items = {i["metadata"]["name"]: i for i in items}
+
+        def apply(self, kind, obj):
+            self.items[obj["metadata"]["name"]] = obj
+
+    async def scenario():
+        kube = await KubeClient.connect(str(kube_cluster.kubeconfig))
+        seen = Seen()
+        r = Reflector(kube, path, seen, watch_timeout=5)
+        task = asyncio.create_task(r.run())
+        try:
+            await asyncio.wait_for(r.synced.wait(), 20)
+            assert "deep-before" in seen.items
+            for name, depth in (("deep-after", 1100), ("plain", 0)):
+                await asyncio.to_thread(create, name, depth)
+            for _ in range(100):
+                if {"deep-after", "plain"} <= set(seen.items):
+                    break
+                await asyncio.sleep(0.1)
+            assert {"deep-before", "deep-after", "plain"} <= set(seen.items) and r.relists == 1
+        finally:
+            task.cancel()
+            await kube.close()
+
+    asyncio.run(scenario())
+
+
 _FOLLOWER = "ok: follower (%s does not hold the lease)"
 
 

@@ -9,12 +9,14 @@ tests/integration/test_scheduler.py.
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 import json
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from hami.kube.client import KubeError
+from hami.kube.client import KubeError, loads
 from hami.kube.reflector import Reflector
 
 
@@ -28,7 +30,7 @@ class Client:
         async with self.session.request(method, self.base + path, params=list(query)) as r:
             if r.status >= 400:
                 raise KubeError(method, path, r.status, await r.text())
-            return await r.json()
+            return loads(await r.read())  # as KubeClient.request reads an answer
 
     async def open(self, method, path, query=(), timeout=None, **_):
         return await self.session.request(method, self.base + path, params=[(k, str(v)) for k, v in query])
@@ -460,3 +462,52 @@ def test_a_504_of_another_shape_is_not_taken_for_a_version_ahead_of_the_store():
     ):
         assert too_large(KubeError("WATCH", "/api/v1/pods", 504, body)) is False, body
     assert too_large(KubeError("WATCH", "/api/v1/pods", 504, json.dumps(TOO_LARGE))) is True
+
+
+async def test_an_object_nested_deeper_than_orjson_reads_does_not_stop_the_watch():
+    """The API server stores a ResourceClaim whose opaque parameters (another driver's) nest
+    1100 levels; orjson reads 1024, so that watch event failed to parse, the watch resumed from
+    before it and failed again, for ever: no later claim was seen, and a fresh scheduler never
+    synced (found by review). Its parts below READ_DEPTH levels now read as null."""
+    from hami.kube.client import READ_DEPTH
+
+    deep = "[" * 1100 + "]" * 1100
+    listed = {"deep": 0}
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            listed["deep"] += 1
+            page = '{"metadata": {"resourceVersion": "100"}, "items": [{"metadata": {"name": "old", "resourceVersion": "99"}, "spec": {"p": %s}}]}'
+            return web.Response(text=page % deep, content_type="application/json")
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for name, rv in (("deep", "101"), ("after", "102")):
+            line = '{"type": "ADDED", "object": {"metadata": {"name": "%s", "resourceVersion": "%s"}, "spec": {"p": %s, "s": "[[{"}}}\n'
+            await resp.write((line % (name, rv, deep)).encode())
+        await asyncio.sleep(30)
+        return resp
+
+    class Keeping(_Quiet):
+        objects: dict = {}
+
+        def apply(self, kind, obj):
+            super().apply(kind, obj)
+            Keeping.objects[obj["metadata"]["name"]] = obj
+
+    h = Keeping()
+    r = await _run_against(handler, h, lambda r: ("ADDED", "after") in h.applied, seconds=5.0)
+    assert h.applied == [("ADDED", "deep"), ("ADDED", "after")] and r.relists == 1, (h.applied, r.relists)
+    obj, depth = Keeping.objects["after"]["spec"]["p"], 3  # levels kept: the event, its object, spec, then lists
+    while isinstance(obj, list):
+        obj, depth = obj[0] if obj else None, depth + 1
+    assert obj is None and depth == READ_DEPTH and Keeping.objects["after"]["spec"]["s"] == "[[{"
+
+
+def test_prune_depth_counts_brackets_outside_strings_only():
+    from hami.kube.client import loads, prune_depth
+
+    assert prune_depth(b'[[[1]], [["]]"]], {"a": {"b": 1}}]', 2) == b'[[null], [null], {"a": null}]'
+    assert prune_depth(b'{"k": "\\"[[[", "v": [[1]]}', 2) == b'{"k": "\\"[[[", "v": [null]}'
+    assert loads(b'{"a": [1]}') == {"a": [1]}
+    with pytest.raises(Exception, match="unexpected|expected|invalid"):
+        loads(b"[" * 1100 + b"]" * 1099)  # malformed stays malformed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Any, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import urlencode
@@ -195,7 +196,7 @@ class KubeClient:
             resp.release()
         if not 200 <= resp.status <= 299:
             raise KubeError(method, path, resp.status, data.decode(errors="replace"))
-        return orjson.loads(data) if data else None
+        return loads(data) if data else None
 
     # -- conveniences -----------------------------------------------------------------------
     async def get(self, path: str, **query: Any) -> Any:
@@ -209,6 +210,56 @@ class KubeClient:
 
     async def post(self, path: str, body: Any) -> Any:
         return await self.request("POST", path, body=body)
+
+
+#: nesting kept of what the API server sends: a subtree below it reads as null. orjson reads 1024
+#: levels; the API server stores deeper (a ResourceClaim's opaque parameters for another driver,
+#: up to its own limit of 10000), and one such claim in a list or watch stopped the reflector for
+#: good: the scheduler's claim cache froze and, after a restart, never synced (its /readyz 503,
+#: every GPU pod refused by the webhook; found by review)
+READ_DEPTH = 512
+
+# a JSON string (escapes included) or a bracket: all a depth count needs to look at
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON from the API server: orjson, and, for a document nested deeper than orjson reads,
+    the same document with every container below :data:`READ_DEPTH` levels read as null."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if "depth" not in str(exc):
+            raise
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    log.warning(
+        "a document from the API server nested deeper than %d levels: its deeper parts read as null", READ_DEPTH
+    )
+    return orjson.loads(prune_depth(raw, READ_DEPTH))
+
+
+def prune_depth(data: bytes, limit: int) -> bytes:
+    """``data`` with each array or object that opens below ``limit`` levels replaced by ``null``
+    (brackets inside strings are not counted). Malformed input stays malformed."""
+    out: list[bytes] = []
+    depth = 0
+    copied = 0  # data[copied:] is still to be copied
+    cut: int | None = None  # where the container being replaced began
+    for m in _STRUCTURE.finditer(data):
+        c = data[m.start()]
+        if c == 0x22:  # a string
+            continue
+        if c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth == limit + 1:
+                cut = m.start()
+        else:
+            if depth == limit + 1 and cut is not None:
+                out += (data[copied:cut], b"null")
+                copied, cut = m.end(), None
+            depth -= 1
+    out.append(data[copied:])
+    return b"".join(out)
 
 
 def encode_json(body: Any) -> bytes:

@@ -30,9 +30,8 @@ import time
 from typing import Any, Protocol
 
 import aiohttp
-import orjson
 
-from .client import KubeClient, KubeError
+from .client import KubeClient, KubeError, loads
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +211,7 @@ class Reflector:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                event = orjson.loads(line)
+                event = loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
