@@ -132,7 +132,7 @@ def test_a_gone_pods_directory_is_not_read_and_an_unremovable_one_is_said_once(t
     def refuse(path, *a, **k):
         raise PermissionError(13, "Permission denied", f"{path}/x\nFAKE")
 
-    monkeypatch.setattr(containers.shutil, "rmtree", refuse)
+    monkeypatch.setattr(containers, "remove_tree", refuse)
     monkeypatch.setattr(containers, "_unremovable", set())
     gone = [d for d in containers.scan(str(root)) if d.pod_uid == GONE]
     with caplog.at_level(logging.WARNING):

@@ -208,3 +208,63 @@ def test_a_fifo_or_non_utf8_node_config_is_an_error_naming_it(tmp_path):
     bad.write_bytes(b"\xff\xfe{")
     with pytest.raises(NodeConfigError, match="not UTF-8"):
         _read(bad, json.loads, "node config")
+
+
+def test_remove_tree_takes_any_depth_and_never_follows_a_link(tmp_path):
+    """A container nests directories as deep as it likes in its region or claim directory:
+    shutil.rmtree recursed once per level and raised RecursionError past ~1000, which the DRA
+    agent did not catch (found by review). Links, in the tree or in its place, are unlinked."""
+    import os
+
+    from hami.node.files import remove_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    top = tmp_path / "claim"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for i in range(3000):  # deeper than any path: walked by descriptor
+            os.mkdir("d" * 200, dir_fd=fd)
+            if i % 500 == 0:
+                os.symlink(outside, "link", dir_fd=fd)
+                with open(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd), "w") as f:
+                    f.write("y")
+            inner = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    remove_tree(top)
+    assert not top.exists() and (outside / "keep").read_text() == "x"
+    remove_tree(top)  # absent: nothing to do
+    (tmp_path / "a-link").symlink_to(outside)
+    remove_tree(tmp_path / "a-link")
+    assert not (tmp_path / "a-link").is_symlink() and (outside / "keep").exists()
+    (tmp_path / "a-file").write_text("z")
+    remove_tree(tmp_path / "a-file")
+    assert not (tmp_path / "a-file").exists()
+
+
+def test_remove_tree_raises_what_it_cannot_remove(tmp_path, monkeypatch):
+    """A file that cannot go (EACCES, EBUSY) is the caller's to report: raised, not skipped."""
+    import os
+
+    import pytest
+
+    from hami.node import files
+
+    (tmp_path / "c" / "d").mkdir(parents=True)
+    (tmp_path / "c" / "d" / "f").write_text("x")
+
+    def refuse(name, *, dir_fd=None):
+        raise PermissionError(13, "Permission denied", name)
+
+    monkeypatch.setattr(files.os, "unlink", refuse)
+    with pytest.raises(PermissionError):
+        files.remove_tree(tmp_path / "c")
+    assert (tmp_path / "c" / "d" / "f").exists()
+    monkeypatch.undo()
+    files.remove_tree(tmp_path / "c")
+    assert not (tmp_path / "c").exists() and os.listdir(tmp_path) == []

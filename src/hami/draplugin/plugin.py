@@ -49,7 +49,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -62,7 +61,7 @@ from hami.node.mig import MigManager, PodRef
 from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document
-from hami.node.files import read_small, write_atomic
+from hami.node.files import read_small, remove_tree, write_atomic
 from hami.node.layout import GRANT_FILE, make_claim_dir, write_grant
 
 from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
@@ -369,7 +368,11 @@ class Driver:
 
     async def _release(self, entry: Mapping[str, Any], namespace: str, name: str, uid: str, why: str) -> None:
         """Remove ``entry``'s files, dynamic MIG instances and the entry itself (under the UID's lock)."""
-        self._remove_files(Path(entry["cdi_file"]), Path(entry.get("claim_dir") or self.paths.claim_dir(uid)), uid)
+        # in a thread: a container may have left millions of files there, and every other claim's
+        # prepare, the health stream and the socket watch run on this loop (found by review)
+        await asyncio.to_thread(
+            self._remove_files, Path(entry["cdi_file"]), Path(entry.get("claim_dir") or self.paths.claim_dir(uid)), uid
+        )
         if entry.get("mig"):  # the instances first: a failure leaves the record for a retry
             await self._destroy_mig(uid)
         self.checkpoint.remove(uid)
@@ -452,10 +455,7 @@ class Driver:
                     # the grant file stays: the claim's containers mount it (prepare wrote it)
                     entries = [e for e in entries if e.name != GRANT_FILE]
                     for item in entries:
-                        if item.is_dir() and not item.is_symlink():
-                            shutil.rmtree(item)
-                        else:
-                            item.unlink(missing_ok=True)
+                        remove_tree(item)  # (a link is unlinked, never followed)
                 except OSError as exc:
                     done.append(f"claim {uid}: cannot reset its shared region after the reboot: {exc}")
                     continue
@@ -500,15 +500,10 @@ async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _remove_tree(directory: Path) -> None:
     """Remove a claim's region directory without following a link: a link in it is removed, not
-    what it points to (``shutil.rmtree`` works on file descriptors here,
-    ``rmtree.avoids_symlink_attacks``), and a link in its place is unlinked. Failures are logged."""
+    what it points to, and a link in its place is unlinked (:func:`hami.node.files.remove_tree`,
+    however deep the container nested it). Failures are logged."""
     try:
-        if directory.is_symlink():
-            directory.unlink()
-        else:
-            shutil.rmtree(directory)
-    except FileNotFoundError:
-        pass
+        remove_tree(directory)
     except OSError as exc:
         log.warning("cannot remove %s: %s", directory, exc)
 

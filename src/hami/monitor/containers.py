@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Iterable
 
 from hami.core.names import PRIORITY_RANGE
 from hami.node import contract
-from hami.node.files import read_small
+from hami.node.files import read_small, remove_tree
 from hami.node.layout import HookPaths
 
 log = logging.getLogger(__name__)
@@ -228,7 +227,7 @@ def remove(dirs: Iterable[ContainerDir]) -> list[str]:
     removed = []
     for d in dirs:
         try:
-            shutil.rmtree(d.path)
+            remove_tree(d.path)  # (however deep the container nested it; links not followed)
         except FileNotFoundError:
             _unremovable.discard(d.path)
             continue

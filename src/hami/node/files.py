@@ -15,6 +15,9 @@ regular file, opened without blocking (a FIFO or a device planted at a checkpoin
 otherwise hang the program's start for ever), and only up to a bound (a huge file is refused
 instead of read into memory).
 
+And it owns :func:`remove_tree`, the one way a node program removes a directory a container
+wrote into (a region or claim directory): without following a link and without recursion.
+
 What it does not own: what the files contain, their versions and how an old version is read
 (each checkpoint module), and files written in place on purpose (``ld.so.preload`` in
 :mod:`hami.node.layout`, which containers bind-mount by inode).
@@ -111,3 +114,50 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) 
             raise WriteError(f"{target}: cannot write ({exc.strerror or exc})") from exc
         raise
     return target
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Remove ``path`` and everything under it; a link (in it or in its place) is removed, never
+    followed. Depth first with one open directory at a time and no recursion: a container can nest
+    directories thousands deep in what it is given (``shutil.rmtree`` recursed once per level and
+    raised RecursionError past ~1000, which the DRA agent did not catch: crash-looping after a
+    reboot, and every unprepare of that claim failing; found by review). Absent: nothing to do.
+    Raises OSError (EACCES, EBUSY...) for what cannot be removed, with the tree partly removed."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(path)  # a file or a link where the directory was
+        return
+    names: list[str] = []  # the directories entered below ``path``, outermost first
+    try:
+        while True:
+            child = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        child = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if child is not None:
+                inner = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+                names.append(child)
+                continue
+            if not names:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(path)

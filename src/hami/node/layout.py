@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from hami.core import names
+
+from .files import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,10 @@ def prepare_hook_dir(paths: HookPaths) -> None:
 
 def reset_cache_dir(path: str) -> None:
     """Recreate a container's cache dir, empty and world-writable (any UID in the container)."""
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        remove_tree(path)
+    except OSError as exc:  # what is left stays (makedirs below still makes sure the dir exists)
+        log.warning("cannot empty %s: %s", path, exc)
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o777)
 
