@@ -283,6 +283,42 @@ def test_a_minor_xid_is_noted_not_marked_and_forgotten_after_the_quiet_period():
     assert forever.forget() == [] and forever.notes() == {"GPU-0": 13} and forever.due() is None
 
 
+def test_the_same_minor_xid_again_is_not_written_again():
+    """A faulting kernel reports its XID as often as it runs: each note was a health.json write
+    with an fsync (found by review). The same XID on the same GPU moves its time on in memory."""
+    clock, saves = Clock(), []
+    book = HealthBook(60, lambda u: True, clock, saved=lambda marks, notes: saves.append(dict(notes)))
+    for _ in range(5):
+        book.note("GPU-0", 13)
+        clock.now += 10
+    assert len(saves) == 1 and book.due() == 60 - 10  # the last note's wait
+    book.note("GPU-0", 43)
+    assert len(saves) == 2 and saves[-1]["GPU-0"][0] == 43
+
+
+def test_minor_xid_republishes_are_paced():
+    """Notes alternating 13 and 43 changed the slice's taint each time: one ResourceSlice write
+    per XID, each one every slice watcher reacts to (found by review). One at once, then at most
+    one per window, the last one never lost."""
+    import threading
+    import time
+
+    from hami.draplugin.command import Pacer
+
+    fired: list[float] = []
+    done = threading.Event()
+    pacer = Pacer(0.3, lambda: fired.append(time.monotonic()) or (len(fired) == 2 and done.set()))
+    began = time.monotonic()
+    for _ in range(50):
+        pacer.signal()
+    assert len(fired) == 1
+    assert done.wait(5)
+    assert len(fired) == 2 and fired[1] - began >= 0.3
+    time.sleep(0.35)
+    pacer.signal()  # a window later: at once
+    assert len(fired) == 3
+
+
 class FakeEvents:
     """pynvml's event calls over a list of (UUID, event type, XID) events, for :class:`XidWatcher`."""
 

@@ -51,6 +51,47 @@ DEFAULT_SWEEP = "5m"
 DEFAULT_SWEEP_GRACE = "1m"
 REPUBLISH_RETRY_S = 1.0  # the first retry of a failed ResourceSlice republish; doubled up to the next
 REPUBLISH_RETRY_MAX_S = 60.0
+#: the least time between two republishes an application XID note asks for (13, 31, 43, 45: a
+#: faulting kernel of a tenant's, as often as it likes); a fatal XID's mark is never held back
+NOTE_REPUBLISH_S = 10.0
+
+
+class Pacer:
+    """``signal`` (from any thread) calls ``fire`` at once when it last did ``interval`` seconds
+    ago or more, else once when that much time has passed: a burst of signals costs one call
+    now and one at the end of the window, however many came (each call a ResourceSlice write
+    that every slice watcher of the cluster reacts to; found by review)."""
+
+    def __init__(self, interval: float, fire: Callable[[], None]) -> None:
+        import threading
+        import time
+
+        self.interval, self.fire, self._clock = interval, fire, time.monotonic
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+        self._timer: Any = None
+
+    def signal(self) -> None:
+        import threading
+
+        with self._lock:
+            wait = self._last + self.interval - self._clock()
+            if wait <= 0:
+                self._last = self._clock()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._late)
+                self._timer.daemon = True
+                self._timer.start()
+                return
+            else:
+                return  # (the timer already set calls it at the window's end)
+        self.fire()
+
+    def _late(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._last = self._clock()
+        self.fire()
 
 
 class UsageError(ValueError):
@@ -493,9 +534,11 @@ def health_watcher(uuids: list[str], book: Any, changed: Callable[[], None]) -> 
         book.mark(uuids, lasting=False)
         changed()
 
-    def on_minor(uuid: str, xid: int) -> None:  # an informational taint
+    notes = Pacer(NOTE_REPUBLISH_S, changed)
+
+    def on_minor(uuid: str, xid: int) -> None:  # an informational taint, published at a pace
         book.note(uuid, xid)
-        changed()
+        notes.signal()
 
     return XidWatcher(uuids, on_unhealthy, ignored, on_minor=on_minor, on_failure=on_failure)
 

@@ -110,8 +110,10 @@ class HealthBook:
         """A non-fatal XID on this GPU: recorded (the last one wins), the GPU's health unchanged."""
         now = self._clock()
         with self._lock:
+            same = self._noted.get(uuid, (None, 0.0))[0] == xid
             self._noted[uuid] = (xid, now)
-        self._changed()
+        if not same:  # the same XID again: its time moves on in memory, no write (an fsync) each time
+            self._changed()
 
     def unhealthy(self) -> frozenset[str]:
         with self._lock:
