@@ -178,3 +178,23 @@ async def test_a_call_cut_after_its_success_write_hands_the_lock_on_at_the_retry
     assert again.cache_dir.endswith("uid-p_main")
     await asyncio.sleep(delay + 0.2)
     assert A.NODE_LOCK not in kube.annotations
+
+
+async def test_a_lost_answer_handed_on_at_its_retry_leaves_another_pods_pending_release(tmp_path):
+    """Between the lost call and its retry the next pod (another request) was allocated and its
+    lock's removal waits for the delay: the retry's hand-on replaced that pending removal with
+    its own, a compare-and-remove of a value long gone, and the next pod's finished lock stayed
+    (found by review). Now the retry's goes at once and the other waits as it did."""
+    q = pod_obj("q", to_allocate="GPU-2,NVIDIA,2000,20:GPU-1,NVIDIA,1000,10:;")
+    q["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    kube = KubeletGoesAway(LOCK_P, [pod_obj("p"), q])
+    alloc = allocator(kube, tmp_path, delay=0.5)
+    await cancelled_call(kube, alloc, "after")
+    kube.annotations[A.NODE_LOCK] = LOCK_Q  # the scheduler saw p finished and bound q here
+    await alloc.allocate([2])  # q's admission (not p's retry: another request)
+    assert alloc._deferred is not None and alloc._deferred[0] == LOCK_Q
+    (again,) = await alloc.allocate([1])  # p's retry
+    assert again.cache_dir.endswith("uid-p_main")
+    assert alloc._deferred is not None and alloc._deferred[0] == LOCK_Q
+    await asyncio.sleep(0.8)
+    assert A.NODE_LOCK not in kube.annotations

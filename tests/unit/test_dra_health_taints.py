@@ -285,15 +285,17 @@ def test_a_minor_xid_is_noted_not_marked_and_forgotten_after_the_quiet_period():
 
 def test_the_same_minor_xid_again_is_not_written_again():
     """A faulting kernel reports its XID as often as it runs: each note was a health.json write
-    with an fsync (found by review). The same XID on the same GPU moves its time on in memory."""
+    with an fsync (found by review). The same XID on the same GPU moves its time on in memory,
+    and is written again once the saved time is half the quiet period old (so a restart keeps
+    the note: restored with its saved time, it is not forgotten at once)."""
     clock, saves = Clock(), []
     book = HealthBook(60, lambda u: True, clock, saved=lambda marks, notes: saves.append(dict(notes)))
-    for _ in range(5):
+    for _ in range(6):  # at 0, 10, ..., 50 s
         book.note("GPU-0", 13)
         clock.now += 10
-    assert len(saves) == 1 and book.due() == 60 - 10  # the last note's wait
+    assert len(saves) == 2 and book.due() == 60 - 10  # written at 0 and 30 s; the last note's wait
     book.note("GPU-0", 43)
-    assert len(saves) == 2 and saves[-1]["GPU-0"][0] == 43
+    assert len(saves) == 3 and saves[-1]["GPU-0"][0] == 43
 
 
 def test_minor_xid_republishes_are_paced():

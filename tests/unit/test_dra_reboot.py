@@ -166,3 +166,39 @@ def test_at_start_a_record_an_older_agent_wrote_is_written_again_with_the_claims
     assert driver.refresh_records() == [f"claim {UID}: monitor record written again"]
     assert json.loads(record.read_text()) == {"namespace": "ns", "name": "c", "uid": UID, "devices": [U0]}
     assert driver.refresh_records() == []  # nothing to do the next time
+
+
+def test_a_cancelled_unprepare_holds_the_claim_until_its_files_are_removed(root, monkeypatch):
+    """The kubelet's deadline cancels an unprepare whose removal (a region of millions of files)
+    runs in a thread: the claim's lock was let go at once, the claim prepared again, and the old
+    thread removed the new grant and record (found by review). The call now ends, cancelled, only
+    once the removal has."""
+    import threading
+
+    from hami.draplugin import plugin as P
+
+    driver, claim_dir, _ = _prepared(root)
+    gate, entered = threading.Event(), threading.Event()
+    real = P.remove_tree
+
+    def slow(path):
+        entered.set()
+        gate.wait(10)
+        real(path)
+
+    monkeypatch.setattr(P, "remove_tree", slow)
+
+    async def scenario():
+        call = asyncio.ensure_future(driver.unprepare("ns", "c", UID))
+        await asyncio.to_thread(entered.wait, 10)
+        call.cancel()
+        again = asyncio.ensure_future(driver.prepare("ns", "c", UID))  # the claim's next pod
+        await asyncio.sleep(0.2)
+        assert not call.done() and not again.done()  # the removal still runs: the claim's lock held
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await again
+
+    asyncio.run(scenario())
+    assert (claim_dir / "hami-grant.env").exists() and driver.checkpoint.get(UID) is not None

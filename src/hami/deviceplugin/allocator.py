@@ -216,9 +216,9 @@ class Allocator:
             # the call was cut after the success write, before the lock was handed on: hand it
             # on now (with release_delay 0 it stayed for good: HAMi's scheduler, which does not
             # swap, waits out a lock for 5 minutes; found by review)
-            if self.release_delay > 0:
+            if self.release_delay > 0 and self._deferred is None:
                 self._defer_release(lost.handed)
-            else:
+            else:  # (now, not in place of another pod's release waiting for its delay)
                 try:
                     await self.kube.release_held_lock(lost.handed)
                 except API_FAILURES as exc:

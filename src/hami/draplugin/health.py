@@ -50,6 +50,7 @@ class HealthBook:
         if recovery < 0:
             raise ValueError(f"recovery must be >= 0 seconds, got {recovery!r}")
         self.recovery, self._probe, self._clock, self._wall = recovery, probe, clock, wall
+        self._note_saved: dict[str, float] = {}  # GPU -> when its note was last handed to ``saved``
         self._since: dict[str, float] = {}  # UUID -> when it was last marked (or last failed a probe)
         self._noted: dict[str, tuple[int, float]] = {}  # UUID -> (its last non-fatal XID, when)
         #: marked only because NVML itself failed (``mark(..., lasting=False)``): not recorded
@@ -112,7 +113,12 @@ class HealthBook:
         with self._lock:
             same = self._noted.get(uuid, (None, 0.0))[0] == xid
             self._noted[uuid] = (xid, now)
-        if not same:  # the same XID again: its time moves on in memory, no write (an fsync) each time
+            # the same XID again: its time moves on in memory, written (an fsync) only once the
+            # saved time is half the quiet period old (a restart then still keeps the note)
+            fresh = same and now - self._note_saved.get(uuid, float("-inf")) < (self.recovery / 2 or float("inf"))
+            if not fresh:
+                self._note_saved[uuid] = now
+        if not fresh:
             self._changed()
 
     def unhealthy(self) -> frozenset[str]:

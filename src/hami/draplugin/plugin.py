@@ -369,8 +369,10 @@ class Driver:
     async def _release(self, entry: Mapping[str, Any], namespace: str, name: str, uid: str, why: str) -> None:
         """Remove ``entry``'s files, dynamic MIG instances and the entry itself (under the UID's lock)."""
         # in a thread: a container may have left millions of files there, and every other claim's
-        # prepare, the health stream and the socket watch run on this loop (found by review)
-        await asyncio.to_thread(
+        # prepare, the health stream and the socket watch run on this loop (found by review); a
+        # call cancelled meanwhile keeps the claim's lock until the removal is over (a prepare
+        # of the claim again must not have its new files removed under it)
+        await _off_loop(
             self._remove_files, Path(entry["cdi_file"]), Path(entry.get("claim_dir") or self.paths.claim_dir(uid)), uid
         )
         if entry.get("mig"):  # the instances first: a failure leaves the record for a retry

@@ -117,15 +117,41 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) 
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: times one directory is gone through again because something was written into it meanwhile
+_REREADS = 3
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _empty_of_files(fd: int) -> list[str]:
+    """Unlink what the directory ``fd`` holds but directories (links included, never followed);
+    returns its directories' names. One read of the directory."""
+    subdirs = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.name)
+            else:
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+    return subdirs
 
 
 def remove_tree(path: str | os.PathLike) -> None:
     """Remove ``path`` and everything under it; a link (in it or in its place) is removed, never
-    followed. Depth first with one open directory at a time and no recursion: a container can nest
-    directories thousands deep in what it is given (``shutil.rmtree`` recursed once per level and
-    raised RecursionError past ~1000, which the DRA agent did not catch: crash-looping after a
-    reboot, and every unprepare of that claim failing; found by review). Absent: nothing to do.
-    Raises OSError (EACCES, EBUSY...) for what cannot be removed, with the tree partly removed."""
+    followed. Depth first with one open directory at a time, each directory read once, no
+    recursion: a container can nest directories thousands deep in what it is given
+    (``shutil.rmtree`` recursed once per level and raised RecursionError past ~1000, which the DRA
+    agent did not catch; found by review). Going back up, each parent is checked to be the
+    directory it came down from (a container still running could move the directory being
+    emptied up a level and have the walk climb out of ``path``): otherwise it stops with an
+    error. Absent: nothing to do. Raises OSError (EACCES, EBUSY...) for what cannot be removed,
+    the tree partly removed."""
     path = os.fspath(path)
     try:
         fd = os.open(path, _DIR_FLAGS)
@@ -136,28 +162,49 @@ def remove_tree(path: str | os.PathLike) -> None:
             raise
         os.unlink(path)  # a file or a link where the directory was
         return
-    names: list[str] = []  # the directories entered below ``path``, outermost first
+    # the directories from ``path`` down to the one open: (name in its parent, identity, its
+    # subdirectories still to remove)
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    rereads = 0
     try:
+        root = _ident(fd)
+        stack.append(("", root, _empty_of_files(fd)))
         while True:
-            child = None
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        child = entry.name
-                        break
-                    os.unlink(entry.name, dir_fd=fd)
-            if child is not None:
-                inner = os.open(child, _DIR_FLAGS, dir_fd=fd)
+            name, ident, pending = stack[-1]
+            if pending:
+                child = pending.pop()
+                try:
+                    inner = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    os.unlink(child, dir_fd=fd)  # replaced by a file or a link meanwhile
+                    continue
                 os.close(fd)
                 fd = inner
-                names.append(child)
+                stack.append((child, _ident(fd), _empty_of_files(fd)))
                 continue
-            if not names:
+            if len(stack) == 1:
                 break
             parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            if _ident(parent) != stack[-2][1]:
+                os.close(parent)
+                raise OSError(errno.ESTALE, f"{path}: a directory in it was moved while it was being removed; stopped")
             os.close(fd)
             fd = parent
-            os.rmdir(names.pop(), dir_fd=fd)
+            stack.pop()
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY or rereads >= _REREADS:
+                    raise
+                rereads += 1  # written into meanwhile: through it again
+                stack[-1][2].append(name)
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) != root:
+            raise OSError(errno.ESTALE, f"{path}: replaced while it was being removed; stopped")
     finally:
         os.close(fd)
     os.rmdir(path)
