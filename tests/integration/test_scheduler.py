@@ -545,6 +545,22 @@ def test_lock_of_a_vanished_pod_is_reclaimed_at_once(kube_cluster, hami, standin
         _cleanup_nodes(kube_cluster, [node])
 
 
+class _Seen:
+    """A reflector's handler keeping the objects by name."""
+
+    def __init__(self):
+        self.items: dict[str, dict] = {}
+
+    def replace(self, items, resource_version=None):
+        self.items = {i["metadata"]["name"]: i for i in items}
+
+    def apply(self, kind, obj):
+        if kind == "DELETED":
+            self.items.pop(obj["metadata"]["name"], None)
+        else:
+            self.items[obj["metadata"]["name"]] = obj
+
+
 def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
     """The API server ends every watch after timeoutSeconds: the reflector resumes from the last
     resourceVersion (no relist) and misses nothing. (Expiry -> relist is covered by
@@ -558,22 +574,9 @@ def test_watch_resumes_after_the_server_closes_it(kube_cluster, kube_namespace):
     path = f"/api/v1/namespaces/{kube_namespace}/configmaps"
     kube_cluster.api("POST", path, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before"}})
 
-    class Seen:
-        def __init__(self):
-            self.items: dict[str, dict] = {}
-
-        def replace(self, items, resource_version=None):
-            self.items = {i["metadata"]["name"]: i for i in items}
-
-        def apply(self, kind, obj):
-            if kind == "DELETED":
-                self.items.pop(obj["metadata"]["name"], None)
-            else:
-                self.items[obj["metadata"]["name"]] = obj
-
     async def scenario():
         kube = await KubeClient.connect(str(kube_cluster.kubeconfig))
-        seen = Seen()
+        seen = _Seen()
         r = Reflector(kube, path, seen, watch_timeout=1)
         task = asyncio.create_task(r.run())
         try:
@@ -645,19 +648,9 @@ def test_a_claim_nested_deeper_than_orjson_reads_is_listed_and_watched(kube_clus
 
     create("deep-before", 1100)
 
-    class Seen:
-        def __init__(self):
-            self.items: dict[str, dict] = {}
-
-        def replace(self, items, resource_version=None):
-            self.items = {i["metadata"]["name"]: i for i in items}
-
-        def apply(self, kind, obj):
-            self.items[obj["metadata"]["name"]] = obj
-
     async def scenario():
         kube = await KubeClient.connect(str(kube_cluster.kubeconfig))
-        seen = Seen()
+        seen = _Seen()
         r = Reflector(kube, path, seen, watch_timeout=5)
         task = asyncio.create_task(r.run())
         try:

@@ -88,32 +88,32 @@ def test_a_reboot_empties_the_region_directories_and_keeps_the_claims_prepared(r
     assert (claim_dir / "vgpu.cache").read_bytes() == b"live"
 
 
-def test_a_region_directory_nested_thousands_deep_is_reset_and_unprepared(root):
-    """`mkdir d; cd d` 1200 times in the container: the reset after a reboot raised
-    RecursionError out of the agent's start (crash-looping, its slice still published) and every
-    unprepare of the claim failed (found by review)."""
+def _nest(top: Path, levels: int) -> None:
+    """``mkdir d; cd d``, ``levels`` times, under ``top`` (by descriptor: deeper than any path)."""
     import os
 
-    driver, claim_dir, record = _prepared(root)
-    fd = os.open(claim_dir / "sub", os.O_RDONLY)
-    for _ in range(1200):
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(levels):
         os.mkdir("d", dir_fd=fd)
         inner = os.open("d", os.O_RDONLY, dir_fd=fd)
         os.close(fd)
         fd = inner
     os.close(fd)
+
+
+def test_a_region_directory_nested_thousands_deep_is_reset_and_unprepared(root):
+    """`mkdir d; cd d` 1200 times in the container: the reset after a reboot raised
+    RecursionError out of the agent's start (crash-looping, its slice still published) and every
+    unprepare of the claim failed (found by review)."""
+
+    driver, claim_dir, record = _prepared(root)
+    _nest(claim_dir / "sub", 1200)
     record.write_text(BOOT_A + "\n")
     done = driver.reset_regions_after_boot(record, BOOT_B)
     assert done == [f"claim {UID}: shared region reset after the reboot (2 files removed)"]
     assert [p.name for p in claim_dir.iterdir()] == ["hami-grant.env"]
     (claim_dir / "deep").mkdir()
-    fd = os.open(claim_dir / "deep", os.O_RDONLY)
-    for _ in range(1200):
-        os.mkdir("d", dir_fd=fd)
-        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = inner
-    os.close(fd)
+    _nest(claim_dir / "deep", 1200)
     asyncio.run(driver.unprepare("ns", "c", UID))
     assert not claim_dir.exists() and driver.checkpoint.get(UID) is None
 
