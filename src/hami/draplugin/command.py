@@ -13,6 +13,8 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -63,17 +65,12 @@ class Pacer:
     that every slice watcher of the cluster reacts to; found by review)."""
 
     def __init__(self, interval: float, fire: Callable[[], None]) -> None:
-        import threading
-        import time
-
         self.interval, self.fire, self._clock = interval, fire, time.monotonic
         self._lock = threading.Lock()
         self._last = float("-inf")
         self._timer: Any = None
 
     def signal(self) -> None:
-        import threading
-
         with self._lock:
             wait = self._last + self.interval - self._clock()
             if wait <= 0:
