@@ -344,7 +344,7 @@ def test_a_claim_counts_what_it_asks_from_its_creation_and_what_it_holds_once_al
     state.claim_handler.apply("DELETED", asking("x"))
     assert room(state) == (8000, 60)
     state.claim_handler.apply("ADDED", asking("all", memory="1Gi", cores="1"))
-    state.claim_handler.apply("ADDED", claim("defaults"))  # no amounts: counts once allocated
+    state.claim_handler.apply("ADDED", claim("defaults"))  # no amounts, no GPU published: nothing to count yet
     assert room(state) == (8000 - 1024, 59)
 
 
@@ -417,3 +417,22 @@ def test_a_claim_being_deleted_counts_what_it_holds_not_what_it_asks(state):
 def test_no_quota_no_admission_recorded(state):
     state.admit_claim(asking("free", ns="no-quota"), 1.0, CFG.vendors)
     assert not state._admitted
+
+
+def test_a_waiting_claim_without_a_memory_amount_counts_the_largest_published_gpu(state):
+    """Found by review (30 Nov): such a claim counted 0 MiB until allocated; once allocated it
+    holds a whole card's. It now counts the largest GPU published from its creation."""
+    state.slice_handler.replace([a_slice("n1"), resource_slice("n2", [Gpu(0, "GPU-n2-0", 40960)], SliceSettings())])
+    assert state.claim_sizes() == {"gpu.hami.io": 40960, "whole-gpu.hami.io": 40960}
+    state.claim_handler.apply("ADDED", claim("defaults"))  # a share with no amounts: all of a GPU's memory
+    assert state.waiting_claims == {"team-a/defaults": (40960, 0)}
+    assert room(state) == (8000 - 40960, 60)
+    # allocated on n1's 15360 MiB GPU: counted as what it holds
+    state.claim_handler.apply("MODIFIED", claim("defaults", results=[result("n1", memory=None, cores=None)], rv="6"))
+    assert room(state) == (8000 - 15360, 60 - 100) and not state.waiting_claims
+    # the pod check and the claim check both see the sizes; n2 gone: the largest is n1's
+    state.slice_handler.apply("DELETED", resource_slice("n2", [Gpu(0, "GPU-n2-0", 40960)], SliceSettings()))
+    assert state.pod_room("team-a", CFG.vendors).claim_sizes == {"gpu.hami.io": 15360, "whole-gpu.hami.io": 15360}
+    assert state.claim_room("team-a", CFG.vendors).claim_sizes["whole-gpu.hami.io"] == 15360
+    state.slice_handler.replace([])
+    assert state.claim_sizes() == {} and state.pod_room("team-a", CFG.vendors).claim_sizes == {}

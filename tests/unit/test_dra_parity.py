@@ -327,6 +327,21 @@ def test_the_pod_check_counts_what_its_claims_will_ask():
     assert decide(shared, DRA, quota_room=quota).allowed
 
 
+def test_the_pod_check_counts_a_gpu_without_gpumem_at_the_largest_published_size():
+    """A pod asking for GPUs without gpumem gets claims without a memory amount (all of a GPU's
+    memory): it is counted at the largest GPU published (it counted 0, and nothing refused its
+    claims after admission). With no GPU published it is admitted; its claims are checked."""
+    sized = lambda ns, vendors: QuotaRoom(  # noqa: E731
+        {"NVIDIA": (100000, None)}, claim_sizes={"gpu.hami.io": 81559, "whole-gpu.hami.io": 81559}
+    )
+    two = pod("p", ctr("app", gpu=2))
+    d = decide(two, DRA, quota_room=sized)
+    assert not d.allowed
+    assert d.message == "exceeding resource quota: nvidia.com/gpumem requests 163118, namespace default has 100000 left"
+    assert decide(pod("q", ctr("app", gpu=1)), DRA, quota_room=sized).allowed
+    assert decide(two, DRA, quota_room=lambda ns, vendors: QuotaRoom({"NVIDIA": (100000, None)})).allowed
+
+
 def test_init_containers_share_one_claim_and_sidecars_keep_their_own():
     """Finding C: init containers run one at a time, so they share one claim (with the app
     container that grows least); a sidecar runs beside the app containers and keeps its own."""

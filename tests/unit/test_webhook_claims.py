@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from hami.core.fit import QuotaRoom
-from hami.dra.claims import ClaimAsk, claim_ask
+from hami.dra.claims import ClaimAsk, claim_ask, class_sizes
 from hami.vendors import build_vendors
 from hami.webhook.admission import AdmissionSettings, review
 
@@ -62,8 +62,9 @@ def room(mem=None, cores=None):
         (exactly(count=2, memory="3000Mi", cores=30), ClaimAsk(6000, 60)),
         (exactly(memory="1Gi"), ClaimAsk(1024, 0)),  # no cores: the slice's default (defaultCores, 0)
         (exactly(memory="1500000000"), ClaimAsk(1431, 0)),  # bytes, rounded up to MiB
-        (exactly("whole-gpu.hami.io", count=2), ClaimAsk(0, 200)),  # memory counted once allocated
-        (exactly("mig.gpu.hami.io"), ClaimAsk(0, 0)),
+        # no memory amount and no device published: no size to count (sizeless names it)
+        (exactly("whole-gpu.hami.io", count=2), ClaimAsk(0, 200, None, "spec.devices.requests[gpu].exactly")),
+        (exactly("mig.gpu.hami.io"), ClaimAsk(0, 0, None, "spec.devices.requests[gpu].exactly")),
         (exactly(allocationMode="All"), ClaimAsk(0, 0, "spec.devices.requests[gpu].exactly.allocationMode=All")),
         (exactly(memory="1Gi", adminAccess=True), None),
         (exactly("example.com/fpga", memory="1Gi"), None),
@@ -90,6 +91,66 @@ def room(mem=None, cores=None):
 )
 def test_what_a_claim_asks(spec, want):
     assert claim_ask(claim(spec)) == want
+
+
+SIZES = {"gpu.hami.io": 81559, "whole-gpu.hami.io": 81559, "mig.gpu.hami.io": 40192}
+
+
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        (exactly("whole-gpu.hami.io", count=2), ClaimAsk(2 * 81559, 200)),
+        (exactly(count=3), ClaimAsk(3 * 81559, 0)),  # a share without an amount takes all the memory
+        (exactly(count=3, memory="1Gi"), ClaimAsk(3 * 1024, 0)),  # an amount is counted as asked
+        (exactly("mig.gpu.hami.io", count=2), ClaimAsk(2 * 40192, 0)),
+    ],
+)
+def test_a_request_without_a_memory_amount_counts_the_largest_published_device(spec, want):
+    assert claim_ask(claim(spec), sizes=SIZES) == want
+
+
+def test_class_sizes_are_the_largest_gpu_and_the_largest_mig_instance():
+    gib = 1024 * 1024 * 1024
+    devices = [
+        {"parent": "", "total": {"memory": 80 * gib}},
+        {"parent": "", "total": {"memory": 16 * gib + 1}},  # rounded up to whole MiB
+        {"parent": "GPU-1", "total": {"memory": 10 * gib}},
+    ]
+    assert class_sizes(devices) == {"gpu.hami.io": 81920, "whole-gpu.hami.io": 81920, "mig.gpu.hami.io": 10240}
+    assert class_sizes(devices[1:2]) == {"gpu.hami.io": 16385, "whole-gpu.hami.io": 16385}
+    assert class_sizes([]) == {}
+
+
+def sized_room(mem=None, cores=None, sizes=SIZES):
+    return lambda ns, vendors: QuotaRoom({"NVIDIA": (mem, cores)}, claim_sizes=sizes) if ns == "team" else None
+
+
+def test_a_claim_of_whole_devices_is_held_to_the_memory_quota_before_allocation():
+    """Found by review (30 Nov): a claim without a memory amount counted 0 MiB until allocated,
+    and nothing refused it after admission: under a memory quota alone, `count: 8` was admitted
+    and allocated eight whole cards' memory."""
+    resp = answer(claim(exactly("whole-gpu.hami.io", count=8)), sized_room(mem=100000))
+    assert resp["allowed"] is False and resp["status"]["code"] == 403
+    assert resp["status"]["message"] == (
+        "ResourceClaim team/mine: exceeding resource quota: nvidia.com/gpumem requests 652472, "
+        "namespace team has 100000 left"
+    )
+    assert answer(claim(exactly("whole-gpu.hami.io", count=1)), sized_room(mem=100000))["allowed"] is True
+    assert answer(claim(exactly(count=2)), sized_room(mem=100000))["allowed"] is False
+
+
+def test_without_a_published_device_a_claim_without_an_amount_is_refused_only_under_a_memory_quota():
+    resp = answer(claim(exactly("whole-gpu.hami.io")), sized_room(mem=100000, sizes={}))
+    assert resp["allowed"] is False and resp["status"]["code"] == 403
+    assert resp["status"]["message"].startswith(
+        "ResourceClaim team/mine: spec.devices.requests[gpu].exactly asks for a whole device's memory and no "
+        "device of its class is published yet"
+    )
+    assert answer(claim(exactly("whole-gpu.hami.io")), sized_room(cores=100, sizes={}))["allowed"] is True
+    assert answer(claim(exactly("whole-gpu.hami.io")), None)["allowed"] is True
+    # a MIG size unknown while GPUs are known: still refused
+    only_gpus = {"gpu.hami.io": 81559, "whole-gpu.hami.io": 81559}
+    assert answer(claim(exactly("mig.gpu.hami.io")), sized_room(mem=100000, sizes=only_gpus))["allowed"] is False
 
 
 def test_two_requests_add_up():

@@ -85,10 +85,14 @@ class QuotaRoom:
     """What the pod's namespace may still allocate per vendor: ``(mem, cores)``; None = no limit.
 
     ``masks``: the vendors whose grants record cores as a bit mask (AWS Neuron): a pick counts
-    the cores its mask names (its set bits), as the ledger counts placed pods."""
+    the cores its mask names (its set bits), as the ledger counts placed pods.
+
+    ``claim_sizes``: (the DRA front end) device class -> the MiB one device counts when a claim
+    asks for it without a memory amount, before allocation (the largest published device)."""
 
     room: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     masks: frozenset[str] = frozenset()
+    claim_sizes: Mapping[str, int] = field(default_factory=dict)
 
     def allows(self, picks: Sequence[Pick], kinds: Sequence[ContainerKind], vendor: str) -> bool:
         mem_room, core_room = self.room.get(vendor, (None, None))

@@ -269,15 +269,17 @@ def _text(value: Any) -> str:
 class ClaimAsk:
     """What a claim's spec asks of this driver's classes, before any allocation: memory (MiB,
     rounded up) and cores summed over its requests, each request at its largest alternative
-    (``firstAvailable``). A request without a memory amount asks for the whole device, whose
-    size is not known before allocation: it counts 0 memory here (as HAMi's webhook counts a
-    whole card) and its full size once allocated (:func:`claim_usage`); without cores it asks
-    for the class's default per device (:data:`WHOLE_CORES`). ``unbounded`` names a request the spec does not bound
-    (``allocationMode: All``)."""
+    (``firstAvailable``). A request without a memory amount asks for the whole device, which
+    one is not known before allocation: it counts the largest device of its class the driver
+    publishes (``sizes``), and its own size once allocated (:func:`claim_usage`); with no size
+    known it counts 0 and ``sizeless`` names it. Without cores a request asks for the class's
+    default per device (:data:`WHOLE_CORES`). ``unbounded`` names a request the spec does not
+    bound (``allocationMode: All``)."""
 
     memory_mib: int
     cores: int
     unbounded: str | None = None
+    sizeless: str | None = None
 
 
 #: this driver's DeviceClasses -> the cores a device of the class counts when a request names none:
@@ -287,15 +289,18 @@ class ClaimAsk:
 WHOLE_CORES = {SHARE_CLASS: 0, WHOLE_CLASS: 100, MIG_CLASS: 0}
 
 
-def claim_ask(claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES) -> ClaimAsk | None:
+def claim_ask(
+    claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES, sizes: Mapping[str, int] | None = None
+) -> ClaimAsk | None:
     """What ``claim`` asks of ``classes`` (this driver's DeviceClasses, each with the cores a
     device counts when a request names none); None when it asks nothing of them. Requests with
-    ``adminAccess`` ask nothing (they consume nothing: :func:`claim_usage`). Raises
+    ``adminAccess`` ask nothing (they consume nothing: :func:`claim_usage`). ``sizes``: class ->
+    the MiB a device of it counts when a request names no memory (:func:`class_sizes`). Raises
     :class:`ClaimError` naming the field for an amount that is not a quantity."""
     ours = classes
     requests = _object(_object(claim.get("spec")).get("devices")).get("requests")
     mem = cores = 0
-    unbounded = None
+    unbounded = sizeless = None
     asked = False
     for i, request in enumerate(requests if isinstance(requests, list) else ()):
         request = _object(request)
@@ -317,10 +322,37 @@ def claim_ask(claim: Mapping[str, Any], classes: Mapping[str, int] = WHOLE_CORES
             capacity = _object(_object(sub.get("capacity")).get("requests"))
             memory = _amount(capacity.get(MEMORY), f"{at}.capacity.requests.memory")
             core = _cores(capacity.get(CORES), f"{at}.capacity.requests.cores")[0]  # a thousandth counts 0
-            each = (-(-(memory or 0) // MIB), ours[_text(sub.get("deviceClassName"))] if core is None else core)
+            cls = _text(sub.get("deviceClassName"))
+            if memory is None:
+                whole = (sizes or {}).get(cls)
+                if whole is None:
+                    sizeless = sizeless or at
+                each = (whole or 0, ours[cls] if core is None else core)
+            else:
+                each = (-(-memory // MIB), ours[cls] if core is None else core)
             take = (each[0] * count, each[1] * count)
             best = take if best is None else (max(best[0], take[0]), max(best[1], take[1]))
         if best is not None:
             mem += best[0]
             cores += best[1]
-    return ClaimAsk(mem, cores, unbounded) if asked else None
+    return ClaimAsk(mem, cores, unbounded, sizeless) if asked else None
+
+
+def class_sizes(devices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Class -> the memory (MiB, rounded up) of the largest device of it among ``devices``
+    (:func:`slice_devices` values): what a request without a memory amount counts against a
+    quota before it is allocated. A share and a whole GPU count the largest GPU, a MIG instance
+    the largest instance; a class none of ``devices`` can serve is absent."""
+    gpu = mig = None
+    for d in devices:
+        size = -(-int(_object(d.get("total")).get(MEMORY) or 0) // MIB)
+        if d.get("parent"):
+            mig = size if mig is None else max(mig, size)
+        else:
+            gpu = size if gpu is None else max(gpu, size)
+    out = {}
+    if gpu is not None:
+        out[SHARE_CLASS] = out[WHOLE_CLASS] = gpu
+    if mig is not None:
+        out[MIG_CLASS] = mig
+    return out

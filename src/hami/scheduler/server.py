@@ -403,7 +403,7 @@ class SchedulerService:
             body,
             self.admission,
             labels,
-            self.state.claim_room if claim else self.state.ledger.quota_room,
+            self.state.claim_room if claim else self.state.pod_room,
             tree_checked=True,
         )
         if claim and (answer.get("response") or {}).get("allowed") and not is_dry_run(req):

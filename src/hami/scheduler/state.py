@@ -45,7 +45,7 @@ from hami.core.health import handshake_time
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
 from hami.core.types import NodeDevices
-from hami.dra.claims import ClaimError, ClaimUsage, claim_ask, claim_usage, slice_devices
+from hami.dra.claims import ClaimError, ClaimUsage, claim_ask, claim_usage, class_sizes, slice_devices
 from hami.dra.model import DRIVER as DRA_DRIVER
 from hami.kube.revision import revision
 
@@ -188,6 +188,7 @@ class ClusterState:
         self.slices: dict[str, dict] = {}  # ResourceSlice name -> ResourceSlice (this driver's only)
         self.dra_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> hami.dra.claims.slice_devices
         self._dra_totals: dict[tuple[str, str], dict] = {}  # (node, device) -> its capacity values
+        self._class_sizes: dict[str, int] | None = None  # claim_sizes(), None: to be worked out again
         self._slice_keys: dict[str, tuple[tuple[str, str], ...]] = {}  # slice name -> its devices' keys
         dra = [v.name for v in self.vendors if v.name == "NVIDIA"]
         self.dra_vendor = dra[0] if dra else "NVIDIA"  # whose quota a claim counts against
@@ -686,7 +687,7 @@ class ClusterState:
             self._claim_seen(ref, claim)
             try:
                 usage = claim_usage(claim)
-                ask = claim_ask(claim) if usage is None and not _deleting(claim) else None
+                ask = claim_ask(claim, sizes=self.claim_sizes()) if usage is None and not _deleting(claim) else None
             except ClaimError as exc:
                 log.warning("%s; the claim is counted as holding nothing", exc)
         self.claims.pop(ref, None)
@@ -703,6 +704,22 @@ class ClusterState:
         if kind == "DELETED" or (usage is None and ref not in self.waiting_claims):
             self._claim_uids.pop(ref, None)
 
+    def claim_sizes(self) -> dict[str, int]:
+        """Class -> the MiB a device of it counts when a claim names no memory amount, until it is
+        allocated: the largest published (:func:`hami.dra.claims.class_sizes`). A claim waiting
+        for allocation keeps the size counted when its last event arrived."""
+        if self._class_sizes is None:
+            self._class_sizes = class_sizes(self.dra_devices.values())
+        return self._class_sizes
+
+    def pod_room(self, namespace: str, vendors: Any) -> Any:
+        """The ledger's quota room for ``namespace``, with :meth:`claim_sizes` (a pod the DRA front
+        end translates is checked for what its claims will ask)."""
+        room = self.ledger.quota_room(namespace, vendors)
+        if room is None or not self.dra_devices:
+            return room
+        return dataclasses.replace(room, claim_sizes=self.claim_sizes())
+
     def claim_room(self, namespace: str, vendors: Any) -> Any:
         """The quota room a ResourceClaim's admission sees: the ledger's, less what this replica's
         webhook admitted in the last :data:`ADMITTED_CLAIM_TTL` seconds that no watch event has
@@ -711,7 +728,7 @@ class ClusterState:
         after us, or sent by anyone who can reach the webhook port, which the API server does not
         authenticate to) delays other claims of its namespace by that long, and as long as it
         is sent again (docs/dra.md: restrict the port), never pods nor Filter."""
-        room = self.ledger.quota_room(namespace, vendors)
+        room = self.pod_room(namespace, vendors)
         mem = cores = 0
         for a_ns, _, _, (a_mem, a_cores), _ in self._admitted.values():
             if a_ns == namespace:
@@ -730,7 +747,7 @@ class ClusterState:
         after admission)."""
         self.expire_admitted(now)
         try:
-            ask = claim_ask(claim)
+            ask = claim_ask(claim, sizes=self.claim_sizes())
         except ClaimError:
             return
         if ask is None or ask.unbounded or not (ask.memory_mib or ask.cores):
@@ -769,7 +786,7 @@ class ClusterState:
             return
         ns, name = _text(meta.get("namespace")) or "default", _text(meta.get("name"))
         try:
-            ask = claim_ask(claim)
+            ask = claim_ask(claim, sizes=self.claim_sizes())
         except ClaimError:
             return
         if ask is None:
@@ -798,6 +815,7 @@ class ClusterState:
 
     def _replace_slices(self, items: list[dict], resource_version: str | None = None) -> None:
         self.slices, self._slice_keys, self.dra_devices, self._dra_totals = {}, {}, {}, {}
+        self._class_sizes = None
         for s in items:
             self._apply_slice("MODIFIED", s, recount=False)
         self._recount_whole_device_claims(None)
@@ -808,6 +826,7 @@ class ClusterState:
         meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
         name = meta.get("name") if isinstance(meta.get("name"), str) else ""
         spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+        self._class_sizes = None
         for key in self._slice_keys.pop(name, ()):
             self.dra_devices.pop(key, None)
             self._dra_totals.pop(key, None)

@@ -438,17 +438,19 @@ def _quota_excess(
     return ""
 
 
-def _claims_ask(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+def _claims_ask(
+    pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]], sizes: Mapping[str, int]
+) -> tuple[int, int]:
     """(MiB, cores) the claims the pod's translated entries make will ask, each counted as the claim
-    check counts it (:func:`hami.dra.claims.claim_ask`): one claim per ``resourceClaims`` entry
-    naming one of ``templates``."""
+    check counts it (:func:`hami.dra.claims.claim_ask`, a GPU without a memory amount at
+    ``sizes``): one claim per ``resourceClaims`` entry naming one of ``templates``."""
     from hami.dra.claims import claim_ask  # the DRA model, only on that front end
 
     specs = {(t.get("metadata") or {}).get("name"): (t.get("spec") or {}).get("spec") or {} for t in templates}
     mem = cores = 0
     for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
         spec = specs.get(entry.get("resourceClaimTemplateName"))
-        ask = claim_ask({"spec": spec}) if spec is not None else None
+        ask = claim_ask({"spec": spec}, sizes=sizes) if spec is not None else None
         if ask is not None:
             mem, cores = mem + ask.memory_mib, cores + ask.cores
     return mem, cores
@@ -570,8 +572,11 @@ def _dra_quota(d: Decision, s: AdmissionSettings, quota_room: Callable[[str, Seq
     again then, :func:`decide_claim`), its other vendors' devices as on the extender path."""
     if not d.allowed or quota_room is None or d.pod is None:
         return d
+    quota = quota_room((d.pod.get("metadata") or {}).get("namespace") or "default", s.vendors)
+    if quota is None:
+        return d
     nvidia = s.nvidia
-    claims = {nvidia.name: _claims_ask(d.pod, d.templates)} if nvidia is not None else None
+    claims = {nvidia.name: _claims_ask(d.pod, d.templates, quota.claim_sizes)} if nvidia is not None else None
     try:
         excess = _quota_excess(d.pod, s, quota_room, claims)
     except CoreError as exc:
@@ -910,9 +915,10 @@ def decide_claim(
     must: a pod naming a claim of its own (written by hand, or from a template of its own)
     asks for no extended resource, so the pod's quota check never sees it, and kube-scheduler
     allocates it without looking at the quota. Claims the controller makes from the webhook's
-    templates come here too. What the claim asks is :func:`hami.dra.claims.claim_ask` (memory
-    of a request without an amount counts once allocated, like a whole card's at the pod
-    check); the room is what allocated claims and placed pods leave (the same ledger).
+    templates come here too. What the claim asks is :func:`hami.dra.claims.claim_ask` (a
+    request without a memory amount counts the largest device of its class published, the
+    room's ``claim_sizes``; under a memory quota it is refused while none is); the room is what
+    allocated claims and placed pods leave (the same ledger).
 
     First (400), a configuration of this driver the node agent would refuse at prepare
     (:func:`hami.dra.gpuconfig.claim_spec_error`: a ``GpuConfig`` field it does not know, an
@@ -937,10 +943,17 @@ def decide_claim(
         return Decision(True, warnings=notes)
     quota = quota_room(ns, s.vendors)
     mem_room, core_room = quota.room.get(nvidia.name, (None, None)) if quota is not None else (None, None)
-    if mem_room is None and core_room is None:
+    if quota is None or (mem_room is None and core_room is None):
         return Decision(True, warnings=notes)
     if ask.unbounded:
         return _deny(f"{where}: {ask.unbounded} cannot be counted against namespace {ns}'s GPU quota; ask for a count")
+    ask = claim_ask(claim, sizes=quota.claim_sizes) or ask
+    if ask.sizeless and mem_room is not None:
+        return _deny(
+            f"{where}: {ask.sizeless} asks for a whole device's memory and no device of its class is published "
+            f"yet, so it cannot be counted against namespace {ns}'s GPU memory quota; ask for "
+            "capacity.requests.memory, or create it once the driver's ResourceSlices are published"
+        )
     for n, left, res, factor in (
         (ask.memory_mib, mem_room, nvidia.resources.memory, nvidia.resources.memory_factor),
         (ask.cores, core_room, nvidia.resources.cores, 1),
