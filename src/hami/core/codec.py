@@ -109,21 +109,22 @@ def go_plain(value: Any) -> Any:
     return value
 
 
-def _int_field(obj: Mapping[str, Any], key: str, where: str, bounds: tuple[int, int] = INT64) -> int:
+def int_field(obj: Mapping[str, Any], key: str, where: str, bounds: tuple[int, int] = INT64) -> int:
     """A Go integer field: a JSON integer literal (``1``, not ``1.0`` or ``1e0``, which Go refuses
-    too) within ``bounds``; absent or null reads 0."""
+    too) within ``bounds``; absent or null reads 0. CodecError naming ``key`` and the value."""
     value = obj.get(key)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CodecError(f"{where}: field {key!r} must be an integer, got {_short(value)}")
+        raise CodecError(f"{where}: field {key!r} must be an integer, got {shown(value)}")
     lo, hi = bounds
     if not lo <= value <= hi:
-        raise CodecError(f"{where}: field {key!r} must be in {lo}..{hi}, got {_short(value)}")
+        raise CodecError(f"{where}: field {key!r} must be in {lo}..{hi}, got {shown(value)}")
     return value
 
 
-def _short(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value`` for an error message: its repr, at most 80 characters (a huge integer by its size)."""
     text = (
         repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"a {value.bit_length()}-bit number"
     )
@@ -135,7 +136,7 @@ def _str_field(obj: Mapping[str, Any], key: str, where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise CodecError(f"{where}: field {key!r} must be a string, got {_short(value)}")
+        raise CodecError(f"{where}: field {key!r} must be a string, got {shown(value)}")
     return value
 
 
@@ -144,7 +145,7 @@ def _list_field(obj: Mapping[str, Any], key: str, where: str) -> list:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise CodecError(f"{where}: field {key!r} must be a list, got {_short(value)}")
+        raise CodecError(f"{where}: field {key!r} must be a list, got {shown(value)}")
     return value
 
 
@@ -153,7 +154,7 @@ def _obj(value: Any, where: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise CodecError(f"{where}: must be a JSON object, got {_short(value)}")
+        raise CodecError(f"{where}: must be a JSON object, got {shown(value)}")
     return value
 
 
@@ -176,7 +177,10 @@ _DEVICE_FIELDS = (
 )
 _PROFILE_FIELDS = ("name", "memoryMB", "core", "sliceCount", "placements")
 _PLACEMENT_FIELDS = ("start", "size")
-_CAPACITY = (0, INT32[1])  # int32 in HAMi; a negative capacity is refused here (compatibility.md)
+#: A device's count, memory and cores in any vendor's registration: int32 in HAMi; a negative
+#: capacity is refused here (compatibility.md). Scores divide by sums of them as floats: an
+#: unbounded value would overflow every score of the node.
+CAPACITY = (0, INT32[1])
 
 
 def _mig_profiles(raw: list, where: str) -> tuple[MigProfile, ...]:
@@ -187,13 +191,13 @@ def _mig_profiles(raw: list, where: str) -> tuple[MigProfile, ...]:
         places = []
         for j, pl in enumerate(_list_field(f, "placements", w)):
             g = go_struct(_obj(pl, f"{w} placements[{j}]"), _PLACEMENT_FIELDS)
-            places.append((_int_field(g, "start", w, UINT32), _int_field(g, "size", w, UINT32)))
+            places.append((int_field(g, "start", w, UINT32), int_field(g, "size", w, UINT32)))
         out.append(
             MigProfile(
                 name=_str_field(f, "name", w),
-                memory_mb=_int_field(f, "memoryMB", w, _CAPACITY),
-                core=_int_field(f, "core", w, _CAPACITY),
-                slice_count=_int_field(f, "sliceCount", w, UINT32),
+                memory_mb=int_field(f, "memoryMB", w, CAPACITY),
+                core=int_field(f, "core", w, CAPACITY),
+                slice_count=int_field(f, "sliceCount", w, UINT32),
                 placements=tuple(places),
             )
         )
@@ -203,14 +207,14 @@ def _mig_profiles(raw: list, where: str) -> tuple[MigProfile, ...]:
 def _device_from_json(obj: Any, i: int, vendor: str) -> DeviceInfo:
     where = f"device[{i}]"
     if not isinstance(obj, dict):
-        raise CodecError(f"{where}: must be a JSON object, got {_short(obj)}")
+        raise CodecError(f"{where}: must be a JSON object, got {shown(obj)}")
     f = go_struct(obj, _DEVICE_FIELDS, nillable=("migProfiles", "migtemplate", "custominfo"))
     health = f.get("health", False)
     if not isinstance(health, bool):
-        raise CodecError(f"{where}: field 'health' must be a boolean, got {_short(health)}")
+        raise CodecError(f"{where}: field 'health' must be a boolean, got {shown(health)}")
     custom = f.get("custominfo")
     if custom is not None and not isinstance(custom, dict):
-        raise CodecError(f"{where}: field 'custominfo' must be an object, got {_short(custom)}")
+        raise CodecError(f"{where}: field 'custominfo' must be an object, got {shown(custom)}")
     _str_field(f, "devicevendor", where)  # set by the scheduler, not transported; type-checked as Go does
     _list_field(f, "migtemplate", where)  # deprecated in HAMi; ignored
     dev_id = _str_field(f, "id", where)
@@ -219,12 +223,12 @@ def _device_from_json(obj: Any, i: int, vendor: str) -> DeviceInfo:
     w = f"{where} ({dev_id})"
     return DeviceInfo(
         id=dev_id,
-        index=_int_field(f, "index", w, UINT64),
-        count=_int_field(f, "count", w, _CAPACITY),
-        devmem=_int_field(f, "devmem", w, _CAPACITY),
-        devcore=_int_field(f, "devcore", w, _CAPACITY),
+        index=int_field(f, "index", w, UINT64),
+        count=int_field(f, "count", w, CAPACITY),
+        devmem=int_field(f, "devmem", w, CAPACITY),
+        devcore=int_field(f, "devcore", w, CAPACITY),
         type=_str_field(f, "type", w),
-        numa=_int_field(f, "numa", w, INT64),
+        numa=int_field(f, "numa", w, INT64),
         mode=_str_field(f, "mode", w),
         health=health,
         vendor=vendor,
@@ -398,26 +402,26 @@ def _go_int(text: str, where: str, name: str, bounds: tuple[int, int] = INT64, n
         else:
             value = lo - 1 if text.startswith("-") else hi + 1
         if non_negative and value < 0:
-            raise CodecError(f"{where}: field {name!r} must not be negative, got {_short(text)}")
+            raise CodecError(f"{where}: field {name!r} must not be negative, got {shown(text)}")
         if lo <= value <= hi:
             return value
         raise CodecError(
-            f"{where}: field {name!r} must be in {max(lo, 0) if non_negative else lo}..{hi}, got {_short(text)}"
+            f"{where}: field {name!r} must be in {max(lo, 0) if non_negative else lo}..{hi}, got {shown(text)}"
         )
     what = "a non-negative integer" if non_negative else "an integer"
-    raise CodecError(f"{where}: field {name!r} must be {what}, got {_short(text)}")
+    raise CodecError(f"{where}: field {name!r} must be {what}, got {shown(text)}")
 
 
 def decode_node_devices_legacy(text: str, vendor: str = "") -> tuple[DeviceInfo, ...]:
     """Parse the colon form (7 or 9 comma-separated fields per device)."""
     if ":" not in text:
-        raise CodecError(f"legacy device list {_short(text)} has no ':' separator")
+        raise CodecError(f"legacy device list {shown(text)} has no ':' separator")
     out = []
     for i, chunk in enumerate(p for p in text.split(":") if p):
         where = f"device[{i}]"
         f = chunk.split(",")
         if len(f) not in (7, 9):
-            raise CodecError(f"{where}: expected 7 or 9 comma-separated fields, got {len(f)} in {_short(chunk)}")
+            raise CodecError(f"{where}: expected 7 or 9 comma-separated fields, got {len(f)} in {shown(chunk)}")
         if not f[0]:
             raise CodecError(f"{where}: field 'id' is empty")
         out.append(
@@ -468,7 +472,7 @@ def decode_container_devices(text: str, where: str = "container") -> tuple[Conta
         f = piece.split(",")
         if len(f) < 4:
             raise CodecError(
-                f"{where}: device entry {_short(piece)} has {len(f)} fields, expected UUID,TYPE,MEM,CORES "
+                f"{where}: device entry {shown(piece)} has {len(f)} fields, expected UUID,TYPE,MEM,CORES "
                 "(do not set nodeName on pods that request devices)"
             )
         out.append(
@@ -566,7 +570,7 @@ _MIG_FIELDS = (
 
 def _opt_uint32(obj: Mapping[str, Any], key: str, where: str) -> int | None:
     """A Go ``*uint32``: absent or null is nil."""
-    return None if obj.get(key) is None else _int_field(obj, key, where, UINT32)
+    return None if obj.get(key) is None else int_field(obj, key, where, UINT32)
 
 
 def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
@@ -584,12 +588,12 @@ def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
         obj = go_struct(_obj(raw, where), _MIG_FIELDS, nillable=("gpuInstanceID", "computeInstanceID"))
         place = go_struct(_obj(obj.get("placement"), f"{where}: field 'placement'"), _PLACEMENT_FIELDS)
         e = MigAllocation(
-            container=_int_field(obj, "containerIndex", where),
-            device=_int_field(obj, "deviceIndex", where),
+            container=int_field(obj, "containerIndex", where),
+            device=int_field(obj, "deviceIndex", where),
             gpu_uuid=_str_field(obj, "gpuUUID", where),
             profile=_str_field(obj, "profile", where),
-            start=_int_field(place, "start", where, UINT32),
-            size=_int_field(place, "size", where, UINT32),
+            start=int_field(place, "start", where, UINT32),
+            size=int_field(place, "size", where, UINT32),
             mig_uuid=_str_field(obj, "migUUID", where),
             gpu_instance_id=_opt_uint32(obj, "gpuInstanceID", where),
             compute_instance_id=_opt_uint32(obj, "computeInstanceID", where),
@@ -597,7 +601,7 @@ def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
         if e.container < 0 or e.device < 0 or not e.gpu_uuid or not e.profile or e.size <= 0:
             raise CodecError(
                 f"{where}: incomplete MIG allocation (containerIndex, deviceIndex >= 0, gpuUUID, "
-                f"profile and a placement with size > 0 are required), got {_short(go_plain(raw))}"
+                f"profile and a placement with size > 0 are required), got {shown(go_plain(raw))}"
             )
         runtime = (bool(e.mig_uuid), e.gpu_instance_id is not None, e.compute_instance_id is not None)
         if any(runtime) and not all(runtime):

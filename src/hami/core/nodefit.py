@@ -40,7 +40,8 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 FILTERED_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only scores
-_DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+_INT64 = (-(2**63), 2**63 - 1)
 
 _REQUIREMENT = {"key": str, "operator": str, "values": ListOf(str)}
 _TERM = {"matchExpressions": ListOf(_REQUIREMENT), "matchFields": ListOf(_REQUIREMENT)}
@@ -153,8 +154,12 @@ class PodAsks:
 
 
 def _integer(text: str | None) -> int | None:
-    """A decimal integer as Go's ``strconv.ParseInt(text, 10, 64)`` reads one, else None."""
-    return int(text) if text is not None and _DECIMAL.fullmatch(text) else None
+    """A decimal integer as Go's ``strconv.ParseInt(text, 10, 64)`` reads one (an optional sign,
+    ASCII digits, within int64), else None."""
+    if text is None or not _DECIMAL.fullmatch(text) or len(text.lstrip("+-").lstrip("0")) > 19:
+        return None
+    value = int(text)
+    return value if _INT64[0] <= value <= _INT64[1] else None
 
 
 # ---------------------------------------------------------------------- nodes

@@ -20,8 +20,10 @@ the request type equals the device type (never for NVIDIA: "NVIDIA" vs the model
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from .codec import shown
 from .errors import RequestError
 from .names import DEVICE_SCORING_WEIGHTS, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
 
@@ -80,18 +82,27 @@ def parse_gpu_policy(text: str, where: str = "gpu policy") -> DevicePolicy:
     )
 
 
+#: A weight: ASCII digits (``str.isdigit`` also takes ``"²"``), at most 6 of them (a weight of
+#: thousands of digits cannot be multiplied into a float score)
+_WEIGHT = re.compile(r"[0-9]{1,6}")
+MAX_WEIGHT = 999_999
+
+
 def parse_weights(text: str, where: str = WEIGHTS_ANNOTATION) -> Weights:
-    """``"slot=1,core=1,memory=3"``: all three keys, non-negative integers, at least one > 0."""
+    """``"slot=1,core=1,memory=3"``: all three keys, integers in 0..999999, at least one > 0."""
     values: dict[str, int] = {}
     for item in (text or "").split(","):
         key, sep, val = item.strip().partition("=")
-        if not sep or key not in ("slot", "core", "memory") or not val.strip().isdigit():
-            raise RequestError(f"{where}: invalid item {item.strip()!r} in {text!r} (expected slot=N,core=N,memory=N)")
+        if not sep or key not in ("slot", "core", "memory") or not _WEIGHT.fullmatch(val.strip()):
+            raise RequestError(
+                f"{where}: invalid item {shown(item.strip())} in {shown(text)} "
+                f"(expected slot=N,core=N,memory=N, each N in 0..{MAX_WEIGHT})"
+            )
         values[key] = int(val)
     if set(values) != {"slot", "core", "memory"}:
-        raise RequestError(f"{where}: {text!r} must set all of slot, core and memory")
+        raise RequestError(f"{where}: {shown(text)} must set all of slot, core and memory")
     if not any(values.values()):
-        raise RequestError(f"{where}: {text!r}: at least one weight must be > 0")
+        raise RequestError(f"{where}: {shown(text)}: at least one weight must be > 0")
     return Weights(**values)
 
 

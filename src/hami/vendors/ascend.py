@@ -12,6 +12,7 @@ Facts: reference §3.4 (admission), §4.5 (keys), §5.6 (NetworkID node score), 
   that annotation (HAMi: the node's annotation takes precedence over the global default).
 * 910-series nodes whose devices all carry ``custominfo.NetworkID``: multi-NPU requests take the
   NetworkID groups with the most fitting devices first, and the node score rewards one-group picks.
+  A NetworkID that is not a number or a string is dropped when the registration is read.
 * 910C (``superPod: true``): whole modules only (NPUs ``2k`` and ``2k+1``), a request of 1 is
   admitted as 2.
 * Decision annotations, read by the Ascend device plugin besides the allocation pair:
@@ -96,7 +97,7 @@ class AscendVendor(BaseVendor):
 
     # ------------------------------------------------------------------ registration
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        devices = super().node_devices(node)
+        devices = tuple(_checked_network_id(d) for d in super().node_devices(node))
         return tuple(replace(d, mode=HAMI_CORE) for d in devices) if self.node_is_soft(node) else devices
 
     def node_is_soft(self, node: Mapping[str, Any]) -> bool:
@@ -254,10 +255,27 @@ class AscendVendor(BaseVendor):
         return out
 
 
+def _valid_network_id(value: Any) -> bool:
+    """A NetworkID the Ascend plugin writes: a JSON number (or a string). Anything else (a list, an
+    object, a boolean) cannot name a group and reads as absent."""
+    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
+
+
+def _checked_network_id(device: DeviceInfo) -> DeviceInfo:
+    """``device`` with a ``custominfo.NetworkID`` that is not a number or a string left out (as if
+    the plugin had not written one): the node's NPUs are then taken without NetworkID groups."""
+    info = device.custominfo
+    if not info or "NetworkID" not in info or _valid_network_id(info["NetworkID"]):
+        return device
+    rest = {k: v for k, v in info.items() if k != "NetworkID"}
+    return replace(device, custominfo=rest or None)
+
+
 def _network_id(device: DeviceInfo | None) -> Any:
     if device is None or not device.custominfo:
         return None
-    return device.custominfo.get("NetworkID")
+    value = device.custominfo.get("NetworkID")
+    return value if _valid_network_id(value) else None
 
 
 def _all_have_network_id(devices: Sequence[DeviceInfo], vendor: str) -> bool:

@@ -45,7 +45,7 @@ from datetime import datetime
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy, encode_pod_devices
-from hami.core.errors import CodecError, CoreError
+from hami.core.errors import CodecError, CoreError, RequestError
 from hami.core.health import HealthMemo, HealthVerdict, handshake_health
 from hami.core.names import NODE_LOCK
 from hami.core.quantity import go_true
@@ -93,6 +93,22 @@ class Selection:
 
 def _split_list(value: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (value or "").split(",") if p.strip())
+
+
+#: The most distinct entries a pod's use/nouse type annotation may list. Every device the fit
+#: visits is matched against each entry (and a tenant writes the list): a few models is the use.
+MAX_TYPE_ENTRIES = 64
+
+
+def _type_list(annotations: Mapping[str, str], key: str | None) -> tuple[str, ...]:
+    """A use/nouse type annotation: its entries lowercased, duplicates dropped (first kept).
+    RequestError naming the annotation past :data:`MAX_TYPE_ENTRIES` distinct entries."""
+    if not key:
+        return ()
+    types = tuple(dict.fromkeys(t.lower() for t in _split_list(annotations.get(key))))
+    if len(types) > MAX_TYPE_ENTRIES:
+        raise RequestError(f"annotation {key}: {len(types)} distinct device types listed, more than {MAX_TYPE_ENTRIES}")
+    return types
 
 
 class BaseVendor:
@@ -222,8 +238,8 @@ class BaseVendor:
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         get = annotations.get
         return Selection(
-            use_types=tuple(t.lower() for t in _split_list(get(self.use_type_annotation or ""))),
-            nouse_types=tuple(t.lower() for t in _split_list(get(self.nouse_type_annotation or ""))),
+            use_types=_type_list(annotations, self.use_type_annotation),
+            nouse_types=_type_list(annotations, self.nouse_type_annotation),
             use_uuids=frozenset(map(self.read_device_id, _split_list(get(self.use_uuid_annotation or "")))),
             nouse_uuids=frozenset(map(self.read_device_id, _split_list(get(self.nouse_uuid_annotation or "")))),
             modes=get(self.mode_annotation) if self.mode_annotation else None,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import EnflameConfig
-from hami.core.codec import go_json, go_loads, go_plain, go_struct
+from hami.core.codec import CAPACITY, go_json, go_loads, go_plain, go_struct, int_field, shown
 from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -50,7 +50,10 @@ from .common import (
 )
 
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
-_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
+#: a DRS profile name, ``<slices>g.<GiB>gb`` (ASCII digits; matched whole)
+_PROFILE = re.compile(r"([0-9]+)g\.([0-9]+)gb")
+#: the most digits a profile name's slice count or GiB may have (the node refuses longer ones)
+_PROFILE_DIGITS = 6
 #: Whole-GCU device IDs our earlier releases synthesised: ``<node>-enflame-gcu-<i>``.
 _LEGACY_GCU_ID = re.compile(r"^(?P<node>.*)-enflame-gcu-(?P<index>\d+)$")
 #: What HAMi registers per whole GCU as ``devmem`` and grants as ``usedmem`` (not MiB: all of it).
@@ -77,10 +80,25 @@ def _profiles(device: DeviceInfo) -> list[tuple[int, int, str, Any]]:
     """(slices, GiB, name, id) sorted by slices then memory."""
     out = []
     for name, pid in ((device.custominfo or {}).get("profiles") or {}).items():
-        m = _PROFILE.match(name)
+        m = _PROFILE.fullmatch(name)
         if m:
             out.append((int(m.group(1)), int(m.group(2)), name, pid))
     return sorted(out)
+
+
+def _slice_mib(name: str, where: str) -> int:
+    """MiB of one slice of profile ``name`` (0 for a name of another shape, which no request
+    matches). CodecError for a ``<slices>g.<GiB>gb`` name with 0 slices or more than
+    :data:`_PROFILE_DIGITS` digits in a number."""
+    m = _PROFILE.fullmatch(name)
+    if m is None:
+        return 0
+    if max(len(m.group(1)), len(m.group(2))) > _PROFILE_DIGITS or not int(m.group(1)):
+        raise CodecError(
+            f"{where}: profile name {shown(name)}: slices must be 1..{10**_PROFILE_DIGITS - 1} and GiB "
+            f"0..{10**_PROFILE_DIGITS - 1}"
+        )
+    return int(m.group(2)) * 1024 // int(m.group(1))
 
 
 class EnflameDrsVendor(BaseVendor):
@@ -124,21 +142,26 @@ class EnflameDrsVendor(BaseVendor):
         profiles = go_plain(data.get("profiles") or {})
         if not isinstance(profiles, dict):
             raise CodecError(f"{where}: 'profiles' must map profile names to IDs")
-        per_slice = max(
-            (int(m.group(2)) * 1024 // int(m.group(1)) for m in map(_PROFILE.match, profiles) if m), default=0
-        )
+        per_slice = max((_slice_mib(name, where) for name in profiles), default=0)
         out = []
         for i, d in enumerate(data["devices"]):
-            f = go_struct(d, ("index", "minor", "capacity")) if isinstance(d, dict) else {}
-            vals = {k: f.get(k) for k in ("index", "minor", "capacity")}
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in vals.values()):
-                raise CodecError(f"{where}: devices[{i}] needs non-negative integers index, minor, capacity; got {d!r}")
+            f = go_struct(d, ("index", "minor", "capacity")) if isinstance(d, dict) else None
+            if f is None or any(f.get(k) is None for k in ("index", "minor", "capacity")):
+                raise CodecError(f"{where}: devices[{i}] needs integers index, minor, capacity; got {shown(d)}")
+            # within HAMi's int32 (as every registration's count, memory and cores): scores divide by them
+            vals = {k: int_field(f, k, f"{where}: devices[{i}]", CAPACITY) for k in ("index", "minor", "capacity")}
+            devmem = vals["capacity"] * per_slice
+            if devmem > CAPACITY[1]:
+                raise CodecError(
+                    f"{where}: devices[{i}]: field 'capacity' {vals['capacity']} x {per_slice} MiB per slice "
+                    f"is {devmem} MiB, more than {CAPACITY[1]}"
+                )
             out.append(
                 DeviceInfo(
                     id=f"{node_name(node)}-enflame-drs-{vals['index']}",
                     index=vals["index"],
                     count=vals["capacity"],
-                    devmem=vals["capacity"] * per_slice,
+                    devmem=devmem,
                     devcore=vals["capacity"],
                     type=self.name,
                     health=True,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import MetaxConfig
-from hami.core.codec import go_json, go_loads, go_struct
+from hami.core.codec import CAPACITY, INT64, go_json, go_loads, go_struct, int_field, shown
 from hami.core.errors import CodecError, RequestError
 from hami.core.health import HealthVerdict
 from hami.core.names import NODE_LOCK
@@ -164,10 +164,18 @@ def _count_map(text: str, where: str) -> dict[int, int]:
         raise CodecError(f"annotation {where}: must be a JSON object from card count to value")
     out = {}
     for k, v in data.items():
-        if not str(k).isdigit() or isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise CodecError(f"annotation {where}: entry {k!r}: {v!r} must map a card count to a number")
+        # a card count in ASCII digits (str.isdigit takes "²", which int() refuses); a value within
+        # Go's int64 (the node score subtracts it from 2000 as a float)
+        if not _CARD_COUNT.fullmatch(str(k)) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise CodecError(f"annotation {where}: entry {shown(k)}: {shown(v)} must map a card count to a number")
+        if not INT64[0] <= v <= INT64[1]:
+            raise CodecError(f"annotation {where}: entry {shown(k)}: {shown(v)} is out of range (int64)")
         out[int(k)] = int(v)
     return out
+
+
+#: a topology map's key: a card count, in ASCII digits (no node has a million cards)
+_CARD_COUNT = re.compile(r"[0-9]{1,6}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,14 +233,11 @@ class MetaxSgpuVendor(BaseVendor):
         obj = go_struct(raw, _SGPU_FIELDS) if isinstance(raw, dict) else None
         if obj is None or not isinstance(obj.get("uuid"), str) or not obj["uuid"]:
             raise CodecError(f"{where}: device[{i}] must be an object with a non-empty 'uuid'")
-        ints = {}
-        for key in ("totalDevCount", "totalCompute", "totalVRam", "numa"):
-            v = obj.get(key, 0)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise CodecError(
-                    f"{where}: device[{i}] ({obj['uuid']}): field {key!r} must be a non-negative integer, got {v!r}"
-                )
-            ints[key] = v
+        # count, compute and memory within HAMi's int32 (as every registration's): the scores divide
+        # by them as floats; numa non-negative within Go's int
+        w = f"{where}: device[{i}] ({obj['uuid']})"
+        ints = {key: int_field(obj, key, w, CAPACITY) for key in ("totalDevCount", "totalCompute", "totalVRam")}
+        ints["numa"] = int_field(obj, "numa", w, (0, INT64[1]))
         return DeviceInfo(
             id=obj["uuid"],
             index=i,

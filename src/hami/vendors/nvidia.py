@@ -43,6 +43,8 @@ MIG_ALLOCATIONS_ANNOTATION = VGPU_MIG_ALLOCATIONS
 VGPU_DEVICES_PREFIX = "hami.io/vgpu-devices-"
 MIG_MODE = "mig"
 MAX_MIG_INSTANCES = 16  # MIG instances of one container on one GPU
+#: distinct device types whose allowed MIG profiles are remembered (the memo is cleared past it)
+_ALLOWED_MEMO_MAX = 256
 
 Placement = tuple[int, int]  # (start, size) in memory-slice units
 
@@ -93,7 +95,10 @@ class NvidiaVendor(BaseVendor):
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
-        self._allowed_memo: dict[tuple[str, tuple[MigProfile, ...]], tuple[MigProfile, ...]] = {}
+        #: device type -> the profile names ``migProfileAllowlist`` allows on it (None: all). Keyed
+        #: by the type alone (not the registered profiles, which may be large) and cleared past
+        #: :data:`_ALLOWED_MEMO_MAX` types: re-registrations with changing types cannot grow it.
+        self._allowed_memo: dict[str, frozenset[str] | None] = {}
         c = self.config
         super().__init__(
             ResourceNames(
@@ -202,17 +207,21 @@ class NvidiaVendor(BaseVendor):
         """The device's registered profiles, narrowed by ``migProfileAllowlist``: the first entry with
         a model contained in the device type limits the profiles to its list (an entry without
         profiles allows all). No matching entry (or no allowlist): every registered profile."""
-        key = (device.type, device.mig_profiles)
-        hit = self._allowed_memo.get(key)
-        if hit is None:
-            hit = device.mig_profiles
+        memo = self._allowed_memo
+        if device.type in memo:
+            names = memo[device.type]
+        else:
+            names = None
             for entry in self.config.mig_profile_allowlist:
                 if any(m and m in device.type for m in entry.models):
-                    if entry.profiles:
-                        hit = tuple(p for p in device.mig_profiles if p.name in entry.profiles)
+                    names = frozenset(entry.profiles) if entry.profiles else None
                     break
-            self._allowed_memo[key] = hit
-        return hit
+            if len(memo) >= _ALLOWED_MEMO_MAX:
+                memo.clear()
+            memo[device.type] = names
+        if names is None:
+            return device.mig_profiles
+        return tuple(p for p in device.mig_profiles if p.name in names)
 
     def repeats(self, device: DeviceInfo, sel: Selection) -> bool:
         """A MIG-mode GPU can host several instances of one container (HAMi revisits it), unless the
