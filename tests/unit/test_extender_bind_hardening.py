@@ -151,9 +151,15 @@ async def test_a_lock_wait_ends_at_the_binds_deadline():
     assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "busy")
 
 
-async def test_a_binding_post_that_hangs_is_cut_at_the_deadline_and_verified():
-    """The POST gets what is left of the deadline; cut there, the pod is read again: not bound,
-    so the lock is given back and the decision kept."""
+async def test_a_binding_post_that_hangs_is_cut_at_the_deadline_and_kept_until_it_cannot_land():
+    """The POST gets what is left of the deadline; cut there, the pod is read again: not bound
+    yet, but the API server may still write the Binding it received. Found by review (1 Dec):
+    the lock was given back at once, the next pod's Bind took it, and the late Binding left this
+    pod allocating under that pod's lock (the device plugin gave it the other pod's grant); a
+    re-filter meanwhile replaced its reservation and gave its share to another pod. Now the lock
+    and the reservation stay, a Filter of the pod is refused, until the Binding cannot land."""
+    from hami.scheduler.extender import CUT_BINDING_LIVES
+
     svc, api, ext = _filtered()
     chosen = await _chosen(svc)
     ext.bind_timeout = 0.3
@@ -164,8 +170,87 @@ async def test_a_binding_post_that_hangs_is_cut_at_the_deadline_and_verified():
 
     api.post = hang
     answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 5)
-    assert "failed" in answer["Error"]
-    _kept_for_a_retry(svc, api, ext)
+    assert "may still write the Binding" in answer["Error"]
+    assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a")
+    assert svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == chosen
+    refused = await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
+    assert "got no clear answer" in refused["Error"] and svc.state.ledger.pod("uid-a").node == chosen
+    again = await ext.bind(_bind("a", chosen))
+    assert "refused" in again["Error"] and api.bindings == []
+    # the sweep before the end leaves it; after it, the pod still not bound: the lock goes
+    assert await ext.settle_unverified(time.monotonic() + 1) == 0 and not _no_lock(api)
+    assert await ext.settle_unverified(time.monotonic() + CUT_BINDING_LIVES + 1) == 1
+    assert _no_lock(api) and not ext._may_land and not ext._binding
+    assert svc.state.ledger.is_reserved("uid-a") and "ns/a" in ext._decisions  # a re-filter replaces it
+    assert (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"]
+
+
+async def test_a_kept_lock_whose_binding_landed_is_left_to_the_device_plugin():
+    from hami.scheduler.extender import CUT_BINDING_LIVES
+
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    ext.bind_timeout = 0.3
+    post = api.post
+
+    sent = []
+
+    async def answered_504_and_written_later(path, body):
+        sent.append((path, body))
+        raise KubeError("POST", path, 504, "the server may still be processing the request")
+
+    api.post = answered_504_and_written_later
+    answer = await ext.bind(_bind("a", chosen))
+    assert "may still write the Binding" in answer["Error"]
+    api.post = post
+    await post(*sent[0])
+    assert api.pods["a"]["spec"].get("nodeName") == chosen  # the late Binding
+    assert await ext.settle_unverified(time.monotonic() + CUT_BINDING_LIVES + 1) == 0
+    assert nodelock.owned_by(api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK], "ns", "a")
+    assert not ext._may_land
+
+
+async def test_a_binding_refused_by_the_api_server_gives_everything_back_at_once():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+
+    async def refuse(path, body):
+        raise KubeError("POST", path, 422, 'pods "a" is invalid')
+
+    api.post = refuse
+    answer = await ext.bind(_bind("a", chosen))
+    assert "422" in answer["Error"] and _no_lock(api) and not ext._binding
+    assert svc.state.ledger.pod("uid-a") is None  # the API server said no: nothing of it is real
+
+
+async def test_a_disconnect_is_an_unreachable_api_server_not_a_500():
+    """Found by review (1 Dec): aiohttp's ServerDisconnectedError and ClientPayloadError are not
+    OSError: they escaped the Bind (kube-scheduler got a 500), leaving the lock, the in-flight
+    entry and the reservation with no decision to expire it."""
+    import aiohttp
+
+    from hami.kube.client import ApiDisconnected
+
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+
+    async def drop(path, body):
+        raise ApiDisconnected("ServerDisconnectedError: Server disconnected")
+
+    api.post = drop
+    answer = await ext.bind(_bind("a", chosen))
+    assert "may still write the Binding" in answer["Error"]
+    assert issubclass(ApiDisconnected, aiohttp.ClientError) and issubclass(ApiDisconnected, OSError)
+
+
+async def test_a_late_bind_of_a_deleted_pod_leaves_the_decision_of_the_pod_made_again_under_its_name():
+    """Found by review (1 Dec): Bind took the decision by namespace/name; a late Bind of a deleted
+    pod took its successor's, was refused (another UID) and dropped the successor's reservation."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    answer = await ext.bind(_bind("a", chosen, uid="uid-old"))
+    assert answer["Error"] and "ns/a" in ext._decisions and svc.state.ledger.is_reserved("uid-a")
+    assert await ext.bind(_bind("a", chosen)) == {"Error": ""}
 
 
 async def test_a_binding_post_cut_at_the_deadline_that_landed_is_a_success():
@@ -264,3 +349,41 @@ async def test_a_filter_mode_decision_patch_refused_leaves_its_node_not_busy():
         await ext.decision_recorded("ns", "a")
     assert not svc.state.ledger.is_reserved("uid-a")
     assert ext.busy_nodes() == {}
+
+
+async def test_a_filter_of_a_pod_whose_bind_is_under_way_is_refused_and_its_reservation_stands():
+    """Found by review (1 Dec): kube-scheduler filtering a pod again while this replica still ran
+    its Bind (a kube-scheduler restart, a Bind past kube-scheduler's timeout) dropped the Bind's
+    reservation and decided again; the Bind then posted its decision anyway, and the GPU was
+    counted at 1200 MiB of 1000 with both pods bound there."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    hold_lock_for_busy_pod(svc, api, chosen)
+    ext.lock_retry_timeout = 28.0
+    ext.bind_timeout = 1.0
+    binding = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
+    await asyncio.sleep(0.2)  # waiting for the node lock
+    refused = await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
+    assert "a Bind of it to node" in refused["Error"] and "under way" in refused["Error"]
+    assert svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == chosen
+    assert "failed" in (await binding)["Error"]  # the lock never came: nothing posted
+    assert api.bindings == [] and not ext._binding
+    assert (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"]  # the Bind is over
+
+
+async def test_a_bind_whose_reservation_was_dropped_while_it_waited_posts_nothing():
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    hold_lock_for_busy_pod(svc, api, chosen)
+    ext.lock_retry_timeout = 28.0
+    ext.bind_timeout = 2.0
+    binding = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
+    await asyncio.sleep(0.2)
+    svc.state.restore_pod("uid-a", "ns", "a")  # e.g. dropped by a relist while the Bind waited
+    busy = api.pods["busy"]
+    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
+    del api.nodes[chosen]["metadata"]["annotations"][nodelock.NODE_LOCK]
+    svc.state.put_node(api.nodes[chosen])
+    svc.state.apply_pod("MODIFIED", {**busy, "metadata": {**busy["metadata"], "resourceVersion": "99"}})
+    answer = await binding
+    assert "reservation" in answer["Error"] and api.bindings == []

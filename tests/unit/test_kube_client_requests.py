@@ -139,3 +139,38 @@ async def test_a_watch_stream_that_goes_quiet_ends_after_idle_not_at_its_total()
             resp.release()
         finally:
             await kube.close()
+
+
+async def test_a_connection_the_server_drops_is_an_os_error_for_every_caller():
+    """Found by review (1 Dec): ServerDisconnectedError and ClientPayloadError are aiohttp errors
+    but not OSError, and callers that handle an unreachable API server catch OSError: one
+    escaped the extender's Bind as a 500, leaving its lock and reservation behind."""
+    import asyncio
+
+    import aiohttp
+
+    from hami.kube.client import ApiDisconnected
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/cut"):  # headers promise more body than comes
+            resp = web.StreamResponse(headers={"Content-Length": "100", "Content-Type": "application/json"})
+            await resp.prepare(request)
+            await resp.write(b'{"kind":')
+            request.transport.close()
+            return resp
+        request.transport.close()  # no answer at all
+        await asyncio.sleep(0)
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    async with TestServer(app) as server:
+        kube = KubeClient(client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/"))))
+        try:
+            for path in ("/api/v1/namespaces/ns/pods/p/binding", "/api/v1/namespaces/ns/pods/cut"):
+                with pytest.raises(OSError) as lost:
+                    await kube.post(path, {"target": {"name": "n1"}})
+                assert isinstance(lost.value, ApiDisconnected) and isinstance(lost.value, aiohttp.ClientError)
+                assert isinstance(lost.value.__cause__, aiohttp.ClientError)
+        finally:
+            await kube.close()

@@ -723,10 +723,21 @@ async def test_a_binding_that_landed_despite_an_error_is_a_success_and_keeps_the
 
 async def test_a_binding_error_releases_the_lock_only_when_the_pod_is_verifiably_not_bound():
     from hami.kube import nodelock
+    from hami.kube.client import KubeError as KubeError_
+    from hami.scheduler.extender import CUT_BINDING_LIVES
 
-    svc, api, KubeError = _bind_setup(asyncio.TimeoutError(), lands=False)
+    # refused (4xx): nothing was written, the lock goes at once
+    svc, api, KubeError = _bind_setup(KubeError_("POST", "binding", 403, "forbidden"), lands=False)
     answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
     assert "failed" in answer["Error"]
+    assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
+    # no answer (a timeout) and not bound yet: the API server may still write it (review, 1 Dec):
+    # the lock stays until it cannot, then the sweep removes it
+    svc, api, KubeError = _bind_setup(asyncio.TimeoutError(), lands=False)
+    answer = await svc.extender.bind({"PodName": "a", "PodNamespace": "ns", "PodUID": "uid-a", "Node": "n1"})
+    assert "may still write the Binding" in answer["Error"]
+    assert nodelock.owned_by(api.nodes["n1"]["metadata"]["annotations"].get(nodelock.NODE_LOCK), "ns", "a")
+    await svc.extender.settle_unverified(time.monotonic() + CUT_BINDING_LIVES + 1)
     assert nodelock.NODE_LOCK not in api.nodes["n1"]["metadata"]["annotations"]
     # the POST failed and the pod cannot be read either: it may be bound, the lock stays
     svc, api, KubeError = _bind_setup(

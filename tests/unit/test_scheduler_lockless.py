@@ -16,6 +16,7 @@ from hami.core.names import NODE_INJECTION
 from hami.kube import nodelock
 from hami.kube.client import KubeError
 from hami.scheduler.events import EventRecorder
+from hami.scheduler.extender import CUT_BINDING_LIVES
 from hami.scheduler.options import Options
 from hami.scheduler.server import SchedulerService
 
@@ -181,22 +182,26 @@ async def test_a_binding_the_api_server_refuses_leaves_no_reservation_and_no_loc
     assert (await ext.filter(args(svc.state.pod("ns", "b"), [chosen])))["NodeNames"] == [chosen]
 
 
-async def test_a_refused_binding_leaves_a_newer_decision_of_the_pod_alone():
-    """kube-scheduler gave up on a slow Bind and filtered the pod again meanwhile: the refusal of
-    the old Binding must not drop the new decision's reservation."""
+async def test_a_filter_while_the_bind_runs_is_refused_and_the_refused_binding_gives_its_share_back():
+    """kube-scheduler gave up on a slow Bind and filtered the pod again meanwhile: that Filter is
+    refused (it replaced the reservation the Bind then posted anyway: review, 1 Dec), and the
+    refusal of the Binding gives the share back; the next Filter decides anew."""
     svc, api = setup(nri(node("n1", gpus=1)), nri(node("n2", gpus=1)), "a", api_class=RefusingApi)
     ext = svc.extender
     first = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
     refuse = api.post
+    during = []
 
     async def refilter_then_refuse(path, body):
-        await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
+        during.append(await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))
         await refuse(path, body)
 
     api.post = refilter_then_refuse
     assert (await ext.bind(bind_args("a", first)))["Error"]
-    assert svc.state.ledger.is_reserved("uid-a")  # the re-filter's reservation stands
-    assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1
+    assert "under way" in during[0]["Error"] and not during[0].get("NodeNames")
+    assert svc.state.ledger.pod("uid-a") is None  # refused: nothing of it was real
+    assert (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"]
+    assert svc.state.ledger.is_reserved("uid-a")
 
 
 @pytest.mark.parametrize("injecting", [True, False])
@@ -209,7 +214,10 @@ async def test_a_binding_that_may_still_land_keeps_its_reservation(injecting):
     chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
     assert (await ext.bind(bind_args("a", chosen)))["Error"]
     assert svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == chosen
-    assert locks(api) == {}  # (the locked path released its lock: the pod is verifiably not bound)
+    # the locked path keeps its lock until the Binding can no longer land, then it goes
+    assert set(locks(api)) == (set() if injecting else {chosen})
+    await ext.settle_unverified(time.monotonic() + CUT_BINDING_LIVES + 1)
+    assert locks(api) == {}
     assert ext.expire_decisions(time.monotonic() + ext.decision_ttl + 1) == 1
     assert svc.state.ledger.pod("uid-a") is None
 

@@ -421,3 +421,24 @@ def test_a_namespace_that_holds_nothing_any_more_is_forgotten():
         s.quota_handler.apply("DELETED", q)
         assert s.ledger.namespace_usage(ns, "NVIDIA") == (0, 0) and s.ledger.quota_room(ns, CONFIG.vendors) is None
     assert s.ledger._ns_used == {} and s.ledger._quota == {}
+
+
+def test_a_pod_being_deleted_before_it_was_bound_holds_nothing():
+    """Found by review (1 Dec): with decisionWrite filter, a pod deleted after its decision patch
+    and kept by a finalizer held its GPU (and again after a restart); the API server binds no pod
+    being deleted. A bound pod being deleted still holds its grant (its containers run on)."""
+    s = ClusterState(CONFIG)
+    s.node_handler.replace([node("n1")])
+    decided = pod("a", "n1", "n1-g0", 300)  # decision annotations, no spec.nodeName
+    s.pod_handler.replace([decided])
+    assert used(s, "n1")[0] == 300
+    going = {**decided, "metadata": {**decided["metadata"], "deletionTimestamp": "2026-12-01T03:00:00Z"}}
+    s.pod_handler.apply("MODIFIED", going)
+    assert used(s, "n1")[0] == 0
+    s.pod_handler.replace([going])  # a restart reads the same
+    assert used(s, "n1")[0] == 0
+    bound = pod("b", "n1", "n1-g0", 200)
+    bound["spec"]["nodeName"] = "n1"
+    bound["metadata"]["deletionTimestamp"] = "2026-12-01T03:00:00Z"
+    s.pod_handler.apply("ADDED", bound)
+    assert used(s, "n1")[0] == 200

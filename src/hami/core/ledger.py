@@ -959,7 +959,10 @@ def holder_classes(
 def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAllocation | None:
     """Rebuild a pod's allocation from its annotations; None when it holds nothing.
 
-    Pods in phase Succeeded/Failed hold nothing. Raises CodecError on a malformed annotation.
+    Pods in phase Succeeded/Failed hold nothing, nor a pod being deleted that is not bound (the
+    API server binds no such pod: a decision written at Filter, ``decisionWrite: filter``, held
+    its GPUs for as long as a finalizer kept the pod; found by review, 1 Dec). Raises CodecError
+    on a malformed annotation.
     Allocations HAMi's earlier releases wrote are read as they meant them: one entry per regular
     container only (:func:`init_offset`), MIG grants named ``UUID[template-slot]``
     (:func:`_parent_ids`).
@@ -969,6 +972,8 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     annotations = meta.get("annotations") or {}
     node = annotations.get(NODE_ANNOTATION)
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    if meta.get("deletionTimestamp") and not (pod.get("spec") or {}).get("nodeName"):
         return None
     devices: dict[str, PodSingleDevice] = {}
     slices: list[Slice] = []

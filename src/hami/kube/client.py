@@ -105,6 +105,19 @@ def _missing_kubeconfig_env() -> str | None:
     return f"KUBECONFIG={os.environ['KUBECONFIG']!r}: no such file"
 
 
+class ApiDisconnected(aiohttp.ClientConnectionError, ConnectionError):
+    """The connection to the API server broke before a whole answer came (the server closed it,
+    the body was cut): an aiohttp error that is also an :class:`OSError`, so every caller that
+    handles an unreachable API server handles it (``ServerDisconnectedError`` and
+    ``ClientPayloadError`` are neither ``OSError`` nor ``TimeoutError``: they escaped the Bind,
+    leaving its lock and reservation behind; found by review, 1 Dec). A request that ends so may
+    have been applied."""
+
+
+def _disconnected(exc: aiohttp.ClientError) -> ApiDisconnected:
+    return ApiDisconnected(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
 class KubeClient:
     """``await kube.request("GET", "/api/v1/nodes")`` -> dict. One shared connection pool."""
 
@@ -176,6 +189,8 @@ class KubeClient:
             )
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.failure = no_answer(exc, total)
+            if isinstance(exc, aiohttp.ClientError) and not isinstance(exc, OSError):
+                raise _disconnected(exc) from exc
             raise
         self.failure, self.answered = None, True
         return resp
@@ -192,6 +207,10 @@ class KubeClient:
         resp = await self.open(method, path, query, body, content_type, timeout)
         try:
             data = await resp.read()
+        except aiohttp.ClientError as exc:  # the body cut short (ClientPayloadError), the server gone
+            if isinstance(exc, OSError):
+                raise
+            raise _disconnected(exc) from exc
         finally:
             resp.release()
         if not 200 <= resp.status <= 299:

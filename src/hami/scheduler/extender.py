@@ -255,6 +255,14 @@ class Extender:
         # removed by the next sweep, exactly that value (a retried Bind writes a new one)
         self._owed_releases: set[tuple[str, str, str]] = set()  # (node, key, value)
         self._cut_at: float | None = None  # time.monotonic() of the last Binding POST cut (LeaseCut)
+        # Binds under way (until None), and Bindings that got no clear answer and may still be
+        # written (until: time.monotonic() past which they cannot): ns/name -> (pod uid, node,
+        # until). A Filter of such a pod is refused: it replaced the reservation, and the late
+        # Binding then took a share given to another pod (found by review, 1 Dec)
+        self._binding: dict[str, tuple[str, str, float | None]] = {}
+        # the locks such a Binding keeps: (node, key, value) -> (namespace, name, until); the
+        # sweep removes each (that value only) once ``until`` passed and the pod is not bound there
+        self._may_land: dict[tuple[str, str, str], tuple[str, str, float]] = {}
         # vendor name -> its declared lock (checked once here: a bad lock_format fails at start)
         self._vendor_locks = {v.name: nodelock.vendor_lock(v) for v in state.vendors}
         self._lock_specs = list({s.key: s for s in self._vendor_locks.values() if s is not None}.values())
@@ -302,6 +310,9 @@ class Extender:
             log.info("Filter refused, nothing reserved: %s", exc)
             return _error(f"{exc}; nothing is reserved")
         ref = f"{(pod['metadata'].get('namespace') or 'default')}/{pod['metadata']['name']}"
+        if (why := self._binding_open(ref, pod["metadata"].get("uid") or "")) is not None:
+            self.stats["filter_refused"] += 1
+            return _error(f"pod {ref}: {why}; its reservation stands, nothing new is decided")
         self._decisions.pop(ref, None)  # a re-filter replaces the decision (schedule_pod drops its reservation)
         self._in_flight.pop(ref, None)
         uid, rv = pod["metadata"]["uid"], pod["metadata"].get("resourceVersion")
@@ -355,6 +366,27 @@ class Extender:
             "FailedAndUnresolvableNodes": unresolvable,
             "Error": "",
         }
+
+    def _binding_open(self, ref: str, uid: str) -> str | None:
+        """Why the pod ``ref`` (of ``uid``) may not be decided again now: a Bind of it is under
+        way, or its Binding got no clear answer and the API server may still write it (until its
+        request timeout, :data:`CUT_BINDING_LIVES`); None when neither."""
+        entry = self._binding.get(ref)
+        if entry is None:
+            return None
+        held_uid, node, until = entry
+        if held_uid and uid and held_uid != uid:
+            return None  # another pod of that name (the Bind's own pod was deleted)
+        if until is None:
+            return f"a Bind of it to node {node} is under way"
+        left = until - time.monotonic()
+        if left <= 0:
+            del self._binding[ref]
+            return None
+        return (
+            f"its Binding to node {node} got no clear answer and the API server may still write it "
+            f"(for {left:.0f}s more)"
+        )
 
     def _answer_version(self, rv: Any, digest: tuple[int, int]) -> tuple[Any, ...]:
         """What an unschedulable answer read (:mod:`hami.scheduler.retries`): the pod's version,
@@ -636,11 +668,23 @@ class Extender:
                 return {"Error": f"pod {ns}/{name} is already bound to node {bound_to}, not {node}"}
             log.info("pod %s/%s: already bound to node %s; nothing to do", ns, name, node)
             return {"Error": ""}
+        ref, pod_uid = f"{ns}/{name}", uid or str(meta.get("uid") or "")
+        if (why := self._binding_open(ref, pod_uid)) is not None:
+            return {"Error": f"binding pod {ref} to node {node} refused: {why}"}
+        self._binding[ref] = (pod_uid, node, None)
+        try:
+            return await self._bind(pod, ns, name, uid, node, deadline)
+        finally:
+            entry = self._binding.get(ref)
+            if entry is not None and entry[2] is None:
+                del self._binding[ref]  # (an unverified Binding left its own entry, with an end)
+
+    async def _bind(self, pod: dict, ns: str, name: str, uid: str, node: str, deadline: float) -> dict:
         taken: list[tuple[nodelock.LockSpec, str]] = []
         decision = None
         posted = False  # the Binding was sent (an error after it may be the API server's refusal)
         try:
-            decision = self._take_decision(ns, name, node)
+            decision = self._take_decision(ns, name, node, uid)
             if decision is None:
                 # (the decision patch itself goes on: decision_recorded shields it)
                 await self._within(deadline, "waiting for the decision patch", self.decision_recorded, ns, name)
@@ -656,6 +700,7 @@ class Extender:
                     # (positional: server.py wraps acquire_lock, passing positional arguments on)
                     taken.append((spec, await self.acquire_lock(node, ns, name, spec, deadline)))
             self._check_still_leading(decision)
+            self._check_still_reserved(decision, node)
             if time.monotonic() >= deadline:  # each step above has its own API timeout
                 raise BindDeadline(self._past_deadline("before its Binding was posted"))
             posted = True
@@ -675,7 +720,13 @@ class Extender:
             asyncio.TimeoutError,
         ) as exc:
             if isinstance(exc, BindingUnverified):
-                taken = []  # it may be bound: keep the locks (a retried Bind re-takes its own lock)
+                # it may be bound: the locks stay until the Binding can no longer land, and no
+                # Filter decides the pod again meanwhile (a retried Bind re-takes its own lock)
+                until = time.monotonic() + CUT_BINDING_LIVES
+                self._binding[f"{ns}/{name}"] = (uid or str((pod.get("metadata") or {}).get("uid") or ""), node, until)
+                for spec, value in taken:
+                    self._may_land[(node, spec.key, value)] = (ns, name, until)
+                taken = []
             if not isinstance(exc, BindingUnverified):
                 self._in_flight.pop(f"{ns}/{name}", None)  # no lock of its own held any more
             if decision is not None and posted and _refused(exc):
@@ -706,6 +757,16 @@ class Extender:
             raise LeadershipLost("this replica lost the lease while the Bind waited; the new leader places the pod")
         if decision is not None and decision.term != self.term():
             raise LeadershipLost("the lease term this pod was decided in ended while the Bind waited; filter it again")
+
+    def _check_still_reserved(self, decision: "_Decision | None", node: str) -> None:
+        """Raise DecisionMissing when ``decision``'s reservation on ``node`` is gone from the
+        ledger while the Bind waited (dropped by an expiry or a relist): posting it would place
+        the pod on shares that may be another pod's now."""
+        if decision is None:
+            return
+        held = self.state.ledger.pod(decision.key)
+        if held is None or held.node != node or not self.state.ledger.is_reserved(decision.key):
+            raise DecisionMissing(f"the reservation on node {node} was dropped while the Bind waited; filter it again")
 
     def _past_deadline(self, when: str) -> str:
         return (
@@ -751,12 +812,14 @@ class Extender:
             self.state.restore_pod(decision.key, ns, name)
             log.info("pod %s: Binding to %s refused: reservation dropped", ref, decision.node)
 
-    def _take_decision(self, ns: str, name: str, node: str) -> "_Decision | None":
+    def _take_decision(self, ns: str, name: str, node: str, uid: str = "") -> "_Decision | None":
         """This replica's unwritten decision for the pod, when it is for ``node`` and still
-        reserved in the ledger (else None: the decision must then be on the pod already)."""
+        reserved in the ledger (else None: the decision must then be on the pod already). With
+        the Bind's ``uid``, only that pod's: a late Bind of a deleted pod took the decision of
+        the pod created again under its name, and its refusal dropped that reservation."""
         ref = f"{ns}/{name}"
         decision = self._decisions.get(ref)
-        if decision is None or decision.node != node:
+        if decision is None or decision.node != node or (uid and decision.key != uid):
             return None  # (kept: it expires with its reservation unless a re-filter replaces it)
         del self._decisions[ref]
         held = self.state.ledger.pod(decision.key)
@@ -853,7 +916,15 @@ class Extender:
                 raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}") from exc
             meta = (pod or {}).get("metadata") or {}
             if pod is None or (uid and meta.get("uid") != uid) or (pod.get("spec") or {}).get("nodeName") != node:
-                raise
+                if pod is None or (uid and meta.get("uid") != uid) or _refused(exc):
+                    raise  # refused, or its pod is gone: it will never be written
+                # no answer (cut, timed out, a 5xx): the API server may write the Binding after
+                # this read (found by review, 1 Dec: the locks released here were taken by the
+                # next pod, and the late Binding left this one allocating under that pod's lock)
+                self._cut_at = time.monotonic()
+                raise BindingUnverified(
+                    f"{exc}; the pod is not bound yet, but the API server may still write the Binding"
+                ) from exc
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
 
@@ -1191,13 +1262,41 @@ class Extender:
             self._owed_releases.discard((node, key, value))
         return removed
 
+    async def settle_unverified(self, now: float | None = None) -> int:
+        """Locks kept for Bindings that got no clear answer (:attr:`_may_land`), once the API
+        server can no longer write them: removed (that value only) when the pod is not bound to
+        the lock's node; left to the device plugin, as any bound pod's, when it is. Returns how
+        many were removed."""
+        now = time.monotonic() if now is None else now
+        for ref in [r for r, (_, _, until) in self._binding.items() if until is not None and until <= now]:
+            del self._binding[ref]
+        removed = 0
+        for (node, key, value), (ns, name, until) in sorted(self._may_land.items()):
+            if until > now:
+                continue
+            try:
+                pod = await self._get_pod(ns, name)
+                if pod is None or (pod.get("spec") or {}).get("nodeName") != node:
+                    if await self.remove_lock(node, key, value):
+                        removed += 1
+                        log.info("node %s: released lock %s=%r of a Binding that was not written", node, key, value)
+            except KubeError as exc:
+                if exc.status != 404:
+                    log.warning("node %s: lock %s=%r still not settled: %s", node, key, value, exc)
+                    continue
+            except (OSError, asyncio.TimeoutError) as exc:
+                log.warning("node %s: lock %s=%r still not settled: %s", node, key, value, exc)
+                continue
+            del self._may_land[(node, key, value)]
+        return removed
+
     async def sweep_locks(self) -> int:
         """Release every lock whose owner can no longer use it (leader pass). Returns how many.
 
         A lock whose owner merely finished its allocation is the plugin's to release (and a
         waiting Bind's to take over): the sweep leaves it alone unless the very same value was
         already seen finished on the previous pass, so it never races a live handoff."""
-        released = await self.release_owed()
+        released = await self.release_owed() + await self.settle_unverified()
         specs = {s.key: s for s in self._vendor_locks.values() if s is not None}
         seen, self._finished_seen = self._finished_seen, set()
         for name, spec in [(n, s) for n in list(self.state.nodes) for s in specs.values()]:
