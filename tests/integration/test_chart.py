@@ -1437,6 +1437,9 @@ def test_the_install_notes_warn_when_writes_rbac_cannot_narrow_are_unguarded(hel
     assert "decisionWrite=filter: the scheduler's identity may patch every pod of the cluster" in loud
     assert "devicePlugin.nodeGuard is off" in loud
     assert "scheduler.podGuard" not in loud  # filter mode's warning covers the pods
+    # the allocation guard narrowed to some namespaces (review, 1 Dec: silently reopened forged grants)
+    narrowed = notes("scheduler.allocationGuard.namespaceSelector.matchLabels.gpu=true")
+    assert "scheduler.allocationGuard.namespaceSelector is set" in narrowed
     # the UI in the process that holds kube-scheduler's roles: the notes point at the separate layout
     assert "kubeScheduler.separatePod=true" not in quiet
     ui = notes("scheduler.ui.enabled=true")

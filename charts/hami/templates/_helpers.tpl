@@ -357,6 +357,21 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- /* (review, 1 Dec) with the device plugin on too, never on its nodes: both agents would publish
+the same GPUs and each front end hand them out without seeing the other's grants. A node lacking
+any one of the plugin's nodeSelector labels is one the plugin does not run on (terms are ORed). */}}
+{{- if and .Values.devicePlugin.enabled .Values.devicePlugin.nvidiaNodeSelector }}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+      {{- range $k, $v := .Values.devicePlugin.nvidiaNodeSelector }}
+        - matchExpressions:
+            - key: {{ $k | quote }}
+              operator: NotIn
+              values: [{{ $v | toString | quote }}]
+      {{- end }}
+{{- end }}
 securityContext:
   seccompProfile:
     type: RuntimeDefault   # the runtime's default syscall filter, as the scheduler pod has
