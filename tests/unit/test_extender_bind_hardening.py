@@ -387,3 +387,42 @@ async def test_a_bind_whose_reservation_was_dropped_while_it_waited_posts_nothin
     svc.state.apply_pod("MODIFIED", {**busy, "metadata": {**busy["metadata"], "resourceVersion": "99"}})
     answer = await binding
     assert "reservation" in answer["Error"] and api.bindings == []
+
+
+async def test_a_replica_that_lost_the_lease_still_settles_the_locks_it_kept():
+    """Found by the regression review (1 Dec): only the leader's sweep settled a lock kept for a
+    Binding that got no answer; a replica that lost the lease meanwhile left it to its 5 min
+    expiry (a pending pod's lock is live to every other replica), the node taking no GPU pod."""
+    from hami.scheduler.extender import CUT_BINDING_LIVES
+
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+
+    async def unanswered(path, body):
+        raise KubeError("POST", path, 504, "the server may still be processing the request")
+
+    api.post = unanswered
+    assert "may still write the Binding" in (await ext.bind(_bind("a", chosen)))["Error"]
+    assert not _no_lock(api)
+    (key,) = ext._may_land
+    ext._may_land[key] = (*ext._may_land[key][:2], time.monotonic() - 1)  # its window has passed
+    await svc.follower_pass()
+    assert _no_lock(api) and not ext._may_land
+    assert CUT_BINDING_LIVES > 45  # the Binding asks the API server for ?timeout=45s: it cannot land later
+
+
+async def test_a_late_bind_of_a_deleted_pod_does_not_clear_the_guard_of_the_live_pods_bind():
+    """Found by the regression review (1 Dec): the guard was keyed by name; a late Bind of the
+    deleted incarnation overwrote and then removed the live pod's entry, so a Filter of the live
+    pod was accepted while its Bind still ran."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    hold_lock_for_busy_pod(svc, api, chosen)
+    ext.lock_retry_timeout = 28.0
+    ext.bind_timeout = 1.0
+    live = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
+    await asyncio.sleep(0.2)
+    assert (await ext.bind(_bind("a", chosen, uid="uid-old")))["Error"]  # the late one
+    refused = await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
+    assert "under way" in refused["Error"]
+    await live

@@ -92,6 +92,7 @@ class _Decision:
     annotations: dict[str, str]
     made: float  # time.monotonic() of the Filter
     term: Any = None  # the leadership term it was taken in (Extender.term)
+    allocation: Any = None  # the reservation itself (the ledger holds this very object until it ends)
 
 
 def _refused(exc: BaseException) -> bool:
@@ -121,6 +122,11 @@ class BindDeadline(Exception):
 #: how long a Binding POST cut where the lease ended may still be written by the API server (its
 #: own request timeout, kube-apiserver's --request-timeout, 60 s by default)
 CUT_BINDING_LIVES = 60.0
+
+#: the server-side timeout a Binding POST asks for (``?timeout=``; kube-apiserver caps the request's
+#: context at it, or at its own --request-timeout when lower): a Binding that got no answer cannot
+#: then be written past :data:`CUT_BINDING_LIVES`, whatever --request-timeout a cluster raised it to
+BINDING_SERVER_TIMEOUT = "45s"
 
 #: the whole Bind's default deadline when the lock retry timeout is shorter: below kube-scheduler's
 #: default extender ``httpTimeout`` (30 s, the chart's ``scheduler.extenderHTTPTimeout``)
@@ -256,10 +262,11 @@ class Extender:
         self._owed_releases: set[tuple[str, str, str]] = set()  # (node, key, value)
         self._cut_at: float | None = None  # time.monotonic() of the last Binding POST cut (LeaseCut)
         # Binds under way (until None), and Bindings that got no clear answer and may still be
-        # written (until: time.monotonic() past which they cannot): ns/name -> (pod uid, node,
+        # written (until: time.monotonic() past which they cannot): (ns/name, pod uid) -> (node,
         # until). A Filter of such a pod is refused: it replaced the reservation, and the late
-        # Binding then took a share given to another pod (found by review, 1 Dec)
-        self._binding: dict[str, tuple[str, str, float | None]] = {}
+        # Binding then took a share given to another pod (found by review, 1 Dec). Keyed by uid
+        # too: a late Bind of a deleted pod of the same name neither reads nor replaces the entry
+        self._binding: dict[tuple[str, str], tuple[str, float | None]] = {}
         # the locks such a Binding keeps: (node, key, value) -> (namespace, name, until); the
         # sweep removes each (that value only) once ``until`` passed and the pod is not bound there
         self._may_land: dict[tuple[str, str, str], tuple[str, str, float]] = {}
@@ -357,7 +364,12 @@ class Extender:
                 self._start_recording(pod, result)
             else:
                 self._decisions[ref] = _Decision(
-                    result.allocation.key, result.node, dict(result.annotations), time.monotonic(), term
+                    result.allocation.key,
+                    result.node,
+                    dict(result.annotations),
+                    time.monotonic(),
+                    term,
+                    result.allocation,
                 )
         self.events.record(pod, "FilteringSucceed", lambda: _fit_message(result))
         return {
@@ -371,17 +383,15 @@ class Extender:
         """Why the pod ``ref`` (of ``uid``) may not be decided again now: a Bind of it is under
         way, or its Binding got no clear answer and the API server may still write it (until its
         request timeout, :data:`CUT_BINDING_LIVES`); None when neither."""
-        entry = self._binding.get(ref)
+        entry = self._binding.get((ref, uid))
         if entry is None:
             return None
-        held_uid, node, until = entry
-        if held_uid and uid and held_uid != uid:
-            return None  # another pod of that name (the Bind's own pod was deleted)
+        node, until = entry
         if until is None:
             return f"a Bind of it to node {node} is under way"
         left = until - time.monotonic()
         if left <= 0:
-            del self._binding[ref]
+            del self._binding[(ref, uid)]
             return None
         return (
             f"its Binding to node {node} got no clear answer and the API server may still write it "
@@ -671,18 +681,26 @@ class Extender:
         ref, pod_uid = f"{ns}/{name}", uid or str(meta.get("uid") or "")
         if (why := self._binding_open(ref, pod_uid)) is not None:
             return {"Error": f"binding pod {ref} to node {node} refused: {why}"}
-        self._binding[ref] = (pod_uid, node, None)
+        key = (ref, pod_uid)
+        mine = self._binding[key] = (node, None)
         try:
-            return await self._bind(pod, ns, name, uid, node, deadline)
+            answer, may_land = await self._bind(pod, ns, name, uid, node, deadline)
         finally:
-            entry = self._binding.get(ref)
-            if entry is not None and entry[2] is None:
-                del self._binding[ref]  # (an unverified Binding left its own entry, with an end)
+            if self._binding.get(key) is mine:
+                del self._binding[key]
+        if may_land is not None:
+            self._binding[key] = (node, may_land)
+        return answer
 
-    async def _bind(self, pod: dict, ns: str, name: str, uid: str, node: str, deadline: float) -> dict:
+    async def _bind(
+        self, pod: dict, ns: str, name: str, uid: str, node: str, deadline: float
+    ) -> tuple[dict, float | None]:
+        """The Bind proper: its answer, and when its Binding got no clear answer, the
+        time.monotonic() until which the API server may still write it (else None)."""
         taken: list[tuple[nodelock.LockSpec, str]] = []
         decision = None
         posted = False  # the Binding was sent (an error after it may be the API server's refusal)
+        may_land: float | None = None
         try:
             decision = self._take_decision(ns, name, node, uid)
             if decision is None:
@@ -722,10 +740,9 @@ class Extender:
             if isinstance(exc, BindingUnverified):
                 # it may be bound: the locks stay until the Binding can no longer land, and no
                 # Filter decides the pod again meanwhile (a retried Bind re-takes its own lock)
-                until = time.monotonic() + CUT_BINDING_LIVES
-                self._binding[f"{ns}/{name}"] = (uid or str((pod.get("metadata") or {}).get("uid") or ""), node, until)
+                may_land = time.monotonic() + CUT_BINDING_LIVES
                 for spec, value in taken:
-                    self._may_land[(node, spec.key, value)] = (ns, name, until)
+                    self._may_land[(node, spec.key, value)] = (ns, name, may_land)
                 taken = []
             if not isinstance(exc, BindingUnverified):
                 self._in_flight.pop(f"{ns}/{name}", None)  # no lock of its own held any more
@@ -744,9 +761,9 @@ class Extender:
                 await self._release_quietly(node, ns, name, spec, value)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             self.events.record(pod, "BindingFailed", msg, "Warning")
-            return {"Error": msg}
+            return {"Error": msg}, may_land
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
-        return {"Error": ""}
+        return {"Error": ""}, None
 
     def _check_still_leading(self, decision: "_Decision | None") -> None:
         """Raise LeadershipLost unless this replica still leads in the term ``decision`` was taken
@@ -765,7 +782,12 @@ class Extender:
         if decision is None:
             return
         held = self.state.ledger.pod(decision.key)
-        if held is None or held.node != node or not self.state.ledger.is_reserved(decision.key):
+        if (
+            held is None
+            or held.node != node
+            or not self.state.ledger.is_reserved(decision.key)
+            or (decision.allocation is not None and held is not decision.allocation)
+        ):
             raise DecisionMissing(f"the reservation on node {node} was dropped while the Bind waited; filter it again")
 
     def _past_deadline(self, when: str) -> str:
@@ -887,7 +909,7 @@ class Extender:
             await self._posted_by(
                 deadline,
                 self.kube.post(
-                    f"{pod_path(ns, name)}/binding",
+                    f"{pod_path(ns, name)}/binding?timeout={BINDING_SERVER_TIMEOUT}",
                     {
                         "apiVersion": "v1",
                         "kind": "Binding",
@@ -1268,8 +1290,8 @@ class Extender:
         the lock's node; left to the device plugin, as any bound pod's, when it is. Returns how
         many were removed."""
         now = time.monotonic() if now is None else now
-        for ref in [r for r, (_, _, until) in self._binding.items() if until is not None and until <= now]:
-            del self._binding[ref]
+        for key in [k for k, (_, until) in self._binding.items() if until is not None and until <= now]:
+            del self._binding[key]
         removed = 0
         for (node, key, value), (ns, name, until) in sorted(self._may_land.items()):
             if until > now:

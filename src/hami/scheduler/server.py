@@ -239,14 +239,22 @@ class SchedulerService:
             self.extender.expire_decisions()
             try:
                 await self.resync()
-                if not self.leader.is_leader and self.extender.kube is not None:
-                    # a lock value a failed Bind of ours left (the API server went away, and the
-                    # Lease with it) names a pod still pending: live to every other replica until
-                    # its expiry, so ours to remove, exactly it, leader or not (the leader's pass
-                    # above does it in its sweep)
-                    await self.extender.release_owed()
+                if not self.leader.is_leader:
+                    await self.follower_pass()
             except Exception:  # noqa: BLE001 - the loop must survive one bad pass
                 log.exception("leader pass failed")
+
+    async def follower_pass(self) -> None:
+        """What a replica that does not lead still does each resync: a lock value a failed Bind of
+        ours left (the API server went away, and the Lease with it) names a pod still pending:
+        live to every other replica until its expiry, so ours to remove, exactly it, leader or not
+        (the leader's sweep does it too); so is one kept for a Binding that got no answer, once
+        it can no longer land (review, 1 Dec: a lease lost meanwhile left it to its 5 min expiry,
+        the node taking no GPU pod)."""
+        if self.extender.kube is None:
+            return
+        await self.extender.release_owed()
+        await self.extender.settle_unverified()
 
     async def _first_pass(self) -> None:
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
