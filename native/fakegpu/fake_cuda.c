@@ -35,6 +35,7 @@ struct CUctx_st {
     unsigned long long busy_until;
     size_t limits[3];             /* set by cuCtxSetLimit: stack, printf FIFO, malloc heap (0: default) */
     unsigned long long limit_mem; /* device memory those take beyond the defaults */
+    int host_pending;             /* host functions of its streams not yet returned (cuLaunchHostFunc) */
 };
 
 struct CUstream_st {
@@ -44,7 +45,15 @@ struct CUstream_st {
     unsigned long long busy_until;
     struct CUgraph_st *capture;         /* the graph being captured (cuStreamBeginCapture) */
     struct CUgraphNode_st *capture_last; /* its last node: what the next captured one follows */
+    int host_pending;                    /* its host functions not yet returned (cuLaunchHostFunc) */
 };
+
+/* Until every host function enqueued on a stream (or context) has returned. */
+static void wait_host(const int *pending)
+{
+    while (__atomic_load_n(pending, __ATOMIC_ACQUIRE))
+        usleep(500);
+}
 
 struct CUevent_st {
     unsigned magic;
@@ -811,6 +820,7 @@ EXPORT CUresult cuCtxSynchronize(void)
 {
     NEED_CTX(c);
     fg_sleep_until(__atomic_load_n(&c->busy_until, __ATOMIC_ACQUIRE));
+    wait_host(&c->host_pending);
     return CUDA_SUCCESS;
 }
 
@@ -1698,6 +1708,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s)
     NEED_INIT();
     if (!s || s->magic != M_STREAM || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
         return CUDA_ERROR_INVALID_HANDLE;
+    wait_host(&s->host_pending); /* its host functions still refer to it */
     s->magic = 0;
     free(s);
     return CUDA_SUCCESS;
@@ -1712,6 +1723,7 @@ static CUresult stream_sync(CUstream s, int pt)
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
     fg_sleep_until(__atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE));
+    wait_host(&st->host_pending);
     return CUDA_SUCCESS;
 }
 
@@ -1724,9 +1736,71 @@ static CUresult stream_query(CUstream s, int pt)
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
-    return fg_now_ns() >= __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
-                                                                              : CUDA_ERROR_NOT_READY;
+    return fg_now_ns() >= __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE) &&
+                   !__atomic_load_n(&st->host_pending, __ATOMIC_ACQUIRE)
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_NOT_READY;
 }
+
+/* Host functions (cuLaunchHostFunc): `fn` runs on a thread of its own once the work queued on
+ * the stream before it is done (the stream's busy_until when it is enqueued). Until it has
+ * returned, the stream and its context are not idle: cuStreamQuery answers NOT_READY and
+ * cuStreamSynchronize, cuCtxSynchronize and cuStreamDestroy wait for it. Work queued after it is
+ * not held behind it (it takes no device time). Not during a capture (no host nodes):
+ * CUDA_ERROR_NOT_SUPPORTED. */
+typedef struct {
+    CUhostFn fn;
+    void *data;
+    unsigned long long at;
+    int *stream_pending, *ctx_pending;
+} host_call;
+
+static void *host_call_run(void *arg)
+{
+    host_call *h = arg;
+    fg_sleep_until(h->at);
+    h->fn(h->data);
+    __atomic_sub_fetch(h->stream_pending, 1, __ATOMIC_RELEASE);
+    __atomic_sub_fetch(h->ctx_pending, 1, __ATOMIC_RELEASE);
+    free(h);
+    return NULL;
+}
+
+static CUresult launch_host_func(CUstream s, CUhostFn fn, void *data, int pt)
+{
+    NEED_CTX(c);
+    (void)c;
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capture)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    host_call *h = malloc(sizeof *h);
+    if (!h)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *h = (host_call){fn, data, __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE), &st->host_pending,
+                     &st->ctx->host_pending};
+    __atomic_add_fetch(h->stream_pending, 1, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(h->ctx_pending, 1, __ATOMIC_ACQ_REL);
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&t, &a, host_call_run, h);
+    pthread_attr_destroy(&a);
+    if (e) {
+        __atomic_sub_fetch(h->stream_pending, 1, __ATOMIC_RELEASE);
+        __atomic_sub_fetch(h->ctx_pending, 1, __ATOMIC_RELEASE);
+        free(h);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) { return launch_host_func(s, fn, data, 0); }
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data) { return launch_host_func(s, fn, data, 1); }
 
 EXPORT CUresult cuStreamQuery(CUstream s) { return stream_query(s, 0); }
 EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return stream_query(s, 1); }
@@ -1932,6 +2006,32 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     (void)shm;
     (void)params;
     return launch(f, gx, gy, gz, bx, by, bz, s, 1, 1);
+}
+
+/* The deprecated multi-device cooperative launch (still exported by libcuda 12): each entry is a
+ * cooperative launch on its own stream, of a device no other entry names. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags)
+{
+    (void)flags;
+    NEED_INIT();
+    if (!list || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        CUstream s = list[i].hStream;
+        if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD || s->magic != M_STREAM)
+            return CUDA_ERROR_INVALID_HANDLE;
+        for (unsigned j = 0; j < i; j++)
+            if (list[j].hStream->ctx->dev == s->ctx->dev)
+                return CUDA_ERROR_INVALID_DEVICE;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        const CUDA_LAUNCH_PARAMS *p = &list[i];
+        CUresult r = launch(p->function, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                            p->blockDimZ, p->hStream, 0, 1);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    return CUDA_SUCCESS;
 }
 
 /* The deprecated launches (still exported by libcuda 12): the block shape comes from
@@ -2703,6 +2803,8 @@ static const proc_entry g_procs[] = {
     E("cuLaunchGrid", 2000, cuLaunchGrid), E("cuLaunchGridAsync", 2000, cuLaunchGridAsync),
     E("cuLaunchKernelEx", 11060, cuLaunchKernelEx), PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
     E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    E("cuLaunchCooperativeKernelMultiDevice", 9000, cuLaunchCooperativeKernelMultiDevice),
+    E("cuLaunchHostFunc", 10000, cuLaunchHostFunc), PT("cuLaunchHostFunc", 10000, cuLaunchHostFunc_ptsz),
     PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
     E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamGetCtx", 9020, cuStreamGetCtx), E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     E("cuStreamDestroy", 4000, cuStreamDestroy_v2),

@@ -73,6 +73,7 @@ int vgpu_refused;
     X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)                                         \
     X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)                             \
     X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)                        \
+    X(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 9000, 0)       \
     X(cuLaunch, "cuLaunch", 2000, 0)                                                               \
     X(cuLaunchGrid, "cuLaunchGrid", 2000, 0)                                                       \
     X(cuLaunchGridAsync, "cuLaunchGridAsync", 2000, 0)                                             \
@@ -94,7 +95,7 @@ int vgpu_refused;
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
     X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute) X(cuGraphGetNodes)          \
     X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
-    X(cuDeviceGetGraphMemAttribute)
+    X(cuDeviceGetGraphMemAttribute) X(cuLaunchHostFunc) X(cuStreamQuery)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -897,7 +898,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
     return CUDA_SUCCESS;
 }
 
-static void pool_freed(CUmemoryPool pool, uint64_t bytes, int reg);
+static uint64_t pool_freed(CUmemoryPool pool, uint64_t bytes, int reg);
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     READY_OR(r_cuMemFree_v2, CUDA_ERROR_NOT_INITIALIZED);
@@ -1264,22 +1265,25 @@ static void pool_threshold(CUmemoryPool pool, uint64_t keep)
     pthread_mutex_unlock(&g_mu);
 }
 
-static void pool_settle_locked(CUmemoryPool pool, int reg);
+static uint64_t pool_settle_locked(CUmemoryPool pool, int reg);
 
-/* Charge `pool`'s cache on region device `reg` as the driver reserves it now. */
-static void pool_settle(CUmemoryPool pool, int reg)
+/* Charge `pool`'s cache on region device `reg` as the driver reserves it now; returns by how much
+ * that charge grew on `reg`. */
+static uint64_t pool_settle(CUmemoryPool pool, int reg)
 {
     if (!pool || reg < 0)
-        return;
+        return 0;
     pthread_mutex_lock(&g_settle_mu);
-    pool_settle_locked(pool, reg);
+    uint64_t grew = pool_settle_locked(pool, reg);
     pthread_mutex_unlock(&g_settle_mu);
+    return grew;
 }
-static void pool_settle_locked(CUmemoryPool pool, int reg)
+static uint64_t pool_settle_locked(CUmemoryPool pool, int reg)
 {
     cuuint64_t keep = 0, reserved = 0;
+    uint64_t grew = 0;
     if (!pool || reg < 0 || !p_cuMemPoolGetAttribute)
-        return;
+        return 0;
     /* The threshold is known once read (0 by default; only cuMemPoolSetAttribute, hooked, changes
      * it): a pool that keeps nothing and is charged nothing needs no driver call. */
     pthread_mutex_lock(&g_mu);
@@ -1290,13 +1294,13 @@ static void pool_settle_locked(CUmemoryPool pool, int reg)
     pthread_mutex_unlock(&g_mu);
     if (!known) {
         if (p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) != CUDA_SUCCESS)
-            return;
+            return 0;
         pool_threshold(pool, keep);
     }
     if (!keep && !charged)
-        return;
+        return 0;
     if (keep && p_cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
-        return;
+        return 0;
     pthread_mutex_lock(&g_mu); /* the ledger is moved under it */
     ptrmap_val *v = pool_entry(pool);
     if (v) {
@@ -1308,10 +1312,13 @@ static void pool_settle_locked(CUmemoryPool pool, int reg)
         v->aux = (uint64_t)reg;
         if (old && (old_reg != reg || want < old))
             vgpu_release(old_reg, old_reg == reg ? old - want : old, VGPU_MEM_DATA);
-        if (want && (old_reg != reg || want > old))
-            vgpu_charge(reg, old_reg == reg ? want - old : want, VGPU_MEM_DATA);
+        if (want && (old_reg != reg || want > old)) {
+            grew = old_reg == reg ? want - old : want;
+            vgpu_charge(reg, grew, VGPU_MEM_DATA);
+        }
     }
     pthread_mutex_unlock(&g_mu);
+    return grew;
 }
 
 /* Region device of `pool`, POOL_HOST, or -1 for a pool whose making we did not see (charged to
@@ -1565,7 +1572,8 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return r;
 }
 
-static void pool_freed(CUmemoryPool pool, uint64_t bytes, int reg)
+/* Returns by how much the pool's cache charge grew on `reg` (what it keeps of the freed bytes). */
+static uint64_t pool_freed(CUmemoryPool pool, uint64_t bytes, int reg)
 {
     pthread_mutex_lock(&g_mu);
     ptrmap_val *v = pool_entry(pool), *k = ptrmap_get(&g_pool_keep, (uint64_t)(uintptr_t)pool);
@@ -1573,24 +1581,66 @@ static void pool_freed(CUmemoryPool pool, uint64_t bytes, int reg)
         v->owner = v->owner > bytes ? v->owner - bytes : 0;
     int keeps = !k || k->size || (v && v->size);
     pthread_mutex_unlock(&g_mu);
-    if (keeps)
-        pool_settle(pool, reg); /* what the pool keeps of it */
+    return keeps ? pool_settle(pool, reg) : 0; /* what the pool keeps of it */
 }
 
-static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
+/* A charge given back when the stream reaches it: a host function queued behind the free
+ * (cuLaunchHostFunc; it only moves the ledger, atomics, as a host function must make no CUDA
+ * call). */
+typedef struct {
+    int dev;
+    uint64_t bytes;
+} late_release;
+
+static void CUDA_CB release_when_run_cb(void *arg)
+{
+    late_release *l = arg;
+    vgpu_release(l->dev, l->bytes, VGPU_MEM_DATA);
+    free(l);
+}
+
+/* Whether `bytes` on region device `dev` will be given back by a host function on stream `s`
+ * (0: give them back now -- the stream already ran the free, is being captured, or takes no host
+ * function). */
+static int release_when_run(CUstream s, int pt, int dev, uint64_t bytes)
+{
+    if (pt && s == NULL)
+        s = CU_STREAM_PER_THREAD;
+    if (!p_cuLaunchHostFunc || (p_cuStreamQuery && p_cuStreamQuery(s) == CUDA_SUCCESS) || capturing(s, 0))
+        return 0;
+    late_release *l = malloc(sizeof *l);
+    if (!l)
+        return 0;
+    *l = (late_release){dev, bytes};
+    if (p_cuLaunchHostFunc(s, release_when_run_cb, l) != CUDA_SUCCESS) {
+        free(l);
+        return 0;
+    }
+    return 1;
+}
+
+/* A stream-ordered free: the memory stays in use until the stream reaches it (work queued before
+ * it may still read and write it). Given back at the call, the charge let the container be granted
+ * that memory again while the stream still used it (found by review, 1 Dec): what the pool keeps
+ * of it (its cache, charged by pool_freed) moves from the allocation's charge to the cache's at
+ * once, and the rest is given back when the stream runs the free (release_when_run). During a
+ * capture the free is a node of the graph: given back at once, as before (the graph runs later,
+ * or never). */
+static CUresult free_async(CUdeviceptr d, CUstream s, int pt, __typeof__(&cuMemFreeAsync) real)
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     ptrmap_val v;
     int found = d && untrack(&g_ptrs, d, &v);
     CUresult r = real(d, s);
-    if (found) {
-        if (r == CUDA_SUCCESS)
-            vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
-        else
-            track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
-        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux)
-            pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev);
+    if (found && r != CUDA_SUCCESS)
+        track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
+    if (found && r == CUDA_SUCCESS) {
+        uint64_t kept = v.kind == T_ASYNC && v.aux ? pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev) : 0;
+        uint64_t now = kept < v.size ? kept : v.size, later = v.size - now;
+        if (later && !release_when_run(s, pt, v.dev, later))
+            now = v.size;
+        vgpu_release(v.dev, now, VGPU_MEM_DATA);
     }
     return r;
 }
@@ -1598,13 +1648,13 @@ static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
 {
     vgpu_init();
-    return free_async(d, s, r_cuMemFreeAsync);
+    return free_async(d, s, 0, r_cuMemFreeAsync);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
     vgpu_init();
-    return free_async(d, s, r_cuMemFreeAsync_ptsz);
+    return free_async(d, s, 1, r_cuMemFreeAsync_ptsz);
 }
 
 /* ---- memory queries: total = limit, used = the container's ledger ---- */
@@ -2098,6 +2148,46 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     READY_OR(r_cuLaunchCooperativeKernel_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     GATE(VGPU_LAUNCH_COOPERATIVE, gx, gy, gz, s, 1);
     return r_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+/* The deprecated multi-device cooperative launch (libcuda 12 still exports it): one kernel on each
+ * listed device, each on a stream of that device's context. Unhooked, it launched past the
+ * compute-share and priority gate (found by review, 1 Dec). The gate runs once per device, with
+ * that device's context current (the limiter takes the launch's device from the current context),
+ * then the real call launches them all: a gate that refuses leaves nothing launched. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags)
+{
+    READY_OR(r_cuLaunchCooperativeKernelMultiDevice, CUDA_ERROR_NOT_INITIALIZED);
+    if (UNLIKELY(vgpu_launch_gate != NULL) && list) {
+        CUdevice gated[64];
+        unsigned ngated = 0;
+        for (unsigned i = 0; i < n; i++) {
+            const CUDA_LAUNCH_PARAMS *p = &list[i];
+            CUcontext ctx = NULL, popped = NULL;
+            CUdevice dev = -1;
+            int pushed = p->hStream && p_cuStreamGetCtx && p_cuCtxPushCurrent_v2 && p_cuCtxPopCurrent_v2 &&
+                         p_cuStreamGetCtx(p->hStream, &ctx) == CUDA_SUCCESS && ctx &&
+                         p_cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+            if (p_cuCtxGetDevice && p_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+                dev = -1;
+            int seen = 0;
+            for (unsigned k = 0; k < ngated && !seen; k++)
+                seen = gated[k] == dev;
+            CUresult g = CUDA_SUCCESS;
+            if (!seen) {
+                if (ngated < sizeof gated / sizeof gated[0])
+                    gated[ngated++] = dev;
+                vgpu_launch_info info = {VGPU_LAUNCH_COOPERATIVE, p->gridDimX, p->gridDimY, p->gridDimZ, p->hStream, 0};
+                g = vgpu_launch_gate(&info);
+            }
+            if (pushed)
+                p_cuCtxPopCurrent_v2(&popped);
+            if (g != CUDA_SUCCESS)
+                return g;
+        }
+    }
+    vgpu_note_kernel();
+    return r_cuLaunchCooperativeKernelMultiDevice(list, n, flags);
 }
 
 /* The deprecated launches (block shape from cuFuncSetBlockShape), still exported by libcuda 12:

@@ -204,7 +204,7 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
     int d = (f & (F_PUBLISH | F_PAUSE | F_COUNT)) ? launch_dev() : -1;
     if (d >= VGPU_MAX_DEV)
         d = -1;
-    vgpu_slot *mine = vgpu_slot_mine(); /* read once: the exit handler clears it (region.c) */
+    vgpu_slot *mine = vgpu_slot_mine(); /* read once: NULL once the exit handler ran (region.c) */
     if ((f & F_PUBLISH) && d >= 0 && mine) {
         uint64_t ms = lim_wall_ms();
         if (ms != __atomic_load_n(&g_last_publish_ms[d], __ATOMIC_RELAXED)) {
@@ -291,7 +291,8 @@ static void container_shares(int d, double *u_cont, int *n_act)
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &vgpu_reg->procs[i];
-        if (s == vgpu_my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
+        if (s == vgpu_my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) ||
+            !__atomic_load_n(&s->status, __ATOMIC_ACQUIRE)) /* free, or its process exiting */
             continue;
         uint64_t u = __atomic_load_n(&s->device_util[d].sm_util, __ATOMIC_RELAXED);
         *u_cont += (double)u;
@@ -373,7 +374,8 @@ static int seed_tau(int d, lim_dev *D)
     for (int i = 0; i < procs && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &vgpu_reg->procs[i];
         uint64_t t = __atomic_load_n(&s->used[d].unused[LIM_DEV_TAU_NS], __ATOMIC_RELAXED);
-        if (s != vgpu_my_slot && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) && t)
+        if (s != vgpu_my_slot && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) &&
+            __atomic_load_n(&s->status, __ATOMIC_ACQUIRE) && t)
             sum += (double)t / 1e9, n++;
     }
     if (!n)
@@ -428,7 +430,7 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     }
     if (D->period_us && newest + D->period_us > now_us)
         D->next_poll_us = newest + D->period_us;
-    vgpu_slot *mine = vgpu_slot_mine(); /* NULL once the exit handler gave it back */
+    vgpu_slot *mine = vgpu_slot_mine(); /* NULL once the exit handler ran */
     unsigned me = mine ? (unsigned)__atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!me && !g_warned_pid++)
         LOG_WARN("host PID unknown: compute share not enforced for this process");

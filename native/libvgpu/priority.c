@@ -60,7 +60,8 @@ static int live_slots(const vgpu_region *r)
 {
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE), live = 0;
     for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++)
-        live += __atomic_load_n(&r->procs[i].pid, __ATOMIC_ACQUIRE) != 0;
+        live += __atomic_load_n(&r->procs[i].pid, __ATOMIC_ACQUIRE) != 0 &&
+                __atomic_load_n(&r->procs[i].status, __ATOMIC_ACQUIRE) != 0; /* not exiting */
     return live;
 }
 
@@ -76,9 +77,16 @@ static void consider(const char *path)
         }
     if (g_npeers == MAX_PEERS)
         return;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* the file is the one stat() described, a regular file reached without a symbolic link (the
+     * directories are the containers': a link could name any file this process can read) */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return;
+    struct stat now;
+    if (vgpu_fstat(fd, &now) || !S_ISREG(now.st_mode) || now.st_dev != st.st_dev || now.st_ino != st.st_ino) {
+        close(fd);
+        return;
+    }
     void *p = mmap(NULL, sizeof(vgpu_region), PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
@@ -147,8 +155,8 @@ static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quie
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &r->procs[i];
-        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE))
-            continue;
+        if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) || !__atomic_load_n(&s->status, __ATOMIC_ACQUIRE))
+            continue; /* free, or its process exiting */
         uint64_t t = __atomic_load_n(&s->used[j].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_ACQUIRE);
         if (t && t + quiet_ms >= now_ms)
             return 1;

@@ -170,11 +170,30 @@ static int slot_lock(const vgpu_slot *s, int cmd, short type)
     return fl.l_type;
 }
 
-/* Whether the process of another namespace that took slot `s` still holds its byte. */
-static int slot_held(const vgpu_slot *s)
+/* Slot `s`'s byte: 1 held by another open file (its process lives), 0 free, -1 unknown (no region
+ * file, or a file system without OFD locks). Our own open file's lock is not reported. */
+static int slot_byte(const vgpu_slot *s)
 {
     int t = slot_lock(s, F_OFD_GETLK, F_WRLCK);
-    return t < 0 || t != F_UNLCK; /* cannot tell: alive */
+    return t < 0 ? -1 : t != F_UNLCK;
+}
+
+/* Whether the process that took (marked) slot `s` still holds its byte; cannot tell: alive. */
+static int slot_held(const vgpu_slot *s)
+{
+    return slot_byte(s) != 0;
+}
+
+/* Takes slot `s`'s byte for this process: 1 taken, 0 held by another process (the slot is not
+ * ours to take: its process lives, whatever its PID or the slot's state say), -1 no lock can be
+ * taken here (no region file or namespace known, or the file system refuses OFD locks). */
+static int slot_take(const vgpu_slot *s)
+{
+    if (!g_pidns || g_region_fd < 0)
+        return -1;
+    if (slot_lock(s, F_OFD_SETLK, F_WRLCK) >= 0)
+        return 1;
+    return errno == EAGAIN || errno == EACCES ? 0 : -1;
 }
 
 static void slot_clear(vgpu_slot *s)
@@ -202,7 +221,9 @@ static int slot_dead(const vgpu_slot *s, int pid, uint32_t ns)
 {
     if (ns && ns != g_pidns)
         return !slot_held(s);
-    return !pid_alive(pid) || (ns && !slot_held(s));
+    if (!ns) /* unmarked: by its PID, unless its byte is held (a live process of whatever namespace) */
+        return slot_byte(s) != 1 && !pid_alive(pid);
+    return !pid_alive(pid) || !slot_held(s);
 }
 
 /* Under the lock: free the slots of dead processes (their driver memory died with them).
@@ -229,28 +250,41 @@ static int reap_locked(void)
     return reaped;
 }
 
+/* A slot is taken with its byte: one whose byte another process holds is skipped, whatever it
+ * looks like -- a free slot whose process is still exiting (its memory not yet given back by the
+ * driver), or a slot of our PID that is another namespace's process. Taken without its byte
+ * (mark 0), a slot was judged by its PID alone everywhere: in another namespace, a process with
+ * the same PID (PID 1 of every container) took it over as "its stale slot" and wiped its charge. */
 static vgpu_slot *register_locked(void)
 {
     int pid = g_pid, n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n; /* never the lock's slot */
     vgpu_slot *slot = NULL;
+    int locked = -1;
     for (int i = 0; i < n && !slot; i++) {
-        uint32_t ns = (uint32_t)__atomic_load_n(&vgpu_reg->procs[i].pad0, __ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == pid && (!ns || ns == g_pidns))
-            slot = &vgpu_reg->procs[i]; /* a stale slot of a previous process with our PID (in our namespace) */
+        vgpu_slot *s = &vgpu_reg->procs[i];
+        uint32_t ns = (uint32_t)__atomic_load_n(&s->pad0, __ATOMIC_ACQUIRE);
+        /* a stale slot of a previous process with our PID (in our namespace, or unmarked) */
+        if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == pid && (!ns || ns == g_pidns) &&
+            (locked = slot_take(s)) != 0)
+            slot = s;
     }
-    for (int i = 0; i < n && !slot; i++)
-        if (__atomic_load_n(&vgpu_reg->procs[i].pid, __ATOMIC_ACQUIRE) == 0)
-            slot = &vgpu_reg->procs[i];
-    if (!slot && n < VGPU_PROC_SLOTS) {
-        slot = &vgpu_reg->procs[n];
-        __atomic_store_n(&vgpu_reg->proc_num, n + 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < VGPU_PROC_SLOTS && !slot; i++) {
+        vgpu_slot *s = &vgpu_reg->procs[i];
+        if (i < n && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0)
+            continue;
+        if ((locked = slot_take(s)) == 0) {
+            LOG_INFO("slot %d is free but its process still holds it (exiting); skipped", i);
+            continue;
+        }
+        slot = s;
+        if (i >= n)
+            __atomic_store_n(&vgpu_reg->proc_num, i + 1, __ATOMIC_RELEASE);
     }
     if (!slot)
         return NULL;
     slot_clear(slot);
-    int locked = g_pidns && slot_lock(slot, F_OFD_SETLK, F_WRLCK) >= 0;
-    __atomic_store_n(&slot->pad0, locked ? (int32_t)g_pidns : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->pad0, locked > 0 ? (int32_t)g_pidns : 0, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->status, 1, __ATOMIC_RELAXED);
     __atomic_store_n(&slot->pid, pid, __ATOMIC_RELEASE);
     return slot;
@@ -304,16 +338,23 @@ static void check_header(vgpu_region *r)
                      (unsigned long long)vgpu_cfg.limit[i]);
 }
 
-/* At exit the slot is given back; the process is no longer charged through it first: exit
- * handlers registered before this one (static destructors, a caching allocator emptying itself)
- * still free memory afterwards, and another process may have taken the slot by then. A later
- * allocation under a limit takes a new slot (vgpu_reserve), reclaimed once the process is gone. */
+/* At exit the slot is kept, charge, PID and byte lock included: the process holds its driver
+ * memory until the kernel closes its files, after every exit handler (one registered before this
+ * one -- static destructors, a caching allocator emptying itself -- may run for long, and still
+ * frees or allocates through the slot). Cleared at exit, the slot let another process be granted
+ * that memory meanwhile; its byte, still held, made the next process that took the slot unable to
+ * lock it. The reaper frees the slot once the process is gone (its PID, or its byte dropped).
+ * Only its status becomes 0 ("exited"): hami's monitor (src/hami/monitor/region.py) and the
+ * compute-share and priority readers skip such a slot, and nothing more is published into it
+ * (vgpu_slot_mine). */
+int vgpu_exiting;
+
 static void on_exit_release(void)
 {
     vgpu_slot *s = vgpu_my_slot;
     if (s && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == getpid()) {
-        __atomic_store_n(&vgpu_my_slot, NULL, __ATOMIC_RELEASE);
-        slot_clear(s);
+        __atomic_store_n(&vgpu_exiting, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->status, 0, __ATOMIC_RELEASE);
     }
 }
 
@@ -367,18 +408,65 @@ static void check_boot(vgpu_region *r, const char *path)
     memcpy(ls->boot_id, now, sizeof ls->boot_id);
 }
 
+/* The region's directory is the container's, writable by every UID in it (mode 0777: any of them
+ * may be the first to create the file), and the processes that open the file may be root. So
+ * whatever is at the path is only used when it is a regular file of its own: a symbolic link (to
+ * a root-owned file: truncated and overwritten below, or created 0666 where the link points) is
+ * not followed (O_NOFOLLOW), a hard link (st_nlink > 1: another name of some other file) is not
+ * used, nor anything that is not a regular file (a FIFO or a device: O_NONBLOCK and O_NOCTTY keep
+ * the open itself harmless). All of it is checked on the descriptor, before the file is sized or
+ * mapped. An existing file is opened without O_CREAT, and a missing one created with O_EXCL (then
+ * made 0666 through the descriptor: no process-wide umask change): an O_CREAT open of another
+ * UID's existing file fails under fs.protected_regular when the directory is sticky.
+ * Returns the descriptor, or -1 with the reason logged. */
+static int open_region(const char *path, int create)
+{
+    const int flags = O_RDWR | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC;
+    int fd = open(path, flags), created = 0;
+    if (fd < 0 && errno == ENOENT && create) {
+        fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0)
+            created = 1;
+        else if (errno == EEXIST) /* another process created it meanwhile */
+            fd = open(path, flags);
+    }
+    if (fd < 0) {
+        if (errno == ELOOP)
+            LOG_ERROR("shared region %s is a symbolic link: not followed; limits apply to this process only",
+                      path);
+        else
+            LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path,
+                      strerror(errno));
+        return -1;
+    }
+    struct stat st = {0};
+    const char *bad = NULL;
+    if (vgpu_fstat(fd, &st) != 0)
+        bad = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        bad = "not a regular file";
+    else if (st.st_nlink != 1)
+        bad = st.st_nlink ? "a file with other names (hard links)" : "removed while being opened";
+    else if (created && fchmod(fd, 0666) != 0) /* any UID of the container attaches to it */
+        bad = strerror(errno);
+    if (bad) {
+        LOG_ERROR("shared region %s: %s (mode 0%o, %lu links): not used; limits apply to this process only",
+                  path, bad, (unsigned)st.st_mode, (unsigned long)st.st_nlink);
+        close(fd);
+        return -1;
+    }
+    /* O_NONBLOCK only guarded the open; record locks below wait (F_OFD_SETLKW) either way */
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
 /* Open, size, map and (if new) initialise the region file under the file lock; NULL if it
  * cannot be used (logged). */
 static vgpu_region *attach_file(const char *path)
 {
-    mode_t old = umask(0);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    umask(old);
-    if (fd < 0) {
-        LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path,
-                  strerror(errno));
+    int fd = open_region(path, 1);
+    if (fd < 0)
         return NULL;
-    }
     vgpu_region *r = NULL;
     ofd_lock(fd, F_WRLCK);
     struct stat st;
@@ -436,6 +524,28 @@ int vgpu_region_open(void)
     return 0;
 }
 
+/* A new open file description of the file `fd` has open (the mapped region), for a forked
+ * child's slot lock: through /proc/self/fd (that very file, whatever the path names now), else
+ * the path again under open_region's rules; either must be the same file. -1 if neither is
+ * (the child's slot then carries no lock: judged by its PID, as a writer without locks). */
+static int reopen_region(int fd, const char *path)
+{
+    struct stat want, got;
+    if (vgpu_fstat(fd, &want) != 0)
+        return -1;
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int nfd = open(self, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (nfd < 0)
+        nfd = open_region(path, 0);
+    if (nfd >= 0 && (vgpu_fstat(nfd, &got) != 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino)) {
+        LOG_WARN("shared region %s was replaced; this process's slot is judged by its PID", path);
+        close(nfd);
+        nfd = -1;
+    }
+    return nfd;
+}
+
 /* Child after fork: own slot (the parent's allocations stay the parent's). The lock lives in
  * shared memory: a parent's thread that held it at fork releases it in the parent. */
 void vgpu_region_after_fork(void)
@@ -446,11 +556,12 @@ void vgpu_region_after_fork(void)
     g_pidns = pid_namespace();
     if (g_region_fd >= 0) {
         /* the parent's open file (and its slot lock) is the parent's: this child locks its own
-         * slot through an open file of its own */
-        int fd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
+         * slot through an open file of its own, of the very file mapped (reopen_region) */
+        int fd = reopen_region(g_region_fd, vgpu_cfg.cache_path);
         close(g_region_fd);
         g_region_fd = fd;
     }
+    __atomic_store_n(&vgpu_exiting, 0, __ATOMIC_RELEASE);
     vgpu_my_slot = NULL;
     vgpu_region_lock();
     vgpu_my_slot = register_locked();

@@ -59,10 +59,17 @@ HIDDEN int vgpu_device_granted(const char *uuid);
 /* ---- the shared region ---- */
 HIDDEN extern vgpu_region *vgpu_reg;
 HIDDEN extern vgpu_slot *vgpu_my_slot;
-/* this process's slot, read once: NULL once the exit handler gave it back (which may happen while
- * another thread runs), so a caller keeps this copy rather than reading the global again */
+/* 1 once the exit handler ran (region.c): the slot keeps the process's charge until it is gone,
+ * but nothing more is published into it */
+HIDDEN extern int vgpu_exiting;
+/* this process's slot for what it publishes (host PID, launch times, compute shares), read once:
+ * NULL before it has one and once the exit handler ran (which may happen while another thread
+ * runs), so a caller keeps this copy rather than reading the global again. Charges go through
+ * vgpu_my_slot itself, through the exit handlers too. */
 static inline vgpu_slot *vgpu_slot_mine(void)
 {
+    if (__atomic_load_n(&vgpu_exiting, __ATOMIC_ACQUIRE))
+        return NULL;
     return __atomic_load_n(&vgpu_my_slot, __ATOMIC_ACQUIRE);
 }
 HIDDEN int vgpu_region_open(void);        /* create or attach, register this process */
@@ -121,9 +128,11 @@ HIDDEN const vgpu_hook *vgpu_hook_by_name(const char *name);
 
 /* ---- compute-share hook point (issue 7 plugs its limiter in here) ----
  * Called on every kernel launch path (cuLaunchKernel[_ptsz], cuLaunchKernelEx[_ptsz],
- * cuLaunchCooperativeKernel[_ptsz], cuGraphLaunch[_ptsz], and the deprecated cuLaunch,
- * cuLaunchGrid, cuLaunchGridAsync as VGPU_LAUNCH_KERNEL) before the real launch, only
- * when non-NULL. A non-CUDA_SUCCESS return is returned to the caller without launching. */
+ * cuLaunchCooperativeKernel[_ptsz], cuGraphLaunch[_ptsz], the deprecated
+ * cuLaunchCooperativeKernelMultiDevice (once per device, that device's context current), and the
+ * deprecated cuLaunch, cuLaunchGrid, cuLaunchGridAsync as VGPU_LAUNCH_KERNEL) before the real
+ * launch, only when non-NULL. A non-CUDA_SUCCESS return is returned to the caller without
+ * launching. */
 typedef enum { VGPU_LAUNCH_KERNEL, VGPU_LAUNCH_EX, VGPU_LAUNCH_COOPERATIVE, VGPU_LAUNCH_GRAPH } vgpu_launch_kind;
 typedef struct {
     vgpu_launch_kind kind;

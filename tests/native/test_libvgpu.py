@@ -280,13 +280,16 @@ os.execv("/bin/sleep", ["sleep", "600"])
 def test_a_slot_freed_by_libvgpu_and_taken_by_hami_core_is_judged_by_its_pid(vgpu_env, tmp_path):
     """A slot libvgpu gave back kept its namespace mark; HAMi-core (or an older libvgpu mid-upgrade)
     registering there writes no mark and takes no lock byte, so the slot was judged by a lock
-    nobody held: dead while its process lived, and its 900 MiB free for another 900 MiB."""
+    nobody held: dead while its process lived, and its 900 MiB free for another 900 MiB. (A
+    libvgpu process keeps its slot through exit, for the next one to reclaim, mark included;
+    HAMi-core appends at proc_num, as here.)"""
     from .region_layout import take_slot_as_hami_core
 
     run_py("import cuda_probe as c; c.init(); assert c.alloc(100 << 20)[0] == 0", vgpu_env)
     live = subprocess.Popen(["sleep", "600"])
     try:
-        take_slot_as_hami_core(tmp_path / "vgpu.cache", 0, live.pid, 0, 900 << 20)
+        slot = read_region(tmp_path / "vgpu.cache")["proc_num"]
+        take_slot_as_hami_core(tmp_path / "vgpu.cache", slot, live.pid, 0, 900 << 20)
         out = run_py("import cuda_probe as c; c.init(); print(c.alloc(900 << 20)[0])", vgpu_env).stdout
         assert out.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY: the live process's 900 MiB still count
     finally:
@@ -295,10 +298,13 @@ def test_a_slot_freed_by_libvgpu_and_taken_by_hami_core_is_judged_by_its_pid(vgp
 
 
 def test_frees_after_the_exit_handler_never_reach_a_slot_another_process_took(vgpu_env, tmp_path):
-    """At exit libvgpu gives its slot back, but a handler registered before it (a library's static
-    destructors: a caching allocator emptying itself) still frees memory afterwards. Those frees
-    were subtracted from the slot, which meanwhile another process could have taken: its 600 MiB
-    were counted as 88 and a further 900 MiB fitted in 1 GiB."""
+    """A handler registered before libvgpu's exit handler (a library's static destructors: a
+    caching allocator emptying itself) still frees memory afterwards. When libvgpu gave its slot
+    back at exit, those frees were subtracted from the slot, which meanwhile another process could
+    have taken: its 600 MiB were counted as 88 and a further 900 MiB fitted in 1 GiB. The slot is
+    now kept, charge included, until the process is gone: the 600 MiB do not fit while the exiting
+    process still holds its 512 (found by review, 1 Dec), its late free lands in its own slot, and
+    900 MiB fit once it is gone."""
     prog = tmp_path / "late_free"
     subprocess.run(
         [
@@ -338,7 +344,7 @@ print(c.alloc(900 << 20)[0])
     (sync / "freed").touch()
     b_out = b.communicate(timeout=60)[0]
     assert a_out.splitlines() == ["alloc 0", "late free 0"]
-    assert b_out.split() == ["0", "2"]
+    assert b_out.split() == ["2", "0"]
 
 
 def test_sigkill_while_holding_the_lock_does_not_block_others(vgpu_env, tmp_path):

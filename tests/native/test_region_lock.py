@@ -206,14 +206,14 @@ def test_region_without_the_lock_gets_it_at_attach(vgpu_env, tmp_path):
 
 
 def test_unusable_region_file_falls_back_to_a_private_region_that_still_enforces(vgpu_env):
-    """A region path that opens but cannot be sized (/dev/null): the process says so and
-    enforces its limit on its own, with the same lock, instead of allocating unchecked."""
+    """A region path that is no regular file (/dev/null): the process says so and enforces its
+    limit on its own, with the same lock, instead of allocating unchecked."""
     p = run_py(
         "import cuda_probe as c; c.init(); print(c.alloc(600 << 20)[0], c.alloc(600 << 20)[0])",
         dict(vgpu_env, CUDA_DEVICE_MEMORY_SHARED_CACHE="/dev/null", LIBCUDA_LOG_LEVEL="2"),
     )
     assert p.stdout.split() == ["0", "2"]
-    assert "cannot size shared region /dev/null" in p.stderr
+    assert "shared region /dev/null: not a regular file" in p.stderr
 
 
 def _power_cut_copy(vgpu_env, tmp_path) -> tuple[Path, int]:
