@@ -239,3 +239,30 @@ def test_node_affinity_gt_lt_read_int64_as_kubernetes_does(label, op, value, exp
     """Found by review, 1 Dec: hami simulate read only up to 18 digits, so a 19-digit int64 label
     (which Kubernetes' ParseInt accepts) never matched Gt/Lt."""
     assert Requirement("k", op, (value,)).matches(label) is expected
+
+
+def test_a_device_amount_beyond_int32_from_any_vendors_parser_drops_that_registration_only():
+    """Central guard (found by review, 1 Dec): each vendor's parser bounds its own numbers, and
+    one that did not (MetaX sGPU, Enflame DRS) let a 400-digit capacity reach node scoring, which
+    raised OverflowError for every pod on the node. read_node_devices now checks every vendor's
+    devices: that vendor's registration is left out, naming the device and field."""
+    from hami.core.ledger import MAX_DEVICE_AMOUNT, read_node_devices
+    from hami.core.types import DeviceInfo
+
+    class Stated:
+        def __init__(self, name, **amounts):
+            self.name, self.amounts = name, amounts
+
+        def node_devices(self, node):
+            return (DeviceInfo(id=f"{self.name}-0", **{"count": 10, "devmem": 1000, "devcore": 100, **self.amounts}),)
+
+        def pair_scores(self, node):
+            return {}
+
+    node = {"metadata": {"name": "n1", "annotations": {}}}
+    for field, value in (("devmem", 10**400), ("count", MAX_DEVICE_AMOUNT + 1), ("devcore", -1)):
+        devices, errors = read_node_devices(node, [Stated("bad", **{field: value}), Stated("good")])
+        assert [d.id for d in devices.devices] == ["good-0"]
+        assert errors["bad"].startswith(f"node n1: device 'bad-0': {field} must be in 0..{MAX_DEVICE_AMOUNT}, got ")
+    devices, errors = read_node_devices(node, [Stated("edge", devmem=MAX_DEVICE_AMOUNT)])
+    assert not errors and devices.devices[0].devmem == MAX_DEVICE_AMOUNT

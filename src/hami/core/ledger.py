@@ -802,6 +802,27 @@ def node_devices_from_object(node: Mapping[str, Any], vendors: Iterable[Any]) ->
     return devices
 
 
+#: the largest slot count, memory (MiB) or cores a registered device may state: Go's int32, as
+#: HAMi's own registrations are; what every vendor's parser yields is checked against it here
+#: (a 400-digit capacity of one vendor made node scoring raise OverflowError for every pod)
+MAX_DEVICE_AMOUNT = 2**31 - 1
+
+
+def _out_of_range(devices: Sequence[DeviceInfo]) -> str | None:
+    """Why one of ``devices`` states an amount no GPU has (None when none does)."""
+    for d in devices:
+        for field_name in ("count", "devmem", "devcore"):
+            value = getattr(d, field_name)
+            if not isinstance(value, int) or not 0 <= value <= MAX_DEVICE_AMOUNT:
+                shown = (
+                    value
+                    if not isinstance(value, int) or value.bit_length() < 64
+                    else f"a {value.bit_length()}-bit number"
+                )
+                return f"device {d.id!r}: {field_name} must be in 0..{MAX_DEVICE_AMOUNT}, got {shown}"
+    return None
+
+
 def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[NodeDevices, dict[str, str]]:
     """A Node dict -> ``(its devices, {vendor: why its registration was left out})``.
 
@@ -851,6 +872,9 @@ def read_node_devices(node: Mapping[str, Any], vendors: Iterable[Any]) -> tuple[
             seen.add(d.id)
         if twice is not None:
             errors[vendor] = f"node {name}: device id {twice!r} is registered twice"
+            continue
+        if (huge := _out_of_range(found)) is not None:
+            errors[vendor] = f"node {name}: {huge}"
             continue
         read.append((vendor, found, pairs))
     owners: dict[str, list[str]] = {}
