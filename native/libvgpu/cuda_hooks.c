@@ -95,7 +95,7 @@ int vgpu_refused;
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
     X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute) X(cuGraphGetNodes)          \
     X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
-    X(cuDeviceGetGraphMemAttribute) X(cuLaunchHostFunc) X(cuStreamQuery)
+    X(cuDeviceGetGraphMemAttribute)
 
 #define NVML_HOOKS(X)                                                                              \
     X(nvmlInit, "nvmlInit", 0, 0)                                                                  \
@@ -1584,63 +1584,28 @@ static uint64_t pool_freed(CUmemoryPool pool, uint64_t bytes, int reg)
     return keeps ? pool_settle(pool, reg) : 0; /* what the pool keeps of it */
 }
 
-/* A charge given back when the stream reaches it: a host function queued behind the free
- * (cuLaunchHostFunc; it only moves the ledger, atomics, as a host function must make no CUDA
- * call). */
-typedef struct {
-    int dev;
-    uint64_t bytes;
-} late_release;
-
-static void CUDA_CB release_when_run_cb(void *arg)
-{
-    late_release *l = arg;
-    vgpu_release(l->dev, l->bytes, VGPU_MEM_DATA);
-    free(l);
-}
-
-/* Whether `bytes` on region device `dev` will be given back by a host function on stream `s`
- * (0: give them back now -- the stream already ran the free, is being captured, or takes no host
- * function). */
-static int release_when_run(CUstream s, int pt, int dev, uint64_t bytes)
-{
-    if (pt && s == NULL)
-        s = CU_STREAM_PER_THREAD;
-    if (!p_cuLaunchHostFunc || (p_cuStreamQuery && p_cuStreamQuery(s) == CUDA_SUCCESS) || capturing(s, 0))
-        return 0;
-    late_release *l = malloc(sizeof *l);
-    if (!l)
-        return 0;
-    *l = (late_release){dev, bytes};
-    if (p_cuLaunchHostFunc(s, release_when_run_cb, l) != CUDA_SUCCESS) {
-        free(l);
-        return 0;
-    }
-    return 1;
-}
-
-/* A stream-ordered free: the memory stays in use until the stream reaches it (work queued before
- * it may still read and write it). Given back at the call, the charge let the container be granted
- * that memory again while the stream still used it (found by review, 1 Dec): what the pool keeps
- * of it (its cache, charged by pool_freed) moves from the allocation's charge to the cache's at
- * once, and the rest is given back when the stream runs the free (release_when_run). During a
- * capture the free is a node of the graph: given back at once, as before (the graph runs later,
- * or never). */
-static CUresult free_async(CUdeviceptr d, CUstream s, int pt, __typeof__(&cuMemFreeAsync) real)
+/* A stream-ordered free gives its charge back when it is queued, not when the stream reaches it:
+ * the driver hands memory freed on a stream straight to the next allocation on that stream, and
+ * a threshold-0 pool keeps it until the next synchronization, so the common loop (allocate, launch,
+ * free, allocate again on one busy stream) holds one allocation's memory. Deferring the release to
+ * the stream's progress (a host function behind the free) counted every pending free and refused
+ * that loop under the limit (tried 1 Dec, found by a regression review, reverted). The gap it
+ * closed stays documented (docs/libvgpu.md "Not counted"): until the stream reaches the free,
+ * another stream's allocation may be granted memory still in use. */
+static CUresult free_async(CUdeviceptr d, CUstream s, __typeof__(&cuMemFreeAsync) real)
 {
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     ptrmap_val v;
     int found = d && untrack(&g_ptrs, d, &v);
     CUresult r = real(d, s);
-    if (found && r != CUDA_SUCCESS)
-        track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
-    if (found && r == CUDA_SUCCESS) {
-        uint64_t kept = v.kind == T_ASYNC && v.aux ? pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev) : 0;
-        uint64_t now = kept < v.size ? kept : v.size, later = v.size - now;
-        if (later && !release_when_run(s, pt, v.dev, later))
-            now = v.size;
-        vgpu_release(v.dev, now, VGPU_MEM_DATA);
+    if (found) {
+        if (r == CUDA_SUCCESS)
+            vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+        else
+            track_aux(&g_ptrs, d, v.size, v.dev, (int)v.kind, v.aux);
+        if (r == CUDA_SUCCESS && v.kind == T_ASYNC && v.aux)
+            pool_freed((CUmemoryPool)(uintptr_t)v.aux, v.size, v.dev);
     }
     return r;
 }
@@ -1648,13 +1613,13 @@ static CUresult free_async(CUdeviceptr d, CUstream s, int pt, __typeof__(&cuMemF
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s)
 {
     vgpu_init();
-    return free_async(d, s, 0, r_cuMemFreeAsync);
+    return free_async(d, s, r_cuMemFreeAsync);
 }
 
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s)
 {
     vgpu_init();
-    return free_async(d, s, 1, r_cuMemFreeAsync_ptsz);
+    return free_async(d, s, r_cuMemFreeAsync_ptsz);
 }
 
 /* ---- memory queries: total = limit, used = the container's ledger ---- */

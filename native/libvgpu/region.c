@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
@@ -223,24 +224,40 @@ static int slot_dead(const vgpu_slot *s, int pid, uint32_t ns)
         return !slot_held(s);
     if (!ns) /* unmarked: by its PID, unless its byte is held (a live process of whatever namespace) */
         return slot_byte(s) != 1 && !pid_alive(pid);
-    return !pid_alive(pid) || !slot_held(s);
+    /* ours, marked: by its byte alone, which the process holds until its last thread is gone and
+     * its files (the driver's included) are closed; its PID reads dead (zombie leader, PF_EXITING)
+     * while other threads still hold its GPU memory (regression review, 1 Dec). The PID only when
+     * the byte cannot be read. */
+    int byte = slot_byte(s);
+    return byte == 0 || (byte < 0 && !pid_alive(pid));
 }
 
 /* Under the lock: free the slots of dead processes (their driver memory died with them).
  * Live slots never move, so no process's cached slot pointer goes stale. */
+/* Slots the last reap_locked() left because their process is on its way out: its PID reads
+ * dead (SIGKILLed, or its last thread exiting) while its byte is still held, i.e. its files, the
+ * driver's with them, are not closed yet. Its memory is given back within moments: an allocation
+ * refused meanwhile waits for it (vgpu_reserve) rather than failing. */
+static int g_exiting;
+
 static int reap_locked(void)
 {
     int reaped = 0;
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     n = n < 0 ? 0 : n > VGPU_PROC_SLOTS ? VGPU_PROC_SLOTS : n;
+    g_exiting = 0;
     for (int i = 0; i < n; i++) {
         vgpu_slot *s = &vgpu_reg->procs[i];
         int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
         uint32_t ns = (uint32_t)__atomic_load_n(&s->pad0, __ATOMIC_ACQUIRE);
-        if (pid && s != vgpu_my_slot && slot_dead(s, pid, ns)) {
+        if (!pid || s == vgpu_my_slot)
+            continue;
+        if (slot_dead(s, pid, ns)) {
             LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
             slot_clear(s);
             reaped++;
+        } else if (ns && ns == g_pidns && !pid_alive(pid)) {
+            g_exiting++; /* (slot_dead: its byte is held) */
         }
     }
     while (n > 0 && __atomic_load_n(&vgpu_reg->procs[n - 1].pid, __ATOMIC_ACQUIRE) == 0 &&
@@ -419,15 +436,56 @@ static void check_boot(vgpu_region *r, const char *path)
  * made 0666 through the descriptor: no process-wide umask change): an O_CREAT open of another
  * UID's existing file fails under fs.protected_regular when the directory is sticky.
  * Returns the descriptor, or -1 with the reason logged. */
+/* A new region file at `path`, already mode 0666 when it appears there: made unnamed in its
+ * directory (O_TMPFILE), its mode set, then linked at `path` (linkat fails on anything already
+ * there, a symbolic link included, and follows nothing). Created 0600 and then made 0666 at the
+ * path, another UID opening it in between was refused and ran on a private region, and one
+ * whose creator died in between never shared it (regression review, 1 Dec). A file system
+ * without O_TMPFILE: created at the path with O_EXCL and mode 0666 (less the umask, then set
+ * through the descriptor). Returns the descriptor, -1 with errno (EEXIST: someone else's now). */
+static int create_region(const char *path, int flags)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (slash && n == 0)
+        n = 1; /* the root directory */
+    if (n < sizeof dir) {
+        memcpy(dir, slash ? path : ".", slash ? n : 1);
+        dir[slash ? n : 1] = 0;
+        int fd = open(dir, (flags & ~(O_NOFOLLOW | O_NONBLOCK | O_NOCTTY)) | O_TMPFILE, 0600);
+        if (fd >= 0) {
+            char self[64];
+            snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+            if (fchmod(fd, 0666) == 0 && linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0)
+                return fd;
+            int err = errno;
+            close(fd);
+            if (err != ENOENT && err != EPERM && err != EACCES) { /* no /proc: the fallback */
+                errno = err;
+                return -1;
+            }
+        } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+            return -1;
+        }
+    }
+    int fd = open(path, flags | O_CREAT | O_EXCL, 0666);
+    if (fd >= 0 && fchmod(fd, 0666) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
 static int open_region(const char *path, int create)
 {
     const int flags = O_RDWR | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC;
-    int fd = open(path, flags), created = 0;
+    int fd = open(path, flags);
     if (fd < 0 && errno == ENOENT && create) {
-        fd = open(path, flags | O_CREAT | O_EXCL, 0600);
-        if (fd >= 0)
-            created = 1;
-        else if (errno == EEXIST) /* another process created it meanwhile */
+        fd = create_region(path, flags);
+        if (fd < 0 && errno == EEXIST) /* another process created it meanwhile */
             fd = open(path, flags);
     }
     if (fd < 0) {
@@ -447,8 +505,6 @@ static int open_region(const char *path, int create)
         bad = "not a regular file";
     else if (st.st_nlink != 1)
         bad = st.st_nlink ? "a file with other names (hard links)" : "removed while being opened";
-    else if (created && fchmod(fd, 0666) != 0) /* any UID of the container attaches to it */
-        bad = strerror(errno);
     if (bad) {
         LOG_ERROR("shared region %s: %s (mode 0%o, %lu links): not used; limits apply to this process only",
                   path, bad, (unsigned)st.st_mode, (unsigned long)st.st_nlink);
@@ -663,6 +719,17 @@ int vgpu_reserve(int dev, uint64_t bytes, int type)
     if (!(bytes <= limit && used <= limit - bytes) && reap_locked())
         used = vgpu_region_used(dev);
     int ok = bytes <= limit && used <= limit - bytes;
+    /* a process that is exiting still holds its memory until its files close (its byte): wait for
+     * it, a bounded while, with the lock given up between looks, rather than refuse at once */
+    for (int look = 0; !ok && bytes <= limit && g_exiting && look < 200; look++) {
+        vgpu_region_unlock();
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+        vgpu_region_lock();
+        reap_locked();
+        used = vgpu_region_used(dev);
+        ok = used <= limit - bytes;
+    }
     if (ok)
         slot_add(dev, bytes, type, 1);
     vgpu_region_unlock();

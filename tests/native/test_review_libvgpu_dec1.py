@@ -1,8 +1,8 @@
 """libvgpu findings of the review of 1 Dec, each against the fake GPU: the region path followed
 through a link another UID of the container planted (root truncating or creating a file of its
 choice), slots that PID namespaces or an exiting process let another process take (their memory
-granted twice), a stream-ordered free that gave its charge back before the stream ran it, and
-the multi-device cooperative launch that bypassed the compute-share / priority gate."""
+granted twice), a stream-ordered loop a deferred release refused (regression review), and the
+multi-device cooperative launch that bypassed the compute-share / priority gate."""
 
 from __future__ import annotations
 
@@ -284,26 +284,102 @@ def test_an_unmarked_slot_whose_lock_byte_is_held_is_not_reclaimed(vgpu_env, tmp
     assert gone.strip() == "0"  # its byte dropped: reclaimed by its PID, as before
 
 
-FREE_ASYNC = """
+STREAM_LOOP = """
 import ctypes as C, cuda_probe as c
 cu = c.cu
 c.init()
 s = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(s), 0))
-p = C.c_uint64(); c.check(cu.cuMemAllocAsync(C.byref(p), C.c_size_t(800 << 20), s))
-c.check(c.launch(c.function(b"busy_1000ms"), stream=s))  # work queued before the free uses p
-c.check(cu.cuMemFreeAsync(C.c_uint64(p.value), s))
-print(cu.cuStreamQuery(s), c.alloc(800 << 20)[0], 1024 - (c.mem_info()[0] >> 20))
-c.check(cu.cuStreamSynchronize(s))
-print(cu.cuStreamQuery(s), c.alloc(800 << 20)[0])
+k = c.function(b"busy_20ms")
+rcs = []
+for it in range(8):  # a 300 MiB temporary per step, stream-ordered on one busy stream
+    p = C.c_uint64()
+    rc = cu.cuMemAllocAsync(C.byref(p), C.c_size_t(300 << 20), s)
+    rcs.append(rc)
+    if rc:
+        break
+    c.check(c.launch(k, stream=s))
+    c.check(cu.cuMemFreeAsync(C.c_uint64(p.value), s))
+print(*rcs)
 """
 
 
-def test_a_stream_ordered_free_gives_its_charge_back_when_the_stream_runs_it(vgpu_env):
-    """Found by review, 1 Dec: cuMemFreeAsync gave the charge back when queued, while the work
-    queued before it still used the memory (the default pool keeps nothing): another 800 MiB fitted
-    under the 1 GiB limit. Now the charge goes when the stream reaches the free."""
-    out = run_py(FREE_ASYNC, vgpu_env).stdout.splitlines()
-    assert out == ["600 2 800", "0 0"]  # NOT_READY: still charged; after the stream ran it: free
+def test_allocating_again_after_a_stream_ordered_free_on_a_busy_stream_fits_the_limit(vgpu_env):
+    """A regression review (1 Dec) of a change that gave cuMemFreeAsync's charge back only when
+    the stream ran the free: every pending free stayed counted and the common loop (allocate,
+    launch, free, allocate again on one stream) was refused at its 4th step under a 1 GiB limit,
+    though the driver hands the freed memory to the next allocation on that stream. Reverted:
+    the charge goes back when the free is queued (the gap is documented, docs/libvgpu.md)."""
+    assert run_py(STREAM_LOOP, vgpu_env).stdout.split() == ["0"] * 8
+
+
+LEADER_EXIT = r"""
+#include <cuda.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+/* allocates 800 MiB; its main thread then exits (pthread_exit) while another thread keeps the
+ * process, and its GPU memory, alive until <argv[1]> exists */
+static const char *g_go;
+static void *hold(void *a)
+{
+    struct stat st;
+    (void)a;
+    while (stat(g_go, &st) != 0)
+        usleep(10000);
+    return NULL;
+}
+int main(int argc, char **argv)
+{
+    CUcontext c;
+    CUdeviceptr d;
+    pthread_t t;
+    g_go = argv[1];
+    if (argc < 2 || cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c))
+        return 3;
+    printf("alloc %d\n", (int)cuMemAlloc_v2(&d, (size_t)800 << 20));
+    fflush(stdout);
+    pthread_create(&t, NULL, hold, NULL);
+    pthread_exit(NULL);
+}
+"""
+
+
+def test_a_process_whose_main_thread_exited_keeps_its_charge_while_another_thread_lives(vgpu_env, tmp_path):
+    """A regression review (1 Dec): a marked slot of this namespace was judged dead by its PID,
+    and a process whose main thread exited reads dead (a zombie leader) while another thread
+    still holds its GPU memory: its slot was reclaimed and the 800 MiB granted again. Such a slot
+    is now judged by its lock byte alone, held until the last thread is gone."""
+    src, prog, go = tmp_path / "leader_exit.c", tmp_path / "leader_exit", tmp_path / "go"
+    src.write_text(LEADER_EXIT)
+    subprocess.run(
+        [
+            "cc",
+            "-O2",
+            "-pthread",
+            f"-I{BUILD / 'include'}",
+            "-o",
+            str(prog),
+            str(src),
+            f"-L{BUILD / 'fakegpu'}",
+            "-l:libcuda.so.1",
+        ],
+        check=True,
+    )
+    holder = subprocess.Popen([str(prog), str(go)], env=vgpu_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().split() == ["alloc", "0"]
+        deadline = time.monotonic() + 60  # a hang guard
+        while Path(f"/proc/{holder.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread never exited"
+            time.sleep(0.01)
+        during = run_py("import cuda_probe as c; c.init(); print(c.alloc(800 << 20)[0])", vgpu_env).stdout
+    finally:
+        go.touch()
+        holder.wait(timeout=60)
+    after = run_py("import cuda_probe as c; c.init(); print(c.alloc(800 << 20)[0])", vgpu_env).stdout
+    assert during.strip() == "2"  # CUDA_ERROR_OUT_OF_MEMORY: the process still holds 800 MiB
+    assert after.strip() == "0"  # reclaimed once it is gone
 
 
 MULTI = """
