@@ -302,10 +302,10 @@ class Driver:
         if any(m.get("hostPath") == directory for m in mounts):  # a region: isolation hami-core
             Path(directory).mkdir(parents=True, exist_ok=True)  # as make_claim_dir: any UID makes the region
             os.chmod(directory, 0o777)
-            grant = claim_grant(done["cdi_spec"])
-            path = Path(directory, GRANT_FILE)
-            if not path.is_file() or path.read_text() != grant:
-                write_grant(directory, grant)
+            # written again whatever is there: the directory is the claim's containers' to write,
+            # and reading what is at the name first followed a link or blocked on a FIFO they put
+            # there (found by review, 1 Dec)
+            write_grant(directory, claim_grant(done["cdi_spec"]))
             self._write_record(done, uid)
         cdi = Path(done["cdi_file"])
         if _read_json(cdi) != done["cdi_spec"]:

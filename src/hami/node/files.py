@@ -102,10 +102,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) 
         raise WriteError(f"{target}: cannot write ({exc.strerror or exc})") from exc
     try:
         with os.fdopen(fd, "wb") as f:
+            # the mode through the descriptor: by name, a link put in the temporary file's place
+            # (its directory may be a container's to write) had its target's mode changed
+            os.fchmod(f.fileno(), mode)
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except BaseException as exc:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from hami.core import names
 
-from .files import remove_tree
+from .files import remove_tree, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def prepare_hook_dir(paths: HookPaths) -> None:
             # owner may remove or rename it (the sticky bit, as /tmp); plain 0777 let one tenant
             # delete another's lock file (found by review)
             os.chmod(d, 0o1777)
+        remove_trash(str(Path(paths.vgpu_dir, "containers")))
         preload = Path(paths.preload_file)
         wanted = paths.library + "\n"
         if not preload.exists() or preload.read_text() != wanted:
@@ -141,22 +143,58 @@ def prepare_hook_dir(paths: HookPaths) -> None:
         log.warning("%s does not exist yet; containers will start without libvgpu", paths.library)
 
 
+#: what a replaced region directory is renamed to, beside the others (no ``_``: neither hami's
+#: monitor nor HAMi's reads it as a container's), until a background thread removes it
+TRASH_PREFIX = ".trash-"
+
+
 def reset_cache_dir(path: str) -> None:
-    """Recreate a container's cache dir, empty and world-writable (any UID in the container)."""
+    """Recreate a container's cache dir, empty and world-writable (any UID in the container).
+
+    The old directory is renamed aside (``<containers>/.trash-<random>``) and a new one made, in
+    constant time; the old one is removed by a background thread. Emptied in place before (found
+    by review, 1 Dec): another container of the pod holding the directory open could keep
+    planting entries, the removal failed and the directory was reused, with a link of its choice
+    where the grant file is then written as root; and a directory of 50,000 files held the node
+    agent's event loop past containerd's NRI deadline. Raises OSError when the directory cannot
+    be replaced (the container must not start with what is left in it)."""
+    parent, name = os.path.split(path)
+    trash = os.path.join(parent, f"{TRASH_PREFIX}{os.urandom(8).hex()}")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        trash = ""
+    os.makedirs(path, exist_ok=False)  # (not exist_ok: something made it meanwhile is not ours)
+    os.chmod(path, 0o777)
+    if trash:
+        threading.Thread(target=_remove_quietly, args=(trash,), name=f"remove {name}", daemon=True).start()
+
+
+def remove_trash(containers_dir: str) -> None:
+    """Remove what :func:`reset_cache_dir` renamed aside and no thread removed (the agent
+    restarted first), in a background thread."""
+    try:
+        left = [e.path for e in os.scandir(containers_dir) if e.name.startswith(TRASH_PREFIX)]
+    except OSError:
+        return
+    if left:
+        threading.Thread(target=lambda: [_remove_quietly(p) for p in left], name="remove trash", daemon=True).start()
+
+
+def _remove_quietly(path: str) -> None:
     try:
         remove_tree(path)
-    except OSError as exc:  # what is left stays (makedirs below still makes sure the dir exists)
-        log.warning("cannot empty %s: %s", path, exc)
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, 0o777)
+    except OSError as exc:  # left for the next start's remove_trash
+        log.warning("cannot remove %s: %s", path, exc)
 
 
 def write_grant(cache_dir: str, text: str) -> None:
     """The grant file (:data:`GRANT_FILE`) in a container's region directory, readable by any UID
-    (the container mounts it read-only over the same name)."""
-    path = Path(cache_dir, GRANT_FILE)
-    path.write_text(text)
-    os.chmod(path, 0o644)
+    (the container mounts it read-only over the same name). Written to a new file and renamed
+    over the name, which replaces whatever is there (a link included) and follows nothing: the
+    directory is the container's to write, and writing through a link it planted overwrote a
+    file of the host as root (found by review, 1 Dec)."""
+    write_atomic(Path(cache_dir, GRANT_FILE), text, 0o644)
 
 
 def make_claim_dir(paths: HookPaths, uid: str) -> str:
