@@ -188,24 +188,54 @@ static void grant_load(void)
         vgpu_log(0, "cannot read the grant %s (%s); refusing to run without it", path, strerror(errno));
         _exit(78);
     }
+    /* the whole file or nothing: a file that does not fit, holds a NUL byte, ends in a line
+     * without its newline (cut short) or names more settings than GRANT_MAX lost what came after
+     * the cut, and a name it lost would be read from the environment (HAMI_GRANT_DEVICES missing:
+     * every device the process sees is its grant's). Review, 1 Dec: a pod's 66,000-byte
+     * GPU_CORE_UTILIZATION_POLICY pushed the device list past the buffer. */
     static char text[65536];
     size_t have = 0;
     ssize_t n = 0;
     while (have < sizeof text - 1 && (n = read(fd, text + have, sizeof text - 1 - have)) > 0)
         have += (size_t)n;
+    if (n > 0) { /* the buffer is full: is there more? */
+        char more;
+        n = read(fd, &more, 1);
+        if (n > 0) {
+            long long size = (long long)lseek(fd, 0, SEEK_END); /* not fstat: glibc 2.33's symbol */
+            close(fd);
+            vgpu_log(0, "the grant %s (%lld bytes) is larger than the %zu bytes libvgpu reads of it; refusing "
+                     "to run without all of it", path, size, sizeof text - 1);
+            _exit(78);
+        }
+    }
     close(fd);
     if (n < 0) {
         vgpu_log(0, "cannot read the grant %s (%s); refusing to run without it", path, strerror(errno));
         _exit(78);
     }
     text[have] = 0;
-    for (char *line = text, *next; line && *line && g_grant_count < GRANT_MAX; line = next) {
+    if (memchr(text, 0, have)) {
+        vgpu_log(0, "the grant %s (%zu bytes) holds a NUL byte; refusing to run without all of it", path, have);
+        _exit(78);
+    }
+    if (have && text[have - 1] != '\n') {
+        vgpu_log(0, "the grant %s (%zu bytes) does not end with a line break (cut short?); refusing to run "
+                 "without all of it", path, have);
+        _exit(78);
+    }
+    for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next)
             *next++ = 0;
         char *eq = strchr(line, '=');
         if (!eq || eq == line || line[0] == '#')
             continue;
+        if (g_grant_count == GRANT_MAX) {
+            vgpu_log(0, "the grant %s (%zu bytes) names more than %d settings; refusing to run without all of them",
+                     path, have, GRANT_MAX);
+            _exit(78);
+        }
         *eq = 0;
         g_grant_names[g_grant_count] = line;
         g_grant_values[g_grant_count] = eq + 1;

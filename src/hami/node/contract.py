@@ -220,6 +220,18 @@ def libvgpu_names() -> tuple[str, ...]:
     return (*grant, *per_device, TASK_PRIORITY, CORE_POLICY, CONTEXT_SIZE, TEST_STALL, *tuning, GRANT_DEVICES)
 
 
+#: the longest value the grant file copies from a pod's spec (``CUDA_TASK_PRIORITY``,
+#: ``GPU_CORE_UTILIZATION_POLICY``: a few characters each when valid); a longer one is refused
+SPEC_VALUE_MAX = 256
+#: the longest grant file written: far below what libvgpu reads of it (64 KiB less one byte,
+#: native/libvgpu/config.c, which refuses a longer file)
+GRANT_FILE_MAX = 16384
+
+
+def _shorten(value: str, keep: int = 32) -> str:
+    return value if len(value) <= keep else f"{value[:keep]}..."
+
+
 def grant_file(env: Mapping[str, str], spec_env: Mapping[str, str], devices: Sequence[str] = ()) -> str:
     """The grant file's text (``NAME=value`` lines): every variable of :func:`libvgpu_names`,
     the grant's value (from ``env``, a :func:`limit_env`), else for ``CUDA_TASK_PRIORITY`` and
@@ -229,18 +241,40 @@ def grant_file(env: Mapping[str, str], spec_env: Mapping[str, str], devices: Seq
     takes its settings from, over the container's environment: a pod's ``envFrom`` (which no
     admission rule reads) or its image's ``ENV`` then changes no limit (docs/security.md).
     ``devices``: the granted GPUs' UUIDs (``HAMI_GRANT_DEVICES``): libvgpu gives no device to a
-    process that sees another (a pod's own ``NVIDIA_VISIBLE_DEVICES``); none: no check."""
-    values = {n: "" for n in libvgpu_names()}
+    process that sees another (a pod's own ``NVIDIA_VISIBLE_DEVICES``); none: no check.
+
+    What the node decides comes first (``HAMI_GRANT_DEVICES``, then the limits), a value taken
+    from the pod's spec last, and such a value is refused (ValueError naming it) over
+    :data:`SPEC_VALUE_MAX` bytes or with a control character: the file stays far below what
+    libvgpu reads of it (review, 1 Dec: a 66,000-byte policy pushed the device list past it)."""
+    from_spec = (TASK_PRIORITY, CORE_POLICY)
+    order = (GRANT_DEVICES, *(n for n in libvgpu_names() if n not in (GRANT_DEVICES, *from_spec)), *from_spec)
+    values = dict.fromkeys(order, "")
     if devices:
         values[GRANT_DEVICES] = ",".join(devices)
-    for name in (TASK_PRIORITY, CORE_POLICY):
-        if spec_env.get(name) is not None:
-            values[name] = spec_env[name]
+    for name in from_spec:
+        value = spec_env.get(name)
+        if value is None or name in env:
+            continue
+        size = len(value.encode())
+        if size > SPEC_VALUE_MAX:
+            raise ValueError(
+                f"grant file: the pod spec's {name}={_shorten(value)!r} is {size} bytes, "
+                f"longer than the {SPEC_VALUE_MAX} the grant takes"
+            )
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError(
+                f"grant file: the pod spec's {name}={_shorten(value)!r} holds a line break or other control character"
+            )
+        values[name] = value
     values.update({k: v for k, v in env.items() if k in values})
     for name, value in values.items():
         if "\n" in value:
             raise ValueError(f"grant file: {name}={value!r} holds a line break")
-    return "".join(f"{k}={v}\n" for k, v in values.items())
+    text = "".join(f"{k}={v}\n" for k, v in values.items())
+    if len(text.encode()) > GRANT_FILE_MAX:
+        raise ValueError(f"grant file: {len(text.encode())} bytes, more than {GRANT_FILE_MAX}")
+    return text
 
 
 def sealed_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -183,14 +183,29 @@ def uses_disable_control(pod: Any) -> list[str]:
 VISIBLE_DEVICES_OK = frozenset({"none", "void"})
 
 
+#: the values of ``GPU_CORE_UTILIZATION_POLICY`` a pod may set (empty: unset, the default), in
+#: any letter case as libvgpu reads them (HAMi-core reads ``force``/``FORCE`` and
+#: ``disable``/``DISABLE``, anything else as the default)
+CORE_POLICIES = ("", "default", "force", "disable")
+
+
+def core_policy_ok(value: Any) -> bool:
+    """Whether a literal ``GPU_CORE_UTILIZATION_POLICY`` value is one of :data:`CORE_POLICIES`."""
+    text = "" if value is None else str(value)
+    return text.isascii() and text.lower() in CORE_POLICIES
+
+
 def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     """Why a device pod's env may not be admitted ("" when it may): a variable the grant sets
     (:func:`hami.core.names.grant_env`: a pod's env comes after the device plugin's in the
     runtime's list, so ``CUDA_DEVICE_MEMORY_LIMIT_0=0`` would lift the memory limit),
     ``NVIDIA_VISIBLE_DEVICES`` other than none/void (``all``: every GPU of the node), or
     ``CUDA_TASK_PRIORITY`` in a container that does not ask for that priority with the priority
-    resource (the webhook then writes the resource's value over it, as HAMi's does). A value
-    from ``valueFrom`` counts as set. (``envFrom`` cannot be read here: docs/security.md.)"""
+    resource (the webhook then writes the resource's value over it, as HAMi's does), or a
+    literal ``GPU_CORE_UTILIZATION_POLICY`` other than :data:`CORE_POLICIES` (review, 1 Dec: a
+    66,000-character one, copied into the grant file, pushed the device list out of what libvgpu
+    read). A value from ``valueFrom`` counts as set; the policy's cannot be read here (the grant
+    file takes only a literal one). (``envFrom`` cannot be read here: docs/security.md.)"""
     nvidia = s.nvidia
     priority = nvidia.resources.priority if nvidia is not None else None
     for c in _containers(pod):
@@ -208,7 +223,15 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
             elif name in (names.ENV_TASK_PRIORITY, names.ENV_CORE_POLICY) and any(
                 ord(ch) < 32 for ch in str(value or "")
             ):
-                why = f"its value {value!r} holds a control character (the grant file is one line per setting)"
+                why = (
+                    f"its value {_shown(str(value))} holds a control character (the grant file is one line per setting)"
+                )
+            elif name == names.ENV_CORE_POLICY and "valueFrom" not in e and not core_policy_ok(value):
+                return (
+                    f"container {c.get('name')!r}: env {name}={_shown(str(value))} is not a compute "
+                    f"policy: only {', '.join(CORE_POLICIES[1:])} (any letter case) or empty may be set "
+                    "(docs/security.md)"
+                )
             if why:
                 return (
                     f"container {c.get('name')!r}: env {name} may not be set in a pod that asks for a device: "
