@@ -351,18 +351,24 @@ async def test_a_filter_mode_decision_patch_refused_leaves_its_node_not_busy():
     assert ext.busy_nodes() == {}
 
 
+async def _bind_waiting_on_a_lock(bind_timeout: float):
+    """Pod "a" filtered, and its Bind started and waiting for the node lock a live pod holds."""
+    svc, api, ext = _filtered()
+    chosen = await _chosen(svc)
+    hold_lock_for_busy_pod(svc, api, chosen)
+    ext.lock_retry_timeout = 28.0
+    ext.bind_timeout = bind_timeout
+    binding = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
+    await asyncio.sleep(0.2)
+    return svc, api, ext, chosen, binding
+
+
 async def test_a_filter_of_a_pod_whose_bind_is_under_way_is_refused_and_its_reservation_stands():
     """Found by review (1 Dec): kube-scheduler filtering a pod again while this replica still ran
     its Bind (a kube-scheduler restart, a Bind past kube-scheduler's timeout) dropped the Bind's
     reservation and decided again; the Bind then posted its decision anyway, and the GPU was
     counted at 1200 MiB of 1000 with both pods bound there."""
-    svc, api, ext = _filtered()
-    chosen = await _chosen(svc)
-    hold_lock_for_busy_pod(svc, api, chosen)
-    ext.lock_retry_timeout = 28.0
-    ext.bind_timeout = 1.0
-    binding = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
-    await asyncio.sleep(0.2)  # waiting for the node lock
+    svc, api, ext, chosen, binding = await _bind_waiting_on_a_lock(1.0)
     refused = await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
     assert "a Bind of it to node" in refused["Error"] and "under way" in refused["Error"]
     assert svc.state.ledger.is_reserved("uid-a") and svc.state.ledger.pod("uid-a").node == chosen
@@ -372,13 +378,7 @@ async def test_a_filter_of_a_pod_whose_bind_is_under_way_is_refused_and_its_rese
 
 
 async def test_a_bind_whose_reservation_was_dropped_while_it_waited_posts_nothing():
-    svc, api, ext = _filtered()
-    chosen = await _chosen(svc)
-    hold_lock_for_busy_pod(svc, api, chosen)
-    ext.lock_retry_timeout = 28.0
-    ext.bind_timeout = 2.0
-    binding = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
-    await asyncio.sleep(0.2)
+    svc, api, ext, chosen, binding = await _bind_waiting_on_a_lock(2.0)
     svc.state.restore_pod("uid-a", "ns", "a")  # e.g. dropped by a relist while the Bind waited
     busy = api.pods["busy"]
     busy["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
@@ -415,13 +415,7 @@ async def test_a_late_bind_of_a_deleted_pod_does_not_clear_the_guard_of_the_live
     """Found by the regression review (1 Dec): the guard was keyed by name; a late Bind of the
     deleted incarnation overwrote and then removed the live pod's entry, so a Filter of the live
     pod was accepted while its Bind still ran."""
-    svc, api, ext = _filtered()
-    chosen = await _chosen(svc)
-    hold_lock_for_busy_pod(svc, api, chosen)
-    ext.lock_retry_timeout = 28.0
-    ext.bind_timeout = 1.0
-    live = asyncio.ensure_future(ext.bind(_bind("a", chosen)))
-    await asyncio.sleep(0.2)
+    svc, api, ext, chosen, live = await _bind_waiting_on_a_lock(1.0)
     assert (await ext.bind(_bind("a", chosen, uid="uid-old")))["Error"]  # the late one
     refused = await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"]))
     assert "under way" in refused["Error"]
