@@ -239,6 +239,20 @@ static int slot_dead(const vgpu_slot *s, int pid, uint32_t ns)
  * driver's with them, are not closed yet. Its memory is given back within moments: an allocation
  * refused meanwhile waits for it (vgpu_reserve) rather than failing. */
 static int g_exiting;
+/* When this process first saw each slot's process exiting (its PID): one whose main thread
+ * exited while other threads run on reads so for as long as it lives, and is waited for only
+ * during its first 2 s, not on every refusal (regression review, 1 Dec). */
+static struct {
+    int pid;
+    long long since_ms;
+} g_exit_seen[VGPU_PROC_SLOTS];
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int reap_locked(void)
 {
@@ -256,8 +270,14 @@ static int reap_locked(void)
             LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
             slot_clear(s);
             reaped++;
-        } else if (ns && ns == g_pidns && !pid_alive(pid)) {
-            g_exiting++; /* (slot_dead: its byte is held) */
+        } else if (ns && ns == g_pidns && !pid_alive(pid)) { /* (slot_dead: its byte is held) */
+            long long now = now_ms();
+            if (g_exit_seen[i].pid != pid) {
+                g_exit_seen[i].pid = pid;
+                g_exit_seen[i].since_ms = now;
+            }
+            if (now - g_exit_seen[i].since_ms < 2000)
+                g_exiting++;
         }
     }
     while (n > 0 && __atomic_load_n(&vgpu_reg->procs[n - 1].pid, __ATOMIC_ACQUIRE) == 0 &&

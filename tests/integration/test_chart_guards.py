@@ -285,6 +285,13 @@ def test_device_pod_guard_enforces_the_webhooks_rules_on_pods_that_skip_it(kube_
         assert "'main'" in message and "GPU_CORE_UTILIZATION_POLICY=disable" in message
         create(allowed, _pod("policy-off", scheduler, env=policy_off))
         create(plain, _pod("policy-force", scheduler, env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}]))
+        # a policy the grant file cannot take (review, 1 Dec: 66,000 characters pushed the device
+        # list out of what libvgpu reads) is refused; any other is HAMi's to read (unknown: default)
+        create(plain, _pod("policy-other", scheduler, env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "enable"}]))
+        for i, value in enumerate(("x" * 300, "default\n")):
+            env = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": value}]
+            message = _denied(lambda env=env, i=i: create(plain, _pod(f"policy-bad-{i}", scheduler, env=env)))
+            assert "'main' sets GPU_CORE_UTILIZATION_POLICY=" in message and "longer than 256" in message
 
         # the grant's own variables (a pod's env comes after the device plugin's, so these would
         # replace the grant's values), in any container, even where isolation may be switched off

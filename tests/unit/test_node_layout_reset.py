@@ -88,3 +88,24 @@ def test_what_an_earlier_agent_left_aside_is_removed_at_start(tmp_path):
     remove_trash(str(containers))
     _settle(containers)
     assert sorted(p.name for p in containers.iterdir()) == ["uid_main"]
+
+
+def test_the_grant_files_temporary_copy_is_made_where_no_container_writes(tmp_path, monkeypatch):
+    """Regression review (1 Dec): the temporary file was made in the region directory, which the
+    claim's running containers write: swapped for a link before the rename (inotify tells when),
+    the link landed at the grant's name, and the next container's mount resolved it to a host
+    file. It is made in the directory above (the agent's alone) and renamed in."""
+    region = tmp_path / "claims" / "uid1"
+    region.mkdir(parents=True)
+    made_in: list[str] = []
+    real = layout.tempfile.mkstemp
+
+    def recording(*args, **kwargs):
+        made_in.append(str(kwargs.get("dir")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layout.tempfile, "mkstemp", recording)
+    write_grant(str(region), "HAMI_GRANT_DEVICES=GPU-1\n")
+    assert made_in == [str(tmp_path / "claims")]
+    assert (region / GRANT_FILE).read_text() == "HAMI_GRANT_DEVICES=GPU-1\n"
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == ["uid1"]  # nothing left beside it

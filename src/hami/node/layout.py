@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from hami.core import names
 
-from .files import remove_tree, write_atomic
+from .files import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +191,26 @@ def _remove_quietly(path: str) -> None:
 
 def write_grant(cache_dir: str, text: str) -> None:
     """The grant file (:data:`GRANT_FILE`) in a container's region directory, readable by any UID
-    (the container mounts it read-only over the same name). Written to a new file and renamed
-    over the name, which replaces whatever is there (a link included) and follows nothing: the
-    directory is the container's to write, and writing through a link it planted overwrote a
-    file of the host as root (found by review, 1 Dec)."""
-    write_atomic(Path(cache_dir, GRANT_FILE), text, 0o644)
+    (the container mounts it read-only over the same name). Written to a new file in the
+    directory *above* (``containers/``, ``claims/``: the node agent's alone, the same file
+    system) and renamed over the name, which replaces whatever is there (a link included) and
+    follows nothing. The region directory is the containers' to write: writing through a link
+    they planted at the name overwrote a file of the host as root (found by review, 1 Dec), and a
+    temporary file made in it could be swapped for a link before the rename, which then put the
+    link at the grant's name for the next container's mount to resolve (regression review)."""
+    target = Path(cache_dir, GRANT_FILE)
+    parent = target.parent.parent
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.parent.name}.{GRANT_FILE}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def make_claim_dir(paths: HookPaths, uid: str) -> str:

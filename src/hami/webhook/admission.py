@@ -183,16 +183,16 @@ def uses_disable_control(pod: Any) -> list[str]:
 VISIBLE_DEVICES_OK = frozenset({"none", "void"})
 
 
-#: the values of ``GPU_CORE_UTILIZATION_POLICY`` a pod may set (empty: unset, the default), in
-#: any letter case as libvgpu reads them (HAMi-core reads ``force``/``FORCE`` and
-#: ``disable``/``DISABLE``, anything else as the default)
-CORE_POLICIES = ("", "default", "force", "disable")
+#: the longest literal ``GPU_CORE_UTILIZATION_POLICY`` admitted: what the grant file takes of a
+#: pod's value (:data:`hami.node.contract.SPEC_VALUE_MAX`, refused at Allocate past it). Any
+#: shorter value is admitted as HAMi's webhook admits it: libvgpu and HAMi-core read ``force`` and
+#: ``disable`` and take anything else as the default
+CORE_POLICY_MAX = 256
 
 
 def core_policy_ok(value: Any) -> bool:
-    """Whether a literal ``GPU_CORE_UTILIZATION_POLICY`` value is one of :data:`CORE_POLICIES`."""
-    text = "" if value is None else str(value)
-    return text.isascii() and text.lower() in CORE_POLICIES
+    """Whether a literal ``GPU_CORE_UTILIZATION_POLICY`` value fits the grant file."""
+    return len(("" if value is None else str(value)).encode()) <= CORE_POLICY_MAX
 
 
 def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
@@ -202,7 +202,7 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
     ``NVIDIA_VISIBLE_DEVICES`` other than none/void (``all``: every GPU of the node), or
     ``CUDA_TASK_PRIORITY`` in a container that does not ask for that priority with the priority
     resource (the webhook then writes the resource's value over it, as HAMi's does), or a
-    literal ``GPU_CORE_UTILIZATION_POLICY`` other than :data:`CORE_POLICIES` (review, 1 Dec: a
+    literal ``GPU_CORE_UTILIZATION_POLICY`` longer than :data:`CORE_POLICY_MAX` (review, 1 Dec: a
     66,000-character one, copied into the grant file, pushed the device list out of what libvgpu
     read). A value from ``valueFrom`` counts as set; the policy's cannot be read here (the grant
     file takes only a literal one). (``envFrom`` cannot be read here: docs/security.md.)"""
@@ -228,9 +228,9 @@ def reserved_env_error(pod: Mapping[str, Any], s: AdmissionSettings) -> str:
                 )
             elif name == names.ENV_CORE_POLICY and "valueFrom" not in e and not core_policy_ok(value):
                 return (
-                    f"container {c.get('name')!r}: env {name}={_shown(str(value))} is not a compute "
-                    f"policy: only {', '.join(CORE_POLICIES[1:])} (any letter case) or empty may be set "
-                    "(docs/security.md)"
+                    f"container {c.get('name')!r}: env {name}={_shown(str(value))} is "
+                    f"{len(str(value).encode())} bytes, longer than the {CORE_POLICY_MAX} the grant file takes "
+                    "(the policies are default, force and disable; docs/security.md)"
                 )
             if why:
                 return (
