@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.node import layout
+from hami.node import files, layout
 from hami.node.layout import GRANT_FILE, TRASH_PREFIX, remove_trash, reset_cache_dir, write_grant
 
 
@@ -98,13 +98,13 @@ def test_the_grant_files_temporary_copy_is_made_where_no_container_writes(tmp_pa
     region = tmp_path / "claims" / "uid1"
     region.mkdir(parents=True)
     made_in: list[str] = []
-    real = layout.tempfile.mkstemp
+    real = files.tempfile.mkstemp
 
     def recording(*args, **kwargs):
         made_in.append(str(kwargs.get("dir")))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(layout.tempfile, "mkstemp", recording)
+    monkeypatch.setattr(files.tempfile, "mkstemp", recording)
     write_grant(str(region), "HAMI_GRANT_DEVICES=GPU-1\n")
     assert made_in == [str(tmp_path / "claims")]
     assert (region / GRANT_FILE).read_text() == "HAMI_GRANT_DEVICES=GPU-1\n"

@@ -89,15 +89,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> Path:
+def write_atomic(
+    path: str | os.PathLike, data: str | bytes, mode: int = 0o644, tmp_dir: str | os.PathLike | None = None
+) -> Path:
     """Replace ``path`` with ``data`` (text is UTF-8) atomically and durably, file mode ``mode``;
-    the parent directories are created. Returns the path. Raises :class:`WriteError` (an
-    ``OSError``) naming the path; the temporary file is removed on any failure."""
+    the parent directories are created. ``tmp_dir``: where the temporary file is made (default
+    the target's directory; the same file system), e.g. one no one else writes when the target's
+    directory is a container's. Returns the path. Raises :class:`WriteError` (an ``OSError``)
+    naming the path; the temporary file is removed on any failure."""
     target = Path(path)
     raw = data.encode() if isinstance(data, str) else data
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        fd, tmp = tempfile.mkstemp(dir=tmp_dir or target.parent, prefix=f".{target.name}.")
     except OSError as exc:
         raise WriteError(f"{target}: cannot write ({exc.strerror or exc})") from exc
     try:

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from hami.core import names
 
-from .files import remove_tree
+from .files import remove_tree, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -199,18 +198,7 @@ def write_grant(cache_dir: str, text: str) -> None:
     temporary file made in it could be swapped for a link before the rename, which then put the
     link at the grant's name for the next container's mount to resolve (regression review)."""
     target = Path(cache_dir, GRANT_FILE)
-    parent = target.parent.parent
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.parent.name}.{GRANT_FILE}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(text.encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, text, 0o644, tmp_dir=target.parent.parent)
 
 
 def make_claim_dir(paths: HookPaths, uid: str) -> str:
