@@ -671,3 +671,17 @@ def test_a_core_policy_with_a_control_character_is_refused(value):
     break in it failed Allocate (the device plugin refuses to write it), so it is refused here."""
     d = decide(pod(GPU, env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": value}]), S, {})
     assert not d.allowed and "GPU_CORE_UTILIZATION_POLICY" in d.message and "control character" in d.message, d
+
+
+def test_a_device_selection_the_scheduler_would_refuse_is_refused_at_creation():
+    """Found by review, 1 Dec: a pod with 65 distinct nvidia.com/use-gputype entries was admitted
+    and then refused at every Filter (a FilteringFailed event per retry); the webhook now reads the
+    selection of each vendor the pod asks for and refuses it, naming the annotation. A pod that asks
+    for no GPU keeps its annotations unread, and 64 entries are still admitted."""
+    many = ",".join(f"x{i}" for i in range(65))
+    d = decide(pod(GPU, annotations={"nvidia.com/use-gputype": many}), S)
+    assert not d.allowed and d.code == 400, d
+    assert "annotation nvidia.com/use-gputype: 65 distinct device types listed" in d.message
+    assert decide(pod({"cpu": 1}, annotations={"nvidia.com/use-gputype": many}), S).allowed
+    at_cap = ",".join(["A100"] + [f"x{i}" for i in range(63)])
+    assert decide(pod(GPU, annotations={"nvidia.com/use-gputype": at_cap}), S).allowed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import RequestError
+from .errors import CoreError, RequestError
 from .types import ContainerKind, ContainerRequest, PodRequest
 
 
@@ -76,20 +76,29 @@ def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, boo
     spec = out.get("spec") or {}
     if not spec.get("containers"):
         raise RequestError(f"pod {pod_name(pod)}: spec.containers: pod has no containers")
-    uses = False
     asking = 0
+    used: dict[int, Any] = {}  # the vendors some container asks for, by identity
     for container, _ in ordered_containers(out):
         mine = False
         for vendor in vendors:
             try:
-                mine = vendor.admit_container(container, out) or mine
+                if vendor.admit_container(container, out):
+                    mine = True
+                    used.setdefault(id(vendor), vendor)
             except RequestError as exc:
                 raise RequestError(f"pod {pod_name(pod)}: {exc}") from None
         asking += mine
         if asking > MAX_DEVICE_CONTAINERS:
             raise _too_many(pod)
-        uses = uses or mine
-    return out, uses
+    # The pod's device selection (use/nouse type and UUID lists) is read at every Filter: one the
+    # scheduler would refuse (e.g. over MAX_TYPE_ENTRIES types) is refused here, at creation.
+    annotations = (out.get("metadata") or {}).get("annotations") or {}
+    for vendor in used.values():
+        try:
+            vendor.selection(annotations)
+        except CoreError as exc:
+            raise RequestError(f"pod {pod_name(pod)}: {exc}") from None
+    return out, bool(used)
 
 
 def pod_request(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodRequest:
