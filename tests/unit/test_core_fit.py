@@ -270,6 +270,22 @@ def test_shrink_after_init_containers_succeed():
     }
     assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000
     p["status"] = {"initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}]}
+    # Found by review, 1 Dec: the kubelet runs the init containers again (with their grants) after
+    # a new sandbox unless restartPolicy is Never, and whenever a container's RestartAllContainers
+    # rule fires (beta, on in 1.37): shrinking then let another pod be given the memory the re-run
+    # init container used. Only a pod whose init containers cannot run again shrinks.
+    assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000  # restartPolicy Always (default)
+    p["spec"]["restartPolicy"] = "OnFailure"
+    assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000
+    p["spec"]["restartPolicy"] = "Never"
+    assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 1000
+    rule = [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [42]}}]
+    p["spec"]["containers"][0]["restartPolicyRules"] = rule
+    assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000
+    del p["spec"]["containers"][0]["restartPolicyRules"]
+    p["spec"]["containers"][0]["restartPolicy"] = "OnFailure"  # ContainerRestartRules
+    assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 8000
+    p["spec"]["containers"][0]["restartPolicy"] = "Never"
     assert allocation_from_pod(p, CONFIG.vendors).usage[0].mem == 1000
     p["status"]["phase"] = "Succeeded"
     assert allocation_from_pod(p, CONFIG.vendors) is None

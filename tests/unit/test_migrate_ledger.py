@@ -25,7 +25,8 @@ def _node(mode: str = "hami-core") -> dict:
 
 
 def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True) -> dict:
-    """A running pod HAMi bound to n1, its init containers finished (exit 0) when ``inits_done``."""
+    """A running pod HAMi bound to n1, its init containers finished (exit 0) when ``inits_done``;
+    ``restartPolicy: Never``, so finished init containers cannot run again and their grants end."""
     done = {"terminated": {"exitCode": 0}} if inits_done else {"running": {}}
     return {
         "metadata": {
@@ -40,6 +41,7 @@ def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True)
         },
         "spec": {
             "nodeName": "n1",
+            "restartPolicy": "Never",
             "initContainers": [{"name": f"init{i}"} for i in range(inits)],
             "containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(apps)],
         },

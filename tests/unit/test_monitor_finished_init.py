@@ -22,6 +22,7 @@ def _pod(init_states: dict[str, dict], sidecars=()) -> dict:
         "metadata": {"name": "web", "namespace": "team", "uid": "uid-1"},
         "spec": {
             "nodeName": "n1",
+            "restartPolicy": "Never",  # an init container of another policy may run again: never finished
             "initContainers": [
                 {"name": n, **({"restartPolicy": "Always"} if n in sidecars else {})} for n in init_states
             ],

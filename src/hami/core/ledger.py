@@ -916,9 +916,35 @@ def _current_id(device_id: str, readers: Sequence[Any]) -> str:
     return device_id
 
 
+def init_containers_may_run_again(spec: Mapping[str, Any]) -> bool:
+    """Whether the kubelet may run a pod's classic init containers again while the pod lives,
+    with the grants they were given: a new pod sandbox (a node reboot, the pause process killed
+    from a container sharing its process namespace) re-runs them in a pod whose
+    ``restartPolicy`` is not ``Never``, and a container's ``restartPolicyRules`` can restart all
+    of the pod's containers, init ones first (RestartAllContainersOnContainerExits, beta and on
+    since Kubernetes 1.36), whenever the tenant likes. A regular container with a
+    ``restartPolicy`` of its own (ContainerRestartRules) counts too: the kubelet may then keep
+    the pod going through a new sandbox. Kubernetes itself holds an init container's CPU and
+    memory requests for the pod's whole life."""
+    if spec.get("restartPolicy") != "Never":
+        return True
+    if any(c.get("restartPolicyRules") for c in spec.get("initContainers") or () if isinstance(c, Mapping)):
+        return True
+    return any(
+        c.get("restartPolicyRules") or c.get("restartPolicy") not in (None, "Never")
+        for c in spec.get("containers") or ()
+        if isinstance(c, Mapping)
+    )
+
+
 def init_containers_done(pod: Mapping[str, Any]) -> bool:
-    """True when every classic init container terminated with exit code 0 (usage may shrink)."""
+    """True when every classic init container terminated with exit code 0 and cannot run again
+    (:func:`init_containers_may_run_again`): the pod's usage may shrink to its steady phase.
+    (HAMi shrinks it whatever the restart policy: a re-run init container then used GPU memory
+    another pod had been given since.)"""
     spec = pod.get("spec") or {}
+    if init_containers_may_run_again(spec):
+        return False
     classic = [c.get("name") for c in spec.get("initContainers") or () if c.get("restartPolicy") != "Always"]
     if not classic:
         return False

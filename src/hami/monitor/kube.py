@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
-from hami.core.ledger import init_offset
+from hami.core.ledger import init_containers_may_run_again, init_offset
 from hami.core.names import DEFAULT_PRIORITY, VGPU_MIG_ALLOCATIONS
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -145,8 +145,12 @@ def pod_claims(pod: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
 def finished_init_containers(pod: Any) -> frozenset[str]:
     """The pod's init containers that ran to their end and will not run again while the pod
     lives: terminated with exit code 0 (one that failed is run again, unless the pod fails with
-    it), and not sidecars (``restartPolicy: Always``, which the kubelet restarts)."""
+    it), and not sidecars (``restartPolicy: Always``, which the kubelet restarts). None in a pod
+    whose init containers the kubelet may run again
+    (:func:`hami.core.ledger.init_containers_may_run_again`: the scheduler keeps their grants)."""
     spec, status = pod.spec, pod.status
+    if spec is None or init_containers_may_run_again(_restart_view(spec)):
+        return frozenset()
     sidecars = (
         {c.name for c in (spec.init_containers or []) if getattr(c, "restart_policy", None) == "Always"}
         if spec
@@ -159,6 +163,19 @@ def finished_init_containers(pod: Any) -> frozenset[str]:
         if ended is not None and getattr(ended, "exit_code", None) == 0 and cs.name not in sidecars:
             done.add(cs.name)
     return frozenset(done)
+
+
+def _restart_view(spec: Any) -> dict:
+    """The fields of a pod spec (a client model) :func:`init_containers_may_run_again` reads."""
+
+    def ctr(c: Any) -> dict:
+        return {"restartPolicy": c.restart_policy, "restartPolicyRules": c.restart_policy_rules}
+
+    return {
+        "restartPolicy": spec.restart_policy,
+        "initContainers": [ctr(c) for c in spec.init_containers or ()],
+        "containers": [ctr(c) for c in spec.containers or ()],
+    }
 
 
 async def api_client(kubeconfig: str | None) -> Any:
