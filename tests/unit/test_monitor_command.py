@@ -66,7 +66,7 @@ def test_once_prints_the_metrics_of_every_region(tmp_path, capsys):
     assert main(["monitor", "--once", "--no-nvml", "--hook-path", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert (
-        f'hami_vgpu_memory_used_bytes{{container="main",device_uuid="GPU-x",namespace="",pod="{UID}",'
+        f'hami_vgpu_memory_used_bytes{{container="main",device_uuid="",namespace="",pod="{UID}",'
         f'vdevice_index="0",zone="vGPU"}} 12345.0'
     ) in out
     assert "hami_vgpu_memory_limit_bytes{" in out and "hami_build_info{" in out

@@ -37,7 +37,7 @@ def hook(tmp_path):
         procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 120 * MiB, 120 * MiB)}, sm_util={0: 30})],
     )
     (claims / f"{CLAIM_UID}.json").write_text(
-        json.dumps({"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID})
+        json.dumps({"namespace": "team-a", "name": "p1-hami-gpu-0-x7k", "uid": CLAIM_UID, "devices": ["GPU-a"]})
     )
     kit.write(claims / OTHER_UID / "r.cache", uuids=("GPU-b",))
     return tmp_path

@@ -327,8 +327,8 @@ def test_container_grants_come_from_the_allocation_annotation_and_the_priority_r
     ]
     got = container_grants(ann, containers, "nvidia.com/priority")
     assert got == (
-        ContainerGrant("main", ("GPU-1", "GPU-2"), 0),
-        ContainerGrant("mig", ("GPU-3", "MIG-x"), 1),
+        ContainerGrant("main", ("GPU-1", "GPU-2"), 0, memory_mib=(("GPU-1", 1000), ("GPU-2", 1000))),
+        ContainerGrant("mig", ("GPU-3", "MIG-x"), 1, memory_mib=()),  # a MIG instance's memory: the region's
     )
     assert container_grants({"hami.io/vgpu-devices-allocated": "garbage,x"}, containers, "nvidia.com/priority") == ()
     bad_prio = [ctr("main", **{"nvidia.com/priority": "high"})]
@@ -413,7 +413,7 @@ def test_the_metrics_show_a_container_only_on_the_gpus_its_pod_was_granted(tmp_p
     from hami.monitor.exporter import MonitorCollector
 
     _region(tmp_path, UID_A, uuids=("GPU-a", "GPU-v"), limits=(1 << 30, 1 << 30))
-    _region(tmp_path, UID_W, uuids=("GPU-w",))  # a pod without grants: as before
+    _region(tmp_path, UID_W, uuids=("GPU-w",))  # a pod without grants
     pods = _pods((UID_A, "main", ("GPU-a",), 1))
     pods[UID_W] = PodRef("ns", "pod-3333", UID_W)
 
@@ -425,10 +425,12 @@ def test_the_metrics_show_a_container_only_on_the_gpus_its_pod_was_granted(tmp_p
         return generate_latest(registry).decode()
 
     text = scrape(pods)
-    assert 'device_uuid="GPU-a"' in text and 'device_uuid="GPU-w"' in text
+    assert 'device_uuid="GPU-a"' in text
+    # the pod without grants keeps its series, named by vdevice_index alone (its UUID is its own word)
+    assert 'device_uuid="GPU-w"' not in text and 'device_uuid="",namespace="ns",pod="pod-3333"' in text
     assert 'device_uuid="GPU-v"' not in text
-    # before the grant check (no grants known for the pod), the region's word was taken
-    assert 'device_uuid="GPU-v"' in scrape({**pods, UID_A: PodRef("ns", "pod-1111", UID_A)})
+    # no grants known for the pod: the region's UUIDs are not exported at all
+    assert 'device_uuid="GPU-v"' not in scrape({**pods, UID_A: PodRef("ns", "pod-1111", UID_A)})
 
 
 def test_a_mig_container_is_matched_to_its_grant_as_libvgpu_spells_it(tmp_path):
@@ -457,8 +459,10 @@ def test_the_old_layout_is_told_by_the_resource_names_the_cluster_configured():
     containers = [NS(name="init", resources=None), NS(name="main", resources=NS(limits={"example.com/gpu": "1"}))]
     ann = {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,30:;"}
     named = container_grants(ann, containers, "nvidia.com/priority", 1, frozenset({"example.com/gpu"}))
-    assert named == (ContainerGrant("main", ("GPU-1",), 1),)
-    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (ContainerGrant("init", ("GPU-1",), 1),)
+    assert named == (ContainerGrant("main", ("GPU-1",), 1, memory_mib=(("GPU-1", 1000),)),)
+    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (
+        ContainerGrant("init", ("GPU-1",), 1, memory_mib=(("GPU-1", 1000),)),
+    )
 
 
 def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_gpu_container():
@@ -467,10 +471,14 @@ def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_
     neither exported nor fed back (the ledger and the device plugin read it past them)."""
     containers = [NS(name="istio-init", resources=None), NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}))]
     ann = {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,1000,30:;"}
-    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (ContainerGrant("main", ("GPU-1",), 1),)
+    assert container_grants(ann, containers, "nvidia.com/priority", 1) == (
+        ContainerGrant("main", ("GPU-1",), 1, memory_mib=(("GPU-1", 1000),)),
+    )
     # today's layout, the init container's own entry first, is read as it is
     today = {"hami.io/vgpu-devices-allocated": ";GPU-1,NVIDIA,1000,30:;"}
-    assert container_grants(today, containers, "nvidia.com/priority", 1) == (ContainerGrant("main", ("GPU-1",), 1),)
+    assert container_grants(today, containers, "nvidia.com/priority", 1) == (
+        ContainerGrant("main", ("GPU-1",), 1, memory_mib=(("GPU-1", 1000),)),
+    )
 
 
 def test_mig_series_name_the_container_the_old_layout_granted():

@@ -226,7 +226,9 @@ async def _dra_monitor_reading(tmp_path, pod: dict) -> dict:
         limits=(3000 * MiB,),
         procs=[kit.Proc(pid=7, hostpid=70, used={0: (0, 0, 1200 * MiB, 1200 * MiB)}, sm_util={0: 20})],
     )
-    (claims / "uid-c1.json").write_text(json.dumps({"namespace": "team-a", "name": "c1", "uid": "uid-c1"}))
+    (claims / "uid-c1.json").write_text(
+        json.dumps({"namespace": "team-a", "name": "c1", "uid": "uid-c1", "devices": ["GPU-dra-0"]})
+    )
     async with client.ApiClient() as api:
         v1pod = api._ApiClient__deserialize(pod, "V1Pod")
     meta = pod["metadata"]

@@ -52,6 +52,7 @@ from .region import Region, RegionError, read_region
 log = logging.getLogger(__name__)
 
 _DIGITS = re.compile(r"\d+")
+MIB = 1 << 20
 _MESSAGE_LIMIT = 400  # characters of a problem logged; the container writes what goes into it
 
 HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
@@ -98,6 +99,18 @@ class ContainerGrant:
     container: str
     uuids: tuple[str, ...]  # GPU UUIDs, and MIG device UUIDs in MIG mode
     priority: int
+    #: the memory granted on each device, MiB, as ``(UUID as the grant names it, MiB)`` (the
+    #: ``usedmem`` of the allocation annotation): exported as ``hami_vgpu_memory_limit_bytes``
+    #: in place of the region's ``limit``, which the container writes. None (or a device not
+    #: listed): the region's value, as before
+    memory_mib: tuple[tuple[str, int], ...] | None = None
+
+    def memory_bytes(self) -> dict[str, int]:
+        """:func:`device_key` -> the memory granted on that device, bytes (first entry wins)."""
+        out: dict[str, int] = {}
+        for uuid, mib in self.memory_mib or ():
+            out.setdefault(device_key(uuid), mib * MIB)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +168,9 @@ class ContainerReading:
     granted: Mapping[str, str] | None = None
     #: without ``granted``, the GPUs other grants name (:func:`taken_devices`), not exported
     taken: frozenset[str] = frozenset()
+    #: :func:`device_key` -> the memory its grant gives the container there, bytes
+    #: (:meth:`ContainerGrant.memory_bytes`): its limit series, in place of the region's own
+    granted_memory: Mapping[str, int] | None = None
 
 
 # name -> (help, HostGPU attribute (None leaves the series out), whether the labels start with "node")
@@ -180,6 +196,7 @@ _CTR_VALUES: dict[str, tuple[str, Callable[[Region, int, float], float | None]]]
         "Device memory the container's processes hold (library ledger)",
         lambda r, d, _: r.used(d).total,
     ),
+    # the grant's memory in place of this where the pod's grant says it (_container_metrics)
     "hami_vgpu_memory_limit_bytes": ("Device memory limit of the container", lambda r, d, _: r.limits[d]),
     "hami_container_device_memory_bytes": (
         "Same value as hami_vgpu_memory_used_bytes (HAMi name)",
@@ -213,6 +230,7 @@ _CTR_LEGACY = {
     "hami_container_last_kernel_elapsed_seconds": "Device_last_kernel_of_container",
 }
 DRIFT = "hami_vgpu_memory_drift_bytes"
+LIMIT = "hami_vgpu_memory_limit_bytes"
 REGIONS = "hami_monitor_regions"
 
 #: Every metric this collector can export, with its labels (zone included) — checked by tests
@@ -308,7 +326,9 @@ class MonitorCollector(Collector):
                 continue
             states["ok"] += 1
             granted = _granted(pod, d.container) if pods is not None else None
-            out.append(ContainerReading(d, pod, region, granted, taken if granted is None else frozenset()))
+            grant = pod.grant(d.container) if pods is not None else None
+            memory = grant.memory_bytes() if grant is not None and grant.memory_mib is not None else None
+            out.append(ContainerReading(d, pod, region, granted, taken if granted is None else frozenset(), memory))
         for c in claims:
             region = self._region(c.path, c.problem, c.region, states)
             if region is None:
@@ -459,11 +479,14 @@ class MonitorCollector(Collector):
                     continue
                 done.add(key)
                 # the UUID of the grant: libvgpu writes a MIG instance's as GPU-<bytes>, which
-                # names no device; the grant's MIG-<bytes> joins hami_mig_device_info
-                uuid = c.granted[key] if c.granted is not None else seen
+                # names no device; the grant's MIG-<bytes> joins hami_mig_device_info. Without a
+                # grant, none: the region's UUID is the container's to write (any string, or
+                # another tenant's GPU), so the series is named by vdevice_index alone
+                uuid = c.granted[key] if c.granted is not None else ""
                 labels = [c.pod.namespace, c.pod.name, c.dir.container, str(dev), uuid, ZONE]
+                limit = c.granted_memory.get(key) if c.granted_memory is not None else None
                 for name, (doc, value_of) in _CTR_VALUES.items():
-                    value = value_of(r, dev, now)
+                    value = limit if name == LIMIT and limit is not None else value_of(r, dev, now)
                     if value is None:
                         continue
                     fam(name, doc).add_metric(labels, value)
@@ -475,7 +498,9 @@ class MonitorCollector(Collector):
                     fam("Device_memory_desc_of_container", "Legacy: memory breakdown of the container").add_metric(
                         labels[:-1] + [str(u.context), str(u.module), str(u.buffer), str(offset), ZONE], u.total
                     )
-                drift = memory_drift(r, dev, gpus.get(uuid), contested)
+                # without a grant the region's UUID only picks the NVML device whose per-process
+                # memory of the region's own host PIDs is compared (never a label)
+                drift = memory_drift(r, dev, gpus.get(uuid or seen), contested)
                 if drift is not None:
                     fam(
                         DRIFT, "NVML per-process memory of the container's processes minus the library ledger"

@@ -113,12 +113,18 @@ def container_grants(
         mig = [replace(e, container=e.container + shift) for e in mig]
     out = []
     for i, c in enumerate(containers):
-        uuids = [d.uuid for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
+        devs = [d for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
+        uuids = [d.uuid for d in devs]
         for e in mig:
             if e.container == i:
                 uuids += [u for u in (e.gpu_uuid, e.mig_uuid) if u]
         if uuids:
-            out.append(ContainerGrant(c.name, tuple(dict.fromkeys(uuids)), _priority(c, priority_resource)))
+            # the memory the grant names, exported as the limit (a MIG instance has none here: the
+            # region's value stands for it)
+            memory = tuple((d.uuid, d.usedmem) for d in devs)
+            out.append(
+                ContainerGrant(c.name, tuple(dict.fromkeys(uuids)), _priority(c, priority_resource), memory_mib=memory)
+            )
     return tuple(out)
 
 

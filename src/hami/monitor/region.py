@@ -18,10 +18,20 @@ path is. It is opened only as a regular file of its own (:func:`_open_regular`):
 is refused (it could name another pod's region, or anything else the monitor can reach), the
 open never blocks (a FIFO would block it until a writer comes: for ever), and what was opened must
 be a regular file, checked on the descriptor.
+
+A process slot of our libvgpu carries a mark (its PID namespace, in the slot's padding at 1932)
+when its process holds an open-file-description (OFD) lock on byte ``size + 1 + index`` of the
+file; the kernel drops that lock when the process is gone, however it ended. A marked slot whose
+byte nobody holds is a dead process's: its charge is not counted (libvgpu clears such a slot only
+at its next allocation or exit, and a SIGKILLed process never reaches its ``atexit``). The byte is
+only queried (``F_OFD_GETLK``, which takes nothing), so the monitor holds no lock on the file and
+closing its descriptor releases nobody's. Unmarked slots (HAMi-core, v0) are judged by their status
+and PID alone, as HAMi's monitor does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import struct
@@ -31,6 +41,10 @@ MAGIC = 19920718
 MAX_DEVICES = 16
 MAX_PROCS = 1024
 UUID_LEN = 96
+#: ``fcntl`` command of an OFD lock query (36 on every Linux architecture; Python >= 3.9 names it)
+F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
+#: ``struct flock`` of LP64 Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid, padding
+_FLOCK = "hhqqi4x"
 
 
 class RegionError(ValueError):
@@ -55,6 +69,7 @@ class Layout:
     slot_util_stride: int
     slot_status: int
     slot_seqlock: int | None
+    slot_mark: int | None  # int32 PID-namespace mark of our libvgpu (0: none; see the module docstring)
     proc_num: int
     utilization_switch: int
     recent_kernel: int
@@ -77,6 +92,7 @@ V1 = Layout(
     slot_util_stride=48,
     slot_status=1928,
     slot_seqlock=1936,
+    slot_mark=1932,
     proc_num=2008896,
     utilization_switch=2008900,
     recent_kernel=2008904,
@@ -98,6 +114,7 @@ V0 = Layout(
     slot_util_stride=24,
     slot_status=1160,
     slot_seqlock=None,
+    slot_mark=None,
     proc_num=1197880,
     utilization_switch=1197884,
     recent_kernel=1197888,
@@ -121,7 +138,7 @@ class DeviceMemory:
 class ProcessSlot:
     pid: int
     hostpid: int
-    status: int  # 1 running, 2 suspended (0 = exited; such slots are not returned)
+    status: int  # 1 running, 2 suspended (0 = exited, or a marked slot whose lock byte is free: not returned)
     used: tuple[DeviceMemory, ...]  # per region device
     monitorused: tuple[int, ...]  # NVML usedGpuMemory written by the library's watcher
     sm_util: tuple[int, ...]
@@ -303,6 +320,10 @@ def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, rounds: 
     array: the cost is bounded per region (a container that keeps every sequence odd buys at most
     ``2 + rounds`` reads of its slot array), and a slot that never settles (its owner died
     mid-update) is taken from the last pass, at most one update off.
+
+    A slot with status 0 or PID 0 is not returned, nor a marked one (``slot_mark``) whose lock
+    byte no process holds (:func:`_slot_lock_free`): its process is gone (SIGKILL, ``_exit``,
+    ``exec``) with its charge still written.
     """
     if nproc == 0:
         return ()
@@ -329,6 +350,10 @@ def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, rounds: 
         pid, hostpid, status, parts = _slot(source[i], i * lay.slot_size, lay, ndev)
         if status == 0 or pid == 0:
             continue
+        if lay.slot_mark is not None:
+            (mark,) = struct.unpack_from("<i", source[i], i * lay.slot_size + lay.slot_mark)
+            if mark != 0 and _slot_lock_free(fd, lay.size + 1 + i):
+                continue
         used, monitorused, util = parts
         out.append(
             ProcessSlot(
@@ -336,6 +361,22 @@ def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, rounds: 
             )
         )
     return tuple(out)
+
+
+def _slot_lock_free(fd: int, offset: int) -> bool:
+    """Whether no open file description holds a lock on byte ``offset`` of ``fd``'s file.
+
+    ``F_OFD_GETLK`` only asks (the answer names a conflicting lock or ``F_UNLCK``); it takes no
+    lock, so nothing the monitor does to its descriptor can release a libvgpu process's. A
+    file system without OFD locks (the query fails) cannot tell: the slot counts, as libvgpu
+    counts it then.
+    """
+    query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        answer = fcntl.fcntl(fd, F_OFD_GETLK, query)
+    except OSError:
+        return False
+    return bool(struct.unpack(_FLOCK, answer)[0] == fcntl.F_UNLCK)
 
 
 def write_int32(path: str, field: str, value: int, layout: str = "v1") -> None:
