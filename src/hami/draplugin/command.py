@@ -348,11 +348,15 @@ async def _serve(
     book.restore(*record.load(boot))
     book.saved = lambda marks, notes: record.save(boot, marks, notes)
     # what this cluster keeps of a slice: once it refused the XID taints (before 1.35) or dropped
-    # device taints (the feature off), later publishes leave them out from the start
+    # device taints (the feature off), later publishes leave them out from the start. Whether it
+    # keeps device taints is not known at a start ("taints" None): a slice with taints is tried
+    # as a dry run first, so that a cluster dropping them never stores an unhealthy or cordoned
+    # GPU untainted, not even for the moment between a start's first publish and its fallback
+    # (found by review, 1 Dec)
     kept: dict[str, Any] = {
         "taint": None if args.unhealthy_taint == "none" else args.unhealthy_taint,
         "notes": True,
-        "taints": True,
+        "taints": None,
     }
     changed = asyncio.Event()
     cordons = CordonKeeper(args.node_name, changed)
@@ -363,6 +367,9 @@ async def _serve(
             kept["taints"] = False
         kept["notes"] = False
 
+    def taints_kept() -> None:  # a publish showed it: no dry run from now on
+        kept["taints"] = True
+
     async def publish() -> None:
         notes = book.notes() if kept["notes"] else None
         await publish_slice(
@@ -371,19 +378,17 @@ async def _serve(
             gpus,
             s,
             book.unhealthy(),
-            node_uid,
+            cordons.uid,  # the Node's UID as last seen (a Node made again has another)
             kept["taint"],
             mig,
             notes,
             fell_back,
             cordons.cordoned,
             kept["taints"],
+            taints_kept,
         )
 
-    node_uid = ""
-
     async def first_publish() -> bool:
-        nonlocal node_uid
         if args.apply_classes:
             await apply_device_classes(kube, args.extended_resource_name or None)
         try:
@@ -392,7 +397,6 @@ async def _serve(
             raise GarbledAnswer(f"Node {args.node_name}: the answer is not JSON ({exc})") from None
         if not isinstance(node, dict) or not isinstance(node.get("metadata"), dict):
             raise GarbledAnswer(f"Node {args.node_name}: the answer is no Node")
-        node_uid = node["metadata"].get("uid") or ""
         cordons.read(node)
         changed.clear()  # the first publish below has the cordons read
         await publish()
@@ -575,18 +579,34 @@ class SliceKeeper:
 
 class CordonKeeper:
     """Reflector handler for the agent's own Node: keeps the GPU UUIDs its ``hami.io/device-cordon``
-    annotation lists (:func:`hami.dra.model.cordoned_gpus`) and sets ``changed`` (publish again)
-    when they change. A list without the Node (an API that may not be read: the reflector's
-    optional resource) keeps what is known."""
+    annotation lists (:func:`hami.dra.model.cordoned_gpus`) and the Node's UID (the owner of the
+    node's ResourceSlices), and sets ``changed`` (publish again) when either changes. A list
+    without the Node (an API that may not be read: the reflector's optional resource) keeps what
+    is known.
+
+    The UID: the agent read it once at its start, so a Node deleted and made again (a new UID)
+    under a running agent had its slice published with the old Node as owner, which the garbage
+    collector deletes, the agent republishes, and so on for as long as the agent ran (found by
+    review, 1 Dec)."""
 
     def __init__(self, node: str, changed: asyncio.Event) -> None:
         self.node = node
         self.changed = changed
         self.cordoned: frozenset[str] = frozenset()
+        self.uid = ""
 
     def read(self, obj: dict) -> None:
-        if (obj.get("metadata") or {}).get("name") != self.node:
+        meta = obj.get("metadata") or {}
+        if meta.get("name") != self.node:
             return
+        uid = meta.get("uid")
+        if isinstance(uid, str) and uid and uid != self.uid:
+            if self.uid:
+                log.warning(
+                    "Node %s was made again (uid %s, was %s); its ResourceSlice follows it", self.node, uid, self.uid
+                )
+            self.uid = uid
+            self.changed.set()
         now = cordoned_gpus(obj)
         if now != self.cordoned:
             log.info("Node %s: cordoned GPUs (%s) now %s", self.node, DEVICE_CORDON, ", ".join(sorted(now)) or "none")

@@ -25,7 +25,10 @@ left under that UID.
 Dynamic MIG devices are made in prepare and destroyed in unprepare by the extender path's
 :class:`hami.node.mig.MigManager` and its own checkpoint (one entry per claim UID and
 result), which makes each step restart safe: an instance made for a claim whose prepare did not
-finish is reused when the kubelet retries, and at start-up (:meth:`Driver.recover_mig`) the
+finish is reused when the kubelet retries (only for the same GPU, profile and placement: a claim
+allocated again elsewhere under its UID gets new ones), an unprepare whose instance NVML refuses
+to destroy (processes still on it) fails and keeps the claim's record, so that the kubelet tries
+it again, and at start-up (:meth:`Driver.recover_mig`) the
 interrupted creations are undone and the instances of claims this plugin's checkpoint does not
 hold are destroyed.
 
@@ -57,7 +60,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 import grpc
 
 from hami.core.codec import MigAllocation
-from hami.node.mig import MigManager, PodRef
+from hami.node.mig import Entry, MigManager, PodRef
 from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document
@@ -358,7 +361,7 @@ class Driver:
                 if _UID.fullmatch(uid):
                     self._remove_files(Path(self.paths.cdi_file(uid)), Path(self.paths.claim_dir(uid)), uid)
                     # a prepare cut short (the kubelet's deadline) may have made instances it never recorded
-                    await self._destroy_mig(uid)
+                    await self._destroy_mig(uid, namespace, name, strict=True)
                 return False
             if unless_answered_since is not None and self.mark(uid) != unless_answered_since:
                 log.info("claim %s/%s (%s) was prepared again meanwhile; kept", namespace, name, uid)
@@ -376,7 +379,7 @@ class Driver:
             self._remove_files, Path(entry["cdi_file"]), Path(entry.get("claim_dir") or self.paths.claim_dir(uid)), uid
         )
         if entry.get("mig"):  # the instances first: a failure leaves the record for a retry
-            await self._destroy_mig(uid)
+            await self._destroy_mig(uid, namespace, name, strict=True)
         self.checkpoint.remove(uid)
         self._answered.pop(uid, None)
         log.info("unprepared claim %s/%s (%s)%s", namespace, name, uid, f": {why}" if why else "")
@@ -412,22 +415,41 @@ class Driver:
             return True
         return self.mig is not None and await _off_loop(self.mig.intact, uid)
 
-    async def _destroy_mig(self, uid: str) -> list[str]:
+    async def _destroy_mig(self, uid: str, namespace: str = "", name: str = "", strict: bool = False) -> list[str]:
         """Destroy the dynamic MIG instances made for claim ``uid`` (none: nothing to do). In a
         thread, the snapshot too: it waits on the manager's lock, which another claim's creation
-        holds for seconds, and on the event loop that stalled every call of the plugin."""
+        holds for seconds, and on the event loop that stalled every call of the plugin.
+
+        With ``strict`` (unprepare), an instance NVML refuses to destroy (``NVML_ERROR_IN_USE``:
+        processes on it) raises :class:`PrepareError` naming it: the caller keeps the claim's
+        record and the kubelet retries the unprepare. Before, the manager kept the instance's
+        entry, the unprepare answered success and removed the record, nothing tried again, and a
+        prepare of the same claim UID allocated elsewhere was handed the old instance (found by
+        review, 1 Dec)."""
         if self.mig is None:
             return []
         mig = self.mig
 
-        def collect() -> list[str]:
+        def collect() -> tuple[list[str], list[Entry]]:
             snap = mig.snapshot()  # instances other claims make from now on are spared
             others = {e.pod_uid for e in list(mig.entries.values())} - {uid}
-            return mig.collect(others, snap)
+            done = mig.collect(others, snap)
+            return done, mig.held(uid)
 
-        done = await _off_loop(collect)
+        done, left = await _off_loop(collect)
         for line in done:
             log.info("claim %s: %s", uid, line.replace("is gone", "is unprepared"))
+        if strict and left:
+            # the manager's lines: "pod <ref> is gone: cannot destroy GPU instance N (...) yet (<NVML error>); ..."
+            why = [line.split(": ", 1)[-1].split("; tried again")[0] for line in done if "cannot destroy" in line]
+            held = ", ".join(
+                f"GPU instance {e.gpu_instance_id} ({e.profile} at {e.start}) on {e.gpu_uuid}" for e in left
+            )
+            raise PrepareError(
+                f"claim {namespace}/{name} ({uid}): unprepare not finished, {'; '.join(why) or f'{held} still held'}; "
+                "the claim stays prepared and the kubelet tries its unprepare again",
+                "allocation",
+            )
         return done
 
     def reset_regions_after_boot(self, record: str | Path, boot_id: str) -> list[str]:

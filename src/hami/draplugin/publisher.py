@@ -4,11 +4,14 @@ Both are written with server-side apply (field manager ``hami-dra``), so a secon
 same content changes nothing and a restart never needs to read first. The pool generation goes up
 only when the devices change, in anything the slice says of them (attributes too), or the counter
 sets (kube-scheduler uses it to tell a newer pool from an older one).
-The slice is owned by its Node when the Node's UID is known, so deleting the Node removes it.
+The slice is owned by its Node when the Node's UID is known, so deleting the Node removes it
+(the agent follows the UID of the Node it watches: a Node deleted and made again gets a slice
+owned by the new one).
 An unhealthy GPU is published with a device taint (:func:`hami.dra.model.unhealthy_taint`); when
 the API server drops the taints (a cluster without device taints: ``DRADeviceTaints`` off before
 Kubernetes 1.37) the slice is published again without the unhealthy GPUs, so that they cannot be
-allocated as if healthy. A GPU's last non-fatal XID is published as an informational taint
+allocated as if healthy; until a publish has shown that the taints are kept (an agent's start), a
+slice with taints is applied as a dry run first, so that such a cluster never stores it. A GPU's last non-fatal XID is published as an informational taint
 (:func:`hami.dra.model.xid_taint`, effect ``None``); a cluster that drops it gets the same
 fallback, and one that refuses the effect (a server older than 1.35 with device taints on) gets
 the slice without the informational taints. A GPU the operator cordoned (the Node's
@@ -61,15 +64,13 @@ async def _answer(kube: KubeClient, method: str, path: str, *args: Any) -> Any:
         raise GarbledAnswer(f"{method} {path}: the answer is not JSON ({exc})") from None
 
 
-async def _apply(kube: KubeClient, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-    stored = await _answer(
-        kube,
-        "PATCH",
-        path,
-        [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")],
-        obj,
-        APPLY,
-    )
+async def _apply(kube: KubeClient, path: str, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    """Server-side apply ``obj``; with ``dry_run`` the API server answers what it would store (its
+    admission and its dropping of fields a disabled feature owns included) and stores nothing."""
+    query = [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")]
+    if dry_run:
+        query.append(("dryRun", "All"))
+    stored = await _answer(kube, "PATCH", path, query, obj, APPLY)
     if not isinstance(stored, dict):
         raise GarbledAnswer(f"PATCH {path}: the answer is no object ({type(stored).__name__})")
     return stored
@@ -112,7 +113,8 @@ async def publish_slice(
     notes: Mapping[str, int] | None = None,
     fell_back: Callable[[str], None] | None = None,
     cordoned: frozenset[str] = frozenset(),
-    device_taints: bool = True,
+    device_taints: bool | None = True,
+    taints_kept: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Apply the node's slices (one, or more with MIG: :func:`hami.dra.model.resource_slices`)
     and delete the parts a previous publish had beyond them; returns the first as the API server
@@ -123,9 +125,19 @@ async def publish_slice(
     them (the unhealthy and cordoned GPUs left out), and ``fell_back`` is told (``"notes"``,
     ``"taints"``), so that the caller's next publishes leave them out from the start: a slice
     naming an unhealthy or cordoned GPU untainted, even for a moment, lets kube-scheduler place a
-    claim on it."""
+    claim on it.
+
+    ``device_taints`` None: not known yet whether this cluster keeps device taints (an agent's
+    start). A slice with taints is then applied first as a dry run (``dryRun=All``: the API server
+    answers what it would store, and stores nothing); where the answer lacks the taints, only the
+    fallback slice is ever stored. Before, every start applied the tainted slice for real and
+    only then saw the taints dropped: for a moment the unhealthy and cordoned GPUs were
+    allocatable (found by review, 1 Dec). ``taints_kept`` is told when the API server kept the
+    taints of a slice that had some, so that the caller passes True from then on."""
     gpus = list(gpus)
-    wanted = resource_slices(node, gpus, settings, 1, unhealthy, taint, mig, notes, cordoned, device_taints)
+    wanted = resource_slices(
+        node, gpus, settings, 1, unhealthy, taint, mig, notes, cordoned, device_taints is not False
+    )
     current = [await _get(kube, f"{API}/resourceslices/{slice_name(node)}")]
     before = int(((current[0] or {}).get("spec") or {}).get("pool", {}).get("resourceSliceCount") or 1)
     for part in range(1, max(before, len(wanted))):
@@ -137,42 +149,42 @@ async def publish_slice(
         )
         for w in wanted:
             w["spec"]["pool"]["generation"] = generation if same else generation + 1
-    stored = []
-    for part, w in enumerate(wanted):
-        if node_uid:
-            w["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
-        try:
-            stored.append(await _apply(kube, f"{API}/resourceslices/{slice_name(node, part)}", w))
-        except KubeError as exc:
-            if exc.status != 422 or not notes:
-                raise
-            log.warning(
-                "ResourceSlice %s: the API server refused it (%s); publishing it without the "
-                "informational XID taints (effect None needs Kubernetes 1.35 or later)",
-                slice_name(node),
-                exc,
-            )
-            if fell_back is not None:
-                fell_back("notes")
-            return await publish_slice(
-                kube, node, gpus, settings, unhealthy, node_uid, taint, mig, None, fell_back, cordoned, device_taints
-            )
-    for part in range(len(wanted), len(current)):
-        if current[part] is not None:
-            await delete_slice(kube, node, part)
     tainted = set().union(*(_taints_of(w) for w in wanted))
-    if not tainted <= set().union(*(_taints_of(s) for s in stored)):
-        log.warning(
-            "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
-            "in this cluster); publishing it without the unhealthy and cordoned GPUs and the XID taints instead",
-            slice_name(node),
-            ", ".join(sorted({name for name, _ in tainted})),
-        )
-        if fell_back is not None:
-            fell_back("taints")
-        return await publish_slice(
-            kube, node, gpus, settings, unhealthy, node_uid, None, mig, None, fell_back, cordoned, False
-        )
+    # taints not known to be kept: a dry run first, which stores nothing
+    for dry in (True, False) if device_taints is None and tainted else (False,):
+        stored = []
+        for part, w in enumerate(_owned(wanted, node, node_uid)):
+            try:
+                stored.append(await _apply(kube, f"{API}/resourceslices/{slice_name(node, part)}", w, dry))
+            except KubeError as exc:
+                if exc.status != 422 or not notes:
+                    raise
+                _refused_notes(node, exc, fell_back)
+                return await publish_slice(
+                    kube,
+                    node,
+                    gpus,
+                    settings,
+                    unhealthy,
+                    node_uid,
+                    taint,
+                    mig,
+                    None,
+                    cordoned=cordoned,
+                    device_taints=device_taints,
+                    fell_back=fell_back,
+                    taints_kept=taints_kept,
+                )
+        if not dry:
+            for part in range(len(wanted), len(current)):
+                if current[part] is not None:
+                    await delete_slice(kube, node, part)
+        if not tainted <= set().union(*(_taints_of(s) for s in stored)):
+            return await _without_taints(
+                kube, node, gpus, settings, unhealthy, node_uid, mig, tainted, fell_back, cordoned
+            )
+    if tainted and taints_kept is not None:
+        taints_kept()
     log.info(
         "ResourceSlice %s: %d device(s) in %d slice(s), pool generation %d",
         slice_name(node),
@@ -181,6 +193,52 @@ async def publish_slice(
         wanted[0]["spec"]["pool"]["generation"],
     )
     return stored[0]
+
+
+def _owned(wanted: list[dict[str, Any]], node: str, node_uid: str) -> list[dict[str, Any]]:
+    """``wanted`` owned by the Node (when its UID is known): deleting the Node deletes them."""
+    if node_uid:
+        for w in wanted:
+            w["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
+    return wanted
+
+
+def _refused_notes(node: str, exc: KubeError, fell_back: Callable[[str], None] | None) -> None:
+    log.warning(
+        "ResourceSlice %s: the API server refused it (%s); publishing it without the "
+        "informational XID taints (effect None needs Kubernetes 1.35 or later)",
+        slice_name(node),
+        exc,
+    )
+    if fell_back is not None:
+        fell_back("notes")
+
+
+async def _without_taints(
+    kube: KubeClient,
+    node: str,
+    gpus: list[GpuLike],
+    settings: SliceSettings,
+    unhealthy: frozenset[str],
+    node_uid: str,
+    mig: Mapping[str, GpuMig] | None,
+    tainted: set[tuple[str, str]],
+    fell_back: Callable[[str], None] | None,
+    cordoned: frozenset[str],
+) -> dict[str, Any]:
+    """The API server did not keep the device taints: the slice without the unhealthy and
+    cordoned GPUs and the XID taints, and ``fell_back`` told (``"taints"``)."""
+    log.warning(
+        "ResourceSlice %s: the API server did not keep the device taints of %s (device taints are off "
+        "in this cluster); publishing it without the unhealthy and cordoned GPUs and the XID taints instead",
+        slice_name(node),
+        ", ".join(sorted({name for name, _ in tainted})),
+    )
+    if fell_back is not None:
+        fell_back("taints")
+    return await publish_slice(
+        kube, node, gpus, settings, unhealthy, node_uid, None, mig, None, fell_back, cordoned, False
+    )
 
 
 def _content(obj: dict[str, Any]) -> tuple[Any, ...]:

@@ -11,6 +11,9 @@ or when the claim's allocation has no result of this driver in this node's pool 
 unprepares before a claim is deallocated, so an entry left then is one it lost track of).
 A claim that a prepare answers while the sweep reads it (allocated here again meanwhile) is kept.
 
+A claim whose unprepare fails (a dynamic MIG instance NVML will not destroy while processes are
+still on it) is kept, counted as an error, and tried again by the next sweep.
+
 Nothing is removed on any other answer: an API error, a timeout or a malformed reply is logged and
 counted (``hami_dra_sweep_errors_total``), and the claim is kept until a later sweep can tell. A
 claim that still exists is kept even while it is being deleted (the kubelet unprepares it then).
@@ -121,7 +124,17 @@ async def sweep_once(
             "recreated": "the API server has another claim by its name",
             "deallocated": "its allocation has no device of this node any more",
         }[reason]
-        if await driver.release(namespace, name, uid, why=f"swept, {why}", unless_answered_since=mark):
+        try:
+            released = await driver.release(namespace, name, uid, why=f"swept, {why}", unless_answered_since=mark)
+        except Exception as exc:  # a MIG instance NVML will not destroy yet, a checkpoint write that
+            # failed: this claim stays recorded and is tried again by the next sweep, without a second
+            # grace period; the others are still swept (found by review, 1 Dec)
+            out.errors[uid] = str(exc) or type(exc).__name__
+            gone_since[uid] = first
+            log.warning("sweep: cannot unprepare claim %s/%s (%s), kept: %s", namespace, name, uid, exc)
+            driver.metrics.sweep_errors.inc()
+            continue
+        if released:
             out.swept[uid] = reason
             driver.metrics.swept.labels(reason).inc()
     return out

@@ -15,7 +15,9 @@ plugin killed between any two steps leaves an entry that says how far it got, an
 :meth:`~MigManager.recover` undoes it on the next start: it destroys the compute instance and
 the GPU instance at the recorded id, or, when the id was not recorded yet, the instance of that
 profile at that placement that no other entry claims. Finished entries (``state: ready``) are
-kept and reused when the kubelet retries the same Allocate. Instances nobody claims (not in the
+kept and reused when the kubelet retries the same Allocate, and only for an allocation of the
+same GPU, profile and placement: an entry whose key now asks for another is destroyed first (or
+the allocation refused while NVML will not destroy it). Instances nobody claims (not in the
 checkpoint, not in a live pod's ``hami.io/vgpu-mig-allocations``) are destroyed at start-up, so
 a lost checkpoint cannot make a placement look free while an old instance still holds it; the
 ones a live pod's annotation names are adopted into the checkpoint instead. An instance is
@@ -315,13 +317,20 @@ class MigManager:
             )
         key = f"{pod.uid}/{a.container}/{a.device}"
         e = self.entries.get(key)
-        if e is not None and e.state == "ready" and self._still_there(e):
+        same = e is not None and (e.gpu_uuid, e.profile, e.start, e.size) == (a.gpu_uuid, a.profile, a.start, a.size)
+        if e is not None and same and e.state == "ready" and self._still_there(e):
             return self._runtime(a, e)
-        if e is not None:  # a half-made or vanished instance of this very entry: start over
-            line, gone = self._undo(e, "redo")
+        if e is not None:  # a half-made or vanished instance of this very entry, or one made for
+            # another allocation under the same key (a DRA claim allocated again elsewhere under its
+            # UID, its old instance never destroyed): start over; the old one is never handed out
+            # in place of what was allocated (found by review, 1 Dec)
+            line, gone = self._undo(
+                e, "redo" if same else f"allocated again as {a.profile} at {a.start} on {a.gpu_uuid}"
+            )
             if not gone:  # still there: the entry keeps it (collected with its pod), no second one
                 raise MigError(line)
             del self.entries[key]
+            self.checkpoint.save(self.entries)
         self._check_free(pod, a)
         if self._unclaimed_at(a) is None:
             self._check_no_other(pod, a)
@@ -379,6 +388,12 @@ class MigManager:
         with self._lock:
             mine = [e for e in self.entries.values() if e.pod_uid == pod_uid]
             return bool(mine) and all(e.state == "ready" and self._still_there(e) for e in mine)
+
+    def held(self, pod_uid: str) -> list[Entry]:
+        """The entries still recorded for ``pod_uid`` (after a :meth:`collect`: the instances NVML
+        refused to destroy)."""
+        with self._lock:
+            return [e for e in self.entries.values() if e.pod_uid == pod_uid]
 
     def _still_there(self, e: Entry) -> bool:
         return any(
