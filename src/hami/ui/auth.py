@@ -5,7 +5,8 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   API server in a TokenReview (``authentication.k8s.io/v1``); its ``status.user`` is the caller.
 - Authorization: each permission an answer needs (``list pods`` in a namespace, ``list nodes``
   at the cluster scope, ...) is a SubjectAccessReview (``authorization.k8s.io/v1``) for that user.
-- Both answers are cached, at most ``MAX_ENTRIES`` of each (least recently used evicted first):
+- Both answers are cached, at most ``MAX_ENTRIES`` of each (least recently used evicted first;
+  refused tokens apart, at most ``REFUSED_ENTRIES``, so made-up tokens never evict accepted ones):
   a yes (a token accepted, a permission held) for ``TTL`` seconds, so a revoked token or
   RoleBinding still works for up to that long; a no for ``DENIED_TTL`` seconds, as the API
   server's webhook authorizer keeps its denials shorter than its grants (a tenant who was just
@@ -28,7 +29,9 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
 - Load on the API server is bounded whatever callers send: at most ``TOKEN_REVIEWS_IN_FLIGHT``
   token reviews at once (a request past that is answered 503 at once, :class:`ReviewBusy`, so
   unauthenticated callers with fresh random tokens cannot queue reviews without limit; requests
-  with a token already being reviewed share that review and take no place), at
+  with a token already being reviewed share that review and take no place), plus
+  ``RENEWALS_IN_FLIGHT`` kept for tokens the API server accepted before (their answer's TTL
+  ran out), which unknown tokens never take: a flood cannot lock signed-in users out; at
   most ``CONCURRENCY`` access reviews at once over all requests and ``PER_USER`` of one user's
   (by username, :attr:`Caller.user`; authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
   checks). Requests asking the same permission of the same user at once share one review (a
@@ -55,10 +58,20 @@ TTL = 10.0  # s a review's yes is reused (a revoked grant keeps working this lon
 #: s a review's no is reused (a new grant is seen this late); a flood of refusals still costs one
 #: review per 2 s
 DENIED_TTL = 2.0
-MAX_ENTRIES = 4096  # answers kept per cache (token reviews; access reviews)
+MAX_ENTRIES = 4096  # answers kept per cache (tokens accepted; access reviews)
+#: tokens refused, kept apart: a flood of made-up tokens pushes out only each other, never a
+#: signed-in user's accepted token (found by review, 1 Dec: one cache of both let any pod's
+#: junk evict every user, whose next request then needed a review slot the flood held)
+REFUSED_ENTRIES = 1024
 CONCURRENCY = 16  # access reviews in flight at once, over all requests
 PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY)
 TOKEN_REVIEWS_IN_FLIGHT = 8  # token reviews at once; a request past that is answered 503 at once
+#: reviews kept for tokens accepted before (their answer's TTL ran out): they do not count in
+#: TOKEN_REVIEWS_IN_FLIGHT, which unknown tokens fill, and are tried first for such a token
+RENEWALS_IN_FLIGHT = 4
+#: tokens (their SHA-256) remembered as accepted once, for RENEWALS_IN_FLIGHT: only a token the
+#: API server accepted gets in, so made-up ones cannot take these slots
+ACCEPTED_BEFORE = 4096
 VISIBLE_ENTRIES = 1024  # callers whose visible namespaces are kept (one entry per caller and resource)
 UI_CONNECTIONS = 4  # the UI's own connections to the API server (reviews, events)
 REVIEW_TIMEOUT = 5.0  # s for one review request to the API server
@@ -278,12 +291,15 @@ class Authorizer:
     ) -> None:
         self.reviews = reviews
         self.denied_ttl = min(denied_ttl, ttl)
-        self._tokens: TtlCache[str, Identity | None] = TtlCache(ttl, max_entries, clock)
+        self._tokens: TtlCache[str, Identity] = TtlCache(ttl, max_entries, clock)  # accepted
+        self._refused: TtlCache[str, None] = TtlCache(self.denied_ttl, min(REFUSED_ENTRIES, max_entries), clock)
+        self._accepted_before: OrderedDict[str, None] = OrderedDict()  # token keys, least recent first
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
         self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
         self.concurrency, self.per_user = concurrency, per_user
         self._access_gate = asyncio.Semaphore(concurrency)
         self._token_gate = asyncio.Semaphore(TOKEN_REVIEWS_IN_FLIGHT)
+        self._renew_gate = asyncio.Semaphore(RENEWALS_IN_FLIGHT)  # for tokens accepted before
         # one user's gate while it has reviews waiting or in flight: [semaphore, how many use it]
         self._user_gates: dict[str, list[Any]] = {}
         self._asking: dict[tuple[str, Permission], asyncio.Future] = {}  # reviews in flight, shared
@@ -293,28 +309,50 @@ class Authorizer:
         token = bearer_token(header)
         key = token_key(token)
         found, who = self._tokens.get(key)
+        if not found and self._refused.get(key)[0]:
+            found, who = True, None
         if not found:
             # a page's five answers (or two tabs) with a token not yet reviewed share one review:
             # each asked its own, and past TOKEN_REVIEWS_IN_FLIGHT the user's own requests got 503
             task = self._signing_in.get(key)
             if task is None:
-                if self._token_gate.locked():
-                    raise ReviewBusy(f"{TOKEN_REVIEWS_IN_FLIGHT} token reviews already in flight")
-                await self._token_gate.acquire()  # free: taken at once, before any other request runs
-                task = self._signing_in[key] = asyncio.ensure_future(self._token_review(token, key))
+                gate = self._gate_for(key)
+                await gate.acquire()  # free: taken at once, before any other request runs
+                task = self._signing_in[key] = asyncio.ensure_future(self._token_review(token, key, gate))
                 task.add_done_callback(lambda _t: self._signing_in.pop(key, None))
             who = await asyncio.shield(task)  # a request that leaves does not cancel it for the others
         if who is None:
             raise Unauthenticated("the bearer token was not accepted by the Kubernetes API server", True)
         return Caller(who, key)
 
-    async def _token_review(self, token: str, key: str) -> Identity | None:
-        """One TokenReview, the gate already taken; its answer cached (ReviewUnavailable is not)."""
+    def _gate_for(self, key: str) -> asyncio.Semaphore:
+        """The review slots a token's review takes: a token accepted before tries its own
+        (``RENEWALS_IN_FLIGHT``) first, so a flood of unknown tokens holding every other slot
+        does not lock signed-in users out each time their answer's TTL runs out; :class:`ReviewBusy`
+        when there is no free one."""
+        if key in self._accepted_before and not self._renew_gate.locked():
+            return self._renew_gate
+        if not self._token_gate.locked():
+            return self._token_gate
+        raise ReviewBusy(f"{TOKEN_REVIEWS_IN_FLIGHT} token reviews already in flight")
+
+    async def _token_review(self, token: str, key: str, gate: asyncio.Semaphore) -> Identity | None:
+        """One TokenReview, ``gate`` already taken; its answer cached (ReviewUnavailable is not):
+        an accepted token in the accepted cache and remembered as accepted before, a refused
+        one in the refused cache only (and forgotten as accepted before)."""
         try:
             who = await self.reviews.token(token)
         finally:
-            self._token_gate.release()
-        self._tokens.put(key, who, None if who is not None else self.denied_ttl)
+            gate.release()
+        if who is None:
+            self._refused.put(key, None)
+            self._accepted_before.pop(key, None)
+        else:
+            self._tokens.put(key, who)
+            self._accepted_before[key] = None
+            self._accepted_before.move_to_end(key)
+            while len(self._accepted_before) > ACCEPTED_BEFORE:
+                self._accepted_before.popitem(last=False)
         return who
 
     async def _review(self, caller: Caller, perm: Permission) -> bool:
@@ -346,9 +384,13 @@ class Authorizer:
         self._access.put((caller.who, perm), ok, None if ok else self.denied_ttl)
         return ok
 
-    async def namespaces(self, caller: Caller, verb: str, resource: str, candidates: Iterable[str]) -> set[str] | None:
+    async def namespaces(
+        self, caller: Caller, verb: str, resource: str, candidates: Iterable[str] | Callable[[], Iterable[str]]
+    ) -> set[str] | None:
         """None when ``caller`` may ``verb resource`` in every namespace (checked at the cluster
-        scope first), else the candidates where it may, checked one namespace at a time; the
+        scope first), else the candidates where it may, checked one namespace at a time
+        (``candidates`` may be a function: called only then, a caller with cluster-wide access
+        costs no search for them); the
         answers are kept in one entry for the caller's user (the module docstring): for
         ``denied_ttl`` while it allows none of them (the answer is a 403, which a new grant must
         lift as soon as any other denial), for the TTL of a grant once it allows one (a namespace
@@ -357,7 +399,7 @@ class Authorizer:
         reviews a refresh)."""
         if await self.allowed(caller, Permission(verb, resource)):
             return None
-        names = sorted(set(candidates))
+        names = sorted(set(candidates() if callable(candidates) else candidates))
         key = (caller.who, verb, resource)
         found, known = self._visible.get(key)
         if not found or known is None:

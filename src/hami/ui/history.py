@@ -25,6 +25,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
+from .model import counted_grants
+
 RANGES = {"1h": 60, "6h": 360, "24h": 1440, "7d": 10080}  # range -> bucket width, seconds
 POINTS = 60  # buckets per range
 VALUES = ("memoryAllocatedMiB", "coresAllocated", "memoryUsedMiB", "utilizationPercent")
@@ -110,7 +112,9 @@ class History:
         )
 
     def record(self, now: float, batch: Iterable[tuple[str, str, dict[str, str], tuple[float, ...]]]) -> None:
-        """One sample per ``(kind, key, labels, values)``, in the order given (namespaces first)."""
+        """One sample per ``(kind, key, labels, values)``, in the order given (namespaces first);
+        one per series: two of the same series in one bucket are averaged (:func:`samples` adds
+        up what belongs to one series before)."""
         self.samples += 1
         batch = list(batch)
         for key in [k for k, s in self._series.items() if now - s.last > FORGET]:
@@ -154,7 +158,13 @@ def _num(x: Any) -> float:
 def samples(nodes_doc: Mapping[str, Any], pods_doc: Mapping[str, Any]) -> list[tuple[str, str, dict, tuple]]:
     """One sample per namespace, GPU and pod, from the UI's own ``nodes`` and ``pods`` documents:
     memory and cores allocated, memory used and utilisation (percent; a pod: the highest of its
-    grants; a namespace: none) where a monitor answered."""
+    grants; a namespace: none) where a monitor answered.
+
+    A DRA claim's grants count once, not once per container using it
+    (:func:`.model.counted_grants`), and the items of one pod (its claims, each an item of the
+    pods document named after the pod) are added up into one sample: :meth:`History.record`
+    averages the samples a series gets in one bucket, so two claims of 1000 and 2000 MiB were
+    recorded as 1500 (found by review, 1 Dec)."""
     gpus = []
     for node in nodes_doc.get("items", ()):
         for d in node.get("devices", ()):
@@ -168,9 +178,10 @@ def samples(nodes_doc: Mapping[str, Any], pods_doc: Mapping[str, Any]) -> list[t
                 _num(usage.get("utilizationPercent")),
             )
             gpus.append(("gpu", d["uuid"], labels, values))
-    pods, per_ns = [], {}
+    pods: dict[str, tuple[dict, list[float]]] = {}  # key -> (labels, [mem, cores, used, util])
+    per_ns: dict[str, list[float]] = {}
     for p in pods_doc.get("items", ()):
-        grants = [g for c in p.get("containers", ()) for g in c.get("grants", ())]
+        grants = counted_grants(p)
         mem = sum(g.get("memoryMiB") or 0 for g in grants)
         cores = sum(g.get("cores") or 0 for g in grants)
         used = [g["usage"]["memoryUsedMiB"] for g in grants if (g.get("usage") or {}).get("memoryUsedMiB") is not None]
@@ -181,12 +192,18 @@ def samples(nodes_doc: Mapping[str, Any], pods_doc: Mapping[str, Any]) -> list[t
         ]
         ns = p.get("namespace", "")
         key = f"{ns}/{p.get('name') or (p.get('claim') or {}).get('name', '')}"
-        values = (float(mem), float(cores), float(sum(used)) if used else NAN, float(max(util)) if util else NAN)
-        pods.append(("pod", key, {"namespace": ns, "node": p.get("node") or ""}, values))
+        pod = pods.setdefault(key, ({"namespace": ns, "node": p.get("node") or ""}, [0.0, 0.0, NAN, NAN]))[1]
+        pod[0] += mem
+        pod[1] += cores
+        if used:
+            pod[2] = (0.0 if math.isnan(pod[2]) else pod[2]) + sum(used)
+        if util:
+            pod[3] = max(util) if math.isnan(pod[3]) else max(pod[3], *util)
         total = per_ns.setdefault(ns, [0.0, 0.0, NAN])
         total[0] += mem
         total[1] += cores
         if used:
             total[2] = (0.0 if math.isnan(total[2]) else total[2]) + sum(used)
     namespaces = [("namespace", ns, {"namespace": ns}, (t[0], t[1], t[2], NAN)) for ns, t in sorted(per_ns.items())]
-    return namespaces + pods + gpus
+    pod_samples = [("pod", key, labels, (v[0], v[1], v[2], float(v[3]))) for key, (labels, v) in pods.items()]
+    return namespaces + pod_samples + gpus

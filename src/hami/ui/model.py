@@ -581,6 +581,26 @@ def claim_doc(
     }
 
 
+def counted_grants(item: Mapping[str, Any]) -> list[dict]:
+    """The grants of one ``/api/v1/pods`` item that hold devices, each once: what totals add up.
+
+    A DRA claim's grants are repeated on every container that uses the claim (for display: each
+    container's line names what it sees), but the claim holds them once; an extender pod's grants
+    are each its own allocation. Found by review, 1 Dec: a pod with both containers on one claim
+    of 3000 MiB was counted 6000 MiB in its history and in other tenants' shared-device totals."""
+    grants = [g for c in item.get("containers", ()) for g in c.get("grants", ())]
+    if item.get("frontEnd") != "dra":
+        return grants
+    seen: set[tuple[Any, Any, Any, Any]] = set()
+    out = []
+    for g in grants:
+        key = (g.get("node"), g.get("device"), g.get("request"), g.get("uuid"))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out
+
+
 # ---------------------------------------------------------------------- /api/v1/pending
 def pending_pods(source: Any, scheduler_name: str) -> list[dict]:
     """Pods of this scheduler with no node and no allocation (a reservation counts as placed)."""
