@@ -154,6 +154,13 @@ class Reflector:
         while self._lists_applied < need:
             await self._list_applied.wait()
 
+    def _list_owed(self) -> bool:
+        """A :meth:`relist` waits for a list not applied yet. Owed until one is applied, not
+        merely begun: one that failed (a 429, a 5xx, a timeout) while a watch version was kept
+        let the watch resume from that version, and the caller waited for good (found by review,
+        1 Dec: a new leader's catch-up hung for its whole term, Filter and Bind "not ready")."""
+        return self._lists_applied < self._relist_to
+
     def _applied(self, number: int) -> None:
         self._lists_applied = max(self._lists_applied, number)
         self._list_applied.set()
@@ -234,7 +241,7 @@ class Reflector:
     async def _watch_unless_relisted(self, rv: str) -> str | None:
         """:meth:`watch` from ``rv``, or None as soon as :meth:`relist` asks for a list."""
         self._relist_asked.clear()
-        if self._lists_begun < self._relist_to:
+        if self._list_owed():
             return None
         watch = asyncio.ensure_future(self.watch(rv))
         asked = asyncio.ensure_future(self._relist_asked.wait())
@@ -268,7 +275,7 @@ class Reflector:
         while True:
             started, seen = time.monotonic(), self.events
             try:
-                if rv is None or self._lists_begun < self._relist_to:
+                if rv is None or self._list_owed():
                     rv = await self.list()
                     started = time.monotonic()
                 watched = await self._watch_unless_relisted(rv)

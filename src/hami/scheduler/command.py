@@ -126,8 +126,11 @@ async def main(opts: Options) -> int:
         for r in (ui_runner, loopback, runner):
             if r is not None:
                 await r.cleanup()
-        # nothing is served any more: a campaigned Lease goes to the next replica now
-        await service.leader.release()
+        # nothing is served any more: a campaigned Lease goes to the next replica now, unless a
+        # Binding of this replica may still be written (in flight, or cut unanswered): then it is
+        # left to expire, as after a crash (found by review, 1 Dec: it was given up here even
+        # after hand_over had kept it, and the next leader placed pods onto that Binding's share)
+        await service.leader.release(give_up=not service.extender.binding_may_land())
         await service.stop()
         if ui_kube is not None:
             await ui_kube.close()

@@ -106,7 +106,13 @@ class LeadershipLost(Exception):
 
 
 class BindingUnverified(OSError):
-    """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay."""
+    """The Binding failed and re-reading the pod failed too: it may be bound, so its locks stay.
+    ``until``: the time.monotonic() past which the API server can no longer write it (None:
+    unknown, :data:`CUT_BINDING_LIVES` from now)."""
+
+    def __init__(self, message: str, until: float | None = None) -> None:
+        super().__init__(message)
+        self.until = until
 
 
 class LeaseCut(Exception):
@@ -119,14 +125,17 @@ class BindDeadline(Exception):
     extender ``httpTimeout``): kube-scheduler has given up on it, so no Binding is posted."""
 
 
-#: how long a Binding POST cut where the lease ended may still be written by the API server (its
-#: own request timeout, kube-apiserver's --request-timeout, 60 s by default)
-CUT_BINDING_LIVES = 60.0
-
-#: the server-side timeout a Binding POST asks for (``?timeout=``; kube-apiserver caps the request's
-#: context at it, or at its own --request-timeout when lower): a Binding that got no answer cannot
-#: then be written past :data:`CUT_BINDING_LIVES`, whatever --request-timeout a cluster raised it to
-BINDING_SERVER_TIMEOUT = "45s"
+#: the longest server-side timeout a Binding POST asks for (``?timeout=``, whole seconds;
+#: kube-apiserver caps the request's context at it, or at its own --request-timeout when lower).
+#: Each POST asks for less when less is left of this replica's leadership or of the Bind's
+#: deadline (:meth:`Extender._binding_timeout`)
+BINDING_SERVER_TIMEOUT_S = 45
+#: how long past the timeout it asked for a Binding that got no answer is still taken to be
+#: possibly written (a write already handed to etcd when the request's context ended)
+BINDING_LAND_SLACK = 15.0
+#: the longest a Binding that got no clear answer may still be written by the API server (one
+#: that asked for the longest timeout), whatever --request-timeout a cluster raised
+CUT_BINDING_LIVES = BINDING_SERVER_TIMEOUT_S + BINDING_LAND_SLACK
 
 #: the whole Bind's default deadline when the lock retry timeout is shorter: below kube-scheduler's
 #: default extender ``httpTimeout`` (30 s, the chart's ``scheduler.extenderHTTPTimeout``)
@@ -260,7 +269,10 @@ class Extender:
         # lock values a failed Bind wrote and could not remove (the API server was unreachable):
         # removed by the next sweep, exactly that value (a retried Bind writes a new one)
         self._owed_releases: set[tuple[str, str, str]] = set()  # (node, key, value)
-        self._cut_at: float | None = None  # time.monotonic() of the last Binding POST cut (LeaseCut)
+        # time.monotonic() until which a Binding POST that got no clear answer (cut where the lease
+        # ended, timed out, reset) may still be written by the API server
+        self._lands_until = 0.0
+        self._posting = 0  # Binding POSTs in flight
         # Binds under way (until None), and Bindings that got no clear answer and may still be
         # written (until: time.monotonic() past which they cannot): (ns/name, pod uid) -> (node,
         # until). A Filter of such a pod is refused: it replaced the reservation, and the late
@@ -740,7 +752,7 @@ class Extender:
             if isinstance(exc, BindingUnverified):
                 # it may be bound: the locks stay until the Binding can no longer land, and no
                 # Filter decides the pod again meanwhile (a retried Bind re-takes its own lock)
-                may_land = time.monotonic() + CUT_BINDING_LIVES
+                may_land = exc.until if exc.until is not None else time.monotonic() + CUT_BINDING_LIVES
                 for spec, value in taken:
                     self._may_land[(node, spec.key, value)] = (ns, name, may_land)
                 taken = []
@@ -904,12 +916,17 @@ class Extender:
         earlier try did bind) the pod is read again: bound to ``node`` counts as success;
         raises the error when it is verifiably not bound there, BindingUnverified when the
         read fails too. The POST gets what is left of ``deadline`` (the Bind's); the read after
-        it is not cut (it tells whether the locks may go, and posts nothing)."""
+        it is not cut (it tells whether the locks may go, and posts nothing). The API server is
+        asked to give the write up where this replica's leadership ends (:meth:`_binding_timeout`)."""
+        sent = time.monotonic()
+        asked = self._binding_timeout(deadline, sent)
+        lands_until = sent + asked + BINDING_LAND_SLACK  # past this, a Binding unanswered cannot land
+        self._posting += 1
         try:
             await self._posted_by(
                 deadline,
                 self.kube.post(
-                    f"{pod_path(ns, name)}/binding?timeout={BINDING_SERVER_TIMEOUT}",
+                    f"{pod_path(ns, name)}/binding?timeout={asked}s",
                     {
                         "apiVersion": "v1",
                         "kind": "Binding",
@@ -929,13 +946,15 @@ class Extender:
             )
         except LeaseCut as exc:
             # no read can tell: the API server may still write the Binding it received
-            self._cut_at = time.monotonic()
-            raise BindingUnverified(str(exc)) from exc
+            self._may_still_land(lands_until)
+            raise BindingUnverified(str(exc), lands_until) from exc
         except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
             try:
                 pod = await self._get_pod(ns, name)
             except (KubeError, OSError, asyncio.TimeoutError) as again:
-                raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}") from exc
+                if not _refused(exc):
+                    self._may_still_land(lands_until)
+                raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}", lands_until) from exc
             meta = (pod or {}).get("metadata") or {}
             if pod is None or (uid and meta.get("uid") != uid) or (pod.get("spec") or {}).get("nodeName") != node:
                 if pod is None or (uid and meta.get("uid") != uid) or _refused(exc):
@@ -943,18 +962,35 @@ class Extender:
                 # no answer (cut, timed out, a 5xx): the API server may write the Binding after
                 # this read (found by review, 1 Dec: the locks released here were taken by the
                 # next pod, and the late Binding left this one allocating under that pod's lock)
-                self._cut_at = time.monotonic()
+                self._may_still_land(lands_until)
                 raise BindingUnverified(
-                    f"{exc}; the pod is not bound yet, but the API server may still write the Binding"
+                    f"{exc}; the pod is not bound yet, but the API server may still write the Binding", lands_until
                 ) from exc
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
+        finally:
+            self._posting -= 1
+
+    def _binding_timeout(self, deadline: float | None, now: float) -> int:
+        """The ``?timeout=`` (whole seconds) a Binding POST sent at ``now`` asks for: at most
+        :data:`BINDING_SERVER_TIMEOUT_S`, what is left of this replica's leadership
+        (:attr:`lease_left`) and of the Bind's ``deadline``; at least 1 (0 is "no timeout").
+        Found by review (1 Dec): a fixed 45 s let the API server write a Binding long after another
+        replica, 15 s after the last renewal, had taken the Lease and given its share out again."""
+        left = min(float(BINDING_SERVER_TIMEOUT_S), self.lease_left())
+        if deadline is not None:
+            left = min(left, deadline - now)
+        return max(1, math.floor(left))
+
+    def _may_still_land(self, until: float) -> None:
+        self._lands_until = max(self._lands_until, until)
 
     def binding_may_land(self) -> bool:
-        """A Binding POST cut where this replica's leadership ended (LeaseCut) may still be written
-        by the API server: while so, the Lease must not be given up early (the next leader would
-        place pods from a ledger without it at once, not a lease duration later)."""
-        return self._cut_at is not None and time.monotonic() - self._cut_at < CUT_BINDING_LIVES
+        """A Binding POST is in flight, or one that got no clear answer (cut where this replica's
+        leadership ended, timed out, reset) may still be written by the API server: while so, the
+        Lease must not be given up early (the next leader would place pods from a ledger without
+        it at once, not a lease duration later)."""
+        return self._posting > 0 or time.monotonic() < self._lands_until
 
     async def _posted_by(self, deadline: float | None, post: Any) -> None:
         """Await the Binding POST ``post``, cut at ``deadline`` (BindDeadline: it may have landed)

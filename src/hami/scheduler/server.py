@@ -374,9 +374,10 @@ class SchedulerService:
         if self.binds_in_flight:
             log.warning("%d Binds still running after %gs; giving the Lease up anyway", self.binds_in_flight, timeout)
         if self.extender.binding_may_land():
-            # a Binding cut at the lease's end may still be written: the next leader must wait the
-            # lease duration (as after a crash), not place pods at once from a ledger without it
-            log.warning("a Binding this replica stopped waiting for may still land: the Lease is left to expire")
+            # a Binding still in flight, or cut unanswered, may still be written: the next leader
+            # must wait the lease duration (as after a crash), not place pods at once from a
+            # ledger without it
+            log.warning("a Binding of this replica may still land: the Lease is left to expire")
             await self.leader.release(give_up=False)
             return
         await self.leader.release()

@@ -464,11 +464,23 @@ class ClusterState:
                 self.ledger.remove_pod(alloc.key)
                 self._final.discard(alloc.key)
         old, self.pods = self.pods, {_ref(p): p for p in kept}
+        for ref, pod in old.items():
+            if ref not in self.pods and pod_key(pod) not in keys and self._listed_after(pod, listed_at):
+                # gone by the list's snapshot: a copy read before that (a lock owner's GET, a
+                # Binding's re-read) applied after this must not bring it back, as after a delete
+                # event (found by review, 1 Dec: its share and quota counted until the next relist)
+                self._tombstone(pod)
         for p in items:
             cached = old.get(_ref(p))
             # a pod we wrote while the list was in flight stays (monotonic, like every path)
             keep = cached is not None and not _not_older(p, cached)
             self.apply_pod("MODIFIED", cached if keep else p)
+
+    @staticmethod
+    def _listed_after(pod: Mapping[str, Any], listed_at: int | None) -> bool:
+        """The list at ``listed_at`` was taken after this copy of ``pod`` (versions comparable)."""
+        mine = revision(pod)
+        return mine is not None and listed_at is not None and mine <= listed_at
 
     def _outlives_list(self, pod: Mapping[str, Any], resource_version: str | None) -> bool:
         """A cached pod a list did not name is kept (see :meth:`_replace_pods`)."""
