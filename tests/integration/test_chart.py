@@ -1449,6 +1449,10 @@ def test_the_install_notes_warn_when_writes_rbac_cannot_narrow_are_unguarded(hel
     external = notes("scheduler.kubeScheduler.enabled=false")
     assert "scheduler.kubeScheduler.enabled is false" in external and "hami-scheduler-extender-client" in external
     assert "scheduler.kubeScheduler.enabled is false" not in quiet
+    # the DRA agent must outlive its claims' pods (review, 1 Dec: an uninstall left them Terminating)
+    assert "the DRA agent must outlive" not in quiet
+    dra = notes("dra.enabled=true", "devicePlugin.enabled=false")
+    assert "the DRA agent must outlive the pods holding its claims" in dra and "Terminating" in dra
 
 
 def test_the_monitor_service_type_changes_on_upgrade_as_kubernetes_allows(helm, kube_cluster):

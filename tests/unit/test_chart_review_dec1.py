@@ -51,3 +51,20 @@ def test_a_webhook_every_pod_reaches_fails_open():
 def docs_webhook(docs: dict) -> dict:
     (config,) = [d for (kind, _), d in docs.items() if kind == "MutatingWebhookConfiguration"]
     return next(w for w in config["webhooks"] if w["name"] == "vgpu.hami.io")
+
+
+def test_the_dra_agent_and_the_device_plugin_without_a_selector_stop_the_render():
+    """Found by review, 1 Dec (second round): with `devicePlugin.nvidiaNodeSelector=null` (the
+    only way to clear it) the keep-off affinity was not rendered at all, and `dra.enabled=true`
+    ran both agents on every node, publishing the same GPUs. The render now fails naming both
+    values; without the device plugin the DRA agent alone is still rendered."""
+    import subprocess
+
+    from .test_chart_review_webhook_scope import CHART, _helm
+
+    args = [_helm(), "template", "x", str(CHART), "--kube-version", "1.34.4", "--set", "dra.enabled=true"]
+    out = subprocess.run(args + ["--set", "devicePlugin.nvidiaNodeSelector=null"], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "devicePlugin.nvidiaNodeSelector" in out.stderr and "devicePlugin.enabled=false" in out.stderr
+    alone = render("dra.enabled=true", "devicePlugin.enabled=false", "devicePlugin.nvidiaNodeSelector=null")
+    assert len(_dra_pods(alone)) == 2
