@@ -879,6 +879,8 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
         "--set",
         "scheduler.allocationGuard.trustedUsers[0]=ops:repair-bot",
         "--set",
+        "scheduler.allocationGuard.nodeLabelWriters[0]=koord:scheduler",
+        "--set",
         "devices.enflame.enabled=true",
     ).stdout
     policy, binding = [d for d in yaml.safe_load_all(out) if d]
@@ -954,6 +956,14 @@ def test_allocation_guard_lets_only_hamis_service_accounts_write_allocation_anno
             assert key in denied(lambda: patch("job", tenant, change))
         assert "hami.io/vgpu-node" in denied(lambda: patch("job", tenant, labels={"hami.io/vgpu-node": "n2"}))
         patch("job", tenant, labels={"team": "a"})  # unrelated updates of an allocated pod still pass
+        # a label writer (koord-scheduler's PreBind patch; review, 1 Dec: trustedUsers let it write
+        # every grant) may write the label, and nothing else the guard keeps
+        kube_cluster.api("POST", pods, pod("koord"), as_user=tenant)
+        patch("koord", "koord:scheduler", labels={"hami.io/vgpu-node": "n3"})
+        assert "hami.io/vgpu-devices-allocated" in denied(
+            lambda: patch("koord", "koord:scheduler", {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"})
+        )
+        assert "hami.io/bind-phase" in denied(lambda: patch("koord", "koord:scheduler", {"hami.io/bind-phase": "x"}))
         patch("job", tenant, {"CAMBRICON_DSMLU_PROFILE": "x"})  # a vendor this release does not enable: not guarded
         # a status write keeps the metadata it sends (only spec is reset): guarded the same way
         forged_status = {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,81920,100:;"}}}
