@@ -369,12 +369,30 @@ void vgpu_config_load(void)
     c->log_level = (int)vgpu_env_int("LIBCUDA_LOG_LEVEL", 2, 0, 5, NULL);
     uint64_t all = env_size("CUDA_DEVICE_MEMORY_LIMIT", 0);
     long sm_all = vgpu_env_int("CUDA_DEVICE_SM_LIMIT", 0, 0, 100000, NULL);
+    /* From the environment (no grant file), a numbered limit of 0 (or empty) is the unnumbered
+     * one (as HAMi-core reads it) and a numbered limit can only lower a set unnumbered one:
+     * under Koordinator koordlet sets the unnumbered variables only and the pod the rest of its
+     * env, so a CUDA_DEVICE_MEMORY_LIMIT_0=0 or =80g lifted its 20 GiB (review, 1 Dec). HAMi's
+     * device plugin sets the numbered ones only: read as they are. The grant file is the device
+     * plugin's whole grant: read as it is. */
+    int from_env = !vgpu_mounts()->grant;
     for (int i = 0; i < VGPU_MAX_DEV; i++) {
         char name[64];
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
-        c->limit[i] = env_size(name, all);
+        if (from_env) {
+            uint64_t one = env_size(name, 0);
+            c->limit[i] = !one ? all : all && all < one ? all : one;
+        } else {
+            c->limit[i] = env_size(name, all);
+        }
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
-        long sm = vgpu_env_int(name, sm_all, 0, 100000, NULL);
+        long sm;
+        if (from_env) {
+            long one = vgpu_env_int(name, 0, 0, 100000, NULL);
+            sm = !one ? sm_all : sm_all > 0 && sm_all < one ? sm_all : one;
+        } else {
+            sm = vgpu_env_int(name, sm_all, 0, 100000, NULL);
+        }
         c->sm_limit[i] = sm <= 0 ? 100 : (uint64_t)sm;
     }
     const char *path = vgpu_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");

@@ -49,7 +49,7 @@ def test_a_two_gpu_claim_is_limited_per_gpu(fake_env, tmp_path):
     assert limits == {
         f"{MEMORY_LIMIT}_0": "1024m",
         f"{MEMORY_LIMIT}_1": "2048m",
-        SM_LIMIT: "30",
+        SM_LIMIT: "60",  # the largest share: an indexed one only lowers it (contract.device_limits)
         f"{SM_LIMIT}_0": "30",
         f"{SM_LIMIT}_1": "60",
     }

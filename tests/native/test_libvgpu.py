@@ -430,7 +430,10 @@ def test_dlsym_rtld_next_keeps_the_callers_meaning(vgpu_env):
 
 def test_nvml_only_process_sees_the_limit(vgpu_env):
     """nvidia-smi-like: no CUDA call at all, NVML alone shows total = limit."""
-    vgpu_env["CUDA_DEVICE_MEMORY_LIMIT_1"] = "3g"
+    # numbered limits alone, as HAMi's device plugin sets them (from the environment a numbered
+    # limit only lowers a set unnumbered one)
+    del vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"]
+    vgpu_env.update({"CUDA_DEVICE_MEMORY_LIMIT_0": "1g", "CUDA_DEVICE_MEMORY_LIMIT_1": "3g"})
     out = run_py(
         """
 import pynvml as n
@@ -625,6 +628,7 @@ def test_the_mounted_grant_file_wins_over_the_environment(vgpu_env, tmp_path):
     )
     (hook / "hami-grant.env").write_text("CUDA_DEVICE_MEMORY_LIMIT_0=128m\n")  # a plain file: ignored
     # the pod's own values, as an envFrom would give them
+    del vgpu_env["CUDA_DEVICE_MEMORY_LIMIT"]  # numbered alone: it is what the env says
     vgpu_env.update({"CUDA_DEVICE_MEMORY_LIMIT_0": "4g", "CUDA_DEVICE_SM_LIMIT": "100", "CUDA_OVERSUBSCRIBE": "true"})
     probe = "import cuda_probe as c; c.init(); print(c.mem_info()[1])"
     assert run_py(probe, vgpu_env).stdout.split() == [str(4 * GiB)]

@@ -107,7 +107,8 @@ def test_regions_of_two_hami_exec_processes_are_exported(fake_env, tmp_path):
                 p.stdin.flush()
             p.wait(timeout=30)
     uuid0 = "GPU-f00dfeed-0000-4000-8000-000000000000"
-    ctr_labels = dict(pod=UID, container="main", vdevice_index="0", device_uuid=uuid0)
+    # standalone (no pod list, no grant): the region's UUID is not exported (the container writes it)
+    ctr_labels = dict(pod=UID, container="main", vdevice_index="0", device_uuid="")
     assert _one(got["hami_vgpu_memory_used_bytes"], **ctr_labels) == 160 * MiB
     assert _one(got["hami_container_device_memory_bytes"], **ctr_labels) == 160 * MiB
     assert _one(got["hami_vgpu_memory_limit_bytes"], **ctr_labels) == 1 << 30

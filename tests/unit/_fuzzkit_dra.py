@@ -241,12 +241,16 @@ def expected_env(claim: Any) -> dict[str, str] | str:
         held[0] += mem
         held[1] += core
     # the container sees the GPUs in the node's index order (docs/dra.md); memory per GPU, the
-    # unindexed share is the first GPU's, and per-GPU shares are added when they differ
+    # unindexed share is the largest (0 when a GPU has none), and per-GPU shares are added when
+    # they differ
     order = sorted(per_gpu)
     if any(per_gpu[i][0] > FULL or per_gpu[i][1] > 100 for i in order):
         return "any"  # two results on one GPU past its size: not modelled here
     shares = [per_gpu[i][1] for i in order]
-    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuid(i) for i in order), "CUDA_DEVICE_SM_LIMIT": str(shares[0])}
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_uuid(i) for i in order),
+        "CUDA_DEVICE_SM_LIMIT": str(0 if 0 in shares else max(shares)),
+    }
     env.update({f"CUDA_DEVICE_MEMORY_LIMIT_{n}": f"{per_gpu[i][0] // MIB}m" for n, i in enumerate(order)})
     if len(set(shares)) > 1:
         env.update({f"CUDA_DEVICE_SM_LIMIT_{n}": str(c) for n, c in enumerate(shares)})

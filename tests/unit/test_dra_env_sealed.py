@@ -189,7 +189,7 @@ def test_names_the_grant_does_not_give_are_set_empty_and_the_grant_is_kept():
     env = as_map(spec_env([result(), result(device="gpu-1", memory="2000Mi", cores="40")]))
     assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("1000m", "2000m")
     assert (env["CUDA_DEVICE_SM_LIMIT"], env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_1"]) == (
-        "10",
+        "40",  # the largest share: an indexed one may only lower it (contract.device_limits)
         "10",
         "40",
     )

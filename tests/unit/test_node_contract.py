@@ -162,7 +162,12 @@ def test_device_limits_give_each_device_its_own_share_only_when_they_differ():
         "CUDA_DEVICE_SM_LIMIT_1",
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
     ]
-    assert [env[k] for k in list(env)[:5]] == ["3000m", "5000m", "30", "30", "60"]
+    # the unindexed share is the largest: libvgpu reading the environment lets an indexed share only
+    # lower it (a Koordinator tenant's CUDA_DEVICE_SM_LIMIT_0=100 lifted koordlet's 30; review, 1 Dec)
+    assert [env[k] for k in list(env)[:5]] == ["3000m", "5000m", "60", "30", "60"]
+    # a device without a share (0: no cap) makes the unindexed one 0 too: an indexed 0 reads as it
+    uncapped = contract.limit_env(contract.device_limits([3000, 5000], [0, 60], "/r.cache"), contract.Options())
+    assert [uncapped[k] for k in list(uncapped)[2:5]] == ["0", "0", "60"]
     same = contract.limit_env(contract.device_limits([3000, 5000], [30, 30], "/r.cache"), contract.Options())
     assert same == contract.limit_env(contract.Limits(("3000m", "5000m"), 30, "/r.cache"), contract.Options())
 

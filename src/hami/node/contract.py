@@ -156,18 +156,20 @@ def device_limits(
 ) -> Limits:
     """The grant of several devices, the i-th with ``memory_mib[i]`` and ``cores[i]``, i being
     the device's index as the container sees it. Memory is always per device
-    (``CUDA_DEVICE_MEMORY_LIMIT_<i>``). The unindexed ``CUDA_DEVICE_SM_LIMIT`` is the first
-    device's share, as HAMi writes it; when the shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>`` gives
-    each device its own (libvgpu and HAMi-core prefer the indexed one), so a grant with equal
-    shares keeps HAMi's exact env. E.g. (3000, 5000) MiB with (30, 60) percent:
-    ``_0=3000m _1=5000m``, ``SM_LIMIT=30 SM_LIMIT_0=30 SM_LIMIT_1=60``."""
+    (``CUDA_DEVICE_MEMORY_LIMIT_<i>``). The unindexed ``CUDA_DEVICE_SM_LIMIT`` is the share of
+    every device when they are equal, as HAMi writes it (so such a grant keeps HAMi's exact env);
+    when the shares differ, ``CUDA_DEVICE_SM_LIMIT_<i>`` gives each device its own and the unindexed
+    one is the largest (libvgpu, read from the environment, lets an indexed share only lower the
+    unindexed one; HAMi-core takes the indexed one), or 0 (no cap) when a device has no share
+    (both read an indexed 0 as the unindexed value). E.g. (3000, 5000) MiB with (30, 60) percent:
+    ``_0=3000m _1=5000m``, ``SM_LIMIT=60 SM_LIMIT_0=30 SM_LIMIT_1=60``."""
     if not memory_mib or len(memory_mib) != len(cores):
         raise ValueError(
             f"device_limits: one memory and one core share per device, got {len(memory_mib)} and {len(cores)}"
         )
     return Limits(
         memory=tuple(mib(m) for m in memory_mib),
-        cores=cores[0],
+        cores=0 if 0 in cores else max(cores),
         region=region,
         priority=priority,
         device_cores=tuple(cores) if len(set(cores)) > 1 else (),
