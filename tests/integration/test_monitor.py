@@ -38,7 +38,12 @@ def test_monitor_names_regions_after_pods_and_removes_gone_ones(kube_cluster, ku
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "train", "namespace": ns},
+            # its grant: the series name the granted GPU (a region's own UUIDs are not exported)
+            "metadata": {
+                "name": "train",
+                "namespace": ns,
+                "annotations": {"hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1024,0:;"},
+            },
             "spec": {
                 "nodeName": node,
                 "terminationGracePeriodSeconds": 0,
