@@ -20,12 +20,14 @@ import pytest
 from hami.scheduler.state import ClusterState
 from hami.ui import history, model, scope
 from hami.ui.auth import (
+    ACCEPTED_BEFORE,
     RENEWALS_IN_FLIGHT,
     TOKEN_REVIEWS_IN_FLIGHT,
     Authorizer,
     Identity,
     ReviewBusy,
     Unauthenticated,
+    token_owner,
 )
 from hami.ui.server import UiApi
 
@@ -374,5 +376,39 @@ async def test_a_token_refused_after_it_was_accepted_loses_its_reserved_slot():
         with pytest.raises(ReviewBusy):
             await auth.authenticate("Bearer revoked-token")
     finally:
+        reviews.release.set()
+        await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_minted_tokens_do_not_push_signed_in_users_out_of_their_reserved_slots():
+    """Found by the regression review, 1 Dec: a tenant minting 4096 valid tokens (TokenRequest for
+    the ServiceAccounts of its namespace) pushed every signed-in user out of the tokens accepted
+    before; past their answer's TTL, with junk holding the other slots, they got 503. Each owner (a
+    user; a namespace's ServiceAccounts together) now keeps at most ACCEPTED_PER_OWNER there."""
+    reviews = JunkHeld()
+    now = [0.0]
+    auth = Authorizer(reviews, clock=lambda: now[0])
+    minted = [f"minted-{i}" for i in range(ACCEPTED_BEFORE)]
+    for i, token in enumerate(minted):
+        USERS[token] = Identity(f"system:serviceaccount:tenant-ns:sa-{i}")
+    flood: list[asyncio.Future] = []
+    try:
+        await auth.authenticate(f"Bearer {TENANT}")
+        for token in minted:
+            await auth.authenticate(f"Bearer {token}")
+        now[0] = 11.0  # past the TTL
+        flood = [asyncio.ensure_future(auth.authenticate(f"Bearer junk-{i}")) for i in range(TOKEN_REVIEWS_IN_FLIGHT)]
+        await _settle()
+        caller = await auth.authenticate(f"Bearer {TENANT}")  # its reserved slot is still its
+        assert caller.identity == USERS[TENANT]
+        # the namespace's minted tokens keep only ACCEPTED_PER_OWNER places: the newest
+        await auth.authenticate(f"Bearer {minted[-1]}")
+        with pytest.raises(ReviewBusy):
+            await auth.authenticate(f"Bearer {minted[0]}")
+        assert token_owner("system:serviceaccount:a:b") == token_owner("system:serviceaccount:a:c") != "alice"
+        assert token_owner("alice") == "alice"
+    finally:
+        for token in minted:
+            USERS.pop(token, None)
         reviews.release.set()
         await asyncio.gather(*flood, return_exceptions=True)

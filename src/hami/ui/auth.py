@@ -72,6 +72,11 @@ RENEWALS_IN_FLIGHT = 4
 #: tokens (their SHA-256) remembered as accepted once, for RENEWALS_IN_FLIGHT: only a token the
 #: API server accepted gets in, so made-up ones cannot take these slots
 ACCEPTED_BEFORE = 4096
+#: of which at most this many per owner (a user; every ServiceAccount of a namespace counts as one
+#: owner): a tenant minting 4096 valid tokens (TokenRequest for its own ServiceAccounts) pushed
+#: every signed-in user out of the list, and past their answer's TTL they met the flood's 503
+#: (found by the regression review, 1 Dec)
+ACCEPTED_PER_OWNER = 4
 VISIBLE_ENTRIES = 1024  # callers whose visible namespaces are kept (one entry per caller and resource)
 UI_CONNECTIONS = 4  # the UI's own connections to the API server (reviews, events)
 REVIEW_TIMEOUT = 5.0  # s for one review request to the API server
@@ -276,6 +281,16 @@ class Caller:
             object.__setattr__(self, "user", self.identity.username)
 
 
+def token_owner(username: str) -> str:
+    """Whose a token is, for :data:`ACCEPTED_PER_OWNER`: the namespace of a ServiceAccount
+    (whoever may create ServiceAccounts there may mint tokens for as many as they like), else
+    the username."""
+    parts = username.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"]:
+        return f"system:serviceaccounts:{parts[2]}"
+    return username
+
+
 class Authorizer:
     """Authentication and authorization for the UI listener, with the caches (figures above)."""
 
@@ -293,7 +308,9 @@ class Authorizer:
         self.denied_ttl = min(denied_ttl, ttl)
         self._tokens: TtlCache[str, Identity] = TtlCache(ttl, max_entries, clock)  # accepted
         self._refused: TtlCache[str, None] = TtlCache(self.denied_ttl, min(REFUSED_ENTRIES, max_entries), clock)
-        self._accepted_before: OrderedDict[str, None] = OrderedDict()  # token keys, least recent first
+        # token keys -> owner (:func:`token_owner`), least recent first; and each owner's keys
+        self._accepted_before: OrderedDict[str, str] = OrderedDict()
+        self._owner_keys: dict[str, OrderedDict[str, None]] = {}
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
         self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
         self.concurrency, self.per_user = concurrency, per_user
@@ -346,14 +363,33 @@ class Authorizer:
             gate.release()
         if who is None:
             self._refused.put(key, None)
-            self._accepted_before.pop(key, None)
+            self._forget_accepted(key)
         else:
             self._tokens.put(key, who)
-            self._accepted_before[key] = None
-            self._accepted_before.move_to_end(key)
-            while len(self._accepted_before) > ACCEPTED_BEFORE:
-                self._accepted_before.popitem(last=False)
+            self._remember_accepted(key, token_owner(who.username))
         return who
+
+    def _remember_accepted(self, key: str, owner: str) -> None:
+        """``key`` accepted (most recent), at most :data:`ACCEPTED_PER_OWNER` per owner and
+        :data:`ACCEPTED_BEFORE` in all (the least recent go)."""
+        self._forget_accepted(key)
+        self._accepted_before[key] = owner
+        keys = self._owner_keys.setdefault(owner, OrderedDict())
+        keys[key] = None
+        while len(keys) > ACCEPTED_PER_OWNER:
+            self._forget_accepted(next(iter(keys)))
+        while len(self._accepted_before) > ACCEPTED_BEFORE:
+            self._forget_accepted(next(iter(self._accepted_before)))
+
+    def _forget_accepted(self, key: str) -> None:
+        owner = self._accepted_before.pop(key, None)
+        if owner is None:
+            return
+        keys = self._owner_keys.get(owner)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self._owner_keys[owner]
 
     async def _review(self, caller: Caller, perm: Permission) -> bool:
         gate = self._user_gates.setdefault(caller.user, [asyncio.Semaphore(self.per_user), 0])
