@@ -56,9 +56,9 @@ def test_nri_mounts_the_sockets_directory_and_points_the_plugin_at_it():
     assert "--injection=nri" in command
     assert "--nri-socket=/var/run/nri-host/nri.sock" in command
     (volume,) = [v for v in spec["volumes"] if v["name"] == "nri"]
-    # found by review, 1 Dec: `Directory` kept the plugin from starting on a runtime with NRI off
-    # (containerd 1.7's default: no such directory), where docs/nri.md says it keeps dialling
-    assert volume["hostPath"] == {"path": "/run/containerd/nri", "type": "DirectoryOrCreate"}
+    # `Directory`: on a runtime with NRI off (no such directory) the plugin does not start, so the
+    # node offers no GPU whose pods would get no grant (docs/nri.md)
+    assert volume["hostPath"] == {"path": "/run/containerd/nri", "type": "Directory"}
     (mount,) = [m for m in plugin_container(spec)["volumeMounts"] if m["name"] == "nri"]
     assert mount["mountPath"] == "/var/run/nri-host"
 

@@ -362,7 +362,7 @@ the same GPUs and each front end hand them out without seeing the other's grants
 any one of the plugin's nodeSelector labels is one the plugin does not run on (terms are ORed). */}}
 {{- if and .Values.devicePlugin.enabled (not .Values.devicePlugin.nvidiaNodeSelector) }}
 {{- /* (review, 1 Dec) no label tells the plugin's nodes apart: both agents would run on every node */}}
-{{- fail "dra.enabled=true with devicePlugin.enabled=true needs a non-empty devicePlugin.nvidiaNodeSelector: with none, the device plugin and the DRA agent both run on every node and publish the same GPUs, each front end handing them out without seeing the other's grants. Label the DRA nodes apart and set devicePlugin.nvidiaNodeSelector (and dra.nodeSelector), or set devicePlugin.enabled=false" }}
+{{- fail "dra.enabled=true with devicePlugin.enabled=true needs a non-empty devicePlugin.nvidiaNodeSelector: with none, the device plugin and the DRA agent both run on every node and publish the same GPUs, each front end handing them out without seeing the other's grants. Label the DRA nodes apart and set devicePlugin.nvidiaNodeSelector (and dra.nodeSelector), or set devicePlugin.enabled=false (taints alone do not count: nothing in the chart keeps the device plugin off a tainted node you later tolerate)" }}
 {{- end }}
 {{- if and .Values.devicePlugin.enabled .Values.devicePlugin.nvidiaNodeSelector }}
 affinity:
