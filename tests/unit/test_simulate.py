@@ -287,3 +287,22 @@ def test_one_vendors_unreadable_registration_skips_only_its_devices(tmp_path, ca
     assert code == 0, err
     assert json.loads(out)["pods"][0]["node"] == "mixed"
     assert "warning: skipping the Ascend910B3 devices of node mixed: node mixed: annotation" in err
+
+
+def test_a_pod_the_webhook_refuses_for_its_selection_is_reported_and_the_run_goes_on(tmp_path, capsys):
+    """Regression review, 1 Dec: the webhook's new selection check (65 distinct use-gputype entries)
+    made `hami simulate` stop the whole run on such a pod (exit 1, no report); a dump of a live
+    cluster can hold pods the older webhook admitted. New, it is denied by the webhook; bound, it is
+    reported stuck with the reason; the other pods are simulated."""
+    nodes = write(tmp_path, "nodes.yaml", [node_doc("n1")])
+    gpu = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100}
+    many = {"nvidia.com/use-gputype": ",".join(f"x{i}" for i in range(65))}
+    bound = pod_doc("bound", gpu, annotations=many)
+    bound["spec"]["nodeName"] = "n1"
+    docs = [pod_doc("many", gpu, annotations=many), bound, pod_doc("fine", gpu)]
+    code, out, err = sim(capsys, "--nodes", nodes, "--pods", write(tmp_path, "pods.yaml", docs), "-o", "json")
+    assert code == 0, err
+    pods = {p["name"]: p for p in json.loads(out)["pods"]}
+    assert pods["many"]["status"] == "denied" and "65 distinct device types" in pods["many"]["reasons"]["webhook"]
+    assert pods["bound"]["status"] != "placed" and "65 distinct device types" in json.dumps(pods["bound"]["reasons"])
+    assert pods["fine"]["node"] == "n1"

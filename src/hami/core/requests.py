@@ -68,10 +68,11 @@ def _too_many(pod: Mapping[str, Any]) -> RequestError:
     )
 
 
-def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, bool]:
+def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any], check_selection: bool = False) -> tuple[dict, bool]:
     """Return ``(mutated copy, uses_any_vendor)``: a deep copy but for ``status`` and
     ``metadata.managedFields``, shared with ``pod`` (treat them as read-only). Raises
-    :class:`RequestError`."""
+    :class:`RequestError`; with ``check_selection`` (the webhook) also for a device selection of
+    a vendor the pod asks for that the scheduler would refuse."""
     out = _copy_for_admission(pod)
     spec = out.get("spec") or {}
     if not spec.get("containers"):
@@ -91,9 +92,10 @@ def admit_pod(pod: Mapping[str, Any], vendors: Sequence[Any]) -> tuple[dict, boo
         if asking > MAX_DEVICE_CONTAINERS:
             raise _too_many(pod)
     # The pod's device selection (use/nouse type and UUID lists) is read at every Filter: one the
-    # scheduler would refuse (e.g. over MAX_TYPE_ENTRIES types) is refused here, at creation.
+    # scheduler would refuse (e.g. over MAX_TYPE_ENTRIES types) is refused at creation. (Not for
+    # other callers: the scheduler and `hami simulate` report such a pod with its reason.)
     annotations = (out.get("metadata") or {}).get("annotations") or {}
-    for vendor in used.values():
+    for vendor in used.values() if check_selection else ():
         try:
             vendor.selection(annotations)
         except CoreError as exc:

@@ -380,7 +380,7 @@ def _other_scheduler(pod: Mapping[str, Any], s: AdmissionSettings) -> Decision:
     if not (pod.get("spec") or {}).get("nodeName"):
         return Decision(True, "", dict(pod))
     try:
-        _, uses = admit_pod(pod, s.vendors)
+        _, uses = admit_pod(pod, s.vendors, check_selection=True)
     except CoreError as exc:  # it names a resource of ours the vendors cannot read: the kubelet
         # would still call the device plugin for the count it can read
         return _deny(f"pod has node assigned (spec.nodeName={pod['spec']['nodeName']}): {exc}", 400)
@@ -544,7 +544,7 @@ def _decide_clean(
     if not _gate_passes(pod, s):
         return _other_scheduler(pod, s)
     try:
-        mutated, uses = admit_pod(pod, s.vendors)
+        mutated, uses = admit_pod(pod, s.vendors, check_selection=True)
     except CoreError as exc:
         return _deny(str(exc), 400)
     if not uses:  # nothing to route or default (overwriteEnv's NVIDIA_VISIBLE_DEVICES=none aside)
