@@ -918,9 +918,14 @@ class Extender:
         read fails too. The POST gets what is left of ``deadline`` (the Bind's); the read after
         it is not cut (it tells whether the locks may go, and posts nothing). The API server is
         asked to give the write up where this replica's leadership ends (:meth:`_binding_timeout`)."""
-        sent = time.monotonic()
-        asked = self._binding_timeout(deadline, sent)
-        lands_until = sent + asked + BINDING_LAND_SLACK  # past this, a Binding unanswered cannot land
+        asked = self._binding_timeout(deadline, time.monotonic())
+
+        def lands_until() -> float:
+            # past this, a Binding unanswered cannot land: the API server counts ``asked`` from
+            # when the request reached it, at the latest now (not from when it was queued here:
+            # a wait for a pooled connection ate the slack; regression review, 1 Dec)
+            return time.monotonic() + asked + BINDING_LAND_SLACK
+
         self._posting += 1
         try:
             await self._posted_by(
@@ -946,15 +951,17 @@ class Extender:
             )
         except LeaseCut as exc:
             # no read can tell: the API server may still write the Binding it received
-            self._may_still_land(lands_until)
-            raise BindingUnverified(str(exc), lands_until) from exc
+            until = lands_until()
+            self._may_still_land(until)
+            raise BindingUnverified(str(exc), until) from exc
         except (KubeError, OSError, asyncio.TimeoutError, BindDeadline) as exc:
+            until = lands_until()  # taken when the POST ended (the read after it posts nothing)
             try:
                 pod = await self._get_pod(ns, name)
             except (KubeError, OSError, asyncio.TimeoutError) as again:
                 if not _refused(exc):
-                    self._may_still_land(lands_until)
-                raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}", lands_until) from exc
+                    self._may_still_land(until)
+                raise BindingUnverified(f"{exc}; cannot tell whether it is bound: {again}", until) from exc
             meta = (pod or {}).get("metadata") or {}
             if pod is None or (uid and meta.get("uid") != uid) or (pod.get("spec") or {}).get("nodeName") != node:
                 if pod is None or (uid and meta.get("uid") != uid) or _refused(exc):
@@ -962,9 +969,9 @@ class Extender:
                 # no answer (cut, timed out, a 5xx): the API server may write the Binding after
                 # this read (found by review, 1 Dec: the locks released here were taken by the
                 # next pod, and the late Binding left this one allocating under that pod's lock)
-                self._may_still_land(lands_until)
+                self._may_still_land(until)
                 raise BindingUnverified(
-                    f"{exc}; the pod is not bound yet, but the API server may still write the Binding", lands_until
+                    f"{exc}; the pod is not bound yet, but the API server may still write the Binding", until
                 ) from exc
             log.info("pod %s/%s: the Binding answered %s, but the pod is bound to %s: success", ns, name, exc, node)
             self.state.put_pod(pod)
