@@ -413,3 +413,28 @@ def test_after_an_etcd_restore_a_pod_a_relist_dropped_may_exist_again():
     assert s.was_deleted(a["metadata"]["uid"])
     s.pod_handler.replace([a], "15")  # the store went back
     assert s.pod("ns", "a") is not None and used(s, "n1") == [600, 0]
+
+
+async def test_a_binding_that_waited_to_be_sent_is_kept_from_when_its_post_ended(monkeypatch):
+    """Regression review, 1 Dec: the window was counted from when the POST was queued; one that
+    waited for a pooled connection reached the API server late, which may write it ``asked`` s
+    from then, and the lock and guard went while it still could (the slack scaled down here)."""
+    monkeypatch.setattr(extender_module, "BINDING_LAND_SLACK", 0.2)
+    svc, api = _decision_setup("binding", "a")
+    ext = svc.extender
+    chosen = (await ext.filter(args(svc.state.pod("ns", "a"), ["n1", "n2"])))["NodeNames"][0]
+    ext.lease_left = lambda: 1.5  # a leader renewing all along
+    ext.bind_timeout = 2.5
+    reached: list[float] = []
+
+    async def queued_then_sent(path: str, body: dict) -> Any:
+        await asyncio.sleep(1.2)  # waiting for a connection of the pool
+        reached.append(time.monotonic())
+        await asyncio.Event().wait()  # the API server holds it
+
+    api.post = queued_then_sent
+    answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), GUARD_S)
+    assert "may still write the Binding" in answer["Error"], answer
+    _, until = ext._binding[("ns/a", "uid-a")]
+    assert until is not None and until >= reached[0] + 1  # the server's context: from receipt, asked 1 s
+    assert ext.binding_may_land()
