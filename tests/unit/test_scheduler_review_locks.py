@@ -121,3 +121,14 @@ async def test_a_bind_repeated_after_one_that_landed_writes_neither_lock_nor_bin
     other = "n2" if chosen == "n1" else "n1"
     answer = await ext.bind({**request, "Node": other})
     assert f"already bound to node {chosen}" in answer["Error"] and api.patches == writes
+
+
+def test_a_lock_contention_message_names_no_pod():
+    """Found by review, 1 Dec: the message (a BindingFailed event in the waiting pod's namespace,
+    copied into kube-scheduler's FailedScheduling) named the lock's holder, often another
+    tenant's namespace and pod. It says when the lock was taken; the holder stays in ``value``."""
+    exc = nodelock.LockContention("n1", "2026-12-01T07:00:00+01:00,team-b,secret-job")
+    assert "team-b" not in str(exc) and "secret-job" not in str(exc)
+    assert str(exc) == "node n1 is locked by another pod's device allocation since 2026-12-01T06:00:00Z"
+    assert exc.value.endswith("team-b,secret-job")
+    assert str(nodelock.LockContention("n1", "")) == "node n1 is locked by another pod's device allocation"

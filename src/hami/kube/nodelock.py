@@ -262,11 +262,15 @@ def lost_swap(exc: BaseException) -> bool:
 
 
 class LockContention(Exception):
-    """The node is locked by another live pod."""
+    """The node is locked by another live pod. The message names no pod: it reaches the waiting
+    pod's events (BindingFailed, kube-scheduler's FailedScheduling), which its namespace reads, and
+    the lock's owner may be another tenant's (found by review, 1 Dec); ``value`` has it for logs."""
 
     def __init__(self, node: str, value: str) -> None:
         self.node, self.value = node, value
-        super().__init__(f"node {node} is locked by {value!r}")
+        taken = lock_time(value) if value else None
+        since = f" since {taken.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%SZ}" if taken is not None else ""
+        super().__init__(f"node {node} is locked by another pod's device allocation{since}")
 
 
 def _conflict(exc: BaseException) -> bool:

@@ -772,6 +772,8 @@ class Extender:
             for spec, value in reversed(taken):
                 await self._release_quietly(node, ns, name, spec, value)
             msg = f"binding pod {ns}/{name} to node {node} failed: {exc}"
+            if isinstance(exc, nodelock.LockContention):  # the holder for the log only (not events)
+                log.info("%s (the lock holds %r)", msg, exc.value)
             self.events.record(pod, "BindingFailed", msg, "Warning")
             return {"Error": msg}, may_land
         self.events.record(pod, "BindingSucceed", f"Successfully binding node [{node}] to {ns}/{name}")
