@@ -1103,3 +1103,14 @@ def test_a_claim_its_own_constraints_rule_out_is_not_blamed_on_the_pods_other_cl
         fit.why_not_claims(devs, asks, found)
         == "claim two: every request fits on its own, but not together (constraints or shared GPUs)"
     )
+
+
+def test_a_gated_pod_stays_pending_and_holds_nothing():
+    """Found by review, 1 Dec: `--front-end dra` placed a Kueue-gated pod (kube-scheduler never
+    schedules one) ahead of an admitted pod, which was then reported pending for memory."""
+    gated = pod("a-queued", gpu=1, gpumem=10000)
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    _, pods = run([node("a", n=1)], [gated, pod("b-admitted", gpu=1, gpumem=10000)])
+    assert pods["a-queued"].status == "pending" and pods["a-queued"].node is None
+    assert pods["a-queued"].reasons == {"*": "scheduling gated (kueue.x-k8s.io/admission)"}
+    assert (pods["b-admitted"].status, pods["b-admitted"].node) == ("scheduled", "a")

@@ -56,6 +56,35 @@ def uses_dra(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("resourceClaims"))
 
 
+def scheduling_gates(pod: Mapping[str, Any]) -> list[str]:
+    """The names of the pod's ``spec.schedulingGates`` (e.g. Kueue's ``kueue.x-k8s.io/admission``):
+    while there is one, kube-scheduler keeps the pod out of scheduling (no Filter, no DRA
+    allocation) until whoever set them removes them."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    return [str(g.get("name") if isinstance(g, Mapping) else g) for g in gates]
+
+
+def gated_reason(gates: Sequence[str]) -> str:
+    """The one reason given for a gated pod: ``scheduling gated (<names>)``."""
+    return f"scheduling gated ({', '.join(gates)})"
+
+
+def allocation_nodes(claim: Mapping[str, Any]) -> list[str]:
+    """The nodes an allocated claim ties its pods to: the node names of its allocation's
+    ``nodeSelector`` (its ``metadata.name`` fields), else the pools of its results (a pool is a
+    node on this driver)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    names: list[str] = []
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or ():
+        for e in term.get("matchFields") or ():
+            if e.get("key") == "metadata.name" and e.get("operator") == "In":
+                names += [str(v) for v in e.get("values") or () if str(v) not in names]
+    if names:
+        return names
+    results = (allocation.get("devices") or {}).get("results") or ()
+    return sorted({str(r.get("pool")) for r in results if r.get("pool")})
+
+
 #: the reason of the event kube-controller-manager records on a pod when it cannot create a
 #: claim from the pod's template (its message begins ``PodResourceClaim <entry>: ``)
 CLAIM_CREATION_FAILED = "FailedResourceClaimCreation"
@@ -103,6 +132,7 @@ def explain_pod(
     lines = [f"pod {namespace}/{name}: node {node or '(none)'}"]
     lines += describe(uses) if uses else ["no gpu.hami.io GPU is published"]
     pending: dict[str, Mapping[str, Any]] = {}  # the unallocated claims, in the pod's order
+    tied: dict[str, list[str]] = {}  # allocated claim -> the nodes it ties the pod to
     missing = False
     refused = creation_refusals(pod, events)
     for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
@@ -122,6 +152,7 @@ def explain_pod(
         if results:
             where = ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results)
             lines.append(f"claim {claim_name}: allocated on {where}")
+            tied[claim_name or ""] = allocation_nodes(claim)
             continue
         pending[claim_name or ""] = claim
         try:  # the requests as the allocator reads them (their selectors compiled)
@@ -133,14 +164,50 @@ def explain_pod(
             asked = ", ".join(f"{k} {v}" for k, v in sorted(caps.items())) or "the defaults"
             lines.append(f"claim {claim_name} request {request} ({asked}), GPU by GPU:")
             lines += [f"  {line}" for line in describe(uses, caps, parsed.get(request))]
+    gates = scheduling_gates(pod)
+    if gates and not node:
+        lines.append(
+            f"the pod is {gated_reason(gates)}: kube-scheduler neither schedules it nor allocates its claims "
+            "until the gates are removed"
+        )
+        return lines
+    if not node and tied:
+        lines += _tie(tied)
     if pending and uses and not node and not missing:
-        lines += _search(pending, uses)
+        lines += _search(pending, uses, tied)
     return lines
 
 
-def _search(pending: Mapping[str, Mapping[str, Any]], uses: Mapping[tuple[str, str], DeviceUse]) -> list[str]:
+def _common_nodes(tied: Mapping[str, Sequence[str]]) -> set[str] | None:
+    """The nodes every allocated claim of the pod allows (None: the pod has none)."""
+    common: set[str] | None = None
+    for nodes in tied.values():
+        common = set(nodes) if common is None else common & set(nodes)
+    return common
+
+
+def _tie(tied: Mapping[str, Sequence[str]]) -> list[str]:
+    """What the pod's allocated claims say of its node: kube-scheduler's DRA filter keeps a pod
+    on the node(s) of its allocated claims, and no node fits when they name different nodes."""
+    common = _common_nodes(tied)
+    if common:
+        return []
+    where = ", ".join(f"claim {name} on {'/'.join(nodes) or '(no node)'}" for name, nodes in tied.items())
+    return [
+        f"no node fits: the pod's allocated claims are on different nodes ({where}); kube-scheduler needs one node for all of them"
+    ]
+
+
+def _search(
+    pending: Mapping[str, Mapping[str, Any]],
+    uses: Mapping[tuple[str, str], DeviceUse],
+    tied: Mapping[str, Sequence[str]] | None = None,
+) -> list[str]:
     """The allocator's search for the pod's unallocated claims together, pool by pool (a pool is
-    a node on this driver)."""
+    a node on this driver); ``tied``: the pod's allocated claims -> their nodes (the pod can go
+    only where all of them are, as kube-scheduler's DRA filter decides: the other pools are not
+    searched, and say which claim ties the pod elsewhere)."""
+    common = _common_nodes(tied or {})
     asks = []
     for name, claim in pending.items():
         try:
@@ -153,6 +220,13 @@ def _search(pending: Mapping[str, Mapping[str, Any]], uses: Mapping[tuple[str, s
         pools.setdefault(d.pool, []).append(d)
     lines = ["the pod's unallocated claims together, as kube-scheduler's allocator searches them, pool by pool:"]
     for pool, devices in pools.items():
+        if common is not None and pool not in common:
+            if not common:
+                lines.append(f"  {pool}: not searched: the pod's allocated claims are on different nodes")
+            else:
+                ties = ", ".join(f"claim {c}" for c, nodes in (tied or {}).items() if pool not in nodes)
+                lines.append(f"  {pool}: not searched: the pod is tied to node {'/'.join(sorted(common))} by {ties}")
+            continue
         found = allocate_claims(devices, asks)
         if found.picks is None:
             lines.append(f"  {pool}: {why_not_claims(devices, asks, found)}")
@@ -161,4 +235,8 @@ def _search(pending: Mapping[str, Mapping[str, Any]], uses: Mapping[tuple[str, s
                 f"{a.name} on {'+'.join(p.device.device for p in picks)}" for a, picks in zip(asks, found.picks)
             )
             lines.append(f"  {pool}: fits ({where})")
+    for node in sorted((common or set()) - set(pools)):
+        lines.append(
+            f"  {node}: the pod is tied to this node by its allocated claims, and it publishes no gpu.hami.io GPU"
+        )
     return lines

@@ -78,7 +78,7 @@ def render(
 ) -> str:
     """``dra``: the ResourceSlices and ResourceClaims, read when the pod names ResourceClaims;
     ``limit``: the nodes printed one by one (0: every node)."""
-    from hami.dra.explain import explain_pod, uses_dra
+    from hami.dra.explain import explain_pod, gated_reason, scheduling_gates, uses_dra
 
     meta = pod["metadata"]
     ref = f"{meta['namespace']}/{meta['name']}"
@@ -86,6 +86,15 @@ def render(
         f"Pod {ref}: phase {pod.get('status', {}).get('phase', '?')}, "
         f"node {pod.get('spec', {}).get('nodeName') or '-'}, scheduler {pod.get('spec', {}).get('schedulerName')}"
     ]
+    gates = [] if (pod.get("spec") or {}).get("nodeName") else scheduling_gates(pod)
+    if gates:
+        # kube-scheduler keeps a gated pod out of its queue: no Filter (nor DRA allocation) sees it
+        # until the gates are removed, whatever the devices say (found by review, 1 Dec)
+        lines.append(
+            f"It is {gated_reason(gates)}: kube-scheduler does not schedule it (no Filter, no DRA allocation) "
+            "until the gates are removed (e.g. Kueue removes its gate on admitting the workload)."
+        )
+        return "\n".join(lines)
     if uses_dra(pod):
         lines.append(
             "It uses DRA ResourceClaims: kube-scheduler's DRA allocator places them, not hami-scheduler "

@@ -45,6 +45,7 @@ from hami.core.names import DRA_SHARE_CLASS, VGPU_NODE
 from hami.core.usage import collapse
 from hami.dra import fit
 from hami.dra.claims import gpu_index
+from hami.dra.explain import gated_reason, scheduling_gates
 from hami.dra.model import (
     CORDON_TAINT_KEY,
     CORES,
@@ -495,7 +496,11 @@ class _State:
 
     def _choose(self, out: PodOutcome, pod: dict, claims: dict[str, _Claim]) -> tuple[str | None, dict]:
         """The node for the pod and the picks of its unallocated claims there; (None, {}) with the
-        reasons per node in ``out`` when no node takes them all."""
+        reasons per node in ``out`` when no node takes them all. A gated pod (``spec.schedulingGates``)
+        is none of kube-scheduler's business yet: pending, nothing allocated."""
+        if gates := scheduling_gates(pod):
+            out.reasons = {"*": gated_reason(gates)}
+            return None, {}
         candidates = list(self.nodes)
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:

@@ -12,7 +12,9 @@ that already carries ``hami.io/vgpu-node`` and allocation annotations holds them
 holds nothing. Then the documents play in file order: a new pod is scheduled (one with only
 ``spec.nodeName`` is fitted on that node alone), a copy with
 ``metadata.deletionTimestamp`` of a pod given earlier deletes it (by namespace/name), a
-ResourceQuota document sets namespace quota from that point on.
+ResourceQuota document sets namespace quota from that point on. A new pod with
+``spec.schedulingGates`` (Kueue's, say) stays pending, holding nothing, with the reason
+``*: scheduling gated (<names>)``: kube-scheduler does not schedule it while it is gated.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from hami.core.names import VGPU_NODE
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
 from hami.core.shape import META, POD, QUOTA, ShapeError, check
+from hami.dra.explain import gated_reason, scheduling_gates
 from hami.webhook.admission import AdmissionSettings, decide
 
 from hami.core.nodefit import (
@@ -546,6 +549,9 @@ class _Run:
             out.containers = _containers(pod, {})
             return out
         admitted, _ = admit_pod(pod, self.config.vendors)
+        gates = scheduling_gates(pod)
+        if gates:  # kube-scheduler keeps it out of scheduling until the gates go: it holds nothing
+            return _stuck(out, admitted, {"*": gated_reason(gates)})
         try:
             if not pod_request(admitted, self.config.vendors).has_devices:
                 out.status, out.containers = "no-devices", _containers(admitted, {})
