@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 from hami.core.codec import decode_mig_allocations
@@ -22,6 +23,7 @@ from hami.core.names import NODE_INJECTION
 from hami.kube.nodelock import LOCK_HANDOFF
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
+from hami.node import contract
 from hami.node.cdi import CdiConfig
 from hami.node.layout import HookPaths, prepare_hook_dir
 from hami.node.nri import DEFAULT_SOCKET as NRI_SOCKET
@@ -32,7 +34,7 @@ from hami.node.settings import NodeSettings
 from .allocate import DeviceSpecs
 from .allocator import Allocator
 from .devices import DeviceState
-from .injection import Injector, NriAllocator
+from .injection import _UID, Injector, NriAllocator, grant_records_dir
 from .kube import Kube
 from hami.node.mig import MigManager, PodRef
 from .register import KEEP, Registrar
@@ -42,6 +44,9 @@ from .static_mig import StaticMigResource, StaticMigService
 log = logging.getLogger(__name__)
 #: how long a starting plugin keeps the node's hami.io/node-injection while its NRI hook registers
 NRI_START_GRACE_S = 15.0
+
+#: how long the allocate mode's start-up check of NRI grant records may read the node's pods
+NRI_RECORDS_READ_S = 10.0
 
 # the shutdown writes (node lock release, node declarations withdrawn) together, at most: well
 # inside the 30 s a pod is given between SIGTERM and the kill
@@ -103,7 +108,9 @@ class NodeAgent:
         self.nri: NriPlugin | None = None
         if injection == "nri":
             self.allocator = NriAllocator(paths)
-            self.injector = Injector(kube, settings, paths, gpus=self.state.uuids)
+            # (the devices' health too: a GPU with a fatal XID is refused at a pod's first creation,
+            # as Allocate refuses it in the lock mode)
+            self.injector = Injector(kube, settings, paths, gpus=self.state.uuids, healthy=self.state.healthy)
             self.nri = NriPlugin(self.injector, socket=nri_socket, index=nri_index, on_ready=self._injection_ready)
             # A plugin restarting (an upgrade, a crash) finds the node saying nri from its
             # predecessor; withdrawing it at start and writing it again a second later, once the
@@ -217,8 +224,11 @@ class NodeAgent:
                 self._grace = None
             self.registrar.injection = "nri"
         else:
+            # KEEP writes nothing of hami.io/node-injection: no API server round trip (the
+            # registration loop writes the rest); the grace's end writes what it must
             self.registrar.injection = KEEP
             self._start_grace()
+            return
         await self._sync_injection()
 
     async def _sync_injection(self) -> None:
@@ -227,8 +237,50 @@ class NodeAgent:
         except Exception as exc:  # noqa: BLE001 - the registration loop writes it on its next round
             log.error("node %s: %s not updated: %s", self.kube.node_name, NODE_INJECTION, exc)
 
+    async def _warn_nri_grants(self) -> None:
+        """``--injection=allocate`` on a node that ran ``nri``: the pods the NRI hook served
+        (its grant records) hold the kubelet's stored Allocate answer of that mode, the
+        ``pending`` marker; restarted, their containers get no GPU, no hook serving them now.
+        Said once at start, naming them: they must be recreated (docs/nri.md). Found by review,
+        1 Dec."""
+        directory = grant_records_dir(self.paths)
+        try:
+            uids = sorted(n for n in os.listdir(directory) if _UID.fullmatch(n))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("NRI grant records in %s not listed (%s): not checked", directory, exc)
+            return
+        if not uids:
+            return
+        try:
+            async with asyncio.timeout(NRI_RECORDS_READ_S):
+                live = {p.uid: p.ref for p in await self.kube.pods_on_node() if p.phase not in ("Succeeded", "Failed")}
+            named = [f"{live[u]} (uid {u})" for u in uids if u in live]
+        except Exception as exc:  # noqa: BLE001 - the uids name them then
+            log.warning(
+                "node %s: its pods not listed (%s); NRI grant records named by pod uid", self.kube.node_name, exc
+            )
+            named = [f"uid {u}" for u in uids]
+        if not named:  # records of pods gone (the hook forgets them at its next synchronization)
+            log.info("NRI grant records in %s name no pod of this node any more", directory)
+            return
+        log.warning(
+            "node %s: --injection is allocate, but %d pod(s) were admitted while it was nri (grant records in %s): "
+            "%s. The kubelet keeps the nri mode's Allocate answer for them (%s=%s): a container of theirs that "
+            "restarts gets no GPU now that no NRI hook serves it. Recreate these pods (docs/nri.md, switching back)",
+            self.kube.node_name,
+            len(named),
+            directory,
+            ", ".join(named),
+            contract.NRI_INJECTION,
+            contract.NRI_PENDING,
+        )
+
     async def start(self) -> None:
         prepare_hook_dir(self.paths)
+        if self.nri is None:
+            await self._warn_nri_grants()
         if self.mig is not None:
             await self._recover_mig()
         try:  # the node says what it has before the kubelet is told; the loop retries on error

@@ -30,7 +30,9 @@ The flow for one GPU container:
 A container with the marker whose grant cannot be found is refused: its creation fails with a
 message naming the pod and the container, the kubelet retries it. So is one whose grant names a
 device that is not a GPU of this node, or a pod whose ``hami.io/vgpu-node`` names another node
-(:func:`container_grant`).
+(:func:`container_grant`), and a pod's first container (no grant record yet) when the pod's
+grant names a GPU that turned unhealthy since it was placed, as Allocate refuses it in the lock
+mode (:meth:`Injector._check_health`).
 
 Not here: the NRI wire protocol (:mod:`hami.node.nri`) and the registration loop (agent.py).
 """
@@ -44,7 +46,7 @@ import os
 import re
 from collections import OrderedDict
 from pathlib import Path
-from typing import Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices
 from hami.core.errors import CodecError
@@ -221,6 +223,11 @@ def adjustment(
     return adjust
 
 
+def grant_records_dir(paths: HookPaths) -> str:
+    """Where :class:`GrantRecords` keeps the hook's records (one file per pod uid)."""
+    return f"{paths.vgpu_dir}/nri/grants"
+
+
 #: a pod uid that can name a record file (the API server's are UUIDs, static pods' hex hashes)
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
@@ -323,18 +330,28 @@ class Injector:
     """The NRI hook (``hami.node.nri.plugin.ContainerHook``) of the device plugin."""
 
     def __init__(
-        self, kube: Kube, settings: NodeSettings, paths: HookPaths, remember: int = 4096, *, gpus: Iterable[str]
+        self,
+        kube: Kube,
+        settings: NodeSettings,
+        paths: HookPaths,
+        remember: int = 4096,
+        *,
+        gpus: Iterable[str],
+        healthy: Callable[[str], bool] | None = None,
     ) -> None:
         self.kube = kube
         #: this node's GPU UUIDs (the discovered devices): a grant naming anything else is refused
         self.gpus = frozenset(gpus)
+        #: a GPU's health (the agent's DeviceState): a pod's first grant naming an unhealthy GPU
+        #: is refused (None: every GPU counts as healthy)
+        self.healthy: Callable[[str], bool] = healthy or (lambda uuid: True)
         self.settings = settings
         self.paths = paths
         self.remember = remember
         self._done: OrderedDict[str, None] = OrderedDict()  # pod uids marked success (bounded)
         self._writes: set[asyncio.Task] = set()
         self.injected = 0
-        self.records = GrantRecords(f"{paths.vgpu_dir}/nri/grants", remember)
+        self.records = GrantRecords(grant_records_dir(paths), remember)
 
     async def _pod(self, sandbox) -> A.PodView:
         """The pod of the sandbox: the watch's copy when its uid matches (a pod's containers never
@@ -408,13 +425,15 @@ class Injector:
                 f"the pod's env), and the runtime would keep {value!r} over the grant's: refused, the container would "
                 "bypass its grant"
             )
+        entries = gpu_entries(pod, annotations, self.settings.resource_name)
+        if record is None:
+            self._check_health(pod, entries)
         if record is None or record[1] != sandbox.id:
             self.records.put(pod.uid, annotations[A.ALLOCATED], sandbox.id)
         if response.cache_dir:
             reset_cache_dir(response.cache_dir)
             write_grant(response.cache_dir, response.grant)
         self.injected += 1
-        entries = gpu_entries(pod, annotations, self.settings.resource_name)
         log.info(
             "pod %s: container %s given %s by NRI",
             pod.ref,
@@ -429,6 +448,27 @@ class Injector:
         ):
             self._spawn(self._mark_success(pod, entries))
         return adjust
+
+    def _check_health(self, pod: A.PodView, entries: Sequence[Sequence]) -> None:
+        """A pod's first creation (no grant record yet): refused when its grant names a GPU
+        that turned unhealthy (a fatal XID) since the scheduler placed it, as Allocate refuses
+        it in the lock mode, where the kubelet asks at the pod's admission (here the first
+        container is created after image pulls and init containers: minutes later). A pod
+        already served (a restart, its next containers) keeps its grant, as the kubelet's stored
+        answer keeps it in the lock mode. Found by review, 1 Dec."""
+        sick = [
+            (pod.containers[i].name, d.uuid)
+            for i, devs in enumerate(entries)
+            for d in devs
+            if d.uuid in self.gpus and not self.healthy(d.uuid)
+        ]
+        if sick:
+            named = ", ".join(f"{uuid} (container {name!r})" for name, uuid in sick)
+            raise Refusal(
+                f"pod {pod.ref}: its grant in {A.ALLOCATED} names GPU(s) {named}, unhealthy on node "
+                f"{self.kube.node_name} since the pod was placed (a fatal XID): refused; the pod must be "
+                "recreated to be placed on healthy GPUs"
+            )
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

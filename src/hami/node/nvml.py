@@ -193,8 +193,14 @@ def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[Ph
     no CUDA device)."""
     out = []
     for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        # a GPU NVML cannot read (fallen off the bus: GpuIsLost) is left out, loudly; raised, it
+        # stopped the plugin, and the node offered none of its healthy GPUs (found by review, 1 Dec)
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as exc:
+            log.error("GPU %d: NVML cannot read its handle or UUID (%s); left out, the others are served", index, exc)
+            continue
         if uuid in settings.filter_uuids or index in settings.filter_indexes:
             log.info("GPU %d (%s) excluded by filterdevices", index, uuid)
             continue
@@ -210,11 +216,20 @@ def discover(settings: NodeSettings, sysfs_root: str | Path = "/sys") -> list[Ph
                 index,
             )
             continue
-        memory = _memory_mib(handle, settings, uuid)
-        if memory is None:
+        try:
+            memory = _memory_mib(handle, settings, uuid)
+            if memory is None:
+                continue
+            bus = sysfs_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            model = _text(pynvml.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError as exc:
+            log.error(
+                "GPU %d (%s): NVML cannot read its memory, PCI bus id or name (%s); left out, the others are served",
+                index,
+                uuid,
+                exc,
+            )
             continue
-        bus = sysfs_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
-        model = _text(pynvml.nvmlDeviceGetName(handle))
         out.append(
             PhysicalGPU(
                 index=index,
@@ -330,6 +345,18 @@ def ignored_xids(env: dict[str, str] | None = None) -> frozenset[int] | None:
     return frozenset((IGNORED_XIDS | extra) - {int(x) for x in forced})
 
 
+def _handle_key(handle) -> object:
+    """What tells NVML device handles apart: the address a ctypes handle points to (each read of
+    an event's ``device`` field is a new pointer object), else the handle itself."""
+    if isinstance(handle, (ctypes._Pointer, ctypes.c_void_p)):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    try:
+        hash(handle)
+    except TypeError:
+        return id(handle)
+    return handle
+
+
 class XidWatcher:
     """Waits on NVML health events in a thread and reports unhealthy UUIDs.
 
@@ -362,6 +389,9 @@ class XidWatcher:
         self._wait_ms = wait_ms
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the handles registered (_handle_key) -> UUID: names an event's device when NVML
+        #: cannot read its UUID any more (a GPU fallen off the bus)
+        self._handles: dict[object, str] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hami-xid-watcher", daemon=True)
@@ -376,6 +406,7 @@ class XidWatcher:
         event_set = pynvml.nvmlEventSetCreate()
         for uuid in self._uuids:
             handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            self._handles[_handle_key(handle)] = uuid
             try:
                 pynvml.nvmlDeviceRegisterEvents(handle, HEALTH_EVENTS, event_set)
             except pynvml.NVMLError_NotSupported:
@@ -414,8 +445,16 @@ class XidWatcher:
             return
         try:
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
-        except pynvml.NVMLError:
-            uuid = ""
+        except pynvml.NVMLError as exc:
+            # a GPU fallen off the bus answers nothing, but its handle is the one registered for
+            # it: that GPU, not every GPU of the node (found by review, 1 Dec)
+            uuid = self._handles.get(_handle_key(data.device), "")
+            log.warning(
+                "health event (XID %d): NVML cannot read the device's UUID (%s); %s",
+                xid,
+                exc,
+                f"its handle is GPU {uuid}'s" if uuid else "its handle is none registered",
+            )
         if xid in self._ignored:
             log.info("GPU %s: XID %d is not a device fault (application error or disabled check)", uuid or "?", xid)
             if self._on_minor is not None and uuid in self._uuids:

@@ -17,7 +17,8 @@ One session (:meth:`NriPlugin.session`), as containerd/nri's Go stub runs it:
    without its adjustment, and every creation until the plugin is back goes the same way;
    ``RemovePodSandbox`` (a state change) goes to :meth:`ContainerHook.pod_removed`;
 6. the session ends when the runtime closes the socket (containerd restarts, ``Shutdown``) or
-   breaks the protocol; ``on_ready(False)`` is called. A session cancelled (the agent stops)
+   breaks the protocol; ``on_ready(False)`` is called in the background (the plugin dials
+   again at once, whatever the agent's API server writes take). A session cancelled (the agent stops)
    first answers the creations in flight (:data:`FINISH_MARGIN` past the hook's own deadline
    at most) and refuses those that arrive meanwhile: the runtime takes a connection closed
    under a call for the plugin gone and creates that container without its adjustment.
@@ -33,6 +34,7 @@ hook may want evicted (``Runtime/UpdateContainers`` with an eviction list).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Awaitable, Callable, Protocol, Sequence
@@ -126,6 +128,10 @@ class NriPlugin:
         self._runtime_ep = None
         self._mux: Mux | None = None  # the session's connection
         self._notify: set[asyncio.Task] = set()
+        #: on_ready's calls (_say_ready): the value to tell, the value told last, the task telling it
+        self._ready_wanted: bool | None = None
+        self._ready_told: bool | None = None
+        self._ready_task: asyncio.Task | None = None
         # containers to evict that the runtime may not have evicted yet (container id -> reason):
         # some runtimes carry out only the evictions in an answer to a container event, so they
         # ride on the next CreateContainer answer too (containerd 1.7's NRI v0.8 drops both
@@ -241,8 +247,7 @@ class NriPlugin:
                 )
         if mux.closed:
             return
-        if self.on_ready is not None:
-            await self.on_ready(True)
+        self._say_ready(True)
 
     async def _evict(self, evict: list[tuple[str, str]]) -> None:
         """Ask the runtime to evict now (a runtime whose NRI applies unsolicited evictions does),
@@ -259,6 +264,50 @@ class NriPlugin:
             )
         except (RemoteError, ConnectionClosed, asyncio.TimeoutError) as exc:
             log.error("NRI: eviction of %d container(s) failed: %s (owed to the next creation)", len(evict), exc)
+
+    def _say_ready(self, ready: bool) -> asyncio.Task | None:
+        """Tell ``on_ready`` (the agent writes the node's annotation, on the API server) in the
+        background, in order, one call in flight at most: a value asked for while one is in flight
+        is told after it (the latest only). Awaited in the session's end, a containerd restart had
+        the plugin dial again only once the API server answered (a node read retried for 15 s and
+        a 30 s patch with it unreachable), every container created meanwhile without its grant
+        (found by review, 1 Dec). Returns the task telling it (None: no ``on_ready``)."""
+        if self.on_ready is None:
+            return None
+        self._ready_wanted = ready
+        if self._ready_task is None or self._ready_task.done():
+            self._ready_task = asyncio.get_running_loop().create_task(self._tell_ready(), name="hami-nri-ready")
+            self._notify.add(self._ready_task)  # (with the session's other background work)
+            self._ready_task.add_done_callback(self._notify.discard)
+        return self._ready_task
+
+    async def _tell_ready(self) -> None:
+        assert self.on_ready is not None
+        while self._ready_wanted is not None and self._ready_wanted != self._ready_told:
+            ready = self._ready_wanted
+            try:
+                await self.on_ready(ready)
+            except Exception:  # noqa: BLE001 - the plugin lives on; the agent's own loops write again
+                log.exception("NRI: telling the agent the hook is %s failed", "ready" if ready else "gone")
+            self._ready_told = ready
+
+    async def _cancel_telling(self) -> None:
+        task, self._ready_task = self._ready_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _tell_now(self, ready: bool) -> None:
+        """The agent stops: a call in flight is cut short, and ``ready`` told here."""
+        if self.on_ready is None:
+            return
+        await self._cancel_telling()
+        self._ready_wanted = self._ready_told = ready
+        try:
+            await self.on_ready(ready)
+        except Exception:  # noqa: BLE001 - stopping; logged
+            log.exception("NRI: telling the agent the hook is %s failed", "ready" if ready else "gone")
 
     def _later(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -299,14 +348,23 @@ class NriPlugin:
             reading.cancel()
             was_ready, self.ready = self.ready, False
             self._sync_pods, self._sync_containers = [], []
-            if was_ready and self.on_ready is not None:
-                await self.on_ready(False)
+            if was_ready:
+                if self.stopping:  # the agent stops: told before the task ends, as ever
+                    await self._tell_now(False)
+                else:
+                    self._say_ready(False)
 
     async def run(self) -> None:
         """Sessions until cancelled, dialling again ``retry`` seconds after each one ends. A dial
         that fails is logged at the first failure, then every :data:`RETRY_LOG_S` while it goes on:
         once a second, a node whose runtime has NRI off (or a runtime restarting for minutes)
         wrote a warning a second for as long as it lasted."""
+        try:
+            await self._sessions()
+        finally:  # (a call of on_ready still in flight goes with the plugin)
+            await self._cancel_telling()
+
+    async def _sessions(self) -> None:
         loop = asyncio.get_running_loop()
         failing: tuple[float, float] | None = None  # (first failure, last line) of the failures since a session
         while True:
