@@ -951,9 +951,55 @@ QUOTAS = {
 }
 
 
-ALL = {**DECODERS, **ENCODERS, **DECISIONS, **QUOTAS}
+def _held_after_init(restart_policy: str) -> int:
+    """MiB a bound pod holds on its GPU once its 8000 MiB init container finished (exit 0), its
+    app container asking 1000, under ``restart_policy``."""
+    from hami.core.ledger import allocation_from_pod
+
+    pod = {
+        "metadata": {
+            "name": "p",
+            "namespace": "team",
+            "uid": "u1",
+            "annotations": {
+                "hami.io/vgpu-node": "n",
+                "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,8000,10:;GPU-1,NVIDIA,1000,10:;",
+            },
+        },
+        "spec": {
+            "nodeName": "n",
+            "restartPolicy": restart_policy,
+            "initContainers": [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "containers": [{"name": "app", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {
+            "phase": "Running",
+            "initContainerStatuses": [{"name": "init", "state": {"terminated": {"exitCode": 0}}}],
+        },
+    }
+    alloc = allocation_from_pod(pod, build_vendors())
+    assert alloc is not None
+    return alloc.usage[0].mem
+
+
+ACCOUNTING = {
+    "accounting": [
+        Case(
+            "a finished init container of a pod that may run it again keeps its grant",
+            _held_after_init,
+            "Always",
+            8000,
+            hami=1000,
+            doc="init-rerun",
+        ),
+        Case("a finished init container that cannot run again gives it back", _held_after_init, "Never", 1000),
+    ]
+}
+
+
+ALL = {**DECODERS, **ENCODERS, **DECISIONS, **QUOTAS, **ACCOUNTING}
 CODEC_GROUPS = (*DECODERS, *ENCODERS)
-DECISION_GROUPS = (*DECISIONS, *QUOTAS)
+DECISION_GROUPS = (*DECISIONS, *QUOTAS, *ACCOUNTING)
 
 
 def counts(groups: tuple[str, ...]) -> tuple[int, int, int]:

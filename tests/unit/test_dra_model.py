@@ -283,7 +283,7 @@ def test_each_gpu_of_a_claim_gets_its_own_memory_and_core_share():
     assert env["NVIDIA_VISIBLE_DEVICES"] == f"{U0},{U1}"
     assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("3000m", "5000m")
     assert (env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_1"]) == ("30", "60")
-    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"  # HAMi's unindexed value: the first GPU's
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "60"  # the largest share: an indexed one only lowers it
 
 
 def test_equal_shares_keep_the_single_unindexed_core_share():

@@ -28,7 +28,10 @@ def test_claim_churn_leaves_nothing_behind():
     assert report.cycles == 200 and report.waves == 25
     assert not report.leaked, report.leaked
     fds = [s[2] for s in report.samples]
-    assert max(fds) == min(fds), f"open fds changed under churn: {fds}"
+    # no growth: never above the first sample, and flat over the second half (descriptors an
+    # earlier test of the same process left to the garbage collector may close during the first)
+    later = fds[len(fds) // 2 :]
+    assert max(fds) <= fds[0] and max(later) == min(later), f"open fds changed under churn: {fds}"
 
 
 def _claim(name: str, reserved: list[str], results: list[tuple[str, str, str]] | None) -> dict:

@@ -34,7 +34,7 @@ from hami.node.settings import NodeSettings
 from .allocate import DeviceSpecs
 from .allocator import Allocator
 from .devices import DeviceState
-from .injection import _UID, Injector, NriAllocator, grant_records_dir
+from .injection import RECORD_UID, Injector, NriAllocator, grant_records_dir
 from .kube import Kube
 from hami.node.mig import MigManager, PodRef
 from .register import KEEP, Registrar
@@ -245,7 +245,7 @@ class NodeAgent:
         1 Dec."""
         directory = grant_records_dir(self.paths)
         try:
-            uids = sorted(n for n in os.listdir(directory) if _UID.fullmatch(n))
+            uids = sorted(n for n in os.listdir(directory) if RECORD_UID.fullmatch(n))
         except FileNotFoundError:
             return
         except OSError as exc:

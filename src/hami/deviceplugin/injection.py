@@ -229,7 +229,7 @@ def grant_records_dir(paths: HookPaths) -> str:
 
 
 #: a pod uid that can name a record file (the API server's are UUIDs, static pods' hex hashes)
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
+RECORD_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 
 
 class GrantRecords:
@@ -252,7 +252,7 @@ class GrantRecords:
         self._memory: OrderedDict[str, tuple[str, str]] = OrderedDict()  # uid -> (allocated, sandbox id)
 
     def _path(self, uid: str) -> Path | None:
-        return Path(self.directory, uid) if _UID.fullmatch(uid) else None
+        return Path(self.directory, uid) if RECORD_UID.fullmatch(uid) else None
 
     def _keep(self, uid: str, record: tuple[str, str]) -> None:
         self._memory[uid] = record
@@ -313,9 +313,9 @@ class GrantRecords:
         gone = {uid for uid in self._memory if uid not in uids}
         try:
             names = os.listdir(self.directory)
-            gone |= {name for name in names if _UID.fullmatch(name) and name not in uids}
+            gone |= {name for name in names if RECORD_UID.fullmatch(name) and name not in uids}
             for name in names:  # a write a crash cut short
-                if name.startswith(".") and name.endswith(".tmp") and _UID.fullmatch(name[1:-4]):
+                if name.startswith(".") and name.endswith(".tmp") and RECORD_UID.fullmatch(name[1:-4]):
                     Path(self.directory, name).unlink(missing_ok=True)
         except FileNotFoundError:
             pass
