@@ -487,13 +487,12 @@ CASES: dict[str, VendorCase] = {
         {
             "hami.io/enflame-vgpu-devices-allocated": "{node}-enflame-drs-0,Enflame,16384,2:;",
             "enflame.com/gcu-request-size": "2",
-            "enflame.com/gcu-assigned-id": "12",
+            "enflame.com/gcu-assigned-id": "0",
             "enflame.com/gcu-assigned": "false",
             "enflame.com/gcu-assigned-index": "0",
             "enflame.com/gcu-assigned-minor": "10",
             "enflame.com/gcu-assigned-time": "",
-            "enflame.com/assigned-containers": '{"main":{"allocated":"{node}-enflame-drs-0","request":2,'
-            '"profileID":12,"profileName":"2g.16gb"}}',
+            "assigned-containers": '{"main":{"allocated":false,"request":2,"profileID":"12","profileName":"2g.16gb"}}',
         },
     ),
     "kunlun": VendorCase(

@@ -47,18 +47,21 @@ def test_admission_mirrors_limits_into_requests():
 
 
 def test_drs_annotations_exact():
+    """As Enflame's gcushare device plugin reads them (corrected by review, 1 Dec: the record is
+    ``assigned-containers`` without a prefix, ``allocated`` false, the profile ID a string, and
+    ``gcu-assigned-id`` the GCU's index, not the profile ID)."""
     r = one([drs_node()], pod("p", [ctr("worker", limits={DRS: 2})]))
     assert r.annotations == {
         "hami.io/vgpu-node": "gcu",
         "hami.io/vgpu-time": str(int(NOW)),
         "hami.io/enflame-vgpu-devices-allocated": "gcu-enflame-drs-0,Enflame,16384,2:;",
         "enflame.com/gcu-request-size": "2",
-        "enflame.com/gcu-assigned-id": "12",
+        "enflame.com/gcu-assigned-id": "0",
         "enflame.com/gcu-assigned": "false",
         "enflame.com/gcu-assigned-index": "0",
         "enflame.com/gcu-assigned-minor": "10",
         "enflame.com/gcu-assigned-time": str(int(NOW) * 1_000_000_000),
-        "enflame.com/assigned-containers": '{"worker":{"allocated":"gcu-enflame-drs-0","request":2,"profileID":12,"profileName":"2g.16gb"}}',
+        "assigned-containers": '{"worker":{"allocated":false,"request":2,"profileID":"12","profileName":"2g.16gb"}}',
     }
 
 

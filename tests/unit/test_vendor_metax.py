@@ -348,7 +348,8 @@ def test_sgpu_app_class_of_a_decision_and_of_each_holder_is_counted():
     ledger.remove_pod("uid-b")
     r = schedule_pod(admit(pod("off3", [ctr(limits=SHARE)], {APP: "offline"}), CFG), None, ledger, CFG, NOW)
     assert r.annotations["hami.io/metax-sgpu-devices-allocated"] == "sgpu-0,Metax-SGPU,4096,20:;"
-    assert ledger.view("sg").classes == {0: {"offline": 2}}
+    # off3 was admitted (QoS best-effort by default) and runs a share: its policy is recorded too
+    assert ledger.view("sg").classes == {0: {"offline": 2, "qos:best-effort": 1}}
 
 
 def test_sgpu_app_class_follows_pod_events():

@@ -146,7 +146,7 @@ def _with(section: str) -> AdmissionSettings:
         ("enflame", "enflame.com/gcu-request-size"),
         ("enflame", "enflame.com/gcu-assigned-minor"),
         ("enflame", "enflame.com/gcu-assigned-time"),
-        ("enflame", "enflame.com/assigned-containers"),
+        ("enflame", "assigned-containers"),  # the key Enflame's plugin reads (no prefix)
         ("metax", "metax-tech.com/gpu-devices-allocated"),
         ("metax", "metax-tech.com/predicate-time"),
         ("cambricon", "CAMBRICON_DSMLU_PROFILE"),

@@ -282,7 +282,7 @@ enflame:
   - enflame.com/gcu-assigned-index
   - enflame.com/gcu-assigned-minor
   - enflame.com/gcu-assigned-time
-  - enflame.com/assigned-containers
+  - assigned-containers
 kunlun: [BAIDU_COM_DEVICE_IDX]
 awsneuron: [AWS_NEURON_IDS, NEURON_ALLOC_TIME, NEURON_ALLOCATED, NEURON_RESOURCE_TYPE, aws.amazon.com/predicate-node]
 vnpus: ["huawei.com/{chip}", predicate-time]

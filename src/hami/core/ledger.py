@@ -629,8 +629,8 @@ class Ledger:
             st.used[i] += sign * u.slots
             st.usedmem[i] += sign * u.mem
             st.usedcores[i] += sign * u.cores
-            mark = classes.get(u.vendor) if classes else None
-            if mark:
+            marks = classes.get(u.vendor) if classes else None
+            for mark in marks.split(CLASS_SEPARATOR) if marks else ():
                 held = st.classes.setdefault(i, {})
                 n = held.get(mark, 0) + sign
                 if n > 0:
@@ -690,7 +690,9 @@ class Ledger:
         for v in vendors:
             r = v.resources
             if r.memory:
-                tracked[f"limits.{r.memory}"] = r.memory_factor
+                # MiB per unit: the request factor, and for a vendor whose pods ask in GiB that it
+                # converts itself (MetaX sGPU, Enflame DRS) the quota-only factor too
+                tracked[f"limits.{r.memory}"] = getattr(r, "quota_unit", r.memory_factor)
             if r.cores:
                 tracked[f"limits.{r.cores}"] = 1
         limits: dict[str, int] = {}
@@ -990,19 +992,29 @@ def make_allocation(
     )
 
 
+#: Between the marks of one pod on one vendor's devices in :attr:`PodAllocation.classes` (a
+#: vendor's ``holder_class`` may name several: MetaX sGPU's app class and QoS policy). A mark
+#: containing it is dropped (marks come from pod annotations: one must not forge two).
+CLASS_SEPARATOR = "\n"
+
+
 def holder_classes(
     annotations: Mapping[str, str], devices: Mapping[str, PodSingleDevice], vendors: Iterable[Any]
 ) -> dict[str, str]:
     """``vendor -> class`` for each of ``vendors`` whose devices the pod holds and whose
-    ``holder_class`` puts the pod (by its annotations) in one."""
+    ``holder_class`` puts the pod (by its annotations and its grants of that vendor) in one or
+    more (several marks joined by :data:`CLASS_SEPARATOR`; the ledger counts each on every device
+    the pod holds)."""
     out: dict[str, str] = {}
     for v in vendors:
         name = str(getattr(v, "name", ""))
         read = getattr(v, "holder_class", None)
         if name in devices and read is not None and any(devices[name]):
-            mark = read(annotations)
-            if mark:
-                out[name] = str(mark)
+            got = read(annotations, devices[name])
+            marks = (got,) if isinstance(got, str) else tuple(got or ())
+            kept = [str(m) for m in marks if m and CLASS_SEPARATOR not in str(m)]
+            if kept:
+                out[name] = CLASS_SEPARATOR.join(dict.fromkeys(kept))
     return out
 
 

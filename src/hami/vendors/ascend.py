@@ -15,6 +15,8 @@ Facts: reference §3.4 (admission), §4.5 (keys), §5.6 (NetworkID node score), 
   A NetworkID that is not a number or a string is dropped when the registration is read.
 * 910C (``superPod: true``): whole modules only (NPUs ``2k`` and ``2k+1``), a request of 1 is
   admitted as 2.
+* ``overwriteEnv``: a container that asks for no NPU of any configured chip gets
+  ``ASCEND_VISIBLE_DEVICES=""`` (each chip's backend knows every chip's NPU resource).
 * Decision annotations, read by the Ascend device plugin besides the allocation pair:
   ``huawei.com/<commonWord>`` (JSON list of the grants: UUID, and the vNPU template as ``temp``, or
   ``memory``/``core`` in soft mode) and ``predicate-time`` (unix seconds).
@@ -75,6 +77,10 @@ class AscendVendor(BaseVendor):
         self.decision_annotations = (self.runtime_annotation, PREDICATE_TIME)
         self.node_score_neutral = not cw.startswith("Ascend910")
         self.templates = sorted(chip.templates, key=lambda t: t.memory)
+        #: the NPU resource of every configured chip (:func:`make_ascend` sets them): a container
+        #: asking for one of them gets its NPUs from that chip's backend, so ``overwriteEnv`` of the
+        #: others must leave its ``ASCEND_VISIBLE_DEVICES`` alone
+        self.npu_resources: frozenset[str] = frozenset({chip.resource_name})
         super().__init__(
             ResourceNames(
                 count=chip.resource_name,
@@ -113,7 +119,9 @@ class AscendVendor(BaseVendor):
         r, c = self.resources, self.chip
         where = where_of(container)
         if not in_limits(container, r.count):
-            if c.overwrite_env:
+            # only a container without NPUs (of any configured chip) is hidden from them: with two
+            # chips, each backend saw "no NPU of mine" and blanked the other chip's container too
+            if c.overwrite_env and not self.npu_resources & present(container):
                 env_append(container, "ASCEND_VISIBLE_DEVICES", "")
             return False
         res = lookup(container, where)
@@ -308,4 +316,8 @@ def _whole_modules(devices: Sequence[DeviceInfo], candidates: Sequence[int], n: 
 
 def make_ascend(config: VnpusConfig) -> tuple[AscendVendor, ...]:
     """``vnpus:`` section -> one backend per configured chip (the chart's chips when none is listed)."""
-    return tuple(AscendVendor(chip, config.hami_vnpu_core) for chip in config.chips())
+    vendors = tuple(AscendVendor(chip, config.hami_vnpu_core) for chip in config.chips())
+    npus = frozenset(v.resources.count for v in vendors)
+    for v in vendors:
+        v.npu_resources = npus
+    return vendors

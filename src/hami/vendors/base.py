@@ -71,6 +71,15 @@ class ResourceNames:
     cores: str = ""
     priority: str = ""
     memory_factor: int = 1  # quota limits and requests are multiplied by it
+    #: A further factor for quota limits only (``limits.<memory>`` of a ResourceQuota), for a vendor
+    #: that converts its memory request itself (MetaX sGPU, Enflame DRS: a pod asks in GiB, the
+    #: request and the usage are MiB, so ``memory_factor`` stays 1 and the quota's GiB count 1024).
+    quota_memory_factor: int = 1
+
+    @property
+    def quota_unit(self) -> int:
+        """MiB one unit of a namespace quota's ``limits.<memory>`` counts."""
+        return self.memory_factor * self.quota_memory_factor
 
     @property
     def asking(self) -> frozenset[str]:
@@ -325,10 +334,11 @@ class BaseVendor:
         classes keep pods apart). Default: None."""
         return None
 
-    def holder_class(self, annotations: Mapping[str, str]) -> str:
-        """The class a pod's annotations put it in on this vendor's devices, which the ledger
-        records per device for :meth:`usage_filter` (MetaX sGPU: its app class). Default: ""
-        (none; nothing is recorded)."""
+    def holder_class(self, annotations: Mapping[str, str], devices: PodSingleDevice = ()) -> str | tuple[str, ...]:
+        """The class (or classes) a pod's annotations and ``devices`` (its grants of this vendor)
+        put it in on this vendor's devices, which the ledger records per device for
+        :meth:`usage_filter` (MetaX sGPU: its app class, and the QoS policy its shares run
+        under). Default: "" (none; nothing is recorded)."""
         return ""
 
     def repeats(self, device: DeviceInfo, sel: Selection) -> bool:

@@ -2,14 +2,21 @@
 
 Facts: §3.4, §4.1, §4.5, §7.1 ``enflame``, §8.2, §8.3.
 
-DRS: the node annotation ``enflame.com/gcu-drs-capacity`` is
-``{"devices":[{"index":0,"minor":0,"capacity":6}],"profiles":{"1g.8gb":1,"2g.16gb":2,...}}``:
-``capacity`` slices per GCU, profiles named ``<slices>g.<memory>gb`` with their profile IDs.
+DRS: the node annotation ``enflame.com/gcu-drs-capacity``, as Enflame's gcushare device plugin
+writes it, is
+``{"devices":[{"index":"0","minor":"0","capacity":6}],"profiles":{"1g.6gb":"0","3g.20gb":"1",...}}``:
+``capacity`` slices per GCU, profiles named ``<slices>g.<memory>gb`` with their profile IDs. The
+plugin writes ``index``, ``minor`` and the profile IDs as strings; JSON integers (the form our
+earlier docs showed) are read too. An ``index`` that is absent, empty or not a number in
+0..2147483647 is the device's position in the list, a ``minor`` of that kind is the index (as HAMi
+reads them; a value that is not empty is logged as a warning naming the field and the value).
+A ``capacity`` must be such a number (an integer or a string of digits).
 A container asks for slices directly (``enflame.com/drs-gcu: n``) or for ``enflame.com/gcu-memory``
 (GiB) plus ``enflame.com/gcu-core`` (percent of a GCU), which is mapped, per GCU, to the smallest
 profile that covers both. One device per container. In our model a DRS GCU has ``count =
 devcore = capacity`` (slices) and ``devmem = capacity x`` the memory of one slice; a grant records
-the slices as cores. Device IDs: ``<node>-enflame-drs-<index>``.
+the slices as cores. Device IDs: ``<node>-enflame-drs-<index>``. A namespace quota on
+``limits.enflame.com/gcu-memory`` is GiB, as the pods ask (``quota_memory_factor`` 1024).
 
 Whole GCU: ``enflame.com/gcu`` from node capacity, as HAMi's ``GetNodeDevices`` registers them:
 IDs ``<node>-GCU-<i>``, one slot, ``devmem`` 100 and ``devcore`` 100 per card; a grant takes all of
@@ -19,20 +26,24 @@ in today's form. Neither backend locks the node.
 
 DRS decision annotations, read by Enflame's device plugin at Allocate (besides
 ``hami.io/enflame-vgpu-devices-allocated``), for the first GCU the pod holds:
-``enflame.com/gcu-request-size`` (slices), ``enflame.com/gcu-assigned-id`` (profile ID),
-``enflame.com/gcu-assigned`` (``false``; the plugin sets ``true``), ``enflame.com/gcu-assigned-index``,
-``enflame.com/gcu-assigned-minor``, ``enflame.com/gcu-assigned-time`` (unix ns) and
-``enflame.com/assigned-containers`` (JSON: container -> allocated, request, profileID, profileName).
+``enflame.com/gcu-request-size`` (slices), ``enflame.com/gcu-assigned-id`` and
+``enflame.com/gcu-assigned-index`` (both the GCU's index, as HAMi writes them),
+``enflame.com/gcu-assigned`` (``false``; the plugin sets ``true``), ``enflame.com/gcu-assigned-minor``,
+``enflame.com/gcu-assigned-time`` (unix ns) and ``assigned-containers`` (no prefix: the key the
+plugin reads; a JSON map container name -> ``{"allocated":false,"request":<slices>,
+"profileID":"<id>","profileName":"<name>"}``, profile ID and name left out when empty; the plugin
+sets ``allocated`` and adds the DRS instance it creates).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hami.config import EnflameConfig
-from hami.core.codec import CAPACITY, go_json, go_loads, go_plain, go_struct, int_field, shown
+from hami.core.codec import CAPACITY, GoMap, go_json, go_loads, go_plain, go_struct, shown
 from hami.core.errors import CodecError, RequestError
 from hami.core.reasons import Reason
 from hami.core.types import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodSingleDevice
@@ -49,6 +60,8 @@ from .common import (
     whole_card_request,
 )
 
+log = logging.getLogger(__name__)
+
 CAPACITY_ANNOTATION = "enflame.com/gcu-drs-capacity"
 #: a DRS profile name, ``<slices>g.<GiB>gb`` (ASCII digits; matched whole)
 _PROFILE = re.compile(r"([0-9]+)g\.([0-9]+)gb")
@@ -64,7 +77,11 @@ ASSIGNED_ANNOTATION = "enflame.com/gcu-assigned"
 ASSIGNED_INDEX_ANNOTATION = "enflame.com/gcu-assigned-index"
 ASSIGNED_MINOR_ANNOTATION = "enflame.com/gcu-assigned-minor"
 ASSIGNED_TIME_ANNOTATION = "enflame.com/gcu-assigned-time"
-ASSIGNED_CONTAINERS_ANNOTATION = "enflame.com/assigned-containers"
+#: the per-container record the gcushare device plugin reads at Allocate: no ``enflame.com/`` prefix
+ASSIGNED_CONTAINERS_ANNOTATION = "assigned-containers"
+#: an index, minor or capacity written as a string: ASCII digits (at most 10: the value is bounded
+#: by :data:`CAPACITY` afterwards)
+_DIGITS = re.compile(r"[0-9]{1,10}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +118,64 @@ def _slice_mib(name: str, where: str) -> int:
     return int(m.group(2)) * 1024 // int(m.group(1))
 
 
+def _drs_number(value: Any) -> int | None:
+    """An index, minor or capacity as Enflame's plugin writes it (a string of ASCII digits, spaces
+    around it ignored) or as a JSON integer, within :data:`CAPACITY`; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        n = int(value.strip())
+    else:
+        return None
+    return n if CAPACITY[0] <= n <= CAPACITY[1] else None
+
+
+def _number_or(fields: Mapping[str, Any], key: str, default: int, where: str, what: str) -> int:
+    """Field ``key`` of a DRS device as a number (:func:`_drs_number`), else ``default`` (HAMi: an
+    index that does not parse is the position, a minor left empty is the index); a value that is
+    present but not such a number is logged, naming the field and the value."""
+    value = fields.get(key)
+    n = _drs_number(value)
+    if n is not None:
+        return n
+    if value is not None and not (isinstance(value, str) and not value.strip()):
+        log.warning(
+            "%s: field %r must be a number in %d..%d (an integer or a string of digits), got %s: using %s, %d",
+            where,
+            key,
+            CAPACITY[0],
+            CAPACITY[1],
+            shown(value),
+            what,
+            default,
+        )
+    return default
+
+
+def _profile_ids(raw: Any, where: str) -> dict[str, str]:
+    """The registration's ``profiles``, name -> profile ID as a string (the plugin writes strings;
+    a JSON integer is read as its digits). An ID of another kind is left out with a warning naming
+    the profile and the value."""
+    if not isinstance(raw, dict):
+        raise CodecError(f"{where}: 'profiles' must map profile names to IDs, got {shown(raw)}")
+    out = {}
+    for name, pid in raw.items():
+        if isinstance(pid, str):
+            out[name] = pid
+        elif isinstance(pid, int) and not isinstance(pid, bool):
+            out[name] = str(pid)
+        else:
+            log.warning(
+                "%s: profiles[%s]: the profile ID must be a string, got %s: profile left out",
+                where,
+                shown(name),
+                shown(pid),
+            )
+    return out
+
+
 class EnflameDrsVendor(BaseVendor):
     cores_unit = "slices"  # devcore = count = DRS slices of the GCU
     name = "Enflame"
@@ -125,7 +200,10 @@ class EnflameDrsVendor(BaseVendor):
         c = self.config = config or EnflameConfig()
         super().__init__(
             ResourceNames(
-                count=c.resource_name_drs_gcu, memory=c.resource_name_gcu_memory, cores=c.resource_name_gcu_core
+                count=c.resource_name_drs_gcu,
+                memory=c.resource_name_gcu_memory,
+                cores=c.resource_name_gcu_core,
+                quota_memory_factor=1024,  # gcu-memory is GiB in a pod and a quota; usage is MiB
             )
         )
 
@@ -139,34 +217,39 @@ class EnflameDrsVendor(BaseVendor):
         data = go_struct(raw, ("devices", "profiles")) if isinstance(raw, dict) else None
         if data is None or not isinstance(data.get("devices"), list):
             raise CodecError(f"{where}: must be an object with a 'devices' list")
-        profiles = go_plain(data.get("profiles") or {})
-        if not isinstance(profiles, dict):
-            raise CodecError(f"{where}: 'profiles' must map profile names to IDs")
+        profiles = _profile_ids(go_plain(data.get("profiles") or {}), where)
         per_slice = max((_slice_mib(name, where) for name in profiles), default=0)
         out = []
         for i, d in enumerate(data["devices"]):
             f = go_struct(d, ("index", "minor", "capacity")) if isinstance(d, dict) else None
-            if f is None or any(f.get(k) is None for k in ("index", "minor", "capacity")):
-                raise CodecError(f"{where}: devices[{i}] needs integers index, minor, capacity; got {shown(d)}")
-            # within HAMi's int32 (as every registration's count, memory and cores): scores divide by them
-            vals = {k: int_field(f, k, f"{where}: devices[{i}]", CAPACITY) for k in ("index", "minor", "capacity")}
-            devmem = vals["capacity"] * per_slice
+            w = f"{where}: devices[{i}]"
+            if f is None:
+                raise CodecError(f"{w} must be an object with index, minor and capacity; got {shown(d)}")
+            slices = _drs_number(f.get("capacity"))
+            if slices is None:
+                # within HAMi's int32 (as every registration's count, memory and cores): scores divide by them
+                raise CodecError(
+                    f"{w}: field 'capacity' must be in {CAPACITY[0]}..{CAPACITY[1]}, got {shown(f.get('capacity'))} "
+                    "(a number of slices: an integer or a string of digits)"
+                )
+            index = _number_or(f, "index", i, w, "its position in the list")
+            minor = _number_or(f, "minor", index, w, "its index")
+            devmem = slices * per_slice
             if devmem > CAPACITY[1]:
                 raise CodecError(
-                    f"{where}: devices[{i}]: field 'capacity' {vals['capacity']} x {per_slice} MiB per slice "
-                    f"is {devmem} MiB, more than {CAPACITY[1]}"
+                    f"{w}: field 'capacity' {slices} x {per_slice} MiB per slice is {devmem} MiB, more than {CAPACITY[1]}"
                 )
             out.append(
                 DeviceInfo(
-                    id=f"{node_name(node)}-enflame-drs-{vals['index']}",
-                    index=vals["index"],
-                    count=vals["capacity"],
+                    id=f"{node_name(node)}-enflame-drs-{index}",
+                    index=index,
+                    count=slices,
                     devmem=devmem,
-                    devcore=vals["capacity"],
+                    devcore=slices,
                     type=self.name,
                     health=True,
                     vendor=self.name,
-                    custominfo={"minor": vals["minor"], "profiles": dict(profiles)},
+                    custominfo={"minor": minor, "profiles": dict(profiles)},
                 )
             )
         return tuple(out)
@@ -245,36 +328,53 @@ class EnflameDrsVendor(BaseVendor):
     ) -> dict[str, str]:
         out = super().pod_annotations(devices, node=node, now=now, pod=pod, view=view)
         by_id = {d.id: d for d in (view.devices if view is not None else ())}
-        names = [c.name for c in pod.containers] if pod is not None else [str(i) for i in range(len(devices))]
-        assigned: dict[str, Any] = {}
+        ctrs = list(pod.containers) if pod is not None else [None] * len(devices)
+        assigned = GoMap()  # a Go map: written with its keys (the container names) sorted
         first = None
-        for name, ctr in zip(names, devices):
-            for cd in ctr:
-                dev = by_id.get(cd.uuid)
-                prof = [p for p in (_profiles(dev) if dev else []) if p[0] == cd.usedcores]
-                entry = {
-                    "allocated": cd.uuid,
-                    "request": cd.usedcores,
-                    "profileID": prof[0][3] if prof else None,
-                    "profileName": prof[0][2] if prof else "",
-                }
-                assigned[name] = entry
-                first = first or (cd, dev, entry)
+        for i, (c, ctr) in enumerate(zip(ctrs, devices)):
+            if not ctr:
+                continue
+            cd = ctr[0]  # one GCU per container
+            dev = by_id.get(cd.uuid)
+            name, pid = self._granted_profile(dev, c.for_vendor(self.name) if c is not None else None, cd.usedcores)
+            entry: dict[str, Any] = {"allocated": False, "request": max(cd.usedcores, 1)}
+            if pid:  # Go's omitempty
+                entry["profileID"] = pid
+            if name:
+                entry["profileName"] = name
+            assigned[c.name if c is not None else f"container-{i}"] = entry
+            if first is None:
+                first = (cd, dev)
         if first is None:
             return out
-        cd, dev, entry = first
+        cd, dev = first
+        minor = (dev.custominfo or {}).get("minor", cd.index) if dev else cd.index
         out.update(
             {
-                REQUEST_SIZE_ANNOTATION: str(cd.usedcores),
-                ASSIGNED_ID_ANNOTATION: "" if entry["profileID"] is None else str(entry["profileID"]),
+                REQUEST_SIZE_ANNOTATION: str(max(cd.usedcores, 1)),
+                ASSIGNED_ID_ANNOTATION: str(cd.index),  # HAMi writes the GCU's index here too
                 ASSIGNED_ANNOTATION: "false",
                 ASSIGNED_INDEX_ANNOTATION: str(cd.index),
-                ASSIGNED_MINOR_ANNOTATION: str((dev.custominfo or {}).get("minor", cd.index) if dev else cd.index),
+                ASSIGNED_MINOR_ANNOTATION: str(minor),
                 ASSIGNED_TIME_ANNOTATION: str(int(now * 1_000_000_000)),
                 ASSIGNED_CONTAINERS_ANNOTATION: go_json(assigned),
             }
         )
         return out
+
+    def _granted_profile(
+        self, device: DeviceInfo | None, request: ContainerDeviceRequest | None, slices: int
+    ) -> tuple[str, str]:
+        """(profile name, profile ID) of the grant of ``slices`` on ``device``: the profile the
+        container's request maps to there, else the first profile of that many slices; ("", "")
+        when the device has none."""
+        if device is None:
+            return "", ""
+        got = self.slices_for(device, request) if request is not None else None
+        if got is not None and got[0] == slices and got[1]:
+            return got[1], str(got[2] if got[2] is not None else "")
+        match = [p for p in _profiles(device) if p[0] == slices]
+        return (match[0][2], str(match[0][3])) if match else ("", "")
 
 
 class EnflameGcuVendor(BaseVendor):

@@ -16,7 +16,11 @@ percentage, default 100. Admission: ``metax-tech.com/sgpu-app-class`` must be ``
 ``fixed-share`` or ``burst-share``. A device whose ``qosPolicy`` is set takes a share (``vcore``
 below 100) only from pods of the same policy (``CardQosPolicyMismatch``); a request for the whole
 sGPU (``vcore`` 100, the default) and an online pod skip the check, as in HAMi's
-``checkDeviceQos``, and so does a share of an idle device (the plugin switches its policy). App
+``checkDeviceQos``, and so does a share of an idle device (the plugin switches its policy). On a
+device in use, the policy the placed pods' shares run under (recorded by the ledger per holder,
+:meth:`MetaxSgpuVendor.holder_class`) overrides the registered one, as HAMi's ``AddResourceUsage``
+does: a fixed-share pod placed on an sGPU registered best-effort (or with no policy) keeps
+best-effort shares off it until it is gone. App
 classes keep pods apart as HAMi's ``checkAppClass`` does: on a device in use, pods with an app class
 (online, offline) and pods without one do not share, and an offline pod does not join an online
 one (``CardAppClassMismatch``); the ledger records the app class of each pod holding a device
@@ -73,6 +77,8 @@ GPU_ID_WORD = "metax"  # card IDs <node>-metax-<i> (HAMi GetNodeDevices)
 #: the card IDs of our earlier releases, <node>-metax-gpu-<i> (a node's own name may contain anything)
 _LEGACY_GPU_ID = re.compile(r"^(?P<node>.+)-metax-gpu-(?P<index>\d+)$")
 EXCLUSIVE_CORES = 100  # a request for all of an sGPU's compute: HAMi skips the QoS check for it
+#: the ledger's mark for the QoS policy a holder's share runs under (:meth:`MetaxSgpuVendor.holder_class`)
+QOS_MARK = "qos:"
 
 
 def unix_nanoseconds(seconds: float) -> int:
@@ -214,7 +220,12 @@ class MetaxSgpuVendor(BaseVendor):
     def __init__(self, config: MetaxConfig | None = None) -> None:
         c = self.config = config or MetaxConfig()
         super().__init__(
-            ResourceNames(count=c.resource_vcount_name, memory=c.resource_vmemory_name, cores=c.resource_vcore_name)
+            ResourceNames(
+                count=c.resource_vcount_name,
+                memory=c.resource_vmemory_name,
+                cores=c.resource_vcore_name,
+                quota_memory_factor=1024,  # vmemory is GiB in a pod (a plain number) and a quota; usage is MiB
+            )
         )
 
     # ------------------------------------------------------------------ registration
@@ -306,10 +317,19 @@ class MetaxSgpuVendor(BaseVendor):
             app_class=annotations.get(APP_CLASS_ANNOTATION) or "",
         )
 
-    def holder_class(self, annotations: Mapping[str, str]) -> str:
-        """The pod's app class (``metax-tech.com/sgpu-app-class``), which the ledger records on
-        the sGPUs it holds for :meth:`usage_filter`."""
-        return annotations.get(APP_CLASS_ANNOTATION) or ""
+    def holder_class(self, annotations: Mapping[str, str], devices: PodSingleDevice = ()) -> tuple[str, ...]:
+        """What the ledger records on the sGPUs the pod holds for :meth:`usage_filter`: its app
+        class (``metax-tech.com/sgpu-app-class``), and ``qos:<policy>`` (:data:`QOS_MARK`) for a
+        pod that is not online, runs a share (a grant below ``vcore`` 100) and names one of
+        :data:`QOS_POLICIES` (HAMi's ``AddResourceUsage`` sets the device's policy to its
+        holder's; an exclusive grant sets none)."""
+        app = annotations.get(APP_CLASS_ANNOTATION) or ""
+        marks = [app] if app and not app.startswith(QOS_MARK) else []  # an edited app class forges no policy
+        qos = annotations.get(QOS_ANNOTATION) or ""
+        shares = any(cd.usedcores != EXCLUSIVE_CORES for ctr in devices for cd in ctr)
+        if app != "online" and qos in QOS_POLICIES and shares:
+            marks.append(QOS_MARK + qos)
+        return tuple(marks)
 
     def usage_filter(
         self,
@@ -330,8 +350,9 @@ class MetaxSgpuVendor(BaseVendor):
 
         QoS: an idle device takes any policy (the plugin switches it), and so does a request
         for the whole sGPU (``vcore`` 100; on a device in use the capacity rules then refuse
-        it); a share of a device in use needs the device's ``qosPolicy`` unset or equal to the
-        pod's."""
+        it); a share of a device in use needs the policy of the shares running on it (the
+        holders' ``qos:`` marks; all of them) equal to the pod's, or, when no holder marks one,
+        the device's registered ``qosPolicy`` unset or equal to the pod's."""
         if used == 0 or not isinstance(sel, SgpuSelection):
             return None
         online, offline = holders.get("online", 0) > 0, holders.get("offline", 0) > 0
@@ -339,6 +360,9 @@ class MetaxSgpuVendor(BaseVendor):
             return Reason.CARD_APP_CLASS_MISMATCH
         if sel.app_class == "online" or request.coresreq == EXCLUSIVE_CORES:
             return None
+        running = {k[len(QOS_MARK) :] for k, n in holders.items() if k.startswith(QOS_MARK) and n > 0}
+        if running:  # the policy the holders' shares run under overrides the registration's
+            return None if running == {sel.qos} else Reason.CARD_QOS_POLICY_MISMATCH
         policy = (device.custominfo or {}).get("qosPolicy")
         if policy and policy != sel.qos:
             return Reason.CARD_QOS_POLICY_MISMATCH

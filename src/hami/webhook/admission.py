@@ -453,7 +453,7 @@ def _quota_excess(
         if not getattr(v, "admission_quota_cores", True):
             core_room = None  # counted in the device's unit: the scheduler checks it at placement
         for n, left, res, factor in (
-            (need[0], mem_room, v.resources.memory, v.resources.memory_factor),
+            (need[0], mem_room, v.resources.memory, v.resources.quota_unit),
             (need[1], core_room, v.resources.cores, 1),
         ):
             if left is not None and n > left:
