@@ -925,6 +925,21 @@ def _quota(hard: Mapping[str, str]) -> dict[str, int]:
     return ledger.quota_limits("team", "q") or {}
 
 
+def _mig_quota(limit_mib: int) -> int | None:
+    """MiB the namespace is charged when a pod asking two 10000 MiB picks is placed on an
+    A100-40GB in MIG mode under ``limits.nvidia.com/gpumem: limit_mib`` (None: refused). Each
+    pick takes a 3g.20gb instance (19968 MiB); HAMi checks the request (20000) only."""
+    from hami.core import NodeDevices, schedule_pod
+
+    from ._corekit import CONFIG, ctr, mig_gpu, pod
+
+    led = Ledger(CONFIG.vendors)
+    led.set_node(NodeDevices("m", (mig_gpu("m", 0),)))
+    led.set_quota("a", "q", {"limits.nvidia.com/gpumem": str(limit_mib)}, CONFIG.vendors)
+    r = schedule_pod(pod("x", [ctr("c", gpu=2, mem=10000, cores=10)], ns="a"), None, led, CONFIG, 0)
+    return None if r.node is None else led.namespace_usage("a", "NVIDIA")[0]
+
+
 QUOTAS = {
     "quotas": [
         Case(
@@ -946,6 +961,14 @@ QUOTAS = {
             {"nvidia.com/gpumem": 7, "nvidia.com/gpucores": 1},
             hami={},
             doc="quota-fraction",
+        ),
+        Case(
+            "a MIG placement is checked with the profile's memory, which the namespace is charged",
+            _mig_quota,
+            20000,
+            None,
+            hami=39936,
+            doc="mig-quota",
         ),
     ]
 }

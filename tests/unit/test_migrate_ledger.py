@@ -75,9 +75,11 @@ def test_a_pod_placed_before_hami_counted_init_containers_keeps_its_gpu():
 
 def test_todays_layout_with_init_containers_is_read_as_before():
     """One entry per container, init containers first (HAMi v2.10 ``Resourcereqs``, ours): an init
-    container's grant is released once it finished."""
+    container's grant is released once it finished; a GPU only it used is free again, its slot
+    too (HAMi's ``AppContainersOnlyDeviceUsage``; a phantom slot kept it from exclusive and
+    ``mutex`` pods until 1 Dec)."""
     assert _held(_pod(f"{GPU},NVIDIA,5000,0:;{GPU},NVIDIA,2000,10:;", inits=1)) == ((1, 2000, 10, True), (2000, 10))
-    assert _held(_pod(f"{GPU},NVIDIA,5000,0:;;", inits=1)) == ((1, 0, 0, True), (0, 0))
+    assert _held(_pod(f"{GPU},NVIDIA,5000,0:;;", inits=1)) == ((0, 0, 0, True), (0, 0))
 
 
 def test_a_mig_grant_in_hamis_legacy_form_counts_on_its_gpu():
@@ -111,10 +113,9 @@ def test_hamis_short_layout_with_init_containers_is_not_taken_for_the_old_one():
     init container's 5000 MiB stayed held (7000 MiB and 2 slots instead of 2000 and 1)."""
     pod = _asking(_pod(f"{GPU},NVIDIA,5000,0:;{GPU},NVIDIA,2000,10:;", inits=1, apps=2), True, True, False)
     assert _held(pod) == ((1, 2000, 10, True), (2000, 10))
-    # the init container alone asks: its memory and cores end with it (the pod keeps its slot, as
-    # before the old layout was read)
+    # the init container alone asks: its memory, cores and slot end with it
     pod = _asking(_pod(f"{GPU},NVIDIA,5000,0:;", inits=1, apps=1), True, False)
-    assert _held(pod) == ((1, 0, 0, True), (0, 0))
+    assert _held(pod) == ((0, 0, 0, True), (0, 0))
 
 
 def test_a_vendor_without_resource_names_reads_the_old_layout_by_the_count_alone():

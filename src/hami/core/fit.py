@@ -10,6 +10,11 @@ it when the container's devices are granted. A vendor's ``repeats(device)`` lets
 serve several of a container's ``nums`` (HAMi revisits MIG-mode GPUs). Slices are held for the
 pod's whole life, so an init container's slices stay taken for the containers after it.
 
+A namespace quota is checked with what each pick asks and, when its grant charges more (a MIG
+instance is its profile's memory and cores, and the ledger counts the grant), again with what
+the grants charge: the walk then passes the device over (``ResourceQuotaNotFit``) and a choice
+among the picks (topology-aware, a choosing vendor) refuses the combination.
+
 One container on one node goes through four named phases (kube-scheduler's PreFilter/Filter
 split: :func:`make_context` plans each container once per pod; the phases only read the plan):
 
@@ -183,6 +188,10 @@ class Walk:
     #: positions already counted in ``reasons``: a device that took some of the request and then
     #: refused one more pick (a full MIG GPU) counts once, under the reason it refused it for
     counted: set[int] = field(default_factory=set)
+    #: (a namespace quota only) a pick taken would be charged more than the request asks (a MIG
+    #: instance: the profile's memory and cores): a choice among the picks checks the quota again
+    #: with what the grants charge (:func:`_charged_fits`)
+    overcharged: bool = False
 
 
 def fit_container(
@@ -270,6 +279,10 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
     chosen: list[tuple[int, int]] = []  # (device position, mem); a position repeats when the vendor allows
     groups: list[list[tuple[int, int]]] = []  # collecting under NUMA binding: the earlier NUMA nodes' picks
     counted: set[int] = set()  # devices taken and then refused one more pick (already counted)
+    # a quota: what the grants of ``chosen`` charge (first fit: the quota is checked again with
+    # them when one is charged more than the request asks) and whether any is
+    charged: list[Pick] = []
+    over = overcharged = False
     prev_numa: int | None = None
     for i in ranked:
         d = devices[i]
@@ -286,10 +299,13 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
             else:
                 _count(reasons, view, (chosen,), Reason.NUMA_NOT_FIT, counted)
             chosen = []
+            charged = []
+            over = False
         prev_numa = d.numa
         mem = cands[i]
         held = view.slices.get(i, ())
         n = 0  # picks of this container already on device i (only when the vendor repeats devices)
+        placed, placed_cores = held, 0  # with this container's earlier picks of device i (as _granted)
         while True:
             prior = [] if collect else chosen  # collecting: combinations are checked jointly later
             quota_fits = (
@@ -309,18 +325,38 @@ def walk(view: NodeView, plan: ContainerPlan, cands: Candidates, ranked: Sequenc
             )
             if bad is None:
                 bad = vendor.custom_filter(d, req, mem, held, n)
+            cd = None
+            if bad is None and quota is not None:
+                # the quota probe counted the request; the grant may charge more (a MIG
+                # instance is the profile's memory and cores), and the ledger counts the grant
+                cd = vendor.place(d, vendor.grant_on(d, req, mem, view.usedcores[i] + placed_cores), placed)
+                pick = (plan.ci, req.vendor, d.id, cd.usedmem, cd.usedcores)
+                more = _charges_more(quota, req.vendor, cd, mem, _quota_cores(vendor, view, i, req, n))
+                if (more or over and not collect) and not quota.allows(
+                    [*picks, *([] if collect else charged), pick], plan.kinds, req.vendor
+                ):
+                    bad = Reason.RESOURCE_QUOTA_NOT_FIT
+                else:
+                    over = over or more
+                    overcharged = overcharged or more
+                    if not collect:
+                        charged.append(pick)
             if bad is not None:
                 if n:
                     counted.add(i)
                 reasons.add(bad, d.id)
                 break
+            if cd is not None:
+                if cd.slice is not None:
+                    placed = placed + (cd.slice,)
+                placed_cores += cd.usedcores
             chosen.append((i, mem))
             if len(chosen) == req.nums and not collect:
-                return Walk(chosen, reasons, True, groups, counted)
+                return Walk(chosen, reasons, True, groups, counted, overcharged)
             if not vendor.repeats(d, sel) or collect and n + 1 >= req.nums:
                 break
             n += 1
-    return Walk(chosen, reasons, False, groups, counted)
+    return Walk(chosen, reasons, False, groups, counted, overcharged)
 
 
 def choose(
@@ -340,7 +376,7 @@ def choose(
     if vendor.chooses or plan.policy.topology_aware:
         enough = [g for g in groups if len(g) >= req.nums]
         if enough:
-            got = _choice(view, plan, enough, picks)
+            got = _choice(view, plan, enough, picks, done.overcharged)
             if not isinstance(got, Reason):
                 return _granted(view, vendor, req, got)
             _count(reasons, view, [g for g in groups if len(g) < req.nums], Reason.NUMA_NOT_FIT, counted)
@@ -366,24 +402,30 @@ def _count(
 
 
 def _choice(
-    view: NodeView, plan: ContainerPlan, enough: Sequence[list[tuple[int, int]]], picks: list[Pick]
+    view: NodeView,
+    plan: ContainerPlan,
+    enough: Sequence[list[tuple[int, int]]],
+    picks: list[Pick],
+    overcharged: bool = False,
 ) -> list[tuple[int, int]] | Reason:
     """A collecting walk's choice among ``enough``, the groups (NUMA nodes, under NUMA binding;
     else the one) with ``nums`` fitting devices or more: the vendor's (``choose``), in the first
     group where it finds one; else the topology-aware policy's in each group, the best of those
     (each group searched on its own: pooled, a 20-GPU node of two NUMA nodes went past the
-    exhaustive search's limit, and one GPU was weighed against the other NUMA node's)."""
+    exhaustive search's limit, and one GPU was weighed against the other NUMA node's).
+    ``overcharged``: some pick would be charged more than the request asks (:attr:`Walk.overcharged`):
+    the quota is checked again with what the chosen grants charge."""
     if plan.vendor.chooses:
         got: list[tuple[int, int]] | Reason = Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST
         for group in enough:
-            got = _vendor_choice(view, plan, group, picks)
+            got = _vendor_choice(view, plan, group, picks, overcharged)
             if not isinstance(got, Reason):
                 break
         return got
     best: list[tuple[int, int]] | None = None
     best_score = 0
     for group in enough:
-        found = _best_topology(view, plan, group, picks)
+        found = _best_topology(view, plan, group, picks, overcharged)
         if found is None:
             continue
         if len(enough) == 1:
@@ -424,9 +466,10 @@ def _granted(
 
 
 def _vendor_choice(
-    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick]
+    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick], overcharged: bool = False
 ) -> list[tuple[int, int]] | Reason:
-    """The vendor's own pick among all fitting devices (``vendor.choose``), then the joint quota check."""
+    """The vendor's own pick among all fitting devices (``vendor.choose``), then the joint quota
+    check (``overcharged``: again with what the grants charge, :func:`_charged_fits`)."""
     req = plan.req
     mem_of = dict(cands)
     prior = [p[2] for p in picks if p[1] == req.vendor]
@@ -442,6 +485,8 @@ def _vendor_choice(
         ]
         if not plan.quota.allows(trial, plan.kinds, req.vendor):
             return Reason.RESOURCE_QUOTA_NOT_FIT
+        if overcharged and not _charged_fits(view, plan, combo, picks):
+            return Reason.RESOURCE_QUOTA_NOT_FIT
     return combo
 
 
@@ -451,12 +496,14 @@ def _pair(view: NodeView, a: int, b: int) -> int:
 
 
 def _best_topology(
-    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick]
+    view: NodeView, plan: ContainerPlan, cands: list[tuple[int, int]], picks: list[Pick], overcharged: bool = False
 ) -> list[tuple[int, int]] | None:
     """HAMi's topology-aware choice among all fitting devices (§5.4), ties to the earlier-ranked.
 
     One device: the candidate least connected to the others (keeps well-connected groups free).
     Several: the combination with the highest sum of pairwise link scores.
+    A combination must keep the namespace within its quota, counted with the request and
+    (``overcharged``) with what the grants charge.
     """
     req, quota = plan.req, plan.quota
 
@@ -466,7 +513,9 @@ def _best_topology(
         trial = picks + [
             (plan.ci, req.vendor, view.devices[j].id, m, _quota_cores(plan.vendor, view, j, req)) for j, m in combo
         ]
-        return quota.allows(trial, plan.kinds, req.vendor)
+        if not quota.allows(trial, plan.kinds, req.vendor):
+            return False
+        return not overcharged or _charged_fits(view, plan, combo, picks)
 
     if req.nums == 1:
         order = sorted(
@@ -566,6 +615,27 @@ def _topology_greedy(
 
 def _always() -> bool:
     return True
+
+
+def _charges_more(quota: QuotaRoom, vendor: str, cd: ContainerDevice, mem: int, cores: int) -> bool:
+    """Whether grant ``cd`` charges the namespace more than the quota check of its pick counted
+    (``mem`` MiB, ``cores`` as :func:`_quota_cores` gives them): a MIG instance charges its
+    profile's memory and cores, which may be more than the request asks."""
+    if cd.usedmem > mem:
+        return True
+    if vendor in quota.masks:
+        return cd.usedcores.bit_count() > cores.bit_count()
+    return cd.usedcores > cores
+
+
+def _charged_fits(view: NodeView, plan: ContainerPlan, combo: Sequence[tuple[int, int]], picks: list[Pick]) -> bool:
+    """Whether the namespace quota still holds the pod with ``combo`` granted, each pick counted
+    as its grant charges it (:func:`_granted`: the memory and cores the ledger counts once the
+    pod is placed)."""
+    assert plan.quota is not None
+    got = _granted(view, plan.vendor, plan.req, combo)
+    trial = picks + [(plan.ci, plan.req.vendor, cd.uuid, cd.usedmem, cd.usedcores) for cd in got]
+    return plan.quota.allows(trial, plan.kinds, plan.req.vendor)
 
 
 def _quota_cores(vendor: Any, view: NodeView, j: int, req: ContainerDeviceRequest, repeat: int = 0) -> int:

@@ -43,16 +43,22 @@ def collapse_picks(
     ``eval`` 2000 / 20. Phase ``setup``: log + setup = 7000 MiB, 40 cores, 2 containers.
     Steady: log + train + eval = 6000 MiB, 70 cores, 3 containers.
     Result: 3 slots, 7000 MiB, 70 cores (each term its own maximum; with ``app_only``: 3, 6000, 70).
+
+    With ``app_only``, a device that only classic init containers used is left out: the pod no
+    longer holds it (no slot, memory or cores).
     """
     # per uuid: vendor, steady [slots, mem, cores], sidecar running [slots, mem, cores] by index,
     # and the per-init-phase peaks
     per: dict[str, dict] = {}
     for ci, vendor, uuid, mem, cores in sorted(picks):
         kind = kinds[ci] if ci < len(kinds) else ContainerKind.APP
+        if kind is ContainerKind.INIT and app_only:
+            # a finished init container holds nothing: a device only it used gets no entry (an
+            # entry of zero memory still took a slot and refused exclusive and mutex pods)
+            continue
         st = per.setdefault(uuid, {"vendor": vendor, "steady": [0, 0, 0], "side": [], "init": []})
         if kind is ContainerKind.INIT:
-            if not app_only:
-                st["init"].append((ci, mem, cores))
+            st["init"].append((ci, mem, cores))
             continue
         st["steady"][0] += 1
         st["steady"][1] += mem
