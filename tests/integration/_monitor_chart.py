@@ -110,11 +110,13 @@ def assert_service_monitor_picks_only(docs: dict, service: str) -> dict:
     return sm
 
 
-def assert_hardened(container: dict) -> None:
-    """No privilege, no capability, a read-only root filesystem."""
+def assert_hardened(container: dict, removes_trees: bool = False) -> None:
+    """No privilege, a read-only root filesystem, and no capability, except DAC_OVERRIDE and FOWNER
+    for an agent that removes directories tenants wrote (docs/security.md)."""
     sc = container["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    caps = {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "FOWNER"]} if removes_trees else {"drop": ["ALL"]}
+    assert sc["capabilities"] == caps and not sc.get("privileged")
 
 
 def kubeconfig(kube_cluster, token: str, path: Path) -> str:

@@ -133,7 +133,9 @@ def test_dra_values_render_the_agent_its_privileges_and_the_drivers_own_classes(
     assert [p["name"] for p in svc_off["spec"]["ports"]] == ["agent-metrics"]
     sc = c["securityContext"]
     assert (
-        sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+        sc["allowPrivilegeEscalation"] is False
+        and sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "FOWNER"]}  # removes claims' trees
+        and not sc.get("privileged")
     )
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["plugins-registry"] == "/var/lib/kubelet/plugins_registry"

@@ -167,7 +167,7 @@ def test_the_monitor_lands_on_the_device_plugins_nodes_with_the_users_values(hel
         {"name": "containers", "hostPath": {"path": "/opt/gpu/vgpu/containers", "type": "DirectoryOrCreate"}},
         {"name": "driver-0", "hostPath": {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}},
     ]
-    assert_hardened(c)
+    assert_hardened(c, removes_trees=True)  # it removes the regions of containers gone
 
 
 def test_the_metrics_service_and_service_monitor_select_the_monitors_pods(helm_bin):

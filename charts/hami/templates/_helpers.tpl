@@ -485,3 +485,68 @@ always had, not none. Indent as the pod spec's fields. */}}
 {{- if hasKey (.Values.global | default dict) "priorityClassName" -}}{{- $pc = .Values.global.priorityClassName -}}{{- end -}}
 {{- with $pc -}}priorityClassName: {{ . }}{{- end -}}
 {{- end -}}
+
+{{/*
+Non-empty when a container securityContext (the argument) holds CAP_SYS_ADMIN: privileged, or
+capabilities.add naming SYS_ADMIN or ALL (any letter case, with or without CAP_, as the runtime
+reads them). The NVIDIA container toolkit's legacy prestart hook refuses a container that sets
+NVIDIA_MIG_MONITOR_DEVICES or NVIDIA_MIG_CONFIG_DEVICES without it ("cannot set MIG_MONITOR_DEVICES
+in non privileged container"), so the container never starts (found by review, 1 Dec).
+*/}}
+{{- define "hami.holdsSysAdmin" -}}
+{{- $sc := . | default dict -}}
+{{- if eq (toString $sc.privileged) "true" -}}privileged{{- else -}}
+{{- range (($sc.capabilities | default dict).add | default list) -}}
+{{- if regexMatch "^(?i)(cap_)?(sys_admin|all)$" (toString .) -}}{{ . }}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Where the chart's values give the device plugin MIG work, as JSON {"mixed": WHERE, "dynamic": WHERE}
+(WHERE: the value that asks for it, "" when none): static MIG (migstrategy mixed: it lists the MIG
+instances, which needs the MIG monitor capability) and dynamic MIG (operatingmode mig: it turns MIG
+mode on and makes instances, which needs the MIG config capability too). The strategy is the
+plugin's: its last --mig-strategy (devicePlugin.migStrategy, then devicePlugin.extraArgs), else
+devicePlugin.extraEnvs.MIG_STRATEGY, else each node's config.json entry. A ConfigMap named by
+nodeConfiguration.externalConfigName is not the chart's: what it says is not known here.
+*/}}
+{{- define "hami.devicePlugin.mig" -}}
+{{- $dp := .Values.devicePlugin -}}
+{{- $flag := "" -}}
+{{- $flagFrom := "" -}}
+{{- with $dp.migStrategy -}}{{- $flag = toString . -}}{{- $flagFrom = printf "devicePlugin.migStrategy=%s" $flag -}}{{- end -}}
+{{- $args := $dp.extraArgs | default list -}}
+{{- range $i, $a := $args -}}
+{{- $a = toString $a -}}
+{{- if hasPrefix "--mig-strategy=" $a -}}
+{{- $flag = trimPrefix "--mig-strategy=" $a -}}{{- $flagFrom = printf "devicePlugin.extraArgs[%d]=%s" $i $a -}}
+{{- else if and (eq $a "--mig-strategy") (lt (add1 $i) (len $args)) -}}
+{{- $flag = toString (index $args (add1 $i)) -}}{{- $flagFrom = printf "devicePlugin.extraArgs[%d]=--mig-strategy %s" $i $flag -}}
+{{- end -}}
+{{- end -}}
+{{- if and (not $flagFrom) (hasKey ($dp.extraEnvs | default dict) "MIG_STRATEGY") -}}
+{{- $flag = toString (index $dp.extraEnvs "MIG_STRATEGY") -}}{{- $flagFrom = printf "devicePlugin.extraEnvs.MIG_STRATEGY=%s" $flag -}}
+{{- end -}}
+{{- $mixed := "" -}}
+{{- $dynamic := "" -}}
+{{- if eq $flag "mixed" -}}{{- $mixed = $flagFrom -}}{{- end -}}
+{{- if not $dp.nodeConfiguration.externalConfigName -}}
+{{- $doc := ($dp.nodeConfiguration.config | default "{}") | fromJson -}}
+{{- $entries := $doc.nodeconfig -}}
+{{- if kindIs "slice" $entries -}}
+{{- range $i, $e := $entries -}}
+{{- if kindIs "map" $e -}}
+{{- $node := "" -}}
+{{- range $k, $v := $e -}}{{- if eq (lower $k) "name" -}}{{- $node = toString $v -}}{{- end -}}{{- end -}}
+{{- range $k, $v := $e -}}
+{{- $where := printf "devicePlugin.nodeConfiguration.config nodeconfig[%d] (node %q): %s=%v" $i $node $k $v -}}
+{{- if and (eq (lower $k) "operatingmode") (eq (toString $v) "mig") (not $dynamic) -}}{{- $dynamic = $where -}}{{- end -}}
+{{- if and (eq (lower $k) "migstrategy") (eq (toString $v) "mixed") (not $flagFrom) (not $mixed) -}}{{- $mixed = $where -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- dict "mixed" $mixed "dynamic" $dynamic | toJson -}}
+{{- end -}}
