@@ -1,6 +1,9 @@
 /* Environment contract (same names and defaults as HAMi-core) and logging. */
 #include "vgpu.h"
 
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -257,22 +260,78 @@ const char *vgpu_getenv(const char *name)
     return getenv(name);
 }
 
-int vgpu_device_granted(const char *uuid)
+/* Whether two device UUIDs name one device: a MIG device is "MIG-<bytes>" to NVML and in the
+ * grant, "GPU-<the same bytes>" to CUDA (cuDeviceGetUuid_v2, which libvgpu writes as a GPU's), so
+ * the kind prefix is not compared when both have one (as region.c's same_device); any letter case. */
+static int uuid_kind(const char *s, size_t len)
+{
+    return len > 4 && (!strncasecmp(s, "GPU-", 4) || !strncasecmp(s, "MIG-", 4));
+}
+
+static int same_uuid(const char *a, size_t alen, const char *b, size_t blen)
+{
+    if (uuid_kind(a, alen) && uuid_kind(b, blen)) {
+        a += 4, alen -= 4;
+        b += 4, blen -= 4;
+    }
+    return alen == blen && strncasecmp(a, b, alen) == 0;
+}
+
+int vgpu_grant_names(const char *uuid)
 {
     const char *list = vgpu_getenv("HAMI_GRANT_DEVICES");
     if (!list || !*list)
-        return 1; /* no list: every device the process sees is its grant's (HAMi-core's contract) */
+        return -1;
     size_t n = strlen(uuid);
     for (const char *p = list; *p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncasecmp(p, uuid, n) == 0)
+        if (same_uuid(p, len, uuid, n))
             return 1;
         if (!end)
             break;
         p = end + 1;
     }
     return 0;
+}
+
+/* Whether `uuid` is a GPU with a MIG device the grant names, as NVML shows it. In a MIG container
+ * NVML lists the instance's GPU (nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex: its GPU UUID),
+ * and the instance under it (nvmlDeviceGetMigDeviceHandleByIndex: its MIG UUID); a GPU none of
+ * whose MIG devices is granted (another GPU of the node, shown by a pod's own
+ * NVIDIA_VISIBLE_DEVICES=all) is not. Review, 1 Dec: a MIG grant named no device, and libvgpu
+ * then took every device the process saw as granted. */
+static int parent_of_granted(const char *uuid)
+{
+    __typeof__(&nvmlDeviceGetHandleByUUID) by_uuid = vgpu_nvml_sym("nvmlDeviceGetHandleByUUID");
+    __typeof__(&nvmlDeviceGetMaxMigDeviceCount) max_mig = vgpu_nvml_sym("nvmlDeviceGetMaxMigDeviceCount");
+    __typeof__(&nvmlDeviceGetMigDeviceHandleByIndex) mig_at = vgpu_nvml_sym("nvmlDeviceGetMigDeviceHandleByIndex");
+    __typeof__(&nvmlDeviceGetUUID) get_uuid = vgpu_nvml_sym("nvmlDeviceGetUUID");
+    nvmlDevice_t gpu;
+    unsigned count = 0;
+    if (!by_uuid || !max_mig || !mig_at || !get_uuid || by_uuid(uuid, &gpu) != NVML_SUCCESS ||
+        max_mig(gpu, &count) != NVML_SUCCESS)
+        return 0;
+    for (unsigned i = 0; i < count && i < 64; i++) {
+        nvmlDevice_t mig;
+        char name[VGPU_UUID_LEN];
+        if (mig_at(gpu, i, &mig) == NVML_SUCCESS && get_uuid(mig, name, sizeof name) == NVML_SUCCESS &&
+            vgpu_grant_names(name) == 1)
+            return 1;
+    }
+    return 0;
+}
+
+int vgpu_device_granted(const char *uuid)
+{
+    int named = vgpu_grant_names(uuid);
+    if (named < 0)
+        return 1; /* no list: every device the process sees is its grant's (HAMi-core's contract) */
+    if (named)
+        return 1;
+    /* NVML's registration (nvml_hooks.c, with vgpu_nvml_internal raised) meets a MIG device's GPU
+     * first; CUDA shows a MIG device itself (never a GPU in MIG mode whole): only an exact name there */
+    return vgpu_nvml_internal > 0 && parent_of_granted(uuid);
 }
 
 static void bad(const char *name, const char *value, const char *expect)

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -338,7 +339,11 @@ static void init_header(vgpu_region *r)
     }
     /* The grant numbers its limits by its device list's order (HAMI_GRANT_DEVICES): the devices
      * take those indices from the start, whatever CUDA ordinal the first process sees them at
-     * (a first process with CUDA_VISIBLE_DEVICES=1 would otherwise give GPU 1 the limit of 0). */
+     * (a first process with CUDA_VISIBLE_DEVICES=1 would otherwise give GPU 1 the limit of 0).
+     * A MIG grant lists its MIG device UUIDs ("MIG-<bytes>"), which CUDA's "GPU-<bytes>" and
+     * NVML's MIG handles match (same_device): CUDA's ordinals follow the GPUs' order, not the
+     * grant's, and NVML meets the instances' GPUs first (review, 1 Dec: with no list, a grant of
+     * [GPU 1's 1g, GPU 0's 3g] gave the 3g instance the 1g's limit). */
     const char *list = vgpu_getenv("HAMI_GRANT_DEVICES");
     int n = 0;
     for (const char *p = list; p && *p && n < VGPU_MAX_DEV;) {
@@ -773,14 +778,15 @@ void vgpu_release(int dev, uint64_t bytes, int type)
     slot_add(dev, bytes, type, -1);
 }
 
-/* One device, named by CUDA ("GPU-" + its UUID bytes) or by NVML: a MIG device's NVML name is
- * "MIG-" + the same bytes, so the 4-character prefix is not compared when both have one. */
+/* One device, named by CUDA ("GPU-" + its UUID bytes) or by NVML: a MIG device's NVML name (and
+ * the grant's) is "MIG-" + the same bytes, so the 4-character prefix is not compared when both
+ * have one; any letter case, as the grant's list is compared (config.c). */
 static int same_device(const char *a, const char *b)
 {
     /* a: the region's (any bytes: never read past its VGPU_UUID_LEN) */
     if (strnlen(a, VGPU_UUID_LEN) > 4 && strnlen(b, VGPU_UUID_LEN) > 4 && a[3] == '-' && b[3] == '-')
-        return !strncmp(a + 4, b + 4, VGPU_UUID_LEN - 4);
-    return !strncmp(a, b, VGPU_UUID_LEN);
+        return !strncasecmp(a + 4, b + 4, VGPU_UUID_LEN - 4);
+    return !strncasecmp(a, b, VGPU_UUID_LEN);
 }
 
 /* The region's device count, bounded: the file is the container's to write (a negative or huge
@@ -803,6 +809,11 @@ void vgpu_region_uuid(int dev, char out[VGPU_UUID_LEN + 1])
 int vgpu_region_dev_for_uuid(const char *uuid, int add)
 {
     int found = -1;
+    /* A grant with a device list takes its indices from that list (init_header): no other device
+     * gets one (a MIG device's GPU, which NVML lists and vgpu_device_granted lets through, would
+     * take the next index and that index's limit). */
+    if (add && vgpu_grant_names(uuid) == 0)
+        add = 0;
     vgpu_region_lock();
     int n = device_count(vgpu_reg);
     for (int i = 0; i < n && i < VGPU_MAX_DEV && found < 0; i++)

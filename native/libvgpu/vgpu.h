@@ -49,8 +49,13 @@ struct vgpu_mounts {
 };
 HIDDEN const struct vgpu_mounts *vgpu_mounts(void);
 /* Whether a device the process sees (its UUID) is one its grant names (HAMI_GRANT_DEVICES, the
- * grant file's; every device when there is no list). */
+ * grant file's; every device when there is no list). A MIG device matches its grant entry by the
+ * bytes after the GPU-/MIG- prefix; during NVML's registration (vgpu_nvml_internal raised) a GPU
+ * is granted too when one of its MIG devices is (NVML lists a MIG device's GPU first). */
 HIDDEN int vgpu_device_granted(const char *uuid);
+/* Whether the grant's device list names `uuid` itself (same matching, no GPU for its MIG
+ * devices): 1 named, 0 not named, -1 no list. */
+HIDDEN int vgpu_grant_names(const char *uuid);
 #define LOG_ERROR(...) vgpu_log(0, __VA_ARGS__)
 #define LOG_WARN(...) vgpu_log(2, __VA_ARGS__)
 #define LOG_INFO(...) vgpu_log(3, __VA_ARGS__)

@@ -471,7 +471,9 @@ def build_response(
 
     MIG mode: ``mig_devices`` are the MIG device UUIDs made for this container (mig.py), one per
     granted device; the container sees those instead of the GPUs, and libvgpu still limits it
-    to the profile's memory (the instance's SMs are all its own: no compute limit).
+    to the profile's memory (the instance's SMs are all its own: no compute limit). The grant
+    file names them (``HAMI_GRANT_DEVICES``, in grant order), so libvgpu gives no device to a
+    process that sees another and numbers the limits by the grant, not by CUDA's order.
 
     ``device_specs`` (``--pass-device-specs``): the granted GPUs' device nodes go into the
     response too (in MIG mode the GPUs' own nodes: an instance made at Allocate has no
@@ -497,6 +499,9 @@ def build_response(
     )
     envs.update(contract.limit_env(limits, contract.options(settings)))
     mounts = contract.container_mounts(paths, cache_dir, preload=contract.preload_wanted(ctr.env), grant=True)
-    # the granted GPUs' UUIDs (not in MIG mode: the container sees the instances)
-    granted = () if mig else [d.uuid for d in devs]
+    # what the container may see, in grant order (CUDA_DEVICE_MEMORY_LIMIT_<i> is entry i's): the
+    # GPUs, or in MIG mode the instances. Left empty for MIG before (review, 1 Dec), libvgpu took
+    # every device as granted: a pod's own NVIDIA_VISIBLE_DEVICES=all (an envFrom) used every
+    # instance of the node, and a multi-instance grant's limits went by CUDA's order, not the grant's
+    granted = list(mig_devices) if mig else [d.uuid for d in devs]
     return ContainerResponse(envs, mounts, cache_dir, grant=contract.grant_file(envs, ctr.env, granted), devices=nodes)

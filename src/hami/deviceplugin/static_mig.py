@@ -135,7 +135,12 @@ def _devices(resource: StaticMigResource) -> list:
 
 
 class StaticMigService(pb_grpc.DevicePluginServicer):
-    """DevicePlugin service of one MIG resource: the kubelet picks the instances, we pass them on."""
+    """DevicePlugin service of one MIG resource: the kubelet picks the instances, we pass them on.
+
+    The answer has no libvgpu (no preload, no grant file naming the instances): a pod's own
+    ``NVIDIA_VISIBLE_DEVICES=all`` (an ``envFrom``, after this env) is not refused in the
+    container, unlike dynamic MIG's (``allocate.build_response``). Review, 1 Dec: left open,
+    docs/mig.md ("Static MIG") says why (the kubelet names no pod here to key a region by)."""
 
     def __init__(
         self,

@@ -478,8 +478,8 @@ class MonitorCollector(Collector):
                 if not seen or key in done or key in c.taken or (c.granted is not None and key not in c.granted):
                     continue
                 done.add(key)
-                # the UUID of the grant: libvgpu writes a MIG instance's as GPU-<bytes>, which
-                # names no device; the grant's MIG-<bytes> joins hami_mig_device_info. Without a
+                # the UUID of the grant: an older libvgpu wrote a MIG instance's as GPU-<bytes>,
+                # which names no device; the grant's MIG-<bytes> joins hami_mig_device_info. Without a
                 # grant, none: the region's UUID is the container's to write (any string, or
                 # another tenant's GPU), so the series is named by vdevice_index alone
                 uuid = c.granted[key] if c.granted is not None else ""
