@@ -28,7 +28,7 @@ CONTAINER_UTILIZATION = "hami_container_device_utilization_ratio"
 
 # the scheduler's allocation metrics the UI's history reads back from Prometheus (hami.ui.prometheus)
 GPU_MEMORY_ALLOCATED = "hami_gpu_memory_allocated_bytes"  # per device: node, device_uuid, device_type, ...
-GPU_CORES_ALLOCATED = "hami_gpu_core_allocated_ratio"  # per device, in the vendor's core unit
+GPU_CORES_ALLOCATED = "hami_gpu_core_allocated_ratio"  # per device, percent of the GPU (HAMi)
 POD_MEMORY_ALLOCATED = "hami_vgpu_memory_allocated_bytes"  # per pod and device: namespace, node, pod, device_uuid
 POD_CORES_ALLOCATED = "hami_vgpu_core_allocated_ratio"
 

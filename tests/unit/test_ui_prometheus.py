@@ -34,6 +34,7 @@ from .test_ui_auth import shared as _shared_state
 shared = _shared_state
 NOW = 1_780_000_000 + 17  # not on a bucket edge
 MIB = 1024 * 1024
+JOIN = " * on (node, device_uuid) group_left (device_cores)"
 MATCHER = re.compile(r'([a-z_]+)(=~|=)"([A-Za-z0-9._:|\\-]*)"')
 
 # raw series the stand-in holds: metric -> [(labels, value)]
@@ -83,8 +84,10 @@ SERIES = {
     ],
     M.CONTAINER_UTILIZATION: [({"namespace": "team-a", "pod": "mine", "container": "c", "device_uuid": "GPU-1"}, 42)],
     M.GPU_MEMORY_ALLOCATED: [
-        ({"node": "gpu-s", "device_uuid": "GPU-1", "device_type": "NVIDIA-A10", "device_cores": "60"}, 6000 * MIB),
-        ({"node": "gpu-o", "device_uuid": "GPU-2", "device_type": "NVIDIA-A10", "device_cores": "10"}, 1000 * MIB),
+        # device_cores: the GPU's registered cores (100 for an NVIDIA GPU; were 60 and 10 before
+        # the cores queries read it, 1 Dec)
+        ({"node": "gpu-s", "device_uuid": "GPU-1", "device_type": "NVIDIA-A10", "device_cores": "100"}, 6000 * MIB),
+        ({"node": "gpu-o", "device_uuid": "GPU-2", "device_type": "NVIDIA-A10", "device_cores": "100"}, 1000 * MIB),
     ],
     M.GPU_CORES_ALLOCATED: [({"node": "gpu-s", "device_uuid": "GPU-1", "device_type": "NVIDIA-A10"}, 60)],
     M.HOST_MEMORY_USED: [({"node": "gpu-s", "device_uuid": "GPU-1", "device_type": "NVIDIA-A10"}, 1400 * MIB)],
@@ -121,6 +124,8 @@ class FakePrometheus:
                 {"status": "error", "errorType": "bad_data", "error": self.fail[1]}, status=self.fail[0]
             )
         q = form["query"]
+        if JOIN in q:
+            return self._joined(form)
         selectors = re.findall(r"(hami_[a-z_]+)\{([^}]*)\}", q)
         assert len(selectors) == 1, q
         metric, inner = selectors[0]
@@ -145,6 +150,49 @@ class FakePrometheus:
         result = [
             {"metric": dict(k), "values": [[t, str(v / divide)] for t in times]} for k, v in sorted(groups.items())
         ]
+        return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+    def _joined(self, form: dict[str, str]) -> web.Response:
+        """A cores query: ``(sum|max) by (..., device_cores) (max by (...) (<cores>) * on (node,
+        device_uuid) group_left (device_cores) (topk by (node, device_uuid) (1, max by (node,
+        device_uuid, device_cores) (<gpu memory allocated>)) * 0 + 1))``: each series of the
+        cores family is given its GPU's ``device_cores`` label (a GPU without one is left out)."""
+        q = form["query"]
+        m = re.fullmatch(
+            r"(sum|max) by \(([a-z_, ]+)\) \(max by \(([a-z_, ]+)\) \((?:avg_over_time\()?(hami_[a-z_]+)\{([^}]*)\}"
+            r"(?:\[\d+s\]\))?\)"
+            + re.escape(JOIN)
+            + r" \(topk by \(node, device_uuid\) \(1, max by \(node, device_uuid, device_cores\) "
+            r"\((?:avg_over_time\()?(hami_[a-z_]+)\{([^}]*)\}(?:\[\d+s\]\))?\)\) \* 0 \+ 1\)\)",
+            q,
+        )
+        assert m, q
+        outer, by, inner, metric, left, right_metric, right = m.groups()
+        assert right_metric == M.GPU_MEMORY_ALLOCATED, q
+        for text in (left, right):
+            assert ",".join(f'{n}{op}"{v}"' for n, op, v in MATCHER.findall(text)) == text, text
+        cores_of = {
+            (labels["node"], labels["device_uuid"]): labels["device_cores"]
+            for labels, _ in SERIES[right_metric]
+            if _matches(labels, MATCHER.findall(right))
+        }
+        inner_by = [x.strip() for x in inner.split(",")]
+        by_ = [x.strip() for x in by.split(",")]
+        first: dict[tuple, tuple[dict, float]] = {}
+        for labels, value in SERIES.get(metric, []):
+            if _matches(labels, MATCHER.findall(left)):
+                key = tuple(labels[b] for b in inner_by if b in labels)
+                first[key] = (labels, max(first.get(key, (labels, value))[1], value))
+        groups: dict[tuple, float] = {}
+        for labels, value in first.values():
+            cores = cores_of.get((labels["node"], labels["device_uuid"]))
+            if cores is None:
+                continue
+            joined = {**labels, "device_cores": cores}
+            key = tuple((b, joined[b]) for b in by_ if b in joined)
+            groups[key] = groups.get(key, 0.0) + value if outer == "sum" else max(groups.get(key, value), value)
+        times = range(int(form["start"]), int(form["end"]) + 1, int(form["step"]))
+        result = [{"metric": dict(k), "values": [[t, str(v)] for t in times]} for k, v in sorted(groups.items())]
         return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
 
     async def query(self, request: web.Request) -> web.Response:
@@ -219,8 +267,8 @@ def test_the_names_queried_are_the_ones_exported():
         assert name in scheduler_metrics.ALLOCATION
     for kind in ("namespace", "pod", "gpu"):
         for q in P.queries(kind, {}, 60).values():
-            (metric,) = re.findall(r"(hami_[a-z_]+)\{", q)
-            assert metric in vars(M).values()
+            metrics = re.findall(r"(hami_[a-z_]+)\{", q)
+            assert metrics and all(m in vars(M).values() for m in metrics)
 
 
 async def test_an_admin_gets_every_pod_from_prometheus_on_the_rings_grid(shared, prom):

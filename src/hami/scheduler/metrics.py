@@ -2,7 +2,9 @@
 
 Allocation metrics (reference hami-control-plane §9.1, names and labels as HAMi's, every one
 with ``zone="vGPU"``) are computed at scrape time from the ledger and, for the DRA front end, the
-watch cache's ResourceSlices and allocated claims: no API calls, nothing cached between scrapes. The scheduler's own signals, which HAMi lacks (A20), are recorded as they happen:
+watch cache's ResourceSlices and allocated claims: no API calls, nothing cached between scrapes. The
+core ratio families are a percentage of the GPU for every vendor (:func:`core_percent`), their
+legacy names the vendor's raw counts, as HAMi's. The scheduler's own signals, which HAMi lacks (A20), are recorded as they happen:
 
 =================================================  ======================================================
 ``hami_scheduler_filter_duration_seconds``         histogram, label ``outcome`` (``scheduled``,
@@ -41,6 +43,7 @@ many clients call at once). :meth:`render` does both at once for any other serve
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -78,7 +81,7 @@ ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] 
         DEV,
         "GPUDeviceCoreLimit",
         ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-        "Registered device cores (100 per GPU x deviceCoreScaling)",
+        "Registered device cores as a percentage: 100 for a GPU with cores, 0 for one without",
     ),
     "hami_gpu_memory_allocated_bytes": (
         DEV_CORES,
@@ -96,7 +99,7 @@ ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] 
         DEV,
         "GPUDeviceCoreAllocated",
         ("nodeid", "deviceuuid", "deviceidx", "devicetype"),
-        "Device cores allocated to pods",
+        "Device cores allocated to pods, percent of the GPU's registered cores (rounded up)",
     ),
     "hami_node_gpu_overview": (
         OVERVIEW,
@@ -143,7 +146,7 @@ ALLOCATION: dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...], str]] 
         POD,
         "vGPUCoreAllocated",
         ("podnamespace", "nodename", "podname", "containeridx", "deviceuuid"),
-        "Device cores allocated to a pod (collapsed over its containers)",
+        "Device cores allocated to a pod (collapsed over its containers), percent of the GPU's registered cores (rounded up)",
     ),
 }
 
@@ -365,18 +368,29 @@ class _Text:
         if legacy:
             self.lines.update({old: [] for _, old, _, _ in ALLOCATION.values() if old})
 
-    def add(self, name: str, values: Sequence[Any], value: float, extra: tuple[str, str] | None = None) -> None:
-        """One series; ``extra`` = already-built (label string, legacy label string) to reuse."""
+    def add(
+        self,
+        name: str,
+        values: Sequence[Any],
+        value: float,
+        extra: tuple[str, str] | None = None,
+        legacy_value: float | None = None,
+    ) -> None:
+        """One series; ``extra`` = already-built (label string, legacy label string) to reuse;
+        ``legacy_value``: the legacy name's value where it differs (the raw core counts)."""
         labels, old, old_labels, _ = ALLOCATION[name]
         new_s, old_s = extra or (_labels(labels, values), _labels(old_labels, values) if self.legacy and old else "")
         v = _num(value)
         self.lines[name].append(f'{name}{{{new_s},zone="{ZONE}"}} {v}\n')
         if self.legacy and old:
-            self.lines[old].append(f'{old}{{{old_s},zone="{ZONE}"}} {v}\n')
+            old_v = v if legacy_value is None else _num(legacy_value)
+            self.lines[old].append(f'{old}{{{old_s},zone="{ZONE}"}} {old_v}\n')
 
     def render(self) -> str:
         docs = {n: d for n, (_, _, _, d) in ALLOCATION.items()}
         docs.update({old: f"Legacy name of {n}" for n, (_, old, _, _) in ALLOCATION.items() if old})
+        for n in RAW_LEGACY_CORES:
+            docs[ALLOCATION[n][1] or n] = f"Legacy name of {n}, in the vendor's core unit (not a percentage)"
         out = []
         for name, lines in self.lines.items():
             if lines:
@@ -387,6 +401,22 @@ class _Text:
 
 _LEGACY_DEV = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
 
+#: the core families exported as a percentage of the GPU whose legacy names keep the raw counts
+RAW_LEGACY_CORES = ("hami_gpu_core_limit_ratio", "hami_gpu_core_allocated_ratio", "hami_vgpu_core_allocated_ratio")
+
+
+def core_percent(total: float, used: float) -> tuple[int, int]:
+    """``(limit, allocated)`` of the core ratio families for a GPU of ``total`` registered cores
+    (the vendor's unit: percent x deviceCoreScaling for NVIDIA, compute units for AMD, AI cores
+    for an Ascend vNPU, ...) of which ``used`` are allocated: 100 and ``used`` as a percentage of
+    ``total`` rounded up (an exact integer ceiling), as HAMi's scheduler exports them for every
+    vendor; (0, 0) for a GPU without cores (or none known)."""
+    if total <= 0:
+        return 0, 0
+    if isinstance(total, int) and isinstance(used, int):
+        return 100, -(-used * 100 // total)
+    return 100, math.ceil(used * 100 / total)
+
 
 def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
     """HAMi's §9.1 metrics (and ``hami_build_info``) as exposition text."""
@@ -394,16 +424,22 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
     t = _Text(legacy)
     info = _labels(BUILD, build_info_values())
     head = f'# HELP {BUILD_INFO} {BUILD_INFO_HELP}\n# TYPE {BUILD_INFO} gauge\n{BUILD_INFO}{{{info},zone="{ZONE}"}} 1\n'
+    totals: dict[tuple[str, str], int] = {}  # (node, uuid) -> registered cores, for the pods' percentages
     for node, uuid, index, typ, devmem, devcore, used, usedmem, usedcores in rows.devices:
+        totals[(node, uuid)] = devcore
         dev = (node, uuid, index, typ)
         shared = (_labels(DEV, dev), _labels(_LEGACY_DEV, dev) if legacy else "")
+        # the ratio families are a percentage of the GPU whatever the vendor's unit (HAMi's
+        # scheduler normalises them; an AMD GPU's 304 compute units were exported as 304, and a
+        # quarter of them as 76, on a dashboard reading 100 per GPU); the legacy names stay raw
+        limit_pct, used_pct = core_percent(devcore, usedcores)
         t.add("hami_gpu_memory_limit_bytes", dev, devmem * MIB, shared)
-        t.add("hami_gpu_core_limit_ratio", dev, devcore, shared)
+        t.add("hami_gpu_core_limit_ratio", dev, limit_pct, shared, legacy_value=devcore)
         # device_cores is the GPU's registered cores, as HAMi since #2142: a label that followed
         # the allocation began a new series (and ended one) at every placement and release
         t.add("hami_gpu_memory_allocated_bytes", (node, uuid, index, devcore, typ), usedmem * MIB)
         t.add("hami_gpu_shared_count", dev, used, shared)
-        t.add("hami_gpu_core_allocated_ratio", dev, usedcores, shared)
+        t.add("hami_gpu_core_allocated_ratio", dev, used_pct, shared, legacy_value=usedcores)
         t.add("hami_node_gpu_overview", (node, uuid, index, devcore, devmem, typ), usedmem * MIB)
         t.add("hami_node_gpu_memory_allocated_ratio", dev, usedmem / devmem if devmem else 0.0, shared)
     for row in rows.mig:
@@ -418,7 +454,8 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
             _labels(ALLOCATION["hami_vgpu_memory_allocated_bytes"][2], labels) if legacy else "",
         )
         t.add("hami_vgpu_memory_allocated_bytes", labels, mem * MIB, shared)
-        t.add("hami_vgpu_core_allocated_ratio", labels, cores, shared)
+        _, pct = core_percent(totals.get((node, uuid), 0), cores)
+        t.add("hami_vgpu_core_allocated_ratio", labels, pct, shared, legacy_value=cores)
     return head + t.render()
 
 

@@ -462,7 +462,15 @@ def pods_document(
             for vname in sorted(alloc.devices):
                 per = alloc.devices[vname]
                 for cd in per[ci] if ci < len(per) else ():
-                    usage = reading.containers.get((alloc.namespace, alloc.name, cname, cd.uuid)) if reading else None
+                    usage = None
+                    if reading:
+                        # hami monitor names a MIG grant's series by its instance (MIG-...), once the
+                        # device plugin made it; cd.uuid is its GPU's (found by review, 1 Dec: a MIG
+                        # grant never showed live usage)
+                        mig_uuid = cd.slice.mig_uuid if cd.slice is not None else ""
+                        usage = (
+                            reading.containers.get((alloc.namespace, alloc.name, cname, mig_uuid)) if mig_uuid else None
+                        ) or reading.containers.get((alloc.namespace, alloc.name, cname, cd.uuid))
                     grants.append(grant_doc(vname, cd, devices, vendors.get(vname), usage, state))
             containers.append({"name": cname, "kind": kind, "grants": grants})
         meta = (pod or {}).get("metadata") or {}
@@ -538,10 +546,17 @@ def claim_doc(
             usage = None
             if reading is not None and first is not None:
                 # hami monitor labels a claim's region with the one container using it, or with the
-                # claim's name when several share it
-                usage = reading.containers.get((claim.namespace, first.name, cname, uuid)) or reading.containers.get(
-                    (claim.namespace, first.name, claim.name, uuid)
-                )
+                # claim's name when several share it, and with the UUIDs of the claim's record: a
+                # MIG instance's own (MIG-..., a static instance's ``uuid`` attribute), not its
+                # GPU's (found by review, 1 Dec: a DRA MIG claim never showed live usage); the GPU's
+                # is tried after it (a dynamic placement publishes no instance UUID)
+                own = (info.get("uuid") or "") if mig is not None else ""
+                for looked in dict.fromkeys(u for u in (own, uuid) if u):
+                    usage = reading.containers.get(
+                        (claim.namespace, first.name, cname, looked)
+                    ) or reading.containers.get((claim.namespace, first.name, claim.name, looked))
+                    if usage is not None:
+                        break
             grant = {
                 "vendor": "NVIDIA",
                 "uuid": uuid,

@@ -98,11 +98,27 @@ def queries(kind: str, matchers: Mapping[str, str | Iterable[str]], step: int) -
     pod_alloc = ("namespace", "node", "pod", "container_index", "device_uuid")
     pod_used = ("namespace", "pod", "container", "device_uuid")  # the monitor has no node label here
     no_node = ("namespace", "pod", "device_uuid")
+    # the core ratio families are a percentage of the GPU (hami.scheduler.metrics.core_percent);
+    # each series is given its GPU's registered cores as a label (``device_cores``, which
+    # hami_gpu_memory_allocated_bytes carries; one value per GPU, ``topk`` choosing when it changed
+    # within the window), kept by the outer aggregation, for :func:`_assemble` to turn the
+    # percentage back into the vendor's unit (compute units, AI cores, ...) the ring answers in
+    cores_of = (
+        f"(topk by (node, device_uuid) (1, max by (node, device_uuid, device_cores) "
+        f"({raw(GPU_MEMORY_ALLOCATED, ('node', 'device_uuid'))})) * 0 + 1)"
+    )
+
+    def cores(outer: str, by: tuple[str, ...], inner: tuple[str, ...], metric: str) -> str:
+        joined = (
+            f"max by ({', '.join(inner)}) ({raw(metric)}) * on (node, device_uuid) group_left (device_cores) {cores_of}"
+        )
+        return f"{outer} by ({', '.join(by + ('device_cores',))}) ({joined})"
+
     if kind == "namespace":
         return {
             "memoryAllocatedMiB": f"sum by (namespace) (max by ({', '.join(pod_alloc)}) "
             f"({raw(POD_MEMORY_ALLOCATED)})) / {MIB}",
-            "coresAllocated": f"sum by (namespace) (max by ({', '.join(pod_alloc)}) ({raw(POD_CORES_ALLOCATED)}))",
+            "coresAllocated": cores("sum", ("namespace",), pod_alloc, POD_CORES_ALLOCATED),
             "memoryUsedMiB": f"sum by (namespace) (max by ({', '.join(pod_used)}) "
             f"({raw(CONTAINER_MEMORY_USED, no_node)})) / {MIB}",
         }
@@ -110,8 +126,7 @@ def queries(kind: str, matchers: Mapping[str, str | Iterable[str]], step: int) -
         return {
             "memoryAllocatedMiB": f"sum by (namespace, pod, node) (max by ({', '.join(pod_alloc)}) "
             f"({raw(POD_MEMORY_ALLOCATED)})) / {MIB}",
-            "coresAllocated": f"sum by (namespace, pod, node) (max by ({', '.join(pod_alloc)}) "
-            f"({raw(POD_CORES_ALLOCATED)}))",
+            "coresAllocated": cores("sum", ("namespace", "pod", "node"), pod_alloc, POD_CORES_ALLOCATED),
             "memoryUsedMiB": f"sum by (namespace, pod) (max by ({', '.join(pod_used)}) "
             f"({raw(CONTAINER_MEMORY_USED, no_node)})) / {MIB}",
             "utilizationPercent": f"max by (namespace, pod) ({raw(CONTAINER_UTILIZATION, no_node)})",
@@ -119,7 +134,12 @@ def queries(kind: str, matchers: Mapping[str, str | Iterable[str]], step: int) -
     if kind == "gpu":
         return {
             "memoryAllocatedMiB": f"max by (device_uuid, node, device_type) ({raw(GPU_MEMORY_ALLOCATED)}) / {MIB}",
-            "coresAllocated": f"max by (device_uuid, node, device_type) ({raw(GPU_CORES_ALLOCATED)})",
+            "coresAllocated": cores(
+                "max",
+                ("device_uuid", "node", "device_type"),
+                ("device_uuid", "node", "device_type"),
+                GPU_CORES_ALLOCATED,
+            ),
             "memoryUsedMiB": f"max by (device_uuid, node) ({raw(HOST_MEMORY_USED)}) / {MIB}",
             "utilizationPercent": f"max by (device_uuid, node) ({raw(HOST_UTILIZATION)})",
         }
@@ -298,6 +318,16 @@ class PrometheusHistory:
         return [i for i in items if i["key"] in wanted], len(keys)
 
 
+def _core_scale(metric: Mapping[str, Any]) -> float:
+    """What turns a core percentage of a GPU into its vendor's unit: the GPU's registered cores
+    (the ``device_cores`` label the cores queries join in) / 100; 1 (percent kept) without one."""
+    try:
+        cores = float(metric.get("device_cores", ""))
+    except (TypeError, ValueError):
+        return 1.0
+    return cores / 100 if math.isfinite(cores) and cores >= 0 else 1.0
+
+
 def _assemble(
     kind: str,
     answers: Mapping[str, list],
@@ -336,10 +366,11 @@ def _assemble(
             if kind == "gpu" and isinstance(metric.get("device_type"), str):
                 labels.setdefault("model", metric["device_type"])
             points = item["points"][value_name]
+            scale = _core_scale(metric) if value_name == "coresAllocated" else 1.0
             for pair in values:
                 try:
                     i = round((float(pair[0]) - start) / step)
-                    x = float(pair[1])
+                    x = float(pair[1]) * scale
                 except (TypeError, ValueError, IndexError):
                     continue
                 if 0 <= i < hist.POINTS and math.isfinite(x):
