@@ -25,16 +25,29 @@
  * processes). Each process aims at its current share plus an equal part of the
  * container's remaining error, pulled slowly towards an equal split, so the processes'
  * targets always add up to L. The shares are the decayed averages each process publishes
- * in its slot of the region (device_util[d].sm_util), not one sample's rows.
+ * in its slot of the region (device_util[d].sm_util), not one sample's rows. A share not
+ * refreshed for two windows is left out (its process is dead or stopped), and the watcher reaps
+ * dead processes' slots once a second: a sibling killed by a signal keeps its slot's status 1
+ * and its last share, and only registration, a refused allocation or a memory query reaped it,
+ * so a survivor that only launched kernels was held to its half of the limit for ever (review,
+ * 1 Dec: 20 % at a limit of 40).
  *
  * Policies (GPU_CORE_UTILIZATION_POLICY): force = always capped; disable = never;
  * default = capped only while some process outside the container runs on the device
  * (seen in the same NVML samples; held 3 s after it goes quiet: a small user is sampled
  * rarely), i.e. work-conserving.
  *
- * Priority: a launch pauses while (a) HAMi's monitor marks the region blocked
- * (recent_kernel < 0), or (b) the watcher saw a higher-priority peer launch on one of our
- * devices within HAMI_PRIORITY_QUIET_MS (priority.c).
+ * Priority: a launch pauses while (a) a node monitor marks the region blocked
+ * (recent_kernel < 0) and its lease runs (limiter.h: ours grants one with every -1, renewed each
+ * round, so a monitor that dies leaves nobody stalled; HAMi's grants none and its block holds
+ * until lifted), or (b) the watcher saw a higher-priority peer launch on one of our devices
+ * within HAMI_PRIORITY_QUIET_MS (priority.c).
+ *
+ * Clocks: polling, holds, launch-count snapshots and leases run on CLOCK_MONOTONIC. Only NVML's
+ * sample stamps (and the launch stamps peers compare) are wall-clock: a sample is placed on the
+ * monotonic axis by the current offset between the two, samples stamped ahead of the wall clock
+ * are ignored, and the newest stamp seen is forgotten when the clock is set back far behind it.
+ * On the wall clock, a clock set back froze control for the length of the step (review, 1 Dec).
  *
  * Fast path (limit not binding): one call through the gate pointer, two loads and a
  * branch when no limit is configured; plus the current device and one relaxed atomic
@@ -76,16 +89,16 @@ typedef struct {
     /* watcher only */
     nvmlDevice_t nvml;
     int nvml_state; /* 0 unknown, 1 ok, -1 unavailable */
-    unsigned long long last_seen_us, prev_stamp_us, period_us;
-    uint64_t next_poll_us; /* no new NVML sample expected before this */
-    uint64_t counted_since_us; /* launch counts are complete from this wall time on (0 = not counting) */
+    unsigned long long last_seen_us, prev_stamp_us, period_us; /* NVML's stamps: wall clock */
+    uint64_t next_poll_us; /* no new NVML sample expected before this (monotonic) */
+    uint64_t counted_since_us; /* launch counts are complete from this monotonic time on (0 = not counting) */
     double tau; /* seconds of device time per launch */
     double ew_busy, ew_launches; /* decayed sums while counting: our busy s, our launches */
     double ew_ubusy, ew_utime; /* decayed sums of every sample: our busy s, observed s */
     int have_tau;
-    uint64_t others_until_ms;
+    uint64_t others_until_ms; /* monotonic */
     int binding;
-    snap snaps[SNAPS];
+    snap snaps[SNAPS]; /* monotonic */
     unsigned snap_n;
 } lim_dev;
 
@@ -103,6 +116,18 @@ static unsigned g_pause_mask; /* region devices paused by a higher-priority peer
 static int g_single_dev = -1; /* region index when CUDA shows this process one device */
 static int g_warned_pid;
 static int g_watch; /* a device has a limit and the policy is not `disable` */
+static uint64_t g_next_reap_ms; /* monotonic */
+static int g_stale_said; /* the expired block was logged */
+
+/* NVML samples stamped more than this ahead of the wall clock were taken before it was set back;
+ * the newest stamp seen is forgotten when the clock goes back further behind it than this */
+#define STEP_US 1000000ULL
+#define REAP_MS 1000 /* the watcher reaps dead processes' slots this often (with a limit) */
+
+_Static_assert(sizeof(vgpu_lock_slot) <= LIM_LEASE_OFFSET, "the lease lies past the lock's fields");
+_Static_assert(LIM_LEASE_OFFSET + sizeof(lim_lease) <= __builtin_offsetof(vgpu_slot, status),
+               "the lease lies before the lock slot's status (kept 0)");
+_Static_assert(LIM_LEASE_OFFSET % 8 == 0, "lease alignment");
 
 /* ---------- small helpers ---------- */
 
@@ -118,6 +143,11 @@ static uint64_t wall_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000ULL + (uint64_t)ts.tv_nsec / 1000ULL;
+}
+
+static uint64_t mono_us(void)
+{
+    return (uint64_t)mono_ns() / 1000ULL;
 }
 
 static void sleep_ns(int64_t ns)
@@ -146,6 +176,20 @@ static int limit_of(int d)
     return l == 0 || l >= 100 ? 100 : (int)l;
 }
 
+static lim_lease *lease(void)
+{
+    return (lim_lease *)(void *)((char *)&vgpu_reg->procs[VGPU_LOCK_SLOT] + LIM_LEASE_OFFSET);
+}
+
+/* A share published by another process (stamp: LIM_UTIL_STAMP_MS) still counts: refreshed within
+ * two averaging windows (at least 1 s: the real NVML's period is ~1/6 s), or by a libvgpu that
+ * keeps no stamp (0). */
+static int share_fresh(uint64_t stamp_ms, uint64_t now_ms)
+{
+    uint64_t stale = 2ULL * g_window_ms > 1000 ? 2ULL * g_window_ms : 1000;
+    return !stamp_ms || stamp_ms + stale >= now_ms;
+}
+
 /* ---------- launch path ---------- */
 
 /* GCRA: each launch takes the next slot `iv` after the previous one; a slot that lies in
@@ -165,10 +209,33 @@ static void pace(lim_dev *D, int64_t iv)
     }
 }
 
+/* Whether the node monitor's block (recent_kernel < 0) holds: while its lease runs, or with no
+ * expiry when it grants none (HAMi's monitor). A lease further ahead than LIM_LEASE_MAX_MS is no
+ * lease of this clock (another time namespace, or garbage): ignored, as an expired one is. */
+static int monitor_blocked(void)
+{
+    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) >= 0)
+        return 0;
+    uint64_t until = __atomic_load_n(&lease()->until_ms, __ATOMIC_ACQUIRE);
+    if (!until)
+        return 1;
+    uint64_t now = lim_mono_ms();
+    if (now < until && until - now <= LIM_LEASE_MAX_MS) {
+        if (__atomic_load_n(&g_stale_said, __ATOMIC_RELAXED))
+            __atomic_store_n(&g_stale_said, 0, __ATOMIC_RELAXED);
+        return 1;
+    }
+    if (!__atomic_load_n(&g_stale_said, __ATOMIC_RELAXED) &&
+        !__atomic_exchange_n(&g_stale_said, 1, __ATOMIC_RELAXED))
+        LOG_WARN("recent_kernel = -1 ignored: the monitor's lease on it %s",
+                 now < until ? "is too far ahead" : "ran out");
+    return 0;
+}
+
 /* Paused on device d (-1 = unknown: any paused device counts). */
 static int paused_on(int d)
 {
-    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0)
+    if (monitor_blocked())
         return 1;
     if (!(__atomic_load_n(&g_flags, __ATOMIC_ACQUIRE) & F_PAUSE))
         return 0;
@@ -249,7 +316,7 @@ static void snapshot(lim_dev *D, uint64_t t_us)
     D->snap_n++;
 }
 
-/* Admitted launches up to wall time t (interpolated between snapshots); -1 if unknown. */
+/* Admitted launches up to monotonic time t (interpolated between snapshots); -1 if unknown. */
 static double launches_at(const lim_dev *D, uint64_t t)
 {
     unsigned have = D->snap_n < SNAPS ? D->snap_n : SNAPS;
@@ -260,7 +327,7 @@ static double launches_at(const lim_dev *D, uint64_t t)
             if (!later || later->t_us == s->t_us)
                 return (double)s->n;
             double w = (double)(t - s->t_us) / (double)(later->t_us - s->t_us);
-            return (double)s->n + w * (double)(later->n - s->n);
+            return (double)s->n + w * (later->n >= s->n ? (double)(later->n - s->n) : 0.0);
         }
         later = s;
     }
@@ -285,8 +352,9 @@ static int container_pid(unsigned pid)
     return 0;
 }
 
-/* The averaged shares the container's other live processes published for device d. */
-static void container_shares(int d, double *u_cont, int *n_act)
+/* The averaged shares the container's other live processes published for device d (and still
+ * refresh: share_fresh). */
+static void container_shares(int d, double *u_cont, int *n_act, uint64_t now_ms)
 {
     int n = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_PROC_SLOTS; i++) {
@@ -294,6 +362,8 @@ static void container_shares(int d, double *u_cont, int *n_act)
         if (s == vgpu_my_slot || !__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) ||
             !__atomic_load_n(&s->status, __ATOMIC_ACQUIRE)) /* free, or its process exiting */
             continue;
+        if (!share_fresh(__atomic_load_n(&s->device_util[d].unused[LIM_UTIL_STAMP_MS], __ATOMIC_RELAXED), now_ms))
+            continue; /* dead (not reaped yet) or stopped */
         uint64_t u = __atomic_load_n(&s->device_util[d].sm_util, __ATOMIC_RELAXED);
         *u_cont += (double)u;
         *n_act += u >= 1;
@@ -325,8 +395,9 @@ static int nvml_handle(int d, lim_dev *D)
     return r;
 }
 
-/* Per-PID mean smUtil over the new samples; returns rows, fills the newest stamp. */
-static int read_samples_unguarded(lim_dev *D, pid_util *rows, unsigned long long *newest)
+/* Per-PID mean smUtil over the new samples up to wall time `upto` (later ones were stamped before
+ * the clock was set back); returns rows, fills the newest stamp. */
+static int read_samples_unguarded(lim_dev *D, pid_util *rows, unsigned long long *newest, unsigned long long upto)
 {
     static __typeof__(&nvmlDeviceGetProcessUtilization) get;
     if (!get)
@@ -338,7 +409,7 @@ static int read_samples_unguarded(lim_dev *D, pid_util *rows, unsigned long long
     int rows_n = 0;
     *newest = 0;
     for (unsigned i = 0; i < n && i < MAX_SAMPLES; i++) {
-        if (buf[i].timeStamp <= D->last_seen_us)
+        if (buf[i].timeStamp <= D->last_seen_us || buf[i].timeStamp > upto)
             continue;
         if (buf[i].timeStamp > *newest)
             *newest = buf[i].timeStamp;
@@ -357,10 +428,10 @@ static int read_samples_unguarded(lim_dev *D, pid_util *rows, unsigned long long
 }
 
 /* read_samples, with libvgpu's own NVML calls marked internal (vgpu.h: vgpu_nvml_internal). */
-static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
+static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest, unsigned long long upto)
 {
     vgpu_nvml_internal++;
-    int r = read_samples_unguarded(D, rows, newest);
+    int r = read_samples_unguarded(D, rows, newest, upto);
     vgpu_nvml_internal--;
     return r;
 }
@@ -370,12 +441,14 @@ static int read_samples(lim_dev *D, pid_util *rows, unsigned long long *newest)
 static int seed_tau(int d, lim_dev *D)
 {
     double sum = 0;
+    uint64_t now_ms = lim_mono_ms();
     int n = 0, procs = __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < procs && i < VGPU_PROC_SLOTS; i++) {
         const vgpu_slot *s = &vgpu_reg->procs[i];
         uint64_t t = __atomic_load_n(&s->used[d].unused[LIM_DEV_TAU_NS], __ATOMIC_RELAXED);
         if (s != vgpu_my_slot && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) &&
-            __atomic_load_n(&s->status, __ATOMIC_ACQUIRE) && t)
+            __atomic_load_n(&s->status, __ATOMIC_ACQUIRE) && t &&
+            share_fresh(__atomic_load_n(&s->device_util[d].unused[LIM_UTIL_STAMP_MS], __ATOMIC_RELAXED), now_ms))
             sum += (double)t / 1e9, n++;
     }
     if (!n)
@@ -399,8 +472,10 @@ static void seed_pacing(int d, lim_dev *D)
     double share = limit_of(d) / (double)(peers + 1);
     set_interval(d, D, (int64_t)(D->tau / (share / 100.0) * 1e9));
     vgpu_slot *mine = vgpu_slot_mine();
-    if (mine)
+    if (mine) {
         __atomic_store_n(&mine->device_util[d].sm_util, (uint64_t)share, __ATOMIC_RELAXED);
+        __atomic_store_n(&mine->device_util[d].unused[LIM_UTIL_STAMP_MS], lim_mono_ms(), __ATOMIC_RELAXED);
+    }
 }
 
 static void set_interval(int d, lim_dev *D, int64_t iv)
@@ -414,13 +489,20 @@ static void set_interval(int d, lim_dev *D, int64_t iv)
     }
 }
 
-static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
+/* now_ms, now_us: monotonic; wall: the wall clock read with now_us (NVML's sample stamps) */
+static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us, uint64_t wall)
 {
     if (now_us < D->next_poll_us || !nvml_handle(d, D))
         return;
+    if (D->last_seen_us && wall + STEP_US < D->last_seen_us) {
+        /* set back: every new sample would look older than the newest one seen */
+        LOG_INFO("device %d: the wall clock went back %.1f s; reading utilization samples afresh", d,
+                 (double)(D->last_seen_us - wall) / 1e6);
+        D->last_seen_us = D->prev_stamp_us = 0;
+    }
     pid_util rows[MAX_PIDS];
     unsigned long long newest;
-    int n = read_samples(D, rows, &newest);
+    int n = read_samples(D, rows, &newest, wall + STEP_US);
     /* the next sample is due one period after this one; nothing new: look again a
      * quarter period later (20 ms before the period is known) */
     uint64_t quarter = D->period_us ? D->period_us / 4 : 20000;
@@ -428,8 +510,13 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
         D->next_poll_us = now_us + quarter;
         return;
     }
-    if (D->period_us && newest + D->period_us > now_us)
-        D->next_poll_us = newest + D->period_us;
+    if (D->period_us && newest + D->period_us > wall) {
+        uint64_t wait = newest + D->period_us - wall;
+        D->next_poll_us = now_us + (wait < D->period_us ? wait : D->period_us);
+    }
+    /* the newest sample's end on the monotonic axis of the snapshots */
+    uint64_t off = wall > now_us ? wall - now_us : 0;
+    uint64_t newest_mono = newest > off ? newest - off : 0;
     vgpu_slot *mine = vgpu_slot_mine(); /* NULL once the exit handler ran */
     unsigned me = mine ? (unsigned)__atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!me && !g_warned_pid++)
@@ -466,10 +553,12 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     D->ew_ubusy = D->ew_ubusy * keep_u + busy;
     D->ew_utime = D->ew_utime * keep_u + p_s;
     double u_avg = D->ew_ubusy / D->ew_utime * 100.0;
-    if (mine) /* our share, averaged: read by the container's other processes and the monitor */
+    if (mine) { /* our share, averaged: read by the container's other processes and the monitor */
         __atomic_store_n(&mine->device_util[d].sm_util, (uint64_t)(u_avg + 0.5), __ATOMIC_RELAXED);
-    if (D->counted_since_us && newest >= D->counted_since_us + D->period_us) {
-        double a = launches_at(D, newest - D->period_us), b = launches_at(D, newest);
+        __atomic_store_n(&mine->device_util[d].unused[LIM_UTIL_STAMP_MS], now_ms, __ATOMIC_RELAXED);
+    }
+    if (D->counted_since_us && newest_mono >= D->counted_since_us + D->period_us) {
+        double a = launches_at(D, newest_mono - D->period_us), b = launches_at(D, newest_mono);
         if (a >= 0 && b >= 0) {
             /* a period whose sample named someone else is zero busy time for us, not unknown */
             D->ew_busy = D->ew_busy * keep + busy;
@@ -482,7 +571,7 @@ static void control(int d, lim_dev *D, uint64_t now_ms, uint64_t now_us)
     }
     double u_cont = 0;
     int n_act = 1;
-    container_shares(d, &u_cont, &n_act);
+    container_shares(d, &u_cont, &n_act, now_ms);
     int policy = vgpu_cfg.core_policy, L = limit_of(d);
     int binding = L < 100 && (policy == 1 || (policy == 0 && now_ms < D->others_until_ms));
     if (binding != D->binding)
@@ -514,13 +603,27 @@ static void publish_flags(int pause, int count)
     __atomic_store_n(&g_flags, f | (pause ? F_PAUSE : 0) | (count ? F_COUNT : 0), __ATOMIC_RELEASE);
 }
 
+/* Dead processes' slots (a sibling killed by a signal keeps status 1 and its last share) are
+ * reclaimed under the region lock, about once a second, while this process has a limit to split
+ * with others. */
+static void reap_siblings(uint64_t now_ms)
+{
+    if (now_ms < g_next_reap_ms)
+        return;
+    g_next_reap_ms = now_ms + REAP_MS;
+    if (vgpu_slot_mine() && __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE) > 1)
+        (void)vgpu_region_used_reaped(0);
+}
+
 static void *watcher(void *arg)
 {
     (void)arg;
     int prio = vgpu_reg->priority;
     unsigned paused = 0;
     for (;;) {
-        uint64_t now_ms = lim_wall_ms(), now_us = wall_us();
+        uint64_t now_us = mono_us(), wall = wall_us(), now_ms = now_us / 1000;
+        if (g_watch)
+            reap_siblings(now_ms);
         int counting = (__atomic_load_n(&g_flags, __ATOMIC_RELAXED) & F_COUNT) != 0, need = 0;
         int ndev = (int)__atomic_load_n(&vgpu_reg->device_num, __ATOMIC_ACQUIRE);
         for (int d = 0; g_watch && d < ndev && d < VGPU_MAX_DEV; d++) {
@@ -536,11 +639,11 @@ static void *watcher(void *arg)
                 if (!D->have_tau && vgpu_cfg.core_policy == 1)
                     seed_pacing(d, D);
             }
-            control(d, D, now_ms, now_us);
+            control(d, D, now_ms, now_us, wall);
             /* count launches while capped, or while others use the GPU (about to be) */
             need |= vgpu_cfg.core_policy == 1 || now_ms < D->others_until_ms;
         }
-        unsigned block = lim_peer_blocks(prio, now_ms, g_quiet_ms);
+        unsigned block = lim_peer_blocks(prio, wall / 1000, now_ms, g_quiet_ms);
         if (block != paused)
             LOG_INFO("launches paused by a higher-priority task on devices 0x%x", block);
         paused = block;
@@ -560,6 +663,8 @@ static void after_fork_child(void)
     g_pause_mask = 0;
     g_single_dev = -1;
     g_watch = 0;
+    g_next_reap_ms = 0;
+    g_stale_said = 0;
     __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);
 }
 
@@ -577,6 +682,9 @@ static void setup(void)
     g_window_ms = (unsigned)vgpu_env_int("HAMI_LIMITER_WINDOW_MS", 1000, 100, 60000, "milliseconds");
     g_shared_window_ms =
         (unsigned)vgpu_env_int("HAMI_LIMITER_SHARED_WINDOW_MS", 10000, 100, 600000, "milliseconds");
+    /* this region's library expires a monitor's block: the monitor may block it by default */
+    if (__atomic_load_n(&lease()->magic, __ATOMIC_RELAXED) != LIM_LEASE_MAGIC)
+        __atomic_store_n(&lease()->magic, LIM_LEASE_MAGIC, __ATOMIC_RELEASE);
     vgpu_slot *mine = vgpu_slot_mine();
     int pid = mine ? __atomic_load_n(&mine->hostpid, __ATOMIC_ACQUIRE) : 0;
     if (!pid) /* not found at context creation (or written by a node agent) */

@@ -8,8 +8,9 @@
  * written by the launch gate). Only those of our devices pause. Nothing is written into
  * peers' regions, so a crashed task can never leave another one blocked.
  *
- * With HAMi's host monitor the same decision arrives through our own region instead
- * (recent_kernel = -1), which the launch gate also honours. */
+ * With a host monitor the same decision arrives through our own region instead
+ * (recent_kernel = -1), which the launch gate also honours: while the monitor's lease runs, or
+ * with no expiry when the monitor grants none (HAMi's; limiter.h, limiter.c). */
 #include "vgpu.h"
 #include "limiter.h"
 
@@ -41,6 +42,13 @@ uint64_t lim_wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
+}
+
+uint64_t lim_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (uint64_t)ts.tv_sec * 1000ULL + (uint64_t)ts.tv_nsec / 1000000ULL;
 }
 
@@ -149,7 +157,10 @@ static int my_index(const char *uuid)
     return -1;
 }
 
-/* Whether a live process of `r` launched on its device `j` within quiet_ms. */
+/* Whether a live process of `r` launched on its device `j` within quiet_ms. The stamps are
+ * wall-clock (every peer reads them against its own clock): one more than quiet_ms ahead of ours
+ * was written before the clock was set back and says nothing about now. Taken as recent, it paused
+ * this task until the clock caught up with it, for as long as the step (review, 1 Dec). */
 static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quiet_ms)
 {
     int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
@@ -158,7 +169,7 @@ static int active_on(const vgpu_region *r, int j, uint64_t now_ms, uint64_t quie
         if (!__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) || !__atomic_load_n(&s->status, __ATOMIC_ACQUIRE))
             continue; /* free, or its process exiting */
         uint64_t t = __atomic_load_n(&s->used[j].unused[LIM_DEV_LAST_LAUNCH_MS], __ATOMIC_ACQUIRE);
-        if (t && t + quiet_ms >= now_ms)
+        if (t && t + quiet_ms >= now_ms && t <= now_ms + quiet_ms)
             return 1;
     }
     return 0;
@@ -175,13 +186,13 @@ static unsigned my_devices(void)
     return mask;
 }
 
-unsigned lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
+unsigned lim_peer_blocks(int my_priority, uint64_t wall_ms, uint64_t mono_ms, uint64_t quiet_ms)
 {
     if (!lim_peers_configured())
         return 0;
-    if (now_ms >= g_next_scan_ms) {
+    if (mono_ms >= g_next_scan_ms) {
         rescan();
-        g_next_scan_ms = now_ms + 100;
+        g_next_scan_ms = mono_ms + 100;
     }
     unsigned mask = 0;
     for (int p = 0; p < g_npeers; p++) {
@@ -191,7 +202,7 @@ unsigned lim_peer_blocks(int my_priority, uint64_t now_ms, uint64_t quiet_ms)
         int theirs = (int)__atomic_load_n(&r->device_num, __ATOMIC_ACQUIRE);
         for (int j = 0; j < theirs && j < VGPU_MAX_DEV; j++) {
             int i = my_index(r->uuids[j]);
-            if (i >= 0 && active_on(r, j, now_ms, quiet_ms))
+            if (i >= 0 && active_on(r, j, wall_ms, quiet_ms))
                 mask |= 1u << i;
         }
     }

@@ -108,7 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--priority-blocking",
         action="store_true",
-        help="let high-priority containers block low-priority ones (HAMi-core only; see docs/metrics.md)",
+        help="also block low-priority containers whose library cannot expire a block (HAMi-core); "
+        "hami's libvgpu is blocked by default, with a lease (see docs/metrics.md)",
     )
     p.add_argument(
         "--priority-resource",
@@ -243,7 +244,8 @@ def _add(out: list[tuple[Reading, str]], path: str, priority: int | None, allowe
         return  # already warned about by the exporter
     uuids = tuple(u if u and allowed(u) else "" for u in r.uuids)
     prio = r.priority if priority is None else priority
-    out.append((Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch), r.layout))
+    reading = Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch, lease=r.priority_lease)
+    out.append((reading, r.layout))
 
 
 #: (region path, field) -> the error its last write failed with: a failure is warned about once

@@ -7,14 +7,20 @@ Every period, for every container region (reference hami-core §6.5):
 2. ``utilization_switch`` = 1 (SM limit enforced) when a higher-priority container, or another
    container of the same priority, is active on one of its devices; 0 otherwise (a container
    alone on its GPU runs unthrottled).
-3. Blocking (``recent_kernel = -1``, which makes HAMi-core's limiter sleep) when a
-   higher-priority container is active on one of its devices; only when ``blocking`` is on.
+3. Blocking (``recent_kernel = -1``, which makes the library's launches wait) when a
+   higher-priority container is active on one of its devices: always for a region whose library
+   takes leases (``Reading.lease``: our libvgpu), others (HAMi-core) only when ``blocking`` is on.
+   A blocked region's -1 is written again every period: the write renews its lease
+   (:func:`hami.monitor.region.write_int32`).
 
-Blocking is off by default: a container blocked by a monitor that then dies would stay blocked
-until a monitor comes back (HAMi-core, and our libvgpu, honour -1 with no expiry; our libvgpu
-does priority itself through peer regions and needs no monitor). When the loop stops,
-:func:`release` puts every region back to switch 1 (enforce) and un-blocks it, so a monitor
-that exits leaves limits on and nothing blocked.
+Our libvgpu honours a -1 only while the monitor's lease on it runs (15 s, renewed each period),
+so a monitor that dies after blocking leaves a container stalled for the rest of that lease at
+most; HAMi-core honours -1 with no expiry, so a container blocked by a monitor that then dies
+would stay blocked until a monitor comes back: for HAMi-core, blocking stays opt-in
+(``--priority-blocking``). When the loop stops, :func:`release` puts every region back to
+switch 1 (enforce) and un-blocks it, so a monitor that exits leaves limits on and nothing blocked.
+Until 1 Dec no region was blocked by default, so ``nvidia.com/priority`` did nothing for pods
+(found by review).
 
 :func:`decide` is pure: it takes readings and returns the writes.
 """
@@ -32,6 +38,7 @@ class Reading:
     priority: int
     recent_kernel: int
     utilization_switch: int
+    lease: bool = False  # the region's library honours a block only while its lease runs (region.priority_lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +48,9 @@ class Writes:
 
 
 def decide(readings: Iterable[Reading], blocking: bool = False) -> dict[str, Writes]:
-    """The writes for one feedback period, keyed like the readings (only changed fields)."""
+    """The writes for one feedback period, keyed like the readings (only changed fields, and the
+    -1 of every blocked region, which renews its lease). ``blocking`` also blocks regions without
+    leases (HAMi-core)."""
     readings = list(readings)
     recent: dict[str, int] = {}
     active: dict[str, list[tuple[str, int]]] = {}  # uuid -> [(key, priority)] of active containers
@@ -59,13 +68,14 @@ def decide(readings: Iterable[Reading], blocking: bool = False) -> dict[str, Wri
             higher = higher or any(p < r.priority for k, p in acts if k != r.key)
             same = same or sum(1 for _, p in acts if p == r.priority) > 1  # this one included when active
         rk = recent[r.key]
-        if blocking and higher and rk >= 0:
+        block = higher and (blocking or r.lease)
+        if block:
             rk = -1
-        elif rk < 0 and not (blocking and higher):
+        elif rk < 0:
             rk = 0
         switch = 1 if (higher or same) else 0
         w = Writes(
-            recent_kernel=rk if rk != r.recent_kernel else None,
+            recent_kernel=rk if rk != r.recent_kernel or block else None,
             utilization_switch=switch if switch != r.utilization_switch else None,
         )
         if w != Writes():

@@ -10,8 +10,19 @@ Nothing in a file is trusted before it is checked: the magic (19920718), the ver
 size come first; ``device_num`` and ``proc_num`` are clamped to 16 and 1024; a UUID that is not
 UTF-8 is dropped. The file is read with ``pread`` rather than ``mmap``: a region truncated
 while we hold it then gives a short read (an error we report) instead of a SIGBUS that would
-kill the exporter. The only writes (the feedback loop's two ``int32`` fields) go through
-``pwrite`` at fixed offsets, which the library sees through its own ``MAP_SHARED`` mapping.
+kill the exporter. The only writes (the feedback loop's two ``int32`` fields, and the lease of a
+block, below) go through ``pwrite`` at fixed offsets, which the library sees through its own
+``MAP_SHARED`` mapping.
+
+**Priority lease.** Our libvgpu honours a block (``recent_kernel = -1``) only while the monitor's
+lease on it runs, so a monitor that dies after blocking leaves nobody stalled. The lease lives in
+the layout's last process slot, which holds libvgpu's region lock and which no process takes
+(HAMi's monitor reads only ``procs[0..proc_num)``): libvgpu writes :data:`LEASE_MAGIC` at
+:data:`LEASE_MAGIC_AT` (with its lock's marker at :data:`LOCK_MAGIC_AT`: ``Region.priority_lease``),
+and :func:`write_int32` writes ``until`` (``CLOCK_MONOTONIC`` milliseconds) at
+:data:`LEASE_UNTIL_AT` before each -1 it writes there, and 0 after lifting a block (no lease: a
+-1 from a monitor that grants none, HAMi's, holds until lifted, as HAMi-core has it). HAMi-core
+regions carry no mark and get no lease.
 
 The file lies in a directory the container mounts read-write, so the container decides what the
 path is. It is opened only as a regular file of its own (:func:`_open_regular`): a symbolic link
@@ -35,6 +46,7 @@ import fcntl
 import os
 import stat
 import struct
+import time
 from dataclasses import dataclass
 
 MAGIC = 19920718
@@ -45,6 +57,14 @@ UUID_LEN = 96
 F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
 #: ``struct flock`` of LP64 Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid, padding
 _FLOCK = "hhqqi4x"
+#: v1 only, in the last process slot (libvgpu's, see the module docstring and native/libvgpu/limiter.h):
+#: libvgpu's region-lock marker, its lease mark, and the lease's end (u64, CLOCK_MONOTONIC ms)
+LOCK_MAGIC_AT, LOCK_MAGIC = 2006944, 0x4C6B5631
+LEASE_MAGIC_AT, LEASE_MAGIC = 2008824, 0x4C655031
+LEASE_UNTIL_AT = 2008832
+#: how long a block the monitor writes holds without being written again: three rounds of the
+#: default --interval (5 s); libvgpu takes a lease more than 60 s ahead for none
+LEASE_S = 15.0
 
 
 class RegionError(ValueError):
@@ -161,6 +181,7 @@ class Region:
     priority: int
     last_kernel_time: int  # Unix seconds, 0 = never / unknown
     proc_num_raw: int  # as found in the file, before clamping
+    priority_lease: bool = False  # its library expires a block with the monitor's lease (module docstring)
 
     def used(self, dev: int) -> DeviceMemory:
         """Sum over live processes of ``used[dev]``."""
@@ -290,6 +311,7 @@ def _read_fd(fd: int, path: str) -> Region:
     last_kernel = struct.unpack_from("<q", tail, 16)[0] if lay.last_kernel_time else 0
     nproc = min(max(proc_num_raw, 0), MAX_PROCS)
     procs = _read_slots(fd, path, lay, ndev, nproc)
+    leases = lay is V1 and _leases(fd, path)
     # the header may have been re-initialised under us: the magic must still be there
     if struct.unpack("<i", _pread_exact(fd, 4, 0, path))[0] != MAGIC:
         raise RegionError(f"{path}: magic changed while reading")
@@ -307,7 +329,15 @@ def _read_fd(fd: int, path: str) -> Region:
         priority=priority,
         last_kernel_time=max(last_kernel, 0),
         proc_num_raw=proc_num_raw,
+        priority_lease=leases,
     )
+
+
+def _leases(fd: int, path: str) -> bool:
+    """Whether a v1 region's library honours a block only while its lease runs (both marks)."""
+    (lock,) = struct.unpack("<I", _pread_exact(fd, 4, LOCK_MAGIC_AT, path))
+    (mark,) = struct.unpack("<I", _pread_exact(fd, 4, LEASE_MAGIC_AT, path))
+    return lock == LOCK_MAGIC and mark == LEASE_MAGIC
 
 
 def _read_slots(fd: int, path: str, lay: Layout, ndev: int, nproc: int, rounds: int = 3) -> tuple[ProcessSlot, ...]:
@@ -379,12 +409,14 @@ def _slot_lock_free(fd: int, offset: int) -> bool:
     return bool(struct.unpack(_FLOCK, answer)[0] == fcntl.F_UNLCK)
 
 
-def write_int32(path: str, field: str, value: int, layout: str = "v1") -> None:
+def write_int32(path: str, field: str, value: int, layout: str = "v1", *, lease_s: float = LEASE_S) -> None:
     """Write ``utilization_switch`` or ``recent_kernel`` of a region (the feedback loop's only writes).
 
     The file is opened as :func:`read_region` opens it (a regular file, no symbolic link, without
     blocking), and the magic and size are checked again first, so a file replaced by something
-    else is not touched. Raises :class:`RegionError` or ``OSError``.
+    else is not touched. A block (``recent_kernel`` < 0) of a region whose library takes leases
+    (module docstring) is written after its lease, ``lease_s`` from now; any other value of
+    ``recent_kernel`` there is followed by clearing the lease. Raises :class:`RegionError` or ``OSError``.
     """
     lay = V1 if layout == "v1" else V0
     offset = {"utilization_switch": lay.utilization_switch, "recent_kernel": lay.recent_kernel}[field]
@@ -394,6 +426,12 @@ def write_int32(path: str, field: str, value: int, layout: str = "v1") -> None:
             raise RegionError(f"{path}: shrank below the {lay.name} size; not writing {field}")
         if struct.unpack("<i", os.pread(fd, 4, 0))[0] != MAGIC:
             raise RegionError(f"{path}: bad magic; not writing {field}")
+        leases = field == "recent_kernel" and lay is V1 and _leases(fd, path)
+        if leases and value < 0:  # the lease first: the library never sees this -1 without it
+            until = int(time.monotonic() * 1000 + max(lease_s, 0) * 1000)
+            os.pwrite(fd, struct.pack("<Q", until), LEASE_UNTIL_AT)
         os.pwrite(fd, struct.pack("<i", value), offset)
+        if leases and value >= 0 and struct.unpack("<Q", _pread_exact(fd, 8, LEASE_UNTIL_AT, path))[0]:
+            os.pwrite(fd, struct.pack("<Q", 0), LEASE_UNTIL_AT)  # lifted: no lease left behind
     finally:
         os.close(fd)
