@@ -227,7 +227,12 @@ def test_pre_placed_pods_and_quota_documents(tmp_path, capsys):
     assert code == 0, err
     data = json.loads(out)
     assert data["pods"][0]["status"] == "pre-placed" and data["devices"][0]["usedmem"] == 4000
-    assert data["pods"][1]["reasons"] == {"n1": "1/1 ResourceQuotaNotFit"}
+    # the webhook's quota check denies it at admission, as in a cluster (it read pending on Filter's
+    # ResourceQuotaNotFit before the admission was given the quota room: review, 1 Dec)
+    assert data["pods"][1]["status"] == "denied"
+    assert data["pods"][1]["reasons"] == {
+        "webhook": "exceeding resource quota: nvidia.com/gpumem requests 2000, namespace team has 1000 left"
+    }
 
 
 def test_pod_with_node_name_is_only_fitted_there(tmp_path, capsys):

@@ -502,14 +502,30 @@ def test_a_policy_the_filter_refuses_leaves_that_pod_pending(tmp_path, capsys, a
     assert pods["good"]["status"] == "scheduled"
 
 
-@BOTH
-def test_a_malformed_allocation_is_a_warning_and_holds_nothing(tmp_path, capsys, front_end):
+def test_a_malformed_allocation_is_a_warning_and_cordons_its_vendor_on_its_node(tmp_path, capsys):
+    """As the scheduler's cache (hami.core.grants): the running pod uses GPUs nobody can name, so the
+    node's NVIDIA devices take no new pod while it runs (it held nothing and freed them: review, 1 Dec)."""
     odd = placed("odd", "n1", "GPU-n1-0")
     odd["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = "GPU-n1-0,NVIDIA,abc:;"
     whole = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 16000, "nvidia.com/gpucores": 100}
-    pods, data, err = run(tmp_path, capsys, [node("n1")], [odd, pod_doc("fine", whole)], "--front-end", front_end)
+    nodes = [node("n1"), node("n2")]
+    pods, data, err = run(tmp_path, capsys, nodes, [odd, pod_doc("fine", whole), pod_doc("more", whole)])
     assert "p.yaml: " in err and "pod default/odd: annotation hami.io/vgpu-devices-allocated" in err
-    assert "'GPU-n1-0,NVIDIA,abc'" in err and "counted as holding nothing" in err
+    assert "'GPU-n1-0,NVIDIA,abc'" in err and "the NVIDIA devices of node n1, which it runs on" in err
+    assert "counted as holding nothing" not in err
+    assert (pods["odd"]["status"], pods["odd"]["node"]) == ("pre-placed", "n1")
+    assert (pods["fine"]["status"], pods["fine"]["node"]) == ("scheduled", "n2")
+    assert pods["more"]["status"] == "pending" and "CardCordoned" in pods["more"]["reasons"]["n1"]
+    assert [(d["node"], d["used"], d["cordoned"]) for d in data["devices"]] == [("n1", 0, True), ("n2", 1, False)]
+
+
+def test_a_malformed_allocation_holds_nothing_on_the_dra_front_end(tmp_path, capsys):
+    odd = placed("odd", "n1", "GPU-n1-0")
+    odd["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = "GPU-n1-0,NVIDIA,abc:;"
+    whole = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 16000, "nvidia.com/gpucores": 100}
+    pods, data, err = run(tmp_path, capsys, [node("n1")], [odd, pod_doc("fine", whole)], "--front-end", "dra")
+    assert "p.yaml: " in err and "pod default/odd: annotation hami.io/vgpu-devices-allocated" in err
+    assert "'GPU-n1-0,NVIDIA,abc'" in err and "no extender grant, readable or not, counts on the GPUs" in err
     assert (pods["odd"]["status"], pods["odd"]["node"]) == ("pre-placed", "n1")
     assert pods["fine"]["status"] == "scheduled"
     assert [(d["used"], d["usedmem"]) for d in data["devices"]] == [(1, 16000)]

@@ -36,11 +36,11 @@ from hami.core import (
     CoreError,
     Ledger,
     SchedulerConfig,
-    allocation_from_pod,
     make_allocation,
     pod_key,
     read_node_devices,
 )
+from hami.core.grants import cordon_vendors, read_grants, unreadable_vendors
 from hami.core.health import handshake_time
 from hami.core.names import BIND_PHASE, DEVICE_CORDON, NODE_ANNOTATION_PREFIX, VGPU_NODE
 from hami.core.quantity import parse_int_quantity
@@ -280,9 +280,7 @@ class ClusterState:
                 return
             self._fingerprints[name] = fp
             devices, errors = schedulable_node(node, self.vendors, now)
-            if blind:
-                held = frozenset(d.id for d in devices.devices if d.vendor in blind)
-                devices = dataclasses.replace(devices, cordoned=devices.cordoned | held)
+            devices = cordon_vendors(devices, blind)
         except (CoreError, ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
             # whatever the failure, a node we cannot read is a malformed one: its devices leave
             # the ledger (no stale GPUs stay in use) and the node gets an event
@@ -340,26 +338,9 @@ class ClusterState:
 
     def _read_allocation(self, pod: Mapping[str, Any]) -> tuple[Any, dict[str, str]]:
         """``(the pod's allocation, {vendor: why its grant cannot be read})``: one vendor's
-        malformed annotation leaves out that vendor's grant only (HAMi's reader, and ours before,
-        dropped the whole pod: its readable GPUs looked free too)."""
-        try:
-            return allocation_from_pod(pod, self.vendors), {}
-        except CoreError as whole:
-            annotations = (pod.get("metadata") or {}).get("annotations") or {}
-            errors: dict[str, str] = {}
-            for v in self.vendors:
-                if annotations.get(v.allocated_annotation) is None:
-                    continue
-                try:
-                    allocation_from_pod(pod, (v,))
-                except CoreError as exc:
-                    errors[v.name] = str(exc)
-            if not errors:  # not one vendor's annotation: nothing is known
-                return None, {"": str(whole)}
-            try:
-                return allocation_from_pod(pod, tuple(v for v in self.vendors if v.name not in errors)), errors
-            except CoreError as exc:
-                return None, {**errors, "": str(exc)}
+        malformed annotation leaves out that vendor's grant only (:func:`hami.core.grants.read_grants`,
+        which ``hami simulate`` reads with too)."""
+        return read_grants(pod, self.vendors)
 
     def _select(self, name: str, selected: bool) -> None:
         """Record whether the node selector takes node ``name`` (a deleted node: True)."""
@@ -571,7 +552,7 @@ class ClusterState:
                 )
                 alloc = make_allocation(pod, held.node, held.devices, held.slices, self.vendors)
         # what of a running pod's grant is neither read now nor held from before
-        blind = {v: m for v, m in errors.items() if v and (alloc is None or not any(alloc.devices.get(v, ())))}
+        blind = unreadable_vendors(alloc, errors)
         running = bound and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         if running and blind:
             self._set_unreadable(key, UnreadableGrant(ref, (pod.get("spec") or {})["nodeName"], blind), pod)

@@ -8,6 +8,7 @@ line on stderr naming the file, object and field.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import resources
 
@@ -21,7 +22,7 @@ from hami.vendors import build_vendors
 from hami.vendors.nvidia import NvidiaVendor
 
 from .engine import DEFAULT_SCHEDULER, SimulationError, simulate
-from .report import to_html, to_json, to_table
+from .report import terminal_safe, to_html, to_json, to_table
 
 
 #: bundled examples: name -> (nodes file, pods file, device-config file or None for the default config)
@@ -41,7 +42,8 @@ EPILOG = (
     "taken as running there and a terminating one as still holding its GPUs, both from the start; "
     "a pod with only spec.nodeName is fitted on that node; a Succeeded or Failed pod holds nothing; "
     "then, in file order, a new pod is admitted (the webhook's rules), its nodes filtered as "
-    "kube-scheduler filters them (nodeSelector, node affinity, taints, cordons) and scheduled; a copy "
+    "kube-scheduler filters them (nodeSelector, node affinity, taints, cordons, cpu/memory/pods of "
+    "status.allocatable) and scheduled; a copy "
     "with metadata.deletionTimestamp of a pod given earlier deletes it; "
     "a ResourceQuota applies from that point on (--front-end dra also reads ResourceSlices, "
     "ResourceClaims and ResourceClaimTemplates). Other kinds are skipped with a warning. "
@@ -162,8 +164,29 @@ def _yaml_docs(text: str, source: str) -> list:
 
 
 def _one_line(exc: Exception) -> str:
-    text = " ".join(str(exc).split())
+    text = terminal_safe(" ".join(str(exc).split()))
     return text if len(text) <= 2000 else text[:1996] + " ..."
+
+
+def _write(text: str) -> str | None:
+    """Write the report and flush it; None, or why it could not be written (a full disk, a closed
+    pipe, ``>&-``). Standard output is then pointed at the null device, so that Python's last
+    flush at exit does not fail on the same bytes with a traceback."""
+    out = sys.stdout
+    if out is None or getattr(out, "closed", False):
+        return "standard output is closed"
+    try:
+        out.write(text + "\n")
+        out.flush()
+    except OSError as exc:
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, out.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass  # (not a file: nothing flushes it at exit)
+        return exc.strerror or str(exc)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,12 +254,16 @@ def run(args: argparse.Namespace) -> int:
         print("hami simulate: input nested too deeply", file=sys.stderr)
         return 1
     for w in config_warnings + result.warnings:
-        print(f"hami simulate: warning: {w}", file=sys.stderr)
+        print(f"hami simulate: warning: {terminal_safe(w)}", file=sys.stderr)
     if args.output == "html":
         import time
 
         front = " --front-end dra" if result.front_end == "dra" else ""
-        print(to_html(result, config, title=f"hami simulate{front} {nodes_src} {pods_src}", now=time.time()))
+        text = to_html(result, config, title=f"hami simulate{front} {nodes_src} {pods_src}", now=time.time())
     else:
-        print(to_json(result) if args.output == "json" else to_table(result))
+        text = to_json(result) if args.output == "json" else to_table(result)
+    failed = _write(text)
+    if failed is not None:
+        print(f"hami simulate: cannot write output ({failed})", file=sys.stderr)
+        return 1
     return 0

@@ -21,30 +21,38 @@ Pods may also name their own claims: ResourceClaim and ResourceClaimTemplate doc
 file (before the pod) are read as kube-controller-manager and kube-scheduler would (a claim from a
 template is named ``<pod>-<entry>``; a ResourceClaim shared by several pods is allocated once and
 keeps its pods on its node; one that already has ``status.allocation`` counts as allocated).
+
+Namespace quotas apply as on the live DRA front end (docs/dra.md, "Seeing and accounting DRA
+allocations"): ResourceQuota documents from their place on, claims counting from their creation
+(what they hold once allocated, what they ask before), the webhook's pod check given that room,
+and the claim check (:func:`hami.webhook.admission.decide_claim`) on each claim made from a template.
+kube-scheduler's NodeResourcesFit (cpu, memory, pods) filters the nodes given as Node documents
+with ``status.allocatable`` (:class:`hami.sim.engine.NodeResources`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
 
 from hami.core import (
     CoreError,
     Ledger,
     SchedulerConfig,
-    allocation_from_pod,
     read_node_devices,
     pod_key,
     pod_request,
 )
+from hami.core.fit import QuotaRoom
+from hami.core.grants import read_grants, running_on
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
-from hami.core.shape import POD
+from hami.core.shape import POD, QUOTA
 from hami.core.types import ContainerDevice, ContainerKind, DeviceInfo, NodeDevices, PodAllocation
 from hami.core.names import DRA_SHARE_CLASS, VGPU_NODE
 from hami.core.usage import collapse
 from hami.dra import fit
-from hami.dra.claims import gpu_index
+from hami.dra.claims import ClaimError, claim_ask, class_sizes, gpu_index, slice_devices
 from hami.dra.explain import gated_reason, scheduling_gates
 from hami.dra.model import (
     CORDON_TAINT_KEY,
@@ -65,16 +73,21 @@ from .engine import (
     DEFAULT_SCHEDULER,
     RECREATE,
     Names,
+    NodeResources,
     PodOutcome,
     SimResult,
     SimulationError,
+    Uids,
     bound_node,
     check_document,
     check_pod_resources,
+    file_uids,
     finished,
     flatten_objects,
+    node_allocatable,
     object_name,
     pod_ref,
+    pod_resources,
 )
 from hami.core.nodefit import NODE_FIELDS, POD_FIELDS, NodeFacts, NodeFitError, filter_nodes, node_facts, pod_asks
 
@@ -124,6 +137,7 @@ class _Claim:
     node: str | None = None
     users: set[str] = field(default_factory=set)  # pod keys
     from_template: bool = False
+    spec: Mapping[str, Any] = field(default_factory=dict)  # its spec (what it asks of a quota)
 
     @property
     def ref(self) -> str:
@@ -198,23 +212,22 @@ def _node_slice(obj: Mapping[str, Any], config: SchedulerConfig, opts: DraOption
     return out
 
 
-def _allocatable(obj: Mapping[str, Any], key: str, scale: int) -> int:
-    value = (((obj.get("status") or {}).get("allocatable")) or {}).get(key)
-    if value is None:
-        return 0
-    try:
-        return int(parse_quantity(value, f"status.allocatable.{key}") * scale)
-    except QuantityError:
-        return 0
+@dataclass
+class _Cluster:
+    """What the nodes file gives the DRA front end."""
+
+    nodes: dict[str, _Node]
+    warnings: list[str]
+    allocatable: dict[str, dict[str, int]]  # Node -> its status.allocatable's cpu, memory, pods
+    sizes: dict[str, int]  # device class -> the MiB of its largest device (a claim's quota ask)
 
 
-def load_nodes(
-    node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptions, source: str = "nodes"
-) -> tuple[dict[str, _Node], list[str]]:
+def load_nodes(node_docs: Iterable[Any], config: SchedulerConfig, opts: DraOptions, source: str = "nodes") -> _Cluster:
     """Nodes (registration annotations) and ResourceSlice documents -> each node's devices."""
     warnings: list[str] = []
     slices: list[tuple[dict, bool]] = []  # (slice, made from a Node's registration)
     facts: dict[str, tuple[int, int]] = {}
+    allocatable: dict[str, dict[str, int]] = {}
     filters: dict[str, NodeFacts] = {}
     cordons: dict[str, frozenset[str]] = {}  # node -> its hami.io/device-cordon
     names = Names(source)
@@ -235,7 +248,8 @@ def load_nodes(
             names.add(name, obj, label)
             check_document(obj, NODE_FIELDS, source, label)
             filters[name] = node_facts(obj)
-            facts[name] = (_allocatable(obj, "cpu", 1000), _allocatable(obj, "memory", 1))
+            allocatable[name] = node_allocatable(obj, source, label)
+            facts[name] = (allocatable[name].get("cpu", 0), allocatable[name].get("memory", 0))
             cordons[name] = cordoned_gpus(obj)
             made = _node_slice(obj, config, opts, warnings)
             if made is not None:
@@ -274,7 +288,7 @@ def load_nodes(
             f"{source}: no node with a gpu.hami.io GPU (a Node needs an NVIDIA registration "
             f"annotation, or give ResourceSlices of {DRIVER}){first}"
         )
-    return nodes, warnings
+    return _Cluster(nodes, warnings, allocatable, class_sizes(slice_devices(used).values()))
 
 
 def _pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -296,9 +310,28 @@ def _pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 
 
 class _State:
-    def __init__(self, nodes: dict[str, _Node], config: SchedulerConfig, opts: DraOptions) -> None:
+    def __init__(
+        self,
+        nodes: dict[str, _Node],
+        config: SchedulerConfig,
+        opts: DraOptions,
+        sizes: Mapping[str, int] | None = None,
+        source: str = "pods",
+    ) -> None:
+        from hami.webhook.admission import AdmissionSettings
+
         self.nodes, self.config, self.opts = nodes, config, opts
         self.warnings: list[str] = []
+        self.admission = AdmissionSettings(
+            config.vendors, scheduler_name=opts.scheduler_name, front_end="dra", dra_device_class=opts.device_class
+        )
+        #: namespace quotas and what counts against them, as in the scheduler's ledger: claims (what
+        #: each holds once allocated, what it asks before) and pods' extender grants
+        self.quota = Ledger(config.vendors)
+        self.sizes = dict(sizes or {})  # device class -> the MiB a claim without a memory amount counts
+        self.made: dict[str, list[str]] = {}  # pod key -> the claims made for it from templates
+        self.resources = NodeResources({})  # kube-scheduler's NodeResourcesFit (cpu, memory, pods)
+        self.uids = Uids(source)
         #: namespace/name -> "namespace/name on node": said in one warning at the end (keyed, so
         #: that a pod deleted or given again later in the file is not counted, or not twice)
         self.extender_held: dict[str, str] = {}
@@ -343,19 +376,69 @@ class _State:
             fit.commit(picks, claim.ref)
             claim.picks, claim.node = picks, self._node_of(picks[0].device)
         self.claims[(ns, name)] = claim
+        self._count(claim, source)
 
     def _claim(self, ns: str, name: str, spec: Mapping[str, Any], where: str, source: str) -> _Claim:
         try:
             requests, constraints = fit.claim_spec_requests(spec, where)
         except fit.ClaimError as exc:
             raise SimulationError(f"{source}: {exc}") from None
-        return _Claim(ns, name, requests, constraints)
+        return _Claim(ns, name, requests, constraints, spec=spec)
+
+    # -------------------------------------------------------------- namespace quotas
+    def room(self, namespace: str, vendors: Sequence[Any]) -> QuotaRoom | None:
+        """The quota room the webhook sees (``ClusterState.pod_room``): what the namespace's quotas
+        leave after the claims and extender grants counted so far, with the claim sizes."""
+        room = self.quota.quota_room(namespace, vendors)
+        return None if room is None else replace(room, claim_sizes=self.sizes)
+
+    def _count(self, claim: _Claim, source: str) -> None:
+        """A claim counts against its namespace's quota as the scheduler counts it: what it holds
+        once allocated (memory rounded up to MiB; admin-access results count nothing), what it
+        asks until then (:func:`hami.dra.claims.claim_ask`)."""
+        if claim.picks is not None:
+            held = [p for p in claim.picks if not p.admin]
+            mem = sum(-(-p.consumed[MEMORY] // MIB) for p in held)
+            cores = sum(fit.whole(p.consumed[CORES]) for p in held)
+        else:
+            try:
+                ask = claim_ask({"spec": claim.spec}, sizes=self.sizes)
+            except ClaimError as exc:
+                raise SimulationError(f"{source}: ResourceClaim {claim.ref}: {exc}") from None
+            if ask is None or ask.unbounded:
+                self.quota.remove_claim(claim.ref)
+                return
+            mem, cores = ask.memory_mib, ask.cores
+        self.quota.set_claim(claim.ref, claim.namespace, "NVIDIA", int(mem), int(cores))
+
+    def _make(self, out: PodOutcome, key: str, claims: Mapping[str, _Claim], source: str) -> bool:
+        """kube-controller-manager makes the pod's claims from their templates, each one through
+        the webhook's claim check (its namespace's quota: :func:`hami.webhook.admission.decide_claim`);
+        False, with the reason in ``out``, when the check refuses one (the pod waits for it)."""
+        from hami.webhook.admission import decide_claim
+
+        made = self.made.setdefault(key, [])
+        for c in claims.values():
+            if not c.from_template or c.ref in made:
+                continue
+            claim = {"kind": "ResourceClaim", "metadata": {"namespace": c.namespace, "name": c.name}, "spec": c.spec}
+            decision = decide_claim(claim, self.admission, self.room)
+            if not decision.allowed:
+                out.reasons = {"*": f"creating its claim {c.ref} failed: the webhook refused it: {decision.message}"}
+                return False
+            made.append(c.ref)
+            self._count(c, source)
+        return True
 
     def _node_of(self, dev: fit.DeviceUse) -> str:
         return next(n.name for n in self.nodes.values() if any(d is dev for d in n.devices))
 
     # -------------------------------------------------------------- pods
-    def delete(self, key: str) -> bool:
+    def delete(self, key: str, source: str = "pods") -> bool:
+        for ref in self.made.pop(key, ()):  # the claims made from templates go with their pod
+            self.quota.remove_claim(ref)
+        self.quota.remove_pod(key)  # (an extender grant)
+        self.uids.release(key)
         held = self.pods.pop(key, None)
         if held is None:
             return False
@@ -368,15 +451,20 @@ class _State:
             if not c.users and c.picks is not None:
                 fit.release(c.picks, c.ref)  # the claim controller deallocates a claim no pod uses
                 c.picks, c.node = None, None
+                if not c.from_template:  # it stays, asking again
+                    self._count(c, source)
             if c.from_template:
                 self.claims.pop((c.namespace, c.name), None)
         return True
 
-    def place(self, pod: dict, source: str) -> tuple[PodOutcome, dict]:
-        """One pod: admission as the webhook does it, then its claims placed (or why not)."""
+    def place(
+        self, pod: dict, source: str, label: str = "", requests: Mapping[str, int] | None = None
+    ) -> tuple[PodOutcome, dict]:
+        """One pod: admission as the webhook does it, then its claims placed (or why not).
+        ``requests``: its cpu and memory (kube-scheduler's NodeResourcesFit)."""
         meta = pod.get("metadata") or {}
         out = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "", status="pending")
-        admitted = self._admit(pod, out, source)
+        admitted = self._admit(pod, out, source, label)
         if admitted is None:
             return out, pod
         refs = (admitted.get("spec") or {}).get("resourceClaims") or []
@@ -406,14 +494,17 @@ class _State:
         claims = self._pod_claims(out, refs, source)
         if claims is None:
             return out, admitted
-        node, picks = self._choose(out, admitted, claims)
+        key = pod_key(admitted)
+        if not self._make(out, key, claims, source):
+            return out, admitted
+        node, picks = self._choose(out, admitted, claims, requests)
         if node is None:
             return out, admitted
-        key = pod_key(admitted)
         for c in claims.values():
             if c.picks is None:
                 c.picks, c.node = picks[c.ref], node
                 fit.commit(c.picks, c.ref)
+                self._count(c, source)
             c.users.add(key)
             if c.from_template:
                 self.claims[(c.namespace, c.name)] = c
@@ -425,32 +516,30 @@ class _State:
         out.containers = _containers(admitted, claims)
         return out, admitted
 
-    def _admit(self, pod: dict, out: PodOutcome, source: str) -> dict | None:
+    def _admit(self, pod: dict, out: PodOutcome, source: str, label: str = "") -> dict | None:
         """The webhook's decision on the DRA front end: the mutated pod (its templates recorded),
         or None with ``out`` saying why (already placed by the extender, or denied)."""
-        from hami.webhook.admission import AdmissionSettings, decide
+        from hami.webhook.admission import decide
 
         ns = out.namespace
-        try:
-            existing = allocation_from_pod(pod, self.config.vendors)
-        except CoreError as exc:  # as the scheduler's cache: warned, counted as holding nothing
-            out.status = "pre-placed"
-            out.node = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE) or bound_node(pod)
-            self.warnings.append(f"{source}: {exc}; the pod is counted as holding nothing, as the scheduler counts it")
-            return None
+        existing, errors = read_grants(pod, self.config.vendors)
+        if errors:  # read as the scheduler's cache reads it (hami.core.grants)
+            self.warnings.append(
+                f"{source}: {'; '.join(errors.values())}; on the DRA front end no extender grant, readable or "
+                "not, counts on the GPUs (kube-scheduler's allocator does not see it): "
+                f"{'its readable grants count against its namespace quota only' if existing else 'it holds nothing here'}"
+            )
+            if existing is None:
+                out.status = "pre-placed"
+                out.node = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE) or bound_node(pod)
+                return None
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
             self.extender_held[f"{ns}/{out.name}"] = f"{ns}/{out.name} on {existing.node}"
+            self.uids.hold(existing.key, pod, label)
+            self.quota.add_pod(existing)  # its grant counts against its namespace's quota, as in the scheduler
             return None
-        decision = decide(
-            pod,
-            AdmissionSettings(
-                self.config.vendors,
-                scheduler_name=self.opts.scheduler_name,
-                front_end="dra",
-                dra_device_class=self.opts.device_class,
-            ),
-        )
+        decision = decide(pod, self.admission, quota_room=self.room)
         if not decision.allowed:
             out.status, out.reasons = "denied", {"webhook": decision.message}
             return None
@@ -494,10 +583,14 @@ class _State:
             claims[entry] = c
         return claims
 
-    def _choose(self, out: PodOutcome, pod: dict, claims: dict[str, _Claim]) -> tuple[str | None, dict]:
+    def _choose(
+        self, out: PodOutcome, pod: dict, claims: dict[str, _Claim], requests: Mapping[str, int] | None = None
+    ) -> tuple[str | None, dict]:
         """The node for the pod and the picks of its unallocated claims there; (None, {}) with the
         reasons per node in ``out`` when no node takes them all. A gated pod (``spec.schedulingGates``)
-        is none of kube-scheduler's business yet: pending, nothing allocated."""
+        is none of kube-scheduler's business yet: pending, nothing allocated. Nodes are filtered
+        as kube-scheduler filters them first (its node filters; NodeResourcesFit for a pod not
+        bound already)."""
         if gates := scheduling_gates(pod):
             out.reasons = {"*": gated_reason(gates)}
             return None, {}
@@ -524,6 +617,10 @@ class _State:
         # a node known by its ResourceSlice alone is not filtered (its labels and taints are not given)
         known = [f for f in (self.nodes[n].filters for n in candidates) if f is not None]
         refused = filter_nodes(pod_asks(pod), known)
+        if not bound:
+            among = set(candidates)
+            more = self.resources.refusals(requests, refused)
+            refused.update((n, why) for n, why in more.items() if n in among)
         for name in candidates:
             if name in refused:
                 out.reasons[name] = refused[name]
@@ -721,6 +818,27 @@ def _settled(pod: Mapping[str, Any]) -> PodOutcome:
     )
 
 
+def _bound_from_the_start(objects: Iterable[tuple[str, dict]], resources: NodeResources, source: str) -> None:
+    """The pods bound to a node (``spec.nodeName``, not finished) by their first document: on that
+    node for kube-scheduler's NodeResourcesFit from the start, wherever the file lists them. A
+    document that cannot be read is skipped here (the run stops on it in its place)."""
+    seen: set[str] = set()
+    for label, obj in objects:
+        if (obj.get("kind") or "Pod") != "Pod":
+            continue
+        ref = pod_ref(obj)
+        if ref in seen:
+            continue
+        seen.add(ref)
+        try:
+            check_document(obj, POD, source, label)
+            node = running_on(obj)
+            if node is not None:
+                resources.hold(ref, node, pod_resources(obj, source, label))
+        except SimulationError:
+            continue
+
+
 def simulate_dra(
     node_docs: Iterable[Any],
     pod_docs: Iterable[Any],
@@ -728,15 +846,20 @@ def simulate_dra(
     opts: DraOptions = DraOptions(),
     sources: tuple[str, str] = ("nodes", "pods"),
 ) -> SimResult:
-    nodes, warnings = load_nodes(node_docs, config, opts, sources[0])
-    state = _State(nodes, config, opts)
+    cluster = load_nodes(node_docs, config, opts, sources[0])
+    warnings = cluster.warnings
+    state = _State(cluster.nodes, config, opts, cluster.sizes, sources[1])
     state.warnings = warnings
     outcomes: dict[str, PodOutcome] = {}  # namespace/name -> outcome
     objects: dict[str, dict] = {}
     live = Names(sources[1])
     seen: set[str] = set()  # pods given so far (a deletionTimestamp copy of one deletes it)
     keys: dict[str, str] = {}  # namespace/name -> the key of the pod in the state
-    for label, obj in flatten_objects(pod_docs, sources[1]):
+    given = flatten_objects(pod_docs, sources[1])
+    state.uids = Uids(sources[1], file_uids(given))
+    state.resources = NodeResources(cluster.allocatable)
+    _bound_from_the_start(given, state.resources, sources[1])
+    for index, (label, obj) in enumerate(given):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
         if kind in ("ResourceClaimTemplate", "ResourceClaim", "Pod"):
@@ -752,11 +875,13 @@ def simulate_dra(
         if kind == "ResourceClaim":
             state.add_claim(obj, sources[1])
             continue
-        if kind == "ResourceQuota":
-            warnings.append(
-                f"{sources[1]}: ResourceQuota {meta.get('name')} ignored: the webhook's quota counts "
-                "extender allocations only, not claims (docs/dra.md)"
-            )
+        if kind == "ResourceQuota":  # applies from here on, to pods and to the claims made for them
+            check_document(obj, QUOTA, sources[1], label)
+            hard = (obj.get("spec") or {}).get("hard") or {}
+            try:
+                state.quota.set_quota(meta.get("namespace") or "default", meta.get("name") or "", hard, config.vendors)
+            except CoreError as exc:
+                raise SimulationError(f"{sources[1]}: {exc}") from None
             continue
         if kind != "Pod":
             warnings.append(
@@ -769,8 +894,9 @@ def simulate_dra(
         ref = pod_ref(obj)
         if meta.get("deletionTimestamp") and ref in seen:  # a pod given earlier is deleted here
             live.remove(pod_name(obj))
-            state.delete(keys.pop(ref, ""))
+            state.delete(keys.pop(ref, ""), sources[1])
             state.extender_held.pop(ref, None)
+            state.resources.release(ref)
             if ref in outcomes:
                 outcomes[ref].status = "deleted"
             continue
@@ -781,18 +907,25 @@ def simulate_dra(
             pod_asks(obj)  # what the API server refuses in its node affinity or tolerations
         except NodeFitError as exc:
             raise SimulationError(f"{sources[1]}: {label} (Pod {ref}): {exc}") from None
-        state.delete(keys.pop(ref, ""))
+        requests = pod_resources(obj, sources[1], label)
+        state.delete(keys.pop(ref, ""), sources[1])
         state.extender_held.pop(ref, None)
+        state.resources.hold(ref, running_on(obj), requests)  # (a pod bound already: on its node)
         outcomes.pop(ref, None)
         admitted = obj
         if finished(obj) or meta.get("deletionTimestamp"):  # holds nothing here / is not placed anew
             outcomes[ref] = _settled(obj)
         else:
+            existing, errors = read_grants(obj, config.vendors)
+            if existing is None and not errors:  # created by the file: the API server gives it its own uid
+                obj = state.uids.fresh(obj, index)
             try:
-                outcomes[ref], admitted = state.place(obj, sources[1])
+                outcomes[ref], admitted = state.place(obj, sources[1], label, requests)
             except CoreError as exc:
                 raise SimulationError(f"{sources[1]}: {exc}") from None
             keys[ref] = pod_key(admitted)
+            if outcomes[ref].status == "scheduled" and not bound_node(obj):
+                state.resources.hold(ref, outcomes[ref].node, requests)
         objects[ref] = admitted
     if state.extender_held:  # one line, not one a running pod (a cluster dump has thousands)
         held, n = list(state.extender_held.values()), len(state.extender_held)

@@ -15,12 +15,23 @@ holds nothing. Then the documents play in file order: a new pod is scheduled (on
 ResourceQuota document sets namespace quota from that point on. A new pod with
 ``spec.schedulingGates`` (Kueue's, say) stays pending, holding nothing, with the reason
 ``*: scheduling gated (<names>)``: kube-scheduler does not schedule it while it is gated.
+
+As in a cluster: a pod the file creates loses the uid its manifest gives (the API server gives
+its own), and two pods holding grants under one uid stop the run (:class:`Uids`); a running pod's
+allocation annotations are read as the scheduler's cache reads them (:mod:`hami.core.grants`: the
+readable grants count, an unreadable vendor's devices on its node are cordoned while it runs);
+the webhook's admission gets the namespace quota room (:meth:`hami.core.Ledger.quota_room`); and
+kube-scheduler's NodeResourcesFit on cpu, memory and pods runs with its node filters
+(:class:`NodeResources`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Container, Iterable, Mapping, Sequence
+
+from sortedcontainers import SortedList
 
 from hami.core import (
     CoreError,
@@ -28,15 +39,16 @@ from hami.core import (
     PodAllocation,
     SchedulerConfig,
     admit_pod,
-    allocation_from_pod,
     pod_request,
     read_node_devices,
     schedule_pod,
 )
+from hami.core.grants import cordon_vendors, read_grants, running_on, unreadable_vendors
 from hami.core.names import VGPU_NODE
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import ordered_containers, pod_name
-from hami.core.shape import META, POD, QUOTA, ShapeError, check
+from hami.core.shape import META, POD, QTY, QUOTA, MapOf, ShapeError, check
+from hami.core.types import NodeDevices
 from hami.dra.explain import gated_reason, scheduling_gates
 from hami.webhook.admission import AdmissionSettings, decide
 
@@ -108,7 +120,7 @@ def flatten_objects(docs: Iterable[Any], source: str, where: str = "document") -
     return out
 
 
-def check_document(obj: dict, schema: Any, source: str, label: str) -> None:
+def check_document(obj: Mapping[str, Any], schema: Any, source: str, label: str) -> None:
     """:func:`hami.core.shape.check` of one object from :func:`flatten_objects`; a wrong field is
     a SimulationError naming the file, the document and the object."""
     try:
@@ -154,6 +166,227 @@ class Names:
 
     def remove(self, name: str) -> None:
         self.seen.pop(name, None)
+
+
+class Uids:
+    """The pods' uids. The API server gives every pod it creates a uid of its own, whatever
+    ``metadata.uid`` the manifest carries (a pod copied with ``kubectl get -o yaml`` and renamed
+    keeps the original's), and the scheduler keys its grants by uid: a pod the file creates (one
+    the simulation schedules) is rid of the uid its manifest gives (:meth:`fresh`), and a pod the
+    file gives as holding a grant already keeps its own, which no other live pod may share
+    (:meth:`hold`)."""
+
+    def __init__(self, source: str, taken: Iterable[str] = ()) -> None:
+        self.source = source
+        self.taken = set(taken)  # every uid of the file, and those given out
+        self.live: dict[str, tuple[str, str]] = {}  # ledger key -> (label, description) of its holder
+
+    def fresh(self, obj: dict, index: int) -> dict:
+        """``obj`` without the uid its manifest carries (a shallow copy; ``obj`` is not changed):
+        it is then known by its namespace/name, which no other live pod has, or, should a pod of
+        the file have that for its uid, by a uid no pod of the file has."""
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "uid"}
+        if pod_ref(obj) in self.taken:
+            uid = f"simulated-{index + 1}"
+            while uid in self.taken:
+                uid += "-x"
+            self.taken.add(uid)
+            meta["uid"] = uid
+        return {**obj, "metadata": meta}
+
+    def hold(self, key: str, obj: Mapping[str, Any], label: str) -> None:
+        """Pod ``obj`` (document ``label``) holds a grant under ``key`` from now on; a live pod
+        already holding one under the same key is a SimulationError naming both documents."""
+        other = self.live.get(key)
+        if other is not None:
+            uid = (obj.get("metadata") or {}).get("uid")
+            what = f"metadata.uid {uid!r}" if uid else f"its key {key!r}"
+            raise SimulationError(
+                f"{self.source}: {label} ({_describe(obj)}): {what} is also that of {other[1]} "
+                f"({other[0]}), which holds its grant already: no two live pods share a uid, and the "
+                "scheduler counts grants by uid (a copy of a running pod keeps the original's uid, node "
+                "and grant: to simulate it as a new pod, remove metadata.uid, spec.nodeName and its "
+                "hami.io annotations)"
+            )
+        self.live[key] = (label, _describe(obj))
+
+    def release(self, key: str | None) -> None:
+        if key is not None:
+            self.live.pop(key, None)
+
+
+def file_uids(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
+    """The ``metadata.uid`` of every object of the pods file (fresh uids avoid them)."""
+    return {u for _, o in objects if isinstance(u := (o.get("metadata") or {}).get("uid"), str) and u}
+
+
+# ---------------------------------------------------------------------- kube-scheduler's NodeResourcesFit
+
+#: the node resources kube-scheduler's NodeResourcesFit filter checks here (device resources are
+#: HAMi's: the extender answers for them, and kube-scheduler ignores them)
+FIT_RESOURCES = ("cpu", "memory", "pods")
+ALLOCATABLE = {"status": {"allocatable": MapOf(QTY)}}
+OVERHEAD = {"spec": {"overhead": MapOf(QTY)}}
+
+
+def _amount(value: Any, resource: str, where: str) -> int:
+    """A cpu (millicores), memory (bytes) or pods quantity, rounded up as Kubernetes rounds it."""
+    exact = parse_quantity(value, where)
+    if exact < 0:
+        raise QuantityError(f"{where}: {value!r} is negative")
+    return math.ceil(exact * 1000) if resource == "cpu" else math.ceil(exact)
+
+
+def node_allocatable(obj: Mapping[str, Any], source: str, label: str) -> dict[str, int]:
+    """What a Node's ``status.allocatable`` gives of :data:`FIT_RESOURCES` (cpu in millicores,
+    memory in bytes); a resource it does not give is not checked."""
+    check_document(obj, ALLOCATABLE, source, label)
+    given = (obj.get("status") or {}).get("allocatable") or {}
+    out = {}
+    for r in FIT_RESOURCES:
+        if r in given:
+            try:
+                out[r] = _amount(given[r], r, f"status.allocatable.{r}")
+            except QuantityError as exc:
+                raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
+    return out
+
+
+def pod_resources(pod: Mapping[str, Any], source: str, label: str) -> dict[str, int]:
+    """What kube-scheduler counts a pod as requesting of a node (``cpu`` in millicores, ``memory``
+    in bytes), as Kubernetes adds it up: a container's request, or its limit when it gives none
+    (the API server's default); the regular containers and sidecars (init containers with
+    ``restartPolicy: Always``) together, or a classic init container with the sidecars started
+    before it when that is more; plus ``spec.overhead``."""
+    check_document(pod, OVERHEAD, source, label)
+    spec = pod.get("spec") or {}
+
+    def ask(c: Mapping[str, Any], r: str, where: str) -> int:
+        res = c.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        value = requests[r] if r in requests else limits.get(r)
+        field = "requests" if r in requests else "limits"
+        if value is None:
+            return 0
+        try:
+            return _amount(value, r, f"{where}.resources.{field}.{r}")
+        except QuantityError as exc:
+            raise SimulationError(f"{source}: {label} ({_describe(pod)}): {exc}") from None
+
+    out = {}
+    for r in ("cpu", "memory"):
+        total = sum(ask(c, r, f"spec.containers[{i}]") for i, c in enumerate(spec.get("containers") or ()))
+        sidecars = peak = 0
+        for i, c in enumerate(spec.get("initContainers") or ()):
+            n = ask(c, r, f"spec.initContainers[{i}]")
+            if c.get("restartPolicy") == "Always":
+                total += n
+                sidecars += n
+                peak = max(peak, sidecars)
+            else:
+                peak = max(peak, n + sidecars)
+        overhead = (spec.get("overhead") or {}).get(r)
+        if overhead is not None:
+            try:
+                total_overhead = _amount(overhead, r, f"spec.overhead.{r}")
+            except QuantityError as exc:
+                raise SimulationError(f"{source}: {label} ({_describe(pod)}): {exc}") from None
+        else:
+            total_overhead = 0
+        out[r] = max(total, peak) + total_overhead
+    return out
+
+
+def _cpu(milli: int) -> str:
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+class NodeResources:
+    """kube-scheduler's ``NodeResourcesFit`` filter on cpu, memory and pods: what a node's
+    ``status.allocatable`` gives, less what the pods bound to it request (pods the file binds by
+    ``spec.nodeName`` and have not finished, and pods the simulation places). A node whose
+    allocatable is not given is not checked; a resource it does not give is not checked. What is
+    left of each resource is kept sorted, so that a pod's refusals cost what they name, not a
+    visit to every node (a 1000-node cluster and 10,000 pods)."""
+
+    def __init__(self, allocatable: Mapping[str, Mapping[str, int]]) -> None:
+        self.allocatable = {n: dict(a) for n, a in allocatable.items() if a}
+        self.held: dict[str, tuple[str, Mapping[str, int]]] = {}  # pod ref -> (node, its requests)
+        self.used: dict[str, dict[str, int]] = {n: dict.fromkeys(FIT_RESOURCES, 0) for n in self.allocatable}
+        #: resource -> (what is left, node) of the nodes that give it, in order
+        self.left: dict[str, SortedList] = {
+            r: SortedList((a[r], n) for n, a in self.allocatable.items() if r in a) for r in FIT_RESOURCES
+        }
+
+    def _add(self, node: str, requests: Mapping[str, int], sign: int) -> None:
+        have, used = self.allocatable[node], self.used[node]
+        for r in FIT_RESOURCES:
+            n = 1 if r == "pods" else requests.get(r, 0)
+            if not n:
+                continue
+            if r in have:
+                self.left[r].remove((have[r] - used[r], node))
+                self.left[r].add((have[r] - used[r] - sign * n, node))
+            used[r] += sign * n
+
+    def hold(self, ref: str, node: str | None, requests: Mapping[str, int] | None) -> None:
+        """Pod ``ref`` is on ``node`` from now on (replacing where it was)."""
+        self.release(ref)
+        if node is None or requests is None or node not in self.allocatable:
+            return
+        self.held[ref] = (node, requests)
+        self._add(node, requests, +1)
+
+    def release(self, ref: str) -> None:
+        node, requests = self.held.pop(ref, (None, None))
+        if node is not None and requests is not None:
+            self._add(node, requests, -1)
+
+    def short(self, requests: Mapping[str, int] | None, skip: Container[str] = ()) -> dict[str, list[str]]:
+        """node -> the resources it has too little left of for the pod (kube-scheduler's order:
+        pods, cpu, memory), for the nodes but those in ``skip``."""
+        if requests is None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for r in FIT_RESOURCES:
+            want = 1 if r == "pods" else requests.get(r, 0)
+            if want <= 0:
+                continue
+            index = self.left[r]
+            for _, node in index[: index.bisect_left((want, ""))]:  # less left than it wants
+                if node not in skip:
+                    out.setdefault(node, []).append(r)
+        return out
+
+    def reasons(self, short: Mapping[str, Sequence[str]], requests: Mapping[str, int]) -> dict[str, str]:
+        """:meth:`short` in kube-scheduler's words (``Too many pods``, ``Insufficient cpu``,
+        ``Insufficient memory``), with the amounts."""
+        out = {}
+        for node, resources in short.items():
+            have, used = self.allocatable[node], self.used[node]
+            why = []
+            for r in resources:
+                if r == "pods":
+                    why.append(f"Too many pods ({used['pods']} of {have['pods']} allocatable on the node)")
+                    continue
+                shown = _cpu if r == "cpu" else _bytes
+                why.append(
+                    f"Insufficient {r} (the pod requests {shown(requests[r])}; the node has {shown(have[r])} "
+                    f"allocatable, {shown(used[r])} requested by its pods)"
+                )
+            out[node] = ", ".join(why)
+        return out
+
+    def refusals(self, requests: Mapping[str, int] | None, skip: Container[str] = ()) -> dict[str, str]:
+        """node -> kube-scheduler's reason, for the nodes (but those in ``skip``) the pod does not fit."""
+        return {} if requests is None else self.reasons(self.short(requests, skip), requests)
 
 
 def _extended(resource: str) -> bool:
@@ -241,12 +474,13 @@ def _containers(pod: Mapping[str, Any], devices: Mapping[str, Any]) -> list[dict
 
 def load_nodes(
     node_docs: Iterable[Any], config: SchedulerConfig, source: str = "nodes"
-) -> tuple[Ledger, list[str], dict[str, NodeFacts]]:
+) -> tuple[Ledger, list[str], dict[str, NodeFacts], dict[str, dict[str, int]]]:
     """The nodes file -> ``(ledger of the usable nodes, warnings, what kube-scheduler's node
-    filters read of each Node)``."""
+    filters read of each Node, what its status.allocatable gives of cpu, memory and pods)``."""
     ledger = Ledger(config.vendors)
     warnings: list[str] = []
     facts: dict[str, NodeFacts] = {}
+    allocatable: dict[str, dict[str, int]] = {}
     names = Names(source)
     kinds: set[str] = set()  # of the objects that are not Nodes
     bare: list[str] = []  # Nodes without any registration annotation
@@ -261,6 +495,7 @@ def load_nodes(
         names.add(name, obj, label)
         check_document(obj, NODE_FIELDS, source, label)
         facts[name] = node_facts(obj)
+        allocatable[name] = node_allocatable(obj, source, label)
         try:
             nd, dropped = read_node_devices(obj, config.vendors)
         except CoreError as exc:
@@ -287,7 +522,7 @@ def load_nodes(
     if not ledger.node_names():
         first = f": {warnings[0]}" if warnings else ""
         raise SimulationError(f"{source}: no usable node (every Node lacks a valid registration annotation){first}")
-    return ledger, warnings, facts
+    return ledger, warnings, facts, allocatable
 
 
 # ---------------------------------------------------------------------- the pods file
@@ -320,9 +555,11 @@ class PodDoc:
     ref: str
     delete: bool  # metadata.deletionTimestamp on a pod the file gave earlier: it is deleted here
     first: bool  # the first document of its namespace/name
-    allocation: PodAllocation | None = None  # what its allocation annotations say it holds
-    unreadable: str = ""  # why its allocation annotation cannot be read (it then holds nothing)
+    allocation: PodAllocation | None = None  # what its allocation annotations say it holds (the readable ones)
+    unreadable: str = ""  # why (some of) its allocation annotations cannot be read
+    blind: frozenset[str] = frozenset()  # the vendors whose grant cannot be read (their devices on its node cordoned)
     asks: PodAsks | None = None  # what it asks of a node (kube-scheduler's filters)
+    resources: dict[str, int] | None = None  # what it requests of a node's cpu and memory (NodeResourcesFit)
 
     @property
     def terminating(self) -> bool:
@@ -330,8 +567,9 @@ class PodDoc:
 
     @property
     def held(self) -> bool:
-        """Placed before the file's events: it holds what its annotations say (nothing when they
-        cannot be read and it is bound), or it is terminating."""
+        """Placed before the file's events: it holds what its annotations say (what of them can be
+        read; a grant that cannot be read cordons its vendor's devices on its node), or it is
+        terminating."""
         if finished(self.obj):
             return False
         return self.allocation is not None or self.terminating or bool(self.unreadable and bound_node(self.obj))
@@ -389,14 +627,32 @@ def _read_pods(
             doc.asks = pod_asks(obj)
         except NodeFitError as exc:
             raise SimulationError(f"{source}: {label} ({_describe(obj)}): {exc}") from None
-        try:
-            doc.allocation = allocation_from_pod(obj, config.vendors)
-        except CoreError as exc:
-            doc.unreadable = str(exc)
-            warnings.append(
-                f"{source}: {label}: {exc}; the pod is counted as holding nothing, as the scheduler counts it"
-            )
+        doc.resources = pod_resources(obj, source, label)
+        doc.allocation, errors = read_grants(obj, config.vendors)
+        if errors:
+            doc.unreadable = "; ".join(errors.values())
+            warnings.append(f"{source}: {label}: {doc.unreadable}; {unreadable_effect(obj, doc.allocation, errors)}")
+            if running_on(obj):
+                doc.blind = frozenset(unreadable_vendors(doc.allocation, errors))
     return out
+
+
+def unreadable_effect(pod: Mapping[str, Any], alloc: PodAllocation | None, errors: Mapping[str, str]) -> str:
+    """What an allocation annotation that cannot be read does, as the scheduler's cache does it
+    (:mod:`hami.core.grants`): the readable grants count; while the pod runs, the devices of a
+    vendor whose grant cannot be read take no new pod on its node."""
+    node = running_on(pod)
+    blind = sorted(unreadable_vendors(alloc, errors)) if node is not None else []
+    unbound = " (it is not bound to a node)" if node is None else ""
+    if alloc is None and not blind:
+        return f"the pod is counted as holding nothing, as the scheduler counts it{unbound}"
+    if not blind:
+        return f"its readable grants count and the others are left out, as the scheduler counts them{unbound}"
+    return (
+        f"{'its readable grants count, and ' if alloc is not None else ''}the {', '.join(blind)} devices of "
+        f"node {node}, which it runs on, take no new pod while it runs (cordoned: CardCordoned), as the "
+        "scheduler counts them"
+    )
 
 
 def simulate(
@@ -407,10 +663,19 @@ def simulate(
     sources: tuple[str, str] = ("nodes", "pods"),
     scheduler_name: str = DEFAULT_SCHEDULER,
 ) -> SimResult:
-    ledger, warnings, facts = load_nodes(node_docs, config, sources[0])
-    run = _Run(ledger, facts, config, now, sources, warnings, scheduler_name)
+    ledger, warnings, facts, allocatable = load_nodes(node_docs, config, sources[0])
     objects = flatten_objects(pod_docs, sources[1])
+    run = _Run(ledger, facts, config, now, sources, warnings, scheduler_name)
+    run.resources = NodeResources(allocatable)
+    run.uids = Uids(sources[1], file_uids(objects))
     docs = _read_pods(objects, config, sources[1], warnings)
+    for doc in docs:
+        if doc is None or doc.delete:
+            continue
+        if doc.allocation is None:  # created by the file's events: the API server gives it its own uid
+            doc.obj = run.uids.fresh(doc.obj, doc.index)
+        if doc.first:  # bound before the file's events: on its node for kube-scheduler from the start
+            run.resources.hold(doc.ref, running_on(doc.obj), doc.resources)
     for i in play_order(docs):
         doc = docs[i]
         if doc is None:
@@ -445,6 +710,12 @@ class _Run:
         self.objects: dict[str, dict] = {}
         self.live = Names(sources[1])
         self.placed: dict[str, list[str]] = {}  # namespace -> the pods the simulation placed so far
+        self.resources = NodeResources({})  # kube-scheduler's NodeResourcesFit (cpu, memory, pods)
+        self.uids = Uids(sources[1])
+        #: ref -> (node, vendors) of a running pod whose grant of those vendors cannot be read: their
+        #: devices on that node are cordoned while it runs (hami.core.grants), as in the scheduler
+        self.blind: dict[str, tuple[str, frozenset[str]]] = {}
+        self.registered: dict[str, NodeDevices] = {}  # node -> its devices before such cordons
 
     def result(self) -> SimResult:
         pods = [o for _, o in sorted(self.outcomes.values(), key=lambda pair: pair[0])]
@@ -485,11 +756,18 @@ class _Run:
         key = self.keys.pop(doc.ref, None)
         if key is not None:
             self.ledger.remove_pod(key)
+            self.uids.release(key)
+        self.resources.release(doc.ref)
+        gone = self.blind.pop(doc.ref, None)
+        if gone is not None:
+            self._recordon(gone[0])
         if doc.ref in self.outcomes:
             self.outcomes[doc.ref][1].status = "deleted"
 
     def add(self, doc: PodDoc) -> None:
         self.live.add(pod_name(doc.obj), doc.obj, doc.label, RECREATE)
+        if not finished(doc.obj) and running_on(doc.obj):
+            self.resources.hold(doc.ref, running_on(doc.obj), doc.resources)
         self.outcomes.pop(doc.ref, None)
         self.outcomes[doc.ref] = (doc.index, self._place(doc))
         self.objects[doc.ref] = doc.obj
@@ -504,10 +782,12 @@ class _Run:
             return out
         if doc.allocation is not None:
             self._hold(doc, doc.allocation)
+            self._cordon(doc)
             out.status, out.node = ("terminating" if doc.terminating else "pre-placed"), doc.allocation.node
             out.containers = _containers(pod, doc.allocation.devices)
             return out
         if doc.terminating or (doc.unreadable and bound_node(pod)):  # placed already: not scheduled anew
+            self._cordon(doc)
             out.status = "terminating" if doc.terminating else "pre-placed"
             out.node, out.containers = bound_node(pod), _containers(pod, {})
             return out
@@ -521,11 +801,27 @@ class _Run:
     def _hold(self, doc: PodDoc, alloc: PodAllocation) -> None:
         """A pod placed before: counted as its annotations say (as the scheduler counts it), with
         a warning for what no scheduler could have given (an unknown node or GPU, a GPU over its
-        capacity)."""
+        capacity). It keeps its uid, which no other live pod holding a grant may have."""
+        self.uids.hold(alloc.key, doc.obj, doc.label)
         self.ledger.add_pod(alloc)
         self.keys[doc.ref] = alloc.key
         for problem in placement_problems(self.ledger, alloc, self.config.vendors, self.sources[0]):
             self.warnings.append(f"{self.sources[1]}: {doc.label} ({_describe(doc.obj)}): {problem}")
+
+    def _cordon(self, doc: PodDoc) -> None:
+        """A running pod whose grant of some vendor cannot be read: that vendor's devices on its
+        node take no new pod while it runs (:func:`hami.core.grants.cordon_vendors`)."""
+        node = running_on(doc.obj)
+        if doc.blind and node is not None:
+            self.blind[doc.ref] = (node, doc.blind)
+            self._recordon(node)
+
+    def _recordon(self, node: str) -> None:
+        if not self.ledger.has_node(node):
+            return
+        registered = self.registered.setdefault(node, self.ledger.node(node))
+        vendors = frozenset(v for n, vs in self.blind.values() if n == node for v in vs)
+        self.ledger.set_node(cordon_vendors(registered, vendors))
 
     def _fit_bound(self, pod: dict, out: PodOutcome) -> PodOutcome:
         """A pod bound by ``spec.nodeName`` without an allocation: fitted on that node alone."""
@@ -542,7 +838,7 @@ class _Run:
     def _schedule(self, doc: PodDoc, out: PodOutcome) -> PodOutcome:
         """A new pod: the webhook's admission, kube-scheduler's node filters, HAMi's Filter."""
         pod = doc.obj
-        decision = decide(pod, self.admission)
+        decision = decide(pod, self.admission, quota_room=self.ledger.quota_room)
         if not decision.allowed:
             admit_pod(pod, self.config.vendors)  # a request the admission cannot read stops the run
             out.status, out.reasons = "denied", {"webhook": decision.message}
@@ -562,14 +858,23 @@ class _Run:
         if scheduler != self.admission.scheduler_name:
             return _stuck(out, admitted, {"*": other_scheduler(scheduler, self.admission.scheduler_name)})
         refused = self._filter(doc.asks)
-        candidates = None if not refused else [n for n in self.ledger.node_names() if n not in refused]
+        # NodeResourcesFit, on the usable nodes the filters above left (its words are written only
+        # for a pod left pending: a filling cluster refuses hundreds of nodes to every pod)
+        short = {n: r for n, r in self.resources.short(doc.resources, refused).items() if self.ledger.has_node(n)}
+        left_out = refused.keys() | short.keys() if short else refused.keys()
+        candidates = None if not left_out else [n for n in self.ledger.node_names() if n not in left_out]
         if candidates == []:
-            return _stuck(out, admitted, refused)
+            return _stuck(out, admitted, {**refused, **self.resources.reasons(short, doc.resources or {})})
         try:
             result = schedule_pod(admitted, candidates, self.ledger, self.config, self.now)
         except CoreError as exc:  # the scheduler's Filter fails on the pod (e.g. a bad policy annotation)
             return _stuck(out, admitted, {"*": str(exc)})
-        return self._outcome(out, admitted, result, refused)
+        if short and result.node is None:
+            refused.update(self.resources.reasons(short, doc.resources or {}))
+        self._outcome(out, admitted, result, refused)
+        if out.status == "scheduled":
+            self.resources.hold(doc.ref, out.node, doc.resources)
+        return out
 
     def _filter(self, asks: PodAsks | None) -> dict[str, str]:
         """kube-scheduler's refusals of the usable nodes (node -> reason) for a pod asking ``asks``."""

@@ -1,12 +1,36 @@
-"""Render a :class:`~hami.sim.engine.SimResult` as JSON or as a table for a person."""
+"""Render a :class:`~hami.sim.engine.SimResult` as JSON or as a table for a person.
+
+The table goes to a terminal: what the input files give of text (node names, device types and
+ids from a node's registration, pod and container names, reasons quoting them) is shown with its
+control and bidirectional-formatting characters escaped (:func:`terminal_safe`), so a node's
+registration cannot move the cursor, recolour or retitle the terminal, or reorder what it shows.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Any, Mapping
 
 from .engine import SimResult
+
+
+#: Unicode's bidirectional formatting characters (they reorder the text shown around them), and
+#: the line and paragraph separators
+_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def terminal_safe(text: Any) -> str:
+    """``text`` with C0 and C1 control characters (escape, bell, carriage return, CSI ...) and
+    bidirectional formatting characters written as ``\\xNN`` / ``\\uNNNN``; other text as it is."""
+    return _UNSAFE.sub(_escape, str(text))
 
 
 def to_json(result: SimResult) -> str:
@@ -62,7 +86,7 @@ def _short_ids(uuids: set[str]) -> dict[str, str]:
 def _grant(d: dict, short: Mapping[str, str]) -> str:
     mig = f" MIG {d['mig']['profile']}@{d['mig']['start']}" if "mig" in d else ""
     where = f"{d['device'].rpartition('/')[2]} " if "device" in d else ""  # DRA: the slice device (gpu-0)
-    return f"{where}{short.get(d['uuid'], d['uuid'])} {d['usedmem']}MiB {d['usedcores']}%{mig}"
+    return terminal_safe(f"{where}{short.get(d['uuid'], d['uuid'])} {d['usedmem']}MiB {d['usedcores']}%{mig}")
 
 
 def _names(names: list[str], shown: int = 3) -> str:
@@ -72,9 +96,10 @@ def _names(names: list[str], shown: int = 3) -> str:
 
 
 def to_table(result: SimResult) -> str:
+    safe = terminal_safe
     # columns as wide as their longest value (cloud node names run to 40 characters and more)
-    node_w = max([14] + [len(d["node"]) for d in result.devices] + [len(p.node or "") for p in result.pods])
-    pod_w = max([34] + [len(p.namespace) + 1 + len(p.name) for p in result.pods])
+    node_w = max([14] + [len(safe(d["node"])) for d in result.devices] + [len(safe(p.node or "")) for p in result.pods])
+    pod_w = max([34] + [len(safe(f"{p.namespace}/{p.name}")) for p in result.pods])
     status_w = max([10] + [len(p.status) for p in result.pods])  # "terminating" is 11
     lines: list[str] = []
     lines.append("DEVICES")
@@ -84,7 +109,7 @@ def to_table(result: SimResult) -> str:
         mem = f"{_bar(d['usedmem'], d['totalmem'])} {_gib(d['usedmem'])}/{_gib(d['totalmem'])}"
         cores = f"{_bar(d['usedcores'], d['totalcore'])} {d['usedcores']}/{d['totalcore']}"
         lines.append(
-            f"  {d['node']:<{node_w}} {d['index']:>3} {d['type'][:24]:<24} "
+            f"  {safe(d['node']):<{node_w}} {d['index']:>3} {safe(d['type'])[:24]:<24} "
             f"{str(d['used']) + '/' + str(d['count']):>6}  {mem:<28} {cores:<22} {note}".rstrip()
         )
     lines.append("")
@@ -93,13 +118,16 @@ def to_table(result: SimResult) -> str:
     short = _short_ids({d["uuid"] for p in result.pods for c in p.containers for d in c["devices"]})
     for p in result.pods:
         devs = "; ".join(
-            f"{c['name']}: " + ", ".join(_grant(d, short) for d in c["devices"]) for c in p.containers if c["devices"]
+            f"{safe(c['name'])}: " + ", ".join(_grant(d, short) for d in c["devices"])
+            for c in p.containers
+            if c["devices"]
         )
         lines.append(
-            f"  {p.namespace + '/' + p.name:<{pod_w}} {p.status:<{status_w}} {p.node or '-':<{node_w}} {devs}".rstrip()
+            f"  {safe(f'{p.namespace}/{p.name}'):<{pod_w}} {p.status:<{status_w}} {safe(p.node or '-'):<{node_w}} "
+            f"{devs}".rstrip()
         )
     lines.append("")
-    lines.extend(_summary(result))
+    lines.extend(safe(line) for line in _summary(result))
     return "\n".join(lines)
 
 
