@@ -429,3 +429,21 @@ def test_the_guides_name_the_objects_of_their_own_helm_install_hami():
     rule = (ROOT / "docs" / "install.md").read_text().split("| Object |", 1)[0]
     examples = set(re.findall(r"`(gpu-hami-[a-z0-9-]+)`", rule))
     assert examples and examples <= other
+
+
+def test_mig_work_is_seen_whatever_the_case_of_config_jsons_top_level_key(tmp_path):
+    """Regression review, 1 Dec: the chart read only `nodeconfig`, while the programs read the key
+    in any case (node/settings.py), so `nodeConfig` gave a dynamic-MIG node no MIG capability."""
+    cfg = write(tmp_path, "dyn.json", '{"nodeConfig": [{"name": "n1", "operatingmode": "mig"}]}')
+    c = plugin(render(set_files=(f"devicePlugin.nodeConfiguration.config={cfg}",)))
+    assert holds_sys_admin(c) and env(c).get("NVIDIA_MIG_CONFIG_DEVICES") == "all"
+
+
+def test_the_dra_agents_mig_work_follows_its_own_arguments_not_the_plugins():
+    """Regression review, 1 Dec: the DRA agent's SYS_ADMIN followed the device plugin's extraArgs
+    (which the agent does not run with) and missed its own dra.extraArgs --mig-strategy."""
+    base = ("dra.enabled=true", "devicePlugin.enabled=false")
+    plugins = container(render(*base, "devicePlugin.extraArgs={--mig-strategy=mixed}"), "hami-dra", "dra")
+    assert not holds_sys_admin(plugins) and not set(MIG_VARS) & env(plugins).keys()
+    own = container(render(*base, "dra.extraArgs={--mig-strategy=mixed}"), "hami-dra", "dra")
+    assert holds_sys_admin(own) and env(own).get("NVIDIA_MIG_MONITOR_DEVICES") == "all"

@@ -132,3 +132,14 @@ def test_a_vendor_without_resource_names_reads_the_old_layout_by_the_count_alone
     assert init_offset(grant, inits, asks) == 1
     named, _ = container_asks(pod, frozenset({"nvidia.com/gpu"}))
     assert named == (False, False, False) and init_offset(grant, inits, named) == 0
+
+
+def test_a_finished_init_containers_mig_instance_without_a_reservation_keeps_its_gpu_quarantined():
+    """Regression review, 1 Dec: HAMi's old MIG grant form (``GPU[1-0]``) names no placement, so
+    the GPU is quarantined (unhealthy: an instance the scheduler cannot see). Once the init
+    container that held it finished, the pod no longer held the GPU and it came back healthy and
+    free: a new instance could be placed over the unseen one."""
+    running = _pod(f"{GPU}[1-0],NVIDIA,9984,0:;;", inits=1, inits_done=False)
+    assert _held(running, "mig")[0][3] is False
+    finished = _pod(f"{GPU}[1-0],NVIDIA,9984,0:;;", inits=1)
+    assert _held(finished, "mig") == ((0, 0, 0, False), (0, 0))

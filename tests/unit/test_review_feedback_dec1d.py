@@ -14,7 +14,6 @@ import os
 import struct
 import time
 
-import pytest
 
 from hami.monitor import command
 from hami.monitor.feedback import Reading, Writes, decide, release

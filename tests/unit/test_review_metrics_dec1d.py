@@ -308,3 +308,30 @@ def test_a_dra_claim_on_a_static_mig_instance_shows_its_live_usage():
     [grant] = item["containers"][0]["grants"]
     assert grant["uuid"] == A100 and grant["slice"]["profile"] == "3g.20gb"  # displayed on its GPU
     assert grant["usage"] == {"state": "live", "memoryUsedMiB": 300, "utilizationPercent": 12.5}
+
+
+def test_neuron_core_ratios_count_the_cores_a_mask_names():
+    """Regression review, 1 Dec: AWS Neuron registers and grants cores as bitmasks, and the new
+    percentages divided the masks: one NeuronCore of an Inf2's two (0b11) read 34 or 67 % by which
+    bit it was, one of an Inf1's four (0b1111) 7 to 54 %. Each is 50 and 25 % of its device."""
+    inf2 = DeviceInfo(id="NEURON-n-0", index=0, count=2, devmem=32768, devcore=0b11, type="Inf2", vendor="AWSNeuron")
+    inf1 = DeviceInfo(id="NEURON-n-1", index=1, count=4, devmem=8192, devcore=0b1111, type="Inf1", vendor="AWSNeuron")
+    from hami.core import Ledger
+    from hami.vendors.awsneuron import AwsNeuronVendor
+
+    neuron = (AwsNeuronVendor(),)
+    led = Ledger(neuron)
+    led.set_node(NodeDevices("n", (inf2, inf1)))
+    for name, uuid, mask in (("two", "NEURON-n-0", 0b10), ("four", "NEURON-n-1", 0b1000)):
+        led.add_pod(
+            make_allocation(
+                kit.pod(name, ns="team"), "n", {"AWSNeuron": ((ContainerDevice(uuid, "AWSNeuron", 1000, mask),),)}
+            )
+        )
+    text = SchedulerMetrics(lambda: AllocationSnapshot(led, neuron)).render().decode()
+    got = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    assert {s.labels["device_uuid"]: s.value for s in got["hami_gpu_core_allocated_ratio"]} == {
+        "NEURON-n-0": 50,
+        "NEURON-n-1": 25,
+    }
+    assert {s.labels["pod"]: s.value for s in got["hami_vgpu_core_allocated_ratio"]} == {"two": 50, "four": 25}

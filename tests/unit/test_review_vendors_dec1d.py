@@ -207,18 +207,19 @@ def test_metax_vmemory_quota_counts_gib():
     assert filt == "{'sg': '1/1 ResourceQuotaNotFit'}"
 
 
-def test_enflame_gcu_memory_quota_counts_gib():
-    """Found by review, 1 Dec: ``limits.enflame.com/gcu-memory: 64`` (GiB) was read as 64 MiB, so
-    an 8 GiB DRS pod was refused ResourceQuotaNotFit on every GCU. Now 64 GiB: it fits, and a
-    profile beyond a 16 GiB quota does not."""
+def test_enflame_gcu_memory_quota_counts_mib_as_hami_charges_it():
+    """Regression review, 1 Dec: a fix made ``limits.enflame.com/gcu-memory`` count GiB, which
+    made a quota written for HAMi (or our earlier release), MiB as HAMi charges a profile's memory,
+    1024 times looser: ``49152`` (48 GiB) became 48 TiB. It counts MiB, and a profile beyond the
+    quota is refused by the Filter while one within it fits."""
     n = gcu_node(PLUGIN_CAPACITY)
     ok = pod("p", [ctr(limits={GMEM: 8, GCORE: 10})], ns="team")
-    assert quota_paths([n], {"limits.enflame.com/gcu-memory": "64"}, ok) == (None, None)
+    assert quota_paths([n], {"limits.enflame.com/gcu-memory": "65536"}, ok) == (None, None)
     big = pod("p", [ctr(limits={GMEM: 18, GCORE: 10})], ns="team")  # 3g.20gb: 3 slices, 24576 MiB
-    _, filt = quota_paths([n], {"limits.enflame.com/gcu-memory": "16"}, big)
+    _, filt = quota_paths([n], {"limits.enflame.com/gcu-memory": "16384"}, big)
     assert filt == "{'gcu': '2/2 ResourceQuotaNotFit'}"
     ledger, _ = rebuild([n], [], CFG.vendors)
     ledger.set_quota(
-        "team", "q", {"limits.enflame.com/gcu-memory": "64", "limits.metax-tech.com/vmemory": "1.5"}, CFG.vendors
+        "team", "q", {"limits.enflame.com/gcu-memory": "49152", "limits.metax-tech.com/vmemory": "1.5"}, CFG.vendors
     )
-    assert ledger.quota_limits("team", "q") == {"enflame.com/gcu-memory": 65536, "metax-tech.com/vmemory": 1536}
+    assert ledger.quota_limits("team", "q") == {"enflame.com/gcu-memory": 49152, "metax-tech.com/vmemory": 1536}

@@ -513,27 +513,48 @@ nodeConfiguration.externalConfigName is not the chart's: what it says is not kno
 */}}
 {{- define "hami.devicePlugin.mig" -}}
 {{- $dp := .Values.devicePlugin -}}
+{{- include "hami.mig" (dict "Values" .Values "args" ($dp.extraArgs | default list) "argsAt" "devicePlugin.extraArgs" "envs" ($dp.extraEnvs | default dict)) -}}
+{{- end -}}
+
+{{/*
+The same for the DRA agent (templates/dra/): it reads devicePlugin.migStrategy, then its own
+dra.extraArgs, and config.json; never the device plugin's extraArgs or extraEnvs (the regression
+review of 1 Dec: SYS_ADMIN followed the plugin's flags, which the agent does not run with).
+*/}}
+{{- define "hami.dra.mig" -}}
+{{- include "hami.mig" (dict "Values" .Values "args" (.Values.dra.extraArgs | default list) "argsAt" "dra.extraArgs" "envs" dict) -}}
+{{- end -}}
+
+{{/* hami.devicePlugin.mig's work, from a dict: Values, args (the program's extra arguments, named
+argsAt in the notes) and envs (its extra environment). */}}
+{{- define "hami.mig" -}}
+{{- $dp := .Values.devicePlugin -}}
 {{- $flag := "" -}}
 {{- $flagFrom := "" -}}
 {{- with $dp.migStrategy -}}{{- $flag = toString . -}}{{- $flagFrom = printf "devicePlugin.migStrategy=%s" $flag -}}{{- end -}}
-{{- $args := $dp.extraArgs | default list -}}
+{{- $args := .args -}}
+{{- $argsAt := .argsAt -}}
 {{- range $i, $a := $args -}}
 {{- $a = toString $a -}}
 {{- if hasPrefix "--mig-strategy=" $a -}}
-{{- $flag = trimPrefix "--mig-strategy=" $a -}}{{- $flagFrom = printf "devicePlugin.extraArgs[%d]=%s" $i $a -}}
+{{- $flag = trimPrefix "--mig-strategy=" $a -}}{{- $flagFrom = printf "%s[%d]=%s" $argsAt $i $a -}}
 {{- else if and (eq $a "--mig-strategy") (lt (add1 $i) (len $args)) -}}
-{{- $flag = toString (index $args (add1 $i)) -}}{{- $flagFrom = printf "devicePlugin.extraArgs[%d]=--mig-strategy %s" $i $flag -}}
+{{- $flag = toString (index $args (add1 $i)) -}}{{- $flagFrom = printf "%s[%d]=--mig-strategy %s" $argsAt $i $flag -}}
 {{- end -}}
 {{- end -}}
-{{- if and (not $flagFrom) (hasKey ($dp.extraEnvs | default dict) "MIG_STRATEGY") -}}
-{{- $flag = toString (index $dp.extraEnvs "MIG_STRATEGY") -}}{{- $flagFrom = printf "devicePlugin.extraEnvs.MIG_STRATEGY=%s" $flag -}}
+{{- if and (not $flagFrom) (hasKey .envs "MIG_STRATEGY") -}}
+{{- $flag = toString (index .envs "MIG_STRATEGY") -}}{{- $flagFrom = printf "devicePlugin.extraEnvs.MIG_STRATEGY=%s" $flag -}}
 {{- end -}}
 {{- $mixed := "" -}}
 {{- $dynamic := "" -}}
 {{- if eq $flag "mixed" -}}{{- $mixed = $flagFrom -}}{{- end -}}
 {{- if not $dp.nodeConfiguration.externalConfigName -}}
 {{- $doc := ($dp.nodeConfiguration.config | default "{}") | fromJson -}}
-{{- $entries := $doc.nodeconfig -}}
+{{- /* the top-level key in any case too, as the programs read config.json (node/settings.py) */ -}}
+{{- $entries := list -}}
+{{- if kindIs "map" $doc -}}
+{{- range $k, $v := $doc -}}{{- if eq (lower $k) "nodeconfig" -}}{{- $entries = $v -}}{{- end -}}{{- end -}}
+{{- end -}}
 {{- if kindIs "slice" $entries -}}
 {{- range $i, $e := $entries -}}
 {{- if kindIs "map" $e -}}

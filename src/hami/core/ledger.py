@@ -127,9 +127,14 @@ class NodeState:
                 held.setdefault(i, []).append(piece)
                 if not devs[i].sliced:
                     bad.add(i)  # a MIG pod on a hami-core GPU
-            for u in alloc.usage:
-                i = self.index_of.get(u.uuid)
-                if i is not None and devs[i].sliced and u.uuid not in mine:
+            # every device of the grant, not only those the pod still holds: a finished init
+            # container's instance without a reservation (HAMi's old grant form) still sits on
+            # its GPU (the regression review of 1 Dec: the GPU came back healthy and free once it
+            # finished)
+            granted = {cd.uuid for ctrs in alloc.devices.values() for ctr in ctrs for cd in ctr}
+            for uuid in sorted(granted | {u.uuid for u in alloc.usage}):
+                i = self.index_of.get(uuid)
+                if i is not None and devs[i].sliced and uuid not in mine:
                     bad.add(i)  # a MIG GPU used without a reservation
         for i, pieces in held.items():
             if any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1 :]):
@@ -485,6 +490,11 @@ class Ledger:
             s.usedcores,
             s.usedmem,
         )
+
+    @property
+    def mask_vendors(self) -> frozenset[str]:
+        """The vendors whose grants' cores are bitmasks of cores (``cores_are_masks``: AWS Neuron)."""
+        return self._mask_vendors
 
     def node_names(self) -> list[str]:
         if self._names is None:

@@ -186,6 +186,9 @@ class AllocationSnapshot:
     #: allocated claims of driver gpu.hami.io
     dra_devices: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     claims: Sequence[ClaimUsage] = ()
+    #: (node, uuid) of the devices whose cores are bitmasks (AWS Neuron): their percentages count
+    #: set bits
+    masked: frozenset[tuple[str, str]] = frozenset()
 
 
 def snapshot_of(state: Any) -> AllocationSnapshot:
@@ -235,13 +238,16 @@ class AllocationRows:
     #: the formatting thread: 8000 DRA GPUs took ~150 ms, which on the loop held up Filter
     dra_devices: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
     claims: Sequence[ClaimUsage] = ()
+    #: (node, uuid) of the devices whose cores are bitmasks (AWS Neuron): their percentages count
+    #: set bits
+    masked: frozenset[tuple[str, str]] = frozenset()
 
     def merged(self) -> AllocationRows:
         """These rows with the DRA front end's GPUs and claims counted in (:func:`_with_dra`)."""
         if not self.dra_devices:
             return self
         devices, pods = _with_dra(self.dra_devices, self.claims, self.devices, self.pods)
-        return AllocationRows(devices, pods, self.quotas, self.mig)
+        return AllocationRows(devices, pods, self.quotas, self.mig, masked=self.masked)
 
 
 def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
@@ -270,7 +276,13 @@ def allocation_rows(snap: AllocationSnapshot) -> AllocationRows:
         for s in pieces
         if s.mig_uuid and s.gpu_instance_id is not None and s.compute_instance_id is not None
     ]
-    return AllocationRows(devices, pods, list(_quota_rows(snap)), mig, dict(snap.dra_devices), list(snap.claims))
+    masks = led.mask_vendors
+    masked = frozenset(
+        (node, d.id) for node in led.node_names() for d, *_ in led.device_usage(node) if d.vendor in masks
+    )
+    return AllocationRows(
+        devices, pods, list(_quota_rows(snap)), mig, dict(snap.dra_devices), list(snap.claims), masked=masked
+    )
 
 
 def _with_dra(
@@ -405,14 +417,18 @@ _LEGACY_DEV = ("nodeid", "deviceuuid", "deviceidx", "devicetype")
 RAW_LEGACY_CORES = ("hami_gpu_core_limit_ratio", "hami_gpu_core_allocated_ratio", "hami_vgpu_core_allocated_ratio")
 
 
-def core_percent(total: float, used: float) -> tuple[int, int]:
+def core_percent(total: float, used: float, masks: bool = False) -> tuple[int, int]:
     """``(limit, allocated)`` of the core ratio families for a GPU of ``total`` registered cores
     (the vendor's unit: percent x deviceCoreScaling for NVIDIA, compute units for AMD, AI cores
     for an Ascend vNPU, ...) of which ``used`` are allocated: 100 and ``used`` as a percentage of
     ``total`` rounded up (an exact integer ceiling), as HAMi's scheduler exports them for every
-    vendor; (0, 0) for a GPU without cores (or none known)."""
+    vendor; (0, 0) for a GPU without cores (or none known). With ``masks`` (AWS Neuron, whose
+    grants and registration name cores by bit), the set bits are counted (the regression review
+    of 1 Dec: one NeuronCore of an Inf2's two read 34 or 67 %, by which bit it was)."""
     if total <= 0:
         return 0, 0
+    if masks:
+        total, used = int(total).bit_count(), int(used).bit_count()
     if isinstance(total, int) and isinstance(used, int):
         return 100, -(-used * 100 // total)
     return 100, math.ceil(used * 100 / total)
@@ -432,7 +448,7 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
         # the ratio families are a percentage of the GPU whatever the vendor's unit (HAMi's
         # scheduler normalises them; an AMD GPU's 304 compute units were exported as 304, and a
         # quarter of them as 76, on a dashboard reading 100 per GPU); the legacy names stay raw
-        limit_pct, used_pct = core_percent(devcore, usedcores)
+        limit_pct, used_pct = core_percent(devcore, usedcores, (node, uuid) in rows.masked)
         t.add("hami_gpu_memory_limit_bytes", dev, devmem * MIB, shared)
         t.add("hami_gpu_core_limit_ratio", dev, limit_pct, shared, legacy_value=devcore)
         # device_cores is the GPU's registered cores, as HAMi since #2142: a label that followed
@@ -454,7 +470,7 @@ def render_allocation(rows: AllocationRows, legacy: bool = False) -> str:
             _labels(ALLOCATION["hami_vgpu_memory_allocated_bytes"][2], labels) if legacy else "",
         )
         t.add("hami_vgpu_memory_allocated_bytes", labels, mem * MIB, shared)
-        _, pct = core_percent(totals.get((node, uuid), 0), cores)
+        _, pct = core_percent(totals.get((node, uuid), 0), cores, (node, uuid) in rows.masked)
         t.add("hami_vgpu_core_allocated_ratio", labels, pct, shared, legacy_value=cores)
     return head + t.render()
 

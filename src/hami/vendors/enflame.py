@@ -16,7 +16,8 @@ A container asks for slices directly (``enflame.com/drs-gcu: n``) or for ``enfla
 profile that covers both. One device per container. In our model a DRS GCU has ``count =
 devcore = capacity`` (slices) and ``devmem = capacity x`` the memory of one slice; a grant records
 the slices as cores. Device IDs: ``<node>-enflame-drs-<index>``. A namespace quota on
-``limits.enflame.com/gcu-memory`` is GiB, as the pods ask (``quota_memory_factor`` 1024).
+``limits.enflame.com/gcu-memory`` counts MiB, as HAMi charges a profile's memory (a pod asks in GiB;
+HAMi's Enflame backend sets no memory factor, and namespaces moved from it keep their limits).
 
 Whole GCU: ``enflame.com/gcu`` from node capacity, as HAMi's ``GetNodeDevices`` registers them:
 IDs ``<node>-GCU-<i>``, one slot, ``devmem`` 100 and ``devcore`` 100 per card; a grant takes all of
@@ -203,7 +204,6 @@ class EnflameDrsVendor(BaseVendor):
                 count=c.resource_name_drs_gcu,
                 memory=c.resource_name_gcu_memory,
                 cores=c.resource_name_gcu_core,
-                quota_memory_factor=1024,  # gcu-memory is GiB in a pod and a quota; usage is MiB
             )
         )
 
