@@ -1261,7 +1261,7 @@ async def test_hami_annotations_through_the_dra_webhook_land_only_on_matching_gp
     models = ("Tesla T4", "A100-PCIE-40GB", "Tesla T4", "A100-PCIE-40GB")
     devs = [
         PhysicalGPU(
-            i, f"GPU-ann00000-0000-4000-8000-{i:012x}", m, GPU_MIB, f"0000:{i + 1:02x}:00.0", 0, numa_node=i // 2
+            i, f"GPU-ann00000-0000-4000-8000-{i:012x}", m, GPU_MIB, f"0000:{i + 1:02x}:00.0", i // 2, numa_node=i // 2
         )
         for i, m in enumerate(models)
     ]

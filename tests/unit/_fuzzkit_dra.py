@@ -642,7 +642,7 @@ def check_translation(item: tuple[dict, list[dict | None]]) -> str | None:
             return f"container {c['name']}: {bad}"
         # (of the claim's count: an init container sharing the app container's claim gets its constraint)
         numa = annotations.get("nvidia.com/numa-bind", "") in {"1", "t", "T", "TRUE", "true", "True"} and want[0] > 1
-        constraint = {"requests": ["gpu"], "matchAttribute": "resource.kubernetes.io/numaNode"}
+        constraint = {"requests": ["gpu"], "matchAttribute": "gpu.hami.io/numa"}
         if numa != (constraint in t["spec"]["spec"]["devices"].get("constraints", [])):
             return f"container {c['name']}: numa-bind {annotations.get('nvidia.com/numa-bind')!r} with {want[0]} GPUs"
         caps = (ex.get("capacity") or {}).get("requests") or {}

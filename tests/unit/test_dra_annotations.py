@@ -6,8 +6,8 @@ import pytest
 
 from hami.core import SchedulerConfig, admit_pod
 from hami.dra.cel import DeviceCel, compile_selector
-from hami.dra.model import NUMA_NODE, SliceSettings, resource_slice
-from hami.dra.translate import TranslationError, annotation_selectors, cel_string, translate
+from hami.dra.model import SliceSettings, resource_slice
+from hami.dra.translate import NUMA_ATTRIBUTE, TranslationError, annotation_selectors, cel_string, translate
 from hami.node.nvml import PhysicalGPU
 from hami.sim.dra import simulate_dra
 from hami.vendors import build_vendors
@@ -91,9 +91,12 @@ def test_empty_annotation_values_mean_no_constraint_as_on_the_extender():
     assert exprs(d) == []
 
 
-def test_numa_bind_aligns_a_containers_gpus_on_the_standard_numa_attribute():
+def test_numa_bind_aligns_a_containers_gpus_on_the_drivers_numa_attribute():
+    # the driver's gpu.hami.io/numa, on every device (0 when unknown, as the extender reads it);
+    # the standard numaNode, left out where sysfs does not know it, kept such pods pending
+    # (review, 1 Dec: tests/unit/test_review_dra_parity_dec1d.py)
     [d] = claim_of({"nvidia.com/numa-bind": "true"}, {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000})
-    assert {"requests": ["gpu"], "matchAttribute": NUMA_NODE} in d["constraints"]
+    assert {"requests": ["gpu"], "matchAttribute": NUMA_ATTRIBUTE} in d["constraints"]
     assert {"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"} in d["constraints"]
     # one GPU: nothing to align, and no NUMA attribute needed on the device
     [d] = claim_of({"nvidia.com/numa-bind": "true"})
@@ -109,7 +112,7 @@ def test_combinations_apply_to_every_gpu_container_of_the_pod():
         ann, {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}, {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000}
     )
     assert exprs(a) == exprs(b) and len(exprs(a)) == 2
-    assert {"requests": ["gpu"], "matchAttribute": NUMA_NODE} in a["constraints"]
+    assert {"requests": ["gpu"], "matchAttribute": NUMA_ATTRIBUTE} in a["constraints"]
     assert "constraints" not in b
     assert passes(exprs(a), dev("NVIDIA-A100", "GPU-y")) and not passes(exprs(a), dev("NVIDIA-A100", "GPU-x"))
 
@@ -215,7 +218,8 @@ def test_a_selector_longer_than_the_api_server_takes_is_refused():
 
 
 def gpu(i, model, numa_node):
-    return PhysicalGPU(i, f"GPU-{i}", model, 15360, f"0000:{i + 1:02x}:00.0", 0, numa_node=numa_node)
+    # as the agent reads sysfs: the registration's NUMA node is the kernel's when it knows it
+    return PhysicalGPU(i, f"GPU-{i}", model, 15360, f"0000:{i + 1:02x}:00.0", numa_node, numa_node=numa_node)
 
 
 SLICE = resource_slice(

@@ -4,14 +4,18 @@ prepare (:func:`hami.draplugin.prepare.plan`), and the webhook, which refuses a 
 ResourceClaimTemplate that breaks them at creation (:func:`claim_spec_error`), so that a rule the
 webhook enforces is one every agent of this version enforces too, with the same message.
 
-A ``GpuConfig`` has two optional parameters, each taken from the last entry that names it (class
-entries first, then the claim's, :func:`resolve`): ``isolation`` (:data:`ISOLATIONS`) and
-``priority``, libvgpu's task priority (an integer in :data:`PRIORITY_RANGE`, 0 high, 1 low). Any
+A ``GpuConfig`` has three optional parameters, each taken from the last entry that names it (class
+entries first, then the claim's, :func:`resolve_all`): ``isolation`` (:data:`ISOLATIONS`),
+``priority``, libvgpu's task priority (an integer in :data:`PRIORITY_RANGE`, 0 high, 1 low), and
+``corePolicy``, libvgpu's compute policy ``GPU_CORE_UTILIZATION_POLICY`` (:data:`CORE_POLICIES`:
+``default`` or ``force``, the core limit held even when the GPU is otherwise idle; ``disable``,
+which switches the limit off, is refused: the pod's opt-out needs a namespace label a claim
+cannot be checked against, and the whole-GPU class is the DRA way to run without limits). Any
 other parameter is refused: it is one a newer webhook or a user meant to take effect, and an agent
-that ignored it would run the claim without it. A priority where no libvgpu runs (isolation
-``none``, admin access, a MIG device, :func:`without_libvgpu`) is refused too, and so are requests
-of one claim that run at different priorities (one claim is one CDI device, one
-``CUDA_TASK_PRIORITY``). Another driver's configuration is never looked at, nor an entry of this
+that ignored it would run the claim without it. A priority or a ``force`` policy where no libvgpu
+runs (isolation ``none``, admin access, a MIG device, :func:`without_libvgpu`) is refused too, and
+so are requests of one claim that run at different priorities or policies (one claim is one CDI
+device, one ``CUDA_TASK_PRIORITY``, one ``GPU_CORE_UTILIZATION_POLICY``). Another driver's configuration is never looked at, nor an entry of this
 driver that names only requests kept off its devices (:func:`claim_spec_error`).
 
 The webhook also refuses what the agent refuses of a claim's results together, where the
@@ -37,8 +41,11 @@ from hami.dra.model import (
 )
 
 ISOLATIONS = ("hami-core", "none")
+#: the compute policies a ``GpuConfig`` may name (libvgpu's ``GPU_CORE_UTILIZATION_POLICY``; its
+#: ``disable`` is refused, module doc); ``default`` is libvgpu's own, as if none were named
+CORE_POLICIES = ("default", "force")
 #: the parameters of a ``GpuConfig`` (any other is refused, :func:`parameters`)
-FIELDS = ("apiVersion", "kind", "isolation", "priority")
+FIELDS = ("apiVersion", "kind", "isolation", "priority", "corePolicy")
 #: how the agent names itself in a refusal of a field it does not know
 AGENT = "this agent"
 
@@ -47,9 +54,10 @@ class GpuConfigError(ValueError):
     """A configuration entry of this driver breaks a rule; the message names the field and value."""
 
 
-def parameters(params: Any, where: str, knower: str = AGENT) -> tuple[str | None, int | None]:
-    """``(isolation, priority)`` one ``GpuConfig`` names (None: left out), or GpuConfigError.
-    ``knower`` is who does not know a field (the agent, or the webhook speaking for the agents)."""
+def parameters(params: Any, where: str, knower: str = AGENT) -> tuple[str | None, int | None, str | None]:
+    """``(isolation, priority, corePolicy)`` one ``GpuConfig`` names (None: left out), or
+    GpuConfigError. ``knower`` is who does not know a field (the agent, or the webhook speaking
+    for the agents)."""
     params = params or {}
     if not isinstance(params, Mapping):
         raise GpuConfigError(f"{where}: configuration parameters must be an object, got {params!r:.60}")
@@ -80,7 +88,19 @@ def parameters(params: Any, where: str, knower: str = AGENT) -> tuple[str | None
             raise GpuConfigError(
                 f"{where}: configuration priority={priority!r:.40} must be an integer in {low}..{high} (0 high, 1 low)"
             )
-    return isolation, priority
+    policy = params.get("corePolicy")
+    # exactly one of the values: what the agent writes into GPU_CORE_UTILIZATION_POLICY (and the
+    # grant file) is only ever one of them, never a user's string
+    if policy is not None and (not isinstance(policy, str) or policy not in CORE_POLICIES):
+        raise GpuConfigError(
+            f"{where}: configuration corePolicy={policy!r:.40} is not one of {', '.join(CORE_POLICIES)}"
+            + (
+                " (disable switches the compute limit off: use the whole-GPU class)"
+                if isinstance(policy, str) and policy.lower() == "disable"
+                else ""
+            )
+        )
+    return isolation, priority, policy
 
 
 def ours(entry: Any) -> bool:
@@ -90,13 +110,21 @@ def ours(entry: Any) -> bool:
 
 
 def resolve(config: Any, request: str, where: str, knower: str = AGENT) -> tuple[str, int | None]:
-    """``(isolation, priority)`` for ``request`` (``gpu``, or ``gpu/sub`` for a ``firstAvailable``
-    subrequest) from class and claim configuration: each parameter from the last entry that names
-    it, claim entries after class entries (``source: FromClass`` first, claim configuration wins,
-    later wins). An entry that leaves a parameter out keeps what came before (a claim naming only
-    a ``priority`` keeps its class's isolation). ``priority`` None: not set."""
+    """``(isolation, priority)`` of :func:`resolve_all`."""
+    isolation, priority, _ = resolve_all(config, request, where, knower)
+    return isolation, priority
+
+
+def resolve_all(config: Any, request: str, where: str, knower: str = AGENT) -> tuple[str, int | None, str | None]:
+    """``(isolation, priority, corePolicy)`` for ``request`` (``gpu``, or ``gpu/sub`` for a
+    ``firstAvailable`` subrequest) from class and claim configuration: each parameter from the
+    last entry that names it, claim entries after class entries (``source: FromClass`` first,
+    claim configuration wins, later wins). An entry that leaves a parameter out keeps what came
+    before (a claim naming only a ``priority`` keeps its class's isolation). ``priority`` None:
+    not set; ``corePolicy`` None: not set, or ``default`` (libvgpu's own)."""
     chosen = "hami-core"
     priority: int | None = None
+    policy: str | None = None
     ordered = sorted(
         (c for c in config if isinstance(c, Mapping)) if isinstance(config, list) else (),
         key=lambda c: 0 if c.get("source") == "FromClass" else 1,
@@ -109,12 +137,14 @@ def resolve(config: Any, request: str, where: str, knower: str = AGENT) -> tuple
             continue
         if not ours(c):
             continue
-        isolation, prio = parameters(c["opaque"].get("parameters"), where, knower)
+        isolation, prio, pol = parameters(c["opaque"].get("parameters"), where, knower)
         if isolation is not None:
             chosen = isolation
         if prio is not None:
             priority = prio
-    return chosen, priority
+        if pol is not None:
+            policy = None if pol == "default" else pol
+    return chosen, priority, policy
 
 
 def without_libvgpu(mig: bool, admin: bool, isolation: str) -> str:
@@ -135,6 +165,23 @@ def mixed(priorities: Sequence[int]) -> str:
     return (
         f"requests mix priority {' and '.join(map(str, sorted(set(priorities))))} (one CDI device, "
         "one CUDA_TASK_PRIORITY per claim); use one claim for each"
+    )
+
+
+def unforced(request: str, policy: str, without: str) -> str:
+    """The refusal of a compute policy on a request that runs without libvgpu."""
+    return (
+        f"request {request!r}: configuration corePolicy={policy} needs libvgpu (isolation hami-core), "
+        f"and {without} runs without it; remove the corePolicy"
+    )
+
+
+def mixed_policies(policies: Sequence[str | None]) -> str:
+    """The refusal of a claim whose requests run under different compute policies."""
+    named = " and ".join(sorted({p or "default" for p in policies}))
+    return (
+        f"requests mix corePolicy {named} (one CDI device, one GPU_CORE_UTILIZATION_POLICY per claim); "
+        "use one claim for each"
     )
 
 
@@ -322,10 +369,12 @@ def claim_spec_error(
             if ours(c) and _read(c, reach):
                 parameters(c["opaque"].get("parameters"), f"{path}.devices.config[{i}].opaque.parameters", AGENTS)
         possible: list[set[int]] = []  # per request of ours: the priorities it may run at
+        policies: list[set[str | None]] = []  # and the compute policies
         for r in requests:
             if not isinstance(r, Mapping) or not isinstance(r.get("name"), str):
                 continue
             runs: set[int] = set()
+            under: set[str | None] = set()
             known = True  # every alternative's class known: what it runs at is known
             for name, sub in _alternatives(r):
                 cls = sub.get("deviceClassName")
@@ -333,15 +382,21 @@ def claim_spec_error(
                     known = False
                     continue
                 where = f"request {name!r}"
-                isolation, priority = resolve([*classes[cls], *config], name, where, AGENTS)
+                isolation, priority, policy = resolve_all([*classes[cls], *config], name, where, AGENTS)
                 without = without_libvgpu(cls == MIG_CLASS, sub.get("adminAccess") is True, isolation)
                 if priority is not None and without:
                     return unhonoured(name, priority, without)
+                if policy is not None and without:
+                    return unforced(name, policy, without)
                 runs.add(runs_at(priority))
+                under.add(policy)
             if known and runs:
                 possible.append(runs)
+                policies.append(under)
         if possible and all(len(p) == 1 for p in possible) and len(set().union(*possible)) > 1:
             return mixed([next(iter(p)) for p in possible])
+        if policies and all(len(p) == 1 for p in policies) and len(set().union(*policies)) > 1:
+            return mixed_policies([next(iter(p)) for p in policies])
         return _mix_error(requests, classes, config)
     except GpuConfigError as exc:
         return str(exc)

@@ -14,8 +14,10 @@ HAMi request (after defaults)                     DRA request
                                                   on the extender as here
 no memory, or ``gpumem-percentage: 100`` alone    no memory request: the device's default,
                                                   which is all of its memory
-``gpumem-percentage: P`` (P < 100)                refused: DRA capacity requests are amounts,
-                                                  not fractions of a device of unknown size
+``gpumem-percentage: P`` (P < 100) without        refused: DRA capacity requests are amounts,
+``gpumem``                                        not fractions of a device of unknown size
+                                                  (beside ``gpumem`` it is ignored, as the
+                                                  extender ignores it: ``gpumem`` is asked)
 ``gpucores: C`` (C > 0)                           ``capacity.requests.cores: C``
 no cores (0)                                      no cores request: the device's default, a
                                                   thousandth of a core
@@ -38,6 +40,17 @@ N > 1                                             a ``distinctAttribute`` constr
                                                   whole-GPU class (no libvgpu, whose plugin
                                                   refuses a priority) it is left out, noted,
                                                   as the extender ignores it without libvgpu
+``GPU_CORE_UTILIZATION_POLICY=force`` in the      ``corePolicy: force`` in the same
+container's env (any letter case)                 ``GpuConfig``, which the kubelet plugin
+                                                  writes into the CDI spec and grant (the
+                                                  extender's grant file copies the env's
+                                                  value); containers of different policies
+                                                  never share a claim. Left out, noted, on the
+                                                  whole-GPU class
+``nvidia.com/gpu: 0``                             no claim, and the container's other NVIDIA
+                                                  resources are removed (the extender ignores
+                                                  them; the admission warns): left, no DRA
+                                                  node advertises them
 ================================================  ==========================================
 
 The template name is derived from its content (``hami-gpu-<hash>``), so every pod with the same
@@ -51,9 +64,9 @@ and cores per GPU): HAMi counts the larger of a pod's init and app containers. E
 container (app containers run together and must not share one budget) and every sidecar (an init
 container with ``restartPolicy: Always``, which runs beside them) has a claim of its own. An app
 container given more than it asked, through such a shared claim, is noted. A claim has one task
-priority, so only containers running at one priority (no priority is libvgpu's, 1) share a claim:
-the init containers of each priority share one, with an app container of that priority, and each
-container runs at its own priority, as on the extender. Init containers of several priorities
+priority, so only containers running at one priority (no priority is libvgpu's, 1) and one compute
+policy share a claim: the init containers of each share one, with an app container of the same,
+and each container runs at its own priority and policy, as on the extender. Init containers of several priorities
 therefore hold several claims for the pod's life where the extender counts the largest once, and
 an app container kept apart from the init containers by its priority holds one more: both are
 noted.
@@ -69,8 +82,9 @@ annotation                             claim
 ``nvidia.com/nouse-gputype: A,B``      selector: it contains neither
 ``nvidia.com/use-gpuuuid: U,V``        selector: the ``uuid`` attribute is one of them
 ``nvidia.com/nouse-gpuuuid: U,V``      selector: it is none of them
-``nvidia.com/numa-bind: "true"``       N > 1: ``matchAttribute: resource.kubernetes.io/numaNode``
-                                       (HAMi keeps one container's GPUs on one NUMA node)
+``nvidia.com/numa-bind: "true"``       N > 1: ``matchAttribute: gpu.hami.io/numa`` (HAMi keeps
+                                       one container's GPUs on one NUMA node: the registration's,
+                                       0 when unknown, which every device of the driver carries)
 ``nvidia.com/vgpu-mode``               accepted when it contains ``hami-core`` (the only mode
                                        the DRA driver publishes), refused otherwise
 ``hami.io/gpu-scheduler-policy``,      refused: kube-scheduler's allocator takes the first
@@ -94,7 +108,13 @@ from typing import Any, Mapping, Sequence
 from hami.core import pod_request
 from hami.core.errors import RequestError
 from hami.core.quantity import parse_int_quantity
-from hami.core.names import DEVICE_SCORING_WEIGHTS, ENV_TASK_PRIORITY, GPU_SCHEDULER_POLICY, NODE_SCHEDULER_POLICY
+from hami.core.names import (
+    DEVICE_SCORING_WEIGHTS,
+    ENV_CORE_POLICY,
+    ENV_TASK_PRIORITY,
+    GPU_SCHEDULER_POLICY,
+    NODE_SCHEDULER_POLICY,
+)
 from hami.core.types import PERCENT_UNSET
 
 from .model import (
@@ -103,7 +123,6 @@ from .model import (
     DRIVER,
     IDLE_CORES,
     MEMORY,
-    NUMA_NODE,
     PRIORITY_RANGE,
     SHARE_CLASS,
     TASK_PRIORITY,
@@ -113,6 +132,15 @@ from .model import (
 
 REQUEST_NAME = "gpu"
 CLAIM_PREFIX = "hami-gpu-"
+#: the driver's own NUMA attribute, published on every device (the registration's NUMA node, 0
+#: when the kernel does not know it, as the extender reads it); the standard
+#: ``resource.kubernetes.io/numaNode`` is left out there, so a constraint on it never held on
+#: such a node (review, 1 Dec)
+NUMA_ATTRIBUTE = f"{DRIVER}/numa"
+#: the compute policy a container's ``GPU_CORE_UTILIZATION_POLICY`` may carry into its claim
+#: (libvgpu reads ``force`` in any letter case; ``disable`` is the isolation opt-out, which the
+#: DRA front end ignores with a warning, and anything else is libvgpu's default)
+FORCE_POLICY = "force"
 
 
 class TranslationError(RequestError):
@@ -224,6 +252,7 @@ def _claim_spec(
     numa_bind: bool = False,
     idle: str | None = None,
     priority: int | None = None,
+    core_policy: str | None = None,
 ) -> dict[str, Any]:
     requests: dict[str, str] = {}
     if cores > 0:
@@ -243,9 +272,14 @@ def _claim_spec(
     if nums > 1:
         devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
         if numa_bind:  # HAMi: all of a container's GPUs on one NUMA node (one GPU: nothing to align)
-            devices["constraints"].append({"requests": [REQUEST_NAME], "matchAttribute": NUMA_NODE})
+            devices["constraints"].append({"requests": [REQUEST_NAME], "matchAttribute": NUMA_ATTRIBUTE})
+    params: dict[str, Any] = {}
     if priority is not None:  # the kubelet plugin's CUDA_TASK_PRIORITY (no priority: no entry, as before)
-        devices["config"] = [{"requests": [REQUEST_NAME], **gpu_config(priority=priority)}]
+        params["priority"] = priority
+    if core_policy is not None:  # its GPU_CORE_UTILIZATION_POLICY (none: no entry, as before)
+        params["corePolicy"] = core_policy
+    if params:
+        devices["config"] = [{"requests": [REQUEST_NAME], **gpu_config(**params)}]
     return {"devices": devices}  # a ResourceClaimSpec
 
 
@@ -303,53 +337,66 @@ class _Gpu:
     init: bool  # an init container that runs to completion (not a sidecar)
     sidecar: bool  # an init container with restartPolicy: Always (runs beside the app containers)
     priority: int | None = None  # its nvidia.com/priority; None: not asked
+    policy: str | None = None  # its GPU_CORE_UTILIZATION_POLICY when force (:func:`_core_policy`)
 
     @property
     def runs_at(self) -> int:
         """The priority libvgpu runs it at (unset: libvgpu's default)."""
         return DEFAULT_PRIORITY if self.priority is None else self.priority
 
+    @property
+    def mode(self) -> tuple[int, str | None]:
+        """How libvgpu runs it: its priority and compute policy (one claim has one of each)."""
+        return self.runs_at, self.policy
+
+
+def _said(mode: tuple[int, str | None]) -> str:
+    """A mode for a warning line: ``priority 1``, or ``priority 1 (force)``."""
+    runs_at, policy = mode
+    return f"priority {runs_at}" + (f" ({policy})" if policy else "")
+
 
 def _groups(gpus: Sequence[_Gpu], notes: list[str] | None = None) -> list[list[_Gpu]]:
     """The containers that share one claim, in the order their first member comes. Init
     containers run one at a time and have exited before the app containers start, so those of one
-    priority (a claim has one) share one claim, with the app container of that priority whose own
-    request it enlarges least (ties: the first), as long as one request of the group holds every
-    other (it is then the claim's size, the larger of the two as HAMi counts it). Requests that
-    cross (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not joined: a claim of the larger of each
-    (2 x 15000) is more than either and may fit nowhere; each keeps its own claim, as every other
-    container does (app containers run together; a sidecar runs beside them). ``notes``: init
-    containers held in a claim per priority (the extender counts the largest of them once), and
-    an app container that only its priority keeps from the init containers' claim (it holds a
-    claim more than the extender counts), are noted."""
+    mode (priority and compute policy: a claim has one of each) share one claim, with the app
+    container of that mode whose own request it enlarges least (ties: the first), as long as one
+    request of the group holds every other (it is then the claim's size, the larger of the two as
+    HAMi counts it). Requests that cross (2 GPUs x 1000 MiB and 1 x 15000 MiB) are not joined: a
+    claim of the larger of each (2 x 15000) is more than either and may fit nowhere; each keeps
+    its own claim, as every other container does (app containers run together; a sidecar runs
+    beside them). ``notes``: init containers held in a claim per mode (the extender counts the
+    largest of them once), and an app container that only its mode keeps from the init
+    containers' claim (it holds a claim more than the extender counts), are noted."""
     inits = [g for g in gpus if g.init]
     apps = [g for g in gpus if not g.init and not g.sidecar]
-    by_priority: dict[int, list[_Gpu]] = {}
+    by_mode: dict[tuple[int, str | None], list[_Gpu]] = {}
     for g in inits:
-        by_priority.setdefault(g.runs_at, []).append(g)
+        by_mode.setdefault(g.mode, []).append(g)
     joined_groups: list[list[_Gpu]] = []
     taken: list[_Gpu] = []  # app containers that joined a group (each holds one claim)
-    for runs_at, members in by_priority.items():
+    for mode, members in by_mode.items():
         joined = _covering([g.shape for g in members])
         if joined is None:
             continue  # each keeps its own claim
         group = list(members)
         by_shape = [a for a in apps if a not in taken and _covering([joined, a.shape]) is not None]
-        fits = [a for a in by_shape if a.runs_at == runs_at]
+        fits = [a for a in by_shape if a.mode == mode]
         if fits:
             best = min(fits, key=lambda a: (a.shape.growth(a.shape.join(joined)), a.index))
             group.append(best)
             taken.append(best)
-        elif by_shape and notes is not None and len(by_priority) == 1:
+        elif by_shape and notes is not None and len(by_mode) == 1:
             notes.append(
                 f"{_names([a.name for a in by_shape])} not sharing the init containers' claim: "
-                f"priority {by_shape[0].runs_at}, theirs {runs_at}"
+                f"{_said(by_shape[0].mode)}, theirs {_said(mode).removeprefix('priority ')}"
             )
         joined_groups.append(group)
-    if len(by_priority) > 1 and notes is not None:
+    if len(by_mode) > 1 and notes is not None:
         # each runs at its own priority, as on the extender, but every claim is held for the
         # pod's whole life where the extender counts the largest init container once
-        named = _names([g.name for g in inits], room=44, values=[f"={g.runs_at}" for g in inits])
+        values = [f"={g.runs_at}" + (f"/{g.policy}" if g.policy else "") for g in inits]
+        named = _names([g.name for g in inits], room=44, values=values)
         notes.append(f"a claim per init priority, held for the pod's life: {named}")
     in_groups = [g for group in joined_groups for g in group]
     groups = joined_groups + [[g] for g in gpus if g not in in_groups]
@@ -398,12 +445,22 @@ def translate(
     podname = (pod.get("metadata") or {}).get("name") or "?"
     gpus: list[_Gpu] = []
     unhonoured: list[tuple[str, int]] = []  # (container, priority) on the whole-GPU class
+    unforced: list[str] = []  # containers whose forced compute policy the whole-GPU class drops
     for i, (c, creq) in enumerate(zip(containers, req.containers)):
         r = creq.for_vendor(vendor.name)
         if r is None:
+            # no GPU (``nvidia.com/gpu: 0``): the extender ignores its other NVIDIA resources
+            # (the admission warns of them), which left here would keep the pod pending for ever,
+            # as no DRA node advertises them (review, 1 Dec); the priority variable admission
+            # wrote from the resource goes with it, as in a GPU container
+            if _asks_any(c, gpu_resources):
+                _strip(c, gpu_resources)
+                _drop_env(c, ENV_TASK_PRIORITY)
             continue
         pct = r.mem_percentage
-        if pct != PERCENT_UNSET and pct != 100:
+        # beside gpumem the extender ignores the percentage (the admission warns): only a
+        # percentage standing for the memory cannot be said as an amount (review, 1 Dec)
+        if pct != PERCENT_UNSET and pct != 100 and r.memreq <= 0:
             raise TranslationError(
                 f"pod {podname} container {creq.name!r}: {names.memory_percentage}={pct} cannot be expressed on "
                 f"the DRA front end (capacity requests are amounts); ask for {names.memory} in MiB instead"
@@ -413,15 +470,21 @@ def translate(
         shape = _Shape(r.nums, r.memreq if r.memreq > 0 else None, r.coresreq)
         sidecar = i < n_init and c.get("restartPolicy") == "Always"
         priority = _priority(c, creq.name, names.priority, podname)
-        if priority is not None and device_class == WHOLE_CLASS:
-            # no libvgpu runs there to honour it, and the kubelet plugin refuses a priority on
+        policy = _core_policy(c)
+        if device_class == WHOLE_CLASS:
+            # no libvgpu runs there to honour either, and the kubelet plugin refuses them on
             # such a claim: written, the pod would be admitted and never start
-            unhonoured.append((creq.name, priority))
-            priority = None
-        gpus.append(_Gpu(i, c, creq.name, shape, i < n_init and not sidecar, sidecar, priority))
+            if priority is not None:
+                unhonoured.append((creq.name, priority))
+            if policy is not None:
+                unforced.append(creq.name)
+            priority = policy = None
+        gpus.append(_Gpu(i, c, creq.name, shape, i < n_init and not sidecar, sidecar, priority, policy))
     if unhonoured and notes is not None:
         named = _names([n for n, _ in unhonoured], room=40, values=[f"={v}" for _, v in unhonoured])
         notes.append(f"priority ignored, class {WHOLE_CLASS} has no libvgpu: {named}")
+    if unforced and notes is not None:
+        notes.append(f"{ENV_CORE_POLICY}=force ignored, class {WHOLE_CLASS} has no libvgpu: {_names(unforced)}")
     if not gpus:
         return out, []
     selectors, numa_bind = annotation_selectors(pod, vendor)
@@ -437,7 +500,17 @@ def translate(
         # for none keeps the template it had
         asked = [g.priority for g in members if g.priority is not None]
         priority = members[0].runs_at if asked else None
-        cspec = _claim_spec(shape.nums, shape.memory, shape.cores, device_class, selectors, numa_bind, idle, priority)
+        cspec = _claim_spec(
+            shape.nums,
+            shape.memory,
+            shape.cores,
+            device_class,
+            selectors,
+            numa_bind,
+            idle,
+            priority,
+            members[0].policy,  # one per group (_groups)
+        )
         tname = template_name(cspec)
         templates[tname] = {
             "apiVersion": "resource.k8s.io/v1",
@@ -458,17 +531,45 @@ def translate(
             notes += _sharing_notes(members, shape, claim)
         for g in members:
             _strip(g.container, gpu_resources)
-            if isinstance(g.container.get("env"), list):
-                env = [
-                    e for e in g.container["env"] if not (isinstance(e, dict) and e.get("name") == ENV_TASK_PRIORITY)
-                ]
-                g.container["env"] = env
-                if not env:
-                    g.container.pop("env")
+            _drop_env(g.container, ENV_TASK_PRIORITY)
             resources = g.container.setdefault("resources", {})
             resources["claims"] = [*(resources.get("claims") or []), {"name": claim}]
     spec["resourceClaims"] = claims
     return out, list(templates.values())
+
+
+def _asks_any(container: Mapping[str, Any], names: Sequence[str]) -> bool:
+    """Whether ``container``'s limits or requests name one of ``names``."""
+    resources = container.get("resources") or {}
+    return any(
+        isinstance(values, Mapping) and any(n in values for n in names)
+        for values in (resources.get("limits"), resources.get("requests"))
+    )
+
+
+def _drop_env(container: dict, name: str) -> None:
+    """``container``'s env without the entries named ``name`` (no env left: none)."""
+    if isinstance(container.get("env"), list):
+        env = [e for e in container["env"] if not (isinstance(e, dict) and e.get("name") == name)]
+        container["env"] = env
+        if not env:
+            container.pop("env")
+
+
+def _core_policy(container: Mapping[str, Any]) -> str | None:
+    """``force`` when ``container`` runs under libvgpu's forced compute policy: its literal
+    ``GPU_CORE_UTILIZATION_POLICY`` (the last entry of that name, as the runtime applies them)
+    is ``force`` in any letter case, as libvgpu reads it; None otherwise (the default, which
+    libvgpu takes for any other value; ``disable`` and a ``valueFrom`` are the isolation opt-out,
+    which the DRA front end ignores with a warning). The extender's grant file copies the
+    container's value; here it rides in the claim's configuration (``corePolicy``), since the
+    claim's CDI spec sets libvgpu's variables over the container's (review, 1 Dec)."""
+    value = None
+    env = container.get("env")
+    for e in env if isinstance(env, list) else ():
+        if isinstance(e, Mapping) and e.get("name") == ENV_CORE_POLICY:
+            value = e.get("value") if "valueFrom" not in e else None
+    return FORCE_POLICY if isinstance(value, str) and value.isascii() and value.lower() == FORCE_POLICY else None
 
 
 def _priority(container: Mapping[str, Any], cname: str, resource: str, podname: str) -> int | None:

@@ -18,11 +18,15 @@ same functions the device plugin's Allocate calls:
   ``<hook>/vgpu/claims/<claim UID>/``; ``claims/<claim UID>.json`` beside it names the claim for
   ``hami monitor``, see :meth:`Paths.claim_record`);
 - ``CUDA_TASK_PRIORITY``: the ``priority`` of the claim's ``GpuConfig`` (below), when it has one;
+- ``GPU_CORE_UTILIZATION_POLICY``: the node's policy when it sets one (as the device plugin's
+  grant file takes it over the pod's), else the ``corePolicy`` of the claim's ``GpuConfig``
+  (``force``; the webhook's translation writes it from the container's env, whose value the
+  extender's grant file copies);
 - every other variable libvgpu reads, set empty (:func:`contract.sealed_env`): the unindexed
   memory limit, ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` and ``CUDA_DEVICE_SM_LIMIT_<i>`` for each index
   libvgpu reads (16) that the grant does not set, ``CUDA_OVERSUBSCRIBE`` and
-  ``GPU_CORE_UTILIZATION_POLICY`` unless the node sets them, ``CUDA_TASK_PRIORITY`` without a
-  configured priority,
+  ``GPU_CORE_UTILIZATION_POLICY`` unless the node or the claim sets them, ``CUDA_TASK_PRIORITY``
+  without a configured priority,
   ``HAMI_PEER_REGIONS``, ``LIBVGPU_*`` and the compute-share controller's ``HAMI_*_MS``. The
   runtime applies a CDI spec's env by name over the container's (its ``env``, ``envFrom`` and
   image ``ENV``), and libvgpu reads an empty value as unset, so no setting of the pod's survives
@@ -59,11 +63,13 @@ cannot be half limited): use one claim for each.
 The allocation's opaque configuration for this driver (``apiVersion gpu.hami.io/v1alpha1``,
 ``kind GpuConfig``; the DeviceClass's entries, then the claim's) gives each request two optional
 parameters, each from the last entry that names it (:func:`_gpu_config`): ``isolation``
-(``hami-core``, the default, or ``none``) and ``priority``, libvgpu's task priority (an integer in
+(``hami-core``, the default, or ``none``), ``priority``, libvgpu's task priority (an integer in
 :data:`hami.core.names.PRIORITY_RANGE`, 0 high, 1 low, as the extender's ``nvidia.com/priority``;
-the webhook's translation writes it from that resource). One claim is one CDI device, so its
-requests must agree on both. A priority on a claim that runs without libvgpu (isolation ``none``,
-admin access, MIG devices) is refused rather than dropped unseen, and so is a parameter this
+the webhook's translation writes it from that resource) and ``corePolicy`` (``default`` or
+``force``, :data:`hami.dra.gpuconfig.CORE_POLICIES`). One claim is one CDI device, so its
+requests must agree on all three. A priority or a ``force`` policy on a claim that runs without
+libvgpu (isolation ``none``, admin access, MIG devices) is refused rather than dropped unseen, and
+so is a parameter this
 agent does not know (a misspelt one, or one a newer webhook writes): the claim would run without
 it. Devices carry the attribute ``taskPriority`` (:data:`hami.dra.model.TASK_PRIORITY`), which
 the webhook's claims with a priority select: an agent older than the field ignored it.
@@ -78,7 +84,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from hami.core.names import DRA_CDI_KIND
@@ -152,6 +158,7 @@ class Plan:
     isolation: str  # hami-core, none, admin (admin access: visible, no libvgpu), or mig
     shares: tuple[Share, ...]
     priority: int | None = None  # the configuration's task priority (hami-core only); None: libvgpu's
+    core_policy: str | None = None  # the configuration's compute policy (force); None: libvgpu's default
 
     @property
     def cdi_device_id(self) -> str:
@@ -176,12 +183,12 @@ def _get(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def _gpu_config(config: Sequence[Any], request: str, where: str) -> tuple[str, int | None]:
-    """``(isolation, priority)`` for ``request`` from the class and claim configuration
-    (:func:`hami.dra.gpuconfig.resolve`, the rules the webhook checks at a claim's creation too).
-    ``priority`` None: not set."""
+def _gpu_config(config: Sequence[Any], request: str, where: str) -> tuple[str, int | None, str | None]:
+    """``(isolation, priority, corePolicy)`` for ``request`` from the class and claim
+    configuration (:func:`hami.dra.gpuconfig.resolve_all`, the rules the webhook checks at a
+    claim's creation too). ``priority`` None: not set; ``corePolicy`` None: libvgpu's default."""
     try:
-        return gpuconfig.resolve(config, request, where)
+        return gpuconfig.resolve_all(config, request, where)
     except gpuconfig.GpuConfigError as exc:
         raise PrepareError(str(exc)) from None
 
@@ -235,6 +242,7 @@ def plan(
     isolation = None
     priority: int | None = None
     priorities: set[int] = set()  # as libvgpu runs them (unset: its default)
+    policies: set[str | None] = set()  # the compute policies (None: libvgpu's default)
     admins: set[bool] = set()
     for i, r in enumerate(results):
         if not isinstance(r, Mapping) or r.get("driver") != DRIVER or r.get("pool") != node:
@@ -252,17 +260,23 @@ def plan(
         request = r.get("request") or ""
         if not isinstance(request, str):
             raise PrepareError(f"{where}.request={request!r:.60}: must be the name of one of the claim's requests")
-        iso, prio = _gpu_config(config, request, f"{ref}: request {request!r}")
+        iso, prio, pol = _gpu_config(config, request, f"{ref}: request {request!r}")
         if prio is not None:
             priority = prio
         priorities.add(gpuconfig.runs_at(prio))
         if len(priorities) > 1:
             raise PrepareError(f"{ref}: {gpuconfig.mixed(sorted(priorities))}")
+        policies.add(pol)
+        if len(policies) > 1:
+            raise PrepareError(f"{ref}: {gpuconfig.mixed_policies(sorted(policies, key=str))}")
         m = migs.get(r["device"]) if isinstance(r.get("device"), str) else None
-        # a priority is libvgpu's (CUDA_TASK_PRIORITY): refused where none runs, not dropped unseen
+        # a priority and a policy are libvgpu's (CUDA_TASK_PRIORITY, GPU_CORE_UTILIZATION_POLICY):
+        # refused where none runs, not dropped unseen
         without = gpuconfig.without_libvgpu(m is not None, bool(admin), iso)
         if prio is not None and without:
             raise PrepareError(f"{ref}: {gpuconfig.unhonoured(request, prio, without)}")
+        if pol is not None and without:
+            raise PrepareError(f"{ref}: {gpuconfig.unforced(request, pol, without)}")
         if m is not None:
             if admin:
                 raise PrepareError(f"{where}: a MIG device cannot be given with admin access")
@@ -316,6 +330,7 @@ def plan(
         isolation or "hami-core",
         tuple(shares),
         priority,
+        next(iter(policies), None),
     )
 
 
@@ -418,7 +433,11 @@ def container_edits(p: Plan, paths: Paths, opts: Options) -> dict[str, Any]:
             contract.claim_region(paths, p.uid),
             p.priority,  # CUDA_TASK_PRIORITY; unset: sealed empty below, libvgpu's default
         )
-        # sealed: every other variable libvgpu reads set empty (module doc), so none comes from the pod
+        # the claim's compute policy unless the node sets one (the device plugin's grant file
+        # takes the node's over the pod's); sealed: every other variable libvgpu reads set
+        # empty (module doc), so none comes from the pod
+        if p.core_policy and not opts.core_policy:
+            opts = replace(opts, core_policy=p.core_policy)
         env.update(contract.sealed_env(contract.limit_env(limits, opts)))
         env[contract.GRANT_DEVICES] = ",".join(g.uuid for g in grants)  # libvgpu: no other GPU
         region_dir = paths.claim_dir(p.uid)

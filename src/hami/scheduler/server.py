@@ -414,6 +414,7 @@ class SchedulerService:
             labels,
             self.state.claim_room if claim else self.state.pod_room,
             tree_checked=True,
+            gpu_room=self.state.gpu_count_room,
         )
         if claim and (answer.get("response") or {}).get("allowed") and not is_dry_run(req):
             # counted now, before any other admission runs (no await since the check): claims

@@ -22,7 +22,10 @@
    capability SYS_ADMIN (or ALL), which the NVIDIA runtime counts as privileged;
 7. a pod with device resources gets ``spec.schedulerName``; if it already has ``spec.nodeName``
    it is denied (it would bypass the extender);
-8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request;
+8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request; on
+   the DRA front end, where the pod no longer asks for ``nvidia.com/gpu`` and the API server's
+   quota no longer counts it, its claims' devices must fit ``requests.`` / ``limits.nvidia.com/gpu``
+   too (``gpu_room``, :func:`gpu_count_room`);
 9. on the DRA front end (``front_end="dra"``), instead of routing the pod to our scheduler, its
    NVIDIA requests become claims from ResourceClaimTemplates (:func:`hami.dra.translate.translate`);
    the decision lists the templates, which the server creates before answering, and warns of
@@ -39,8 +42,9 @@ import posixpath
 
 import base64
 import json
+import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hami.core import CoreError, admit_pod, names, pod_request
 from hami.core.shape import is_dns1123_label, is_dns1123_subdomain
@@ -54,6 +58,7 @@ from hami.core.names import (
     VGPU_NODE,
     VGPU_TIME,
 )
+from hami.core.quantity import parse_int_quantity, parse_quantity
 from hami.core.shape import POD, ShapeError, check, check_pod
 from hami.core.types import ContainerKind
 from hami.vendors.base import lookup
@@ -479,20 +484,125 @@ def _claims_ask(
     return mem, cores
 
 
+#: ``gpu_room(namespace)``: the GPUs (devices) the namespace may still be given under its GPU
+#: count quota (:func:`gpu_count_room`), None when it has none
+GpuRoom = Callable[[str], int | None]
+
+
+def count_quota_keys(resource: str) -> tuple[str, str]:
+    """The ResourceQuota keys that cap a namespace's GPU count (``requests.nvidia.com/gpu``, and
+    ``limits.nvidia.com/gpu`` as the review wrote it)."""
+    return f"requests.{resource}", f"limits.{resource}"
+
+
+def gpu_count_room(quotas: Iterable[Any], namespace: str, resource: str, held: int) -> int | None:
+    """The GPUs ``namespace`` may still be given under its ResourceQuotas' GPU count limits
+    (:func:`count_quota_keys` of ``resource``, the vendor's count resource); None when none of its
+    quotas sets one. For each such limit: ``spec.hard`` less what the API server counted against
+    it (``status.used``: the pods that ask for the resource itself, the extender's) less ``held``,
+    the devices the namespace's claims of this driver ask or hold (:func:`claim_devices`), which
+    the API server counts only under ``<class>.deviceclass.resource.k8s.io/devices``: the
+    smallest. ``quotas`` may hold other namespaces' (left out). A value that cannot be read is
+    left out, as the ledger leaves out a memory limit it cannot read (the quota's other limits
+    apply). Only the DRA front end needs it: a pod it translates asks for no ``nvidia.com/gpu``,
+    so before this its 8 GPUs passed a quota of 1 (review, 1 Dec)."""
+    rooms: list[int] = []
+    for q in quotas:
+        meta = q.get("metadata") if isinstance(q, Mapping) else None
+        if not isinstance(meta, Mapping) or (meta.get("namespace") or "default") != namespace:
+            continue
+        spec, status = q.get("spec"), q.get("status")
+        hard = spec.get("hard") if isinstance(spec, Mapping) else None
+        used = status.get("used") if isinstance(status, Mapping) else None
+        for key in count_quota_keys(resource):
+            if not isinstance(hard, Mapping) or key not in hard:
+                continue
+            try:
+                limit = math.floor(parse_quantity(hard[key], f"spec.hard.{key}"))
+                counted = used.get(key) if isinstance(used, Mapping) else None
+                taken = 0 if counted is None else math.ceil(parse_quantity(counted, f"status.used.{key}"))
+            except CoreError:
+                continue
+            rooms.append(limit - taken - held)
+    return min(rooms) if rooms else None
+
+
+def claim_devices(claim: Mapping[str, Any]) -> tuple[int, str | None]:
+    """``(devices, unbounded)``: the devices ``claim`` holds of this driver (its allocation's
+    results that are not admin access) once allocated, else the devices its requests of this
+    driver's classes ask (``count``, a ``firstAvailable`` request at its largest alternative;
+    admin access asks none, as for memory: :func:`hami.dra.claims.claim_ask`). ``unbounded``
+    names a request of ``allocationMode: All`` (not counted). What GPU count quotas count of a
+    claim (:func:`gpu_count_room`); raises CoreError naming a count that is not a quantity."""
+    from hami.dra.claims import WHOLE_CORES  # the DRA model, only for claims
+    from hami.dra.model import DRIVER
+
+    def obj(value: Any) -> Mapping[str, Any]:
+        return value if isinstance(value, Mapping) else {}
+
+    allocation = obj(obj(claim.get("status")).get("allocation"))
+    results = obj(allocation.get("devices")).get("results")
+    if allocation:
+        return (
+            sum(
+                1
+                for r in (results if isinstance(results, list) else ())
+                if isinstance(r, Mapping) and r.get("driver") == DRIVER and r.get("adminAccess") is not True
+            ),
+            None,
+        )
+    requests = obj(obj(claim.get("spec")).get("devices")).get("requests")
+    total, unbounded = 0, None
+    for i, request in enumerate(requests if isinstance(requests, list) else ()):
+        request = obj(request)
+        name = request.get("name") if isinstance(request.get("name"), str) else str(i)
+        first = request.get("firstAvailable")
+        subs = [("exactly", obj(request.get("exactly")))] if request.get("exactly") is not None else []
+        subs += [(f"firstAvailable[{j}]", obj(x)) for j, x in enumerate(first if isinstance(first, list) else ())]
+        most = 0
+        for where, sub in subs:
+            if sub.get("deviceClassName") not in WHOLE_CORES or sub.get("adminAccess") is True:
+                continue
+            at = f"spec.devices.requests[{name}].{where}"
+            if (sub.get("allocationMode") or "ExactCount") == "All":
+                unbounded = unbounded or f"{at}.allocationMode=All"
+                continue
+            most = max(most, parse_int_quantity(sub.get("count", 1), f"{at}.count"))
+        total += most
+    return total, unbounded
+
+
+def _count_excess(need: int, unbounded: str | None, ns: str, s: AdmissionSettings, gpu_room: GpuRoom | None) -> str:
+    """Why ``need`` devices (and a request of them not bounded) do not fit ``ns``'s GPU count
+    quota ("" when they do, or there is none): the memory quota's message, for the count."""
+    nvidia = s.nvidia
+    if gpu_room is None or nvidia is None or not nvidia.resources.count or not (need or unbounded):
+        return ""
+    left = gpu_room(ns)
+    if left is None:
+        return ""
+    if unbounded:
+        return f"{unbounded} cannot be counted against namespace {ns}'s {nvidia.resources.count} quota; ask for a count"
+    return quota_message(nvidia.resources.count, need, left, ns) if need > left else ""
+
+
 def decide(
     pod: Mapping[str, Any],
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None = None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+    *,
+    gpu_room: GpuRoom | None = None,
 ) -> Decision:
     """Apply the rules to a pod being created. ``namespace_labels`` is needed only when
-    :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room.
+    :func:`uses_disable_control` is non-empty; ``quota_room(ns, vendors)`` gives the quota room;
+    ``gpu_room(ns)`` the GPU count quota's (:data:`GpuRoom`; the DRA front end's pods only).
     A pod that asks for no device is allowed as it is (no defaults, no patch)."""
     try:
         check_pod(pod, "pod")
     except ShapeError as exc:
         return _deny(str(exc), 400)
-    return _decide_checked(pod, s, namespace_labels, quota_room)
+    return _decide_checked(pod, s, namespace_labels, quota_room, gpu_room)
 
 
 def _decide_checked(
@@ -500,6 +610,7 @@ def _decide_checked(
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None,
+    gpu_room: GpuRoom | None = None,
 ) -> Decision:
     """:func:`decide` for a pod whose shape was checked (the shape check is the costliest step
     of an admission: one per admission, in :func:`review_with_templates`)."""
@@ -509,7 +620,7 @@ def _decide_checked(
     keys = sorted(k for k in (meta.get("annotations") or {}) if s.internal_annotation(k))
     labels = sorted(k for k in (meta.get("labels") or {}) if k in INTERNAL_LABELS)
     if not keys and not labels:
-        return _decide_clean(pod, s, namespace_labels, quota_room)
+        return _decide_clean(pod, s, namespace_labels, quota_room, gpu_room)
     # A copy of a placed pod (kubectl debug --copy-to, a re-applied `get -o yaml`, a restore)
     # carries the decision of another pod: it is removed, never trusted, and the pod is placed
     # afresh (HAMi admits such a pod and overwrites the decision at Filter). The allocation guard
@@ -520,7 +631,7 @@ def _decide_checked(
     for part, value in (("annotations", meta.get("annotations")), ("labels", meta.get("labels"))):
         if value is None:
             clean["metadata"].pop(part)
-    d = _decide_clean(clean, s, namespace_labels, quota_room)
+    d = _decide_clean(clean, s, namespace_labels, quota_room, gpu_room)
     removed = ", ".join(keys + [f"label {k}" for k in labels])
     note = f"hami: removed the internal annotations only hami scheduler writes (the pod is placed afresh): {removed}"
     return replace(d, warnings=d.warnings + (note,))
@@ -531,6 +642,7 @@ def _decide_clean(
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None,
+    gpu_room: GpuRoom | None = None,
 ) -> Decision:
     """:func:`_decide_checked` for a pod without internal annotations."""
     switches = [(c, v) for c, v in isolation_switches(pod) if v == DISABLE_CONTROL_ENV or not _policy_is_disable(s)]
@@ -576,7 +688,7 @@ def _decide_clean(
             spec["schedulerName"] = s.scheduler_name
         notes = tuple(ignored_asks(pod, mutated, s))
         if s.front_end == "dra":
-            d = _dra_quota(_to_dra(mutated, s, switches), s, quota_room)
+            d = _dra_quota(_to_dra(mutated, s, switches), s, quota_room, gpu_room)
             return replace(d, warnings=notes + d.warnings) if d.allowed else d
         if quota_room is not None:
             try:
@@ -589,13 +701,30 @@ def _decide_clean(
     return Decision(True, "", mutated)
 
 
-def _dra_quota(d: Decision, s: AdmissionSettings, quota_room: Callable[[str, Sequence[Any]], Any] | None) -> Decision:
+def _dra_quota(
+    d: Decision,
+    s: AdmissionSettings,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None,
+    gpu_room: GpuRoom | None = None,
+) -> Decision:
     """The quota check of a pod the DRA front end translated (:func:`_to_dra`): its NVIDIA share is
     what its claims will ask when kube-controller-manager makes them (each claim is checked
-    again then, :func:`decide_claim`), its other vendors' devices as on the extender path."""
-    if not d.allowed or quota_room is None or d.pod is None:
+    again then, :func:`decide_claim`), its other vendors' devices as on the extender path; and
+    the GPU count quota (``requests.nvidia.com/gpu``), which the API server no longer counts for
+    the pod, counts its claims' devices (:func:`gpu_count_room`)."""
+    if not d.allowed or d.pod is None:
         return d
-    quota = quota_room((d.pod.get("metadata") or {}).get("namespace") or "default", s.vendors)
+    ns = (d.pod.get("metadata") or {}).get("namespace") or "default"
+    if gpu_room is not None:
+        try:
+            need, unbounded = _claims_devices(d.pod, d.templates)
+        except CoreError as exc:
+            return _deny(str(exc), 400)
+        if excess := _count_excess(need, unbounded, ns, s, gpu_room):
+            return _deny(excess)
+    if quota_room is None:
+        return d
+    quota = quota_room(ns, s.vendors)
     if quota is None:
         return d
     nvidia = s.nvidia
@@ -605,6 +734,19 @@ def _dra_quota(d: Decision, s: AdmissionSettings, quota_room: Callable[[str, Seq
     except CoreError as exc:
         return _deny(str(exc), 400)
     return _deny(excess) if excess else d
+
+
+def _claims_devices(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> tuple[int, str | None]:
+    """The devices the claims the pod's translated entries make will ask (:func:`claim_devices`),
+    one claim per ``resourceClaims`` entry naming one of ``templates``."""
+    specs = {(t.get("metadata") or {}).get("name"): (t.get("spec") or {}).get("spec") or {} for t in templates}
+    total, unbounded = 0, None
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        spec = specs.get(entry.get("resourceClaimTemplateName"))
+        if spec is not None:
+            n, bad = claim_devices({"spec": spec})
+            total, unbounded = total + n, unbounded or bad
+    return total, unbounded
 
 
 def _to_dra(pod: dict, s: AdmissionSettings, switches: Sequence[tuple[str, str]] = ()) -> Decision:
@@ -706,9 +848,11 @@ def review(
     s: AdmissionSettings,
     namespace_labels: Mapping[str, str] | None = None,
     quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
+    *,
+    gpu_room: GpuRoom | None = None,
 ) -> dict:
     """AdmissionReview request -> AdmissionReview response (same apiVersion as the request)."""
-    return review_with_templates(body, s, namespace_labels, quota_room)[0]
+    return review_with_templates(body, s, namespace_labels, quota_room, gpu_room=gpu_room)[0]
 
 
 def review_with_templates(
@@ -718,6 +862,7 @@ def review_with_templates(
     quota_room: Callable[[str, Sequence[Any]], Any] | None = None,
     *,
     tree_checked: bool = False,
+    gpu_room: GpuRoom | None = None,
 ) -> tuple[dict, tuple[dict, ...]]:
     """:func:`review` plus the ResourceClaimTemplates an allowed pod needs (DRA front end); the
     caller must create them (in the request's namespace) before sending the answer, unless the
@@ -726,7 +871,8 @@ def review_with_templates(
     calls this (:func:`name_error`); this pure function does not look at them (``hami simulate``).
     ``tree_checked``: the caller ran :func:`hami.core.shape.check_tree` over the whole ``body``
     with the default limits or tighter (the server does, on every request body), so the pod's
-    subtree is not walked again (only its fields are checked)."""
+    subtree is not walked again (only its fields are checked). ``gpu_room``: the GPU count
+    quota's room (:data:`GpuRoom`), for pods of the DRA front end and claims."""
     templates: tuple[dict, ...] = ()
     request = body.get("request") if isinstance(body, Mapping) else None
     try:
@@ -754,7 +900,11 @@ def review_with_templates(
             claim = {**pod, "metadata": meta}
             if not meta.get("namespace") and request.get("namespace"):
                 claim = {**claim, "metadata": {**meta, "namespace": request["namespace"]}}
-            verdict = decide_claim(claim, s, quota_room) if is_claim_create(request) else decide_template(claim)
+            verdict = (
+                decide_claim(claim, s, quota_room, gpu_room=gpu_room)
+                if is_claim_create(request)
+                else decide_template(claim)
+            )
             if not verdict.allowed:
                 reason = "Forbidden" if verdict.code == 403 else "BadRequest"
                 status = {"code": verdict.code, "message": verdict.message, "reason": reason}
@@ -770,7 +920,7 @@ def review_with_templates(
     else:
         if not (pod.get("metadata") or {}).get("namespace") and request.get("namespace"):
             pod = {**pod, "metadata": {**(pod.get("metadata") or {}), "namespace": request["namespace"]}}
-        d = _decide_checked(pod, s, namespace_labels, quota_room)
+        d = _decide_checked(pod, s, namespace_labels, quota_room, gpu_room)
         templates = d.templates
         if not d.allowed:
             response = {
@@ -931,7 +1081,11 @@ def _priority_notes(spec: Any) -> tuple[str, ...]:
 
 
 def decide_claim(
-    claim: Mapping[str, Any], s: AdmissionSettings, quota_room: Callable[[str, Sequence[Any]], Any] | None
+    claim: Mapping[str, Any],
+    s: AdmissionSettings,
+    quota_room: Callable[[str, Sequence[Any]], Any] | None,
+    *,
+    gpu_room: GpuRoom | None = None,
 ) -> Decision:
     """(security, beyond HAMi) A ResourceClaim asking for this driver's GPUs must fit its
     namespace's quota (``limits.nvidia.com/gpumem`` / ``gpucores``), as a pod asking for them
@@ -947,7 +1101,12 @@ def decide_claim(
     (:func:`hami.dra.gpuconfig.claim_spec_error`: a ``GpuConfig`` field it does not know, an
     isolation or priority out of its values, a priority where no libvgpu runs, requests at two
     priorities), the same rules and message: refused here, the claim's pod never gets scheduled
-    only to fail to start."""
+    only to fail to start.
+
+    Its devices must also fit the namespace's GPU count quota (``requests.nvidia.com/gpu``,
+    ``gpu_room``: :func:`gpu_count_room`): the API server counts a claim's devices only under
+    ``<class>.deviceclass.resource.k8s.io/devices``, so a claim asking 8 GPUs passed a quota of 1
+    that a pod asking ``nvidia.com/gpu: 8`` on the extender would not (review, 1 Dec)."""
     from hami.dra.claims import ClaimError, claim_ask  # the DRA model, only for claims
     from hami.dra.gpuconfig import claim_spec_error
 
@@ -959,8 +1118,11 @@ def decide_claim(
     notes = _priority_notes(claim.get("spec"))
     try:
         ask = claim_ask(claim)
-    except ClaimError as exc:
+        devices, unbounded = claim_devices(claim) if gpu_room is not None else (0, None)
+    except (ClaimError, CoreError) as exc:
         return _deny(f"{where}: {exc}", 400)
+    if excess := _count_excess(devices, unbounded, ns, s, gpu_room):
+        return _deny(f"{where}: {excess}")
     nvidia = s.nvidia
     if ask is None or quota_room is None or nvidia is None:
         return Decision(True, warnings=notes)
