@@ -30,7 +30,9 @@
  * dead processes' slots once a second: a sibling killed by a signal keeps its slot's status 1
  * and its last share, and only registration, a refused allocation or a memory query reaped it,
  * so a survivor that only launched kernels was held to its half of the limit for ever (review,
- * 1 Dec: 20 % at a limit of 40).
+ * 1 Dec: 20 % at a limit of 40). It reaps only when a split found such a share (a slot of status
+ * 1 not refreshed): reaping every second whatever the slots held cost every process one pass
+ * over all slots under the region lock each second (review, 1 Dec).
  *
  * Policies (GPU_CORE_UTILIZATION_POLICY): force = always capped; disable = never;
  * default = capped only while some process outside the container runs on the device
@@ -38,10 +40,12 @@
  * rarely), i.e. work-conserving.
  *
  * Priority: a launch pauses while (a) a node monitor marks the region blocked
- * (recent_kernel < 0) and its lease runs (limiter.h: ours grants one with every -1, renewed each
+ * (recent_kernel < 0), its lease runs (limiter.h: ours grants one with every -1, renewed each
  * round, so a monitor that dies leaves nobody stalled; HAMi's grants none and its block holds
- * until lifted), or (b) the watcher saw a higher-priority peer launch on one of our devices
- * within HAMI_PRIORITY_QUIET_MS (priority.c).
+ * until lifted) and the launch's device has a compute limit (0 < sm_limit < 100: HAMi-core waits
+ * on the block only in its rate limiter, which returns at once on any other device, so a
+ * memory-only container is never paused; review, 1 Dec), or (b) the watcher saw a
+ * higher-priority peer launch on one of our devices within HAMI_PRIORITY_QUIET_MS (priority.c).
  *
  * Clocks: polling, holds, launch-count snapshots and leases run on CLOCK_MONOTONIC. Only NVML's
  * sample stamps (and the launch stamps peers compare) are wall-clock: a sample is placed on the
@@ -117,12 +121,13 @@ static int g_single_dev = -1; /* region index when CUDA shows this process one d
 static int g_warned_pid;
 static int g_watch; /* a device has a limit and the policy is not `disable` */
 static uint64_t g_next_reap_ms; /* monotonic */
+static int g_reap_due; /* a split left out a stale share of a slot still marked running */
 static int g_stale_said; /* the expired block was logged */
 
 /* NVML samples stamped more than this ahead of the wall clock were taken before it was set back;
  * the newest stamp seen is forgotten when the clock goes back further behind it than this */
 #define STEP_US 1000000ULL
-#define REAP_MS 1000 /* the watcher reaps dead processes' slots this often (with a limit) */
+#define REAP_MS 1000 /* the watcher reaps dead processes' slots at most this often (with a limit) */
 
 _Static_assert(sizeof(vgpu_lock_slot) <= LIM_LEASE_OFFSET, "the lease lies past the lock's fields");
 _Static_assert(LIM_LEASE_OFFSET + sizeof(lim_lease) <= __builtin_offsetof(vgpu_slot, status),
@@ -183,11 +188,30 @@ static lim_lease *lease(void)
 
 /* A share published by another process (stamp: LIM_UTIL_STAMP_MS) still counts: refreshed within
  * two averaging windows (at least 1 s: the real NVML's period is ~1/6 s), or by a libvgpu that
- * keeps no stamp (0). */
+ * keeps no stamp (0). A stale one (its process dead or stopped; the caller saw its slot marked
+ * running) asks the watcher to reap the slots (reap_siblings). */
 static int share_fresh(uint64_t stamp_ms, uint64_t now_ms)
 {
     uint64_t stale = 2ULL * g_window_ms > 1000 ? 2ULL * g_window_ms : 1000;
-    return !stamp_ms || stamp_ms + stale >= now_ms;
+    if (!stamp_ms || stamp_ms + stale >= now_ms)
+        return 1;
+    if (!__atomic_load_n(&g_reap_due, __ATOMIC_RELAXED))
+        __atomic_store_n(&g_reap_due, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Whether device d's compute limit can bind: 0 < sm_limit < 100 (limit_of maps 0 to 100). Only
+ * there does a node monitor's block hold, as in HAMi-core, where the block is waited on inside the
+ * rate limiter alone, which returns at once when the device's sm_limit is 0 or >= 100. d < 0 (the
+ * launch's device unknown): any device with a limit. */
+static int limit_binds(int d)
+{
+    if (d >= 0)
+        return d < VGPU_MAX_DEV && limit_of(d) < 100;
+    for (int i = 0; i < VGPU_MAX_DEV; i++)
+        if (limit_of(i) < 100)
+            return 1;
+    return 0;
 }
 
 /* ---------- launch path ---------- */
@@ -209,12 +233,15 @@ static void pace(lim_dev *D, int64_t iv)
     }
 }
 
-/* Whether the node monitor's block (recent_kernel < 0) holds: while its lease runs, or with no
- * expiry when it grants none (HAMi's monitor). A lease further ahead than LIM_LEASE_MAX_MS is no
- * lease of this clock (another time namespace, or garbage): ignored, as an expired one is. */
-static int monitor_blocked(void)
+/* Whether the node monitor's block (recent_kernel < 0) holds on device d (-1: unknown): only where
+ * the compute limit binds (limit_binds), then while its lease runs, or with no expiry when it
+ * grants none (HAMi's monitor). A lease further ahead than LIM_LEASE_MAX_MS is no lease of this
+ * clock (another time namespace, or garbage): ignored, as an expired one is. Before 1 Dec every
+ * launch waited, so a memory-only container (no gpucores) was paused by a block HAMi-core never
+ * honours there (review, 1 Dec). */
+static int monitor_blocked(int d)
 {
-    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) >= 0)
+    if (__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) >= 0 || !limit_binds(d))
         return 0;
     uint64_t until = __atomic_load_n(&lease()->until_ms, __ATOMIC_ACQUIRE);
     if (!until)
@@ -235,7 +262,7 @@ static int monitor_blocked(void)
 /* Paused on device d (-1 = unknown: any paused device counts). */
 static int paused_on(int d)
 {
-    if (monitor_blocked())
+    if (monitor_blocked(d))
         return 1;
     if (!(__atomic_load_n(&g_flags, __ATOMIC_ACQUIRE) & F_PAUSE))
         return 0;
@@ -298,8 +325,12 @@ static CUresult gate_slow(const vgpu_launch_info *info, unsigned f)
 
 static CUresult gate(const vgpu_launch_info *info)
 {
-    if (UNLIKELY(__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0))
-        wait_priority(-1);
+    /* a monitor's block holds only where the launch's device has a limit (monitor_blocked): with
+     * none anywhere, not even the device is asked for */
+    if (UNLIKELY(__atomic_load_n(&vgpu_reg->recent_kernel, __ATOMIC_RELAXED) < 0) && limit_binds(-1)) {
+        int d = launch_dev();
+        wait_priority(d < VGPU_MAX_DEV ? d : -1);
+    }
     unsigned f = __atomic_load_n(&g_flags, __ATOMIC_ACQUIRE);
     if (LIKELY(f == 0))
         return CUDA_SUCCESS;
@@ -604,13 +635,17 @@ static void publish_flags(int pause, int count)
 }
 
 /* Dead processes' slots (a sibling killed by a signal keeps status 1 and its last share) are
- * reclaimed under the region lock, about once a second, while this process has a limit to split
- * with others. */
+ * reclaimed under the region lock, at most once a second, while this process has a limit to split
+ * with others, and only once a split found a stale share of a slot marked running (g_reap_due):
+ * a reap is a pass over every slot under the lock (reap_locked), which each process made every
+ * second whatever the slots held (review, 1 Dec). A stopped process's share is stale too: its
+ * slot is looked at again at most once a second while it stays so. */
 static void reap_siblings(uint64_t now_ms)
 {
-    if (now_ms < g_next_reap_ms)
+    if (!__atomic_load_n(&g_reap_due, __ATOMIC_RELAXED) || now_ms < g_next_reap_ms)
         return;
     g_next_reap_ms = now_ms + REAP_MS;
+    __atomic_store_n(&g_reap_due, 0, __ATOMIC_RELAXED);
     if (vgpu_slot_mine() && __atomic_load_n(&vgpu_reg->proc_num, __ATOMIC_ACQUIRE) > 1)
         (void)vgpu_region_used_reaped(0);
 }
@@ -664,6 +699,7 @@ static void after_fork_child(void)
     g_single_dev = -1;
     g_watch = 0;
     g_next_reap_ms = 0;
+    g_reap_due = 0;
     g_stale_said = 0;
     __atomic_store_n(&g_flags, F_SETUP, __ATOMIC_RELEASE);
 }

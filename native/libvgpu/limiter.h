@@ -38,6 +38,10 @@
  *   until_ms  written by the monitor before each -1: CLOCK_MONOTONIC ms until which the block
  *             holds; 0 = a monitor that grants no lease (HAMi's): the block holds until lifted.
  *             A lease more than LIM_LEASE_MAX_MS ahead is not one (another clock): ignored.
+ *             Cleared, with a -1, by the first process attaching after a reboot (region.c
+ *             check_boot: the clock restarted).
+ * Either way a block holds only for launches on a device with a compute limit (0 < sm_limit <
+ * 100), as in HAMi-core (limiter.c: monitor_blocked).
  * File offsets: 2,008,824 (magic) and 2,008,832 (until_ms); src/hami/monitor/region.py. */
 #define LIM_LEASE_OFFSET 1888 /* within procs[VGPU_LOCK_SLOT] */
 #define LIM_LEASE_MAGIC 0x4c655031u /* "1PeL" */

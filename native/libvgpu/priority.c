@@ -9,8 +9,10 @@
  * peers' regions, so a crashed task can never leave another one blocked.
  *
  * With a host monitor the same decision arrives through our own region instead
- * (recent_kernel = -1), which the launch gate also honours: while the monitor's lease runs, or
- * with no expiry when the monitor grants none (HAMi's; limiter.h, limiter.c). */
+ * (recent_kernel = -1), which the launch gate also honours on the devices that have a compute
+ * limit (as HAMi-core does): while the monitor's lease runs, or with no expiry when the monitor
+ * grants none (HAMi's; limiter.h, limiter.c). Peers pause this task on any shared device,
+ * limited or not: both sides of a peer group chose priority (HAMI_PEER_REGIONS). */
 #include "vgpu.h"
 #include "limiter.h"
 

@@ -22,6 +22,7 @@
  * slots' PIDs may now belong to unrelated live processes (their memory would be counted against
  * the limit). Both are reset then; the limits and the rest of the header are kept. */
 #include "vgpu.h"
+#include "limiter.h" /* check_boot: the monitor's lease */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -427,7 +428,11 @@ static void read_boot_id(char out[40])
 }
 
 /* Under the attach lock, before the mutex is used: a region from another boot (see the top)
- * gets a fresh lock and empty slots; this boot's id is recorded. */
+ * gets a fresh lock and empty slots, and no node monitor's block: a -1 (recent_kernel) and its
+ * lease were written by the monitor of the last boot, and the lease's end is a CLOCK_MONOTONIC
+ * time of that boot (the clock restarts at boot: one that now lies within LIM_LEASE_MAX_MS held
+ * the block on, a lease-less -1 held it until a monitor lifted it; review, 1 Dec). This boot's
+ * id is recorded. */
 static void check_boot(vgpu_region *r, const char *path)
 {
     char now[40];
@@ -445,7 +450,13 @@ static void check_boot(vgpu_region *r, const char *path)
         __atomic_store_n(&r->proc_num, 0, __ATOMIC_RELEASE);
         __atomic_store_n(&r->owner_pid, 0, __ATOMIC_RELAXED);
         lock_init(r);
-        LOG_INFO("shared region %s: written before the node's last boot; lock and %d slot(s) reset", path, stale);
+        lim_lease *lease = (lim_lease *)(void *)((char *)lock_slot(r) + LIM_LEASE_OFFSET);
+        int blocked = __atomic_load_n(&r->recent_kernel, __ATOMIC_RELAXED) < 0;
+        if (blocked)
+            __atomic_store_n(&r->recent_kernel, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&lease->until_ms, 0, __ATOMIC_RELEASE);
+        LOG_INFO("shared region %s: written before the node's last boot; lock and %d slot(s) reset%s", path, stale,
+                 blocked ? ", the monitor's block lifted" : "");
     }
     memcpy(ls->boot_id, now, sizeof ls->boot_id);
 }

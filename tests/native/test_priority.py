@@ -97,9 +97,10 @@ def test_same_priority_does_not_pause(env, tmp_path):
 
 
 def test_monitor_block_recent_kernel(env, tmp_path):
-    """HAMi's monitor blocks a container by writing recent_kernel = -1 into its region."""
+    """HAMi's monitor blocks a container by writing recent_kernel = -1 into its region; the block
+    holds for a container with a compute limit (as HAMi-core: test_review_priority_dec1d.py)."""
     region = tmp_path / "c.cache"
-    task = start(env, tmp_path / "m", region, seconds=2.0, depth=8)
+    task = start(env, tmp_path / "m", region, limit=50, seconds=2.0, depth=8)
     deadline = time.time() + 10
     while (not region.exists() or region.stat().st_size < RECENT_KERNEL + 4) and time.time() < deadline:
         time.sleep(0.02)

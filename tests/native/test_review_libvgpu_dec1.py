@@ -404,7 +404,9 @@ print(cu.cuLaunchCooperativeKernelMultiDevice(lst, 2, 0), flush=True)
 def test_the_multi_device_cooperative_launch_goes_through_the_gate(vgpu_env, tmp_path):
     """Found by review, 1 Dec: cuLaunchCooperativeKernelMultiDevice was not hooked, so it launched
     past the compute-share and priority gate: here HAMi's monitor blocks the container
-    (recent_kernel = -1) and the launch must wait (paused) until it is lifted."""
+    (recent_kernel = -1) and the launch must wait (paused) until it is lifted. The container has a
+    compute limit: a block holds only there, as in HAMi-core (test_review_priority_dec1d.py)."""
+    vgpu_env["CUDA_DEVICE_SM_LIMIT"] = "50"
     cache = Path(vgpu_env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
     proc = subprocess.Popen(
         [sys.executable, "-c", MULTI], env=vgpu_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

@@ -71,9 +71,10 @@ def test_a_monitor_block_holds_only_while_its_lease_runs(env, tmp_path):
     kept blocking off by default (a monitor that died after blocking stalled the container) and
     nvidia.com/priority did nothing for pods. Now the monitor writes a lease with each -1 and
     libvgpu honours the -1 only while it runs: a fresh one pauses, an expired one (the monitor
-    gone) or one too far ahead (another clock) is ignored."""
+    gone) or one too far ahead (another clock) is ignored. The task has a compute limit: a block
+    holds only there, as in HAMi-core (test_review_priority_dec1d.py)."""
     region = tmp_path / "c.cache"
-    task = start(env, tmp_path / "m", region, seconds=3.2, depth=8)
+    task = start(env, tmp_path / "m", region, limit=50, seconds=3.2, depth=8)
     _wait_for_region(region)
     time.sleep(0.4)  # launching by now (the mark is written at the first launch)
     marked = read_region(str(region)).priority_lease

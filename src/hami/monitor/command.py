@@ -3,8 +3,10 @@
 Flags and environment follow HAMi's vGPUmonitor (reference §7.5): ``HOOK_PATH`` (regions under
 ``$HOOK_PATH/containers``, and the DRA front end's under ``$HOOK_PATH/claims``), ``NODE_NAME``, ``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``,
 ``--metrics-bind-address`` (``:9394``), ``--legacy-metrics``. A refresh loop (``--interval``)
-keeps the pod map, removes the regions of pods gone from the node and runs the feedback loop;
-metrics are read at scrape time. Exit codes: 2 bad flags, 3 NVML requested but unavailable.
+keeps the pod map and removes the regions of pods gone from the node; the feedback loop runs
+every ``--interval`` on a timer of its own, so a slow pod list or clean-up never delays it (its
+writes renew the leases of the blocks it holds, :func:`hami.monitor.region.lease_for`); metrics
+are read at scrape time. Exit codes: 2 bad flags, 3 NVML requested but unavailable.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .containers import GoneDirs, printable, remove, scan, scan_claims
 from .exporter import MonitorCollector, PodRef, claim_owner, device_key, taken_devices
 from .feedback import Reading, Writes, decide, release
 from .kube import DEFAULT_PRIORITY, NVIDIA_RESOURCES, PRIORITY_RESOURCE
-from .region import RegionError, read_region, write_int32
+from .region import LEASE_MAX_S, LEASE_S, LEASE_SLACK_S, RegionError, lease_for, read_region, write_int32
 
 log = logging.getLogger("hami.monitor")
 EXIT_USAGE, EXIT_NVML = 2, 3
@@ -135,6 +137,17 @@ def _check(args: argparse.Namespace) -> None:
     args.interval_s = parse_duration(args.interval, "--interval")
     if args.interval_s <= 0:
         raise UsageError(f"--interval: must be positive (got {args.interval!r})")
+    args.lease_s = lease_for(args.interval_s)
+    if not getattr(args, "no_feedback", False) and args.interval_s + LEASE_SLACK_S > args.lease_s:
+        log.warning(
+            "--interval %s: longer than a priority block's lease can cover (at most %gs, as libvgpu "
+            "takes none further than 60 s ahead): a blocked container may run free for up to %gs of "
+            "every round; use --interval %gs or less",
+            args.interval,
+            LEASE_MAX_S,
+            args.interval_s + LEASE_SLACK_S - args.lease_s,
+            LEASE_MAX_S - LEASE_SLACK_S,
+        )
     args.bind = parse_bind(args.metrics_bind_address)
     args.containers_dir = str(Path(args.hook_path) / "containers")
     args.claims_dir = str(Path(args.hook_path) / "claims")  # the DRA front end's regions, one per claim
@@ -244,7 +257,11 @@ def _add(out: list[tuple[Reading, str]], path: str, priority: int | None, allowe
         return  # already warned about by the exporter
     uuids = tuple(u if u and allowed(u) else "" for u in r.uuids)
     prio = r.priority if priority is None else priority
-    reading = Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch, lease=r.priority_lease)
+    # a compute limit on one of its counted devices: HAMi's condition to be active or blocked
+    # (feedback module docstring). The region's field is the container's to write, as is its
+    # recent_kernel: claiming a limit claims no more than launching does
+    limited = any(u and 0 < limit < 100 for u, limit in zip(uuids, r.sm_limits))
+    reading = Reading(path, uuids, prio, r.recent_kernel, r.utilization_switch, lease=r.priority_lease, limited=limited)
     out.append((reading, r.layout))
 
 
@@ -254,14 +271,15 @@ def _add(out: list[tuple[Reading, str]], path: str, priority: int | None, allowe
 _write_failures: dict[tuple[str, str], str] = {}
 
 
-def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str]) -> None:
+def apply(writes: Mapping[str, Writes], layouts: Mapping[str, str], lease_s: float = LEASE_S) -> None:
+    """Write ``writes``; a block is written with a lease of ``lease_s`` (:func:`write_int32`)."""
     for path, w in sorted(writes.items()):
         for field in ("recent_kernel", "utilization_switch"):
             value = getattr(w, field)
             if value is None:
                 continue
             try:
-                write_int32(path, field, value, layouts.get(path, "v1"))
+                write_int32(path, field, value, layouts.get(path, "v1"), lease_s=lease_s)
             except (OSError, RegionError) as exc:
                 said = printable(str(exc))
                 if _write_failures.get((path, field)) != said:
@@ -282,12 +300,13 @@ def feedback_once(
     blocking: bool,
     claims_dir: str | None = None,
     pods: Mapping[str, PodRef] | None = None,
+    lease_s: float = LEASE_S,
 ) -> dict[str, Writes]:
-    """One feedback period (:func:`readings` for what ``pods`` changes). Blocking file I/O: the
-    refresh loop runs it in a thread (:func:`_off_loop`)."""
+    """One feedback period (:func:`readings` for what ``pods`` changes); blocks carry a lease of
+    ``lease_s``. Blocking file I/O: the feedback loop runs it in a thread (:func:`_off_loop`)."""
     items = readings(containers_dir, claims_dir, pods)
     writes = decide([r for r, _ in items], blocking=blocking)
-    apply(writes, {r.key: lay for r, lay in items})
+    apply(writes, {r.key: lay for r, lay in items}, lease_s)
     return writes
 
 
@@ -343,21 +362,57 @@ async def _off_loop(fn, *args, bound: float, wait: bool = False, busy: threading
 
 
 async def _refresh(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.Event) -> None:
+    """Until ``stop``: the pod list and the clean-up every ``--interval``, and the feedback loop
+    beside them on a timer of its own (:func:`_feedback_loop`). A failure of either ends both."""
     api = None
     if pods is not None:
         from .kube import api_client
 
         api = await api_client(args.kubeconfig)
     try:
-        while not stop.is_set():
-            await _unless_stopped(_refresh_once(args, pods, api), stop)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=args.interval_s)
-            except asyncio.TimeoutError:
-                pass
+        loops = [asyncio.ensure_future(_pods_loop(args, pods, api, stop))]
+        if not args.no_feedback:
+            loops.append(asyncio.ensure_future(_feedback_loop(args, pods, stop)))
+        try:
+            done, _ = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.wait(loops)
+        for task in done:
+            task.result()  # a failure other than the API's ends the monitor's loops as before
     finally:
         if api is not None:
             await api.close()
+
+
+async def _pause(seconds: float, stop: asyncio.Event) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def _pods_loop(args: argparse.Namespace, pods: PodMap | None, api, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await _unless_stopped(_refresh_once(args, pods, api, feedback=False), stop)
+        await _pause(args.interval_s, stop)
+
+
+async def _feedback_loop(args: argparse.Namespace, pods: PodMap | None, stop: asyncio.Event) -> None:
+    """A feedback round every ``--interval``, whatever the pod list and the clean-up take: each
+    round renews the leases of the blocks it holds, and the lease covers two periods
+    (:func:`~hami.monitor.region.lease_for`). In the refresh round, after a pod list that may wait
+    10 s and a clean-up that may wait 30 s, renewals came further apart than the fixed 15 s lease
+    and blocked containers ran free between them (found by review, 1 Dec). Until the first pod
+    list has come, it looks again every half second at most. A round that hangs (its thread
+    bounded by FEEDBACK_BOUND_S) holds up the next ones, and the leases lapse: a monitor that
+    cannot decide keeps nobody blocked."""
+    while not stop.is_set():
+        listed = pods is None or pods.ok
+        if listed:
+            await _unless_stopped(_feedback_round(args, pods), stop)
+        await _pause(args.interval_s if listed else min(args.interval_s, 0.5), stop)
 
 
 async def _unless_stopped(round_: Awaitable[None], stop: asyncio.Event) -> None:
@@ -378,7 +433,8 @@ async def _unless_stopped(round_: Awaitable[None], stop: asyncio.Event) -> None:
         task.result()  # a failure other than the API's (handled in the round) ends the loop as before
 
 
-async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> None:
+async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api, feedback: bool = True) -> None:
+    """One round of the pod list and the clean-up, then (``feedback``) one feedback round."""
     if pods is not None:
         from .kube import API_TIMEOUT_S, node_pods
 
@@ -405,17 +461,24 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api) -> N
                 bound=FEEDBACK_BOUND_S,
                 busy=_sweep_busy,
             )
-    if not args.no_feedback:
-        if pods is not None and not pods.ok:
-            return  # no pod list yet: no grant to check a region against
-        await _off_loop(
-            feedback_once,
-            args.containers_dir,
-            args.priority_blocking,
-            args.claims_dir,
-            None if pods is None else pods.get(),
-            bound=FEEDBACK_BOUND_S,
-        )
+    if feedback:
+        await _feedback_round(args, pods)
+
+
+async def _feedback_round(args: argparse.Namespace, pods: PodMap | None) -> None:
+    if args.no_feedback:
+        return
+    if pods is not None and not pods.ok:
+        return  # no pod list yet: no grant to check a region against
+    await _off_loop(
+        feedback_once,
+        args.containers_dir,
+        args.priority_blocking,
+        args.claims_dir,
+        None if pods is None else pods.get(),
+        getattr(args, "lease_s", LEASE_S),
+        bound=FEEDBACK_BOUND_S,
+    )
 
 
 async def serve_metrics(registry: CollectorRegistry, host: str, port: int, guard=None):

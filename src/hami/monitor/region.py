@@ -62,9 +62,26 @@ _FLOCK = "hhqqi4x"
 LOCK_MAGIC_AT, LOCK_MAGIC = 2006944, 0x4C6B5631
 LEASE_MAGIC_AT, LEASE_MAGIC = 2008824, 0x4C655031
 LEASE_UNTIL_AT = 2008832
-#: how long a block the monitor writes holds without being written again: three rounds of the
-#: default --interval (5 s); libvgpu takes a lease more than 60 s ahead for none
-LEASE_S = 15.0
+#: the longest lease the monitor writes: libvgpu takes one more than 60 s ahead (LIM_LEASE_MAX_MS)
+#: for none, and the library reads it a moment after the monitor's clock was read
+LEASE_MAX_S = 55.0
+#: what a lease covers beyond two periods: a round's own reads and writes, and a late timer
+LEASE_SLACK_S = 5.0
+
+
+def lease_for(interval_s: float) -> float:
+    """How long a block holds without being written again, for feedback rounds ``interval_s``
+    apart: ``2 * interval_s + LEASE_SLACK_S`` (a round may be up to one period plus the slack
+    late before the block lapses), at most :data:`LEASE_MAX_S`. The rounds run on a timer of
+    their own (``hami.monitor.command``), so the pod list and the clean-up never delay a renewal.
+    Until 1 Dec the lease was a fixed 15 s while renewals came ``--interval`` + pod list (up to
+    10 s) + clean-up (up to 30 s) apart: with ``--interval 20s`` a blocked container ran free about
+    5 s of every 20, warning in its own log at each lapse (found by review)."""
+    return min(2 * max(interval_s, 0.0) + LEASE_SLACK_S, LEASE_MAX_S)
+
+
+#: the lease at the default --interval (5 s): 15 s
+LEASE_S = lease_for(5.0)
 
 
 class RegionError(ValueError):
