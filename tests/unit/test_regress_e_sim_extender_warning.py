@@ -61,14 +61,14 @@ def test_a_pod_deleted_later_in_the_file_holds_nothing():
     assert held([old, deleted(old)]) == []
     # another pod that stays is still named
     assert held([old, extender_pod("kept"), deleted(old)]) == [
-        "1 pod holds an extender allocation (default/kept on a): the DRA path does not count it "
-        "(docs/dra.md, Migrating from the extender)"
+        "1 pod holds an extender allocation (default/kept on a): the DRA path does not count it on "
+        "the GPUs, only in its namespace's quota (docs/dra.md, Migrating from the extender)"
     ]
 
 
 def test_a_pod_deleted_and_given_again_is_counted_once():
     old = extender_pod("old")
     assert held([old, deleted(old), copy.deepcopy(old)]) == [
-        "1 pod holds an extender allocation (default/old on a): the DRA path does not count it "
-        "(docs/dra.md, Migrating from the extender)"
+        "1 pod holds an extender allocation (default/old on a): the DRA path does not count it on "
+        "the GPUs, only in its namespace's quota (docs/dra.md, Migrating from the extender)"
     ]

@@ -442,3 +442,179 @@ def test_control_and_bidi_characters_from_a_nodes_registration_are_escaped_in_th
         capsys, "--nodes", write(tmp_path, "n.yaml", [bad]), "--pods", write(tmp_path, "p.yaml", pods), "-o", "json"
     )[1]
     assert json.loads(json_out)["devices"][0]["type"] == evil  # JSON carries the value, escaped by JSON
+
+
+# ---------------------------------------------------------------- 7. second review (1 Dec)
+
+TEAM_QUOTA = {**QUOTA, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}}
+ASK_4000 = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}
+
+
+def team_running(name="z-old", **extra):
+    """A running pod of namespace team holding 8000 MiB through the extender."""
+    p = placed(name, "n1", "GPU-n1-0", mem=8000, uid=f"u-{name}", **extra)
+    p["metadata"]["namespace"] = "team"
+    return p
+
+
+def webhooks_word(new, *running):
+    """What the webhook answers ``new`` with, its quota room from the scheduler's own ledger."""
+    state = ClusterState(CFG)
+    state._apply_quota("ADDED", TEAM_QUOTA)
+    for p in running:
+        state.apply_pod("ADDED", p)
+    settings = AdmissionSettings(CFG.vendors, scheduler_name="hami-scheduler", front_end="dra")
+    return decide(new, settings, quota_room=state.pod_room)
+
+
+@pytest.mark.parametrize("front", [simulate, simulate_dra])
+@pytest.mark.parametrize("terminating", [False, True])
+def test_an_extender_grant_counts_in_the_quota_wherever_the_file_lists_it(front, terminating):
+    """Found by review, 1 Dec (second pass): on the DRA front end an extender grant counted in its
+    namespace's quota only once the file reached its pod, and a terminating one never: quota 10000,
+    running z-old holding 8000 listed after a-new asking 4000 (a dump is sorted by name): the DRA
+    front end scheduled a-new; the extender front end and the webhook deny it (2000 left)."""
+    extra = {"deletionTimestamp": "2026-11-30T10:00:00Z"} if terminating else {}
+    old = team_running(**extra)
+    new = pod_doc("a-new", ASK_4000, ns="team")
+    real = webhooks_word(new, old)
+    assert not real.allowed and "namespace team has 2000 left" in real.message
+    for docs in ([TEAM_QUOTA, new, old], [TEAM_QUOTA, old, new]):
+        pods = by_name(front([node("n1", mem=81920)], docs, CFG))
+        assert pods["a-new"].status == "denied", (docs, pods["a-new"])
+        assert pods["a-new"].reasons == {"webhook": real.message}
+        assert pods["z-old"].status == ("terminating" if terminating else "pre-placed")
+
+
+@pytest.mark.parametrize("front", [simulate, simulate_dra])
+def test_a_deleted_extender_pod_gives_its_quota_back_once(front):
+    """The grant counted from the start leaves the quota when the file deletes its pod (terminating
+    or running), and a pod given again after its deletion counts again, once."""
+    for extra in ({}, {"deletionTimestamp": "2026-11-30T10:00:00Z"}):
+        old = team_running(**extra)
+        gone = team_running(deletionTimestamp="2026-11-30T10:00:00Z")
+        docs = [TEAM_QUOTA, pod_doc("a-new", ASK_4000, ns="team"), old, gone, pod_doc("b-new", ASK_4000, ns="team")]
+        pods = by_name(front([node("n1", mem=81920)], docs, CFG))
+        assert (pods["a-new"].status, pods["z-old"].status, pods["b-new"].status) == ("denied", "deleted", "scheduled")
+        two, one = ({"nvidia.com/gpu": 1, "nvidia.com/gpumem": m} for m in (2000, 1000))
+        again = [TEAM_QUOTA, old, gone, team_running(), pod_doc("c-new", two, ns="team"), pod_doc("d", one, ns="team")]
+        pods = by_name(front([node("n1", mem=81920)], again, CFG))
+        assert (pods["z-old"].status, pods["c-new"].status) == ("pre-placed", "scheduled")
+        assert pods["d"].reasons == {
+            "webhook": "exceeding resource quota: nvidia.com/gpumem requests 1000, namespace team has 0 left"
+        }
+
+
+def test_the_dra_warning_says_an_extender_grant_counts_in_the_quota_not_on_the_gpus():
+    r = simulate_dra([node("n1", mem=81920)], [TEAM_QUOTA, team_running(), team_running("y-old")], CFG)
+    (line,) = [w for w in r.warnings if "extender allocation" in w]
+    assert line == (
+        "2 pods hold an extender allocation (team/z-old on n1, team/y-old on n1): the DRA path does not count "
+        "them on the GPUs, only in their namespaces' quotas (docs/dra.md, Migrating from the extender)"
+    )
+
+
+def test_a_yaml_float_quantity_is_read_from_its_text():
+    """Found by review, 1 Dec (second pass): a YAML/JSON float was read as the binary fraction
+    nearest it (Fraction(0.1) is a little over 1/10), so cpu: 0.1 was 101m; Kubernetes parses the
+    number's text, and 0.1 is 100m (as "100m" is)."""
+    from fractions import Fraction
+
+    from hami.core.quantity import QuantityError, parse_int_quantity, parse_quantity
+
+    for value, text in ((0.1, "0.1"), (0.2, "0.2"), (0.4, "0.4"), (0.8, "0.8"), (0.9, "0.9"), (1.1, "1.1")):
+        assert parse_quantity(value, "cpu") == parse_quantity(text, "cpu") == Fraction(text)
+    assert parse_quantity(-0.5, "x") == Fraction(-1, 2) and parse_quantity(1e-7, "x") == Fraction(1, 10**7)
+    # whole numbers keep their exact value, ints and whole floats alike
+    for value in (0, 7, 3000, 2**62, -(2**63), 3000.0, 1e18, 2.0**62):
+        assert parse_quantity(value, "x") == int(value)
+    assert parse_int_quantity(3000.0, "x") == 3000 and parse_int_quantity(2**63 - 1, "x") == 2**63 - 1
+    with pytest.raises(QuantityError, match=r"x: must be a whole number, got 0\.5"):
+        parse_int_quantity(0.5, "x")
+    for bad in ("inf", "-inf", "nan"):  # refused as before, naming the field and the value
+        with pytest.raises(QuantityError, match=f"^limits.cpu: must be a finite quantity, got {bad}$"):
+            parse_quantity(float(bad), "limits.cpu")
+    with pytest.raises(QuantityError, match=r"x: 9\.3e\+18 is out of range"):
+        parse_quantity(9.3e18, "x")
+
+
+@pytest.mark.parametrize("front", [simulate, simulate_dra])
+def test_ten_pods_of_cpu_0_1_fit_a_one_cpu_node(front):
+    """Found by review, 1 Dec (second pass): the tenth pod of cpu: 0.1 on a 1-CPU node was pending,
+    'Insufficient cpu (the pod requests 101m ...)'."""
+    pods = [asking(f"p{i}", cpu=0.1) for i in range(10)] + [asking("extra", cpu=0.1)]
+    out = by_name(front([cpu_node("n1", cpu="1")], pods, CFG))
+    assert [out[f"p{i}"].status for i in range(10)] == ["scheduled"] * 10
+    assert out["extra"].status == "pending"
+    assert (
+        out["extra"]
+        .reasons["n1"]
+        .startswith("Insufficient cpu (the pod requests 100m; the node has 1 allocatable, 1 requested by its pods)")
+    )
+
+
+def dumped_pending(name, **fields):
+    """A pending pod as kubectl get pods -o yaml writes it (creationTimestamp and status)."""
+    p = pod_doc(name, ASK_4000, ns="team")
+    p["metadata"]["uid"] = f"u-{name}"
+    p["spec"]["schedulerName"] = "hami-scheduler"
+    p["metadata"].update(fields.get("metadata", {"creationTimestamp": "2026-11-30T09:00:00Z"}))
+    if fields.get("status", True):
+        p["status"] = {"phase": "Pending"}
+    return p
+
+
+@pytest.mark.parametrize("which", ["both", "status", "creationTimestamp"])
+def test_a_dumped_pending_pod_over_its_quota_waits_at_filter_not_denied(which):
+    """Found by review, 1 Dec (second pass): simulate ran the webhook's quota check again on pods a
+    dump gives as existing (status, creationTimestamp), reading them 'denied by the webhook' where
+    the cluster has them Pending with Filter's ResourceQuotaNotFit. The admission quota is for pods
+    the file creates; a manifest over its quota is still denied."""
+    pending = dumped_pending(
+        "a-pending",
+        metadata={} if which == "status" else {"creationTimestamp": "2026-11-30T09:00:00Z"},
+        status=which != "creationTimestamp",
+    )
+    manifest = pod_doc("b-new", ASK_4000, ns="team")
+    docs = [TEAM_QUOTA, pending, manifest, team_running()]
+    pods = by_name(simulate([node("n1", mem=81920)], docs, CFG))
+    assert pods["a-pending"].status == "pending"
+    assert pods["a-pending"].reasons == {"n1": "1/1 ResourceQuotaNotFit"}
+    assert pods["b-new"].status == "denied" and "namespace team has 2000 left" in pods["b-new"].reasons["webhook"]
+    # the scheduler's own Filter, on its own ledger, says the same of the dumped pod
+    state = ClusterState(CFG)
+    state._apply_node("ADDED", node("n1", mem=81920))
+    state._apply_quota("ADDED", TEAM_QUOTA)
+    state.apply_pod("ADDED", team_running())
+    admitted, _ = admit_pod(pending, CFG.vendors)
+    real = schedule_pod(admitted, ["n1"], state.ledger, CFG, time.time())
+    assert real.node is None and real.reasons() == pods["a-pending"].reasons
+
+    # the DRA front end: admitted; the claim made from its template is what the quota refuses
+    pods = by_name(simulate_dra([node("n1", mem=81920)], docs, CFG))
+    assert pods["a-pending"].status == "pending"
+    (why,) = pods["a-pending"].reasons.values()
+    assert why.startswith("creating its claim team/a-pending-")
+    assert "exceeding resource quota: nvidia.com/gpumem requests 4000, namespace team has 2000 left" in why
+    assert pods["b-new"].status == "denied" and "namespace team has 2000 left" in pods["b-new"].reasons["webhook"]
+
+
+def test_on_the_dra_front_end_a_gpu_count_quota_counts_the_claims_simulated_so_far():
+    """The DRA front end's GPU count quota (review, 1 Dec) in the simulation, as the scheduler's
+    webhook applies it: requests.nvidia.com/gpu 3 in `team`: a pod of 2 GPUs fits, the next one
+    of 2 is denied in the webhook's words, and a deleted pod's claim gives its GPUs back."""
+    quota = {**QUOTA, "spec": {"hard": {"requests.nvidia.com/gpu": "3"}}}
+    two = {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}
+    docs = [
+        quota,
+        pod_doc("a", two, ns="team"),
+        pod_doc("b", two, ns="team"),
+        pod_doc("a", two, ns="team", deleted=True),
+        pod_doc("c", two, ns="team"),
+    ]
+    pods = by_name(simulate_dra([node("n1", n=4)], docs, CFG))
+    assert pods["b"].status == "denied"
+    assert pods["b"].reasons == {
+        "webhook": "exceeding resource quota: nvidia.com/gpu requests 2, namespace team has 1 left"
+    }
+    assert (pods["a"].status, pods["c"].status) == ("deleted", "scheduled")

@@ -440,8 +440,8 @@ def test_a_pod_placed_by_the_extender_is_pre_placed_and_not_counted():
     assert pods["old"].status == "pre-placed" and pods["old"].node == "a"
     assert pods["new"].status == "scheduled"  # the DRA path does not see the extender's 15000 MiB
     assert [w for w in r.warnings if "extender allocation" in w] == [
-        "1 pod holds an extender allocation (default/old on a): the DRA path does not count it "
-        "(docs/dra.md, Migrating from the extender)"
+        "1 pod holds an extender allocation (default/old on a): the DRA path does not count it on "
+        "the GPUs, only in its namespace's quota (docs/dra.md, Migrating from the extender)"
     ]
 
 

@@ -11,10 +11,12 @@ accepts in ``resources.limits``/``requests``, ResourceQuota ``spec.hard`` and a 
              | (e|E) [+|-] digits                                   (decimal exponent)
 
 Surrounding ASCII whitespace is ignored (as the API server's JSON decoding does). A JSON/YAML
-number is taken as written. Device resources are counts, so :func:`parse_int_quantity` also
-requires a whole number that fits an int64 (HAMi reads them with ``Quantity.AsInt64``); the
-parse is exact (``0.5Ki`` is 512, ``1500m`` is not whole) and bounded: a huge exponent or
-thousands of digits is refused without computing the value.
+number is taken as written: a float by its shortest decimal text (``0.1`` is exactly 1/10, as
+Kubernetes parses the number's text, not the binary fraction nearest it), a whole one exactly.
+Device resources are counts, so :func:`parse_int_quantity` also requires a whole number that
+fits an int64 (HAMi reads them with ``Quantity.AsInt64``); the parse is exact (``0.5Ki`` is
+512, ``1500m`` is not whole) and bounded: a huge exponent or thousands of digits is refused
+without computing the value.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def parse_quantity(value: Any, where: str) -> Fraction:
             raise QuantityError(f"{where}: must be a finite quantity, got {value!r}")
         if abs(value) >= 2**63:
             raise QuantityError(f"{where}: {_show(value)} is out of range (beyond int64)")
-        return Fraction(value)
+        # the number as written, not the binary fraction nearest it: ``cpu: 0.1`` is 1/10 (100m),
+        # as Kubernetes reads the text 0.1, where Fraction(0.1) is a little more (ceil: 101m).
+        # repr is the shortest text that reads back as the same float (the written text, up to 15
+        # significant digits); a whole float is its exact value, as an int is
+        return Fraction(int(value)) if value.is_integer() else Fraction(repr(value))
     if not isinstance(value, str):
         raise QuantityError(f"{where}: must be a quantity string or number, got {type(value).__name__}")
     text = value.strip(_WS)

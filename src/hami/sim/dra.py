@@ -24,8 +24,10 @@ keeps its pods on its node; one that already has ``status.allocation`` counts as
 
 Namespace quotas apply as on the live DRA front end (docs/dra.md, "Seeing and accounting DRA
 allocations"): ResourceQuota documents from their place on, claims counting from their creation
-(what they hold once allocated, what they ask before), the webhook's pod check given that room,
-and the claim check (:func:`hami.webhook.admission.decide_claim`) on each claim made from a template.
+(what they hold once allocated, what they ask before) and every live extender grant from the
+start, the webhook's pod check given that room (for a pod being created:
+:func:`hami.sim.engine.created_by_file`), and the claim check
+(:func:`hami.webhook.admission.decide_claim`) on each claim made from a template.
 kube-scheduler's NodeResourcesFit (cpu, memory, pods) filters the nodes given as Node documents
 with ``status.allocatable`` (:class:`hami.sim.engine.NodeResources`).
 """
@@ -80,6 +82,7 @@ from .engine import (
     Uids,
     bound_node,
     check_document,
+    created_by_file,
     check_pod_resources,
     file_uids,
     finished,
@@ -328,6 +331,10 @@ class _State:
         #: namespace quotas and what counts against them, as in the scheduler's ledger: claims (what
         #: each holds once allocated, what it asks before) and pods' extender grants
         self.quota = Ledger(config.vendors)
+        #: the ResourceQuota documents as given ("ns/name" -> document) and the devices each claim
+        #: holds or asks ("ns/name" -> count): the GPU count quota's room (:meth:`gpu_room`)
+        self.quota_docs: dict[str, Mapping[str, Any]] = {}
+        self.claim_counts: dict[str, int] = {}
         self.sizes = dict(sizes or {})  # device class -> the MiB a claim without a memory amount counts
         self.made: dict[str, list[str]] = {}  # pod key -> the claims made for it from templates
         self.resources = NodeResources({})  # kube-scheduler's NodeResourcesFit (cpu, memory, pods)
@@ -335,6 +342,9 @@ class _State:
         #: namespace/name -> "namespace/name on node": said in one warning at the end (keyed, so
         #: that a pod deleted or given again later in the file is not counted, or not twice)
         self.extender_held: dict[str, str] = {}
+        #: namespace/name -> the key of the extender grant its first document holds, counted in the
+        #: quota from the start (:func:`_grants_from_the_start`) until the loop reaches that document
+        self.early: dict[str, str] = {}
         self.by_key = {d.key: d for n in nodes.values() for d in n.devices}
         self.templates: dict[tuple[str, str], dict] = {}
         self.claims: dict[tuple[str, str], _Claim] = {}
@@ -392,19 +402,37 @@ class _State:
         room = self.quota.quota_room(namespace, vendors)
         return None if room is None else replace(room, claim_sizes=self.sizes)
 
+    def gpu_room(self, namespace: str) -> int | None:
+        """The GPUs ``namespace`` may still be given under its quotas' ``nvidia.com/gpu`` count
+        limits, as the scheduler's state gives the webhook (``ClusterState.gpu_count_room``)."""
+        from hami.webhook.admission import gpu_count_room
+
+        prefix = namespace + "/"
+        held = sum(n for ref, n in self.claim_counts.items() if ref.startswith(prefix))
+        docs = [d for ref, d in self.quota_docs.items() if ref.startswith(prefix)]
+        return gpu_count_room(docs, namespace, "nvidia.com/gpu", held)
+
     def _count(self, claim: _Claim, source: str) -> None:
         """A claim counts against its namespace's quota as the scheduler counts it: what it holds
         once allocated (memory rounded up to MiB; admin-access results count nothing), what it
         asks until then (:func:`hami.dra.claims.claim_ask`)."""
+        self.claim_counts.pop(claim.ref, None)
         if claim.picks is not None:
             held = [p for p in claim.picks if not p.admin]
+            if held:
+                self.claim_counts[claim.ref] = len(held)
             mem = sum(-(-p.consumed[MEMORY] // MIB) for p in held)
             cores = sum(fit.whole(p.consumed[CORES]) for p in held)
         else:
             try:
                 ask = claim_ask({"spec": claim.spec}, sizes=self.sizes)
-            except ClaimError as exc:
+                from hami.webhook.admission import claim_devices
+
+                devices, _ = claim_devices({"spec": claim.spec})
+            except (ClaimError, CoreError) as exc:
                 raise SimulationError(f"{source}: ResourceClaim {claim.ref}: {exc}") from None
+            if devices:
+                self.claim_counts[claim.ref] = devices
             if ask is None or ask.unbounded:
                 self.quota.remove_claim(claim.ref)
                 return
@@ -422,7 +450,7 @@ class _State:
             if not c.from_template or c.ref in made:
                 continue
             claim = {"kind": "ResourceClaim", "metadata": {"namespace": c.namespace, "name": c.name}, "spec": c.spec}
-            decision = decide_claim(claim, self.admission, self.room)
+            decision = decide_claim(claim, self.admission, self.room, gpu_room=self.gpu_room)
             if not decision.allowed:
                 out.reasons = {"*": f"creating its claim {c.ref} failed: the webhook refused it: {decision.message}"}
                 return False
@@ -437,6 +465,7 @@ class _State:
     def delete(self, key: str, source: str = "pods") -> bool:
         for ref in self.made.pop(key, ()):  # the claims made from templates go with their pod
             self.quota.remove_claim(ref)
+            self.claim_counts.pop(ref, None)
         self.quota.remove_pod(key)  # (an extender grant)
         self.uids.release(key)
         held = self.pods.pop(key, None)
@@ -536,10 +565,16 @@ class _State:
         if existing is not None:  # placed by the extender before: running, unseen by kube-scheduler's allocator
             out.status, out.node = "pre-placed", existing.node
             self.extender_held[f"{ns}/{out.name}"] = f"{ns}/{out.name} on {existing.node}"
-            self.uids.hold(existing.key, pod, label)
-            self.quota.add_pod(existing)  # its grant counts against its namespace's quota, as in the scheduler
+            if self.early.pop(f"{ns}/{out.name}", None) is None:  # (a first document's counts from the start)
+                self.uids.hold(existing.key, pod, label)
+                self.quota.add_pod(existing)  # its grant counts against its namespace's quota, as in the scheduler
             return None
-        decision = decide(pod, self.admission, quota_room=self.room)
+        # the quota is the webhook's check of a pod being created: a pod the cluster has already
+        # (a dump's pending pod) passed it then; its claims' own check still applies (_make)
+        new = created_by_file(pod)
+        decision = decide(
+            pod, self.admission, quota_room=self.room if new else None, gpu_room=self.gpu_room if new else None
+        )
         if not decision.allowed:
             out.status, out.reasons = "denied", {"webhook": decision.message}
             return None
@@ -818,6 +853,34 @@ def _settled(pod: Mapping[str, Any]) -> PodOutcome:
     )
 
 
+def _grants_from_the_start(objects: Iterable[tuple[str, dict]], state: _State, source: str) -> None:
+    """The extender grants the pods' first documents hold (not finished; terminating ones too)
+    count against their namespaces' quotas from the start, wherever the file lists them, as in the
+    scheduler's ledger, which counts every live grant (a dump is sorted by name: a new pod listed
+    before a running one must not take the running one's room). Their uids are held from the start
+    too. A document that cannot be read is skipped here (the run stops on it in its place)."""
+    seen: set[str] = set()
+    for label, obj in objects:
+        if (obj.get("kind") or "Pod") != "Pod":
+            continue
+        ref = pod_ref(obj)
+        if ref in seen:
+            continue
+        seen.add(ref)
+        if finished(obj):
+            continue
+        try:
+            check_document(obj, POD, source, label)
+        except SimulationError:
+            continue
+        existing, _ = read_grants(obj, state.config.vendors)
+        if existing is None:
+            continue
+        state.uids.hold(existing.key, obj, label)
+        state.quota.add_pod(existing)
+        state.early[ref] = existing.key
+
+
 def _bound_from_the_start(objects: Iterable[tuple[str, dict]], resources: NodeResources, source: str) -> None:
     """The pods bound to a node (``spec.nodeName``, not finished) by their first document: on that
     node for kube-scheduler's NodeResourcesFit from the start, wherever the file lists them. A
@@ -859,6 +922,7 @@ def simulate_dra(
     state.uids = Uids(sources[1], file_uids(given))
     state.resources = NodeResources(cluster.allocatable)
     _bound_from_the_start(given, state.resources, sources[1])
+    _grants_from_the_start(given, state, sources[1])
     for index, (label, obj) in enumerate(given):
         kind = obj.get("kind") or "Pod"
         meta = obj.get("metadata") or {}
@@ -882,6 +946,8 @@ def simulate_dra(
                 state.quota.set_quota(meta.get("namespace") or "default", meta.get("name") or "", hard, config.vendors)
             except CoreError as exc:
                 raise SimulationError(f"{sources[1]}: {exc}") from None
+            ns_name = f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+            state.quota_docs[ns_name] = {**obj, "metadata": {**meta, "namespace": meta.get("namespace") or "default"}}
             continue
         if kind != "Pod":
             warnings.append(
@@ -915,6 +981,8 @@ def simulate_dra(
         admitted = obj
         if finished(obj) or meta.get("deletionTimestamp"):  # holds nothing here / is not placed anew
             outcomes[ref] = _settled(obj)
+            if ref in state.early:  # a terminating pod's extender grant: in the quota until it is deleted
+                keys[ref] = state.early.pop(ref)
         else:
             existing, errors = read_grants(obj, config.vendors)
             if existing is None and not errors:  # created by the file: the API server gives it its own uid
@@ -930,9 +998,11 @@ def simulate_dra(
     if state.extender_held:  # one line, not one a running pod (a cluster dump has thousands)
         held, n = list(state.extender_held.values()), len(state.extender_held)
         shown = ", ".join(held[:3]) + (f" and {n - 3} more" if n > 3 else "")
+        them, their = ("them", "their namespaces' quotas") if n > 1 else ("it", "its namespace's quota")
         warnings.append(
             f"{n} pod{'s' if n > 1 else ''} hold{'' if n > 1 else 's'} an extender allocation ({shown}): "
-            f"the DRA path does not count {'them' if n > 1 else 'it'} (docs/dra.md, Migrating from the extender)"
+            f"the DRA path does not count {them} on the GPUs, only in {their} "
+            "(docs/dra.md, Migrating from the extender)"
         )
     return SimResult(
         pods=list(outcomes.values()),

@@ -20,9 +20,10 @@ As in a cluster: a pod the file creates loses the uid its manifest gives (the AP
 its own), and two pods holding grants under one uid stop the run (:class:`Uids`); a running pod's
 allocation annotations are read as the scheduler's cache reads them (:mod:`hami.core.grants`: the
 readable grants count, an unreadable vendor's devices on its node are cordoned while it runs);
-the webhook's admission gets the namespace quota room (:meth:`hami.core.Ledger.quota_room`); and
-kube-scheduler's NodeResourcesFit on cpu, memory and pods runs with its node filters
-(:class:`NodeResources`).
+the webhook's admission of a pod being created (:func:`created_by_file`: a dump's pending pod
+exists already, and waits at Filter) gets the namespace quota room
+(:meth:`hami.core.Ledger.quota_room`); and kube-scheduler's NodeResourcesFit on cpu, memory and
+pods runs with its node filters (:class:`NodeResources`).
 """
 
 from __future__ import annotations
@@ -545,6 +546,15 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName") or None
 
 
+def created_by_file(pod: Mapping[str, Any]) -> bool:
+    """Whether the file creates the pod (no ``status``, no ``metadata.creationTimestamp``: a
+    manifest), as opposed to a pod the cluster has already (a dump's, say ``kubectl get pods -o
+    yaml``'s, which carries both). Only a pod being created goes through the webhook's namespace
+    quota check; one that exists passed it at its creation, and a pending one waits at the
+    scheduler's Filter (``ResourceQuotaNotFit``), as in the cluster."""
+    return not pod.get("status") and not (pod.get("metadata") or {}).get("creationTimestamp")
+
+
 @dataclass
 class PodDoc:
     """One Pod document of the pods file, read once (shape, name, what it holds, what it asks)."""
@@ -838,7 +848,9 @@ class _Run:
     def _schedule(self, doc: PodDoc, out: PodOutcome) -> PodOutcome:
         """A new pod: the webhook's admission, kube-scheduler's node filters, HAMi's Filter."""
         pod = doc.obj
-        decision = decide(pod, self.admission, quota_room=self.ledger.quota_room)
+        # the namespace quota at admission only for a pod being created (a dumped one: Filter's)
+        room = self.ledger.quota_room if created_by_file(pod) else None
+        decision = decide(pod, self.admission, quota_room=room)
         if not decision.allowed:
             admit_pod(pod, self.config.vendors)  # a request the admission cannot read stops the run
             out.status, out.reasons = "denied", {"webhook": decision.message}
