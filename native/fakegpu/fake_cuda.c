@@ -15,9 +15,11 @@
 #include "fg.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -182,6 +184,99 @@ static int valid_dev(CUdevice d)
 static struct CUctx_st *cur_ctx(void)
 {
     return t_depth ? t_ctx[t_depth - 1] : NULL;
+}
+
+/* ---- handle values given out again, and a destroy paused after its free (tests) ----
+ * With reuse_handles (FAKEGPU_REUSE_HANDLES=1) a destroyed context, array, mipmapped array, VMM
+ * allocation, memory pool or executable graph gives its handle value to the next one of its kind
+ * made (the last freed first), as a real driver may. fakegpu_pause_next_free() makes the next such
+ * destroy, once the driver has freed the object, wait before it returns until
+ * fakegpu_resume_free() (60 s at most): meanwhile a test makes another object, which takes the
+ * freed value, and then sees what the destroy's caller (libvgpu) does once the driver returned. */
+enum { R_CTX, R_ARRAY, R_MIPMAP, R_VMM, R_POOL, R_EXEC, R_KINDS };
+#define R_KEEP 64
+static struct {
+    void *p[R_KEEP];
+    int n;
+} g_recycle[R_KINDS];
+static pthread_mutex_t g_recycle_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_pause_cv = PTHREAD_COND_INITIALIZER;
+static int g_pause_armed, g_paused, g_resumed;
+
+static void *obj_new(int kind, size_t size)
+{
+    void *p = NULL;
+    if (fg_cfg()->reuse_handles) {
+        pthread_mutex_lock(&g_recycle_mu);
+        if (g_recycle[kind].n)
+            p = g_recycle[kind].p[--g_recycle[kind].n];
+        pthread_mutex_unlock(&g_recycle_mu);
+        if (p)
+            memset(p, 0, size);
+    }
+    return p ? p : calloc(1, size);
+}
+
+static void obj_free(int kind, void *p)
+{
+    if (!p)
+        return;
+    if (fg_cfg()->reuse_handles) {
+        pthread_mutex_lock(&g_recycle_mu);
+        int kept = g_recycle[kind].n < R_KEEP;
+        if (kept)
+            g_recycle[kind].p[g_recycle[kind].n++] = p;
+        pthread_mutex_unlock(&g_recycle_mu);
+        if (kept)
+            return;
+    }
+    free(p);
+}
+
+/* Called by a destroy once it freed its object: the armed pause, if any. */
+static void after_free(void)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    if (g_pause_armed) {
+        g_pause_armed = 0;
+        g_paused++;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 60;
+        int r = 0;
+        while (!g_resumed && r != ETIMEDOUT)
+            r = pthread_cond_timedwait(&g_pause_cv, &g_recycle_mu, &until);
+        if (!g_resumed)
+            fprintf(stderr, "fakegpu: a paused destroy was not resumed (fakegpu_resume_free) within 60 s\n");
+        g_resumed = 0;
+        g_paused--;
+    }
+    pthread_mutex_unlock(&g_recycle_mu);
+}
+
+EXPORT void fakegpu_pause_next_free(void)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    g_pause_armed = 1;
+    g_resumed = 0;
+    pthread_mutex_unlock(&g_recycle_mu);
+}
+
+/* How many destroys wait in their pause now. */
+EXPORT int fakegpu_paused_frees(void)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    int n = g_paused;
+    pthread_mutex_unlock(&g_recycle_mu);
+    return n;
+}
+
+EXPORT void fakegpu_resume_free(void)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    g_resumed = 1;
+    pthread_cond_broadcast(&g_pause_cv);
+    pthread_mutex_unlock(&g_recycle_mu);
 }
 
 #define NEED_INIT()                                                                                \
@@ -403,7 +498,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+static CUresult uuid_v2(CUuuid *uuid, CUdevice dev)
 {
     NEED_INIT();
     if (!uuid)
@@ -414,7 +509,32 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+/* FAKEGPU_UUID_API=v1 plays a driver older than CUDA 11.4, which has no cuDeviceGetUuid_v2: dlsym
+ * finds none (the export is an indirect function whose resolver answers NULL) and
+ * cuGetProcAddress("cuDeviceGetUuid") gives the v1 at every version. =none also makes the v1 fail
+ * (CUDA_ERROR_NOT_SUPPORTED): a device whose UUID cannot be read at all. Read from the environment
+ * when the symbol is looked up (dlsym, or a program's first call): not from the configuration, which
+ * the resolver may run too early for. */
+static int uuid_v2_hidden(void)
+{
+    const char *v = getenv("FAKEGPU_UUID_API");
+    return v && (!strcmp(v, "v1") || !strcmp(v, "none"));
+}
+
+static __typeof__(&cuDeviceGetUuid_v2) resolve_uuid_v2(void)
+{
+    return uuid_v2_hidden() ? NULL : uuid_v2;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) __attribute__((ifunc("resolve_uuid_v2")));
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    NEED_INIT();
+    if (fg_cfg()->uuid_api == 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return uuid_v2(uuid, dev);
+}
 
 EXPORT CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev)
 {
@@ -525,8 +645,9 @@ static void drop_ctx_allocs(struct CUctx_st *c)
             charge(s->val.dev, -(long long)s->val.size, 0);
             if (k == K_ARRAY) {
                 struct CUarray_st *a = (struct CUarray_st *)(uintptr_t)s->key;
+                int kind = a->magic == M_MIPMAP ? R_MIPMAP : R_ARRAY;
                 a->magic = 0;
-                free(a);
+                obj_free(kind, a);
             }
             ptrmap_del(&g_allocs, s->key, NULL);
         }
@@ -654,12 +775,12 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
-    struct CUctx_st *c = calloc(1, sizeof *c);
+    struct CUctx_st *c = obj_new(R_CTX, sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = charge(dev, (long long)fg_cfg()->ctx_mem, 1);
     if (r != CUDA_SUCCESS) {
-        free(c);
+        obj_free(R_CTX, c);
         return r;
     }
     *c = (struct CUctx_st){.magic = M_CTX, .dev = dev, .flags = flags, .refcount = 1};
@@ -706,7 +827,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     charge(ctx->dev, -(long long)(fg_cfg()->ctx_mem + ctx->limit_mem), -1);
     drop_ctx_allocs(ctx);
     ctx->magic = 0;
-    free(ctx);
+    obj_free(R_CTX, ctx);
+    after_free();
     return CUDA_SUCCESS;
 }
 
@@ -1096,27 +1218,83 @@ EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUde
 
 /* ---- arrays ---- */
 
-static unsigned long long format_bytes(CUarray_format f)
+static unsigned long long ceil_div(unsigned long long a, unsigned long long b)
 {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 0;
-    }
+    return a / b + (a % b != 0);
 }
 
+/* Bytes of one w x h plane (h >= 1) of a CUDA array in format f: the ones that take a channel
+ * count (1, 2 or 4 channels of 1, 2 or 4 bytes), those whose channels the format itself sets
+ * (normalized integers, packed RGB and YUV), block-compressed ones (4 x 4 texel blocks of 8 or 16
+ * bytes) and planar or semi-planar YUV (a luma plane and chroma planes subsampled 2 x 2 for 4:2:0,
+ * 2 x 1 for 4:2:2). 0: a format or channel count the fake does not take. */
+static unsigned long long plane_bytes(unsigned long long w, unsigned long long h, CUarray_format f, unsigned ch)
+{
+    unsigned long long px = w * h, cw = ceil_div(w, 2), ch420 = cw * ceil_div(h, 2) * 2, ch422 = cw * h * 2;
+    unsigned long long per = 0; /* bytes per channel (formats with a channel count) */
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: per = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: per = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: per = 4; break;
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1: return px;
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1: return px * 2;
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4:
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2:
+    case CU_AD_FORMAT_UNORM_INT_101010_2:
+    case CU_AD_FORMAT_AYUV:
+    case CU_AD_FORMAT_Y410: return px * 4;
+    case CU_AD_FORMAT_UNORM_INT16X4:
+    case CU_AD_FORMAT_SNORM_INT16X4:
+    case CU_AD_FORMAT_Y416: return px * 8;
+    case CU_AD_FORMAT_Y444_PLANAR8:
+    case CU_AD_FORMAT_YUV444_8bit_SemiPlanar: return px * 3;
+    case CU_AD_FORMAT_Y444_PLANAR10:
+    case CU_AD_FORMAT_YUV444_16bit_SemiPlanar: return px * 6;
+    case CU_AD_FORMAT_BC1_UNORM:
+    case CU_AD_FORMAT_BC1_UNORM_SRGB:
+    case CU_AD_FORMAT_BC4_UNORM:
+    case CU_AD_FORMAT_BC4_SNORM: return ceil_div(w, 4) * ceil_div(h, 4) * 8;
+    case CU_AD_FORMAT_BC2_UNORM:
+    case CU_AD_FORMAT_BC2_UNORM_SRGB:
+    case CU_AD_FORMAT_BC3_UNORM:
+    case CU_AD_FORMAT_BC3_UNORM_SRGB:
+    case CU_AD_FORMAT_BC5_UNORM:
+    case CU_AD_FORMAT_BC5_SNORM:
+    case CU_AD_FORMAT_BC6H_UF16:
+    case CU_AD_FORMAT_BC6H_SF16:
+    case CU_AD_FORMAT_BC7_UNORM:
+    case CU_AD_FORMAT_BC7_UNORM_SRGB: return ceil_div(w, 4) * ceil_div(h, 4) * 16;
+    case CU_AD_FORMAT_NV12: return px + ch420;
+    case CU_AD_FORMAT_P010:
+    case CU_AD_FORMAT_P016: return (px + ch420) * 2;
+    case CU_AD_FORMAT_NV16: return px + ch422;
+    case CU_AD_FORMAT_P210:
+    case CU_AD_FORMAT_P216: return (px + ch422) * 2;
+    case CU_AD_FORMAT_YUY2: return cw * h * 4; /* Y0 U Y1 V: 4 bytes per 2 texels */
+    case CU_AD_FORMAT_Y210:
+    case CU_AD_FORMAT_Y216: return cw * h * 8;
+    default: return 0;
+    }
+    return ch == 1 || ch == 2 || ch == 4 ? px * per * ch : 0;
+}
+
+/* Bytes of a w x h x d CUDA array (0 for h or d: that dimension absent; d also counts layers). */
 static unsigned long long array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
-    unsigned long long e = format_bytes(f);
-    if (!e || !w || (ch != 1 && ch != 2 && ch != 4))
+    if (!w)
         return 0;
-    return (unsigned long long)w * (h ? h : 1) * (d ? d : 1) * e * ch;
+    return plane_bytes(w, h ? h : 1, f, ch) * (d ? d : 1);
 }
 
 static CUresult array_new(int kind_magic, unsigned long long bytes, void **out)
@@ -1128,7 +1306,7 @@ static CUresult array_new(int kind_magic, unsigned long long bytes, void **out)
     CUresult r = charge(c->dev, (long long)charged, 0);
     if (r != CUDA_SUCCESS)
         return r;
-    struct CUarray_st *a = calloc(1, sizeof *a);
+    struct CUarray_st *a = obj_new(kind_magic == M_MIPMAP ? R_MIPMAP : R_ARRAY, sizeof *a);
     *a = (struct CUarray_st){.magic = (unsigned)kind_magic, .dev = c->dev, .size = charged};
     pthread_mutex_lock(&g_mu);
     ptrmap_put(&g_allocs, (uint64_t)(uintptr_t)a,
@@ -1181,22 +1359,40 @@ static CUresult array_free(void *h, unsigned magic)
     pthread_mutex_unlock(&g_mu);
     charge(a->dev, -(long long)a->size, 0);
     a->magic = 0;
-    free(a);
+    obj_free(magic == M_MIPMAP ? R_MIPMAP : R_ARRAY, a);
+    after_free();
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray arr) { return array_free(arr, M_ARRAY); }
 
+/* The driver clamps the level count to [1, 1 + floor(log2(max(Width, Height, Depth)))] (0 asks for
+ * one level). Each level halves Width and Height (at least 1; a 1D array stays 0 high) and, in a 3D
+ * array, Depth; in a layered or cubemap array Depth counts layers (faces) and every level has them all. */
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d,
                                        unsigned int levels)
 {
-    if (!arr || !d || !levels)
+    if (!arr || !d || !d->Width)
         return CUDA_ERROR_INVALID_VALUE;
+    size_t top = d->Width > d->Height ? d->Width : d->Height;
+    if (d->Depth > top)
+        top = d->Depth;
+    unsigned most = 1;
+    while (most < 64 && (top >> most))
+        most++;
+    if (levels == 0)
+        levels = 1;
+    if (levels > most)
+        levels = most;
+    int layers = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
     unsigned long long total = 0;
     for (unsigned l = 0; l < levels; l++) {
-        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
-        total += array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
-                             d->Format, d->NumChannels);
+        size_t w = d->Width >> l, h = d->Height >> l, z = layers ? d->Depth : d->Depth >> l;
+        unsigned long long b = array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                                           d->Format, d->NumChannels);
+        if (!b)
+            return CUDA_ERROR_INVALID_VALUE;
+        total += b;
     }
     return array_new(M_MIPMAP, total, (void **)arr);
 }
@@ -1353,7 +1549,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         !valid_dev(props->location.id))
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
+    struct CUmemPoolHandle_st *p = obj_new(R_POOL, sizeof *p);
     if (!p)
         return CUDA_ERROR_OUT_OF_MEMORY;
     p->magic = M_POOL;
@@ -1395,7 +1591,8 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     if (pool->reserved)
         charge(pool->dev, -(long long)pool->reserved, 0);
     pool->magic = 0;
-    free(pool);
+    obj_free(R_POOL, pool);
+    after_free();
     return CUDA_SUCCESS;
 }
 
@@ -1456,7 +1653,8 @@ EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationPr
     return CUDA_SUCCESS;
 }
 
-static void vmm_unref(fg_vmm *h)
+/* Drops a reference; returns 1 when that freed the allocation. */
+static int vmm_unref(fg_vmm *h)
 {
     pthread_mutex_lock(&g_mu);
     int left = --h->refs;
@@ -1464,8 +1662,9 @@ static void vmm_unref(fg_vmm *h)
     if (left == 0) {
         charge(h->dev, -(long long)h->size, 0);
         h->magic = 0;
-        free(h);
+        obj_free(R_VMM, h);
     }
+    return left == 0;
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -1480,7 +1679,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     CUresult r = charge(prop->location.id, (long long)size, 0);
     if (r != CUDA_SUCCESS)
         return r;
-    fg_vmm *h = calloc(1, sizeof *h);
+    fg_vmm *h = obj_new(R_VMM, sizeof *h);
     *h = (fg_vmm){.magic = M_VMM, .dev = prop->location.id, .refs = 1, .size = size};
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
@@ -1498,7 +1697,8 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     fg_vmm *h = vmm_of(handle);
     if (!h)
         return CUDA_ERROR_INVALID_VALUE;
-    vmm_unref(h);
+    if (vmm_unref(h))
+        after_free();
     return CUDA_SUCCESS;
 }
 
@@ -1551,7 +1751,8 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     pthread_mutex_unlock(&g_mu);
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
-    vmm_unref((fg_vmm *)(uintptr_t)v.aux);
+    if (vmm_unref((fg_vmm *)(uintptr_t)v.aux))
+        after_free();
     return CUDA_SUCCESS;
 }
 
@@ -2447,7 +2648,7 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags,
     NEED_INIT();
     if (!e || !valid_graph(g))
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    struct CUgraphExec_st *x = obj_new(R_EXEC, sizeof *x);
     if (!x || flatten(x, g) != 0) {
         if (x) {
             free(x->nodes);
@@ -2554,7 +2755,8 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
     e->magic = 0;
     free(e->nodes);
     free(e->mem);
-    free(e);
+    obj_free(R_EXEC, e);
+    after_free();
     return CUDA_SUCCESS;
 }
 
@@ -2742,7 +2944,7 @@ static const proc_entry g_procs[] = {
     E("cuGetExportTable", 3000, cuGetExportTable),
     E("cuDeviceGetCount", 2000, cuDeviceGetCount), E("cuDeviceGet", 2000, cuDeviceGet),
     E("cuDeviceGetName", 2000, cuDeviceGetName), E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
-    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2), E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
+    E("cuDeviceGetUuid", 11040, uuid_v2), E("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId),
     E("cuDeviceGetByPCIBusId", 4010, cuDeviceGetByPCIBusId),
     E("cuDeviceTotalMem", 2000, cuDeviceTotalMem), E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
@@ -2854,7 +3056,7 @@ static CUdriverProcAddressQueryResult find_proc(const char *sym, int version, cu
     const proc_entry *best = NULL;
     for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
         const proc_entry *e = &g_procs[i];
-        if (strcmp(e->base, sym) || e->per_thread != pt)
+        if (strcmp(e->base, sym) || e->per_thread != pt || (e->fn == (void *)uuid_v2 && uuid_v2_hidden()))
             continue;
         any = 1;
         if (e->since <= version && (!best || e->since > best->since))

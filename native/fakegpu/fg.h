@@ -65,6 +65,8 @@ typedef struct {
     char visible_env[64];           /* "" = every device; else the variable naming this process's devices */
     int nvis;                       /* the devices this process may see (physical indices) */
     int vis[FG_MAX_DEV];
+    int reuse_handles;              /* 1: a freed handle's value is given to the next one of its kind (tests) */
+    int uuid_api;                   /* FAKEGPU_UUID_API: 2 = v2 (default), 1 = v1 only, 0 = none readable */
 } fg_config;
 
 typedef struct {

@@ -298,6 +298,10 @@ static void apply_global(fg_config *c, const char *key, const char *val)
             c->util_resident = 1;
         else
             die("util_attribution (split or resident)", val);
+    } else if (!strcmp(key, "reuse_handles")) {
+        if (strcmp(val, "0") && strcmp(val, "1"))
+            die("reuse_handles (0 or 1)", val);
+        c->reuse_handles = val[0] == '1';
     } else if (!strcmp(key, "visible_devices_env")) {
         if (!*val || strlen(val) >= sizeof c->visible_env)
             die("visible_devices_env", val);
@@ -541,6 +545,19 @@ static void cfg_init(void)
     env_global(c, "FAKEGPU_CONTEXT_DELAY_MS", "context_delay_ms");
     env_global(c, "FAKEGPU_SAMPLE_PERIOD_US", "sample_period_us");
     env_global(c, "FAKEGPU_UTIL_ATTRIBUTION", "util_attribution");
+    env_global(c, "FAKEGPU_REUSE_HANDLES", "reuse_handles");
+    /* environment only: fake_cuda.c's export of cuDeviceGetUuid_v2 is decided from it when the symbol
+     * is looked up, before (and without) this configuration */
+    const char *uuid_api = getenv("FAKEGPU_UUID_API");
+    c->uuid_api = 2;
+    if (uuid_api && *uuid_api) {
+        if (!strcmp(uuid_api, "v1"))
+            c->uuid_api = 1;
+        else if (!strcmp(uuid_api, "none"))
+            c->uuid_api = 0;
+        else if (strcmp(uuid_api, "v2"))
+            die("FAKEGPU_UUID_API (v2, v1 or none)", uuid_api);
+    }
 }
 
 const fg_config *fg_cfg(void)

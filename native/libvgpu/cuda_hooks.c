@@ -91,7 +91,8 @@ int vgpu_refused;
 
 /* Real functions used internally without being hooked. */
 #define CUDA_PLAIN(X)                                                                              \
-    X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuCtxGetLimit)    \
+    X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuDeviceGetUuid)  \
+    X(cuCtxGetLimit)                                                                                   \
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
     X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute) X(cuGraphGetNodes)          \
     X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
@@ -173,6 +174,31 @@ static int untrack(ptrmap *m, uint64_t key, ptrmap_val *out)
     int found = ptrmap_del(m, key, out);
     pthread_mutex_unlock(&g_mu);
     return found;
+}
+
+/* Destroys and frees: the record of what the driver is about to free comes out of the ledger's
+ * maps *before* the driver call, and goes back if the call fails; its charge is released only once
+ * the call succeeded. Taken out after the call (as these hooks once did), the handle was already
+ * free: another thread's create could be given the same value in between, and the late clean-up
+ * then overwrote or deleted that thread's record and released its charge (memory held, uncharged;
+ * found by review, 1 Dec). cuMemFree_v2 always worked this way. */
+
+/* untrack, for a record of `kind` only. */
+static int untrack_kind(ptrmap *m, uint64_t key, int kind, ptrmap_val *out)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_val *v = ptrmap_get(m, key);
+    int found = v && v->kind == kind && ptrmap_del(m, key, out);
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+/* A record taken out before a driver call that then failed: back in. */
+static void put_back(ptrmap *m, uint64_t key, const ptrmap_val *v)
+{
+    pthread_mutex_lock(&g_mu);
+    ptrmap_put(m, key, *v);
+    pthread_mutex_unlock(&g_mu);
 }
 
 /* Sizes are rounded and multiplied with saturation: a result that would wrap 64 bits becomes
@@ -314,8 +340,22 @@ static void uuid_string(const CUuuid *u, char *out, size_t len)
 
 /* Set by devmap_build when CUDA shows the process a device its grant does not name
  * (vgpu_device_granted): a pod's own NVIDIA_VISIBLE_DEVICES (an envFrom, which no admission rule
- * reads) could have the runtime show it other GPUs of the node. cuInit then refuses. */
+ * reads) could have the runtime show it other GPUs of the node. cuInit then refuses. Also set for a
+ * device whose UUID cannot be read: it could be any GPU, and it would map to no device of the region
+ * (no limit, no grant check, cuMemGetInfo the physical size), so it is refused rather than unlimited. */
 static int g_cuda_ungranted;
+
+/* The UUID of CUDA device `i`: cuDeviceGetUuid_v2 (CUDA 11.4 on: a MIG device's own UUID), else,
+ * on an older driver that lacks it, cuDeviceGetUuid (the same for a GPU; such drivers predate the
+ * MIG UUIDs of the v2). A v2 that fails is not retried with the v1, which names a MIG device's
+ * parent GPU. `*via` names the function asked. */
+static CUresult device_uuid(int i, CUuuid *u, const char **via)
+{
+    *via = p_cuDeviceGetUuid_v2 ? "cuDeviceGetUuid_v2" : "cuDeviceGetUuid";
+    if (p_cuDeviceGetUuid_v2)
+        return p_cuDeviceGetUuid_v2(u, i);
+    return p_cuDeviceGetUuid ? p_cuDeviceGetUuid(u, i) : CUDA_ERROR_NOT_FOUND;
+}
 
 /* CUDA ordinal -> region index, by UUID (built once after cuInit succeeded), and whether every
  * device is one the grant names, from the same walk. */
@@ -328,10 +368,21 @@ static void devmap_build(void)
         for (int i = 0; i < n; i++) {
             CUuuid u;
             char s[VGPU_UUID_LEN];
+            const char *via;
             if (i < VGPU_MAX_DEV)
                 g_cuda2reg[i] = -1;
-            if (!p_cuDeviceGetUuid_v2 || p_cuDeviceGetUuid_v2(&u, i) != CUDA_SUCCESS)
+            CUresult ur = device_uuid(i, &u, &via);
+            if (ur != CUDA_SUCCESS) {
+                if (!p_cuDeviceGetUuid_v2 && !p_cuDeviceGetUuid)
+                    LOG_ERROR("no GPU: the UUID of CUDA device %d cannot be read (the driver has neither "
+                              "cuDeviceGetUuid_v2 nor cuDeviceGetUuid), so its limit and grant cannot be applied; "
+                              "CUDA reports no device", i);
+                else
+                    LOG_ERROR("no GPU: the UUID of CUDA device %d cannot be read (%s returned %d), so its limit and "
+                              "grant cannot be applied; CUDA reports no device", i, via, (int)ur);
+                __atomic_store_n(&g_cuda_ungranted, 1, __ATOMIC_RELEASE);
                 continue;
+            }
             uuid_string(&u, s, sizeof s);
             if (!vgpu_device_granted(s)) {
                 LOG_ERROR("no GPU: the process sees %s, which its grant does not name (NVIDIA_VISIBLE_DEVICES set by the "
@@ -495,8 +546,21 @@ static CUresult with_context_charge(int cuda_dev, CUresult (*create)(void *), vo
     return r;
 }
 
-/* Return what the driver freed with context `ctx` (destroyed, reset, or last release). */
-static void drop_context_allocs(CUcontext ctx)
+/* Records bound to a context (its allocations, arrays and limit charges), taken out of the maps
+ * before the driver frees them with the context (context_take), then released or put back
+ * (context_settle). */
+typedef struct {
+    ptrmap *m;
+    uint64_t key;
+    ptrmap_val v;
+} taken_rec;
+
+typedef struct {
+    taken_rec *r;
+    size_t n, cap;
+} taken_list;
+
+static void context_take(CUcontext ctx, taken_list *out)
 {
     if (!ctx)
         return;
@@ -509,12 +573,41 @@ static void drop_context_allocs(CUcontext ctx)
                 (s->val.kind == T_DATA || s->val.kind == T_ARRAY || s->val.kind == T_LIMIT ||
                  s->val.kind == T_LIMIT_BASE) &&
                 s->val.aux == (uint64_t)(uintptr_t)ctx) {
-                if (s->val.kind != T_LIMIT_BASE)
-                    vgpu_release(s->val.dev, s->val.size, s->val.kind == T_LIMIT ? VGPU_MEM_CONTEXT : VGPU_MEM_DATA);
+                if (out->n == out->cap) {
+                    size_t ncap = out->cap ? out->cap * 2 : 16;
+                    taken_rec *nr = realloc(out->r, ncap * sizeof *nr);
+                    if (!nr) /* left in: charged still, never released (an over-count, not an escape) */
+                        continue;
+                    out->r = nr;
+                    out->cap = ncap;
+                }
+                out->r[out->n++] = (taken_rec){maps[m], s->key, s->val};
                 ptrmap_del(maps[m], s->key, NULL);
             }
         }
     pthread_mutex_unlock(&g_mu);
+}
+
+/* freed: the driver freed them (their charges go); else they are put back. */
+static void context_settle(taken_list *l, int freed)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        taken_rec *t = &l->r[i];
+        if (!freed)
+            put_back(t->m, t->key, &t->v);
+        else if (t->v.kind != T_LIMIT_BASE)
+            vgpu_release(t->v.dev, t->v.size, t->v.kind == T_LIMIT ? VGPU_MEM_CONTEXT : VGPU_MEM_DATA);
+    }
+    free(l->r);
+    memset(l, 0, sizeof *l);
+}
+
+/* Return what the driver freed with context `ctx` (its last release). */
+static void drop_context_allocs(CUcontext ctx)
+{
+    taken_list l = {0};
+    context_take(ctx, &l);
+    context_settle(&l, 1);
 }
 
 /* The primary context is charged once while retained, without a limit check (a process cannot
@@ -602,15 +695,19 @@ static CUresult primary_reset(CUdevice dev, __typeof__(&cuDevicePrimaryCtxReset_
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&g_limit_mu);
-    CUresult r = real(dev);
     int reg = vgpu_cuda_dev(dev);
-    if (r == CUDA_SUCCESS && reg >= 0) {
+    CUcontext primary = NULL;
+    if (reg >= 0) {
         pthread_mutex_lock(&g_mu);
-        CUcontext primary = g_primary_ctx[reg];
+        primary = g_primary_ctx[reg];
         pthread_mutex_unlock(&g_mu);
-        drop_context_allocs(primary);
-        graph_after_reset(dev);
     }
+    taken_list l = {0};
+    context_take(primary, &l); /* before the driver frees them (put_back) */
+    CUresult r = real(dev);
+    context_settle(&l, r == CUDA_SUCCESS);
+    if (r == CUDA_SUCCESS && reg >= 0)
+        graph_after_reset(dev);
     pthread_mutex_unlock(&g_limit_mu);
     return r;
 }
@@ -716,12 +813,16 @@ static CUresult ctx_destroy(CUcontext ctx, __typeof__(&cuCtxDestroy_v2) real)
     if (!real)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&g_limit_mu);
-    CUresult r = real(ctx);
     ptrmap_val v;
-    if (r == CUDA_SUCCESS && untrack(&g_handles, (uint64_t)(uintptr_t)ctx, &v))
+    int found = ctx && untrack_kind(&g_handles, (uint64_t)(uintptr_t)ctx, T_CTX, &v);
+    taken_list l = {0};
+    context_take(ctx, &l); /* before the driver frees the context (put_back) */
+    CUresult r = real(ctx);
+    if (found && r == CUDA_SUCCESS)
         vgpu_release(v.dev, v.size, VGPU_MEM_CONTEXT);
-    if (r == CUDA_SUCCESS)
-        drop_context_allocs(ctx);
+    else if (found)
+        put_back(&g_handles, (uint64_t)(uintptr_t)ctx, &v);
+    context_settle(&l, r == CUDA_SUCCESS);
     pthread_mutex_unlock(&g_limit_mu);
     return r;
 }
@@ -916,25 +1017,111 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     return r;
 }
 
-/* Bytes per element of a CUDA array format (0 = unknown: charged as 16 bytes). */
-static uint64_t format_bytes(CUarray_format f)
+static uint64_t ceil_div(uint64_t a, uint64_t b)
 {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 16;
-    }
+    return a / b + (a % b != 0);
 }
 
+/* Bytes of one w x h plane (h >= 1) of a CUDA array in format `f`:
+ *  - formats that take a channel count: 1, 2 or 4 bytes per channel, times NumChannels;
+ *  - formats whose channels the format sets (normalized integers UNORM/SNORM_INTnXc, packed RGB and
+ *    YUV): their texel size, whatever NumChannels says;
+ *  - block-compressed ones (BC1-BC7): Width and Height count texels, stored in 4 x 4 blocks of 8
+ *    bytes (BC1, BC4) or 16 (BC2, BC3, BC5, BC6H, BC7);
+ *  - planar and semi-planar YUV: a full luma plane plus chroma planes subsampled 2 x 2 (4:2:0: NV12,
+ *    P010, P016) or 2 x 1 (4:2:2: NV16, P210, P216), 1 byte a sample for 8-bit formats, 2 for
+ *    10- and 16-bit ones; packed 4:2:2 (YUY2, Y210, Y216) keeps 4 samples per 2 texels.
+ * A format this list does not know (a newer driver's) is charged 16 bytes a channel: more than any
+ * texel here takes, so it is never under-counted. */
+static uint64_t plane_bytes(uint64_t w, uint64_t h, CUarray_format f, unsigned ch)
+{
+    uint64_t px = mul_sat(w, h), cw = ceil_div(w, 2), blocks = mul_sat(ceil_div(w, 4), ceil_div(h, 4));
+    uint64_t c420 = mul_sat(mul_sat(cw, ceil_div(h, 2)), 2), c422 = mul_sat(mul_sat(cw, h), 2);
+    uint64_t per; /* bytes per channel, for the formats that take a channel count */
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: per = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: per = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: per = 4; break;
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1: return px;
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1: return mul_sat(px, 2);
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4:
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2:
+    case CU_AD_FORMAT_UNORM_INT_101010_2:
+    case CU_AD_FORMAT_AYUV:
+    case CU_AD_FORMAT_Y410: return mul_sat(px, 4);
+    case CU_AD_FORMAT_UNORM_INT16X4:
+    case CU_AD_FORMAT_SNORM_INT16X4:
+    case CU_AD_FORMAT_Y416: return mul_sat(px, 8);
+    case CU_AD_FORMAT_Y444_PLANAR8:
+    case CU_AD_FORMAT_YUV444_8bit_SemiPlanar: return mul_sat(px, 3);
+    case CU_AD_FORMAT_Y444_PLANAR10:
+    case CU_AD_FORMAT_YUV444_16bit_SemiPlanar: return mul_sat(px, 6);
+    case CU_AD_FORMAT_BC1_UNORM:
+    case CU_AD_FORMAT_BC1_UNORM_SRGB:
+    case CU_AD_FORMAT_BC4_UNORM:
+    case CU_AD_FORMAT_BC4_SNORM: return mul_sat(blocks, 8);
+    case CU_AD_FORMAT_BC2_UNORM:
+    case CU_AD_FORMAT_BC2_UNORM_SRGB:
+    case CU_AD_FORMAT_BC3_UNORM:
+    case CU_AD_FORMAT_BC3_UNORM_SRGB:
+    case CU_AD_FORMAT_BC5_UNORM:
+    case CU_AD_FORMAT_BC5_SNORM:
+    case CU_AD_FORMAT_BC6H_UF16:
+    case CU_AD_FORMAT_BC6H_SF16:
+    case CU_AD_FORMAT_BC7_UNORM:
+    case CU_AD_FORMAT_BC7_UNORM_SRGB: return mul_sat(blocks, 16);
+    case CU_AD_FORMAT_NV12: return add_sat(px, c420);
+    case CU_AD_FORMAT_P010:
+    case CU_AD_FORMAT_P016: return mul_sat(add_sat(px, c420), 2);
+    case CU_AD_FORMAT_NV16: return add_sat(px, c422);
+    case CU_AD_FORMAT_P210:
+    case CU_AD_FORMAT_P216: return mul_sat(add_sat(px, c422), 2);
+    case CU_AD_FORMAT_YUY2: return mul_sat(mul_sat(cw, h), 4);
+    case CU_AD_FORMAT_Y210:
+    case CU_AD_FORMAT_Y216: return mul_sat(mul_sat(cw, h), 8);
+    default: per = 16; break;
+    }
+    return mul_sat(mul_sat(px, per), ch ? ch : 1);
+}
+
+/* Bytes of a w x h x d CUDA array (h or d 0: that dimension absent; d also counts layers). */
 static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
-    return mul_sat(mul_sat(mul_sat(mul_sat(w, h ? h : 1), d ? d : 1), format_bytes(f)), ch ? ch : 1);
+    return mul_sat(plane_bytes(w, h ? h : 1, f, ch), d ? d : 1);
+}
+
+/* A mipmapped array: the driver clamps the level count to [1, 1 + floor(log2(max(Width, Height,
+ * Depth)))] (0 asks for one level, as 1 does). Each level halves Width and Height (at least 1; a
+ * 1D array stays 0 high) and, in a 3D array, Depth; in a layered or cubemap array (CUDA_ARRAY3D_
+ * LAYERED / _CUBEMAP) Depth counts layers (faces), all of which every level has. */
+static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
+{
+    size_t top = d->Width > d->Height ? d->Width : d->Height;
+    if (d->Depth > top)
+        top = d->Depth;
+    unsigned most = 1;
+    while (most < 64 && (top >> most))
+        most++;
+    levels = levels < 1 ? 1 : levels > most ? most : levels;
+    int layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    uint64_t est = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = layered ? d->Depth : d->Depth >> l;
+        est = add_sat(est, array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                                       d->Format, d->NumChannels));
+    }
+    return est;
 }
 
 static CUresult array_charged(uint64_t est, void **handle, CUresult (*call)(void *), void *arg)
@@ -1032,60 +1219,81 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *mip, const CUDA_ARRAY3D
                                        unsigned int levels)
 {
     READY_OR(r_cuMipmappedArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
-    if (!mip || !d)
+    if (!mip || !d || !d->Width)
         return r_cuMipmappedArrayCreate(mip, d, levels);
-    uint64_t est = 0;
-    for (unsigned l = 0; l < levels && l < 64; l++) {
-        size_t w = d->Width >> l, h = d->Height >> l, z = d->Depth >> l;
-        est = add_sat(est, array_bytes(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
-                                       d->Format, d->NumChannels));
-    }
     array_args a = {NULL, d, levels, mip};
-    return array_charged(est, (void **)mip, do_mipmap, &a);
+    return array_charged(mipmap_bytes(d, levels), (void **)mip, do_mipmap, &a);
 }
 
-static CUresult handle_free(uint64_t key, CUresult r)
+/* After the driver's destroy of an array whose record was taken out before (`found`). */
+static CUresult array_freed(uint64_t key, int found, const ptrmap_val *v, CUresult r)
 {
-    ptrmap_val v;
-    if (r == CUDA_SUCCESS && untrack(&g_handles, key, &v))
-        vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+    if (found && r == CUDA_SUCCESS)
+        vgpu_release(v->dev, v->size, VGPU_MEM_DATA);
+    else if (found)
+        put_back(&g_handles, key, v);
     return r;
 }
 
 EXPORT CUresult cuArrayDestroy(CUarray arr)
 {
     READY_OR(r_cuArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
-    return handle_free((uint64_t)(uintptr_t)arr, r_cuArrayDestroy(arr));
+    uint64_t key = (uint64_t)(uintptr_t)arr;
+    ptrmap_val v;
+    int found = untrack_kind(&g_handles, key, T_ARRAY, &v);
+    return array_freed(key, found, &v, r_cuArrayDestroy(arr));
 }
 
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray mip)
 {
     READY_OR(r_cuMipmappedArrayDestroy, CUDA_ERROR_NOT_INITIALIZED);
-    return handle_free((uint64_t)(uintptr_t)mip, r_cuMipmappedArrayDestroy(mip));
+    uint64_t key = (uint64_t)(uintptr_t)mip;
+    ptrmap_val v;
+    int found = untrack_kind(&g_handles, key, T_ARRAY, &v);
+    return array_freed(key, found, &v, r_cuMipmappedArrayDestroy(mip));
 }
 
 /* VMM (NCCL, PyTorch expandable segments): physical memory is charged at cuMemCreate and
  * released when the driver frees it: when the allocation's last reference is gone. Like the
  * driver, each allocation counts references: cuMemCreate 1, each cuMemMap +1, each cuMemUnmap
  * of a mapping -1, cuMemRetainAllocationHandle +1, cuMemRelease -1 (the count is the record's
- * aux). cuMemRelease of a mapped allocation frees nothing until it is unmapped. */
-static void vmm_ref(CUmemGenericAllocationHandle handle, int delta)
+ * aux). cuMemRelease of a mapped allocation frees nothing until it is unmapped. A reference is
+ * dropped before the driver call that drops it (vmm_unref_take), and given back if the call fails
+ * (vmm_unref_undo): once the driver freed the allocation its handle value may be another's. */
+static void vmm_retain(CUmemGenericAllocationHandle handle)
 {
-    ptrmap_val v = {0};
-    int freed = 0;
     pthread_mutex_lock(&g_mu);
     ptrmap_val *p = ptrmap_get(&g_handles, handle);
-    if (p && p->kind == T_VMM) {
-        if (delta > 0)
-            p->aux++;
-        else if (p->aux <= 1)
-            freed = ptrmap_del(&g_handles, handle, &v);
-        else
-            p->aux--;
-    }
+    if (p && p->kind == T_VMM)
+        p->aux++;
     pthread_mutex_unlock(&g_mu);
-    if (freed)
-        vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+}
+
+/* g_mu held. Returns 0: no record; 1: a reference came off; 2: that was the last, the record is
+ * out (in *out: its charge to release once the driver freed the allocation). */
+static int vmm_unref_take(CUmemGenericAllocationHandle handle, ptrmap_val *out)
+{
+    ptrmap_val *p = ptrmap_get(&g_handles, handle);
+    if (!p || p->kind != T_VMM)
+        return 0;
+    if (p->aux > 1) {
+        p->aux--;
+        return 1;
+    }
+    return ptrmap_del(&g_handles, handle, out) ? 2 : 0;
+}
+
+/* g_mu held: the driver call failed, the reference taken by vmm_unref_take goes back. */
+static void vmm_unref_undo(CUmemGenericAllocationHandle handle, int taken, ptrmap_val *v)
+{
+    if (taken == 2) {
+        v->aux = 1;
+        ptrmap_put(&g_handles, handle, *v);
+    } else if (taken == 1) {
+        ptrmap_val *p = ptrmap_get(&g_handles, handle);
+        if (p && p->kind == T_VMM)
+            p->aux++;
+    }
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -1107,9 +1315,18 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     READY_OR(r_cuMemRelease, CUDA_ERROR_NOT_INITIALIZED);
+    ptrmap_val v;
+    pthread_mutex_lock(&g_mu);
+    int taken = vmm_unref_take(handle, &v);
+    pthread_mutex_unlock(&g_mu);
     CUresult r = r_cuMemRelease(handle);
-    if (r == CUDA_SUCCESS)
-        vmm_ref(handle, -1);
+    if (r == CUDA_SUCCESS && taken == 2) {
+        vgpu_release(v.dev, v.size, VGPU_MEM_DATA);
+    } else if (r != CUDA_SUCCESS && taken) {
+        pthread_mutex_lock(&g_mu);
+        vmm_unref_undo(handle, taken, &v);
+        pthread_mutex_unlock(&g_mu);
+    }
     return r;
 }
 
@@ -1118,7 +1335,7 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle
     READY_OR(r_cuMemRetainAllocationHandle, CUDA_ERROR_NOT_INITIALIZED);
     CUresult r = r_cuMemRetainAllocationHandle(handle, addr);
     if (r == CUDA_SUCCESS && handle)
-        vmm_ref(*handle, 1);
+        vmm_retain(*handle);
     return r;
 }
 
@@ -1139,39 +1356,87 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     return r;
 }
 
-/* Every mapping in [ptr, ptr + size) is gone: drop their references. The range is walked mapping
- * by mapping (the usual case: one mapping, or adjacent ones); a gap falls back to a scan. */
-static void unmap_range(uint64_t ptr, uint64_t size)
+/* The mappings in [ptr, ptr + size), taken out of g_maps with their references (vmm_unref_take)
+ * before cuMemUnmap calls the driver; then released (unmap_settle), or put back if it failed. */
+typedef struct {
+    uint64_t addr;
+    ptrmap_val map;
+    int taken;
+    ptrmap_val rec;
+} unmap_rec;
+
+/* g_mu held. Adds mapping `addr` (already out of g_maps) to the list; 0 when the list cannot grow. */
+static int unmap_add(unmap_rec **l, size_t *n, size_t *cap, uint64_t addr, const ptrmap_val *map)
+{
+    if (*n == *cap) {
+        size_t ncap = *cap ? *cap * 2 : 8;
+        unmap_rec *nl = realloc(*l, ncap * sizeof *nl);
+        if (!nl)
+            return 0;
+        *l = nl;
+        *cap = ncap;
+    }
+    unmap_rec *u = &(*l)[(*n)++];
+    u->addr = addr;
+    u->map = *map;
+    u->taken = vmm_unref_take(map->aux, &u->rec);
+    return 1;
+}
+
+/* The range is walked mapping by mapping (the usual case: one mapping, or adjacent ones); a gap
+ * falls back to a scan. A mapping the list cannot hold stays in (its reference then never drops:
+ * an over-count, not an escape). */
+static size_t unmap_take(uint64_t ptr, uint64_t size, unmap_rec **out)
 {
     uint64_t end = ptr + size < ptr ? UINT64_MAX : ptr + size, cur = ptr;
-    CUmemGenericAllocationHandle gone[64];
-    int n = 0;
+    unmap_rec *l = NULL;
+    size_t n = 0, cap = 0;
     pthread_mutex_lock(&g_mu);
-    ptrmap_val v;
-    while (cur < end && n < 64 && ptrmap_del(&g_maps, cur, &v)) {
-        gone[n++] = v.aux;
+    ptrmap_val *pv;
+    while (cur < end && (pv = ptrmap_get(&g_maps, cur))) {
+        ptrmap_val v = *pv;
+        if (!unmap_add(&l, &n, &cap, cur, &v))
+            break;
+        ptrmap_del(&g_maps, cur, NULL);
         cur = v.size && cur + v.size > cur ? cur + v.size : end;
     }
-    for (size_t i = 0; cur < end && i < g_maps.cap && n < 64; i++) {
+    for (size_t i = 0; cur < end && i < g_maps.cap; i++) {
         ptrmap_slot *s = &g_maps.slots[i];
         if (s->key > PTRMAP_TOMB && s->key >= cur && s->key < end) {
-            gone[n++] = s->val.aux;
+            if (!unmap_add(&l, &n, &cap, s->key, &s->val))
+                break;
             ptrmap_del(&g_maps, s->key, NULL);
         }
     }
     pthread_mutex_unlock(&g_mu);
-    for (int i = 0; i < n; i++)
-        vmm_ref(gone[i], -1);
-    if (n == 64)
-        unmap_range(ptr, size); /* more than a batch: the rest */
+    *out = l;
+    return n;
+}
+
+static void unmap_settle(unmap_rec *l, size_t n, int unmapped)
+{
+    if (!unmapped) {
+        pthread_mutex_lock(&g_mu);
+        for (size_t i = n; i-- > 0;) { /* in reverse: two mappings of one handle restore its count */
+            ptrmap_put(&g_maps, l[i].addr, l[i].map);
+            vmm_unref_undo(l[i].map.aux, l[i].taken, &l[i].rec);
+        }
+        pthread_mutex_unlock(&g_mu);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (l[i].taken == 2)
+                vgpu_release(l[i].rec.dev, l[i].rec.size, VGPU_MEM_DATA);
+    }
+    free(l);
 }
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     READY_OR(r_cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
+    unmap_rec *l = NULL;
+    size_t n = ptr ? unmap_take(ptr, size, &l) : 0;
     CUresult r = r_cuMemUnmap(ptr, size);
-    if (r == CUDA_SUCCESS && ptr)
-        unmap_range(ptr, size);
+    unmap_settle(l, n, r == CUDA_SUCCESS);
     return r;
 }
 
@@ -1555,19 +1820,28 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     READY_OR(r_cuMemPoolDestroy, CUDA_ERROR_NOT_INITIALIZED);
+    if (!pool)
+        return r_cuMemPoolDestroy(pool);
+    uint64_t key = (uint64_t)(uintptr_t)pool;
+    ptrmap_val v = {0}, k = {0};
+    pthread_mutex_lock(&g_mu); /* out before the driver frees the pool (put_back) */
+    int had = ptrmap_del(&g_pools, key, &v), had_keep = ptrmap_del(&g_pool_keep, key, &k);
+    pthread_mutex_unlock(&g_mu);
+    /* the driver makes the default pool current again where this one was (a failed destroy only
+     * costs the next cuMemAllocAsync a lookup) */
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        CUmemoryPool expected = pool;
+        __atomic_compare_exchange_n(&g_cur_pool[i], &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
     CUresult r = r_cuMemPoolDestroy(pool);
-    if (r == CUDA_SUCCESS && pool) {
-        ptrmap_val v = {0};
-        pthread_mutex_lock(&g_mu);
-        if (ptrmap_del(&g_pools, (uint64_t)(uintptr_t)pool, &v) && v.size)
+    if (r == CUDA_SUCCESS) {
+        if (had && v.size)
             vgpu_release((int)v.aux, v.size, VGPU_MEM_DATA);
-        ptrmap_del(&g_pool_keep, (uint64_t)(uintptr_t)pool, NULL);
-        pthread_mutex_unlock(&g_mu);
-        /* the driver makes the default pool current again where this one was */
-        for (int i = 0; i < VGPU_MAX_DEV; i++) {
-            CUmemoryPool expected = pool;
-            __atomic_compare_exchange_n(&g_cur_pool[i], &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-        }
+    } else {
+        if (had)
+            put_back(&g_pools, key, &v);
+        if (had_keep)
+            put_back(&g_pool_keep, key, &k);
     }
     return r;
 }
@@ -2017,17 +2291,28 @@ EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream s)
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec)
 {
     READY_OR(r_cuGraphExecDestroy, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuGraphExecDestroy(exec);
-    if (r != CUDA_SUCCESS || !__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))
-        return r;
-    pthread_mutex_lock(&g_graph_mu);
+    if (!__atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))
+        return r_cuGraphExecDestroy(exec);
+    uint64_t key = (uint64_t)(uintptr_t)exec;
     ptrmap_val v;
-    if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)exec, &v)) {
-        graph_mem *m = (graph_mem *)(uintptr_t)v.aux;
+    pthread_mutex_lock(&g_graph_mu); /* out before the driver frees the handle (back if it fails) */
+    int found = ptrmap_del(&g_gexecs, key, &v);
+    if (found)
         __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&g_graph_mu);
+    CUresult r = r_cuGraphExecDestroy(exec);
+    if (!found)
+        return r;
+    graph_mem *m = (graph_mem *)(uintptr_t)v.aux;
+    pthread_mutex_lock(&g_graph_mu);
+    if (r == CUDA_SUCCESS) {
         for (int d = 0; d < VGPU_MAX_DEV; d++)
             if (m->foot[d])
                 graph_settle(d, 0);
+        free(m);
+    } else if (ptrmap_put(&g_gexecs, key, v) == 0) {
+        __atomic_fetch_add(&g_gexec_n, 1, __ATOMIC_RELAXED);
+    } else {
         free(m);
     }
     pthread_mutex_unlock(&g_graph_mu);
