@@ -43,6 +43,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skipped.append((report.nodeid, why))
 
 
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module-level skip (``pytest.skip(..., allow_module_level=True)``, a module-level
+    ``importorskip``) happens at collection and never reaches pytest_runtest_logreport."""
+    if report.skipped:
+        longrepr = report.longrepr
+        why = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        _skipped.append((report.nodeid, why))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not strict():
         return

@@ -1213,6 +1213,20 @@ def test_device_plugin_and_scheduler_may_change_only_their_own_node_and_pods(kub
             ),
             f"may change only its own annotations (hami.io/...) of node {mine_node}, not {cordon}",
         )
+        # found by review, 1 Dec: nor a pod's CNI annotation on its node (Multus' networks, read
+        # when the pod's sandbox is made: a pod moved onto another network)
+        multus = "k8s.v1.cni.cncf.io/networks"
+        denied(
+            _bearer(
+                kube_cluster,
+                plugin,
+                "PATCH",
+                f"{pods}/neighbour",
+                {"metadata": {"annotations": {multus: "kube-system/evil-net"}}},
+            ),
+            f"may change only its own annotations (hami.io/...) of pod {ns}/neighbour, not {multus}",
+        )
+        assert multus not in (kube_cluster.api("GET", f"{pods}/neighbour")["metadata"].get("annotations") or {})
         owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": str(uuid.uuid4())}
         for path, what in (
             (f"{pods}/neighbour", f"pod {ns}/neighbour"),

@@ -268,6 +268,21 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
         forged = resource_slice(other, gpus, SliceSettings())
         forged["metadata"]["name"] = slice_name(mine)
         assert apply(token, mine, forged)[0] in (403, 422)
+        # found by review, 1 Dec: and the other node's slice name with its own node inside (taken
+        # first, that name would be the other node's agent's no more: a slice's nodeName is immutable)
+        squat = resource_slice(mine, gpus, SliceSettings())
+        squat["metadata"]["name"] = slice_name(other)
+        status, body = apply(token, mine, squat)
+        assert (
+            status in (403, 422)
+            and f"may write only the gpu.hami.io ResourceSlice of {mine}, not {slice_name(other)}" in body["message"]
+        ), body
+        # its own node's further slices (MIG: <node>-gpu.hami.io-1, ...) are its to write
+        part = resource_slice(mine, gpus, SliceSettings())
+        part["metadata"]["name"] = slice_name(mine, 1)
+        status, body = apply(token, mine, part)
+        assert status in (200, 201), body
+        assert body["metadata"]["name"] == slice_name(mine, 1) and body["spec"]["nodeName"] == mine
         # a token not bound to a pod names no node: nothing
         unbound = _pod_token(kube_cluster, ns, agent_sa, None)
         status, body = apply(unbound, mine)
@@ -276,8 +291,9 @@ def test_the_agent_may_write_only_its_own_nodes_slice(kube_cluster, helm, kube_n
         kube_cluster.api("GET", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(other)}", expect=(404,))
     finally:
         kube_cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifest, check=False)
+        for name in (slice_name(mine), slice_name(mine, 1), slice_name(other)):
+            kube_cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{name}", expect=(200, 404))
         for n in (mine, other):
-            kube_cluster.api("DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slice_name(n)}", expect=(200, 404))
             kube_cluster.delete_node(n)
 
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami.core import DeviceInfo, Ledger, NodeDevices, PERCENT_UNSET, filter_pod, pod_request, schedule_pod
+from hami.core.types import ContainerKind, PodAllocation
 
 from ._corekit import CONFIG, ctr, mig_gpu, pod
 
@@ -104,6 +105,60 @@ def check_capacity(led: Ledger) -> None:
             assert not any(a.overlaps(b) for k, a in enumerate(pieces) for b in pieces[k + 1 :]), (uuid, pieces)
 
 
+def oracle_pod_usage(alloc: PodAllocation) -> dict[str, list[int]]:
+    """``uuid -> [slots, MiB, cores]`` one pod holds, from its containers' own grants and kinds:
+    per term the larger of the steady phase (every sidecar and regular container together) and
+    each classic init container's phase (it plus the sidecars declared before it). Once the init
+    containers have finished (``app_only``) they hold nothing."""
+    phases: dict[str, dict] = {}  # uuid -> {"steady": [..], "side": [(index, [..])], "init": [(index, [..])]}
+    for vendor_containers in alloc.devices.values():
+        for index, granted in enumerate(vendor_containers):
+            kind = alloc.kinds[index] if index < len(alloc.kinds) else ContainerKind.APP
+            if kind is ContainerKind.INIT and alloc.app_only:
+                continue
+            for d in granted:
+                ph = phases.setdefault(d.uuid, {"steady": [0, 0, 0], "side": [], "init": []})
+                term = [1, d.usedmem, d.usedcores]
+                if kind is ContainerKind.INIT:
+                    ph["init"].append((index, term))
+                    continue
+                ph["steady"] = [a + b for a, b in zip(ph["steady"], term)]
+                if kind is ContainerKind.SIDECAR:
+                    ph["side"].append((index, term))
+    held = {}
+    for uuid, ph in phases.items():
+        peak = list(ph["steady"])
+        for index, term in ph["init"]:
+            phase = list(term)
+            for side_index, side in ph["side"]:
+                if side_index < index:
+                    phase = [a + b for a, b in zip(phase, side)]
+            peak = [max(a, b) for a, b in zip(peak, phase)]
+        held[uuid] = peak
+    return held
+
+
+def check_capacity_independently(led: Ledger) -> None:
+    """Found by review, 1 Dec: check_capacity rebuilt a second Ledger with the same collapse
+    code, so an under-count there (half the memory, one slot per pod) passed. Here each device's
+    load is summed from the pods' own per-container grants and checked against its capacity and
+    against what the ledger counts."""
+    for name in led.node_names():
+        load: dict[str, list[int]] = {}
+        for alloc in led.pods():
+            if alloc.node != name:
+                continue
+            for uuid, term in oracle_pod_usage(alloc).items():
+                load[uuid] = [a + b for a, b in zip(load.get(uuid, [0, 0, 0]), term)]
+        for d, used, mem, cores in led.device_usage(name):
+            slots_held, mem_held, cores_held = load.pop(d.id, [0, 0, 0])
+            assert slots_held <= d.count, (d.id, "slots", slots_held, d.count)
+            assert mem_held <= d.devmem, (d.id, "devmem", mem_held, d.devmem)
+            assert cores_held <= d.devcore, (d.id, "devcore", cores_held, d.devcore)
+            assert (used, mem, cores) == (slots_held, mem_held, cores_held), (d.id, (used, mem, cores))
+        assert not load, (name, "pods hold devices the node does not have", load)
+
+
 def oracle_fits(led: Ledger, p: dict) -> bool:
     """Exhaustive and independent: each container (init / app) checked against current usage."""
     req = pod_request(p, CONFIG.vendors)
@@ -154,6 +209,7 @@ def run(nodes, evs, check_oracle: bool) -> None:
                 if before_pending is not None:
                     assert before_pending.node == result.node  # filter_pod is pure and deterministic
         check_capacity(led)
+        check_capacity_independently(led)
 
 
 @SETTINGS

@@ -308,10 +308,12 @@ async def test_the_readiness_wait_counts_against_the_deadline():
     chosen = await _chosen(svc)
     ext.bind_timeout = 0.3
     ext.is_ready = lambda: False
-    began = time.monotonic()
+    # found by review, 1 Dec: a wall-clock bound here caught nothing. With the readiness wait
+    # made endless only the Bind's deadline (0.3 s) can end it: a Bind that did not count the
+    # wait against its deadline never answers, and the hang guard below fails the test.
+    ext.ready_wait = float("inf")
     answer = await asyncio.wait_for(ext.bind(_bind("a", chosen)), 15)
-    # the deadline (0.3 s), not the readiness wait (10 s); no tighter: a loaded machine stalls
-    assert "not ready" in answer["Error"] and time.monotonic() - began < ext.ready_wait - 2
+    assert "not ready" in answer["Error"]
     assert api.bindings == []
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -108,22 +109,28 @@ def test_last_line_keeps_error_cells_on_one_line():
 
 def test_a_hung_probe_is_killed_and_fails_its_check(tmp_path):
     """On a real GPU a probe can hang (H200, 26 Nov 2026: every CUDA process under libvgpu);
-    the check then FAILs after --timeout, the process killed, instead of waiting 15 minutes."""
+    the check then FAILs after --timeout, the process killed, instead of waiting 15 minutes.
+    Found by review, 1 Dec: a wall-clock bound here caught nothing; each probe started must be
+    killed by a signal and reaped instead."""
+    started = tmp_path / "pids"
     hang = tmp_path / "hang"
-    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.write_text(f"#!/bin/sh\necho $$ >> {started}\nexec sleep 600\n")
     hang.chmod(0o755)
     args = argparse.Namespace(
         torch_python=str(hang), timeout=1.0, limit_mib=3000, seconds=1.0, overhead_n=10, nvidia_smi="nvidia-smi"
     )
     c = gc.Checker(args, tmp_path)
-    t0 = time.monotonic()
     p = subprocess.Popen([str(hang)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with pytest.raises(RuntimeError, match=r"^share worker hung: no exit within 1 s$"):
         c._rate(p)
-    assert p.returncode is not None  # killed, not left running
+    assert p.returncode == -signal.SIGKILL  # killed, not left running nor waited out
     with pytest.raises(RuntimeError, match=r"^loop probe \(without libvgpu\) hung: no exit within 1 s$"):
         c.torch_loop()
-    assert time.monotonic() - t0 < 30
+    pids = [int(line) for line in started.read_text().split()]
+    assert len(pids) == 2 and pids[0] == p.pid, pids  # the share worker, then the one loop probe
+    for pid in pids:  # each killed and reaped: no such process left, not even a zombie
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 GRAPH_OK = {

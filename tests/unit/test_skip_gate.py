@@ -28,17 +28,37 @@ def test_only_unlisted_skips_are_unexpected():
     assert unexpected(skipped, []) == skipped
 
 
-def test_a_skip_fails_the_run_under_ci_and_not_outside(tmp_path):
-    planted = tmp_path / "test_planted_skip.py"
-    planted.write_text(
-        textwrap.dedent("""
+PLANTED = {
+    "in_test": """
         import pytest
         def test_runs():
             assert True
         def test_skips():
             pytest.skip("planted: nothing installs this")
-    """)
-    )
+    """,
+    # found by review, 1 Dec: a skip at import time is a collection skip and passed the gate silently
+    "module_level": """
+        import pytest
+        pytest.skip("planted: nothing installs this", allow_module_level=True)
+        def test_never_collected():
+            assert False
+    """,
+    "importorskip": """
+        import pytest
+        pytest.importorskip("hami_planted_missing_module", reason="planted: nothing installs this")
+        def test_never_collected():
+            assert False
+    """,
+}
+
+
+@pytest.mark.parametrize("where", sorted(PLANTED))
+def test_a_skip_fails_the_run_under_ci_and_not_outside(tmp_path, where):
+    """A skip inside a test, a module-level ``pytest.skip`` and a module-level ``importorskip``
+    each fail a CI=true run and leave a local run green."""
+    planted = tmp_path / "test_planted_skip.py"
+    planted.write_text(textwrap.dedent(PLANTED[where]))
+    (tmp_path / "test_planted_pass.py").write_text("def test_passes():\n    assert True\n")
 
     def run(ci: str) -> subprocess.CompletedProcess[str]:
         # the suite's conftest loaded as a plugin on a file outside the tree: nothing is written there
@@ -55,7 +75,7 @@ def test_a_skip_fails_the_run_under_ci_and_not_outside(tmp_path):
                 "tests.conftest",
                 "--rootdir",
                 str(tmp_path),
-                str(planted),
+                str(tmp_path),
             ],
             cwd=tmp_path,
             env=env,
