@@ -57,6 +57,7 @@ def test_slice_publishes_each_gpu_with_attributes_capacities_and_policies():
         "numa": {"int": 0},
         "migCapable": {"bool": False},
         "taskPriority": {"bool": True},
+        "corePolicy": {"bool": True},
         "driverVersion": {"version": "550.54.15"},
         "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
     }
@@ -146,7 +147,7 @@ def test_a_gpu_without_the_optional_facts_gets_the_plain_attributes():
         index, uuid, model, memory_mib, numa = 0, U0, "Tesla T4", 15360, 1
 
     attrs = resource_slice("n", [Registered()], SliceSettings())["spec"]["devices"][0]["attributes"]
-    assert sorted(attrs) == ["index", "migCapable", "model", "numa", "taskPriority", "type", "uuid"]
+    assert sorted(attrs) == ["corePolicy", "index", "migCapable", "model", "numa", "taskPriority", "type", "uuid"]
 
 
 def test_slice_applies_scaling_and_leaves_out_unhealthy_gpus():

@@ -410,3 +410,228 @@ def test_the_schedulers_state_gives_the_count_room_less_its_claims_devices():
     s.claim_handler.apply("DELETED", watched_claim("two", results=[result("n1"), result("n1", "gpu-1")]))
     assert s.gpu_count_room("team-a") == 3
     assert decide(pod("big", ctr("c", gpu=2, gpumem=1000), ns="team-a"), DRA, gpu_room=s.gpu_count_room).allowed
+
+
+# ------------------------------------- regression review of the count quota and the policy (1 Dec)
+# reproductions in /tmp/review-r5 (t_leak.py, t_scope.py, t_upg.py, t_init.py)
+
+
+def special_claim(ns="team", name="p-extended-resources-x1", results=None):
+    """kube-scheduler's claim for a plain ``nvidia.com/gpu: 1`` pod served by the share class
+    (KEP-5004): the annotation, the class, one device."""
+    out = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "namespace": ns,
+            "name": name,
+            "uid": f"uid-{name}",
+            "generateName": "p-extended-resources-",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+        },
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": exactly(1)}]}},
+    }
+    if results is not None:
+        out["status"] = {"allocation": {"devices": {"results": results}}}
+    return out
+
+
+def test_kube_schedulers_extended_resource_claim_is_not_counted_twice():
+    """Found by review, 1 Dec (t_leak.py): a plain nvidia.com/gpu: 1 pod served through KEP-5004
+    is counted by the API server (status.used 1 of 1); kube-scheduler's special claim for it was
+    counted again (1 - 1 - 1): refused, the pod never started, and once held it charged every
+    later pod twice. Its devices are the pod's: it counts no GPU; its memory still counts."""
+    from hami.scheduler.state import ClusterState
+
+    from .test_dra_claims import result
+
+    s = ClusterState(CFG)
+    s.quota_handler.replace([quota(used={"requests.nvidia.com/gpu": "1"}, **{"requests.nvidia.com/gpu": "1"})])
+    assert s.gpu_count_room("team") == 0  # the pod took the one GPU of the quota
+    v = decide_claim(special_claim(), DRA, s.claim_room, gpu_room=s.gpu_count_room)
+    assert v.allowed, v.message
+    assert admission.claim_devices(special_claim()) == (0, None)
+    q = quota(used={"requests.nvidia.com/gpu": "1"}, **{"requests.nvidia.com/gpu": "2"})
+    s.quota_handler.replace([q])
+    assert s.gpu_count_room("team") == 1
+    # watched, waiting or allocated, it takes no room; a pod after it still has the one left
+    s.claim_handler.apply("ADDED", special_claim())
+    assert s.gpu_count_room("team") == 1
+    s.claim_handler.apply("MODIFIED", special_claim(results=[result("n1")]))
+    assert s.gpu_count_room("team") == 1 and "team/p-extended-resources-x1" in s.claims  # memory: counted
+    assert decide(pod("next", ctr("c", gpu=1, gpumem=1000), ns="team"), DRA, gpu_room=s.gpu_count_room).allowed
+    # the same claim without the annotation is a claim of the namespace's own, counted as before
+    own = special_claim(name="mine")
+    del own["metadata"]["annotations"]
+    s.claim_handler.apply("ADDED", own)
+    assert s.gpu_count_room("team") == 0
+
+
+def test_the_simulator_counts_no_gpu_for_a_dumped_extended_resource_claim():
+    """The same in hami simulate: a cluster dump's allocated special claim (its pod counted in the
+    quota's status.used) leaves the new pod its room (before: denied, 2 - 1 - 1)."""
+    gpus = [PhysicalGPU(i, f"GPU-n1-{i}", "T4", 16000, "", 0) for i in range(2)]
+    sl = resource_slice("n1", gpus, SliceSettings())
+    q = {**quota(used={"requests.nvidia.com/gpu": "1"}, **{"requests.nvidia.com/gpu": "2"}), "kind": "ResourceQuota"}
+    held = special_claim(
+        results=[{"request": "container-0-request-0", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]
+    )
+    got, _ = simulate([sl], [q, held, pod("next", ctr("c", gpu=1, gpumem=1000), ns="team")])
+    assert got["next"].status == "scheduled", got["next"].reasons
+    # a claim of the namespace's own, held the same way, does take the room
+    own = {**held, "metadata": {"namespace": "team", "name": "mine"}}
+    got, _ = simulate([sl], [q, own, pod("next", ctr("c", gpu=1, gpumem=1000), ns="team")])
+    assert got["next"].status == "denied" and "nvidia.com/gpu requests 1, namespace team has 0 left" in str(
+        got["next"].reasons
+    )
+
+
+def scoped(name, hard, operator=None, values=(), scopes=None):
+    q = {**quota(**hard), "metadata": {"name": name, "namespace": "ml"}}
+    if scopes is not None:
+        q["spec"]["scopes"] = list(scopes)
+    else:
+        q["spec"]["scopeSelector"] = {
+            "matchExpressions": [{"scopeName": "PriorityClass", "operator": operator, "values": list(values)}]
+        }
+    return q
+
+
+def test_a_scoped_count_quota_is_not_applied_to_every_pod_and_claim():
+    """Found by review, 1 Dec (t_scope.py): quotas gpu-high (PriorityClass In [gpu-high], 8) and
+    gpu-others (NotIn [gpu-high], 0): a gpu-high pod asking one GPU was refused by gpu-others
+    (0 left), the API server applying neither to it. Scoped quotas are left out of the count
+    (claims match no scope in Kubernetes, and their devices cannot be told apart by scope:
+    docs/dra.md); unscoped ones in the same namespace still apply."""
+    from hami.scheduler.state import ClusterState
+
+    s = ClusterState(CFG)
+    allowed = scoped("gpu-high", {"requests.nvidia.com/gpu": "8"}, "In", ["gpu-high"])
+    deny = scoped("gpu-others", {"requests.nvidia.com/gpu": "0"}, "NotIn", ["gpu-high"])
+    terminating = scoped("short", {"requests.nvidia.com/gpu": "0"}, scopes=["Terminating"])
+    s.quota_handler.replace([allowed, deny, terminating])
+    assert s.gpu_count_room("ml") is None
+    p = pod("p", ctr("c", gpu=1, gpumem=1000), ns="ml")
+    p["spec"]["priorityClassName"] = "gpu-high"
+    d = decide(p, DRA, gpu_room=s.gpu_count_room)
+    assert d.allowed, d.message
+    assert decide_claim(claim_of(one_request(count=1), ns="ml"), DRA, None, gpu_room=s.gpu_count_room).allowed
+    # an empty selector scopes nothing (the API server applies such a quota to every pod)
+    empty = {**quota(**{"requests.nvidia.com/gpu": "1"}), "metadata": {"name": "all", "namespace": "ml"}}
+    empty["spec"]["scopeSelector"] = {"matchExpressions": []}
+    s.quota_handler.apply("ADDED", empty)
+    assert s.gpu_count_room("ml") == 1
+    big = pod("big", ctr("c", gpu=2, gpumem=1000), ns="ml")
+    assert decide(big, DRA, gpu_room=s.gpu_count_room).message == (
+        "exceeding resource quota: nvidia.com/gpu requests 2, namespace ml has 1 left"
+    )
+
+
+def test_a_forced_core_policy_selects_devices_whose_agent_takes_it():
+    """Found by review, 1 Dec (t_upg.py): during an upgrade a claim with corePolicy: force could be
+    allocated a device of an older agent, which refuses the unknown field at prepare: the pod sat
+    in ContainerCreating. New agents publish corePolicy: true and the webhook's forced claims
+    select it (as priority does with taskPriority); a claim without a policy asks nothing more."""
+    from hami.sim.dra import simulate_dra
+
+    attribute = "corePolicy"  # hami.dra.model.CORE_POLICY
+    c = ctr("c", gpu=1, gpumem=3000)
+    c["env"] = policy_env("force")
+    forced = pod("forced", c)
+    exact = template_of(decide(forced, DRA), "hami-gpu-0")["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert {"cel": {"expression": '"corePolicy" in device.attributes["gpu.hami.io"]'}} in exact.get("selectors", [])
+    plain = pod("plain", ctr("c", gpu=1, gpumem=3000))
+    assert (
+        "selectors"
+        not in template_of(decide(plain, DRA), "hami-gpu-0")["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    )
+
+    new = resource_slice("n1", GPU, SliceSettings(split_count=4))
+    assert all(dev["attributes"].get(attribute) == {"bool": True} for dev in new["spec"]["devices"])
+    old = resource_slice("n1", GPU, SliceSettings(split_count=4))
+    for dev in old["spec"]["devices"]:  # as an agent that predates the field publishes them
+        dev["attributes"].pop(attribute, None)
+    on_old = simulate_dra([old], [forced, plain], CFG)
+    assert {p.name: p.status for p in on_old.pods} == {"forced": "pending", "plain": "scheduled"}
+    on_new = simulate_dra([new], [forced, plain], CFG)
+    assert {p.name: p.status for p in on_new.pods} == {"forced": "scheduled", "plain": "scheduled"}
+
+
+def test_a_claim_written_with_a_core_policy_and_no_selector_is_warned_of():
+    """A claim a user writes with a corePolicy (either value: an older agent refuses the field)
+    and no corePolicy selector is admitted with a warning, as one with a priority is."""
+    spec = one_request()
+    spec["devices"]["config"] = [{"requests": ["gpu"], **_cfg(corePolicy="default")}]
+    v = decide_claim(claim_of(spec), DRA, None)
+    assert v.allowed and v.warnings == ("hami: corePolicy without a corePolicy selector (older agents refuse it): gpu",)
+    spec["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": '"corePolicy" in device.attributes["gpu.hami.io"]'}}
+    ]
+    assert decide_claim(claim_of(spec), DRA, None).warnings == ()
+    assert decide_claim(claim_of(one_request()), DRA, None).warnings == ()
+
+
+def test_a_relist_without_a_claim_only_the_count_quota_held_frees_its_gpus():
+    """Found by review, 1 Dec (t_leak.py): a MIG claim waiting for allocation asks no memory the
+    state knows a size for, so only claim_device_counts held it; deleted while the watch was down,
+    the relist kept it charged (room 0 for good, every pod refused)."""
+    from hami.scheduler.state import ClusterState
+
+    s = ClusterState(CFG)
+    s.quota_handler.replace([quota(ns="team-a", **{"requests.nvidia.com/gpu": "2"})])
+    mig = claim_of(one_request(count=2, cls="mig.gpu.hami.io"), ns="team-a", name="m")
+    s.claim_handler.apply("ADDED", mig)
+    assert s.gpu_count_room("team-a") == 0 and "team-a/m" not in s.waiting_claims
+    s.claim_handler.replace([])  # the relist after the outage: the claim is gone
+    assert s.gpu_count_room("team-a") == 2 and s.claim_device_counts == {}
+    assert decide(pod("p", ctr("c", gpu=1, gpumem=1000), ns="team-a"), DRA, gpu_room=s.gpu_count_room).allowed
+
+
+def test_the_count_quota_reads_the_configured_count_resource():
+    """Found by review, 1 Dec: the scheduler's state and hami simulate read requests.nvidia.com/gpu
+    whatever resourceCountName says, while the webhook's messages name the configured one: with
+    resourceCountName example.com/vgpu its quota was never read (a pod of 2 passed a quota of 1)."""
+    from hami.config import DeviceConfig, NvidiaConfig
+    from hami.core import SchedulerConfig
+    from hami.scheduler.state import ClusterState
+    from hami.vendors import build_vendors
+
+    nvidia = NvidiaConfig(resourceCountName="example.com/vgpu")
+    cfg = SchedulerConfig(build_vendors(DeviceConfig(nvidia=nvidia)), "binpack", "spread")
+    dra = AdmissionSettings(cfg.vendors, front_end="dra")
+    renamed = quota(**{"requests.example.com/vgpu": "1"})
+    s = ClusterState(cfg)
+    s.quota_handler.replace([renamed])
+    assert s.gpu_count_room("team") == 1
+    big = pod("big", {"name": "c", "image": "x", "resources": {"limits": {"example.com/vgpu": 2}}}, ns="team")
+    d = decide(big, dra, gpu_room=s.gpu_count_room)
+    assert d.message == "exceeding resource quota: example.com/vgpu requests 2, namespace team has 1 left"
+    gpus = [PhysicalGPU(i, f"GPU-n1-{i}", "T4", 16000, "", 0) for i in range(2)]
+    got, _ = simulate([resource_slice("n1", gpus, SliceSettings())], [{**renamed, "kind": "ResourceQuota"}, big], cfg)
+    assert got["big"].status == "denied" and "example.com/vgpu requests 2, namespace team has 1 left" in str(
+        got["big"].reasons
+    )
+
+
+def test_an_init_container_kept_from_the_apps_claim_counts_on_top_as_its_claim_is_held():
+    """Found by review, 1 Dec (t_init.py): the pod check sums its claims, so an init container that
+    cannot share the app's claim (another policy) counts on top where the extender counts
+    max(init, app). Kept, and documented (docs/dra.md): a claim is allocated for the pod's whole
+    life, the init container's GPU is held while the app runs, and the claim check of each claim
+    counts it so; max() would admit a pod whose second claim is then refused at its creation,
+    the pod pending for good. Passes before and after (no behaviour changed)."""
+    app = ctr("app", gpu=1, gpumem=3000)
+    app["env"] = policy_env("force")
+    p = pod("p", app, init=[ctr("warm", gpu=1, gpumem=1000)], ns="team")
+    d = decide(p, DRA)
+    assert len(d.pod["spec"]["resourceClaims"]) == 2
+    room = room_of(quota(**{"requests.nvidia.com/gpu": "1"}))
+    refused = decide(p, DRA, gpu_room=room)
+    assert refused.message == "exceeding resource quota: nvidia.com/gpu requests 2, namespace team has 1 left"
+    # what the claim checks would do with the room max() would have given: the second is refused
+    made = [claim_of(t["spec"]["spec"], name=f"c{i}") for i, t in enumerate(d.templates)]
+    assert decide_claim(made[0], DRA, None, gpu_room=room_of(quota(**{"requests.nvidia.com/gpu": "1"}))).allowed
+    assert not decide_claim(
+        made[1], DRA, None, gpu_room=room_of(quota(**{"requests.nvidia.com/gpu": "1"}), held=1)
+    ).allowed
+    assert decide(p, DRA, gpu_room=room_of(quota(**{"requests.nvidia.com/gpu": "2"}))).allowed

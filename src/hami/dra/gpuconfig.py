@@ -27,10 +27,11 @@ MIG device; with the agent's words.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hami.dra.model import (
     TASK_PRIORITY,
+    CORE_POLICY,
     CONFIG_API_VERSION,
     CONFIG_KIND,
     DEFAULT_PRIORITY,
@@ -408,6 +409,33 @@ def unselected_priorities(spec: Any) -> list[str]:
     may then give them a device whose agent predates the field, which runs them at libvgpu's
     default priority (the webhook's own claims select it, :mod:`hami.dra.translate`). Read after
     :func:`claim_spec_error` found nothing."""
+    return _unselected(spec, TASK_PRIORITY, lambda entries, name: resolve(entries, name, name, AGENTS)[1] is not None)
+
+
+def unselected_core_policies(spec: Any) -> list[str]:
+    """The requests of this driver's classes whose configuration names a ``corePolicy`` (either
+    value) but whose selectors never name :data:`hami.dra.model.CORE_POLICY`: kube-scheduler may
+    then give them a device whose agent predates the field, which refuses it at prepare (the pod
+    never starts; the webhook's own claims select it, :mod:`hami.dra.translate`). Read after
+    :func:`claim_spec_error` found nothing."""
+
+    def names_policy(entries: list[Mapping[str, Any]], name: str) -> bool:
+        for c in entries:
+            names = c.get("requests")
+            if names and (not isinstance(names, list) or (name not in names and name.split("/")[0] not in names)):
+                continue
+            params = c["opaque"].get("parameters") if ours(c) else None
+            if isinstance(params, Mapping) and "corePolicy" in params:
+                return True
+        return False
+
+    return _unselected(spec, CORE_POLICY, names_policy)
+
+
+def _unselected(spec: Any, attribute: str, wants: Callable[[list[Mapping[str, Any]], str], bool]) -> list[str]:
+    """The requests of this driver's classes (not MIG) for which ``wants(entries, name)`` (their
+    class's and the claim's configuration entries) holds and whose selectors never name
+    ``attribute``."""
     classes = class_configs()
     config, requests = _devices(spec)
     found = []
@@ -419,7 +447,7 @@ def unselected_priorities(spec: Any) -> list[str]:
             if not isinstance(cls, str) or cls not in classes or cls == MIG_CLASS:
                 continue
             try:
-                _, priority = resolve([*classes[cls], *config], name, name, AGENTS)
+                wanted = wants([*classes[cls], *config], name)
             except GpuConfigError:
                 continue
             selectors = sub.get("selectors")
@@ -428,9 +456,9 @@ def unselected_priorities(spec: Any) -> list[str]:
             named = any(
                 isinstance(s, Mapping)
                 and isinstance(s.get("cel"), Mapping)
-                and TASK_PRIORITY in str(s["cel"].get("expression", ""))
+                and attribute in str(s["cel"].get("expression", ""))
                 for s in (selectors if isinstance(selectors, list) else ())
             )
-            if priority is not None and not named:
+            if wanted and not named:
                 found.append(name)
     return found

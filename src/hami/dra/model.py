@@ -33,7 +33,8 @@ as before; docs/dra.md says where this differs from the extender).
 Attributes in the driver's domain (a CEL selector reads ``device.attributes["gpu.hami.io"]``):
 ``model``, ``type`` (HAMi's registration type, ``NVIDIA-<model>``), ``uuid``, ``index``,
 ``numa`` (0 when unknown, as in the registration), ``migCapable``, ``taskPriority`` (true: the
-agent honours a ``GpuConfig``'s ``priority``, :data:`TASK_PRIORITY`), and two ``version``
+agent honours a ``GpuConfig``'s ``priority``, :data:`TASK_PRIORITY`), ``corePolicy`` (true: the
+agent takes a ``GpuConfig``'s ``corePolicy``, :data:`CORE_POLICY`), and two ``version``
 attributes named as NVIDIA's driver names them, ``driverVersion`` and ``cudaComputeCapability``
 (semver: ``550.54.15``, ``8.6.0``). Kubernetes' standard device attributes (``numaNode``:
 KEP-6072; the helper library ``k8s.io/dynamic-resource-allocation/deviceattribute``), in the
@@ -97,6 +98,11 @@ PROFILE = "profile"  # the attribute that marks a MIG device
 #: ``priority``: an agent older than that ignored the field, so the webhook's claims that carry a
 #: priority select only devices with it (a pod stays pending rather than run at the default)
 TASK_PRIORITY = "taskPriority"
+#: the attribute that says the node's agent takes a ``GpuConfig``'s ``corePolicy`` (writes it into
+#: GPU_CORE_UTILIZATION_POLICY): an agent older than that refuses the field at prepare, so the
+#: webhook's claims that carry one select only devices with it (a pod stays pending rather than
+#: be placed on such a node during an upgrade and never start; review, 1 Dec)
+CORE_POLICY = "corePolicy"
 MAX_SLICE_DEVICES = 64  # a slice with devices consuming counters (or tainted) holds at most 64
 MAX_COUNTER_SETS = 8  # counter sets in one slice, kept within the API server's limit
 MIB = 1024 * 1024
@@ -231,6 +237,7 @@ def device(gpu: GpuLike, s: SliceSettings) -> dict[str, Any]:
             "numa": _attr("int", gpu.numa),
             "migCapable": _attr("bool", gpu.uuid in s.mig_capable),
             TASK_PRIORITY: _attr("bool", True),
+            CORE_POLICY: _attr("bool", True),
             **_typed_attributes(gpu, s),
         },
         "capacity": {

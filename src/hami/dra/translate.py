@@ -44,7 +44,10 @@ N > 1                                             a ``distinctAttribute`` constr
 container's env (any letter case)                 ``GpuConfig``, which the kubelet plugin
                                                   writes into the CDI spec and grant (the
                                                   extender's grant file copies the env's
-                                                  value); containers of different policies
+                                                  value), and a selector of devices whose
+                                                  agent publishes ``corePolicy`` (an older
+                                                  one refuses the field at prepare);
+                                                  containers of different policies
                                                   never share a claim. Left out, noted, on the
                                                   whole-GPU class
 ``nvidia.com/gpu: 0``                             no claim, and the container's other NVIDIA
@@ -118,6 +121,7 @@ from hami.core.names import (
 from hami.core.types import PERCENT_UNSET
 
 from .model import (
+    CORE_POLICY,
     CORES,
     DEFAULT_PRIORITY,
     DRIVER,
@@ -157,6 +161,10 @@ _ATTRS = f'device.attributes["{DRIVER}"]'
 #: :data:`hami.dra.model.TASK_PRIORITY` (one that predates it ignored the field; an absent
 #: attribute is tested with ``in``, as reading it would stop kube-scheduler's allocation)
 PRIORITY_SELECTOR = f'"{TASK_PRIORITY}" in {_ATTRS}'
+#: what a claim carrying a compute policy asks of its devices: an agent that publishes
+#: :data:`hami.dra.model.CORE_POLICY` (one that predates it refuses the field at prepare, and the
+#: pod placed there during an upgrade never started; review, 1 Dec)
+CORE_POLICY_SELECTOR = f'"{CORE_POLICY}" in {_ATTRS}'
 #: pod annotations the extender honours and the DRA front end cannot express, and why
 UNEXPRESSIBLE = {
     GPU_SCHEDULER_POLICY: "kube-scheduler's allocator takes the first GPU that fits and has no GPU policy",
@@ -266,6 +274,8 @@ def _claim_spec(
         exactly["capacity"] = {"requests": requests}
     if priority is not None:  # only devices whose agent honours it: an older one dropped it unseen
         selectors = [*selectors, PRIORITY_SELECTOR]
+    if core_policy is not None:  # only devices whose agent takes it: an older one refused it at prepare
+        selectors = [*selectors, CORE_POLICY_SELECTOR]
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}

@@ -662,7 +662,11 @@ class ClusterState:
 
     def _replace_claims(self, items: list[dict], resource_version: str | None = None) -> None:
         keep = {_ref(c) for c in items}
-        for ref in list(self.claims) + list(self.waiting_claims):
+        # every claim counted anywhere: one that only a GPU count quota counts (not allocated, and
+        # asking no memory or cores a size is known for, say a MIG class's) stayed charged after a
+        # relist that no longer had it (deleted while the watch was down; review, 1 Dec)
+        known = dict.fromkeys([*self.claims, *self.waiting_claims, *self.claim_device_counts])
+        for ref in known:
             if ref not in keep:
                 self.claims.pop(ref, None)
                 self.waiting_claims.pop(ref, None)
@@ -732,14 +736,25 @@ class ClusterState:
         count limits (None: no such limit): each limit less what the API server counted against
         it less the devices its claims of this driver hold or ask (a pod the DRA front end
         translates asks for no ``nvidia.com/gpu``, so the API server's own count misses them;
-        review, 1 Dec). Claims admitted within the last moments and not yet seen by the watch
-        are not counted here; Kubernetes' own quota on
+        review, 1 Dec); the limit is the configured count resource's (:attr:`count_resource`),
+        and scoped quotas are left out (:func:`hami.webhook.admission.gpu_count_room`). Claims
+        admitted within the last moments and not yet seen by the watch are not counted here;
+        Kubernetes' own quota on
         ``gpu.hami.io.deviceclass.resource.k8s.io/devices`` counts them at creation
         (docs/dra.md)."""
         prefix = namespace + "/"
         held = sum(n for ref, n in self.claim_device_counts.items() if ref.startswith(prefix))
         quotas = [q for ref, q in self.quotas.items() if ref.startswith(prefix)]
-        return gpu_count_room(quotas, namespace, "nvidia.com/gpu", held)
+        return gpu_count_room(quotas, namespace, self.count_resource, held)
+
+    @property
+    def count_resource(self) -> str:
+        """The configured count resource of the vendor whose quota claims count against
+        (``resources.count``: ``nvidia.com/gpu`` unless renamed), as the webhook's message names it;
+        before 1 Dec ``nvidia.com/gpu`` was read whatever the configuration (review)."""
+        vendor = next((v for v in self.vendors if v.name == self.dra_vendor), None)
+        count = getattr(getattr(vendor, "resources", None), "count", "") if vendor is not None else ""
+        return count or "nvidia.com/gpu"
 
     def claim_room(self, namespace: str, vendors: Any) -> Any:
         """The quota room a ResourceClaim's admission sees: the ledger's, less what this replica's

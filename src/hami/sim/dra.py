@@ -141,6 +141,9 @@ class _Claim:
     users: set[str] = field(default_factory=set)  # pod keys
     from_template: bool = False
     spec: Mapping[str, Any] = field(default_factory=dict)  # its spec (what it asks of a quota)
+    #: kube-scheduler's special claim for a pod's extended resources (KEP-5004): its devices are
+    #: the pod's ``nvidia.com/gpu``, already counted on the pod (no GPU count of its own)
+    extended: bool = False
 
     @property
     def ref(self) -> str:
@@ -362,9 +365,12 @@ class _State:
         self.templates[(ns, name)] = spec
 
     def add_claim(self, obj: Mapping[str, Any], source: str) -> None:
+        from hami.webhook.admission import extended_resource_claim
+
         meta = obj.get("metadata") or {}
         ns, name = meta.get("namespace") or "default", meta.get("name") or ""
         claim = self._claim(ns, name, obj.get("spec") or {}, f"ResourceClaim {ns}/{name} spec", source)
+        claim.extended = extended_resource_claim(obj)
         results = fit.allocation_results(obj)
         if results:
             picks = []
@@ -403,14 +409,17 @@ class _State:
         return None if room is None else replace(room, claim_sizes=self.sizes)
 
     def gpu_room(self, namespace: str) -> int | None:
-        """The GPUs ``namespace`` may still be given under its quotas' ``nvidia.com/gpu`` count
-        limits, as the scheduler's state gives the webhook (``ClusterState.gpu_count_room``)."""
+        """The GPUs ``namespace`` may still be given under its quotas' GPU count limits (the
+        configured count resource, ``nvidia.com/gpu`` unless renamed), as the scheduler's state
+        gives the webhook (``ClusterState.gpu_count_room``)."""
         from hami.webhook.admission import gpu_count_room
 
+        nvidia = self.admission.nvidia
+        resource = (nvidia.resources.count if nvidia is not None else "") or "nvidia.com/gpu"
         prefix = namespace + "/"
         held = sum(n for ref, n in self.claim_counts.items() if ref.startswith(prefix))
         docs = [d for ref, d in self.quota_docs.items() if ref.startswith(prefix)]
-        return gpu_count_room(docs, namespace, "nvidia.com/gpu", held)
+        return gpu_count_room(docs, namespace, resource, held)
 
     def _count(self, claim: _Claim, source: str) -> None:
         """A claim counts against its namespace's quota as the scheduler counts it: what it holds
@@ -419,7 +428,7 @@ class _State:
         self.claim_counts.pop(claim.ref, None)
         if claim.picks is not None:
             held = [p for p in claim.picks if not p.admin]
-            if held:
+            if held and not claim.extended:
                 self.claim_counts[claim.ref] = len(held)
             mem = sum(-(-p.consumed[MEMORY] // MIB) for p in held)
             cores = sum(fit.whole(p.consumed[CORES]) for p in held)
@@ -431,7 +440,7 @@ class _State:
                 devices, _ = claim_devices({"spec": claim.spec})
             except (ClaimError, CoreError) as exc:
                 raise SimulationError(f"{source}: ResourceClaim {claim.ref}: {exc}") from None
-            if devices:
+            if devices and not claim.extended:
                 self.claim_counts[claim.ref] = devices
             if ask is None or ask.unbounded:
                 self.quota.remove_claim(claim.ref)

@@ -25,7 +25,8 @@
 8. the namespace quota (``limits.<memory|cores resource>``) must have room for the request; on
    the DRA front end, where the pod no longer asks for ``nvidia.com/gpu`` and the API server's
    quota no longer counts it, its claims' devices must fit ``requests.`` / ``limits.nvidia.com/gpu``
-   too (``gpu_room``, :func:`gpu_count_room`);
+   too (``gpu_room``, :func:`gpu_count_room`: unscoped quotas only; kube-scheduler's KEP-5004
+   claims count none, :func:`claim_devices`);
 9. on the DRA front end (``front_end="dra"``), instead of routing the pod to our scheduler, its
    NVIDIA requests become claims from ResourceClaimTemplates (:func:`hami.dra.translate.translate`);
    the decision lists the templates, which the server creates before answering, and warns of
@@ -495,6 +496,18 @@ def count_quota_keys(resource: str) -> tuple[str, str]:
     return f"requests.{resource}", f"limits.{resource}"
 
 
+def scoped_quota(quota: Mapping[str, Any]) -> bool:
+    """Whether a ResourceQuota is scoped (a non-empty ``spec.scopes`` or
+    ``spec.scopeSelector.matchExpressions``): the API server applies it only to the pods its scopes
+    match, and never to a ResourceClaim (its claim evaluator matches no scope)."""
+    spec = quota.get("spec") if isinstance(quota, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return False
+    selector = spec.get("scopeSelector")
+    expressions = selector.get("matchExpressions") if isinstance(selector, Mapping) else None
+    return bool(spec.get("scopes")) or bool(expressions)
+
+
 def gpu_count_room(quotas: Iterable[Any], namespace: str, resource: str, held: int) -> int | None:
     """The GPUs ``namespace`` may still be given under its ResourceQuotas' GPU count limits
     (:func:`count_quota_keys` of ``resource``, the vendor's count resource); None when none of its
@@ -505,11 +518,20 @@ def gpu_count_room(quotas: Iterable[Any], namespace: str, resource: str, held: i
     smallest. ``quotas`` may hold other namespaces' (left out). A value that cannot be read is
     left out, as the ledger leaves out a memory limit it cannot read (the quota's other limits
     apply). Only the DRA front end needs it: a pod it translates asks for no ``nvidia.com/gpu``,
-    so before this its 8 GPUs passed a quota of 1 (review, 1 Dec)."""
+    so before this its 8 GPUs passed a quota of 1 (review, 1 Dec).
+
+    A scoped quota (:func:`scoped_quota`: ``PriorityClass In [gpu-high]``, ``Terminating``, ...)
+    is left out, for pods and claims alike: the API server never counts a claim against one, and
+    the devices ``held`` cannot be told apart by the scope of the pod that uses them (a claim
+    carries no priority class), so the same limit applied to every pod refused the pods it was
+    written for (a ``NotIn [gpu-high]`` quota of 0 refused the gpu-high pods; review, 1 Dec).
+    Only unscoped quotas count the DRA front end's GPUs (docs/dra.md)."""
     rooms: list[int] = []
     for q in quotas:
         meta = q.get("metadata") if isinstance(q, Mapping) else None
         if not isinstance(meta, Mapping) or (meta.get("namespace") or "default") != namespace:
+            continue
+        if scoped_quota(q):
             continue
         spec, status = q.get("spec"), q.get("status")
         hard = spec.get("hard") if isinstance(spec, Mapping) else None
@@ -527,19 +549,44 @@ def gpu_count_room(quotas: Iterable[Any], namespace: str, resource: str, held: i
     return min(rooms) if rooms else None
 
 
+#: the annotation kube-scheduler puts on the claim it makes for a pod's extended resources
+#: (KEP-5004, ``resource.k8s.io/v1`` ``ExtendedResourceClaimAnnotation``; its one value is "true")
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+
+def extended_resource_claim(claim: Mapping[str, Any]) -> bool:
+    """Whether ``claim`` is kube-scheduler's special claim for a pod's extended resources
+    (:data:`EXTENDED_RESOURCE_CLAIM` is "true"): its devices are the pod's ``nvidia.com/gpu``,
+    which the API server counts on the pod. Trusted as Kubernetes' own quota trusts it: a claim
+    a user writes with it escapes the webhook's count, not the per-class
+    ``<class>.deviceclass.resource.k8s.io/devices`` limit (docs/dra.md)."""
+    meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(annotations, Mapping) and annotations.get(EXTENDED_RESOURCE_CLAIM) == "true"
+
+
 def claim_devices(claim: Mapping[str, Any]) -> tuple[int, str | None]:
     """``(devices, unbounded)``: the devices ``claim`` holds of this driver (its allocation's
     results that are not admin access) once allocated, else the devices its requests of this
     driver's classes ask (``count``, a ``firstAvailable`` request at its largest alternative;
     admin access asks none, as for memory: :func:`hami.dra.claims.claim_ask`). ``unbounded``
     names a request of ``allocationMode: All`` (not counted). What GPU count quotas count of a
-    claim (:func:`gpu_count_room`); raises CoreError naming a count that is not a quantity."""
+    claim (:func:`gpu_count_room`); raises CoreError naming a count that is not a quantity.
+
+    kube-scheduler's special claim for a pod's extended resources (KEP-5004: a plain
+    ``nvidia.com/gpu: 1`` served by the share class, :func:`extended_resource_claim`) counts
+    nothing: the pod asks for ``nvidia.com/gpu`` itself, which the API server has already counted
+    in ``status.used`` (before 1 Dec it counted twice, and the special claim of a pod that used
+    the last GPU of the quota was refused: the pod never started; review). Its memory and cores
+    still count against ``limits.nvidia.com/gpumem`` / ``gpucores``, which the pod does not ask."""
     from hami.dra.claims import WHOLE_CORES  # the DRA model, only for claims
     from hami.dra.model import DRIVER
 
     def obj(value: Any) -> Mapping[str, Any]:
         return value if isinstance(value, Mapping) else {}
 
+    if extended_resource_claim(claim):
+        return 0, None
     allocation = obj(obj(claim.get("status")).get("allocation"))
     results = obj(allocation.get("devices")).get("results")
     if allocation:
@@ -738,7 +785,10 @@ def _dra_quota(
 
 def _claims_devices(pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]) -> tuple[int, str | None]:
     """The devices the claims the pod's translated entries make will ask (:func:`claim_devices`),
-    one claim per ``resourceClaims`` entry naming one of ``templates``."""
+    one claim per ``resourceClaims`` entry naming one of ``templates``: the sum, an init
+    container's own claim included (not Kubernetes' max of init and app containers): a claim is
+    held for the pod's whole life, and each is checked again at its creation (:func:`decide_claim`),
+    so the larger alone would admit a pod whose second claim is refused (review, 1 Dec; docs/dra.md)."""
     specs = {(t.get("metadata") or {}).get("name"): (t.get("spec") or {}).get("spec") or {} for t in templates}
     total, unbounded = 0, None
     for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
@@ -1070,14 +1120,22 @@ def _priority_notes(spec: Any) -> tuple[str, ...]:
     """A warning for requests with a priority that do not select devices whose agent honours it
     (:func:`hami.dra.gpuconfig.unselected_priorities`): on a node whose agent predates the field
     the claim would run at the default priority, unseen. A warning, not a refusal: every agent of
-    this version honours the priority, and the selector is the user's to choose."""
-    from hami.dra.gpuconfig import unselected_priorities
-    from hami.dra.model import TASK_PRIORITY
+    this version honours the priority, and the selector is the user's to choose. The same for a
+    ``corePolicy`` without a ``corePolicy`` selector (:func:`hami.dra.gpuconfig.unselected_core_policies`):
+    an older agent refuses it at prepare, and the pod placed there never starts."""
+    from hami.dra.gpuconfig import unselected_core_policies, unselected_priorities
+    from hami.dra.model import CORE_POLICY, TASK_PRIORITY
 
-    names = unselected_priorities(spec)
-    if not names:
-        return ()
-    return ("hami: " + _listed(f"priority without a {TASK_PRIORITY} selector (older agents ignore it): ", names),)
+    notes = []
+    if names := unselected_priorities(spec):
+        notes.append(
+            "hami: " + _listed(f"priority without a {TASK_PRIORITY} selector (older agents ignore it): ", names)
+        )
+    if names := unselected_core_policies(spec):
+        notes.append(
+            "hami: " + _listed(f"corePolicy without a {CORE_POLICY} selector (older agents refuse it): ", names)
+        )
+    return tuple(notes)
 
 
 def decide_claim(
