@@ -233,24 +233,60 @@ static void obj_free(int kind, void *p)
     free(p);
 }
 
+/* g_recycle_mu held: waits for fakegpu_resume_free (60 s at most). */
+static void pause_here(const char *what)
+{
+    g_paused++;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 60;
+    int r = 0;
+    while (!g_resumed && r != ETIMEDOUT)
+        r = pthread_cond_timedwait(&g_pause_cv, &g_recycle_mu, &until);
+    if (!g_resumed)
+        fprintf(stderr, "fakegpu: a paused %s was not resumed (fakegpu_resume_free) within 60 s\n", what);
+    g_resumed = 0;
+    g_paused--;
+}
+
 /* Called by a destroy once it freed its object: the armed pause, if any. */
 static void after_free(void)
 {
     pthread_mutex_lock(&g_recycle_mu);
     if (g_pause_armed) {
         g_pause_armed = 0;
-        g_paused++;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 60;
-        int r = 0;
-        while (!g_resumed && r != ETIMEDOUT)
-            r = pthread_cond_timedwait(&g_pause_cv, &g_recycle_mu, &until);
-        if (!g_resumed)
-            fprintf(stderr, "fakegpu: a paused destroy was not resumed (fakegpu_resume_free) within 60 s\n");
-        g_resumed = 0;
-        g_paused--;
+        pause_here("destroy");
     }
+    pthread_mutex_unlock(&g_recycle_mu);
+}
+
+/* A pause inside a call (tests): fakegpu_pause_next_call(name) makes the next call of `name` wait
+ * at its pause point until fakegpu_resume_free() (60 s at most); fakegpu_paused_frees() counts it.
+ * cuMemUnmap, cuMemRelease and cuMemPoolDestroy pause on entry, before they do anything;
+ * cuMemCreate once it has written the new handle, before it returns. A test sees what another
+ * thread's calls do while the driver is still in the paused one, whether it will fail (an unmap of
+ * a range that starts at an unmapped address) or succeed (a destroy, a create). */
+static char g_pause_call[64]; /* under g_recycle_mu */
+static int g_pause_call_armed;
+
+static void pause_point(const char *name)
+{
+    if (!__atomic_load_n(&g_pause_call_armed, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&g_recycle_mu);
+    if (g_pause_call_armed && !strcmp(g_pause_call, name)) {
+        __atomic_store_n(&g_pause_call_armed, 0, __ATOMIC_RELEASE);
+        pause_here(name);
+    }
+    pthread_mutex_unlock(&g_recycle_mu);
+}
+
+EXPORT void fakegpu_pause_next_call(const char *name)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    snprintf(g_pause_call, sizeof g_pause_call, "%s", name ? name : "");
+    __atomic_store_n(&g_pause_call_armed, g_pause_call[0] != 0, __ATOMIC_RELEASE);
+    g_resumed = 0;
     pthread_mutex_unlock(&g_recycle_mu);
 }
 
@@ -1573,6 +1609,7 @@ static void pool_trim(struct CUmemPoolHandle_st *p, unsigned long long keep)
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     NEED_INIT();
+    pause_point("cuMemPoolDestroy");
     if (!pool || pool->magic != M_POOL || pool == &g_default_pool[pool->dev])
         return CUDA_ERROR_INVALID_VALUE;
     /* Outstanding allocations are freed with the pool (as the driver does at destroy). */
@@ -1682,6 +1719,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     fg_vmm *h = obj_new(R_VMM, sizeof *h);
     *h = (fg_vmm){.magic = M_VMM, .dev = prop->location.id, .refs = 1, .size = size};
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    pause_point("cuMemCreate");
     return CUDA_SUCCESS;
 }
 
@@ -1694,6 +1732,7 @@ static fg_vmm *vmm_of(CUmemGenericAllocationHandle handle)
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     NEED_INIT();
+    pause_point("cuMemRelease");
     fg_vmm *h = vmm_of(handle);
     if (!h)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1741,6 +1780,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     NEED_INIT();
+    pause_point("cuMemUnmap");
     (void)size;
     ptrmap_val v = {0};
     pthread_mutex_lock(&g_mu);

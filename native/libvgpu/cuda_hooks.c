@@ -143,6 +143,11 @@ static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t g_settle_mu = PTHREAD_MUTEX_INITIALIZER;
 /* CUDA graph memory: orders its maps, trims and settles (graph_map) */
 static pthread_mutex_t g_graph_mu = PTHREAD_MUTEX_INITIALIZER;
+/* VMM hooks but cuMemCreate, each from its record change through the driver call to its settle
+ * (cuMemCreate: g_vmm_creating, under g_mu, and g_vmm_cv, with g_mu, signalled once it recorded) */
+static pthread_mutex_t g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_vmm_cv = PTHREAD_COND_INITIALIZER;
+static int g_vmm_creating;
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -246,6 +251,9 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_limit_mu, NULL); /* a thread of the parent may have held it */
     pthread_mutex_init(&g_settle_mu, NULL);
     pthread_mutex_init(&g_graph_mu, NULL);
+    pthread_mutex_init(&g_vmm_mu, NULL);
+    pthread_cond_init(&g_vmm_cv, NULL);
+    g_vmm_creating = 0; /* a create of another thread never records here */
     free(g_limits.slots);
     memset(&g_limits, 0, sizeof g_limits);
     free(g_ptrs.slots);
@@ -1259,14 +1267,50 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray mip)
  * of a mapping -1, cuMemRetainAllocationHandle +1, cuMemRelease -1 (the count is the record's
  * aux). cuMemRelease of a mapped allocation frees nothing until it is unmapped. A reference is
  * dropped before the driver call that drops it (vmm_unref_take), and given back if the call fails
- * (vmm_unref_undo): once the driver freed the allocation its handle value may be another's. */
-static void vmm_retain(CUmemGenericAllocationHandle handle)
+ * (vmm_unref_undo): once the driver freed the allocation its handle value may be another's.
+ *
+ * g_vmm_mu makes each of cuMemRelease, cuMemUnmap, cuMemMap and cuMemRetainAllocationHandle one
+ * step, from its change to the records through the driver call to its settle (charge released, or
+ * records put back). A dropped reference was once visible while the driver call ran: a cuMemUnmap
+ * the driver was about to refuse (a range that starts at an unmapped address, or a partial unmap:
+ * a tenant's choice) had taken a mapping's reference, and a cuMemRelease racing it saw the last
+ * one, deleted the record and released the whole charge while the mapping still held the memory;
+ * a retain in that window found no record to count on, and the failed unmap then put back too few
+ * (2560 MiB held under a 1 GiB limit; found by review, 1 Dec). Under the lock nothing else changes
+ * an existing VMM record (context teardown takes no T_VMM record; cuMemCreate only adds the record
+ * of a handle the driver just made, never one that is live), so a failed call's put-back restores
+ * exactly what it took. None of these is a hot path (set-up, growth of an expandable segment,
+ * tear-down).
+ *
+ * cuMemCreate stays outside g_vmm_mu (a create is not held up by another thread's unmap, and the
+ * driver may give it the value of a handle a release under the lock has just freed: that release
+ * took its record out before its call and only releases the old charge after). What it must not
+ * miss is a hook that asks about its handle between the driver's answer and the record (a tenant
+ * can read the handle as the driver writes it): it counts itself in g_vmm_creating before the
+ * driver call, and vmm_rec, not finding a handle's record while a create is in flight, waits for
+ * it (g_vmm_cv) rather than count nothing.
+ *
+ * Lock order: g_vmm_mu is taken first, by these hooks only, and is never taken with another of
+ * this library's locks held; under it they take g_mu and the region lock (vgpu_reserve /
+ * vgpu_release), briefly, and call the driver; vmm_rec may wait on g_vmm_cv, which a cuMemCreate
+ * signals holding only g_mu (never g_vmm_mu). The driver call cannot come back into a hook that
+ * takes g_vmm_mu: libcuda's cuMemRelease, cuMemMap, cuMemUnmap and cuMemRetainAllocationHandle call
+ * no exported CUDA entry point (the driver's internal calls do not go through its dynamic symbols,
+ * which are what LD_PRELOAD and our cuGetProcAddress table replace), and the fake driver is linked
+ * -Bsymbolic and calls only its own static functions from them. */
+
+/* g_mu held. The record of `handle`, if it has one; while a cuMemCreate is in flight (its handle
+ * may be this one, its record not in yet) it waits for that create (g_mu given up meanwhile). */
+static ptrmap_val *vmm_rec(CUmemGenericAllocationHandle handle)
 {
-    pthread_mutex_lock(&g_mu);
-    ptrmap_val *p = ptrmap_get(&g_handles, handle);
-    if (p && p->kind == T_VMM)
-        p->aux++;
-    pthread_mutex_unlock(&g_mu);
+    for (;;) {
+        ptrmap_val *p = ptrmap_get(&g_handles, handle);
+        if (p && p->kind == T_VMM)
+            return p;
+        if (!g_vmm_creating)
+            return NULL;
+        pthread_cond_wait(&g_vmm_cv, &g_mu);
+    }
 }
 
 /* g_mu held. Returns 0: no record; 1: a reference came off; 2: that was the last, the record is
@@ -1283,12 +1327,12 @@ static int vmm_unref_take(CUmemGenericAllocationHandle handle, ptrmap_val *out)
     return ptrmap_del(&g_handles, handle, out) ? 2 : 0;
 }
 
-/* g_mu held: the driver call failed, the reference taken by vmm_unref_take goes back. */
-static void vmm_unref_undo(CUmemGenericAllocationHandle handle, int taken, ptrmap_val *v)
+/* g_mu and g_vmm_mu held: the driver call failed, the reference taken by vmm_unref_take goes
+ * back. Exact: g_vmm_mu kept every other change off the record since it was taken. */
+static void vmm_unref_undo(CUmemGenericAllocationHandle handle, int taken, const ptrmap_val *v)
 {
     if (taken == 2) {
-        v->aux = 1;
-        ptrmap_put(&g_handles, handle, *v);
+        ptrmap_put(&g_handles, handle, *v); /* as it was taken: count 1 */
     } else if (taken == 1) {
         ptrmap_val *p = ptrmap_get(&g_handles, handle);
         if (p && p->kind == T_VMM)
@@ -1306,9 +1350,16 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (reg < 0)
         return r_cuMemCreate(handle, size, prop, flags);
     uint64_t bytes = round_to(size, 2ULL << 20);
+    pthread_mutex_lock(&g_mu);
+    g_vmm_creating++; /* before the driver can give the handle out (vmm_rec) */
+    pthread_mutex_unlock(&g_mu);
     CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(handle, size, prop, flags));
+    pthread_mutex_lock(&g_mu);
     if (r == CUDA_SUCCESS)
-        track_aux(&g_handles, *handle, bytes, reg, T_VMM, 1);
+        ptrmap_put(&g_handles, *handle, (ptrmap_val){.size = bytes, .aux = 1, .dev = reg, .kind = T_VMM});
+    g_vmm_creating--;
+    pthread_cond_broadcast(&g_vmm_cv);
+    pthread_mutex_unlock(&g_mu);
     return r;
 }
 
@@ -1316,8 +1367,9 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     READY_OR(r_cuMemRelease, CUDA_ERROR_NOT_INITIALIZED);
     ptrmap_val v;
+    pthread_mutex_lock(&g_vmm_mu);
     pthread_mutex_lock(&g_mu);
-    int taken = vmm_unref_take(handle, &v);
+    int taken = vmm_rec(handle) ? vmm_unref_take(handle, &v) : 0;
     pthread_mutex_unlock(&g_mu);
     CUresult r = r_cuMemRelease(handle);
     if (r == CUDA_SUCCESS && taken == 2) {
@@ -1327,15 +1379,23 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         vmm_unref_undo(handle, taken, &v);
         pthread_mutex_unlock(&g_mu);
     }
+    pthread_mutex_unlock(&g_vmm_mu);
     return r;
 }
 
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     READY_OR(r_cuMemRetainAllocationHandle, CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_vmm_mu); /* not between another hook's take and its settle */
     CUresult r = r_cuMemRetainAllocationHandle(handle, addr);
-    if (r == CUDA_SUCCESS && handle)
-        vmm_retain(*handle);
+    if (r == CUDA_SUCCESS && handle) {
+        pthread_mutex_lock(&g_mu);
+        ptrmap_val *p = vmm_rec(*handle);
+        if (p)
+            p->aux++;
+        pthread_mutex_unlock(&g_mu);
+    }
+    pthread_mutex_unlock(&g_vmm_mu);
     return r;
 }
 
@@ -1343,16 +1403,18 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
                          unsigned long long flags)
 {
     READY_OR(r_cuMemMap, CUDA_ERROR_NOT_INITIALIZED);
+    pthread_mutex_lock(&g_vmm_mu);
     CUresult r = r_cuMemMap(ptr, size, offset, handle, flags);
-    if (r != CUDA_SUCCESS || !ptr)
-        return r;
-    pthread_mutex_lock(&g_mu);
-    ptrmap_val *p = ptrmap_get(&g_handles, handle);
-    if (p && p->kind == T_VMM) {
-        p->aux++;
-        ptrmap_put(&g_maps, ptr, (ptrmap_val){.size = size, .aux = handle, .dev = p->dev, .kind = T_VMM});
+    if (r == CUDA_SUCCESS && ptr) {
+        pthread_mutex_lock(&g_mu);
+        ptrmap_val *p = vmm_rec(handle);
+        if (p) {
+            p->aux++;
+            ptrmap_put(&g_maps, ptr, (ptrmap_val){.size = size, .aux = handle, .dev = p->dev, .kind = T_VMM});
+        }
+        pthread_mutex_unlock(&g_mu);
     }
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_vmm_mu);
     return r;
 }
 
@@ -1383,9 +1445,9 @@ static int unmap_add(unmap_rec **l, size_t *n, size_t *cap, uint64_t addr, const
     return 1;
 }
 
-/* The range is walked mapping by mapping (the usual case: one mapping, or adjacent ones); a gap
- * falls back to a scan. A mapping the list cannot hold stays in (its reference then never drops:
- * an over-count, not an escape). */
+/* g_vmm_mu held. The range is walked mapping by mapping (the usual case: one mapping, or adjacent
+ * ones); a gap falls back to a scan. A mapping the list cannot hold stays in (its reference then
+ * never drops: an over-count, not an escape). */
 static size_t unmap_take(uint64_t ptr, uint64_t size, unmap_rec **out)
 {
     uint64_t end = ptr + size < ptr ? UINT64_MAX : ptr + size, cur = ptr;
@@ -1413,6 +1475,7 @@ static size_t unmap_take(uint64_t ptr, uint64_t size, unmap_rec **out)
     return n;
 }
 
+/* g_vmm_mu held. */
 static void unmap_settle(unmap_rec *l, size_t n, int unmapped)
 {
     if (!unmapped) {
@@ -1434,9 +1497,11 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     READY_OR(r_cuMemUnmap, CUDA_ERROR_NOT_INITIALIZED);
     unmap_rec *l = NULL;
+    pthread_mutex_lock(&g_vmm_mu);
     size_t n = ptr ? unmap_take(ptr, size, &l) : 0;
     CUresult r = r_cuMemUnmap(ptr, size);
     unmap_settle(l, n, r == CUDA_SUCCESS);
+    pthread_mutex_unlock(&g_vmm_mu);
     return r;
 }
 
@@ -1728,6 +1793,19 @@ static int stream_dev(CUstream s, CUdevice *cuda_dev)
     return vgpu_cuda_dev(dev);
 }
 
+/* Pools destroyed so far (cuMemPoolDestroy, once the driver did): a current_pool lookup that
+ * raced a destroy does not keep its answer. */
+static unsigned g_pool_gone;
+
+/* `pool` is no longer any device's current pool in g_cur_pool. */
+static void pool_forget(CUmemoryPool pool)
+{
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        CUmemoryPool expected = pool;
+        __atomic_compare_exchange_n(&g_cur_pool[i], &expected, NULL, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+}
+
 /* The pool cuMemAllocAsync on a stream of CUDA device `cuda_dev` allocates from: the device's
  * current pool (cuDeviceSetMemPool), or NULL if the driver cannot say. */
 static CUmemoryPool current_pool(CUdevice cuda_dev)
@@ -1737,10 +1815,18 @@ static CUmemoryPool current_pool(CUdevice cuda_dev)
     CUmemoryPool pool = cuda_dev < VGPU_MAX_DEV ? __atomic_load_n(&g_cur_pool[cuda_dev], __ATOMIC_ACQUIRE) : NULL;
     if (pool)
         return pool; /* kept by the cuDeviceSetMemPool hook */
+    unsigned gen = __atomic_load_n(&g_pool_gone, __ATOMIC_SEQ_CST);
     if (!r_cuDeviceGetMemPool || r_cuDeviceGetMemPool(&pool, cuda_dev) != CUDA_SUCCESS)
         return NULL;
-    if (cuda_dev < VGPU_MAX_DEV)
-        __atomic_store_n(&g_cur_pool[cuda_dev], pool, __ATOMIC_RELEASE);
+    if (cuda_dev < VGPU_MAX_DEV) {
+        __atomic_store_n(&g_cur_pool[cuda_dev], pool, __ATOMIC_SEQ_CST);
+        /* a pool destroyed meanwhile may be what the driver answered: not kept (pool_forget) */
+        if (__atomic_load_n(&g_pool_gone, __ATOMIC_SEQ_CST) != gen) {
+            CUmemoryPool expected = pool;
+            __atomic_compare_exchange_n(&g_cur_pool[cuda_dev], &expected, NULL, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+        }
+    }
     return pool;
 }
 
@@ -1828,13 +1914,15 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     int had = ptrmap_del(&g_pools, key, &v), had_keep = ptrmap_del(&g_pool_keep, key, &k);
     pthread_mutex_unlock(&g_mu);
     /* the driver makes the default pool current again where this one was (a failed destroy only
-     * costs the next cuMemAllocAsync a lookup) */
-    for (int i = 0; i < VGPU_MAX_DEV; i++) {
-        CUmemoryPool expected = pool;
-        __atomic_compare_exchange_n(&g_cur_pool[i], &expected, NULL, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    }
+     * costs the next cuMemAllocAsync a lookup). Forgotten again once it is destroyed: a lookup
+     * (current_pool) that asked the driver while the destroy ran could have been answered this
+     * pool and kept it (found by review, 1 Dec); such a lookup either stored before this second
+     * clear, or sees g_pool_gone changed after its store and drops it itself. */
+    pool_forget(pool);
     CUresult r = r_cuMemPoolDestroy(pool);
     if (r == CUDA_SUCCESS) {
+        __atomic_fetch_add(&g_pool_gone, 1, __ATOMIC_SEQ_CST);
+        pool_forget(pool);
         if (had && v.size)
             vgpu_release((int)v.aux, v.size, VGPU_MEM_DATA);
     } else {

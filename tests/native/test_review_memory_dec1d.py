@@ -378,3 +378,142 @@ print(row)
 """,
     )
     assert row == [[0, _round(size(w, h)), _round(size(w, h))] for w, h in [(4096, 2048), (1026, 1030)]]
+
+
+# ---- regression review of the above (1 Dec): a VMM reference dropped while the driver call ran ----
+
+RACE = """
+def on_thread(fn, *args):  # fn(*args) on a thread of its own; .result() joins and gives its return
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)))
+    t.start()
+    t.result = lambda: (t.join(), out[0])[1]
+    return t
+def call_paused(name, fn, *args):
+    # fn(*args) on a thread of its own, held by the fake on entry to the driver's `name` (after
+    # libvgpu's hook did its part before the call: fakegpu_pause_next_call); resume() lets it go on
+    cu.fakegpu_pause_next_call(name.encode())
+    t = on_thread(fn, *args)
+    while cu.fakegpu_paused_frees() == 0 and t.is_alive():
+        time.sleep(0.001)
+    def resume():
+        cu.fakegpu_resume_free(); return t.result()
+    return resume
+def reserve(mib):
+    va = C.c_uint64()
+    c.check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(mib * MiB), C.c_size_t(0), C.c_uint64(0), C.c_ulonglong(0)))
+    return va.value
+def map_h(va, h, mib):
+    c.check(cu.cuMemMap(C.c_uint64(va), C.c_size_t(mib * MiB), C.c_size_t(0), C.c_uint64(h), C.c_ulonglong(0)), "map")
+def unmap(va, mib): return cu.cuMemUnmap(C.c_uint64(va), C.c_size_t(mib * MiB))
+"""
+
+
+def test_a_failing_cumemunmap_does_not_let_a_racing_cumemrelease_free_a_mapped_allocation(vgpu_env):
+    """Found by the regression review, 1 Dec (scenario A): an allocation mapped once (two
+    references); cuMemUnmap of a 128 MiB range starting at the unmapped half before the mapping
+    (which the driver refuses, as a tenant can make it at will) took the mapping's reference before
+    the driver call, and a cuMemRelease meanwhile on another thread saw the last reference, deleted
+    the record and released the 64 MiB while the mapping held it (the reviewer's loop: ledger 0 with
+    2560 MiB held under 1 GiB). The hooks now run as one from their record change to their settle:
+    the release waits for the unmap, which puts its reference back."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+rc, h = vmm_create(64)
+va = reserve(128)
+map_h(va + 64 * MiB, h, 64)
+resume = call_paused("cuMemUnmap", unmap, va, 128)  # no mapping at va: the driver refuses it
+other = on_thread(cu.cuMemRelease, C.c_uint64(h))
+other.join(1.0)  # room for the release to run into the unmap in the driver (it waits for it now)
+row = [rc, resume() != 0, other.result(), ledger(), held(), vmm_create(1000)[0]]
+row += [unmap(va + 64 * MiB, 64), ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, True, 0, 64, 64, 2, 0, 0, 0]
+
+
+def test_a_retain_during_a_failing_cumemunmap_keeps_its_reference(vgpu_env):
+    """Found by the regression review, 1 Dec (scenario B): a released allocation its mapping keeps
+    (one reference); a refused cuMemUnmap took that reference and the record out, a
+    cuMemRetainAllocationHandle meanwhile found no record to count on, the failed unmap put back a
+    count of 1, and the retained handle's cuMemRelease then released the 64 MiB the mapping still
+    held. The retain now waits for the unmap's settle, so the count is exact."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+rc, h = vmm_create(64)
+va = reserve(128)
+map_h(va + 64 * MiB, h, 64)
+c.check(cu.cuMemRelease(C.c_uint64(h)), "release")  # the mapping keeps it
+resume = call_paused("cuMemUnmap", unmap, va, 128)  # refused, as above
+h2 = C.c_uint64()
+other = on_thread(cu.cuMemRetainAllocationHandle, C.byref(h2), C.c_void_p(va + 64 * MiB))
+other.join(1.0)  # room for the retain to run while the unmap is in the driver (it waits for it now)
+row = [rc, resume() != 0, other.result(), h2.value == h, cu.cuMemRelease(h2), ledger(), held(), vmm_create(1000)[0]]
+row += [unmap(va + 64 * MiB, 64), ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, True, 0, True, 0, 64, 64, 2, 0, 0, 0]
+
+
+def test_a_pool_lookup_during_its_destroy_does_not_keep_the_destroyed_pool_current(vgpu_env):
+    """Found by the regression review, 1 Dec (low): cuMemPoolDestroy forgot the device's current
+    pool before the driver call; a cuMemAllocAsync meanwhile asked the driver, was answered the pool
+    being destroyed and kept it as current for good. Later cuMemAllocAsync calls, served by the
+    default pool (1 GiB release threshold), were counted against the destroyed one, whose cache
+    nobody settles: 512 MiB kept by the default pool, uncharged. The destroy now forgets it again
+    once the driver destroyed it."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+dflt = C.c_void_p(); c.check(cu.cuDeviceGetDefaultMemPool(C.byref(dflt), 0))
+c.check(cu.cuMemPoolSetAttribute(dflt, 4, C.byref(C.c_uint64(1 << 30))), "threshold")  # RELEASE_THRESHOLD
+p = mkpool()
+c.check(cu.cuDeviceSetMemPool(0, p), "set pool")
+resume = call_paused("cuMemPoolDestroy", cu.cuMemPoolDestroy, p)
+d = C.c_uint64()
+c.check(cu.cuMemAllocAsync(C.byref(d), C.c_size_t(2 * MiB), None), "alloc")  # p is still current
+c.check(cu.cuMemFreeAsync(d, None), "free")
+row = [resume()]
+c.check(cu.cuMemAllocAsync(C.byref(d), C.c_size_t(512 * MiB), None), "alloc 2")  # the default pool's
+c.check(cu.cuMemFreeAsync(d, None), "free 2")  # kept by the default pool: still the process's
+row += [ledger(), held(), c.alloc(600 * MiB)[0]]
+print(row)
+""",
+    )
+    assert row == [0, 512, 512, 2]
+
+
+def test_a_mapping_made_before_cumemcreate_returned_is_counted(vgpu_env):
+    """Found while fixing the review of 1 Dec: cuMemCreate recorded its handle only after the driver
+    returned it, and a thread that read the handle as the driver wrote it (a tenant can) mapped it
+    first: the map found no record and counted no reference, so the allocation's one cuMemRelease
+    then released its 64 MiB while the mapping still held them. The map now waits for the create's
+    record; cuMemCreate itself stays outside the VMM lock (a create never waits for an unmap)."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+h = C.c_uint64()
+prop = Prop(1, 0, Loc(1, 0), None, 0)
+resume = call_paused("cuMemCreate", cu.cuMemCreate, C.byref(h), C.c_size_t(64 * MiB), C.byref(prop), C.c_ulonglong(0))
+va = reserve(64)
+other = on_thread(cu.cuMemMap, C.c_uint64(va), C.c_size_t(64 * MiB), C.c_size_t(0), C.c_uint64(h.value),
+                  C.c_ulonglong(0))
+other.join(1.0)  # room for the map to run while the create is in the driver (it waits for the record now)
+row = [resume(), other.result(), cu.cuMemRelease(h), ledger(), held(), vmm_create(1000)[0]]
+row += [unmap(va, 64), ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, 0, 0, 64, 64, 2, 0, 0, 0]
