@@ -10,6 +10,9 @@ monitor's ``/metrics`` all keep the same limits (docs/security.md, "Every listen
   so that connections trickling a body cannot fill the listener and lock every other caller out),
   a complete request head within ``HEAD_TIMEOUT`` of opening, and the next
   one within ``IDLE_TIMEOUT`` of the previous answer (idle keep-alive). aiohttp has neither.
+  On a TLS listener a connection counts, and its head deadline runs, from its TCP accept: the
+  handshake is part of it (at most ``HANDSHAKE_TIMEOUT``), and past the cap a connection still
+  in its handshake is evicted before any other (:class:`_TlsSite`).
   ``IDLE_TIMEOUT`` is longer than the 90 s after which Go's HTTP clients (the API server calling
   the webhook, kube-scheduler calling the extender, Prometheus) drop an idle connection
   themselves: a server that closes first races the client's reuse of the connection, and the
@@ -36,7 +39,9 @@ It imports only the standard library and aiohttp.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
+import itertools
 import logging
 import os
 import socket
@@ -48,7 +53,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
-HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect
+HEAD_TIMEOUT = 30.0  # s: request line + headers, counted from connect (the TCP accept: a TLS handshake included)
+HANDSHAKE_TIMEOUT = 10.0  # s: a TLS handshake, from the TCP accept (asyncio's default is 60 s)
 IDLE_TIMEOUT = 120.0  # s: the next request head, counted from the previous answer (> Go clients' 90 s idle)
 BODY_TIMEOUT = 30.0  # s: the whole body, once the head is in (the most; see body_deadline)
 BODY_GRACE = 5.0  # s: the whole of a small body, once the head is in
@@ -87,11 +93,13 @@ class _ServerLog(logging.LoggerAdapter):
 
 
 class _Conn:
-    __slots__ = ("transport", "since", "busy", "timer", "request")
+    __slots__ = ("transport", "since", "order", "busy", "timer", "request", "handshake")
 
-    def __init__(self, transport: Any, since: float) -> None:
+    def __init__(self, transport: Any, since: float, order: int, handshake: bool = False) -> None:
         self.transport, self.since, self.busy, self.timer = transport, since, False, None
+        self.order = order  # when opened among this guard's connections: ties of ``since`` broken by it
         self.request: web.BaseRequest | None = None  # the request being handled (busy)
+        self.handshake = handshake  # a TLS connection accepted, its handshake not done
 
     @property
     def waiting(self) -> bool:
@@ -124,6 +132,7 @@ class ConnectionGuard:
         self.max_connections, self.head_timeout, self.idle_timeout = max_connections, head_timeout, idle_timeout
         self.conns: dict[Any, _Conn] = {}
         self.evicted = self.timed_out = self.resets = 0
+        self._opened = itertools.count()
 
     def install(self, server: web.Server) -> None:
         made, lost = server.connection_made, server.connection_lost
@@ -143,12 +152,26 @@ class ConnectionGuard:
 
         server.connection_made, server.connection_lost = connection_made, connection_lost  # type: ignore[method-assign]
 
-    def opened(self, handler: Any, transport: Any) -> None:
+    def opened(self, handler: Any, transport: Any, handshake: bool = False) -> None:
+        """A connection opened (``handshake``: a TLS one at its TCP accept, ``transport`` a
+        :class:`_Handshake`; the same ``handler`` opened again is its handshake done, and its
+        head deadline still runs from the accept). Past the cap, one is evicted: the oldest still
+        in its TLS handshake, else the one that has waited longest for its client (this one,
+        when no other waits)."""
+        conn = self.conns.get(handler)
+        if conn is not None:  # a TLS connection counted since its accept: its handshake is done
+            conn.transport, conn.handshake = transport, False
+            return
         loop = asyncio.get_running_loop()
-        conn = self.conns[handler] = _Conn(transport, loop.time())
+        conn = self.conns[handler] = _Conn(transport, loop.time(), next(self._opened), handshake)
         self._arm(handler, conn)
         if len(self.conns) > self.max_connections:
-            waiting = [(c.since, id(h), h) for h, c in self.conns.items() if c.waiting]
+            # (the new one is never the "oldest handshake": else a listener full of idle
+            # connections that did their handshake would take no new TLS client at all.) Oldest
+            # by ``since`` then ``order``: uvloop's clock moves once per loop turn, and a flood
+            # accepted in one turn was evicted in no order at all
+            shaking = [(c.since, c.order, h) for h, c in self.conns.items() if c.handshake and h is not handler]
+            waiting = shaking or [(c.since, c.order, h) for h, c in self.conns.items() if c.waiting]
             victim = min(waiting)[2] if waiting else handler
             self.evicted += 1
             self._close(victim)
@@ -193,7 +216,7 @@ class ConnectionGuard:
             return
         if conn.timer is not None:
             conn.timer.cancel()
-        conn.transport.close()
+        conn.transport.close()  # (in its handshake: a _Handshake, which ends it at once)
 
 
 GUARD = web.AppKey("connection_guard", ConnectionGuard)
@@ -334,11 +357,16 @@ async def start(
     await runner.setup()
     guard.install(runner.server)
     try:
+        sock = None
         if dual_stack and host in ("::", "[::]") and socket.has_dualstack_ipv6():
             sock = socket.create_server(("::", port), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True)
-            site: web.BaseSite = web.SockSite(runner, sock, ssl_context=ssl_context, backlog=backlog)
+        site: web.BaseSite
+        if ssl_context is not None:  # (the handshake counted by the guard: _TlsSite)
+            site = _TlsSite(runner, guard, ssl_context, host or None, port, sock=sock, backlog=backlog)
+        elif sock is not None:
+            site = web.SockSite(runner, sock, backlog=backlog)
         else:
-            site = web.TCPSite(runner, host or None, port, ssl_context=ssl_context, backlog=backlog)
+            site = web.TCPSite(runner, host or None, port, backlog=backlog)
         await site.start()
     except OSError as exc:
         await runner.cleanup()
@@ -347,6 +375,183 @@ async def start(
         await runner.cleanup()
         raise
     return runner
+
+
+def _bind(host: str | None, port: int) -> list[socket.socket]:
+    """Sockets bound to ``host:port`` (None or "": every address), one per address it names, as
+    asyncio's ``create_server`` binds them (address reuse; an IPv6 socket IPv6 only)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # a family this host has no support for
+                continue
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class _Handshake:
+    """What the guard holds of a TLS connection still in its handshake, in place of its
+    transport (there is none yet): closing it ends the handshake at once."""
+
+    __slots__ = ("sock", "peer", "handler", "task", "taken")
+
+    def __init__(self, sock: socket.socket, peer: Any, handler: Any) -> None:
+        self.sock, self.peer, self.handler = sock, peer, handler
+        self.task: asyncio.Task | None = None
+        self.taken = False  # the TLS layer's transport owns the socket (closes it)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.peer if name == "peername" else default
+
+    def close(self) -> None:
+        if not self.taken:
+            self.sock.close()
+        if self.task is not None:
+            self.task.cancel()  # (the TLS layer closes its transport)
+
+    abort = close
+
+
+class _Listening:
+    """A :class:`_TlsSite`'s listening sockets and their accept loops (what aiohttp keeps of a
+    site's server: ``sockets`` for ``runner.addresses``, and ``close``)."""
+
+    def __init__(self, sockets: list[socket.socket], tasks: list[asyncio.Task]) -> None:
+        self.sockets, self.tasks = sockets, tasks
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        """The accept loops ended, then the sockets closed (not under a loop still polling them)."""
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for sock in self.sockets:
+            sock.close()
+
+
+class _TlsSite(web.BaseSite):
+    """A TLS listening site (in place of aiohttp's ``TCPSite``/``SockSite`` with an
+    ``ssl_context``) whose connections the guard counts from their TCP accept, the handshake
+    included: each is accepted as plain TCP, counted (:meth:`ConnectionGuard.opened`, its head
+    deadline running), and only then given the TLS layer (``loop.connect_accepted_socket``, at
+    most :data:`HANDSHAKE_TIMEOUT`), which hands aiohttp's handler the connection once the
+    handshake is done.
+
+    With asyncio's own TLS server (``create_server(ssl=...)``), aiohttp and so the guard saw a
+    connection only once its handshake was done, and the handshake waited 60 s: 2000 silent TCP
+    connections held 643 MiB (each handshake's buffers), none of them counted by the cap (found
+    by review, 1 Dec). Now the cap holds them too, and past it they are evicted first."""
+
+    __slots__ = ("_host", "_port", "_sock", "guard", "context", "pending")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        guard: ConnectionGuard,
+        ssl_context: ssl.SSLContext,
+        host: str | None = None,
+        port: int = 0,
+        sock: socket.socket | None = None,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host, self._port, self._sock = host, port, sock
+        self.guard, self.context = guard, ssl_context
+        self.pending: set[_Handshake] = set()  # the handshakes under way
+
+    @property
+    def name(self) -> str:
+        host = self._host or "0.0.0.0"
+        return f"https://{f'[{host}]' if ':' in host else host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        sockets = [self._sock] if self._sock is not None else _bind(self._host, self._port)
+        try:
+            for sock in sockets:
+                sock.listen(self._backlog)
+                sock.setblocking(False)
+        except OSError:
+            for sock in sockets:
+                sock.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._server = _Listening(sockets, [loop.create_task(self._accept(sock)) for sock in sockets])  # type: ignore[assignment]
+
+    async def stop(self) -> None:
+        await super().stop()
+        if isinstance(self._server, _Listening):
+            await self._server.wait_closed()
+        pending = list(self.pending)
+        for shake in pending:
+            self._gone(shake)
+            shake.close()
+        await asyncio.gather(*(shake.task for shake in pending if shake.task), return_exceptions=True)
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except (BlockingIOError, InterruptedError, ConnectionError):  # (a client gone before its accept)
+                continue
+            except OSError as exc:  # out of file descriptors or memory: a pause, as asyncio's own server makes
+                log.warning("%s: cannot accept a connection (%s); accepting again in 1 s", self.name, exc)
+                await asyncio.sleep(1.0)
+                continue
+            try:
+                self._accepted(conn, peer)
+            except Exception:  # noqa: BLE001 - a bug here must not end the accept loop (the listener)
+                log.exception("%s: a connection from %s could not be taken", self.name, peer)
+                conn.close()
+
+    def _accepted(self, conn: socket.socket, peer: Any) -> None:
+        """A TCP connection accepted: counted by the guard, then its handshake begun."""
+        shake = _Handshake(conn, peer, self._runner.server())  # type: ignore[misc]  # (aiohttp's protocol)
+        self.guard.opened(shake.handler, shake, handshake=True)
+        if shake.handler not in self.guard.conns:  # over the cap with nothing to evict: closed
+            return
+        shake.task = asyncio.get_running_loop().create_task(self._handshake(shake))
+        self.pending.add(shake)
+        shake.task.add_done_callback(functools.partial(self._ended, shake))
+
+    async def _handshake(self, shake: _Handshake) -> None:
+        """The TLS layer on an accepted connection. Once its handshake is done it calls
+        ``handler.connection_made``, which the guard takes as the hand-over
+        (:meth:`ConnectionGuard.opened`)."""
+
+        def protocol() -> asyncio.BaseProtocol:
+            return shake.handler
+
+        shake.taken = True  # (connect_accepted_socket gives the socket to its transport before it awaits)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                protocol, shake.sock, ssl=self.context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
+            )
+        except (Exception, asyncio.CancelledError) as exc:  # failed, timed out, evicted, the site stopped
+            self._gone(shake)
+            log.debug("TLS handshake with %s not done: %s", shake.peer or "a client", str(exc) or type(exc).__name__)
+
+    def _ended(self, shake: _Handshake, _task: asyncio.Task) -> None:
+        self.pending.discard(shake)
+
+    def _gone(self, shake: _Handshake) -> None:
+        """The guard forgets a connection whose handshake ended without a hand-over."""
+        entry = self.guard.conns.get(shake.handler)
+        if entry is not None and entry.transport is shake:
+            self.guard.closed(shake.handler)
 
 
 class ListenError(OSError):

@@ -243,18 +243,73 @@ _STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
 
 
 def loads(data: bytes | str) -> Any:
-    """JSON from the API server: orjson, and, for a document nested deeper than orjson reads,
-    the same document with every container below :data:`READ_DEPTH` levels read as null."""
+    """JSON from the API server: orjson, read as Go's ``encoding/json`` reads it where orjson
+    refuses what Go accepts. The API server stores a field it does not decode (a ResourceClaim's
+    opaque parameters, a ``RawExtension``) byte for byte as the client sent it, and serves it so:
+    such a field may be nested deeper than orjson reads (every container below
+    :data:`READ_DEPTH` levels reads as null), hold a lone surrogate escape (``"\\ud800"``) or a
+    byte that is not UTF-8 (each reads as U+FFFD, as in Go), or a number beyond a double (read by
+    ``json``). Orjson refused all of these, and one such claim in a list or a watch stopped the
+    scheduler's claim cache: the watch resumed before it for ever, a fresh list never synced
+    (found by review, 1 Dec). Whatever is malformed still raises ValueError."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        if "depth" not in str(exc):
-            raise
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    log.warning(
-        "a document from the API server nested deeper than %d levels: its deeper parts read as null", READ_DEPTH
-    )
-    return orjson.loads(prune_depth(raw, READ_DEPTH))
+        error = exc
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    pruned = mended = False
+    while True:
+        if "depth" in str(error) and not pruned:
+            log.warning(
+                "a document from the API server nested deeper than %d levels: its deeper parts read as null",
+                READ_DEPTH,
+            )
+            raw, pruned = prune_depth(raw, READ_DEPTH), True
+        elif not mended:
+            raw, mended = go_strings(raw), True
+        else:
+            break
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            error = exc
+    try:
+        return json.loads(raw, parse_constant=_no_constant)  # (a number beyond a double: Go reads it)
+    except RecursionError:  # deeper than Python's stack, within what orjson reads: cut as above
+        try:
+            return json.loads(prune_depth(raw, READ_DEPTH), parse_constant=_no_constant)
+        except ValueError:
+            pass
+    except ValueError:
+        pass
+    raise error
+
+
+#: a backslash escape in a JSON text: a surrogate pair, a lone surrogate (group 1), or any other
+_ESCAPE = re.compile(
+    r"\\(?:u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|(u[dD][89a-fA-F][0-9a-fA-F]{2})|.)", re.S
+)
+
+
+def go_strings(data: bytes) -> bytes:
+    """``data`` with what Go's JSON decoder reads as U+FFFD written as U+FFFD: a byte that is not
+    UTF-8, and an escaped surrogate that is not half of a pair (orjson refuses both; ``json``
+    keeps the lone surrogate in a string that then cannot be encoded to UTF-8)."""
+    try:
+        text, bad_bytes = data.decode(), False
+    except UnicodeDecodeError:
+        text, bad_bytes = data.decode("utf-8", "replace"), True
+    mended = _ESCAPE.sub(lambda m: "\\ufffd" if m.group(1) else m.group(0), text)
+    if bad_bytes or mended != text:
+        log.warning(
+            "a document from the API server holds a string that is not valid Unicode (a lone surrogate "
+            "escape, or bytes that are not UTF-8): read with U+FFFD in their place, as Go reads it"
+        )
+    return mended.encode()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def prune_depth(data: bytes, limit: int) -> bytes:

@@ -7,6 +7,21 @@ seen (bookmarks included); a "410 Gone" (the version was compacted away) trigger
 list, so the handler is always level-triggered: after ``replace`` it holds exactly what the
 API server holds. ``synced`` is set after the first successful list.
 
+Which list: the first one, and one :meth:`Reflector.relist` asks for, is a consistent read (no
+``resourceVersion``: what etcd holds now; paged by ``limit``). A relist after the watch expired,
+after a handler failure or an event that could not be read asks for data *not older than* the
+last version the handler took (``resourceVersion=<it>&resourceVersionMatch=NotOlderThan``, no
+``limit``), which the API server answers from its watch cache: a consistent or paged list is read
+from etcd (before Kubernetes v1.31, and paged on later ones too: a scan of the resource's keys), and every node
+agent relisting so within a second of an API server restart (all their watches expire at once)
+was that many full scans (found by review, 1 Dec). Such a list is never older than anything the
+handler has applied (the list contains every change up to at least that version, and the next
+watch goes on from the list's own version), so nothing the handler holds is undone by it, and the
+scheduler's ledger cannot lose a placement it had seen (a double booking). The API server
+answering it 410 or "too large" (its store went back, an etcd restore) makes the next list a
+consistent one again. An immediate relist waits a random moment (up to
+:data:`RELIST_JITTER_S`) first, so that agents expiring together do not list together.
+
 An *optional* resource (``optional="what is lost without it"``, e.g. ``resource.k8s.io/v1``
 ResourceClaims on a cluster older than v1.34) may be absent: a list answered 404 (the API is not
 served) or 403 (this identity may not read it) logs one warning naming the resource and what is
@@ -73,6 +88,12 @@ class HandlerFailed(Exception):
     """The handler raised on what the API server sent (a bug): relist, never resume past it."""
 
 
+class Undecodable(Exception):
+    """A watch line that is not a JSON event: relist, never resume past it (resumed from the
+    version before it, the watch sent the same line again, for ever, the cache stale: found by
+    review, 1 Dec)."""
+
+
 class Absent(Exception):
     """An optional resource the API server does not serve (404) or lets us read (403)."""
 
@@ -93,6 +114,10 @@ FAILING_REPORT_S = 60.0
 #: so only a dead connection (one the network black-holed never closes) stays this quiet; without
 #: it the cache would stay stale until the watch's own time-out, minutes later.
 WATCH_IDLE_S = 150.0
+
+#: the longest random wait before a relist that would otherwise start at once (a watch that worked
+#: and expired): after an API server restart every agent's watch expires in the same second
+RELIST_JITTER_S = 0.5
 
 
 class Reflector:
@@ -134,6 +159,9 @@ class Reflector:
         self._relist_to = 0  # relist(): a list numbered this or later is owed
         self._relist_asked = asyncio.Event()  # relist() was called: the watch in progress stops
         self._list_applied = asyncio.Event()  # set (and replaced) whenever a list reached the handler
+        #: the next list may be answered from the API server's watch cache, not older than this
+        #: version (the last one the handler took); None: a consistent list (see the module's doc)
+        self.relist_from: str | None = None
 
     def _query(self, **extra: Any) -> list[tuple[str, Any]]:
         q = [(k, v) for k, v in extra.items() if v not in (None, "")]
@@ -166,16 +194,26 @@ class Reflector:
         self._list_applied.set()
         self._list_applied = asyncio.Event()
 
-    async def list(self) -> str:
+    def _list_query(self, since: str | None, cont: str | None) -> list[tuple[str, Any]]:
+        """The query of a list's page. ``since`` None: a consistent list, paged. Else the whole
+        list at once, not older than ``since``: the API server answers it from its watch cache,
+        which every version does for such a list without ``limit`` (older ones read a list with
+        a ``limit`` and a version from etcd). A next page (``cont``) carries no version: its token
+        has it."""
+        if cont or since is None:
+            return self._query(limit=self.page_size, **{"continue": cont})
+        return self._query(resourceVersion=since, resourceVersionMatch="NotOlderThan")
+
+    async def list(self, since: str | None = None) -> str:
+        """List into the handler; returns the list's version. ``since``: not older than this
+        version, from the API server's watch cache (None: what etcd holds now)."""
         items: list[dict] = []
         cont = None
         self._lists_begun += 1
         number = self._lists_begun
         while True:
             try:
-                page = await self.kube.request(
-                    "GET", self.path, self._query(limit=self.page_size, **{"continue": cont})
-                )
+                page = await self.kube.request("GET", self.path, self._list_query(since, cont))
             except KubeError as exc:
                 if self.optional and exc.status in (403, 404):
                     raise Absent(exc.status, str(exc)) from None
@@ -218,7 +256,12 @@ class Reflector:
             async for line in resp.content:
                 if not line.strip():
                     continue
-                event = loads(line)
+                try:
+                    event = loads(line)
+                except ValueError as exc:
+                    raise Undecodable(f"{self.name}: a watch event is not JSON ({exc}): {line[:120]!r}") from None
+                if not isinstance(event, dict):
+                    raise Undecodable(f"{self.name}: a watch event is not a JSON object: {line[:120]!r}")
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
@@ -263,20 +306,67 @@ class Reflector:
             log.info("watch %s works again after %d failure%s in a row", self.name, n, "s"[: n - 1])
         self._failing = 0
 
+    def _found_absent(self, exc: Absent) -> None:
+        """An optional resource found absent: the handler holds none of it, and readiness does not wait."""
+        if self.absent != exc.status:
+            why = "is not served by the API server" if exc.status == 404 else "may not be read by this identity"
+            log.warning(
+                "%s %s (HTTP %d): %s; listing again every %gs",
+                self.name,
+                why,
+                exc.status,
+                self.optional,
+                self.absent_retry,
+            )
+        self.absent = exc.status
+        self.handler.replace([], None)
+        self.synced.set()
+        self._applied(self._lists_begun)  # (the list that found it absent)
+
+    def _failed(self, exc: Exception, rv: str | None, backoff: float) -> str | None:
+        """A list or watch that failed (the API server's answer, the network): logged at the pace of
+        :data:`FAILING_REPORT_S`; returns the version to go on from (None: list)."""
+        if self.optional and isinstance(exc, KubeError) and exc.status in (403, 404):
+            rv = None  # gone (an upgrade, RBAC taken away): the list says so, as Absent
+        elif isinstance(exc, KubeError) and too_large(exc):
+            # the version is ahead of the API server's store: it went back (an etcd restore);
+            # resumed from it, the watch failed again and again, or waited and then skipped every
+            # change in between. Relisted (consistently: a list not older than that version would
+            # fail the same way), as client-go does
+            rv, self.relist_from = None, None
+        elif isinstance(exc, KubeError) and exc.status == 410:
+            rv, self.relist_from = None, None  # a list from the watch cache refused: a consistent one
+        elif rv is not None and self.resource_version is not None:
+            rv = self.resource_version  # a watch resumes from the last event it delivered
+        self._failing += 1
+        why = str(exc) or type(exc).__name__
+        if self._failing == 1 or time.monotonic() - self._reported >= FAILING_REPORT_S:
+            # once, then once a minute: an outage is not a line per watch every 5 s
+            self._reported = time.monotonic()
+            again = f" ({self._failing} times in a row)" if self._failing > 1 else ""
+            log.warning("watch %s failed%s: %s; retrying in %.1fs", self.name, again, why, backoff)
+        else:
+            log.debug("watch %s failed: %s; retrying in %.1fs", self.name, why, backoff)
+        return rv
+
     async def run(self) -> None:
         """List and watch until cancelled. Every failure waits the backoff (0.2 s doubling to
         5 s, with jitter) before the next request: an expired version (relist), a failed or
         refused watch (resumed from the last version delivered), a handler that raised (relist:
         the event it failed on is never skipped over), a watch ended at once with no event. A
         watch that delivered an event, or lasted :data:`SHORT_WATCH_S`, resets it, however it
-        ended; one that delivered events and then expired relists at once."""
+        ended; one that delivered events and then expired relists at once (after a random wait of
+        up to :data:`RELIST_JITTER_S`)."""
         backoff = 0.2
         rv = self.resource_version
         while True:
             started, seen = time.monotonic(), self.events
             try:
                 if rv is None or self._list_owed():
-                    rv = await self.list()
+                    # (a relist() asked for: what the API server holds now, not its cache's)
+                    since = None if self._list_owed() else self.relist_from
+                    rv = await self.list(since)
+                    self.relist_from = None
                     started = time.monotonic()
                 watched = await self._watch_unless_relisted(rv)
                 if watched is None:  # relist() asked: listed at once, the watch resumes from it
@@ -290,25 +380,12 @@ class Reflector:
                     continue
                 log.debug("watch %s ended at once with no event; again in %.1fs", self.name, backoff)
             except Expired as exc:
-                if self.events > seen:  # a working watch that expired: relist at once
+                if self.events > seen:  # a working watch that expired: relist at once (but for the jitter)
                     backoff = 0.0
                 log.info("watch %s expired (%s); relisting in %.1fs", self.name, exc, backoff)
-                rv = None
+                rv, self.relist_from = None, self.resource_version
             except Absent as exc:
-                if self.absent != exc.status:
-                    why = "is not served by the API server" if exc.status == 404 else "may not be read by this identity"
-                    log.warning(
-                        "%s %s (HTTP %d): %s; listing again every %gs",
-                        self.name,
-                        why,
-                        exc.status,
-                        self.optional,
-                        self.absent_retry,
-                    )
-                self.absent = exc.status
-                self.handler.replace([], None)
-                self.synced.set()
-                self._applied(self._lists_begun)  # (the list that found it absent)
+                self._found_absent(exc)
                 rv = None
                 await asyncio.sleep(self.absent_retry)
                 continue
@@ -316,31 +393,19 @@ class Reflector:
                 raise
             except HandlerFailed:
                 log.exception("watch %s: handler failed; relisting in %.1fs", self.name, backoff)
-                rv = None
+                rv, self.relist_from = None, self.resource_version
+            except Undecodable as exc:
+                log.warning("watch %s: %s; relisting in %.1fs", self.name, exc, backoff)
+                rv, self.relist_from = None, self.resource_version
             except (KubeError, aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
-                if self.optional and isinstance(exc, KubeError) and exc.status in (403, 404):
-                    rv = None  # gone (an upgrade, RBAC taken away): the list says so, as Absent
-                elif isinstance(exc, KubeError) and too_large(exc):
-                    # the version is ahead of the API server's store: it went back (an etcd
-                    # restore); resumed from it, the watch failed again and again, or waited and
-                    # then skipped every change in between. Relisted, as client-go does
-                    rv = None
-                elif rv is not None and self.resource_version is not None:
-                    rv = self.resource_version  # a watch resumes from the last event it delivered
-                self._failing += 1
-                why = str(exc) or type(exc).__name__
-                if self._failing == 1 or time.monotonic() - self._reported >= FAILING_REPORT_S:
-                    # once, then once a minute: an outage is not a line per watch every 5 s
-                    self._reported = time.monotonic()
-                    again = f" ({self._failing} times in a row)" if self._failing > 1 else ""
-                    log.warning("watch %s failed%s: %s; retrying in %.1fs", self.name, again, why, backoff)
-                else:
-                    log.debug("watch %s failed: %s; retrying in %.1fs", self.name, why, backoff)
+                rv = self._failed(exc, rv, backoff)
             except Exception:  # noqa: BLE001 - a bug here must not freeze the cache silently
                 log.exception("watch %s failed; relisting in %.1fs", self.name, backoff)
-                rv = None
+                rv, self.relist_from = None, None
             if backoff:
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+            elif rv is None:  # a relist at once: not in the same instant as every other agent's
+                await asyncio.sleep(random.uniform(0, RELIST_JITTER_S))
             if self.events > seen:  # it delivered events before failing: it was healthy
                 backoff = 0.2
             else:
