@@ -318,6 +318,7 @@ async def test_the_node_monitor_lists_its_pods_from_the_watch_cache_after_the_fi
 
     monkeypatch.setattr(kclient, "CoreV1Api", _Core)
     monkeypatch.setattr(mkube, "_LISTED", {})
+    monkeypatch.setattr(mkube, "_SINCE_CONSISTENT", {})
     _Core.calls, _Core.answers = [], [_pods("50", "a", cont="t1"), _pods("50", "b"), _pods("70", "a", "b", "c")]
     first = await mkube.node_pods(object(), "n1")
     second = await mkube.node_pods(object(), "n1")
@@ -342,6 +343,7 @@ async def test_the_node_monitor_lists_consistently_when_the_cache_refuses(monkey
 
     monkeypatch.setattr(kclient, "CoreV1Api", _Core)
     monkeypatch.setattr(mkube, "_LISTED", {"n1": "900"})
+    monkeypatch.setattr(mkube, "_SINCE_CONSISTENT", {})
     _Core.calls, _Core.answers = [], [ApiException(status=status), _pods("500", "a")]
     assert sorted(await mkube.node_pods(object(), "n1")) == ["a"]
     assert [c.get("resource_version") for c in _Core.calls] == ["900", None]
@@ -508,3 +510,53 @@ async def test_a_tls_client_certificate_still_reaches_the_handler(tmp_path):
                     assert r.status == 200 and await r.text() == want
     finally:
         await runner.cleanup()
+
+
+async def test_the_node_monitor_lists_consistently_again_every_so_often(monkeypatch):
+    """The regression review, 1 Dec: a watch cache that stopped advancing (one API server of
+    several) answers "not older than" with the same stale list for ever, and a pod started since
+    never showed: its containers' directories were removed as gone after the grace. Every
+    CONSISTENT_EVERY-th list of a node reads etcd again."""
+    from kubernetes_asyncio import client as kclient
+
+    from hami.monitor import kube as mkube
+
+    monkeypatch.setattr(kclient, "CoreV1Api", _Core)
+    monkeypatch.setattr(mkube, "_LISTED", {})
+    monkeypatch.setattr(mkube, "_SINCE_CONSISTENT", {})
+    n = mkube.CONSISTENT_EVERY
+    _Core.calls, _Core.answers = [], [_pods("50", "a") for _ in range(n + 1)]
+    for _ in range(n + 1):
+        await mkube.node_pods(object(), "n1")
+    consistent = [i for i, c in enumerate(_Core.calls) if "resource_version" not in c]
+    assert consistent == [0, n], _Core.calls
+
+
+async def test_a_relist_after_a_handler_failure_is_consistent():
+    """The regression review, 1 Dec: after the handler failed on an event, the relist asked the
+    watch cache for data not older than the version before that event; the scheduler's pod cache
+    had taken the failed event's version as seen, so a list older than it (another API server's
+    cache) read as the store gone back and dropped every reservation not in it. It is consistent."""
+    watches: list[str] = []
+
+    class Failing(Seen):
+        failed = False
+
+        def apply(self, kind, obj):
+            if obj["metadata"]["name"] == "bad" and not self.failed:
+                self.failed = True
+                raise RuntimeError("a handler bug")
+            super().apply(kind, obj)
+
+    async def handler(request):
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "10" if not watches else "20"}, "items": []})
+        watches.append(request.query["resourceVersion"])
+        if len(watches) == 1:
+            return await stream(request, event("ADDED", "ok", "11"), event("ADDED", "bad", "12"))
+        return await stream(request, event("ADDED", "after", "21"))
+
+    seen = Failing()
+    r, client = await run_against(handler, seen, lambda r: ("ADDED", "after") in seen.applied)
+    assert ("ADDED", "after") in seen.applied, (watches, client.lists)
+    assert client.lists[1] == {"limit": "2000"}, client.lists

@@ -392,8 +392,11 @@ class Reflector:
             except asyncio.CancelledError:
                 raise
             except HandlerFailed:
+                # a consistent list: the handler may have taken the failed event's version as seen
+                # (the scheduler's pod cache does), and a list older than it reads as the store
+                # gone back, which drops every reservation not in it (the regression review, 1 Dec)
                 log.exception("watch %s: handler failed; relisting in %.1fs", self.name, backoff)
-                rv, self.relist_from = None, self.resource_version
+                rv, self.relist_from = None, None
             except Undecodable as exc:
                 log.warning("watch %s: %s; relisting in %.1fs", self.name, exc, backoff)
                 rv, self.relist_from = None, self.resource_version

@@ -32,6 +32,15 @@ FINISHED = ("Succeeded", "Failed")
 API_TIMEOUT_S = 10.0
 #: node -> the resourceVersion of the last pod list of it (:func:`node_pods`)
 _LISTED: dict[str, str] = {}
+#: node -> lists since its last consistent one; every CONSISTENT_EVERY-th list is consistent again
+#: (read from etcd): a watch cache that stopped advancing (one API server of several, its etcd
+#: watch stalled) answers "not older than" with the same stale list for ever, and a pod that
+#: started since never showed, so its containers' directories were removed as gone after the
+#: grace (the regression review, 1 Dec). Once a minute at the default interval: far inside the
+#: grace, and after it a stuck cache answers "too large" (asked for a newer version), which lists
+#: consistently too.
+_SINCE_CONSISTENT: dict[str, int] = {}
+CONSISTENT_EVERY = 12
 
 
 def mig_devices(annotations: dict[str, str] | None, containers: list[str], shift: int = 0) -> tuple[MigDevice, ...]:
@@ -214,6 +223,10 @@ async def node_pods(
     or "too large" (an etcd restore put the store behind that version), it is asked again at once,
     consistently."""
     since = _LISTED.get(node)
+    rounds = _SINCE_CONSISTENT.get(node, 0) + 1
+    if rounds >= CONSISTENT_EVERY:
+        since = None
+    _SINCE_CONSISTENT[node] = 0 if since is None else rounds
     try:
         out, version = await _list_node_pods(api, node, since, priority_resource, resources)
     except Exception as exc:
