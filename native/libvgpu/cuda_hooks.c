@@ -144,10 +144,16 @@ static pthread_mutex_t g_settle_mu = PTHREAD_MUTEX_INITIALIZER;
 /* CUDA graph memory: orders its maps, trims and settles (graph_map) */
 static pthread_mutex_t g_graph_mu = PTHREAD_MUTEX_INITIALIZER;
 /* VMM hooks but cuMemCreate, each from its record change through the driver call to its settle
- * (cuMemCreate: g_vmm_creating, under g_mu, and g_vmm_cv, with g_mu, signalled once it recorded) */
+ * (cuMemCreate: the creates in flight, g_vmm_creates, numbered by g_vmm_started, both under g_mu,
+ * and g_vmm_cv, with g_mu, signalled once one recorded) */
 static pthread_mutex_t g_vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_vmm_cv = PTHREAD_COND_INITIALIZER;
-static int g_vmm_creating;
+typedef struct vmm_create_fl {
+    uint64_t ticket;
+    struct vmm_create_fl *next;
+} vmm_create_fl;
+static vmm_create_fl *g_vmm_creates;
+static uint64_t g_vmm_started;
 static int g_cuda2reg[VGPU_MAX_DEV];
 static int g_ndev = -1;
 static int g_primary_refs[VGPU_MAX_DEV];
@@ -253,7 +259,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_graph_mu, NULL);
     pthread_mutex_init(&g_vmm_mu, NULL);
     pthread_cond_init(&g_vmm_cv, NULL);
-    g_vmm_creating = 0; /* a create of another thread never records here */
+    g_vmm_creates = NULL; /* a create of another thread never records here */
     free(g_limits.slots);
     memset(&g_limits, 0, sizeof g_limits);
     free(g_ptrs.slots);
@@ -965,9 +971,12 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     if (reg < 0 || !dptr || !size)
         return r_cuMemAlloc_v2(dptr, size);
     uint64_t bytes = round_alloc(size);
-    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAlloc_v2(dptr, size));
-    if (r == CUDA_SUCCESS)
-        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+    CUdeviceptr d = 0; /* the driver answers here, not in the tenant's memory (cuMemCreate) */
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAlloc_v2(&d, size));
+    if (r == CUDA_SUCCESS) {
+        track(&g_ptrs, d, bytes, reg, T_DATA);
+        *dptr = d;
+    }
     return r;
 }
 
@@ -978,9 +987,12 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
     if (reg < 0 || !dptr || !size || vgpu_cfg.oversubscribe)
         return r_cuMemAllocManaged(dptr, size, flags);
     uint64_t bytes = round_alloc(size);
-    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAllocManaged(dptr, size, flags));
-    if (r == CUDA_SUCCESS)
-        track(&g_ptrs, *dptr, bytes, reg, T_DATA);
+    CUdeviceptr d = 0;
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemAllocManaged(&d, size, flags));
+    if (r == CUDA_SUCCESS) {
+        track(&g_ptrs, d, bytes, reg, T_DATA);
+        *dptr = d;
+    }
     return r;
 }
 
@@ -992,18 +1004,22 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, s
         return r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
     /* Reserve the estimate (width rounded to 512 B), then settle on the driver's pitch. */
     uint64_t est = round_alloc(mul_sat(round_to(w, 512), h));
-    CUresult r = CHARGED_CALL(reg, est, r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem));
+    CUdeviceptr d = 0;
+    size_t pt = 0; /* the pitch too: read back from the tenant, it could be made small */
+    CUresult r = CHARGED_CALL(reg, est, r_cuMemAllocPitch_v2(&d, &pt, w, h, elem));
     if (r != CUDA_SUCCESS)
         return r;
-    uint64_t real = round_alloc(mul_sat(*pitch, h));
+    uint64_t real = round_alloc(mul_sat(pt, h));
     if (real > est && vgpu_reserve(reg, real - est, VGPU_MEM_DATA) != 0) {
-        r_cuMemFree_v2(*dptr);
+        r_cuMemFree_v2(d);
         vgpu_release(reg, est, VGPU_MEM_DATA);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (real < est)
         vgpu_release(reg, est - real, VGPU_MEM_DATA);
-    track(&g_ptrs, *dptr, real, reg, T_DATA);
+    track(&g_ptrs, d, real, reg, T_DATA);
+    *dptr = d;
+    *pitch = pt;
     return CUDA_SUCCESS;
 }
 
@@ -1132,24 +1148,37 @@ static uint64_t mipmap_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
     return est;
 }
 
-static CUresult array_charged(uint64_t est, void **handle, CUresult (*call)(void *), void *arg)
-{
-    int reg = vgpu_current_dev();
-    if (reg < 0 || !est)
-        return call(arg);
-    uint64_t bytes = round_alloc(est);
-    CUresult r = CHARGED_CALL(reg, bytes, call(arg));
-    if (r == CUDA_SUCCESS)
-        track(&g_handles, (uint64_t)(uintptr_t)*handle, bytes, reg, T_ARRAY);
-    return r;
-}
-
 typedef struct {
     CUarray *arr;
     const void *desc;
     unsigned levels;
     CUmipmappedArray *mip;
 } array_args;
+
+/* The driver writes the new array into a local (a->arr or a->mip pointed at it), recorded before
+ * it is copied to the caller's `*handle`: read back from the tenant's memory, another thread of it
+ * could have put another array's handle there first (charged under the wrong record). */
+static CUresult array_charged(uint64_t est, void **handle, CUresult (*call)(void *), array_args *a)
+{
+    void *got = NULL;
+    if (a->mip)
+        a->mip = (CUmipmappedArray *)&got;
+    else
+        a->arr = (CUarray *)&got;
+    int reg = vgpu_current_dev();
+    CUresult r;
+    if (reg < 0 || !est) {
+        r = call(a);
+    } else {
+        uint64_t bytes = round_alloc(est);
+        r = CHARGED_CALL(reg, bytes, call(a));
+        if (r == CUDA_SUCCESS)
+            track(&g_handles, (uint64_t)(uintptr_t)got, bytes, reg, T_ARRAY);
+    }
+    if (r == CUDA_SUCCESS)
+        *handle = got;
+    return r;
+}
 
 static CUresult do_array(void *a)
 {
@@ -1284,33 +1313,64 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray mip)
  *
  * cuMemCreate stays outside g_vmm_mu (a create is not held up by another thread's unmap, and the
  * driver may give it the value of a handle a release under the lock has just freed: that release
- * took its record out before its call and only releases the old charge after). What it must not
- * miss is a hook that asks about its handle between the driver's answer and the record (a tenant
- * can read the handle as the driver writes it): it counts itself in g_vmm_creating before the
- * driver call, and vmm_rec, not finding a handle's record while a create is in flight, waits for
- * it (g_vmm_cv) rather than count nothing.
+ * took its record out before its call and only releases the old charge after). The driver writes
+ * the new handle into a local of the hook, which records it before it copies it to the caller's
+ * variable: the tenant cannot learn the handle from us before its record is in. (Read back from
+ * the caller's variable, as it once was, a second thread of the tenant could overwrite it between
+ * the driver's store and the read: the charge was recorded under another handle, e.g. a 2 MiB
+ * one recorded as 1 GiB; found by review.)
+ *
+ * What is left is a handle the tenant guesses (the driver's values can be predictable) and maps
+ * while its create is still between the driver's answer and the record: the map, finding no
+ * record, would count no reference, and the create's one cuMemRelease would then release the
+ * charge the mapping still holds. Only cuMemMap waits for that (vmm_rec_map): a map whose handle
+ * has no record waits for the creates that were in flight when it looked (each create has a
+ * ticket; later ones cannot have made a handle the driver already accepted), so it neither
+ * starves behind a stream of creates nor waits at all when the record is there (the usual case:
+ * a handle made through this library is recorded before the tenant has it). It waits holding
+ * g_vmm_mu: let go, another hook could release the just-recorded handle before the map counted
+ * its reference. A map only reaches that wait with a handle that has no record (a guessed one, or
+ * one not made through cuMemCreate, e.g. imported), so the other VMM calls are held up only by
+ * such a map, and only for the creates then in flight. cuMemRelease and
+ * cuMemRetainAllocationHandle do not wait any more (the wait of 4390055, which every VMM hook did
+ * holding g_vmm_mu while any create was in flight, is gone): a release that finds no record
+ * releases no charge (an over-count of the guesser's own, never an escape), and a retain's handle
+ * comes from a mapping, which cuMemMap counted only once the record was in.
  *
  * Lock order: g_vmm_mu is taken first, by these hooks only, and is never taken with another of
  * this library's locks held; under it they take g_mu and the region lock (vgpu_reserve /
- * vgpu_release), briefly, and call the driver; vmm_rec may wait on g_vmm_cv, which a cuMemCreate
+ * vgpu_release), briefly, and call the driver; vmm_rec_map may wait on g_vmm_cv, which a cuMemCreate
  * signals holding only g_mu (never g_vmm_mu). The driver call cannot come back into a hook that
  * takes g_vmm_mu: libcuda's cuMemRelease, cuMemMap, cuMemUnmap and cuMemRetainAllocationHandle call
  * no exported CUDA entry point (the driver's internal calls do not go through its dynamic symbols,
  * which are what LD_PRELOAD and our cuGetProcAddress table replace), and the fake driver is linked
  * -Bsymbolic and calls only its own static functions from them. */
 
-/* g_mu held. The record of `handle`, if it has one; while a cuMemCreate is in flight (its handle
- * may be this one, its record not in yet) it waits for that create (g_mu given up meanwhile). */
+/* g_mu held. The record of `handle`, if it has one. */
 static ptrmap_val *vmm_rec(CUmemGenericAllocationHandle handle)
 {
-    for (;;) {
-        ptrmap_val *p = ptrmap_get(&g_handles, handle);
-        if (p && p->kind == T_VMM)
-            return p;
-        if (!g_vmm_creating)
-            return NULL;
+    ptrmap_val *p = ptrmap_get(&g_handles, handle);
+    return p && p->kind == T_VMM ? p : NULL;
+}
+
+/* g_mu held: whether a create numbered `ticket` or lower is in flight. */
+static int vmm_creates_before(uint64_t ticket)
+{
+    for (vmm_create_fl *c = g_vmm_creates; c; c = c->next)
+        if (c->ticket <= ticket)
+            return 1;
+    return 0;
+}
+
+/* g_mu and g_vmm_mu held, cuMemMap only (see above). vmm_rec; with no record, waits for the
+ * creates in flight now (g_mu given up meanwhile), one of which may have made this handle. */
+static ptrmap_val *vmm_rec_map(CUmemGenericAllocationHandle handle)
+{
+    uint64_t seen = g_vmm_started;
+    ptrmap_val *p;
+    while (!(p = vmm_rec(handle)) && vmm_creates_before(seen))
         pthread_cond_wait(&g_vmm_cv, &g_mu);
-    }
+    return p;
 }
 
 /* g_mu held. Returns 0: no record; 1: a reference came off; 2: that was the last, the record is
@@ -1350,16 +1410,26 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (reg < 0)
         return r_cuMemCreate(handle, size, prop, flags);
     uint64_t bytes = round_to(size, 2ULL << 20);
+    vmm_create_fl me;
     pthread_mutex_lock(&g_mu);
-    g_vmm_creating++; /* before the driver can give the handle out (vmm_rec) */
+    me.ticket = ++g_vmm_started; /* before the driver can make the handle (vmm_rec_map) */
+    me.next = g_vmm_creates;
+    g_vmm_creates = &me;
     pthread_mutex_unlock(&g_mu);
-    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(handle, size, prop, flags));
+    CUmemGenericAllocationHandle h = 0; /* the driver answers here, not in the tenant's memory */
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(&h, size, prop, flags));
     pthread_mutex_lock(&g_mu);
     if (r == CUDA_SUCCESS)
-        ptrmap_put(&g_handles, *handle, (ptrmap_val){.size = bytes, .aux = 1, .dev = reg, .kind = T_VMM});
-    g_vmm_creating--;
+        ptrmap_put(&g_handles, h, (ptrmap_val){.size = bytes, .aux = 1, .dev = reg, .kind = T_VMM});
+    for (vmm_create_fl **c = &g_vmm_creates; *c; c = &(*c)->next)
+        if (*c == &me) {
+            *c = me.next;
+            break;
+        }
     pthread_cond_broadcast(&g_vmm_cv);
     pthread_mutex_unlock(&g_mu);
+    if (r == CUDA_SUCCESS)
+        *handle = h; /* only now, recorded: the tenant's threads may read or write it at will */
     return r;
 }
 
@@ -1386,16 +1456,21 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
     READY_OR(r_cuMemRetainAllocationHandle, CUDA_ERROR_NOT_INITIALIZED);
+    if (!handle)
+        return r_cuMemRetainAllocationHandle(handle, addr);
+    CUmemGenericAllocationHandle h = 0; /* answered here: the tenant's variable is not read back */
     pthread_mutex_lock(&g_vmm_mu); /* not between another hook's take and its settle */
-    CUresult r = r_cuMemRetainAllocationHandle(handle, addr);
-    if (r == CUDA_SUCCESS && handle) {
+    CUresult r = r_cuMemRetainAllocationHandle(&h, addr);
+    if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&g_mu);
-        ptrmap_val *p = vmm_rec(*handle);
+        ptrmap_val *p = vmm_rec(h);
         if (p)
             p->aux++;
         pthread_mutex_unlock(&g_mu);
     }
     pthread_mutex_unlock(&g_vmm_mu);
+    if (r == CUDA_SUCCESS)
+        *handle = h;
     return r;
 }
 
@@ -1407,7 +1482,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
     CUresult r = r_cuMemMap(ptr, size, offset, handle, flags);
     if (r == CUDA_SUCCESS && ptr) {
         pthread_mutex_lock(&g_mu);
-        ptrmap_val *p = vmm_rec(handle);
+        ptrmap_val *p = vmm_rec_map(handle);
         if (p) {
             p->aux++;
             ptrmap_put(&g_maps, ptr, (ptrmap_val){.size = size, .aux = handle, .dev = p->dev, .kind = T_VMM});
@@ -1710,14 +1785,24 @@ static int capturing(CUstream s, int pt)
  * of the pool they come from (-1 = the current context's: cuMemAllocAsync). Captured ones are
  * not: charged at capture, a captured allocation freed in the same capture gave its charge back
  * before the graph ever ran, and every launch then held that memory uncharged. */
+typedef struct {
+    CUdeviceptr *dptr;
+    size_t size;
+    CUmemoryPool pool;
+    CUstream s;
+    int pt;
+} async_args;
+
 static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s, int pt,
-                              CUresult (*call)(void *), void *arg)
+                              CUresult (*call)(void *), async_args *arg)
 {
     if (where == POOL_HOST)
         return call(arg);
     int reg = where >= 0 ? where : vgpu_current_dev();
     if (reg < 0 || !dptr || !size || capturing(s, pt))
         return call(arg);
+    CUdeviceptr got = 0; /* the driver answers here, copied to *dptr once recorded (cuMemCreate) */
+    arg->dptr = &got;
     uint64_t bytes = round_alloc(size);
     int keeps = 0;
     uint64_t moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
@@ -1726,7 +1811,7 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemor
         pool_untake(pool, moved, reg);
     CUmemoryPool real = NULL;
     if (r == CUDA_SUCCESS && keeps && pool && p_cuPointerGetAttribute &&
-        p_cuPointerGetAttribute(&real, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, *dptr) == CUDA_SUCCESS && real &&
+        p_cuPointerGetAttribute(&real, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, got) == CUDA_SUCCESS && real &&
         real != pool) { /* another pool served it (the device's pool changed meanwhile) */
         if (moved) {
             pool_untake(pool, moved, reg); /* that cache still holds its memory */
@@ -1736,7 +1821,8 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemor
         pool = real;
     }
     if (r == CUDA_SUCCESS) {
-        track_aux(&g_ptrs, *dptr, bytes, reg, T_ASYNC, (uint64_t)(uintptr_t)pool);
+        track_aux(&g_ptrs, got, bytes, reg, T_ASYNC, (uint64_t)(uintptr_t)pool);
+        *dptr = got; /* recorded first (see cuMemCreate) */
         if (pool)
             pool_live(pool, bytes, 0);
     }
@@ -1744,14 +1830,6 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemor
         pool_settle(pool, reg);
     return r;
 }
-
-typedef struct {
-    CUdeviceptr *dptr;
-    size_t size;
-    CUmemoryPool pool;
-    CUstream s;
-    int pt;
-} async_args;
 
 static CUresult do_async(void *a)
 {

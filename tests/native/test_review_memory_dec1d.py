@@ -493,27 +493,95 @@ print(row)
     assert row == [0, 512, 512, 2]
 
 
-def test_a_mapping_made_before_cumemcreate_returned_is_counted(vgpu_env):
+def test_a_mapping_of_a_guessed_handle_made_before_cumemcreate_recorded_it_is_counted(vgpu_env):
     """Found while fixing the review of 1 Dec: cuMemCreate recorded its handle only after the driver
-    returned it, and a thread that read the handle as the driver wrote it (a tenant can) mapped it
-    first: the map found no record and counted no reference, so the allocation's one cuMemRelease
-    then released its 64 MiB while the mapping still held them. The map now waits for the create's
-    record; cuMemCreate itself stays outside the VMM lock (a create never waits for an unmap)."""
+    returned it, and a thread that had the handle before the record (then read from the caller's
+    variable as the driver wrote it; now only by guessing the value, here the value the fake gives
+    again) mapped it first: the map found no record and counted no reference, so the allocation's
+    one cuMemRelease then released its 64 MiB while the mapping still held them. A map of a handle
+    with no record waits for the creates in flight when it looked; the tenant's variable is not
+    written before the record is in."""
+    row = _probe(
+        _reuse_env(vgpu_env),
+        RACE
+        + """
+c.init()
+rc, g = vmm_create(2)
+c.check(cu.cuMemRelease(C.c_uint64(g)), "release")  # the fake gives g's value to the next create
+h = C.c_uint64()
+prop = Prop(1, 0, Loc(1, 0), None, 0)
+resume = call_paused("cuMemCreate", cu.cuMemCreate, C.byref(h), C.c_size_t(64 * MiB), C.byref(prop), C.c_ulonglong(0))
+unseen = h.value == 0  # the driver answered into libvgpu's own variable
+va = reserve(64)
+other = on_thread(cu.cuMemMap, C.c_uint64(va), C.c_size_t(64 * MiB), C.c_size_t(0), C.c_uint64(g),
+                  C.c_ulonglong(0))
+other.join(1.0)  # room for the map to run while the create is in the driver (it waits for the record)
+row = [rc, unseen, resume(), h.value == g, other.result(), cu.cuMemRelease(h), ledger(), held(), vmm_create(1000)[0]]
+row += [unmap(va, 64), ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, True, 0, True, 0, 0, 64, 64, 2, 0, 0, 0]
+
+
+def test_cumemcreate_records_the_handle_the_driver_made_not_what_the_callers_variable_holds(vgpu_env):
+    """Found by review: cuMemCreate recorded `*handle` read back from the caller's variable after
+    the driver call; a second thread of the tenant that wrote another handle's value there in
+    between had the charge recorded under that handle (a 2 MiB allocation's record became 512 MiB)
+    and the new allocation uncounted: releasing the 2 MiB one then freed 512 MiB of charge, and
+    512 MiB stayed held with the ledger at 0 (past the limit, retryable). The driver now answers
+    into libvgpu's own variable, copied to the caller's once recorded."""
     row = _probe(
         vgpu_env,
         RACE
         + """
 c.init()
+rc, small = vmm_create(2)
 h = C.c_uint64()
 prop = Prop(1, 0, Loc(1, 0), None, 0)
-resume = call_paused("cuMemCreate", cu.cuMemCreate, C.byref(h), C.c_size_t(64 * MiB), C.byref(prop), C.c_ulonglong(0))
-va = reserve(64)
-other = on_thread(cu.cuMemMap, C.c_uint64(va), C.c_size_t(64 * MiB), C.c_size_t(0), C.c_uint64(h.value),
-                  C.c_ulonglong(0))
-other.join(1.0)  # room for the map to run while the create is in the driver (it waits for the record now)
-row = [resume(), other.result(), cu.cuMemRelease(h), ledger(), held(), vmm_create(1000)[0]]
-row += [unmap(va, 64), ledger(), held()]
+resume = call_paused("cuMemCreate", cu.cuMemCreate, C.byref(h), C.c_size_t(512 * MiB), C.byref(prop), C.c_ulonglong(0))
+h.value = small  # the tenant's other thread, between the driver's answer and the hook's record
+row = [rc, resume(), h.value not in (0, small), ledger(), held()]
+row += [cu.cuMemRelease(C.c_uint64(small)), ledger(), held(), vmm_create(600)[0]]
+row += [cu.cuMemRelease(h), ledger(), held()]
 print(row)
 """,
     )
-    assert row == [0, 0, 0, 64, 64, 2, 0, 0, 0]
+    assert row == [0, 0, True, 514, 514, 0, 512, 512, 2, 0, 0, 0]
+
+
+@pytest.mark.parametrize("fn", ["cuMemAlloc_v2", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuArray3DCreate_v2",
+                                "cuMemAllocAsync", "cuMemRetainAllocationHandle"])
+def test_the_hooks_hand_the_caller_what_the_driver_answered(vgpu_env, fn):
+    """With the driver answering into libvgpu's own variables, what the caller gets is still the
+    driver's answer (recorded under it: freeing it gives the charge back)."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + f"""
+c.init()
+fn = {fn!r}
+d, pitch = C.c_uint64(), C.c_size_t()
+if fn == "cuMemAlloc_v2":
+    rc = cu.cuMemAlloc_v2(C.byref(d), C.c_size_t(64 * MiB)); free = lambda: cu.cuMemFree_v2(d)
+elif fn == "cuMemAllocManaged":
+    rc = cu.cuMemAllocManaged(C.byref(d), C.c_size_t(64 * MiB), 1); free = lambda: cu.cuMemFree_v2(d)
+elif fn == "cuMemAllocPitch_v2":
+    rc = cu.cuMemAllocPitch_v2(C.byref(d), C.byref(pitch), C.c_size_t(8192), C.c_size_t(8192), 4)
+    free = lambda: cu.cuMemFree_v2(d)
+    rc = rc or (pitch.value < 8192)
+elif fn == "cuArray3DCreate_v2":
+    rc, d = array(4096, 4096); free = lambda: cu.cuArrayDestroy(d)
+elif fn == "cuMemAllocAsync":
+    rc = cu.cuMemAllocAsync(C.byref(d), C.c_size_t(64 * MiB), None)
+    free = lambda: (cu.cuMemFreeAsync(d, None), cu.cuCtxSynchronize(), cu.cuDeviceGetDefaultMemPool(C.byref(C.c_void_p()), 0))[0]
+else:
+    rc, g = vmm_create(64); va = reserve(64); map_h(va, g, 64); c.check(cu.cuMemRelease(C.c_uint64(g)), "release")
+    h = C.c_uint64(); rc = cu.cuMemRetainAllocationHandle(C.byref(h), C.c_void_p(va)) or (h.value != g)
+    free = lambda: cu.cuMemRelease(h) or unmap(va, 64)
+on = ledger() > 0
+row = [rc, on, free(), ledger() if fn != "cuMemAllocAsync" else 0]
+print(row)
+""",
+    )
+    assert row == [0, True, 0, 0]
