@@ -262,8 +262,10 @@ static void after_free(void)
 
 /* A pause inside a call (tests): fakegpu_pause_next_call(name) makes the next call of `name` wait
  * at its pause point until fakegpu_resume_free() (60 s at most); fakegpu_paused_frees() counts it.
- * cuMemUnmap, cuMemRelease and cuMemPoolDestroy pause on entry, before they do anything;
- * cuMemCreate once it has written the new handle, before it returns. A test sees what another
+ * cuMemUnmap, cuMemRelease, cuMemPoolDestroy and cuArray3DCreate_v2 pause on entry, before they
+ * do anything, and cuMemCreate too as "cuMemCreate:entry"; cuMemCreate (as "cuMemCreate"), the
+ * context creates (as "cuCtxCreate") and the graph instantiations (as "cuGraphInstantiate") once
+ * they have written the new handle, before they return. A test sees what another
  * thread's calls do while the driver is still in the paused one, whether it will fail (an unmap of
  * a range that starts at an unmapped address) or succeed (a destroy, a create). */
 static char g_pause_call[64]; /* under g_recycle_mu */
@@ -822,6 +824,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     *c = (struct CUctx_st){.magic = M_CTX, .dev = dev, .flags = flags, .refcount = 1};
     push_ctx(c);
     *pctx = c;
+    pause_point("cuCtxCreate");
     return CUDA_SUCCESS;
 }
 
@@ -1361,6 +1364,7 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
 
 EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
+    pause_point("cuArray3DCreate_v2");
     if (!arr || !d)
         return CUDA_ERROR_INVALID_VALUE;
     return array_new(M_ARRAY, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
@@ -1708,6 +1712,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     NEED_INIT();
+    pause_point("cuMemCreate:entry");
     if (!handle || !prop || flags || !size || size % FG_LARGE_ALIGN ||
         prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2721,6 +2726,7 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags,
     g_execs = x;
     pthread_mutex_unlock(&g_mu);
     *e = x;
+    pause_point("cuGraphInstantiate");
     return CUDA_SUCCESS;
 }
 

@@ -670,10 +670,14 @@ static CUresult do_retain(void *a)
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     READY_OR(r_cuDevicePrimaryCtxRetain, CUDA_ERROR_NOT_INITIALIZED);
-    retain_args a = {pctx, dev};
+    CUcontext got = NULL; /* the driver answers here, not in the tenant's memory (cuMemCreate) */
+    retain_args a = {pctx ? &got : NULL, dev};
     CUresult r = with_context_charge(dev, do_retain, &a);
-    if (r == CUDA_SUCCESS)
-        primary_ref(dev, 1, pctx ? *pctx : NULL);
+    if (r == CUDA_SUCCESS) {
+        primary_ref(dev, 1, got);
+        if (pctx)
+            *pctx = got;
+    }
     return r;
 }
 
@@ -770,6 +774,9 @@ static CUresult ctx_create(create_args *a, void *real)
     int reg = vgpu_cuda_dev(a->dev);
     if (reg < 0 || !a->pctx)
         return with_context_charge(a->dev, do_create, a);
+    /* the driver answers into `made`, recorded before it is copied to the caller's (cuMemCreate) */
+    CUcontext *caller = a->pctx, made = NULL;
+    a->pctx = &made;
     int known = vgpu_cfg.context_size >= 0 || __atomic_load_n(&g_ctx_measured[reg], __ATOMIC_ACQUIRE);
     uint64_t size = vgpu_cfg.context_size >= 0 ? (uint64_t)vgpu_cfg.context_size : g_ctx_size[reg];
     if (known && vgpu_reserve(reg, size, VGPU_MEM_CONTEXT) != 0)
@@ -783,14 +790,14 @@ static CUresult ctx_create(create_args *a, void *real)
     if (!known) {
         size = g_ctx_size[reg];
         if (vgpu_reserve(reg, size, VGPU_MEM_CONTEXT) != 0) {
-            CUcontext made = *a->pctx;
             if (r_cuCtxDestroy_v2 ? r_cuCtxDestroy_v2(made) : r_cuCtxDestroy(made))
                 LOG_WARN("device %d: could not destroy a context over the limit", reg);
-            *a->pctx = NULL;
+            *caller = NULL;
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    track(&g_handles, (uint64_t)(uintptr_t)*a->pctx, size, reg, T_CTX);
+    track(&g_handles, (uint64_t)(uintptr_t)made, size, reg, T_CTX);
+    *caller = made;
     return r;
 }
 
@@ -1215,8 +1222,9 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d)
     READY_OR(r_cuArrayCreate_v2, CUDA_ERROR_NOT_INITIALIZED);
     if (!arr || !d)
         return r_cuArrayCreate_v2(arr, d);
-    array_args a = {arr, d, 0, NULL};
-    return array_charged(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr,
+    CUDA_ARRAY_DESCRIPTOR dd = *d; /* read once: estimated and created from the same figures */
+    array_args a = {arr, &dd, 0, NULL};
+    return array_charged(array_bytes(dd.Width, dd.Height, 1, dd.Format, dd.NumChannels), (void **)arr,
                          do_array, &a);
 }
 
@@ -1225,8 +1233,9 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *
     READY_OR(r_cuArray3DCreate_v2, CUDA_ERROR_NOT_INITIALIZED);
     if (!arr || !d)
         return r_cuArray3DCreate_v2(arr, d);
-    array_args a = {arr, d, 0, NULL};
-    return array_charged(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+    CUDA_ARRAY3D_DESCRIPTOR dd = *d; /* read once: estimated and created from the same figures */
+    array_args a = {arr, &dd, 0, NULL};
+    return array_charged(array_bytes(dd.Width, dd.Height, dd.Depth, dd.Format, dd.NumChannels),
                          (void **)arr, do_array3d, &a);
 }
 
@@ -1237,8 +1246,9 @@ EXPORT CUresult cuArrayCreate(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
     READY_OR(r_cuArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
     if (!arr || !d)
         return r_cuArrayCreate(arr, d);
-    array_args a = {arr, d, 0, NULL};
-    return array_charged(array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), (void **)arr,
+    CUDA_ARRAY_DESCRIPTOR_v1 dd = *d; /* read once: estimated and created from the same figures */
+    array_args a = {arr, &dd, 0, NULL};
+    return array_charged(array_bytes(dd.Width, dd.Height, 1, dd.Format, dd.NumChannels), (void **)arr,
                          do_array_v1, &a);
 }
 
@@ -1247,8 +1257,9 @@ EXPORT CUresult cuArray3DCreate(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR_v1 *
     READY_OR(r_cuArray3DCreate, CUDA_ERROR_NOT_INITIALIZED);
     if (!arr || !d)
         return r_cuArray3DCreate(arr, d);
-    array_args a = {arr, d, 0, NULL};
-    return array_charged(array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels),
+    CUDA_ARRAY3D_DESCRIPTOR_v1 dd = *d; /* read once: estimated and created from the same figures */
+    array_args a = {arr, &dd, 0, NULL};
+    return array_charged(array_bytes(dd.Width, dd.Height, dd.Depth, dd.Format, dd.NumChannels),
                          (void **)arr, do_array3d_v1, &a);
 }
 
@@ -1256,10 +1267,13 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *mip, const CUDA_ARRAY3D
                                        unsigned int levels)
 {
     READY_OR(r_cuMipmappedArrayCreate, CUDA_ERROR_NOT_INITIALIZED);
-    if (!mip || !d || !d->Width)
+    if (!mip || !d)
         return r_cuMipmappedArrayCreate(mip, d, levels);
-    array_args a = {NULL, d, levels, mip};
-    return array_charged(mipmap_bytes(d, levels), (void **)mip, do_mipmap, &a);
+    CUDA_ARRAY3D_DESCRIPTOR dd = *d; /* read once: estimated and created from the same figures */
+    if (!dd.Width)
+        return r_cuMipmappedArrayCreate(mip, &dd, levels);
+    array_args a = {NULL, &dd, levels, mip};
+    return array_charged(mipmap_bytes(&dd, levels), (void **)mip, do_mipmap, &a);
 }
 
 /* After the driver's destroy of an array whose record was taken out before (`found`). */
@@ -1404,11 +1418,16 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
     READY_OR(r_cuMemCreate, CUDA_ERROR_NOT_INITIALIZED);
-    if (!handle || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!handle || !prop || !size)
         return r_cuMemCreate(handle, size, prop, flags);
-    int reg = vgpu_cuda_dev(prop->location.id);
+    /* read once: the driver makes what was judged (a second thread of the tenant could turn a
+     * host location into a device one, or one device into another, between the two reads) */
+    CUmemAllocationProp pr = *prop;
+    if (pr.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return r_cuMemCreate(handle, size, &pr, flags);
+    int reg = vgpu_cuda_dev(pr.location.id);
     if (reg < 0)
-        return r_cuMemCreate(handle, size, prop, flags);
+        return r_cuMemCreate(handle, size, &pr, flags);
     uint64_t bytes = round_to(size, 2ULL << 20);
     vmm_create_fl me;
     pthread_mutex_lock(&g_mu);
@@ -1417,7 +1436,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     g_vmm_creates = &me;
     pthread_mutex_unlock(&g_mu);
     CUmemGenericAllocationHandle h = 0; /* the driver answers here, not in the tenant's memory */
-    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(&h, size, prop, flags));
+    CUresult r = CHARGED_CALL(reg, bytes, r_cuMemCreate(&h, size, &pr, flags));
     pthread_mutex_lock(&g_mu);
     if (r == CUDA_SUCCESS)
         ptrmap_put(&g_handles, h, (ptrmap_val){.size = bytes, .aux = 1, .dev = reg, .kind = T_VMM});
@@ -1745,27 +1764,39 @@ static int pool_dev(CUmemoryPool pool)
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     READY_OR(r_cuMemPoolCreate, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuMemPoolCreate(pool, props);
-    if (r == CUDA_SUCCESS && pool && props)
-        pool_note(*pool, props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? props->location.id : POOL_HOST);
+    if (!props)
+        return r_cuMemPoolCreate(pool, props);
+    CUmemPoolProps pp = *props; /* read once: the pool noted is the pool made (cuMemCreate) */
+    CUmemoryPool got = NULL; /* the driver answers here, noted before the caller has it */
+    CUresult r = r_cuMemPoolCreate(pool ? &got : NULL, &pp);
+    if (r == CUDA_SUCCESS && pool)
+        pool_note(got, pp.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? pp.location.id : POOL_HOST);
+    if (r == CUDA_SUCCESS && pool)
+        *pool = got;
     return r;
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     READY_OR(r_cuDeviceGetDefaultMemPool, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuDeviceGetDefaultMemPool(pool, dev);
-    if (r == CUDA_SUCCESS && pool)
-        pool_note(*pool, dev);
+    CUmemoryPool got = NULL; /* the driver answers here, noted before the caller has it */
+    CUresult r = r_cuDeviceGetDefaultMemPool(pool ? &got : NULL, dev);
+    if (r == CUDA_SUCCESS && pool) {
+        pool_note(got, dev);
+        *pool = got;
+    }
     return r;
 }
 
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     READY_OR(r_cuDeviceGetMemPool, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuDeviceGetMemPool(pool, dev);
-    if (r == CUDA_SUCCESS && pool)
-        pool_note(*pool, dev);
+    CUmemoryPool got = NULL; /* the driver answers here, noted before the caller has it */
+    CUresult r = r_cuDeviceGetMemPool(pool ? &got : NULL, dev);
+    if (r == CUDA_SUCCESS && pool) {
+        pool_note(got, dev);
+        *pool = got;
+    }
     return r;
 }
 
@@ -2311,53 +2342,6 @@ static CUresult graph_run(CUgraphExec exec, CUresult (*call)(void *), void *arg)
     return r;
 }
 
-/* Instantiate `g` through `call`: refused when its footprint alone is over a device's limit;
- * mapped under the limit when the instantiation uploads it; remembered for its launches. */
-static CUresult graph_instantiate(CUgraphExec *exec, CUgraph g, int upload, CUresult (*call)(void *), void *arg)
-{
-    graph_mem m;
-    if (!exec)
-        return call(arg);
-    if (!graph_footprint(g, &m)) {
-        CUresult r = call(arg);
-        if (r == CUDA_SUCCESS && *exec && __atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)) {
-            ptrmap_val old; /* a handle of an executable graph gone with its context, given out again */
-            pthread_mutex_lock(&g_graph_mu);
-            if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)*exec, &old)) {
-                free((void *)(uintptr_t)old.aux);
-                __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
-            }
-            pthread_mutex_unlock(&g_graph_mu);
-        }
-        return r;
-    }
-    for (int d = 0; d < VGPU_MAX_DEV; d++) {
-        int reg = m.foot[d] ? vgpu_cuda_dev(d) : -1;
-        if (reg >= 0 && vgpu_reg->limit[reg] && m.foot[d] > vgpu_reg->limit[reg]) {
-            LOG_WARN("CUDA graph refused: its allocation nodes need %llu bytes of device memory on device %d, over "
-                     "its limit of %llu", (unsigned long long)m.foot[d], reg, (unsigned long long)vgpu_reg->limit[reg]);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
-    pthread_mutex_lock(&g_graph_mu);
-    CUresult r = upload ? graph_map(&m, call, arg) : call(arg);
-    graph_mem *keep = r == CUDA_SUCCESS && *exec ? malloc(sizeof *keep) : NULL;
-    if (keep) {
-        *keep = m;
-        ptrmap_val old;
-        if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)*exec, &old)) { /* a handle the driver reused */
-            free((void *)(uintptr_t)old.aux);
-            __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
-        }
-        if (ptrmap_put(&g_gexecs, (uint64_t)(uintptr_t)*exec, (ptrmap_val){.aux = (uint64_t)(uintptr_t)keep}) == 0)
-            __atomic_fetch_add(&g_gexec_n, 1, __ATOMIC_RELAXED);
-        else
-            free(keep);
-    }
-    pthread_mutex_unlock(&g_graph_mu);
-    return r;
-}
-
 typedef struct {
     CUgraphExec *exec;
     CUgraph g;
@@ -2381,41 +2365,100 @@ static CUresult do_instantiate(void *a)
     }
 }
 
+/* Instantiate `a->g`: refused when its footprint alone is over a device's limit; mapped under
+ * the limit when the instantiation uploads it; remembered for its launches. The driver answers
+ * into a local, remembered before it is copied to the caller's variable (cuMemCreate): read back
+ * from the tenant's memory, another thread could have put another graph's handle there, and the
+ * real one would launch with its allocation nodes unknown, uncharged. */
+static CUresult graph_instantiate(inst_args *a, int upload)
+{
+    graph_mem m;
+    CUgraphExec *caller = a->exec, made = NULL;
+    if (!caller)
+        return do_instantiate(a);
+    a->exec = &made;
+    CUresult (*call)(void *) = do_instantiate;
+    void *arg = a;
+    CUresult r;
+    if (!graph_footprint(a->g, &m)) {
+        r = call(arg);
+        if (r == CUDA_SUCCESS && made && __atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)) {
+            ptrmap_val old; /* a handle of an executable graph gone with its context, given out again */
+            pthread_mutex_lock(&g_graph_mu);
+            if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) {
+                free((void *)(uintptr_t)old.aux);
+                __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+            }
+            pthread_mutex_unlock(&g_graph_mu);
+        }
+        if (r == CUDA_SUCCESS)
+            *caller = made;
+        return r;
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        int reg = m.foot[d] ? vgpu_cuda_dev(d) : -1;
+        if (reg >= 0 && vgpu_reg->limit[reg] && m.foot[d] > vgpu_reg->limit[reg]) {
+            LOG_WARN("CUDA graph refused: its allocation nodes need %llu bytes of device memory on device %d, over "
+                     "its limit of %llu", (unsigned long long)m.foot[d], reg, (unsigned long long)vgpu_reg->limit[reg]);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_lock(&g_graph_mu);
+    r = upload ? graph_map(&m, call, arg) : call(arg);
+    graph_mem *keep = r == CUDA_SUCCESS && made ? malloc(sizeof *keep) : NULL;
+    if (keep) {
+        *keep = m;
+        ptrmap_val old;
+        if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) { /* a handle the driver reused */
+            free((void *)(uintptr_t)old.aux);
+            __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+        }
+        if (ptrmap_put(&g_gexecs, (uint64_t)(uintptr_t)made, (ptrmap_val){.aux = (uint64_t)(uintptr_t)keep}) == 0)
+            __atomic_fetch_add(&g_gexec_n, 1, __ATOMIC_RELAXED);
+        else
+            free(keep);
+    }
+    pthread_mutex_unlock(&g_graph_mu);
+    if (r == CUDA_SUCCESS)
+        *caller = made;
+    return r;
+}
+
 /* The pre-11.4 signature (error node and log): still exported, reached by name or through
  * cuGetProcAddress below 12000. */
 EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph g, CUgraphNode *err, char *log, size_t len)
 {
     READY_OR(r_cuGraphInstantiate, CUDA_ERROR_NOT_INITIALIZED);
     inst_args a = {exec, g, 1, err, log, len, 0, NULL};
-    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+    return graph_instantiate(&a, 0);
 }
 
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph g, CUgraphNode *err, char *log, size_t len)
 {
     READY_OR(r_cuGraphInstantiate_v2, CUDA_ERROR_NOT_INITIALIZED);
     inst_args a = {exec, g, 2, err, log, len, 0, NULL};
-    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+    return graph_instantiate(&a, 0);
 }
 
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags)
 {
     READY_OR(r_cuGraphInstantiateWithFlags, CUDA_ERROR_NOT_INITIALIZED);
     inst_args a = {exec, g, 3, NULL, NULL, 0, flags, NULL};
-    return graph_instantiate(exec, g, 0, do_instantiate, &a);
+    return graph_instantiate(&a, 0);
 }
 
 EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     READY_OR(r_cuGraphInstantiateWithParams, CUDA_ERROR_NOT_INITIALIZED);
     inst_args a = {exec, g, 4, NULL, NULL, 0, 0, p};
-    return graph_instantiate(exec, g, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), do_instantiate, &a);
+    return graph_instantiate(&a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
 }
 
 EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     READY_OR(r_cuGraphInstantiateWithParams_ptsz, CUDA_ERROR_NOT_INITIALIZED);
     inst_args a = {exec, g, 5, NULL, NULL, 0, 0, p};
-    return graph_instantiate(exec, g, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD), do_instantiate, &a);
+    return graph_instantiate(&a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
 }
 
 typedef struct {

@@ -585,3 +585,108 @@ print(row)
 """,
     )
     assert row == [0, True, 0, 0]
+
+
+# ---- the rest of the read-backs (after the review of 1 Dec): what a hook judged is what the driver made ----
+
+
+def test_an_array_descriptor_grown_while_the_driver_reads_it_is_charged_as_made(vgpu_env):
+    """cuArray3DCreate_v2 estimated the charge from the caller's descriptor, then handed the driver
+    the same memory to read again: a second thread of the tenant that grew it in between (1 x 1 to
+    8192 x 8192 float4) made a 1 GiB array charged 2 MiB, past a 1 GiB limit. The hook reads the
+    descriptor once and gives the driver its own copy."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+a, ctx = C.c_void_p(), C.c_void_p()
+c.check(cu.cuCtxGetCurrent(C.byref(ctx)), "current")
+d = Desc3(1, 1, 0, FLOAT, 4, 0)
+make = lambda: cu.cuCtxSetCurrent(ctx) or cu.cuArray3DCreate_v2(C.byref(a), C.byref(d))  # on its own thread
+resume = call_paused("cuArray3DCreate_v2", make)
+d.w, d.h = 8192, 8192
+row = [resume(), ledger() == held(), held() < 64, c.alloc(1000 * MiB)[0]]
+print(row)
+""",
+    )
+    assert row == [0, True, True, 0]
+
+
+def test_a_vmm_location_turned_to_the_device_while_the_driver_reads_it_is_charged(vgpu_env):
+    """cuMemCreate judged the location from the caller's properties (a host location is not the
+    container's device memory: passed through uncharged), then the driver read them again: turned to
+    the device in between, a 512 MiB device allocation went uncharged. Judged and made from one
+    copy, the driver gets the host location it was judged on (the fake refuses it)."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+h = C.c_uint64()
+prop = Prop(1, 0, Loc(2, 0), None, 0)  # CU_MEM_LOCATION_TYPE_HOST
+resume = call_paused("cuMemCreate:entry", cu.cuMemCreate, C.byref(h), C.c_size_t(512 * MiB), C.byref(prop),
+                     C.c_ulonglong(0))
+prop.loc.type = 1  # DEVICE, as the driver reads it
+row = [resume() != 0, ledger() == held(), c.alloc(600 * MiB)[0]]
+print(row)
+""",
+    )
+    assert row == [True, True, 0]
+
+
+def test_cugraphinstantiate_remembers_the_graph_the_driver_made_not_what_the_callers_variable_holds(vgpu_env):
+    """The instantiate hooks remembered the allocation nodes of `*exec` read back from the caller's
+    variable: a second thread that wrote another executable graph there between the driver's answer
+    and the read had the 512 MiB footprint remembered under that graph, and the real one launched
+    mapping 512 MiB unchecked and uncharged."""
+    row = _probe(
+        vgpu_env,
+        RACE
+        + """
+c.init()
+x1 = graph_of(2)
+g, a, f = C.c_void_p(), C.c_void_p(), C.c_void_p()
+c.check(cu.cuGraphCreate(C.byref(g), 0))
+p = AllocParams(PoolProps(1, 0, Loc(1, 0)), None, 0, 512 * MiB, 0)
+c.check(cu.cuGraphAddMemAllocNode(C.byref(a), g, None, 0, C.byref(p)), "alloc node")
+c.check(cu.cuGraphAddMemFreeNode(C.byref(f), g, (C.c_void_p * 1)(a), 1, C.c_uint64(p.dptr)), "free node")
+x2 = C.c_void_p()
+resume = call_paused("cuGraphInstantiate", cu.cuGraphInstantiateWithFlags, C.byref(x2), g, C.c_ulonglong(0))
+seen = x2.value  # what the tenant's other thread can read of the driver's answer (nothing, now)
+x2.value = x1.value  # and what it writes there then
+row = [resume(), not seen, x2.value != x1.value]
+made = seen or x2.value  # the graph the driver made
+row += [cu.cuGraphLaunch(C.c_void_p(made), None), ledger() == held(), c.alloc(600 * MiB)[0]]
+print(row)
+""",
+    )
+    assert row == [0, True, True, 0, True, 2]
+
+
+def test_cuctxcreate_records_the_context_the_driver_made_not_what_the_callers_variable_holds(vgpu_env, tmp_path):
+    """cuCtxCreate recorded its footprint under `*pctx` read back from the caller's variable: a
+    second thread that wrote an older context's handle there had the new context's charge recorded
+    over the old one's and the new context unrecorded, so destroying both gave one footprint back
+    and the other stayed charged for the life of the process."""
+    cfg = tmp_path / "gpus.conf"
+    cfg.write_text("context_mem=64Mi\ndevice name=Tesla T4,memory=16GB,sms=40\n")
+    row = _probe(
+        {**vgpu_env, "FAKEGPU_CONFIG": str(cfg)},
+        RACE
+        + """
+c.init()
+base = ledger_b()
+c1, c2 = C.c_void_p(), C.c_void_p()
+c.check(cu.cuCtxCreate_v2(C.byref(c1), 0, 0), "ctx")
+one = ledger_b() - base
+resume = call_paused("cuCtxCreate", cu.cuCtxCreate_v2, C.byref(c2), 0, 0)
+seen = c2.value  # what the tenant's other thread can read of the driver's answer (nothing, now)
+c2.value = c1.value  # and what it writes there then
+row = [resume(), not seen, c2.value != c1.value, one > 0, ledger_b() - base == 2 * one]
+made = seen or c2.value  # the context the driver made
+row += [cu.cuCtxDestroy_v2(C.c_void_p(made)), cu.cuCtxDestroy_v2(c1), ledger_b() == base]
+print(row)
+""",
+    )
+    assert row == [0, True, True, True, True, 0, 0, True]
