@@ -12,21 +12,9 @@ import json
 
 import pytest
 
+from .test_scheduler import _Seen
+
 pytestmark = pytest.mark.integration
-
-
-class _Seen:
-    def __init__(self):
-        self.items: dict[str, dict] = {}
-
-    def replace(self, items, resource_version=None):
-        self.items = {i["metadata"]["name"]: i for i in items}
-
-    def apply(self, kind, obj):
-        if kind == "DELETED":
-            self.items.pop(obj["metadata"]["name"], None)
-        else:
-            self.items[obj["metadata"]["name"]] = obj
 
 
 def _post_raw(cluster, path: str, text: str) -> None:

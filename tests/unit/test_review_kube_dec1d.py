@@ -24,6 +24,8 @@ from hami.kube.reflector import Reflector
 from hami.serve import CertReloader, ConnectionGuard
 from hami_devkit.pki import CertificateAuthority
 
+from .test_serve import _closed
+
 #: a claim's opaque parameters as another driver's client may send them: Go's JSON accepts a lone
 #: surrogate escape, and the API server serves a RawExtension byte for byte
 LONE = rb'{"opaque": {"driver": "other.example.com", "parameters": {"x": "a\ud800b", "y": ["\udc00"]}}}'
@@ -357,13 +359,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def _closed(reader: asyncio.StreamReader, within: float) -> bool:
-    try:
-        return await asyncio.wait_for(reader.read(), within) == b""
-    except (asyncio.TimeoutError, ConnectionResetError):
-        return False
 
 
 async def _settle(done, seconds: float = 10.0) -> None:

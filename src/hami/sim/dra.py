@@ -35,7 +35,7 @@ with ``status.allocatable`` (:class:`hami.sim.engine.NodeResources`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from hami.core import (
     CoreError,
@@ -862,12 +862,9 @@ def _settled(pod: Mapping[str, Any]) -> PodOutcome:
     )
 
 
-def _grants_from_the_start(objects: Iterable[tuple[str, dict]], state: _State, source: str) -> None:
-    """The extender grants the pods' first documents hold (not finished; terminating ones too)
-    count against their namespaces' quotas from the start, wherever the file lists them, as in the
-    scheduler's ledger, which counts every live grant (a dump is sorted by name: a new pod listed
-    before a running one must not take the running one's room). Their uids are held from the start
-    too. A document that cannot be read is skipped here (the run stops on it in its place)."""
+def _first_pods(objects: Iterable[tuple[str, dict]], source: str) -> Iterator[tuple[str, dict, str]]:
+    """Each pod's first document (label, document, pod ref) among ``objects``, the ones that can be
+    read: one that cannot is skipped here (the run stops on it in its place)."""
     seen: set[str] = set()
     for label, obj in objects:
         if (obj.get("kind") or "Pod") != "Pod":
@@ -876,11 +873,21 @@ def _grants_from_the_start(objects: Iterable[tuple[str, dict]], state: _State, s
         if ref in seen:
             continue
         seen.add(ref)
-        if finished(obj):
-            continue
         try:
             check_document(obj, POD, source, label)
         except SimulationError:
+            continue
+        yield label, obj, ref
+
+
+def _grants_from_the_start(objects: Iterable[tuple[str, dict]], state: _State, source: str) -> None:
+    """The extender grants the pods' first documents hold (not finished; terminating ones too)
+    count against their namespaces' quotas from the start, wherever the file lists them, as in the
+    scheduler's ledger, which counts every live grant (a dump is sorted by name: a new pod listed
+    before a running one must not take the running one's room). Their uids are held from the start
+    too."""
+    for label, obj, ref in _first_pods(objects, source):
+        if finished(obj):
             continue
         existing, _ = read_grants(obj, state.config.vendors)
         if existing is None:
@@ -892,18 +899,9 @@ def _grants_from_the_start(objects: Iterable[tuple[str, dict]], state: _State, s
 
 def _bound_from_the_start(objects: Iterable[tuple[str, dict]], resources: NodeResources, source: str) -> None:
     """The pods bound to a node (``spec.nodeName``, not finished) by their first document: on that
-    node for kube-scheduler's NodeResourcesFit from the start, wherever the file lists them. A
-    document that cannot be read is skipped here (the run stops on it in its place)."""
-    seen: set[str] = set()
-    for label, obj in objects:
-        if (obj.get("kind") or "Pod") != "Pod":
-            continue
-        ref = pod_ref(obj)
-        if ref in seen:
-            continue
-        seen.add(ref)
+    node for kube-scheduler's NodeResourcesFit from the start, wherever the file lists them."""
+    for label, obj, ref in _first_pods(objects, source):
         try:
-            check_document(obj, POD, source, label)
             node = running_on(obj)
             if node is not None:
                 resources.hold(ref, node, pod_resources(obj, source, label))
