@@ -550,8 +550,17 @@ print(row)
     assert row == [0, 0, True, 514, 514, 0, 512, 512, 2, 0, 0, 0]
 
 
-@pytest.mark.parametrize("fn", ["cuMemAlloc_v2", "cuMemAllocManaged", "cuMemAllocPitch_v2", "cuArray3DCreate_v2",
-                                "cuMemAllocAsync", "cuMemRetainAllocationHandle"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "cuMemAlloc_v2",
+        "cuMemAllocManaged",
+        "cuMemAllocPitch_v2",
+        "cuArray3DCreate_v2",
+        "cuMemAllocAsync",
+        "cuMemRetainAllocationHandle",
+    ],
+)
 def test_the_hooks_hand_the_caller_what_the_driver_answered(vgpu_env, fn):
     """With the driver answering into libvgpu's own variables, what the caller gets is still the
     driver's answer (recorded under it: freeing it gives the charge back)."""
