@@ -618,3 +618,73 @@ def test_on_the_dra_front_end_a_gpu_count_quota_counts_the_claims_simulated_so_f
         "webhook": "exceeding resource quota: nvidia.com/gpu requests 2, namespace team has 1 left"
     }
     assert (pods["a"].status, pods["c"].status) == ("deleted", "scheduled")
+
+
+# ---------------------------------------------------------------- the API server's quota on extended resources
+
+
+def _count_quota(ns="team", gpus="2", **extra_hard):
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus", "namespace": ns},
+        "spec": {"hard": {"requests.nvidia.com/gpu": gpus, **extra_hard}},
+    }
+
+
+def test_the_api_servers_gpu_count_quota_refuses_a_pod_being_created_past_it():
+    """Found by review, 1 Dec: the extender simulation left a quota's ``requests.nvidia.com/gpu``
+    out (the DRA one counted it): with 2 GPUs allowed, a running 1-GPU pod and two new ones, the
+    second new pod was placed where the API server refuses to create it."""
+    running = placed("running", "n1", "GPU-n1-0", mem=1000)
+    running["metadata"]["namespace"] = "team"
+    news = [pod_doc(f"new{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="team") for i in (1, 2)]
+    other = pod_doc("elsewhere", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="other")
+    r = by_name(simulate([node("n1", n=4)], [_count_quota(), running, *news, other], CFG))
+    assert [r[n].status for n in ("running", "new1", "new2", "elsewhere")] == [
+        "pre-placed",
+        "scheduled",
+        "denied",
+        "scheduled",
+    ]
+    assert r["new2"].reasons == {
+        "apiserver": "exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=2, "
+        "limited: requests.nvidia.com/gpu=2"
+    }
+
+
+def test_the_gpu_count_quota_frees_room_when_a_pod_goes_and_counts_pending_pods():
+    """The namespace uses what its live pods request, placed or not: a pending pod counts (the API
+    server created it), a deleted one gives its GPUs back, a pod that asks for none is not
+    refused, and a scoped quota is left out."""
+    big = pod_doc("big", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 20000}, ns="team")  # fits no GPU: pending
+    small = pod_doc("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="team")
+    cpu = pod_doc("cpu-only", {"cpu": "1"}, ns="team")
+    gone = pod_doc("big", deleted=True, ns="team")
+    again = pod_doc("again", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="team")
+    scoped = _count_quota(gpus="0")
+    scoped["metadata"]["name"] = "scoped"
+    scoped["spec"]["scopes"] = ["BestEffort"]
+    docs = [_count_quota(), scoped, big, small, cpu, gone, again]
+    r = by_name(simulate([node("n1", n=4)], docs, CFG))
+    assert r["big"].status == "deleted"
+    assert r["small"].status == "denied" and "used: requests.nvidia.com/gpu=2" in r["small"].reasons["apiserver"]
+    assert r["cpu-only"].status == "no-devices"
+    assert r["again"].status == "scheduled"
+
+
+def test_a_quota_given_after_pods_counts_them_and_a_bound_pod_being_created_is_refused_too():
+    """A quota listed after pods of its namespace counts them from its place on (the quota
+    controller counts the pods there); a new pod bound by ``spec.nodeName`` is refused as well
+    (the API server's quota does not look at the node)."""
+    first = pod_doc("first", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="team")
+    pinned = pod_doc("pinned", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}, ns="team")
+    pinned["spec"]["nodeName"] = "n1"
+    r = by_name(simulate([node("n1", n=4)], [first, _count_quota(gpus="1"), pinned], CFG))
+    assert r["first"].status == "scheduled"
+    assert r["pinned"].status == "denied" and r["pinned"].reasons["apiserver"].startswith("exceeded quota: gpus")
+
+
+def test_an_unreadable_gpu_count_quota_names_its_field():
+    with pytest.raises(SimulationError, match=r"spec\.hard\.requests\.nvidia\.com/gpu"):
+        simulate([node("n1")], [_count_quota(gpus="lots")], CFG)

@@ -22,8 +22,9 @@ allocation annotations are read as the scheduler's cache reads them (:mod:`hami.
 readable grants count, an unreadable vendor's devices on its node are cordoned while it runs);
 the webhook's admission of a pod being created (:func:`created_by_file`: a dump's pending pod
 exists already, and waits at Filter) gets the namespace quota room
-(:meth:`hami.core.Ledger.quota_room`); and kube-scheduler's NodeResourcesFit on cpu, memory and
-pods runs with its node filters (:class:`NodeResources`).
+(:meth:`hami.core.Ledger.quota_room`), then the API server's quota on extended resources
+(:class:`ApiServerQuota`: ``requests.nvidia.com/gpu``); and kube-scheduler's NodeResourcesFit on
+cpu, memory and pods runs with its node filters (:class:`NodeResources`).
 """
 
 from __future__ import annotations
@@ -221,6 +222,108 @@ def file_uids(objects: Iterable[tuple[str, Mapping[str, Any]]]) -> set[str]:
     return {u for _, o in objects if isinstance(u := (o.get("metadata") or {}).get("uid"), str) and u}
 
 
+# ---------------------------------------------------------------------- the API server's quota admission
+
+
+class ApiServerQuota:
+    """The API server's own ResourceQuota admission, on the extended resources a quota caps with a
+    ``requests.<name>`` key (``requests.nvidia.com/gpu: 4``: the namespace's GPU count): a pod
+    being created whose requests would take its namespace past such a limit is refused before it
+    exists, ``exceeded quota: NAME, requested: ..., used: ..., limited: ...``, as the API server
+    refuses it (its HAMi quota, ``limits.nvidia.com/gpumem`` and the like, is the webhook's and the
+    ledger's: :meth:`hami.core.Ledger.quota_room`). A namespace uses what its live pods request
+    (every pod the file gives or creates, not finished, not refused, until the file deletes it), as
+    the quota controller counts them; a quota's ``status.used`` is not read. A scoped quota
+    (``spec.scopes``, ``spec.scopeSelector``) is left out: its scopes are not modelled. Until 1 Dec
+    the extender simulation left these limits out (the DRA one counted them): a namespace with a
+    GPU count quota of 1 had a second 1-GPU pod placed where the cluster refuses it (review)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.hard: dict[str, dict[str, dict[str, int]]] = {}  # namespace -> quota name -> resource -> limit
+        self.pods: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> pod ref -> the pod counted
+        self.amounts: dict[str, dict[str, int]] = {}  # pod ref -> resource -> what it requests
+        self.used: dict[str, dict[str, int]] = {}  # namespace -> resource -> what its pods request
+        self.where: dict[str, str] = {}  # pod ref -> its namespace, while counted
+
+    @staticmethod
+    def capped(obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The extended resources (a domain-qualified name outside kubernetes.io) an unscoped
+        ResourceQuota caps with ``requests.<name>``, and their limits as given."""
+        spec = obj.get("spec") or {}
+        if spec.get("scopes") or ((spec.get("scopeSelector") or {}).get("matchExpressions")):
+            return {}
+        out = {}
+        for key, value in (spec.get("hard") or {}).items():
+            name = key.removeprefix("requests.")
+            if name != key and "/" in name and not name.split("/", 1)[0].endswith("kubernetes.io"):
+                out[name] = value
+        return out
+
+    def set_quota(self, obj: Mapping[str, Any], label: str) -> None:
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "default", meta.get("name") or ""
+        limits: dict[str, int] = {}
+        for resource, value in self.capped(obj).items():
+            try:
+                limits[resource] = math.floor(parse_quantity(value, f"spec.hard.requests.{resource}"))
+            except QuantityError as exc:
+                raise SimulationError(f"{self.source}: {label} ({_describe(obj)}): {exc}") from None
+        quotas = self.hard.setdefault(namespace, {})
+        quotas.pop(name, None)
+        if limits:
+            quotas[name] = limits
+        used = self.used.setdefault(namespace, {})
+        for resource in limits.keys() - used.keys():  # counted from here on, from the pods there now
+            used[resource] = 0
+            for ref, pod in self.pods.get(namespace, {}).items():
+                n = pod_resources(pod, self.source, ref, (resource,))[resource]
+                self.amounts.setdefault(ref, {})[resource] = n
+                used[resource] += n
+
+    def refusal(self, pod: Mapping[str, Any], label: str) -> str | None:
+        """Why the API server refuses to create ``pod`` under its namespace's quotas, or None."""
+        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        quotas = self.hard.get(namespace)
+        if not quotas:
+            return None
+        used = self.used.get(namespace, {})
+        asks = pod_resources(pod, self.source, label, sorted(used))
+        for name in sorted(quotas):
+            limits = quotas[name]
+            over = sorted(r for r, h in limits.items() if asks.get(r, 0) > 0 and used.get(r, 0) + asks[r] > h)
+            if over:
+                key = [f"requests.{r}" for r in over]
+                return (
+                    f"exceeded quota: {name}, "
+                    f"requested: {','.join(f'{k}={asks[r]}' for k, r in zip(key, over))}, "
+                    f"used: {','.join(f'{k}={used.get(r, 0)}' for k, r in zip(key, over))}, "
+                    f"limited: {','.join(f'{k}={limits[r]}' for k, r in zip(key, over))}"
+                )
+        return None
+
+    def count(self, ref: str, pod: Mapping[str, Any], label: str) -> None:
+        """``pod`` exists (its namespace's quotas count what it requests) until :meth:`uncount`."""
+        self.uncount(ref)
+        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        self.pods.setdefault(namespace, {})[ref] = pod
+        self.where[ref] = namespace
+        used = self.used.get(namespace)
+        if used:
+            amounts = self.amounts[ref] = pod_resources(pod, self.source, label, sorted(used))
+            for resource, n in amounts.items():
+                used[resource] += n
+
+    def uncount(self, ref: str) -> None:
+        namespace = self.where.pop(ref, None)
+        if namespace is None:
+            return
+        self.pods[namespace].pop(ref, None)
+        used = self.used.get(namespace, {})
+        for resource, n in self.amounts.pop(ref, {}).items():
+            used[resource] -= n
+
+
 # ---------------------------------------------------------------------- kube-scheduler's NodeResourcesFit
 
 #: the node resources kube-scheduler's NodeResourcesFit filter checks here (device resources are
@@ -253,9 +356,12 @@ def node_allocatable(obj: Mapping[str, Any], source: str, label: str) -> dict[st
     return out
 
 
-def pod_resources(pod: Mapping[str, Any], source: str, label: str) -> dict[str, int]:
+def pod_resources(
+    pod: Mapping[str, Any], source: str, label: str, names: Iterable[str] = ("cpu", "memory")
+) -> dict[str, int]:
     """What kube-scheduler counts a pod as requesting of a node (``cpu`` in millicores, ``memory``
-    in bytes), as Kubernetes adds it up: a container's request, or its limit when it gives none
+    in bytes; or of the resources ``names``, e.g. an extended resource the API server's quota
+    counts), as Kubernetes adds it up: a container's request, or its limit when it gives none
     (the API server's default); the regular containers and sidecars (init containers with
     ``restartPolicy: Always``) together, or a classic init container with the sidecars started
     before it when that is more; plus ``spec.overhead``."""
@@ -275,7 +381,7 @@ def pod_resources(pod: Mapping[str, Any], source: str, label: str) -> dict[str, 
             raise SimulationError(f"{source}: {label} ({_describe(pod)}): {exc}") from None
 
     out = {}
-    for r in ("cpu", "memory"):
+    for r in names:
         total = sum(ask(c, r, f"spec.containers[{i}]") for i, c in enumerate(spec.get("containers") or ()))
         sidecars = peak = 0
         for i, c in enumerate(spec.get("initContainers") or ()):
@@ -726,6 +832,8 @@ class _Run:
         #: devices on that node are cordoned while it runs (hami.core.grants), as in the scheduler
         self.blind: dict[str, tuple[str, frozenset[str]]] = {}
         self.registered: dict[str, NodeDevices] = {}  # node -> its devices before such cordons
+        self.api_quota = ApiServerQuota(sources[1])  # the API server's quota on extended resources
+        self.created: dict[str, dict] = {}  # ref -> a pod being created as the webhook admitted it
 
     def result(self) -> SimResult:
         pods = [o for _, o in sorted(self.outcomes.values(), key=lambda pair: pair[0])]
@@ -741,6 +849,7 @@ class _Run:
         if obj.get("kind") != "ResourceQuota":
             return
         namespace = meta.get("namespace") or "default"
+        self.api_quota.set_quota(obj, label)
         hard = (obj.get("spec") or {}).get("hard") or {}
         limited = {f"limits.{r}" for v in self.config.vendors for r in (v.resources.memory, v.resources.cores) if r}
         if (before := self.placed.get(namespace)) and limited & set(hard):
@@ -768,6 +877,7 @@ class _Run:
             self.ledger.remove_pod(key)
             self.uids.release(key)
         self.resources.release(doc.ref)
+        self.api_quota.uncount(doc.ref)
         gone = self.blind.pop(doc.ref, None)
         if gone is not None:
             self._recordon(gone[0])
@@ -779,8 +889,14 @@ class _Run:
         if not finished(doc.obj) and running_on(doc.obj):
             self.resources.hold(doc.ref, running_on(doc.obj), doc.resources)
         self.outcomes.pop(doc.ref, None)
-        self.outcomes[doc.ref] = (doc.index, self._place(doc))
+        outcome = self._place(doc)
+        self.outcomes[doc.ref] = (doc.index, outcome)
         self.objects[doc.ref] = doc.obj
+        created = self.created.pop(doc.ref, doc.obj)
+        if outcome.status in ("denied", "finished"):  # never created, or holding nothing
+            self.api_quota.uncount(doc.ref)
+        else:
+            self.api_quota.count(doc.ref, created, doc.label)
 
     # -------------------------------------------------------------- one pod
     def _place(self, doc: PodDoc) -> PodOutcome:
@@ -803,6 +919,8 @@ class _Run:
             return out
         try:
             if bound_node(pod):
+                if created_by_file(pod) and (why := self.api_quota.refusal(pod, doc.label)):
+                    return self._refused(out, pod, {"apiserver": why})
                 return self._fit_bound(pod, out)
             return self._schedule(doc, out)
         except CoreError as exc:
@@ -845,6 +963,13 @@ class _Run:
             return _stuck(out, admitted, {bound: unknown_node(bound, self.sources[0])})
         return self._outcome(out, admitted, result, {})
 
+    def _refused(self, out: PodOutcome, pod: Mapping[str, Any], reasons: dict[str, str]) -> PodOutcome:
+        """A pod refused at its creation (by the webhook, or the API server's quota): ``denied``."""
+        admit_pod(pod, self.config.vendors)  # a request the admission cannot read stops the run
+        out.status, out.reasons = "denied", reasons
+        out.containers = _containers(pod, {})
+        return out
+
     def _schedule(self, doc: PodDoc, out: PodOutcome) -> PodOutcome:
         """A new pod: the webhook's admission, kube-scheduler's node filters, HAMi's Filter."""
         pod = doc.obj
@@ -852,10 +977,12 @@ class _Run:
         room = self.ledger.quota_room if created_by_file(pod) else None
         decision = decide(pod, self.admission, quota_room=room)
         if not decision.allowed:
-            admit_pod(pod, self.config.vendors)  # a request the admission cannot read stops the run
-            out.status, out.reasons = "denied", {"webhook": decision.message}
-            out.containers = _containers(pod, {})
-            return out
+            return self._refused(out, pod, {"webhook": decision.message})
+        if created_by_file(pod):  # then the API server's own quota admission, on what the webhook made of it
+            made = decision.pod or pod
+            if why := self.api_quota.refusal(made, doc.label):
+                return self._refused(out, pod, {"apiserver": why})
+            self.created[doc.ref] = made
         admitted, _ = admit_pod(pod, self.config.vendors)
         gates = scheduling_gates(pod)
         if gates:  # kube-scheduler keeps it out of scheduling until the gates go: it holds nothing
