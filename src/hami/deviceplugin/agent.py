@@ -16,8 +16,9 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import Iterable
 
-from hami.core.codec import decode_mig_allocations
+from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
 from hami.core.names import NODE_INJECTION
 from hami.kube.nodelock import LOCK_HANDOFF
@@ -31,7 +32,7 @@ from hami.node.nri.plugin import NriPlugin
 from hami.node.nvml import IGNORED_XIDS, MigError, PhysicalGPU, XidWatcher
 from hami.node.settings import NodeSettings
 
-from .allocate import DeviceSpecs
+from .allocate import ALLOCATED, DeviceSpecs
 from .allocator import Allocator
 from .devices import DeviceState
 from .injection import RECORD_UID, Injector, NriAllocator, grant_records_dir
@@ -51,6 +52,19 @@ NRI_RECORDS_READ_S = 10.0
 # the shutdown writes (node lock release, node declarations withdrawn) together, at most: well
 # inside the 30 s a pod is given between SIGTERM and the kill
 SHUTDOWN_WRITES_S = 20.0
+
+
+def legacy_mig_grants(text: str, gpus: Iterable[str]) -> list[tuple[str, str]]:
+    """The grants of ``gpus`` in a pod's ``hami.io/vgpu-devices-allocated`` written in HAMi's
+    legacy MIG form, ``<GPU UUID>[<template>-<slot>]`` (before ``hami.io/vgpu-mig-allocations``):
+    (GPU UUID, the device ID as written) pairs. A text that does not decode is searched for
+    ``<GPU UUID>[`` instead: when in doubt, the pod is taken to hold an instance there."""
+    mine = set(gpus)
+    try:
+        found = [cd.uuid for ctr in decode_pod_devices(text) for cd in ctr if "[" in cd.uuid]
+    except CodecError:
+        return [(g, f"{g}[...]") for g in sorted(mine) if f"{g}[" in text]
+    return [(u.split("[", 1)[0], u) for u in dict.fromkeys(found) if u.split("[", 1)[0] in mine]
 
 
 class NodeAgent:
@@ -153,13 +167,19 @@ class NodeAgent:
 
     async def _recover_mig(self) -> None:
         """Before the kubelet can call Allocate: undo what a killed predecessor left half made,
-        adopt instances live pods name, destroy the rest (mig.py)."""
+        adopt instances live pods name, destroy the rest (mig.py). A GPU that a live pod holds
+        through HAMi's legacy MIG grant (``<GPU UUID>[<template>-<slot>]`` in
+        ``hami.io/vgpu-devices-allocated``, written before ``hami.io/vgpu-mig-allocations``) keeps
+        every instance on it: which one is the pod's cannot be told."""
         assert self.mig is not None
         claims, known = [], True
+        legacy: dict[str, list[str]] = {}  # GPU UUID -> "pod ns/name (its grant)"
         try:
             for pod in await self.kube.pods_on_node():
                 if pod.phase in ("Succeeded", "Failed"):
                     continue
+                for gpu, grant in legacy_mig_grants(pod.annotations.get(ALLOCATED, ""), self.mig.gpus):
+                    legacy.setdefault(gpu, []).append(f"pod {pod.namespace}/{pod.name} ({ALLOCATED} names {grant!r})")
                 try:
                     entries = decode_mig_allocations(pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, ""))
                 except CodecError:
@@ -170,7 +190,11 @@ class NodeAgent:
         except Exception as exc:  # noqa: BLE001 - without the pods, keep every instance that exists
             log.error("MIG recovery: cannot list this node's pods (%s); instances nobody claims are kept", exc)
             known = False
-        for line in await asyncio.to_thread(self.mig.recover, claims, known):
+        keep = {
+            gpu: f"held through HAMi's legacy MIG grant (<GPU UUID>[<template>-<slot>]) by {', '.join(holders)}"
+            for gpu, holders in legacy.items()
+        }
+        for line in await asyncio.to_thread(self.mig.recover, claims, known, keep):
             log.info("MIG recovery: %s", line)
 
     async def _collect_mig(self) -> None:

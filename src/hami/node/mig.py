@@ -20,7 +20,9 @@ same GPU, profile and placement: an entry whose key now asks for another is dest
 the allocation refused while NVML will not destroy it). Instances nobody claims (not in the
 checkpoint, not in a live pod's ``hami.io/vgpu-mig-allocations``) are destroyed at start-up, so
 a lost checkpoint cannot make a placement look free while an old instance still holds it; the
-ones a live pod's annotation names are adopted into the checkpoint instead. An instance is
+ones a live pod's annotation names are adopted into the checkpoint instead. A GPU a live pod
+holds through HAMi's legacy grant (``<GPU UUID>[<template>-<slot>]``, no instance named) keeps
+every instance at start-up. An instance is
 claimed by one entry only, so two pods never share one, and a MIG device made outside this
 plugin is never handed to a pod. An instance NVML refuses to destroy (processes on it) is
 reported and kept, never stopping the rest: a recorded one is tried again by the next
@@ -190,10 +192,17 @@ class MigManager:
         self.after_step(step)
 
     # ------------------------------------------------------------------ start-up
-    def recover(self, claims: Sequence[tuple[PodRef, MigAllocation]] = (), destroy_unclaimed: bool = True) -> list[str]:
+    def recover(
+        self,
+        claims: Sequence[tuple[PodRef, MigAllocation]] = (),
+        destroy_unclaimed: bool = True,
+        keep_gpus: Mapping[str, str] | None = None,
+    ) -> list[str]:
         """Start-up: undo interrupted creations, adopt instances that live pods' annotations
         name (``claims``), destroy the instances nobody claims (unless ``destroy_unclaimed`` is
-        False: the pods could not be read). Returns what was done (lines)."""
+        False: the pods could not be read). ``keep_gpus``: GPU UUID -> who holds it (live pods
+        with HAMi's legacy ``UUID[template-slot]`` grant, which names no instance this plugin can
+        match): no unclaimed instance on such a GPU is destroyed. Returns what was done (lines)."""
         with self._lock:
             for gpu in self.gpus:
                 self.nvml.enable(gpu)
@@ -206,7 +215,7 @@ class MigManager:
             self._adopt(claims, done)
             self.checkpoint.save(self.entries)
             if destroy_unclaimed:
-                done += self._destroy_unclaimed()
+                done += self._destroy_unclaimed(keep_gpus or {})
             return done
 
     def _undo(self, e: Entry, why: str) -> tuple[str, bool]:
@@ -280,10 +289,20 @@ class MigManager:
                 f"{pod.namespace}/{pod.name} from its annotation"
             )
 
-    def _destroy_unclaimed(self) -> list[str]:
+    def _destroy_unclaimed(self, keep_gpus: Mapping[str, str]) -> list[str]:
         done = []
         for gpu in self.gpus:
             owned = {e.gpu_instance_id for e in self.entries.values() if e.gpu_uuid == gpu}
+            if gpu in keep_gpus:
+                # HAMi's earlier releases named a pod's instance only as <GPU UUID>[<template>-<slot>]:
+                # which instance is that pod's cannot be told, and one destroyed under an idle pod
+                # (no process on it, so NVML does not refuse) leaves it no device (found by review, 1 Dec)
+                kept = [f"{i.gi} ({i.profile} at {i.start})" for i in self.nvml.instances(gpu) if i.gi not in owned]
+                done.append(
+                    f"kept every MIG instance on {gpu} (unclaimed GPU instances: {', '.join(kept) or 'none'}): "
+                    f"{keep_gpus[gpu]}; nothing on it is destroyed at start-up while such a pod lives"
+                )
+                continue
             for inst in self.nvml.instances(gpu):
                 if inst.gi not in owned:
                     failed = self._destroy(gpu, inst.gi)
