@@ -34,8 +34,13 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   ran out), which unknown tokens never take: a flood cannot lock signed-in users out; at
   most ``CONCURRENCY`` access reviews at once over all requests and ``PER_USER`` of one user's
   (by username, :attr:`Caller.user`; authenticated callers wait; one tenant's scan of many namespaces leaves room for the others'
-  checks). Requests asking the same permission of the same user at once share one review (a
-  page's five answers scanned the same namespaces three times).
+  checks), and at most ``PER_USER + REVIEWS_WAITING_PER_USER`` requests of one user (every
+  ServiceAccount of a namespace counting as one user, :func:`token_owner`) in access review at
+  once, a scan of many namespaces counting as one: one more is answered 503 at once
+  (:class:`AccessReviewsBusy`), so a user's flood of requests each needing a new review holds
+  only its own few connections, not the listener's. Requests asking the same permission of the
+  same user at once share one review (a page's five answers scanned the same namespaces three
+  times).
 
 The reviews go through their own :class:`hami.kube.client.KubeClient` (``UI_CONNECTIONS``
 connections, the scheduler's ServiceAccount, which needs ``create`` on both review resources:
@@ -49,8 +54,9 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
 
 import orjson
 
@@ -65,6 +71,14 @@ MAX_ENTRIES = 4096  # answers kept per cache (tokens accepted; access reviews)
 REFUSED_ENTRIES = 1024
 CONCURRENCY = 16  # access reviews in flight at once, over all requests
 PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY)
+#: requests of one user (every ServiceAccount of a namespace counts as one user, as for
+#: ACCEPTED_PER_OWNER) that may wait for access reviews beyond PER_USER: at most PER_USER + this
+#: many (20) are in review at once and one more is answered 503 at once (:class:`AccessReviewsBusy`).
+#: 20 is four tabs' page loads (five answers each) at once; the listener's 512 connections then
+#: take 26 users' floods to fill, not one's. Found by review, 1 Dec: the waiters queued without
+#: bound, and one tenant's requests for made-up namespaces (each a new review) held every
+#: connection the listener allows, so every other user's new connection was closed at accept
+REVIEWS_WAITING_PER_USER = 16
 TOKEN_REVIEWS_IN_FLIGHT = 8  # token reviews at once; a request past that is answered 503 at once
 #: reviews kept for tokens accepted before (their answer's TTL ran out): they do not count in
 #: TOKEN_REVIEWS_IN_FLIGHT, which unknown tokens fill, and are tried first for such a token
@@ -117,6 +131,12 @@ class ReviewUnavailable(Exception):
 
 class ReviewBusy(ReviewUnavailable):
     """Too many token reviews in flight: answered 503 at once, nothing is sent."""
+
+
+class AccessReviewsBusy(ReviewBusy):
+    """``PER_USER + REVIEWS_WAITING_PER_USER`` of the user's requests are already in access
+    review: answered 503 at once (``Retry-After``, not logged, as :class:`ReviewBusy`), nothing
+    is sent."""
 
 
 class Unauthenticated(Exception):
@@ -303,6 +323,7 @@ class Authorizer:
         max_entries: int = MAX_ENTRIES,
         concurrency: int = CONCURRENCY,
         per_user: int = PER_USER,
+        waiting_per_user: int = REVIEWS_WAITING_PER_USER,
     ) -> None:
         self.reviews = reviews
         self.denied_ttl = min(denied_ttl, ttl)
@@ -314,11 +335,14 @@ class Authorizer:
         self._access: TtlCache[tuple[str, Permission], bool] = TtlCache(ttl, max_entries, clock)
         self._visible: TtlCache[tuple[str, str, str], dict[str, bool]] = TtlCache(ttl, VISIBLE_ENTRIES, clock)
         self.concurrency, self.per_user = concurrency, per_user
+        self.in_review_per_user = per_user + waiting_per_user  # requests of one user in review at once
         self._access_gate = asyncio.Semaphore(concurrency)
         self._token_gate = asyncio.Semaphore(TOKEN_REVIEWS_IN_FLIGHT)
         self._renew_gate = asyncio.Semaphore(RENEWALS_IN_FLIGHT)  # for tokens accepted before
         # one user's gate while it has reviews waiting or in flight: [semaphore, how many use it]
         self._user_gates: dict[str, list[Any]] = {}
+        # requests in access review (waiting for or holding a review), by token_owner(user)
+        self._in_review: dict[str, int] = {}
         self._asking: dict[tuple[str, Permission], asyncio.Future] = {}  # reviews in flight, shared
         self._signing_in: dict[str, asyncio.Future] = {}  # token reviews in flight, by token key
 
@@ -412,11 +436,34 @@ class Authorizer:
             task.add_done_callback(lambda _t: self._asking.pop(key, None))
         return await asyncio.shield(task)
 
+    @contextmanager
+    def _in_review_slot(self, caller: Caller) -> Iterator[None]:
+        """One of the caller's requests in access review while inside (however many reviews it
+        waits for: a scan of many namespaces is one); :class:`AccessReviewsBusy` at once when
+        ``in_review_per_user`` of its user's (by :func:`token_owner`) already are, so one user's
+        flood of requests each needing a review waits in its own bounded queue and holds at most
+        that many of the listener's connections."""
+        owner = token_owner(caller.user)
+        held = self._in_review.get(owner, 0)
+        if held >= self.in_review_per_user:
+            raise AccessReviewsBusy(
+                f'{held} requests of user "{owner}" are already in access review (at most '
+                f"{self.in_review_per_user} at once, {self.per_user} of them reviewed at a time)"
+            )
+        self._in_review[owner] = held + 1
+        try:
+            yield
+        finally:
+            self._in_review[owner] -= 1
+            if not self._in_review[owner]:
+                del self._in_review[owner]
+
     async def allowed(self, caller: Caller, perm: Permission) -> bool:
         found, ok = self._access.get((caller.who, perm))
         if found:
             return bool(ok)
-        ok = await self._shared(caller, perm)
+        with self._in_review_slot(caller):
+            ok = await self._shared(caller, perm)
         self._access.put((caller.who, perm), ok, None if ok else self.denied_ttl)
         return ok
 
@@ -442,7 +489,10 @@ class Authorizer:
             known = {}
             self._visible.put(key, known, self.denied_ttl)  # filled in place: its time is the first check's
         new = [ns for ns in names if ns not in known]
-        answers = await asyncio.gather(*(self._shared(caller, Permission(verb, resource, ns)) for ns in new))
+        answers: list[bool] = []
+        if new:
+            with self._in_review_slot(caller):  # the whole scan: one request in review
+                answers = await asyncio.gather(*(self._shared(caller, Permission(verb, resource, ns)) for ns in new))
         known.update(zip(new, answers))
         if any(answers):
             self._visible.keep_for(key, self._visible.ttl)

@@ -53,7 +53,7 @@ from . import history as hist
 from . import model, page, scope
 from .prometheus import SAFE as PROMQL_SAFE
 from .prometheus import PrometheusError, PrometheusHistory
-from .auth import Authorizer, Caller, Permission, ReviewBusy, ReviewUnavailable, Unauthenticated
+from .auth import AccessReviewsBusy, Authorizer, Caller, Permission, ReviewBusy, ReviewUnavailable, Unauthenticated
 
 log = logging.getLogger(__name__)
 ALLOWED = ("GET", "HEAD")
@@ -341,6 +341,12 @@ class UiApi:
         except Denied as exc:
             return web.json_response(
                 {"error": str(exc), "missing": exc.perm.doc()}, status=403, headers={"Cache-Control": "no-store"}
+            )
+        except AccessReviewsBusy as exc:  # one user's flood of reviews: no log line each either
+            return web.json_response(
+                {"error": f"{exc}; try again"},
+                status=503,
+                headers={"Cache-Control": "no-store", "Retry-After": "1"},
             )
         except ReviewBusy:  # a flood of new tokens: no log line each (it would be the flood's)
             return web.json_response(
