@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import AbstractSet as Set, Any, Iterable, Iterator, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from sortedcontainers import SortedList
 
@@ -45,6 +45,7 @@ from .usage import collapse, picks_of, pod_peak
 from .verdicts import VerdictMemo
 
 NODE_ANNOTATION = VGPU_NODE
+_E = TypeVar("_E")
 _NO_BOUND = float("inf")
 CORDON_ANNOTATION = DEVICE_CORDON
 
@@ -1036,8 +1037,8 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
     its GPUs for as long as a finalizer kept the pod; found by review, 1 Dec). Raises CodecError
     on a malformed annotation.
     Allocations HAMi's earlier releases wrote are read as they meant them: one entry per regular
-    container only (:func:`init_offset`), MIG grants named ``UUID[template-slot]``
-    (:func:`_parent_ids`).
+    container only (:func:`init_offset`), only the entries of the containers given devices
+    (:func:`entry_layout`), MIG grants named ``UUID[template-slot]`` (:func:`_parent_ids`).
     """
     vendors = tuple(vendors)  # read twice: the allocations, then the pod's classes
     meta = pod.get("metadata") or {}
@@ -1058,14 +1059,14 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
         asks, inits = container_asks(pod, v.resources.asking)
-        shift = init_offset(decoded, inits, asks)
-        devices[v.name] = ((),) * shift + decoded
+        layout = entry_layout(decoded, inits, asks)
+        devices[v.name] = tuple(layout.place(decoded, tuple))
         try:
             found = v.read_slices(annotations)
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: {exc}") from None
-        if shift:
-            found = tuple((ci + shift, di, piece) for ci, di, piece in found)
+        if layout.moves:
+            found = tuple((layout.container(ci), di, piece) for ci, di, piece in found)
         devices[v.name] = _attach_slices(devices[v.name], found)
         slices.extend(piece for _, _, piece in found)
     if not devices:
@@ -1077,10 +1078,10 @@ def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool | None
     """How many empty entries to put before an allocation written without its init containers'.
 
     HAMi wrote one entry per regular container until its releases counted init containers too
-    (``Resourcereqs`` over ``pod.Spec.Containers`` only); today's writers, ours and HAMi's, write
-    one per container, init containers first, but HAMi's may stop short (it pads a container
-    without a GPU under the node's device types, not under ``NVIDIA``). So the entry count alone
-    does not tell the layouts apart: the entries that name devices do. Read in today's order, each
+    (``Resourcereqs`` over ``pod.Spec.Containers`` only); today's writers, ours and HAMi's newer
+    ones, write one per container, init containers first, but HAMi v2.10 writes the entries of
+    the containers given devices only (:func:`entry_layout`). So the entry count alone does not
+    tell the layouts apart: the entries that name devices do. Read in today's order, each
     must fall on a container that asks for the vendor's resources; when one does not and, read
     past the init containers, each falls on a regular container that asks, the allocation is the
     old layout (read in today's order, an older pod's first regular container passed for its init
@@ -1093,16 +1094,83 @@ def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool | None
         return 0
     if any(a is None for a in asks):
         return inits
-    granted = [i for i, ctr in enumerate(devices) if ctr]
+    granted = [i for i, ctr in enumerate(devices) if any(cd.uuid for cd in ctr)]  # (not UUID-less padding)
     if all(asks[i] for i in granted):
         return 0
     return inits if all(asks[inits + i] for i in granted) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class EntryLayout:
+    """Which container each entry of one vendor's decoded allocation is for
+    (:func:`entry_layout`): ``owners[i]`` is entry ``i``'s container (its index, init containers
+    first); without owners, entry ``i`` is container ``i + shift`` (today's layout, ``shift`` 0,
+    or the old one without init containers, :func:`init_offset`)."""
+
+    owners: tuple[int, ...] | None = None
+    shift: int = 0
+
+    @property
+    def moves(self) -> bool:
+        """Whether any entry is for another container than its position says."""
+        return bool(self.shift) or (self.owners is not None and self.owners != tuple(range(len(self.owners))))
+
+    def container(self, entry: int) -> int:
+        """The container entry ``entry`` is for (a MIG reservation's ``containerIndex`` counts
+        entries as its grant does, so it maps the same way)."""
+        if self.owners is not None and 0 <= entry < len(self.owners):
+            return self.owners[entry]
+        return entry + self.shift
+
+    def place(self, entries: Sequence[_E], empty: Callable[[], _E]) -> list[_E]:
+        """``entries`` one per container (``empty()`` for a container without one), up to the
+        last container given one."""
+        where = [self.container(i) for i in range(len(entries))]
+        out = [empty() for _ in range(max(where, default=-1) + 1)]
+        for i, entry in zip(where, entries):
+            out[i] = entry
+        return out
+
+
+def entry_layout(devices: PodSingleDevice, inits: int, asks: Sequence[bool | None]) -> EntryLayout:
+    """Which container each entry of ``devices`` (one vendor's decoded allocation) is for; the one
+    rule of every reader (the scheduler's ledger, the device plugin's Allocate, the NRI hook, the
+    monitor).
+
+    Read in today's order (one entry per container, init containers first) when every entry that
+    names a device (a UUID: an entry of UUID-less padding names none) falls on a container that
+    asks for the vendor, and as :func:`init_offset`'s old layout where that rule applies.
+    Otherwise, when as many entries name devices as there are containers asking for the vendor,
+    the ``k``-th such entry is the ``k``-th asking container's: HAMi v2.10's scheduler pads a
+    container that asks for no device under the node's device model types
+    (``NVIDIA-A100-SXM4-80GB``), not under ``NVIDIA`` (pkg/scheduler/score.go,
+    allocateAppContainers / allocateInitContainers), and the NVIDIA ``PatchAnnotations`` encodes
+    only the ``NVIDIA`` list: a pod it placed carries the entries of its GPU containers alone, in
+    container order, which HAMi's device plugin pops first non-empty first. Read in today's
+    order, such an entry went to the pod's first container (an init container, a sidecar): the
+    scheduler counted it while that container ran and nothing after (found by review, 1 Dec).
+    The other entries (empty, padding) go to the containers that ask for nothing, in order. Such a
+    list is shorter than the pod's containers (one entry per container is today's layout, read in
+    its order). Anything else is read in today's order. ``asks`` as for :func:`init_offset` (None where it
+    cannot be told: then the entries stay in order)."""
+    shift = init_offset(devices, inits, asks)
+    if shift or any(a is None for a in asks) or len(devices) >= len(asks):
+        return EntryLayout(shift=shift)
+    named = [i for i, ctr in enumerate(devices) if any(cd.uuid for cd in ctr)]
+    if all(asks[i] for i in named):
+        return EntryLayout()
+    asking = [i for i, a in enumerate(asks) if a]
+    if len(named) != len(asking):
+        return EntryLayout()
+    owner = dict(zip(named, asking))
+    rest = iter([i for i, a in enumerate(asks) if not a])
+    return EntryLayout(owners=tuple(owner[i] if i in owner else next(rest) for i in range(len(devices))))
+
+
 def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool | None, ...], int]:
     """Per container of ``pod`` (init containers first), whether it asks for one of ``names`` in
     its limits or requests (None for each when there are no names to tell by); and how many init
-    containers there are. For :func:`init_offset`."""
+    containers there are. For :func:`init_offset` and :func:`entry_layout`."""
     spec = pod.get("spec") or {}
     inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
 

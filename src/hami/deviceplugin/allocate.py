@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
-from hami.core.ledger import init_offset  # the one rule for HAMi's layout without init containers
+from hami.core.ledger import EntryLayout, entry_layout  # the one rule for the layouts HAMi wrote
 from hami.core.errors import CodecError
 from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_MIG_ALLOCATIONS, VGPU_NODE
 from hami.core.quantity import QuantityError, parse_int_quantity
@@ -217,19 +217,42 @@ def choose_pending(candidates: Sequence[PodView], node: str, finished: PodView |
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
+def layout_of(pod: PodView, decoded: PodSingleDevice, resource: str = GPU_RESOURCE) -> EntryLayout:
+    """Which container each entry of an allocation of ``decoded`` entries is for, by the scheduler's
+    ledger's rule (:func:`hami.core.ledger.entry_layout`) with asking meaning what the kubelet
+    calls Allocate for: ``resource`` in the container's limits. Read in today's order, an entry
+    HAMi wrote before it counted init containers, or one of HAMi v2.10's list of the GPU
+    containers' entries alone, went to another container than its own (an init container, a
+    sidecar): refused there by the ask check (the pod failed at admission), or given the wrong
+    container's cache directory and limits."""
+    return entry_layout(decoded, pod.inits, [resource in c.limits for c in pod.containers])
+
+
+def allocated_layout(pod: PodView, resource: str = GPU_RESOURCE) -> EntryLayout:
+    """:func:`layout_of` the pod's allocated annotation, which ``hami.io/vgpu-mig-allocations``'
+    container indexes follow (they count its entries as the grant does); entries in order when
+    the annotation is missing or malformed."""
+    try:
+        whole = decode_pod_devices(pod.annotations.get(ALLOCATED) or "")
+    except CodecError:
+        return EntryLayout()
+    return layout_of(pod, whole, resource)
+
+
 def layout_shift(pod: PodView, decoded: PodSingleDevice, resource: str = GPU_RESOURCE) -> int:
     """How many init containers an allocation of ``decoded`` entries skips: non-zero only for one
-    HAMi wrote before it counted init containers (one entry per regular container), told apart
-    by the scheduler's ledger's rule (:func:`hami.core.ledger.init_offset`) with asking meaning
-    what the kubelet calls Allocate for: ``resource`` in the container's limits. Read in today's
-    order such an entry went to an init container: refused there by the ask check (the pod failed
-    at admission), or given the wrong container's cache directory and limits."""
-
-    return init_offset(decoded, pod.inits, [resource in c.limits for c in pod.containers])
+    HAMi wrote before it counted init containers (one entry per regular container); see
+    :func:`layout_of` for the whole rule."""
+    return layout_of(pod, decoded, resource).shift
 
 
 def decoded_devices(pod: PodView, field: str, resource: str = GPU_RESOURCE) -> tuple[PodSingleDevice, int]:
     """The pod's ``field`` annotation decoded as written, and its :func:`layout_shift`."""
+    decoded = _decoded(pod, field)
+    return decoded, layout_shift(pod, decoded, resource)
+
+
+def _decoded(pod: PodView, field: str) -> PodSingleDevice:
     raw = pod.annotations.get(field)
     if raw is None:
         raise AllocationError(f"pod {pod.ref}: annotation {field} is missing (was it placed by hami scheduler?)")
@@ -242,29 +265,50 @@ def decoded_devices(pod: PodView, field: str, resource: str = GPU_RESOURCE) -> t
             f"pod {pod.ref}: annotation {field} has {len(decoded)} container entries "
             f"but the pod has {len(pod.containers)} containers"
         )
-    return decoded, layout_shift(pod, decoded, resource)
+    return decoded
 
 
 def pending_devices(pod: PodView, resource: str = GPU_RESOURCE) -> list[list[ContainerDevice]]:
     """Decode the pod's to-allocate annotation, one entry per container of the pod (empty entries
-    included; an old layout's entries moved past the init containers, :func:`layout_shift`)."""
+    included; each entry on its container by :func:`layout_of`)."""
     return pending_layout(pod, resource)[0]
 
 
-def pending_layout(pod: PodView, resource: str = GPU_RESOURCE) -> tuple[list[list[ContainerDevice]], int]:
-    """:func:`pending_devices` and the :func:`layout_shift` to write the remainder back with.
+def _blanked_from(remainder: PodSingleDevice, whole: PodSingleDevice) -> bool:
+    """Whether ``remainder`` is ``whole`` with entries emptied in place (as HAMi's plugin and this
+    one write back what is left of a layout they keep): each entry naming a device sits where
+    ``whole`` has it."""
+    return len(remainder) == len(whole) and all(
+        all(d in whole[i] for d in ctr) for i, ctr in enumerate(remainder) if any(d.uuid for d in ctr)
+    )
 
-    The layout is told from the allocated annotation when it has as many entries (the scheduler
-    writes both in one layout, and only to-allocate is emptied as containers are served): read
-    from a remainder whose first entries are emptied, an old layout can look like today's."""
-    decoded, shift = decoded_devices(pod, TO_ALLOCATE, resource)
+
+def pending_layout(pod: PodView, resource: str = GPU_RESOURCE) -> tuple[list[list[ContainerDevice]], int]:
+    """:func:`pending_devices` and the :func:`layout_shift` to write the remainder back with
+    (:func:`remainder`).
+
+    The layout is told from the allocated annotation when the remainder is it with entries
+    emptied in place (the scheduler writes both in one layout, and only to-allocate is emptied as
+    containers are served): read from a remainder whose first entries are emptied, an old layout
+    can look like today's, and HAMi v2.10's list of GPU containers' entries alone like anything.
+    Such a list (:func:`hami.core.ledger.entry_layout`, shorter than the pod's containers) is
+    written back one entry for each of the pod's containers (shift 0), which this reader then
+    reads in today's order and HAMi's plugin, popping the first non-empty entry, pops in the same
+    order."""
+    decoded = _decoded(pod, TO_ALLOCATE)
+    layout = layout_of(pod, decoded, resource)
     try:
         whole = decode_pod_devices(pod.annotations.get(ALLOCATED) or "")
     except CodecError:
         whole = ()
-    if len(whole) == len(decoded):
-        shift = layout_shift(pod, whole, resource)
-    return [[] for _ in range(shift)] + [list(c) for c in decoded], shift
+    if _blanked_from(decoded, whole):
+        layout = layout_of(pod, whole, resource)
+    pending = layout.place([list(c) for c in decoded], list)
+    if layout.owners is not None:
+        # written back one entry per container: longer than the list it came from, so never
+        # taken for that list emptied in place
+        pending += [[] for _ in range(len(pod.containers) - len(pending))]
+    return pending, layout.shift
 
 
 @dataclass(frozen=True)
@@ -347,7 +391,10 @@ def pop_next(
 
 
 def remainder(pending: list[list[ContainerDevice]], shift: int = 0) -> str:
-    """The annotation for what is left, in the layout it was read in (``shift``: :func:`layout_shift`)."""
+    """The annotation for what is left (``pending``: one entry per container, as
+    :func:`pending_layout` reads it), in the layout it was read in (``shift``: :func:`layout_shift`),
+    except HAMi v2.10's list of GPU containers' entries alone, written one entry per container
+    (its shift is 0)."""
     return encode_pod_devices(pending[shift:])
 
 

@@ -298,8 +298,9 @@ class Allocator:
     async def _make_mig(self, pod: A.PodView, grants: Sequence[A.Grant], shift: int = 0) -> tuple[list[list[str]], str]:
         """Create (or reuse) the MIG instances of these containers; returns each one's MIG device
         UUIDs and the pod's ``hami.io/vgpu-mig-allocations`` with their runtime identity added.
-        Its container indexes follow the to-allocate annotation's layout (``shift``: an old
-        layout's, counted without the init containers, as the ledger reads them)."""
+        Its container indexes follow the allocated annotation's layout (``shift``: an old
+        layout's, counted without the init containers, as the ledger reads them; HAMi v2.10's
+        list of the GPU containers' entries alone, :func:`hami.deviceplugin.allocate.allocated_layout`)."""
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")
         try:
             allocs = list(decode_mig_allocations(raw))
@@ -308,9 +309,16 @@ class Allocator:
                 f"pod {pod.ref}: annotation {MIG_ALLOCATIONS_ANNOTATION}={raw!r} is invalid: {exc}"
             ) from None
         ref = PodRef(pod.uid, pod.namespace, pod.name)
+        # its indexes count the allocated annotation's entries: HAMi v2.10's list of the GPU
+        # containers' entries alone maps them to other containers (hami.core.ledger.entry_layout)
+        layout = A.allocated_layout(pod, self.settings.resource_name)
+
+        def owner(i: int) -> int:
+            return layout.container(i) if layout.moves else i + shift
+
         out = []
         for g in grants:
-            mine = sorted((a for a in allocs if a.container + shift == g.index), key=lambda a: a.device)
+            mine = sorted((a for a in allocs if owner(a.container) == g.index), key=lambda a: a.device)
             if [a.device for a in mine] != list(range(len(g.devices))) or any(
                 a.gpu_uuid != d.uuid for a, d in zip(mine, g.devices)
             ):

@@ -110,7 +110,8 @@ def env_map(env: Sequence[str]) -> dict[str, str]:
 def gpu_entries(pod: A.PodView, annotations: Mapping[str, str], resource: str = "") -> list[list]:
     """Each container's NVIDIA devices from ``hami.io/vgpu-devices-allocated`` (one entry per
     container, init containers first; missing trailing entries are empty; HAMi's old layout
-    without init containers read past them, :func:`hami.deviceplugin.allocate.layout_shift`)."""
+    without init containers read past them, and HAMi v2.10's list of its GPU containers' entries
+    alone given to them in order, :func:`hami.deviceplugin.allocate.layout_of`)."""
     raw = annotations.get(A.ALLOCATED)
     if raw is None:
         raise Refusal(f"pod {pod.ref}: annotation {A.ALLOCATED} is missing (was it placed by hami scheduler?)")
@@ -123,9 +124,10 @@ def gpu_entries(pod: A.PodView, annotations: Mapping[str, str], resource: str = 
             f"pod {pod.ref}: annotation {A.ALLOCATED} has {len(decoded)} container entries "
             f"but the pod has {len(pod.containers)} containers"
         )
-    # (one HAMi wrote before it counted init containers starts at the first regular container)
-    entries = [[] for _ in range(A.layout_shift(pod, decoded, resource or A.GPU_RESOURCE))]
-    entries += [[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded]
+    # (one HAMi wrote before it counted init containers starts at the first regular container;
+    # HAMi v2.10's entries of its GPU containers alone go to the containers asking, in order)
+    layout = A.layout_of(pod, decoded, resource or A.GPU_RESOURCE)
+    entries = layout.place([[d for d in devs if d.type.startswith(A.NVIDIA_TYPE)] for devs in decoded], list)
     return entries + [[] for _ in range(len(pod.containers) - len(entries))]
 
 

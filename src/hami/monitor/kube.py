@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
-from hami.core.ledger import init_containers_may_run_again, init_offset
+from hami.core.ledger import EntryLayout, entry_layout, init_containers_may_run_again
 from hami.core.names import DEFAULT_PRIORITY, VGPU_MIG_ALLOCATIONS
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -43,18 +43,23 @@ _SINCE_CONSISTENT: dict[str, int] = {}
 CONSISTENT_EVERY = 12
 
 
-def mig_devices(annotations: dict[str, str] | None, containers: list[str], shift: int = 0) -> tuple[MigDevice, ...]:
+def mig_devices(
+    annotations: dict[str, str] | None, containers: list[str], shift: int | EntryLayout = 0
+) -> tuple[MigDevice, ...]:
     """The instances a pod's annotation names with their runtime identity (set by the device
     plugin once made); ``containers``: init containers, then regular (the annotation's order);
     ``shift``: the init containers an allocation HAMi wrote without them skips
-    (:func:`layout_shift`). A malformed annotation yields none (the scheduler reports it)."""
+    (:func:`layout_shift`), or the allocation's whole :func:`entry_layout` (a reservation's
+    container index counts entries as its grant does). A malformed annotation yields none (the
+    scheduler reports it)."""
     try:
         entries = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
+    layout = shift if isinstance(shift, EntryLayout) else EntryLayout(shift=shift)
     return tuple(
         MigDevice(
-            containers[e.container + shift] if e.container + shift < len(containers) else str(e.container + shift),
+            containers[i] if (i := layout.container(e.container)) < len(containers) else str(i),
             e.device,
             e.gpu_uuid,
             e.mig_uuid,
@@ -88,13 +93,21 @@ def layout_shift(
     """How many init containers the pod's NVIDIA allocation skips: non-zero only for one HAMi wrote
     before it counted them (:func:`hami.core.ledger.init_offset`, asking meaning one of
     ``resources`` in a container's limits or requests). 0 for a malformed annotation."""
-    if not inits:
-        return 0
+    return allocation_layout(annotations, containers, inits, resources).shift
+
+
+def allocation_layout(
+    annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
+) -> EntryLayout:
+    """Which container each entry of the pod's NVIDIA allocation is for, by the scheduler's
+    ledger's rule (:func:`hami.core.ledger.entry_layout`, asking meaning one of ``resources`` in a
+    container's limits or requests): HAMi's old layout without init containers, HAMi v2.10's
+    entries of its GPU containers alone. Entries in order for a malformed annotation."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
     except CodecError:
-        return 0
-    return init_offset(per_container, inits, [_asks(c, resources) for c in containers])
+        return EntryLayout()
+    return entry_layout(per_container, inits, [_asks(c, resources) for c in containers])
 
 
 def container_grants(
@@ -110,18 +123,20 @@ def container_grants(
     annotation, and the container's ``priority_resource`` limit. Containers given nothing have no
     grant; a malformed annotation gives none (the device plugin refused such a pod). ``inits``:
     how many of ``containers`` are init containers, to read an allocation HAMi wrote before it
-    counted them past them, as the scheduler's ledger and the device plugin do (its GPU container's
-    region was otherwise not exported, and the feedback loop skipped it); ``resources``: the names
-    a container asks NVIDIA GPUs with, which tell that layout apart."""
+    counted them past them, and HAMi v2.10's entries of its GPU containers alone on those
+    containers, as the scheduler's ledger and the device plugin do (:func:`allocation_layout`:
+    the GPU container's region was otherwise not exported, and the feedback loop skipped it or
+    trusted another container's); ``resources``: the names a container asks NVIDIA GPUs with,
+    which tell those layouts apart."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
-    shift = layout_shift(annotations, containers, inits, resources)
-    if shift:
-        per_container = ((),) * shift + per_container
-        mig = [replace(e, container=e.container + shift) for e in mig]
+    layout = allocation_layout(annotations, containers, inits, resources)
+    if layout.moves:
+        per_container = tuple(layout.place(per_container, tuple))
+        mig = tuple(replace(e, container=layout.container(e.container)) for e in mig)
     out = []
     for i, c in enumerate(containers):
         devs = [d for d in (per_container[i] if i < len(per_container) else ()) if d.uuid]
@@ -274,7 +289,9 @@ async def _list_node_pods(
                     meta.namespace or "",
                     meta.name or "",
                     meta.uid,
-                    mig_devices(meta.annotations, names, layout_shift(meta.annotations, containers, inits, resources)),
+                    mig_devices(
+                        meta.annotations, names, allocation_layout(meta.annotations, containers, inits, resources)
+                    ),
                     pod_claims(pod),
                     container_grants(
                         meta.annotations,

@@ -1,0 +1,276 @@
+"""Pods HAMi v2.10 placed: ``hami.io/vgpu-devices-allocated`` holds the entries of the GPU
+containers alone, in container order (found by review, 1 Dec).
+
+HAMi v2.10's scheduler pads a container that asks for no device under the node's device model
+types (``NVIDIA-A100-SXM4-80GB``), not under ``NVIDIA`` (pkg/scheduler/score.go,
+allocateAppContainers / allocateInitContainers), and the NVIDIA ``PatchAnnotations`` encodes only
+the ``NVIDIA`` list; HAMi's device plugin pops the first non-empty entry. Read one entry per
+container, the entry went to the pod's first container (an init container, a sidecar). Each test
+failed on the code before the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace as NS
+
+import pytest
+
+from hami.core import rebuild
+from hami.core.codec import MigAllocation, decode_pod_devices, encode_mig_allocations
+from hami.core.ledger import allocation_from_pod
+from hami.core.types import ContainerDevice
+from hami.deviceplugin import allocate as A
+from hami.deviceplugin.injection import container_grant, gpu_entries
+from hami.monitor.exporter import ContainerGrant
+from hami.monitor.kube import container_grants, mig_devices
+from hami.node.nri.plugin import Refusal
+from hami.vendors import build_vendors
+from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
+
+from .test_deviceplugin_allocator import LOCK_P, FakeKube
+from .test_dp_migrate_layout import G1, G2, allocator, ann, hami_pod
+from .test_migrate_ledger import _node
+
+VENDORS = build_vendors()
+GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"  # the GPU test_migrate_ledger's node registers
+MAIN = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucores": "30"}
+
+
+def _gpu(name: str, limits: dict | None = None) -> dict:
+    return {"name": name, "resources": {"limits": dict(limits or {"nvidia.com/gpu": "1"})}}
+
+
+def _placed(allocated: str, inits: list[dict], apps: list[dict], init_done: bool = True) -> dict:
+    """A running pod HAMi bound to n1 (``restartPolicy: Never``: finished init containers end)."""
+    state = {"terminated": {"exitCode": 0}} if init_done else {"running": {}}
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "annotations": {
+                "hami.io/vgpu-node": "n1",
+                "hami.io/bind-phase": "success",
+                "hami.io/vgpu-devices-allocated": allocated,
+            },
+        },
+        "spec": {"nodeName": "n1", "restartPolicy": "Never", "initContainers": inits, "containers": apps},
+        "status": {
+            "phase": "Running",
+            "initContainerStatuses": [{"name": c["name"], "state": state} for c in inits],
+        },
+    }
+
+
+def _held(pod: dict) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    ledger, warnings = rebuild([_node()], [pod], VENDORS)
+    assert not warnings
+    [(_, used, mem, cores)] = ledger.device_usage("n1")
+    return (used, mem, cores), ledger.namespace_usage("ns", "NVIDIA")
+
+
+# ------------------------------------------------------------------------------- the ledger
+
+
+def test_the_ledger_counts_mains_grant_while_main_runs_after_its_init_container_finished():
+    """Found by review, 1 Dec: [init (no GPU)], [wait (no GPU), main (1 GPU, 20000 MiB, 30 %)],
+    HAMi wrote ``GPU,NVIDIA,20000,30:;``: read as init's entry, the pod held 0 slots, 0 MiB and 0
+    quota once init had finished, while main ran with 20000 MiB (double booking)."""
+    pod = _placed(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)])
+    assert _held(pod) == ((1, 20000, 30), (20000, 30))
+    running = _placed(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)], False)
+    assert _held(running) == ((1, 20000, 30), (20000, 30))
+    alloc = allocation_from_pod(pod, VENDORS)
+    assert alloc is not None and [bool(c) for c in alloc.devices["NVIDIA"]] == [False, False, True]
+
+
+def test_the_ledger_gives_the_entry_to_the_gpu_container_not_the_sidecar_before_it():
+    """Found by review, 1 Dec: [istio-proxy (no GPU), main (GPU)], no init containers."""
+    pod = _placed(f"{GPU},NVIDIA,20000,30:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
+    alloc = allocation_from_pod(pod, VENDORS)
+    assert alloc is not None and [[d.uuid for d in c] for c in alloc.devices["NVIDIA"]] == [[], [GPU]]
+
+
+def test_a_mig_reservation_of_a_compact_list_is_attached_to_its_containers_device():
+    """Found by review, 1 Dec: the reservation's containerIndex counts the list's entries (0 here),
+    so it maps to main as its grant does; left at 0 it named no device of the pod."""
+    pod = _placed(f"{GPU},NVIDIA,9984,0:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main")])
+    reservation = [MigAllocation(container=0, device=0, gpu_uuid=GPU, profile="1g.10gb", start=0, size=1)]
+    pod["metadata"]["annotations"][MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(reservation)
+    alloc = allocation_from_pod(pod, VENDORS)
+    assert alloc is not None
+    [held] = alloc.devices["NVIDIA"][2]
+    assert held.slice is not None and held.slice.profile == "1g.10gb"
+
+
+def _entries(text: str) -> tuple:
+    return decode_pod_devices(text)
+
+
+def test_the_rule_keeps_todays_and_the_old_layout_and_leaves_what_cannot_be_aligned():
+    """The one rule (hami.core.ledger.entry_layout): today's consistent order and the old layout
+    as before; the k-th entry naming a device to the k-th asking container otherwise; counts that
+    differ, or one entry per container, stay in order; UUID-less padding names no device."""
+    from hami.core.ledger import entry_layout
+
+    one = _entries(f"{GPU},NVIDIA,1,0:;")
+    assert entry_layout(one, 0, [False, True]).container(0) == 1  # compact
+    assert entry_layout(one, 0, [True, False]).container(0) == 0  # today's, consistent
+    assert entry_layout(one, 1, [False, True]).container(0) == 1 and entry_layout(one, 1, [False, True]).shift == 1
+    assert entry_layout(one, 0, [False, True, True]).container(0) == 0  # 1 entry, 2 asking: as today
+    assert entry_layout(_entries(f"{GPU},NVIDIA,1,0:;;"), 0, [False, True]).container(0) == 0  # one per container
+    padded = entry_layout(_entries(f",NVIDIA,0,0:;{GPU},NVIDIA,1,0:;"), 0, [True, False, False])
+    assert padded.container(1) == 0 and padded.container(0) == 1  # the padding goes to a GPU-less container
+    two = entry_layout(_entries(f"{GPU},NVIDIA,1,0:;{GPU},NVIDIA,2,0:;"), 1, [False, True, False, True])
+    assert (two.container(0), two.container(1)) == (1, 3)
+
+
+# ------------------------------------------------------------------------------- the monitor
+
+
+def test_the_monitor_gives_the_grant_to_the_gpu_container():
+    """Found by review, 1 Dec: [istio-proxy, main (GPU)]: the grant went to istio-proxy, main's
+    region was neither exported nor fed back; with an init container and a GPU-less container
+    before main too."""
+    proxy = NS(name="istio-proxy", resources=None)
+    main = NS(name="main", resources=NS(limits=dict(MAIN), requests=None))
+    allocated = {"hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,20000,30:;"}
+    want = (ContainerGrant("main", ("GPU-1",), 1, memory_mib=(("GPU-1", 20000),)),)
+    assert container_grants(allocated, [proxy, main]) == want
+    init, wait = NS(name="init", resources=None), NS(name="wait", resources=None)
+    assert container_grants(allocated, [init, wait, main], inits=1) == want
+
+
+def test_the_monitor_names_the_mig_instance_after_the_gpu_container():
+    """Found by review, 1 Dec: the MIG series named istio-proxy (the reservation's index 0)."""
+    from hami.monitor.kube import allocation_layout
+
+    proxy = NS(name="istio-proxy", resources=None)
+    main = NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}, requests=None))
+    entry = {
+        "containerIndex": 0,
+        "deviceIndex": 0,
+        "gpuUUID": "GPU-1",
+        "profile": "1g.10gb",
+        "placement": {"start": 0, "size": 1},
+        "migUUID": "MIG-1",
+        "gpuInstanceID": 7,
+        "computeInstanceID": 0,
+    }
+    allocated = {
+        "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,10240,0:;",
+        "hami.io/vgpu-mig-allocations": json.dumps([entry]),
+    }
+    layout = allocation_layout(allocated, [proxy, main], 0, frozenset({"nvidia.com/gpu"}))
+    [dev] = mig_devices(allocated, ["istio-proxy", "main"], layout)
+    assert dev.container == "main"
+    [grant] = container_grants(allocated, [proxy, main])
+    assert grant.container == "main" and set(grant.uuids) == {"GPU-1", "MIG-1"}
+
+
+# ------------------------------------------------------------------------------- Allocate
+
+
+async def test_allocate_serves_main_not_the_sidecar_before_it(tmp_path):
+    """Found by review, 1 Dec: [istio-proxy (no GPU), main (GPU)]: Allocate refused main ("the
+    annotation was not written for this container"), the entry read as istio-proxy's."""
+    kube = FakeKube(LOCK_P, [hami_pod(f"{G1},NVIDIA,20000,30:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])])
+    (answer,) = await allocator(kube, tmp_path).allocate([1])
+    assert answer.cache_dir.endswith("uid-p_main") and "istio-proxy" not in answer.cache_dir
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == G1 and answer.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert ann(kube)[A.BIND_PHASE] == "success" and not any(decode_pod_devices(ann(kube)[A.TO_ALLOCATE]))
+
+
+async def test_allocate_serves_main_after_an_init_container_and_a_gpu_less_one(tmp_path):
+    pod = hami_pod(f"{G1},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)])
+    kube = FakeKube(LOCK_P, [pod])
+    (answer,) = await allocator(kube, tmp_path).allocate([1])
+    assert answer.cache_dir.endswith("uid-p_main") and answer.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20000m"
+
+
+def _hamis_pop(text: str) -> int:
+    """HAMi's device plugin: the index of the first non-empty entry."""
+    return next(i for i, ctr in enumerate(decode_pod_devices(text)) if ctr)
+
+
+async def test_the_remainder_of_a_compact_list_is_read_right_by_both_plugins(tmp_path):
+    """[a (GPU), b (no GPU), c (GPU)], HAMi wrote ``A;C;``: after a's Allocate the remainder is
+    written one entry per container, so c's entry sits at c's index (HAMi's plugin pops it there)
+    and this plugin, reading it alone (a different length from the allocated list), serves c."""
+    kube = FakeKube(
+        LOCK_P, [hami_pod(f"{G1},NVIDIA,1000,30:;{G2},NVIDIA,2000,40:;", [], [_gpu("a"), {"name": "b"}, _gpu("c")])]
+    )
+    alloc = allocator(kube, tmp_path)
+    (first,) = await alloc.allocate([1])
+    assert first.cache_dir.endswith("uid-p_a") and first.envs["NVIDIA_VISIBLE_DEVICES"] == G1
+    assert _hamis_pop(ann(kube)[A.TO_ALLOCATE]) == 2
+    (second,) = await alloc.allocate([1])
+    assert second.cache_dir.endswith("uid-p_c") and second.envs["NVIDIA_VISIBLE_DEVICES"] == G2
+    assert ann(kube)[A.BIND_PHASE] == "success"
+
+
+def test_hamis_own_remainder_of_a_compact_list_is_read_by_the_allocated_list():
+    """HAMi's plugin empties a popped entry in place (``;C;`` after ``A;C;``): told from the
+    allocated list, C is still c's."""
+    obj = hami_pod(f"{G1},NVIDIA,1000,30:;{G2},NVIDIA,2000,40:;", [], [_gpu("a"), {"name": "b"}, _gpu("c")])
+    obj["metadata"]["annotations"][A.TO_ALLOCATE] = f";{G2},NVIDIA,2000,40:;"
+    view = A.pod_view_from_object(obj)
+    grant = A.pop_next(view, A.pending_devices(view), 1, gpus=[G1, G2], resource="nvidia.com/gpu")
+    assert grant.container.name == "c" and [d.uuid for d in grant.devices] == [G2]
+
+
+# ------------------------------------------------------------------------------- NRI
+
+
+def test_the_nri_hook_serves_main_and_not_the_sidecar():
+    """Found by review, 1 Dec: the hook refused main (its entry read as istio-proxy's)."""
+    obj = hami_pod(f"{G1},NVIDIA,20000,30:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
+    view, annotations = A.pod_view_from_object(obj), obj["metadata"]["annotations"]
+    assert [[d.uuid for d in e] for e in gpu_entries(view, annotations, "nvidia.com/gpu")] == [[], [G1]]
+    grant = container_grant(view, annotations, "main", gpus=[G1, G2], node="n1", resource="nvidia.com/gpu")
+    assert grant.container.name == "main" and [d.uuid for d in grant.devices] == [G1]
+    with pytest.raises(Refusal, match="'istio-proxy' was given GPUs by the kubelet but has no entry"):
+        container_grant(view, annotations, "istio-proxy", gpus=[G1, G2], node="n1", resource="nvidia.com/gpu")
+
+
+def test_the_nri_hook_serves_main_after_an_init_container_and_a_gpu_less_one():
+    obj = hami_pod(f"{G1},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)])
+    view, annotations = A.pod_view_from_object(obj), obj["metadata"]["annotations"]
+    grant = container_grant(view, annotations, "main", gpus=[G1], node="n1", resource="nvidia.com/gpu")
+    assert grant.index == 2 and [d.uuid for d in grant.devices] == [G1]
+
+
+def test_an_unaligned_list_is_read_as_before():
+    """A list that cannot be aligned (one entry, two containers asking) stays in today's order:
+    Allocate refuses it as before, nothing crashes."""
+    obj = hami_pod(f"{G1},NVIDIA,1000,30:;", [], [{"name": "x"}, _gpu("a"), _gpu("b")])
+    view = A.pod_view_from_object(obj)
+    assert [bool(c) for c in A.pending_devices(view)] == [True]
+    with pytest.raises(A.AllocationError, match="container 'x' .* asks for nvidia.com/gpu=nothing"):
+        A.pop_next(view, A.pending_devices(view), 1, gpus=[G1], resource="nvidia.com/gpu")
+    assert ContainerDevice(G1, "NVIDIA", 1000, 30) in decode_pod_devices(obj["metadata"]["annotations"][A.ALLOCATED])[0]
+
+
+def test_the_mig_reservations_index_maps_by_the_allocated_list():
+    """``hami.io/vgpu-mig-allocations`` counts the allocated list's entries: its index 0 of
+    ``[istio-proxy, main]`` is main's (for the allocator's MIG step, allocator.py)."""
+    obj = hami_pod(f"{G1},NVIDIA,10240,100:;", [], [{"name": "istio-proxy"}, _gpu("main")])
+    obj["metadata"]["annotations"][A.TO_ALLOCATE] = ";;"  # what is left does not change it
+    assert A.allocated_layout(A.pod_view_from_object(obj)).container(0) == 1
+
+
+async def test_allocate_in_mig_mode_finds_mains_reservation_in_a_compact_list(tmp_path):
+    """The MIG reservation's containerIndex counts the compact list's entries (0: the one GPU
+    container): Allocate matched it to container 0 (the sidecar) and refused main, "does not name
+    one MIG instance per granted GPU"."""
+    from .test_dp_migrate_layout import StubMig
+
+    pod = hami_pod(f"{G1},NVIDIA,10240,100:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
+    reservation = [MigAllocation(container=0, device=0, gpu_uuid=G1, profile="1g.10gb", start=0, size=1)]
+    pod["metadata"]["annotations"][MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(reservation)
+    kube = FakeKube(LOCK_P, [pod])
+    alloc = allocator(kube, tmp_path, operating_mode="mig")
+    alloc.mig = StubMig()
+    (answer,) = await alloc.allocate([1])
+    assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-0-0" and answer.cache_dir.endswith("uid-p_main")
