@@ -46,6 +46,7 @@ struct CUstream_st {
     unsigned flags;
     unsigned long long busy_until;
     struct CUgraph_st *capture;         /* the graph being captured (cuStreamBeginCapture) */
+    unsigned long long capture_id;      /* that capture's id (cuStreamGetCaptureInfo), one per capture */
     struct CUgraphNode_st *capture_last; /* its last node: what the next captured one follows */
     int host_pending;                    /* its host functions not yet returned (cuLaunchHostFunc) */
 };
@@ -262,10 +263,12 @@ static void after_free(void)
 
 /* A pause inside a call (tests): fakegpu_pause_next_call(name) makes the next call of `name` wait
  * at its pause point until fakegpu_resume_free() (60 s at most); fakegpu_paused_frees() counts it.
- * cuMemUnmap, cuMemRelease, cuMemPoolDestroy and cuArray3DCreate_v2 pause on entry, before they
- * do anything, and cuMemCreate too as "cuMemCreate:entry"; cuMemCreate (as "cuMemCreate"), the
- * context creates (as "cuCtxCreate") and the graph instantiations (as "cuGraphInstantiate") once
- * they have written the new handle, before they return. A test sees what another
+ * cuMemUnmap, cuMemRelease, cuMemPoolDestroy, cuArray3DCreate_v2 and cuMemAllocAsync pause on
+ * entry, before they do anything, cuMemCreate too as "cuMemCreate:entry" and the graph
+ * instantiations as "cuGraphInstantiate:entry" (before they read the graph or their parameters);
+ * cuMemCreate (as "cuMemCreate"), the context creates (as "cuCtxCreate") and the graph
+ * instantiations (as "cuGraphInstantiate") once they have written the new handle, before they
+ * return; cuMemPoolSetAttribute once it has read the value. A test sees what another
  * thread's calls do while the driver is still in the paused one, whether it will fail (an unmap of
  * a range that starts at an unmapped address) or succeed (a destroy, a create). */
 static char g_pause_call[64]; /* under g_recycle_mu */
@@ -289,6 +292,38 @@ EXPORT void fakegpu_pause_next_call(const char *name)
     snprintf(g_pause_call, sizeof g_pause_call, "%s", name ? name : "");
     __atomic_store_n(&g_pause_call_armed, g_pause_call[0] != 0, __ATOMIC_RELEASE);
     g_resumed = 0;
+    pthread_mutex_unlock(&g_recycle_mu);
+}
+
+/* A failure on demand (tests): fakegpu_fail_next_call(name, err) makes the next call of `name`
+ * return `err` without doing anything. The graph walk's calls take it (cuGraphGetNodes,
+ * cuGraphNodeGetType, cuGraphMemAllocNodeGetParams, cuGraphChildGraphNodeGetGraph): a test sees
+ * what a caller does with a node it cannot read. */
+static char g_fail_call[64]; /* under g_recycle_mu */
+static int g_fail_call_armed;
+static CUresult g_fail_err;
+
+/* The armed failure of `name`, if it is armed now (disarmed by taking it), else CUDA_SUCCESS. */
+static CUresult fail_point(const char *name)
+{
+    if (!__atomic_load_n(&g_fail_call_armed, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_recycle_mu);
+    if (g_fail_call_armed && !strcmp(g_fail_call, name)) {
+        __atomic_store_n(&g_fail_call_armed, 0, __ATOMIC_RELEASE);
+        r = g_fail_err;
+    }
+    pthread_mutex_unlock(&g_recycle_mu);
+    return r;
+}
+
+EXPORT void fakegpu_fail_next_call(const char *name, int err)
+{
+    pthread_mutex_lock(&g_recycle_mu);
+    snprintf(g_fail_call, sizeof g_fail_call, "%s", name ? name : "");
+    g_fail_err = (CUresult)err;
+    __atomic_store_n(&g_fail_call_armed, g_fail_call[0] != 0 && err != 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&g_recycle_mu);
 }
 
@@ -1498,6 +1533,7 @@ static CUresult capture_free(struct CUstream_st *st, CUdeviceptr dptr);
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
 {
     NEED_CTX(c);
+    pause_point("cuMemAllocAsync");
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1678,6 +1714,7 @@ EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute att
     else if (attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
         pool->used_high = pool->used;
     pthread_mutex_unlock(&g_mu);
+    pause_point("cuMemPoolSetAttribute");
     return CUDA_SUCCESS;
 }
 
@@ -2469,6 +2506,9 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph g, const CUgrap
 EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *out)
 {
     NEED_INIT();
+    CUresult fail = fail_point("cuGraphMemAllocNodeGetParams");
+    if (fail)
+        return fail;
     if (!node || node->magic != M_NODE || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || !out)
         return CUDA_ERROR_INVALID_VALUE;
     memset(out, 0, sizeof *out);
@@ -2528,6 +2568,9 @@ EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNod
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *out)
 {
     NEED_INIT();
+    CUresult fail = fail_point("cuGraphChildGraphNodeGetGraph");
+    if (fail)
+        return fail;
     if (!node || node->magic != M_NODE || node->type != CU_GRAPH_NODE_TYPE_GRAPH || !out)
         return CUDA_ERROR_INVALID_VALUE;
     *out = node->child;
@@ -2537,6 +2580,9 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *out)
 EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
 {
     NEED_INIT();
+    CUresult fail = fail_point("cuGraphGetNodes");
+    if (fail)
+        return fail;
     if (!valid_graph(g) || !num)
         return CUDA_ERROR_INVALID_VALUE;
     if (nodes)
@@ -2549,6 +2595,9 @@ EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *num)
 EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type)
 {
     NEED_INIT();
+    CUresult fail = fail_point("cuGraphNodeGetType");
+    if (fail)
+        return fail;
     if (!node || node->magic != M_NODE || !type)
         return CUDA_ERROR_INVALID_VALUE;
     *type = node->type;
@@ -2639,6 +2688,7 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *er
 
 static CUresult with_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
+    pause_point("cuGraphInstantiate:entry"); /* before it reads *p (taken here, not again in instantiate) */
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = instantiate(e, g, p->flags, p->hUploadStream);
@@ -2691,6 +2741,7 @@ static CUresult graph_map(struct CUgraphExec_st *x)
 static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload)
 {
     NEED_INIT();
+    pause_point("cuGraphInstantiate:entry"); /* before it reads the graph */
     if (!e || !valid_graph(g))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUgraphExec_st *x = obj_new(R_EXEC, sizeof *x);
@@ -2904,7 +2955,9 @@ static CUresult begin_capture(CUstream s, int pt)
     CUgraph g;
     CUresult r = cuGraphCreate(&g, 0);
     if (r == CUDA_SUCCESS) {
+        static unsigned long long ids;
         st->capture = g;
+        st->capture_id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
         st->capture_last = NULL;
     }
     return r;
@@ -2952,6 +3005,41 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *out, int pt)
 
 EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 0); }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 1); }
+
+/* The capture's status and id (unique per capture in the process; left as it was without one). The
+ * _v2 form's graph and dependencies are the graph being captured and its last node. */
+static CUresult capture_info(CUstream s, CUstreamCaptureStatus *out, cuuint64_t *id, CUgraph *g,
+                             const CUgraphNode **deps, size_t *ndeps, int pt)
+{
+    NEED_INIT();
+    struct CUstream_st *st = stream_of(s, pt);
+    if (!st || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (st->capture && id)
+        *id = st->capture_id;
+    if (g)
+        *g = st->capture;
+    if (deps)
+        *deps = st->capture && st->capture_last ? &st->capture_last : NULL;
+    if (ndeps)
+        *ndeps = st->capture && st->capture_last ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *out, cuuint64_t *id)
+{
+    return capture_info(s, out, id, NULL, NULL, NULL, 0);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream s, CUstreamCaptureStatus *out, cuuint64_t *id)
+{
+    return capture_info(s, out, id, NULL, NULL, NULL, 1);
+}
+EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *out, cuuint64_t *id, CUgraph *g,
+                                          const CUgraphNode **deps, size_t *ndeps)
+{
+    return capture_info(s, out, id, g, deps, ndeps, 0);
+}
 
 static CUresult capture_alloc(struct CUstream_st *st, CUdeviceptr *dptr, size_t size, int dev)
 {
@@ -3086,6 +3174,9 @@ static const proc_entry g_procs[] = {
     PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
     E("cuStreamEndCapture", 10000, cuStreamEndCapture), PT("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
     E("cuStreamIsCapturing", 10000, cuStreamIsCapturing), PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
+    E("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo),
+    PT("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo_ptsz),
+    E("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2),
     E("cuGetProcAddress", 11030, cuGetProcAddress), E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
 };
 

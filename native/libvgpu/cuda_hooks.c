@@ -94,7 +94,8 @@ int vgpu_refused;
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuDeviceGetUuid)  \
     X(cuCtxGetLimit)                                                                                   \
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
-    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuPointerGetAttribute) X(cuGraphGetNodes)          \
+    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo) X(cuPointerGetAttribute)  \
+    X(cuGraphGetNodes)                                                                                 \
     X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
     X(cuDeviceGetGraphMemAttribute)
 
@@ -1802,12 +1803,17 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 /* Whether `s` is capturing (cuStreamBeginCapture): a stream-ordered allocation there allocates
  * nothing; it records an allocation node, whose memory the graph pool maps when the graph runs
- * (charged then: graph_map). */
-static int capturing(CUstream s, int pt)
+ * (charged then: graph_map). *id: the capture's id (cuStreamGetCaptureInfo; unique per capture in
+ * the process), 0 where the driver cannot say. */
+static int capturing(CUstream s, int pt, cuuint64_t *id)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    *id = 0;
     if (pt && s == NULL)
         s = CU_STREAM_PER_THREAD;
+    if (p_cuStreamGetCaptureInfo && p_cuStreamGetCaptureInfo(s, &st, id) == CUDA_SUCCESS)
+        return st != CU_STREAM_CAPTURE_STATUS_NONE;
+    *id = 0;
     return p_cuStreamIsCapturing && p_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
            st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
@@ -1824,22 +1830,71 @@ typedef struct {
     int pt;
 } async_args;
 
+/* Free `d`, a stream-ordered allocation just made on `s`, that the tenant never saw: on its stream,
+ * unless a new capture began there (the free would be a node of that one, and free nothing), then
+ * synchronously. */
+static CUresult async_unmake(CUdeviceptr d, CUstream s, int pt)
+{
+    cuuint64_t id;
+    __typeof__(&cuMemFreeAsync) on_stream = pt ? r_cuMemFreeAsync_ptsz : r_cuMemFreeAsync;
+    if (!capturing(s, pt, &id) && on_stream)
+        return on_stream(d, s);
+    return r_cuMemFree_v2 ? r_cuMemFree_v2(d) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s, int pt,
                               CUresult (*call)(void *), async_args *arg)
 {
     if (where == POOL_HOST)
         return call(arg);
     int reg = where >= 0 ? where : vgpu_current_dev();
-    if (reg < 0 || !dptr || !size || capturing(s, pt))
+    if (reg < 0 || !dptr || !size)
         return call(arg);
     CUdeviceptr got = 0; /* the driver answers here, copied to *dptr once recorded (cuMemCreate) */
     arg->dptr = &got;
     uint64_t bytes = round_alloc(size);
     int keeps = 0;
-    uint64_t moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
-    CUresult r = CHARGED_CALL(reg, bytes - moved, call(arg));
-    if (r != CUDA_SUCCESS && moved)
-        pool_untake(pool, moved, reg);
+    uint64_t moved = 0;
+    CUresult r;
+    cuuint64_t cap, now;
+    if (capturing(s, pt, &cap)) {
+        r = call(arg);
+        if (r != CUDA_SUCCESS || (capturing(s, pt, &now) && now == cap)) {
+            if (r == CUDA_SUCCESS)
+                *dptr = got; /* an allocation node of the capture: the graph's (graph_map) */
+            return r;
+        }
+        /* The capture ended while the driver ran (another thread's cuStreamEndCapture: relaxed
+         * capture mode allows it), so the driver may have made a real allocation: passed through,
+         * it was held untracked and uncharged (found by review, 1 Dec). Not knowing which came
+         * first, it is counted as one: reserved now, under the limit, or freed and refused. (An
+         * allocation node whose capture ended just after the driver made it is counted too: charged
+         * until its address is freed outside the graph; only a tenant racing its own capture gets
+         * that.) */
+        moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
+        if (vgpu_reserve(reg, bytes - moved, VGPU_MEM_DATA) != 0) {
+            if (moved)
+                pool_untake(pool, moved, reg);
+            CUresult f = async_unmake(got, s, pt);
+            if (f == CUDA_SUCCESS) {
+                LOG_WARN("cuMemAllocAsync refused: the capture of its stream ended while the driver allocated, and "
+                         "the allocation of %llu bytes it then made on device %d does not fit under the limit",
+                         (unsigned long long)bytes, reg);
+                if (keeps)
+                    pool_settle(pool, reg); /* the pool may keep what was freed into it */
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            /* not freed: it stays the tenant's, charged (past the limit) so the ledger says what is held */
+            LOG_WARN("an allocation of %llu bytes over the limit on device %d could not be freed (the free returned "
+                     "%d): charged past the limit", (unsigned long long)bytes, reg, (int)f);
+            vgpu_charge(reg, bytes - moved, VGPU_MEM_DATA);
+        }
+    } else {
+        moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
+        r = CHARGED_CALL(reg, bytes - moved, call(arg));
+        if (r != CUDA_SUCCESS && moved)
+            pool_untake(pool, moved, reg);
+    }
     CUmemoryPool real = NULL;
     if (r == CUDA_SUCCESS && keeps && pool && p_cuPointerGetAttribute &&
         p_cuPointerGetAttribute(&real, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, got) == CUDA_SUCCESS && real &&
@@ -2003,9 +2058,15 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
     READY_OR(r_cuMemPoolSetAttribute, CUDA_ERROR_NOT_INITIALIZED);
-    CUresult r = r_cuMemPoolSetAttribute(pool, attr, value);
-    if (r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && value) {
-        pool_threshold(pool, *(cuuint64_t *)value);
+    if (attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD || !value)
+        return r_cuMemPoolSetAttribute(pool, attr, value);
+    /* Read once, and the driver gets the copy: read back from the tenant's memory after the call,
+     * a second thread that wrote 0 there meanwhile had the pool remembered as keeping nothing while
+     * the driver kept up to UINT64_MAX, so its cache was never charged (found by review, 1 Dec). */
+    cuuint64_t keep = *(cuuint64_t *)value;
+    CUresult r = r_cuMemPoolSetAttribute(pool, attr, &keep);
+    if (r == CUDA_SUCCESS) {
+        pool_threshold(pool, keep);
         pool_settle(pool, pool_reg(pool));
     }
     return r;
@@ -2173,44 +2234,127 @@ typedef struct {
     size_t n, cap;
 } graph_ranges;
 
-/* Collect the address ranges (widened to whole pages) of `g`'s allocation nodes. */
-static void graph_collect(CUgraph g, graph_ranges *out, int depth)
+/* At most this many nodes are walked for one graph (child graphs' included): a bound no real graph
+ * comes near, that ends a walk whatever the driver answers. */
+#define GRAPH_WALK_MAX (1u << 24)
+
+/* The nodes of `g` into a malloc'd *out (NULL when it has none), their count into *n; on failure
+ * *why says what failed. */
+static CUresult graph_nodes(CUgraph g, CUgraphNode **out, size_t *n, char *why, size_t whylen)
 {
-    size_t n = 0;
-    if (depth > 32 || !p_cuGraphGetNodes || !p_cuGraphNodeGetType || p_cuGraphGetNodes(g, NULL, &n) != CUDA_SUCCESS ||
-        !n)
-        return;
-    CUgraphNode *nodes = malloc(n * sizeof *nodes);
-    if (!nodes || p_cuGraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
-        n = 0;
-    for (size_t i = 0; i < n; i++) {
-        CUgraphNodeType type;
-        if (p_cuGraphNodeGetType(nodes[i], &type) != CUDA_SUCCESS)
-            continue;
-        if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && p_cuGraphMemAllocNodeGetParams) {
-            CUDA_MEM_ALLOC_NODE_PARAMS prm;
-            memset(&prm, 0, sizeof prm);
-            if (p_cuGraphMemAllocNodeGetParams(nodes[i], &prm) != CUDA_SUCCESS || !prm.bytesize ||
-                prm.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-                continue;
-            if (out->n == out->cap) {
-                size_t ncap = out->cap ? out->cap * 2 : 16;
-                graph_range *nr = realloc(out->r, ncap * sizeof *nr);
-                if (!nr)
-                    continue;
-                out->r = nr;
-                out->cap = ncap;
-            }
-            uint64_t lo = prm.dptr / GRAPH_PAGE * GRAPH_PAGE;
-            uint64_t hi = round_to(add_sat(prm.dptr, prm.bytesize), GRAPH_PAGE);
-            out->r[out->n++] = (graph_range){lo, hi, prm.poolProps.location.id};
-        } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && p_cuGraphChildGraphNodeGetGraph) {
-            CUgraph child = NULL; /* moved into this one: the only way a child holds memory nodes */
-            if (p_cuGraphChildGraphNodeGetGraph(nodes[i], &child) == CUDA_SUCCESS && child)
-                graph_collect(child, out, depth + 1);
+    *out = NULL;
+    *n = 0;
+    size_t cap = 0;
+    CUresult r = p_cuGraphGetNodes(g, NULL, &cap);
+    for (int tries = 0; r == CUDA_SUCCESS && cap && tries < 8; tries++) {
+        free(*out);
+        *out = malloc(cap * sizeof **out);
+        if (!*out) {
+            snprintf(why, whylen, "out of host memory for the %zu nodes of graph %p", cap, (void *)g);
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        size_t got = cap;
+        r = p_cuGraphGetNodes(g, *out, &got);
+        if (r == CUDA_SUCCESS && got <= cap) { /* else it grew meanwhile: again, with room for all */
+            *n = got;
+            return CUDA_SUCCESS;
+        }
+        cap = got;
     }
-    free(nodes);
+    free(*out);
+    *out = NULL;
+    if (r != CUDA_SUCCESS)
+        snprintf(why, whylen, "cuGraphGetNodes returned %d for graph %p", (int)r, (void *)g);
+    else if (cap) /* it grew at every look */
+        snprintf(why, whylen, "graph %p kept growing while its nodes were listed (%zu nodes)", (void *)g, cap);
+    return r != CUDA_SUCCESS ? r : cap ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+/* Collect the address ranges (widened to whole pages) of `g`'s allocation nodes, child graphs'
+ * included, however deep: a walk that stopped at some depth (it stopped below 32) left a deeper
+ * allocation node out, a graph of nothing else had footprint 0, and its launches mapped the memory
+ * unchecked and uncharged (found by review, 1 Dec). It walks with a list of graphs to visit, not by
+ * recursion (no stack to run out of). Returns CUDA_SUCCESS, or, where a node cannot be read (or the
+ * bound is reached), an error and in *why what failed: what the graph maps is then unknown, and the
+ * caller refuses it rather than leave a part out. */
+static CUresult graph_collect(CUgraph g, graph_ranges *out, char *why, size_t whylen)
+{
+    if (!p_cuGraphGetNodes || !p_cuGraphNodeGetType)
+        return CUDA_SUCCESS; /* a driver without graphs */
+    CUgraph *todo = malloc(sizeof *todo);
+    size_t ntodo = 0, captodo = 1, walked = 0;
+    CUresult r = todo ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (todo)
+        todo[ntodo++] = g;
+    else
+        snprintf(why, whylen, "out of host memory");
+    while (r == CUDA_SUCCESS && ntodo) {
+        CUgraph cur = todo[--ntodo];
+        CUgraphNode *nodes;
+        size_t n;
+        if ((r = graph_nodes(cur, &nodes, &n, why, whylen)) != CUDA_SUCCESS)
+            break;
+        if (n > GRAPH_WALK_MAX - walked) {
+            r = CUDA_ERROR_NOT_SUPPORTED;
+            snprintf(why, whylen, "more than %u nodes (graph %p holds %zu more)", GRAPH_WALK_MAX, (void *)cur, n);
+        }
+        walked += n;
+        for (size_t i = 0; r == CUDA_SUCCESS && i < n; i++) {
+            CUgraphNodeType type;
+            if ((r = p_cuGraphNodeGetType(nodes[i], &type)) != CUDA_SUCCESS) {
+                snprintf(why, whylen, "cuGraphNodeGetType returned %d for node %p", (int)r, (void *)nodes[i]);
+                break;
+            }
+            if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && p_cuGraphMemAllocNodeGetParams) {
+                CUDA_MEM_ALLOC_NODE_PARAMS prm;
+                memset(&prm, 0, sizeof prm);
+                if ((r = p_cuGraphMemAllocNodeGetParams(nodes[i], &prm)) != CUDA_SUCCESS) {
+                    snprintf(why, whylen, "cuGraphMemAllocNodeGetParams returned %d for allocation node %p", (int)r,
+                             (void *)nodes[i]);
+                    break;
+                }
+                if (!prm.bytesize || prm.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+                    continue;
+                if (out->n == out->cap) {
+                    size_t ncap = out->cap ? out->cap * 2 : 16;
+                    graph_range *nr = realloc(out->r, ncap * sizeof *nr);
+                    if (!nr) {
+                        r = CUDA_ERROR_OUT_OF_MEMORY;
+                        snprintf(why, whylen, "out of host memory");
+                        break;
+                    }
+                    out->r = nr;
+                    out->cap = ncap;
+                }
+                uint64_t lo = prm.dptr / GRAPH_PAGE * GRAPH_PAGE;
+                uint64_t hi = round_to(add_sat(prm.dptr, prm.bytesize), GRAPH_PAGE);
+                out->r[out->n++] = (graph_range){lo, hi, prm.poolProps.location.id};
+            } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && p_cuGraphChildGraphNodeGetGraph) {
+                CUgraph child = NULL; /* moved into this one: the only way a child holds memory nodes */
+                if ((r = p_cuGraphChildGraphNodeGetGraph(nodes[i], &child)) != CUDA_SUCCESS) {
+                    snprintf(why, whylen, "cuGraphChildGraphNodeGetGraph returned %d for node %p", (int)r,
+                             (void *)nodes[i]);
+                    break;
+                }
+                if (!child)
+                    continue;
+                if (ntodo == captodo) {
+                    CUgraph *nt = realloc(todo, captodo * 2 * sizeof *nt);
+                    if (!nt) {
+                        r = CUDA_ERROR_OUT_OF_MEMORY;
+                        snprintf(why, whylen, "out of host memory");
+                        break;
+                    }
+                    todo = nt;
+                    captodo *= 2;
+                }
+                todo[ntodo++] = child;
+            }
+        }
+        free(nodes);
+    }
+    free(todo);
+    return r;
 }
 
 static int range_cmp(const void *a, const void *b)
@@ -2221,15 +2365,20 @@ static int range_cmp(const void *a, const void *b)
     return (x->lo > y->lo) - (x->lo < y->lo);
 }
 
-/* `g`'s footprint per CUDA device: the union of its allocations' pages. Returns whether it has any. */
-static int graph_footprint(CUgraph g, graph_mem *m)
+/* `g`'s footprint per CUDA device: the union of its allocations' pages; *any: whether it has any.
+ * Fails as graph_collect does (*why says why). */
+static CUresult graph_footprint(CUgraph g, graph_mem *m, int *any, char *why, size_t whylen)
 {
     memset(m, 0, sizeof *m);
+    *any = 0;
     graph_ranges rs = {0};
-    if (g)
-        graph_collect(g, &rs, 0);
+    CUresult r = g ? graph_collect(g, &rs, why, whylen) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+        free(rs.r);
+        return r;
+    }
     qsort(rs.r, rs.n, sizeof *rs.r, range_cmp);
-    int any = 0, dev = -1;
+    int dev = -1;
     uint64_t end = 0;
     for (size_t i = 0; i < rs.n; i++) {
         graph_range *x = &rs.r[i];
@@ -2241,13 +2390,13 @@ static int graph_footprint(CUgraph g, graph_mem *m)
         uint64_t lo = x->lo > end ? x->lo : end;
         if (x->hi > lo) {
             m->foot[dev] = add_sat(m->foot[dev], x->hi - lo);
-            any = 1;
+            *any = 1;
         }
         if (x->hi > end)
             end = x->hi;
     }
     free(rs.r);
-    return any;
+    return CUDA_SUCCESS;
 }
 
 /* Charge CUDA device `d`'s graph pool as the driver reserves it now; `held` bytes reserved for
@@ -2365,63 +2514,143 @@ static CUresult do_instantiate(void *a)
     }
 }
 
+/* Whether a footprint is over a device's limit on its own (said in the log, `when` saying more). */
+static int graph_over(const graph_mem *m, const char *when)
+{
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        int reg = m->foot[d] ? vgpu_cuda_dev(d) : -1;
+        if (reg >= 0 && vgpu_reg->limit[reg] && m->foot[d] > vgpu_reg->limit[reg]) {
+            LOG_WARN("CUDA graph refused: its allocation nodes need %llu bytes of device memory on device %d, over "
+                     "its limit of %llu%s", (unsigned long long)m->foot[d], reg,
+                     (unsigned long long)vgpu_reg->limit[reg], when);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Undo an instantiation refused after the driver made it (g_graph_mu held): the executable graph
+ * is destroyed; where it was uploaded with pages never checked under the limit (`unchecked`), the
+ * device's graph pool is trimmed, so the pool does not keep them, and settled. */
+static void graph_unmake(CUgraphExec made, const int *unchecked)
+{
+    ptrmap_val old;
+    if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) { /* a stale record of a reused handle */
+        free((void *)(uintptr_t)old.aux);
+        __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+    }
+    r_cuGraphExecDestroy(made);
+    for (int d = 0; unchecked && d < VGPU_MAX_DEV; d++)
+        if (unchecked[d]) {
+            if (r_cuDeviceGraphMemTrim && r_cuDeviceGraphMemTrim(d) == CUDA_SUCCESS)
+                g_trim_epoch[d]++; /* as cuDeviceGraphMemTrim: the graphs it unmapped are checked again */
+            graph_settle(d, 0);
+        }
+}
+
 /* Instantiate `a->g`: refused when its footprint alone is over a device's limit; mapped under
  * the limit when the instantiation uploads it; remembered for its launches. The driver answers
  * into a local, remembered before it is copied to the caller's variable (cuMemCreate): read back
  * from the tenant's memory, another thread could have put another graph's handle there, and the
- * real one would launch with its allocation nodes unknown, uncharged. */
+ * real one would launch with its allocation nodes unknown, uncharged.
+ * The graph is walked before the driver call (to refuse or map it) and again once the driver made
+ * it: a second thread adding an allocation node meanwhile (a graph is not thread-safe, but nothing
+ * stops a tenant) had the executable graph remembered with the smaller footprint, or with none (its
+ * launches then mapped the added memory unchecked, uncharged; found by review, 1 Dec). The larger
+ * of the two is remembered; over the limit, the executable graph is destroyed and refused. An
+ * instantiation that uploaded pages nobody checked (the added ones) is settled at once, and refused,
+ * its pool trimmed, when that leaves the device over its limit. A graph whose nodes cannot be read
+ * (graph_collect) is refused: what it maps is unknown. */
 static CUresult graph_instantiate(inst_args *a, int upload)
 {
-    graph_mem m;
+    graph_mem m, after;
     CUgraphExec *caller = a->exec, made = NULL;
+    char why[192] = "";
+    int any = 0, more = 0;
     if (!caller)
         return do_instantiate(a);
     a->exec = &made;
-    CUresult (*call)(void *) = do_instantiate;
-    void *arg = a;
-    CUresult r;
-    if (!graph_footprint(a->g, &m)) {
-        r = call(arg);
-        if (r == CUDA_SUCCESS && made && __atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED)) {
-            ptrmap_val old; /* a handle of an executable graph gone with its context, given out again */
-            pthread_mutex_lock(&g_graph_mu);
-            if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) {
-                free((void *)(uintptr_t)old.aux);
-                __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
-            }
+    CUresult r = graph_footprint(a->g, &m, &any, why, sizeof why);
+    if (r != CUDA_SUCCESS) {
+        LOG_WARN("CUDA graph refused: its allocation nodes cannot be counted (%s)", why);
+        return r;
+    }
+    if (graph_over(&m, ""))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    int locked = any; /* through the driver call only for allocation nodes: else launches would wait for nothing */
+    if (locked)
+        pthread_mutex_lock(&g_graph_mu);
+    r = any && upload ? graph_map(&m, do_instantiate, a) : do_instantiate(a);
+    if (r != CUDA_SUCCESS || !made) {
+        if (locked)
             pthread_mutex_unlock(&g_graph_mu);
-        }
         if (r == CUDA_SUCCESS)
             *caller = made;
         return r;
     }
-    for (int d = 0; d < VGPU_MAX_DEV; d++) {
-        int reg = m.foot[d] ? vgpu_cuda_dev(d) : -1;
-        if (reg >= 0 && vgpu_reg->limit[reg] && m.foot[d] > vgpu_reg->limit[reg]) {
-            LOG_WARN("CUDA graph refused: its allocation nodes need %llu bytes of device memory on device %d, over "
-                     "its limit of %llu", (unsigned long long)m.foot[d], reg, (unsigned long long)vgpu_reg->limit[reg]);
-            return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult w = graph_footprint(a->g, &after, &more, why, sizeof why); /* again: what the driver made */
+    int grown[VGPU_MAX_DEV] = {0}, grew = 0;
+    for (int d = 0; w == CUDA_SUCCESS && d < VGPU_MAX_DEV; d++)
+        if (after.foot[d] > m.foot[d]) {
+            m.foot[d] = after.foot[d];
+            grown[d] = grew = 1;
         }
+    if (!locked && (more || __atomic_load_n(&g_gexec_n, __ATOMIC_RELAXED))) {
+        pthread_mutex_lock(&g_graph_mu);
+        locked = 1;
     }
-    pthread_mutex_lock(&g_graph_mu);
-    r = upload ? graph_map(&m, call, arg) : call(arg);
-    graph_mem *keep = r == CUDA_SUCCESS && made ? malloc(sizeof *keep) : NULL;
+    int past = 0; /* an upload of unchecked pages left a device over its limit */
+    if (upload && grew)
+        for (int d = 0; d < VGPU_MAX_DEV; d++) {
+            int reg = grown[d] ? vgpu_cuda_dev(d) : -1;
+            if (reg < 0)
+                continue;
+            graph_settle(d, 0); /* the driver mapped them: charged as it reserves now */
+            m.mapped[d] = g_trim_epoch[d] + 1;
+            if (vgpu_reg->limit[reg] && vgpu_region_used_reaped(reg) > vgpu_reg->limit[reg]) {
+                LOG_WARN("CUDA graph refused: allocation nodes added to it while it was instantiated were uploaded "
+                         "with it, %llu bytes on device %d in all, over the limit of %llu",
+                         (unsigned long long)m.foot[d], reg, (unsigned long long)vgpu_reg->limit[reg]);
+                past = 1;
+            }
+        }
+    graph_mem *keep = NULL;
+    CUresult refuse = CUDA_SUCCESS;
+    if (w != CUDA_SUCCESS) {
+        LOG_WARN("CUDA graph refused: its allocation nodes cannot be counted once instantiated (%s)", why);
+        refuse = w;
+        if (upload) /* what it uploaded is unknown: every device's graph pool is trimmed and settled */
+            for (int d = 0; d < VGPU_MAX_DEV; d++)
+                grown[d] = vgpu_cuda_dev(d) >= 0;
+    } else if (past || graph_over(&m, " (allocation nodes were added to it while it was instantiated)")) {
+        refuse = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if ((any || more) && !(keep = malloc(sizeof *keep))) {
+        LOG_WARN("CUDA graph refused: out of host memory to remember its allocation nodes");
+        refuse = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (refuse != CUDA_SUCCESS) {
+        if (!locked)
+            pthread_mutex_lock(&g_graph_mu);
+        graph_unmake(made, upload ? grown : NULL);
+        pthread_mutex_unlock(&g_graph_mu);
+        return refuse;
+    }
+    ptrmap_val old; /* a handle of an executable graph gone with its context, given out again */
+    if (locked && ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) {
+        free((void *)(uintptr_t)old.aux);
+        __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
+    }
     if (keep) {
         *keep = m;
-        ptrmap_val old;
-        if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) { /* a handle the driver reused */
-            free((void *)(uintptr_t)old.aux);
-            __atomic_fetch_sub(&g_gexec_n, 1, __ATOMIC_RELAXED);
-        }
         if (ptrmap_put(&g_gexecs, (uint64_t)(uintptr_t)made, (ptrmap_val){.aux = (uint64_t)(uintptr_t)keep}) == 0)
             __atomic_fetch_add(&g_gexec_n, 1, __ATOMIC_RELAXED);
         else
             free(keep);
     }
-    pthread_mutex_unlock(&g_graph_mu);
-    if (r == CUDA_SUCCESS)
-        *caller = made;
-    return r;
+    if (locked)
+        pthread_mutex_unlock(&g_graph_mu);
+    *caller = made;
+    return CUDA_SUCCESS;
 }
 
 /* The pre-11.4 signature (error node and log): still exported, reached by name or through
@@ -2447,18 +2676,36 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsign
     return graph_instantiate(&a, 0);
 }
 
+/* The parameters are read once: whether the instantiation uploads is judged on a copy, and the
+ * driver gets that copy (its answers, hErrNode_out and result_out, are copied back). Judged on the
+ * tenant's memory and read there again by the driver, a second thread turning the upload flag
+ * off in between had graph_map reserve, the driver map nothing, the reservation settled away and
+ * the graph marked mapped, so every launch then mapped its memory unchecked and uncharged; turned
+ * on, the driver uploaded what nothing had checked (found by review, 1 Dec). */
+static CUresult instantiate_with_params(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p, int version)
+{
+    if (!p) {
+        inst_args a = {exec, g, version, NULL, NULL, 0, 0, NULL};
+        return graph_instantiate(&a, 0);
+    }
+    CUDA_GRAPH_INSTANTIATE_PARAMS pp = *p;
+    inst_args a = {exec, g, version, NULL, NULL, 0, 0, &pp};
+    CUresult r = graph_instantiate(&a, (pp.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0);
+    p->hErrNode_out = pp.hErrNode_out;
+    p->result_out = pp.result_out;
+    return r;
+}
+
 EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     READY_OR(r_cuGraphInstantiateWithParams, CUDA_ERROR_NOT_INITIALIZED);
-    inst_args a = {exec, g, 4, NULL, NULL, 0, 0, p};
-    return graph_instantiate(&a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
+    return instantiate_with_params(exec, g, p, 4);
 }
 
 EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
     READY_OR(r_cuGraphInstantiateWithParams_ptsz, CUDA_ERROR_NOT_INITIALIZED);
-    inst_args a = {exec, g, 5, NULL, NULL, 0, 0, p};
-    return graph_instantiate(&a, p && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD));
+    return instantiate_with_params(exec, g, p, 5);
 }
 
 typedef struct {
