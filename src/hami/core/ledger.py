@@ -27,7 +27,7 @@ from .errors import CodecError, CoreError
 from .codec import decode_pod_devices
 from .fit import NodeView, QuotaRoom
 from .names import DEVICE_CORDON, VGPU_NODE
-from .quantity import QuantityError, parse_quantity
+from .quantity import QuantityError, parse_int_quantity, parse_quantity
 from .rank import NodeRanking, room
 from .requests import ordered_containers, pod_name
 from .shape import check_node
@@ -1058,7 +1058,7 @@ def allocation_from_pod(pod: Mapping[str, Any], vendors: Iterable[Any]) -> PodAl
             decoded = _parent_ids(v.read_allocation(decode_pod_devices(text), annotations))
         except CodecError as exc:
             raise CodecError(f"pod {pod_name(pod)}: annotation {v.allocated_annotation}: {exc}") from None
-        asks, inits = container_asks(pod, v.resources.asking)
+        asks, inits = container_asks(pod, v)
         layout = entry_layout(decoded, inits, asks)
         devices[v.name] = tuple(layout.place(decoded, tuple))
         try:
@@ -1087,7 +1087,8 @@ def init_offset(devices: PodSingleDevice, inits: int, asks: Sequence[bool | None
     old layout (read in today's order, an older pod's first regular container passed for its init
     container, and once the init containers had finished the pod held nothing). Anything else is
     read in today's order, as before. ``asks``: per container, init containers first (``inits`` of
-    them), whether it asks for the vendor (:func:`container_asks`); None where that cannot be told
+    them), whether it asks for the vendor's devices (:func:`container_asks`, a count above 0:
+    :func:`asks_devices`); None where that cannot be told
     (a vendor without resource names), and then the count alone decides."""
     regular = len(asks) - inits
     if not inits or not devices or len(devices) > regular:
@@ -1152,7 +1153,8 @@ def entry_layout(devices: PodSingleDevice, inits: int, asks: Sequence[bool | Non
     The other entries (empty, padding) go to the containers that ask for nothing, in order. Such a
     list is shorter than the pod's containers (one entry per container is today's layout, read in
     its order). Anything else is read in today's order. ``asks`` as for :func:`init_offset` (None where it
-    cannot be told: then the entries stay in order)."""
+    cannot be told: then the entries stay in order); asking is what is given an entry, a count
+    above 0 (:func:`asks_devices`, :func:`vendor_asks`), for every reader alike."""
     shift = init_offset(devices, inits, asks)
     if shift or any(a is None for a in asks) or len(devices) >= len(asks):
         return EntryLayout(shift=shift)
@@ -1167,20 +1169,79 @@ def entry_layout(devices: PodSingleDevice, inits: int, asks: Sequence[bool | Non
     return EntryLayout(owners=tuple(owner[i] if i in owner else next(rest) for i in range(len(devices))))
 
 
-def container_asks(pod: Mapping[str, Any], names: Set[str]) -> tuple[tuple[bool | None, ...], int]:
-    """Per container of ``pod`` (init containers first), whether it asks for one of ``names`` in
-    its limits or requests (None for each when there are no names to tell by); and how many init
-    containers there are. For :func:`init_offset` and :func:`entry_layout`."""
+def asks_devices(limits: Mapping[str, Any], requests: Mapping[str, Any], count: str) -> bool:
+    """Whether a container with these ``limits`` and ``requests`` asks for devices of a vendor whose
+    count resource is ``count`` (``nvidia.com/gpu``): its count, the limit or else the request
+    (as the vendors' request parsers read it; the API server requires the limit of an extended
+    resource and a request equal to it), read as a whole quantity, is above 0.
+
+    The one predicate of every reader of an allocation (:func:`entry_layout`: the ledger, through
+    the vendor's own parser, :func:`container_asks`; the device plugin's Allocate, the NRI hook,
+    the monitor), and how entries are given: HAMi's scheduler and ours give one only to a
+    container whose count is above 0 (``nums == 0``: no request). Before, each reader judged by
+    another rule (any of the vendor's names present; the count named in the limits), and an init
+    container with ``nvidia.com/gpu: "0"``, or with ``nvidia.com/gpumem`` and no count (HAMi's
+    webhook adds the default count to regular containers only), took the GPU container's entry
+    for one reader and not another (found by review, 1 Dec). A count that is not a whole
+    quantity, or is negative, asks for nothing (HAMi's ``AsInt64`` gives no request; our
+    scheduler refuses such a pod)."""
+    if not count:
+        return False
+    raw = limits[count] if count in limits else requests.get(count)
+    if raw is None:
+        return False
+    try:
+        return parse_int_quantity(raw, count) > 0
+    except QuantityError:
+        return False
+
+
+def _resources_of(container: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    r = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
+    r = r if isinstance(r, Mapping) else {}
+    limits, requests = r.get("limits") or {}, r.get("requests") or {}
+    return (limits if isinstance(limits, Mapping) else {}), (requests if isinstance(requests, Mapping) else {})
+
+
+def vendor_asks(container: Any, vendor: Any, where: str = "") -> bool | None:
+    """Whether ``container`` (a pod spec's container dict) asks for ``vendor``'s devices: the
+    vendor's own per-container request parser (``container_request``, what the scheduler builds
+    the container's request with) returns a request for it. None for a vendor without resource
+    names (it cannot be told). A container the parser refuses (a malformed value) is judged by
+    its count alone (:func:`asks_devices`), as the device plugin and the monitor judge it."""
+    names = getattr(vendor, "resources", None)
+    count = str(getattr(names, "count", "") or "")
+    if not getattr(names, "asking", None):
+        return None
+    parse = getattr(vendor, "container_request", None)
+    if parse is None or not isinstance(container, Mapping):
+        return asks_devices(*_resources_of(container), count)
+    try:
+        return parse(container, where or f"container {container.get('name')!r}") is not None
+    except CoreError:
+        return asks_devices(*_resources_of(container), count)
+
+
+def container_asks(pod: Mapping[str, Any], vendor: Any) -> tuple[tuple[bool | None, ...], int]:
+    """Per container of ``pod`` (init containers first), whether it asks for ``vendor``'s devices
+    (:func:`vendor_asks`; None for each when there are no resource names to tell by); and how
+    many init containers there are. For :func:`init_offset` and :func:`entry_layout`.
+
+    ``vendor`` may also be a set of count resource names (a container asks when one of them is
+    above 0, :func:`asks_devices`; an empty set: None for each)."""
     spec = pod.get("spec") or {}
     inits, regular = list(spec.get("initContainers") or ()), list(spec.get("containers") or ())
+    containers = inits + regular
+    if isinstance(vendor, Set) and not isinstance(vendor, str):
+        if not vendor:
+            return (None,) * len(containers), len(inits)
+        return tuple(any(asks_devices(*_resources_of(c), n) for n in vendor) for c in containers), len(inits)
 
-    def asks(container: Any) -> bool:
-        r = container.get("resources") or {} if isinstance(container, Mapping) else {}
-        return any(n in (r.get("limits") or {}) or n in (r.get("requests") or {}) for n in names)
+    def where(i: int, c: Any) -> str:
+        name = c.get("name") if isinstance(c, Mapping) else None
+        return f"pod {pod_name(pod)} container {name or i!r}"
 
-    if not names:
-        return (None,) * (len(inits) + len(regular)), len(inits)
-    return tuple(asks(c) for c in inits + regular), len(inits)
+    return tuple(vendor_asks(c, vendor, where(i, c)) for i, c in enumerate(containers)), len(inits)
 
 
 def _parent_ids(devices: PodSingleDevice) -> PodSingleDevice:

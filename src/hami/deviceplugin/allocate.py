@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from hami.core.codec import decode_pod_devices, encode_pod_devices
-from hami.core.ledger import EntryLayout, entry_layout  # the one rule for the layouts HAMi wrote
+from hami.core.ledger import EntryLayout, asks_devices, entry_layout  # the one rule for the layouts HAMi wrote
 from hami.core.errors import CodecError
 from hami.core.names import BIND_PHASE, BIND_TIME, VGPU_MIG_ALLOCATIONS, VGPU_NODE
 from hami.core.quantity import QuantityError, parse_int_quantity
@@ -219,13 +219,16 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 def layout_of(pod: PodView, decoded: PodSingleDevice, resource: str = GPU_RESOURCE) -> EntryLayout:
     """Which container each entry of an allocation of ``decoded`` entries is for, by the scheduler's
-    ledger's rule (:func:`hami.core.ledger.entry_layout`) with asking meaning what the kubelet
-    calls Allocate for: ``resource`` in the container's limits. Read in today's order, an entry
-    HAMi wrote before it counted init containers, or one of HAMi v2.10's list of the GPU
-    containers' entries alone, went to another container than its own (an init container, a
-    sidecar): refused there by the ask check (the pod failed at admission), or given the wrong
-    container's cache directory and limits."""
-    return entry_layout(decoded, pod.inits, [resource in c.limits for c in pod.containers])
+    ledger's rule (:func:`hami.core.ledger.entry_layout`) with asking meaning what it means there
+    and what is given an entry: a count of ``resource`` above 0 (:func:`hami.core.ledger.asks_devices`;
+    the limits alone: the API server requires an extended resource's limit, and its request equals
+    it). Read in today's order, an entry HAMi wrote before it counted init containers, or one of
+    HAMi v2.10's list of the GPU containers' entries alone, went to another container than its own
+    (an init container, a sidecar): refused there by the ask check (the pod failed at admission), or
+    given the wrong container's cache directory and limits. (Asking meant ``resource`` named in
+    the limits: an init container with ``nvidia.com/gpu: "0"`` took main's entry here while the
+    ledger gave it to another container; found by review, 1 Dec.)"""
+    return entry_layout(decoded, pod.inits, [asks_devices(c.limits, {}, resource) for c in pod.containers])
 
 
 def allocated_layout(pod: PodView, resource: str = GPU_RESOURCE) -> EntryLayout:
@@ -374,8 +377,8 @@ def pop_next(
     :func:`check_on_node`)."""
     for index, devs in enumerate(pending):
         nvidia = [d for d in devs if d.type.startswith(NVIDIA_TYPE)]
-        if not nvidia:
-            continue
+        if not granted(nvidia):
+            continue  # (nothing, or UUID-less padding: a GPU-less container's, no grant)
         if len(nvidia) != requested:
             raise AllocationError(
                 f"pod {pod.ref}: container {pod.containers[index].name!r} has {len(nvidia)} GPU(s) in "
@@ -398,8 +401,17 @@ def remainder(pending: list[list[ContainerDevice]], shift: int = 0) -> str:
     return encode_pod_devices(pending[shift:])
 
 
+def granted(devices: Sequence[ContainerDevice]) -> bool:
+    """Whether an entry grants GPUs: it names one (a UUID). An entry of UUID-less padding
+    (``,NVIDIA,0,0``) is a GPU-less container's, as :func:`hami.core.ledger.entry_layout` reads
+    it; placed by that rule before the GPU container's entry, it was taken for the first grant
+    (refused: ``''`` is not a GPU of this node) and kept the pod from completing (found by
+    review, 1 Dec)."""
+    return any(d.uuid and d.type.startswith(NVIDIA_TYPE) for d in devices)
+
+
 def all_done(pending: list[list[ContainerDevice]]) -> bool:
-    return not any(d.type.startswith(NVIDIA_TYPE) for devs in pending for d in devs)
+    return not any(granted(devs) for devs in pending)
 
 
 # ------------------------------------------------------------------------------- the response

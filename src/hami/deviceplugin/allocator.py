@@ -498,7 +498,11 @@ async def preferred_allocation(allocator: Allocator, requests: Sequence[tuple[Se
     except (A.AllocationError, _NotThisPod, *API_FAILURES) as exc:
         log.info("GetPreferredAllocation without a pending pod (%s); plain order", _brief(exc))
         pending = []
-    entries = [[d.uuid for d in devs] for devs in pending if devs]
+    # the entries pop_next takes, in its order: one naming a GPU (UUID-less padding, placed before
+    # the GPU container's entry by the layout, made the first preference [''], found by review)
+    entries = [
+        [d.uuid for d in devs if d.uuid and d.type.startswith(A.NVIDIA_TYPE)] for devs in pending if A.granted(devs)
+    ]
     out = []
     for i, (available, must, size) in enumerate(requests):
         uuids = entries[i] if i < len(entries) else []

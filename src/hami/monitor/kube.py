@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.errors import CodecError
-from hami.core.ledger import EntryLayout, entry_layout, init_containers_may_run_again
+from hami.core.ledger import EntryLayout, asks_devices, entry_layout, init_containers_may_run_again
 from hami.core.names import DEFAULT_PRIORITY, VGPU_MIG_ALLOCATIONS
 from hami.vendors.nvidia import NvidiaVendor
 
@@ -20,6 +20,8 @@ ALLOCATED = NvidiaVendor.allocated_annotation
 #: what a container asks NVIDIA GPUs with, unless configured otherwise (the chart's resourceName,
 #: resourceMem, resourceMemPercentage and resourceCores; ``--resource-names``)
 NVIDIA_RESOURCES = NvidiaVendor().resources.asking
+#: the one of them that counts GPUs: a container asks when it is above 0 (:func:`_asks`)
+NVIDIA_COUNT = NvidiaVendor().resources.count
 #: the device plugin's default priority resource (device-config ``resourcePriorityName``)
 PRIORITY_RESOURCE = "nvidia.com/priority"
 #: phases of a pod that will never run again (a Job's pod stays in the API after it, until its
@@ -80,19 +82,38 @@ def _priority(container: Any, resource: str) -> int:
         return DEFAULT_PRIORITY  # the device plugin would hand libvgpu a value atoi reads oddly; trust none
 
 
+def count_resource(resources: frozenset[str]) -> str | None:
+    """The count resource among ``resources`` (``--resource-names``: the count, memory, memory
+    percentage and cores names, in no order): NVIDIA's default count (``nvidia.com/gpu``) when
+    listed, else the one name that is none of NVIDIA's default memory, memory percentage and cores
+    names; None when that cannot be told (every name configured otherwise)."""
+    if NVIDIA_COUNT in resources:
+        return NVIDIA_COUNT
+    rest = resources - NVIDIA_RESOURCES
+    return next(iter(rest)) if len(rest) == 1 else None
+
+
 def _asks(c: Any, names: frozenset[str]) -> bool:
-    """Whether a V1Container asks for one of ``names`` in its limits or requests."""
+    """Whether a V1Container asks for NVIDIA GPUs: its count (:func:`count_resource` of ``names``)
+    is above 0, the rule of the ledger and the device plugin, and what is given an entry
+    (:func:`hami.core.ledger.asks_devices`). Before, naming any of ``names`` asked: an init
+    container with ``nvidia.com/gpu: "0"`` or with ``nvidia.com/gpumem`` alone took the GPU
+    container's entry (found by review, 1 Dec). Without a count name to tell by, one of ``names``
+    in the limits or requests still asks."""
     res = getattr(c, "resources", None)
     limits, requests = getattr(res, "limits", None) or {}, getattr(res, "requests", None) or {}
-    return any(n in limits or n in requests for n in names)
+    count = count_resource(names)
+    if count is None:
+        return any(n in limits or n in requests for n in names)
+    return asks_devices(limits, requests, count)
 
 
 def layout_shift(
     annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
 ) -> int:
     """How many init containers the pod's NVIDIA allocation skips: non-zero only for one HAMi wrote
-    before it counted them (:func:`hami.core.ledger.init_offset`, asking meaning one of
-    ``resources`` in a container's limits or requests). 0 for a malformed annotation."""
+    before it counted them (:func:`hami.core.ledger.init_offset`, asking: :func:`_asks`). 0 for a
+    malformed annotation."""
     return allocation_layout(annotations, containers, inits, resources).shift
 
 
@@ -100,8 +121,8 @@ def allocation_layout(
     annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
 ) -> EntryLayout:
     """Which container each entry of the pod's NVIDIA allocation is for, by the scheduler's
-    ledger's rule (:func:`hami.core.ledger.entry_layout`, asking meaning one of ``resources`` in a
-    container's limits or requests): HAMi's old layout without init containers, HAMi v2.10's
+    ledger's rule (:func:`hami.core.ledger.entry_layout`, asking: a count above 0, :func:`_asks`):
+    HAMi's old layout without init containers, HAMi v2.10's
     entries of its GPU containers alone. Entries in order for a malformed annotation."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
@@ -127,7 +148,7 @@ def container_grants(
     containers, as the scheduler's ledger and the device plugin do (:func:`allocation_layout`:
     the GPU container's region was otherwise not exported, and the feedback loop skipped it or
     trusted another container's); ``resources``: the names a container asks NVIDIA GPUs with,
-    which tell those layouts apart."""
+    whose count (:func:`count_resource`) above 0 tells those layouts apart."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
