@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -97,16 +98,85 @@ class Plan:
     argv: list[str]
 
 
-def _exec_dir() -> str:
-    """`<tmp>/hami-exec`, shared by every `hami exec` on the machine (sticky, world-writable)."""
-    d = Path(tempfile.gettempdir()) / "hami-exec"
+_PRIVATE_DIR_MODE = 0o700  # `<tmp>/hami-exec-<uid>`: this user's regions only
+_SHARED_DIR_MODE = 0o1777  # `<tmp>/hami-exec` (--shared): every user's, sticky
+_PRIVATE_REGION_MODE = 0o600
+_SHARED_REGION_MODE = 0o644  # peers only read it (HAMI_PEER_REGIONS maps it read-only)
+_DIR_HINT = "set TMPDIR to a directory of your own or name a region with --cache FILE"
+
+
+def _exec_dir(shared: bool = False) -> Path:
+    """The directory of a fresh region: `<tmp>/hami-exec-<uid>` (this user's, 0700), or with
+    --shared the machine-wide `<tmp>/hami-exec` (sticky, world-writable), where tasks of every
+    user see each other's priority. Either is used only when it is what it should be, checked
+    without following a symbolic link: a directory (not a link to one), owned by this user (or,
+    the shared one, by root), not writable by others unless sticky. Another local user who made
+    it first could otherwise swap the names in it (found by review, 1 Dec)."""
+    uid = os.getuid()
+    name = "hami-exec" if shared else f"hami-exec-{uid}"
+    d = Path(tempfile.gettempdir()) / name
+    label = "--shared: directory" if shared else "region directory"
     try:
-        d.mkdir(mode=0o1777, exist_ok=True)
-        if d.stat().st_uid == os.getuid():
-            d.chmod(0o1777)
+        os.mkdir(d, _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
     except OSError as exc:
-        raise ExecError(f"--cache: cannot create {str(d)!r}: {exc.strerror}") from exc
-    return str(d)
+        raise ExecError(f"{label} {str(d)!r}: cannot create: {exc.strerror} ({_DIR_HINT})") from exc
+    try:
+        st = os.lstat(d)
+    except OSError as exc:
+        raise ExecError(f"{label} {str(d)!r}: {exc.strerror} ({_DIR_HINT})") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise ExecError(f"{label} {str(d)!r}: is a symbolic link, refused ({_DIR_HINT})")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ExecError(f"{label} {str(d)!r}: not a directory (mode {oct(st.st_mode)}), refused ({_DIR_HINT})")
+    if st.st_uid != uid and (not shared or st.st_uid != 0):
+        owners = f"uid {uid} or root" if shared else f"uid {uid}"
+        raise ExecError(f"{label} {str(d)!r}: owned by uid {st.st_uid}, not by {owners}, refused ({_DIR_HINT})")
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ExecError(f"{label} {str(d)!r}: cannot open: {exc.strerror} ({_DIR_HINT})") from exc
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+            raise ExecError(f"{label} {str(d)!r}: replaced while being checked, refused ({_DIR_HINT})")
+        mode = fst.st_mode
+        if fst.st_uid == uid:  # ours: set its mode (mkdir's was less the umask), through the descriptor
+            os.fchmod(fd, _SHARED_DIR_MODE if shared else _PRIVATE_DIR_MODE)
+            mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        raise ExecError(f"{label} {str(d)!r}: cannot set its mode: {exc.strerror} ({_DIR_HINT})") from exc
+    finally:
+        os.close(fd)
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise ExecError(
+            f"{label} {str(d)!r}: writable by others without the sticky bit (mode {oct(stat.S_IMODE(mode))}), "
+            f"refused ({_DIR_HINT})"
+        )
+    return d
+
+
+def _new_region(directory: Path, mode: int) -> Path:
+    """A new empty region file in `directory`, given `mode` through its descriptor (a name can
+    be a symbolic link by the time a chmod by name runs; found by review, 1 Dec), and still
+    the file at its name afterwards."""
+    try:
+        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache", dir=str(directory))
+    except OSError as exc:
+        raise ExecError(f"region directory {str(directory)!r}: cannot create a region file: {exc.strerror}") from exc
+    try:
+        os.fchmod(fd, mode)
+        st = os.fstat(fd)
+        try:
+            at_name = os.lstat(name)
+        except OSError:
+            at_name = None
+        if at_name is None or (at_name.st_dev, at_name.st_ino) != (st.st_dev, st.st_ino):
+            raise ExecError(f"region file {name!r}: replaced by another file after it was created, refused")
+    finally:
+        os.close(fd)
+    return Path(name)
 
 
 def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
@@ -123,15 +193,17 @@ def build_plan(args: argparse.Namespace, environ: dict[str, str]) -> Plan:
     devices = parse_devices(args.devices) if args.devices else []
     if devices:
         env.update(contract.cuda_visible_devices(devices))
+    shared = bool(getattr(args, "shared", False))
     if args.cache:
+        if shared:
+            raise ExecError(
+                f"--shared: not with --cache {args.cache!r} (the region is that file, its peers its directory)"
+            )
         cache = Path(args.cache)
         if not cache.parent.is_dir():
             raise ExecError(f"--cache: directory {str(cache.parent)!r} does not exist")
     else:
-        fd, name = tempfile.mkstemp(prefix="hami-exec-", suffix=".cache", dir=_exec_dir())
-        os.close(fd)
-        os.chmod(name, 0o666)
-        cache = Path(name)
+        cache = _new_region(_exec_dir(shared), _SHARED_REGION_MODE if shared else _PRIVATE_REGION_MODE)
     # flags not given leave their variable unset (libvgpu's default)
     limits = contract.Limits(
         memory=(str(limit),) * len(devices),
@@ -173,8 +245,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache",
         default=None,
-        help="shared region file (default: a new file under the temp dir); "
+        help="shared region file (default: a new file, mode 0600, in <tmp>/hami-exec-<uid>); "
         "reuse one path to share a limit between several commands",
+    )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="put the new region in the machine-wide <tmp>/hami-exec (readable by every user) instead of "
+        "<tmp>/hami-exec-<uid>, so that tasks of other users see its priority and it sees theirs",
     )
     parser.add_argument(
         "--lib",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -30,11 +31,18 @@ def test_defaults_leave_priority_and_policy_to_the_library(tmp_path):
     assert "CUDA_TASK_PRIORITY" not in env and "GPU_CORE_UTILIZATION_POLICY" not in env
 
 
-def test_default_region_lives_in_the_shared_exec_dir(tmp_path, monkeypatch):
+def test_default_region_lives_in_the_per_user_exec_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(execcmd.tempfile, "tempdir", str(tmp_path))
     env = plan(tmp_path).env
-    region = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
-    assert region.startswith(str(tmp_path / "hami-exec") + "/")
+    mine = tmp_path / f"hami-exec-{os.getuid()}"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith(str(mine) + "/")
+    assert env["HAMI_PEER_REGIONS"] == str(mine)
+
+
+def test_shared_region_lives_in_the_shared_exec_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(execcmd.tempfile, "tempdir", str(tmp_path))
+    env = plan(tmp_path, "--shared").env
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith(str(tmp_path / "hami-exec") + "/")
     assert env["HAMI_PEER_REGIONS"] == str(tmp_path / "hami-exec")
 
 
