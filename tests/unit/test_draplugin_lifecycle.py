@@ -413,23 +413,25 @@ def test_a_removal_whose_checkpoint_write_failed_keeps_the_entry(tmp_path, monke
     assert c.get("u1") == entry
 
 
-async def test_a_hit_writes_the_grant_file_again_over_whatever_the_claims_containers_put_there(root):
+async def test_a_hit_never_reads_or_follows_what_the_claims_containers_put_at_the_grants_name(root):
     """Found by review (1 Dec): a prepare the kubelet repeats read the grant file first to compare
     it, through whatever the claim's containers (which write the directory) had put at its name:
-    a FIFO blocked the agent, a link was followed as root. Now it is written again, replacing it."""
+    a FIFO blocked the agent, a link was followed as root. Then it was written again, replacing
+    it; but a rename over the grant unmounts it in the running containers (review, 1 Dec), so a
+    FIFO or a link there now fails the prepare (never opened for reading, never followed)."""
     api = Api()
     driver, paths = make(root, api)
     api.set("c", "u1", result())
-    first = await driver.prepare("ns", "c", "u1")
+    await driver.prepare("ns", "c", "u1")
     grant = Path(paths.claim_dir("u1"), "hami-grant.env")
-    text = grant.read_text()
     grant.unlink()
     os.mkfifo(grant)  # opened for reading, this blocks until a writer comes
-    assert await driver.prepare("ns", "c", "u1") == first
-    assert grant.is_file() and grant.read_text() == text
+    with pytest.raises(PrepareError):
+        await driver.prepare("ns", "c", "u1")
     outside = Path(root, "host-file")
     outside.write_text("the host's\n")
     grant.unlink()
     grant.symlink_to(outside)
-    assert await driver.prepare("ns", "c", "u1") == first
-    assert outside.read_text() == "the host's\n" and not grant.is_symlink() and grant.read_text() == text
+    with pytest.raises(PrepareError):
+        await driver.prepare("ns", "c", "u1")
+    assert outside.read_text() == "the host's\n" and grant.is_symlink()

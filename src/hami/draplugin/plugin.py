@@ -17,8 +17,11 @@ before the checkpoint records the claim, and a checkpoint write failure removes 
 A claim prepared before is answered from the checkpoint when its allocation is still the one
 prepared (the entry's fingerprint, :func:`hami.draplugin.prepare.fingerprint`) or the claim cannot
 be read, its CDI file written again when it is missing or is not the recorded spec (truncated,
-emptied, replaced), and its region directory and record when they are missing. A claim allocated
-again under its UID (the kubelet never unprepared the old allocation) is released and prepared
+emptied, replaced), and its region directory and record when they are missing. The grant file in
+a region directory that is there is never replaced (the claim's running containers bind-mount it,
+and a rename over it unmounts it in them): kept when intact, rewritten in place when its text
+differs, and the prepare refused when something else is at its name (:func:`_keep_grant`). A
+claim allocated again under its UID (the kubelet never unprepared the old allocation) is released and prepared
 anew. Unprepare of a UID without an entry removes what a prepare that died before recording it
 left under that UID.
 
@@ -47,11 +50,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import json
 import logging
 import os
 import re
+import stat
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -250,6 +255,7 @@ class Driver:
             stamp = fingerprint(claim, self.node)
             try:
                 if p.isolation == "hami-core":
+                    _private_claims_dir(Path(self.paths.claim_dir(uid)).parent, f"{namespace}/{name} ({uid})")
                     # the claim's shared region is created by the container's processes, of any UID
                     write_grant(make_claim_dir(self.paths, uid), claim_grant(spec))
                     write_atomic(self.paths.claim_record(uid), json.dumps(claim_record(namespace, name, uid, spec)))
@@ -298,17 +304,28 @@ class Driver:
         """The recorded answer for a claim prepared before, with its files made again where they
         went missing: the region directory and its record (an unprepare that removed them, then
         failed to write the checkpoint, leaves the entry) and the CDI file (gone, as ``/var/run``
-        is a tmpfs and the node rebooted, or damaged). All idempotent."""
+        is a tmpfs and the node rebooted, or damaged). All idempotent. The grant file of a region
+        directory that is there is checked, never replaced: the claim's running containers mount
+        it (:func:`_keep_grant`; a tampered one fails the prepare)."""
         directory = str(done.get("claim_dir") or self.paths.claim_dir(uid))
         edits = [d.get("containerEdits") for d in done["cdi_spec"].get("devices") or () if isinstance(d, Mapping)]
         mounts = [m for e in edits if isinstance(e, Mapping) for m in e.get("mounts") or () if isinstance(m, Mapping)]
         if any(m.get("hostPath") == directory for m in mounts):  # a region: isolation hami-core
-            Path(directory).mkdir(parents=True, exist_ok=True)  # as make_claim_dir: any UID makes the region
-            os.chmod(directory, 0o777)
-            # written again whatever is there: the directory is the claim's containers' to write,
-            # and reading what is at the name first followed a link or blocked on a FIFO they put
-            # there (found by review, 1 Dec)
-            write_grant(directory, claim_grant(done["cdi_spec"]))
+            claim = f"{done.get('namespace') or ''}/{done.get('name') or ''} ({uid})"
+            grant = os.path.join(directory, GRANT_FILE)
+            _private_claims_dir(Path(directory).parent, claim)
+            if not _is_dir(directory, claim):  # removed by an unprepare whose checkpoint write failed:
+                # nothing of it is mounted anywhere, made as the first prepare makes it
+                Path(directory).mkdir(exist_ok=True)  # as make_claim_dir: any UID makes the region
+                os.chmod(directory, 0o777)
+                write_grant(directory, claim_grant(done["cdi_spec"]))
+            elif any(m.get("hostPath") == grant for m in mounts):
+                # the claim's running containers mount the grant file read-only: renaming a new file
+                # over it unmounted it in each of them (found by review, 1 Dec); kept, never replaced
+                _keep_grant(grant, claim_grant(done["cdi_spec"]), claim)
+            else:  # a spec from before the grant mount: nothing mounts the file; written again, no
+                # link or FIFO the containers put at the name followed (found by review, 1 Dec)
+                write_grant(directory, claim_grant(done["cdi_spec"]))
             self._write_record(done, uid)
         cdi = Path(done["cdi_file"])
         if _read_json(cdi) != done["cdi_spec"]:
@@ -530,6 +547,170 @@ def _remove_tree(directory: Path) -> None:
         remove_tree(directory)
     except OSError as exc:
         log.warning("cannot remove %s: %s", directory, exc)
+
+
+#: the mode of the directory holding the claims' region directories: the node agents' alone
+CLAIMS_DIR_MODE = 0o700
+#: the mode of a claim's grant file (:func:`hami.node.layout.write_grant`)
+GRANT_MODE = 0o644
+
+
+def _private_claims_dir(path: Path, claim: str) -> None:
+    """Make ``claims/`` (the parent of the claims' region directories) if missing, and set it
+    root's alone (mode 0700; it was 0755). A claim's directory is its containers' to write as any
+    UID, root included (a setuid file, a device node); a host user reaching it through ``claims/``
+    could run or open what a tenant planted (found by review, 1 Dec). The containers reach their
+    own directory through their bind mount, whatever the modes above it, and every node agent
+    runs as root. The mode is set through a descriptor opened without following a link. Raises
+    :class:`PrepareError` naming the path when it is not a directory of the agent's user."""
+    path.mkdir(mode=CLAIMS_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise PrepareError(
+            f"claim {claim}: {path} is {_kind(os.lstat(path))}, not the claims' directory", "io"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise PrepareError(
+                f"claim {claim}: the claims' directory {path} is owned by UID {info.st_uid}, not the agent's "
+                f"{os.geteuid()}: refused (another user made it; remove it)",
+                "io",
+            )
+        if stat.S_IMODE(info.st_mode) != CLAIMS_DIR_MODE:
+            os.fchmod(fd, CLAIMS_DIR_MODE)
+    finally:
+        os.close(fd)
+
+
+def _is_dir(path: str, claim: str) -> bool:
+    """Whether the claim's region directory is there (False: missing). Raises
+    :class:`PrepareError` for anything else at its name (only root writes ``claims/``)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(info.st_mode):
+        raise PrepareError(f"claim {claim}: its region directory {path} is {_kind(info)}", "io")
+    return True
+
+
+def _kind(info: os.stat_result) -> str:
+    mode = info.st_mode
+    for test, what in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a regular file"),
+    ):
+        if test(mode):
+            return what
+    return f"a file of type {stat.S_IFMT(mode):#o}"
+
+
+def _grant_fault(info: os.stat_result) -> str:
+    """What makes this file not one the agent wrote as a grant ("" when nothing does)."""
+    if not stat.S_ISREG(info.st_mode):
+        return _kind(info)
+    if info.st_uid != os.geteuid():
+        return f"a regular file owned by UID {info.st_uid}, not the agent's {os.geteuid()}"
+    if info.st_nlink != 1:
+        return f"a regular file with {info.st_nlink} links, not 1"
+    return ""
+
+
+def _keep_grant(grant: str, text: str, claim: str) -> None:
+    """Check a prepared claim's grant file in place, without replacing it: the claim's running
+    containers bind-mount it read-only at ``<hook>/vgpu/hami-grant.env``, and a file renamed over
+    (or unlinked at) a name that is a mount point in another mount namespace unmounts it there
+    (Linux 3.18 and later). A repeat prepare (every kubelet restart, then the next sandbox of any
+    pod using the claim, which its tenant can start) renamed a new grant over it: the running
+    containers lost the mount, libvgpu read their env instead, and the directory (theirs to
+    write) let them put a grant or a link of their choice at the name for the next container's
+    mount (found by review, 1 Dec).
+
+    - the agent's file (a regular file of the agent's UID with one link), the grant as recorded,
+      mode 0644: left as it is (same inode, nothing written);
+    - the agent's file with other text (an agent that writes the grant differently, or a change
+      written into it) or another mode: rewritten in place through the checked descriptor, the
+      same inode (the containers' mounts stay and show the recorded grant); logged as an error;
+    - anything else (missing, a symbolic link, a FIFO, a device, another owner, several links):
+      nothing of it is opened or followed, and the prepare fails with :class:`PrepareError`
+      naming the claim, the path and what is there, logged as an error. While the file is mounted
+      in a container no process there can remove or replace it, so something unmounted it first
+      (an agent before this fix, a host process), and the claim's running containers may have no
+      grant mount left: made again, a link planted there after this prepare and before the next
+      container's mount would still reach that mount. The pods using the claim must go (the
+      kubelet then unprepares it and its directory is removed), or an admin removes the claim's
+      directory once none runs.
+
+    The name is resolved once with ``O_PATH | O_NOFOLLOW`` (which opens neither a device nor a
+    FIFO, and gives a link itself), checked with ``fstat``, and only a regular file is opened,
+    through ``/proc/self/fd`` (the same inode whatever is renamed over the name meanwhile)."""
+
+    def refuse(what: str) -> PrepareError:
+        message = (
+            f"claim {claim}: grant file {grant} is {what}, not the grant file the agent wrote; the "
+            "claim's region directory was changed behind the agent and its running containers may "
+            "have lost the grant's read-only mount: not prepared again (delete the pods using the "
+            "claim so that the kubelet unprepares it, or remove its region directory once none runs)"
+        )
+        log.error("%s", message)
+        return PrepareError(message, "io")
+
+    data = text.encode()
+    try:
+        ref = os.open(grant, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise refuse("missing") from None
+    try:
+        info = os.fstat(ref)
+        fault = _grant_fault(info)
+        if fault:
+            raise refuse(fault)
+        fd = os.open(f"/proc/self/fd/{ref}", os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(ref)
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) != (info.st_dev, info.st_ino):
+            raise refuse("replaced while being opened")
+        fault = _grant_fault(now)
+        if fault:
+            raise refuse(fault)
+        same = now.st_size == len(data) and os.pread(fd, len(data) + 1, 0) == data
+        mode = stat.S_IMODE(now.st_mode)
+        if same and mode == GRANT_MODE:
+            return
+        log.error(
+            "claim %s: grant file %s is not the recorded grant (%d bytes, mode %#o; recorded: %d bytes, mode "
+            "%#o); rewritten in place, its containers' mounts kept",
+            claim,
+            grant,
+            now.st_size,
+            mode,
+            len(data),
+            GRANT_MODE,
+        )
+        if mode != GRANT_MODE:
+            os.fchmod(fd, GRANT_MODE)
+        if not same:
+            # emptied first, then one write (a grant is a few hundred bytes, one page): a process
+            # starting meanwhile reads an empty grant, which libvgpu refuses, or the new one, never
+            # old lines mixed with new ones
+            os.ftruncate(fd, 0)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(*files: Path) -> None:
