@@ -19,7 +19,7 @@ from hami.core.codec import encode_node_devices_json, encode_pair_scores
 from hami.core.names import NODE_INJECTION, NODE_LOCK_HANDOFF
 from hami.node import flags, nvml
 from hami.node.cdi import DEFAULT_KIND, DEFAULT_PREFIX, CdiConfig, CdiConfigError, CdiGpu, spec as cdi_spec, write_spec
-from hami.node.layout import HookPaths
+from hami.node.layout import HookPaths, UnsafeDirectoryError
 from hami.node.nri import DEFAULT_SOCKET as NRI_SOCKET
 from hami.node.nri.plugin import check_index
 from hami.node.nvml import MigError, NvmlUnavailable, close_nvml, discover, ignored_xids, open_nvml
@@ -347,7 +347,7 @@ async def _serve(
         loop.add_signal_handler(sig, stop.set)
     try:
         await agent.start()
-    except MigError as exc:
+    except (MigError, UnsafeDirectoryError) as exc:  # (a host directory planted to be followed: node/layout.py)
         print(f"hami device-plugin: refusing to start: {exc}", file=sys.stderr)
         await kube.close()
         return EXIT_CONFIG

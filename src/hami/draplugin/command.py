@@ -39,7 +39,7 @@ from hami.dra.model import (
 )
 from hami.kube.reflector import Reflector
 from hami.node import contract, flags, nvml
-from hami.node.layout import prepare_hook_dir
+from hami.node.layout import UnsafeDirectoryError, prepare_hook_dir
 from hami.node.nvml import NvmlUnavailable, XidWatcher, close_nvml, discover, ignored_xids, open_nvml
 from hami.node.settings import NodeConfigError, NodeSettings, check_node_config, load_settings
 
@@ -270,7 +270,11 @@ def _prepare_node(driver, paths: Paths, boot_id_file: Path, boot_id: str) -> boo
         log.info("start-up: %s", line)
     for line in driver.refresh_records():
         log.info("start-up: %s", line)
-    prepare_hook_dir(paths)
+    try:
+        prepare_hook_dir(paths)
+    except UnsafeDirectoryError as exc:  # a host directory planted to be followed (node/layout.py)
+        log.error("refusing to start: %s", exc)
+        return False
     missing = [p for p in (paths.preload_file, paths.lock_dir) if not os.path.exists(p)]
     if missing:  # every claim's container would fail to start on the missing mount source
         log.error("cannot serve claims: %s missing (is %s writable?)", ", ".join(missing), paths.vgpu_dir)

@@ -16,8 +16,10 @@ directories by its own flags).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,12 @@ GRANT_FILE = names.GRANT_FILE
 DEFAULT_HOOK_PATH = "/usr/local"
 #: the host's default lock directory (mounted at the same path in the container)
 DEFAULT_LOCK_DIR = "/tmp/vgpulock"
+#: what may already be in a lock directory the agent did not make: what HAMi's libvgpu (HAMi-core)
+#: leaves there (its flock file ``lock``, its host-PID broker's directory ``hostpid``). Ours makes
+#: nothing there (its lock is in the region; the directory is mounted read-only)
+LOCK_DIR_ENTRIES = {"lock": stat.S_ISREG, "hostpid": stat.S_ISDIR}
+#: the directories holding the per-container and per-claim directories and the NRI files
+PRIVATE_SUBDIRS = ("containers", "claims", "nri")
 
 
 @dataclass(frozen=True)
@@ -113,30 +121,130 @@ class HookPaths:
         return f"{self.vgpu_dir}/claims/{uid}.json"
 
 
+class UnsafeDirectoryError(OSError):
+    """A directory of the layout is not what the agent may change the mode of or use: a link, not
+    a directory, another user's, or (the lock directory) holding what no libvgpu put there. The
+    message names the path and why; the node program must not start."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(path: str, what: str) -> int:
+    """``path`` opened as a directory, never through a link in its place."""
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):  # (Linux says ENOTDIR for a link)
+            raise
+        try:
+            link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            link = False
+        kind = "a symbolic link" if link else "not a directory"
+        raise UnsafeDirectoryError(exc.errno, f"{what} {path!r}: {kind}: refused (remove it)") from None
+
+
+def _check_owner(fd: int, path: str, what: str) -> os.stat_result:
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid():
+        raise UnsafeDirectoryError(
+            errno.EPERM,
+            f"{what} {path!r}: owned by uid {info.st_uid}, not by uid {os.geteuid()} (the node agent, root): "
+            "refused (another user made it; remove it)",
+        )
+    return info
+
+
+def _private_dir(path: str) -> None:
+    """Make ``path`` (created if missing) a directory only the agent (root) may enter: mode 0700,
+    set through a descriptor opened without following a link. A container's root keeps MKNOD,
+    FOWNER and FSETID by default and can put a setuid-root file or a device node of mode 0666 in
+    its region directory: below a 0755 parent every local user of the node reached it (found by
+    review, 1 Dec). Containers reach their own directory through their bind mount, which the
+    parent's mode does not affect."""
+    try:
+        Path(path).mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    fd = _open_dir(path, "hook directory (--hook-path)")
+    try:
+        info = _check_owner(fd, path, "hook directory (--hook-path)")
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
+def prepare_lock_dir(path: str) -> None:
+    """Make the lock directory ``path`` (``--lock-dir``, created if missing) mode 01777, or refuse.
+
+    The mode is set through a descriptor opened without following a link, after checking what
+    was opened: a directory (not a link: ``chmod`` by name followed one, and a local user who
+    made ``/tmp/vgpulock -> /etc`` before the agent's start had the host's ``/etc`` made 1777;
+    found by review, 1 Dec), owned by the agent's user (root), and, when it was there before,
+    holding nothing but what a libvgpu leaves there (:data:`LOCK_DIR_ENTRIES`). The last check
+    is the one that catches a link the kubelet resolved: the hostPath volume mounts the link's
+    target, a real directory in the agent's container. Raises :class:`UnsafeDirectoryError`
+    naming the path and why."""
+    what = "lock directory (--lock-dir)"
+    made = False
+    os.makedirs(os.path.dirname(path.rstrip("/")) or "/", exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+        made = True
+    except FileExistsError:
+        pass
+    fd = _open_dir(path, what)
+    try:
+        _check_owner(fd, path, what)
+        if not made:
+            strays = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    kind = LOCK_DIR_ENTRIES.get(entry.name)
+                    if kind is None or not kind(entry.stat(follow_symlinks=False).st_mode):
+                        strays.append(entry.name)
+            if strays:
+                shown = ", ".join(repr(n) for n in sorted(strays)[:5]) + (" ..." if len(strays) > 5 else "")
+                raise UnsafeDirectoryError(
+                    errno.EEXIST,
+                    f"{what} {path!r}: holds {len(strays)} entr{'y' if len(strays) == 1 else 'ies'} no libvgpu "
+                    f"makes ({shown}): refused (is it a link's target, another directory of the host? "
+                    "set --lock-dir to an empty root-owned directory)",
+                )
+        # shared by every GPU container of the node: anyone may create a file in it, only its
+        # owner may remove or rename it (the sticky bit, as /tmp); plain 0777 let one tenant
+        # delete another's lock file (found by review)
+        os.fchmod(fd, 0o1777)
+    finally:
+        os.close(fd)
+
+
 def prepare_hook_dir(paths: HookPaths) -> None:
-    """Create the containers dir and lock dir, and write ld.so.preload naming *this* library path.
+    """Create the private directories (:data:`PRIVATE_SUBDIRS`, mode 0700) and the lock dir
+    (:func:`prepare_lock_dir`), and write ld.so.preload naming *this* library path.
 
     The preload file's content follows ``hook_path`` so one setting moves the library end to
-    end (A13). A read-only host path is reported, not fatal: Allocate will fail per pod. The
+    end (A13). A read-only host path is reported, not fatal: Allocate will fail per pod. A
+    directory refused as unsafe (:class:`UnsafeDirectoryError`: a link, another user's, a lock
+    directory holding what no libvgpu made) is raised: the program must not start on it. The
     preload file is written in place, not replaced: running containers bind-mount it by inode.
     """
     try:
-        Path(paths.vgpu_dir, "containers").mkdir(parents=True, exist_ok=True)
-        for d in (paths.lock_dir,):
-            Path(d).mkdir(parents=True, exist_ok=True)
-            # shared by every GPU container of the node: anyone may create a file in it, only its
-            # owner may remove or rename it (the sticky bit, as /tmp); plain 0777 let one tenant
-            # delete another's lock file (found by review)
-            os.chmod(d, 0o1777)
+        for sub in PRIVATE_SUBDIRS:
+            _private_dir(f"{paths.vgpu_dir}/{sub}")
+        prepare_lock_dir(paths.lock_dir)
         remove_trash(str(Path(paths.vgpu_dir, "containers")))
         preload = Path(paths.preload_file)
         wanted = paths.library + "\n"
         if not preload.exists() or preload.read_text() != wanted:
             preload.write_text(wanted)
         marker = Path(paths.pending_marker_source)
-        marker.parent.mkdir(exist_ok=True)
         if not marker.exists():
             marker.write_text("this container's GPU grant was never applied (the node's hami NRI hook was away)\n")
+    except UnsafeDirectoryError:
+        raise
     except OSError as exc:
         log.error("cannot prepare hook directory %s: %s", paths.vgpu_dir, exc)
     if not Path(paths.library).exists():
@@ -164,6 +272,7 @@ def reset_cache_dir(path: str) -> None:
         os.rename(path, trash)
     except FileNotFoundError:
         trash = ""
+    _private_dir(parent)  # 0700, made again so if gone (os.makedirs below would make it 0755)
     os.makedirs(path, exist_ok=False)  # (not exist_ok: something made it meanwhile is not ours)
     os.chmod(path, 0o777)
     if trash:
@@ -205,6 +314,7 @@ def make_claim_dir(paths: HookPaths, uid: str) -> str:
     """Create a claim's region directory, world-writable (the container's processes, of any UID,
     create the region in it); returns it."""
     directory = paths.claim_dir(uid)
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    _private_dir(os.path.dirname(directory))  # ``claims/``: root's alone, as ``containers/``
+    Path(directory).mkdir(exist_ok=True)
     os.chmod(directory, 0o777)
     return directory
