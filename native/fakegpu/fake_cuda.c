@@ -48,6 +48,7 @@ struct CUstream_st {
     struct CUgraph_st *capture;         /* the graph being captured (cuStreamBeginCapture) */
     unsigned long long capture_id;      /* that capture's id (cuStreamGetCaptureInfo), one per capture */
     struct CUgraphNode_st *capture_last; /* its last node: what the next captured one follows */
+    int capture_invalid;                 /* the capture was invalidated (capture_invalidate) */
     int host_pending;                    /* its host functions not yet returned (cuLaunchHostFunc) */
 };
 
@@ -123,6 +124,7 @@ struct CUgraphExec_st {
     unsigned long long foot[FG_MAX_DEV]; /* device memory its allocations map: 2 MiB pages touched */
     int mapped;                          /* holds its pages in the device's graph pool */
     int live;                            /* allocations of its last launch not freed yet */
+    unsigned long long upload_until;     /* its upload is queued on a stream until then (instantiate) */
     struct CUgraphExec_st *next;
 };
 
@@ -169,6 +171,13 @@ static struct {
     unsigned long long reserved, used, reserved_high, used_high;
 } g_gpool[FG_MAX_DEV];
 static struct CUgraphExec_st *g_execs; /* every executable graph (under g_mu) */
+/* The pages of executable graphs destroyed while their upload was still queued: in use until the
+ * stream reaches it (under g_mu; uploads_reap). */
+typedef struct fg_upload_left {
+    unsigned long long foot[FG_MAX_DEV], until;
+    struct fg_upload_left *next;
+} fg_upload_left;
+static fg_upload_left *g_uploads_left;
 static __thread struct CUctx_st *t_ctx[16];
 static __thread int t_depth;
 
@@ -263,14 +272,17 @@ static void after_free(void)
 
 /* A pause inside a call (tests): fakegpu_pause_next_call(name) makes the next call of `name` wait
  * at its pause point until fakegpu_resume_free() (60 s at most); fakegpu_paused_frees() counts it.
- * cuMemUnmap, cuMemRelease, cuMemPoolDestroy, cuArray3DCreate_v2 and cuMemAllocAsync pause on
- * entry, before they do anything, cuMemCreate too as "cuMemCreate:entry" and the graph
- * instantiations as "cuGraphInstantiate:entry" (before they read the graph or their parameters);
- * cuMemCreate (as "cuMemCreate"), the context creates (as "cuCtxCreate") and the graph
- * instantiations (as "cuGraphInstantiate") once they have written the new handle, before they
- * return; cuMemPoolSetAttribute once it has read the value. A test sees what another
- * thread's calls do while the driver is still in the paused one, whether it will fail (an unmap of
- * a range that starts at an unmapped address) or succeed (a destroy, a create). */
+ * cuMemUnmap, cuMemRelease, cuMemPoolDestroy, cuArray3DCreate_v2, cuMemAllocAsync,
+ * cuMemAllocFromPoolAsync and cuStreamEndCapture pause on entry, before they do anything,
+ * cuMemCreate too as "cuMemCreate:entry" and the graph instantiations as
+ * "cuGraphInstantiate:entry" (before they read the graph or their parameters); cuMemCreate (as
+ * "cuMemCreate"), the context creates (as "cuCtxCreate") and the graph instantiations (as
+ * "cuGraphInstantiate") once they have written the new handle, before they return; the
+ * stream-ordered allocations (as "cuMemAllocAsync:made", "cuMemAllocFromPoolAsync:made") once they
+ * have made the allocation or allocation node; cuMemPoolSetAttribute once it has read the value.
+ * A test sees what another thread's calls do while the driver is still in the paused one, whether
+ * it will fail (an unmap of a range that starts at an unmapped address) or succeed (a destroy, a
+ * create). */
 static char g_pause_call[64]; /* under g_recycle_mu */
 static int g_pause_call_armed;
 
@@ -1538,9 +1550,13 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUstream s, int pt)
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
     (void)c;
+    CUresult r;
     if (st->capture) /* an allocation node: memory only when the graph runs */
-        return capture_alloc(st, dptr, size, st->ctx->dev);
-    return pool_alloc(dptr, size, g_cur_pool[st->ctx->dev]); /* the pool current to the stream's device */
+        r = capture_alloc(st, dptr, size, st->ctx->dev);
+    else
+        r = pool_alloc(dptr, size, g_cur_pool[st->ctx->dev]); /* the pool current to the stream's device */
+    pause_point("cuMemAllocAsync:made");
+    return r;
 }
 
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, s, 0); }
@@ -1549,15 +1565,17 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { ret
 static CUresult from_pool(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s, int pt)
 {
     NEED_CTX(c);
+    pause_point("cuMemAllocFromPoolAsync");
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (st->capture) {
-        if (!pool || pool->magic != M_POOL)
-            return CUDA_ERROR_INVALID_HANDLE;
-        return capture_alloc(st, d, n, pool->dev);
-    }
-    return pool_alloc(d, n, pool);
+    CUresult r;
+    if (st->capture)
+        r = !pool || pool->magic != M_POOL ? CUDA_ERROR_INVALID_HANDLE : capture_alloc(st, d, n, pool->dev);
+    else
+        r = pool_alloc(d, n, pool);
+    pause_point("cuMemAllocFromPoolAsync:made");
+    return r;
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t n, CUmemoryPool p, CUstream s)
@@ -1999,12 +2017,16 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s)
 
 EXPORT CUresult cuStreamDestroy(CUstream s) { return cuStreamDestroy_v2(s); }
 
+static CUresult capture_invalidate(struct CUstream_st *st);
+
 static CUresult stream_sync(CUstream s, int pt)
 {
     NEED_INIT();
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capture)
+        return capture_invalidate(st);
     fg_sleep_until(__atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE));
     wait_host(&st->host_pending);
     return CUDA_SUCCESS;
@@ -2019,6 +2041,8 @@ static CUresult stream_query(CUstream s, int pt)
     struct CUstream_st *st = stream_of(s, pt);
     if (!st)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capture)
+        return capture_invalidate(st);
     return fg_now_ns() >= __atomic_load_n(&st->busy_until, __ATOMIC_ACQUIRE) &&
                    !__atomic_load_n(&st->host_pending, __ATOMIC_ACQUIRE)
                ? CUDA_SUCCESS
@@ -2215,6 +2239,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     fg_knode k = {f, gx, gy, gz};
+    if (st->capture && st->capture_invalid)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (st->capture) {
         CUgraphNode node;
         CUDA_KERNEL_NODE_PARAMS p = {.func = f, .gridDimX = gx, .gridDimY = gy, .gridDimZ = gz};
@@ -2665,11 +2691,11 @@ static void footprint(struct CUgraphExec_st *x)
     free(m);
 }
 
-static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload);
+static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload, int pt);
 
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags)
 {
-    return instantiate(e, g, flags, NULL);
+    return instantiate(e, g, flags, NULL, 0);
 }
 
 /* The pre-11.4 signature: still exported (cuGraphInstantiate, _v2), reached by name. */
@@ -2678,7 +2704,7 @@ EXPORT CUresult cuGraphInstantiate(CUgraphExec *e, CUgraph g, CUgraphNode *err, 
     (void)err;
     if (log && n)
         log[0] = 0;
-    return instantiate(e, g, 0, NULL);
+    return instantiate(e, g, 0, NULL, 0);
 }
 
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n)
@@ -2686,12 +2712,12 @@ EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *er
     return cuGraphInstantiate(e, g, err, log, n);
 }
 
-static CUresult with_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+static CUresult with_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p, int pt)
 {
     pause_point("cuGraphInstantiate:entry"); /* before it reads *p (taken here, not again in instantiate) */
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = instantiate(e, g, p->flags, p->hUploadStream);
+    CUresult r = instantiate(e, g, p->flags, p->hUploadStream, pt);
     p->hErrNode_out = NULL;
     p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
     return r;
@@ -2699,12 +2725,12 @@ static CUresult with_params(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PA
 
 EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
-    return with_params(e, g, p);
+    return with_params(e, g, p, 0);
 }
 
 EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
 {
-    return with_params(e, g, p);
+    return with_params(e, g, p, 1);
 }
 
 /* Map the executable graph's pages in the graph pools (once, until a trim unmaps it). */
@@ -2738,7 +2764,11 @@ static CUresult graph_map(struct CUgraphExec_st *x)
     return r;
 }
 
-static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload)
+/* An instantiation that uploads (CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) maps the graph's pages at
+ * once (or fails), and queues the upload on its stream: until the stream reaches it (the work
+ * queued there before it done), the pages are in use: cuDeviceGraphMemTrim leaves them, and a
+ * cuGraphExecDestroy meanwhile gives them back to the pool only then (uploads_reap). */
+static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags, CUstream upload, int pt)
 {
     NEED_INIT();
     pause_point("cuGraphInstantiate:entry"); /* before it reads the graph */
@@ -2764,12 +2794,14 @@ static CUresult instantiate(CUgraphExec *e, CUgraph g, unsigned long long flags,
     x->graph = g;
     footprint(x);
     if ((flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) && graph_map(x) != CUDA_SUCCESS) {
-        (void)upload;
         free(x->nodes);
         free(x->mem);
         free(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    struct CUstream_st *us = flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD ? stream_of(upload, pt) : NULL;
+    unsigned long long now = fg_now_ns(), queued = us ? __atomic_load_n(&us->busy_until, __ATOMIC_ACQUIRE) : 0;
+    x->upload_until = queued > now ? queued : 0;
     pthread_mutex_lock(&g_mu);
     if (x->nmem)
         g->has_exec = 1;
@@ -2838,9 +2870,16 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
             *p = e->next;
             break;
         }
-    if (e->mapped)
+    fg_upload_left *left = e->mapped && fg_now_ns() < e->upload_until ? malloc(sizeof *left) : NULL;
+    if (left) { /* its upload still queued: its pages stay in use until the stream reaches it */
+        memcpy(left->foot, e->foot, sizeof left->foot);
+        left->until = e->upload_until;
+        left->next = g_uploads_left;
+        g_uploads_left = left;
+    } else if (e->mapped) {
         for (int d = 0; d < g_nvis; d++)
             g_gpool[d].used -= e->foot[d];
+    }
     for (int i = 0; i < e->nmem; i++) {
         ptrmap_val *v = ptrmap_get(&g_allocs, e->mem[i].dptr);
         if (v && v->kind == K_GRAPH && v->aux == (uint64_t)(uintptr_t)e)
@@ -2884,14 +2923,34 @@ EXPORT CUresult cuGraphDestroy(CUgraph g)
     return CUDA_SUCCESS;
 }
 
+/* The pages of destroyed executable graphs whose queued upload the stream has reached go back to
+ * the pool (g_mu held). */
+static void uploads_reap(void)
+{
+    unsigned long long now = fg_now_ns();
+    for (fg_upload_left **p = &g_uploads_left; *p;) {
+        fg_upload_left *l = *p;
+        if (now < l->until) {
+            p = &l->next;
+            continue;
+        }
+        for (int d = 0; d < g_nvis; d++)
+            g_gpool[d].used -= l->foot[d];
+        *p = l->next;
+        free(l);
+    }
+}
+
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
     NEED_INIT();
     if (!valid_dev(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
+    uploads_reap();
+    unsigned long long now = fg_now_ns();
     for (struct CUgraphExec_st *x = g_execs; x; x = x->next)
-        if (x->mapped && !x->live && x->foot[dev]) { /* idle: its pages can go */
+        if (x->mapped && !x->live && x->foot[dev] && now >= x->upload_until) { /* idle: its pages can go */
             g_gpool[dev].used -= x->foot[dev];
             x->mapped = 0;
         }
@@ -2912,6 +2971,7 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute 
         return CUDA_ERROR_INVALID_VALUE;
     cuuint64_t *v = value;
     pthread_mutex_lock(&g_mu);
+    uploads_reap();
     switch (attr) {
     case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *v = g_gpool[dev].used; break;
     case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *v = g_gpool[dev].used_high; break;
@@ -2941,7 +3001,19 @@ EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute 
 }
 
 /* Stream capture (created streams only): kernels, stream-ordered allocations and their frees on
- * a capturing stream become nodes of its graph, one after the other; nothing runs or allocates. */
+ * a capturing stream become nodes of its graph, one after the other; nothing runs or allocates.
+ * cuStreamSynchronize or cuStreamQuery of a capturing stream, which capture forbids, fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture: its status is then
+ * CU_STREAM_CAPTURE_STATUS_INVALIDATED (cuStreamGetCaptureInfo gives no id, graph or
+ * dependencies: only an active capture's are valid), what is queued on the stream fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (nothing allocated or run), and cuStreamEndCapture ends it
+ * with that error and a NULL graph. */
+static CUresult capture_invalidate(struct CUstream_st *st)
+{
+    st->capture_invalid = 1;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 static CUresult begin_capture(CUstream s, int pt)
 {
     NEED_CTX(c);
@@ -2959,6 +3031,7 @@ static CUresult begin_capture(CUstream s, int pt)
         st->capture = g;
         st->capture_id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
         st->capture_last = NULL;
+        st->capture_invalid = 0;
     }
     return r;
 }
@@ -2979,14 +3052,23 @@ EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mod
 static CUresult end_capture(CUstream s, CUgraph *g, int pt)
 {
     NEED_INIT();
+    pause_point("cuStreamEndCapture"); /* before it reads the stream's capture */
     struct CUstream_st *st = stream_of(s, pt);
     if (!st || !g)
         return CUDA_ERROR_INVALID_VALUE;
     if (!st->capture)
         return CUDA_ERROR_ILLEGAL_STATE;
-    *g = st->capture;
+    int invalid = st->capture_invalid;
+    CUgraph got = st->capture;
     st->capture = NULL;
     st->capture_last = NULL;
+    st->capture_invalid = 0;
+    if (invalid) {
+        cuGraphDestroy(got);
+        *g = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *g = got;
     return CUDA_SUCCESS;
 }
 
@@ -2999,15 +3081,18 @@ static CUresult is_capturing(CUstream s, CUstreamCaptureStatus *out, int pt)
     struct CUstream_st *st = stream_of(s, pt);
     if (!st || !out)
         return CUDA_ERROR_INVALID_VALUE;
-    *out = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    *out = !st->capture            ? CU_STREAM_CAPTURE_STATUS_NONE
+           : st->capture_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                 : CU_STREAM_CAPTURE_STATUS_ACTIVE;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 0); }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *out) { return is_capturing(s, out, 1); }
 
-/* The capture's status and id (unique per capture in the process; left as it was without one). The
- * _v2 form's graph and dependencies are the graph being captured and its last node. */
+/* The capture's status and id (unique per capture in the process; left as it was unless the capture
+ * is active, as the driver gives valid data then only). The _v2 form's graph and dependencies are
+ * the graph being captured and its last node (NULL and 0 unless active). */
 static CUresult capture_info(CUstream s, CUstreamCaptureStatus *out, cuuint64_t *id, CUgraph *g,
                              const CUgraphNode **deps, size_t *ndeps, int pt)
 {
@@ -3015,15 +3100,18 @@ static CUresult capture_info(CUstream s, CUstreamCaptureStatus *out, cuuint64_t 
     struct CUstream_st *st = stream_of(s, pt);
     if (!st || !out)
         return CUDA_ERROR_INVALID_VALUE;
-    *out = st->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-    if (st->capture && id)
+    int active = st->capture && !st->capture_invalid;
+    *out = !st->capture ? CU_STREAM_CAPTURE_STATUS_NONE
+           : active     ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                        : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    if (active && id)
         *id = st->capture_id;
     if (g)
-        *g = st->capture;
+        *g = active ? st->capture : NULL;
     if (deps)
-        *deps = st->capture && st->capture_last ? &st->capture_last : NULL;
+        *deps = active && st->capture_last ? &st->capture_last : NULL;
     if (ndeps)
-        *ndeps = st->capture && st->capture_last ? 1 : 0;
+        *ndeps = active && st->capture_last ? 1 : 0;
     return CUDA_SUCCESS;
 }
 
@@ -3045,6 +3133,8 @@ static CUresult capture_alloc(struct CUstream_st *st, CUdeviceptr *dptr, size_t 
 {
     CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
                             .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev}};
+    if (st->capture_invalid)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     CUgraphNode node, last = st->capture_last;
     CUresult r = add_alloc_node(&node, st->capture, last ? &last : NULL, last ? 1 : 0, &props, size, dptr);
     if (r == CUDA_SUCCESS)
@@ -3054,6 +3144,8 @@ static CUresult capture_alloc(struct CUstream_st *st, CUdeviceptr *dptr, size_t 
 
 static CUresult capture_free(struct CUstream_st *st, CUdeviceptr dptr)
 {
+    if (st->capture_invalid)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     CUgraphNode node, last = st->capture_last;
     CUresult r = cuGraphAddMemFreeNode(&node, st->capture, last ? &last : NULL, last ? 1 : 0, dptr);
     if (r == CUDA_SUCCESS)

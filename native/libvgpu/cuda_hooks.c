@@ -87,14 +87,16 @@ int vgpu_refused;
     X(cuGraphUpload, "cuGraphUpload", 11010, 0)                                                    \
     X(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1)                                               \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, 0)                                          \
-    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0)
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0)                                      \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0)                                          \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)
 
 /* Real functions used internally without being hooked. */
 #define CUDA_PLAIN(X)                                                                              \
     X(cuCtxGetDevice) X(cuCtxGetCurrent) X(cuDeviceGetCount) X(cuDeviceGetUuid_v2) X(cuDeviceGetUuid)  \
     X(cuCtxGetLimit)                                                                                   \
     X(cuDeviceGetAttribute) X(cuStreamGetCtx) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2)            \
-    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuStreamGetCaptureInfo) X(cuPointerGetAttribute)  \
+    X(cuMemPoolGetAttribute) X(cuStreamIsCapturing) X(cuStreamSynchronize) X(cuPointerGetAttribute)    \
     X(cuGraphGetNodes)                                                                                 \
     X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams) X(cuGraphChildGraphNodeGetGraph)             \
     X(cuDeviceGetGraphMemAttribute)
@@ -144,6 +146,11 @@ static pthread_mutex_t g_limit_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t g_settle_mu = PTHREAD_MUTEX_INITIALIZER;
 /* CUDA graph memory: orders its maps, trims and settles (graph_map) */
 static pthread_mutex_t g_graph_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Stream capture against the stream-ordered allocations: read-held by cuMemAllocAsync and
+ * cuMemAllocFromPoolAsync (+ _ptsz) from their look at the stream's capture through the driver
+ * call, write-held by cuStreamEndCapture (+ _ptsz) around the driver call (capture_hold). The
+ * default kind, which lets a reader in while a writer waits: a reader never waits for a reader. */
+static pthread_rwlock_t g_capture_rw = PTHREAD_RWLOCK_INITIALIZER;
 /* VMM hooks but cuMemCreate, each from its record change through the driver call to its settle
  * (cuMemCreate: the creates in flight, g_vmm_creates, numbered by g_vmm_started, both under g_mu,
  * and g_vmm_cv, with g_mu, signalled once one recorded) */
@@ -258,6 +265,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_limit_mu, NULL); /* a thread of the parent may have held it */
     pthread_mutex_init(&g_settle_mu, NULL);
     pthread_mutex_init(&g_graph_mu, NULL);
+    pthread_rwlock_init(&g_capture_rw, NULL);
     pthread_mutex_init(&g_vmm_mu, NULL);
     pthread_cond_init(&g_vmm_cv, NULL);
     g_vmm_creates = NULL; /* a create of another thread never records here */
@@ -1801,21 +1809,67 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
     return r;
 }
 
-/* Whether `s` is capturing (cuStreamBeginCapture): a stream-ordered allocation there allocates
+/* Whether `s` is in a capture (cuStreamBeginCapture): a stream-ordered allocation there allocates
  * nothing; it records an allocation node, whose memory the graph pool maps when the graph runs
- * (charged then: graph_map). *id: the capture's id (cuStreamGetCaptureInfo; unique per capture in
- * the process), 0 where the driver cannot say. */
-static int capturing(CUstream s, int pt, cuuint64_t *id)
+ * (charged then: graph_map). An invalidated capture (a call that capture forbids, made meanwhile)
+ * counts too: the driver makes no allocation on its stream, and it lasts until cuStreamEndCapture. */
+static int capturing(CUstream s, int pt)
 {
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    *id = 0;
     if (pt && s == NULL)
         s = CU_STREAM_PER_THREAD;
-    if (p_cuStreamGetCaptureInfo && p_cuStreamGetCaptureInfo(s, &st, id) == CUDA_SUCCESS)
-        return st != CU_STREAM_CAPTURE_STATUS_NONE;
-    *id = 0;
     return p_cuStreamIsCapturing && p_cuStreamIsCapturing(s, &st) == CUDA_SUCCESS &&
            st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Stream capture against the stream-ordered allocations (g_capture_rw). A captured allocation
+ * passes through uncharged, so the capture the hook saw must still be there when the driver
+ * decides what to make: a capture ended in between by another thread (cuStreamEndCapture, which
+ * relaxed mode allows) had the driver make a real allocation, held uncharged. Looking again after
+ * the call (1 Dec) could not repair it: between the driver's return and that look a thread could
+ * begin a global-mode capture, which forbids the synchronous free the repair fell back to, and the
+ * allocation was handed over charged past the limit; and an invalidated capture gives no id to
+ * compare, so a captured node was charged as real (found by the regression review, 1 Dec). So no
+ * capture ends while an allocation is between its look and the driver's return: the allocation
+ * holds g_capture_rw for reading over both, cuStreamEndCapture for writing over its driver call.
+ * Capturing at the look, the driver records a node (or fails), whatever another thread does; not
+ * capturing, the allocation is reserved under the limit before the driver makes it, and a capture
+ * begun meanwhile only has a node's address charged as a real allocation (the tenant's own
+ * over-charge, until that address is freed). Every cuMemAllocAsync pays an uncontended read lock,
+ * beside g_mu and the region lock it takes anyway: skipping it until a capture begins would need a
+ * hook on every way to begin one. Lock order: g_capture_rw before g_mu, g_settle_mu and the region
+ * lock, which are taken under it (pool_take, vgpu_reserve) and never held when it is taken; the
+ * driver's cuStreamEndCapture and allocations call no hook. */
+static void capture_hold(CUstream s)
+{
+    if (pthread_rwlock_tryrdlock(&g_capture_rw) == 0)
+        return;
+    LOG_DEBUG("a stream-ordered allocation on stream %p waits for a cuStreamEndCapture in the driver", (void *)s);
+    pthread_rwlock_rdlock(&g_capture_rw);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *g, __typeof__(&cuStreamEndCapture) real)
+{
+    if (pthread_rwlock_trywrlock(&g_capture_rw) != 0) {
+        LOG_DEBUG("cuStreamEndCapture of stream %p waits for the stream-ordered allocations in the driver",
+                  (void *)s);
+        pthread_rwlock_wrlock(&g_capture_rw);
+    }
+    CUresult r = real(s, g);
+    pthread_rwlock_unlock(&g_capture_rw);
+    return r;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g)
+{
+    READY_OR(r_cuStreamEndCapture, CUDA_ERROR_NOT_INITIALIZED);
+    return end_capture(s, g, r_cuStreamEndCapture);
+}
+
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    READY_OR(r_cuStreamEndCapture_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    return end_capture(s, g, r_cuStreamEndCapture_ptsz);
 }
 
 /* Stream-ordered allocations are charged per allocation, at the requested size, on the device
@@ -1830,18 +1884,6 @@ typedef struct {
     int pt;
 } async_args;
 
-/* Free `d`, a stream-ordered allocation just made on `s`, that the tenant never saw: on its stream,
- * unless a new capture began there (the free would be a node of that one, and free nothing), then
- * synchronously. */
-static CUresult async_unmake(CUdeviceptr d, CUstream s, int pt)
-{
-    cuuint64_t id;
-    __typeof__(&cuMemFreeAsync) on_stream = pt ? r_cuMemFreeAsync_ptsz : r_cuMemFreeAsync;
-    if (!capturing(s, pt, &id) && on_stream)
-        return on_stream(d, s);
-    return r_cuMemFree_v2 ? r_cuMemFree_v2(d) : CUDA_ERROR_NOT_INITIALIZED;
-}
-
 static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemoryPool pool, CUstream s, int pt,
                               CUresult (*call)(void *), async_args *arg)
 {
@@ -1854,47 +1896,19 @@ static CUresult async_charged(CUdeviceptr *dptr, size_t size, int where, CUmemor
     arg->dptr = &got;
     uint64_t bytes = round_alloc(size);
     int keeps = 0;
-    uint64_t moved = 0;
-    CUresult r;
-    cuuint64_t cap, now;
-    if (capturing(s, pt, &cap)) {
-        r = call(arg);
-        if (r != CUDA_SUCCESS || (capturing(s, pt, &now) && now == cap)) {
-            if (r == CUDA_SUCCESS)
-                *dptr = got; /* an allocation node of the capture: the graph's (graph_map) */
-            return r;
-        }
-        /* The capture ended while the driver ran (another thread's cuStreamEndCapture: relaxed
-         * capture mode allows it), so the driver may have made a real allocation: passed through,
-         * it was held untracked and uncharged (found by review, 1 Dec). Not knowing which came
-         * first, it is counted as one: reserved now, under the limit, or freed and refused. (An
-         * allocation node whose capture ended just after the driver made it is counted too: charged
-         * until its address is freed outside the graph; only a tenant racing its own capture gets
-         * that.) */
-        moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
-        if (vgpu_reserve(reg, bytes - moved, VGPU_MEM_DATA) != 0) {
-            if (moved)
-                pool_untake(pool, moved, reg);
-            CUresult f = async_unmake(got, s, pt);
-            if (f == CUDA_SUCCESS) {
-                LOG_WARN("cuMemAllocAsync refused: the capture of its stream ended while the driver allocated, and "
-                         "the allocation of %llu bytes it then made on device %d does not fit under the limit",
-                         (unsigned long long)bytes, reg);
-                if (keeps)
-                    pool_settle(pool, reg); /* the pool may keep what was freed into it */
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            /* not freed: it stays the tenant's, charged (past the limit) so the ledger says what is held */
-            LOG_WARN("an allocation of %llu bytes over the limit on device %d could not be freed (the free returned "
-                     "%d): charged past the limit", (unsigned long long)bytes, reg, (int)f);
-            vgpu_charge(reg, bytes - moved, VGPU_MEM_DATA);
-        }
-    } else {
-        moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
-        r = CHARGED_CALL(reg, bytes - moved, call(arg));
-        if (r != CUDA_SUCCESS && moved)
-            pool_untake(pool, moved, reg);
+    capture_hold(s); /* no capture ends from the look to the driver's return */
+    if (capturing(s, pt)) {
+        CUresult r = call(arg);
+        pthread_rwlock_unlock(&g_capture_rw);
+        if (r == CUDA_SUCCESS)
+            *dptr = got; /* an allocation node of the capture: the graph's (graph_map) */
+        return r;
     }
+    uint64_t moved = pool ? pool_take(pool, bytes, reg, &keeps) : 0;
+    CUresult r = CHARGED_CALL(reg, bytes - moved, call(arg));
+    pthread_rwlock_unlock(&g_capture_rw);
+    if (r != CUDA_SUCCESS && moved)
+        pool_untake(pool, moved, reg);
     CUmemoryPool real = NULL;
     if (r == CUDA_SUCCESS && keeps && pool && p_cuPointerGetAttribute &&
         p_cuPointerGetAttribute(&real, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, got) == CUDA_SUCCESS && real &&
@@ -2531,9 +2545,23 @@ static int graph_over(const graph_mem *m, const char *when)
 
 /* Undo an instantiation refused after the driver made it (g_graph_mu held): the executable graph
  * is destroyed; where it was uploaded with pages never checked under the limit (`unchecked`), the
- * device's graph pool is trimmed, so the pool does not keep them, and settled. */
-static void graph_unmake(CUgraphExec made, const int *unchecked)
+ * device's graph pool is trimmed, so the pool does not keep them, and settled. The upload is
+ * ordered on its stream (`upload`: the parameters' hUploadStream), behind whatever the tenant
+ * queued there; trimmed while it was still queued, its pages were in use, the trim left them, and
+ * they stayed reserved and charged past the limit (found by the regression review, 1 Dec; reasoned
+ * from the driver's documented ordering, not seen on a GPU). That stream is synchronized first
+ * (under g_graph_mu, as the rest: a tenant stalling its own upload stream stalls its own graph
+ * launches meanwhile, nobody else's). */
+static void graph_unmake(CUgraphExec made, const int *unchecked, CUstream upload)
 {
+    int trims = 0;
+    for (int d = 0; unchecked && d < VGPU_MAX_DEV; d++)
+        trims |= unchecked[d];
+    CUresult w = trims && p_cuStreamSynchronize ? p_cuStreamSynchronize(upload) : CUDA_SUCCESS;
+    if (w != CUDA_SUCCESS)
+        LOG_WARN("the upload stream %p of a refused CUDA graph could not be synchronized (cuStreamSynchronize "
+                 "returned %d): what a queued upload maps stays charged until a trim gives it back",
+                 (void *)upload, (int)w);
     ptrmap_val old;
     if (ptrmap_del(&g_gexecs, (uint64_t)(uintptr_t)made, &old)) { /* a stale record of a reused handle */
         free((void *)(uintptr_t)old.aux);
@@ -2631,7 +2659,10 @@ static CUresult graph_instantiate(inst_args *a, int upload)
     if (refuse != CUDA_SUCCESS) {
         if (!locked)
             pthread_mutex_lock(&g_graph_mu);
-        graph_unmake(made, upload ? grown : NULL);
+        CUstream us = a->params ? a->params->hUploadStream : NULL;
+        if (!us && a->version == 5) /* cuGraphInstantiateWithParams_ptsz: the per-thread default stream */
+            us = CU_STREAM_PER_THREAD;
+        graph_unmake(made, upload ? grown : NULL, us);
         pthread_mutex_unlock(&g_graph_mu);
         return refuse;
     }

@@ -34,6 +34,12 @@ __asm__(".symver dlopen,dlopen@" VGPU_GLIBC_BASE);
 __asm__(".symver dlerror,dlerror@" VGPU_GLIBC_BASE);
 __asm__(".symver dlvsym,dlvsym@" VGPU_GLIBC_BASE);
 __asm__(".symver dlclose,dlclose@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_init,pthread_rwlock_init@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_rdlock,pthread_rwlock_rdlock@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_tryrdlock,pthread_rwlock_tryrdlock@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_wrlock,pthread_rwlock_wrlock@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_trywrlock,pthread_rwlock_trywrlock@" VGPU_GLIBC_BASE);
+__asm__(".symver pthread_rwlock_unlock,pthread_rwlock_unlock@" VGPU_GLIBC_BASE);
 /* dlsym is not bound here: libvgpu defines its own (dlsym.c) and reaches glibc's by dlvsym */
 #endif
 

@@ -178,55 +178,155 @@ print(row)
 
 
 # ---- finding 4: cuMemAllocAsync on a stream whose capture ended while the driver ran ----
+# The regression review (1 Dec) found the repair after the call (look at the capture again, then
+# reserve, or free and refuse) defeatable; a capture can no longer end while an allocation is
+# between its look at the capture and the driver's return (cuStreamEndCapture waits for it).
+
+# libvgpu's log (its stderr) where the probe reads it: a thread waiting in a hook says so (debug
+# level), which is how a test knows it waits without timing it; copied to stderr at exit.
+LOGWATCH = """
+import atexit, tempfile
+_log, _err = tempfile.TemporaryFile(), os.dup(2)
+os.dup2(_log.fileno(), 2)
+atexit.register(lambda: (_log.seek(0), os.write(_err, _log.read())))
+def logged(text):
+    _log.seek(0); return text.encode() in _log.read()
+def waits(t, text):  # once `t` is done, or libvgpu logged `text` (t waits in a hook): whether it waits
+    while t.is_alive() and not logged(text):
+        time.sleep(0.001)
+    return t.is_alive()
+END_WAITS = "waits for the stream-ordered allocations in the driver"
+ALLOC_WAITS = "waits for a cuStreamEndCapture in the driver"
+GLOBAL, MEM_ALLOC = 0, 10
+def alloc_nodes(g):  # how many allocation nodes graph g holds
+    n = C.c_size_t(); c.check(cu.cuGraphGetNodes(g, None, C.byref(n)), "nodes")
+    nodes = (C.c_void_p * max(n.value, 1))(); c.check(cu.cuGraphGetNodes(g, nodes, C.byref(n)), "nodes")
+    kinds = [C.c_int() for _ in range(n.value)]
+    for node, k in zip(nodes, kinds):
+        c.check(cu.cuGraphNodeGetType(C.c_void_p(node), C.byref(k)), "type")
+    return sum(k.value == MEM_ALLOC for k in kinds)
+def stream():
+    s = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(s), 0), "stream"); return s
+"""
 
 
-def test_cumemallocasync_whose_capture_ended_meanwhile_is_charged_as_the_real_allocation_it_made(vgpu_env):
-    """Found by review, 1 Dec: cuMemAllocAsync saw its stream capturing and passed the call
-    through uncounted (a captured allocation is the graph's); a second thread ending the capture
-    (relaxed mode allows it) before the driver allocated made it a real 512 MiB allocation, held
-    untracked and uncharged. The capture is looked at again after the call: no longer the same
-    capture, the allocation is reserved under the limit and tracked (its free gives it back)."""
-    row = _graph_probe(
+def _capture_probe(env, code: str) -> list:
+    return _probe({**env, "LIBCUDA_LOG_LEVEL": "4"}, RACE + GRAPHS + LOGWATCH + code)
+
+
+@pytest.mark.parametrize(
+    "alloc, end",
+    [
+        ("cuMemAllocAsync", "cuStreamEndCapture"),
+        ("cuMemAllocAsync_ptsz", "cuStreamEndCapture_ptsz"),
+        ("cuMemAllocFromPoolAsync", "cuStreamEndCapture"),
+        ("cuMemAllocFromPoolAsync_ptsz", "cuStreamEndCapture_ptsz"),
+    ],
+)
+def test_cumemallocasync_in_the_driver_holds_off_a_cuStreamEndCapture_on_another_thread(vgpu_env, alloc, end):
+    """Found by review, 1 Dec, and again by the regression review: cuMemAllocAsync saw its stream
+    capturing and passed the call through uncounted (a captured allocation is the graph's); a
+    second thread ending the capture (relaxed mode allows it) before the driver allocated made it a
+    real 512 MiB allocation, held untracked and uncharged, which the repair of 1 Dec then charged as
+    real. cuStreamEndCapture (+ _ptsz, as cuGetProcAddress hands them out) now waits for the
+    allocation in the driver: it is the capture's node (nothing real made, nothing charged), and the
+    graph's launch is charged."""
+    pool = "pool, " if "Pool" in alloc else ""
+    row = _capture_probe(
         vgpu_env,
-        """
+        f"""
 c.init()
-s = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(s), 0), "stream")
-d = C.c_uint64()
+s, d, g = stream(), C.c_uint64(), C.c_void_p()
+pool = mkpool()
 c.check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin")
-resume = call_paused("cuMemAllocAsync", with_ctx(cu.cuMemAllocAsync), C.byref(d), C.c_size_t(512 * MiB), s)
-g = C.c_void_p(); c.check(cu.cuStreamEndCapture(s, C.byref(g)), "end")  # the other thread ends it
-row = [resume(), d.value != 0, ledger(), held(), c.alloc(600 * MiB)[0]]
-row += [cu.cuMemFreeAsync(d, s), ledger(), held()]
+resume = call_paused({alloc.replace("_ptsz", "")!r}, with_ctx(cu.{alloc}), C.byref(d), C.c_size_t(512 * MiB), {pool}s)
+# the tenant's other thread ends the capture, through cuGetProcAddress (the CUDA runtime's way)
+fn, st = C.c_void_p(), C.c_int()
+c.check(cu.cuGetProcAddress_v2(b"cuStreamEndCapture", C.byref(fn), 12000, C.c_uint64({2 if "ptsz" in end else 0}), C.byref(st)))
+t = on_thread(with_ctx(C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p)(fn.value)), s, C.byref(g))
+row = [waits(t, END_WAITS), resume(), t.result(), d.value != 0, ledger(), held(), alloc_nodes(g)]
+x = C.c_void_p(); c.check(cu.cuGraphInstantiateWithFlags(C.byref(x), g, C.c_ulonglong(0)), "instantiate")
+row += [cu.cuGraphLaunch(x, s), ledger(), held()]
 print(row)
 """,
     )
-    assert row == [0, True, 512, 512, 2, 0, 0, 0]
+    assert row == [True, 0, 0, True, 0, 0, 1, 0, 512, 512]
 
 
-def test_cumemallocasync_whose_capture_ended_meanwhile_is_freed_and_refused_over_the_limit(vgpu_env):
-    """The same race beside 600 MiB under a 1 GiB limit: the real 512 MiB allocation does not fit;
-    it is freed again and CUDA_ERROR_OUT_OF_MEMORY returned (before, it was held, uncharged: 1112 MiB
-    held, the ledger at 600)."""
-    row = _graph_probe(
+def test_a_capture_ended_and_a_global_one_begun_during_cumemallocasync_leaves_nothing_past_the_limit(vgpu_env):
+    """Found by the regression review, 1 Dec (finding 1): beside 600 MiB under a 1 GiB limit, a
+    second thread ended capture A while cuMemAllocAsync was in the driver and began a global-mode
+    capture B before the hook looked again; the 512 MiB did not fit, the free fell back to the
+    synchronous cuMemFree (the stream was capturing again), which global mode forbids, and the hook
+    charged it past the limit and handed the pointer over (the ledger ended at 1112 MiB). Now the end
+    of A waits for the allocation: it is A's node, B begins after, nothing is charged or held
+    past the limit."""
+    row = _capture_probe(
         vgpu_env,
         """
 c.init()
 rc, big = c.alloc(600 * MiB)
-s = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(s), 0), "stream")
-d = C.c_uint64()
-c.check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin")
+s, d, ga, gb = stream(), C.c_uint64(), C.c_void_p(), C.c_void_p()
+c.check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin A")
 resume = call_paused("cuMemAllocAsync", with_ctx(cu.cuMemAllocAsync), C.byref(d), C.c_size_t(512 * MiB), s)
-g = C.c_void_p(); c.check(cu.cuStreamEndCapture(s, C.byref(g)), "end")
-row = [rc, resume(), d.value, ledger(), held()]
+t = on_thread(with_ctx(lambda: [cu.cuStreamEndCapture(s, C.byref(ga)), cu.cuStreamBeginCapture_v2(s, GLOBAL)]))
+row = [rc, waits(t, END_WAITS), resume(), t.result(), ledger(), held(), alloc_nodes(ga)]
+row += [cu.cuStreamEndCapture(s, C.byref(gb)), alloc_nodes(gb), ledger(), held()]
 print(row)
 """,
     )
-    assert row == [0, 2, 0, 600, 600]
+    assert row == [0, True, 0, [0, 0], 600, 600, 1, 0, 0, 600, 600]
+
+
+@pytest.mark.parametrize("beside", [0, 600])
+def test_cumemallocasync_whose_capture_is_invalidated_meanwhile_stays_the_graphs(vgpu_env, beside):
+    """Found by the regression review, 1 Dec (finding 2): the repair compared the capture's id
+    before and after the driver call, but cuStreamGetCaptureInfo gives an id only for an active
+    capture: one invalidated meanwhile (here a cuStreamSynchronize of the capturing stream on
+    another thread, which capture forbids, as a legitimate program's mistake can) read as another
+    capture, and the allocation node was charged as a real 512 MiB allocation (beside 600 MiB:
+    charged past the limit, 1112 MiB). An invalidated capture is a capture: the node stays
+    uncharged, and the capture ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph."""
+    row = _capture_probe(
+        vgpu_env,
+        f"""
+c.init()
+rc, big = c.alloc({beside} * MiB) if {beside} else (0, 0)
+s, d, g = stream(), C.c_uint64(), C.c_void_p()
+c.check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin")
+resume = call_paused("cuMemAllocAsync:made", with_ctx(cu.cuMemAllocAsync), C.byref(d), C.c_size_t(512 * MiB), s)
+row = [rc, cu.cuStreamSynchronize(s), resume(), d.value != 0, ledger(), held()]
+row += [cu.cuStreamEndCapture(s, C.byref(g)), g.value, ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, 900, 0, True, beside, beside, 901, None, beside, beside]
+
+
+def test_cumemallocasync_while_cuStreamEndCapture_is_in_the_driver_waits_and_is_a_real_allocation(vgpu_env):
+    """The other order (found by the regression review's design check, 1 Dec): an allocation
+    arriving while the capture's end is in the driver waits for it, then sees no capture and is
+    reserved and charged as the real allocation the driver makes (before, it could look while the
+    capture was still there and have the driver decide after it ended)."""
+    row = _capture_probe(
+        vgpu_env,
+        """
+c.init()
+s, d, g = stream(), C.c_uint64(), C.c_void_p()
+c.check(cu.cuStreamBeginCapture_v2(s, RELAXED), "begin")
+resume = call_paused("cuStreamEndCapture", with_ctx(cu.cuStreamEndCapture), s, C.byref(g))
+t = on_thread(with_ctx(cu.cuMemAllocAsync), C.byref(d), C.c_size_t(512 * MiB), s)
+row = [waits(t, ALLOC_WAITS), resume(), t.result(), d.value != 0, ledger(), held(), alloc_nodes(g)]
+row += [cu.cuMemFreeAsync(d, s), ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [True, 0, 0, True, 512, 512, 0, 0, 0, 0]
 
 
 def test_cumemallocasync_in_a_capture_that_goes_on_stays_the_graphs(vgpu_env):
-    """The look after the call changes nothing for a capture still going on: the captured
-    allocation is not charged (the graph's launch is), as before."""
+    """A capture nobody ends meanwhile: the captured allocation is not charged (the graph's launch
+    is), as before."""
     row = _graph_probe(
         vgpu_env,
         """
@@ -299,3 +399,32 @@ print(row)
     assert row == str(expected)
     if case in ("over", "uploaded"):
         assert "CUDA graph refused" in p.stderr
+
+
+# ---- regression review, finding 3: a refused uploading instantiation trimmed a queued upload ----
+
+
+@pytest.mark.parametrize("fn", ["cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz"])
+def test_a_refused_upload_still_queued_on_its_stream_is_trimmed_once_the_stream_reached_it(vgpu_env, fn):
+    """Found by the regression review, 1 Dec (finding 3; the fake's model of an upload queued on a
+    busy stream, not seen on a GPU): beside 600 MiB under a 1 GiB limit, an uploading instantiation
+    of a 2 MiB graph to which another thread added 512 MiB meanwhile is refused after the driver made
+    it; the hook destroyed it and trimmed the graph pool while the upload still waited behind a
+    kernel on its stream, so the trim left its pages and they stayed reserved and charged past the
+    limit (1114 MiB). The upload stream is now synchronized first: the trim gives them back."""
+    row = _graph_probe(
+        vgpu_env,
+        f"""
+c.init()
+row = [c.alloc(600 * MiB)[0]]
+u = C.c_void_p(); c.check(cu.cuStreamCreate(C.byref(u), 0), "stream")
+g = new_graph(); add_alloc(g, 2)
+c.check(c.launch(c.function(b"queued_1s"), stream=u), "kernel")  # the upload waits behind it
+x, prm = C.c_void_p(), InstParams(UPLOAD, u, None, 7)
+resume = call_paused("cuGraphInstantiate:entry", cu.{fn}, C.byref(x), g, C.byref(prm))
+add_alloc(g, 512)
+row += [resume(), x.value is not None, ledger(), held()]
+print(row)
+""",
+    )
+    assert row == [0, 2, False, 600, 600]
