@@ -21,6 +21,12 @@ extender's ``Error`` field (HTTP 200, as kube-scheduler expects) or a denied Adm
 Slow clients cannot hold the server: both listeners are started by :func:`hami.serve.start`
 (connection cap, request head and body deadlines, header limits, TLS certificate reload; the
 rules are written there).
+
+Webhook reviews cannot take the event loop from the health checks, Filter and Bind
+(:class:`ReviewGate`): each review's work (parsing its body, the rules) runs one at a time and
+gives the loop back after it; a body over ``WEBHOOK_HEAVY_BODY`` has a lane of its own, which
+takes at most half the loop, with at most ``WEBHOOK_HEAVY_WAITING`` waiting; beyond them, 429 at
+once.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import json
 import logging
 import ssl
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -86,6 +93,17 @@ DRA_API = "/apis/resource.k8s.io/v1"  # Node event: its registration cannot be r
 # own timeout
 NAMESPACE_READ_TIMEOUT = 4.0
 TEMPLATE_POST_TIMEOUT = 4.0
+#: a webhook body over this many bytes is a heavy review (:class:`ReviewGate`). Loop time grows
+#: with the body: about 0.1-0.25 ms per KiB for real pods, 0.4-1.4 for bodies written to cost
+#: (dense env entries, empty lists); a large real pod (4 containers of 60 env entries) is 24 KB,
+#: and annotations, the usual bulk, are at most 256 KiB in all. A forged 1.8 MB review took 0.65 s
+WEBHOOK_HEAVY_BODY = 256 << 10
+#: heavy requests that may wait for their lane beside the one under review: with the slowest
+#: review (200,000 values, about 0.8 s) and the lane's rest after each, the last is answered in
+#: about 8 s, within the webhook's timeoutSeconds (10); the next gets 429 at once
+WEBHOOK_HEAVY_WAITING = 4
+#: seconds between two log lines about heavy reviews refused (a flood would write one per request)
+WEBHOOK_REFUSAL_LOG_S = 60.0
 
 
 class SchedulerService:
@@ -184,6 +202,8 @@ class SchedulerService:
         self.seen_templates = KnownTemplates(ttl=SEEN_TTL_S)
         self.template_budget = TemplateBudget()
         self._template_posts: dict[tuple[str, str], asyncio.Future[str]] = {}
+        # how much of the event loop webhook reviews take (health checks, Filter and Bind share it)
+        self.webhook_gate = ReviewGate()
         if self.reflectors:
             # a new term places pods only from a pod cache listed since it began (a follower's
             # watch may have missed the old leader's last Bindings unseen); before the resync
@@ -389,23 +409,48 @@ class SchedulerService:
         namespace that exists, within :class:`~hami.webhook.templates.TemplateBudget`. A body of
         more than ``WEBHOOK_MAX_VALUES`` values is refused (400) after the quick pass alone: no
         pod or claim the API server stores comes near it, and one of 4 MiB of empty lists (1.3
-        million values) held this event loop, Filter and Bind with it, about 7 s (found by review)."""
-        body = await self._json(request, WEBHOOK_MAX_VALUES)
-        req = body.get("request") if isinstance(body.get("request"), dict) else {}
-        pod = req.get("object") if isinstance(req.get("object"), dict) else {}
-        claim = is_claim_create(req) and bool(pod)
-        if (is_pod_create(req) or claim) and (bad := name_error(req, pod)) is not None:
-            return _json_answer(deny_review(body, bad, 400))  # before the name reaches any URL or record
-        ns = request_namespace(req, pod)
-        namespace: dict | None = None  # the namespace object, once read
-        labels = None
-        if self.kube is not None and is_pod_create(req) and uses_disable_control(pod):
-            read = await self._read_namespace(ns)
-            if isinstance(read, Denial):
-                return _json_answer(deny_review(body, read, read.code))
-            namespace = read
-            labels = (namespace.get("metadata") or {}).get("labels") or {}
-        # read_json_object walked the whole body (depth, size, NaN): the pod's tree is not walked again
+        million values) held this event loop, Filter and Bind with it, about 7 s (found by review).
+        The parse and the rules run in turns of :attr:`webhook_gate` (:class:`ReviewGate`), never
+        while an API call is awaited: 24 callers posting 1.8 MB reviews held the loop so that
+        every /healthz probe timed out (found by review, 1 Dec)."""
+        raw = await read_body(request)
+        size = len(raw)
+        with self.webhook_gate.admitted(size):
+            async with self.webhook_gate.turn(size):
+                body = await self._json(request, WEBHOOK_MAX_VALUES)  # (the body read above, kept)
+                req = body.get("request") if isinstance(body.get("request"), dict) else {}
+                pod = req.get("object") if isinstance(req.get("object"), dict) else {}
+                claim = is_claim_create(req) and bool(pod)
+                if (is_pod_create(req) or claim) and (bad := name_error(req, pod)) is not None:
+                    return _json_answer(deny_review(body, bad, 400))  # before the name reaches any URL or record
+                ns = request_namespace(req, pod)
+                read_labels = self.kube is not None and is_pod_create(req) and bool(uses_disable_control(pod))
+                reviewed = None if read_labels else self._review(body, req, pod, claim, ns, None)
+            namespace: dict | None = None  # the namespace object, once read
+            if reviewed is None:
+                # the namespace is read between two turns: an API call holds no lane
+                read = await self._read_namespace(ns)
+                if isinstance(read, Denial):
+                    return _json_answer(deny_review(body, read, read.code))
+                namespace = read
+                async with self.webhook_gate.turn(size):
+                    reviewed = self._review(
+                        body, req, pod, claim, ns, (namespace.get("metadata") or {}).get("labels") or {}
+                    )
+        answer, templates = reviewed
+        # a dry run (kubectl --dry-run=server) persists nothing: the patch names the templates a
+        # real create would make (content-named), none is written
+        if templates and not is_dry_run(req):
+            refused = await self._create_templates(ns, templates, namespace)
+            if refused:
+                answer = deny_answer(answer, refused, getattr(refused, "code", 500))
+        return _json_answer(answer)
+
+    def _review(
+        self, body: dict, req: dict, pod: Any, claim: bool, ns: str, labels: Any
+    ) -> tuple[dict, tuple[dict, ...]]:
+        """The rules (read_json_object walked the whole body, depth, size, NaN: the pod's tree is
+        not walked again). No await in here: a claim's quota check and its count are one step."""
         if claim:
             self.state.expire_admitted(time.monotonic())
         answer, templates = review_with_templates(
@@ -423,13 +468,7 @@ class SchedulerService:
             self.state.admit_claim(
                 {**pod, "metadata": {**meta, "namespace": ns}}, time.monotonic(), self.admission.vendors
             )
-        # a dry run (kubectl --dry-run=server) persists nothing: the patch names the templates a
-        # real create would make (content-named), none is written
-        if templates and not is_dry_run(req):
-            refused = await self._create_templates(ns, templates, namespace)
-            if refused:
-                answer = deny_answer(answer, refused, getattr(refused, "code", 500))
-        return _json_answer(answer)
+        return answer, templates
 
     async def _read_namespace(self, ns: str) -> dict | Denial:
         """The namespace object (``ns`` was checked by :func:`name_error`), or why it cannot be
@@ -537,6 +576,81 @@ class SchedulerService:
         if not self.leader.caught_up:  # (for a moment after an election: Filter and Bind wait)
             return web.Response(text="ok: leader, catching up with the API server before it places pods")
         return web.Response(text="ok" if not self.opts.leader_elect else "ok: leader")
+
+
+class ReviewGate:
+    """How much of the event loop webhook reviews take. ``/webhook`` answers anyone, and a
+    review's work (its body parsed, the rules) runs on the loop that also answers ``/healthz``,
+    ``/readyz``, Filter and Bind: 24 callers posting forged 1.8 MB reviews (0.65 s of loop each)
+    made every probe time out, so readiness and then liveness failed (found by review, 1 Dec).
+
+    Each review takes a :meth:`turn` in its lane, one at a time, and yields the loop when done,
+    so what came in meanwhile (probes, Filter, Bind) runs between two reviews: with any number of
+    callers, at most one light and one heavy review run per loop pass. A body over
+    ``heavy_body`` bytes goes in the heavy lane, which rests after each review as long as it took
+    (heavy reviews take at most half the loop) and admits (:meth:`admitted`) at most ``waiting``
+    requests beside the one under review; the next gets HTTP 429 at once, its body not parsed.
+    The light lane refuses nothing: a burst of real pods waits its turn."""
+
+    def __init__(self, heavy_body: int = WEBHOOK_HEAVY_BODY, waiting: int = WEBHOOK_HEAVY_WAITING) -> None:
+        self.heavy_body, self.waiting = heavy_body, waiting
+        self.heavy_admitted = 0  # heavy requests under review, waiting for their turn, or between turns
+        self.refused = 0  # heavy requests answered 429, since the start
+        self._lanes = (asyncio.Lock(), asyncio.Lock())  # light, heavy
+        self._logged_at = -WEBHOOK_REFUSAL_LOG_S
+        self._logged_count = 0
+
+    def heavy(self, size: int) -> bool:
+        return size > self.heavy_body
+
+    @contextlib.contextmanager
+    def admitted(self, size: int) -> Iterator[None]:
+        """Hold a heavy request's place from its arrival to its answer's last review step (a
+        light one needs none); HTTP 429 when ``waiting`` are already there beside one under review."""
+        if not self.heavy(size):
+            yield
+            return
+        if self.heavy_admitted > self.waiting:
+            self.refused += 1
+            self._log_refusal()
+            raise web.HTTPTooManyRequests(
+                text=f"AdmissionReview body of {size} bytes refused: over {self.heavy_body} bytes, it waits "
+                f"for a heavy review turn, and {self.heavy_admitted} are already under review or waiting "
+                f"(at most {self.waiting} wait); retry\n",
+                headers={"Retry-After": "1"},
+            )
+        self.heavy_admitted += 1
+        try:
+            yield
+        finally:
+            self.heavy_admitted -= 1
+
+    @contextlib.asynccontextmanager
+    async def turn(self, size: int) -> Any:
+        """One review's work, alone in its lane (put no await in it that waits on the network).
+        After it the loop is yielded; a heavy lane then rests as long as the review took, so that
+        what came in meanwhile is answered before the next heavy review starts (one yield is not
+        enough: a request needs a loop pass to be read and another to be answered), and heavy
+        reviews take at most half the loop whatever their number."""
+        heavy = self.heavy(size)
+        async with self._lanes[heavy]:
+            began = time.perf_counter()
+            try:
+                yield
+            finally:
+                await asyncio.sleep(time.perf_counter() - began if heavy else 0)
+
+    def _log_refusal(self) -> None:
+        now = time.monotonic()
+        if now - self._logged_at >= WEBHOOK_REFUSAL_LOG_S:
+            log.warning(
+                "webhook: %d AdmissionReviews over %d bytes refused (429) since the last such line: "
+                "%d heavy reviews under way or waiting is the most (a flood of large bodies?)",
+                self.refused - self._logged_count,
+                self.heavy_body,
+                self.waiting + 1,
+            )
+            self._logged_at, self._logged_count = now, self.refused
 
 
 class Denial(str):
