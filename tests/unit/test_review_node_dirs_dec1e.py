@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import os
 import stat
 from pathlib import Path
@@ -39,23 +41,37 @@ def test_a_symlinked_lock_dir_is_refused_and_its_target_keeps_its_mode(tmp_path)
     assert lock.is_symlink()
 
 
-def test_a_lock_dir_holding_other_files_is_refused(tmp_path):
+def test_a_lock_dir_holding_other_files_is_kept_as_it_is_and_logged(tmp_path, caplog):
     """Found by review, 1 Dec: the kubelet's hostPath mount resolves a host link, so the agent
-    sees the link's target (/etc) as a real root-owned directory: what it holds gives it away."""
+    sees the link's target (/etc) as a real root-owned directory: made 1777 it was root for any
+    local user. Then (regression review, 1 Dec) refusing to start over a stray entry stopped the
+    agent for a file anyone could put there. Now nothing is made writable: the mode stays, what it
+    holds is logged, and the agent starts."""
     victim = _victim(tmp_path)
-    with pytest.raises(OSError, match=r"lock directory \(--lock-dir\) .*etc.*'ld.so.preload'"):
+    with caplog.at_level(logging.WARNING):
         prepare_hook_dir(HookPaths(str(tmp_path / "hook"), str(victim)))
     assert _mode(victim) == 0o755
+    assert "'ld.so.preload'" in caplog.text and str(victim) in caplog.text
+
+
+def test_an_empty_root_owned_lock_dir_is_never_made_writable(tmp_path):
+    """Regression review, 1 Dec: a link the kubelet resolved to an empty root-owned directory
+    (/usr/local/sbin on stock Debian: first in root's PATH) passed every check and was made 1777."""
+    empty = tmp_path / "sbin"
+    empty.mkdir(mode=0o755)
+    prepare_hook_dir(HookPaths(str(tmp_path / "hook"), str(empty)))
+    assert _mode(empty) == 0o755
 
 
 def test_a_lock_dir_with_only_what_hami_core_leaves_is_accepted(tmp_path):
     """A lock directory HAMi's own libvgpu used before (its ``lock`` file, ``hostpid/``) is kept."""
     lock = tmp_path / "vgpulock"
     lock.mkdir()
+    lock.chmod(0o777)  # as HAMi's device plugin left it
     (lock / "lock").write_text("")
     (lock / "hostpid").mkdir()
     prepare_hook_dir(HookPaths(str(tmp_path / "hook"), str(lock)))
-    assert _mode(lock) == 0o1777
+    assert _mode(lock) == 0o777  # kept as it was: running HAMi pods may still write their lock there
 
 
 @root_only
@@ -70,12 +86,12 @@ def test_a_lock_dir_owned_by_another_uid_is_refused(tmp_path):
     assert _mode(lock) == 0o755
 
 
-def test_a_fresh_lock_dir_becomes_sticky_and_world_writable(tmp_path):
+def test_a_fresh_lock_dir_is_roots_and_not_writable_by_others(tmp_path):
     paths = HookPaths(str(tmp_path / "hook"), str(tmp_path / "run" / "vgpulock"))
     prepare_hook_dir(paths)
-    assert _mode(Path(paths.lock_dir)) == 0o1777
+    assert _mode(Path(paths.lock_dir)) == 0o755
     prepare_hook_dir(paths)  # a restart: the directory it made, still empty
-    assert _mode(Path(paths.lock_dir)) == 0o1777
+    assert _mode(Path(paths.lock_dir)) == 0o755
 
 
 def test_the_parents_of_region_directories_are_roots_alone(tmp_path):

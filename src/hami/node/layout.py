@@ -177,46 +177,52 @@ def _private_dir(path: str) -> None:
 
 
 def prepare_lock_dir(path: str) -> None:
-    """Make the lock directory ``path`` (``--lock-dir``, created if missing) mode 01777, or refuse.
+    """Make sure the lock directory ``path`` (``--lock-dir``) is one the node's containers may be
+    shown: created if missing (mode 0755, root's), else checked, never made writable.
 
-    The mode is set through a descriptor opened without following a link, after checking what
-    was opened: a directory (not a link: ``chmod`` by name followed one, and a local user who
-    made ``/tmp/vgpulock -> /etc`` before the agent's start had the host's ``/etc`` made 1777;
-    found by review, 1 Dec), owned by the agent's user (root), and, when it was there before,
-    holding nothing but what a libvgpu leaves there (:data:`LOCK_DIR_ENTRIES`). The last check
-    is the one that catches a link the kubelet resolved: the hostPath volume mounts the link's
-    target, a real directory in the agent's container. Raises :class:`UnsafeDirectoryError`
-    naming the path and why."""
+    Nothing of this product writes in it (libvgpu's lock is in the region; containers mount the
+    directory read-only), so its mode is left as it is. It was made 01777 once: through ``chmod``
+    by name, which followed a link (a local user's ``/tmp/vgpulock -> /etc`` had the host's
+    ``/etc`` made 1777), and then, through a descriptor, still for a link the kubelet's hostPath
+    volume had resolved (an empty root-owned ``/usr/local/sbin`` made world-writable: root for any
+    local user); and refusing to start over entries in it stopped the node's agent for a file any
+    user could put in a 1777 directory (regression review, 1 Dec). Checked here, without following
+    a link: a directory, owned by the agent's user (root); entries other than what HAMi's libvgpu
+    leaves there (:data:`LOCK_DIR_ENTRIES`) are logged, as a sign that the path resolved elsewhere
+    (docs/node.md: set ``lockPath`` to a path under a root-owned parent). Raises
+    :class:`UnsafeDirectoryError` naming the path and why."""
     what = "lock directory (--lock-dir)"
     made = False
     os.makedirs(os.path.dirname(path.rstrip("/")) or "/", exist_ok=True)
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, 0o755)
         made = True
     except FileExistsError:
         pass
     fd = _open_dir(path, what)
     try:
         _check_owner(fd, path, what)
-        if not made:
-            strays = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    kind = LOCK_DIR_ENTRIES.get(entry.name)
-                    if kind is None or not kind(entry.stat(follow_symlinks=False).st_mode):
-                        strays.append(entry.name)
-            if strays:
-                shown = ", ".join(repr(n) for n in sorted(strays)[:5]) + (" ..." if len(strays) > 5 else "")
-                raise UnsafeDirectoryError(
-                    errno.EEXIST,
-                    f"{what} {path!r}: holds {len(strays)} entr{'y' if len(strays) == 1 else 'ies'} no libvgpu "
-                    f"makes ({shown}): refused (is it a link's target, another directory of the host? "
-                    "set --lock-dir to an empty root-owned directory)",
-                )
-        # shared by every GPU container of the node: anyone may create a file in it, only its
-        # owner may remove or rename it (the sticky bit, as /tmp); plain 0777 let one tenant
-        # delete another's lock file (found by review)
-        os.fchmod(fd, 0o1777)
+        if made:
+            os.fchmod(fd, 0o755)  # (whatever the umask)
+            return
+        strays = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                kind = LOCK_DIR_ENTRIES.get(entry.name)
+                if kind is None or not kind(entry.stat(follow_symlinks=False).st_mode):
+                    strays.append(entry.name)
+        if strays:
+            shown = ", ".join(repr(n) for n in sorted(strays)[:5]) + (" ..." if len(strays) > 5 else "")
+            log.warning(
+                "%s %r holds %d entr%s no libvgpu makes (%s): is it a link's target, another directory of the "
+                "host? Every GPU container is shown it (read-only); set --lock-dir (chart: devicePlugin.lockPath) "
+                "to a directory under a root-owned parent",
+                what,
+                path,
+                len(strays),
+                "y" if len(strays) == 1 else "ies",
+                shown,
+            )
     finally:
         os.close(fd)
 
