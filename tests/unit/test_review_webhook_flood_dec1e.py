@@ -146,3 +146,36 @@ async def test_a_claim_review_keeps_its_quota_check_and_count_in_one_turn(monkey
         r = await client.post("/webhook", data=json.dumps(claim))
         assert r.status == 200 and (await r.json())["response"]["allowed"] is True
     assert steps[:3] == ["review", "admit", "other"], steps
+
+
+async def test_cheap_light_reviews_run_back_to_back_and_yield_once_they_used_their_slice(monkeypatch):
+    """Regression review, 1 Dec: each light review yielded the loop with its lane held, so a review
+    took two loop passes at least and 500 ordinary reviews beside 20 ms of other loop work waited
+    11 s at the median (past the webhook's timeout). Cheap ones now run back to back until they
+    used their slice of the loop, then yield once."""
+    gate = S.ReviewGate()
+    passes = 0
+
+    async def other_loop_work():
+        nonlocal passes
+        while True:
+            passes += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.ensure_future(other_loop_work())
+    await asyncio.sleep(0)
+    try:
+        monkeypatch.setattr(S, "WEBHOOK_LIGHT_SLICE", 3600.0)  # never used up here
+        before = passes
+        for _ in range(20):
+            async with gate.turn(100):
+                pass
+        assert passes == before, "a light review yielded the loop before its slice was used"
+        monkeypatch.setattr(S, "WEBHOOK_LIGHT_SLICE", 0.0)  # used up by every review
+        before = passes
+        for _ in range(5):
+            async with gate.turn(100):
+                pass
+        assert passes >= before + 5, "light reviews past their slice did not yield the loop"
+    finally:
+        beside.cancel()
