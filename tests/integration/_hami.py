@@ -888,3 +888,35 @@ def wait_all_allocated(
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=1, sort_keys=True)[:4000]
+
+
+def post_json_text(cluster: KubeCluster, path: str, text: str) -> None:
+    """POST JSON text to the API server as it is: objects json and orjson will not write (a lone
+    surrogate, 1100 levels of nesting) are stored by the real API server all the same."""
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
+    )
+    try:
+        conn.request("POST", path, text.encode(), {"Content-Type": "application/json", "Accept": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 201, (answer.status, answer.read()[:300])
+        answer.read()
+    finally:
+        conn.close()
+
+
+def claim_json(name: str, parameters: str) -> str:
+    """A ResourceClaim of another driver as JSON text, its opaque parameters ``parameters`` (JSON
+    text, put in as it is)."""
+    shell = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "r", "exactly": {"deviceClassName": "other.example.com"}}],
+                "config": [{"opaque": {"driver": "x.example.com", "parameters": "PARAMS"}}],
+            }
+        },
+    }
+    return json.dumps(shell).replace('"PARAMS"', parameters)

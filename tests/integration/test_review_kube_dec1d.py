@@ -7,43 +7,13 @@ to a consistent list when it refuses. The protocol details: tests/unit/test_revi
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 
 import pytest
 
+from ._hami import claim_json, post_json_text
 from .test_scheduler import _Seen
 
 pytestmark = pytest.mark.integration
-
-
-def _post_raw(cluster, path: str, text: str) -> None:
-    """POST JSON text as it is (json and orjson both write a lone surrogate otherwise, or not at all)."""
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", cluster.ports["kube-apiserver"], context=cluster._client_context(), timeout=30
-    )
-    try:
-        conn.request("POST", path, text.encode(), {"Content-Type": "application/json", "Accept": "application/json"})
-        answer = conn.getresponse()
-        assert answer.status == 201, (answer.status, answer.read()[:300])
-        answer.read()
-    finally:
-        conn.close()
-
-
-def _claim(name: str, parameters: str) -> str:
-    shell = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "r", "exactly": {"deviceClassName": "other.example.com"}}],
-                "config": [{"opaque": {"driver": "x.example.com", "parameters": "PARAMS"}}],
-            }
-        },
-    }
-    return json.dumps(shell).replace('"PARAMS"', parameters)
 
 
 async def _until(probe, seconds: float = 10.0) -> bool:
@@ -64,7 +34,7 @@ def test_a_claim_with_a_lone_surrogate_is_listed_and_watched(kube_cluster, kube_
 
     path = f"/apis/resource.k8s.io/v1/namespaces/{kube_namespace}/resourceclaims"
     lone = '{"x": "a\\ud800b", "y": "\\udc00"}'
-    _post_raw(kube_cluster, path, _claim("lone-before", lone))
+    post_json_text(kube_cluster, path, claim_json("lone-before", lone))
 
     async def scenario():
         kube = await KubeClient.connect(str(kube_cluster.kubeconfig))
@@ -75,7 +45,7 @@ def test_a_claim_with_a_lone_surrogate_is_listed_and_watched(kube_cluster, kube_
             await asyncio.wait_for(r.synced.wait(), 20)
             assert "lone-before" in seen.items
             for name, params in (("lone-after", lone), ("plain", '{"a": 1}')):
-                await asyncio.to_thread(_post_raw, kube_cluster, path, _claim(name, params))
+                await asyncio.to_thread(post_json_text, kube_cluster, path, claim_json(name, params))
             assert await _until(lambda: {"lone-after", "plain"} <= set(seen.items)), sorted(seen.items)
             params = seen.items["lone-after"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
             assert params == {"x": "a\ufffdb", "y": "\ufffd"} and r.relists == 1

@@ -21,6 +21,8 @@ from hami_devkit.cluster import ApiError, SchedulerConfig
 
 from ._hami import (
     wait_all_allocated,
+    claim_json,
+    post_json_text,
     ALLOCATED,
     ROOT,
     LeaseHolder,
@@ -631,34 +633,7 @@ def test_a_claim_nested_deeper_than_orjson_reads_is_listed_and_watched(kube_clus
     path = f"/apis/resource.k8s.io/v1/namespaces/{kube_namespace}/resourceclaims"
 
     def create(name: str, depth: int) -> None:
-        """POST the claim as JSON text (json and orjson both refuse to write 1100 levels)."""
-        import http.client
-        import json as jsonlib
-
-        shell = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "r", "exactly": {"deviceClassName": "other.example.com"}}],
-                    "config": [{"opaque": {"driver": "x.example.com", "parameters": {"p": "PARAMS"}}}],
-                }
-            },
-        }
-        text = jsonlib.dumps(shell).replace('"PARAMS"', "[" * depth + '{"v": 1}' + "]" * depth)
-        conn = http.client.HTTPSConnection(
-            "127.0.0.1", kube_cluster.ports["kube-apiserver"], context=kube_cluster._client_context(), timeout=30
-        )
-        try:
-            conn.request(
-                "POST", path, text.encode(), {"Content-Type": "application/json", "Accept": "application/json"}
-            )
-            answer = conn.getresponse()
-            assert answer.status == 201, (answer.status, answer.read()[:300])
-            answer.read()
-        finally:
-            conn.close()
+        post_json_text(kube_cluster, path, claim_json(name, '{"p": ' + "[" * depth + '{"v": 1}' + "]" * depth + "}"))
 
     create("deep-before", 1100)
 

@@ -117,15 +117,22 @@ class StubMig:
         ]
 
 
-async def test_an_old_layout_mig_pod_finds_its_reservation_past_the_init_containers(tmp_path):
-    # hami.io/vgpu-mig-allocations counts containers as the grant it goes with does (the ledger's rule)
-    pod = hami_pod(f"{G1},NVIDIA,10240,100:;", [{"name": "istio-init"}], [gpu("main")])
+async def allocate_mig(pod: dict, tmp_path) -> tuple[A.ContainerResponse, FakeKube]:
+    """Allocate one device for ``pod`` on a node in MIG mode, the pod's reservation one 1g.10gb
+    instance of G1 for its reservation's container 0; (the answer, the API server)."""
     reservation = [MigAllocation(container=0, device=0, gpu_uuid=G1, profile="1g.10gb", start=0, size=1)]
     pod["metadata"]["annotations"][MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(reservation)
     kube = FakeKube(LOCK_P, [pod])
     alloc = allocator(kube, tmp_path, operating_mode="mig")
     alloc.mig = StubMig()
     (answer,) = await alloc.allocate([1])
+    return answer, kube
+
+
+async def test_an_old_layout_mig_pod_finds_its_reservation_past_the_init_containers(tmp_path):
+    # hami.io/vgpu-mig-allocations counts containers as the grant it goes with does (the ledger's rule)
+    pod = hami_pod(f"{G1},NVIDIA,10240,100:;", [{"name": "istio-init"}], [gpu("main")])
+    answer, kube = await allocate_mig(pod, tmp_path)
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-0-0" and answer.cache_dir.endswith("uid-p_main")
     (made,) = decode_mig_allocations(ann(kube)[MIG_ALLOCATIONS_ANNOTATION])
     assert made.container == 0 and made.mig_uuid == "MIG-0-0"

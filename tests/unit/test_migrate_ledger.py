@@ -24,9 +24,10 @@ def _node(mode: str = "hami-core") -> dict:
     }
 
 
-def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True) -> dict:
-    """A running pod HAMi bound to n1, its init containers finished (exit 0) when ``inits_done``;
-    ``restartPolicy: Never``, so finished init containers cannot run again and their grants end."""
+def placed_pod(allocated: str, inits: list[dict], apps: list[dict], inits_done: bool = True) -> dict:
+    """A running pod HAMi bound to n1 with these init and app containers, its init containers
+    finished (exit 0) when ``inits_done``; ``restartPolicy: Never``, so finished init containers
+    cannot run again and their grants end."""
     done = {"terminated": {"exitCode": 0}} if inits_done else {"running": {}}
     return {
         "metadata": {
@@ -39,17 +40,22 @@ def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True)
                 "hami.io/vgpu-devices-allocated": allocated,
             },
         },
-        "spec": {
-            "nodeName": "n1",
-            "restartPolicy": "Never",
-            "initContainers": [{"name": f"init{i}"} for i in range(inits)],
-            "containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(apps)],
-        },
+        "spec": {"nodeName": "n1", "restartPolicy": "Never", "initContainers": inits, "containers": apps},
         "status": {
             "phase": "Running",
-            "initContainerStatuses": [{"name": f"init{i}", "state": done} for i in range(inits)],
+            "initContainerStatuses": [{"name": c["name"], "state": done} for c in inits],
         },
     }
+
+
+def _pod(allocated: str, inits: int = 0, apps: int = 1, inits_done: bool = True) -> dict:
+    """:func:`placed_pod` with ``inits`` GPU-less init containers and ``apps`` one-GPU containers."""
+    return placed_pod(
+        allocated,
+        [{"name": f"init{i}"} for i in range(inits)],
+        [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(apps)],
+        inits_done,
+    )
 
 
 def _held(pod: dict, mode: str = "hami-core") -> tuple[tuple[int, int, int, bool], tuple[int, int]]:

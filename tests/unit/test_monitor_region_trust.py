@@ -9,8 +9,9 @@ priority come from its pod (the scheduler's allocation annotation, the priority 
 
 from __future__ import annotations
 
-import asyncio
 import argparse
+import asyncio
+import json
 import os
 import stat
 import threading
@@ -485,14 +486,8 @@ def test_an_allocation_hami_wrote_before_it_counted_init_containers_goes_to_the_
     )
 
 
-def test_mig_series_name_the_container_the_old_layout_granted():
-    """An allocation HAMi wrote before it counted init containers: the MIG series named the init
-    container (index 0 read in today's order) while the grant went to the GPU container."""
-    import json
-
-    from hami.monitor.kube import layout_shift, mig_devices
-
-    containers = [NS(name="init", resources=None), NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}))]
+def mig_pod_annotations() -> dict[str, str]:
+    """A pod's annotations granting one container MIG-1 (1g.10gb, GPU instance 7) of GPU-1."""
     entry = {
         "containerIndex": 0,
         "deviceIndex": 0,
@@ -503,10 +498,19 @@ def test_mig_series_name_the_container_the_old_layout_granted():
         "gpuInstanceID": 7,
         "computeInstanceID": 0,
     }
-    ann = {
+    return {
         "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,10240,0:;",
         "hami.io/vgpu-mig-allocations": json.dumps([entry]),
     }
+
+
+def test_mig_series_name_the_container_the_old_layout_granted():
+    """An allocation HAMi wrote before it counted init containers: the MIG series named the init
+    container (index 0 read in today's order) while the grant went to the GPU container."""
+    from hami.monitor.kube import layout_shift, mig_devices
+
+    containers = [NS(name="init", resources=None), NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}))]
+    ann = mig_pod_annotations()
     shift = layout_shift(ann, containers, 1, frozenset({"nvidia.com/gpu"}))
     assert shift == 1
     [dev] = mig_devices(ann, ["init", "main"], shift)

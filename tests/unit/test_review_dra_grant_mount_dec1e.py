@@ -171,6 +171,33 @@ async def test_the_claims_directory_is_root_only(tmp_path):
     assert stat.S_IMODE(claims.stat().st_mode) == 0o700
 
 
+@pytest.mark.parametrize("when", ["first prepare", "repeat prepare"])
+async def test_a_link_in_place_of_the_claims_directory_fails_the_prepare(tmp_path, when):
+    """``claims/`` a link (to a directory of the host): the prepare fails naming the claim, the
+    path and why, and the link's target keeps its mode (never chmod'ed through the link)."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o755)
+    if when == "first prepare":
+        api = Api()
+        driver, paths = make(tmp_path, api)
+        api.set("c", "u1", result())
+        claims = Path(paths.claim_dir("u1")).parent
+        claims.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        driver, paths, _, _, _ = await prepared(tmp_path)
+        claims = Path(paths.claim_dir("u1")).parent
+        claims.rename(tmp_path / "moved")
+    claims.symlink_to(target)
+
+    with pytest.raises(PrepareError) as err:
+        await driver.prepare("ns", "c", "u1")
+
+    message = str(err.value)
+    assert "ns/c (u1)" in message and str(claims) in message and "symbolic link" in message
+    assert err.value.reason == "io"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755 and list(target.iterdir()) == []
+
+
 async def test_a_claim_directory_removed_entirely_is_made_again_with_its_grant(tmp_path):
     """The directory gone (an unprepare removed it, then failed to write the checkpoint): nothing
     of it is mounted anywhere, so it is made again as at the first prepare."""

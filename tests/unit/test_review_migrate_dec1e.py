@@ -11,7 +11,6 @@ failed on the code before the fix.
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace as NS
 
 import pytest
@@ -29,8 +28,9 @@ from hami.vendors import build_vendors
 from hami.vendors.nvidia import MIG_ALLOCATIONS_ANNOTATION
 
 from .test_deviceplugin_allocator import LOCK_P, FakeKube
-from .test_dp_migrate_layout import G1, G2, allocator, ann, hami_pod
-from .test_migrate_ledger import _node
+from .test_dp_migrate_layout import G1, G2, allocate_mig, allocator, ann, hami_pod
+from .test_migrate_ledger import _node, placed_pod
+from .test_monitor_region_trust import mig_pod_annotations
 
 VENDORS = build_vendors()
 GPU = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"  # the GPU test_migrate_ledger's node registers
@@ -39,28 +39,6 @@ MAIN = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "20000", "nvidia.com/gpucore
 
 def _gpu(name: str, limits: dict | None = None) -> dict:
     return {"name": name, "resources": {"limits": dict(limits or {"nvidia.com/gpu": "1"})}}
-
-
-def _placed(allocated: str, inits: list[dict], apps: list[dict], init_done: bool = True) -> dict:
-    """A running pod HAMi bound to n1 (``restartPolicy: Never``: finished init containers end)."""
-    state = {"terminated": {"exitCode": 0}} if init_done else {"running": {}}
-    return {
-        "metadata": {
-            "name": "p",
-            "namespace": "ns",
-            "uid": "u1",
-            "annotations": {
-                "hami.io/vgpu-node": "n1",
-                "hami.io/bind-phase": "success",
-                "hami.io/vgpu-devices-allocated": allocated,
-            },
-        },
-        "spec": {"nodeName": "n1", "restartPolicy": "Never", "initContainers": inits, "containers": apps},
-        "status": {
-            "phase": "Running",
-            "initContainerStatuses": [{"name": c["name"], "state": state} for c in inits],
-        },
-    }
 
 
 def _held(pod: dict) -> tuple[tuple[int, int, int], tuple[int, int]]:
@@ -77,9 +55,9 @@ def test_the_ledger_counts_mains_grant_while_main_runs_after_its_init_container_
     """Found by review, 1 Dec: [init (no GPU)], [wait (no GPU), main (1 GPU, 20000 MiB, 30 %)],
     HAMi wrote ``GPU,NVIDIA,20000,30:;``: read as init's entry, the pod held 0 slots, 0 MiB and 0
     quota once init had finished, while main ran with 20000 MiB (double booking)."""
-    pod = _placed(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)])
+    pod = placed_pod(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)])
     assert _held(pod) == ((1, 20000, 30), (20000, 30))
-    running = _placed(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)], False)
+    running = placed_pod(f"{GPU},NVIDIA,20000,30:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main", MAIN)], False)
     assert _held(running) == ((1, 20000, 30), (20000, 30))
     alloc = allocation_from_pod(pod, VENDORS)
     assert alloc is not None and [bool(c) for c in alloc.devices["NVIDIA"]] == [False, False, True]
@@ -87,7 +65,7 @@ def test_the_ledger_counts_mains_grant_while_main_runs_after_its_init_container_
 
 def test_the_ledger_gives_the_entry_to_the_gpu_container_not_the_sidecar_before_it():
     """Found by review, 1 Dec: [istio-proxy (no GPU), main (GPU)], no init containers."""
-    pod = _placed(f"{GPU},NVIDIA,20000,30:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
+    pod = placed_pod(f"{GPU},NVIDIA,20000,30:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
     alloc = allocation_from_pod(pod, VENDORS)
     assert alloc is not None and [[d.uuid for d in c] for c in alloc.devices["NVIDIA"]] == [[], [GPU]]
 
@@ -95,7 +73,7 @@ def test_the_ledger_gives_the_entry_to_the_gpu_container_not_the_sidecar_before_
 def test_a_mig_reservation_of_a_compact_list_is_attached_to_its_containers_device():
     """Found by review, 1 Dec: the reservation's containerIndex counts the list's entries (0 here),
     so it maps to main as its grant does; left at 0 it named no device of the pod."""
-    pod = _placed(f"{GPU},NVIDIA,9984,0:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main")])
+    pod = placed_pod(f"{GPU},NVIDIA,9984,0:;", [{"name": "init"}], [{"name": "wait"}, _gpu("main")])
     reservation = [MigAllocation(container=0, device=0, gpu_uuid=GPU, profile="1g.10gb", start=0, size=1)]
     pod["metadata"]["annotations"][MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(reservation)
     alloc = allocation_from_pod(pod, VENDORS)
@@ -148,20 +126,7 @@ def test_the_monitor_names_the_mig_instance_after_the_gpu_container():
 
     proxy = NS(name="istio-proxy", resources=None)
     main = NS(name="main", resources=NS(limits={"nvidia.com/gpu": "1"}, requests=None))
-    entry = {
-        "containerIndex": 0,
-        "deviceIndex": 0,
-        "gpuUUID": "GPU-1",
-        "profile": "1g.10gb",
-        "placement": {"start": 0, "size": 1},
-        "migUUID": "MIG-1",
-        "gpuInstanceID": 7,
-        "computeInstanceID": 0,
-    }
-    allocated = {
-        "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,10240,0:;",
-        "hami.io/vgpu-mig-allocations": json.dumps([entry]),
-    }
+    allocated = mig_pod_annotations()
     layout = allocation_layout(allocated, [proxy, main], 0, frozenset({"nvidia.com/gpu"}))
     [dev] = mig_devices(allocated, ["istio-proxy", "main"], layout)
     assert dev.container == "main"
@@ -252,7 +217,7 @@ def test_an_unaligned_list_is_read_as_before():
         A.pop_next(view, A.pending_devices(view), 1, gpus=[G1], resource="nvidia.com/gpu")
     entries = gpu_entries(view, obj["metadata"]["annotations"], "nvidia.com/gpu")
     assert entries == [[ContainerDevice(G1, "NVIDIA", 1000, 30)], [], []]
-    placed = _placed(f"{GPU},NVIDIA,1000,30:;", [], [{"name": "x"}, _gpu("a"), _gpu("b")])
+    placed = placed_pod(f"{GPU},NVIDIA,1000,30:;", [], [{"name": "x"}, _gpu("a"), _gpu("b")])
     alloc = allocation_from_pod(placed, VENDORS)
     assert alloc is not None and [[d.uuid for d in c] for c in alloc.devices["NVIDIA"]] == [[GPU]]
 
@@ -273,15 +238,8 @@ async def test_allocate_in_mig_mode_finds_mains_reservation_in_a_compact_list(tm
     """The MIG reservation's containerIndex counts the compact list's entries (0: the one GPU
     container): Allocate matched it to container 0 (the sidecar) and refused main, "does not name
     one MIG instance per granted GPU"."""
-    from .test_dp_migrate_layout import StubMig
-
     pod = hami_pod(f"{G1},NVIDIA,10240,100:;", [], [{"name": "istio-proxy"}, _gpu("main", MAIN)])
-    reservation = [MigAllocation(container=0, device=0, gpu_uuid=G1, profile="1g.10gb", start=0, size=1)]
-    pod["metadata"]["annotations"][MIG_ALLOCATIONS_ANNOTATION] = encode_mig_allocations(reservation)
-    kube = FakeKube(LOCK_P, [pod])
-    alloc = allocator(kube, tmp_path, operating_mode="mig")
-    alloc.mig = StubMig()
-    (answer,) = await alloc.allocate([1])
+    answer, _ = await allocate_mig(pod, tmp_path)
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-0-0" and answer.cache_dir.endswith("uid-p_main")
 
 
@@ -306,7 +264,7 @@ def _v1(c: dict) -> NS:
 async def _readers(tmp_path, inits: list[dict], apps: list[dict]) -> dict[str, list[str]]:
     """The container(s) each reader gives HAMi's one entry ``GPU,NVIDIA,20000,30:;`` to."""
     names = [c["name"] for c in inits + apps]
-    placed = _placed(f"{G1},NVIDIA,20000,30:;", inits, apps)
+    placed = placed_pod(f"{G1},NVIDIA,20000,30:;", inits, apps)
     alloc = allocation_from_pod(placed, VENDORS)
     assert alloc is not None
     ledger = [names[i] for i, c in enumerate(alloc.devices["NVIDIA"]) if any(d.uuid for d in c)]
@@ -338,7 +296,7 @@ async def test_every_reader_gives_the_entry_to_the_container_counting_gpus(tmp_p
 def test_the_ledger_holds_mains_grant_after_an_init_container_asking_for_0_gpus_finished():
     """Found by review, 1 Dec: scenario (a): the entry read as prep's, the pod held 0 slots, 0 MiB
     and 0 quota once prep finished while main ran with 20000 MiB (double booking)."""
-    assert _held(_placed(f"{GPU},NVIDIA,20000,30:;", *ZERO_INIT)) == ((1, 20000, 30), (20000, 30))
+    assert _held(placed_pod(f"{GPU},NVIDIA,20000,30:;", *ZERO_INIT)) == ((1, 20000, 30), (20000, 30))
 
 
 def test_asking_is_a_count_above_0_read_as_the_scheduler_reads_it():

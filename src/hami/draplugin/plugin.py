@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import itertools
 import json
 import logging
@@ -70,7 +69,7 @@ from hami.dra.model import DRIVER, GpuLike, MigDevice, SliceSettings
 from hami.node.nvml import MigError
 from hami.node.cdi import write_document
 from hami.node.files import read_small, remove_tree, write_atomic
-from hami.node.layout import GRANT_FILE, make_claim_dir, write_grant
+from hami.node.layout import GRANT_FILE, UnsafeDirectoryError, make_claim_dir, private_dir, write_grant
 
 from .api import DRA_SERVICE, HEALTH_SERVICE, PLUGIN_TYPE, load
 from .health import HealthFeed
@@ -549,8 +548,6 @@ def _remove_tree(directory: Path) -> None:
         log.warning("cannot remove %s: %s", directory, exc)
 
 
-#: the mode of the directory holding the claims' region directories: the node agents' alone
-CLAIMS_DIR_MODE = 0o700
 #: the mode of a claim's grant file (:func:`hami.node.layout.write_grant`)
 GRANT_MODE = 0o644
 
@@ -561,29 +558,12 @@ def _private_claims_dir(path: Path, claim: str) -> None:
     UID, root included (a setuid file, a device node); a host user reaching it through ``claims/``
     could run or open what a tenant planted (found by review, 1 Dec). The containers reach their
     own directory through their bind mount, whatever the modes above it, and every node agent
-    runs as root. The mode is set through a descriptor opened without following a link. Raises
-    :class:`PrepareError` naming the path when it is not a directory of the agent's user."""
-    path.mkdir(mode=CLAIMS_DIR_MODE, parents=True, exist_ok=True)
+    runs as root. Done by :func:`hami.node.layout.private_dir`; raises :class:`PrepareError`
+    naming the claim, the path and why when it is a link, not a directory or another user's."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-            raise
-        raise PrepareError(
-            f"claim {claim}: {path} is {_kind(os.lstat(path))}, not the claims' directory", "io"
-        ) from None
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise PrepareError(
-                f"claim {claim}: the claims' directory {path} is owned by UID {info.st_uid}, not the agent's "
-                f"{os.geteuid()}: refused (another user made it; remove it)",
-                "io",
-            )
-        if stat.S_IMODE(info.st_mode) != CLAIMS_DIR_MODE:
-            os.fchmod(fd, CLAIMS_DIR_MODE)
-    finally:
-        os.close(fd)
+        private_dir(str(path), "the claims' directory")
+    except UnsafeDirectoryError as exc:
+        raise PrepareError(f"claim {claim}: {exc.strerror}", "io") from None
 
 
 def _is_dir(path: str, claim: str) -> bool:

@@ -156,20 +156,21 @@ def _check_owner(fd: int, path: str, what: str) -> os.stat_result:
     return info
 
 
-def _private_dir(path: str) -> None:
+def private_dir(path: str, what: str = "hook directory (--hook-path)") -> None:
     """Make ``path`` (created if missing) a directory only the agent (root) may enter: mode 0700,
     set through a descriptor opened without following a link. A container's root keeps MKNOD,
     FOWNER and FSETID by default and can put a setuid-root file or a device node of mode 0666 in
     its region directory: below a 0755 parent every local user of the node reached it (found by
     review, 1 Dec). Containers reach their own directory through their bind mount, which the
-    parent's mode does not affect."""
+    parent's mode does not affect. Raises :class:`UnsafeDirectoryError` naming ``what``, the
+    path and why when it is a link, not a directory or another user's."""
     try:
         Path(path).mkdir(mode=0o700, parents=True)
     except FileExistsError:
         pass
-    fd = _open_dir(path, "hook directory (--hook-path)")
+    fd = _open_dir(path, what)
     try:
-        info = _check_owner(fd, path, "hook directory (--hook-path)")
+        info = _check_owner(fd, path, what)
         if stat.S_IMODE(info.st_mode) != 0o700:
             os.fchmod(fd, 0o700)
     finally:
@@ -239,7 +240,7 @@ def prepare_hook_dir(paths: HookPaths) -> None:
     """
     try:
         for sub in PRIVATE_SUBDIRS:
-            _private_dir(f"{paths.vgpu_dir}/{sub}")
+            private_dir(f"{paths.vgpu_dir}/{sub}")
         prepare_lock_dir(paths.lock_dir)
         remove_trash(str(Path(paths.vgpu_dir, "containers")))
         preload = Path(paths.preload_file)
@@ -278,7 +279,7 @@ def reset_cache_dir(path: str) -> None:
         os.rename(path, trash)
     except FileNotFoundError:
         trash = ""
-    _private_dir(parent)  # 0700, made again so if gone (os.makedirs below would make it 0755)
+    private_dir(parent)  # 0700, made again so if gone (os.makedirs below would make it 0755)
     os.makedirs(path, exist_ok=False)  # (not exist_ok: something made it meanwhile is not ours)
     os.chmod(path, 0o777)
     if trash:
@@ -320,7 +321,7 @@ def make_claim_dir(paths: HookPaths, uid: str) -> str:
     """Create a claim's region directory, world-writable (the container's processes, of any UID,
     create the region in it); returns it."""
     directory = paths.claim_dir(uid)
-    _private_dir(os.path.dirname(directory))  # ``claims/``: root's alone, as ``containers/``
+    private_dir(os.path.dirname(directory), "the claims' directory")  # root's alone, as ``containers/``
     Path(directory).mkdir(exist_ok=True)
     os.chmod(directory, 0o777)
     return directory
