@@ -147,6 +147,20 @@ HONOURED = [
         lambda d: (
             "--resource-names=example.com/vmem,nvidia.com/gpu,nvidia.com/gpucores,nvidia.com/gpumem-percentage"
             in pod(d, "DaemonSet", "t-hami-vgpu-monitor")["containers"][0]["command"]
+            and not any(
+                a.startswith("--resource-name=")
+                for a in pod(d, "DaemonSet", "t-hami-vgpu-monitor")["containers"][0]["command"]
+            )
+        ),
+    ),
+    (
+        "resourceName",  # the monitor's count resource (found by review, 1 Dec)
+        "example.com/vgpu",
+        {},
+        lambda d: (
+            device_config(d)["nvidia"]["resourceCountName"] == "example.com/vgpu"
+            and "--resource-name=example.com/vgpu"
+            in pod(d, "DaemonSet", "t-hami-vgpu-monitor")["containers"][0]["command"]
         ),
     ),
     ("devices.nvidia.deviceSplitCount", 4, {}, lambda d: device_config(d)["nvidia"]["deviceSplitCount"] == 4),

@@ -47,6 +47,13 @@ def test_bind_addresses():
         (["--metrics-bind-address", "nope"], "--metrics-bind-address: invalid address 'nope'"),
         (["--node-name", ""], "--node-name (or NODE_NAME) is required"),
         (["--resource-names", " , "], "--resource-names: no resource name in ' , '"),
+        # found by review, 1 Dec: the count resource is configured; an empty one counts nothing
+        (["--resource-name", " "], "--resource-name: no resource name in ' '"),
+        (["--resource-name="], "--resource-name: no resource name in ''"),
+        (
+            ["--resource-name", "a.com/gpu,a.com/mem"],
+            "--resource-name: one resource name expected, got 'a.com/gpu,a.com/mem'",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(argv, message, capsys, monkeypatch):

@@ -347,17 +347,21 @@ async def test_allocate_skips_uuid_less_padding_before_the_gpu_entry(tmp_path):
     assert ann(kube)[A.BIND_PHASE] == "success"
 
 
-def test_the_monitor_reads_the_count_among_configured_resource_names():
-    """Review, 1 Dec: the monitor knows only ``--resource-names`` (no order): the count is
-    nvidia.com/gpu when listed, else the one name that is not a default memory, percentage or
-    cores name; scenario (b) with a configured count name gives main the grant."""
+def test_the_monitor_reads_the_configured_count_resource():
+    """Review, 1 Dec: the count is what ``--resource-name`` configures, not guessed among
+    ``--resource-names`` (no order; with every name custom none could be told). Without one (a
+    library caller): NVIDIA's default count, or the one name of a set of one. Scenario (b) with a
+    configured count name gives main the grant."""
     from hami.monitor.kube import count_resource
 
     names = frozenset({"example.com/vgpu", "nvidia.com/gpumem", "nvidia.com/gpucores"})
-    assert count_resource(names) == "example.com/vgpu"
+    assert count_resource(names, "example.com/vgpu") == "example.com/vgpu"
+    assert count_resource(names) == "nvidia.com/gpu"  # not guessed: the default count
     assert count_resource(frozenset({"nvidia.com/gpu", "example.com/mem"})) == "nvidia.com/gpu"
-    assert count_resource(frozenset({"example.com/vgpu", "example.com/mem"})) is None
+    assert count_resource(frozenset({"example.com/vgpu", "example.com/mem"}), "example.com/vgpu") == "example.com/vgpu"
+    assert count_resource(frozenset({"example.com/vgpu"})) == "example.com/vgpu"
     prep = _v1({"name": "prep", "resources": {"limits": {"nvidia.com/gpumem": "8000"}}})
     main = _v1({"name": "main", "resources": {"limits": {"example.com/vgpu": "1", "nvidia.com/gpumem": "20000"}}})
-    grants = container_grants({A.ALLOCATED: f"{G1},NVIDIA,20000,30:;"}, [prep, main], inits=1, resources=names)
+    allocated = {A.ALLOCATED: f"{G1},NVIDIA,20000,30:;"}
+    grants = container_grants(allocated, [prep, main], inits=1, resources=names, count="example.com/vgpu")
     assert [g.container for g in grants] == ["main"]

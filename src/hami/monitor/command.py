@@ -32,7 +32,7 @@ from hami.node.layout import HookPaths
 from .containers import GoneDirs, printable, remove, scan, scan_claims
 from .exporter import MonitorCollector, PodRef, claim_owner, device_key, taken_devices
 from .feedback import Reading, Writes, decide, release
-from .kube import DEFAULT_PRIORITY, NVIDIA_RESOURCES, PRIORITY_RESOURCE
+from .kube import DEFAULT_PRIORITY, NVIDIA_COUNT, NVIDIA_RESOURCES, PRIORITY_RESOURCE
 from .region import LEASE_MAX_S, LEASE_S, LEASE_SLACK_S, RegionError, lease_for, read_region, write_int32
 
 log = logging.getLogger("hami.monitor")
@@ -125,6 +125,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "resourceMem, resourceMemPercentage, resourceCores): tell apart an allocation HAMi wrote without its "
         "init containers",
     )
+    p.add_argument(
+        "--resource-name",
+        default=NVIDIA_COUNT,
+        help="the resource of --resource-names that counts GPUs (the device plugin's resourceName): a container "
+        "asks for GPUs when it is above 0 (added to --resource-names when missing)",
+    )
     p.add_argument("--once", action="store_true", help="print the metrics once (text format) and exit")
     p.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -133,6 +139,13 @@ def _check(args: argparse.Namespace) -> None:
     args.resources = frozenset(n.strip() for n in (args.resource_names or "").split(",") if n.strip())
     if not args.resources:
         raise UsageError(f"--resource-names: no resource name in {args.resource_names!r}")
+    raw = getattr(args, "resource_name", NVIDIA_COUNT)
+    args.count_resource = (raw or "").strip()
+    if not args.count_resource:
+        raise UsageError(f"--resource-name: no resource name in {raw!r}")
+    if "," in args.count_resource or any(ch.isspace() for ch in args.count_resource):
+        raise UsageError(f"--resource-name: one resource name expected, got {raw!r}")
+    args.resources |= {args.count_resource}  # the count asks, whatever --resource-names lists
     args.resync_s = parse_duration(args.resync_interval, "--resync-interval")
     args.interval_s = parse_duration(args.interval, "--interval")
     if args.interval_s <= 0:
@@ -445,6 +458,7 @@ async def _refresh_once(args: argparse.Namespace, pods: PodMap | None, api, feed
                     args.node_name,
                     getattr(args, "priority_resource", PRIORITY_RESOURCE),
                     getattr(args, "resources", NVIDIA_RESOURCES),
+                    getattr(args, "count_resource", NVIDIA_COUNT),
                 )
             )
         except Exception as exc:  # API trouble (an error, no answer in time): keep the last map, remove nothing

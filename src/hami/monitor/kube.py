@@ -20,7 +20,8 @@ ALLOCATED = NvidiaVendor.allocated_annotation
 #: what a container asks NVIDIA GPUs with, unless configured otherwise (the chart's resourceName,
 #: resourceMem, resourceMemPercentage and resourceCores; ``--resource-names``)
 NVIDIA_RESOURCES = NvidiaVendor().resources.asking
-#: the one of them that counts GPUs: a container asks when it is above 0 (:func:`_asks`)
+#: the one of them that counts GPUs (the chart's resourceName, ``--resource-name``): a container
+#: asks when it is above 0 (:func:`_asks`)
 NVIDIA_COUNT = NvidiaVendor().resources.count
 #: the device plugin's default priority resource (device-config ``resourcePriorityName``)
 PRIORITY_RESOURCE = "nvidia.com/priority"
@@ -82,43 +83,51 @@ def _priority(container: Any, resource: str) -> int:
         return DEFAULT_PRIORITY  # the device plugin would hand libvgpu a value atoi reads oddly; trust none
 
 
-def count_resource(resources: frozenset[str]) -> str | None:
-    """The count resource among ``resources`` (``--resource-names``: the count, memory, memory
-    percentage and cores names, in no order): NVIDIA's default count (``nvidia.com/gpu``) when
-    listed, else the one name that is none of NVIDIA's default memory, memory percentage and cores
-    names; None when that cannot be told (every name configured otherwise)."""
-    if NVIDIA_COUNT in resources:
-        return NVIDIA_COUNT
-    rest = resources - NVIDIA_RESOURCES
-    return next(iter(rest)) if len(rest) == 1 else None
+def count_resource(resources: frozenset[str], count: str | None = None) -> str:
+    """The count resource (``--resource-name``, the device plugin's resourceName): ``count``, as
+    configured. ``resources`` (``--resource-names``: the names a container asks NVIDIA GPUs with)
+    tells it only for a caller that configured none: NVIDIA's default count (``nvidia.com/gpu``),
+    or the one name of a set of one (the count is always among them). Before, it was guessed
+    among ``resources``: with every name configured otherwise (the chart's resourceName,
+    resourceMem, resourceMemPercentage and resourceCores all custom) none could be told, and
+    naming any of them asked (found by review, 1 Dec)."""
+    if count is not None:
+        return count
+    if NVIDIA_COUNT not in resources and len(resources) == 1:
+        return next(iter(resources))
+    return NVIDIA_COUNT
 
 
-def _asks(c: Any, names: frozenset[str]) -> bool:
-    """Whether a V1Container asks for NVIDIA GPUs: its count (:func:`count_resource` of ``names``)
-    is above 0, the rule of the ledger and the device plugin, and what is given an entry
-    (:func:`hami.core.ledger.asks_devices`). Before, naming any of ``names`` asked: an init
-    container with ``nvidia.com/gpu: "0"`` or with ``nvidia.com/gpumem`` alone took the GPU
-    container's entry (found by review, 1 Dec). Without a count name to tell by, one of ``names``
-    in the limits or requests still asks."""
+def _asks(c: Any, names: frozenset[str], count: str | None = None) -> bool:
+    """Whether a V1Container asks for NVIDIA GPUs: its count (:func:`count_resource`, the
+    configured ``count`` for the monitor) is above 0, the rule of the ledger and the device
+    plugin, and what is given an entry (:func:`hami.core.ledger.asks_devices`). Before, naming any
+    of ``names`` asked: an init container with ``nvidia.com/gpu: "0"`` or with
+    ``nvidia.com/gpumem`` alone took the GPU container's entry (found by review, 1 Dec)."""
     res = getattr(c, "resources", None)
     limits, requests = getattr(res, "limits", None) or {}, getattr(res, "requests", None) or {}
-    count = count_resource(names)
-    if count is None:
-        return any(n in limits or n in requests for n in names)
-    return asks_devices(limits, requests, count)
+    return asks_devices(limits, requests, count_resource(names, count))
 
 
 def layout_shift(
-    annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
+    annotations: dict[str, str] | None,
+    containers: Sequence[Any],
+    inits: int,
+    resources: frozenset[str],
+    count: str | None = None,
 ) -> int:
     """How many init containers the pod's NVIDIA allocation skips: non-zero only for one HAMi wrote
     before it counted them (:func:`hami.core.ledger.init_offset`, asking: :func:`_asks`). 0 for a
     malformed annotation."""
-    return allocation_layout(annotations, containers, inits, resources).shift
+    return allocation_layout(annotations, containers, inits, resources, count).shift
 
 
 def allocation_layout(
-    annotations: dict[str, str] | None, containers: Sequence[Any], inits: int, resources: frozenset[str]
+    annotations: dict[str, str] | None,
+    containers: Sequence[Any],
+    inits: int,
+    resources: frozenset[str],
+    count: str | None = None,
 ) -> EntryLayout:
     """Which container each entry of the pod's NVIDIA allocation is for, by the scheduler's
     ledger's rule (:func:`hami.core.ledger.entry_layout`, asking: a count above 0, :func:`_asks`):
@@ -128,7 +137,7 @@ def allocation_layout(
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
     except CodecError:
         return EntryLayout()
-    return entry_layout(per_container, inits, [_asks(c, resources) for c in containers])
+    return entry_layout(per_container, inits, [_asks(c, resources, count) for c in containers])
 
 
 def container_grants(
@@ -137,6 +146,7 @@ def container_grants(
     priority_resource: str = PRIORITY_RESOURCE,
     inits: int = 0,
     resources: frozenset[str] = NVIDIA_RESOURCES,
+    count: str | None = None,
 ) -> tuple[ContainerGrant, ...]:
     """Each container's grant (``containers``: init containers, then regular, the annotation's
     order; kubernetes_asyncio V1Container objects): the NVIDIA devices of
@@ -147,14 +157,15 @@ def container_grants(
     counted them past them, and HAMi v2.10's entries of its GPU containers alone on those
     containers, as the scheduler's ledger and the device plugin do (:func:`allocation_layout`:
     the GPU container's region was otherwise not exported, and the feedback loop skipped it or
-    trusted another container's); ``resources``: the names a container asks NVIDIA GPUs with,
-    whose count (:func:`count_resource`) above 0 tells those layouts apart."""
+    trusted another container's); ``resources``: the names a container asks NVIDIA GPUs with, and
+    ``count`` the one of them that counts GPUs (``--resource-name``; :func:`count_resource`), above
+    0 in the containers that ask, which tells those layouts apart."""
     try:
         per_container = decode_pod_devices((annotations or {}).get(ALLOCATED, ""))
         mig = decode_mig_allocations((annotations or {}).get(MIG_ANNOTATION, ""))
     except CodecError:
         return ()
-    layout = allocation_layout(annotations, containers, inits, resources)
+    layout = allocation_layout(annotations, containers, inits, resources, count)
     if layout.moves:
         per_container = tuple(layout.place(per_container, tuple))
         mig = tuple(replace(e, container=layout.container(e.container)) for e in mig)
@@ -241,7 +252,11 @@ async def api_client(kubeconfig: str | None) -> Any:
 
 
 async def node_pods(
-    api: Any, node: str, priority_resource: str = PRIORITY_RESOURCE, resources: frozenset[str] = NVIDIA_RESOURCES
+    api: Any,
+    node: str,
+    priority_resource: str = PRIORITY_RESOURCE,
+    resources: frozenset[str] = NVIDIA_RESOURCES,
+    count: str | None = None,
 ) -> dict[str, PodRef]:
     """Every pod with ``spec.nodeName == node`` that can still run, by UID: a pod in a
     :data:`FINISHED` phase is left out, so its series go and its directories are swept (a process
@@ -257,19 +272,19 @@ async def node_pods(
     API server's fairness answered other clients 429 (found by review, 1 Dec). A list never goes
     back behind one already taken, so a pod seen once is not missed by a later round. Answered 410
     or "too large" (an etcd restore put the store behind that version), it is asked again at once,
-    consistently."""
+    consistently. ``resources`` and ``count``: as :func:`container_grants` reads them."""
     since = _LISTED.get(node)
     rounds = _SINCE_CONSISTENT.get(node, 0) + 1
     if rounds >= CONSISTENT_EVERY:
         since = None
     _SINCE_CONSISTENT[node] = 0 if since is None else rounds
     try:
-        out, version = await _list_node_pods(api, node, since, priority_resource, resources)
+        out, version = await _list_node_pods(api, node, since, priority_resource, resources, count)
     except Exception as exc:
         if since is None or getattr(exc, "status", None) not in (410, 504):
             raise
         _LISTED.pop(node, None)
-        out, version = await _list_node_pods(api, node, None, priority_resource, resources)
+        out, version = await _list_node_pods(api, node, None, priority_resource, resources, count)
     if version:
         _LISTED[node] = version
     else:
@@ -278,7 +293,12 @@ async def node_pods(
 
 
 async def _list_node_pods(
-    api: Any, node: str, since: str | None, priority_resource: str, resources: frozenset[str]
+    api: Any,
+    node: str,
+    since: str | None,
+    priority_resource: str,
+    resources: frozenset[str],
+    count: str | None = None,
 ) -> tuple[dict[str, PodRef], str | None]:
     """The node's pods (as :func:`node_pods`) and the list's resourceVersion: not older than
     ``since``, one answer from the watch cache; ``since`` None: a consistent list, paged."""
@@ -311,7 +331,9 @@ async def _list_node_pods(
                     meta.name or "",
                     meta.uid,
                     mig_devices(
-                        meta.annotations, names, allocation_layout(meta.annotations, containers, inits, resources)
+                        meta.annotations,
+                        names,
+                        allocation_layout(meta.annotations, containers, inits, resources, count),
                     ),
                     pod_claims(pod),
                     container_grants(
@@ -320,6 +342,7 @@ async def _list_node_pods(
                         priority_resource,
                         inits,
                         resources,
+                        count,
                     ),
                     finished_init_containers(pod),
                 )
