@@ -38,7 +38,8 @@ Kubernetes Dashboard do it (docs/ui.md, "Signing in and permissions").
   ServiceAccount of a namespace counting as one user, :func:`token_owner`) in access review at
   once, a scan of many namespaces counting as one: one more is answered 503 at once
   (:class:`AccessReviewsBusy`), so a user's flood of requests each needing a new review holds
-  only its own few connections, not the listener's. Requests asking the same permission of the
+  only its own few connections, not the listener's; and at most ``IN_REVIEW_TOTAL`` (half the
+  listener's connections) over all users. Requests asking the same permission of the
   same user at once share one review (a page's five answers scanned the same namespaces three
   times).
 
@@ -60,6 +61,8 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Protocol, TypeVar
 
 import orjson
 
+from hami.serve import MAX_CONNECTIONS
+
 TTL = 10.0  # s a review's yes is reused (a revoked grant keeps working this long)
 #: s a review's no is reused (a new grant is seen this late); a flood of refusals still costs one
 #: review per 2 s
@@ -79,6 +82,13 @@ PER_USER = 4  # access reviews of one user in flight at once (within CONCURRENCY
 #: bound, and one tenant's requests for made-up namespaces (each a new review) held every
 #: connection the listener allows, so every other user's new connection was closed at accept
 REVIEWS_WAITING_PER_USER = 16
+#: requests in access review at once over all users: one more is answered 503 at once
+#: (:class:`AccessReviewsBusy`). Half the listener's connections (hami.serve.MAX_CONNECTIONS), so
+#: a tenant holding many users (ServiceAccounts of many namespaces, self-service namespaces) fills
+#: at most half with requests waiting for reviews, and requests answered from the caches (every
+#: user who was checked before) and the probes keep the rest. Found by review, 1 Dec: the per-user
+#: bound alone let 26 such users hold every connection
+IN_REVIEW_TOTAL = MAX_CONNECTIONS // 2
 TOKEN_REVIEWS_IN_FLIGHT = 8  # token reviews at once; a request past that is answered 503 at once
 #: reviews kept for tokens accepted before (their answer's TTL ran out): they do not count in
 #: TOKEN_REVIEWS_IN_FLIGHT, which unknown tokens fill, and are tried first for such a token
@@ -324,6 +334,7 @@ class Authorizer:
         concurrency: int = CONCURRENCY,
         per_user: int = PER_USER,
         waiting_per_user: int = REVIEWS_WAITING_PER_USER,
+        in_review_total: int = IN_REVIEW_TOTAL,
     ) -> None:
         self.reviews = reviews
         self.denied_ttl = min(denied_ttl, ttl)
@@ -343,6 +354,7 @@ class Authorizer:
         self._user_gates: dict[str, list[Any]] = {}
         # requests in access review (waiting for or holding a review), by token_owner(user)
         self._in_review: dict[str, int] = {}
+        self.in_review_total, self._in_review_sum = in_review_total, 0  # over all users
         self._asking: dict[tuple[str, Permission], asyncio.Future] = {}  # reviews in flight, shared
         self._signing_in: dict[str, asyncio.Future] = {}  # token reviews in flight, by token key
 
@@ -442,7 +454,8 @@ class Authorizer:
         waits for: a scan of many namespaces is one); :class:`AccessReviewsBusy` at once when
         ``in_review_per_user`` of its user's (by :func:`token_owner`) already are, so one user's
         flood of requests each needing a review waits in its own bounded queue and holds at most
-        that many of the listener's connections."""
+        that many of the listener's connections, or when ``in_review_total`` of all users' are
+        (:data:`IN_REVIEW_TOTAL`: many users' floods together hold at most that many)."""
         owner = token_owner(caller.user)
         held = self._in_review.get(owner, 0)
         if held >= self.in_review_per_user:
@@ -450,10 +463,17 @@ class Authorizer:
                 f'{held} requests of user "{owner}" are already in access review (at most '
                 f"{self.in_review_per_user} at once, {self.per_user} of them reviewed at a time)"
             )
+        if self._in_review_sum >= self.in_review_total:
+            raise AccessReviewsBusy(
+                f"{self._in_review_sum} requests are already in access review, over all users (at most "
+                f"{self.in_review_total} at once)"
+            )
         self._in_review[owner] = held + 1
+        self._in_review_sum += 1
         try:
             yield
         finally:
+            self._in_review_sum -= 1
             self._in_review[owner] -= 1
             if not self._in_review[owner]:
                 del self._in_review[owner]
